@@ -39,7 +39,9 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
     # Architecture.
     _model("num_layers", int, "Number of transformer layers."),
     _model("hidden_size", int, "Transformer hidden size."),
-    _model("ffn_hidden_size", int, "MLP hidden size (default 4*hidden, or Megatron-LM's SwiGLU rule)."),
+    _model(
+        "ffn_hidden_size", int, "MLP hidden size (default 4*hidden, or Megatron-LM's SwiGLU rule)."
+    ),
     _model("num_attention_heads", int, "Number of attention heads."),
     _model("group_query_attention", bool, "Use grouped-query attention."),
     _model("num_query_groups", int, "Number of key/value groups with --group-query-attention."),

@@ -1,0 +1,244 @@
+"""The command line: parse flags, call the core, print what a renderer returns, map errors.
+
+Nothing heavy is imported at module level: `--help` and `models` never load torch or megatron.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import typer
+
+try:  # typer >= 0.22 vendors click; older releases depend on it
+    from typer._click import exceptions as click_errors
+except ImportError:  # pragma: no cover - depends on the installed typer
+    from click import exceptions as click_errors  # type: ignore[no-redef]
+
+from inspector import __version__
+from inspector.arguments import ARGUMENTS, ArgSpec
+from inspector.errors import FidelityError, InspectorError
+
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+    help="See what every rank holds in megatron-core's GPTModel, without a GPU.",
+)
+
+SOURCE_HELP = "Model selection"
+
+
+def _option_for(spec: ArgSpec) -> inspect.Parameter:
+    names = [spec.flag, *spec.aliases]
+    help_text = spec.help + (f" One of: {', '.join(spec.choices)}." if spec.choices else "")
+    panel = "Megatron-LM model arguments" if spec.group == "model" else "Parallel layout"
+    annotation: Any = spec.type | None
+    option = typer.Option(None, *names, help=help_text, rich_help_panel=panel, show_default=False)
+    return inspect.Parameter(
+        spec.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation
+    )
+
+
+def _source_options() -> list[inspect.Parameter]:
+    def opt(
+        name: str, *decls: str, help_text: str, annotation: Any = str | None
+    ) -> inspect.Parameter:
+        option = typer.Option(None, *decls, help=help_text, rich_help_panel=SOURCE_HELP)
+        return inspect.Parameter(
+            name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation
+        )
+
+    return [
+        opt(
+            "preset",
+            "--model",
+            help_text="Preset name (see `inspect-model models`); default gpt2-small.",
+        ),
+        opt("config_file", "--config", help_text="YAML or JSON file of Megatron-LM arguments."),
+        opt("script", "--from-script", help_text="Training launch script to read arguments from."),
+        opt(
+            "apex",
+            "--apex/--no-apex",
+            help_text="Simulate apex's FusedLayerNorm (default: on for LayerNorm models).",
+            annotation=bool | None,
+        ),
+    ]
+
+
+def model_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Give a command every model-selection option; it receives them merged as `args`."""
+    own = [p for name, p in inspect.signature(func).parameters.items() if name != "args"]
+    extra = _source_options() + [_option_for(spec) for spec in ARGUMENTS]
+
+    @functools.wraps(func)
+    def wrapper(**kwargs: Any) -> Any:
+        flags = {spec.name: kwargs.pop(spec.name) for spec in ARGUMENTS}
+        sources = {name: kwargs.pop(name) for name in ("preset", "config_file", "script", "apex")}
+        return func(args=_gather_args(flags, **sources), **kwargs)
+
+    wrapper.__signature__ = inspect.Signature(own + extra)  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _gather_args(
+    flags: dict[str, Any],
+    preset: str | None,
+    config_file: str | None,
+    script: str | None,
+    apex: bool | None,
+) -> dict[str, Any]:
+    """Merge preset, config file, launch script and flags, later ones winning."""
+    layers: list[dict[str, Any]] = []
+    if preset is not None:
+        from inspector.presets import get_preset
+
+        layers.append(dict(get_preset(preset).args))
+    if config_file is not None:
+        from inspector.sources import load_config_file
+
+        layers.append(load_config_file(config_file))
+    if script is not None:
+        from inspector.sources import read_launch_script
+
+        parsed = read_launch_script(script)
+        if parsed.ignored:
+            typer.echo(f"Ignored from {script}: {' '.join(parsed.ignored)}", err=True)
+        layers.append(parsed.args)
+    layers.append({name: value for name, value in flags.items() if value is not None})
+    if apex is not None:
+        layers.append({"apex": apex})
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        merged.update(layer)
+    return merged
+
+
+def _emit(text: str, output: str | None = None) -> None:
+    if output is None:
+        sys.stdout.write(text)
+        return
+    from inspector.output import write_atomic
+
+    write_atomic(output, text)
+
+
+@app.command()
+@model_options
+def tree(
+    args: dict[str, Any],
+    stage: int | None = typer.Option(None, "--stage", help="Print just this pipeline stage."),
+    rank: int | None = typer.Option(None, "--rank", help="Print the stage global rank R holds."),
+) -> None:
+    """Print the module hierarchy of each pipeline stage."""
+    from inspector.commands import tree_text
+
+    _emit(tree_text(args, stage=stage, rank=rank))
+
+
+@app.command()
+@model_options
+def topology(
+    args: dict[str, Any],
+    fmt: str = typer.Option("line", "--format", help="line (ProcessCoord map) or table."),
+) -> None:
+    """Print the rank map: each rank's pipeline, data and model coordinates."""
+    from inspector.commands import topology_text
+
+    _emit(topology_text(args, fmt))
+
+
+@app.command()
+@model_options
+def params(
+    args: dict[str, Any],
+    stage: int | None = typer.Option(None, "--stage", help="Keep just this pipeline stage."),
+    rank: int | None = typer.Option(None, "--rank", help="Write the file global rank R writes."),
+    partitioning: str = typer.Option(
+        "layers", "--partitioning", help="Optimizer ownership: layers, cost or distopt."
+    ),
+    block_size: int = typer.Option(0, "--block-size", help="Shampoo block size (0 = off)."),
+    fmt: str = typer.Option("csv", "--format", help="csv (semicolons), json or table."),
+    output: str | None = typer.Option(None, "-o", "--output", help="Write to FILE atomically."),
+    check: str | None = typer.Option(None, "--check", help="Compare with FILE; exit 1 if stale."),
+) -> None:
+    """Print the per-stage parameter / partition table."""
+    from inspector.commands import params_text
+
+    text = params_text(
+        args, stage=stage, rank=rank, partitioning=partitioning, block_size=block_size, fmt=fmt
+    )
+    if check is not None:
+        from inspector.commands import check_text
+
+        report, equal = check_text(text, check)
+        sys.stdout.write(report)
+        raise typer.Exit(0 if equal else 1)
+    _emit(text, output)
+
+
+@app.command()
+def models() -> None:
+    """List the model presets with their key sizes."""
+    from inspector.commands import models_text
+
+    sys.stdout.write(models_text())
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"inspect-model {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks behind errors."),
+) -> None:
+    """See what every rank holds in megatron-core's GPTModel, without a GPU."""
+    _STATE["debug"] = debug
+
+
+_STATE: dict[str, bool] = {"debug": False}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; `Error:` + one sentence on stderr and exit 2 for any bad input."""
+    command = typer.main.get_command(app)
+    try:
+        result = command.main(args=argv, prog_name="inspect-model", standalone_mode=False)
+    except click_errors.UsageError as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError" and exc.ctx is not None:
+            typer.echo(exc.ctx.get_help())
+            return 0
+        return _fail(exc.format_message())
+    except typer.Exit as exc:
+        return exc.exit_code
+    except typer.Abort:
+        return _fail("aborted")
+    except InspectorError as exc:
+        if _STATE["debug"]:
+            import traceback
+
+            traceback.print_exc()
+        return _fail(str(exc), exc.exit_code)
+    except FidelityError as exc:
+        return _fail(f"internal check failed, this is a bug in inspect-model: {exc}", exc.exit_code)
+    return result if isinstance(result, int) else 0
+
+
+def _fail(message: str, code: int = 2) -> int:
+    sys.stdout.flush()
+    sys.stderr.write(f"Error: {message}\n")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

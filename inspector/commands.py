@@ -1,0 +1,210 @@
+"""Each command's work, from merged arguments to the text it prints (no typer, no printing)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from inspector.engine import Target, check_rank, check_stage, coords, resolve
+from inspector.errors import ConfigError
+from inspector.render.params import Block, Row
+
+PARTITIONINGS = ("layers", "cost", "distopt")
+PARAMS_FORMATS = ("csv", "json", "table")
+TOPOLOGY_FORMATS = ("line", "table")
+
+
+def _choice(flag: str, value: str, allowed: Sequence[str]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{flag} {value!r} is not one of: {', '.join(allowed)}")
+
+
+def _stages_for(target: Target, stage: int | None, rank: int | None) -> tuple[list[int], Any]:
+    """Return the stages a view covers, and the rank's coordinates for a --rank view."""
+    layout = target.layout
+    if stage is not None and rank is not None:
+        raise ConfigError("--stage and --rank select the same thing two ways; pass one of them")
+    if stage is not None:
+        check_stage(layout, stage)
+        return [stage], None
+    if rank is not None:
+        check_rank(layout, rank)
+        coord = coords(layout)[rank]
+        return [coord.pipe], coord
+    return list(range(layout.pp)), None
+
+
+def tree_text(args: Mapping[str, Any], stage: int | None, rank: int | None) -> str:
+    """Return the module tree of each requested stage (SPEC: `inspect-model tree`)."""
+    from inspector.engine import build
+    from inspector.render.tree import render_tree, stage_heading
+    from inspector.walk import module_tree
+
+    target = resolve(args)
+    stages, coord = _stages_for(target, stage, rank)
+    expert_rank = coord.expert if coord is not None else 0
+    built = build(target, stages, expert_rank)
+    single = target.layout.pp == 1 and len(built) == 1
+    parts = []
+    for model in built:
+        if not single:
+            chunk = model.chunk if len(built) > len(stages) else None
+            parts.append(stage_heading(model.stage, chunk) + "\n")
+        parts.append(render_tree(module_tree(model.module)))
+    return "".join(parts)
+
+
+def topology_text(args: Mapping[str, Any], fmt: str) -> str:
+    """Return the rank map as the ProcessCoord line or a per-rank table."""
+    from inspector.render.topology import render_topology_table, topology_line
+
+    _choice("--format", fmt, TOPOLOGY_FORMATS)
+    target = resolve(args)
+    ranks = coords(target.layout)
+    if fmt == "table":
+        return render_topology_table(ranks, target.layout)
+    return topology_line(ranks, target.layout) + "\n"
+
+
+def _stage_blocks(target: Target, stage: int, partitioning: str, block_size: int) -> list[Block]:
+    """Build one stage (every expert-parallel rank of it) and return its blocks of rows."""
+    from inspector import partition
+    from inspector.engine import build
+    from inspector.walk import walk_params
+
+    layout = target.layout
+    chunks_by_rank = [build(target, [stage], e) for e in range(layout.ep)]
+    blocks = []
+    for chunk_index, chunk in enumerate(chunks_by_rank[0]):
+        walks = [
+            list(walk_params(ranks[chunk_index], layout.tp, layout.expert_tp))
+            for ranks in chunks_by_rank
+        ]
+        records = merge_expert_ranks(walks)
+        layers = tuple(n - 1 for n in chunk.layer_numbers)
+        label = chunk.chunk if len(chunks_by_rank[0]) > 1 else None
+        blocks.append((label, layers, records))
+    all_records = [r for _, _, records in blocks for r in records]
+    precs = [partition.precs_for(r, block_size) for r in all_records]
+    if partitioning == "cost":
+        owners = partition.owners_by_cost([partition.precs_cost(p) for p in precs], layout.dp)
+    elif partitioning == "layers":
+        owners = partition.owners_by_layers(all_records, layout.dp)
+    else:
+        raise ConfigError("--partitioning distopt is not available yet")
+    rows = iter(Row(r, o, p) for r, o, p in zip(all_records, owners, precs))
+    return [
+        Block(stage, label, layers, [next(rows) for _ in records])
+        for label, layers, records in blocks
+    ]
+
+
+def merge_expert_ranks(walks: list[list[Any]]) -> list[Any]:
+    """Merge the walks of a stage's expert-parallel ranks: every expert once, in rank order.
+
+    Rank 0's rows come in megatron's order; after the last expert row of each layer, the other
+    ranks' experts of that layer follow, rank by rank.
+    """
+    if len(walks) == 1:
+        return walks[0]
+    others: dict[int | None, list[Any]] = {}
+    for walk in walks[1:]:
+        for record in walk:
+            if record.expert_rank is not None:
+                others.setdefault(record.layer, []).append(record)
+    merged = []
+    base = walks[0]
+    for index, record in enumerate(base):
+        merged.append(record)
+        following = base[index + 1] if index + 1 < len(base) else None
+        is_last_expert = record.expert_rank is not None and (
+            following is None or following.expert_rank is None or following.layer != record.layer
+        )
+        if is_last_expert:
+            merged.extend(others.pop(record.layer, []))
+    return merged
+
+
+def _rank_view(blocks: list[Block], coord: Any) -> list[Block]:
+    """Keep the rows rank R holds, with precs left empty where R does not own the row."""
+    viewed = []
+    for block in blocks:
+        rows = [
+            Row(row.record, row.owners, row.precs if coord.data in row.owners else None)
+            for row in block.rows
+            if row.record.expert_rank is None or row.record.expert_rank == coord.expert
+        ]
+        viewed.append(Block(block.stage, block.chunk, block.layers, rows))
+    return viewed
+
+
+def params_text(
+    args: Mapping[str, Any],
+    stage: int | None,
+    rank: int | None,
+    partitioning: str,
+    block_size: int,
+    fmt: str,
+) -> str:
+    """Return the params table for the requested view and format."""
+    from inspector.render import params as render
+    from inspector.render.topology import topology_line
+
+    _choice("--partitioning", partitioning, PARTITIONINGS)
+    _choice("--format", fmt, PARAMS_FORMATS)
+    if block_size < 0:
+        raise ConfigError(f"--block-size must be 0 (off) or positive, got {block_size}")
+    target = resolve(args)
+    stages, coord = _stages_for(target, stage, rank)
+    blocks = [b for s in stages for b in _stage_blocks(target, s, partitioning, block_size)]
+    if coord is not None:
+        blocks = _rank_view(blocks, coord)
+    with_topology = rank is None or rank == 0
+    line = topology_line(coords(target.layout), target.layout) if with_topology else None
+    if fmt == "json":
+        return render.render_json(_json_header(target, line), blocks)
+    if fmt == "table":
+        return render.render_human(blocks)
+    return render.render_csv(line, blocks, comments=coord is None)
+
+
+def _json_header(target: Target, line: str | None) -> dict[str, Any]:
+    layout = target.layout
+    topology: dict[str, Any] = {
+        "line": line,
+        "world_size": layout.world_size,
+        "tensor_model_parallel_size": layout.tp,
+        "pipeline_model_parallel_size": layout.pp,
+        "data_parallel_size": layout.dp,
+        "context_parallel_size": layout.cp,
+        "expert_model_parallel_size": layout.ep,
+        "expert_tensor_parallel_size": layout.expert_tp,
+    }
+    config = target.model.to_args()
+    config["padded_vocab_size"] = target.model.padded_vocab_size(layout.tp)
+    return {"config": config, "topology": topology}
+
+
+def check_text(text: str, path: str) -> tuple[str, bool]:
+    """Compare a regenerated table with the committed one; return (report, equal)."""
+    import difflib
+
+    from inspector.output import read_text
+
+    old = read_text(path)
+    if old == text:
+        return f"{path} is up to date\n", True
+    diff = difflib.unified_diff(
+        old.splitlines(keepends=True), text.splitlines(keepends=True), path, "regenerated"
+    )
+    return "".join(diff), False
+
+
+def models_text() -> str:
+    """Return the preset list with each preset's key sizes."""
+    from tabulate import tabulate
+
+    from inspector.presets import PRESETS
+
+    rows = [[p.name, p.summary] for p in PRESETS.values()]
+    return tabulate(rows, headers=["preset", "summary"]) + "\n"

@@ -1,0 +1,211 @@
+"""The model to build: its architecture (ModelConfig), resolved from presets, files and flags.
+
+Argument names and defaults follow Megatron-LM (`megatron/training/arguments.py`); the default model
+is GPT-2 small as Megatron-LM trains it. The parallel layout lives in topology.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from inspector.arguments import BY_NAME
+from inspector.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A GPT model's architecture in Megatron-LM's terms (defaults: GPT-2 small)."""
+
+    num_layers: int = 12
+    hidden_size: int = 768
+    ffn_hidden_size: int | None = None
+    num_attention_heads: int = 12
+    group_query_attention: bool = False
+    num_query_groups: int | None = None
+    kv_channels: int | None = None
+    seq_length: int = 1024
+    max_position_embeddings: int | None = None
+    vocab_size: int = 50257
+    make_vocab_size_divisible_by: int = 128
+    normalization: str = "LayerNorm"
+    swiglu: bool = False
+    position_embedding_type: str = "learned_absolute"
+    untie_embeddings_and_output_weights: bool = False
+    disable_bias_linear: bool = False
+    add_qkv_bias: bool = False
+    qk_layernorm: bool = False
+    bf16: bool = False
+    fp16: bool = False
+    num_experts: int | None = None
+    moe_router_topk: int = 2
+    moe_ffn_hidden_size: int | None = None
+    moe_shared_expert_intermediate_size: int | None = None
+    moe_grouped_gemm: bool = False
+    transformer_impl: str = "local"
+    # None: simulate apex where megatron can use it (LayerNorm models); see README "apex".
+    apex: bool | None = None
+
+    @property
+    def ffn_size(self) -> int:
+        """Return the MLP hidden size with Megatron-LM's default rules applied."""
+        if self.ffn_hidden_size is not None:
+            return self.ffn_hidden_size
+        if self.swiglu:
+            # Megatron-LM arguments.py: "Reduce the dimension for MLP since projections happens on
+            # two linear layers. This keeps the number of parameters in the same ballpark".
+            return int((4 * self.hidden_size * 2 / 3) / 64) * 64
+        return 4 * self.hidden_size
+
+    @property
+    def query_groups(self) -> int:
+        """Return the number of key/value groups (= heads without grouped-query attention)."""
+        if self.group_query_attention and self.num_query_groups is not None:
+            return self.num_query_groups
+        return self.num_attention_heads
+
+    @property
+    def head_dim(self) -> int:
+        """Return the projection size per head (Megatron-LM's kv_channels default)."""
+        if self.kv_channels is not None:
+            return self.kv_channels
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def max_positions(self) -> int:
+        """Return the learned position table size (Megatron-LM defaults it to seq_length)."""
+        return self.max_position_embeddings or self.seq_length
+
+    @property
+    def use_apex(self) -> bool:
+        """Return whether norms are apex's FusedLayerNorm, as on a cluster with apex."""
+        if self.apex is None:
+            return self.normalization == "LayerNorm"
+        return self.apex
+
+    @property
+    def dtype_name(self) -> str:
+        """Return the parameter dtype's name as Megatron-LM picks it from --bf16/--fp16."""
+        return "bfloat16" if self.bf16 else "float16" if self.fp16 else "float32"
+
+    def padded_vocab_size(self, tensor_parallel_size: int) -> int:
+        """Return the vocabulary padded as Megatron-LM does for this tensor-parallel size.
+
+        Megatron-LM `megatron/training/tokenizer/tokenizer.py::_vocab_size_with_padding`: pad up to a
+        multiple of make_vocab_size_divisible_by * tensor_model_parallel_size. megatron-core has no
+        such function (padding happens in Megatron-LM's training code), so this is the one formula
+        standing in for it.
+        """
+        multiple = self.make_vocab_size_divisible_by * tensor_parallel_size
+        return int(math.ceil(self.vocab_size / multiple) * multiple)
+
+    def to_args(self) -> dict[str, Any]:
+        """Return the non-default fields as Megatron-LM arguments (for headers and caches)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+MODEL_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelConfig))
+
+
+def make_model_config(args: Mapping[str, Any]) -> ModelConfig:
+    """Build a ModelConfig from Megatron-LM arguments (unknown names are a programming error)."""
+    values = {name: value for name, value in args.items() if name in MODEL_FIELDS}
+    config = ModelConfig(**values)
+    validate_model(config)
+    return config
+
+
+def _flag(name: str) -> str:
+    return BY_NAME[name].flag if name in BY_NAME else "--" + name.replace("_", "-")
+
+
+def _require_positive(config: ModelConfig) -> None:
+    for name in (
+        "num_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "seq_length",
+        "vocab_size",
+        "make_vocab_size_divisible_by",
+        "moe_router_topk",
+    ):
+        value = getattr(config, name)
+        if value < 1:
+            raise ConfigError(f"{_flag(name)} must be at least 1, got {value}")
+    for name in (
+        "ffn_hidden_size",
+        "num_query_groups",
+        "kv_channels",
+        "max_position_embeddings",
+        "num_experts",
+        "moe_ffn_hidden_size",
+        "moe_shared_expert_intermediate_size",
+    ):
+        value = getattr(config, name)
+        if value is not None and value < 1:
+            raise ConfigError(f"{_flag(name)} must be at least 1, got {value}")
+
+
+def validate_model(config: ModelConfig) -> None:
+    """Raise ConfigError for an architecture megatron would reject or silently change."""
+    _require_positive(config)
+    heads, hidden = config.num_attention_heads, config.hidden_size
+    if config.kv_channels is None and hidden % heads:
+        raise ConfigError(
+            f"--hidden-size {hidden} is not divisible by --num-attention-heads {heads} "
+            f"({hidden} % {heads} = {hidden % heads}); pass --kv-channels to set the head size"
+        )
+    if config.num_query_groups is not None and not config.group_query_attention:
+        raise ConfigError(
+            f"--num-query-groups {config.num_query_groups} has no effect without "
+            "--group-query-attention (Megatron-LM ignores it); pass both or neither"
+        )
+    groups = config.query_groups
+    if heads % groups:
+        raise ConfigError(
+            f"--num-attention-heads {heads} is not divisible by --num-query-groups {groups} "
+            f"({heads} % {groups} = {heads % groups})"
+        )
+    if config.bf16 and config.fp16:
+        raise ConfigError("--bf16 and --fp16 are mutually exclusive; pass one of them")
+    if (
+        config.position_embedding_type == "learned_absolute"
+        and config.max_positions < config.seq_length
+    ):
+        raise ConfigError(
+            f"--max-position-embeddings {config.max_positions} is smaller than --seq-length "
+            f"{config.seq_length}: learned positions need one row per token"
+        )
+    _validate_moe(config)
+    _validate_backend(config)
+
+
+def _validate_moe(config: ModelConfig) -> None:
+    experts = config.num_experts
+    moe_only = ("moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_grouped_gemm")
+    if experts is None:
+        for name in moe_only:
+            if getattr(config, name):
+                raise ConfigError(f"{_flag(name)} needs --num-experts")
+        return
+    if config.moe_router_topk > experts:
+        raise ConfigError(
+            f"--moe-router-topk {config.moe_router_topk} is larger than --num-experts {experts}"
+        )
+
+
+def _validate_backend(config: ModelConfig) -> None:
+    if config.transformer_impl == "transformer_engine":
+        raise ConfigError(
+            "--transformer-impl transformer_engine is not supported yet: Transformer Engine cannot "
+            "be installed without CUDA; use --transformer-impl local"
+        )
+    if config.apex and config.normalization != "LayerNorm":
+        raise ConfigError(
+            f"--apex with --normalization {config.normalization} cannot build: megatron-core's "
+            "final_layernorm would be apex FusedLayerNorm, which supports LayerNorm only "
+            "(Megatron-LM issue #1658); drop --apex to get the torch norms megatron uses for RMSNorm"
+        )

@@ -1,0 +1,24 @@
+"""Render the module hierarchy in SPEC.md's `inspect-model tree` format."""
+
+from __future__ import annotations
+
+from inspector.walk import ModuleNode
+
+
+def _lines(node: ModuleNode, indent: int) -> list[str]:
+    pad = " " * indent
+    lines = [f"{pad}Module: {node.class_name}"]
+    for name, child in node.children:
+        lines.append(f"{pad}  Submodule: {name} ({child.class_name})")
+        lines.extend(_lines(child, indent + 4))
+    return lines
+
+
+def render_tree(node: ModuleNode) -> str:
+    """Return one module tree: `Module:` / `Submodule:` lines, two spaces per level."""
+    return "\n".join(_lines(node, 0)) + "\n"
+
+
+def stage_heading(stage: int, chunk: int | None) -> str:
+    """Return the `# stage S[ chunk C]` line that precedes a stage's block."""
+    return f"# stage {stage}" + (f" chunk {chunk}" if chunk is not None else "")

@@ -1,0 +1,176 @@
+"""The parallel layout, and the words this tool uses for it.
+
+- size: how many ranks one parallel dimension spans (tensor-parallel size `tp`, pipeline `pp`, data
+  `dp`, context `cp`, expert `ep`, expert-tensor `etp`), as in Megatron-LM's `--*-parallel-size`.
+- rank: a global rank of the simulated world, 0 .. world_size-1 (world_size = tp*cp*dp*pp).
+- stage: a pipeline stage, 0 .. pp-1; every rank belongs to one.
+- chunk: a virtual-pipeline model chunk of a stage, 0 .. vpp-1 (just 0 without interleaving).
+- RankCoord: a rank's coordinates and groups, as megatron's parallel_state lays them out.
+
+The coordinates themselves come from megatron (world.py); this module only holds and validates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inspector.config import ModelConfig
+from inspector.errors import ConfigError
+
+# Beyond this many simulated ranks the topology line alone runs to megabytes; no real job is larger.
+MAX_WORLD_SIZE = 1 << 20
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Parallel sizes and pipeline options, in Megatron-LM's terms."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    ep: int = 1
+    etp: int | None = None
+    num_layers_per_virtual_pipeline_stage: int | None = None
+    num_virtual_stages_per_pipeline_rank: int | None = None
+    decoder_first_pipeline_num_layers: int | None = None
+    decoder_last_pipeline_num_layers: int | None = None
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
+    pipeline_model_parallel_layout: str | None = None
+    sequence_parallel: bool = False
+    use_distributed_optimizer: bool = False
+    overlap_grad_reduce: bool = False
+    ddp_bucket_size: int | None = None
+
+    @property
+    def world_size(self) -> int:
+        """Return the number of ranks in the world."""
+        return self.tp * self.cp * self.dp * self.pp
+
+    @property
+    def expert_tp(self) -> int:
+        """Return the expert tensor-parallel size (megatron defaults it to tp)."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def expert_dp(self) -> int:
+        """Return the expert data-parallel size, as megatron's parallel_state derives it."""
+        return self.world_size // (self.expert_tp * self.ep * self.pp)
+
+    @property
+    def uses_cp_axis(self) -> bool:
+        """Return whether the topology line carries a `context` coordinate."""
+        return self.cp > 1
+
+
+LAYOUT_ARGS = {
+    "tensor_model_parallel_size": "tp",
+    "pipeline_model_parallel_size": "pp",
+    "data_parallel_size": "dp",
+    "context_parallel_size": "cp",
+    "expert_model_parallel_size": "ep",
+    "expert_tensor_parallel_size": "etp",
+}
+
+
+def make_layout(args: dict[str, object]) -> Layout:
+    """Build a Layout from Megatron-LM arguments (names from inspector.arguments)."""
+    fields = set(Layout.__dataclass_fields__)
+    values = {LAYOUT_ARGS.get(name, name): value for name, value in args.items()}
+    return Layout(**{k: v for k, v in values.items() if k in fields})  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class RankCoord:
+    """One rank's coordinates and the ranks of each group it belongs to."""
+
+    rank: int
+    pipe: int
+    data: int
+    context: int
+    model: int
+    tensor_group: tuple[int, ...]
+    pipeline_group: tuple[int, ...]
+    data_group: tuple[int, ...]
+    embedding_group: tuple[int, ...]
+    expert_group: tuple[int, ...] | None = None  # expert-parallel group, when ep > 1
+    expert: int = 0  # position in the expert-parallel group: which experts the rank holds
+
+
+def _check_positive(layout: Layout) -> None:
+    for flag, value in (
+        ("--tp", layout.tp),
+        ("--pp", layout.pp),
+        ("--dp", layout.dp),
+        ("--context-parallel-size", layout.cp),
+        ("--expert-model-parallel-size", layout.ep),
+        ("--expert-tensor-parallel-size", layout.etp),
+    ):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} must be at least 1, got {value}")
+
+
+def validate_layout(model: ModelConfig, layout: Layout) -> None:
+    """Raise ConfigError for a layout megatron cannot build for this model."""
+    _check_positive(layout)
+    world = layout.world_size
+    if world > MAX_WORLD_SIZE:
+        raise ConfigError(
+            f"the world of --tp {layout.tp} x --context-parallel-size {layout.cp} x --dp {layout.dp} "
+            f"x --pp {layout.pp} = {world} ranks is larger than the {MAX_WORLD_SIZE} this tool "
+            "simulates"
+        )
+    tp, heads = layout.tp, model.num_attention_heads
+    if heads % tp:
+        raise ConfigError(
+            f"--num-attention-heads {heads} is not divisible by --tp {tp} ({heads} % {tp} = {heads % tp})"
+        )
+    groups = model.query_groups
+    if groups % tp:
+        raise ConfigError(
+            f"--num-query-groups {groups} is not divisible by --tp {tp} ({groups} % {tp} = {groups % tp})"
+        )
+    if model.vocab_size < tp:
+        raise ConfigError(f"--vocab-size {model.vocab_size} is smaller than --tp {tp}")
+    _check_pipeline(model, layout)
+    _check_experts(model, layout)
+
+
+def _check_pipeline(model: ModelConfig, layout: Layout) -> None:
+    layers, pp = model.num_layers, layout.pp
+    uneven = (
+        layout.decoder_first_pipeline_num_layers,
+        layout.decoder_last_pipeline_num_layers,
+        layout.pipeline_model_parallel_layout,
+    )
+    if any(v is not None for v in uneven) or layout.account_for_embedding_in_pipeline_split:
+        return  # validated where the uneven split is resolved (world.py asks megatron)
+    if layout.account_for_loss_in_pipeline_split:
+        return
+    if layers % pp:
+        raise ConfigError(
+            f"--num-layers {layers} cannot be split evenly over --pp {pp} stages "
+            f"({layers} % {pp} = {layers % pp}); use --decoder-first-pipeline-num-layers / "
+            "--decoder-last-pipeline-num-layers or --pipeline-model-parallel-layout for an uneven split"
+        )
+
+
+def _check_experts(model: ModelConfig, layout: Layout) -> None:
+    ep, etp = layout.ep, layout.expert_tp
+    if model.num_experts is None:
+        if ep > 1:
+            raise ConfigError(f"--expert-model-parallel-size {ep} needs --num-experts")
+        return
+    if model.num_experts % ep:
+        raise ConfigError(
+            f"--num-experts {model.num_experts} is not divisible by --expert-model-parallel-size "
+            f"{ep} ({model.num_experts} % {ep} = {model.num_experts % ep})"
+        )
+    dense = layout.tp * layout.cp * layout.dp
+    if dense % (ep * etp):
+        raise ConfigError(
+            f"--expert-model-parallel-size {ep} x --expert-tensor-parallel-size {etp} = {ep * etp} "
+            f"does not divide --tp {layout.tp} x --context-parallel-size {layout.cp} x --dp "
+            f"{layout.dp} = {dense} (megatron carves expert groups out of those ranks)"
+        )

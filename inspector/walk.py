@@ -1,0 +1,137 @@
+"""Walk built stage models into plain records: the module tree and one record per parameter."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from inspector.world import StageModel
+
+_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
+_LOCAL_EXPERT = re.compile(r"\.mlp\.experts\.local_experts\.(\d+)\.")
+
+# Parameters that are embedding tables: Shampoo gets no preconditioner for them (SPEC: precs).
+EMBEDDING_PARAMS = ("embedding.word_embeddings.weight", "embedding.position_embeddings.weight")
+
+
+@dataclass(frozen=True)
+class ModuleNode:
+    """One module of the tree: its class name and its children in registration order."""
+
+    class_name: str
+    children: tuple[tuple[str, ModuleNode], ...]
+
+
+@dataclass(frozen=True)
+class ParamRecord:
+    """One parameter as one rank of its stage holds it."""
+
+    stage: int
+    chunk: int
+    local_name: str  # megatron's named_parameters() name: local layer / expert indices
+    name: str  # global layer and expert numbers: unique across the whole model
+    module: str  # the owning module's one-line description
+    shape: tuple[int, ...]  # local shape on one rank (after tensor/expert sharding)
+    global_shape: tuple[int, ...]
+    dtype: str
+    tensor_parallel: bool
+    partition_dim: int | None
+    tied: bool  # the last stage's copy of word embeddings tied to the output layer
+    embedding: bool  # a word/position embedding table (or its tied copy): no preconditioner
+    layer: int | None  # 0-based global layer number, None outside the transformer layers
+    expert: int | None  # global expert number
+    expert_rank: int | None  # expert-parallel rank holding it (None for non-expert parameters)
+
+    @property
+    def numel(self) -> int:
+        """Return the number of elements on one rank."""
+        count = 1
+        for d in self.shape:
+            count *= d
+        return count
+
+
+def module_tree(module: Any) -> ModuleNode:
+    """Return the module hierarchy of a torch module."""
+    children = tuple((name, module_tree(child)) for name, child in module.named_children())
+    return ModuleNode(type(module).__name__, children)
+
+
+def describe_module(module: Any) -> str:
+    """Return a module's one-line description: str() for leaves, else ClassName(extra_repr)."""
+    if any(True for _ in module.children()):
+        text = f"{type(module).__name__}({module.extra_repr()})"
+    else:
+        text = str(module)
+    return " ".join(text.split()).replace(";", ",")
+
+
+def _owner(root: Any, local_name: str) -> Any:
+    path = local_name.rsplit(".", 1)[0] if "." in local_name else ""
+    return root.get_submodule(path)
+
+
+def _expert_numbers(stage: StageModel) -> dict[int, list[int]]:
+    """Return, per local layer index, the global expert number of each local expert."""
+    numbers: dict[int, list[int]] = {}
+    for index, layer in enumerate(stage.module.decoder.layers):
+        indices = getattr(layer.mlp, "local_expert_indices", None)
+        if indices is not None:
+            numbers[index] = list(indices)
+    return numbers
+
+
+def global_name(stage: StageModel, local_name: str, experts: dict[int, list[int]]) -> str:
+    """Replace megatron's local layer (and local expert) index with the global number."""
+    match = _LAYER.match(local_name)
+    if not match:
+        return local_name
+    index = int(match.group(1))
+    layer = stage.layer_numbers[index] - 1
+    name = f"decoder.layers.{layer}." + local_name[match.end() :]
+    expert = _LOCAL_EXPERT.search(name)
+    if expert and index in experts:
+        number = experts[index][int(expert.group(1))]
+        name = name[: expert.start(1)] + str(number) + name[expert.end(1) :]
+    return name
+
+
+def _global_shape(param: Any, tp: int, etp: int) -> tuple[int, ...]:
+    shape = list(param.shape)
+    if getattr(param, "tensor_model_parallel", False):
+        dim = param.partition_dim
+        is_expert = not getattr(param, "allreduce", True)
+        shape[dim] *= etp if is_expert else tp
+    return tuple(shape)
+
+
+def walk_params(stage: StageModel, tp: int, etp: int) -> Iterator[ParamRecord]:
+    """Yield a record per parameter of a stage, in megatron's named_parameters() order."""
+    experts = _expert_numbers(stage)
+    for local_name, param in stage.module.named_parameters():
+        name = global_name(stage, local_name, experts)
+        match = _LAYER.match(name)
+        expert = _LOCAL_EXPERT.search(name)
+        is_expert = not getattr(param, "allreduce", True)
+        tied = bool(getattr(param, "shared_embedding", False)) and name == "output_layer.weight"
+        yield ParamRecord(
+            stage=stage.stage,
+            chunk=stage.chunk,
+            local_name=local_name,
+            name=name,
+            module=describe_module(_owner(stage.module, local_name)),
+            shape=tuple(param.shape),
+            global_shape=_global_shape(param, tp, etp),
+            dtype=str(param.dtype).removeprefix("torch."),
+            tensor_parallel=bool(getattr(param, "tensor_model_parallel", False)),
+            partition_dim=getattr(param, "partition_dim", None)
+            if getattr(param, "tensor_model_parallel", False)
+            else None,
+            tied=tied,
+            embedding=name in EMBEDDING_PARAMS or tied,
+            layer=int(match.group(1)) if match else None,
+            expert=int(expert.group(1)) if expert and is_expert else None,
+            expert_rank=stage.expert_rank if is_expert else None,
+        )

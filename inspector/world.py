@@ -1,0 +1,318 @@
+"""The simulated megatron world: build each pipeline stage's real GPTModel on the meta device.
+
+Each stage (and, with virtual pipelining, each of its chunks) is built by megatron-core's own code in
+its own simulated rank: torch.distributed's in-process "fake" backend, megatron's
+`initialize_model_parallel`, a TransformerConfig carrying the parallel sizes, and the meta device, so
+no weight memory is allocated. This is the only module that touches megatron's parallel_state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cache
+from types import SimpleNamespace
+from typing import Any
+
+from inspector.config import ModelConfig
+from inspector.topology import Layout, RankCoord
+
+
+@dataclass
+class StageModel:
+    """One pipeline stage's (one chunk's) GPTModel, as one of the stage's ranks builds it."""
+
+    stage: int
+    chunk: int
+    expert_rank: int  # the expert-parallel rank that was simulated (0 without expert parallelism)
+    module: Any  # megatron.core.models.gpt.GPTModel on the meta device
+    layer_numbers: tuple[int, ...]  # megatron's 1-based global layer numbers, in local order
+    has_embedding: bool
+    has_output: bool
+
+
+@cache
+def megatron() -> SimpleNamespace:
+    """Import the megatron-core pieces this tool uses, once, with import-time warnings silenced."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import torch
+        import torch.distributed as dist
+        from megatron.core import parallel_state
+        from megatron.core.fusions import fused_layer_norm
+        from megatron.core.models import backends
+        from megatron.core.models.gpt import GPTModel, gpt_layer_specs
+        from megatron.core.transformer import transformer_block
+        from megatron.core.transformer.torch_norm import WrappedTorchNorm
+        from megatron.core.transformer.transformer_config import TransformerConfig
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+    return SimpleNamespace(
+        torch=torch,
+        dist=dist,
+        parallel_state=parallel_state,
+        fused_layer_norm=fused_layer_norm,
+        backends=backends,
+        gpt_layer_specs=gpt_layer_specs,
+        transformer_block=transformer_block,
+        GPTModel=GPTModel,
+        TransformerConfig=TransformerConfig,
+        WrappedTorchNorm=WrappedTorchNorm,
+        FakeStore=FakeStore,
+    )
+
+
+def simulate_apex(enabled: bool) -> None:
+    """Make megatron pick apex's FusedLayerNorm (as on a cluster with apex), or torch norms.
+
+    megatron-core chooses the norm class at import time in three places: the local layer spec
+    (`gpt_layer_specs.LNImpl`, and `backends.LNImpl`, which RMSNorm specs rebind globally), and the
+    block's `final_layernorm` (`transformer_block.LayerNormImpl`). FusedLayerNorm itself refuses to
+    construct unless `HAVE_FUSED_LAYER_NORM` is set. All four are set here, on every build, so one
+    build's choice never leaks into the next.
+    """
+    m = megatron()
+    norm = m.fused_layer_norm.FusedLayerNorm if enabled else m.WrappedTorchNorm
+    m.fused_layer_norm.HAVE_FUSED_LAYER_NORM = enabled
+    m.gpt_layer_specs.LNImpl = norm
+    m.backends.LNImpl = norm
+    m.transformer_block.LayerNormImpl = norm
+
+
+def virtual_size(model: ModelConfig, layout: Layout) -> int | None:
+    """Return the virtual pipeline size, from Megatron-LM's two ways of asking for one."""
+    if layout.num_virtual_stages_per_pipeline_rank is not None:
+        return layout.num_virtual_stages_per_pipeline_rank
+    if layout.num_layers_per_virtual_pipeline_stage is not None:
+        # Megatron-LM arguments.py: layers per stage // layers per virtual stage.
+        per_stage = model.num_layers // layout.pp
+        return per_stage // layout.num_layers_per_virtual_pipeline_stage
+    return None
+
+
+def simulated_dp(layout: Layout) -> int:
+    """Return the smallest data-parallel size that still lets megatron carve out the expert groups."""
+    expert = layout.ep * layout.expert_tp
+    dense = layout.tp * layout.cp
+    return expert // math.gcd(expert, dense)
+
+
+def _transformer_config(model: ModelConfig, layout: Layout, vpp: int | None) -> Any:
+    """Return megatron's TransformerConfig as Megatron-LM builds it from these arguments."""
+    m = megatron()
+    torch = m.torch
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[
+        model.dtype_name
+    ]
+    kwargs: dict[str, Any] = dict(
+        num_layers=model.num_layers,
+        hidden_size=model.hidden_size,
+        ffn_hidden_size=model.ffn_size,
+        num_attention_heads=model.num_attention_heads,
+        num_query_groups=model.query_groups,
+        kv_channels=model.head_dim,
+        normalization=model.normalization,
+        add_bias_linear=not model.disable_bias_linear,
+        add_qkv_bias=model.add_qkv_bias,
+        qk_layernorm=model.qk_layernorm,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=model.bf16,
+        fp16=model.fp16,
+        tensor_model_parallel_size=layout.tp,
+        pipeline_model_parallel_size=layout.pp,
+        virtual_pipeline_model_parallel_size=vpp,
+        context_parallel_size=layout.cp,
+        expert_model_parallel_size=layout.ep,
+        expert_tensor_parallel_size=layout.expert_tp,
+        sequence_parallel=layout.sequence_parallel,
+        num_layers_in_first_pipeline_stage=layout.decoder_first_pipeline_num_layers,
+        num_layers_in_last_pipeline_stage=layout.decoder_last_pipeline_num_layers,
+        account_for_embedding_in_pipeline_split=layout.account_for_embedding_in_pipeline_split,
+        account_for_loss_in_pipeline_split=layout.account_for_loss_in_pipeline_split,
+        use_cpu_initialization=True,
+        perform_initialization=True,
+    )
+    if layout.pipeline_model_parallel_layout is not None:
+        kwargs["pipeline_model_parallel_layout"] = layout.pipeline_model_parallel_layout
+    if model.swiglu:
+        # Megatron-LM arguments.py: --swiglu sets a gated linear unit with SiLU.
+        kwargs.update(gated_linear_unit=True, activation_func=torch.nn.functional.silu)
+    if model.num_experts is not None:
+        kwargs.update(
+            num_moe_experts=model.num_experts,
+            moe_router_topk=model.moe_router_topk,
+            moe_ffn_hidden_size=model.moe_ffn_hidden_size or model.ffn_size,
+            moe_shared_expert_intermediate_size=model.moe_shared_expert_intermediate_size,
+            moe_grouped_gemm=model.moe_grouped_gemm,
+        )
+    return m.TransformerConfig(**kwargs)
+
+
+@contextlib.contextmanager
+def simulated_rank(layout: Layout, rank: int, vpp: int | None) -> Iterator[Any]:
+    """Run megatron's parallel_state set-up for one rank of a fake world; tear it down after."""
+    m = megatron()
+    world = layout.tp * layout.cp * simulated_dp(layout) * layout.pp
+    m.dist.init_process_group("fake", store=m.FakeStore(), rank=rank, world_size=world)
+    try:
+        m.parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=layout.tp,
+            pipeline_model_parallel_size=layout.pp,
+            virtual_pipeline_model_parallel_size=vpp,
+            context_parallel_size=layout.cp,
+            expert_model_parallel_size=layout.ep,
+            expert_tensor_parallel_size=layout.expert_tp,
+            create_gloo_process_groups=False,
+        )
+        disable_embedding_group()
+        yield m.parallel_state
+    finally:
+        m.parallel_state.destroy_model_parallel()
+        m.dist.destroy_process_group()
+
+
+def disable_embedding_group() -> None:
+    """Forget megatron's embedding group so tied-embedding set-up skips its .cuda() all-reduce.
+
+    With pp > 1 and tied embeddings, LanguageModule.setup_embeddings_and_output_layer copies the
+    word embedding to the last stage with `weight.data.cuda()` and an all-reduce over this group.
+    Without the group it only marks the last stage's copy `shared_embedding=True`, as on a cluster.
+    """
+    ps = megatron().parallel_state
+    ps._EMBEDDING_GROUP = None
+    ps._EMBEDDING_GLOBAL_RANKS = None
+
+
+def _stage_rank(layout: Layout, stage: int, expert_rank: int) -> int:
+    """Return the simulated global rank holding (stage, expert rank) at tp/cp/dp index 0."""
+    per_stage = layout.tp * layout.cp * simulated_dp(layout)
+    return stage * per_stage + expert_rank * layout.expert_tp
+
+
+def build_stage(
+    model: ModelConfig, layout: Layout, stage: int, expert_rank: int = 0
+) -> list[StageModel]:
+    """Build every chunk of one pipeline stage as megatron-core builds it on that stage's rank."""
+    m = megatron()
+    vpp = virtual_size(model, layout)
+    rank = _stage_rank(layout, stage, expert_rank)
+    simulate_apex(model.use_apex)
+    with warnings.catch_warnings(), _quiet_megatron(), simulated_rank(layout, rank, vpp) as ps:
+        warnings.simplefilter("ignore")
+        assert ps.get_pipeline_model_parallel_rank() == stage
+        assert ps.get_expert_model_parallel_rank() == expert_rank
+        config = _transformer_config(model, layout, vpp)
+        return [
+            _build_chunk(m, model, config, layout, stage, chunk, vpp, expert_rank)
+            for chunk in range(vpp or 1)
+        ]
+
+
+def _build_chunk(
+    m: SimpleNamespace,
+    model: ModelConfig,
+    config: Any,
+    layout: Layout,
+    stage: int,
+    chunk: int,
+    vpp: int | None,
+    expert_rank: int,
+) -> StageModel:
+    ps = m.parallel_state
+    vp_stage = chunk if vpp is not None else None
+    pre = ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
+    post = ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
+    with m.torch.device("meta"):
+        spec = m.gpt_layer_specs.get_gpt_layer_local_spec(
+            num_experts=model.num_experts,
+            moe_grouped_gemm=model.moe_grouped_gemm,
+            qk_layernorm=model.qk_layernorm,
+            normalization=model.normalization,
+        )
+        gpt = m.GPTModel(
+            config=config,
+            transformer_layer_spec=spec,
+            vocab_size=model.padded_vocab_size(layout.tp),
+            max_sequence_length=model.max_positions,
+            pre_process=pre,
+            post_process=post,
+            share_embeddings_and_output_weights=not model.untie_embeddings_and_output_weights,
+            position_embedding_type=model.position_embedding_type,
+            vp_stage=vp_stage,
+        )
+    layers = tuple(layer.layer_number for layer in gpt.decoder.layers)
+    return StageModel(stage, chunk, expert_rank, gpt, layers, pre, post)
+
+
+@contextlib.contextmanager
+def _quiet_megatron() -> Iterator[None]:
+    """Keep megatron's informational logging off stderr while building."""
+    logger = logging.getLogger("megatron")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def rank_coords(layout: Layout) -> list[RankCoord]:
+    """Return every rank's coordinates and groups, from megatron's own RankGenerator.
+
+    `initialize_model_parallel` builds all its groups from parallel_state.RankGenerator; calling it
+    directly lists every group of every rank without a process group per rank (tests check the two
+    agree rank by rank on small worlds).
+    """
+    ps = megatron().parallel_state
+    gen = ps.RankGenerator(
+        tp=layout.tp, ep=1, dp=layout.dp, pp=layout.pp, cp=layout.cp, order="tp-cp-ep-dp-pp"
+    )
+    world = layout.world_size
+    groups = {token: _group_of(gen.get_ranks(token), world) for token in ("tp", "pp", "dp", "cp")}
+    expert_groups: list[tuple[tuple[int, ...], int]] | None = None
+    if layout.ep > 1:
+        expert_gen = ps.RankGenerator(
+            tp=layout.expert_tp,
+            ep=layout.ep,
+            dp=layout.expert_dp,
+            pp=layout.pp,
+            cp=1,
+            order="tp-cp-ep-dp-pp",
+        )
+        expert_groups = _group_of(expert_gen.get_ranks("ep"), world)
+    embedding: dict[tuple[int, ...], tuple[int, ...]] = {}
+    coords = []
+    for rank in range(world):
+        pp_group, pipe = groups["pp"][rank]
+        if pp_group not in embedding:
+            embedding[pp_group] = tuple(ps.default_embedding_ranks(list(pp_group)))
+        coords.append(
+            RankCoord(
+                rank=rank,
+                pipe=pipe,
+                data=groups["dp"][rank][1],
+                context=groups["cp"][rank][1],
+                model=groups["tp"][rank][1],
+                tensor_group=groups["tp"][rank][0],
+                pipeline_group=pp_group,
+                data_group=groups["dp"][rank][0],
+                embedding_group=embedding[pp_group] if rank in embedding[pp_group] else (),
+                expert_group=expert_groups[rank][0] if expert_groups else None,
+                expert=expert_groups[rank][1] if expert_groups else 0,
+            )
+        )
+    return coords
+
+
+def _group_of(groups: list[list[int]], world: int) -> list[tuple[tuple[int, ...], int]]:
+    """Index a list of rank groups by rank: (the rank's group, its position in the group)."""
+    by_rank: list[tuple[tuple[int, ...], int]] = [((), 0)] * world
+    for group in groups:
+        members = tuple(group)
+        for position, rank in enumerate(group):
+            by_rank[rank] = (members, position)
+    return by_rank

@@ -1,0 +1,108 @@
+"""The command line itself: help, version, and the `Error:` contract for bad flags."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+COMMANDS = ["tree", "topology", "params", "models"]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help(cli, command):
+    result = cli(command, "--help")
+    assert result.code == 0
+    assert "Usage:" in result.out and len(result.out.splitlines()) > 3
+
+
+def test_no_arguments_prints_help(cli):
+    result = cli()
+    assert result.code == 0
+    assert all(command in result.out for command in COMMANDS)
+
+
+def test_version(cli):
+    from inspector import __version__
+
+    assert cli("--version").out == f"inspect-model {__version__}\n"
+
+
+def test_model_flags_are_megatron_spellings(cli):
+    text = cli("params", "--help").out
+    for flag in (
+        "--num-layers",
+        "--hidden-size",
+        "--untie-embeddings-and-output-weights",
+        "--tensor-model-parallel-size",
+        "--tp",
+        "--pipeline-model-parallel-size",
+        "--pp",
+    ):
+        assert flag in text
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        # not an option of ours
+        (["tree", "--bogus"], "Error: No such option: --bogus\n"),
+        # sizes must be positive
+        (["params", "--tp", "0"], "Error: --tp must be at least 1, got 0\n"),
+        (["params", "--num-layers", "-1"], "Error: --num-layers must be at least 1, got -1\n"),
+        # the partitioning policy must be one we know
+        (
+            ["params", "--partitioning", "x"],
+            "Error: --partitioning 'x' is not one of: layers, cost, distopt\n",
+        ),
+        # --stage and --rank both pick a stage
+        (
+            ["params", "--pp", "2", "--stage", "0", "--rank", "0"],
+            "Error: --stage and --rank select the same thing two ways; pass one of them\n",
+        ),
+        # hidden must split into heads unless kv-channels says otherwise
+        (
+            ["tree", "--hidden-size", "100"],
+            "Error: --hidden-size 100 is not divisible by --num-attention-heads 12 (100 % 12 = 4); "
+            "pass --kv-channels to set the head size\n",
+        ),
+        # Transformer Engine cannot be installed here
+        (
+            ["tree", "--transformer-impl", "transformer_engine"],
+            "Error: --transformer-impl transformer_engine is not supported yet: Transformer Engine cannot "
+            "be installed without CUDA; use --transformer-impl local\n",
+        ),
+    ],
+)
+def test_bad_input_is_one_error_line(cli, args, message):
+    result = cli(*args)
+    assert (result.code, result.out, result.err) == (2, "", message)
+
+
+def test_non_integer_is_rejected(cli):
+    # typer's wording of the reason varies between releases; the flag and the exit code do not
+    result = cli("tree", "--num-layers", "x")
+    assert (result.code, result.out) == (2, "")
+    assert result.err.startswith("Error: Invalid value for '--num-layers': ")
+    assert result.err.count("\n") == 1
+
+
+def test_help_does_not_import_torch():
+    code = "import sys; from inspector.cli import main; main(['--help']); print('torch' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip().endswith("False")
+
+
+def test_console_script_exit_codes(tmp_path):
+    ok = subprocess.run(
+        [sys.executable, "-m", "inspector", "--version"], capture_output=True, text=True
+    )
+    assert ok.returncode == 0
+    bad = subprocess.run(
+        [sys.executable, "-m", "inspector", "tree", "--tp", "5"], capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and bad.stdout == "" and bad.stderr.startswith("Error: ")
+    assert "Traceback" not in bad.stderr
