@@ -8,7 +8,7 @@ from typing import Any
 
 from inspector.config import ModelConfig, make_model_config
 from inspector.errors import ConfigError
-from inspector.topology import Layout, RankCoord, make_layout, validate_layout
+from inspector.topology import Layout, RankCoord, check_buildable, make_layout, validate_layout
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,7 @@ def build(target: Target, stages: Sequence[int] | None = None, expert_rank: int 
     from inspector import world
 
     layout = target.layout
+    check_buildable(layout)
     wanted = range(layout.pp) if stages is None else stages
     built = []
     for stage in wanted:

@@ -135,24 +135,203 @@ def validate_layout(model: ModelConfig, layout: Layout) -> None:
         raise ConfigError(f"--vocab-size {model.vocab_size} is smaller than --tp {tp}")
     _check_pipeline(model, layout)
     _check_experts(model, layout)
+    _check_sequence_parallel(model, layout)
+
+
+def _check_sequence_parallel(model: ModelConfig, layout: Layout) -> None:
+    if not layout.sequence_parallel:
+        return
+    if layout.tp == 1:
+        raise ConfigError(
+            "--sequence-parallel needs --tp larger than 1 (it splits along tensor-parallel ranks)"
+        )
+    if not model.use_apex:
+        raise ConfigError(
+            "--sequence-parallel cannot build with torch norms (--no-apex or RMSNorm): megatron-core's "
+            "WrappedTorchNorm refuses sequence parallelism; it needs apex's FusedLayerNorm (LayerNorm "
+            "models) or Transformer Engine"
+        )
+
+
+def check_buildable(layout: Layout) -> None:
+    """Raise ConfigError for layouts megatron-core's local spec cannot build (rank maps still can)."""
+    if layout.cp > 1:
+        raise ConfigError(
+            f"--context-parallel-size {layout.cp} cannot be built here: megatron-core's local "
+            "DotProductAttention refuses context parallelism (it needs Transformer Engine's "
+            "attention, which cannot be installed without CUDA); `inspect-model topology` shows the layout"
+        )
+
+
+def virtual_size(model: ModelConfig, layout: Layout) -> int | None:
+    """Return the virtual pipeline size from Megatron-LM's two ways of asking for one.
+
+    Megatron-LM arguments.py: --num-virtual-stages-per-pipeline-rank is the size itself; with
+    --num-layers-per-virtual-pipeline-stage it is (layers per stage) // (layers per virtual stage).
+    A --pipeline-model-parallel-layout with more stages than --pp implies it too.
+    """
+    if layout.num_virtual_stages_per_pipeline_rank is not None:
+        return layout.num_virtual_stages_per_pipeline_rank
+    if layout.num_layers_per_virtual_pipeline_stage is not None:
+        return (model.num_layers // layout.pp) // layout.num_layers_per_virtual_pipeline_stage
+    if layout.pipeline_model_parallel_layout is not None:
+        stages = layout.pipeline_model_parallel_layout.count("|") + 1
+        return stages // layout.pp if stages > layout.pp else None
+    return None
 
 
 def _check_pipeline(model: ModelConfig, layout: Layout) -> None:
+    _check_virtual(model, layout)
+    if layout.pipeline_model_parallel_layout is not None:
+        _check_layout_string(model, layout)
+    elif (
+        layout.decoder_first_pipeline_num_layers is not None
+        or layout.decoder_last_pipeline_num_layers is not None
+    ):
+        _check_first_last(model, layout)
+    elif (
+        layout.account_for_embedding_in_pipeline_split or layout.account_for_loss_in_pipeline_split
+    ):
+        _check_accounted(model, layout)
+    else:
+        _check_even(model, layout)
+
+
+def _check_virtual(model: ModelConfig, layout: Layout) -> None:
+    per_chunk = layout.num_layers_per_virtual_pipeline_stage
+    chunks = layout.num_virtual_stages_per_pipeline_rank
+    if per_chunk is not None and chunks is not None:
+        raise ConfigError(
+            "--num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank "
+            "both set the virtual pipeline size; pass one of them"
+        )
+    for flag, value in (
+        ("--num-layers-per-virtual-pipeline-stage", per_chunk),
+        ("--num-virtual-stages-per-pipeline-rank", chunks),
+    ):
+        if value is None:
+            continue
+        if value < 1:
+            raise ConfigError(f"{flag} must be at least 1, got {value}")
+        if layout.pp == 1:
+            raise ConfigError(f"{flag} needs --pp larger than 1 (the interleaved schedule)")
+    if per_chunk is not None:
+        uneven = layout.decoder_first_pipeline_num_layers, layout.decoder_last_pipeline_num_layers
+        if any(v is not None for v in uneven):
+            raise ConfigError(
+                "--num-layers-per-virtual-pipeline-stage cannot be combined with "
+                "--decoder-first/last-pipeline-num-layers (Megatron-LM rejects it); use "
+                "--num-virtual-stages-per-pipeline-rank"
+            )
+        per_stage = model.num_layers // layout.pp
+        if model.num_layers % layout.pp == 0 and per_stage % per_chunk:
+            raise ConfigError(
+                f"--num-layers {model.num_layers} / --pp {layout.pp} = {per_stage} layers per stage "
+                f"do not split into chunks of --num-layers-per-virtual-pipeline-stage {per_chunk} "
+                f"({per_stage} % {per_chunk} = {per_stage % per_chunk})"
+            )
+
+
+def _check_even(model: ModelConfig, layout: Layout) -> None:
     layers, pp = model.num_layers, layout.pp
-    uneven = (
-        layout.decoder_first_pipeline_num_layers,
-        layout.decoder_last_pipeline_num_layers,
-        layout.pipeline_model_parallel_layout,
-    )
-    if any(v is not None for v in uneven) or layout.account_for_embedding_in_pipeline_split:
-        return  # validated where the uneven split is resolved (world.py asks megatron)
-    if layout.account_for_loss_in_pipeline_split:
-        return
     if layers % pp:
         raise ConfigError(
             f"--num-layers {layers} cannot be split evenly over --pp {pp} stages "
             f"({layers} % {pp} = {layers % pp}); use --decoder-first-pipeline-num-layers / "
             "--decoder-last-pipeline-num-layers or --pipeline-model-parallel-layout for an uneven split"
+        )
+    vpp = virtual_size(model, layout)
+    if vpp is not None and layers % (pp * vpp):
+        raise ConfigError(
+            f"--num-layers {layers} cannot be split evenly over --pp {pp} x {vpp} virtual stages "
+            f"= {pp * vpp} chunks ({layers} % {pp * vpp} = {layers % (pp * vpp)})"
+        )
+
+
+def _check_first_last(model: ModelConfig, layout: Layout) -> None:
+    """Megatron-core TransformerConfig's uneven-pipeline rules, with our flags named."""
+    layers, stages, taken = model.num_layers, layout.pp, []
+    vpp = virtual_size(model, layout)
+    for flag, value in (
+        ("--decoder-first-pipeline-num-layers", layout.decoder_first_pipeline_num_layers),
+        ("--decoder-last-pipeline-num-layers", layout.decoder_last_pipeline_num_layers),
+    ):
+        if value is None:
+            continue
+        if value < 1:
+            raise ConfigError(f"{flag} must be at least 1, got {value}")
+        if vpp is not None and value % vpp:
+            raise ConfigError(
+                f"{flag} {value} is not divisible by the {vpp} virtual stages per pipeline rank "
+                f"({value} % {vpp} = {value % vpp})"
+            )
+        layers -= value
+        stages -= 1
+        taken.append(f"{flag} {value}")
+    spent = " and ".join(taken)
+    if layers < 0 or bool(layers) != bool(stages):
+        raise ConfigError(
+            f"--num-layers {model.num_layers} minus {spent} leaves {layers} layers for "
+            f"{stages} middle stages of --pp {layout.pp}"
+        )
+    if stages and layers % stages:
+        raise ConfigError(
+            f"--num-layers {model.num_layers} minus {spent} leaves {layers} layers, which do not "
+            f"split evenly over the {stages} middle stages ({layers} % {stages} = {layers % stages})"
+        )
+    if stages and vpp is not None and (layers // stages) % vpp:
+        raise ConfigError(
+            f"each middle stage gets {layers // stages} layers, which do not split into the {vpp} "
+            f"virtual stages per pipeline rank ({layers // stages} % {vpp} = {(layers // stages) % vpp})"
+        )
+
+
+def _check_accounted(model: ModelConfig, layout: Layout) -> None:
+    counted, flags = model.num_layers, []
+    if layout.account_for_embedding_in_pipeline_split:
+        counted += 1
+        flags.append("1 for --account-for-embedding-in-pipeline-split")
+    if layout.account_for_loss_in_pipeline_split:
+        counted += 1
+        flags.append("1 for --account-for-loss-in-pipeline-split")
+    pp = layout.pp
+    if counted % pp:
+        raise ConfigError(
+            f"--num-layers {model.num_layers} plus {' and '.join(flags)} = {counted} cannot be split "
+            f"evenly over --pp {pp} stages ({counted} % {pp} = {counted % pp})"
+        )
+    vpp = virtual_size(model, layout)
+    if vpp is not None and (counted // pp) % vpp:
+        raise ConfigError(
+            f"{counted // pp} layers per stage (counting the embedding/loss) do not split into the "
+            f"{vpp} virtual stages per pipeline rank ({counted // pp} % {vpp} = {(counted // pp) % vpp})"
+        )
+
+
+def _check_layout_string(model: ModelConfig, layout: Layout) -> None:
+    text = layout.pipeline_model_parallel_layout or ""
+    others = (
+        layout.decoder_first_pipeline_num_layers is not None
+        or layout.decoder_last_pipeline_num_layers is not None
+        or layout.account_for_embedding_in_pipeline_split
+        or layout.account_for_loss_in_pipeline_split
+    )
+    if others:
+        raise ConfigError(
+            "--pipeline-model-parallel-layout cannot be combined with --decoder-first/last-"
+            "pipeline-num-layers or --account-for-embedding/loss-in-pipeline-split"
+        )
+    stages = text.count("|") + 1
+    if stages % layout.pp:
+        raise ConfigError(
+            f"--pipeline-model-parallel-layout {text!r} has {stages} stages, not a multiple of "
+            f"--pp {layout.pp}"
+        )
+    placed = text.count("t")
+    if placed != model.num_layers:
+        raise ConfigError(
+            f"--pipeline-model-parallel-layout {text!r} places {placed} transformer layers ('t') "
+            f"but --num-layers is {model.num_layers}"
         )
 
 

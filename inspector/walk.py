@@ -11,6 +11,8 @@ from inspector.world import StageModel
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
 _LOCAL_EXPERT = re.compile(r"\.mlp\.experts\.local_experts\.(\d+)\.")
+_GROUPED_EXPERTS = re.compile(r"\.mlp\.experts\.(weight\d)$")
+_EXPERTS = ".mlp.experts."
 
 # Parameters that are embedding tables: Shampoo gets no preconditioner for them (SPEC: precs).
 EMBEDDING_PARAMS = ("embedding.word_embeddings.weight", "embedding.position_embeddings.weight")
@@ -84,26 +86,33 @@ def _expert_numbers(stage: StageModel) -> dict[int, list[int]]:
 
 
 def global_name(stage: StageModel, local_name: str, experts: dict[int, list[int]]) -> str:
-    """Replace megatron's local layer (and local expert) index with the global number."""
+    """Replace megatron's local layer (and local expert) index with the global number.
+
+    SequentialMLP experts get their global expert number in place of the local one; a GroupedMLP
+    tensor, which packs all of a rank's experts, gets their global range: `experts.4-7.weight1`.
+    """
     match = _LAYER.match(local_name)
     if not match:
         return local_name
     index = int(match.group(1))
     layer = stage.layer_numbers[index] - 1
     name = f"decoder.layers.{layer}." + local_name[match.end() :]
+    if index not in experts:
+        return name
+    numbers = experts[index]
     expert = _LOCAL_EXPERT.search(name)
-    if expert and index in experts:
-        number = experts[index][int(expert.group(1))]
-        name = name[: expert.start(1)] + str(number) + name[expert.end(1) :]
+    if expert:
+        return name[: expert.start(1)] + str(numbers[int(expert.group(1))]) + name[expert.end(1) :]
+    grouped = _GROUPED_EXPERTS.search(name)
+    if grouped:
+        return name[: grouped.start(1)] + f"{numbers[0]}-{numbers[-1]}." + grouped.group(1)
     return name
 
 
-def _global_shape(param: Any, tp: int, etp: int) -> tuple[int, ...]:
+def _global_shape(param: Any, size: int) -> tuple[int, ...]:
     shape = list(param.shape)
     if getattr(param, "tensor_model_parallel", False):
-        dim = param.partition_dim
-        is_expert = not getattr(param, "allreduce", True)
-        shape[dim] *= etp if is_expert else tp
+        shape[param.partition_dim] *= size
     return tuple(shape)
 
 
@@ -114,7 +123,8 @@ def walk_params(stage: StageModel, tp: int, etp: int) -> Iterator[ParamRecord]:
         name = global_name(stage, local_name, experts)
         match = _LAYER.match(name)
         expert = _LOCAL_EXPERT.search(name)
-        is_expert = not getattr(param, "allreduce", True)
+        is_expert = _EXPERTS in name
+        sharded = bool(getattr(param, "tensor_model_parallel", False))
         tied = bool(getattr(param, "shared_embedding", False)) and name == "output_layer.weight"
         yield ParamRecord(
             stage=stage.stage,
@@ -123,15 +133,13 @@ def walk_params(stage: StageModel, tp: int, etp: int) -> Iterator[ParamRecord]:
             name=name,
             module=describe_module(_owner(stage.module, local_name)),
             shape=tuple(param.shape),
-            global_shape=_global_shape(param, tp, etp),
+            global_shape=_global_shape(param, etp if is_expert else tp),
             dtype=str(param.dtype).removeprefix("torch."),
-            tensor_parallel=bool(getattr(param, "tensor_model_parallel", False)),
-            partition_dim=getattr(param, "partition_dim", None)
-            if getattr(param, "tensor_model_parallel", False)
-            else None,
+            tensor_parallel=sharded,
+            partition_dim=param.partition_dim if sharded else None,
             tied=tied,
             embedding=name in EMBEDDING_PARAMS or tied,
             layer=int(match.group(1)) if match else None,
-            expert=int(expert.group(1)) if expert and is_expert else None,
+            expert=int(expert.group(1)) if expert else None,
             expert_rank=stage.expert_rank if is_expert else None,
         )

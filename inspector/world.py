@@ -19,7 +19,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from inspector.config import ModelConfig
-from inspector.topology import Layout, RankCoord
+from inspector.errors import ConfigError, FidelityError
+from inspector.topology import Layout, RankCoord, virtual_size
 
 
 @dataclass
@@ -82,15 +83,22 @@ def simulate_apex(enabled: bool) -> None:
     m.transformer_block.LayerNormImpl = norm
 
 
-def virtual_size(model: ModelConfig, layout: Layout) -> int | None:
-    """Return the virtual pipeline size, from Megatron-LM's two ways of asking for one."""
-    if layout.num_virtual_stages_per_pipeline_rank is not None:
-        return layout.num_virtual_stages_per_pipeline_rank
-    if layout.num_layers_per_virtual_pipeline_stage is not None:
-        # Megatron-LM arguments.py: layers per stage // layers per virtual stage.
-        per_stage = model.num_layers // layout.pp
-        return per_stage // layout.num_layers_per_virtual_pipeline_stage
-    return None
+def simulate_grouped_gemm(enabled: bool) -> None:
+    """Let megatron's GroupedMLP construct as on a cluster with the grouped_gemm package.
+
+    GroupedMLP asserts `grouped_gemm_util.grouped_gemm` is importable when it is built; only its
+    forward pass calls into it, and nothing here runs forward. A stand-in module object satisfies
+    the check; without grouped GEMM it is reset to what the import found.
+    """
+    from megatron.core.transformer.moe import grouped_gemm_util
+
+    if enabled:
+        grouped_gemm_util.grouped_gemm = grouped_gemm_util.grouped_gemm or _GROUPED_GEMM_STANDIN
+    elif grouped_gemm_util.grouped_gemm is _GROUPED_GEMM_STANDIN:
+        grouped_gemm_util.grouped_gemm = None
+
+
+_GROUPED_GEMM_STANDIN = SimpleNamespace(ops=None, __name__="grouped_gemm (simulated)")
 
 
 def simulated_dp(layout: Layout) -> int:
@@ -201,15 +209,36 @@ def build_stage(
     vpp = virtual_size(model, layout)
     rank = _stage_rank(layout, stage, expert_rank)
     simulate_apex(model.use_apex)
-    with warnings.catch_warnings(), _quiet_megatron(), simulated_rank(layout, rank, vpp) as ps:
+    simulate_grouped_gemm(model.moe_grouped_gemm)
+    with warnings.catch_warnings(), _quiet_megatron(), _megatron_errors(stage):
         warnings.simplefilter("ignore")
-        assert ps.get_pipeline_model_parallel_rank() == stage
-        assert ps.get_expert_model_parallel_rank() == expert_rank
-        config = _transformer_config(model, layout, vpp)
-        return [
-            _build_chunk(m, model, config, layout, stage, chunk, vpp, expert_rank)
-            for chunk in range(vpp or 1)
-        ]
+        with simulated_rank(layout, rank, vpp) as ps:
+            where = (ps.get_pipeline_model_parallel_rank(), ps.get_expert_model_parallel_rank())
+            if where != (stage, expert_rank):
+                raise FidelityError(
+                    f"rank {rank} is {where} in megatron, expected {(stage, expert_rank)}"
+                )
+            config = _transformer_config(model, layout, vpp)
+            return [
+                _build_chunk(m, model, config, layout, stage, chunk, vpp, expert_rank)
+                for chunk in range(vpp or 1)
+            ]
+
+
+@contextlib.contextmanager
+def _megatron_errors(stage: int) -> Iterator[None]:
+    """Turn megatron-core's refusals (ValueError, assert) into one-sentence ConfigErrors.
+
+    The checks in config.py and topology.py catch what we know of first; this is the net for the
+    rest. The original exception stays chained, so `--debug` shows megatron's traceback.
+    """
+    try:
+        yield
+    except (ValueError, AssertionError, RuntimeError, TypeError) as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise ConfigError(
+            f"megatron-core refused to build stage {stage}: {reason} (--debug shows its traceback)"
+        ) from exc
 
 
 def _build_chunk(

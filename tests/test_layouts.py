@@ -1,0 +1,465 @@
+"""Parallel layouts: virtual pipeline, uneven stages, experts, sequence/context parallel."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+
+import pytest
+
+SMALL = [
+    "--hidden-size",
+    "64",
+    "--num-attention-heads",
+    "4",
+    "--seq-length",
+    "32",
+    "--vocab-size",
+    "1000",
+]
+MOE = SMALL + ["--num-experts", "4", "--moe-ffn-hidden-size", "32"]
+
+
+def blocks(text: str) -> dict[str, list[str]]:
+    """Map each `# stage ...` comment line to the names of its rows."""
+    result: dict[str, list[str]] = {}
+    current = None
+    for line in text.splitlines()[2:]:
+        if line.startswith("#"):
+            current = line
+            result[current] = []
+        else:
+            result[current].append(line.split(";")[0])
+    return result
+
+
+def layers_in(names: list[str]) -> list[int]:
+    return sorted(
+        {int(m.group(1)) for n in names if (m := re.match(r"decoder\.layers\.(\d+)\.", n))}
+    )
+
+
+def test_virtual_pipeline_example(cli):
+    # issue #5: 8 layers, pp=2, 2 chunks
+    out = cli(
+        "params",
+        "--num-layers",
+        "8",
+        "--pp",
+        "2",
+        "--num-virtual-stages-per-pipeline-rank",
+        "2",
+        *SMALL,
+    ).out
+    got = blocks(out)
+    heads = [h.split(":")[0] for h in got]
+    assert heads == [
+        "# stage 0 chunk 0",
+        "# stage 0 chunk 1",
+        "# stage 1 chunk 0",
+        "# stage 1 chunk 1",
+    ]
+    names = list(got.values())
+    assert [layers_in(n) for n in names] == [[0, 1], [4, 5], [2, 3], [6, 7]]
+    assert names[0][0] == "embedding.word_embeddings.weight"
+    assert not any(n.startswith("embedding") for n in names[1] + names[2] + names[3])
+    assert names[3][-3:] == [
+        "decoder.final_layernorm.weight",
+        "decoder.final_layernorm.bias",
+        "output_layer.weight",
+    ]
+    assert not any(
+        n.startswith(("decoder.final", "output")) for n in names[0] + names[1] + names[2]
+    )
+
+
+def test_both_virtual_flags_agree(cli):
+    a = cli(
+        "params",
+        "--num-layers",
+        "8",
+        "--pp",
+        "2",
+        "--num-virtual-stages-per-pipeline-rank",
+        "2",
+        *SMALL,
+    ).out
+    b = cli(
+        "params",
+        "--num-layers",
+        "8",
+        "--pp",
+        "2",
+        "--num-layers-per-virtual-pipeline-stage",
+        "2",
+        *SMALL,
+    ).out
+    assert a == b
+
+
+def test_virtual_tree_headings(cli):
+    out = cli(
+        "tree",
+        "--num-layers",
+        "8",
+        "--pp",
+        "2",
+        "--num-virtual-stages-per-pipeline-rank",
+        "2",
+        *SMALL,
+    ).out
+    assert re.findall(r"^# .*$", out, flags=re.M) == [
+        "# stage 0 chunk 0",
+        "# stage 0 chunk 1",
+        "# stage 1 chunk 0",
+        "# stage 1 chunk 1",
+    ]
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (
+            [
+                "--num-layers",
+                "30",
+                "--pp",
+                "4",
+                "--decoder-first-pipeline-num-layers",
+                "6",
+                "--decoder-last-pipeline-num-layers",
+                "6",
+            ],
+            [range(0, 6), range(6, 15), range(15, 24), range(24, 30)],
+        ),
+        (
+            ["--num-layers", "10", "--pp", "4", "--decoder-last-pipeline-num-layers", "1"],
+            [range(0, 3), range(3, 6), range(6, 9), range(9, 10)],
+        ),
+        (
+            ["--num-layers", "7", "--pp", "4", "--pipeline-model-parallel-layout", "Et|tt|tt|ttL"],
+            [range(0, 1), range(1, 3), range(3, 5), range(5, 7)],
+        ),
+        (
+            [
+                "--num-layers",
+                "14",
+                "--pp",
+                "4",
+                "--account-for-embedding-in-pipeline-split",
+                "--account-for-loss-in-pipeline-split",
+            ],
+            [range(0, 3), range(3, 7), range(7, 11), range(11, 14)],
+        ),
+    ],
+)
+def test_uneven_stages(cli, args, expected):
+    result = cli("params", *args, *SMALL)
+    assert result.code == 0, result.err
+    assert [layers_in(n) for n in blocks(result.out).values()] == [list(r) for r in expected]
+
+
+def json_rows(cli, *args):
+    result = cli("params", *args, "--format", "json")
+    assert result.code == 0, result.err
+    return json.loads(result.out)["parameters"]
+
+
+LAYOUTS = [
+    ["--num-layers", "4", "--pp", "2", "--dp", "2", "--ep", "2", *MOE],
+    [
+        "--num-layers",
+        "4",
+        "--pp",
+        "2",
+        "--tp",
+        "2",
+        "--dp",
+        "2",
+        "--ep",
+        "4",
+        "--expert-tensor-parallel-size",
+        "1",
+        *MOE,
+    ],
+    [
+        "--num-layers",
+        "4",
+        "--pp",
+        "1",
+        "--tp",
+        "2",
+        "--dp",
+        "2",
+        "--ep",
+        "2",
+        "--expert-tensor-parallel-size",
+        "2",
+        "--disable-bias-linear",
+        *MOE,
+    ],
+    [
+        "--num-layers",
+        "4",
+        "--dp",
+        "4",
+        "--ep",
+        "4",
+        "--moe-grouped-gemm",
+        "--disable-bias-linear",
+        *MOE,
+    ],
+    [
+        "--num-layers",
+        "8",
+        "--pp",
+        "4",
+        "--num-virtual-stages-per-pipeline-rank",
+        "2",
+        "--dp",
+        "2",
+        "--ep",
+        "2",
+        *MOE,
+    ],
+    ["--num-layers", "6", "--pp", "2", "--tp", "2", *SMALL],
+]
+
+
+@pytest.mark.parametrize("args", LAYOUTS, ids=lambda a: " ".join(a[:12]))
+def test_every_layer_and_expert_once(cli, args):
+    rows = json_rows(cli, *args)
+    num_layers = int(args[args.index("--num-layers") + 1])
+    experts_per_layer = int(args[args.index("--num-experts") + 1]) if "--num-experts" in args else 0
+    names = Counter(r["name"] for r in rows)
+    assert max(names.values()) == 1
+    stage_of_layer: dict[int, set] = {}
+    experts: dict[int, set] = {}
+    for r in rows:
+        m = re.match(r"decoder\.layers\.(\d+)\.", r["name"])
+        if m:
+            stage_of_layer.setdefault(int(m.group(1)), set()).add((r["stage"], r["chunk"]))
+        if m and ".mlp.experts." in r["name"]:
+            e = re.search(r"\.experts\.(?:local_experts\.)?(\d+)(?:-(\d+))?\.", r["name"])
+            first, last = int(e.group(1)), int(e.group(2) or e.group(1))
+            experts.setdefault(int(m.group(1)), set()).update(range(first, last + 1))
+    assert sorted(stage_of_layer) == list(range(num_layers))
+    assert all(len(v) == 1 for v in stage_of_layer.values())
+    if experts_per_layer:
+        assert experts == {layer: set(range(experts_per_layer)) for layer in range(num_layers)}
+
+
+def test_rank_view_shows_only_its_experts(cli):
+    args = ["--num-layers", "2", "--dp", "2", "--ep", "2", *MOE]
+    full = json_rows(cli, *args)
+    for rank, mine in ((0, {0, 1}), (1, {2, 3})):
+        out = cli("params", *args, "--rank", str(rank)).out
+        names = [line.split(";")[0] for line in out.splitlines() if ";" in line][1:]
+        experts = {int(m.group(1)) for n in names if (m := re.search(r"local_experts\.(\d+)\.", n))}
+        assert experts == mine
+        assert len(names) == len([r for r in full if r["expert"] is None or r["expert"] in mine])
+
+
+def test_json_attributes_are_megatrons(cli):
+    """partition_dim / tensor_parallel in json equal the attributes on megatron's own parameters."""
+    from inspector.cli import _gather_args  # noqa: F401  (same merge path as the CLI)
+    from inspector.engine import build, resolve
+
+    args = [
+        "--num-layers",
+        "2",
+        "--pp",
+        "2",
+        "--tp",
+        "2",
+        "--dp",
+        "2",
+        "--ep",
+        "2",
+        "--expert-tensor-parallel-size",
+        "1",
+        *MOE,
+    ]
+    rows = json_rows(cli, *args)
+    target = resolve(
+        {
+            "num_layers": 2,
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "seq_length": 32,
+            "vocab_size": 1000,
+            "num_experts": 4,
+            "moe_ffn_hidden_size": 32,
+            "pipeline_model_parallel_size": 2,
+            "tensor_model_parallel_size": 2,
+            "data_parallel_size": 2,
+            "expert_model_parallel_size": 2,
+            "expert_tensor_parallel_size": 1,
+        }
+    )
+    attrs = {}
+    for expert_rank in (0, 1):
+        for stage in build(target, None, expert_rank):
+            for name, p in stage.module.named_parameters():
+                sharded = bool(getattr(p, "tensor_model_parallel", False))
+                attrs[(stage.stage, expert_rank, name)] = (
+                    sharded,
+                    p.partition_dim if sharded else None,
+                    list(p.shape),
+                )
+    for r in rows:
+        key = (r["stage"], r["expert_parallel_rank"] or 0, r["local_name"])
+        assert attrs[key] == (r["tensor_parallel"], r["partition_dim"], r["shape"]), r["name"]
+
+
+@pytest.mark.parametrize(
+    "name, args",
+    [
+        (
+            "layout_vpp.csv",
+            [
+                "--num-layers",
+                "8",
+                "--pp",
+                "2",
+                "--num-virtual-stages-per-pipeline-rank",
+                "2",
+                *SMALL,
+            ],
+        ),
+        (
+            "layout_uneven.csv",
+            [
+                "--num-layers",
+                "10",
+                "--pp",
+                "4",
+                "--decoder-first-pipeline-num-layers",
+                "1",
+                "--decoder-last-pipeline-num-layers",
+                "3",
+                *SMALL,
+            ],
+        ),
+        (
+            "layout_string.csv",
+            [
+                "--num-layers",
+                "7",
+                "--pp",
+                "4",
+                "--pipeline-model-parallel-layout",
+                "Et|tt|tt|ttL",
+                *SMALL,
+            ],
+        ),
+        ("layout_moe_ep2.csv", ["--num-layers", "2", "--pp", "2", "--dp", "2", "--ep", "2", *MOE]),
+        (
+            "layout_moe_grouped.csv",
+            [
+                "--num-layers",
+                "2",
+                "--dp",
+                "2",
+                "--ep",
+                "2",
+                "--moe-grouped-gemm",
+                "--disable-bias-linear",
+                *MOE,
+            ],
+        ),
+        (
+            "layout_moe_etp.json",
+            [
+                "--num-layers",
+                "2",
+                "--tp",
+                "2",
+                "--dp",
+                "2",
+                "--ep",
+                "2",
+                "--expert-tensor-parallel-size",
+                "1",
+                *MOE,
+                "--format",
+                "json",
+            ],
+        ),
+        (
+            "layout_sequence_parallel.csv",
+            ["--num-layers", "2", "--tp", "2", "--sequence-parallel", *SMALL],
+        ),
+        (
+            "topology_ep2_table.txt",
+            ["--num-layers", "2", "--tp", "2", "--dp", "2", "--ep", "2", *MOE],
+        ),
+    ],
+)
+def test_layout_golden(cli, golden, name, args):
+    command = "topology" if name.startswith("topology") else "params"
+    extra = ["--format", "table"] if command == "topology" else []
+    result = cli(command, *args, *extra)
+    assert result.code == 0, result.err
+    golden(name, result.out)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        # the middle stages must split evenly
+        (
+            ["--num-layers", "30", "--pp", "4", "--decoder-first-pipeline-num-layers", "7"],
+            "--num-layers 30 minus --decoder-first-pipeline-num-layers 7 leaves 23 layers, which do not split evenly over the 3 middle stages (23 % 3 = 2)",
+        ),
+        # a layout string must place exactly num_layers layers
+        (
+            ["--num-layers", "6", "--pp", "4", "--pipeline-model-parallel-layout", "Et|tt|tt|ttL"],
+            "--pipeline-model-parallel-layout 'Et|tt|tt|ttL' places 7 transformer layers ('t') but --num-layers is 6",
+        ),
+        # embedding + loss counted as layers must divide
+        (
+            ["--num-layers", "13", "--pp", "4", "--account-for-embedding-in-pipeline-split"],
+            "--num-layers 13 plus 1 for --account-for-embedding-in-pipeline-split = 14 cannot be split evenly over --pp 4 stages (14 % 4 = 2)",
+        ),
+        # chunks of the virtual pipeline must divide a stage
+        (
+            ["--num-layers", "8", "--pp", "2", "--num-layers-per-virtual-pipeline-stage", "3"],
+            "--num-layers 8 / --pp 2 = 4 layers per stage do not split into chunks of --num-layers-per-virtual-pipeline-stage 3 (4 % 3 = 1)",
+        ),
+        # virtual pipeline needs a pipeline
+        (
+            ["--num-layers", "8", "--num-virtual-stages-per-pipeline-rank", "2"],
+            "--num-virtual-stages-per-pipeline-rank needs --pp larger than 1 (the interleaved schedule)",
+        ),
+        # experts must split over expert-parallel ranks
+        (
+            ["--num-layers", "2", "--num-experts", "3", "--ep", "2", "--dp", "2"],
+            "--num-experts 3 is not divisible by --expert-model-parallel-size 2 (3 % 2 = 1)",
+        ),
+        # expert groups are carved out of tp x cp x dp ranks
+        (
+            ["--num-layers", "2", "--num-experts", "4", "--ep", "4", "--dp", "2"],
+            "--expert-model-parallel-size 4 x --expert-tensor-parallel-size 1 = 4 does not divide --tp 1 x --context-parallel-size 1 x --dp 2 = 2 (megatron carves expert groups out of those ranks)",
+        ),
+        # sequence parallel needs tensor parallel
+        (
+            ["--sequence-parallel"],
+            "--sequence-parallel needs --tp larger than 1 (it splits along tensor-parallel ranks)",
+        ),
+        # megatron's local attention refuses context parallelism
+        (
+            ["--context-parallel-size", "2"],
+            "--context-parallel-size 2 cannot be built here: megatron-core's local DotProductAttention refuses context parallelism (it needs Transformer Engine's attention, which cannot be installed without CUDA); `inspect-model topology` shows the layout",
+        ),
+        # megatron's own refusal, translated (GroupedMLP has no bias support)
+        (
+            ["--num-layers", "2", "--num-experts", "2", "--moe-grouped-gemm"],
+            "megatron-core refused to build stage 0: bias not supported in Grouped GEMM yet, please set '--disable-bias-linear' instead. when instantiating GroupedMLP when instantiating MoELayer when instantiating TransformerLayer (--debug shows its traceback)",
+        ),
+    ],
+)
+def test_layout_errors(cli, args, message):
+    result = cli("params", *args, *SMALL)
+    assert (result.code, result.out, result.err) == (2, "", f"Error: {message}\n")
