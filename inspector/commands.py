@@ -68,7 +68,7 @@ def topology_text(args: Mapping[str, Any], fmt: str) -> str:
 
 def _stage_blocks(target: Target, stage: int, partitioning: str, block_size: int) -> list[Block]:
     """Build one stage (every expert-parallel rank of it) and return its blocks of rows."""
-    from inspector import partition
+    from inspector import fidelity, partition
     from inspector.engine import build
     from inspector.walk import walk_params
 
@@ -93,10 +93,15 @@ def _stage_blocks(target: Target, stage: int, partitioning: str, block_size: int
     else:
         raise ConfigError("--partitioning distopt is not available yet")
     rows = iter(Row(r, o, p) for r, o, p in zip(all_records, owners, precs))
-    return [
+    result = [
         Block(stage, label, layers, [next(rows) for _ in records])
         for label, layers, records in blocks
     ]
+    checkpoint = {
+        k: v for ranks in chunks_by_rank for chunk in ranks for k, v in chunk.checkpoint.items()
+    }
+    fidelity.check_totals(result, {stage: checkpoint})
+    return result
 
 
 def merge_expert_ranks(walks: list[list[Any]]) -> list[Any]:
@@ -147,6 +152,7 @@ def params_text(
     fmt: str,
 ) -> str:
     """Return the params table for the requested view and format."""
+    from inspector import fidelity
     from inspector.render import params as render
     from inspector.render.topology import topology_line
 
@@ -157,6 +163,7 @@ def params_text(
     target = resolve(args)
     stages, coord = _stages_for(target, stage, rank)
     blocks = [b for s in stages for b in _stage_blocks(target, s, partitioning, block_size)]
+    fidelity.check_layers(blocks, target.model.num_layers, complete=len(stages) == target.layout.pp)
     if coord is not None:
         blocks = _rank_view(blocks, coord)
     with_topology = rank is None or rank == 0

@@ -34,6 +34,9 @@ class StageModel:
     layer_numbers: tuple[int, ...]  # megatron's 1-based global layer numbers, in local order
     has_embedding: bool
     has_output: bool
+    # megatron's checkpoint view of the same module: (key, offsets along prepended axes) -> the
+    # unsharded element count of that one tensor (sharded_state_dict's global shape).
+    checkpoint: dict[tuple[str, tuple[int, ...]], int]
 
 
 @cache
@@ -274,7 +277,30 @@ def _build_chunk(
             vp_stage=vp_stage,
         )
     layers = tuple(layer.layer_number for layer in gpt.decoder.layers)
-    return StageModel(stage, chunk, expert_rank, gpt, layers, pre, post)
+    return StageModel(stage, chunk, expert_rank, gpt, layers, pre, post, checkpoint_sizes(gpt))
+
+
+def checkpoint_sizes(gpt: Any) -> dict[tuple[str, tuple[int, ...]], int]:
+    """Return each tensor's unsharded size as megatron's own sharded_state_dict() reports it.
+
+    Factories (SwiGLU's split fc1, GroupedMLP's packed experts) are expanded by megatron's own
+    `apply_factories`. Layers are stacked along prepended axes under one key: the offsets along
+    those axes tell tensors apart, and the remaining axes are the tensor's own global shape (one
+    entry per key and offsets, however many pieces megatron cuts it into).
+    """
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor, apply_factories
+
+    state = gpt.sharded_state_dict()
+    apply_factories(state)
+    sizes = {}
+    for entry in nested_values(state):
+        if isinstance(entry, ShardedTensor):
+            prepend = entry.prepend_axis_num
+            sizes[(entry.key, tuple(entry.global_offset[:prepend]))] = math.prod(
+                entry.global_shape[prepend:]
+            )
+    return sizes
 
 
 @contextlib.contextmanager
