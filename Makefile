@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TORCH_WHEELS ?= /opt/wheels
 TORCH := torch==2.13.0+cpu
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup run test lint bench clean test-matrix test-megatron
 
 setup: $(STAMP)
 
@@ -31,5 +31,22 @@ test: lint
 bench: setup
 	$(BIN)/python bench/run.py
 
+# The suite against each supported megatron-core, each in its own .venv-megatron-VERSION.
+# 0.13-0.15 want numpy<2. Golden files are shared: outputs are identical on every version.
+MATRIX ?= 0.13.1 0.14.0 0.15.3 0.16.1
+
+test-matrix:
+	@for v in $(MATRIX); do $(MAKE) --no-print-directory test-megatron V=$$v || exit 1; done
+
+test-megatron: .venv-megatron-$(V)/.installed
+	.venv-megatron-$(V)/bin/python -m pytest -q
+
+.venv-megatron-%/.installed: pyproject.toml
+	$(PYTHON) -m venv .venv-megatron-$*
+	.venv-megatron-$*/bin/python -m pip install --quiet --find-links $(TORCH_WHEELS) '$(TORCH)'
+	.venv-megatron-$*/bin/python -m pip install --quiet --find-links $(TORCH_WHEELS) \
+		'megatron-core==$*' $$(case $* in 0.16*) ;; *) echo 'numpy<2';; esac) -e '.[test]'
+	touch $@
+
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) .venv-megatron-*

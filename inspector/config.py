@@ -169,6 +169,11 @@ def validate_model(config: ModelConfig) -> None:
             f"--num-attention-heads {heads} is not divisible by --num-query-groups {groups} "
             f"({heads} % {groups} = {heads % groups})"
         )
+    if config.ffn_size < 1:
+        raise ConfigError(
+            f"--swiglu with --hidden-size {hidden} gives an MLP size of int(4 * {hidden} * 2 / 3 / 64) "
+            f"* 64 = {config.ffn_size} (Megatron-LM's rule); pass --ffn-hidden-size"
+        )
     if config.bf16 and config.fp16:
         raise ConfigError("--bf16 and --fp16 are mutually exclusive; pass one of them")
     if (

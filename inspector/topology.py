@@ -346,6 +346,13 @@ def _check_experts(model: ModelConfig, layout: Layout) -> None:
             f"--num-experts {model.num_experts} is not divisible by --expert-model-parallel-size "
             f"{ep} ({model.num_experts} % {ep} = {model.num_experts % ep})"
         )
+    if ep > 1 and layout.tp > 1 and not layout.sequence_parallel:
+        # Megatron-LM arguments.py asserts it; megatron-core 0.13-0.14 refuse it, 0.15.3 crashes
+        # (NameError in its own warning), 0.16 warns.
+        raise ConfigError(
+            f"--expert-model-parallel-size {ep} with --tp {layout.tp} needs --sequence-parallel "
+            "(Megatron-LM requires it when experts and tensor parallelism are combined)"
+        )
     dense = layout.tp * layout.cp * layout.dp
     if dense % (ep * etp):
         raise ConfigError(

@@ -9,6 +9,7 @@ no weight memory is allocated. This is the only module that touches megatron's p
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import math
 import warnings
@@ -213,7 +214,13 @@ def build_stage(
     rank = _stage_rank(layout, stage, expert_rank)
     simulate_apex(model.use_apex)
     simulate_grouped_gemm(model.moe_grouped_gemm)
-    with warnings.catch_warnings(), _quiet_megatron(), _megatron_errors(stage):
+    chatter = io.StringIO()  # megatron prints to stdout in places (e.g. 0.13 parsing a layout)
+    with (
+        warnings.catch_warnings(),
+        _quiet_megatron(),
+        _megatron_errors(stage),
+        contextlib.redirect_stdout(chatter),
+    ):
         warnings.simplefilter("ignore")
         with simulated_rank(layout, rank, vpp) as ps:
             where = (ps.get_pipeline_model_parallel_rank(), ps.get_expert_model_parallel_rank())
@@ -237,7 +244,7 @@ def _megatron_errors(stage: int) -> Iterator[None]:
     """
     try:
         yield
-    except (ValueError, AssertionError, RuntimeError, TypeError) as exc:
+    except (ValueError, AssertionError, RuntimeError, TypeError, ArithmeticError) as exc:
         reason = " ".join(str(exc).split()) or type(exc).__name__
         raise ConfigError(
             f"megatron-core refused to build stage {stage}: {reason} (--debug shows its traceback)"

@@ -1,0 +1,55 @@
+"""Facts about megatron-core that differ between the supported versions (0.13 to 0.16).
+
+Golden files are byte-identical across versions; what megatron itself accepts is not, and is
+recorded here rather than in comments.
+"""
+
+from __future__ import annotations
+
+import megatron.core
+import pytest
+
+VERSION = tuple(int(p) for p in megatron.core.__version__.split(".")[:2])
+SMALL = "--hidden-size 64 --num-attention-heads 4 --seq-length 32 --vocab-size 1000 --num-layers 2".split()
+MOE = SMALL + "--num-experts 4 --moe-ffn-hidden-size 32".split()
+
+
+def test_supported_version():
+    assert (0, 13) <= VERSION <= (0, 16)
+
+
+def test_moe_biases_are_accepted_from_0_15():
+    result = __import__("tests.conftest", fromlist=["run_cli"]).run_cli("params", *MOE)
+    if VERSION >= (0, 15):
+        assert result.code == 0
+        # the router carries a bias too when biases are on
+        assert "decoder.layers.0.mlp.router.bias;" in result.out
+    else:
+        assert (result.code, result.err) == (
+            2,
+            "Error: megatron-core refused to build stage 0: Bias is not supported for MoE "
+            "(--debug shows its traceback)\n",
+        )
+
+
+@pytest.mark.parametrize("extra", [[], ["--sequence-parallel"]])
+def test_experts_with_tensor_parallel_need_sequence_parallel(cli, extra):
+    # Our own check, so every version answers the same (0.15.3 would crash with a NameError).
+    result = cli(
+        "params", *MOE, "--disable-bias-linear", "--tp", "2", "--dp", "2", "--ep", "2", *extra
+    )
+    if extra:
+        assert result.code == 0, result.err
+    else:
+        assert result.err == (
+            "Error: --expert-model-parallel-size 2 with --tp 2 needs --sequence-parallel "
+            "(Megatron-LM requires it when experts and tensor parallelism are combined)\n"
+        )
+
+
+def test_layout_string_chatter_stays_off_stdout(cli):
+    # megatron-core 0.13 prints the parsed layout to stdout; the table must stay clean
+    result = cli("params", *SMALL[:-2], "--num-layers", "3", "--pp", "2",
+                 "--pipeline-model-parallel-layout", "Et|ttL")  # fmt: skip
+    assert result.code == 0, result.err
+    assert result.out.splitlines()[1] == "name;module;shape;partitioning_ranks;precs"
