@@ -106,3 +106,15 @@ def test_console_script_exit_codes(tmp_path):
     )
     assert bad.returncode == 2 and bad.stdout == "" and bad.stderr.startswith("Error: ")
     assert "Traceback" not in bad.stderr
+
+
+def test_debug_keeps_megatrons_traceback(cli):
+    # megatron's own refusal is one sentence normally, and its traceback with --debug
+    args = ["--num-layers", "2", "--hidden-size", "4", "--num-attention-heads", "1", "--swiglu",
+            "--ffn-hidden-size", "8", "--num-experts", "2", "--moe-router-topk", "1"]  # fmt: skip
+    plain = cli("params", *args)
+    assert plain.code == 2 and plain.err.count("\n") == 1
+    assert plain.err.startswith("Error: megatron-core refused to build stage 0: ")
+    debug = cli("--debug", "params", *args)
+    assert debug.code == 2 and "Traceback" in debug.err
+    assert debug.err.endswith(plain.err)

@@ -1,0 +1,89 @@
+"""Benchmark: each case against the floor `python -c "import torch"`, measured in one run.
+
+Run it with `make bench` (or `.venv/bin/python bench/run.py`). Prints a table and writes
+bench/RESULTS.md: median wall time of 5 runs, the ratio to the floor, and peak RSS per case.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RUNS = int(os.environ.get("BENCH_RUNS", "5"))
+TOOL = [sys.executable, "-m", "inspector"]
+VPP = ["--num-virtual-stages-per-pipeline-rank", "2"]
+
+
+@dataclass(frozen=True)
+class Case:
+    label: str
+    argv: list[str]
+    target: str  # what the issue asks for, as text
+
+
+CASES = [
+    Case("floor: python -c 'import torch'", [sys.executable, "-c", "import torch"], "-"),
+    Case("(a) inspect-model --help", TOOL + ["--help"], "< 0.3 s"),
+    Case("(a') inspect-model models", TOOL + ["models"], "< 0.3 s"),
+    Case("(b) tree (default model)", TOOL + ["tree"], "-"),
+    Case("(c) params --model gpt3-175b --tp 8 --pp 16", TOOL + "params --model gpt3-175b --tp 8 --pp 16".split(), "< 1.6x floor"),
+    Case("(d1) params --model llama3.1-405b --tp 8 --pp 16 --dp 1", TOOL + "params --model llama3.1-405b --tp 8 --pp 16 --dp 1".split(), "-"),
+    Case("(d) params --model llama3.1-405b --tp 8 --pp 16 --dp 1024", TOOL + "params --model llama3.1-405b --tp 8 --pp 16 --dp 1024".split(), "< 1.6x floor, < 1.1x (d1), < 450 MB"),
+    Case("(e) (d) + vpp 2 + --partitioning distopt", TOOL + "params --model llama3.1-405b --tp 8 --pp 16 --dp 1024 --partitioning distopt".split() + VPP, "-"),
+]  # fmt: skip
+
+
+def run_once(argv: list[str]) -> tuple[float, int, int]:
+    """Run a command; return (seconds, peak RSS in bytes, exit code)."""
+    start = time.perf_counter()
+    process = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=HERE.parent
+    )
+    _, status, usage = os.wait4(process.pid, 0)
+    elapsed = time.perf_counter() - start
+    process.stderr.close() if process.stderr else None
+    return elapsed, usage.ru_maxrss * 1024, os.waitstatus_to_exitcode(status)
+
+
+def measure(case: Case) -> tuple[float, int, int]:
+    runs = [run_once(case.argv) for _ in range(RUNS)]
+    return statistics.median(r[0] for r in runs), max(r[1] for r in runs), max(r[2] for r in runs)
+
+
+def machine() -> str:
+    cpus = os.cpu_count()
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return (
+        f"{platform.machine()}, {cpus} cores, {memory:.0f} GiB, Python {platform.python_version()}"
+    )
+
+
+def main() -> None:
+    results = [(case, *measure(case)) for case in CASES]
+    floor = results[0][1]
+    lines = [
+        "# Benchmark results",
+        "",
+        f"Machine: {machine()}. Median of {RUNS} runs per case, all cases in one run of `bench/run.py`.",
+        "",
+        "| case | median s | x floor | peak RSS MB | exit | target |",
+        "|---|---|---|---|---|---|",
+    ]
+    for case, seconds, rss, code in results:
+        lines.append(
+            f"| {case.label} | {seconds:.2f} | {seconds / floor:.2f} | {rss / 2**20:.0f} | {code} | {case.target} |"
+        )
+    text = "\n".join(lines) + "\n"
+    (HERE / "RESULTS.md").write_text(text)
+    sys.stdout.write(text)
+
+
+if __name__ == "__main__":
+    main()
