@@ -9,6 +9,8 @@ from inspector.engine import Target, check_rank, check_stage, coords, resolve
 from inspector.errors import ConfigError
 from inspector.render.params import Block, Row
 
+Owners = tuple[int, ...]
+
 PARTITIONINGS = ("layers", "cost", "distopt")
 PARAMS_FORMATS = ("csv", "json", "table")
 TOPOLOGY_FORMATS = ("line", "table")
@@ -91,7 +93,7 @@ def _stage_blocks(target: Target, stage: int, partitioning: str, block_size: int
     elif partitioning == "layers":
         owners = partition.owners_by_layers(all_records, layout.dp)
     else:
-        raise ConfigError("--partitioning distopt is not available yet")
+        owners = _distopt_owners(target, chunks_by_rank, all_records)
     rows = iter(Row(r, o, p) for r, o, p in zip(all_records, owners, precs))
     result = [
         Block(stage, label, layers, [next(rows) for _ in records])
@@ -102,6 +104,36 @@ def _stage_blocks(target: Target, stage: int, partitioning: str, block_size: int
     }
     fidelity.check_totals(result, {stage: checkpoint})
     return result
+
+
+def _distopt_owners(
+    target: Target, chunks_by_rank: list[list[Any]], records: list[Any]
+) -> list[Owners]:
+    """Return each row's owners under megatron's DistributedOptimizer (its own DDP bucket layout).
+
+    Dense parameters are sharded over data x context parallel ranks, expert parameters over the
+    expert data-parallel ranks; each chunk of each expert-parallel rank is laid out by its own DDP,
+    as Megatron-LM wraps each model chunk.
+    """
+    from inspector.distopt import DistOptSettings, distopt_owners
+
+    layout = target.layout
+    settings = DistOptSettings(
+        dp_size=layout.dp,
+        expert_dp_size=layout.expert_dp,
+        bucket_size=layout.ddp_bucket_size,
+        overlap_grad_reduce=layout.overlap_grad_reduce,
+        context_parallel_size=layout.cp,
+    )
+    owners: dict[tuple[int, int, str], Owners] = {}
+    for expert_rank, chunks in enumerate(chunks_by_rank):
+        for chunk in chunks:
+            found = distopt_owners(
+                chunk.module, settings, pipeline_rank=chunk.stage, chunk=chunk.chunk
+            )
+            for name, ranks in found.items():
+                owners[(expert_rank, chunk.chunk, name)] = ranks
+    return [owners[(r.expert_rank or 0, r.chunk, r.local_name)] for r in records]
 
 
 def merge_expert_ranks(walks: list[list[Any]]) -> list[Any]:
@@ -130,15 +162,21 @@ def merge_expert_ranks(walks: list[list[Any]]) -> list[Any]:
     return merged
 
 
-def _rank_view(blocks: list[Block], coord: Any) -> list[Block]:
-    """Keep the rows rank R holds, with precs left empty where R does not own the row."""
+def _rank_view(blocks: list[Block], coord: Any, distopt_experts: bool) -> list[Block]:
+    """Keep the rows rank R holds, with precs left empty where R does not own the row.
+
+    R's data-parallel index decides ownership; for expert rows under the distributed optimizer
+    with expert parallelism it is R's index in the expert data-parallel group.
+    """
     viewed = []
     for block in blocks:
-        rows = [
-            Row(row.record, row.owners, row.precs if coord.data in row.owners else None)
-            for row in block.rows
-            if row.record.expert_rank is None or row.record.expert_rank == coord.expert
-        ]
+        rows = []
+        for row in block.rows:
+            expert_rank = row.record.expert_rank
+            if expert_rank is not None and expert_rank != coord.expert:
+                continue
+            index = coord.expert_data if distopt_experts and expert_rank is not None else coord.data
+            rows.append(Row(row.record, row.owners, row.precs if index in row.owners else None))
         viewed.append(Block(block.stage, block.chunk, block.layers, rows))
     return viewed
 
@@ -165,7 +203,7 @@ def params_text(
     blocks = [b for s in stages for b in _stage_blocks(target, s, partitioning, block_size)]
     fidelity.check_layers(blocks, target.model.num_layers, complete=len(stages) == target.layout.pp)
     if coord is not None:
-        blocks = _rank_view(blocks, coord)
+        blocks = _rank_view(blocks, coord, partitioning == "distopt" and target.layout.ep > 1)
     with_topology = rank is None or rank == 0
     line = topology_line(coords(target.layout), target.layout) if with_topology else None
     if fmt == "json":

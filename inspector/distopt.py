@@ -22,6 +22,7 @@ context-parallel group for dense parameters, the expert data-parallel group for 
 
 from __future__ import annotations
 
+import inspect
 import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -244,20 +245,54 @@ class DistOptSettings:
         return self.dp_size * self.context_parallel_size
 
 
-def _stand_in_groups(settings: DistOptSettings, pipeline_rank: int) -> Any:
-    """Return megatron's ProcessGroupCollection for DDP, made of stand-in groups."""
-    from megatron.core.process_groups_config import ProcessGroupCollection
+@contextmanager
+def _no_buffer_logging() -> Iterator[None]:
+    """Skip the grad buffer's per-stage log line, which asks parallel_state for ranks (0.13-0.14).
 
-    groups = ProcessGroupCollection()
-    groups.dp = StandInGroup(settings.dp_size)
-    groups.dp_cp = StandInGroup(settings.dp_cp_size)
-    groups.expt_dp = StandInGroup(settings.expert_dp_size)
-    # DDP reads only rank() of these: tp and dp-cp rank 0 log the buckets, pp rank > 0 disables
-    # bucketing. Their sizes are never read.
-    groups.tp = StandInGroup(1)
-    groups.pp = StandInGroup(pipeline_rank + 1, pipeline_rank)
-    groups.ep = StandInGroup(1)
-    return groups
+    It only logs; the layout is computed before it and does not depend on it.
+    """
+    from megatron.core.distributed import param_and_grad_buffer
+
+    original = getattr(param_and_grad_buffer, "log_on_each_pipeline_stage", None)
+    if original is None:
+        yield
+        return
+    param_and_grad_buffer.log_on_each_pipeline_stage = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        param_and_grad_buffer.log_on_each_pipeline_stage = original
+
+
+def _stand_in_groups(settings: DistOptSettings, pipeline_rank: int) -> dict[str, Any]:
+    """Return DDP's process-group arguments, made of stand-in groups.
+
+    megatron-core 0.15+ takes one `pg_collection`; 0.13-0.14 take `grad_comm_pgs` and
+    `model_comm_pgs` (tests/test_versions.py runs it on each). DDP reads only rank() of tp, pp and
+    ep: tp and dp-cp rank 0 log the buckets, pp rank > 0 disables bucketing.
+    """
+    from megatron.core import process_groups_config as pgc
+    from megatron.core.distributed import DistributedDataParallel
+
+    groups = dict(
+        dp=StandInGroup(settings.dp_size),
+        dp_cp=StandInGroup(settings.dp_cp_size),
+        expt_dp=StandInGroup(settings.expert_dp_size),
+        tp=StandInGroup(1),
+        pp=StandInGroup(pipeline_rank + 1, pipeline_rank),
+        ep=StandInGroup(1),
+    )
+    if "pg_collection" in inspect.signature(DistributedDataParallel.__init__).parameters:
+        collection = pgc.ProcessGroupCollection()
+        for name, group in groups.items():
+            setattr(collection, name, group)
+        return {"pg_collection": collection}
+    grad, model = pgc.GradCommProcessGroups(), pgc.ModelCommProcessGroups()
+    for name in ("dp", "dp_cp", "expt_dp"):
+        setattr(grad, name, groups[name])
+    for name in ("tp", "pp", "ep"):
+        setattr(model, name, groups[name])
+    return {"grad_comm_pgs": grad, "model_comm_pgs": model}
 
 
 def wrap_in_megatron_ddp(
@@ -283,19 +318,21 @@ def wrap_in_megatron_ddp(
         grad_reduce_in_fp32=config.bf16 if fp32_grads is None else fp32_grads,
         overlap_grad_reduce=settings.overlap_grad_reduce,
         use_distributed_optimizer=True,
+        # Without overlap DDP replaces any bucket size by None itself; a concrete value keeps
+        # megatron-core 0.13-0.15 from asking parallel_state for a default first.
         bucket_size=resolve_bucket_size(
             settings.bucket_size,
-            overlap_grad_reduce=settings.overlap_grad_reduce,
+            overlap_grad_reduce=True,
             dp_cp_size=settings.dp_cp_size,
         ),
         pad_buckets_for_high_nccl_busbw=settings.pad_buckets_for_high_nccl_busbw,
     )
     groups = _stand_in_groups(settings, pipeline_rank)
-    with _torch_distributed_initialized(), cuda_current_device_on_meta():
+    with _torch_distributed_initialized(), cuda_current_device_on_meta(), _no_buffer_logging():
         with _params_left_untouched(model):
             # Megatron-LM (training.py get_model) disables bucketing for chunks after the first.
             return DistributedDataParallel(
-                config, ddp_config, model, disable_bucketing=chunk > 0, pg_collection=groups
+                config, ddp_config, model, disable_bucketing=chunk > 0, **groups
             )
 
 

@@ -96,6 +96,7 @@ class RankCoord:
     embedding_group: tuple[int, ...]
     expert_group: tuple[int, ...] | None = None  # expert-parallel group, when ep > 1
     expert: int = 0  # position in the expert-parallel group: which experts the rank holds
+    expert_data: int = 0  # position in the expert data-parallel group (distopt expert shards)
 
 
 def _check_positive(layout: Layout) -> None:

@@ -283,8 +283,21 @@ def _build_chunk(
             position_embedding_type=model.position_embedding_type,
             vp_stage=vp_stage,
         )
+    if model.bf16 or model.fp16:
+        gpt = _cast_like_megatron_lm(config, gpt)
     layers = tuple(layer.layer_number for layer in gpt.decoder.layers)
     return StageModel(stage, chunk, expert_rank, gpt, layers, pre, post, checkpoint_sizes(gpt))
+
+
+def _cast_like_megatron_lm(config: Any, gpt: Any) -> Any:
+    """Cast a bf16/fp16 model whole, with megatron's Float16Module, as Megatron-LM's get_model does.
+
+    Without it norms built in fp32 would keep that dtype (and a separate fp32 grad buffer).
+    The returned module is the wrapped GPTModel, so parameter names stay megatron's own.
+    """
+    from megatron.core.transformer.module import Float16Module
+
+    return Float16Module(config, gpt).module
 
 
 def checkpoint_sizes(gpt: Any) -> dict[tuple[str, tuple[int, ...]], int]:
@@ -346,6 +359,7 @@ def rank_coords(layout: Layout) -> list[RankCoord]:
             order="tp-cp-ep-dp-pp",
         )
         expert_groups = _group_of(expert_gen.get_ranks("ep"), world)
+        expert_data = _group_of(expert_gen.get_ranks("dp"), world)
     embedding: dict[tuple[int, ...], tuple[int, ...]] = {}
     coords = []
     for rank in range(world):
@@ -365,6 +379,7 @@ def rank_coords(layout: Layout) -> list[RankCoord]:
                 embedding_group=embedding[pp_group] if rank in embedding[pp_group] else (),
                 expert_group=expert_groups[rank][0] if expert_groups else None,
                 expert=expert_groups[rank][1] if expert_groups else 0,
+                expert_data=expert_data[rank][1] if expert_groups else 0,
             )
         )
     return coords

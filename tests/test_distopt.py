@@ -74,16 +74,25 @@ def build_stage(spec: Stage) -> torch.nn.Module:
 
 
 def _build_gpt(spec: Stage, ps: Any, gpt: Any, layer_spec: Any, config_class: Any) -> Any:
+    from inspector.world import simulate_apex
+
     """Build the GPTModel of `spec` under the meta device (world already set up)."""
     dtype = torch.bfloat16 if spec.bf16 else torch.float32
     moe: dict[str, Any] = {}
     if spec.ep:
+        # portable across megatron-core 0.13-0.16: no MoE biases (0.13-0.14 refuse them), and
+        # sequence parallel (with apex's norm) where experts meet tensor parallelism
         moe = dict(
             num_moe_experts=4,
             moe_router_topk=2,
             expert_model_parallel_size=spec.ep,
-            expert_tensor_parallel_size=1,  # megatron allows MoE biases only without expert tp
+            expert_tensor_parallel_size=1,
+            add_bias_linear=False,
+            sequence_parallel=spec.tp > 1 and spec.ep > 1,
         )
+        simulate_apex(spec.tp > 1 and spec.ep > 1)
+    else:
+        simulate_apex(False)
     config = config_class(
         num_layers=8,
         hidden_size=64,

@@ -227,3 +227,41 @@ def test_topology_expert_groups_golden(cli, golden):
 def test_layout_errors(cli, args, message):
     result = cli("params", *flags(args, *SMALL))
     assert (result.code, result.out, result.err) == (2, "", f"Error: {message}\n")
+
+
+@pytest.mark.parametrize(
+    "name, args",
+    [
+        ("layout_distopt.csv", flags("--num-layers 4 --pp 2 --dp 4 --partitioning distopt", *SMALL)),
+        ("layout_distopt_overlap.csv", flags("--num-layers 4 --dp 8 --bf16 --partitioning distopt "
+                                             "--overlap-grad-reduce --ddp-bucket-size 20000", *SMALL)),
+        ("layout_distopt_moe.csv", flags("--num-layers 2 --dp 4 --ep 2 --partitioning distopt", *MOE)),
+        ("layout_distopt_moe_rank3.csv", flags("--num-layers 2 --dp 4 --ep 2 --partitioning distopt --rank 3", *MOE)),
+    ],
+)  # fmt: skip
+def test_distopt_golden(cli, golden, name, args):
+    result = cli("params", *args)
+    assert result.code == 0, result.err
+    golden(name, result.out)
+
+
+def test_distopt_owners_are_data_parallel_ranks(cli):
+    rows = json_rows(cli, flags("--num-layers 4 --pp 2 --dp 8 --overlap-grad-reduce --ddp-bucket-size 5000 "
+                                "--partitioning distopt", *SMALL))  # fmt: skip
+    owners = [r["partitioning_ranks"] for r in rows]
+    assert all(o and o == sorted(set(o)) and 0 <= o[0] and o[-1] < 8 for o in owners)
+    # megatron lays parameters out in reverse order: the last layer's rows go to the low ranks
+    stage0 = [r for r in rows if r["stage"] == 0]
+    assert stage0[-1]["partitioning_ranks"][0] <= stage0[1]["partitioning_ranks"][0]
+    # the tied word embedding gets its own bucket, shared by every data-parallel rank
+    assert rows[0]["name"] == "embedding.word_embeddings.weight"
+    assert rows[0]["partitioning_ranks"] == list(range(8))
+
+
+def test_bf16_is_cast_whole_like_megatron_lm(cli):
+    rows = json_rows(cli, flags("--num-layers 2 --bf16", *SMALL))
+    assert {r["dtype"] for r in rows} == {"bfloat16"}  # norms too (Float16Module's cast)
+    fp32 = cli("params", *flags("--num-layers 2", *SMALL)).out.splitlines()
+    bf16 = cli("params", *flags("--num-layers 2 --bf16", *SMALL)).out.splitlines()
+    # same rows; the stage comment's byte count halves
+    assert fp32[3:] == bf16[3:] and fp32[2] != bf16[2]
