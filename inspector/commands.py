@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from inspector.engine import Target, check_rank, check_stage, coords, resolve
+from inspector.engine import Target, check_rank, check_stage, coords, positions, resolve
 from inspector.errors import ConfigError
 from inspector.render.params import Block, Row
 
@@ -62,10 +62,9 @@ def topology_text(args: Mapping[str, Any], fmt: str) -> str:
 
     _choice("--format", fmt, TOPOLOGY_FORMATS)
     target = resolve(args)
-    ranks = coords(target.layout)
     if fmt == "table":
-        return render_topology_table(ranks, target.layout)
-    return topology_line(ranks, target.layout) + "\n"
+        return render_topology_table(coords(target.layout), target.layout)
+    return topology_line(positions(target.layout), target.layout) + "\n"
 
 
 def _stage_blocks(target: Target, stage: int, partitioning: str, block_size: int) -> list[Block]:
@@ -205,7 +204,7 @@ def params_text(
     if coord is not None:
         blocks = _rank_view(blocks, coord, partitioning == "distopt" and target.layout.ep > 1)
     with_topology = rank is None or rank == 0
-    line = topology_line(coords(target.layout), target.layout) if with_topology else None
+    line = topology_line(positions(target.layout), target.layout) if with_topology else None
     if fmt == "json":
         return render.render_json(_json_header(target, line), blocks)
     if fmt == "table":

@@ -54,6 +54,13 @@ def coords(layout: Layout) -> list[RankCoord]:
     return world.rank_coords(layout)
 
 
+def positions(layout: Layout) -> list[tuple[int, int, int, int]]:
+    """Return every rank's (pipe, data, context, model), as megatron lays them out."""
+    from inspector import world
+
+    return world.rank_positions(layout)
+
+
 def rank_coord(layout: Layout, rank: int) -> RankCoord:
     """Return one rank's coordinates (validated)."""
     check_rank(layout, rank)

@@ -127,3 +127,25 @@ def test_context_axis_only_when_cp_gt_1(cli):
     assert "context=" not in cli("topology", "--tp", "2").out
     line = cli("topology", "--tp", "2", "--context-parallel-size", "2").out
     assert line.count("context=") == 4
+
+
+LARGE_SHAPES = SHAPES + [
+    Layout(tp=4, pp=3, dp=5),
+    Layout(tp=2, pp=2, dp=6, cp=3),
+    Layout(tp=2, pp=3, dp=4, ep=4, etp=1),
+    Layout(tp=4, pp=2, dp=4, ep=2, etp=2),
+]
+
+
+@pytest.mark.parametrize("layout", LARGE_SHAPES, ids=str)
+def test_large_world_path_equals_rank_generator(layout, monkeypatch):
+    """Above RANK_GENERATOR_LIMIT the coordinates are computed directly; they equal megatron's."""
+    from_megatron = world.rank_coords(layout)
+    positions = world.rank_positions(layout)
+    monkeypatch.setattr(world, "RANK_GENERATOR_LIMIT", 0)
+    assert world.rank_coords(layout) == from_megatron
+    assert (
+        world.rank_positions(layout)
+        == positions
+        == [(c.pipe, c.data, c.context, c.model) for c in from_megatron]
+    )

@@ -7,14 +7,18 @@ from tabulate import tabulate
 from inspector.topology import Layout, RankCoord
 
 
-def _coord(c: RankCoord, with_context: bool) -> str:
-    context = f"context={c.context}, " if with_context else ""
-    return f"ProcessCoord(pipe={c.pipe}, data={c.data}, {context}model={c.model}): {c.rank}"
+def topology_line(positions: list[tuple[int, int, int, int]], layout: Layout) -> str:
+    """Return the DeepSpeed-style `{ProcessCoord(pipe=.., data=.., model=..): rank, ...}` line.
 
-
-def topology_line(coords: list[RankCoord], layout: Layout) -> str:
-    """Return the DeepSpeed-style `{ProcessCoord(pipe=.., data=.., model=..): rank, ...}` line."""
-    return "{" + ", ".join(_coord(c, layout.uses_cp_axis) for c in coords) + "}"
+    `positions` holds each rank's (pipe, data, context, model), in rank order.
+    """
+    if layout.uses_cp_axis:
+        entry = "ProcessCoord(pipe={}, data={}, context={}, model={}): {}"
+        parts = [entry.format(p, d, c, m, r) for r, (p, d, c, m) in enumerate(positions)]
+    else:
+        entry = "ProcessCoord(pipe={}, data={}, model={}): {}"
+        parts = [entry.format(p, d, m, r) for r, (p, d, _, m) in enumerate(positions)]
+    return "{" + ", ".join(parts) + "}"
 
 
 def _ranks(group: tuple[int, ...] | None) -> str:
