@@ -196,6 +196,10 @@ def _validate_moe(config: ModelConfig) -> None:
             if getattr(config, name):
                 raise ConfigError(f"{_flag(name)} needs --num-experts")
         return
+    if config.moe_grouped_gemm and not config.disable_bias_linear:
+        raise ConfigError(
+            "--moe-grouped-gemm needs --disable-bias-linear (megatron-core's GroupedMLP has no biases)"
+        )
     if config.moe_router_topk > experts:
         raise ConfigError(
             f"--moe-router-topk {config.moe_router_topk} is larger than --num-experts {experts}"
