@@ -1,0 +1,143 @@
+"""Model presets: published architectures in Megatron-LM's argument names (`--model NAME`).
+
+Each preset is architecture only (no parallel sizes), gives the source of its configuration and
+the published total parameter count that tests/test_presets.py checks it against (within 0.5%).
+Vocabularies are padded as Megatron-LM pads them (to a multiple of 128 x tp).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from inspector.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A published model configuration."""
+
+    name: str
+    summary: str  # key sizes, one line
+    source: str  # where the configuration is published
+    args: Mapping[str, Any]  # Megatron-LM arguments (underscores), architecture only
+    published_params: float  # total parameters as published
+    published_source: str  # where that count is stated
+
+
+_LLAMA = dict(
+    normalization="RMSNorm",
+    swiglu=True,
+    position_embedding_type="rope",
+    untie_embeddings_and_output_weights=True,
+    disable_bias_linear=True,
+)
+
+
+def _preset(
+    name: str, summary: str, source: str, count: float, count_source: str, **args: Any
+) -> Preset:
+    return Preset(name, summary, source, MappingProxyType(args), count, count_source)
+
+
+_ALL = [
+    _preset(
+        "gpt2-small", "12 layers, hidden 768, 12 heads, seq 1024, vocab 50257, tied (the default)",
+        "Radford et al. 2019, GPT-2 (HF openai-community/gpt2 config.json); Megatron-LM GPT-2 recipe",
+        124.44e6, "HF openai-community/gpt2: 124,439,808 parameters",
+        num_layers=12, hidden_size=768, num_attention_heads=12, seq_length=1024,
+        max_position_embeddings=1024, vocab_size=50257,
+    ),
+    _preset(
+        "gpt2-medium", "24 layers, hidden 1024, 16 heads, seq 1024, vocab 50257, tied",
+        "Radford et al. 2019, GPT-2 (HF openai-community/gpt2-medium config.json)",
+        354.82e6, "HF openai-community/gpt2-medium: 354,823,168 parameters",
+        num_layers=24, hidden_size=1024, num_attention_heads=16, seq_length=1024,
+        max_position_embeddings=1024, vocab_size=50257,
+    ),
+    _preset(
+        "gpt3-175b", "96 layers, hidden 12288, 96 heads, seq 2048, vocab 50257, tied",
+        "Brown et al. 2020, Language Models are Few-Shot Learners, Table 2.1; Megatron-LM "
+        "examples/gpt3/train_gpt3_175b_distributed.sh",
+        175.0e9, "Brown et al. 2020, Table 2.1: 175.0B",
+        num_layers=96, hidden_size=12288, num_attention_heads=96, seq_length=2048,
+        max_position_embeddings=2048, vocab_size=50257,
+    ),
+    _preset(
+        "llama2-7b", "32 layers, hidden 4096, 32 heads, ffn 11008, vocab 32000, RMSNorm/SwiGLU/RoPE",
+        "Touvron et al. 2023, Llama 2 (HF meta-llama/Llama-2-7b-hf config.json)",
+        6.74e9, "HF meta-llama/Llama-2-7b-hf: 6,738,415,616 parameters",
+        num_layers=32, hidden_size=4096, num_attention_heads=32, ffn_hidden_size=11008,
+        seq_length=4096, max_position_embeddings=4096, vocab_size=32000, **_LLAMA,
+    ),
+    _preset(
+        "llama2-70b", "80 layers, hidden 8192, 64 heads (8 KV groups), ffn 28672, vocab 32000",
+        "Touvron et al. 2023, Llama 2 (HF meta-llama/Llama-2-70b-hf config.json)",
+        68.98e9, "HF meta-llama/Llama-2-70b-hf: 68,976,648,192 parameters",
+        num_layers=80, hidden_size=8192, num_attention_heads=64, group_query_attention=True,
+        num_query_groups=8, ffn_hidden_size=28672, seq_length=4096, max_position_embeddings=4096,
+        vocab_size=32000, **_LLAMA,
+    ),
+    _preset(
+        "llama3-8b", "32 layers, hidden 4096, 32 heads (8 KV groups), ffn 14336, vocab 128256",
+        "Meta 2024, The Llama 3 Herd of Models, Table 3 (HF meta-llama/Meta-Llama-3-8B config.json)",
+        8.03e9, "HF meta-llama/Meta-Llama-3-8B: 8,030,261,248 parameters",
+        num_layers=32, hidden_size=4096, num_attention_heads=32, group_query_attention=True,
+        num_query_groups=8, ffn_hidden_size=14336, seq_length=8192, max_position_embeddings=8192,
+        vocab_size=128256, **_LLAMA,
+    ),
+    _preset(
+        "llama3-70b", "80 layers, hidden 8192, 64 heads (8 KV groups), ffn 28672, vocab 128256",
+        "Meta 2024, The Llama 3 Herd of Models, Table 3 (HF meta-llama/Meta-Llama-3-70B config.json)",
+        70.55e9, "HF meta-llama/Meta-Llama-3-70B: 70,553,706,496 parameters",
+        num_layers=80, hidden_size=8192, num_attention_heads=64, group_query_attention=True,
+        num_query_groups=8, ffn_hidden_size=28672, seq_length=8192, max_position_embeddings=8192,
+        vocab_size=128256, **_LLAMA,
+    ),
+    _preset(
+        "llama3.1-405b", "126 layers, hidden 16384, 128 heads (8 KV groups), ffn 53248, vocab 128256",
+        "Meta 2024, The Llama 3 Herd of Models, Table 3 (HF meta-llama/Llama-3.1-405B config.json)",
+        405.85e9, "HF meta-llama/Llama-3.1-405B: 405,853,388,800 parameters",
+        num_layers=126, hidden_size=16384, num_attention_heads=128, group_query_attention=True,
+        num_query_groups=8, ffn_hidden_size=53248, seq_length=8192, max_position_embeddings=8192,
+        vocab_size=128256, **_LLAMA,
+    ),
+    _preset(
+        "mixtral-8x7b", "32 layers, hidden 4096, 32 heads (8 KV groups), 8 experts top-2, ffn 14336",
+        "Jiang et al. 2024, Mixtral of Experts (HF mistralai/Mixtral-8x7B-v0.1 config.json)",
+        46.70e9, "Jiang et al. 2024: 47B total (HF mistralai/Mixtral-8x7B-v0.1: 46,702,792,704)",
+        num_layers=32, hidden_size=4096, num_attention_heads=32, group_query_attention=True,
+        num_query_groups=8, ffn_hidden_size=14336, num_experts=8, moe_router_topk=2,
+        moe_ffn_hidden_size=14336, seq_length=4096, max_position_embeddings=32768,
+        vocab_size=32000, **_LLAMA,
+    ),
+    _preset(
+        "qwen1.5-moe-a2.7b",
+        "24 layers, hidden 2048, 16 heads, 60 experts top-4 (ffn 1408) + shared expert 5632",
+        "Qwen team 2024, Qwen1.5-MoE (HF Qwen/Qwen1.5-MoE-A2.7B config.json)",
+        14.3e9, "Qwen team 2024, Qwen1.5-MoE-A2.7B model card: 14.3B total parameters",
+        num_layers=24, hidden_size=2048, num_attention_heads=16, ffn_hidden_size=5632,
+        num_experts=60, moe_router_topk=4, moe_ffn_hidden_size=1408,
+        moe_shared_expert_intermediate_size=5632, add_qkv_bias=True, seq_length=8192,
+        max_position_embeddings=8192, vocab_size=151936, **_LLAMA,
+    ),
+]  # fmt: skip
+
+PRESETS: dict[str, Preset] = {preset.name: preset for preset in _ALL}
+DEFAULT = "gpt2-small"
+
+
+def get_preset(name: str) -> Preset:
+    """Return a preset by name, or raise ConfigError suggesting the closest names."""
+    if name in PRESETS:
+        return PRESETS[name]
+    close = difflib.get_close_matches(name, PRESETS, n=3, cutoff=0.5)
+    hint = f" (closest: {', '.join(close)})" if close else ""
+    return _unknown(name, hint)
+
+
+def _unknown(name: str, hint: str) -> Preset:
+    raise ConfigError(f"unknown --model {name!r}{hint}; `inspect-model models` lists the presets")
