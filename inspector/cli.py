@@ -182,6 +182,24 @@ def params(
 
 
 @app.command()
+def diff(
+    old: str = typer.Argument(
+        ..., help="The old params table (semicolon or json), or - for stdin."
+    ),
+    new: str = typer.Argument(
+        ..., help="The new params table (semicolon or json), or - for stdin."
+    ),
+    fmt: str = typer.Option("text", "--format", help="text, markdown (a PR comment) or json."),
+) -> None:
+    """Compare two params tables: exit 0 when equal, 1 when they differ."""
+    from inspector.commands import diff_text
+
+    report, equal = diff_text(old, new, fmt)
+    sys.stdout.write(report)
+    raise typer.Exit(0 if equal else 1)
+
+
+@app.command()
 def models() -> None:
     """List the model presets with their key sizes."""
     from inspector.commands import models_text

@@ -229,19 +229,42 @@ def _json_header(target: Target, line: str | None) -> dict[str, Any]:
     return {"config": config, "topology": topology}
 
 
-def check_text(text: str, path: str) -> tuple[str, bool]:
-    """Compare a regenerated table with the committed one; return (report, equal)."""
-    import difflib
+DIFF_FORMATS = ("text", "markdown", "json")
 
+
+def diff_text(old_path: str, new_path: str, fmt: str) -> tuple[str, bool]:
+    """Compare two params tables (files or `-`); return (report, equal)."""
+    from inspector.diff import diff_tables
     from inspector.output import read_text
+    from inspector.render.diff import render_diff
+    from inspector.tables import read_table
 
-    old = read_text(path)
-    if old == text:
+    _choice("--format", fmt, DIFF_FORMATS)
+    if old_path == "-" and new_path == "-":
+        raise ConfigError("only one of OLD and NEW can be - (standard input)")
+    old = read_table(read_text(old_path), old_path)
+    new = read_table(read_text(new_path), new_path)
+    result = diff_tables(old, new)
+    return render_diff(result, fmt, old_path, new_path), result.equal
+
+
+def check_text(text: str, path: str) -> tuple[str, bool]:
+    """Compare a regenerated table with the committed one; return (report, equal).
+
+    Equal means byte-identical; otherwise the report is the diff from the file to the fresh table.
+    """
+    from inspector.diff import diff_tables
+    from inspector.output import read_text
+    from inspector.render.diff import render_text
+    from inspector.tables import read_table
+
+    committed = read_text(path)
+    if committed == text:
         return f"{path} is up to date\n", True
-    diff = difflib.unified_diff(
-        old.splitlines(keepends=True), text.splitlines(keepends=True), path, "regenerated"
-    )
-    return "".join(diff), False
+    result = diff_tables(read_table(committed, path), read_table(text, "regenerated"))
+    if result.equal:
+        return f"{path} differs from the regenerated table in formatting only\n", False
+    return render_text(result, path, "regenerated"), False
 
 
 def models_text() -> str:
