@@ -40,10 +40,34 @@ class StageModel:
     checkpoint: dict[tuple[str, tuple[int, ...]], int]
 
 
+@contextlib.contextmanager
+def _compile_passes_through() -> Iterator[None]:
+    """Make torch.compile return its function unchanged while megatron-core is imported.
+
+    megatron-core decorates its fused kernels with `jit_fuser`, which is `torch.compile` on torch
+    >= 2.2 (megatron/core/jit.py), at import time; building the decorator imports dynamo and
+    inductor (~2.5 s). Nothing here ever runs a forward pass, so the undecorated functions are
+    equivalent; modules and shapes are unchanged (the golden files prove it). torch.compile is
+    restored as soon as the import is done.
+    """
+    import torch
+
+    original = torch.compile
+
+    def passthrough(model: Any = None, **kwargs: Any) -> Any:
+        return model if model is not None else (lambda fn: fn)
+
+    torch.compile = passthrough  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.compile = original
+
+
 @cache
 def megatron() -> SimpleNamespace:
     """Import the megatron-core pieces this tool uses, once, with import-time warnings silenced."""
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _compile_passes_through():
         warnings.simplefilter("ignore")
         import torch
         import torch.distributed as dist
