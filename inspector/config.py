@@ -45,6 +45,7 @@ class ModelConfig:
     moe_ffn_hidden_size: int | None = None
     moe_shared_expert_intermediate_size: int | None = None
     moe_grouped_gemm: bool = False
+    multi_latent_attention: bool = False
     transformer_impl: str = "local"
     # None: simulate apex where megatron can use it (LayerNorm models); see README "apex".
     apex: bool | None = None
@@ -207,6 +208,11 @@ def _validate_moe(config: ModelConfig) -> None:
 
 
 def _validate_backend(config: ModelConfig) -> None:
+    if config.multi_latent_attention:
+        raise ConfigError(
+            "--multi-latent-attention cannot be built here: megatron-core's MLA needs Transformer "
+            "Engine's attention and fused RoPE, which cannot be installed without CUDA"
+        )
     if config.transformer_impl == "transformer_engine":
         raise ConfigError(
             "--transformer-impl transformer_engine is not supported yet: Transformer Engine cannot "

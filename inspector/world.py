@@ -136,6 +136,11 @@ def simulated_dp(layout: Layout) -> int:
     return expert // math.gcd(expert, dense)
 
 
+def _no_values(tensor: Any) -> Any:
+    """Initialise nothing: a meta tensor holds no values."""
+    return tensor
+
+
 def _transformer_config(model: ModelConfig, layout: Layout, vpp: int | None) -> Any:
     """Return megatron's TransformerConfig as Megatron-LM builds it from these arguments."""
     m = megatron()
@@ -171,6 +176,11 @@ def _transformer_config(model: ModelConfig, layout: Layout, vpp: int | None) -> 
         account_for_loss_in_pipeline_split=layout.account_for_loss_in_pipeline_split,
         use_cpu_initialization=True,
         perform_initialization=True,
+        # On meta there are no values to initialise: megatron still runs its initialisation path
+        # (which sets the tensor-parallel attributes), but torch's normal_ on meta would import
+        # dynamo on first use (~1.2 s) for nothing.
+        init_method=_no_values,
+        output_layer_init_method=_no_values,
     )
     if layout.pipeline_model_parallel_layout is not None:
         kwargs["pipeline_model_parallel_layout"] = layout.pipeline_model_parallel_layout
