@@ -57,7 +57,7 @@ def _compile_passes_through() -> Iterator[None]:
     def passthrough(model: Any = None, **kwargs: Any) -> Any:
         return model if model is not None else (lambda fn: fn)
 
-    torch.compile = passthrough  # type: ignore[assignment]
+    torch.compile = passthrough
     try:
         yield
     finally:
