@@ -6,6 +6,7 @@ Nothing heavy is imported at module level: `--help` and `models` never load torc
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import sys
 from collections.abc import Callable
@@ -13,14 +14,20 @@ from typing import Any
 
 import typer
 
-try:  # typer >= 0.22 vendors click; older releases depend on it
-    from typer._click import exceptions as click_errors
-except ImportError:  # pragma: no cover - depends on the installed typer
-    from click import exceptions as click_errors  # type: ignore[no-redef]
-
 from inspector import __version__
 from inspector.arguments import ARGUMENTS, ArgSpec
 from inspector.errors import FidelityError, InspectorError
+
+
+def _click_errors() -> Any:
+    """Return click's exception module (typer >= 0.22 vendors click; the pinned releases do not)."""
+    try:
+        return importlib.import_module("typer._click.exceptions")
+    except ImportError:
+        return importlib.import_module("click.exceptions")
+
+
+click_errors: Any = _click_errors()
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -62,6 +69,12 @@ def _source_options() -> list[inspect.Parameter]:
         opt("config_file", "--config", help_text="YAML or JSON file of Megatron-LM arguments."),
         opt("script", "--from-script", help_text="Training launch script to read arguments from."),
         opt(
+            "no_cache",
+            "--no-cache",
+            help_text="Recompute instead of reusing a cached result.",
+            annotation=bool | None,
+        ),
+        opt(
             "apex",
             "--apex/--no-apex",
             help_text="Simulate apex's FusedLayerNorm (default: on for LayerNorm models).",
@@ -72,14 +85,19 @@ def _source_options() -> list[inspect.Parameter]:
 
 def model_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """Give a command every model-selection option; it receives them merged as `args`."""
-    own = [p for name, p in inspect.signature(func).parameters.items() if name != "args"]
+    own = [
+        p
+        for name, p in inspect.signature(func).parameters.items()
+        if name not in ("args", "use_cache")
+    ]
     extra = _source_options() + [_option_for(spec) for spec in ARGUMENTS]
 
     @functools.wraps(func)
     def wrapper(**kwargs: Any) -> Any:
         flags = {spec.name: kwargs.pop(spec.name) for spec in ARGUMENTS}
         sources = {name: kwargs.pop(name) for name in ("preset", "config_file", "script", "apex")}
-        return func(args=_gather_args(flags, **sources), **kwargs)
+        use_cache = not kwargs.pop("no_cache")
+        return func(args=_gather_args(flags, **sources), use_cache=use_cache, **kwargs)
 
     wrapper.__signature__ = inspect.Signature(own + extra)  # type: ignore[attr-defined]
     return wrapper
@@ -131,31 +149,35 @@ def _emit(text: str, output: str | None = None) -> None:
 @model_options
 def tree(
     args: dict[str, Any],
+    use_cache: bool,
     stage: int | None = typer.Option(None, "--stage", help="Print just this pipeline stage."),
     rank: int | None = typer.Option(None, "--rank", help="Print the stage global rank R holds."),
 ) -> None:
     """Print the module hierarchy of each pipeline stage."""
-    from inspector.commands import tree_text
+    from inspector.commands import cached, tree_text
 
-    _emit(tree_text(args, stage=stage, rank=rank))
+    options = {"stage": stage, "rank": rank}
+    _emit(cached("tree", args, options, use_cache, lambda: tree_text(args, stage=stage, rank=rank)))
 
 
 @app.command()
 @model_options
 def topology(
     args: dict[str, Any],
+    use_cache: bool,
     fmt: str = typer.Option("line", "--format", help="line (ProcessCoord map) or table."),
 ) -> None:
     """Print the rank map: each rank's pipeline, data and model coordinates."""
-    from inspector.commands import topology_text
+    from inspector.commands import cached, topology_text
 
-    _emit(topology_text(args, fmt))
+    _emit(cached("topology", args, {"format": fmt}, use_cache, lambda: topology_text(args, fmt)))
 
 
 @app.command()
 @model_options
 def params(
     args: dict[str, Any],
+    use_cache: bool,
     stage: int | None = typer.Option(None, "--stage", help="Keep just this pipeline stage."),
     rank: int | None = typer.Option(None, "--rank", help="Write the file global rank R writes."),
     partitioning: str = typer.Option(
@@ -167,11 +189,12 @@ def params(
     check: str | None = typer.Option(None, "--check", help="Compare with FILE; exit 1 if stale."),
 ) -> None:
     """Print the per-stage parameter / partition table."""
-    from inspector.commands import params_text
+    from inspector.commands import cached, params_text
 
-    text = params_text(
-        args, stage=stage, rank=rank, partitioning=partitioning, block_size=block_size, fmt=fmt
+    options: dict[str, Any] = dict(
+        stage=stage, rank=rank, partitioning=partitioning, block_size=block_size, fmt=fmt
     )
+    text = cached("params", args, options, use_cache, lambda: params_text(args, **options))
     if check is not None:
         from inspector.commands import check_text
 
@@ -232,6 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     command = typer.main.get_command(app)
     try:
         result = command.main(args=argv, prog_name="inspect-model", standalone_mode=False)
+    except click_errors.NoSuchOption as exc:
+        close = sorted(exc.possibilities or [])
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        return _fail(f"no such option: {exc.option_name}{hint}")
     except click_errors.UsageError as exc:
         if type(exc).__name__ == "NoArgsIsHelpError" and exc.ctx is not None:
             typer.echo(exc.ctx.get_help())

@@ -16,6 +16,23 @@ PARAMS_FORMATS = ("csv", "json", "table")
 TOPOLOGY_FORMATS = ("line", "table")
 
 
+def cached(
+    command: str, args: Mapping[str, Any], options: dict[str, Any], use_cache: bool, produce: Any
+) -> str:
+    """Return a command's output from the result cache, or produce (and store) it."""
+    from inspector import cache
+
+    if not (use_cache and cache.enabled()):
+        return str(produce())
+    entry = cache.key(command, dict(args), options)
+    hit = cache.load(entry)
+    if hit is not None:
+        return hit
+    text = str(produce())
+    cache.store(entry, text)
+    return text
+
+
 def _choice(flag: str, value: str, allowed: Sequence[str]) -> None:
     if value not in allowed:
         raise ConfigError(f"{flag} {value!r} is not one of: {', '.join(allowed)}")

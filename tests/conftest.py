@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -11,6 +12,10 @@ from pathlib import Path
 import pytest
 
 GOLDEN = Path(__file__).resolve().parent.parent / "fixtures" / "golden"
+
+# The result cache is off in tests (every test exercises the engine); tests/test_cache.py turns
+# it on against a temporary cache folder.
+os.environ["INSPECT_MODEL_NO_CACHE"] = "1"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -47,7 +47,7 @@ def test_model_flags_are_megatron_spellings(cli):
     "args, message",
     [
         # not an option of ours
-        (["tree", "--bogus"], "Error: No such option: --bogus\n"),
+        (["tree", "--bogus"], "Error: no such option: --bogus\n"),
         # sizes must be positive
         (["params", "--tp", "0"], "Error: --tp must be at least 1, got 0\n"),
         (["params", "--num-layers", "-1"], "Error: --num-layers must be at least 1, got -1\n"),
