@@ -265,3 +265,12 @@ def test_output_file_is_atomic(cli, tmp_path):
     assert good.code == 0 and good.out == ""
     assert target.read_text() == cli("params").out
     assert [p.name for p in tmp_path.iterdir()] == ["table.csv"]
+
+
+@pytest.mark.parametrize("norm, per_layer", [("LayerNorm", 4), ("RMSNorm", 2)])
+def test_qk_layernorm_adds_per_head_norms(cli, norm, per_layer):
+    args = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --vocab-size 1000 --qk-layernorm".split()
+    rows = json.loads(cli("params", *args, "--normalization", norm, "--format", "json").out)["parameters"]
+    qk = [r for r in rows if "_layernorm." in r["name"] and ("q_layernorm" in r["name"] or "k_layernorm" in r["name"])]
+    # one norm over the head dimension (64 / 4 = 16) for queries and one for keys, per layer
+    assert len(qk) == 2 * per_layer and {tuple(r["shape"]) for r in qk} == {(16,)}
