@@ -61,12 +61,6 @@ def positions(layout: Layout) -> list[tuple[int, int, int, int]]:
     return world.rank_positions(layout)
 
 
-def rank_coord(layout: Layout, rank: int) -> RankCoord:
-    """Return one rank's coordinates (validated)."""
-    check_rank(layout, rank)
-    return coords(layout)[rank]
-
-
 def build(target: Target, stages: Sequence[int] | None = None, expert_rank: int = 0) -> list[Any]:
     """Build the given pipeline stages (all by default); return their StageModels in order."""
     from inspector import world
