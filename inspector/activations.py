@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from inspector.errors import ConfigError
-from inspector.formulas import ModelDims, Parallelism
+from inspector.formulas import ModelDims, Parallelism, live_microbatches
 
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_MODES: tuple[str, ...] = get_args(Recompute)
@@ -245,103 +245,6 @@ def output_activations(
     return OutputActivations(hidden, hidden, FP32 * sb * dims.vocab_size / par.tp)
 
 
-def _schedule_table(num_microbatches: int, chunks: int, group_size: int) -> list[int]:
-    """Return the model chunk of every forward step, in megatron's interleaved order.
-
-    Reimplements `get_schedule_table` in megatron-core's `pipeline_parallel/schedules.py`:
-    micro-batches go in groups of `group_size`, each group through chunk 0, then chunk 1, ...
-    """
-    order: list[int] = []
-    for start in range(0, num_microbatches, group_size):
-        width = min(group_size, num_microbatches - start)  # the last group takes the rest
-        order.extend(chunk for chunk in range(chunks) for _ in range(width))
-    return order
-
-
-def _check_interleaved(pp: int, num_microbatches: int, group_size: int) -> None:
-    """Raise ConfigError where megatron-core's interleaved schedule raises."""
-    if not pp <= group_size <= num_microbatches:
-        raise ConfigError(
-            f"the interleaved schedule groups {group_size} micro-batches per virtual stage, "
-            f"which must lie between --pp {pp} and the {num_microbatches} micro-batches per "
-            "iteration (--global-batch-size / (--micro-batch-size x --dp))"
-        )
-    rest = num_microbatches % group_size
-    if 0 < rest < pp:
-        raise ConfigError(
-            f"the interleaved schedule needs the {num_microbatches} micro-batches per iteration "
-            f"to leave a remainder of 0 or at least --pp {pp} in groups of {group_size} "
-            f"({num_microbatches} % {group_size} = {rest})"
-        )
-
-
-def _warmup_steps(stage: int, pp: int, num_microbatches: int, chunks: int, group: int) -> int:
-    """Return megatron-core's warm-up forward steps for `stage`, before 1F1B starts.
-
-    `get_pp_rank_microbatches` in `pipeline_parallel/schedules.py`: p - s - 1 without
-    interleaving; 2 (p - s - 1) + (v - 1) * group with v chunks; at most m * v.
-    """
-    if chunks == 1:
-        steps = pp - stage - 1
-    else:
-        steps = 2 * (pp - stage - 1) + (chunks - 1) * group
-    return min(steps, num_microbatches * chunks)
-
-
-def live_microbatches(
-    stage: int,
-    pp: int,
-    num_microbatches: int,
-    chunks: int = 1,
-    group_size: int | None = None,
-) -> list[tuple[int, ...]]:
-    """Return, after every forward step of `stage`, the micro-batches alive in each chunk.
-
-    Replays megatron-core's 1F1B schedule (`forward_backward_pipelining_without_interleaving`)
-    or, with `chunks` > 1, its interleaved one (`forward_backward_pipelining_with_interleaving`,
-    `microbatch_group_size_per_vp_stage` defaulting to p): warm-up forwards, then one forward
-    and one backward per step, the backward of step k running chunk v - 1 - chunk(k). A
-    micro-batch's activations live from its forward to its backward, so the peaks of memory are
-    among the returned points.
-    """
-    if not 0 <= stage < pp:
-        raise ConfigError(f"--stage {stage} is not a pipeline stage of --pp {pp}")
-    if num_microbatches < 1:
-        raise ConfigError(f"the number of micro-batches must be at least 1, got {num_microbatches}")
-    group = group_size or pp
-    if chunks > 1:
-        _check_interleaved(pp, num_microbatches, group)
-    order = _schedule_table(num_microbatches, chunks, group)
-    warmup = _warmup_steps(stage, pp, num_microbatches, chunks, group)
-    live = [0] * chunks
-    points: list[tuple[int, ...]] = []
-    for step in range(len(order)):
-        live[order[step]] += 1
-        points.append(tuple(live))
-        if step >= warmup:  # steady state: the backward of step - warmup follows
-            live[chunks - 1 - order[step - warmup]] -= 1
-    return points
-
-
-def microbatches_in_flight(
-    stage: int,
-    pp: int,
-    num_microbatches: int,
-    chunks: int = 1,
-    group_size: int | None = None,
-) -> int:
-    """Return the most micro-batch passes whose activations `stage` holds at once.
-
-    1F1B: min(p - s, m). Interleaved: min(2 (p - s - 1) + (v - 1) * group + 1, m * v) chunk
-    passes, each holding one chunk's layers; for stage 0 with group = p that is p (v + 1) - 1,
-    i.e. L (1 + (p - 1) / (p v)) layers' worth, the paper's interleaving factor (Section 4.3)
-    and Megatron-LM's `interleaved_schedule_memory_penalty`.
-    """
-    return max(
-        sum(point) for point in live_microbatches(stage, pp, num_microbatches, chunks, group_size)
-    )
-
-
 def stage_activations(
     dims: ModelDims,
     par: Parallelism,
@@ -373,6 +276,46 @@ def stage_activations(
             f"stage {stage} has {len(chunk_layers)} chunks but --num-virtual-stages-per-"
             f"pipeline-rank is {par.chunks}"
         )
+    layers, embedding, output = _chunk_bytes(
+        dims, par, stage, chunk_layers, micro_batch_size, recompute, flash_attention
+    )
+    points = live_microbatches(stage, par.pp, num_microbatches, par.chunks, group_size)
+    peak = max(
+        points,
+        key=lambda pt: _weigh(pt, layers) + _weigh(pt, embedding) + _weigh(pt, output),
+    )
+    buffer = 0.0
+    if recompute == "full":  # backward rebuilds one layer at a time, for one micro-batch
+        rebuilt = (
+            layer_activations(dims, par, i, micro_batch_size, "none", flash_attention).total
+            for chunk in chunk_layers
+            for i in chunk
+        )
+        buffer = max(rebuilt, default=0.0)
+    return StageActivations(
+        layers=_weigh(peak, layers),
+        embedding=_weigh(peak, embedding),
+        output=_weigh(peak, output),
+        recompute_buffer=buffer,
+        in_flight=peak,
+    )
+
+
+def _weigh(point: tuple[int, ...], per_chunk: Sequence[float]) -> float:
+    """Return the bytes of `point`'s live micro-batches, `per_chunk` bytes each."""
+    return sum(n * x for n, x in zip(point, per_chunk, strict=True))
+
+
+def _chunk_bytes(
+    dims: ModelDims,
+    par: Parallelism,
+    stage: int,
+    chunk_layers: Sequence[Sequence[int]],
+    micro_batch_size: int,
+    recompute: Recompute,
+    flash_attention: bool,
+) -> tuple[list[float], tuple[float, ...], tuple[float, ...]]:
+    """Return per-chunk bytes of one micro-batch: layers, embedding, output side."""
     layers = [
         sum(
             layer_activations(dims, par, i, micro_batch_size, recompute, flash_attention).total
@@ -380,32 +323,10 @@ def stage_activations(
         )
         for chunk in chunk_layers
     ]
-    embedding = [0.0] * par.chunks
-    output = [0.0] * par.chunks
+    zeros = [0.0] * par.chunks
+    embedding, output = list(zeros), list(zeros)
     if stage == 0:
         embedding[0] = embedding_activations(dims, par, micro_batch_size).total
     if stage == par.pp - 1:
         output[-1] = output_activations(dims, par, micro_batch_size).total
-    points = live_microbatches(stage, par.pp, num_microbatches, par.chunks, group_size)
-
-    def weigh(point: tuple[int, ...], per_chunk: list[float]) -> float:
-        return sum(n * x for n, x in zip(point, per_chunk, strict=True))
-
-    peak = max(points, key=lambda pt: weigh(pt, layers) + weigh(pt, embedding) + weigh(pt, output))
-    buffer = 0.0
-    if recompute == "full":
-        buffer = max(
-            (
-                layer_activations(dims, par, i, micro_batch_size, "none", flash_attention).total
-                for chunk in chunk_layers
-                for i in chunk
-            ),
-            default=0.0,
-        )
-    return StageActivations(
-        layers=weigh(peak, layers),
-        embedding=weigh(peak, embedding),
-        output=weigh(peak, output),
-        recompute_buffer=buffer,
-        in_flight=peak,
-    )
+    return layers, tuple(embedding), tuple(output)

@@ -1,9 +1,10 @@
-"""The inputs of the closed-form estimates: model dimensions and parallel sizes, nothing else.
+"""The inputs of the closed-form estimates: model dimensions, parallel sizes, pipeline schedule.
 
 Activation memory (activations.py), FLOPs (flops.py) and the attention walkthrough
 (walkthrough.py) are pure functions over the two frozen dataclasses defined here. They are the
 only numbers in this tool that do not come from megatron-core itself, because megatron computes
-them only on a GPU; each formula cites its source next to the code.
+them only on a GPU; each formula cites its source next to the code. The pipeline schedule
+(micro-batches in flight per stage) is replayed here from megatron-core's own rules.
 
 Symbols used in every docstring and comment of those modules (the paper's own, Korthikanti et
 al. 2022, "Reducing Activation Recomputation in Large Transformer Models", arXiv:2205.05198):
@@ -167,3 +168,100 @@ def num_microbatches(global_batch_size: int, micro_batch_size: int, dp: int) -> 
             f"({global_batch_size} % {per_step} = {global_batch_size % per_step})"
         )
     return global_batch_size // per_step
+
+
+def _schedule_table(num_microbatches: int, chunks: int, group_size: int) -> list[int]:
+    """Return the model chunk of every forward step, in megatron's interleaved order.
+
+    Reimplements `get_schedule_table` in megatron-core's `pipeline_parallel/schedules.py`:
+    micro-batches go in groups of `group_size`, each group through chunk 0, then chunk 1, ...
+    """
+    order: list[int] = []
+    for start in range(0, num_microbatches, group_size):
+        width = min(group_size, num_microbatches - start)  # the last group takes the rest
+        order.extend(chunk for chunk in range(chunks) for _ in range(width))
+    return order
+
+
+def _check_interleaved(pp: int, num_microbatches: int, group_size: int) -> None:
+    """Raise ConfigError where megatron-core's interleaved schedule raises."""
+    if not pp <= group_size <= num_microbatches:
+        raise ConfigError(
+            f"the interleaved schedule groups {group_size} micro-batches per virtual stage, "
+            f"which must lie between --pp {pp} and the {num_microbatches} micro-batches per "
+            "iteration (--global-batch-size / (--micro-batch-size x --dp))"
+        )
+    rest = num_microbatches % group_size
+    if 0 < rest < pp:
+        raise ConfigError(
+            f"the interleaved schedule needs the {num_microbatches} micro-batches per iteration "
+            f"to leave a remainder of 0 or at least --pp {pp} in groups of {group_size} "
+            f"({num_microbatches} % {group_size} = {rest})"
+        )
+
+
+def _warmup_steps(stage: int, pp: int, num_microbatches: int, chunks: int, group: int) -> int:
+    """Return megatron-core's warm-up forward steps for `stage`, before 1F1B starts.
+
+    `get_pp_rank_microbatches` in `pipeline_parallel/schedules.py`: p - s - 1 without
+    interleaving; 2 (p - s - 1) + (v - 1) * group with v chunks; at most m * v.
+    """
+    if chunks == 1:
+        steps = pp - stage - 1
+    else:
+        steps = 2 * (pp - stage - 1) + (chunks - 1) * group
+    return min(steps, num_microbatches * chunks)
+
+
+def live_microbatches(
+    stage: int,
+    pp: int,
+    num_microbatches: int,
+    chunks: int = 1,
+    group_size: int | None = None,
+) -> list[tuple[int, ...]]:
+    """Return, after every forward step of `stage`, the micro-batches alive in each chunk.
+
+    Replays megatron-core's 1F1B schedule (`forward_backward_pipelining_without_interleaving`)
+    or, with `chunks` > 1, its interleaved one (`forward_backward_pipelining_with_interleaving`,
+    `microbatch_group_size_per_vp_stage` defaulting to p): warm-up forwards, then one forward
+    and one backward per step, the backward of step k running chunk v - 1 - chunk(k). A
+    micro-batch's activations live from its forward to its backward, so the peaks of memory are
+    among the returned points.
+    """
+    if not 0 <= stage < pp:
+        raise ConfigError(f"--stage {stage} is not a pipeline stage of --pp {pp}")
+    if num_microbatches < 1:
+        raise ConfigError(f"the number of micro-batches must be at least 1, got {num_microbatches}")
+    group = group_size or pp
+    if chunks > 1:
+        _check_interleaved(pp, num_microbatches, group)
+    order = _schedule_table(num_microbatches, chunks, group)
+    warmup = _warmup_steps(stage, pp, num_microbatches, chunks, group)
+    live = [0] * chunks
+    points: list[tuple[int, ...]] = []
+    for step in range(len(order)):
+        live[order[step]] += 1
+        points.append(tuple(live))
+        if step >= warmup:  # steady state: the backward of step - warmup follows
+            live[chunks - 1 - order[step - warmup]] -= 1
+    return points
+
+
+def microbatches_in_flight(
+    stage: int,
+    pp: int,
+    num_microbatches: int,
+    chunks: int = 1,
+    group_size: int | None = None,
+) -> int:
+    """Return the most micro-batch passes whose activations `stage` holds at once.
+
+    1F1B: min(p - s, m). Interleaved: min(2 (p - s - 1) + (v - 1) * group + 1, m * v) chunk
+    passes, each holding one chunk's layers; for stage 0 with group = p that is p (v + 1) - 1,
+    i.e. L (1 + (p - 1) / (p v)) layers' worth, the paper's interleaving factor (Section 4.3)
+    and Megatron-LM's `interleaved_schedule_memory_penalty`.
+    """
+    return max(
+        sum(point) for point in live_microbatches(stage, pp, num_microbatches, chunks, group_size)
+    )

@@ -25,7 +25,7 @@ FLOPs but never materialises the scores: rows marked "naive" exist only without 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import prod
 from typing import Literal
 
@@ -84,6 +84,8 @@ class _Sizes:
 
 def _sizes(dims: ModelDims, mode: Mode, degree: int, micro_batch_size: int) -> _Sizes:
     """Check divisibility and return the sizes one rank works with."""
+    if mode not in DEGREE_FLAGS:
+        raise ConfigError(f"the walkthrough mode must be one of tp, ulysses, cp, got {mode!r}")
     flag = DEGREE_FLAGS[mode]
     a, g, n = dims.num_attention_heads, dims.query_groups, dims.seq_length
     if degree < 1:
@@ -204,14 +206,12 @@ def _tensor_parallel(z: _Sizes, sequence_parallel: bool) -> list[WalkthroughStep
     ]
     if sequence_parallel:
         steps.append(_comm("x: all-gather along N", "[N, b, H]", (n, b, hid)))
-    steps.append(
-        _weight(
-            "W_qkv: QKV weight, column shard",
-            f"[(h/P + 2*{z.g_label}) d, H]",
-            ((z.a_rank + 2 * z.g_rank) * d, hid),
-        )
-    )
-    steps += _projections(z, n, "N", (z.a_rank, "h/P"), (z.g_rank, z.g_label))
+    qkv_layout = "[(h + 2g) d/P, H]" if z.g_label == "g/P" else "[(h/P + 2) d, H]"
+    shard = ((z.a_rank + 2 * z.g_rank) * d, hid)
+    steps.append(_weight("W_qkv: QKV weight, column shard", qkv_layout, shard))
+    note = _replication_note(z)
+    projections = _projections(z, n, "N", (z.a_rank, "h/P"), (z.g_rank, z.g_label))
+    steps += [projections[0]] + [replace(step, note=note) for step in projections[1:]]
     steps += _core(z, (n, "N"), (n, "N"), "h/P")
     steps.append(_weight("W_o: output weight, row shard", "[H, h d/P]", (hid, z.a_rank * d)))
     steps.append(_output(z, n, "N", z.a_rank, "Y = O W_o (partial sums)"))
