@@ -1,0 +1,332 @@
+"""Activation memory per layer, per pipeline stage, from the published closed forms.
+
+Source: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models"
+(arXiv:2205.05198), Section 4 and Table 2, cross-checked with Megatron-LM's
+`megatron/training/theoretical_memory_usage.py` (`compute_activation_memory`, tag core_v0.16.1)
+and megatron-core's pipeline schedules. Symbols are those of inspector/formulas.py.
+
+Table 2 of the paper, bytes per layer for one micro-batch:
+  no parallelism                       sbh (34 + 5as/h)
+  tensor parallel                      sbh (10 + 24/t + 5as/(ht))
+  tensor + sequence parallel           sbh/t (34 + 5as/h)
+  tensor parallel + selective          sbh (10 + 24/t)
+  tensor + sequence + selective        sbh/t (34)
+  full recomputation                   2sbh
+The functions below itemise the same terms (Section 4.1) so that the model's real shapes can
+replace the paper's GPT-3 assumptions; with f = 4h, g = a, d = h/a, no SwiGLU and no MoE they
+reduce exactly to the table. Assumptions, all the paper's unless said otherwise:
+  - activations are 16-bit (2 bytes), dropout masks 1 byte, the loss's logits fp32 (4 bytes);
+  - dropout is on (attention and hidden), as in the paper and Megatron-LM's estimator;
+  - GQA (our extension): Q is a*d wide, K and V g*d wide, the projection input a*d wide;
+  - SwiGLU (our extension): the activation stores its 2f-wide input and the fc2 input (f wide),
+    as megatron-core's `SwiGLUFunction` and the fc2 linear save them, so 6sbf instead of 4sbf;
+  - flash attention (our extension): the 5as^2b score terms vanish and the kernel keeps its
+    fp32 softmax statistics, 4asb bytes per layer (Q, K, V and the output are already counted);
+  - selective recomputation recomputes core attention only (megatron-core's default
+    `recompute_modules=["core_attn"]`), which removes exactly the 5as^2b (or flash) terms;
+  - full recomputation is megatron's `uniform` method with one layer per checkpoint: each layer
+    keeps its input (2sbh, split by t under sequence parallelism), and backward rebuilds one
+    layer at a time, counted once per stage as `recompute_buffer`;
+  - context parallelism divides s by c for every term (megatron runs it only through Transformer
+    Engine's flash/fused attention, so it requires `flash_attention`);
+  - MoE (our extension, balanced routing): a rank's experts see s*b*k*e/t token copies on average
+    (e = expert tensor-parallel size), keep their permuted input (2h per copy, gathered across the
+    expert tensor-parallel group) and their activation terms split by e; a shared expert is a
+    dense MLP of its own size. megatron-core refuses MoE training with t > 1 without sequence
+    parallelism (`MoELayer.forward`), so that combination is an error here too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from inspector.errors import ConfigError
+from inspector.formulas import ModelDims, Parallelism, live_microbatches
+
+Recompute = Literal["none", "selective", "full"]
+RECOMPUTE_MODES: tuple[str, ...] = get_args(Recompute)
+
+HALF = 2  # bytes per 16-bit activation
+MASK = 1  # bytes per dropout-mask element (torch stores a bool)
+FP32 = 4  # bytes per fp32 element (softmax statistics, logits of the loss)
+TOKEN_ID = 8  # bytes per int64 token id
+
+
+@dataclass(frozen=True)
+class LayerActivations:
+    """Bytes one transformer layer keeps for backward, for one micro-batch on one rank."""
+
+    norms: float  # inputs of the two norms (paper: 4sbh)
+    attention: float  # QKV input, Q, K, V, projection input, dropout mask (paper: 11sbh)
+    core_attention: float  # softmax output, its dropout mask and output (5as^2b), or flash stats
+    mlp: float  # fc1 input, activation input and output, dropout mask (paper: 19sbh)
+    checkpoint: float  # full recomputation: the layer input, the only thing kept
+
+    @property
+    def total(self) -> float:
+        """Return the layer's bytes."""
+        return self.norms + self.attention + self.core_attention + self.mlp + self.checkpoint
+
+
+@dataclass(frozen=True)
+class EmbeddingActivations:
+    """Bytes the first stage's embedding keeps per micro-batch on one rank."""
+
+    token_ids: float  # int64 ids, kept by the embedding lookup's backward
+    dropout_mask: float  # embedding dropout mask (paper Section 4.4: sbh/t with SP)
+
+    @property
+    def total(self) -> float:
+        """Return the embedding's bytes."""
+        return self.token_ids + self.dropout_mask
+
+
+@dataclass(frozen=True)
+class OutputActivations:
+    """Bytes the last stage's final norm, output layer and loss keep per micro-batch."""
+
+    final_norm_input: float  # 2sbh (/t with SP)
+    output_layer_input: float  # 2sbh (/t with SP)
+    logits: float  # fp32 logits of the cross-entropy loss, 4sbv/t
+
+    @property
+    def total(self) -> float:
+        """Return the output side's bytes (paper Section 4.4: 4sbh/t (1 + v/h) with SP)."""
+        return self.final_norm_input + self.output_layer_input + self.logits
+
+
+@dataclass(frozen=True)
+class StageActivations:
+    """Peak activation bytes of one pipeline stage on one rank, split by origin."""
+
+    layers: float  # transformer layers, times the micro-batches in flight per chunk
+    embedding: float  # first stage only
+    output: float  # last stage only
+    recompute_buffer: float  # full recomputation: one layer rebuilt during backward
+    in_flight: tuple[int, ...]  # micro-batches holding activations per chunk at the peak
+
+    @property
+    def total(self) -> float:
+        """Return the stage's peak bytes."""
+        return self.layers + self.embedding + self.output + self.recompute_buffer
+
+
+def check_activation_inputs(
+    dims: ModelDims, par: Parallelism, recompute: str, flash_attention: bool
+) -> None:
+    """Raise ConfigError for settings the formulas (or megatron) do not support."""
+    if recompute not in RECOMPUTE_MODES:
+        raise ConfigError(
+            f"--recompute-granularity must be one of {', '.join(RECOMPUTE_MODES)}, "
+            f"got {recompute!r}"
+        )
+    if par.cp > 1 and not flash_attention:
+        raise ConfigError(
+            f"--context-parallel-size {par.cp} needs --use-flash-attn: megatron runs context "
+            "parallelism only through Transformer Engine's flash/fused attention"
+        )
+    if dims.num_experts is not None and par.tp > 1 and not par.sequence_parallel:
+        raise ConfigError(
+            f"--num-experts with --tp {par.tp} needs --sequence-parallel: megatron-core's "
+            "MoELayer refuses to train MoE with tensor parallelism alone"
+        )
+
+
+def _tokens(dims: ModelDims, par: Parallelism, micro_batch_size: int) -> float:
+    """Return s*b with s split by context parallelism."""
+    return dims.seq_length / par.cp * micro_batch_size
+
+
+def _attention(dims: ModelDims, par: Parallelism, sb: float) -> float:
+    """Return the attention block's bytes besides the scores (paper Section 4.1: 11sbh)."""
+    h, a, g, d = dims.hidden_size, dims.num_attention_heads, dims.query_groups, dims.head_dim
+    # Replicated across TP ranks unless sequence parallel: QKV input 2sbh, dropout mask sbh.
+    outside = HALF * sb * h + MASK * sb * h
+    # Split by t: Q and K (paper 4sbh), V (2sbh), projection input (2sbh), widened for GQA.
+    inside = HALF * sb * d * (a + g) + HALF * sb * d * g + HALF * sb * d * a
+    return outside / par.sp_divisor + inside / par.tp
+
+
+def _core_attention(dims: ModelDims, par: Parallelism, sb: float, flash_attention: bool) -> float:
+    """Return the score terms: 5as^2b/t (paper Section 4.1), or flash attention's fp32 stats."""
+    a = dims.num_attention_heads
+    if flash_attention:
+        return FP32 * a * sb / par.tp  # softmax log-sum-exp, [b, a/t, s] in fp32
+    # Softmax output 2as^2b, dropout mask as^2b, dropout output 2as^2b (cp == 1 here).
+    return (HALF + MASK + HALF) * a * sb * dims.seq_length / par.tp
+
+
+def _dense_mlp(dims: ModelDims, par: Parallelism, sb: float, ffn: int) -> float:
+    """Return a dense MLP's bytes (paper Section 4.1: 19sbh when f = 4h)."""
+    h = dims.hidden_size
+    outside = HALF * sb * h + MASK * sb * h  # fc1 input 2sbh, dropout mask sbh
+    inside = HALF * sb * ffn * dims.gated_multiplier + HALF * sb * ffn  # GeLU in/out 8sbh+8sbh
+    return outside / par.sp_divisor + inside / par.tp
+
+
+def _moe_mlp(dims: ModelDims, par: Parallelism, sb: float) -> float:
+    """Return an MoE MLP's bytes under balanced routing (our extension, see module docstring)."""
+    h, e, k = dims.hidden_size, par.expert_tp, dims.moe_router_topk
+    outside = HALF * sb * h + MASK * sb * h  # router/shared-expert input, dropout mask
+    copies = sb * k * e / par.tp  # token copies reaching one rank's experts
+    routed = (
+        HALF * copies * h
+        + (
+            HALF * copies * dims.expert_ffn * dims.gated_multiplier
+            + HALF * copies * dims.expert_ffn
+        )
+        / e
+    )
+    shared = HALF * sb * dims.shared_expert_ffn * (dims.gated_multiplier + 1) / par.tp
+    return outside / par.sp_divisor + routed + shared
+
+
+def layer_activations(
+    dims: ModelDims,
+    par: Parallelism,
+    layer: int,
+    micro_batch_size: int,
+    recompute: Recompute = "none",
+    flash_attention: bool = False,
+) -> LayerActivations:
+    """Return the bytes 0-based global `layer` keeps per micro-batch on one rank.
+
+    Args:
+        dims: model dimensions (s, h, a, g, d, f, MoE sizes).
+        par: tensor, context, expert sizes and sequence parallelism.
+        layer: global layer index, which decides dense or MoE MLP.
+        micro_batch_size: b.
+        recompute: "none", "selective" (core attention) or "full" (layer input only).
+        flash_attention: the core attention never materialises the s x s scores.
+    """
+    check_activation_inputs(dims, par, recompute, flash_attention)
+    sb = _tokens(dims, par, micro_batch_size)
+    if recompute == "full":  # paper Table 2, "full activation recomputation": 2sbh
+        return LayerActivations(0, 0, 0, 0, HALF * sb * dims.hidden_size / par.sp_divisor)
+    norms = 2 * HALF * sb * dims.hidden_size / par.sp_divisor  # two norm inputs, 4sbh
+    core = 0.0 if recompute == "selective" else _core_attention(dims, par, sb, flash_attention)
+    if dims.is_moe_layer(layer):
+        mlp = _moe_mlp(dims, par, sb)
+    else:
+        mlp = _dense_mlp(dims, par, sb, dims.ffn)
+    return LayerActivations(norms, _attention(dims, par, sb), core, mlp, 0.0)
+
+
+def embedding_activations(
+    dims: ModelDims, par: Parallelism, micro_batch_size: int
+) -> EmbeddingActivations:
+    """Return the first stage's embedding bytes per micro-batch.
+
+    Dropout mask: paper Section 4.4 (sbh, /t with sequence parallelism, where megatron scatters
+    the embeddings before dropout). Token ids: Megatron-LM's estimator counts 8sb ("input to
+    embedding"); it divides them by t with everything else, but every TP rank holds all ids, so
+    here they are not divided.
+    """
+    sb = _tokens(dims, par, micro_batch_size)
+    return EmbeddingActivations(
+        token_ids=TOKEN_ID * sb,
+        dropout_mask=MASK * sb * dims.hidden_size / par.sp_divisor,
+    )
+
+
+def output_activations(
+    dims: ModelDims, par: Parallelism, micro_batch_size: int
+) -> OutputActivations:
+    """Return the last stage's final norm, output layer and loss bytes per micro-batch.
+
+    Paper Section 4.4: final norm input 2sbh/t, output layer input 2sbh/t and the loss's fp32
+    logits 4sbv/t, together 4sbh/t (1 + v/h) with sequence parallelism; without it the two
+    2sbh terms are held whole on every TP rank.
+    """
+    sb = _tokens(dims, par, micro_batch_size)
+    hidden = HALF * sb * dims.hidden_size / par.sp_divisor
+    return OutputActivations(hidden, hidden, FP32 * sb * dims.vocab_size / par.tp)
+
+
+def stage_activations(
+    dims: ModelDims,
+    par: Parallelism,
+    stage: int,
+    chunk_layers: Sequence[Sequence[int]],
+    micro_batch_size: int,
+    num_microbatches: int,
+    recompute: Recompute = "none",
+    flash_attention: bool = False,
+    group_size: int | None = None,
+) -> StageActivations:
+    """Return the peak activation bytes of pipeline `stage` on one rank.
+
+    Args:
+        dims, par: model dimensions and parallel sizes (`par.pp`, `par.chunks`).
+        stage: pipeline rank, 0-based.
+        chunk_layers: the 0-based global layer indices of each of the stage's model chunks,
+            as megatron placed them (one sequence per virtual chunk).
+        micro_batch_size, num_microbatches: b and m.
+        recompute, flash_attention: see `layer_activations`.
+        group_size: `--microbatch-group-size-per-virtual-pipeline-stage` (default p).
+
+    The stage's peak is the schedule point (see `live_microbatches`) with the most bytes, each
+    chunk contributing its micro-batches alive times its per-micro-batch bytes. Stage 0's first
+    chunk adds the embedding, the last stage's last chunk the output layer and loss.
+    """
+    if len(chunk_layers) != par.chunks:
+        raise ConfigError(
+            f"stage {stage} has {len(chunk_layers)} chunks but --num-virtual-stages-per-"
+            f"pipeline-rank is {par.chunks}"
+        )
+    layers, embedding, output = _chunk_bytes(
+        dims, par, stage, chunk_layers, micro_batch_size, recompute, flash_attention
+    )
+    points = live_microbatches(stage, par.pp, num_microbatches, par.chunks, group_size)
+    peak = max(
+        points,
+        key=lambda pt: _weigh(pt, layers) + _weigh(pt, embedding) + _weigh(pt, output),
+    )
+    buffer = 0.0
+    if recompute == "full":  # backward rebuilds one layer at a time, for one micro-batch
+        rebuilt = (
+            layer_activations(dims, par, i, micro_batch_size, "none", flash_attention).total
+            for chunk in chunk_layers
+            for i in chunk
+        )
+        buffer = max(rebuilt, default=0.0)
+    return StageActivations(
+        layers=_weigh(peak, layers),
+        embedding=_weigh(peak, embedding),
+        output=_weigh(peak, output),
+        recompute_buffer=buffer,
+        in_flight=peak,
+    )
+
+
+def _weigh(point: tuple[int, ...], per_chunk: Sequence[float]) -> float:
+    """Return the bytes of `point`'s live micro-batches, `per_chunk` bytes each."""
+    return sum(n * x for n, x in zip(point, per_chunk, strict=True))
+
+
+def _chunk_bytes(
+    dims: ModelDims,
+    par: Parallelism,
+    stage: int,
+    chunk_layers: Sequence[Sequence[int]],
+    micro_batch_size: int,
+    recompute: Recompute,
+    flash_attention: bool,
+) -> tuple[list[float], tuple[float, ...], tuple[float, ...]]:
+    """Return per-chunk bytes of one micro-batch: layers, embedding, output side."""
+    layers = [
+        sum(
+            layer_activations(dims, par, i, micro_batch_size, recompute, flash_attention).total
+            for i in chunk
+        )
+        for chunk in chunk_layers
+    ]
+    zeros = [0.0] * par.chunks
+    embedding, output = list(zeros), list(zeros)
+    if stage == 0:
+        embedding[0] = embedding_activations(dims, par, micro_batch_size).total
+    if stage == par.pp - 1:
+        output[-1] = output_activations(dims, par, micro_batch_size).total
+    return layers, tuple(embedding), tuple(output)

@@ -1,0 +1,114 @@
+"""Model dimensions, parallel sizes and the pipeline schedule replayed from megatron-core."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from inspector.errors import ConfigError
+from inspector.formulas import (
+    ModelDims,
+    _schedule_table,
+    live_microbatches,
+    microbatches_in_flight,
+    num_microbatches,
+)
+
+
+def test_defaults_follow_megatron_lm() -> None:
+    dims = ModelDims(
+        num_layers=2, hidden_size=768, num_attention_heads=12, seq_length=1024, vocab_size=50304
+    )
+    assert (dims.ffn, dims.query_groups, dims.head_dim, dims.expert_ffn) == (3072, 12, 64, 3072)
+    assert dims.shared_expert_ffn == 0 and not dims.is_moe_layer(0)
+
+
+def test_moe_layer_frequency() -> None:
+    # --moe-layer-freq 2: layers 0, 2, 4 are MoE; a list gives one flag per layer.
+    every_other = ModelDims(6, 64, 4, 16, 128, num_experts=4, moe_layer_freq=2)
+    assert [every_other.is_moe_layer(i) for i in range(6)] == [True, False] * 3
+    listed = ModelDims(3, 64, 4, 16, 128, num_experts=4, moe_layer_freq=(0, 1, 1))
+    assert [listed.is_moe_layer(i) for i in range(3)] == [False, True, True]
+
+
+def test_heads_not_divisible_by_groups() -> None:
+    # GQA needs whole groups of query heads.
+    with pytest.raises(ConfigError, match=r"12 % 5 = 2"):
+        ModelDims(2, 768, 12, 1024, 50304, num_query_groups=5)
+
+
+def test_moe_pattern_length() -> None:
+    # A per-layer list must name every layer.
+    with pytest.raises(ConfigError, match="--moe-layer-freq"):
+        ModelDims(3, 64, 4, 16, 128, num_experts=4, moe_layer_freq=(1, 1))
+
+
+def test_num_microbatches() -> None:
+    assert num_microbatches(1536, 1, 16) == 96
+    # 100 samples cannot be cut into steps of 3 x 2.
+    with pytest.raises(ConfigError, match=r"100 % 6 = 4"):
+        num_microbatches(100, 3, 2)
+
+
+@pytest.mark.parametrize("pp", [1, 2, 4, 8])
+@pytest.mark.parametrize("m", [1, 3, 8, 20])
+def test_1f1b_in_flight_is_min_of_remaining_stages_and_microbatches(pp: int, m: int) -> None:
+    for stage in range(pp):
+        assert microbatches_in_flight(stage, pp, m) == min(pp - stage, m)
+
+
+@pytest.mark.parametrize(
+    ("pp", "v", "m", "group"),
+    [(2, 2, 4, None), (4, 2, 8, None), (4, 3, 12, 4), (4, 2, 10, 5), (2, 4, 2, 2)],
+)
+def test_interleaved_in_flight_closed_form(pp: int, v: int, m: int, group: int | None) -> None:
+    g = group or pp
+    for stage in range(pp):
+        expected = min(2 * (pp - stage - 1) + (v - 1) * g + 1, m * v)
+        assert microbatches_in_flight(stage, pp, m, v, group) == expected
+
+
+def test_interleaved_stage0_reaches_the_papers_factor() -> None:
+    # Section 4.3: stage 0 holds L (1 + (p - 1) / (p v)) layers: p (v + 1) - 1 chunk passes.
+    pp, v = 4, 3
+    assert microbatches_in_flight(0, pp, 16, v) == pp * (v + 1) - 1
+
+
+def test_schedule_table_matches_megatron_core() -> None:
+    schedules = pytest.importorskip("megatron.core.pipeline_parallel.schedules")
+    for m, v, g in [(5, 2, 3), (8, 2, 4), (12, 3, 4), (10, 4, 5)]:
+        theirs = [chunk for _, chunk in schedules.get_schedule_table(m, v, g)]
+        assert _schedule_table(m, v, g) == theirs
+
+
+def test_warmup_matches_megatron_core() -> None:
+    schedules = pytest.importorskip("megatron.core.pipeline_parallel.schedules")
+    for pp, v, m in [(4, None, 8), (4, None, 2), (4, 2, 8), (8, 3, 16)]:
+        for stage in range(pp):
+            group = SimpleNamespace(size=lambda pp=pp: pp, rank=lambda stage=stage: stage)
+            comm = SimpleNamespace(pp_group=group, virtual_pipeline_model_parallel_size=v)
+            _, _, warmup, remaining = schedules.get_pp_rank_microbatches(
+                m, v or 1, pp, p2p_communicator=comm
+            )
+            points = live_microbatches(stage, pp, m, v or 1)
+            # Memory peaks one forward after the warm-up, unless every forward is warm-up.
+            assert max(map(sum, points)) == warmup + (1 if remaining else 0)
+
+
+def test_interleaved_needs_whole_groups() -> None:
+    # megatron-core: 6 micro-batches in groups of 4 leave 2, fewer than pp = 4.
+    with pytest.raises(ConfigError, match=r"6 % 4 = 2"):
+        live_microbatches(0, 4, 6, 2)
+
+
+def test_interleaved_needs_at_least_pp_microbatches() -> None:
+    # megatron-core: the group size (pp = 4) must not exceed the 3 micro-batches.
+    with pytest.raises(ConfigError, match="--pp 4"):
+        live_microbatches(0, 4, 3, 2)
+
+
+def test_stage_out_of_range() -> None:
+    # Stage 4 does not exist with four stages.
+    with pytest.raises(ConfigError, match="--stage 4"):
+        live_microbatches(4, 4, 8)
