@@ -15,7 +15,8 @@ Table 2 of the paper, bytes per layer for one micro-batch:
 The functions below itemise the same terms (Section 4.1) so that the model's real shapes can
 replace the paper's GPT-3 assumptions; with f = 4h, g = a, d = h/a, no SwiGLU and no MoE they
 reduce exactly to the table. Assumptions, all the paper's unless said otherwise:
-  - activations are 16-bit (2 bytes), dropout masks 1 byte, the loss's logits fp32 (4 bytes);
+  - activations are 16-bit (2 bytes; `ModelDims.activation_bytes`, 4 when training in fp32),
+    dropout masks 1 byte, the loss's logits fp32 (4 bytes);
   - dropout is on (attention and hidden), as in the paper and Megatron-LM's estimator;
   - GQA (our extension): Q is a*d wide, K and V g*d wide, the projection input a*d wide;
   - SwiGLU (our extension): the activation stores its 2f-wide input and the fc2 input (f wide),
@@ -48,7 +49,6 @@ from inspector.formulas import ModelDims, Parallelism, live_microbatches
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_MODES: tuple[str, ...] = get_args(Recompute)
 
-HALF = 2  # bytes per 16-bit activation
 MASK = 1  # bytes per dropout-mask element (torch stores a bool)
 FP32 = 4  # bytes per fp32 element (softmax statistics, logits of the loss)
 TOKEN_ID = 8  # bytes per int64 token id
@@ -143,9 +143,13 @@ def _attention(dims: ModelDims, par: Parallelism, sb: float) -> float:
     """Return the attention block's bytes besides the scores (paper Section 4.1: 11sbh)."""
     h, a, g, d = dims.hidden_size, dims.num_attention_heads, dims.query_groups, dims.head_dim
     # Replicated across TP ranks unless sequence parallel: QKV input 2sbh, dropout mask sbh.
-    outside = HALF * sb * h + MASK * sb * h
+    outside = dims.activation_bytes * sb * h + MASK * sb * h
     # Split by t: Q and K (paper 4sbh), V (2sbh), projection input (2sbh), widened for GQA.
-    inside = HALF * sb * d * (a + g) + HALF * sb * d * g + HALF * sb * d * a
+    inside = (
+        dims.activation_bytes * sb * d * (a + g)
+        + dims.activation_bytes * sb * d * g
+        + dims.activation_bytes * sb * d * a
+    )
     return outside / par.sp_divisor + inside / par.tp
 
 
@@ -155,31 +159,39 @@ def _core_attention(dims: ModelDims, par: Parallelism, sb: float, flash_attentio
     if flash_attention:
         return FP32 * a * sb / par.tp  # softmax log-sum-exp, [b, a/t, s] in fp32
     # Softmax output 2as^2b, dropout mask as^2b, dropout output 2as^2b (cp == 1 here).
-    return (HALF + MASK + HALF) * a * sb * dims.seq_length / par.tp
+    return (
+        (dims.activation_bytes + MASK + dims.activation_bytes) * a * sb * dims.seq_length / par.tp
+    )
 
 
 def _dense_mlp(dims: ModelDims, par: Parallelism, sb: float, ffn: int) -> float:
     """Return a dense MLP's bytes (paper Section 4.1: 19sbh when f = 4h)."""
     h = dims.hidden_size
-    outside = HALF * sb * h + MASK * sb * h  # fc1 input 2sbh, dropout mask sbh
-    inside = HALF * sb * ffn * dims.gated_multiplier + HALF * sb * ffn  # GeLU in/out 8sbh+8sbh
+    outside = dims.activation_bytes * sb * h + MASK * sb * h  # fc1 input 2sbh, dropout mask sbh
+    inside = (
+        dims.activation_bytes * sb * ffn * dims.gated_multiplier + dims.activation_bytes * sb * ffn
+    )  # GeLU in/out 8sbh+8sbh
     return outside / par.sp_divisor + inside / par.tp
 
 
 def _moe_mlp(dims: ModelDims, par: Parallelism, sb: float) -> float:
     """Return an MoE MLP's bytes under balanced routing (our extension, see module docstring)."""
     h, e, k = dims.hidden_size, par.expert_tp, dims.moe_router_topk
-    outside = HALF * sb * h + MASK * sb * h  # router/shared-expert input, dropout mask
+    outside = (
+        dims.activation_bytes * sb * h + MASK * sb * h
+    )  # router/shared-expert input, dropout mask
     copies = sb * k * e / par.tp  # token copies reaching one rank's experts
     routed = (
-        HALF * copies * h
+        dims.activation_bytes * copies * h
         + (
-            HALF * copies * dims.expert_ffn * dims.gated_multiplier
-            + HALF * copies * dims.expert_ffn
+            dims.activation_bytes * copies * dims.expert_ffn * dims.gated_multiplier
+            + dims.activation_bytes * copies * dims.expert_ffn
         )
         / e
     )
-    shared = HALF * sb * dims.shared_expert_ffn * (dims.gated_multiplier + 1) / par.tp
+    shared = (
+        dims.activation_bytes * sb * dims.shared_expert_ffn * (dims.gated_multiplier + 1) / par.tp
+    )
     return outside / par.sp_divisor + routed + shared
 
 
@@ -204,8 +216,12 @@ def layer_activations(
     check_activation_inputs(dims, par, recompute, flash_attention)
     sb = _tokens(dims, par, micro_batch_size)
     if recompute == "full":  # paper Table 2, "full activation recomputation": 2sbh
-        return LayerActivations(0, 0, 0, 0, HALF * sb * dims.hidden_size / par.sp_divisor)
-    norms = 2 * HALF * sb * dims.hidden_size / par.sp_divisor  # two norm inputs, 4sbh
+        return LayerActivations(
+            0, 0, 0, 0, dims.activation_bytes * sb * dims.hidden_size / par.sp_divisor
+        )
+    norms = (
+        2 * dims.activation_bytes * sb * dims.hidden_size / par.sp_divisor
+    )  # two norm inputs, 4sbh
     core = 0.0 if recompute == "selective" else _core_attention(dims, par, sb, flash_attention)
     if dims.is_moe_layer(layer):
         mlp = _moe_mlp(dims, par, sb)
@@ -241,7 +257,7 @@ def output_activations(
     2sbh terms are held whole on every TP rank.
     """
     sb = _tokens(dims, par, micro_batch_size)
-    hidden = HALF * sb * dims.hidden_size / par.sp_divisor
+    hidden = dims.activation_bytes * sb * dims.hidden_size / par.sp_divisor
     return OutputActivations(hidden, hidden, FP32 * sb * dims.vocab_size / par.tp)
 
 

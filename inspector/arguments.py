@@ -17,7 +17,7 @@ class ArgSpec:
     name: str
     type: type
     help: str
-    group: str  # "model" (architecture) or "layout" (parallelism and optimizer sharding)
+    group: str  # "model" (architecture), "layout" (parallelism, optimizer sharding), "training"
     choices: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()  # extra spellings on our command line, e.g. "--tp"
 
@@ -33,6 +33,10 @@ def _model(name: str, type_: type, help_: str, **kw: object) -> ArgSpec:
 
 def _layout(name: str, type_: type, help_: str, **kw: object) -> ArgSpec:
     return ArgSpec(name, type_, help_, "layout", **kw)  # type: ignore[arg-type]
+
+
+def _training(name: str, type_: type, help_: str, **kw: object) -> ArgSpec:
+    return ArgSpec(name, type_, help_, "training", **kw)  # type: ignore[arg-type]
 
 
 ARGUMENTS: tuple[ArgSpec, ...] = (
@@ -118,6 +122,27 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
     _layout("use_distributed_optimizer", bool, "Shard optimizer state across data-parallel ranks."),
     _layout("overlap_grad_reduce", bool, "Overlap gradient reduction with backward (buckets)."),
     _layout("ddp_bucket_size", int, "Gradient bucket size in elements."),
+    # Training (read by `memory` only; every command reads them from scripts without complaint).
+    _training("micro_batch_size", int, "Sequences per micro-batch."),
+    _training(
+        "global_batch_size",
+        int,
+        "Sequences per iteration (default micro-batch x dp, as Megatron-LM).",
+    ),
+    _training(
+        "recompute_granularity",
+        str,
+        "Activation recomputation (none: keep everything).",
+        choices=("none", "selective", "full"),
+    ),
+    _training("use_flash_attn", bool, "Flash attention: no s x s score matrix is stored."),
+    _training(
+        "accumulate_allreduce_grads_in_fp32",
+        bool,
+        "Gradients in fp32 for fp16 models (bf16 models always have them).",
+    ),
 )
+
+GROUPS = ("model", "layout", "training")
 
 BY_NAME: dict[str, ArgSpec] = {spec.name: spec for spec in ARGUMENTS}

@@ -15,7 +15,7 @@ from typing import Any
 import typer
 
 from inspector import __version__
-from inspector.arguments import ARGUMENTS, ArgSpec
+from inspector.arguments import ARGUMENTS, BY_NAME, ArgSpec
 from inspector.errors import FidelityError, InspectorError
 
 
@@ -38,14 +38,20 @@ app = typer.Typer(
 )
 
 SOURCE_HELP = "Model selection"
+PANELS = {
+    "model": "Megatron-LM model arguments",
+    "layout": "Parallel layout",
+    "training": "Megatron-LM training arguments",
+}
 
 
 def _option_for(spec: ArgSpec) -> inspect.Parameter:
     names = [spec.flag, *spec.aliases]
     help_text = spec.help + (f" One of: {', '.join(spec.choices)}." if spec.choices else "")
-    panel = "Megatron-LM model arguments" if spec.group == "model" else "Parallel layout"
     annotation: Any = spec.type | None
-    option = typer.Option(None, *names, help=help_text, rich_help_panel=panel, show_default=False)
+    option = typer.Option(
+        None, *names, help=help_text, rich_help_panel=PANELS[spec.group], show_default=False
+    )
     return inspect.Parameter(
         spec.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation
     )
@@ -83,24 +89,40 @@ def _source_options() -> list[inspect.Parameter]:
     ]
 
 
-def model_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Give a command every model-selection option; it receives them merged as `args`."""
-    own = [
-        p
-        for name, p in inspect.signature(func).parameters.items()
-        if name not in ("args", "use_cache")
-    ]
-    extra = _source_options() + [_option_for(spec) for spec in ARGUMENTS]
+def model_options(*groups: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a command the model-selection options and the argument `groups` it reads.
 
-    @functools.wraps(func)
-    def wrapper(**kwargs: Any) -> Any:
-        flags = {spec.name: kwargs.pop(spec.name) for spec in ARGUMENTS}
-        sources = {name: kwargs.pop(name) for name in ("preset", "config_file", "script", "apex")}
-        use_cache = not kwargs.pop("no_cache")
-        return func(args=_gather_args(flags, **sources), use_cache=use_cache, **kwargs)
+    The command receives them merged as `args` (preset, then file, script, flags); arguments of
+    other groups that a file or script sets are dropped, so they cannot change a cache key.
+    """
+    wanted = groups or ("model", "layout")
+    specs = [spec for spec in ARGUMENTS if spec.group in wanted]
 
-    wrapper.__signature__ = inspect.Signature(own + extra)  # type: ignore[attr-defined]
-    return wrapper
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        own = [
+            p
+            for name, p in inspect.signature(func).parameters.items()
+            if name not in ("args", "use_cache")
+        ]
+        extra = _source_options() + [_option_for(spec) for spec in specs]
+
+        @functools.wraps(func)
+        def wrapper(**kwargs: Any) -> Any:
+            flags = {spec.name: kwargs.pop(spec.name) for spec in specs}
+            sources = {
+                name: kwargs.pop(name) for name in ("preset", "config_file", "script", "apex")
+            }
+            use_cache = not kwargs.pop("no_cache")
+            merged = _gather_args(flags, **sources)
+            args = {
+                k: v for k, v in merged.items() if k not in BY_NAME or BY_NAME[k].group in wanted
+            }
+            return func(args=args, use_cache=use_cache, **kwargs)
+
+        wrapper.__signature__ = inspect.Signature(own + extra)  # type: ignore[attr-defined]
+        return wrapper
+
+    return decorate
 
 
 def _gather_args(
@@ -146,7 +168,7 @@ def _emit(text: str, output: str | None = None) -> None:
 
 
 @app.command()
-@model_options
+@model_options()
 def tree(
     args: dict[str, Any],
     use_cache: bool,
@@ -161,7 +183,7 @@ def tree(
 
 
 @app.command()
-@model_options
+@model_options()
 def topology(
     args: dict[str, Any],
     use_cache: bool,
@@ -174,7 +196,7 @@ def topology(
 
 
 @app.command()
-@model_options
+@model_options()
 def params(
     args: dict[str, Any],
     use_cache: bool,
@@ -202,6 +224,45 @@ def params(
         sys.stdout.write(report)
         raise typer.Exit(0 if equal else 1)
     _emit(text, output)
+
+
+@app.command()
+@model_options("model", "layout", "training")
+def memory(
+    args: dict[str, Any],
+    use_cache: bool,
+    fmt: str = typer.Option("text", "--format", help="text (with a bar chart), table or json."),
+    gpu_memory: float | None = typer.Option(
+        None, "--gpu-memory", help="GPU memory in GiB: say which stages fit."
+    ),
+    gpu_tflops: float | None = typer.Option(
+        None, "--gpu-tflops", help="Peak TFLOP/s per GPU: print the time per iteration."
+    ),
+    mfu: float | None = typer.Option(
+        None, "--mfu", help="Model FLOPs utilisation for that time, in (0, 1] (default 1)."
+    ),
+    ulysses_degree: int | None = typer.Option(
+        None, "--ulysses-degree", help="Add a Ulysses all-to-all table to the walkthrough."
+    ),
+    walkthrough: bool = typer.Option(
+        False,
+        "--attention-walkthrough",
+        help="Print one attention layer on one rank, step by step, instead of the report.",
+    ),
+    output: str | None = typer.Option(None, "-o", "--output", help="Write to FILE atomically."),
+) -> None:
+    """Print what each rank needs to train: weights, grads, optimizer, activations, FLOPs."""
+    from inspector.commands import cached, memory_text
+
+    options: dict[str, Any] = dict(
+        fmt=fmt,
+        gpu_memory=gpu_memory,
+        gpu_tflops=gpu_tflops,
+        mfu=mfu,
+        ulysses_degree=ulysses_degree,
+        walkthrough=walkthrough,
+    )
+    _emit(cached("memory", args, options, use_cache, lambda: memory_text(args, **options)), output)
 
 
 @app.command()

@@ -292,3 +292,72 @@ def models_text() -> str:
 
     rows = [[p.name, p.summary] for p in PRESETS.values()]
     return tabulate(rows, headers=["preset", "summary"]) + "\n"
+
+
+MEMORY_FORMATS = ("text", "table", "json")
+
+
+def memory_text(
+    args: Mapping[str, Any],
+    fmt: str,
+    gpu_memory: float | None,
+    gpu_tflops: float | None,
+    mfu: float | None,
+    ulysses_degree: int | None,
+    walkthrough: bool,
+) -> str:
+    """Return the per-stage memory report, or with `walkthrough` one attention layer's steps."""
+    from inspector.memory import make_hardware, make_training, measure
+    from inspector.render import memory as render
+
+    _choice("--format", fmt, MEMORY_FORMATS)
+    target = resolve(args)
+    training = make_training(args, target.layout)
+    hardware = make_hardware(gpu_memory, gpu_tflops, mfu)
+    if walkthrough:
+        return _walkthrough_text(target, training.micro_batch_size, ulysses_degree, fmt)
+    if ulysses_degree is not None:
+        raise ConfigError(
+            "--ulysses-degree only shapes --attention-walkthrough: megatron-core trains with "
+            "tensor and context parallelism, not Ulysses"
+        )
+    report = measure(target, training, hardware)
+    if fmt == "json":
+        return render.render_json(report)
+    if fmt == "table":
+        return render.render_table(report)
+    return render.render_text(report)
+
+
+def _walkthrough_text(
+    target: Target, micro_batch_size: int, ulysses_degree: int | None, fmt: str
+) -> str:
+    """Return the attention walkthrough under tp, and Ulysses / context parallel when asked."""
+    from inspector.memory import model_dims
+    from inspector.render import memory as render
+    from inspector.walkthrough import Mode, attention_walkthrough
+
+    layout = target.layout
+    dims = model_dims(target.model, layout)
+    modes: list[tuple[Mode, int]] = [("tp", layout.tp)]
+    if ulysses_degree is not None:
+        modes.append(("ulysses", ulysses_degree))
+    if layout.cp > 1:
+        modes.append(("cp", layout.cp))
+    walks = [
+        (
+            mode,
+            degree,
+            attention_walkthrough(
+                dims, mode, degree, micro_batch_size, mode == "tp" and layout.sequence_parallel
+            ),
+        )
+        for mode, degree in modes
+    ]
+    if fmt == "json":
+        return render.walkthrough_json(walks)
+    title = (
+        f"N = {dims.seq_length}, b = {micro_batch_size}, "
+        f"{8 * dims.activation_bytes}-bit activations"
+    )
+    return render.render_walkthrough(walks, title)

@@ -218,6 +218,8 @@ class DistOptSettings:
         pad_buckets_for_high_nccl_busbw: --ddp-pad-buckets-for-high-nccl-busbw.
         grad_reduce_in_fp32: --accumulate-allreduce-grads-in-fp32 (None: Megatron-LM's default,
             on for bf16 models); sets only the grad dtype, never the layout.
+        use_distributed_optimizer: off gives the plain DDP buffers (no padding, no param buffer)
+            that `inspect-model memory` sizes without --use-distributed-optimizer.
     """
 
     dp_size: int
@@ -227,6 +229,7 @@ class DistOptSettings:
     context_parallel_size: int = 1
     pad_buckets_for_high_nccl_busbw: bool = False
     grad_reduce_in_fp32: bool | None = None
+    use_distributed_optimizer: bool = True
 
     def __post_init__(self) -> None:
         sizes = (self.dp_size, self.expert_dp_size, self.context_parallel_size)
@@ -298,7 +301,7 @@ def _stand_in_groups(settings: DistOptSettings, pipeline_rank: int) -> dict[str,
 def wrap_in_megatron_ddp(
     model: torch.nn.Module, settings: DistOptSettings, *, pipeline_rank: int = 0, chunk: int = 0
 ) -> Any:
-    """Wrap one model chunk in megatron's DistributedDataParallel (distributed optimizer) on meta.
+    """Wrap one model chunk in megatron's DistributedDataParallel on meta.
 
     Args:
         model: one pipeline stage's (one virtual chunk's) model, e.g. a GPTModel or the
@@ -317,7 +320,7 @@ def wrap_in_megatron_ddp(
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=config.bf16 if fp32_grads is None else fp32_grads,
         overlap_grad_reduce=settings.overlap_grad_reduce,
-        use_distributed_optimizer=True,
+        use_distributed_optimizer=settings.use_distributed_optimizer,
         # Without overlap DDP replaces any bucket size by None itself; a concrete value keeps
         # megatron-core 0.13-0.15 from asking parallel_state for a default first.
         bucket_size=resolve_bucket_size(

@@ -61,6 +61,13 @@ def positions(layout: Layout) -> list[tuple[int, int, int, int]]:
     return world.rank_positions(layout)
 
 
+def rank_shard_indices(layout: Layout) -> list[tuple[int, int, int]]:
+    """Return every rank's (pipe, data, expert data), the indices of its optimizer shards."""
+    from inspector import world
+
+    return world.rank_shard_indices(layout)
+
+
 def build(target: Target, stages: Sequence[int] | None = None, expert_rank: int = 0) -> list[Any]:
     """Build the given pipeline stages (all by default); return their StageModels in order."""
     from inspector import world

@@ -33,12 +33,12 @@ GEMM_FACTOR = 3 * 2  # forward + two backward GEMMs, times 2 FLOPs per multiply-
 class LayerFlops:
     """FLOPs of one transformer layer over a batch, forward and backward."""
 
-    attention: float  # QKV and output projections
-    core_attention: float  # Q K^T and scores x V, causal
-    mlp: float  # dense MLP, or routed (top-k) plus shared experts
+    attention: int  # QKV and output projections
+    core_attention: int  # Q K^T and scores x V, causal
+    mlp: int  # dense MLP, or routed (top-k) plus shared experts
 
     @property
-    def total(self) -> float:
+    def total(self) -> int:
         """Return the layer's FLOPs."""
         return self.attention + self.core_attention + self.mlp
 
@@ -59,26 +59,26 @@ def layer_flops(dims: ModelDims, layer: int, num_sequences: int) -> LayerFlops:
     else:
         width = dims.ffn
     mlp = GEMM_FACTOR * tokens * h * width * expansion
-    return LayerFlops(float(attention), float(core), float(mlp))
+    return LayerFlops(attention, core, mlp)
 
 
-def logit_flops(dims: ModelDims, num_sequences: int) -> float:
+def logit_flops(dims: ModelDims, num_sequences: int) -> int:
     """Return the output layer's FLOPs (Megatron-LM's "Logit" term, 6 T h v)."""
-    return float(GEMM_FACTOR * num_sequences * dims.seq_length * dims.hidden_size * dims.vocab_size)
+    return GEMM_FACTOR * num_sequences * dims.seq_length * dims.hidden_size * dims.vocab_size
 
 
 def stage_flops(
     dims: ModelDims, layers: Iterable[int], num_sequences: int, has_output_layer: bool
-) -> float:
+) -> int:
     """Return the FLOPs of a stage holding `layers` (0-based global) and maybe the output layer.
 
     The embedding costs no FLOPs in Megatron-LM's formula, so the first stage adds nothing.
     """
     total = sum(layer_flops(dims, i, num_sequences).total for i in layers)
-    return total + (logit_flops(dims, num_sequences) if has_output_layer else 0.0)
+    return total + (logit_flops(dims, num_sequences) if has_output_layer else 0)
 
 
-def iteration_flops(dims: ModelDims, global_batch_size: int) -> float:
+def iteration_flops(dims: ModelDims, global_batch_size: int) -> int:
     """Return the FLOPs of one iteration: Megatron-LM's `num_floating_point_operations`."""
     return stage_flops(dims, range(dims.num_layers), global_batch_size, has_output_layer=True)
 

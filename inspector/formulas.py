@@ -28,7 +28,8 @@ class ModelDims:
 
     Optional fields take Megatron-LM's defaults (`megatron/training/arguments.py`): f = 4h,
     g = a (no GQA), d = h / a, expert MLP size = f, no shared expert, every layer MoE when
-    `num_experts` is set (`--moe-layer-freq 1`). `vocab_size` must already be padded.
+    `num_experts` is set (`--moe-layer-freq 1`), 16-bit activations (the paper's mixed precision).
+    `vocab_size` must already be padded.
     """
 
     num_layers: int
@@ -45,6 +46,7 @@ class ModelDims:
     moe_ffn_hidden_size: int | None = None
     moe_shared_expert_intermediate_size: int | None = None
     moe_layer_freq: int | tuple[int, ...] = 1
+    activation_bytes: int = 2  # bytes per activation element: 2 in bf16/fp16, 4 in fp32
 
     def __post_init__(self) -> None:
         """Reject dimensions that no formula can use."""

@@ -398,6 +398,21 @@ def rank_positions(layout: Layout) -> list[tuple[int, int, int, int]]:
     ]
 
 
+def rank_shard_indices(layout: Layout) -> list[tuple[int, int, int]]:
+    """Return every rank's (pipe, data, expert data): which optimizer shards it holds."""
+    if layout.world_size <= RANK_GENERATOR_LIMIT:
+        return [(c.pipe, c.data, c.expert_data) for c in rank_coords(layout)]
+    stage_size, experts = layout.tp * layout.cp * layout.dp, layout.expert_tp * layout.ep
+    return [
+        (
+            rank // stage_size,
+            rank // (layout.tp * layout.cp) % layout.dp,
+            rank // experts % layout.expert_dp if layout.ep > 1 else 0,
+        )
+        for rank in range(layout.world_size)
+    ]
+
+
 def _coords_from_rank_generator(layout: Layout) -> list[RankCoord]:
     ps = megatron().parallel_state
     gen = ps.RankGenerator(

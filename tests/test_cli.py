@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-COMMANDS = ["tree", "topology", "params", "models"]
+COMMANDS = ["tree", "topology", "params", "memory", "models"]
 
 
 @pytest.mark.parametrize("command", COMMANDS)

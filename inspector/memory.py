@@ -1,0 +1,339 @@
+"""What each rank needs to train: state bytes from megatron's own buffers, formula activations, FLOPs.
+
+Weights, gradients and optimizer state are exact. Each stage (each virtual chunk) is built as
+for `params`, then wrapped in megatron-core's own DistributedDataParallel on the meta device
+(distopt.py), as Megatron-LM wraps every model chunk. Its grad buffers give, per rank:
+  - weights: every parameter in its dtype; with the distributed optimizer the parameters live in
+    a param buffer of the padded size (`_ParamAndGradBuffer.param_data`);
+  - gradients: the grad buffer, `numel` elements (padding included) in megatron's grad dtype
+    (fp32 for bf16 models, as Megatron-LM forces --accumulate-allreduce-grads-in-fp32);
+  - optimizer: Adam's two fp32 moments (8 bytes) plus, for 16-bit parameters, the fp32 master
+    copy (4 bytes) of every element the rank's optimizer updates: all of them without the
+    distributed optimizer (megatron's Float16OptimizerWithFloat16Params), or only the elements
+    in the rank's shard of each bucket (DistributedOptimizer's `shard_fp32_from_float16_groups`,
+    padding excluded). That is Megatron-LM's 18 bytes per parameter, and 6 + 12/d with it
+    (`theoretical_memory_usage.py`), but counted on the real parameters and shards.
+Ranks of a stage hold the same parameter shapes; with the distributed optimizer their shards
+differ (the last ones hold the padding), so each stage reports its most loaded rank.
+
+Activations come from the closed forms in activations.py (Korthikanti et al. 2022) on the layers
+megatron placed on the stage, times the micro-batches the schedule keeps in flight there; FLOPs
+from Megatron-LM's throughput formula (flops.py). Not counted: the CUDA context, NCCL and
+allocator buffers, fragmentation, temporary buffers of the backward pass.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from inspector.activations import RECOMPUTE_MODES, StageActivations, stage_activations
+from inspector.config import ModelConfig
+from inspector.errors import ConfigError
+from inspector.flops import iteration_flops, stage_flops
+from inspector.formulas import ModelDims, Parallelism, num_microbatches
+from inspector.topology import Layout, virtual_size
+
+ADAM_MOMENTS = 8  # exp_avg and exp_avg_sq, fp32 (Megatron-LM's default --optimizer adam)
+MASTER_COPY = 4  # fp32 master weight of a 16-bit parameter
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Training:
+    """The Megatron-LM training arguments that size activations and FLOPs."""
+
+    micro_batch_size: int
+    global_batch_size: int
+    recompute: str  # none, selective or full
+    flash_attention: bool
+    fp32_grads: bool | None  # --accumulate-allreduce-grads-in-fp32 (None: Megatron-LM's default)
+    num_microbatches: int
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What the user's GPUs offer: memory (bytes), peak TFLOP/s and the MFU to expect."""
+
+    memory: int | None = None
+    tflops: float | None = None
+    mfu: float = 1.0
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """One rank's weights, gradients and optimizer state, in bytes."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+
+    @property
+    def total(self) -> int:
+        """Return the rank's state bytes."""
+        return self.weights + self.gradients + self.optimizer
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """One pipeline stage: its most loaded rank's bytes, and the stage's FLOPs."""
+
+    stage: int
+    layers: tuple[tuple[int, ...], ...]  # 0-based global layers of each chunk
+    rank: int  # the lowest global rank holding the most bytes
+    parameters: int  # parameter elements on one rank of the stage
+    state: StateBytes
+    activations: StageActivations
+    flops: int  # one iteration, all of the stage's ranks together
+
+    @property
+    def activation_bytes(self) -> int:
+        """Return the peak activation bytes, rounded up to whole bytes."""
+        return math.ceil(self.activations.total)
+
+    @property
+    def total(self) -> int:
+        """Return the rank's bytes: state plus peak activations."""
+        return self.state.total + self.activation_bytes
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """Every stage's memory and FLOPs, and what they mean on the given hardware."""
+
+    model: ModelConfig
+    layout: Layout
+    training: Training
+    hardware: Hardware
+    stages: tuple[StageMemory, ...]
+    iteration_flops: int
+
+    @property
+    def worst(self) -> StageMemory:
+        """Return the stage whose rank needs the most bytes (the first of equals)."""
+        return max(self.stages, key=lambda s: (s.total, -s.stage))
+
+    @property
+    def seconds(self) -> float | None:
+        """Return one iteration's time at the given TFLOP/s and MFU (None without --gpu-tflops).
+
+        MFU (Chowdhery et al. 2022, PaLM, Appendix B) is model FLOPs per second over the peak of
+        all GPUs, so time = FLOPs / (GPUs x peak x MFU); bubbles and communication are inside it.
+        """
+        from inspector.flops import seconds_for
+
+        if self.hardware.tflops is None:
+            return None
+        return seconds_for(
+            self.iteration_flops, self.layout.world_size, self.hardware.tflops, self.hardware.mfu
+        )
+
+    def fits(self, stage: StageMemory) -> bool | None:
+        """Return whether the stage's rank fits in --gpu-memory (None when it was not given)."""
+        if self.hardware.memory is None:
+            return None
+        return stage.total <= self.hardware.memory
+
+
+def make_training(args: Mapping[str, Any], layout: Layout) -> Training:
+    """Read and check the training arguments (Megatron-LM's defaults where they are absent)."""
+    micro = args.get("micro_batch_size")
+    if micro is None:
+        raise ConfigError("--micro-batch-size is required: activations scale with it")
+    if micro < 1:
+        raise ConfigError(f"--micro-batch-size must be at least 1, got {micro}")
+    # Megatron-LM arguments.py: --global-batch-size defaults to micro-batch size x data parallel.
+    global_batch = args.get("global_batch_size") or micro * layout.dp
+    recompute = args.get("recompute_granularity") or "none"
+    if recompute not in RECOMPUTE_MODES:
+        raise ConfigError(
+            f"--recompute-granularity {recompute!r} is not one of: {', '.join(RECOMPUTE_MODES)}"
+        )
+    return Training(
+        micro_batch_size=micro,
+        global_batch_size=global_batch,
+        recompute=recompute,
+        flash_attention=bool(args.get("use_flash_attn")),
+        fp32_grads=args.get("accumulate_allreduce_grads_in_fp32") or None,
+        num_microbatches=num_microbatches(global_batch, micro, layout.dp),
+    )
+
+
+def make_hardware(
+    gpu_memory: float | None, gpu_tflops: float | None, mfu: float | None
+) -> Hardware:
+    """Check the hardware flags; --gpu-memory is in GiB, as nvidia-smi and torch count."""
+    if gpu_memory is not None and gpu_memory <= 0:
+        raise ConfigError(f"--gpu-memory must be positive (GiB), got {gpu_memory}")
+    if mfu is not None and not 0 < mfu <= 1:
+        raise ConfigError(f"--mfu must lie in (0, 1], got {mfu}")
+    if mfu is not None and gpu_tflops is None:
+        raise ConfigError("--mfu needs --gpu-tflops (the peak it is a fraction of)")
+    if gpu_tflops is not None and gpu_tflops <= 0:
+        raise ConfigError(f"--gpu-tflops must be positive, got {gpu_tflops}")
+    memory = None if gpu_memory is None else round(gpu_memory * GIB)
+    return Hardware(memory, gpu_tflops, 1.0 if mfu is None else mfu)
+
+
+def model_dims(model: ModelConfig, layout: Layout) -> ModelDims:
+    """Return the formulas' view of the model: its sizes with Megatron-LM's defaults applied."""
+    if model.multi_latent_attention:
+        raise ConfigError(
+            "--multi-latent-attention is not covered by the activation and FLOPs formulas "
+            "(Korthikanti et al. model standard attention); memory cannot estimate it"
+        )
+    return ModelDims(
+        num_layers=model.num_layers,
+        hidden_size=model.hidden_size,
+        num_attention_heads=model.num_attention_heads,
+        seq_length=model.seq_length,
+        vocab_size=model.padded_vocab_size(layout.tp),
+        ffn_hidden_size=model.ffn_size,
+        num_query_groups=model.query_groups,
+        kv_channels=model.head_dim,
+        swiglu=model.swiglu,
+        num_experts=model.num_experts,
+        moe_router_topk=model.moe_router_topk,
+        moe_ffn_hidden_size=model.moe_ffn_hidden_size,
+        moe_shared_expert_intermediate_size=model.moe_shared_expert_intermediate_size,
+        activation_bytes=4 if model.dtype_name == "float32" else 2,
+    )
+
+
+def parallelism(model: ModelConfig, layout: Layout) -> Parallelism:
+    """Return the formulas' view of the layout."""
+    return Parallelism(
+        tp=layout.tp,
+        pp=layout.pp,
+        vpp=virtual_size(model, layout),
+        cp=layout.cp,
+        ep=layout.ep,
+        etp=layout.etp,
+        dp=layout.dp,
+        sequence_parallel=layout.sequence_parallel,
+    )
+
+
+def check_training(model: ModelConfig, training: Training) -> None:
+    """Raise ConfigError for training settings megatron would refuse."""
+    if training.flash_attention and model.dtype_name == "float32":
+        raise ConfigError(
+            "--use-flash-attn needs --bf16 or --fp16: flash attention kernels have no fp32 path"
+        )
+
+
+def state_bytes(
+    buffers: Sequence[Any], distributed: bool, dense_index: int, expert_index: int
+) -> StateBytes:
+    """Return one rank's state bytes from its chunks' megatron grad buffers (distopt.BufferLayout).
+
+    `distributed`: --use-distributed-optimizer. `dense_index` is the rank's position in the
+    data-parallel group, `expert_index` in the expert data-parallel group: they pick its shard of
+    the dense and expert buffers. Without the distributed optimizer megatron asserts that a buffer
+    has no padding, so `numel` counts the parameters themselves.
+    """
+    import torch
+
+    weights = gradients = optimizer = 0
+    for buffer in buffers:
+        weights += buffer.numel * buffer.param_dtype.itemsize
+        gradients += buffer.numel * buffer.grad_dtype.itemsize
+        index = expert_index if buffer.expert else dense_index
+        updated = buffer.owned_numel[index] if distributed else buffer.numel
+        master = MASTER_COPY if buffer.param_dtype != torch.float32 else 0
+        optimizer += updated * (master + ADAM_MOMENTS)
+    return StateBytes(weights, gradients, optimizer)
+
+
+def measure(target: Any, training: Training, hardware: Hardware) -> MemoryReport:
+    """Build every stage, size its buffers with megatron's DDP and return the report.
+
+    Args:
+        target: the resolved model and layout (engine.Target).
+        training: micro-batch, batch, recomputation and precision settings.
+        hardware: GPU memory, peak TFLOP/s and MFU, for the verdicts.
+    """
+    from inspector.engine import build, rank_shard_indices
+
+    model, layout = target.model, target.layout
+    check_training(model, training)
+    dims, par = model_dims(model, layout), parallelism(model, layout)
+    indices = rank_shard_indices(layout)
+    stages = []
+    for stage in range(layout.pp):
+        chunks = build(target, [stage])
+        ranks = [
+            (r, data, expert) for r, (pipe, data, expert) in enumerate(indices) if pipe == stage
+        ]
+        stages.append(_stage_memory(dims, par, layout, training, stage, chunks, ranks))
+    return MemoryReport(
+        model=model,
+        layout=layout,
+        training=training,
+        hardware=hardware,
+        stages=tuple(stages),
+        iteration_flops=iteration_flops(dims, training.global_batch_size),
+    )
+
+
+def _stage_memory(
+    dims: ModelDims,
+    par: Parallelism,
+    layout: Layout,
+    training: Training,
+    stage: int,
+    chunks: Sequence[Any],
+    ranks: Sequence[tuple[int, int, int]],
+) -> StageMemory:
+    """Return one stage's memory: its chunks' buffers, its most loaded rank, its activations."""
+    from inspector.distopt import DistOptSettings, distopt_layout
+
+    settings = DistOptSettings(
+        dp_size=layout.dp,
+        expert_dp_size=layout.expert_dp,
+        bucket_size=layout.ddp_bucket_size,
+        overlap_grad_reduce=layout.overlap_grad_reduce,
+        context_parallel_size=layout.cp,
+        grad_reduce_in_fp32=training.fp32_grads,
+        use_distributed_optimizer=layout.use_distributed_optimizer,
+    )
+    buffers = [
+        buffer
+        for chunk in chunks
+        for buffer in distopt_layout(
+            chunk.module, settings, pipeline_rank=stage, chunk=chunk.chunk
+        ).buffers
+    ]
+    distributed = layout.use_distributed_optimizer
+    by_shard = {
+        (data, expert): state_bytes(buffers, distributed, data, expert) for _, data, expert in ranks
+    }
+    rank, data, expert = max(ranks, key=lambda r: (by_shard[r[1:]].total, -r[0]))
+    layers = tuple(tuple(n - 1 for n in chunk.layer_numbers) for chunk in chunks)
+    activations = stage_activations(
+        dims,
+        par,
+        stage,
+        layers,
+        training.micro_batch_size,
+        training.num_microbatches,
+        training.recompute,  # type: ignore[arg-type]
+        training.flash_attention,
+    )
+    flops = stage_flops(
+        dims,
+        (i for chunk in layers for i in chunk),
+        training.global_batch_size,
+        any(chunk.has_output for chunk in chunks),
+    )
+    return StageMemory(
+        stage=stage,
+        layers=layers,
+        rank=rank,
+        parameters=sum(p.numel() for chunk in chunks for p in chunk.module.parameters()),
+        state=by_shard[(data, expert)],
+        activations=activations,
+        flops=flops,
+    )

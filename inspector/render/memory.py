@@ -1,0 +1,326 @@
+"""The memory report and the attention walkthrough: records in, text, table or json out."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from tabulate import tabulate
+
+from inspector.memory import GIB, MemoryReport, StageMemory
+from inspector.walkthrough import WalkthroughStep
+
+BAR_WIDTH = 48
+# One shade per component, darkest for what lasts longest; the legend prints under the chart.
+SHADES = (("weights", "█"), ("gradients", "▓"), ("optimizer", "▒"), ("activations", "░"))
+MODE_TITLES = {
+    "tp": "tensor parallel",
+    "ulysses": "Ulysses all-to-all sequence parallel",
+    "cp": "context parallel (ring attention)",
+}
+
+
+def gib(value: float) -> str:
+    """Return bytes as GiB with two decimals."""
+    return f"{value / GIB:,.2f}"
+
+
+def _unit(report: MemoryReport) -> tuple[str, int]:
+    """Return the unit the text report counts in: GiB, or MiB when every stage is below 1 GiB."""
+    return ("GiB", GIB) if report.worst.total >= GIB else ("MiB", 1 << 20)
+
+
+def _size(report: MemoryReport, value: float) -> str:
+    """Return bytes in the report's unit, with the unit's name."""
+    name, unit = _unit(report)
+    return f"{value / unit:,.2f} {name}"
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.3g} s" if value >= 1 else f"{value * 1e3:.3g} ms"
+
+
+def flops(value: float) -> str:
+    """Return FLOPs with an SI prefix and three significant digits ("6.54 PFLOP")."""
+    for prefix, scale in (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9)):
+        if value >= scale:
+            return f"{value / scale:.3g} {prefix}FLOP"
+    return f"{value:.3g} FLOP"
+
+
+def _layers(stage: StageMemory) -> str:
+    """Return the stage's layers as ranges, chunk by chunk ("0-4 | 20-24")."""
+    parts = [f"{c[0]}-{c[-1]}" if len(c) > 1 else str(c[0]) if c else "-" for c in stage.layers]
+    return " | ".join(parts)
+
+
+def _parts(stage: StageMemory) -> tuple[int, int, int, int]:
+    state = stage.state
+    return state.weights, state.gradients, state.optimizer, stage.activation_bytes
+
+
+def _bar(stage: StageMemory, scale: int) -> str:
+    """Return the stage's stacked bar: each component's cells, rounded on the running sum."""
+    cells, running, drawn = [], 0, 0
+    for (_, shade), value in zip(SHADES, _parts(stage), strict=True):
+        running += value
+        end = round(BAR_WIDTH * running / scale) if scale else 0
+        cells.append(shade * (end - drawn))
+        drawn = end
+    return "".join(cells).ljust(BAR_WIDTH)
+
+
+def _verdict(report: MemoryReport, stage: StageMemory) -> str:
+    fits = report.fits(stage)
+    if fits is None:
+        return ""
+    assert report.hardware.memory is not None
+    spare = report.hardware.memory - stage.total
+    if fits:
+        return f"fits, {_size(report, spare)} spare"
+    return f"DOES NOT FIT, {_size(report, -spare)} over"
+
+
+def _summary(report: MemoryReport) -> list[str]:
+    """Return the lines under the chart: the worst stage, the verdict, FLOPs and time."""
+    worst = report.worst
+    lines = [
+        f"Worst: stage {worst.stage} (rank {worst.rank}) needs {_size(report, worst.total)} per GPU."
+    ]
+    memory = report.hardware.memory
+    if memory is not None:
+        over = [s.stage for s in report.stages if not report.fits(s)]
+        if over:
+            listed = ", ".join(map(str, over))
+            lines.append(f"Does not fit in --gpu-memory {gib(memory)} GiB: stage(s) {listed}.")
+        else:
+            lines.append(f"Every stage fits in --gpu-memory {gib(memory)} GiB.")
+    lines.append(
+        f"FLOPs per iteration: {flops(report.iteration_flops)} "
+        f"({report.training.global_batch_size} sequences of {report.model.seq_length} tokens, "
+        "Megatron-LM's throughput formula)."
+    )
+    seconds = report.seconds
+    if seconds is not None:
+        lines.append(
+            f"Time per iteration: {_seconds(seconds)} on {report.layout.world_size} GPUs at "
+            f"{report.hardware.tflops:g} TFLOP/s and MFU {report.hardware.mfu:g}."
+        )
+    return lines
+
+
+def _context(report: MemoryReport) -> list[str]:
+    """Return the lines that say what was assumed: precision, batch, schedule."""
+    t, layout, model = report.training, report.layout, report.model
+    optimizer = "distributed optimizer" if layout.use_distributed_optimizer else "Adam"
+    lines = [
+        f"Precision: {model.dtype_name} parameters, {optimizer}; "
+        f"recompute {t.recompute}, flash attention {'on' if t.flash_attention else 'off'}.",
+        f"Batch: global batch {t.global_batch_size} = micro-batch {t.micro_batch_size} x "
+        f"{t.num_microbatches} per iteration x --dp {layout.dp}; sequence {model.seq_length}.",
+    ]
+    if layout.pp > 1 and t.num_microbatches < layout.pp:
+        steady = layout.pp * t.micro_batch_size * layout.dp
+        lines.append(
+            f"Note: {t.num_microbatches} micro-batch per iteration is fewer than --pp {layout.pp}, "
+            f"so stages hold fewer in flight than in steady state; --global-batch-size {steady} "
+            "or more shows the steady-state peak."
+        )
+    return lines
+
+
+def _stage_rows(report: MemoryReport, exact: bool) -> list[list[str]]:
+    unit = _unit(report)[1]
+    fmt = (lambda v: f"{v:,}") if exact else (lambda v: f"{v / unit:,.2f}")
+    rows = []
+    for s in report.stages:
+        per_rank = s.flops / (report.layout.dp * report.layout.cp * report.layout.tp)
+        rows.append(
+            [
+                str(s.stage),
+                str(s.rank),
+                _layers(s),
+                f"{s.parameters:,}",
+                *(fmt(v) for v in _parts(s)),
+                ",".join(map(str, s.activations.in_flight)),
+                fmt(s.total),
+                flops(per_rank),
+            ]
+        )
+    return rows
+
+
+def _headers(unit: str) -> list[str]:
+    return [
+        "stage", "rank", "layers", "params", f"weights {unit}", f"grads {unit}",
+        f"optimizer {unit}", f"activations {unit}", "in flight", f"total {unit}", "FLOPs per rank",
+    ]  # fmt: skip
+
+
+def render_text(report: MemoryReport) -> str:
+    """Return the per-stage table, a bar chart per stage and the summary."""
+    name = _unit(report)[0]
+    table = tabulate(
+        _stage_rows(report, exact=False), headers=_headers(name), disable_numparse=True
+    )
+    scale = max([s.total for s in report.stages] + [report.hardware.memory or 0])
+    chart = []
+    for s in report.stages:
+        mark = "  <- worst" if s is report.worst and len(report.stages) > 1 else ""
+        verdict = _verdict(report, s)
+        tail = f"{_size(report, s.total):>13}" + (f"  {verdict}" if verdict else "") + mark
+        chart.append(f"stage {s.stage:<3} {_bar(s, scale)}{tail}")
+    legend = "          " + "  ".join(f"{shade} {part}" for part, shade in SHADES)
+    lines = [
+        "Memory per GPU: the most loaded rank of each pipeline stage.",
+        *_context(report),
+        "",
+        table,
+        "",
+        *chart,
+        legend,
+        "",
+        *_summary(report),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def render_table(report: MemoryReport) -> str:
+    """Return the per-stage table with exact byte counts."""
+    rows = _stage_rows(report, exact=True)
+    return tabulate(rows, headers=_headers("B"), disable_numparse=True) + "\n"
+
+
+def _number(value: float) -> int | float:
+    """Return an exact byte count as an int when it is whole."""
+    return int(value) if float(value).is_integer() else value
+
+
+def _stage_json(report: MemoryReport, s: StageMemory) -> dict[str, Any]:
+    a = s.activations
+    ranks = report.layout.dp * report.layout.cp * report.layout.tp
+    return {
+        "stage": s.stage,
+        "rank": s.rank,
+        "layers": [list(chunk) for chunk in s.layers],
+        "parameters": s.parameters,
+        "weights": s.state.weights,
+        "gradients": s.state.gradients,
+        "optimizer": s.state.optimizer,
+        "activations": {
+            "layers": _number(a.layers),
+            "embedding": _number(a.embedding),
+            "output": _number(a.output),
+            "recompute_buffer": _number(a.recompute_buffer),
+            "total": s.activation_bytes,
+            "in_flight": list(a.in_flight),
+        },
+        "total": s.total,
+        "fits": report.fits(s),
+        "flops": s.flops,
+        "flops_per_rank": s.flops / ranks,
+    }
+
+
+def report_json(report: MemoryReport) -> dict[str, Any]:
+    """Return every number of the report, bytes and FLOPs, as a json-ready dict."""
+    t, hw = report.training, report.hardware
+    return {
+        "config": report.model.to_args(),
+        "training": {
+            "micro_batch_size": t.micro_batch_size,
+            "global_batch_size": t.global_batch_size,
+            "num_microbatches": t.num_microbatches,
+            "recompute_granularity": t.recompute,
+            "use_flash_attn": t.flash_attention,
+            "use_distributed_optimizer": report.layout.use_distributed_optimizer,
+        },
+        "hardware": {"gpu_memory": hw.memory, "gpu_tflops": hw.tflops, "mfu": hw.mfu},
+        "world_size": report.layout.world_size,
+        "stages": [_stage_json(report, s) for s in report.stages],
+        "worst_stage": report.worst.stage,
+        "iteration_flops": report.iteration_flops,
+        "seconds_per_iteration": report.seconds,
+    }
+
+
+def render_json(report: MemoryReport) -> str:
+    """Return the report as indented json."""
+    return json.dumps(report_json(report), indent=1) + "\n"
+
+
+def _where(step: WalkthroughStep) -> str:
+    if step.materialized == "naive":
+        return "without flash attention"
+    if step.materialized == "flash":
+        return "flash attention only"
+    return ""
+
+
+def _step_rows(steps: Sequence[WalkthroughStep]) -> list[list[str]]:
+    return [
+        [
+            s.name,
+            s.kind,
+            s.layout,
+            "x".join(map(str, s.shape)),
+            f"{s.elements:,}",
+            f"{s.bytes:,}",
+            f"{s.flops_global:.4g}",
+            f"{s.flops_rank:.4g}",
+            "; ".join(n for n in (_where(s), s.note) if n),
+        ]
+        for s in steps
+    ]
+
+
+def _held(steps: Sequence[WalkthroughStep], flash: bool) -> int:
+    """Return the activation bytes one rank's steps hold, with or without flash attention."""
+    skip = "naive" if flash else "flash"
+    return sum(s.bytes for s in steps if s.kind == "activation" and s.materialized != skip)
+
+
+def render_walkthrough(walks: Sequence[tuple[str, int, list[WalkthroughStep]]], title: str) -> str:
+    """Return one table per (mode, degree, steps), each with what the rank holds."""
+    headers = [
+        "step", "kind", "layout", "shape", "elements", "bytes", "FLOPs (layer)", "FLOPs (rank)",
+        "note",
+    ]  # fmt: skip
+    parts = []
+    for mode, degree, steps in walks:
+        parts.append(f"# attention walkthrough: {MODE_TITLES[mode]}, P = {degree}; {title}")
+        parts.append(tabulate(_step_rows(steps), headers=headers, disable_numparse=True))
+        parts.append(
+            f"Activations held by one rank: {_held(steps, False):,} bytes without flash "
+            f"attention, {_held(steps, True):,} bytes with it."
+        )
+        parts.append("")
+    return "\n".join(parts)
+
+
+def walkthrough_json(walks: Sequence[tuple[str, int, list[WalkthroughStep]]]) -> str:
+    """Return the walkthrough tables as json."""
+    out = [
+        {
+            "mode": mode,
+            "degree": degree,
+            "steps": [
+                {
+                    "name": s.name,
+                    "kind": s.kind,
+                    "layout": s.layout,
+                    "shape": list(s.shape),
+                    "elements": s.elements,
+                    "bytes": s.bytes,
+                    "flops_global": s.flops_global,
+                    "flops_rank": s.flops_rank,
+                    "materialized": s.materialized,
+                    "note": s.note,
+                }
+                for s in steps
+            ],
+        }
+        for mode, degree, steps in walks
+    ]
+    return json.dumps({"walkthrough": out}, indent=1) + "\n"

@@ -1,0 +1,376 @@
+"""`inspect-model memory`: state bytes against the params rows, activations and FLOPs by hand."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.test_flops import megatron_flops
+
+SMALL = ["--num-layers", "8", "--hidden-size", "256", "--num-attention-heads", "8"]
+SMALL += ["--seq-length", "128", "--vocab-size", "1000"]
+
+
+def _json(*args: str) -> dict:
+    result = run_cli(*args)
+    assert result.code == 0, result.err
+    return json.loads(result.out)
+
+
+def _pad(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def buffer_by_hand(
+    numels: list[int], shared: list[bool], size: int, bucket_size: int | None
+) -> tuple[int, list[int]]:
+    """Lay out one grad buffer as megatron-core's _ParamAndGradBuffer does, re-derived here.
+
+    With the distributed optimizer: parameters in reverse order, each starting at a multiple of
+    64, a shared embedding in a bucket of its own, a bucket closed once it holds `bucket_size`
+    elements, every bucket padded to a multiple of lcm(size, 128) and cut into `size` equal
+    shards. Returns the padded size and, per rank, the parameter elements in its shards.
+    """
+    buckets: list[tuple[int, int, list[tuple[int, int]]]] = []
+    state = {"bucket_start": 0, "params": []}
+
+    def close(end: int) -> int:
+        padded = _pad(end, math.lcm(size, 128))
+        buckets.append((state["bucket_start"], padded, state["params"]))
+        state["bucket_start"], state["params"] = padded, []
+        return padded
+
+    start = end = 0
+    for numel, is_shared in reversed(list(zip(numels, shared, strict=True))):
+        start = _pad(start, 64)
+        if is_shared and state["params"]:
+            start = close(start)
+        end = start + numel
+        state["params"].append((start, end))
+        full = bucket_size is not None and end - state["bucket_start"] >= bucket_size
+        start = close(end) if full or is_shared else end
+    if state["params"]:
+        close(end)
+    owned = [0] * size
+    for first, last, params in buckets:
+        shard = (last - first) // size
+        for rank in range(size):
+            lo, hi = first + rank * shard, first + (rank + 1) * shard
+            owned[rank] += sum(max(0, min(hi, e) - max(lo, s)) for s, e in params)
+    return buckets[-1][1], owned
+
+
+def _flag(args: list[str], name: str, default: int | None = None) -> int | None:
+    return int(args[args.index(name) + 1]) if name in args else default
+
+
+TRAINING_FLAGS = {"--micro-batch-size": 1, "--global-batch-size": 1}  # flag -> values it takes
+
+
+def _without_training(args: list[str]) -> list[str]:
+    """Return the flags `params` takes: the training ones are `memory`'s alone."""
+    kept, skip = [], 0
+    for arg in args:
+        if skip:
+            skip -= 1
+        elif arg in TRAINING_FLAGS:
+            skip = TRAINING_FLAGS[arg]
+        elif arg != "--accumulate-allreduce-grads-in-fp32":
+            kept.append(arg)
+    return kept
+
+
+def expected_state(args: list[str]) -> dict[int, dict[str, int]]:
+    """Return each stage's most loaded rank and its bytes, summed from the params json rows."""
+    rows = _json("params", "--format", "json", *_without_training(args))["parameters"]
+    tp, pp, dp = (_flag(args, f, 1) for f in ("--tp", "--pp", "--dp"))
+    ep = _flag(args, "--ep", 1)
+    assert tp and pp and dp and ep
+    edp = tp * dp // (tp * ep)  # expert tensor parallel = tp here
+    half = "--bf16" in args or "--fp16" in args
+    param_bytes = 2 if half else 4
+    fp16_grads = "--fp16" in args and "--accumulate-allreduce-grads-in-fp32" not in args
+    grad_bytes = 2 if fp16_grads else 4  # Megatron-LM: fp32 grads for bf16, always
+    per_element = 8 + (4 if half else 0)  # Adam moments, plus the fp32 master copy
+    tied = "--untie-embeddings-and-output-weights" not in args
+    distributed = "--use-distributed-optimizer" in args
+    bucket = _flag(args, "--ddp-bucket-size") if "--overlap-grad-reduce" in args else None
+    result = {}
+    for stage in range(pp):
+        mine = [
+            r for r in rows if r["stage"] == stage and r["expert_parallel_rank"] in (None, 0)
+        ]
+        numel = sum(r["numel"] for r in mine)
+        state = {"parameters": numel, "weights": numel * param_bytes}
+        if not distributed:
+            state |= {"gradients": numel * grad_bytes, "optimizer": numel * per_element}
+            state["rank"] = stage * tp * dp
+            result[stage] = state
+            continue
+        padded, dense, expert = 0, [0] * dp, [0] * edp
+        for chunk in sorted({r["chunk"] for r in mine}):
+            for is_expert, size, owned in ((False, dp, dense), (True, edp, expert)):
+                group = [
+                    r
+                    for r in mine
+                    if r["chunk"] == chunk
+                    and (ep > 1 and r["expert_parallel_rank"] is not None) == is_expert
+                ]
+                if not group:
+                    continue
+                shared = [
+                    pp > 1
+                    and tied
+                    and (r["tied"] or r["name"] == "embedding.word_embeddings.weight")
+                    for r in group
+                ]
+                size_here = bucket if stage == 0 and chunk == 0 else None
+                n, per_rank = buffer_by_hand([r["numel"] for r in group], shared, size, size_here)
+                padded += n
+                owned[:] = [a + b for a, b in zip(owned, per_rank, strict=True)]
+        # Megatron's rank order tp-cp-ep-dp-pp: data index rank // tp % dp, expert data index
+        # rank // (tp * ep) % edp.
+        ranks = range(stage * tp * dp, (stage + 1) * tp * dp)
+        worst = max(ranks, key=lambda r: (dense[r // tp % dp] + expert[r // (tp * ep) % edp], -r))
+        updated = dense[worst // tp % dp] + expert[worst // (tp * ep) % edp]
+        state |= {
+            "weights": padded * param_bytes,
+            "gradients": padded * grad_bytes,
+            "optimizer": updated * per_element,
+            "rank": worst,
+        }
+        result[stage] = state
+    return result
+
+
+LAYOUTS = [
+    pytest.param([], id="default-fp32"),
+    pytest.param([*SMALL, "--tp", "2", "--pp", "2", "--bf16"], id="tp2-pp2-bf16"),
+    pytest.param(
+        [*SMALL, "--pp", "3", "--decoder-first-pipeline-num-layers", "2", "--dp", "2", "--bf16",
+         "--use-distributed-optimizer"],
+        id="uneven-distopt-dp2",
+    ),  # fmt: skip
+    pytest.param(
+        [*SMALL, "--pp", "2", "--num-virtual-stages-per-pipeline-rank", "2", "--dp", "8",
+         "--bf16", "--use-distributed-optimizer", "--global-batch-size", "16"],
+        id="vpp-distopt-dp8",
+    ),  # fmt: skip
+    pytest.param(
+        [*SMALL, "--num-experts", "4", "--ep", "2", "--dp", "4", "--tp", "2", "--sequence-parallel",
+         "--disable-bias-linear", "--bf16", "--use-distributed-optimizer"],
+        id="moe-ep2-distopt",
+    ),  # fmt: skip
+    pytest.param(
+        [*SMALL, "--num-experts", "4", "--ep", "2", "--dp", "2", "--pp", "2", "--fp16"],
+        id="moe-ep2-fp16",
+    ),
+    pytest.param([*SMALL, "--use-distributed-optimizer", "--bf16"], id="distopt-dp1"),
+    pytest.param(
+        [*SMALL, "--dp", "64", "--pp", "2", "--fp16", "--use-distributed-optimizer"],
+        id="distopt-dp64-fp16-grads",
+    ),
+    pytest.param(
+        [*SMALL, "--dp", "2", "--fp16", "--accumulate-allreduce-grads-in-fp32",
+         "--use-distributed-optimizer", "--untie-embeddings-and-output-weights"],
+        id="distopt-dp2-fp32-grads-untied",
+    ),  # fmt: skip
+    pytest.param(
+        [*SMALL, "--dp", "8", "--bf16", "--use-distributed-optimizer", "--overlap-grad-reduce",
+         "--ddp-bucket-size", "300000"],
+        id="distopt-dp8-buckets",
+    ),  # fmt: skip
+]
+
+
+@pytest.mark.parametrize("args", LAYOUTS)
+def test_state_bytes_equal_the_params_rows(args: list[str]) -> None:
+    report = _json("memory", "--format", "json", "--micro-batch-size", "1", *args)
+    expected = expected_state(args)
+    for stage in report["stages"]:
+        got = {k: stage[k] for k in ("parameters", "weights", "gradients", "optimizer", "rank")}
+        assert got == expected[stage["stage"]], f"stage {stage['stage']}"
+
+
+def test_distributed_optimizer_shards_are_not_divide_by_dp() -> None:
+    # Hidden 200: biases of 200 elements leave gaps when every parameter starts at a multiple
+    # of 64, and 64 ranks pad the bucket to a multiple of lcm(64, 128): real memory.
+    args = ["--num-layers", "2", "--hidden-size", "200", "--num-attention-heads", "8"]
+    args += ["--dp", "64", "--bf16", "--use-distributed-optimizer"]
+    stage = _json("memory", "--format", "json", "--micro-batch-size", "1", *args)["stages"][0]
+    assert stage["weights"] > 2 * stage["parameters"]  # the param buffer holds padding
+    assert stage["optimizer"] != 12 * stage["parameters"] / 64
+
+
+def _stage_activations(args: list[str]) -> list[int]:
+    report = _json("memory", "--format", "json", *args)
+    return [s["activations"]["total"] for s in report["stages"]]
+
+
+# Korthikanti et al. 2022, Table 2, bytes per layer per micro-batch (t = tensor parallel size).
+def table2(mode: str, sp: bool, s: int, b: int, h: int, a: int, t: int) -> float:
+    if mode == "full":
+        return 2 * s * b * h / (t if sp else 1)
+    if sp:
+        return s * b * h / t * (34 + (5 * a * s / h if mode == "none" else 0))
+    return s * b * h * (10 + 24 / t + (5 * a * s / (h * t) if mode == "none" else 0))
+
+
+@pytest.mark.parametrize("mode", ["none", "selective", "full"])
+@pytest.mark.parametrize("sp", [False, True])
+def test_activations_follow_table_2(mode: str, sp: bool) -> None:
+    # 4 layers of GPT on tp 2, pp 2, 2 micro-batches of 2: stage 0 holds both in flight (1F1B
+    # warm-up p - s - 1 = 1), stage 1 one; bf16 activations as the paper assumes.
+    s, b, h, a, t, v = 128, 2, 256, 8, 2, 1024
+    args = ["--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "8"]
+    args += ["--seq-length", "128", "--vocab-size", "1000", "--tp", "2", "--pp", "2", "--bf16"]
+    args += ["--micro-batch-size", "2", "--global-batch-size", "4"]
+    args += ["--recompute-granularity", mode] + (["--sequence-parallel"] if sp else [])
+    layer = table2(mode, sp, s, b, h, a, t)
+    split = t if sp else 1
+    embedding = 8 * s * b + s * b * h / split  # token ids, dropout mask (Section 4.4)
+    output = 2 * (2 * s * b * h / split) + 4 * s * b * v / t  # norm, projection inputs; logits
+    rebuilt = table2("none", sp, s, b, h, a, t) if mode == "full" else 0
+    first = 2 * (2 * layer + embedding) + rebuilt
+    last = 1 * (2 * layer + output) + rebuilt
+    assert _stage_activations(args) == [math.ceil(first), math.ceil(last)]
+
+
+def test_activations_scale_with_the_micro_batches_in_flight() -> None:
+    base = [*SMALL, "--pp", "4", "--bf16", "--micro-batch-size", "1"]
+    one = _json("memory", "--format", "json", *base)["stages"]
+    many = _json("memory", "--format", "json", *base, "--global-batch-size", "16")["stages"]
+    assert [s["activations"]["in_flight"] for s in one] == [[1]] * 4
+    # 1F1B: stage s keeps min(p - s, m) micro-batches.
+    assert [s["activations"]["in_flight"] for s in many] == [[4], [3], [2], [1]]
+    assert many[1]["activations"]["layers"] == 3 * one[1]["activations"]["layers"]
+
+
+def test_fp32_training_has_4_byte_activations() -> None:
+    args = [*SMALL, "--micro-batch-size", "1", "--recompute-granularity", "full"]
+    fp32 = _json("memory", "--format", "json", *args)["stages"][0]["activations"]["layers"]
+    bf16 = _json("memory", "--format", "json", *args, "--bf16")["stages"][0]["activations"]
+    assert fp32 == 2 * bf16["layers"] == 8 * 4 * 128 * 256  # 8 layer inputs, 4 bytes each
+
+
+def test_flops_equal_megatron_lms_formula() -> None:
+    args = [*SMALL, "--pp", "2", "--tp", "2", "--dp", "2", "--micro-batch-size", "2"]
+    report = _json("memory", "--format", "json", *args, "--global-batch-size", "8")
+    # 8 sequences; d = 256 / 8 = 32; vocab 1000 padded to 1024 (128 x tp 2).
+    expected = megatron_flops(8, 128, 8, 256, 8, 8, 32, 1024, 1024)
+    assert report["iteration_flops"] == expected
+    assert sum(s["flops"] for s in report["stages"]) == expected
+    assert report["stages"][0]["flops"] < report["stages"][1]["flops"]  # logits on the last
+
+
+def test_time_per_iteration() -> None:
+    args = ["--micro-batch-size", "4", "--dp", "2", "--gpu-tflops", "100", "--mfu", "0.5"]
+    report = _json("memory", "--format", "json", *args)
+    assert report["seconds_per_iteration"] == report["iteration_flops"] / (2 * 100e12 * 0.5)
+
+
+def test_gpu_memory_verdict() -> None:
+    args = [*SMALL, "--pp", "2", "--micro-batch-size", "1", "--global-batch-size", "2"]
+    stages = _json("memory", "--format", "json", *args)["stages"]
+    between = (stages[0]["total"] + stages[1]["total"]) / 2 / 2**30
+    result = run_cli("memory", *args, "--gpu-memory", str(between))
+    assert result.code == 0
+    small, large = sorted(stages, key=lambda s: s["total"])
+    assert f"Does not fit in --gpu-memory {between:.2f} GiB: stage(s) {large['stage']}." in result.out
+    assert "DOES NOT FIT" in result.out and "fits," in result.out
+
+
+def test_text_report_golden(golden) -> None:
+    args = [*SMALL, "--tp", "2", "--pp", "2", "--dp", "2", "--bf16", "--use-distributed-optimizer"]
+    args += ["--micro-batch-size", "2", "--global-batch-size", "16", "--gpu-memory", "0.05"]
+    args += ["--gpu-tflops", "312", "--mfu", "0.5"]
+    text = run_cli("memory", *args).out
+    golden("memory_small.txt", text)
+    report = _json("memory", "--format", "json", *args)
+    worst = max(report["stages"], key=lambda s: s["total"])
+    assert f"Worst: stage {worst['stage']} (rank {worst['rank']})" in text
+    chart = [line for line in text.splitlines() if line.startswith("stage ") and "█" in line]
+    assert len(chart) == 2
+    bars = [line.count("█") + line.count("▓") + line.count("▒") + line.count("░") for line in chart]
+    # 48 cells stand for the largest of the stages and --gpu-memory.
+    scale = max([s["total"] for s in report["stages"]] + [report["hardware"]["gpu_memory"]])
+    assert bars == [round(48 * s["total"] / scale) for s in report["stages"]]
+
+
+def test_table_format_has_exact_bytes() -> None:
+    args = [*SMALL, "--pp", "2", "--micro-batch-size", "1"]
+    table = run_cli("memory", "--format", "table", *args).out
+    report = _json("memory", "--format", "json", *args)
+    for stage in report["stages"]:
+        assert f"{stage['total']:,}" in table
+
+
+def test_walkthrough_405b_at_60000_tokens_on_16_ranks() -> None:
+    args = ["--model", "llama3.1-405b", "--seq-length", "60000", "--bf16", "--micro-batch-size", "1"]
+    args += ["--attention-walkthrough", "--format", "json", "--cp", "16"]
+    walks = _json("memory", *args, "--ulysses-degree", "16")["walkthrough"]
+    assert [w["mode"] for w in walks] == ["tp", "ulysses", "cp"]
+    ulysses = {s["name"]: s for s in walks[1]["steps"]}
+    scores = ulysses["S = Q K^T: attention scores"]
+    # 128 heads / 16 = 8 per rank, 60000 x 60000 each, 2 bytes: 57.6 GB on every rank.
+    assert scores["shape"] == [1, 8, 60000, 60000]
+    assert scores["bytes"] == 8 * 60000 * 60000 * 2 == 57_600_000_000
+    # Ulysses K: 8 key/value groups on 16 ranks, one (replicated) head per rank.
+    assert ulysses["K: all-to-all, gather N, scatter heads"]["shape"] == [60000, 1, 1, 128]
+    ring = {s["name"]: s for s in walks[2]["steps"]}
+    # Context parallel: 3750 local queries against 3750 keys per ring step, all 128 heads.
+    assert ring["S = Q K^T: attention scores"]["shape"] == [1, 128, 3750, 3750]
+    assert ring["S = Q K^T: attention scores"]["bytes"] == 128 * 3750 * 3750 * 2
+
+
+def test_walkthrough_text_names_the_modes() -> None:
+    result = run_cli("memory", "--micro-batch-size", "1", "--attention-walkthrough", "--tp", "2")
+    assert result.code == 0, result.err
+    assert result.out.startswith("# attention walkthrough: tensor parallel, P = 2; N = 1024, b = 1")
+    assert "32-bit activations" in result.out.splitlines()[0]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        # activations scale with the micro-batch, so it must be given
+        ([], "--micro-batch-size is required: activations scale with it"),
+        # Megatron-LM needs whole micro-batches per data-parallel rank
+        (
+            ["--micro-batch-size", "2", "--dp", "2", "--global-batch-size", "6"],
+            "--global-batch-size 6 is not divisible by --micro-batch-size 2 x --dp 2 (6 % 4 = 2)",
+        ),
+        # an MFU is a fraction of a peak
+        (["--micro-batch-size", "1", "--mfu", "0.5"], "--mfu needs --gpu-tflops (the peak it is a fraction of)"),
+        (["--micro-batch-size", "1", "--gpu-tflops", "100", "--mfu", "2"], "--mfu must lie in (0, 1], got 2.0"),
+        (["--micro-batch-size", "1", "--gpu-memory", "0"], "--gpu-memory must be positive (GiB), got 0.0"),
+        # megatron-core has no Ulysses attention to train with
+        (
+            ["--micro-batch-size", "1", "--ulysses-degree", "2"],
+            "--ulysses-degree only shapes --attention-walkthrough: megatron-core trains with tensor "
+            "and context parallelism, not Ulysses",
+        ),
+        # flash attention kernels are 16-bit
+        (
+            ["--micro-batch-size", "1", "--use-flash-attn"],
+            "--use-flash-attn needs --bf16 or --fp16: flash attention kernels have no fp32 path",
+        ),
+        # the interleaved schedule needs at least pp micro-batches
+        (
+            [*SMALL, "--pp", "2", "--num-virtual-stages-per-pipeline-rank", "2", "--micro-batch-size", "1"],
+            "the interleaved schedule groups 2 micro-batches per virtual stage, which must lie between "
+            "--pp 2 and the 1 micro-batches per iteration (--global-batch-size / (--micro-batch-size x --dp))",
+        ),
+        (["--micro-batch-size", "1", "--format", "csv"], "--format 'csv' is not one of: text, table, json"),
+        (
+            ["--micro-batch-size", "1", "--recompute-granularity", "most"],
+            "--recompute-granularity 'most' is not one of: none, selective, full",
+        ),
+    ],
+)  # fmt: skip
+def test_bad_memory_input(args: list[str], message: str) -> None:
+    result = run_cli("memory", *args)
+    assert (result.code, result.out, result.err) == (2, "", f"Error: {message}\n")
