@@ -165,9 +165,10 @@ LAYOUTS = [
         id="moe-ep2-distopt",
     ),  # fmt: skip
     pytest.param(
-        [*SMALL, "--num-experts", "4", "--ep", "2", "--dp", "2", "--pp", "2", "--fp16"],
+        [*SMALL, "--num-experts", "4", "--ep", "2", "--dp", "2", "--pp", "2", "--fp16",
+         "--disable-bias-linear"],
         id="moe-ep2-fp16",
-    ),
+    ),  # fmt: skip
     pytest.param([*SMALL, "--use-distributed-optimizer", "--bf16"], id="distopt-dp1"),
     pytest.param(
         [*SMALL, "--dp", "64", "--pp", "2", "--fp16", "--use-distributed-optimizer"],
@@ -193,6 +194,32 @@ def test_state_bytes_equal_the_params_rows(args: list[str]) -> None:
     for stage in report["stages"]:
         got = {k: stage[k] for k in ("parameters", "weights", "gradients", "optimizer", "rank")}
         assert got == expected[stage["stage"]], f"stage {stage['stage']}"
+
+
+def test_megatron_lms_bytes_per_parameter() -> None:
+    # Megatron-LM theoretical_memory_usage.py: 18 bytes per parameter without the distributed
+    # optimizer (bf16 weight 2, fp32 grad 4, fp32 master and Adam moments 12), 6 + 12/dp with it.
+    args = [*SMALL, "--bf16", "--micro-batch-size", "1"]
+    plain = _json("memory", "--format", "json", *args)["stages"][0]
+    assert plain["weights"] + plain["gradients"] + plain["optimizer"] == 18 * plain["parameters"]
+    dist = _json("memory", "--format", "json", *args, "--dp", "8", "--use-distributed-optimizer")
+    stage = dist["stages"][0]
+    state = stage["weights"] + stage["gradients"] + stage["optimizer"]
+    assert state == pytest.approx((6 + 12 / 8) * stage["parameters"], rel=1e-3)  # padding only
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [dict(tp=2, pp=2, dp=4, ep=2), dict(pp=3, dp=4, ep=4), dict(tp=4, dp=2, ep=2, etp=1)],
+)
+def test_shard_indices_of_large_worlds_match_megatrons_rank_generator(sizes, monkeypatch) -> None:
+    from inspector import world
+    from inspector.topology import Layout
+
+    layout = Layout(**sizes)
+    expected = [(c.pipe, c.data, c.expert_data) for c in world.rank_coords(layout)]
+    monkeypatch.setattr(world, "RANK_GENERATOR_LIMIT", 0)  # the direct path of large worlds
+    assert world.rank_shard_indices(layout) == expected
 
 
 def test_distributed_optimizer_shards_are_not_divide_by_dp() -> None:
