@@ -23,6 +23,8 @@ VPP = ["--num-virtual-stages-per-pipeline-rank", "2"]
 # 126 layers do not split over 16 stages: count the embedding and the loss as layers (128 / 16), as
 # Megatron-LM users do for Llama-3.1 405B.
 SPLIT = ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
+LLAMA70 = "params --model llama3-70b --tp 8 --pp 4 --dp 8 --use-distributed-optimizer --seq-length 8192"
+MEMORY = ["--micro-batch-size", "1"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,8 @@ CASES = [
     Case("(d1) params --model llama3.1-405b --tp 8 --pp 16 --dp 1", TOOL + "params --model llama3.1-405b --tp 8 --pp 16 --dp 1 --bf16".split() + SPLIT, "-"),
     Case("(d) params --model llama3.1-405b --tp 8 --pp 16 --dp 1024", TOOL + "params --model llama3.1-405b --tp 8 --pp 16 --dp 1024 --bf16".split() + SPLIT, "< 1.6x floor, < 1.1x (d1), < 450 MB"),
     Case("(e) (d) + vpp 2 + --partitioning distopt", TOOL + "params --model llama3.1-405b --tp 8 --pp 16 --dp 1024 --bf16 --partitioning distopt".split() + SPLIT + VPP, "-"),
+    Case("(f) params --model llama3-70b --tp 8 --pp 4 --dp 8 --use-distributed-optimizer", TOOL + LLAMA70.split(), "-"),
+    Case("(g) memory, the same model and layout (issue #9)", TOOL + ["memory"] + LLAMA70.split()[1:] + MEMORY, "< 2x (f)"),
 ]  # fmt: skip
 
 
@@ -96,8 +100,12 @@ def main() -> None:
             f"{warm_cells} | {code} | {case.target} |"
         )
     text = "\n".join(lines) + "\n"
-    (HERE / "RESULTS.md").write_text(text)
     sys.stdout.write(text)
+    # The notes under the table (from the first "## " heading on) are written by hand: keep them.
+    path = HERE / "RESULTS.md"
+    old = path.read_text() if path.exists() else ""
+    notes = old[old.find("\n## ") :] if "\n## " in old else ""
+    path.write_text(text + notes)
 
 
 if __name__ == "__main__":
