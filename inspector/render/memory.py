@@ -267,8 +267,8 @@ def _step_rows(steps: Sequence[WalkthroughStep]) -> list[list[str]]:
             "x".join(map(str, s.shape)),
             f"{s.elements:,}",
             f"{s.bytes:,}",
-            f"{s.flops_global:.4g}",
-            f"{s.flops_rank:.4g}",
+            flops(s.flops_global) if s.flops_global else "0",
+            flops(s.flops_rank) if s.flops_rank else "0",
             "; ".join(n for n in (_where(s), s.note) if n),
         ]
         for s in steps
