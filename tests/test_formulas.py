@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -82,15 +84,32 @@ def test_schedule_table_matches_megatron_core() -> None:
         assert _schedule_table(m, v, g) == theirs
 
 
-def test_warmup_matches_megatron_core() -> None:
+def _megatron_warmup(
+    schedules: Any, monkeypatch: pytest.MonkeyPatch, pp: int, v: int | None, m: int, stage: int
+) -> tuple[int, int]:
+    """Return megatron-core's (warm-up, remaining) micro-batches for one pipeline rank.
+
+    0.14+ take the pipeline group through `p2p_communicator`; 0.13 reads parallel_state
+    (tests/test_versions.py records which).
+    """
+    if "p2p_communicator" in inspect.signature(schedules.get_pp_rank_microbatches).parameters:
+        group = SimpleNamespace(size=lambda: pp, rank=lambda: stage)
+        comm = SimpleNamespace(pp_group=group, virtual_pipeline_model_parallel_size=v)
+        result = schedules.get_pp_rank_microbatches(m, v or 1, pp, p2p_communicator=comm)
+    else:
+        ps = schedules.parallel_state
+        monkeypatch.setattr(ps, "get_pipeline_model_parallel_world_size", lambda: pp)
+        monkeypatch.setattr(ps, "get_pipeline_model_parallel_rank", lambda: stage)
+        monkeypatch.setattr(ps, "get_virtual_pipeline_model_parallel_world_size", lambda: v)
+        result = schedules.get_pp_rank_microbatches(m, v or 1, pp)
+    return result[2], result[3]
+
+
+def test_warmup_matches_megatron_core(monkeypatch: pytest.MonkeyPatch) -> None:
     schedules = pytest.importorskip("megatron.core.pipeline_parallel.schedules")
     for pp, v, m in [(4, None, 8), (4, None, 2), (4, 2, 8), (8, 3, 16)]:
         for stage in range(pp):
-            group = SimpleNamespace(size=lambda pp=pp: pp, rank=lambda stage=stage: stage)
-            comm = SimpleNamespace(pp_group=group, virtual_pipeline_model_parallel_size=v)
-            _, _, warmup, remaining = schedules.get_pp_rank_microbatches(
-                m, v or 1, pp, p2p_communicator=comm
-            )
+            warmup, remaining = _megatron_warmup(schedules, monkeypatch, pp, v, m, stage)
             points = live_microbatches(stage, pp, m, v or 1)
             # Memory peaks one forward after the warm-up, unless every forward is warm-up.
             assert max(map(sum, points)) == warmup + (1 if remaining else 0)

@@ -53,3 +53,14 @@ def test_layout_string_chatter_stays_off_stdout(cli):
                  "--pipeline-model-parallel-layout", "Et|ttL")  # fmt: skip
     assert result.code == 0, result.err
     assert result.out.splitlines()[1] == "name;module;shape;partitioning_ranks;precs"
+
+
+def test_pipeline_schedule_takes_its_group_from_0_14():
+    # memory's schedule replay is checked against get_pp_rank_microbatches (tests/test_formulas.py):
+    # 0.13 reads the pipeline rank from parallel_state, 0.14+ from a p2p_communicator argument.
+    import inspect
+
+    from megatron.core.pipeline_parallel import schedules
+
+    takes = "p2p_communicator" in inspect.signature(schedules.get_pp_rank_microbatches).parameters
+    assert takes == (VERSION >= (0, 14))
