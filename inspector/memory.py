@@ -27,9 +27,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from inspector.activations import RECOMPUTE_MODES, StageActivations, stage_activations
+from inspector.activations import (
+    RECOMPUTE_MODES,
+    Recompute,
+    StageActivations,
+    stage_activations,
+)
 from inspector.config import ModelConfig
 from inspector.errors import ConfigError
 from inspector.flops import iteration_flops, stage_flops
@@ -47,7 +52,7 @@ class Training:
 
     micro_batch_size: int
     global_batch_size: int
-    recompute: str  # none, selective or full
+    recompute: Recompute  # none, selective or full
     flash_attention: bool
     fp32_grads: bool | None  # --accumulate-allreduce-grads-in-fp32 (None: Megatron-LM's default)
     num_microbatches: int
@@ -130,11 +135,16 @@ class MemoryReport:
             self.iteration_flops, self.layout.world_size, self.hardware.tflops, self.hardware.mfu
         )
 
-    def fits(self, stage: StageMemory) -> bool | None:
-        """Return whether the stage's rank fits in --gpu-memory (None when it was not given)."""
+    def spare(self, stage: StageMemory) -> int | None:
+        """Return --gpu-memory minus the stage's bytes (negative: over; None: not given)."""
         if self.hardware.memory is None:
             return None
-        return stage.total <= self.hardware.memory
+        return self.hardware.memory - stage.total
+
+    def fits(self, stage: StageMemory) -> bool | None:
+        """Return whether the stage's rank fits in --gpu-memory (None when it was not given)."""
+        spare = self.spare(stage)
+        return None if spare is None else spare >= 0
 
 
 def make_training(args: Mapping[str, Any], layout: Layout) -> Training:
@@ -145,7 +155,11 @@ def make_training(args: Mapping[str, Any], layout: Layout) -> Training:
     if micro < 1:
         raise ConfigError(f"--micro-batch-size must be at least 1, got {micro}")
     # Megatron-LM arguments.py: --global-batch-size defaults to micro-batch size x data parallel.
-    global_batch = args.get("global_batch_size") or micro * layout.dp
+    global_batch = args.get("global_batch_size")
+    if global_batch is None:
+        global_batch = micro * layout.dp
+    elif global_batch < 1:
+        raise ConfigError(f"--global-batch-size must be at least 1, got {global_batch}")
     recompute = args.get("recompute_granularity") or "none"
     if recompute not in RECOMPUTE_MODES:
         raise ConfigError(
@@ -154,7 +168,7 @@ def make_training(args: Mapping[str, Any], layout: Layout) -> Training:
     return Training(
         micro_batch_size=micro,
         global_batch_size=global_batch,
-        recompute=recompute,
+        recompute=cast(Recompute, recompute),
         flash_attention=bool(args.get("use_flash_attn")),
         fp32_grads=args.get("accumulate_allreduce_grads_in_fp32") or None,
         num_microbatches=num_microbatches(global_batch, micro, layout.dp),
@@ -259,14 +273,13 @@ def measure(target: Any, training: Training, hardware: Hardware) -> MemoryReport
     model, layout = target.model, target.layout
     check_training(model, training)
     dims, par = model_dims(model, layout), parallelism(model, layout)
-    indices = rank_shard_indices(layout)
-    stages = []
-    for stage in range(layout.pp):
-        chunks = build(target, [stage])
-        ranks = [
-            (r, data, expert) for r, (pipe, data, expert) in enumerate(indices) if pipe == stage
-        ]
-        stages.append(_stage_memory(dims, par, layout, training, stage, chunks, ranks))
+    ranks_of: list[list[tuple[int, int, int]]] = [[] for _ in range(layout.pp)]
+    for rank, (pipe, data, expert) in enumerate(rank_shard_indices(layout)):
+        ranks_of[pipe].append((rank, data, expert))
+    stages = [
+        _stage_memory(dims, par, layout, training, stage, build(target, [stage]), ranks_of[stage])
+        for stage in range(layout.pp)
+    ]
     return MemoryReport(
         model=model,
         layout=layout,
@@ -318,7 +331,7 @@ def _stage_memory(
         layers,
         training.micro_batch_size,
         training.num_microbatches,
-        training.recompute,  # type: ignore[arg-type]
+        training.recompute,
         training.flash_attention,
     )
     flops = stage_flops(

@@ -370,6 +370,9 @@ def test_walkthrough_text_names_the_modes() -> None:
             ["--micro-batch-size", "2", "--dp", "2", "--global-batch-size", "6"],
             "--global-batch-size 6 is not divisible by --micro-batch-size 2 x --dp 2 (6 % 4 = 2)",
         ),
+        # an empty batch is not Megatron-LM's default batch
+        (["--micro-batch-size", "1", "--global-batch-size", "0"], "--global-batch-size must be at least 1, got 0"),
+        (["--micro-batch-size", "0"], "--micro-batch-size must be at least 1, got 0"),
         # an MFU is a fraction of a peak
         (["--micro-batch-size", "1", "--mfu", "0.5"], "--mfu needs --gpu-tflops (the peak it is a fraction of)"),
         (["--micro-batch-size", "1", "--gpu-tflops", "100", "--mfu", "2"], "--mfu must lie in (0, 1], got 2.0"),

@@ -72,12 +72,10 @@ def _bar(stage: StageMemory, scale: int) -> str:
 
 
 def _verdict(report: MemoryReport, stage: StageMemory) -> str:
-    fits = report.fits(stage)
-    if fits is None:
+    spare = report.spare(stage)
+    if spare is None:
         return ""
-    assert report.hardware.memory is not None
-    spare = report.hardware.memory - stage.total
-    if fits:
+    if spare >= 0:
         return f"fits, {_size(report, spare)} spare"
     return f"DOES NOT FIT, {_size(report, -spare)} over"
 
@@ -235,6 +233,7 @@ def report_json(report: MemoryReport) -> dict[str, Any]:
             "recompute_granularity": t.recompute,
             "use_flash_attn": t.flash_attention,
             "use_distributed_optimizer": report.layout.use_distributed_optimizer,
+            "accumulate_allreduce_grads_in_fp32": t.fp32_grads,
         },
         "hardware": {"gpu_memory": hw.memory, "gpu_tflops": hw.tflops, "mfu": hw.mfu},
         "world_size": report.layout.world_size,
