@@ -7,6 +7,8 @@ import re
 
 import pytest
 
+from tests.counting import parameter_count
+
 EXAMPLE = [
     "--num-layers",
     "8",
@@ -90,27 +92,17 @@ def test_params_golden(cli, golden, name, args):
 
 
 def expected_parameter_count(a: dict) -> int:
-    """GPT parameter count from the architecture, written out here independently of megatron."""
-    h, layers, heads = a["hidden"], a["layers"], a["heads"]
-    groups, tp = a.get("groups", heads), a["tp"]
-    kv = h // heads
-    multiple = 128 * tp
-    vocab = -(-a["vocab"] // multiple) * multiple
-    ffn = a.get("ffn", 4 * h)
-    bias = not a.get("no_bias", False)
-    rms = a.get("rms", False)
-    norm = h if rms else 2 * h
-    qkv = h * (heads + 2 * groups) * kv + (heads + 2 * groups) * kv * bias
-    proj = heads * kv * h + h * bias
-    gated = 2 if a.get("swiglu") else 1
-    mlp = h * ffn * gated + ffn * gated * bias + ffn * h + h * bias
-    per_layer = 2 * norm + qkv + proj + mlp
-    total = vocab * h + layers * per_layer + norm
-    if not a.get("rope"):
-        total += a["seq"] * h
-    if a.get("untie"):
-        total += vocab * h
-    return total
+    """GPT parameter count from the architecture (tests/counting.py), in this file's short names."""
+    args = {
+        "num_layers": a["layers"], "hidden_size": a["hidden"], "num_attention_heads": a["heads"],
+        "group_query_attention": "groups" in a, "num_query_groups": a.get("groups"),
+        "seq_length": a["seq"], "vocab_size": a["vocab"], "ffn_hidden_size": a.get("ffn"),
+        "disable_bias_linear": a.get("no_bias", False), "swiglu": a.get("swiglu", False),
+        "normalization": "RMSNorm" if a.get("rms") else "LayerNorm",
+        "position_embedding_type": "rope" if a.get("rope") else "learned_absolute",
+        "untie_embeddings_and_output_weights": a.get("untie", False),
+    }  # fmt: skip
+    return parameter_count(args, tp=a["tp"])
 
 
 def flags_for(a: dict) -> list[str]:

@@ -1,4 +1,4 @@
-"""Presets: published sizes, checked by a parameter-count formula written here."""
+"""Presets: published sizes, checked by the tests' parameter-count formula (tests/counting.py)."""
 
 from __future__ import annotations
 
@@ -9,41 +9,7 @@ import pytest
 
 from inspector.errors import ConfigError
 from inspector.presets import PRESETS, get_preset
-
-
-def parameter_count(a: dict) -> int:
-    """Total parameters of a GPT/Llama/MoE architecture (tp=1 vocab padding to a multiple of 128)."""
-    h, layers, heads = a["hidden_size"], a["num_layers"], a["num_attention_heads"]
-    groups = a.get("num_query_groups", heads) if a.get("group_query_attention") else heads
-    kv = h // heads
-    vocab = math.ceil(a["vocab_size"] / 128) * 128
-    bias = not a.get("disable_bias_linear", False)
-    qkv_bias = bias or a.get("add_qkv_bias", False)
-    gated = 2 if a.get("swiglu") else 1
-    norm = h if a.get("normalization") == "RMSNorm" else 2 * h
-    attention = (
-        h * (heads + 2 * groups) * kv
-        + qkv_bias * (heads + 2 * groups) * kv
-        + heads * kv * h
-        + bias * h
-    )
-
-    def mlp(ffn: int) -> int:
-        return h * ffn * gated + bias * ffn * gated + ffn * h + bias * h
-
-    if a.get("num_experts"):
-        e = a["num_experts"]
-        ffn_layer = e * h + bias * e + e * mlp(a["moe_ffn_hidden_size"])
-        if a.get("moe_shared_expert_intermediate_size"):
-            ffn_layer += mlp(a["moe_shared_expert_intermediate_size"])
-    else:
-        ffn_layer = mlp(a.get("ffn_hidden_size", 4 * h))
-    total = vocab * h + layers * (2 * norm + attention + ffn_layer) + norm
-    if a.get("position_embedding_type", "learned_absolute") == "learned_absolute":
-        total += a["max_position_embeddings"] * h
-    if a.get("untie_embeddings_and_output_weights"):
-        total += vocab * h
-    return total
+from tests.counting import parameter_count
 
 
 @pytest.mark.parametrize("name", list(PRESETS))

@@ -13,6 +13,8 @@ import re
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.counting import parameter_count
+
 settings.register_profile(
     "ci", max_examples=300, deadline=None, suppress_health_check=list(HealthCheck)
 )
@@ -128,27 +130,17 @@ def flags(c: dict) -> list[str]:
 
 
 def expected_count(c: dict) -> int:
-    """Total parameters of the model, from the architecture alone."""
-    h, kv, heads, groups = c["hidden"], c["hidden"] // c["heads"], c["heads"], c["groups"]
-    bias = c["bias"]
-    gated = 2 if c["swiglu"] else 1
-    ffn = c["ffn"] or (int((4 * h * 2 / 3) / 64) * 64 if c["swiglu"] else 4 * h)
-    norm = h if c["rms"] else 2 * h
-    multiple = 128 * c["tp"]
-    vocab = math.ceil(c["vocab"] / multiple) * multiple
-    attention = (
-        h * (heads + 2 * groups) * kv + bias * (heads + 2 * groups) * kv + heads * kv * h + bias * h
-    )
-    if c["experts"]:
-        e, f = c["experts"], c["moe_ffn"]
-        # the router is E x h, plus a bias of E when biases are on (megatron's TopKRouter)
-        mlp = e * h + bias * e + e * (h * f * gated + bias * f * gated + f * h + bias * h)
-    else:
-        mlp = h * ffn * gated + bias * ffn * gated + ffn * h + bias * h
-    total = vocab * h + c["layers"] * (2 * norm + attention + mlp) + norm
-    total += 0 if c["rope"] else c["seq"] * h
-    total += vocab * h if c["untie"] else 0
-    return total
+    """Total parameters of the model, from the architecture alone (tests/counting.py)."""
+    args = {
+        "num_layers": c["layers"], "hidden_size": c["hidden"], "num_attention_heads": c["heads"],
+        "group_query_attention": True, "num_query_groups": c["groups"], "seq_length": c["seq"],
+        "vocab_size": c["vocab"], "ffn_hidden_size": c["ffn"], "disable_bias_linear": not c["bias"],
+        "swiglu": c["swiglu"], "normalization": "RMSNorm" if c["rms"] else "LayerNorm",
+        "position_embedding_type": "rope" if c["rope"] else "learned_absolute",
+        "untie_embeddings_and_output_weights": c["untie"], "num_experts": c["experts"],
+        "moe_ffn_hidden_size": c.get("moe_ffn"),
+    }  # fmt: skip
+    return parameter_count(args, tp=c["tp"])
 
 
 @given(valid_configs())
