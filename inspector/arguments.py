@@ -76,6 +76,11 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
     _model("moe_router_topk", int, "Experts each token is routed to."),
     _model("moe_ffn_hidden_size", int, "Hidden size of each expert's MLP."),
     _model("moe_shared_expert_intermediate_size", int, "Hidden size of the shared experts."),
+    _model(
+        "moe_shared_expert_gate",
+        bool,
+        "Gate the shared experts' output (a learned [1, hidden] weight).",
+    ),
     _model("moe_grouped_gemm", bool, "Experts as one grouped GEMM (GroupedMLP)."),
     _model("multi_latent_attention", bool, "Multi-latent attention (DeepSeek-V2/V3 style)."),
     _model(

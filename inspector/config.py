@@ -44,6 +44,7 @@ class ModelConfig:
     moe_router_topk: int = 2
     moe_ffn_hidden_size: int | None = None
     moe_shared_expert_intermediate_size: int | None = None
+    moe_shared_expert_gate: bool = False
     moe_grouped_gemm: bool = False
     multi_latent_attention: bool = False
     transformer_impl: str = "local"
@@ -191,12 +192,22 @@ def validate_model(config: ModelConfig) -> None:
 
 def _validate_moe(config: ModelConfig) -> None:
     experts = config.num_experts
-    moe_only = ("moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_grouped_gemm")
+    moe_only = (
+        "moe_ffn_hidden_size",
+        "moe_shared_expert_intermediate_size",
+        "moe_shared_expert_gate",
+        "moe_grouped_gemm",
+    )
     if experts is None:
         for name in moe_only:
             if getattr(config, name):
                 raise ConfigError(f"{_flag(name)} needs --num-experts")
         return
+    if config.moe_shared_expert_gate and not config.moe_shared_expert_intermediate_size:
+        raise ConfigError(
+            "--moe-shared-expert-gate needs --moe-shared-expert-intermediate-size (it gates the "
+            "shared experts)"
+        )
     if config.moe_grouped_gemm and not config.disable_bias_linear:
         raise ConfigError(
             "--moe-grouped-gemm needs --disable-bias-linear (megatron-core's GroupedMLP has no biases)"

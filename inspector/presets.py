@@ -121,8 +121,8 @@ _ALL = [
         14.3e9, "Qwen team 2024, Qwen1.5-MoE-A2.7B model card: 14.3B total parameters",
         num_layers=24, hidden_size=2048, num_attention_heads=16, ffn_hidden_size=5632,
         num_experts=60, moe_router_topk=4, moe_ffn_hidden_size=1408,
-        moe_shared_expert_intermediate_size=5632, add_qkv_bias=True, seq_length=8192,
-        max_position_embeddings=8192, vocab_size=151936, **_LLAMA,
+        moe_shared_expert_intermediate_size=5632, moe_shared_expert_gate=True, add_qkv_bias=True,
+        seq_length=8192, max_position_embeddings=8192, vocab_size=151936, **_LLAMA,
     ),
 ]  # fmt: skip
 

@@ -195,7 +195,23 @@ def _transformer_config(model: ModelConfig, layout: Layout, vpp: int | None) -> 
             moe_shared_expert_intermediate_size=model.moe_shared_expert_intermediate_size,
             moe_grouped_gemm=model.moe_grouped_gemm,
         )
+    if model.moe_shared_expert_gate:
+        _check_shared_expert_gate(m.TransformerConfig)
+        kwargs.update(moe_shared_expert_gate=True)
     return m.TransformerConfig(**kwargs)
+
+
+def _check_shared_expert_gate(config_class: Any) -> None:
+    """Raise ConfigError where megatron-core cannot gate shared experts (before 0.16)."""
+    import dataclasses
+
+    if "moe_shared_expert_gate" not in {f.name for f in dataclasses.fields(config_class)}:
+        from megatron.core import __version__
+
+        raise ConfigError(
+            f"--moe-shared-expert-gate needs megatron-core 0.16 or newer: {__version__} builds "
+            "shared experts without a gate"
+        )
 
 
 @contextlib.contextmanager

@@ -37,6 +37,7 @@ def parameter_count(a: Mapping[str, Any], tp: int = 1) -> int:
         ffn_layer = e * h + bias * e + e * mlp(a["moe_ffn_hidden_size"])
         if a.get("moe_shared_expert_intermediate_size"):
             ffn_layer += mlp(a["moe_shared_expert_intermediate_size"])
+            ffn_layer += h if a.get("moe_shared_expert_gate") else 0  # gate weight [1, h]
     else:
         swiglu_rule = int((4 * h * 2 / 3) / 64) * 64  # Megatron-LM's default ffn with SwiGLU
         ffn_layer = mlp(a.get("ffn_hidden_size") or (swiglu_rule if a.get("swiglu") else 4 * h))

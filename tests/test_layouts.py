@@ -8,6 +8,8 @@ from collections import Counter
 
 import pytest
 
+from tests.test_versions import SHARED_EXPERT_GATE
+
 SMALL = "--hidden-size 64 --num-attention-heads 4 --seq-length 32 --vocab-size 1000".split()
 # No MoE biases, and sequence parallel wherever experts meet tensor parallelism: megatron-core 0.13
 # refuses both otherwise (tests/test_versions.py records the difference).
@@ -265,3 +267,27 @@ def test_bf16_is_cast_whole_like_megatron_lm(cli):
     bf16 = cli("params", *flags("--num-layers 2 --bf16", *SMALL)).out.splitlines()
     # same rows; the stage comment's byte count halves
     assert fp32[3:] == bf16[3:] and fp32[2] != bf16[2]
+
+
+@pytest.mark.skipif(not SHARED_EXPERT_GATE, reason="needs megatron-core 0.16 (test_versions)")
+def test_shared_expert_gate_is_one_weight_per_layer(cli):
+    # Qwen1.5-MoE gates its shared expert: megatron-core's SharedExpertMLP adds gate_weight [1, h].
+    args = [*MOE, "--num-layers", "2", "--moe-shared-expert-intermediate-size", "64"]
+    gated = json.loads(cli("params", *args, "--moe-shared-expert-gate", "--format", "json").out)
+    plain = json.loads(cli("params", *args, "--format", "json").out)
+    gates = [r for r in gated["parameters"] if r["name"].endswith("shared_experts.gate_weight")]
+    assert [(r["name"], r["shape"]) for r in gates] == [
+        ("decoder.layers.0.mlp.shared_experts.gate_weight", [1, 64]),
+        ("decoder.layers.1.mlp.shared_experts.gate_weight", [1, 64]),
+    ]
+    assert len(gated["parameters"]) == len(plain["parameters"]) + 2
+
+
+def test_shared_expert_gate_needs_shared_experts(cli):
+    # the gate scales the shared experts' output; without them there is nothing to gate
+    result = cli("tree", *MOE, "--moe-shared-expert-gate")
+    assert (result.code, result.err) == (
+        2,
+        "Error: --moe-shared-expert-gate needs --moe-shared-expert-intermediate-size (it gates the "
+        "shared experts)\n",
+    )
