@@ -134,13 +134,7 @@ def _distopt_owners(
     from inspector.distopt import DistOptSettings, distopt_owners
 
     layout = target.layout
-    settings = DistOptSettings(
-        dp_size=layout.dp,
-        expert_dp_size=layout.expert_dp,
-        bucket_size=layout.ddp_bucket_size,
-        overlap_grad_reduce=layout.overlap_grad_reduce,
-        context_parallel_size=layout.cp,
-    )
+    settings = DistOptSettings.for_layout(layout)
     owners: dict[tuple[int, int, str], Owners] = {}
     for expert_rank, chunks in enumerate(chunks_by_rank):
         for chunk in chunks:

@@ -27,11 +27,14 @@ import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from inspector.errors import ConfigError
+
+if TYPE_CHECKING:
+    from inspector.topology import Layout
 
 
 @dataclass(frozen=True)
@@ -241,6 +244,18 @@ class DistOptSettings:
             )
         if self.bucket_size is not None and self.bucket_size < 0:
             raise ConfigError(f"--ddp-bucket-size {self.bucket_size} must not be negative")
+
+    @classmethod
+    def for_layout(cls, layout: Layout, **flags: Any) -> DistOptSettings:
+        """Return the settings a topology.Layout implies; `flags` sets the remaining fields."""
+        return cls(
+            dp_size=layout.dp,
+            expert_dp_size=layout.expert_dp,
+            bucket_size=layout.ddp_bucket_size,
+            overlap_grad_reduce=layout.overlap_grad_reduce,
+            context_parallel_size=layout.cp,
+            **flags,
+        )
 
     @property
     def dp_cp_size(self) -> int:

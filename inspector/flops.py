@@ -92,6 +92,18 @@ def rank_flops(stage_total: float, par: Parallelism) -> float:
     return stage_total / (par.dp * par.cp * par.tp)
 
 
+def check_peak(gpu_tflops: float) -> None:
+    """Raise ConfigError unless --gpu-tflops is a usable peak."""
+    if gpu_tflops <= 0:
+        raise ConfigError(f"--gpu-tflops must be positive, got {gpu_tflops}")
+
+
+def check_mfu(mfu: float) -> None:
+    """Raise ConfigError unless --mfu is a fraction of the peak."""
+    if not 0 < mfu <= 1:
+        raise ConfigError(f"--mfu must lie in (0, 1], got {mfu}")
+
+
 def seconds_for(flops: float, num_gpus: int, gpu_tflops: float, mfu: float) -> float:
     """Return the time `num_gpus` GPUs of `gpu_tflops` peak take for `flops` at `mfu`.
 
@@ -99,10 +111,8 @@ def seconds_for(flops: float, num_gpus: int, gpu_tflops: float, mfu: float) -> f
     FLOPs per second over peak, so time = flops / (num_gpus * peak * mfu); pipeline bubbles and
     communication are inside the MFU.
     """
-    if gpu_tflops <= 0:
-        raise ConfigError(f"--gpu-tflops must be positive, got {gpu_tflops}")
-    if not 0 < mfu <= 1:
-        raise ConfigError(f"--mfu must lie in (0, 1], got {mfu}")
+    check_peak(gpu_tflops)
+    check_mfu(mfu)
     if num_gpus < 1:
         raise ConfigError(f"the number of GPUs must be at least 1, got {num_gpus}")
     return flops / (num_gpus * gpu_tflops * 1e12 * mfu)

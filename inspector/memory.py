@@ -37,7 +37,14 @@ from inspector.activations import (
 )
 from inspector.config import ModelConfig
 from inspector.errors import ConfigError
-from inspector.flops import iteration_flops, stage_flops
+from inspector.flops import (
+    check_mfu,
+    check_peak,
+    iteration_flops,
+    rank_flops,
+    seconds_for,
+    stage_flops,
+)
 from inspector.formulas import ModelDims, Parallelism, num_microbatches
 from inspector.topology import Layout, virtual_size
 
@@ -127,13 +134,15 @@ class MemoryReport:
         MFU (Chowdhery et al. 2022, PaLM, Appendix B) is model FLOPs per second over the peak of
         all GPUs, so time = FLOPs / (GPUs x peak x MFU); bubbles and communication are inside it.
         """
-        from inspector.flops import seconds_for
-
         if self.hardware.tflops is None:
             return None
         return seconds_for(
             self.iteration_flops, self.layout.world_size, self.hardware.tflops, self.hardware.mfu
         )
+
+    def flops_per_rank(self, stage: StageMemory) -> float:
+        """Return one rank's share of the stage's FLOPs per iteration."""
+        return rank_flops(stage.flops, parallelism(self.model, self.layout))
 
     def spare(self, stage: StageMemory) -> int | None:
         """Return --gpu-memory minus the stage's bytes (negative: over; None: not given)."""
@@ -181,12 +190,12 @@ def make_hardware(
     """Check the hardware flags; --gpu-memory is in GiB, as nvidia-smi and torch count."""
     if gpu_memory is not None and gpu_memory <= 0:
         raise ConfigError(f"--gpu-memory must be positive (GiB), got {gpu_memory}")
-    if mfu is not None and not 0 < mfu <= 1:
-        raise ConfigError(f"--mfu must lie in (0, 1], got {mfu}")
-    if mfu is not None and gpu_tflops is None:
-        raise ConfigError("--mfu needs --gpu-tflops (the peak it is a fraction of)")
-    if gpu_tflops is not None and gpu_tflops <= 0:
-        raise ConfigError(f"--gpu-tflops must be positive, got {gpu_tflops}")
+    if mfu is not None:
+        check_mfu(mfu)
+        if gpu_tflops is None:
+            raise ConfigError("--mfu needs --gpu-tflops (the peak it is a fraction of)")
+    if gpu_tflops is not None:
+        check_peak(gpu_tflops)
     memory = None if gpu_memory is None else round(gpu_memory * GIB)
     return Hardware(memory, gpu_tflops, 1.0 if mfu is None else mfu)
 
@@ -302,12 +311,8 @@ def _stage_memory(
     """Return one stage's memory: its chunks' buffers, its most loaded rank, its activations."""
     from inspector.distopt import DistOptSettings, distopt_layout
 
-    settings = DistOptSettings(
-        dp_size=layout.dp,
-        expert_dp_size=layout.expert_dp,
-        bucket_size=layout.ddp_bucket_size,
-        overlap_grad_reduce=layout.overlap_grad_reduce,
-        context_parallel_size=layout.cp,
+    settings = DistOptSettings.for_layout(
+        layout,
         grad_reduce_in_fp32=training.fp32_grads,
         use_distributed_optimizer=layout.use_distributed_optimizer,
     )

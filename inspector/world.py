@@ -418,15 +418,17 @@ def rank_shard_indices(layout: Layout) -> list[tuple[int, int, int]]:
     """Return every rank's (pipe, data, expert data): which optimizer shards it holds."""
     if layout.world_size <= RANK_GENERATOR_LIMIT:
         return [(c.pipe, c.data, c.expert_data) for c in rank_coords(layout)]
-    stage_size, experts = layout.tp * layout.cp * layout.dp, layout.expert_tp * layout.ep
     return [
-        (
-            rank // stage_size,
-            rank // (layout.tp * layout.cp) % layout.dp,
-            rank // experts % layout.expert_dp if layout.ep > 1 else 0,
-        )
-        for rank in range(layout.world_size)
+        (pipe, data, _expert_data_index(layout, rank))
+        for rank, (pipe, data, _, _) in enumerate(rank_positions(layout))
     ]
+
+
+def _expert_data_index(layout: Layout, rank: int) -> int:
+    """Return the rank's position in its expert data-parallel group (megatron's mixed radix)."""
+    if layout.ep == 1:
+        return 0
+    return rank // (layout.expert_tp * layout.ep) % layout.expert_dp
 
 
 def _coords_from_rank_generator(layout: Layout) -> list[RankCoord]:
@@ -512,7 +514,7 @@ def _coords_by_order(layout: Layout) -> list[RankCoord]:
                 if ep > 1
                 else None,
                 expert=expert if ep > 1 else 0,
-                expert_data=rank // (etp * ep) % layout.expert_dp if ep > 1 else 0,
+                expert_data=_expert_data_index(layout, rank),
             )
         )
     return coords

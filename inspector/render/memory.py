@@ -133,7 +133,6 @@ def _stage_rows(report: MemoryReport, exact: bool) -> list[list[str]]:
     fmt = (lambda v: f"{v:,}") if exact else (lambda v: f"{v / unit:,.2f}")
     rows = []
     for s in report.stages:
-        per_rank = s.flops / (report.layout.dp * report.layout.cp * report.layout.tp)
         rows.append(
             [
                 str(s.stage),
@@ -143,7 +142,7 @@ def _stage_rows(report: MemoryReport, exact: bool) -> list[list[str]]:
                 *(fmt(v) for v in _parts(s)),
                 ",".join(map(str, s.activations.in_flight)),
                 fmt(s.total),
-                flops(per_rank),
+                flops(report.flops_per_rank(s)),
             ]
         )
     return rows
@@ -197,7 +196,6 @@ def _number(value: float) -> int | float:
 
 def _stage_json(report: MemoryReport, s: StageMemory) -> dict[str, Any]:
     a = s.activations
-    ranks = report.layout.dp * report.layout.cp * report.layout.tp
     return {
         "stage": s.stage,
         "rank": s.rank,
@@ -217,7 +215,7 @@ def _stage_json(report: MemoryReport, s: StageMemory) -> dict[str, Any]:
         "total": s.total,
         "fits": report.fits(s),
         "flops": s.flops,
-        "flops_per_rank": s.flops / ranks,
+        "flops_per_rank": report.flops_per_rank(s),
     }
 
 
