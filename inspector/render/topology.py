@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
+from inspector.formats import TopologyFormat
 from inspector.topology import Layout, RankCoord
 
 
@@ -41,3 +42,12 @@ def render_topology_table(coords: list[RankCoord], layout: Layout) -> str:
             row.append(_ranks(c.expert_group))
         rows.append(row)
     return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True) + "\n"
+
+
+def render_topology(layout: Layout, fmt: TopologyFormat) -> str:
+    """Return the rank map in the asked format (the coordinates come from megatron, ranks.py)."""
+    from inspector.ranks import rank_coords, rank_positions
+
+    if fmt is TopologyFormat.table:
+        return render_topology_table(rank_coords(layout), layout)
+    return topology_line(rank_positions(layout), layout) + "\n"
