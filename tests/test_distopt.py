@@ -18,8 +18,8 @@ from inspector.ddp import (
     layout_from_ddp,
     wrap_in_megatron_ddp,
 )
-from inspector.shards import DistOptLayout, DistOptSettings, resolve_bucket_size
 from inspector.errors import ConfigError
+from inspector.shards import DistOptLayout, DistOptSettings, resolve_bucket_size
 
 
 @dataclass(frozen=True)
