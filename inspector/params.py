@@ -14,7 +14,7 @@ from typing import Any
 from inspector.build import BuiltJob, BuiltStage
 from inspector.formats import Partitioning
 from inspector.records import ParamRecord
-from inspector.table import Block, Row
+from inspector.table import Block, Row, topology_line
 from inspector.topology import RankCoord
 
 Owners = tuple[int, ...]
@@ -35,7 +35,6 @@ def params_result(built: BuiltJob, partitioning: Partitioning, block_size: int) 
     from inspector import fidelity
     from inspector.errors import ConfigError
     from inspector.ranks import rank_positions
-    from inspector.render.topology import topology_line
 
     if block_size < 0:
         raise ConfigError(f"--block-size must be 0 (off) or positive, got {block_size}")

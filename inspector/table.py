@@ -16,6 +16,7 @@ from typing import Any
 
 from inspector.errors import InputError
 from inspector.records import ParamRecord
+from inspector.topology import Layout
 
 ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 Precs = tuple[tuple[int, int], ...]  # Kronecker factor shapes; None where a rank view omits them
@@ -193,6 +194,20 @@ def block_comment(block: Block) -> str:
 def format_row(cells: Cells) -> str:
     """Return one `name;module;shape;partitioning_ranks;precs` line."""
     return ";".join(column.write(getattr(cells, column.attr)) for column in COLUMNS)
+
+
+def topology_line(positions: list[tuple[int, int, int, int]], layout: Layout) -> str:
+    """Return the DeepSpeed-style `{ProcessCoord(pipe=.., data=.., model=..): rank, ...}` line.
+
+    `positions` holds each rank's (pipe, data, context, model), in rank order.
+    """
+    if layout.uses_cp_axis:
+        entry = "ProcessCoord(pipe={}, data={}, context={}, model={}): {}"
+        parts = [entry.format(p, d, c, m, r) for r, (p, d, c, m) in enumerate(positions)]
+    else:
+        entry = "ProcessCoord(pipe={}, data={}, model={}): {}"
+        parts = [entry.format(p, d, m, r) for r, (p, d, _, m) in enumerate(positions)]
+    return "{" + ", ".join(parts) + "}"
 
 
 def write_csv(topology: str | None, blocks: Sequence[Block], comments: bool = True) -> str:

@@ -5,21 +5,8 @@ from __future__ import annotations
 from tabulate import tabulate
 
 from inspector.formats import TopologyFormat
+from inspector.table import topology_line
 from inspector.topology import Layout, RankCoord
-
-
-def topology_line(positions: list[tuple[int, int, int, int]], layout: Layout) -> str:
-    """Return the DeepSpeed-style `{ProcessCoord(pipe=.., data=.., model=..): rank, ...}` line.
-
-    `positions` holds each rank's (pipe, data, context, model), in rank order.
-    """
-    if layout.uses_cp_axis:
-        entry = "ProcessCoord(pipe={}, data={}, context={}, model={}): {}"
-        parts = [entry.format(p, d, c, m, r) for r, (p, d, c, m) in enumerate(positions)]
-    else:
-        entry = "ProcessCoord(pipe={}, data={}, model={}): {}"
-        parts = [entry.format(p, d, m, r) for r, (p, d, _, m) in enumerate(positions)]
-    return "{" + ", ".join(parts) + "}"
 
 
 def _ranks(group: tuple[int, ...] | None) -> str:
