@@ -8,8 +8,9 @@ wrapped in megatron's DDP. Nothing here renders or prints.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -145,13 +146,33 @@ def build(job: Job, view: View, expert_ranks: Sequence[int] | None = None) -> Bu
     ranks = tuple(range(layout.ep)) if expert_ranks is None else tuple(expert_ranks)
     stages = []
     for stage in view.stages:
-        per_rank = [world.build_stage(job.model, layout, stage, e) for e in ranks]
+        per_rank = [_build_stage(world.build_stage, job, stage, e) for e in ranks]
         chunks = tuple(
             BuiltChunk(job, stage, index, tuple(models[index] for models in per_rank))
             for index in range(len(per_rank[0]))
         )
         stages.append(BuiltStage(stage, chunks))
     return BuiltJob(job, view, tuple(stages), ranks)
+
+
+_BUILT: OrderedDict[tuple[Any, ...], list[StageModel]] = OrderedDict()
+_KEPT = 64  # stages kept per process: a planner or a test suite asks for the same ones again
+
+
+def _build_stage(builder: Any, job: Job, stage: int, expert_rank: int) -> list[StageModel]:
+    """Build one stage on one expert-parallel rank, or return the same stage built before.
+
+    The data-parallel size changes nothing megatron builds (world.simulated_dp), so it is not
+    part of the key; the builder is, so a replaced builder never sees another's results.
+    """
+    key = (builder, job.model, replace(job.layout, dp=1), stage, expert_rank)
+    if key in _BUILT:
+        _BUILT.move_to_end(key)
+        return _BUILT[key]
+    built = _BUILT[key] = builder(job.model, job.layout, stage, expert_rank)
+    if len(_BUILT) > _KEPT:
+        _BUILT.popitem(last=False)
+    return built
 
 
 def merge_expert_ranks(walks: list[list[ParamRecord]]) -> list[ParamRecord]:
