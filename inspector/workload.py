@@ -213,24 +213,13 @@ def _tp_pair(job: Job, name: str, width: int, first: _Phases, second: _Phases) -
     row reduce-scatters its output (backward: all-gather); without it the row all-reduces its
     output and the column all-reduces its input gradient, in one `NAME_layer` record as AICB.
     """
-    size = job.activation * width
     tp = job.par.tp > 1
+    n = job.activation * width if tp else 0
     if not job.par.sequence_parallel:
         comm = "ALLREDUCE" if tp else NONE
-        return [
-            Record(
-                f"{name}_layer",
-                first.fwd + second.fwd,
-                comm,
-                size if tp else 0,
-                first.ig + second.ig,
-                comm,
-                size if tp else 0,
-                first.wg + second.wg,
-            )
-        ]
+        fwd, ig, wg = (first.fwd + second.fwd, first.ig + second.ig, first.wg + second.wg)
+        return [Record(f"{name}_layer", fwd, comm, n, ig, comm, n, wg)]
     gather, scatter = ("ALLGATHER", "REDUCESCATTER") if tp else (NONE, NONE)
-    n = size if tp else 0
     return [
         Record(f"{name}_column", first.fwd, gather, n, first.ig, scatter, n, first.wg),
         Record(f"{name}_row", second.fwd, scatter, n, second.ig, gather, n, second.wg),
