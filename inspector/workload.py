@@ -28,11 +28,15 @@ from __future__ import annotations
 import csv
 import io
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from inspector.errors import ConfigError, InputError
 from inspector.flops import GEMM_FACTOR, layer_flops, logit_flops
 from inspector.formulas import ModelDims, Parallelism
 from inspector.simai import NONE, Header, Record, render_workload
+
+if TYPE_CHECKING:
+    from inspector.distopt import BufferLayout
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 CROSS_ENTROPY_ALLREDUCES = 3  # max logit, target logit, sum of exp: fp32 (s, b) each
@@ -53,13 +57,13 @@ class BufferInput:
     expert: bool = False
 
     @classmethod
-    def from_layout(cls, layout: object) -> BufferInput:
-        """Return the input for a distopt.BufferLayout (numel with padding, dtypes, expert)."""
+    def from_layout(cls, layout: BufferLayout) -> BufferInput:
+        """Return the input for one of megatron's grad buffers (numel with padding, dtypes)."""
         return cls(
-            numel=int(layout.numel),  # type: ignore[attr-defined]
-            param_bytes=int(layout.param_dtype.itemsize),  # type: ignore[attr-defined]
-            grad_bytes=int(layout.grad_dtype.itemsize),  # type: ignore[attr-defined]
-            expert=bool(layout.expert),  # type: ignore[attr-defined]
+            numel=layout.numel,
+            param_bytes=layout.param_dtype.itemsize,
+            grad_bytes=layout.grad_dtype.itemsize,
+            expert=layout.expert,
         )
 
 

@@ -24,6 +24,15 @@ from inspector.workload import (
     stage_records,
 )
 
+
+def checked_records(job: Job, stage: StageInput) -> list[Record]:
+    """Return the stage's records after reading its file back with the strict reader."""
+    records = stage_records(job, stage)
+    header, parsed = parse_workload(render_stage(job, stage))
+    assert parsed == records and header == stage_header(job)
+    return records
+
+
 # ---------------------------------------------------------------------------------------------
 # AICB compatibility: the issue's 405B-shaped job.
 # AICB's records for it, read off aliyun/aicb HEAD 23eec3c,
@@ -106,7 +115,7 @@ def as_aicb(fields: tuple[str, str, int, str, int]) -> tuple[str, str, int, str,
 @pytest.mark.parametrize("stage", [0, 7, 15])
 def test_aicb_micro_batch_block(stage: int) -> None:
     job, given = big_job(), big_stage(stage)
-    records = stage_records(job, given)
+    records = checked_records(job, given)
     expected = [AICB_EMBEDDING] if stage == 0 else []
     expected += AICB_LAYER * (L // PP)
     expected += [AICB_FINAL] if stage == PP - 1 else []
@@ -122,11 +131,11 @@ def test_aicb_micro_batch_block(stage: int) -> None:
 
 def test_aicb_cross_entropy_and_optimizer_records() -> None:
     job = big_job()
-    last = stage_records(job, big_stage(PP - 1))
+    last = checked_records(job, big_stage(PP - 1))
     entropy = [r for r in last if r.name.startswith("cross_entropy")]
     assert entropy == AICB_CROSS_ENTROPY * 16  # once per micro-batch: megatron's loss
     for stage in (0, 7, 15):
-        records = stage_records(job, big_stage(stage))
+        records = checked_records(job, big_stage(stage))
         assert records[-4:] == AICB_OPTIMIZER
         if stage != PP - 1:
             assert not any(r.name.startswith("cross_entropy") for r in records)
@@ -135,7 +144,7 @@ def test_aicb_cross_entropy_and_optimizer_records() -> None:
 def test_aicb_data_parallel_records() -> None:
     # Same names, collectives and order as AICB; AICB's 2 and 4 bytes per parameter are
     # megatron's bf16 params and fp32 grads, applied to the real padded buffer here.
-    records = stage_records(big_job(), big_stage(3))
+    records = checked_records(big_job(), big_stage(3))
     numel = 1_000_003
     assert records[:3] == [
         Record("grad_gather", wg_comm="ALLGATHER", wg_bytes=2 * numel),
@@ -217,7 +226,7 @@ def test_data_parallel_bytes_are_buffers_times_dtypes() -> None:
             BufferInput(384, 2, 4, expert=True),
         ),
     )
-    records = {r.name: r for r in stage_records(small_job(ep=2), stage)}
+    records = {r.name: r for r in checked_records(small_job(ep=2), stage)}
     assert records["grad_gather"].wg_bytes == 1280 * 2 + 640 * 4
     assert records["grad_param_comm"].wg_bytes == 1280 * 4 + 640 * 4
     assert records["moe_grad_norm1"] == Record(
@@ -230,13 +239,13 @@ def test_data_parallel_bytes_are_buffers_times_dtypes() -> None:
 def test_without_distributed_optimizer_grads_are_all_reduced() -> None:
     job = small_job()
     job = Job(job.dims, job.par, Training(2, 2, 8, distributed_optimizer=False), job.compute)
-    records = stage_records(job, SMALL_STAGES[0])
+    records = checked_records(job, SMALL_STAGES[0])
     assert [r.name for r in records[:2]] == ["grad_param_comm", "grad_param_compute"]
     assert records[0].wg_comm == "ALLREDUCE" and records[0].wg_bytes == 66816 * 4
 
 
 def test_without_sequence_parallel_tensor_parallel_all_reduces() -> None:
-    records = stage_records(small_job(sequence_parallel=False), SMALL_STAGES[1])
+    records = checked_records(small_job(sequence_parallel=False), SMALL_STAGES[1])
     size = 2 * 2 * 128 * 64
     layer = [r for r in records if r.name in ("attention_layer", "mlp_layer")]
     assert len(layer) == 2 * 2 * 2
@@ -251,7 +260,7 @@ def test_without_sequence_parallel_tensor_parallel_all_reduces() -> None:
 
 def test_tp_1_has_no_tensor_parallel_collectives() -> None:
     job = small_job(tp=1, dp=4)
-    records = stage_records(job, SMALL_STAGES[1])
+    records = checked_records(job, SMALL_STAGES[1])
     block = [r for r in records if not r.name.startswith(("grad", "optimizer"))]
     assert all(r.fwd_comm == NONE and r.ig_comm == NONE for r in block)
 
@@ -259,7 +268,9 @@ def test_tp_1_has_no_tensor_parallel_collectives() -> None:
 def test_rope_embedding_reduce_scatters() -> None:
     job = small_job()
     job = Job(job.dims, job.par, Training(2, 2, 8, learned_positions=False), job.compute)
-    embedding = next(r for r in stage_records(job, SMALL_STAGES[0]) if r.name == "embedding_layer")
+    embedding = next(
+        r for r in checked_records(job, SMALL_STAGES[0]) if r.name == "embedding_layer"
+    )
     assert (embedding.fwd_comm, embedding.ig_comm) == ("REDUCESCATTER", "ALLGATHER")
 
 
@@ -288,12 +299,12 @@ def test_virtual_chunks_in_one_file() -> None:
     assert header.vpp == 2
     assert sum(r.name == "attention_column" for r in records) == 4 * 4
     with pytest.raises(ConfigError, match="stage 0 has 1 chunks, the layout 2"):
-        stage_records(job, StageInput(0, ((0, 1),), True, False))
+        checked_records(job, StageInput(0, ((0, 1),), True, False))
 
 
 def test_context_parallel_divides_the_sequence() -> None:
     job = small_job(cp=2, dp=1)
-    records = stage_records(job, SMALL_STAGES[0])
+    records = checked_records(job, SMALL_STAGES[0])
     column = next(r for r in records if r.name == "attention_column")
     assert column.fwd_bytes == 2 * 2 * 64 * 64  # (s/c, b, h) at 2 bytes
     kv = next(r for r in records if r.name == "attention_cp")
@@ -333,13 +344,13 @@ def test_moe_golden(golden: Callable[[str, str], None]) -> None:
 def test_moe_without_expert_parallel_has_no_all_to_all() -> None:
     par = Parallelism(tp=1, pp=1, ep=1, dp=2)
     job = Job(MOE_DIMS, par, Training(1, 1, 2))
-    records = stage_records(job, StageInput(0, ((0, 1),), True, True))
+    records = checked_records(job, StageInput(0, ((0, 1),), True, True))
     assert not any(r.fwd_comm.startswith("ALLTOALL") for r in records)
 
 
 def test_mtp_layers_on_the_last_stage() -> None:
     stage = StageInput(1, ((2, 3),), False, True, mtp_layers=1)
-    records = stage_records(small_job(), stage)
+    records = checked_records(small_job(), stage)
     names = [r.name for r in records]
     assert names.count("mtp1_attention_column") == 2
     assert names.count("mtp1_cross_entropy1") == 2
@@ -359,7 +370,7 @@ def total_ns(records: list[Record]) -> int:
 
 def test_compute_time_is_megatron_flops_at_the_rate() -> None:
     job = small_job()
-    records = stage_records(job, SMALL_STAGES[1])
+    records = checked_records(job, SMALL_STAGES[1])
     flops = stage_flops(SMALL_DIMS, (2, 3), 2, has_output_layer=True) / 2  # one micro-batch / tp
     expected = 2 * flops / (100.0 * 0.5 * 1e3)  # 2 micro-batches, ns at 100 TFLOP/s x 0.5
     assert total_ns(records) == pytest.approx(expected, abs=2 * 20)  # rounding per record
@@ -367,7 +378,7 @@ def test_compute_time_is_megatron_flops_at_the_rate() -> None:
 
 def test_forward_is_a_third() -> None:
     job = small_job()
-    records = stage_records(job, SMALL_STAGES[1])
+    records = checked_records(job, SMALL_STAGES[1])
     row = next(r for r in records if r.name == "mlp_row")
     assert row.fwd_compute == row.ig_compute == row.wg_compute
     final = next(r for r in records if r.name == "final_column")
@@ -376,10 +387,10 @@ def test_forward_is_a_third() -> None:
 
 @pytest.mark.parametrize("mode", ["selective", "full"])
 def test_recomputation_adds_to_the_input_gradient(mode: str) -> None:
-    base = stage_records(small_job(), SMALL_STAGES[0])
+    base = checked_records(small_job(), SMALL_STAGES[0])
     job = small_job()
     job = Job(job.dims, job.par, Training(2, 2, 8, recompute=mode), job.compute)
-    records = stage_records(job, SMALL_STAGES[0])
+    records = checked_records(job, SMALL_STAGES[0])
     plain = next(r for r in base if r.name == "attention_column")
     again = next(r for r in records if r.name == "attention_column")
     flops = layer_flops(SMALL_DIMS, 0, 2)
@@ -428,7 +439,7 @@ def test_compute_profile_times() -> None:
     )
     job = small_job()
     job = Job(job.dims, job.par, job.training, profile)
-    records = {r.name: r for r in stage_records(job, SMALL_STAGES[0])}
+    records = {r.name: r for r in checked_records(job, SMALL_STAGES[0])}
     assert records["attention_column"].fwd_compute == profile.attention // 2  # AICB's halves
     assert records["mlp_row"].ig_compute == profile.mlp // 2
     assert records["embedding_layer"].fwd_compute == 799_000
@@ -447,12 +458,12 @@ def test_compute_profile_needs_layers() -> None:
 
 def test_stage_outside_the_pipeline() -> None:
     with pytest.raises(ConfigError, match="--stage 2 is not a pipeline stage of --pp 2"):
-        stage_records(small_job(), StageInput(2, ((0,),), False, False))
+        checked_records(small_job(), StageInput(2, ((0,),), False, False))
 
 
 def test_layer_outside_the_model() -> None:
     with pytest.raises(ConfigError, match="stage 0 holds layers \\[4\\] outside --num-layers"):
-        stage_records(small_job(), StageInput(0, ((3, 4),), False, False))
+        checked_records(small_job(), StageInput(0, ((3, 4),), False, False))
 
 
 def test_pipeline_send_beyond_what_simai_reads() -> None:
@@ -467,3 +478,12 @@ def test_bad_training_flags() -> None:
         Training(1, 1, 1, recompute="some")
     with pytest.raises(ConfigError, match="micro_batch_size must be at least 1"):
         Training(0, 1, 1)
+
+
+def test_buffer_input_from_megatron_layout() -> None:
+    import torch
+
+    from inspector.distopt import BufferLayout
+
+    layout = BufferLayout(True, torch.bfloat16, torch.float32, 2, 256, 200, (), (100, 100))
+    assert BufferInput.from_layout(layout) == BufferInput(256, 2, 4, expert=True)
