@@ -32,11 +32,12 @@ from typing import TYPE_CHECKING
 
 from inspector.errors import ConfigError, InputError
 from inspector.flops import GEMM_FACTOR, layer_flops, logit_flops
-from inspector.formulas import ModelDims, Parallelism
+from inspector.formulas import ModelDims
 from inspector.simai import NONE, Header, Record, render_workload
+from inspector.topology import Layout
 
 if TYPE_CHECKING:
-    from inspector.distopt import BufferLayout
+    from inspector.shards import BufferLayout
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 CROSS_ENTROPY_ALLREDUCES = 3  # max logit, target logit, sum of exp: fp32 (s, b) each
@@ -46,7 +47,7 @@ TOKENS_PER_EXPERT_BYTES = 8  # int64 counts gathered by the all-to-all dispatche
 
 @dataclass(frozen=True)
 class BufferInput:
-    """One DDP grad buffer of a stage (megatron's _ParamAndGradBuffer, via distopt.BufferLayout).
+    """One DDP grad buffer of a stage (megatron's _ParamAndGradBuffer, via shards.BufferLayout).
 
     `numel` includes megatron's padding: it is what every rank reduces and gathers.
     """
@@ -167,7 +168,7 @@ class Job:
     """Everything one stage's records depend on besides the stage itself."""
 
     dims: ModelDims
-    par: Parallelism
+    par: Layout
     training: Training
     compute: ComputeRate | ComputeProfile = field(default_factory=lambda: ComputeRate(1.0, 1.0))
 

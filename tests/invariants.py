@@ -109,10 +109,27 @@ def diff_report(text: str) -> None:
         assert len(section.group(1).splitlines()) == int(patterns), (kind, section.group(1))
 
 
+def simai_workload(text: str) -> None:
+    """Line 2 counts the records that follow, each of SimAI's 12 whitespace-separated fields."""
+    lines = text.splitlines()
+    records = [line.split() for line in lines[2:] if line.strip()]
+    assert int(lines[1]) == len(records)
+    assert all(len(fields) == 12 and fields[1] == "-1" for fields in records)
+
+
+def workload_index(text: str) -> None:
+    """Each stage row names its own file, and its record count is an integer."""
+    rows = [line.split(",") for line in text.splitlines()[1:]]
+    for row in rows:
+        assert row[-1] == f"stage{int(row[0]):03d}.txt" and int(row[6]) > 0, row
+
+
 def check(name: str, text: str) -> None:
     """Check the invariant of a golden file, chosen by its name."""
     if name.startswith("diff_"):
         diff_report(text)
+    elif name.startswith("workload_"):
+        (workload_index if name.endswith("_index.csv") else simai_workload)(text)
     elif name.endswith(".csv"):
         params_csv(text)
     elif name.endswith(".json"):

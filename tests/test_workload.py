@@ -9,8 +9,9 @@ import pytest
 
 from inspector.errors import ConfigError, InputError
 from inspector.flops import layer_flops, logit_flops, stage_flops
-from inspector.formulas import ModelDims, Parallelism
+from inspector.formulas import ModelDims
 from inspector.simai import NONE, Record, parse_compute_profile, parse_workload
+from inspector.topology import Layout
 from inspector.workload import (
     BufferInput,
     ComputeProfile,
@@ -83,7 +84,7 @@ FIXED_BACKWARD = {
 
 def big_job() -> Job:
     dims = ModelDims(L, H, 128, S, 50304, ffn_hidden_size=53248)  # 50257 padded to 128 x 8
-    par = Parallelism(tp=TP, pp=PP, dp=8, sequence_parallel=True)
+    par = Layout(tp=TP, pp=PP, dp=8, sequence_parallel=True)
     return Job(dims, par, Training(B, 16, 1024), ComputeRate(989.0, 0.4))
 
 
@@ -180,7 +181,7 @@ SMALL_DIMS = ModelDims(4, 64, 4, 128, 256)
 
 def small_job(**par: object) -> Job:
     layout = {"tp": 2, "pp": 2, "dp": 2, "sequence_parallel": True} | par
-    return Job(SMALL_DIMS, Parallelism(**layout), Training(2, 2, 8), ComputeRate(100.0, 0.5))  # type: ignore[arg-type]
+    return Job(SMALL_DIMS, Layout(**layout), Training(2, 2, 8), ComputeRate(100.0, 0.5))  # type: ignore[arg-type]
 
 
 SMALL_STAGES = [
@@ -281,7 +282,7 @@ def test_rope_embedding_reduce_scatters() -> None:
 
 def test_uneven_pipeline_golden(golden: Callable[[str, str], None]) -> None:
     dims = ModelDims(5, 64, 4, 128, 256)
-    job = Job(dims, Parallelism(tp=2, pp=2, dp=2, sequence_parallel=True), Training(1, 2, 8))
+    job = Job(dims, Layout(tp=2, pp=2, dp=2, sequence_parallel=True), Training(1, 2, 8))
     stage = StageInput(
         1, ((2, 3, 4),), False, True, buffers=(BufferInput(3 * LAYER_NUMEL + 8448, 2, 4),)
     )
@@ -293,7 +294,7 @@ def test_uneven_pipeline_golden(golden: Callable[[str, str], None]) -> None:
 
 def test_virtual_chunks_in_one_file() -> None:
     dims = ModelDims(8, 64, 4, 128, 256)
-    job = Job(dims, Parallelism(tp=2, pp=2, vpp=2, dp=2, sequence_parallel=True), Training(1, 4, 8))
+    job = Job(dims, Layout(tp=2, pp=2, vpp=2, dp=2, sequence_parallel=True), Training(1, 4, 8))
     stage = StageInput(0, ((0, 1), (4, 5)), True, False, buffers=(BufferInput(1024, 2, 4),))
     header, records = parse_workload(render_stage(job, stage))
     assert header.vpp == 2
@@ -322,7 +323,7 @@ MOE_DIMS = ModelDims(2, 64, 4, 128, 256, num_experts=4, moe_router_topk=2)
 
 
 def test_moe_golden(golden: Callable[[str, str], None]) -> None:
-    par = Parallelism(tp=2, pp=1, ep=2, dp=2, sequence_parallel=True)
+    par = Layout(tp=2, pp=1, ep=2, dp=2, sequence_parallel=True)
     job = Job(MOE_DIMS, par, Training(1, 2, 4), ComputeRate(100.0, 0.5))
     buffers = (BufferInput(13312, 2, 4), BufferInput(33024, 2, 4, expert=True))
     stage = StageInput(0, ((0, 1),), True, True, buffers=buffers)
@@ -342,7 +343,7 @@ def test_moe_golden(golden: Callable[[str, str], None]) -> None:
 
 
 def test_moe_without_expert_parallel_has_no_all_to_all() -> None:
-    par = Parallelism(tp=1, pp=1, ep=1, dp=2)
+    par = Layout(tp=1, pp=1, ep=1, dp=2)
     job = Job(MOE_DIMS, par, Training(1, 1, 2))
     records = checked_records(job, StageInput(0, ((0, 1),), True, True))
     assert not any(r.fwd_comm.startswith("ALLTOALL") for r in records)
@@ -468,7 +469,7 @@ def test_layer_outside_the_model() -> None:
 
 def test_pipeline_send_beyond_what_simai_reads() -> None:
     dims = ModelDims(2, 16384, 128, 131072, 256)
-    job = Job(dims, Parallelism(pp=2), Training(1, 1, 2))
+    job = Job(dims, Layout(pp=2), Training(1, 1, 2))
     with pytest.raises(InputError, match="pp_comm must lie in 0..2147483647"):
         render_stage(job, StageInput(0, ((0,),), True, False))
 
@@ -483,7 +484,7 @@ def test_bad_training_flags() -> None:
 def test_buffer_input_from_megatron_layout() -> None:
     import torch
 
-    from inspector.distopt import BufferLayout
+    from inspector.shards import BufferLayout
 
     layout = BufferLayout(True, torch.bfloat16, torch.float32, 2, 256, 200, (), (100, 100))
     assert BufferInput.from_layout(layout) == BufferInput(256, 2, 4, expert=True)
