@@ -19,6 +19,7 @@ from inspector.records import ParamRecord
 from inspector.topology import RankCoord, check_buildable
 
 if TYPE_CHECKING:
+    from inspector.shards import BufferLayout
     from inspector.world import StageModel
 
 
@@ -61,6 +62,7 @@ class BuiltChunk:
     stage: int
     chunk: int
     models: tuple[StageModel, ...]  # one per simulated expert-parallel rank, in rank order
+    _buffers: tuple[BufferLayout, ...] | None = field(default=None, init=False, repr=False)
 
     @property
     def module(self) -> Any:
@@ -90,6 +92,23 @@ class BuiltChunk:
         layout = self.job.layout
         walks = [list(walk_params(m, layout.tp, layout.expert_tp)) for m in self.models]
         return tuple(merge_expert_ranks(walks))
+
+
+    def buffers(self) -> tuple[BufferLayout, ...]:
+        """Return the chunk's grad buffers as megatron's DDP lays them out for this job."""
+        if self._buffers is None:
+            from inspector.ddp import distopt_layout
+            from inspector.shards import DistOptSettings
+
+            training = self.job.training
+            settings = DistOptSettings.for_job(
+                self.job,
+                grad_reduce_in_fp32=training.fp32_grads,
+                use_distributed_optimizer=training.use_distributed_optimizer,
+            )
+            layout = distopt_layout(self.module, settings, pipeline_rank=self.stage, chunk=self.chunk)
+            self._buffers = layout.buffers
+        return self._buffers
 
 
 @dataclass

@@ -19,7 +19,14 @@ import typer
 from inspector import __version__, cache
 from inspector.arguments import ARGUMENTS, ArgSpec
 from inspector.errors import ConfigError, FidelityError, InspectorError
-from inspector.formats import DiffFormat, MemoryFormat, ParamsFormat, Partitioning, TopologyFormat
+from inspector.formats import (
+    DiffFormat,
+    MemoryFormat,
+    ParamsFormat,
+    Partitioning,
+    TopologyFormat,
+    WorkloadFormat,
+)
 
 
 def _click_errors() -> Any:
@@ -299,6 +306,54 @@ def memory(
         walkthrough=walkthrough,
     )
     _emit(cache.cached("memory", args, options, use_cache, produce), output)
+
+
+@app.command()
+@model_options("model", "layout", "training")
+def workload(
+    args: dict[str, Any],
+    use_cache: bool,
+    fmt: Any = _format_option(WorkloadFormat.simai, "simai: SimAI workload files."),
+    stage: int | None = typer.Option(None, "--stage", help="Print this stage's file instead."),
+    gpu_tflops: float | None = typer.Option(
+        None, "--gpu-tflops", help="Peak TFLOP/s per GPU: compute times from FLOPs."
+    ),
+    mfu: float | None = typer.Option(None, "--mfu", help="Fraction of the peak reached (default 1)."),
+    compute_profile: str | None = typer.Option(
+        None, "--compute-profile", help="Measured compute times (AICB/AIOB's profile file)."
+    ),
+    output: str | None = typer.Option(None, "-o", "--output", help="Write the folder DIR atomically."),
+) -> None:
+    """Write SimAI network-simulator workloads: one file per pipeline stage, and an index."""
+    import json
+
+    if (output is None) == (stage is None):
+        raise ConfigError("workload writes every stage into -o DIR, or one stage with --stage S; pass one")
+
+    def produce() -> str:
+        from inspector.build import build, select_view
+        from inspector.render.workload import workload_files
+        from inspector.workload_inputs import compute_for, context_for, stage_inputs
+
+        job = _job(args)
+        compute = compute_for(gpu_tflops, mfu, compute_profile)
+        built = build(job, select_view(job, stage), expert_ranks=(0,))
+        return json.dumps(workload_files(context_for(built, compute), stage_inputs(built)))
+
+    options = dict(stage=stage, gpu_tflops=gpu_tflops, mfu=mfu, profile=compute_profile, fmt=fmt)
+    if compute_profile is not None:
+        from inspector.output import read_text
+
+        options["profile_text"] = read_text(compute_profile)
+    files: dict[str, str] = json.loads(cache.cached("workload", args, options, use_cache, produce))
+    if output is None:
+        from inspector.workload import file_name
+
+        _emit(files[file_name(stage or 0)])
+        return
+    from inspector.output import write_directory_atomic
+
+    write_directory_atomic(output, files)
 
 
 @app.command()

@@ -46,3 +46,9 @@ class Partitioning(str, Enum):
     layers = "layers"
     cost = "cost"
     distopt = "distopt"
+
+
+class WorkloadFormat(str, Enum):
+    """`workload --format`: SimAI's workload files (room for other simulators' formats)."""
+
+    simai = "simai"

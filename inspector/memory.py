@@ -242,22 +242,8 @@ def _stage_memory(
     ranks: Sequence[tuple[int, int, int]],
 ) -> StageMemory:
     """Return one stage's memory: its chunks' buffers, its most loaded rank, its activations."""
-    from inspector.ddp import distopt_layout
-    from inspector.shards import DistOptSettings
-
     training = job.training
-    settings = DistOptSettings.for_job(
-        job,
-        grad_reduce_in_fp32=training.fp32_grads,
-        use_distributed_optimizer=training.use_distributed_optimizer,
-    )
-    buffers = [
-        buffer
-        for chunk in chunks
-        for buffer in distopt_layout(
-            chunk.module, settings, pipeline_rank=stage, chunk=chunk.chunk
-        ).buffers
-    ]
+    buffers = [buffer for chunk in chunks for buffer in chunk.buffers()]
     distributed = training.use_distributed_optimizer
     by_shard = {
         (data, expert): state_bytes(buffers, distributed, data, expert) for _, data, expert in ranks

@@ -27,164 +27,16 @@ from __future__ import annotations
 
 import csv
 import io
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-from inspector.errors import ConfigError, InputError
+from inspector.errors import ConfigError
 from inspector.flops import GEMM_FACTOR, layer_flops, logit_flops
-from inspector.formulas import ModelDims
 from inspector.simai import NONE, Header, Record, render_workload
-from inspector.topology import Layout
+from inspector.workload_inputs import ComputeProfile, ComputeRate, Context, StageInput
 
-if TYPE_CHECKING:
-    from inspector.shards import BufferLayout
-
-RECOMPUTE_MODES = ("none", "selective", "full")
 CROSS_ENTROPY_ALLREDUCES = 3  # max logit, target logit, sum of exp: fp32 (s, b) each
 OPTIMIZER_ALLREDUCES = 4  # AICB's optimizer1..4 (generator lines 825-839)
 TOKENS_PER_EXPERT_BYTES = 8  # int64 counts gathered by the all-to-all dispatcher's preprocess
-
-
-@dataclass(frozen=True)
-class BufferInput:
-    """One DDP grad buffer of a stage (megatron's _ParamAndGradBuffer, via shards.BufferLayout).
-
-    `numel` includes megatron's padding: it is what every rank reduces and gathers.
-    """
-
-    numel: int
-    param_bytes: int  # element size of the parameters (2 for bf16)
-    grad_bytes: int  # element size of the gradients (4 with fp32 grad accumulation)
-    expert: bool = False
-
-    @classmethod
-    def from_layout(cls, layout: BufferLayout) -> BufferInput:
-        """Return the input for one of megatron's grad buffers (numel with padding, dtypes)."""
-        return cls(
-            numel=layout.numel,
-            param_bytes=layout.param_dtype.itemsize,
-            grad_bytes=layout.grad_dtype.itemsize,
-            expert=layout.expert,
-        )
-
-
-@dataclass(frozen=True)
-class StageInput:
-    """What megatron placed on one pipeline stage, as the lead's builder reads it off the model.
-
-    `chunks`: per virtual chunk, the 0-based global numbers of its transformer layers (one chunk
-    without interleaving). `parameters`: local parameters on one rank (for the index only).
-    """
-
-    stage: int
-    chunks: tuple[tuple[int, ...], ...]
-    has_embedding: bool
-    has_output: bool
-    mtp_layers: int = 0
-    buffers: tuple[BufferInput, ...] = ()
-    parameters: int = 0
-
-    @property
-    def layers(self) -> tuple[int, ...]:
-        """Return the stage's layers, chunk after chunk."""
-        return tuple(layer for chunk in self.chunks for layer in chunk)
-
-
-@dataclass(frozen=True)
-class Training:
-    """Megatron-LM training flags that change what travels or how long compute takes."""
-
-    micro_batch_size: int
-    num_microbatches: int
-    world_size: int
-    distributed_optimizer: bool = True
-    recompute: str = "none"  # --recompute-granularity: none, selective, full
-    learned_positions: bool = True  # --position-embedding-type learned_absolute
-
-    def __post_init__(self) -> None:
-        """Reject values no workload can use."""
-        if self.recompute not in RECOMPUTE_MODES:
-            raise ConfigError(f"--recompute-granularity must be one of {RECOMPUTE_MODES}")
-        for name in ("micro_batch_size", "num_microbatches", "world_size"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
-
-
-@dataclass(frozen=True)
-class ComputeRate:
-    """Compute times from FLOPs: --gpu-tflops x --mfu (labelled estimates in the index)."""
-
-    gpu_tflops: float
-    mfu: float
-
-    def ns(self, flops: float) -> int:
-        """Return the nanoseconds `flops` take at this rate."""
-        return round(flops / (self.gpu_tflops * self.mfu * 1e3))
-
-
-@dataclass(frozen=True)
-class ComputeProfile:
-    """Measured per-micro-batch times of one rank, in ns, from AICB/AIOB's profile file.
-
-    Built by inspector.simai.parse_compute_profile, grouped as AICB's `extract_averages`
-    (utils/utils.py 373-447) groups them: attention (atten*, layernorm), mlp (mlp*,
-    layernorm2), embedding (Emb), logits (logit_time), optimizer (param_time min + avg).
-    """
-
-    attention: int
-    mlp: int
-    embedding: int = 0
-    logits: int = 0
-    optimizer: int = 0
-    flash: int = 0  # the core-attention part of `attention`, recomputed under selective
-
-    @classmethod
-    def from_sections(cls, sections: dict[str, tuple[float, float]]) -> ComputeProfile:
-        """Group parse_compute_profile's µs sections into ns the way AICB's extract_averages does."""
-
-        def ns(names: list[str]) -> int:
-            return round(sum(sections[n][0] for n in names) * 1000)
-
-        attention = [n for n in sections if "atten" in n or n == "layernorm"]
-        mlp = [n for n in sections if "mlp" in n or n == "layernorm2"]
-        if not attention or not mlp:
-            raise InputError(
-                "the compute profile needs attention (atten*) and MLP (mlp*) sections, "
-                f"found {', '.join(sections)}"
-            )
-        avg, low = sections.get("param_time", (0.0, 0.0))
-        return cls(
-            attention=ns(attention),
-            mlp=ns(mlp),
-            embedding=ns([n for n in ("Emb",) if n in sections]),
-            logits=ns([n for n in ("logit_time",) if n in sections]),
-            optimizer=round(low * 1000) + round(avg * 1000),  # AICB: min + avg (utils.py 395-399)
-            flash=ns([n for n in attention if "flash" in n or "core" in n]),
-        )
-
-
-@dataclass(frozen=True)
-class Job:
-    """Everything one stage's records depend on besides the stage itself."""
-
-    dims: ModelDims
-    par: Layout
-    training: Training
-    compute: ComputeRate | ComputeProfile = field(default_factory=lambda: ComputeRate(1.0, 1.0))
-
-    @property
-    def tokens(self) -> int:
-        """Return the tokens of one micro-batch on one context-parallel rank: b s / c."""
-        if self.dims.seq_length % self.par.cp:
-            raise ConfigError(
-                f"--seq-length {self.dims.seq_length} is not divisible by --cp {self.par.cp}"
-            )
-        return self.training.micro_batch_size * self.dims.seq_length // self.par.cp
-
-    @property
-    def activation(self) -> int:
-        """Return the bytes of the (s/c, b, h) activation: 2 b s h at 16 bits, c = 1."""
-        return self.dims.activation_bytes * self.tokens * self.dims.hidden_size
 
 
 @dataclass(frozen=True)
@@ -196,7 +48,7 @@ class _Phases:
     wg: int = 0
 
 
-def _gemm(job: Job, flops: float) -> _Phases:
+def _gemm(job: Context, flops: float) -> _Phases:
     """Split a GEMM's 6-factor FLOPs (flops.py) evenly: forward, data grad, weight grad."""
     if not isinstance(job.compute, ComputeRate):
         return _Phases()
@@ -204,14 +56,14 @@ def _gemm(job: Job, flops: float) -> _Phases:
     return _Phases(t, t, t)
 
 
-def _recompute(job: Job, phases: _Phases, core: int) -> _Phases:
+def _recompute(job: Context, phases: _Phases, core: int) -> _Phases:
     """Add recomputation to the input-grad phase: the core attention, or the whole forward."""
     mode = job.training.recompute
     extra = phases.fwd if mode == "full" else core if mode == "selective" else 0
     return _Phases(phases.fwd, phases.ig + extra, phases.wg)
 
 
-def _tp_pair(job: Job, name: str, width: int, first: _Phases, second: _Phases) -> list[Record]:
+def _tp_pair(job: Context, name: str, width: int, first: _Phases, second: _Phases) -> list[Record]:
     """Return the column/row records of one tensor-parallel region of `width` x activation.
 
     With sequence parallelism the column gathers its input (backward: reduce-scatter) and the
@@ -231,7 +83,7 @@ def _tp_pair(job: Job, name: str, width: int, first: _Phases, second: _Phases) -
     ]
 
 
-def _attention(job: Job, layer: int, prefix: str = "") -> list[Record]:
+def _attention(job: Context, layer: int, prefix: str = "") -> list[Record]:
     """Return the attention records of one layer (with the context-parallel KV exchange)."""
     dims, par = job.dims, job.par
     flops = layer_flops(dims, layer, job.training.micro_batch_size)
@@ -265,7 +117,7 @@ def _attention(job: Job, layer: int, prefix: str = "") -> list[Record]:
     return records
 
 
-def _dense_mlp(job: Job, layer: int, prefix: str = "", ffn: int | None = None) -> list[Record]:
+def _dense_mlp(job: Context, layer: int, prefix: str = "", ffn: int | None = None) -> list[Record]:
     """Return the column/row records of a dense (or shared-expert) MLP."""
     dims = job.dims
     split = job.par.tp * job.par.cp
@@ -281,7 +133,7 @@ def _dense_mlp(job: Job, layer: int, prefix: str = "", ffn: int | None = None) -
     return _tp_pair(job, prefix + "mlp", 1, _recompute(job, fc1, 0), _recompute(job, fc2, 0))
 
 
-def _moe_mlp(job: Job, layer: int, prefix: str = "") -> list[Record]:
+def _moe_mlp(job: Context, layer: int, prefix: str = "") -> list[Record]:
     """Return megatron-core's all-to-all token dispatcher (MoEAlltoAllTokenDispatcher) records.
 
     Same five records as AICB (generator lines 433-487): token counts gathered, tokens
@@ -319,13 +171,13 @@ def _moe_mlp(job: Job, layer: int, prefix: str = "") -> list[Record]:
     return records
 
 
-def layer_records(job: Job, layer: int, prefix: str = "") -> list[Record]:
+def layer_records(job: Context, layer: int, prefix: str = "") -> list[Record]:
     """Return the records of 0-based global transformer `layer` for one micro-batch."""
     mlp = _moe_mlp if job.dims.is_moe_layer(layer) else _dense_mlp
     return _attention(job, layer, prefix) + mlp(job, layer, prefix)
 
 
-def _embedding(job: Job, name: str = "embedding_layer") -> Record:
+def _embedding(job: Context, name: str = "embedding_layer") -> Record:
     """Return the word-embedding record: its output all-reduce or reduce-scatter.
 
     LanguageModelEmbedding (megatron-core) reduce-scatters the vocab-parallel lookup straight
@@ -344,7 +196,7 @@ def _embedding(job: Job, name: str = "embedding_layer") -> Record:
     return Record(name, fwd_ns, fwd, size if fwd != NONE else 0, 0, bwd, size if bwd != NONE else 0)
 
 
-def _output(job: Job, prefix: str = "") -> list[Record]:
+def _output(job: Context, prefix: str = "") -> list[Record]:
     """Return the output layer and the vocab-parallel cross entropy's three all-reduces."""
     par = job.par
     if isinstance(job.compute, ComputeRate):
@@ -373,7 +225,7 @@ def _output(job: Job, prefix: str = "") -> list[Record]:
     return [column] + entropy
 
 
-def _mtp(job: Job, depth: int) -> list[Record]:
+def _mtp(job: Context, depth: int) -> list[Record]:
     """Return one multi-token-prediction layer: embedding, eh_proj, a layer, output and loss."""
     prefix = f"mtp{depth + 1}_"
     last = job.dims.num_layers - 1  # MTP layers take the decoder's last layer spec
@@ -388,7 +240,7 @@ def _mtp(job: Job, depth: int) -> list[Record]:
     )
 
 
-def _data_parallel(job: Job, stage: StageInput) -> list[Record]:
+def _data_parallel(job: Context, stage: StageInput) -> list[Record]:
     """Return the once-per-iteration gradient and parameter collectives of the stage's buffers."""
     records: list[Record] = []
     for expert, (gather_name, reduce_name), suffix in (
@@ -413,7 +265,7 @@ def _data_parallel(job: Job, stage: StageInput) -> list[Record]:
     return records
 
 
-def microbatch_records(job: Job, stage: StageInput) -> list[Record]:
+def microbatch_records(job: Context, stage: StageInput) -> list[Record]:
     """Return the records of one micro-batch through `stage`: what its ranks run, in order."""
     records = [_embedding(job)] if stage.has_embedding else []
     for chunk in stage.chunks:
@@ -426,7 +278,7 @@ def microbatch_records(job: Job, stage: StageInput) -> list[Record]:
     return records
 
 
-def stage_records(job: Job, stage: StageInput) -> list[Record]:
+def stage_records(job: Context, stage: StageInput) -> list[Record]:
     """Return every record of `stage`'s file: data parallel, ga micro-batches, optimizer."""
     check_stage(job, stage)
     block = microbatch_records(job, stage)
@@ -437,7 +289,7 @@ def stage_records(job: Job, stage: StageInput) -> list[Record]:
     return _data_parallel(job, stage) + block * job.training.num_microbatches + optimizer
 
 
-def stage_header(job: Job) -> Header:
+def stage_header(job: Context) -> Header:
     """Return the header every stage's file carries.
 
     `vpp` is the real number of virtual chunks: SimAI multiplies the file's per-micro-batch
@@ -458,7 +310,7 @@ def stage_header(job: Job) -> Header:
     )
 
 
-def check_stage(job: Job, stage: StageInput) -> None:
+def check_stage(job: Context, stage: StageInput) -> None:
     """Raise ConfigError where a StageInput contradicts the job."""
     if not 0 <= stage.stage < job.par.pp:
         raise ConfigError(f"--stage {stage.stage} is not a pipeline stage of --pp {job.par.pp}")
@@ -471,7 +323,7 @@ def check_stage(job: Job, stage: StageInput) -> None:
         raise ConfigError(f"stage {stage.stage} holds layers {bad} outside --num-layers")
 
 
-def render_stage(job: Job, stage: StageInput) -> str:
+def render_stage(job: Context, stage: StageInput) -> str:
     """Return the SimAI workload file of one pipeline stage."""
     return render_workload(stage_header(job), stage_records(job, stage))
 
@@ -505,7 +357,7 @@ def file_name(stage: int) -> str:
     return f"stage{stage:03d}.txt"
 
 
-def render_index(job: Job, stages: list[StageInput]) -> str:
+def render_index(job: Context, stages: list[StageInput]) -> str:
     """Return the index (CSV) of a workload directory: one row per stage file.
 
     `layers` lists each chunk's global layers as ranges, chunks separated by `|`; `compute`

@@ -12,21 +12,18 @@ from inspector.flops import layer_flops, logit_flops, stage_flops
 from inspector.formulas import ModelDims
 from inspector.simai import NONE, Record, parse_compute_profile, parse_workload
 from inspector.topology import Layout
-from inspector.workload import (
+from inspector.workload import render_index, render_stage, stage_header, stage_records
+from inspector.workload_inputs import (
     BufferInput,
     ComputeProfile,
     ComputeRate,
-    Job,
+    Context,
+    Settings,
     StageInput,
-    Training,
-    render_index,
-    render_stage,
-    stage_header,
-    stage_records,
 )
 
 
-def checked_records(job: Job, stage: StageInput) -> list[Record]:
+def checked_records(job: Context, stage: StageInput) -> list[Record]:
     """Return the stage's records after reading its file back with the strict reader."""
     records = stage_records(job, stage)
     header, parsed = parse_workload(render_stage(job, stage))
@@ -82,10 +79,10 @@ FIXED_BACKWARD = {
 }
 
 
-def big_job() -> Job:
+def big_job() -> Context:
     dims = ModelDims(L, H, 128, S, 50304, ffn_hidden_size=53248)  # 50257 padded to 128 x 8
     par = Layout(tp=TP, pp=PP, dp=8, sequence_parallel=True)
-    return Job(dims, par, Training(B, 16, 1024), ComputeRate(989.0, 0.4))
+    return Context(dims, par, Settings(B, 16, 1024), ComputeRate(989.0, 0.4))
 
 
 def big_stage(stage: int) -> StageInput:
@@ -179,9 +176,9 @@ LAYER_NUMEL = 25184
 SMALL_DIMS = ModelDims(4, 64, 4, 128, 256)
 
 
-def small_job(**par: object) -> Job:
+def small_job(**par: object) -> Context:
     layout = {"tp": 2, "pp": 2, "dp": 2, "sequence_parallel": True} | par
-    return Job(SMALL_DIMS, Layout(**layout), Training(2, 2, 8), ComputeRate(100.0, 0.5))  # type: ignore[arg-type]
+    return Context(SMALL_DIMS, Layout(**layout), Settings(2, 2, 8), ComputeRate(100.0, 0.5))  # type: ignore[arg-type]
 
 
 SMALL_STAGES = [
@@ -239,7 +236,7 @@ def test_data_parallel_bytes_are_buffers_times_dtypes() -> None:
 
 def test_without_distributed_optimizer_grads_are_all_reduced() -> None:
     job = small_job()
-    job = Job(job.dims, job.par, Training(2, 2, 8, distributed_optimizer=False), job.compute)
+    job = Context(job.dims, job.par, Settings(2, 2, 8, distributed_optimizer=False), job.compute)
     records = checked_records(job, SMALL_STAGES[0])
     assert [r.name for r in records[:2]] == ["grad_param_comm", "grad_param_compute"]
     assert records[0].wg_comm == "ALLREDUCE" and records[0].wg_bytes == 66816 * 4
@@ -268,7 +265,7 @@ def test_tp_1_has_no_tensor_parallel_collectives() -> None:
 
 def test_rope_embedding_reduce_scatters() -> None:
     job = small_job()
-    job = Job(job.dims, job.par, Training(2, 2, 8, learned_positions=False), job.compute)
+    job = Context(job.dims, job.par, Settings(2, 2, 8, learned_positions=False), job.compute)
     embedding = next(
         r for r in checked_records(job, SMALL_STAGES[0]) if r.name == "embedding_layer"
     )
@@ -282,7 +279,7 @@ def test_rope_embedding_reduce_scatters() -> None:
 
 def test_uneven_pipeline_golden(golden: Callable[[str, str], None]) -> None:
     dims = ModelDims(5, 64, 4, 128, 256)
-    job = Job(dims, Layout(tp=2, pp=2, dp=2, sequence_parallel=True), Training(1, 2, 8))
+    job = Context(dims, Layout(tp=2, pp=2, dp=2, sequence_parallel=True), Settings(1, 2, 8))
     stage = StageInput(
         1, ((2, 3, 4),), False, True, buffers=(BufferInput(3 * LAYER_NUMEL + 8448, 2, 4),)
     )
@@ -294,7 +291,7 @@ def test_uneven_pipeline_golden(golden: Callable[[str, str], None]) -> None:
 
 def test_virtual_chunks_in_one_file() -> None:
     dims = ModelDims(8, 64, 4, 128, 256)
-    job = Job(dims, Layout(tp=2, pp=2, vpp=2, dp=2, sequence_parallel=True), Training(1, 4, 8))
+    job = Context(dims, Layout(tp=2, pp=2, vpp=2, dp=2, sequence_parallel=True), Settings(1, 4, 8))
     stage = StageInput(0, ((0, 1), (4, 5)), True, False, buffers=(BufferInput(1024, 2, 4),))
     header, records = parse_workload(render_stage(job, stage))
     assert header.vpp == 2
@@ -324,7 +321,7 @@ MOE_DIMS = ModelDims(2, 64, 4, 128, 256, num_experts=4, moe_router_topk=2)
 
 def test_moe_golden(golden: Callable[[str, str], None]) -> None:
     par = Layout(tp=2, pp=1, ep=2, dp=2, sequence_parallel=True)
-    job = Job(MOE_DIMS, par, Training(1, 2, 4), ComputeRate(100.0, 0.5))
+    job = Context(MOE_DIMS, par, Settings(1, 2, 4), ComputeRate(100.0, 0.5))
     buffers = (BufferInput(13312, 2, 4), BufferInput(33024, 2, 4, expert=True))
     stage = StageInput(0, ((0, 1),), True, True, buffers=buffers)
     text = render_stage(job, stage)
@@ -344,7 +341,7 @@ def test_moe_golden(golden: Callable[[str, str], None]) -> None:
 
 def test_moe_without_expert_parallel_has_no_all_to_all() -> None:
     par = Layout(tp=1, pp=1, ep=1, dp=2)
-    job = Job(MOE_DIMS, par, Training(1, 1, 2))
+    job = Context(MOE_DIMS, par, Settings(1, 1, 2))
     records = checked_records(job, StageInput(0, ((0, 1),), True, True))
     assert not any(r.fwd_comm.startswith("ALLTOALL") for r in records)
 
@@ -390,7 +387,7 @@ def test_forward_is_a_third() -> None:
 def test_recomputation_adds_to_the_input_gradient(mode: str) -> None:
     base = checked_records(small_job(), SMALL_STAGES[0])
     job = small_job()
-    job = Job(job.dims, job.par, Training(2, 2, 8, recompute=mode), job.compute)
+    job = Context(job.dims, job.par, Settings(2, 2, 8, recompute=mode), job.compute)
     records = checked_records(job, SMALL_STAGES[0])
     plain = next(r for r in base if r.name == "attention_column")
     again = next(r for r in records if r.name == "attention_column")
@@ -439,7 +436,7 @@ def test_compute_profile_times() -> None:
         flash=512_000,
     )
     job = small_job()
-    job = Job(job.dims, job.par, job.training, profile)
+    job = Context(job.dims, job.par, job.training, profile)
     records = {r.name: r for r in checked_records(job, SMALL_STAGES[0])}
     assert records["attention_column"].fwd_compute == profile.attention // 2  # AICB's halves
     assert records["mlp_row"].ig_compute == profile.mlp // 2
@@ -469,16 +466,16 @@ def test_layer_outside_the_model() -> None:
 
 def test_pipeline_send_beyond_what_simai_reads() -> None:
     dims = ModelDims(2, 16384, 128, 131072, 256)
-    job = Job(dims, Layout(pp=2), Training(1, 1, 2))
+    job = Context(dims, Layout(pp=2), Settings(1, 1, 2))
     with pytest.raises(InputError, match="pp_comm must lie in 0..2147483647"):
         render_stage(job, StageInput(0, ((0,),), True, False))
 
 
 def test_bad_training_flags() -> None:
     with pytest.raises(ConfigError, match="--recompute-granularity"):
-        Training(1, 1, 1, recompute="some")
+        Settings(1, 1, 1, recompute="some")
     with pytest.raises(ConfigError, match="micro_batch_size must be at least 1"):
-        Training(0, 1, 1)
+        Settings(0, 1, 1)
 
 
 def test_buffer_input_from_megatron_layout() -> None:
