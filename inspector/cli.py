@@ -212,8 +212,9 @@ def topology(
 
     def produce() -> str:
         from inspector.render.topology import render_topology
+        from inspector.topology import rank_map_layout
 
-        return render_topology(_job(args).layout, fmt)
+        return render_topology(rank_map_layout(args), fmt)
 
     _emit(cache.cached("topology", args, {"format": fmt}, use_cache, produce))
 
