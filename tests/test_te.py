@@ -7,6 +7,7 @@ numbers are the ones each stand-in class's docstring cites. megatron-core's own 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import subprocess
 import sys
@@ -245,19 +246,37 @@ class Built(NamedTuple):
     checkpoint: dict[tuple[str, tuple[int, ...]], int]
 
 
-def build(model: ModelConfig, layout: Layout, spec: str = "te", rank: int = 0) -> Any:
+def build(model: ModelConfig, layout: Layout, spec: str = "te", rank: int = 0, **extra: Any) -> Any:
     """Build the whole model (pp=1) on one simulated rank and return the GPTModel."""
-    return build_checkpoint(model, layout, spec, rank).gpt
+    return build_checkpoint(model, layout, spec, rank, **extra).gpt
 
 
-def build_checkpoint(model: ModelConfig, layout: Layout, spec: str = "te", rank: int = 0) -> Built:
-    """Build as world.build_stage does; also return megatron's checkpoint keys and shapes."""
+def _config(model: ModelConfig, layout: Layout, extra: dict[str, Any]) -> Any:
+    """Return world's TransformerConfig, remade with `extra` fields (and `config_class`)."""
+    config = world._transformer_config(model, layout, None)
+    config_class = extra.pop("config_class", type(config))
+    if not extra and config_class is type(config):
+        return config
+    fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.init}
+    return config_class(**{**fields, **extra})
+
+
+def build_checkpoint(
+    model: ModelConfig, layout: Layout, spec: str = "te", rank: int = 0, **extra: Any
+) -> Built:
+    """Build as world.build_stage does; also return megatron's checkpoint keys and shapes.
+
+    `extra` sets TransformerConfig fields the tool does not pass yet (`config_class` picks
+    e.g. MLATransformerConfig); `mtp_num_layers` adds megatron's TE MTP block spec.
+    """
     m = _megatron()
     with world.simulated_rank(layout, rank, None), simulated_cuda(), world._quiet_megatron():
-        transformer_config = world._transformer_config(model, layout, None)
+        transformer_config = _config(model, layout, dict(extra))
         with torch.device("meta"):
             layer_spec = _te_spec(model) if spec == "te" else _local_spec(model)
+            mtp = _mtp_spec(transformer_config, layer_spec, spec == "te")
             gpt = m.GPTModel(
+                mtp_block_spec=mtp,
                 config=transformer_config,
                 transformer_layer_spec=layer_spec,
                 vocab_size=model.padded_vocab_size(layout.tp),
@@ -269,6 +288,14 @@ def build_checkpoint(model: ModelConfig, layout: Layout, spec: str = "te", rank:
             )
         # What the tool does with every built model: sharded_state_dict() + apply_factories.
         return Built(gpt, world.checkpoint_sizes(gpt))
+
+
+def _mtp_spec(config: Any, layer_spec: Any, use_te: bool) -> Any:
+    if not getattr(config, "mtp_num_layers", None):
+        return None
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_mtp_block_spec
+
+    return get_gpt_mtp_block_spec(config, layer_spec, use_transformer_engine=use_te)
 
 
 def _layer(gpt: Any, index: int = 0) -> dict[str, tuple[int, ...]]:
@@ -467,3 +494,84 @@ def test_te_names_are_local_names_through_megatrons_key_map(name: str) -> None:
     assert sum(p.numel() for p in te_gpt.parameters()) == sum(
         p.numel() for p in local_gpt.parameters()
     )
+
+
+# --- Context parallelism, multi-latent attention, multi-token prediction -----------------------
+
+
+def test_context_parallel_builds_te_attention_with_cp_group() -> None:
+    # TEDotProductAttention passes cp_group / cp_global_ranks / a shared cp_stream to TE with
+    # cp > 1 (extensions/transformer_engine.py ~1223-1245); the local DotProductAttention refuses.
+    model = DENSE["rmsnorm-swiglu-gqa-nobias"]
+    gpt = build(model, Layout(tp=2, cp=2, sequence_parallel=True), rank=1)
+    attn = gpt.decoder.layers[0].self_attention.core_attention
+    assert len(attn.cp_global_ranks) == 2 and attn.cp_comm_type == "p2p"
+    assert type(attn.cp_stream).__name__ == "SimulatedStream"
+    # Context parallelism changes no weight shape.
+    assert _layer(gpt) == _expected_dense_layer(model, tp=2)
+
+
+MLA = dict(q_lora_rank=32, kv_lora_rank=16, qk_head_dim=16, qk_pos_emb_head_dim=8, v_head_dim=16)
+
+
+@pytest.mark.parametrize("qk_layernorm", [True, False], ids=["qk-layernorm", "no-qk-layernorm"])
+def test_multi_latent_attention_builds(qk_layernorm: bool) -> None:
+    from megatron.core.transformer.transformer_config import MLATransformerConfig
+
+    model = _model(
+        normalization="RMSNorm",
+        swiglu=True,
+        disable_bias_linear=True,
+        multi_latent_attention=True,
+        qk_layernorm=qk_layernorm,
+        position_embedding_type="none",
+    )
+    layout = Layout(tp=2, sequence_parallel=True)
+    gpt = build(model, layout, config_class=MLATransformerConfig, **MLA)
+    n, h, t = 4, 64, 2
+    expected = {
+        "input_layernorm.weight": (h,),
+        # TELinear, "duplicated": q/kv down projections are whole on every tp rank.
+        "self_attention.linear_q_down_proj.weight": (MLA["q_lora_rank"], h),
+        "self_attention.linear_kv_down_proj.weight": (
+            MLA["kv_lora_rank"] + MLA["qk_pos_emb_head_dim"],
+            h,
+        ),
+        "self_attention.linear_q_up_proj.weight": (
+            n * (MLA["qk_head_dim"] + MLA["qk_pos_emb_head_dim"]) // t,
+            MLA["q_lora_rank"],
+        ),
+        "self_attention.linear_kv_up_proj.weight": (
+            n * (MLA["qk_head_dim"] + MLA["v_head_dim"]) // t,
+            MLA["kv_lora_rank"],
+        ),
+        "self_attention.linear_proj.weight": (h, n * MLA["v_head_dim"] // t),
+        "mlp.linear_fc1.layer_norm_weight": (h,),
+        "mlp.linear_fc1.weight": (2 * model.ffn_size // t, h),
+        "mlp.linear_fc2.weight": (h, model.ffn_size // t),
+    }
+    if (
+        qk_layernorm
+    ):  # the q/kv norms fuse into the up projections (TELayerNormColumnParallelLinear)
+        expected["self_attention.linear_q_up_proj.layer_norm_weight"] = (MLA["q_lora_rank"],)
+        expected["self_attention.linear_kv_up_proj.layer_norm_weight"] = (MLA["kv_lora_rank"],)
+    assert _layer(gpt) == expected
+
+
+def test_multi_token_prediction_builds_with_te_layers() -> None:
+    model = DENSE["rmsnorm-swiglu-gqa-nobias"]
+    gpt = build(model, Layout(), mtp_num_layers=1)
+    mtp = {n: tuple(p.shape) for n, p in gpt.named_parameters() if n.startswith("mtp.")}
+    h = model.hidden_size
+    inner = {
+        f"mtp.layers.0.transformer_layer.{name}": shape
+        for name, shape in _expected_dense_layer(model, tp=1).items()
+    }
+    # The MTP layer's own names vary by version (transformer_layer; Megatron-LM later renamed it).
+    assert mtp == {
+        "mtp.layers.0.enorm.weight": (h,),
+        "mtp.layers.0.hnorm.weight": (h,),
+        "mtp.layers.0.eh_proj.weight": (h, 2 * h),
+        "mtp.layers.0.final_layernorm.weight": (h,),
+        **inner,
+    }
