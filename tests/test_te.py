@@ -50,6 +50,7 @@ def test_install_is_scoped() -> None:
 
 def test_install_is_idempotent_and_declares_the_version() -> None:
     te.install()
+    _megatron()
     import transformer_engine
     from megatron.core.utils import get_te_version
     from packaging.version import Version
@@ -511,6 +512,12 @@ def test_context_parallel_builds_te_attention_with_cp_group() -> None:
     assert _layer(gpt) == _expected_dense_layer(model, tp=2)
 
 
+def _megatron_minor() -> str:
+    from megatron.core import __version__
+
+    return ".".join(__version__.split(".")[:2])
+
+
 MLA = dict(q_lora_rank=32, kv_lora_rank=16, qk_head_dim=16, qk_pos_emb_head_dim=8, v_head_dim=16)
 
 
@@ -529,12 +536,18 @@ def test_multi_latent_attention_builds(qk_layernorm: bool) -> None:
     layout = Layout(tp=2, sequence_parallel=True)
     gpt = build(model, layout, config_class=MLATransformerConfig, **MLA)
     n, h, t = 4, 64, 2
+    # The q/kv down projections: megatron-core 0.13 builds them column-parallel (divided by tp);
+    # 0.16 builds TELinear "duplicated" (whole on every tp rank; gpt_layer_specs.py uses
+    # backend.linear() for them).
+    down = type(gpt.decoder.layers[0].self_attention.linear_q_down_proj).__name__
+    known = {"0.13": "TEColumnParallelLinear", "0.16": "TELinear"}
+    assert down == known.get(_megatron_minor(), down)
+    down_tp = t if down == "TEColumnParallelLinear" else 1
     expected = {
         "input_layernorm.weight": (h,),
-        # TELinear, "duplicated": q/kv down projections are whole on every tp rank.
-        "self_attention.linear_q_down_proj.weight": (MLA["q_lora_rank"], h),
+        "self_attention.linear_q_down_proj.weight": (MLA["q_lora_rank"] // down_tp, h),
         "self_attention.linear_kv_down_proj.weight": (
-            MLA["kv_lora_rank"] + MLA["qk_pos_emb_head_dim"],
+            (MLA["kv_lora_rank"] + MLA["qk_pos_emb_head_dim"]) // down_tp,
             h,
         ),
         "self_attention.linear_q_up_proj.weight": (
