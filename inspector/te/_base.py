@@ -78,25 +78,36 @@ class TransformerEngineBaseModule(torch.nn.Module):
     `torch.cuda.is_available()` here; the stand-in does not, since it never runs forward.
     """
 
+    name: str | None
+    fp8_meta: dict[str, Any]
+    tp_group: Any
+    tp_size: int
+    sequence_parallel: bool
+    param_init_meta: dict[str, dict[str, Any]]
+
     def __init__(self) -> None:
         super().__init__()
-        self.name: str | None = None
-        self.fp8_initialized = False
-        self.fp8 = False
-        self.fp8_calibration = False
-        self.fp8_meta: dict[str, Any] = {"fp8_checkpoint": False, "fp8_group": None}
-        self.fp8_meta_tensors_initialized = False
-        self.quantizers: dict[str, dict[int, Any]] = {"scaling_fwd": {}, "scaling_bwd": {}}
-        self.tp_group: Any = None
-        self.tp_size = 1
-        self.sequence_parallel = False
-        self.param_init_meta: dict[str, dict[str, Any]] = {}
-        self.primary_weights_in_fp8 = FP8GlobalStateManager.with_fp8_parameters()
-        self.preserve_high_precision_init_val = FP8GlobalStateManager.with_high_precision_init_val()
-        self.fsdp_wrapped = False
-        self.fsdp_group: Any = None
-        self.activation_dtype: torch.dtype | None = None
-        self.wgrad_accumulation_and_reduce_hooks: list[Any] = []
+        # Plain values only, so they skip nn.Module.__setattr__'s checks (as TE's __setattr__
+        # does for some, base.py 633-650): builds create hundreds of these modules.
+        self.__dict__.update(
+            name=None,
+            fp8_initialized=False,
+            fp8=False,
+            fp8_calibration=False,
+            fp8_meta={"fp8_checkpoint": False, "fp8_group": None},
+            fp8_meta_tensors_initialized=False,
+            quantizers={"scaling_fwd": {}, "scaling_bwd": {}},
+            tp_group=None,
+            tp_size=1,
+            sequence_parallel=False,
+            param_init_meta={},
+            primary_weights_in_fp8=FP8GlobalStateManager.with_fp8_parameters(),
+            preserve_high_precision_init_val=FP8GlobalStateManager.with_high_precision_init_val(),
+            fsdp_wrapped=False,
+            fsdp_group=None,
+            activation_dtype=None,
+            wgrad_accumulation_and_reduce_hooks=[],
+        )
 
     def register_parameter(self, name: str, param: Any, **kwargs: Any) -> None:
         """Register, and stash TE's init metadata for the parameter (base.py 1197-1208)."""
