@@ -19,9 +19,9 @@ import torch
 
 from inspector import te
 
-# megatron-core decides HAVE_TE when it is imported; pytest imports this module while collecting,
-# before any test imports megatron-core (tests/test_versions.py, which imports it at module
-# level, is collected after this file). `_megatron` below fails loudly if that order is broken.
+# megatron-core decides HAVE_TE when it is first imported: tests/conftest.py installs the stand-in
+# before any test module imports megatron-core (this call is a no-op then). `_megatron` below
+# fails loudly if megatron-core was imported without it.
 te.install()
 
 from inspector import world  # noqa: E402
