@@ -155,7 +155,7 @@ def test_grouped_linear_has_one_weight_per_gemm() -> None:
     no_bias = linear.GroupedLinear(2, 64, 32, bias=False, parallel_mode="row", device="cpu")
     assert _names(no_bias) == ["weight0", "weight1"] and no_bias.bias1.numel() == 0
     assert _tp_attrs(no_bias.weight0) == (True, 1, 1)
-    # grouped_linear.py 644-648: TE refuses bias with tp > 1.
+    # grouped_linear.py 650-654: TE refuses bias with tp > 1.
     with pytest.raises(ValueError, match="doesn't support bias when TP > 1"):
         linear.GroupedLinear(2, 64, 32, tp_size=2, parallel_mode="column", device="cpu")
 
@@ -170,7 +170,7 @@ def test_norms_register_like_te_and_print_bare() -> None:
     assert _shapes(rms) == {"weight": (64,)} and rms.weight.dtype == BF16
     assert _shapes(ln) == {"weight": (64,), "bias": (64,)}
     assert (repr(rms), repr(ln)) == ("RMSNorm()", "LayerNorm()")
-    assert rms.weight.sequence_parallel is True  # set by reset_parameters (rmsnorm.py 130-133)
+    assert rms.weight.sequence_parallel is True  # set by reset_parameters (module/rmsnorm.py 119-138)
     assert not hasattr(ln.weight, "sequence_parallel")  # meta defers it (ops rmsnorm.py 90-105)
     with pytest.raises(RuntimeError, match="Neither"):
         norm.RMSNorm()

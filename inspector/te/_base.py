@@ -2,7 +2,7 @@
 
 Mirrors transformer_engine 2.11.0, `pytorch/module/base.py` (TransformerEngineBaseModule, lines
 601-630 `__init__`, 806-841 `get_extra_state`, 1197-1208 `register_parameter`, 1210-1240
-`reset_parameters`) and `pytorch/distributed.py` (`set_tensor_model_parallel_attributes`).
+`reset_parameters`) and `pytorch/distributed.py` 145-158 (`set_tensor_model_parallel_attributes`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ _MODEL_PARALLEL_ATTRIBUTES = ("tensor_model_parallel", "partition_dim", "partiti
 def set_tensor_model_parallel_attributes(
     tensor: torch.Tensor, is_parallel: bool, dim: int, stride: int
 ) -> None:
-    """Set the attributes megatron reads off a tensor-parallel weight (TE distributed.py 150-163)."""
+    """Set the attributes megatron reads off a tensor-parallel weight (TE distributed.py 145-158)."""
     for attribute in _MODEL_PARALLEL_ATTRIBUTES:
         if hasattr(tensor, attribute):
             raise RuntimeError(

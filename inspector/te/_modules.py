@@ -70,13 +70,7 @@ _LAYOUT: dict[str, tuple[bool, dict[str, Any]]] = {
         },
     ),
     ".pytorch.tensor": (True, {"QuantizedTensor": state.QuantizedTensor}),
-    ".pytorch.attention": (
-        True,
-        {
-            "DotProductAttention": attention.DotProductAttention,
-            "_SplitAlongDim": state._SplitAlongDim,
-        },
-    ),
+    ".pytorch.attention": (True, {"DotProductAttention": attention.DotProductAttention}),
     ".pytorch.ops": (True, {"FusibleOperation": state.FusibleOperation, **state.OPS}),
     ".pytorch.router": (
         False,

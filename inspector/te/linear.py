@@ -51,7 +51,7 @@ class _ParallelLinear(TransformerEngineBaseModule):
     def _register_weight_and_bias(
         self, init_method: Any, get_rng_state_tracker: Any, params_dtype: torch.dtype
     ) -> None:
-        """Register `weight` and `bias` (linear.py 1241-1295; no `parameters_split` here).
+        """Register `weight` and `bias` (linear.py 1192-1295; no `parameters_split` here).
 
         With bias off TE sets `bias` to an empty plain tensor, not a parameter (1289-1292).
         """
@@ -246,7 +246,7 @@ class GroupedLinear(TransformerEngineBaseModule):
 
     One weight per GEMM, `weight0` ... `weight{num_gemms-1}` of (out, in) after the tp division,
     and `bias{i}` only with bias=True (otherwise empty plain tensors, 697-700). TE refuses bias
-    with tp > 1 (644-648).
+    with tp > 1 (650-654).
     """
 
     def __init__(

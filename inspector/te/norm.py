@@ -17,7 +17,7 @@ from inspector.te._base import empty, mark_sequence_parallel
 
 
 def _normalized_shape(normalized_shape: Any, hidden_size: int | None) -> tuple[int, ...]:
-    """Resolve TE's deprecated `hidden_size` argument (module/rmsnorm.py 75-92)."""
+    """Resolve TE's deprecated `hidden_size` argument (module/rmsnorm.py 75-90)."""
     if normalized_shape is None:
         if hidden_size is None:
             raise RuntimeError(
@@ -34,7 +34,7 @@ def _normalized_shape(normalized_shape: Any, hidden_size: int | None) -> tuple[i
 
 
 def _dtype(params_dtype: torch.dtype | None, kwargs: dict[str, Any]) -> torch.dtype | None:
-    """Resolve TE's deprecated `params_dtype` argument (module/rmsnorm.py 93-98)."""
+    """Resolve TE's deprecated `params_dtype` argument (module/rmsnorm.py 91-96)."""
     if params_dtype is not None:
         if "dtype" in kwargs:
             raise RuntimeError("Both `dtype` and `params_dtype` (deprecated) kwargs are provided")
@@ -77,7 +77,7 @@ class _Norm(torch.nn.Module):
             self.reset_parameters()
 
     def reset_parameters(self, defer_init: bool | None = None) -> None:
-        """Flag the parameters for sequence parallelism, as TE's reset does (rmsnorm.py 130-133)."""
+        """Flag the parameters for sequence parallelism, as TE's reset does (module/rmsnorm.py 119-138)."""
         if defer_init:
             return
         if self.sequence_parallel is not None:

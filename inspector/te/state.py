@@ -3,7 +3,7 @@
 Mirrors transformer_engine 2.11.0: `pytorch/quantization.py` (FP8GlobalStateManager 234-460,
 `fp8_model_init` 672, `fp8_autocast` 766), `common/recipe/__init__.py` (Format 23, Recipe 86,
 DelayedScaling 121-222 and the other recipes), `pytorch/distributed.py` (CudaRNGStatesTracker
-832-985). Only what megatron-core touches while importing and building; no fp8 ever runs.
+776-886). Only what megatron-core touches while importing and building; no fp8 ever runs.
 """
 
 from __future__ import annotations
@@ -183,7 +183,7 @@ def fp8_model_init(enabled: bool = True, *args: Any, **kwargs: Any) -> Iterator[
 
 
 class CudaRNGStatesTracker:
-    """TE's RNG-state tracker (distributed.py 832-985), keeping seeds instead of CUDA states.
+    """TE's RNG-state tracker (distributed.py 776-886), keeping seeds instead of CUDA states.
 
     megatron subclasses it as TECudaRNGStatesTracker (`--te-rng-tracker`); only `fork`, which
     would switch CUDA generators around a kernel, is refused.
@@ -216,7 +216,7 @@ class CudaRNGStatesTracker:
 
 
 def get_all_rng_states() -> dict[str, Any]:
-    """TE's registry of RNG states (distributed.py); none is ever registered here."""
+    """TE's registry of RNG states (distributed.py 72); none is ever registered here."""
     return {}
 
 
@@ -228,16 +228,8 @@ class QuantizedTensor(torch.Tensor):
 
 
 def get_dummy_wgrad(shape: list[int], dtype: torch.dtype, zero: bool = False) -> torch.Tensor:
-    """TE's placeholder weight gradient (module/base.py); megatron uses it in backward only."""
+    """TE's placeholder weight gradient (module/base.py 79); megatron uses it in backward only."""
     return torch.empty(shape, dtype=dtype, device="meta")
-
-
-class _SplitAlongDim(torch.autograd.Function):
-    """TE's split-without-copy of a fused QKV tensor (attention/_SplitAlongDim); forward only."""
-
-    @staticmethod
-    def forward(ctx: Any, *args: Any) -> Any:
-        raise NotImplementedError(_NEVER_RUNS)
 
 
 class FusibleOperation(torch.nn.Module):
