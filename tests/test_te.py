@@ -170,8 +170,9 @@ def test_norms_register_like_te_and_print_bare() -> None:
     assert _shapes(rms) == {"weight": (64,)} and rms.weight.dtype == BF16
     assert _shapes(ln) == {"weight": (64,), "bias": (64,)}
     assert (repr(rms), repr(ln)) == ("RMSNorm()", "LayerNorm()")
-    assert rms.weight.sequence_parallel is True  # set by reset_parameters (module/rmsnorm.py 119-138)
-    assert not hasattr(ln.weight, "sequence_parallel")  # meta defers it (ops rmsnorm.py 90-105)
+    # reset_parameters sets it (module/rmsnorm.py 119-138); meta defers it (ops rmsnorm.py 90-105).
+    assert rms.weight.sequence_parallel is True
+    assert not hasattr(ln.weight, "sequence_parallel")
     with pytest.raises(RuntimeError, match="Neither"):
         norm.RMSNorm()
 
