@@ -161,7 +161,7 @@ def build(job: Job, view: View, expert_ranks: Sequence[int] | None = None) -> Bu
     from inspector import world
 
     layout = job.layout
-    check_buildable(layout)
+    check_buildable(job.model, layout)
     ranks = tuple(range(layout.ep)) if expert_ranks is None else tuple(expert_ranks)
     stages = []
     for stage in view.stages:

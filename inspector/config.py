@@ -235,11 +235,6 @@ def _validate_backend(config: ModelConfig) -> None:
             "--multi-latent-attention cannot be built here: megatron-core's MLA needs Transformer "
             "Engine's attention and fused RoPE, which cannot be installed without CUDA"
         )
-    if config.transformer_impl == "transformer_engine":
-        raise ConfigError(
-            "--transformer-impl transformer_engine is not supported yet: Transformer Engine cannot "
-            "be installed without CUDA; use --transformer-impl local"
-        )
     if config.apex and config.normalization != "LayerNorm":
         raise ConfigError(
             f"--apex with --normalization {config.normalization} cannot build: megatron-core's "

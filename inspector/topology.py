@@ -180,21 +180,20 @@ def _check_sequence_parallel(model: ModelConfig, layout: Layout) -> None:
         raise ConfigError(
             "--sequence-parallel needs --tp larger than 1 (it splits along tensor-parallel ranks)"
         )
-    if not model.use_apex:
+    if model.transformer_impl == "local" and not model.use_apex:
         raise ConfigError(
             "--sequence-parallel cannot build with torch norms (--no-apex or RMSNorm): megatron-core's "
             "WrappedTorchNorm refuses sequence parallelism; it needs apex's FusedLayerNorm (LayerNorm "
-            "models) or Transformer Engine"
+            "models) or --transformer-impl transformer_engine"
         )
 
 
-def check_buildable(layout: Layout) -> None:
+def check_buildable(model: ModelConfig, layout: Layout) -> None:
     """Raise ConfigError for layouts megatron-core's local spec cannot build (rank maps still can)."""
-    if layout.cp > 1:
+    if layout.cp > 1 and model.transformer_impl == "local":
         raise ConfigError(
-            f"--context-parallel-size {layout.cp} cannot be built here: megatron-core's local "
-            "DotProductAttention refuses context parallelism (it needs Transformer Engine's "
-            "attention, which cannot be installed without CUDA); `inspect-model topology` shows the layout"
+            f"--context-parallel-size {layout.cp} needs --transformer-impl transformer_engine: "
+            "megatron-core's local DotProductAttention refuses context parallelism"
         )
 
 

@@ -334,13 +334,8 @@ def _build_chunk(
     vp_stage = chunk if vpp is not None else None
     pre = ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
     post = ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
-    with m.torch.device("meta"):
-        spec = m.gpt_layer_specs.get_gpt_layer_local_spec(
-            num_experts=model.num_experts,
-            moe_grouped_gemm=model.moe_grouped_gemm,
-            qk_layernorm=model.qk_layernorm,
-            normalization=model.normalization,
-        )
+    with m.torch.device("meta"), _cuda_for(model):
+        spec = _layer_spec(m, model)
         gpt = m.GPTModel(
             config=config,
             transformer_layer_spec=spec,
@@ -356,6 +351,38 @@ def _build_chunk(
         gpt = _cast_like_megatron_lm(config, gpt)
     layers = tuple(layer.layer_number for layer in gpt.decoder.layers)
     return StageModel(stage, chunk, expert_rank, gpt, layers, pre, post, checkpoint_sizes(gpt))
+
+
+def _layer_spec(m: SimpleNamespace, model: ModelConfig) -> Any:
+    """Return megatron's layer spec for --transformer-impl: its local spec, or its TE spec.
+
+    With Transformer Engine (simulated: inspector/te) megatron's block also takes its final norm
+    from TE, as megatron chooses at import time when TE is installed (transformer_block.py).
+    """
+    if model.transformer_impl == "transformer_engine":
+        from megatron.core.extensions.transformer_engine import TENorm
+
+        m.transformer_block.LayerNormImpl = TENorm
+        return m.gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
+            num_experts=model.num_experts,
+            moe_grouped_gemm=model.moe_grouped_gemm,
+            qk_layernorm=model.qk_layernorm,
+        )
+    return m.gpt_layer_specs.get_gpt_layer_local_spec(
+        num_experts=model.num_experts,
+        moe_grouped_gemm=model.moe_grouped_gemm,
+        qk_layernorm=model.qk_layernorm,
+        normalization=model.normalization,
+    )
+
+
+def _cuda_for(model: ModelConfig) -> contextlib.AbstractContextManager[None]:
+    """Answer megatron's CUDA queries while it builds Transformer Engine modules (on meta)."""
+    if model.transformer_impl == "transformer_engine":
+        from inspector.te.cuda import simulated_cuda
+
+        return simulated_cuda()
+    return contextlib.nullcontext()
 
 
 def _cast_like_megatron_lm(config: Any, gpt: Any) -> Any:

@@ -84,12 +84,6 @@ def test_model_flags_are_megatron_spellings(cli):
             ["memory", "--micro-batch-size", "1", "--recompute-granularity", "some"],
             "Error: --recompute-granularity 'some' is not one of: none, selective, full\n",
         ),
-        # Transformer Engine cannot be installed here
-        (
-            ["tree", "--transformer-impl", "transformer_engine"],
-            "Error: --transformer-impl transformer_engine is not supported yet: Transformer Engine cannot "
-            "be installed without CUDA; use --transformer-impl local\n",
-        ),
     ],
 )
 def test_bad_input_is_one_error_line(cli, args, message):

@@ -223,9 +223,9 @@ def test_topology_expert_groups_golden(cli, golden):
          "--expert-model-parallel-size 4 x --expert-tensor-parallel-size 1 = 4 does not divide --tp 1 x --context-parallel-size 1 x --dp 2 = 2 (megatron carves expert groups out of those ranks)"),
         # sequence parallel needs tensor parallel
         ("--sequence-parallel", "--sequence-parallel needs --tp larger than 1 (it splits along tensor-parallel ranks)"),
-        # megatron's local attention refuses context parallelism
+        # megatron's local attention refuses context parallelism (TE's takes it)
         ("--context-parallel-size 2",
-         "--context-parallel-size 2 cannot be built here: megatron-core's local DotProductAttention refuses context parallelism (it needs Transformer Engine's attention, which cannot be installed without CUDA); `inspect-model topology` shows the layout"),
+         "--context-parallel-size 2 needs --transformer-impl transformer_engine: megatron-core's local DotProductAttention refuses context parallelism"),
     ],
 )  # fmt: skip
 def test_layout_errors(cli, args, message):
