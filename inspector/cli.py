@@ -159,12 +159,9 @@ def _gather_args(
 
 
 def _emit(text: str, output: str | None = None) -> None:
-    if output is None:
-        sys.stdout.write(text)
-        return
-    from inspector.output import write_atomic
+    from inspector.output import write_output
 
-    write_atomic(output, text)
+    write_output(output, text)
 
 
 @app.command()
@@ -313,6 +310,9 @@ _STATE: dict[str, bool] = {"debug": False}
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; `Error:` + one sentence on stderr and exit 2 for any bad input."""
+    from inspector.output import guard_streams
+
+    guard_streams()  # UTF-8 stdout; a failed write is an Error:, a closed pipe a quiet exit 141
     command = typer.main.get_command(app)
     try:
         result = command.main(args=argv, prog_name="inspect-model", standalone_mode=False)
@@ -327,8 +327,8 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(exc.format_message())
     except typer.Exit as exc:
         return exc.exit_code
-    except typer.Abort:
-        return _fail("aborted")
+    except typer.Abort:  # Ctrl-C (KeyboardInterrupt): 128 + SIGINT, as a shell reports it
+        return _fail("interrupted", 130)
     except InspectorError as exc:
         if _STATE["debug"]:
             import traceback
@@ -341,8 +341,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _fail(message: str, code: int = 2) -> int:
-    sys.stdout.flush()
-    sys.stderr.write(f"Error: {message}\n")
+    from inspector.errors import one_line
+    from inspector.output import write_error
+
+    write_error(one_line(message))
     return code
 
 

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from inspector import output, world
+from inspector.errors import OutputError
 
 
 def test_failing_mid_build_leaves_old_file(cli, tmp_path, monkeypatch):
@@ -38,7 +39,7 @@ def test_failing_rename_leaves_old_file_and_no_temporary(tmp_path, monkeypatch):
         raise OSError("disk vanished")
 
     monkeypatch.setattr(os, "replace", no_rename)
-    with pytest.raises(OSError):
+    with pytest.raises(OutputError, match="disk vanished"):
         output.write_atomic(str(target), "new\n" * 1000)
     assert target.read_text() == "old\n"
     assert sorted(os.listdir(tmp_path)) == ["table.csv"]
