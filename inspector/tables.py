@@ -11,9 +11,11 @@ from typing import Any
 from inspector.errors import InputError
 from inspector.render.params import ELEMENT_BYTES, HEADER
 
-_COMMENT = re.compile(r"^# stage (\d+)(?: chunk (\d+))?: .*?, (\d+) params, (\d+) bytes$")
-_SHAPE = re.compile(r"^\((\d+(?:, \d+)*)?,?\)$")
-_OWNERS = re.compile(r"^\d+(?:,\d+)*$")
+_COMMENT = re.compile(
+    r"^# stage ([0-9]+)(?: chunk ([0-9]+))?: .*?, ([0-9]+) params, ([0-9]+) bytes$"
+)
+_SHAPE = re.compile(r"^\(([0-9]+(?:, [0-9]+)*)?,?\)$")
+_OWNERS = re.compile(r"^[0-9]+(?:,[0-9]+)*$")
 
 
 @dataclass(frozen=True)
@@ -46,15 +48,28 @@ class ParamsTable:
 
 
 def read_table(text: str, origin: str) -> ParamsTable:
-    """Parse a params table; raise InputError naming the origin and line when it is not one."""
+    """Parse a params table; raise InputError naming the origin and line when it is not one.
+
+    JSON is recognised by a leading `{` that is not the topology line's `{ProcessCoord(`. Line
+    endings (LF, CRLF, CR) and a leading UTF-8 byte-order mark are ignored.
+    """
+    text = text[1:] if text.startswith("\ufeff") else text
     stripped = text.lstrip()
-    if stripped.startswith("{") and '"parameters"' in stripped[:200000]:
+    if stripped.startswith("{") and not stripped.startswith("{ProcessCoord("):
         try:
             data = json.loads(text)
-        except json.JSONDecodeError:
-            data = None
-        if isinstance(data, dict) and "parameters" in data:
-            return _from_json(data, origin)
+        except json.JSONDecodeError as exc:
+            raise InputError(
+                f"{origin} line {exc.lineno} column {exc.colno}: not valid JSON ({exc.msg})"
+            ) from None
+        except RecursionError:
+            raise InputError(f"{origin}: JSON nested too deeply to be a params table") from None
+        if not isinstance(data, dict) or not isinstance(data.get("parameters"), list):
+            raise InputError(
+                f"{origin} is JSON but not an inspect-model params table"
+                " (no \"parameters\" list at the top level)"
+            )
+        return _from_json(data, origin)
     return _from_text(text, origin)
 
 
@@ -118,31 +133,87 @@ def _row(
 
 
 def _from_json(data: dict[str, Any], origin: str) -> ParamsTable:
-    topology = data.get("header", {}).get("topology", {}).get("line")
+    header = data.get("header")
+    topology = None
+    if isinstance(header, dict) and isinstance(header.get("topology"), dict):
+        topology = header["topology"].get("line")
+    if topology is not None and not isinstance(topology, str):
+        raise InputError(f"{origin}: header.topology.line must be a string or null")
     table = ParamsTable(origin, topology)
+    items = data["parameters"]
     # JSON rows say chunk 0 without a virtual pipeline; text tables then name no chunk at all
-    chunked = any(isinstance(item, dict) and item.get("chunk") for item in data["parameters"])
-    for index, item in enumerate(data["parameters"], start=1):
-        try:
-            precs = item["precs"]
-            written = (
-                ""
-                if precs is None
-                else "[" + ", ".join(f"torch.Size([{a}, {b}])" for a, b in precs) + "]"
+    chunked = any(isinstance(item, dict) and item.get("chunk") for item in items)
+    seen: dict[str, int] = {}
+    for index, item in enumerate(items):
+        row = _json_row(item, f"{origin}: parameters[{index}]", index + 1, chunked)
+        if row.name in seen:
+            raise InputError(
+                f"{origin}: parameters[{index}].name {row.name!r} already appears in"
+                f" parameters[{seen[row.name]}]"
             )
-            table.rows.append(
-                TableRow(
-                    name=item["name"],
-                    module=item["module"],
-                    shape=tuple(item["shape"]),
-                    owners=tuple(item["partitioning_ranks"]),
-                    precs=written,
-                    stage=item["stage"],
-                    chunk=item["chunk"] if chunked else None,
-                    line=index,
-                    element_bytes=ELEMENT_BYTES[item["dtype"]],
-                )
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise InputError(f"{origin} parameter {index}: not a params row ({exc!r})") from None
+        seen[row.name] = index
+        table.rows.append(row)
     return table
+
+
+def _json_row(item: Any, where: str, line: int, chunked: bool) -> TableRow:
+    """Return one JSON parameter as a row, or raise InputError naming the index and field."""
+    if not isinstance(item, dict):
+        raise InputError(f"{where} must be an object, got {_kind(item)}")
+
+    def field(name: str, check: Any, wanted: str) -> Any:
+        if name not in item:
+            raise InputError(f"{where} has no {name!r} field")
+        value = item[name]
+        if not check(value):
+            raise InputError(f"{where}.{name} must be {wanted}, got {_shown_value(value)}")
+        return value
+
+    name = field("name", lambda v: isinstance(v, str) and v != "", "a non-empty string")
+    module = field("module", lambda v: isinstance(v, str), "a string")
+    shape = field("shape", lambda v: _ints(v, 0), "a list of non-negative integers")
+    owners = field(
+        "partitioning_ranks", lambda v: _ints(v, 1), "a non-empty list of non-negative integers"
+    )
+    precs = field("precs", lambda v: v is None or _pairs(v), "a list of [d, d] pairs or null")
+    stage = field("stage", lambda v: _int(v), "a non-negative integer")
+    chunk = field("chunk", lambda v: v is None or _int(v), "a non-negative integer or null")
+    dtype = field("dtype", lambda v: v in ELEMENT_BYTES, f"one of {', '.join(ELEMENT_BYTES)}")
+    written = (
+        "" if precs is None else "[" + ", ".join(f"torch.Size([{a}, {b}])" for a, b in precs) + "]"
+    )
+    return TableRow(
+        name=name,
+        module=module,
+        shape=tuple(shape),
+        owners=tuple(owners),
+        precs=written,
+        stage=stage,
+        chunk=chunk if chunked else None,
+        line=line,
+        element_bytes=ELEMENT_BYTES[dtype],
+    )
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _ints(value: Any, at_least: int) -> bool:
+    return isinstance(value, list) and len(value) >= at_least and all(_int(v) for v in value)
+
+
+def _pairs(value: Any) -> bool:
+    return isinstance(value, list) and all(_ints(pair, 2) and len(pair) == 2 for pair in value)
+
+
+def _kind(value: Any) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}
+    if value is None:
+        return "null"
+    return names.get(type(value), "a number")
+
+
+def _shown_value(value: Any) -> str:
+    text = json.dumps(value, allow_nan=True, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."
