@@ -9,7 +9,8 @@
   whatever reads the target sees the new table. That is what `> FILE` does, and replacing the
   link instead would leave its target stale. A dangling link creates its target, as `>` does.
 - Only regular files are written. A folder, a character or block device (`/dev/full`), a fifo
-  or a socket is refused with an `Error:`, never replaced by a plain file.
+  or a socket is refused with an `Error:`, never replaced by a plain file. The one exception is
+  `/dev/null`, which discards the output as `> /dev/null` does.
 - An existing file keeps its permission bits (and its owner and group where we may set them); a
   new file gets the mode the umask gives (0666 & ~umask), as `> FILE` would. A read-only
   existing file is refused, as `> FILE` refuses it. A hard link is broken by the rename.
@@ -29,8 +30,6 @@ import os
 import signal
 import stat
 import sys
-import tempfile
-import threading
 from collections.abc import Iterator
 from typing import Any, TextIO, cast
 
@@ -63,8 +62,15 @@ def write_atomic(path: str, text: str) -> None:
     left behind, also when the run is interrupted during the write.
     """
     target = check_target(path)
+    if target == os.devnull:
+        return
     try:
         replace_file(target, text.encode("utf-8", "surrogateescape"))
+    except _CannotCreate as exc:
+        folder = os.path.dirname(target)
+        raise OutputError(
+            f"-o {_shown(path)}: cannot create a file in folder {folder} ({_reason(exc)})"
+        ) from None
     except OSError as exc:
         via = "" if os.path.abspath(path) == target else f" (the target of the link, {target})"
         raise OutputError(f"-o {_shown(path)}: cannot write{via}: {_reason(exc)}") from None
@@ -81,18 +87,19 @@ def check_target(path: str) -> str:
     if path.endswith(("/", os.sep)):
         raise OutputError(f"-o {shown} ends in '/', so it names a folder, not a file")
     try:
-        target = os.path.realpath(path)
-    except OSError as exc:  # the working folder was deleted, or a symlink loops
-        raise OutputError(f"-o {shown}: {_reason(exc)}") from None
-    folder = os.path.dirname(target)
-    try:
-        info: os.stat_result | None = os.stat(target)
+        info: os.stat_result | None = os.stat(path)  # the kernel follows the links
     except FileNotFoundError:
         info = None
     except OSError as exc:
         if exc.errno == errno.ENOTDIR:
-            raise OutputError(f"-o {shown}: a part of {_shown(folder)} is not a folder") from None
+            raise OutputError(f"-o {shown}: {_file_in_the_way(path)} is not a folder") from None
         raise OutputError(f"-o {shown}: {_reason(exc)}") from None
+    try:
+        target = os.path.realpath(path)
+    except OSError as exc:  # the working folder was deleted
+        raise OutputError(f"-o {shown}: {_reason(exc)}") from None
+    if target == os.devnull:
+        return target  # `-o /dev/null` discards the output, as `> /dev/null` does
     if info is not None:
         if stat.S_ISDIR(info.st_mode):
             raise OutputError(f"-o {shown} is a folder, not a file")
@@ -104,6 +111,7 @@ def check_target(path: str) -> str:
                 )
         if not os.access(target, os.W_OK):
             raise OutputError(f"-o {shown} is read-only (permission denied)")
+    folder = os.path.dirname(target)
     if not os.path.isdir(folder):
         raise OutputError(f"-o {shown}: folder {folder} does not exist")
     if not os.access(folder, os.W_OK | os.X_OK):
@@ -111,13 +119,30 @@ def check_target(path: str) -> str:
     return target
 
 
+def _file_in_the_way(path: str) -> str:
+    """Return the nearest existing parent of path (a file where a folder should be)."""
+    parent = os.path.dirname(path)
+    while parent and not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    return _shown(parent)
+
+
+class _CannotCreate(OSError):
+    """The temporary file could not be created in the target's folder."""
+
+
 def replace_file(target: str, data: bytes) -> None:
     """Write data to a temporary file beside target and rename it over target (raises OSError)."""
+    import tempfile  # here, not at the top: it costs every run's start-up a few milliseconds
+
     mode, owner = _keep_mode(target)
     with _signals_interrupt():
-        handle, temporary = tempfile.mkstemp(
-            prefix=TEMPORARY_PREFIX, suffix=".tmp", dir=os.path.dirname(target)
-        )
+        try:
+            handle, temporary = tempfile.mkstemp(
+                prefix=TEMPORARY_PREFIX, suffix=".tmp", dir=os.path.dirname(target)
+            )
+        except OSError as exc:
+            raise _CannotCreate(exc.errno, exc.strerror) from exc
         try:
             with os.fdopen(handle, "wb") as stream:
                 stream.write(data)
@@ -160,6 +185,8 @@ def _signals_interrupt() -> Iterator[None]:
     The exception lets the write clean up its temporary file; afterwards the process ends
     exactly as the signal would have ended it. SIGINT is already KeyboardInterrupt.
     """
+    import threading
+
     if threading.current_thread() is not threading.main_thread():
         yield
         return
