@@ -84,7 +84,7 @@ def check_target(path: str) -> str:
     shown = _shown(path)
     if path == "":
         raise OutputError("-o needs a file name, got an empty one (use -o - for standard output)")
-    if path.endswith(("/", os.sep)):
+    if path.endswith(("/", os.sep)) and not os.path.isdir(path):
         raise OutputError(f"-o {shown} ends in '/', so it names a folder, not a file")
     try:
         info: os.stat_result | None = os.stat(path)  # the kernel follows the links
@@ -142,7 +142,7 @@ def replace_file(target: str, data: bytes) -> None:
                 prefix=TEMPORARY_PREFIX, suffix=".tmp", dir=os.path.dirname(target)
             )
         except OSError as exc:
-            raise _CannotCreate(exc.errno, exc.strerror) from exc
+            raise _CannotCreate(exc.errno, exc.strerror, exc.filename) from exc
         try:
             with os.fdopen(handle, "wb") as stream:
                 stream.write(data)
