@@ -521,6 +521,7 @@ FORKER = r"""
 import json, os, sys
 from inspector import cache, cli, commands
 cache._source_hash()
+import inspector.world  # torch and megatron-core, so that a child that builds starts warm
 codes = []
 for job in json.load(sys.stdin):
     pid = os.fork()
