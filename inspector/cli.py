@@ -327,8 +327,8 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(exc.format_message())
     except typer.Exit as exc:
         return exc.exit_code
-    except typer.Abort:  # Ctrl-C (KeyboardInterrupt): 128 + SIGINT, as a shell reports it
-        return _fail("interrupted", 130)
+    except typer.Abort:
+        return _fail("aborted")
     except InspectorError as exc:
         if _STATE["debug"]:
             import traceback
