@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import stat
+from collections.abc import Callable
 from functools import cache
 from importlib import metadata
 from pathlib import Path
@@ -126,3 +127,22 @@ def store(entry: str, text: str) -> None:
         replace_file(str(_path(entry)), encode(text))
     except OSError:
         pass
+
+
+def cached(
+    command: str,
+    args: dict[str, Any],
+    options: dict[str, Any],
+    use_cache: bool,
+    produce: Callable[[], str],
+) -> str:
+    """Return a command's output from the cache, or produce (and store) it."""
+    if not (use_cache and enabled()):
+        return produce()
+    entry = key(command, args, options)
+    hit = load(entry)
+    if hit is not None:
+        return hit
+    text = produce()
+    store(entry, text)
+    return text

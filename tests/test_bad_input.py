@@ -519,7 +519,7 @@ def _run_alone(c: Case, folder: Path, warm: Warm) -> Outcome:
 # resource limits, a deleted folder) run as processes of their own.
 FORKER = r"""
 import json, os, sys
-from inspector import cache, cli, commands
+from inspector import cache, cli
 cache._source_hash()
 import inspector.world  # torch and megatron-core, so that a child that builds starts warm
 codes = []
@@ -580,8 +580,8 @@ def _run_forked(cases: list[Case], folders: dict[str, Path], warm: Warm) -> dict
         input=json.dumps(jobs).encode(),
         capture_output=True,
         timeout=900,
-        check=True,
     )
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
     codes = json.loads(result.stdout)
     return {
         c.id: Outcome(
