@@ -686,3 +686,31 @@ def test_bad_input(c: Case, outcomes: dict[str, Any]) -> None:
         before.pop(name, None)
         after.pop(name, None)
     assert after == before
+
+
+# Unusual but valid: a table with CRLF or CR line endings, or a UTF-8 byte-order mark (a
+# Windows checkout with core.autocrlf, an editor that adds a BOM) reads as the same table.
+ENDINGS = {
+    "crlf": lambda text: text.replace("\n", "\r\n").encode(),
+    "cr": lambda text: text.replace("\n", "\r").encode(),
+    "bom": lambda text: b"\xef\xbb\xbf" + text.encode(),
+    "bom-crlf": lambda text: b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode(),
+}
+
+
+@pytest.mark.parametrize("ending", ENDINGS)
+@pytest.mark.parametrize("kind", ["csv", "json"])
+def test_diff_ignores_line_endings_and_bom(cli, warm, tmp_path, ending, kind):
+    text = warm.csv if kind == "csv" else warm.json
+    (tmp_path / "plain").write_text(text)
+    (tmp_path / "other").write_bytes(ENDINGS[ending](text))
+    result = cli("diff", str(tmp_path / "plain"), str(tmp_path / "other"))
+    assert (result.code, result.err) == (0, "")
+
+
+@pytest.mark.parametrize("ending", ENDINGS)
+def test_check_against_a_crlf_or_bom_copy_is_up_to_date(cli, warm, tmp_path, ending):
+    committed = tmp_path / "t.csv"
+    committed.write_bytes(ENDINGS[ending](warm.csv))
+    result = cli("params", *SMALL, "--check", str(committed))
+    assert (result.code, result.out) == (0, f"{committed} is up to date\n")
