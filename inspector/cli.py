@@ -55,12 +55,36 @@ PANELS = {
 }
 
 
+class _Choice(click.Choice):
+    """A choice option whose bad value is our one-sentence error, naming the flag."""
+
+    def __init__(self, choices: type[Enum] | tuple[str, ...]) -> None:
+        names = choices if isinstance(choices, tuple) else [member.value for member in choices]
+        super().__init__(names)
+        self.enum = None if isinstance(choices, tuple) else choices
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if self.enum is not None and isinstance(value, self.enum):
+            return value
+        if value in self.choices:
+            return value if self.enum is None else self.enum(value)
+        flag = max(param.opts, key=len) if param is not None else "option"
+        raise ConfigError(f"{flag} {value!r} is not one of: {', '.join(self.choices)}")
+
+
 def _option_for(spec: ArgSpec) -> inspect.Parameter:
     names = [spec.flag, *spec.aliases]
-    help_text = spec.help + (f" One of: {', '.join(spec.choices)}." if spec.choices else "")
     annotation: Any = spec.type | None
+    extra: dict[str, Any] = {}
+    if spec.choices:
+        extra["click_type"] = _Choice(spec.choices)
     option = typer.Option(
-        None, *names, help=help_text, rich_help_panel=PANELS[spec.group], show_default=False
+        None,
+        *names,
+        help=spec.help,
+        rich_help_panel=PANELS[spec.group],
+        show_default=False,
+        **extra,
     )
     return inspect.Parameter(
         spec.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation
@@ -134,22 +158,6 @@ def model_options(*groups: str) -> Callable[[Callable[..., Any]], Callable[..., 
     return decorate
 
 
-class _Choice(click.Choice):
-    """A choice option whose bad value is our one-sentence error, naming the flag."""
-
-    def __init__(self, choices: type[Enum]) -> None:
-        super().__init__([member.value for member in choices])
-        self.enum = choices
-
-    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
-        if isinstance(value, self.enum):
-            return value
-        if value in self.choices:
-            return self.enum(value)
-        flag = max(param.opts, key=len) if param is not None else "option"
-        raise ConfigError(f"{flag} {value!r} is not one of: {', '.join(self.choices)}")
-
-
 def _format_option(default: Enum, help_text: str) -> Any:
     return typer.Option(
         default.value, "--format", help=help_text, click_type=_Choice(type(default))
@@ -201,8 +209,9 @@ def topology(
 
     def produce() -> str:
         from inspector.render.topology import render_topology
+        from inspector.topology import rank_map_layout
 
-        return render_topology(_job(args).layout, fmt)
+        return render_topology(rank_map_layout(args), fmt)
 
     _emit(cache.cached("topology", args, {"format": fmt}, use_cache, produce))
 

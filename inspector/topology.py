@@ -132,8 +132,8 @@ class RankCoord:
     expert_data: int = 0  # position in the expert data-parallel group (distopt expert shards)
 
 
-def validate_layout(model: ModelConfig, layout: Layout) -> None:
-    """Raise ConfigError for a layout megatron cannot build for this model."""
+def validate_rank_map(layout: Layout, num_experts: int | None) -> None:
+    """Raise ConfigError for a layout whose rank map megatron cannot lay out (no model needed)."""
     world = layout.world_size
     if world > MAX_WORLD_SIZE:
         raise ConfigError(
@@ -141,6 +141,21 @@ def validate_layout(model: ModelConfig, layout: Layout) -> None:
             f"x --pp {layout.pp} = {world} ranks is larger than the {MAX_WORLD_SIZE} this tool "
             "simulates"
         )
+    if layout.ep > 1 and num_experts is None:
+        raise ConfigError(f"--expert-model-parallel-size {layout.ep} needs --num-experts")
+    _check_expert_groups(layout)
+
+
+def rank_map_layout(args: Mapping[str, Any]) -> Layout:
+    """Return the layout `topology` draws: only what a rank map needs is checked (no model)."""
+    layout = make_layout(args, int(args.get("num_layers") or ModelConfig.num_layers))
+    validate_rank_map(layout, args.get("num_experts"))
+    return layout
+
+
+def validate_layout(model: ModelConfig, layout: Layout) -> None:
+    """Raise ConfigError for a layout megatron cannot build for this model."""
+    validate_rank_map(layout, model.num_experts)
     tp, heads = layout.tp, model.num_attention_heads
     if heads % tp:
         raise ConfigError(
@@ -357,7 +372,7 @@ def _check_layout_string(model: ModelConfig, layout: Layout) -> None:
 
 
 def _check_experts(model: ModelConfig, layout: Layout) -> None:
-    ep, etp = layout.ep, layout.expert_tp
+    ep = layout.ep
     if model.num_experts is None:
         if ep > 1:
             raise ConfigError(f"--expert-model-parallel-size {ep} needs --num-experts")
@@ -374,6 +389,11 @@ def _check_experts(model: ModelConfig, layout: Layout) -> None:
             f"--expert-model-parallel-size {ep} with --tp {layout.tp} needs --sequence-parallel "
             "(Megatron-LM requires it when experts and tensor parallelism are combined)"
         )
+    _check_expert_groups(layout)
+
+
+def _check_expert_groups(layout: Layout) -> None:
+    ep, etp = layout.ep, layout.expert_tp
     dense = layout.tp * layout.cp * layout.dp
     if dense % (ep * etp):
         raise ConfigError(

@@ -67,6 +67,11 @@ def _compile_passes_through() -> Iterator[None]:
 @cache
 def megatron() -> SimpleNamespace:
     """Import the megatron-core pieces this tool uses, once, with import-time warnings silenced."""
+    from inspector import te
+
+    # megatron-core decides whether Transformer Engine is there when it is first imported: the
+    # stand-in goes in first, so a real TE on this machine (working or broken) is never loaded.
+    te.install()
     with warnings.catch_warnings(), _compile_passes_through():
         warnings.simplefilter("ignore")
         import torch

@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from inspector import te
 from tests import invariants
+
+# megatron-core decides HAVE_TE when it is first imported, and some tests import it directly
+# (tests/test_versions.py, at module level): the simulated Transformer Engine goes in first, as
+# the simulated world puts it in before it imports megatron-core (notes/te.md).
+te.install()
 
 GOLDEN = Path(__file__).resolve().parent.parent / "fixtures" / "golden"
 

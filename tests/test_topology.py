@@ -149,3 +149,11 @@ def test_large_world_path_equals_rank_generator(layout, monkeypatch):
         == positions
         == [(c.pipe, c.data, c.context, c.model) for c in from_megatron]
     )
+
+
+def test_topology_needs_only_what_a_rank_map_needs(cli):
+    """The default model's 12 layers do not split over 8 stages; a rank map does not care."""
+    result = cli("topology", "--pp", "8", "--tp", "5")
+    assert result.code == 0, result.err
+    assert result.out.count("ProcessCoord(") == 40
+    assert cli("params", "--pp", "8").code == 2  # building the model still needs the split
