@@ -57,16 +57,30 @@ def test_mixtral_script_with_defaults_and_srun():
 
 
 def test_unset_variable_is_an_error():
-    with pytest.raises(ConfigError) as error:
+    with pytest.raises(InputError) as error:
         read_launch_script(str(SCRIPTS / "unresolved.sh"))
     assert str(error.value).endswith(
-        "unresolved.sh: --hidden-size is $HIDDEN_SIZE, and the script never sets HIDDEN_SIZE"
+        "unresolved.sh line 3: --hidden-size is $HIDDEN_SIZE, which the script never sets; "
+        "give it with --set HIDDEN_SIZE=VALUE"
     )
 
 
+def test_unset_variable_given_with_set():
+    parsed = read_launch_script(str(SCRIPTS / "unresolved.sh"), {"HIDDEN_SIZE": "512"})
+    assert parsed.args["hidden_size"] == 512
+
+
 def test_command_substitution_is_not_run():
-    with pytest.raises(ConfigError, match=r"--num-layers is .*never sets \$\(\.\.\.\)"):
+    with pytest.raises(InputError) as error:
         parse_launch_script("L=$(cat layers.txt)\ntorchrun train.py --num-layers $L\n", "s.sh")
+    assert str(error.value) == (
+        "s.sh line 2: --num-layers is $L, set on line 1 from $(cat layers.txt), which the reader "
+        "never runs; give it with --set L=VALUE"
+    )
+    given = parse_launch_script(
+        "L=$(cat layers.txt)\ntorchrun train.py --num-layers $L\n", "s.sh", {"L": "6"}
+    )
+    assert given.args == {"num_layers": 6}
 
 
 def test_script_without_training_command():
@@ -75,7 +89,7 @@ def test_script_without_training_command():
 
 
 def test_bad_value_in_script():
-    with pytest.raises(ConfigError, match=r"s.sh: --num-layers needs int value, got 'many'"):
+    with pytest.raises(ConfigError, match=r"s.sh line 1: --num-layers needs int value, got 'many'"):
         parse_launch_script("python pretrain_gpt.py --num-layers many\n", "s.sh")
 
 
