@@ -97,18 +97,14 @@ def _options(words: Sequence[str], names: dict[str, str]) -> dict[str, tuple[str
     while index < len(words):
         word = words[index]
         index += 1
-        for spelling, canonical in names.items():
-            value = None
-            if word == spelling and index < len(words):
-                value = words[index]
-                index += 1
-            elif word.startswith(spelling + "=") and spelling.startswith("--"):
-                value = word[len(spelling) + 1 :]
-            elif len(spelling) == 2 and word.startswith(spelling) and len(word) > 2:
-                value = word[2:]  # srun's -N2
-            if value is not None:
-                found[canonical] = (value, f"{spelling} {value}")
-                break
+        option, equals, inline = word.partition("=")
+        if option in names and option.startswith("--") and equals:
+            found[names[option]] = (inline, f"{option} {inline}")
+        elif word in names and index < len(words):
+            found[names[word]] = (words[index], f"{word} {words[index]}")
+            index += 1
+        elif re.fullmatch(r"-[A-Za-z]\d+", word) and word[:2] in names:
+            found[names[word[:2]]] = (word[2:], f"{word[:2]} {word[2:]}")  # srun's -N2
     return found
 
 

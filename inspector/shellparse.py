@@ -394,7 +394,7 @@ class Lexer:
         if char == "'":
             end = s.find("'", self.i + 1)
             if end < 0:
-                raise self.fail("a single quote is not closed")
+                raise self.fail("a single quote is not closed", self.line)
             text = s[self.i + 1 : end]
             self._advance(end + 1 - self.i)
             return [Lit(text, True)]
@@ -420,12 +420,12 @@ class Lexer:
 
     def _read_dquoted(self, end: str | None) -> list[Part]:
         parts: list[Part] = []
-        s = self.s
+        s, start_line = self.s, self.line
         while True:
             if self.i >= len(s):
                 if end is None:
                     return _merge(parts)
-                raise self.fail("a double quote is not closed")
+                raise self.fail("a double quote is not closed", start_line)
             char = s[self.i]
             if char == end:
                 self._advance()
@@ -762,13 +762,15 @@ class Parser:
         return FuncDef(name, self.command())
 
     def if_clause(self) -> Node:
-        self.take()
+        line = self.take().line
         clauses: list[tuple[Seq, Seq]] = []
         otherwise = None
         while True:
             cond = self.sequence({"then"})
             self.expect("then")
             body = self.sequence({"elif", "else", "fi"})
+            if self.keyword() not in ("elif", "else", "fi"):
+                raise self.fail(f"the `if` of line {line} is not closed with `fi`")
             clauses.append((cond, body))
             word = self.keyword()
             self.take()
