@@ -482,7 +482,7 @@ class Lexer:
             if char == "\\":
                 i += 2
                 continue
-            if char == "'" and opener != "{":
+            if char == "'":
                 i = s.find("'", i + 1)
                 if i < 0:
                     break

@@ -18,7 +18,7 @@ from typing import Any
 import inspector.shellcmds  # noqa: F401 - registers the commands the shell interprets
 from inspector.arguments import BY_NAME, ArgSpec
 from inspector.errors import ConfigError, InputError
-from inspector.launch import Require, program_arguments, world_of
+from inspector.launch import Require, World, program_arguments, world_of
 from inspector.output import read_text
 from inspector.shell import Command, Context, _Break, _Exit, _Return, describe_unknown, new_shell
 
@@ -108,27 +108,45 @@ def parse_launch_script(
     text: str, origin: str, settings: Mapping[str, str] | None = None
 ) -> ScriptArgs:
     """Return the Megatron-LM arguments a bash launch script passes to its training program."""
+    launch, world, require = interpret_launch(text, origin, settings)
+    where = f"{launch.origin} line {launch.line}"
+    parsed = _arguments(program_arguments(launch.argv), where, require, launch.ctx)
+    return ScriptArgs(parsed.args, parsed.ignored, world.size, world.origin, launch.observed)
+
+
+@dataclass(frozen=True)
+class _Launch:
+    argv: tuple[str, ...]
+    observed: tuple[str, ...]
+    origin: str
+    line: int
+    ctx: Context
+
+
+def interpret_launch(
+    text: str, origin: str, settings: Mapping[str, str] | None = None
+) -> tuple[_Launch, World, Require]:
+    """Interpret a script as bash would; return its one training launch, its world, and a
+    function that raises InputError for a value the script does not determine."""
     ctx = Context(origin, dict(settings or {}))
     shell = new_shell(ctx, origin)
     try:
         shell.run_text(text, origin)
-    except _Exit:
+    except (_Exit, _Return, _Break):
         pass
-    except (_Return, _Break):
-        pass
-    launch = _the_launch(ctx, origin)
+    command = _the_launch(ctx, origin)
 
     def require(value: str, what: str) -> str:
         unknown = ctx.unknown_in(value)
         if unknown is None:
             return value
         message = describe_unknown(unknown, what, ctx.show(value))
-        raise InputError(f"{launch.origin} line {launch.line}: {message}")
+        raise InputError(f"{command.origin} line {command.line}: {message}")
 
-    where = f"{launch.origin} line {launch.line}"
-    world = world_of(launch.argv, dict(launch.env), where, require)
-    parsed = _arguments(program_arguments(launch.argv), where, require, ctx)
-    return ScriptArgs(parsed.args, parsed.ignored, world.size, world.origin, launch.observed)
+    where = f"{command.origin} line {command.line}"
+    world = world_of(command.argv, dict(command.env), where, require)
+    launch = _Launch(command.argv, command.observed, command.origin, command.line, ctx)
+    return launch, world, require
 
 
 def _the_launch(ctx: Context, origin: str) -> Command:

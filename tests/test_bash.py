@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from inspector.errors import ConfigError, InputError
 from inspector.launch import data_parallel_from_world
-from inspector.sources import parse_launch_script, read_launch_script
+from inspector.sources import interpret_launch, parse_launch_script, read_launch_script
 
 BASH_FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "scripts" / "bash"
 FIXTURES = sorted(BASH_FIXTURES.glob("*.sh"))
@@ -342,8 +342,10 @@ def _statement(draw, depth: int = 0) -> str:
 def _script(draw) -> str:
     lines = [f"{n}={_quote(draw(st.sampled_from(_VALUES)))}" for n in _NAMES]
     lines += [f"{n}={draw(st.integers(1, 4))}" for n in _NUMS]
-    lines += [f"{a}=( {' '.join(draw(st.lists(_element(), max_size=3)))} )" for a in _ARRAYS]
-    lines += draw(st.lists(_statement(), min_size=1, max_size=8))
+    values = st.lists(st.sampled_from(_VALUES).map(_quote), max_size=3)
+    lines += [f"{a}=( {' '.join(draw(values))} )" for a in _ARRAYS]
+    statements = draw(st.lists(_statement(), min_size=1, max_size=8))
+    lines += [f"{line}  # note: $X 'q" if draw(st.booleans()) else line for line in statements]
     args = " ".join(draw(st.lists(_element(), min_size=1, max_size=6)))
     launch = "torchrun --nproc_per_node $N1 --nnodes=$N2 pretrain_gpt.py"
     lines.append(draw(st.sampled_from([
@@ -351,11 +353,12 @@ def _script(draw) -> str:
         f'CMD="{launch} ${draw(st.sampled_from(_NAMES))}"\n$CMD {args}',
         f"eval \"{launch} \\${{{draw(st.sampled_from(_ARRAYS))}[@]}}\"",
         f"python pretrain_gpt.py \\\n  {args}",
+        f"export N1 N2\nbash -c '{launch} --seed \"$N1\"'",
     ])))  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
-@settings(max_examples=250, deadline=None, derandomize=True,
+@settings(max_examples=200, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(text=_script())
 def test_generated_scripts_agree_with_bash(text, stubs, tmp_path):  # fmt: skip
@@ -365,7 +368,7 @@ def test_generated_scripts_agree_with_bash(text, stubs, tmp_path):  # fmt: skip
     script.write_text(text)
     launches = run_bash(script, stubs, workdir, {})
     assert len(launches) == 1, text
-    parsed = read_launch_script(str(script))
-    assert _observed(parsed.launch) == launches[0], text
+    launch, world, _ = interpret_launch(text, str(script))
+    assert _observed(launch.observed) == launches[0], text
     if launches[0][0] == "torchrun":
-        assert parsed.world_size == torch_world(launches[0]), text
+        assert world.size == torch_world(launches[0]), text
