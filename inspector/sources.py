@@ -63,9 +63,17 @@ def load_config_file(path: str) -> dict[str, Any]:
         raise InputError(
             f"{path} must hold a mapping of Megatron-LM arguments, not {type(data).__name__}"
         )
-    args = {}
+    args: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
     for key, raw in data.items():
         name = str(key).lstrip("-").replace("-", "_")
+        if name in spelled:
+            raise InputError(
+                f"{path}: {spelled[name]!r} and {key!r} both set {BY_NAME[name].flag}"
+                if name in BY_NAME
+                else f"{path}: {spelled[name]!r} and {key!r} are the same argument"
+            )
+        spelled[name] = str(key)
         if name not in BY_NAME:
             close = difflib.get_close_matches(name, BY_NAME, n=1)
             hint = f" (did you mean {BY_NAME[close[0]].flag}?)" if close else ""
@@ -77,20 +85,55 @@ def load_config_file(path: str) -> dict[str, Any]:
 def _parse_config(text: str, path: str) -> Any:
     if path.endswith(".json"):
         try:
-            return json.loads(text)
+            return json.loads(text, object_pairs_hook=_unique_pairs(path))
         except json.JSONDecodeError as exc:
             raise InputError(f"{path} line {exc.lineno}: not valid JSON ({exc.msg})") from None
     if path.endswith((".yaml", ".yml")):
         import yaml
 
         try:
-            return yaml.safe_load(text) or {}
+            return yaml.load(text, Loader=_yaml_loader(path)) or {}  # noqa: S506 - a SafeLoader
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f" line {mark.line + 1}" if mark is not None else ""
             reason = getattr(exc, "problem", None) or "syntax error"
             raise InputError(f"{path}{where}: not valid YAML ({reason})") from None
     raise InputError(f"{path}: --config takes a .yaml, .yml or .json file")
+
+
+def _unique_pairs(path: str) -> Any:
+    """A json object_pairs_hook that refuses a repeated key (json keeps the last one)."""
+
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in seen:
+                raise InputError(f"{path}: the key {key!r} appears twice")
+            seen[key] = value
+        return seen
+
+    return hook
+
+
+def _yaml_loader(path: str) -> Any:
+    """A yaml SafeLoader that refuses a repeated key (PyYAML keeps the last one)."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                line = key_node.start_mark.line + 1
+                if key in seen:
+                    raise InputError(
+                        f"{path} line {line}: the key {key!r} appears twice (first on line "
+                        f"{seen[key]})"
+                    )
+                seen[key] = line
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
 
 
 def read_launch_script(path: str, settings: Mapping[str, str] | None = None) -> ScriptArgs:

@@ -173,3 +173,26 @@ def test_scripts_and_config_files_mean_megatron_lms_default_transformer_impl():
     assert script["transformer_impl"] == config["transformer_impl"] == "transformer_engine"
     assert flagged["transformer_impl"] == "local"
     assert "transformer_impl" not in merge_sources(Sources(), groups).args  # the default model
+
+
+@pytest.mark.parametrize(
+    "name, text, message",
+    [
+        # a repeated key: YAML and JSON would silently keep the last one
+        ("twice.yaml", "num-layers: 4\nhidden-size: 64\nnum-layers: 8\n",
+         "twice.yaml line 3: the key 'num-layers' appears twice (first on line 1)"),
+        ("twice.json", '{"num_layers": 4, "num_layers": 8}',
+         "twice.json: the key 'num_layers' appears twice"),
+        # two spellings of one argument
+        ("spellings.yaml", "num-layers: 4\nnum_layers: 8\n",
+         "spellings.yaml: 'num-layers' and 'num_layers' both set --num-layers"),
+        ("spellings.json", '{"--hidden-size": 4, "hidden_size": 8}',
+         "spellings.json: '--hidden-size' and 'hidden_size' both set --hidden-size"),
+    ],
+)  # fmt: skip
+def test_duplicate_keys_in_config_files(tmp_path, name, text, message):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(InputError) as raised:
+        load_config_file(str(path))
+    assert str(raised.value) == f"{tmp_path}/{message}"
