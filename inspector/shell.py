@@ -249,8 +249,13 @@ class Shell:
     def _run_condexpr(self, node: CondExpr) -> int:
         self.line = node.line
         operands: list[tuple[str, str | None]] = []
-        for word in node.words:
+        for number, word in enumerate(node.words):
             text = self.expand_string(word)
+            if number and node.words[number - 1].literal() == "=~":
+                pieces = self._pieces(word.parts, quoted=False)
+                regex = "".join(re.escape(p.text) if p.quoted else p.text for p in pieces)
+                operands.append((text, regex))
+                continue
             operands.append((text, self.pattern(word, "a `[[ ]]` test", strict=False)))
         return evaluate_test(operands, double=True, shell=self)
 
@@ -493,8 +498,7 @@ class Shell:
             reason = "which the script gets from its command line"
         else:
             reason = "which the script never sets"
-        shown = f"${part.name}" if part.text.startswith("$") else part.text
-        return self.ctx.mark(Unknown(shown, reason, part.name))
+        return self.ctx.mark(Unknown(part.text, reason, part.name))
 
     def _transform(self, part: Param, value: str) -> str:
         op = part.op

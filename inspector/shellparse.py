@@ -322,10 +322,25 @@ class Lexer:
                     words.append(Word((Lit(op, False),), op, self.line))
                     break
             else:
+                if words and words[-1].literal() == "=~":
+                    words.append(self._read_regex())
+                    continue
                 word = self.read_word(extra_stop="")
                 if word.literal() == closer:
                     return Token("dbrack", words, line)
                 words.append(word)
+
+    def _read_regex(self) -> Word:
+        """The right side of `=~`: parentheses and `|` belong to the regex, up to a blank."""
+        start, line, depth = self.i, self.line, 0
+        parts: list[Part] = []
+        while self.i < len(self.s):
+            char = self.s[self.i]
+            if depth == 0 and (char in " \t\n" or char == ")"):
+                break
+            depth += {"(": 1, ")": -1}.get(char, 0)
+            parts.extend(self._read_unit(parts, in_braces=True))
+        return Word(tuple(_merge(parts)), self.s[start : self.i], line)
 
     def _parse_fragment(self, text: str, line: int) -> Word:
         """Parse `text` as the inside of double quotes (arithmetic bodies)."""
@@ -850,7 +865,7 @@ class Parser:
             elif token.kind == "word":
                 self.take()
                 word: Word = token.value
-                assign = None if words else split_assignment(word)
+                assign = None if words else split_assignment(word, self.origin)
                 if assign is not None:
                     assigns.append(assign)
                 else:
@@ -862,18 +877,35 @@ class Parser:
         return Simple(assigns, words, line)
 
 
-def split_assignment(word: Word) -> Assign | None:
+def split_assignment(word: Word, origin: str = "") -> Assign | None:
     """Return `NAME=value` (or `NAME+=`, `NAME[i]=`) as an Assign when the word is one."""
     first = word.parts[0] if word.parts else None
     if not isinstance(first, Lit) or first.quoted:
         return None
     match = _ASSIGN.match(first.text)
     if not match:
-        return None
+        indexed = re.match(r"([A-Za-z_]\w*)\[", first.text)
+        return _indexed_assignment(word, indexed.group(1), origin) if indexed else None
     rest = first.text[match.end() :]
     parts = ((Lit(rest, False),) if rest else ()) + word.parts[1:]
     value = Word(parts, word.raw[match.end() :], word.line)
     return Assign(match.group(1), bool(match.group(3)), value, None, match.group(2), word.line)
+
+
+def _indexed_assignment(word: Word, name: str, origin: str) -> Assign | None:
+    """`NAME[subscript]=value` where the subscript holds expansions: split the raw text."""
+    raw, depth = word.raw, 0
+    for position in range(len(name), len(raw)):
+        depth += {"[": 1, "]": -1}.get(raw[position], 0)
+        if depth == 0:
+            rest = raw[position + 1 :]
+            append = rest.startswith("+=")
+            if not (append or rest.startswith("=")):
+                return None
+            lexer = Lexer(rest[2 if append else 1 :], origin, word.line, fixed_line=True)
+            value = lexer.read_word()
+            return Assign(name, append, value, None, raw[len(name) + 1 : position], word.line)
+    return None
 
 
 def parse_script(text: str, origin: str, first_line: int = 1, fixed_line: bool = False) -> Seq:

@@ -126,7 +126,14 @@ class _Test:
             a, b = self.integer(left), self.integer(self.value(right_text))
             return bool(_COMPARE[op](a, b))
         if op == "=~":
-            return re.search(self.value(right_text), left) is not None
+            self.value(right_text)
+            try:
+                match = re.search(right_regex or right_text, left)
+            except re.error:
+                raise self.shell.fail(f"`{right_text}` is not a regular expression") from None
+            groups = [match.group(0), *match.groups()] if match else []
+            self.shell.vars["BASH_REMATCH"] = {i: g or "" for i, g in enumerate(groups)}
+            return match is not None
         if op in ("<", ">"):
             right = self.value(right_text)
             return left < right if op == "<" else left > right
