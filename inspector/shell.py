@@ -47,6 +47,9 @@ from inspector.shelltest import evaluate_test, glob_regex
 MARK = re.compile("\x00(\\d+)\x00")
 _MAX_DEPTH = 32
 _MAX_LOOPS = 10_000
+_MAX_STEPS = 200_000  # commands run in all, so that no script keeps the reader busy for long
+_MAX_VALUE = 1 << 20  # characters in one variable
+_MAX_ELEMENTS = 1 << 14  # elements in one array
 Value = str | dict[int, str]
 
 
@@ -83,7 +86,7 @@ class Context:
     settings: Mapping[str, str]
     unknowns: list[Unknown] = field(default_factory=list)
     commands: list[Command] = field(default_factory=list)
-    launch_names: frozenset[str] = frozenset()
+    steps: int = 0
 
     def mark(self, unknown: Unknown) -> str:
         self.unknowns.append(unknown)
@@ -272,6 +275,9 @@ class Shell:
 
     def _run_simple(self, node: Simple) -> int:
         self.line = node.line
+        self.ctx.steps += 1
+        if self.ctx.steps > _MAX_STEPS:
+            raise self.fail(f"the script runs more than {_MAX_STEPS} commands; the reader stops")
         argv, arrays = [], []
         for word in node.words:
             if isinstance(word, Assign):
@@ -297,6 +303,9 @@ class Shell:
             base = _as_array(old) if old is not None else {}
             start = max(base) + 1 if base else 0
             base.update({start + i: v for i, v in enumerate(elements)})
+            if len(base) > _MAX_ELEMENTS or sum(len(v) for v in base.values()) > _MAX_VALUE:
+                raise self.fail(f"the array {assign.name} grows past {_MAX_ELEMENTS} elements "
+                                f"or {_MAX_VALUE} characters")  # fmt: skip
             self.vars[assign.name] = base
             return
         assert assign.value is not None
@@ -308,13 +317,13 @@ class Shell:
             array = _as_array(self.vars.get(assign.name, {}))
             index = self.index_of(assign.index)
             array[index] = (array.get(index, "") + value) if assign.append else value
+            if len(array[index]) > _MAX_VALUE or len(array) > _MAX_VALUE:
+                raise self.fail(f"the array {assign.name} grows past {_MAX_VALUE} characters")
             self.vars[assign.name] = array
         elif assign.append:
             old = self.vars.get(assign.name)
-            if isinstance(old, dict):
-                old[0] = old.get(0, "") + value
-            else:
-                self.vars[assign.name] = (old or "") + value
+            before = old.get(0, "") if isinstance(old, dict) else (old or "")
+            self.assign(assign.name, before + value)
         else:
             self.assign(assign.name, value)
 
@@ -328,6 +337,8 @@ class Shell:
         )
 
     def assign(self, name: str, value: str) -> None:
+        if len(value) > _MAX_VALUE:
+            raise self.fail(f"{name} grows past {_MAX_VALUE} characters")
         old = self.vars.get(name)
         if isinstance(old, dict):
             old[0] = value
@@ -343,6 +354,8 @@ class Shell:
         return self.arith(word)
 
     def call_function(self, name: str, args: list[str]) -> int:
+        if len(self.locals) >= _MAX_DEPTH:
+            raise self.fail(f"the function {name} calls itself too deeply")
         saved = self.positional
         self.positional = args
         self.locals.append({})

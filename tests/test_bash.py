@@ -372,3 +372,22 @@ def test_generated_scripts_agree_with_bash(text, stubs, tmp_path):  # fmt: skip
     assert _observed(launch.observed) == launches[0], text
     if launches[0][0] == "torchrun":
         assert world.size == torch_world(launches[0]), text
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("f() { f; }\nf\n", "s.sh line 1: the function f calls itself too deeply"),
+        ("A=x\nwhile true; do A+=$A; done\n", "s.sh line 2: A grows past 1048576 characters"),
+        ("A=(x)\nwhile true; do A+=(${A[@]}); done\n",
+         "s.sh line 2: the array A grows past 16384 elements or 1048576 characters"),
+        ("while true; do :; done\n", "s.sh line 1: a loop ran 10000 times; the reader stops there"),
+        ("source /dev/zero\n",
+         "s.sh line 1: `source /dev/zero` reads /dev/zero, which is not a file next to the script"),
+    ],
+)  # fmt: skip
+def test_runaway_scripts_stop_quickly(text, message):
+    """Scripts that would run forever or fill memory are refused within a fraction of a second."""
+    with pytest.raises(InputError) as error:
+        parse_launch_script(text, "s.sh")
+    assert str(error.value) == message
