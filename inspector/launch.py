@@ -113,7 +113,21 @@ def _count(value: str, what: str, require: Require) -> int | None:
     return int(text) if re.fullmatch(r"\d+", text) and int(text) > 0 else None
 
 
-def world_of(argv: Sequence[str], env: dict[str, str], where: str, require: Require) -> World:
+def sbatch_options(text: str) -> tuple[str, ...]:
+    """Return the options of the script's `#SBATCH` lines (sbatch reads them up to the first
+    command); srun inside the job takes its node and task counts from them."""
+    words: list[str] = []
+    for line in text.splitlines()[1 if text.startswith("#!") else 0 :]:
+        stripped = line.strip()
+        if stripped.startswith("#SBATCH"):
+            words.extend(stripped[len("#SBATCH") :].split("#", 1)[0].split())
+        elif stripped and not stripped.startswith("#"):
+            break
+    return tuple(words)
+
+
+def world_of(argv: Sequence[str], env: dict[str, str], where: str, require: Require,
+             sbatch: Sequence[str] = ()) -> World:  # fmt: skip
     """Return the world size a launch command starts (innermost launcher that decides it)."""
     parts = segments(argv)
     for segment in reversed(parts):
@@ -121,7 +135,7 @@ def world_of(argv: Sequence[str], env: dict[str, str], where: str, require: Requ
             return _launcher_world(segment, where, require)
     for segment in reversed(parts):
         if segment.kind in ("srun", "mpirun"):
-            return _task_world(segment, where, require)
+            return _task_world(segment, where, require, sbatch)
     size = env.get("WORLD_SIZE")
     if size is not None:
         number = _count(size, "WORLD_SIZE", require)
@@ -161,12 +175,17 @@ def _launcher_world(segment: Segment, where: str, require: Require) -> World:
     return World(per_node * nodes, f"{shown} ({where})")
 
 
-def _task_world(segment: Segment, where: str, require: Require) -> World:
+def _task_world(segment: Segment, where: str, require: Require, sbatch: Sequence[str]) -> World:
     names = {"-N": "nodes", "--nodes": "nodes", "-n": "tasks", "--ntasks": "tasks",
              "-np": "tasks", "--np": "tasks", "--ntasks-per-node": "per_node"}  # fmt: skip
     found = _options(segment.words[1:], names)
     launcher = program_name(segment.words[0])
     shown = " ".join([launcher] + [written for _, written in found.values()])
+    if launcher == "srun" and sbatch and "tasks" not in found:
+        inherited = {k: v for k, v in _options(sbatch, names).items() if k not in found}
+        if inherited:
+            found.update(inherited)
+            shown += " with #SBATCH " + " ".join(written for _, written in inherited.values())
     if "tasks" in found:
         tasks = _count(found["tasks"][0], f"{launcher}'s task count", require)
         if tasks is not None:

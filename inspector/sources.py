@@ -18,7 +18,7 @@ from typing import Any
 import inspector.shellcmds  # noqa: F401 - registers the commands the shell interprets
 from inspector.arguments import BY_NAME, ArgSpec
 from inspector.errors import ConfigError, InputError
-from inspector.launch import Require, World, program_arguments, world_of
+from inspector.launch import Require, World, program_arguments, sbatch_options, world_of
 from inspector.output import read_text
 from inspector.shell import Command, Context, _Break, _Exit, _Return, describe_unknown, new_shell
 
@@ -187,7 +187,8 @@ def interpret_launch(
         raise InputError(f"{command.origin} line {command.line}: {message}")
 
     where = f"{command.origin} line {command.line}"
-    world = world_of(command.argv, dict(command.env), where, require)
+    sbatch = sbatch_options(text) if command.origin == origin else ()
+    world = world_of(command.argv, dict(command.env), where, require, sbatch)
     launch = _Launch(command.argv, command.observed, command.origin, command.line, ctx)
     return launch, world, require
 

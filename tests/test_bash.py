@@ -197,6 +197,13 @@ def test_settings_give_the_environment_and_positional_parameters():
         ("srun --ntasks=24 python t.py\n", 24, "srun --ntasks 24"),
         ("mpirun -np 16 python t.py\n", 16, "mpirun -np 16"),
         ("WORLD_SIZE=8 python t.py\n", 8, "WORLD_SIZE=8"),
+        # srun inside an sbatch job takes the counts its #SBATCH lines ask for
+        ("#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=8 # one per GPU\n\n"
+         "srun python t.py\n", 16, "srun with #SBATCH --nodes 2 --ntasks-per-node 8"),
+        ("#SBATCH -N 4\nsrun --ntasks-per-node 2 python t.py\n", 8,
+         "srun --ntasks-per-node 2 with #SBATCH -N 4"),
+        ("echo hi\n#SBATCH -N 4\nsrun --ntasks-per-node 2 python t.py\n", None,
+         "takes its task count"),  # sbatch stops reading #SBATCH at the first command
         ("WORLD_SIZE=8\npython t.py\n", None, "python starts one process"),  # not exported
     ],
 )
