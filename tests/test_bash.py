@@ -19,7 +19,7 @@ from inspector.launch import data_parallel_from_world
 from inspector.sources import interpret_launch, parse_launch_script, read_launch_script
 
 BASH_FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "scripts" / "bash"
-FIXTURES = sorted(BASH_FIXTURES.glob("*.sh"))
+FIXTURES = sorted(BASH_FIXTURES.glob("*.sh")) + [BASH_FIXTURES.parent / "llama3_8b.sh"]
 BASH = shutil.which("bash")
 pytestmark = pytest.mark.skipif(BASH is None, reason="bash is not installed")
 

@@ -196,3 +196,17 @@ def test_duplicate_keys_in_config_files(tmp_path, name, text, message):
     with pytest.raises(InputError) as raised:
         load_config_file(str(path))
     assert str(raised.value) == f"{tmp_path}/{message}"
+
+
+@pytest.mark.parametrize(
+    "name, world, origin",
+    [
+        ("gpt3_175b.sh", 1024, "python -m torch.distributed.run --nproc_per_node 8 --nnodes 128"),
+        ("llama3_8b.sh", 16, "torchrun --nproc_per_node 8 --nnodes 2"),
+        ("mixtral_8x7b.sh", 8, "torchrun --nproc_per_node 8"),
+    ],
+)
+def test_world_size_of_example_scripts(name, world, origin):
+    parsed = read_launch_script(str(SCRIPTS / name))
+    assert parsed.world_size == world
+    assert parsed.world_origin.startswith(f"{origin} ({SCRIPTS / name} line ")
