@@ -326,6 +326,8 @@ class Lexer:
                     words.append(self._read_regex())
                     continue
                 word = self.read_word(extra_stop="")
+                if not word.parts:
+                    raise self.fail(f"unexpected `{self.s[self.i]}` inside `[[ ]]`")
                 if word.literal() == closer:
                     return Token("dbrack", words, line)
                 words.append(word)

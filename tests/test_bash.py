@@ -398,3 +398,20 @@ def test_runaway_scripts_stop_quickly(text, message):
     with pytest.raises(InputError) as error:
         parse_launch_script(text, "s.sh")
     assert str(error.value) == message
+
+
+_SHELL_BITS = list("abX_=-+ \t\n\"'$(){}[]|&;<>#\\`*?!~:%/@,.019") + [
+    "torchrun t.py ", "--nnodes ", "--num-layers ", "srun -N ", "$((", "${", "if ", "then ",
+    "fi", "case ", " in ", "esac", ";;", "do ", "done", "for ", "while ", "A=(", "<<E\n", "E\n",
+    "[[ ", " ]]", "[ ", " ]", "eval ", "bash -c ", "source ", "$'", "f() {", "}", "((", "))",
+]  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(text=st.lists(st.sampled_from(_SHELL_BITS), max_size=40).map("".join))
+def test_any_text_is_read_or_refused_cleanly(text):
+    """Whatever the text, the reader answers or raises one of the tool's errors: no traceback."""
+    try:
+        parse_launch_script(text, "s.sh")
+    except (InputError, ConfigError):
+        pass
