@@ -337,6 +337,8 @@ class Shell:
         )
 
     def assign(self, name: str, value: str) -> None:
+        if name == "IFS":
+            raise self.fail("the script changes IFS; the reader splits words on blanks only")
         if len(value) > _MAX_VALUE:
             raise self.fail(f"{name} grows past {_MAX_VALUE} characters")
         old = self.vars.get(name)
@@ -374,7 +376,15 @@ class Shell:
     # ------------------------------------------------------------------------- expansion
 
     def expand_fields(self, word: Word) -> list[str]:
-        """Expand a word to fields, with bash's word splitting of unquoted expansions."""
+        """Expand a word to fields: braces first, then bash's word splitting of expansions."""
+        from inspector.shellbrace import expand_braces
+
+        words = expand_braces(word)
+        if len(words) > 1:
+            return [field for each in words for field in self._split_fields(each)]
+        return self._split_fields(word)
+
+    def _split_fields(self, word: Word) -> list[str]:
         fields: list[str] = []
         current: str | None = None
         for piece in self._pieces(word.parts, quoted=False):
@@ -450,6 +460,8 @@ class Shell:
             return [value[k] for k in sorted(value)] if isinstance(value, dict) else [value]
         position = self.index_of(index) if index is not None else 0
         if isinstance(value, dict):
+            if position < 0 and value:
+                position += max(value) + 1
             return [value[position]] if position in value else None
         return [value] if position == 0 else None
 
@@ -477,7 +489,7 @@ class Shell:
             if index in ("@", "*"):
                 return [_Piece(str(len(values or [])), quoted)]
             return [_Piece(str(len(values[0]) if values else 0), quoted)]
-        if values is None and op in ("", "#", "##", "%", "%%", "/", "//", ":", "^^", ",,"):
+        if values is None and op in ("", "#", "##", "%", "%%", "/", "//", ":", "^^", ",,", "^", ","):
             values = [self._unset(part)]
         elif op in (":-", "-", ":=", "=", ":+", "+", ":?", "?"):
             null = not is_set or (op.startswith(":") and values == [""])
@@ -496,7 +508,10 @@ class Shell:
                 raise self.fail(f"{part.text} stops the script when {name} is not set, and the "
                                 f"script never sets it{given}")  # fmt: skip
         assert values is not None
-        values = [self._transform(part, v) for v in values]
+        if op == ":" and (index in ("@", "*") or name in ("@", "*")):
+            values = self._slice(part, values)
+        else:
+            values = [self._transform(part, v) for v in values]
         if index == "@" or name == "@":
             return _join_fields(values, quoted)
         if index == "*" or name == "*":
@@ -526,6 +541,10 @@ class Shell:
             return value.upper()
         if op == ",,":
             return value.lower()
+        if op == "^":
+            return value[:1].upper() + value[1:]
+        if op == ",":
+            return value[:1].lower() + value[1:]
         if op == ":":
             return self._substring(part, value)
         assert part.arg is not None
@@ -550,6 +569,22 @@ class Shell:
             raise self.fail(f"the expansion {part.text} is not supported")
         count = 0 if op == "//" else 1
         return re.sub(f"(?s:{anchored})", lambda _m: replacement, value, count=count)
+
+    def _slice(self, part: Param, values: list[str]) -> list[str]:
+        """`${A[@]:offset:length}` and `${@:offset:length}`: a slice of the elements."""
+        offset = self.arith(part.arg) if part.arg else 0
+        if part.name == "@" and offset > 0:
+            offset -= 1  # `${@:1}` starts at $1
+        elif part.name == "@" and offset == 0:
+            values = [self.ctx.script, *values]
+        if offset < 0:
+            offset = max(len(values) + offset, 0)
+        if part.arg2 is None:
+            return values[offset:]
+        length = self.arith(part.arg2)
+        if length < 0:
+            raise self.fail(f"{part.text}: a negative length of a slice is not supported")
+        return values[offset : offset + length]
 
     def _substring(self, part: Param, value: str) -> str:
         offset = self.arith(part.arg) if part.arg else 0

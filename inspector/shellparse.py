@@ -560,7 +560,7 @@ class Lexer:
                 raise self.fail(f"the expansion {text} is not supported")
             self._advance(end + 1 - start)
             return Param(name, "len", index=index, text=text)
-        op_match = re.match(r":-|:=|:\+|:\?|-|=|\+|\?|##|#|%%|%|//|/|\^\^|,,|:", rest)
+        op_match = re.match(r":-|:=|:\+|:\?|-|=|\+|\?|##|#|%%|%|//|/|\^\^|,,|\^|,|:", rest)
         if rest and not op_match:
             raise self.fail(f"the expansion {text} is not supported")
         op = op_match.group(0) if op_match else ""

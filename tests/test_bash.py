@@ -167,6 +167,8 @@ torchrun pretrain_gpt.py --num-layers $L --hidden-size $H --num-attention-heads 
          "sets it; give it with --set L=VALUE"),
         ('echo "open\n', "s.sh line 1: a double quote is not closed"),
         ("if true; then\n", "s.sh line 2: the `if` of line 1 is not closed with `fi`"),
+        # the reader splits on blanks; another IFS would split differently
+        ("IFS=,\n", "s.sh line 1: the script changes IFS; the reader splits words on blanks only"),
         ("source missing.sh\n", "s.sh line 1: `source missing.sh` reads missing.sh, which is "
                                 "not a file next to the script"),
         ("torchrun --nnodes $N t.py\n", "s.sh line 1: torchrun's node count is $N, which the "
@@ -303,7 +305,8 @@ def _element(draw) -> str:
     other = draw(st.sampled_from(_ARRAYS))
     return draw(st.sampled_from([
         _quote(draw(st.sampled_from(_VALUES))), f"${ref}", f'"${ref}"', f'"${{{other}[@]}}"',
-        f"${{{other}[@]}}", "--bf16", f"$(({draw(st.sampled_from(_NUMS))}+1))",
+        f"${{{other}[@]}}", "--bf16", f"$(({draw(st.sampled_from(_NUMS))}+1))", "{x,y}z",
+        "p{1..3}", f'"${{{other}[@]:1}}"', f"${{{ref}^^}}",
     ]))  # fmt: skip
 
 
