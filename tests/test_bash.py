@@ -4,11 +4,13 @@ command and world size, without running anything itself."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -66,11 +68,18 @@ def _header(script: Path, key: str) -> str | None:
     return match.group(1) if match else None
 
 
+@functools.cache
+def _torchrun_parser() -> Any:
+    from torch.distributed import run
+
+    return run.get_args_parser()
+
+
 def torch_world(argv: list[str]) -> int | None:
     """World size by torch's own torchrun argument parser, for an observed torchrun command."""
-    from torch.distributed import launch, run
+    from torch.distributed import launch
 
-    words, parse = argv[1:], run.parse_args
+    words, parse = argv[1:], _torchrun_parser().parse_args
     if argv[0].startswith("python"):
         module = words[words.index("-m") + 1]
         parse = launch.parse_args if module.endswith("launch") else parse
@@ -284,30 +293,28 @@ def _quote(value: str) -> str:
     return "'" + value.replace("'", "'\\''") + "'"
 
 
-@st.composite
-def _value(draw) -> str:
-    """A right-hand side for a string variable, from every quoting and expansion form."""
-    ref = draw(st.sampled_from(_NAMES))
-    num = draw(st.sampled_from(_NUMS))
-    word = draw(st.sampled_from(_VALUES))
-    return draw(st.sampled_from([
-        _quote(word), f'"{word.replace(chr(34), "")}"', f"${ref}", f'"${ref}"', f"${{{ref}}}x",
-        f'"pre ${ref} post"', f"${{UNSET_X:-{_quote(word)}}}", f"${{{ref}-dflt}}",
-        f"${{{ref}:+alt}}", f"${{{ref}:-dflt}}", f"$(({num}*3+1))", f"$(( {num} % 2 ))",
-        f'"${{{draw(st.sampled_from(_ARRAYS))}[*]}}"', f"${{#{ref}}}", f"${{{ref}%% *}}",
-        f"${{{ref}#*-}}", "$'tab\\there'",
-    ]))  # fmt: skip
+def _each(template: str, *pools: list[str]) -> st.SearchStrategy[str]:
+    """Fill `template`'s {0}, {1}, ... from the pools."""
+    return st.tuples(*(st.sampled_from(pool) for pool in pools)).map(lambda t: template.format(*t))
 
 
-@st.composite
-def _element(draw) -> str:
-    ref = draw(st.sampled_from(_NAMES))
-    other = draw(st.sampled_from(_ARRAYS))
-    return draw(st.sampled_from([
-        _quote(draw(st.sampled_from(_VALUES))), f"${ref}", f'"${ref}"', f'"${{{other}[@]}}"',
-        f"${{{other}[@]}}", "--bf16", f"$(({draw(st.sampled_from(_NUMS))}+1))", "{x,y}z",
-        "p{1..3}", f'"${{{other}[@]:1}}"', f"${{{ref}^^}}",
-    ]))  # fmt: skip
+_QUOTED = [_quote(value) for value in _VALUES]
+_value = st.one_of(
+    st.sampled_from(_QUOTED),
+    st.sampled_from(['"' + v.replace('"', "") + '"' for v in _VALUES]),
+    _each("${0}", _NAMES), _each('"${0}"', _NAMES), _each("${{{0}}}x", _NAMES),
+    _each('"pre ${0} post"', _NAMES), _each("${{UNSET_X:-{0}}}", _QUOTED),
+    _each("${{{0}-dflt}}", _NAMES), _each("${{{0}:+alt}}", _NAMES), _each("${{{0}:-dflt}}", _NAMES),
+    _each("$(({0}*3+1))", _NUMS), _each("$(( {0} % 2 ))", _NUMS), _each('"${{{0}[*]}}"', _ARRAYS),
+    _each("${{#{0}}}", _NAMES), _each("${{{0}%% *}}", _NAMES), _each("${{{0}#*-}}", _NAMES),
+    st.just("$'tab\\there'"),
+)  # fmt: skip
+_element = st.one_of(
+    st.sampled_from(_QUOTED), _each("${0}", _NAMES), _each('"${0}"', _NAMES),
+    _each('"${{{0}[@]}}"', _ARRAYS), _each("${{{0}[@]}}", _ARRAYS), st.just("--bf16"),
+    _each("$(({0}+1))", _NUMS), st.sampled_from(["{x,y}z", "p{1..3}"]),
+    _each('"${{{0}[@]:1}}"', _ARRAYS), _each("${{{0}^^}}", _NAMES),
+)  # fmt: skip
 
 
 @st.composite
@@ -315,21 +322,21 @@ def _statement(draw, depth: int = 0) -> str:
     name = draw(st.sampled_from(_NAMES))
     array = draw(st.sampled_from(_ARRAYS))
     num = draw(st.sampled_from(_NUMS))
-    elements = " ".join(draw(st.lists(_element(), max_size=4)))
+    elements = " ".join(draw(st.lists(_element, max_size=4)))
     kinds = ["assign", "append", "array", "array_append", "export", "arith"]
     if depth < 2:
         kinds += ["if", "case", "function", "for"]
     kind = draw(st.sampled_from(kinds))
     if kind == "assign":
-        return f"{name}={draw(_value())}"
+        return f"{name}={draw(_value)}"
     if kind == "append":
-        return f"{name}+={draw(_value())}"
+        return f"{name}+={draw(_value)}"
     if kind == "array":
         return f"{array}=( {elements} )"
     if kind == "array_append":
         return f"{array}+=(\n  {elements}\n)"
     if kind == "export":
-        return f"export {name}={draw(_value())}"
+        return f"export {name}={draw(_value)}"
     if kind == "arith":
         return f"{num}=$(( ({num} + {draw(st.integers(0, 9))}) % 7 + 1 ))"
     inner = draw(_statement(depth + 1))
@@ -356,7 +363,7 @@ def _script(draw) -> str:
     lines += [f"{a}=( {' '.join(draw(values))} )" for a in _ARRAYS]
     statements = draw(st.lists(_statement(), min_size=1, max_size=8))
     lines += [f"{line}  # note: $X 'q" if draw(st.booleans()) else line for line in statements]
-    args = " ".join(draw(st.lists(_element(), min_size=1, max_size=6)))
+    args = " ".join(draw(st.lists(_element, min_size=1, max_size=6)))
     launch = "torchrun --nproc_per_node $N1 --nnodes=$N2 pretrain_gpt.py"
     lines.append(draw(st.sampled_from([
         f"{launch} {args}",
