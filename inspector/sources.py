@@ -21,6 +21,7 @@ from inspector.errors import ConfigError, InputError
 from inspector.launch import Require, World, program_arguments, sbatch_options, world_of
 from inspector.output import read_text
 from inspector.shell import Command, Context, _Break, _Exit, _Return, describe_unknown, new_shell
+from inspector.tokenizers import vocabulary
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,8 @@ class ScriptArgs:
     world_size: int | None = None
     world_origin: str = ""
     launch: tuple[str, ...] = ()  # the launch command as bash runs it, from the launcher on
+    notes: tuple[str, ...] = ()  # how a value was derived (the tokenizer's vocabulary), for stderr
+    vocab_problem: str = ""  # an error unless the command line gives --vocab-size
 
 
 def convert(spec: ArgSpec, raw: Any, origin: str) -> Any:
@@ -153,8 +156,20 @@ def parse_launch_script(
     """Return the Megatron-LM arguments a bash launch script passes to its training program."""
     launch, world, require = interpret_launch(text, origin, settings)
     where = f"{launch.origin} line {launch.line}"
-    parsed = _arguments(program_arguments(launch.argv), where, require, launch.ctx)
-    return ScriptArgs(parsed.args, parsed.ignored, world.size, world.origin, launch.observed)
+    raw: dict[str, str] = {}
+    parsed = _arguments(program_arguments(launch.argv), where, require, launch.ctx, raw)
+    args, ignored = dict(parsed.args), parsed.ignored
+    notes: tuple[str, ...] = ()
+    problem = ""
+    if "--tokenizer-type" in raw:
+        given = {flag: require(value, flag) for flag, value in raw.items()}
+        vocab = vocabulary(given["--tokenizer-type"], given.get("--tokenizer-model"),
+                           args.get("vocab_size"), given.get("--vocab-file"), where)  # fmt: skip
+        if vocab.size is not None:
+            args["vocab_size"] = vocab.size
+        notes, problem = ((vocab.note,) if vocab.note else ()), vocab.problem
+        ignored = tuple(f for f in ignored if f not in ("--tokenizer-type", "--tokenizer-model"))
+    return ScriptArgs(args, ignored, world.size, world.origin, launch.observed, notes, problem)
 
 
 @dataclass(frozen=True)
@@ -215,7 +230,10 @@ def _short(ctx: Context, argv: tuple[str, ...]) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _arguments(words: list[str], where: str, require: Require, ctx: Context) -> ScriptArgs:
+def _arguments(words: list[str], where: str, require: Require, ctx: Context,
+               raw: dict[str, str]) -> ScriptArgs:  # fmt: skip
+    """Split the program's words into modelled arguments and ignored flags; `raw` receives the
+    values of the ignored flags that the tokenizer needs."""
     args: dict[str, Any] = {}
     ignored: list[str] = []
     index = 0
@@ -235,6 +253,8 @@ def _arguments(words: list[str], where: str, require: Require, ctx: Context) -> 
         if takes_value and not inline:
             index += 1
         if spec is None:
+            if flag in _TOKENIZER_FLAGS and value is not None:
+                raw[flag] = value
             if flag not in ignored:
                 ignored.append(flag)
             continue
@@ -245,6 +265,9 @@ def _arguments(words: list[str], where: str, require: Require, ctx: Context) -> 
             raise ConfigError(f"{where}: {spec.flag} has no value")
         args[name] = convert(spec, require(value, spec.flag), where)
     return ScriptArgs(args, tuple(ignored))
+
+
+_TOKENIZER_FLAGS = ("--tokenizer-type", "--tokenizer-model", "--vocab-file")
 
 
 def _looks_like_value(words: list[str], index: int) -> bool:

@@ -114,10 +114,11 @@ def test_fixture_agrees_with_bash(script, stubs, tmp_path):
 
 def test_megatron_shaped_llama_fp8_arguments():
     parsed = read_launch_script(str(BASH_FIXTURES / "megatron_llama3_fp8.sh"))
-    # "--vocab-size 128256" was one array element: split when the array is expanded unquoted
-    assert parsed.args["vocab_size"] == 128256
+    # "--vocab-size 128256" was one array element: split when the array is expanded unquoted;
+    # NullTokenizer adds its end-of-document token (Megatron-LM's _NullTokenizer.vocab_size)
+    assert parsed.args["vocab_size"] == 128257
     assert parsed.args["num_layers"] == 32 and parsed.args["use_distributed_optimizer"] is True
-    assert "--fp8-format" in parsed.ignored and "--tokenizer-type" in parsed.ignored
+    assert "--fp8-format" in parsed.ignored and "--tokenizer-type" not in parsed.ignored
 
 
 def test_issue_examples():

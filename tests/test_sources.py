@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -28,8 +29,12 @@ def test_llama3_script_matches_the_preset():
     assert parsed.args["bf16"] is True and parsed.args["use_distributed_optimizer"] is True
     # Batch sizes are training arguments `memory` reads; the rest is not modelled.
     assert (parsed.args["micro_batch_size"], parsed.args["global_batch_size"]) == (1, 1024)
-    assert parsed.ignored == ("--rotary-base", "--lr", "--train-iters", "--tokenizer-type",
-                              "--tokenizer-model", "--save", "--load")  # fmt: skip
+    assert parsed.ignored == ("--rotary-base", "--lr", "--train-iters", "--save", "--load")
+    # the tokenizer file is not on this machine: the script's --vocab-size stands, with a note
+    assert parsed.notes == (
+        "HuggingFaceTokenizer /models/llama3/tokenizer.model cannot be read here; --vocab-size "
+        "128256 from the script is used",
+    )
 
 
 def test_gpt3_script_with_string_variables():
@@ -138,7 +143,7 @@ def test_from_script_prints_the_same_table_as_flags(cli):
     # the arguments it does not model are listed once, on stderr
     assert (
         script.err
-        == f"Ignored from {SCRIPTS / 'llama3_8b.sh'}: --rotary-base --lr --train-iters --tokenizer-type --tokenizer-model --save --load\n"
+        == f"Ignored from {SCRIPTS / 'llama3_8b.sh'}: --rotary-base --lr --train-iters --save --load\n"
     )
 
 
@@ -210,3 +215,58 @@ def test_world_size_of_example_scripts(name, world, origin):
     parsed = read_launch_script(str(SCRIPTS / name))
     assert parsed.world_size == world
     assert parsed.world_origin.startswith(f"{origin} ({SCRIPTS / name} line ")
+
+
+def _sentencepiece_model(pieces: int) -> bytes:
+    """A minimal sentencepiece ModelProto: `pieces` SentencePiece messages (field 1) and a
+    trainer spec (field 2), as protobuf encodes them."""
+    piece = b"\x0a\x01a\x15\x00\x00\x00\x00"  # piece: "a", score: 0.0
+    return (b"\x0a" + bytes([len(piece)]) + piece) * pieces + b"\x12\x02\x08\x01"
+
+
+def _launch(tokenizer: str) -> str:
+    return f"torchrun pretrain_gpt.py --num-layers 2 {tokenizer}\n"
+
+
+def test_vocabulary_from_local_tokenizer_files(tmp_path):
+    model = tmp_path / "tokenizer.model"
+    model.write_bytes(_sentencepiece_model(300))
+    parsed = parse_launch_script(
+        _launch(f"--tokenizer-type Llama2Tokenizer --tokenizer-model {model}"), "s.sh"
+    )
+    assert parsed.args["vocab_size"] == 300
+    assert parsed.notes == (f"Llama2Tokenizer {model}: 300 tokens (300 pieces in {model})",)
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text(json.dumps({
+        "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "<s>": 2}},
+        "added_tokens": [{"id": 2, "content": "<s>"}, {"id": 3, "content": "<pad>"}],
+    }))  # fmt: skip
+    parsed = parse_launch_script(
+        _launch(f"--tokenizer-type HuggingFaceTokenizer --tokenizer-model {folder}"), "s.sh"
+    )
+    assert parsed.args["vocab_size"] == 4  # 3 in the model + <pad>; <s> is already there
+    assert "--tokenizer-type" not in parsed.ignored
+
+
+@pytest.mark.parametrize(
+    "tokenizer, size, problem",
+    [
+        ("--tokenizer-type HuggingFaceTokenizer --tokenizer-model meta-llama/Meta-Llama-3-8B",
+         128256, ""),
+        ("--tokenizer-type HuggingFaceTokenizer --tokenizer-model mistralai/Mixtral-8x7B-v0.1",
+         32000, ""),
+        ("--tokenizer-type GPT2BPETokenizer --vocab-file gpt2-vocab.json", 50257, ""),
+        ("--tokenizer-type NullTokenizer --vocab-size 1000", 1001, ""),
+        # not on this machine, not a known hub name, no --vocab-size: never a silent default
+        ("--tokenizer-type Llama2Tokenizer --tokenizer-model /models/x/tokenizer.model", None,
+         "s.sh line 1: the vocabulary of --tokenizer-type Llama2Tokenizer --tokenizer-model "
+         "/models/x/tokenizer.model is not known here (no such file on this machine, nor a "
+         "tokenizer this tool knows); give --vocab-size"),
+        ("--tokenizer-type NullTokenizer", None, "s.sh line 1: NullTokenizer needs --vocab-size"),
+    ],
+)  # fmt: skip
+def test_vocabulary_from_tokenizer_names(tokenizer, size, problem):
+    parsed = parse_launch_script(_launch(tokenizer), "s.sh")
+    assert parsed.args.get("vocab_size") == size
+    assert parsed.vocab_problem == problem
