@@ -137,13 +137,32 @@ def test_config_errors(name, error, message):
 
 def test_from_script_prints_the_same_table_as_flags(cli):
     script = cli("params", "--from-script", str(SCRIPTS / "llama3_8b.sh"))
-    flags = cli("params", "--model", "llama3-8b", "--tp", "2", "--pp", "2", "--bf16")
+    # torchrun --nproc_per_node 8 --nnodes 2: 16 GPUs / (tp 2 x pp 2) = dp 4, as Megatron-LM computes it
+    flags = cli("params", "--model", "llama3-8b", "--tp", "2", "--pp", "2", "--bf16", "--dp", "4")
     assert script.code == 0, script.err
     assert script.out == flags.out
-    # the arguments it does not model are listed once, on stderr
-    assert (
-        script.err
-        == f"Ignored from {SCRIPTS / 'llama3_8b.sh'}: --rotary-base --lr --train-iters --save --load\n"
+    # the arguments it does not model are listed once, on stderr, with how the vocabulary was found
+    path = SCRIPTS / "llama3_8b.sh"
+    assert script.err == (
+        f"Ignored from {path}: --rotary-base --lr --train-iters --save --load\n"
+        f"Note from {path}: HuggingFaceTokenizer /models/llama3/tokenizer.model cannot be read here; "
+        "--vocab-size 128256 from the script is used\n"
+    )
+
+
+def test_data_parallel_comes_from_the_launchers_world(cli):
+    path = str(SCRIPTS / "llama3_8b.sh")
+    header = cli("params", "--from-script", path, "--format", "json")
+    assert header.code == 0, header.err
+    import json
+
+    assert json.loads(header.out)["header"]["topology"]["data_parallel_size"] == 4
+    assert cli("params", "--from-script", path, "--dp", "4").code == 0
+    wrong = cli("params", "--from-script", path, "--dp", "2")
+    assert (wrong.code, wrong.out) == (2, "")
+    assert wrong.err == (
+        "Error: --dp 2 contradicts the script's world: 16 GPUs (torchrun --nproc_per_node 8 --nnodes 2 "
+        f"({path} line 58)) / (--tp 2 x --pp 2 x --cp 1) = 4 data-parallel ranks\n"
     )
 
 
