@@ -1,28 +1,35 @@
 """Import megatron-core with only what building a model on the meta device needs.
 
-Everything here is installed once, the first time megatron is imported (world.megatron()), and stays
-for the rest of the process, because megatron imports modules lazily while it builds too:
+`import_megatron` (called once, by world.megatron()) prepares the process:
 
-- torch.compile passes functions through unchanged. megatron-core decorates its fused kernels with
-  `jit_fuser` = torch.compile (megatron/core/jit.py); building the decorator imports dynamo and
-  inductor (~2.5 s). Nothing here runs a forward pass, so undecorated functions are equivalent.
-- DTensor (`torch.distributed.tensor`, and `torch.distributed._tensor` which re-exports it) is not
-  importable: megatron-core imports it inside `try: ... except ImportError` (HAVE_DTENSOR) and then
-  only uses it for tensors that are DTensors, which a meta build never makes. It costs ~0.6 s (it
-  pulls in torch.distributed.checkpoint, FSDP and sympy). Should a megatron-core import it without
-  that fallback, the import is retried with DTensor available (`_import` below).
-- torch's meta kernels written in Python (torch._refs, e.g. `cat`, which megatron's CPU weight
-  initialisation calls) are wrapped in `torch._disable_dynamo`, which imports torch._dynamo (~0.5 s)
-  on the first call only to learn how to switch dynamo off. With torch.compile passing through,
-  dynamo never runs, so each wrapper is pre-seeded with the answer it would cache: the plain function.
+- torch.compile passes functions through unchanged, for the rest of the process (megatron imports
+  modules lazily while it builds too). megatron-core decorates its fused kernels with `jit_fuser` =
+  torch.compile (megatron/core/jit.py); building the decorator imports dynamo and inductor (~2.5 s).
+  Nothing here runs a forward pass, so undecorated functions are equivalent.
+- While megatron-core is imported, DTensor (`torch.distributed.tensor`, and
+  `torch.distributed._tensor` which re-exports it) is not importable. megatron-core imports it
+  inside `try: ... except ImportError` (HAVE_DTENSOR) and uses it only on tensors that are DTensors,
+  which a meta build never makes; it costs ~0.6 s (it pulls in torch.distributed.checkpoint, FSDP
+  and sympy). megatron.core.safe_globals (0.14+), which imports it without a fallback, gets a stand-in
+  (`_SafeGlobalsStandIn`). Should a megatron-core still need DTensor, the import is retried with it.
+- torch's meta kernels written in Python (torch._refs) are wrapped in `torch._disable_dynamo`, which
+  imports torch._dynamo (~0.5 s) on the first call only to learn how to switch dynamo off. With
+  torch.compile passing through dynamo never runs, so each wrapper is pre-seeded with the answer it
+  would cache: the plain function.
+- `_install_transformer_engine_standin`: the place for the Transformer Engine stand-in.
 
-While a stage is built (`meta_cat()`, entered by world.simulated_rank), `torch.cat` of meta tensors
-is answered directly: megatron's CPU weight initialisation (`_initialize_affine_weight_cpu`) splits a
-master weight, concatenates this rank's pieces and copies the result into the weight it already
-made and marked, a no-op on meta. torch's meta `cat` is a Python reference whose type promotion
-imports sympy (~0.35 s). The weight's shape and attributes still come from megatron alone.
+While a stage is built (`meta_cat()`, entered by world.simulated_rank), two kinds of call on meta
+tensors are answered directly, because torch's meta kernels for them are Python references whose
+type promotion imports sympy (~0.35 s):
+- `torch.cat`: megatron's CPU weight initialisation (`_initialize_affine_weight_cpu`) splits a
+  master weight, concatenates this rank's pieces and copies the result into the weight it already
+  made and marked, a no-op on meta. The answer is torch's: the shape with `dim` summed, contiguous.
+- `normal_` / `uniform_` fills (torch.nn.Embedding's own reset_parameters, e.g. for learned position
+  embeddings): no values on meta, so the tensor is returned as it is.
+The weights' shapes and attributes still come from megatron alone.
 
-Nothing in torch's or megatron's files is changed; the golden files prove shapes are unchanged.
+Nothing in torch's or megatron's files is changed; the golden files prove shapes are unchanged, and
+tests/test_fastimport.py that a build imports none of these modules.
 """
 
 from __future__ import annotations
@@ -155,6 +162,33 @@ def _meta_cat_result(torch: Any, tensors: Any, dim: int) -> Any:
     return torch.empty(shape, dtype=first.dtype, device="meta")
 
 
+def _fills_meta(torch: Any, func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+    """Whether this normal_/uniform_ call fills a floating meta tensor, with bounds torch accepts.
+
+    Such a call changes nothing on meta (there are no values) and returns its tensor; torch's meta
+    kernel for it is a Python reference that imports sympy.
+    """
+    tensor = args[0] if args else kwargs.get("tensor")
+    if not (isinstance(tensor, torch.Tensor) and tensor.is_meta and tensor.is_floating_point()):
+        return False
+    normal = func in (torch.nn.init.normal_, torch.Tensor.normal_)
+    if normal:
+        names = ("mean", "std")
+    else:
+        names = ("a", "b") if func is torch.nn.init.uniform_ else ("from", "to")
+    if (
+        set(kwargs) - {"tensor", "generator", *names}
+        or len(args) > 3
+        or kwargs.get("generator") is not None
+    ):
+        return False
+    low = args[1] if len(args) > 1 else kwargs.get(names[0], 0.0)
+    high = args[2] if len(args) > 2 else kwargs.get(names[1], 1.0)
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high)):
+        return False
+    return bool(high >= 0) if normal else bool(low <= high)
+
+
 @contextlib.contextmanager
 def meta_cat() -> Iterator[None]:
     """Answer `torch.cat` of meta tensors without torch's Python meta kernel (see the module notes).
@@ -164,11 +198,20 @@ def meta_cat() -> Iterator[None]:
     import torch
     from torch.overrides import TorchFunctionMode
 
+    fills = {
+        torch.nn.init.normal_,
+        torch.nn.init.uniform_,
+        torch.Tensor.normal_,
+        torch.Tensor.uniform_,
+    }
+
     class MetaCat(TorchFunctionMode):
         def __torch_function__(
             self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None
         ) -> Any:
             kwargs = kwargs or {}
+            if func in fills and _fills_meta(torch, func, args, kwargs):
+                return args[0] if args else kwargs["tensor"]
             if func is torch.cat and len(args) + len(kwargs) <= 2:
                 tensors = args[0] if args else kwargs.get("tensors")
                 dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
@@ -191,19 +234,23 @@ def _install_transformer_engine_standin() -> None:
 
 
 def _import(names: Callable[[], Any]) -> Any:
-    """Run `names` (the megatron imports) with DTensor deferred; retry with it if they need it."""
-    for finder in (_DEFERRED, _SAFE_GLOBALS):
-        if finder not in sys.meta_path:
-            sys.meta_path.insert(0, finder)
+    """Run `names` (the megatron imports) with DTensor deferred; retry with it if they need it.
+
+    The deferral ends with the import: a module imported later that wants DTensor gets it (slower,
+    still correct); tests/test_fastimport.py checks that building and `memory` import none.
+    """
+    finders = (_DEFERRED, _SAFE_GLOBALS)
+    sys.meta_path[:0] = finders
     try:
         return names()
     except ImportError as exc:
         if not (exc.name or "").startswith(DEFERRED):
             raise
+    finally:
+        for finder in finders:
+            sys.meta_path.remove(finder)
     # This megatron-core needs DTensor at import: forget the half-imported megatron and import it
     # again with DTensor available (correct, only slower).
-    sys.meta_path.remove(_DEFERRED)
-    sys.meta_path.remove(_SAFE_GLOBALS)
     for name in [name for name in sys.modules if name.split(".")[0] == "megatron"]:
         del sys.modules[name]
     return names()
