@@ -12,6 +12,9 @@ group the rank belongs to. Two things make it cheap without changing what megatr
   `new_group`. megatron still enumerates and tests membership of every group itself.
 - megatron's `generate_masked_orthogonal_rank_groups` (pure arithmetic over the world's sizes) is
   computed once per set of sizes and handed out as fresh lists, instead of once per stage.
+- megatron's `is_torch_min_version`, which `create_group` calls for every group (parsing torch's
+  version string each time), answers from a cache: it depends only on its arguments and the
+  installed torch.
 
 Both are installed only inside `scoped_groups()`. tests/test_groups.py checks that every group, rank
 and size megatron reports for the simulated rank is identical with and without them.
@@ -20,6 +23,7 @@ and size megatron reports for the simulated rank is identical with and without t
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -55,15 +59,30 @@ def _shared_rank_groups(real: Callable[..., Any]) -> Callable[..., Any]:
     return generate
 
 
+_CACHED: dict[Callable[..., Any], Callable[..., Any]] = {}
+
+
+def _cached(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Return `function` memoised (one memo per function, kept across stages)."""
+    if function not in _CACHED:
+        _CACHED[function] = functools.cache(function)
+    return _CACHED[function]
+
+
 @contextlib.contextmanager
 def scoped_groups(dist: Any, parallel_state: Any) -> Iterator[None]:
     """Inside the block, megatron makes only this rank's process groups (see the module notes)."""
     new_group = dist.new_group
     generate = parallel_state.generate_masked_orthogonal_rank_groups
+    min_version = getattr(parallel_state, "is_torch_min_version", None)
     dist.new_group = _member_only_new_group(new_group, dist)
     parallel_state.generate_masked_orthogonal_rank_groups = _shared_rank_groups(generate)
+    if min_version is not None:
+        parallel_state.is_torch_min_version = _cached(min_version)
     try:
         yield
     finally:
         dist.new_group = new_group
         parallel_state.generate_masked_orthogonal_rank_groups = generate
+        if min_version is not None:
+            parallel_state.is_torch_min_version = min_version
