@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
-# Modules never imported while megatron is in use (see the module notes).
+# Modules not importable while megatron-core is imported (see the module notes).
 DEFERRED = ("torch.distributed.tensor", "torch.distributed._tensor")
 
 

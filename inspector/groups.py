@@ -34,10 +34,11 @@ _RANK_GROUPS: dict[tuple[Any, ...], list[list[int]]] = {}
 def _member_only_new_group(real: Callable[..., Any], dist: Any) -> Callable[..., Any]:
     """Return a `new_group` that makes only the groups this rank is a member of."""
     c10d = dist.distributed_c10d
+    rank = dist.get_rank()  # the simulated rank: the block runs inside one init_process_group
 
     def new_group(ranks: Any = None, *args: Any, **kwargs: Any) -> Any:
         local_sync = kwargs.get("use_local_synchronization", args[3] if len(args) > 3 else False)
-        if ranks is None or local_sync or dist.get_rank() in ranks:
+        if ranks is None or local_sync or rank in ranks:
             return real(ranks, *args, **kwargs)
         # torch's new_group names a non-member's group too (the name is the group count), then
         # finds the rank is not in it and hands back the non-member marker.
