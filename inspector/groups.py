@@ -9,7 +9,8 @@ group the rank belongs to. Two things make it cheap without changing what megatr
 - `new_group` for a group that does not contain this rank returns what torch itself returns there,
   `GroupMember.NON_GROUP_MEMBER`, and advances torch's group counter as torch would (so the groups
   this rank is in keep torch's own names); groups this rank is in are made by torch's real
-  `new_group`. megatron still enumerates and tests membership of every group itself.
+  `new_group`. megatron still enumerates and tests membership of every group itself. Its
+  `create_group` wrapper is likewise skipped for such groups once it has run once.
 - megatron's `generate_masked_orthogonal_rank_groups` (pure arithmetic over the world's sizes) is
   computed once per set of sizes and handed out as fresh lists, instead of once per stage.
 - megatron's `is_torch_min_version`, which `create_group` calls for every group (parsing torch's
@@ -48,6 +49,31 @@ def _member_only_new_group(real: Callable[..., Any], dist: Any) -> Callable[...,
     return new_group
 
 
+def _member_only_create_group(real: Callable[..., Any], dist: Any) -> Callable[..., Any]:
+    """Return megatron's `create_group`, skipped for groups this rank is not in after the first.
+
+    megatron's wrapper (parallel_state.create_group) builds torch's arguments, calls `new_group`
+    and records the groups the rank is in. For a group the rank is not in, its only effects are
+    torch's (the group counter) and, on its first call, starting its list of groups; so until one
+    call has run in full, calls go to megatron, and later ones only advance torch's counter, as
+    `new_group` would.
+    """
+    c10d = dist.distributed_c10d
+    rank = dist.get_rank()
+    ran = False
+
+    def create_group(ranks: Any = None, *args: Any, **kwargs: Any) -> Any:
+        nonlocal ran
+        local_sync = kwargs.get("use_local_synchronization", args[3] if len(args) > 3 else False)
+        if not ran or ranks is None or local_sync or rank in ranks:
+            ran = True
+            return real(ranks, *args, **kwargs)
+        c10d._world.group_count += 1
+        return c10d.GroupMember.NON_GROUP_MEMBER
+
+    return create_group
+
+
 def _shared_rank_groups(real: Callable[..., Any]) -> Callable[..., Any]:
     """Return megatron's rank-group enumeration, computed once per set of sizes."""
 
@@ -76,7 +102,10 @@ def scoped_groups(dist: Any, parallel_state: Any) -> Iterator[None]:
     new_group = dist.new_group
     generate = parallel_state.generate_masked_orthogonal_rank_groups
     min_version = getattr(parallel_state, "is_torch_min_version", None)
+    create_group = getattr(parallel_state, "create_group", None)
     dist.new_group = _member_only_new_group(new_group, dist)
+    if create_group is not None:
+        parallel_state.create_group = _member_only_create_group(create_group, dist)
     parallel_state.generate_masked_orthogonal_rank_groups = _shared_rank_groups(generate)
     if min_version is not None:
         parallel_state.is_torch_min_version = _cached(min_version)
@@ -87,3 +116,5 @@ def scoped_groups(dist: Any, parallel_state: Any) -> Iterator[None]:
         parallel_state.generate_masked_orthogonal_rank_groups = generate
         if min_version is not None:
             parallel_state.is_torch_min_version = min_version
+        if create_group is not None:
+            parallel_state.create_group = create_group

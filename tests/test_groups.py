@@ -4,7 +4,8 @@ For each layout and rank, megatron's parallel_state is set up twice in the same 
 megatron does it (every group of the world made), once inside groups.scoped_groups (only the groups
 this rank is in). Everything parallel_state then holds and reports must be identical: each group's
 member ranks, this rank's position and the group size, torch's name for the group, the rank lists,
-and megatron's public getters.
+and megatron's public getters (every global of parallel_state holding state, e.g. 0.16's list of
+the rank's groups, is compared).
 """
 
 from __future__ import annotations
@@ -70,9 +71,17 @@ def _describe(m: Any, value: Any) -> Any:
         )
     if isinstance(value, (list, tuple)):
         return tuple(_describe(m, item) for item in value)
+    if isinstance(value, dict):
+        return tuple(sorted((str(k), _describe(m, v)) for k, v in value.items()))
     if isinstance(value, (int, str, bool, type(None))):
         return value
     return type(value).__name__
+
+
+def _is_state(m: Any, value: Any) -> bool:
+    """Whether a parallel_state global is state set up by initialize_model_parallel."""
+    kinds = (m.dist.ProcessGroup, list, tuple, dict, int, str, bool, type(None))
+    return isinstance(value, kinds)
 
 
 def megatron_report(layout: Layout, vpp: int | None, rank: int, scope: Callable[..., Any]) -> dict:
@@ -95,7 +104,7 @@ def megatron_report(layout: Layout, vpp: int | None, rank: int, scope: Callable[
         report = {
             name: _describe(m, value)
             for name, value in vars(ps).items()
-            if name.startswith("_") and name.isupper() and "MEMORY_BUFFER" not in name
+            if not name.startswith("__") and _is_state(m, value) and "MEMORY_BUFFER" not in name
         }
         for getter in GETTERS:
             if hasattr(ps, getter):
