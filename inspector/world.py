@@ -45,7 +45,9 @@ def megatron() -> SimpleNamespace:
     """Import the megatron-core pieces this tool uses, once, with import-time warnings silenced.
 
     fastimport prepares the process first (torch.compile passing through, DTensor deferred, no
-    dynamo import on meta kernels) and keeps it so for as long as megatron is in use.
+    dynamo import on meta kernels) and keeps it so for as long as megatron is in use. The
+    Transformer Engine stand-in is to be installed there too, before megatron is imported
+    (fastimport._install_transformer_engine_standin).
     """
 
     def names() -> SimpleNamespace:
