@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TORCH_WHEELS ?= /opt/wheels
 TORCH := torch==2.13.0+cpu
 
-.PHONY: setup run test lint bench clean test-matrix test-megatron
+.PHONY: setup run test lint bench golden clean test-matrix test-megatron
 
 setup: $(STAMP)
 
@@ -27,6 +27,10 @@ lint: setup
 
 test: lint
 	$(BIN)/python -m pytest -q
+
+# Rewrite fixtures/golden/ from the current output; review `git diff fixtures/golden` like code.
+golden: setup
+	$(BIN)/python -m pytest -q --update-golden
 
 bench: setup
 	$(BIN)/python bench/run.py

@@ -44,7 +44,8 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from inspector.errors import ConfigError
-from inspector.formulas import ModelDims, Parallelism, live_microbatches
+from inspector.formulas import ModelDims, live_microbatches
+from inspector.topology import Layout
 
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_MODES: tuple[str, ...] = get_args(Recompute)
@@ -114,7 +115,7 @@ class StageActivations:
 
 
 def check_activation_inputs(
-    dims: ModelDims, par: Parallelism, recompute: str, flash_attention: bool
+    dims: ModelDims, par: Layout, recompute: str, flash_attention: bool
 ) -> None:
     """Raise ConfigError for settings the formulas (or megatron) do not support."""
     if recompute not in RECOMPUTE_MODES:
@@ -134,12 +135,12 @@ def check_activation_inputs(
         )
 
 
-def _tokens(dims: ModelDims, par: Parallelism, micro_batch_size: int) -> float:
+def _tokens(dims: ModelDims, par: Layout, micro_batch_size: int) -> float:
     """Return s*b with s split by context parallelism."""
     return dims.seq_length / par.cp * micro_batch_size
 
 
-def _attention(dims: ModelDims, par: Parallelism, sb: float) -> float:
+def _attention(dims: ModelDims, par: Layout, sb: float) -> float:
     """Return the attention block's bytes besides the scores (paper Section 4.1: 11sbh)."""
     h, a, g, d = dims.hidden_size, dims.num_attention_heads, dims.query_groups, dims.head_dim
     # Replicated across TP ranks unless sequence parallel: QKV input 2sbh, dropout mask sbh.
@@ -153,7 +154,7 @@ def _attention(dims: ModelDims, par: Parallelism, sb: float) -> float:
     return outside / par.sp_divisor + inside / par.tp
 
 
-def _core_attention(dims: ModelDims, par: Parallelism, sb: float, flash_attention: bool) -> float:
+def _core_attention(dims: ModelDims, par: Layout, sb: float, flash_attention: bool) -> float:
     """Return the score terms: 5as^2b/t (paper Section 4.1), or flash attention's fp32 stats."""
     a = dims.num_attention_heads
     if flash_attention:
@@ -164,7 +165,7 @@ def _core_attention(dims: ModelDims, par: Parallelism, sb: float, flash_attentio
     )
 
 
-def _dense_mlp(dims: ModelDims, par: Parallelism, sb: float, ffn: int) -> float:
+def _dense_mlp(dims: ModelDims, par: Layout, sb: float, ffn: int) -> float:
     """Return a dense MLP's bytes (paper Section 4.1: 19sbh when f = 4h)."""
     h = dims.hidden_size
     outside = dims.activation_bytes * sb * h + MASK * sb * h  # fc1 input 2sbh, dropout mask sbh
@@ -174,7 +175,7 @@ def _dense_mlp(dims: ModelDims, par: Parallelism, sb: float, ffn: int) -> float:
     return outside / par.sp_divisor + inside / par.tp
 
 
-def _moe_mlp(dims: ModelDims, par: Parallelism, sb: float) -> float:
+def _moe_mlp(dims: ModelDims, par: Layout, sb: float) -> float:
     """Return an MoE MLP's bytes under balanced routing (our extension, see module docstring)."""
     h, e, k = dims.hidden_size, par.expert_tp, dims.moe_router_topk
     outside = (
@@ -197,7 +198,7 @@ def _moe_mlp(dims: ModelDims, par: Parallelism, sb: float) -> float:
 
 def layer_activations(
     dims: ModelDims,
-    par: Parallelism,
+    par: Layout,
     layer: int,
     micro_batch_size: int,
     recompute: Recompute = "none",
@@ -231,7 +232,7 @@ def layer_activations(
 
 
 def embedding_activations(
-    dims: ModelDims, par: Parallelism, micro_batch_size: int
+    dims: ModelDims, par: Layout, micro_batch_size: int
 ) -> EmbeddingActivations:
     """Return the first stage's embedding bytes per micro-batch.
 
@@ -248,7 +249,7 @@ def embedding_activations(
 
 
 def output_activations(
-    dims: ModelDims, par: Parallelism, micro_batch_size: int
+    dims: ModelDims, par: Layout, micro_batch_size: int
 ) -> OutputActivations:
     """Return the last stage's final norm, output layer and loss bytes per micro-batch.
 
@@ -263,7 +264,7 @@ def output_activations(
 
 def stage_activations(
     dims: ModelDims,
-    par: Parallelism,
+    par: Layout,
     stage: int,
     chunk_layers: Sequence[Sequence[int]],
     micro_batch_size: int,
@@ -324,7 +325,7 @@ def _weigh(point: tuple[int, ...], per_chunk: Sequence[float]) -> float:
 
 def _chunk_bytes(
     dims: ModelDims,
-    par: Parallelism,
+    par: Layout,
     stage: int,
     chunk_layers: Sequence[Sequence[int]],
     micro_batch_size: int,

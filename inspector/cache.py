@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from functools import cache
 from importlib import metadata
 from pathlib import Path
@@ -82,3 +83,22 @@ def store(entry: str, text: str) -> None:
         write_atomic(str(directory() / f"{entry}.txt"), text)
     except OSError:
         pass
+
+
+def cached(
+    command: str,
+    args: dict[str, Any],
+    options: dict[str, Any],
+    use_cache: bool,
+    produce: Callable[[], str],
+) -> str:
+    """Return a command's output from the cache, or produce (and store) it."""
+    if not (use_cache and enabled()):
+        return produce()
+    entry = key(command, args, options)
+    hit = load(entry)
+    if hit is not None:
+        return hit
+    text = produce()
+    store(entry, text)
+    return text

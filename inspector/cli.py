@@ -10,13 +10,23 @@ import importlib
 import inspect
 import sys
 from collections.abc import Callable
+from enum import Enum
 from typing import Any
 
+import click
 import typer
 
-from inspector import __version__
-from inspector.arguments import ARGUMENTS, BY_NAME, ArgSpec
-from inspector.errors import FidelityError, InspectorError
+from inspector import __version__, cache
+from inspector.arguments import ARGUMENTS, ArgSpec
+from inspector.errors import ConfigError, FidelityError, InspectorError
+from inspector.formats import (
+    DiffFormat,
+    MemoryFormat,
+    ParamsFormat,
+    Partitioning,
+    TopologyFormat,
+    WorkloadFormat,
+)
 
 
 def _click_errors() -> Any:
@@ -45,12 +55,36 @@ PANELS = {
 }
 
 
+class _Choice(click.Choice):
+    """A choice option whose bad value is our one-sentence error, naming the flag."""
+
+    def __init__(self, choices: type[Enum] | tuple[str, ...]) -> None:
+        names = choices if isinstance(choices, tuple) else [member.value for member in choices]
+        super().__init__(names)
+        self.enum = None if isinstance(choices, tuple) else choices
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if self.enum is not None and isinstance(value, self.enum):
+            return value
+        if value in self.choices:
+            return value if self.enum is None else self.enum(value)
+        flag = max(param.opts, key=len) if param is not None else "option"
+        raise ConfigError(f"{flag} {value!r} is not one of: {', '.join(self.choices)}")
+
+
 def _option_for(spec: ArgSpec) -> inspect.Parameter:
     names = [spec.flag, *spec.aliases]
-    help_text = spec.help + (f" One of: {', '.join(spec.choices)}." if spec.choices else "")
     annotation: Any = spec.type | None
+    extra: dict[str, Any] = {}
+    if spec.choices:
+        extra["click_type"] = _Choice(spec.choices)
     option = typer.Option(
-        None, *names, help=help_text, rich_help_panel=PANELS[spec.group], show_default=False
+        None,
+        *names,
+        help=spec.help,
+        rich_help_panel=PANELS[spec.group],
+        show_default=False,
+        **extra,
     )
     return inspect.Parameter(
         spec.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation
@@ -92,8 +126,8 @@ def _source_options() -> list[inspect.Parameter]:
 def model_options(*groups: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Give a command the model-selection options and the argument `groups` it reads.
 
-    The command receives them merged as `args` (preset, then file, script, flags); arguments of
-    other groups that a file or script sets are dropped, so they cannot change a cache key.
+    The command receives them merged (resolve.py) as `args`; what the user should know about
+    the merge (e.g. what a launch script set that is not modelled) goes to stderr first.
     """
     wanted = groups or ("model", "layout")
     specs = [spec for spec in ARGUMENTS if spec.group in wanted]
@@ -108,16 +142,15 @@ def model_options(*groups: str) -> Callable[[Callable[..., Any]], Callable[..., 
 
         @functools.wraps(func)
         def wrapper(**kwargs: Any) -> Any:
+            from inspector.resolve import Sources, merge_sources
+
             flags = {spec.name: kwargs.pop(spec.name) for spec in specs}
-            sources = {
-                name: kwargs.pop(name) for name in ("preset", "config_file", "script", "apex")
-            }
+            named = {k: kwargs.pop(k) for k in ("preset", "config_file", "script", "apex")}
             use_cache = not kwargs.pop("no_cache")
-            merged = _gather_args(flags, **sources)
-            args = {
-                k: v for k, v in merged.items() if k not in BY_NAME or BY_NAME[k].group in wanted
-            }
-            return func(args=args, use_cache=use_cache, **kwargs)
+            resolved = merge_sources(Sources(flags=flags, **named), wanted)
+            for note in resolved.notes:
+                typer.echo(note, err=True)
+            return func(args=resolved.args, use_cache=use_cache, **kwargs)
 
         wrapper.__signature__ = inspect.Signature(own + extra)  # type: ignore[attr-defined]
         return wrapper
@@ -125,37 +158,10 @@ def model_options(*groups: str) -> Callable[[Callable[..., Any]], Callable[..., 
     return decorate
 
 
-def _gather_args(
-    flags: dict[str, Any],
-    preset: str | None,
-    config_file: str | None,
-    script: str | None,
-    apex: bool | None,
-) -> dict[str, Any]:
-    """Merge preset, config file, launch script and flags, later ones winning."""
-    layers: list[dict[str, Any]] = []
-    if preset is not None:
-        from inspector.presets import get_preset
-
-        layers.append(dict(get_preset(preset).args))
-    if config_file is not None:
-        from inspector.sources import load_config_file
-
-        layers.append(load_config_file(config_file))
-    if script is not None:
-        from inspector.sources import read_launch_script
-
-        parsed = read_launch_script(script)
-        if parsed.ignored:
-            typer.echo(f"Ignored from {script}: {' '.join(parsed.ignored)}", err=True)
-        layers.append(parsed.args)
-    layers.append({name: value for name, value in flags.items() if value is not None})
-    if apex is not None:
-        layers.append({"apex": apex})
-    merged: dict[str, Any] = {}
-    for layer in layers:
-        merged.update(layer)
-    return merged
+def _format_option(default: Enum, help_text: str) -> Any:
+    return typer.Option(
+        default.value, "--format", help=help_text, click_type=_Choice(type(default))
+    )
 
 
 def _emit(text: str, output: str | None = None) -> None:
@@ -167,6 +173,12 @@ def _emit(text: str, output: str | None = None) -> None:
     write_atomic(output, text)
 
 
+def _job(args: dict[str, Any]) -> Any:
+    from inspector.job import make_job
+
+    return make_job(args)
+
+
 @app.command()
 @model_options()
 def tree(
@@ -176,10 +188,17 @@ def tree(
     rank: int | None = typer.Option(None, "--rank", help="Print the stage global rank R holds."),
 ) -> None:
     """Print the module hierarchy of each pipeline stage."""
-    from inspector.commands import cached, tree_text
 
-    options = {"stage": stage, "rank": rank}
-    _emit(cached("tree", args, options, use_cache, lambda: tree_text(args, stage=stage, rank=rank)))
+    def produce() -> str:
+        from inspector.build import build, select_view
+        from inspector.render.tree import render_trees
+        from inspector.walk import stage_trees
+
+        job = _job(args)
+        view = select_view(job, stage, rank)
+        return render_trees(stage_trees(build(job, view, expert_ranks=(view.expert_rank,))))
+
+    _emit(cache.cached("tree", args, {"stage": stage, "rank": rank}, use_cache, produce))
 
 
 @app.command()
@@ -187,12 +206,17 @@ def tree(
 def topology(
     args: dict[str, Any],
     use_cache: bool,
-    fmt: str = typer.Option("line", "--format", help="line (ProcessCoord map) or table."),
+    fmt: Any = _format_option(TopologyFormat.line, "line (ProcessCoord map) or table."),
 ) -> None:
     """Print the rank map: each rank's pipeline, data and model coordinates."""
-    from inspector.commands import cached, topology_text
 
-    _emit(cached("topology", args, {"format": fmt}, use_cache, lambda: topology_text(args, fmt)))
+    def produce() -> str:
+        from inspector.render.topology import render_topology
+        from inspector.topology import rank_map_layout
+
+        return render_topology(rank_map_layout(args), fmt)
+
+    _emit(cache.cached("topology", args, {"format": fmt}, use_cache, produce))
 
 
 @app.command()
@@ -202,27 +226,39 @@ def params(
     use_cache: bool,
     stage: int | None = typer.Option(None, "--stage", help="Keep just this pipeline stage."),
     rank: int | None = typer.Option(None, "--rank", help="Write the file global rank R writes."),
-    partitioning: str = typer.Option(
-        "layers", "--partitioning", help="Optimizer ownership: layers, cost or distopt."
+    partitioning: Any = typer.Option(
+        Partitioning.layers.value,
+        "--partitioning",
+        help="Optimizer ownership: layers, cost or distopt.",
+        click_type=_Choice(Partitioning),
     ),
     block_size: int = typer.Option(0, "--block-size", help="Shampoo block size (0 = off)."),
-    fmt: str = typer.Option("csv", "--format", help="csv (semicolons), json or table."),
+    fmt: Any = _format_option(ParamsFormat.csv, "csv (semicolons), json or table."),
     output: str | None = typer.Option(None, "-o", "--output", help="Write to FILE atomically."),
     check: str | None = typer.Option(None, "--check", help="Compare with FILE; exit 1 if stale."),
 ) -> None:
     """Print the per-stage parameter / partition table."""
-    from inspector.commands import cached, params_text
 
-    options: dict[str, Any] = dict(
+    def produce() -> str:
+        from inspector.build import build, select_view
+        from inspector.params import params_result
+        from inspector.render.params import render_params
+
+        job = _job(args)
+        built = build(job, select_view(job, stage, rank))
+        return render_params(params_result(built, partitioning, block_size), fmt)
+
+    options = dict(
         stage=stage, rank=rank, partitioning=partitioning, block_size=block_size, fmt=fmt
     )
-    text = cached("params", args, options, use_cache, lambda: params_text(args, **options))
+    text = cache.cached("params", args, options, use_cache, produce)
     if check is not None:
-        from inspector.commands import check_text
+        from inspector.diff import check_table
+        from inspector.render.diff import render_check
 
-        report, equal = check_text(text, check)
-        sys.stdout.write(report)
-        raise typer.Exit(0 if equal else 1)
+        result = check_table(text, check)
+        sys.stdout.write(render_check(result, check))
+        raise typer.Exit(0 if result is None else 1)
     _emit(text, output)
 
 
@@ -231,7 +267,7 @@ def params(
 def memory(
     args: dict[str, Any],
     use_cache: bool,
-    fmt: str = typer.Option("text", "--format", help="text (with a bar chart), table or json."),
+    fmt: Any = _format_option(MemoryFormat.text, "text (with a bar chart), table or json."),
     gpu_memory: float | None = typer.Option(
         None, "--gpu-memory", help="GPU memory in GiB: say which stages fit."
     ),
@@ -252,7 +288,23 @@ def memory(
     output: str | None = typer.Option(None, "-o", "--output", help="Write to FILE atomically."),
 ) -> None:
     """Print what each rank needs to train: weights, grads, optimizer, activations, FLOPs."""
-    from inspector.commands import cached, memory_text
+
+    def produce() -> str:
+        from inspector import memory as core
+        from inspector.render import memory as render
+
+        job = _job(args)
+        job.schedule()  # --micro-batch-size is required, and the batches must divide
+        hardware = core.make_hardware(gpu_memory, gpu_tflops, mfu)
+        if walkthrough:
+            from inspector.walkthrough import job_walkthroughs
+
+            return render.render_walkthroughs(job, job_walkthroughs(job, ulysses_degree), fmt)
+        core.check_ulysses(ulysses_degree)
+        from inspector.build import build, select_view
+
+        built = build(job, select_view(job), expert_ranks=(0,))
+        return render.render_memory(core.measure(built, hardware), fmt)
 
     options: dict[str, Any] = dict(
         fmt=fmt,
@@ -262,7 +314,55 @@ def memory(
         ulysses_degree=ulysses_degree,
         walkthrough=walkthrough,
     )
-    _emit(cached("memory", args, options, use_cache, lambda: memory_text(args, **options)), output)
+    _emit(cache.cached("memory", args, options, use_cache, produce), output)
+
+
+@app.command()
+@model_options("model", "layout", "training")
+def workload(
+    args: dict[str, Any],
+    use_cache: bool,
+    fmt: Any = _format_option(WorkloadFormat.simai, "simai: SimAI workload files."),
+    stage: int | None = typer.Option(None, "--stage", help="Print this stage's file instead."),
+    gpu_tflops: float | None = typer.Option(
+        None, "--gpu-tflops", help="Peak TFLOP/s per GPU: compute times from FLOPs."
+    ),
+    mfu: float | None = typer.Option(None, "--mfu", help="Fraction of the peak reached (default 1)."),
+    compute_profile: str | None = typer.Option(
+        None, "--compute-profile", help="Measured compute times (AICB/AIOB's profile file)."
+    ),
+    output: str | None = typer.Option(None, "-o", "--output", help="Write the folder DIR atomically."),
+) -> None:
+    """Write SimAI network-simulator workloads: one file per pipeline stage, and an index."""
+    import json
+
+    if (output is None) == (stage is None):
+        raise ConfigError("workload writes every stage into -o DIR, or one stage with --stage S; pass one")
+
+    def produce() -> str:
+        from inspector.build import build, select_view
+        from inspector.render.workload import workload_files
+        from inspector.workload_inputs import compute_for, context_for, stage_inputs
+
+        job = _job(args)
+        compute = compute_for(gpu_tflops, mfu, compute_profile)
+        built = build(job, select_view(job, stage), expert_ranks=(0,))
+        return json.dumps(workload_files(context_for(built, compute), stage_inputs(built)))
+
+    options = dict(stage=stage, gpu_tflops=gpu_tflops, mfu=mfu, profile=compute_profile, fmt=fmt)
+    if compute_profile is not None:
+        from inspector.output import read_text
+
+        options["profile_text"] = read_text(compute_profile)
+    files: dict[str, str] = json.loads(cache.cached("workload", args, options, use_cache, produce))
+    if output is None:
+        from inspector.workload import file_name
+
+        _emit(files[file_name(stage or 0)])
+        return
+    from inspector.output import write_directory_atomic
+
+    write_directory_atomic(output, files)
 
 
 @app.command()
@@ -273,22 +373,23 @@ def diff(
     new: str = typer.Argument(
         ..., help="The new params table (semicolon or json), or - for stdin."
     ),
-    fmt: str = typer.Option("text", "--format", help="text, markdown (a PR comment) or json."),
+    fmt: Any = _format_option(DiffFormat.text, "text, markdown (a PR comment) or json."),
 ) -> None:
     """Compare two params tables: exit 0 when equal, 1 when they differ."""
-    from inspector.commands import diff_text
+    from inspector.diff import diff_files
+    from inspector.render.diff import render_diff
 
-    report, equal = diff_text(old, new, fmt)
-    sys.stdout.write(report)
-    raise typer.Exit(0 if equal else 1)
+    result = diff_files(old, new)
+    sys.stdout.write(render_diff(result, fmt, old, new))
+    raise typer.Exit(0 if result.equal else 1)
 
 
 @app.command()
 def models() -> None:
     """List the model presets with their key sizes."""
-    from inspector.commands import models_text
+    from inspector.render.models import render_presets
 
-    sys.stdout.write(models_text())
+    sys.stdout.write(render_presets())
 
 
 def _version(value: bool) -> None:

@@ -120,6 +120,30 @@ def make_model_config(args: Mapping[str, Any]) -> ModelConfig:
     return config
 
 
+def check_at_least_one(flag: str, value: int | None) -> None:
+    """Raise ConfigError when a size or count given as `flag` is below one (None: not given)."""
+    if value is not None and value < 1:
+        raise ConfigError(f"{flag} must be at least 1, got {value}")
+
+
+def check_heads(hidden: int, heads: int, kv_channels: int | None) -> None:
+    """Raise ConfigError unless heads split the hidden size (or --kv-channels sets the head size)."""
+    if kv_channels is None and hidden % heads:
+        raise ConfigError(
+            f"--hidden-size {hidden} is not divisible by --num-attention-heads {heads} "
+            f"({hidden} % {heads} = {hidden % heads}); pass --kv-channels to set the head size"
+        )
+
+
+def check_query_groups(heads: int, groups: int) -> None:
+    """Raise ConfigError unless the key/value groups split the attention heads."""
+    if heads % groups:
+        raise ConfigError(
+            f"--num-attention-heads {heads} is not divisible by --num-query-groups {groups} "
+            f"({heads} % {groups} = {heads % groups})"
+        )
+
+
 def _flag(name: str) -> str:
     return BY_NAME[name].flag if name in BY_NAME else "--" + name.replace("_", "-")
 
@@ -134,9 +158,7 @@ def _require_positive(config: ModelConfig) -> None:
         "make_vocab_size_divisible_by",
         "moe_router_topk",
     ):
-        value = getattr(config, name)
-        if value < 1:
-            raise ConfigError(f"{_flag(name)} must be at least 1, got {value}")
+        check_at_least_one(_flag(name), getattr(config, name))
     for name in (
         "ffn_hidden_size",
         "num_query_groups",
@@ -146,31 +168,20 @@ def _require_positive(config: ModelConfig) -> None:
         "moe_ffn_hidden_size",
         "moe_shared_expert_intermediate_size",
     ):
-        value = getattr(config, name)
-        if value is not None and value < 1:
-            raise ConfigError(f"{_flag(name)} must be at least 1, got {value}")
+        check_at_least_one(_flag(name), getattr(config, name))
 
 
 def validate_model(config: ModelConfig) -> None:
     """Raise ConfigError for an architecture megatron would reject or silently change."""
     _require_positive(config)
     heads, hidden = config.num_attention_heads, config.hidden_size
-    if config.kv_channels is None and hidden % heads:
-        raise ConfigError(
-            f"--hidden-size {hidden} is not divisible by --num-attention-heads {heads} "
-            f"({hidden} % {heads} = {hidden % heads}); pass --kv-channels to set the head size"
-        )
+    check_heads(hidden, heads, config.kv_channels)
     if config.num_query_groups is not None and not config.group_query_attention:
         raise ConfigError(
             f"--num-query-groups {config.num_query_groups} has no effect without "
             "--group-query-attention (Megatron-LM ignores it); pass both or neither"
         )
-    groups = config.query_groups
-    if heads % groups:
-        raise ConfigError(
-            f"--num-attention-heads {heads} is not divisible by --num-query-groups {groups} "
-            f"({heads} % {groups} = {heads % groups})"
-        )
+    check_query_groups(heads, config.query_groups)
     if config.ffn_size < 1:
         raise ConfigError(
             f"--swiglu with --hidden-size {hidden} gives an MLP size of int(4 * {hidden} * 2 / 3 / 64) "
@@ -223,11 +234,6 @@ def _validate_backend(config: ModelConfig) -> None:
         raise ConfigError(
             "--multi-latent-attention cannot be built here: megatron-core's MLA needs Transformer "
             "Engine's attention and fused RoPE, which cannot be installed without CUDA"
-        )
-    if config.transformer_impl == "transformer_engine":
-        raise ConfigError(
-            "--transformer-impl transformer_engine is not supported yet: Transformer Engine cannot "
-            "be installed without CUDA; use --transformer-impl local"
         )
     if config.apex and config.normalization != "LayerNorm":
         raise ConfigError(

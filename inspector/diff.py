@@ -11,7 +11,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from inspector.tables import ParamsTable, TableRow
+from inspector.table import COMPARED, ParamsTable, TableRow, read_table
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
 
@@ -172,18 +172,15 @@ def _changes(result: TableDiff, before: dict[str, TableRow], after: dict[str, Ta
         new = after.get(name)
         if new is None:
             continue
-        for kind, a, b in (
-            ("shape", str(old.shape), str(new.shape)),
-            ("owners", ",".join(map(str, old.owners)), ",".join(map(str, new.owners))),
-            ("precs", old.precs, new.precs),
-            ("module", old.module, new.module),
-        ):
+        for column in COMPARED:
+            a = column.write(getattr(old, column.attr))
+            b = column.write(getattr(new, column.attr))
             if a != b:
-                groups[(kind, _pattern(name), a, b)].append(_layer(name))
+                groups[(column.label, _pattern(name), a, b)].append(_layer(name))
     for (kind, pattern, a, b), layers in groups.items():
         numbers = [n for n in layers if n is not None]
         result.changes.append(Change(kind, pattern, a, b, len(layers), compress(numbers)))
-    order = {"shape": 0, "owners": 1, "precs": 2, "module": 3}
+    order = {column.label: i for i, column in enumerate(COMPARED)}
     result.changes.sort(key=lambda c: (order[c.kind], -c.count, c.pattern, c.old, c.new))
 
 
@@ -235,3 +232,28 @@ def _describe_topology(line: str | None) -> str:
             axes[key] = max(axes.get(key, 0), int(value) + 1)
     sizes = " x ".join(f"{key} {size}" for key, size in axes.items())
     return f"{sizes} = {len(entries)} ranks"
+
+
+def diff_files(old_path: str, new_path: str) -> TableDiff:
+    """Compare two params tables given as paths (`-` is standard input, for one of them)."""
+    from inspector.errors import ConfigError
+    from inspector.output import read_text
+
+    if old_path == "-" and new_path == "-":
+        raise ConfigError("only one of OLD and NEW can be - (standard input)")
+    old = read_table(read_text(old_path), old_path)
+    new = read_table(read_text(new_path), new_path)
+    return diff_tables(old, new)
+
+
+def check_table(text: str, path: str) -> TableDiff | None:
+    """Compare a regenerated table with the committed one at `path`.
+
+    Returns None when they are byte-identical, else what differs (possibly nothing but format).
+    """
+    from inspector.output import read_text
+
+    committed = read_text(path)
+    if committed == text:
+        return None
+    return diff_tables(read_table(committed, path), read_table(text, "regenerated"))

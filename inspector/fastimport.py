@@ -19,7 +19,7 @@
 - The garbage collector's full collections skip what exists before and after the import (torch's
   and megatron's modules, classes, functions: `gc.freeze()`): ~2 full collections would otherwise
   rescan them, ~0.1-0.2 s each. Nothing frozen is garbage; collection itself stays on.
-- `_install_transformer_engine_standin`: the place for the Transformer Engine stand-in.
+- The Transformer Engine stand-in (inspector.te) is installed before megatron-core is imported.
 
 While a stage is built (`meta_cat()`, entered by world.simulated_rank), two kinds of call on meta
 tensors are answered directly, because torch's meta kernels for them are Python references whose
@@ -230,11 +230,14 @@ def meta_cat() -> Iterator[None]:
 
 
 def _install_transformer_engine_standin() -> None:
-    """Put the Transformer Engine stand-in into sys.modules before megatron is imported.
+    """Put the Transformer Engine stand-in (inspector.te) into sys.modules before megatron.
 
-    The place for the coming `inspector/te/` package (imported as `transformer_engine`, so that
-    megatron-core's TE specs build on the meta device). Nothing yet.
+    megatron-core decides whether Transformer Engine is there when it is first imported: the
+    stand-in goes in first, so a real TE on this machine (working or broken) is never loaded.
     """
+    from inspector import te
+
+    te.install()
 
 
 def _import(names: Callable[[], Any]) -> Any:

@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 
 from inspector.errors import FidelityError
-from inspector.render.params import Block
+from inspector.table import Block
 
 
 def check_layers(blocks: Sequence[Block], num_layers: int, complete: bool) -> None:

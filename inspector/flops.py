@@ -24,7 +24,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from inspector.errors import ConfigError
-from inspector.formulas import ModelDims, Parallelism
+from inspector.formulas import ModelDims
+from inspector.topology import Layout
 
 GEMM_FACTOR = 3 * 2  # forward + two backward GEMMs, times 2 FLOPs per multiply-add
 
@@ -83,7 +84,7 @@ def iteration_flops(dims: ModelDims, global_batch_size: int) -> int:
     return stage_flops(dims, range(dims.num_layers), global_batch_size, has_output_layer=True)
 
 
-def rank_flops(stage_total: float, par: Parallelism) -> float:
+def rank_flops(stage_total: float, par: Layout) -> float:
     """Return one rank's share of a stage's FLOPs: split over dp * cp * tp ranks.
 
     Expert parallelism is carved out of those ranks and, with balanced routing, spreads the

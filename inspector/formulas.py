@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from inspector.config import check_at_least_one, check_heads, check_query_groups
 from inspector.errors import ConfigError
 
 
@@ -49,23 +50,11 @@ class ModelDims:
     activation_bytes: int = 2  # bytes per activation element: 2 in bf16/fp16, 4 in fp32
 
     def __post_init__(self) -> None:
-        """Reject dimensions that no formula can use."""
+        """Reject dimensions that no formula can use (the checks config.py makes of a model)."""
         for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
-        if self.num_attention_heads % self.query_groups:
-            raise ConfigError(
-                f"--num-attention-heads {self.num_attention_heads} is not divisible by "
-                f"--num-query-groups {self.query_groups} "
-                f"({self.num_attention_heads} % {self.query_groups} = "
-                f"{self.num_attention_heads % self.query_groups})"
-            )
-        if self.kv_channels is None and self.hidden_size % self.num_attention_heads:
-            raise ConfigError(
-                f"--hidden-size {self.hidden_size} is not divisible by --num-attention-heads "
-                f"{self.num_attention_heads} ({self.hidden_size} % {self.num_attention_heads} = "
-                f"{self.hidden_size % self.num_attention_heads}); give --kv-channels"
-            )
+            check_at_least_one("--" + name.replace("_", "-"), getattr(self, name))
+        check_query_groups(self.num_attention_heads, self.query_groups)
+        check_heads(self.hidden_size, self.num_attention_heads, self.kv_channels)
         pattern = self.moe_layer_freq
         if isinstance(pattern, tuple) and len(pattern) != self.num_layers:
             raise ConfigError(
@@ -115,49 +104,6 @@ class ModelDims:
         if isinstance(self.moe_layer_freq, tuple):
             return bool(self.moe_layer_freq[layer])
         return layer % self.moe_layer_freq == 0
-
-
-@dataclass(frozen=True)
-class Parallelism:
-    """Parallel sizes that change per-rank activations or FLOPs.
-
-    `vpp` is the number of virtual pipeline chunks per pipeline rank (None: no interleaving);
-    `etp` is the expert tensor-parallel size (None: equal to `tp`, megatron-core's default).
-    """
-
-    tp: int = 1
-    pp: int = 1
-    vpp: int | None = None
-    cp: int = 1
-    ep: int = 1
-    etp: int | None = None
-    dp: int = 1
-    sequence_parallel: bool = False
-
-    def __post_init__(self) -> None:
-        """Reject sizes below one."""
-        for name in ("tp", "pp", "cp", "ep", "dp"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"--{name} must be at least 1, got {getattr(self, name)}")
-        if self.vpp is not None and self.vpp < 1:
-            raise ConfigError(
-                f"--num-virtual-stages-per-pipeline-rank must be at least 1, got {self.vpp}"
-            )
-
-    @property
-    def chunks(self) -> int:
-        """Return the model chunks per pipeline rank (1 without interleaving)."""
-        return self.vpp or 1
-
-    @property
-    def expert_tp(self) -> int:
-        """Return the expert tensor-parallel size."""
-        return self.etp or self.tp
-
-    @property
-    def sp_divisor(self) -> int:
-        """Return t with sequence parallelism, else 1: the split of tensors outside TP regions."""
-        return self.tp if self.sequence_parallel else 1
 
 
 def num_microbatches(global_batch_size: int, micro_batch_size: int, dp: int) -> int:

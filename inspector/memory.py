@@ -25,16 +25,11 @@ allocator buffers, fragmentation, temporary buffers of the backward pass.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any
 
-from inspector.activations import (
-    RECOMPUTE_MODES,
-    Recompute,
-    StageActivations,
-    stage_activations,
-)
+from inspector.activations import StageActivations, stage_activations
 from inspector.config import ModelConfig
 from inspector.errors import ConfigError
 from inspector.flops import (
@@ -45,24 +40,16 @@ from inspector.flops import (
     seconds_for,
     stage_flops,
 )
-from inspector.formulas import ModelDims, Parallelism, num_microbatches
-from inspector.topology import Layout, virtual_size
+from inspector.formulas import ModelDims
+from inspector.job import Job, Schedule, Training
+from inspector.topology import Layout
+
+if TYPE_CHECKING:
+    from inspector.build import BuiltChunk, BuiltJob
 
 ADAM_MOMENTS = 8  # exp_avg and exp_avg_sq, fp32 (Megatron-LM's default --optimizer adam)
 MASTER_COPY = 4  # fp32 master weight of a 16-bit parameter
 GIB = 1 << 30
-
-
-@dataclass(frozen=True)
-class Training:
-    """The Megatron-LM training arguments that size activations and FLOPs."""
-
-    micro_batch_size: int
-    global_batch_size: int
-    recompute: Recompute  # none, selective or full
-    flash_attention: bool
-    fp32_grads: bool | None  # --accumulate-allreduce-grads-in-fp32 (None: Megatron-LM's default)
-    num_microbatches: int
 
 
 @dataclass(frozen=True)
@@ -115,12 +102,26 @@ class StageMemory:
 class MemoryReport:
     """Every stage's memory and FLOPs, and what they mean on the given hardware."""
 
-    model: ModelConfig
-    layout: Layout
-    training: Training
+    job: Job
+    schedule: Schedule
     hardware: Hardware
     stages: tuple[StageMemory, ...]
     iteration_flops: int
+
+    @property
+    def model(self) -> ModelConfig:
+        """Return the job's model."""
+        return self.job.model
+
+    @property
+    def layout(self) -> Layout:
+        """Return the job's parallel layout."""
+        return self.job.layout
+
+    @property
+    def training(self) -> Training:
+        """Return the job's training settings."""
+        return self.job.training
 
     @property
     def worst(self) -> StageMemory:
@@ -142,7 +143,7 @@ class MemoryReport:
 
     def flops_per_rank(self, stage: StageMemory) -> float:
         """Return one rank's share of the stage's FLOPs per iteration."""
-        return rank_flops(stage.flops, parallelism(self.model, self.layout))
+        return rank_flops(stage.flops, self.layout)
 
     def spare(self, stage: StageMemory) -> int | None:
         """Return --gpu-memory minus the stage's bytes (negative: over; None: not given)."""
@@ -154,34 +155,6 @@ class MemoryReport:
         """Return whether the stage's rank fits in --gpu-memory (None when it was not given)."""
         spare = self.spare(stage)
         return None if spare is None else spare >= 0
-
-
-def make_training(args: Mapping[str, Any], layout: Layout) -> Training:
-    """Read and check the training arguments (Megatron-LM's defaults where they are absent)."""
-    micro = args.get("micro_batch_size")
-    if micro is None:
-        raise ConfigError("--micro-batch-size is required: activations scale with it")
-    if micro < 1:
-        raise ConfigError(f"--micro-batch-size must be at least 1, got {micro}")
-    # Megatron-LM arguments.py: --global-batch-size defaults to micro-batch size x data parallel.
-    global_batch = args.get("global_batch_size")
-    if global_batch is None:
-        global_batch = micro * layout.dp
-    elif global_batch < 1:
-        raise ConfigError(f"--global-batch-size must be at least 1, got {global_batch}")
-    recompute = args.get("recompute_granularity") or "none"
-    if recompute not in RECOMPUTE_MODES:
-        raise ConfigError(
-            f"--recompute-granularity {recompute!r} is not one of: {', '.join(RECOMPUTE_MODES)}"
-        )
-    return Training(
-        micro_batch_size=micro,
-        global_batch_size=global_batch,
-        recompute=cast(Recompute, recompute),
-        flash_attention=bool(args.get("use_flash_attn")),
-        fp32_grads=args.get("accumulate_allreduce_grads_in_fp32") or None,
-        num_microbatches=num_microbatches(global_batch, micro, layout.dp),
-    )
 
 
 def make_hardware(
@@ -200,49 +173,12 @@ def make_hardware(
     return Hardware(memory, gpu_tflops, 1.0 if mfu is None else mfu)
 
 
-def model_dims(model: ModelConfig, layout: Layout) -> ModelDims:
-    """Return the formulas' view of the model: its sizes with Megatron-LM's defaults applied.
-
-    Multi-latent attention, which the formulas do not cover, never gets here: it cannot be built
-    without Transformer Engine (config.validate_model).
-    """
-    return ModelDims(
-        num_layers=model.num_layers,
-        hidden_size=model.hidden_size,
-        num_attention_heads=model.num_attention_heads,
-        seq_length=model.seq_length,
-        vocab_size=model.padded_vocab_size(layout.tp),
-        ffn_hidden_size=model.ffn_size,
-        num_query_groups=model.query_groups,
-        kv_channels=model.head_dim,
-        swiglu=model.swiglu,
-        num_experts=model.num_experts,
-        moe_router_topk=model.moe_router_topk,
-        moe_ffn_hidden_size=model.moe_ffn_hidden_size,
-        moe_shared_expert_intermediate_size=model.moe_shared_expert_intermediate_size,
-        activation_bytes=4 if model.dtype_name == "float32" else 2,
-    )
-
-
-def parallelism(model: ModelConfig, layout: Layout) -> Parallelism:
-    """Return the formulas' view of the layout."""
-    return Parallelism(
-        tp=layout.tp,
-        pp=layout.pp,
-        vpp=virtual_size(model, layout),
-        cp=layout.cp,
-        ep=layout.ep,
-        etp=layout.etp,
-        dp=layout.dp,
-        sequence_parallel=layout.sequence_parallel,
-    )
-
-
-def check_training(model: ModelConfig, training: Training) -> None:
-    """Raise ConfigError for training settings megatron would refuse."""
-    if training.flash_attention and model.dtype_name == "float32":
+def check_ulysses(ulysses_degree: int | None) -> None:
+    """Raise ConfigError for --ulysses-degree outside the attention walkthrough."""
+    if ulysses_degree is not None:
         raise ConfigError(
-            "--use-flash-attn needs --bf16 or --fp16: flash attention kernels have no fp32 path"
+            "--ulysses-degree only shapes --attention-walkthrough: megatron-core trains with "
+            "tensor and context parallelism, not Ulysses"
         )
 
 
@@ -269,80 +205,65 @@ def state_bytes(
     return StateBytes(weights, gradients, optimizer)
 
 
-def measure(target: Any, training: Training, hardware: Hardware) -> MemoryReport:
-    """Build every stage, size its buffers with megatron's DDP and return the report.
+def measure(built: BuiltJob, hardware: Hardware) -> MemoryReport:
+    """Size every built stage's buffers with megatron's DDP and return the report.
 
     Args:
-        target: the resolved model and layout (engine.Target).
-        training: micro-batch, batch, recomputation and precision settings.
+        built: every stage of the job, built on expert-parallel rank 0 (build.build).
         hardware: GPU memory, peak TFLOP/s and MFU, for the verdicts.
     """
-    from inspector.engine import build, rank_shard_indices
+    from inspector.ranks import rank_shard_indices
 
-    model, layout = target.model, target.layout
-    check_training(model, training)
-    dims, par = model_dims(model, layout), parallelism(model, layout)
-    ranks_of: list[list[tuple[int, int, int]]] = [[] for _ in range(layout.pp)]
-    for rank, (pipe, data, expert) in enumerate(rank_shard_indices(layout)):
+    job = built.job
+    schedule = job.schedule()
+    ranks_of: list[list[tuple[int, int, int]]] = [[] for _ in range(job.layout.pp)]
+    for rank, (pipe, data, expert) in enumerate(rank_shard_indices(job.layout)):
         ranks_of[pipe].append((rank, data, expert))
-    stages = [
-        _stage_memory(dims, par, layout, training, stage, build(target, [stage]), ranks_of[stage])
-        for stage in range(layout.pp)
-    ]
+    dims = job.dims()
+    stages = tuple(
+        _stage_memory(job, dims, schedule, stage.stage, stage.chunks, ranks_of[stage.stage])
+        for stage in built.stages
+    )
     return MemoryReport(
-        model=model,
-        layout=layout,
-        training=training,
+        job=job,
+        schedule=schedule,
         hardware=hardware,
-        stages=tuple(stages),
-        iteration_flops=iteration_flops(dims, training.global_batch_size),
+        stages=stages,
+        iteration_flops=iteration_flops(dims, schedule.global_batch_size),
     )
 
 
 def _stage_memory(
+    job: Job,
     dims: ModelDims,
-    par: Parallelism,
-    layout: Layout,
-    training: Training,
+    schedule: Schedule,
     stage: int,
-    chunks: Sequence[Any],
+    chunks: Sequence[BuiltChunk],
     ranks: Sequence[tuple[int, int, int]],
 ) -> StageMemory:
     """Return one stage's memory: its chunks' buffers, its most loaded rank, its activations."""
-    from inspector.distopt import DistOptSettings, distopt_layout
-
-    settings = DistOptSettings.for_layout(
-        layout,
-        grad_reduce_in_fp32=training.fp32_grads,
-        use_distributed_optimizer=layout.use_distributed_optimizer,
-    )
-    buffers = [
-        buffer
-        for chunk in chunks
-        for buffer in distopt_layout(
-            chunk.module, settings, pipeline_rank=stage, chunk=chunk.chunk
-        ).buffers
-    ]
-    distributed = layout.use_distributed_optimizer
+    training = job.training
+    buffers = [buffer for chunk in chunks for buffer in chunk.buffers()]
+    distributed = training.use_distributed_optimizer
     by_shard = {
         (data, expert): state_bytes(buffers, distributed, data, expert) for _, data, expert in ranks
     }
     rank, data, expert = max(ranks, key=lambda r: (by_shard[r[1:]].total, -r[0]))
-    layers = tuple(tuple(n - 1 for n in chunk.layer_numbers) for chunk in chunks)
+    layers = tuple(chunk.layers for chunk in chunks)
     activations = stage_activations(
         dims,
-        par,
+        job.layout,
         stage,
         layers,
-        training.micro_batch_size,
-        training.num_microbatches,
+        schedule.micro_batch_size,
+        schedule.num_microbatches,
         training.recompute,
         training.flash_attention,
     )
     flops = stage_flops(
         dims,
         (i for chunk in layers for i in chunk),
-        training.global_batch_size,
+        schedule.global_batch_size,
         any(chunk.has_output for chunk in chunks),
     )
     return StageMemory(

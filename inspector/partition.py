@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from inspector.walk import ParamRecord
+from inspector.records import ParamRecord
 
 Owners = tuple[int, ...]
 

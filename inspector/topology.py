@@ -12,9 +12,12 @@ The coordinates themselves come from megatron (world.py); this module only holds
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from inspector.config import ModelConfig
+from inspector.config import ModelConfig, check_at_least_one
 from inspector.errors import ConfigError
 
 # Beyond this many simulated ranks the topology line alone runs to megabytes; no real job is larger.
@@ -23,7 +26,13 @@ MAX_WORLD_SIZE = 1 << 20
 
 @dataclass(frozen=True)
 class Layout:
-    """Parallel sizes and pipeline options, in Megatron-LM's terms."""
+    """The parallel layout in Megatron-LM's terms: sizes and how the pipeline is split.
+
+    This one record is what every part of the tool reads: megatron's build (world.py), the rank
+    map (ranks.py) and the closed-form estimates (formulas.py, activations.py, flops.py).
+    `vpp` is the virtual pipeline size resolved from Megatron-LM's two ways of asking for one
+    (`make_layout`); None without interleaving. `etp` None means megatron's default, tp.
+    """
 
     tp: int = 1
     pp: int = 1
@@ -31,17 +40,26 @@ class Layout:
     cp: int = 1
     ep: int = 1
     etp: int | None = None
-    num_layers_per_virtual_pipeline_stage: int | None = None
-    num_virtual_stages_per_pipeline_rank: int | None = None
+    vpp: int | None = None
+    sequence_parallel: bool = False
     decoder_first_pipeline_num_layers: int | None = None
     decoder_last_pipeline_num_layers: int | None = None
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
     pipeline_model_parallel_layout: str | None = None
-    sequence_parallel: bool = False
-    use_distributed_optimizer: bool = False
-    overlap_grad_reduce: bool = False
-    ddp_bucket_size: int | None = None
+
+    def __post_init__(self) -> None:
+        """Reject sizes below one (the flags' own words)."""
+        for flag, value in (
+            ("--tp", self.tp),
+            ("--pp", self.pp),
+            ("--dp", self.dp),
+            ("--context-parallel-size", self.cp),
+            ("--expert-model-parallel-size", self.ep),
+            ("--expert-tensor-parallel-size", self.etp),
+            ("--num-virtual-stages-per-pipeline-rank", self.vpp),
+        ):
+            check_at_least_one(flag, value)
 
     @property
     def world_size(self) -> int:
@@ -59,6 +77,16 @@ class Layout:
         return self.world_size // (self.expert_tp * self.ep * self.pp)
 
     @property
+    def chunks(self) -> int:
+        """Return the model chunks per pipeline rank (1 without interleaving)."""
+        return self.vpp or 1
+
+    @property
+    def sp_divisor(self) -> int:
+        """Return t with sequence parallelism, else 1: the split of tensors outside TP regions."""
+        return self.tp if self.sequence_parallel else 1
+
+    @property
     def uses_cp_axis(self) -> bool:
         """Return whether the topology line carries a `context` coordinate."""
         return self.cp > 1
@@ -72,13 +100,18 @@ LAYOUT_ARGS = {
     "expert_model_parallel_size": "ep",
     "expert_tensor_parallel_size": "etp",
 }
+LAYOUT_FIELDS = frozenset(Layout.__dataclass_fields__) - {"vpp"}
 
 
-def make_layout(args: dict[str, object]) -> Layout:
-    """Build a Layout from Megatron-LM arguments (names from inspector.arguments)."""
-    fields = set(Layout.__dataclass_fields__)
+def make_layout(args: Mapping[str, Any], num_layers: int) -> Layout:
+    """Build a Layout from Megatron-LM arguments, resolving the virtual pipeline size."""
     values = {LAYOUT_ARGS.get(name, name): value for name, value in args.items()}
-    return Layout(**{k: v for k, v in values.items() if k in fields})  # type: ignore[arg-type]
+    sizes = {k: v for k, v in values.items() if k in LAYOUT_FIELDS}
+    layout = Layout(**sizes)
+    per_chunk = args.get("num_layers_per_virtual_pipeline_stage")
+    chunks = args.get("num_virtual_stages_per_pipeline_rank")
+    _check_virtual(layout, num_layers, per_chunk, chunks)
+    return dataclasses.replace(layout, vpp=virtual_size(layout, num_layers, per_chunk, chunks))
 
 
 @dataclass(frozen=True)
@@ -99,22 +132,8 @@ class RankCoord:
     expert_data: int = 0  # position in the expert data-parallel group (distopt expert shards)
 
 
-def _check_positive(layout: Layout) -> None:
-    for flag, value in (
-        ("--tp", layout.tp),
-        ("--pp", layout.pp),
-        ("--dp", layout.dp),
-        ("--context-parallel-size", layout.cp),
-        ("--expert-model-parallel-size", layout.ep),
-        ("--expert-tensor-parallel-size", layout.etp),
-    ):
-        if value is not None and value < 1:
-            raise ConfigError(f"{flag} must be at least 1, got {value}")
-
-
-def validate_layout(model: ModelConfig, layout: Layout) -> None:
-    """Raise ConfigError for a layout megatron cannot build for this model."""
-    _check_positive(layout)
+def validate_rank_map(layout: Layout, num_experts: int | None) -> None:
+    """Raise ConfigError for a layout whose rank map megatron cannot lay out (no model needed)."""
     world = layout.world_size
     if world > MAX_WORLD_SIZE:
         raise ConfigError(
@@ -122,6 +141,21 @@ def validate_layout(model: ModelConfig, layout: Layout) -> None:
             f"x --pp {layout.pp} = {world} ranks is larger than the {MAX_WORLD_SIZE} this tool "
             "simulates"
         )
+    if layout.ep > 1 and num_experts is None:
+        raise ConfigError(f"--expert-model-parallel-size {layout.ep} needs --num-experts")
+    _check_expert_groups(layout)
+
+
+def rank_map_layout(args: Mapping[str, Any]) -> Layout:
+    """Return the layout `topology` draws: only what a rank map needs is checked (no model)."""
+    layout = make_layout(args, int(args.get("num_layers") or ModelConfig.num_layers))
+    validate_rank_map(layout, args.get("num_experts"))
+    return layout
+
+
+def validate_layout(model: ModelConfig, layout: Layout) -> None:
+    """Raise ConfigError for a layout megatron cannot build for this model."""
+    validate_rank_map(layout, model.num_experts)
     tp, heads = layout.tp, model.num_attention_heads
     if heads % tp:
         raise ConfigError(
@@ -146,35 +180,36 @@ def _check_sequence_parallel(model: ModelConfig, layout: Layout) -> None:
         raise ConfigError(
             "--sequence-parallel needs --tp larger than 1 (it splits along tensor-parallel ranks)"
         )
-    if not model.use_apex:
+    if model.transformer_impl == "local" and not model.use_apex:
         raise ConfigError(
             "--sequence-parallel cannot build with torch norms (--no-apex or RMSNorm): megatron-core's "
             "WrappedTorchNorm refuses sequence parallelism; it needs apex's FusedLayerNorm (LayerNorm "
-            "models) or Transformer Engine"
+            "models) or --transformer-impl transformer_engine"
         )
 
 
-def check_buildable(layout: Layout) -> None:
+def check_buildable(model: ModelConfig, layout: Layout) -> None:
     """Raise ConfigError for layouts megatron-core's local spec cannot build (rank maps still can)."""
-    if layout.cp > 1:
+    if layout.cp > 1 and model.transformer_impl == "local":
         raise ConfigError(
-            f"--context-parallel-size {layout.cp} cannot be built here: megatron-core's local "
-            "DotProductAttention refuses context parallelism (it needs Transformer Engine's "
-            "attention, which cannot be installed without CUDA); `inspect-model topology` shows the layout"
+            f"--context-parallel-size {layout.cp} needs --transformer-impl transformer_engine: "
+            "megatron-core's local DotProductAttention refuses context parallelism"
         )
 
 
-def virtual_size(model: ModelConfig, layout: Layout) -> int | None:
+def virtual_size(
+    layout: Layout, num_layers: int, per_chunk: int | None, chunks: int | None
+) -> int | None:
     """Return the virtual pipeline size from Megatron-LM's two ways of asking for one.
 
     Megatron-LM arguments.py: --num-virtual-stages-per-pipeline-rank is the size itself; with
     --num-layers-per-virtual-pipeline-stage it is (layers per stage) // (layers per virtual stage).
     A --pipeline-model-parallel-layout with more stages than --pp implies it too.
     """
-    if layout.num_virtual_stages_per_pipeline_rank is not None:
-        return layout.num_virtual_stages_per_pipeline_rank
-    if layout.num_layers_per_virtual_pipeline_stage is not None:
-        return (model.num_layers // layout.pp) // layout.num_layers_per_virtual_pipeline_stage
+    if chunks is not None:
+        return chunks
+    if per_chunk is not None:
+        return (num_layers // layout.pp) // per_chunk
     if layout.pipeline_model_parallel_layout is not None:
         stages = layout.pipeline_model_parallel_layout.count("|") + 1
         return stages // layout.pp if stages > layout.pp else None
@@ -182,7 +217,6 @@ def virtual_size(model: ModelConfig, layout: Layout) -> int | None:
 
 
 def _check_pipeline(model: ModelConfig, layout: Layout) -> None:
-    _check_virtual(model, layout)
     if layout.pipeline_model_parallel_layout is not None:
         _check_layout_string(model, layout)
     elif (
@@ -198,9 +232,10 @@ def _check_pipeline(model: ModelConfig, layout: Layout) -> None:
         _check_even(model, layout)
 
 
-def _check_virtual(model: ModelConfig, layout: Layout) -> None:
-    per_chunk = layout.num_layers_per_virtual_pipeline_stage
-    chunks = layout.num_virtual_stages_per_pipeline_rank
+def _check_virtual(
+    layout: Layout, num_layers: int, per_chunk: int | None, chunks: int | None
+) -> None:
+    """Check Megatron-LM's two virtual-pipeline flags before they become one size."""
     if per_chunk is not None and chunks is not None:
         raise ConfigError(
             "--num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank "
@@ -212,8 +247,7 @@ def _check_virtual(model: ModelConfig, layout: Layout) -> None:
     ):
         if value is None:
             continue
-        if value < 1:
-            raise ConfigError(f"{flag} must be at least 1, got {value}")
+        check_at_least_one(flag, value)
         if layout.pp == 1:
             raise ConfigError(f"{flag} needs --pp larger than 1 (the interleaved schedule)")
     if per_chunk is not None:
@@ -224,10 +258,10 @@ def _check_virtual(model: ModelConfig, layout: Layout) -> None:
                 "--decoder-first/last-pipeline-num-layers (Megatron-LM rejects it); use "
                 "--num-virtual-stages-per-pipeline-rank"
             )
-        per_stage = model.num_layers // layout.pp
-        if model.num_layers % layout.pp == 0 and per_stage % per_chunk:
+        per_stage = num_layers // layout.pp
+        if num_layers % layout.pp == 0 and per_stage % per_chunk:
             raise ConfigError(
-                f"--num-layers {model.num_layers} / --pp {layout.pp} = {per_stage} layers per stage "
+                f"--num-layers {num_layers} / --pp {layout.pp} = {per_stage} layers per stage "
                 f"do not split into chunks of --num-layers-per-virtual-pipeline-stage {per_chunk} "
                 f"({per_stage} % {per_chunk} = {per_stage % per_chunk})"
             )
@@ -241,7 +275,7 @@ def _check_even(model: ModelConfig, layout: Layout) -> None:
             f"({layers} % {pp} = {layers % pp}); use --decoder-first-pipeline-num-layers / "
             "--decoder-last-pipeline-num-layers or --pipeline-model-parallel-layout for an uneven split"
         )
-    vpp = virtual_size(model, layout)
+    vpp = layout.vpp
     if vpp is not None and layers % (pp * vpp):
         raise ConfigError(
             f"--num-layers {layers} cannot be split evenly over --pp {pp} x {vpp} virtual stages "
@@ -252,7 +286,7 @@ def _check_even(model: ModelConfig, layout: Layout) -> None:
 def _check_first_last(model: ModelConfig, layout: Layout) -> None:
     """Megatron-core TransformerConfig's uneven-pipeline rules, with our flags named."""
     layers, stages, taken = model.num_layers, layout.pp, []
-    vpp = virtual_size(model, layout)
+    vpp = layout.vpp
     for flag, value in (
         ("--decoder-first-pipeline-num-layers", layout.decoder_first_pipeline_num_layers),
         ("--decoder-last-pipeline-num-layers", layout.decoder_last_pipeline_num_layers),
@@ -301,7 +335,7 @@ def _check_accounted(model: ModelConfig, layout: Layout) -> None:
             f"--num-layers {model.num_layers} plus {' and '.join(flags)} = {counted} cannot be split "
             f"evenly over --pp {pp} stages ({counted} % {pp} = {counted % pp})"
         )
-    vpp = virtual_size(model, layout)
+    vpp = layout.vpp
     if vpp is not None and (counted // pp) % vpp:
         raise ConfigError(
             f"{counted // pp} layers per stage (counting the embedding/loss) do not split into the "
@@ -337,7 +371,7 @@ def _check_layout_string(model: ModelConfig, layout: Layout) -> None:
 
 
 def _check_experts(model: ModelConfig, layout: Layout) -> None:
-    ep, etp = layout.ep, layout.expert_tp
+    ep = layout.ep
     if model.num_experts is None:
         if ep > 1:
             raise ConfigError(f"--expert-model-parallel-size {ep} needs --num-experts")
@@ -354,6 +388,11 @@ def _check_experts(model: ModelConfig, layout: Layout) -> None:
             f"--expert-model-parallel-size {ep} with --tp {layout.tp} needs --sequence-parallel "
             "(Megatron-LM requires it when experts and tensor parallelism are combined)"
         )
+    _check_expert_groups(layout)
+
+
+def _check_expert_groups(layout: Layout) -> None:
+    ep, etp = layout.ep, layout.expert_tp
     dense = layout.tp * layout.cp * layout.dp
     if dense % (ep * etp):
         raise ConfigError(

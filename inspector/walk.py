@@ -1,13 +1,16 @@
-"""Walk built stage models into plain records: the module tree and one record per parameter."""
+"""Walk built stage models into plain records (records.py): the module tree, one per parameter."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from inspector.world import StageModel
+from inspector.records import ModuleNode, ParamRecord, StageTree
+
+if TYPE_CHECKING:
+    from inspector.build import BuiltJob
+    from inspector.world import StageModel
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
 _LOCAL_EXPERT = re.compile(r"\.mlp\.experts\.local_experts\.(\d+)\.")
@@ -16,43 +19,6 @@ _EXPERTS = ".mlp.experts."
 
 # Parameters that are embedding tables: Shampoo gets no preconditioner for them (SPEC: precs).
 EMBEDDING_PARAMS = ("embedding.word_embeddings.weight", "embedding.position_embeddings.weight")
-
-
-@dataclass(frozen=True)
-class ModuleNode:
-    """One module of the tree: its class name and its children in registration order."""
-
-    class_name: str
-    children: tuple[tuple[str, ModuleNode], ...]
-
-
-@dataclass(frozen=True)
-class ParamRecord:
-    """One parameter as one rank of its stage holds it."""
-
-    stage: int
-    chunk: int
-    local_name: str  # megatron's named_parameters() name: local layer / expert indices
-    name: str  # global layer and expert numbers: unique across the whole model
-    module: str  # the owning module's one-line description
-    shape: tuple[int, ...]  # local shape on one rank (after tensor/expert sharding)
-    global_shape: tuple[int, ...]
-    dtype: str
-    tensor_parallel: bool
-    partition_dim: int | None
-    tied: bool  # the last stage's copy of word embeddings tied to the output layer
-    embedding: bool  # a word/position embedding table (or its tied copy): no preconditioner
-    layer: int | None  # 0-based global layer number, None outside the transformer layers
-    expert: int | None  # global expert number
-    expert_rank: int | None  # expert-parallel rank holding it (None for non-expert parameters)
-
-    @property
-    def numel(self) -> int:
-        """Return the number of elements on one rank."""
-        count = 1
-        for d in self.shape:
-            count *= d
-        return count
 
 
 def module_tree(module: Any) -> ModuleNode:
@@ -143,3 +109,18 @@ def walk_params(stage: StageModel, tp: int, etp: int) -> Iterator[ParamRecord]:
             expert=int(expert.group(1)) if expert else None,
             expert_rank=stage.expert_rank if is_expert else None,
         )
+
+
+def stage_trees(built: BuiltJob) -> list[StageTree]:
+    """Return the module tree of every built stage and chunk (SPEC: `inspect-model tree`)."""
+    chunks = built.chunks
+    headed = not (built.job.layout.pp == 1 and len(chunks) == 1)
+    return [
+        StageTree(
+            chunk.stage,
+            chunk.chunk if built.interleaved else None,
+            module_tree(chunk.module),
+            headed,
+        )
+        for chunk in chunks
+    ]

@@ -27,10 +27,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from math import prod
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from inspector.errors import ConfigError
 from inspector.formulas import ModelDims
+
+if TYPE_CHECKING:
+    from inspector.job import Job
 
 Mode = Literal["tp", "ulysses", "cp"]
 Kind = Literal["activation", "weight", "communication"]
@@ -313,3 +316,28 @@ def attention_walkthrough(
     if mode == "ulysses":
         return _ulysses(z)
     return _context_parallel(z)
+
+
+Walk = tuple[Mode, int, list[WalkthroughStep]]
+
+
+def job_walkthroughs(job: Job, ulysses_degree: int | None) -> list[Walk]:
+    """Return the job's attention layer under tp, and Ulysses / context parallel when asked."""
+    layout = job.layout
+    micro = job.schedule().micro_batch_size
+    modes: list[tuple[Mode, int]] = [("tp", layout.tp)]
+    if ulysses_degree is not None:
+        modes.append(("ulysses", ulysses_degree))
+    if layout.cp > 1:
+        modes.append(("cp", layout.cp))
+    dims = job.dims()
+    return [
+        (
+            mode,
+            degree,
+            attention_walkthrough(
+                dims, mode, degree, micro, mode == "tp" and layout.sequence_parallel
+            ),
+        )
+        for mode, degree in modes
+    ]

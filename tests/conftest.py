@@ -11,6 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from inspector import te
+from tests import invariants
+
+# megatron-core decides HAVE_TE when it is first imported, and some tests import it directly
+# (tests/test_versions.py, at module level): the simulated Transformer Engine goes in first, as
+# the simulated world puts it in before it imports megatron-core (notes/te.md).
+te.install()
+
 GOLDEN = Path(__file__).resolve().parent.parent / "fixtures" / "golden"
 
 # The result cache is off in tests (every test exercises the engine); tests/test_cache.py turns
@@ -60,11 +68,13 @@ def golden(request: pytest.FixtureRequest) -> Callable[[str, str], None]:
     def check(name: str, text: str) -> None:
         path = GOLDEN / name
         if update:
+            invariants.check(name, text)  # a regeneration that breaks an invariant is refused
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8", newline="\n")
             return
         assert path.exists(), f"missing golden file {path}; run pytest --update-golden"
         expected = path.read_text(encoding="utf-8")
         assert text == expected, f"output differs from {path} (pytest --update-golden to refresh)"
+        invariants.check(name, text)
 
     return check

@@ -11,14 +11,15 @@ from inspector.activations import (
     stage_activations,
 )
 from inspector.errors import ConfigError
-from inspector.formulas import ModelDims, Parallelism
+from inspector.formulas import ModelDims
+from inspector.topology import Layout
 
 # GPT-3 175B as the paper's Table 3 runs it: s = 2048, h = 12288, a = 96, L = 96, t = 8.
 S, H, A, L, V = 2048, 12288, 96, 96, 51200
 GPT3 = ModelDims(num_layers=L, hidden_size=H, num_attention_heads=A, seq_length=S, vocab_size=V)
 
 
-def per_layer(dims: ModelDims, par: Parallelism, recompute: str, b: int = 1) -> float:
+def per_layer(dims: ModelDims, par: Layout, recompute: str, b: int = 1) -> float:
     """Return one layer's bytes (layer 0)."""
     return layer_activations(dims, par, 0, b, recompute).total  # type: ignore[arg-type]
 
@@ -27,46 +28,46 @@ def per_layer(dims: ModelDims, par: Parallelism, recompute: str, b: int = 1) -> 
 def test_table2_no_parallelism(b: int) -> None:
     # Table 2, "no parallelism": sbh (34 + 5as/h).
     expected = S * b * H * (34 + 5 * A * S / H)
-    assert per_layer(GPT3, Parallelism(), "none", b) == pytest.approx(expected, rel=1e-12)
+    assert per_layer(GPT3, Layout(), "none", b) == pytest.approx(expected, rel=1e-12)
 
 
 def test_table2_tensor_parallel() -> None:
     t = 8
     # Table 2, "tensor parallel (baseline)": sbh (10 + 24/t + 5as/(ht)).
     expected = S * H * (10 + 24 / t + 5 * A * S / (H * t))
-    assert per_layer(GPT3, Parallelism(tp=t), "none") == pytest.approx(expected, rel=1e-12)
+    assert per_layer(GPT3, Layout(tp=t), "none") == pytest.approx(expected, rel=1e-12)
 
 
 def test_table2_tensor_and_sequence_parallel() -> None:
     t = 8
     # Table 2, "tensor + sequence parallel": sbh/t (34 + 5as/h).
     expected = S * H / t * (34 + 5 * A * S / H)
-    par = Parallelism(tp=t, sequence_parallel=True)
+    par = Layout(tp=t, sequence_parallel=True)
     assert per_layer(GPT3, par, "none") == pytest.approx(expected, rel=1e-12)
 
 
 def test_table2_selective_recompute_without_sequence_parallel() -> None:
     # Table 2, "tensor parallel + selective activation recomputation": sbh (10 + 24/t).
-    assert per_layer(GPT3, Parallelism(tp=8), "selective") == 2048 * 12288 * (10 + 3)
+    assert per_layer(GPT3, Layout(tp=8), "selective") == 2048 * 12288 * (10 + 3)
 
 
 def test_table2_selective_recompute_with_sequence_parallel() -> None:
     # Table 2, "tensor + sequence parallel + selective": 34 sbh/t = 106,954,752 bytes.
-    par = Parallelism(tp=8, sequence_parallel=True)
+    par = Layout(tp=8, sequence_parallel=True)
     assert per_layer(GPT3, par, "selective") == 106_954_752
 
 
 def test_table2_full_recompute() -> None:
     # Table 2, "full activation recomputation": 2sbh = 50,331,648 bytes ...
-    assert per_layer(GPT3, Parallelism(tp=8), "full") == 50_331_648
+    assert per_layer(GPT3, Layout(tp=8), "full") == 50_331_648
     # ... which megatron splits by t when the layer input is sequence parallel (our reading).
-    par = Parallelism(tp=8, sequence_parallel=True)
+    par = Layout(tp=8, sequence_parallel=True)
     assert per_layer(GPT3, par, "full") == 50_331_648 / 8
 
 
 def test_itemised_terms_match_section_4_1() -> None:
     # Section 4.1: attention 11sbh + 5as^2b, MLP 19sbh, two norms 4sbh.
-    layer = layer_activations(GPT3, Parallelism(), 0, 1)
+    layer = layer_activations(GPT3, Layout(), 0, 1)
     assert layer.attention == 11 * S * H
     assert layer.core_attention == 5 * A * S * S
     assert layer.mlp == 19 * S * H
@@ -75,7 +76,7 @@ def test_itemised_terms_match_section_4_1() -> None:
 
 
 def test_flash_attention_keeps_only_softmax_statistics() -> None:
-    par = Parallelism(tp=8, sequence_parallel=True)
+    par = Layout(tp=8, sequence_parallel=True)
     flash = layer_activations(GPT3, par, 0, 1, "none", flash_attention=True)
     # fp32 log-sum-exp per head and query: 4 * a * s * b / t bytes, instead of 5as^2b/t.
     assert flash.core_attention == 4 * A * S / 8
@@ -87,7 +88,7 @@ def test_gqa_and_swiglu_llama3_70b_layer() -> None:
     # Llama-3 70B: h 8192, a 64, g 8, d 128, f 28672, SwiGLU; t = 8 with SP, flash attention.
     s, h, a, g, d, f, t = 8192, 8192, 64, 8, 128, 28672, 8
     dims = ModelDims(80, h, a, s, 128256, ffn_hidden_size=f, num_query_groups=g, swiglu=True)
-    par = Parallelism(tp=t, sequence_parallel=True)
+    par = Layout(tp=t, sequence_parallel=True)
     layer = layer_activations(dims, par, 0, 1, "none", flash_attention=True)
     assert layer.norms == 4 * s * h / t
     # QKV input 2sbh, dropout mask sbh; Q 2sb*a*d, K and V 2sb*g*d each, projection input 2sb*a*d.
@@ -112,7 +113,7 @@ def test_moe_layer_balanced_routing() -> None:
         moe_router_topk=k,
         moe_ffn_hidden_size=f,
     )
-    par = Parallelism(tp=t, ep=4, sequence_parallel=True)
+    par = Layout(tp=t, ep=4, sequence_parallel=True)
     mlp = layer_activations(dims, par, 0, 1, "selective", flash_attention=True).mlp
     # Router input 2sbh/t and mask sbh/t; the rank's experts see s*k token copies (gathered over
     # the expert TP group), keep them (2h each) and their SwiGLU terms (6f each) split by t.
@@ -120,8 +121,8 @@ def test_moe_layer_balanced_routing() -> None:
 
 
 def test_context_parallel_divides_the_sequence() -> None:
-    par1 = Parallelism(tp=8, sequence_parallel=True)
-    par4 = Parallelism(tp=8, cp=4, sequence_parallel=True)
+    par1 = Layout(tp=8, sequence_parallel=True)
+    par4 = Layout(tp=8, cp=4, sequence_parallel=True)
     one = layer_activations(GPT3, par1, 0, 1, "none", flash_attention=True).total
     four = layer_activations(GPT3, par4, 0, 1, "none", flash_attention=True).total
     assert four == pytest.approx(one / 4, rel=1e-12)
@@ -129,7 +130,7 @@ def test_context_parallel_divides_the_sequence() -> None:
 
 def test_output_and_embedding_extras_section_4_4() -> None:
     t, p, b = 8, 1, 1
-    par = Parallelism(tp=t, sequence_parallel=True)
+    par = Layout(tp=t, sequence_parallel=True)
     # Section 4.4: output side 4sbh/t (1 + v/h); embedding dropout sbh/t per micro-batch.
     assert output_activations(GPT3, par, b).total == 4 * S * H / t * (1 + V / H)
     assert embedding_activations(GPT3, par, b).dropout_mask == S * H * p / t
@@ -159,7 +160,7 @@ def megatron_activation_memory(
 def test_first_stage_equals_megatron_estimator(f: int, t: int, p: int, m: int) -> None:
     b = 2
     dims = ModelDims(L, H, A, S, V, ffn_hidden_size=f)
-    par = Parallelism(tp=t, pp=p, sequence_parallel=True)
+    par = Layout(tp=t, pp=p, sequence_parallel=True)
     per_stage = L // p
     ours = stage_activations(dims, par, 0, [range(per_stage)], b, m, "selective")
     theirs = megatron_activation_memory(S, b, H, f, V, L, t, p, m)
@@ -172,7 +173,7 @@ def test_first_stage_equals_megatron_estimator(f: int, t: int, p: int, m: int) -
 
 def test_interleaved_first_stage_layers_match_megatron_penalty() -> None:
     t, p, v, m, b = 8, 4, 3, 8, 1
-    par = Parallelism(tp=t, pp=p, vpp=v, sequence_parallel=True)
+    par = Layout(tp=t, pp=p, vpp=v, sequence_parallel=True)
     chunk = L // (p * v)
     chunks = [range(c * p * chunk, c * p * chunk + chunk) for c in range(v)]  # stage 0's chunks
     ours = stage_activations(GPT3, par, 0, chunks, b, m, "selective")
@@ -188,7 +189,7 @@ def test_interleaved_first_stage_layers_match_megatron_penalty() -> None:
 
 
 def test_last_stage_holds_one_micro_batch_under_1f1b() -> None:
-    par = Parallelism(tp=8, pp=4, sequence_parallel=True)
+    par = Layout(tp=8, pp=4, sequence_parallel=True)
     last = stage_activations(GPT3, par, 3, [range(72, 96)], 1, 16, "selective")
     assert last.in_flight == (1,)
     assert last.output == 4 * S * H / 8 * (1 + V / H)
@@ -197,7 +198,7 @@ def test_last_stage_holds_one_micro_batch_under_1f1b() -> None:
 
 
 def test_full_recompute_stage_adds_one_rebuilt_layer() -> None:
-    par = Parallelism(tp=8, pp=2, sequence_parallel=True)
+    par = Layout(tp=8, pp=2, sequence_parallel=True)
     stage = stage_activations(GPT3, par, 1, [range(48, 96)], 1, 8, "full")
     assert stage.layers == 48 * 2 * S * H / 8
     assert stage.recompute_buffer == S * H / 8 * (34 + 5 * A * S / H)
@@ -206,26 +207,26 @@ def test_full_recompute_stage_adds_one_rebuilt_layer() -> None:
 def test_bad_recompute_mode() -> None:
     # Only megatron's three granularities (plus none) have a formula.
     with pytest.raises(ConfigError, match="--recompute-granularity"):
-        layer_activations(GPT3, Parallelism(), 0, 1, "partial")  # type: ignore[arg-type]
+        layer_activations(GPT3, Layout(), 0, 1, "partial")  # type: ignore[arg-type]
 
 
 def test_context_parallel_needs_flash_attention() -> None:
     # Megatron runs context parallelism only through Transformer Engine's fused attention.
     with pytest.raises(ConfigError, match="--use-flash-attn"):
-        layer_activations(GPT3, Parallelism(cp=2), 0, 1)
+        layer_activations(GPT3, Layout(cp=2), 0, 1)
 
 
 def test_moe_with_tensor_parallel_needs_sequence_parallel() -> None:
     # megatron-core's MoELayer refuses to train with TP > 1 and no sequence parallelism.
     dims = ModelDims(4, 1024, 16, 1024, 32000, num_experts=8)
     with pytest.raises(ConfigError, match="--sequence-parallel"):
-        layer_activations(dims, Parallelism(tp=2), 0, 1)
+        layer_activations(dims, Layout(tp=2), 0, 1)
 
 
 def test_chunk_count_must_match_virtual_stages() -> None:
     # Two chunks given for a layout without interleaving.
     with pytest.raises(ConfigError, match="chunks"):
-        stage_activations(GPT3, Parallelism(pp=2), 0, [range(24), range(48, 72)], 1, 4)
+        stage_activations(GPT3, Layout(pp=2), 0, [range(24), range(48, 72)], 1, 4)
 
 
 def test_interleaved_peak_weighs_the_output_chunk() -> None:
@@ -234,7 +235,7 @@ def test_interleaved_peak_weighs_the_output_chunk() -> None:
     # (1,0) (2,0) (2,1) (2,1) (3,0) (3,0) (2,1) (2,1). Chunk 0 has two layers, chunk 1 one layer
     # plus the output layer, whose fp32 logits (v = 256000) outweigh a layer: (2, 1) wins.
     dims = ModelDims(6, H, A, S, 256000)
-    par = Parallelism(tp=8, pp=2, vpp=2, sequence_parallel=True)
+    par = Layout(tp=8, pp=2, vpp=2, sequence_parallel=True)
     stage = stage_activations(dims, par, 1, [range(2, 4), range(5, 6)], 1, 4, "selective")
     layer = 34 * S * H / 8
     out = 4 * S * H / 8 * (1 + 256000 / H)

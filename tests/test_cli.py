@@ -67,11 +67,22 @@ def test_model_flags_are_megatron_spellings(cli):
             "Error: --hidden-size 100 is not divisible by --num-attention-heads 12 (100 % 12 = 4); "
             "pass --kv-channels to set the head size\n",
         ),
-        # Transformer Engine cannot be installed here
+        # choice flags are checked on the command line, as in config files and scripts
         (
-            ["tree", "--transformer-impl", "transformer_engine"],
-            "Error: --transformer-impl transformer_engine is not supported yet: Transformer Engine cannot "
-            "be installed without CUDA; use --transformer-impl local\n",
+            ["tree", "--normalization", "rmsnorm"],
+            "Error: --normalization 'rmsnorm' is not one of: LayerNorm, RMSNorm\n",
+        ),
+        (
+            ["params", "--position-embedding-type", "rop"],
+            "Error: --position-embedding-type 'rop' is not one of: learned_absolute, rope, none\n",
+        ),
+        (
+            ["tree", "--transformer-impl", "fast"],
+            "Error: --transformer-impl 'fast' is not one of: local, transformer_engine\n",
+        ),
+        (
+            ["memory", "--micro-batch-size", "1", "--recompute-granularity", "some"],
+            "Error: --recompute-granularity 'some' is not one of: none, selective, full\n",
         ),
     ],
 )

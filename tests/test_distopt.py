@@ -11,17 +11,15 @@ from typing import Any
 import pytest
 import torch
 
-from inspector.distopt import (
-    DistOptLayout,
-    DistOptSettings,
+from inspector.ddp import (
     StandInGroup,
     distopt_layout,
     distopt_owners,
     layout_from_ddp,
-    resolve_bucket_size,
     wrap_in_megatron_ddp,
 )
 from inspector.errors import ConfigError
+from inspector.shards import DistOptLayout, DistOptSettings, resolve_bucket_size
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,8 @@ COMMANDS = [
     "--micro-batch-size 1 --seq-length 8192",
     "tree --model mixtral-8x7b --ep 8 --dp 8 --pp 2",
     "params --model qwen1.5-moe-a2.7b --ep 4 --dp 4 --pp 2 --moe-grouped-gemm",
+    "params --model llama3-70b --tp 8 --pp 4 --bf16 --transformer-impl transformer_engine "
+    "--sequence-parallel",
 ]
 
 

@@ -13,7 +13,8 @@ from inspector.flops import (
     seconds_for,
     stage_flops,
 )
-from inspector.formulas import ModelDims, Parallelism
+from inspector.formulas import ModelDims
+from inspector.topology import Layout
 
 
 def megatron_flops(
@@ -141,7 +142,7 @@ def test_stages_sum_to_the_iteration() -> None:
 
 
 def test_rank_share_and_time() -> None:
-    par = Parallelism(tp=8, pp=4, dp=16, cp=2)
+    par = Layout(tp=8, pp=4, dp=16, cp=2)
     assert rank_flops(2.56e18, par) == 1e16
     # 1e18 FLOPs on 1000 GPUs of 1000 TFLOP/s at 50% MFU: 2 seconds.
     assert seconds_for(1e18, 1000, 1000.0, 0.5) == pytest.approx(2.0)

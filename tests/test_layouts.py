@@ -144,23 +144,25 @@ def test_rank_view_shows_only_its_experts(cli):
 
 def test_json_attributes_are_megatrons(cli):
     """partition_dim / tensor_parallel in json equal the attributes on megatron's own parameters."""
-    from inspector.engine import build, resolve
+    from inspector.build import build, select_view
+    from inspector.job import make_job
 
     text = "--num-layers 2 --pp 2 --tp 2 --dp 2 --ep 2 --expert-tensor-parallel-size 1 --sequence-parallel"
     rows = json_rows(cli, flags(text, *MOE))
-    target = resolve(dict(
+    job = make_job(dict(
         num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=1000,
         num_experts=4, moe_ffn_hidden_size=32, disable_bias_linear=True, sequence_parallel=True,
         pipeline_model_parallel_size=2, tensor_model_parallel_size=2, data_parallel_size=2,
         expert_model_parallel_size=2, expert_tensor_parallel_size=1,
     ))  # fmt: skip
     attrs = {}
-    for expert_rank in (0, 1):
-        for stage in build(target, None, expert_rank):
-            for name, p in stage.module.named_parameters():
+    built = build(job, select_view(job))
+    for chunk in built.chunks:
+        for expert_rank, model in zip(built.expert_ranks, chunk.models):
+            for name, p in model.module.named_parameters():
                 sharded = bool(getattr(p, "tensor_model_parallel", False))
                 value = (sharded, p.partition_dim if sharded else None, list(p.shape))
-                attrs[(stage.stage, expert_rank, name)] = value
+                attrs[(chunk.stage, expert_rank, name)] = value
     for r in rows:
         key = (r["stage"], r["expert_parallel_rank"] or 0, r["local_name"])
         assert attrs[key] == (r["tensor_parallel"], r["partition_dim"], r["shape"]), r["name"]
@@ -221,9 +223,9 @@ def test_topology_expert_groups_golden(cli, golden):
          "--expert-model-parallel-size 4 x --expert-tensor-parallel-size 1 = 4 does not divide --tp 1 x --context-parallel-size 1 x --dp 2 = 2 (megatron carves expert groups out of those ranks)"),
         # sequence parallel needs tensor parallel
         ("--sequence-parallel", "--sequence-parallel needs --tp larger than 1 (it splits along tensor-parallel ranks)"),
-        # megatron's local attention refuses context parallelism
+        # megatron's local attention refuses context parallelism (TE's takes it)
         ("--context-parallel-size 2",
-         "--context-parallel-size 2 cannot be built here: megatron-core's local DotProductAttention refuses context parallelism (it needs Transformer Engine's attention, which cannot be installed without CUDA); `inspect-model topology` shows the layout"),
+         "--context-parallel-size 2 needs --transformer-impl transformer_engine: megatron-core's local DotProductAttention refuses context parallelism"),
     ],
 )  # fmt: skip
 def test_layout_errors(cli, args, message):

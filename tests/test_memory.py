@@ -213,13 +213,13 @@ def test_megatron_lms_bytes_per_parameter() -> None:
     [dict(tp=2, pp=2, dp=4, ep=2), dict(pp=3, dp=4, ep=4), dict(tp=4, dp=2, ep=2, etp=1)],
 )
 def test_shard_indices_of_large_worlds_match_megatrons_rank_generator(sizes, monkeypatch) -> None:
-    from inspector import world
+    from inspector import ranks
     from inspector.topology import Layout
 
     layout = Layout(**sizes)
-    expected = [(c.pipe, c.data, c.expert_data) for c in world.rank_coords(layout)]
-    monkeypatch.setattr(world, "RANK_GENERATOR_LIMIT", 0)  # the direct path of large worlds
-    assert world.rank_shard_indices(layout) == expected
+    expected = [(c.pipe, c.data, c.expert_data) for c in ranks.rank_coords(layout)]
+    monkeypatch.setattr(ranks, "RANK_GENERATOR_LIMIT", 0)  # the direct path of large worlds
+    assert ranks.rank_shard_indices(layout) == expected
 
 
 def test_distributed_optimizer_shards_are_not_divide_by_dp() -> None:

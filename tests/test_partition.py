@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inspector import partition
-from inspector.walk import ParamRecord
+from inspector.records import ParamRecord
 
 
 def record(

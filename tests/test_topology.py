@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from inspector import world
+from inspector import ranks, world
 from inspector.topology import Layout
 
 SHAPES = [
@@ -59,7 +59,7 @@ def megatron_view(layout: Layout, rank: int) -> dict:
 
 @pytest.mark.parametrize("layout", SHAPES, ids=str)
 def test_coords_match_parallel_state(layout):
-    coords = world.rank_coords(layout)
+    coords = ranks.rank_coords(layout)
     assert [c.rank for c in coords] == list(range(layout.world_size))
     for c in coords:
         expected = megatron_view(layout, c.rank)
@@ -69,7 +69,7 @@ def test_coords_match_parallel_state(layout):
 
 @pytest.mark.parametrize("layout", SHAPES, ids=str)
 def test_group_structure(layout):
-    coords = world.rank_coords(layout)
+    coords = ranks.rank_coords(layout)
     by_rank = {c.rank: c for c in coords}
     for c in coords:
         key = (c.pipe, c.data, c.context, c.model)
@@ -140,12 +140,20 @@ LARGE_SHAPES = SHAPES + [
 @pytest.mark.parametrize("layout", LARGE_SHAPES, ids=str)
 def test_large_world_path_equals_rank_generator(layout, monkeypatch):
     """Above RANK_GENERATOR_LIMIT the coordinates are computed directly; they equal megatron's."""
-    from_megatron = world.rank_coords(layout)
-    positions = world.rank_positions(layout)
-    monkeypatch.setattr(world, "RANK_GENERATOR_LIMIT", 0)
-    assert world.rank_coords(layout) == from_megatron
+    from_megatron = ranks.rank_coords(layout)
+    positions = ranks.rank_positions(layout)
+    monkeypatch.setattr(ranks, "RANK_GENERATOR_LIMIT", 0)
+    assert ranks.rank_coords(layout) == from_megatron
     assert (
-        world.rank_positions(layout)
+        ranks.rank_positions(layout)
         == positions
         == [(c.pipe, c.data, c.context, c.model) for c in from_megatron]
     )
+
+
+def test_topology_needs_only_what_a_rank_map_needs(cli):
+    """The default model's 12 layers do not split over 8 stages; a rank map does not care."""
+    result = cli("topology", "--pp", "8", "--tp", "5")
+    assert result.code == 0, result.err
+    assert result.out.count("ProcessCoord(") == 40
+    assert cli("params", "--pp", "8").code == 2  # building the model still needs the split

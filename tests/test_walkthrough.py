@@ -6,7 +6,8 @@ import pytest
 
 from inspector.activations import layer_activations
 from inspector.errors import ConfigError
-from inspector.formulas import ModelDims, Parallelism
+from inspector.formulas import ModelDims
+from inspector.topology import Layout
 from inspector.walkthrough import WalkthroughStep, attention_walkthrough
 
 # Llama-3.1 405B: H 16384, h 128 heads, g 8 KV groups, d 128; N = 60000 tokens, P = 16 ranks.
@@ -87,7 +88,7 @@ def test_softmax_bytes_agree_with_the_activation_formula() -> None:
     # The stored softmax output is 2 of the paper's 5as^2b/t bytes (t = P, no flash, one layer).
     dims = ModelDims(2, 4096, 32, 2048, 32000)
     softmax = by_name(attention_walkthrough(dims, "tp", 8))["P = softmax(S)"]
-    core = layer_activations(dims, Parallelism(tp=8), 0, 1).core_attention
+    core = layer_activations(dims, Layout(tp=8), 0, 1).core_attention
     assert softmax.bytes == core * 2 / 5
 
 

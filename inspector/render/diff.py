@@ -8,6 +8,7 @@ import json
 from tabulate import tabulate
 
 from inspector.diff import StageTotal, TableDiff
+from inspector.table import COMPARED
 
 
 def _number(value: int | None) -> str:
@@ -51,7 +52,7 @@ def _summary(d: TableDiff) -> list[tuple[str, str]]:
         ("added", str(len(d.added))),
         ("removed", str(len(d.removed))),
     ]
-    for kind in ("shape", "owners", "precs", "module"):
+    for kind in (column.label for column in COMPARED):
         changes = [c for c in d.changes if c.kind == kind]
         params = sum(c.count for c in changes)
         counts.append(
@@ -71,7 +72,7 @@ def _detail_lines(d: TableDiff) -> list[tuple[str, list[str]]]:
         ("Added", d.added),
         ("Removed", d.removed),
     ]
-    for kind in ("shape", "owners", "precs", "module"):
+    for kind in (column.label for column in COMPARED):
         lines = [
             f"{c.pattern}"
             + (f" ({c.count} params, layers {c.layers})" if c.layers and c.count > 1 else "")
@@ -142,3 +143,12 @@ RENDERERS = {"text": render_text, "markdown": render_markdown, "json": render_js
 def render_diff(d: TableDiff, fmt: str, old_name: str, new_name: str) -> str:
     """Return the diff in the given format (text, markdown or json)."""
     return RENDERERS[fmt](d, old_name, new_name)
+
+
+def render_check(result: TableDiff | None, path: str) -> str:
+    """Return what `params --check` says: up to date, formatting only, or the diff."""
+    if result is None:
+        return f"{path} is up to date\n"
+    if result.equal:
+        return f"{path} differs from the regenerated table in formatting only\n"
+    return render_text(result, path, "regenerated")

@@ -8,8 +8,10 @@ from typing import Any
 
 from tabulate import tabulate
 
+from inspector.formats import MemoryFormat
+from inspector.job import Job
 from inspector.memory import GIB, MemoryReport, StageMemory
-from inspector.walkthrough import WalkthroughStep
+from inspector.walkthrough import Walk, WalkthroughStep
 
 BAR_WIDTH = 48
 # One shade per component, darkest for what lasts longest; the legend prints under the chart.
@@ -96,7 +98,7 @@ def _summary(report: MemoryReport) -> list[str]:
             lines.append(f"Every stage fits in --gpu-memory {gib(memory)} GiB.")
     lines.append(
         f"FLOPs per iteration: {flops(report.iteration_flops)} "
-        f"({report.training.global_batch_size} sequences of {report.model.seq_length} tokens, "
+        f"({report.schedule.global_batch_size} sequences of {report.model.seq_length} tokens, "
         "Megatron-LM's throughput formula)."
     )
     seconds = report.seconds
@@ -110,18 +112,18 @@ def _summary(report: MemoryReport) -> list[str]:
 
 def _context(report: MemoryReport) -> list[str]:
     """Return the lines that say what was assumed: precision, batch, schedule."""
-    t, layout, model = report.training, report.layout, report.model
-    optimizer = "distributed optimizer" if layout.use_distributed_optimizer else "Adam"
+    t, b, layout, model = report.training, report.schedule, report.layout, report.model
+    optimizer = "distributed optimizer" if t.use_distributed_optimizer else "Adam"
     lines = [
         f"Precision: {model.dtype_name} parameters, {optimizer}; "
         f"recompute {t.recompute}, flash attention {'on' if t.flash_attention else 'off'}.",
-        f"Batch: global batch {t.global_batch_size} = micro-batch {t.micro_batch_size} x "
-        f"{t.num_microbatches} per iteration x --dp {layout.dp}; sequence {model.seq_length}.",
+        f"Batch: global batch {b.global_batch_size} = micro-batch {b.micro_batch_size} x "
+        f"{b.num_microbatches} per iteration x --dp {layout.dp}; sequence {model.seq_length}.",
     ]
-    if layout.pp > 1 and t.num_microbatches < layout.pp:
-        steady = layout.pp * t.micro_batch_size * layout.dp
+    if layout.pp > 1 and b.num_microbatches < layout.pp:
+        steady = layout.pp * b.micro_batch_size * layout.dp
         lines.append(
-            f"Note: {t.num_microbatches} micro-batch per iteration is fewer than --pp {layout.pp}, "
+            f"Note: {b.num_microbatches} micro-batch per iteration is fewer than --pp {layout.pp}, "
             f"so stages hold fewer in flight than in steady state; --global-batch-size {steady} "
             "or more shows the steady-state peak."
         )
@@ -221,16 +223,16 @@ def _stage_json(report: MemoryReport, s: StageMemory) -> dict[str, Any]:
 
 def report_json(report: MemoryReport) -> dict[str, Any]:
     """Return every number of the report, bytes and FLOPs, as a json-ready dict."""
-    t, hw = report.training, report.hardware
+    t, b, hw = report.training, report.schedule, report.hardware
     return {
         "config": report.model.to_args(),
         "training": {
-            "micro_batch_size": t.micro_batch_size,
-            "global_batch_size": t.global_batch_size,
-            "num_microbatches": t.num_microbatches,
+            "micro_batch_size": b.micro_batch_size,
+            "global_batch_size": b.global_batch_size,
+            "num_microbatches": b.num_microbatches,
             "recompute_granularity": t.recompute,
             "use_flash_attn": t.flash_attention,
-            "use_distributed_optimizer": report.layout.use_distributed_optimizer,
+            "use_distributed_optimizer": t.use_distributed_optimizer,
             "accumulate_allreduce_grads_in_fp32": t.fp32_grads,
         },
         "hardware": {"gpu_memory": hw.memory, "gpu_tflops": hw.tflops, "mfu": hw.mfu},
@@ -321,3 +323,21 @@ def walkthrough_json(walks: Sequence[tuple[str, int, list[WalkthroughStep]]]) ->
         for mode, degree, steps in walks
     ]
     return json.dumps({"walkthrough": out}, indent=1) + "\n"
+
+
+def render_memory(report: MemoryReport, fmt: MemoryFormat) -> str:
+    """Return the memory report in the asked format."""
+    if fmt is MemoryFormat.json:
+        return render_json(report)
+    if fmt is MemoryFormat.table:
+        return render_table(report)
+    return render_text(report)
+
+
+def render_walkthroughs(job: Job, walks: Sequence[Walk], fmt: MemoryFormat) -> str:
+    """Return the attention walkthroughs: json, or one table per mode titled with N, b, dtype."""
+    if fmt is MemoryFormat.json:
+        return walkthrough_json(walks)
+    dims, micro = job.dims(), job.schedule().micro_batch_size
+    title = f"N = {dims.seq_length}, b = {micro}, {8 * dims.activation_bytes}-bit activations"
+    return render_walkthrough(walks, title)

@@ -4,21 +4,9 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
+from inspector.formats import TopologyFormat
+from inspector.table import topology_line
 from inspector.topology import Layout, RankCoord
-
-
-def topology_line(positions: list[tuple[int, int, int, int]], layout: Layout) -> str:
-    """Return the DeepSpeed-style `{ProcessCoord(pipe=.., data=.., model=..): rank, ...}` line.
-
-    `positions` holds each rank's (pipe, data, context, model), in rank order.
-    """
-    if layout.uses_cp_axis:
-        entry = "ProcessCoord(pipe={}, data={}, context={}, model={}): {}"
-        parts = [entry.format(p, d, c, m, r) for r, (p, d, c, m) in enumerate(positions)]
-    else:
-        entry = "ProcessCoord(pipe={}, data={}, model={}): {}"
-        parts = [entry.format(p, d, m, r) for r, (p, d, _, m) in enumerate(positions)]
-    return "{" + ", ".join(parts) + "}"
 
 
 def _ranks(group: tuple[int, ...] | None) -> str:
@@ -41,3 +29,12 @@ def render_topology_table(coords: list[RankCoord], layout: Layout) -> str:
             row.append(_ranks(c.expert_group))
         rows.append(row)
     return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True) + "\n"
+
+
+def render_topology(layout: Layout, fmt: TopologyFormat) -> str:
+    """Return the rank map in the asked format (the coordinates come from megatron, ranks.py)."""
+    from inspector.ranks import rank_coords, rank_positions
+
+    if fmt is TopologyFormat.table:
+        return render_topology_table(rank_coords(layout), layout)
+    return topology_line(rank_positions(layout), layout) + "\n"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from inspector.walk import ModuleNode
+from collections.abc import Sequence
+
+from inspector.records import ModuleNode, StageTree
 
 
 def _lines(node: ModuleNode, indent: int) -> list[str]:
@@ -22,3 +24,13 @@ def render_tree(node: ModuleNode) -> str:
 def stage_heading(stage: int, chunk: int | None) -> str:
     """Return the `# stage S[ chunk C]` line that precedes a stage's block."""
     return f"# stage {stage}" + (f" chunk {chunk}" if chunk is not None else "")
+
+
+def render_trees(trees: Sequence[StageTree]) -> str:
+    """Return each stage's tree, under its `# stage` line when there are several."""
+    parts = []
+    for tree in trees:
+        if tree.headed:
+            parts.append(stage_heading(tree.stage, tree.chunk) + "\n")
+        parts.append(render_tree(tree.root))
+    return "".join(parts)

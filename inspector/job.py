@@ -1,0 +1,133 @@
+"""The training job a command describes: the model, the parallel layout and the training settings.
+
+A `Job` is made once, at the edge (resolve.py merges presets, config files, launch scripts and
+flags into Megatron-LM arguments and calls `make_job`), validated on creation, and then read by
+every command: `build` turns it into megatron modules, `params`, `memory`, `tree` and `topology`
+turn those into records. Nothing downstream reads Megatron-LM arguments again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from inspector.activations import RECOMPUTE_MODES, Recompute
+from inspector.config import ModelConfig, check_at_least_one, make_model_config, validate_model
+from inspector.errors import ConfigError
+from inspector.formulas import ModelDims, num_microbatches
+from inspector.topology import Layout, make_layout, validate_layout
+
+
+@dataclass(frozen=True)
+class Training:
+    """The Megatron-LM training arguments: batch, recomputation, attention, optimizer, buffers.
+
+    Precision (--bf16/--fp16) lives on the model, because it sets the parameters' dtype.
+    """
+
+    micro_batch_size: int | None = None
+    global_batch_size: int | None = None  # None: Megatron-LM's default, micro-batch x dp
+    recompute: Recompute = "none"
+    flash_attention: bool = False
+    fp32_grads: bool | None = None  # --accumulate-allreduce-grads-in-fp32 (None: the default)
+    use_distributed_optimizer: bool = False
+    overlap_grad_reduce: bool = False
+    ddp_bucket_size: int | None = None
+
+    def __post_init__(self) -> None:
+        """Reject counts below one and unknown recomputation modes."""
+        check_at_least_one("--micro-batch-size", self.micro_batch_size)
+        check_at_least_one("--global-batch-size", self.global_batch_size)
+        if self.recompute not in RECOMPUTE_MODES:
+            raise ConfigError(
+                f"--recompute-granularity {self.recompute!r} is not one of: "
+                f"{', '.join(RECOMPUTE_MODES)}"
+            )
+        if self.ddp_bucket_size is not None and self.ddp_bucket_size < 0:
+            raise ConfigError(f"--ddp-bucket-size {self.ddp_bucket_size} must not be negative")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One iteration's batches: what activations and FLOPs scale with."""
+
+    micro_batch_size: int
+    global_batch_size: int
+    num_microbatches: int  # per pipeline, per iteration
+
+
+@dataclass(frozen=True)
+class Job:
+    """A model, its parallel layout and its training settings, checked together."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    layout: Layout = field(default_factory=Layout)
+    training: Training = field(default_factory=Training)
+
+    def __post_init__(self) -> None:
+        """Reject a job megatron would refuse or silently change."""
+        validate_model(self.model)
+        validate_layout(self.model, self.layout)
+        if self.training.flash_attention and self.model.dtype_name == "float32":
+            raise ConfigError(
+                "--use-flash-attn needs --bf16 or --fp16: flash attention kernels have no fp32 path"
+            )
+
+    def schedule(self) -> Schedule:
+        """Return the iteration's batches; --micro-batch-size is required for them."""
+        micro = self.training.micro_batch_size
+        if micro is None:
+            raise ConfigError("--micro-batch-size is required: activations scale with it")
+        # Megatron-LM arguments.py: --global-batch-size defaults to micro-batch size x dp.
+        global_batch = self.training.global_batch_size or micro * self.layout.dp
+        return Schedule(micro, global_batch, num_microbatches(global_batch, micro, self.layout.dp))
+
+    def dims(self) -> ModelDims:
+        """Return the formulas' view of the model: its sizes with Megatron-LM's defaults applied."""
+        model = self.model
+        return ModelDims(
+            num_layers=model.num_layers,
+            hidden_size=model.hidden_size,
+            num_attention_heads=model.num_attention_heads,
+            seq_length=model.seq_length,
+            vocab_size=model.padded_vocab_size(self.layout.tp),
+            ffn_hidden_size=model.ffn_size,
+            num_query_groups=model.query_groups,
+            kv_channels=model.head_dim,
+            swiglu=model.swiglu,
+            num_experts=model.num_experts,
+            moe_router_topk=model.moe_router_topk,
+            moe_ffn_hidden_size=model.moe_ffn_hidden_size,
+            moe_shared_expert_intermediate_size=model.moe_shared_expert_intermediate_size,
+            activation_bytes=4 if model.dtype_name == "float32" else 2,
+        )
+
+
+TRAINING_ARGS = {
+    "micro_batch_size": "micro_batch_size",
+    "global_batch_size": "global_batch_size",
+    "recompute_granularity": "recompute",
+    "use_flash_attn": "flash_attention",
+    "accumulate_allreduce_grads_in_fp32": "fp32_grads",
+    "use_distributed_optimizer": "use_distributed_optimizer",
+    "overlap_grad_reduce": "overlap_grad_reduce",
+    "ddp_bucket_size": "ddp_bucket_size",
+}
+
+
+def make_training(args: Mapping[str, Any]) -> Training:
+    """Build the Training record from Megatron-LM arguments (absent: Megatron-LM's defaults)."""
+    values = {field: args[name] for name, field in TRAINING_ARGS.items() if name in args}
+    values["recompute"] = cast(Recompute, values.get("recompute") or "none")
+    for flag in ("flash_attention", "use_distributed_optimizer", "overlap_grad_reduce"):
+        values[flag] = bool(values.get(flag))
+    values["fp32_grads"] = values.get("fp32_grads") or None
+    return Training(**values)
+
+
+def make_job(args: Mapping[str, Any]) -> Job:
+    """Turn merged Megatron-LM arguments into a validated Job."""
+    model = make_model_config(args)
+    layout = make_layout(args, model.num_layers)
+    return Job(model, layout, make_training(args))

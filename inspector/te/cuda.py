@@ -1,0 +1,45 @@
+"""Answer the few CUDA calls megatron-core makes while building TE-spec models, on meta.
+
+Used only around builds, like `inspector.distopt.cuda_current_device_on_meta`. The calls, all in
+megatron-core 0.13-0.16 construction paths:
+- `torch.cuda.current_device()`: RotaryEmbedding / YarnRotaryEmbedding when the config does not
+  ask for CPU initialisation (MLA builds its rotary embedding without passing
+  use_cpu_initialization: transformer/multi_latent_attention.py, models/common/embeddings/
+  rotary_pos_embedding.py ~78, yarn_rotary_pos_embedding.py ~76), and `_get_extra_te_kwargs`
+  (extensions/transformer_engine.py ~296-306) when neither CPU nor meta initialisation is set.
+- `torch.cuda.Stream()`: TEDotProductAttention's shared `cp_stream` with context parallelism
+  (extensions/transformer_engine.py ~1227), SharedExpertMLP's overlap stream
+  (transformer/moe/shared_experts.py ~123), the all-to-all dispatcher's `cuda_dtoh_stream`
+  (transformer/moe/token_dispatcher.py ~445).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+
+class SimulatedStream:
+    """A CUDA stream that is never used: megatron only keeps it for its forward pass."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.device = "meta"
+
+    def __repr__(self) -> str:
+        return "SimulatedStream()"
+
+
+@contextlib.contextmanager
+def simulated_cuda() -> Iterator[None]:
+    """Make `torch.cuda.current_device()` answer "meta" and `torch.cuda.Stream()` a stand-in."""
+    import torch
+
+    current_device, stream = torch.cuda.current_device, torch.cuda.Stream
+    torch.cuda.current_device = lambda: "meta"  # type: ignore[assignment,return-value]
+    torch.cuda.Stream = SimulatedStream  # type: ignore[assignment,misc]
+    try:
+        yield
+    finally:
+        torch.cuda.current_device = current_device
+        torch.cuda.Stream = stream  # type: ignore[misc]

@@ -1,0 +1,267 @@
+"""The stand-in's global state and helpers: fp8 state manager, recipes, RNG tracker, stubs.
+
+Mirrors transformer_engine 2.11.0: `pytorch/quantization.py` (FP8GlobalStateManager 234-460,
+`fp8_model_init` 672, `fp8_autocast` 766), `common/recipe/__init__.py` (Format 23, Recipe 86,
+DelayedScaling 121-222 and the other recipes), `pytorch/distributed.py` (CudaRNGStatesTracker
+776-886). Only what megatron-core touches while importing and building; no fp8 ever runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+_NEVER_RUNS = "the simulated Transformer Engine builds modules, never runs them"
+
+
+def never_runs(*args: Any, **kwargs: Any) -> Any:
+    """Stand in for a TE kernel megatron imports but only calls in a forward/backward pass."""
+    raise NotImplementedError(_NEVER_RUNS)
+
+
+class Format(enum.Enum):
+    """fp8 formats (common/recipe/__init__.py 23-45); values are (fwd, bwd) format names."""
+
+    E4M3 = ("E4M3", "E4M3")
+    E5M2 = ("E5M2", "E5M2")
+    HYBRID = ("E4M3", "E5M2")
+
+
+class Recipe:
+    """Base of TE's quantization recipes (common/recipe/__init__.py 86-118)."""
+
+    def delayed(self) -> bool:
+        return isinstance(self, DelayedScaling)
+
+    def float8_current_scaling(self) -> bool:
+        return isinstance(self, Float8CurrentScaling)
+
+    def mxfp8(self) -> bool:
+        return isinstance(self, MXFP8BlockScaling)
+
+    def float8_block_scaling(self) -> bool:
+        return isinstance(self, Float8BlockScaling)
+
+    def nvfp4(self) -> bool:
+        return isinstance(self, NVFP4BlockScaling)
+
+    def custom(self) -> bool:
+        return isinstance(self, CustomRecipe)
+
+
+@dataclass()
+class DelayedScaling(Recipe):
+    """Delayed-scaling recipe, TE's fields and defaults (common/recipe/__init__.py 121-222)."""
+
+    margin: int = 0
+    fp8_format: Format = Format.HYBRID
+    amax_history_len: int = 1024
+    amax_compute_algo: Any = "max"
+    scaling_factor_compute_algo: Any = None
+    reduce_amax: bool = True
+    fp8_dpa: bool = False
+    fp8_mha: bool = False
+    override_linear_precision: tuple[bool, bool, bool] = (False, False, False)
+
+
+@dataclass()
+class Float8CurrentScaling(Recipe):
+    """Per-tensor current scaling (common/recipe/__init__.py 224)."""
+
+    fp8_format: Format = Format.HYBRID
+    fp8_dpa: bool = False
+    fp8_mha: bool = False
+
+
+@dataclass()
+class MXFP8BlockScaling(Recipe):
+    """MXFP8 block scaling (common/recipe/__init__.py 265)."""
+
+    fp8_format: Format = Format.E4M3
+    fp8_dpa: bool = False
+    fp8_mha: bool = False
+
+
+@dataclass()
+class Float8BlockScaling(Recipe):
+    """fp8 block scaling (common/recipe/__init__.py 306)."""
+
+    fp8_format: Format = Format.E4M3
+    fp8_dpa: bool = False
+    fp8_mha: bool = False
+
+
+@dataclass()
+class NVFP4BlockScaling(Recipe):
+    """NVFP4 block scaling (common/recipe/__init__.py 387)."""
+
+    fp8_dpa: bool = False
+    fp8_mha: bool = False
+
+
+@dataclass()
+class CustomRecipe(Recipe):
+    """User-defined quantizers (common/recipe/__init__.py 484)."""
+
+    qfactory: Any = None
+    fp8_dpa: bool = False
+    fp8_mha: bool = False
+
+
+class FP8GlobalStateManager:
+    """TE's global fp8 state (quantization.py 234-460): fp8 is never enabled here."""
+
+    FP8_ENABLED = False
+    FP8_CALIBRATION = False
+    FP8_RECIPE: Recipe | None = None
+    FP8_DISTRIBUTED_GROUP: Any = None
+    FP8_PARAMETERS = False
+    HIGH_PRECISION_INIT_VAL = False
+    IS_FIRST_FP8_MODULE = False
+    skip_fp8_weight_update_tensor: Any = None
+
+    @classmethod
+    def is_fp8_enabled(cls) -> bool:
+        return cls.FP8_ENABLED
+
+    @classmethod
+    def is_fp8_calibration(cls) -> bool:
+        return cls.FP8_CALIBRATION
+
+    @classmethod
+    def with_fp8_parameters(cls) -> bool:
+        return cls.FP8_PARAMETERS
+
+    @classmethod
+    def with_high_precision_init_val(cls) -> bool:
+        return cls.HIGH_PRECISION_INIT_VAL
+
+    @classmethod
+    def is_first_fp8_module(cls) -> bool:
+        first, cls.IS_FIRST_FP8_MODULE = cls.IS_FIRST_FP8_MODULE, False
+        return first
+
+    @classmethod
+    def get_fp8_recipe(cls) -> Recipe:
+        return cls.FP8_RECIPE if cls.FP8_RECIPE is not None else DelayedScaling()
+
+    @classmethod
+    def get_fp8_group(cls) -> Any:
+        return cls.FP8_DISTRIBUTED_GROUP
+
+    @classmethod
+    def set_skip_fp8_weight_update_tensor(cls, skip: bool) -> None:
+        cls.skip_fp8_weight_update_tensor = skip
+
+    @classmethod
+    def get_skip_fp8_weight_update_tensor(cls) -> Any:
+        return cls.skip_fp8_weight_update_tensor
+
+    add_fp8_tensors_to_global_buffer = classmethod(never_runs)
+    reduce_and_update_fp8_tensors = classmethod(never_runs)
+
+
+@contextlib.contextmanager
+def fp8_autocast(enabled: bool = True, *args: Any, **kwargs: Any) -> Iterator[None]:
+    """TE's fp8 autocast (quantization.py 766); entering it with fp8 on would need a GPU."""
+    if enabled:
+        raise NotImplementedError(_NEVER_RUNS)
+    yield
+
+
+@contextlib.contextmanager
+def fp8_model_init(enabled: bool = True, *args: Any, **kwargs: Any) -> Iterator[None]:
+    """TE's fp8 parameter context (quantization.py 672); fp8 parameters are not simulated."""
+    if enabled:
+        raise NotImplementedError("fp8 parameters are not simulated")
+    yield
+
+
+class CudaRNGStatesTracker:
+    """TE's RNG-state tracker (distributed.py 776-886), keeping seeds instead of CUDA states.
+
+    megatron subclasses it as TECudaRNGStatesTracker (`--te-rng-tracker`); only `fork`, which
+    would switch CUDA generators around a kernel, is refused.
+    """
+
+    def __init__(self) -> None:
+        self.states_: dict[str, Any] = {}
+        self.seeds_: set[int] = set()
+
+    def reset(self) -> None:
+        self.states_ = {}
+        self.seeds_ = set()
+
+    def get_states(self) -> dict[str, Any]:
+        return dict(self.states_)
+
+    def set_states(self, states: dict[str, Any]) -> None:
+        self.states_ = dict(states)
+
+    def add(self, name: str, seed: int) -> None:
+        if seed in self.seeds_:
+            raise Exception(f"seed {seed} already exists")
+        if name in self.states_:
+            raise Exception(f"cuda rng state {name} already exists")
+        self.seeds_.add(seed)
+        self.states_[name] = seed
+
+    def fork(self, name: str = "model-parallel-rng") -> Any:
+        raise NotImplementedError(_NEVER_RUNS)
+
+
+def get_all_rng_states() -> dict[str, Any]:
+    """TE's registry of RNG states (distributed.py 72); none is ever registered here."""
+    return {}
+
+
+class QuantizedTensor(torch.Tensor):
+    """Base of TE's quantized tensors (pytorch/tensor/quantized_tensor.py); never instantiated.
+
+    megatron only tests `isinstance(param, QuantizedTensor)`, which is always False here.
+    """
+
+
+def get_dummy_wgrad(shape: list[int], dtype: torch.dtype, zero: bool = False) -> torch.Tensor:
+    """TE's placeholder weight gradient (module/base.py 79); megatron uses it in backward only."""
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+class FusibleOperation(torch.nn.Module):
+    """TE's fused-operation API (pytorch/ops): megatron names these classes in annotations.
+
+    Only `--use-te-op-fuser` and TE activation ops construct them; that is not simulated.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise NotImplementedError(
+            "Transformer Engine's fused operations (--use-te-op-fuser, TE activation functions) "
+            "are not simulated"
+        )
+
+
+# The pytorch.ops classes megatron-core's extensions/transformer_engine.py names (TEFusedMLP,
+# TEActivationOp).
+OPS = {
+    name: type(name, (FusibleOperation,), {"__doc__": f"TE's ops.{name}; not simulated."})
+    for name in (
+        "Sequential",
+        "BasicLinear",
+        "Bias",
+        "LayerNorm",
+        "RMSNorm",
+        "AllReduce",
+        "ReduceScatter",
+        "GELU",
+        "GEGLU",
+        "ReLU",
+        "ReGLU",
+        "SiLU",
+        "SwiGLU",
+    )
+}

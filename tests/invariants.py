@@ -1,0 +1,148 @@
+"""Invariants every golden file must satisfy, checked with this file's own parsing.
+
+A golden file only proves the output did not change; these prove it is self-consistent, without
+the code that wrote it (no inspector import): a wrong `--update-golden` regeneration fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+_SHAPE = re.compile(r"^\((\d+(?:, \d+)*)?,?\)$")
+
+
+def _numel(shape: str) -> int:
+    match = _SHAPE.match(shape)
+    assert match, f"not a shape: {shape!r}"
+    return math.prod(int(d) for d in match.group(1).split(", ")) if match.group(1) else 1
+
+
+def params_csv(text: str) -> None:
+    """Each `# stage` comment's params equal the sum of its rows; bytes are 2 or 4 per element."""
+    lines = text.splitlines()
+    header = lines.index("name;module;shape;partitioning_ranks;precs")
+    blocks: list[tuple[int, int, list[int]]] = []
+    for line in lines[header + 1 :]:
+        comment = re.match(r"^# stage \d+(?: chunk \d+)?: .*, (\d+) params, (\d+) bytes$", line)
+        if comment:
+            blocks.append((int(comment.group(1)), int(comment.group(2)), []))
+            continue
+        fields = line.split(";")
+        assert len(fields) == 5, line
+        if blocks:
+            blocks[-1][2].append(_numel(fields[2]))
+    for params, size, rows in blocks:
+        assert params == sum(rows), (params, sum(rows))
+        assert size in (2 * params, 4 * params), (params, size)
+
+
+def params_json(text: str) -> None:
+    """Each parameter's numel is its shape's product; sharded ones are a slice of the global."""
+    data = json.loads(text)
+    for p in data["parameters"]:
+        assert p["numel"] == math.prod(p["shape"]), p["name"]
+        whole = math.prod(p["global_shape"])
+        assert whole % p["numel"] == 0 and (p["tensor_parallel"] or whole == p["numel"]), p["name"]
+
+
+def tree(text: str) -> None:
+    """Every `Submodule: name (Class)` line is followed by that module's `Module: Class` line."""
+    lines = [line for line in text.splitlines() if not line.startswith("# stage ")]
+    for index, line in enumerate(lines):
+        sub = re.match(r"^( *)Submodule: \S+ \((\w+)\)$", line)
+        if sub:
+            expected = " " * (len(sub.group(1)) + 2) + f"Module: {sub.group(2)}"
+            assert lines[index + 1] == expected, (line, lines[index + 1])
+
+
+def topology_line(text: str) -> None:
+    """Ranks appear in order 0..N-1, and N is the product of the coordinates' ranges."""
+    entries = re.findall(r"ProcessCoord\(([^)]*)\): (\d+)", text)
+    assert [int(rank) for _, rank in entries] == list(range(len(entries)))
+    axes: dict[str, int] = {}
+    for coords, _ in entries:
+        for part in coords.split(", "):
+            name, value = part.split("=")
+            axes[name] = max(axes.get(name, 0), int(value) + 1)
+    assert math.prod(axes.values()) == len(entries)
+
+
+def topology_table(text: str) -> None:
+    """The rank column counts 0..N-1."""
+    rows = text.splitlines()[2:]
+    assert [int(row.split()[0]) for row in rows] == list(range(len(rows)))
+
+
+def params_human(text: str) -> None:
+    """Each block's `total` row adds up its rows' params and bytes."""
+    for block in text.strip().split("\n\n"):
+        rows = [line.split() for line in block.splitlines()[3:]]
+        *body, total = rows
+        params = sum(int(r[-2].replace(",", "")) for r in body)
+        size = sum(int(r[-1].replace(",", "")) for r in body)
+        assert total[0] == "total"
+        assert (int(total[-2].replace(",", "")), int(total[-1].replace(",", ""))) == (params, size)
+
+
+def memory_text(text: str) -> None:
+    """Each stage row's total is weights + grads + optimizer + activations (to the printed 0.01)."""
+    for line in text.splitlines():
+        cells = line.split()
+        if len(cells) >= 11 and cells[0].isdigit() and "-" in cells[2]:
+            weights, grads, optimizer, activations = map(float, cells[4:8])
+            assert abs(weights + grads + optimizer + activations - float(cells[9])) <= 0.03, line
+
+
+def diff_report(text: str) -> None:
+    """Each `X changes: P parameters in K patterns` summary line matches its section's K lines."""
+    if text.lstrip().startswith("{"):
+        data = json.loads(text)
+        changes = data["changes"]
+        assert data["equal"] == (not (changes or data["moves"] or data["added"] or data["removed"]))
+        return
+    for kind, patterns in re.findall(r"(\w+) changes\W+\d+ parameters in (\d+) patterns", text):
+        title = kind.capitalize() + " changes"
+        section = re.search(rf"{title}(?::| \(\d+\)</summary>\n)\n((?:[-\w `].*\n)+)", text)
+        assert section, kind
+        assert len(section.group(1).splitlines()) == int(patterns), (kind, section.group(1))
+
+
+def simai_workload(text: str) -> None:
+    """Line 2 counts the records that follow, each of SimAI's 12 whitespace-separated fields."""
+    lines = text.splitlines()
+    records = [line.split() for line in lines[2:] if line.strip()]
+    assert int(lines[1]) == len(records)
+    assert all(len(fields) == 12 and fields[1] == "-1" for fields in records)
+
+
+def workload_index(text: str) -> None:
+    """Each stage row names its own file, and its record count is an integer."""
+    rows = [line.split(",") for line in text.splitlines()[1:]]
+    for row in rows:
+        assert row[-1] == f"stage{int(row[0]):03d}.txt" and int(row[6]) > 0, row
+
+
+def check(name: str, text: str) -> None:
+    """Check the invariant of a golden file, chosen by its name."""
+    if name.startswith("diff_"):
+        diff_report(text)
+    elif name.startswith("workload_"):
+        (workload_index if name.endswith("_index.csv") else simai_workload)(text)
+    elif name.endswith(".csv"):
+        params_csv(text)
+    elif name.endswith(".json"):
+        params_json(text)
+    elif name.startswith(("tree_", "preset_")) and name.endswith("_tree.txt") or name.startswith("tree_"):
+        tree(text)
+    elif name.startswith("topology_") and "table" in name:
+        topology_table(text)
+    elif name.startswith("topology_"):
+        topology_line(text)
+    elif name == "params_example_table.txt":
+        params_human(text)
+    elif name.startswith("memory_"):
+        memory_text(text)
+    else:
+        raise AssertionError(f"golden file {name} has no invariant in tests/invariants.py")
