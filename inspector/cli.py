@@ -165,12 +165,9 @@ def _format_option(default: Enum, help_text: str) -> Any:
 
 
 def _emit(text: str, output: str | None = None) -> None:
-    if output is None:
-        sys.stdout.write(text)
-        return
-    from inspector.output import write_atomic
+    from inspector.output import write_output
 
-    write_atomic(output, text)
+    write_output(output, text)
 
 
 def _job(args: dict[str, Any]) -> Any:
@@ -414,6 +411,9 @@ _STATE: dict[str, bool] = {"debug": False}
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; `Error:` + one sentence on stderr and exit 2 for any bad input."""
+    from inspector.output import guard_streams
+
+    guard_streams()  # UTF-8 stdout; a failed write is an Error:, a closed pipe a quiet exit 141
     command = typer.main.get_command(app)
     try:
         result = command.main(args=argv, prog_name="inspect-model", standalone_mode=False)
@@ -442,8 +442,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _fail(message: str, code: int = 2) -> int:
-    sys.stdout.flush()
-    sys.stderr.write(f"Error: {message}\n")
+    from inspector.errors import one_line
+    from inspector.output import write_error
+
+    write_error(one_line(message))
     return code
 
 

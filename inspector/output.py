@@ -1,48 +1,362 @@
-"""Files in and out: atomic writes (`-o`), and reads that fail with a clear error."""
+"""Files and streams in and out: `-o FILE` written the way a user expects, and guarded stdio.
+
+`-o FILE` semantics (README, "Output files and streams"):
+- `-o -` is standard output, as `-` is standard input for `diff`.
+- FILE is replaced atomically: the text goes to a temporary file `.inspect-model-*.tmp` in the
+  same folder, which is renamed over FILE once complete. On any failure, or SIGINT, SIGTERM or
+  SIGHUP during the write, the temporary file is removed and FILE is left exactly as it was.
+- A symlink is followed: its final target is the file replaced, so the link stays a link and
+  whatever reads the target sees the new table. That is what `> FILE` does, and replacing the
+  link instead would leave its target stale. A dangling link creates its target, as `>` does.
+- Only regular files are written. A folder, a character or block device (`/dev/full`), a fifo
+  or a socket is refused with an `Error:`, never replaced by a plain file. The one exception is
+  `/dev/null`, which discards the output as `> /dev/null` does.
+- An existing file keeps its permission bits (and its owner and group where we may set them); a
+  new file gets the mode the umask gives (0666 & ~umask), as `> FILE` would. A read-only
+  existing file is refused, as `> FILE` refuses it. A hard link is broken by the rename.
+
+Streams: stdout always carries UTF-8 (the output is byte-identical everywhere, whatever the
+locale or PYTHONIOENCODING); stderr keeps the locale's encoding and backslash-escapes what it
+cannot show. A write to stdout that fails (`> /dev/full`, `>&-`) is `Error:` and exit 2; a
+closed pipe (`| head -1`) ends the run quietly with exit 141 (128 + SIGPIPE), as a Unix tool
+killed by SIGPIPE reports it.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import signal
+import stat
 import sys
-import tempfile
+from collections.abc import Iterator
+from typing import Any, TextIO, cast
 
-from inspector.errors import InputError
+from inspector.errors import InputError, OutputError
+
+STDIO = "-"
+TEMPORARY_PREFIX = ".inspect-model-"
+BROKEN_PIPE_EXIT = 128 + 13  # as a shell reports a process killed by SIGPIPE
+_KINDS = {
+    stat.S_ISCHR: "a character device",
+    stat.S_ISBLK: "a block device",
+    stat.S_ISFIFO: "a fifo (named pipe)",
+    stat.S_ISSOCK: "a socket",
+}
+
+
+def write_output(path: str | None, text: str) -> None:
+    """Write a command's text to standard output (no -o, or `-o -`) or to FILE atomically."""
+    if path is None or path == STDIO:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        write_atomic(path, text)
 
 
 def write_atomic(path: str, text: str) -> None:
-    """Write text to path via a temporary file in the same folder and a rename.
+    """Replace the regular file at path (a symlink's target) with text, or raise OutputError.
 
-    Either the whole new file appears or the old one stays as it was.
+    Either the whole new file appears or the old one stays as it was; no temporary file is
+    left behind, also when the run is interrupted during the write.
     """
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise InputError(f"-o {path}: folder {folder} does not exist")
-    handle, temporary = tempfile.mkstemp(prefix=".inspect-model-", dir=folder)
+    target = check_target(path)
+    if target == os.devnull:
+        return
     try:
-        with os.fdopen(handle, "w", encoding="utf-8", newline="\n") as stream:
-            stream.write(text)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
+        replace_file(target, text.encode("utf-8", "surrogateescape"))
+    except _CannotCreate as exc:
+        folder = os.path.dirname(target)
+        raise OutputError(
+            f"-o {_shown(path)}: cannot create a file in folder {folder} ({_reason(exc)})"
+        ) from None
+    except OSError as exc:
+        via = "" if os.path.abspath(path) == target else f" (the target of the link, {target})"
+        raise OutputError(f"-o {_shown(path)}: cannot write{via}: {_reason(exc)}") from None
+
+
+def check_target(path: str) -> str:
+    """Return the real path that `-o path` replaces, or raise OutputError saying why it cannot.
+
+    Cheap (no writing), so a command can call it before spending time on the build.
+    """
+    shown = _shown(path)
+    if path == "":
+        raise OutputError("-o needs a file name, got an empty one (use -o - for standard output)")
+    if path.endswith(("/", os.sep)) and not os.path.isdir(path):
+        raise OutputError(f"-o {shown} ends in '/', so it names a folder, not a file")
+    try:
+        info: os.stat_result | None = os.stat(path)  # the kernel follows the links
+    except FileNotFoundError:
+        info = None
+    except OSError as exc:
+        if exc.errno == errno.ENOTDIR:
+            raise OutputError(f"-o {shown}: {_file_in_the_way(path)} is not a folder") from None
+        raise OutputError(f"-o {shown}: {_reason(exc)}") from None
+    try:
+        target = os.path.realpath(path)
+    except OSError as exc:  # the working folder was deleted
+        raise OutputError(f"-o {shown}: {_reason(exc)}") from None
+    if target == os.devnull:
+        return target  # `-o /dev/null` discards the output, as `> /dev/null` does
+    if info is not None:
+        if stat.S_ISDIR(info.st_mode):
+            raise OutputError(f"-o {shown} is a folder, not a file")
+        for test, kind in _KINDS.items():
+            if test(info.st_mode):
+                raise OutputError(
+                    f"-o {shown} is {kind}, not a regular file; -o writes regular files only"
+                    " (use -o - for standard output)"
+                )
+        if not os.access(target, os.W_OK):
+            raise OutputError(f"-o {shown} is read-only (permission denied)")
+    folder = os.path.dirname(target)
+    if not os.path.isdir(folder):
+        raise OutputError(f"-o {shown}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OutputError(f"-o {shown}: cannot create files in folder {folder} (permission denied)")
+    return target
+
+
+def _file_in_the_way(path: str) -> str:
+    """Return the nearest existing parent of path (a file where a folder should be)."""
+    parent = os.path.dirname(path)
+    while parent and not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    return _shown(parent)
+
+
+class _CannotCreate(OSError):
+    """The temporary file could not be created in the target's folder."""
+
+
+def replace_file(target: str, data: bytes) -> None:
+    """Write data to a temporary file beside target and rename it over target (raises OSError)."""
+    import tempfile  # here, not at the top: it costs every run's start-up a few milliseconds
+
+    mode, owner = _keep_mode(target)
+    with _signals_interrupt():
+        try:
+            handle, temporary = tempfile.mkstemp(
+                prefix=TEMPORARY_PREFIX, suffix=".tmp", dir=os.path.dirname(target)
+            )
+        except OSError as exc:
+            raise _CannotCreate(exc.errno, exc.strerror, exc.filename) from exc
+        try:
+            with os.fdopen(handle, "wb") as stream:
+                stream.write(data)
+                stream.flush()
+                os.fchmod(stream.fileno(), mode)
+                if owner is not None:
+                    with contextlib.suppress(OSError):
+                        os.fchown(stream.fileno(), *owner)
+                os.fsync(stream.fileno())
+            os.replace(temporary, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise
+
+
+def _keep_mode(target: str) -> tuple[int, tuple[int, int] | None]:
+    """Return the mode (and owner, group) the new file gets: the old file's, else the umask's."""
+    try:
+        info = os.stat(target)
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask, None
+    return stat.S_IMODE(info.st_mode), (info.st_uid, info.st_gid)
+
+
+class _Interrupted(BaseException):
+    """A termination signal arrived while a file was being written."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """Turn SIGTERM and SIGHUP into an exception for the block, then die of the signal.
+
+    The exception lets the write clean up its temporary file; afterwards the process ends
+    exactly as the signal would have ended it. SIGINT is already KeyboardInterrupt.
+    """
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    wanted = [signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise _Interrupted(signum)
+
+    previous = {signum: signal.signal(signum, interrupt) for signum in wanted}
+    try:
+        yield
+    except _Interrupted as exc:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        signal.signal(exc.signum, signal.SIG_DFL)
+        os.kill(os.getpid(), exc.signum)
+        raise SystemExit(128 + exc.signum) from None  # not reached where the signal kills
+    finally:
+        for signum, handler in previous.items():
+            if signal.getsignal(signum) is interrupt:
+                signal.signal(signum, handler)
 
 
 def read_text(path: str) -> str:
-    """Return a file's text (`-` is standard input), or raise InputError naming it."""
-    if path == "-":
-        return sys.stdin.read()
+    """Return a file's text (`-` is standard input), or raise InputError naming it.
+
+    Line endings are normalised to `\\n` and a leading UTF-8 byte-order mark is dropped, so a
+    table checked out with CRLF line endings, or saved by an editor that adds a BOM, reads as
+    the same table.
+    """
+    if path == STDIO:
+        if sys.stdin is None:
+            raise InputError("- (standard input) is closed")
+        try:
+            return _without_bom(sys.stdin.read())
+        except UnicodeDecodeError as exc:
+            raise InputError(f"- (standard input) is not UTF-8 text ({exc.reason})") from None
+        except OSError as exc:
+            raise InputError(f"- (standard input) cannot be read ({_reason(exc)})") from None
+    shown = _shown(path)
     try:
+        info = os.stat(path)
+        if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode):
+            raise InputError(f"{shown} is a device, not a file")
         with open(path, encoding="utf-8") as stream:
-            return stream.read()
+            return _without_bom(stream.read())
     except FileNotFoundError:
-        raise InputError(f"{path} does not exist") from None
+        raise InputError(f"{shown} does not exist") from None
     except IsADirectoryError:
-        raise InputError(f"{path} is a folder, not a file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path} cannot be read ({exc.__class__.__name__}: {exc})") from None
+        raise InputError(f"{shown} is a folder, not a file") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(
+            f"{shown} is not UTF-8 text (byte {exc.start}: {exc.reason})"
+        ) from None
+    except OSError as exc:
+        raise InputError(f"{shown} cannot be read ({_reason(exc)})") from None
+
+
+def _without_bom(text: str) -> str:
+    return text[1:] if text.startswith("\ufeff") else text
+
+
+def _shown(path: str, limit: int = 80) -> str:
+    """Return a path as a message shows it: shortened in the middle when very long."""
+    if len(path) <= limit:
+        return path
+    return f"{path[: limit // 2]}...{path[-(limit // 2) :]} ({len(path)} characters)"
+
+
+def _reason(exc: OSError) -> str:
+    """Return an OSError's reason in words, lower case, without the path it repeats."""
+    if exc.errno == errno.ENOENT and exc.filename in (None, "", "."):
+        return "the working folder no longer exists"
+    words = exc.strerror or str(exc) or exc.__class__.__name__
+    return words[:1].lower() + words[1:]
+
+
+# --- standard streams ---------------------------------------------------------------------
+
+
+class _GuardedStdout:
+    """Standard output that reports a failed write as OutputError, and a closed pipe quietly.
+
+    Every write is flushed at once, so a failure surfaces in the command that wrote, never at
+    interpreter exit as an 'Exception ignored' message.
+    """
+
+    def __init__(self, stream: TextIO | None) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        with _stdout_errors():
+            if self._stream is None:
+                raise OSError(errno.EBADF, "it is closed")
+            self._stream.flush()
+            data = memoryview(text.encode("utf-8", "surrogateescape"))
+            fd = self._stream.fileno()
+            while data:  # os.write, because io's buffers drop a short write's error (EFBIG)
+                data = data[os.write(fd, data) :]
+        return len(text)
+
+    def flush(self) -> None:
+        if self._stream is not None:
+            with _stdout_errors():
+                self._stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        if self._stream is None:
+            raise AttributeError(name)
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def _stdout_errors() -> Iterator[None]:
+    try:
+        yield
+    except BrokenPipeError:
+        # The reader has gone (`| head -1`): print nothing more. Point fd 1 at /dev/null so
+        # that the interpreter's last flush cannot fail, then end as SIGPIPE would.
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.__stdout__.fileno() if sys.__stdout__ else 1)
+            os.close(devnull)
+        raise SystemExit(BROKEN_PIPE_EXIT) from None
+    except OSError as exc:
+        raise OutputError(f"cannot write to standard output ({_reason(exc)})") from None
+
+
+def guard_streams() -> None:
+    """Make the process's real stdio safe to use: call once at the start of the CLI.
+
+    Closed descriptors 0-2 are pointed at /dev/null (so a file opened later cannot take their
+    number), stdout is switched to UTF-8 and guarded, and stderr escapes what its encoding
+    cannot show. Streams that are not the real ones (tests capture them) are left alone.
+    """
+    for fd in (0, 1, 2):
+        _reopen_if_closed(fd)
+    if isinstance(sys.stdout, _GuardedStdout):
+        return
+    stdout = sys.stdout
+    if stdout is None or stdout is sys.__stdout__:
+        if stdout is not None and hasattr(stdout, "reconfigure"):
+            with contextlib.suppress(OSError, ValueError):
+                stdout.reconfigure(encoding="utf-8", errors="surrogateescape")
+        sys.stdout = cast(TextIO, _GuardedStdout(stdout))
+    if sys.stderr is not None and sys.stderr is sys.__stderr__:
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            sys.stderr.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
+
+
+def _reopen_if_closed(fd: int) -> None:
+    try:
+        os.fstat(fd)
+    except OSError:
+        with contextlib.suppress(OSError):
+            opened = os.open(os.devnull, os.O_RDWR)
+            if opened != fd:
+                os.dup2(opened, fd)
+                os.close(opened)
+
+
+def write_error(message: str) -> None:
+    """Print `Error: message` on stderr (where stderr is closed, say nothing)."""
+    with contextlib.suppress(OSError, ValueError, SystemExit, OutputError):
+        sys.stdout.flush()
+    if sys.stderr is None:
+        return
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(f"Error: {message}\n")
+        sys.stderr.flush()
 
 
 def write_directory_atomic(path: str, files: dict[str, str]) -> None:
@@ -53,6 +367,7 @@ def write_directory_atomic(path: str, files: dict[str, str]) -> None:
     export), so no other folder is ever removed.
     """
     import shutil
+    import tempfile
 
     target = os.path.abspath(path)
     parent = os.path.dirname(target)

@@ -72,6 +72,7 @@ _ALL = [
         6.74e9, "HF meta-llama/Llama-2-7b-hf: 6,738,415,616 parameters",
         num_layers=32, hidden_size=4096, num_attention_heads=32, ffn_hidden_size=11008,
         seq_length=4096, max_position_embeddings=4096, vocab_size=32000, **_LLAMA,
+        transformer_impl="transformer_engine",
     ),
     _preset(
         "llama2-70b", "80 layers, hidden 8192, 64 heads (8 KV groups), ffn 28672, vocab 32000",
@@ -80,6 +81,7 @@ _ALL = [
         num_layers=80, hidden_size=8192, num_attention_heads=64, group_query_attention=True,
         num_query_groups=8, ffn_hidden_size=28672, seq_length=4096, max_position_embeddings=4096,
         vocab_size=32000, **_LLAMA,
+        transformer_impl="transformer_engine",
     ),
     _preset(
         "llama3-8b", "32 layers, hidden 4096, 32 heads (8 KV groups), ffn 14336, vocab 128256",
@@ -88,6 +90,7 @@ _ALL = [
         num_layers=32, hidden_size=4096, num_attention_heads=32, group_query_attention=True,
         num_query_groups=8, ffn_hidden_size=14336, seq_length=8192, max_position_embeddings=8192,
         vocab_size=128256, **_LLAMA,
+        transformer_impl="transformer_engine",
     ),
     _preset(
         "llama3-70b", "80 layers, hidden 8192, 64 heads (8 KV groups), ffn 28672, vocab 128256",
@@ -96,6 +99,7 @@ _ALL = [
         num_layers=80, hidden_size=8192, num_attention_heads=64, group_query_attention=True,
         num_query_groups=8, ffn_hidden_size=28672, seq_length=8192, max_position_embeddings=8192,
         vocab_size=128256, **_LLAMA,
+        transformer_impl="transformer_engine",
     ),
     _preset(
         "llama3.1-405b", "126 layers, hidden 16384, 128 heads (8 KV groups), ffn 53248, vocab 128256",
@@ -104,6 +108,7 @@ _ALL = [
         num_layers=126, hidden_size=16384, num_attention_heads=128, group_query_attention=True,
         num_query_groups=8, ffn_hidden_size=53248, seq_length=8192, max_position_embeddings=8192,
         vocab_size=128256, **_LLAMA,
+        transformer_impl="transformer_engine",
     ),
     _preset(
         "mixtral-8x7b", "32 layers, hidden 4096, 32 heads (8 KV groups), 8 experts top-2, ffn 14336",
@@ -113,6 +118,7 @@ _ALL = [
         num_query_groups=8, ffn_hidden_size=14336, num_experts=8, moe_router_topk=2,
         moe_ffn_hidden_size=14336, seq_length=4096, max_position_embeddings=32768,
         vocab_size=32000, **_LLAMA,
+        transformer_impl="transformer_engine",
     ),
     _preset(
         "qwen1.5-moe-a2.7b",
@@ -123,6 +129,7 @@ _ALL = [
         num_experts=60, moe_router_topk=4, moe_ffn_hidden_size=1408,
         moe_shared_expert_intermediate_size=5632, moe_shared_expert_gate=True, add_qkv_bias=True,
         seq_length=8192, max_position_embeddings=8192, vocab_size=151936, **_LLAMA,
+        transformer_impl="transformer_engine",
     ),
 ]  # fmt: skip
 

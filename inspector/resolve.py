@@ -44,14 +44,14 @@ def merge_sources(sources: Sources, groups: tuple[str, ...]) -> Resolved:
     if sources.config_file is not None:
         from inspector.sources import load_config_file
 
-        layers.append(load_config_file(sources.config_file))
+        layers.append(_megatron_lm_defaults(load_config_file(sources.config_file)))
     if sources.script is not None:
         from inspector.sources import read_launch_script
 
         parsed = read_launch_script(sources.script)
         if parsed.ignored:
             notes.append(f"Ignored from {sources.script}: {' '.join(parsed.ignored)}")
-        layers.append(parsed.args)
+        layers.append(_megatron_lm_defaults(parsed.args))
     layers.append({name: value for name, value in sources.flags.items() if value is not None})
     if sources.apex is not None:
         layers.append({"apex": sources.apex})
@@ -60,3 +60,12 @@ def merge_sources(sources: Sources, groups: tuple[str, ...]) -> Resolved:
         merged.update(layer)
     args = {k: v for k, v in merged.items() if k not in BY_NAME or BY_NAME[k].group in groups}
     return Resolved(args, tuple(notes))
+
+
+def _megatron_lm_defaults(args: dict[str, Any]) -> dict[str, Any]:
+    """Return a config file's or launch script's arguments with Megatron-LM's own defaults.
+
+    A Megatron-LM job that does not name --transformer-impl runs Transformer Engine (Megatron-LM
+    arguments.py: default "transformer_engine"), so the file means it too; flags still win.
+    """
+    return {"transformer_impl": "transformer_engine", **args}

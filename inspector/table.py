@@ -12,7 +12,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from inspector.errors import InputError
 from inspector.records import ParamRecord
@@ -50,9 +50,9 @@ def format_precs(precs: Precs | None) -> str:
     return "[" + ", ".join(f"torch.Size([{a}, {b}])" for a, b in precs) + "]"
 
 
-_SHAPE = re.compile(r"^\((\d+(?:, \d+)*)?,?\)$")
-_OWNERS = re.compile(r"^\d+(?:,\d+)*$")
-_FACTOR = r"torch\.Size\(\[(\d+), (\d+)\]\)"
+_SHAPE = re.compile(r"^\(([0-9]+(?:, [0-9]+)*)?,?\)$")
+_OWNERS = re.compile(r"^[0-9]+(?:,[0-9]+)*$")
+_FACTOR = r"torch\.Size\(\[([0-9]+), ([0-9]+)\]\)"
 _PRECS = re.compile(rf"^\[(?:{_FACTOR}(?:, {_FACTOR})*)?\]$")
 
 
@@ -248,7 +248,9 @@ def write_json(header: dict[str, Any], blocks: Sequence[Block]) -> str:
 
 # Reading a table back.
 
-_COMMENT = re.compile(r"^# stage (\d+)(?: chunk (\d+))?: .*?, (\d+) params, (\d+) bytes$")
+_COMMENT = re.compile(
+    r"^# stage ([0-9]+)(?: chunk ([0-9]+))?: .*?, ([0-9]+) params, ([0-9]+) bytes$"
+)
 
 
 @dataclass(frozen=True)
@@ -276,15 +278,28 @@ class ParamsTable:
 
 
 def read_table(text: str, origin: str) -> ParamsTable:
-    """Parse a params table; raise InputError naming the origin and line when it is not one."""
+    """Parse a params table; raise InputError naming the origin and line when it is not one.
+
+    JSON is recognised by a leading `{` that is not the topology line's `{ProcessCoord(`. Line
+    endings (LF, CRLF, CR) and a leading UTF-8 byte-order mark are ignored.
+    """
+    text = text[1:] if text.startswith("\ufeff") else text
     stripped = text.lstrip()
-    if stripped.startswith("{") and '"parameters"' in stripped[:200000]:
+    if stripped.startswith("{") and not stripped.startswith("{ProcessCoord("):
         try:
             data = json.loads(text)
-        except json.JSONDecodeError:
-            data = None
-        if isinstance(data, dict) and "parameters" in data:
-            return _from_json(data, origin)
+        except json.JSONDecodeError as exc:
+            raise InputError(
+                f"{origin} line {exc.lineno} column {exc.colno}: not valid JSON ({exc.msg})"
+            ) from None
+        except RecursionError:
+            raise InputError(f"{origin}: JSON nested too deeply to be a params table") from None
+        if not isinstance(data, dict) or not isinstance(data.get("parameters"), list):
+            raise InputError(
+                f"{origin} is JSON but not an inspect-model params table"
+                ' (no "parameters" list at the top level)'
+            )
+        return _from_json(data, origin)
     return _from_text(text, origin)
 
 
@@ -348,22 +363,84 @@ def _row(
 
 
 def _from_json(data: dict[str, Any], origin: str) -> ParamsTable:
-    topology = data.get("header", {}).get("topology", {}).get("line")
+    header = data.get("header")
+    topology = None
+    if isinstance(header, dict) and isinstance(header.get("topology"), dict):
+        topology = header["topology"].get("line")
+    if topology is not None and not isinstance(topology, str):
+        raise InputError(f"{origin}: header.topology.line must be a string or null")
     table = ParamsTable(origin, topology)
+    items = data["parameters"]
     # JSON rows say chunk 0 without a virtual pipeline; text tables then name no chunk at all
-    chunked = any(isinstance(item, dict) and item.get("chunk") for item in data["parameters"])
-    for index, item in enumerate(data["parameters"], start=1):
-        try:
-            values = {column.attr: column.from_json(item[column.name]) for column in COLUMNS}
-            table.rows.append(
-                TableRow(
-                    **values,
-                    stage=item["stage"],
-                    chunk=item["chunk"] if chunked else None,
-                    line=index,
-                    element_bytes=ELEMENT_BYTES[item["dtype"]],
-                )
+    chunked = any(isinstance(item, dict) and item.get("chunk") for item in items)
+    seen: dict[str, int] = {}
+    for index, item in enumerate(items):
+        row = _json_row(item, f"{origin}: parameters[{index}]", index + 1, chunked)
+        if row.name in seen:
+            raise InputError(
+                f"{origin}: parameters[{index}].name {row.name!r} already appears in"
+                f" parameters[{seen[row.name]}]"
             )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise InputError(f"{origin} parameter {index}: not a params row ({exc!r})") from None
+        seen[row.name] = index
+        table.rows.append(row)
     return table
+
+
+def _json_row(item: Any, where: str, line: int, chunked: bool) -> TableRow:
+    """Return one JSON parameter as a row, or raise InputError naming the index and field."""
+    if not isinstance(item, dict):
+        raise InputError(f"{where} must be an object, got {_json_kind(item)}")
+    for key in [column.name for column in COLUMNS] + ["stage", "chunk", "dtype"]:
+        if key not in item:
+            raise InputError(f"{where} has no {key!r} field")
+    values = {}
+    for column in COLUMNS:
+        try:
+            values[column.attr] = column.from_json(item[column.name])
+        except (TypeError, ValueError):
+            _wrong(where, column.name, item[column.name])
+    if not values["name"]:
+        _wrong(where, "name", item["name"])
+    if not values["owners"]:
+        _wrong(where, "partitioning_ranks", item["partitioning_ranks"])
+    stage, chunk, dtype = item["stage"], item["chunk"], item["dtype"]
+    if type(stage) is not int or stage < 0:
+        _wrong(where, "stage", stage)
+    if chunk is not None and (type(chunk) is not int or chunk < 0):
+        _wrong(where, "chunk", chunk)
+    if not isinstance(dtype, str) or dtype not in ELEMENT_BYTES:
+        _wrong(where, "dtype", dtype)
+    return TableRow(
+        **values,
+        stage=stage,
+        chunk=chunk if chunked else None,
+        line=line,
+        element_bytes=ELEMENT_BYTES[dtype],
+    )
+
+
+_WANTED = {
+    "name": "a non-empty string",
+    "module": "a string",
+    "shape": "a list of non-negative integers",
+    "partitioning_ranks": "a non-empty list of non-negative integers",
+    "precs": "a list of [d, d] pairs or null",
+    "stage": "a non-negative integer",
+    "chunk": "a non-negative integer or null",
+    "dtype": "one of " + ", ".join(ELEMENT_BYTES),
+}
+
+
+def _wrong(where: str, key: str, value: Any) -> NoReturn:
+    """Raise the InputError for a JSON field of the wrong type or value, shown as JSON."""
+    shown = _short(json.dumps(value, default=str))
+    raise InputError(f"{where}.{key} must be {_WANTED[key]}, got {shown}")
+
+
+def _json_kind(value: Any) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}
+    return "null" if value is None else names.get(type(value), "a number")
+
+
+def _short(text: str, limit: int = 40) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."

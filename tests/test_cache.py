@@ -88,3 +88,78 @@ def test_a_hit_does_not_import_torch(tmp_path):
     assert cold.stderr.endswith("torch imported: True\n")
     assert warm.stderr.endswith("torch imported: False\n")
     assert warm.stdout == cold.stdout and warm.stdout.count("\n") > 20
+
+
+# --- integrity: a damaged entry is a miss, never an answer (issue #16 category 5) ---------
+
+TEXT = "{ProcessCoord(pipe=0, data=0, model=0): 0}\nname;module;shape\n█ bars ▏\n"
+
+
+def test_entry_round_trips():
+    assert cache.decode(cache.encode(TEXT)) == TEXT
+    assert cache.encode(TEXT).startswith(b"inspect-model cache 1 sha256=")
+
+
+def _damage(kind: str, raw: bytes) -> bytes:
+    header, _, body = raw.partition(b"\n")
+    return {
+        "cut-short": raw[: len(raw) - 7],
+        "cut-in-header": raw[:20],
+        "empty": b"",
+        "garbage": b"\x00\xff garbage \x13" * 10,
+        "appended": raw + b"extra line\n",
+        "body-edited": header + b"\n" + body.replace(b"bars", b"barz"),
+        "utf16": raw.decode("utf-8").encode("utf-16"),
+        "crlf": raw.replace(b"\n", b"\r\n"),
+        "no-header": body,
+        "old-format": TEXT.encode(),
+        "wrong-length": header.replace(b"length=", b"length=1") + b"\n" + body,
+        "wrong-sha": header.replace(b"sha256=", b"sha256=0") + b"\n" + body,
+        "other-version": header.replace(b"cache 1", b"cache 2") + b"\n" + body,
+        "extra-field": header + b" more=1\n" + body,
+    }[kind]
+
+
+DAMAGE = [
+    "cut-short", "cut-in-header", "empty", "garbage", "appended", "body-edited", "utf16", "crlf",
+    "no-header", "old-format", "wrong-length", "wrong-sha", "other-version", "extra-field",
+]
+
+
+@pytest.mark.parametrize("kind", DAMAGE)
+def test_damaged_entry_is_not_decoded(kind):
+    assert cache.decode(_damage(kind, cache.encode(TEXT))) is None
+
+
+@pytest.mark.parametrize("kind", DAMAGE)
+def test_damaged_entry_is_a_miss_and_is_replaced(cli, cache_on, kind):
+    cold = cli("params", *SMALL)
+    (entry,) = cache_on.iterdir()
+    entry.write_bytes(_damage(kind, entry.read_bytes()))
+    again = cli("params", *SMALL)
+    assert (again.code, again.out) == (0, cold.out)
+    assert cache.decode(entry.read_bytes()) == cold.out  # the fresh result replaced it
+
+
+def test_entry_that_is_a_folder_or_fifo_is_a_miss(cli, cache_on):
+    cold = cli("params", *SMALL)
+    (entry,) = cache_on.iterdir()
+    entry.unlink()
+    os.mkfifo(entry)  # reading it would block forever
+    assert cli("params", *SMALL).out == cold.out
+    entry.unlink()
+    entry.mkdir()
+    assert cli("params", *SMALL).out == cold.out and entry.is_dir()
+
+
+def test_cache_folder_that_is_a_file_is_skipped(cli, cache_on):
+    cache_on.parent.mkdir(exist_ok=True)
+    cache_on.write_text("not a folder\n")
+    result = cli("params", *SMALL)
+    assert result.code == 0 and result.out.count("\n") > 10
+    assert cache_on.read_text() == "not a folder\n"
+
+
+def test_entry_write_leaves_no_temporary(cli, cache_on):
+    cli("params", *SMALL)
+    assert [p.name for p in cache_on.iterdir()] == [f"{p.stem}.txt" for p in cache_on.iterdir()]

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from inspector import output, world
+from inspector.errors import OutputError
 
 
 def test_failing_mid_build_leaves_old_file(cli, tmp_path, monkeypatch):
@@ -38,7 +39,7 @@ def test_failing_rename_leaves_old_file_and_no_temporary(tmp_path, monkeypatch):
         raise OSError("disk vanished")
 
     monkeypatch.setattr(os, "replace", no_rename)
-    with pytest.raises(OSError):
+    with pytest.raises(OutputError, match="disk vanished"):
         output.write_atomic(str(target), "new\n" * 1000)
     assert target.read_text() == "old\n"
     assert sorted(os.listdir(tmp_path)) == ["table.csv"]
@@ -64,3 +65,195 @@ def test_killed_process_leaves_old_or_complete_file(cli, tmp_path, delay):
     assert all(
         name.startswith(".inspect-model-") for name in leftovers
     )  # never a partial table.csv
+
+
+# --- how -o writes a file (issue #16 category 1) ------------------------------------------
+
+
+def test_dash_is_standard_output(cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    output.write_output("-", "table\n")  # run_cli captures sys.stdout
+    result = cli("models")
+    assert result.code == 0 and os.listdir(tmp_path) == []
+
+
+def test_dash_writes_no_file_named_dash(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    output.write_output("-", "table\n")
+    assert capsys.readouterr().out == "table\n" and os.listdir(tmp_path) == []
+
+
+def test_symlink_is_followed_and_stays_a_link(tmp_path):
+    target = tmp_path / "real.csv"
+    target.write_text("old\n")
+    (tmp_path / "link.csv").symlink_to("real.csv")
+    output.write_atomic(str(tmp_path / "link.csv"), "new\n")
+    assert os.readlink(tmp_path / "link.csv") == "real.csv"
+    assert target.read_text() == "new\n"
+    assert sorted(os.listdir(tmp_path)) == ["link.csv", "real.csv"]
+
+
+def test_dangling_symlink_creates_its_target(tmp_path):
+    (tmp_path / "link.csv").symlink_to("made.csv")
+    output.write_atomic(str(tmp_path / "link.csv"), "new\n")
+    assert (tmp_path / "made.csv").read_text() == "new\n"
+    assert (tmp_path / "link.csv").is_symlink()
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o664, 0o640, 0o755])
+def test_existing_file_keeps_its_mode(tmp_path, mode):
+    target = tmp_path / "t.csv"
+    target.write_text("old\n")
+    target.chmod(mode)
+    output.write_atomic(str(target), "new\n")
+    assert (target.stat().st_mode & 0o7777, target.read_text()) == (mode, "new\n")
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
+def test_new_file_gets_the_umask_mode(tmp_path, umask):
+    previous = os.umask(umask)
+    try:
+        output.write_atomic(str(tmp_path / "t.csv"), "new\n")
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "t.csv").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_dev_null_discards(tmp_path):
+    output.write_atomic(os.devnull, "anything\n")  # no error, and /dev/null stays a device
+    assert not os.path.isfile(os.devnull)
+
+
+def test_output_is_utf8_bytes_with_lf(tmp_path):
+    output.write_atomic(str(tmp_path / "t.txt"), "█ bar\n")
+    assert (tmp_path / "t.txt").read_bytes() == "█ bar\n".encode()
+
+
+@pytest.mark.parametrize(
+    "errno_name", ["ENOSPC", "EFBIG", "EDQUOT", "EIO"]
+)
+def test_write_error_is_an_error_and_leaves_nothing(tmp_path, monkeypatch, errno_name):
+    import errno
+
+    target = tmp_path / "t.csv"
+    target.write_text("old\n")
+    code = getattr(errno, errno_name)
+
+    def failing_fsync(fd):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    with pytest.raises(OutputError, match=f"-o {target}: cannot write: "):
+        output.write_atomic(str(target), "new\n")
+    assert target.read_text() == "old\n" and os.listdir(tmp_path) == ["t.csv"]
+
+
+def test_keyboard_interrupt_during_write_leaves_nothing(tmp_path, monkeypatch):
+    target = tmp_path / "t.csv"
+    target.write_text("old\n")
+
+    def interrupted(fd):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "fsync", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        output.write_atomic(str(target), "new\n")
+    assert target.read_text() == "old\n" and os.listdir(tmp_path) == ["t.csv"]
+
+
+# A process that is inside the write (fsync made slow) when the signal arrives.
+SLOW_WRITE = """
+import os, sys, time
+from inspector import output
+real = os.fsync
+def slow(fd):
+    print("writing", flush=True)
+    time.sleep(30)
+os.fsync = slow
+output.write_atomic(sys.argv[1], "new\\n" * 100000)
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_signal_during_write_leaves_old_file_and_no_temporary(tmp_path, signum):
+    target = tmp_path / "t.csv"
+    target.write_text("old\n")
+    process = subprocess.Popen(
+        [sys.executable, "-c", SLOW_WRITE, str(target)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert process.stdout is not None and process.stdout.readline() == "writing\n"
+    process.send_signal(signum)
+    code = process.wait(timeout=30)
+    # the process still dies of the signal (Python re-raises an uncaught KeyboardInterrupt's)
+    assert code == -signum
+    assert target.read_text() == "old\n" and os.listdir(tmp_path) == ["t.csv"]
+
+
+def test_ctrl_c_in_the_cli_exits_130_quietly_without_a_temporary(tmp_path):
+    target = tmp_path / "t.csv"
+    target.write_text("old\n")
+    code = SLOW_WRITE.replace(
+        'output.write_atomic(sys.argv[1], "new\\n" * 100000)',
+        "from inspector.cli import main; import inspector.cache as c\n"
+        "c.cached = lambda *a, **k: 'new\\n'\n"
+        "sys.exit(main(['params', '-o', sys.argv[1]]))",
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", code, str(target)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None and process.stdout.readline() == "writing\n"
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=30)
+    assert (process.returncode, err) == (130, "")  # typer: KeyboardInterrupt is Exit(130)
+    assert target.read_text() == "old\n" and os.listdir(tmp_path) == ["t.csv"]
+
+
+# --- standard output (issue #16 category 2) -----------------------------------------------
+
+WRITE_STDOUT = (
+    "import sys; from inspector import output; output.guard_streams();"
+    "output.write_output(None, sys.argv[1] * int(sys.argv[2]))"
+)
+
+
+def test_closed_pipe_ends_quietly_with_141():
+    process = subprocess.Popen(
+        [sys.executable, "-c", WRITE_STDOUT, "line\n", "1000000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stdout is not None and process.stdout.readline() == b"line\n"
+    process.stdout.close()  # as `| head -1` does
+    assert process.wait(timeout=60) == output.BROKEN_PIPE_EXIT
+    assert process.stderr is not None and process.stderr.read() == b""
+
+
+@pytest.mark.parametrize(
+    "env",
+    [{"PYTHONIOENCODING": "ascii"}, {"LC_ALL": "C", "LANG": "C"}, {"PYTHONIOENCODING": "latin-1"}],
+)
+def test_stdout_is_utf8_whatever_the_locale(env):
+    full = {**os.environ, **env}
+    result = subprocess.run(
+        [sys.executable, "-c", WRITE_STDOUT, "█ ▏\n", "2"], capture_output=True, env=full
+    )
+    assert (result.returncode, result.stderr) == (0, b"")
+    assert result.stdout == "█ ▏\n█ ▏\n".encode()
+
+
+def test_deleted_working_folder_still_prints(tmp_path):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    env = {**os.environ, "INSPECT_MODEL_NO_CACHE": "1"}
+    result = subprocess.run(
+        ["bash", "-c", 'cd gone && rmdir ../gone && exec "$@"', "bash", sys.executable,
+         "-m", "inspector", "models"],
+        cwd=tmp_path, capture_output=True, env=env, text=True,
+    )
+    assert (result.returncode, result.stderr) == (0, "") and "gpt2-small" in result.stdout

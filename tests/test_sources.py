@@ -16,8 +16,9 @@ SCRIPTS, CONFIGS = FIXTURES / "scripts", FIXTURES / "configs"
 
 def test_llama3_script_matches_the_preset():
     parsed = read_launch_script(str(SCRIPTS / "llama3_8b.sh"))
-    architecture = {k: v for k, v in parsed.args.items() if k in PRESETS["llama3-8b"].args}
-    assert architecture == dict(PRESETS["llama3-8b"].args)
+    preset = {k: v for k, v in PRESETS["llama3-8b"].args.items() if k != "transformer_impl"}
+    architecture = {k: v for k, v in parsed.args.items() if k in preset}
+    assert architecture == preset
     assert {
         k: parsed.args[k] for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size")
     } == {
@@ -85,9 +86,8 @@ def test_comments_quotes_and_equals():
 
 def test_yaml_and_json_configs():
     yaml = load_config_file(str(CONFIGS / "llama3_8b.yaml"))
-    assert {k: v for k, v in yaml.items() if k in PRESETS["llama3-8b"].args} == dict(
-        PRESETS["llama3-8b"].args
-    )
+    preset = {k: v for k, v in PRESETS["llama3-8b"].args.items() if k != "transformer_impl"}
+    assert {k: v for k, v in yaml.items() if k in preset} == preset
     assert load_config_file(str(CONFIGS / "small.json")) == {
         "num_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 1000,
         "pipeline_model_parallel_size": 2,
@@ -144,3 +144,18 @@ def test_precedence_flags_over_script_over_config_over_preset(cli):
     assert (config["num_layers"], config["hidden_size"]) == (4, 64)
     flagged = json.loads(cli(*base, "--num-layers", "2").out)["header"]["config"]
     assert flagged["num_layers"] == 2
+
+
+def test_scripts_and_config_files_mean_megatron_lms_default_transformer_impl():
+    """A Megatron-LM job that names no --transformer-impl runs Transformer Engine; flags win."""
+    from inspector.resolve import Sources, merge_sources
+
+    groups = ("model", "layout")
+    script = merge_sources(Sources(script=str(SCRIPTS / "llama3_8b.sh")), groups).args
+    config = merge_sources(Sources(config_file=str(CONFIGS / "small.json")), groups).args
+    flagged = merge_sources(
+        Sources(config_file=str(CONFIGS / "small.json"), flags={"transformer_impl": "local"}), groups
+    ).args
+    assert script["transformer_impl"] == config["transformer_impl"] == "transformer_engine"
+    assert flagged["transformer_impl"] == "local"
+    assert "transformer_impl" not in merge_sources(Sources(), groups).args  # the default model
