@@ -115,6 +115,12 @@ def _source_options() -> list[inspect.Parameter]:
             annotation=bool | None,
         ),
         opt(
+            "settings",
+            "--set",
+            help_text="NAME=VALUE the launch script reads from its environment (repeatable).",
+            annotation=list[str] | None,
+        ),
+        opt(
             "apex",
             "--apex/--no-apex",
             help_text="Simulate apex's FusedLayerNorm (default: on for LayerNorm models).",
@@ -146,8 +152,9 @@ def model_options(*groups: str) -> Callable[[Callable[..., Any]], Callable[..., 
 
             flags = {spec.name: kwargs.pop(spec.name) for spec in specs}
             named = {k: kwargs.pop(k) for k in ("preset", "config_file", "script", "apex")}
+            settings = tuple(kwargs.pop("settings") or ())
             use_cache = not kwargs.pop("no_cache")
-            resolved = merge_sources(Sources(flags=flags, **named), wanted)
+            resolved = merge_sources(Sources(flags=flags, settings=settings, **named), wanted)
             for note in resolved.notes:
                 typer.echo(note, err=True)
             return func(args=resolved.args, use_cache=use_cache, **kwargs)

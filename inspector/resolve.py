@@ -8,10 +8,12 @@ arguments become a validated Job (job.py) in one call.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from inspector.arguments import BY_NAME
+from inspector.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -23,6 +25,7 @@ class Sources:
     script: str | None = None
     flags: dict[str, Any] = field(default_factory=dict)  # values given on the command line
     apex: bool | None = None
+    settings: tuple[str, ...] = ()  # --set NAME=VALUE: what the launch script's environment holds
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,7 @@ def merge_sources(sources: Sources, groups: tuple[str, ...]) -> Resolved:
     """Merge preset, config file, launch script and flags (later ones winning) for `groups`."""
     layers: list[dict[str, Any]] = []
     notes: list[str] = []
+    world: tuple[int | None, str] = (None, "")
     if sources.preset is not None:
         from inspector.presets import get_preset
 
@@ -48,16 +52,24 @@ def merge_sources(sources: Sources, groups: tuple[str, ...]) -> Resolved:
     if sources.script is not None:
         from inspector.sources import read_launch_script
 
-        parsed = read_launch_script(sources.script)
+        parsed = read_launch_script(sources.script, parse_settings(sources.settings))
         if parsed.ignored:
             notes.append(f"Ignored from {sources.script}: {' '.join(parsed.ignored)}")
+        notes.extend(f"Note from {sources.script}: {note}" for note in parsed.notes)
+        if parsed.vocab_problem and sources.flags.get("vocab_size") is None:
+            raise ConfigError(parsed.vocab_problem)
         layers.append(_megatron_lm_defaults(parsed.args))
+        world = (parsed.world_size, parsed.world_origin)
     layers.append({name: value for name, value in sources.flags.items() if value is not None})
     if sources.apex is not None:
         layers.append({"apex": sources.apex})
     merged: dict[str, Any] = {}
     for layer in layers:
         merged.update(layer)
+    if world[0] is not None:
+        merged["data_parallel_size"] = _data_parallel(merged, sources.flags, world[0], world[1])
+    elif world[1]:
+        notes.append(f"Note from {sources.script}: the world size is not known ({world[1]}); --dp says it")
     args = {k: v for k, v in merged.items() if k not in BY_NAME or BY_NAME[k].group in groups}
     return Resolved(args, tuple(notes))
 
@@ -69,3 +81,39 @@ def _megatron_lm_defaults(args: dict[str, Any]) -> dict[str, Any]:
     arguments.py: default "transformer_engine"), so the file means it too; flags still win.
     """
     return {"transformer_impl": "transformer_engine", **args}
+
+
+_SETTING = re.compile(r"^([A-Za-z_]\w*|[1-9]\d*)=(.*)$", re.S)
+
+
+def parse_settings(items: tuple[str, ...]) -> dict[str, str]:
+    """Return --set NAME=VALUE items as a dict (a number names a positional parameter)."""
+    settings = {}
+    for item in items:
+        match = _SETTING.match(item)
+        if not match:
+            raise ConfigError(f"--set needs NAME=VALUE, got {item!r}")
+        settings[match.group(1)] = match.group(2)
+    return settings
+
+
+def _data_parallel(merged: dict[str, Any], flags: dict[str, Any], world: int, origin: str) -> int:
+    """Return the data-parallel size of the script's world, as Megatron-LM's initialisation does."""
+    from inspector.launch import data_parallel_from_world
+
+    tp, pp, cp = (
+        int(merged.get(name) or 1)
+        for name in (
+            "tensor_model_parallel_size",
+            "pipeline_model_parallel_size",
+            "context_parallel_size",
+        )
+    )
+    dp = data_parallel_from_world(world, tp, pp, cp, origin)
+    given = flags.get("data_parallel_size")
+    if given is not None and given != dp:
+        raise ConfigError(
+            f"--dp {given} contradicts the script's world: {world} GPUs ({origin}) / (--tp {tp} x "
+            f"--pp {pp} x --cp {cp}) = {dp} data-parallel ranks"
+        )
+    return dp

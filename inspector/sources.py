@@ -1,43 +1,42 @@
 """Where model arguments come from besides flags: YAML/JSON config files and training launch scripts.
 
 Both give a flat dict of Megatron-LM arguments (names with underscores, as in inspector.arguments).
-A launch script is read the way bash would expand it, without running it: variables assigned
-earlier (`HIDDEN=4096`, `export TP=8`, `${VAR:-default}`), arrays (`GPT_ARGS=( ... )` used as
-`"${GPT_ARGS[@]}"`), string variables used unquoted (`$GPT_ARGS`), comments and line continuations.
-The training command is the line that launches a Python file (`torchrun ... pretrain_gpt.py ...`,
-`python ...py`, `deepspeed ...py`); the arguments after the `.py` are taken.
+A launch script is interpreted as bash would run it, without running anything (inspector.shell):
+the training command is the one that launches a Python file (`torchrun ... pretrain_gpt.py ...`,
+`python ...py`, `deepspeed ...py`, behind `srun`/`bash -c`/`eval` too); the arguments after the
+`.py` are taken, and the launcher's options give the world size (inspector.launch).
 """
 
 from __future__ import annotations
 
 import difflib
 import json
-import os
-import re
-import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import inspector.shellcmds  # noqa: F401 - registers the commands the shell interprets
 from inspector.arguments import BY_NAME, ArgSpec
 from inspector.errors import ConfigError, InputError
+from inspector.launch import Require, World, program_arguments, sbatch_options, world_of
 from inspector.output import read_text
-
-UNSET = "\x00unset:{}\x00"  # stands for a variable the script never sets
-_UNSET = re.compile("\x00unset:([^\x00]*)\x00")
-_VARIABLE = re.compile(
-    r'"\$\{(\w+)\[@\]\}"|\$\{(\w+)\[@\]\}|\$\{(\w+):-([^}]*)\}|\$\{(\w+)\}|\$(\w+)|\$\(\(?'
-)
-_ASSIGNMENT = re.compile(
-    r"^(?:export\s+|declare\s+(?:-\w+\s+)*|local\s+)?([A-Za-z_]\w*)=(.*)$", re.S
-)
+from inspector.shell import Command, Context, _Break, _Exit, _Return, describe_unknown, new_shell
+from inspector.tokenizers import vocabulary
 
 
 @dataclass(frozen=True)
 class ScriptArgs:
-    """What a launch script sets: the arguments we model, and the ones we do not (in order)."""
+    """What a launch script sets: the arguments we model, the ones we do not (in order), and the
+    world its launcher starts (None when the job's environment decides it; `world_origin` says
+    where the size came from, or why it is not known)."""
 
     args: dict[str, Any]
     ignored: tuple[str, ...]
+    world_size: int | None = None
+    world_origin: str = ""
+    launch: tuple[str, ...] = ()  # the launch command as bash runs it, from the launcher on
+    notes: tuple[str, ...] = ()  # how a value was derived (the tokenizer's vocabulary), for stderr
+    vocab_problem: str = ""  # an error unless the command line gives --vocab-size
 
 
 def convert(spec: ArgSpec, raw: Any, origin: str) -> Any:
@@ -67,9 +66,17 @@ def load_config_file(path: str) -> dict[str, Any]:
         raise InputError(
             f"{path} must hold a mapping of Megatron-LM arguments, not {type(data).__name__}"
         )
-    args = {}
+    args: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
     for key, raw in data.items():
         name = str(key).lstrip("-").replace("-", "_")
+        if name in spelled:
+            raise InputError(
+                f"{path}: {spelled[name]!r} and {key!r} both set {BY_NAME[name].flag}"
+                if name in BY_NAME
+                else f"{path}: {spelled[name]!r} and {key!r} are the same argument"
+            )
+        spelled[name] = str(key)
         if name not in BY_NAME:
             close = difflib.get_close_matches(name, BY_NAME, n=1)
             hint = f" (did you mean {BY_NAME[close[0]].flag}?)" if close else ""
@@ -81,14 +88,14 @@ def load_config_file(path: str) -> dict[str, Any]:
 def _parse_config(text: str, path: str) -> Any:
     if path.endswith(".json"):
         try:
-            return json.loads(text)
+            return json.loads(text, object_pairs_hook=_unique_pairs(path))
         except json.JSONDecodeError as exc:
             raise InputError(f"{path} line {exc.lineno}: not valid JSON ({exc.msg})") from None
     if path.endswith((".yaml", ".yml")):
         import yaml
 
         try:
-            return yaml.safe_load(text) or {}
+            return yaml.load(text, Loader=_yaml_loader(path)) or {}  # noqa: S506 - a SafeLoader
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f" line {mark.line + 1}" if mark is not None else ""
@@ -97,109 +104,148 @@ def _parse_config(text: str, path: str) -> Any:
     raise InputError(f"{path}: --config takes a .yaml, .yml or .json file")
 
 
-def read_launch_script(path: str) -> ScriptArgs:
-    """Read a training launch script file and return the arguments it passes."""
-    return parse_launch_script(read_text(path), path)
+def _unique_pairs(path: str) -> Any:
+    """A json object_pairs_hook that refuses a repeated key (json keeps the last one)."""
+
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in seen:
+                raise InputError(f"{path}: the key {key!r} appears twice")
+            seen[key] = value
+        return seen
+
+    return hook
 
 
-def parse_launch_script(text: str, origin: str) -> ScriptArgs:
+def _yaml_loader(path: str) -> Any:
+    """A yaml SafeLoader that refuses a repeated key (PyYAML keeps the last one)."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                line = key_node.start_mark.line + 1
+                if key in seen:
+                    raise InputError(
+                        f"{path} line {line}: the key {key!r} appears twice (first on line "
+                        f"{seen[key]})"
+                    )
+                seen[key] = line
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
+
+
+def read_launch_script(path: str, settings: Mapping[str, str] | None = None) -> ScriptArgs:
+    """Read a training launch script file and return the arguments it passes.
+
+    Args:
+        path: the bash script.
+        settings: `--set NAME=VALUE` values: the script's environment (and positional parameters
+            under the names "1", "2", ...); a NAME assigned from a command's output takes it too.
+    """
+    return parse_launch_script(read_text(path), path, settings)
+
+
+def parse_launch_script(
+    text: str, origin: str, settings: Mapping[str, str] | None = None
+) -> ScriptArgs:
     """Return the Megatron-LM arguments a bash launch script passes to its training program."""
-    variables: dict[str, str | list[str]] = {}
-    for line in _logical_lines(text):
-        assignment = _ASSIGNMENT.match(line)
-        if assignment and not line.startswith(("torchrun", "python", "deepspeed")):
-            name, value = assignment.groups()
-            variables[name] = _assigned_value(value, variables)
-            continue
-        words = _words(_expand(line, variables))
-        program = next((i for i, w in enumerate(words) if w.endswith(".py")), None)
-        if program is not None and _is_launch(words[:program]):
-            return _arguments(words[program + 1 :], origin)
-    raise InputError(
-        f"{origin}: found no training command (a line running torchrun/python/deepspeed on a .py file)"
-    )
+    launch, world, require = interpret_launch(text, origin, settings)
+    where = f"{launch.origin} line {launch.line}"
+    raw: dict[str, str] = {}
+    parsed = _arguments(program_arguments(launch.argv), where, require, launch.ctx, raw)
+    args, ignored = dict(parsed.args), parsed.ignored
+    notes: tuple[str, ...] = ()
+    problem = ""
+    if "--tokenizer-type" in raw:
+        given = {flag: require(value, flag) for flag, value in raw.items()}
+        vocab = vocabulary(given["--tokenizer-type"], given.get("--tokenizer-model"),
+                           args.get("vocab_size"), given.get("--vocab-file"), where)  # fmt: skip
+        if vocab.size is not None:
+            args["vocab_size"] = vocab.size
+        notes, problem = ((vocab.note,) if vocab.note else ()), vocab.problem
+        ignored = tuple(f for f in ignored if f not in ("--tokenizer-type", "--tokenizer-model"))
+    return ScriptArgs(args, ignored, world.size, world.origin, launch.observed, notes, problem)
 
 
-def _logical_lines(text: str) -> list[str]:
-    """Join continuations and multi-line arrays; drop comments and blank lines."""
-    lines: list[str] = []
-    pending = ""
-    for raw in text.replace("\\\n", " ").splitlines():
-        stripped = _strip_comment(raw).strip()
-        if not stripped and not pending:
-            continue
-        pending = f"{pending} {stripped}".strip() if pending else stripped
-        if pending.count("(") > pending.count(")") or pending.count('"') % 2:
-            continue  # an array assignment or a quoted string still open
-        lines.append(pending)
-        pending = ""
-    if pending:
-        lines.append(pending)
-    return lines
+@dataclass(frozen=True)
+class _Launch:
+    argv: tuple[str, ...]
+    observed: tuple[str, ...]
+    origin: str
+    line: int
+    ctx: Context
 
 
-def _strip_comment(line: str) -> str:
-    quote = None
-    for index, char in enumerate(line):
-        if char in "'\"" and quote in (None, char):
-            quote = None if quote else char
-        elif char == "#" and quote is None and (index == 0 or line[index - 1].isspace()):
-            return line[:index]
-    return line
-
-
-def _assigned_value(value: str, variables: dict[str, str | list[str]]) -> str | list[str]:
-    value = value.strip()
-    if value.startswith("(") and value.endswith(")"):
-        return _words(_expand(value[1:-1], variables))
-    words = _words(_expand(value, variables))
-    return " ".join(words)
-
-
-def _expand(text: str, variables: dict[str, str | list[str]]) -> str:
-    """Substitute $VAR, ${VAR}, ${VAR:-default} and arrays; unknown ones become UNSET markers."""
-
-    def value_of(name: str, default: str | None = None) -> str:
-        value = variables.get(name)  # the caller's environment is not the job's: not read
-        if value is None:
-            return default if default is not None else UNSET.format(name)
-        return " ".join(shlex.quote(v) for v in value) if isinstance(value, list) else value
-
-    def replace(match: re.Match[str]) -> str:
-        quoted_array, array, with_default, default, braced, plain = match.groups()
-        if quoted_array or array:
-            return value_of(quoted_array or array)
-        if with_default:
-            return value_of(with_default, default)
-        if braced or plain:
-            return value_of(braced or plain)
-        return UNSET.format("$(...)")  # command or arithmetic substitution: not run
-
-    return _VARIABLE.sub(replace, text)
-
-
-def _words(text: str) -> list[str]:
+def interpret_launch(
+    text: str, origin: str, settings: Mapping[str, str] | None = None
+) -> tuple[_Launch, World, Require]:
+    """Interpret a script as bash would; return its one training launch, its world, and a
+    function that raises InputError for a value the script does not determine."""
+    ctx = Context(origin, dict(settings or {}))
+    shell = new_shell(ctx, origin)
     try:
-        return shlex.split(text, comments=False, posix=True)
-    except ValueError:
-        return text.split()
+        shell.run_text(text, origin)
+    except (_Exit, _Return, _Break):
+        pass
+    command = _the_launch(ctx, origin)
+
+    def require(value: str, what: str) -> str:
+        unknown = ctx.unknown_in(value)
+        if unknown is None:
+            return value
+        message = describe_unknown(unknown, what, ctx.show(value))
+        raise InputError(f"{command.origin} line {command.line}: {message}")
+
+    where = f"{command.origin} line {command.line}"
+    sbatch = sbatch_options(text) if command.origin == origin else ()
+    world = world_of(command.argv, dict(command.env), where, require, sbatch)
+    launch = _Launch(command.argv, command.observed, command.origin, command.line, ctx)
+    return launch, world, require
 
 
-def _is_launch(prefix: list[str]) -> bool:
-    launchers = ("torchrun", "python", "python3", "deepspeed", "srun", "mpirun")
-    return any(os.path.basename(word).startswith(launchers) for word in prefix)
+def _the_launch(ctx: Context, origin: str) -> Command:
+    if not ctx.commands:
+        raise InputError(
+            f"{origin}: found no training command (a line running torchrun/python/deepspeed on a "
+            ".py file)"
+        )
+    first = ctx.commands[0]
+    for other in ctx.commands[1:]:
+        if other.observed != first.observed:
+            raise InputError(
+                f"{origin}: the script runs two different training commands, "
+                f"{first.origin} line {first.line} ({_short(ctx, first.argv)}) and "
+                f"{other.origin} line {other.line} ({_short(ctx, other.argv)}); keep one"
+            )
+    return first
 
 
-def _arguments(words: list[str], origin: str) -> ScriptArgs:
+def _short(ctx: Context, argv: tuple[str, ...]) -> str:
+    text = ctx.show(" ".join(argv))
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _arguments(words: list[str], where: str, require: Require, ctx: Context,
+               raw: dict[str, str]) -> ScriptArgs:  # fmt: skip
+    """Split the program's words into modelled arguments and ignored flags; `raw` receives the
+    values of the ignored flags that the tokenizer needs."""
     args: dict[str, Any] = {}
     ignored: list[str] = []
     index = 0
     while index < len(words):
         word = words[index]
         index += 1
+        if ctx.unknown_in(word) and not word.startswith("--"):
+            require(word, "an argument of the training command")
         if not word.startswith("--"):
             continue
         flag, _, inline = word.partition("=")
+        require(flag, "an argument of the training command")
         name = flag[2:].replace("-", "_")
         spec = BY_NAME.get(name)
         takes_value = spec.type is not bool if spec else _looks_like_value(words, index)
@@ -207,24 +253,22 @@ def _arguments(words: list[str], origin: str) -> ScriptArgs:
         if takes_value and not inline:
             index += 1
         if spec is None:
+            if flag in _TOKENIZER_FLAGS and value is not None:
+                raw[flag] = value
             if flag not in ignored:
                 ignored.append(flag)
             continue
-        args[name] = True if spec.type is bool else _resolved(spec, value, origin)
+        if spec.type is bool:
+            args[name] = True
+            continue
+        if value is None:
+            raise ConfigError(f"{where}: {spec.flag} has no value")
+        args[name] = convert(spec, require(value, spec.flag), where)
     return ScriptArgs(args, tuple(ignored))
+
+
+_TOKENIZER_FLAGS = ("--tokenizer-type", "--tokenizer-model", "--vocab-file")
 
 
 def _looks_like_value(words: list[str], index: int) -> bool:
     return index < len(words) and not words[index].startswith("--")
-
-
-def _resolved(spec: ArgSpec, value: str | None, origin: str) -> Any:
-    if value is None:
-        raise ConfigError(f"{origin}: {spec.flag} has no value")
-    unset = _UNSET.search(value)
-    if unset:
-        raise ConfigError(
-            f"{origin}: {spec.flag} is {value.replace(unset.group(0), '$' + unset.group(1))}, "
-            f"and the script never sets {unset.group(1)}"
-        )
-    return convert(spec, value, origin)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -28,8 +29,12 @@ def test_llama3_script_matches_the_preset():
     assert parsed.args["bf16"] is True and parsed.args["use_distributed_optimizer"] is True
     # Batch sizes are training arguments `memory` reads; the rest is not modelled.
     assert (parsed.args["micro_batch_size"], parsed.args["global_batch_size"]) == (1, 1024)
-    assert parsed.ignored == ("--rotary-base", "--lr", "--train-iters", "--tokenizer-type",
-                              "--tokenizer-model", "--save", "--load")  # fmt: skip
+    assert parsed.ignored == ("--rotary-base", "--lr", "--train-iters", "--save", "--load")
+    # the tokenizer file is not on this machine: the script's --vocab-size stands, with a note
+    assert parsed.notes == (
+        "HuggingFaceTokenizer /models/llama3/tokenizer.model cannot be read here; --vocab-size "
+        "128256 from the script is used",
+    )
 
 
 def test_gpt3_script_with_string_variables():
@@ -57,16 +62,30 @@ def test_mixtral_script_with_defaults_and_srun():
 
 
 def test_unset_variable_is_an_error():
-    with pytest.raises(ConfigError) as error:
+    with pytest.raises(InputError) as error:
         read_launch_script(str(SCRIPTS / "unresolved.sh"))
     assert str(error.value).endswith(
-        "unresolved.sh: --hidden-size is $HIDDEN_SIZE, and the script never sets HIDDEN_SIZE"
+        "unresolved.sh line 3: --hidden-size is $HIDDEN_SIZE, which the script never sets; "
+        "give it with --set HIDDEN_SIZE=VALUE"
     )
 
 
+def test_unset_variable_given_with_set():
+    parsed = read_launch_script(str(SCRIPTS / "unresolved.sh"), {"HIDDEN_SIZE": "512"})
+    assert parsed.args["hidden_size"] == 512
+
+
 def test_command_substitution_is_not_run():
-    with pytest.raises(ConfigError, match=r"--num-layers is .*never sets \$\(\.\.\.\)"):
+    with pytest.raises(InputError) as error:
         parse_launch_script("L=$(cat layers.txt)\ntorchrun train.py --num-layers $L\n", "s.sh")
+    assert str(error.value) == (
+        "s.sh line 2: --num-layers is $L, set on line 1 from $(cat layers.txt), which the reader "
+        "never runs; give it with --set L=VALUE"
+    )
+    given = parse_launch_script(
+        "L=$(cat layers.txt)\ntorchrun train.py --num-layers $L\n", "s.sh", {"L": "6"}
+    )
+    assert given.args == {"num_layers": 6}
 
 
 def test_script_without_training_command():
@@ -75,7 +94,7 @@ def test_script_without_training_command():
 
 
 def test_bad_value_in_script():
-    with pytest.raises(ConfigError, match=r"s.sh: --num-layers needs int value, got 'many'"):
+    with pytest.raises(ConfigError, match=r"s.sh line 1: --num-layers needs int value, got 'many'"):
         parse_launch_script("python pretrain_gpt.py --num-layers many\n", "s.sh")
 
 
@@ -118,13 +137,32 @@ def test_config_errors(name, error, message):
 
 def test_from_script_prints_the_same_table_as_flags(cli):
     script = cli("params", "--from-script", str(SCRIPTS / "llama3_8b.sh"))
-    flags = cli("params", "--model", "llama3-8b", "--tp", "2", "--pp", "2", "--bf16")
+    # torchrun --nproc_per_node 8 --nnodes 2: 16 GPUs / (tp 2 x pp 2) = dp 4, as Megatron-LM computes it
+    flags = cli("params", "--model", "llama3-8b", "--tp", "2", "--pp", "2", "--bf16", "--dp", "4")
     assert script.code == 0, script.err
     assert script.out == flags.out
-    # the arguments it does not model are listed once, on stderr
-    assert (
-        script.err
-        == f"Ignored from {SCRIPTS / 'llama3_8b.sh'}: --rotary-base --lr --train-iters --tokenizer-type --tokenizer-model --save --load\n"
+    # the arguments it does not model are listed once, on stderr, with how the vocabulary was found
+    path = SCRIPTS / "llama3_8b.sh"
+    assert script.err == (
+        f"Ignored from {path}: --rotary-base --lr --train-iters --save --load\n"
+        f"Note from {path}: HuggingFaceTokenizer /models/llama3/tokenizer.model cannot be read here; "
+        "--vocab-size 128256 from the script is used\n"
+    )
+
+
+def test_data_parallel_comes_from_the_launchers_world(cli):
+    path = str(SCRIPTS / "llama3_8b.sh")
+    header = cli("params", "--from-script", path, "--format", "json")
+    assert header.code == 0, header.err
+    import json
+
+    assert json.loads(header.out)["header"]["topology"]["data_parallel_size"] == 4
+    assert cli("params", "--from-script", path, "--dp", "4").code == 0
+    wrong = cli("params", "--from-script", path, "--dp", "2")
+    assert (wrong.code, wrong.out) == (2, "")
+    assert wrong.err == (
+        "Error: --dp 2 contradicts the script's world: 16 GPUs (torchrun --nproc_per_node 8 --nnodes 2 "
+        f"({path} line 58)) / (--tp 2 x --pp 2 x --cp 1) = 4 data-parallel ranks\n"
     )
 
 
@@ -159,3 +197,95 @@ def test_scripts_and_config_files_mean_megatron_lms_default_transformer_impl():
     assert script["transformer_impl"] == config["transformer_impl"] == "transformer_engine"
     assert flagged["transformer_impl"] == "local"
     assert "transformer_impl" not in merge_sources(Sources(), groups).args  # the default model
+
+
+@pytest.mark.parametrize(
+    "name, text, message",
+    [
+        # a repeated key: YAML and JSON would silently keep the last one
+        ("twice.yaml", "num-layers: 4\nhidden-size: 64\nnum-layers: 8\n",
+         "twice.yaml line 3: the key 'num-layers' appears twice (first on line 1)"),
+        ("twice.json", '{"num_layers": 4, "num_layers": 8}',
+         "twice.json: the key 'num_layers' appears twice"),
+        # two spellings of one argument
+        ("spellings.yaml", "num-layers: 4\nnum_layers: 8\n",
+         "spellings.yaml: 'num-layers' and 'num_layers' both set --num-layers"),
+        ("spellings.json", '{"--hidden-size": 4, "hidden_size": 8}',
+         "spellings.json: '--hidden-size' and 'hidden_size' both set --hidden-size"),
+    ],
+)  # fmt: skip
+def test_duplicate_keys_in_config_files(tmp_path, name, text, message):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(InputError) as raised:
+        load_config_file(str(path))
+    assert str(raised.value) == f"{tmp_path}/{message}"
+
+
+@pytest.mark.parametrize(
+    "name, world, origin",
+    [
+        ("gpt3_175b.sh", 1024, "python -m torch.distributed.run --nproc_per_node 8 --nnodes 128"),
+        ("llama3_8b.sh", 16, "torchrun --nproc_per_node 8 --nnodes 2"),
+        ("mixtral_8x7b.sh", 8, "torchrun --nproc_per_node 8"),
+    ],
+)
+def test_world_size_of_example_scripts(name, world, origin):
+    parsed = read_launch_script(str(SCRIPTS / name))
+    assert parsed.world_size == world
+    assert parsed.world_origin.startswith(f"{origin} ({SCRIPTS / name} line ")
+
+
+def _sentencepiece_model(pieces: int) -> bytes:
+    """A minimal sentencepiece ModelProto: `pieces` SentencePiece messages (field 1) and a
+    trainer spec (field 2), as protobuf encodes them."""
+    piece = b"\x0a\x01a\x15\x00\x00\x00\x00"  # piece: "a", score: 0.0
+    return (b"\x0a" + bytes([len(piece)]) + piece) * pieces + b"\x12\x02\x08\x01"
+
+
+def _launch(tokenizer: str) -> str:
+    return f"torchrun pretrain_gpt.py --num-layers 2 {tokenizer}\n"
+
+
+def test_vocabulary_from_local_tokenizer_files(tmp_path):
+    model = tmp_path / "tokenizer.model"
+    model.write_bytes(_sentencepiece_model(300))
+    parsed = parse_launch_script(
+        _launch(f"--tokenizer-type Llama2Tokenizer --tokenizer-model {model}"), "s.sh"
+    )
+    assert parsed.args["vocab_size"] == 300
+    assert parsed.notes == (f"Llama2Tokenizer {model}: 300 tokens (300 pieces in {model})",)
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text(json.dumps({
+        "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "<s>": 2}},
+        "added_tokens": [{"id": 2, "content": "<s>"}, {"id": 3, "content": "<pad>"}],
+    }))  # fmt: skip
+    parsed = parse_launch_script(
+        _launch(f"--tokenizer-type HuggingFaceTokenizer --tokenizer-model {folder}"), "s.sh"
+    )
+    assert parsed.args["vocab_size"] == 4  # 3 in the model + <pad>; <s> is already there
+    assert "--tokenizer-type" not in parsed.ignored
+
+
+@pytest.mark.parametrize(
+    "tokenizer, size, problem",
+    [
+        ("--tokenizer-type HuggingFaceTokenizer --tokenizer-model meta-llama/Meta-Llama-3-8B",
+         128256, ""),
+        ("--tokenizer-type HuggingFaceTokenizer --tokenizer-model mistralai/Mixtral-8x7B-v0.1",
+         32000, ""),
+        ("--tokenizer-type GPT2BPETokenizer --vocab-file gpt2-vocab.json", 50257, ""),
+        ("--tokenizer-type NullTokenizer --vocab-size 1000", 1001, ""),
+        # not on this machine, not a known hub name, no --vocab-size: never a silent default
+        ("--tokenizer-type Llama2Tokenizer --tokenizer-model /models/x/tokenizer.model", None,
+         "s.sh line 1: the vocabulary of --tokenizer-type Llama2Tokenizer --tokenizer-model "
+         "/models/x/tokenizer.model is not known here (no such file on this machine, nor a "
+         "tokenizer this tool knows); give --vocab-size"),
+        ("--tokenizer-type NullTokenizer", None, "s.sh line 1: NullTokenizer needs --vocab-size"),
+    ],
+)  # fmt: skip
+def test_vocabulary_from_tokenizer_names(tokenizer, size, problem):
+    parsed = parse_launch_script(_launch(tokenizer), "s.sh")
+    assert parsed.args.get("vocab_size") == size
+    assert parsed.vocab_problem == problem

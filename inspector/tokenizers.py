@@ -1,0 +1,148 @@
+"""The vocabulary size Megatron-LM's tokenizer reports, from `--tokenizer-type` and
+`--tokenizer-model` (megatron/training/tokenizer/tokenizer.py, build_tokenizer), read from files on
+this machine or from a small table of well-known tokenizers; never downloaded, never guessed.
+
+Megatron-LM pads `tokenizer.vocab_size` (not `--vocab-size`) for every tokenizer but
+NullTokenizer, whose size is `--vocab-size` + 1 (its end-of-document token, `_NullTokenizer.vocab_size`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+# Hub names -> (size Megatron-LM's tokenizer reports, where the number comes from).
+KNOWN_TOKENIZERS: dict[str, tuple[int, str]] = {
+    "gpt2": (50257, "GPT-2's tokenizer.json: 50257 BPE entries, <|endoftext|> among them"),
+    "meta-llama/Llama-2-": (32000, "Llama 2's tokenizer.model: 32000 sentencepiece pieces"),
+    "meta-llama/Meta-Llama-3-": (128256, "Llama 3's tokenizer: 128000 BPE + 256 special tokens"),
+    "meta-llama/Llama-3.1-": (128256, "Llama 3.1's tokenizer: 128000 BPE + 256 special tokens"),
+    "mistralai/Mistral-7B-v0.1": (32000, "Mistral 7B v0.1's tokenizer.model: 32000 pieces"),
+    "mistralai/Mixtral-8x7B-": (32000, "Mixtral 8x7B's tokenizer.model: 32000 pieces"),
+}
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """The vocabulary size before padding and the sentence saying where it came from; or, when it
+    cannot be known, size None and `problem` (an error unless --vocab-size is given)."""
+
+    size: int | None
+    note: str = ""
+    problem: str = ""
+
+
+def vocabulary(tokenizer_type: str, model: str | None, vocab_size: int | None,
+               vocab_file: str | None, where: str) -> Vocabulary:  # fmt: skip
+    """Return the vocabulary Megatron-LM's tokenizer of this type and model reports."""
+    if tokenizer_type == "NullTokenizer":
+        if vocab_size is None:
+            return Vocabulary(None, problem=f"{where}: NullTokenizer needs --vocab-size")
+        return Vocabulary(vocab_size + 1, f"NullTokenizer: --vocab-size {vocab_size} + 1 for its "
+                                          "end-of-document token, as Megatron-LM counts it")  # fmt: skip
+    found: tuple[int, str] | None = None
+    if tokenizer_type == "GPT2BPETokenizer":
+        found = _gpt2_vocab(vocab_file)
+        name = vocab_file or "(no --vocab-file)"
+    else:
+        name = model or "(no --tokenizer-model)"
+        if model is not None and os.path.exists(model):
+            found = _read_local(model)
+        elif model is not None and tokenizer_type == "HuggingFaceTokenizer":
+            found = next((v for k, v in KNOWN_TOKENIZERS.items() if model.startswith(k)), None)
+    if found is not None:
+        size, source = found
+        return Vocabulary(size, f"{tokenizer_type} {name}: {size} tokens ({source})")
+    if vocab_size is not None:
+        return Vocabulary(vocab_size, f"{tokenizer_type} {name} cannot be read here; "
+                                      f"--vocab-size {vocab_size} from the script is used")  # fmt: skip
+    return Vocabulary(None, problem=(
+        f"{where}: the vocabulary of --tokenizer-type {tokenizer_type} --tokenizer-model {name} "
+        "is not known here (no such file on this machine, nor a tokenizer this tool knows); "
+        "give --vocab-size"
+    ))  # fmt: skip
+
+
+def _gpt2_vocab(vocab_file: str | None) -> tuple[int, str] | None:
+    if vocab_file and os.path.isfile(vocab_file):
+        return _count_json(vocab_file)
+    if vocab_file and os.path.basename(vocab_file) == "gpt2-vocab.json":
+        return KNOWN_TOKENIZERS["gpt2"]
+    return None
+
+
+def _read_local(path: str) -> tuple[int, str] | None:
+    if os.path.isdir(path):
+        path = os.path.join(path, "tokenizer.json")
+        if not os.path.isfile(path):
+            return None
+    if path.endswith(".json"):
+        return _count_tokenizer_json(path)
+    if path.endswith(".model"):
+        return _count_sentencepiece(path)
+    return None
+
+
+def _count_json(path: str) -> tuple[int, str] | None:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return (len(data), f"{len(data)} entries in {path}") if isinstance(data, dict) else None
+
+
+def _count_tokenizer_json(path: str) -> tuple[int, str] | None:
+    """len(tokenizer) of a Hugging Face fast tokenizer: model vocabulary + added tokens not in it."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+        vocab = data["model"]["vocab"]
+        pieces = {p[0] if isinstance(p, list) else p for p in vocab}
+        added = [t["content"] for t in data.get("added_tokens", []) if t["content"] not in pieces]
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return None
+    return len(pieces) + len(added), f"{len(pieces)} in the model + {len(added)} added, {path}"
+
+
+def _count_sentencepiece(path: str) -> tuple[int, str] | None:
+    """Count the pieces of a sentencepiece ModelProto (field 1, `repeated SentencePiece pieces`)."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return None
+    count, position = 0, 0
+    try:
+        while position < len(data):
+            tag, position = _varint(data, position)
+            field, wire = tag >> 3, tag & 7
+            if wire == 0:
+                _, position = _varint(data, position)
+            elif wire == 1:
+                position += 8
+            elif wire == 5:
+                position += 4
+            elif wire == 2:
+                length, position = _varint(data, position)
+                position += length
+                count += field == 1
+            else:
+                return None
+    except IndexError:
+        return None
+    if position != len(data) or not count:
+        return None
+    return count, f"{count} pieces in {path}"
+
+
+def _varint(data: bytes, position: int) -> tuple[int, int]:
+    value, shift = 0, 0
+    while True:
+        byte = data[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, position
