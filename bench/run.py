@@ -1,7 +1,10 @@
 """Benchmark: each case against the floor `python -c "import torch"`, measured in one run.
 
 Run it with `make bench` (or `.venv/bin/python bench/run.py`). Prints a table and writes
-bench/RESULTS.md: median wall time of 5 runs, the ratio to the floor, and peak RSS per case.
+bench/RESULTS.md: per case the median wall time of 5 cold runs, its ratio to the floor, the median of
+the paired ratios (each round runs the floor and then every case, so a ratio compares runs made
+moments apart), the median CPU time (user + system, which a loaded machine disturbs less than wall
+time) and its ratio to the floor's, peak RSS, and the warm (result-cache hit) time.
 """
 
 from __future__ import annotations
@@ -39,9 +42,9 @@ CASES = [
     Case("(a) inspect-model --help", TOOL + ["--help"], "< 0.3 s"),
     Case("(a') inspect-model models", TOOL + ["models"], "< 0.3 s"),
     Case("(b) tree (default model)", TOOL + ["tree"], "-"),
-    Case("(c) params --model gpt3-175b --tp 8 --pp 16", TOOL + "params --model gpt3-175b --tp 8 --pp 16".split(), "< 1.6x floor"),
+    Case("(c) params --model gpt3-175b --tp 8 --pp 16", TOOL + "params --model gpt3-175b --tp 8 --pp 16".split(), "< 1.5x floor"),
     Case("(d1) params --model llama3.1-405b --tp 8 --pp 16 --dp 1", TOOL + "params --model llama3.1-405b --tp 8 --pp 16 --dp 1 --bf16".split() + SPLIT, "-"),
-    Case("(d) params --model llama3.1-405b --tp 8 --pp 16 --dp 1024", TOOL + "params --model llama3.1-405b --tp 8 --pp 16 --dp 1024 --bf16".split() + SPLIT, "< 1.6x floor, < 1.1x (d1), < 450 MB"),
+    Case("(d) params --model llama3.1-405b --tp 8 --pp 16 --dp 1024", TOOL + "params --model llama3.1-405b --tp 8 --pp 16 --dp 1024 --bf16".split() + SPLIT, "< 1.5x floor, < 1.1x (d1), < 400 MB"),
     Case("(e) (d) + vpp 2 + --partitioning distopt", TOOL + "params --model llama3.1-405b --tp 8 --pp 16 --dp 1024 --bf16 --partitioning distopt".split() + SPLIT + VPP, "-"),
     Case("(f) params --model llama3-70b --tp 8 --pp 4 --dp 8 --use-distributed-optimizer", TOOL + LLAMA70.split(), "-"),
     Case("(g) memory, the same model and layout (issue #9)", TOOL + ["memory"] + LLAMA70.split()[1:] + MEMORY, "< 2x (f)"),
@@ -54,18 +57,54 @@ COLD = {**os.environ, "INSPECT_MODEL_NO_CACHE": "1"}
 WARM = {k: v for k, v in os.environ.items() if k != "INSPECT_MODEL_NO_CACHE"}
 
 
-def run_once(argv: list[str], env: dict[str, str]) -> tuple[float, int, int]:
-    """Run a command; return (seconds, peak RSS in bytes, exit code)."""
+@dataclass(frozen=True)
+class Run:
+    seconds: float
+    cpu_seconds: float  # user + system
+    rss: int  # peak, bytes
+    code: int
+
+
+def run_once(argv: list[str], env: dict[str, str]) -> Run:
+    """Run a command; return its wall and CPU seconds, peak RSS and exit code."""
     start = time.perf_counter()
     process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=HERE.parent, env=env)
     _, status, usage = os.wait4(process.pid, 0)
     elapsed = time.perf_counter() - start
-    return elapsed, usage.ru_maxrss * 1024, os.waitstatus_to_exitcode(status)
+    cpu = usage.ru_utime + usage.ru_stime
+    return Run(elapsed, cpu, usage.ru_maxrss * 1024, os.waitstatus_to_exitcode(status))
 
 
-def measure(case: Case, env: dict[str, str]) -> tuple[float, int, int]:
+@dataclass(frozen=True)
+class Summary:
+    seconds: float  # median wall
+    paired: float  # median of (case / floor) over rounds; 1.0 for the floor
+    cpu_seconds: float  # median CPU
+    rss: int  # peak over runs
+    code: int  # worst exit code
+
+
+def measure_cold(env: dict[str, str]) -> list[Summary]:
+    """Run RUNS rounds of every case, the floor first in each round; summarise per case."""
+    rounds = [[run_once(case.argv, env) for case in CASES] for _ in range(RUNS)]
+    summaries = []
+    for index in range(len(CASES)):
+        runs = [r[index] for r in rounds]
+        summaries.append(
+            Summary(
+                seconds=statistics.median(r.seconds for r in runs),
+                paired=statistics.median(r[index].seconds / r[0].seconds for r in rounds),
+                cpu_seconds=statistics.median(r.cpu_seconds for r in runs),
+                rss=max(r.rss for r in runs),
+                code=max(r.code for r in runs),
+            )
+        )
+    return summaries
+
+
+def measure(case: Case, env: dict[str, str]) -> tuple[float, int]:
     runs = [run_once(case.argv, env) for _ in range(RUNS)]
-    return statistics.median(r[0] for r in runs), max(r[1] for r in runs), max(r[2] for r in runs)
+    return statistics.median(r.seconds for r in runs), max(r.rss for r in runs)
 
 
 def machine() -> str:
@@ -77,29 +116,36 @@ def machine() -> str:
 
 
 def main() -> None:
-    cold = [(case, *measure(case, COLD)) for case in CASES]
+    load_before = os.getloadavg()
+    cold = measure_cold(COLD)
+    load_after = os.getloadavg()
     with tempfile.TemporaryDirectory() as cache:
         warm_env = {**WARM, "XDG_CACHE_HOME": cache}
         for case in CASES[1:]:
             run_once(case.argv, warm_env)  # prime the result cache
         warm = {case.label: measure(case, warm_env) for case in CASES[1:]}
-    floor = cold[0][1]
+    floor = cold[0]
     lines = [
         "# Benchmark results",
         "",
-        f"Machine: {machine()}. Median of {RUNS} runs per case, all cases in one run of `bench/run.py`.",
-        "Cold: result cache off (`INSPECT_MODEL_NO_CACHE=1`), every run builds the model. Warm: the",
-        "same command again with a primed result cache (a hit imports no torch).",
+        f"Machine: {machine()}. {RUNS} rounds, each running the floor and then every case cold, all in",
+        "one run of `bench/run.py`; medians. Cold: result cache off (`INSPECT_MODEL_NO_CACHE=1`), every run",
+        "builds the model. Paired x floor: the median over rounds of (case / floor in the same round).",
+        "CPU: user + system seconds. Warm: the same command again with a primed result cache (a hit",
+        f"imports no torch). Load average (1, 5, 15 min) before: {_load(load_before)}, after: {_load(load_after)}.",
         "",
-        "| case | cold s | cold x floor | cold peak RSS MB | warm s | warm peak RSS MB | exit | target |",
-        "|---|---|---|---|---|---|---|---|",
+        "| case | cold s | cold x floor | paired x floor | cold CPU s | CPU x floor | cold peak RSS MB "
+        "| warm s | warm peak RSS MB | exit | target |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for case, seconds, rss, code in cold:
+    for case, summary in zip(CASES, cold):
         hit = warm.get(case.label)
         warm_cells = f"{hit[0]:.2f} | {hit[1] / 2**20:.0f}" if hit else "- | -"
         lines.append(
-            f"| {case.label} | {seconds:.2f} | {seconds / floor:.2f} | {rss / 2**20:.0f} | "
-            f"{warm_cells} | {code} | {case.target} |"
+            f"| {case.label} | {summary.seconds:.2f} | {summary.seconds / floor.seconds:.2f} | "
+            f"{summary.paired:.2f} | {summary.cpu_seconds:.2f} | "
+            f"{summary.cpu_seconds / floor.cpu_seconds:.2f} | {summary.rss / 2**20:.0f} | "
+            f"{warm_cells} | {summary.code} | {case.target} |"
         )
     text = "\n".join(lines) + "\n"
     sys.stdout.write(text)
@@ -108,6 +154,10 @@ def main() -> None:
     old = path.read_text() if path.exists() else ""
     notes = old[old.find("\n## ") :] if "\n## " in old else ""
     path.write_text(text + notes)
+
+
+def _load(load: tuple[float, float, float]) -> str:
+    return ", ".join(f"{value:.2f}" for value in load)
 
 
 if __name__ == "__main__":

@@ -40,40 +40,16 @@ class StageModel:
     checkpoint: dict[tuple[str, tuple[int, ...]], int]
 
 
-@contextlib.contextmanager
-def _compile_passes_through() -> Iterator[None]:
-    """Make torch.compile return its function unchanged while megatron-core is imported.
-
-    megatron-core decorates its fused kernels with `jit_fuser`, which is `torch.compile` on torch
-    >= 2.2 (megatron/core/jit.py), at import time; building the decorator imports dynamo and
-    inductor (~2.5 s). Nothing here ever runs a forward pass, so the undecorated functions are
-    equivalent; modules and shapes are unchanged (the golden files prove it). torch.compile is
-    restored as soon as the import is done.
-    """
-    import torch
-
-    original = torch.compile
-
-    def passthrough(model: Any = None, **kwargs: Any) -> Any:
-        return model if model is not None else (lambda fn: fn)
-
-    torch.compile = passthrough
-    try:
-        yield
-    finally:
-        torch.compile = original
-
-
 @cache
 def megatron() -> SimpleNamespace:
-    """Import the megatron-core pieces this tool uses, once, with import-time warnings silenced."""
-    from inspector import te
+    """Import the megatron-core pieces this tool uses, once, with import-time warnings silenced.
 
-    # megatron-core decides whether Transformer Engine is there when it is first imported: the
-    # stand-in goes in first, so a real TE on this machine (working or broken) is never loaded.
-    te.install()
-    with warnings.catch_warnings(), _compile_passes_through():
-        warnings.simplefilter("ignore")
+    fastimport prepares the process first (torch.compile passing through, DTensor deferred, no
+    dynamo import on meta kernels), installs the Transformer Engine stand-in (inspector.te) before
+    megatron-core is imported, and keeps it so for as long as megatron is in use.
+    """
+
+    def names() -> SimpleNamespace:
         import torch
         import torch.distributed as dist
         from megatron.core import parallel_state
@@ -84,19 +60,25 @@ def megatron() -> SimpleNamespace:
         from megatron.core.transformer.torch_norm import WrappedTorchNorm
         from megatron.core.transformer.transformer_config import TransformerConfig
         from torch.testing._internal.distributed.fake_pg import FakeStore
-    return SimpleNamespace(
-        torch=torch,
-        dist=dist,
-        parallel_state=parallel_state,
-        fused_layer_norm=fused_layer_norm,
-        backends=backends,
-        gpt_layer_specs=gpt_layer_specs,
-        transformer_block=transformer_block,
-        GPTModel=GPTModel,
-        TransformerConfig=TransformerConfig,
-        WrappedTorchNorm=WrappedTorchNorm,
-        FakeStore=FakeStore,
-    )
+
+        return SimpleNamespace(
+            torch=torch,
+            dist=dist,
+            parallel_state=parallel_state,
+            fused_layer_norm=fused_layer_norm,
+            backends=backends,
+            gpt_layer_specs=gpt_layer_specs,
+            transformer_block=transformer_block,
+            GPTModel=GPTModel,
+            TransformerConfig=TransformerConfig,
+            WrappedTorchNorm=WrappedTorchNorm,
+            FakeStore=FakeStore,
+        )
+
+    from inspector.fastimport import import_megatron
+
+    result: SimpleNamespace = import_megatron(names)
+    return result
 
 
 def simulate_apex(enabled: bool) -> None:
@@ -221,22 +203,31 @@ def _check_shared_expert_gate(config_class: Any) -> None:
 
 @contextlib.contextmanager
 def simulated_rank(layout: Layout, rank: int, vpp: int | None) -> Iterator[Any]:
-    """Run megatron's parallel_state set-up for one rank of a fake world; tear it down after."""
+    """Run megatron's parallel_state set-up for one rank of a fake world; tear it down after.
+
+    Only the process groups this rank is a member of are made (inspector.groups); inside the
+    block torch.cat of meta tensors skips torch's Python meta kernel (inspector.fastimport).
+    """
+    from inspector.fastimport import meta_cat
+    from inspector.groups import scoped_groups
+
     m = megatron()
     world = layout.tp * layout.cp * simulated_dp(layout) * layout.pp
     m.dist.init_process_group("fake", store=m.FakeStore(), rank=rank, world_size=world)
     try:
-        m.parallel_state.initialize_model_parallel(
-            tensor_model_parallel_size=layout.tp,
-            pipeline_model_parallel_size=layout.pp,
-            virtual_pipeline_model_parallel_size=vpp,
-            context_parallel_size=layout.cp,
-            expert_model_parallel_size=layout.ep,
-            expert_tensor_parallel_size=layout.expert_tp,
-            create_gloo_process_groups=False,
-        )
+        with scoped_groups(m.dist, m.parallel_state):
+            m.parallel_state.initialize_model_parallel(
+                tensor_model_parallel_size=layout.tp,
+                pipeline_model_parallel_size=layout.pp,
+                virtual_pipeline_model_parallel_size=vpp,
+                context_parallel_size=layout.cp,
+                expert_model_parallel_size=layout.ep,
+                expert_tensor_parallel_size=layout.expert_tp,
+                create_gloo_process_groups=False,
+            )
         disable_embedding_group()
-        yield m.parallel_state
+        with meta_cat():
+            yield m.parallel_state
     finally:
         m.parallel_state.destroy_model_parallel()
         m.dist.destroy_process_group()

@@ -1,0 +1,61 @@
+"""inspector.fastimport: building and `memory` import neither DTensor, dynamo, sympy nor DCP.
+
+Counts, not timings: each command runs in a fresh interpreter, which reports the heavy modules it
+imported. The golden-file tests prove the shortcuts change no shape.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = [
+    "torch._dynamo",
+    "torch._inductor",
+    "torch.distributed.tensor",
+    "torch.distributed._tensor",
+    "torch.distributed.checkpoint",
+    "sympy",
+]
+
+PROBE = f"""
+import json, sys
+HEAVY = {HEAVY!r}
+from inspector.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+sys.stdout = sys.__stdout__
+heavy = [m for m in HEAVY if m in sys.modules]
+print(json.dumps(dict(heavy=heavy, megatron="megatron.core" in sys.modules)))
+"""
+
+COMMANDS = [
+    "params --model llama3-70b --tp 8 --pp 4 --bf16",
+    "params --model gpt3-175b --tp 8 --pp 16",
+    "params --num-layers 8 --hidden-size 64 --num-attention-heads 4 --seq-length 128 "
+    "--max-position-embeddings 128 --tp 2 --pp 2 --num-virtual-stages-per-pipeline-rank 2",
+    "memory --model llama3-70b --tp 8 --pp 4 --dp 8 --use-distributed-optimizer "
+    "--micro-batch-size 1 --seq-length 8192",
+    "tree --model mixtral-8x7b --ep 8 --dp 8 --pp 2",
+    "params --model qwen1.5-moe-a2.7b --ep 4 --dp 4 --pp 2 --moe-grouped-gemm",
+    "params --model llama3-70b --tp 8 --pp 4 --bf16 --transformer-impl transformer_engine "
+    "--sequence-parallel",
+]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_build_imports_no_heavy_module(command):
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, *command.split(), "--no-cache"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["megatron"], done.stderr
+    assert report["heavy"] == []
