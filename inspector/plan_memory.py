@@ -31,7 +31,13 @@ from typing import Any
 
 from inspector.job import Job, Training
 from inspector.memory import StateBytes, state_bytes
-from inspector.shards import BucketLayout, BufferLayout, ParamShards, owned_numel, resolve_bucket_size
+from inspector.shards import (
+    BucketLayout,
+    BufferLayout,
+    ParamShards,
+    owned_numel,
+    resolve_bucket_size,
+)
 from inspector.topology import Layout
 
 
