@@ -386,11 +386,7 @@ def search(req: Request, progress: Callable[[int, int], None] | None = None) -> 
                 continue
             m = req.global_batch_size // (mbs * base.dp)
             for v in _vpp_choices(req, base.pp, m):
-                first = last = 0.0
-                probe = _job(req, base, mbs, "none", False, flash)
-                if probe is None:
-                    continue
-                first, last = _extras(probe, req)
+                first, last = _extras(Job(req.model, Layout(tp=base.tp)), req)
                 for split in _splits(req, base, v, first, last):
                     lay = layout_for(base, req.model, split, v)
                     distopts = [req.fixed["distopt"]] if "distopt" in req.fixed else (
@@ -458,3 +454,52 @@ def progress_line(stream: Any = None) -> Callable[[int, int], None] | None:
         stream.flush()
 
     return show
+
+
+FIXED = {
+    "tensor_model_parallel_size": "tp",
+    "pipeline_model_parallel_size": "pp",
+    "context_parallel_size": "cp",
+    "expert_model_parallel_size": "ep",
+    "expert_tensor_parallel_size": "etp",
+    "num_virtual_stages_per_pipeline_rank": "vpp",
+    "micro_batch_size": "mbs",
+    "recompute_granularity": "recompute",
+}
+
+
+def make_request(
+    args: dict[str, Any], gpus: int, gpu_name: str, gpu_memory: float | None,
+    gpus_per_node: int, gpu_tflops: float | None, intra: float | None, inter: float | None,
+    efficiency: float, top: int,
+) -> Request:
+    """Check the plan flags and return the search request."""
+    from inspector.config import make_model_config
+    from inspector.plan_cost import get_gpu
+
+    for flag, value in (("--gpus", gpus), ("--gpus-per-node", gpus_per_node), ("--top", top)):
+        if value < 1:
+            raise ConfigError(f"{flag} must be at least 1, got {value}")
+    if not 0 < efficiency <= 1:
+        raise ConfigError(f"--efficiency must lie in (0, 1], got {efficiency}")
+    batch = args.get("global_batch_size")
+    if not batch:
+        raise ConfigError("--global-batch-size is required: the plan splits it over data parallel")
+    gpu = get_gpu(gpu_name)
+    overrides = {"tflops": gpu_tflops, "intra": intra and intra * 1e9, "inter": inter and inter * 1e9}
+    for name, value in overrides.items():
+        if value is not None:
+            if value <= 0:
+                raise ConfigError(f"--{name} must be positive, got {value}")
+            gpu = replace(gpu, **{name: value})
+    memory_gib = gpu.memory_gib if gpu_memory is None else gpu_memory
+    if memory_gib <= 0:
+        raise ConfigError(f"--gpu-memory must be positive (GiB), got {memory_gib}")
+    fixed = {short: args[name] for name, short in FIXED.items() if args.get(name) is not None}
+    if args.get("use_distributed_optimizer"):
+        fixed["distopt"] = True
+    return Request(
+        model=make_model_config(args), gpus=gpus, gpu=gpu, memory=round(memory_gib * (1 << 30)),
+        global_batch_size=batch, gpus_per_node=gpus_per_node, efficiency=efficiency,
+        fixed=fixed, top=top,
+    )
