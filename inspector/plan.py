@@ -211,7 +211,10 @@ def megatron_flags(job: Job, split: Split) -> list[str]:
         out.append("--sequence-parallel")
     for name, value in split_flags(split, model.num_layers, lay.pp, lay.chunks).items():
         flag = "--" + name.replace("_", "-")
-        out.append(flag if value is True else f"{flag} {value!r}" if isinstance(value, str) else f"{flag} {value}")
+        if value is True:
+            out.append(flag)
+        else:
+            out.append(f"{flag} {value!r}" if isinstance(value, str) else f"{flag} {value}")
     out += [
         f"--micro-batch-size {training.micro_batch_size}",
         f"--global-batch-size {training.global_batch_size}",
@@ -486,12 +489,17 @@ def make_request(
     if not batch:
         raise ConfigError("--global-batch-size is required: the plan splits it over data parallel")
     gpu = get_gpu(gpu_name)
-    overrides = {"tflops": gpu_tflops, "intra": intra and intra * 1e9, "inter": inter and inter * 1e9}
-    for name, value in overrides.items():
-        if value is not None:
-            if value <= 0:
-                raise ConfigError(f"--{name} must be positive, got {value}")
-            gpu = replace(gpu, **{name: value})
+    overrides: dict[str, float | None] = {
+        "tflops": gpu_tflops,
+        "intra": None if intra is None else intra * 1e9,
+        "inter": None if inter is None else inter * 1e9,
+    }
+    for name, given in overrides.items():
+        if given is not None:
+            amount: float = given
+            if amount <= 0:
+                raise ConfigError(f"--{name} must be positive, got {amount}")
+            gpu = replace(gpu, **{name: amount})  # type: ignore[arg-type]
     memory_gib = gpu.memory_gib if gpu_memory is None else gpu_memory
     if memory_gib <= 0:
         raise ConfigError(f"--gpu-memory must be positive (GiB), got {memory_gib}")

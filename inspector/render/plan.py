@@ -152,7 +152,7 @@ def timeline(plan: Plan) -> list[list[tuple[float, float, str]]]:
         for s in range(pp):
             while pos[s] < len(order[s]):
                 kind, i = order[s][pos[s]]
-                dep = ("F", s - 1, i) if kind == "F" and s > 0 else ("B", s + 1, i) if kind == "B" and s < pp - 1 else ("F", s, i) if kind == "B" else None
+                dep = _dependency(kind, s, i, pp)
                 if dep is not None and dep not in done:
                     break
                 start = max(free[s], done.get(dep, 0.0) if dep else 0.0)
@@ -231,3 +231,10 @@ def _json(result: SearchResult, memory: int) -> dict[str, Any]:
             for p in result.plans
         ],
     }
+
+
+def _dependency(kind: str, stage: int, index: int, pp: int) -> tuple[str, int, int] | None:
+    """Return the pass a 1F1B pass waits for (previous stage's forward, next stage's backward)."""
+    if kind == "F":
+        return ("F", stage - 1, index) if stage > 0 else None
+    return ("B", stage + 1, index) if stage < pp - 1 else ("F", stage, index)
