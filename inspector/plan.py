@@ -23,8 +23,8 @@ from inspector.errors import ConfigError
 from inspector.flops import iteration_flops
 from inspector.formulas import ModelDims, live_microbatches
 from inspector.job import Job, Training
-from inspector.plan_cost import Gpu, Network, StepTime, stage_time, step_time
-from inspector.plan_memory import ChunkShape, stage_state
+from inspector.plan_cost import Gpu, Network, StageTime, StepTime, stage_time, step_time
+from inspector.plan_memory import ChunkShape, piece_key, stage_state
 from inspector.plan_split import (
     Split,
     accounted_split,
@@ -304,6 +304,35 @@ def _shard_pairs(lay: Layout) -> tuple[tuple[int, int], ...]:
     return tuple(sorted({(d, e) for p, d, e in rank_shard_indices(replace(lay, pp=1)) if p == 0}))
 
 
+_STATE: dict[tuple[Any, ...], tuple[Any, int]] = {}
+
+
+def _pair_layout(lay: Layout) -> Layout:
+    """Return the layout whose ranks' (data, expert data) indices every stage shares."""
+    return replace(lay, pp=1, vpp=None, decoder_first_pipeline_num_layers=None,
+                   decoder_last_pipeline_num_layers=None,
+                   account_for_embedding_in_pipeline_split=False,
+                   account_for_loss_in_pipeline_split=False,
+                   pipeline_model_parallel_layout=None)
+
+
+def _stage_state(job: Job, stage: int, shapes: tuple[ChunkShape, ...], pairs_of: Layout) -> Any:
+    """Return plan_memory.stage_state, computed once per distinct stage (mbs, recompute apart)."""
+    lay, training = job.layout, job.training
+    key = (piece_key(job), shapes, stage == 0, lay.pp, training.use_distributed_optimizer,
+           training.overlap_grad_reduce, training.ddp_bucket_size, pairs_of)
+    if key not in _STATE:
+        _STATE[key] = stage_state(job, stage, shapes, _shard_pairs(pairs_of))
+    return _STATE[key][0]
+
+
+def _signature(dims: ModelDims, chunks: list[list[int]]) -> tuple[Any, ...]:
+    """Return what a stage's layers cost depends on: counts, or the layers when MoE varies."""
+    if dims.num_experts is None:
+        return tuple(len(c) for c in chunks)
+    return tuple(tuple(c) for c in chunks)
+
+
 def evaluate(job: Job, split: Split, req: Request) -> Plan:
     """Price one candidate: exact state bytes per stage, activations, time."""
     lay, training = job.layout, job.training
@@ -313,32 +342,63 @@ def evaluate(job: Job, split: Split, req: Request) -> Plan:
     placed = chunk_layers(split, lay.pp, v)
     net = Network(req.gpu, req.gpus_per_node)
     stages, times = [], []
-    pairs = _shard_pairs(replace(lay, pp=1, vpp=None, decoder_first_pipeline_num_layers=None,
-                                 decoder_last_pipeline_num_layers=None,
-                                 account_for_embedding_in_pipeline_split=False,
-                                 account_for_loss_in_pipeline_split=False,
-                                 pipeline_model_parallel_layout=None))
+    pairs_of = _pair_layout(lay)
+    mbs, m = schedule.micro_batch_size, schedule.num_microbatches
     for s in range(lay.pp):
-        shapes = [
+        shapes = tuple(
             ChunkShape(len(c), s == 0 and k == 0, s == lay.pp - 1 and k == v - 1)
             for k, c in enumerate(placed[s])
-        ]
-        state, _ = stage_state(job, s, shapes, pairs)
-        act, flight = stage_activation_bytes(
-            dims, lay, s, placed[s], schedule.micro_batch_size, schedule.num_microbatches,
-            training.recompute, training.flash_attention,
         )
+        state = _stage_state(job, s, shapes, pairs_of)
+        signature = _signature(dims, placed[s])
+        act, flight = _activations(dims, pairs_of, lay.pp, s, signature, placed[s], mbs, m,
+                                   training.recompute, training.flash_attention)
         stages.append(StagePlan(s, tuple(tuple(c) for c in placed[s]), state.total, state.weights,
                                 state.gradients, state.optimizer, act, flight))
-        grads = state.gradients
-        params = state.weights
-        times.append(stage_time(
-            dims, lay, net, req.efficiency, schedule.micro_batch_size, training.recompute,
-            placed[s], s == lay.pp - 1, (grads, params), state.total,
-            training.use_distributed_optimizer,
-        ))
-    step = step_time(times, schedule.num_microbatches, v)
-    return Plan(job, split, tuple(stages), step, iteration_flops(dims, schedule.global_batch_size), req.gpu)
+        times.append(_time(dims, pairs_of, lay, net, req.efficiency, mbs, training.recompute,
+                           signature, placed[s], s == lay.pp - 1, state, training))
+    step = step_time(times, m, v)
+    return Plan(job, split, tuple(stages), step, _iteration_flops(dims, schedule.global_batch_size),
+                req.gpu)
+
+
+_ACT: dict[tuple[Any, ...], tuple[int, tuple[int, ...]]] = {}
+_TIME: dict[tuple[Any, ...], StageTime] = {}
+
+
+@lru_cache(maxsize=256)
+def _iteration_flops(dims: ModelDims, global_batch_size: int) -> int:
+    return iteration_flops(dims, global_batch_size)
+
+
+def _activations(
+    dims: ModelDims, pairs_of: Layout, pp: int, stage: int, signature: tuple[Any, ...],
+    chunks: list[list[int]], mbs: int, m: int, recompute: str, flash: bool,
+) -> tuple[int, tuple[int, ...]]:
+    """Return stage_activation_bytes, once per distinct stage."""
+    position = min(pp - stage, m) if len(chunks) == 1 else stage  # 1F1B: only p - s matters
+    key = (dims, pairs_of, pp, stage == 0, stage == pp - 1, position, signature, mbs, m,
+           recompute, flash)
+    if key not in _ACT:
+        par = replace(pairs_of, pp=pp)
+        _ACT[key] = stage_activation_bytes(dims, par, stage, chunks, mbs, m, recompute, flash)
+    return _ACT[key]
+
+
+def _time(
+    dims: ModelDims, pairs_of: Layout, lay: Layout, net: Network, efficiency: float, mbs: int,
+    recompute: str, signature: tuple[Any, ...], chunks: list[list[int]], has_output: bool,
+    state: Any, training: Training,
+) -> StageTime:
+    """Return plan_cost.stage_time, once per distinct stage."""
+    key = (dims, pairs_of, lay.pp, net, efficiency, mbs, recompute, signature, has_output,
+           state, training.use_distributed_optimizer)
+    if key not in _TIME:
+        _TIME[key] = stage_time(
+            dims, lay, net, efficiency, mbs, recompute, chunks, has_output,
+            (state.gradients, state.weights), state.total, training.use_distributed_optimizer,
+        )
+    return _TIME[key]
 
 
 def _splits(req: Request, lay: Layout, v: int, first: float, last: float) -> list[Split]:

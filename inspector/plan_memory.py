@@ -30,7 +30,7 @@ from functools import lru_cache
 from typing import Any
 
 from inspector.job import Job, Training
-from inspector.memory import StateBytes, state_bytes
+from inspector.memory import ADAM_MOMENTS, MASTER_COPY, StateBytes, state_bytes
 from inspector.shards import (
     BucketLayout,
     BufferLayout,
@@ -297,13 +297,44 @@ def stage_state(
                 bucket if bucketed else None,
             )
         )
-    best = max(
-        (state_bytes(buffers, distributed, d, e) for d, e in shard_pairs),
-        key=lambda s: s.total,
-    )
+    best = most_loaded(buffers, distributed, shard_pairs)
     params = sum(
         p.numel
         for shape in chunks
         for p in chunk_params(pieces, shape.layers, shape.embedding, shape.output, lay.pp)
     )
     return best, params
+
+
+def most_loaded(
+    buffers: Sequence[BufferLayout], distributed: bool, shard_pairs: Sequence[tuple[int, int]]
+) -> StateBytes:
+    """Return memory.state_bytes of the first rank in `shard_pairs` holding the most bytes.
+
+    Only the optimizer's share depends on the rank (its `owned_numel` shard of each buffer), so
+    one pass sums each data index's shard over the dense buffers and each expert index's over
+    the expert buffers, instead of pricing every rank's buffers again.
+    """
+    if not distributed:  # every rank holds the same bytes
+        return state_bytes(buffers, distributed, *shard_pairs[0])
+    dense = _optimizer_elements(buffers, expert=False)
+    expert = _optimizer_elements(buffers, expert=True)
+    best = max(
+        range(len(shard_pairs)),
+        key=lambda k: dense.get(shard_pairs[k][0], 0) + expert.get(shard_pairs[k][1], 0),
+    )
+    return state_bytes(buffers, distributed, *shard_pairs[best])
+
+
+def _optimizer_elements(buffers: Sequence[BufferLayout], expert: bool) -> dict[int, int]:
+    """Return per data index the optimizer bytes of its shards of the dense (or expert) buffers."""
+    import torch
+
+    totals: dict[int, int] = {}
+    for buffer in buffers:
+        if buffer.expert != expert:
+            continue
+        each = (MASTER_COPY if buffer.param_dtype != torch.float32 else 0) + ADAM_MOMENTS
+        for index, owned in enumerate(buffer.owned_numel):
+            totals[index] = totals.get(index, 0) + owned * each
+    return totals
