@@ -250,7 +250,15 @@ def layout_for(lay: Layout, model: ModelConfig, split: Split, vpp: int) -> Layou
 
 @lru_cache(maxsize=65536)
 def _live_points(stage: int, pp: int, m: int, v: int) -> tuple[tuple[int, ...], ...]:
-    return tuple(sorted(set(live_microbatches(stage, pp, m, v))))
+    """Return the schedule's in-flight points that no other point covers chunk by chunk.
+
+    With every chunk's bytes positive, the peak lies on one of them (a covered point holds less).
+    """
+    frontier: list[tuple[int, ...]] = []
+    for point in sorted(set(live_microbatches(stage, pp, m, v)), key=sum, reverse=True):
+        if not any(all(a >= b for a, b in zip(f, point, strict=True)) for f in frontier):
+            frontier.append(point)
+    return tuple(sorted(frontier))
 
 
 @lru_cache(maxsize=65536)
@@ -307,6 +315,7 @@ def _shard_pairs(lay: Layout) -> tuple[tuple[int, int], ...]:
 _STATE: dict[tuple[Any, ...], tuple[Any, int]] = {}
 
 
+@lru_cache(maxsize=4096)
 def _pair_layout(lay: Layout) -> Layout:
     """Return the layout whose ranks' (data, expert data) indices every stage shares."""
     return replace(lay, pp=1, vpp=None, decoder_first_pipeline_num_layers=None,
@@ -335,30 +344,52 @@ def _signature(dims: ModelDims, chunks: list[list[int]]) -> tuple[Any, ...]:
 
 def evaluate(job: Job, split: Split, req: Request) -> Plan:
     """Price one candidate: exact state bytes per stage, activations, time."""
+    return _timed(job, split, req, *_price_memory(job, split))
+
+
+def _price_memory(job: Job, split: Split) -> tuple[list[list[list[int]]], tuple[StagePlan, ...]]:
+    """Return each rank's chunks' layers and its memory: exact state, activation peak."""
     lay, training = job.layout, job.training
     schedule = job.schedule()
     dims = job.dims()
     v = lay.chunks
     placed = chunk_layers(split, lay.pp, v)
-    net = Network(req.gpu, req.gpus_per_node)
-    stages, times = [], []
     pairs_of = _pair_layout(lay)
-    mbs, m = schedule.micro_batch_size, schedule.num_microbatches
+    stages = []
     for s in range(lay.pp):
         shapes = tuple(
             ChunkShape(len(c), s == 0 and k == 0, s == lay.pp - 1 and k == v - 1)
             for k, c in enumerate(placed[s])
         )
         state = _stage_state(job, s, shapes, pairs_of)
-        signature = _signature(dims, placed[s])
-        act, flight = _activations(dims, pairs_of, lay.pp, s, signature, placed[s], mbs, m,
-                                   training.recompute, training.flash_attention)
+        act, flight = _activations(
+            dims, pairs_of, lay.pp, s, _signature(dims, placed[s]), placed[s],
+            schedule.micro_batch_size, schedule.num_microbatches, training.recompute,
+            training.flash_attention,
+        )
         stages.append(StagePlan(s, tuple(tuple(c) for c in placed[s]), state.total, state.weights,
                                 state.gradients, state.optimizer, act, flight))
-        times.append(_time(dims, pairs_of, lay, net, req.efficiency, mbs, training.recompute,
-                           signature, placed[s], s == lay.pp - 1, state, training))
-    step = step_time(times, m, v)
-    return Plan(job, split, tuple(stages), step, _iteration_flops(dims, schedule.global_batch_size),
+    return placed, tuple(stages)
+
+
+def _timed(
+    job: Job, split: Split, req: Request, placed: list[list[list[int]]],
+    stages: tuple[StagePlan, ...],
+) -> Plan:
+    """Return the plan with its step time (plan_cost), given its memory."""
+    lay, training = job.layout, job.training
+    schedule = job.schedule()
+    dims = job.dims()
+    net = Network(req.gpu, req.gpus_per_node)
+    pairs_of = _pair_layout(lay)
+    times = [
+        _time(dims, pairs_of, lay, net, req.efficiency, schedule.micro_batch_size,
+              training.recompute, _signature(dims, placed[st.stage]), placed[st.stage],
+              st.stage == lay.pp - 1, (st.gradients, st.weights, st.state), training)
+        for st in stages
+    ]
+    step = step_time(times, schedule.num_microbatches, lay.chunks)
+    return Plan(job, split, stages, step, _iteration_flops(dims, schedule.global_batch_size),
                 req.gpu)
 
 
@@ -388,15 +419,15 @@ def _activations(
 def _time(
     dims: ModelDims, pairs_of: Layout, lay: Layout, net: Network, efficiency: float, mbs: int,
     recompute: str, signature: tuple[Any, ...], chunks: list[list[int]], has_output: bool,
-    state: Any, training: Training,
+    state: tuple[int, int, int], training: Training,
 ) -> StageTime:
     """Return plan_cost.stage_time, once per distinct stage."""
     key = (dims, pairs_of, lay.pp, net, efficiency, mbs, recompute, signature, has_output,
            state, training.use_distributed_optimizer)
     if key not in _TIME:
         _TIME[key] = stage_time(
-            dims, lay, net, efficiency, mbs, recompute, chunks, has_output,
-            (state.gradients, state.weights), state.total, training.use_distributed_optimizer,
+            dims, lay, net, efficiency, mbs, recompute, chunks, has_output, state[:2], state[2],
+            training.use_distributed_optimizer,
         )
     return _TIME[key]
 
@@ -443,35 +474,34 @@ def search(req: Request, progress: Callable[[int, int], None] | None = None) -> 
     mbs_choices = [req.fixed["mbs"]] if "mbs" in req.fixed else [1, 2, 4, 8]
     recomputes = [req.fixed["recompute"]] if "recompute" in req.fixed else list(RECOMPUTES)
     any_layout = False
+    unfit: set[tuple[Any, ...]] = set()  # (layout, vpp, split, distopt) that no recompute fits
     for base in _layouts(req):
-        for mbs in mbs_choices:
+        first, last = _extras(Job(req.model, Layout(tp=base.tp)), req)
+        for mbs in mbs_choices:  # ascending: what does not fit at b does not fit at 2b
             if req.global_batch_size % (mbs * base.dp):
                 continue
             m = req.global_batch_size // (mbs * base.dp)
             for v in _vpp_choices(req, base.pp, m):
-                first, last = _extras(Job(req.model, Layout(tp=base.tp)), req)
                 for split in _splits(req, base, v, first, last):
                     lay = layout_for(base, req.model, split, v)
-                    distopts = [req.fixed["distopt"]] if "distopt" in req.fixed else (
-                        [True, False] if base.dp * base.cp > 1 else [False])
-                    for distopt in distopts:
-                        for recompute in recomputes:
-                            job = _job(req, lay, mbs, recompute, distopt, flash) if lay else None
-                            if job is None:
-                                continue
-                            any_layout = True
-                            try:
-                                plan = evaluate(job, split, req)
-                            except ConfigError:
-                                continue
-                            evaluated += 1
-                            if smallest is None or plan.peak < smallest.peak:
-                                smallest = plan
-                            if plan.peak <= req.memory:
-                                feasible.append(plan)
-                                break  # more recomputation is only slower
-                            if progress is not None and evaluated % 200 == 0:
-                                progress(evaluated, len(feasible))
+                    for distopt in _distopts(req, base):
+                        key = (base, v, split, distopt)
+                        if lay is None or key in unfit:
+                            continue
+                        outcome = _first_fit(req, lay, split, mbs, distopt, flash, recomputes)
+                        if outcome is None:
+                            continue
+                        any_layout = True
+                        tried, plan, least = outcome
+                        evaluated += tried
+                        if plan is not None:
+                            feasible.append(plan)
+                        elif smallest is None or least[1] < smallest.peak:
+                            smallest = _timed(least[0], split, req, *_price_memory(least[0], split))
+                        if plan is None and recomputes[-1] == "full":
+                            unfit.add(key)
+                        if progress is not None and evaluated // 500 != (evaluated - tried) // 500:
+                            progress(evaluated, len(feasible))
     if not any_layout:
         raise ConfigError(
             f"--gpus {req.gpus} admits no layout Megatron-LM accepts for this model and "
@@ -486,6 +516,37 @@ def search(req: Request, progress: Callable[[int, int], None] | None = None) -> 
         None if feasible else (smallest.peak if smallest else None),
         smallest,
     )
+
+
+def _distopts(req: Request, base: Layout) -> list[bool]:
+    if "distopt" in req.fixed:
+        return [req.fixed["distopt"]]
+    return [True, False] if base.dp * base.cp > 1 else [False]
+
+
+def _first_fit(
+    req: Request, lay: Layout, split: Split, mbs: int, distopt: bool, flash: bool,
+    recomputes: list[str],
+) -> tuple[int, Plan | None, tuple[Job, int]] | None:
+    """Return (candidates priced, the plan with the least recomputation that fits, the least
+    memory seen); memory first, time only for the plan that fits. None: megatron refuses all."""
+    tried = 0
+    least: tuple[Job, int] | None = None
+    for recompute in recomputes:
+        job = _job(req, lay, mbs, recompute, distopt, flash)
+        if job is None:
+            continue
+        try:
+            placed, stages = _price_memory(job, split)
+        except ConfigError:
+            continue
+        tried += 1
+        peak = max(st.total for st in stages)
+        if peak <= req.memory:
+            return tried, _timed(job, split, req, placed, stages), (job, peak)
+        if least is None or peak < least[1]:
+            least = (job, peak)
+    return None if least is None else (tried, None, least)
 
 
 def _job(req: Request, lay: Layout, mbs: int, recompute: str, distopt: bool, flash: bool) -> Job | None:

@@ -8,9 +8,10 @@ Each term and its source (symbols of inspector/formulas.py; m micro-batches, v v
     reduce-scatter with sequence parallelism, all-reduce pairs without; Korthikanti et al. 2022,
     Section 4.2.2, equal volumes) of s b h / c activation elements, each priced alpha + bytes x
     (t - 1) / t / bandwidth (ring, Thakur et al. 2005); not overlapped (Megatron-LM's default);
-  - context parallel: ring attention passes K and V (2 s b g d / (c t) elements) c - 1 times
-    forward and twice that backward (Liu et al. 2023, Ring Attention), overlapped with core
-    attention by Transformer Engine: only what exceeds it is exposed;
+  - context parallel: ring attention (Liu et al. 2023; Transformer Engine's P2P implementation,
+    see `ring_attention`) passes K and V blocks c - 1 times forward and K, V and their
+    gradients c - 1 times backward, each transfer overlapped with one step's attention kernel:
+    only what a step's transfer takes beyond its kernel is exposed, step by step;
   - expert parallel: 4 all-to-alls (dispatch, combine; forward and backward) of s b k h / (c t)
     elements x (ep - 1) / ep per MoE layer;
   - pipeline: a point-to-point send per chunk boundary and micro-batch, forward and backward;
@@ -206,13 +207,39 @@ def _layer_time(
     tensor = _collective(collectives, tokens * dims.hidden_size, act, lay.tp, net.link(lay.tp))
     context = expert = 0.0
     if lay.cp > 1:
-        kv = 2 * tokens * dims.query_groups * dims.head_dim / lay.tp
-        ring = _collective(3 * (lay.cp - 1), kv, act, 2, net.link(lay.tp * lay.cp))
-        context = max(0.0, ring - f.core_attention / split / rate)
+        forwards = 2 if recompute in ("full", "selective") else 1  # both recompute core attention
+        context = ring_attention(dims, lay, net, tokens, f.core_attention / split / rate, forwards)
     if dims.is_moe_layer(i) and lay.ep > 1:
         routed = tokens * dims.moe_router_topk * dims.hidden_size / lay.tp
         expert = _collective(4, routed, act, lay.ep, net.link(lay.ep * lay.expert_tp))
     return compute, tensor, context, expert
+
+
+def ring_attention(
+    dims: ModelDims, lay: Layout, net: Network, tokens: float, attention: float, forwards: int
+) -> float:
+    """Return the exposed seconds of ring attention's K/V exchange, one layer and micro-batch.
+
+    Megatron-core's context parallelism runs Transformer Engine's `AttnFuncWithCPAndKVP2P`
+    (`cp_comm_type` "p2p", the default; transformer_engine/pytorch/attention/dot_product_attention/
+    context_parallel.py): the sequence is cut in 2c chunks, each rank holding two (causal load
+    balance), and attention runs in c steps. At each of the first c - 1 steps a rank sends the
+    K and V block it holds to the next rank of the ring and receives the previous rank's, while
+    its kernel computes attention on the block in hand: only what a transfer takes beyond one
+    step's kernel (1/c of the rank's core attention) is exposed. Backward circulates K, V and
+    their gradients (twice the bytes) against the backward kernels (two thirds of the core
+    attention FLOPs, Megatron-LM's 3x GEMM accounting). A K or V block is (s/c) b (g/t) d
+    elements. The ring's hops cross nodes as soon as t x c ranks span more than a node
+    (megatron orders tp, cp, dp, pp: the cp group strides over t ranks), and a ring step waits
+    for its slowest hop. `forwards`: 2 when recomputation repeats the forward.
+    """
+    c = lay.cp
+    block = 2 * tokens * max(dims.query_groups // lay.tp, 1) * dims.head_dim * dims.activation_bytes
+    alpha, bandwidth = net.link(lay.tp * lay.cp)
+    step_forward = attention / 3 / c
+    forward = (c - 1) * max(0.0, alpha + block / bandwidth - step_forward)
+    backward = (c - 1) * max(0.0, alpha + 2 * block / bandwidth - 2 * step_forward)
+    return forwards * forward + backward
 
 
 def step_time(stages: Sequence[StageTime], num_microbatches: int, chunks: int) -> StepTime:

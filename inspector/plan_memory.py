@@ -330,11 +330,9 @@ def _optimizer_elements(buffers: Sequence[BufferLayout], expert: bool) -> dict[i
     """Return per data index the optimizer bytes of its shards of the dense (or expert) buffers."""
     import torch
 
-    totals: dict[int, int] = {}
-    for buffer in buffers:
-        if buffer.expert != expert:
-            continue
-        each = (MASTER_COPY if buffer.param_dtype != torch.float32 else 0) + ADAM_MOMENTS
-        for index, owned in enumerate(buffer.owned_numel):
-            totals[index] = totals.get(index, 0) + owned * each
-    return totals
+    rows = [
+        [owned * ((MASTER_COPY if b.param_dtype != torch.float32 else 0) + ADAM_MOMENTS)
+         for owned in b.owned_numel]
+        for b in buffers if b.expert == expert
+    ]
+    return dict(enumerate(map(sum, zip(*rows, strict=True))))

@@ -11,6 +11,7 @@ count them) instead of GPU profiles, with a per-stage memory cap on the layer co
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from functools import lru_cache
 
@@ -45,7 +46,9 @@ def balance(
     layers placed i): best[j][i] = min over n of max(best[j-1][i-n], cost_j(n)).
     """
     inf = float("inf")
-    caps = caps or (layers,) * stages
+    # No stage of an optimal split holds more than the even split's slowest stage costs.
+    most = min(layers, math.ceil(layers / stages + first + last))
+    caps = tuple(min(c, most) for c in caps) if caps else (most,) * stages
     best = [[inf] * (layers + 1) for _ in range(stages + 1)]
     choice = [[0] * (layers + 1) for _ in range(stages + 1)]
     best[0][0] = 0.0
