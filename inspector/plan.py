@@ -51,6 +51,14 @@ class Request:
     efficiency: float = 0.65
     fixed: dict[str, Any] = field(default_factory=dict)  # tp, pp, cp, ep, etp, vpp, mbs, ...
     top: int = 5
+    flash_attention: bool | None = None  # None: on in 16-bit (Transformer Engine's kernels)
+
+    @property
+    def flash(self) -> bool:
+        """Return whether the candidates run flash attention."""
+        if self.flash_attention is None:
+            return self.model.dtype_name != "float32"
+        return self.flash_attention
 
 
 @dataclass(frozen=True)
@@ -143,7 +151,7 @@ def _cp_choices(req: Request, tp: int) -> list[int]:
     if "cp" in req.fixed:
         return [req.fixed["cp"]]
     m = req.model
-    if m.transformer_impl != "transformer_engine" or m.dtype_name == "float32":
+    if m.transformer_impl != "transformer_engine" or not req.flash:
         return [1]
     return [c for c in _powers(req.gpus // tp) if c == 1 or m.seq_length % (2 * c) == 0][:4]
 
@@ -470,7 +478,7 @@ def search(req: Request, progress: Callable[[int, int], None] | None = None) -> 
     evaluated = 0
     feasible: list[Plan] = []
     smallest: Plan | None = None
-    flash = req.model.dtype_name != "float32"
+    flash = req.flash
     mbs_choices = [req.fixed["mbs"]] if "mbs" in req.fixed else [1, 2, 4, 8]
     recomputes = [req.fixed["recompute"]] if "recompute" in req.fixed else list(RECOMPUTES)
     any_layout = False
