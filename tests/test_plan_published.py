@@ -18,7 +18,7 @@ Each row is priced three ways, all bounded searches (cp fixed at 1, as in 2021):
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import cache
 
 import pytest
 
@@ -70,7 +70,7 @@ def equation_3(batch: int, layers: int, hidden: int) -> float:
     return 96 * batch * SEQ * layers * h * h * (1 + SEQ / (6 * h) + VOCAB / (16 * layers * h))
 
 
-@lru_cache(maxsize=None)
+@cache
 def price_row(index: int) -> Row:
     """Return the three searches of one Table 1 row (see the module docstring)."""
     from inspector.plan import make_request, search
