@@ -143,3 +143,64 @@ def markdown_table() -> str:
 
 if __name__ == "__main__":
     print(markdown_table())
+
+
+# Llama 3.1 405B (Meta 2024, "The Llama 3 Herd of Models", arXiv:2407.21783, Section 3.3 and
+# Table 4): 16,384 H100 80GB, sequence 8192, 2,048 sequences (16M tokens) per batch, bf16,
+# TP 8, CP 1, PP 16, DP 128, interleaved, one layer fewer on the first and last stages (the
+# embedding and the output layer count as one each: --account-for-embedding/loss-in-pipeline-
+# split), 400 TFLOP/s per GPU (41% BF16 MFU), and, Section 3.3.2, no activation checkpointing
+# at 8K thanks to Meta's own memory work (FSDP-sharded gradients, early deallocation).
+GIB = 1 << 30
+
+
+@cache
+def meta_405b(vpp: int, recompute: str) -> object:
+    """Return Meta's layout priced by the planner (micro-batch 1, distributed optimizer)."""
+    from inspector.plan import _job, evaluate, layout_for, make_request
+    from inspector.plan_split import accounted_split
+    from inspector.resolve import Sources, merge_sources
+    from inspector.topology import Layout
+
+    flags = dict(seq_length=8192, bf16=True, global_batch_size=2048)
+    args = merge_sources(Sources(preset="llama3.1-405b", flags=flags), ("model", "layout", "training")).args
+    req = make_request(args, 16384, "h100", None, 8, None, None, None, 0.65, 5)
+    split = accounted_split(126, 16 * vpp, True, True)
+    assert split is not None
+    lay = layout_for(Layout(tp=8, pp=16, dp=128, sequence_parallel=True), req.model, split, vpp)
+    assert lay is not None
+    job = _job(req, lay, 1, recompute, True, True)
+    assert job is not None
+    return evaluate(job, split, req)
+
+
+def test_meta_405b_split_balances_first_and_last_stages_as_meta_did() -> None:
+    plan = meta_405b(4, "full")
+    counts = [sum(len(c) for c in s.layers) for s in plan.stages]  # type: ignore[attr-defined]
+    assert counts == [7] + [8] * 14 + [7]
+    assert "--account-for-embedding-in-pipeline-split" in plan.flags()  # type: ignore[attr-defined]
+
+
+def test_meta_405b_needs_recompute_in_megatron_core_memory() -> None:
+    # m = 2048 / 128 = 16 = p: with interleaving megatron's get_pp_rank_microbatches puts every
+    # forward of stages 0-7 in warm-up (2 (p - s - 1) + (v - 1) p >= m v), so they hold all 16
+    # micro-batches of all 8 layers: 128 x 0.53 GiB, plus the 11.9 GiB fp32 main-grad buffer.
+    plan = meta_405b(4, "none")
+    worst = max(plan.stages, key=lambda s: s.total)  # type: ignore[attr-defined]
+    assert worst.in_flight == (16, 16, 16, 16)
+    assert 85 * GIB < plan.peak < 86 * GIB  # type: ignore[attr-defined]
+    assert 11.8 * GIB < worst.gradients < 11.9 * GIB
+    assert meta_405b(4, "full").peak < 80 * GIB  # type: ignore[attr-defined]
+
+
+def test_meta_405b_estimated_mfu_brackets_the_published_41_percent() -> None:
+    # Without recomputation (as Meta ran it) the time model puts Meta's layout at 37.6% MFU
+    # with 2 virtual stages and 44.1% with 4; Meta measured 41% (Table 4).
+    assert 0.37 < meta_405b(2, "none").mfu < 0.41 < meta_405b(4, "none").mfu < 0.45  # type: ignore[attr-defined]
+
+
+@pytest.mark.xfail(strict=True, reason="issue #15's 10%: in megatron-core's memory Meta's layout "
+                   "needs full recompute (7.85 s) against the best plan's 5.31 s; see README")
+def test_meta_405b_within_10_percent_of_the_best() -> None:
+    best = 5.31  # tp8 pp16 dp32 cp4 vpp6, no recompute (the bench's full search)
+    assert meta_405b(4, "full").time.seconds <= 1.10 * best  # type: ignore[attr-defined]
