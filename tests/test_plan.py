@@ -76,12 +76,24 @@ def _plan(*args: str) -> dict:
          "--num-attention-heads", "8", "--ffn-hidden-size", "1024", "--gpus", "8",
          "--global-batch-size", "16", "--bf16", "--seq-length", "1024", "--gpu-memory", "4",
          "--pp", "2"),
+        # every split kind the planner emits: a layout string, --decoder-last-pipeline-num-layers,
+        # virtual stages, and --account-for-embedding/loss with virtual stages
+        ("--num-layers", "9", "--gpus", "4", "--global-batch-size", "8", "--gpu-memory", "2",
+         "--pp", "4"),
+        ("--num-layers", "10", "--gpus", "4", "--global-batch-size", "8", "--gpu-memory", "2",
+         "--pp", "4"),
+        ("--num-layers", "8", "--gpus", "4", "--global-batch-size", "8", "--gpu-memory", "2",
+         "--pp", "2", "--num-virtual-stages-per-pipeline-rank", "2"),
+        ("--num-layers", "14", "--vocab-size", "512", "--gpus", "4", "--global-batch-size", "8",
+         "--gpu-memory", "2", "--pp", "4"),
     ],
+    ids=["dense", "pp2 bf16", "llama", "layout string", "decoder last", "vpp", "accounted vpp"],
 )
 def test_memory_with_the_pasted_flags_confirms_the_plan(args: tuple[str, ...]) -> None:
     plan = _plan(*args)["plans"][0]
     model = [a for a in args if a not in ("--gpus",)]
-    drop = {"--gpus", "--gpu-memory", "--global-batch-size", "--pp"}
+    drop = {"--gpus", "--gpu-memory", "--global-batch-size", "--pp",
+            "--num-virtual-stages-per-pipeline-rank"}
     kept, skip = [], False
     for a in args:
         if skip:
@@ -135,3 +147,45 @@ def test_text_output_has_table_flags_and_timeline() -> None:
     assert result.code == 0, result.err
     assert "Megatron-LM flags of plan 1:" in result.out
     assert "stage 0" in result.out and "Why plan 1" in result.out
+
+
+@pytest.mark.parametrize("vpp", [1, 2])
+def test_timeline_replays_megatrons_schedule(vpp: int) -> None:
+    # Every rank runs m x v forwards and as many backwards, in megatron's order; the replay's
+    # length agrees with the time model's pipeline term (m t + (p - 1) t / v for equal stages).
+    from dataclasses import replace
+
+    from inspector.plan import make_request, search
+    from inspector.render.plan import _rank_order, timeline
+    from inspector.resolve import Sources, merge_sources
+
+    args = merge_sources(Sources(flags=dict(num_layers=8, global_batch_size=16)),
+                         ("model", "layout", "training")).args
+    req = make_request(args, 8, "h100", None, 8, None, None, None, 0.65, 1)
+    plan = search(replace(req, fixed={"pp": 4, "vpp": vpp, "mbs": 1, "tp": 1})).plans[0]
+    m = plan.job.schedule().num_microbatches
+    rows = timeline(plan)
+    assert [sum(kind == "F" for *_, kind in row) for row in rows] == [m * vpp] * 4
+    assert [sum(kind == "B" for *_, kind in row) for row in rows] == [m * vpp] * 4
+    end = max(stop for row in rows for _, stop, _ in row)
+    assert abs(end / plan.time.pipeline - 1) < 0.15
+    # stage 0 of the interleaved order: warm-up 2 (p - 1) + (v - 1) p forwards, chunk 0 first
+    order = _rank_order(0, 4, m, vpp)
+    warm = 3 if vpp == 1 else 2 * 3 + 4
+    assert [k for k, *_ in order[:warm]] == ["F"] * warm and order[warm + 1][0] == "B"
+
+
+@pytest.mark.parametrize(
+    ("layers", "extra", "flag"),
+    [
+        ("9", (), "--pipeline-model-parallel-layout 'Ettt|ttt|tt|tL'"),
+        ("10", (), "--decoder-last-pipeline-num-layers 1"),
+        ("14", ("--vocab-size", "512"), "--account-for-loss-in-pipeline-split"),
+    ],
+)
+def test_uneven_splits_are_emitted_as_megatron_flags(layers: str, extra: tuple, flag: str) -> None:
+    # The cases above that `memory` confirms really are the uneven kinds (the output layer of
+    # the default vocabulary weighs on the last stage; a small one lets the accounted split win).
+    plan = _plan("--num-layers", layers, *extra, "--gpus", "4", "--global-batch-size", "8",
+                 "--gpu-memory", "2", "--pp", "4")["plans"][0]
+    assert flag in plan["flags"]

@@ -120,48 +120,62 @@ def render_timeline(plan: Plan, width: int = 72) -> str:
 
 
 def timeline(plan: Plan) -> list[list[tuple[float, float, str]]]:
-    """Return per stage the (start, end, F|B) intervals of a 1F1B replay (chunks merged).
+    """Return per stage the (start, end, F|B) intervals of megatron's schedule, replayed.
 
-    Each stage's forward takes a third and its backward two thirds of its per-micro-batch time;
-    a pass starts when its input is ready and the stage is free (the order of megatron's 1F1B).
+    The order of each rank's passes is megatron-core's: `get_schedule_table` (micro-batches in
+    groups of p through chunk 0, then chunk 1, ...; 1F1B is the one-chunk case), the warm-up of
+    `get_pp_rank_microbatches` (formulas._warmup_steps), then one forward and one backward per
+    step, the backward of step k running chunk v - 1 - chunk(k). A pass starts when its input
+    is ready (the previous virtual stage's forward, the next one's backward) and its rank is
+    free. A chunk's forward takes a third and its backward two thirds of its share (by layers)
+    of the rank's per-micro-batch time.
     """
     lay = plan.job.layout
-    pp = lay.pp
+    pp, v = lay.pp, lay.chunks
     m = plan.job.schedule().num_microbatches
     per = [s.per_microbatch for s in plan.time.stages]
-    order = []
-    for s in range(pp):
-        warm = min(pp - s - 1, m)
-        ops = [("F", i) for i in range(warm)]
-        f = warm
-        b = 0
-        while b < m:
-            if f < m:
-                ops.append(("F", f))
-                f += 1
-            ops.append(("B", b))
-            b += 1
-        order.append(ops)
-    done: dict[tuple[str, int, int], float] = {}
+    share = [[len(c) / max(sum(len(x) for x in st.layers), 1) for c in st.layers]
+             for st in plan.stages]
+    order = [_rank_order(s, pp, m, v) for s in range(pp)]
+    done: dict[tuple[str, int, int, int], float] = {}
     rows: list[list[tuple[float, float, str]]] = [[] for _ in range(pp)]
-    pos = [0] * pp
-    free = [0.0] * pp
+    pos, free = [0] * pp, [0.0] * pp
     progress = True
     while progress:
         progress = False
         for s in range(pp):
             while pos[s] < len(order[s]):
-                kind, i = order[s][pos[s]]
-                dep = _dependency(kind, s, i, pp)
+                kind, i, c = order[s][pos[s]]
+                dep = _dependency(kind, s, i, c, pp, v)
                 if dep is not None and dep not in done:
                     break
-                start = max(free[s], done.get(dep, 0.0) if dep else 0.0)
-                length = per[s] / 3 if kind == "F" else per[s] * 2 / 3
-                done[(kind, s, i)] = free[s] = start + length
+                start = max(free[s], done[dep] if dep else 0.0)
+                length = per[s] * share[s][c] * (1 / 3 if kind == "F" else 2 / 3)
+                done[(kind, s, i, c)] = free[s] = start + length
                 rows[s].append((start, start + length, kind))
                 pos[s] += 1
                 progress = True
     return rows
+
+
+def _rank_order(stage: int, pp: int, m: int, v: int) -> list[tuple[str, int, int]]:
+    """Return one rank's passes (F|B, micro-batch, chunk) in megatron-core's order."""
+    from inspector.formulas import _warmup_steps
+
+    table = []  # megatron's get_schedule_table: (micro-batch, chunk) per forward step
+    for start in range(0, m, pp):
+        width = min(pp, m - start)
+        table += [(start + i, c) for c in range(v) for i in range(width)]
+    warmup = _warmup_steps(stage, pp, m, v, pp) if pp > 1 else 0
+    ops = [("F", *table[k]) for k in range(warmup)]
+    for k in range(warmup, len(table)):
+        ops.append(("F", *table[k]))
+        i, c = table[k - warmup]
+        ops.append(("B", i, v - 1 - c))
+    for k in range(len(table) - warmup, len(table)):
+        i, c = table[k]
+        ops.append(("B", i, v - 1 - c))
+    return ops
 
 
 def render_svg(plan: Plan) -> str:
@@ -233,8 +247,15 @@ def _json(result: SearchResult, memory: int) -> dict[str, Any]:
     }
 
 
-def _dependency(kind: str, stage: int, index: int, pp: int) -> tuple[str, int, int] | None:
-    """Return the pass a 1F1B pass waits for (previous stage's forward, next stage's backward)."""
+def _dependency(
+    kind: str, stage: int, index: int, chunk: int, pp: int, v: int
+) -> tuple[str, int, int, int] | None:
+    """Return the pass a pass waits for: the previous virtual stage's forward, the next one's
+    backward (virtual stage c x p + s; the last one's backward follows its own forward)."""
     if kind == "F":
-        return ("F", stage - 1, index) if stage > 0 else None
-    return ("B", stage + 1, index) if stage < pp - 1 else ("F", stage, index)
+        if stage > 0:
+            return ("F", stage - 1, index, chunk)
+        return ("F", pp - 1, index, chunk - 1) if chunk > 0 else None
+    if stage < pp - 1:
+        return ("B", stage + 1, index, chunk)
+    return ("B", 0, index, chunk + 1) if chunk < v - 1 else ("F", stage, index, chunk)
