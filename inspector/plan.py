@@ -455,6 +455,49 @@ def _splits(req: Request, lay: Layout, v: int, first: float, last: float) -> lis
     return found
 
 
+def _capped_split(
+    req: Request, base: Layout, v: int, splits: list[Split], mbs: int, distopt: bool,
+    flash: bool, first: float, last: float,
+) -> Split | None:
+    """Return plan_split.balance with each virtual stage capped at the layers that fit memory.
+
+    Without recomputation, rank s holds each layer's state plus its activations times the
+    micro-batches its chunk c keeps in flight (the schedule's replay, the most of any point):
+    a rank's budget, less its embedding / output state, is shared evenly by its v chunks. The
+    caps are an estimate for the DP only; the split it returns is priced exactly like any other.
+    """
+    if base.pp == 1 or "split" in req.fixed or not splits:
+        return None
+    lay = layout_for(base, req.model, splits[0], v)
+    job = _job(req, lay, mbs, "none", distopt, flash) if lay else None
+    if job is None:
+        return None
+    pp, m, dims = base.pp, job.schedule().num_microbatches, job.dims()
+    pairs_of = _pair_layout(job.layout)
+    one, two, ends = (
+        _stage_state(job, 1, shapes, pairs_of).total
+        for shapes in (
+            (ChunkShape(1, False, False),), (ChunkShape(2, False, False),),
+            (ChunkShape(1, True, False), ChunkShape(1, False, True)),
+        )
+    )
+    per_layer_state = two - one
+    layer = max(_layer_bytes(dims, replace(pairs_of, pp=pp), i, mbs, "none", flash)
+                for i in {0, dims.num_layers - 1})
+    caps = [0] * (pp * v)
+    for s in range(pp):
+        try:
+            points = _live_points(s, pp, m, v) if v > 1 else ((min(pp - s, m),),)
+        except ConfigError:  # megatron's interleaved schedule refuses this m
+            return None
+        flight = [max(p[c] for p in points) for c in range(v)]
+        fixed = (ends - 2 * one) if s in (0, pp - 1) else 0
+        budget = (req.memory - fixed) / v
+        for c in range(v):
+            caps[c * pp + s] = max(1, int(budget // (per_layer_state + layer * flight[c])))
+    return balance(req.model.num_layers, pp * v, round(first, 2), round(last, 2), tuple(caps))
+
+
 def _extras(job: Job, req: Request) -> tuple[float, float]:
     """Return the embedding and output-layer costs in units of one layer (time model)."""
     dims = job.dims()
@@ -490,9 +533,11 @@ def search(req: Request, progress: Callable[[int, int], None] | None = None) -> 
                 continue
             m = req.global_batch_size // (mbs * base.dp)
             for v in _vpp_choices(req, base.pp, m):
-                for split in _splits(req, base, v, first, last):
-                    lay = layout_for(base, req.model, split, v)
-                    for distopt in _distopts(req, base):
+                splits = _splits(req, base, v, first, last)
+                for distopt in _distopts(req, base):
+                    capped = _capped_split(req, base, v, splits, mbs, distopt, flash, first, last)
+                    for split in splits + ([capped] if capped and capped not in splits else []):
+                        lay = layout_for(base, req.model, split, v)
                         key = (base, v, split, distopt)
                         if lay is None or key in unfit:
                             continue

@@ -204,3 +204,21 @@ def test_meta_405b_estimated_mfu_brackets_the_published_41_percent() -> None:
 def test_meta_405b_within_10_percent_of_the_best() -> None:
     best = 5.31  # tp8 pp16 dp32 cp4 vpp6, no recompute (the bench's full search)
     assert meta_405b(4, "full").time.seconds <= 1.10 * best  # type: ignore[attr-defined]
+
+
+def test_memory_caps_give_meta_a_split_without_recompute() -> None:
+    # The DP's memory caps (plan._capped_split) move a layer off the ranks that hold the most
+    # micro-batches: 1F1B with 7/7/8/.../8 fits 80 GiB without recomputation, where Meta's
+    # 7/8/.../8/7 needs 81.4 GiB. Interleaved, no split fits (every layer of ranks 0-7 is in
+    # flight 16 times), which the caps find too.
+    from inspector.plan import make_request, search
+    from inspector.resolve import Sources, merge_sources
+
+    flags = dict(seq_length=8192, bf16=True, global_batch_size=2048)
+    args = merge_sources(Sources(preset="llama3.1-405b", flags=flags), ("model", "layout", "training")).args
+    req = make_request(args, 16384, "h100", None, 8, None, None, None, 0.65, 5)
+    fixed = {"tp": 8, "pp": 16, "cp": 1, "mbs": 1, "recompute": "none", "distopt": True}
+    plan = search(replace(req, fixed={**fixed, "vpp": 1})).plans[0]
+    assert [sum(len(c) for c in s.layers) for s in plan.stages][:3] == [7, 7, 8]
+    assert plan.peak < 80 * GIB
+    assert not search(replace(req, fixed={**fixed, "vpp": 2})).plans
