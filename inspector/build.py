@@ -202,19 +202,26 @@ def merge_expert_ranks(walks: list[list[ParamRecord]]) -> list[ParamRecord]:
     """
     if len(walks) == 1:
         return walks[0]
-    others: dict[int | None, list[ParamRecord]] = {}
+    others: dict[str, list[ParamRecord]] = {}
     for walk in walks[1:]:
         for record in walk:
             if record.expert_rank is not None:
-                others.setdefault(record.layer, []).append(record)
+                others.setdefault(_expert_block(record), []).append(record)
     merged = []
     base = walks[0]
     for index, record in enumerate(base):
         merged.append(record)
         following = base[index + 1] if index + 1 < len(base) else None
         is_last_expert = record.expert_rank is not None and (
-            following is None or following.expert_rank is None or following.layer != record.layer
+            following is None
+            or following.expert_rank is None
+            or _expert_block(following) != _expert_block(record)
         )
         if is_last_expert:
-            merged.extend(others.pop(record.layer, []))
+            merged.extend(others.pop(_expert_block(record), []))
     return merged
+
+
+def _expert_block(record: ParamRecord) -> str:
+    """Return the layer an expert row belongs to, by name (decoder or multi-token prediction)."""
+    return record.name.split(".mlp.experts.", 1)[0]

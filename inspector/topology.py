@@ -13,6 +13,7 @@ The coordinates themselves come from megatron (world.py); this module only holds
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -211,9 +212,22 @@ def virtual_size(
     if per_chunk is not None:
         return (num_layers // layout.pp) // per_chunk
     if layout.pipeline_model_parallel_layout is not None:
-        stages = layout.pipeline_model_parallel_layout.count("|") + 1
+        stages = expand_layout(layout.pipeline_model_parallel_layout).count("|") + 1
         return stages // layout.pp if stages > layout.pp else None
     return None
+
+
+def expand_layout(text: str) -> str:
+    """Return a layout string with its repetitions unrolled, as megatron-core reads it.
+
+    megatron-core `PipelineParallelLayerLayout.parse_str_to_list`
+    (transformer/pipeline_parallel_layer_layout.py): commas are cosmetic, `(..)*n` and `x*n`
+    repeat; "Et*3|(tt|)*29,m|L" is one stage "Ettt", 29 stages "tt", then "m" and "L".
+    """
+    text = text.replace(",", "")
+    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+        text = re.sub(pattern, lambda match: match.group(1) * int(match.group(2)), text)
+    return text
 
 
 def _check_pipeline(model: ModelConfig, layout: Layout) -> None:
@@ -356,17 +370,24 @@ def _check_layout_string(model: ModelConfig, layout: Layout) -> None:
             "--pipeline-model-parallel-layout cannot be combined with --decoder-first/last-"
             "pipeline-num-layers or --account-for-embedding/loss-in-pipeline-split"
         )
-    stages = text.count("|") + 1
+    expanded = expand_layout(text)
+    stages = expanded.count("|") + 1
     if stages % layout.pp:
         raise ConfigError(
             f"--pipeline-model-parallel-layout {text!r} has {stages} stages, not a multiple of "
             f"--pp {layout.pp}"
         )
-    placed = text.count("t")
+    placed = expanded.count("t")
     if placed != model.num_layers:
         raise ConfigError(
             f"--pipeline-model-parallel-layout {text!r} places {placed} transformer layers ('t') "
             f"but --num-layers is {model.num_layers}"
+        )
+    mtp = expanded.count("m")
+    if mtp != (model.mtp_num_layers or 0):
+        raise ConfigError(
+            f"--pipeline-model-parallel-layout {text!r} places {mtp} multi-token prediction "
+            f"layers ('m') but --mtp-num-layers is {model.mtp_num_layers or 0}"
         )
 
 
