@@ -154,6 +154,27 @@ def _attention(dims: ModelDims, par: Layout, sb: float) -> float:
     return outside / par.sp_divisor + inside / par.tp
 
 
+def _mla_attention(dims: ModelDims, par: Layout, sb: float) -> float:
+    """Return multi-latent attention's bytes besides the scores (our extension, Section 4.1's method).
+
+    Every tensor a backward GEMM or norm reads is counted once, in the paper's way:
+      - the down projections' input (the layer norm's output, shared by both) 2sbh and the
+        dropout mask sbh, whole on every TP rank unless sequence parallel (as for QKV);
+      - the latents, whole on every TP rank (megatron-core's down projections are not split
+        over heads): the up projections' inputs 2sb q_lora and 2sb kv_lora, and with
+        --qk-layernorm the latent norms' inputs, as much again;
+      - split by t: Q and K, n (c + r) wide each (the RoPE part is joined to every head), V n v
+        wide, and the output projection's input n v wide.
+    """
+    n, b = dims.num_attention_heads, dims.activation_bytes
+    c, r, v = dims.qk_head_dim, dims.qk_pos_emb_head_dim, dims.v_head_dim
+    outside = b * sb * dims.hidden_size + MASK * sb * dims.hidden_size
+    latent_width = (dims.q_lora_rank or 0) + dims.kv_lora_rank
+    latents = b * sb * latent_width * (2 if dims.qk_layernorm else 1)
+    inside = b * sb * n * (2 * (c + r) + 2 * v)
+    return outside / par.sp_divisor + latents + inside / par.tp
+
+
 def _core_attention(dims: ModelDims, par: Layout, sb: float, flash_attention: bool) -> float:
     """Return the score terms: 5as^2b/t (paper Section 4.1), or flash attention's fp32 stats."""
     a = dims.num_attention_heads
@@ -228,7 +249,38 @@ def layer_activations(
         mlp = _moe_mlp(dims, par, sb)
     else:
         mlp = _dense_mlp(dims, par, sb, dims.ffn)
-    return LayerActivations(norms, _attention(dims, par, sb), core, mlp, 0.0)
+    attention = _mla_attention(dims, par, sb) if dims.multi_latent_attention else None
+    return LayerActivations(
+        norms, attention if attention is not None else _attention(dims, par, sb), core, mlp, 0.0
+    )
+
+
+def mtp_activations(
+    dims: ModelDims,
+    par: Layout,
+    micro_batch_size: int,
+    recompute: Recompute = "none",
+    flash_attention: bool = False,
+) -> float:
+    """Return the bytes the multi-token-prediction layers keep per micro-batch (our extension).
+
+    Per depth (megatron-core `MultiTokenPredictionLayer`): the shifted tokens' ids 8sb and
+    embedding dropout mask sbh, the inputs of `enorm` and `hnorm` 2sbh each, `eh_proj`'s input
+    4sbh (the two normed halves side by side), a transformer layer like the decoder's last
+    (`layer_activations`, the same recomputation), the final norm's and the output layer's inputs
+    2sbh each and the loss's fp32 logits 4sbv/t (paper Section 4.4); the sbh terms split by t
+    under sequence parallelism.
+    """
+    if not dims.mtp_num_layers:
+        return 0.0
+    sb = _tokens(dims, par, micro_batch_size)
+    h = dims.hidden_size
+    hidden = (MASK + 2 * dims.activation_bytes * 5) * sb * h / par.sp_divisor
+    layer = layer_activations(
+        dims, par, dims.num_layers - 1, micro_batch_size, recompute, flash_attention
+    ).total
+    depth = TOKEN_ID * sb + hidden + layer + FP32 * sb * dims.vocab_size / par.tp
+    return dims.mtp_num_layers * depth
 
 
 def embedding_activations(
@@ -272,6 +324,7 @@ def stage_activations(
     recompute: Recompute = "none",
     flash_attention: bool = False,
     group_size: int | None = None,
+    mtp_chunks: Sequence[int] = (),
 ) -> StageActivations:
     """Return the peak activation bytes of pipeline `stage` on one rank.
 
@@ -283,6 +336,8 @@ def stage_activations(
         micro_batch_size, num_microbatches: b and m.
         recompute, flash_attention: see `layer_activations`.
         group_size: `--microbatch-group-size-per-virtual-pipeline-stage` (default p).
+        mtp_chunks: multi-token-prediction layers per chunk (megatron's placement; empty: none),
+            counted with the output side (`mtp_activations`).
 
     The stage's peak is the schedule point (see `live_microbatches`) with the most bytes, each
     chunk contributing its micro-batches alive times its per-micro-batch bytes. Stage 0's first
@@ -296,6 +351,9 @@ def stage_activations(
     layers, embedding, output = _chunk_bytes(
         dims, par, stage, chunk_layers, micro_batch_size, recompute, flash_attention
     )
+    if any(mtp_chunks):
+        mtp = mtp_activations(dims, par, micro_batch_size, recompute, flash_attention)
+        output = tuple(x + (mtp if n else 0.0) for x, n in zip(output, mtp_chunks, strict=True))
     points = live_microbatches(stage, par.pp, num_microbatches, par.chunks, group_size)
     peak = max(
         points,

@@ -101,7 +101,23 @@ class Job:
             moe_ffn_hidden_size=model.moe_ffn_hidden_size,
             moe_shared_expert_intermediate_size=model.moe_shared_expert_intermediate_size,
             activation_bytes=4 if model.dtype_name == "float32" else 2,
+            moe_layer_freq=model.moe_layer_freq,
+            mtp_num_layers=model.mtp_num_layers or 0,
+            **_mla_dims(model),
         )
+
+
+def _mla_dims(model: ModelConfig) -> dict[str, Any]:
+    """Return ModelDims' multi-latent-attention fields (Megatron-LM's defaults filled in)."""
+    if not model.multi_latent_attention:
+        return {}
+    mla = model.mla_args()
+    names = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
+    return {
+        "multi_latent_attention": True,
+        "qk_layernorm": model.qk_layernorm,
+        **{name: mla[name] for name in names},
+    }
 
 
 TRAINING_ARGS = {

@@ -233,6 +233,12 @@ def measure(built: BuiltJob, hardware: Hardware) -> MemoryReport:
     )
 
 
+def mtp_layers(chunk: BuiltChunk) -> int:
+    """Return how many multi-token-prediction layers megatron built on this chunk."""
+    mtp = getattr(chunk.module, "mtp", None)
+    return len(mtp.layers) if mtp is not None else 0
+
+
 def _stage_memory(
     job: Job,
     dims: ModelDims,
@@ -259,12 +265,14 @@ def _stage_memory(
         schedule.num_microbatches,
         training.recompute,
         training.flash_attention,
+        mtp_chunks=tuple(mtp_layers(chunk) for chunk in chunks),
     )
     flops = stage_flops(
         dims,
         (i for chunk in layers for i in chunk),
         schedule.global_batch_size,
         any(chunk.has_output for chunk in chunks),
+        has_mtp=any(mtp_layers(chunk) for chunk in chunks),
     )
     return StageMemory(
         stage=stage,

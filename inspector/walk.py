@@ -92,9 +92,21 @@ def global_name(stage: StageModel, local_name: str, experts: dict[str, list[int]
     return name
 
 
-def _global_shape(param: Any, size: int) -> tuple[int, ...]:
+def _duplicated(owner: Any, is_expert: bool) -> bool:
+    """Return whether a TE linear is megatron's "duplicated" mode: whole on every TP rank.
+
+    megatron's TELinear passes TE `parallel_mode=None` for it (MLA's down projections in 0.16),
+    and TE still marks the weight `tensor_model_parallel` (linear.py `reset_parameters`), so the
+    attribute alone would double its global shape. Expert linears also pass None to TE, but are
+    split by megatron itself over the expert tensor-parallel group.
+    """
+    te_linear = getattr(owner, "parallel_mode", "column") is None and hasattr(owner, "tp_size")
+    return te_linear and not is_expert
+
+
+def _global_shape(param: Any, size: int, sharded: bool) -> tuple[int, ...]:
     shape = list(param.shape)
-    if getattr(param, "tensor_model_parallel", False):
+    if sharded:
         shape[param.partition_dim] *= size
     return tuple(shape)
 
@@ -107,7 +119,10 @@ def walk_params(stage: StageModel, tp: int, etp: int) -> Iterator[ParamRecord]:
         match = _LAYER.match(name)
         expert = _LOCAL_EXPERT.search(name) or _TE_GROUPED_EXPERT.search(name)
         is_expert = _EXPERTS in name
-        sharded = bool(getattr(param, "tensor_model_parallel", False))
+        owner = _owner(stage.module, local_name)
+        sharded = bool(getattr(param, "tensor_model_parallel", False)) and not _duplicated(
+            owner, is_expert
+        )
         # The last stage's copy of the word embeddings: the tied output layer, or the embedding
         # that multi-token prediction keeps on a stage without the embedding (language_module.py
         # `setup_embeddings_and_output_layer`).
@@ -120,9 +135,9 @@ def walk_params(stage: StageModel, tp: int, etp: int) -> Iterator[ParamRecord]:
             chunk=stage.chunk,
             local_name=local_name,
             name=name,
-            module=describe_module(_owner(stage.module, local_name)),
+            module=describe_module(owner),
             shape=tuple(param.shape),
-            global_shape=_global_shape(param, etp if is_expert else tp),
+            global_shape=_global_shape(param, etp if is_expert else tp, sharded),
             dtype=str(param.dtype).removeprefix("torch."),
             tensor_parallel=sharded,
             partition_dim=param.partition_dim if sharded else None,
