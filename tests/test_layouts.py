@@ -221,8 +221,6 @@ def test_topology_expert_groups_golden(cli, golden):
         # expert groups are carved out of tp x cp x dp ranks
         ("--num-layers 2 --num-experts 4 --ep 4 --dp 2",
          "--expert-model-parallel-size 4 x --expert-tensor-parallel-size 1 = 4 does not divide --tp 1 x --context-parallel-size 1 x --dp 2 = 2 (megatron carves expert groups out of those ranks)"),
-        # sequence parallel needs tensor parallel
-        ("--sequence-parallel", "--sequence-parallel needs --tp larger than 1 (it splits along tensor-parallel ranks)"),
         # megatron's local attention refuses context parallelism (TE's takes it)
         ("--context-parallel-size 2",
          "--context-parallel-size 2 needs --transformer-impl transformer_engine: megatron-core's local DotProductAttention refuses context parallelism"),
