@@ -48,6 +48,8 @@ class ModelDims:
     moe_shared_expert_intermediate_size: int | None = None
     moe_layer_freq: int | tuple[int, ...] = 1
     activation_bytes: int = 2  # bytes per activation element: 2 in bf16/fp16, 4 in fp32
+    attention_dropout: bool = True  # --attention-dropout > 0: its mask and output are stored
+    hidden_dropout: bool = True  # --hidden-dropout > 0: masks after attention, MLP, embedding
 
     def __post_init__(self) -> None:
         """Reject dimensions that no formula can use (the checks config.py makes of a model)."""

@@ -259,6 +259,8 @@ def _stage_memory(
         schedule.num_microbatches,
         training.recompute,
         training.flash_attention,
+        recompute_method=training.recompute_method,
+        recompute_num_layers=training.recompute_num_layers,
     )
     flops = stage_flops(
         dims,
