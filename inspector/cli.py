@@ -252,6 +252,10 @@ def params(
         built = build(job, select_view(job, stage, rank))
         return render_params(params_result(built, partitioning, block_size), fmt)
 
+    if check is not None and output is not None:
+        raise ConfigError(
+            "--check compares the table with FILE and writes nothing, -o writes it; pass one of them"
+        )
     options = dict(
         stage=stage, rank=rank, partitioning=partitioning, block_size=block_size, fmt=fmt
     )
@@ -292,6 +296,10 @@ def memory(
     output: str | None = typer.Option(None, "-o", "--output", help="Write to FILE atomically."),
 ) -> None:
     """Print what each rank needs to train: weights, grads, optimizer, activations, FLOPs."""
+    if walkthrough:
+        from inspector.memory import check_walkthrough_flags
+
+        check_walkthrough_flags(gpu_memory=gpu_memory, gpu_tflops=gpu_tflops, mfu=mfu)
 
     def produce() -> str:
         from inspector import memory as core
@@ -351,7 +359,7 @@ def workload(
         job = _job(args)
         compute = compute_for(gpu_tflops, mfu, compute_profile)
         built = build(job, select_view(job, stage), expert_ranks=(0,))
-        return json.dumps(workload_files(context_for(built, compute), stage_inputs(built)))
+        return json.dumps(workload_files(context_for(built, compute), stage_inputs(built)), allow_nan=False)
 
     options = dict(stage=stage, gpu_tflops=gpu_tflops, mfu=mfu, profile=compute_profile, fmt=fmt)
     if compute_profile is not None:

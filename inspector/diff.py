@@ -23,6 +23,7 @@ class Move:
     what: str
     old: str
     new: str
+    params: int = 1  # the parameters (table rows) that moved
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,7 @@ def _added_removed(
 
 def _moves(result: TableDiff, before: dict[str, TableRow], after: dict[str, TableRow]) -> None:
     by_layer: dict[int, set[tuple[str, str]]] = defaultdict(set)
+    rows: dict[int, int] = defaultdict(int)
     loose: list[Move] = []
     for name, old in before.items():
         new = after.get(name)
@@ -148,6 +150,7 @@ def _moves(result: TableDiff, before: dict[str, TableRow], after: dict[str, Tabl
         move = (_where(old), _where(new))
         if layer is not None:
             by_layer[layer].add(move)
+            rows[layer] += 1
         elif move[0] != move[1]:
             loose.append(Move(name, *move))
     runs: list[tuple[list[int], tuple[str, str]]] = []
@@ -162,7 +165,7 @@ def _moves(result: TableDiff, before: dict[str, TableRow], after: dict[str, Tabl
             runs.append(([layer], move))
     for layers, (source, target) in runs:
         what = f"layers {layers[0]}-{layers[-1]}" if len(layers) > 1 else f"layer {layers[0]}"
-        result.moves.append(Move(what, source, target))
+        result.moves.append(Move(what, source, target, sum(rows[n] for n in layers)))
     result.moves.extend(loose)
 
 

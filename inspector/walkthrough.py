@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from math import prod
 from typing import TYPE_CHECKING, Literal
 
+from inspector.config import check_at_least_one
 from inspector.errors import ConfigError
 from inspector.formulas import ModelDims
 
@@ -39,7 +40,7 @@ Mode = Literal["tp", "ulysses", "cp"]
 Kind = Literal["activation", "weight", "communication"]
 Materialized = Literal["always", "naive", "flash"]
 
-DEGREE_FLAGS = {"tp": "--tp", "ulysses": "--ulysses-degree", "cp": "--cp"}
+DEGREE_FLAGS = {"tp": "--tp", "ulysses": "--ulysses-degree", "cp": "--context-parallel-size"}
 HALF = 2  # bytes per 16-bit element
 FP32 = 4  # bytes of the softmax statistics
 
@@ -91,8 +92,7 @@ def _sizes(dims: ModelDims, mode: Mode, degree: int, micro_batch_size: int) -> _
         raise ConfigError(f"the walkthrough mode must be one of tp, ulysses, cp, got {mode!r}")
     flag = DEGREE_FLAGS[mode]
     a, g, n = dims.num_attention_heads, dims.query_groups, dims.seq_length
-    if degree < 1:
-        raise ConfigError(f"{flag} must be at least 1, got {degree}")
+    check_at_least_one(flag, degree)
     if mode != "cp" and a % degree:
         raise ConfigError(
             f"--num-attention-heads {a} is not divisible by {flag} {degree} ({a} % {degree} = "
@@ -105,8 +105,9 @@ def _sizes(dims: ModelDims, mode: Mode, degree: int, micro_batch_size: int) -> _
         )
     split = 2 * degree if mode == "cp" else degree
     if n % split:
+        by = f"2 x {flag} {degree} = {split}" if mode == "cp" else f"{flag} {degree}"
         raise ConfigError(
-            f"--seq-length {n} is not divisible by {split} ({n} % {split} = {n % split})"
+            f"--seq-length {n} is not divisible by {by} ({n} % {split} = {n % split})"
         )
     g_rank, g_label = (g // degree, "g/P") if g % degree == 0 else (1, "1")
     a_rank = a if mode == "cp" else a // degree

@@ -246,7 +246,7 @@ def report_json(report: MemoryReport) -> dict[str, Any]:
 
 def render_json(report: MemoryReport) -> str:
     """Return the report as indented json."""
-    return json.dumps(report_json(report), indent=1) + "\n"
+    return json.dumps(report_json(report), indent=1, allow_nan=False) + "\n"
 
 
 def _where(step: WalkthroughStep) -> str:
@@ -322,7 +322,7 @@ def walkthrough_json(walks: Sequence[tuple[str, int, list[WalkthroughStep]]]) ->
         }
         for mode, degree, steps in walks
     ]
-    return json.dumps({"walkthrough": out}, indent=1) + "\n"
+    return json.dumps({"walkthrough": out}, indent=1, allow_nan=False) + "\n"
 
 
 def render_memory(report: MemoryReport, fmt: MemoryFormat) -> str:
