@@ -60,6 +60,8 @@ class TableDiff:
     changes: list[Change] = field(default_factory=list)
     totals: list[StageTotal] = field(default_factory=list)
     order_changed: bool = False
+    added_params: int = 0  # the parameters (table rows) behind `added`
+    removed_params: int = 0
 
     @property
     def equal(self) -> bool:
@@ -126,10 +128,10 @@ def _group_by_layer(names: list[str]) -> tuple[list[int], list[str]]:
 def _added_removed(
     result: TableDiff, before: dict[str, TableRow], after: dict[str, TableRow]
 ) -> None:
-    for names, other, target in (
-        ([n for n in after if n not in before], before, result.added),
-        ([n for n in before if n not in after], after, result.removed),
-    ):
+    added = [n for n in after if n not in before]
+    removed = [n for n in before if n not in after]
+    result.added_params, result.removed_params = len(added), len(removed)
+    for names, other, target in ((added, before, result.added), (removed, after, result.removed)):
         layers, loose = _group_by_layer(names)
         whole = [n for n in layers if not any(_layer(name) == n for name in other)]
         if whole:

@@ -120,7 +120,16 @@ def diff_report(text: str) -> None:
         changes = data["changes"]
         assert data["equal"] == (not (changes or data["moves"] or data["added"] or data["removed"]))
         return
-    for kind, patterns in re.findall(r"(\w+) changes\W+\d+ parameters in (\d+) patterns", text):
+    moved = re.search(r"moved between stages\W+([\d,]+) parameters?", text)
+    if moved is None:
+        assert "identical" in text.splitlines()[0], text
+        return
+    section = re.search(r"Moved between stages(?::| \(\d+\)</summary>\n)\n((?:[-\w `].*\n)+)", text)
+    lines = section.group(1).splitlines() if section else []
+    counts = [re.search(r"\(([\d,]+) parameters?\)", line) for line in lines]
+    total = sum(int(c.group(1).replace(",", "")) if c else 1 for c in counts)
+    assert int(moved.group(1).replace(",", "")) == total, (moved.group(0), total)
+    for kind, patterns in re.findall(r"(\w+) changes\W+[\d,]+ parameters? in (\d+) patterns?", text):
         title = kind.capitalize() + " changes"
         section = re.search(rf"{title}(?::| \(\d+\)</summary>\n)\n((?:[-\w `].*\n)+)", text)
         assert section, kind

@@ -54,8 +54,8 @@ def _summary(d: TableDiff) -> list[tuple[str, str]]:
     counts = [
         ("topology", f"{d.topology[0]} -> {d.topology[1]}" if d.topology else "same"),
         ("moved between stages", _params(sum(m.params for m in d.moves))),
-        ("added", _params(len(d.added))),
-        ("removed", _params(len(d.removed))),
+        ("added", _params(d.added_params)),
+        ("removed", _params(d.removed_params)),
     ]
     for kind in (column.label for column in COMPARED):
         changes = [c for c in d.changes if c.kind == kind]
@@ -70,7 +70,7 @@ def _summary(d: TableDiff) -> list[tuple[str, str]]:
 def _move(m: Move) -> str:
     """Return one move: a layer run (with its parameter count) or one parameter."""
     count = f" ({_params(m.params)})" if m.what.startswith(("layer ", "layers ")) else ""
-    return f"{m.what}{count}: {m.old} -> {m.new}"
+    return f"{m.what}: {m.old} -> {m.new}{count}"
 
 
 def _detail_lines(d: TableDiff) -> list[tuple[str, list[str]]]:
