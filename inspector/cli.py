@@ -245,6 +245,45 @@ def _emit(text: str, output: str | None = None) -> None:
     write_output(output, text)
 
 
+class Progress:
+    """A one-line progress indicator on stderr while stages are built.
+
+    Only on a terminal, and only once the run has taken `delay` seconds: nothing in pipes, CI or
+    captured streams. Use as a context manager; the line is erased at the end.
+    """
+
+    def __init__(self, stream: Any = None, delay: float = 1.0) -> None:
+        import time
+
+        self.stream = sys.stderr if stream is None else stream
+        self.clock = time.monotonic
+        self.start, self.delay, self.shown = self.clock(), delay, False
+        try:
+            self.enabled = bool(self.stream.isatty())
+        except (AttributeError, OSError, ValueError):
+            self.enabled = False
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled or (not self.shown and self.clock() - self.start < self.delay):
+            return
+        self.shown = True
+        self._write(f"\rbuilding with megatron-core: {done} of {total} stage builds\x1b[K")
+
+    def _write(self, text: str) -> None:
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except (OSError, ValueError):
+            self.enabled = False
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.shown and self.enabled:
+            self._write("\r\x1b[K")
+
+
 def _job(args: dict[str, Any]) -> Any:
     from inspector.job import make_job
 
@@ -268,7 +307,9 @@ def tree(
 
         job = _job(args)
         view = select_view(job, stage, rank)
-        return render_trees(stage_trees(build(job, view, expert_ranks=(view.expert_rank,))))
+        with Progress() as progress:
+            built = build(job, view, expert_ranks=(view.expert_rank,), progress=progress)
+        return render_trees(stage_trees(built))
 
     _emit(cache.cached("tree", args, {"stage": stage, "rank": rank}, use_cache, produce))
 
@@ -323,7 +364,8 @@ def params(
         from inspector.render.params import render_params
 
         job = _job(args)
-        built = build(job, select_view(job, stage, rank))
+        with Progress() as progress:
+            built = build(job, select_view(job, stage, rank), progress=progress)
         return render_params(params_result(built, partitioning, block_size), fmt)
 
     if check is not None and output is not None:
@@ -389,7 +431,8 @@ def memory(
         core.check_ulysses(ulysses_degree)
         from inspector.build import build, select_view
 
-        built = build(job, select_view(job), expert_ranks=(0,))
+        with Progress() as progress:
+            built = build(job, select_view(job), expert_ranks=(0,), progress=progress)
         return render.render_memory(core.measure(built, hardware), fmt)
 
     options: dict[str, Any] = dict(
@@ -436,7 +479,8 @@ def workload(
 
         job = _job(args)
         compute = compute_for(gpu_tflops, mfu, compute_profile)
-        built = build(job, select_view(job, stage), expert_ranks=(0,))
+        with Progress() as progress:
+            built = build(job, select_view(job, stage), expert_ranks=(0,), progress=progress)
         return json.dumps(workload_files(context_for(built, compute), stage_inputs(built)), allow_nan=False)
 
     options = dict(stage=stage, gpu_tflops=gpu_tflops, mfu=mfu, profile=compute_profile, fmt=fmt)
