@@ -24,6 +24,7 @@ from inspector.formats import (
     MemoryFormat,
     ParamsFormat,
     Partitioning,
+    PlanFormat,
     TopologyFormat,
     WorkloadFormat,
 )
@@ -524,6 +525,52 @@ def models() -> None:
     from inspector.render.models import render_presets
 
     sys.stdout.write(render_presets())
+
+
+@app.command()
+@model_options("model", "layout", "training")
+def plan(
+    args: dict[str, Any],
+    use_cache: bool,
+    gpus: int = typer.Option(..., "--gpus", help="GPUs in the cluster."),
+    gpu_memory: float | None = typer.Option(
+        None, "--gpu-memory", help="GPU memory in GiB (default: the --gpu profile's)."
+    ),
+    gpu: str = typer.Option("h100", "--gpu", help="GPU profile: h100, h200 or a100-80gb."),
+    gpus_per_node: int = typer.Option(8, "--gpus-per-node", help="GPUs per node (NVLink domain)."),
+    gpu_tflops: float | None = typer.Option(
+        None, "--gpu-tflops", help="Override the profile's dense 16-bit peak TFLOP/s."
+    ),
+    intra_bandwidth: float | None = typer.Option(
+        None, "--intra-node-bandwidth", help="Override NVLink GB/s per GPU, one direction."
+    ),
+    inter_bandwidth: float | None = typer.Option(
+        None, "--inter-node-bandwidth", help="Override InfiniBand GB/s per GPU, one direction."
+    ),
+    efficiency: float = typer.Option(
+        0.65, "--efficiency", help="Fraction of peak the layers' GEMMs reach, in (0, 1]."
+    ),
+    top: int = typer.Option(5, "--top", help="How many plans to list."),
+    explain: bool = typer.Option(False, "--explain", help="Say why plan 1 wins."),
+    svg: str | None = typer.Option(None, "--svg", help="Write plan 1's schedule as SVG to FILE."),
+    fmt: Any = _format_option(PlanFormat.text, "text (table, flags, timeline) or json."),
+    output: str | None = typer.Option(None, "-o", "--output", help="Write to FILE atomically."),
+) -> None:
+    """Rank the parallel layouts of a model on N GPUs by estimated step time."""
+    from inspector import plan as core
+    from inspector.render import plan as render
+
+    request = core.make_request(
+        args, gpus, gpu, gpu_memory, gpus_per_node, gpu_tflops, intra_bandwidth,
+        inter_bandwidth, efficiency, top,
+    )
+    result = core.search(request, core.progress_line())
+    text = render.render_plan(result, request.memory, fmt.value if hasattr(fmt, "value") else fmt, explain)
+    if svg is not None and result.plans:
+        from inspector.output import write_atomic
+
+        write_atomic(svg, render.render_svg(result.plans[0]))
+    _emit(text, output)
 
 
 def _version(value: bool) -> None:

@@ -52,3 +52,10 @@ class WorkloadFormat(str, Enum):
     """`workload --format`: SimAI's workload files (room for other simulators' formats)."""
 
     simai = "simai"
+
+
+class PlanFormat(str, Enum):
+    """`plan --format`: the ranked table with flags and timeline, or JSON."""
+
+    text = "text"
+    json = "json"

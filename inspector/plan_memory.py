@@ -1,0 +1,309 @@
+"""Exact per-stage memory for many layouts, composed from a few real megatron builds.
+
+`memory` builds every stage of one job; a planner weighs thousands of layouts. The parameters a
+stage holds depend only on which pieces megatron puts there — the embedding (first stage), its
+transformer layers, the final norm and output layer (last stage) — and each piece's local shapes
+depend only on (tp, ep, expert-tp, dtype, spec), never on pp, dp or cp. So `Pieces` builds the
+model once per such key with two layers on two pipeline stages (and once with one layer on one
+stage, where a tied output layer has no weight of its own), reads every parameter's numel, dtype
+and DDP flags (`allreduce`, `shared_embedding`) off megatron's modules, and `compose_stage`
+lays out any stage's chunks as megatron's DistributedDataParallel would:
+
+  megatron-core `_ParamAndGradBuffer.__init__` (distributed/param_and_grad_buffer.py): one buffer
+  per (param dtype, grad dtype), expert-parallel parameters (allreduce=False, only when ep > 1)
+  in buffers of their own; parameters taken in reverse order; with the distributed optimizer each
+  starts at a multiple of 64, a `shared_embedding` parameter gets a bucket of its own, and each
+  bucket ends at a multiple of lcm(dp x cp, 128) (expert buffers: the expert data-parallel size);
+  a bucket closes once it holds `bucket_size` elements — only on stage 0, chunk 0 with
+  --overlap-grad-reduce (Megatron-LM's get_model and DDP disable bucketing elsewhere).
+
+The layouts become shards.BufferLayout records, so memory.state_bytes prices them exactly as
+`memory` does; tests/test_plan_memory.py proves composed = `memory` stage by stage.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from typing import Any
+
+from inspector.job import Job, Training
+from inspector.memory import StateBytes, state_bytes
+from inspector.shards import (
+    BucketLayout,
+    BufferLayout,
+    ParamShards,
+    owned_numel,
+    resolve_bucket_size,
+)
+from inspector.topology import Layout
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter as megatron's DDP sees it: size, dtype, and the flags that place it."""
+
+    numel: int
+    dtype: Any  # torch.dtype
+    expert: bool  # allreduce=False: an expert-parallel buffer
+    shared_embedding: bool
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """The parameters of each piece a stage can hold, in megatron's parameter order.
+
+    `output` is the last stage's final norm and output layer with pp > 1; `output_alone` the same
+    with pp == 1 (a tied output layer then reuses the embedding's weight).
+    """
+
+    embedding: tuple[Param, ...]
+    embedding_alone: tuple[Param, ...]
+    layer: tuple[Param, ...]
+    output: tuple[Param, ...]
+    output_alone: tuple[Param, ...]
+    grad_dtype: Any
+
+
+def piece_key(job: Job) -> tuple[Any, ...]:
+    """Return what a stage's parameter shapes depend on: model, tp, ep, expert-tp, SP."""
+    lay = job.layout
+    return (job.model, lay.tp, lay.ep, lay.expert_tp, lay.sequence_parallel, job.training.fp32_grads)
+
+
+_PIECES: dict[tuple[Any, ...], Pieces] = {}
+
+
+def pieces_for(job: Job) -> Pieces:
+    """Return the job's pieces, building the small models once per `piece_key`."""
+    key = piece_key(job)
+    if key not in _PIECES:
+        _PIECES[key] = _build_pieces(job)
+    return _PIECES[key]
+
+
+def _params_of(chunk: Any) -> list[tuple[str, Param]]:
+    """Return (name, Param) for every parameter with a gradient, in named_parameters() order."""
+    out = []
+    for name, p in chunk.module.named_parameters():
+        if not p.requires_grad:
+            continue
+        expert = not getattr(p, "allreduce", True)
+        shared = bool(getattr(p, "shared_embedding", False))
+        out.append((name, Param(p.numel(), p.dtype, expert, shared)))
+    return out
+
+
+def _split(named: list[tuple[str, Param]]) -> tuple[list[Param], list[Param], list[Param]]:
+    """Split a stage's parameters into embedding, decoder layers and final norm / output."""
+    head, layers, tail = [], [], []
+    for name, param in named:
+        if name.startswith("embedding."):
+            head.append(param)
+        elif name.startswith("decoder.layers."):
+            layers.append(param)
+        else:
+            tail.append(param)
+    return head, layers, tail
+
+
+def _build_pieces(job: Job) -> Pieces:
+    """Build two small models (2 layers on 2 stages, 1 layer on 1 stage) and cut them in pieces."""
+    from inspector.build import build, select_view
+    from inspector.world import megatron
+
+    lay = job.layout
+    dp = lay.ep * lay.expert_tp  # any dp megatron accepts; dp changes no shape
+    small = replace(job.model, num_layers=2)
+    two = Job(
+        small,
+        Layout(tp=lay.tp, pp=2, dp=dp, ep=lay.ep, etp=lay.etp, sequence_parallel=lay.sequence_parallel),
+        Training(micro_batch_size=1),
+    )
+    built = build(two, select_view(two), expert_ranks=(0,))
+    first = _split(_params_of(built.stages[0].chunks[0]))
+    last = _split(_params_of(built.stages[1].chunks[0]))
+    one = Job(replace(small, num_layers=1), replace(two.layout, pp=1), two.training)
+    alone = _split(_params_of(build(one, select_view(one), expert_ranks=(0,)).stages[0].chunks[0]))
+    megatron()
+    import torch
+
+    dtype = first[1][0].dtype
+    fp32 = job.training.fp32_grads
+    grad = torch.float32 if (dtype == torch.bfloat16 or fp32) else dtype
+    return Pieces(
+        embedding=tuple(first[0]),
+        embedding_alone=tuple(alone[0]),
+        layer=tuple(first[1]),
+        output=tuple(last[2]),
+        output_alone=tuple(alone[2]),
+        grad_dtype=grad,
+    )
+
+
+def chunk_params(
+    pieces: Pieces, layers: int, embedding: bool, output: bool, pp: int
+) -> tuple[Param, ...]:
+    """Return one chunk's parameters in megatron's order: embedding, layers, final norm/output."""
+    head: tuple[Param, ...] = ()
+    tail: tuple[Param, ...] = ()
+    if embedding:
+        head = pieces.embedding if pp > 1 else pieces.embedding_alone
+    if output:
+        tail = pieces.output if pp > 1 else pieces.output_alone
+    return head + pieces.layer * layers + tail
+
+
+def lay_out_buffers(
+    params: Sequence[Param],
+    grad_dtype: Any,
+    distributed: bool,
+    dp_size: int,
+    expert_dp_size: int,
+    bucket_size: int | None,
+) -> tuple[BufferLayout, ...]:
+    """Return megatron's grad buffers for one chunk's parameters (see the module docstring)."""
+    groups: dict[tuple[bool, Any], list[Param]] = {}
+    for p in params:
+        groups.setdefault((p.expert, p.dtype), []).append(p)
+    buffers = []
+    for (expert, dtype), members in sorted(groups.items(), key=lambda kv: kv[0][0]):
+        size = expert_dp_size if expert else dp_size
+        buffers.append(
+            _one_buffer(members, expert, dtype, grad_dtype, distributed, size, bucket_size)
+        )
+    return tuple(buffers)
+
+
+def _one_buffer(
+    params: Sequence[Param],
+    expert: bool,
+    dtype: Any,
+    grad_dtype: Any,
+    distributed: bool,
+    dp: int,
+    bucket_size: int | None,
+) -> BufferLayout:
+    """Reimplement `_ParamAndGradBuffer`'s index arithmetic for one buffer."""
+    divisor = math.lcm(dp, 128)
+
+    def pad(n: int, d: int) -> int:
+        return -(-n // d) * d
+
+    starts: list[tuple[int, int, int]] = []  # (start, end, bucket)
+    buckets: list[tuple[int, int, int]] = []  # (offset, end padded, unpadded numel)
+    start = bucket_start = 0
+    in_bucket = 0
+    end = 0
+
+    def close(param_end: int) -> int:
+        nonlocal bucket_start, in_bucket
+        padded = pad(param_end, divisor) if distributed else param_end
+        buckets.append((bucket_start, padded, param_end - bucket_start))
+        bucket_start, in_bucket = padded, 0
+        return padded
+
+    for p in reversed(params):
+        if distributed:
+            start = pad(start, 64)
+        shared = p.shared_embedding and distributed
+        if shared and in_bucket:
+            start = close(start)
+        end = start + p.numel
+        starts.append((start, end, len(buckets)))
+        in_bucket += 1
+        if (bucket_size is not None and end - bucket_start >= bucket_size) or shared:
+            start = close(end)
+        else:
+            start = end
+    if in_bucket:
+        close(end)
+    numel = buckets[-1][1]
+    shards = [
+        ParamShards("", 0, b, s, e, buckets[b][0], (buckets[b][1] - buckets[b][0]) // dp)
+        for s, e, b in starts
+    ]
+    return BufferLayout(
+        expert=expert,
+        param_dtype=dtype,
+        grad_dtype=grad_dtype,
+        dp_size=dp,
+        numel=numel,
+        numel_unpadded=sum(b[2] for b in buckets),
+        buckets=tuple(BucketLayout(o, e - o, u) for o, e, u in buckets),
+        owned_numel=owned_numel(shards, dp) if distributed else (numel,) * dp,
+    )
+
+
+@dataclass(frozen=True)
+class ChunkShape:
+    """What one chunk holds: layers, and whether the embedding / output layer are on it."""
+
+    layers: int
+    embedding: bool
+    output: bool
+
+
+@lru_cache(maxsize=65536)
+def _chunk_buffers(
+    pieces_id: int,
+    shape: ChunkShape,
+    pp: int,
+    distributed: bool,
+    dp_size: int,
+    expert_dp_size: int,
+    bucket_size: int | None,
+) -> tuple[BufferLayout, ...]:
+    pieces = _BY_ID[pieces_id]
+    params = chunk_params(pieces, shape.layers, shape.embedding, shape.output, pp)
+    return lay_out_buffers(
+        params, pieces.grad_dtype, distributed, dp_size, expert_dp_size, bucket_size
+    )
+
+
+_BY_ID: dict[int, Pieces] = {}
+
+
+def stage_state(
+    job: Job, stage: int, chunks: Sequence[ChunkShape], shard_pairs: Sequence[tuple[int, int]]
+) -> tuple[StateBytes, int]:
+    """Return the most loaded rank's state bytes for one stage, and its parameter count.
+
+    `shard_pairs`: the (data index, expert data index) pairs of the stage's ranks, as
+    ranks.rank_shard_indices gives them (memory.measure picks its rank among the same).
+    """
+    pieces = pieces_for(job)
+    _BY_ID[id(pieces)] = pieces
+    lay, training = job.layout, job.training
+    distributed = training.use_distributed_optimizer
+    buffers: list[BufferLayout] = []
+    for index, shape in enumerate(chunks):
+        bucketed = stage == 0 and index == 0
+        bucket = resolve_bucket_size(
+            training.ddp_bucket_size,
+            overlap_grad_reduce=training.overlap_grad_reduce,
+            dp_cp_size=lay.dp * lay.cp,
+        )
+        buffers.extend(
+            _chunk_buffers(
+                id(pieces),
+                shape,
+                lay.pp,
+                distributed,
+                lay.dp * lay.cp,
+                lay.expert_dp,
+                bucket if bucketed else None,
+            )
+        )
+    best = max(
+        (state_bytes(buffers, distributed, d, e) for d, e in shard_pairs),
+        key=lambda s: s.total,
+    )
+    params = sum(
+        p.numel
+        for shape in chunks
+        for p in chunk_params(pieces, shape.layers, shape.embedding, shape.output, lay.pp)
+    )
+    return best, params

@@ -1,0 +1,113 @@
+"""How many layers each pipeline stage gets: a dynamic program, and the Megatron-LM flags for it.
+
+A split is one layer count per virtual stage, in megatron's virtual-stage order (virtual stage
+i = chunk x pp + pipeline rank; chunk 0 of every rank first), so layers are contiguous along it.
+`balance` is the structure of Alpa's stage construction (Zheng et al. 2022, Section 5.2): a
+dynamic program over contiguous layer ranges that minimises the slowest stage, here on computed
+costs (the time model's per-layer seconds, the embedding on the first virtual stage and the
+output layer and loss on the last, as megatron's --account-for-embedding/loss-in-pipeline-split
+count them) instead of GPU profiles, with a per-stage memory cap on the layer count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+
+Split = tuple[int, ...]
+
+
+def even_split(layers: int, stages: int) -> Split | None:
+    """Return the even split, or None when the layers do not divide."""
+    return (layers // stages,) * stages if layers % stages == 0 else None
+
+
+def accounted_split(layers: int, stages: int, embedding: bool, loss: bool) -> Split | None:
+    """Return megatron's --account-for-embedding/loss split: each counts as one layer."""
+    counted = layers + embedding + loss
+    if counted % stages:
+        return None
+    each = counted // stages
+    split = [each] * stages
+    split[0] -= embedding
+    split[-1] -= loss
+    return tuple(split) if min(split) >= 1 else None
+
+
+@lru_cache(maxsize=4096)
+def balance(
+    layers: int, stages: int, first: float, last: float, caps: tuple[int, ...] | None = None
+) -> Split | None:
+    """Return the split minimising the slowest virtual stage, in units of one layer's cost.
+
+    `first` / `last`: the extra cost of the first / last virtual stage (embedding; output layer
+    and loss). `caps`: the most layers each virtual stage may hold (memory). DP over (stage j,
+    layers placed i): best[j][i] = min over n of max(best[j-1][i-n], cost_j(n)).
+    """
+    inf = float("inf")
+    caps = caps or (layers,) * stages
+    best = [[inf] * (layers + 1) for _ in range(stages + 1)]
+    choice = [[0] * (layers + 1) for _ in range(stages + 1)]
+    best[0][0] = 0.0
+    for j in range(1, stages + 1):
+        extra = (first if j == 1 else 0.0) + (last if j == stages else 0.0)
+        low = max(1, layers - sum(caps[j:]))
+        for i in range(j, layers - (stages - j) + 1):
+            for n in range(1, min(caps[j - 1], i - (j - 1)) + 1):
+                prev = best[j - 1][i - n]
+                if prev == inf:
+                    continue
+                value = max(prev, n + extra)
+                # ties: prefer the later stages fuller (earlier stages hold more in flight)
+                if value < best[j][i] - 1e-12 or (abs(value - best[j][i]) <= 1e-12 and n < choice[j][i]):
+                    best[j][i], choice[j][i] = value, n
+        del low
+    if best[stages][layers] == inf:
+        return None
+    split, i = [], layers
+    for j in range(stages, 0, -1):
+        n = choice[j][i]
+        split.append(n)
+        i -= n
+    return tuple(reversed(split))
+
+
+def split_flags(split: Sequence[int], layers: int, pp: int, vpp: int) -> dict[str, object]:
+    """Return the Megatron-LM arguments that give `split` (layout string as the fallback)."""
+    flags: dict[str, object] = {}
+    stages = pp * vpp
+    if vpp > 1:
+        flags["num_virtual_stages_per_pipeline_rank"] = vpp
+    if tuple(split) == even_split(layers, stages):
+        return flags
+    for emb, loss in ((True, True), (True, False), (False, True)):
+        if tuple(split) == accounted_split(layers, stages, emb, loss):
+            if emb:
+                flags["account_for_embedding_in_pipeline_split"] = True
+            if loss:
+                flags["account_for_loss_in_pipeline_split"] = True
+            return flags
+    middle = split[1:-1]
+    if vpp == 1 and pp > 2 and len(set(middle)) == 1:
+        if split[0] != middle[0]:
+            flags["decoder_first_pipeline_num_layers"] = split[0]
+        if split[-1] != middle[0]:
+            flags["decoder_last_pipeline_num_layers"] = split[-1]
+        return flags
+    flags.pop("num_virtual_stages_per_pipeline_rank", None)
+    parts = ["t" * n for n in split]
+    parts[0] = "E" + parts[0]
+    parts[-1] = parts[-1] + "L"
+    flags["pipeline_model_parallel_layout"] = "|".join(parts)
+    return flags
+
+
+def chunk_layers(split: Sequence[int], pp: int, vpp: int) -> list[list[list[int]]]:
+    """Return, per pipeline rank, each chunk's 0-based global layers."""
+    out: list[list[list[int]]] = [[[] for _ in range(vpp)] for _ in range(pp)]
+    start = 0
+    for index, n in enumerate(split):
+        chunk, rank = divmod(index, pp)
+        out[rank][chunk] = list(range(start, start + n))
+        start += n
+    return out

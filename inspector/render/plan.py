@@ -1,0 +1,240 @@
+"""Render a plan search: the ranked table, the winner's flags, --explain, JSON, the timeline."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tabulate import tabulate
+
+from inspector.plan import Plan, SearchResult
+
+GIB = 1 << 30
+
+
+def _layout(plan: Plan) -> str:
+    lay, tr = plan.job.layout, plan.job.training
+    parts = [f"tp{lay.tp}", f"pp{lay.pp}", f"dp{lay.dp}"]
+    if lay.cp > 1:
+        parts.append(f"cp{lay.cp}")
+    if lay.ep > 1:
+        parts.append(f"ep{lay.ep}")
+    if lay.chunks > 1:
+        parts.append(f"vpp{lay.chunks}")
+    parts.append(f"mbs{tr.micro_batch_size}")
+    return " ".join(parts)
+
+
+def _row(rank: int, plan: Plan, memory: int) -> list[Any]:
+    tr = plan.job.training
+    return [
+        rank,
+        _layout(plan),
+        "/".join(str(n) for n in _stage_counts(plan)),
+        tr.recompute,
+        "yes" if tr.use_distributed_optimizer else "no",
+        f"{plan.peak / GIB:.1f} / {memory / GIB:.0f}",
+        f"{plan.time.seconds:.2f}",
+        f"{plan.mfu * 100:.1f}%",
+        f"{plan.time.bubble * 100:.1f}%",
+        plan.bound(),
+    ]
+
+
+def _stage_counts(plan: Plan) -> list[int]:
+    return [sum(len(c) for c in s.layers) for s in plan.stages]
+
+
+def render_plan(result: SearchResult, memory: int, fmt: str, explain: bool = False) -> str:
+    """Return the search result as text or JSON."""
+    if fmt == "json":
+        return json.dumps(_json(result, memory), indent=2) + "\n"
+    if not result.plans:
+        return _none_fits(result, memory)
+    headers = ["#", "layout", "layers per stage", "recompute", "distopt", "peak GiB / GPU",
+               "step s", "MFU", "bubble", "bound by"]
+    rows = [_row(i + 1, p, memory) for i, p in enumerate(result.plans)]
+    best = result.plans[0]
+    lines = [
+        tabulate(rows, headers=headers, disable_numparse=True),
+        "",
+        "Megatron-LM flags of plan 1:",
+        "  " + " \\\n  ".join(best.flags()),
+        "",
+        render_timeline(best),
+        f"Searched {result.evaluated} candidates in {result.seconds:.2f} s "
+        f"({result.evaluated / max(result.seconds, 1e-9):.0f} per second).",
+    ]
+    if explain:
+        lines += ["", explain_plan(result, memory)]
+    return "\n".join(lines) + "\n"
+
+
+def _none_fits(result: SearchResult, memory: int) -> str:
+    need = result.smallest_peak or 0
+    text = (
+        f"No layout fits in {memory / GIB:.2f} GiB per GPU: the smallest any layout needs is "
+        f"{need / GIB:.2f} GiB"
+    )
+    if result.smallest is not None:
+        text += f" ({_layout(result.smallest)}, recompute {result.smallest.job.training.recompute})"
+    return text + ".\n"
+
+
+def explain_plan(result: SearchResult, memory: int) -> str:
+    """Return why plan 1 won: its binding constraint and what the runner-up loses."""
+    best = result.plans[0]
+    worst = max(best.stages, key=lambda s: s.total)
+    shares = best.time.shares()
+    lines = [
+        f"Why plan 1: {best.time.seconds:.2f} s per step at {best.tflops_per_gpu:.0f} TFLOP/s per GPU.",
+        f"  memory: stage {worst.stage} is the fullest, {worst.total / GIB:.2f} of "
+        f"{memory / GIB:.2f} GiB (weights {worst.weights / GIB:.2f}, grads {worst.gradients / GIB:.2f}, "
+        f"optimizer {worst.optimizer / GIB:.2f}, activations {worst.activations / GIB:.2f} with "
+        f"{sum(worst.in_flight)} micro-batch passes in flight)",
+        "  time: " + ", ".join(f"{k} {v:.2f} s" for k, v in shares.items() if v > 0),
+    ]
+    if len(result.plans) > 1:
+        second = result.plans[1]
+        lost = second.time.seconds / best.time.seconds - 1
+        lines.append(
+            f"  runner-up ({_layout(second)}, recompute {second.job.training.recompute}) is "
+            f"{lost * 100:.1f}% slower; it is bound by {second.bound()}"
+        )
+    return "\n".join(lines)
+
+
+def render_timeline(plan: Plan, width: int = 72) -> str:
+    """Return the 1F1B / interleaved schedule as stages x time: F forward, B backward, . idle."""
+    rows = timeline(plan)
+    end = max((t for row in rows for _, t, _ in row), default=1.0)
+    lines = ["Schedule of plan 1 (F forward, B backward, . idle; one micro-batch pass per letter run):"]
+    for stage, row in enumerate(rows):
+        cells = ["."] * width
+        for start, stop, kind in row:
+            a, b = int(start / end * width), max(int(start / end * width) + 1, int(stop / end * width))
+            for x in range(a, min(b, width)):
+                cells[x] = kind
+        lines.append(f"  stage {stage:<3} " + "".join(cells))
+    return "\n".join(lines) + "\n"
+
+
+def timeline(plan: Plan) -> list[list[tuple[float, float, str]]]:
+    """Return per stage the (start, end, F|B) intervals of a 1F1B replay (chunks merged).
+
+    Each stage's forward takes a third and its backward two thirds of its per-micro-batch time;
+    a pass starts when its input is ready and the stage is free (the order of megatron's 1F1B).
+    """
+    lay = plan.job.layout
+    pp = lay.pp
+    m = plan.job.schedule().num_microbatches
+    per = [s.per_microbatch for s in plan.time.stages]
+    order = []
+    for s in range(pp):
+        warm = min(pp - s - 1, m)
+        ops = [("F", i) for i in range(warm)]
+        f = warm
+        b = 0
+        while b < m:
+            if f < m:
+                ops.append(("F", f))
+                f += 1
+            ops.append(("B", b))
+            b += 1
+        order.append(ops)
+    done: dict[tuple[str, int, int], float] = {}
+    rows: list[list[tuple[float, float, str]]] = [[] for _ in range(pp)]
+    pos = [0] * pp
+    free = [0.0] * pp
+    progress = True
+    while progress:
+        progress = False
+        for s in range(pp):
+            while pos[s] < len(order[s]):
+                kind, i = order[s][pos[s]]
+                dep = _dependency(kind, s, i, pp)
+                if dep is not None and dep not in done:
+                    break
+                start = max(free[s], done.get(dep, 0.0) if dep else 0.0)
+                length = per[s] / 3 if kind == "F" else per[s] * 2 / 3
+                done[(kind, s, i)] = free[s] = start + length
+                rows[s].append((start, start + length, kind))
+                pos[s] += 1
+                progress = True
+    return rows
+
+
+def render_svg(plan: Plan) -> str:
+    """Return the schedule timeline as an SVG picture."""
+    rows = timeline(plan)
+    end = max((t for row in rows for _, t, _ in row), default=1.0)
+    width, height, pad = 900, 24, 80
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width + pad + 10}" '
+        f'height="{height * len(rows) + 40}" font-family="sans-serif" font-size="12">'
+    ]
+    colours = {"F": "#4c78a8", "B": "#f58518"}
+    for s, row in enumerate(rows):
+        y = 10 + s * height
+        out.append(f'<text x="4" y="{y + 16}">stage {s}</text>')
+        for start, stop, kind in row:
+            x = pad + start / end * width
+            w = max((stop - start) / end * width, 0.5)
+            out.append(
+                f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{height - 4}" '
+                f'fill="{colours[kind]}" stroke="white" stroke-width="0.3"/>'
+            )
+    out.append(
+        f'<text x="{pad}" y="{height * len(rows) + 30}">forward (blue), backward (orange), '
+        f"idle (white); step {plan.time.seconds:.2f} s</text>"
+    )
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def _json(result: SearchResult, memory: int) -> dict[str, Any]:
+    return {
+        "gpu_memory_bytes": memory,
+        "evaluated": result.evaluated,
+        "seconds": result.seconds,
+        "smallest_peak_bytes": result.smallest_peak,
+        "plans": [
+            {
+                "layout": {
+                    "tp": p.job.layout.tp, "pp": p.job.layout.pp, "dp": p.job.layout.dp,
+                    "cp": p.job.layout.cp, "ep": p.job.layout.ep, "etp": p.job.layout.expert_tp,
+                    "vpp": p.job.layout.chunks,
+                    "sequence_parallel": p.job.layout.sequence_parallel,
+                },
+                "micro_batch_size": p.job.training.micro_batch_size,
+                "recompute": p.job.training.recompute,
+                "distributed_optimizer": p.job.training.use_distributed_optimizer,
+                "split": list(p.split),
+                "stages": [
+                    {
+                        "stage": s.stage, "layers": [list(c) for c in s.layers],
+                        "weights": s.weights, "gradients": s.gradients,
+                        "optimizer": s.optimizer, "activations": s.activations,
+                        "total": s.total, "in_flight": list(s.in_flight),
+                    }
+                    for s in p.stages
+                ],
+                "peak_bytes": p.peak,
+                "step_seconds": p.time.seconds,
+                "mfu": p.mfu,
+                "tflops_per_gpu": p.tflops_per_gpu,
+                "bubble": p.time.bubble,
+                "bound": p.bound(),
+                "time_shares": p.time.shares(),
+                "flags": p.flags(),
+            }
+            for p in result.plans
+        ],
+    }
+
+
+def _dependency(kind: str, stage: int, index: int, pp: int) -> tuple[str, int, int] | None:
+    """Return the pass a 1F1B pass waits for (previous stage's forward, next stage's backward)."""
+    if kind == "F":
+        return ("F", stage - 1, index) if stage > 0 else None
+    return ("B", stage + 1, index) if stage < pp - 1 else ("F", stage, index)
