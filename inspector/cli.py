@@ -105,6 +105,29 @@ class _Choice(click.Choice):
         raise ConfigError(f"{flag} {value!r} is not one of: {', '.join(self.choices)}")
 
 
+class _FiniteFloat(click.types.FloatParamType):
+    """A float option that refuses nan and infinities (1e400 reads as inf), naming the flag."""
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        import math
+
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            flag = max(param.opts, key=len) if param is not None else "option"
+            raise ConfigError(f"{flag} must be a finite number, got {value}")
+        return number
+
+
+def _finite_floats(command: Any) -> Any:
+    """Give every float option of `command` and its subcommands the _FiniteFloat type."""
+    for param in getattr(command, "params", []):
+        if type(param.type) is click.types.FloatParamType:
+            param.type = _FiniteFloat()
+    for sub in getattr(command, "commands", {}).values():
+        _finite_floats(sub)
+    return command
+
+
 def _option_for(spec: ArgSpec) -> inspect.Parameter:
     names = [spec.flag, *spec.aliases]
     annotation: Any = spec.type | None
@@ -482,7 +505,8 @@ def workload(
         compute = compute_for(gpu_tflops, mfu, compute_profile)
         with Progress() as progress:
             built = build(job, select_view(job, stage), expert_ranks=(0,), progress=progress)
-        return json.dumps(workload_files(context_for(built, compute), stage_inputs(built)), allow_nan=False)
+        files = workload_files(context_for(built, compute), stage_inputs(built))
+        return json.dumps(files, allow_nan=False)
 
     options = dict(stage=stage, gpu_tflops=gpu_tflops, mfu=mfu, profile=compute_profile, fmt=fmt)
     if compute_profile is not None:
@@ -527,7 +551,7 @@ def models() -> None:
     sys.stdout.write(render_presets())
 
 
-@app.command()
+@app.command(cls=_PanelCommand)
 @model_options("model", "layout", "training")
 def plan(
     args: dict[str, Any],
@@ -554,7 +578,7 @@ def plan(
     explain: bool = typer.Option(False, "--explain", help="Say why plan 1 wins."),
     svg: str | None = typer.Option(None, "--svg", help="Write plan 1's schedule as SVG to FILE."),
     fmt: Any = _format_option(PlanFormat.text, "text (table, flags, timeline) or json."),
-    output: str | None = typer.Option(None, "-o", "--output", help="Write to FILE atomically."),
+    output: str | None = _output_option(),
 ) -> None:
     """Rank the parallel layouts of a model on N GPUs by estimated step time."""
     from inspector import plan as core
@@ -599,7 +623,7 @@ def main(argv: list[str] | None = None) -> int:
 
     guard_streams()  # UTF-8 stdout; a failed write is an Error:, a closed pipe a quiet exit 141
     args, _STATE["debug"] = _take_debug(sys.argv[1:] if argv is None else argv)
-    command = typer.main.get_command(app)
+    command = _finite_floats(typer.main.get_command(app))
     try:
         result = command.main(args=args, prog_name="inspect-model", standalone_mode=False)
     except click_errors.NoSuchOption as exc:

@@ -431,18 +431,27 @@ ELSEWHERE_CASES = [
          message="Error: --transformer-impl 'fast' is not one of: local, transformer_engine"),
     case("choice-recompute", *MEMORY, "--recompute-granularity", "bogus",
          message="Error: --recompute-granularity 'bogus' is not one of: none, selective, full"),
-    # Non-finite numbers (#16 category 4): Python reads nan, inf and 1e400 (too large: inf).
+    # Non-finite numbers (#16 category 4): every float option refuses nan and infinities, as
+    # typed (Python reads 1e400 as inf); the commands' own range checks say "greater than 0".
     *[case(f"non-finite-gpu-memory-{v}", *MEMORY, "--gpu-memory", v,
-           message=f"Error: --gpu-memory must be a finite number of GiB greater than 0, got {shown}")
-      for v, shown in (("nan", "nan"), ("inf", "inf"), ("1e400", "inf"), ("-inf", "-inf"))],
+           message=f"Error: --gpu-memory must be a finite number, got {v}")
+      for v in ("nan", "inf", "1e400", "-inf", "NaN", "-1e999")],
     *[case(f"non-finite-gpu-tflops-{v}", *MEMORY, "--gpu-tflops", v,
-           message=f"Error: --gpu-tflops must be a finite number of TFLOP/s greater than 0, got {v}")
+           message=f"Error: --gpu-tflops must be a finite number, got {v}")
       for v in ("nan", "inf")],
+    case("zero-gpu-memory", *MEMORY, "--gpu-memory", "0",
+         message="Error: --gpu-memory must be a finite number of GiB greater than 0, got 0.0"),
+    case("negative-gpu-tflops", *MEMORY, "--gpu-tflops", "-1",
+         message="Error: --gpu-tflops must be a finite number of TFLOP/s greater than 0, got -1.0"),
     case("non-finite-mfu", *MEMORY, "--gpu-tflops", "100", "--mfu", "nan",
-         message="Error: --mfu must lie in (0, 1], got nan"),
+         message="Error: --mfu must be a finite number, got nan"),
     case("non-finite-workload-tflops", "workload", *SMALL, "--micro-batch-size", "1",
          "--stage", "0", "--gpu-tflops", "nan",
-         message="Error: --gpu-tflops must be a finite number of TFLOP/s greater than 0, got nan"),
+         message="Error: --gpu-tflops must be a finite number, got nan"),
+    *[case(f"non-finite-plan{flag}", "plan", *SMALL, "--gpus", "8", "--global-batch-size", "8",
+           "--micro-batch-size", "1", flag, "nan", message=f"Error: {flag} must be a finite number, got nan")
+      for flag in ("--gpu-memory", "--gpu-tflops", "--efficiency", "--intra-node-bandwidth",
+                   "--inter-node-bandwidth")],
     # Huge integers (#16 category 7): an upper bound naming the flag, before torch sees them.
     case("huge-hidden-size", "tree", "--num-layers", "2", "--num-attention-heads", "4",
          "--hidden-size", "9223372036854775808",
