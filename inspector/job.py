@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from inspector.activations import RECOMPUTE_MODES, Recompute
-from inspector.config import ModelConfig, check_at_least_one, make_model_config, validate_model
+from inspector.config import (
+    ModelConfig,
+    check_at_least_one,
+    check_at_most,
+    make_model_config,
+    validate_model,
+)
 from inspector.errors import ConfigError
 from inspector.formulas import ModelDims, num_microbatches
 from inspector.topology import Layout, make_layout, validate_layout
@@ -55,6 +61,7 @@ class Training:
             )
         if self.ddp_bucket_size is not None and self.ddp_bucket_size < 0:
             raise ConfigError(f"--ddp-bucket-size {self.ddp_bucket_size} must not be negative")
+        check_at_most("--ddp-bucket-size", self.ddp_bucket_size)
 
 
 @dataclass(frozen=True)

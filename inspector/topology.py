@@ -311,8 +311,7 @@ def _check_first_last(model: ModelConfig, layout: Layout) -> None:
     ):
         if value is None:
             continue
-        if value < 1:
-            raise ConfigError(f"{flag} must be at least 1, got {value}")
+        check_at_least_one(flag, value)
         if vpp is not None and value % vpp:
             raise ConfigError(
                 f"{flag} {value} is not divisible by the {vpp} virtual stages per pipeline rank "

@@ -142,6 +142,23 @@ def test_rank_view_shows_only_its_experts(cli):
         assert len(names) == len([r for r in full if r["expert"] is None or r["expert"] in mine])
 
 
+def test_moe_stage_comment_states_one_gpu(cli):
+    # The comment states what ONE GPU of the stage holds (shared rows and one expert-parallel
+    # rank's experts), then the total of the rows, which hold every expert-parallel rank's experts.
+    args = flags("--num-layers 2 --pp 2 --dp 2 --ep 2", *MOE)
+    rows = json_rows(cli, args)
+    comments = [line for line in cli("params", *args).out.splitlines() if line.startswith("# ")]
+    for stage, comment in enumerate(comments):
+        mine = [r for r in rows if r["stage"] == stage]
+        gpu = sum(r["numel"] for r in mine if r["expert_parallel_rank"] in (None, 0))
+        assert gpu == sum(r["numel"] for r in mine if r["expert_parallel_rank"] in (None, 1))
+        every = sum(r["numel"] for r in mine)
+        assert comment.endswith(
+            f", {gpu} params, {4 * gpu} bytes per GPU; all 2 expert-parallel ranks: "
+            f"{every} params, {4 * every} bytes"
+        ), comment
+
+
 def test_json_attributes_are_megatrons(cli):
     """partition_dim / tensor_parallel in json equal the attributes on megatron's own parameters."""
     from inspector.build import build, select_view
