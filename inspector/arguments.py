@@ -173,6 +173,27 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         bool,
         "Gradients in fp32 for fp16 models (bf16 models always have them).",
     ),
+    # Megatron-LM's further training arguments that change what a GPU holds (README "Megatron-LM
+    # arguments: modelled, refused, ignored"); the rest are classified in inspector/unmodelled.py.
+    _training("recompute_activations", bool, "Megatron-LM's alias for --recompute-granularity selective."),
+    _training(
+        "recompute_method",
+        str,
+        "Full recomputation: uniform (groups of N layers) or block (first N layers of a chunk).",
+        choices=("uniform", "block"),
+    ),
+    _training("recompute_num_layers", int, "N for --recompute-method (default 1 with full)."),
+    _training(
+        "attention_backend",
+        str,
+        "Megatron-LM's attention backend (auto: fused/flash under Transformer Engine in 16 bits).",
+        choices=("auto", "flash", "fused", "unfused", "local"),
+    ),
+    _training("grad_reduce_in_bf16", bool, "bf16 models: gradients in bf16, not fp32."),
+    _training("attention_dropout", float, "Attention dropout (0: no mask stored; default 0.1)."),
+    _training("hidden_dropout", float, "Hidden dropout (0: no masks stored; default 0.1)."),
+    _training("optimizer", str, "Optimizer (Adam only: its two fp32 moments).", choices=("adam", "sgd")),
+    _training("overlap_param_gather", bool, "Overlap the parameter all-gather (distributed optimizer)."),
 )
 
 GROUPS = ("model", "layout", "training")

@@ -42,18 +42,50 @@ click_errors: Any = _click_errors()
 
 app = typer.Typer(
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
     help="See what every rank holds in megatron-core's GPTModel, without a GPU.",
 )
 
-SOURCE_HELP = "Model selection"
+SOURCE_HELP = "Input: the model and where its arguments come from"
+OUTPUT_HELP = "Output"
 PANELS = {
-    "model": "Megatron-LM model arguments",
+    "model": "Model: Megatron-LM model arguments",
     "layout": "Parallel layout",
-    "training": "Megatron-LM training arguments",
+    "training": "Training: Megatron-LM training arguments",
 }
+# Options a command needs although a --config file or --from-script may give them: click must not
+# require them (our own `Error:` says what is missing), but help marks them.
+REQUIRED_IN_HELP = {"memory": ("--micro-batch-size",)}
+
+
+class _PanelCommand(typer.core.TyperCommand):
+    """Help grouped in panels (each option's rich_help_panel), in plain text: rich stays unloaded."""
+
+    def format_options(self, ctx: Any, formatter: Any) -> None:
+        panels: dict[str, list[tuple[str, str]]] = {}
+        arguments = []
+        required = REQUIRED_IN_HELP.get(self.name or "", ())
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            if param.param_type_name == "argument":
+                arguments.append(record)
+                continue
+            if any(opt in required for opt in param.opts):
+                record = (record[0], f"{record[1]}  [required]".lstrip())
+            panel = getattr(param, "rich_help_panel", None) or "Options"
+            panels.setdefault(panel, []).append(record)
+        if arguments:
+            with formatter.section("Arguments"):
+                formatter.write_dl(arguments)
+        order = ["Options", SOURCE_HELP, *PANELS.values(), OUTPUT_HELP]
+        for panel, records in sorted(panels.items(), key=lambda item: order.index(item[0])):
+            with formatter.section(panel):
+                formatter.write_dl(records)
 
 
 class _Choice(click.Choice):
@@ -71,6 +103,29 @@ class _Choice(click.Choice):
             return value if self.enum is None else self.enum(value)
         flag = max(param.opts, key=len) if param is not None else "option"
         raise ConfigError(f"{flag} {value!r} is not one of: {', '.join(self.choices)}")
+
+
+class _FiniteFloat(click.types.FloatParamType):
+    """A float option that refuses nan and infinities (1e400 reads as inf), naming the flag."""
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        import math
+
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            flag = max(param.opts, key=len) if param is not None else "option"
+            raise ConfigError(f"{flag} must be a finite number, got {value}")
+        return number
+
+
+def _finite_floats(command: Any) -> Any:
+    """Give every float option of `command` and its subcommands the _FiniteFloat type."""
+    for param in getattr(command, "params", []):
+        if type(param.type) is click.types.FloatParamType:
+            param.type = _FiniteFloat()
+    for sub in getattr(command, "commands", {}).values():
+        _finite_floats(sub)
+    return command
 
 
 def _option_for(spec: ArgSpec) -> inspect.Parameter:
@@ -94,9 +149,15 @@ def _option_for(spec: ArgSpec) -> inspect.Parameter:
 
 def _source_options() -> list[inspect.Parameter]:
     def opt(
-        name: str, *decls: str, help_text: str, annotation: Any = str | None
+        name: str,
+        *decls: str,
+        help_text: str,
+        annotation: Any = str | None,
+        metavar: str | None = None,
     ) -> inspect.Parameter:
-        option = typer.Option(None, *decls, help=help_text, rich_help_panel=SOURCE_HELP)
+        option = typer.Option(
+            None, *decls, help=help_text, rich_help_panel=SOURCE_HELP, metavar=metavar
+        )
         return inspect.Parameter(
             name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation
         )
@@ -106,9 +167,20 @@ def _source_options() -> list[inspect.Parameter]:
             "preset",
             "--model",
             help_text="Preset name (see `inspect-model models`); default gpt2-small.",
+            metavar="NAME",
         ),
-        opt("config_file", "--config", help_text="YAML or JSON file of Megatron-LM arguments."),
-        opt("script", "--from-script", help_text="Training launch script to read arguments from."),
+        opt(
+            "config_file",
+            "--config",
+            help_text="YAML or JSON file of Megatron-LM arguments.",
+            metavar="FILE",
+        ),
+        opt(
+            "script",
+            "--from-script",
+            help_text="Training launch script to read arguments from.",
+            metavar="FILE",
+        ),
         opt(
             "no_cache",
             "--no-cache",
@@ -120,6 +192,7 @@ def _source_options() -> list[inspect.Parameter]:
             "--set",
             help_text="NAME=VALUE the launch script reads from its environment (repeatable).",
             annotation=list[str] | None,
+            metavar="NAME=VALUE",
         ),
         opt(
             "apex",
@@ -168,8 +241,26 @@ def model_options(*groups: str) -> Callable[[Callable[..., Any]], Callable[..., 
 
 def _format_option(default: Enum, help_text: str) -> Any:
     return typer.Option(
-        default.value, "--format", help=help_text, click_type=_Choice(type(default))
+        default.value,
+        "--format",
+        help=help_text,
+        click_type=_Choice(type(default)),
+        rich_help_panel=OUTPUT_HELP,
     )
+
+
+def _output_option(help_text: str = "Write to FILE atomically.", metavar: str = "FILE") -> Any:
+    return typer.Option(
+        None, "-o", "--output", help=help_text, metavar=metavar, rich_help_panel=OUTPUT_HELP
+    )
+
+
+def _stage_option(help_text: str) -> Any:
+    return typer.Option(None, "--stage", help=help_text, rich_help_panel=OUTPUT_HELP)
+
+
+def _rank_option(help_text: str) -> Any:
+    return typer.Option(None, "--rank", help=help_text, rich_help_panel=OUTPUT_HELP)
 
 
 def _emit(text: str, output: str | None = None) -> None:
@@ -178,19 +269,58 @@ def _emit(text: str, output: str | None = None) -> None:
     write_output(output, text)
 
 
+class Progress:
+    """A one-line progress indicator on stderr while stages are built.
+
+    Only on a terminal, and only once the run has taken `delay` seconds: nothing in pipes, CI or
+    captured streams. Use as a context manager; the line is erased at the end.
+    """
+
+    def __init__(self, stream: Any = None, delay: float = 1.0) -> None:
+        import time
+
+        self.stream = sys.stderr if stream is None else stream
+        self.clock = time.monotonic
+        self.start, self.delay, self.shown = self.clock(), delay, False
+        try:
+            self.enabled = bool(self.stream.isatty())
+        except (AttributeError, OSError, ValueError):
+            self.enabled = False
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled or (not self.shown and self.clock() - self.start < self.delay):
+            return
+        self.shown = True
+        self._write(f"\rbuilding with megatron-core: {done} of {total} stage builds\x1b[K")
+
+    def _write(self, text: str) -> None:
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except (OSError, ValueError):
+            self.enabled = False
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.shown and self.enabled:
+            self._write("\r\x1b[K")
+
+
 def _job(args: dict[str, Any]) -> Any:
     from inspector.job import make_job
 
     return make_job(args)
 
 
-@app.command()
+@app.command(cls=_PanelCommand)
 @model_options()
 def tree(
     args: dict[str, Any],
     use_cache: bool,
-    stage: int | None = typer.Option(None, "--stage", help="Print just this pipeline stage."),
-    rank: int | None = typer.Option(None, "--rank", help="Print the stage global rank R holds."),
+    stage: int | None = _stage_option("Print just this pipeline stage."),
+    rank: int | None = _rank_option("Print the stage global rank R holds."),
 ) -> None:
     """Print the module hierarchy of each pipeline stage."""
 
@@ -201,12 +331,14 @@ def tree(
 
         job = _job(args)
         view = select_view(job, stage, rank)
-        return render_trees(stage_trees(build(job, view, expert_ranks=(view.expert_rank,))))
+        with Progress() as progress:
+            built = build(job, view, expert_ranks=(view.expert_rank,), progress=progress)
+        return render_trees(stage_trees(built))
 
     _emit(cache.cached("tree", args, {"stage": stage, "rank": rank}, use_cache, produce))
 
 
-@app.command()
+@app.command(cls=_PanelCommand)
 @model_options()
 def topology(
     args: dict[str, Any],
@@ -224,13 +356,13 @@ def topology(
     _emit(cache.cached("topology", args, {"format": fmt}, use_cache, produce))
 
 
-@app.command()
+@app.command(cls=_PanelCommand)
 @model_options()
 def params(
     args: dict[str, Any],
     use_cache: bool,
-    stage: int | None = typer.Option(None, "--stage", help="Keep just this pipeline stage."),
-    rank: int | None = typer.Option(None, "--rank", help="Write the file global rank R writes."),
+    stage: int | None = _stage_option("Keep just this pipeline stage."),
+    rank: int | None = _rank_option("Write the file global rank R writes."),
     partitioning: Any = typer.Option(
         Partitioning.layers.value,
         "--partitioning",
@@ -239,8 +371,14 @@ def params(
     ),
     block_size: int = typer.Option(0, "--block-size", help="Shampoo block size (0 = off)."),
     fmt: Any = _format_option(ParamsFormat.csv, "csv (semicolons), json or table."),
-    output: str | None = typer.Option(None, "-o", "--output", help="Write to FILE atomically."),
-    check: str | None = typer.Option(None, "--check", help="Compare with FILE; exit 1 if stale."),
+    output: str | None = _output_option(),
+    check: str | None = typer.Option(
+        None,
+        "--check",
+        help="Compare with FILE; exit 1 if stale.",
+        metavar="FILE",
+        rich_help_panel=OUTPUT_HELP,
+    ),
 ) -> None:
     """Print the per-stage parameter / partition table."""
 
@@ -250,9 +388,14 @@ def params(
         from inspector.render.params import render_params
 
         job = _job(args)
-        built = build(job, select_view(job, stage, rank))
+        with Progress() as progress:
+            built = build(job, select_view(job, stage, rank), progress=progress)
         return render_params(params_result(built, partitioning, block_size), fmt)
 
+    if check is not None and output is not None:
+        raise ConfigError(
+            "--check compares the table with FILE and writes nothing, -o writes it; pass one of them"
+        )
     options = dict(
         stage=stage, rank=rank, partitioning=partitioning, block_size=block_size, fmt=fmt
     )
@@ -267,7 +410,7 @@ def params(
     _emit(text, output)
 
 
-@app.command()
+@app.command(cls=_PanelCommand)
 @model_options("model", "layout", "training")
 def memory(
     args: dict[str, Any],
@@ -290,9 +433,13 @@ def memory(
         "--attention-walkthrough",
         help="Print one attention layer on one rank, step by step, instead of the report.",
     ),
-    output: str | None = typer.Option(None, "-o", "--output", help="Write to FILE atomically."),
+    output: str | None = _output_option(),
 ) -> None:
     """Print what each rank needs to train: weights, grads, optimizer, activations, FLOPs."""
+    if walkthrough:
+        from inspector.memory import check_walkthrough_flags
+
+        check_walkthrough_flags(gpu_memory=gpu_memory, gpu_tflops=gpu_tflops, mfu=mfu)
 
     def produce() -> str:
         from inspector import memory as core
@@ -308,7 +455,8 @@ def memory(
         core.check_ulysses(ulysses_degree)
         from inspector.build import build, select_view
 
-        built = build(job, select_view(job), expert_ranks=(0,))
+        with Progress() as progress:
+            built = build(job, select_view(job), expert_ranks=(0,), progress=progress)
         return render.render_memory(core.measure(built, hardware), fmt)
 
     options: dict[str, Any] = dict(
@@ -322,21 +470,25 @@ def memory(
     _emit(cache.cached("memory", args, options, use_cache, produce), output)
 
 
-@app.command()
+@app.command(cls=_PanelCommand)
 @model_options("model", "layout", "training")
 def workload(
     args: dict[str, Any],
     use_cache: bool,
     fmt: Any = _format_option(WorkloadFormat.simai, "simai: SimAI workload files."),
-    stage: int | None = typer.Option(None, "--stage", help="Print this stage's file instead."),
+    stage: int | None = _stage_option("Print this stage's file instead."),
     gpu_tflops: float | None = typer.Option(
         None, "--gpu-tflops", help="Peak TFLOP/s per GPU: compute times from FLOPs."
     ),
     mfu: float | None = typer.Option(None, "--mfu", help="Fraction of the peak reached (default 1)."),
     compute_profile: str | None = typer.Option(
-        None, "--compute-profile", help="Measured compute times (AICB/AIOB's profile file)."
+        None,
+        "--compute-profile",
+        help="Measured compute times (AICB/AIOB's profile file).",
+        metavar="FILE",
+        rich_help_panel=SOURCE_HELP,
     ),
-    output: str | None = typer.Option(None, "-o", "--output", help="Write the folder DIR atomically."),
+    output: str | None = _output_option("Write the folder DIR atomically.", "DIR"),
 ) -> None:
     """Write SimAI network-simulator workloads: one file per pipeline stage, and an index."""
     import json
@@ -351,8 +503,10 @@ def workload(
 
         job = _job(args)
         compute = compute_for(gpu_tflops, mfu, compute_profile)
-        built = build(job, select_view(job, stage), expert_ranks=(0,))
-        return json.dumps(workload_files(context_for(built, compute), stage_inputs(built)))
+        with Progress() as progress:
+            built = build(job, select_view(job, stage), expert_ranks=(0,), progress=progress)
+        files = workload_files(context_for(built, compute), stage_inputs(built))
+        return json.dumps(files, allow_nan=False)
 
     options = dict(stage=stage, gpu_tflops=gpu_tflops, mfu=mfu, profile=compute_profile, fmt=fmt)
     if compute_profile is not None:
@@ -370,13 +524,13 @@ def workload(
     write_directory_atomic(output, files)
 
 
-@app.command()
+@app.command(cls=_PanelCommand)
 def diff(
     old: str = typer.Argument(
-        ..., help="The old params table (semicolon or json), or - for stdin."
+        ..., help="The old params table (semicolon or json), or - for stdin.", metavar="OLD"
     ),
     new: str = typer.Argument(
-        ..., help="The new params table (semicolon or json), or - for stdin."
+        ..., help="The new params table (semicolon or json), or - for stdin.", metavar="NEW"
     ),
     fmt: Any = _format_option(DiffFormat.text, "text, markdown (a PR comment) or json."),
 ) -> None:
@@ -389,7 +543,7 @@ def diff(
     raise typer.Exit(0 if result.equal else 1)
 
 
-@app.command()
+@app.command(cls=_PanelCommand)
 def models() -> None:
     """List the model presets with their key sizes."""
     from inspector.render.models import render_presets
@@ -397,7 +551,7 @@ def models() -> None:
     sys.stdout.write(render_presets())
 
 
-@app.command()
+@app.command(cls=_PanelCommand)
 @model_options("model", "layout", "training")
 def plan(
     args: dict[str, Any],
@@ -424,7 +578,7 @@ def plan(
     explain: bool = typer.Option(False, "--explain", help="Say why plan 1 wins."),
     svg: str | None = typer.Option(None, "--svg", help="Write plan 1's schedule as SVG to FILE."),
     fmt: Any = _format_option(PlanFormat.text, "text (table, flags, timeline) or json."),
-    output: str | None = typer.Option(None, "-o", "--output", help="Write to FILE atomically."),
+    output: str | None = _output_option(),
 ) -> None:
     """Rank the parallel layouts of a model on N GPUs by estimated step time."""
     from inspector import plan as core
@@ -457,7 +611,7 @@ def _root(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks behind errors."),
 ) -> None:
     """See what every rank holds in megatron-core's GPTModel, without a GPU."""
-    _STATE["debug"] = debug
+    _STATE["debug"] = _STATE["debug"] or debug
 
 
 _STATE: dict[str, bool] = {"debug": False}
@@ -468,9 +622,10 @@ def main(argv: list[str] | None = None) -> int:
     from inspector.output import guard_streams
 
     guard_streams()  # UTF-8 stdout; a failed write is an Error:, a closed pipe a quiet exit 141
-    command = typer.main.get_command(app)
+    args, _STATE["debug"] = _take_debug(sys.argv[1:] if argv is None else argv)
+    command = _finite_floats(typer.main.get_command(app))
     try:
-        result = command.main(args=argv, prog_name="inspect-model", standalone_mode=False)
+        result = command.main(args=args, prog_name="inspect-model", standalone_mode=False)
     except click_errors.NoSuchOption as exc:
         close = sorted(exc.possibilities or [])
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
@@ -493,6 +648,13 @@ def main(argv: list[str] | None = None) -> int:
     except FidelityError as exc:
         return _fail(f"internal check failed, this is a bug in inspect-model: {exc}", exc.exit_code)
     return result if isinstance(result, int) else 0
+
+
+def _take_debug(argv: list[str]) -> tuple[list[str], bool]:
+    """Remove `--debug` wherever it stands before `--` (after the command too); say if it did."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    kept = [arg for arg in argv[:end] if arg != "--debug"] + argv[end:]
+    return kept, len(kept) != len(argv)
 
 
 def _fail(message: str, code: int = 2) -> int:

@@ -231,12 +231,29 @@ def _eval_pattern(node: ast.expr) -> int | list[int]:
             if isinstance(count, int) and size * max(count, 0) <= _MAX_PATTERN:
                 return left * right  # type: ignore[operator]
     raise _BadPattern
+# The largest size or count a flag may give: shapes beyond it overflow torch's index type (and no
+# GPU holds a dimension that long), so a larger value is an error naming the flag, not C++ frames.
+MAX_SIZE = 2**31 - 1
 
 
 def check_at_least_one(flag: str, value: int | None) -> None:
-    """Raise ConfigError when a size or count given as `flag` is below one (None: not given)."""
-    if value is not None and value < 1:
+    """Raise ConfigError when a size or count given as `flag` is below one or too large to build.
+
+    None means not given.
+    """
+    if value is None:
+        return
+    if value < 1:
         raise ConfigError(f"{flag} must be at least 1, got {value}")
+    check_at_most(flag, value)
+
+
+def check_at_most(flag: str, value: int | None) -> None:
+    """Raise ConfigError when `flag`'s integer is larger than this tool can simulate."""
+    if value is not None and value > MAX_SIZE:
+        raise ConfigError(
+            f"{flag} {value} is larger than this tool can simulate (at most {MAX_SIZE})"
+        )
 
 
 def check_heads(hidden: int, heads: int, kv_channels: int | None) -> None:

@@ -21,6 +21,7 @@ function also covers.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -145,13 +146,15 @@ def rank_flops(stage_total: float, par: Layout) -> float:
 
 def check_peak(gpu_tflops: float) -> None:
     """Raise ConfigError unless --gpu-tflops is a usable peak."""
-    if gpu_tflops <= 0:
-        raise ConfigError(f"--gpu-tflops must be positive, got {gpu_tflops}")
+    if not (math.isfinite(gpu_tflops) and gpu_tflops > 0):
+        raise ConfigError(
+            f"--gpu-tflops must be a finite number of TFLOP/s greater than 0, got {gpu_tflops}"
+        )
 
 
 def check_mfu(mfu: float) -> None:
     """Raise ConfigError unless --mfu is a fraction of the peak."""
-    if not 0 < mfu <= 1:
+    if not 0 < mfu <= 1:  # also false for nan
         raise ConfigError(f"--mfu must lie in (0, 1], got {mfu}")
 
 

@@ -57,6 +57,8 @@ class ModelDims:
     v_head_dim: int = 128
     mtp_num_layers: int = 0
     qk_layernorm: bool = False  # with MLA: the two latent norms
+    attention_dropout: bool = True  # --attention-dropout > 0: its mask and output are stored
+    hidden_dropout: bool = True  # --hidden-dropout > 0: masks after attention, MLP, embedding
 
     def __post_init__(self) -> None:
         """Reject dimensions that no formula can use (the checks config.py makes of a model)."""

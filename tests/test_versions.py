@@ -98,3 +98,31 @@ def test_mtp_in_a_layout_string_from_0_14(cli):
             "Error: megatron-core refused to build stage 0: MTP layer is not supported for "
             "flexible pipeline layout (--debug shows its traceback)\n",
         )
+
+
+@pytest.mark.parametrize(
+    "layout",
+    ["Et|tt|tt|ttL", "Et*2|(tt|)*2,t*2L", "E(t|)*7tL", "Ettt|(tt|)*29,m|L", "(|ab)*2", "((t|)*2)*2"],
+)
+def test_layout_grammar_is_megatrons(layout):
+    # 0.13-0.16 parse --pipeline-model-parallel-layout with the same parse_str_to_list; the job is
+    # checked without megatron (inspector.topology.expand_layout), so the two must agree.
+    from megatron.core.transformer.pipeline_parallel_layer_layout import (
+        PipelineParallelLayerLayout,
+    )
+
+    from inspector.topology import expand_layout
+
+    names = {"embedding": "E", "loss": "L", "decoder": "t", "mtp": "m"}
+    try:
+        theirs = [
+            "".join(names[t.name] for t in stage)
+            for stage in PipelineParallelLayerLayout.parse_str_to_list(layout)
+        ]
+    except AssertionError:  # a character megatron does not know: our check names it
+        theirs = None
+    ours = expand_layout(layout)
+    if theirs is None:
+        assert set("".join(ours)) - set("ELtm")
+    else:
+        assert ours == theirs
