@@ -57,6 +57,7 @@ class Case:
     stdout_captured: bool = True
     changes: tuple[str, ...] = ()  # files the shell itself may change (a `> out.txt`)
     xfail: str | None = None
+    names: tuple[str, ...] = ()  # the Error: line must name one of these (a flag or its alias)
     not_root: bool = False  # permissions mean nothing to root
     alone: bool = False  # run as a process of its own, not forked (see FORKER)
 
@@ -505,8 +506,28 @@ README_CASES = [
     for what, command, message in README_ROW.findall(README)
 ]
 
+
+
+def _size_cases() -> list[Case]:
+    """Every integer Megatron-LM argument, below one and beyond any machine: one sentence each."""
+    from inspector.arguments import ARGUMENTS
+
+    cases = []
+    for spec in ARGUMENTS:
+        if spec.type is not int:
+            continue
+        for label, value in (("negative", "-1"), ("huge", "99999999999999999999")):
+            command = (
+                [*MEMORY, spec.flag, value] if spec.group == "training" else [*PARAMS, spec.flag, value]
+            )
+            if spec.name in ("num_layers", "hidden_size", "num_attention_heads", "micro_batch_size"):
+                command = [command[0], spec.flag, value]
+            cases.append(case(f"{label}{spec.flag}", *command, names=(spec.flag, *spec.aliases)))
+    return cases
+
+
 CASES = OUTPUT_CASES + STREAM_CASES + TABLE_CASES + JSON_CASES + ELSEWHERE_CASES
-CASES += MESSAGE_CASES + README_CASES
+CASES += MESSAGE_CASES + README_CASES + _size_cases()
 
 
 def _marks(c: Case) -> list[Any]:
@@ -721,6 +742,8 @@ def test_bad_input(c: Case, outcomes: dict[str, Any]) -> None:
         assert line == c.message.replace("{folder}", os.path.realpath(folder))
     for words in c.contains:
         assert words in line
+    if c.names:
+        assert any(name in line for name in c.names), line
     if c.stdout_captured:
         assert result.stdout == b""
     for name in c.changes:
