@@ -25,9 +25,10 @@ reduce exactly to the table. Assumptions, all the paper's unless said otherwise:
     fp32 softmax statistics, 4asb bytes per layer (Q, K, V and the output are already counted);
   - selective recomputation recomputes core attention only (megatron-core's default
     `recompute_modules=["core_attn"]`), which removes exactly the 5as^2b (or flash) terms;
-  - full recomputation is megatron's `uniform` method with one layer per checkpoint: each layer
-    keeps its input (2sbh, split by t under sequence parallelism), and backward rebuilds one
-    layer at a time, counted once per stage as `recompute_buffer`;
+  - full recomputation follows `--recompute-method` / `--recompute-num-layers` (default uniform,
+    1): a checkpointed group keeps its input (2sbh, split by t under sequence parallelism), the
+    layers `block` leaves alone keep everything, and backward rebuilds one group at a time,
+    counted once per stage as `recompute_buffer` (see `_full_plan`);
   - context parallelism divides s by c for every term (megatron runs it only through Transformer
     Engine's flash/fused attention, so it requires `flash_attention`);
   - MoE (our extension, balanced routing): a rank's experts see s*b*k*e/t token copies on average
@@ -135,6 +136,12 @@ def check_activation_inputs(
         )
 
 
+def _hidden_mask(dims: ModelDims) -> int:
+    """Return bytes per hidden dropout-mask element: none with --hidden-dropout 0 (Table 2's sbh
+    terms go; torch's dropout with p = 0 returns its input and saves no mask)."""
+    return MASK if dims.hidden_dropout else 0
+
+
 def _tokens(dims: ModelDims, par: Layout, micro_batch_size: int) -> float:
     """Return s*b with s split by context parallelism."""
     return dims.seq_length / par.cp * micro_batch_size
@@ -144,7 +151,7 @@ def _attention(dims: ModelDims, par: Layout, sb: float) -> float:
     """Return the attention block's bytes besides the scores (paper Section 4.1: 11sbh)."""
     h, a, g, d = dims.hidden_size, dims.num_attention_heads, dims.query_groups, dims.head_dim
     # Replicated across TP ranks unless sequence parallel: QKV input 2sbh, dropout mask sbh.
-    outside = dims.activation_bytes * sb * h + MASK * sb * h
+    outside = dims.activation_bytes * sb * h + _hidden_mask(dims) * sb * h
     # Split by t: Q and K (paper 4sbh), V (2sbh), projection input (2sbh), widened for GQA.
     inside = (
         dims.activation_bytes * sb * d * (a + g)
@@ -154,21 +161,42 @@ def _attention(dims: ModelDims, par: Layout, sb: float) -> float:
     return outside / par.sp_divisor + inside / par.tp
 
 
+def _mla_attention(dims: ModelDims, par: Layout, sb: float) -> float:
+    """Return multi-latent attention's bytes besides the scores (our extension, Section 4.1's method).
+
+    Every tensor a backward GEMM or norm reads is counted once, in the paper's way:
+      - the down projections' input (the layer norm's output, shared by both) 2sbh and the
+        dropout mask sbh, whole on every TP rank unless sequence parallel (as for QKV);
+      - the latents, whole on every TP rank (megatron-core's down projections are not split
+        over heads): the up projections' inputs 2sb q_lora and 2sb kv_lora, and with
+        --qk-layernorm the latent norms' inputs, as much again;
+      - split by t: Q and K, n (c + r) wide each (the RoPE part is joined to every head), V n v
+        wide, and the output projection's input n v wide.
+    """
+    n, b = dims.num_attention_heads, dims.activation_bytes
+    c, r, v = dims.qk_head_dim, dims.qk_pos_emb_head_dim, dims.v_head_dim
+    outside = b * sb * dims.hidden_size + MASK * sb * dims.hidden_size
+    latent_width = (dims.q_lora_rank or 0) + dims.kv_lora_rank
+    latents = b * sb * latent_width * (2 if dims.qk_layernorm else 1)
+    inside = b * sb * n * (2 * (c + r) + 2 * v)
+    return outside / par.sp_divisor + latents + inside / par.tp
+
+
 def _core_attention(dims: ModelDims, par: Layout, sb: float, flash_attention: bool) -> float:
     """Return the score terms: 5as^2b/t (paper Section 4.1), or flash attention's fp32 stats."""
     a = dims.num_attention_heads
     if flash_attention:
         return FP32 * a * sb / par.tp  # softmax log-sum-exp, [b, a/t, s] in fp32
-    # Softmax output 2as^2b, dropout mask as^2b, dropout output 2as^2b (cp == 1 here).
-    return (
-        (dims.activation_bytes + MASK + dims.activation_bytes) * a * sb * dims.seq_length / par.tp
-    )
+    # Softmax output 2as^2b, dropout mask as^2b, dropout output 2as^2b (cp == 1 here); with
+    # --attention-dropout 0 torch's dropout returns its input: no mask, no second copy.
+    per_score = dims.activation_bytes + (MASK + dims.activation_bytes) * dims.attention_dropout
+    return per_score * a * sb * dims.seq_length / par.tp
 
 
 def _dense_mlp(dims: ModelDims, par: Layout, sb: float, ffn: int) -> float:
     """Return a dense MLP's bytes (paper Section 4.1: 19sbh when f = 4h)."""
     h = dims.hidden_size
-    outside = dims.activation_bytes * sb * h + MASK * sb * h  # fc1 input 2sbh, dropout mask sbh
+    outside = dims.activation_bytes * sb * h + _hidden_mask(dims) * sb * h  # fc1 in 2sbh, mask sbh
     inside = (
         dims.activation_bytes * sb * ffn * dims.gated_multiplier + dims.activation_bytes * sb * ffn
     )  # GeLU in/out 8sbh+8sbh
@@ -179,7 +207,7 @@ def _moe_mlp(dims: ModelDims, par: Layout, sb: float) -> float:
     """Return an MoE MLP's bytes under balanced routing (our extension, see module docstring)."""
     h, e, k = dims.hidden_size, par.expert_tp, dims.moe_router_topk
     outside = (
-        dims.activation_bytes * sb * h + MASK * sb * h
+        dims.activation_bytes * sb * h + _hidden_mask(dims) * sb * h
     )  # router/shared-expert input, dropout mask
     copies = sb * k * e / par.tp  # token copies reaching one rank's experts
     routed = (
@@ -228,7 +256,38 @@ def layer_activations(
         mlp = _moe_mlp(dims, par, sb)
     else:
         mlp = _dense_mlp(dims, par, sb, dims.ffn)
-    return LayerActivations(norms, _attention(dims, par, sb), core, mlp, 0.0)
+    attention = _mla_attention(dims, par, sb) if dims.multi_latent_attention else None
+    return LayerActivations(
+        norms, attention if attention is not None else _attention(dims, par, sb), core, mlp, 0.0
+    )
+
+
+def mtp_activations(
+    dims: ModelDims,
+    par: Layout,
+    micro_batch_size: int,
+    recompute: Recompute = "none",
+    flash_attention: bool = False,
+) -> float:
+    """Return the bytes the multi-token-prediction layers keep per micro-batch (our extension).
+
+    Per depth (megatron-core `MultiTokenPredictionLayer`): the shifted tokens' ids 8sb and
+    embedding dropout mask sbh, the inputs of `enorm` and `hnorm` 2sbh each, `eh_proj`'s input
+    4sbh (the two normed halves side by side), a transformer layer like the decoder's last
+    (`layer_activations`, the same recomputation), the final norm's and the output layer's inputs
+    2sbh each and the loss's fp32 logits 4sbv/t (paper Section 4.4); the sbh terms split by t
+    under sequence parallelism.
+    """
+    if not dims.mtp_num_layers:
+        return 0.0
+    sb = _tokens(dims, par, micro_batch_size)
+    h = dims.hidden_size
+    hidden = (MASK + 2 * dims.activation_bytes * 5) * sb * h / par.sp_divisor
+    layer = layer_activations(
+        dims, par, dims.num_layers - 1, micro_batch_size, recompute, flash_attention
+    ).total
+    depth = TOKEN_ID * sb + hidden + layer + FP32 * sb * dims.vocab_size / par.tp
+    return dims.mtp_num_layers * depth
 
 
 def embedding_activations(
@@ -244,7 +303,7 @@ def embedding_activations(
     sb = _tokens(dims, par, micro_batch_size)
     return EmbeddingActivations(
         token_ids=TOKEN_ID * sb,
-        dropout_mask=MASK * sb * dims.hidden_size / par.sp_divisor,
+        dropout_mask=_hidden_mask(dims) * sb * dims.hidden_size / par.sp_divisor,
     )
 
 
@@ -272,6 +331,9 @@ def stage_activations(
     recompute: Recompute = "none",
     flash_attention: bool = False,
     group_size: int | None = None,
+    mtp_chunks: Sequence[int] = (),
+    recompute_method: str = "uniform",
+    recompute_num_layers: int = 1,
 ) -> StageActivations:
     """Return the peak activation bytes of pipeline `stage` on one rank.
 
@@ -282,7 +344,10 @@ def stage_activations(
             as megatron placed them (one sequence per virtual chunk).
         micro_batch_size, num_microbatches: b and m.
         recompute, flash_attention: see `layer_activations`.
+        recompute_method, recompute_num_layers: full recomputation's groups (`_full_plan`).
         group_size: `--microbatch-group-size-per-virtual-pipeline-stage` (default p).
+        mtp_chunks: multi-token-prediction layers per chunk (megatron's placement; empty: none),
+            counted with the output side (`mtp_activations`).
 
     The stage's peak is the schedule point (see `live_microbatches`) with the most bytes, each
     chunk contributing its micro-batches alive times its per-micro-batch bytes. Stage 0's first
@@ -293,22 +358,29 @@ def stage_activations(
             f"stage {stage} has {len(chunk_layers)} chunks but --num-virtual-stages-per-"
             f"pipeline-rank is {par.chunks}"
         )
+    plan = _full_plan(stage, chunk_layers, recompute, recompute_method, recompute_num_layers)
     layers, embedding, output = _chunk_bytes(
-        dims, par, stage, chunk_layers, micro_batch_size, recompute, flash_attention
+        dims, par, stage, chunk_layers, micro_batch_size, plan, flash_attention
     )
+    if any(mtp_chunks):
+        mtp = mtp_activations(dims, par, micro_batch_size, recompute, flash_attention)
+        output = tuple(x + (mtp if n else 0.0) for x, n in zip(output, mtp_chunks, strict=True))
     points = live_microbatches(stage, par.pp, num_microbatches, par.chunks, group_size)
     peak = max(
         points,
         key=lambda pt: _weigh(pt, layers) + _weigh(pt, embedding) + _weigh(pt, output),
     )
-    buffer = 0.0
-    if recompute == "full":  # backward rebuilds one layer at a time, for one micro-batch
-        rebuilt = (
+    # Backward rebuilds one checkpointed group at a time, for one micro-batch.
+    rebuilt = (
+        sum(
             layer_activations(dims, par, i, micro_batch_size, "none", flash_attention).total
-            for chunk in chunk_layers
-            for i in chunk
+            for i in group
         )
-        buffer = max(rebuilt, default=0.0)
+        for chunk in plan
+        for group, mode in chunk
+        if mode == "full"
+    )
+    buffer = max(rebuilt, default=0.0)
     return StageActivations(
         layers=_weigh(peak, layers),
         embedding=_weigh(peak, embedding),
@@ -316,6 +388,40 @@ def stage_activations(
         recompute_buffer=buffer,
         in_flight=peak,
     )
+
+
+def _full_plan(
+    stage: int,
+    chunk_layers: Sequence[Sequence[int]],
+    recompute: Recompute,
+    method: str,
+    num_layers: int,
+) -> list[list[tuple[Sequence[int], Recompute]]]:
+    """Return each chunk's layer groups and how each group keeps its activations.
+
+    megatron-core `TransformerBlock._checkpointed_forward`, per model chunk of L layers:
+    `uniform` checkpoints the input of every group of N consecutive layers (L must be a multiple
+    of N: a partial group indexes past the chunk); `block` checkpoints layers 0..N-1 one at a time
+    and runs the rest normally, keeping all their activations. Other modes: one group per layer.
+    """
+    if recompute != "full":
+        return [[((i,), recompute) for i in chunk] for chunk in chunk_layers]
+    plan: list[list[tuple[Sequence[int], Recompute]]] = []
+    for index, chunk in enumerate(chunk_layers):
+        layers = list(chunk)
+        if method == "block":
+            plan.append([((i,), "full" if k < num_layers else "none") for k, i in enumerate(layers)])
+            continue
+        if len(layers) % num_layers:
+            raise ConfigError(
+                f"--recompute-method uniform --recompute-num-layers {num_layers} does not divide "
+                f"the {len(layers)} layers of stage {stage} chunk {index}: megatron-core "
+                "checkpoints groups of N layers per chunk and fails on a partial group"
+            )
+        plan.append(
+            [(layers[k : k + num_layers], "full") for k in range(0, len(layers), num_layers)]
+        )
+    return plan
 
 
 def _weigh(point: tuple[int, ...], per_chunk: Sequence[float]) -> float:
@@ -329,16 +435,21 @@ def _chunk_bytes(
     stage: int,
     chunk_layers: Sequence[Sequence[int]],
     micro_batch_size: int,
-    recompute: Recompute,
+    plan: list[list[tuple[Sequence[int], Recompute]]],
     flash_attention: bool,
 ) -> tuple[list[float], tuple[float, ...], tuple[float, ...]]:
     """Return per-chunk bytes of one micro-batch: layers, embedding, output side."""
     layers = [
         sum(
-            layer_activations(dims, par, i, micro_batch_size, recompute, flash_attention).total
-            for i in chunk
+            layer_activations(dims, par, group[0], micro_batch_size, mode, flash_attention).total
+            if mode == "full"  # a checkpointed group keeps its first layer's input only
+            else sum(
+                layer_activations(dims, par, i, micro_batch_size, mode, flash_attention).total
+                for i in group
+            )
+            for group, mode in chunk
         )
-        for chunk in chunk_layers
+        for chunk in plan
     ]
     zeros = [0.0] * par.chunks
     embedding, output = list(zeros), list(zeros)

@@ -89,6 +89,33 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         "Layer implementation.",
         choices=("local", "transformer_engine"),
     ),
+    # Multi-latent attention, multi-token prediction, mixed dense/MoE layers (DeepSeek, Qwen3).
+    _model("q_lora_rank", int, "MLA: rank of the query's low-rank projection (none: full)."),
+    _model("kv_lora_rank", int, "MLA: rank of the key/value low-rank projection (default 32)."),
+    _model("qk_head_dim", int, "MLA: query/key head size without RoPE (default 128)."),
+    _model("qk_pos_emb_head_dim", int, "MLA: query/key RoPE head size (default 64)."),
+    _model("v_head_dim", int, "MLA: value head size (default 128)."),
+    _model("rotary_scaling_factor", float, "MLA: RoPE scaling factor (default 1.0)."),
+    _model("rope_type", str, "RoPE type (MLA's default: yarn).", choices=("rope", "yarn")),
+    _model("mscale", float, "MLA: YaRN mscale (default 1.0)."),
+    _model("mscale_all_dim", float, "MLA: YaRN mscale for all dimensions (default 0.0)."),
+    _model("mtp_num_layers", int, "Multi-token prediction layers (on the last stage)."),
+    _model(
+        "moe_layer_freq",
+        str,
+        "MoE layer pattern: N (every N-th layer is MoE) or a list such as ([0]*3+[1]*58).",
+    ),
+    _model(
+        "moe_router_score_function",
+        str,
+        "Router score function.",
+        choices=("softmax", "sigmoid"),
+    ),
+    _model(
+        "moe_router_enable_expert_bias",
+        bool,
+        "Router expert bias (a buffer for aux-loss-free balancing, not a parameter).",
+    ),
     # Parallel layout.
     _layout("tensor_model_parallel_size", int, "Tensor-parallel size.", aliases=("--tp",)),
     _layout("pipeline_model_parallel_size", int, "Pipeline-parallel size.", aliases=("--pp",)),
@@ -146,6 +173,27 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         bool,
         "Gradients in fp32 for fp16 models (bf16 models always have them).",
     ),
+    # Megatron-LM's further training arguments that change what a GPU holds (README "Megatron-LM
+    # arguments: modelled, refused, ignored"); the rest are classified in inspector/unmodelled.py.
+    _training("recompute_activations", bool, "Megatron-LM's alias for --recompute-granularity selective."),
+    _training(
+        "recompute_method",
+        str,
+        "Full recomputation: uniform (groups of N layers) or block (first N layers of a chunk).",
+        choices=("uniform", "block"),
+    ),
+    _training("recompute_num_layers", int, "N for --recompute-method (default 1 with full)."),
+    _training(
+        "attention_backend",
+        str,
+        "Megatron-LM's attention backend (auto: fused/flash under Transformer Engine in 16 bits).",
+        choices=("auto", "flash", "fused", "unfused", "local"),
+    ),
+    _training("grad_reduce_in_bf16", bool, "bf16 models: gradients in bf16, not fp32."),
+    _training("attention_dropout", float, "Attention dropout (0: no mask stored; default 0.1)."),
+    _training("hidden_dropout", float, "Hidden dropout (0: no masks stored; default 0.1)."),
+    _training("optimizer", str, "Optimizer (Adam only: its two fp32 moments).", choices=("adam", "sgd")),
+    _training("overlap_param_gather", bool, "Overlap the parameter all-gather (distributed optimizer)."),
 )
 
 GROUPS = ("model", "layout", "training")

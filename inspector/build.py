@@ -9,7 +9,7 @@ wrapped in megatron's DDP. Nothing here renders or prints.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -149,7 +149,12 @@ class BuiltJob:
         return [chunk for stage in self.stages for chunk in stage.chunks]
 
 
-def build(job: Job, view: View, expert_ranks: Sequence[int] | None = None) -> BuiltJob:
+def build(
+    job: Job,
+    view: View,
+    expert_ranks: Sequence[int] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> BuiltJob:
     """Build the view's stages on the given expert-parallel ranks (all of them by default).
 
     Args:
@@ -157,20 +162,29 @@ def build(job: Job, view: View, expert_ranks: Sequence[int] | None = None) -> Bu
         view: which stages to build (select_view).
         expert_ranks: which expert-parallel ranks of each stage to simulate; their experts
             differ, everything else is the same on each.
+        progress: called with (built, total) stage builds before each build and once at the end.
     """
     from inspector import world
 
     layout = job.layout
     check_buildable(job.model, layout)
     ranks = tuple(range(layout.ep)) if expert_ranks is None else tuple(expert_ranks)
+    total, done = len(view.stages) * len(ranks), 0
     stages = []
     for stage in view.stages:
-        per_rank = [_build_stage(world.build_stage, job, stage, e) for e in ranks]
+        per_rank = []
+        for e in ranks:
+            if progress is not None:
+                progress(done, total)
+            per_rank.append(_build_stage(world.build_stage, job, stage, e))
+            done += 1
         chunks = tuple(
             BuiltChunk(job, stage, index, tuple(models[index] for models in per_rank))
             for index in range(len(per_rank[0]))
         )
         stages.append(BuiltStage(stage, chunks))
+    if progress is not None:
+        progress(done, total)
     return BuiltJob(job, view, tuple(stages), ranks)
 
 
@@ -202,19 +216,26 @@ def merge_expert_ranks(walks: list[list[ParamRecord]]) -> list[ParamRecord]:
     """
     if len(walks) == 1:
         return walks[0]
-    others: dict[int | None, list[ParamRecord]] = {}
+    others: dict[str, list[ParamRecord]] = {}
     for walk in walks[1:]:
         for record in walk:
             if record.expert_rank is not None:
-                others.setdefault(record.layer, []).append(record)
+                others.setdefault(_expert_block(record), []).append(record)
     merged = []
     base = walks[0]
     for index, record in enumerate(base):
         merged.append(record)
         following = base[index + 1] if index + 1 < len(base) else None
         is_last_expert = record.expert_rank is not None and (
-            following is None or following.expert_rank is None or following.layer != record.layer
+            following is None
+            or following.expert_rank is None
+            or _expert_block(following) != _expert_block(record)
         )
         if is_last_expert:
-            merged.extend(others.pop(record.layer, []))
+            merged.extend(others.pop(_expert_block(record), []))
     return merged
+
+
+def _expert_block(record: ParamRecord) -> str:
+    """Return the layer an expert row belongs to, by name (decoder or multi-token prediction)."""
+    return record.name.split(".mlp.experts.", 1)[0]

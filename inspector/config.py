@@ -6,6 +6,7 @@ is GPT-2 small as Megatron-LM trains it. The parallel layout lives in topology.p
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import math
 from collections.abc import Mapping
@@ -50,6 +51,20 @@ class ModelConfig:
     transformer_impl: str = "local"
     # None: simulate apex where megatron can use it (LayerNorm models); see README "apex".
     apex: bool | None = None
+    # Multi-latent attention (None: Megatron-LM's default, see `mla_args`).
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_head_dim: int | None = None
+    qk_pos_emb_head_dim: int | None = None
+    v_head_dim: int | None = None
+    rotary_scaling_factor: float | None = None
+    rope_type: str | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    mtp_num_layers: int | None = None
+    moe_layer_freq: int | tuple[int, ...] = 1
+    moe_router_score_function: str = "softmax"
+    moe_router_enable_expert_bias: bool = False
 
     @property
     def ffn_size(self) -> int:
@@ -93,6 +108,36 @@ class ModelConfig:
         """Return the parameter dtype's name as Megatron-LM picks it from --bf16/--fp16."""
         return "bfloat16" if self.bf16 else "float16" if self.fp16 else "float32"
 
+    def mla_args(self) -> dict[str, Any]:
+        """Return MLATransformerConfig's fields with Megatron-LM's argument defaults filled in.
+
+        Megatron-LM `arguments.py` `_add_mla_args` (--q-lora-rank None, --kv-lora-rank 32,
+        --qk-head-dim 128, --qk-pos-emb-head-dim 64, --v-head-dim 128, --rotary-scaling-factor
+        1.0, --mscale 1.0, --mscale-all-dim 0.0); `core_transformer_config_from_args` copies them
+        all and leaves `rope_type` to MLATransformerConfig ("yarn") when --rope-type is not given.
+        """
+        values: dict[str, Any] = {
+            "q_lora_rank": self.q_lora_rank,
+            "kv_lora_rank": _default(self.kv_lora_rank, 32),
+            "qk_head_dim": _default(self.qk_head_dim, 128),
+            "qk_pos_emb_head_dim": _default(self.qk_pos_emb_head_dim, 64),
+            "v_head_dim": _default(self.v_head_dim, 128),
+            "rotary_scaling_factor": _default(self.rotary_scaling_factor, 1.0),
+            "mscale": _default(self.mscale, 1.0),
+            "mscale_all_dim": _default(self.mscale_all_dim, 0.0),
+        }
+        if self.rope_type is not None:
+            values["rope_type"] = self.rope_type
+        return values
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Return whether 0-based `layer` has an MoE MLP (megatron's `moe_layer_freq` rule)."""
+        if self.num_experts is None:
+            return False
+        if isinstance(self.moe_layer_freq, tuple):
+            return bool(self.moe_layer_freq[layer])
+        return layer % self.moe_layer_freq == 0
+
     def padded_vocab_size(self, tensor_parallel_size: int) -> int:
         """Return the vocabulary padded as Megatron-LM does for this tensor-parallel size.
 
@@ -112,18 +157,103 @@ class ModelConfig:
 MODEL_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelConfig))
 
 
+def _default(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
 def make_model_config(args: Mapping[str, Any]) -> ModelConfig:
     """Build a ModelConfig from Megatron-LM arguments (unknown names are a programming error)."""
     values = {name: value for name, value in args.items() if name in MODEL_FIELDS}
+    if values.get("moe_layer_freq") is not None:
+        values["moe_layer_freq"] = parse_moe_layer_freq(values["moe_layer_freq"])
+    else:
+        values.pop("moe_layer_freq", None)
+    for name in ("moe_router_score_function",):
+        if values.get(name) is None:
+            values.pop(name, None)
     config = ModelConfig(**values)
     validate_model(config)
     return config
 
 
+_FREQ_HELP = "an integer or a list expression such as ([0]*3+[1]*58)"
+
+
+def parse_moe_layer_freq(value: Any) -> int | tuple[int, ...]:
+    """Return --moe-layer-freq as Megatron-LM's `moe_freq_type` reads it, without eval.
+
+    Megatron-LM (`arguments.py` `moe_freq_type`) takes an int N or a string; a string holding
+    `[` is a Python list expression it evaluates. Here the expression is parsed, and only list
+    literals of integers, integers, `+`, `*` and parentheses are evaluated.
+    """
+    if isinstance(value, bool):
+        raise ConfigError(f"--moe-layer-freq needs {_FREQ_HELP}, got {value!r}")
+    if isinstance(value, int):
+        return value
+    text = str(value).strip()
+    if "[" not in text:
+        try:
+            return int(text)
+        except ValueError:
+            raise ConfigError(f"--moe-layer-freq needs {_FREQ_HELP}, got {text!r}") from None
+    try:
+        result = _eval_pattern(ast.parse(text, mode="eval").body)
+    except (SyntaxError, _BadPattern):
+        raise ConfigError(f"--moe-layer-freq needs {_FREQ_HELP}, got {text!r}") from None
+    if not isinstance(result, list):
+        raise ConfigError(f"--moe-layer-freq needs {_FREQ_HELP}, got {text!r}")
+    return tuple(result)
+
+
+class _BadPattern(Exception):
+    """An expression outside the list-pattern subset."""
+
+
+_MAX_PATTERN = 1_000_000  # elements: larger than any model, small enough to build
+
+
+def _eval_pattern(node: ast.expr) -> int | list[int]:
+    """Evaluate list literals of ints, ints, + and * (the subset Megatron-LM's recipes use)."""
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.List):
+        items = [_eval_pattern(item) for item in node.elts]
+        if not all(isinstance(item, int) for item in items):
+            raise _BadPattern
+        return items  # type: ignore[return-value]
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Mult):
+        left, right = _eval_pattern(node.left), _eval_pattern(node.right)
+        if isinstance(node.op, ast.Add) and type(left) is type(right):
+            return left + right  # type: ignore[operator]
+        if isinstance(node.op, ast.Mult):
+            size = len(left) if isinstance(left, list) else len(right) if isinstance(right, list) else 1
+            count = right if isinstance(left, list) else left
+            if isinstance(count, int) and size * max(count, 0) <= _MAX_PATTERN:
+                return left * right  # type: ignore[operator]
+    raise _BadPattern
+# The largest size or count a flag may give: shapes beyond it overflow torch's index type (and no
+# GPU holds a dimension that long), so a larger value is an error naming the flag, not C++ frames.
+MAX_SIZE = 2**31 - 1
+
+
 def check_at_least_one(flag: str, value: int | None) -> None:
-    """Raise ConfigError when a size or count given as `flag` is below one (None: not given)."""
-    if value is not None and value < 1:
+    """Raise ConfigError when a size or count given as `flag` is below one or too large to build.
+
+    None means not given.
+    """
+    if value is None:
+        return
+    if value < 1:
         raise ConfigError(f"{flag} must be at least 1, got {value}")
+    check_at_most(flag, value)
+
+
+def check_at_most(flag: str, value: int | None) -> None:
+    """Raise ConfigError when `flag`'s integer is larger than this tool can simulate."""
+    if value is not None and value > MAX_SIZE:
+        raise ConfigError(
+            f"{flag} {value} is larger than this tool can simulate (at most {MAX_SIZE})"
+        )
 
 
 def check_heads(hidden: int, heads: int, kv_channels: int | None) -> None:
@@ -198,6 +328,9 @@ def validate_model(config: ModelConfig) -> None:
             f"{config.seq_length}: learned positions need one row per token"
         )
     _validate_moe(config)
+    _validate_moe_layer_freq(config)
+    _validate_mla(config)
+    _validate_mtp(config)
     _validate_backend(config)
 
 
@@ -208,8 +341,13 @@ def _validate_moe(config: ModelConfig) -> None:
         "moe_shared_expert_intermediate_size",
         "moe_shared_expert_gate",
         "moe_grouped_gemm",
+        "moe_router_enable_expert_bias",
     )
     if experts is None:
+        if config.moe_layer_freq != 1:
+            raise ConfigError("--moe-layer-freq needs --num-experts")
+        if config.moe_router_score_function != "softmax":
+            raise ConfigError("--moe-router-score-function needs --num-experts")
         for name in moe_only:
             if getattr(config, name):
                 raise ConfigError(f"{_flag(name)} needs --num-experts")
@@ -229,12 +367,68 @@ def _validate_moe(config: ModelConfig) -> None:
         )
 
 
-def _validate_backend(config: ModelConfig) -> None:
-    if config.multi_latent_attention:
+_MLA_ONLY = (
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_head_dim",
+    "qk_pos_emb_head_dim",
+    "v_head_dim",
+    "rotary_scaling_factor",
+    "mscale",
+    "mscale_all_dim",
+)
+
+
+def _validate_moe_layer_freq(config: ModelConfig) -> None:
+    pattern = config.moe_layer_freq
+    if isinstance(pattern, int):
+        check_at_least_one("--moe-layer-freq", pattern)
+        return
+    if len(pattern) != config.num_layers:
         raise ConfigError(
-            "--multi-latent-attention cannot be built here: megatron-core's MLA needs Transformer "
-            "Engine's attention and fused RoPE, which cannot be installed without CUDA"
+            f"--moe-layer-freq lists {len(pattern)} layers but --num-layers is {config.num_layers}"
         )
+    if any(value not in (0, 1) for value in pattern):
+        raise ConfigError("--moe-layer-freq lists must hold only 0 (dense) and 1 (MoE) per layer")
+
+
+def _validate_mla(config: ModelConfig) -> None:
+    if not config.multi_latent_attention:
+        for name in _MLA_ONLY:
+            if getattr(config, name) is not None:
+                raise ConfigError(f"{_flag(name)} needs --multi-latent-attention")
+        if config.rope_type == "yarn":
+            raise ConfigError(
+                "--rope-type yarn needs --multi-latent-attention (Megatron-LM's other attention "
+                "takes rope only)"
+            )
+        return
+    for name in ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"):
+        check_at_least_one(_flag(name), getattr(config, name))
+    if config.transformer_impl != "transformer_engine":
+        raise ConfigError(
+            "--multi-latent-attention needs --transformer-impl transformer_engine (megatron-core's "
+            "local attention cannot build MLA)"
+        )
+    if config.group_query_attention:
+        raise ConfigError(
+            "--multi-latent-attention and --group-query-attention are mutually exclusive "
+            "(Megatron-LM refuses both)"
+        )
+
+
+def _validate_mtp(config: ModelConfig) -> None:
+    if config.mtp_num_layers is None:
+        return
+    check_at_least_one("--mtp-num-layers", config.mtp_num_layers)
+    if config.position_embedding_type == "learned_absolute":
+        raise ConfigError(
+            "--mtp-num-layers needs --position-embedding-type rope or none (Megatron-LM's "
+            "multi-token prediction does not support learned_absolute)"
+        )
+
+
+def _validate_backend(config: ModelConfig) -> None:
     if config.apex and config.normalization != "LayerNorm":
         raise ConfigError(
             f"--apex with --normalization {config.normalization} cannot build: megatron-core's "

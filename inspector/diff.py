@@ -23,6 +23,7 @@ class Move:
     what: str
     old: str
     new: str
+    params: int = 1  # the parameters (table rows) that moved
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,8 @@ class TableDiff:
     changes: list[Change] = field(default_factory=list)
     totals: list[StageTotal] = field(default_factory=list)
     order_changed: bool = False
+    added_params: int = 0  # the parameters (table rows) behind `added`
+    removed_params: int = 0
 
     @property
     def equal(self) -> bool:
@@ -125,10 +128,10 @@ def _group_by_layer(names: list[str]) -> tuple[list[int], list[str]]:
 def _added_removed(
     result: TableDiff, before: dict[str, TableRow], after: dict[str, TableRow]
 ) -> None:
-    for names, other, target in (
-        ([n for n in after if n not in before], before, result.added),
-        ([n for n in before if n not in after], after, result.removed),
-    ):
+    added = [n for n in after if n not in before]
+    removed = [n for n in before if n not in after]
+    result.added_params, result.removed_params = len(added), len(removed)
+    for names, other, target in ((added, before, result.added), (removed, after, result.removed)):
         layers, loose = _group_by_layer(names)
         whole = [n for n in layers if not any(_layer(name) == n for name in other)]
         if whole:
@@ -139,6 +142,7 @@ def _added_removed(
 
 def _moves(result: TableDiff, before: dict[str, TableRow], after: dict[str, TableRow]) -> None:
     by_layer: dict[int, set[tuple[str, str]]] = defaultdict(set)
+    rows: dict[int, int] = defaultdict(int)
     loose: list[Move] = []
     for name, old in before.items():
         new = after.get(name)
@@ -148,6 +152,7 @@ def _moves(result: TableDiff, before: dict[str, TableRow], after: dict[str, Tabl
         move = (_where(old), _where(new))
         if layer is not None:
             by_layer[layer].add(move)
+            rows[layer] += 1
         elif move[0] != move[1]:
             loose.append(Move(name, *move))
     runs: list[tuple[list[int], tuple[str, str]]] = []
@@ -162,7 +167,7 @@ def _moves(result: TableDiff, before: dict[str, TableRow], after: dict[str, Tabl
             runs.append(([layer], move))
     for layers, (source, target) in runs:
         what = f"layers {layers[0]}-{layers[-1]}" if len(layers) > 1 else f"layer {layers[0]}"
-        result.moves.append(Move(what, source, target))
+        result.moves.append(Move(what, source, target, sum(rows[n] for n in layers)))
     result.moves.extend(loose)
 
 

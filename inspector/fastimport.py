@@ -42,6 +42,7 @@ import gc
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import logging
 import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -269,6 +270,9 @@ def import_megatron(names: Callable[[], Any]) -> Any:
     `names` does the megatron imports and returns what the caller keeps of them.
     """
     gc.freeze()  # torch's own objects: never garbage, no need to scan them again
+    # megatron-core logs at import and while building (0.15 warns, at import, that experimental
+    # functions it decorates reached end of life); none of it is for this tool's user.
+    logging.getLogger("megatron").setLevel(logging.ERROR)
     _compile_passes_through()
     _install_transformer_engine_standin()
     with warnings.catch_warnings():

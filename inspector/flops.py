@@ -14,12 +14,14 @@ What the formula counts (symbols of inspector/formulas.py, B sequences of s toke
     k * expert f + shared-expert f in place of f (top-k routing, no capacity padding);
   - logits 6T h v; the embedding lookup, norms, softmax, activations and the loss are free.
 It is model FLOPs (MFU's numerator): activation recomputation adds hardware work it ignores.
-Not modelled: multi-token prediction, multi-latent attention, attention output gates, latent MoE
-and packed (THD) sequences, which Megatron-LM's function also covers.
+  - multi-latent attention and multi-token prediction: `mla_attention_flops`, `mtp_flops`;
+Not modelled: attention output gates, latent MoE and packed (THD) sequences, which Megatron-LM's
+function also covers.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -53,6 +55,8 @@ def layer_flops(dims: ModelDims, layer: int, num_sequences: int) -> LayerFlops:
     attention = GEMM_FACTOR * tokens * (h * d * (a + 2 * g) + a * d * h)
     # "core attention": query_projection_size * s / 2 (causal) * 2 (QK^T and (QK^T)V) per token.
     core = GEMM_FACTOR * tokens * (a * d) * s
+    if dims.multi_latent_attention:
+        attention, core = mla_attention_flops(dims, tokens)
     # `ffn_expansion_factor`: 3 with SwiGLU (two h->f GEMMs and one f->h), else 2.
     expansion = dims.gated_multiplier + 1
     if dims.is_moe_layer(layer):
@@ -63,25 +67,72 @@ def layer_flops(dims: ModelDims, layer: int, num_sequences: int) -> LayerFlops:
     return LayerFlops(attention, core, mlp)
 
 
+def mla_attention_flops(dims: ModelDims, tokens: int) -> tuple[int, int]:
+    """Return multi-latent attention's (projections, core attention) FLOPs over `tokens`.
+
+    Megatron-LM `num_floating_point_operations`, `if args.multi_latent_attention:` branch
+    (training.py lines 383-433 at core_v0.16.1). With n heads, q_lora q, kv_lora k, qk head c,
+    RoPE head r, value head v, per token times 6:
+      q_term  q (h + n (c + r) + 1), or h n (c + r) without a query latent ("q lora + rope + q norm")
+      + k (h + n (c + v) + 1) + h r                         ("kv lora + rope + kv norm")
+      + n v h                                               ("o proj")
+      + s n (c + r) / 2 + s n v / 2                         ("core attn", causal)
+    The "+ 1" terms are the latent norms, counted as Megatron-LM counts them.
+    """
+    h, n, s = dims.hidden_size, dims.num_attention_heads, dims.seq_length
+    c, r, v = dims.qk_head_dim, dims.qk_pos_emb_head_dim, dims.v_head_dim
+    q, k = dims.q_lora_rank, dims.kv_lora_rank
+    q_term = h * n * (c + r) if q is None else q * (h + n * (c + r) + 1)
+    projections = q_term + k * (h + n * (c + v) + 1) + h * r + n * v * h
+    # 6 * s * n * (c + r + v) / 2, kept exact in integers.
+    return GEMM_FACTOR * tokens * projections, 3 * tokens * s * n * (c + r + v)
+
+
+def mtp_flops(dims: ModelDims, num_sequences: int) -> int:
+    """Return the FLOPs of the multi-token-prediction layers over `num_sequences` sequences.
+
+    Megatron-LM `num_floating_point_operations` (training.py lines 354-360, 557-573 at
+    core_v0.16.1): each MTP layer counts as one more transformer layer of the decoder's last
+    layer's kind (MoE when that layer is), plus 6T (3h + 2h^2) for its norms and eh_proj, plus
+    one more logits term 6Thv.
+    """
+    depth = dims.mtp_num_layers
+    if not depth:
+        return 0
+    tokens = num_sequences * dims.seq_length
+    h = dims.hidden_size
+    layer = layer_flops(dims, dims.num_layers - 1, num_sequences).total
+    own = GEMM_FACTOR * tokens * (3 * h + 2 * h * h)
+    return depth * (layer + own + logit_flops(dims, num_sequences))
+
+
 def logit_flops(dims: ModelDims, num_sequences: int) -> int:
     """Return the output layer's FLOPs (Megatron-LM's "Logit" term, 6 T h v)."""
     return GEMM_FACTOR * num_sequences * dims.seq_length * dims.hidden_size * dims.vocab_size
 
 
 def stage_flops(
-    dims: ModelDims, layers: Iterable[int], num_sequences: int, has_output_layer: bool
+    dims: ModelDims,
+    layers: Iterable[int],
+    num_sequences: int,
+    has_output_layer: bool,
+    has_mtp: bool = False,
 ) -> int:
     """Return the FLOPs of a stage holding `layers` (0-based global) and maybe the output layer.
 
-    The embedding costs no FLOPs in Megatron-LM's formula, so the first stage adds nothing.
+    The embedding costs no FLOPs in Megatron-LM's formula, so the first stage adds nothing;
+    the stage holding the multi-token-prediction layers adds `mtp_flops`.
     """
     total = sum(layer_flops(dims, i, num_sequences).total for i in layers)
+    total += mtp_flops(dims, num_sequences) if has_mtp else 0
     return total + (logit_flops(dims, num_sequences) if has_output_layer else 0)
 
 
 def iteration_flops(dims: ModelDims, global_batch_size: int) -> int:
     """Return the FLOPs of one iteration: Megatron-LM's `num_floating_point_operations`."""
-    return stage_flops(dims, range(dims.num_layers), global_batch_size, has_output_layer=True)
+    return stage_flops(
+        dims, range(dims.num_layers), global_batch_size, has_output_layer=True, has_mtp=True
+    )
 
 
 def rank_flops(stage_total: float, par: Layout) -> float:
@@ -95,13 +146,15 @@ def rank_flops(stage_total: float, par: Layout) -> float:
 
 def check_peak(gpu_tflops: float) -> None:
     """Raise ConfigError unless --gpu-tflops is a usable peak."""
-    if gpu_tflops <= 0:
-        raise ConfigError(f"--gpu-tflops must be positive, got {gpu_tflops}")
+    if not (math.isfinite(gpu_tflops) and gpu_tflops > 0):
+        raise ConfigError(
+            f"--gpu-tflops must be a finite number of TFLOP/s greater than 0, got {gpu_tflops}"
+        )
 
 
 def check_mfu(mfu: float) -> None:
     """Raise ConfigError unless --mfu is a fraction of the peak."""
-    if not 0 < mfu <= 1:
+    if not 0 < mfu <= 1:  # also false for nan
         raise ConfigError(f"--mfu must lie in (0, 1], got {mfu}")
 
 

@@ -48,6 +48,17 @@ class ModelDims:
     moe_shared_expert_intermediate_size: int | None = None
     moe_layer_freq: int | tuple[int, ...] = 1
     activation_bytes: int = 2  # bytes per activation element: 2 in bf16/fp16, 4 in fp32
+    # Multi-latent attention (Megatron-LM's MLA arguments) and multi-token prediction.
+    multi_latent_attention: bool = False
+    q_lora_rank: int | None = None  # None: queries projected directly, without a latent
+    kv_lora_rank: int = 32
+    qk_head_dim: int = 128
+    qk_pos_emb_head_dim: int = 64
+    v_head_dim: int = 128
+    mtp_num_layers: int = 0
+    qk_layernorm: bool = False  # with MLA: the two latent norms
+    attention_dropout: bool = True  # --attention-dropout > 0: its mask and output are stored
+    hidden_dropout: bool = True  # --hidden-dropout > 0: masks after attention, MLP, embedding
 
     def __post_init__(self) -> None:
         """Reject dimensions that no formula can use (the checks config.py makes of a model)."""

@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from inspector.activations import RECOMPUTE_MODES, Recompute
-from inspector.config import ModelConfig, check_at_least_one, make_model_config, validate_model
+from inspector.config import (
+    ModelConfig,
+    check_at_least_one,
+    check_at_most,
+    make_model_config,
+    validate_model,
+)
 from inspector.errors import ConfigError
 from inspector.formulas import ModelDims, num_microbatches
 from inspector.topology import Layout, make_layout, validate_layout
@@ -34,11 +40,20 @@ class Training:
     use_distributed_optimizer: bool = False
     overlap_grad_reduce: bool = False
     ddp_bucket_size: int | None = None
+    recompute_method: str = "uniform"  # with full recomputation: uniform or block
+    recompute_num_layers: int = 1
+    attention_dropout: float = 0.1  # Megatron-LM's defaults
+    hidden_dropout: float = 0.1
 
     def __post_init__(self) -> None:
         """Reject counts below one and unknown recomputation modes."""
         check_at_least_one("--micro-batch-size", self.micro_batch_size)
         check_at_least_one("--global-batch-size", self.global_batch_size)
+        check_at_least_one("--recompute-num-layers", self.recompute_num_layers)
+        for flag, p in (("--attention-dropout", self.attention_dropout),
+                        ("--hidden-dropout", self.hidden_dropout)):  # fmt: skip
+            if not 0 <= p < 1:
+                raise ConfigError(f"{flag} {p} is not a probability in [0, 1)")
         if self.recompute not in RECOMPUTE_MODES:
             raise ConfigError(
                 f"--recompute-granularity {self.recompute!r} is not one of: "
@@ -46,6 +61,7 @@ class Training:
             )
         if self.ddp_bucket_size is not None and self.ddp_bucket_size < 0:
             raise ConfigError(f"--ddp-bucket-size {self.ddp_bucket_size} must not be negative")
+        check_at_most("--ddp-bucket-size", self.ddp_bucket_size)
 
 
 @dataclass(frozen=True)
@@ -101,7 +117,25 @@ class Job:
             moe_ffn_hidden_size=model.moe_ffn_hidden_size,
             moe_shared_expert_intermediate_size=model.moe_shared_expert_intermediate_size,
             activation_bytes=4 if model.dtype_name == "float32" else 2,
+            moe_layer_freq=model.moe_layer_freq,
+            mtp_num_layers=model.mtp_num_layers or 0,
+            **_mla_dims(model),
+            attention_dropout=self.training.attention_dropout > 0,
+            hidden_dropout=self.training.hidden_dropout > 0,
         )
+
+
+def _mla_dims(model: ModelConfig) -> dict[str, Any]:
+    """Return ModelDims' multi-latent-attention fields (Megatron-LM's defaults filled in)."""
+    if not model.multi_latent_attention:
+        return {}
+    mla = model.mla_args()
+    names = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
+    return {
+        "multi_latent_attention": True,
+        "qk_layernorm": model.qk_layernorm,
+        **{name: mla[name] for name in names},
+    }
 
 
 TRAINING_ARGS = {
@@ -123,7 +157,71 @@ def make_training(args: Mapping[str, Any]) -> Training:
     for flag in ("flash_attention", "use_distributed_optimizer", "overlap_grad_reduce"):
         values[flag] = bool(values.get(flag))
     values["fp32_grads"] = values.get("fp32_grads") or None
+    _megatron_training_rules(args, values)
     return Training(**values)
+
+
+def _megatron_training_rules(args: Mapping[str, Any], values: dict[str, Any]) -> None:
+    """Apply Megatron-LM's validate_args to the training arguments beyond the plain ones."""
+    if args.get("recompute_activations"):
+        # validate_args: "if args.recompute_activations: args.recompute_granularity = 'selective'"
+        values["recompute"] = "selective"
+    method, layers = args.get("recompute_method"), args.get("recompute_num_layers")
+    if values["recompute"] != "full" and (method is not None or layers is not None):
+        flag = "--recompute-method" if method is not None else "--recompute-num-layers"
+        raise ConfigError(
+            f"{flag} needs --recompute-granularity full (megatron-core TransformerConfig: "
+            "\"recompute method is not yet supported for selective recomputing granularity\", "
+            "recompute_num_layers must be None otherwise)"
+        )
+    values["recompute_method"] = method or "uniform"
+    values["recompute_num_layers"] = 1 if layers is None else layers
+    if args.get("grad_reduce_in_bf16") and args.get("bf16"):
+        # validate_args: "if args.grad_reduce_in_bf16: args.accumulate_allreduce_grads_in_fp32 = False"
+        values["fp32_grads"] = False
+    for name in ("attention_dropout", "hidden_dropout"):
+        if args.get(name) is not None:
+            values[name] = float(args[name])
+    values["flash_attention"] = _flash_attention(args)
+    if args.get("optimizer") == "sgd":
+        raise ConfigError(
+            "--optimizer sgd is not modelled: optimizer state is counted for Adam (two fp32 moments)"
+        )
+    if args.get("overlap_param_gather"):
+        if not args.get("use_distributed_optimizer"):
+            raise ConfigError(
+                "--overlap-param-gather needs --use-distributed-optimizer (Megatron-LM: "
+                "\"--overlap-param-gather only supported with distributed optimizer\")"
+            )
+        if not args.get("overlap_grad_reduce"):
+            raise ConfigError(
+                "--overlap-param-gather needs --overlap-grad-reduce (Megatron-LM: \"Must use "
+                "--overlap-param-gather with --overlap-grad-reduce\")"
+            )
+
+
+def _flash_attention(args: Mapping[str, Any]) -> bool:
+    """Return whether attention keeps no s x s scores, from --use-flash-attn and the backend.
+
+    --use-flash-attn wins; then --attention-backend: flash and fused never store the scores,
+    unfused and local do, and auto (Megatron-LM's default, which config files and launch scripts
+    get) lets Transformer Engine pick flash/fused attention in 16 bits, and unfused otherwise
+    (fp32, or the local spec, whose DotProductAttention is unfused).
+    """
+    backend = args.get("attention_backend")
+    if args.get("use_flash_attn"):
+        if backend in ("unfused", "local"):
+            raise ConfigError(
+                f"--use-flash-attn contradicts --attention-backend {backend} (which stores the "
+                "s x s attention scores); pass one of them"
+            )
+        return True
+    if backend in ("flash", "fused"):
+        return True
+    if backend == "auto":
+        sixteen_bit = bool(args.get("bf16") or args.get("fp16"))
+        return sixteen_bit and args.get("transformer_impl") == "transformer_engine"
+    return False
 
 
 def make_job(args: Mapping[str, Any]) -> Job:

@@ -161,8 +161,10 @@ def make_hardware(
     gpu_memory: float | None, gpu_tflops: float | None, mfu: float | None
 ) -> Hardware:
     """Check the hardware flags; --gpu-memory is in GiB, as nvidia-smi and torch count."""
-    if gpu_memory is not None and gpu_memory <= 0:
-        raise ConfigError(f"--gpu-memory must be positive (GiB), got {gpu_memory}")
+    if gpu_memory is not None and not (math.isfinite(gpu_memory) and gpu_memory > 0):
+        raise ConfigError(
+            f"--gpu-memory must be a finite number of GiB greater than 0, got {gpu_memory}"
+        )
     if mfu is not None:
         check_mfu(mfu)
         if gpu_tflops is None:
@@ -171,6 +173,17 @@ def make_hardware(
         check_peak(gpu_tflops)
     memory = None if gpu_memory is None else round(gpu_memory * GIB)
     return Hardware(memory, gpu_tflops, 1.0 if mfu is None else mfu)
+
+
+def check_walkthrough_flags(**hardware: float | None) -> None:
+    """Raise ConfigError for a hardware flag that --attention-walkthrough would ignore."""
+    for name, value in hardware.items():
+        if value is not None:
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(
+                f"{flag} has no effect with --attention-walkthrough, which prints one attention "
+                f"layer and no report; pass one of them"
+            )
 
 
 def check_ulysses(ulysses_degree: int | None) -> None:
@@ -233,6 +246,12 @@ def measure(built: BuiltJob, hardware: Hardware) -> MemoryReport:
     )
 
 
+def mtp_layers(chunk: BuiltChunk) -> int:
+    """Return how many multi-token-prediction layers megatron built on this chunk."""
+    mtp = getattr(chunk.module, "mtp", None)
+    return len(mtp.layers) if mtp is not None else 0
+
+
 def _stage_memory(
     job: Job,
     dims: ModelDims,
@@ -259,12 +278,16 @@ def _stage_memory(
         schedule.num_microbatches,
         training.recompute,
         training.flash_attention,
+        mtp_chunks=tuple(mtp_layers(chunk) for chunk in chunks),
+        recompute_method=training.recompute_method,
+        recompute_num_layers=training.recompute_num_layers,
     )
     flops = stage_flops(
         dims,
         (i for chunk in layers for i in chunk),
         schedule.global_batch_size,
         any(chunk.has_output for chunk in chunks),
+        has_mtp=any(mtp_layers(chunk) for chunk in chunks),
     )
     return StageMemory(
         stage=stage,

@@ -33,11 +33,13 @@ class ParamsResult:
 def params_result(built: BuiltJob, partitioning: Partitioning, block_size: int) -> ParamsResult:
     """Return the table of every built stage, viewed as the BuiltJob's view asks."""
     from inspector import fidelity
+    from inspector.config import check_at_most
     from inspector.errors import ConfigError
     from inspector.ranks import rank_positions
 
     if block_size < 0:
         raise ConfigError(f"--block-size must be 0 (off) or positive, got {block_size}")
+    check_at_most("--block-size", block_size)
     job, view = built.job, built.view
     blocks = [b for stage in built.stages for b in _stage_blocks(built, stage, partitioning, block_size)]
     complete = len(view.stages) == job.layout.pp

@@ -131,6 +131,48 @@ _ALL = [
         seq_length=8192, max_position_embeddings=8192, vocab_size=151936, **_LLAMA,
         transformer_impl="transformer_engine",
     ),
+    _preset(
+        "deepseek-v3",
+        "61 layers (3 dense), hidden 7168, 128 heads, MLA, 256 experts top-8 + 1 shared, MTP 1",
+        "DeepSeek-AI 2024, DeepSeek-V3 Technical Report, arXiv:2412.19437 (HF "
+        "deepseek-ai/DeepSeek-V3 config.json); flags as Megatron-LM's DeepSeek-V3 recipe "
+        "(docs/discussions/megatron-fsdp-user-guide/example-scripts/sbatch_mfsdp_deepseek_v3.sh)",
+        685e9, "HF deepseek-ai/DeepSeek-V3 model card: 685B = 671B main model + 14B MTP module",
+        num_layers=61, hidden_size=7168, num_attention_heads=128, kv_channels=128,
+        ffn_hidden_size=18432, multi_latent_attention=True, q_lora_rank=1536, kv_lora_rank=512,
+        qk_head_dim=128, qk_pos_emb_head_dim=64, v_head_dim=128, qk_layernorm=True,
+        rotary_scaling_factor=40.0, mscale=1.0, mscale_all_dim=1.0,
+        num_experts=256, moe_layer_freq="([0]*3+[1]*58)", moe_router_topk=8,
+        moe_ffn_hidden_size=2048, moe_shared_expert_intermediate_size=2048,
+        moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True,
+        moe_grouped_gemm=True, mtp_num_layers=1, seq_length=4096, max_position_embeddings=4096,
+        vocab_size=129280, make_vocab_size_divisible_by=1280, **_LLAMA,
+        transformer_impl="transformer_engine",
+    ),
+    _preset(
+        "qwen3-30b-a3b",
+        "48 layers, hidden 2048, 32 heads (4 KV groups, head 128), 128 experts top-8 (ffn 768)",
+        "Qwen team 2025, Qwen3 Technical Report, arXiv:2505.09388 (HF Qwen/Qwen3-30B-A3B "
+        "config.json)",
+        30.5e9, "HF Qwen/Qwen3-30B-A3B model card: 30.5B total parameters, 3.3B activated",
+        num_layers=48, hidden_size=2048, num_attention_heads=32, group_query_attention=True,
+        num_query_groups=4, kv_channels=128, qk_layernorm=True, ffn_hidden_size=6144,
+        num_experts=128, moe_router_topk=8, moe_ffn_hidden_size=768, moe_grouped_gemm=True,
+        seq_length=4096, max_position_embeddings=40960, vocab_size=151936, **_LLAMA,
+        transformer_impl="transformer_engine",
+    ),
+    _preset(
+        "qwen3-235b-a22b",
+        "94 layers, hidden 4096, 64 heads (4 KV groups, head 128), 128 experts top-8 (ffn 1536)",
+        "Qwen team 2025, Qwen3 Technical Report, arXiv:2505.09388 (HF Qwen/Qwen3-235B-A22B "
+        "config.json)",
+        235e9, "HF Qwen/Qwen3-235B-A22B model card: 235B total parameters, 22B activated",
+        num_layers=94, hidden_size=4096, num_attention_heads=64, group_query_attention=True,
+        num_query_groups=4, kv_channels=128, qk_layernorm=True, ffn_hidden_size=12288,
+        num_experts=128, moe_router_topk=8, moe_ffn_hidden_size=1536, moe_grouped_gemm=True,
+        seq_length=4096, max_position_embeddings=40960, vocab_size=151936, **_LLAMA,
+        transformer_impl="transformer_engine",
+    ),
 ]  # fmt: skip
 
 PRESETS: dict[str, Preset] = {preset.name: preset for preset in _ALL}

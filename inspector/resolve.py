@@ -53,8 +53,14 @@ def merge_sources(sources: Sources, groups: tuple[str, ...]) -> Resolved:
         from inspector.sources import read_launch_script
 
         parsed = read_launch_script(sources.script, parse_settings(sources.settings))
+        _refuse(parsed.refused, groups)
         if parsed.ignored:
             notes.append(f"Ignored from {sources.script}: {' '.join(parsed.ignored)}")
+        if parsed.unrecognised:
+            notes.append(
+                f"Not recognised from {sources.script} (not a Megatron-LM argument this tool "
+                f"knows; check it changes nothing a GPU holds): {' '.join(parsed.unrecognised)}"
+            )
         notes.extend(f"Note from {sources.script}: {note}" for note in parsed.notes)
         if parsed.vocab_problem and sources.flags.get("vocab_size") is None:
             raise ConfigError(parsed.vocab_problem)
@@ -70,17 +76,34 @@ def merge_sources(sources: Sources, groups: tuple[str, ...]) -> Resolved:
         merged["data_parallel_size"] = _data_parallel(merged, sources.flags, world[0], world[1])
     elif world[1]:
         notes.append(f"Note from {sources.script}: the world size is not known ({world[1]}); --dp says it")
+    if merged.get("sequence_parallel") and int(merged.get("tensor_model_parallel_size") or 1) == 1:
+        # Megatron-LM validate_args: "Disabling sequence parallelism because tensor model
+        # parallelism is disabled".
+        merged["sequence_parallel"] = False
+        if "layout" in groups:
+            notes.append(
+                "Note: --sequence-parallel is turned off because --tp is 1, as Megatron-LM does "
+                "(\"Disabling sequence parallelism because tensor model parallelism is disabled\")"
+            )
     args = {k: v for k, v in merged.items() if k not in BY_NAME or BY_NAME[k].group in groups}
     return Resolved(args, tuple(notes))
+
+
+def _refuse(refused: tuple[tuple[str, str], ...], groups: tuple[str, ...]) -> None:
+    """Raise ConfigError for the first refused script argument this command would read."""
+    for group, message in refused:
+        if group in groups:
+            raise ConfigError(message)
 
 
 def _megatron_lm_defaults(args: dict[str, Any]) -> dict[str, Any]:
     """Return a config file's or launch script's arguments with Megatron-LM's own defaults.
 
     A Megatron-LM job that does not name --transformer-impl runs Transformer Engine (Megatron-LM
-    arguments.py: default "transformer_engine"), so the file means it too; flags still win.
+    arguments.py: default "transformer_engine"), so the file means it too; likewise
+    --attention-backend auto (fused/flash attention in 16 bits). Flags still win.
     """
-    return {"transformer_impl": "transformer_engine", **args}
+    return {"transformer_impl": "transformer_engine", "attention_backend": "auto", **args}
 
 
 _SETTING = re.compile(r"^([A-Za-z_]\w*|[1-9]\d*)=(.*)$", re.S)

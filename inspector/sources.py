@@ -22,6 +22,7 @@ from inspector.launch import Require, World, program_arguments, sbatch_options, 
 from inspector.output import read_text
 from inspector.shell import Command, Context, _Break, _Exit, _Return, describe_unknown, new_shell
 from inspector.tokenizers import vocabulary
+from inspector.unmodelled import IGNORED, REFUSED, RENAMED, refusal_message
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,8 @@ class ScriptArgs:
     launch: tuple[str, ...] = ()  # the launch command as bash runs it, from the launcher on
     notes: tuple[str, ...] = ()  # how a value was derived (the tokenizer's vocabulary), for stderr
     vocab_problem: str = ""  # an error unless the command line gives --vocab-size
+    refused: tuple[tuple[str, str], ...] = ()  # (argument group, error) for refused arguments
+    unrecognised: tuple[str, ...] = ()  # flags in none of Megatron-LM's tables we know
 
 
 def convert(spec: ArgSpec, raw: Any, origin: str) -> Any:
@@ -77,6 +80,9 @@ def load_config_file(path: str) -> dict[str, Any]:
                 else f"{path}: {spelled[name]!r} and {key!r} are the same argument"
             )
         spelled[name] = str(key)
+        message = refusal_message("--" + name.replace("_", "-"), None if raw is True else str(raw))
+        if name not in BY_NAME and message is not None:
+            raise ConfigError(f"{path}: {message}")
         if name not in BY_NAME:
             close = difflib.get_close_matches(name, BY_NAME, n=1)
             hint = f" (did you mean {BY_NAME[close[0]].flag}?)" if close else ""
@@ -169,7 +175,10 @@ def parse_launch_script(
             args["vocab_size"] = vocab.size
         notes, problem = ((vocab.note,) if vocab.note else ()), vocab.problem
         ignored = tuple(f for f in ignored if f not in ("--tokenizer-type", "--tokenizer-model"))
-    return ScriptArgs(args, ignored, world.size, world.origin, launch.observed, notes, problem)
+    return ScriptArgs(
+        args, ignored, world.size, world.origin, launch.observed, notes, problem,
+        parsed.refused, parsed.unrecognised,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -236,6 +245,8 @@ def _arguments(words: list[str], where: str, require: Require, ctx: Context,
     values of the ignored flags that the tokenizer needs."""
     args: dict[str, Any] = {}
     ignored: list[str] = []
+    refused: list[tuple[str, str]] = []
+    unrecognised: list[str] = []
     index = 0
     while index < len(words):
         word = words[index]
@@ -252,19 +263,31 @@ def _arguments(words: list[str], where: str, require: Require, ctx: Context,
         value = inline if inline else (words[index] if takes_value and index < len(words) else None)
         if takes_value and not inline:
             index += 1
+        if spec is None and flag in RENAMED:
+            name, meaning = RENAMED[flag]
+            spec, value = BY_NAME[name], (value if meaning is None else str(meaning))
+            if meaning is not None and takes_value and not inline:
+                index -= 1  # a switch: the next word is not its value
         if spec is None:
             if flag in _TOKENIZER_FLAGS and value is not None:
                 raw[flag] = value
-            if flag not in ignored:
-                ignored.append(flag)
+            message = refusal_message(flag, value)
+            if message is not None:
+                refused.append((REFUSED[flag].group, f"{where}: {message}"))
+            elif flag in REFUSED or flag in IGNORED:
+                ignored.append(flag) if flag not in ignored else None
+            elif flag not in unrecognised:
+                unrecognised.append(flag)
             continue
         if spec.type is bool:
-            args[name] = True
+            args[spec.name] = True
             continue
         if value is None:
             raise ConfigError(f"{where}: {spec.flag} has no value")
-        args[name] = convert(spec, require(value, spec.flag), where)
-    return ScriptArgs(args, tuple(ignored))
+        args[spec.name] = convert(spec, require(value, spec.flag), where)
+    return ScriptArgs(
+        args, tuple(ignored), refused=tuple(refused), unrecognised=tuple(unrecognised)
+    )
 
 
 _TOKENIZER_FLAGS = ("--tokenizer-type", "--tokenizer-model", "--vocab-file")

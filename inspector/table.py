@@ -168,13 +168,34 @@ class Block:
 
     @property
     def numel(self) -> int:
-        """Return the parameter elements one rank of the block holds."""
+        """Return the parameter elements of the block's rows (every expert-parallel rank's)."""
         return sum(row.record.numel for row in self.rows)
 
     @property
     def bytes(self) -> int:
-        """Return the bytes one rank of the block holds."""
+        """Return the bytes of the block's rows (every expert-parallel rank's)."""
         return sum(row_bytes(row.record) for row in self.rows)
+
+    @property
+    def expert_ranks(self) -> tuple[int, ...]:
+        """Return the expert-parallel ranks whose experts the rows hold, in order."""
+        ranks = {row.record.expert_rank for row in self.rows}
+        return tuple(sorted(rank for rank in ranks if rank is not None))
+
+    def _one_gpu(self) -> list[Row]:
+        """Return the rows one GPU holds: shared ones, and the experts of the first expert rank."""
+        first = self.expert_ranks[0] if self.expert_ranks else None
+        return [row for row in self.rows if row.record.expert_rank in (None, first)]
+
+    @property
+    def gpu_numel(self) -> int:
+        """Return the parameter elements one GPU of the block holds."""
+        return sum(row.record.numel for row in self._one_gpu())
+
+    @property
+    def gpu_bytes(self) -> int:
+        """Return the bytes one GPU of the block holds."""
+        return sum(row_bytes(row.record) for row in self._one_gpu())
 
 
 def row_bytes(record: ParamRecord) -> int:
@@ -183,12 +204,24 @@ def row_bytes(record: ParamRecord) -> int:
 
 
 def block_comment(block: Block) -> str:
-    """Return the block's comment line: stage, chunk, layer range and totals."""
+    """Return the block's comment line: stage, chunk, layer range and what one GPU holds.
+
+    Under expert parallelism the rows hold the experts of every expert-parallel rank; the line
+    states one GPU's share first (shared parameters and one rank's experts, all ranks hold
+    equally many), then the rows' total: `..., P params, B bytes per GPU; all E
+    expert-parallel ranks: P' params, B' bytes`.
+    """
     heading = f"# stage {block.stage}" + (
         f" chunk {block.chunk}" if block.chunk is not None else ""
     )
     span = f"layers {block.layers[0]}-{block.layers[-1]}" if block.layers else "no layers"
-    return f"{heading}: {span}, {block.numel} params, {block.bytes} bytes"
+    ranks = len(block.expert_ranks)
+    if ranks <= 1:
+        return f"{heading}: {span}, {block.numel} params, {block.bytes} bytes"
+    return (
+        f"{heading}: {span}, {block.gpu_numel} params, {block.gpu_bytes} bytes per GPU; "
+        f"all {ranks} expert-parallel ranks: {block.numel} params, {block.bytes} bytes"
+    )
 
 
 def format_row(cells: Cells) -> str:
@@ -243,13 +276,14 @@ def _row_json(row: Row, chunk: int | None) -> dict[str, Any]:
 def write_json(header: dict[str, Any], blocks: Sequence[Block]) -> str:
     """Return `{"header": {...}, "parameters": [...]}`, indented, keys in a fixed order."""
     parameters = [_row_json(row, block.chunk) for block in blocks for row in block.rows]
-    return json.dumps({"header": header, "parameters": parameters}, indent=1) + "\n"
+    return json.dumps({"header": header, "parameters": parameters}, indent=1, allow_nan=False) + "\n"
 
 
 # Reading a table back.
 
 _COMMENT = re.compile(
-    r"^# stage ([0-9]+)(?: chunk ([0-9]+))?: .*?, ([0-9]+) params, ([0-9]+) bytes$"
+    r"^# stage ([0-9]+)(?: chunk ([0-9]+))?: .*?, ([0-9]+) params, ([0-9]+) bytes"
+    r"(?: per GPU; all [0-9]+ expert-parallel ranks: [0-9]+ params, [0-9]+ bytes)?$"
 )
 
 

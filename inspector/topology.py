@@ -13,6 +13,7 @@ The coordinates themselves come from megatron (world.py); this module only holds
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -211,9 +212,26 @@ def virtual_size(
     if per_chunk is not None:
         return (num_layers // layout.pp) // per_chunk
     if layout.pipeline_model_parallel_layout is not None:
-        stages = layout.pipeline_model_parallel_layout.count("|") + 1
+        stages = len(expand_layout(layout.pipeline_model_parallel_layout))
         return stages // layout.pp if stages > layout.pp else None
     return None
+
+
+_LAYOUT_REPEATS = (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)")
+LAYOUT_CHARACTERS = "ELtm"  # embedding, loss, transformer layer, MTP layer
+
+
+def expand_layout(text: str) -> list[str]:
+    """Return a --pipeline-model-parallel-layout's stages, repetitions unrolled, as megatron does.
+
+    megatron-core `PipelineParallelLayerLayout.parse_str_to_list` (0.13-0.16, the same code):
+    commas are cosmetic, `(...)*n` then `x*n` repeat, `|` separates stages. Mirrored here because
+    the job is checked without importing megatron; tests/test_versions.py compares the two.
+    """
+    text = text.replace(",", "")
+    for pattern in _LAYOUT_REPEATS:
+        text = re.sub(pattern, lambda match: match.group(1) * int(match.group(2)), text)
+    return text.split("|")
 
 
 def _check_pipeline(model: ModelConfig, layout: Layout) -> None:
@@ -293,8 +311,7 @@ def _check_first_last(model: ModelConfig, layout: Layout) -> None:
     ):
         if value is None:
             continue
-        if value < 1:
-            raise ConfigError(f"{flag} must be at least 1, got {value}")
+        check_at_least_one(flag, value)
         if vpp is not None and value % vpp:
             raise ConfigError(
                 f"{flag} {value} is not divisible by the {vpp} virtual stages per pipeline rank "
@@ -356,17 +373,33 @@ def _check_layout_string(model: ModelConfig, layout: Layout) -> None:
             "--pipeline-model-parallel-layout cannot be combined with --decoder-first/last-"
             "pipeline-num-layers or --account-for-embedding/loss-in-pipeline-split"
         )
-    stages = text.count("|") + 1
+    expanded = expand_layout(text)
+    stages = len(expanded)
+    flat = "".join(expanded)
+    wrong = sorted(set(flat) - set(LAYOUT_CHARACTERS))
+    if wrong:
+        raise ConfigError(
+            f"--pipeline-model-parallel-layout {text!r}: invalid layer character {wrong[0]!r} "
+            "(megatron-core knows E embedding, L loss, t transformer layer, m MTP layer, | between "
+            "stages, (...)*n and x*n repetition)"
+        )
     if stages % layout.pp:
         raise ConfigError(
             f"--pipeline-model-parallel-layout {text!r} has {stages} stages, not a multiple of "
-            f"--pp {layout.pp}"
+            f"--pp {layout.pp} (megatron-core: the layout must be divisible by "
+            "pipeline_model_parallel_size)"
         )
-    placed = text.count("t")
+    placed = flat.count("t")
     if placed != model.num_layers:
         raise ConfigError(
             f"--pipeline-model-parallel-layout {text!r} places {placed} transformer layers ('t') "
             f"but --num-layers is {model.num_layers}"
+        )
+    mtp = flat.count("m")
+    if mtp != (model.mtp_num_layers or 0):
+        raise ConfigError(
+            f"--pipeline-model-parallel-layout {text!r} places {mtp} multi-token prediction "
+            f"layers ('m') but --mtp-num-layers is {model.mtp_num_layers or 0}"
         )
 
 

@@ -29,17 +29,18 @@ from dataclasses import dataclass, replace
 from math import prod
 from typing import TYPE_CHECKING, Literal
 
+from inspector.config import check_at_least_one
 from inspector.errors import ConfigError
 from inspector.formulas import ModelDims
 
 if TYPE_CHECKING:
     from inspector.job import Job
 
-Mode = Literal["tp", "ulysses", "cp"]
+Mode = Literal["tp", "ulysses", "cp", "mlp"]
 Kind = Literal["activation", "weight", "communication"]
 Materialized = Literal["always", "naive", "flash"]
 
-DEGREE_FLAGS = {"tp": "--tp", "ulysses": "--ulysses-degree", "cp": "--cp"}
+DEGREE_FLAGS = {"tp": "--tp", "ulysses": "--ulysses-degree", "cp": "--context-parallel-size"}
 HALF = 2  # bytes per 16-bit element
 FP32 = 4  # bytes of the softmax statistics
 
@@ -57,6 +58,8 @@ class WalkthroughStep:
     materialized: Materialized = "always"  # "naive": without flash attention only
     bytes_per_element: int = HALF
     note: str = ""
+    in_place: bool = False  # written into an existing buffer (an all-reduce): allocates nothing
+    freed: bool = False  # released once the step is done (the MLP's forward-only intermediate)
 
     @property
     def elements(self) -> int:
@@ -91,8 +94,7 @@ def _sizes(dims: ModelDims, mode: Mode, degree: int, micro_batch_size: int) -> _
         raise ConfigError(f"the walkthrough mode must be one of tp, ulysses, cp, got {mode!r}")
     flag = DEGREE_FLAGS[mode]
     a, g, n = dims.num_attention_heads, dims.query_groups, dims.seq_length
-    if degree < 1:
-        raise ConfigError(f"{flag} must be at least 1, got {degree}")
+    check_at_least_one(flag, degree)
     if mode != "cp" and a % degree:
         raise ConfigError(
             f"--num-attention-heads {a} is not divisible by {flag} {degree} ({a} % {degree} = "
@@ -105,8 +107,9 @@ def _sizes(dims: ModelDims, mode: Mode, degree: int, micro_batch_size: int) -> _
         )
     split = 2 * degree if mode == "cp" else degree
     if n % split:
+        by = f"2 x {flag} {degree} = {split}" if mode == "cp" else f"{flag} {degree}"
         raise ConfigError(
-            f"--seq-length {n} is not divisible by {split} ({n} % {split} = {n % split})"
+            f"--seq-length {n} is not divisible by {by} ({n} % {split} = {n % split})"
         )
     g_rank, g_label = (g // degree, "g/P") if g % degree == 0 else (1, "1")
     a_rank = a if mode == "cp" else a // degree
@@ -116,21 +119,23 @@ def _sizes(dims: ModelDims, mode: Mode, degree: int, micro_batch_size: int) -> _
 
 
 def _projections(
-    z: _Sizes, tokens: int, tok: str, heads: tuple[int, str], kv: tuple[int, str]
-) -> list[WalkthroughStep]:
-    """Return the Q, K, V projections of `tokens` local tokens into (count, label) heads."""
-    rows = [("Q = x W_q", heads, z.a), ("K = x W_k", kv, z.g), ("V = x W_v", kv, z.g)]
+    z: _Sizes, tokens: int, tok: str, heads: tuple[int, str], kv: tuple[int, str], note: str = ""
+) -> WalkthroughStep:
+    """Return the fused Q, K, V projection of `tokens` local tokens into (count, label) heads.
+
+    One GEMM, as megatron's linear_qkv: its output holds the query heads, then the key and the
+    value heads; its FLOPs are the three projections' together.
+    """
+    (q, q_label), (k, k_label) = heads, kv
     per_head = 2 * z.b * z.hid * z.d  # FLOPs per token per output head
-    return [
-        WalkthroughStep(
-            name,
-            f"[{tok}, b, {label}, d]",
-            (tokens, z.b, count, z.d),
-            float(per_head * z.n * total),
-            float(per_head * tokens * count),
-        )
-        for name, (count, label), total in rows
-    ]
+    return WalkthroughStep(
+        "Q, K, V = x W_qkv",
+        f"[{tok}, b, {q_label} + {'2' if k_label == '1' else '2' + k_label}, d]",
+        (tokens, z.b, q + 2 * k, z.d),
+        float(per_head * z.n * (z.a + 2 * z.g)),
+        float(per_head * tokens * (q + 2 * k)),
+        note=note,
+    )
 
 
 def _core(
@@ -167,7 +172,7 @@ def _core(
     ]
 
 
-def _weight(name: str, layout: str, shape: tuple[int, int]) -> WalkthroughStep:
+def _weight(name: str, layout: str, shape: tuple[int, ...]) -> WalkthroughStep:
     """Return a weight row (no FLOPs)."""
     return WalkthroughStep(name, layout, shape, 0.0, 0.0, kind="weight")
 
@@ -213,15 +218,14 @@ def _tensor_parallel(z: _Sizes, sequence_parallel: bool) -> list[WalkthroughStep
     shard = ((z.a_rank + 2 * z.g_rank) * d, hid)
     steps.append(_weight("W_qkv: QKV weight, column shard", qkv_layout, shard))
     note = _replication_note(z)
-    projections = _projections(z, n, "N", (z.a_rank, "h/P"), (z.g_rank, z.g_label))
-    steps += [projections[0]] + [replace(step, note=note) for step in projections[1:]]
+    steps.append(_projections(z, n, "N", (z.a_rank, "h/P"), (z.g_rank, z.g_label), note))
     steps += _core(z, (n, "N"), (n, "N"), "h/P")
     steps.append(_weight("W_o: output weight, row shard", "[H, h d/P]", (hid, z.a_rank * d)))
     steps.append(_output(z, n, "N", z.a_rank, "Y = O W_o (partial sums)"))
     if sequence_parallel:
         steps.append(_comm("Y: reduce-scatter along N", "[N/P, b, H]", (n // p, b, hid)))
     else:
-        steps.append(_comm("Y: all-reduce", "[N, b, H]", (n, b, hid)))
+        steps.append(replace(_comm("Y: all-reduce", "[N, b, H]", (n, b, hid)), in_place=True))
     return steps
 
 
@@ -233,7 +237,7 @@ def _ulysses(z: _Sizes) -> list[WalkthroughStep]:
         WalkthroughStep("x: layer input", "[N/P, b, H]", (local, b, hid), 0.0, 0.0),
         _weight("W_qkv: QKV weight, whole", "[(h + 2g) d, H]", ((z.a + 2 * z.g) * d, hid)),
     ]
-    steps += _projections(z, local, "N/P", (z.a, "h"), (z.g, "g"))
+    steps.append(_projections(z, local, "N/P", (z.a, "h"), (z.g, "g")))
     note = _replication_note(z)
     steps += [
         _comm("Q: all-to-all, gather N, scatter heads", "[N, b, h/P, d]", (n, b, z.a_rank, d)),
@@ -274,7 +278,7 @@ def _context_parallel(z: _Sizes) -> list[WalkthroughStep]:
         ),
         _weight("W_qkv: QKV weight, whole", "[(h + 2g) d, H]", ((z.a + 2 * z.g) * d, hid)),
     ]
-    steps += _projections(z, local, "N/P", (z.a, "h"), (z.g, "g"))
+    steps.append(_projections(z, local, "N/P", (z.a, "h"), (z.g, "g")))
     steps.append(
         _comm(
             "K, V: received from the previous rank",
@@ -318,6 +322,82 @@ def attention_walkthrough(
     return _context_parallel(z)
 
 
+def mlp_walkthrough(
+    dims: ModelDims, dp: int, tp: int, micro_batch_size: int = 1, layers: int | None = None
+) -> list[WalkthroughStep]:
+    """Return one MLP layer on one rank under 2-D model parallelism (data x tensor).
+
+    The tokens N = b x s x DP of one micro-batch step are split over the DP ranks, the weights of
+    the stage's L layers over the TP ranks (W1 column-parallel, W2 row-parallel, Shoeybi et al.
+    2019): input [N/DP, H], W1 [L, H, F/TP], W2 [L, F/TP, H], inter = input W1 [N/DP, F/TP],
+    Y = inter W2 [N/DP, H] partial sums, all-reduced over TP in place. Forward only: `inter` is
+    freed once Y exists (training keeps it for backward). A gated MLP (SwiGLU) has a W1 of 2F
+    columns. FLOPs are 2 per multiply-add; "layer" counts all DP x TP ranks.
+    """
+    check_at_least_one("--dp", dp)
+    check_at_least_one("--tp", tp)
+    f, gate, hid = dims.ffn, dims.gated_multiplier, dims.hidden_size
+    if f % tp:
+        raise ConfigError(
+            f"--ffn-hidden-size {f} is not divisible by --tp {tp} ({f} % {tp} = {f % tp})"
+        )
+    local = micro_batch_size * dims.seq_length
+    tokens, shard = local * dp, f // tp
+    count = layers or dims.num_layers
+    fc1 = float(2 * tokens * hid * gate * f)
+    fc2 = float(2 * tokens * f * hid)
+    w1 = "[L, H, 2F/TP]" if gate == 2 else "[L, H, F/TP]"
+    inter = "[N/DP, 2F/TP]" if gate == 2 else "[N/DP, F/TP]"
+    return [
+        WalkthroughStep("input: this rank's tokens", "[N/DP, H]", (local, hid), 0.0, 0.0),
+        _weight("W1: fc1 weights of L layers, column shard", w1, (count, hid, gate * shard)),
+        _weight("W2: fc2 weights of L layers, row shard", "[L, F/TP, H]", (count, shard, hid)),
+        WalkthroughStep(
+            "inter = input W1",
+            inter,
+            (local, gate * shard),
+            fc1,
+            fc1 / (dp * tp),
+            freed=True,
+            note="freed once Y exists (forward only; training keeps it for backward)",
+        ),
+        WalkthroughStep(
+            "Y = inter W2 (partial sums)", "[N/DP, H]", (local, hid), fc2, fc2 / (dp * tp)
+        ),
+        replace(_comm("Y: all-reduce over TP, in place", "[N/DP, H]", (local, hid)), in_place=True),
+    ]
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """What one rank has allocated after a step: now, and at most so far."""
+
+    current: int
+    peak: int
+
+
+def running_allocation(steps: list[WalkthroughStep]) -> list[Allocation]:
+    """Return the allocation after each step, as torch.cuda.memory_allocated and
+    max_memory_allocated report when each step's tensors are kept.
+
+    Every step's tensor stays allocated (weights and activations alike), except an in-place
+    collective (no new buffer) and a step marked `freed` (released once the next step is done).
+    The path is the one without flash attention (the score matrix exists); rows that exist only
+    with flash attention add nothing.
+    """
+    current = peak = 0
+    release = 0
+    out = []
+    for step in steps:
+        if not step.in_place and step.materialized != "flash":
+            current += step.bytes
+        peak = max(peak, current)
+        current -= release
+        release = step.bytes if step.freed else 0
+        out.append(Allocation(current, peak))
+    return out
+
+
 Walk = tuple[Mode, int, list[WalkthroughStep]]
 
 
@@ -331,7 +411,7 @@ def job_walkthroughs(job: Job, ulysses_degree: int | None) -> list[Walk]:
     if layout.cp > 1:
         modes.append(("cp", layout.cp))
     dims = job.dims()
-    return [
+    walks: list[Walk] = [
         (
             mode,
             degree,
@@ -341,3 +421,6 @@ def job_walkthroughs(job: Job, ulysses_degree: int | None) -> list[Walk]:
         )
         for mode, degree in modes
     ]
+    layers = -(-job.model.num_layers // layout.pp)  # one pipeline stage's (rounded up)
+    walks.append(("mlp", layout.tp, mlp_walkthrough(dims, layout.dp, layout.tp, micro, layers)))
+    return walks

@@ -185,7 +185,29 @@ def _transformer_config(model: ModelConfig, layout: Layout, vpp: int | None) -> 
     if model.moe_shared_expert_gate:
         _check_shared_expert_gate(m.TransformerConfig)
         kwargs.update(moe_shared_expert_gate=True)
+    kwargs.update(_deepseek_fields(model))
+    if model.multi_latent_attention:
+        from megatron.core.transformer.transformer_config import MLATransformerConfig
+
+        # Megatron-LM `core_transformer_config_from_args`: --multi-latent-attention picks
+        # MLATransformerConfig and copies the MLA arguments into it.
+        return MLATransformerConfig(**kwargs, **model.mla_args())
     return m.TransformerConfig(**kwargs)
+
+
+def _deepseek_fields(model: ModelConfig) -> dict[str, Any]:
+    """Return the TransformerConfig fields of MoE layer patterns, routers and MTP, where set."""
+    fields: dict[str, Any] = {}
+    if model.num_experts is not None:
+        freq = model.moe_layer_freq
+        fields.update(
+            moe_layer_freq=list(freq) if isinstance(freq, tuple) else freq,
+            moe_router_score_function=model.moe_router_score_function,
+            moe_router_enable_expert_bias=model.moe_router_enable_expert_bias,
+        )
+    if model.mtp_num_layers is not None:
+        fields.update(mtp_num_layers=model.mtp_num_layers)
+    return fields
 
 
 def _check_shared_expert_gate(config_class: Any) -> None:
@@ -326,8 +348,9 @@ def _build_chunk(
     pre = ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
     post = ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
     with m.torch.device("meta"), _cuda_for(model):
-        spec = _layer_spec(m, model)
+        spec = _layer_spec(m, model, config, vp_stage)
         gpt = m.GPTModel(
+            mtp_block_spec=_mtp_block_spec(m, model, config, vp_stage),
             config=config,
             transformer_layer_spec=spec,
             vocab_size=model.padded_vocab_size(layout.tp),
@@ -344,26 +367,62 @@ def _build_chunk(
     return StageModel(stage, chunk, expert_rank, gpt, layers, pre, post, checkpoint_sizes(gpt))
 
 
-def _layer_spec(m: SimpleNamespace, model: ModelConfig) -> Any:
-    """Return megatron's layer spec for --transformer-impl: its local spec, or its TE spec.
+def _layer_spec(m: SimpleNamespace, model: ModelConfig, config: Any, vp_stage: int | None) -> Any:
+    """Return megatron's spec for --transformer-impl, as Megatron-LM's gpt_builder picks it.
 
-    With Transformer Engine (simulated: inspector/te) megatron's block also takes its final norm
+    An MoE model gets megatron's decoder block spec (`get_gpt_decoder_block_spec`: dense and MoE
+    layers by `moe_layer_freq`, sliced to this stage), any other model one layer spec. With
+    Transformer Engine (simulated: inspector/te) megatron's block also takes its final norm
     from TE, as megatron chooses at import time when TE is installed (transformer_block.py).
     """
-    if model.transformer_impl == "transformer_engine":
+    use_te = model.transformer_impl == "transformer_engine"
+    if use_te:
         from megatron.core.extensions.transformer_engine import TENorm
 
         m.transformer_block.LayerNormImpl = TENorm
+    if model.num_experts is not None:
+        return m.gpt_layer_specs.get_gpt_decoder_block_spec(
+            config,
+            use_transformer_engine=use_te,
+            normalization=model.normalization,
+            vp_stage=vp_stage,
+        )
+    return _one_layer_spec(m, model, model.num_experts)
+
+
+def _one_layer_spec(m: SimpleNamespace, model: ModelConfig, num_experts: int | None) -> Any:
+    """Return megatron's spec of one layer, dense (`num_experts` None) or MoE."""
+    if model.transformer_impl == "transformer_engine":
         return m.gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
-            num_experts=model.num_experts,
-            moe_grouped_gemm=model.moe_grouped_gemm,
+            num_experts=num_experts,
+            moe_grouped_gemm=model.moe_grouped_gemm if num_experts else False,
             qk_layernorm=model.qk_layernorm,
+            multi_latent_attention=model.multi_latent_attention,
         )
     return m.gpt_layer_specs.get_gpt_layer_local_spec(
-        num_experts=model.num_experts,
-        moe_grouped_gemm=model.moe_grouped_gemm,
+        num_experts=num_experts,
+        moe_grouped_gemm=model.moe_grouped_gemm if num_experts else False,
         qk_layernorm=model.qk_layernorm,
         normalization=model.normalization,
+    )
+
+
+def _mtp_block_spec(
+    m: SimpleNamespace, model: ModelConfig, config: Any, vp_stage: int | None
+) -> Any:
+    """Return megatron's MTP block spec on the stage megatron puts it on, else None.
+
+    Megatron-LM's gpt_builder gives the MTP layers the spec of the decoder's last layer (MoE
+    when that layer is); `get_gpt_mtp_block_spec` returns None on stages that hold no MTP.
+    """
+    if model.mtp_num_layers is None:
+        return None
+    last = model.num_experts if model.is_moe_layer(model.num_layers - 1) else None
+    return m.gpt_layer_specs.get_gpt_mtp_block_spec(
+        config,
+        _one_layer_spec(m, model, last),
+        use_transformer_engine=model.transformer_impl == "transformer_engine",
+        vp_stage=vp_stage,
     )
 
 
@@ -398,16 +457,32 @@ def checkpoint_sizes(gpt: Any) -> dict[tuple[str, tuple[int, ...]], int]:
     from megatron.core.dist_checkpointing.dict_utils import nested_values
     from megatron.core.dist_checkpointing.mapping import ShardedTensor, apply_factories
 
-    state = gpt.sharded_state_dict()
+    state = gpt.sharded_state_dict(metadata=_checkpoint_metadata(gpt))
     apply_factories(state)
+    # Persistent buffers (the router's `expert_bias` with --moe-router-enable-expert-bias) are
+    # checkpointed too, but are not parameters: leave them out.
+    buffers = {name.rsplit(".", 1)[-1] for name, _ in gpt.named_buffers()}
     sizes = {}
     for entry in nested_values(state):
-        if isinstance(entry, ShardedTensor):
+        if isinstance(entry, ShardedTensor) and entry.key.rsplit(".", 1)[-1] not in buffers:
             prepend = entry.prepend_axis_num
             sizes[(entry.key, tuple(entry.global_offset[:prepend]))] = math.prod(
                 entry.global_shape[prepend:]
             )
     return sizes
+
+
+def _checkpoint_metadata(gpt: Any) -> dict[str, Any] | None:
+    """Return the metadata megatron's checkpointing passes where a stage needs it, else None.
+
+    A stage with multi-token prediction but no embedding keeps a copy of the word embeddings
+    and ties it in the checkpoint over the data x context parallel group (gpt_model.py
+    `sharded_state_dict`), which Megatron-LM's checkpointing passes as `dp_cp_group`.
+    """
+    if not getattr(gpt, "mtp_process", False) or gpt.pre_process:
+        return None
+    ps = megatron().parallel_state
+    return {"dp_cp_group": ps.get_data_parallel_group(with_context_parallel=True)}
 
 
 @contextlib.contextmanager

@@ -16,7 +16,7 @@ def parameter_count(a: Mapping[str, Any], tp: int = 1) -> int:
     expert. Around them: the word embeddings padded to a multiple of 128 x tp, learned positions
     unless RoPE, the final norm, and an output layer when untied.
     """
-    h, layers, heads = a["hidden_size"], a["num_layers"], a["num_attention_heads"]
+    h, heads = a["hidden_size"], a["num_attention_heads"]
     groups = (a.get("num_query_groups") or heads) if a.get("group_query_attention") else heads
     kv = a.get("kv_channels") or h // heads
     multiple = a.get("make_vocab_size_divisible_by", 128) * tp
@@ -28,22 +28,64 @@ def parameter_count(a: Mapping[str, Any], tp: int = 1) -> int:
     attention = (
         h * (heads + 2 * groups) * kv + qkv_bias * (heads + 2 * groups) * kv + heads * kv * h + bias * h
     )
+    if a.get("multi_latent_attention"):
+        attention = _mla_attention(a, h, heads)
+    elif a.get("qk_layernorm"):
+        attention += 2 * kv * (norm // h)  # q and k norms over one head
 
     def mlp(ffn: int) -> int:
         return h * ffn * gated + bias * ffn * gated + ffn * h + bias * h
 
+    swiglu_rule = int((4 * h * 2 / 3) / 64) * 64  # Megatron-LM's default ffn with SwiGLU
+    dense_layer = mlp(a.get("ffn_hidden_size") or (swiglu_rule if a.get("swiglu") else 4 * h))
+    moe_layer = 0
     if a.get("num_experts"):
         e = a["num_experts"]
-        ffn_layer = e * h + bias * e + e * mlp(a["moe_ffn_hidden_size"])
+        moe_layer = e * h + bias * e + e * mlp(a["moe_ffn_hidden_size"])
         if a.get("moe_shared_expert_intermediate_size"):
-            ffn_layer += mlp(a["moe_shared_expert_intermediate_size"])
-            ffn_layer += h if a.get("moe_shared_expert_gate") else 0  # gate weight [1, h]
-    else:
-        swiglu_rule = int((4 * h * 2 / 3) / 64) * 64  # Megatron-LM's default ffn with SwiGLU
-        ffn_layer = mlp(a.get("ffn_hidden_size") or (swiglu_rule if a.get("swiglu") else 4 * h))
-    total = vocab * h + layers * (2 * norm + attention + ffn_layer) + norm
+            moe_layer += mlp(a["moe_shared_expert_intermediate_size"])
+            moe_layer += h if a.get("moe_shared_expert_gate") else 0  # gate weight [1, h]
+    pattern = moe_pattern(a)
+    per_layer = [2 * norm + attention + (moe_layer if moe else dense_layer) for moe in pattern]
+    total = vocab * h + sum(per_layer) + norm
+    # Multi-token prediction: per depth, enorm, hnorm, eh_proj (2h -> h), a transformer layer like
+    # the decoder's last, and a final norm; the embedding and output layer are shared.
+    total += (a.get("mtp_num_layers") or 0) * (3 * norm + 2 * h * h + per_layer[-1])
     if a.get("position_embedding_type", "learned_absolute") == "learned_absolute":
         total += (a.get("max_position_embeddings") or a["seq_length"]) * h
     if a.get("untie_embeddings_and_output_weights"):
         total += vocab * h
     return total
+
+
+def moe_pattern(a: Mapping[str, Any]) -> list[bool]:
+    """Return, per layer, whether it is MoE: --moe-layer-freq N (i % N == 0) or a 0/1 list."""
+    layers = a["num_layers"]
+    if not a.get("num_experts"):
+        return [False] * layers
+    freq = a.get("moe_layer_freq", 1)
+    if isinstance(freq, str) and "[" in freq:
+        # The tests' own reading of Megatron-LM's list form: "([0]*3+[1]*58)" and the like.
+        dense, _, moe = freq.strip("()").partition("+")
+        counts = [int(part.split("*")[1]) for part in (dense, moe)]
+        values = [int(part.split("]")[0].strip("[")) for part in (dense, moe)]
+        return [bool(v) for v, n in zip(values, counts) for _ in range(n)]
+    return [i % int(freq) == 0 for i in range(layers)]
+
+
+def _mla_attention(a: Mapping[str, Any], h: int, heads: int) -> int:
+    """Return an MLA block's parameters (DeepSeek-V2 paper, Section 2.1.2; Megatron-LM defaults).
+
+    Queries: down h -> q_lora, norm, up q_lora -> heads (qk + rope) (or one h -> heads (qk + rope)
+    without q_lora); keys/values: down h -> kv_lora + rope, norm, up kv_lora -> heads (qk + v);
+    output heads v -> h. The two latent norms exist with --qk-layernorm.
+    """
+    q_lora, kv_lora = a.get("q_lora_rank"), a.get("kv_lora_rank", 32)
+    qk, rope, v = a.get("qk_head_dim", 128), a.get("qk_pos_emb_head_dim", 64), a.get("v_head_dim", 128)
+    norms = bool(a.get("qk_layernorm"))
+    if q_lora:
+        query = h * q_lora + norms * q_lora + q_lora * heads * (qk + rope)
+    else:
+        query = h * heads * (qk + rope)
+    key_value = h * (kv_lora + rope) + norms * kv_lora + kv_lora * heads * (qk + v)
+    return query + key_value + heads * v * h

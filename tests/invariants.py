@@ -19,23 +19,41 @@ def _numel(shape: str) -> int:
     return math.prod(int(d) for d in match.group(1).split(", ")) if match.group(1) else 1
 
 
+_STAGE_COMMENT = re.compile(
+    r"^# stage \d+(?: chunk \d+)?: .*?, (\d+) params, (\d+) bytes"
+    r"(?: per GPU; all (\d+) expert-parallel ranks: (\d+) params, (\d+) bytes)?$"
+)
+
+
 def params_csv(text: str) -> None:
-    """Each `# stage` comment's params equal the sum of its rows; bytes are 2 or 4 per element."""
+    """Each `# stage` comment adds up its rows; bytes are 2 or 4 per element.
+
+    Under expert parallelism the comment states one GPU's share, then the rows' total over E
+    expert-parallel ranks: one GPU holds the shared rows and 1/E of the expert rows.
+    """
     lines = text.splitlines()
     header = lines.index("name;module;shape;partitioning_ranks;precs")
-    blocks: list[tuple[int, int, list[int]]] = []
+    blocks: list[tuple[tuple[str | None, ...], list[int], list[int]]] = []
     for line in lines[header + 1 :]:
-        comment = re.match(r"^# stage \d+(?: chunk \d+)?: .*, (\d+) params, (\d+) bytes$", line)
+        comment = _STAGE_COMMENT.match(line)
         if comment:
-            blocks.append((int(comment.group(1)), int(comment.group(2)), []))
+            blocks.append((comment.groups(), [], []))
             continue
+        assert not line.startswith("#"), line
         fields = line.split(";")
         assert len(fields) == 5, line
         if blocks:
-            blocks[-1][2].append(_numel(fields[2]))
-    for params, size, rows in blocks:
-        assert params == sum(rows), (params, sum(rows))
-        assert size in (2 * params, 4 * params), (params, size)
+            blocks[-1][2 if ".experts." in fields[0] else 1].append(_numel(fields[2]))
+    for (params, size, ranks, total, total_size), shared, experts in blocks:
+        every = sum(shared) + sum(experts)
+        if ranks is None:
+            assert int(params) == every, (params, every)
+        else:
+            assert int(total) == every and int(ranks) > 1, (total, every)
+            assert sum(experts) % int(ranks) == 0, (sum(experts), ranks)
+            assert int(params) == sum(shared) + sum(experts) // int(ranks), (params, ranks)
+            assert int(total_size) in (2 * int(total), 4 * int(total)), (total, total_size)
+        assert int(size) in (2 * int(params), 4 * int(params)), (params, size)
 
 
 def params_json(text: str) -> None:
@@ -102,7 +120,16 @@ def diff_report(text: str) -> None:
         changes = data["changes"]
         assert data["equal"] == (not (changes or data["moves"] or data["added"] or data["removed"]))
         return
-    for kind, patterns in re.findall(r"(\w+) changes\W+\d+ parameters in (\d+) patterns", text):
+    moved = re.search(r"moved between stages\W+([\d,]+) parameters?", text)
+    if moved is None:
+        assert "identical" in text.splitlines()[0], text
+        return
+    section = re.search(r"Moved between stages(?::| \(\d+\)</summary>\n)\n((?:[-\w `].*\n)+)", text)
+    lines = section.group(1).splitlines() if section else []
+    counts = [re.search(r"\(([\d,]+) parameters?\)", line) for line in lines]
+    total = sum(int(c.group(1).replace(",", "")) if c else 1 for c in counts)
+    assert int(moved.group(1).replace(",", "")) == total, (moved.group(0), total)
+    for kind, patterns in re.findall(r"(\w+) changes\W+[\d,]+ parameters? in (\d+) patterns?", text):
         title = kind.capitalize() + " changes"
         section = re.search(rf"{title}(?::| \(\d+\)</summary>\n)\n((?:[-\w `].*\n)+)", text)
         assert section, kind

@@ -57,6 +57,7 @@ class Case:
     stdout_captured: bool = True
     changes: tuple[str, ...] = ()  # files the shell itself may change (a `> out.txt`)
     xfail: str | None = None
+    names: tuple[str, ...] = ()  # the Error: line must name one of these (a flag or its alias)
     not_root: bool = False  # permissions mean nothing to root
     alone: bool = False  # run as a process of its own, not forked (see FORKER)
 
@@ -420,9 +421,8 @@ JSON_CASES = [
          contains=(not_table("bad.json"),)),
 ]
 
-OTHERS = "the fix lies outside output/cache/tables (issue #16 category {})"
 ELSEWHERE_CASES = [
-    # Bad input whose check belongs to config/memory/topology: strict xfails until fixed there.
+    # Bad input checked by config, memory, topology and the walkthrough.
     case("choice-normalization", "tree", *SMALL, "--normalization", "rmsnorm",
          message="Error: --normalization 'rmsnorm' is not one of: LayerNorm, RMSNorm"),
     case("choice-position-embedding", "tree", "--position-embedding-type", "rop",
@@ -432,25 +432,59 @@ ELSEWHERE_CASES = [
          message="Error: --transformer-impl 'fast' is not one of: local, transformer_engine"),
     case("choice-recompute", *MEMORY, "--recompute-granularity", "bogus",
          message="Error: --recompute-granularity 'bogus' is not one of: none, selective, full"),
-    case("non-finite-gpu-memory-nan", *MEMORY, "--gpu-memory", "nan",
-         contains=("--gpu-memory",), xfail=OTHERS.format(4)),
-    case("non-finite-gpu-memory-inf", *MEMORY, "--gpu-memory", "inf",
-         contains=("--gpu-memory",), xfail=OTHERS.format(4)),
-    case("non-finite-gpu-memory-1e400", *MEMORY, "--gpu-memory", "1e400",
-         contains=("--gpu-memory",), xfail=OTHERS.format(4)),
+    # Non-finite numbers (#16 category 4): every float option refuses nan and infinities, as
+    # typed (Python reads 1e400 as inf); the commands' own range checks say "greater than 0".
+    *[case(f"non-finite-gpu-memory-{v}", *MEMORY, "--gpu-memory", v,
+           message=f"Error: --gpu-memory must be a finite number, got {v}")
+      for v in ("nan", "inf", "1e400", "-inf", "NaN", "-1e999")],
+    *[case(f"non-finite-gpu-tflops-{v}", *MEMORY, "--gpu-tflops", v,
+           message=f"Error: --gpu-tflops must be a finite number, got {v}")
+      for v in ("nan", "inf")],
+    case("zero-gpu-memory", *MEMORY, "--gpu-memory", "0",
+         message="Error: --gpu-memory must be a finite number of GiB greater than 0, got 0.0"),
+    case("negative-gpu-tflops", *MEMORY, "--gpu-tflops", "-1",
+         message="Error: --gpu-tflops must be a finite number of TFLOP/s greater than 0, got -1.0"),
+    case("non-finite-mfu", *MEMORY, "--gpu-tflops", "100", "--mfu", "nan",
+         message="Error: --mfu must be a finite number, got nan"),
+    case("non-finite-workload-tflops", "workload", *SMALL, "--micro-batch-size", "1",
+         "--stage", "0", "--gpu-tflops", "nan",
+         message="Error: --gpu-tflops must be a finite number, got nan"),
+    *[case(f"non-finite-plan{flag}", "plan", *SMALL, "--gpus", "8", "--global-batch-size", "8",
+           "--micro-batch-size", "1", flag, "nan", message=f"Error: {flag} must be a finite number, got nan")
+      for flag in ("--gpu-memory", "--gpu-tflops", "--efficiency", "--intra-node-bandwidth",
+                   "--inter-node-bandwidth")],
+    # Huge integers (#16 category 7): an upper bound naming the flag, before torch sees them.
     case("huge-hidden-size", "tree", "--num-layers", "2", "--num-attention-heads", "4",
-         "--hidden-size", "9223372036854775808", contains=("--hidden-size",),
-         xfail=OTHERS.format(7)),
+         "--hidden-size", "9223372036854775808",
+         message="Error: --hidden-size 9223372036854775808 is larger than this tool can simulate "
+         "(at most 2147483647)"),
+    case("huge-num-layers", "tree", "--num-layers", str(10**30),
+         message=f"Error: --num-layers {10**30} is larger than this tool can simulate "
+         "(at most 2147483647)"),
+    *[case(f"huge-{flag[2:]}", "tree", *SMALL, flag, "9223372036854775808",
+           contains=(f"{flag} 9223372036854775808 is larger than this tool can simulate",))
+      for flag in ("--tp", "--pp", "--dp", "--vocab-size", "--seq-length", "--ffn-hidden-size",
+                   "--kv-channels", "--num-experts")],
+    case("huge-micro-batch", "memory", *SMALL, "--micro-batch-size", str(2**63),
+         contains=("--micro-batch-size", "larger than this tool can simulate")),
+    case("huge-block-size", *PARAMS, "--block-size", str(2**64),
+         contains=("--block-size", "larger than this tool can simulate")),
+    case("huge-ulysses-degree", *MEMORY, "--attention-walkthrough", "--ulysses-degree",
+         str(2**64), contains=("--ulysses-degree", "larger than this tool can simulate")),
     case("duplicate-config-key", "tree", "--config", "dup.yaml",
          files=write("dup.yaml", "num-layers: 2\nnum-layers: 4\n"), contains=("num-layers",)),
+    # Conflicting flags (#16 category 9): refused, never silently ignored.
     case("check-with-output", *PARAMS, "--check", "t.csv", "-o", "out.csv", files=table(),
-         cached=True, contains=("--check", "-o"), xfail=OTHERS.format(9)),
-    case("walkthrough-with-gpu-memory", "memory", "--micro-batch-size", "1",
-         "--attention-walkthrough", "--gpu-memory", "80", contains=("--gpu-memory",),
-         xfail=OTHERS.format(9)),
+         cached=True, message="Error: --check compares the table with FILE and writes nothing, "
+         "-o writes it; pass one of them"),
+    *[case(f"walkthrough-with-{flag[2:]}", *MEMORY, "--attention-walkthrough", flag, value,
+           message=f"Error: {flag} has no effect with --attention-walkthrough, which prints one "
+           "attention layer and no report; pass one of them")
+      for flag, value in (("--gpu-memory", "80"), ("--gpu-tflops", "989"), ("--mfu", "0.4"))],
     case("walkthrough-cp-arithmetic", "memory", "--micro-batch-size", "1",
-         "--attention-walkthrough", "--cp", "5", contains=("2 x --context-parallel-size",),
-         xfail=OTHERS.format(10)),
+         "--attention-walkthrough", "--cp", "5",
+         message="Error: --seq-length 1024 is not divisible by 2 x --context-parallel-size 5 = 10 "
+         "(1024 % 10 = 4)"),
 ]
 
 MESSAGE_CASES = [
@@ -472,8 +506,28 @@ README_CASES = [
     for what, command, message in README_ROW.findall(README)
 ]
 
+
+
+def _size_cases() -> list[Case]:
+    """Every integer Megatron-LM argument, below one and beyond any machine: one sentence each."""
+    from inspector.arguments import ARGUMENTS
+
+    cases = []
+    for spec in ARGUMENTS:
+        if spec.type is not int:
+            continue
+        for label, value in (("negative", "-1"), ("huge", "99999999999999999999")):
+            command = (
+                [*MEMORY, spec.flag, value] if spec.group == "training" else [*PARAMS, spec.flag, value]
+            )
+            if spec.name in ("num_layers", "hidden_size", "num_attention_heads", "micro_batch_size"):
+                command = [command[0], spec.flag, value]
+            cases.append(case(f"{label}{spec.flag}", *command, names=(spec.flag, *spec.aliases)))
+    return cases
+
+
 CASES = OUTPUT_CASES + STREAM_CASES + TABLE_CASES + JSON_CASES + ELSEWHERE_CASES
-CASES += MESSAGE_CASES + README_CASES
+CASES += MESSAGE_CASES + README_CASES + _size_cases()
 
 
 def _marks(c: Case) -> list[Any]:
@@ -688,6 +742,8 @@ def test_bad_input(c: Case, outcomes: dict[str, Any]) -> None:
         assert line == c.message.replace("{folder}", os.path.realpath(folder))
     for words in c.contains:
         assert words in line
+    if c.names:
+        assert any(name in line for name in c.names), line
     if c.stdout_captured:
         assert result.stdout == b""
     for name in c.changes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -129,3 +130,44 @@ def test_debug_keeps_megatrons_traceback(cli):
     debug = cli("--debug", "params", *args)
     assert debug.code == 2 and "Traceback" in debug.err
     assert debug.err.endswith(plain.err)
+
+
+def test_help_is_grouped_in_panels(cli):
+    # Options in panels (plain text: rich is never imported), in a fixed order.
+    text = cli("memory", "-h").out
+    panels = [line for line in text.splitlines() if line and not line.startswith(" ")][1:]
+    assert panels == [
+        "Options:",
+        "Input: the model and where its arguments come from:",
+        "Model: Megatron-LM model arguments:",
+        "Parallel layout:",
+        "Training: Megatron-LM training arguments:",
+        "Output:",
+    ]
+    # --micro-batch-size is marked required in help; click itself does not require it (a config
+    # file or a launch script may give it), our own Error: says it is missing
+    assert re.search(r"--micro-batch-size INTEGER +Sequences per micro-batch\.  \[required\]", text)
+    assert cli("memory").err.startswith("Error: --micro-batch-size is required")
+    # file options show FILE, choices are listed
+    for option in ("--config FILE", "--from-script FILE", "-o, --output FILE", "--set NAME=VALUE"):
+        assert option in text, option
+    assert "--recompute-granularity [none|selective|full]" in text
+    assert "--check FILE" in cli("params", "--help").out
+    assert "-o, --output DIR" in cli("workload", "--help").out
+    assert "Arguments:\n  OLD" in cli("diff", "-h").out
+
+
+def test_short_help_and_completion(cli):
+    top = cli("-h")
+    assert top.code == 0 and "--install-completion" in top.out and "--show-completion" in top.out
+    assert cli("params", "-h").out == cli("params", "--help").out
+
+
+def test_debug_after_the_command(cli):
+    # --debug works before or after the command: the traceback behind the translated error
+    args = ["tree", "--num-layers", "2", "--num-experts", "2", "--moe-router-topk", "1",
+            "--disable-bias-linear"]  # fmt: skip
+    for argv in (["--debug", *args], [*args, "--debug"]):
+        result = cli(*argv)
+        assert result.code == 2 and "Traceback" in result.err, argv
+    assert "Traceback" not in cli(*args).err

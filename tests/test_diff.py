@@ -49,8 +49,12 @@ def test_pp_change_says_which_layers_moved_first(cli, tmp_path, monkeypatch):
     old, new = tables(cli, tmp_path, "pp2_to_pp4")
     lines = cli("diff", old.name, new.name).out.splitlines()
     # 8 layers: pp2 puts 0-3 | 4-7; pp4 puts 0-1 | 2-3 | 4-5 | 6-7
-    assert lines[1:4] == ["  layers 2-3: stage 0 -> stage 1", "  layers 4-5: stage 1 -> stage 2",
-                          "  layers 6-7: stage 1 -> stage 3"]  # fmt: skip
+    # 12 rows per layer: each run of two layers moves 24 parameters
+    assert lines[1:4] == ["  layers 2-3: stage 0 -> stage 1 (24 parameters)",
+                          "  layers 4-5: stage 1 -> stage 2 (24 parameters)",
+                          "  layers 6-7: stage 1 -> stage 3 (24 parameters)"]  # fmt: skip
+    # one unit in the summary: 3 runs of 24 and the final norm's 2 rows and the output layer
+    assert "  moved between stages: 75 parameters" in lines
     assert lines[7].startswith("  largest stage: stage 0 with ")
 
 
@@ -70,7 +74,9 @@ def test_added_layers_are_one_entry(cli, tmp_path, monkeypatch):
     d = diff_json(cli, tmp_path, monkeypatch, "layer_added")
     # 8 -> 10 layers on pp=2: 0-3 | 4-7 becomes 0-4 | 5-9
     assert d["added"] == ["layers 8-9"]
-    assert d["moves"] == [{"what": "layer 4", "old": "stage 1", "new": "stage 0"}]
+    assert d["moves"] == [{"what": "layer 4", "old": "stage 1", "new": "stage 0", "params": 12}]
+    # 12 rows per layer (2 norms x 2, qkv and proj weight and bias, fc1 and fc2 weight and bias)
+    assert (d["added_params"], d["removed_params"]) == (24, 0)
 
 
 def test_untie_adds_the_output_weight_preconditioners(cli, tmp_path, monkeypatch):

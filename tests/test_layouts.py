@@ -142,6 +142,23 @@ def test_rank_view_shows_only_its_experts(cli):
         assert len(names) == len([r for r in full if r["expert"] is None or r["expert"] in mine])
 
 
+def test_moe_stage_comment_states_one_gpu(cli):
+    # The comment states what ONE GPU of the stage holds (shared rows and one expert-parallel
+    # rank's experts), then the total of the rows, which hold every expert-parallel rank's experts.
+    args = flags("--num-layers 2 --pp 2 --dp 2 --ep 2", *MOE)
+    rows = json_rows(cli, args)
+    comments = [line for line in cli("params", *args).out.splitlines() if line.startswith("# ")]
+    for stage, comment in enumerate(comments):
+        mine = [r for r in rows if r["stage"] == stage]
+        gpu = sum(r["numel"] for r in mine if r["expert_parallel_rank"] in (None, 0))
+        assert gpu == sum(r["numel"] for r in mine if r["expert_parallel_rank"] in (None, 1))
+        every = sum(r["numel"] for r in mine)
+        assert comment.endswith(
+            f", {gpu} params, {4 * gpu} bytes per GPU; all 2 expert-parallel ranks: "
+            f"{every} params, {4 * every} bytes"
+        ), comment
+
+
 def test_json_attributes_are_megatrons(cli):
     """partition_dim / tensor_parallel in json equal the attributes on megatron's own parameters."""
     from inspector.build import build, select_view
@@ -221,8 +238,6 @@ def test_topology_expert_groups_golden(cli, golden):
         # expert groups are carved out of tp x cp x dp ranks
         ("--num-layers 2 --num-experts 4 --ep 4 --dp 2",
          "--expert-model-parallel-size 4 x --expert-tensor-parallel-size 1 = 4 does not divide --tp 1 x --context-parallel-size 1 x --dp 2 = 2 (megatron carves expert groups out of those ranks)"),
-        # sequence parallel needs tensor parallel
-        ("--sequence-parallel", "--sequence-parallel needs --tp larger than 1 (it splits along tensor-parallel ranks)"),
         # megatron's local attention refuses context parallelism (TE's takes it)
         ("--context-parallel-size 2",
          "--context-parallel-size 2 needs --transformer-impl transformer_engine: megatron-core's local DotProductAttention refuses context parallelism"),
@@ -293,3 +308,49 @@ def test_shared_expert_gate_needs_shared_experts(cli):
         "Error: --moe-shared-expert-gate needs --moe-shared-expert-intermediate-size (it gates the "
         "shared experts)\n",
     )
+
+
+@pytest.mark.parametrize(
+    "layout, expected",
+    [
+        # megatron's documented repetition syntax: (...)*n, x*n, cosmetic commas
+        ("Et*2|(tt|)*2,t*2L", [range(0, 2), range(2, 4), range(4, 6), range(6, 8)]),
+        ("E(t|)*3tL", [range(0, 1), range(1, 2), range(2, 3), range(3, 4)]),
+    ],
+)  # fmt: skip
+def test_layout_repetition_syntax(cli, layout, expected):
+    result = cli("params", *flags("--num-layers", str(expected[-1][-1] + 1), "--pp", "4",
+                                  "--pipeline-model-parallel-layout", layout, *SMALL))  # fmt: skip
+    assert result.code == 0, result.err
+    assert [layers_in(n) for n in blocks(result.out).values()] == [list(r) for r in expected]
+
+
+def test_layout_repetition_gives_virtual_stages(cli):
+    # (t|)*8 is 8 stages: 2 chunks per stage on --pp 4
+    result = cli("params", *flags("--num-layers 8 --pp 4 --pipeline-model-parallel-layout",
+                                  "E(t|)*7tL", *SMALL))  # fmt: skip
+    assert result.code == 0, result.err
+    heads = [h for h in blocks(result.out)]
+    assert len(heads) == 8 and all(" chunk " in h for h in heads)
+
+
+@pytest.mark.parametrize(
+    "layout, message",
+    [
+        # the repetition unrolls to 5 stages, which --pp 4 cannot hold
+        ("(t|)*4tt", "--pipeline-model-parallel-layout '(t|)*4tt' has 5 stages, not a multiple of "
+                     "--pp 4 (megatron-core: the layout must be divisible by "
+                     "pipeline_model_parallel_size)"),
+        # x is no layer type
+        ("Et|tt|tx|tL", "--pipeline-model-parallel-layout 'Et|tt|tx|tL': invalid layer character 'x' "
+                        "(megatron-core knows E embedding, L loss, t transformer layer, m MTP layer, "
+                        "| between stages, (...)*n and x*n repetition)"),
+        # t*3 repeats: 2 + 3 + 1 + 1 = 7 transformer layers, not 6
+        ("Et*2|t*3|t|tL", "--pipeline-model-parallel-layout 'Et*2|t*3|t|tL' places 7 transformer "
+                          "layers ('t') but --num-layers is 6"),
+    ],
+)  # fmt: skip
+def test_layout_repetition_errors(cli, layout, message):
+    result = cli("params", *flags("--num-layers 6 --pp 4 --pipeline-model-parallel-layout",
+                                  layout, *SMALL))  # fmt: skip
+    assert (result.code, result.err) == (2, f"Error: {message}\n")

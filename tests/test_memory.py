@@ -339,8 +339,15 @@ def test_walkthrough_405b_at_60000_tokens_on_16_ranks() -> None:
     args = ["--model", "llama3.1-405b", "--seq-length", "60000", "--bf16", "--micro-batch-size", "1"]
     args += ["--attention-walkthrough", "--format", "json", "--cp", "16"]
     walks = _json("memory", *args, "--ulysses-degree", "16")["walkthrough"]
-    assert [w["mode"] for w in walks] == ["tp", "ulysses", "cp"]
+    assert [w["mode"] for w in walks] == ["tp", "ulysses", "cp", "mlp"]
     ulysses = {s["name"]: s for s in walks[1]["steps"]}
+    # the running allocation is every step's bytes so far, the score matrix included
+    kept = [s for s in walks[1]["steps"] if s["materialized"] != "flash"]
+    assert ulysses["Y = O W_o"]["peak_allocated"] == sum(s["bytes"] for s in kept)
+    mlp = {s["name"]: s for s in walks[3]["steps"]}
+    # one rank, --tp 1 --dp 1: the whole 126 layers' fc1 (2 x 53248 columns with SwiGLU)
+    assert mlp["W1: fc1 weights of L layers, column shard"]["shape"] == [126, 16384, 106496]
+    assert mlp["inter = input W1"]["freed"] and not mlp["Y = inter W2 (partial sums)"]["freed"]
     scores = ulysses["S = Q K^T: attention scores"]
     # 128 heads / 16 = 8 per rank, 60000 x 60000 each, 2 bytes: 57.6 GB on every rank.
     assert scores["shape"] == [1, 8, 60000, 60000]
@@ -376,7 +383,7 @@ def test_walkthrough_text_names_the_modes() -> None:
         # an MFU is a fraction of a peak
         (["--micro-batch-size", "1", "--mfu", "0.5"], "--mfu needs --gpu-tflops (the peak it is a fraction of)"),
         (["--micro-batch-size", "1", "--gpu-tflops", "100", "--mfu", "2"], "--mfu must lie in (0, 1], got 2.0"),
-        (["--micro-batch-size", "1", "--gpu-memory", "0"], "--gpu-memory must be positive (GiB), got 0.0"),
+        (["--micro-batch-size", "1", "--gpu-memory", "0"], "--gpu-memory must be a finite number of GiB greater than 0, got 0.0"),
         # megatron-core has no Ulysses attention to train with
         (
             ["--micro-batch-size", "1", "--ulysses-degree", "2"],

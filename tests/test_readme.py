@@ -42,7 +42,7 @@ def _memory_examples() -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("command, shown", _memory_examples())
 def test_memory_example_is_the_real_output(cli, command, shown):
-    # The walkthrough example shows the Ulysses table only: the output ends with it.
+    # The walkthrough example shows its last tables (Ulysses, then the MLP): the output ends with them.
     result = cli(*shlex.split(command))
     assert result.code == 0, result.err
     assert result.out.endswith(shown)

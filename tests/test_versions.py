@@ -13,6 +13,9 @@ VERSION = tuple(int(p) for p in megatron.core.__version__.split(".")[:2])
 SMALL = "--hidden-size 64 --num-attention-heads 4 --seq-length 32 --vocab-size 1000 --num-layers 2".split()
 MOE = SMALL + "--num-experts 4 --moe-ffn-hidden-size 32".split()
 SHARED_EXPERT_GATE = VERSION >= (0, 16)  # TransformerConfig.moe_shared_expert_gate
+# 0.13.1 refuses "m" in --pipeline-model-parallel-layout ("MTP layer is not supported for flexible
+# pipeline layout"); 0.16.1 places it. Checked on 0.13.1 and 0.16.1 only.
+MTP_IN_LAYOUT = VERSION >= (0, 14)
 
 
 def test_supported_version():
@@ -79,3 +82,47 @@ def test_shared_expert_gate_from_0_16(cli):
             f"Error: --moe-shared-expert-gate needs megatron-core 0.16 or newer: "
             f"{megatron.core.__version__} builds shared experts without a gate\n",
         )
+
+
+def test_mtp_in_a_layout_string_from_0_14(cli):
+    args = [*SMALL[:-2], "--num-layers", "2", "--position-embedding-type", "rope",
+            "--mtp-num-layers", "1", "--pp", "2", "--pipeline-model-parallel-layout", "Et|tmL",
+            "--untie-embeddings-and-output-weights"]  # fmt: skip
+    result = cli("params", *args)
+    if MTP_IN_LAYOUT:
+        assert result.code == 0, result.err
+        assert "mtp.layers.0.eh_proj.weight" in result.out
+    else:
+        assert (result.code, result.err) == (
+            2,
+            "Error: megatron-core refused to build stage 0: MTP layer is not supported for "
+            "flexible pipeline layout (--debug shows its traceback)\n",
+        )
+
+
+@pytest.mark.parametrize(
+    "layout",
+    ["Et|tt|tt|ttL", "Et*2|(tt|)*2,t*2L", "E(t|)*7tL", "Ettt|(tt|)*29,m|L", "(|ab)*2", "((t|)*2)*2"],
+)
+def test_layout_grammar_is_megatrons(layout):
+    # 0.13-0.16 parse --pipeline-model-parallel-layout with the same parse_str_to_list; the job is
+    # checked without megatron (inspector.topology.expand_layout), so the two must agree.
+    from megatron.core.transformer.pipeline_parallel_layer_layout import (
+        PipelineParallelLayerLayout,
+    )
+
+    from inspector.topology import expand_layout
+
+    names = {"embedding": "E", "loss": "L", "decoder": "t", "mtp": "m"}
+    try:
+        theirs = [
+            "".join(names[t.name] for t in stage)
+            for stage in PipelineParallelLayerLayout.parse_str_to_list(layout)
+        ]
+    except AssertionError:  # a character megatron does not know: our check names it
+        theirs = None
+    ours = expand_layout(layout)
+    if theirs is None:
+        assert set("".join(ours)) - set("ELtm")
+    else:
+        assert ours == theirs

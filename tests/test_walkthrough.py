@@ -8,7 +8,12 @@ from inspector.activations import layer_activations
 from inspector.errors import ConfigError
 from inspector.formulas import ModelDims
 from inspector.topology import Layout
-from inspector.walkthrough import WalkthroughStep, attention_walkthrough
+from inspector.walkthrough import (
+    WalkthroughStep,
+    attention_walkthrough,
+    mlp_walkthrough,
+    running_allocation,
+)
 
 # Llama-3.1 405B: H 16384, h 128 heads, g 8 KV groups, d 128; N = 60000 tokens, P = 16 ranks.
 N, HID, HEADS, G, D, P = 60000, 16384, 128, 8, 128, 16
@@ -56,14 +61,16 @@ def test_tensor_parallel_shapes_and_bytes() -> None:
     assert steps["S = Q K^T: attention scores"].bytes == 57_600_000_000
     assert steps["W_o: output weight, row shard"].shape == (16384, 1024)
     assert steps["Y: reduce-scatter along N"].shape == (3750, 1, 16384)
-    # K projection: the replicated head is computed twice, so this rank does 2/16 of the work.
-    k = steps["K = x W_k"]
-    assert k.flops_rank == k.flops_global / 8 == 2 * 60000 * 16384 * 128
+    # One QKV step: 8 query heads + 1 K + 1 V (replicated) head per rank, 10 heads of 128.
+    qkv = steps["Q, K, V = x W_qkv"]
+    assert (qkv.layout, qkv.shape) == ("[N, b, h/P + 2, d]", (60000, 1, 10, 128))
+    assert qkv.flops_rank == 2 * 60000 * 16384 * 10 * 128
+    assert "replicated on 2 ranks" in qkv.note
 
 
 def test_context_parallel_shapes_and_bytes() -> None:
     steps = by_name(attention_walkthrough(DIMS, "cp", P))
-    assert steps["Q = x W_q"].shape == (3750, 1, 128, 128)
+    assert steps["Q, K, V = x W_qkv"].shape == (3750, 1, 128 + 2 * 8, 128)
     ring = steps["K, V: received from the previous rank"]
     assert (ring.shape, ring.bytes) == ((2, 3750, 1, 8, 128), 15_360_000)
     # One ring step's naive block: 128 heads x 3750 x 3750 = 1.8e9 elements, 3.6 GB.
@@ -115,3 +122,70 @@ def test_unknown_mode() -> None:
     # Only tensor, Ulysses and context parallelism have a walkthrough.
     with pytest.raises(ConfigError, match="tp, ulysses, cp"):
         attention_walkthrough(DIMS, "ring", 4)  # type: ignore[arg-type]
+
+
+def test_qkv_is_one_step_with_the_three_projections_flops() -> None:
+    # Q, K, V come from one GEMM (megatron's linear_qkv): 2 N H (h + 2g) d FLOPs together,
+    # 2 * 60000 * 16384 * (128 + 16) * 128 = 36.2 TFLOP for the layer, a sixteenth per rank.
+    qkv = by_name(attention_walkthrough(DIMS, "ulysses", P))["Q, K, V = x W_qkv"]
+    assert (qkv.layout, qkv.shape) == ("[N/P, b, h + 2g, d]", (3750, 1, 144, 128))
+    assert qkv.flops_global == 2 * N * HID * (HEADS + 2 * G) * D == 36_238_786_560_000
+    assert qkv.flops_rank == qkv.flops_global / P
+
+
+def test_running_allocation_keeps_every_tensor() -> None:
+    # Kept tensors: each step adds its bytes; the peak is the running total (nothing is freed).
+    steps = attention_walkthrough(DIMS, "ulysses", P)
+    allocation = by_name_allocation(steps)
+    # after the weight: x 122,880,000 + W_qkv 603,979,776 bytes
+    assert allocation["W_qkv: QKV weight, whole"] == (726_859_776, 726_859_776)
+    # once the score matrix exists: + QKV 138,240,000 + the gathered Q, K, V + 57.6 GB of scores
+    before = 726_859_776 + 138_240_000 + 122_880_000 + 2 * 15_360_000
+    assert allocation["S = Q K^T: attention scores"][0] == before + 57_600_000_000
+    # flash-only statistics add nothing on the path without flash attention
+    assert allocation["softmax statistics (log-sum-exp)"] == allocation["P = softmax(S)"]
+    total = sum(s.bytes for s in steps if s.materialized != "flash")
+    assert running_allocation(steps)[-1].current == running_allocation(steps)[-1].peak == total
+
+
+def test_all_reduce_is_in_place() -> None:
+    # Tensor parallel without sequence parallel all-reduces Y in its own buffer.
+    steps = attention_walkthrough(DIMS, "tp", 8)
+    allocation = by_name_allocation(steps)
+    assert allocation["Y: all-reduce"] == allocation["Y = O W_o (partial sums)"]
+
+
+def by_name_allocation(steps: list[WalkthroughStep]) -> dict[str, tuple[int, int]]:
+    """Index (current, peak) by step name."""
+    return {s.name: (a.current, a.peak) for s, a in zip(steps, running_allocation(steps))}
+
+
+def test_mlp_under_data_and_tensor_parallel() -> None:
+    # Llama-3.1 405B's MLP (H 16384, F 53248, SwiGLU: W1 has 2F columns) on DP 2 x TP 8, b 1,
+    # s 60000, L = 126 layers: each rank has N/DP = 60000 of the 120000 tokens, F/TP = 6656.
+    steps = mlp_walkthrough(DIMS, dp=2, tp=8, micro_batch_size=1, layers=126)
+    named = by_name(steps)
+    x, w1, w2 = named["input: this rank's tokens"], steps[1], steps[2]
+    assert (x.layout, x.shape, x.bytes) == ("[N/DP, H]", (60000, 16384), 1_966_080_000)
+    assert (w1.layout, w1.shape) == ("[L, H, 2F/TP]", (126, 16384, 2 * 6656))
+    assert (w2.layout, w2.shape) == ("[L, F/TP, H]", (126, 6656, 16384))
+    inter = named["inter = input W1"]
+    assert (inter.layout, inter.shape, inter.bytes) == ("[N/DP, 2F/TP]", (60000, 13312), 1_597_440_000)
+    # FLOPs: 2 N H 2F for fc1 over all 120000 tokens, 2 N F H for fc2; a sixteenth per rank.
+    assert inter.flops_global == 2 * 120000 * 16384 * 2 * 53248
+    y = named["Y = inter W2 (partial sums)"]
+    assert y.flops_global == 2 * 120000 * 53248 * 16384 and y.flops_rank == y.flops_global / 16
+    allocation = by_name_allocation(steps)
+    held = x.bytes + w1.bytes + w2.bytes  # 1.97 GB + 55.0 GB + 27.5 GB
+    assert allocation[inter.name] == (held + inter.bytes, held + inter.bytes)
+    # Y is allocated while inter still exists (the peak), then inter is freed
+    assert allocation[y.name] == (held + y.bytes, held + inter.bytes + y.bytes)
+    # the all-reduce works in place: nothing more allocated
+    assert allocation["Y: all-reduce over TP, in place"] == allocation[y.name]
+
+
+def test_mlp_needs_the_ffn_to_split() -> None:
+    # F = 100 over TP 8: 100 % 8 = 4
+    dims = ModelDims(2, 64, 4, 32, 1000, ffn_hidden_size=100)
+    with pytest.raises(ConfigError, match=r"--ffn-hidden-size 100 is not divisible by --tp 8"):
+        mlp_walkthrough(dims, 1, 8)

@@ -83,3 +83,14 @@ def test_a_folder_with_other_files_is_refused_untouched(cli, tmp_path):
     result = cli("workload", *JOB, "-o", str(tmp_path))
     assert result.code == 2 and "holds other files" in result.err
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
+def test_mtp_layers_are_on_the_stage_megatron_put_them(cli, tmp_path):
+    out = tmp_path / "wl"
+    args = [*SMALL[:-2], "--vocab-size", "1000", "--position-embedding-type", "rope", "--mtp-num-layers", "1",
+            "--transformer-impl", "transformer_engine", "--untie-embeddings-and-output-weights",
+            "--micro-batch-size", "1", "--gpu-tflops", "100", "--pp", "2", "-o", str(out)]  # fmt: skip
+    result = cli("workload", *args)
+    assert result.code == 0, result.err
+    rows = [line.split(",") for line in (out / "index.csv").read_text().splitlines()[1:]]
+    assert [(row[0], row[2]) for row in rows] == [("0", "0"), ("1", "1")]

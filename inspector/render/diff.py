@@ -7,7 +7,7 @@ import json
 
 from tabulate import tabulate
 
-from inspector.diff import StageTotal, TableDiff
+from inspector.diff import Move, StageTotal, TableDiff
 from inspector.table import COMPARED
 
 
@@ -45,30 +45,37 @@ def _largest(totals: list[StageTotal]) -> str:
     )
 
 
+def _params(count: int) -> str:
+    return f"{count:,} parameter{'s' * (count != 1)}"
+
+
 def _summary(d: TableDiff) -> list[tuple[str, str]]:
+    """Return the summary's counts, every one in parameters (table rows)."""
     counts = [
         ("topology", f"{d.topology[0]} -> {d.topology[1]}" if d.topology else "same"),
-        ("moved between stages", str(len(d.moves))),
-        ("added", str(len(d.added))),
-        ("removed", str(len(d.removed))),
+        ("moved between stages", _params(sum(m.params for m in d.moves))),
+        ("added", _params(d.added_params)),
+        ("removed", _params(d.removed_params)),
     ]
     for kind in (column.label for column in COMPARED):
         changes = [c for c in d.changes if c.kind == kind]
-        params = sum(c.count for c in changes)
-        counts.append(
-            (
-                f"{kind} changes",
-                f"{params} parameters in {len(changes)} patterns" if changes else "0",
-            )
-        )
+        params = _params(sum(c.count for c in changes))
+        patterns = f" in {len(changes)} pattern{'s' * (len(changes) != 1)}" if changes else ""
+        counts.append((f"{kind} changes", params + patterns))
     if d.order_changed:
         counts.append(("row order", "changed"))
     return counts
 
 
+def _move(m: Move) -> str:
+    """Return one move: a layer run (with its parameter count) or one parameter."""
+    count = f" ({_params(m.params)})" if m.what.startswith(("layer ", "layers ")) else ""
+    return f"{m.what}: {m.old} -> {m.new}{count}"
+
+
 def _detail_lines(d: TableDiff) -> list[tuple[str, list[str]]]:
     sections = [
-        ("Moved between stages", [f"{m.what}: {m.old} -> {m.new}" for m in d.moves]),
+        ("Moved between stages", [_move(m) for m in d.moves]),
         ("Added", d.added),
         ("Removed", d.removed),
     ]
@@ -100,7 +107,7 @@ def render_text(d: TableDiff, old_name: str, new_name: str) -> str:
     if d.equal:
         return f"{old_name} and {new_name} are identical\n"
     lines = [f"{old_name} -> {new_name}"]
-    lines += [f"  {m.what}: {m.old} -> {m.new}" for m in d.moves[:20]]
+    lines += [f"  {_move(m)}" for m in d.moves[:20]]
     if len(d.moves) > 20:
         lines.append(f"  ... {len(d.moves) - 20} more moves below")
     if largest := _largest(d.totals):
@@ -134,7 +141,7 @@ def render_markdown(d: TableDiff, old_name: str, new_name: str) -> str:
 def render_json(d: TableDiff, old_name: str, new_name: str) -> str:
     """Return the whole diff as JSON."""
     data = {"old": old_name, "new": new_name, "equal": d.equal, **dataclasses.asdict(d)}
-    return json.dumps(data, indent=1) + "\n"
+    return json.dumps(data, indent=1, allow_nan=False) + "\n"
 
 
 RENDERERS = {"text": render_text, "markdown": render_markdown, "json": render_json}

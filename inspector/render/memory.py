@@ -11,7 +11,7 @@ from tabulate import tabulate
 from inspector.formats import MemoryFormat
 from inspector.job import Job
 from inspector.memory import GIB, MemoryReport, StageMemory
-from inspector.walkthrough import Walk, WalkthroughStep
+from inspector.walkthrough import Walk, WalkthroughStep, running_allocation
 
 BAR_WIDTH = 48
 # One shade per component, darkest for what lasts longest; the legend prints under the chart.
@@ -246,7 +246,7 @@ def report_json(report: MemoryReport) -> dict[str, Any]:
 
 def render_json(report: MemoryReport) -> str:
     """Return the report as indented json."""
-    return json.dumps(report_json(report), indent=1) + "\n"
+    return json.dumps(report_json(report), indent=1, allow_nan=False) + "\n"
 
 
 def _where(step: WalkthroughStep) -> str:
@@ -257,7 +257,7 @@ def _where(step: WalkthroughStep) -> str:
     return ""
 
 
-def _step_rows(steps: Sequence[WalkthroughStep]) -> list[list[str]]:
+def _step_rows(steps: list[WalkthroughStep]) -> list[list[str]]:
     return [
         [
             s.name,
@@ -268,9 +268,11 @@ def _step_rows(steps: Sequence[WalkthroughStep]) -> list[list[str]]:
             f"{s.bytes:,}",
             flops(s.flops_global) if s.flops_global else "0",
             flops(s.flops_rank) if s.flops_rank else "0",
+            f"{a.current:,}",
+            f"{a.peak:,}",
             "; ".join(n for n in (_where(s), s.note) if n),
         ]
-        for s in steps
+        for s, a in zip(steps, running_allocation(steps))
     ]
 
 
@@ -280,20 +282,33 @@ def _held(steps: Sequence[WalkthroughStep], flash: bool) -> int:
     return sum(s.bytes for s in steps if s.kind == "activation" and s.materialized != skip)
 
 
-def render_walkthrough(walks: Sequence[tuple[str, int, list[WalkthroughStep]]], title: str) -> str:
-    """Return one table per (mode, degree, steps), each with what the rank holds."""
+def render_walkthrough(
+    walks: Sequence[tuple[str, int, list[WalkthroughStep]]], title: str, mlp_title: str = ""
+) -> str:
+    """Return one table per (mode, degree, steps), each with what the rank holds.
+
+    `allocated` and `peak` are the running totals of walkthrough.running_allocation.
+    """
     headers = [
         "step", "kind", "layout", "shape", "elements", "bytes", "FLOPs (layer)", "FLOPs (rank)",
-        "note",
+        "allocated", "peak", "note",
     ]  # fmt: skip
     parts = []
     for mode, degree, steps in walks:
-        parts.append(f"# attention walkthrough: {MODE_TITLES[mode]}, P = {degree}; {title}")
+        if mode == "mlp":
+            parts.append(f"# MLP walkthrough: 2-D model parallel (data x tensor); {mlp_title}")
+        else:
+            parts.append(f"# attention walkthrough: {MODE_TITLES[mode]}, P = {degree}; {title}")
         parts.append(tabulate(_step_rows(steps), headers=headers, disable_numparse=True))
-        parts.append(
-            f"Activations held by one rank: {_held(steps, False):,} bytes without flash "
-            f"attention, {_held(steps, True):,} bytes with it."
-        )
+        peak = running_allocation(steps)[-1].peak
+        if mode == "mlp":
+            parts.append(f"Peak allocation of one rank: {peak:,} bytes.")
+        else:
+            parts.append(
+                f"Activations held by one rank: {_held(steps, False):,} bytes without flash "
+                f"attention, {_held(steps, True):,} bytes with it; peak allocation without flash "
+                f"attention, every tensor kept: {peak:,} bytes."
+            )
         parts.append("")
     return "\n".join(parts)
 
@@ -315,14 +330,18 @@ def walkthrough_json(walks: Sequence[tuple[str, int, list[WalkthroughStep]]]) ->
                     "flops_global": s.flops_global,
                     "flops_rank": s.flops_rank,
                     "materialized": s.materialized,
+                    "in_place": s.in_place,
+                    "freed": s.freed,
+                    "allocated": a.current,
+                    "peak_allocated": a.peak,
                     "note": s.note,
                 }
-                for s in steps
+                for s, a in zip(steps, running_allocation(steps))
             ],
         }
         for mode, degree, steps in walks
     ]
-    return json.dumps({"walkthrough": out}, indent=1) + "\n"
+    return json.dumps({"walkthrough": out}, indent=1, allow_nan=False) + "\n"
 
 
 def render_memory(report: MemoryReport, fmt: MemoryFormat) -> str:
@@ -340,4 +359,10 @@ def render_walkthroughs(job: Job, walks: Sequence[Walk], fmt: MemoryFormat) -> s
         return walkthrough_json(walks)
     dims, micro = job.dims(), job.schedule().micro_batch_size
     title = f"N = {dims.seq_length}, b = {micro}, {8 * dims.activation_bytes}-bit activations"
-    return render_walkthrough(walks, title)
+    dp, tp, s = job.layout.dp, job.layout.tp, dims.seq_length
+    layers = next((steps[1].shape[0] for mode, _, steps in walks if mode == "mlp"), 0)
+    mlp_title = (
+        f"DP = {dp}, TP = {tp}, N = b x s x DP = {micro} x {s} x {dp} = {micro * s * dp} tokens, "
+        f"L = {layers} layers per stage, {8 * dims.activation_bytes}-bit activations"
+    )
+    return render_walkthrough(walks, title, mlp_title)

@@ -48,7 +48,7 @@ def _stage_counts(plan: Plan) -> list[int]:
 def render_plan(result: SearchResult, memory: int, fmt: str, explain: bool = False) -> str:
     """Return the search result as text or JSON."""
     if fmt == "json":
-        return json.dumps(_json(result, memory), indent=2) + "\n"
+        return json.dumps(_json(result, memory), indent=2, allow_nan=False) + "\n"
     if not result.plans:
         return _none_fits(result, memory)
     headers = ["#", "layout", "layers per stage", "recompute", "distopt", "peak GiB / GPU",

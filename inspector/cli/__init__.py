@@ -1,0 +1,11 @@
+"""The command line: parse flags, call the core, print what a renderer returns, map errors.
+
+app.py holds the typer app and the options commands share, commands.py the commands, entry.py
+`main` (the console script). Only this package imports typer and click.
+"""
+
+from inspector.cli import commands  # noqa: F401  (registers the commands on the app)
+from inspector.cli.app import Progress, app
+from inspector.cli.entry import main
+
+__all__ = ["Progress", "app", "main"]

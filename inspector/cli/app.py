@@ -1,0 +1,304 @@
+"""The typer app and what every command shares: option panels, choices, model options, output.
+
+Nothing heavy is imported at module level: `--help` and `models` never load torch or megatron.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import sys
+from collections.abc import Callable
+from enum import Enum
+from typing import Any
+
+import click
+import typer
+
+from inspector.arguments import ARGUMENTS, ArgSpec
+from inspector.errors import ConfigError
+
+
+def _click_errors() -> Any:
+    """Return click's exception module (typer >= 0.22 vendors click; the pinned releases do not)."""
+    try:
+        return importlib.import_module("typer._click.exceptions")
+    except ImportError:
+        return importlib.import_module("click.exceptions")
+
+
+click_errors: Any = _click_errors()
+
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=True,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    help="See what every rank holds in megatron-core's GPTModel, without a GPU.",
+)
+
+SOURCE_HELP = "Input: the model and where its arguments come from"
+OUTPUT_HELP = "Output"
+PANELS = {
+    "model": "Model: Megatron-LM model arguments",
+    "layout": "Parallel layout",
+    "training": "Training: Megatron-LM training arguments",
+}
+# Options a command needs although a --config file or --from-script may give them: click must not
+# require them (our own `Error:` says what is missing), but help marks them.
+REQUIRED_IN_HELP = {"memory": ("--micro-batch-size",)}
+
+
+class _PanelCommand(typer.core.TyperCommand):
+    """Help grouped in panels (each option's rich_help_panel), in plain text: rich stays unloaded."""
+
+    def format_options(self, ctx: Any, formatter: Any) -> None:
+        panels: dict[str, list[tuple[str, str]]] = {}
+        arguments = []
+        required = REQUIRED_IN_HELP.get(self.name or "", ())
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            if param.param_type_name == "argument":
+                arguments.append(record)
+                continue
+            if any(opt in required for opt in param.opts):
+                record = (record[0], f"{record[1]}  [required]".lstrip())
+            panel = getattr(param, "rich_help_panel", None) or "Options"
+            panels.setdefault(panel, []).append(record)
+        if arguments:
+            with formatter.section("Arguments"):
+                formatter.write_dl(arguments)
+        order = ["Options", SOURCE_HELP, *PANELS.values(), OUTPUT_HELP]
+        for panel, records in sorted(panels.items(), key=lambda item: order.index(item[0])):
+            with formatter.section(panel):
+                formatter.write_dl(records)
+
+
+class _Choice(click.Choice):
+    """A choice option whose bad value is our one-sentence error, naming the flag."""
+
+    def __init__(self, choices: type[Enum] | tuple[str, ...]) -> None:
+        names = choices if isinstance(choices, tuple) else [member.value for member in choices]
+        super().__init__(names)
+        self.enum = None if isinstance(choices, tuple) else choices
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if self.enum is not None and isinstance(value, self.enum):
+            return value
+        if value in self.choices:
+            return value if self.enum is None else self.enum(value)
+        flag = max(param.opts, key=len) if param is not None else "option"
+        raise ConfigError(f"{flag} {value!r} is not one of: {', '.join(self.choices)}")
+
+
+class _FiniteFloat(click.types.FloatParamType):
+    """A float option that refuses nan and infinities (1e400 reads as inf), naming the flag."""
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        import math
+
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            flag = max(param.opts, key=len) if param is not None else "option"
+            raise ConfigError(f"{flag} must be a finite number, got {value}")
+        return number
+
+
+def _finite_floats(command: Any) -> Any:
+    """Give every float option of `command` and its subcommands the _FiniteFloat type."""
+    for param in getattr(command, "params", []):
+        if type(param.type) is click.types.FloatParamType:
+            param.type = _FiniteFloat()
+    for sub in getattr(command, "commands", {}).values():
+        _finite_floats(sub)
+    return command
+
+
+def _option_for(spec: ArgSpec) -> inspect.Parameter:
+    names = [spec.flag, *spec.aliases]
+    annotation: Any = spec.type | None
+    extra: dict[str, Any] = {}
+    if spec.choices:
+        extra["click_type"] = _Choice(spec.choices)
+    option = typer.Option(
+        None,
+        *names,
+        help=spec.help,
+        rich_help_panel=PANELS[spec.group],
+        show_default=False,
+        **extra,
+    )
+    return inspect.Parameter(
+        spec.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation
+    )
+
+
+def _source_options() -> list[inspect.Parameter]:
+    def opt(
+        name: str,
+        *decls: str,
+        help_text: str,
+        annotation: Any = str | None,
+        metavar: str | None = None,
+    ) -> inspect.Parameter:
+        option = typer.Option(
+            None, *decls, help=help_text, rich_help_panel=SOURCE_HELP, metavar=metavar
+        )
+        return inspect.Parameter(
+            name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation
+        )
+
+    return [
+        opt(
+            "preset",
+            "--model",
+            help_text="Preset name (see `inspect-model models`); default gpt2-small.",
+            metavar="NAME",
+        ),
+        opt(
+            "config_file",
+            "--config",
+            help_text="YAML or JSON file of Megatron-LM arguments.",
+            metavar="FILE",
+        ),
+        opt(
+            "script",
+            "--from-script",
+            help_text="Training launch script to read arguments from.",
+            metavar="FILE",
+        ),
+        opt(
+            "no_cache",
+            "--no-cache",
+            help_text="Recompute instead of reusing a cached result.",
+            annotation=bool | None,
+        ),
+        opt(
+            "settings",
+            "--set",
+            help_text="NAME=VALUE the launch script reads from its environment (repeatable).",
+            annotation=list[str] | None,
+            metavar="NAME=VALUE",
+        ),
+        opt(
+            "apex",
+            "--apex/--no-apex",
+            help_text="Simulate apex's FusedLayerNorm (default: on for LayerNorm models).",
+            annotation=bool | None,
+        ),
+    ]
+
+
+def model_options(*groups: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a command the model-selection options and the argument `groups` it reads.
+
+    The command receives them merged (resolve.py) as `args`; what the user should know about
+    the merge (e.g. what a launch script set that is not modelled) goes to stderr first.
+    """
+    wanted = groups or ("model", "layout")
+    specs = [spec for spec in ARGUMENTS if spec.group in wanted]
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        own = [
+            p
+            for name, p in inspect.signature(func).parameters.items()
+            if name not in ("args", "use_cache")
+        ]
+        extra = _source_options() + [_option_for(spec) for spec in specs]
+
+        @functools.wraps(func)
+        def wrapper(**kwargs: Any) -> Any:
+            from inspector.resolve import Sources, merge_sources
+
+            flags = {spec.name: kwargs.pop(spec.name) for spec in specs}
+            named = {k: kwargs.pop(k) for k in ("preset", "config_file", "script", "apex")}
+            settings = tuple(kwargs.pop("settings") or ())
+            use_cache = not kwargs.pop("no_cache")
+            resolved = merge_sources(Sources(flags=flags, settings=settings, **named), wanted)
+            for note in resolved.notes:
+                typer.echo(note, err=True)
+            return func(args=resolved.args, use_cache=use_cache, **kwargs)
+
+        wrapper.__signature__ = inspect.Signature(own + extra)  # type: ignore[attr-defined]
+        return wrapper
+
+    return decorate
+
+
+def _format_option(default: Enum, help_text: str) -> Any:
+    return typer.Option(
+        default.value,
+        "--format",
+        help=help_text,
+        click_type=_Choice(type(default)),
+        rich_help_panel=OUTPUT_HELP,
+    )
+
+
+def _output_option(help_text: str = "Write to FILE atomically.", metavar: str = "FILE") -> Any:
+    return typer.Option(
+        None, "-o", "--output", help=help_text, metavar=metavar, rich_help_panel=OUTPUT_HELP
+    )
+
+
+def _stage_option(help_text: str) -> Any:
+    return typer.Option(None, "--stage", help=help_text, rich_help_panel=OUTPUT_HELP)
+
+
+def _rank_option(help_text: str) -> Any:
+    return typer.Option(None, "--rank", help=help_text, rich_help_panel=OUTPUT_HELP)
+
+
+def _emit(text: str, output: str | None = None) -> None:
+    from inspector.output import write_output
+
+    write_output(output, text)
+
+
+class Progress:
+    """A one-line progress indicator on stderr while stages are built.
+
+    Only on a terminal, and only once the run has taken `delay` seconds: nothing in pipes, CI or
+    captured streams. Use as a context manager; the line is erased at the end.
+    """
+
+    def __init__(self, stream: Any = None, delay: float = 1.0) -> None:
+        import time
+
+        self.stream = sys.stderr if stream is None else stream
+        self.clock = time.monotonic
+        self.start, self.delay, self.shown = self.clock(), delay, False
+        try:
+            self.enabled = bool(self.stream.isatty())
+        except (AttributeError, OSError, ValueError):
+            self.enabled = False
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled or (not self.shown and self.clock() - self.start < self.delay):
+            return
+        self.shown = True
+        self._write(f"\rbuilding with megatron-core: {done} of {total} stage builds\x1b[K")
+
+    def _write(self, text: str) -> None:
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except (OSError, ValueError):
+            self.enabled = False
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.shown and self.enabled:
+            self._write("\r\x1b[K")
+
+
+def _job(args: dict[str, Any]) -> Any:
+    from inspector.job import make_job
+
+    return make_job(args)

@@ -1,0 +1,83 @@
+"""The entry point: run the app, and turn every bad input into `Error:` and one sentence."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from inspector import __version__
+from inspector.cli.app import _finite_floats, app, click_errors
+from inspector.errors import FidelityError, InspectorError
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"inspect-model {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks behind errors."),
+) -> None:
+    """See what every rank holds in megatron-core's GPTModel, without a GPU."""
+    _STATE["debug"] = _STATE["debug"] or debug
+
+
+_STATE: dict[str, bool] = {"debug": False}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; `Error:` + one sentence on stderr and exit 2 for any bad input."""
+    from inspector.output import guard_streams
+
+    guard_streams()  # UTF-8 stdout; a failed write is an Error:, a closed pipe a quiet exit 141
+    args, _STATE["debug"] = _take_debug(sys.argv[1:] if argv is None else argv)
+    command = _finite_floats(typer.main.get_command(app))
+    try:
+        result = command.main(args=args, prog_name="inspect-model", standalone_mode=False)
+    except click_errors.NoSuchOption as exc:
+        close = sorted(exc.possibilities or [])
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        return _fail(f"no such option: {exc.option_name}{hint}")
+    except click_errors.UsageError as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError" and exc.ctx is not None:
+            typer.echo(exc.ctx.get_help())
+            return 0
+        return _fail(exc.format_message())
+    except typer.Exit as exc:
+        return exc.exit_code
+    except typer.Abort:
+        return _fail("aborted")
+    except InspectorError as exc:
+        if _STATE["debug"]:
+            import traceback
+
+            traceback.print_exc()
+        return _fail(str(exc), exc.exit_code)
+    except FidelityError as exc:
+        return _fail(f"internal check failed, this is a bug in inspect-model: {exc}", exc.exit_code)
+    return result if isinstance(result, int) else 0
+
+
+def _take_debug(argv: list[str]) -> tuple[list[str], bool]:
+    """Remove `--debug` wherever it stands before `--` (after the command too); say if it did."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    kept = [arg for arg in argv[:end] if arg != "--debug"] + argv[end:]
+    return kept, len(kept) != len(argv)
+
+
+def _fail(message: str, code: int = 2) -> int:
+    from inspector.errors import one_line
+    from inspector.output import write_error
+
+    write_error(one_line(message))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,211 @@
+"""Megatron-LM arguments beyond the basic ones: each modelled (its effect on memory), refused
+with an error, or ignored because it changes nothing a GPU holds (inspector/unmodelled.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from inspector.arguments import BY_NAME
+from inspector.unmodelled import IGNORED, REFUSED
+
+SMALL = ("--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
+         "--vocab-size 1000 --micro-batch-size 1 --bf16").split()  # fmt: skip
+s, b, h, a, L = 32, 1, 64, 4, 4
+
+
+def memory(cli, *extra: str) -> dict:
+    result = cli("memory", *SMALL, *extra, "--format", "json")
+    assert result.code == 0, result.err
+    return json.loads(result.out)["stages"][0]
+
+
+def layers(cli, *extra: str) -> float:
+    return memory(cli, *extra)["activations"]["layers"]
+
+
+def test_recompute_activations_is_selective(cli):
+    assert layers(cli, "--recompute-activations") == layers(
+        cli, "--recompute-granularity", "selective"
+    )
+    # selective drops the 5as^2b score terms of every layer (Korthikanti Table 2)
+    assert layers(cli) - layers(cli, "--recompute-activations") == L * 5 * a * s * s * b
+
+
+def test_full_uniform_groups_keep_one_input_each(cli):
+    full = ("--recompute-granularity", "full", "--recompute-method", "uniform")
+    one = memory(cli, *full, "--recompute-num-layers", "1")["activations"]
+    two = memory(cli, *full, "--recompute-num-layers", "2")["activations"]
+    assert one["layers"] == L * 2 * s * b * h  # every layer keeps its 2sbh input
+    assert two["layers"] == L // 2 * 2 * s * b * h  # one input per group of two
+    # backward rebuilds a whole group: twice one layer's activations
+    assert two["recompute_buffer"] == 2 * one["recompute_buffer"]
+    # the CLI's default for full is uniform with one layer, as before
+    assert memory(cli, "--recompute-granularity", "full")["activations"] == one
+
+
+def test_full_block_recomputes_only_the_first_layers(cli):
+    none = layers(cli) / L  # one layer, nothing recomputed
+    block = memory(cli, "--recompute-granularity", "full", "--recompute-method", "block",
+                   "--recompute-num-layers", "1")["activations"]  # fmt: skip
+    assert block["layers"] == 2 * s * b * h + (L - 1) * none
+    assert block["recompute_buffer"] == none
+
+
+def test_uniform_needs_whole_groups(cli):
+    result = cli("memory", *SMALL, "--recompute-granularity", "full", "--recompute-method",
+                 "uniform", "--recompute-num-layers", "3")  # fmt: skip
+    assert result.err == (
+        "Error: --recompute-method uniform --recompute-num-layers 3 does not divide the 4 layers "
+        "of stage 0 chunk 0: megatron-core checkpoints groups of N layers per chunk and fails on "
+        "a partial group\n"
+    )
+
+
+def test_recompute_method_needs_full(cli):
+    result = cli("memory", *SMALL, "--recompute-method", "block")
+    assert result.code == 2
+    assert result.err.startswith("Error: --recompute-method needs --recompute-granularity full")
+
+
+@pytest.mark.parametrize(
+    "backend, scores", [("auto", False), ("flash", False), ("fused", False), ("unfused", True)]
+)
+def test_attention_backend(cli, backend, scores):
+    te = ("--transformer-impl", "transformer_engine")
+    stored = layers(cli, *te, "--attention-backend", "unfused")
+    got = layers(cli, *te, "--attention-backend", backend)
+    assert (got == stored) == scores
+    if not scores:
+        assert got == layers(cli, *te, "--use-flash-attn")
+
+
+def test_auto_backend_in_fp32_stores_scores(cli):
+    fp32 = [x for x in SMALL if x != "--bf16"]
+    result = cli("memory", *fp32, "--attention-backend", "auto", "--format", "json")
+    assert json.loads(result.out)["training"]["use_flash_attn"] is False
+
+
+def test_use_flash_attn_contradicts_unfused(cli):
+    result = cli("memory", *SMALL, "--use-flash-attn", "--attention-backend", "unfused")
+    assert result.err == (
+        "Error: --use-flash-attn contradicts --attention-backend unfused (which stores the "
+        "s x s attention scores); pass one of them\n"
+    )
+
+
+def test_grad_reduce_in_bf16_halves_gradients(cli):
+    assert memory(cli, "--grad-reduce-in-bf16")["gradients"] * 2 == memory(cli)["gradients"]
+
+
+def test_dropout_zero_stores_no_masks(cli):
+    base = memory(cli)["activations"]
+    no_attn = memory(cli, "--attention-dropout", "0")["activations"]
+    no_hidden = memory(cli, "--hidden-dropout", "0")["activations"]
+    # attention dropout: its as^2b mask and 2as^2b output per layer (Table 2's 5 becomes 2)
+    assert base["layers"] - no_attn["layers"] == L * 3 * a * s * s * b
+    # hidden dropout: the sbh masks after attention and MLP, and the embedding's
+    assert base["layers"] - no_hidden["layers"] == L * 2 * s * b * h
+    assert no_hidden["embedding"] == base["embedding"] - s * b * h
+
+
+def test_sequence_parallel_at_tp1_is_turned_off(cli):
+    result = cli("params", "--sequence-parallel")
+    assert result.code == 0
+    assert result.err == (
+        "Note: --sequence-parallel is turned off because --tp is 1, as Megatron-LM does "
+        '("Disabling sequence parallelism because tensor model parallelism is disabled")\n'
+    )
+    assert result.out == cli("params").out
+
+
+def test_overlap_param_gather_needs_distributed_optimizer(cli):
+    result = cli("memory", *SMALL, "--overlap-param-gather")
+    assert result.err == (
+        "Error: --overlap-param-gather needs --use-distributed-optimizer (Megatron-LM: "
+        '"--overlap-param-gather only supported with distributed optimizer")\n'
+    )
+
+
+def test_sgd_is_refused(cli):
+    result = cli("memory", *SMALL, "--optimizer", "sgd")
+    assert result.code == 2 and "--optimizer sgd is not modelled" in result.err
+
+
+def script(tmp_path: Path, extra: str) -> str:
+    path = tmp_path / "train.sh"
+    path.write_text(
+        "torchrun --nproc_per_node 1 pretrain_gpt.py --num-layers 4 --hidden-size 64 "
+        "--num-attention-heads 4 --seq-length 32 --vocab-size 1000 --micro-batch-size 1 --bf16 "
+        f"--transformer-impl local {extra}\n"
+    )
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ("--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params",
+         "--use-megatron-fsdp is not modelled: FSDP shards parameters, gradients and optimizer "
+         "state with its own buffers, which this tool does not model; --use-distributed-optimizer "
+         "is modelled exactly"),
+        ("--fp8-format hybrid --fp8-amax-history-len 1024",
+         "--fp8-format hybrid is not modelled: Transformer Engine's low-precision recipes keep "
+         "fp8/fp4 copies of weights and linear inputs that this tool does not count; drop the "
+         "fp8/fp4 arguments to see the 16-bit footprint"),
+        ("--softmax-type learnable",
+         "--softmax-type learnable is not modelled: learnable/off-by-one softmax adds per-head "
+         "parameters that are not modelled"),
+    ],
+)  # fmt: skip
+def test_script_refusals(cli, tmp_path, extra, message):
+    result = cli("memory", "--from-script", script(tmp_path, extra))
+    assert (result.code, result.err) == (2, f"Error: {script(tmp_path, extra)} line 1: {message}\n")
+
+
+def test_training_refusal_leaves_params_alone(cli, tmp_path):
+    # fp8 changes what training holds, not the parameters: params still answers
+    path = script(tmp_path, "--fp8-format hybrid")
+    result = cli("params", "--from-script", path)
+    assert result.code == 0, result.err
+
+
+def test_script_lists_only_harmless_arguments_as_ignored(cli, tmp_path):
+    path = script(tmp_path, "--recompute-activations --attention-dropout 0 --grad-reduce-in-bf16 "
+                  "--lr 3e-4 --save /ckpt --softmax-type vanilla --made-up-flag 3")  # fmt: skip
+    result = cli("memory", "--from-script", path)
+    assert result.code == 0, result.err
+    lines = result.err.splitlines()
+    assert f"Ignored from {path}: --lr --save --softmax-type" in lines
+    assert (
+        f"Not recognised from {path} (not a Megatron-LM argument this tool knows; check it "
+        "changes nothing a GPU holds): --made-up-flag"
+    ) in lines
+
+
+def test_script_backend_defaults_to_auto(cli, tmp_path):
+    # Megatron-LM's default --attention-backend auto runs fused/flash attention under TE in bf16
+    te = script(tmp_path, "--transformer-impl transformer_engine")
+    result = cli("memory", "--from-script", te, "--format", "json")
+    assert json.loads(result.out)["training"]["use_flash_attn"] is True
+    unfused = script(tmp_path, "--transformer-impl transformer_engine --attention-backend unfused")
+    result = cli("memory", "--from-script", unfused, "--format", "json")
+    assert json.loads(result.out)["training"]["use_flash_attn"] is False
+
+
+def test_legacy_spellings(cli, tmp_path):
+    path = script(tmp_path, "--use-rotary-position-embeddings --encoder-seq-length 64 "
+                  "--max-position-embeddings 64")  # fmt: skip
+    from inspector.sources import read_launch_script
+
+    args = read_launch_script(path).args
+    assert (args["position_embedding_type"], args["seq_length"]) == ("rope", 64)
+
+
+def test_tables_are_disjoint():
+    modelled = {spec.flag for spec in BY_NAME.values()}
+    assert not modelled & set(REFUSED)
+    assert not modelled & set(IGNORED)
+    assert not set(REFUSED) & set(IGNORED)
