@@ -4,7 +4,9 @@ Every candidate is a real `Job` (job.py validates it with megatron's rules), pri
 state memory (plan_memory.py, composed from megatron builds), activations from activations.py at
 the schedule's micro-batches in flight (formulas.py replays megatron's schedules), and the time
 model of plan_cost.py. Per pipeline size the layer split comes from even / accounted splits and
-plan_split.balance. Nothing here prints.
+plan_split.balance, once on time alone and once with memory caps (`_capped_split`). Each distinct
+stage is priced once (its state, activations and time depend on its own shape only), memory before
+time, and micro-batch sizes stop growing once a smaller one fits nowhere. Nothing here prints.
 """
 
 from __future__ import annotations
