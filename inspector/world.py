@@ -361,10 +361,35 @@ def _build_chunk(
             position_embedding_type=model.position_embedding_type,
             vp_stage=vp_stage,
         )
+    _check_mtp_placed(gpt, layout, stage, chunk)
     if model.bf16 or model.fp16:
         gpt = _cast_like_megatron_lm(config, gpt)
     layers = tuple(layer.layer_number for layer in gpt.decoder.layers)
     return StageModel(stage, chunk, expert_rank, gpt, layers, pre, post, checkpoint_sizes(gpt))
+
+
+def _check_mtp_placed(gpt: Any, layout: Layout, stage: int, chunk: int) -> None:
+    """Raise ConfigError where megatron silently leaves out the MTP a layout string places here.
+
+    megatron-core 0.14-0.15 accept an `m` in a virtual chunk of --pipeline-model-parallel-layout
+    but build no MTP there (tests/test_versions.py); the job would lose its MTP layers unseen.
+    """
+    text = layout.pipeline_model_parallel_layout
+    if text is None:
+        return
+    from inspector.topology import expand_layout
+
+    stages = expand_layout(text)
+    wanted = stages[chunk * layout.pp + stage].count("m")  # megatron's order: chunk-major
+    built = len(gpt.mtp.layers) if getattr(gpt, "mtp", None) is not None else 0
+    if wanted and not built:
+        from megatron.core import __version__
+
+        raise ConfigError(
+            f"megatron-core {__version__} builds no multi-token prediction layer where "
+            f"--pipeline-model-parallel-layout puts its 'm' (stage {stage}, chunk {chunk}); "
+            "megatron-core 0.16 does: use it, or place the MTP on the last stage"
+        )
 
 
 def _layer_spec(m: SimpleNamespace, model: ModelConfig, config: Any, vp_stage: int | None) -> Any:

@@ -16,6 +16,7 @@ SHARED_EXPERT_GATE = VERSION >= (0, 16)  # TransformerConfig.moe_shared_expert_g
 # 0.13.1 refuses "m" in --pipeline-model-parallel-layout ("MTP layer is not supported for flexible
 # pipeline layout"); 0.16.1 places it. Checked on 0.13.1 and 0.16.1 only.
 MTP_IN_LAYOUT = VERSION >= (0, 14)
+MTP_IN_A_MIDDLE_CHUNK = VERSION >= (0, 16)  # an 'm' in a virtual chunk away from the loss
 
 
 def test_supported_version():
@@ -126,3 +127,25 @@ def test_layout_grammar_is_megatrons(layout):
         assert set("".join(ours)) - set("ELtm")
     else:
         assert ours == theirs
+
+
+def test_mtp_in_a_middle_virtual_chunk(cli):
+    """DeepSeek-V3's recipe layout puts the MTP on stage 14, chunk 1, and the loss on stage 15.
+
+    0.16 builds it there. 0.15 refuses (the MTP must sit with the loss); 0.14 accepts the string
+    but builds no MTP at all, which the tool turns into an error instead of a model without its
+    MTP; 0.13 refuses MTP in any layout string.
+    """
+    layout = ["--model", "deepseek-v3", "--tp", "1", "--pp", "16", "--ep", "64", "--dp", "64",
+              "--pipeline-model-parallel-layout", "Et*3|(tt|)*29,m|L", "--stage", "14"]  # fmt: skip
+    result = cli("params", *layout)
+    if MTP_IN_A_MIDDLE_CHUNK:
+        assert result.code == 0 and "mtp.layers.0." in result.out, result.err
+        return
+    assert result.code == 2 and result.out == ""
+    expected = {
+        (0, 13): "MTP layer is not supported for flexible pipeline layout",
+        (0, 14): f"megatron-core {megatron.core.__version__} builds no multi-token prediction layer",
+        (0, 15): "MTP layers must be in the last stage together with Loss stage",
+    }[VERSION[:2]]
+    assert expected in result.err, result.err
