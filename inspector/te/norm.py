@@ -49,17 +49,20 @@ def _deferred(device: Any) -> bool:
 
 
 class _Norm(torch.nn.Module):
-    """What both norms share: deprecated arguments, `weight`, the sequence-parallel flag."""
+    """What both norms share: TE's public signature, deprecated arguments, `weight` (then `bias`
+    where the norm has one), the sequence-parallel flag."""
+
+    _has_bias = False
 
     def __init__(
         self,
-        normalized_shape: Any,
-        eps: float,
-        sequence_parallel: bool | None,
-        params_dtype: torch.dtype | None,
-        zero_centered_gamma: bool,
-        hidden_size: int | None,
-        kwargs: dict[str, Any],
+        normalized_shape: Any = None,
+        eps: float = 1e-5,
+        sequence_parallel: bool | None = None,
+        params_dtype: torch.dtype | None = None,
+        zero_centered_gamma: bool = False,
+        hidden_size: int | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__()
         unknown = set(kwargs) - {"device", "dtype", "sm_margin"}
@@ -71,6 +74,9 @@ class _Norm(torch.nn.Module):
         self._shape = _normalized_shape(normalized_shape, hidden_size)
         self._dtype = _dtype(params_dtype, kwargs)
         self.weight = torch.nn.Parameter(empty(*self._shape, dtype=self._dtype))
+        if self._has_bias:
+            self.bias = torch.nn.Parameter(empty(*self._shape, dtype=self._dtype))
+        self._finish(kwargs.get("device"))
 
     def _finish(self, device: Any) -> None:
         if not _deferred(device):
@@ -104,27 +110,6 @@ class RMSNorm(_Norm):
     device it carries `sequence_parallel` (set by reset_parameters, which meta defers).
     """
 
-    def __init__(
-        self,
-        normalized_shape: Any = None,
-        eps: float = 1e-5,
-        sequence_parallel: bool | None = None,
-        params_dtype: torch.dtype | None = None,
-        zero_centered_gamma: bool = False,
-        hidden_size: int | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(
-            normalized_shape,
-            eps,
-            sequence_parallel,
-            params_dtype,
-            zero_centered_gamma,
-            hidden_size,
-            kwargs,
-        )
-        self._finish(kwargs.get("device"))
-
 
 class LayerNorm(_Norm):
     """TE's LayerNorm (module/layernorm.py 16-130 over ops/basic/layer_norm.py 70-115).
@@ -132,24 +117,4 @@ class LayerNorm(_Norm):
     Registers `weight` then `bias`, both of the normalized shape and dtype.
     """
 
-    def __init__(
-        self,
-        normalized_shape: Any = None,
-        eps: float = 1e-5,
-        sequence_parallel: bool | None = None,
-        params_dtype: torch.dtype | None = None,
-        zero_centered_gamma: bool = False,
-        hidden_size: int | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(
-            normalized_shape,
-            eps,
-            sequence_parallel,
-            params_dtype,
-            zero_centered_gamma,
-            hidden_size,
-            kwargs,
-        )
-        self.bias = torch.nn.Parameter(empty(*self._shape, dtype=self._dtype))
-        self._finish(kwargs.get("device"))
+    _has_bias = True
