@@ -84,6 +84,12 @@ class BuiltChunk:
         """Return whether megatron put the output layer (and the loss) on this chunk."""
         return self.models[0].has_output
 
+    @property
+    def mtp_layers(self) -> int:
+        """Return how many multi-token-prediction layers megatron built on this chunk."""
+        mtp = getattr(self.module, "mtp", None)
+        return len(mtp.layers) if mtp is not None else 0
+
     @cached_property
     def records(self) -> tuple[ParamRecord, ...]:
         """Return one record per parameter, every expert once, in megatron's order."""
@@ -117,6 +123,11 @@ class BuiltStage:
 
     stage: int
     chunks: tuple[BuiltChunk, ...]
+
+    @property
+    def parameters(self) -> int:
+        """Return the parameter elements one rank of the stage holds (its first simulated rank)."""
+        return sum(p.numel() for chunk in self.chunks for p in chunk.module.parameters())
 
     @property
     def checkpoint(self) -> dict[tuple[str, tuple[int, ...]], int]:

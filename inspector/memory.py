@@ -45,7 +45,7 @@ from inspector.job import Job, Schedule, Training
 from inspector.topology import Layout
 
 if TYPE_CHECKING:
-    from inspector.build import BuiltChunk, BuiltJob
+    from inspector.build import BuiltJob, BuiltStage
 
 ADAM_MOMENTS = 8  # exp_avg and exp_avg_sq, fp32 (Megatron-LM's default --optimizer adam)
 MASTER_COPY = 4  # fp32 master weight of a 16-bit parameter
@@ -234,7 +234,7 @@ def measure(built: BuiltJob, hardware: Hardware) -> MemoryReport:
         ranks_of[pipe].append((rank, data, expert))
     dims = job.dims()
     stages = tuple(
-        _stage_memory(job, dims, schedule, stage.stage, stage.chunks, ranks_of[stage.stage])
+        _stage_memory(job, dims, schedule, stage, ranks_of[stage.stage])
         for stage in built.stages
     )
     return MemoryReport(
@@ -246,22 +246,15 @@ def measure(built: BuiltJob, hardware: Hardware) -> MemoryReport:
     )
 
 
-def mtp_layers(chunk: BuiltChunk) -> int:
-    """Return how many multi-token-prediction layers megatron built on this chunk."""
-    mtp = getattr(chunk.module, "mtp", None)
-    return len(mtp.layers) if mtp is not None else 0
-
-
 def _stage_memory(
     job: Job,
     dims: ModelDims,
     schedule: Schedule,
-    stage: int,
-    chunks: Sequence[BuiltChunk],
+    built: BuiltStage,
     ranks: Sequence[tuple[int, int, int]],
 ) -> StageMemory:
     """Return one stage's memory: its chunks' buffers, its most loaded rank, its activations."""
-    training = job.training
+    training, stage, chunks = job.training, built.stage, built.chunks
     buffers = [buffer for chunk in chunks for buffer in chunk.buffers()]
     distributed = training.use_distributed_optimizer
     by_shard = {
@@ -278,7 +271,7 @@ def _stage_memory(
         schedule.num_microbatches,
         training.recompute,
         training.flash_attention,
-        mtp_chunks=tuple(mtp_layers(chunk) for chunk in chunks),
+        mtp_chunks=tuple(chunk.mtp_layers for chunk in chunks),
         recompute_method=training.recompute_method,
         recompute_num_layers=training.recompute_num_layers,
     )
@@ -287,13 +280,13 @@ def _stage_memory(
         (i for chunk in layers for i in chunk),
         schedule.global_batch_size,
         any(chunk.has_output for chunk in chunks),
-        has_mtp=any(mtp_layers(chunk) for chunk in chunks),
+        has_mtp=any(chunk.mtp_layers for chunk in chunks),
     )
     return StageMemory(
         stage=stage,
         layers=layers,
         rank=rank,
-        parameters=sum(p.numel() for chunk in chunks for p in chunk.module.parameters()),
+        parameters=built.parameters,
         state=by_shard[(data, expert)],
         activations=activations,
         flops=flops,

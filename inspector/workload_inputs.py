@@ -176,18 +176,12 @@ def stage_inputs(built: BuiltJob) -> list[StageInput]:
                 chunks=tuple(chunk.layers for chunk in stage.chunks),
                 has_embedding=any(chunk.has_embedding for chunk in stage.chunks),
                 has_output=any(chunk.has_output for chunk in stage.chunks),
-                mtp_layers=sum(_mtp_depth(chunk.module) for chunk in stage.chunks),
+                mtp_layers=sum(chunk.mtp_layers for chunk in stage.chunks),
                 buffers=buffers,
-                parameters=sum(p.numel() for c in stage.chunks for p in c.module.parameters()),
+                parameters=stage.parameters,
             )
         )
     return inputs
-
-
-def _mtp_depth(module: object) -> int:
-    """Return how many multi-token-prediction layers megatron put on this chunk (0 without)."""
-    mtp = getattr(module, "mtp", None)
-    return len(mtp.layers) if mtp is not None else 0
 
 
 def context_for(built: BuiltJob, compute: ComputeRate | ComputeProfile) -> Context:
