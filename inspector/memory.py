@@ -195,6 +195,15 @@ def check_ulysses(ulysses_degree: int | None) -> None:
         )
 
 
+def optimizer_bytes_per_element(buffer: Any) -> int:
+    """Return the optimizer bytes of one element a rank updates: Adam's moments, and the fp32
+    master copy of a 16-bit parameter."""
+    import torch
+
+    master = MASTER_COPY if buffer.param_dtype != torch.float32 else 0
+    return master + ADAM_MOMENTS
+
+
 def state_bytes(
     buffers: Sequence[Any], distributed: bool, dense_index: int, expert_index: int
 ) -> StateBytes:
@@ -205,16 +214,13 @@ def state_bytes(
     the dense and expert buffers. Without the distributed optimizer megatron asserts that a buffer
     has no padding, so `numel` counts the parameters themselves.
     """
-    import torch
-
     weights = gradients = optimizer = 0
     for buffer in buffers:
         weights += buffer.numel * buffer.param_dtype.itemsize
         gradients += buffer.numel * buffer.grad_dtype.itemsize
         index = expert_index if buffer.expert else dense_index
         updated = buffer.owned_numel[index] if distributed else buffer.numel
-        master = MASTER_COPY if buffer.param_dtype != torch.float32 else 0
-        optimizer += updated * (master + ADAM_MOMENTS)
+        optimizer += updated * optimizer_bytes_per_element(buffer)
     return StateBytes(weights, gradients, optimizer)
 
 

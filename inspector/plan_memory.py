@@ -30,7 +30,7 @@ from functools import lru_cache
 from typing import Any
 
 from inspector.job import Job, Training
-from inspector.memory import ADAM_MOMENTS, MASTER_COPY, StateBytes, state_bytes
+from inspector.memory import StateBytes, optimizer_bytes_per_element, state_bytes
 from inspector.shards import (
     BucketLayout,
     BufferLayout,
@@ -328,11 +328,8 @@ def most_loaded(
 
 def _optimizer_elements(buffers: Sequence[BufferLayout], expert: bool) -> dict[int, int]:
     """Return per data index the optimizer bytes of its shards of the dense (or expert) buffers."""
-    import torch
-
     rows = [
-        [owned * ((MASTER_COPY if b.param_dtype != torch.float32 else 0) + ADAM_MOMENTS)
-         for owned in b.owned_numel]
+        [owned * optimizer_bytes_per_element(b) for owned in b.owned_numel]
         for b in buffers if b.expert == expert
     ]
     return dict(enumerate(map(sum, zip(*rows, strict=True))))
