@@ -202,7 +202,10 @@ def context_for(built: BuiltJob, compute: ComputeRate | ComputeProfile) -> Conte
 def compute_for(
     gpu_tflops: float | None, mfu: float | None, profile: str | None
 ) -> ComputeRate | ComputeProfile:
-    """Return where compute times come from: FLOPs at --gpu-tflops x --mfu, or a measured profile."""
+    """Return where compute times come from: FLOPs at --gpu-tflops x --mfu, or a measured profile.
+
+    `profile` is the text of the --compute-profile file (None when not given).
+    """
     from inspector.flops import check_mfu, check_peak
 
     if (gpu_tflops is None) == (profile is None):
@@ -213,10 +216,9 @@ def compute_for(
     if profile is not None:
         if mfu is not None:
             raise ConfigError("--mfu scales --gpu-tflops; a --compute-profile is already measured")
-        from inspector.output import read_text
         from inspector.simai import parse_compute_profile
 
-        return ComputeProfile.from_sections(parse_compute_profile(read_text(profile)))
+        return ComputeProfile.from_sections(parse_compute_profile(profile))
     peak = float(gpu_tflops or 0)
     check_peak(peak)
     if mfu is not None:

@@ -217,23 +217,25 @@ def workload(
     if (output is None) == (stage is None):
         raise ConfigError("workload writes every stage into -o DIR, or one stage with --stage S; pass one")
 
+    profile = None
+    if compute_profile is not None:
+        from inspector.output import read_text
+
+        profile = read_text(compute_profile)  # read once: the cache key and the times use it
+
     def produce() -> str:
         from inspector.build import build, select_view
         from inspector.render.workload import workload_files
         from inspector.workload_inputs import compute_for, context_for, stage_inputs
 
         job = _job(args)
-        compute = compute_for(gpu_tflops, mfu, compute_profile)
+        compute = compute_for(gpu_tflops, mfu, profile)
         with Progress() as progress:
             built = build(job, select_view(job, stage), expert_ranks=(0,), progress=progress)
         files = workload_files(context_for(built, compute), stage_inputs(built))
         return json.dumps(files, allow_nan=False)
 
-    options = dict(stage=stage, gpu_tflops=gpu_tflops, mfu=mfu, profile=compute_profile, fmt=fmt)
-    if compute_profile is not None:
-        from inspector.output import read_text
-
-        options["profile_text"] = read_text(compute_profile)
+    options = dict(stage=stage, gpu_tflops=gpu_tflops, mfu=mfu, profile=profile, fmt=fmt)
     files: dict[str, str] = json.loads(cache.cached("workload", args, options, use_cache, produce))
     if output is None:
         from inspector.workload import file_name
