@@ -119,7 +119,8 @@ def _vpp_choices(req: Request, pp: int, m: int) -> list[int]:
         return [1]
     out = [1]
     for v in (2, 3, 4, 6, 8):
-        if req.model.num_layers >= pp * v and m % pp == 0 and m >= pp:
+        # + 2: an accounted split may leave the embedding (output layer) a chunk of its own
+        if req.model.num_layers + 2 >= pp * v and m % pp == 0 and m >= pp:
             out.append(v)
     return out
 
@@ -301,10 +302,11 @@ def _first_fit(
 
 def _job(req: Request, lay: Layout, mbs: int, recompute: str, distopt: bool, flash: bool) -> Job | None:
     """Return the candidate's Job, or None where megatron's rules (job.py) refuse it."""
-    training = Training(
+    training = replace(
+        req.training,
         micro_batch_size=mbs,
         global_batch_size=req.global_batch_size,
-        recompute=recompute,  # type: ignore[arg-type]
+        recompute=recompute,
         flash_attention=flash,
         use_distributed_optimizer=distopt,
         overlap_grad_reduce=True,
@@ -349,6 +351,7 @@ def make_request(
 ) -> Request:
     """Check the plan flags and return the search request."""
     from inspector.config import make_model_config
+    from inspector.job import make_training
     from inspector.plan_cost import get_gpu
 
     for flag, value in (("--gpus", gpus), ("--gpus-per-node", gpus_per_node), ("--top", top)):
@@ -377,8 +380,14 @@ def make_request(
     fixed = {short: args[name] for name, short in FIXED.items() if args.get(name) is not None}
     if args.get("use_distributed_optimizer"):
         fixed["distopt"] = True
+    given = make_training(args)  # Megatron-LM's rules for the flags a plan keeps as given
+    training = Training(
+        fp32_grads=given.fp32_grads,
+        attention_dropout=given.attention_dropout,
+        hidden_dropout=given.hidden_dropout,
+    )
     return Request(
         model=make_model_config(args), gpus=gpus, gpu=gpu, memory=round(memory_gib * (1 << 30)),
         global_batch_size=batch, gpus_per_node=gpus_per_node, efficiency=efficiency,
-        fixed=fixed, top=top,
+        fixed=fixed, top=top, training=training,
     )

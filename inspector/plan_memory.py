@@ -132,7 +132,9 @@ def _build_pieces(job: Job) -> Pieces:
 
     dtype = first[1][0].dtype
     fp32 = job.training.fp32_grads
-    grad = torch.float32 if (dtype == torch.bfloat16 or fp32) else dtype
+    if fp32 is None:  # ddp.py: megatron's default, grad_reduce_in_fp32 = config.bf16
+        fp32 = dtype == torch.bfloat16
+    grad = torch.float32 if fp32 else dtype
     return Pieces(
         embedding=tuple(first[0]),
         embedding_alone=tuple(alone[0]),

@@ -41,6 +41,7 @@ class Request:
     fixed: dict[str, Any] = field(default_factory=dict)  # tp, pp, cp, ep, etp, vpp, mbs, ...
     top: int = 5
     flash_attention: bool | None = None  # None: on in 16-bit (Transformer Engine's kernels)
+    training: Training = field(default_factory=Training)  # the user's dropout and grad dtype
 
     @property
     def flash(self) -> bool:
@@ -138,8 +139,16 @@ def megatron_flags(job: Job, split: Split) -> list[str]:
             out += ["--recompute-method uniform", "--recompute-num-layers 1"]
     if model.dtype_name == "bfloat16":
         out.append("--bf16")
+        if training.fp32_grads is False:
+            out.append("--grad-reduce-in-bf16")
     elif model.dtype_name == "float16":
         out.append("--fp16")
+        if training.fp32_grads:
+            out.append("--accumulate-allreduce-grads-in-fp32")
+    defaults = Training()
+    for name in ("attention_dropout", "hidden_dropout"):
+        if getattr(training, name) != getattr(defaults, name):
+            out.append(f"--{name.replace('_', '-')} {getattr(training, name)}")
     if training.flash_attention:
         out.append("--use-flash-attn")
     if training.use_distributed_optimizer:

@@ -24,7 +24,11 @@ def even_split(layers: int, stages: int) -> Split | None:
 
 
 def accounted_split(layers: int, stages: int, embedding: bool, loss: bool) -> Split | None:
-    """Return megatron's --account-for-embedding/loss split: each counts as one layer."""
+    """Return megatron's --account-for-embedding/loss split: each counts as one layer.
+
+    The first (last) virtual stage may hold the embedding (output layer and loss) alone, as in
+    Llama 3's 405B run; megatron builds such a chunk with no transformer layer.
+    """
     counted = layers + embedding + loss
     if counted % stages:
         return None
@@ -32,7 +36,8 @@ def accounted_split(layers: int, stages: int, embedding: bool, loss: bool) -> Sp
     split = [each] * stages
     split[0] -= embedding
     split[-1] -= loss
-    return tuple(split) if min(split) >= 1 else None
+    inner = split[1:-1] if stages > 1 else split
+    return tuple(split) if min(split) >= 0 and min(inner, default=1) >= 1 else None
 
 
 @lru_cache(maxsize=4096)

@@ -24,6 +24,11 @@ LAYOUTS = {
         preset="llama3-8b", num_layers=4, pp=2, dp=2, tp=2, sequence_parallel=True, bf16=True,
     ),
     "pp1 no distopt": dict(num_layers=4, dp=2, use_distributed_optimizer=False),
+    "bf16 grads": dict(num_layers=4, pp=2, dp=4, tp=2, bf16=True, grad_reduce_in_bf16=True),
+    "embedding and loss alone": dict(  # Llama 3 405B's split: chunks of no transformer layer
+        num_layers=6, pp=4, dp=2, global_batch_size=8, bf16=True, num_virtual_stages_per_pipeline_rank=2,
+        account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True,
+    ),
 }
 
 
@@ -86,8 +91,14 @@ def _plan(*args: str) -> dict:
          "--pp", "2", "--num-virtual-stages-per-pipeline-rank", "2"),
         ("--num-layers", "14", "--vocab-size", "512", "--gpus", "4", "--global-batch-size", "8",
          "--gpu-memory", "2", "--pp", "4"),
+        # the embedding and the loss each a chunk of their own (6 + 2 = 8 virtual stages of 1),
+        # with the training flags a plan keeps as given
+        ("--num-layers", "6", "--gpus", "4", "--global-batch-size", "8", "--gpu-memory", "2",
+         "--pp", "4", "--num-virtual-stages-per-pipeline-rank", "2", "--bf16",
+         "--grad-reduce-in-bf16", "--attention-dropout", "0", "--hidden-dropout", "0"),
     ],
-    ids=["dense", "pp2 bf16", "llama", "layout string", "decoder last", "vpp", "accounted vpp"],
+    ids=["dense", "pp2 bf16", "llama", "layout string", "decoder last", "vpp", "accounted vpp",
+         "embedding alone"],
 )
 def test_memory_with_the_pasted_flags_confirms_the_plan(args: tuple[str, ...]) -> None:
     plan = _plan(*args)["plans"][0]
@@ -106,8 +117,16 @@ def test_memory_with_the_pasted_flags_confirms_the_plan(args: tuple[str, ...]) -
     del model
     flags = [w for f in plan["flags"] for w in shlex.split(f)]
     flags = [f for f in flags if f not in ("--overlap-param-gather",)]
-    flags = [f for f in flags if f not in ("--bf16",)] + (["--bf16"] if "--bf16" in kept else [])
-    kept = [a for a in kept if a != "--bf16"]
+    valued = {f: i + 1 < len(flags) and not flags[i + 1].startswith("--")
+              for i, f in enumerate(flags) if f.startswith("--")}
+    rest, i = [], 0  # the model flags: what the plan's own flags do not say again
+    while i < len(kept):
+        if kept[i] in valued:
+            i += 2 if valued[kept[i]] else 1
+            continue
+        rest.append(kept[i])
+        i += 1
+    kept = rest
     dp = plan["layout"]["dp"]
     result = run_cli("memory", *kept, *flags, "--dp", str(dp), "--format", "json")
     assert result.code == 0, result.err
@@ -189,3 +208,32 @@ def test_uneven_splits_are_emitted_as_megatron_flags(layers: str, extra: tuple, 
     plan = _plan("--num-layers", layers, *extra, "--gpus", "4", "--global-batch-size", "8",
                  "--gpu-memory", "2", "--pp", "4")["plans"][0]
     assert any(f.split()[0] == flag for f in plan["flags"])
+
+
+def test_the_embedding_and_the_loss_may_each_fill_a_virtual_stage() -> None:
+    # Llama 3's 405B split (6 layers + embedding + loss over 4 x 2 virtual stages of 1): megatron
+    # builds chunk 0 of stage 0 with no transformer layer, and the planner prices and emits it.
+    plan = _plan("--num-layers", "6", "--gpus", "4", "--global-batch-size", "8",
+                 "--gpu-memory", "2", "--pp", "4", "--num-virtual-stages-per-pipeline-rank", "2",
+                 "--bf16")["plans"][0]
+    assert plan["split"] == [0, 1, 1, 1, 1, 1, 1, 0]
+    assert plan["stages"][0]["layers"] == [[], [3]]
+    assert plan["stages"][3]["layers"] == [[2], []]
+    assert "--account-for-embedding-in-pipeline-split" in plan["flags"]
+    assert "--account-for-loss-in-pipeline-split" in plan["flags"]
+
+
+def test_the_plan_keeps_the_given_dropout_and_gradient_dtype() -> None:
+    # --grad-reduce-in-bf16 halves the gradient buffer (megatron's DDP: grad dtype = param dtype),
+    # dropout 0 drops the masks; both come back among the flags to paste.
+    base = ("--num-layers", "4", "--gpus", "2", "--global-batch-size", "4", "--bf16",
+            "--gpu-memory", "2", "--pp", "2", "--micro-batch-size", "1")
+    fp32 = _plan(*base)["plans"][0]
+    bf16 = _plan(*base, "--grad-reduce-in-bf16", "--attention-dropout", "0",
+                 "--hidden-dropout", "0")["plans"][0]
+    assert fp32["layout"] == bf16["layout"]
+    for a, b in zip(fp32["stages"], bf16["stages"], strict=True):
+        assert b["gradients"] * 2 == a["gradients"]
+        assert b["activations"] < a["activations"]
+    assert {"--grad-reduce-in-bf16", "--attention-dropout 0.0", "--hidden-dropout 0.0"} <= set(bf16["flags"])
+    assert not {"--grad-reduce-in-bf16", "--attention-dropout 0.0"} & set(fp32["flags"])
