@@ -306,7 +306,7 @@ def _job(req: Request, lay: Layout, mbs: int, recompute: str, distopt: bool, fla
         req.training,
         micro_batch_size=mbs,
         global_batch_size=req.global_batch_size,
-        recompute=recompute,
+        recompute=recompute,  # type: ignore[arg-type]
         flash_attention=flash,
         use_distributed_optimizer=distopt,
         overlap_grad_reduce=True,
@@ -380,11 +380,11 @@ def make_request(
     fixed = {short: args[name] for name, short in FIXED.items() if args.get(name) is not None}
     if args.get("use_distributed_optimizer"):
         fixed["distopt"] = True
-    given = make_training(args)  # Megatron-LM's rules for the flags a plan keeps as given
+    asked = make_training(args)  # Megatron-LM's rules for the flags a plan keeps as given
     training = Training(
-        fp32_grads=given.fp32_grads,
-        attention_dropout=given.attention_dropout,
-        hidden_dropout=given.hidden_dropout,
+        fp32_grads=asked.fp32_grads,
+        attention_dropout=asked.attention_dropout,
+        hidden_dropout=asked.hidden_dropout,
     )
     return Request(
         model=make_model_config(args), gpus=gpus, gpu=gpu, memory=round(memory_gib * (1 << 30)),
