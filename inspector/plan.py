@@ -172,16 +172,21 @@ def _capped_split(
         return None
     pp, m, dims = base.pp, job.schedule().num_microbatches, job.dims()
     pairs_of = _pair_layout(job.layout)
-    one, two, ends = (
-        _stage_state(job, 1, shapes, pairs_of).total
-        for shapes in (
-            (ChunkShape(1, False, False),), (ChunkShape(2, False, False),),
-            (ChunkShape(1, True, False), ChunkShape(1, False, True)),
-        )
+    model = req.model
+    kinds = {model.is_moe_layer(i): i for i in reversed(range(model.num_layers))}  # kind: first
+
+    def state(*shapes: ChunkShape) -> int:
+        return int(_stage_state(job, 1, shapes, pairs_of).total)
+
+    k = next(iter(kinds))
+    one = state(ChunkShape((k,), False, False))
+    ends = state(ChunkShape((k,), True, False), ChunkShape((k,), False, True))
+    per_layer_state = max(  # the heavier kind where the model mixes MoE and dense layers
+        state(ChunkShape((kind, kind), False, False)) - state(ChunkShape((kind,), False, False))
+        for kind in kinds
     )
-    per_layer_state = two - one
     layer = max(_layer_bytes(dims, replace(pairs_of, pp=pp), i, mbs, "none", flash)
-                for i in {0, dims.num_layers - 1})
+                for i in kinds.values())
     caps = [0] * (pp * v)
     for s in range(pp):
         try:

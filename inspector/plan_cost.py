@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from inspector.errors import ConfigError
-from inspector.flops import layer_flops, logit_flops
+from inspector.flops import layer_flops, logit_flops, mtp_flops
 from inspector.formulas import ModelDims
 from inspector.topology import Layout
 
@@ -170,8 +170,16 @@ def stage_time(
         tensor += one[1] * len(members)
         context += one[2] * len(members)
         expert += one[3] * len(members)
-    if has_output:
+    if has_output:  # the output layer and loss, and the MTP block megatron puts beside them
         compute += logit_flops(dims, mbs) / split / rate
+        if dims.mtp_num_layers:
+            depth, final = dims.mtp_num_layers, dims.num_layers - 1
+            last = _layer_time(dims, lay, net, rate, mbs, recompute, final)
+            own = mtp_flops(dims, mbs) - depth * layer_flops(dims, final, mbs).total
+            compute += depth * last[0] + own / split / rate
+            tensor += depth * last[1]
+            context += depth * last[2]
+            expert += depth * last[3]
     boundary = tokens * dims.hidden_size / lay.tp * act
     alpha, bw = net.link(lay.world_size)
     p2p = 2 * len(chunk_layers) * (alpha + boundary / bw) if lay.pp > 1 else 0.0

@@ -5,7 +5,8 @@ stage holds depend only on which pieces megatron puts there — the embedding (f
 transformer layers, the final norm and output layer (last stage) — and each piece's local shapes
 depend only on (tp, ep, expert-tp, dtype, spec), never on pp, dp or cp. So `Pieces` builds the
 model once per such key with two layers on two pipeline stages (and once with one layer on one
-stage, where a tied output layer has no weight of its own), reads every parameter's numel, dtype
+stage, where a tied output layer has no weight of its own) — an MoE layer and a dense one where the
+model mixes both kinds (--moe-layer-freq) —, reads every parameter's numel, dtype
 and DDP flags (`allreduce`, `shared_embedding`) off megatron's modules, and `compose_stage`
 lays out any stage's chunks as megatron's DistributedDataParallel would:
 
@@ -55,13 +56,16 @@ class Param:
 class Pieces:
     """The parameters of each piece a stage can hold, in megatron's parameter order.
 
-    `output` is the last stage's final norm and output layer with pp > 1; `output_alone` the same
-    with pp == 1 (a tied output layer then reuses the embedding's weight).
+    `layers` maps a layer's kind (True: an MoE MLP) to its parameters. `output` is the last
+    stage's final norm, output layer and MTP block with pp > 1, and `output_embedding` the
+    embedding megatron also builds there for MTP (empty without MTP); `output_alone` the tail with
+    pp == 1 (a tied output layer then reuses the embedding's weight).
     """
 
     embedding: tuple[Param, ...]
     embedding_alone: tuple[Param, ...]
-    layer: tuple[Param, ...]
+    layers: dict[bool, tuple[Param, ...]]
+    output_embedding: tuple[Param, ...]
     output: tuple[Param, ...]
     output_alone: tuple[Param, ...]
     grad_dtype: Any
@@ -116,7 +120,14 @@ def _build_pieces(job: Job) -> Pieces:
 
     lay = job.layout
     dp = lay.ep * lay.expert_tp  # any dp megatron accepts; dp changes no shape
-    small = replace(job.model, num_layers=2)
+    model = job.model
+    kinds = {model.is_moe_layer(i) for i in range(model.num_layers)}
+    small = replace(model, num_layers=2)
+    if model.num_experts is not None:
+        # stage 1's layer is of the model's last layer's kind (megatron builds an MTP block with
+        # the last layer's spec); where the model mixes kinds, stage 0's is the other one
+        tail = int(model.is_moe_layer(model.num_layers - 1))
+        small = replace(small, moe_layer_freq=(1 - tail if len(kinds) == 2 else tail, tail))
     two = Job(
         small,
         Layout(tp=lay.tp, pp=2, dp=dp, ep=lay.ep, etp=lay.etp, sequence_parallel=lay.sequence_parallel),
@@ -125,7 +136,10 @@ def _build_pieces(job: Job) -> Pieces:
     built = build(two, select_view(two), expert_ranks=(0,))
     first = _split(_params_of(built.stages[0].chunks[0]))
     last = _split(_params_of(built.stages[1].chunks[0]))
-    one = Job(replace(small, num_layers=1), replace(two.layout, pp=1), two.training)
+    small_one = replace(small, num_layers=1)
+    if model.num_experts is not None:
+        small_one = replace(small_one, moe_layer_freq=small.moe_layer_freq[:1])  # type: ignore[index]
+    one = Job(small_one, replace(two.layout, pp=1), two.training)
     alone = _split(_params_of(build(one, select_view(one), expert_ranks=(0,)).stages[0].chunks[0]))
     megatron()
     import torch
@@ -138,7 +152,8 @@ def _build_pieces(job: Job) -> Pieces:
     return Pieces(
         embedding=tuple(first[0]),
         embedding_alone=tuple(alone[0]),
-        layer=tuple(first[1]),
+        layers={kind: tuple(first[1] if kind == small.is_moe_layer(0) else last[1]) for kind in kinds},
+        output_embedding=tuple(last[0]),
         output=tuple(last[2]),
         output_alone=tuple(alone[2]),
         grad_dtype=grad,
@@ -146,16 +161,21 @@ def _build_pieces(job: Job) -> Pieces:
 
 
 def chunk_params(
-    pieces: Pieces, layers: int, embedding: bool, output: bool, pp: int
+    pieces: Pieces, layers: tuple[bool, ...], embedding: bool, output: bool, pp: int
 ) -> tuple[Param, ...]:
-    """Return one chunk's parameters in megatron's order: embedding, layers, final norm/output."""
+    """Return one chunk's parameters in megatron's order: embedding, layers, final norm/output.
+
+    `layers`: each layer's kind, in order (True: an MoE MLP).
+    """
     head: tuple[Param, ...] = ()
     tail: tuple[Param, ...] = ()
     if embedding:
         head = pieces.embedding if pp > 1 else pieces.embedding_alone
     if output:
         tail = pieces.output if pp > 1 else pieces.output_alone
-    return head + pieces.layer * layers + tail
+        if pp > 1:
+            head = pieces.output_embedding
+    return head + tuple(p for kind in layers for p in pieces.layers[kind]) + tail
 
 
 def lay_out_buffers(
@@ -241,11 +261,17 @@ def _one_buffer(
 
 @dataclass(frozen=True)
 class ChunkShape:
-    """What one chunk holds: layers, and whether the embedding / output layer are on it."""
+    """What one chunk holds: its layers' kinds (True: an MoE MLP), in order, and whether the
+    embedding / output layer are on it."""
 
-    layers: int
+    layers: tuple[bool, ...]
     embedding: bool
     output: bool
+
+    @classmethod
+    def of(cls, model: Any, layers: Sequence[int], embedding: bool, output: bool) -> ChunkShape:
+        """Return the shape of a chunk holding the model's 0-based global `layers`."""
+        return cls(tuple(model.is_moe_layer(i) for i in layers), embedding, output)
 
 
 @lru_cache(maxsize=65536)

@@ -16,7 +16,12 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
-from inspector.activations import embedding_activations, layer_activations, output_activations
+from inspector.activations import (
+    embedding_activations,
+    layer_activations,
+    mtp_activations,
+    output_activations,
+)
 from inspector.config import ModelConfig
 from inspector.flops import iteration_flops
 from inspector.formulas import ModelDims, live_microbatches
@@ -197,8 +202,9 @@ def stage_activation_bytes(
     per = [_chunk_bytes(dims, par, c, mbs, recompute, flash) for c in chunks]
     if stage == 0:
         per[0] += embedding_activations(dims, par, mbs).total
-    if stage == par.pp - 1:
+    if stage == par.pp - 1:  # the output layer and loss, and the MTP block beside them
         per[-1] += output_activations(dims, par, mbs).total
+        per[-1] += mtp_activations(dims, par, mbs, recompute, flash)  # type: ignore[arg-type]
     if v == 1:  # 1F1B: the peak is min(p - s, m) micro-batches (formulas.microbatches_in_flight)
         best: tuple[int, ...] = (min(par.pp - stage, m),)
     else:
@@ -267,7 +273,7 @@ def _price_memory(job: Job, split: Split) -> tuple[list[list[list[int]]], tuple[
     stages = []
     for s in range(lay.pp):
         shapes = tuple(
-            ChunkShape(len(c), s == 0 and k == 0, s == lay.pp - 1 and k == v - 1)
+            ChunkShape.of(job.model, c, s == 0 and k == 0, s == lay.pp - 1 and k == v - 1)
             for k, c in enumerate(placed[s])
         )
         state = _stage_state(job, s, shapes, pairs_of)

@@ -21,9 +21,18 @@ LAYOUTS = {
     ),
     "moe ep2": dict(num_layers=4, pp=2, dp=4, ep=2, num_experts=4, disable_bias_linear=True, bf16=True),
     "llama te sp untied": dict(
-        preset="llama3-8b", num_layers=4, pp=2, dp=2, tp=2, sequence_parallel=True, bf16=True,
+        preset="llama3-8b", num_layers=4, pp=2, dp=2, tensor_model_parallel_size=2,
+        sequence_parallel=True, bf16=True,
     ),
     "pp1 no distopt": dict(num_layers=4, dp=2, use_distributed_optimizer=False),
+    "moe every other layer": dict(  # --moe-layer-freq 2: stage 0 holds an MoE and a dense layer
+        num_layers=4, pp=2, dp=4, ep=2, num_experts=4, moe_layer_freq=2, disable_bias_linear=True,
+        bf16=True,
+    ),
+    "deepseek mla mtp": dict(  # first layer dense (the list form), MLA, an MTP block
+        preset="deepseek-v3", num_layers=4, moe_layer_freq="[0,1,1,1]", num_experts=8, pp=2, dp=4,
+        ep=2, tensor_model_parallel_size=2, sequence_parallel=True, bf16=True, moe_router_topk=2,
+    ),
     "bf16 grads": dict(num_layers=4, pp=2, dp=4, tp=2, bf16=True, grad_reduce_in_bf16=True),
     "embedding and loss alone": dict(  # Llama 3 405B's split: chunks of no transformer layer
         num_layers=6, pp=4, dp=2, global_batch_size=8, bf16=True, num_virtual_stages_per_pipeline_rank=2,
@@ -51,13 +60,14 @@ def test_composed_state_equals_memory_stage_by_stage(name: str) -> None:
     from inspector.ranks import rank_shard_indices
 
     job = _job(**LAYOUTS[name])
+    assert job.layout.sequence_parallel == ("sequence_parallel" in LAYOUTS[name])
     report = measure(build(job, select_view(job), expert_ranks=(0,)), Hardware())
     pairs = sorted({(d, e) for _, d, e in rank_shard_indices(job.layout)})
     last = job.layout.pp - 1
     for stage in report.stages:
         n = len(stage.layers)
         shapes = [
-            pm.ChunkShape(len(c), stage.stage == 0 and k == 0, stage.stage == last and k == n - 1)
+            pm.ChunkShape.of(job.model, c, stage.stage == 0 and k == 0, stage.stage == last and k == n - 1)
             for k, c in enumerate(stage.layers)
         ]
         state, params = pm.stage_state(job, stage.stage, shapes, pairs)
@@ -96,9 +106,13 @@ def _plan(*args: str) -> dict:
         ("--num-layers", "6", "--gpus", "4", "--global-batch-size", "8", "--gpu-memory", "2",
          "--pp", "4", "--num-virtual-stages-per-pipeline-rank", "2", "--bf16",
          "--grad-reduce-in-bf16", "--attention-dropout", "0", "--hidden-dropout", "0"),
+        # a dense layer, then MoE layers; MLA; MTP (and its embedding) on the last stage
+        ("--model", "deepseek-v3", "--num-layers", "4", "--moe-layer-freq", "[0,1,1,1]",
+         "--num-experts", "8", "--moe-router-topk", "2", "--gpus", "8", "--global-batch-size", "16",
+         "--seq-length", "1024", "--bf16", "--gpu-memory", "40", "--pp", "2"),
     ],
     ids=["dense", "pp2 bf16", "llama", "layout string", "decoder last", "vpp", "accounted vpp",
-         "embedding alone"],
+         "embedding alone", "deepseek"],
 )
 def test_memory_with_the_pasted_flags_confirms_the_plan(args: tuple[str, ...]) -> None:
     plan = _plan(*args)["plans"][0]
