@@ -354,3 +354,21 @@ def test_layout_repetition_errors(cli, layout, message):
     result = cli("params", *flags("--num-layers 6 --pp 4 --pipeline-model-parallel-layout",
                                   layout, *SMALL))  # fmt: skip
     assert (result.code, result.err) == (2, f"Error: {message}\n")
+
+
+def test_moe_table_totals_say_one_gpu_and_all_expert_ranks(cli):
+    # The table's rows list every expert-parallel rank's experts: its last two rows give what one
+    # GPU holds (as the title line says) and the rows' sum, labelled as such.
+    result = cli("params", *flags("--num-layers 2 --tp 2 --dp 2 --ep 2 --sequence-parallel "
+                                  "--format table", *MOE))
+    assert result.code == 0, result.err
+    for block in result.out.strip().split("\n\n"):
+        title, _, _, *rows = block.splitlines()
+        gpu = re.search(r"(\d+) params, (\d+) bytes per GPU", title)
+        assert gpu
+        *params, per_gpu, total = rows
+        assert per_gpu.split()[:2] == ["per", "GPU"]
+        assert [int(x.replace(",", "")) for x in per_gpu.split()[-2:]] == [int(gpu[1]), int(gpu[2])]
+        assert total.startswith("total, all 2 expert-parallel ranks")
+        numbers = [int(row.split()[-2].replace(",", "")) for row in params]
+        assert int(total.split()[-2].replace(",", "")) == sum(numbers) > int(gpu[1])

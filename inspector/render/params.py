@@ -15,7 +15,8 @@ from inspector.table import Block, block_comment, format_shape, row_bytes, write
 
 
 def render_human(blocks: Sequence[Block]) -> str:
-    """Return a tabulate table per block, each followed by its totals."""
+    """Return a tabulate table per block, each followed by its totals (under expert
+    parallelism: one GPU's, then the rows', which hold every expert-parallel rank's experts)."""
     parts = []
     headers = ["name", "shape", "owners", "precs", "params", "bytes"]
     for block in blocks:
@@ -30,7 +31,13 @@ def render_human(blocks: Sequence[Block]) -> str:
             ]
             for row in block.rows
         ]
-        rows.append(["total", "", "", "", f"{block.numel:,}", f"{block.bytes:,}"])
+        ranks = len(block.expert_ranks)
+        if ranks > 1:  # the rows list every expert-parallel rank's experts
+            rows.append(["per GPU", "", "", "", f"{block.gpu_numel:,}", f"{block.gpu_bytes:,}"])
+            rows.append([f"total, all {ranks} expert-parallel ranks", "", "", "",
+                         f"{block.numel:,}", f"{block.bytes:,}"])
+        else:
+            rows.append(["total", "", "", "", f"{block.numel:,}", f"{block.bytes:,}"])
         title = block_comment(block).removeprefix("# ")
         parts.append(title + "\n" + tabulate(rows, headers=headers, disable_numparse=True))
     return "\n\n".join(parts) + "\n"
