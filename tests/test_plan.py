@@ -251,3 +251,18 @@ def test_the_plan_keeps_the_given_dropout_and_gradient_dtype() -> None:
         assert b["activations"] < a["activations"]
     assert {"--grad-reduce-in-bf16", "--attention-dropout 0.0", "--hidden-dropout 0.0"} <= set(bf16["flags"])
     assert not {"--grad-reduce-in-bf16", "--attention-dropout 0.0"} & set(fp32["flags"])
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_plan_output_is_identical_from_run_to_run(fmt: str) -> None:
+    # The search's wall time goes to the terminal only (stderr), never into stdout.
+    from inspector import plan_price
+
+    args = ("plan", "--num-layers", "4", "--gpus", "4", "--global-batch-size", "8", "--format", fmt)
+    first = run_cli(*args)
+    plan_price._ACT.clear()  # price again from scratch, as a new process would
+    plan_price._TIME.clear()
+    second = run_cli(*args)
+    assert first.code == second.code == 0
+    assert first.out == second.out
+    assert "\"seconds\"" not in first.out and " s (" not in first.out

@@ -311,7 +311,12 @@ def plan(
         args, gpus, gpu, gpu_memory, gpus_per_node, gpu_tflops, intra_bandwidth,
         inter_bandwidth, efficiency, top,
     )
-    result = core.search(request, core.progress_line())
+    progress = core.progress_line()
+    result = core.search(request, progress)
+    if progress is not None:  # the search's speed, on the terminal only (stdout stays identical)
+        rate = result.evaluated / max(result.seconds, 1e-9)
+        sys.stderr.write(f"\rplan: {result.evaluated} candidates in {result.seconds:.2f} s "
+                         f"({rate:.0f} per second)\n")
     text = render.render_plan(result, request.memory, fmt.value if hasattr(fmt, "value") else fmt, explain)
     if svg is not None and result.plans:
         from inspector.output import write_atomic

@@ -62,8 +62,7 @@ def render_plan(result: SearchResult, memory: int, fmt: str, explain: bool = Fal
         "  " + " \\\n  ".join(best.flags()),
         "",
         render_timeline(best),
-        f"Searched {result.evaluated} candidates in {result.seconds:.2f} s "
-        f"({result.evaluated / max(result.seconds, 1e-9):.0f} per second).",
+        f"Searched {result.evaluated} candidates.",
     ]
     if explain:
         lines += ["", explain_plan(result, memory)]
@@ -210,7 +209,6 @@ def _json(result: SearchResult, memory: int) -> dict[str, Any]:
     return {
         "gpu_memory_bytes": memory,
         "evaluated": result.evaluated,
-        "seconds": result.seconds,
         "smallest_peak_bytes": result.smallest_peak,
         "plans": [
             {
