@@ -148,6 +148,7 @@ def main() -> None:
             f"{summary.cpu_seconds / floor.cpu_seconds:.2f} | {summary.rss / 2**20:.0f} | "
             f"{warm_cells} | {summary.code} | {case.target} |"
         )
+    lines += _plan_rates(cold)
     text = "\n".join(lines) + "\n"
     sys.stdout.write(text)
     # The notes under the table (from the first "## " heading on) are written by hand: keep them.
@@ -155,6 +156,21 @@ def main() -> None:
     old = path.read_text() if path.exists() else ""
     notes = old[old.find("\n## ") :] if "\n## " in old else ""
     path.write_text(text + notes)
+
+
+def _plan_rates(cold: list[Summary]) -> list[str]:
+    """Return a line per `plan` case: candidates priced (from its JSON) per cold second."""
+    import json
+
+    out = []
+    for case, summary in zip(CASES, cold):
+        if "plan" not in case.argv:
+            continue
+        done = subprocess.run(case.argv + ["--format", "json"], env=COLD, capture_output=True, text=True)
+        evaluated = json.loads(done.stdout)["evaluated"] if done.returncode == 0 else 0
+        out.append(f"\n{case.label.split()[0]}: {evaluated:,} candidates priced, "
+                   f"{evaluated / summary.seconds:.0f} per second of its cold median.")
+    return out
 
 
 def _load(load: tuple[float, float, float]) -> str:
