@@ -127,7 +127,7 @@ def _vpp_choices(req: Request, pp: int, m: int) -> list[int]:
 
 def layout_for(lay: Layout, model: ModelConfig, split: Split, vpp: int) -> Layout | None:
     """Return the Layout megatron would get from the split's flags (None if they are invalid)."""
-    flags = split_flags(split, model.num_layers, lay.pp, vpp)
+    flags = split_flags(split, model.num_layers, lay.pp, vpp, model.mtp_num_layers or 0)
     values: dict[str, Any] = {"vpp": vpp if vpp > 1 else None}
     for name, value in flags.items():
         if name == "num_virtual_stages_per_pipeline_rank":
@@ -204,13 +204,13 @@ def _capped_split(
 def _extras(job: Job, req: Request) -> tuple[float, float]:
     """Return the embedding and output-layer costs in units of one layer (time model)."""
     dims = job.dims()
-    from inspector.flops import layer_flops, logit_flops
+    from inspector.flops import layer_flops, logit_flops, mtp_flops
 
     layer = layer_flops(dims, 0, 1).total
     # The embedding has no FLOPs, but the first stage holds the most micro-batches in flight;
     # megatron's --account-for-embedding-in-pipeline-split counts it as a layer: so do we
-    # for memory, not time (0 in time).
-    return 0.0, logit_flops(dims, 1) / layer
+    # for memory, not time (0 in time). The last stage adds the output layer and the MTP block.
+    return 0.0, (logit_flops(dims, 1) + mtp_flops(dims, 1)) / layer
 
 
 def search(req: Request, progress: Callable[[int, int], None] | None = None) -> SearchResult:

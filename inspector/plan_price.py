@@ -128,7 +128,8 @@ def megatron_flags(job: Job, split: Split) -> list[str]:
         out.append(f"--expert-tensor-parallel-size {lay.etp}")
     if lay.sequence_parallel:
         out.append("--sequence-parallel")
-    for name, value in split_flags(split, model.num_layers, lay.pp, lay.chunks).items():
+    mtp = model.mtp_num_layers or 0
+    for name, value in split_flags(split, model.num_layers, lay.pp, lay.chunks, mtp).items():
         flag = "--" + name.replace("_", "-")
         if value is True:
             out.append(flag)

@@ -80,8 +80,14 @@ def balance(
     return tuple(reversed(split))
 
 
-def split_flags(split: Sequence[int], layers: int, pp: int, vpp: int) -> dict[str, object]:
-    """Return the Megatron-LM arguments that give `split` (layout string as the fallback)."""
+def split_flags(
+    split: Sequence[int], layers: int, pp: int, vpp: int, mtp: int = 0
+) -> dict[str, object]:
+    """Return the Megatron-LM arguments that give `split` (layout string as the fallback).
+
+    `mtp`: the model's MTP depth; a layout string places that many `m` with the loss, as
+    megatron's PipelineParallelLayerLayout requires of an MTP model.
+    """
     flags: dict[str, object] = {}
     stages = pp * vpp
     if vpp > 1:
@@ -105,7 +111,7 @@ def split_flags(split: Sequence[int], layers: int, pp: int, vpp: int) -> dict[st
     flags.pop("num_virtual_stages_per_pipeline_rank", None)
     parts = ["t" * n for n in split]
     parts[0] = "E" + parts[0]
-    parts[-1] = parts[-1] + "L"
+    parts[-1] = parts[-1] + "m" * mtp + "L"
     flags["pipeline_model_parallel_layout"] = "|".join(parts)
     return flags
 

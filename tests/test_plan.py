@@ -110,9 +110,13 @@ def _plan(*args: str) -> dict:
         ("--model", "deepseek-v3", "--num-layers", "4", "--moe-layer-freq", "[0,1,1,1]",
          "--num-experts", "8", "--moe-router-topk", "2", "--gpus", "8", "--global-batch-size", "16",
          "--seq-length", "1024", "--bf16", "--gpu-memory", "40", "--pp", "2"),
+        # 4/1: a layout string, whose last stage must name the MTP layer ('m') before the loss
+        ("--model", "deepseek-v3", "--num-layers", "5", "--moe-layer-freq", "[0,1,1,1,1]",
+         "--num-experts", "8", "--moe-router-topk", "2", "--gpus", "8", "--global-batch-size", "16",
+         "--seq-length", "1024", "--bf16", "--gpu-memory", "40", "--pp", "2"),
     ],
     ids=["dense", "pp2 bf16", "llama", "layout string", "decoder last", "vpp", "accounted vpp",
-         "embedding alone", "deepseek"],
+         "embedding alone", "deepseek", "deepseek layout"],
 )
 def test_memory_with_the_pasted_flags_confirms_the_plan(args: tuple[str, ...]) -> None:
     plan = _plan(*args)["plans"][0]
@@ -222,6 +226,18 @@ def test_uneven_splits_are_emitted_as_megatron_flags(layers: str, extra: tuple, 
     plan = _plan("--num-layers", layers, *extra, "--gpus", "4", "--global-batch-size", "8",
                  "--gpu-memory", "2", "--pp", "4")["plans"][0]
     assert any(f.split()[0] == flag for f in plan["flags"])
+
+
+def test_a_layout_string_places_the_mtp_layers_with_the_loss() -> None:
+    from inspector.plan_split import split_flags
+
+    assert split_flags((4, 1), 5, 2, 1, mtp=1) == {"pipeline_model_parallel_layout": "Etttt|tmL"}
+    assert split_flags((4, 1), 5, 2, 1) == {"pipeline_model_parallel_layout": "Etttt|tL"}
+    plan = _plan("--model", "deepseek-v3", "--num-layers", "5", "--moe-layer-freq", "[0,1,1,1,1]",
+                 "--num-experts", "8", "--moe-router-topk", "2", "--gpus", "8",
+                 "--global-batch-size", "16", "--seq-length", "1024", "--bf16",
+                 "--gpu-memory", "40", "--pp", "2")["plans"][0]
+    assert "--pipeline-model-parallel-layout 'Etttt|tmL'" in plan["flags"]
 
 
 def test_the_embedding_and_the_loss_may_each_fill_a_virtual_stage() -> None:
