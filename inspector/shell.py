@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from inspector.errors import InputError
 from inspector.shellarith import evaluate_arith
-from inspector.shellparse import (
+from inspector.shellast import (
     DQ,
     AndOr,
     Arith,
@@ -40,8 +40,8 @@ from inspector.shellparse import (
     Simple,
     While,
     Word,
-    parse_script,
 )
+from inspector.shellparse import parse_script
 from inspector.shelltest import evaluate_test, glob_regex
 
 MARK = re.compile("\x00(\\d+)\x00")
@@ -632,7 +632,7 @@ def _part_types(word: Word) -> set[type]:
 
 
 def parse_script_word(text: str, shell: Shell) -> Word:
-    from inspector.shellparse import Lexer
+    from inspector.shelllex import Lexer
 
     lexer = Lexer(text, shell.source_stack[-1], shell.line, fixed_line=True)
     return Word(tuple(lexer._read_dquoted(end=None)), text, shell.line)

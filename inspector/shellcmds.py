@@ -20,7 +20,8 @@ from inspector.shell import (
     _Return,
     script_dir,
 )
-from inspector.shellparse import AndOr, Assign, Seq, Simple, Word, parse_script, split_assignment
+from inspector.shellast import AndOr, Assign, Seq, Simple, Word
+from inspector.shellparse import parse_script, split_assignment
 from inspector.shelltest import evaluate_test
 
 _ENV_ASSIGN = re.compile(r"[A-Za-z_]\w*=")
