@@ -26,7 +26,7 @@ from inspector.shards import (
     owned_numel,
     resolve_bucket_size,
 )
-from inspector.world import one_rank_world
+from inspector.world_setup import one_rank_world
 
 
 class StandInGroup:

@@ -11,7 +11,8 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from inspector.table import COMPARED, ParamsTable, TableRow, read_table
+from inspector.table import COMPARED
+from inspector.table_reader import ParamsTable, TableRow, read_table
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from inspector.errors import ConfigError
 from inspector.topology import Layout, RankCoord
-from inspector.world import megatron
+from inspector.world_setup import megatron
 
 
 def check_stage(layout: Layout, stage: int) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from inspector.shellparse import Lit, Part, Word
+from inspector.shellast import Lit, Part, Word
 
 Atom = str | Part  # one unquoted character, or a part that braces cannot split
 _RANGE = re.compile(r"(-?\d+|[A-Za-z])\.\.(-?\d+|[A-Za-z])(?:\.\.(-?\d+))?")

@@ -9,18 +9,10 @@ import os
 import re
 
 from inspector.launch import PASS_THROUGH, is_launch, program_name
-from inspector.shell import (
-    _MAX_DEPTH,
-    MARK,
-    Command,
-    Shell,
-    Unknown,
-    _Break,
-    _Exit,
-    _Return,
-    script_dir,
-)
-from inspector.shellparse import AndOr, Assign, Seq, Simple, Word, parse_script, split_assignment
+from inspector.shell import _MAX_DEPTH, Shell, _Break, _Exit, _Return
+from inspector.shellast import AndOr, Assign, Seq, Simple, Word
+from inspector.shellcontext import MARK, Command, Unknown, script_dir
+from inspector.shellparse import parse_script, split_assignment
 from inspector.shelltest import evaluate_test
 
 _ENV_ASSIGN = re.compile(r"[A-Za-z_]\w*=")

@@ -20,7 +20,8 @@ from inspector.arguments import BY_NAME, ArgSpec
 from inspector.errors import ConfigError, InputError
 from inspector.launch import Require, World, program_arguments, sbatch_options, world_of
 from inspector.output import read_text
-from inspector.shell import Command, Context, _Break, _Exit, _Return, describe_unknown, new_shell
+from inspector.shell import _Break, _Exit, _Return, new_shell
+from inspector.shellcontext import Command, Context, describe_unknown
 from inspector.tokenizers import vocabulary
 from inspector.unmodelled import IGNORED, REFUSED, RENAMED, refusal_message
 

@@ -1,9 +1,10 @@
 """The simulated megatron world: build each pipeline stage's real GPTModel on the meta device.
 
 Each stage (and, with virtual pipelining, each of its chunks) is built by megatron-core's own code in
-its own simulated rank: torch.distributed's in-process "fake" backend, megatron's
-`initialize_model_parallel`, a TransformerConfig carrying the parallel sizes, and the meta device, so
-no weight memory is allocated. This is the only module that touches megatron's parallel_state.
+its own simulated rank (world_setup): torch.distributed's in-process "fake" backend, megatron's
+`initialize_model_parallel`, a TransformerConfig carrying the parallel sizes (world_config), and the
+meta device, so no weight memory is allocated. This module and world_setup are the only ones that
+touch megatron's parallel_state.
 """
 
 from __future__ import annotations
@@ -15,13 +16,20 @@ import math
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import cache
 from types import SimpleNamespace
 from typing import Any
 
 from inspector.config import ModelConfig
 from inspector.errors import ConfigError, FidelityError
 from inspector.topology import Layout
+from inspector.world_config import _transformer_config
+from inspector.world_setup import (
+    megatron,
+    simulate_apex,
+    simulate_grouped_gemm,
+    simulated_dp,
+    simulated_rank,
+)
 
 
 @dataclass
@@ -38,247 +46,6 @@ class StageModel:
     # megatron's checkpoint view of the same module: (key, offsets along prepended axes) -> the
     # unsharded element count of that one tensor (sharded_state_dict's global shape).
     checkpoint: dict[tuple[str, tuple[int, ...]], int]
-
-
-@cache
-def megatron() -> SimpleNamespace:
-    """Import the megatron-core pieces this tool uses, once, with import-time warnings silenced.
-
-    fastimport prepares the process first (torch.compile passing through, DTensor deferred, no
-    dynamo import on meta kernels), installs the Transformer Engine stand-in (inspector.te) before
-    megatron-core is imported, and keeps it so for as long as megatron is in use.
-    """
-
-    def names() -> SimpleNamespace:
-        import torch
-        import torch.distributed as dist
-        from megatron.core import parallel_state
-        from megatron.core.fusions import fused_layer_norm
-        from megatron.core.models import backends
-        from megatron.core.models.gpt import GPTModel, gpt_layer_specs
-        from megatron.core.transformer import transformer_block
-        from megatron.core.transformer.torch_norm import WrappedTorchNorm
-        from megatron.core.transformer.transformer_config import TransformerConfig
-        from torch.testing._internal.distributed.fake_pg import FakeStore
-
-        return SimpleNamespace(
-            torch=torch,
-            dist=dist,
-            parallel_state=parallel_state,
-            fused_layer_norm=fused_layer_norm,
-            backends=backends,
-            gpt_layer_specs=gpt_layer_specs,
-            transformer_block=transformer_block,
-            GPTModel=GPTModel,
-            TransformerConfig=TransformerConfig,
-            WrappedTorchNorm=WrappedTorchNorm,
-            FakeStore=FakeStore,
-        )
-
-    from inspector.fastimport import import_megatron
-
-    result: SimpleNamespace = import_megatron(names)
-    return result
-
-
-def simulate_apex(enabled: bool) -> None:
-    """Make megatron pick apex's FusedLayerNorm (as on a cluster with apex), or torch norms.
-
-    megatron-core chooses the norm class at import time in three places: the local layer spec
-    (`gpt_layer_specs.LNImpl`, and `backends.LNImpl`, which RMSNorm specs rebind globally), and the
-    block's `final_layernorm` (`transformer_block.LayerNormImpl`). FusedLayerNorm itself refuses to
-    construct unless `HAVE_FUSED_LAYER_NORM` is set. All four are set here, on every build, so one
-    build's choice never leaks into the next.
-    """
-    m = megatron()
-    norm = m.fused_layer_norm.FusedLayerNorm if enabled else m.WrappedTorchNorm
-    m.fused_layer_norm.HAVE_FUSED_LAYER_NORM = enabled
-    m.gpt_layer_specs.LNImpl = norm
-    m.backends.LNImpl = norm
-    m.transformer_block.LayerNormImpl = norm
-
-
-def simulate_grouped_gemm(enabled: bool) -> None:
-    """Let megatron's GroupedMLP construct as on a cluster with the grouped_gemm package.
-
-    GroupedMLP asserts `grouped_gemm_util.grouped_gemm` is importable when it is built; only its
-    forward pass calls into it, and nothing here runs forward. A stand-in module object satisfies
-    the check; without grouped GEMM it is reset to what the import found.
-    """
-    from megatron.core.transformer.moe import grouped_gemm_util
-
-    if enabled:
-        grouped_gemm_util.grouped_gemm = grouped_gemm_util.grouped_gemm or _GROUPED_GEMM_STANDIN
-    elif grouped_gemm_util.grouped_gemm is _GROUPED_GEMM_STANDIN:
-        grouped_gemm_util.grouped_gemm = None
-
-
-_GROUPED_GEMM_STANDIN = SimpleNamespace(ops=None, __name__="grouped_gemm (simulated)")
-
-
-def simulated_dp(layout: Layout) -> int:
-    """Return the smallest data-parallel size that still lets megatron carve out the expert groups."""
-    expert = layout.ep * layout.expert_tp
-    dense = layout.tp * layout.cp
-    return expert // math.gcd(expert, dense)
-
-
-def _no_values(tensor: Any) -> Any:
-    """Initialise nothing: a meta tensor holds no values."""
-    return tensor
-
-
-def _transformer_config(model: ModelConfig, layout: Layout, vpp: int | None) -> Any:
-    """Return megatron's TransformerConfig as Megatron-LM builds it from these arguments."""
-    m = megatron()
-    torch = m.torch
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[
-        model.dtype_name
-    ]
-    kwargs: dict[str, Any] = dict(
-        num_layers=model.num_layers,
-        hidden_size=model.hidden_size,
-        ffn_hidden_size=model.ffn_size,
-        num_attention_heads=model.num_attention_heads,
-        num_query_groups=model.query_groups,
-        kv_channels=model.head_dim,
-        normalization=model.normalization,
-        add_bias_linear=not model.disable_bias_linear,
-        add_qkv_bias=model.add_qkv_bias,
-        qk_layernorm=model.qk_layernorm,
-        params_dtype=dtype,
-        pipeline_dtype=dtype,
-        bf16=model.bf16,
-        fp16=model.fp16,
-        tensor_model_parallel_size=layout.tp,
-        pipeline_model_parallel_size=layout.pp,
-        virtual_pipeline_model_parallel_size=vpp,
-        context_parallel_size=layout.cp,
-        expert_model_parallel_size=layout.ep,
-        expert_tensor_parallel_size=layout.expert_tp,
-        sequence_parallel=layout.sequence_parallel,
-        num_layers_in_first_pipeline_stage=layout.decoder_first_pipeline_num_layers,
-        num_layers_in_last_pipeline_stage=layout.decoder_last_pipeline_num_layers,
-        account_for_embedding_in_pipeline_split=layout.account_for_embedding_in_pipeline_split,
-        account_for_loss_in_pipeline_split=layout.account_for_loss_in_pipeline_split,
-        use_cpu_initialization=True,
-        perform_initialization=True,
-        # On meta there are no values to initialise: megatron still runs its initialisation path
-        # (which sets the tensor-parallel attributes), but torch's normal_ on meta would import
-        # dynamo on first use (~1.2 s) for nothing.
-        init_method=_no_values,
-        output_layer_init_method=_no_values,
-    )
-    if layout.pipeline_model_parallel_layout is not None:
-        kwargs["pipeline_model_parallel_layout"] = layout.pipeline_model_parallel_layout
-    if model.swiglu:
-        # Megatron-LM arguments.py: --swiglu sets a gated linear unit with SiLU.
-        kwargs.update(gated_linear_unit=True, activation_func=torch.nn.functional.silu)
-    if model.num_experts is not None:
-        kwargs.update(
-            num_moe_experts=model.num_experts,
-            moe_router_topk=model.moe_router_topk,
-            moe_ffn_hidden_size=model.moe_ffn_hidden_size or model.ffn_size,
-            moe_shared_expert_intermediate_size=model.moe_shared_expert_intermediate_size,
-            moe_grouped_gemm=model.moe_grouped_gemm,
-        )
-    if model.moe_shared_expert_gate:
-        _check_shared_expert_gate(m.TransformerConfig)
-        kwargs.update(moe_shared_expert_gate=True)
-    kwargs.update(_deepseek_fields(model))
-    if model.multi_latent_attention:
-        from megatron.core.transformer.transformer_config import MLATransformerConfig
-
-        # Megatron-LM `core_transformer_config_from_args`: --multi-latent-attention picks
-        # MLATransformerConfig and copies the MLA arguments into it.
-        return MLATransformerConfig(**kwargs, **model.mla_args())
-    return m.TransformerConfig(**kwargs)
-
-
-def _deepseek_fields(model: ModelConfig) -> dict[str, Any]:
-    """Return the TransformerConfig fields of MoE layer patterns, routers and MTP, where set."""
-    fields: dict[str, Any] = {}
-    if model.num_experts is not None:
-        freq = model.moe_layer_freq
-        fields.update(
-            moe_layer_freq=list(freq) if isinstance(freq, tuple) else freq,
-            moe_router_score_function=model.moe_router_score_function,
-            moe_router_enable_expert_bias=model.moe_router_enable_expert_bias,
-        )
-    if model.mtp_num_layers is not None:
-        fields.update(mtp_num_layers=model.mtp_num_layers)
-    return fields
-
-
-def _check_shared_expert_gate(config_class: Any) -> None:
-    """Raise ConfigError where megatron-core cannot gate shared experts (before 0.16)."""
-    import dataclasses
-
-    if "moe_shared_expert_gate" not in {f.name for f in dataclasses.fields(config_class)}:
-        from megatron.core import __version__
-
-        raise ConfigError(
-            f"--moe-shared-expert-gate needs megatron-core 0.16 or newer: {__version__} builds "
-            "shared experts without a gate"
-        )
-
-
-@contextlib.contextmanager
-def simulated_rank(layout: Layout, rank: int, vpp: int | None) -> Iterator[Any]:
-    """Run megatron's parallel_state set-up for one rank of a fake world; tear it down after.
-
-    Only the process groups this rank is a member of are made (inspector.groups); inside the
-    block torch.cat of meta tensors skips torch's Python meta kernel (inspector.fastimport).
-    """
-    from inspector.fastimport import meta_cat
-    from inspector.groups import scoped_groups
-
-    m = megatron()
-    world = layout.tp * layout.cp * simulated_dp(layout) * layout.pp
-    m.dist.init_process_group("fake", store=m.FakeStore(), rank=rank, world_size=world)
-    try:
-        with scoped_groups(m.dist, m.parallel_state):
-            m.parallel_state.initialize_model_parallel(
-                tensor_model_parallel_size=layout.tp,
-                pipeline_model_parallel_size=layout.pp,
-                virtual_pipeline_model_parallel_size=vpp,
-                context_parallel_size=layout.cp,
-                expert_model_parallel_size=layout.ep,
-                expert_tensor_parallel_size=layout.expert_tp,
-                create_gloo_process_groups=False,
-            )
-        disable_embedding_group()
-        with meta_cat():
-            yield m.parallel_state
-    finally:
-        m.parallel_state.destroy_model_parallel()
-        m.dist.destroy_process_group()
-
-
-@contextlib.contextmanager
-def one_rank_world() -> Iterator[None]:
-    """Provide a one-rank fake world where none is set up (megatron's DDP logging asserts one)."""
-    m = megatron()
-    if m.dist.is_initialized():
-        yield
-        return
-    m.dist.init_process_group("fake", store=m.FakeStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        m.dist.destroy_process_group()
-
-
-def disable_embedding_group() -> None:
-    """Forget megatron's embedding group so tied-embedding set-up skips its .cuda() all-reduce.
-
-    With pp > 1 and tied embeddings, LanguageModule.setup_embeddings_and_output_layer copies the
-    word embedding to the last stage with `weight.data.cuda()` and an all-reduce over this group.
-    Without the group it only marks the last stage's copy `shared_embedding=True`, as on a cluster.
-    """
-    ps = megatron().parallel_state
-    ps._EMBEDDING_GROUP = None
-    ps._EMBEDDING_GLOBAL_RANKS = None
 
 
 def _stage_rank(layout: Layout, stage: int, expert_rank: int) -> int:

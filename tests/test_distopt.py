@@ -72,7 +72,7 @@ def build_stage(spec: Stage) -> torch.nn.Module:
 
 
 def _build_gpt(spec: Stage, ps: Any, gpt: Any, layer_spec: Any, config_class: Any) -> Any:
-    from inspector.world import simulate_apex
+    from inspector.world_setup import simulate_apex
 
     """Build the GPTModel of `spec` under the meta device (world already set up)."""
     dtype = torch.bfloat16 if spec.bf16 else torch.float32

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from inspector import groups, world
+from inspector import groups, world_setup
 from inspector.topology import Layout
 
 # (layout, virtual pipeline size, ranks to check: None = all)
@@ -86,7 +86,7 @@ def _is_state(m: Any, value: Any) -> bool:
 
 def megatron_report(layout: Layout, vpp: int | None, rank: int, scope: Callable[..., Any]) -> dict:
     """Set up megatron's parallel_state as `rank` of the full world; return what it holds."""
-    m = world.megatron()
+    m = world_setup.megatron()
     ps = m.parallel_state
     ps._EMBEDDING_GLOBAL_RANKS = None  # destroy_model_parallel() leaves it behind
     m.dist.init_process_group("fake", store=m.FakeStore(), rank=rank, world_size=layout.world_size)
@@ -135,7 +135,7 @@ def test_same_groups_with_and_without_shortcut(layout, vpp, ranks):
 
 
 def test_shortcut_makes_only_member_groups():
-    m = world.megatron()
+    m = world_setup.megatron()
     layout = Layout(tp=8, pp=16, dp=1)
     made = []
     real = m.dist.new_group

@@ -50,7 +50,14 @@ def test_the_core_never_imports_renderers_or_the_cli() -> None:
 
 
 @pytest.mark.parametrize(
-    "module", ["inspector.table", "inspector.diff", "inspector.render.diff", "inspector.job"]
+    "module",
+    [
+        "inspector.table",
+        "inspector.table_reader",
+        "inspector.diff",
+        "inspector.render.diff",
+        "inspector.job",
+    ],
 )
 def test_reading_and_diffing_tables_loads_no_torch_or_megatron(module: str) -> None:
     code = (

@@ -24,7 +24,7 @@ from inspector import te
 # fails loudly if megatron-core was imported without it.
 te.install()
 
-from inspector import world  # noqa: E402
+from inspector import world, world_config, world_setup  # noqa: E402
 from inspector.config import ModelConfig  # noqa: E402
 from inspector.te import attention, linear, norm  # noqa: E402
 from inspector.te.cuda import simulated_cuda  # noqa: E402
@@ -202,7 +202,7 @@ def test_dot_product_attention_softmax_offset() -> None:
 
 
 def _megatron() -> Any:
-    m = world.megatron()
+    m = world_setup.megatron()
     from megatron.core.extensions import transformer_engine as te_ext
 
     if not te_ext.HAVE_TE:
@@ -222,8 +222,8 @@ def _te_spec(model: ModelConfig) -> Any:
     from megatron.core.models.gpt import gpt_layer_specs
 
     # megatron picks the block's final norm at import: TENorm whenever TE imports
-    # (transformer/transformer_block.py ~54-58); world.simulate_apex overrides it per build.
-    world.megatron().transformer_block.LayerNormImpl = TENorm
+    # (transformer/transformer_block.py ~54-58); world_setup.simulate_apex overrides it per build.
+    world_setup.megatron().transformer_block.LayerNormImpl = TENorm
     return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
         num_experts=model.num_experts,
         moe_grouped_gemm=model.moe_grouped_gemm,
@@ -233,9 +233,9 @@ def _te_spec(model: ModelConfig) -> Any:
 
 
 def _local_spec(model: ModelConfig) -> Any:
-    world.simulate_apex(model.use_apex)
-    world.simulate_grouped_gemm(model.moe_grouped_gemm)
-    return world.megatron().gpt_layer_specs.get_gpt_layer_local_spec(
+    world_setup.simulate_apex(model.use_apex)
+    world_setup.simulate_grouped_gemm(model.moe_grouped_gemm)
+    return world_setup.megatron().gpt_layer_specs.get_gpt_layer_local_spec(
         num_experts=model.num_experts,
         moe_grouped_gemm=model.moe_grouped_gemm,
         qk_layernorm=model.qk_layernorm,
@@ -255,7 +255,7 @@ def build(model: ModelConfig, layout: Layout, spec: str = "te", rank: int = 0, *
 
 def _config(model: ModelConfig, layout: Layout, extra: dict[str, Any]) -> Any:
     """Return world's TransformerConfig, remade with `extra` fields (and `config_class`)."""
-    config = world._transformer_config(model, layout, None)
+    config = world_config._transformer_config(model, layout, None)
     config_class = extra.pop("config_class", type(config))
     if not extra and config_class is type(config):
         return config
@@ -272,7 +272,7 @@ def build_checkpoint(
     e.g. MLATransformerConfig); `mtp_num_layers` adds megatron's TE MTP block spec.
     """
     m = _megatron()
-    with world.simulated_rank(layout, rank, None), simulated_cuda(), world._quiet_megatron():
+    with world_setup.simulated_rank(layout, rank, None), simulated_cuda(), world._quiet_megatron():
         transformer_config = _config(model, layout, dict(extra))
         with torch.device("meta"):
             layer_spec = _te_spec(model) if spec == "te" else _local_spec(model)

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from inspector import ranks, world
+from inspector import ranks, world_setup
 from inspector.topology import Layout
 
 SHAPES = [
@@ -23,7 +23,7 @@ SHAPES = [
 
 def megatron_view(layout: Layout, rank: int) -> dict:
     """Initialise megatron's parallel_state as `rank` and read back what it reports."""
-    m = world.megatron()
+    m = world_setup.megatron()
     ps = m.parallel_state
     world_size = layout.world_size
     # destroy_model_parallel() leaves _EMBEDDING_GLOBAL_RANKS behind from the previous rank
