@@ -28,7 +28,8 @@ reduce exactly to the table. Assumptions, all the paper's unless said otherwise:
   - full recomputation follows `--recompute-method` / `--recompute-num-layers` (default uniform,
     1): a checkpointed group keeps its input (2sbh, split by t under sequence parallelism), the
     layers `block` leaves alone keep everything, and backward rebuilds one group at a time,
-    counted once per stage as `recompute_buffer` (see `_full_plan`);
+    counted once per stage as `recompute_buffer` (see `recompute_plan`); megatron-core's
+    multi-token-prediction layers skip `block` recomputation (`mtp_recompute`);
   - context parallelism divides s by c for every term (megatron runs it only through Transformer
     Engine's flash/fused attention, so it requires `flash_attention`);
   - MoE (our extension, balanced routing): a rank's experts see s*b*k*e/t token copies on average
@@ -40,7 +41,7 @@ reduce exactly to the table. Assumptions, all the paper's unless said otherwise:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -344,7 +345,7 @@ def stage_activations(
             as megatron placed them (one sequence per virtual chunk).
         micro_batch_size, num_microbatches: b and m.
         recompute, flash_attention: see `layer_activations`.
-        recompute_method, recompute_num_layers: full recomputation's groups (`_full_plan`).
+        recompute_method, recompute_num_layers: full recomputation's groups (`recompute_plan`).
         group_size: `--microbatch-group-size-per-virtual-pipeline-stage` (default p).
         mtp_chunks: multi-token-prediction layers per chunk (megatron's placement; empty: none),
             counted with the output side (`mtp_activations`).
@@ -358,29 +359,23 @@ def stage_activations(
             f"stage {stage} has {len(chunk_layers)} chunks but --num-virtual-stages-per-"
             f"pipeline-rank is {par.chunks}"
         )
-    plan = _full_plan(stage, chunk_layers, recompute, recompute_method, recompute_num_layers)
+    plan = recompute_plan(stage, chunk_layers, recompute, recompute_method, recompute_num_layers)
     layers, embedding, output = _chunk_bytes(
         dims, par, stage, chunk_layers, micro_batch_size, plan, flash_attention
     )
     if any(mtp_chunks):
-        mtp = mtp_activations(dims, par, micro_batch_size, recompute, flash_attention)
+        mode = mtp_recompute(recompute, recompute_method)
+        mtp = mtp_activations(dims, par, micro_batch_size, mode, flash_attention)
         output = tuple(x + (mtp if n else 0.0) for x, n in zip(output, mtp_chunks, strict=True))
     points = live_microbatches(stage, par.pp, num_microbatches, par.chunks, group_size)
     peak = max(
         points,
         key=lambda pt: _weigh(pt, layers) + _weigh(pt, embedding) + _weigh(pt, output),
     )
-    # Backward rebuilds one checkpointed group at a time, for one micro-batch.
-    rebuilt = (
-        sum(
-            layer_activations(dims, par, i, micro_batch_size, "none", flash_attention).total
-            for i in group
-        )
-        for chunk in plan
-        for group, mode in chunk
-        if mode == "full"
+    buffer = recompute_buffer(
+        plan,
+        lambda i: layer_activations(dims, par, i, micro_batch_size, "none", flash_attention).total,
     )
-    buffer = max(rebuilt, default=0.0)
     return StageActivations(
         layers=_weigh(peak, layers),
         embedding=_weigh(peak, embedding),
@@ -390,7 +385,30 @@ def stage_activations(
     )
 
 
-def _full_plan(
+def recompute_buffer(
+    plan: list[list[tuple[Sequence[int], Recompute]]], layer_bytes: Callable[[int], float]
+) -> float:
+    """Return the bytes backward rebuilds at once: one checkpointed group, for one micro-batch.
+
+    `layer_bytes(i)`: layer i's bytes without recomputation.
+    """
+    rebuilt = (
+        sum(layer_bytes(i) for i in group) for chunk in plan for group, mode in chunk if mode == "full"
+    )
+    return max(rebuilt, default=0.0)
+
+
+def mtp_recompute(recompute: Recompute, method: str) -> Recompute:
+    """Return how the multi-token-prediction layers recompute.
+
+    megatron-core `MultiTokenPredictionLayer._checkpointed_forward`: with `--recompute-method
+    block` it warns "block is not supported for MTP yet. Skipping recompute." and runs the layer
+    normally; `uniform` checkpoints it.
+    """
+    return "none" if recompute == "full" and method == "block" else recompute
+
+
+def recompute_plan(
     stage: int,
     chunk_layers: Sequence[Sequence[int]],
     recompute: Recompute,

@@ -6,7 +6,9 @@ the schedule's micro-batches in flight (formulas.py replays megatron's schedules
 model of plan_cost.py. Per pipeline size the layer split comes from even / accounted splits and
 plan_split.balance, once on time alone and once with memory caps (`_capped_split`). Each distinct
 stage is priced once (its state, activations and time depend on its own shape only), memory before
-time, and micro-batch sizes stop growing once a smaller one fits nowhere. Nothing here prints.
+time, and micro-batch sizes stop growing once a smaller one fits nowhere. Each layout takes the
+least recomputation that fits: none, selective, full with `--recompute-method block` and the
+fewest checkpointed layers per chunk, then full for every layer (`_first_fit`). Nothing here prints.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from inspector.errors import ConfigError
 from inspector.job import Job, Training
 from inspector.plan_memory import ChunkShape
 from inspector.plan_price import (  # noqa: F401 (Plan, StagePlan, evaluate: the public API)
+    Placed,
     Plan,
     Request,
     StagePlan,
@@ -33,11 +36,23 @@ from inspector.plan_price import (  # noqa: F401 (Plan, StagePlan, evaluate: the
     _timed,
     evaluate,
     megatron_flags,
+    stage_states,
 )
-from inspector.plan_split import Split, accounted_split, balance, even_split, split_flags
+from inspector.plan_split import (
+    Split,
+    accounted_split,
+    balance,
+    chunk_layers,
+    even_split,
+    split_flags,
+)
 from inspector.topology import Layout
 
-RECOMPUTES = ("none", "selective", "full")
+# (--recompute-granularity, --recompute-method, --recompute-num-layers), least recomputation
+# first; N 0: the fewest layers per chunk that fit (`_fewest_checkpointed`)
+Recipe = tuple[str, str, int]
+RECOMPUTES: tuple[Recipe, ...] = (("none", "uniform", 1), ("selective", "uniform", 1),
+                                  ("full", "block", 0))
 
 
 @dataclass
@@ -226,7 +241,7 @@ def search(req: Request, progress: Callable[[int, int], None] | None = None) -> 
     smallest: Plan | None = None
     flash = req.flash
     mbs_choices = [req.fixed["mbs"]] if "mbs" in req.fixed else [1, 2, 4, 8]
-    recomputes = [req.fixed["recompute"]] if "recompute" in req.fixed else list(RECOMPUTES)
+    recomputes = _recipes(req)
     any_layout = False
     unfit: set[tuple[Any, ...]] = set()  # (layout, vpp, split, distopt) that no recompute fits
     for base in _layouts(req):
@@ -254,7 +269,7 @@ def search(req: Request, progress: Callable[[int, int], None] | None = None) -> 
                             feasible.append(plan)
                         elif smallest is None or least[1] < smallest.peak:
                             smallest = _timed(least[0], split, req, *_price_memory(least[0], split))
-                        if plan is None and recomputes[-1] == "full":
+                        if plan is None and recomputes[-1][0] == "full":
                             unfit.add(key)
                         if progress is not None and evaluated // 500 != (evaluated - tried) // 500:
                             progress(evaluated, len(feasible))
@@ -280,38 +295,106 @@ def _distopts(req: Request, base: Layout) -> list[bool]:
     return [True, False] if base.dp * base.cp > 1 else [False]
 
 
+def _recipes(req: Request) -> list[Recipe]:
+    """Return the recomputation settings to try, least recomputation first, as the user fixed them.
+
+    A fixed --recompute-method / --recompute-num-layers is used as given (block without N: the
+    fewest layers that fit); --recompute-granularity full alone leaves block N and uniform open.
+    """
+    fixed = req.fixed
+    if "recompute_method" in fixed or "recompute_num_layers" in fixed:
+        method = fixed.get("recompute_method", "uniform")
+        return [("full", method, fixed.get("recompute_num_layers", 0 if method == "block" else 1))]
+    if "recompute" in fixed:
+        granularity = fixed["recompute"]
+        return [next(r for r in RECOMPUTES if r[0] == granularity)]
+    return list(RECOMPUTES)
+
+
+Priced = tuple[Job, Placed, tuple[StagePlan, ...], int]
+
+
 def _first_fit(
     req: Request, lay: Layout, split: Split, mbs: int, distopt: bool, flash: bool,
-    recomputes: list[str],
+    recomputes: list[Recipe],
 ) -> tuple[int, Plan | None, tuple[Job, int]] | None:
     """Return (candidates priced, the plan with the least recomputation that fits, the least
     memory seen); memory first, time only for the plan that fits. None: megatron refuses all."""
     tried = 0
     least: tuple[Job, int] | None = None
-    for recompute in recomputes:
-        job = _job(req, lay, mbs, recompute, distopt, flash)
+    states: tuple[Placed, list[Any]] | None = None  # shared: recomputation leaves state alone
+
+    def price(recipe: Recipe) -> Priced | None:
+        nonlocal tried, least, states
+        granularity, method, n = recipe
+        job = _job(req, lay, mbs, granularity, distopt, flash, method, n)
         if job is None:
-            continue
+            return None
         try:
-            placed, stages = _price_memory(job, split)
+            states = states or stage_states(job, split)
+            placed, stages = _price_memory(job, split, states)
         except ConfigError:
-            continue
+            return None
         tried += 1
         peak = max(st.total for st in stages)
-        if peak <= req.memory:
-            return tried, _timed(job, split, req, placed, stages), (job, peak)
         if least is None or peak < least[1]:
             least = (job, peak)
+        return job, placed, stages, peak
+
+    for recipe in recomputes:
+        if recipe[1:] == ("block", 0):
+            found = _fewest_checkpointed(req, lay, split, recipe, price)
+        else:
+            found = price(recipe)
+        if found is not None and found[3] <= req.memory:
+            job, placed, stages, peak = found
+            return tried, _timed(job, split, req, placed, stages), (job, peak)
     return None if least is None else (tried, None, least)
 
 
-def _job(req: Request, lay: Layout, mbs: int, recompute: str, distopt: bool, flash: bool) -> Job | None:
+def _fewest_checkpointed(
+    req: Request, lay: Layout, split: Split, recipe: Recipe,
+    price: Callable[[Recipe], Priced | None],
+) -> Priced | None:
+    """Return block recomputation with the fewest layers per chunk N that fits, else the most.
+
+    megatron-core `TransformerBlock._checkpointed_forward` with `block` checkpoints the first N
+    layers of each chunk one by one and keeps all activations of the rest. Each step of N trades
+    a layer's activations for its input, on every chunk that long and every micro-batch in
+    flight, while the rebuild buffer holds one layer throughout (it can only grow where an MoE
+    layer outweighs a dense one): memory falls as N grows, and a binary search over
+    1 .. (longest chunk - 1) finds the least N, or at worst an N that fits. N = the longest chunk
+    checkpoints every layer, which is `uniform` 1 (the fallback, priced first) unless the user
+    fixed `block`.
+    """
+    most = max(len(c) for chunks in chunk_layers(split, lay.pp, lay.chunks) for c in chunks)
+    fixed_block = req.fixed.get("recompute_method") == "block"
+    top = price(("full", "block", most) if fixed_block else ("full", "uniform", 1))
+    if top is None or top[3] > req.memory:
+        return top
+    best, lo, hi = top, 1, most  # invariant: hi fits (hi = most: `top`)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        found = price((recipe[0], "block", mid))
+        if found is not None and found[3] <= req.memory:
+            best, hi = found, mid
+        else:
+            lo = mid + 1
+    return best
+
+
+def _job(
+    req: Request, lay: Layout, mbs: int, recompute: str, distopt: bool, flash: bool,
+    method: str = "uniform", num_layers: int = 1,
+) -> Job | None:
     """Return the candidate's Job, or None where megatron's rules (job.py) refuse it."""
     training = replace(
         req.training,
         micro_batch_size=mbs,
         global_batch_size=req.global_batch_size,
         recompute=recompute,  # type: ignore[arg-type]
+        recompute_method=method,
+        recompute_num_layers=num_layers,
         flash_attention=flash,
         use_distributed_optimizer=distopt,
         overlap_grad_reduce=True,
@@ -346,6 +429,8 @@ FIXED = {
     "num_virtual_stages_per_pipeline_rank": "vpp",
     "micro_batch_size": "mbs",
     "recompute_granularity": "recompute",
+    "recompute_method": "recompute_method",
+    "recompute_num_layers": "recompute_num_layers",
 }
 
 

@@ -3,7 +3,8 @@
 Each term and its source (symbols of inspector/formulas.py; m micro-batches, v virtual stages):
   - compute: Megatron-LM's FLOPs (flops.py) of a stage's layers and logits for one micro-batch,
     split over its tp x cp ranks, at `peak x efficiency`; recomputation adds the forward it
-    repeats (full: a third of the layer, selective: a third of core attention);
+    repeats (full: a third of each checkpointed layer, all of them or, with `--recompute-method
+    block` N, the first N of each chunk; selective: a third of core attention);
   - tensor parallel: per layer and micro-batch 4 collectives forward and 4 backward (all-gather /
     reduce-scatter with sequence parallelism, all-reduce pairs without; Korthikanti et al. 2022,
     Section 4.2.2, equal volumes) of s b h / c activation elements, each priced alpha + bytes x
@@ -30,7 +31,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import cast
 
+from inspector.activations import Recompute, mtp_recompute, recompute_plan
 from inspector.errors import ConfigError
 from inspector.flops import layer_flops, logit_flops, mtp_flops
 from inspector.formulas import ModelDims
@@ -154,18 +157,27 @@ def stage_time(
     dp_bytes: tuple[int, int],
     state_bytes: int,
     distributed: bool,
+    recompute_method: str = "uniform",
+    recompute_num_layers: int = 1,
 ) -> StageTime:
-    """Return one pipeline rank's time (see the module docstring for every term)."""
+    """Return one pipeline rank's time (see the module docstring for every term).
+
+    With full recomputation, `recompute_method` / `recompute_num_layers` say which layers repeat
+    their forward (activations.recompute_plan: `block` N, the first N of each chunk).
+    """
     rate = net.gpu.tflops * 1e12 * efficiency
     split = lay.tp * lay.cp
     act = dims.activation_bytes
     tokens = dims.seq_length * mbs / lay.cp
     compute = tensor = context = expert = 0.0
-    kinds: dict[bool, list[int]] = {}
-    for i in (i for chunk in chunk_layers for i in chunk):
-        kinds.setdefault(dims.is_moe_layer(i), []).append(i)
-    for members in kinds.values():
-        one = _layer_time(dims, lay, net, rate, mbs, recompute, members[0])
+    mode = cast(Recompute, recompute)
+    plan = recompute_plan(0, chunk_layers, mode, recompute_method, recompute_num_layers)
+    kinds: dict[tuple[Recompute, bool], list[int]] = {}  # (recomputed or not, MoE) -> layers
+    for group, how in (pair for groups in plan for pair in groups):
+        for i in group:
+            kinds.setdefault((how, dims.is_moe_layer(i)), []).append(i)
+    for (how, _), members in kinds.items():
+        one = _layer_time(dims, lay, net, rate, mbs, how, members[0])
         compute += one[0] * len(members)
         tensor += one[1] * len(members)
         context += one[2] * len(members)
@@ -174,7 +186,7 @@ def stage_time(
         compute += logit_flops(dims, mbs) / split / rate
         if dims.mtp_num_layers:
             depth, final = dims.mtp_num_layers, dims.num_layers - 1
-            last = _layer_time(dims, lay, net, rate, mbs, recompute, final)
+            last = _layer_time(dims, lay, net, rate, mbs, mtp_recompute(mode, recompute_method), final)
             own = mtp_flops(dims, mbs) - depth * layer_flops(dims, final, mbs).total
             compute += depth * last[0] + own / split / rate
             tensor += depth * last[1]

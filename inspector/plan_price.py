@@ -12,15 +12,20 @@ thousands of candidates prices a few thousand stages. Nothing here prints.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
 from inspector.activations import (
+    Recompute,
     embedding_activations,
     layer_activations,
     mtp_activations,
+    mtp_recompute,
     output_activations,
+    recompute_buffer,
+    recompute_plan,
 )
 from inspector.config import ModelConfig
 from inspector.flops import iteration_flops
@@ -142,7 +147,8 @@ def megatron_flags(job: Job, split: Split) -> list[str]:
     if training.recompute != "none":
         out.append(f"--recompute-granularity {training.recompute}")
         if training.recompute == "full":
-            out += ["--recompute-method uniform", "--recompute-num-layers 1"]
+            out += [f"--recompute-method {training.recompute_method}",
+                    f"--recompute-num-layers {training.recompute_num_layers}"]
     if model.dtype_name == "bfloat16":
         out.append("--bf16")
         if training.fp32_grads is False:
@@ -182,40 +188,55 @@ def _layer_bytes(dims: ModelDims, par: Layout, i: int, mbs: int, recompute: str,
 
 
 def _chunk_bytes(
-    dims: ModelDims, par: Layout, layers: list[int], mbs: int, recompute: str, flash: bool
+    dims: ModelDims, par: Layout, groups: list[tuple[Sequence[int], Recompute]], mbs: int,
+    flash: bool,
 ) -> float:
-    """Return one micro-batch's bytes of a chunk's layers (layers of one kind cost the same)."""
-    kinds: dict[bool, list[int]] = {}
-    for i in layers:
-        kinds.setdefault(dims.is_moe_layer(i), []).append(i)
+    """Return one micro-batch's bytes of a chunk's layer groups (activations.recompute_plan):
+    a checkpointed group keeps its first layer's input, any other layer its own activations;
+    layers of one kind and mode cost the same."""
+    counts: dict[tuple[Recompute, bool], tuple[int, int]] = {}
+    for group, mode in groups:
+        for i in group[:1] if mode == "full" else group:
+            key = (mode, dims.is_moe_layer(i))
+            n, first = counts.get(key, (0, i))
+            counts[key] = (n + 1, first)
     return sum(
-        len(group) * _layer_bytes(dims, par, group[0], mbs, recompute, flash)
-        for group in kinds.values()
+        n * _layer_bytes(dims, par, i, mbs, mode, flash) for (mode, _), (n, i) in counts.items()
     )
 
 
 def stage_activation_bytes(
     dims: ModelDims, par: Layout, stage: int, chunks: list[list[int]], mbs: int, m: int,
-    recompute: str, flash: bool,
+    recompute: str, flash: bool, method: str = "uniform", num_layers: int = 1,
 ) -> tuple[int, tuple[int, ...]]:
-    """Return activations.stage_activations' peak (rounded up) and in-flight counts, fast."""
+    """Return activations.stage_activations' peak (rounded up) and in-flight counts, fast.
+
+    `method`, `num_layers`: --recompute-method and --recompute-num-layers with full recompute.
+    """
     v = len(chunks)
-    per = [_chunk_bytes(dims, par, c, mbs, recompute, flash) for c in chunks]
+    mode = cast(Recompute, recompute)
+    plan = recompute_plan(stage, chunks, mode, method, num_layers)
+    per = [_chunk_bytes(dims, par, groups, mbs, flash) for groups in plan]
     if stage == 0:
         per[0] += embedding_activations(dims, par, mbs).total
     if stage == par.pp - 1:  # the output layer and loss, and the MTP block beside them
         per[-1] += output_activations(dims, par, mbs).total
-        per[-1] += mtp_activations(dims, par, mbs, recompute, flash)  # type: ignore[arg-type]
+        per[-1] += mtp_activations(dims, par, mbs, mtp_recompute(mode, method), flash)
     if v == 1:  # 1F1B: the peak is min(p - s, m) micro-batches (formulas.microbatches_in_flight)
         best: tuple[int, ...] = (min(par.pp - stage, m),)
     else:
         points = _live_points(stage, par.pp, m, v)
         best = max(points, key=lambda pt: sum(n * x for n, x in zip(pt, per, strict=True)))
     total = sum(n * x for n, x in zip(best, per, strict=True))
-    if recompute == "full":
-        total += max(
-            (_layer_bytes(dims, par, i, mbs, "none", flash) for c in chunks for i in c), default=0.0
-        )
+    whole: dict[bool, float] = {}  # a layer's bytes without recomputation, per kind
+
+    def rebuilt(i: int) -> float:
+        kind = dims.is_moe_layer(i)
+        if kind not in whole:
+            whole[kind] = _layer_bytes(dims, par, i, mbs, "none", flash)
+        return whole[kind]
+
+    total += recompute_buffer(plan, rebuilt)
     return math.ceil(total), best
 
 
@@ -263,24 +284,43 @@ def evaluate(job: Job, split: Split, req: Request) -> Plan:
     return _timed(job, split, req, *_price_memory(job, split))
 
 
-def _price_memory(job: Job, split: Split) -> tuple[list[list[list[int]]], tuple[StagePlan, ...]]:
-    """Return each rank's chunks' layers and its memory: exact state, activation peak."""
-    lay, training = job.layout, job.training
-    schedule = job.schedule()
-    dims = job.dims()
+Placed = list[list[list[int]]]  # each pipeline rank's chunks' global layers
+
+
+def stage_states(job: Job, split: Split) -> tuple[Placed, list[Any]]:
+    """Return each rank's chunks' layers and exact state (plan_memory), which no recomputation
+    setting changes: the candidates of one layout, split and micro-batch size share them."""
+    lay = job.layout
     v = lay.chunks
     placed = chunk_layers(split, lay.pp, v)
     pairs_of = _pair_layout(lay)
-    stages = []
+    states = []
     for s in range(lay.pp):
         shapes = tuple(
             ChunkShape.of(job.model, c, s == 0 and k == 0, s == lay.pp - 1 and k == v - 1)
             for k, c in enumerate(placed[s])
         )
-        state = _stage_state(job, s, shapes, pairs_of)
+        states.append(_stage_state(job, s, shapes, pairs_of))
+    return placed, states
+
+
+def _price_memory(
+    job: Job, split: Split, states: tuple[Placed, list[Any]] | None = None
+) -> tuple[Placed, tuple[StagePlan, ...]]:
+    """Return each rank's chunks' layers and its memory: exact state, activation peak.
+
+    `states`: `stage_states(job, split)` when the caller has them already.
+    """
+    lay, training = job.layout, job.training
+    schedule = job.schedule()
+    dims = job.dims()
+    placed, state_of = states or stage_states(job, split)
+    pairs_of = _pair_layout(lay)
+    stages = []
+    for s, state in enumerate(state_of):
         act, flight = _activations(
             dims, pairs_of, lay.pp, s, _signature(dims, placed[s]), placed[s],
-            schedule.micro_batch_size, schedule.num_microbatches, training.recompute,
+            schedule.micro_batch_size, schedule.num_microbatches, _recompute(training, placed[s]),
             training.flash_attention,
         )
         stages.append(StagePlan(s, tuple(tuple(c) for c in placed[s]), state.total, state.weights,
@@ -289,7 +329,7 @@ def _price_memory(job: Job, split: Split) -> tuple[list[list[list[int]]], tuple[
 
 
 def _timed(
-    job: Job, split: Split, req: Request, placed: list[list[list[int]]],
+    job: Job, split: Split, req: Request, placed: Placed,
     stages: tuple[StagePlan, ...],
 ) -> Plan:
     """Return the plan with its step time (plan_cost), given its memory."""
@@ -300,7 +340,8 @@ def _timed(
     pairs_of = _pair_layout(lay)
     times = [
         _time(dims, pairs_of, lay, net, req.efficiency, schedule.micro_batch_size,
-              training.recompute, _signature(dims, placed[st.stage]), placed[st.stage],
+              _recompute(training, placed[st.stage]), _signature(dims, placed[st.stage]),
+              placed[st.stage],
               st.stage == lay.pp - 1, (st.gradients, st.weights, st.state), training)
         for st in stages
     ]
@@ -318,9 +359,24 @@ def _iteration_flops(dims: ModelDims, global_batch_size: int) -> int:
     return iteration_flops(dims, global_batch_size)
 
 
+def _recompute(training: Training, chunks: list[list[int]]) -> tuple[str, str, int]:
+    """Return the stage's (granularity, method, N), one spelling per distinct behaviour.
+
+    Method and N matter with full recomputation only; `block` with N past the stage's longest
+    chunk checkpoints what N = that length does (every layer: as `uniform` 1 but for MTP, which
+    megatron leaves alone under `block`, activations.mtp_recompute).
+    """
+    recompute, method, n = training.recompute, training.recompute_method, training.recompute_num_layers
+    if recompute != "full":
+        return recompute, "uniform", 1
+    if method == "block":
+        return recompute, method, min(n, max(1, max(map(len, chunks), default=0)))
+    return recompute, method, n
+
+
 def _activations(
     dims: ModelDims, pairs_of: Layout, pp: int, stage: int, signature: tuple[Any, ...],
-    chunks: list[list[int]], mbs: int, m: int, recompute: str, flash: bool,
+    chunks: list[list[int]], mbs: int, m: int, recompute: tuple[str, str, int], flash: bool,
 ) -> tuple[int, tuple[int, ...]]:
     """Return stage_activation_bytes, once per distinct stage."""
     position = min(pp - stage, m) if len(chunks) == 1 else stage  # 1F1B: only p - s matters
@@ -328,21 +384,24 @@ def _activations(
            recompute, flash)
     if key not in _ACT:
         par = replace(pairs_of, pp=pp)
-        _ACT[key] = stage_activation_bytes(dims, par, stage, chunks, mbs, m, recompute, flash)
+        granularity, method, n = recompute
+        _ACT[key] = stage_activation_bytes(dims, par, stage, chunks, mbs, m, granularity, flash,
+                                           method, n)
     return _ACT[key]
 
 
 def _time(
     dims: ModelDims, pairs_of: Layout, lay: Layout, net: Network, efficiency: float, mbs: int,
-    recompute: str, signature: tuple[Any, ...], chunks: list[list[int]], has_output: bool,
-    state: tuple[int, int, int], training: Training,
+    recompute: tuple[str, str, int], signature: tuple[Any, ...], chunks: list[list[int]],
+    has_output: bool, state: tuple[int, int, int], training: Training,
 ) -> StageTime:
     """Return plan_cost.stage_time, once per distinct stage."""
     key = (dims, pairs_of, lay.pp, net, efficiency, mbs, recompute, signature, has_output,
            state, training.use_distributed_optimizer)
     if key not in _TIME:
+        granularity, method, n = recompute
         _TIME[key] = stage_time(
-            dims, lay, net, efficiency, mbs, recompute, chunks, has_output, state[:2], state[2],
-            training.use_distributed_optimizer,
+            dims, lay, net, efficiency, mbs, granularity, chunks, has_output, state[:2], state[2],
+            training.use_distributed_optimizer, method, n,
         )
     return _TIME[key]

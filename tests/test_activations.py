@@ -242,3 +242,21 @@ def test_interleaved_peak_weighs_the_output_chunk() -> None:
     assert out > layer
     assert stage.in_flight == (2, 1)
     assert stage.layers == 5 * layer and stage.output == out
+
+
+def test_block_recompute_leaves_the_mtp_layers_alone() -> None:
+    # megatron-core MultiTokenPredictionLayer._checkpointed_forward: `uniform` checkpoints the
+    # MTP layer, `block` warns "not supported for MTP yet. Skipping recompute." and keeps all of
+    # its activations; the decoder's layers are checkpointed alike (block 2 of a 2-layer chunk).
+    from inspector.activations import mtp_activations
+
+    dims = ModelDims(4, 1024, 16, 1024, 32000, mtp_num_layers=1)
+    par = Layout(pp=2)
+    args = (dims, par, 1, [range(2, 4)], 1, 4, "full")
+    uniform = stage_activations(*args, mtp_chunks=(1,))  # type: ignore[arg-type]
+    block = stage_activations(*args, mtp_chunks=(1,), recompute_method="block",  # type: ignore[arg-type]
+                              recompute_num_layers=2)
+    assert block.layers == uniform.layers and block.recompute_buffer == uniform.recompute_buffer
+    kept = mtp_activations(dims, par, 1, "none") - mtp_activations(dims, par, 1, "full")
+    assert kept > 0
+    assert block.output - uniform.output == kept

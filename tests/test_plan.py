@@ -41,6 +41,10 @@ LAYOUTS = {
 }
 
 
+BLOCK = ("--num-layers", "8", "--seq-length", "4096", "--max-position-embeddings", "4096",
+         "--gpus", "4", "--global-batch-size", "8", "--bf16", "--gpu-memory", "2.1", "--pp", "2")
+
+
 def _job(preset: str | None = None, **flags):
     from inspector.job import make_job
     from inspector.resolve import Sources, merge_sources
@@ -114,9 +118,17 @@ def _plan(*args: str) -> dict:
         ("--model", "deepseek-v3", "--num-layers", "5", "--moe-layer-freq", "[0,1,1,1,1]",
          "--num-experts", "8", "--moe-router-topk", "2", "--gpus", "8", "--global-batch-size", "16",
          "--seq-length", "1024", "--bf16", "--gpu-memory", "40", "--pp", "2"),
+        # 2.1 GiB: the 6/2 split misses without recomputation, and block 1 fits
+        # (test_block_recompute_is_found_and_beats_full_recompute)
+        BLOCK,
+        # block fixed: megatron leaves the MTP layer alone (activations.mtp_recompute)
+        ("--model", "deepseek-v3", "--num-layers", "4", "--moe-layer-freq", "[0,1,1,1]",
+         "--num-experts", "8", "--moe-router-topk", "2", "--gpus", "8", "--global-batch-size", "16",
+         "--seq-length", "1024", "--bf16", "--gpu-memory", "40", "--pp", "2",
+         "--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "1"),
     ],
     ids=["dense", "pp2 bf16", "llama", "layout string", "decoder last", "vpp", "accounted vpp",
-         "embedding alone", "deepseek", "deepseek layout"],
+         "embedding alone", "deepseek", "deepseek layout", "block", "deepseek block"],
 )
 def test_memory_with_the_pasted_flags_confirms_the_plan(args: tuple[str, ...]) -> None:
     plan = _plan(*args)["plans"][0]
@@ -282,3 +294,131 @@ def test_plan_output_is_identical_from_run_to_run(fmt: str) -> None:
     assert first.code == second.code == 0
     assert first.out == second.out
     assert "\"seconds\"" not in first.out and " s (" not in first.out
+
+
+def _block_request(memory_gib: float | None = None, **flags):
+    from inspector.plan import make_request
+    from inspector.resolve import Sources, merge_sources
+
+    flags = dict(num_layers=8, seq_length=4096, max_position_embeddings=4096, bf16=True,
+                 global_batch_size=8, **flags)
+    args = merge_sources(Sources(flags=flags), ("model", "layout", "training")).args
+    return make_request(args, 4, "h100", memory_gib, 8, None, None, None, 0.65, 5)
+
+
+def _priced(req, lay, split, recompute: str, method: str = "uniform", n: int = 1):
+    from inspector.plan import _job, evaluate
+
+    job = _job(req, lay, 1, recompute, True, req.flash, method, n)
+    assert job is not None
+    return evaluate(job, split, req)
+
+
+def test_block_recompute_is_found_and_beats_full_recompute() -> None:
+    # BLOCK's winner: its layout and split miss 2.1 GiB without recomputation (and with
+    # selective), and fit with megatron's block recomputation of one layer per chunk, which is
+    # faster than checkpointing every layer; `memory` confirms its bytes (the pasted-flags test).
+    plan = _plan(*BLOCK)["plans"][0]
+    assert (plan["recompute"], plan["recompute_method"], plan["recompute_num_layers"]) == (
+        "full", "block", 1)
+    assert {"--recompute-granularity full", "--recompute-method block",
+            "--recompute-num-layers 1"} <= set(plan["flags"])
+    from inspector.plan import layout_for
+    from inspector.topology import Layout
+
+    req = _block_request(2.1)
+    base = Layout(**{k: plan["layout"][k] for k in ("tp", "pp", "dp", "cp")})
+    split = tuple(plan["split"])
+    lay = layout_for(base, req.model, split, plan["layout"]["vpp"])
+    none, selective = (_priced(req, lay, split, r) for r in ("none", "selective"))
+    block, full = _priced(req, lay, split, "full", "block", 1), _priced(req, lay, split, "full")
+    assert none.peak > req.memory and selective.peak > req.memory
+    assert block.peak == plan["peak_bytes"] <= req.memory
+    assert block.time.seconds == plan["step_seconds"] < full.time.seconds
+    # the same search with full recomputation of every layer (method fixed) is slower
+    uniform = _plan(*BLOCK, "--recompute-granularity", "full", "--recompute-method", "uniform")
+    assert uniform["plans"][0]["recompute_method"] == "uniform"
+    assert uniform["plans"][0]["step_seconds"] > plan["step_seconds"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (("--recompute-granularity", "full"), ("full", "block", 1)),  # block stays open
+        (("--recompute-granularity", "full", "--recompute-method", "block",
+          "--recompute-num-layers", "3"), ("full", "block", 3)),  # exactly as given
+        (("--recompute-granularity", "full", "--recompute-method", "uniform"), ("full", "uniform", 1)),
+        (("--recompute-granularity", "none"), ("none", None, None)),  # a 4/4 split fits
+    ],
+    ids=["granularity", "block 3", "uniform", "none"],
+)
+def test_the_plan_keeps_the_given_recompute_method_and_layers(flags: tuple, expected) -> None:
+    result = _plan(*BLOCK, *flags)
+    got = [(p["recompute"], p["recompute_method"], p["recompute_num_layers"]) for p in result["plans"]]
+    assert got[0] == expected
+    assert {g[0] for g in got} == {expected[0]}
+    if "--recompute-method" in flags or expected[0] == "none":
+        assert set(got) == {expected}
+
+
+@pytest.mark.parametrize(
+    ("split", "pp", "flags"),
+    [
+        ((3, 3, 2, 2), 4, {}),  # 1F1B
+        ((3, 2, 3, 2, 2, 2), 2, {}),  # interleaved, 3 chunks per rank
+        ((4, 2, 3, 3), 2, dict(num_experts=4, moe_layer_freq=3, disable_bias_linear=True)),  # MoE mix
+    ],
+    ids=["1f1b", "interleaved", "moe every third"],
+)
+def test_planner_block_activations_equal_stage_activations(split, pp, flags) -> None:
+    # The planner's cached per-stage activations (N part of the key: every N priced in turn on
+    # the same layout) equal activations.stage_activations, which `memory` reports, for block N.
+    import math
+
+    from inspector.activations import stage_activations
+    from inspector.plan import _price_memory, layout_for, make_request
+    from inspector.plan_split import chunk_layers
+    from inspector.resolve import Sources, merge_sources
+    from inspector.topology import Layout
+
+    vpp = len(split) // pp
+    args = merge_sources(Sources(flags=dict(num_layers=sum(split), bf16=True, global_batch_size=16,
+                                            **flags)), ("model", "layout", "training")).args
+    req = make_request(args, 2 * pp, "h100", None, 8, None, None, None, 0.65, 1)
+    lay = layout_for(Layout(tp=1, pp=pp, dp=2), req.model, split, vpp)
+    assert lay is not None and lay.chunks == vpp
+    placed = chunk_layers(split, pp, vpp)
+    longest = max(len(c) for stage in placed for c in stage)
+    assert longest >= 3 and len({len(c) for stage in placed for c in stage}) > 1
+    seen = set()
+    for n in range(1, longest + 2):
+        job = _priced(req, lay, split, "full", "block", n).job
+        _, stages = _price_memory(job, split)
+        schedule = job.schedule()
+        for st in stages:
+            ref = stage_activations(job.dims(), job.layout, st.stage, placed[st.stage],
+                                    1, schedule.num_microbatches, "full", True,
+                                    recompute_method="block", recompute_num_layers=n)
+            assert (st.activations, st.in_flight) == (math.ceil(ref.total), ref.in_flight), (n, st.stage)
+        seen.add(tuple(st.activations for st in stages))
+    assert len(seen) == longest  # N = longest and N = longest + 1 checkpoint the same layers
+
+
+@pytest.mark.parametrize("vpp", [1, 2])
+def test_block_step_time_lies_between_none_and_full(vpp: int) -> None:
+    # Each checkpointed layer repeats its forward (a third of its FLOPs): the step time grows
+    # strictly with N, from no recomputation to every layer (uniform 1 = block N with N the
+    # longest chunk).
+    from inspector.plan import layout_for
+    from inspector.plan_split import even_split
+    from inspector.topology import Layout
+
+    req = _block_request()
+    split = even_split(8, 2 * vpp)
+    lay = layout_for(Layout(tp=1, pp=2, dp=2), req.model, split, vpp)
+    longest = 8 // (2 * vpp)
+    times = [_priced(req, lay, split, "none").time.seconds]
+    times += [_priced(req, lay, split, "full", "block", n).time.seconds for n in range(1, longest)]
+    times.append(_priced(req, lay, split, "full").time.seconds)
+    assert times == sorted(set(times)), times
+    assert _priced(req, lay, split, "full", "block", longest).time.seconds == times[-1]

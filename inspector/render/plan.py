@@ -25,13 +25,23 @@ def _layout(plan: Plan) -> str:
     return " ".join(parts)
 
 
+def recompute_label(plan: Plan) -> str:
+    """Return the plan's recomputation in a word or two: none, selective, full, block N, uniform N."""
+    tr = plan.job.training
+    if tr.recompute != "full":
+        return tr.recompute
+    if tr.recompute_method == "block":
+        return f"block {tr.recompute_num_layers}"
+    return "full" if tr.recompute_num_layers == 1 else f"uniform {tr.recompute_num_layers}"
+
+
 def _row(rank: int, plan: Plan, memory: int) -> list[Any]:
     tr = plan.job.training
     return [
         rank,
         _layout(plan),
         "/".join(str(n) for n in _stage_counts(plan)),
-        tr.recompute,
+        recompute_label(plan),
         "yes" if tr.use_distributed_optimizer else "no",
         f"{plan.peak / GIB:.1f} / {memory / GIB:.0f}",
         f"{plan.time.seconds:.2f}",
@@ -76,7 +86,7 @@ def _none_fits(result: SearchResult, memory: int) -> str:
         f"{need / GIB:.2f} GiB"
     )
     if result.smallest is not None:
-        text += f" ({_layout(result.smallest)}, recompute {result.smallest.job.training.recompute})"
+        text += f" ({_layout(result.smallest)}, recompute {recompute_label(result.smallest)})"
     return text + ".\n"
 
 
@@ -97,7 +107,7 @@ def explain_plan(result: SearchResult, memory: int) -> str:
         second = result.plans[1]
         lost = second.time.seconds / best.time.seconds - 1
         lines.append(
-            f"  runner-up ({_layout(second)}, recompute {second.job.training.recompute}) is "
+            f"  runner-up ({_layout(second)}, recompute {recompute_label(second)}) is "
             f"{lost * 100:.1f}% slower; it is bound by {second.bound()}"
         )
     return "\n".join(lines)
@@ -220,6 +230,13 @@ def _json(result: SearchResult, memory: int) -> dict[str, Any]:
                 },
                 "micro_batch_size": p.job.training.micro_batch_size,
                 "recompute": p.job.training.recompute,
+                "recompute_method": (
+                    p.job.training.recompute_method if p.job.training.recompute == "full" else None
+                ),
+                "recompute_num_layers": (
+                    p.job.training.recompute_num_layers
+                    if p.job.training.recompute == "full" else None
+                ),
                 "distributed_optimizer": p.job.training.use_distributed_optimizer,
                 "split": list(p.split),
                 "stages": [
