@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from functools import cache
 from typing import Any
 
 from inspector.config import ModelConfig
@@ -143,6 +144,8 @@ def _vpp_choices(req: Request, pp: int, m: int) -> list[int]:
 def layout_for(lay: Layout, model: ModelConfig, split: Split, vpp: int) -> Layout | None:
     """Return the Layout megatron would get from the split's flags (None if they are invalid)."""
     flags = split_flags(split, model.num_layers, lay.pp, vpp, model.mtp_num_layers or 0)
+    if model.mtp_num_layers and "pipeline_model_parallel_layout" in flags and not _mtp_in_layouts():
+        return None
     values: dict[str, Any] = {"vpp": vpp if vpp > 1 else None}
     for name, value in flags.items():
         if name == "num_virtual_stages_per_pipeline_rank":
@@ -151,6 +154,20 @@ def layout_for(lay: Layout, model: ModelConfig, split: Split, vpp: int) -> Layou
     if "pipeline_model_parallel_layout" in flags:
         values["vpp"] = vpp if vpp > 1 else None
     return replace(lay, **values)
+
+
+@cache
+def _mtp_in_layouts() -> bool:
+    """Return whether the installed megatron-core builds MTP from a layout string (0.14+; 0.13's
+    PipelineParallelLayerLayout raises "MTP layer is not supported for flexible pipeline layout").
+    Read from the package metadata, which imports no megatron."""
+    from importlib import metadata
+
+    try:
+        version = metadata.version("megatron-core")
+    except metadata.PackageNotFoundError:
+        return True
+    return tuple(int(x) for x in version.split(".")[:2] if x.isdigit()) >= (0, 14)
 
 
 def _splits(req: Request, lay: Layout, v: int, first: float, last: float) -> list[Split]:

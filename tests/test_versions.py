@@ -85,6 +85,30 @@ def test_shared_expert_gate_from_0_16(cli):
         )
 
 
+def test_the_planner_emits_mtp_layout_strings_only_where_megatron_builds_them():
+    # 5 layers over pp 2 split only by a layout string ('Etttt|tmL'): 0.13 has no plan with it
+    from inspector.errors import ConfigError
+    from inspector.plan import _mtp_in_layouts, make_request, search
+    from inspector.resolve import Sources, merge_sources
+
+    flags = dict(num_layers=5, hidden_size=64, num_attention_heads=4, seq_length=32,
+                 vocab_size=1000, position_embedding_type="rope", mtp_num_layers=1,
+                 untie_embeddings_and_output_weights=True, global_batch_size=4)
+    args = merge_sources(Sources(flags=flags), ("model", "layout", "training")).args
+    req = make_request(args, 2, "h100", 1, 8, None, None, None, 0.65, 50)
+    from dataclasses import replace
+
+    assert _mtp_in_layouts() == MTP_IN_LAYOUT
+    if not MTP_IN_LAYOUT:
+        with pytest.raises(ConfigError, match="admits no layout"):
+            search(replace(req, fixed={"pp": 2}))
+        return
+    plans = search(replace(req, fixed={"pp": 2})).plans
+    assert plans
+    layouts = [f for p in plans for f in p.flags() if f.startswith("--pipeline-model-parallel-layout")]
+    assert len(layouts) == len(plans) and all(f.endswith("mL'") for f in layouts)
+
+
 def test_mtp_in_a_layout_string_from_0_14(cli):
     args = [*SMALL[:-2], "--num-layers", "2", "--position-embedding-type", "rope",
             "--mtp-num-layers", "1", "--pp", "2", "--pipeline-model-parallel-layout", "Et|tmL",
