@@ -220,11 +220,9 @@ def stage_activation_bytes(
 
 @lru_cache(maxsize=1024)
 def _shard_pairs(lay: Layout) -> tuple[tuple[int, int], ...]:
-    from inspector.ranks import rank_shard_indices
+    from inspector.ranks import stage_shard_pairs
 
-    if lay.ep == 1:
-        return tuple((d, 0) for d in range(lay.dp))
-    return tuple(sorted({(d, e) for p, d, e in rank_shard_indices(replace(lay, pp=1)) if p == 0}))
+    return stage_shard_pairs(lay)
 
 
 _STATE: dict[tuple[Any, ...], tuple[Any, int]] = {}
