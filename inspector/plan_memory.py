@@ -24,6 +24,7 @@ The layouts become shards.BufferLayout records, so memory.state_bytes prices the
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -52,9 +53,17 @@ class Param:
     shared_embedding: bool
 
 
+Run = tuple[Param, int]  # a parameter, and how many equal ones stand side by side from it
+
+
+def runs_of(params: Sequence[Param]) -> tuple[Run, ...]:
+    """Return parameters as runs of equal neighbours (TE's grouped MLP has one per expert)."""
+    return tuple((param, len(list(equal))) for param, equal in itertools.groupby(params))
+
+
 @dataclass(frozen=True)
 class Pieces:
-    """The parameters of each piece a stage can hold, in megatron's parameter order.
+    """The parameters of each piece a stage can hold, in megatron's parameter order, as runs.
 
     `layers` maps a layer's kind (True: an MoE MLP) to its parameters. `output` is the last
     stage's final norm, output layer and MTP block with pp > 1, and `output_embedding` the
@@ -62,12 +71,12 @@ class Pieces:
     pp == 1 (a tied output layer then reuses the embedding's weight).
     """
 
-    embedding: tuple[Param, ...]
-    embedding_alone: tuple[Param, ...]
-    layers: dict[bool, tuple[Param, ...]]
-    output_embedding: tuple[Param, ...]
-    output: tuple[Param, ...]
-    output_alone: tuple[Param, ...]
+    embedding: tuple[Run, ...]
+    embedding_alone: tuple[Run, ...]
+    layers: dict[bool, tuple[Run, ...]]
+    output_embedding: tuple[Run, ...]
+    output: tuple[Run, ...]
+    output_alone: tuple[Run, ...]
     grad_dtype: Any
 
 
@@ -150,36 +159,48 @@ def _build_pieces(job: Job) -> Pieces:
         fp32 = dtype == torch.bfloat16
     grad = torch.float32 if fp32 else dtype
     return Pieces(
-        embedding=tuple(first[0]),
-        embedding_alone=tuple(alone[0]),
-        layers={kind: tuple(first[1] if kind == small.is_moe_layer(0) else last[1]) for kind in kinds},
-        output_embedding=tuple(last[0]),
-        output=tuple(last[2]),
-        output_alone=tuple(alone[2]),
+        embedding=runs_of(first[0]),
+        embedding_alone=runs_of(alone[0]),
+        layers={kind: runs_of(first[1] if kind == small.is_moe_layer(0) else last[1]) for kind in kinds},
+        output_embedding=runs_of(last[0]),
+        output=runs_of(last[2]),
+        output_alone=runs_of(alone[2]),
         grad_dtype=grad,
     )
 
 
-def chunk_params(
+def chunk_runs(
     pieces: Pieces, layers: tuple[bool, ...], embedding: bool, output: bool, pp: int
-) -> tuple[Param, ...]:
-    """Return one chunk's parameters in megatron's order: embedding, layers, final norm/output.
+) -> tuple[Run, ...]:
+    """Return one chunk's parameters in megatron's order (embedding, layers, final norm/output), as runs.
 
     `layers`: each layer's kind, in order (True: an MoE MLP).
     """
-    head: tuple[Param, ...] = ()
-    tail: tuple[Param, ...] = ()
+    head: tuple[Run, ...] = ()
+    tail: tuple[Run, ...] = ()
     if embedding:
         head = pieces.embedding if pp > 1 else pieces.embedding_alone
     if output:
         tail = pieces.output if pp > 1 else pieces.output_alone
         if pp > 1:
             head = pieces.output_embedding
-    return head + tuple(p for kind in layers for p in pieces.layers[kind]) + tail
+    return _joined([head, *(pieces.layers[kind] for kind in layers), tail])
+
+
+def _joined(parts: Sequence[Sequence[Run]]) -> tuple[Run, ...]:
+    """Return the runs one after another, equal parameters merged where they meet."""
+    out: list[Run] = []
+    for part in parts:
+        for param, count in part:
+            if out and out[-1][0] == param:
+                out[-1] = (param, out[-1][1] + count)
+            else:
+                out.append((param, count))
+    return tuple(out)
 
 
 def lay_out_buffers(
-    params: Sequence[Param],
+    runs: Sequence[Run],
     grad_dtype: Any,
     distributed: bool,
     dp_size: int,
@@ -187,9 +208,10 @@ def lay_out_buffers(
     bucket_size: int | None,
 ) -> tuple[BufferLayout, ...]:
     """Return megatron's grad buffers for one chunk's parameters (see the module docstring)."""
-    groups: dict[tuple[bool, Any], list[Param]] = {}
-    for p in params:
-        groups.setdefault((p.expert, p.dtype), []).append(p)
+    grouped: dict[tuple[bool, Any], list[Run]] = {}
+    for run in runs:
+        grouped.setdefault((run[0].expert, run[0].dtype), []).append(run)
+    groups = {key: _joined([members]) for key, members in grouped.items()}
     buffers = []
     for (expert, dtype), members in sorted(groups.items(), key=lambda kv: kv[0][0]):
         size = expert_dp_size if expert else dp_size
@@ -200,7 +222,7 @@ def lay_out_buffers(
 
 
 def _one_buffer(
-    params: Sequence[Param],
+    runs: Sequence[Run],
     expert: bool,
     dtype: Any,
     grad_dtype: Any,
@@ -208,45 +230,54 @@ def _one_buffer(
     dp: int,
     bucket_size: int | None,
 ) -> BufferLayout:
-    """Reimplement `_ParamAndGradBuffer`'s index arithmetic for one buffer."""
+    """Reimplement `_ParamAndGradBuffer`'s index arithmetic for one buffer, a run at a time.
+
+    Within a run of equal parameters each starts a step (its numel, padded to 64 with the
+    distributed optimizer) after the one before until a bucket closes, so a run is placed in as
+    many pieces as it spans buckets; parameters side by side are kept as one span of elements,
+    which is all the optimizer's shards (`owned_numel`) depend on.
+    """
     divisor = math.lcm(dp, 128)
-
-    def pad(n: int, d: int) -> int:
-        return -(-n // d) * d
-
-    starts: list[tuple[int, int, int]] = []  # (start, end, bucket)
+    spans: list[tuple[int, int, int]] = []  # (start, end, bucket) of parameters side by side
     buckets: list[tuple[int, int, int]] = []  # (offset, end padded, unpadded numel)
-    start = bucket_start = 0
-    in_bucket = 0
-    end = 0
+    start = bucket_start = in_bucket = end = 0
 
     def close(param_end: int) -> int:
         nonlocal bucket_start, in_bucket
-        padded = pad(param_end, divisor) if distributed else param_end
+        padded = _pad(param_end, divisor) if distributed else param_end
         buckets.append((bucket_start, padded, param_end - bucket_start))
         bucket_start, in_bucket = padded, 0
         return padded
 
-    for p in reversed(params):
-        if distributed:
-            start = pad(start, 64)
-        shared = p.shared_embedding and distributed
-        if shared and in_bucket:
-            start = close(start)
-        end = start + p.numel
-        starts.append((start, end, len(buckets)))
-        in_bucket += 1
-        if (bucket_size is not None and end - bucket_start >= bucket_size) or shared:
-            start = close(end)
-        else:
-            start = end
+    for param, count in reversed(runs):
+        shared = param.shared_embedding and distributed
+        step = _pad(param.numel, 64) if distributed else param.numel
+        while count:
+            if distributed:
+                start = _pad(start, 64)
+            if shared and in_bucket:
+                start = close(start)
+            if shared:  # a bucket of its own
+                take, closes = 1, True
+            else:
+                take, closes = _placed_before_close(
+                    start - bucket_start, param.numel, step, count, bucket_size
+                )
+            end = start + (take - 1) * step + param.numel
+            _add_spans(spans, start, take, step, param.numel, len(buckets))
+            in_bucket += take
+            count -= take
+            start = close(end) if closes else end
     if in_bucket:
         close(end)
     numel = buckets[-1][1]
-    shards = [
-        ParamShards("", 0, b, s, e, buckets[b][0], (buckets[b][1] - buckets[b][0]) // dp)
-        for s, e, b in starts
-    ]
+    owned = (numel,) * dp
+    if distributed:
+        shards = [
+            ParamShards("", 0, b, s, e, buckets[b][0], (buckets[b][1] - buckets[b][0]) // dp)
+            for s, e, b in spans
+        ]
+        owned = owned_numel(shards, dp)
     return BufferLayout(
         expert=expert,
         param_dtype=dtype,
@@ -255,8 +286,44 @@ def _one_buffer(
         numel=numel,
         numel_unpadded=sum(b[2] for b in buckets),
         buckets=tuple(BucketLayout(o, e - o, u) for o, e, u in buckets),
-        owned_numel=owned_numel(shards, dp) if distributed else (numel,) * dp,
+        owned_numel=owned,
     )
+
+
+def _pad(n: int, d: int) -> int:
+    return -(-n // d) * d
+
+
+def _placed_before_close(
+    offset: int, numel: int, step: int, count: int, bucket_size: int | None
+) -> tuple[int, bool]:
+    """Return how many of `count` equal parameters the open bucket takes, and whether it closes.
+
+    The first starts `offset` elements into the bucket, the i-th (from 0) ends at offset + i x
+    step + numel; the bucket closes after the first whose end reaches `bucket_size`.
+    """
+    if bucket_size is None:
+        return count, False
+    need = bucket_size - offset - numel
+    if need <= 0:
+        return 1, True
+    if step == 0:  # empty parameters never fill a bucket
+        return count, False
+    first_full = -(-need // step)
+    return (first_full + 1, True) if first_full < count else (count, False)
+
+
+def _add_spans(
+    spans: list[tuple[int, int, int]], start: int, count: int, step: int, numel: int, bucket: int
+) -> None:
+    """Append `count` parameters starting `step` apart, merging those that touch."""
+    for index in range(1 if step == numel else count):
+        first = start + index * step
+        last = first + (count * numel if step == numel else numel)
+        if spans and spans[-1][2] == bucket and spans[-1][1] == first:
+            spans[-1] = (spans[-1][0], last, bucket)
+        else:
+            spans.append((first, last, bucket))
 
 
 @dataclass(frozen=True)
@@ -285,9 +352,9 @@ def _chunk_buffers(
     bucket_size: int | None,
 ) -> tuple[BufferLayout, ...]:
     pieces = _BY_ID[pieces_id]
-    params = chunk_params(pieces, shape.layers, shape.embedding, shape.output, pp)
+    runs = chunk_runs(pieces, shape.layers, shape.embedding, shape.output, pp)
     return lay_out_buffers(
-        params, pieces.grad_dtype, distributed, dp_size, expert_dp_size, bucket_size
+        runs, pieces.grad_dtype, distributed, dp_size, expert_dp_size, bucket_size
     )
 
 
@@ -327,9 +394,9 @@ def stage_state(
         )
     best = most_loaded(buffers, distributed, shard_pairs)
     params = sum(
-        p.numel
+        param.numel * count
         for shape in chunks
-        for p in chunk_params(pieces, shape.layers, shape.embedding, shape.output, lay.pp)
+        for param, count in chunk_runs(pieces, shape.layers, shape.embedding, shape.output, lay.pp)
     )
     return best, params
 

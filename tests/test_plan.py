@@ -34,6 +34,18 @@ LAYOUTS = {
         ep=2, tensor_model_parallel_size=2, sequence_parallel=True, bf16=True, moe_router_topk=2,
     ),
     "bf16 grads": dict(num_layers=4, pp=2, dp=4, tp=2, bf16=True, grad_reduce_in_bf16=True),
+    "grouped experts in small buckets": dict(  # TE's grouped MLP: runs of equal expert weights
+        num_layers=4, pp=2, dp=4, ep=2, num_experts=16, moe_grouped_gemm=True,
+        transformer_impl="transformer_engine", disable_bias_linear=True, hidden_size=256,
+        num_attention_heads=8, moe_ffn_hidden_size=128, bf16=True, overlap_grad_reduce=True,
+        ddp_bucket_size=100000,
+    ),
+    "grouped experts unaligned": dict(  # 200 x 100 elements: each expert weight padded to 64
+        num_layers=4, pp=2, dp=4, ep=2, num_experts=8, moe_grouped_gemm=True,
+        transformer_impl="transformer_engine", disable_bias_linear=True, hidden_size=200,
+        num_attention_heads=8, moe_ffn_hidden_size=100, overlap_grad_reduce=True,
+        ddp_bucket_size=70000,
+    ),
     "embedding and loss alone": dict(  # Llama 3 405B's split: chunks of no transformer layer
         num_layers=6, pp=4, dp=2, global_batch_size=8, bf16=True, num_virtual_stages_per_pipeline_rank=2,
         account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True,
