@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Any
 
 from inspector.config import ModelConfig
@@ -35,7 +36,7 @@ from inspector.plan_price import (  # noqa: F401 (Plan, StagePlan, evaluate: the
     megatron_flags,
 )
 from inspector.plan_split import Split, accounted_split, balance, even_split, split_flags
-from inspector.topology import Layout
+from inspector.topology import Layout, validate_layout
 
 RECOMPUTES = ("none", "selective", "full")
 
@@ -307,6 +308,8 @@ def _first_fit(
 
 def _job(req: Request, lay: Layout, mbs: int, recompute: str, distopt: bool, flash: bool) -> Job | None:
     """Return the candidate's Job, or None where megatron's rules (job.py) refuse it."""
+    if _layout_refused(req.model, lay):  # Job would raise the same, whatever the training
+        return None
     training = replace(
         req.training,
         micro_batch_size=mbs,
@@ -322,6 +325,20 @@ def _job(req: Request, lay: Layout, mbs: int, recompute: str, distopt: bool, fla
     except ConfigError:
         return None
     return job
+
+
+@lru_cache(maxsize=65536)
+def _layout_refused(model: ModelConfig, lay: Layout) -> bool:
+    """Return whether topology.validate_layout, which every Job runs, refuses this layout.
+
+    A search asks for each layout once per micro-batch size, recomputation and optimizer; a
+    split megatron refuses (a layout string without the model's MTP) is refused once.
+    """
+    try:
+        validate_layout(model, lay)
+    except ConfigError:
+        return True
+    return False
 
 
 def progress_line(stream: Any = None) -> Callable[[int, int], None] | None:
