@@ -249,10 +249,14 @@ def _stage_state(job: Job, stage: int, shapes: tuple[ChunkShape, ...], pairs_of:
 
 
 def _signature(dims: ModelDims, chunks: list[list[int]]) -> tuple[Any, ...]:
-    """Return what a stage's layers cost depends on: counts, or the layers when MoE varies."""
+    """Return what a stage's layers cost depends on: counts, or each layer's kind with MoE.
+
+    The formulas read a layer's index only through `dims.is_moe_layer` (activations.py,
+    flops.py, plan_cost.py), and sum a chunk's layers kind by kind in the order kinds appear.
+    """
     if dims.num_experts is None:
         return tuple(len(c) for c in chunks)
-    return tuple(tuple(c) for c in chunks)
+    return tuple(tuple(dims.is_moe_layer(i) for i in c) for c in chunks)
 
 
 def evaluate(job: Job, split: Split, req: Request) -> Plan:
