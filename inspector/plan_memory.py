@@ -97,10 +97,10 @@ def pieces_for(job: Job) -> Pieces:
     return _PIECES[key]
 
 
-def _params_of(chunk: Any) -> list[tuple[str, Param]]:
+def _params_of(module: Any) -> list[tuple[str, Param]]:
     """Return (name, Param) for every parameter with a gradient, in named_parameters() order."""
     out = []
-    for name, p in chunk.module.named_parameters():
+    for name, p in module.named_parameters():
         if not p.requires_grad:
             continue
         expert = not getattr(p, "allreduce", True)
@@ -122,9 +122,18 @@ def _split(named: list[tuple[str, Param]]) -> tuple[list[Param], list[Param], li
     return head, layers, tail
 
 
+def _first_chunks(job: Job) -> list[Any]:
+    """Return each stage's GPTModel as megatron builds it on expert rank 0 (no checkpoint view)."""
+    from inspector.world import build_stage
+
+    return [
+        build_stage(job.model, job.layout, stage, 0, checkpoint=False)[0].module
+        for stage in range(job.layout.pp)
+    ]
+
+
 def _build_pieces(job: Job) -> Pieces:
     """Build two small models (2 layers on 2 stages, 1 layer on 1 stage) and cut them in pieces."""
-    from inspector.build import build, select_view
     from inspector.world import megatron
 
     lay = job.layout
@@ -142,14 +151,14 @@ def _build_pieces(job: Job) -> Pieces:
         Layout(tp=lay.tp, pp=2, dp=dp, ep=lay.ep, etp=lay.etp, sequence_parallel=lay.sequence_parallel),
         Training(micro_batch_size=1),
     )
-    built = build(two, select_view(two), expert_ranks=(0,))
-    first = _split(_params_of(built.stages[0].chunks[0]))
-    last = _split(_params_of(built.stages[1].chunks[0]))
+    stage_0, stage_1 = _first_chunks(two)
+    first = _split(_params_of(stage_0))
+    last = _split(_params_of(stage_1))
     small_one = replace(small, num_layers=1)
     if model.num_experts is not None:
         small_one = replace(small_one, moe_layer_freq=small.moe_layer_freq[:1])  # type: ignore[index]
     one = Job(small_one, replace(two.layout, pp=1), two.training)
-    alone = _split(_params_of(build(one, select_view(one), expert_ranks=(0,)).stages[0].chunks[0]))
+    alone = _split(_params_of(_first_chunks(one)[0]))
     megatron()
     import torch
 
