@@ -8,7 +8,12 @@ model once per such key with two layers on two pipeline stages (and once with on
 stage, where a tied output layer has no weight of its own) — an MoE layer and a dense one where the
 model mixes both kinds (--moe-layer-freq) —, reads every parameter's numel, dtype
 and DDP flags (`allreduce`, `shared_embedding`) off megatron's modules, and `compose_stage`
-lays out any stage's chunks as megatron's DistributedDataParallel would:
+lays out any stage's chunks as megatron's DistributedDataParallel would. Two expert-parallel sizes
+(both above 1) differ only in how many experts a rank holds, megatron's num_moe_experts // ep
+(MoELayer): where every expert-parallel weight comes once per local expert (Transformer Engine's
+grouped MLP registers one weight per expert), the pieces built for one ep serve the others with
+those runs of weights scaled (`_scaled`; tests check them equal to megatron's own builds).
+
 
   megatron-core `_ParamAndGradBuffer.__init__` (distributed/param_and_grad_buffer.py): one buffer
   per (param dtype, grad dtype), expert-parallel parameters (allreduce=False, only when ep > 1)
@@ -19,7 +24,7 @@ lays out any stage's chunks as megatron's DistributedDataParallel would:
   --overlap-grad-reduce (Megatron-LM's get_model and DDP disable bucketing elsewhere).
 
 The layouts become shards.BufferLayout records, so memory.state_bytes prices them exactly as
-`memory` does; tests/test_plan_memory.py proves composed = `memory` stage by stage.
+`memory` does; tests/test_plan.py proves composed = `memory` stage by stage.
 """
 
 from __future__ import annotations
@@ -87,14 +92,59 @@ def piece_key(job: Job) -> tuple[Any, ...]:
 
 
 _PIECES: dict[tuple[Any, ...], Pieces] = {}
+# piece_key less ep -> (local experts, pieces) of a build whose expert weights come per expert
+_SCALABLE: dict[tuple[Any, ...], tuple[int, Pieces]] = {}
 
 
 def pieces_for(job: Job) -> Pieces:
-    """Return the job's pieces, building the small models once per `piece_key`."""
+    """Return the job's pieces, building the small models once per `piece_key` (or scaling)."""
     key = piece_key(job)
-    if key not in _PIECES:
-        _PIECES[key] = _build_pieces(job)
-    return _PIECES[key]
+    if key in _PIECES:
+        return _PIECES[key]
+    local = _local_experts(job)
+    family = key[:2] + key[3:]
+    if local is not None and family in _SCALABLE:
+        pieces = _scaled(*_SCALABLE[family], local)
+    else:
+        pieces = _build_pieces(job)
+        if local is not None and local > 1 and _per_expert(pieces, local):
+            _SCALABLE[family] = (local, pieces)
+    _PIECES[key] = pieces
+    return pieces
+
+
+def _local_experts(job: Job) -> int | None:
+    """Return the experts each expert-parallel rank holds (None: no expert parallelism)."""
+    experts, ep = job.model.num_experts, job.layout.ep
+    return None if experts is None or ep == 1 else experts // ep
+
+
+def _pieces_runs(pieces: Pieces) -> list[tuple[Run, ...]]:
+    return [pieces.embedding, pieces.embedding_alone, *pieces.layers.values(),
+            pieces.output_embedding, pieces.output, pieces.output_alone]
+
+
+def _per_expert(pieces: Pieces, local: int) -> bool:
+    """Return whether every expert-parallel run counts whole multiples of the local experts."""
+    counts = [n for runs in _pieces_runs(pieces) for param, n in runs if param.expert]
+    return bool(counts) and all(n % local == 0 for n in counts)
+
+
+def _scaled(local: int, pieces: Pieces, to: int) -> Pieces:
+    """Return the pieces with `to` local experts instead of `local` (see `_per_expert`)."""
+
+    def scale(runs: tuple[Run, ...]) -> tuple[Run, ...]:
+        return tuple((p, n // local * to if p.expert else n) for p, n in runs)
+
+    return replace(
+        pieces,
+        embedding=scale(pieces.embedding),
+        embedding_alone=scale(pieces.embedding_alone),
+        layers={kind: scale(runs) for kind, runs in pieces.layers.items()},
+        output_embedding=scale(pieces.output_embedding),
+        output=scale(pieces.output),
+        output_alone=scale(pieces.output_alone),
+    )
 
 
 def _params_of(module: Any) -> list[tuple[str, Param]]:

@@ -66,13 +66,17 @@ def _job(preset: str | None = None, **flags):
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_composed_state_equals_memory_stage_by_stage(name: str) -> None:
     # The planner's memory is composed from two small builds; `memory` builds the whole job.
+    job = _job(**LAYOUTS[name])
+    assert job.layout.sequence_parallel == ("sequence_parallel" in LAYOUTS[name])
+    _assert_composed_equals_memory(job, name)
+
+
+def _assert_composed_equals_memory(job, name: str) -> None:
     from inspector import plan_memory as pm
     from inspector.build import build, select_view
     from inspector.memory import Hardware, measure
     from inspector.ranks import rank_shard_indices
 
-    job = _job(**LAYOUTS[name])
-    assert job.layout.sequence_parallel == ("sequence_parallel" in LAYOUTS[name])
     report = measure(build(job, select_view(job), expert_ranks=(0,)), Hardware())
     pairs = sorted({(d, e) for _, d, e in rank_shard_indices(job.layout)})
     last = job.layout.pp - 1
@@ -85,6 +89,70 @@ def test_composed_state_equals_memory_stage_by_stage(name: str) -> None:
         state, params = pm.stage_state(job, stage.stage, shapes, pairs)
         assert state == stage.state, (name, stage.stage)
         assert params == stage.parameters
+
+
+SCALED = {  # name: (flags, whether megatron's expert weights come one per local expert)
+    "deepseek grouped, MLA, MTP": (
+        dict(preset="deepseek-v3", num_layers=4, moe_layer_freq="[0,1,1,1]", num_experts=16,
+             moe_router_topk=2, tensor_model_parallel_size=2, sequence_parallel=True, bf16=True),
+        True,
+    ),
+    "qwen grouped, gated shared expert": (
+        dict(preset="qwen1.5-moe-a2.7b", num_layers=2, num_experts=16, moe_grouped_gemm=True,
+             tensor_model_parallel_size=2, sequence_parallel=True, bf16=True),
+        True,
+    ),
+    "grouped, fc1 and fc2 alike": (  # one run of 2 x local experts: fc1's, then fc2's
+        dict(num_layers=2, num_experts=16, moe_grouped_gemm=True, disable_bias_linear=True,
+             transformer_impl="transformer_engine", hidden_size=256, num_attention_heads=8,
+             moe_ffn_hidden_size=128, bf16=True),
+        True,
+    ),
+    "sequential experts": (  # fc1, fc2 per expert: built for every ep
+        dict(preset="mixtral-8x7b", num_layers=2, num_experts=16, hidden_size=256,
+             num_attention_heads=8, num_query_groups=4, ffn_hidden_size=512,
+             moe_ffn_hidden_size=512, bf16=True),
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(SCALED))
+@pytest.mark.parametrize("etp", [None, 1])
+def test_pieces_scaled_to_another_expert_size_equal_megatrons_build(name, etp, monkeypatch) -> None:
+    # The planner builds one expert-parallel size per (tp, expert tp) and scales the runs of
+    # per-expert weights to the other sizes; megatron's own build of each size must agree.
+    from inspector import plan_memory as pm
+
+    monkeypatch.setattr(pm, "_PIECES", {})
+    monkeypatch.setattr(pm, "_SCALABLE", {})
+    flags, scales = SCALED[name]
+    sizes = dict(dp=16, expert_tensor_parallel_size=etp)
+    built = pm.pieces_for(_job(**flags, **sizes, ep=2))
+    assert len(pm._SCALABLE) == int(scales)
+    assert sum(n for runs in pm._pieces_runs(built) for p, n in runs if p.expert) >= 8
+    for ep in (4, 8, 16):
+        job = _job(**flags, **sizes, ep=ep)
+        assert pm.pieces_for(job) == pm._build_pieces(job), ep
+
+
+@pytest.mark.parametrize("sizes", [dict(ep=4), dict(ep=8, expert_tensor_parallel_size=1)])
+def test_composed_state_from_scaled_pieces_equals_memory(sizes, monkeypatch) -> None:
+    # Pieces scaled from another expert-parallel size's build still compose `memory`'s state.
+    from inspector import plan_memory as pm
+
+    monkeypatch.setattr(pm, "_PIECES", {})
+    monkeypatch.setattr(pm, "_SCALABLE", {})
+    flags = dict(
+        preset="deepseek-v3", num_layers=4, moe_layer_freq="[0,1,1,1]", num_experts=16, pp=2,
+        dp=4, tensor_model_parallel_size=2, sequence_parallel=True, bf16=True, moe_router_topk=2,
+        overlap_grad_reduce=True, ddp_bucket_size=40000000,
+    )
+    pm.pieces_for(_job(**flags, **{**sizes, "ep": 2}))
+    job = _job(**flags, **sizes)
+    assert pm.piece_key(job) not in pm._PIECES and len(pm._SCALABLE) == 1
+    _assert_composed_equals_memory(job, str(sizes))
+    assert pm.piece_key(job) in pm._PIECES
 
 
 def _plan(*args: str) -> dict:
