@@ -410,11 +410,17 @@ def _chunk_buffers(
     expert_dp_size: int,
     bucket_size: int | None,
 ) -> tuple[BufferLayout, ...]:
-    pieces = _BY_ID[pieces_id]
-    runs = chunk_runs(pieces, shape.layers, shape.embedding, shape.output, pp)
+    runs, _ = _chunk_runs(pieces_id, shape, pp)
     return lay_out_buffers(
-        runs, pieces.grad_dtype, distributed, dp_size, expert_dp_size, bucket_size
+        runs, _BY_ID[pieces_id].grad_dtype, distributed, dp_size, expert_dp_size, bucket_size
     )
+
+
+@lru_cache(maxsize=65536)
+def _chunk_runs(pieces_id: int, shape: ChunkShape, pp: int) -> tuple[tuple[Run, ...], int]:
+    """Return chunk_runs for a chunk of this shape, and its parameter count."""
+    runs = chunk_runs(_BY_ID[pieces_id], shape.layers, shape.embedding, shape.output, pp)
+    return runs, sum(param.numel * count for param, count in runs)
 
 
 _BY_ID: dict[int, Pieces] = {}
@@ -452,12 +458,7 @@ def stage_state(
             )
         )
     best = most_loaded(buffers, distributed, shard_pairs)
-    params = sum(
-        param.numel * count
-        for shape in chunks
-        for param, count in chunk_runs(pieces, shape.layers, shape.embedding, shape.output, lay.pp)
-    )
-    return best, params
+    return best, sum(_chunk_runs(id(pieces), shape, lay.pp)[1] for shape in chunks)
 
 
 def most_loaded(

@@ -180,16 +180,24 @@ def _layer_bytes(dims: ModelDims, par: Layout, i: int, mbs: int, recompute: str,
     return layer_activations(dims, par, i, mbs, recompute, flash).total  # type: ignore[arg-type]
 
 
+@lru_cache(maxsize=256)
+def _first_of_kind(dims: ModelDims) -> dict[bool, int]:
+    """Return the first layer of each kind (True: MoE); layers of one kind cost the same."""
+    return {dims.is_moe_layer(i): i for i in reversed(range(dims.num_layers))}
+
+
 def _chunk_bytes(
     dims: ModelDims, par: Layout, layers: list[int], mbs: int, recompute: str, flash: bool
 ) -> float:
     """Return one micro-batch's bytes of a chunk's layers (layers of one kind cost the same)."""
-    kinds: dict[bool, list[int]] = {}
+    kinds: dict[bool, int] = {}
     for i in layers:
-        kinds.setdefault(dims.is_moe_layer(i), []).append(i)
+        kind = dims.is_moe_layer(i)
+        kinds[kind] = kinds.get(kind, 0) + 1
+    first = _first_of_kind(dims)
     return sum(
-        len(group) * _layer_bytes(dims, par, group[0], mbs, recompute, flash)
-        for group in kinds.values()
+        count * _layer_bytes(dims, par, first[kind], mbs, recompute, flash)
+        for kind, count in kinds.items()
     )
 
 
@@ -212,8 +220,10 @@ def stage_activation_bytes(
         best = max(points, key=lambda pt: sum(n * x for n, x in zip(pt, per, strict=True)))
     total = sum(n * x for n, x in zip(best, per, strict=True))
     if recompute == "full":
+        kinds = {dims.is_moe_layer(i) for c in chunks for i in c}
+        first = _first_of_kind(dims)
         total += max(
-            (_layer_bytes(dims, par, i, mbs, "none", flash) for c in chunks for i in c), default=0.0
+            (_layer_bytes(dims, par, first[kind], mbs, "none", flash) for kind in kinds), default=0.0
         )
     return math.ceil(total), best
 
@@ -323,14 +333,28 @@ def _activations(
     dims: ModelDims, pairs_of: Layout, pp: int, stage: int, signature: tuple[Any, ...],
     chunks: list[list[int]], mbs: int, m: int, recompute: str, flash: bool,
 ) -> tuple[int, tuple[int, ...]]:
-    """Return stage_activation_bytes, once per distinct stage."""
-    position = min(pp - stage, m) if len(chunks) == 1 else stage  # 1F1B: only p - s matters
-    key = (dims, pairs_of, pp, stage == 0, stage == pp - 1, position, signature, mbs, m,
-           recompute, flash)
+    """Return stage_activation_bytes, once per distinct stage.
+
+    1F1B's peak depends on the stage's position only through min(p - s, m) micro-batches.
+    """
+    par = _activation_layout(pairs_of, pp)
+    interleaved = len(chunks) > 1
+    position = stage if interleaved else min(pp - stage, m)
+    key = (dims, par, stage == 0, stage == pp - 1, position, signature, mbs,
+           m if interleaved else None, recompute, flash)
     if key not in _ACT:
-        par = replace(pairs_of, pp=pp)
         _ACT[key] = stage_activation_bytes(dims, par, stage, chunks, mbs, m, recompute, flash)
     return _ACT[key]
+
+
+@lru_cache(maxsize=4096)
+def _activation_layout(pairs_of: Layout, pp: int) -> Layout:
+    """Return the sizes activations.py reads (tp, cp, SP, expert tp, pp): dp and ep set to 1.
+
+    Layouts that differ in dp or ep keep the same activations (tests check it), so they share
+    one cache entry.
+    """
+    return replace(pairs_of, pp=pp, dp=1, ep=1, etp=pairs_of.expert_tp)
 
 
 def _time(

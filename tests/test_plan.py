@@ -155,6 +155,27 @@ def test_composed_state_from_scaled_pieces_equals_memory(sizes, monkeypatch) -> 
     assert pm.piece_key(job) in pm._PIECES
 
 
+def test_stage_activations_read_neither_data_nor_expert_parallel_size() -> None:
+    # The planner prices activations once for layouts that differ only in dp or ep.
+    from dataclasses import replace
+
+    from inspector.plan_price import stage_activation_bytes
+
+    job = _job(
+        preset="deepseek-v3", num_layers=4, moe_layer_freq="[0,1,1,1]", num_experts=16, pp=2,
+        dp=4, ep=2, tensor_model_parallel_size=2, sequence_parallel=True, bf16=True,
+        moe_router_topk=2,
+    )
+    dims = job.dims()
+    for stage, chunks in ((0, [[0, 1]]), (1, [[2, 3]]), (0, [[0], [2]]), (1, [[1], [3]])):
+        for recompute in ("none", "selective", "full"):
+            args = (stage, chunks, 1, 8, recompute, True)
+            expected = stage_activation_bytes(dims, job.layout, *args)
+            for dp, ep, etp in ((8, 4, None), (16, 16, 2), (1, 1, 2)):
+                par = replace(job.layout, dp=dp, ep=ep, etp=etp)
+                assert stage_activation_bytes(dims, par, *args) == expected, (dp, ep, etp)
+
+
 def _plan(*args: str) -> dict:
     result = run_cli("plan", *args, "--format", "json")
     assert result.code == 0, result.err
