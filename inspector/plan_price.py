@@ -12,6 +12,7 @@ thousands of candidates prices a few thousand stages. Nothing here prints.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
@@ -187,7 +188,7 @@ def _first_of_kind(dims: ModelDims) -> dict[bool, int]:
 
 
 def _chunk_bytes(
-    dims: ModelDims, par: Layout, layers: list[int], mbs: int, recompute: str, flash: bool
+    dims: ModelDims, par: Layout, layers: Sequence[int], mbs: int, recompute: str, flash: bool
 ) -> float:
     """Return one micro-batch's bytes of a chunk's layers (layers of one kind cost the same)."""
     kinds: dict[bool, int] = {}
@@ -202,7 +203,7 @@ def _chunk_bytes(
 
 
 def stage_activation_bytes(
-    dims: ModelDims, par: Layout, stage: int, chunks: list[list[int]], mbs: int, m: int,
+    dims: ModelDims, par: Layout, stage: int, chunks: Sequence[Sequence[int]], mbs: int, m: int,
     recompute: str, flash: bool,
 ) -> tuple[int, tuple[int, ...]]:
     """Return activations.stage_activations' peak (rounded up) and in-flight counts, fast."""
@@ -235,7 +236,8 @@ def _shard_pairs(lay: Layout) -> tuple[tuple[int, int], ...]:
     return stage_shard_pairs(lay)
 
 
-_STATE: dict[tuple[Any, ...], tuple[Any, int]] = {}
+# what stages share (model pieces, pp, optimizer, buckets, ranks) -> (shapes, first?) -> state
+_STATE: dict[tuple[Any, ...], dict[tuple[Any, ...], Any]] = {}
 
 
 @lru_cache(maxsize=4096)
@@ -248,17 +250,28 @@ def _pair_layout(lay: Layout) -> Layout:
                    pipeline_model_parallel_layout=None)
 
 
-def _stage_state(job: Job, stage: int, shapes: tuple[ChunkShape, ...], pairs_of: Layout) -> Any:
-    """Return plan_memory.stage_state, computed once per distinct stage (mbs, recompute apart)."""
+def _state_scope(job: Job, pairs_of: Layout) -> dict[tuple[Any, ...], Any]:
+    """Return the stage states of every job sharing this one's pieces, pp, optimizer and ranks."""
     lay, training = job.layout, job.training
-    key = (piece_key(job), shapes, stage == 0, lay.pp, training.use_distributed_optimizer,
+    key = (piece_key(job), lay.pp, training.use_distributed_optimizer,
            training.overlap_grad_reduce, training.ddp_bucket_size, pairs_of)
-    if key not in _STATE:
-        _STATE[key] = stage_state(job, stage, shapes, _shard_pairs(pairs_of))
-    return _STATE[key][0]
+    return _STATE.setdefault(key, {})
 
 
-def _signature(dims: ModelDims, chunks: list[list[int]]) -> tuple[Any, ...]:
+def _stage_state(
+    job: Job, stage: int, shapes: tuple[ChunkShape, ...], pairs_of: Layout,
+    scope: dict[tuple[Any, ...], Any] | None = None,
+) -> Any:
+    """Return plan_memory.stage_state, computed once per distinct stage (mbs, recompute apart)."""
+    if scope is None:
+        scope = _state_scope(job, pairs_of)
+    key = (shapes, stage == 0)
+    if key not in scope:
+        scope[key] = stage_state(job, stage, shapes, _shard_pairs(pairs_of))[0]
+    return scope[key]
+
+
+def _signature(dims: ModelDims, chunks: Sequence[Sequence[int]]) -> tuple[Any, ...]:
     """Return what a stage's layers cost depends on: counts, or each layer's kind with MoE.
 
     The formulas read a layer's index only through `dims.is_moe_layer` (activations.py,
@@ -269,82 +282,108 @@ def _signature(dims: ModelDims, chunks: list[list[int]]) -> tuple[Any, ...]:
     return tuple(tuple(dims.is_moe_layer(i) for i in c) for c in chunks)
 
 
+Placed = tuple[tuple[tuple[int, ...], ...], ...]  # per pipeline rank, each chunk's layers
+
+
+@dataclass(frozen=True)
+class _Stages:
+    """A split's stages: each rank's chunks' layers, ChunkShapes and cost signature."""
+
+    placed: Placed
+    shapes: tuple[tuple[ChunkShape, ...], ...]
+    signatures: tuple[tuple[Any, ...], ...]
+
+
+@lru_cache(maxsize=16384)
+def _stages_of(model: ModelConfig, dims: ModelDims, split: Split, pp: int, v: int) -> _Stages:
+    """Return a split's stages, once per split (every layout with this pp and v shares them)."""
+    placed = tuple(
+        tuple(tuple(c) for c in chunks) for chunks in chunk_layers(split, pp, v)
+    )
+    shapes = tuple(
+        tuple(
+            ChunkShape.of(model, c, s == 0 and k == 0, s == pp - 1 and k == v - 1)
+            for k, c in enumerate(chunks)
+        )
+        for s, chunks in enumerate(placed)
+    )
+    return _Stages(placed, shapes, tuple(_signature(dims, chunks) for chunks in placed))
+
+
 def evaluate(job: Job, split: Split, req: Request) -> Plan:
     """Price one candidate: exact state bytes per stage, activations, time."""
     return _timed(job, split, req, *_price_memory(job, split))
 
 
-def _price_memory(job: Job, split: Split) -> tuple[list[list[list[int]]], tuple[StagePlan, ...]]:
+def _price_memory(job: Job, split: Split) -> tuple[Placed, tuple[StagePlan, ...]]:
     """Return each rank's chunks' layers and its memory: exact state, activation peak."""
     lay, training = job.layout, job.training
     schedule = job.schedule()
     dims = job.dims()
     v = lay.chunks
-    placed = chunk_layers(split, lay.pp, v)
+    stages_of = _stages_of(job.model, dims, split, lay.pp, v)
     pairs_of = _pair_layout(lay)
+    states = _state_scope(job, pairs_of)
+    m = schedule.num_microbatches
+    par = _activation_layout(pairs_of, lay.pp)
+    acts = _ACT.setdefault(
+        (dims, par, schedule.micro_batch_size, m if v > 1 else None, training.recompute,
+         training.flash_attention), {},
+    )
     stages = []
-    for s in range(lay.pp):
-        shapes = tuple(
-            ChunkShape.of(job.model, c, s == 0 and k == 0, s == lay.pp - 1 and k == v - 1)
-            for k, c in enumerate(placed[s])
-        )
-        state = _stage_state(job, s, shapes, pairs_of)
-        act, flight = _activations(
-            dims, pairs_of, lay.pp, s, _signature(dims, placed[s]), placed[s],
-            schedule.micro_batch_size, schedule.num_microbatches, training.recompute,
-            training.flash_attention,
-        )
-        stages.append(StagePlan(s, tuple(tuple(c) for c in placed[s]), state.total, state.weights,
-                                state.gradients, state.optimizer, act, flight))
-    return placed, tuple(stages)
+    for s, layers in enumerate(stages_of.placed):
+        state = _stage_state(job, s, stages_of.shapes[s], pairs_of, states)
+        position = s if v > 1 else min(lay.pp - s, m)  # 1F1B: only min(p - s, m) matters
+        key = (s == 0, s == lay.pp - 1, position, stages_of.signatures[s])
+        if key not in acts:
+            acts[key] = stage_activation_bytes(
+                dims, par, s, layers, schedule.micro_batch_size, m, training.recompute,
+                training.flash_attention,
+            )
+        act, flight = acts[key]
+        stages.append(StagePlan(s, layers, state.total, state.weights, state.gradients,
+                                state.optimizer, act, flight))
+    return stages_of.placed, tuple(stages)
 
 
 def _timed(
-    job: Job, split: Split, req: Request, placed: list[list[list[int]]],
-    stages: tuple[StagePlan, ...],
+    job: Job, split: Split, req: Request, placed: Placed, stages: tuple[StagePlan, ...]
 ) -> Plan:
     """Return the plan with its step time (plan_cost), given its memory."""
     lay, training = job.layout, job.training
     schedule = job.schedule()
     dims = job.dims()
     net = Network(req.gpu, req.gpus_per_node)
-    pairs_of = _pair_layout(lay)
-    times = [
-        _time(dims, pairs_of, lay, net, req.efficiency, schedule.micro_batch_size,
-              training.recompute, _signature(dims, placed[st.stage]), placed[st.stage],
-              st.stage == lay.pp - 1, (st.gradients, st.weights, st.state), training)
-        for st in stages
-    ]
+    mbs, distributed = schedule.micro_batch_size, training.use_distributed_optimizer
+    signatures = _stages_of(job.model, dims, split, lay.pp, lay.chunks).signatures
+    scope = _TIME.setdefault(
+        (dims, _pair_layout(lay), lay.pp, net, req.efficiency, mbs, training.recompute,
+         distributed), {},
+    )
+    times = []
+    for st in stages:
+        has_output = st.stage == lay.pp - 1
+        key = (signatures[st.stage], has_output, (st.gradients, st.weights, st.state))
+        if key not in scope:
+            scope[key] = stage_time(
+                dims, lay, net, req.efficiency, mbs, training.recompute, placed[st.stage],
+                has_output, (st.gradients, st.weights), st.state, distributed,
+            )
+        times.append(scope[key])
     step = step_time(times, schedule.num_microbatches, lay.chunks)
     return Plan(job, split, stages, step, _iteration_flops(dims, schedule.global_batch_size),
                 req.gpu)
 
 
-_ACT: dict[tuple[Any, ...], tuple[int, tuple[int, ...]]] = {}
-_TIME: dict[tuple[Any, ...], StageTime] = {}
+# (dims, activation sizes, mbs, m where interleaved, recompute, flash) -> stage -> (bytes, flight)
+_ACT: dict[tuple[Any, ...], dict[tuple[Any, ...], tuple[int, tuple[int, ...]]]] = {}
+# (dims, ranks, pp, network, efficiency, mbs, recompute, distopt) -> stage -> its time
+_TIME: dict[tuple[Any, ...], dict[tuple[Any, ...], StageTime]] = {}
 
 
 @lru_cache(maxsize=256)
 def _iteration_flops(dims: ModelDims, global_batch_size: int) -> int:
     return iteration_flops(dims, global_batch_size)
-
-
-def _activations(
-    dims: ModelDims, pairs_of: Layout, pp: int, stage: int, signature: tuple[Any, ...],
-    chunks: list[list[int]], mbs: int, m: int, recompute: str, flash: bool,
-) -> tuple[int, tuple[int, ...]]:
-    """Return stage_activation_bytes, once per distinct stage.
-
-    1F1B's peak depends on the stage's position only through min(p - s, m) micro-batches.
-    """
-    par = _activation_layout(pairs_of, pp)
-    interleaved = len(chunks) > 1
-    position = stage if interleaved else min(pp - stage, m)
-    key = (dims, par, stage == 0, stage == pp - 1, position, signature, mbs,
-           m if interleaved else None, recompute, flash)
-    if key not in _ACT:
-        _ACT[key] = stage_activation_bytes(dims, par, stage, chunks, mbs, m, recompute, flash)
-    return _ACT[key]
 
 
 @lru_cache(maxsize=4096)
@@ -355,19 +394,3 @@ def _activation_layout(pairs_of: Layout, pp: int) -> Layout:
     one cache entry.
     """
     return replace(pairs_of, pp=pp, dp=1, ep=1, etp=pairs_of.expert_tp)
-
-
-def _time(
-    dims: ModelDims, pairs_of: Layout, lay: Layout, net: Network, efficiency: float, mbs: int,
-    recompute: str, signature: tuple[Any, ...], chunks: list[list[int]], has_output: bool,
-    state: tuple[int, int, int], training: Training,
-) -> StageTime:
-    """Return plan_cost.stage_time, once per distinct stage."""
-    key = (dims, pairs_of, lay.pp, net, efficiency, mbs, recompute, signature, has_output,
-           state, training.use_distributed_optimizer)
-    if key not in _TIME:
-        _TIME[key] = stage_time(
-            dims, lay, net, efficiency, mbs, recompute, chunks, has_output, state[:2], state[2],
-            training.use_distributed_optimizer,
-        )
-    return _TIME[key]
