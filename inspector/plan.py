@@ -126,6 +126,7 @@ def _vpp_choices(req: Request, pp: int, m: int) -> list[int]:
     return out
 
 
+@lru_cache(maxsize=65536)
 def layout_for(lay: Layout, model: ModelConfig, split: Split, vpp: int) -> Layout | None:
     """Return the Layout megatron would get from the split's flags (None if they are invalid)."""
     flags = split_flags(split, model.num_layers, lay.pp, vpp)
