@@ -26,6 +26,7 @@ from inspector.plan_price import (  # noqa: F401 (Plan, StagePlan, evaluate: the
     Plan,
     Request,
     StagePlan,
+    _activation_layout,
     _layer_bytes,
     _live_points,
     _pair_layout,
@@ -187,20 +188,32 @@ def _capped_split(
         state(ChunkShape((kind, kind), False, False)) - state(ChunkShape((kind,), False, False))
         for kind in kinds
     )
-    layer = max(_layer_bytes(dims, replace(pairs_of, pp=pp), i, mbs, "none", flash)
+    layer = max(_layer_bytes(dims, _activation_layout(pairs_of, pp), i, mbs, "none", flash)
                 for i in kinds.values())
+    flights = _flights(pp, m, v)
+    if flights is None:  # megatron's interleaved schedule refuses this m
+        return None
     caps = [0] * (pp * v)
-    for s in range(pp):
-        try:
-            points = _live_points(s, pp, m, v) if v > 1 else ((min(pp - s, m),),)
-        except ConfigError:  # megatron's interleaved schedule refuses this m
-            return None
-        flight = [max(p[c] for p in points) for c in range(v)]
+    for s, flight in enumerate(flights):
         fixed = (ends - 2 * one) if s in (0, pp - 1) else 0
         budget = (req.memory - fixed) / v
         for c in range(v):
             caps[c * pp + s] = max(1, int(budget // (per_layer_state + layer * flight[c])))
     return balance(req.model.num_layers, pp * v, round(first, 2), round(last, 2), tuple(caps))
+
+
+@lru_cache(maxsize=4096)
+def _flights(pp: int, m: int, v: int) -> tuple[tuple[int, ...], ...] | None:
+    """Return per rank the most micro-batches each chunk keeps in flight at any point (None:
+    megatron's interleaved schedule refuses m)."""
+    flights = []
+    for s in range(pp):
+        try:
+            points = _live_points(s, pp, m, v) if v > 1 else ((min(pp - s, m),),)
+        except ConfigError:
+            return None
+        flights.append(tuple(max(p[c] for p in points) for c in range(v)))
+    return tuple(flights)
 
 
 def _extras(job: Job, req: Request) -> tuple[float, float]:
