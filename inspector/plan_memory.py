@@ -10,9 +10,10 @@ model mixes both kinds (--moe-layer-freq) —, reads every parameter's numel, dt
 and DDP flags (`allreduce`, `shared_embedding`) off megatron's modules, and `compose_stage`
 lays out any stage's chunks as megatron's DistributedDataParallel would. Two expert-parallel sizes
 (both above 1) differ only in how many experts a rank holds, megatron's num_moe_experts // ep
-(MoELayer): where every expert-parallel weight comes once per local expert (Transformer Engine's
-grouped MLP registers one weight per expert), the pieces built for one ep serve the others with
-those runs of weights scaled (`_scaled`; tests check them equal to megatron's own builds).
+(MoELayer): where megatron's names show the expert-parallel weights per local expert
+(SequentialMLP's `local_experts.{i}.`, TEGroupedMLP's `weight{i}`), the pieces built for one ep
+serve the others with those weights repeated for the new count (`_scalable`; tests check them
+equal to megatron's own builds).
 
 
   megatron-core `_ParamAndGradBuffer.__init__` (distributed/param_and_grad_buffer.py): one buffer
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -92,25 +94,25 @@ def piece_key(job: Job) -> tuple[Any, ...]:
 
 
 _PIECES: dict[tuple[Any, ...], Pieces] = {}
-# piece_key less ep -> (local experts, pieces) of a build whose expert weights come per expert
-_SCALABLE: dict[tuple[Any, ...], tuple[int, Pieces]] = {}
+# piece_key less ep -> a build whose expert weights megatron names per local expert, and their count
+_SCALABLE: dict[tuple[Any, ...], tuple[_Built, int]] = {}
 
 
 def pieces_for(job: Job) -> Pieces:
     """Return the job's pieces, building the small models once per `piece_key` (or scaling)."""
     key = piece_key(job)
-    if key in _PIECES:
-        return _PIECES[key]
-    local = _local_experts(job)
-    family = key[:2] + key[3:]
-    if local is not None and family in _SCALABLE:
-        pieces = _scaled(*_SCALABLE[family], local)
-    else:
-        pieces = _build_pieces(job)
-        if local is not None and local > 1 and _per_expert(pieces, local):
-            _SCALABLE[family] = (local, pieces)
-    _PIECES[key] = pieces
-    return pieces
+    if key not in _PIECES:
+        local = _local_experts(job)
+        family = key[:2] + key[3:]
+        if local is not None and family in _SCALABLE:
+            built, built_local = _SCALABLE[family]
+            _PIECES[key] = _as_pieces(built, (built_local, local))
+        else:
+            built = _build_pieces(job)
+            if local is not None and _scalable(built, local):
+                _SCALABLE[family] = (built, local)
+            _PIECES[key] = _as_pieces(built)
+    return _PIECES[key]
 
 
 def _local_experts(job: Job) -> int | None:
@@ -119,31 +121,118 @@ def _local_experts(job: Job) -> int | None:
     return None if experts is None or ep == 1 else experts // ep
 
 
-def _pieces_runs(pieces: Pieces) -> list[tuple[Run, ...]]:
-    return [pieces.embedding, pieces.embedding_alone, *pieces.layers.values(),
-            pieces.output_embedding, pieces.output, pieces.output_alone]
+Named = tuple[tuple[str, Param], ...]  # megatron's parameter names, and their Params, in order
 
 
-def _per_expert(pieces: Pieces, local: int) -> bool:
-    """Return whether every expert-parallel run counts whole multiples of the local experts."""
-    counts = [n for runs in _pieces_runs(pieces) for param, n in runs if param.expert]
-    return bool(counts) and all(n % local == 0 for n in counts)
+@dataclass(frozen=True)
+class _Built:
+    """Each piece's named parameters, as the small builds gave them (see Pieces)."""
+
+    embedding: Named
+    embedding_alone: Named
+    layers: dict[bool, Named]
+    output_embedding: Named
+    output: Named
+    output_alone: Named
+    grad_dtype: Any
+
+    def parts(self) -> list[Named]:
+        """Return every piece's parameters."""
+        return [self.embedding, self.embedding_alone, *self.layers.values(),
+                self.output_embedding, self.output, self.output_alone]
 
 
-def _scaled(local: int, pieces: Pieces, to: int) -> Pieces:
-    """Return the pieces with `to` local experts instead of `local` (see `_per_expert`)."""
+def _as_pieces(built: _Built, experts: tuple[int, int] | None = None) -> Pieces:
+    """Return the built pieces as runs; `experts` (local, to): with `to` local experts instead of
+    the build's `local` (`_scalable` builds only)."""
 
-    def scale(runs: tuple[Run, ...]) -> tuple[Run, ...]:
-        return tuple((p, n // local * to if p.expert else n) for p, n in runs)
+    def runs(named: Named) -> tuple[Run, ...]:
+        if experts is None:
+            return runs_of([param for _, param in named])
+        return runs_of(_scaled_params(named, *experts))
 
-    return replace(
-        pieces,
-        embedding=scale(pieces.embedding),
-        embedding_alone=scale(pieces.embedding_alone),
-        layers={kind: scale(runs) for kind, runs in pieces.layers.items()},
-        output_embedding=scale(pieces.output_embedding),
-        output=scale(pieces.output),
-        output_alone=scale(pieces.output_alone),
+    return Pieces(
+        embedding=runs(built.embedding),
+        embedding_alone=runs(built.embedding_alone),
+        layers={kind: runs(named) for kind, named in built.layers.items()},
+        output_embedding=runs(built.output_embedding),
+        output=runs(built.output),
+        output_alone=runs(built.output_alone),
+        grad_dtype=built.grad_dtype,
+    )
+
+
+# megatron's names for one local expert's copy of a weight: SequentialMLP
+# `...local_experts.{i}.linear_fc1.weight`, TEGroupedMLP `...linear_fc1.weight{i}`
+_EXPERT_COPY = (
+    re.compile(r"(.*\.local_experts\.)(\d+)(\..*)"),
+    re.compile(r"(.*\.linear_fc[12]\.(?:weight|bias))(\d+)()"),
+)
+
+
+def _expert_copy(name: str) -> tuple[str, int] | None:
+    """Return (the weight's name less the expert index, the local expert index), or None."""
+    for pattern in _EXPERT_COPY:
+        match = pattern.fullmatch(name)
+        if match:
+            return match[1] + "#" + match[3], int(match[2])
+    return None
+
+
+def _expert_blocks(named: Named) -> list[tuple[bool, Named]]:
+    """Return the parameters cut where the expert-parallel ones begin and end."""
+    return [
+        (expert, tuple(block))
+        for expert, block in itertools.groupby(named, key=lambda item: item[1].expert)
+    ]
+
+
+def _expert_order(block: Named, local: int) -> tuple[dict[str, Param], bool] | None:
+    """Return one expert's weights and whether each weight's copies stand side by side.
+
+    None unless the names show `local` alike experts (copies 0 .. local - 1 of each weight, one
+    Param per weight) in one of megatron's orders: expert after expert (SequentialMLP) or
+    weight after weight (TEGroupedMLP).
+    """
+    copies = [(_expert_copy(name), param) for name, param in block]
+    weights: dict[str, Param] = {}
+    order = []
+    for copy, param in copies:
+        if copy is None or weights.setdefault(copy[0], param) != param:
+            return None
+        order.append(copy)
+    if order == [(w, i) for i in range(local) for w in weights]:
+        return weights, False
+    if order == [(w, i) for w in weights for i in range(local)]:
+        return weights, True
+    return None
+
+
+def _scaled_params(named: Named, local: int, to: int) -> list[Param]:
+    """Return the parameters with every block of `local` experts' weights holding `to`."""
+    params: list[Param] = []
+    for expert, block in _expert_blocks(named):
+        order = _expert_order(block, local) if expert else None
+        if order is None:
+            params.extend(param for _, param in block)
+            continue
+        weights, side_by_side = order
+        if side_by_side:
+            params.extend(param for param in weights.values() for _ in range(to))
+        else:
+            params.extend(param for _ in range(to) for param in weights.values())
+    return params
+
+
+def _scalable(built: _Built, local: int) -> bool:
+    """Return whether every expert-parallel block names `local` alike experts (local > 1, where
+    megatron's two orders differ), rebuilding the same parameters at `local`."""
+    blocks = [block for named in built.parts() for expert, block in _expert_blocks(named) if expert]
+    return (
+        local > 1
+        and bool(blocks)
+        and all(_expert_order(block, local) is not None for block in blocks)
+        and _as_pieces(built, (local, local)) == _as_pieces(built)
     )
 
 
@@ -159,17 +248,17 @@ def _params_of(module: Any) -> list[tuple[str, Param]]:
     return out
 
 
-def _split(named: list[tuple[str, Param]]) -> tuple[list[Param], list[Param], list[Param]]:
+def _split(named: list[tuple[str, Param]]) -> tuple[Named, Named, Named]:
     """Split a stage's parameters into embedding, decoder layers and final norm / output."""
     head, layers, tail = [], [], []
-    for name, param in named:
-        if name.startswith("embedding."):
-            head.append(param)
-        elif name.startswith("decoder.layers."):
-            layers.append(param)
+    for item in named:
+        if item[0].startswith("embedding."):
+            head.append(item)
+        elif item[0].startswith("decoder.layers."):
+            layers.append(item)
         else:
-            tail.append(param)
-    return head, layers, tail
+            tail.append(item)
+    return tuple(head), tuple(layers), tuple(tail)
 
 
 def _first_chunks(job: Job) -> list[Any]:
@@ -182,7 +271,7 @@ def _first_chunks(job: Job) -> list[Any]:
     ]
 
 
-def _build_pieces(job: Job) -> Pieces:
+def _build_pieces(job: Job) -> _Built:
     """Build two small models (2 layers on 2 stages, 1 layer on 1 stage) and cut them in pieces."""
     from inspector.world import megatron
 
@@ -212,18 +301,18 @@ def _build_pieces(job: Job) -> Pieces:
     megatron()
     import torch
 
-    dtype = first[1][0].dtype
+    dtype = first[1][0][1].dtype
     fp32 = job.training.fp32_grads
     if fp32 is None:  # ddp.py: megatron's default, grad_reduce_in_fp32 = config.bf16
         fp32 = dtype == torch.bfloat16
     grad = torch.float32 if fp32 else dtype
-    return Pieces(
-        embedding=runs_of(first[0]),
-        embedding_alone=runs_of(alone[0]),
-        layers={kind: runs_of(first[1] if kind == small.is_moe_layer(0) else last[1]) for kind in kinds},
-        output_embedding=runs_of(last[0]),
-        output=runs_of(last[2]),
-        output_alone=runs_of(alone[2]),
+    return _Built(
+        embedding=first[0],
+        embedding_alone=alone[0],
+        layers={kind: first[1] if kind == small.is_moe_layer(0) else last[1] for kind in kinds},
+        output_embedding=last[0],
+        output=last[2],
+        output_alone=alone[2],
         grad_dtype=grad,
     )
 

@@ -108,10 +108,15 @@ SCALED = {  # name: (flags, whether megatron's expert weights come one per local
              moe_ffn_hidden_size=128, bf16=True),
         True,
     ),
-    "sequential experts": (  # fc1, fc2 per expert: built for every ep
+    "sequential experts": (  # one expert's fc1 and fc2, repeated per expert
         dict(preset="mixtral-8x7b", num_layers=2, num_experts=16, hidden_size=256,
              num_attention_heads=8, num_query_groups=4, ffn_hidden_size=512,
              moe_ffn_hidden_size=512, bf16=True),
+        True,
+    ),
+    "legacy grouped experts": (  # one weight holding every local expert: built for every ep
+        dict(num_layers=2, num_experts=16, moe_grouped_gemm=True, disable_bias_linear=True,
+             hidden_size=256, num_attention_heads=8, moe_ffn_hidden_size=128),
         False,
     ),
 }
@@ -128,12 +133,13 @@ def test_pieces_scaled_to_another_expert_size_equal_megatrons_build(name, etp, m
     monkeypatch.setattr(pm, "_SCALABLE", {})
     flags, scales = SCALED[name]
     sizes = dict(dp=16, expert_tensor_parallel_size=etp)
-    built = pm.pieces_for(_job(**flags, **sizes, ep=2))
-    assert len(pm._SCALABLE) == int(scales)
-    assert sum(n for runs in pm._pieces_runs(built) for p, n in runs if p.expert) >= 8
-    for ep in (4, 8, 16):
+    built = pm._build_pieces(_job(**flags, **sizes, ep=2))
+    assert any(p.expert for named in built.parts() for _, p in named)  # ep > 1 weights
+    assert pm._scalable(built, 8) == scales
+    for ep in (2, 4, 8, 16):
         job = _job(**flags, **sizes, ep=ep)
-        assert pm.pieces_for(job) == pm._build_pieces(job), ep
+        assert pm.pieces_for(job) == pm._as_pieces(pm._build_pieces(job)), ep
+        assert len(pm._SCALABLE) == int(scales)
 
 
 @pytest.mark.parametrize("sizes", [dict(ep=4), dict(ep=8, expert_tensor_parallel_size=1)])
