@@ -347,37 +347,23 @@ def _joined(parts: Sequence[Sequence[Run]]) -> tuple[Run, ...]:
     return tuple(out)
 
 
-def lay_out_buffers(
-    runs: Sequence[Run],
-    grad_dtype: Any,
-    distributed: bool,
-    dp_size: int,
-    expert_dp_size: int,
-    bucket_size: int | None,
-) -> tuple[BufferLayout, ...]:
-    """Return megatron's grad buffers for one chunk's parameters (see the module docstring)."""
+def _groups(runs: Sequence[Run]) -> tuple[tuple[tuple[bool, Any], tuple[Run, ...]], ...]:
+    """Return the runs of each buffer: one per (expert, dtype), dense buffers first."""
     grouped: dict[tuple[bool, Any], list[Run]] = {}
     for run in runs:
         grouped.setdefault((run[0].expert, run[0].dtype), []).append(run)
-    groups = {key: _joined([members]) for key, members in grouped.items()}
-    buffers = []
-    for (expert, dtype), members in sorted(groups.items(), key=lambda kv: kv[0][0]):
-        size = expert_dp_size if expert else dp_size
-        buffers.append(
-            _one_buffer(members, expert, dtype, grad_dtype, distributed, size, bucket_size)
-        )
-    return tuple(buffers)
+    return tuple(
+        (key, _joined([members])) for key, members in sorted(grouped.items(), key=lambda kv: kv[0][0])
+    )
 
 
-def _one_buffer(
-    runs: Sequence[Run],
-    expert: bool,
-    dtype: Any,
-    grad_dtype: Any,
-    distributed: bool,
-    dp: int,
-    bucket_size: int | None,
-) -> BufferLayout:
+Spans = list[tuple[int, int, int]]  # (start, end, bucket) of parameters side by side
+Buckets = list[tuple[int, int, int]]  # (offset, end padded, unpadded numel)
+
+
+def _placed(
+    runs: Sequence[Run], distributed: bool, dp: int, bucket_size: int | None
+) -> tuple[Spans, Buckets]:
     """Reimplement `_ParamAndGradBuffer`'s index arithmetic for one buffer, a run at a time.
 
     Within a run of equal parameters each starts a step (its numel, padded to 64 with the
@@ -386,8 +372,8 @@ def _one_buffer(
     which is all the optimizer's shards (`owned_numel`) depend on.
     """
     divisor = math.lcm(dp, 128)
-    spans: list[tuple[int, int, int]] = []  # (start, end, bucket) of parameters side by side
-    buckets: list[tuple[int, int, int]] = []  # (offset, end padded, unpadded numel)
+    spans: Spans = []
+    buckets: Buckets = []
     start = bucket_start = in_bucket = end = 0
 
     def close(param_end: int) -> int:
@@ -418,6 +404,14 @@ def _one_buffer(
             start = close(end) if closes else end
     if in_bucket:
         close(end)
+    return spans, buckets
+
+
+def _buffer(
+    spans: Spans, buckets: Buckets, expert: bool, dtype: Any, grad_dtype: Any,
+    distributed: bool, dp: int,
+) -> BufferLayout:
+    """Return one placed buffer as a BufferLayout, each rank's optimizer shard counted."""
     numel = buckets[-1][1]
     owned = (numel,) * dp
     if distributed:
@@ -499,10 +493,35 @@ def _chunk_buffers(
     expert_dp_size: int,
     bucket_size: int | None,
 ) -> tuple[BufferLayout, ...]:
-    runs, _ = _chunk_runs(pieces_id, shape, pp)
-    return lay_out_buffers(
-        runs, _BY_ID[pieces_id].grad_dtype, distributed, dp_size, expert_dp_size, bucket_size
-    )
+    """Return megatron's grad buffers for one chunk's parameters (see the module docstring)."""
+    grad_dtype = _BY_ID[pieces_id].grad_dtype
+    buffers = []
+    for index, ((expert, dtype), runs) in enumerate(_chunk_groups(pieces_id, shape, pp)):
+        dp = expert_dp_size if expert else dp_size
+        if bucket_size is None and not (distributed and any(p.shared_embedding for p, _ in runs)):
+            # one bucket, closed at the end: only its end padding depends on dp
+            spans, end = _one_bucket(pieces_id, shape, pp, index, distributed)
+            buckets = [(0, _pad(end, math.lcm(dp, 128)) if distributed else end, end)]
+        else:
+            spans, buckets = _placed(runs, distributed, dp, bucket_size)
+        buffers.append(_buffer(spans, buckets, expert, dtype, grad_dtype, distributed, dp))
+    return tuple(buffers)
+
+
+@lru_cache(maxsize=65536)
+def _chunk_groups(
+    pieces_id: int, shape: ChunkShape, pp: int
+) -> tuple[tuple[tuple[bool, Any], tuple[Run, ...]], ...]:
+    return _groups(_chunk_runs(pieces_id, shape, pp)[0])
+
+
+@lru_cache(maxsize=65536)
+def _one_bucket(
+    pieces_id: int, shape: ChunkShape, pp: int, group: int, distributed: bool
+) -> tuple[Spans, int]:
+    """Return a buffer's spans and its end before padding, where it is one bucket."""
+    spans, buckets = _placed(_chunk_groups(pieces_id, shape, pp)[group][1], distributed, 1, None)
+    return spans, buckets[-1][2]
 
 
 @lru_cache(maxsize=65536)
