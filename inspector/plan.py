@@ -35,6 +35,7 @@ from inspector.plan_price import (  # noqa: F401 (Plan, StagePlan, evaluate: the
     _timed,
     evaluate,
     megatron_flags,
+    model_token,
 )
 from inspector.plan_split import Split, accounted_split, balance, even_split, split_flags
 from inspector.topology import Layout, validate_layout
@@ -127,10 +128,14 @@ def _vpp_choices(req: Request, pp: int, m: int) -> list[int]:
     return out
 
 
-@lru_cache(maxsize=65536)
 def layout_for(lay: Layout, model: ModelConfig, split: Split, vpp: int) -> Layout | None:
     """Return the Layout megatron would get from the split's flags (None if they are invalid)."""
-    flags = split_flags(split, model.num_layers, lay.pp, vpp)
+    return _layout_for(lay, model.num_layers, split, vpp)
+
+
+@lru_cache(maxsize=65536)
+def _layout_for(lay: Layout, num_layers: int, split: Split, vpp: int) -> Layout | None:
+    flags = split_flags(split, num_layers, lay.pp, vpp)
     values: dict[str, Any] = {"vpp": vpp if vpp > 1 else None}
     for name, value in flags.items():
         if name == "num_virtual_stages_per_pipeline_rank":
@@ -322,7 +327,10 @@ def _first_fit(
 
 def _job(req: Request, lay: Layout, mbs: int, recompute: str, distopt: bool, flash: bool) -> Job | None:
     """Return the candidate's Job, or None where megatron's rules (job.py) refuse it."""
-    if _layout_refused(req.model, lay):  # Job would raise the same, whatever the training
+    key = (model_token(req.model), lay)
+    if key not in _REFUSED:
+        _REFUSED[key] = _layout_refused(req.model, lay)
+    if _REFUSED[key]:  # Job would raise the same, whatever the training
         return None
     training = replace(
         req.training,
@@ -341,7 +349,9 @@ def _job(req: Request, lay: Layout, mbs: int, recompute: str, distopt: bool, fla
     return job
 
 
-@lru_cache(maxsize=65536)
+_REFUSED: dict[tuple[int, Layout], bool] = {}
+
+
 def _layout_refused(model: ModelConfig, lay: Layout) -> bool:
     """Return whether topology.validate_layout, which every Job runs, refuses this layout.
 

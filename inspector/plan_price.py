@@ -253,9 +253,25 @@ def _pair_layout(lay: Layout) -> Layout:
 def _state_scope(job: Job, pairs_of: Layout) -> dict[tuple[Any, ...], Any]:
     """Return the stage states of every job sharing this one's pieces, pp, optimizer and ranks."""
     lay, training = job.layout, job.training
-    key = (piece_key(job), lay.pp, training.use_distributed_optimizer,
-           training.overlap_grad_reduce, training.ddp_bucket_size, pairs_of)
+    key = (model_token(job.model), *piece_key(job)[1:], lay.pp,
+           training.use_distributed_optimizer, training.overlap_grad_reduce,
+           training.ddp_bucket_size, pairs_of)
     return _STATE.setdefault(key, {})
+
+
+_MODELS: dict[ModelConfig, int] = {}
+_LAST_MODEL: list[Any] = [None, -1]  # the config asked last, and its token
+
+
+def model_token(model: ModelConfig) -> int:
+    """Return a small int standing for the model in cache keys, one per distinct config.
+
+    A frozen ModelConfig hashes its ~40 fields on every lookup; a search asks about one config
+    object hundreds of thousands of times.
+    """
+    if model is not _LAST_MODEL[0]:
+        _LAST_MODEL[:] = [model, _MODELS.setdefault(model, len(_MODELS))]
+    return int(_LAST_MODEL[1])
 
 
 def _stage_state(
@@ -294,9 +310,21 @@ class _Stages:
     signatures: tuple[tuple[Any, ...], ...]
 
 
-@lru_cache(maxsize=16384)
+_STAGES: dict[tuple[Any, ...], _Stages] = {}
+
+
 def _stages_of(model: ModelConfig, dims: ModelDims, split: Split, pp: int, v: int) -> _Stages:
-    """Return a split's stages, once per split (every layout with this pp and v shares them)."""
+    """Return a split's stages, once per split (every layout with this pp and v shares them).
+
+    `dims` is the model's: a layer's kind is the same in both.
+    """
+    key = (model_token(model), split, pp, v)
+    if key not in _STAGES:
+        _STAGES[key] = _split_stages(model, dims, split, pp, v)
+    return _STAGES[key]
+
+
+def _split_stages(model: ModelConfig, dims: ModelDims, split: Split, pp: int, v: int) -> _Stages:
     placed = tuple(
         tuple(tuple(c) for c in chunks) for chunks in chunk_layers(split, pp, v)
     )
