@@ -34,6 +34,7 @@ from inspector.plan_price import (  # noqa: F401 (Plan, StagePlan, evaluate: the
     _stage_state,
     _timed,
     evaluate,
+    job_dims,
     megatron_flags,
     model_token,
 )
@@ -178,7 +179,7 @@ def _capped_split(
     job = _job(req, lay, mbs, "none", distopt, flash) if lay else None
     if job is None:
         return None
-    pp, m, dims = base.pp, job.schedule().num_microbatches, job.dims()
+    pp, m, dims = base.pp, job.schedule().num_microbatches, job_dims(job)
     pairs_of = _pair_layout(job.layout)
     model = req.model
     kinds = {model.is_moe_layer(i): i for i in reversed(range(model.num_layers))}  # kind: first
@@ -332,6 +333,16 @@ def _job(req: Request, lay: Layout, mbs: int, recompute: str, distopt: bool, fla
         _REFUSED[key] = _layout_refused(req.model, lay)
     if _REFUSED[key]:  # Job would raise the same, whatever the training
         return None
+    asked = (*key, req.training, req.global_batch_size, mbs, recompute, distopt, flash)
+    if asked not in _JOBS:  # _capped_split and _first_fit ask for some of the same
+        _JOBS[asked] = _new_job(req, lay, mbs, recompute, distopt, flash)
+    return _JOBS[asked]
+
+
+_JOBS: dict[tuple[Any, ...], Job | None] = {}
+
+
+def _new_job(req: Request, lay: Layout, mbs: int, recompute: str, distopt: bool, flash: bool) -> Job | None:
     training = replace(
         req.training,
         micro_batch_size=mbs,

@@ -259,6 +259,19 @@ def _state_scope(job: Job, pairs_of: Layout) -> dict[tuple[Any, ...], Any]:
     return _STATE.setdefault(key, {})
 
 
+_DIMS: dict[tuple[Any, ...], ModelDims] = {}
+
+
+def job_dims(job: Job) -> ModelDims:
+    """Return job.dims(), once per what it reads: the model, tp (vocab padding), dropout on/off."""
+    training = job.training
+    key = (model_token(job.model), job.layout.tp, training.attention_dropout > 0,
+           training.hidden_dropout > 0)
+    if key not in _DIMS:
+        _DIMS[key] = job.dims()
+    return _DIMS[key]
+
+
 _MODELS: dict[ModelConfig, int] = {}
 _LAST_MODEL: list[Any] = [None, -1]  # the config asked last, and its token
 
@@ -347,7 +360,7 @@ def _price_memory(job: Job, split: Split) -> tuple[Placed, tuple[StagePlan, ...]
     """Return each rank's chunks' layers and its memory: exact state, activation peak."""
     lay, training = job.layout, job.training
     schedule = job.schedule()
-    dims = job.dims()
+    dims = job_dims(job)
     v = lay.chunks
     stages_of = _stages_of(job.model, dims, split, lay.pp, v)
     pairs_of = _pair_layout(lay)
@@ -380,7 +393,7 @@ def _timed(
     """Return the plan with its step time (plan_cost), given its memory."""
     lay, training = job.layout, job.training
     schedule = job.schedule()
-    dims = job.dims()
+    dims = job_dims(job)
     net = Network(req.gpu, req.gpus_per_node)
     mbs, distributed = schedule.micro_batch_size, training.use_distributed_optimizer
     signatures = _stages_of(job.model, dims, split, lay.pp, lay.chunks).signatures
