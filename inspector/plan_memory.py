@@ -546,42 +546,36 @@ def stage_state(
     _BY_ID[id(pieces)] = pieces
     lay, training = job.layout, job.training
     distributed = training.use_distributed_optimizer
-    buffers: list[BufferLayout] = []
-    for index, shape in enumerate(chunks):
-        bucketed = stage == 0 and index == 0
-        bucket = resolve_bucket_size(
-            training.ddp_bucket_size,
-            overlap_grad_reduce=training.overlap_grad_reduce,
-            dp_cp_size=lay.dp * lay.cp,
-        )
-        buffers.extend(
-            _chunk_buffers(
-                id(pieces),
-                shape,
-                lay.pp,
-                distributed,
-                lay.dp * lay.cp,
-                lay.expert_dp,
-                bucket if bucketed else None,
-            )
-        )
-    best = most_loaded(buffers, distributed, shard_pairs)
+    bucket = resolve_bucket_size(
+        training.ddp_bucket_size,
+        overlap_grad_reduce=training.overlap_grad_reduce,
+        dp_cp_size=lay.dp * lay.cp,
+    )
+    keys = [  # bucketed: stage 0's first chunk only
+        (id(pieces), shape, lay.pp, distributed, lay.dp * lay.cp, lay.expert_dp,
+         bucket if stage == 0 and index == 0 else None)
+        for index, shape in enumerate(chunks)
+    ]
+    buffers = [buffer for key in keys for buffer in _chunk_buffers(*key)]
+    best = most_loaded(buffers, distributed, shard_pairs, [_chunk_optimizer(*key) for key in keys])
     return best, sum(_chunk_runs(id(pieces), shape, lay.pp)[1] for shape in chunks)
 
 
 def most_loaded(
-    buffers: Sequence[BufferLayout], distributed: bool, shard_pairs: Sequence[tuple[int, int]]
+    buffers: Sequence[BufferLayout], distributed: bool, shard_pairs: Sequence[tuple[int, int]],
+    optimizer: Sequence[tuple[tuple[int, ...], tuple[int, ...]]],
 ) -> StateBytes:
     """Return memory.state_bytes of the first rank in `shard_pairs` holding the most bytes.
 
     Only the optimizer's share depends on the rank (its `owned_numel` shard of each buffer), so
-    one pass sums each data index's shard over the dense buffers and each expert index's over
-    the expert buffers, instead of pricing every rank's buffers again.
+    each data index's shard bytes are summed over the dense buffers and each expert index's over
+    the expert buffers (`optimizer`: each chunk's, `_chunk_optimizer`), instead of pricing every
+    rank's buffers again.
     """
     if not distributed:  # every rank holds the same bytes
         return state_bytes(buffers, distributed, *shard_pairs[0])
-    dense = _optimizer_elements(buffers, expert=False)
-    expert = _optimizer_elements(buffers, expert=True)
+    dense = _summed([chunk[0] for chunk in optimizer])
+    expert = _summed([chunk[1] for chunk in optimizer])
     best = max(
         range(len(shard_pairs)),
         key=lambda k: dense.get(shard_pairs[k][0], 0) + expert.get(shard_pairs[k][1], 0),
@@ -589,10 +583,34 @@ def most_loaded(
     return state_bytes(buffers, distributed, *shard_pairs[best])
 
 
-def _optimizer_elements(buffers: Sequence[BufferLayout], expert: bool) -> dict[int, int]:
+def _summed(rows: Sequence[tuple[int, ...]]) -> dict[int, int]:
+    """Return per index the sum of the rows that are not empty."""
+    return dict(enumerate(map(sum, zip(*(row for row in rows if row), strict=True))))
+
+
+@lru_cache(maxsize=65536)
+def _chunk_optimizer(
+    pieces_id: int,
+    shape: ChunkShape,
+    pp: int,
+    distributed: bool,
+    dp_size: int,
+    expert_dp_size: int,
+    bucket_size: int | None,
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Return per data index, and per expert data index, the optimizer bytes of its shards of
+    the chunk's dense (expert) buffers; empty where the chunk has none."""
+    buffers = _chunk_buffers(
+        pieces_id, shape, pp, distributed, dp_size, expert_dp_size, bucket_size
+    )
+    return _optimizer_elements(buffers, expert=False), _optimizer_elements(buffers, expert=True)
+
+
+def _optimizer_elements(buffers: Sequence[BufferLayout], expert: bool) -> tuple[int, ...]:
     """Return per data index the optimizer bytes of its shards of the dense (or expert) buffers."""
-    rows = [
-        [owned * optimizer_bytes_per_element(b) for owned in b.owned_numel]
-        for b in buffers if b.expert == expert
-    ]
-    return dict(enumerate(map(sum, zip(*rows, strict=True))))
+    rows = []
+    for buffer in buffers:
+        if buffer.expert == expert:
+            each = optimizer_bytes_per_element(buffer)
+            rows.append([owned * each for owned in buffer.owned_numel])
+    return tuple(map(sum, zip(*rows, strict=True)))
