@@ -27,11 +27,13 @@ from inspector.plan_price import (  # noqa: F401 (Plan, StagePlan, evaluate: the
     Request,
     StagePlan,
     _activation_layout,
+    _first_of_kind,
     _layer_bytes,
     _live_points,
     _pair_layout,
     _price_memory,
     _stage_state,
+    _state_scope,
     _timed,
     evaluate,
     job_dims,
@@ -181,11 +183,11 @@ def _capped_split(
         return None
     pp, m, dims = base.pp, job.schedule().num_microbatches, job_dims(job)
     pairs_of = _pair_layout(job.layout)
-    model = req.model
-    kinds = {model.is_moe_layer(i): i for i in reversed(range(model.num_layers))}  # kind: first
+    kinds = _first_of_kind(dims)  # kind: its first layer, the last layer's kind first
+    scope = _state_scope(job, pairs_of)
 
     def state(*shapes: ChunkShape) -> int:
-        return int(_stage_state(job, 1, shapes, pairs_of).total)
+        return int(_stage_state(job, 1, shapes, pairs_of, scope).total)
 
     k = next(iter(kinds))
     one = state(ChunkShape((k,), False, False))
