@@ -237,7 +237,7 @@ def _shard_pairs(lay: Layout) -> tuple[tuple[int, int], ...]:
 
 
 # what stages share (model pieces, pp, optimizer, buckets, ranks) -> (shapes, first?) -> state
-_STATE: dict[tuple[Any, ...], dict[tuple[Any, ...], Any]] = {}
+_STATE: dict[tuple[Any, ...], dict[int, Any]] = {}
 
 
 @lru_cache(maxsize=4096)
@@ -250,7 +250,7 @@ def _pair_layout(lay: Layout) -> Layout:
                    pipeline_model_parallel_layout=None)
 
 
-def _state_scope(job: Job, pairs_of: Layout) -> dict[tuple[Any, ...], Any]:
+def _state_scope(job: Job, pairs_of: Layout) -> dict[int, Any]:
     """Return the stage states of every job sharing this one's pieces, pp, optimizer and ranks."""
     lay, training = job.layout, job.training
     key = (model_token(job.model), *piece_key(job)[1:], lay.pp,
@@ -289,15 +289,28 @@ def model_token(model: ModelConfig) -> int:
 
 def _stage_state(
     job: Job, stage: int, shapes: tuple[ChunkShape, ...], pairs_of: Layout,
-    scope: dict[tuple[Any, ...], Any] | None = None,
+    scope: dict[int, Any] | None = None, key: int | None = None,
 ) -> Any:
-    """Return plan_memory.stage_state, computed once per distinct stage (mbs, recompute apart)."""
+    """Return plan_memory.stage_state, computed once per distinct stage (mbs, recompute apart).
+
+    `key`: the stage's `_number`, where the caller has it.
+    """
     if scope is None:
         scope = _state_scope(job, pairs_of)
-    key = (shapes, stage == 0)
+    if key is None:
+        key = _number(_STAGE_NUMBERS, (shapes, stage == 0))
     if key not in scope:
         scope[key] = stage_state(job, stage, shapes, _shard_pairs(pairs_of))[0]
     return scope[key]
+
+
+_STAGE_NUMBERS: dict[tuple[tuple[ChunkShape, ...], bool], int] = {}  # (shapes, first stage?)
+_SIGNATURE_NUMBERS: dict[tuple[Any, ...], int] = {}
+
+
+def _number(numbers: dict[Any, int], value: Any) -> int:
+    """Return the small int that stands for `value` in cache keys (hashed once per split)."""
+    return numbers.setdefault(value, len(numbers))
 
 
 def _signature(dims: ModelDims, chunks: Sequence[Sequence[int]]) -> tuple[Any, ...]:
@@ -316,11 +329,14 @@ Placed = tuple[tuple[tuple[int, ...], ...], ...]  # per pipeline rank, each chun
 
 @dataclass(frozen=True)
 class _Stages:
-    """A split's stages: each rank's chunks' layers, ChunkShapes and cost signature."""
+    """A split's stages: each rank's chunks' layers, ChunkShapes and cost signature, and the
+    numbers that stand for (shapes, first stage?) and signatures in cache keys."""
 
     placed: Placed
     shapes: tuple[tuple[ChunkShape, ...], ...]
     signatures: tuple[tuple[Any, ...], ...]
+    state_keys: tuple[int, ...]
+    signature_keys: tuple[int, ...]
 
 
 _STAGES: dict[tuple[Any, ...], _Stages] = {}
@@ -348,7 +364,12 @@ def _split_stages(model: ModelConfig, dims: ModelDims, split: Split, pp: int, v:
         )
         for s, chunks in enumerate(placed)
     )
-    return _Stages(placed, shapes, tuple(_signature(dims, chunks) for chunks in placed))
+    signatures = tuple(_signature(dims, chunks) for chunks in placed)
+    return _Stages(
+        placed, shapes, signatures,
+        tuple(_number(_STAGE_NUMBERS, (each, s == 0)) for s, each in enumerate(shapes)),
+        tuple(_number(_SIGNATURE_NUMBERS, each) for each in signatures),
+    )
 
 
 def evaluate(job: Job, split: Split, req: Request) -> Plan:
@@ -373,9 +394,9 @@ def _price_memory(job: Job, split: Split) -> tuple[Placed, tuple[StagePlan, ...]
     )
     stages = []
     for s, layers in enumerate(stages_of.placed):
-        state = _stage_state(job, s, stages_of.shapes[s], pairs_of, states)
+        state = _stage_state(job, s, stages_of.shapes[s], pairs_of, states, stages_of.state_keys[s])
         position = s if v > 1 else min(lay.pp - s, m)  # 1F1B: only min(p - s, m) matters
-        key = (s == 0, s == lay.pp - 1, position, stages_of.signatures[s])
+        key = (s == 0, s == lay.pp - 1, position, stages_of.signature_keys[s])
         if key not in acts:
             acts[key] = stage_activation_bytes(
                 dims, par, s, layers, schedule.micro_batch_size, m, training.recompute,
@@ -396,7 +417,7 @@ def _timed(
     dims = job_dims(job)
     net = Network(req.gpu, req.gpus_per_node)
     mbs, distributed = schedule.micro_batch_size, training.use_distributed_optimizer
-    signatures = _stages_of(job.model, dims, split, lay.pp, lay.chunks).signatures
+    signatures = _stages_of(job.model, dims, split, lay.pp, lay.chunks).signature_keys
     scope = _TIME.setdefault(
         (dims, _pair_layout(lay), lay.pp, net, req.efficiency, mbs, training.recompute,
          distributed), {},
