@@ -63,6 +63,8 @@ def balance(
         for i in range(j, layers - (stages - j) + 1):
             value_i, pick_i = row[i], picks[i]
             for n in range(1, min(cap, i - (j - 1)) + 1):
+                if n + extra >= value_i - 1e-12:  # this n and every larger one cost no less
+                    break
                 prev = before[i - n]
                 if prev == inf:
                     continue
