@@ -27,7 +27,7 @@ from inspector.config import ModelConfig
 from inspector.flops import iteration_flops
 from inspector.formulas import ModelDims, live_microbatches
 from inspector.job import Job, Training
-from inspector.plan_cost import Gpu, Network, StageTime, StepTime, stage_time, step_time
+from inspector.plan_cost import Gpu, Network, StageTime, StepTime, stage_work, step_time, with_state
 from inspector.plan_memory import ChunkShape, piece_key, stage_state
 from inspector.plan_split import Split, chunk_layers, split_flags
 from inspector.topology import Layout
@@ -425,11 +425,16 @@ def _timed(
     times = []
     for st in stages:
         has_output = st.stage == lay.pp - 1
-        key = (signatures[st.stage], has_output, (st.gradients, st.weights, st.state))
-        if key not in scope:
-            scope[key] = stage_time(
+        work = (signatures[st.stage], has_output)
+        if work not in scope:
+            scope[work] = stage_work(
                 dims, lay, net, req.efficiency, mbs, training.recompute, placed[st.stage],
-                has_output, (st.gradients, st.weights), st.state, distributed,
+                has_output,
+            )
+        key = (*work, st.gradients, st.weights, st.state)
+        if key not in scope:
+            scope[key] = with_state(
+                scope[work], lay, net, (st.gradients, st.weights), st.state, distributed
             )
         times.append(scope[key])
     step = step_time(times, schedule.num_microbatches, lay.chunks)
@@ -439,7 +444,8 @@ def _timed(
 
 # (dims, activation sizes, mbs, m where interleaved, recompute, flash) -> stage -> (bytes, flight)
 _ACT: dict[tuple[Any, ...], dict[tuple[Any, ...], tuple[int, tuple[int, ...]]]] = {}
-# (dims, ranks, pp, network, efficiency, mbs, recompute, distopt) -> stage -> its time
+# (dims, ranks, pp, network, efficiency, mbs, recompute, distopt) -> (signature, output?) -> the
+# stage's work per micro-batch, and (signature, output?, gradients, weights, state) -> its time
 _TIME: dict[tuple[Any, ...], dict[tuple[Any, ...], StageTime]] = {}
 
 
