@@ -9,11 +9,11 @@ stage, where a tied output layer has no weight of its own) — an MoE layer and 
 model mixes both kinds (--moe-layer-freq) —, reads every parameter's numel, dtype
 and DDP flags (`allreduce`, `shared_embedding`) off megatron's modules, and `compose_stage`
 lays out any stage's chunks as megatron's DistributedDataParallel would. Two expert-parallel sizes
-(both above 1) differ only in how many experts a rank holds, megatron's num_moe_experts // ep
-(MoELayer): where megatron's names show the expert-parallel weights per local expert
-(SequentialMLP's `local_experts.{i}.`, TEGroupedMLP's `weight{i}`), the pieces built for one ep
-serve the others with those weights repeated for the new count (`_scalable`; tests check them
-equal to megatron's own builds).
+differ only in how many experts a rank holds, megatron's num_moe_experts // ep (MoELayer), and in
+the expert-parallel flag (allreduce=False) that the experts' weights carry when ep > 1:
+where megatron's names show those weights per local expert (SequentialMLP's `local_experts.{i}.`,
+TEGroupedMLP's `weight{i}`), the pieces built for one ep serve every other with those weights
+repeated for the new count (`_scalable`; tests check them equal to megatron's own builds).
 
 
   megatron-core `_ParamAndGradBuffer.__init__` (distributed/param_and_grad_buffer.py): one buffer
@@ -102,23 +102,18 @@ def pieces_for(job: Job) -> Pieces:
     """Return the job's pieces, building the small models once per `piece_key` (or scaling)."""
     key = piece_key(job)
     if key not in _PIECES:
-        local = _local_experts(job)
+        experts, ep = job.model.num_experts, job.layout.ep
+        local = None if experts is None else experts // ep  # megatron's num_local_experts
         family = key[:2] + key[3:]
         if local is not None and family in _SCALABLE:
             built, built_local = _SCALABLE[family]
-            _PIECES[key] = _as_pieces(built, (built_local, local))
+            _PIECES[key] = _as_pieces(built, (built_local, local, ep > 1))
         else:
             built = _build_pieces(job)
-            if local is not None and _scalable(built, local):
+            if local is not None and _scalable(built, local, ep > 1):
                 _SCALABLE[family] = (built, local)
             _PIECES[key] = _as_pieces(built)
     return _PIECES[key]
-
-
-def _local_experts(job: Job) -> int | None:
-    """Return the experts each expert-parallel rank holds (None: no expert parallelism)."""
-    experts, ep = job.model.num_experts, job.layout.ep
-    return None if experts is None or ep == 1 else experts // ep
 
 
 Named = tuple[tuple[str, Param], ...]  # megatron's parameter names, and their Params, in order
@@ -142,9 +137,9 @@ class _Built:
                 self.output_embedding, self.output, self.output_alone]
 
 
-def _as_pieces(built: _Built, experts: tuple[int, int] | None = None) -> Pieces:
-    """Return the built pieces as runs; `experts` (local, to): with `to` local experts instead of
-    the build's `local` (`_scalable` builds only)."""
+def _as_pieces(built: _Built, experts: tuple[int, int, bool] | None = None) -> Pieces:
+    """Return the built pieces as runs; `experts` (local, to, parallel): with `to` local experts
+    instead of the build's `local`, expert-parallel or not (`_scalable` builds only)."""
 
     def runs(named: Named) -> tuple[Run, ...]:
         if experts is None:
@@ -180,10 +175,12 @@ def _expert_copy(name: str) -> tuple[str, int] | None:
 
 
 def _expert_blocks(named: Named) -> list[tuple[bool, Named]]:
-    """Return the parameters cut where the expert-parallel ones begin and end."""
+    """Return the parameters cut where the copies of expert weights begin and end."""
     return [
-        (expert, tuple(block))
-        for expert, block in itertools.groupby(named, key=lambda item: item[1].expert)
+        (copies, tuple(block))
+        for copies, block in itertools.groupby(
+            named, key=lambda item: _expert_copy(item[0]) is not None
+        )
     ]
 
 
@@ -208,31 +205,41 @@ def _expert_order(block: Named, local: int) -> tuple[dict[str, Param], bool] | N
     return None
 
 
-def _scaled_params(named: Named, local: int, to: int) -> list[Param]:
-    """Return the parameters with every block of `local` experts' weights holding `to`."""
+def _scaled_params(named: Named, local: int, to: int, parallel: bool) -> list[Param]:
+    """Return the parameters with every block of `local` experts' weights holding `to`, flagged
+    expert-parallel (allreduce=False) where `parallel`."""
     params: list[Param] = []
-    for expert, block in _expert_blocks(named):
-        order = _expert_order(block, local) if expert else None
+    for copies, block in _expert_blocks(named):
+        order = _expert_order(block, local) if copies else None
         if order is None:
             params.extend(param for _, param in block)
             continue
         weights, side_by_side = order
+        flagged = [replace(param, expert=parallel) for param in weights.values()]
         if side_by_side:
-            params.extend(param for param in weights.values() for _ in range(to))
+            params.extend(param for param in flagged for _ in range(to))
         else:
-            params.extend(param for _ in range(to) for param in weights.values())
+            params.extend(param for _ in range(to) for param in flagged)
     return params
 
 
-def _scalable(built: _Built, local: int) -> bool:
-    """Return whether every expert-parallel block names `local` alike experts (local > 1, where
-    megatron's two orders differ), rebuilding the same parameters at `local`."""
-    blocks = [block for named in built.parts() for expert, block in _expert_blocks(named) if expert]
+def _scalable(built: _Built, local: int, parallel: bool) -> bool:
+    """Return whether the build's expert weights can be scaled to another expert count.
+
+    Every block of copies must name `local` alike experts (local > 1, where megatron's two
+    orders differ); the expert-parallel flag (megatron's allreduce=False) must be on exactly the
+    copies, and only with expert parallelism; and the build must come back at `local`.
+    """
+    blocks = [(copies, block) for named in built.parts() for copies, block in _expert_blocks(named)]
     return (
         local > 1
-        and bool(blocks)
-        and all(_expert_order(block, local) is not None for block in blocks)
-        and _as_pieces(built, (local, local)) == _as_pieces(built)
+        and any(copies for copies, _ in blocks)
+        and all(
+            all(param.expert == (copies and parallel) for _, param in block)
+            and (not copies or _expert_order(block, local) is not None)
+            for copies, block in blocks
+        )
+        and _as_pieces(built, (local, local, parallel)) == _as_pieces(built)
     )
 
 

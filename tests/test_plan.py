@@ -135,14 +135,19 @@ def test_pieces_scaled_to_another_expert_size_equal_megatrons_build(name, etp, m
     sizes = dict(dp=16, expert_tensor_parallel_size=etp)
     built = pm._build_pieces(_job(**flags, **sizes, ep=2))
     assert any(p.expert for named in built.parts() for _, p in named)  # ep > 1 weights
-    assert pm._scalable(built, 8) == scales
-    for ep in (2, 4, 8, 16):
-        job = _job(**flags, **sizes, ep=ep)
-        assert pm.pieces_for(job) == pm._as_pieces(pm._build_pieces(job)), ep
-        assert len(pm._SCALABLE) == int(scales)
+    assert pm._scalable(built, 8, True) == scales
+    for first in (2, 1):  # scaled from an expert-parallel build, and from one without
+        monkeypatch.setattr(pm, "_PIECES", {})
+        monkeypatch.setattr(pm, "_SCALABLE", {})
+        for ep in (first, *(ep for ep in (1, 2, 4, 8, 16) if ep != first)):
+            job = _job(**flags, **sizes, ep=ep)
+            assert pm.pieces_for(job) == pm._as_pieces(pm._build_pieces(job)), (first, ep)
+            assert len(pm._SCALABLE) == int(scales)
 
 
-@pytest.mark.parametrize("sizes", [dict(ep=4), dict(ep=8, expert_tensor_parallel_size=1)])
+@pytest.mark.parametrize(
+    "sizes", [dict(ep=4), dict(ep=8, expert_tensor_parallel_size=1), dict(ep=1)]
+)
 def test_composed_state_from_scaled_pieces_equals_memory(sizes, monkeypatch) -> None:
     # Pieces scaled from another expert-parallel size's build still compose `memory`'s state.
     from inspector import plan_memory as pm
