@@ -39,6 +39,7 @@ from inspector.plan_price import (  # noqa: F401 (Plan, StagePlan, evaluate: the
     job_dims,
     megatron_flags,
     model_token,
+    state_scope_key,
 )
 from inspector.plan_split import Split, accounted_split, balance, even_split, split_flags
 from inspector.topology import Layout, validate_layout
@@ -184,18 +185,10 @@ def _capped_split(
     pp, m, dims = base.pp, job.schedule().num_microbatches, job_dims(job)
     pairs_of = _pair_layout(job.layout)
     kinds = _first_of_kind(dims)  # kind: its first layer, the last layer's kind first
-    scope = _state_scope(job, pairs_of)
-
-    def state(*shapes: ChunkShape) -> int:
-        return int(_stage_state(job, 1, shapes, pairs_of, scope).total)
-
-    k = next(iter(kinds))
-    one = state(ChunkShape((k,), False, False))
-    ends = state(ChunkShape((k,), True, False), ChunkShape((k,), False, True))
-    per_layer_state = max(  # the heavier kind where the model mixes MoE and dense layers
-        state(ChunkShape((kind, kind), False, False)) - state(ChunkShape((kind,), False, False))
-        for kind in kinds
-    )
+    terms = state_scope_key(job, pairs_of)
+    if terms not in _STATE_TERMS:
+        _STATE_TERMS[terms] = _state_terms(job, pairs_of, tuple(kinds))
+    one, ends, per_layer_state = _STATE_TERMS[terms]
     layer = max(_layer_bytes(dims, _activation_layout(pairs_of, pp), i, mbs, "none", flash)
                 for i in kinds.values())
     flights = _flights(pp, m, v)
@@ -208,6 +201,27 @@ def _capped_split(
         for c in range(v):
             caps[c * pp + s] = max(1, int(budget // (per_layer_state + layer * flight[c])))
     return balance(req.model.num_layers, pp * v, round(first, 2), round(last, 2), tuple(caps))
+
+
+_STATE_TERMS: dict[tuple[Any, ...], tuple[int, int, int]] = {}
+
+
+def _state_terms(job: Job, pairs_of: Layout, kinds: tuple[bool, ...]) -> tuple[int, int, int]:
+    """Return a rank's state with one layer, with one layer on each end stage (embedding,
+    output), and the most one more layer of a kind adds: what _capped_split's caps need."""
+    scope = _state_scope(job, pairs_of)
+
+    def state(*shapes: ChunkShape) -> int:
+        return int(_stage_state(job, 1, shapes, pairs_of, scope).total)
+
+    k = kinds[0]
+    one = state(ChunkShape((k,), False, False))
+    ends = state(ChunkShape((k,), True, False), ChunkShape((k,), False, True))
+    per_layer_state = max(  # the heavier kind where the model mixes MoE and dense layers
+        state(ChunkShape((kind, kind), False, False)) - state(ChunkShape((kind,), False, False))
+        for kind in kinds
+    )
+    return one, ends, per_layer_state
 
 
 @lru_cache(maxsize=4096)

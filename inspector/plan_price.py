@@ -252,11 +252,15 @@ def _pair_layout(lay: Layout) -> Layout:
 
 def _state_scope(job: Job, pairs_of: Layout) -> dict[int, Any]:
     """Return the stage states of every job sharing this one's pieces, pp, optimizer and ranks."""
+    return _STATE.setdefault(state_scope_key(job, pairs_of), {})
+
+
+def state_scope_key(job: Job, pairs_of: Layout) -> tuple[Any, ...]:
+    """Return what a stage's state depends on besides its shape: pieces, pp, optimizer, ranks."""
     lay, training = job.layout, job.training
-    key = (model_token(job.model), *piece_key(job)[1:], lay.pp,
-           training.use_distributed_optimizer, training.overlap_grad_reduce,
-           training.ddp_bucket_size, pairs_of)
-    return _STATE.setdefault(key, {})
+    return (model_token(job.model), *piece_key(job)[1:], lay.pp,
+            training.use_distributed_optimizer, training.overlap_grad_reduce,
+            training.ddp_bucket_size, pairs_of)
 
 
 _DIMS: dict[tuple[Any, ...], ModelDims] = {}
