@@ -287,9 +287,6 @@ def _require_positive(config: ModelConfig) -> None:
         "vocab_size",
         "make_vocab_size_divisible_by",
         "moe_router_topk",
-    ):
-        check_at_least_one(_flag(name), getattr(config, name))
-    for name in (
         "ffn_hidden_size",
         "num_query_groups",
         "kv_channels",
@@ -298,7 +295,9 @@ def _require_positive(config: ModelConfig) -> None:
         "moe_ffn_hidden_size",
         "moe_shared_expert_intermediate_size",
     ):
-        check_at_least_one(_flag(name), getattr(config, name))
+        value = getattr(config, name)
+        if value is not None and not 1 <= value <= MAX_SIZE:  # the flag's name only for errors
+            check_at_least_one(_flag(name), value)
 
 
 def validate_model(config: ModelConfig) -> None:

@@ -46,7 +46,7 @@ import logging
 import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from types import ModuleType
+from types import FunctionType, ModuleType
 from typing import Any
 
 # Modules not importable while megatron-core is imported (see the module notes).
@@ -113,6 +113,9 @@ def _seed_dynamo_disable() -> int:
     `torch._disable_dynamo(fn)` returns `inner`, which on first call imports torch._dynamo to build
     `torch._dynamo.disable(fn)` and caches it as `fn.__dynamo_disable`. Outside a compiled region
     that function just calls `fn`; with torch.compile passing through there is no compiled region.
+    The wrappers are found from the modules' functions through `__wrapped__` and through the
+    functions their closures hold: an elementwise reference (`torch._refs.reciprocal`, reached by
+    `1.0 / tensor` in megatron's rotary embeddings) keeps its wrapper only in a closure.
     Returns the number of wrappers seeded.
     """
     import torch
@@ -125,19 +128,34 @@ def _seed_dynamo_disable() -> int:
         for name, module in list(sys.modules.items())
         if module is not None and name.startswith(("torch._refs", "torch._prims", "torch._decomp"))
     ]
-    for module in modules:
-        for value in list(vars(module).values()):
-            function = value
-            while callable(function) and id(function) not in seen:
-                seen.add(id(function))
-                if getattr(function, "__code__", None) is inner_code:
-                    cells = dict(zip(function.__code__.co_freevars, function.__closure__ or ()))
-                    wrapped = cells["fn"].cell_contents
-                    if getattr(wrapped, "__dynamo_disable", None) is None:
-                        wrapped.__dynamo_disable = wrapped
-                        seeded += 1
-                function = getattr(function, "__wrapped__", None)
+    pending = [value for module in modules for value in list(vars(module).values())]
+    while pending:
+        function = pending.pop()
+        if not callable(function) or id(function) in seen:
+            continue
+        seen.add(id(function))
+        if getattr(function, "__code__", None) is inner_code:
+            cells = dict(zip(function.__code__.co_freevars, function.__closure__ or ()))
+            wrapped = cells["fn"].cell_contents
+            if getattr(wrapped, "__dynamo_disable", None) is None:
+                wrapped.__dynamo_disable = wrapped
+                seeded += 1
+        pending.append(getattr(function, "__wrapped__", None))
+        pending.extend(_closure_functions(function))
     return seeded
+
+
+def _closure_functions(function: Any) -> list[Any]:
+    """Return the plain functions a function's closure holds."""
+    out = []
+    for cell in getattr(function, "__closure__", None) or ():
+        try:
+            contents = cell.cell_contents
+        except ValueError:  # a cell not filled yet
+            continue
+        if isinstance(contents, FunctionType):
+            out.append(contents)
+    return out
 
 
 def _meta_cat_result(torch: Any, tensors: Any, dim: int) -> Any:

@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 from inspector.config import ModelConfig
@@ -29,15 +29,20 @@ from inspector.plan_price import (  # noqa: F401 (Plan, StagePlan, evaluate: the
     Plan,
     Request,
     StagePlan,
+    _activation_layout,
+    _first_of_kind,
     _layer_bytes,
     _live_points,
     _pair_layout,
     _price_memory,
     _stage_state,
+    _state_scope,
     _timed,
     evaluate,
+    job_dims,
     megatron_flags,
-    stage_states,
+    model_token,
+    state_scope_key,
 )
 from inspector.plan_split import (
     Split,
@@ -47,7 +52,7 @@ from inspector.plan_split import (
     even_split,
     split_flags,
 )
-from inspector.topology import Layout
+from inspector.topology import Layout, validate_layout
 
 # (--recompute-granularity, --recompute-method, --recompute-num-layers), least recomputation
 # first; N 0: the fewest layers per chunk that fit (`_fewest_checkpointed`)
@@ -143,8 +148,13 @@ def _vpp_choices(req: Request, pp: int, m: int) -> list[int]:
 
 def layout_for(lay: Layout, model: ModelConfig, split: Split, vpp: int) -> Layout | None:
     """Return the Layout megatron would get from the split's flags (None if they are invalid)."""
-    flags = split_flags(split, model.num_layers, lay.pp, vpp, model.mtp_num_layers or 0)
-    if model.mtp_num_layers and "pipeline_model_parallel_layout" in flags and not _mtp_in_layouts():
+    return _layout_for(lay, model.num_layers, model.mtp_num_layers or 0, split, vpp)
+
+
+@lru_cache(maxsize=65536)
+def _layout_for(lay: Layout, num_layers: int, mtp: int, split: Split, vpp: int) -> Layout | None:
+    flags = split_flags(split, num_layers, lay.pp, vpp, mtp)
+    if mtp and "pipeline_model_parallel_layout" in flags and not _mtp_in_layouts():
         return None
     values: dict[str, Any] = {"vpp": vpp if vpp > 1 else None}
     for name, value in flags.items():
@@ -202,35 +212,60 @@ def _capped_split(
     job = _job(req, lay, mbs, "none", distopt, flash) if lay else None
     if job is None:
         return None
-    pp, m, dims = base.pp, job.schedule().num_microbatches, job.dims()
+    pp, m, dims = base.pp, job.schedule().num_microbatches, job_dims(job)
     pairs_of = _pair_layout(job.layout)
-    model = req.model
-    kinds = {model.is_moe_layer(i): i for i in reversed(range(model.num_layers))}  # kind: first
+    kinds = _first_of_kind(dims)  # kind: its first layer, the last layer's kind first
+    terms = state_scope_key(job, pairs_of)
+    if terms not in _STATE_TERMS:
+        _STATE_TERMS[terms] = _state_terms(job, pairs_of, tuple(kinds))
+    one, ends, per_layer_state = _STATE_TERMS[terms]
+    layer = max(_layer_bytes(dims, _activation_layout(pairs_of, pp), i, mbs, "none", flash)
+                for i in kinds.values())
+    flights = _flights(pp, m, v)
+    if flights is None:  # megatron's interleaved schedule refuses this m
+        return None
+    caps = [0] * (pp * v)
+    for s, flight in enumerate(flights):
+        fixed = (ends - 2 * one) if s in (0, pp - 1) else 0
+        budget = (req.memory - fixed) / v
+        for c in range(v):
+            caps[c * pp + s] = max(1, int(budget // (per_layer_state + layer * flight[c])))
+    return balance(req.model.num_layers, pp * v, round(first, 2), round(last, 2), tuple(caps))
+
+
+_STATE_TERMS: dict[tuple[Any, ...], tuple[int, int, int]] = {}
+
+
+def _state_terms(job: Job, pairs_of: Layout, kinds: tuple[bool, ...]) -> tuple[int, int, int]:
+    """Return a rank's state with one layer, with one layer on each end stage (embedding,
+    output), and the most one more layer of a kind adds: what _capped_split's caps need."""
+    scope = _state_scope(job, pairs_of)
 
     def state(*shapes: ChunkShape) -> int:
-        return int(_stage_state(job, 1, shapes, pairs_of).total)
+        return int(_stage_state(job, 1, shapes, pairs_of, scope).total)
 
-    k = next(iter(kinds))
+    k = kinds[0]
     one = state(ChunkShape((k,), False, False))
     ends = state(ChunkShape((k,), True, False), ChunkShape((k,), False, True))
     per_layer_state = max(  # the heavier kind where the model mixes MoE and dense layers
         state(ChunkShape((kind, kind), False, False)) - state(ChunkShape((kind,), False, False))
         for kind in kinds
     )
-    layer = max(_layer_bytes(dims, replace(pairs_of, pp=pp), i, mbs, "none", flash)
-                for i in kinds.values())
-    caps = [0] * (pp * v)
+    return one, ends, per_layer_state
+
+
+@lru_cache(maxsize=4096)
+def _flights(pp: int, m: int, v: int) -> tuple[tuple[int, ...], ...] | None:
+    """Return per rank the most micro-batches each chunk keeps in flight at any point (None:
+    megatron's interleaved schedule refuses m)."""
+    flights = []
     for s in range(pp):
         try:
             points = _live_points(s, pp, m, v) if v > 1 else ((min(pp - s, m),),)
-        except ConfigError:  # megatron's interleaved schedule refuses this m
+        except ConfigError:
             return None
-        flight = [max(p[c] for p in points) for c in range(v)]
-        fixed = (ends - 2 * one) if s in (0, pp - 1) else 0
-        budget = (req.memory - fixed) / v
-        for c in range(v):
-            caps[c * pp + s] = max(1, int(budget // (per_layer_state + layer * flight[c])))
-    return balance(req.model.num_layers, pp * v, round(first, 2), round(last, 2), tuple(caps))
+        flights.append(tuple(max(p[c] for p in points) for c in range(v)))
+    return tuple(flights)
 
 
 def _extras(job: Job, req: Request) -> tuple[float, float]:
@@ -339,17 +374,15 @@ def _first_fit(
     memory seen); memory first, time only for the plan that fits. None: megatron refuses all."""
     tried = 0
     least: tuple[Job, int] | None = None
-    states: tuple[Placed, list[Any]] | None = None  # shared: recomputation leaves state alone
 
     def price(recipe: Recipe) -> Priced | None:
-        nonlocal tried, least, states
+        nonlocal tried, least
         granularity, method, n = recipe
         job = _job(req, lay, mbs, granularity, distopt, flash, method, n)
         if job is None:
             return None
         try:
-            states = states or stage_states(job, split)
-            placed, stages = _price_memory(job, split, states)
+            placed, stages = _price_memory(job, split)  # state shared by recipes (_state_scope)
         except ConfigError:
             return None
         tried += 1
@@ -405,6 +438,25 @@ def _job(
     method: str = "uniform", num_layers: int = 1,
 ) -> Job | None:
     """Return the candidate's Job, or None where megatron's rules (job.py) refuse it."""
+    key = (model_token(req.model), lay)
+    if key not in _REFUSED:
+        _REFUSED[key] = _layout_refused(req.model, lay)
+    if _REFUSED[key]:  # Job would raise the same, whatever the training
+        return None
+    asked = (*key, req.training, req.global_batch_size, mbs, recompute, distopt, flash, method,
+             num_layers)
+    if asked not in _JOBS:  # _capped_split and _first_fit ask for some of the same
+        _JOBS[asked] = _new_job(req, lay, mbs, recompute, distopt, flash, method, num_layers)
+    return _JOBS[asked]
+
+
+_JOBS: dict[tuple[Any, ...], Job | None] = {}
+
+
+def _new_job(
+    req: Request, lay: Layout, mbs: int, recompute: str, distopt: bool, flash: bool,
+    method: str, num_layers: int,
+) -> Job | None:
     training = replace(
         req.training,
         micro_batch_size=mbs,
@@ -422,6 +474,22 @@ def _job(
     except ConfigError:
         return None
     return job
+
+
+_REFUSED: dict[tuple[int, Layout], bool] = {}
+
+
+def _layout_refused(model: ModelConfig, lay: Layout) -> bool:
+    """Return whether topology.validate_layout, which every Job runs, refuses this layout.
+
+    A search asks for each layout once per micro-batch size, recomputation and optimizer; a
+    split megatron refuses (a layout string without the model's MTP) is refused once.
+    """
+    try:
+        validate_layout(model, lay)
+    except ConfigError:
+        return True
+    return False
 
 
 def progress_line(stream: Any = None) -> Callable[[int, int], None] | None:

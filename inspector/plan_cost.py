@@ -160,7 +160,25 @@ def stage_time(
     recompute_method: str = "uniform",
     recompute_num_layers: int = 1,
 ) -> StageTime:
-    """Return one pipeline rank's time (see the module docstring for every term).
+    """Return one pipeline rank's time (see the module docstring for every term)."""
+    work = stage_work(dims, lay, net, efficiency, mbs, recompute, chunk_layers, has_output,
+                      recompute_method, recompute_num_layers)
+    return with_state(work, lay, net, dp_bytes, state_bytes, distributed)
+
+
+def stage_work(
+    dims: ModelDims,
+    lay: Layout,
+    net: Network,
+    efficiency: float,
+    mbs: int,
+    recompute: str,
+    chunk_layers: Sequence[Sequence[int]],
+    has_output: bool,
+    recompute_method: str = "uniform",
+    recompute_num_layers: int = 1,
+) -> StageTime:
+    """Return a rank's time per micro-batch (compute, TP, CP, EP, P2P), its state's left at 0.
 
     With full recomputation, `recompute_method` / `recompute_num_layers` say which layers repeat
     their forward (activations.recompute_plan: `block` N, the first N of each chunk).
@@ -195,6 +213,15 @@ def stage_time(
     boundary = tokens * dims.hidden_size / lay.tp * act
     alpha, bw = net.link(lay.world_size)
     p2p = 2 * len(chunk_layers) * (alpha + boundary / bw) if lay.pp > 1 else 0.0
+    return StageTime(compute, tensor, context, expert, p2p, 0.0, 0.0)
+
+
+def with_state(
+    work: StageTime, lay: Layout, net: Network, dp_bytes: tuple[int, int], state_bytes: int,
+    distributed: bool,
+) -> StageTime:
+    """Return `work` with the rank's exposed data-parallel and optimizer time for its state."""
+    compute = work.compute
     grads, params = dp_bytes
     d = lay.dp * lay.cp
     dp_link = net.link(lay.tp * lay.cp * lay.dp)
@@ -206,7 +233,7 @@ def stage_time(
     else:
         data = max(0.0, _collective(2, grads, 1, d, dp_link) - backward)
     optimizer = 2 * state_bytes / net.gpu.hbm
-    return StageTime(compute, tensor, context, expert, p2p, data, optimizer)
+    return StageTime(work.compute, work.tensor, work.context, work.expert, work.p2p, data, optimizer)
 
 
 @lru_cache(maxsize=4096)

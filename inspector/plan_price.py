@@ -31,7 +31,7 @@ from inspector.config import ModelConfig
 from inspector.flops import iteration_flops
 from inspector.formulas import ModelDims, live_microbatches
 from inspector.job import Job, Training
-from inspector.plan_cost import Gpu, Network, StageTime, StepTime, stage_time, step_time
+from inspector.plan_cost import Gpu, Network, StageTime, StepTime, stage_work, step_time, with_state
 from inspector.plan_memory import ChunkShape, piece_key, stage_state
 from inspector.plan_split import Split, chunk_layers, split_flags
 from inspector.topology import Layout
@@ -187,6 +187,12 @@ def _layer_bytes(dims: ModelDims, par: Layout, i: int, mbs: int, recompute: str,
     return layer_activations(dims, par, i, mbs, recompute, flash).total  # type: ignore[arg-type]
 
 
+@lru_cache(maxsize=256)
+def _first_of_kind(dims: ModelDims) -> dict[bool, int]:
+    """Return the first layer of each kind (True: MoE); layers of one kind cost the same."""
+    return {dims.is_moe_layer(i): i for i in reversed(range(dims.num_layers))}
+
+
 def _chunk_bytes(
     dims: ModelDims, par: Layout, groups: list[tuple[Sequence[int], Recompute]], mbs: int,
     flash: bool,
@@ -194,19 +200,20 @@ def _chunk_bytes(
     """Return one micro-batch's bytes of a chunk's layer groups (activations.recompute_plan):
     a checkpointed group keeps its first layer's input, any other layer its own activations;
     layers of one kind and mode cost the same."""
-    counts: dict[tuple[Recompute, bool], tuple[int, int]] = {}
+    counts: dict[tuple[Recompute, bool], int] = {}
     for group, mode in groups:
         for i in group[:1] if mode == "full" else group:
             key = (mode, dims.is_moe_layer(i))
-            n, first = counts.get(key, (0, i))
-            counts[key] = (n + 1, first)
+            counts[key] = counts.get(key, 0) + 1
+    first = _first_of_kind(dims)
     return sum(
-        n * _layer_bytes(dims, par, i, mbs, mode, flash) for (mode, _), (n, i) in counts.items()
+        n * _layer_bytes(dims, par, first[kind], mbs, mode, flash)
+        for (mode, kind), n in counts.items()
     )
 
 
 def stage_activation_bytes(
-    dims: ModelDims, par: Layout, stage: int, chunks: list[list[int]], mbs: int, m: int,
+    dims: ModelDims, par: Layout, stage: int, chunks: Sequence[Sequence[int]], mbs: int, m: int,
     recompute: str, flash: bool, method: str = "uniform", num_layers: int = 1,
 ) -> tuple[int, tuple[int, ...]]:
     """Return activations.stage_activations' peak (rounded up) and in-flight counts, fast.
@@ -228,13 +235,10 @@ def stage_activation_bytes(
         points = _live_points(stage, par.pp, m, v)
         best = max(points, key=lambda pt: sum(n * x for n, x in zip(pt, per, strict=True)))
     total = sum(n * x for n, x in zip(best, per, strict=True))
-    whole: dict[bool, float] = {}  # a layer's bytes without recomputation, per kind
+    first = _first_of_kind(dims)
 
-    def rebuilt(i: int) -> float:
-        kind = dims.is_moe_layer(i)
-        if kind not in whole:
-            whole[kind] = _layer_bytes(dims, par, i, mbs, "none", flash)
-        return whole[kind]
+    def rebuilt(i: int) -> float:  # a layer's bytes without recomputation (one per kind)
+        return _layer_bytes(dims, par, first[dims.is_moe_layer(i)], mbs, "none", flash)
 
     total += recompute_buffer(plan, rebuilt)
     return math.ceil(total), best
@@ -242,14 +246,13 @@ def stage_activation_bytes(
 
 @lru_cache(maxsize=1024)
 def _shard_pairs(lay: Layout) -> tuple[tuple[int, int], ...]:
-    from inspector.ranks import rank_shard_indices
+    from inspector.ranks import stage_shard_pairs
 
-    if lay.ep == 1:
-        return tuple((d, 0) for d in range(lay.dp))
-    return tuple(sorted({(d, e) for p, d, e in rank_shard_indices(replace(lay, pp=1)) if p == 0}))
+    return stage_shard_pairs(lay)
 
 
-_STATE: dict[tuple[Any, ...], tuple[Any, int]] = {}
+# what stages share (model pieces, pp, optimizer, buckets, ranks) -> (shapes, first?) -> state
+_STATE: dict[tuple[Any, ...], dict[int, Any]] = {}
 
 
 @lru_cache(maxsize=4096)
@@ -262,21 +265,130 @@ def _pair_layout(lay: Layout) -> Layout:
                    pipeline_model_parallel_layout=None)
 
 
-def _stage_state(job: Job, stage: int, shapes: tuple[ChunkShape, ...], pairs_of: Layout) -> Any:
-    """Return plan_memory.stage_state, computed once per distinct stage (mbs, recompute apart)."""
+def _state_scope(job: Job, pairs_of: Layout) -> dict[int, Any]:
+    """Return the stage states of every job sharing this one's pieces, pp, optimizer and ranks."""
+    return _STATE.setdefault(state_scope_key(job, pairs_of), {})
+
+
+def state_scope_key(job: Job, pairs_of: Layout) -> tuple[Any, ...]:
+    """Return what a stage's state depends on besides its shape: pieces, pp, optimizer, ranks."""
     lay, training = job.layout, job.training
-    key = (piece_key(job), shapes, stage == 0, lay.pp, training.use_distributed_optimizer,
-           training.overlap_grad_reduce, training.ddp_bucket_size, pairs_of)
-    if key not in _STATE:
-        _STATE[key] = stage_state(job, stage, shapes, _shard_pairs(pairs_of))
-    return _STATE[key][0]
+    return (model_token(job.model), *piece_key(job)[1:], lay.pp,
+            training.use_distributed_optimizer, training.overlap_grad_reduce,
+            training.ddp_bucket_size, pairs_of)
 
 
-def _signature(dims: ModelDims, chunks: list[list[int]]) -> tuple[Any, ...]:
-    """Return what a stage's layers cost depends on: counts, or the layers when MoE varies."""
+_DIMS: dict[tuple[Any, ...], ModelDims] = {}
+
+
+def job_dims(job: Job) -> ModelDims:
+    """Return job.dims(), once per what it reads: the model, tp (vocab padding), dropout on/off."""
+    training = job.training
+    key = (model_token(job.model), job.layout.tp, training.attention_dropout > 0,
+           training.hidden_dropout > 0)
+    if key not in _DIMS:
+        _DIMS[key] = job.dims()
+    return _DIMS[key]
+
+
+_MODELS: dict[ModelConfig, int] = {}
+_LAST_MODEL: list[Any] = [None, -1]  # the config asked last, and its token
+
+
+def model_token(model: ModelConfig) -> int:
+    """Return a small int standing for the model in cache keys, one per distinct config.
+
+    A frozen ModelConfig hashes its ~40 fields on every lookup; a search asks about one config
+    object hundreds of thousands of times.
+    """
+    if model is not _LAST_MODEL[0]:
+        _LAST_MODEL[:] = [model, _MODELS.setdefault(model, len(_MODELS))]
+    return int(_LAST_MODEL[1])
+
+
+def _stage_state(
+    job: Job, stage: int, shapes: tuple[ChunkShape, ...], pairs_of: Layout,
+    scope: dict[int, Any] | None = None, key: int | None = None,
+) -> Any:
+    """Return plan_memory.stage_state, computed once per distinct stage (mbs, recompute apart).
+
+    `key`: the stage's `_number`, where the caller has it.
+    """
+    if scope is None:
+        scope = _state_scope(job, pairs_of)
+    if key is None:
+        key = _number(_STAGE_NUMBERS, (shapes, stage == 0))
+    if key not in scope:
+        scope[key] = stage_state(job, stage, shapes, _shard_pairs(pairs_of))[0]
+    return scope[key]
+
+
+_STAGE_NUMBERS: dict[tuple[tuple[ChunkShape, ...], bool], int] = {}  # (shapes, first stage?)
+_SIGNATURE_NUMBERS: dict[tuple[Any, ...], int] = {}
+
+
+def _number(numbers: dict[Any, int], value: Any) -> int:
+    """Return the small int that stands for `value` in cache keys (hashed once per split)."""
+    return numbers.setdefault(value, len(numbers))
+
+
+def _signature(dims: ModelDims, chunks: Sequence[Sequence[int]]) -> tuple[Any, ...]:
+    """Return what a stage's layers cost depends on: counts, or each layer's kind with MoE.
+
+    The formulas read a layer's index only through `dims.is_moe_layer` (activations.py,
+    flops.py, plan_cost.py), and sum a chunk's layers kind by kind in the order kinds appear.
+    """
     if dims.num_experts is None:
         return tuple(len(c) for c in chunks)
-    return tuple(tuple(c) for c in chunks)
+    return tuple(tuple(dims.is_moe_layer(i) for i in c) for c in chunks)
+
+
+Placed = tuple[tuple[tuple[int, ...], ...], ...]  # per pipeline rank, each chunk's layers
+
+
+@dataclass(frozen=True)
+class _Stages:
+    """A split's stages: each rank's chunks' layers, ChunkShapes and cost signature, and the
+    numbers that stand for (shapes, first stage?) and signatures in cache keys."""
+
+    placed: Placed
+    shapes: tuple[tuple[ChunkShape, ...], ...]
+    signatures: tuple[tuple[Any, ...], ...]
+    state_keys: tuple[int, ...]
+    signature_keys: tuple[int, ...]
+
+
+_STAGES: dict[tuple[Any, ...], _Stages] = {}
+
+
+def _stages_of(model: ModelConfig, dims: ModelDims, split: Split, pp: int, v: int) -> _Stages:
+    """Return a split's stages, once per split (every layout with this pp and v shares them).
+
+    `dims` is the model's: a layer's kind is the same in both.
+    """
+    key = (model_token(model), split, pp, v)
+    if key not in _STAGES:
+        _STAGES[key] = _split_stages(model, dims, split, pp, v)
+    return _STAGES[key]
+
+
+def _split_stages(model: ModelConfig, dims: ModelDims, split: Split, pp: int, v: int) -> _Stages:
+    placed = tuple(
+        tuple(tuple(c) for c in chunks) for chunks in chunk_layers(split, pp, v)
+    )
+    shapes = tuple(
+        tuple(
+            ChunkShape.of(model, c, s == 0 and k == 0, s == pp - 1 and k == v - 1)
+            for k, c in enumerate(chunks)
+        )
+        for s, chunks in enumerate(placed)
+    )
+    signatures = tuple(_signature(dims, chunks) for chunks in placed)
+    return _Stages(
+        placed, shapes, signatures,
+        tuple(_number(_STAGE_NUMBERS, (each, s == 0)) for s, each in enumerate(shapes)),
+        tuple(_number(_SIGNATURE_NUMBERS, each) for each in signatures),
+    )
 
 
 def evaluate(job: Job, split: Split, req: Request) -> Plan:
@@ -284,74 +396,84 @@ def evaluate(job: Job, split: Split, req: Request) -> Plan:
     return _timed(job, split, req, *_price_memory(job, split))
 
 
-Placed = list[list[list[int]]]  # each pipeline rank's chunks' global layers
-
-
-def stage_states(job: Job, split: Split) -> tuple[Placed, list[Any]]:
-    """Return each rank's chunks' layers and exact state (plan_memory), which no recomputation
-    setting changes: the candidates of one layout, split and micro-batch size share them."""
-    lay = job.layout
-    v = lay.chunks
-    placed = chunk_layers(split, lay.pp, v)
-    pairs_of = _pair_layout(lay)
-    states = []
-    for s in range(lay.pp):
-        shapes = tuple(
-            ChunkShape.of(job.model, c, s == 0 and k == 0, s == lay.pp - 1 and k == v - 1)
-            for k, c in enumerate(placed[s])
-        )
-        states.append(_stage_state(job, s, shapes, pairs_of))
-    return placed, states
-
-
-def _price_memory(
-    job: Job, split: Split, states: tuple[Placed, list[Any]] | None = None
-) -> tuple[Placed, tuple[StagePlan, ...]]:
+def _price_memory(job: Job, split: Split) -> tuple[Placed, tuple[StagePlan, ...]]:
     """Return each rank's chunks' layers and its memory: exact state, activation peak.
 
-    `states`: `stage_states(job, split)` when the caller has them already.
+    A stage's state depends on no recomputation setting: the candidates of one layout share it
+    (`_state_scope`).
     """
     lay, training = job.layout, job.training
     schedule = job.schedule()
-    dims = job.dims()
-    placed, state_of = states or stage_states(job, split)
+    dims = job_dims(job)
+    v = lay.chunks
+    stages_of = _stages_of(job.model, dims, split, lay.pp, v)
     pairs_of = _pair_layout(lay)
+    states = _state_scope(job, pairs_of)
+    m = schedule.num_microbatches
+    par = _activation_layout(pairs_of, lay.pp)
+    acts = _ACT.setdefault(
+        (dims, par, schedule.micro_batch_size, m if v > 1 else None, training.recompute,
+         training.flash_attention), {},
+    )
     stages = []
-    for s, state in enumerate(state_of):
-        act, flight = _activations(
-            dims, pairs_of, lay.pp, s, _signature(dims, placed[s]), placed[s],
-            schedule.micro_batch_size, schedule.num_microbatches, _recompute(training, placed[s]),
-            training.flash_attention,
-        )
-        stages.append(StagePlan(s, tuple(tuple(c) for c in placed[s]), state.total, state.weights,
-                                state.gradients, state.optimizer, act, flight))
-    return placed, tuple(stages)
+    for s, layers in enumerate(stages_of.placed):
+        state = _stage_state(job, s, stages_of.shapes[s], pairs_of, states, stages_of.state_keys[s])
+        position = s if v > 1 else min(lay.pp - s, m)  # 1F1B: only min(p - s, m) matters
+        recipe = _recompute(training, layers)
+        key = (s == 0, s == lay.pp - 1, position, stages_of.signature_keys[s], recipe)
+        if key not in acts:
+            granularity, method, n = recipe
+            acts[key] = stage_activation_bytes(
+                dims, par, s, layers, schedule.micro_batch_size, m, granularity,
+                training.flash_attention, method, n,
+            )
+        act, flight = acts[key]
+        stages.append(StagePlan(s, layers, state.total, state.weights, state.gradients,
+                                state.optimizer, act, flight))
+    return stages_of.placed, tuple(stages)
 
 
 def _timed(
-    job: Job, split: Split, req: Request, placed: Placed,
-    stages: tuple[StagePlan, ...],
+    job: Job, split: Split, req: Request, placed: Placed, stages: tuple[StagePlan, ...]
 ) -> Plan:
     """Return the plan with its step time (plan_cost), given its memory."""
     lay, training = job.layout, job.training
     schedule = job.schedule()
-    dims = job.dims()
+    dims = job_dims(job)
     net = Network(req.gpu, req.gpus_per_node)
-    pairs_of = _pair_layout(lay)
-    times = [
-        _time(dims, pairs_of, lay, net, req.efficiency, schedule.micro_batch_size,
-              _recompute(training, placed[st.stage]), _signature(dims, placed[st.stage]),
-              placed[st.stage],
-              st.stage == lay.pp - 1, (st.gradients, st.weights, st.state), training)
-        for st in stages
-    ]
+    mbs, distributed = schedule.micro_batch_size, training.use_distributed_optimizer
+    signatures = _stages_of(job.model, dims, split, lay.pp, lay.chunks).signature_keys
+    scope = _TIME.setdefault(
+        (dims, _pair_layout(lay), lay.pp, net, req.efficiency, mbs, training.recompute,
+         distributed), {},
+    )
+    times = []
+    for st in stages:
+        has_output = st.stage == lay.pp - 1
+        recipe = _recompute(training, placed[st.stage])
+        work = (signatures[st.stage], has_output, recipe)
+        if work not in scope:
+            granularity, method, n = recipe
+            scope[work] = stage_work(
+                dims, lay, net, req.efficiency, mbs, granularity, placed[st.stage], has_output,
+                method, n,
+            )
+        key = (*work, st.gradients, st.weights, st.state)
+        if key not in scope:
+            scope[key] = with_state(
+                scope[work], lay, net, (st.gradients, st.weights), st.state, distributed
+            )
+        times.append(scope[key])
     step = step_time(times, schedule.num_microbatches, lay.chunks)
     return Plan(job, split, stages, step, _iteration_flops(dims, schedule.global_batch_size),
                 req.gpu)
 
 
-_ACT: dict[tuple[Any, ...], tuple[int, tuple[int, ...]]] = {}
-_TIME: dict[tuple[Any, ...], StageTime] = {}
+# (dims, activation sizes, mbs, m where interleaved, recompute, flash) -> stage -> (bytes, flight)
+_ACT: dict[tuple[Any, ...], dict[tuple[Any, ...], tuple[int, tuple[int, ...]]]] = {}
+# (dims, ranks, pp, network, efficiency, mbs, recompute, distopt) -> (signature, output?) -> the
+# stage's work per micro-batch, and (signature, output?, gradients, weights, state) -> its time
+_TIME: dict[tuple[Any, ...], dict[tuple[Any, ...], StageTime]] = {}
 
 
 @lru_cache(maxsize=256)
@@ -359,7 +481,7 @@ def _iteration_flops(dims: ModelDims, global_batch_size: int) -> int:
     return iteration_flops(dims, global_batch_size)
 
 
-def _recompute(training: Training, chunks: list[list[int]]) -> tuple[str, str, int]:
+def _recompute(training: Training, chunks: Sequence[Sequence[int]]) -> tuple[str, str, int]:
     """Return the stage's (granularity, method, N), one spelling per distinct behaviour.
 
     Method and N matter with full recomputation only; `block` with N past the stage's longest
@@ -374,34 +496,11 @@ def _recompute(training: Training, chunks: list[list[int]]) -> tuple[str, str, i
     return recompute, method, n
 
 
-def _activations(
-    dims: ModelDims, pairs_of: Layout, pp: int, stage: int, signature: tuple[Any, ...],
-    chunks: list[list[int]], mbs: int, m: int, recompute: tuple[str, str, int], flash: bool,
-) -> tuple[int, tuple[int, ...]]:
-    """Return stage_activation_bytes, once per distinct stage."""
-    position = min(pp - stage, m) if len(chunks) == 1 else stage  # 1F1B: only p - s matters
-    key = (dims, pairs_of, pp, stage == 0, stage == pp - 1, position, signature, mbs, m,
-           recompute, flash)
-    if key not in _ACT:
-        par = replace(pairs_of, pp=pp)
-        granularity, method, n = recompute
-        _ACT[key] = stage_activation_bytes(dims, par, stage, chunks, mbs, m, granularity, flash,
-                                           method, n)
-    return _ACT[key]
+@lru_cache(maxsize=4096)
+def _activation_layout(pairs_of: Layout, pp: int) -> Layout:
+    """Return the sizes activations.py reads (tp, cp, SP, expert tp, pp): dp and ep set to 1.
 
-
-def _time(
-    dims: ModelDims, pairs_of: Layout, lay: Layout, net: Network, efficiency: float, mbs: int,
-    recompute: tuple[str, str, int], signature: tuple[Any, ...], chunks: list[list[int]],
-    has_output: bool, state: tuple[int, int, int], training: Training,
-) -> StageTime:
-    """Return plan_cost.stage_time, once per distinct stage."""
-    key = (dims, pairs_of, lay.pp, net, efficiency, mbs, recompute, signature, has_output,
-           state, training.use_distributed_optimizer)
-    if key not in _TIME:
-        granularity, method, n = recompute
-        _TIME[key] = stage_time(
-            dims, lay, net, efficiency, mbs, granularity, chunks, has_output, state[:2], state[2],
-            training.use_distributed_optimizer, method, n,
-        )
-    return _TIME[key]
+    Layouts that differ in dp or ep keep the same activations (tests check it), so they share
+    one cache entry.
+    """
+    return replace(pairs_of, pp=pp, dp=1, ep=1, etp=pairs_of.expert_tp)

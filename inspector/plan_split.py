@@ -59,17 +59,20 @@ def balance(
     best[0][0] = 0.0
     for j in range(1, stages + 1):
         extra = (first if j == 1 else 0.0) + (last if j == stages else 0.0)
-        low = max(1, layers - sum(caps[j:]))
+        before, row, picks, cap = best[j - 1], best[j], choice[j], caps[j - 1]
         for i in range(j, layers - (stages - j) + 1):
-            for n in range(1, min(caps[j - 1], i - (j - 1)) + 1):
-                prev = best[j - 1][i - n]
+            value_i, pick_i = row[i], picks[i]
+            for n in range(1, min(cap, i - (j - 1)) + 1):
+                if n + extra >= value_i - 1e-12:  # this n and every larger one cost no less
+                    break
+                prev = before[i - n]
                 if prev == inf:
                     continue
                 value = max(prev, n + extra)
                 # ties: prefer the later stages fuller (earlier stages hold more in flight)
-                if value < best[j][i] - 1e-12 or (abs(value - best[j][i]) <= 1e-12 and n < choice[j][i]):
-                    best[j][i], choice[j][i] = value, n
-        del low
+                if value < value_i - 1e-12 or (abs(value - value_i) <= 1e-12 and n < pick_i):
+                    value_i, pick_i = value, n
+            row[i], picks[i] = value_i, pick_i
     if best[stages][layers] == inf:
         return None
     split, i = [], layers

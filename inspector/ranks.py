@@ -72,6 +72,23 @@ def rank_shard_indices(layout: Layout) -> list[tuple[int, int, int]]:
     ]
 
 
+def stage_shard_pairs(layout: Layout) -> tuple[tuple[int, int], ...]:
+    """Return the distinct (data, expert data) indices of one pipeline stage's ranks, sorted.
+
+    Every stage's ranks hold the same pairs. In megatron's "tp-cp-ep-dp-pp" order a rank's data
+    index is rank // (tp x cp) % dp and its expert data index rank // (expert tp x ep) % expert
+    dp (rank_shard_indices' direct path), so the pair changes only at multiples of one of the two
+    strides: those ranks give every pair without visiting the others. Tests check the pairs
+    equal those of megatron's RankGenerator, stage by stage.
+    """
+    if layout.ep == 1:
+        return tuple((data, 0) for data in range(layout.dp))
+    dense, expert = layout.tp * layout.cp, layout.expert_tp * layout.ep
+    stage = dense * layout.dp
+    edges = set(range(0, stage, dense)) | set(range(0, stage, expert))
+    return tuple(sorted({(rank // dense, rank // expert) for rank in edges}))
+
+
 def _expert_data_index(layout: Layout, rank: int) -> int:
     """Return the rank's position in its expert data-parallel group (megatron's mixed radix)."""
     if layout.ep == 1:

@@ -55,9 +55,12 @@ def _stage_rank(layout: Layout, stage: int, expert_rank: int) -> int:
 
 
 def build_stage(
-    model: ModelConfig, layout: Layout, stage: int, expert_rank: int = 0
+    model: ModelConfig, layout: Layout, stage: int, expert_rank: int = 0, checkpoint: bool = True
 ) -> list[StageModel]:
-    """Build every chunk of one pipeline stage as megatron-core builds it on that stage's rank."""
+    """Build every chunk of one pipeline stage as megatron-core builds it on that stage's rank.
+
+    `checkpoint` False leaves StageModel.checkpoint empty (a planner reads parameters only).
+    """
     m = megatron()
     vpp = layout.vpp
     rank = _stage_rank(layout, stage, expert_rank)
@@ -79,7 +82,7 @@ def build_stage(
                 )
             config = _transformer_config(model, layout, vpp)
             return [
-                _build_chunk(m, model, config, layout, stage, chunk, vpp, expert_rank)
+                _build_chunk(m, model, config, layout, stage, chunk, vpp, expert_rank, checkpoint)
                 for chunk in range(vpp or 1)
             ]
 
@@ -109,6 +112,7 @@ def _build_chunk(
     chunk: int,
     vpp: int | None,
     expert_rank: int,
+    checkpoint: bool,
 ) -> StageModel:
     ps = m.parallel_state
     vp_stage = chunk if vpp is not None else None
@@ -132,7 +136,8 @@ def _build_chunk(
     if model.bf16 or model.fp16:
         gpt = _cast_like_megatron_lm(config, gpt)
     layers = tuple(layer.layer_number for layer in gpt.decoder.layers)
-    return StageModel(stage, chunk, expert_rank, gpt, layers, pre, post, checkpoint_sizes(gpt))
+    sizes = checkpoint_sizes(gpt) if checkpoint else {}
+    return StageModel(stage, chunk, expert_rank, gpt, layers, pre, post, sizes)
 
 
 def _check_mtp_placed(gpt: Any, layout: Layout, stage: int, chunk: int) -> None:

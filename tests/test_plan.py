@@ -35,6 +35,18 @@ LAYOUTS = {
         ep=2, tensor_model_parallel_size=2, sequence_parallel=True, bf16=True, moe_router_topk=2,
     ),
     "bf16 grads": dict(num_layers=4, pp=2, dp=4, tp=2, bf16=True, grad_reduce_in_bf16=True),
+    "grouped experts in small buckets": dict(  # TE's grouped MLP: runs of equal expert weights
+        num_layers=4, pp=2, dp=4, ep=2, num_experts=16, moe_grouped_gemm=True,
+        transformer_impl="transformer_engine", disable_bias_linear=True, hidden_size=256,
+        num_attention_heads=8, moe_ffn_hidden_size=128, bf16=True, overlap_grad_reduce=True,
+        ddp_bucket_size=100000,
+    ),
+    "grouped experts unaligned": dict(  # 200 x 100 elements: each expert weight padded to 64
+        num_layers=4, pp=2, dp=4, ep=2, num_experts=8, moe_grouped_gemm=True,
+        transformer_impl="transformer_engine", disable_bias_linear=True, hidden_size=200,
+        num_attention_heads=8, moe_ffn_hidden_size=100, overlap_grad_reduce=True,
+        ddp_bucket_size=70000,
+    ),
     "embedding and loss alone": dict(  # Llama 3 405B's split: chunks of no transformer layer
         num_layers=6, pp=4, dp=2, global_batch_size=8, bf16=True, num_virtual_stages_per_pipeline_rank=2,
         account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True,
@@ -59,13 +71,17 @@ def _job(preset: str | None = None, **flags):
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_composed_state_equals_memory_stage_by_stage(name: str) -> None:
     # The planner's memory is composed from two small builds; `memory` builds the whole job.
+    job = _job(**LAYOUTS[name])
+    assert job.layout.sequence_parallel == ("sequence_parallel" in LAYOUTS[name])
+    _assert_composed_equals_memory(job, name)
+
+
+def _assert_composed_equals_memory(job, name: str) -> None:
     from inspector import plan_memory as pm
     from inspector.build import build, select_view
     from inspector.memory import Hardware, measure
     from inspector.ranks import rank_shard_indices
 
-    job = _job(**LAYOUTS[name])
-    assert job.layout.sequence_parallel == ("sequence_parallel" in LAYOUTS[name])
     report = measure(build(job, select_view(job), expert_ranks=(0,)), Hardware())
     pairs = sorted({(d, e) for _, d, e in rank_shard_indices(job.layout)})
     last = job.layout.pp - 1
@@ -78,6 +94,102 @@ def test_composed_state_equals_memory_stage_by_stage(name: str) -> None:
         state, params = pm.stage_state(job, stage.stage, shapes, pairs)
         assert state == stage.state, (name, stage.stage)
         assert params == stage.parameters
+
+
+SCALED = {  # name: (flags, whether megatron's expert weights come one per local expert)
+    "deepseek grouped, MLA, MTP": (
+        dict(preset="deepseek-v3", num_layers=4, moe_layer_freq="[0,1,1,1]", num_experts=16,
+             moe_router_topk=2, tensor_model_parallel_size=2, sequence_parallel=True, bf16=True),
+        True,
+    ),
+    "qwen grouped, gated shared expert": (
+        dict(preset="qwen1.5-moe-a2.7b", num_layers=2, num_experts=16, moe_grouped_gemm=True,
+             tensor_model_parallel_size=2, sequence_parallel=True, bf16=True),
+        True,
+    ),
+    "grouped, fc1 and fc2 alike": (  # one run of 2 x local experts: fc1's, then fc2's
+        dict(num_layers=2, num_experts=16, moe_grouped_gemm=True, disable_bias_linear=True,
+             transformer_impl="transformer_engine", hidden_size=256, num_attention_heads=8,
+             moe_ffn_hidden_size=128, bf16=True),
+        True,
+    ),
+    "sequential experts": (  # one expert's fc1 and fc2, repeated per expert
+        dict(preset="mixtral-8x7b", num_layers=2, num_experts=16, hidden_size=256,
+             num_attention_heads=8, num_query_groups=4, ffn_hidden_size=512,
+             moe_ffn_hidden_size=512, bf16=True),
+        True,
+    ),
+    "legacy grouped experts": (  # one weight holding every local expert: built for every ep
+        dict(num_layers=2, num_experts=16, moe_grouped_gemm=True, disable_bias_linear=True,
+             hidden_size=256, num_attention_heads=8, moe_ffn_hidden_size=128),
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(SCALED))
+@pytest.mark.parametrize("etp", [None, 1])
+def test_pieces_scaled_to_another_expert_size_equal_megatrons_build(name, etp, monkeypatch) -> None:
+    # The planner builds one expert-parallel size per (tp, expert tp) and scales the runs of
+    # per-expert weights to the other sizes; megatron's own build of each size must agree.
+    from inspector import plan_memory as pm
+
+    monkeypatch.setattr(pm, "_PIECES", {})
+    monkeypatch.setattr(pm, "_SCALABLE", {})
+    flags, scales = SCALED[name]
+    sizes = dict(dp=16, expert_tensor_parallel_size=etp)
+    built = pm._build_pieces(_job(**flags, **sizes, ep=2))
+    assert any(p.expert for named in built.parts() for _, p in named)  # ep > 1 weights
+    assert pm._scalable(built, 8, True) == scales
+    for first in (2, 1):  # scaled from an expert-parallel build, and from one without
+        monkeypatch.setattr(pm, "_PIECES", {})
+        monkeypatch.setattr(pm, "_SCALABLE", {})
+        for ep in (first, *(ep for ep in (1, 2, 4, 8, 16) if ep != first)):
+            job = _job(**flags, **sizes, ep=ep)
+            assert pm.pieces_for(job) == pm._as_pieces(pm._build_pieces(job)), (first, ep)
+            assert len(pm._SCALABLE) == int(scales)
+
+
+@pytest.mark.parametrize(
+    "sizes", [dict(ep=4), dict(ep=8, expert_tensor_parallel_size=1), dict(ep=1)]
+)
+def test_composed_state_from_scaled_pieces_equals_memory(sizes, monkeypatch) -> None:
+    # Pieces scaled from another expert-parallel size's build still compose `memory`'s state.
+    from inspector import plan_memory as pm
+
+    monkeypatch.setattr(pm, "_PIECES", {})
+    monkeypatch.setattr(pm, "_SCALABLE", {})
+    flags = dict(
+        preset="deepseek-v3", num_layers=4, moe_layer_freq="[0,1,1,1]", num_experts=16, pp=2,
+        dp=4, tensor_model_parallel_size=2, sequence_parallel=True, bf16=True, moe_router_topk=2,
+        overlap_grad_reduce=True, ddp_bucket_size=40000000,
+    )
+    pm.pieces_for(_job(**flags, **{**sizes, "ep": 2}))
+    job = _job(**flags, **sizes)
+    assert pm.piece_key(job) not in pm._PIECES and len(pm._SCALABLE) == 1
+    _assert_composed_equals_memory(job, str(sizes))
+    assert pm.piece_key(job) in pm._PIECES
+
+
+def test_stage_activations_read_neither_data_nor_expert_parallel_size() -> None:
+    # The planner prices activations once for layouts that differ only in dp or ep.
+    from dataclasses import replace
+
+    from inspector.plan_price import stage_activation_bytes
+
+    job = _job(
+        preset="deepseek-v3", num_layers=4, moe_layer_freq="[0,1,1,1]", num_experts=16, pp=2,
+        dp=4, ep=2, tensor_model_parallel_size=2, sequence_parallel=True, bf16=True,
+        moe_router_topk=2,
+    )
+    dims = job.dims()
+    for stage, chunks in ((0, [[0, 1]]), (1, [[2, 3]]), (0, [[0], [2]]), (1, [[1], [3]])):
+        for recompute in ("none", "selective", "full"):
+            args = (stage, chunks, 1, 8, recompute, True)
+            expected = stage_activation_bytes(dims, job.layout, *args)
+            for dp, ep, etp in ((8, 4, None), (16, 16, 2), (1, 1, 2)):
+                par = replace(job.layout, dp=dp, ep=ep, etp=etp)
+                assert stage_activation_bytes(dims, par, *args) == expected, (dp, ep, etp)
 
 
 def _plan(*args: str) -> dict:

