@@ -8,7 +8,7 @@ import shlex
 import pytest
 
 from tests.conftest import run_cli
-from tests.test_versions import MTP_IN_LAYOUT
+from tests.test_versions import MTP_IN_LAYOUT, SHARED_EXPERT_GATE
 
 LAYOUTS = {
     "dense tp2 distopt": dict(num_layers=8, pp=2, dp=4, tp=2, bf16=True),
@@ -102,9 +102,10 @@ SCALED = {  # name: (flags, whether megatron's expert weights come one per local
              moe_router_topk=2, tensor_model_parallel_size=2, sequence_parallel=True, bf16=True),
         True,
     ),
-    "qwen grouped, gated shared expert": (
+    "qwen grouped, gated shared expert": (  # the gate: megatron-core 0.16+ (test_versions.py)
         dict(preset="qwen1.5-moe-a2.7b", num_layers=2, num_experts=16, moe_grouped_gemm=True,
-             tensor_model_parallel_size=2, sequence_parallel=True, bf16=True),
+             tensor_model_parallel_size=2, sequence_parallel=True, bf16=True,
+             moe_shared_expert_gate=SHARED_EXPERT_GATE),
         True,
     ),
     "grouped, fc1 and fc2 alike": (  # one run of 2 x local experts: fc1's, then fc2's

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import os
 import sys
 from collections.abc import Callable
 from enum import Enum
@@ -266,9 +267,14 @@ class Progress:
     captured streams. Use as a context manager; the line is erased at the end.
     """
 
-    def __init__(self, stream: Any = None, delay: float = 1.0) -> None:
+    def __init__(self, stream: Any = None, delay: float | None = None) -> None:
         import time
 
+        if delay is None:  # INSPECT_MODEL_PROGRESS_DELAY: seconds before it shows (tests use 0)
+            try:
+                delay = float(os.environ.get("INSPECT_MODEL_PROGRESS_DELAY", "1"))
+            except ValueError:
+                delay = 1.0
         self.stream = sys.stderr if stream is None else stream
         self.clock = time.monotonic
         self.start, self.delay, self.shown = self.clock(), delay, False
