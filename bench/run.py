@@ -51,7 +51,7 @@ CASES = [
     Case("(h) workload -o DIR, the job of (d) (issue #18)", TOOL + "workload --model llama3.1-405b --tp 8 --pp 16 --dp 1024 --bf16 --micro-batch-size 1 --gpu-tflops 989".split() + SPLIT + ["-o", os.path.join(tempfile.gettempdir(), "inspect-model-bench-workload")], "< 1.1x (d) cold, < 0.3 s warm"),
     Case("(i) (f) with --transformer-impl local (issue #20)", TOOL + LLAMA70.split() + ["--transformer-impl", "local"], "TE (f) <= local (i)"),
     Case("(j) plan --model llama3.1-405b, 16,384 H100, full search (issue #15)", TOOL + "plan --model llama3.1-405b --gpus 16384 --seq-length 8192 --global-batch-size 2048 --bf16".split(), "< 10 s cold"),
-    Case("(k) plan --model deepseek-v3, 1,024 H100, full search (MoE)", TOOL + "plan --model deepseek-v3 --gpus 1024 --seq-length 4096 --global-batch-size 4096 --bf16".split(), "< 10 s cold"),
+    Case("(k) plan --model deepseek-v3, 1,024 H100, full search (MoE)", TOOL + "plan --model deepseek-v3 --gpus 1024 --seq-length 4096 --global-batch-size 4096 --bf16".split(), "-"),
 ]  # fmt: skip
 
 
