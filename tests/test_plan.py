@@ -47,6 +47,10 @@ LAYOUTS = {
         num_attention_heads=8, moe_ffn_hidden_size=100, overlap_grad_reduce=True,
         ddp_bucket_size=70000,
     ),
+    "embedding and loss alone, 1F1B": dict(  # stages 0 and 3 hold no transformer layer
+        num_layers=2, pp=4, dp=2, global_batch_size=8, account_for_embedding_in_pipeline_split=True,
+        account_for_loss_in_pipeline_split=True,
+    ),
     "embedding and loss alone": dict(  # Llama 3 405B's split: chunks of no transformer layer
         num_layers=6, pp=4, dp=2, global_batch_size=8, bf16=True, num_virtual_stages_per_pipeline_rank=2,
         account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True,
