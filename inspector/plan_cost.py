@@ -145,27 +145,6 @@ def _collective(count: float, elements: float, nbytes: int, ranks: int, link: tu
     return count * (alpha + elements * nbytes * (ranks - 1) / ranks / bandwidth)
 
 
-def stage_time(
-    dims: ModelDims,
-    lay: Layout,
-    net: Network,
-    efficiency: float,
-    mbs: int,
-    recompute: str,
-    chunk_layers: Sequence[Sequence[int]],
-    has_output: bool,
-    dp_bytes: tuple[int, int],
-    state_bytes: int,
-    distributed: bool,
-    recompute_method: str = "uniform",
-    recompute_num_layers: int = 1,
-) -> StageTime:
-    """Return one pipeline rank's time (see the module docstring for every term)."""
-    work = stage_work(dims, lay, net, efficiency, mbs, recompute, chunk_layers, has_output,
-                      recompute_method, recompute_num_layers)
-    return with_state(work, lay, net, dp_bytes, state_bytes, distributed)
-
-
 def stage_work(
     dims: ModelDims,
     lay: Layout,

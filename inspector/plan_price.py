@@ -3,10 +3,10 @@
 `evaluate(job, split, req)` prices a candidate as plan.py's search does: each stage's state from
 plan_memory.stage_state (megatron's DDP buffers, composed from small builds), its activations at
 the micro-batches megatron's schedule keeps in flight (formulas.live_microbatches), and its time
-(plan_cost.stage_time); the step from plan_cost.step_time. A stage's numbers depend only on its own
-shape (layers per chunk, embedding / output, position in the schedule), never on the other stages,
-so each distinct stage is priced once per process (`_STATE`, `_ACT`, `_TIME`): a search over
-thousands of candidates prices a few thousand stages. Nothing here prints.
+(plan_cost.stage_work, then with_state); the step from plan_cost.step_time. A stage's numbers
+depend only on its own shape (layers per chunk, embedding / output, position in the schedule),
+never on the other stages, so each distinct stage is priced once per process (`_STATE`, `_ACT`,
+`_TIME`): a search over thousands of candidates prices a few thousand stages. Nothing here prints.
 """
 
 from __future__ import annotations
