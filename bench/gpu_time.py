@@ -30,7 +30,7 @@ reported. One JSON line per job (`RESULT {...}`), also written to `--out`.
 estimate (plan.search with every dimension fixed: --gpus 1, tp = pp = 1, the job's micro-batch,
 global batch b x m, no recomputation, flash attention off for `local` and on otherwise, which
 changes memory, not time) and, with FILE (the JSON above), the measured time, Megatron-LM's FLOPs
-over it (inspector.flops.iteration_flops) and the efficiency against the H100's 989 TFLOP/s, as a
+over it (inspector.formulas.flops.iteration_flops) and the efficiency against the H100's 989 TFLOP/s, as a
 markdown table.
 
 Status: written in a session that had no GPU; not yet run on one (bench/RESULTS.md, "Real GPU
@@ -341,9 +341,9 @@ def estimate(path: str | None, jobs: list[str]) -> None:
     """Print the planner's estimate of each job, beside its measurement in `path` if given."""
     from dataclasses import replace
 
-    from inspector.flops import iteration_flops
-    from inspector.plan import make_request, search
-    from inspector.resolve import Sources, merge_sources
+    from inspector.formulas.flops import iteration_flops
+    from inspector.inputs.resolve import Sources, merge_sources
+    from inspector.plan.search import make_request, search
 
     if path:
         with open(path) as f:

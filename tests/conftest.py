@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from inspector import te
+from inspector.world import te
 from tests import invariants
 
 # megatron-core decides HAVE_TE when it is first imported, and some tests import it directly

@@ -1,5 +1,5 @@
 """Megatron-LM arguments beyond the basic ones: each modelled (its effect on memory), refused
-with an error, or ignored because it changes nothing a GPU holds (inspector/unmodelled.py)."""
+with an error, or ignored because it changes nothing a GPU holds (inspector/inputs/unmodelled.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from inspector.arguments import BY_NAME
-from inspector.unmodelled import IGNORED, REFUSED
+from inspector.inputs.arguments import BY_NAME
+from inspector.inputs.unmodelled import IGNORED, REFUSED
 
 SMALL = ("--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
          "--vocab-size 1000 --micro-batch-size 1 --bf16").split()  # fmt: skip
@@ -198,7 +198,7 @@ def test_script_backend_defaults_to_auto(cli, tmp_path):
 def test_legacy_spellings(cli, tmp_path):
     path = script(tmp_path, "--use-rotary-position-embeddings --encoder-seq-length 64 "
                   "--max-position-embeddings 64")  # fmt: skip
-    from inspector.sources import read_launch_script
+    from inspector.inputs.sources import read_launch_script
 
     args = read_launch_script(path).args
     assert (args["position_embedding_type"], args["seq_length"]) == ("rope", 64)

@@ -510,7 +510,7 @@ README_CASES = [
 
 def _size_cases() -> list[Case]:
     """Every integer Megatron-LM argument, below one and beyond any machine: one sentence each."""
-    from inspector.arguments import ARGUMENTS
+    from inspector.inputs.arguments import ARGUMENTS
 
     cases = []
     for spec in ARGUMENTS:
@@ -579,9 +579,10 @@ def _run_alone(c: Case, folder: Path, warm: Warm) -> Outcome:
 # resource limits, a deleted folder) run as processes of their own.
 FORKER = r"""
 import json, os, sys
-from inspector import cache, cli
+from inspector import cli
+from inspector.cli import cache
 cache._source_hash()
-import inspector.world  # torch and megatron-core, so that a child that builds starts warm
+import inspector.world.stage  # torch and megatron-core, so that a child that builds starts warm
 codes = []
 for job in json.load(sys.stdin):
     pid = os.fork()

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from inspector.errors import ConfigError, InputError
-from inspector.launch import data_parallel_from_world
-from inspector.sources import interpret_launch, parse_launch_script, read_launch_script
+from inspector.inputs.launch import data_parallel_from_world
+from inspector.inputs.sources import interpret_launch, parse_launch_script, read_launch_script
 
 BASH_FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "scripts" / "bash"
 FIXTURES = sorted(BASH_FIXTURES.glob("*.sh")) + [BASH_FIXTURES.parent / "llama3_8b.sh"]

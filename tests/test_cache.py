@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from inspector import cache, world
+from inspector.cli import cache
+from inspector.world import stage as world
 
 SMALL = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --vocab-size 1000 --pp 2".split()
 

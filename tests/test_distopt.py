@@ -11,15 +11,15 @@ from typing import Any
 import pytest
 import torch
 
-from inspector.ddp import (
+from inspector.errors import ConfigError
+from inspector.world.ddp import (
     StandInGroup,
     distopt_layout,
     distopt_owners,
     layout_from_ddp,
     wrap_in_megatron_ddp,
 )
-from inspector.errors import ConfigError
-from inspector.shards import DistOptLayout, DistOptSettings, resolve_bucket_size
+from inspector.world.shards import DistOptLayout, DistOptSettings, resolve_bucket_size
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ def build_stage(spec: Stage) -> torch.nn.Module:
 
 
 def _build_gpt(spec: Stage, ps: Any, gpt: Any, layer_spec: Any, config_class: Any) -> Any:
-    from inspector.world_setup import simulate_apex
+    from inspector.world.setup import simulate_apex
 
     """Build the GPTModel of `spec` under the meta device (world already set up)."""
     dtype = torch.bfloat16 if spec.bf16 else torch.float32

@@ -1,4 +1,4 @@
-"""inspector.fastimport: building and `memory` import neither DTensor, dynamo, sympy nor DCP.
+"""inspector.world.fastimport: building and `memory` import neither DTensor, dynamo, sympy nor DCP.
 
 Counts, not timings: each command runs in a fresh interpreter, which reports the heavy modules it
 imported. The golden-file tests prove the shortcuts change no shape.

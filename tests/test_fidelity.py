@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from inspector import walk, world
+from inspector.world import stage as world
+from inspector.world import walk
 
 ARGS = [
     "params",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from inspector.errors import ConfigError
-from inspector.flops import (
+from inspector.formulas.flops import (
     iteration_flops,
     layer_flops,
     logit_flops,
@@ -13,8 +13,8 @@ from inspector.flops import (
     seconds_for,
     stage_flops,
 )
-from inspector.formulas import ModelDims
-from inspector.topology import Layout
+from inspector.job.dims import ModelDims
+from inspector.job.layout import Layout
 
 
 def megatron_flops(

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from inspector.errors import ConfigError
-from inspector.formulas import (
+from inspector.job.dims import (
     ModelDims,
     _schedule_table,
     live_microbatches,

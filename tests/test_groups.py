@@ -1,4 +1,4 @@
-"""inspector.groups: megatron reports the same groups, ranks and sizes with and without the shortcut.
+"""inspector.world.groups: megatron reports the same groups, ranks and sizes with and without the shortcut.
 
 For each layout and rank, megatron's parallel_state is set up twice in the same fake world: once as
 megatron does it (every group of the world made), once inside groups.scoped_groups (only the groups
@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from inspector import groups, world_setup
-from inspector.topology import Layout
+from inspector.job.layout import Layout
+from inspector.world import groups
+from inspector.world import setup as world_setup
 
 # (layout, virtual pipeline size, ranks to check: None = all)
 CASES = [

@@ -161,8 +161,8 @@ def test_moe_stage_comment_states_one_gpu(cli):
 
 def test_json_attributes_are_megatrons(cli):
     """partition_dim / tensor_parallel in json equal the attributes on megatron's own parameters."""
-    from inspector.build import build, select_view
-    from inspector.job import make_job
+    from inspector.job.job import make_job
+    from inspector.world.build import build, select_view
 
     text = "--num-layers 2 --pp 2 --tp 2 --dp 2 --ep 2 --expert-tensor-parallel-size 1 --sequence-parallel"
     rows = json_rows(cli, flags(text, *MOE))

@@ -213,8 +213,8 @@ def test_megatron_lms_bytes_per_parameter() -> None:
     [dict(tp=2, pp=2, dp=4, ep=2), dict(pp=3, dp=4, ep=4), dict(tp=4, dp=2, ep=2, etp=1)],
 )
 def test_shard_indices_of_large_worlds_match_megatrons_rank_generator(sizes, monkeypatch) -> None:
-    from inspector import ranks
-    from inspector.topology import Layout
+    from inspector.job.layout import Layout
+    from inspector.world import ranks
 
     layout = Layout(**sizes)
     expected = [(c.pipe, c.data, c.expert_data) for c in ranks.rank_coords(layout)]

@@ -10,8 +10,9 @@ import time
 
 import pytest
 
-from inspector import output, world
+from inspector import output
 from inspector.errors import OutputError
+from inspector.world import stage as world
 
 
 def test_failing_mid_build_leaves_old_file(cli, tmp_path, monkeypatch):
@@ -197,7 +198,7 @@ def test_ctrl_c_in_the_cli_exits_130_quietly_without_a_temporary(tmp_path):
     target.write_text("old\n")
     code = SLOW_WRITE.replace(
         'output.write_atomic(sys.argv[1], "new\\n" * 100000)',
-        "from inspector.cli import main; import inspector.cache as c\n"
+        "from inspector.cli import main; import inspector.cli.cache as c\n"
         "c.cached = lambda *a, **k: 'new\\n'\n"
         "sys.exit(main(['params', '-o', sys.argv[1]]))",
     )

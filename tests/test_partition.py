@@ -7,8 +7,8 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inspector import partition
 from inspector.records import ParamRecord
+from inspector.report import partition
 
 
 def record(

@@ -63,8 +63,8 @@ BLOCK = ("--num-layers", "8", "--seq-length", "4096", "--max-position-embeddings
 
 
 def _job(preset: str | None = None, **flags):
-    from inspector.job import make_job
-    from inspector.resolve import Sources, merge_sources
+    from inspector.inputs.resolve import Sources, merge_sources
+    from inspector.job.job import make_job
 
     flags.setdefault("micro_batch_size", 1)
     flags.setdefault("use_distributed_optimizer", True)
@@ -81,10 +81,10 @@ def test_composed_state_equals_memory_stage_by_stage(name: str) -> None:
 
 
 def _assert_composed_equals_memory(job, name: str) -> None:
-    from inspector import plan_memory as pm
-    from inspector.build import build, select_view
-    from inspector.memory import Hardware, measure
-    from inspector.ranks import rank_shard_indices
+    from inspector.plan import memory as pm
+    from inspector.report.memory import Hardware, measure
+    from inspector.world.build import build, select_view
+    from inspector.world.ranks import rank_shard_indices
 
     report = measure(build(job, select_view(job), expert_ranks=(0,)), Hardware())
     pairs = sorted({(d, e) for _, d, e in rank_shard_indices(job.layout)})
@@ -137,7 +137,7 @@ SCALED = {  # name: (flags, whether megatron's expert weights come one per local
 def test_pieces_scaled_to_another_expert_size_equal_megatrons_build(name, etp, monkeypatch) -> None:
     # The planner builds one expert-parallel size per (tp, expert tp) and scales the runs of
     # per-expert weights to the other sizes; megatron's own build of each size must agree.
-    from inspector import plan_memory as pm
+    from inspector.plan import memory as pm
 
     monkeypatch.setattr(pm, "_PIECES", {})
     monkeypatch.setattr(pm, "_SCALABLE", {})
@@ -160,7 +160,7 @@ def test_pieces_scaled_to_another_expert_size_equal_megatrons_build(name, etp, m
 )
 def test_composed_state_from_scaled_pieces_equals_memory(sizes, monkeypatch) -> None:
     # Pieces scaled from another expert-parallel size's build still compose `memory`'s state.
-    from inspector import plan_memory as pm
+    from inspector.plan import memory as pm
 
     monkeypatch.setattr(pm, "_PIECES", {})
     monkeypatch.setattr(pm, "_SCALABLE", {})
@@ -180,7 +180,7 @@ def test_stage_activations_read_neither_data_nor_expert_parallel_size() -> None:
     # The planner prices activations once for layouts that differ only in dp or ep.
     from dataclasses import replace
 
-    from inspector.plan_price import stage_activation_bytes
+    from inspector.plan.price import stage_activation_bytes
 
     job = _job(
         preset="deepseek-v3", num_layers=4, moe_layer_freq="[0,1,1,1]", num_experts=16, pp=2,
@@ -326,9 +326,9 @@ def test_timeline_replays_megatrons_schedule(vpp: int) -> None:
     # length agrees with the time model's pipeline term (m t + (p - 1) t / v for equal stages).
     from dataclasses import replace
 
-    from inspector.plan import make_request, search
+    from inspector.inputs.resolve import Sources, merge_sources
+    from inspector.plan.search import make_request, search
     from inspector.render.plan import _rank_order, timeline
-    from inspector.resolve import Sources, merge_sources
 
     args = merge_sources(Sources(flags=dict(num_layers=8, global_batch_size=16)),
                          ("model", "layout", "training")).args
@@ -364,7 +364,7 @@ def test_uneven_splits_are_emitted_as_megatron_flags(layers: str, extra: tuple, 
 
 @pytest.mark.skipif(not MTP_IN_LAYOUT, reason="megatron-core 0.13 refuses MTP in a layout string")
 def test_a_layout_string_places_the_mtp_layers_with_the_loss() -> None:
-    from inspector.plan_split import split_flags
+    from inspector.plan.split import split_flags
 
     assert split_flags((4, 1), 5, 2, 1, mtp=1) == {"pipeline_model_parallel_layout": "Etttt|tmL"}
     assert split_flags((4, 1), 5, 2, 1) == {"pipeline_model_parallel_layout": "Etttt|tL"}
@@ -407,7 +407,7 @@ def test_the_plan_keeps_the_given_dropout_and_gradient_dtype() -> None:
 @pytest.mark.parametrize("fmt", ["text", "json"])
 def test_plan_output_is_identical_from_run_to_run(fmt: str) -> None:
     # The search's wall time goes to the terminal only (stderr), never into stdout.
-    from inspector import plan_price
+    from inspector.plan import price as plan_price
 
     args = ("plan", "--num-layers", "4", "--gpus", "4", "--global-batch-size", "8", "--format", fmt)
     first = run_cli(*args)
@@ -420,8 +420,8 @@ def test_plan_output_is_identical_from_run_to_run(fmt: str) -> None:
 
 
 def _block_request(memory_gib: float | None = None, **flags):
-    from inspector.plan import make_request
-    from inspector.resolve import Sources, merge_sources
+    from inspector.inputs.resolve import Sources, merge_sources
+    from inspector.plan.search import make_request
 
     flags = dict(num_layers=8, seq_length=4096, max_position_embeddings=4096, bf16=True,
                  global_batch_size=8, **flags)
@@ -430,7 +430,7 @@ def _block_request(memory_gib: float | None = None, **flags):
 
 
 def _priced(req, lay, split, recompute: str, method: str = "uniform", n: int = 1):
-    from inspector.plan import _job, evaluate
+    from inspector.plan.search import _job, evaluate
 
     job = _job(req, lay, 1, recompute, True, req.flash, method, n)
     assert job is not None
@@ -446,8 +446,8 @@ def test_block_recompute_is_found_and_beats_full_recompute() -> None:
         "full", "block", 1)
     assert {"--recompute-granularity full", "--recompute-method block",
             "--recompute-num-layers 1"} <= set(plan["flags"])
-    from inspector.plan import layout_for
-    from inspector.topology import Layout
+    from inspector.job.layout import Layout
+    from inspector.plan.search import layout_for
 
     req = _block_request(2.1)
     base = Layout(**{k: plan["layout"][k] for k in ("tp", "pp", "dp", "cp")})
@@ -498,11 +498,11 @@ def test_planner_block_activations_equal_stage_activations(split, pp, flags) -> 
     # the same layout) equal activations.stage_activations, which `memory` reports, for block N.
     import math
 
-    from inspector.activations import stage_activations
-    from inspector.plan import _price_memory, layout_for, make_request
-    from inspector.plan_split import chunk_layers
-    from inspector.resolve import Sources, merge_sources
-    from inspector.topology import Layout
+    from inspector.formulas.activations import stage_activations
+    from inspector.inputs.resolve import Sources, merge_sources
+    from inspector.job.layout import Layout
+    from inspector.plan.search import _price_memory, layout_for, make_request
+    from inspector.plan.split import chunk_layers
 
     vpp = len(split) // pp
     args = merge_sources(Sources(flags=dict(num_layers=sum(split), bf16=True, global_batch_size=16,
@@ -532,9 +532,9 @@ def test_block_step_time_lies_between_none_and_full(vpp: int) -> None:
     # Each checkpointed layer repeats its forward (a third of its FLOPs): the step time grows
     # strictly with N, from no recomputation to every layer (uniform 1 = block N with N the
     # longest chunk).
-    from inspector.plan import layout_for
-    from inspector.plan_split import even_split
-    from inspector.topology import Layout
+    from inspector.job.layout import Layout
+    from inspector.plan.search import layout_for
+    from inspector.plan.split import even_split
 
     req = _block_request()
     split = even_split(8, 2 * vpp)

@@ -74,8 +74,8 @@ def equation_3(batch: int, layers: int, hidden: int) -> float:
 @cache
 def price_row(index: int) -> Row:
     """Return the three searches of one Table 1 row (see the module docstring)."""
-    from inspector.plan import make_request, search
-    from inspector.resolve import Sources, merge_sources
+    from inspector.inputs.resolve import Sources, merge_sources
+    from inspector.plan.search import make_request, search
 
     params, heads, hidden, layers, t, p, gpus, batch, tflops = TABLE_1[index]
     flags = dict(
@@ -162,8 +162,8 @@ META = dict(seq_length=8192, bf16=True, global_batch_size=2048, attention_dropou
 
 
 def meta_request(grad_reduce_in_bf16: bool = True, dropout: bool = False) -> object:
-    from inspector.plan import make_request
-    from inspector.resolve import Sources, merge_sources
+    from inspector.inputs.resolve import Sources, merge_sources
+    from inspector.plan.search import make_request
 
     flags = {**META, "grad_reduce_in_bf16": grad_reduce_in_bf16}
     if dropout:  # Megatron-LM's defaults, 0.1
@@ -175,9 +175,9 @@ def meta_request(grad_reduce_in_bf16: bool = True, dropout: bool = False) -> obj
 @cache
 def meta_405b(vpp: int, recompute: str, grad_reduce_in_bf16: bool = True) -> object:
     """Return Meta's layout priced by the planner (micro-batch 1, distributed optimizer)."""
-    from inspector.plan import _job, evaluate, layout_for
-    from inspector.plan_split import accounted_split
-    from inspector.topology import Layout
+    from inspector.job.layout import Layout
+    from inspector.plan.search import _job, evaluate, layout_for
+    from inspector.plan.split import accounted_split
 
     req = meta_request(grad_reduce_in_bf16)
     split = accounted_split(126, 16 * vpp, True, True)
@@ -192,7 +192,7 @@ def meta_405b(vpp: int, recompute: str, grad_reduce_in_bf16: bool = True) -> obj
 @cache
 def best_405b(grad_reduce_in_bf16: bool = True, **fixed: object) -> object:
     """Return the planner's best plan for Meta's job (everything not in `fixed` searched)."""
-    from inspector.plan import search
+    from inspector.plan.search import search
 
     req = meta_request(grad_reduce_in_bf16)
     plans = search(replace(req, fixed=fixed)).plans  # type: ignore[type-var]
@@ -260,7 +260,7 @@ def test_memory_caps_give_a_1f1b_split_without_recompute() -> None:
     # The DP's memory caps (plan._capped_split) move a layer off the ranks that hold the most
     # micro-batches: with megatron's fp32 gradients and default dropout, 1F1B with 7/7/8/.../8
     # fits 80 GiB without recomputation, where the accounted 7/8/.../8/7 needs 81.4 GiB.
-    from inspector.plan import search
+    from inspector.plan.search import search
 
     req = meta_request(False, dropout=True)
     fixed = {"tp": 8, "pp": 16, "cp": 1, "mbs": 1, "recompute": "none", "distopt": True, "vpp": 1}

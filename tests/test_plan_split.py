@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from inspector.plan_split import balance
+from inspector.plan.split import balance
 
 
 def _splits(layers: int, stages: int):

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from inspector.errors import ConfigError
-from inspector.presets import PRESETS, get_preset
+from inspector.inputs.presets import PRESETS, get_preset
 from tests.counting import parameter_count
 from tests.test_versions import SHARED_EXPERT_GATE
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from inspector.errors import InputError
-from inspector.simai import (
+from inspector.report.simai import (
     COLLECTIVES,
     Header,
     Record,

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from inspector.errors import ConfigError, InputError
-from inspector.presets import PRESETS
-from inspector.sources import load_config_file, parse_launch_script, read_launch_script
+from inspector.inputs.presets import PRESETS
+from inspector.inputs.sources import load_config_file, parse_launch_script, read_launch_script
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 SCRIPTS, CONFIGS = FIXTURES / "scripts", FIXTURES / "configs"
@@ -186,7 +186,7 @@ def test_precedence_flags_over_script_over_config_over_preset(cli):
 
 def test_scripts_and_config_files_mean_megatron_lms_default_transformer_impl():
     """A Megatron-LM job that names no --transformer-impl runs Transformer Engine; flags win."""
-    from inspector.resolve import Sources, merge_sources
+    from inspector.inputs.resolve import Sources, merge_sources
 
     groups = ("model", "layout")
     script = merge_sources(Sources(script=str(SCRIPTS / "llama3_8b.sh")), groups).args

@@ -1,4 +1,4 @@
-"""The simulated Transformer Engine (inspector/te): TE's registration facts, and megatron's TE spec.
+"""The simulated Transformer Engine (inspector/world/te): TE's registration facts, and megatron's TE spec.
 
 Facts are from transformer_engine 2.11.0's source (the version the stand-in declares); the line
 numbers are the ones each stand-in class's docstring cites. megatron-core's own TE code
@@ -17,18 +17,20 @@ from typing import Any, NamedTuple
 import pytest
 import torch
 
-from inspector import te
+from inspector.world import te
 
 # megatron-core decides HAVE_TE when it is first imported: tests/conftest.py installs the stand-in
 # before any test module imports megatron-core (this call is a no-op then). `_megatron` below
 # fails loudly if megatron-core was imported without it.
 te.install()
 
-from inspector import world, world_config, world_setup  # noqa: E402
-from inspector.config import ModelConfig  # noqa: E402
-from inspector.te import attention, linear, norm  # noqa: E402
-from inspector.te.cuda import simulated_cuda  # noqa: E402
-from inspector.topology import Layout  # noqa: E402
+from inspector.job.layout import Layout  # noqa: E402
+from inspector.job.model import ModelConfig  # noqa: E402
+from inspector.world import config as world_config  # noqa: E402
+from inspector.world import setup as world_setup  # noqa: E402
+from inspector.world import stage as world  # noqa: E402
+from inspector.world.te import attention, linear, norm  # noqa: E402
+from inspector.world.te.cuda import simulated_cuda  # noqa: E402
 
 BF16 = torch.bfloat16
 
@@ -40,10 +42,10 @@ def test_install_is_scoped() -> None:
     # Importing the tool (and the stand-in's package) must not make transformer_engine importable.
     code = (
         "import importlib.util, sys\n"
-        "import inspector, inspector.te, inspector.world, inspector.cli\n"
+        "import inspector, inspector.world.te, inspector.world.stage, inspector.cli\n"
         "assert 'transformer_engine' not in sys.modules\n"
         "assert importlib.util.find_spec('transformer_engine') is None\n"
-        "assert 'torch' not in sys.modules, 'importing inspector.te must stay free'\n"
+        "assert 'torch' not in sys.modules, 'importing inspector.world.te must stay free'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -206,7 +208,7 @@ def _megatron() -> Any:
     from megatron.core.extensions import transformer_engine as te_ext
 
     if not te_ext.HAVE_TE:
-        pytest.fail("megatron-core was imported before inspector.te.install()")
+        pytest.fail("megatron-core was imported before inspector.world.te.install()")
     return m
 
 

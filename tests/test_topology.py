@@ -6,8 +6,9 @@ import re
 
 import pytest
 
-from inspector import ranks, world_setup
-from inspector.topology import Layout
+from inspector.job.layout import Layout
+from inspector.world import ranks
+from inspector.world import setup as world_setup
 
 SHAPES = [
     Layout(tp=2, pp=2, dp=2),

@@ -88,8 +88,8 @@ def test_shared_expert_gate_from_0_16(cli):
 def test_the_planner_emits_mtp_layout_strings_only_where_megatron_builds_them():
     # 5 layers over pp 2 split only by a layout string ('Etttt|tmL'): 0.13 has no plan with it
     from inspector.errors import ConfigError
-    from inspector.plan import _mtp_in_layouts, make_request, search
-    from inspector.resolve import Sources, merge_sources
+    from inspector.inputs.resolve import Sources, merge_sources
+    from inspector.plan.search import _mtp_in_layouts, make_request, search
 
     flags = dict(num_layers=5, hidden_size=64, num_attention_heads=4, seq_length=32,
                  vocab_size=1000, position_embedding_type="rope", mtp_num_layers=1,
@@ -131,12 +131,12 @@ def test_mtp_in_a_layout_string_from_0_14(cli):
 )
 def test_layout_grammar_is_megatrons(layout):
     # 0.13-0.16 parse --pipeline-model-parallel-layout with the same parse_str_to_list; the job is
-    # checked without megatron (inspector.topology.expand_layout), so the two must agree.
+    # checked without megatron (inspector.job.layout.expand_layout), so the two must agree.
     from megatron.core.transformer.pipeline_parallel_layer_layout import (
         PipelineParallelLayerLayout,
     )
 
-    from inspector.topology import expand_layout
+    from inspector.job.layout import expand_layout
 
     names = {"embedding": "E", "loss": "L", "decoder": "t", "mtp": "m"}
     try:

@@ -8,12 +8,12 @@ from collections.abc import Callable
 import pytest
 
 from inspector.errors import ConfigError, InputError
-from inspector.flops import layer_flops, logit_flops, stage_flops
-from inspector.formulas import ModelDims
-from inspector.simai import NONE, Record, parse_compute_profile, parse_workload
-from inspector.topology import Layout
-from inspector.workload import render_index, render_stage, stage_header, stage_records
-from inspector.workload_inputs import (
+from inspector.formulas.flops import layer_flops, logit_flops, stage_flops
+from inspector.job.dims import ModelDims
+from inspector.job.layout import Layout
+from inspector.report.simai import NONE, Record, parse_compute_profile, parse_workload
+from inspector.report.workload import render_index, render_stage, stage_header, stage_records
+from inspector.report.workload_inputs import (
     BufferInput,
     ComputeProfile,
     ComputeRate,
@@ -481,7 +481,7 @@ def test_bad_training_flags() -> None:
 def test_buffer_input_from_megatron_layout() -> None:
     import torch
 
-    from inspector.shards import BufferLayout
+    from inspector.world.shards import BufferLayout
 
     layout = BufferLayout(True, torch.bfloat16, torch.float32, 2, 256, 200, (), (100, 100))
     assert BufferInput.from_layout(layout) == BufferInput(256, 2, 4, expert=True)

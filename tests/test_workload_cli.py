@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from inspector.simai import parse_workload
+from inspector.report.simai import parse_workload
 
 SMALL = "--num-layers 6 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --vocab-size 1000".split()
 JOB = [*SMALL, "--tp", "2", "--pp", "2", "--dp", "2", "--bf16", "--micro-batch-size", "1",

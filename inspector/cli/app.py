@@ -17,8 +17,8 @@ from typing import Any
 import click
 import typer
 
-from inspector.arguments import ARGUMENTS, ArgSpec
 from inspector.errors import ConfigError
+from inspector.inputs.arguments import ARGUMENTS, ArgSpec
 
 
 def _click_errors() -> Any:
@@ -213,7 +213,7 @@ def model_options(*groups: str) -> Callable[[Callable[..., Any]], Callable[..., 
 
         @functools.wraps(func)
         def wrapper(**kwargs: Any) -> Any:
-            from inspector.resolve import Sources, merge_sources
+            from inspector.inputs.resolve import Sources, merge_sources
 
             flags = {spec.name: kwargs.pop(spec.name) for spec in specs}
             named = {k: kwargs.pop(k) for k in ("preset", "config_file", "script", "apex")}
@@ -305,6 +305,6 @@ class Progress:
 
 
 def _job(args: dict[str, Any]) -> Any:
-    from inspector.job import make_job
+    from inspector.job.job import make_job
 
     return make_job(args)

@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from inspector import cache
+from inspector.cli import cache
 from inspector.cli.app import (
     OUTPUT_HELP,
     SOURCE_HELP,
@@ -24,7 +24,7 @@ from inspector.cli.app import (
     model_options,
 )
 from inspector.errors import ConfigError
-from inspector.formats import (
+from inspector.report.formats import (
     DiffFormat,
     MemoryFormat,
     ParamsFormat,
@@ -46,9 +46,8 @@ def tree(
     """Print the module hierarchy of each pipeline stage."""
 
     def produce() -> str:
-        from inspector.build import build, select_view
         from inspector.render.tree import render_trees
-        from inspector.walk import stage_trees
+        from inspector.world.build import build, select_view, stage_trees
 
         job = _job(args)
         view = select_view(job, stage, rank)
@@ -69,8 +68,8 @@ def topology(
     """Print the rank map: each rank's pipeline, data and model coordinates."""
 
     def produce() -> str:
+        from inspector.job.layout import rank_map_layout
         from inspector.render.topology import render_topology
-        from inspector.topology import rank_map_layout
 
         return render_topology(rank_map_layout(args), fmt)
 
@@ -104,9 +103,9 @@ def params(
     """Print the per-stage parameter / partition table."""
 
     def produce() -> str:
-        from inspector.build import build, select_view
-        from inspector.params import params_result
         from inspector.render.params import render_params
+        from inspector.report.params import params_result
+        from inspector.world.build import build, select_view
 
         job = _job(args)
         with Progress() as progress:
@@ -122,8 +121,8 @@ def params(
     )
     text = cache.cached("params", args, options, use_cache, produce)
     if check is not None:
-        from inspector.diff import check_table
         from inspector.render.diff import render_check
+        from inspector.report.diff import check_table
 
         result = check_table(text, check)
         sys.stdout.write(render_check(result, check))
@@ -158,23 +157,23 @@ def memory(
 ) -> None:
     """Print what each rank needs to train: weights, grads, optimizer, activations, FLOPs."""
     if walkthrough:
-        from inspector.memory import check_walkthrough_flags
+        from inspector.report.memory import check_walkthrough_flags
 
         check_walkthrough_flags(gpu_memory=gpu_memory, gpu_tflops=gpu_tflops, mfu=mfu)
 
     def produce() -> str:
-        from inspector import memory as core
         from inspector.render import memory as render
+        from inspector.report import memory as core
 
         job = _job(args)
         job.schedule()  # --micro-batch-size is required, and the batches must divide
         hardware = core.make_hardware(gpu_memory, gpu_tflops, mfu)
         if walkthrough:
-            from inspector.walkthrough import job_walkthroughs
+            from inspector.formulas.walkthrough import job_walkthroughs
 
             return render.render_walkthroughs(job, job_walkthroughs(job, ulysses_degree), fmt)
         core.check_ulysses(ulysses_degree)
-        from inspector.build import build, select_view
+        from inspector.world.build import build, select_view
 
         with Progress() as progress:
             built = build(job, select_view(job), expert_ranks=(0,), progress=progress)
@@ -224,9 +223,9 @@ def workload(
         profile = read_text(compute_profile)  # read once: the cache key and the times use it
 
     def produce() -> str:
-        from inspector.build import build, select_view
         from inspector.render.workload import workload_files
-        from inspector.workload_inputs import compute_for, context_for, stage_inputs
+        from inspector.report.workload_inputs import compute_for, context_for, stage_inputs
+        from inspector.world.build import build, select_view
 
         job = _job(args)
         compute = compute_for(gpu_tflops, mfu, profile)
@@ -238,7 +237,7 @@ def workload(
     options = dict(stage=stage, gpu_tflops=gpu_tflops, mfu=mfu, profile=profile, fmt=fmt)
     files: dict[str, str] = json.loads(cache.cached("workload", args, options, use_cache, produce))
     if output is None:
-        from inspector.workload import file_name
+        from inspector.report.workload import file_name
 
         _emit(files[file_name(stage or 0)])
         return
@@ -258,8 +257,8 @@ def diff(
     fmt: Any = _format_option(DiffFormat.text, "text, markdown (a PR comment) or json."),
 ) -> None:
     """Compare two params tables: exit 0 when equal, 1 when they differ."""
-    from inspector.diff import diff_files
     from inspector.render.diff import render_diff
+    from inspector.report.diff import diff_files
 
     result = diff_files(old, new)
     sys.stdout.write(render_diff(result, fmt, old, new))
@@ -304,7 +303,7 @@ def plan(
     output: str | None = _output_option(),
 ) -> None:
     """Rank the parallel layouts of a model on N GPUs by estimated step time."""
-    from inspector import plan as core
+    from inspector.plan import search as core
     from inspector.render import plan as render
 
     request = core.make_request(

@@ -7,8 +7,8 @@ import json
 
 from tabulate import tabulate
 
-from inspector.diff import Move, StageTotal, TableDiff
-from inspector.table import COMPARED
+from inspector.report.diff import Move, StageTotal, TableDiff
+from inspector.report.table import COMPARED
 
 
 def _number(value: int | None) -> str:

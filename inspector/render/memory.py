@@ -8,10 +8,10 @@ from typing import Any
 
 from tabulate import tabulate
 
-from inspector.formats import MemoryFormat
-from inspector.job import Job
-from inspector.memory import GIB, MemoryReport, StageMemory
-from inspector.walkthrough import Walk, WalkthroughStep, running_allocation
+from inspector.formulas.walkthrough import Walk, WalkthroughStep, running_allocation
+from inspector.job.job import Job
+from inspector.report.formats import MemoryFormat
+from inspector.report.memory import GIB, MemoryReport, StageMemory
 
 BAR_WIDTH = 48
 # One shade per component, darkest for what lasts longest; the legend prints under the chart.

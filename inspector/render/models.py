@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
-from inspector.presets import PRESETS
+from inspector.inputs.presets import PRESETS
 
 
 def render_presets() -> str:

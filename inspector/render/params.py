@@ -9,9 +9,16 @@ from collections.abc import Sequence
 
 from tabulate import tabulate
 
-from inspector.formats import ParamsFormat
-from inspector.params import ParamsResult
-from inspector.table import Block, block_comment, format_shape, row_bytes, write_csv, write_json
+from inspector.report.formats import ParamsFormat
+from inspector.report.params import ParamsResult
+from inspector.report.table import (
+    Block,
+    block_comment,
+    format_shape,
+    row_bytes,
+    write_csv,
+    write_json,
+)
 
 
 def render_human(blocks: Sequence[Block]) -> str:

@@ -7,7 +7,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from inspector.plan import Plan, SearchResult
+from inspector.plan.search import Plan, SearchResult
 
 GIB = 1 << 30
 
@@ -169,7 +169,7 @@ def timeline(plan: Plan) -> list[list[tuple[float, float, str]]]:
 
 def _rank_order(stage: int, pp: int, m: int, v: int) -> list[tuple[str, int, int]]:
     """Return one rank's passes (F|B, micro-batch, chunk) in megatron-core's order."""
-    from inspector.formulas import _warmup_steps
+    from inspector.job.dims import _warmup_steps
 
     table = []  # megatron's get_schedule_table: (micro-batch, chunk) per forward step
     for start in range(0, m, pp):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
-from inspector.formats import TopologyFormat
-from inspector.table import topology_line
-from inspector.topology import Layout, RankCoord
+from inspector.job.layout import Layout, RankCoord
+from inspector.report.formats import TopologyFormat
+from inspector.report.table import topology_line
 
 
 def _ranks(group: tuple[int, ...] | None) -> str:
@@ -33,7 +33,7 @@ def render_topology_table(coords: list[RankCoord], layout: Layout) -> str:
 
 def render_topology(layout: Layout, fmt: TopologyFormat) -> str:
     """Return the rank map in the asked format (the coordinates come from megatron, ranks.py)."""
-    from inspector.ranks import rank_coords, rank_positions
+    from inspector.world.ranks import rank_coords, rank_positions
 
     if fmt is TopologyFormat.table:
         return render_topology_table(rank_coords(layout), layout)

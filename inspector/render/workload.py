@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from inspector.workload import file_name, render_index, render_stage
-from inspector.workload_inputs import Context, StageInput
+from inspector.report.workload import file_name, render_index, render_stage
+from inspector.report.workload_inputs import Context, StageInput
 
 INDEX = "index.csv"
 

@@ -1,0 +1,475 @@
+"""Activation memory per layer, per pipeline stage, from the published closed forms.
+
+Source: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models"
+(arXiv:2205.05198), Section 4 and Table 2, cross-checked with Megatron-LM's
+`megatron/training/theoretical_memory_usage.py` (`compute_activation_memory`, tag core_v0.16.1)
+and megatron-core's pipeline schedules. Symbols are those of inspector/job/dims.py.
+
+Table 2 of the paper, bytes per layer for one micro-batch:
+  no parallelism                       sbh (34 + 5as/h)
+  tensor parallel                      sbh (10 + 24/t + 5as/(ht))
+  tensor + sequence parallel           sbh/t (34 + 5as/h)
+  tensor parallel + selective          sbh (10 + 24/t)
+  tensor + sequence + selective        sbh/t (34)
+  full recomputation                   2sbh
+The functions below itemise the same terms (Section 4.1) so that the model's real shapes can
+replace the paper's GPT-3 assumptions; with f = 4h, g = a, d = h/a, no SwiGLU and no MoE they
+reduce exactly to the table. Assumptions, all the paper's unless said otherwise:
+  - activations are 16-bit (2 bytes; `ModelDims.activation_bytes`, 4 when training in fp32),
+    dropout masks 1 byte, the loss's logits fp32 (4 bytes);
+  - dropout is on (attention and hidden), as in the paper and Megatron-LM's estimator;
+  - GQA (our extension): Q is a*d wide, K and V g*d wide, the projection input a*d wide;
+  - SwiGLU (our extension): the activation stores its 2f-wide input and the fc2 input (f wide),
+    as megatron-core's `SwiGLUFunction` and the fc2 linear save them, so 6sbf instead of 4sbf;
+  - flash attention (our extension): the 5as^2b score terms vanish and the kernel keeps its
+    fp32 softmax statistics, 4asb bytes per layer (Q, K, V and the output are already counted);
+  - selective recomputation recomputes core attention only (megatron-core's default
+    `recompute_modules=["core_attn"]`), which removes exactly the 5as^2b (or flash) terms;
+  - full recomputation follows `--recompute-method` / `--recompute-num-layers` (default uniform,
+    1): a checkpointed group keeps its input (2sbh, split by t under sequence parallelism), the
+    layers `block` leaves alone keep everything, and backward rebuilds one group at a time,
+    counted once per stage as `recompute_buffer` (see `recompute_plan`); megatron-core's
+    multi-token-prediction layers skip `block` recomputation (`mtp_recompute`);
+  - context parallelism divides s by c for every term (megatron runs it only through Transformer
+    Engine's flash/fused attention, so it requires `flash_attention`);
+  - MoE (our extension, balanced routing): a rank's experts see s*b*k*e/t token copies on average
+    (e = expert tensor-parallel size), keep their permuted input (2h per copy, gathered across the
+    expert tensor-parallel group) and their activation terms split by e; a shared expert is a
+    dense MLP of its own size. megatron-core refuses MoE training with t > 1 without sequence
+    parallelism (`MoELayer.forward`), so that combination is an error here too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from inspector.errors import ConfigError
+from inspector.job.dims import ModelDims, live_microbatches
+from inspector.job.job import RECOMPUTE_MODES, Recompute
+from inspector.job.layout import Layout
+
+MASK = 1  # bytes per dropout-mask element (torch stores a bool)
+FP32 = 4  # bytes per fp32 element (softmax statistics, logits of the loss)
+TOKEN_ID = 8  # bytes per int64 token id
+
+
+@dataclass(frozen=True)
+class LayerActivations:
+    """Bytes one transformer layer keeps for backward, for one micro-batch on one rank."""
+
+    norms: float  # inputs of the two norms (paper: 4sbh)
+    attention: float  # QKV input, Q, K, V, projection input, dropout mask (paper: 11sbh)
+    core_attention: float  # softmax output, its dropout mask and output (5as^2b), or flash stats
+    mlp: float  # fc1 input, activation input and output, dropout mask (paper: 19sbh)
+    checkpoint: float  # full recomputation: the layer input, the only thing kept
+
+    @property
+    def total(self) -> float:
+        """Return the layer's bytes."""
+        return self.norms + self.attention + self.core_attention + self.mlp + self.checkpoint
+
+
+@dataclass(frozen=True)
+class EmbeddingActivations:
+    """Bytes the first stage's embedding keeps per micro-batch on one rank."""
+
+    token_ids: float  # int64 ids, kept by the embedding lookup's backward
+    dropout_mask: float  # embedding dropout mask (paper Section 4.4: sbh/t with SP)
+
+    @property
+    def total(self) -> float:
+        """Return the embedding's bytes."""
+        return self.token_ids + self.dropout_mask
+
+
+@dataclass(frozen=True)
+class OutputActivations:
+    """Bytes the last stage's final norm, output layer and loss keep per micro-batch."""
+
+    final_norm_input: float  # 2sbh (/t with SP)
+    output_layer_input: float  # 2sbh (/t with SP)
+    logits: float  # fp32 logits of the cross-entropy loss, 4sbv/t
+
+    @property
+    def total(self) -> float:
+        """Return the output side's bytes (paper Section 4.4: 4sbh/t (1 + v/h) with SP)."""
+        return self.final_norm_input + self.output_layer_input + self.logits
+
+
+@dataclass(frozen=True)
+class StageActivations:
+    """Peak activation bytes of one pipeline stage on one rank, split by origin."""
+
+    layers: float  # transformer layers, times the micro-batches in flight per chunk
+    embedding: float  # first stage only
+    output: float  # last stage only
+    recompute_buffer: float  # full recomputation: one layer rebuilt during backward
+    in_flight: tuple[int, ...]  # micro-batches holding activations per chunk at the peak
+
+    @property
+    def total(self) -> float:
+        """Return the stage's peak bytes."""
+        return self.layers + self.embedding + self.output + self.recompute_buffer
+
+
+def check_activation_inputs(
+    dims: ModelDims, par: Layout, recompute: str, flash_attention: bool
+) -> None:
+    """Raise ConfigError for settings the formulas (or megatron) do not support."""
+    if recompute not in RECOMPUTE_MODES:
+        raise ConfigError(
+            f"--recompute-granularity must be one of {', '.join(RECOMPUTE_MODES)}, "
+            f"got {recompute!r}"
+        )
+    if par.cp > 1 and not flash_attention:
+        raise ConfigError(
+            f"--context-parallel-size {par.cp} needs --use-flash-attn: megatron runs context "
+            "parallelism only through Transformer Engine's flash/fused attention"
+        )
+    if dims.num_experts is not None and par.tp > 1 and not par.sequence_parallel:
+        raise ConfigError(
+            f"--num-experts with --tp {par.tp} needs --sequence-parallel: megatron-core's "
+            "MoELayer refuses to train MoE with tensor parallelism alone"
+        )
+
+
+def _hidden_mask(dims: ModelDims) -> int:
+    """Return bytes per hidden dropout-mask element: none with --hidden-dropout 0 (Table 2's sbh
+    terms go; torch's dropout with p = 0 returns its input and saves no mask)."""
+    return MASK if dims.hidden_dropout else 0
+
+
+def _tokens(dims: ModelDims, par: Layout, micro_batch_size: int) -> float:
+    """Return s*b with s split by context parallelism."""
+    return dims.seq_length / par.cp * micro_batch_size
+
+
+def _attention(dims: ModelDims, par: Layout, sb: float) -> float:
+    """Return the attention block's bytes besides the scores (paper Section 4.1: 11sbh)."""
+    h, a, g, d = dims.hidden_size, dims.num_attention_heads, dims.query_groups, dims.head_dim
+    # Replicated across TP ranks unless sequence parallel: QKV input 2sbh, dropout mask sbh.
+    outside = dims.activation_bytes * sb * h + _hidden_mask(dims) * sb * h
+    # Split by t: Q and K (paper 4sbh), V (2sbh), projection input (2sbh), widened for GQA.
+    inside = (
+        dims.activation_bytes * sb * d * (a + g)
+        + dims.activation_bytes * sb * d * g
+        + dims.activation_bytes * sb * d * a
+    )
+    return outside / par.sp_divisor + inside / par.tp
+
+
+def _mla_attention(dims: ModelDims, par: Layout, sb: float) -> float:
+    """Return multi-latent attention's bytes besides the scores (our extension, Section 4.1's method).
+
+    Every tensor a backward GEMM or norm reads is counted once, in the paper's way:
+      - the down projections' input (the layer norm's output, shared by both) 2sbh and the
+        dropout mask sbh, whole on every TP rank unless sequence parallel (as for QKV);
+      - the latents, whole on every TP rank (megatron-core's down projections are not split
+        over heads): the up projections' inputs 2sb q_lora and 2sb kv_lora, and with
+        --qk-layernorm the latent norms' inputs, as much again;
+      - split by t: Q and K, n (c + r) wide each (the RoPE part is joined to every head), V n v
+        wide, and the output projection's input n v wide.
+    """
+    n, b = dims.num_attention_heads, dims.activation_bytes
+    c, r, v = dims.qk_head_dim, dims.qk_pos_emb_head_dim, dims.v_head_dim
+    outside = b * sb * dims.hidden_size + MASK * sb * dims.hidden_size
+    latent_width = (dims.q_lora_rank or 0) + dims.kv_lora_rank
+    latents = b * sb * latent_width * (2 if dims.qk_layernorm else 1)
+    inside = b * sb * n * (2 * (c + r) + 2 * v)
+    return outside / par.sp_divisor + latents + inside / par.tp
+
+
+def _core_attention(dims: ModelDims, par: Layout, sb: float, flash_attention: bool) -> float:
+    """Return the score terms: 5as^2b/t (paper Section 4.1), or flash attention's fp32 stats."""
+    a = dims.num_attention_heads
+    if flash_attention:
+        return FP32 * a * sb / par.tp  # softmax log-sum-exp, [b, a/t, s] in fp32
+    # Softmax output 2as^2b, dropout mask as^2b, dropout output 2as^2b (cp == 1 here); with
+    # --attention-dropout 0 torch's dropout returns its input: no mask, no second copy.
+    per_score = dims.activation_bytes + (MASK + dims.activation_bytes) * dims.attention_dropout
+    return per_score * a * sb * dims.seq_length / par.tp
+
+
+def _dense_mlp(dims: ModelDims, par: Layout, sb: float, ffn: int) -> float:
+    """Return a dense MLP's bytes (paper Section 4.1: 19sbh when f = 4h)."""
+    h = dims.hidden_size
+    outside = dims.activation_bytes * sb * h + _hidden_mask(dims) * sb * h  # fc1 in 2sbh, mask sbh
+    inside = (
+        dims.activation_bytes * sb * ffn * dims.gated_multiplier + dims.activation_bytes * sb * ffn
+    )  # GeLU in/out 8sbh+8sbh
+    return outside / par.sp_divisor + inside / par.tp
+
+
+def _moe_mlp(dims: ModelDims, par: Layout, sb: float) -> float:
+    """Return an MoE MLP's bytes under balanced routing (our extension, see module docstring)."""
+    h, e, k = dims.hidden_size, par.expert_tp, dims.moe_router_topk
+    outside = (
+        dims.activation_bytes * sb * h + _hidden_mask(dims) * sb * h
+    )  # router/shared-expert input, dropout mask
+    copies = sb * k * e / par.tp  # token copies reaching one rank's experts
+    routed = (
+        dims.activation_bytes * copies * h
+        + (
+            dims.activation_bytes * copies * dims.expert_ffn * dims.gated_multiplier
+            + dims.activation_bytes * copies * dims.expert_ffn
+        )
+        / e
+    )
+    shared = (
+        dims.activation_bytes * sb * dims.shared_expert_ffn * (dims.gated_multiplier + 1) / par.tp
+    )
+    return outside / par.sp_divisor + routed + shared
+
+
+def layer_activations(
+    dims: ModelDims,
+    par: Layout,
+    layer: int,
+    micro_batch_size: int,
+    recompute: Recompute = "none",
+    flash_attention: bool = False,
+) -> LayerActivations:
+    """Return the bytes 0-based global `layer` keeps per micro-batch on one rank.
+
+    Args:
+        dims: model dimensions (s, h, a, g, d, f, MoE sizes).
+        par: tensor, context, expert sizes and sequence parallelism.
+        layer: global layer index, which decides dense or MoE MLP.
+        micro_batch_size: b.
+        recompute: "none", "selective" (core attention) or "full" (layer input only).
+        flash_attention: the core attention never materialises the s x s scores.
+    """
+    check_activation_inputs(dims, par, recompute, flash_attention)
+    sb = _tokens(dims, par, micro_batch_size)
+    if recompute == "full":  # paper Table 2, "full activation recomputation": 2sbh
+        return LayerActivations(
+            0, 0, 0, 0, dims.activation_bytes * sb * dims.hidden_size / par.sp_divisor
+        )
+    norms = (
+        2 * dims.activation_bytes * sb * dims.hidden_size / par.sp_divisor
+    )  # two norm inputs, 4sbh
+    core = 0.0 if recompute == "selective" else _core_attention(dims, par, sb, flash_attention)
+    if dims.is_moe_layer(layer):
+        mlp = _moe_mlp(dims, par, sb)
+    else:
+        mlp = _dense_mlp(dims, par, sb, dims.ffn)
+    attention = _mla_attention(dims, par, sb) if dims.multi_latent_attention else None
+    return LayerActivations(
+        norms, attention if attention is not None else _attention(dims, par, sb), core, mlp, 0.0
+    )
+
+
+def mtp_activations(
+    dims: ModelDims,
+    par: Layout,
+    micro_batch_size: int,
+    recompute: Recompute = "none",
+    flash_attention: bool = False,
+) -> float:
+    """Return the bytes the multi-token-prediction layers keep per micro-batch (our extension).
+
+    Per depth (megatron-core `MultiTokenPredictionLayer`): the shifted tokens' ids 8sb and
+    embedding dropout mask sbh, the inputs of `enorm` and `hnorm` 2sbh each, `eh_proj`'s input
+    4sbh (the two normed halves side by side), a transformer layer like the decoder's last
+    (`layer_activations`, the same recomputation), the final norm's and the output layer's inputs
+    2sbh each and the loss's fp32 logits 4sbv/t (paper Section 4.4); the sbh terms split by t
+    under sequence parallelism.
+    """
+    if not dims.mtp_num_layers:
+        return 0.0
+    sb = _tokens(dims, par, micro_batch_size)
+    h = dims.hidden_size
+    hidden = (MASK + 2 * dims.activation_bytes * 5) * sb * h / par.sp_divisor
+    layer = layer_activations(
+        dims, par, dims.num_layers - 1, micro_batch_size, recompute, flash_attention
+    ).total
+    depth = TOKEN_ID * sb + hidden + layer + FP32 * sb * dims.vocab_size / par.tp
+    return dims.mtp_num_layers * depth
+
+
+def embedding_activations(
+    dims: ModelDims, par: Layout, micro_batch_size: int
+) -> EmbeddingActivations:
+    """Return the first stage's embedding bytes per micro-batch.
+
+    Dropout mask: paper Section 4.4 (sbh, /t with sequence parallelism, where megatron scatters
+    the embeddings before dropout). Token ids: Megatron-LM's estimator counts 8sb ("input to
+    embedding"); it divides them by t with everything else, but every TP rank holds all ids, so
+    here they are not divided.
+    """
+    sb = _tokens(dims, par, micro_batch_size)
+    return EmbeddingActivations(
+        token_ids=TOKEN_ID * sb,
+        dropout_mask=_hidden_mask(dims) * sb * dims.hidden_size / par.sp_divisor,
+    )
+
+
+def output_activations(
+    dims: ModelDims, par: Layout, micro_batch_size: int
+) -> OutputActivations:
+    """Return the last stage's final norm, output layer and loss bytes per micro-batch.
+
+    Paper Section 4.4: final norm input 2sbh/t, output layer input 2sbh/t and the loss's fp32
+    logits 4sbv/t, together 4sbh/t (1 + v/h) with sequence parallelism; without it the two
+    2sbh terms are held whole on every TP rank.
+    """
+    sb = _tokens(dims, par, micro_batch_size)
+    hidden = dims.activation_bytes * sb * dims.hidden_size / par.sp_divisor
+    return OutputActivations(hidden, hidden, FP32 * sb * dims.vocab_size / par.tp)
+
+
+def stage_activations(
+    dims: ModelDims,
+    par: Layout,
+    stage: int,
+    chunk_layers: Sequence[Sequence[int]],
+    micro_batch_size: int,
+    num_microbatches: int,
+    recompute: Recompute = "none",
+    flash_attention: bool = False,
+    group_size: int | None = None,
+    mtp_chunks: Sequence[int] = (),
+    recompute_method: str = "uniform",
+    recompute_num_layers: int = 1,
+) -> StageActivations:
+    """Return the peak activation bytes of pipeline `stage` on one rank.
+
+    Args:
+        dims, par: model dimensions and parallel sizes (`par.pp`, `par.chunks`).
+        stage: pipeline rank, 0-based.
+        chunk_layers: the 0-based global layer indices of each of the stage's model chunks,
+            as megatron placed them (one sequence per virtual chunk).
+        micro_batch_size, num_microbatches: b and m.
+        recompute, flash_attention: see `layer_activations`.
+        recompute_method, recompute_num_layers: full recomputation's groups (`recompute_plan`).
+        group_size: `--microbatch-group-size-per-virtual-pipeline-stage` (default p).
+        mtp_chunks: multi-token-prediction layers per chunk (megatron's placement; empty: none),
+            counted with the output side (`mtp_activations`).
+
+    The stage's peak is the schedule point (see `live_microbatches`) with the most bytes, each
+    chunk contributing its micro-batches alive times its per-micro-batch bytes. Stage 0's first
+    chunk adds the embedding, the last stage's last chunk the output layer and loss.
+    """
+    if len(chunk_layers) != par.chunks:
+        raise ConfigError(
+            f"stage {stage} has {len(chunk_layers)} chunks but --num-virtual-stages-per-"
+            f"pipeline-rank is {par.chunks}"
+        )
+    plan = recompute_plan(stage, chunk_layers, recompute, recompute_method, recompute_num_layers)
+    layers, embedding, output = _chunk_bytes(
+        dims, par, stage, chunk_layers, micro_batch_size, plan, flash_attention
+    )
+    if any(mtp_chunks):
+        mode = mtp_recompute(recompute, recompute_method)
+        mtp = mtp_activations(dims, par, micro_batch_size, mode, flash_attention)
+        output = tuple(x + (mtp if n else 0.0) for x, n in zip(output, mtp_chunks, strict=True))
+    points = live_microbatches(stage, par.pp, num_microbatches, par.chunks, group_size)
+    peak = max(
+        points,
+        key=lambda pt: _weigh(pt, layers) + _weigh(pt, embedding) + _weigh(pt, output),
+    )
+    buffer = recompute_buffer(
+        plan,
+        lambda i: layer_activations(dims, par, i, micro_batch_size, "none", flash_attention).total,
+    )
+    return StageActivations(
+        layers=_weigh(peak, layers),
+        embedding=_weigh(peak, embedding),
+        output=_weigh(peak, output),
+        recompute_buffer=buffer,
+        in_flight=peak,
+    )
+
+
+def recompute_buffer(
+    plan: list[list[tuple[Sequence[int], Recompute]]], layer_bytes: Callable[[int], float]
+) -> float:
+    """Return the bytes backward rebuilds at once: one checkpointed group, for one micro-batch.
+
+    `layer_bytes(i)`: layer i's bytes without recomputation.
+    """
+    rebuilt = (
+        sum(layer_bytes(i) for i in group) for chunk in plan for group, mode in chunk if mode == "full"
+    )
+    return max(rebuilt, default=0.0)
+
+
+def mtp_recompute(recompute: Recompute, method: str) -> Recompute:
+    """Return how the multi-token-prediction layers recompute.
+
+    megatron-core `MultiTokenPredictionLayer._checkpointed_forward`: with `--recompute-method
+    block` it warns "block is not supported for MTP yet. Skipping recompute." and runs the layer
+    normally; `uniform` checkpoints it.
+    """
+    return "none" if recompute == "full" and method == "block" else recompute
+
+
+def recompute_plan(
+    stage: int,
+    chunk_layers: Sequence[Sequence[int]],
+    recompute: Recompute,
+    method: str,
+    num_layers: int,
+) -> list[list[tuple[Sequence[int], Recompute]]]:
+    """Return each chunk's layer groups and how each group keeps its activations.
+
+    megatron-core `TransformerBlock._checkpointed_forward`, per model chunk of L layers:
+    `uniform` checkpoints the input of every group of N consecutive layers (L must be a multiple
+    of N: a partial group indexes past the chunk); `block` checkpoints layers 0..N-1 one at a time
+    and runs the rest normally, keeping all their activations. Other modes: one group per layer.
+    """
+    if recompute != "full":
+        return [[((i,), recompute) for i in chunk] for chunk in chunk_layers]
+    plan: list[list[tuple[Sequence[int], Recompute]]] = []
+    for index, chunk in enumerate(chunk_layers):
+        layers = list(chunk)
+        if method == "block":
+            plan.append([((i,), "full" if k < num_layers else "none") for k, i in enumerate(layers)])
+            continue
+        if len(layers) % num_layers:
+            raise ConfigError(
+                f"--recompute-method uniform --recompute-num-layers {num_layers} does not divide "
+                f"the {len(layers)} layers of stage {stage} chunk {index}: megatron-core "
+                "checkpoints groups of N layers per chunk and fails on a partial group"
+            )
+        plan.append(
+            [(layers[k : k + num_layers], "full") for k in range(0, len(layers), num_layers)]
+        )
+    return plan
+
+
+def _weigh(point: tuple[int, ...], per_chunk: Sequence[float]) -> float:
+    """Return the bytes of `point`'s live micro-batches, `per_chunk` bytes each."""
+    return sum(n * x for n, x in zip(point, per_chunk, strict=True))
+
+
+def _chunk_bytes(
+    dims: ModelDims,
+    par: Layout,
+    stage: int,
+    chunk_layers: Sequence[Sequence[int]],
+    micro_batch_size: int,
+    plan: list[list[tuple[Sequence[int], Recompute]]],
+    flash_attention: bool,
+) -> tuple[list[float], tuple[float, ...], tuple[float, ...]]:
+    """Return per-chunk bytes of one micro-batch: layers, embedding, output side."""
+    layers = [
+        sum(
+            layer_activations(dims, par, group[0], micro_batch_size, mode, flash_attention).total
+            if mode == "full"  # a checkpointed group keeps its first layer's input only
+            else sum(
+                layer_activations(dims, par, i, micro_batch_size, mode, flash_attention).total
+                for i in group
+            )
+            for group, mode in chunk
+        )
+        for chunk in plan
+    ]
+    zeros = [0.0] * par.chunks
+    embedding, output = list(zeros), list(zeros)
+    if stage == 0:
+        embedding[0] = embedding_activations(dims, par, micro_batch_size).total
+    if stage == par.pp - 1:
+        output[-1] = output_activations(dims, par, micro_batch_size).total
+    return layers, tuple(embedding), tuple(output)

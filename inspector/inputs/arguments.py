@@ -1,0 +1,201 @@
+"""The Megatron-LM arguments this tool models: one table shared by the CLI, config files and scripts.
+
+Names are Megatron-LM's own (`megatron/training/arguments.py`), with underscores; on the command line
+and in launch scripts they are spelled with dashes (`--num-layers`). A `bool` argument is a
+store_true flag, as in Megatron-LM. This module imports nothing heavy: `--help` reads it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ArgSpec:
+    """One Megatron-LM argument: its name, value type and help text."""
+
+    name: str
+    type: type
+    help: str
+    group: str  # "model" (architecture), "layout" (parallelism, optimizer sharding), "training"
+    choices: tuple[str, ...] = ()
+    aliases: tuple[str, ...] = ()  # extra spellings on our command line, e.g. "--tp"
+
+    @property
+    def flag(self) -> str:
+        """Return the command-line spelling, e.g. `--num-layers`."""
+        return "--" + self.name.replace("_", "-")
+
+
+def _model(name: str, type_: type, help_: str, **kw: object) -> ArgSpec:
+    return ArgSpec(name, type_, help_, "model", **kw)  # type: ignore[arg-type]
+
+
+def _layout(name: str, type_: type, help_: str, **kw: object) -> ArgSpec:
+    return ArgSpec(name, type_, help_, "layout", **kw)  # type: ignore[arg-type]
+
+
+def _training(name: str, type_: type, help_: str, **kw: object) -> ArgSpec:
+    return ArgSpec(name, type_, help_, "training", **kw)  # type: ignore[arg-type]
+
+
+ARGUMENTS: tuple[ArgSpec, ...] = (
+    # Architecture.
+    _model("num_layers", int, "Number of transformer layers."),
+    _model("hidden_size", int, "Transformer hidden size."),
+    _model(
+        "ffn_hidden_size", int, "MLP hidden size (default 4*hidden, or Megatron-LM's SwiGLU rule)."
+    ),
+    _model("num_attention_heads", int, "Number of attention heads."),
+    _model("group_query_attention", bool, "Use grouped-query attention."),
+    _model("num_query_groups", int, "Number of key/value groups with --group-query-attention."),
+    _model("kv_channels", int, "Projection size per head (default hidden / heads)."),
+    _model("seq_length", int, "Sequence length."),
+    _model("max_position_embeddings", int, "Positions in the learned position table."),
+    _model("vocab_size", int, "Tokenizer vocabulary size, before padding."),
+    _model(
+        "make_vocab_size_divisible_by",
+        int,
+        "Pad the vocabulary to a multiple of this times the tensor-parallel size.",
+    ),
+    _model("normalization", str, "Norm type.", choices=("LayerNorm", "RMSNorm")),
+    _model("swiglu", bool, "Use a SwiGLU MLP (gated, two input projections)."),
+    _model(
+        "position_embedding_type",
+        str,
+        "Position embedding type.",
+        choices=("learned_absolute", "rope", "none"),
+    ),
+    _model("untie_embeddings_and_output_weights", bool, "Give the output layer its own weight."),
+    _model("disable_bias_linear", bool, "No biases in linear layers."),
+    _model("add_qkv_bias", bool, "Bias in the QKV projection even with --disable-bias-linear."),
+    _model("qk_layernorm", bool, "Normalise queries and keys per head."),
+    _model("bf16", bool, "Parameters in bfloat16."),
+    _model("fp16", bool, "Parameters in float16."),
+    _model("num_experts", int, "Number of MoE experts per layer (MoE on every layer)."),
+    _model("moe_router_topk", int, "Experts each token is routed to."),
+    _model("moe_ffn_hidden_size", int, "Hidden size of each expert's MLP."),
+    _model("moe_shared_expert_intermediate_size", int, "Hidden size of the shared experts."),
+    _model(
+        "moe_shared_expert_gate",
+        bool,
+        "Gate the shared experts' output (a learned [1, hidden] weight).",
+    ),
+    _model("moe_grouped_gemm", bool, "Experts as one grouped GEMM (GroupedMLP)."),
+    _model("multi_latent_attention", bool, "Multi-latent attention (DeepSeek-V2/V3 style)."),
+    _model(
+        "transformer_impl",
+        str,
+        "Layer implementation.",
+        choices=("local", "transformer_engine"),
+    ),
+    # Multi-latent attention, multi-token prediction, mixed dense/MoE layers (DeepSeek, Qwen3).
+    _model("q_lora_rank", int, "MLA: rank of the query's low-rank projection (none: full)."),
+    _model("kv_lora_rank", int, "MLA: rank of the key/value low-rank projection (default 32)."),
+    _model("qk_head_dim", int, "MLA: query/key head size without RoPE (default 128)."),
+    _model("qk_pos_emb_head_dim", int, "MLA: query/key RoPE head size (default 64)."),
+    _model("v_head_dim", int, "MLA: value head size (default 128)."),
+    _model("rotary_scaling_factor", float, "MLA: RoPE scaling factor (default 1.0)."),
+    _model("rope_type", str, "RoPE type (MLA's default: yarn).", choices=("rope", "yarn")),
+    _model("mscale", float, "MLA: YaRN mscale (default 1.0)."),
+    _model("mscale_all_dim", float, "MLA: YaRN mscale for all dimensions (default 0.0)."),
+    _model("mtp_num_layers", int, "Multi-token prediction layers (on the last stage)."),
+    _model(
+        "moe_layer_freq",
+        str,
+        "MoE layer pattern: N (every N-th layer is MoE) or a list such as ([0]*3+[1]*58).",
+    ),
+    _model(
+        "moe_router_score_function",
+        str,
+        "Router score function.",
+        choices=("softmax", "sigmoid"),
+    ),
+    _model(
+        "moe_router_enable_expert_bias",
+        bool,
+        "Router expert bias (a buffer for aux-loss-free balancing, not a parameter).",
+    ),
+    # Parallel layout.
+    _layout("tensor_model_parallel_size", int, "Tensor-parallel size.", aliases=("--tp",)),
+    _layout("pipeline_model_parallel_size", int, "Pipeline-parallel size.", aliases=("--pp",)),
+    _layout("data_parallel_size", int, "Data-parallel size.", aliases=("--dp",)),
+    _layout("context_parallel_size", int, "Context-parallel size.", aliases=("--cp",)),
+    _layout("expert_model_parallel_size", int, "Expert-parallel size.", aliases=("--ep",)),
+    _layout("expert_tensor_parallel_size", int, "Tensor-parallel size inside each expert."),
+    _layout(
+        "num_layers_per_virtual_pipeline_stage",
+        int,
+        "Layers per virtual pipeline chunk (interleaved schedule).",
+    ),
+    _layout(
+        "num_virtual_stages_per_pipeline_rank",
+        int,
+        "Virtual pipeline chunks per pipeline stage (interleaved schedule).",
+    ),
+    _layout("decoder_first_pipeline_num_layers", int, "Layers on the first pipeline stage."),
+    _layout("decoder_last_pipeline_num_layers", int, "Layers on the last pipeline stage."),
+    _layout(
+        "account_for_embedding_in_pipeline_split",
+        bool,
+        "Count the embedding as one layer when splitting the pipeline.",
+    ),
+    _layout(
+        "account_for_loss_in_pipeline_split",
+        bool,
+        "Count the loss as one layer when splitting the pipeline.",
+    ),
+    _layout(
+        "pipeline_model_parallel_layout",
+        str,
+        'Megatron\'s layout string, e.g. "Et|tt|tt|ttL".',
+    ),
+    _layout("sequence_parallel", bool, "Sequence parallelism (with tensor parallelism)."),
+    _layout("use_distributed_optimizer", bool, "Shard optimizer state across data-parallel ranks."),
+    _layout("overlap_grad_reduce", bool, "Overlap gradient reduction with backward (buckets)."),
+    _layout("ddp_bucket_size", int, "Gradient bucket size in elements."),
+    # Training (read by `memory` only; every command reads them from scripts without complaint).
+    _training("micro_batch_size", int, "Sequences per micro-batch."),
+    _training(
+        "global_batch_size",
+        int,
+        "Sequences per iteration (default micro-batch x dp, as Megatron-LM).",
+    ),
+    _training(
+        "recompute_granularity",
+        str,
+        "Activation recomputation (none: keep everything).",
+        choices=("none", "selective", "full"),
+    ),
+    _training("use_flash_attn", bool, "Flash attention: no s x s score matrix is stored."),
+    _training(
+        "accumulate_allreduce_grads_in_fp32",
+        bool,
+        "Gradients in fp32 for fp16 models (bf16 models always have them).",
+    ),
+    # Megatron-LM's further training arguments that change what a GPU holds (README "Megatron-LM
+    # arguments: modelled, refused, ignored"); the rest are classified in inspector/inputs/unmodelled.py.
+    _training("recompute_activations", bool, "Megatron-LM's alias for --recompute-granularity selective."),
+    _training(
+        "recompute_method",
+        str,
+        "Full recomputation: uniform (groups of N layers) or block (first N layers of a chunk).",
+        choices=("uniform", "block"),
+    ),
+    _training("recompute_num_layers", int, "N for --recompute-method (default 1 with full)."),
+    _training(
+        "attention_backend",
+        str,
+        "Megatron-LM's attention backend (auto: fused/flash under Transformer Engine in 16 bits).",
+        choices=("auto", "flash", "fused", "unfused", "local"),
+    ),
+    _training("grad_reduce_in_bf16", bool, "bf16 models: gradients in bf16, not fp32."),
+    _training("attention_dropout", float, "Attention dropout (0: no mask stored; default 0.1)."),
+    _training("hidden_dropout", float, "Hidden dropout (0: no masks stored; default 0.1)."),
+    _training("optimizer", str, "Optimizer (Adam only: its two fp32 moments).", choices=("adam", "sgd")),
+    _training("overlap_param_gather", bool, "Overlap the parameter all-gather (distributed optimizer)."),
+)
+
+GROUPS = ("model", "layout", "training")
+
+BY_NAME: dict[str, ArgSpec] = {spec.name: spec for spec in ARGUMENTS}

@@ -1,0 +1,349 @@
+"""The commands a launch script runs, as the reader treats them: builtins are interpreted
+(`export`, `source`, `eval`, `set`, `test`, ...), `bash -c` and `bash FILE` are followed in a child
+shell, training launches are recorded, and everything else is skipped as if it succeeded.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from inspector.inputs.bash.conditions import evaluate_test
+from inspector.inputs.bash.context import (
+    MARK,
+    PASS_THROUGH,
+    Command,
+    Unknown,
+    program_name,
+    script_dir,
+)
+from inspector.inputs.bash.parser import parse_script, split_assignment
+from inspector.inputs.bash.shell import _MAX_DEPTH, Shell, _Break, _Exit, _Return
+from inspector.inputs.bash.syntax import AndOr, Assign, Seq, Simple, Word
+
+_ENV_ASSIGN = re.compile(r"[A-Za-z_]\w*=")
+_WRAPPER_VALUES = {"env": {"-u", "--unset", "-C", "--chdir"}, "nice": {"-n"},
+                   "numactl": {"-N", "-m", "-C", "-p", "-i"}}  # fmt: skip
+_DECLARE = {"export", "declare", "typeset", "local", "readonly"}
+_NO_EFFECT = {"cd", "echo", "printf", "wait", "trap", "ulimit", "umask", "shopt", "alias", "hash",
+              "type", "pushd", "popd", "sleep", "true", ":", "enable", "builtin", "disown",
+              "jobs", "kill", "logger"}  # fmt: skip
+
+
+def run_command(shell: Shell, argv: list[str], node: Simple, prefix: dict[str, str],
+                arrays: list[Assign]) -> int:  # fmt: skip
+    """Interpret one expanded simple command and return its exit status."""
+    name = shell.require(argv[0], "the command name")
+    if name in _DECLARE:
+        return _declare(shell, name, node)
+    handler = _BUILTINS.get(name)
+    if handler is not None:
+        return handler(shell, argv)
+    if name in shell.functions:
+        return shell.call_function(name, argv[1:])
+    if name in _NO_EFFECT:
+        return 0
+    return _external(shell, argv, prefix, outer=())
+
+
+def _external(shell: Shell, argv: list[str], prefix: dict[str, str],
+              outer: tuple[tuple[str, ...], ...]) -> int:  # fmt: skip
+    words, env = list(argv), dict(prefix)
+    while words and program_name(words[0]) in PASS_THROUGH:
+        wrapper = program_name(words.pop(0))
+        while words and (words[0].startswith("-") or (wrapper == "env" and _ENV_ASSIGN.match(words[0]))):
+            option = words.pop(0)
+            if not option.startswith("-"):
+                key, _, value = option.partition("=")
+                env[key] = value
+            elif option in _WRAPPER_VALUES.get(wrapper, ()) and words:
+                words.pop(0)
+    if not words:
+        return 0
+    shell_index = _inner_shell(words)
+    if shell_index is not None:
+        return _child_shell(shell, words, shell_index, env, outer + ((tuple(argv),) if shell_index
+                                                                    else ()))  # fmt: skip
+    if shell.ctx.is_launch(words):
+        visible = {k: v for k, v in shell.vars.items() if k in shell.exported and isinstance(v, str)}
+        visible.update(env)
+        shell.ctx.commands.append(
+            Command(tuple(words), shell.source_stack[-1], shell.line, visible, outer)
+        )
+    return 0
+
+
+def _inner_shell(words: list[str]) -> int | None:
+    """Return where `bash`/`sh` starts in `words` (directly, or behind srun/mpirun), or None."""
+    for index, word in enumerate(words):
+        program = program_name(word)
+        if program in ("bash", "sh", "dash", "zsh"):
+            return index
+        if index == 0 and program in ("srun", "mpirun", "mpiexec"):
+            continue
+        if index and program_name(words[0]) in ("srun", "mpirun", "mpiexec"):
+            if not word.startswith("-") and re.match(r"(python[\d.]*|torchrun|deepspeed)$", program):
+                return None
+            continue
+        return None
+    return None
+
+
+def _child_shell(shell: Shell, words: list[str], index: int, env: dict[str, str],
+                 outer: tuple[tuple[str, ...], ...]) -> int:  # fmt: skip
+    args = words[index + 1 :]
+    while args and args[0].startswith("-") and args[0] != "-c":
+        args.pop(0)
+    if shell.depth >= _MAX_DEPTH:
+        raise shell.fail("scripts call each other too deeply")
+    variables = {k: v for k, v in shell.vars.items() if k in shell.exported and isinstance(v, str)}
+    variables.update(env)
+    if args and args[0] == "-c":
+        if len(args) < 2:
+            raise shell.fail("`bash -c` has no command")
+        text = shell.require(args[1], "the command of `bash -c`")
+        child = Shell(shell.ctx, shell.origin, args[3:], dict(variables), set(variables),
+                      shell.depth + 1)  # fmt: skip
+        child.line, child.source_stack = shell.line, list(shell.source_stack)
+        return _run_child(child, lambda: child.run_text(text, shell.source_stack[-1], shell.line,
+                                                        fixed=True), outer)  # fmt: skip
+    if not args:
+        return 0
+    path = _resolve(shell, args[0], f"`{program_name(words[index])} {args[0]}`")
+    child = Shell(shell.ctx, path, args[1:], dict(variables), set(variables), shell.depth + 1)
+    child.source_stack = [path]
+    return _run_child(child, lambda: child.run_text(_read(shell, path), path), outer)
+
+
+def _run_child(child: Shell, body: object, outer: tuple[tuple[str, ...], ...]) -> int:
+    before = len(child.ctx.commands)
+    try:
+        body()  # type: ignore[operator]
+    except _Exit:
+        pass
+    if outer:
+        for number in range(before, len(child.ctx.commands)):
+            command = child.ctx.commands[number]
+            child.ctx.commands[number] = Command(command.argv, command.origin, command.line,
+                                                 command.env, outer + command.outer)  # fmt: skip
+    return child.status
+
+
+def _resolve(shell: Shell, name: str, what: str) -> str:
+    name = shell.require(name, what)
+    path = name if os.path.isabs(name) else os.path.join(script_dir(shell.ctx), name)
+    if not os.path.isfile(path):
+        raise shell.fail(f"{what} reads {name}, which is not a file next to the script")
+    return path
+
+
+def _read(shell: Shell, path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise shell.fail(f"cannot read {path} ({exc})") from None
+
+
+def _declare(shell: Shell, name: str, node: Simple) -> int:
+    export = name == "export"
+    for item in node.words[1:]:
+        if isinstance(item, Assign):
+            shell.do_assign(item, local=name == "local")
+            if export:
+                shell.exported.add(item.name)
+            continue
+        assign = split_assignment(item)
+        if assign is not None:
+            shell.do_assign(assign, local=name == "local")
+            if export:
+                shell.exported.add(assign.name)
+            continue
+        for text in shell.expand_fields(item):
+            if text.startswith(("-", "+")):
+                if "A" in text and text.startswith("-"):
+                    raise shell.fail(f"`{name} -A` (associative arrays) is not supported")
+                if "i" in text and text.startswith("-"):
+                    raise shell.fail(f"`{name} -i` (integer variables) is not supported")
+                export = export or ("x" in text and text.startswith("-"))
+            else:
+                if name == "local":
+                    shell.make_local(text)
+                if export:
+                    shell.exported.add(text)
+    return 0
+
+
+def _unset(shell: Shell, argv: list[str]) -> int:
+    for name in argv[1:]:
+        if not name.startswith("-"):
+            shell.vars.pop(name, None)
+            shell.exported.discard(name)
+    return 0
+
+
+def _source(shell: Shell, argv: list[str]) -> int:
+    if len(argv) < 2:
+        raise shell.fail(f"`{argv[0]}` needs a file")
+    if shell.depth >= _MAX_DEPTH or len(shell.source_stack) > _MAX_DEPTH:
+        raise shell.fail("sourced files include each other too deeply")
+    path = _resolve(shell, argv[1], f"`{argv[0]} {shell.ctx.show(argv[1])}`")
+    saved_line, saved_positional = shell.line, shell.positional
+    if len(argv) > 2:
+        shell.positional = argv[2:]
+    shell.source_stack.append(path)
+    try:
+        shell.run_text(_read(shell, path), path)
+    except _Return:
+        pass
+    finally:
+        shell.source_stack.pop()
+        shell.line = saved_line
+        if len(argv) > 2:
+            shell.positional = saved_positional
+    return shell.status
+
+
+def _eval(shell: Shell, argv: list[str]) -> int:
+    text = " ".join(argv[1:])
+    shell.run_text(text, shell.source_stack[-1], shell.line, fixed=True)
+    return shell.status
+
+
+def _set(shell: Shell, argv: list[str]) -> int:
+    args = argv[1:]
+    if "--" in args:
+        shell.positional = args[args.index("--") + 1 :]
+        return 0
+    values = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in ("-o", "+o"):
+            skip = True
+        elif not arg.startswith(("-", "+")):
+            values.append(arg)
+    if values:
+        shell.positional = values
+    return 0
+
+
+def _shift(shell: Shell, argv: list[str]) -> int:
+    count = int(shell.require(argv[1], "the count of `shift`")) if len(argv) > 1 else 1
+    if count > len(shell.positional):
+        return 1
+    shell.positional = shell.positional[count:]
+    return 0
+
+
+def _status_of(shell: Shell, argv: list[str]) -> int:
+    if len(argv) < 2:
+        return shell.status
+    text = shell.require(argv[1], f"the status of `{argv[0]}`")
+    try:
+        return int(text) & 255
+    except ValueError:
+        raise shell.fail(f"`{argv[0]} {text}` needs a number") from None
+
+
+def _exit(shell: Shell, argv: list[str]) -> int:
+    shell.status = _status_of(shell, argv)
+    raise _Exit
+
+
+def _return(shell: Shell, argv: list[str]) -> int:
+    shell.status = _status_of(shell, argv)
+    raise _Return
+
+
+def _break(shell: Shell, argv: list[str]) -> int:
+    levels = int(shell.require(argv[1], f"the count of `{argv[0]}`")) if len(argv) > 1 else 1
+    raise _Break(levels, argv[0] == "continue")
+
+
+def _test(shell: Shell, argv: list[str]) -> int:
+    args = argv[1:]
+    if argv[0] == "[":
+        if not args or args[-1] != "]":
+            raise shell.fail("a `[` condition is not closed with `]`")
+        args = args[:-1]
+    return evaluate_test([(a, None) for a in args], double=False, shell=shell)
+
+
+def _let(shell: Shell, argv: list[str]) -> int:
+    from inspector.inputs.bash.shell import parse_script_word
+
+    value = 0
+    for arg in argv[1:]:
+        value = shell.arith(parse_script_word(arg, shell))
+    return int(value == 0)
+
+
+def _read_builtin(shell: Shell, argv: list[str]) -> int:
+    names = [a for a in argv[1:] if not a.startswith("-")] or ["REPLY"]
+    for name in names:
+        shell.assign(name, shell.ctx.mark(Unknown(f"${name}", f"read from input on line "
+                                                  f"{shell.line}", name)))  # fmt: skip
+    return 0
+
+
+def _false(shell: Shell, argv: list[str]) -> int:
+    return 1
+
+
+_BUILTINS = {
+    "unset": _unset, "source": _source, ".": _source, "eval": _eval, "set": _set,
+    "shift": _shift, "exit": _exit, "return": _return, "break": _break, "continue": _break,
+    "test": _test, "[": _test, "let": _let, "read": _read_builtin, "false": _false,
+}  # fmt: skip
+
+
+def pure_output(shell: Shell, script: str) -> str | None:
+    """Return the output of a `$(...)` that needs no running (`dirname`, `basename`, `echo`,
+    `cd DIR && pwd`), or None."""
+    try:
+        tree = parse_script(script, shell.source_stack[-1], shell.line, fixed_line=True)
+    except Exception:
+        return None
+    if len(tree.items) != 1 or tree.items[0][1]:
+        return None
+    node = tree.items[0][0]
+    if isinstance(node, AndOr) and len(node.rest) == 1 and node.rest[0][0] == "&&":
+        first, (_, second) = node.first, node.rest[0]
+        if _argv(shell, second) == ["pwd"]:
+            where = _argv(shell, first)
+            if where and len(where) == 2 and where[0] == "cd" and not MARK.search(where[1]):
+                return os.path.abspath(where[1])
+        return None
+    argv = _argv(shell, node)
+    if not argv or any(MARK.search(a) for a in argv):
+        return None
+    if argv[0] == "dirname" and len(argv) == 2:
+        return _dirname(argv[1])
+    if argv[0] == "basename" and len(argv) in (2, 3):
+        base = argv[1].rstrip("/").rsplit("/", 1)[-1] or "/"
+        return base[: -len(argv[2])] if len(argv) == 3 and base.endswith(argv[2]) else base
+    if argv[0] in ("realpath", "readlink") and len(argv) == 2 + (argv[0] == "readlink"):
+        return os.path.abspath(argv[-1])
+    if argv[0] == "echo" and not any(a.startswith("-") for a in argv[1:2]):
+        return " ".join(argv[1:])
+    return None
+
+
+def _argv(shell: Shell, node: object) -> list[str] | None:
+    if isinstance(node, Seq) and len(node.items) == 1:
+        node = node.items[0][0]
+    if not isinstance(node, Simple) or node.assigns or any(isinstance(w, Assign) for w in node.words):
+        return None
+    return [text for word in node.words if isinstance(word, Word) for text in shell.expand_fields(word)]
+
+
+def _dirname(path: str) -> str:
+    stripped = path.rstrip("/")
+    if not stripped:
+        return "/" if path else "."
+    head = stripped.rsplit("/", 1)
+    if len(head) == 1:
+        return "."
+    return head[0].rstrip("/") or "/"

@@ -1,0 +1,170 @@
+"""Bash's `test` / `[ ]` / `[[ ]]` conditions and glob patterns, on values the script sets.
+
+String and integer comparisons are evaluated; file tests (`-f`, `-d`, ...) would look at the machine
+the job runs on, so they are an error naming the test.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from inspector.inputs.bash.shell import Shell
+
+_UNARY_STRING = {"-z", "-n"}
+_FILE_TESTS = {"-a", "-b", "-c", "-d", "-e", "-f", "-g", "-h", "-k", "-p", "-r", "-s", "-t", "-u",
+               "-w", "-x", "-G", "-L", "-N", "-O", "-S"}  # fmt: skip
+_COMPARE = {"-eq": operator.eq, "-ne": operator.ne, "-lt": operator.lt, "-le": operator.le,
+            "-gt": operator.gt, "-ge": operator.ge}  # fmt: skip
+_INTEGER = set(_COMPARE)
+_STRING = {"=", "==", "!=", "<", ">", "=~"}
+
+
+def glob_regex(pieces: list[tuple[str, bool]]) -> str:
+    """Translate a glob pattern (unquoted `*`, `?`, `[...]` special; quoted text literal) to a regex."""
+    out: list[str] = []
+    for text, quoted in pieces:
+        if quoted:
+            out.append(re.escape(text))
+            continue
+        i = 0
+        while i < len(text):
+            char = text[i]
+            if char == "*":
+                out.append(".*")
+            elif char == "?":
+                out.append(".")
+            elif char == "[" and "]" in text[i + 2 :] + text[i + 1 : i + 2]:
+                end = text.index("]", i + 2 if text[i + 1 : i + 2] in ("]", "!", "^") else i + 1)
+                body = text[i + 1 : end]
+                if body.startswith(("!", "^")):
+                    body = "^" + body[1:]
+                out.append("[" + body.replace("\\", "\\\\") + "]")
+                i = end
+            elif char == "\\" and i + 1 < len(text):
+                i += 1
+                out.append(re.escape(text[i]))
+            else:
+                out.append(re.escape(char))
+            i += 1
+    return "".join(out)
+
+
+class _Test:
+    def __init__(self, operands: list[tuple[str, str | None]], double: bool, shell: Shell):
+        self.ops, self.double, self.shell, self.pos = operands, double, shell, 0
+        self.shown = " ".join(shell.ctx.show(text) for text, _ in operands)
+
+    def value(self, text: str) -> str:
+        return self.shell.require(text, f"a value in the condition `{self.shown}`")
+
+    def word(self, ahead: int = 0) -> str | None:
+        index = self.pos + ahead
+        return self.ops[index][0] if index < len(self.ops) else None
+
+    def expression(self) -> bool:
+        result = self.conjunction()
+        while self.word() in (("||",) if self.double else ("-o",)):
+            self.pos += 1
+            right = self.conjunction()
+            result = result or right
+        return result
+
+    def conjunction(self) -> bool:
+        result = self.negation()
+        while self.word() in (("&&",) if self.double else ("-a",)):
+            self.pos += 1
+            right = self.negation()
+            result = result and right
+        return result
+
+    def negation(self) -> bool:
+        if self.word() == "!" and self.pos + 1 < len(self.ops):
+            self.pos += 1
+            return not self.negation()
+        return self.primary()
+
+    def primary(self) -> bool:
+        first = self.word()
+        if first is None:
+            return False
+        if first == "(" and (self.double or self.pos + 2 < len(self.ops)):
+            self.pos += 1
+            result = self.expression()
+            if self.word() != ")":
+                raise self.shell.fail(f"the condition `{self.shown}` has an unclosed `(`")
+            self.pos += 1
+            return result
+        second = self.word(1)
+        if second is not None and (second in _STRING or second in _INTEGER) and (
+            self.word(2) is not None
+        ):
+            return self.binary()
+        if first in _UNARY_STRING and second is not None:
+            self.pos += 2
+            text = self.value(self.ops[self.pos - 1][0])
+            return (text == "") == (first == "-z")
+        if first == "-v" and second is not None:
+            self.pos += 2
+            return self.shell.lookup(second, None) is not None
+        if first in _FILE_TESTS and second is not None:
+            raise self.shell.fail(
+                f"the condition `{self.shown}` tests the file system ({first}), which the reader "
+                "does not look at (the job's machine decides it)"
+            )
+        self.pos += 1
+        return self.value(first) != ""
+
+    def binary(self) -> bool:
+        left = self.value(self.ops[self.pos][0])
+        op = self.ops[self.pos + 1][0]
+        right_text, right_regex = self.ops[self.pos + 2]
+        self.pos += 3
+        if op in _INTEGER:
+            a, b = self.integer(left), self.integer(self.value(right_text))
+            return bool(_COMPARE[op](a, b))
+        if op == "=~":
+            self.value(right_text)
+            try:
+                match = re.search(right_regex or right_text, left)
+            except re.error:
+                raise self.shell.fail(f"`{right_text}` is not a regular expression") from None
+            groups = [match.group(0), *match.groups()] if match else []
+            self.shell.vars["BASH_REMATCH"] = {i: g or "" for i, g in enumerate(groups)}
+            return match is not None
+        if op in ("<", ">"):
+            right = self.value(right_text)
+            return left < right if op == "<" else left > right
+        if self.double and right_regex is not None:
+            equal = re.fullmatch(right_regex, left, re.S) is not None
+        else:
+            equal = left == self.value(right_text)
+        return equal == (op != "!=")
+
+    def integer(self, text: str) -> int:
+        if self.double:
+            from inspector.inputs.bash.arith import evaluate_arith
+
+            return evaluate_arith(text, self.shell)
+        try:
+            return int(text.strip())
+        except ValueError:
+            raise self.shell.fail(
+                f"the condition `{self.shown}` compares {text!r} as an integer"
+            ) from None
+
+
+def evaluate_test(operands: list[tuple[str, str | None]], double: bool, shell: Shell) -> int:
+    """Return the exit status (0 true, 1 false) of `[ ... ]` or `[[ ... ]]` over expanded operands.
+
+    Each operand is (its text, a regex when it may act as a `[[ == ]]` pattern).
+    """
+    test = _Test(operands, double, shell)
+    if not operands:
+        return 1
+    result = test.expression()
+    if test.pos != len(operands):
+        raise shell.fail(f"the condition `{test.shown}` is not one bash can evaluate")
+    return 0 if result else 1

@@ -1,0 +1,85 @@
+"""What one reading of a launch script shares: unknown values (marked in text) and the commands met."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+MARK = re.compile("\x00(\\d+)\x00")
+
+
+# Commands that run the rest of their words as a command (`env A=1 torchrun ...`, `nohup`, ...).
+PASS_THROUGH = {"env", "nohup", "exec", "command", "stdbuf", "numactl", "nice", "time"}
+
+
+def program_name(word: str) -> str:
+    """The program a command word names: its last path component."""
+    return os.path.basename(word)
+
+@dataclass(frozen=True)
+class Unknown:
+    """A value the script does not determine: shown as `text`, given with `--set hint=VALUE`."""
+
+    text: str  # `$HIDDEN`, `$1`, `$(cat layers.txt)`
+    reason: str  # "which the script never sets"
+    hint: str | None  # the name for --set, or None when only a flag can give it
+
+
+@dataclass(frozen=True)
+class Command:
+    """One command the script runs (after expansion), with where it is and the variables it sees."""
+
+    argv: tuple[str, ...]
+    origin: str
+    line: int
+    env: Mapping[str, str]  # exported variables and the command's own NAME=value prefixes
+    outer: tuple[tuple[str, ...], ...] = ()  # `srun ... bash -c "..."` around it, outermost first
+
+    @property
+    def observed(self) -> tuple[str, ...]:
+        """The command as bash starts it (the outermost launcher's argv)."""
+        return self.outer[0] if self.outer else self.argv
+
+
+@dataclass
+class Context:
+    """What the whole reading shares: unknown markers, the commands met, the main script."""
+
+    script: str
+    settings: Mapping[str, str]
+    # Which commands are the launches to record (the reader of launch scripts supplies it); every
+    # other external command is skipped as if it succeeded.
+    is_launch: Callable[[Sequence[str]], bool] = lambda argv: False
+    unknowns: list[Unknown] = field(default_factory=list)
+    commands: list[Command] = field(default_factory=list)
+    steps: int = 0
+
+    def mark(self, unknown: Unknown) -> str:
+        self.unknowns.append(unknown)
+        return f"\x00{len(self.unknowns) - 1}\x00"
+
+    def unknown_in(self, text: str) -> Unknown | None:
+        match = MARK.search(text)
+        return self.unknowns[int(match.group(1))] if match else None
+
+    def show(self, text: str) -> str:
+        return MARK.sub(lambda m: self.unknowns[int(m.group(1))].text, text)
+
+
+def describe_unknown(unknown: Unknown, what: str, shown: str | None = None) -> str:
+    """One sentence: where an unknown value is used, why it is unknown, how to give it."""
+    if unknown.hint is None:
+        how = "give the value with its own flag instead"
+    elif unknown.hint.isdigit():
+        how = f"give it with --set {unknown.hint}=VALUE (positional parameters are --set 1=..., 2=...)"
+    else:
+        how = f"give it with --set {unknown.hint}=VALUE"
+    if shown is not None and shown != unknown.text:
+        return f"{what} is {shown}, where {unknown.text} is a value {unknown.reason}; {how}"
+    return f"{what} is {unknown.text}, {unknown.reason}; {how}"
+
+
+def script_dir(ctx: Context) -> str:
+    return os.path.dirname(os.path.abspath(ctx.script))

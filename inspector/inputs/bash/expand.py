@@ -1,0 +1,266 @@
+"""Bash's expansion of words (Shell's base class): braces, parameters, arithmetic, `$(..)`, fields."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from inspector.inputs.bash.conditions import glob_regex
+from inspector.inputs.bash.context import MARK, Context, Unknown
+from inspector.inputs.bash.syntax import DQ, Arith, CmdSub, Lit, Param, Part, Word
+
+if TYPE_CHECKING:
+    from inspector.errors import InputError
+    from inspector.inputs.bash.shell import Value
+
+
+@dataclass
+class _Piece:
+    text: str
+    quoted: bool
+    brk: bool = False  # a field boundary between "${A[@]}" elements
+
+
+class Expansion:
+    """Expand words as bash does; Shell, which runs the script, holds the variables it reads."""
+
+    ctx: Context
+    vars: dict[str, Value]
+    positional: list[str]
+    source_stack: list[str]
+
+    if TYPE_CHECKING:  # Shell's, which expansion calls back into
+
+        def fail(self, message: str) -> InputError: ...
+        def require(self, text: str, what: str) -> str: ...
+        def arith(self, body: Word) -> int: ...
+        def assign(self, name: str, value: str) -> None: ...
+        def index_of(self, text: str) -> int: ...
+        def _command_substitution(self, part: CmdSub) -> str: ...
+
+    def expand_fields(self, word: Word) -> list[str]:
+        """Expand a word to fields: braces first, then bash's word splitting of expansions."""
+        from inspector.inputs.bash.brace import expand_braces
+
+        words = expand_braces(word)
+        if len(words) > 1:
+            return [field for each in words for field in self._split_fields(each)]
+        return self._split_fields(word)
+
+    def _split_fields(self, word: Word) -> list[str]:
+        fields: list[str] = []
+        current: str | None = None
+        for piece in self._pieces(word.parts, quoted=False):
+            if piece.brk:
+                if current is not None:
+                    fields.append(current)
+                current = None
+            elif piece.quoted:
+                current = (current or "") + piece.text
+            elif piece.text:
+                chunks = re.split(r"[ \t\n]+", piece.text)
+                for number, chunk in enumerate(chunks):
+                    if number and current is not None:
+                        fields.append(current)
+                        current = None
+                    if chunk:
+                        current = (current or "") + chunk
+        if current is not None:
+            fields.append(current)
+        return fields
+
+    def expand_string(self, word: Word | None) -> str:
+        """Expand a word without splitting (assignments, `case` and `[[ ]]` operands)."""
+        if word is None:
+            return ""
+        return "".join(" " if p.brk else p.text for p in self._pieces(word.parts, quoted=True))
+
+    def pattern(self, word: Word, what: str, strict: bool = True) -> str | None:
+        """Return a regex for a glob pattern word (quoted parts literal)."""
+        pieces = self._pieces(word.parts, quoted=False)
+        text = "".join(p.text for p in pieces)
+        if MARK.search(text):
+            if not strict:
+                return None
+            self.require(text, what)
+        return glob_regex([(p.text, p.quoted) for p in pieces if not p.brk])
+
+    def _pieces(self, parts: tuple[Part, ...], quoted: bool) -> list[_Piece]:
+        out: list[_Piece] = []
+        for part in parts:
+            if isinstance(part, Lit):
+                out.append(_Piece(part.text, quoted or part.quoted))
+            elif isinstance(part, DQ):
+                if not any(_is_at(p) for p in part.parts):
+                    out.append(_Piece("", True))
+                out.extend(self._pieces(part.parts, quoted=True))
+            elif isinstance(part, Param):
+                out.extend(self._param(part, quoted))
+            elif isinstance(part, Arith):
+                out.append(_Piece(str(self.arith(part.body)), quoted))
+            elif isinstance(part, CmdSub):
+                out.append(_Piece(self._command_substitution(part), quoted))
+        return out
+
+    def lookup(self, name: str, index: str | None) -> list[str] | None:
+        """Return the values of NAME (one for a scalar), or None when it is not set."""
+        if name.isdigit() or name in "@*#":
+            return self._special(name)
+        if name == "BASH_SOURCE":
+            return [self.source_stack[-1]]
+        value = self.vars.get(name)
+        if value is None:
+            return None
+        if index in ("@", "*"):
+            return [value[k] for k in sorted(value)] if isinstance(value, dict) else [value]
+        position = self.index_of(index) if index is not None else 0
+        if isinstance(value, dict):
+            if position < 0 and value:
+                position += max(value) + 1
+            return [value[position]] if position in value else None
+        return [value] if position == 0 else None
+
+    def _special(self, name: str) -> list[str] | None:
+        if name == "0":
+            return [self.ctx.script]
+        if name == "#":
+            return [str(len(self.positional))]
+        if name in "@*":
+            return list(self.positional)
+        number = int(name)
+        return [self.positional[number - 1]] if number <= len(self.positional) else None
+
+    def _positional(self, name: str) -> list[str]:
+        return self._special(name) or []
+
+    def _param(self, part: Param, quoted: bool) -> list[_Piece]:
+        name, op, index = part.name, part.op, part.index
+        if name in "$!?-" and len(name) == 1:
+            return [_Piece(self.ctx.mark(Unknown(f"${name}", "which only a running shell knows",
+                                                 None)), quoted)]  # fmt: skip
+        values = self.lookup(name, index)
+        is_set = values is not None
+        if op == "len":
+            if index in ("@", "*"):
+                return [_Piece(str(len(values or [])), quoted)]
+            return [_Piece(str(len(values[0]) if values else 0), quoted)]
+        if values is None and op in ("", "#", "##", "%", "%%", "/", "//", ":", "^^", ",,", "^", ","):
+            values = [self._unset(part)]
+        elif op in (":-", "-", ":=", "=", ":+", "+", ":?", "?"):
+            null = not is_set or (op.startswith(":") and values == [""])
+            if op in (":-", "-") and null:
+                return self._pieces(part.arg.parts, quoted) if part.arg else []
+            if op in (":=", "=") and null:
+                value = self.expand_string(part.arg)
+                self.assign(name, value)
+                values = [value]
+            elif op in (":+", "+"):
+                if null:
+                    return []
+                return self._pieces(part.arg.parts, quoted) if part.arg else []
+            elif op in (":?", "?") and null:
+                given = f"; give it with --set {name}=VALUE" if not name.isdigit() else ""
+                raise self.fail(f"{part.text} stops the script when {name} is not set, and the "
+                                f"script never sets it{given}")  # fmt: skip
+        assert values is not None
+        if op == ":" and (index in ("@", "*") or name in ("@", "*")):
+            values = self._slice(part, values)
+        else:
+            values = [self._transform(part, v) for v in values]
+        if index == "@" or name == "@":
+            return _join_fields(values, quoted)
+        if index == "*" or name == "*":
+            return [_Piece(" ".join(values), quoted)] if quoted else _join_fields(values, False)
+        return [_Piece(values[0], quoted)]
+
+    def _unset(self, part: Param) -> str:
+        if part.name == "HOME" and part.text == "~":
+            return self.ctx.mark(Unknown("~ (the home folder)", "which the job's user decides",
+                                         "HOME"))  # fmt: skip
+        if part.name.isdigit():
+            reason = "which the script gets from its command line"
+        else:
+            reason = "which the script never sets"
+        return self.ctx.mark(Unknown(part.text, reason, part.name))
+
+    def _transform(self, part: Param, value: str) -> str:
+        op = part.op
+        if op in ("", ":-", "-", ":=", "=", ":+", "+", ":?", "?"):
+            return value
+        if MARK.search(value):
+            unknown = self.ctx.unknown_in(value)
+            assert unknown is not None
+            return self.ctx.mark(Unknown(part.text, f"where {unknown.text} is {unknown.reason}",
+                                         unknown.hint))  # fmt: skip
+        if op == "^^":
+            return value.upper()
+        if op == ",,":
+            return value.lower()
+        if op == "^":
+            return value[:1].upper() + value[1:]
+        if op == ",":
+            return value[:1].lower() + value[1:]
+        if op == ":":
+            return self._substring(part, value)
+        assert part.arg is not None
+        regex = self.pattern(part.arg, part.text) or ""
+        if op in ("#", "##"):
+            ends = range(len(value) + 1) if op == "#" else range(len(value), -1, -1)
+            for end in ends:
+                if re.fullmatch(regex, value[:end], re.S):
+                    return value[end:]
+            return value
+        if op in ("%", "%%"):
+            starts = range(len(value), -1, -1) if op == "%" else range(len(value) + 1)
+            for start in starts:
+                if re.fullmatch(regex, value[start:], re.S):
+                    return value[:start]
+            return value
+        replacement = self.expand_string(part.arg2)
+        if not regex:
+            return value
+        anchored = regex
+        if part.arg and part.arg.raw.startswith(("#", "%")):
+            raise self.fail(f"the expansion {part.text} is not supported")
+        count = 0 if op == "//" else 1
+        return re.sub(f"(?s:{anchored})", lambda _m: replacement, value, count=count)
+
+    def _slice(self, part: Param, values: list[str]) -> list[str]:
+        """`${A[@]:offset:length}` and `${@:offset:length}`: a slice of the elements."""
+        offset = self.arith(part.arg) if part.arg else 0
+        if part.name == "@" and offset > 0:
+            offset -= 1  # `${@:1}` starts at $1
+        elif part.name == "@" and offset == 0:
+            values = [self.ctx.script, *values]
+        if offset < 0:
+            offset = max(len(values) + offset, 0)
+        if part.arg2 is None:
+            return values[offset:]
+        length = self.arith(part.arg2)
+        if length < 0:
+            raise self.fail(f"{part.text}: a negative length of a slice is not supported")
+        return values[offset : offset + length]
+
+    def _substring(self, part: Param, value: str) -> str:
+        offset = self.arith(part.arg) if part.arg else 0
+        if offset < 0:
+            offset = max(len(value) + offset, 0)
+        if part.arg2 is None:
+            return value[offset:]
+        length = self.arith(part.arg2)
+        end = offset + length if length >= 0 else len(value) + length
+        return value[offset:end]
+
+
+def _join_fields(values: list[str], quoted: bool) -> list[_Piece]:
+    pieces: list[_Piece] = []
+    for number, value in enumerate(values):
+        if number:
+            pieces.append(_Piece("", quoted, brk=True))
+        pieces.append(_Piece(value, quoted))
+    return pieces
+
+
+def _is_at(part: Part) -> bool:
+    return isinstance(part, Param) and (part.name == "@" or part.index == "@") and part.op != "len"

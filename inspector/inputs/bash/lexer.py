@@ -1,0 +1,213 @@
+"""Turn bash script text into tokens: words, operators, redirections, here-documents, `[[ ]]`, `(( ))`."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from inspector.inputs.bash.syntax import DQ, Assign, Lit, Part, Word
+from inspector.inputs.bash.words import _META, WordReader, _merge
+
+_OPERATORS = (";;&", ";;", ";&", "&&", "||", "|&", "&>>", "&>", "<<<", "<<-", "<<", ">>", ">&",
+              "<&", ">|", "<>", "|", "&", ";", "(", ")", ">", "<")  # fmt: skip
+_REDIRECTS = {"&>>", "&>", "<<<", "<<-", "<<", ">>", ">&", "<&", ">|", "<>", ">", "<"}
+_ASSIGN = re.compile(r"([A-Za-z_]\w*)(?:\[([^\]]*)\])?(\+?)=")
+_COMMAND_START = {"then", "do", "else", "elif", "if", "while", "until", "{", "!", "time"}
+KEYWORDS = {"if", "then", "elif", "else", "fi", "case", "esac", "for", "while", "until", "do",
+            "done", "function", "{", "}", "!", "in", "time"}  # fmt: skip
+
+
+@dataclass
+class Token:
+    kind: str  # "word", "op", "redir", "newline", "array", "dbrack", "arith", "eof"
+    value: Any
+    line: int
+
+
+@dataclass
+class _Heredoc:
+    delimiter: str
+    strip_tabs: bool
+
+
+class Lexer(WordReader):
+    """Turn script text into tokens, keeping each word's quoting structure."""
+
+    def __init__(self, text: str, origin: str, first_line: int = 1, fixed_line: bool = False):
+        super().__init__(text, origin, first_line, fixed_line)
+        self.heredocs: list[_Heredoc] = []
+        self.tokens: list[Token] = []
+
+    def tokenize(self) -> list[Token]:
+        while True:
+            token = self._next()
+            self.tokens.append(token)
+            if token.kind == "eof":
+                return self.tokens
+
+    def _at_command_start(self) -> bool:
+        if not self.tokens:
+            return True
+        last = self.tokens[-1]
+        if last.kind in ("newline", "op"):
+            return True
+        return last.kind == "word" and isinstance(last.value, Word) and (
+            last.value.literal() in _COMMAND_START
+        )
+
+    def _next(self) -> Token:
+        s = self.s
+        while self.i < len(s):
+            if s[self.i] in " \t":
+                self._advance()
+            elif s.startswith("\\\n", self.i):
+                self._advance(2)
+            elif s[self.i] == "#":
+                end = s.find("\n", self.i)
+                self._advance((len(s) if end < 0 else end) - self.i)
+            else:
+                break
+        line = self.line
+        if self.i >= len(s):
+            return Token("eof", None, line)
+        if s[self.i] == "\n":
+            self._advance()
+            self._read_heredocs()
+            return Token("newline", None, line)
+        if self._at_command_start():
+            for opener, closer, kind in (("[[", "]]", "dbrack"), ("((", "))", "arith")):
+                if s.startswith(opener, self.i) and (kind == "arith" or s[self.i + 2 : self.i + 3]
+                                                     in (" ", "\t", "\n")):  # fmt: skip
+                    return self._read_compound(opener, closer, kind, line)
+        fd = re.match(r"\d+(?=[<>])", s[self.i :])
+        start = self.i + (fd.end() if fd else 0)
+        for op in _OPERATORS:
+            if s.startswith(op, start):
+                if op in _REDIRECTS:
+                    self._advance(start - self.i + len(op))
+                    return self._read_redirect(op, line)
+                if fd is None:
+                    self._advance(len(op))
+                    return Token("op", op, line)
+        return self._read_word_token(line)
+
+    def _read_redirect(self, op: str, line: int) -> Token:
+        while self.i < len(self.s) and self.s[self.i] in " \t":
+            self._advance()
+        if self.i >= len(self.s) or self.s[self.i] in _META:
+            raise self.fail(f"a redirection `{op}` has no target")
+        target = self.read_word()
+        if op in ("<<", "<<-"):
+            delimiter = "".join(p.text for p in _flat_literals(target.parts))
+            self.heredocs.append(_Heredoc(delimiter, op == "<<-"))
+        return Token("redir", (op, target), line)
+
+    def _read_heredocs(self) -> None:
+        for doc in self.heredocs:
+            while True:
+                if self.i >= len(self.s):
+                    raise self.fail(f"the here-document ending in {doc.delimiter} is not closed")
+                end = self.s.find("\n", self.i)
+                end = len(self.s) if end < 0 else end
+                text = self.s[self.i : end]
+                self._advance(min(end + 1, len(self.s)) - self.i)
+                if (text.lstrip("\t") if doc.strip_tabs else text) == doc.delimiter:
+                    break
+        self.heredocs = []
+
+    def _read_compound(self, opener: str, closer: str, kind: str, line: int) -> Token:
+        self._advance(2)
+        if kind == "arith":
+            depth, start = 0, self.i
+            while self.i < len(self.s):
+                char = self.s[self.i]
+                if char == "(":
+                    depth += 1
+                elif char == ")":
+                    if depth == 0 and self.s.startswith("))", self.i):
+                        body = self._parse_fragment(self.s[start : self.i], line)
+                        self._advance(2)
+                        return Token("arith", body, line)
+                    depth -= 1
+                self._advance()
+            raise self.fail("`((` is not closed", line)
+        words: list[Word] = []
+        while True:
+            while self.i < len(self.s) and self.s[self.i] in " \t\n":
+                self._advance()
+            if self.i >= len(self.s):
+                raise self.fail("`[[` is not closed", line)
+            for op in ("&&", "||", "(", ")", "<", ">"):
+                if self.s.startswith(op, self.i):
+                    self._advance(len(op))
+                    words.append(Word((Lit(op, False),), op, self.line))
+                    break
+            else:
+                if words and words[-1].literal() == "=~":
+                    words.append(self._read_regex())
+                    continue
+                word = self.read_word(extra_stop="")
+                if not word.parts:
+                    raise self.fail(f"unexpected `{self.s[self.i]}` inside `[[ ]]`")
+                if word.literal() == closer:
+                    return Token("dbrack", words, line)
+                words.append(word)
+
+    def _read_regex(self) -> Word:
+        """The right side of `=~`: parentheses and `|` belong to the regex, up to a blank."""
+        start, line, depth = self.i, self.line, 0
+        parts: list[Part] = []
+        while self.i < len(self.s):
+            char = self.s[self.i]
+            if depth == 0 and (char in " \t\n" or char == ")"):
+                break
+            depth += {"(": 1, ")": -1}.get(char, 0)
+            parts.extend(self._read_unit(parts, in_braces=True))
+        return Word(tuple(_merge(parts)), self.s[start : self.i], line)
+
+    def _read_word_token(self, line: int) -> Token:
+        start = self.i
+        word = self.read_word()
+        if self.i < len(self.s) and self.s[self.i] == "(" and self.i > start:
+            match = _ASSIGN.fullmatch(self.s[start : self.i])
+            if match:
+                self._advance()
+                return Token("array", self._read_array(match, line), line)
+        if not word.parts:
+            raise self.fail(f"unexpected `{self.s[self.i]}`")
+        return Token("word", word, line)
+
+    def _read_array(self, match: re.Match[str], line: int) -> Assign:
+        elements: list[Word] = []
+        while True:
+            while self.i < len(self.s) and self.s[self.i] in " \t\n":
+                self._advance()
+            if self.s.startswith("\\\n", self.i):
+                self._advance(2)
+                continue
+            if self.i >= len(self.s):
+                raise self.fail(f"the array {match.group(1)}=( is not closed", line)
+            if self.s[self.i] == "#":
+                end = self.s.find("\n", self.i)
+                self._advance((len(self.s) if end < 0 else end) - self.i)
+            elif self.s[self.i] == ")":
+                self._advance()
+                name, index, plus = match.groups()
+                if index is not None:
+                    raise self.fail(f"`{match.group(0)}(` assigns an array to an element", line)
+                return Assign(name, bool(plus), None, tuple(elements), None, line)
+            elif self.s[self.i] in _META:
+                raise self.fail(f"unexpected `{self.s[self.i]}` in the array {match.group(1)}")
+            else:
+                elements.append(self.read_word())
+
+
+def _flat_literals(parts: tuple[Part, ...]) -> list[Lit]:
+    out: list[Lit] = []
+    for part in parts:
+        if isinstance(part, Lit):
+            out.append(part)
+        elif isinstance(part, DQ):
+            out.extend(_flat_literals(part.parts))
+    return out

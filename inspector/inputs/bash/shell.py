@@ -1,0 +1,363 @@
+"""Interpret a parsed bash launch script the way bash would, without running anything.
+
+Variables, arrays, quoting and word splitting, `$((..))`, the `${V:-x}` family, `if`/`case`/`for`/
+`while` on values the script sets, functions, `source`, `eval` and `bash -c` are followed. Nothing is
+ever executed: other commands (`mkdir`, `rm`, `curl`, `sbatch`, ...) are skipped as if they succeeded,
+redirections write nothing, and `$(...)` is not run. A value the script does not set (the
+environment, `$1`, a command's output) becomes an Unknown marker; it is an error only where it matters
+(a condition, arithmetic, a modelled argument), and the error says how to give it: `--set NAME=VALUE`.
+The training commands met on the way are collected as Commands for inspector.inputs.launch. Words are
+expanded by Shell's base class (shellexpand); what the whole reading shares is in shellcontext.
+"""
+
+from __future__ import annotations
+
+import re
+
+from inspector.errors import InputError
+from inspector.inputs.bash.arith import evaluate_arith
+from inspector.inputs.bash.conditions import evaluate_test
+from inspector.inputs.bash.context import MARK, Context, Unknown, describe_unknown
+from inspector.inputs.bash.expand import Expansion
+from inspector.inputs.bash.parser import parse_script
+from inspector.inputs.bash.syntax import (
+    DQ,
+    AndOr,
+    ArithCmd,
+    Assign,
+    Case,
+    CmdSub,
+    CondExpr,
+    For,
+    FuncDef,
+    Group,
+    If,
+    Node,
+    Param,
+    Part,
+    Pipeline,
+    Seq,
+    Simple,
+    While,
+    Word,
+)
+
+_MAX_DEPTH = 32
+_MAX_LOOPS = 10_000
+_MAX_STEPS = 200_000  # commands run in all, so that no script keeps the reader busy for long
+_MAX_VALUE = 1 << 20  # characters in one variable
+_MAX_ELEMENTS = 1 << 14  # elements in one array
+Value = str | dict[int, str]
+
+
+class _Exit(Exception):
+    pass
+
+
+class _Return(Exception):
+    pass
+
+
+class _Break(Exception):
+    def __init__(self, levels: int, cont: bool):
+        self.levels, self.cont = levels, cont
+
+
+class Shell(Expansion):
+    """One bash process: its variables, exports, functions and positional parameters."""
+
+    def __init__(self, ctx: Context, origin: str, positional: list[str],
+                 variables: dict[str, Value], exported: set[str], depth: int = 0):  # fmt: skip
+        self.ctx, self.origin, self.positional = ctx, origin, positional
+        self.vars, self.exported = variables, exported
+        self.functions: dict[str, Node] = {}
+        self.locals: list[dict[str, Value | None]] = []
+        self.depth, self.line, self.status = depth, 0, 0
+        self.source_stack: list[str] = [origin]
+
+    # -------------------------------------------------------------------------- errors
+
+    def fail(self, message: str) -> InputError:
+        return InputError(f"{self.source_stack[-1]} line {self.line}: {message}")
+
+    def require(self, text: str, what: str) -> str:
+        """Return `text`, or raise naming the unknown value it holds (`what` says where it is used)."""
+        unknown = self.ctx.unknown_in(text)
+        if unknown is None:
+            return text
+        raise self.fail(describe_unknown(unknown, what, self.ctx.show(text)))
+
+    # -------------------------------------------------------------------------- running
+
+    def run_text(self, text: str, origin: str, first_line: int = 1, fixed: bool = False) -> None:
+        self.run(parse_script(text, origin, first_line, fixed))
+
+    def run(self, node: Node) -> int:
+        method = getattr(self, "_run_" + type(node).__name__.lower())
+        self.status = method(node)
+        return self.status
+
+    def _run_seq(self, node: Seq) -> int:
+        status = 0
+        for item, background in node.items:
+            status = self._subshell(item) if background else self.run(item)
+        return status
+
+    def _run_andor(self, node: AndOr) -> int:
+        status = self.run(node.first)
+        for op, item in node.rest:
+            if (op == "&&") == (status == 0):
+                status = self.run(item)
+        return status
+
+    def _run_pipeline(self, node: Pipeline) -> int:
+        status = 0
+        for item in node.commands:
+            status = self._subshell(item) if len(node.commands) > 1 else self.run(item)
+        return int(status == 0) if node.negate else status
+
+    def _subshell(self, node: Node) -> int:
+        child = self.fork()
+        try:
+            return child.run(node)
+        except _Exit:
+            return child.status
+
+    def fork(self) -> Shell:
+        """Return a copy for a subshell: its assignments do not come back."""
+        variables = {k: dict(v) if isinstance(v, dict) else v for k, v in self.vars.items()}
+        child = Shell(self.ctx, self.origin, self.positional, variables, set(self.exported),
+                      self.depth)  # fmt: skip
+        child.functions = dict(self.functions)
+        child.line, child.source_stack = self.line, list(self.source_stack)
+        return child
+
+    def _run_group(self, node: Group) -> int:
+        return self._subshell(node.body) if node.subshell else self.run(node.body)
+
+    def _run_funcdef(self, node: FuncDef) -> int:
+        self.functions[node.name] = node.body
+        return 0
+
+    def _run_if(self, node: If) -> int:
+        for cond, body in node.clauses:
+            if self.condition(cond) == 0:
+                return self.run(body)
+        return self.run(node.otherwise) if node.otherwise else 0
+
+    def condition(self, cond: Seq) -> int:
+        return self.run(cond)
+
+    def _run_case(self, node: Case) -> int:
+        self.line = node.line
+        subject = self.require(self.expand_string(node.word), "the `case` word")
+        for patterns, body in node.items:
+            for pattern in patterns:
+                regex = self.pattern(pattern, "a `case` pattern") or ""
+                if re.fullmatch(regex, subject, re.S):
+                    return self.run(body)
+        return 0
+
+    def _run_for(self, node: For) -> int:
+        self.line = node.line
+        if node.words is None:
+            values = self._positional("@")
+        else:
+            values = [v for w in node.words for v in self.expand_fields(w)]
+        status = 0
+        for value in values:
+            self.assign(node.name, value)
+            try:
+                status = self.run(node.body)
+            except _Break as brk:
+                if brk.levels > 1:
+                    raise _Break(brk.levels - 1, brk.cont) from None
+                if not brk.cont:
+                    break
+        return status
+
+    def _run_while(self, node: While) -> int:
+        status = 0
+        for _ in range(_MAX_LOOPS):
+            self.line = node.line
+            if (self.condition(node.cond) == 0) == node.until:
+                return status
+            try:
+                status = self.run(node.body)
+            except _Break as brk:
+                if brk.levels > 1:
+                    raise _Break(brk.levels - 1, brk.cont) from None
+                if not brk.cont:
+                    return status
+        self.line = node.line
+        raise self.fail(f"a loop ran {_MAX_LOOPS} times; the reader stops there")
+
+    def _run_condexpr(self, node: CondExpr) -> int:
+        self.line = node.line
+        operands: list[tuple[str, str | None]] = []
+        for number, word in enumerate(node.words):
+            text = self.expand_string(word)
+            if number and node.words[number - 1].literal() == "=~":
+                pieces = self._pieces(word.parts, quoted=False)
+                regex = "".join(re.escape(p.text) if p.quoted else p.text for p in pieces)
+                operands.append((text, regex))
+                continue
+            operands.append((text, self.pattern(word, "a `[[ ]]` test", strict=False)))
+        return evaluate_test(operands, double=True, shell=self)
+
+    def _run_arithcmd(self, node: ArithCmd) -> int:
+        self.line = node.line
+        return int(self.arith(node.body) == 0)
+
+    def arith(self, body: Word) -> int:
+        text = self.expand_string(body)
+        self.require(text, f"the arithmetic $(({self.ctx.show(text)}))")
+        return evaluate_arith(text, self)
+
+    # ---------------------------------------------------------------------- simple commands
+
+    def _run_simple(self, node: Simple) -> int:
+        self.line = node.line
+        self.ctx.steps += 1
+        if self.ctx.steps > _MAX_STEPS:
+            raise self.fail(f"the script runs more than {_MAX_STEPS} commands; the reader stops")
+        argv, arrays = [], []
+        for word in node.words:
+            if isinstance(word, Assign):
+                arrays.append(word)
+            else:
+                argv.extend(self.expand_fields(word))
+        if not argv:
+            for assign in node.assigns:
+                self.do_assign(assign)
+            return 0
+        prefix = {a.name: self.expand_string(a.value) for a in node.assigns if a.value}
+        from inspector.inputs.bash.commands import run_command
+
+        return run_command(self, argv, node, prefix, arrays)
+
+    def do_assign(self, assign: Assign, local: bool = False) -> None:
+        self.line = assign.line or self.line
+        if local:
+            self.make_local(assign.name)
+        if assign.array is not None:
+            elements = [v for w in assign.array for v in self.expand_fields(w)]
+            old = self.vars.get(assign.name) if assign.append else None
+            base = _as_array(old) if old is not None else {}
+            start = max(base) + 1 if base else 0
+            base.update({start + i: v for i, v in enumerate(elements)})
+            if len(base) > _MAX_ELEMENTS or sum(len(v) for v in base.values()) > _MAX_VALUE:
+                raise self.fail(f"the array {assign.name} grows past {_MAX_ELEMENTS} elements "
+                                f"or {_MAX_VALUE} characters")  # fmt: skip
+            self.vars[assign.name] = base
+            return
+        assert assign.value is not None
+        value = self.expand_string(assign.value)
+        if MARK.search(value) and CmdSub in _part_types(assign.value):
+            given = self.ctx.settings.get(assign.name)
+            value = given if given is not None else self._command_output(assign, value)
+        if assign.index is not None:
+            array = _as_array(self.vars.get(assign.name, {}))
+            index = self.index_of(assign.index)
+            array[index] = (array.get(index, "") + value) if assign.append else value
+            if len(array[index]) > _MAX_VALUE or len(array) > _MAX_VALUE:
+                raise self.fail(f"the array {assign.name} grows past {_MAX_VALUE} characters")
+            self.vars[assign.name] = array
+        elif assign.append:
+            old = self.vars.get(assign.name)
+            before = old.get(0, "") if isinstance(old, dict) else (old or "")
+            self.assign(assign.name, before + value)
+        else:
+            self.assign(assign.name, value)
+
+    def _command_output(self, assign: Assign, value: str) -> str:
+        unknown = self.ctx.unknown_in(value)
+        assert unknown is not None
+        return self.ctx.mark(
+            Unknown(f"${assign.name}",
+                    f"set on line {self.line} from {unknown.text}, which the reader never runs",
+                    assign.name)  # fmt: skip
+        )
+
+    def _command_substitution(self, part: CmdSub) -> str:
+        from inspector.inputs.bash.commands import pure_output
+
+        output = pure_output(self, part.script)
+        if output is not None:
+            return output
+        return self.ctx.mark(Unknown(part.text, "which the reader never runs", None))
+
+    def assign(self, name: str, value: str) -> None:
+        if name == "IFS":
+            raise self.fail("the script changes IFS; the reader splits words on blanks only")
+        if len(value) > _MAX_VALUE:
+            raise self.fail(f"{name} grows past {_MAX_VALUE} characters")
+        old = self.vars.get(name)
+        if isinstance(old, dict):
+            old[0] = value
+        else:
+            self.vars[name] = value
+
+    def make_local(self, name: str) -> None:
+        if self.locals and name not in self.locals[-1]:
+            self.locals[-1][name] = self.vars.get(name)
+
+    def index_of(self, text: str) -> int:
+        word = parse_script_word(text, self)
+        return self.arith(word)
+
+    def call_function(self, name: str, args: list[str]) -> int:
+        if len(self.locals) >= _MAX_DEPTH:
+            raise self.fail(f"the function {name} calls itself too deeply")
+        saved = self.positional
+        self.positional = args
+        self.locals.append({})
+        try:
+            return self.run(self.functions[name])
+        except _Return:
+            return self.status
+        finally:
+            for var, old in self.locals.pop().items():
+                if old is None:
+                    self.vars.pop(var, None)
+                else:
+                    self.vars[var] = old
+            self.positional = saved
+
+
+def _as_array(value: Value | None) -> dict[int, str]:
+    if isinstance(value, dict):
+        return value
+    return {0: value} if value is not None else {}
+
+
+def _part_types(word: Word) -> set[type]:
+    found: set[type] = set()
+
+    def visit(parts: tuple[Part, ...]) -> None:
+        for part in parts:
+            found.add(type(part))
+            if isinstance(part, DQ):
+                visit(part.parts)
+            elif isinstance(part, Param) and part.arg is not None:
+                visit(part.arg.parts)
+
+    visit(word.parts)
+    return found
+
+
+def parse_script_word(text: str, shell: Shell) -> Word:
+    from inspector.inputs.bash.lexer import Lexer
+
+    lexer = Lexer(text, shell.source_stack[-1], shell.line, fixed_line=True)
+    return Word(tuple(lexer._read_dquoted(end=None)), text, shell.line)
+
+
+def new_shell(ctx: Context, origin: str) -> Shell:
+    """Return the main script's shell: --set values are its environment (exported)."""
+    positional_keys = sorted(int(k) for k in ctx.settings if k.isdigit())
+    positional: list[str] = []
+    if positional_keys:
+        positional = [ctx.settings.get(str(n), "") for n in range(1, max(positional_keys) + 1)]
+    variables: dict[str, Value] = {k: v for k, v in ctx.settings.items() if not k.isdigit()}
+    return Shell(ctx, origin, positional, variables, set(variables))

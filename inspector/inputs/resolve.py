@@ -1,0 +1,142 @@
+"""The edge: merge where a job's arguments come from into one set of Megatron-LM arguments.
+
+Later sources win: preset < config file < launch script < flags. Each command reads only the
+argument groups it takes (arguments.py); the others, when a file or script sets them, are
+dropped here so they can never change a command's result (or its cache key). The merged
+arguments become a validated Job (job.py) in one call.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from inspector.errors import ConfigError
+from inspector.inputs.arguments import BY_NAME
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Where the arguments come from: a preset, a config file, a launch script, flags."""
+
+    preset: str | None = None
+    config_file: str | None = None
+    script: str | None = None
+    flags: dict[str, Any] = field(default_factory=dict)  # values given on the command line
+    apex: bool | None = None
+    settings: tuple[str, ...] = ()  # --set NAME=VALUE: what the launch script's environment holds
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """The merged arguments of one command, and what the user should be told about them."""
+
+    args: dict[str, Any]
+    notes: tuple[str, ...]  # for stderr, e.g. what a launch script set that is not modelled
+
+
+def merge_sources(sources: Sources, groups: tuple[str, ...]) -> Resolved:
+    """Merge preset, config file, launch script and flags (later ones winning) for `groups`."""
+    layers: list[dict[str, Any]] = []
+    notes: list[str] = []
+    world: tuple[int | None, str] = (None, "")
+    if sources.preset is not None:
+        from inspector.inputs.presets import get_preset
+
+        layers.append(dict(get_preset(sources.preset).args))
+    if sources.config_file is not None:
+        from inspector.inputs.sources import load_config_file
+
+        layers.append(_megatron_lm_defaults(load_config_file(sources.config_file)))
+    if sources.script is not None:
+        from inspector.inputs.sources import read_launch_script
+
+        parsed = read_launch_script(sources.script, parse_settings(sources.settings))
+        _refuse(parsed.refused, groups)
+        if parsed.ignored:
+            notes.append(f"Ignored from {sources.script}: {' '.join(parsed.ignored)}")
+        if parsed.unrecognised:
+            notes.append(
+                f"Not recognised from {sources.script} (not a Megatron-LM argument this tool "
+                f"knows; check it changes nothing a GPU holds): {' '.join(parsed.unrecognised)}"
+            )
+        notes.extend(f"Note from {sources.script}: {note}" for note in parsed.notes)
+        if parsed.vocab_problem and sources.flags.get("vocab_size") is None:
+            raise ConfigError(parsed.vocab_problem)
+        layers.append(_megatron_lm_defaults(parsed.args))
+        world = (parsed.world_size, parsed.world_origin)
+    layers.append({name: value for name, value in sources.flags.items() if value is not None})
+    if sources.apex is not None:
+        layers.append({"apex": sources.apex})
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        merged.update(layer)
+    if world[0] is not None:
+        merged["data_parallel_size"] = _data_parallel(merged, sources.flags, world[0], world[1])
+    elif world[1]:
+        notes.append(f"Note from {sources.script}: the world size is not known ({world[1]}); --dp says it")
+    if merged.get("sequence_parallel") and int(merged.get("tensor_model_parallel_size") or 1) == 1:
+        # Megatron-LM validate_args: "Disabling sequence parallelism because tensor model
+        # parallelism is disabled".
+        merged["sequence_parallel"] = False
+        if "layout" in groups:
+            notes.append(
+                "Note: --sequence-parallel is turned off because --tp is 1, as Megatron-LM does "
+                "(\"Disabling sequence parallelism because tensor model parallelism is disabled\")"
+            )
+    args = {k: v for k, v in merged.items() if k not in BY_NAME or BY_NAME[k].group in groups}
+    return Resolved(args, tuple(notes))
+
+
+def _refuse(refused: tuple[tuple[str, str], ...], groups: tuple[str, ...]) -> None:
+    """Raise ConfigError for the first refused script argument this command would read."""
+    for group, message in refused:
+        if group in groups:
+            raise ConfigError(message)
+
+
+def _megatron_lm_defaults(args: dict[str, Any]) -> dict[str, Any]:
+    """Return a config file's or launch script's arguments with Megatron-LM's own defaults.
+
+    A Megatron-LM job that does not name --transformer-impl runs Transformer Engine (Megatron-LM
+    arguments.py: default "transformer_engine"), so the file means it too; likewise
+    --attention-backend auto (fused/flash attention in 16 bits). Flags still win.
+    """
+    return {"transformer_impl": "transformer_engine", "attention_backend": "auto", **args}
+
+
+_SETTING = re.compile(r"^([A-Za-z_]\w*|[1-9]\d*)=(.*)$", re.S)
+
+
+def parse_settings(items: tuple[str, ...]) -> dict[str, str]:
+    """Return --set NAME=VALUE items as a dict (a number names a positional parameter)."""
+    settings = {}
+    for item in items:
+        match = _SETTING.match(item)
+        if not match:
+            raise ConfigError(f"--set needs NAME=VALUE, got {item!r}")
+        settings[match.group(1)] = match.group(2)
+    return settings
+
+
+def _data_parallel(merged: dict[str, Any], flags: dict[str, Any], world: int, origin: str) -> int:
+    """Return the data-parallel size of the script's world, as Megatron-LM's initialisation does."""
+    from inspector.inputs.launch import data_parallel_from_world
+
+    tp, pp, cp = (
+        int(merged.get(name) or 1)
+        for name in (
+            "tensor_model_parallel_size",
+            "pipeline_model_parallel_size",
+            "context_parallel_size",
+        )
+    )
+    dp = data_parallel_from_world(world, tp, pp, cp, origin)
+    given = flags.get("data_parallel_size")
+    if given is not None and given != dp:
+        raise ConfigError(
+            f"--dp {given} contradicts the script's world: {world} GPUs ({origin}) / (--tp {tp} x "
+            f"--pp {pp} x --cp {cp}) = {dp} data-parallel ranks"
+        )
+    return dp

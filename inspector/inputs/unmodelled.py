@@ -1,0 +1,245 @@
+"""Megatron-LM's arguments that this tool does not model: refused, or ignored with a reason.
+
+Every argument of Megatron-LM's `megatron/training/arguments.py` that changes what a GPU holds or
+computes is either modelled (inspector.inputs.arguments) or refused here with the reason; the ignored ones
+change nothing a GPU holds (paths, logging, data, schedules, learning rate, numerics of the same
+tensors). A script argument in none of the tables is reported as not recognised. This module
+imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why an argument cannot be modelled; `harmless` values change nothing (the default)."""
+
+    group: str  # the argument group (inspector.inputs.arguments) whose commands it would change
+    reason: str
+    harmless: tuple[str, ...] = ()
+
+
+_FP8 = (
+    "Transformer Engine's low-precision recipes keep fp8/fp4 copies of weights and linear inputs "
+    "that this tool does not count; drop the fp8/fp4 arguments to see the 16-bit footprint"
+)
+_FSDP = (
+    "FSDP shards parameters, gradients and optimizer state with its own buffers, which this tool "
+    "does not model; --use-distributed-optimizer is modelled exactly"
+)
+_HYBRID = "this tool builds megatron-core's GPTModel; hybrid (Mamba) models are not modelled"
+
+REFUSED: dict[str, Refusal] = {
+    "--fp8-format": Refusal("training", _FP8),
+    "--fp8-param-gather": Refusal("training", _FP8),
+    "--fp4-format": Refusal("training", _FP8),
+    "--fp4-param-gather": Refusal("training", _FP8),
+    "--reuse-grad-buf-for-mxfp8-param-ag": Refusal("training", _FP8),
+    "--use-megatron-fsdp": Refusal("layout", _FSDP),
+    "--use-torch-fsdp2": Refusal("layout", _FSDP),
+    "--num-distributed-optimizer-instances": Refusal(
+        "layout", "several distributed-optimizer instances shard over part of the data-parallel "
+        "group, which this tool does not model", ("1",)),  # fmt: skip
+    "--use-tp-pp-dp-mapping": Refusal(
+        "layout", "it changes megatron's rank order (tp-pp-dp), which this tool does not model"),
+    "--use-legacy-models": Refusal("model", "this tool builds megatron-core (mcore) models only"),
+    "--spec": Refusal("model", "a custom layer spec module cannot be imported here"),
+    "--yaml-cfg": Refusal("model", "arguments in a Megatron-LM YAML config are not read; pass them"),
+    "--heterogeneous-layers-config-path": Refusal("model", "heterogeneous layers are not modelled"),
+    "--heterogeneous-layers-config-encoded-json": Refusal(
+        "model", "heterogeneous layers are not modelled"),
+    "--is-hybrid-model": Refusal("model", _HYBRID),
+    "--hybrid-override-pattern": Refusal("model", _HYBRID),
+    "--hybrid-attention-ratio": Refusal("model", _HYBRID),
+    "--hybrid-mlp-ratio": Refusal("model", _HYBRID),
+    "--quick-geglu": Refusal("model", "a gated MLP with its own activation is not modelled; "
+                             "--swiglu is"),  # fmt: skip
+    "--softmax-type": Refusal(
+        "model", "learnable/off-by-one softmax adds per-head parameters that are not modelled",
+        ("vanilla",)),  # fmt: skip
+    "--window-size": Refusal(
+        "model", "sliding-window attention changes attention FLOPs and scores, which the formulas "
+        "count for full causal attention"),  # fmt: skip
+    "--padded-vocab-size": Refusal(
+        "model", "pass --vocab-size (the tool pads it as Megatron-LM does)"),
+    "--vocab-extra-ids": Refusal("model", "extra ids change the vocabulary; pass --vocab-size"),
+    "--moe-use-legacy-grouped-gemm": Refusal(
+        "model", "the legacy GroupedMLP under Transformer Engine is not modelled"),
+    "--moe-extended-tp": Refusal("layout", "removed from Megatron-LM; use "
+                                 "--expert-tensor-parallel-size"),  # fmt: skip
+    "--recompute-modules": Refusal(
+        "training", "selective recomputation is modelled for megatron-core's default "
+        "(core_attn) only", ("core_attn",)),  # fmt: skip
+    "--moe-layer-recompute": Refusal("training", "MoE-layer recomputation is not modelled"),
+    "--distribute-saved-activations": Refusal(
+        "training", "checkpoints split across tensor-parallel ranks are not modelled"),
+    "--cpu-offloading": Refusal("training", "activation offloading to the CPU is not modelled"),
+    "--cpu-offloading-num-layers": Refusal(
+        "training", "activation offloading to the CPU is not modelled", ("0",)),
+    "--optimizer-cpu-offload": Refusal("training", "optimizer state on the CPU is not modelled"),
+    "--use-precision-aware-optimizer": Refusal(
+        "training", "optimizer state in reduced precision is not modelled"),
+    "--fp32-residual-connection": Refusal(
+        "training", "an fp32 residual stream changes activations, which are counted in 16 bits"),
+    "--fp16-lm-cross-entropy": Refusal(
+        "training", "16-bit logits of the loss are not modelled (they are counted in fp32)"),
+    "--microbatch-group-size-per-virtual-pipeline-stage": Refusal(
+        "training", "a micro-batch group other than --pp changes the interleaved schedule's "
+        "in-flight micro-batches, which are replayed with the default group"),  # fmt: skip
+    "--moe-pad-expert-input-to-capacity": Refusal(
+        "training", "padding experts to capacity changes MoE activations (balanced routing is "
+        "counted)"),  # fmt: skip
+    "--ddp-num-buckets": Refusal("layout", "pass --ddp-bucket-size (buckets decide the padding)"),
+    "--ddp-pad-buckets-for-high-nccl-busbw": Refusal(
+        "layout", "bucket padding for NCCL bus bandwidth is not modelled"),
+    "--enable-cuda-graph": Refusal("training", "CUDA graphs' static memory pools are not counted"),
+    "--external-cuda-graph": Refusal("training", "CUDA graphs' static memory pools are not counted"),
+    "--cuda-graph-impl": Refusal(
+        "training", "CUDA graphs' static memory pools are not counted", ("none",)),
+    "--checkpoint-activations": Refusal(
+        "training", "Megatron-LM: '--checkpoint-activations is no longer valid, use "
+        "--recompute-activations, or, for more control, --recompute-granularity and "
+        "--recompute-method'"),  # fmt: skip
+    "--batch-size": Refusal(
+        "training", "Megatron-LM: 'Old batch size parameter, do not use. Use --micro-batch-size "
+        "instead'"),  # fmt: skip
+}
+
+# Arguments that change nothing a GPU holds or computes, by why.
+IGNORED_BECAUSE: dict[str, str] = {
+    "numerics only (same tensors)": (
+        "--norm-epsilon --apply-layernorm-1p --apply-residual-connection-post-layernorm "
+        "--openai-gelu --squared-relu --onnx-safe --activation-func-clamp-value --glu-linear-offset "
+        "--rotary-base --rotary-percent --rotary-interleaved --rotary-seq-len-interpolation-factor "
+        "--use-rope-scaling --rope-scaling-factor --no-rope-freq "
+        "--apply-query-key-layer-scaling --attention-softmax-in-fp32 --qk-l2-norm "
+        "--init-method-std --embedding-init-method-std --init-method-xavier-uniform --seed "
+        "--data-parallel-random-init --loss-scale --initial-loss-scale --min-loss-scale "
+        "--loss-scale-window --hysteresis --disable-bf16-reduced-precision-matmul "
+        "--deterministic-mode --calculate-per-token-loss --no-masked-softmax-fusion "
+        "--no-bias-gelu-fusion --no-bias-swiglu-fusion --no-bias-dropout-fusion --no-rope-fusion "
+        "--cross-entropy-loss-fusion --cross-entropy-fusion-impl "
+        "--no-gradient-accumulation-fusion --no-persist-layer-norm --use-te-activation-func "
+        "--use-fused-weighted-squared-relu --no-gradient-reduce-div-fusion --te-rng-tracker "
+        "--use-mcore-models --transformer-impl-fallback --use-cpu-initialization "
+        "--init-model-with-meta-device --no-clone-scatter-output-in-embedding"
+    ),
+    "routing math (balanced routing is counted)": (
+        "--moe-router-load-balancing-type --moe-router-pre-softmax "
+        "--moe-router-num-groups --moe-router-group-topk --moe-router-topk-scaling-factor "
+        "--moe-router-bias-update-rate "
+        "--moe-router-force-load-balancing --moe-aux-loss-coeff --moe-z-loss-coeff "
+        "--moe-input-jitter-eps --moe-token-dispatcher-type --moe-enable-deepep --moe-deepep-num-sms "
+        "--moe-permute-fusion --moe-router-fusion --moe-router-dtype --moe-expert-capacity-factor "
+        "--moe-token-drop-policy --moe-shared-expert-overlap --moe-per-layer-logging "
+        "--moe-apply-probs-on-input --moe-router-padding-for-fp8 --overlap-moe-expert-parallel-comm "
+        "--delay-wgrad-compute"
+    ),
+    "communication scheduling (buffers not counted)": (
+        "--no-overlap-p2p-communication --overlap-p2p-communication-warmup-flush "
+        "--defer-embedding-wgrad-compute --wgrad-deferral-limit --no-align-grad-reduce "
+        "--no-align-param-gather --overlap-param-gather-with-optimizer-step "
+        "--ddp-average-in-collective --ddp-reduce-scatter-with-fp32-accumulation "
+        "--no-scatter-gather-tensors-in-pipeline --use-ring-exchange-p2p --tp-comm-overlap "
+        "--tp-comm-overlap-cfg --disable-tp-comm-overlap-ag --disable-tp-comm-overlap-rs "
+        "--tp-comm-overlap-rs-dgrad --disable-tp-comm-bulk-dgrad --disable-tp-comm-bulk-wgrad "
+        "--tp-comm-bootstrap-backend --disable-tp-comm-split-ag --disable-tp-comm-split-rs "
+        "--no-async-tensor-model-parallel-allreduce --cp-comm-type "
+        "--hierarchical-context-parallel-sizes --use-nccl-ub --disable-symmetric-registration "
+        "--use-sharp --sharp-enabled-group --high-priority-stream-groups "
+        "--pipeline-model-parallel-comm-backend --nccl-communicator-config-path "
+        "--distributed-backend --distributed-timeout-minutes "
+        "--distributed-timeout-seconds-after-init --local-rank --lazy-mpu-init "
+        "--disable-gloo-process-groups --empty-unused-memory-level --manual-gc --manual-gc-interval "
+        "--no-manual-gc-eval"
+    ),
+    "only with a refused argument": (
+        "--fp8-recipe --fp8-margin --fp8-interval --fp8-amax-history-len --fp8-amax-compute-algo "
+        "--no-fp8-wgrad --fp4-recipe --first-last-layers-bf16 --num-layers-at-start-in-bf16 "
+        "--num-layers-at-end-in-bf16 --keep-fp8-transpose-cache --data-parallel-sharding-strategy "
+        "--fsdp-double-buffer --suggested-communication-unit-size --enable-full-sharding-in-hsdp "
+        "--torch-fsdp2-no-reshard-after-forward --main-grads-dtype --main-params-dtype "
+        "--exp-avg-dtype --exp-avg-sq-dtype --optimizer-offload-fraction "
+        "--use-torch-optimizer-for-cpu-offload --overlap-cpu-optimizer-d2h-h2d --no-pin-cpu-grads "
+        "--no-pin-cpu-params"
+    ),
+    "optimizer hyper-parameters and schedules": (
+        "--lr --lr-decay-style --lr-wsd-decay-style --lr-decay-iters --lr-decay-samples "
+        "--lr-wsd-decay-samples --lr-wsd-decay-iters --lr-warmup-fraction --lr-warmup-iters "
+        "--lr-warmup-samples --lr-warmup-init --warmup --min-lr --override-opt_param-scheduler "
+        "--use-checkpoint-opt_param-scheduler --decoupled-lr --decoupled-min-lr --weight-decay "
+        "--start-weight-decay --end-weight-decay --weight-decay-incr-style --clip-grad "
+        "--adam-beta1 --adam-beta2 --adam-eps --sgd-momentum --rampup-batch-size "
+        "--decrease-batch-size-if-needed --train-iters --train-samples --exit-interval "
+        "--exit-duration-in-mins --exit-signal-handler --train-sync-interval --skip-train "
+        "--eval-iters --eval-interval --full-validation --multiple-validation-sets"
+    ),
+    "data, tokenizer files, paths": (
+        "--data-path --split --train-data-path --valid-data-path --test-data-path --data-args-path "
+        "--per-split-data-args-path --data-cache-path --no-mmap-bin-files --mock-data --num-workers "
+        "--reset-position-ids --reset-attention-mask --eod-mask-loss "
+        "--no-create-attention-mask-in-dataloader --num-dataset-builder-threads "
+        "--object-storage-cache-path --mid-level-dataset-surplus --allow-ambiguous-pad-tokens "
+        "--dataloader-type --merge-file --vocab-file --tokenizer-type --tokenizer-model "
+        "--tokenizer-metadata --tiktoken-pattern --tiktoken-num-special-tokens "
+        "--tiktoken-special-tokens --legacy-tokenizer --sample-rate --mask-prob --short-seq-prob "
+        "--decoder-seq-length --retriever-seq-length --sft --sft-tokenizer-prompt-format "
+        "--disable-msc"
+    ),
+    "checkpoints": (
+        "--save --save-interval --save-retain-interval --no-save-optim --no-save-rng --load "
+        "--no-load-optim --load-main-params-from-ckpt --no-load-rng --no-strict-fsdp-dtensor-load "
+        "--non-persistent-save-interval --non-persistent-ckpt-type --non-persistent-global-ckpt-dir "
+        "--non-persistent-local-ckpt-dir --non-persistent-local-ckpt-algo --finetune "
+        "--pretrained-checkpoint --ckpt-step --no-initialization --use-checkpoint-args "
+        "--use-mp-args-from-checkpoint-args --no-use-tokenizer-model-from-checkpoint-args "
+        "--exit-on-missing-checkpoint --use-dist-ckpt --use-persistent-ckpt-worker "
+        "--auto-detect-ckpt-format --dist-ckpt-format --ckpt-format --ckpt-convert-format "
+        "--ckpt-convert-save --ckpt-convert-update-legacy-dist-opt-format "
+        "--ckpt-fully-parallel-save --no-ckpt-fully-parallel-save --async-save "
+        "--ckpt-fully-parallel-load --ckpt-assume-constant-structure --dist-ckpt-strictness "
+        "--dist-ckpt-save-pre-mcore-014 --dist-ckpt-optim-fully-reshardable "
+        "--distrib-optim-fully-reshardable-mem-efficient --replication --replication-jump "
+        "--replication-factor --moe-use-upcycling --moe-upcycling-granularity"
+    ),
+    "logging, profiling, fault tolerance": (
+        "--log-interval --log-params-norm --log-num-zeros-in-grad --log-throughput --log-progress "
+        "--timing-log-level --log-energy --no-barrier-with-level-1-timing --timing-log-option "
+        "--tensorboard-dir --tensorboard-log-interval --tensorboard-queue-size "
+        "--log-timers-to-tensorboard --no-log-loss-scale-to-tensorboard "
+        "--log-validation-ppl-to-tensorboard --log-memory-to-tensorboard "
+        "--log-world-size-to-tensorboard --wandb-project --wandb-entity --wandb-exp-name "
+        "--wandb-save-dir --logging-level --profile --profile-step-start --profile-step-end "
+        "--profile-ranks --use-pytorch-profiler --record-memory-history --memory-snapshot-path "
+        "--no-check-for-nan-in-loss-and-grad --check-for-spiky-loss --check-for-large-grads "
+        "--check-weight-hash-across-dp-replicas-interval --iterations-to-skip "
+        "--result-rejected-tracker-filename --rerun-mode --error-injection-rate "
+        "--error-injection-type --log-straggler --disable-straggler-on-startup "
+        "--straggler-ctrlr-port --straggler-minmax-count --run-workload-inspector-server "
+        "--no-one-logger --one-logger-project --one-logger-run-name --one-logger-async "
+        "--app-tag-run-name --app-tag-run-version --enable-ft-package --calc-ft-timeouts "
+        "--config-logger-dir --adlr-autoresume --adlr-autoresume-interval --inprocess-restart "
+        "--enable-experimental --dump-param-to-param-group-map"
+    ),
+}
+
+IGNORED: dict[str, str] = {
+    flag: reason for reason, flags in IGNORED_BECAUSE.items() for flag in flags.split()
+}
+
+# Megatron-LM spellings that mean one of the modelled arguments: flag -> (name, value).
+RENAMED: dict[str, tuple[str, object]] = {
+    "--use-rotary-position-embeddings": ("position_embedding_type", "rope"),  # validate_args
+    "--encoder-seq-length": ("seq_length", None),  # validate_args: seq_length = encoder_seq_length
+}
+
+
+def refusal_message(flag: str, value: str | None) -> str | None:
+    """Return the error for a refused argument with this value, or None when it is harmless."""
+    refusal = REFUSED.get(flag)
+    if refusal is None or (value is not None and value in refusal.harmless):
+        return None
+    shown = f"{flag} {value}" if value is not None else flag
+    return f"{shown} is not modelled: {refusal.reason}"

@@ -1,0 +1,226 @@
+"""The inputs of the closed-form estimates: model dimensions, parallel sizes, pipeline schedule.
+
+Activation memory (activations.py), FLOPs (flops.py) and the attention walkthrough
+(walkthrough.py) are pure functions over the two frozen dataclasses defined here. They are the
+only numbers in this tool that do not come from megatron-core itself, because megatron computes
+them only on a GPU; each formula cites its source next to the code. The pipeline schedule
+(micro-batches in flight per stage) is replayed here from megatron-core's own rules.
+
+Symbols used in every docstring and comment of those modules (the paper's own, Korthikanti et
+al. 2022, "Reducing Activation Recomputation in Large Transformer Models", arXiv:2205.05198):
+  s  sequence length            b  micro-batch size          h  hidden size
+  a  attention heads            g  key/value groups (GQA)    d  channels per head (kv_channels)
+  f  MLP hidden size            v  padded vocabulary size    L  transformer layers
+  t  tensor-parallel size       p  pipeline-parallel size    m  micro-batches per iteration
+  c  context-parallel size      k  experts per token (top-k)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inspector.errors import ConfigError
+from inspector.job.model import check_at_least_one, check_heads, check_query_groups
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """The shape of a GPT model as Megatron-LM's arguments describe it.
+
+    Optional fields take Megatron-LM's defaults (`megatron/training/arguments.py`): f = 4h,
+    g = a (no GQA), d = h / a, expert MLP size = f, no shared expert, every layer MoE when
+    `num_experts` is set (`--moe-layer-freq 1`), 16-bit activations (the paper's mixed precision).
+    `vocab_size` must already be padded.
+    """
+
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    seq_length: int
+    vocab_size: int
+    ffn_hidden_size: int | None = None
+    num_query_groups: int | None = None
+    kv_channels: int | None = None
+    swiglu: bool = False
+    num_experts: int | None = None
+    moe_router_topk: int = 2
+    moe_ffn_hidden_size: int | None = None
+    moe_shared_expert_intermediate_size: int | None = None
+    moe_layer_freq: int | tuple[int, ...] = 1
+    activation_bytes: int = 2  # bytes per activation element: 2 in bf16/fp16, 4 in fp32
+    # Multi-latent attention (Megatron-LM's MLA arguments) and multi-token prediction.
+    multi_latent_attention: bool = False
+    q_lora_rank: int | None = None  # None: queries projected directly, without a latent
+    kv_lora_rank: int = 32
+    qk_head_dim: int = 128
+    qk_pos_emb_head_dim: int = 64
+    v_head_dim: int = 128
+    mtp_num_layers: int = 0
+    qk_layernorm: bool = False  # with MLA: the two latent norms
+    attention_dropout: bool = True  # --attention-dropout > 0: its mask and output are stored
+    hidden_dropout: bool = True  # --hidden-dropout > 0: masks after attention, MLP, embedding
+
+    def __post_init__(self) -> None:
+        """Reject dimensions that no formula can use (the checks config.py makes of a model)."""
+        for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length"):
+            check_at_least_one("--" + name.replace("_", "-"), getattr(self, name))
+        check_query_groups(self.num_attention_heads, self.query_groups)
+        check_heads(self.hidden_size, self.num_attention_heads, self.kv_channels)
+        pattern = self.moe_layer_freq
+        if isinstance(pattern, tuple) and len(pattern) != self.num_layers:
+            raise ConfigError(
+                f"--moe-layer-freq lists {len(pattern)} layers but --num-layers is "
+                f"{self.num_layers}"
+            )
+
+    @property
+    def ffn(self) -> int:
+        """Return f, the dense MLP hidden size (Megatron-LM's default 4h)."""
+        return self.ffn_hidden_size or 4 * self.hidden_size
+
+    @property
+    def query_groups(self) -> int:
+        """Return g, the number of key/value heads (a without GQA)."""
+        return self.num_query_groups or self.num_attention_heads
+
+    @property
+    def head_dim(self) -> int:
+        """Return d, the channels per attention head (Megatron-LM's default h / a)."""
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def expert_ffn(self) -> int:
+        """Return the routed experts' MLP hidden size (Megatron-LM falls back to f)."""
+        return self.moe_ffn_hidden_size or self.ffn
+
+    @property
+    def shared_expert_ffn(self) -> int:
+        """Return the shared experts' total MLP hidden size (0 when there are none)."""
+        return self.moe_shared_expert_intermediate_size or 0
+
+    @property
+    def gated_multiplier(self) -> int:
+        """Return how many f-wide projections feed the MLP activation: 2 for SwiGLU, else 1."""
+        return 2 if self.swiglu else 1
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Return whether 0-based global `layer` has an MoE MLP.
+
+        Megatron-LM's `--moe-layer-freq` rule (`num_floating_point_operations` in
+        `megatron/training/training.py`): an int N makes layer i MoE when i % N == 0; a list gives
+        one 0/1 per layer.
+        """
+        if self.num_experts is None:
+            return False
+        if isinstance(self.moe_layer_freq, tuple):
+            return bool(self.moe_layer_freq[layer])
+        return layer % self.moe_layer_freq == 0
+
+
+def num_microbatches(global_batch_size: int, micro_batch_size: int, dp: int) -> int:
+    """Return m = G / (b * dp), Megatron-LM's micro-batches per iteration per pipeline."""
+    per_step = micro_batch_size * dp
+    if global_batch_size < 1 or micro_batch_size < 1 or global_batch_size % per_step:
+        raise ConfigError(
+            f"--global-batch-size {global_batch_size} is not divisible by "
+            f"--micro-batch-size {micro_batch_size} x --dp {dp} "
+            f"({global_batch_size} % {per_step} = {global_batch_size % per_step})"
+        )
+    return global_batch_size // per_step
+
+
+def _schedule_table(num_microbatches: int, chunks: int, group_size: int) -> list[int]:
+    """Return the model chunk of every forward step, in megatron's interleaved order.
+
+    Reimplements `get_schedule_table` in megatron-core's `pipeline_parallel/schedules.py`:
+    micro-batches go in groups of `group_size`, each group through chunk 0, then chunk 1, ...
+    """
+    order: list[int] = []
+    for start in range(0, num_microbatches, group_size):
+        width = min(group_size, num_microbatches - start)  # the last group takes the rest
+        order.extend(chunk for chunk in range(chunks) for _ in range(width))
+    return order
+
+
+def _check_interleaved(pp: int, num_microbatches: int, group_size: int) -> None:
+    """Raise ConfigError where megatron-core's interleaved schedule raises."""
+    if not pp <= group_size <= num_microbatches:
+        raise ConfigError(
+            f"the interleaved schedule groups {group_size} micro-batches per virtual stage, "
+            f"which must lie between --pp {pp} and the {num_microbatches} micro-batches per "
+            "iteration (--global-batch-size / (--micro-batch-size x --dp))"
+        )
+    rest = num_microbatches % group_size
+    if 0 < rest < pp:
+        raise ConfigError(
+            f"the interleaved schedule needs the {num_microbatches} micro-batches per iteration "
+            f"to leave a remainder of 0 or at least --pp {pp} in groups of {group_size} "
+            f"({num_microbatches} % {group_size} = {rest})"
+        )
+
+
+def _warmup_steps(stage: int, pp: int, num_microbatches: int, chunks: int, group: int) -> int:
+    """Return megatron-core's warm-up forward steps for `stage`, before 1F1B starts.
+
+    `get_pp_rank_microbatches` in `pipeline_parallel/schedules.py`: p - s - 1 without
+    interleaving; 2 (p - s - 1) + (v - 1) * group with v chunks; at most m * v.
+    """
+    if chunks == 1:
+        steps = pp - stage - 1
+    else:
+        steps = 2 * (pp - stage - 1) + (chunks - 1) * group
+    return min(steps, num_microbatches * chunks)
+
+
+def live_microbatches(
+    stage: int,
+    pp: int,
+    num_microbatches: int,
+    chunks: int = 1,
+    group_size: int | None = None,
+) -> list[tuple[int, ...]]:
+    """Return, after every forward step of `stage`, the micro-batches alive in each chunk.
+
+    Replays megatron-core's 1F1B schedule (`forward_backward_pipelining_without_interleaving`)
+    or, with `chunks` > 1, its interleaved one (`forward_backward_pipelining_with_interleaving`,
+    `microbatch_group_size_per_vp_stage` defaulting to p): warm-up forwards, then one forward
+    and one backward per step, the backward of step k running chunk v - 1 - chunk(k). A
+    micro-batch's activations live from its forward to its backward, so the peaks of memory are
+    among the returned points.
+    """
+    if not 0 <= stage < pp:
+        raise ConfigError(f"--stage {stage} is not a pipeline stage of --pp {pp}")
+    if num_microbatches < 1:
+        raise ConfigError(f"the number of micro-batches must be at least 1, got {num_microbatches}")
+    group = group_size or pp
+    if chunks > 1:
+        _check_interleaved(pp, num_microbatches, group)
+    order = _schedule_table(num_microbatches, chunks, group)
+    warmup = _warmup_steps(stage, pp, num_microbatches, chunks, group)
+    live = [0] * chunks
+    points: list[tuple[int, ...]] = []
+    for step in range(len(order)):
+        live[order[step]] += 1
+        points.append(tuple(live))
+        if step >= warmup:  # steady state: the backward of step - warmup follows
+            live[chunks - 1 - order[step - warmup]] -= 1
+    return points
+
+
+def microbatches_in_flight(
+    stage: int,
+    pp: int,
+    num_microbatches: int,
+    chunks: int = 1,
+    group_size: int | None = None,
+) -> int:
+    """Return the most micro-batch passes whose activations `stage` holds at once.
+
+    1F1B: min(p - s, m). Interleaved: min(2 (p - s - 1) + (v - 1) * group + 1, m * v) chunk
+    passes, each holding one chunk's layers; for stage 0 with group = p that is p (v + 1) - 1,
+    i.e. L (1 + (p - 1) / (p v)) layers' worth, the paper's interleaving factor (Section 4.3)
+    and Megatron-LM's `interleaved_schedule_memory_penalty`.
+    """
+    return max(
+        sum(point) for point in live_microbatches(stage, pp, num_microbatches, chunks, group_size)
+    )

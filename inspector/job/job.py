@@ -1,0 +1,233 @@
+"""The training job a command describes: the model, the parallel layout and the training settings.
+
+A `Job` is made once, at the edge (resolve.py merges presets, config files, launch scripts and
+flags into Megatron-LM arguments and calls `make_job`), validated on creation, and then read by
+every command: `build` turns it into megatron modules, `params`, `memory`, `tree` and `topology`
+turn those into records. Nothing downstream reads Megatron-LM arguments again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, cast, get_args
+
+from inspector.errors import ConfigError
+from inspector.job.dims import ModelDims, num_microbatches
+from inspector.job.layout import Layout, make_layout, validate_layout
+from inspector.job.model import (
+    ModelConfig,
+    check_at_least_one,
+    check_at_most,
+    make_model_config,
+    validate_model,
+)
+
+# Megatron-LM's --recompute-granularity values, "none" when the flag is absent.
+Recompute = Literal["none", "selective", "full"]
+RECOMPUTE_MODES: tuple[str, ...] = get_args(Recompute)
+
+@dataclass(frozen=True)
+class Training:
+    """The Megatron-LM training arguments: batch, recomputation, attention, optimizer, buffers.
+
+    Precision (--bf16/--fp16) lives on the model, because it sets the parameters' dtype.
+    """
+
+    micro_batch_size: int | None = None
+    global_batch_size: int | None = None  # None: Megatron-LM's default, micro-batch x dp
+    recompute: Recompute = "none"
+    flash_attention: bool = False
+    fp32_grads: bool | None = None  # --accumulate-allreduce-grads-in-fp32 (None: the default)
+    use_distributed_optimizer: bool = False
+    overlap_grad_reduce: bool = False
+    ddp_bucket_size: int | None = None
+    recompute_method: str = "uniform"  # with full recomputation: uniform or block
+    recompute_num_layers: int = 1
+    attention_dropout: float = 0.1  # Megatron-LM's defaults
+    hidden_dropout: float = 0.1
+
+    def __post_init__(self) -> None:
+        """Reject counts below one and unknown recomputation modes."""
+        check_at_least_one("--micro-batch-size", self.micro_batch_size)
+        check_at_least_one("--global-batch-size", self.global_batch_size)
+        check_at_least_one("--recompute-num-layers", self.recompute_num_layers)
+        for flag, p in (("--attention-dropout", self.attention_dropout),
+                        ("--hidden-dropout", self.hidden_dropout)):  # fmt: skip
+            if not 0 <= p < 1:
+                raise ConfigError(f"{flag} {p} is not a probability in [0, 1)")
+        if self.recompute not in RECOMPUTE_MODES:
+            raise ConfigError(
+                f"--recompute-granularity {self.recompute!r} is not one of: "
+                f"{', '.join(RECOMPUTE_MODES)}"
+            )
+        if self.ddp_bucket_size is not None and self.ddp_bucket_size < 0:
+            raise ConfigError(f"--ddp-bucket-size {self.ddp_bucket_size} must not be negative")
+        check_at_most("--ddp-bucket-size", self.ddp_bucket_size)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One iteration's batches: what activations and FLOPs scale with."""
+
+    micro_batch_size: int
+    global_batch_size: int
+    num_microbatches: int  # per pipeline, per iteration
+
+
+@dataclass(frozen=True)
+class Job:
+    """A model, its parallel layout and its training settings, checked together."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    layout: Layout = field(default_factory=Layout)
+    training: Training = field(default_factory=Training)
+
+    def __post_init__(self) -> None:
+        """Reject a job megatron would refuse or silently change."""
+        validate_model(self.model)
+        validate_layout(self.model, self.layout)
+        if self.training.flash_attention and self.model.dtype_name == "float32":
+            raise ConfigError(
+                "--use-flash-attn needs --bf16 or --fp16: flash attention kernels have no fp32 path"
+            )
+
+    def schedule(self) -> Schedule:
+        """Return the iteration's batches; --micro-batch-size is required for them."""
+        micro = self.training.micro_batch_size
+        if micro is None:
+            raise ConfigError("--micro-batch-size is required: activations scale with it")
+        # Megatron-LM arguments.py: --global-batch-size defaults to micro-batch size x dp.
+        global_batch = self.training.global_batch_size or micro * self.layout.dp
+        return Schedule(micro, global_batch, num_microbatches(global_batch, micro, self.layout.dp))
+
+    def dims(self) -> ModelDims:
+        """Return the formulas' view of the model: its sizes with Megatron-LM's defaults applied."""
+        model = self.model
+        return ModelDims(
+            num_layers=model.num_layers,
+            hidden_size=model.hidden_size,
+            num_attention_heads=model.num_attention_heads,
+            seq_length=model.seq_length,
+            vocab_size=model.padded_vocab_size(self.layout.tp),
+            ffn_hidden_size=model.ffn_size,
+            num_query_groups=model.query_groups,
+            kv_channels=model.head_dim,
+            swiglu=model.swiglu,
+            num_experts=model.num_experts,
+            moe_router_topk=model.moe_router_topk,
+            moe_ffn_hidden_size=model.moe_ffn_hidden_size,
+            moe_shared_expert_intermediate_size=model.moe_shared_expert_intermediate_size,
+            activation_bytes=4 if model.dtype_name == "float32" else 2,
+            moe_layer_freq=model.moe_layer_freq,
+            mtp_num_layers=model.mtp_num_layers or 0,
+            **_mla_dims(model),
+            attention_dropout=self.training.attention_dropout > 0,
+            hidden_dropout=self.training.hidden_dropout > 0,
+        )
+
+
+def _mla_dims(model: ModelConfig) -> dict[str, Any]:
+    """Return ModelDims' multi-latent-attention fields (Megatron-LM's defaults filled in)."""
+    if not model.multi_latent_attention:
+        return {}
+    mla = model.mla_args()
+    names = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
+    return {
+        "multi_latent_attention": True,
+        "qk_layernorm": model.qk_layernorm,
+        **{name: mla[name] for name in names},
+    }
+
+
+TRAINING_ARGS = {
+    "micro_batch_size": "micro_batch_size",
+    "global_batch_size": "global_batch_size",
+    "recompute_granularity": "recompute",
+    "use_flash_attn": "flash_attention",
+    "accumulate_allreduce_grads_in_fp32": "fp32_grads",
+    "use_distributed_optimizer": "use_distributed_optimizer",
+    "overlap_grad_reduce": "overlap_grad_reduce",
+    "ddp_bucket_size": "ddp_bucket_size",
+}
+
+
+def make_training(args: Mapping[str, Any]) -> Training:
+    """Build the Training record from Megatron-LM arguments (absent: Megatron-LM's defaults)."""
+    values = {field: args[name] for name, field in TRAINING_ARGS.items() if name in args}
+    values["recompute"] = cast(Recompute, values.get("recompute") or "none")
+    for flag in ("flash_attention", "use_distributed_optimizer", "overlap_grad_reduce"):
+        values[flag] = bool(values.get(flag))
+    values["fp32_grads"] = values.get("fp32_grads") or None
+    _megatron_training_rules(args, values)
+    return Training(**values)
+
+
+def _megatron_training_rules(args: Mapping[str, Any], values: dict[str, Any]) -> None:
+    """Apply Megatron-LM's validate_args to the training arguments beyond the plain ones."""
+    if args.get("recompute_activations"):
+        # validate_args: "if args.recompute_activations: args.recompute_granularity = 'selective'"
+        values["recompute"] = "selective"
+    method, layers = args.get("recompute_method"), args.get("recompute_num_layers")
+    if values["recompute"] != "full" and (method is not None or layers is not None):
+        flag = "--recompute-method" if method is not None else "--recompute-num-layers"
+        raise ConfigError(
+            f"{flag} needs --recompute-granularity full (megatron-core TransformerConfig: "
+            "\"recompute method is not yet supported for selective recomputing granularity\", "
+            "recompute_num_layers must be None otherwise)"
+        )
+    values["recompute_method"] = method or "uniform"
+    values["recompute_num_layers"] = 1 if layers is None else layers
+    if args.get("grad_reduce_in_bf16") and args.get("bf16"):
+        # validate_args: "if args.grad_reduce_in_bf16: args.accumulate_allreduce_grads_in_fp32 = False"
+        values["fp32_grads"] = False
+    for name in ("attention_dropout", "hidden_dropout"):
+        if args.get(name) is not None:
+            values[name] = float(args[name])
+    values["flash_attention"] = _flash_attention(args)
+    if args.get("optimizer") == "sgd":
+        raise ConfigError(
+            "--optimizer sgd is not modelled: optimizer state is counted for Adam (two fp32 moments)"
+        )
+    if args.get("overlap_param_gather"):
+        if not args.get("use_distributed_optimizer"):
+            raise ConfigError(
+                "--overlap-param-gather needs --use-distributed-optimizer (Megatron-LM: "
+                "\"--overlap-param-gather only supported with distributed optimizer\")"
+            )
+        if not args.get("overlap_grad_reduce"):
+            raise ConfigError(
+                "--overlap-param-gather needs --overlap-grad-reduce (Megatron-LM: \"Must use "
+                "--overlap-param-gather with --overlap-grad-reduce\")"
+            )
+
+
+def _flash_attention(args: Mapping[str, Any]) -> bool:
+    """Return whether attention keeps no s x s scores, from --use-flash-attn and the backend.
+
+    --use-flash-attn wins; then --attention-backend: flash and fused never store the scores,
+    unfused and local do, and auto (Megatron-LM's default, which config files and launch scripts
+    get) lets Transformer Engine pick flash/fused attention in 16 bits, and unfused otherwise
+    (fp32, or the local spec, whose DotProductAttention is unfused).
+    """
+    backend = args.get("attention_backend")
+    if args.get("use_flash_attn"):
+        if backend in ("unfused", "local"):
+            raise ConfigError(
+                f"--use-flash-attn contradicts --attention-backend {backend} (which stores the "
+                "s x s attention scores); pass one of them"
+            )
+        return True
+    if backend in ("flash", "fused"):
+        return True
+    if backend == "auto":
+        sixteen_bit = bool(args.get("bf16") or args.get("fp16"))
+        return sixteen_bit and args.get("transformer_impl") == "transformer_engine"
+    return False
+
+
+def make_job(args: Mapping[str, Any]) -> Job:
+    """Turn merged Megatron-LM arguments into a validated Job."""
+    model = make_model_config(args)
+    layout = make_layout(args, model.num_layers)
+    return Job(model, layout, make_training(args))

@@ -1,0 +1,436 @@
+"""The model to build: its architecture (ModelConfig), resolved from presets, files and flags.
+
+Argument names and defaults follow Megatron-LM (`megatron/training/arguments.py`); the default model
+is GPT-2 small as Megatron-LM trains it. The parallel layout lives in topology.py.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from inspector.errors import ConfigError
+from inspector.inputs.arguments import BY_NAME
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A GPT model's architecture in Megatron-LM's terms (defaults: GPT-2 small)."""
+
+    num_layers: int = 12
+    hidden_size: int = 768
+    ffn_hidden_size: int | None = None
+    num_attention_heads: int = 12
+    group_query_attention: bool = False
+    num_query_groups: int | None = None
+    kv_channels: int | None = None
+    seq_length: int = 1024
+    max_position_embeddings: int | None = None
+    vocab_size: int = 50257
+    make_vocab_size_divisible_by: int = 128
+    normalization: str = "LayerNorm"
+    swiglu: bool = False
+    position_embedding_type: str = "learned_absolute"
+    untie_embeddings_and_output_weights: bool = False
+    disable_bias_linear: bool = False
+    add_qkv_bias: bool = False
+    qk_layernorm: bool = False
+    bf16: bool = False
+    fp16: bool = False
+    num_experts: int | None = None
+    moe_router_topk: int = 2
+    moe_ffn_hidden_size: int | None = None
+    moe_shared_expert_intermediate_size: int | None = None
+    moe_shared_expert_gate: bool = False
+    moe_grouped_gemm: bool = False
+    multi_latent_attention: bool = False
+    transformer_impl: str = "local"
+    # None: simulate apex where megatron can use it (LayerNorm models); see README "apex".
+    apex: bool | None = None
+    # Multi-latent attention (None: Megatron-LM's default, see `mla_args`).
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_head_dim: int | None = None
+    qk_pos_emb_head_dim: int | None = None
+    v_head_dim: int | None = None
+    rotary_scaling_factor: float | None = None
+    rope_type: str | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    mtp_num_layers: int | None = None
+    moe_layer_freq: int | tuple[int, ...] = 1
+    moe_router_score_function: str = "softmax"
+    moe_router_enable_expert_bias: bool = False
+
+    @property
+    def ffn_size(self) -> int:
+        """Return the MLP hidden size with Megatron-LM's default rules applied."""
+        if self.ffn_hidden_size is not None:
+            return self.ffn_hidden_size
+        if self.swiglu:
+            # Megatron-LM arguments.py: "Reduce the dimension for MLP since projections happens on
+            # two linear layers. This keeps the number of parameters in the same ballpark".
+            return int((4 * self.hidden_size * 2 / 3) / 64) * 64
+        return 4 * self.hidden_size
+
+    @property
+    def query_groups(self) -> int:
+        """Return the number of key/value groups (= heads without grouped-query attention)."""
+        if self.group_query_attention and self.num_query_groups is not None:
+            return self.num_query_groups
+        return self.num_attention_heads
+
+    @property
+    def head_dim(self) -> int:
+        """Return the projection size per head (Megatron-LM's kv_channels default)."""
+        if self.kv_channels is not None:
+            return self.kv_channels
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def max_positions(self) -> int:
+        """Return the learned position table size (Megatron-LM defaults it to seq_length)."""
+        return self.max_position_embeddings or self.seq_length
+
+    @property
+    def use_apex(self) -> bool:
+        """Return whether norms are apex's FusedLayerNorm, as on a cluster with apex."""
+        if self.apex is None:
+            return self.normalization == "LayerNorm"
+        return self.apex
+
+    @property
+    def dtype_name(self) -> str:
+        """Return the parameter dtype's name as Megatron-LM picks it from --bf16/--fp16."""
+        return "bfloat16" if self.bf16 else "float16" if self.fp16 else "float32"
+
+    def mla_args(self) -> dict[str, Any]:
+        """Return MLATransformerConfig's fields with Megatron-LM's argument defaults filled in.
+
+        Megatron-LM `arguments.py` `_add_mla_args` (--q-lora-rank None, --kv-lora-rank 32,
+        --qk-head-dim 128, --qk-pos-emb-head-dim 64, --v-head-dim 128, --rotary-scaling-factor
+        1.0, --mscale 1.0, --mscale-all-dim 0.0); `core_transformer_config_from_args` copies them
+        all and leaves `rope_type` to MLATransformerConfig ("yarn") when --rope-type is not given.
+        """
+        values: dict[str, Any] = {
+            "q_lora_rank": self.q_lora_rank,
+            "kv_lora_rank": _default(self.kv_lora_rank, 32),
+            "qk_head_dim": _default(self.qk_head_dim, 128),
+            "qk_pos_emb_head_dim": _default(self.qk_pos_emb_head_dim, 64),
+            "v_head_dim": _default(self.v_head_dim, 128),
+            "rotary_scaling_factor": _default(self.rotary_scaling_factor, 1.0),
+            "mscale": _default(self.mscale, 1.0),
+            "mscale_all_dim": _default(self.mscale_all_dim, 0.0),
+        }
+        if self.rope_type is not None:
+            values["rope_type"] = self.rope_type
+        return values
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Return whether 0-based `layer` has an MoE MLP (megatron's `moe_layer_freq` rule)."""
+        if self.num_experts is None:
+            return False
+        if isinstance(self.moe_layer_freq, tuple):
+            return bool(self.moe_layer_freq[layer])
+        return layer % self.moe_layer_freq == 0
+
+    def padded_vocab_size(self, tensor_parallel_size: int) -> int:
+        """Return the vocabulary padded as Megatron-LM does for this tensor-parallel size.
+
+        Megatron-LM `megatron/training/tokenizer/tokenizer.py::_vocab_size_with_padding`: pad up to a
+        multiple of make_vocab_size_divisible_by * tensor_model_parallel_size. megatron-core has no
+        such function (padding happens in Megatron-LM's training code), so this is the one formula
+        standing in for it.
+        """
+        multiple = self.make_vocab_size_divisible_by * tensor_parallel_size
+        return int(math.ceil(self.vocab_size / multiple) * multiple)
+
+    def to_args(self) -> dict[str, Any]:
+        """Return the non-default fields as Megatron-LM arguments (for headers and caches)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+MODEL_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelConfig))
+
+
+def _default(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+def make_model_config(args: Mapping[str, Any]) -> ModelConfig:
+    """Build a ModelConfig from Megatron-LM arguments (unknown names are a programming error)."""
+    values = {name: value for name, value in args.items() if name in MODEL_FIELDS}
+    if values.get("moe_layer_freq") is not None:
+        values["moe_layer_freq"] = parse_moe_layer_freq(values["moe_layer_freq"])
+    else:
+        values.pop("moe_layer_freq", None)
+    for name in ("moe_router_score_function",):
+        if values.get(name) is None:
+            values.pop(name, None)
+    config = ModelConfig(**values)
+    validate_model(config)
+    return config
+
+
+_FREQ_HELP = "an integer or a list expression such as ([0]*3+[1]*58)"
+
+
+def parse_moe_layer_freq(value: Any) -> int | tuple[int, ...]:
+    """Return --moe-layer-freq as Megatron-LM's `moe_freq_type` reads it, without eval.
+
+    Megatron-LM (`arguments.py` `moe_freq_type`) takes an int N or a string; a string holding
+    `[` is a Python list expression it evaluates. Here the expression is parsed, and only list
+    literals of integers, integers, `+`, `*` and parentheses are evaluated.
+    """
+    if isinstance(value, bool):
+        raise ConfigError(f"--moe-layer-freq needs {_FREQ_HELP}, got {value!r}")
+    if isinstance(value, int):
+        return value
+    text = str(value).strip()
+    if "[" not in text:
+        try:
+            return int(text)
+        except ValueError:
+            raise ConfigError(f"--moe-layer-freq needs {_FREQ_HELP}, got {text!r}") from None
+    try:
+        result = _eval_pattern(ast.parse(text, mode="eval").body)
+    except (SyntaxError, _BadPattern):
+        raise ConfigError(f"--moe-layer-freq needs {_FREQ_HELP}, got {text!r}") from None
+    if not isinstance(result, list):
+        raise ConfigError(f"--moe-layer-freq needs {_FREQ_HELP}, got {text!r}")
+    return tuple(result)
+
+
+class _BadPattern(Exception):
+    """An expression outside the list-pattern subset."""
+
+
+_MAX_PATTERN = 1_000_000  # elements: larger than any model, small enough to build
+
+
+def _eval_pattern(node: ast.expr) -> int | list[int]:
+    """Evaluate list literals of ints, ints, + and * (the subset Megatron-LM's recipes use)."""
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.List):
+        items = [_eval_pattern(item) for item in node.elts]
+        if not all(isinstance(item, int) for item in items):
+            raise _BadPattern
+        return items  # type: ignore[return-value]
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Mult):
+        left, right = _eval_pattern(node.left), _eval_pattern(node.right)
+        if isinstance(node.op, ast.Add) and type(left) is type(right):
+            return left + right  # type: ignore[operator]
+        if isinstance(node.op, ast.Mult):
+            size = len(left) if isinstance(left, list) else len(right) if isinstance(right, list) else 1
+            count = right if isinstance(left, list) else left
+            if isinstance(count, int) and size * max(count, 0) <= _MAX_PATTERN:
+                return left * right  # type: ignore[operator]
+    raise _BadPattern
+# The largest size or count a flag may give: shapes beyond it overflow torch's index type (and no
+# GPU holds a dimension that long), so a larger value is an error naming the flag, not C++ frames.
+MAX_SIZE = 2**31 - 1
+
+
+def check_at_least_one(flag: str, value: int | None) -> None:
+    """Raise ConfigError when a size or count given as `flag` is below one or too large to build.
+
+    None means not given.
+    """
+    if value is None:
+        return
+    if value < 1:
+        raise ConfigError(f"{flag} must be at least 1, got {value}")
+    check_at_most(flag, value)
+
+
+def check_at_most(flag: str, value: int | None) -> None:
+    """Raise ConfigError when `flag`'s integer is larger than this tool can simulate."""
+    if value is not None and value > MAX_SIZE:
+        raise ConfigError(
+            f"{flag} {value} is larger than this tool can simulate (at most {MAX_SIZE})"
+        )
+
+
+def check_heads(hidden: int, heads: int, kv_channels: int | None) -> None:
+    """Raise ConfigError unless heads split the hidden size (or --kv-channels sets the head size)."""
+    if kv_channels is None and hidden % heads:
+        raise ConfigError(
+            f"--hidden-size {hidden} is not divisible by --num-attention-heads {heads} "
+            f"({hidden} % {heads} = {hidden % heads}); pass --kv-channels to set the head size"
+        )
+
+
+def check_query_groups(heads: int, groups: int) -> None:
+    """Raise ConfigError unless the key/value groups split the attention heads."""
+    if heads % groups:
+        raise ConfigError(
+            f"--num-attention-heads {heads} is not divisible by --num-query-groups {groups} "
+            f"({heads} % {groups} = {heads % groups})"
+        )
+
+
+def _flag(name: str) -> str:
+    return BY_NAME[name].flag if name in BY_NAME else "--" + name.replace("_", "-")
+
+
+def _require_positive(config: ModelConfig) -> None:
+    for name in (
+        "num_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "seq_length",
+        "vocab_size",
+        "make_vocab_size_divisible_by",
+        "moe_router_topk",
+        "ffn_hidden_size",
+        "num_query_groups",
+        "kv_channels",
+        "max_position_embeddings",
+        "num_experts",
+        "moe_ffn_hidden_size",
+        "moe_shared_expert_intermediate_size",
+    ):
+        value = getattr(config, name)
+        if value is not None and not 1 <= value <= MAX_SIZE:  # the flag's name only for errors
+            check_at_least_one(_flag(name), value)
+
+
+def validate_model(config: ModelConfig) -> None:
+    """Raise ConfigError for an architecture megatron would reject or silently change."""
+    _require_positive(config)
+    heads, hidden = config.num_attention_heads, config.hidden_size
+    check_heads(hidden, heads, config.kv_channels)
+    if config.num_query_groups is not None and not config.group_query_attention:
+        raise ConfigError(
+            f"--num-query-groups {config.num_query_groups} has no effect without "
+            "--group-query-attention (Megatron-LM ignores it); pass both or neither"
+        )
+    check_query_groups(heads, config.query_groups)
+    if config.ffn_size < 1:
+        raise ConfigError(
+            f"--swiglu with --hidden-size {hidden} gives an MLP size of int(4 * {hidden} * 2 / 3 / 64) "
+            f"* 64 = {config.ffn_size} (Megatron-LM's rule); pass --ffn-hidden-size"
+        )
+    if config.bf16 and config.fp16:
+        raise ConfigError("--bf16 and --fp16 are mutually exclusive; pass one of them")
+    if (
+        config.position_embedding_type == "learned_absolute"
+        and config.max_positions < config.seq_length
+    ):
+        raise ConfigError(
+            f"--max-position-embeddings {config.max_positions} is smaller than --seq-length "
+            f"{config.seq_length}: learned positions need one row per token"
+        )
+    _validate_moe(config)
+    _validate_moe_layer_freq(config)
+    _validate_mla(config)
+    _validate_mtp(config)
+    _validate_backend(config)
+
+
+def _validate_moe(config: ModelConfig) -> None:
+    experts = config.num_experts
+    moe_only = (
+        "moe_ffn_hidden_size",
+        "moe_shared_expert_intermediate_size",
+        "moe_shared_expert_gate",
+        "moe_grouped_gemm",
+        "moe_router_enable_expert_bias",
+    )
+    if experts is None:
+        if config.moe_layer_freq != 1:
+            raise ConfigError("--moe-layer-freq needs --num-experts")
+        if config.moe_router_score_function != "softmax":
+            raise ConfigError("--moe-router-score-function needs --num-experts")
+        for name in moe_only:
+            if getattr(config, name):
+                raise ConfigError(f"{_flag(name)} needs --num-experts")
+        return
+    if config.moe_shared_expert_gate and not config.moe_shared_expert_intermediate_size:
+        raise ConfigError(
+            "--moe-shared-expert-gate needs --moe-shared-expert-intermediate-size (it gates the "
+            "shared experts)"
+        )
+    if config.moe_grouped_gemm and not config.disable_bias_linear:
+        raise ConfigError(
+            "--moe-grouped-gemm needs --disable-bias-linear (megatron-core's GroupedMLP has no biases)"
+        )
+    if config.moe_router_topk > experts:
+        raise ConfigError(
+            f"--moe-router-topk {config.moe_router_topk} is larger than --num-experts {experts}"
+        )
+
+
+_MLA_ONLY = (
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_head_dim",
+    "qk_pos_emb_head_dim",
+    "v_head_dim",
+    "rotary_scaling_factor",
+    "mscale",
+    "mscale_all_dim",
+)
+
+
+def _validate_moe_layer_freq(config: ModelConfig) -> None:
+    pattern = config.moe_layer_freq
+    if isinstance(pattern, int):
+        check_at_least_one("--moe-layer-freq", pattern)
+        return
+    if len(pattern) != config.num_layers:
+        raise ConfigError(
+            f"--moe-layer-freq lists {len(pattern)} layers but --num-layers is {config.num_layers}"
+        )
+    if any(value not in (0, 1) for value in pattern):
+        raise ConfigError("--moe-layer-freq lists must hold only 0 (dense) and 1 (MoE) per layer")
+
+
+def _validate_mla(config: ModelConfig) -> None:
+    if not config.multi_latent_attention:
+        for name in _MLA_ONLY:
+            if getattr(config, name) is not None:
+                raise ConfigError(f"{_flag(name)} needs --multi-latent-attention")
+        if config.rope_type == "yarn":
+            raise ConfigError(
+                "--rope-type yarn needs --multi-latent-attention (Megatron-LM's other attention "
+                "takes rope only)"
+            )
+        return
+    for name in ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"):
+        check_at_least_one(_flag(name), getattr(config, name))
+    if config.transformer_impl != "transformer_engine":
+        raise ConfigError(
+            "--multi-latent-attention needs --transformer-impl transformer_engine (megatron-core's "
+            "local attention cannot build MLA)"
+        )
+    if config.group_query_attention:
+        raise ConfigError(
+            "--multi-latent-attention and --group-query-attention are mutually exclusive "
+            "(Megatron-LM refuses both)"
+        )
+
+
+def _validate_mtp(config: ModelConfig) -> None:
+    if config.mtp_num_layers is None:
+        return
+    check_at_least_one("--mtp-num-layers", config.mtp_num_layers)
+    if config.position_embedding_type == "learned_absolute":
+        raise ConfigError(
+            "--mtp-num-layers needs --position-embedding-type rope or none (Megatron-LM's "
+            "multi-token prediction does not support learned_absolute)"
+        )
+
+
+def _validate_backend(config: ModelConfig) -> None:
+    if config.apex and config.normalization != "LayerNorm":
+        raise ConfigError(
+            f"--apex with --normalization {config.normalization} cannot build: megatron-core's "
+            "final_layernorm would be apex FusedLayerNorm, which supports LayerNorm only "
+            "(Megatron-LM issue #1658); drop --apex to get the torch norms megatron uses for RMSNorm"
+        )

@@ -1,0 +1,297 @@
+"""What each rank needs to train: state bytes from megatron's own buffers, formula activations, FLOPs.
+
+Weights, gradients and optimizer state are exact. Each stage (each virtual chunk) is built as
+for `params`, then wrapped in megatron-core's own DistributedDataParallel on the meta device
+(distopt.py), as Megatron-LM wraps every model chunk. Its grad buffers give, per rank:
+  - weights: every parameter in its dtype; with the distributed optimizer the parameters live in
+    a param buffer of the padded size (`_ParamAndGradBuffer.param_data`);
+  - gradients: the grad buffer, `numel` elements (padding included) in megatron's grad dtype
+    (fp32 for bf16 models, as Megatron-LM forces --accumulate-allreduce-grads-in-fp32);
+  - optimizer: Adam's two fp32 moments (8 bytes) plus, for 16-bit parameters, the fp32 master
+    copy (4 bytes) of every element the rank's optimizer updates: all of them without the
+    distributed optimizer (megatron's Float16OptimizerWithFloat16Params), or only the elements
+    in the rank's shard of each bucket (DistributedOptimizer's `shard_fp32_from_float16_groups`,
+    padding excluded). That is Megatron-LM's 18 bytes per parameter, and 6 + 12/d with it
+    (`theoretical_memory_usage.py`), but counted on the real parameters and shards.
+Ranks of a stage hold the same parameter shapes; with the distributed optimizer their shards
+differ (the last ones hold the padding), so each stage reports its most loaded rank.
+
+Activations come from the closed forms in activations.py (Korthikanti et al. 2022) on the layers
+megatron placed on the stage, times the micro-batches the schedule keeps in flight there; FLOPs
+from Megatron-LM's throughput formula (flops.py). Not counted: the CUDA context, NCCL and
+allocator buffers, fragmentation, temporary buffers of the backward pass.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from inspector.errors import ConfigError
+from inspector.formulas.activations import StageActivations, stage_activations
+from inspector.formulas.flops import (
+    check_mfu,
+    check_peak,
+    iteration_flops,
+    rank_flops,
+    seconds_for,
+    stage_flops,
+)
+from inspector.job.dims import ModelDims
+from inspector.job.job import Job, Schedule, Training
+from inspector.job.layout import Layout
+from inspector.job.model import ModelConfig
+
+if TYPE_CHECKING:
+    from inspector.world.build import BuiltJob, BuiltStage
+
+ADAM_MOMENTS = 8  # exp_avg and exp_avg_sq, fp32 (Megatron-LM's default --optimizer adam)
+MASTER_COPY = 4  # fp32 master weight of a 16-bit parameter
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What the user's GPUs offer: memory (bytes), peak TFLOP/s and the MFU to expect."""
+
+    memory: int | None = None
+    tflops: float | None = None
+    mfu: float = 1.0
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """One rank's weights, gradients and optimizer state, in bytes."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+
+    @property
+    def total(self) -> int:
+        """Return the rank's state bytes."""
+        return self.weights + self.gradients + self.optimizer
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """One pipeline stage: its most loaded rank's bytes, and the stage's FLOPs."""
+
+    stage: int
+    layers: tuple[tuple[int, ...], ...]  # 0-based global layers of each chunk
+    rank: int  # the lowest global rank holding the most bytes
+    parameters: int  # parameter elements on one rank of the stage
+    state: StateBytes
+    activations: StageActivations
+    flops: int  # one iteration, all of the stage's ranks together
+
+    @property
+    def activation_bytes(self) -> int:
+        """Return the peak activation bytes, rounded up to whole bytes."""
+        return math.ceil(self.activations.total)
+
+    @property
+    def total(self) -> int:
+        """Return the rank's bytes: state plus peak activations."""
+        return self.state.total + self.activation_bytes
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """Every stage's memory and FLOPs, and what they mean on the given hardware."""
+
+    job: Job
+    schedule: Schedule
+    hardware: Hardware
+    stages: tuple[StageMemory, ...]
+    iteration_flops: int
+
+    @property
+    def model(self) -> ModelConfig:
+        """Return the job's model."""
+        return self.job.model
+
+    @property
+    def layout(self) -> Layout:
+        """Return the job's parallel layout."""
+        return self.job.layout
+
+    @property
+    def training(self) -> Training:
+        """Return the job's training settings."""
+        return self.job.training
+
+    @property
+    def worst(self) -> StageMemory:
+        """Return the stage whose rank needs the most bytes (the first of equals)."""
+        return max(self.stages, key=lambda s: (s.total, -s.stage))
+
+    @property
+    def seconds(self) -> float | None:
+        """Return one iteration's time at the given TFLOP/s and MFU (None without --gpu-tflops).
+
+        MFU (Chowdhery et al. 2022, PaLM, Appendix B) is model FLOPs per second over the peak of
+        all GPUs, so time = FLOPs / (GPUs x peak x MFU); bubbles and communication are inside it.
+        """
+        if self.hardware.tflops is None:
+            return None
+        return seconds_for(
+            self.iteration_flops, self.layout.world_size, self.hardware.tflops, self.hardware.mfu
+        )
+
+    def flops_per_rank(self, stage: StageMemory) -> float:
+        """Return one rank's share of the stage's FLOPs per iteration."""
+        return rank_flops(stage.flops, self.layout)
+
+    def spare(self, stage: StageMemory) -> int | None:
+        """Return --gpu-memory minus the stage's bytes (negative: over; None: not given)."""
+        if self.hardware.memory is None:
+            return None
+        return self.hardware.memory - stage.total
+
+    def fits(self, stage: StageMemory) -> bool | None:
+        """Return whether the stage's rank fits in --gpu-memory (None when it was not given)."""
+        spare = self.spare(stage)
+        return None if spare is None else spare >= 0
+
+
+def make_hardware(
+    gpu_memory: float | None, gpu_tflops: float | None, mfu: float | None
+) -> Hardware:
+    """Check the hardware flags; --gpu-memory is in GiB, as nvidia-smi and torch count."""
+    if gpu_memory is not None and not (math.isfinite(gpu_memory) and gpu_memory > 0):
+        raise ConfigError(
+            f"--gpu-memory must be a finite number of GiB greater than 0, got {gpu_memory}"
+        )
+    if mfu is not None:
+        check_mfu(mfu)
+        if gpu_tflops is None:
+            raise ConfigError("--mfu needs --gpu-tflops (the peak it is a fraction of)")
+    if gpu_tflops is not None:
+        check_peak(gpu_tflops)
+    memory = None if gpu_memory is None else round(gpu_memory * GIB)
+    return Hardware(memory, gpu_tflops, 1.0 if mfu is None else mfu)
+
+
+def check_walkthrough_flags(**hardware: float | None) -> None:
+    """Raise ConfigError for a hardware flag that --attention-walkthrough would ignore."""
+    for name, value in hardware.items():
+        if value is not None:
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(
+                f"{flag} has no effect with --attention-walkthrough, which prints one attention "
+                f"layer and no report; pass one of them"
+            )
+
+
+def check_ulysses(ulysses_degree: int | None) -> None:
+    """Raise ConfigError for --ulysses-degree outside the attention walkthrough."""
+    if ulysses_degree is not None:
+        raise ConfigError(
+            "--ulysses-degree only shapes --attention-walkthrough: megatron-core trains with "
+            "tensor and context parallelism, not Ulysses"
+        )
+
+
+def optimizer_bytes_per_element(buffer: Any) -> int:
+    """Return the optimizer bytes of one element a rank updates: Adam's moments, and the fp32
+    master copy of a 16-bit parameter."""
+    master = MASTER_COPY if str(buffer.param_dtype) != "torch.float32" else 0
+    return master + ADAM_MOMENTS
+
+
+def state_bytes(
+    buffers: Sequence[Any], distributed: bool, dense_index: int, expert_index: int
+) -> StateBytes:
+    """Return one rank's state bytes from its chunks' megatron grad buffers (distopt.BufferLayout).
+
+    `distributed`: --use-distributed-optimizer. `dense_index` is the rank's position in the
+    data-parallel group, `expert_index` in the expert data-parallel group: they pick its shard of
+    the dense and expert buffers. Without the distributed optimizer megatron asserts that a buffer
+    has no padding, so `numel` counts the parameters themselves.
+    """
+    weights = gradients = optimizer = 0
+    for buffer in buffers:
+        weights += buffer.numel * buffer.param_dtype.itemsize
+        gradients += buffer.numel * buffer.grad_dtype.itemsize
+        index = expert_index if buffer.expert else dense_index
+        updated = buffer.owned_numel[index] if distributed else buffer.numel
+        optimizer += updated * optimizer_bytes_per_element(buffer)
+    return StateBytes(weights, gradients, optimizer)
+
+
+def measure(built: BuiltJob, hardware: Hardware) -> MemoryReport:
+    """Size every built stage's buffers with megatron's DDP and return the report.
+
+    Args:
+        built: every stage of the job, built on expert-parallel rank 0 (build.build).
+        hardware: GPU memory, peak TFLOP/s and MFU, for the verdicts.
+    """
+    from inspector.world.ranks import rank_shard_indices
+
+    job = built.job
+    schedule = job.schedule()
+    ranks_of: list[list[tuple[int, int, int]]] = [[] for _ in range(job.layout.pp)]
+    for rank, (pipe, data, expert) in enumerate(rank_shard_indices(job.layout)):
+        ranks_of[pipe].append((rank, data, expert))
+    dims = job.dims()
+    stages = tuple(
+        _stage_memory(job, dims, schedule, stage, ranks_of[stage.stage])
+        for stage in built.stages
+    )
+    return MemoryReport(
+        job=job,
+        schedule=schedule,
+        hardware=hardware,
+        stages=stages,
+        iteration_flops=iteration_flops(dims, schedule.global_batch_size),
+    )
+
+
+def _stage_memory(
+    job: Job,
+    dims: ModelDims,
+    schedule: Schedule,
+    built: BuiltStage,
+    ranks: Sequence[tuple[int, int, int]],
+) -> StageMemory:
+    """Return one stage's memory: its chunks' buffers, its most loaded rank, its activations."""
+    training, stage, chunks = job.training, built.stage, built.chunks
+    buffers = [buffer for chunk in chunks for buffer in chunk.buffers()]
+    distributed = training.use_distributed_optimizer
+    by_shard = {
+        (data, expert): state_bytes(buffers, distributed, data, expert) for _, data, expert in ranks
+    }
+    rank, data, expert = max(ranks, key=lambda r: (by_shard[r[1:]].total, -r[0]))
+    layers = tuple(chunk.layers for chunk in chunks)
+    activations = stage_activations(
+        dims,
+        job.layout,
+        stage,
+        layers,
+        schedule.micro_batch_size,
+        schedule.num_microbatches,
+        training.recompute,
+        training.flash_attention,
+        mtp_chunks=tuple(chunk.mtp_layers for chunk in chunks),
+        recompute_method=training.recompute_method,
+        recompute_num_layers=training.recompute_num_layers,
+    )
+    flops = stage_flops(
+        dims,
+        (i for chunk in layers for i in chunk),
+        schedule.global_batch_size,
+        any(chunk.has_output for chunk in chunks),
+        has_mtp=any(chunk.mtp_layers for chunk in chunks),
+    )
+    return StageMemory(
+        stage=stage,
+        layers=layers,
+        rank=rank,
+        parameters=built.parameters,
+        state=by_shard[(data, expert)],
+        activations=activations,
+        flops=flops,
+    )

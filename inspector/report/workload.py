@@ -1,0 +1,384 @@
+"""What one pipeline stage runs in one training iteration, as SimAI workload records.
+
+The stage's content comes from megatron (the caller builds each stage and fills a StageInput:
+which global layers each virtual chunk holds, embedding, output layer, MTP layers, the DDP grad
+buffers); this module only turns it into records. One file per pipeline stage: a pipeline rank
+runs all its virtual chunks, and SimAI divides the bubble by `vpp` itself (Layer.cc 737).
+
+File layout (names kept from AICB's SimAI_training_workload_generator.py, HEAD 23eec3c, so
+tools keyed on them keep working; notes/simai.md compares the two record by record):
+  data-parallel records, once: `grad_gather` (parameter all-gather, distributed optimizer
+  only), `grad_param_comm` (gradient reduce-scatter, or all-reduce without it),
+  `grad_param_compute`, then `moe_grad_norm1/2`, the same over `_DP_EP` for expert buffers.
+  SimAI issues weight-grad collectives in reverse file order at the end of the backward pass
+  (Workload.cc 829-862), so the reduce-scatter runs before the all-gather, as in megatron.
+  then `ga` micro-batch blocks: `embedding_layer` where megatron placed the embedding, each
+  chunk's layers in order, MTP layers, `final_column` and `cross_entropy1..3` where the stage
+  holds the output layer (megatron computes the loss per micro-batch);
+  then `optimizer1..4` once (4-byte all-reduces of the optimizer step, as AICB writes them).
+
+Sizes: activations travel as a (s/c, b, h) tensor of `activation_bytes` elements; with
+sequence parallelism megatron gathers/scatters it around each tensor-parallel region, without
+it megatron all-reduces it (Korthikanti et al. 2022, Section 4.2.2). SimAI wants the whole
+collective buffer (SIMAI-NOTES.md), i.e. the full (s/c, b, h) tensor.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass
+
+from inspector.errors import ConfigError
+from inspector.formulas.flops import GEMM_FACTOR, layer_flops, logit_flops
+from inspector.report.simai import NONE, Header, Record, render_workload
+from inspector.report.workload_inputs import ComputeProfile, ComputeRate, Context, StageInput
+
+CROSS_ENTROPY_ALLREDUCES = 3  # max logit, target logit, sum of exp: fp32 (s, b) each
+OPTIMIZER_ALLREDUCES = 4  # AICB's optimizer1..4 (generator lines 825-839)
+TOKENS_PER_EXPERT_BYTES = 8  # int64 counts gathered by the all-to-all dispatcher's preprocess
+
+
+@dataclass(frozen=True)
+class _Phases:
+    """Per-rank compute (ns) of one record's forward, input-grad and weight-grad phases."""
+
+    fwd: int = 0
+    ig: int = 0
+    wg: int = 0
+
+
+def _gemm(job: Context, flops: float) -> _Phases:
+    """Split a GEMM's 6-factor FLOPs (flops.py) evenly: forward, data grad, weight grad."""
+    if not isinstance(job.compute, ComputeRate):
+        return _Phases()
+    t = job.compute.ns(flops / 3)
+    return _Phases(t, t, t)
+
+
+def _recompute(job: Context, phases: _Phases, core: int) -> _Phases:
+    """Add recomputation to the input-grad phase: the core attention, or the whole forward."""
+    mode = job.training.recompute
+    extra = phases.fwd if mode == "full" else core if mode == "selective" else 0
+    return _Phases(phases.fwd, phases.ig + extra, phases.wg)
+
+
+def _tp_pair(job: Context, name: str, width: int, first: _Phases, second: _Phases) -> list[Record]:
+    """Return the column/row records of one tensor-parallel region of `width` x activation.
+
+    With sequence parallelism the column gathers its input (backward: reduce-scatter) and the
+    row reduce-scatters its output (backward: all-gather); without it the row all-reduces its
+    output and the column all-reduces its input gradient, in one `NAME_layer` record as AICB.
+    """
+    tp = job.par.tp > 1
+    n = job.activation * width if tp else 0
+    if not job.par.sequence_parallel:
+        comm = "ALLREDUCE" if tp else NONE
+        fwd, ig, wg = (first.fwd + second.fwd, first.ig + second.ig, first.wg + second.wg)
+        return [Record(f"{name}_layer", fwd, comm, n, ig, comm, n, wg)]
+    gather, scatter = ("ALLGATHER", "REDUCESCATTER") if tp else (NONE, NONE)
+    return [
+        Record(f"{name}_column", first.fwd, gather, n, first.ig, scatter, n, first.wg),
+        Record(f"{name}_row", second.fwd, scatter, n, second.ig, gather, n, second.wg),
+    ]
+
+
+def _attention(job: Context, layer: int, prefix: str = "") -> list[Record]:
+    """Return the attention records of one layer (with the context-parallel KV exchange)."""
+    dims, par = job.dims, job.par
+    flops = layer_flops(dims, layer, job.training.micro_batch_size)
+    split = par.tp * par.cp
+    a, g = dims.num_attention_heads, dims.query_groups
+    qkv_share = (a + 2 * g) / (2 * a + 2 * g)  # h d (a + 2g) of h d (a + 2g) + a d h
+    if isinstance(job.compute, ComputeRate):
+        core_fwd = job.compute.ns(flops.core_attention / split / 3)
+        core = _Phases(core_fwd, 2 * core_fwd, 0)  # no weights: both backward GEMMs are dgrad
+        qkv = _gemm(job, flops.attention * qkv_share / split)
+        out = _gemm(job, flops.attention * (1 - qkv_share) / split)
+        first = _Phases(qkv.fwd + core.fwd, qkv.ig + core.ig, qkv.wg)
+    else:
+        # AICB halves the measured attention time between the column and the row record and
+        # writes it to all three phases (generator lines 388-398, 350-360).
+        half = job.compute.attention // 2
+        core_fwd = job.compute.flash
+        first = out = _Phases(half, half, half)
+    first = _recompute(job, first, core_fwd)
+    out = _recompute(job, out, 0)
+    records = _tp_pair(job, prefix + "attention", 1, first, out)
+    if par.cp > 1:
+        # K and V of the whole sequence for this rank's g/t groups: megatron's all-gather
+        # context parallelism (cp_comm_type a2a/p2p move the same volume); backward returns
+        # their gradients. SimAI has no context-parallel group: see notes/simai.md.
+        kv = 2 * dims.activation_bytes * job.training.micro_batch_size * dims.seq_length
+        kv *= g * dims.head_dim // par.tp
+        records.insert(
+            1, Record(prefix + "attention_cp", 0, "ALLGATHER", kv, 0, "REDUCESCATTER", kv)
+        )
+    return records
+
+
+def _dense_mlp(job: Context, layer: int, prefix: str = "", ffn: int | None = None) -> list[Record]:
+    """Return the column/row records of a dense (or shared-expert) MLP."""
+    dims = job.dims
+    split = job.par.tp * job.par.cp
+    if isinstance(job.compute, ComputeRate):
+        width = ffn if ffn is not None else dims.ffn
+        total = GEMM_FACTOR * job.tokens * job.par.cp * dims.hidden_size * width
+        total *= dims.gated_multiplier + 1
+        fc1 = _gemm(job, total * dims.gated_multiplier / (dims.gated_multiplier + 1) / split)
+        fc2 = _gemm(job, total / (dims.gated_multiplier + 1) / split)
+    else:
+        half = job.compute.mlp // 2
+        fc1 = fc2 = _Phases(half, half, half)
+    return _tp_pair(job, prefix + "mlp", 1, _recompute(job, fc1, 0), _recompute(job, fc2, 0))
+
+
+def _moe_mlp(job: Context, layer: int, prefix: str = "") -> list[Record]:
+    """Return megatron-core's all-to-all token dispatcher (MoEAlltoAllTokenDispatcher) records.
+
+    Same five records as AICB (generator lines 433-487): token counts gathered, tokens
+    dispatched over expert parallel, gathered over expert tensor parallel, experts run and
+    reduce-scatter, tokens combined. Token bytes are the real top-k copies of this rank's
+    (s/c/t, b) tokens with sequence parallelism.
+    """
+    dims, par = job.dims, job.par
+    ep, etp = par.ep, par.expert_tp
+    local = job.tokens // (par.tp if par.sequence_parallel else 1)
+    a2a = local * dims.moe_router_topk * dims.hidden_size * dims.activation_bytes
+    counts = TOKENS_PER_EXPERT_BYTES * (dims.num_experts or 0) * etp * ep
+    ep_comm = "ALLTOALL_EP" if ep > 1 else NONE
+    gather, scatter = ("ALLGATHER", "REDUCESCATTER") if etp > 1 else (NONE, NONE)
+    etp_size = a2a * etp if etp > 1 else 0
+    a2a_size = a2a if ep > 1 else 0
+    if isinstance(job.compute, ComputeRate):
+        width = dims.expert_ffn * dims.moe_router_topk
+        total = GEMM_FACTOR * job.tokens * job.par.cp * dims.hidden_size * width
+        experts = _gemm(job, total * (dims.gated_multiplier + 1) / (par.tp * par.cp))
+    else:
+        experts = _Phases(job.compute.mlp, job.compute.mlp, job.compute.mlp)
+    experts = _recompute(job, experts, 0)
+    name = prefix + "mlp_moelayer"
+    pre = "ALLGATHER" if ep > 1 or etp > 1 else NONE
+    records = [
+        Record(name, 0, pre, counts if pre != NONE else 0),
+        Record(name, 0, ep_comm, a2a_size, 0, ep_comm, a2a_size),
+        Record(name, 0, gather, etp_size, 0, scatter, etp_size),
+        Record(name, experts.fwd, scatter, etp_size, experts.ig, gather, etp_size, experts.wg),
+        Record(name, 0, ep_comm, a2a_size, 0, ep_comm, a2a_size),
+    ]
+    if dims.shared_expert_ffn:
+        records += _dense_mlp(job, layer, prefix + "shared_", dims.shared_expert_ffn)
+    return records
+
+
+def layer_records(job: Context, layer: int, prefix: str = "") -> list[Record]:
+    """Return the records of 0-based global transformer `layer` for one micro-batch."""
+    mlp = _moe_mlp if job.dims.is_moe_layer(layer) else _dense_mlp
+    return _attention(job, layer, prefix) + mlp(job, layer, prefix)
+
+
+def _embedding(job: Context, name: str = "embedding_layer") -> Record:
+    """Return the word-embedding record: its output all-reduce or reduce-scatter.
+
+    LanguageModelEmbedding (megatron-core) reduce-scatters the vocab-parallel lookup straight
+    into the sequence-parallel layout when there is no learned position embedding; otherwise
+    it all-reduces, adds positions and scatters, whose backward all-gathers the gradient.
+    """
+    if job.par.tp == 1:
+        fwd = bwd = NONE
+    elif not job.par.sequence_parallel:
+        fwd, bwd = "ALLREDUCE", NONE  # the all-reduce's backward is the identity
+    else:
+        fwd = "ALLREDUCE" if job.training.learned_positions else "REDUCESCATTER"
+        bwd = "ALLGATHER"
+    size = job.activation
+    fwd_ns = job.compute.embedding if isinstance(job.compute, ComputeProfile) else 0
+    return Record(name, fwd_ns, fwd, size if fwd != NONE else 0, 0, bwd, size if bwd != NONE else 0)
+
+
+def _output(job: Context, prefix: str = "") -> list[Record]:
+    """Return the output layer and the vocab-parallel cross entropy's three all-reduces."""
+    par = job.par
+    if isinstance(job.compute, ComputeRate):
+        flops = logit_flops(job.dims, job.training.micro_batch_size) / (par.tp * par.cp)
+        phases = _gemm(job, flops)
+    else:
+        phases = _Phases(job.compute.logits, job.compute.logits, job.compute.logits)
+    tp = par.tp > 1
+    size = job.activation if tp else 0
+    if par.sequence_parallel:
+        fwd, bwd = ("ALLGATHER", "REDUCESCATTER") if tp else (NONE, NONE)
+        column = Record(
+            prefix + "final_column", phases.fwd, fwd, size, phases.ig, bwd, size, phases.wg
+        )
+    else:
+        bwd = "ALLREDUCE" if tp else NONE  # copy_to_tensor_model_parallel_region's backward
+        column = Record(
+            prefix + "final_column", phases.fwd, NONE, 0, phases.ig, bwd, size, phases.wg
+        )
+    loss = 4 * job.tokens  # fp32 (s/c, b) per all-reduce
+    comm, loss = ("ALLREDUCE", loss) if tp else (NONE, 0)
+    entropy = [
+        Record(f"{prefix}cross_entropy{i + 1}", 0, comm, loss, 0, NONE, 0, 0)
+        for i in range(CROSS_ENTROPY_ALLREDUCES)
+    ]
+    return [column] + entropy
+
+
+def _mtp(job: Context, depth: int) -> list[Record]:
+    """Return one multi-token-prediction layer: embedding, eh_proj, a layer, output and loss."""
+    prefix = f"mtp{depth + 1}_"
+    last = job.dims.num_layers - 1  # MTP layers take the decoder's last layer spec
+    h = job.dims.hidden_size
+    proj = _gemm(job, GEMM_FACTOR * job.tokens * 2 * h * h / job.par.tp)  # (2h -> h) on s/c tokens
+    eh = _tp_pair(job, prefix + "eh_proj", 2, proj, _Phases())[:1]
+    return (
+        [_embedding(job, prefix + "embedding")]
+        + eh
+        + layer_records(job, last, prefix)
+        + _output(job, prefix)
+    )
+
+
+def _data_parallel(job: Context, stage: StageInput) -> list[Record]:
+    """Return the once-per-iteration gradient and parameter collectives of the stage's buffers."""
+    records: list[Record] = []
+    for expert, (gather_name, reduce_name), suffix in (
+        (False, ("grad_gather", "grad_param_comm"), ""),
+        (True, ("moe_grad_norm1", "moe_grad_norm2"), "_DP_EP"),
+    ):
+        buffers = [b for b in stage.buffers if b.expert == expert]
+        params = sum(b.numel * b.param_bytes for b in buffers)
+        grads = sum(b.numel * b.grad_bytes for b in buffers)
+        if not buffers:
+            if not expert:  # AICB always writes the dense pair; keep the names, empty
+                records += [Record("grad_gather"), Record("grad_param_comm")]
+            continue
+        if job.training.distributed_optimizer:
+            records.append(Record(gather_name, wg_comm="ALLGATHER" + suffix, wg_bytes=params))
+            records.append(Record(reduce_name, wg_comm="REDUCESCATTER" + suffix, wg_bytes=grads))
+        else:
+            records.append(Record(reduce_name, wg_comm="ALLREDUCE" + suffix, wg_bytes=grads))
+        if not expert:
+            step = job.compute.optimizer if isinstance(job.compute, ComputeProfile) else 0
+            records.append(Record("grad_param_compute", ig_compute=step))
+    return records
+
+
+def microbatch_records(job: Context, stage: StageInput) -> list[Record]:
+    """Return the records of one micro-batch through `stage`: what its ranks run, in order."""
+    records = [_embedding(job)] if stage.has_embedding else []
+    for chunk in stage.chunks:
+        for layer in chunk:
+            records += layer_records(job, layer)
+    if stage.has_output:
+        records += _output(job)
+        for depth in range(stage.mtp_layers):
+            records += _mtp(job, depth)
+    return records
+
+
+def stage_records(job: Context, stage: StageInput) -> list[Record]:
+    """Return every record of `stage`'s file: data parallel, ga micro-batches, optimizer."""
+    check_stage(job, stage)
+    block = microbatch_records(job, stage)
+    optimizer = [
+        Record(f"optimizer{i + 1}", 0, "ALLREDUCE", 4, 0, NONE, 0, 0)
+        for i in range(OPTIMIZER_ALLREDUCES)
+    ]
+    return _data_parallel(job, stage) + block * job.training.num_microbatches + optimizer
+
+
+def stage_header(job: Context) -> Header:
+    """Return the header every stage's file carries.
+
+    `vpp` is the real number of virtual chunks: SimAI multiplies the file's per-micro-batch
+    work by (pp - 1) / (ga vpp) for the bubble (Layer.cc 737), the 1F1B and interleaved
+    bubbles of Narayanan et al. 2021. `pp_comm` is one pipeline send, (s/c, b, h)/t with
+    sequence parallelism (megatron's p2p tensor shape).
+    """
+    par = job.par
+    send = job.activation // par.sp_divisor if par.pp > 1 else 0
+    return Header(
+        tp=par.tp,
+        ep=par.ep,
+        pp=par.pp,
+        vpp=par.chunks,
+        ga=job.training.num_microbatches,
+        all_gpus=job.training.world_size,
+        pp_comm=send,
+    )
+
+
+def check_stage(job: Context, stage: StageInput) -> None:
+    """Raise ConfigError where a StageInput contradicts the job."""
+    if not 0 <= stage.stage < job.par.pp:
+        raise ConfigError(f"--stage {stage.stage} is not a pipeline stage of --pp {job.par.pp}")
+    if len(stage.chunks) != job.par.chunks:
+        raise ConfigError(
+            f"stage {stage.stage} has {len(stage.chunks)} chunks, the layout {job.par.chunks}"
+        )
+    bad = [layer for layer in stage.layers if not 0 <= layer < job.dims.num_layers]
+    if bad:
+        raise ConfigError(f"stage {stage.stage} holds layers {bad} outside --num-layers")
+
+
+def render_stage(job: Context, stage: StageInput) -> str:
+    """Return the SimAI workload file of one pipeline stage."""
+    return render_workload(stage_header(job), stage_records(job, stage))
+
+
+INDEX_COLUMNS = (
+    "stage",
+    "layers",
+    "mtp_layers",
+    "embedding",
+    "output",
+    "parameters",
+    "records",
+    "compute",
+    "file",
+)
+
+
+def _ranges(layers: tuple[int, ...]) -> str:
+    """Return layers as compact ranges: (0, 1, 2, 5) -> '0-2 5'."""
+    parts: list[str] = []
+    for layer in layers:
+        if parts and parts[-1].split("-")[-1] == str(layer - 1):
+            parts[-1] = f"{parts[-1].split('-')[0]}-{layer}"
+        else:
+            parts.append(str(layer))
+    return " ".join(parts)
+
+
+def file_name(stage: int) -> str:
+    """Return the workload file name of pipeline `stage`."""
+    return f"stage{stage:03d}.txt"
+
+
+def render_index(job: Context, stages: list[StageInput]) -> str:
+    """Return the index (CSV) of a workload directory: one row per stage file.
+
+    `layers` lists each chunk's global layers as ranges, chunks separated by `|`; `compute`
+    says where times come from: `estimate` (FLOPs at --gpu-tflops x --mfu) or `profile`.
+    """
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(INDEX_COLUMNS)
+    source = "estimate" if isinstance(job.compute, ComputeRate) else "profile"
+    for stage in stages:
+        writer.writerow(
+            (
+                stage.stage,
+                " | ".join(_ranges(chunk) for chunk in stage.chunks),
+                stage.mtp_layers,
+                int(stage.has_embedding),
+                int(stage.has_output),
+                stage.parameters,
+                len(stage_records(job, stage)),
+                source,
+                file_name(stage.stage),
+            )
+        )
+    return out.getvalue()

@@ -1,0 +1,226 @@
+"""What a SimAI workload is made from: each stage's contents, the job's settings, compute times.
+
+`stage_inputs` reads them off a BuiltJob (megatron's placed layers and its DDP buffers);
+workload.py turns them into records. Plain frozen records, so the records can be tested on
+hand-made stages too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from inspector.errors import ConfigError, InputError
+from inspector.job.dims import ModelDims
+from inspector.job.layout import Layout
+
+if TYPE_CHECKING:
+    from inspector.world.build import BuiltJob
+    from inspector.world.shards import BufferLayout
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class BufferInput:
+    """One DDP grad buffer of a stage (megatron's _ParamAndGradBuffer, via shards.BufferLayout).
+
+    `numel` includes megatron's padding: it is what every rank reduces and gathers.
+    """
+
+    numel: int
+    param_bytes: int  # element size of the parameters (2 for bf16)
+    grad_bytes: int  # element size of the gradients (4 with fp32 grad accumulation)
+    expert: bool = False
+
+    @classmethod
+    def from_layout(cls, layout: BufferLayout) -> BufferInput:
+        """Return the input for one of megatron's grad buffers (numel with padding, dtypes)."""
+        return cls(
+            numel=layout.numel,
+            param_bytes=layout.param_dtype.itemsize,
+            grad_bytes=layout.grad_dtype.itemsize,
+            expert=layout.expert,
+        )
+
+
+@dataclass(frozen=True)
+class StageInput:
+    """What megatron placed on one pipeline stage, as the lead's builder reads it off the model.
+
+    `chunks`: per virtual chunk, the 0-based global numbers of its transformer layers (one chunk
+    without interleaving). `parameters`: local parameters on one rank (for the index only).
+    """
+
+    stage: int
+    chunks: tuple[tuple[int, ...], ...]
+    has_embedding: bool
+    has_output: bool
+    mtp_layers: int = 0
+    buffers: tuple[BufferInput, ...] = ()
+    parameters: int = 0
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        """Return the stage's layers, chunk after chunk."""
+        return tuple(layer for chunk in self.chunks for layer in chunk)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Megatron-LM training flags that change what travels or how long compute takes."""
+
+    micro_batch_size: int
+    num_microbatches: int
+    world_size: int
+    distributed_optimizer: bool = True
+    recompute: str = "none"  # --recompute-granularity: none, selective, full
+    learned_positions: bool = True  # --position-embedding-type learned_absolute
+
+    def __post_init__(self) -> None:
+        """Reject values no workload can use."""
+        if self.recompute not in RECOMPUTE_MODES:
+            raise ConfigError(f"--recompute-granularity must be one of {RECOMPUTE_MODES}")
+        for name in ("micro_batch_size", "num_microbatches", "world_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class ComputeRate:
+    """Compute times from FLOPs: --gpu-tflops x --mfu (labelled estimates in the index)."""
+
+    gpu_tflops: float
+    mfu: float
+
+    def ns(self, flops: float) -> int:
+        """Return the nanoseconds `flops` take at this rate."""
+        return round(flops / (self.gpu_tflops * self.mfu * 1e3))
+
+
+@dataclass(frozen=True)
+class ComputeProfile:
+    """Measured per-micro-batch times of one rank, in ns, from AICB/AIOB's profile file.
+
+    Built by inspector.report.simai.parse_compute_profile, grouped as AICB's `extract_averages`
+    (utils/utils.py 373-447) groups them: attention (atten*, layernorm), mlp (mlp*,
+    layernorm2), embedding (Emb), logits (logit_time), optimizer (param_time min + avg).
+    """
+
+    attention: int
+    mlp: int
+    embedding: int = 0
+    logits: int = 0
+    optimizer: int = 0
+    flash: int = 0  # the core-attention part of `attention`, recomputed under selective
+
+    @classmethod
+    def from_sections(cls, sections: dict[str, tuple[float, float]]) -> ComputeProfile:
+        """Group parse_compute_profile's µs sections into ns the way AICB's extract_averages does."""
+
+        def ns(names: list[str]) -> int:
+            return round(sum(sections[n][0] for n in names) * 1000)
+
+        attention = [n for n in sections if "atten" in n or n == "layernorm"]
+        mlp = [n for n in sections if "mlp" in n or n == "layernorm2"]
+        if not attention or not mlp:
+            raise InputError(
+                "the compute profile needs attention (atten*) and MLP (mlp*) sections, "
+                f"found {', '.join(sections)}"
+            )
+        avg, low = sections.get("param_time", (0.0, 0.0))
+        return cls(
+            attention=ns(attention),
+            mlp=ns(mlp),
+            embedding=ns([n for n in ("Emb",) if n in sections]),
+            logits=ns([n for n in ("logit_time",) if n in sections]),
+            optimizer=round(low * 1000) + round(avg * 1000),  # AICB: min + avg (utils.py 395-399)
+            flash=ns([n for n in attention if "flash" in n or "core" in n]),
+        )
+
+
+@dataclass(frozen=True)
+class Context:
+    """Everything one stage's records depend on besides the stage itself."""
+
+    dims: ModelDims
+    par: Layout
+    training: Settings
+    compute: ComputeRate | ComputeProfile = field(default_factory=lambda: ComputeRate(1.0, 1.0))
+
+    @property
+    def tokens(self) -> int:
+        """Return the tokens of one micro-batch on one context-parallel rank: b s / c."""
+        if self.dims.seq_length % self.par.cp:
+            raise ConfigError(
+                f"--seq-length {self.dims.seq_length} is not divisible by --cp {self.par.cp}"
+            )
+        return self.training.micro_batch_size * self.dims.seq_length // self.par.cp
+
+    @property
+    def activation(self) -> int:
+        """Return the bytes of the (s/c, b, h) activation: 2 b s h at 16 bits, c = 1."""
+        return self.dims.activation_bytes * self.tokens * self.dims.hidden_size
+
+
+def stage_inputs(built: BuiltJob) -> list[StageInput]:
+    """Return what megatron placed on each built stage, with its real DDP buffers."""
+    inputs = []
+    for stage in built.stages:
+        buffers = tuple(
+            BufferInput.from_layout(buffer) for chunk in stage.chunks for buffer in chunk.buffers()
+        )
+        inputs.append(
+            StageInput(
+                stage=stage.stage,
+                chunks=tuple(chunk.layers for chunk in stage.chunks),
+                has_embedding=any(chunk.has_embedding for chunk in stage.chunks),
+                has_output=any(chunk.has_output for chunk in stage.chunks),
+                mtp_layers=sum(chunk.mtp_layers for chunk in stage.chunks),
+                buffers=buffers,
+                parameters=stage.parameters,
+            )
+        )
+    return inputs
+
+
+def context_for(built: BuiltJob, compute: ComputeRate | ComputeProfile) -> Context:
+    """Return the settings every stage's records share, from the Job."""
+    job = built.job
+    schedule = job.schedule()
+    settings = Settings(
+        micro_batch_size=schedule.micro_batch_size,
+        num_microbatches=schedule.num_microbatches,
+        world_size=job.layout.world_size,
+        distributed_optimizer=job.training.use_distributed_optimizer,
+        recompute=job.training.recompute,
+        learned_positions=job.model.position_embedding_type == "learned_absolute",
+    )
+    return Context(job.dims(), job.layout, settings, compute)
+
+
+def compute_for(
+    gpu_tflops: float | None, mfu: float | None, profile: str | None
+) -> ComputeRate | ComputeProfile:
+    """Return where compute times come from: FLOPs at --gpu-tflops x --mfu, or a measured profile.
+
+    `profile` is the text of the --compute-profile file (None when not given).
+    """
+    from inspector.formulas.flops import check_mfu, check_peak
+
+    if (gpu_tflops is None) == (profile is None):
+        raise ConfigError(
+            "workload needs compute times: --gpu-tflops (FLOPs at that peak, estimates) or "
+            "--compute-profile FILE (measured), one of them"
+        )
+    if profile is not None:
+        if mfu is not None:
+            raise ConfigError("--mfu scales --gpu-tflops; a --compute-profile is already measured")
+        from inspector.report.simai import parse_compute_profile
+
+        return ComputeProfile.from_sections(parse_compute_profile(profile))
+    peak = float(gpu_tflops or 0)
+    check_peak(peak)
+    if mfu is not None:
+        check_mfu(mfu)
+    return ComputeRate(peak, 1.0 if mfu is None else mfu)

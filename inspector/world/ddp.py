@@ -1,0 +1,222 @@
+"""megatron-core's DistributedDataParallel, built on the meta device to read its buffer layout.
+
+Megatron-LM wraps every model chunk in megatron's DistributedDataParallel; its constructor lays
+the chunk's parameters into grad (and, with the distributed optimizer, param) buffers. Here that
+constructor runs for real on the meta device. Two things are simulated, each in one place:
+`torch.cuda.current_device()` answers "meta" inside `cuda_current_device_on_meta()`, and the
+data-parallel process groups are `StandInGroup`s whose size() is dp, so no world of tp*pp*dp
+ranks is ever set up and dp costs nothing. What it laid out becomes plain records (shards.py).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from inspector.world.setup import one_rank_world
+from inspector.world.shards import (
+    BucketLayout,
+    BufferLayout,
+    DistOptLayout,
+    DistOptSettings,
+    ParamShards,
+    owned_numel,
+    resolve_bucket_size,
+)
+
+
+class StandInGroup:
+    """A process group as megatron's DDP sees it at construction: only size() and rank()."""
+
+    def __init__(self, size: int, rank: int = 0) -> None:
+        self._size = size
+        self._rank = rank
+
+    def size(self) -> int:
+        """Return the group size."""
+        return self._size
+
+    def rank(self) -> int:
+        """Return this rank's index in the group."""
+        return self._rank
+
+
+@contextmanager
+def cuda_current_device_on_meta() -> Iterator[None]:
+    """Make `torch.cuda.current_device()` answer "meta", so megatron allocates buffers on meta."""
+    # The only torch.cuda call on the DDP construction path we use: _ParamAndGradBuffer allocates
+    # param_data / grad_data with device=torch.cuda.current_device().
+    real = torch.cuda.current_device
+    torch.cuda.current_device = lambda: "meta"  # type: ignore[assignment,return-value]
+    try:
+        yield
+    finally:
+        torch.cuda.current_device = real
+
+
+@contextmanager
+def _params_left_untouched(model: torch.nn.Module) -> Iterator[None]:
+    """Undo what megatron's DDP does to the parameters (re-pointed .data, main_grad)."""
+    saved = {p: p.data for p in model.parameters()}
+    try:
+        yield
+    finally:
+        for param, data in saved.items():
+            param.data = data
+            for attr in ("main_grad", "grad_added_to_main_grad"):
+                if hasattr(param, attr):
+                    delattr(param, attr)
+
+
+@contextmanager
+def _no_buffer_logging() -> Iterator[None]:
+    """Skip the grad buffer's per-stage log line, which asks parallel_state for ranks (0.13-0.14).
+
+    It only logs; the layout is computed before it and does not depend on it.
+    """
+    from megatron.core.distributed import param_and_grad_buffer
+
+    original = getattr(param_and_grad_buffer, "log_on_each_pipeline_stage", None)
+    if original is None:
+        yield
+        return
+    param_and_grad_buffer.log_on_each_pipeline_stage = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        param_and_grad_buffer.log_on_each_pipeline_stage = original
+
+
+def _stand_in_groups(settings: DistOptSettings, pipeline_rank: int) -> dict[str, Any]:
+    """Return DDP's process-group arguments, made of stand-in groups.
+
+    megatron-core 0.15+ takes one `pg_collection`; 0.13-0.14 take `grad_comm_pgs` and
+    `model_comm_pgs` (tests/test_versions.py runs it on each). DDP reads only rank() of tp, pp and
+    ep: tp and dp-cp rank 0 log the buckets, pp rank > 0 disables bucketing.
+    """
+    from megatron.core import process_groups_config as pgc
+    from megatron.core.distributed import DistributedDataParallel
+
+    groups = dict(
+        dp=StandInGroup(settings.dp_size),
+        dp_cp=StandInGroup(settings.dp_cp_size),
+        expt_dp=StandInGroup(settings.expert_dp_size),
+        tp=StandInGroup(1),
+        pp=StandInGroup(pipeline_rank + 1, pipeline_rank),
+        ep=StandInGroup(1),
+    )
+    if "pg_collection" in inspect.signature(DistributedDataParallel.__init__).parameters:
+        collection = pgc.ProcessGroupCollection()
+        for name, group in groups.items():
+            setattr(collection, name, group)
+        return {"pg_collection": collection}
+    grad, model = pgc.GradCommProcessGroups(), pgc.ModelCommProcessGroups()
+    for name in ("dp", "dp_cp", "expt_dp"):
+        setattr(grad, name, groups[name])
+    for name in ("tp", "pp", "ep"):
+        setattr(model, name, groups[name])
+    return {"grad_comm_pgs": grad, "model_comm_pgs": model}
+
+
+def wrap_in_megatron_ddp(
+    model: torch.nn.Module, settings: DistOptSettings, *, pipeline_rank: int = 0, chunk: int = 0
+) -> Any:
+    """Wrap one model chunk in megatron's DistributedDataParallel on meta.
+
+    Args:
+        model: one pipeline stage's (one virtual chunk's) model, e.g. a GPTModel or the
+            Float16Module around it; it is left as it was found.
+        settings: the data-parallel sizes and DDP flags.
+        pipeline_rank: the stage; megatron's DDP buckets only on stage 0.
+        chunk: the virtual-pipeline chunk; Megatron-LM buckets only chunk 0.
+
+    Returns the DistributedDataParallel: its `buffers` and `expert_parallel_buffers` are the
+    layout.
+    """
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    config: Any = model.config
+    fp32_grads = settings.grad_reduce_in_fp32
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=config.bf16 if fp32_grads is None else fp32_grads,
+        overlap_grad_reduce=settings.overlap_grad_reduce,
+        use_distributed_optimizer=settings.use_distributed_optimizer,
+        # Without overlap DDP replaces any bucket size by None itself; a concrete value keeps
+        # megatron-core 0.13-0.15 from asking parallel_state for a default first.
+        bucket_size=resolve_bucket_size(
+            settings.bucket_size,
+            overlap_grad_reduce=True,
+            dp_cp_size=settings.dp_cp_size,
+        ),
+        pad_buckets_for_high_nccl_busbw=settings.pad_buckets_for_high_nccl_busbw,
+    )
+    groups = _stand_in_groups(settings, pipeline_rank)
+    with one_rank_world(), cuda_current_device_on_meta(), _no_buffer_logging():
+        with _params_left_untouched(model):
+            # Megatron-LM (training.py get_model) disables bucketing for chunks after the first.
+            return DistributedDataParallel(
+                config, ddp_config, model, disable_bucketing=chunk > 0, **groups
+            )
+
+
+def _layout_buffer(
+    buffer: Any, index: int, expert: bool, names: dict[torch.nn.Parameter, str]
+) -> tuple[BufferLayout, list[ParamShards]]:
+    """Return one megatron buffer's layout and where each of its parameters sits."""
+    dp_size = buffer.data_parallel_world_size
+    shards = []
+    for param, (start, end, bucket_id) in buffer.param_index_map.items():
+        bucket = buffer.buckets[bucket_id]
+        shard = bucket.grad_data.numel() // dp_size  # _build_model_gbuf_range
+        shards.append(ParamShards(names[param], index, bucket_id, start, end, bucket.offset, shard))
+    buckets = tuple(
+        BucketLayout(b.offset, b.grad_data.numel(), b.numel_unpadded) for b in buffer.buckets
+    )
+    layout = BufferLayout(
+        expert=expert,
+        param_dtype=buffer.param_dtype,
+        grad_dtype=buffer.grad_dtype,
+        dp_size=dp_size,
+        numel=buffer.numel,
+        numel_unpadded=buffer.numel_unpadded,
+        buckets=buckets,
+        owned_numel=owned_numel(shards, dp_size),
+    )
+    return layout, shards
+
+
+def layout_from_ddp(ddp: Any, model: torch.nn.Module) -> DistOptLayout:
+    """Return the layout of a megatron DistributedDataParallel built around `model`."""
+    names = {param: name for name, param in model.named_parameters()}
+    order = {name: i for i, name in enumerate(names.values())}
+    buffers: list[BufferLayout] = []
+    params: list[ParamShards] = []
+    tagged = [(b, False) for b in ddp.buffers] + [(b, True) for b in ddp.expert_parallel_buffers]
+    for index, (buffer, expert) in enumerate(tagged):
+        layout, shards = _layout_buffer(buffer, index, expert, names)
+        buffers.append(layout)
+        params.extend(shards)
+    params.sort(key=lambda p: order[p.name])
+    held = {p.name for p in params}
+    frozen = tuple(name for name in names.values() if name not in held)
+    return DistOptLayout(tuple(params), tuple(buffers), frozen, ddp.bucket_size)
+
+
+def distopt_layout(
+    model: torch.nn.Module, settings: DistOptSettings, *, pipeline_rank: int = 0, chunk: int = 0
+) -> DistOptLayout:
+    """Return megatron's DistributedOptimizer layout for one model chunk."""
+    ddp = wrap_in_megatron_ddp(model, settings, pipeline_rank=pipeline_rank, chunk=chunk)
+    return layout_from_ddp(ddp, model)
+
+
+def distopt_owners(
+    model: torch.nn.Module, settings: DistOptSettings, *, pipeline_rank: int = 0, chunk: int = 0
+) -> dict[str, tuple[int, ...]]:
+    """Return parameter name -> ascending ranks whose optimizer shard holds any of its elements."""
+    layout = distopt_layout(model, settings, pipeline_rank=pipeline_rank, chunk=chunk)
+    return layout.owners()

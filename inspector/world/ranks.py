@@ -1,0 +1,195 @@
+"""Rank coordinates: where each global rank sits in megatron's parallel layout, and its groups.
+
+Up to RANK_GENERATOR_LIMIT ranks the coordinates come from megatron's own RankGenerator, the code
+`initialize_model_parallel` builds its groups with (tests check both agree rank by rank). Larger
+worlds use the same layout computed directly: megatron's default order "tp-cp-ep-dp-pp" is a mixed
+radix, tensor fastest (tests check it equals RankGenerator).
+"""
+
+from __future__ import annotations
+
+from inspector.errors import ConfigError
+from inspector.job.layout import Layout, RankCoord
+from inspector.world.setup import megatron
+
+
+def check_stage(layout: Layout, stage: int) -> None:
+    """Raise ConfigError unless `stage` is a pipeline stage of this layout."""
+    if not 0 <= stage < layout.pp:
+        raise ConfigError(
+            f"--stage {stage} is out of range for --pp {layout.pp} (stages 0-{layout.pp - 1})"
+        )
+
+
+def check_rank(layout: Layout, rank: int) -> None:
+    """Raise ConfigError unless `rank` is a global rank of this layout's world."""
+    world = layout.world_size
+    if not 0 <= rank < world:
+        sizes = f"--tp {layout.tp} x --dp {layout.dp} x --pp {layout.pp}"
+        if layout.cp > 1:
+            sizes += f" x --context-parallel-size {layout.cp}"
+        raise ConfigError(
+            f"--rank {rank} is out of range for a world of {world} ranks ({sizes}; ranks 0-{world - 1})"
+        )
+
+
+# megatron's RankGenerator is pure Python over the whole world: ~0.9 s per axis at 131072 ranks.
+RANK_GENERATOR_LIMIT = 8192
+
+
+def rank_coords(layout: Layout) -> list[RankCoord]:
+    """Return every rank's coordinates and groups, as megatron's parallel_state lays them out.
+
+    Up to RANK_GENERATOR_LIMIT ranks they come from megatron's own RankGenerator, the code
+    `initialize_model_parallel` builds its groups with (tests check both agree rank by rank).
+    Larger worlds use the same layout computed directly: megatron's default order
+    "tp-cp-ep-dp-pp" is a mixed radix, tensor fastest (tests check it equals RankGenerator).
+    """
+    if layout.world_size <= RANK_GENERATOR_LIMIT:
+        return _coords_from_rank_generator(layout)
+    return _coords_by_order(layout)
+
+
+def rank_positions(layout: Layout) -> list[tuple[int, int, int, int]]:
+    """Return every rank's (pipe, data, context, model), the topology line's coordinates, in rank order."""
+    if layout.world_size <= RANK_GENERATOR_LIMIT:
+        return [(c.pipe, c.data, c.context, c.model) for c in rank_coords(layout)]
+    tp, cp, dp = layout.tp, layout.cp, layout.dp
+    stage_size = tp * cp * dp
+    return [
+        (rank // stage_size, rank // (tp * cp) % dp, rank // tp % cp, rank % tp)
+        for rank in range(layout.world_size)
+    ]
+
+
+def rank_shard_indices(layout: Layout) -> list[tuple[int, int, int]]:
+    """Return every rank's (pipe, data, expert data): which optimizer shards it holds."""
+    if layout.world_size <= RANK_GENERATOR_LIMIT:
+        return [(c.pipe, c.data, c.expert_data) for c in rank_coords(layout)]
+    return [
+        (pipe, data, _expert_data_index(layout, rank))
+        for rank, (pipe, data, _, _) in enumerate(rank_positions(layout))
+    ]
+
+
+def stage_shard_pairs(layout: Layout) -> tuple[tuple[int, int], ...]:
+    """Return the distinct (data, expert data) indices of one pipeline stage's ranks, sorted.
+
+    Every stage's ranks hold the same pairs. In megatron's "tp-cp-ep-dp-pp" order a rank's data
+    index is rank // (tp x cp) % dp and its expert data index rank // (expert tp x ep) % expert
+    dp (rank_shard_indices' direct path), so the pair changes only at multiples of one of the two
+    strides: those ranks give every pair without visiting the others. Tests check the pairs
+    equal those of megatron's RankGenerator, stage by stage.
+    """
+    if layout.ep == 1:
+        return tuple((data, 0) for data in range(layout.dp))
+    dense, expert = layout.tp * layout.cp, layout.expert_tp * layout.ep
+    stage = dense * layout.dp
+    edges = set(range(0, stage, dense)) | set(range(0, stage, expert))
+    return tuple(sorted({(rank // dense, rank // expert) for rank in edges}))
+
+
+def _expert_data_index(layout: Layout, rank: int) -> int:
+    """Return the rank's position in its expert data-parallel group (megatron's mixed radix)."""
+    if layout.ep == 1:
+        return 0
+    return rank // (layout.expert_tp * layout.ep) % layout.expert_dp
+
+
+def _coords_from_rank_generator(layout: Layout) -> list[RankCoord]:
+    ps = megatron().parallel_state
+    gen = ps.RankGenerator(
+        tp=layout.tp, ep=1, dp=layout.dp, pp=layout.pp, cp=layout.cp, order="tp-cp-ep-dp-pp"
+    )
+    world = layout.world_size
+    groups = {token: _group_of(gen.get_ranks(token), world) for token in ("tp", "pp", "dp", "cp")}
+    expert_groups = expert_data = None
+    if layout.ep > 1:
+        expert_gen = ps.RankGenerator(
+            tp=layout.expert_tp, ep=layout.ep, dp=layout.expert_dp, pp=layout.pp, cp=1,
+            order="tp-cp-ep-dp-pp",
+        )  # fmt: skip
+        expert_groups = _group_of(expert_gen.get_ranks("ep"), world)
+        expert_data = _group_of(expert_gen.get_ranks("dp"), world)
+    embedding: dict[tuple[int, ...], tuple[int, ...]] = {}
+    coords = []
+    for rank in range(world):
+        pp_group, pipe = groups["pp"][rank]
+        if pp_group not in embedding:
+            embedding[pp_group] = tuple(ps.default_embedding_ranks(list(pp_group)))
+        coords.append(
+            RankCoord(
+                rank=rank,
+                pipe=pipe,
+                data=groups["dp"][rank][1],
+                context=groups["cp"][rank][1],
+                model=groups["tp"][rank][1],
+                tensor_group=groups["tp"][rank][0],
+                pipeline_group=pp_group,
+                data_group=groups["dp"][rank][0],
+                embedding_group=embedding[pp_group] if rank in embedding[pp_group] else (),
+                expert_group=expert_groups[rank][0] if expert_groups else None,
+                expert=expert_groups[rank][1] if expert_groups else 0,
+                expert_data=expert_data[rank][1] if expert_data else 0,
+            )
+        )
+    return coords
+
+
+def _coords_by_order(layout: Layout) -> list[RankCoord]:
+    """Return the coordinates of megatron's "tp-cp-ep-dp-pp" order directly (large worlds)."""
+    ps = megatron().parallel_state
+    tp, cp, dp, world = layout.tp, layout.cp, layout.dp, layout.world_size
+    stage_size = tp * cp * dp
+    etp, ep = layout.expert_tp, layout.ep
+    shared: dict[tuple[str, int], tuple[int, ...]] = {}
+
+    def group(kind: str, start: int, stop: int, step: int) -> tuple[int, ...]:
+        key = (kind, start)
+        if key not in shared:
+            shared[key] = tuple(range(start, stop, step))
+        return shared[key]
+
+    coords = []
+    for rank in range(world):
+        model, context = rank % tp, rank // tp % cp
+        data, pipe = rank // (tp * cp) % dp, rank // stage_size
+        offset = rank % stage_size
+        pp_group = group("pp", offset, world, stage_size)
+        key = ("embedding", offset)
+        if key not in shared:
+            shared[key] = tuple(ps.default_embedding_ranks(list(pp_group)))
+        embedding = shared[key]
+        expert = rank // etp % ep
+        expert_base = rank - expert * etp
+        coords.append(
+            RankCoord(
+                rank=rank,
+                pipe=pipe,
+                data=data,
+                context=context,
+                model=model,
+                tensor_group=group("tp", rank - model, rank - model + tp, 1),
+                pipeline_group=pp_group,
+                data_group=group(
+                    "dp", rank - data * tp * cp, rank - data * tp * cp + stage_size, tp * cp
+                ),
+                embedding_group=embedding if rank in embedding else (),
+                expert_group=group("ep", expert_base, expert_base + ep * etp, etp)
+                if ep > 1
+                else None,
+                expert=expert if ep > 1 else 0,
+                expert_data=_expert_data_index(layout, rank),
+            )
+        )
+    return coords
+
+
+def _group_of(groups: list[list[int]], world: int) -> list[tuple[tuple[int, ...], int]]:
+    """Index a list of rank groups by rank: (the rank's group, its position in the group)."""
+    by_rank: list[tuple[tuple[int, ...], int]] = [((), 0)] * world
+    for group in groups:
+        members = tuple(group)
+        for position, rank in enumerate(group):
+            by_rank[rank] = (members, position)
+    return by_rank

@@ -1,0 +1,153 @@
+"""The simulated world's set-up: megatron imported once, apex and grouped-GEMM stand-ins, fake ranks."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from functools import cache
+from types import SimpleNamespace
+from typing import Any
+
+from inspector.job.layout import Layout
+
+
+@cache
+def megatron() -> SimpleNamespace:
+    """Import the megatron-core pieces this tool uses, once, with import-time warnings silenced.
+
+    fastimport prepares the process first (torch.compile passing through, DTensor deferred, no
+    dynamo import on meta kernels), installs the Transformer Engine stand-in (inspector.world.te) before
+    megatron-core is imported, and keeps it so for as long as megatron is in use.
+    """
+
+    def names() -> SimpleNamespace:
+        import torch
+        import torch.distributed as dist
+        from megatron.core import parallel_state
+        from megatron.core.fusions import fused_layer_norm
+        from megatron.core.models import backends
+        from megatron.core.models.gpt import GPTModel, gpt_layer_specs
+        from megatron.core.transformer import transformer_block
+        from megatron.core.transformer.torch_norm import WrappedTorchNorm
+        from megatron.core.transformer.transformer_config import TransformerConfig
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        return SimpleNamespace(
+            torch=torch,
+            dist=dist,
+            parallel_state=parallel_state,
+            fused_layer_norm=fused_layer_norm,
+            backends=backends,
+            gpt_layer_specs=gpt_layer_specs,
+            transformer_block=transformer_block,
+            GPTModel=GPTModel,
+            TransformerConfig=TransformerConfig,
+            WrappedTorchNorm=WrappedTorchNorm,
+            FakeStore=FakeStore,
+        )
+
+    from inspector.world.fastimport import import_megatron
+
+    result: SimpleNamespace = import_megatron(names)
+    return result
+
+
+def simulate_apex(enabled: bool) -> None:
+    """Make megatron pick apex's FusedLayerNorm (as on a cluster with apex), or torch norms.
+
+    megatron-core chooses the norm class at import time in three places: the local layer spec
+    (`gpt_layer_specs.LNImpl`, and `backends.LNImpl`, which RMSNorm specs rebind globally), and the
+    block's `final_layernorm` (`transformer_block.LayerNormImpl`). FusedLayerNorm itself refuses to
+    construct unless `HAVE_FUSED_LAYER_NORM` is set. All four are set here, on every build, so one
+    build's choice never leaks into the next.
+    """
+    m = megatron()
+    norm = m.fused_layer_norm.FusedLayerNorm if enabled else m.WrappedTorchNorm
+    m.fused_layer_norm.HAVE_FUSED_LAYER_NORM = enabled
+    m.gpt_layer_specs.LNImpl = norm
+    m.backends.LNImpl = norm
+    m.transformer_block.LayerNormImpl = norm
+
+
+def simulate_grouped_gemm(enabled: bool) -> None:
+    """Let megatron's GroupedMLP construct as on a cluster with the grouped_gemm package.
+
+    GroupedMLP asserts `grouped_gemm_util.grouped_gemm` is importable when it is built; only its
+    forward pass calls into it, and nothing here runs forward. A stand-in module object satisfies
+    the check; without grouped GEMM it is reset to what the import found.
+    """
+    from megatron.core.transformer.moe import grouped_gemm_util
+
+    if enabled:
+        grouped_gemm_util.grouped_gemm = grouped_gemm_util.grouped_gemm or _GROUPED_GEMM_STANDIN
+    elif grouped_gemm_util.grouped_gemm is _GROUPED_GEMM_STANDIN:
+        grouped_gemm_util.grouped_gemm = None
+
+
+_GROUPED_GEMM_STANDIN = SimpleNamespace(ops=None, __name__="grouped_gemm (simulated)")
+
+
+def simulated_dp(layout: Layout) -> int:
+    """Return the smallest data-parallel size that still lets megatron carve out the expert groups."""
+    expert = layout.ep * layout.expert_tp
+    dense = layout.tp * layout.cp
+    return expert // math.gcd(expert, dense)
+
+
+@contextlib.contextmanager
+def simulated_rank(layout: Layout, rank: int, vpp: int | None) -> Iterator[Any]:
+    """Run megatron's parallel_state set-up for one rank of a fake world; tear it down after.
+
+    Only the process groups this rank is a member of are made (inspector.world.groups); inside the
+    block torch.cat of meta tensors skips torch's Python meta kernel (inspector.world.fastimport).
+    """
+    from inspector.world.fastimport import meta_cat
+    from inspector.world.groups import scoped_groups
+
+    m = megatron()
+    world = layout.tp * layout.cp * simulated_dp(layout) * layout.pp
+    m.dist.init_process_group("fake", store=m.FakeStore(), rank=rank, world_size=world)
+    try:
+        with scoped_groups(m.dist, m.parallel_state):
+            m.parallel_state.initialize_model_parallel(
+                tensor_model_parallel_size=layout.tp,
+                pipeline_model_parallel_size=layout.pp,
+                virtual_pipeline_model_parallel_size=vpp,
+                context_parallel_size=layout.cp,
+                expert_model_parallel_size=layout.ep,
+                expert_tensor_parallel_size=layout.expert_tp,
+                create_gloo_process_groups=False,
+            )
+        disable_embedding_group()
+        with meta_cat():
+            yield m.parallel_state
+    finally:
+        m.parallel_state.destroy_model_parallel()
+        m.dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def one_rank_world() -> Iterator[None]:
+    """Provide a one-rank fake world where none is set up (megatron's DDP logging asserts one)."""
+    m = megatron()
+    if m.dist.is_initialized():
+        yield
+        return
+    m.dist.init_process_group("fake", store=m.FakeStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        m.dist.destroy_process_group()
+
+
+def disable_embedding_group() -> None:
+    """Forget megatron's embedding group so tied-embedding set-up skips its .cuda() all-reduce.
+
+    With pp > 1 and tied embeddings, LanguageModule.setup_embeddings_and_output_layer copies the
+    word embedding to the last stage with `weight.data.cuda()` and an all-reduce over this group.
+    Without the group it only marks the last stage's copy `shared_embedding=True`, as on a cluster.
+    """
+    ps = megatron().parallel_state
+    ps._EMBEDDING_GROUP = None
+    ps._EMBEDDING_GLOBAL_RANKS = None

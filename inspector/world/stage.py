@@ -1,0 +1,294 @@
+"""The simulated megatron world: build each pipeline stage's real GPTModel on the meta device.
+
+Each stage (and, with virtual pipelining, each of its chunks) is built by megatron-core's own code in
+its own simulated rank (world_setup): torch.distributed's in-process "fake" backend, megatron's
+`initialize_model_parallel`, a TransformerConfig carrying the parallel sizes (world_config), and the
+meta device, so no weight memory is allocated. This module and world_setup are the only ones that
+touch megatron's parallel_state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import math
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+from inspector.errors import ConfigError, FidelityError
+from inspector.job.layout import Layout
+from inspector.job.model import ModelConfig
+from inspector.world.config import _transformer_config
+from inspector.world.setup import (
+    megatron,
+    simulate_apex,
+    simulate_grouped_gemm,
+    simulated_dp,
+    simulated_rank,
+)
+
+
+@dataclass
+class StageModel:
+    """One pipeline stage's (one chunk's) GPTModel, as one of the stage's ranks builds it."""
+
+    stage: int
+    chunk: int
+    expert_rank: int  # the expert-parallel rank that was simulated (0 without expert parallelism)
+    module: Any  # megatron.core.models.gpt.GPTModel on the meta device
+    layer_numbers: tuple[int, ...]  # megatron's 1-based global layer numbers, in local order
+    has_embedding: bool
+    has_output: bool
+    # megatron's checkpoint view of the same module: (key, offsets along prepended axes) -> the
+    # unsharded element count of that one tensor (sharded_state_dict's global shape).
+    checkpoint: dict[tuple[str, tuple[int, ...]], int]
+
+
+def _stage_rank(layout: Layout, stage: int, expert_rank: int) -> int:
+    """Return the simulated global rank holding (stage, expert rank) at tp/cp/dp index 0."""
+    per_stage = layout.tp * layout.cp * simulated_dp(layout)
+    return stage * per_stage + expert_rank * layout.expert_tp
+
+
+def build_stage(
+    model: ModelConfig, layout: Layout, stage: int, expert_rank: int = 0, checkpoint: bool = True
+) -> list[StageModel]:
+    """Build every chunk of one pipeline stage as megatron-core builds it on that stage's rank.
+
+    `checkpoint` False leaves StageModel.checkpoint empty (a planner reads parameters only).
+    """
+    m = megatron()
+    vpp = layout.vpp
+    rank = _stage_rank(layout, stage, expert_rank)
+    simulate_apex(model.use_apex)
+    simulate_grouped_gemm(model.moe_grouped_gemm)
+    chatter = io.StringIO()  # megatron prints to stdout in places (e.g. 0.13 parsing a layout)
+    with (
+        warnings.catch_warnings(),
+        _quiet_megatron(),
+        _megatron_errors(stage),
+        contextlib.redirect_stdout(chatter),
+    ):
+        warnings.simplefilter("ignore")
+        with simulated_rank(layout, rank, vpp) as ps:
+            where = (ps.get_pipeline_model_parallel_rank(), ps.get_expert_model_parallel_rank())
+            if where != (stage, expert_rank):
+                raise FidelityError(
+                    f"rank {rank} is {where} in megatron, expected {(stage, expert_rank)}"
+                )
+            config = _transformer_config(model, layout, vpp)
+            return [
+                _build_chunk(m, model, config, layout, stage, chunk, vpp, expert_rank, checkpoint)
+                for chunk in range(vpp or 1)
+            ]
+
+
+@contextlib.contextmanager
+def _megatron_errors(stage: int) -> Iterator[None]:
+    """Turn megatron-core's refusals (ValueError, assert) into one-sentence ConfigErrors.
+
+    The checks in config.py and topology.py catch what we know of first; this is the net for the
+    rest. The original exception stays chained, so `--debug` shows megatron's traceback.
+    """
+    try:
+        yield
+    except (ValueError, AssertionError, RuntimeError, TypeError, ArithmeticError) as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise ConfigError(
+            f"megatron-core refused to build stage {stage}: {reason} (--debug shows its traceback)"
+        ) from exc
+
+
+def _build_chunk(
+    m: SimpleNamespace,
+    model: ModelConfig,
+    config: Any,
+    layout: Layout,
+    stage: int,
+    chunk: int,
+    vpp: int | None,
+    expert_rank: int,
+    checkpoint: bool,
+) -> StageModel:
+    ps = m.parallel_state
+    vp_stage = chunk if vpp is not None else None
+    pre = ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
+    post = ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
+    with m.torch.device("meta"), _cuda_for(model):
+        spec = _layer_spec(m, model, config, vp_stage)
+        gpt = m.GPTModel(
+            mtp_block_spec=_mtp_block_spec(m, model, config, vp_stage),
+            config=config,
+            transformer_layer_spec=spec,
+            vocab_size=model.padded_vocab_size(layout.tp),
+            max_sequence_length=model.max_positions,
+            pre_process=pre,
+            post_process=post,
+            share_embeddings_and_output_weights=not model.untie_embeddings_and_output_weights,
+            position_embedding_type=model.position_embedding_type,
+            vp_stage=vp_stage,
+        )
+    _check_mtp_placed(gpt, layout, stage, chunk)
+    if model.bf16 or model.fp16:
+        gpt = _cast_like_megatron_lm(config, gpt)
+    layers = tuple(layer.layer_number for layer in gpt.decoder.layers)
+    sizes = checkpoint_sizes(gpt) if checkpoint else {}
+    return StageModel(stage, chunk, expert_rank, gpt, layers, pre, post, sizes)
+
+
+def _check_mtp_placed(gpt: Any, layout: Layout, stage: int, chunk: int) -> None:
+    """Raise ConfigError where megatron silently leaves out the MTP a layout string places here.
+
+    megatron-core 0.14-0.15 accept an `m` in a virtual chunk of --pipeline-model-parallel-layout
+    but build no MTP there (tests/test_versions.py); the job would lose its MTP layers unseen.
+    """
+    text = layout.pipeline_model_parallel_layout
+    if text is None:
+        return
+    from inspector.job.layout import expand_layout
+
+    stages = expand_layout(text)
+    wanted = stages[chunk * layout.pp + stage].count("m")  # megatron's order: chunk-major
+    built = len(gpt.mtp.layers) if getattr(gpt, "mtp", None) is not None else 0
+    if wanted and not built:
+        from megatron.core import __version__
+
+        raise ConfigError(
+            f"megatron-core {__version__} builds no multi-token prediction layer where "
+            f"--pipeline-model-parallel-layout puts its 'm' (stage {stage}, chunk {chunk}); "
+            "megatron-core 0.16 does: use it, or place the MTP on the last stage"
+        )
+
+
+def _layer_spec(m: SimpleNamespace, model: ModelConfig, config: Any, vp_stage: int | None) -> Any:
+    """Return megatron's spec for --transformer-impl, as Megatron-LM's gpt_builder picks it.
+
+    An MoE model gets megatron's decoder block spec (`get_gpt_decoder_block_spec`: dense and MoE
+    layers by `moe_layer_freq`, sliced to this stage), any other model one layer spec. With
+    Transformer Engine (simulated: inspector/world/te) megatron's block also takes its final norm
+    from TE, as megatron chooses at import time when TE is installed (transformer_block.py).
+    """
+    use_te = model.transformer_impl == "transformer_engine"
+    if use_te:
+        from megatron.core.extensions.transformer_engine import TENorm
+
+        m.transformer_block.LayerNormImpl = TENorm
+    if model.num_experts is not None:
+        return m.gpt_layer_specs.get_gpt_decoder_block_spec(
+            config,
+            use_transformer_engine=use_te,
+            normalization=model.normalization,
+            vp_stage=vp_stage,
+        )
+    return _one_layer_spec(m, model, model.num_experts)
+
+
+def _one_layer_spec(m: SimpleNamespace, model: ModelConfig, num_experts: int | None) -> Any:
+    """Return megatron's spec of one layer, dense (`num_experts` None) or MoE."""
+    if model.transformer_impl == "transformer_engine":
+        return m.gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
+            num_experts=num_experts,
+            moe_grouped_gemm=model.moe_grouped_gemm if num_experts else False,
+            qk_layernorm=model.qk_layernorm,
+            multi_latent_attention=model.multi_latent_attention,
+        )
+    return m.gpt_layer_specs.get_gpt_layer_local_spec(
+        num_experts=num_experts,
+        moe_grouped_gemm=model.moe_grouped_gemm if num_experts else False,
+        qk_layernorm=model.qk_layernorm,
+        normalization=model.normalization,
+    )
+
+
+def _mtp_block_spec(
+    m: SimpleNamespace, model: ModelConfig, config: Any, vp_stage: int | None
+) -> Any:
+    """Return megatron's MTP block spec on the stage megatron puts it on, else None.
+
+    Megatron-LM's gpt_builder gives the MTP layers the spec of the decoder's last layer (MoE
+    when that layer is); `get_gpt_mtp_block_spec` returns None on stages that hold no MTP.
+    """
+    if model.mtp_num_layers is None:
+        return None
+    last = model.num_experts if model.is_moe_layer(model.num_layers - 1) else None
+    return m.gpt_layer_specs.get_gpt_mtp_block_spec(
+        config,
+        _one_layer_spec(m, model, last),
+        use_transformer_engine=model.transformer_impl == "transformer_engine",
+        vp_stage=vp_stage,
+    )
+
+
+def _cuda_for(model: ModelConfig) -> contextlib.AbstractContextManager[None]:
+    """Answer megatron's CUDA queries while it builds Transformer Engine modules (on meta)."""
+    if model.transformer_impl == "transformer_engine":
+        from inspector.world.te.cuda import simulated_cuda
+
+        return simulated_cuda()
+    return contextlib.nullcontext()
+
+
+def _cast_like_megatron_lm(config: Any, gpt: Any) -> Any:
+    """Cast a bf16/fp16 model whole, with megatron's Float16Module, as Megatron-LM's get_model does.
+
+    Without it norms built in fp32 would keep that dtype (and a separate fp32 grad buffer).
+    The returned module is the wrapped GPTModel, so parameter names stay megatron's own.
+    """
+    from megatron.core.transformer.module import Float16Module
+
+    return Float16Module(config, gpt).module
+
+
+def checkpoint_sizes(gpt: Any) -> dict[tuple[str, tuple[int, ...]], int]:
+    """Return each tensor's unsharded size as megatron's own sharded_state_dict() reports it.
+
+    Factories (SwiGLU's split fc1, GroupedMLP's packed experts) are expanded by megatron's own
+    `apply_factories`. Layers are stacked along prepended axes under one key: the offsets along
+    those axes tell tensors apart, and the remaining axes are the tensor's own global shape (one
+    entry per key and offsets, however many pieces megatron cuts it into).
+    """
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor, apply_factories
+
+    state = gpt.sharded_state_dict(metadata=_checkpoint_metadata(gpt))
+    apply_factories(state)
+    # Persistent buffers (the router's `expert_bias` with --moe-router-enable-expert-bias) are
+    # checkpointed too, but are not parameters: leave them out.
+    buffers = {name.rsplit(".", 1)[-1] for name, _ in gpt.named_buffers()}
+    sizes = {}
+    for entry in nested_values(state):
+        if isinstance(entry, ShardedTensor) and entry.key.rsplit(".", 1)[-1] not in buffers:
+            prepend = entry.prepend_axis_num
+            sizes[(entry.key, tuple(entry.global_offset[:prepend]))] = math.prod(
+                entry.global_shape[prepend:]
+            )
+    return sizes
+
+
+def _checkpoint_metadata(gpt: Any) -> dict[str, Any] | None:
+    """Return the metadata megatron's checkpointing passes where a stage needs it, else None.
+
+    A stage with multi-token prediction but no embedding keeps a copy of the word embeddings
+    and ties it in the checkpoint over the data x context parallel group (gpt_model.py
+    `sharded_state_dict`), which Megatron-LM's checkpointing passes as `dp_cp_group`.
+    """
+    if not getattr(gpt, "mtp_process", False) or gpt.pre_process:
+        return None
+    ps = megatron().parallel_state
+    return {"dp_cp_group": ps.get_data_parallel_group(with_context_parallel=True)}
+
+
+@contextlib.contextmanager
+def _quiet_megatron() -> Iterator[None]:
+    """Keep megatron's informational logging off stderr while building."""
+    logger = logging.getLogger("megatron")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)

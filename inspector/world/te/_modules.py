@@ -1,0 +1,106 @@
+"""The module objects `install()` puts into sys.modules, laid out as TE 2.11.0 lays them out.
+
+Only what megatron-core 0.13-0.16 imports unconditionally, or imports in a `try` whose fallback
+would change what it builds. What is left out raises ImportError (ModuleNotFoundError for a
+missing submodule), so megatron takes its own fallback exactly as with a TE lacking it: fused
+RoPE, permutation and cross-entropy kernels, cpu offload, TE's optimizers, cpp_extensions, the
+fused-op API (`pytorch.ops`, only with --use-te-op-fuser / TE activation ops).
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import types
+from typing import Any
+
+from inspector.world.te import NAME, VERSION, _base, attention, linear, norm, state
+
+_RECIPES = (
+    "Format",
+    "Recipe",
+    "DelayedScaling",
+    "Float8CurrentScaling",
+    "MXFP8BlockScaling",
+    "Float8BlockScaling",
+    "NVFP4BlockScaling",
+    "CustomRecipe",
+)
+_FP8 = {
+    "FP8GlobalStateManager": state.FP8GlobalStateManager,
+    "fp8_autocast": state.fp8_autocast,
+    "fp8_model_init": state.fp8_model_init,
+    **{name: getattr(state, name) for name in _RECIPES},
+}
+_MODULES = {
+    "Linear": linear.Linear,
+    "LayerNormLinear": linear.LayerNormLinear,
+    "GroupedLinear": linear.GroupedLinear,
+    "LayerNorm": norm.LayerNorm,
+    "RMSNorm": norm.RMSNorm,
+    "DotProductAttention": attention.DotProductAttention,
+}
+
+# name -> (is a package, attributes); submodules are attached to their parents afterwards.
+_LAYOUT: dict[str, tuple[bool, dict[str, Any]]] = {
+    "": (True, {"__version__": VERSION, "__stand_in__": True}),
+    ".common": (True, {}),
+    ".common.recipe": (False, {name: getattr(state, name) for name in _RECIPES}),
+    ".pytorch": (
+        True,
+        {**_MODULES, "fp8_autocast": state.fp8_autocast, "fp8_model_init": state.fp8_model_init},
+    ),
+    ".pytorch.fp8": (False, _FP8),
+    ".pytorch.quantization": (False, _FP8),
+    ".pytorch.distributed": (
+        False,
+        {
+            "CudaRNGStatesTracker": state.CudaRNGStatesTracker,
+            "get_all_rng_states": state.get_all_rng_states,
+            "activation_recompute_forward": state.never_runs,
+            "checkpoint": state.never_runs,
+            "set_tensor_model_parallel_attributes": _base.set_tensor_model_parallel_attributes,
+        },
+    ),
+    ".pytorch.module": (True, dict(_MODULES)),
+    ".pytorch.module.base": (
+        False,
+        {
+            "TransformerEngineBaseModule": _base.TransformerEngineBaseModule,
+            "get_dummy_wgrad": state.get_dummy_wgrad,
+        },
+    ),
+    ".pytorch.tensor": (True, {"QuantizedTensor": state.QuantizedTensor}),
+    ".pytorch.attention": (True, {"DotProductAttention": attention.DotProductAttention}),
+    ".pytorch.ops": (True, {"FusibleOperation": state.FusibleOperation, **state.OPS}),
+    ".pytorch.router": (
+        False,
+        {
+            "fused_topk_with_score_function": state.never_runs,
+            "fused_compute_score_for_moe_aux_loss": state.never_runs,
+            "fused_moe_aux_loss": state.never_runs,
+        },
+    ),
+}
+
+
+def _module(name: str, package: bool, attributes: dict[str, Any]) -> types.ModuleType:
+    module = types.ModuleType(name, "Simulated Transformer Engine (inspector.world.te): no kernels.")
+    module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=package)
+    if package:
+        module.__path__ = []  # submodules not listed here are ModuleNotFoundError
+    for key, value in attributes.items():
+        setattr(module, key, value)
+    return module
+
+
+def build() -> dict[str, types.ModuleType]:
+    """Return the stand-in's modules by their `transformer_engine...` names."""
+    modules = {
+        NAME + suffix: _module(NAME + suffix, package, attributes)
+        for suffix, (package, attributes) in _LAYOUT.items()
+    }
+    for name, module in modules.items():
+        parent, _, child = name.rpartition(".")
+        if parent:
+            setattr(modules[parent], child, module)
+    return modules

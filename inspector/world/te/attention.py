@@ -1,0 +1,176 @@
+"""Stand-in for TE's DotProductAttention, as megatron's TEDotProductAttention constructs it.
+
+Mirrors transformer_engine 2.11.0 `pytorch/attention/dot_product_attention/dot_product_attention.py`
+(DotProductAttention 154-470, constructor 318-470) and the three backends it always builds
+(`backends.py`: UnfusedDotProductAttention 206-245, FlashAttention 623-660, FusedAttention
+1641-1700; `softmax.py` FusedScaleMaskSoftmax 144). None holds a parameter, except the learnable
+softmax offset.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from inspector.world.te._base import TransformerEngineBaseModule, empty, world_size
+
+# TE's AttnTypes (pytorch/constants.py).
+ATTN_TYPES = ("self", "cross")
+
+
+def _window_size(attn_mask_type: str, window_size: Any) -> Any:
+    """Default the sliding window as TE's check_set_window_size does (dpa utils.py 2031-2075)."""
+    if window_size is not None:
+        return tuple(window_size)
+    return (-1, 0) if "causal" in attn_mask_type else (-1, -1)
+
+
+class FusedScaleMaskSoftmax(torch.nn.Module):
+    """TE's fused softmax module (softmax.py 144); no parameters."""
+
+    def __init__(self, mask_func: Any = None) -> None:
+        super().__init__()
+        self.mask_func = mask_func
+
+
+class UnfusedDotProductAttention(torch.nn.Module):
+    """TE's unfused backend (backends.py 206-245): a softmax module and a dropout."""
+
+    def __init__(self, softmax_scale: float, attention_dropout: float = 0.0, **kwargs: Any) -> None:
+        super().__init__()
+        self.softmax_scale = softmax_scale
+        self.layer_number = kwargs.get("layer_number")
+        self.softmax_type = kwargs.get("softmax_type", "vanilla")
+        self.scale_mask_softmax = FusedScaleMaskSoftmax()
+        self.attention_dropout = torch.nn.Dropout(attention_dropout)
+
+
+class FlashAttention(torch.nn.Module):
+    """TE's flash-attn backend (backends.py 623-660); no submodules, no parameters."""
+
+    def __init__(self, softmax_scale: float, attention_dropout: float = 0.0, **kwargs: Any) -> None:
+        super().__init__()
+        self.softmax_scale = softmax_scale
+        self.attention_dropout = attention_dropout
+        self.layer_number = 1 if kwargs.get("layer_number") is None else kwargs["layer_number"]
+
+
+class FusedAttention(torch.nn.Module):
+    """TE's cuDNN fused backend (backends.py 1641-1700); no submodules, no parameters."""
+
+    def __init__(self, softmax_scale: float, attention_dropout: float = 0.0, **kwargs: Any) -> None:
+        super().__init__()
+        self.softmax_scale = softmax_scale
+        self.attention_dropout = attention_dropout
+        self.layer_number = 1 if kwargs.get("layer_number") is None else kwargs["layer_number"]
+        self.softmax_type = kwargs.get("softmax_type", "vanilla")
+
+
+class DotProductAttention(TransformerEngineBaseModule):
+    """TE's DotProductAttention (dot_product_attention.py 318-470).
+
+    No parameters, except `softmax_offset` of (num_attention_heads // tp_size,) for
+    softmax_type="learnable" (432-437; torch's default dtype: TE passes none);
+    "off-by-one" keeps a plain zero tensor of that shape, "vanilla" None (426-431). Attributes
+    megatron and TE read back: num_attention_heads, num_gqa_groups(_per_partition),
+    hidden_size_per_attention_head_k/_v, tp_size, cp_group, cp_global_ranks, cp_comm_type,
+    layer_number, attention_type, attn_mask_type, window_size, softmax_type.
+    """
+
+    def __init__(
+        self,
+        num_attention_heads: int,
+        kv_channels: int | tuple[int, int],
+        num_gqa_groups: int | None = None,
+        attention_dropout: float = 0.0,
+        qkv_format: str = "sbhd",
+        attn_mask_type: str = "causal",
+        window_size: Any = None,
+        sequence_parallel: bool = False,
+        tp_size: int = 1,
+        get_rng_state_tracker: Any = None,
+        tp_group: Any = None,
+        layer_number: int | None = None,
+        attention_type: str = "self",
+        cp_group: Any = None,
+        cp_global_ranks: list[int] | None = None,
+        cp_stream: Any = None,
+        cp_comm_type: str = "p2p",
+        softmax_scale: float | None = None,
+        softmax_type: str = "vanilla",
+        return_max_logit: bool = False,
+    ) -> None:
+        super().__init__()
+        self.qkv_format = qkv_format
+        attn_mask_type = attn_mask_type.replace(",", "_")
+        if attn_mask_type == "causal_padding":
+            attn_mask_type = "padding_causal"
+        self.attn_mask_type = attn_mask_type
+        self.window_size = _window_size(attn_mask_type, window_size)
+        self.tp_size = world_size(tp_group, tp_size)
+        if tp_group is not None or tp_size == 1:
+            self.set_tensor_parallel_group(tp_group)
+        self.get_rng_state_tracker = get_rng_state_tracker
+        self.num_attention_heads = num_attention_heads
+        self.layer_number = 1 if layer_number is None else layer_number
+        self.cp_group = cp_group
+        self.cp_global_ranks = cp_global_ranks
+        self.cp_stream = cp_stream
+        self.cp_comm_type = cp_comm_type
+        k_channels = kv_channels if isinstance(kv_channels, int) else kv_channels[0]
+        self.hidden_size_per_attention_head_k = k_channels
+        self.hidden_size_per_attention_head_v = (
+            kv_channels if isinstance(kv_channels, int) else kv_channels[1]
+        )
+        self.num_gqa_groups = num_attention_heads if num_gqa_groups is None else num_gqa_groups
+        self.num_gqa_groups_per_partition = int(self.num_gqa_groups // self.tp_size)
+        if num_attention_heads % self.num_gqa_groups != 0:
+            raise AssertionError(
+                "The number of attention heads must be divisible by the number of GQA groups!"
+            )
+        if softmax_scale is None:
+            softmax_scale = 1.0 / math.sqrt(k_channels)
+        if attention_type not in ATTN_TYPES:
+            raise AssertionError(f"attention_type {attention_type} not supported")
+        self.attention_type = attention_type
+        self.attention_dropout = attention_dropout
+        self.return_max_logit = return_max_logit
+        self._register_softmax_offset(softmax_type, get_rng_state_tracker)
+        backend = dict(attention_type=attention_type, layer_number=layer_number)
+        self.flash_attention = FlashAttention(softmax_scale, attention_dropout, **backend)
+        self.fused_attention = FusedAttention(
+            softmax_scale, attention_dropout, softmax_type=softmax_type, **backend
+        )
+        self.unfused_attention = UnfusedDotProductAttention(
+            softmax_scale, attention_dropout, softmax_type=softmax_type, **backend
+        )
+
+    def _register_softmax_offset(self, softmax_type: str, get_rng_state_tracker: Any) -> None:
+        """Hold the softmax offset as TE does for each softmax type (425-437)."""
+        self.softmax_type = softmax_type
+        heads = self.num_attention_heads // self.tp_size
+        if softmax_type == "vanilla":
+            self.softmax_offset = None
+        elif softmax_type == "off-by-one":
+            self.softmax_offset = torch.zeros(heads, device="meta")
+        elif softmax_type == "learnable":
+            self.register_parameter(
+                "softmax_offset",
+                torch.nn.Parameter(empty(heads, dtype=None)),
+                get_rng_state_tracker=get_rng_state_tracker,
+            )
+
+    def set_context_parallel_group(
+        self,
+        cp_group: Any,
+        cp_global_ranks: list[int],
+        cp_stream: Any,
+        cp_comm_type: str = "p2p",
+    ) -> None:
+        """Set the context-parallel group (dot_product_attention.py 529-570)."""
+        self.cp_group = cp_group
+        self.cp_global_ranks = cp_global_ranks
+        self.cp_stream = cp_stream
+        self.cp_comm_type = cp_comm_type

@@ -1,0 +1,341 @@
+"""Stand-ins for TE's Linear, LayerNormLinear and GroupedLinear: parameters exactly as TE registers.
+
+Mirrors transformer_engine 2.11.0 `pytorch/module/linear.py`, `layernorm_linear.py` and
+`grouped_linear.py`; each class cites the lines. Every tensor lives on meta (see `_base.empty`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from inspector.world.te._base import (
+    GEMM_PARALLEL_MODES,
+    TransformerEngineBaseModule,
+    divide,
+    empty,
+    mark_sequence_parallel,
+    set_tensor_model_parallel_attributes,
+    world_size,
+)
+
+
+class _ParallelLinear(TransformerEngineBaseModule):
+    """What Linear and LayerNormLinear share: sizes after tensor parallelism, weight and bias."""
+
+    def _set_parallel_sizes(
+        self,
+        in_features: int,
+        out_features: int,
+        tp_group: Any,
+        tp_size: int,
+        parallel_mode: str | None,
+        sequence_parallel: bool,
+    ) -> None:
+        """Divide the sharded dimension by tp as TE does (linear.py 1103-1138)."""
+        self.in_features = in_features
+        self.out_features = out_features
+        self.tp_size = world_size(tp_group, tp_size)
+        if tp_group is not None or tp_size == 1:
+            self.set_tensor_parallel_group(tp_group)
+        if parallel_mode not in GEMM_PARALLEL_MODES:
+            raise AssertionError(f"parallel_mode {parallel_mode} not supported")
+        self.parallel_mode = parallel_mode
+        if parallel_mode == "column":
+            self.out_features = divide(self.out_features, self.tp_size)
+        elif parallel_mode == "row":
+            self.in_features = divide(self.in_features, self.tp_size)
+        self.sequence_parallel = (self.tp_size > 1) and sequence_parallel
+
+    def _register_weight_and_bias(
+        self, init_method: Any, get_rng_state_tracker: Any, params_dtype: torch.dtype
+    ) -> None:
+        """Register `weight` and `bias` (linear.py 1192-1295; no `parameters_split` here).
+
+        With bias off TE sets `bias` to an empty plain tensor, not a parameter (1289-1292).
+        """
+        self.weight_names = ["weight"]
+        self.bias_names = ["bias"]
+        self.parameter_split_sizes = [self.out_features]
+        self.register_parameter(
+            "weight",
+            torch.nn.Parameter(empty(self.out_features, self.in_features, dtype=params_dtype)),
+            init_fn=init_method,
+            get_rng_state_tracker=get_rng_state_tracker,
+        )
+        if self.use_bias:
+            self.register_parameter(
+                "bias", torch.nn.Parameter(empty(self.out_features, dtype=params_dtype))
+            )
+        else:
+            self.bias = empty(0, dtype=params_dtype)
+
+    def _set_linear_attributes(self) -> None:
+        """Mark weight and bias for tensor parallelism (linear.py 1325-1344)."""
+        for weight in self.weight_names:
+            set_tensor_model_parallel_attributes(
+                getattr(self, weight), True, 1 if self.parallel_mode == "row" else 0, 1
+            )
+        if self.use_bias:
+            for bias in self.bias_names:
+                if self.parallel_mode == "row":
+                    mark_sequence_parallel(getattr(self, bias), self.sequence_parallel)
+                elif self.parallel_mode == "column":
+                    set_tensor_model_parallel_attributes(getattr(self, bias), True, 0, 1)
+
+
+def _check_no_split(parameters_split: Any) -> None:
+    if parameters_split is not None:
+        raise NotImplementedError("parameters_split is not simulated (megatron never passes it)")
+
+
+class Linear(_ParallelLinear):
+    """TE's Linear (module/linear.py 985-1345, constructor 1072-1310).
+
+    Parameters: `weight` (out/tp for column, in/tp for row) and `bias` (only with bias=True;
+    otherwise an empty plain tensor). Attributes megatron reads: in_features, out_features (local),
+    use_bias, return_bias, tp_size, parallel_mode, sequence_parallel, ub_name.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        sequence_parallel: bool = False,
+        fuse_wgrad_accumulation: bool = False,
+        tp_group: Any = None,
+        tp_size: int = 1,
+        get_rng_state_tracker: Any = None,
+        rng_tracker_name: str | None = None,
+        init_method: Any = None,
+        bias: bool = True,
+        return_bias: bool = False,
+        params_dtype: torch.dtype | None = None,
+        parallel_mode: str | None = None,
+        parameters_split: Any = None,
+        device: Any = "cuda",
+        ub_name: str | None = None,
+        delay_wgrad_compute: bool = False,
+        symmetric_ar_type: str | None = None,
+        save_original_input: bool = False,
+        name: str | None = None,
+        ub_overlap_ag: bool = False,
+        ub_overlap_rs: bool = False,
+        ub_overlap_rs_dgrad: bool = False,
+        ub_bulk_dgrad: bool = False,
+        ub_bulk_wgrad: bool = False,
+    ) -> None:
+        super().__init__()
+        _check_no_split(parameters_split)
+        params_dtype = torch.get_default_dtype() if params_dtype is None else params_dtype
+        self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
+        self.use_bias = bias
+        self.return_bias = return_bias
+        self.apply_bias = bias and not return_bias
+        self.get_rng_state_tracker = get_rng_state_tracker
+        self.rng_tracker_name = rng_tracker_name
+        self.symmetric_ar_type = symmetric_ar_type
+        self.save_original_input = save_original_input
+        self.delay_wgrad_compute = delay_wgrad_compute
+        self.ub_name = ub_name
+        self.name = name
+        self._set_parallel_sizes(
+            in_features, out_features, tp_group, tp_size, parallel_mode, sequence_parallel
+        )
+        self._register_weight_and_bias(init_method, get_rng_state_tracker, params_dtype)
+        self.reset_parameters(defer_init=device == "meta")
+        self.gemm_bias_unfused_add = self.parallel_mode == "row" and self.apply_bias
+
+    def reset_parameters(self, defer_init: bool | None = False) -> None:
+        """Set the parallel attributes unless deferred (linear.py 1325-1344)."""
+        super().reset_parameters(defer_init=defer_init)
+        if not defer_init:
+            self._set_linear_attributes()
+
+
+class LayerNormLinear(_ParallelLinear):
+    """TE's LayerNormLinear (module/layernorm_linear.py 1036-1462, constructor 1135-1395).
+
+    Parameters in registration order: `layer_norm_weight` (in_features), `layer_norm_bias` (only
+    for normalization="LayerNorm"; RMSNorm sets the attribute to None, 1259-1275), then `weight`
+    and `bias` as Linear. The norm acts on the full input (in_features is never divided in
+    column mode).
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        eps: float = 1e-5,
+        sequence_parallel: bool = False,
+        fuse_wgrad_accumulation: bool = False,
+        tp_group: Any = None,
+        tp_size: int = 1,
+        get_rng_state_tracker: Any = None,
+        init_method: Any = None,
+        bias: bool = True,
+        normalization: str = "LayerNorm",
+        return_bias: bool = False,
+        params_dtype: torch.dtype | None = None,
+        parallel_mode: str | None = None,
+        return_layernorm_output: bool = False,
+        return_layernorm_output_gathered: bool = False,
+        parameters_split: Any = None,
+        zero_centered_gamma: bool = False,
+        device: Any = "cuda",
+        ub_name: str | None = None,
+        delay_wgrad_compute: bool = False,
+        symmetric_ar_type: str | None = None,
+        name: str | None = None,
+        ub_overlap_ag: bool = False,
+        ub_overlap_rs: bool = False,
+        ub_overlap_rs_dgrad: bool = False,
+        ub_bulk_dgrad: bool = False,
+        ub_bulk_wgrad: bool = False,
+    ) -> None:
+        super().__init__()
+        _check_no_split(parameters_split)
+        params_dtype = torch.get_default_dtype() if params_dtype is None else params_dtype
+        if normalization not in ("LayerNorm", "RMSNorm"):
+            raise AssertionError("Unsupported normalization type!")
+        self.normalization = normalization
+        self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
+        self.use_bias = bias
+        self.return_bias = return_bias
+        self.apply_bias = self.use_bias and not return_bias
+        self.return_layernorm_output = return_layernorm_output
+        self.return_layernorm_output_gathered = return_layernorm_output_gathered
+        self.zero_centered_gamma = zero_centered_gamma
+        self.symmetric_ar_type = symmetric_ar_type
+        self.delay_wgrad_compute = delay_wgrad_compute
+        self.get_rng_state_tracker = get_rng_state_tracker
+        self.ub_name = ub_name
+        self.name = name
+        self._set_parallel_sizes(
+            in_features, out_features, tp_group, tp_size, parallel_mode, sequence_parallel
+        )
+        self.eps = eps
+        self.register_parameter(
+            "layer_norm_weight", torch.nn.Parameter(empty(self.in_features, dtype=params_dtype))
+        )
+        if self.normalization != "RMSNorm":
+            self.register_parameter(
+                "layer_norm_bias", torch.nn.Parameter(empty(self.in_features, dtype=params_dtype))
+            )
+        else:
+            self.layer_norm_bias = None
+        self._register_weight_and_bias(init_method, get_rng_state_tracker, params_dtype)
+        self.reset_parameters(defer_init=device == "meta")
+        self.gemm_bias_unfused_add = self.parallel_mode == "row" and self.apply_bias
+
+    def reset_parameters(self, defer_init: bool | None = False) -> None:
+        """Mark the norm for sequence parallelism and the linear for TP (1437-1461)."""
+        super().reset_parameters(defer_init=defer_init)
+        if not defer_init:
+            norm_params = ["layer_norm_weight"]
+            if self.normalization != "RMSNorm":
+                norm_params.append("layer_norm_bias")
+            for param in norm_params:
+                mark_sequence_parallel(getattr(self, param), self.sequence_parallel)
+            self._set_linear_attributes()
+
+
+class GroupedLinear(TransformerEngineBaseModule):
+    """TE's GroupedLinear (module/grouped_linear.py 528-750, constructor 588-711).
+
+    One weight per GEMM, `weight0` ... `weight{num_gemms-1}` of (out, in) after the tp division,
+    and `bias{i}` only with bias=True (otherwise empty plain tensors, 697-700). TE refuses bias
+    with tp > 1 (650-654).
+    """
+
+    def __init__(
+        self,
+        num_gemms: int,
+        in_features: int,
+        out_features: int,
+        sequence_parallel: bool = False,
+        fuse_wgrad_accumulation: bool = False,
+        tp_group: Any = None,
+        tp_size: int = 1,
+        get_rng_state_tracker: Any = None,
+        rng_tracker_name: str | None = None,
+        init_method: Any = None,
+        bias: bool = True,
+        return_bias: bool = False,
+        params_dtype: torch.dtype | None = None,
+        parallel_mode: str | None = None,
+        device: Any = "cuda",
+        ub_overlap_rs: bool = False,
+        ub_overlap_ag: bool = False,
+        ub_name: str | None = None,
+        delay_wgrad_compute: bool = False,
+        save_original_input: bool = False,
+        name: str | None = None,
+    ) -> None:
+        super().__init__()
+        params_dtype = torch.get_default_dtype() if params_dtype is None else params_dtype
+        self.num_gemms = num_gemms
+        self.in_features = in_features
+        self.out_features = out_features
+        self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
+        self.use_bias = bias
+        self.return_bias = return_bias
+        self.apply_bias = bias and not return_bias
+        self.ub_overlap_rs = ub_overlap_rs
+        self.ub_overlap_ag = ub_overlap_ag
+        self.ub_name = ub_name
+        self.save_original_input = save_original_input
+        if ub_overlap_rs or ub_overlap_ag:
+            raise AssertionError("GroupedLinear doesn't support Userbuffer overlap.")
+        self.get_rng_state_tracker = get_rng_state_tracker
+        self.rng_tracker_name = rng_tracker_name
+        self.name = name
+        self.delay_wgrad_compute = delay_wgrad_compute
+        self.tp_size = world_size(tp_group, tp_size)
+        if tp_group is not None or tp_size == 1:
+            self.set_tensor_parallel_group(tp_group)
+        if self.tp_size > 1 and bias:
+            raise ValueError(
+                "GroupedLinear doesn't support bias when TP > 1. "
+                "Because the TP communication is handled outside of this module."
+            )
+        if parallel_mode not in GEMM_PARALLEL_MODES:
+            raise AssertionError(f"parallel_mode {parallel_mode} not supported")
+        self.parallel_mode = parallel_mode
+        if parallel_mode == "column":
+            self.out_features = divide(self.out_features, self.tp_size)
+        elif parallel_mode == "row":
+            self.in_features = divide(self.in_features, self.tp_size)
+        self.sequence_parallel = (self.tp_size > 1) and sequence_parallel
+        for i in range(num_gemms):
+            self.register_parameter(
+                f"weight{i}",
+                torch.nn.Parameter(empty(self.out_features, self.in_features, dtype=params_dtype)),
+                init_fn=init_method,
+                get_rng_state_tracker=get_rng_state_tracker,
+            )
+            if self.use_bias:
+                self.register_parameter(
+                    f"bias{i}", torch.nn.Parameter(empty(self.out_features, dtype=params_dtype))
+                )
+            else:
+                setattr(self, f"bias{i}", empty(0, dtype=params_dtype))
+        self.reset_parameters(defer_init=device == "meta")
+
+    def reset_parameters(self, defer_init: bool | None = False) -> None:
+        """Mark each GEMM's weight and bias for tensor parallelism (726-749)."""
+        super().reset_parameters(defer_init=defer_init)
+        if defer_init:
+            return
+        for i in range(self.num_gemms):
+            set_tensor_model_parallel_attributes(
+                getattr(self, f"weight{i}"), True, 1 if self.parallel_mode == "row" else 0, 1
+            )
+        if self.use_bias:
+            for i in range(self.num_gemms):
+                bias = getattr(self, f"bias{i}")
+                if self.parallel_mode == "row":
+                    mark_sequence_parallel(bias, self.sequence_parallel)
+                elif self.parallel_mode == "column":
+                    set_tensor_model_parallel_attributes(bias, True, 0, 1)
