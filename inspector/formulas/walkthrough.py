@@ -30,8 +30,8 @@ from math import prod
 from typing import TYPE_CHECKING, Literal
 
 from inspector.errors import ConfigError
+from inspector.job.checks import check_at_least_one
 from inspector.job.dims import ModelDims
-from inspector.job.model import check_at_least_one
 
 if TYPE_CHECKING:
     from inspector.job.job import Job

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from inspector.errors import ConfigError
-from inspector.job.model import check_at_least_one, check_heads, check_query_groups
+from inspector.job.checks import check_at_least_one, check_heads, check_query_groups
 
 
 @dataclass(frozen=True)

@@ -13,15 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, cast, get_args
 
 from inspector.errors import ConfigError
+from inspector.job.checks import check_at_least_one, check_at_most
 from inspector.job.dims import ModelDims, num_microbatches
 from inspector.job.layout import Layout, make_layout, validate_layout
-from inspector.job.model import (
-    ModelConfig,
-    check_at_least_one,
-    check_at_most,
-    make_model_config,
-    validate_model,
-)
+from inspector.job.model import ModelConfig, make_model_config, validate_model
 
 # Megatron-LM's --recompute-granularity values, "none" when the flag is absent.
 Recompute = Literal["none", "selective", "full"]

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from inspector.errors import ConfigError
-from inspector.job.model import ModelConfig, check_at_least_one
+from inspector.job.checks import check_at_least_one
+from inspector.job.model import ModelConfig
 
 # Beyond this many simulated ranks the topology line alone runs to megabytes; no real job is larger.
 MAX_WORLD_SIZE = 1 << 20

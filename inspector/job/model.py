@@ -6,7 +6,6 @@ is GPT-2 small as Megatron-LM trains it. The parallel layout lives in topology.p
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import math
 from collections.abc import Mapping
@@ -15,6 +14,8 @@ from typing import Any
 
 from inspector.errors import ConfigError
 from inspector.inputs.arguments import BY_NAME
+from inspector.job.checks import MAX_SIZE, check_at_least_one, check_heads, check_query_groups
+from inspector.job.moe_pattern import parse_moe_layer_freq
 
 
 @dataclass(frozen=True)
@@ -174,104 +175,6 @@ def make_model_config(args: Mapping[str, Any]) -> ModelConfig:
     config = ModelConfig(**values)
     validate_model(config)
     return config
-
-
-_FREQ_HELP = "an integer or a list expression such as ([0]*3+[1]*58)"
-
-
-def parse_moe_layer_freq(value: Any) -> int | tuple[int, ...]:
-    """Return --moe-layer-freq as Megatron-LM's `moe_freq_type` reads it, without eval.
-
-    Megatron-LM (`arguments.py` `moe_freq_type`) takes an int N or a string; a string holding
-    `[` is a Python list expression it evaluates. Here the expression is parsed, and only list
-    literals of integers, integers, `+`, `*` and parentheses are evaluated.
-    """
-    if isinstance(value, bool):
-        raise ConfigError(f"--moe-layer-freq needs {_FREQ_HELP}, got {value!r}")
-    if isinstance(value, int):
-        return value
-    text = str(value).strip()
-    if "[" not in text:
-        try:
-            return int(text)
-        except ValueError:
-            raise ConfigError(f"--moe-layer-freq needs {_FREQ_HELP}, got {text!r}") from None
-    try:
-        result = _eval_pattern(ast.parse(text, mode="eval").body)
-    except (SyntaxError, _BadPattern):
-        raise ConfigError(f"--moe-layer-freq needs {_FREQ_HELP}, got {text!r}") from None
-    if not isinstance(result, list):
-        raise ConfigError(f"--moe-layer-freq needs {_FREQ_HELP}, got {text!r}")
-    return tuple(result)
-
-
-class _BadPattern(Exception):
-    """An expression outside the list-pattern subset."""
-
-
-_MAX_PATTERN = 1_000_000  # elements: larger than any model, small enough to build
-
-
-def _eval_pattern(node: ast.expr) -> int | list[int]:
-    """Evaluate list literals of ints, ints, + and * (the subset Megatron-LM's recipes use)."""
-    if isinstance(node, ast.Constant) and type(node.value) is int:
-        return node.value
-    if isinstance(node, ast.List):
-        items = [_eval_pattern(item) for item in node.elts]
-        if not all(isinstance(item, int) for item in items):
-            raise _BadPattern
-        return items  # type: ignore[return-value]
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Mult):
-        left, right = _eval_pattern(node.left), _eval_pattern(node.right)
-        if isinstance(node.op, ast.Add) and type(left) is type(right):
-            return left + right  # type: ignore[operator]
-        if isinstance(node.op, ast.Mult):
-            size = len(left) if isinstance(left, list) else len(right) if isinstance(right, list) else 1
-            count = right if isinstance(left, list) else left
-            if isinstance(count, int) and size * max(count, 0) <= _MAX_PATTERN:
-                return left * right  # type: ignore[operator]
-    raise _BadPattern
-# The largest size or count a flag may give: shapes beyond it overflow torch's index type (and no
-# GPU holds a dimension that long), so a larger value is an error naming the flag, not C++ frames.
-MAX_SIZE = 2**31 - 1
-
-
-def check_at_least_one(flag: str, value: int | None) -> None:
-    """Raise ConfigError when a size or count given as `flag` is below one or too large to build.
-
-    None means not given.
-    """
-    if value is None:
-        return
-    if value < 1:
-        raise ConfigError(f"{flag} must be at least 1, got {value}")
-    check_at_most(flag, value)
-
-
-def check_at_most(flag: str, value: int | None) -> None:
-    """Raise ConfigError when `flag`'s integer is larger than this tool can simulate."""
-    if value is not None and value > MAX_SIZE:
-        raise ConfigError(
-            f"{flag} {value} is larger than this tool can simulate (at most {MAX_SIZE})"
-        )
-
-
-def check_heads(hidden: int, heads: int, kv_channels: int | None) -> None:
-    """Raise ConfigError unless heads split the hidden size (or --kv-channels sets the head size)."""
-    if kv_channels is None and hidden % heads:
-        raise ConfigError(
-            f"--hidden-size {hidden} is not divisible by --num-attention-heads {heads} "
-            f"({hidden} % {heads} = {hidden % heads}); pass --kv-channels to set the head size"
-        )
-
-
-def check_query_groups(heads: int, groups: int) -> None:
-    """Raise ConfigError unless the key/value groups split the attention heads."""
-    if heads % groups:
-        raise ConfigError(
-            f"--num-attention-heads {heads} is not divisible by --num-query-groups {groups} "
-            f"({heads} % {groups} = {heads % groups})"
-        )
 
 
 def _flag(name: str) -> str:
