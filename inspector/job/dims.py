@@ -17,7 +17,10 @@ al. 2022, "Reducing Activation Recomputation in Large Transformer Models", arXiv
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from inspector.errors import ConfigError
 from inspector.job.checks import check_at_least_one, check_heads, check_query_groups
@@ -56,9 +59,36 @@ class ModelDims:
     qk_pos_emb_head_dim: int = 64
     v_head_dim: int = 128
     mtp_num_layers: int = 0
-    qk_layernorm: bool = False  # with MLA: the two latent norms
+    qk_layernorm: bool = False  # read with MLA only: the two latent norms
     attention_dropout: bool = True  # --attention-dropout > 0: its mask and output are stored
     hidden_dropout: bool = True  # --hidden-dropout > 0: masks after attention, MLP, embedding
+
+    @classmethod
+    def from_fields(
+        cls,
+        fields: Mapping[str, Any],
+        *,
+        seq_length: int,
+        vocab_size: int,
+        attention_dropout: bool,
+        hidden_dropout: bool,
+    ) -> ModelDims:
+        """Return the dims of a model given as TransformerConfig fields (`transformer_fields`).
+
+        Every field named here is taken by its name (two by Megatron-LM's argument name, which
+        TransformerConfig renamed), so a model field is mapped once, in ModelConfig; what the
+        architecture does not hold (sequence, padded vocabulary, dropout) comes from the job.
+        """
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {ARGUMENT_NAMES.get(name, name): value for name, value in fields.items()}
+        return cls(
+            **{name: value for name, value in values.items() if name in names},
+            seq_length=seq_length,
+            vocab_size=vocab_size,
+            activation_bytes=2 if fields["bf16"] or fields["fp16"] else 4,
+            attention_dropout=attention_dropout,
+            hidden_dropout=hidden_dropout,
+        )
 
     def __post_init__(self) -> None:
         """Reject dimensions that no formula can use (the checks config.py makes of a model)."""
@@ -115,6 +145,10 @@ class ModelDims:
         if isinstance(self.moe_layer_freq, tuple):
             return bool(self.moe_layer_freq[layer])
         return layer % self.moe_layer_freq == 0
+
+
+# TransformerConfig's names for the two fields ModelDims names as Megatron-LM's arguments.
+ARGUMENT_NAMES = {"num_moe_experts": "num_experts", "gated_linear_unit": "swiglu"}
 
 
 def num_microbatches(global_batch_size: int, micro_batch_size: int, dp: int) -> int:

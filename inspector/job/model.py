@@ -131,6 +131,58 @@ class ModelConfig:
             values["rope_type"] = self.rope_type
         return values
 
+    def transformer_fields(self) -> dict[str, Any]:
+        """Return the architecture as megatron-core's TransformerConfig fields, defaults applied.
+
+        The one map from this record to megatron's names: world/config.py adds the layout and
+        torch's dtypes to it to build TransformerConfig, and ModelDims (job/dims.py) takes the
+        fields it names, so a new model field is mapped here once. As Megatron-LM
+        `core_transformer_config_from_args` does: the arguments TransformerConfig shares are
+        copied, --num-experts becomes `num_moe_experts`, --swiglu a gated linear unit (SiLU),
+        --disable-bias-linear `add_bias_linear` False; MoE fields only with experts, MTP where set.
+        """
+        fields: dict[str, Any] = dict(
+            num_layers=self.num_layers,
+            hidden_size=self.hidden_size,
+            ffn_hidden_size=self.ffn_size,
+            num_attention_heads=self.num_attention_heads,
+            num_query_groups=self.query_groups,
+            kv_channels=self.head_dim,
+            normalization=self.normalization,
+            add_bias_linear=not self.disable_bias_linear,
+            add_qkv_bias=self.add_qkv_bias,
+            qk_layernorm=self.qk_layernorm,
+            bf16=self.bf16,
+            fp16=self.fp16,
+        )
+        if self.swiglu:
+            fields["gated_linear_unit"] = True
+        fields.update(self._moe_fields())
+        if self.mtp_num_layers is not None:
+            fields["mtp_num_layers"] = self.mtp_num_layers
+        if self.multi_latent_attention:
+            # --multi-latent-attention picks MLATransformerConfig, which takes the MLA arguments.
+            fields.update(multi_latent_attention=True, **self.mla_args())
+        return fields
+
+    def _moe_fields(self) -> dict[str, Any]:
+        """Return TransformerConfig's MoE fields (none without --num-experts)."""
+        if self.num_experts is None:
+            return {}
+        fields: dict[str, Any] = dict(
+            num_moe_experts=self.num_experts,
+            moe_router_topk=self.moe_router_topk,
+            moe_ffn_hidden_size=self.moe_ffn_hidden_size or self.ffn_size,
+            moe_shared_expert_intermediate_size=self.moe_shared_expert_intermediate_size,
+            moe_grouped_gemm=self.moe_grouped_gemm,
+            moe_layer_freq=self.moe_layer_freq,  # a tuple here; megatron takes a list
+            moe_router_score_function=self.moe_router_score_function,
+            moe_router_enable_expert_bias=self.moe_router_enable_expert_bias,
+        )
+        if self.moe_shared_expert_gate:
+            fields["moe_shared_expert_gate"] = True
+        return fields
+
     def is_moe_layer(self, layer: int) -> bool:
         """Return whether 0-based `layer` has an MoE MLP (megatron's `moe_layer_freq` rule)."""
         if self.num_experts is None:

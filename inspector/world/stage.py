@@ -22,7 +22,7 @@ from typing import Any
 from inspector.errors import ConfigError, FidelityError
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
-from inspector.world.config import _transformer_config
+from inspector.world.config import transformer_config
 from inspector.world.setup import (
     megatron,
     simulate_apex,
@@ -80,7 +80,7 @@ def build_stage(
                 raise FidelityError(
                     f"rank {rank} is {where} in megatron, expected {(stage, expert_rank)}"
                 )
-            config = _transformer_config(model, layout, vpp)
+            config = transformer_config(model, layout, vpp)
             return [
                 _build_chunk(m, model, config, layout, stage, chunk, vpp, expert_rank, checkpoint)
                 for chunk in range(vpp or 1)
