@@ -33,7 +33,7 @@ LAYERS: dict[str, set[str]] = {
     "world": {"errors", "records", "job", "world.te"},
     "report": {"errors", "records", "output", "job", "formulas", "world"},
     "plan": {"errors", "job", "formulas", "world", "report"},
-    "render": {"records", "inputs", "job", "formulas", "world", "report", "plan"},
+    "render": {"records", "inputs", "job", "formulas", "report", "plan"},
     "cli": {"", "errors", "records", "output", "inputs", "job", "formulas", "world", "report",
             "plan", "render"},
     "__main__": {"cli"},

@@ -69,9 +69,13 @@ def topology(
 
     def produce() -> str:
         from inspector.job.layout import rank_map_layout
-        from inspector.render.topology import render_topology
+        from inspector.render.topology import render_topology_line, render_topology_table
+        from inspector.world.ranks import rank_coords, rank_positions
 
-        return render_topology(rank_map_layout(args), fmt)
+        layout = rank_map_layout(args)  # the coordinates come from megatron (world/ranks.py)
+        if fmt is TopologyFormat.table:
+            return render_topology_table(rank_coords(layout), layout)
+        return render_topology_line(rank_positions(layout), layout)
 
     _emit(cache.cached("topology", args, {"format": fmt}, use_cache, produce))
 
