@@ -133,7 +133,7 @@ def timeline(plan: Plan) -> list[list[tuple[float, float, str]]]:
 
     The order of each rank's passes is megatron-core's: `get_schedule_table` (micro-batches in
     groups of p through chunk 0, then chunk 1, ...; 1F1B is the one-chunk case), the warm-up of
-    `get_pp_rank_microbatches` (formulas._warmup_steps), then one forward and one backward per
+    `get_pp_rank_microbatches` (job.dims.warmup_steps), then one forward and one backward per
     step, the backward of step k running chunk v - 1 - chunk(k). A pass starts when its input
     is ready (the previous virtual stage's forward, the next one's backward) and its rank is
     free. A chunk's forward takes a third and its backward two thirds of its share (by layers)
@@ -169,13 +169,13 @@ def timeline(plan: Plan) -> list[list[tuple[float, float, str]]]:
 
 def _rank_order(stage: int, pp: int, m: int, v: int) -> list[tuple[str, int, int]]:
     """Return one rank's passes (F|B, micro-batch, chunk) in megatron-core's order."""
-    from inspector.job.dims import _warmup_steps
+    from inspector.job.dims import warmup_steps
 
     table = []  # megatron's get_schedule_table: (micro-batch, chunk) per forward step
     for start in range(0, m, pp):
         width = min(pp, m - start)
         table += [(start + i, c) for c in range(v) for i in range(width)]
-    warmup = _warmup_steps(stage, pp, m, v, pp) if pp > 1 else 0
+    warmup = warmup_steps(stage, pp, m, v, pp) if pp > 1 else 0
     ops = [("F", *table[k]) for k in range(warmup)]
     for k in range(warmup, len(table)):
         ops.append(("F", *table[k]))
