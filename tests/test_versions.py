@@ -131,12 +131,12 @@ def test_mtp_in_a_layout_string_from_0_14(cli):
 )
 def test_layout_grammar_is_megatrons(layout):
     # 0.13-0.16 parse --pipeline-model-parallel-layout with the same parse_str_to_list; the job is
-    # checked without megatron (inspector.job.layout.expand_layout), so the two must agree.
+    # checked without megatron (inspector.job.pipeline_layout.expand_layout), so the two must agree.
     from megatron.core.transformer.pipeline_parallel_layer_layout import (
         PipelineParallelLayerLayout,
     )
 
-    from inspector.job.layout import expand_layout
+    from inspector.job.pipeline_layout import expand_layout
 
     names = {"embedding": "E", "loss": "L", "decoder": "t", "mtp": "m"}
     try:

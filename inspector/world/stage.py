@@ -149,7 +149,7 @@ def _check_mtp_placed(gpt: Any, layout: Layout, stage: int, chunk: int) -> None:
     text = layout.pipeline_model_parallel_layout
     if text is None:
         return
-    from inspector.job.layout import expand_layout
+    from inspector.job.pipeline_layout import expand_layout
 
     stages = expand_layout(text)
     wanted = stages[chunk * layout.pp + stage].count("m")  # megatron's order: chunk-major
