@@ -101,16 +101,7 @@ def check_target(path: str) -> str:
     if target == os.devnull:
         return target  # `-o /dev/null` discards the output, as `> /dev/null` does
     if info is not None:
-        if stat.S_ISDIR(info.st_mode):
-            raise OutputError(f"-o {shown} is a folder, not a file")
-        for test, kind in _KINDS.items():
-            if test(info.st_mode):
-                raise OutputError(
-                    f"-o {shown} is {kind}, not a regular file; -o writes regular files only"
-                    " (use -o - for standard output)"
-                )
-        if not os.access(target, os.W_OK):
-            raise OutputError(f"-o {shown} is read-only (permission denied)")
+        _check_existing(shown, target, info)
     folder = os.path.dirname(target)
     if not os.path.isdir(folder):
         raise OutputError(f"-o {shown}: folder {folder} does not exist")
@@ -118,6 +109,20 @@ def check_target(path: str) -> str:
         raise OutputError(f"-o {shown}: cannot create files in folder {folder} (permission denied)")
     return target
 
+
+
+def _check_existing(shown: str, target: str, info: os.stat_result) -> None:
+    """Raise OutputError unless the existing file `-o` names is a regular file we may replace."""
+    if stat.S_ISDIR(info.st_mode):
+        raise OutputError(f"-o {shown} is a folder, not a file")
+    for test, kind in _KINDS.items():
+        if test(info.st_mode):
+            raise OutputError(
+                f"-o {shown} is {kind}, not a regular file; -o writes regular files only"
+                " (use -o - for standard output)"
+            )
+    if not os.access(target, os.W_OK):
+        raise OutputError(f"-o {shown} is read-only (permission denied)")
 
 def _file_in_the_way(path: str) -> str:
     """Return the nearest existing parent of path (a file where a folder should be)."""

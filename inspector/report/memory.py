@@ -266,19 +266,7 @@ def _stage_memory(
     }
     rank, data, expert = max(ranks, key=lambda r: (by_shard[r[1:]].total, -r[0]))
     layers = tuple(chunk.layers for chunk in chunks)
-    activations = stage_activations(
-        dims,
-        job.layout,
-        stage,
-        layers,
-        schedule.micro_batch_size,
-        schedule.num_microbatches,
-        training.recompute,
-        training.flash_attention,
-        mtp_chunks=tuple(chunk.mtp_layers for chunk in chunks),
-        recompute_method=training.recompute_method,
-        recompute_num_layers=training.recompute_num_layers,
-    )
+    activations = _activations(job, dims, schedule, built)
     flops = stage_flops(
         dims,
         (i for chunk in layers for i in chunk),
@@ -294,4 +282,22 @@ def _stage_memory(
         state=by_shard[(data, expert)],
         activations=activations,
         flops=flops,
+    )
+
+
+def _activations(job: Job, dims: ModelDims, schedule: Schedule, built: BuiltStage) -> StageActivations:
+    """Return the stage's peak activations (formulas/activations.py) for its built chunks."""
+    training, chunks = job.training, built.chunks
+    return stage_activations(
+        dims,
+        job.layout,
+        built.stage,
+        tuple(chunk.layers for chunk in chunks),
+        schedule.micro_batch_size,
+        schedule.num_microbatches,
+        training.recompute,
+        training.flash_attention,
+        mtp_chunks=tuple(chunk.mtp_layers for chunk in chunks),
+        recompute_method=training.recompute_method,
+        recompute_num_layers=training.recompute_num_layers,
     )

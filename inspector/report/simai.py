@@ -248,6 +248,19 @@ def parse_compute_profile(text: str) -> dict[str, tuple[float, float]]:
     `time_gpu_avg: X` lines. Times are microseconds (CUDA event milliseconds x 1000,
     `cuda_timing_decorator` 499-512); AICB multiplies them by 1000 into SimAI's nanoseconds.
     """
+    sections = _profile_sections(text)
+    profile: dict[str, tuple[float, float]] = {}
+    for name, values in sections.items():
+        if "time_gpu_avg" not in values:
+            raise InputError(f"compute profile section {name!r} lacks time_gpu_avg")
+        profile[name] = (values["time_gpu_avg"], values.get("time_gpu_min", values["time_gpu_avg"]))
+    if not profile:
+        raise InputError("the compute profile holds no section")
+    return profile
+
+
+def _profile_sections(text: str) -> dict[str, dict[str, float]]:
+    """Return each `NAME:` section's `key: value` numbers, checking every line's shape."""
     sections: dict[str, dict[str, float]] = {}
     current: str | None = None
     for number, raw in enumerate(text.splitlines(), start=1):
@@ -275,11 +288,4 @@ def parse_compute_profile(text: str) -> dict[str, tuple[float, float]]:
             ) from None
         if sections[current][key] < 0:
             raise InputError(f"compute profile line {number}: {key} must not be negative")
-    profile: dict[str, tuple[float, float]] = {}
-    for name, values in sections.items():
-        if "time_gpu_avg" not in values:
-            raise InputError(f"compute profile section {name!r} lacks time_gpu_avg")
-        profile[name] = (values["time_gpu_avg"], values.get("time_gpu_min", values["time_gpu_avg"]))
-    if not profile:
-        raise InputError("the compute profile holds no section")
-    return profile
+    return sections
