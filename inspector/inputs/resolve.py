@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inspector.errors import ConfigError
 from inspector.inputs.arguments import BY_NAME
+
+if TYPE_CHECKING:
+    from inspector.inputs.sources import ScriptArgs
 
 
 @dataclass(frozen=True)
@@ -38,37 +41,8 @@ class Resolved:
 
 def merge_sources(sources: Sources, groups: tuple[str, ...]) -> Resolved:
     """Merge preset, config file, launch script and flags (later ones winning) for `groups`."""
-    layers: list[dict[str, Any]] = []
     notes: list[str] = []
-    world: tuple[int | None, str] = (None, "")
-    if sources.preset is not None:
-        from inspector.inputs.presets import get_preset
-
-        layers.append(dict(get_preset(sources.preset).args))
-    if sources.config_file is not None:
-        from inspector.inputs.sources import load_config_file
-
-        layers.append(_megatron_lm_defaults(load_config_file(sources.config_file)))
-    if sources.script is not None:
-        from inspector.inputs.sources import read_launch_script
-
-        parsed = read_launch_script(sources.script, parse_settings(sources.settings))
-        _refuse(parsed.refused, groups)
-        if parsed.ignored:
-            notes.append(f"Ignored from {sources.script}: {' '.join(parsed.ignored)}")
-        if parsed.unrecognised:
-            notes.append(
-                f"Not recognised from {sources.script} (not a Megatron-LM argument this tool "
-                f"knows; check it changes nothing a GPU holds): {' '.join(parsed.unrecognised)}"
-            )
-        notes.extend(f"Note from {sources.script}: {note}" for note in parsed.notes)
-        if parsed.vocab_problem and sources.flags.get("vocab_size") is None:
-            raise ConfigError(parsed.vocab_problem)
-        layers.append(_megatron_lm_defaults(parsed.args))
-        world = (parsed.world_size, parsed.world_origin)
-    layers.append({name: value for name, value in sources.flags.items() if value is not None})
-    if sources.apex is not None:
-        layers.append({"apex": sources.apex})
+    layers, world = _source_layers(sources, groups, notes)
     merged: dict[str, Any] = {}
     for layer in layers:
         merged.update(layer)
@@ -87,6 +61,51 @@ def merge_sources(sources: Sources, groups: tuple[str, ...]) -> Resolved:
             )
     args = {k: v for k, v in merged.items() if k not in BY_NAME or BY_NAME[k].group in groups}
     return Resolved(args, tuple(notes))
+
+
+def _source_layers(
+    sources: Sources, groups: tuple[str, ...], notes: list[str]
+) -> tuple[list[dict[str, Any]], tuple[int | None, str]]:
+    """Return the argument layers, the lowest first, and the launch script's world size."""
+    layers: list[dict[str, Any]] = []
+    world: tuple[int | None, str] = (None, "")
+    if sources.preset is not None:
+        from inspector.inputs.presets import get_preset
+
+        layers.append(dict(get_preset(sources.preset).args))
+    if sources.config_file is not None:
+        from inspector.inputs.sources import load_config_file
+
+        layers.append(_megatron_lm_defaults(load_config_file(sources.config_file)))
+    if sources.script is not None:
+        parsed = _read_script(sources, sources.script, groups, notes)
+        layers.append(_megatron_lm_defaults(parsed.args))
+        world = (parsed.world_size, parsed.world_origin)
+    layers.append({name: value for name, value in sources.flags.items() if value is not None})
+    if sources.apex is not None:
+        layers.append({"apex": sources.apex})
+    return layers, world
+
+
+def _read_script(
+    sources: Sources, script: str, groups: tuple[str, ...], notes: list[str]
+) -> ScriptArgs:
+    """Return the launch script's arguments, noting what it ignored or did not recognise."""
+    from inspector.inputs.sources import read_launch_script
+
+    parsed = read_launch_script(script, parse_settings(sources.settings))
+    _refuse(parsed.refused, groups)
+    if parsed.ignored:
+        notes.append(f"Ignored from {script}: {' '.join(parsed.ignored)}")
+    if parsed.unrecognised:
+        notes.append(
+            f"Not recognised from {script} (not a Megatron-LM argument this tool "
+            f"knows; check it changes nothing a GPU holds): {' '.join(parsed.unrecognised)}"
+        )
+    notes.extend(f"Note from {script}: {note}" for note in parsed.notes)
+    if parsed.vocab_problem and sources.flags.get("vocab_size") is None:
+        raise ConfigError(parsed.vocab_problem)
+    return parsed
 
 
 def _refuse(refused: tuple[tuple[str, str], ...], groups: tuple[str, ...]) -> None:
