@@ -12,7 +12,7 @@ from __future__ import annotations
 import difflib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import inspector.inputs.bash.commands  # noqa: F401 - registers the commands the shell interprets
@@ -252,9 +252,7 @@ def _arguments(words: list[str], where: str, require: Require, ctx: Context,
     """Split the program's words into modelled arguments and ignored flags; `raw` receives the
     values of the ignored flags that the tokenizer needs."""
     args: dict[str, Any] = {}
-    ignored: list[str] = []
-    refused: list[tuple[str, str]] = []
-    unrecognised: list[str] = []
+    skipped = _Unmodelled()
     index = 0
     while index < len(words):
         word = words[index]
@@ -279,13 +277,7 @@ def _arguments(words: list[str], where: str, require: Require, ctx: Context,
         if spec is None:
             if flag in _TOKENIZER_FLAGS and value is not None:
                 raw[flag] = value
-            message = refusal_message(flag, value)
-            if message is not None:
-                refused.append((REFUSED[flag].group, f"{where}: {message}"))
-            elif flag in REFUSED or flag in IGNORED:
-                ignored.append(flag) if flag not in ignored else None
-            elif flag not in unrecognised:
-                unrecognised.append(flag)
+            skipped.add(flag, value, where)
             continue
         if spec.type is bool:
             args[spec.name] = True
@@ -293,9 +285,33 @@ def _arguments(words: list[str], where: str, require: Require, ctx: Context,
         if value is None:
             raise ConfigError(f"{where}: {spec.flag} has no value")
         args[spec.name] = convert(spec, require(value, spec.flag), where)
-    return ScriptArgs(
-        args, tuple(ignored), refused=tuple(refused), unrecognised=tuple(unrecognised)
-    )
+    return skipped.script_args(args)
+
+
+@dataclass
+class _Unmodelled:
+    """The flags a script passes that no row of the argument table models, in order of use."""
+
+    ignored: list[str] = field(default_factory=list)
+    refused: list[tuple[str, str]] = field(default_factory=list)  # (group, message)
+    unrecognised: list[str] = field(default_factory=list)
+
+    def script_args(self, args: dict[str, Any]) -> ScriptArgs:
+        """Return the script's modelled `args` with these flags beside them."""
+        return ScriptArgs(
+            args, tuple(self.ignored), refused=tuple(self.refused), unrecognised=tuple(self.unrecognised)
+        )
+
+    def add(self, flag: str, value: str | None, where: str) -> None:
+        """File `flag` as refused (with why), ignored, or not recognised, each once."""
+        message = refusal_message(flag, value)
+        if message is not None:
+            self.refused.append((REFUSED[flag].group, f"{where}: {message}"))
+        elif flag in REFUSED or flag in IGNORED:
+            if flag not in self.ignored:
+                self.ignored.append(flag)
+        elif flag not in self.unrecognised:
+            self.unrecognised.append(flag)
 
 
 _TOKENIZER_FLAGS = ("--tokenizer-type", "--tokenizer-model", "--vocab-file")
