@@ -224,3 +224,30 @@ def microbatches_in_flight(
     return max(
         sum(point) for point in live_microbatches(stage, pp, num_microbatches, chunks, group_size)
     )
+
+
+def schedule_passes(
+    stage: int,
+    pp: int,
+    num_microbatches: int,
+    chunks: int = 1,
+    group_size: int | None = None,
+) -> list[tuple[bool, int]]:
+    """Return (forward?, chunk) for every pass `stage` runs in one iteration, in megatron's order.
+
+    The same replay as `live_microbatches`: warm-up forwards, then a forward and the backward of
+    the oldest micro-batch in flight per step, then the cool-down backwards.
+    """
+    group = group_size or pp
+    if chunks > 1:
+        _check_interleaved(pp, num_microbatches, group)
+    order = _schedule_table(num_microbatches, chunks, group)
+    warmup = _warmup_steps(stage, pp, num_microbatches, chunks, group)
+    passes: list[tuple[bool, int]] = []
+    for step, chunk in enumerate(order):
+        passes.append((True, chunk))
+        if step >= warmup:
+            passes.append((False, chunks - 1 - order[step - warmup]))
+    for step in range(max(len(order) - warmup, 0), len(order)):
+        passes.append((False, chunks - 1 - order[step]))
+    return passes

@@ -10,6 +10,7 @@ ranks is ever set up and dp costs nothing. What it laid out becomes plain record
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -123,7 +124,12 @@ def _stand_in_groups(settings: DistOptSettings, pipeline_rank: int) -> dict[str,
 
 
 def wrap_in_megatron_ddp(
-    model: torch.nn.Module, settings: DistOptSettings, *, pipeline_rank: int = 0, chunk: int = 0
+    model: torch.nn.Module,
+    settings: DistOptSettings,
+    *,
+    pipeline_rank: int = 0,
+    chunk: int = 0,
+    running: bool = False,
 ) -> Any:
     """Wrap one model chunk in megatron's DistributedDataParallel on meta.
 
@@ -133,6 +139,8 @@ def wrap_in_megatron_ddp(
         settings: the data-parallel sizes and DDP flags.
         pipeline_rank: the stage; megatron's DDP buckets only on stage 0.
         chunk: the virtual-pipeline chunk; Megatron-LM buckets only chunk 0.
+        running: keep the parameters in DDP's buffers, with `main_grad` and DDP's hooks, for a
+            model that will run (inspector/engine); otherwise they are left as found.
 
     Returns the DistributedDataParallel: its `buffers` and `expert_parallel_buffers` are the
     layout.
@@ -156,7 +164,8 @@ def wrap_in_megatron_ddp(
     )
     groups = _stand_in_groups(settings, pipeline_rank)
     with one_rank_world(), cuda_current_device_on_meta(), _no_buffer_logging():
-        with _params_left_untouched(model):
+        kept = contextlib.nullcontext() if running else _params_left_untouched(model)
+        with kept:
             # Megatron-LM (training.py get_model) disables bucketing for chunks after the first.
             return DistributedDataParallel(
                 config, ddp_config, model, disable_bucketing=chunk > 0, **groups
