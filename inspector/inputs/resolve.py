@@ -14,6 +14,7 @@ from typing import Any
 
 from inspector.errors import ConfigError
 from inspector.inputs.arguments import BY_NAME
+from inspector.inputs.refusals import raise_refusals
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ def merge_sources(sources: Sources, groups: tuple[str, ...]) -> Resolved:
         from inspector.inputs.sources import read_launch_script
 
         parsed = read_launch_script(sources.script, parse_settings(sources.settings))
-        _refuse(parsed.refused, groups)
+        raise_refusals(parsed.refused, groups)
         if parsed.ignored:
             notes.append(f"Ignored from {sources.script}: {' '.join(parsed.ignored)}")
         if parsed.unrecognised:
@@ -87,13 +88,6 @@ def merge_sources(sources: Sources, groups: tuple[str, ...]) -> Resolved:
             )
     args = {k: v for k, v in merged.items() if k not in BY_NAME or BY_NAME[k].group in groups}
     return Resolved(args, tuple(notes))
-
-
-def _refuse(refused: tuple[tuple[str, str], ...], groups: tuple[str, ...]) -> None:
-    """Raise ConfigError for the first refused script argument this command would read."""
-    for group, message in refused:
-        if group in groups:
-            raise ConfigError(message)
 
 
 def _megatron_lm_defaults(args: dict[str, Any]) -> dict[str, Any]:

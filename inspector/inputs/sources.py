@@ -20,6 +20,7 @@ from inspector.errors import ConfigError, InputError
 from inspector.inputs.arguments import BY_NAME, ArgSpec
 from inspector.inputs.bash.context import Command, Context, describe_unknown
 from inspector.inputs.bash.shell import _Break, _Exit, _Return, new_shell
+from inspector.inputs.entry_points import program_checks
 from inspector.inputs.launch import (
     Require,
     World,
@@ -28,6 +29,7 @@ from inspector.inputs.launch import (
     sbatch_options,
     world_of,
 )
+from inspector.inputs.refusals import Refused, refused_argument
 from inspector.inputs.tokenizers import vocabulary
 from inspector.inputs.unmodelled import IGNORED, REFUSED, RENAMED, refusal_message
 from inspector.output import read_text
@@ -46,7 +48,7 @@ class ScriptArgs:
     launch: tuple[str, ...] = ()  # the launch command as bash runs it, from the launcher on
     notes: tuple[str, ...] = ()  # how a value was derived (the tokenizer's vocabulary), for stderr
     vocab_problem: str = ""  # an error unless the command line gives --vocab-size
-    refused: tuple[tuple[str, str], ...] = ()  # (argument group, error) for refused arguments
+    refused: tuple[Refused, ...] = ()  # arguments refused (inspector.inputs.refusals)
     unrecognised: tuple[str, ...] = ()  # flags in none of Megatron-LM's tables we know
 
 
@@ -173,7 +175,10 @@ def parse_launch_script(
     raw: dict[str, str] = {}
     parsed = _arguments(program_arguments(launch.argv), where, require, launch.ctx, raw)
     args, ignored = dict(parsed.args), parsed.ignored
-    notes: tuple[str, ...] = ()
+    flags = {BY_NAME[name].flag for name in args} | set(parsed.ignored)
+    program, refused = program_checks(launch.argv, launch.ctx.show, flags, where)
+    refused += parsed.refused
+    notes: tuple[str, ...] = program
     problem = ""
     if "--tokenizer-type" in raw:
         given = {flag: require(value, flag) for flag, value in raw.items()}
@@ -181,11 +186,11 @@ def parse_launch_script(
                            args.get("vocab_size"), given.get("--vocab-file"), where)  # fmt: skip
         if vocab.size is not None:
             args["vocab_size"] = vocab.size
-        notes, problem = ((vocab.note,) if vocab.note else ()), vocab.problem
+        notes, problem = notes + ((vocab.note,) if vocab.note else ()), vocab.problem
         ignored = tuple(f for f in ignored if f not in ("--tokenizer-type", "--tokenizer-model"))
     return ScriptArgs(
         args, ignored, world.size, world.origin, launch.observed, notes, problem,
-        parsed.refused, parsed.unrecognised,
+        refused, parsed.unrecognised,
     )  # fmt: skip
 
 
@@ -253,7 +258,7 @@ def _arguments(words: list[str], where: str, require: Require, ctx: Context,
     values of the ignored flags that the tokenizer needs."""
     args: dict[str, Any] = {}
     ignored: list[str] = []
-    refused: list[tuple[str, str]] = []
+    refused: list[Refused] = []
     unrecognised: list[str] = []
     index = 0
     while index < len(words):
@@ -279,9 +284,9 @@ def _arguments(words: list[str], where: str, require: Require, ctx: Context,
         if spec is None:
             if flag in _TOKENIZER_FLAGS and value is not None:
                 raw[flag] = value
-            message = refusal_message(flag, value)
-            if message is not None:
-                refused.append((REFUSED[flag].group, f"{where}: {message}"))
+            refusal = refused_argument(flag, value, where)
+            if refusal is not None:
+                refused.append(refusal)
             elif flag in REFUSED or flag in IGNORED:
                 ignored.append(flag) if flag not in ignored else None
             elif flag not in unrecognised:
