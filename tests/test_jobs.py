@@ -156,3 +156,106 @@ def test_freeze_all_layers_is_refused_for_memory(cli, tmp_path):
     result = cli("memory", "--from-script", path)
     assert result.err.startswith(f"Error: {path} line 1: --freeze-all-layers is not modelled: "
                                  "frozen parameters hold no gradients")  # fmt: skip
+
+
+FUNCTIONAL_TEST = """\
+ENV_VARS:
+  CUDA_DEVICE_MAX_CONNECTIONS: 1
+  NVTE_ALLOW_NONDETERMINISTIC_ALGO: 1
+TEST_TYPE: "release"
+MODEL_ARGS:
+  # Distributed args
+  --tensor-model-parallel-size: 2
+  --pipeline-model-parallel-size: 2
+  --use-distributed-optimizer: true
+  --sequence-parallel: true
+  --disable-bias-linear: true
+  --micro-batch-size: 2
+  --global-batch-size: 64
+  --train-samples: 1000
+  --tokenizer-type: NullTokenizer
+  --vocab-size: 1000
+  --data-path: ${DATA_PATH}/my_text_document
+  --num-layers: 4
+  --hidden-size: 64
+  --num-attention-heads: 4
+  --seq-length: 128
+  --max-position-embeddings: 128
+  --lr: 4.5e-4
+  --adam-beta1: 0.9
+  --bf16: true
+  --my-new-flag: 3
+METRICS:
+  - "lm loss"
+"""
+
+
+def test_functional_test_config(tmp_path):
+    from inspector.inputs.megatron_config import read_config
+
+    path = tmp_path / "model_config.yaml"
+    path.write_text(FUNCTIONAL_TEST)
+    parsed = read_config(str(path))
+    assert parsed.args == {
+        "tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2,
+        "use_distributed_optimizer": True, "sequence_parallel": True, "disable_bias_linear": True,
+        "micro_batch_size": 2, "global_batch_size": 64, "num_layers": 4, "hidden_size": 64,
+        "num_attention_heads": 4, "seq_length": 128, "max_position_embeddings": 128,
+        "bf16": True,
+        # installed megatron-core < 0.18: NullTokenizer adds its end-of-document token
+        "vocab_size": 1001,
+    }  # fmt: skip
+    assert parsed.ignored == ("--train-samples", "--data-path", "--lr", "--adam-beta1")
+    assert parsed.unrecognised == ("--my-new-flag",)
+    assert parsed.notes[:2] == (
+        "ENV_VARS set the job's environment, not its arguments: CUDA_DEVICE_MAX_CONNECTIONS "
+        "NVTE_ALLOW_NONDETERMINISTIC_ALGO",
+        "keys for Megatron-LM's test runner, not arguments: TEST_TYPE METRICS",
+    )
+
+
+def test_functional_test_config_lists_every_refusal(cli, tmp_path):
+    path = tmp_path / "model_config.yaml"
+    path.write_text(FUNCTIONAL_TEST.replace("  --bf16: true\n", "  --bf16: true\n  --fp8-format: "
+                                            "hybrid\n  --checkpoint-activations: true\n"))  # fmt: skip
+    result = cli("memory", "--config", str(path))
+    assert result.err.startswith(
+        f"Error: {path}: --fp8-format hybrid is not modelled: Transformer Engine's "
+    )
+    assert result.err.endswith("; --checkpoint-activations is refused by Megatron-LM: "
+                               "validate_args: '--checkpoint-activations is no longer valid, use "
+                               "--recompute-activations, or, for more control, "
+                               "--recompute-granularity and --recompute-method'\n")  # fmt: skip
+
+
+def test_config_tokenizer_is_honoured_not_gpt2(cli, tmp_path):
+    # a tokenizer whose vocabulary cannot be known here asks for --vocab-size, never GPT-2's
+    path = tmp_path / "model_config.yaml"
+    path.write_text("MODEL_ARGS:\n  --num-layers: 2\n  --tokenizer-type: GPTSentencePieceTokenizer"
+                    "\n  --tokenizer-model: ${DATA_PATH}/utils/nemotron_2_256k.model\n")  # fmt: skip
+    result = cli("params", "--config", str(path))
+    assert result.code == 2
+    assert "is not known here" in result.err and "give --vocab-size" in result.err
+
+
+def test_plain_config_classifies_every_argument(cli, tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("num-layers: 2\nhidden-size: 64\nnum-attention-heads: 4\nseq-length: 32\n"
+                    "vocab-size: 1000\nlr: 3.0e-4\nadam-beta1: 0.9\nswiglu: false\n")  # fmt: skip
+    result = cli("params", "--config", str(path))
+    assert result.code == 0, result.err
+    assert result.err == f"Ignored from {path}: --lr --adam-beta1\n"
+
+
+def test_plain_config_lists_every_unknown_key(tmp_path):
+    from inspector.errors import ConfigError
+    from inspector.inputs.megatron_config import read_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text("num-layers: 2\nhiden-size: 64\nnum-atention-heads: 4\n")
+    with pytest.raises(ConfigError) as error:
+        read_config(str(path))
+    assert str(error.value) == (
+        f"{path}: unknown arguments 'hiden-size' (did you mean --hidden-size?), "
+        "'num-atention-heads' (did you mean --num-attention-heads?)"
+    )

@@ -3,7 +3,8 @@
 this machine or from a small table of well-known tokenizers; never downloaded, never guessed.
 
 Megatron-LM pads `tokenizer.vocab_size` (not `--vocab-size`) for every tokenizer but
-NullTokenizer, whose size is `--vocab-size` + 1 (its end-of-document token, `_NullTokenizer.vocab_size`).
+NullTokenizer, whose size is `--vocab-size` + 1 (its end-of-document token, `_NullTokenizer.vocab_size`)
+up to megatron-core 0.17 and `--vocab-size` from 0.18 (inspector.inputs.versions).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import json
 import os
 from dataclasses import dataclass
 from typing import Any
+
+from inspector.inputs.versions import null_tokenizer_adds_eod
 
 # Hub names -> (size Megatron-LM's tokenizer reports, where the number comes from).
 KNOWN_TOKENIZERS: dict[str, tuple[int, str]] = {
@@ -43,6 +46,9 @@ def vocabulary(tokenizer_type: str, model: str | None, vocab_size: int | None,
     if tokenizer_type == "NullTokenizer":
         if vocab_size is None:
             return Vocabulary(None, problem=f"{where}: NullTokenizer needs --vocab-size")
+        if not null_tokenizer_adds_eod():
+            return Vocabulary(vocab_size, f"NullTokenizer: --vocab-size {vocab_size}, its end-of-"
+                                          "document token among them (megatron-core 0.18+)")  # fmt: skip
         return Vocabulary(vocab_size + 1, f"NullTokenizer: --vocab-size {vocab_size} + 1 for its "
                                           "end-of-document token, as Megatron-LM counts it")  # fmt: skip
     found: tuple[int, str] | None = None
