@@ -9,7 +9,6 @@ the training command is the one that launches a Python file (`torchrun ... pretr
 
 from __future__ import annotations
 
-import difflib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from inspector.errors import ConfigError, InputError
 from inspector.inputs.arguments import BY_NAME, ArgSpec
 from inspector.inputs.bash.context import Command, Context, describe_unknown
 from inspector.inputs.bash.shell import _Break, _Exit, _Return, new_shell
+from inspector.inputs.entry_points import program_checks
 from inspector.inputs.launch import (
     Require,
     World,
@@ -28,8 +28,9 @@ from inspector.inputs.launch import (
     sbatch_options,
     world_of,
 )
-from inspector.inputs.tokenizers import vocabulary
-from inspector.inputs.unmodelled import IGNORED, REFUSED, RENAMED, refusal_message
+from inspector.inputs.refusals import Refused, refused_argument
+from inspector.inputs.tokenizers import TOKENIZER_FLAGS, apply_tokenizer
+from inspector.inputs.unmodelled import IGNORED, REFUSED, RENAMED
 from inspector.output import read_text
 
 
@@ -46,7 +47,7 @@ class ScriptArgs:
     launch: tuple[str, ...] = ()  # the launch command as bash runs it, from the launcher on
     notes: tuple[str, ...] = ()  # how a value was derived (the tokenizer's vocabulary), for stderr
     vocab_problem: str = ""  # an error unless the command line gives --vocab-size
-    refused: tuple[tuple[str, str], ...] = ()  # (argument group, error) for refused arguments
+    refused: tuple[Refused, ...] = ()  # arguments refused (inspector.inputs.refusals)
     unrecognised: tuple[str, ...] = ()  # flags in none of Megatron-LM's tables we know
 
 
@@ -67,36 +68,6 @@ def convert(spec: ArgSpec, raw: Any, origin: str) -> Any:
             f"{origin}: {spec.flag} {value!r} is not one of: {', '.join(spec.choices)}"
         )
     return value
-
-
-def load_config_file(path: str) -> dict[str, Any]:
-    """Read a YAML or JSON file of Megatron-LM arguments (keys with dashes or underscores)."""
-    text = read_text(path)
-    data = _parse_config(text, path)
-    if not isinstance(data, dict):
-        raise InputError(
-            f"{path} must hold a mapping of Megatron-LM arguments, not {type(data).__name__}"
-        )
-    args: dict[str, Any] = {}
-    spelled: dict[str, str] = {}
-    for key, raw in data.items():
-        name = str(key).lstrip("-").replace("-", "_")
-        if name in spelled:
-            raise InputError(
-                f"{path}: {spelled[name]!r} and {key!r} both set {BY_NAME[name].flag}"
-                if name in BY_NAME
-                else f"{path}: {spelled[name]!r} and {key!r} are the same argument"
-            )
-        spelled[name] = str(key)
-        message = refusal_message("--" + name.replace("_", "-"), None if raw is True else str(raw))
-        if name not in BY_NAME and message is not None:
-            raise ConfigError(f"{path}: {message}")
-        if name not in BY_NAME:
-            close = difflib.get_close_matches(name, BY_NAME, n=1)
-            hint = f" (did you mean {BY_NAME[close[0]].flag}?)" if close else ""
-            raise ConfigError(f"{path}: unknown argument {key!r}{hint}")
-        args[name] = convert(BY_NAME[name], raw, path)
-    return args
 
 
 def _parse_config(text: str, path: str) -> Any:
@@ -173,19 +144,17 @@ def parse_launch_script(
     raw: dict[str, str] = {}
     parsed = _arguments(program_arguments(launch.argv), where, require, launch.ctx, raw)
     args, ignored = dict(parsed.args), parsed.ignored
-    notes: tuple[str, ...] = ()
-    problem = ""
+    flags = {BY_NAME[name].flag for name in args} | set(parsed.ignored)
+    program, refused = program_checks(launch.argv, launch.ctx.show, flags, where)
+    refused += parsed.refused
+    notes: tuple[str, ...] = program
     if "--tokenizer-type" in raw:
-        given = {flag: require(value, flag) for flag, value in raw.items()}
-        vocab = vocabulary(given["--tokenizer-type"], given.get("--tokenizer-model"),
-                           args.get("vocab_size"), given.get("--vocab-file"), where)  # fmt: skip
-        if vocab.size is not None:
-            args["vocab_size"] = vocab.size
-        notes, problem = ((vocab.note,) if vocab.note else ()), vocab.problem
-        ignored = tuple(f for f in ignored if f not in ("--tokenizer-type", "--tokenizer-model"))
+        raw = {flag: require(value, flag) for flag, value in raw.items()}
+    args, ignored, vocab_notes, problem = apply_tokenizer(args, ignored, raw, where)
+    notes += vocab_notes
     return ScriptArgs(
         args, ignored, world.size, world.origin, launch.observed, notes, problem,
-        parsed.refused, parsed.unrecognised,
+        refused, parsed.unrecognised,
     )  # fmt: skip
 
 
@@ -253,7 +222,7 @@ def _arguments(words: list[str], where: str, require: Require, ctx: Context,
     values of the ignored flags that the tokenizer needs."""
     args: dict[str, Any] = {}
     ignored: list[str] = []
-    refused: list[tuple[str, str]] = []
+    refused: list[Refused] = []
     unrecognised: list[str] = []
     index = 0
     while index < len(words):
@@ -277,11 +246,11 @@ def _arguments(words: list[str], where: str, require: Require, ctx: Context,
             if meaning is not None and takes_value and not inline:
                 index -= 1  # a switch: the next word is not its value
         if spec is None:
-            if flag in _TOKENIZER_FLAGS and value is not None:
+            if flag in TOKENIZER_FLAGS and value is not None:
                 raw[flag] = value
-            message = refusal_message(flag, value)
-            if message is not None:
-                refused.append((REFUSED[flag].group, f"{where}: {message}"))
+            refusal = refused_argument(flag, value, where)
+            if refusal is not None:
+                refused.append(refusal)
             elif flag in REFUSED or flag in IGNORED:
                 ignored.append(flag) if flag not in ignored else None
             elif flag not in unrecognised:
@@ -296,9 +265,6 @@ def _arguments(words: list[str], where: str, require: Require, ctx: Context,
     return ScriptArgs(
         args, tuple(ignored), refused=tuple(refused), unrecognised=tuple(unrecognised)
     )
-
-
-_TOKENIZER_FLAGS = ("--tokenizer-type", "--tokenizer-model", "--vocab-file")
 
 
 def _looks_like_value(words: list[str], index: int) -> bool:
