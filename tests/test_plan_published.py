@@ -83,7 +83,7 @@ def price_row(index: int) -> Row:
         max_position_embeddings=SEQ, vocab_size=VOCAB, fp16=True, global_batch_size=batch,
     )
     args = merge_sources(Sources(flags=flags), ("model", "layout", "training")).args
-    req = make_request(args, gpus, "a100-80gb", None, 8, None, None, None, 0.65, 1)
+    req = make_request(args, gpus, "a100-80gb", None, 8, None, None, None, None, 1)
     req = replace(req, flash_attention=False)
 
     def first(fixed: dict) -> object:
@@ -169,7 +169,7 @@ def meta_request(grad_reduce_in_bf16: bool = True, dropout: bool = False) -> obj
     if dropout:  # Megatron-LM's defaults, 0.1
         del flags["attention_dropout"], flags["hidden_dropout"]
     args = merge_sources(Sources(preset="llama3.1-405b", flags=flags), ("model", "layout", "training")).args
-    return make_request(args, 16384, "h100", None, 8, None, None, None, 0.65, 5)
+    return make_request(args, 16384, "h100", None, 8, None, None, None, None, 5)
 
 
 @cache
