@@ -28,14 +28,14 @@ MODEL_KEYS = {
     "heads": "num_attention_heads", "vocab": "vocab_size", "seq": "seq_length",
     "experts": "num_experts", "topk": "moe_router_topk", "moe_ffn": "moe_ffn_hidden_size",
 }  # fmt: skip
-SKIP = {"name", "arch", "kv_groups"}
+SKIP = {"name", "arch", "kv_groups", "preset"}
 
 
 def model_flags(record: dict[str, Any]) -> dict[str, Any]:
     """Return the Megatron-LM flags of a record's model and precision."""
     model = record["model"]
     flags: dict[str, Any] = {MODEL_KEYS.get(k, k): v for k, v in model.items() if k not in SKIP}
-    if model.get("kv_groups") not in (None, model["heads"]):
+    if model.get("kv_groups") not in (None, model.get("heads")):
         flags.update(group_query_attention=True, num_query_groups=model["kv_groups"])
     arch = model.get("arch", "")
     if "RMSNorm" in arch:
@@ -46,7 +46,7 @@ def model_flags(record: dict[str, Any]) -> dict[str, Any]:
         flags["position_embedding_type"] = "rope"
     if "untied" in arch:
         flags["untie_embeddings_and_output_weights"] = True
-    flags["max_position_embeddings"] = model["seq"]
+    flags["max_position_embeddings"] = model["seq"] if "seq" in model else None
     flags[record["precision"] if record["precision"] in ("fp16", "bf16") else "bf16"] = True
     flags["global_batch_size"] = record["gbs"]
     return flags
@@ -74,7 +74,11 @@ def price(record: dict[str, Any], efficiency: float | None = None) -> float:
     from inspector.inputs.resolve import Sources, merge_sources
     from inspector.plan.search import make_request, search
 
-    args = merge_sources(Sources(flags=model_flags(record)), ("model", "layout", "training")).args
+    preset = record["model"].get("preset")  # a preset of `inspect-model models`, if named
+    flags = model_flags(record)
+    if preset:
+        flags = {k: v for k, v in flags.items() if k not in ("preset",)}
+    args = merge_sources(Sources(preset=preset, flags=flags), ("model", "layout", "training")).args
     req = make_request(args, record["gpus"], record["gpu"], None, 8, None, None, None, efficiency, 1)
     req = replace(req, fixed=fixed_dims(record), memory=1 << 50,
                   flash_attention=bool(record.get("flash_attention")))
