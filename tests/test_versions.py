@@ -95,7 +95,7 @@ def test_the_planner_emits_mtp_layout_strings_only_where_megatron_builds_them():
                  vocab_size=1000, position_embedding_type="rope", mtp_num_layers=1,
                  untie_embeddings_and_output_weights=True, global_batch_size=4)
     args = merge_sources(Sources(flags=flags), ("model", "layout", "training")).args
-    req = make_request(args, 2, "h100", 1, 8, None, None, None, 0.65, 50)
+    req = make_request(args, 2, "h100", 1, 8, None, None, None, None, 50)
     from dataclasses import replace
 
     assert _mtp_in_layouts() == MTP_IN_LAYOUT

@@ -293,8 +293,10 @@ def plan(
     inter_bandwidth: float | None = typer.Option(
         None, "--inter-node-bandwidth", help="Override InfiniBand GB/s per GPU, one direction."
     ),
-    efficiency: float = typer.Option(
-        0.65, "--efficiency", help="Fraction of peak the layers' GEMMs reach, in (0, 1]."
+    efficiency: float | None = typer.Option(
+        None, "--efficiency",
+        help="Price every GEMM FLOP at this fraction of peak, in (0, 1], instead of the measured "
+        "per-kernel tables.",
     ),
     top: int = typer.Option(5, "--top", help="How many plans to list."),
     explain: bool = typer.Option(False, "--explain", help="Say why plan 1 wins."),

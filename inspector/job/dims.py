@@ -59,6 +59,10 @@ class ModelDims:
     qk_layernorm: bool = False  # with MLA: the two latent norms
     attention_dropout: bool = True  # --attention-dropout > 0: its mask and output are stored
     hidden_dropout: bool = True  # --hidden-dropout > 0: masks after attention, MLP, embedding
+    # What the step-time model's kernels depend on (formulas/ops.py):
+    rotary: bool = False  # rotary embedding on Q and K (--position-embedding-type rope, MLA)
+    flash_attention: bool = False  # flash attention, else megatron's unfused DotProductAttention
+    fused_kernels: bool = True  # megatron's fused scale-mask-softmax (apex or Transformer Engine)
 
     def __post_init__(self) -> None:
         """Reject dimensions that no formula can use (the checks config.py makes of a model)."""
