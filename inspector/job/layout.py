@@ -196,6 +196,15 @@ def check_buildable(model: ModelConfig, layout: Layout) -> None:
             f"--context-parallel-size {layout.cp} needs --transformer-impl transformer_engine: "
             "megatron-core's local DotProductAttention refuses context parallelism"
         )
+    seq, chunks = model.seq_length, 2 * layout.cp
+    if layout.cp > 1 and seq % chunks:
+        # megatron-core utils.get_batch_on_this_cp_rank and rope_utils.get_pos_emb_on_this_cp_rank
+        # view each sequence as 2 x cp equal chunks (rank r takes chunks r and 2cp-1-r).
+        raise ConfigError(
+            f"--seq-length {seq} is not divisible by 2 x --context-parallel-size {layout.cp} = "
+            f"{chunks} ({seq} % {chunks} = {seq % chunks}): megatron splits every sequence into "
+            "2 x cp equal chunks"
+        )
 
 
 def virtual_size(
