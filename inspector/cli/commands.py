@@ -216,6 +216,10 @@ def workload(
     if (output is None) == (stage is None):
         raise ConfigError("workload writes every stage into -o DIR, or one stage with --stage S; pass one")
 
+    if output is not None:
+        from inspector.export import check_export_target
+
+        check_export_target(output)  # before the build: a bad -o costs nothing
     profile = None
     if compute_profile is not None:
         from inspector.output import read_text
@@ -241,9 +245,9 @@ def workload(
 
         _emit(files[file_name(stage or 0)])
         return
-    from inspector.output import write_directory_atomic
+    from inspector.export import write_export
 
-    write_directory_atomic(output, files)
+    write_export(output, files)
 
 
 @app.command(cls=_PanelCommand)
