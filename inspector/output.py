@@ -60,13 +60,13 @@ def write_output(path: str | None, text: str) -> None:
         write_atomic(path, text)
 
 
-def write_atomic(path: str, text: str) -> None:
+def write_atomic(path: str, text: str, flag: str = "-o") -> None:
     """Replace the regular file at path (a symlink's target) with text, or raise OutputError.
 
     Either the whole new file appears or the old one stays as it was; no temporary file is
     left behind, also when the run is interrupted during the write.
     """
-    target = check_target(path)
+    target = check_target(path, flag)
     if target == os.devnull:
         return
     try:
@@ -74,54 +74,58 @@ def write_atomic(path: str, text: str) -> None:
     except _CannotCreate as exc:
         folder = os.path.dirname(target)
         raise OutputError(
-            f"-o {shown_path(path)}: cannot create a file in folder {folder} ({reason_of(exc)})"
+            f"{flag} {shown_path(path)}: cannot create a file in folder {folder} ({reason_of(exc)})"
         ) from None
     except OSError as exc:
         via = "" if os.path.abspath(path) == target else f" (the target of the link, {target})"
-        raise OutputError(f"-o {shown_path(path)}: cannot write{via}: {reason_of(exc)}") from None
+        raise OutputError(f"{flag} {shown_path(path)}: cannot write{via}: {reason_of(exc)}") from None
 
 
-def check_target(path: str) -> str:
+def check_target(path: str, flag: str = "-o") -> str:
     """Return the real path that `-o path` replaces, or raise OutputError saying why it cannot.
 
     Cheap (no writing), so a command can call it before spending time on the build.
     """
     shown = shown_path(path)
     if path == "":
-        raise OutputError("-o needs a file name, got an empty one (use -o - for standard output)")
+        raise OutputError(f"{flag} needs a file name, got an empty one{_dash_hint(flag)}")
     if path.endswith(("/", os.sep)) and not os.path.isdir(path):
-        raise OutputError(f"-o {shown} ends in '/', so it names a folder, not a file")
+        raise OutputError(f"{flag} {shown} ends in '/', so it names a folder, not a file")
     try:
         info: os.stat_result | None = os.stat(path)  # the kernel follows the links
     except FileNotFoundError:
         info = None
     except OSError as exc:
         if exc.errno == errno.ENOTDIR:
-            raise OutputError(f"-o {shown}: {_file_in_the_way(path)} is not a folder") from None
-        raise OutputError(f"-o {shown}: {reason_of(exc)}") from None
+            raise OutputError(f"{flag} {shown}: {_file_in_the_way(path)} is not a folder") from None
+        raise OutputError(f"{flag} {shown}: {reason_of(exc)}") from None
     try:
         target = os.path.realpath(path)
     except OSError as exc:  # the working folder was deleted
-        raise OutputError(f"-o {shown}: {reason_of(exc)}") from None
+        raise OutputError(f"{flag} {shown}: {reason_of(exc)}") from None
     if target == os.devnull:
         return target  # `-o /dev/null` discards the output, as `> /dev/null` does
     if info is not None:
         if stat.S_ISDIR(info.st_mode):
-            raise OutputError(f"-o {shown} is a folder, not a file")
+            raise OutputError(f"{flag} {shown} is a folder, not a file")
         for test, kind in _KINDS.items():
             if test(info.st_mode):
                 raise OutputError(
-                    f"-o {shown} is {kind}, not a regular file; -o writes regular files only"
-                    " (use -o - for standard output)"
+                    f"{flag} {shown} is {kind}, not a regular file; {flag} writes regular files "
+                    f"only{_dash_hint(flag)}"
                 )
         if not os.access(target, os.W_OK):
-            raise OutputError(f"-o {shown} is read-only (permission denied)")
+            raise OutputError(f"{flag} {shown} is read-only (permission denied)")
     folder = os.path.dirname(target)
     if not os.path.isdir(folder):
-        raise OutputError(f"-o {shown}: folder {folder} does not exist")
+        raise OutputError(f"{flag} {shown}: folder {folder} does not exist")
     if not os.access(folder, os.W_OK | os.X_OK):
-        raise OutputError(f"-o {shown}: cannot create files in folder {folder} (permission denied)")
+        raise OutputError(f"{flag} {shown}: cannot create files in folder {folder} (permission denied)")
     return target
+
+
+def _dash_hint(flag: str) -> str:
+    return " (use -o - for standard output)" if flag == "-o" else ""
 
 
 def _file_in_the_way(path: str) -> str:
@@ -319,8 +323,23 @@ def write_error(message: str) -> None:
     """Print `Error: message` on stderr (where stderr is closed, say nothing)."""
     with contextlib.suppress(OSError, ValueError, SystemExit, OutputError):
         sys.stdout.flush()
+    write_stderr(f"Error: {message}\n")
+
+
+def write_stderr(text: str) -> None:
+    """Write a note or an error on stderr; where it cannot be written (`2>/dev/full`), drop it.
+
+    A failed write leaves its bytes in the stream's buffer, and Python's own flush at exit would
+    fail again and turn the exit status into 120: stderr is pointed at /dev/null instead.
+    """
     if sys.stderr is None:
         return
-    with contextlib.suppress(OSError, ValueError):
-        sys.stderr.write(f"Error: {message}\n")
+    try:
+        sys.stderr.write(text)
         sys.stderr.flush()
+    except (OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stderr.fileno())
+            os.close(devnull)
+            sys.stderr.flush()

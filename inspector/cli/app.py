@@ -214,6 +214,7 @@ def model_options(*groups: str) -> Callable[[Callable[..., Any]], Callable[..., 
         @functools.wraps(func)
         def wrapper(**kwargs: Any) -> Any:
             from inspector.inputs.resolve import Sources, merge_sources
+            from inspector.output import write_stderr
 
             flags = {spec.name: kwargs.pop(spec.name) for spec in specs}
             named = {k: kwargs.pop(k) for k in ("preset", "config_file", "script", "apex")}
@@ -221,7 +222,7 @@ def model_options(*groups: str) -> Callable[[Callable[..., Any]], Callable[..., 
             use_cache = not kwargs.pop("no_cache")
             resolved = merge_sources(Sources(flags=flags, settings=settings, **named), wanted)
             for note in resolved.notes:
-                typer.echo(note, err=True)
+                write_stderr(f"{note}\n")
             return func(args=resolved.args, use_cache=use_cache, **kwargs)
 
         wrapper.__signature__ = inspect.Signature(own + extra)  # type: ignore[attr-defined]

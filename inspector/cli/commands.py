@@ -314,6 +314,10 @@ def plan(
         args, gpus, gpu, gpu_memory, gpus_per_node, gpu_tflops, intra_bandwidth,
         inter_bandwidth, efficiency, top,
     )
+    if svg is not None:
+        from inspector.output import check_target
+
+        check_target(svg, "--svg")  # before the search: a bad --svg costs nothing
     progress = core.progress_line()
     result = core.search(request, progress)
     if progress is not None:  # the search's speed, on the terminal only (stdout stays identical)
@@ -324,5 +328,5 @@ def plan(
     if svg is not None and result.plans:
         from inspector.output import write_atomic
 
-        write_atomic(svg, render.render_svg(result.plans[0]))
+        write_atomic(svg, render.render_svg(result.plans[0]), "--svg")
     _emit(text, output)
