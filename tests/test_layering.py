@@ -24,7 +24,9 @@ LAYERS: dict[str, set[str]] = {
     "": set(),  # inspector/__init__.py: the version
     "errors": set(),
     "records": set(),
-    "output": {"errors"},
+    "guard": set(),  # signals held and stale temporaries removed around a write
+    "output": {"errors", "guard"},
+    "export": {"errors", "output", "guard"},  # -o DIR: a folder of files written whole, beside output's -o FILE
     "inputs.bash": {"errors"},
     "inputs": {"errors", "output", "inputs.bash"},
     "job": {"errors", "inputs"},
@@ -36,8 +38,8 @@ LAYERS: dict[str, set[str]] = {
     "report": {"errors", "records", "output", "job", "formulas", "world", "engine"},
     "plan": {"errors", "job", "formulas", "world", "report", "engine"},
     "render": {"records", "inputs", "job", "formulas", "world", "report", "plan", "engine"},
-    "cli": {"", "errors", "records", "output", "inputs", "job", "formulas", "world", "report",
-            "plan", "render", "engine"},
+    "cli": {"", "errors", "records", "output", "export", "inputs", "job", "formulas", "world",
+            "report", "plan", "render", "engine"},
     "__main__": {"cli"},
 }
 # Only these folders may import torch or megatron (the simulated world runs megatron-core's code).

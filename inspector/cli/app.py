@@ -220,6 +220,7 @@ def model_options(*groups: str) -> Callable[[Callable[..., Any]], Callable[..., 
         @functools.wraps(func)
         def wrapper(**kwargs: Any) -> Any:
             from inspector.inputs.resolve import Sources, merge_sources
+            from inspector.output import write_stderr
 
             flags = {spec.name: kwargs.pop(spec.name) for spec in specs}
             sources = ("preset", "config_file", "hf_config", "script", "apex")
@@ -228,7 +229,7 @@ def model_options(*groups: str) -> Callable[[Callable[..., Any]], Callable[..., 
             use_cache = not kwargs.pop("no_cache")
             resolved = merge_sources(Sources(flags=flags, settings=settings, **named), wanted)
             for note in resolved.notes:
-                typer.echo(note, err=True)
+                write_stderr(f"{note}\n")
             return func(args=resolved.args, use_cache=use_cache, **kwargs)
 
         wrapper.__signature__ = inspect.Signature(own + extra)  # type: ignore[attr-defined]

@@ -216,6 +216,10 @@ def workload(
     if (output is None) == (stage is None):
         raise ConfigError("workload writes every stage into -o DIR, or one stage with --stage S; pass one")
 
+    if output is not None:
+        from inspector.export import check_export_target
+
+        check_export_target(output)  # before the build: a bad -o costs nothing
     profile = None
     if compute_profile is not None:
         from inspector.output import read_text
@@ -241,9 +245,9 @@ def workload(
 
         _emit(files[file_name(stage or 0)])
         return
-    from inspector.output import write_directory_atomic
+    from inspector.export import write_export
 
-    write_directory_atomic(output, files)
+    write_export(output, files)
 
 
 @app.command(cls=_PanelCommand)
@@ -312,6 +316,10 @@ def plan(
         args, gpus, gpu, gpu_memory, gpus_per_node, gpu_tflops, intra_bandwidth,
         inter_bandwidth, efficiency, top,
     )
+    if svg is not None:
+        from inspector.output import check_target
+
+        check_target(svg, "--svg")  # before the search: a bad --svg costs nothing
     progress = core.progress_line()
     result = core.search(request, progress)
     if progress is not None:  # the search's speed, on the terminal only (stdout stays identical)
@@ -322,5 +330,5 @@ def plan(
     if svg is not None and result.plans:
         from inspector.output import write_atomic
 
-        write_atomic(svg, render.render_svg(result.plans[0]))
+        write_atomic(svg, render.render_svg(result.plans[0]), "--svg")
     _emit(text, output)

@@ -9,7 +9,6 @@ the training command is the one that launches a Python file (`torchrun ... pretr
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +28,7 @@ from inspector.inputs.launch import (
     world_of,
 )
 from inspector.inputs.refusals import Refused, refused_argument
+from inspector.inputs.safe_parse import parse_json, parse_yaml
 from inspector.inputs.tokenizers import TOKENIZER_FLAGS, apply_tokenizer
 from inspector.inputs.unmodelled import IGNORED, REFUSED, RENAMED
 from inspector.output import read_text
@@ -72,56 +72,10 @@ def convert(spec: ArgSpec, raw: Any, origin: str) -> Any:
 
 def _parse_config(text: str, path: str) -> Any:
     if path.endswith(".json"):
-        try:
-            return json.loads(text, object_pairs_hook=_unique_pairs(path))
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{path} line {exc.lineno}: not valid JSON ({exc.msg})") from None
+        return parse_json(text, path)
     if path.endswith((".yaml", ".yml")):
-        import yaml
-
-        try:
-            return yaml.load(text, Loader=_yaml_loader(path)) or {}  # noqa: S506 - a SafeLoader
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" line {mark.line + 1}" if mark is not None else ""
-            reason = getattr(exc, "problem", None) or "syntax error"
-            raise InputError(f"{path}{where}: not valid YAML ({reason})") from None
+        return parse_yaml(text, path) or {}
     raise InputError(f"{path}: --config takes a .yaml, .yml or .json file")
-
-
-def _unique_pairs(path: str) -> Any:
-    """A json object_pairs_hook that refuses a repeated key (json keeps the last one)."""
-
-    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        seen: dict[str, Any] = {}
-        for key, value in pairs:
-            if key in seen:
-                raise InputError(f"{path}: the key {key!r} appears twice")
-            seen[key] = value
-        return seen
-
-    return hook
-
-
-def _yaml_loader(path: str) -> Any:
-    """A yaml SafeLoader that refuses a repeated key (PyYAML keeps the last one)."""
-    import yaml
-
-    class UniqueKeyLoader(yaml.SafeLoader):
-        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-            seen: dict[Any, int] = {}
-            for key_node, _ in node.value:
-                key = self.construct_object(key_node, deep=deep)
-                line = key_node.start_mark.line + 1
-                if key in seen:
-                    raise InputError(
-                        f"{path} line {line}: the key {key!r} appears twice (first on line "
-                        f"{seen[key]})"
-                    )
-                seen[key] = line
-            return super().construct_mapping(node, deep=deep)
-
-    return UniqueKeyLoader
 
 
 def read_launch_script(path: str, settings: Mapping[str, str] | None = None) -> ScriptArgs:

@@ -175,12 +175,18 @@ def wrap_in_megatron_ddp(
 def _layout_buffer(
     buffer: Any, index: int, expert: bool, names: dict[torch.nn.Parameter, str]
 ) -> tuple[BufferLayout, list[ParamShards]]:
-    """Return one megatron buffer's layout and where each of its parameters sits."""
+    """Return one megatron buffer's layout and where each of its parameters sits.
+
+    Without the distributed optimizer megatron all-reduces whole buckets and pads nothing
+    (param_and_grad_buffer.py asserts numel == numel_unpadded), so a bucket need not divide by
+    dp: each rank's "shard" is then the whole bucket and every rank updates every element.
+    """
     dp_size = buffer.data_parallel_world_size
+    sharded = buffer.ddp_config.use_distributed_optimizer
     shards = []
     for param, (start, end, bucket_id) in buffer.param_index_map.items():
         bucket = buffer.buckets[bucket_id]
-        shard = bucket.grad_data.numel() // dp_size  # _build_model_gbuf_range
+        shard = bucket.grad_data.numel() // (dp_size if sharded else 1)  # _build_model_gbuf_range
         shards.append(ParamShards(names[param], index, bucket_id, start, end, bucket.offset, shard))
     buckets = tuple(
         BucketLayout(b.offset, b.grad_data.numel(), b.numel_unpadded) for b in buffer.buckets
@@ -193,7 +199,9 @@ def _layout_buffer(
         numel=buffer.numel,
         numel_unpadded=buffer.numel_unpadded,
         buckets=buckets,
-        owned_numel=owned_numel(shards, dp_size),
+        owned_numel=(
+            owned_numel(shards, dp_size) if sharded else (buffer.numel_unpadded,) * dp_size
+        ),
     )
     return layout, shards
 
