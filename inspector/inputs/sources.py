@@ -15,11 +15,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import inspector.inputs.bash.commands  # noqa: F401 - registers the commands the shell interprets
 from inspector.errors import ConfigError, InputError
 from inspector.inputs.arguments import BY_NAME, ArgSpec
 from inspector.inputs.bash.context import Command, Context, describe_unknown
-from inspector.inputs.bash.shell import _Break, _Exit, _Return, new_shell
+from inspector.inputs.bash.interpreter import interpret
 from inspector.inputs.launch import (
     Require,
     World,
@@ -204,11 +203,7 @@ def interpret_launch(
     """Interpret a script as bash would; return its one training launch, its world, and a
     function that raises InputError for a value the script does not determine."""
     ctx = Context(origin, dict(settings or {}), is_launch)
-    shell = new_shell(ctx, origin)
-    try:
-        shell.run_text(text, origin)
-    except (_Exit, _Return, _Break):
-        pass
+    interpret(ctx, text)
     command = _the_launch(ctx, origin)
 
     def require(value: str, what: str) -> str:

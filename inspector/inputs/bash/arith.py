@@ -8,10 +8,8 @@ EVALUATION` section of bash(1)).
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from inspector.inputs.bash.shell import Shell
+from inspector.inputs.bash.context import Host
 
 _TOKEN = re.compile(
     r"\s*(?:(0[xX][0-9a-fA-F]+|\d+#[0-9a-zA-Z@_]+|\d+)|([A-Za-z_]\w*)|"
@@ -29,7 +27,7 @@ def _wrap(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def _binary(op: str, a: int, b: int, shell: Shell) -> int:
+def _binary(op: str, a: int, b: int, shell: Host) -> int:
     if op in ("/", "%") and b == 0:
         raise shell.fail("division by 0 in arithmetic")
     if op == "/":
@@ -53,7 +51,7 @@ def _binary(op: str, a: int, b: int, shell: Shell) -> int:
 
 
 class _Arith:
-    def __init__(self, text: str, shell: Shell, depth: int):
+    def __init__(self, text: str, shell: Host, depth: int):
         self.shell, self.text, self.depth = shell, text, depth
         self.tokens: list[tuple[str, str]] = []
         position = 0
@@ -185,7 +183,7 @@ class _Arith:
         return _Arith(text, self.shell, self.depth + 1).parse()
 
 
-def _number(token: str, shell: Shell) -> int:
+def _number(token: str, shell: Host) -> int:
     try:
         if token.lower().startswith("0x"):
             return _wrap(int(token, 16))
@@ -199,6 +197,6 @@ def _number(token: str, shell: Shell) -> int:
         raise shell.fail(f"{token} is not a number bash can read") from None
 
 
-def evaluate_arith(text: str, shell: Shell) -> int:
+def evaluate_arith(text: str, shell: Host) -> int:
     """Evaluate a bash arithmetic expression (already parameter-expanded)."""
     return _Arith(text, shell, 0).parse()

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import operator
 import re
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from inspector.inputs.bash.shell import Shell
+from inspector.inputs.bash.arith import evaluate_arith
+from inspector.inputs.bash.context import Host
 
 _UNARY_STRING = {"-z", "-n"}
 _FILE_TESTS = {"-a", "-b", "-c", "-d", "-e", "-f", "-g", "-h", "-k", "-p", "-r", "-s", "-t", "-u",
@@ -22,38 +21,8 @@ _INTEGER = set(_COMPARE)
 _STRING = {"=", "==", "!=", "<", ">", "=~"}
 
 
-def glob_regex(pieces: list[tuple[str, bool]]) -> str:
-    """Translate a glob pattern (unquoted `*`, `?`, `[...]` special; quoted text literal) to a regex."""
-    out: list[str] = []
-    for text, quoted in pieces:
-        if quoted:
-            out.append(re.escape(text))
-            continue
-        i = 0
-        while i < len(text):
-            char = text[i]
-            if char == "*":
-                out.append(".*")
-            elif char == "?":
-                out.append(".")
-            elif char == "[" and "]" in text[i + 2 :] + text[i + 1 : i + 2]:
-                end = text.index("]", i + 2 if text[i + 1 : i + 2] in ("]", "!", "^") else i + 1)
-                body = text[i + 1 : end]
-                if body.startswith(("!", "^")):
-                    body = "^" + body[1:]
-                out.append("[" + body.replace("\\", "\\\\") + "]")
-                i = end
-            elif char == "\\" and i + 1 < len(text):
-                i += 1
-                out.append(re.escape(text[i]))
-            else:
-                out.append(re.escape(char))
-            i += 1
-    return "".join(out)
-
-
 class _Test:
-    def __init__(self, operands: list[tuple[str, str | None]], double: bool, shell: Shell):
+    def __init__(self, operands: list[tuple[str, str | None]], double: bool, shell: Host):
         self.ops, self.double, self.shell, self.pos = operands, double, shell, 0
         self.shown = " ".join(shell.ctx.show(text) for text, _ in operands)
 
@@ -132,7 +101,7 @@ class _Test:
             except re.error:
                 raise self.shell.fail(f"`{right_text}` is not a regular expression") from None
             groups = [match.group(0), *match.groups()] if match else []
-            self.shell.vars["BASH_REMATCH"] = {i: g or "" for i, g in enumerate(groups)}
+            self.shell.assign_array("BASH_REMATCH", {i: g or "" for i, g in enumerate(groups)})
             return match is not None
         if op in ("<", ">"):
             right = self.value(right_text)
@@ -145,8 +114,6 @@ class _Test:
 
     def integer(self, text: str) -> int:
         if self.double:
-            from inspector.inputs.bash.arith import evaluate_arith
-
             return evaluate_arith(text, self.shell)
         try:
             return int(text.strip())
@@ -156,7 +123,7 @@ class _Test:
             ) from None
 
 
-def evaluate_test(operands: list[tuple[str, str | None]], double: bool, shell: Shell) -> int:
+def evaluate_test(operands: list[tuple[str, str | None]], double: bool, shell: Host) -> int:
     """Return the exit status (0 true, 1 false) of `[ ... ]` or `[[ ... ]]` over expanded operands.
 
     Each operand is (its text, a regex when it may act as a `[[ == ]]` pattern).

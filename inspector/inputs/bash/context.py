@@ -6,6 +6,9 @@ import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
+
+from inspector.errors import InputError
 
 MARK = re.compile("\x00(\\d+)\x00")
 
@@ -66,6 +69,18 @@ class Context:
 
     def show(self, text: str) -> str:
         return MARK.sub(lambda m: self.unknowns[int(m.group(1))].text, text)
+
+
+class Host(Protocol):
+    """What arithmetic and conditions need of the shell that evaluates them."""
+
+    ctx: Context
+
+    def fail(self, message: str) -> InputError: ...
+    def require(self, text: str, what: str) -> str: ...
+    def lookup(self, name: str, index: str | None) -> list[str] | None: ...
+    def assign(self, name: str, value: str) -> None: ...
+    def assign_array(self, name: str, elements: dict[int, str]) -> None: ...
 
 
 def describe_unknown(unknown: Unknown, what: str, shown: str | None = None) -> str:

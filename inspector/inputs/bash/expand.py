@@ -6,13 +6,14 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from inspector.inputs.bash.conditions import glob_regex
+from inspector.inputs.bash.brace import expand_braces
 from inspector.inputs.bash.context import MARK, Context, Unknown
+from inspector.inputs.bash.patterns import glob_regex
+from inspector.inputs.bash.runtime import Value
 from inspector.inputs.bash.syntax import DQ, Arith, CmdSub, Lit, Param, Part, Word
 
 if TYPE_CHECKING:
     from inspector.errors import InputError
-    from inspector.inputs.bash.shell import Value
 
 
 @dataclass
@@ -37,12 +38,10 @@ class Expansion:
         def arith(self, body: Word) -> int: ...
         def assign(self, name: str, value: str) -> None: ...
         def index_of(self, text: str) -> int: ...
-        def _command_substitution(self, part: CmdSub) -> str: ...
+        def command_substitution(self, part: CmdSub) -> str: ...
 
     def expand_fields(self, word: Word) -> list[str]:
         """Expand a word to fields: braces first, then bash's word splitting of expansions."""
-        from inspector.inputs.bash.brace import expand_braces
-
         words = expand_braces(word)
         if len(words) > 1:
             return [field for each in words for field in self._split_fields(each)]
@@ -100,7 +99,7 @@ class Expansion:
             elif isinstance(part, Arith):
                 out.append(_Piece(str(self.arith(part.body)), quoted))
             elif isinstance(part, CmdSub):
-                out.append(_Piece(self._command_substitution(part), quoted))
+                out.append(_Piece(self.command_substitution(part), quoted))
         return out
 
     def lookup(self, name: str, index: str | None) -> list[str] | None:

@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from inspector.inputs.bash.syntax import DQ, Assign, Lit, Part, Word
-from inspector.inputs.bash.words import _META, WordReader, _merge
+from inspector.inputs.bash.words import META, WordReader, merge_parts
 
 _OPERATORS = (";;&", ";;", ";&", "&&", "||", "|&", "&>>", "&>", "<<<", "<<-", "<<", ">>", ">&",
               "<&", ">|", "<>", "|", "&", ";", "(", ")", ">", "<")  # fmt: skip
 _REDIRECTS = {"&>>", "&>", "<<<", "<<-", "<<", ">>", ">&", "<&", ">|", "<>", ">", "<"}
-_ASSIGN = re.compile(r"([A-Za-z_]\w*)(?:\[([^\]]*)\])?(\+?)=")
+ASSIGN = re.compile(r"([A-Za-z_]\w*)(?:\[([^\]]*)\])?(\+?)=")
 _COMMAND_START = {"then", "do", "else", "elif", "if", "while", "until", "{", "!", "time"}
 KEYWORDS = {"if", "then", "elif", "else", "fi", "case", "esac", "for", "while", "until", "do",
             "done", "function", "{", "}", "!", "in", "time"}  # fmt: skip
@@ -95,7 +95,7 @@ class Lexer(WordReader):
     def _read_redirect(self, op: str, line: int) -> Token:
         while self.i < len(self.s) and self.s[self.i] in " \t":
             self._advance()
-        if self.i >= len(self.s) or self.s[self.i] in _META:
+        if self.i >= len(self.s) or self.s[self.i] in META:
             raise self.fail(f"a redirection `{op}` has no target")
         target = self.read_word()
         if op in ("<<", "<<-"):
@@ -164,13 +164,13 @@ class Lexer(WordReader):
                 break
             depth += {"(": 1, ")": -1}.get(char, 0)
             parts.extend(self._read_unit(parts, in_braces=True))
-        return Word(tuple(_merge(parts)), self.s[start : self.i], line)
+        return Word(tuple(merge_parts(parts)), self.s[start : self.i], line)
 
     def _read_word_token(self, line: int) -> Token:
         start = self.i
         word = self.read_word()
         if self.i < len(self.s) and self.s[self.i] == "(" and self.i > start:
-            match = _ASSIGN.fullmatch(self.s[start : self.i])
+            match = ASSIGN.fullmatch(self.s[start : self.i])
             if match:
                 self._advance()
                 return Token("array", self._read_array(match, line), line)
@@ -197,7 +197,7 @@ class Lexer(WordReader):
                 if index is not None:
                     raise self.fail(f"`{match.group(0)}(` assigns an array to an element", line)
                 return Assign(name, bool(plus), None, tuple(elements), None, line)
-            elif self.s[self.i] in _META:
+            elif self.s[self.i] in META:
                 raise self.fail(f"unexpected `{self.s[self.i]}` in the array {match.group(1)}")
             else:
                 elements.append(self.read_word())

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, field
 
 from inspector.errors import InputError
-from inspector.inputs.bash.lexer import _ASSIGN, Lexer, Token
+from inspector.inputs.bash.lexer import ASSIGN, Lexer, Token
 from inspector.inputs.bash.syntax import (
     AndOr,
     ArithCmd,
@@ -153,12 +153,7 @@ class Parser:
         elif word == "if":
             node = self.if_clause()
         elif word in ("while", "until"):
-            self.take()
-            cond = self.sequence({"do"})
-            self.expect("do")
-            body = self.sequence({"done"})
-            self.expect("done")
-            node = While(cond, body, word == "until", token.line)
+            node = self.while_clause()
         elif word == "for":
             node = self.for_clause()
         elif word == "case":
@@ -217,6 +212,14 @@ class Parser:
             elif word != "fi":
                 raise self.fail("an `if` is not closed with `fi`")
             return If(clauses, otherwise)
+
+    def while_clause(self) -> Node:
+        token = self.take()
+        cond = self.sequence({"do"})
+        self.expect("do")
+        body = self.sequence({"done"})
+        self.expect("done")
+        return While(cond, body, token.value.literal() == "until", token.line)
 
     def for_clause(self) -> Node:
         line = self.take().line
@@ -302,7 +305,7 @@ def split_assignment(word: Word, origin: str = "") -> Assign | None:
     first = word.parts[0] if word.parts else None
     if not isinstance(first, Lit) or first.quoted:
         return None
-    match = _ASSIGN.match(first.text)
+    match = ASSIGN.match(first.text)
     if not match:
         indexed = re.match(r"([A-Za-z_]\w*)\[", first.text)
         return _indexed_assignment(word, indexed.group(1), origin) if indexed else None

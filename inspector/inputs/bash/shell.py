@@ -13,6 +13,8 @@ expanded by Shell's base class (shellexpand); what the whole reading shares is i
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Protocol
 
 from inspector.errors import InputError
 from inspector.inputs.bash.arith import evaluate_arith
@@ -20,6 +22,17 @@ from inspector.inputs.bash.conditions import evaluate_test
 from inspector.inputs.bash.context import MARK, Context, Unknown, describe_unknown
 from inspector.inputs.bash.expand import Expansion
 from inspector.inputs.bash.parser import parse_script
+from inspector.inputs.bash.runtime import (
+    MAX_DEPTH,
+    MAX_ELEMENTS,
+    MAX_LOOPS,
+    MAX_STEPS,
+    MAX_VALUE,
+    Break,
+    Exit,
+    Return,
+    Value,
+)
 from inspector.inputs.bash.syntax import (
     DQ,
     AndOr,
@@ -41,34 +54,23 @@ from inspector.inputs.bash.syntax import (
     While,
     Word,
 )
-
-_MAX_DEPTH = 32
-_MAX_LOOPS = 10_000
-_MAX_STEPS = 200_000  # commands run in all, so that no script keeps the reader busy for long
-_MAX_VALUE = 1 << 20  # characters in one variable
-_MAX_ELEMENTS = 1 << 14  # elements in one array
-Value = str | dict[int, str]
+from inspector.inputs.bash.words import parse_fragment
 
 
-class _Exit(Exception):
-    pass
+class Commands(Protocol):
+    """What the shell calls back for simple commands (inspector.inputs.bash.commands gives it)."""
 
-
-class _Return(Exception):
-    pass
-
-
-class _Break(Exception):
-    def __init__(self, levels: int, cont: bool):
-        self.levels, self.cont = levels, cont
+    def run(self, shell: Shell, argv: list[str], node: Simple, prefix: dict[str, str],
+            arrays: list[Assign]) -> int: ...  # fmt: skip
+    def output(self, shell: Shell, script: str) -> str | None: ...
 
 
 class Shell(Expansion):
     """One bash process: its variables, exports, functions and positional parameters."""
 
-    def __init__(self, ctx: Context, origin: str, positional: list[str],
+    def __init__(self, ctx: Context, commands: Commands, origin: str, positional: list[str],
                  variables: dict[str, Value], exported: set[str], depth: int = 0):  # fmt: skip
-        self.ctx, self.origin, self.positional = ctx, origin, positional
+        self.ctx, self.commands, self.origin, self.positional = ctx, commands, origin, positional
         self.vars, self.exported = variables, exported
         self.functions: dict[str, Node] = {}
         self.locals: list[dict[str, Value | None]] = []
@@ -120,14 +122,21 @@ class Shell(Expansion):
         child = self.fork()
         try:
             return child.run(node)
-        except _Exit:
+        except Exit:
             return child.status
+
+    def child(self, origin: str, positional: list[str], variables: Mapping[str, str]) -> Shell:
+        """Return a new bash process started by this one (`bash -c`, `bash FILE`)."""
+        child = Shell(self.ctx, self.commands, origin, positional, dict(variables), set(variables),
+                      self.depth + 1)  # fmt: skip
+        child.line = self.line
+        return child
 
     def fork(self) -> Shell:
         """Return a copy for a subshell: its assignments do not come back."""
         variables = {k: dict(v) if isinstance(v, dict) else v for k, v in self.vars.items()}
-        child = Shell(self.ctx, self.origin, self.positional, variables, set(self.exported),
-                      self.depth)  # fmt: skip
+        child = Shell(self.ctx, self.commands, self.origin, self.positional, variables,
+                      set(self.exported), self.depth)  # fmt: skip
         child.functions = dict(self.functions)
         child.line, child.source_stack = self.line, list(self.source_stack)
         return child
@@ -169,28 +178,28 @@ class Shell(Expansion):
             self.assign(node.name, value)
             try:
                 status = self.run(node.body)
-            except _Break as brk:
+            except Break as brk:
                 if brk.levels > 1:
-                    raise _Break(brk.levels - 1, brk.cont) from None
+                    raise Break(brk.levels - 1, brk.cont) from None
                 if not brk.cont:
                     break
         return status
 
     def _run_while(self, node: While) -> int:
         status = 0
-        for _ in range(_MAX_LOOPS):
+        for _ in range(MAX_LOOPS):
             self.line = node.line
             if (self.condition(node.cond) == 0) == node.until:
                 return status
             try:
                 status = self.run(node.body)
-            except _Break as brk:
+            except Break as brk:
                 if brk.levels > 1:
-                    raise _Break(brk.levels - 1, brk.cont) from None
+                    raise Break(brk.levels - 1, brk.cont) from None
                 if not brk.cont:
                     return status
         self.line = node.line
-        raise self.fail(f"a loop ran {_MAX_LOOPS} times; the reader stops there")
+        raise self.fail(f"a loop ran {MAX_LOOPS} times; the reader stops there")
 
     def _run_condexpr(self, node: CondExpr) -> int:
         self.line = node.line
@@ -219,8 +228,8 @@ class Shell(Expansion):
     def _run_simple(self, node: Simple) -> int:
         self.line = node.line
         self.ctx.steps += 1
-        if self.ctx.steps > _MAX_STEPS:
-            raise self.fail(f"the script runs more than {_MAX_STEPS} commands; the reader stops")
+        if self.ctx.steps > MAX_STEPS:
+            raise self.fail(f"the script runs more than {MAX_STEPS} commands; the reader stops")
         argv, arrays = [], []
         for word in node.words:
             if isinstance(word, Assign):
@@ -232,9 +241,7 @@ class Shell(Expansion):
                 self.do_assign(assign)
             return 0
         prefix = {a.name: self.expand_string(a.value) for a in node.assigns if a.value}
-        from inspector.inputs.bash.commands import run_command
-
-        return run_command(self, argv, node, prefix, arrays)
+        return self.commands.run(self, argv, node, prefix, arrays)
 
     def do_assign(self, assign: Assign, local: bool = False) -> None:
         self.line = assign.line or self.line
@@ -246,9 +253,9 @@ class Shell(Expansion):
             base = _as_array(old) if old is not None else {}
             start = max(base) + 1 if base else 0
             base.update({start + i: v for i, v in enumerate(elements)})
-            if len(base) > _MAX_ELEMENTS or sum(len(v) for v in base.values()) > _MAX_VALUE:
-                raise self.fail(f"the array {assign.name} grows past {_MAX_ELEMENTS} elements "
-                                f"or {_MAX_VALUE} characters")  # fmt: skip
+            if len(base) > MAX_ELEMENTS or sum(len(v) for v in base.values()) > MAX_VALUE:
+                raise self.fail(f"the array {assign.name} grows past {MAX_ELEMENTS} elements "
+                                f"or {MAX_VALUE} characters")  # fmt: skip
             self.vars[assign.name] = base
             return
         assert assign.value is not None
@@ -260,8 +267,8 @@ class Shell(Expansion):
             array = _as_array(self.vars.get(assign.name, {}))
             index = self.index_of(assign.index)
             array[index] = (array.get(index, "") + value) if assign.append else value
-            if len(array[index]) > _MAX_VALUE or len(array) > _MAX_VALUE:
-                raise self.fail(f"the array {assign.name} grows past {_MAX_VALUE} characters")
+            if len(array[index]) > MAX_VALUE or len(array) > MAX_VALUE:
+                raise self.fail(f"the array {assign.name} grows past {MAX_VALUE} characters")
             self.vars[assign.name] = array
         elif assign.append:
             old = self.vars.get(assign.name)
@@ -279,10 +286,8 @@ class Shell(Expansion):
                     assign.name)  # fmt: skip
         )
 
-    def _command_substitution(self, part: CmdSub) -> str:
-        from inspector.inputs.bash.commands import pure_output
-
-        output = pure_output(self, part.script)
+    def command_substitution(self, part: CmdSub) -> str:
+        output = self.commands.output(self, part.script)
         if output is not None:
             return output
         return self.ctx.mark(Unknown(part.text, "which the reader never runs", None))
@@ -290,31 +295,34 @@ class Shell(Expansion):
     def assign(self, name: str, value: str) -> None:
         if name == "IFS":
             raise self.fail("the script changes IFS; the reader splits words on blanks only")
-        if len(value) > _MAX_VALUE:
-            raise self.fail(f"{name} grows past {_MAX_VALUE} characters")
+        if len(value) > MAX_VALUE:
+            raise self.fail(f"{name} grows past {MAX_VALUE} characters")
         old = self.vars.get(name)
         if isinstance(old, dict):
             old[0] = value
         else:
             self.vars[name] = value
 
+    def assign_array(self, name: str, elements: dict[int, str]) -> None:
+        self.vars[name] = elements
+
     def make_local(self, name: str) -> None:
         if self.locals and name not in self.locals[-1]:
             self.locals[-1][name] = self.vars.get(name)
 
     def index_of(self, text: str) -> int:
-        word = parse_script_word(text, self)
+        word = parse_fragment(text, self.source_stack[-1], self.line)
         return self.arith(word)
 
     def call_function(self, name: str, args: list[str]) -> int:
-        if len(self.locals) >= _MAX_DEPTH:
+        if len(self.locals) >= MAX_DEPTH:
             raise self.fail(f"the function {name} calls itself too deeply")
         saved = self.positional
         self.positional = args
         self.locals.append({})
         try:
             return self.run(self.functions[name])
-        except _Return:
+        except Return:
             return self.status
         finally:
             for var, old in self.locals.pop().items():
@@ -344,20 +352,3 @@ def _part_types(word: Word) -> set[type]:
 
     visit(word.parts)
     return found
-
-
-def parse_script_word(text: str, shell: Shell) -> Word:
-    from inspector.inputs.bash.lexer import Lexer
-
-    lexer = Lexer(text, shell.source_stack[-1], shell.line, fixed_line=True)
-    return Word(tuple(lexer._read_dquoted(end=None)), text, shell.line)
-
-
-def new_shell(ctx: Context, origin: str) -> Shell:
-    """Return the main script's shell: --set values are its environment (exported)."""
-    positional_keys = sorted(int(k) for k in ctx.settings if k.isdigit())
-    positional: list[str] = []
-    if positional_keys:
-        positional = [ctx.settings.get(str(n), "") for n in range(1, max(positional_keys) + 1)]
-    variables: dict[str, Value] = {k: v for k, v in ctx.settings.items() if not k.isdigit()}
-    return Shell(ctx, origin, positional, variables, set(variables))

@@ -7,7 +7,7 @@ import re
 from inspector.errors import InputError
 from inspector.inputs.bash.syntax import DQ, Arith, CmdSub, Lit, Param, Part, Word
 
-_META = set(" \t\n;&|<>()")
+META = set(" \t\n;&|<>()")
 
 
 class WordReader:
@@ -26,10 +26,7 @@ class WordReader:
         self.i += count
 
     def _parse_fragment(self, text: str, line: int) -> Word:
-        """Parse `text` as the inside of double quotes (arithmetic bodies)."""
-        sub = WordReader(text, self.origin, line, fixed_line=True)
-        parts = sub._read_dquoted(end=None)
-        return Word(tuple(parts), text, line)
+        return parse_fragment(text, self.origin, line)
 
     def read_word(self, extra_stop: str = "") -> Word:
         """Read one word up to an unquoted metacharacter."""
@@ -38,10 +35,10 @@ class WordReader:
         s = self.s
         while self.i < len(s):
             char = s[self.i]
-            if char in _META or char in extra_stop:
+            if char in META or char in extra_stop:
                 break
             parts.extend(self._read_unit(parts_so_far=parts, in_braces=False))
-        return Word(tuple(_merge(parts)), s[start : self.i], line)
+        return Word(tuple(merge_parts(parts)), s[start : self.i], line)
 
     def _read_unit(self, parts_so_far: list[Part], in_braces: bool) -> list[Part]:
         s, char = self.s, self.s[self.i]
@@ -60,7 +57,7 @@ class WordReader:
             return [Lit(text, True)]
         if char == '"':
             self._advance()
-            return [DQ(tuple(self._read_dquoted(end='"')))]
+            return [DQ(tuple(self.read_dquoted(end='"')))]
         if char == "$" and s.startswith("$'", self.i):
             return [Lit(self._read_ansi_c(), True)]
         if char == "$":
@@ -78,18 +75,18 @@ class WordReader:
         self._advance()
         return [Lit(char, False)]
 
-    def _read_dquoted(self, end: str | None) -> list[Part]:
+    def read_dquoted(self, end: str | None) -> list[Part]:
         parts: list[Part] = []
         s, start_line = self.s, self.line
         while True:
             if self.i >= len(s):
                 if end is None:
-                    return _merge(parts)
+                    return merge_parts(parts)
                 raise self.fail("a double quote is not closed", start_line)
             char = s[self.i]
             if char == end:
                 self._advance()
-                return _merge(parts)
+                return merge_parts(parts)
             if char == "\\" and self.i + 1 < len(s) and s[self.i + 1] in '$`"\\\n':
                 if s[self.i + 1] != "\n":
                     parts.append(Lit(s[self.i + 1], True))
@@ -228,10 +225,16 @@ class WordReader:
         parts: list[Part] = []
         while sub.i < len(text):
             parts.extend(sub._read_unit(parts, in_braces=True))
-        return Word(tuple(_merge(parts)), text, line)
+        return Word(tuple(merge_parts(parts)), text, line)
 
 
-def _merge(parts: list[Part]) -> list[Part]:
+def parse_fragment(text: str, origin: str, line: int) -> Word:
+    """Parse `text` as the inside of double quotes (arithmetic bodies, array indices)."""
+    parts = WordReader(text, origin, line, fixed_line=True).read_dquoted(end=None)
+    return Word(tuple(parts), text, line)
+
+
+def merge_parts(parts: list[Part]) -> list[Part]:
     merged: list[Part] = []
     for part in parts:
         last = merged[-1] if merged else None

@@ -1,0 +1,34 @@
+"""What running a script needs below the interpreter: values, control flow, and the reader's caps.
+
+The caps keep any script, however written, to seconds and megabytes (docs/launch-scripts.md lists
+them): bash itself has no such limits, but no launch script comes near them.
+"""
+
+from __future__ import annotations
+
+Value = str | dict[int, str]  # a scalar, or an indexed array (index -> element)
+
+MAX_DEPTH = 32  # functions, sourced files and `bash -c` shells inside one another
+MAX_NESTING = 100  # compound commands, `$(( ))` and `$( )` nested inside one another, as written
+MAX_LOOPS = 10_000  # turns of one `while`/`until` loop
+MAX_STEPS = 200_000  # commands run in all
+MAX_WORK = 20_000_000  # characters expanded, matched or parsed in all
+MAX_VALUE = 1 << 20  # characters in one variable, word or line
+MAX_ELEMENTS = 1 << 14  # elements in one array
+MAX_SCRIPT = 4 << 20  # characters in one script file or `eval`/`bash -c` text
+
+
+class Exit(Exception):
+    """`exit`: the shell stops; its status is on the shell."""
+
+
+class Return(Exception):
+    """`return`: the function or sourced file stops."""
+
+
+class Break(Exception):
+    """`break N` / `continue N`."""
+
+    def __init__(self, levels: int, cont: bool):
+        super().__init__(levels, cont)
+        self.levels, self.cont = levels, cont
