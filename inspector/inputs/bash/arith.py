@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from inspector.inputs.bash.context import Host
+from inspector.inputs.bash.runtime import MAX_NESTING
 
 _TOKEN = re.compile(
     r"\s*(?:(0[xX][0-9a-fA-F]+|\d+#[0-9a-zA-Z@_]+|\d+)|([A-Za-z_]\w*)|"
@@ -19,6 +20,7 @@ _BINARY = [  # lowest precedence first
     ("||",), ("&&",), ("|",), ("^",), ("&",), ("==", "!="), ("<", ">", "<=", ">="), ("<<", ">>"),
     ("+", "-"), ("*", "/", "%"),
 ]  # fmt: skip
+_LEVEL = {op: level for level, ops in enumerate(_BINARY) for op in ops}
 _ASSIGN_OPS = ("=", "*=", "/=", "%=", "+=", "-=", "<<=", ">>=", "&=", "^=", "|=")
 
 
@@ -66,6 +68,7 @@ class _Arith:
             self.tokens.append((kind, number or name or op))
             position = match.end()
         self.pos = 0
+        self.open = 0  # parentheses and unary operators open around the token being read
 
     def peek(self) -> str | None:
         return self.tokens[self.pos][1] if self.pos < len(self.tokens) else None
@@ -116,16 +119,18 @@ class _Arith:
         return yes if cond else no
 
     def binary(self, level: int, ev: bool) -> int:
-        if level == len(_BINARY):
-            return self.power(ev)
-        value = self.binary(level + 1, ev)
-        while self.peek() in _BINARY[level]:
-            op = self.take()[1]
+        """Binary operators of precedence `level` or tighter (precedence climbing)."""
+        value = self.power(ev)
+        while True:
+            op = self.peek()
+            op_level = _LEVEL.get(op) if op is not None else None
+            if op_level is None or op_level < level:
+                return value
+            self.take()
             short = (op == "&&" and not value) or (op == "||" and value)
-            right = self.binary(level + 1, ev and not short)
+            right = self.binary(op_level + 1, ev and not short)
             if ev:
                 value = int(bool(value)) if short else _binary(op, value, right, self.shell)
-        return value
 
     def power(self, ev: bool) -> int:
         base = self.unary(ev)
@@ -135,11 +140,19 @@ class _Arith:
             return _binary("**", base, exponent, self.shell) if ev else 0
         return base
 
+    def nest(self) -> None:
+        self.open += 1
+        if self.open > MAX_NESTING:
+            raise self.shell.fail(f"`{_short(self.text)}` nests more than {MAX_NESTING} deep; "
+                                  "the reader stops there")  # fmt: skip
+
     def unary(self, ev: bool) -> int:
         op = self.peek()
         if op in ("-", "+", "!", "~"):
             self.take()
+            self.nest()
             value = self.unary(ev)
+            self.open -= 1
             return {"-": -value, "+": value, "!": int(not value), "~": ~value}[op]
         if op in ("++", "--"):
             self.take()
@@ -155,7 +168,9 @@ class _Arith:
     def postfix(self, ev: bool) -> int:
         kind, token = self.take()
         if token == "(":
+            self.nest()
             value = self.comma(ev)
+            self.open -= 1
             if self.take()[1] != ")":
                 raise self.shell.fail(f"`{self.text.strip()}`: a `(` is not closed")
             return value
@@ -181,6 +196,11 @@ class _Arith:
         if self.depth > 32:
             raise self.shell.fail(f"{name} refers to itself in arithmetic")
         return _Arith(text, self.shell, self.depth + 1).parse()
+
+
+def _short(text: str) -> str:
+    text = text.strip()
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _number(token: str, shell: Host) -> int:

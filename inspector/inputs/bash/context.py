@@ -57,7 +57,8 @@ class Context:
     is_launch: Callable[[Sequence[str]], bool] = lambda argv: False
     unknowns: list[Unknown] = field(default_factory=list)
     commands: list[Command] = field(default_factory=list)
-    steps: int = 0
+    steps: int = 0  # simple commands run
+    depth: int = 0  # compound commands, functions and sourced texts running inside one another
 
     def mark(self, unknown: Unknown) -> str:
         self.unknowns.append(unknown)

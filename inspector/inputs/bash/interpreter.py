@@ -25,3 +25,5 @@ def interpret(ctx: Context, text: str) -> None:
         shell.run_text(text, ctx.script)
     except (Exit, Return, Break):
         pass
+    except RecursionError:  # the caps (runtime.py) keep to Python's stack; this is the backstop
+        raise shell.fail("the script nests too deeply for the reader") from None

@@ -13,16 +13,20 @@ _OPERATORS = (";;&", ";;", ";&", "&&", "||", "|&", "&>>", "&>", "<<<", "<<-", "<
               "<&", ">|", "<>", "|", "&", ";", "(", ")", ">", "<")  # fmt: skip
 _REDIRECTS = {"&>>", "&>", "<<<", "<<-", "<<", ">>", ">&", "<&", ">|", "<>", ">", "<"}
 ASSIGN = re.compile(r"([A-Za-z_]\w*)(?:\[([^\]]*)\])?(\+?)=")
+_OPERATOR_STARTS = {op[0] for op in _OPERATORS}
+_BLANKS = re.compile(r"[ \t]*")
+_FD = re.compile(r"\d+(?=[<>])")
 _COMMAND_START = {"then", "do", "else", "elif", "if", "while", "until", "{", "!", "time"}
 KEYWORDS = {"if", "then", "elif", "else", "fi", "case", "esac", "for", "while", "until", "do",
             "done", "function", "{", "}", "!", "in", "time"}  # fmt: skip
 
 
-@dataclass
+@dataclass(slots=True)
 class Token:
     kind: str  # "word", "op", "redir", "newline", "array", "dbrack", "arith", "eof"
     value: Any
     line: int
+    keyword: str | None = None  # a word's text when it is one unquoted literal (`if`, `done`)
 
 
 @dataclass
@@ -37,37 +41,31 @@ class Lexer(WordReader):
     def __init__(self, text: str, origin: str, first_line: int = 1, fixed_line: bool = False):
         super().__init__(text, origin, first_line, fixed_line)
         self.heredocs: list[_Heredoc] = []
-        self.tokens: list[Token] = []
+        self.last: Token | None = None
 
     def tokenize(self) -> list[Token]:
-        while True:
-            token = self._next()
-            self.tokens.append(token)
-            if token.kind == "eof":
-                return self.tokens
+        tokens = [self.next_token()]
+        while tokens[-1].kind != "eof":
+            tokens.append(self.next_token())
+        return tokens
+
+    def next_token(self) -> Token:
+        """Read the next token (the script is read as bash reads it: one token at a time)."""
+        token = self._next()
+        if token.kind == "word":
+            token.keyword = token.value.literal()
+        self.last = token
+        return token
 
     def _at_command_start(self) -> bool:
-        if not self.tokens:
+        last = self.last
+        if last is None or last.kind in ("newline", "op"):
             return True
-        last = self.tokens[-1]
-        if last.kind in ("newline", "op"):
-            return True
-        return last.kind == "word" and isinstance(last.value, Word) and (
-            last.value.literal() in _COMMAND_START
-        )
+        return last.kind == "word" and last.keyword in _COMMAND_START
 
     def _next(self) -> Token:
         s = self.s
-        while self.i < len(s):
-            if s[self.i] in " \t":
-                self._advance()
-            elif s.startswith("\\\n", self.i):
-                self._advance(2)
-            elif s[self.i] == "#":
-                end = s.find("\n", self.i)
-                self._advance((len(s) if end < 0 else end) - self.i)
-            else:
-                break
+        self._skip_blanks()
         line = self.line
         if self.i >= len(s):
             return Token("eof", None, line)
@@ -75,22 +73,38 @@ class Lexer(WordReader):
             self._advance()
             self._read_heredocs()
             return Token("newline", None, line)
-        if self._at_command_start():
+        if s[self.i] in "[(" and self._at_command_start():
             for opener, closer, kind in (("[[", "]]", "dbrack"), ("((", "))", "arith")):
                 if s.startswith(opener, self.i) and (kind == "arith" or s[self.i + 2 : self.i + 3]
                                                      in (" ", "\t", "\n")):  # fmt: skip
                     return self._read_compound(opener, closer, kind, line)
-        fd = re.match(r"\d+(?=[<>])", s[self.i :])
-        start = self.i + (fd.end() if fd else 0)
-        for op in _OPERATORS:
-            if s.startswith(op, start):
-                if op in _REDIRECTS:
-                    self._advance(start - self.i + len(op))
-                    return self._read_redirect(op, line)
-                if fd is None:
-                    self._advance(len(op))
-                    return Token("op", op, line)
+        fd = _FD.match(s, self.i) if s[self.i].isdigit() else None
+        start = fd.end() if fd else self.i
+        if s[start : start + 1] in _OPERATOR_STARTS:
+            for op in _OPERATORS:
+                if s.startswith(op, start):
+                    if op in _REDIRECTS:
+                        self._advance(start - self.i + len(op))
+                        return self._read_redirect(op, line)
+                    if fd is None:
+                        self._advance(len(op))
+                        return Token("op", op, line)
         return self._read_word_token(line)
+
+    def _skip_blanks(self) -> None:
+        """Skip blanks, line continuations and comments."""
+        s = self.s
+        while self.i < len(s):
+            end = _BLANKS.match(s, self.i).end()  # type: ignore[union-attr] # `*` always matches
+            if end > self.i:
+                self.i = end
+            elif s.startswith("\\\n", self.i):
+                self._advance(2)
+            elif s[self.i] == "#":
+                end = s.find("\n", self.i)
+                self._advance((len(s) if end < 0 else end) - self.i)
+            else:
+                break
 
     def _read_redirect(self, op: str, line: int) -> Token:
         while self.i < len(self.s) and self.s[self.i] in " \t":

@@ -4,10 +4,11 @@ the subset that inspector.inputs.bash.shell interprets; it returns shellast's sy
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 
 from inspector.errors import InputError
 from inspector.inputs.bash.lexer import ASSIGN, Lexer, Token
+from inspector.inputs.bash.runtime import MAX_NESTING
 from inspector.inputs.bash.syntax import (
     AndOr,
     ArithCmd,
@@ -30,19 +31,26 @@ from inspector.inputs.bash.syntax import (
 _NAME = re.compile(r"[A-Za-z_]\w*")
 
 
-@dataclass
 class Parser:
-    tokens: list[Token]
-    origin: str
-    pos: int = 0
-    _stop: list[set[str]] = field(default_factory=list)
+    """Read commands from a Lexer's tokens, one top-level command at a time (as bash does)."""
+
+    def __init__(self, lexer: Lexer, origin: str):
+        self.lexer, self.origin = lexer, origin
+        self.tokens: list[Token] = []  # read ahead of pos; those before it are dropped per command
+        self.pos = 0
+        self.depth = 0  # compound commands open around the one being read
 
     def fail(self, message: str, line: int | None = None) -> InputError:
         where = line if line is not None else self.peek().line
         return InputError(f"{self.origin} line {where}: {message}")
 
     def peek(self, ahead: int = 0) -> Token:
-        return self.tokens[min(self.pos + ahead, len(self.tokens) - 1)]
+        index = self.pos + ahead
+        while index >= len(self.tokens):
+            if self.tokens and self.tokens[-1].kind == "eof":
+                return self.tokens[-1]
+            self.tokens.append(self.lexer.next_token())
+        return self.tokens[index]
 
     def take(self) -> Token:
         token = self.peek()
@@ -50,8 +58,7 @@ class Parser:
         return token
 
     def keyword(self, ahead: int = 0) -> str | None:
-        token = self.peek(ahead)
-        return token.value.literal() if token.kind == "word" else None
+        return self.peek(ahead).keyword
 
     def expect(self, word: str) -> None:
         self.skip_newlines()
@@ -82,30 +89,46 @@ class Parser:
             self.take()
 
     def program(self) -> Seq:
-        body = self.sequence(set())
-        if self.peek().kind != "eof":
-            raise self.fail(f"unexpected {self._describe(self.peek())}")
-        return body
+        return Seq(list(self.commands()))
+
+    def commands(self) -> Iterator[tuple[Node, bool]]:
+        """Yield the script's top-level commands (with whether each runs in the background)."""
+        while True:
+            item = self.item(set())
+            if item is None:
+                if self.peek().kind != "eof":
+                    raise self.fail(f"unexpected {self._describe(self.peek())}")
+                return
+            del self.tokens[: self.pos]
+            self.pos = 0
+            yield item
 
     def sequence(self, stop: set[str]) -> Seq:
         items: list[tuple[Node, bool]] = []
         while True:
-            self.skip_newlines()
-            token = self.peek()
-            if token.kind == "eof" or self.keyword() in stop:
+            item = self.item(stop)
+            if item is None:
                 return Seq(items)
-            if token.kind == "op" and token.value in (")", ";;", ";&", ";;&"):
-                return Seq(items)
-            node = self.and_or()
-            background = self.peek().kind == "op" and self.peek().value == "&"
-            if background:
-                self.take()
-            elif self.peek().kind not in ("newline", "eof") and not (
-                self.peek().kind == "op" and self.peek().value in (";", ")", ";;", ";&", ";;&")
-            ):
-                if self.keyword() not in stop:
-                    raise self.fail(f"unexpected {self._describe(self.peek())}")
-            items.append((node, background))
+            items.append(item)
+
+    def item(self, stop: set[str]) -> tuple[Node, bool] | None:
+        """Read one command of a list, or None where the list ends."""
+        self.skip_newlines()
+        token = self.peek()
+        if token.kind == "eof" or self.keyword() in stop:
+            return None
+        if token.kind == "op" and token.value in (")", ";;", ";&", ";;&"):
+            return None
+        node = self.and_or()
+        background = self.peek().kind == "op" and self.peek().value == "&"
+        if background:
+            self.take()
+        elif self.peek().kind not in ("newline", "eof") and not (
+            self.peek().kind == "op" and self.peek().value in (";", ")", ";;", ";&", ";;&")
+        ):
+            if self.keyword() not in stop:
+                raise self.fail(f"unexpected {self._describe(self.peek())}")
+        return node, background
 
     def and_or(self) -> Node:
         first = self.pipeline()
@@ -137,6 +160,15 @@ class Parser:
         return Pipeline(commands, negate, line)
 
     def command(self) -> Node:
+        self.depth += 1
+        if self.depth > MAX_NESTING:
+            raise self.fail(f"commands nest more than {MAX_NESTING} deep; the reader stops there")
+        try:
+            return self._command()
+        finally:
+            self.depth -= 1
+
+    def _command(self) -> Node:
         token, word = self.peek(), self.keyword()
         node: Node
         if token.kind == "op" and token.value == "(":
@@ -333,5 +365,11 @@ def _indexed_assignment(word: Word, name: str, origin: str) -> Assign | None:
 
 def parse_script(text: str, origin: str, first_line: int = 1, fixed_line: bool = False) -> Seq:
     """Parse bash text into a syntax tree, or raise InputError naming the line."""
-    tokens = Lexer(text, origin, first_line, fixed_line).tokenize()
-    return Parser(tokens, origin).program()
+    return Parser(Lexer(text, origin, first_line, fixed_line), origin).program()
+
+
+def read_commands(text: str, origin: str, first_line: int = 1,
+                  fixed_line: bool = False) -> Iterator[tuple[Node, bool]]:  # fmt: skip
+    """Yield the top-level commands of bash text as they are read (bash runs each before it
+    reads the next, so a syntax error stops the script only where it stands)."""
+    return Parser(Lexer(text, origin, first_line, fixed_line), origin).commands()

@@ -9,13 +9,14 @@ from __future__ import annotations
 Value = str | dict[int, str]  # a scalar, or an indexed array (index -> element)
 
 MAX_DEPTH = 32  # functions, sourced files and `bash -c` shells inside one another
-MAX_NESTING = 100  # compound commands, `$(( ))` and `$( )` nested inside one another, as written
+MAX_NESTING = 60  # compound commands, `$(( ))` and `$( )` nested inside one another, as written
+MAX_RUN_DEPTH = 100  # compound commands, functions, sourced files and `eval`s running inside one another
 MAX_LOOPS = 10_000  # turns of one `while`/`until` loop
-MAX_STEPS = 200_000  # commands run in all
+MAX_STEPS = 1_000_000  # commands run in all
 MAX_WORK = 20_000_000  # characters expanded, matched or parsed in all
 MAX_VALUE = 1 << 20  # characters in one variable, word or line
 MAX_ELEMENTS = 1 << 14  # elements in one array
-MAX_SCRIPT = 4 << 20  # characters in one script file or `eval`/`bash -c` text
+MAX_SCRIPT = 16 << 20  # characters in one script file or `eval`/`bash -c` text
 
 
 class Exit(Exception):

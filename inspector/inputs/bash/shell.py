@@ -21,11 +21,13 @@ from inspector.inputs.bash.arith import evaluate_arith
 from inspector.inputs.bash.conditions import evaluate_test
 from inspector.inputs.bash.context import MARK, Context, Unknown, describe_unknown
 from inspector.inputs.bash.expand import Expansion
-from inspector.inputs.bash.parser import parse_script
+from inspector.inputs.bash.parser import read_commands
 from inspector.inputs.bash.runtime import (
     MAX_DEPTH,
     MAX_ELEMENTS,
     MAX_LOOPS,
+    MAX_RUN_DEPTH,
+    MAX_SCRIPT,
     MAX_STEPS,
     MAX_VALUE,
     Break,
@@ -55,6 +57,9 @@ from inspector.inputs.bash.syntax import (
     Word,
 )
 from inspector.inputs.bash.words import parse_fragment
+
+_TOO_DEEP = (f"commands, functions, `eval`s and sourced files run more than {MAX_RUN_DEPTH} deep "
+             "inside one another; the reader stops there")
 
 
 class Commands(Protocol):
@@ -92,11 +97,34 @@ class Shell(Expansion):
     # -------------------------------------------------------------------------- running
 
     def run_text(self, text: str, origin: str, first_line: int = 1, fixed: bool = False) -> None:
-        self.run(parse_script(text, origin, first_line, fixed))
+        """Read and run bash text one top-level command at a time, as bash does."""
+        if len(text) > MAX_SCRIPT:
+            where = f"{self.source_stack[-1]} line {self.line}" if self.line else origin
+            raise InputError(f"{where}: {origin} holds {len(text)} characters; the reader reads "
+                             f"at most {MAX_SCRIPT}")  # fmt: skip
+        self.ctx.depth += 1
+        try:
+            if self.ctx.depth > MAX_RUN_DEPTH:
+                raise self.fail(_TOO_DEEP)
+            for node, background in read_commands(text, origin, first_line, fixed):
+                self.status = self._subshell(node) if background else self.run(node)
+        finally:
+            self.ctx.depth -= 1
 
     def run(self, node: Node) -> int:
-        method = getattr(self, "_run_" + type(node).__name__.lower())
-        self.status = method(node)
+        if isinstance(node, Simple):
+            self.status = self._run_simple(node)
+            return self.status
+        if isinstance(node, Seq):
+            self.status = self._run_seq(node)
+            return self.status
+        self.ctx.depth += 1
+        try:
+            if self.ctx.depth > MAX_RUN_DEPTH:
+                raise self.fail(_TOO_DEEP)
+            self.status = getattr(self, "_run_" + type(node).__name__.lower())(node)
+        finally:
+            self.ctx.depth -= 1
         return self.status
 
     def _run_seq(self, node: Seq) -> int:

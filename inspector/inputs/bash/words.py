@@ -8,6 +8,11 @@ from inspector.errors import InputError
 from inspector.inputs.bash.syntax import DQ, Arith, CmdSub, Lit, Param, Part, Word
 
 META = set(" \t\n;&|<>()")
+_PLAIN = re.compile(r"[^ \t\n;&|<>()\\'\"$`~][^ \t\n;&|<>()\\'\"$`]*")  # no quoting, no expansion
+_PLAIN_QUOTED = re.compile(r'[^"\\$`]+')  # inside double quotes, up to a quote or an expansion
+_HEX = re.compile(r"x([0-9a-fA-F]{1,2})")
+_OCTAL = re.compile(r"[0-7]{1,3}")
+_SIMPLE_PARAM = re.compile(r"\$([A-Za-z_]\w*|[0-9@*#?$!\-])")
 
 
 class WordReader:
@@ -37,6 +42,11 @@ class WordReader:
             char = s[self.i]
             if char in META or char in extra_stop:
                 break
+            plain = None if extra_stop else _PLAIN.match(s, self.i)
+            if plain:
+                parts.append(Lit(plain.group(0), False))
+                self._advance(plain.end() - self.i)
+                continue
             parts.extend(self._read_unit(parts_so_far=parts, in_braces=False))
         return Word(tuple(merge_parts(parts)), s[start : self.i], line)
 
@@ -87,6 +97,11 @@ class WordReader:
             if char == end:
                 self._advance()
                 return merge_parts(parts)
+            plain = _PLAIN_QUOTED.match(s, self.i)
+            if plain:
+                parts.append(Lit(plain.group(0), True))
+                self._advance(plain.end() - self.i)
+                continue
             if char == "\\" and self.i + 1 < len(s) and s[self.i + 1] in '$`"\\\n':
                 if s[self.i + 1] != "\n":
                     parts.append(Lit(s[self.i + 1], True))
@@ -112,17 +127,17 @@ class WordReader:
                 return "".join(out)
             if char == "\\" and self.i + 1 < len(s):
                 nxt = s[self.i + 1]
-                hexa = re.match(r"x([0-9a-fA-F]{1,2})", s[self.i + 1 :])
-                octal = re.match(r"[0-7]{1,3}", s[self.i + 1 :])
+                hexa = _HEX.match(s, self.i + 1)
+                octal = _OCTAL.match(s, self.i + 1)
                 if nxt in escapes:
                     out.append(escapes[nxt])
                     self._advance(2)
                 elif hexa:
                     out.append(chr(int(hexa.group(1), 16)))
-                    self._advance(1 + hexa.end())
+                    self._advance(hexa.end() - self.i)
                 elif octal:
                     out.append(chr(int(octal.group(0), 8) & 0xFF))
-                    self._advance(1 + octal.end())
+                    self._advance(octal.end() - self.i)
                 else:
                     out.append(s[self.i : self.i + 2])
                     self._advance(2)
@@ -176,9 +191,9 @@ class WordReader:
             return CmdSub(text[2:-1], text)
         if s.startswith("${", start):
             return self._read_braced()
-        match = re.match(r"\$([A-Za-z_]\w*|[0-9@*#?$!\-])", s[start:])
+        match = _SIMPLE_PARAM.match(s, start)
         if match:
-            self._advance(match.end())
+            self._advance(match.end() - start)
             return Param(match.group(1), text=match.group(0))
         self._advance()
         return Lit("$", False)
@@ -235,11 +250,22 @@ def parse_fragment(text: str, origin: str, line: int) -> Word:
 
 
 def merge_parts(parts: list[Part]) -> list[Part]:
+    """Join neighbouring literals of the same quoting into one (in linear time)."""
     merged: list[Part] = []
+    run: list[str] = []
+    quoted = False
     for part in parts:
-        last = merged[-1] if merged else None
-        if isinstance(part, Lit) and isinstance(last, Lit) and last.quoted == part.quoted:
-            merged[-1] = Lit(last.text + part.text, part.quoted)
+        if isinstance(part, Lit) and (not run or part.quoted == quoted):
+            run.append(part.text)
+            quoted = part.quoted
+            continue
+        if run:
+            merged.append(Lit("".join(run), quoted))
+            run = []
+        if isinstance(part, Lit):
+            run, quoted = [part.text], part.quoted
         else:
             merged.append(part)
+    if run:
+        merged.append(Lit("".join(run), quoted))
     return merged
