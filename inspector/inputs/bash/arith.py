@@ -122,9 +122,9 @@ class _Arith:
         """Binary operators of precedence `level` or tighter (precedence climbing)."""
         value = self.power(ev)
         while True:
-            op = self.peek()
-            op_level = _LEVEL.get(op) if op is not None else None
-            if op_level is None or op_level < level:
+            op = self.peek() or ""
+            op_level = _LEVEL.get(op, -1)
+            if op_level < level:
                 return value
             self.take()
             short = (op == "&&" and not value) or (op == "||" and value)
