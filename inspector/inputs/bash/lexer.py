@@ -27,6 +27,7 @@ class Token:
     value: Any
     line: int
     keyword: str | None = None  # a word's text when it is one unquoted literal (`if`, `done`)
+    op: str | None = None  # an operator's text (`;`, `&&`, `(`)
 
 
 @dataclass
@@ -54,6 +55,8 @@ class Lexer(WordReader):
         token = self._next()
         if token.kind == "word":
             token.keyword = token.value.literal()
+        elif token.kind == "op":
+            token.op = token.value
         self.last = token
         return token
 

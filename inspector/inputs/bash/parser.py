@@ -46,6 +46,8 @@ class Parser:
 
     def peek(self, ahead: int = 0) -> Token:
         index = self.pos + ahead
+        if index < len(self.tokens):
+            return self.tokens[index]
         while index >= len(self.tokens):
             if self.tokens and self.tokens[-1].kind == "eof":
                 return self.tokens[-1]
@@ -83,10 +85,11 @@ class Parser:
         return f"`{token.value}`"
 
     def skip_newlines(self) -> None:
-        while self.peek().kind == "newline" or (
-            self.peek().kind == "op" and self.peek().value == ";"
-        ):
-            self.take()
+        while True:
+            token = self.peek()
+            if token.kind != "newline" and token.op != ";":
+                return
+            self.pos += 1
 
     def program(self) -> Seq:
         return Seq(list(self.commands()))
@@ -117,14 +120,14 @@ class Parser:
         token = self.peek()
         if token.kind == "eof" or self.keyword() in stop:
             return None
-        if token.kind == "op" and token.value in (")", ";;", ";&", ";;&"):
+        if token.op in (")", ";;", ";&", ";;&"):
             return None
         node = self.and_or()
-        background = self.peek().kind == "op" and self.peek().value == "&"
+        background = self.peek().op == "&"
         if background:
             self.take()
         elif self.peek().kind not in ("newline", "eof") and not (
-            self.peek().kind == "op" and self.peek().value in (";", ")", ";;", ";&", ";;&")
+            self.peek().op in (";", ")", ";;", ";&", ";;&")
         ):
             if self.keyword() not in stop:
                 raise self.fail(f"unexpected {self._describe(self.peek())}")
@@ -133,7 +136,7 @@ class Parser:
     def and_or(self) -> Node:
         first = self.pipeline()
         rest: list[tuple[str, Node]] = []
-        while self.peek().kind == "op" and self.peek().value in ("&&", "||"):
+        while self.peek().op in ("&&", "||"):
             op = str(self.take().value)
             while self.peek().kind == "newline":
                 self.take()
@@ -150,7 +153,7 @@ class Parser:
         if negate:
             self.take()
         commands = [self.command()]
-        while self.peek().kind == "op" and self.peek().value in ("|", "|&"):
+        while self.peek().op in ("|", "|&"):
             self.take()
             while self.peek().kind == "newline":
                 self.take()
@@ -171,7 +174,7 @@ class Parser:
     def _command(self) -> Node:
         token, word = self.peek(), self.keyword()
         node: Node
-        if token.kind == "op" and token.value == "(":
+        if token.op == "(":
             self.take()
             body = self.sequence(set())
             self.expect_op(")")
@@ -196,7 +199,7 @@ class Parser:
             self.expect("}")
             node = Group(body, subshell=False)
         elif word == "function" or (
-            token.kind == "word" and self.peek(1).kind == "op" and self.peek(1).value == "("
+            token.kind == "word" and self.peek(1).op == "("
         ):
             return self.function()
         elif word in ("then", "elif", "else", "fi", "do", "done", "esac", "}", "in"):
@@ -217,7 +220,7 @@ class Parser:
         name = name_token.value.literal() if name_token.kind == "word" else None
         if not name:
             raise self.fail("a function needs a name", name_token.line)
-        if self.peek().kind == "op" and self.peek().value == "(":
+        if self.peek().op == "(":
             self.take()
             self.expect_op(")")
         self.skip_newlines()
@@ -285,7 +288,7 @@ class Parser:
             if self.keyword() == "esac":
                 self.take()
                 return Case(subject.value, items, line)
-            if self.peek().kind == "op" and self.peek().value == "(":
+            if self.peek().op == "(":
                 self.take()
             patterns = []
             while True:
@@ -293,7 +296,7 @@ class Parser:
                 if token.kind != "word":
                     raise self.fail("a `case` pattern is missing", token.line)
                 patterns.append(token.value)
-                if self.peek().kind == "op" and self.peek().value == "|":
+                if self.peek().op == "|":
                     self.take()
                     continue
                 self.expect_op(")")
@@ -301,9 +304,9 @@ class Parser:
             body = self.sequence({"esac"})
             items.append((patterns, body))
             token = self.peek()
-            if token.kind == "op" and token.value in (";&", ";;&"):
+            if token.op in (";&", ";;&"):
                 raise self.fail(f"`{token.value}` in a `case` is not supported", token.line)
-            if token.kind == "op" and token.value == ";;":
+            if token.op == ";;":
                 self.take()
 
     def simple(self) -> Node:
