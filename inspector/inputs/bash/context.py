@@ -9,7 +9,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from inspector.errors import InputError
+from inspector.inputs.bash.runtime import MAX_COPIED, MAX_MATCHING, Budget
 
+_MATCHING = f"pattern matching takes more than {MAX_MATCHING} steps in all"
+_COPIED = f"the script assigns more than {MAX_COPIED} characters in all"
 MARK = re.compile("\x00(\\d+)\x00")
 
 
@@ -57,6 +60,8 @@ class Context:
     is_launch: Callable[[Sequence[str]], bool] = lambda argv: False
     unknowns: list[Unknown] = field(default_factory=list)
     commands: list[Command] = field(default_factory=list)
+    matching: Budget = field(default_factory=lambda: Budget(MAX_MATCHING, _MATCHING))
+    copied: Budget = field(default_factory=lambda: Budget(MAX_COPIED, _COPIED))
     steps: int = 0  # simple commands run
     depth: int = 0  # compound commands, functions and sourced texts running inside one another
 

@@ -155,15 +155,15 @@ class Lexer(WordReader):
                 self._advance()
             if self.i >= len(self.s):
                 raise self.fail("`[[` is not closed", line)
+            if words and words[-1].literal() == "=~":
+                words.append(self._read_regex())
+                continue
             for op in ("&&", "||", "(", ")", "<", ">"):
                 if self.s.startswith(op, self.i):
                     self._advance(len(op))
                     words.append(Word((Lit(op, False),), op, self.line))
                     break
             else:
-                if words and words[-1].literal() == "=~":
-                    words.append(self._read_regex())
-                    continue
                 word = self.read_word(extra_stop="")
                 if not word.parts:
                     raise self.fail(f"unexpected `{self.s[self.i]}` inside `[[ ]]`")

@@ -126,8 +126,8 @@ class Parser:
         background = self.peek().op == "&"
         if background:
             self.take()
-        elif self.peek().kind not in ("newline", "eof") and not (
-            self.peek().op in (";", ")", ";;", ";&", ";;&")
+        elif self.peek().kind not in ("newline", "eof") and (
+            self.peek().op not in (";", ")", ";;", ";&", ";;&")
         ):
             if self.keyword() not in stop:
                 raise self.fail(f"unexpected {self._describe(self.peek())}")

@@ -13,7 +13,8 @@ MAX_NESTING = 60  # compound commands, `$(( ))` and `$( )` nested inside one ano
 MAX_RUN_DEPTH = 100  # compound commands, functions, sourced files and `eval`s running inside one another
 MAX_LOOPS = 10_000  # turns of one `while`/`until` loop
 MAX_STEPS = 1_000_000  # commands run in all
-MAX_WORK = 20_000_000  # characters expanded, matched or parsed in all
+MAX_MATCHING = 5_000_000  # steps of pattern matching in all (text position x pattern position)
+MAX_COPIED = 256 << 20  # characters assigned to variables in all
 MAX_VALUE = 1 << 20  # characters in one variable, word or line
 MAX_ELEMENTS = 1 << 14  # elements in one array
 MAX_SCRIPT = 16 << 20  # characters in one script file or `eval`/`bash -c` text
@@ -33,3 +34,23 @@ class Break(Exception):
     def __init__(self, levels: int, cont: bool):
         super().__init__(levels, cont)
         self.levels, self.cont = levels, cont
+
+
+class WorkExceeded(Exception):
+    """A Budget ran out; the shell names the line and the cap."""
+
+    def __init__(self, what: str):
+        super().__init__(what)
+        self.what = what
+
+
+class Budget:
+    """A count of work left (pattern-matching steps, characters copied) that raises when spent."""
+
+    def __init__(self, left: int, what: str):
+        self.left, self.what = left, what
+
+    def spend(self, amount: int) -> None:
+        self.left -= amount
+        if self.left < 0:
+            raise WorkExceeded(self.what)

@@ -22,6 +22,7 @@ from inspector.inputs.bash.conditions import evaluate_test
 from inspector.inputs.bash.context import MARK, Context, Unknown, describe_unknown
 from inspector.inputs.bash.expand import Expansion
 from inspector.inputs.bash.parser import read_commands
+from inspector.inputs.bash.patterns import Glob, ere
 from inspector.inputs.bash.runtime import (
     MAX_DEPTH,
     MAX_ELEMENTS,
@@ -34,6 +35,7 @@ from inspector.inputs.bash.runtime import (
     Exit,
     Return,
     Value,
+    WorkExceeded,
 )
 from inspector.inputs.bash.syntax import (
     DQ,
@@ -113,7 +115,10 @@ class Shell(Expansion):
 
     def run(self, node: Node) -> int:
         if isinstance(node, Simple):
-            self.status = self._run_simple(node)
+            try:
+                self.status = self._run_simple(node)
+            except WorkExceeded as exceeded:
+                raise self.fail(f"{exceeded.what}; the reader stops there") from None
             return self.status
         if isinstance(node, Seq):
             self.status = self._run_seq(node)
@@ -123,6 +128,8 @@ class Shell(Expansion):
             if self.ctx.depth > MAX_RUN_DEPTH:
                 raise self.fail(_TOO_DEEP)
             self.status = getattr(self, "_run_" + type(node).__name__.lower())(node)
+        except WorkExceeded as exceeded:
+            raise self.fail(f"{exceeded.what}; the reader stops there") from None
         finally:
             self.ctx.depth -= 1
         return self.status
@@ -190,8 +197,8 @@ class Shell(Expansion):
         subject = self.require(self.expand_string(node.word), "the `case` word")
         for patterns, body in node.items:
             for pattern in patterns:
-                regex = self.pattern(pattern, "a `case` pattern") or ""
-                if re.fullmatch(regex, subject, re.S):
+                glob = self.pattern(pattern, "a `case` pattern") or Glob(())
+                if glob.fullmatch(subject, self.ctx.matching):
                     return self.run(body)
         return 0
 
@@ -231,13 +238,13 @@ class Shell(Expansion):
 
     def _run_condexpr(self, node: CondExpr) -> int:
         self.line = node.line
-        operands: list[tuple[str, str | None]] = []
+        operands: list[tuple[str, Glob | str | None]] = []
         for number, word in enumerate(node.words):
             text = self.expand_string(word)
             if number and node.words[number - 1].literal() == "=~":
                 pieces = self._pieces(word.parts, quoted=False)
                 regex = "".join(re.escape(p.text) if p.quoted else p.text for p in pieces)
-                operands.append((text, regex))
+                operands.append((text, ere(regex)))
                 continue
             operands.append((text, self.pattern(word, "a `[[ ]]` test", strict=False)))
         return evaluate_test(operands, double=True, shell=self)
@@ -325,6 +332,7 @@ class Shell(Expansion):
             raise self.fail("the script changes IFS; the reader splits words on blanks only")
         if len(value) > MAX_VALUE:
             raise self.fail(f"{name} grows past {MAX_VALUE} characters")
+        self.ctx.copied.spend(len(value))
         old = self.vars.get(name)
         if isinstance(old, dict):
             old[0] = value
