@@ -222,9 +222,10 @@ def interpret_launch(
 
 def _the_launch(ctx: Context, origin: str) -> Command:
     if not ctx.commands:
+        ended = f"; the script stops before any: {ctx.ended}" if ctx.ended else ""
         raise InputError(
             f"{origin}: found no training command (a line running torchrun/python/deepspeed on a "
-            ".py file)"
+            f".py file){ended}"
         )
     first = ctx.commands[0]
     for other in ctx.commands[1:]:

@@ -214,20 +214,28 @@ def _eval(shell: Shell, argv: list[str]) -> int:
 def _set(shell: Shell, argv: list[str]) -> int:
     args = argv[1:]
     if "--" in args:
+        _options(shell, args[: args.index("--")])
         shell.positional = args[args.index("--") + 1 :]
         return 0
-    values = []
-    skip = False
-    for arg in args:
-        if skip:
-            skip = False
-        elif arg in ("-o", "+o"):
-            skip = True
-        elif not arg.startswith(("-", "+")):
-            values.append(arg)
+    values = [arg for arg in _options(shell, args) if not arg.startswith(("-", "+"))]
     if values:
         shell.positional = values
     return 0
+
+
+def _options(shell: Shell, args: list[str]) -> list[str]:
+    """Apply `set`'s options that change a reading (`-e`, `-o errexit`); return the other words."""
+    rest: list[str] = []
+    words = iter(args)
+    for arg in words:
+        if arg[:1] not in ("-", "+") or arg in ("-", "+"):
+            rest.append(arg)
+            continue
+        if "e" in arg[1:]:
+            shell.errexit = arg.startswith("-")
+        if arg.endswith("o") and next(words, "") == "errexit":  # `-o errexit`, `-euo errexit`
+            shell.errexit = arg.startswith("-")
+    return rest
 
 
 def _shift(shell: Shell, argv: list[str]) -> int:
@@ -250,7 +258,7 @@ def _status_of(shell: Shell, argv: list[str]) -> int:
 
 def _exit(shell: Shell, argv: list[str]) -> int:
     shell.status = _status_of(shell, argv)
-    raise Exit
+    raise Exit(f"{shell.source_stack[-1]} line {shell.line}: `{shell.ctx.show(' '.join(argv))}`")
 
 
 def _return(shell: Shell, argv: list[str]) -> int:

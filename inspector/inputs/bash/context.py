@@ -62,6 +62,7 @@ class Context:
     commands: list[Command] = field(default_factory=list)
     matching: Budget = field(default_factory=lambda: Budget(MAX_MATCHING, _MATCHING))
     copied: Budget = field(default_factory=lambda: Budget(MAX_COPIED, _COPIED))
+    ended: str = ""  # where and why the script stopped early (`exit`, `set -e`), if it did
     steps: int = 0  # simple commands run
     depth: int = 0  # compound commands, functions and sourced texts running inside one another
 

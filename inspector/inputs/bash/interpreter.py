@@ -23,7 +23,9 @@ def interpret(ctx: Context, text: str) -> None:
     shell = new_shell(ctx, ctx.script)
     try:
         shell.run_text(text, ctx.script)
-    except (Exit, Return, Break):
+    except Exit as stop:
+        ctx.ended = stop.reason
+    except (Return, Break):
         pass
     except RecursionError:  # the caps (runtime.py) keep to Python's stack; this is the backstop
         raise shell.fail("the script nests too deeply for the reader") from None

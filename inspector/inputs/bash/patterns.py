@@ -19,8 +19,8 @@ _CLASSES = {
     "print": "\\x20-\\x7e", "graph": "\\x21-\\x7e",
 }  # fmt: skip
 _INTERVAL = re.compile(r"\{\d*,?\d*\}")
-STAR = "*"  # a glob item: any text (other items are one character: a literal, ANY, or a class)
-ANY = "?"
+STAR = "<*>"  # a glob item: any text (other items: ANY, one literal character, or a class)
+ANY = "<?>"  # any one character
 
 
 def bracket(text: str, start: int, backslash_escapes: bool) -> tuple[str, int] | None:

@@ -17,11 +17,16 @@ MAX_MATCHING = 5_000_000  # steps of pattern matching in all (text position x pa
 MAX_COPIED = 256 << 20  # characters assigned to variables in all
 MAX_VALUE = 1 << 20  # characters in one variable, word or line
 MAX_ELEMENTS = 1 << 14  # elements in one array
+MAX_BRACE_WORDS = 10_000  # words one brace expansion makes
 MAX_SCRIPT = 16 << 20  # characters in one script file or `eval`/`bash -c` text
 
 
 class Exit(Exception):
-    """`exit`: the shell stops; its status is on the shell."""
+    """`exit`, or a failing command under `set -e`: the shell stops; its status is on the shell."""
+
+    def __init__(self, reason: str = ""):
+        super().__init__(reason)
+        self.reason = reason  # "s.sh line 4: `false` fails under `set -e`"
 
 
 class Return(Exception):

@@ -82,6 +82,8 @@ class Shell(Expansion):
         self.functions: dict[str, Node] = {}
         self.locals: list[dict[str, Value | None]] = []
         self.depth, self.line, self.status = depth, 0, 0
+        self.errexit = False  # `set -e`
+        self.checked = 0  # > 0 while a status is being tested (`if`, `&&`, `!`): -e does not apply
         self.source_stack: list[str] = [origin]
 
     # -------------------------------------------------------------------------- errors
@@ -141,17 +143,38 @@ class Shell(Expansion):
         return status
 
     def _run_andor(self, node: AndOr) -> int:
-        status = self.run(node.first)
-        for op, item in node.rest:
+        status = self.tested(node.first)
+        for number, (op, item) in enumerate(node.rest, 1):
             if (op == "&&") == (status == 0):
-                status = self.run(item)
+                status = self.run(item) if number == len(node.rest) else self.tested(item)
         return status
 
     def _run_pipeline(self, node: Pipeline) -> int:
         status = 0
-        for item in node.commands:
-            status = self._subshell(item) if len(node.commands) > 1 else self.run(item)
-        return int(status == 0) if node.negate else status
+        self.checked += node.negate
+        try:
+            for item in node.commands:
+                status = self._subshell(item) if len(node.commands) > 1 else self.run(item)
+        finally:
+            self.checked -= node.negate
+        status = int(status == 0) if node.negate else status
+        return self.check(status, "the pipeline") if len(node.commands) > 1 else status
+
+    def tested(self, node: Node) -> int:
+        """Run a command whose status is tested (`set -e` does not stop the script there)."""
+        self.checked += 1
+        try:
+            return self.run(node)
+        finally:
+            self.checked -= 1
+
+    def check(self, status: int, what: str) -> int:
+        """Stop the shell as `set -e` does when a command fails where its status is not tested."""
+        if status and self.errexit and not self.checked:
+            self.status = status
+            raise Exit(f"{self.source_stack[-1]} line {self.line}: {what} fails (status {status}) "
+                       "under `set -e`")  # fmt: skip
+        return status
 
     def _subshell(self, node: Node) -> int:
         child = self.fork()
@@ -174,10 +197,13 @@ class Shell(Expansion):
                       set(self.exported), self.depth)  # fmt: skip
         child.functions = dict(self.functions)
         child.line, child.source_stack = self.line, list(self.source_stack)
+        child.errexit, child.checked = self.errexit, self.checked
         return child
 
     def _run_group(self, node: Group) -> int:
-        return self._subshell(node.body) if node.subshell else self.run(node.body)
+        if node.subshell:
+            return self.check(self._subshell(node.body), "the subshell `( ... )`")
+        return self.run(node.body)
 
     def _run_funcdef(self, node: FuncDef) -> int:
         self.functions[node.name] = node.body
@@ -190,7 +216,7 @@ class Shell(Expansion):
         return self.run(node.otherwise) if node.otherwise else 0
 
     def condition(self, cond: Seq) -> int:
-        return self.run(cond)
+        return self.tested(cond)
 
     def _run_case(self, node: Case) -> int:
         self.line = node.line
@@ -247,11 +273,11 @@ class Shell(Expansion):
                 operands.append((text, ere(regex)))
                 continue
             operands.append((text, self.pattern(word, "a `[[ ]]` test", strict=False)))
-        return evaluate_test(operands, double=True, shell=self)
+        return self.check(evaluate_test(operands, double=True, shell=self), "the test `[[ ]]`")
 
     def _run_arithcmd(self, node: ArithCmd) -> int:
         self.line = node.line
-        return int(self.arith(node.body) == 0)
+        return self.check(int(self.arith(node.body) == 0), f"`(({node.body.raw}))`")
 
     def arith(self, body: Word) -> int:
         text = self.expand_string(body)
@@ -276,7 +302,8 @@ class Shell(Expansion):
                 self.do_assign(assign)
             return 0
         prefix = {a.name: self.expand_string(a.value) for a in node.assigns if a.value}
-        return self.commands.run(self, argv, node, prefix, arrays)
+        status = self.commands.run(self, argv, node, prefix, arrays)
+        return self.check(status, f"`{_brief(self.ctx.show(' '.join(argv)))}`")
 
     def do_assign(self, assign: Assign, local: bool = False) -> None:
         self.line = assign.line or self.line
@@ -367,6 +394,10 @@ class Shell(Expansion):
                 else:
                     self.vars[var] = old
             self.positional = saved
+
+
+def _brief(text: str) -> str:
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _as_array(value: Value | None) -> dict[int, str]:
