@@ -224,7 +224,11 @@ class Parser:
             self.take()
             self.expect_op(")")
         self.skip_newlines()
-        return FuncDef(name, self.command())
+        self.depth -= 1  # the body is the function's own level
+        try:
+            return FuncDef(name, self.command())
+        finally:
+            self.depth += 1
 
     def if_clause(self) -> Node:
         line = self.take().line

@@ -127,6 +127,8 @@ class Glob:
 
     def replace(self, text: str, replacement: str, every: bool, budget: Budget) -> str:
         """`${v/pat/x}` (every: `${v//pat/x}`): the longest match at the leftmost position."""
+        if not text:  # bash replaces an empty match in an empty value
+            return replacement if self.ends(text, 0, budget) else text
         out: list[str] = []
         position = 0
         while position < len(text):

@@ -83,6 +83,7 @@ class Shell(Expansion):
         self.locals: list[dict[str, Value | None]] = []
         self.depth, self.line, self.status = depth, 0, 0
         self.errexit = False  # `set -e`
+        self.loops = 0  # loops running around the current command
         self.checked = 0  # > 0 while a status is being tested (`if`, `&&`, `!`): -e does not apply
         self.source_stack: list[str] = [origin]
 
@@ -180,7 +181,7 @@ class Shell(Expansion):
         child = self.fork()
         try:
             return child.run(node)
-        except Exit:
+        except (Exit, Break, Return):  # they end the subshell only
             return child.status
 
     def child(self, origin: str, positional: list[str], variables: Mapping[str, str]) -> Shell:
@@ -237,14 +238,22 @@ class Shell(Expansion):
         status = 0
         for value in values:
             self.assign(node.name, value)
-            try:
-                status = self.run(node.body)
-            except Break as brk:
-                if brk.levels > 1:
-                    raise Break(brk.levels - 1, brk.cont) from None
-                if not brk.cont:
-                    break
+            status, stop = self._turn(node.body)
+            if stop:
+                break
         return status
+
+    def _turn(self, body: Seq) -> tuple[int, bool]:
+        """Run a loop's body once; return its status and whether `break` ends the loop."""
+        self.loops += 1
+        try:
+            return self.run(body), False
+        except Break as brk:
+            if brk.levels > 1 and self.loops > 1:  # `break 2`: the loop around this one too
+                raise Break(brk.levels - 1, brk.cont) from None
+            return 0, not brk.cont
+        finally:
+            self.loops -= 1
 
     def _run_while(self, node: While) -> int:
         status = 0
@@ -252,13 +261,9 @@ class Shell(Expansion):
             self.line = node.line
             if (self.condition(node.cond) == 0) == node.until:
                 return status
-            try:
-                status = self.run(node.body)
-            except Break as brk:
-                if brk.levels > 1:
-                    raise Break(brk.levels - 1, brk.cont) from None
-                if not brk.cont:
-                    return status
+            status, stop = self._turn(node.body)
+            if stop:
+                return status
         self.line = node.line
         raise self.fail(f"a loop ran {MAX_LOOPS} times; the reader stops there")
 
