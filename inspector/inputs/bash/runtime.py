@@ -9,13 +9,13 @@ from __future__ import annotations
 Value = str | dict[int, str]  # a scalar, or an indexed array (index -> element)
 
 MAX_DEPTH = 32  # functions, sourced files and `bash -c` shells inside one another
-MAX_NESTING = 60  # compound commands, `$(( ))` and `$( )` nested inside one another, as written
+MAX_NESTING = 60  # compound commands as written, and `(`/unary operators in one `$(( ))`
 MAX_RUN_DEPTH = 100  # compound commands, functions, sourced files and `eval`s running inside one another
 MAX_LOOPS = 10_000  # turns of one `while`/`until` loop
 MAX_STEPS = 1_000_000  # commands run in all
 MAX_MATCHING = 5_000_000  # steps of pattern matching in all (text position x pattern position)
 MAX_COPIED = 256 << 20  # characters assigned to variables in all
-MAX_VALUE = 1 << 20  # characters in one variable, word or line
+MAX_VALUE = 1 << 20  # characters in one variable or array
 MAX_ELEMENTS = 1 << 14  # elements in one array
 MAX_BRACE_WORDS = 10_000  # words one brace expansion makes
 MAX_SCRIPT = 16 << 20  # characters in one script file or `eval`/`bash -c` text
