@@ -234,3 +234,16 @@ def test_any_hostile_text_is_read_or_refused_cleanly():
             parse_launch_script(text + "\n" + LAUNCH, "s.sh")
         except (InputError, ConfigError):
             pass
+
+
+def test_bash_source_relative_sourcing_from_another_folder(tmp_path, monkeypatch):
+    """Megatron-LM's scripts are run from the repository's root: `bash examples/x/train.sh`."""
+    folder = tmp_path / "examples" / "x"
+    folder.mkdir(parents=True)
+    (folder / "common.sh").write_text("LAYERS=6\n")
+    (folder / "train.sh").write_text(
+        'source "$(dirname "${BASH_SOURCE[0]}")/common.sh"\ntorchrun t.py --num-layers $LAYERS\n'
+    )
+    monkeypatch.chdir(tmp_path)
+    script = "examples/x/train.sh"
+    assert parse_launch_script((folder / "train.sh").read_text(), script).args["num_layers"] == 6

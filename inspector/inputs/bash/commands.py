@@ -132,10 +132,12 @@ def _run_child(child: Shell, body: object, outer: tuple[tuple[str, ...], ...]) -
 
 def _resolve(shell: Shell, name: str, what: str) -> str:
     name = shell.require(name, what)
-    path = name if os.path.isabs(name) else os.path.join(script_dir(shell.ctx), name)
-    if not os.path.isfile(path):
-        raise shell.fail(f"{what} reads {name}, which is not a file next to the script")
-    return path
+    # bash reads a relative name from the working folder (`source $(dirname $0)/common.sh` when
+    # the script is named from the repository's root); next to the script is the fallback
+    for path in (name, os.path.join(script_dir(shell.ctx), name)):
+        if os.path.isfile(path):
+            return path
+    raise shell.fail(f"{what} reads {name}, which is not a file next to the script")
 
 
 def _read(shell: Shell, path: str) -> str:
