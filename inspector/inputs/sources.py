@@ -13,11 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import inspector.inputs.bash.commands  # noqa: F401 - registers the commands the shell interprets
 from inspector.errors import ConfigError, InputError
 from inspector.inputs.arguments import BY_NAME, ArgSpec
 from inspector.inputs.bash.context import Command, Context, describe_unknown
-from inspector.inputs.bash.shell import _Break, _Exit, _Return, new_shell
+from inspector.inputs.bash.interpreter import interpret
 from inspector.inputs.entry_points import program_checks
 from inspector.inputs.launch import (
     Require,
@@ -127,11 +126,7 @@ def interpret_launch(
     """Interpret a script as bash would; return its one training launch, its world, and a
     function that raises InputError for a value the script does not determine."""
     ctx = Context(origin, dict(settings or {}), is_launch)
-    shell = new_shell(ctx, origin)
-    try:
-        shell.run_text(text, origin)
-    except (_Exit, _Return, _Break):
-        pass
+    interpret(ctx, text)
     command = _the_launch(ctx, origin)
 
     def require(value: str, what: str) -> str:
@@ -150,9 +145,10 @@ def interpret_launch(
 
 def _the_launch(ctx: Context, origin: str) -> Command:
     if not ctx.commands:
+        ended = f"; the script stops before any: {ctx.ended}" if ctx.ended else ""
         raise InputError(
             f"{origin}: found no training command (a line running torchrun/python/deepspeed on a "
-            ".py file)"
+            f".py file){ended}"
         )
     first = ctx.commands[0]
     for other in ctx.commands[1:]:
