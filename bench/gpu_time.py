@@ -372,7 +372,7 @@ def estimate(path: str | None, jobs: list[str]) -> None:
             transformer_impl="local",
         )
         args = merge_sources(Sources(flags=flags, apex=False), ("model", "layout", "training")).args
-        req = make_request(args, 1, "h100", None, 8, None, None, None, 0.65, 1)
+        req = make_request(args, 1, "h200", None, 8, None, None, None, None, 1)
         # flash attention as the job ran it; memory unbounded: the GPU showed what fits
         req = replace(req, flash_attention=r["attn"] != "local", memory=1 << 40)
         plan = search(req).plans[0]

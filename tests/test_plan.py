@@ -332,7 +332,7 @@ def test_timeline_replays_megatrons_schedule(vpp: int) -> None:
 
     args = merge_sources(Sources(flags=dict(num_layers=8, global_batch_size=16)),
                          ("model", "layout", "training")).args
-    req = make_request(args, 8, "h100", None, 8, None, None, None, 0.65, 1)
+    req = make_request(args, 8, "h100", None, 8, None, None, None, None, 1)
     plan = search(replace(req, fixed={"pp": 4, "vpp": vpp, "mbs": 1, "tp": 1})).plans[0]
     m = plan.job.schedule().num_microbatches
     rows = timeline(plan)
@@ -426,7 +426,7 @@ def _block_request(memory_gib: float | None = None, **flags):
     flags = dict(num_layers=8, seq_length=4096, max_position_embeddings=4096, bf16=True,
                  global_batch_size=8, **flags)
     args = merge_sources(Sources(flags=flags), ("model", "layout", "training")).args
-    return make_request(args, 4, "h100", memory_gib, 8, None, None, None, 0.65, 5)
+    return make_request(args, 4, "h100", memory_gib, 8, None, None, None, None, 5)
 
 
 def _priced(req, lay, split, recompute: str, method: str = "uniform", n: int = 1):
@@ -507,7 +507,7 @@ def test_planner_block_activations_equal_stage_activations(split, pp, flags) -> 
     vpp = len(split) // pp
     args = merge_sources(Sources(flags=dict(num_layers=sum(split), bf16=True, global_batch_size=16,
                                             **flags)), ("model", "layout", "training")).args
-    req = make_request(args, 2 * pp, "h100", None, 8, None, None, None, 0.65, 1)
+    req = make_request(args, 2 * pp, "h100", None, 8, None, None, None, None, 1)
     lay = layout_for(Layout(tp=1, pp=pp, dp=2), req.model, split, vpp)
     assert lay is not None and lay.chunks == vpp
     placed = chunk_layers(split, pp, vpp)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from inspector.errors import ConfigError
 from inspector.inputs.arguments import BY_NAME
+from inspector.inputs.refusals import raise_refusals
 
 if TYPE_CHECKING:
     from inspector.inputs.sources import ScriptArgs
@@ -29,6 +30,7 @@ class Sources:
     flags: dict[str, Any] = field(default_factory=dict)  # values given on the command line
     apex: bool | None = None
     settings: tuple[str, ...] = ()  # --set NAME=VALUE: what the launch script's environment holds
+    hf_config: str | None = None  # a Hugging Face config.json (after the preset, before --config)
 
 
 @dataclass(frozen=True)
@@ -73,13 +75,21 @@ def _source_layers(
         from inspector.inputs.presets import get_preset
 
         layers.append(dict(get_preset(sources.preset).args))
-    if sources.config_file is not None:
-        from inspector.inputs.sources import load_config_file
+    if sources.hf_config is not None:
+        from inspector.inputs.hf import read_hf_config
 
-        layers.append(_megatron_lm_defaults(load_config_file(sources.config_file)))
+        hf = read_hf_config(sources.hf_config)
+        layers.append(_file_layer(hf, sources.hf_config, sources, groups, notes))
+    if sources.config_file is not None:
+        from inspector.inputs.megatron_config import read_config
+
+        config = read_config(sources.config_file)
+        layers.append(_file_layer(config, sources.config_file, sources, groups, notes))
     if sources.script is not None:
-        parsed = _read_script(sources, sources.script, groups, notes)
-        layers.append(_megatron_lm_defaults(parsed.args))
+        from inspector.inputs.sources import read_launch_script
+
+        parsed = read_launch_script(sources.script, parse_settings(sources.settings))
+        layers.append(_file_layer(parsed, sources.script, sources, groups, notes))
         world = (parsed.world_size, parsed.world_origin)
     layers.append({name: value for name, value in sources.flags.items() if value is not None})
     if sources.apex is not None:
@@ -87,32 +97,22 @@ def _source_layers(
     return layers, world
 
 
-def _read_script(
-    sources: Sources, script: str, groups: tuple[str, ...], notes: list[str]
-) -> ScriptArgs:
-    """Return the launch script's arguments, noting what it ignored or did not recognise."""
-    from inspector.inputs.sources import read_launch_script
-
-    parsed = read_launch_script(script, parse_settings(sources.settings))
-    _refuse(parsed.refused, groups)
+def _file_layer(parsed: ScriptArgs, origin: str, sources: Sources, groups: tuple[str, ...],
+                notes: list[str]) -> dict[str, Any]:  # fmt: skip
+    """Return the arguments a config file or launch script sets, after its refusals (one error
+    naming them all) and its notes (what is ignored, not recognised, derived)."""
+    raise_refusals(parsed.refused, groups)
     if parsed.ignored:
-        notes.append(f"Ignored from {script}: {' '.join(parsed.ignored)}")
+        notes.append(f"Ignored from {origin}: {' '.join(parsed.ignored)}")
     if parsed.unrecognised:
         notes.append(
-            f"Not recognised from {script} (not a Megatron-LM argument this tool "
+            f"Not recognised from {origin} (not a Megatron-LM argument this tool "
             f"knows; check it changes nothing a GPU holds): {' '.join(parsed.unrecognised)}"
         )
-    notes.extend(f"Note from {script}: {note}" for note in parsed.notes)
+    notes.extend(f"Note from {origin}: {note}" for note in parsed.notes)
     if parsed.vocab_problem and sources.flags.get("vocab_size") is None:
         raise ConfigError(parsed.vocab_problem)
-    return parsed
-
-
-def _refuse(refused: tuple[tuple[str, str], ...], groups: tuple[str, ...]) -> None:
-    """Raise ConfigError for the first refused script argument this command would read."""
-    for group, message in refused:
-        if group in groups:
-            raise ConfigError(message)
+    return _megatron_lm_defaults(parsed.args)
 
 
 def _megatron_lm_defaults(args: dict[str, Any]) -> dict[str, Any]:

@@ -62,6 +62,10 @@ class ModelDims:
     qk_layernorm: bool = False  # read with MLA only: the two latent norms
     attention_dropout: bool = True  # --attention-dropout > 0: its mask and output are stored
     hidden_dropout: bool = True  # --hidden-dropout > 0: masks after attention, MLP, embedding
+    # What the step-time model's kernels depend on (formulas/ops.py):
+    rotary: bool = False  # rotary embedding on Q and K (--position-embedding-type rope, MLA)
+    flash_attention: bool = False  # flash attention, else megatron's unfused DotProductAttention
+    fused_kernels: bool = True  # megatron's fused scale-mask-softmax (apex or Transformer Engine)
 
     @classmethod
     def from_fields(
@@ -72,12 +76,16 @@ class ModelDims:
         vocab_size: int,
         attention_dropout: bool,
         hidden_dropout: bool,
+        rotary: bool,
+        flash_attention: bool,
+        fused_kernels: bool,
     ) -> ModelDims:
         """Return the dims of a model given as TransformerConfig fields (`transformer_fields`).
 
         Every field named here is taken by its name (two by Megatron-LM's argument name, which
-        TransformerConfig renamed), so a model field is mapped once, in ModelConfig; what the
-        architecture does not hold (sequence, padded vocabulary, dropout) comes from the job.
+        TransformerConfig renamed), so a model field is mapped once, in ModelConfig; what
+        TransformerConfig does not hold (sequence, padded vocabulary, dropout, the kernels the
+        step-time model prices: rotary embedding, flash attention, fused softmax) comes from the job.
         """
         names = {f.name for f in dataclasses.fields(cls)}
         values = {ARGUMENT_NAMES.get(name, name): value for name, value in fields.items()}
@@ -88,6 +96,9 @@ class ModelDims:
             activation_bytes=2 if fields["bf16"] or fields["fp16"] else 4,
             attention_dropout=attention_dropout,
             hidden_dropout=hidden_dropout,
+            rotary=rotary,
+            flash_attention=flash_attention,
+            fused_kernels=fused_kernels,
         )
 
     def __post_init__(self) -> None:
@@ -258,3 +269,30 @@ def microbatches_in_flight(
     return max(
         sum(point) for point in live_microbatches(stage, pp, num_microbatches, chunks, group_size)
     )
+
+
+def schedule_passes(
+    stage: int,
+    pp: int,
+    num_microbatches: int,
+    chunks: int = 1,
+    group_size: int | None = None,
+) -> list[tuple[bool, int]]:
+    """Return (forward?, chunk) for every pass `stage` runs in one iteration, in megatron's order.
+
+    The same replay as `live_microbatches`: warm-up forwards, then a forward and the backward of
+    the oldest micro-batch in flight per step, then the cool-down backwards.
+    """
+    group = group_size or pp
+    if chunks > 1:
+        _check_interleaved(pp, num_microbatches, group)
+    order = _schedule_table(num_microbatches, chunks, group)
+    warmup = warmup_steps(stage, pp, num_microbatches, chunks, group)
+    passes: list[tuple[bool, int]] = []
+    for step, chunk in enumerate(order):
+        passes.append((True, chunk))
+        if step >= warmup:
+            passes.append((False, chunks - 1 - order[step - warmup]))
+    for step in range(max(len(order) - warmup, 0), len(order)):
+        passes.append((False, chunks - 1 - order[step]))
+    return passes

@@ -105,6 +105,10 @@ class Job:
             vocab_size=model.padded_vocab_size(self.layout.tp),
             attention_dropout=training.attention_dropout > 0,
             hidden_dropout=training.hidden_dropout > 0,
+            rotary=model.position_embedding_type in ("rope", "mrope", "yarn")
+            or model.multi_latent_attention,
+            flash_attention=training.flash_attention,
+            fused_kernels=model.use_apex or model.transformer_impl == "transformer_engine",
         )
 
 

@@ -18,7 +18,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from inspector.errors import ConfigError
-from inspector.job.checks import check_at_least_one
+from inspector.job.checks import (
+    check_at_least_one,
+    check_built_layers,
+    check_cp_chunks,
+    check_ffn_split,
+)
 from inspector.job.model import ModelConfig
 from inspector.job.pipeline_layout import check_layout_string, expand_layout
 
@@ -170,6 +175,8 @@ def validate_layout(model: ModelConfig, layout: Layout) -> None:
         )
     if model.vocab_size < tp:
         raise ConfigError(f"--vocab-size {model.vocab_size} is smaller than --tp {tp}")
+    if model.num_experts is None:
+        check_ffn_split(model.ffn_size, tp)
     _check_pipeline(model, layout)
     _check_experts(model, layout)
     _check_sequence_parallel(model, layout)
@@ -192,11 +199,13 @@ def _check_sequence_parallel(model: ModelConfig, layout: Layout) -> None:
 
 def check_buildable(model: ModelConfig, layout: Layout) -> None:
     """Raise ConfigError for layouts megatron-core's local spec cannot build (rank maps still can)."""
+    check_built_layers(model.num_layers)
     if layout.cp > 1 and model.transformer_impl == "local":
         raise ConfigError(
             f"--context-parallel-size {layout.cp} needs --transformer-impl transformer_engine: "
             "megatron-core's local DotProductAttention refuses context parallelism"
         )
+    check_cp_chunks(model.seq_length, layout.cp)
 
 
 def virtual_size(

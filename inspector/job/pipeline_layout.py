@@ -8,6 +8,7 @@ from inspector.errors import ConfigError
 
 _LAYOUT_REPEATS = (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)")
 LAYOUT_CHARACTERS = "ELtm"  # embedding, loss, transformer layer, MTP layer
+MAX_LAYOUT_LENGTH = 100_000  # characters of a --pipeline-model-parallel-layout, unrolled
 
 
 def expand_layout(text: str) -> list[str]:
@@ -19,8 +20,28 @@ def expand_layout(text: str) -> list[str]:
     """
     text = text.replace(",", "")
     for pattern in _LAYOUT_REPEATS:
-        text = re.sub(pattern, lambda match: match.group(1) * int(match.group(2)), text)
+        text = _unroll(pattern, text)
     return text.split("|")
+
+
+def _unroll(pattern: str, text: str) -> str:
+    """Unroll one kind of repetition, refusing a layout longer than MAX_LAYOUT_LENGTH first."""
+    grown = len(text)
+
+    def repeat(match: re.Match[str]) -> str:
+        nonlocal grown
+        part, digits = match.group(1), match.group(2)
+        count = int(digits) if len(digits) <= 9 else MAX_LAYOUT_LENGTH + 1  # Python's 4300 digits
+        grown += len(part) * (count - 1)
+        if grown > MAX_LAYOUT_LENGTH:
+            shown = digits if len(digits) <= 20 else digits[:20] + "..."
+            raise ConfigError(
+                f"--pipeline-model-parallel-layout unrolls to more than {MAX_LAYOUT_LENGTH:,} "
+                f"layers ({part!r} repeated {shown} times); docs/limits.md"
+            )
+        return part * count
+
+    return re.sub(pattern, repeat, text)
 
 
 def check_layout_string(text: str, pp: int, num_layers: int, mtp_layers: int) -> None:
@@ -40,6 +61,7 @@ def check_layout_string(text: str, pp: int, num_layers: int, mtp_layers: int) ->
             f"of --pp {pp} (megatron-core: the layout must be divisible by "
             "pipeline_model_parallel_size)"
         )
+    _check_ends(text, flat)
     for char, flag, wanted, what in (
         ("t", "--num-layers", num_layers, "transformer layers"),
         ("m", "--mtp-num-layers", mtp_layers, "multi-token prediction layers"),
@@ -48,4 +70,15 @@ def check_layout_string(text: str, pp: int, num_layers: int, mtp_layers: int) ->
             raise ConfigError(
                 f"--pipeline-model-parallel-layout {text!r} places {flat.count(char)} {what} "
                 f"({char!r}) but {flag} is {wanted}"
+            )
+
+
+def _check_ends(text: str, flat: str) -> None:
+    """Raise ConfigError unless the layout starts with the embedding and ends with the loss, once."""
+    for char, where, index, name in (("E", "start", 0, "embedding"), ("L", "end", -1, "loss")):
+        if not flat or flat[index] != char or flat.count(char) != 1:
+            raise ConfigError(
+                f"--pipeline-model-parallel-layout {text!r} must {where} with the {name} "
+                f"{char!r} and hold it once (megatron-core: the {'first' if index == 0 else 'last'}"
+                f" layer must be {name}, specified exactly once)"
             )

@@ -1,10 +1,14 @@
 """The planner's time model: one training iteration of a layout on a named GPU, from formulas.
 
 Each term and its source (symbols of inspector/job/dims.py; m micro-batches, v virtual stages):
-  - compute: Megatron-LM's FLOPs (flops.py) of a stage's layers and logits for one micro-batch,
-    split over its tp x cp ranks, at `peak x efficiency`; recomputation adds the forward it
-    repeats (full: a third of each checkpointed layer, all of them or, with `--recompute-method
-    block` N, the first N of each chunk; selective: a third of core attention);
+  - compute: each kernel a layer runs on the rank (formulas/ops.py: GEMMs by m, n, k, flash or
+    unfused attention, norms, activations, dropout, residual adds, rotary, MoE routing and
+    permutation; the output layer and loss) priced from the measured kernel table
+    (formulas/kernels.py), plus the forward recomputation repeats (full: each checkpointed
+    layer's, all of them or, with `--recompute-method block` N, the first N of each chunk;
+    selective: core attention's). With `--efficiency` instead: Megatron-LM's FLOPs (flops.py)
+    split over tp x cp ranks at `peak x efficiency`, recomputation adding a third of what it
+    repeats;
   - tensor parallel: per layer and micro-batch 4 collectives forward and 4 backward (all-gather /
     reduce-scatter with sequence parallelism, all-reduce pairs without; Korthikanti et al. 2022,
     Section 4.2.2, equal volumes) of s b h / c activation elements, each priced alpha + bytes x
@@ -36,6 +40,8 @@ from typing import cast
 from inspector.errors import ConfigError
 from inspector.formulas.activations import mtp_recompute, recompute_plan
 from inspector.formulas.flops import layer_flops, logit_flops, mtp_flops
+from inspector.formulas.kernels import Device, ops_seconds
+from inspector.formulas.ops import Shard, layer_ops, layer_seconds, linear, output_ops
 from inspector.job.dims import ModelDims
 from inspector.job.job import Recompute
 from inspector.job.layout import Layout
@@ -68,7 +74,6 @@ GPUS = {
     # per node, one per GPU (25 GB/s).
     "a100-80gb": Gpu("a100-80gb", 312.0, 80, 2.039e12, 300e9, 25e9),
 }
-DEFAULT_EFFICIENCY = 0.65  # fraction of peak a large GEMM-bound layer reaches (see README)
 
 
 def get_gpu(name: str) -> Gpu:
@@ -150,7 +155,7 @@ def stage_work(
     dims: ModelDims,
     lay: Layout,
     net: Network,
-    efficiency: float,
+    efficiency: float | None,
     mbs: int,
     recompute: str,
     chunk_layers: Sequence[Sequence[int]],
@@ -163,8 +168,7 @@ def stage_work(
     With full recomputation, `recompute_method` / `recompute_num_layers` say which layers repeat
     their forward (activations.recompute_plan: `block` N, the first N of each chunk).
     """
-    rate = net.gpu.tflops * 1e12 * efficiency
-    split = lay.tp * lay.cp
+    rate = net.gpu.tflops * 1e12 * efficiency if efficiency else 0.0  # 0: the kernel tables
     act = dims.activation_bytes
     tokens = dims.seq_length * mbs / lay.cp
     compute = tensor = context = expert = 0.0
@@ -181,12 +185,11 @@ def stage_work(
         context += one[2] * len(members)
         expert += one[3] * len(members)
     if has_output:  # the output layer and loss, and the MTP block megatron puts beside them
-        compute += logit_flops(dims, mbs) / split / rate
+        compute += _output_time(dims, lay, net, rate, mbs)
         if dims.mtp_num_layers:
             depth, final = dims.mtp_num_layers, dims.num_layers - 1
             last = _layer_time(dims, lay, net, rate, mbs, mtp_recompute(mode, recompute_method), final)
-            own = mtp_flops(dims, mbs) - depth * layer_flops(dims, final, mbs).total
-            compute += depth * last[0] + own / split / rate
+            compute += depth * last[0] + _mtp_own_time(dims, lay, net, rate, mbs)
             tensor += depth * last[1]
             context += depth * last[2]
             expert += depth * last[3]
@@ -225,21 +228,56 @@ def _layer_time(
     act = dims.activation_bytes
     tokens = dims.seq_length * mbs / lay.cp
     f = layer_flops(dims, i, mbs)
-    if recompute == "full":
-        extra = f.total / 3
+    if rate:
+        if recompute == "full":
+            extra = f.total / 3
+        else:
+            extra = f.core_attention / 3 if recompute == "selective" else 0
+        compute = (f.total + extra) / split / rate
+        attention = f.core_attention / split / rate
     else:
-        extra = f.core_attention / 3 if recompute == "selective" else 0
-    compute = (f.total + extra) / split / rate
+        ops = layer_ops(dims, _shard(lay, mbs), dims.is_moe_layer(i))
+        compute = layer_seconds(ops, _device(net), recompute)
+        attention = 3 * ops_seconds(ops.core, _device(net))  # ring_attention's convention
     collectives = 12 if recompute == "full" else 8
     tensor = _collective(collectives, tokens * dims.hidden_size, act, lay.tp, net.link(lay.tp))
     context = expert = 0.0
     if lay.cp > 1:
         forwards = 2 if recompute in ("full", "selective") else 1  # both recompute core attention
-        context = ring_attention(dims, lay, net, tokens, f.core_attention / split / rate, forwards)
+        context = ring_attention(dims, lay, net, tokens, attention, forwards)
     if dims.is_moe_layer(i) and lay.ep > 1:
         routed = tokens * dims.moe_router_topk * dims.hidden_size / lay.tp
         expert = _collective(4, routed, act, lay.ep, net.link(lay.ep * lay.expert_tp))
     return compute, tensor, context, expert
+
+
+def _shard(lay: Layout, mbs: int) -> Shard:
+    """Return how a rank of `lay` cuts a layer (formulas/ops.py)."""
+    return Shard(lay.tp, lay.cp, lay.ep, lay.expert_tp, lay.sequence_parallel, mbs)
+
+
+def _device(net: Network) -> Device:
+    """Return the GPU as the kernel tables scale to it: its dense peak and HBM bandwidth."""
+    return Device(net.gpu.tflops, net.gpu.hbm)
+
+
+def _output_time(dims: ModelDims, lay: Layout, net: Network, rate: float, mbs: int) -> float:
+    """Return the output layer's and loss's seconds for one micro-batch (never recomputed)."""
+    if rate:
+        return logit_flops(dims, mbs) / (lay.tp * lay.cp) / rate
+    ops = output_ops(dims, _shard(lay, mbs))
+    return layer_seconds(ops, _device(net), "none")
+
+
+def _mtp_own_time(dims: ModelDims, lay: Layout, net: Network, rate: float, mbs: int) -> float:
+    """Return the MTP block's seconds besides its transformer layers: eh_proj and logits each."""
+    depth, final = dims.mtp_num_layers, dims.num_layers - 1
+    if rate:
+        own = mtp_flops(dims, mbs) - depth * layer_flops(dims, final, mbs).total
+        return own / (lay.tp * lay.cp) / rate
+    tokens = dims.seq_length * mbs // lay.cp
+    eh_proj = linear("eh_proj", tokens, 2 * dims.hidden_size, dims.hidden_size // lay.tp)
+    return depth * (ops_seconds(eh_proj, _device(net)) + _output_time(dims, lay, net, 0.0, mbs))
 
 
 def ring_attention(

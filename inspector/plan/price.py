@@ -46,7 +46,7 @@ class Request:
     memory: int  # bytes per GPU
     global_batch_size: int
     gpus_per_node: int = 8
-    efficiency: float = 0.65
+    efficiency: float | None = None  # None: the measured kernel tables (formulas/kernels.py)
     fixed: dict[str, Any] = field(default_factory=dict)  # tp, pp, cp, ep, etp, vpp, mbs, ...
     top: int = 5
     flash_attention: bool | None = None  # None: on in 16-bit (Transformer Engine's kernels)
@@ -284,7 +284,7 @@ def job_dims(job: Job) -> ModelDims:
     """Return job.dims(), once per what it reads: the model, tp (vocab padding), dropout on/off."""
     training = job.training
     key = (model_token(job.model), job.layout.tp, training.attention_dropout > 0,
-           training.hidden_dropout > 0)
+           training.hidden_dropout > 0, training.flash_attention)
     if key not in _DIMS:
         _DIMS[key] = job.dims()
     return _DIMS[key]

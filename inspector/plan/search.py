@@ -522,7 +522,7 @@ FIXED = {
 def make_request(
     args: dict[str, Any], gpus: int, gpu_name: str, gpu_memory: float | None,
     gpus_per_node: int, gpu_tflops: float | None, intra: float | None, inter: float | None,
-    efficiency: float, top: int,
+    efficiency: float | None, top: int,
 ) -> Request:
     """Check the plan flags and return the search request."""
     from inspector.job.job import make_training
@@ -532,7 +532,7 @@ def make_request(
     for flag, value in (("--gpus", gpus), ("--gpus-per-node", gpus_per_node), ("--top", top)):
         if value < 1:
             raise ConfigError(f"{flag} must be at least 1, got {value}")
-    if not 0 < efficiency <= 1:
+    if efficiency is not None and not 0 < efficiency <= 1:
         raise ConfigError(f"--efficiency must lie in (0, 1], got {efficiency}")
     batch = args.get("global_batch_size")
     if not batch:

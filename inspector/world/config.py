@@ -15,17 +15,22 @@ def _no_values(tensor: Any) -> Any:
     return tensor
 
 
-def transformer_config(model: ModelConfig, layout: Layout, vpp: int | None) -> Any:
+def transformer_config(
+    model: ModelConfig, layout: Layout, vpp: int | None, runtime: dict[str, Any] | None = None
+) -> Any:
     """Return megatron's TransformerConfig as Megatron-LM builds it from these arguments.
 
     The model's fields come from ModelConfig.transformer_fields (the one map of the model into
     megatron's names); this adds the layout, torch's dtypes and activation, and meta-device set-up.
+    `runtime`: fields that change only how the model runs (dropout, recomputation, fusions), for
+    the engine (inspector/engine), which runs it; a structural build leaves megatron's defaults.
     """
     m = megatron()
     fields = model.transformer_fields()
     if fields.get("moe_shared_expert_gate"):
         _check_shared_expert_gate(m.TransformerConfig)
     kwargs = {**fields, **_torch_fields(m.torch, model), **_layout_fields(layout, vpp)}
+    kwargs.update(runtime or {})
     if isinstance(kwargs.get("moe_layer_freq"), tuple):
         kwargs["moe_layer_freq"] = list(kwargs["moe_layer_freq"])  # megatron-core takes a list
     if model.multi_latent_attention:
