@@ -15,6 +15,7 @@ from inspector.cli.app import (
     _Choice,
     _emit,
     _format_option,
+    _gpu_option,
     _job,
     _output_option,
     _PanelCommand,
@@ -24,6 +25,7 @@ from inspector.cli.app import (
     model_options,
 )
 from inspector.errors import ConfigError
+from inspector.job.hardware import DEFAULT_EFFICIENCY, DEFAULT_GPU
 from inspector.report.formats import (
     DiffFormat,
     MemoryFormat,
@@ -280,12 +282,14 @@ def plan(
     use_cache: bool,
     gpus: int = typer.Option(..., "--gpus", help="GPUs in the cluster."),
     gpu_memory: float | None = typer.Option(
-        None, "--gpu-memory", help="GPU memory in GiB (default: the --gpu profile's)."
+        None, "--gpu-memory", help="GPU memory in GiB (default: the --gpu type's)."
     ),
-    gpu: str = typer.Option("h100", "--gpu", help="GPU profile: h100, h200 or a100-80gb."),
-    gpus_per_node: int = typer.Option(8, "--gpus-per-node", help="GPUs per node (NVLink domain)."),
+    gpu: str = _gpu_option(DEFAULT_GPU),
+    gpus_per_node: int | None = typer.Option(
+        None, "--gpus-per-node", help="GPUs per node, the NVLink domain (default: the --gpu type's)."
+    ),
     gpu_tflops: float | None = typer.Option(
-        None, "--gpu-tflops", help="Override the profile's dense 16-bit peak TFLOP/s."
+        None, "--gpu-tflops", help="Override the --gpu type's dense 16-bit peak TFLOP/s."
     ),
     intra_bandwidth: float | None = typer.Option(
         None, "--intra-node-bandwidth", help="Override NVLink GB/s per GPU, one direction."
@@ -294,7 +298,7 @@ def plan(
         None, "--inter-node-bandwidth", help="Override InfiniBand GB/s per GPU, one direction."
     ),
     efficiency: float = typer.Option(
-        0.65, "--efficiency", help="Fraction of peak the layers' GEMMs reach, in (0, 1]."
+        DEFAULT_EFFICIENCY, "--efficiency", help="Fraction of peak the layers' GEMMs reach, in (0, 1]."
     ),
     top: int = typer.Option(5, "--top", help="How many plans to list."),
     explain: bool = typer.Option(False, "--explain", help="Say why plan 1 wins."),
@@ -304,12 +308,12 @@ def plan(
 ) -> None:
     """Rank the parallel layouts of a model on N GPUs by estimated step time."""
     from inspector.plan import search as core
+    from inspector.plan.request import PlanFlags, make_request
     from inspector.render import plan as render
 
-    request = core.make_request(
-        args, gpus, gpu, gpu_memory, gpus_per_node, gpu_tflops, intra_bandwidth,
-        inter_bandwidth, efficiency, top,
-    )
+    flags = PlanFlags(gpus, gpu, gpu_memory, gpus_per_node, gpu_tflops, intra_bandwidth,
+                      inter_bandwidth, efficiency, top)
+    request = make_request(args, flags)
     progress = core.progress_line()
     result = core.search(request, progress)
     if progress is not None:  # the search's speed, on the terminal only (stdout stays identical)

@@ -159,7 +159,7 @@ def _check_interleaved(pp: int, num_microbatches: int, group_size: int) -> None:
         )
 
 
-def _warmup_steps(stage: int, pp: int, num_microbatches: int, chunks: int, group: int) -> int:
+def warmup_steps(stage: int, pp: int, num_microbatches: int, chunks: int, group: int) -> int:
     """Return megatron-core's warm-up forward steps for `stage`, before 1F1B starts.
 
     `get_pp_rank_microbatches` in `pipeline_parallel/schedules.py`: p - s - 1 without
@@ -196,7 +196,7 @@ def live_microbatches(
     if chunks > 1:
         _check_interleaved(pp, num_microbatches, group)
     order = _schedule_table(num_microbatches, chunks, group)
-    warmup = _warmup_steps(stage, pp, num_microbatches, chunks, group)
+    warmup = warmup_steps(stage, pp, num_microbatches, chunks, group)
     live = [0] * chunks
     points: list[tuple[int, ...]] = []
     for step in range(len(order)):

@@ -30,52 +30,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import cast
 
-from inspector.errors import ConfigError
 from inspector.formulas.activations import mtp_recompute, recompute_plan
 from inspector.formulas.flops import layer_flops, logit_flops, mtp_flops
 from inspector.job.dims import ModelDims
+from inspector.job.hardware import Gpu
 from inspector.job.job import Recompute
 from inspector.job.layout import Layout
-
-
-@dataclass(frozen=True)
-class Gpu:
-    """A GPU and its links: dense 16-bit peak, HBM and per-GPU network bandwidth (bytes/s)."""
-
-    name: str
-    tflops: float
-    memory_gib: float
-    hbm: float
-    intra: float  # NVLink, one direction
-    inter: float  # InfiniBand, one direction, per GPU
-    alpha_intra: float = 5e-6
-    alpha_inter: float = 10e-6
-
-
-GPUS = {
-    # NVIDIA H100 Tensor Core GPU datasheet (SXM5): 989 TFLOP/s dense BF16 (1,979 with sparsity),
-    # 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s (450 each way); DGX H100: 8 x 400 Gb/s
-    # ConnectX-7 InfiniBand, one per GPU (50 GB/s).
-    "h100": Gpu("h100", 989.0, 80, 3.35e12, 450e9, 50e9),
-    # NVIDIA H200 datasheet (SXM): 989 TFLOP/s dense BF16, 141 GB HBM3e at 4.8 TB/s, NVLink
-    # 900 GB/s; 400 Gb/s InfiniBand per GPU as on DGX H200.
-    "h200": Gpu("h200", 989.0, 141, 4.8e12, 450e9, 50e9),
-    # NVIDIA A100 datasheet (SXM 80GB): 312 TFLOP/s dense BF16, HBM2e 2,039 GB/s, NVLink 600 GB/s
-    # (300 each way); DGX A100 / Selene (Narayanan et al. 2021): 8 x 200 Gb/s HDR InfiniBand
-    # per node, one per GPU (25 GB/s).
-    "a100-80gb": Gpu("a100-80gb", 312.0, 80, 2.039e12, 300e9, 25e9),
-}
-DEFAULT_EFFICIENCY = 0.65  # fraction of peak a large GEMM-bound layer reaches (see README)
-
-
-def get_gpu(name: str) -> Gpu:
-    """Return a named GPU profile or raise ConfigError naming the choices."""
-    if name not in GPUS:
-        raise ConfigError(f"unknown --gpu {name!r}; choose one of: {', '.join(GPUS)}")
-    return GPUS[name]
+from inspector.plan import caches
 
 
 @dataclass(frozen=True)
@@ -146,6 +109,23 @@ def _collective(count: float, elements: float, nbytes: int, ranks: int, link: tu
     return count * (alpha + elements * nbytes * (ranks - 1) / ranks / bandwidth)
 
 
+def compute_rate(net: Network, efficiency: float) -> float:
+    """Return the FLOP/s a rank's kernels reach: the 16-bit peak x --efficiency.
+
+    Every dtype is priced at the dense 16-bit peak (a float32 plan too; job/hardware.py holds
+    the other precisions' peaks).
+    """
+    return net.gpu.tflops_16bit * 1e12 * efficiency
+
+
+def compute_seconds(flops: float, lay: Layout, rate: float) -> float:
+    """Return the seconds `flops` take split over a layer's tp x cp ranks at `rate` FLOP/s.
+
+    The compute term of the time model: every other term is communication.
+    """
+    return flops / (lay.tp * lay.cp) / rate
+
+
 def stage_work(
     dims: ModelDims,
     lay: Layout,
@@ -163,37 +143,45 @@ def stage_work(
     With full recomputation, `recompute_method` / `recompute_num_layers` say which layers repeat
     their forward (activations.recompute_plan: `block` N, the first N of each chunk).
     """
-    rate = net.gpu.tflops * 1e12 * efficiency
-    split = lay.tp * lay.cp
-    act = dims.activation_bytes
-    tokens = dims.seq_length * mbs / lay.cp
-    compute = tensor = context = expert = 0.0
+    rate = compute_rate(net, efficiency)
     mode = cast(Recompute, recompute)
     plan = recompute_plan(0, chunk_layers, mode, recompute_method, recompute_num_layers)
     kinds: dict[tuple[Recompute, bool], list[int]] = {}  # (recomputed or not, MoE) -> layers
     for group, how in (pair for groups in plan for pair in groups):
         for i in group:
             kinds.setdefault((how, dims.is_moe_layer(i)), []).append(i)
+    total = [0.0, 0.0, 0.0, 0.0]  # compute, tensor, context, expert
     for (how, _), members in kinds.items():
-        one = _layer_time(dims, lay, net, rate, mbs, how, members[0])
-        compute += one[0] * len(members)
-        tensor += one[1] * len(members)
-        context += one[2] * len(members)
-        expert += one[3] * len(members)
-    if has_output:  # the output layer and loss, and the MTP block megatron puts beside them
-        compute += logit_flops(dims, mbs) / split / rate
-        if dims.mtp_num_layers:
-            depth, final = dims.mtp_num_layers, dims.num_layers - 1
-            last = _layer_time(dims, lay, net, rate, mbs, mtp_recompute(mode, recompute_method), final)
-            own = mtp_flops(dims, mbs) - depth * layer_flops(dims, final, mbs).total
-            compute += depth * last[0] + own / split / rate
-            tensor += depth * last[1]
-            context += depth * last[2]
-            expert += depth * last[3]
-    boundary = tokens * dims.hidden_size / lay.tp * act
+        _add(total, _layer_time(dims, lay, net, rate, mbs, how, members[0]), len(members))
+    if has_output:
+        _add_output(total, dims, lay, net, rate, mbs, mtp_recompute(mode, recompute_method))
+    tokens = dims.seq_length * mbs / lay.cp
+    boundary = tokens * dims.hidden_size / lay.tp * dims.activation_bytes
     alpha, bw = net.link(lay.world_size)
     p2p = 2 * len(chunk_layers) * (alpha + boundary / bw) if lay.pp > 1 else 0.0
+    compute, tensor, context, expert = total
     return StageTime(compute, tensor, context, expert, p2p, 0.0, 0.0)
+
+
+def _add(total: list[float], terms: Sequence[float], times: int) -> None:
+    """Add `times` x each of (compute, tensor, context, expert) to `total`."""
+    for index, term in enumerate(terms):
+        total[index] += term * times
+
+
+def _add_output(
+    total: list[float], dims: ModelDims, lay: Layout, net: Network, rate: float, mbs: int,
+    mtp_mode: str,
+) -> None:
+    """Add the output layer and loss, and the MTP block megatron puts beside them."""
+    total[0] += compute_seconds(logit_flops(dims, mbs), lay, rate)
+    if dims.mtp_num_layers:
+        depth, final = dims.mtp_num_layers, dims.num_layers - 1
+        last = _layer_time(dims, lay, net, rate, mbs, mtp_mode, final)
+        own = mtp_flops(dims, mbs) - depth * layer_flops(dims, final, mbs).total
+        total[0] += depth * last[0] + compute_seconds(own, lay, rate)
+        for index in (1, 2, 3):
+            total[index] += depth * last[index]
 
 
 def with_state(
@@ -216,12 +204,11 @@ def with_state(
     return StageTime(work.compute, work.tensor, work.context, work.expert, work.p2p, data, optimizer)
 
 
-@lru_cache(maxsize=4096)
+@caches.memo(maxsize=4096)
 def _layer_time(
     dims: ModelDims, lay: Layout, net: Network, rate: float, mbs: int, recompute: str, i: int
 ) -> tuple[float, float, float, float]:
     """Return one layer's compute, TP, exposed CP and EP seconds for one micro-batch."""
-    split = lay.tp * lay.cp
     act = dims.activation_bytes
     tokens = dims.seq_length * mbs / lay.cp
     f = layer_flops(dims, i, mbs)
@@ -229,13 +216,14 @@ def _layer_time(
         extra = f.total / 3
     else:
         extra = f.core_attention / 3 if recompute == "selective" else 0
-    compute = (f.total + extra) / split / rate
+    compute = compute_seconds(f.total + extra, lay, rate)
     collectives = 12 if recompute == "full" else 8
     tensor = _collective(collectives, tokens * dims.hidden_size, act, lay.tp, net.link(lay.tp))
     context = expert = 0.0
     if lay.cp > 1:
         forwards = 2 if recompute in ("full", "selective") else 1  # both recompute core attention
-        context = ring_attention(dims, lay, net, tokens, f.core_attention / split / rate, forwards)
+        attention = compute_seconds(f.core_attention, lay, rate)
+        context = ring_attention(dims, lay, net, tokens, attention, forwards)
     if dims.is_moe_layer(i) and lay.ep > 1:
         routed = tokens * dims.moe_router_topk * dims.hidden_size / lay.tp
         expert = _collective(4, routed, act, lay.ep, net.link(lay.ep * lay.expert_tp))
