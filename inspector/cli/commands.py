@@ -138,6 +138,7 @@ def memory(
     args: dict[str, Any],
     use_cache: bool,
     fmt: Any = _format_option(MemoryFormat.text, "text (with a bar chart), table or json."),
+    gpu: str | None = _gpu_option(None, ": its memory and peak, unless given below"),
     gpu_memory: float | None = typer.Option(
         None, "--gpu-memory", help="GPU memory in GiB: say which stages fit."
     ),
@@ -161,7 +162,7 @@ def memory(
     if walkthrough:
         from inspector.report.memory import check_walkthrough_flags
 
-        check_walkthrough_flags(gpu_memory=gpu_memory, gpu_tflops=gpu_tflops, mfu=mfu)
+        check_walkthrough_flags(gpu=gpu, gpu_memory=gpu_memory, gpu_tflops=gpu_tflops, mfu=mfu)
 
     def produce() -> str:
         from inspector.render import memory as render
@@ -169,7 +170,7 @@ def memory(
 
         job = _job(args)
         job.schedule()  # --micro-batch-size is required, and the batches must divide
-        hardware = core.make_hardware(gpu_memory, gpu_tflops, mfu)
+        hardware = core.make_hardware(gpu_memory, gpu_tflops, mfu, gpu, job.model.dtype_name)
         if walkthrough:
             from inspector.formulas.walkthrough import job_walkthroughs
 
@@ -183,6 +184,7 @@ def memory(
 
     options: dict[str, Any] = dict(
         fmt=fmt,
+        gpu=gpu,
         gpu_memory=gpu_memory,
         gpu_tflops=gpu_tflops,
         mfu=mfu,
@@ -199,6 +201,7 @@ def workload(
     use_cache: bool,
     fmt: Any = _format_option(WorkloadFormat.simai, "simai: SimAI workload files."),
     stage: int | None = _stage_option("Print this stage's file instead."),
+    gpu: str | None = _gpu_option(None, ": its peak, unless --gpu-tflops"),
     gpu_tflops: float | None = typer.Option(
         None, "--gpu-tflops", help="Peak TFLOP/s per GPU: compute times from FLOPs."
     ),
@@ -230,13 +233,13 @@ def workload(
         from inspector.world.build import build, select_view
 
         job = _job(args)
-        compute = compute_for(gpu_tflops, mfu, profile)
+        compute = compute_for(gpu_tflops, mfu, profile, gpu, job.model.dtype_name)
         with Progress() as progress:
             built = build(job, select_view(job, stage), expert_ranks=(0,), progress=progress)
         files = workload_files(context_for(built, compute), stage_inputs(built))
         return json.dumps(files, allow_nan=False)
 
-    options = dict(stage=stage, gpu_tflops=gpu_tflops, mfu=mfu, profile=profile, fmt=fmt)
+    options = dict(stage=stage, gpu=gpu, gpu_tflops=gpu_tflops, mfu=mfu, profile=profile, fmt=fmt)
     files: dict[str, str] = json.loads(cache.cached("workload", args, options, use_cache, produce))
     if output is None:
         from inspector.report.workload import file_name

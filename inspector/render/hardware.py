@@ -14,7 +14,7 @@ def render_gpus() -> str:
     """Return one Markdown row per GPU type, the figures every command reads."""
     rows = [
         [
-            f"`{gpu.name}`" + (" (default)" if gpu.name == DEFAULT_GPU else ""),
+            f"`{gpu.name}`" + (" (plan default)" if gpu.name == DEFAULT_GPU else ""),
             f"{gpu.tflops_16bit:g}",
             "-" if gpu.tflops_fp8 is None else f"{gpu.tflops_fp8:g}",
             f"{gpu.tflops_fp32:g}",
