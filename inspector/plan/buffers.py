@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from inspector.plan.pieces import Run, joined
-from inspector.world.pieces import Param
 from inspector.world.shards import BucketLayout, BufferLayout, ParamShards, owned_numel
 
 Spans = list[tuple[int, int, int]]  # (start, end, bucket) of parameters side by side
@@ -43,64 +41,45 @@ def pad(n: int, d: int) -> int:
     return -(-n // d) * d
 
 
-@dataclass
-class _Cursor:
-    """Where `place` stands in one buffer: the next start, the open bucket, what is placed."""
-
-    distributed: bool
-    divisor: int
-    start: int = 0
-    bucket_start: int = 0
-    in_bucket: int = 0
-    end: int = 0
-    spans: Spans = field(default_factory=list)
-    buckets: Buckets = field(default_factory=list)
-
-    def close(self, param_end: int) -> int:
-        """Close the open bucket at `param_end` (padded); return where the next one starts."""
-        padded = pad(param_end, self.divisor) if self.distributed else param_end
-        self.buckets.append((self.bucket_start, padded, param_end - self.bucket_start))
-        self.bucket_start, self.in_bucket = padded, 0
-        return padded
-
-    def place(self, param: Param, count: int, bucket_size: int | None) -> None:
-        """Place `count` equal parameters, closing buckets as megatron does."""
-        shared = param.shared_embedding and self.distributed
-        step = pad(param.numel, 64) if self.distributed else param.numel
-        while count:
-            if self.distributed:
-                self.start = pad(self.start, 64)
-            if shared and self.in_bucket:
-                self.start = self.close(self.start)
-            if shared:  # a bucket of its own
-                take, closes = 1, True
-            else:
-                take, closes = _placed_before_close(
-                    self.start - self.bucket_start, param.numel, step, count, bucket_size
-                )
-            self.end = self.start + (take - 1) * step + param.numel
-            _add_spans(self.spans, self.start, take, step, param.numel, len(self.buckets))
-            self.in_bucket += take
-            count -= take
-            self.start = self.close(self.end) if closes else self.end
-
-
 def place(
     runs: Sequence[Run], distributed: bool, dp: int, bucket_size: int | None
 ) -> tuple[Spans, Buckets]:
     """Reimplement `_ParamAndGradBuffer`'s index arithmetic for one buffer, a run at a time.
 
-    Within a run of equal parameters each starts a step (its numel, padded to 64 with the
-    distributed optimizer) after the one before until a bucket closes, so a run is placed in as
-    many pieces as it spans buckets; parameters side by side are kept as one span of elements,
-    which is all the optimizer's shards (`owned_numel`) depend on.
+    Equal parameters start a step (numel, padded to 64 with the distributed optimizer) apart
+    until a bucket closes; parameters side by side are kept as one span of elements, which is
+    all the optimizer's shards (`owned_numel`) depend on.
     """
-    cursor = _Cursor(distributed, math.lcm(dp, 128))
+    divisor = math.lcm(dp, 128)
+    spans: Spans = []
+    buckets: Buckets = []
+    start = bucket_start = in_bucket = end = 0
+
+    def close(param_end: int) -> int:
+        nonlocal bucket_start, in_bucket
+        padded = pad(param_end, divisor) if distributed else param_end
+        buckets.append((bucket_start, padded, param_end - bucket_start))
+        bucket_start, in_bucket = padded, 0
+        return padded
+
     for param, count in reversed(runs):
-        cursor.place(param, count, bucket_size)
-    if cursor.in_bucket:
-        cursor.close(cursor.end)
-    return cursor.spans, cursor.buckets
+        shared = param.shared_embedding and distributed
+        step = pad(param.numel, 64) if distributed else param.numel
+        while count:
+            start = pad(start, 64) if distributed else start
+            if shared:  # a bucket of its own
+                start = close(start) if in_bucket else start
+                take, closes = 1, True
+            else:
+                take, closes = _placed_before_close(
+                    start - bucket_start, param.numel, step, count, bucket_size)
+            end = start + (take - 1) * step + param.numel
+            _add_spans(spans, start, take, step, param.numel, len(buckets))
+            in_bucket, count = in_bucket + take, count - take
+            start = close(end) if closes else end
+    if in_bucket:
+        close(end)
+    return spans, buckets
 
 
 def buffer_layout(
