@@ -37,6 +37,11 @@ def test_each_figure_matches_its_datasheet() -> None:
     assert h100.inter * 8 == 400e9 and a100.inter * 8 == 200e9  # 400 / 200 Gb/s per GPU
     assert h100.peak_tflops("bfloat16") == h100.peak_tflops("float16") == 989.0
     assert h100.peak_tflops("float32") == 67.0
+    # the kernel model's figures (docs/how-time-is-computed.md): dense 16-bit peak and HBM
+    h200, b200 = get_gpu("h200"), get_gpu("b200")
+    assert (h200.tflops_16bit, h200.hbm, h100.hbm, a100.hbm) == (989.0, 4.8e12, 3.35e12, 2.039e12)
+    assert (b200.tflops_16bit, b200.tflops_fp8, b200.tflops_fp32) == (2250.0, 4500.0, 75.0)
+    assert (b200.memory_gib, b200.hbm, b200.intra * 2, b200.inter * 8) == (180, 8e12, 1800e9, 400e9)
 
 
 def test_overrides_change_one_figure_each() -> None:
@@ -60,7 +65,7 @@ def test_overrides_change_one_figure_each() -> None:
         ("--gpus-per-node", "0", "--gpus-per-node must be at least 1, got 0"),
         ("--top", "0", "--top must be at least 1, got 0"),
         ("--efficiency", "0", "--efficiency must lie in (0, 1], got 0.0"),
-        ("--gpu", "tpu", "unknown --gpu 'tpu'; choose one of: h100, h200, a100-80gb"),
+        ("--gpu", "tpu", "unknown --gpu 'tpu'; choose one of: h100, h200, a100-80gb, b200"),
     ],
 )
 def test_plan_hardware_errors_name_the_flag_typed(flag: str, value: str, message: str) -> None:
@@ -72,7 +77,7 @@ def test_plan_hardware_errors_name_the_flag_typed(flag: str, value: str, message
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("--gpu", "tpu"), "unknown --gpu 'tpu'; choose one of: h100, h200, a100-80gb"),
+        (("--gpu", "tpu"), "unknown --gpu 'tpu'; choose one of: h100, h200, a100-80gb, b200"),
         (("--gpu", "h100", "--gpu-memory", "0"),
          "--gpu-memory must be a finite number of GiB greater than 0, got 0.0"),
         (("--gpu", "h100", "--attention-walkthrough"),

@@ -114,11 +114,13 @@ def test_published_layout_is_feasible_and_within_15_percent_of_the_best(index: i
 
 @pytest.mark.parametrize("index", range(len(TABLE_1)), ids=[f"{r[0]}B" for r in TABLE_1])
 def test_estimated_tflops_bracket_the_published(index: int) -> None:
-    # The time model assumes every GEMM runs at 65% of peak: it cannot be slower than the
-    # paper's measurement by much, and overestimates small models (small GEMMs run slower).
+    # Per-kernel time (formulas/kernels.py, the H200 table scaled to the A100 by peak and HBM):
+    # 5-18% above the paper's TFLOP/s on every row (1.06-1.56 with one 65% efficiency for every
+    # FLOP); small models no longer stand out, their smaller GEMMs priced at the table's lower
+    # efficiency. Still optimistic: no straggler, launch or data-loader time.
     row = price_row(index)
     ratio = row.estimated_tflops / row.published_tflops
-    assert 1.0 <= ratio <= 1.6, (row.params, ratio)
+    assert 1.0 <= ratio <= 1.2, (row.params, ratio)
 
 
 def markdown_table() -> str:
@@ -254,8 +256,8 @@ def test_meta_405b_in_megatron_core_memory() -> None:
 
 
 def test_meta_405b_estimated_mfu_overestimates_the_published_41_percent() -> None:
-    # One efficiency (65% of peak) for every GEMM and no kernel or straggler losses: the model
-    # is optimistic, as on Table 1 (6-56%); for Meta's layout by 18% (48.5% against 41%).
+    # Per-kernel time (the H200 table scaled to the H100's HBM): optimistic, as on Table 1
+    # (5-18%); for Meta's layout by 15% (47.3% against 41%; 48.5% with one 65% efficiency).
     assert 0.41 < meta_405b(8, "none").mfu < 0.41 * 1.25  # type: ignore[attr-defined]
 
 

@@ -175,3 +175,19 @@ def test_mtp_in_a_middle_virtual_chunk(cli):
         (0, 15): "MTP layers must be in the last stage together with Loss stage",
     }[VERSION[:2]]
     assert expected in result.err, result.err
+
+
+def test_null_tokenizer_vocabulary_is_the_installed_megatrons():
+    # Megatron-LM pads tokenizer.vocab_size; NullTokenizer's is --vocab-size + 1 up to 0.17 (its
+    # end-of-document token after the vocabulary) and --vocab-size from 0.18 (checked in
+    # Megatron-LM's tags core_v0.16.1, core_v0.17.1, core_v0.18.0).
+    from inspector.inputs.tokenizers import vocabulary
+    from inspector.inputs.versions import megatron_core_version, null_tokenizer_adds_eod
+
+    assert megatron_core_version() == VERSION
+    assert null_tokenizer_adds_eod() == (VERSION < (0, 18))
+    ours = vocabulary("NullTokenizer", None, 128256, None, "s.sh").size
+    assert ours == 128256 + (VERSION < (0, 18))
+    # megatron.core.tokenizers (0.15+; Megatron-LM's training builds it from 0.17) agrees
+    null = pytest.importorskip("megatron.core.tokenizers.text.libraries.null_tokenizer")
+    assert null.NullTokenizer(128256).vocab_size == ours

@@ -167,6 +167,12 @@ def _source_options() -> list[inspect.Parameter]:
             metavar="FILE",
         ),
         opt(
+            "hf_config",
+            "--hf-config",
+            help_text="Hugging Face config.json, mapped as Megatron-Bridge maps it.",
+            metavar="FILE",
+        ),
+        opt(
             "script",
             "--from-script",
             help_text="Training launch script to read arguments from.",
@@ -214,14 +220,16 @@ def model_options(*groups: str) -> Callable[[Callable[..., Any]], Callable[..., 
         @functools.wraps(func)
         def wrapper(**kwargs: Any) -> Any:
             from inspector.inputs.resolve import Sources, merge_sources
+            from inspector.output import write_stderr
 
             flags = {spec.name: kwargs.pop(spec.name) for spec in specs}
-            named = {k: kwargs.pop(k) for k in ("preset", "config_file", "script", "apex")}
+            sources = ("preset", "config_file", "hf_config", "script", "apex")
+            named = {k: kwargs.pop(k) for k in sources}
             settings = tuple(kwargs.pop("settings") or ())
             use_cache = not kwargs.pop("no_cache")
             resolved = merge_sources(Sources(flags=flags, settings=settings, **named), wanted)
             for note in resolved.notes:
-                typer.echo(note, err=True)
+                write_stderr(f"{note}\n")
             return func(args=resolved.args, use_cache=use_cache, **kwargs)
 
         wrapper.__signature__ = inspect.Signature(own + extra)  # type: ignore[attr-defined]

@@ -25,7 +25,7 @@ from inspector.cli.app import (
     model_options,
 )
 from inspector.errors import ConfigError
-from inspector.job.hardware import DEFAULT_EFFICIENCY, DEFAULT_GPU
+from inspector.job.hardware import DEFAULT_GPU
 from inspector.report.formats import (
     DiffFormat,
     MemoryFormat,
@@ -221,6 +221,10 @@ def workload(
     if (output is None) == (stage is None):
         raise ConfigError("workload writes every stage into -o DIR, or one stage with --stage S; pass one")
 
+    if output is not None:
+        from inspector.export import check_export_target
+
+        check_export_target(output)  # before the build: a bad -o costs nothing
     profile = None
     if compute_profile is not None:
         from inspector.output import read_text
@@ -246,9 +250,9 @@ def workload(
 
         _emit(files[file_name(stage or 0)])
         return
-    from inspector.output import write_directory_atomic
+    from inspector.export import write_export
 
-    write_directory_atomic(output, files)
+    write_export(output, files)
 
 
 @app.command(cls=_PanelCommand)
@@ -300,8 +304,10 @@ def plan(
     inter_bandwidth: float | None = typer.Option(
         None, "--inter-node-bandwidth", help="Override InfiniBand GB/s per GPU, one direction."
     ),
-    efficiency: float = typer.Option(
-        DEFAULT_EFFICIENCY, "--efficiency", help="Fraction of peak the layers' GEMMs reach, in (0, 1]."
+    efficiency: float | None = typer.Option(
+        None, "--efficiency",
+        help="Price every GEMM FLOP at this fraction of peak, in (0, 1], instead of the measured "
+        "per-kernel tables.",
     ),
     top: int = typer.Option(5, "--top", help="How many plans to list."),
     explain: bool = typer.Option(False, "--explain", help="Say why plan 1 wins."),
@@ -317,6 +323,10 @@ def plan(
     flags = PlanFlags(gpus, gpu, gpu_memory, gpus_per_node, gpu_tflops, intra_bandwidth,
                       inter_bandwidth, efficiency, top)
     request = make_request(args, flags)
+    if svg is not None:
+        from inspector.output import check_target
+
+        check_target(svg, "--svg")  # before the search: a bad --svg costs nothing
     progress = core.progress_line()
     result = core.search(request, progress)
     if progress is not None:  # the search's speed, on the terminal only (stdout stays identical)
@@ -327,5 +337,5 @@ def plan(
     if svg is not None and result.plans:
         from inspector.output import write_atomic
 
-        write_atomic(svg, render.render_svg(result.plans[0]))
+        write_atomic(svg, render.render_svg(result.plans[0]), "--svg")
     _emit(text, output)

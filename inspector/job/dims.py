@@ -59,6 +59,10 @@ class ModelDims:
     qk_layernorm: bool = False  # with MLA: the two latent norms
     attention_dropout: bool = True  # --attention-dropout > 0: its mask and output are stored
     hidden_dropout: bool = True  # --hidden-dropout > 0: masks after attention, MLP, embedding
+    # What the step-time model's kernels depend on (formulas/ops.py):
+    rotary: bool = False  # rotary embedding on Q and K (--position-embedding-type rope, MLA)
+    flash_attention: bool = False  # flash attention, else megatron's unfused DotProductAttention
+    fused_kernels: bool = True  # megatron's fused scale-mask-softmax (apex or Transformer Engine)
 
     def __post_init__(self) -> None:
         """Reject dimensions that no formula can use (the checks config.py makes of a model)."""
@@ -224,3 +228,30 @@ def microbatches_in_flight(
     return max(
         sum(point) for point in live_microbatches(stage, pp, num_microbatches, chunks, group_size)
     )
+
+
+def schedule_passes(
+    stage: int,
+    pp: int,
+    num_microbatches: int,
+    chunks: int = 1,
+    group_size: int | None = None,
+) -> list[tuple[bool, int]]:
+    """Return (forward?, chunk) for every pass `stage` runs in one iteration, in megatron's order.
+
+    The same replay as `live_microbatches`: warm-up forwards, then a forward and the backward of
+    the oldest micro-batch in flight per step, then the cool-down backwards.
+    """
+    group = group_size or pp
+    if chunks > 1:
+        _check_interleaved(pp, num_microbatches, group)
+    order = _schedule_table(num_microbatches, chunks, group)
+    warmup = warmup_steps(stage, pp, num_microbatches, chunks, group)
+    passes: list[tuple[bool, int]] = []
+    for step, chunk in enumerate(order):
+        passes.append((True, chunk))
+        if step >= warmup:
+            passes.append((False, chunks - 1 - order[step - warmup]))
+    for step in range(max(len(order) - warmup, 0), len(order)):
+        passes.append((False, chunks - 1 - order[step]))
+    return passes

@@ -49,9 +49,16 @@ GPUS = {
     # FP8, 19.5 FP32; HBM2e at 2,039 GB/s, NVLink 600 GB/s (300 each way); DGX A100 / Selene
     # (Narayanan et al. 2021): 8 GPUs, 8 x 200 Gb/s HDR InfiniBand per node, one per GPU (25 GB/s).
     "a100-80gb": Gpu("a100-80gb", 312.0, 19.5, None, 80, 2.039e12, 300e9, 25e9),
+    # NVIDIA HGX B200 (1,000 W) specifications, per 8 GPUs: 36 PFLOP/s FP16/BF16 and 72 FP8 with
+    # sparsity (2,250 and 4,500 dense per GPU), 600 TFLOP/s FP32 (75 per GPU), NVLink 5 at
+    # 1.8 TB/s per GPU (900 GB/s each way); DGX B200 datasheet: 1,440 GB HBM3e (180 per GPU) at
+    # 64 TB/s (8 TB/s per GPU), 8 x 400 Gb/s ConnectX-7 InfiniBand, one per GPU (50 GB/s).
+    "b200": Gpu("b200", 2250.0, 75.0, 4500.0, 180, 8e12, 900e9, 50e9),
 }
 DEFAULT_GPU = "h100"
-DEFAULT_EFFICIENCY = 0.65  # plan: the fraction of the peak a large GEMM-bound layer reaches
+# plan: None prices each kernel from the measured tables (formulas/kernels.py, scaled to the
+# record's 16-bit peak and HBM); --efficiency F prices every FLOP at F x the 16-bit peak instead
+DEFAULT_EFFICIENCY: float | None = None
 
 
 def get_gpu(name: str) -> Gpu:

@@ -124,6 +124,10 @@ class Job:
             **_mla_dims(model),
             attention_dropout=self.training.attention_dropout > 0,
             hidden_dropout=self.training.hidden_dropout > 0,
+            rotary=model.position_embedding_type in ("rope", "mrope", "yarn")
+            or model.multi_latent_attention,
+            flash_attention=self.training.flash_attention,
+            fused_kernels=model.use_apex or model.transformer_impl == "transformer_engine",
         )
 
 

@@ -169,6 +169,12 @@ def validate_layout(model: ModelConfig, layout: Layout) -> None:
         )
     if model.vocab_size < tp:
         raise ConfigError(f"--vocab-size {model.vocab_size} is smaller than --tp {tp}")
+    ffn = model.ffn_size
+    if model.num_experts is None and ffn % tp:
+        raise ConfigError(
+            f"--ffn-hidden-size {ffn} is not divisible by --tp {tp} ({ffn} % {tp} = {ffn % tp}): "
+            "megatron splits the MLP's columns over tensor-parallel ranks"
+        )
     _check_pipeline(model, layout)
     _check_experts(model, layout)
     _check_sequence_parallel(model, layout)
@@ -189,12 +195,31 @@ def _check_sequence_parallel(model: ModelConfig, layout: Layout) -> None:
         )
 
 
+MAX_BUILT_LAYERS = 1024  # 8x the deepest published model; megatron builds ~15 ms a layer
+MAX_LAYOUT_LENGTH = 100_000  # characters of a --pipeline-model-parallel-layout, unrolled
+
+
 def check_buildable(model: ModelConfig, layout: Layout) -> None:
     """Raise ConfigError for layouts megatron-core's local spec cannot build (rank maps still can)."""
+    if model.num_layers > MAX_BUILT_LAYERS:
+        raise ConfigError(
+            f"--num-layers {model.num_layers} is more than this tool builds (at most "
+            f"{MAX_BUILT_LAYERS}: megatron-core takes about 15 ms to build each layer; "
+            "docs/limits.md)"
+        )
     if layout.cp > 1 and model.transformer_impl == "local":
         raise ConfigError(
             f"--context-parallel-size {layout.cp} needs --transformer-impl transformer_engine: "
             "megatron-core's local DotProductAttention refuses context parallelism"
+        )
+    seq, chunks = model.seq_length, 2 * layout.cp
+    if layout.cp > 1 and seq % chunks:
+        # megatron-core utils.get_batch_on_this_cp_rank and rope_utils.get_pos_emb_on_this_cp_rank
+        # view each sequence as 2 x cp equal chunks (rank r takes chunks r and 2cp-1-r).
+        raise ConfigError(
+            f"--seq-length {seq} is not divisible by 2 x --context-parallel-size {layout.cp} = "
+            f"{chunks} ({seq} % {chunks} = {seq % chunks}): megatron splits every sequence into "
+            "2 x cp equal chunks"
         )
 
 
@@ -230,8 +255,28 @@ def expand_layout(text: str) -> list[str]:
     """
     text = text.replace(",", "")
     for pattern in _LAYOUT_REPEATS:
-        text = re.sub(pattern, lambda match: match.group(1) * int(match.group(2)), text)
+        text = _unroll(pattern, text)
     return text.split("|")
+
+
+def _unroll(pattern: str, text: str) -> str:
+    """Unroll one kind of repetition, refusing a layout longer than MAX_LAYOUT_LENGTH first."""
+    grown = len(text)
+
+    def repeat(match: re.Match[str]) -> str:
+        nonlocal grown
+        part, digits = match.group(1), match.group(2)
+        count = int(digits) if len(digits) <= 9 else MAX_LAYOUT_LENGTH + 1  # Python's 4300 digits
+        grown += len(part) * (count - 1)
+        if grown > MAX_LAYOUT_LENGTH:
+            shown = digits if len(digits) <= 20 else digits[:20] + "..."
+            raise ConfigError(
+                f"--pipeline-model-parallel-layout unrolls to more than {MAX_LAYOUT_LENGTH:,} "
+                f"layers ({part!r} repeated {shown} times); docs/limits.md"
+            )
+        return part * count
+
+    return re.sub(pattern, repeat, text)
 
 
 def _check_pipeline(model: ModelConfig, layout: Layout) -> None:
@@ -389,6 +434,13 @@ def _check_layout_string(model: ModelConfig, layout: Layout) -> None:
             f"--pp {layout.pp} (megatron-core: the layout must be divisible by "
             "pipeline_model_parallel_size)"
         )
+    for char, where, index, name in (("E", "start", 0, "embedding"), ("L", "end", -1, "loss")):
+        if not flat or flat[index] != char or flat.count(char) != 1:
+            raise ConfigError(
+                f"--pipeline-model-parallel-layout {text!r} must {where} with the {name} "
+                f"{char!r} and hold it once (megatron-core: the {'first' if index == 0 else 'last'}"
+                f" layer must be {name}, specified exactly once)"
+            )
     placed = flat.count("t")
     if placed != model.num_layers:
         raise ConfigError(

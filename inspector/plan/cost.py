@@ -1,10 +1,14 @@
 """The planner's time model: one training iteration of a layout on a named GPU, from formulas.
 
 Each term and its source (symbols of inspector/job/dims.py; m micro-batches, v virtual stages):
-  - compute: Megatron-LM's FLOPs (flops.py) of a stage's layers and logits for one micro-batch,
-    split over its tp x cp ranks, at `peak x efficiency`; recomputation adds the forward it
-    repeats (full: a third of each checkpointed layer, all of them or, with `--recompute-method
-    block` N, the first N of each chunk; selective: a third of core attention);
+  - compute: each kernel a layer runs on the rank (formulas/ops.py: GEMMs by m, n, k, flash or
+    unfused attention, norms, activations, dropout, residual adds, rotary, MoE routing and
+    permutation; the output layer and loss) priced from the measured kernel table
+    (formulas/kernels.py), plus the forward recomputation repeats (full: each checkpointed
+    layer's, all of them or, with `--recompute-method block` N, the first N of each chunk;
+    selective: core attention's). With `--efficiency` instead: Megatron-LM's FLOPs (flops.py)
+    split over tp x cp ranks at `peak x efficiency`, recomputation adding a third of what it
+    repeats. Both in `compute_seconds`;
   - tensor parallel: per layer and micro-batch 4 collectives forward and 4 backward (all-gather /
     reduce-scatter with sequence parallelism, all-reduce pairs without; Korthikanti et al. 2022,
     Section 4.2.2, equal volumes) of s b h / c activation elements, each priced alpha + bytes x
@@ -28,12 +32,14 @@ Each term and its source (symbols of inspector/job/dims.py; m micro-batches, v v
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
 from inspector.formulas.activations import mtp_recompute, recompute_plan
 from inspector.formulas.flops import layer_flops, logit_flops, mtp_flops
+from inspector.formulas.kernels import Device, device_of, ops_seconds
+from inspector.formulas.ops import LayerOps, Shard, layer_ops, layer_seconds, linear, output_ops
 from inspector.job.dims import ModelDims
 from inspector.job.hardware import Gpu
 from inspector.job.job import Recompute
@@ -109,28 +115,36 @@ def _collective(count: float, elements: float, nbytes: int, ranks: int, link: tu
     return count * (alpha + elements * nbytes * (ranks - 1) / ranks / bandwidth)
 
 
-def compute_rate(net: Network, efficiency: float) -> float:
-    """Return the FLOP/s a rank's kernels reach: the 16-bit peak x --efficiency.
+def compute_rate(net: Network, efficiency: float | None) -> float:
+    """Return the FLOP/s --efficiency prices every FLOP at (the 16-bit peak x it), or 0.0 when
+    it is not given: the compute term then prices each kernel from the measured tables.
 
     Every dtype is priced at the dense 16-bit peak (a float32 plan too; job/hardware.py holds
     the other precisions' peaks).
     """
-    return net.gpu.tflops_16bit * 1e12 * efficiency
+    return net.gpu.tflops_16bit * 1e12 * efficiency if efficiency else 0.0
 
 
-def compute_seconds(flops: float, lay: Layout, rate: float) -> float:
-    """Return the seconds `flops` take split over a layer's tp x cp ranks at `rate` FLOP/s.
+def compute_seconds(
+    flops: float, kernels: Callable[[Device], float], lay: Layout, net: Network, rate: float
+) -> float:
+    """Return a rank's seconds for one piece of compute: the compute term of the time model.
 
-    The compute term of the time model: every other term is communication.
+    By default (`rate` 0) `kernels`' seconds on the GPU (formulas/kernels.py's measured tables
+    scaled to the hardware record's dense 16-bit peak and HBM bandwidth); with --efficiency,
+    Megatron-LM's `flops` split over the layer's tp x cp ranks at `rate` FLOP/s. Every other
+    term is communication.
     """
-    return flops / (lay.tp * lay.cp) / rate
+    if rate:
+        return flops / (lay.tp * lay.cp) / rate
+    return kernels(device_of(net.gpu))
 
 
 def stage_work(
     dims: ModelDims,
     lay: Layout,
     net: Network,
-    efficiency: float,
+    efficiency: float | None,
     mbs: int,
     recompute: str,
     chunk_layers: Sequence[Sequence[int]],
@@ -174,12 +188,20 @@ def _add_output(
     mtp_mode: str,
 ) -> None:
     """Add the output layer and loss, and the MTP block megatron puts beside them."""
-    total[0] += compute_seconds(logit_flops(dims, mbs), lay, rate)
+    shard = _shard(lay, mbs)
+
+    def output(d: Device) -> float:  # never recomputed
+        return layer_seconds(_output_kernels(dims, shard), d, "none")
+
+    total[0] += compute_seconds(logit_flops(dims, mbs), output, lay, net, rate)
     if dims.mtp_num_layers:
         depth, final = dims.mtp_num_layers, dims.num_layers - 1
         last = _layer_time(dims, lay, net, rate, mbs, mtp_mode, final)
         own = mtp_flops(dims, mbs) - depth * layer_flops(dims, final, mbs).total
-        total[0] += depth * last[0] + compute_seconds(own, lay, rate)
+        tokens = dims.seq_length * mbs // lay.cp
+        eh_proj = linear("eh_proj", tokens, 2 * dims.hidden_size, dims.hidden_size // lay.tp)
+        total[0] += depth * last[0] + compute_seconds(  # eh_proj and the logits, each depth
+            own, lambda d: depth * (ops_seconds(eh_proj, d) + output(d)), lay, net, rate)
         for index in (1, 2, 3):
             total[index] += depth * last[index]
 
@@ -216,18 +238,43 @@ def _layer_time(
         extra = f.total / 3
     else:
         extra = f.core_attention / 3 if recompute == "selective" else 0
-    compute = compute_seconds(f.total + extra, lay, rate)
+    moe = dims.is_moe_layer(i)
+    shard = _shard(lay, mbs)
+    compute = compute_seconds(
+        f.total + extra, lambda d: layer_seconds(_layer_kernels(dims, shard, moe), d, recompute),
+        lay, net, rate,
+    )
     collectives = 12 if recompute == "full" else 8
     tensor = _collective(collectives, tokens * dims.hidden_size, act, lay.tp, net.link(lay.tp))
     context = expert = 0.0
     if lay.cp > 1:
         forwards = 2 if recompute in ("full", "selective") else 1  # both recompute core attention
-        attention = compute_seconds(f.core_attention, lay, rate)
+        attention = compute_seconds(  # forward and backward: 3 forwards, ring_attention's convention
+            f.core_attention, lambda d: 3 * ops_seconds(_layer_kernels(dims, shard, moe).core, d),
+            lay, net, rate,
+        )
         context = ring_attention(dims, lay, net, tokens, attention, forwards)
-    if dims.is_moe_layer(i) and lay.ep > 1:
+    if moe and lay.ep > 1:
         routed = tokens * dims.moe_router_topk * dims.hidden_size / lay.tp
         expert = _collective(4, routed, act, lay.ep, net.link(lay.ep * lay.expert_tp))
     return compute, tensor, context, expert
+
+
+@caches.memo(maxsize=1024)
+def _layer_kernels(dims: ModelDims, shard: Shard, moe: bool) -> LayerOps:
+    """Return formulas/ops.py's kernels of one layer on one rank (layers of a kind share them)."""
+    return layer_ops(dims, shard, moe)
+
+
+@caches.memo(maxsize=256)
+def _output_kernels(dims: ModelDims, shard: Shard) -> LayerOps:
+    """Return formulas/ops.py's final norm, output layer and loss on one rank."""
+    return output_ops(dims, shard)
+
+
+def _shard(lay: Layout, mbs: int) -> Shard:
+    """Return how a rank of `lay` cuts a layer (formulas/ops.py)."""
+    return Shard(lay.tp, lay.cp, lay.ep, lay.expert_tp, lay.sequence_parallel, mbs)
 
 
 def ring_attention(

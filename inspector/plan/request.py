@@ -22,7 +22,7 @@ class PlanFlags:
     gpu_tflops: float | None = None
     intra_node_bandwidth: float | None = None  # GB/s, one direction
     inter_node_bandwidth: float | None = None
-    efficiency: float = DEFAULT_EFFICIENCY
+    efficiency: float | None = DEFAULT_EFFICIENCY  # None: the measured kernel tables
     top: int = 5
 
 
@@ -35,7 +35,7 @@ class Request:
     gpu: Gpu
     memory: int  # bytes per GPU
     global_batch_size: int
-    efficiency: float = DEFAULT_EFFICIENCY
+    efficiency: float | None = DEFAULT_EFFICIENCY  # None: the measured kernel tables
     fixed: dict[str, Any] = field(default_factory=dict)  # tp, pp, cp, ep, etp, vpp, mbs, ...
     top: int = 5
     flash_attention: bool | None = None  # None: on in 16-bit (Transformer Engine's kernels)
@@ -99,7 +99,7 @@ def _check_counts(flags: PlanFlags) -> None:
                         ("--top", flags.top)):
         if value is not None and value < 1:
             raise ConfigError(f"{flag} must be at least 1, got {value}")
-    if not 0 < flags.efficiency <= 1:
+    if flags.efficiency is not None and not 0 < flags.efficiency <= 1:
         raise ConfigError(f"--efficiency must lie in (0, 1], got {flags.efficiency}")
 
 

@@ -239,6 +239,9 @@ def parse_workload(text: str) -> tuple[Header, list[Record]]:
     return header, records
 
 
+MAX_PROFILE_US = 1e12  # 11.6 days per kernel group; x 1000 in ns stays inside SimAI's int64
+
+
 def parse_compute_profile(text: str) -> dict[str, tuple[float, float]]:
     """Read AICB/AIOB's compute profile: section -> (time_gpu_avg, time_gpu_min) in µs.
 
@@ -273,8 +276,11 @@ def parse_compute_profile(text: str) -> dict[str, tuple[float, float]]:
             raise InputError(
                 f"compute profile line {number}: {key} must be a number, got {value.strip()!r}"
             ) from None
-        if sections[current][key] < 0:
-            raise InputError(f"compute profile line {number}: {key} must not be negative")
+        if not 0 <= sections[current][key] <= MAX_PROFILE_US:  # also nan and inf
+            raise InputError(
+                f"compute profile line {number}: {key} must be a number of microseconds from 0 "
+                f"to {MAX_PROFILE_US:.0e}, got {value.strip()}"
+            )
     profile: dict[str, tuple[float, float]] = {}
     for name, values in sections.items():
         if "time_gpu_avg" not in values:

@@ -15,8 +15,14 @@ def _no_values(tensor: Any) -> Any:
     return tensor
 
 
-def _transformer_config(model: ModelConfig, layout: Layout, vpp: int | None) -> Any:
-    """Return megatron's TransformerConfig as Megatron-LM builds it from these arguments."""
+def _transformer_config(
+    model: ModelConfig, layout: Layout, vpp: int | None, runtime: dict[str, Any] | None = None
+) -> Any:
+    """Return megatron's TransformerConfig as Megatron-LM builds it from these arguments.
+
+    `runtime`: fields that change only how the model runs (dropout, recomputation, fusions), for
+    the engine (inspector/engine), which runs it; a structural build leaves megatron's defaults.
+    """
     m = megatron()
     torch = m.torch
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[
@@ -56,6 +62,7 @@ def _transformer_config(model: ModelConfig, layout: Layout, vpp: int | None) -> 
         init_method=_no_values,
         output_layer_init_method=_no_values,
     )
+    kwargs.update(runtime or {})
     if layout.pipeline_model_parallel_layout is not None:
         kwargs["pipeline_model_parallel_layout"] = layout.pipeline_model_parallel_layout
     if model.swiglu:

@@ -10,6 +10,7 @@ ranks is ever set up and dp costs nothing. What it laid out becomes plain record
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -123,7 +124,12 @@ def _stand_in_groups(settings: DistOptSettings, pipeline_rank: int) -> dict[str,
 
 
 def wrap_in_megatron_ddp(
-    model: torch.nn.Module, settings: DistOptSettings, *, pipeline_rank: int = 0, chunk: int = 0
+    model: torch.nn.Module,
+    settings: DistOptSettings,
+    *,
+    pipeline_rank: int = 0,
+    chunk: int = 0,
+    running: bool = False,
 ) -> Any:
     """Wrap one model chunk in megatron's DistributedDataParallel on meta.
 
@@ -133,6 +139,8 @@ def wrap_in_megatron_ddp(
         settings: the data-parallel sizes and DDP flags.
         pipeline_rank: the stage; megatron's DDP buckets only on stage 0.
         chunk: the virtual-pipeline chunk; Megatron-LM buckets only chunk 0.
+        running: keep the parameters in DDP's buffers, with `main_grad` and DDP's hooks, for a
+            model that will run (inspector/engine); otherwise they are left as found.
 
     Returns the DistributedDataParallel: its `buffers` and `expert_parallel_buffers` are the
     layout.
@@ -156,7 +164,8 @@ def wrap_in_megatron_ddp(
     )
     groups = _stand_in_groups(settings, pipeline_rank)
     with one_rank_world(), cuda_current_device_on_meta(), _no_buffer_logging():
-        with _params_left_untouched(model):
+        kept = contextlib.nullcontext() if running else _params_left_untouched(model)
+        with kept:
             # Megatron-LM (training.py get_model) disables bucketing for chunks after the first.
             return DistributedDataParallel(
                 config, ddp_config, model, disable_bucketing=chunk > 0, **groups
@@ -166,12 +175,18 @@ def wrap_in_megatron_ddp(
 def _layout_buffer(
     buffer: Any, index: int, expert: bool, names: dict[torch.nn.Parameter, str]
 ) -> tuple[BufferLayout, list[ParamShards]]:
-    """Return one megatron buffer's layout and where each of its parameters sits."""
+    """Return one megatron buffer's layout and where each of its parameters sits.
+
+    Without the distributed optimizer megatron all-reduces whole buckets and pads nothing
+    (param_and_grad_buffer.py asserts numel == numel_unpadded), so a bucket need not divide by
+    dp: each rank's "shard" is then the whole bucket and every rank updates every element.
+    """
     dp_size = buffer.data_parallel_world_size
+    sharded = buffer.ddp_config.use_distributed_optimizer
     shards = []
     for param, (start, end, bucket_id) in buffer.param_index_map.items():
         bucket = buffer.buckets[bucket_id]
-        shard = bucket.grad_data.numel() // dp_size  # _build_model_gbuf_range
+        shard = bucket.grad_data.numel() // (dp_size if sharded else 1)  # _build_model_gbuf_range
         shards.append(ParamShards(names[param], index, bucket_id, start, end, bucket.offset, shard))
     buckets = tuple(
         BucketLayout(b.offset, b.grad_data.numel(), b.numel_unpadded) for b in buffer.buckets
@@ -184,7 +199,9 @@ def _layout_buffer(
         numel=buffer.numel,
         numel_unpadded=buffer.numel_unpadded,
         buckets=buckets,
-        owned_numel=owned_numel(shards, dp_size),
+        owned_numel=(
+            owned_numel(shards, dp_size) if sharded else (buffer.numel_unpadded,) * dp_size
+        ),
     )
     return layout, shards
 

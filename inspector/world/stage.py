@@ -55,11 +55,33 @@ def _stage_rank(layout: Layout, stage: int, expert_rank: int) -> int:
 
 
 def build_stage(
-    model: ModelConfig, layout: Layout, stage: int, expert_rank: int = 0, checkpoint: bool = True
+    model: ModelConfig,
+    layout: Layout,
+    stage: int,
+    expert_rank: int = 0,
+    checkpoint: bool = True,
 ) -> list[StageModel]:
     """Build every chunk of one pipeline stage as megatron-core builds it on that stage's rank.
 
     `checkpoint` False leaves StageModel.checkpoint empty (a planner reads parameters only).
+    """
+    with stage_world(model, layout, stage, expert_rank, checkpoint) as chunks:
+        return chunks
+
+
+@contextlib.contextmanager
+def stage_world(
+    model: ModelConfig,
+    layout: Layout,
+    stage: int,
+    expert_rank: int = 0,
+    checkpoint: bool = True,
+    runtime: dict[str, Any] | None = None,
+) -> Iterator[list[StageModel]]:
+    """Build one stage's chunks and keep its simulated rank set up while the block runs.
+
+    `runtime` holds TransformerConfig fields for a model that will run (world/config.py): the
+    engine (inspector/engine) runs megatron's forward and backward inside the block.
     """
     m = megatron()
     vpp = layout.vpp
@@ -80,8 +102,8 @@ def build_stage(
                 raise FidelityError(
                     f"rank {rank} is {where} in megatron, expected {(stage, expert_rank)}"
                 )
-            config = _transformer_config(model, layout, vpp)
-            return [
+            config = _transformer_config(model, layout, vpp, runtime)
+            yield [
                 _build_chunk(m, model, config, layout, stage, chunk, vpp, expert_rank, checkpoint)
                 for chunk in range(vpp or 1)
             ]
