@@ -72,14 +72,15 @@ def fixed_dims(record: dict[str, Any]) -> dict[str, Any]:
 def price(record: dict[str, Any], efficiency: float | None = None) -> float:
     """Return the planner's step seconds for one record (the kernel tables, or `efficiency`)."""
     from inspector.inputs.resolve import Sources, merge_sources
-    from inspector.plan.search import make_request, search
+    from inspector.plan.request import PlanFlags, make_request
+    from inspector.plan.search import search
 
     preset = record["model"].get("preset")  # a preset of `inspect-model models`, if named
     flags = model_flags(record)
     if preset:
         flags = {k: v for k, v in flags.items() if k not in ("preset",)}
     args = merge_sources(Sources(preset=preset, flags=flags), ("model", "layout", "training")).args
-    req = make_request(args, record["gpus"], record["gpu"], None, 8, None, None, None, efficiency, 1)
+    req = make_request(args, PlanFlags(record["gpus"], gpu=record["gpu"], efficiency=efficiency, top=1))
     req = replace(req, fixed=fixed_dims(record), memory=1 << 50,
                   flash_attention=bool(record.get("flash_attention")))
     plans = search(req).plans

@@ -152,7 +152,8 @@ def test_output_layer_carries_the_logit_flops_and_the_loss_costs_time() -> None:
 
 def test_the_plan_prices_kernels_unless_given_an_efficiency() -> None:
     from inspector.inputs.resolve import Sources, merge_sources
-    from inspector.plan.search import make_request, search
+    from inspector.plan.request import PlanFlags, make_request
+    from inspector.plan.search import search
 
     flags = dict(num_layers=4, hidden_size=4096, num_attention_heads=32, seq_length=4096,
                  max_position_embeddings=4096, bf16=True, global_batch_size=4)
@@ -160,7 +161,7 @@ def test_the_plan_prices_kernels_unless_given_an_efficiency() -> None:
     fixed = {"tp": 1, "pp": 1, "mbs": 1, "recompute": "none", "cp": 1}
     times = {}
     for efficiency in (None, 0.65, 0.325):
-        req = make_request(args, 1, "h200", None, 8, None, None, None, efficiency, 1)
+        req = make_request(args, PlanFlags(1, gpu="h200", efficiency=efficiency, top=1))
         times[efficiency] = search(replace(req, fixed=fixed)).plans[0].time.shares()["compute"]
     assert times[0.325] == pytest.approx(2 * times[0.65])  # the flat model: FLOPs / rate
     assert times[None] != pytest.approx(times[0.65])

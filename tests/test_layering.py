@@ -44,8 +44,6 @@ LAYERS: dict[str, set[str]] = {
 }
 # Only these folders may import torch or megatron (the simulated world runs megatron-core's code).
 TORCH_FOLDERS = {"world", "world.te", "engine"}
-# Modules outside them that still do, to be moved into world/; listed so that no new one appears.
-KNOWN_TORCH_USERS = {"inspector.plan.memory"}
 
 # Import cycles between modules of one folder that are still to be broken; each is listed so that
 # no new one can appear unnoticed.
@@ -189,7 +187,7 @@ def test_no_module_import_cycles_beyond_the_known_ones() -> None:
 def test_only_the_world_imports_torch_or_megatron() -> None:
     for name, imports in modules().items():
         heavy = {i for i in imports if i.split(".")[0] in ("torch", "megatron")}
-        if heavy and name not in KNOWN_TORCH_USERS:
+        if heavy:
             assert folder(name) in TORCH_FOLDERS, f"{name} imports {sorted(heavy)}"
 
 

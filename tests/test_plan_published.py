@@ -75,7 +75,8 @@ def equation_3(batch: int, layers: int, hidden: int) -> float:
 def price_row(index: int) -> Row:
     """Return the three searches of one Table 1 row (see the module docstring)."""
     from inspector.inputs.resolve import Sources, merge_sources
-    from inspector.plan.search import make_request, search
+    from inspector.plan.request import PlanFlags, make_request
+    from inspector.plan.search import search
 
     params, heads, hidden, layers, t, p, gpus, batch, tflops = TABLE_1[index]
     flags = dict(
@@ -83,7 +84,7 @@ def price_row(index: int) -> Row:
         max_position_embeddings=SEQ, vocab_size=VOCAB, fp16=True, global_batch_size=batch,
     )
     args = merge_sources(Sources(flags=flags), ("model", "layout", "training")).args
-    req = make_request(args, gpus, "a100-80gb", None, 8, None, None, None, None, 1)
+    req = make_request(args, PlanFlags(gpus, gpu="a100-80gb", top=1))
     req = replace(req, flash_attention=False)
 
     def first(fixed: dict) -> object:
@@ -165,20 +166,22 @@ META = dict(seq_length=8192, bf16=True, global_batch_size=2048, attention_dropou
 
 def meta_request(grad_reduce_in_bf16: bool = True, dropout: bool = False) -> object:
     from inspector.inputs.resolve import Sources, merge_sources
-    from inspector.plan.search import make_request
+    from inspector.plan.request import PlanFlags, make_request
 
     flags = {**META, "grad_reduce_in_bf16": grad_reduce_in_bf16}
     if dropout:  # Megatron-LM's defaults, 0.1
         del flags["attention_dropout"], flags["hidden_dropout"]
     args = merge_sources(Sources(preset="llama3.1-405b", flags=flags), ("model", "layout", "training")).args
-    return make_request(args, 16384, "h100", None, 8, None, None, None, None, 5)
+    return make_request(args, PlanFlags(16384))
 
 
 @cache
 def meta_405b(vpp: int, recompute: str, grad_reduce_in_bf16: bool = True) -> object:
     """Return Meta's layout priced by the planner (micro-batch 1, distributed optimizer)."""
     from inspector.job.layout import Layout
-    from inspector.plan.search import _job, evaluate, layout_for
+    from inspector.plan.candidates import candidate_job
+    from inspector.plan.layouts import layout_for
+    from inspector.plan.price import evaluate
     from inspector.plan.split import accounted_split
 
     req = meta_request(grad_reduce_in_bf16)
@@ -186,7 +189,7 @@ def meta_405b(vpp: int, recompute: str, grad_reduce_in_bf16: bool = True) -> obj
     assert split is not None
     lay = layout_for(Layout(tp=8, pp=16, dp=128, sequence_parallel=True), req.model, split, vpp)  # type: ignore[attr-defined]
     assert lay is not None
-    job = _job(req, lay, 1, recompute, True, True)  # type: ignore[arg-type]
+    job = candidate_job(req, lay, 1, recompute, True, True)  # type: ignore[arg-type]
     assert job is not None
     return evaluate(job, split, req)  # type: ignore[arg-type]
 

@@ -89,16 +89,18 @@ def test_the_planner_emits_mtp_layout_strings_only_where_megatron_builds_them():
     # 5 layers over pp 2 split only by a layout string ('Etttt|tmL'): 0.13 has no plan with it
     from inspector.errors import ConfigError
     from inspector.inputs.resolve import Sources, merge_sources
-    from inspector.plan.search import _mtp_in_layouts, make_request, search
+    from inspector.plan.layouts import mtp_in_layouts
+    from inspector.plan.request import PlanFlags, make_request
+    from inspector.plan.search import search
 
     flags = dict(num_layers=5, hidden_size=64, num_attention_heads=4, seq_length=32,
                  vocab_size=1000, position_embedding_type="rope", mtp_num_layers=1,
                  untie_embeddings_and_output_weights=True, global_batch_size=4)
     args = merge_sources(Sources(flags=flags), ("model", "layout", "training")).args
-    req = make_request(args, 2, "h100", 1, 8, None, None, None, None, 50)
+    req = make_request(args, PlanFlags(2, gpu_memory=1, top=50))
     from dataclasses import replace
 
-    assert _mtp_in_layouts() == MTP_IN_LAYOUT
+    assert mtp_in_layouts() == MTP_IN_LAYOUT
     if not MTP_IN_LAYOUT:
         with pytest.raises(ConfigError, match="admits no layout"):
             search(replace(req, fixed={"pp": 2}))

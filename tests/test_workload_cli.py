@@ -69,7 +69,7 @@ def test_rewriting_a_previous_export_replaces_it_and_leaves_no_temporary(cli, tm
     "args, message",
     [
         ([*JOB], "Error: workload writes every stage into -o DIR, or one stage with --stage S; pass one\n"),
-        ([*JOB[:-2], "--stage", "0"], "Error: workload needs compute times: --gpu-tflops (FLOPs at that peak, estimates) or --compute-profile FILE (measured), one of them\n"),
+        ([*JOB[:-2], "--stage", "0"], "Error: workload needs compute times: --gpu or --gpu-tflops (FLOPs at that peak, estimates) or --compute-profile FILE (measured), one of them\n"),
         ([*JOB, "--stage", "5"], "Error: --stage 5 is out of range for --pp 2 (stages 0-1)\n"),
     ],
 )

@@ -254,6 +254,14 @@ def _output_option(help_text: str = "Write to FILE atomically.", metavar: str = 
     )
 
 
+def _gpu_option(default: str | None, what: str = "") -> Any:
+    """Return the --gpu option: a GPU type of job/hardware.py's table."""
+    from inspector.job.hardware import GPUS
+
+    names = ", ".join(GPUS)
+    return typer.Option(default, "--gpu", help=f"GPU type ({names}){what}; docs/hardware.md.")
+
+
 def _stage_option(help_text: str) -> Any:
     return typer.Option(None, "--stage", help=help_text, rich_help_panel=OUTPUT_HELP)
 

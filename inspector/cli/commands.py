@@ -15,6 +15,7 @@ from inspector.cli.app import (
     _Choice,
     _emit,
     _format_option,
+    _gpu_option,
     _job,
     _output_option,
     _PanelCommand,
@@ -24,6 +25,7 @@ from inspector.cli.app import (
     model_options,
 )
 from inspector.errors import ConfigError
+from inspector.job.hardware import DEFAULT_GPU
 from inspector.report.formats import (
     DiffFormat,
     MemoryFormat,
@@ -140,6 +142,7 @@ def memory(
     args: dict[str, Any],
     use_cache: bool,
     fmt: Any = _format_option(MemoryFormat.text, "text (with a bar chart), table or json."),
+    gpu: str | None = _gpu_option(None, ": its memory and peak, unless given below"),
     gpu_memory: float | None = typer.Option(
         None, "--gpu-memory", help="GPU memory in GiB: say which stages fit."
     ),
@@ -163,7 +166,7 @@ def memory(
     if walkthrough:
         from inspector.report.memory import check_walkthrough_flags
 
-        check_walkthrough_flags(gpu_memory=gpu_memory, gpu_tflops=gpu_tflops, mfu=mfu)
+        check_walkthrough_flags(gpu=gpu, gpu_memory=gpu_memory, gpu_tflops=gpu_tflops, mfu=mfu)
 
     def produce() -> str:
         from inspector.render import memory as render
@@ -171,7 +174,7 @@ def memory(
 
         job = _job(args)
         job.schedule()  # --micro-batch-size is required, and the batches must divide
-        hardware = core.make_hardware(gpu_memory, gpu_tflops, mfu)
+        hardware = core.make_hardware(gpu_memory, gpu_tflops, mfu, gpu, job.model.dtype_name)
         if walkthrough:
             from inspector.formulas.walkthrough import job_walkthroughs
 
@@ -185,6 +188,7 @@ def memory(
 
     options: dict[str, Any] = dict(
         fmt=fmt,
+        gpu=gpu,
         gpu_memory=gpu_memory,
         gpu_tflops=gpu_tflops,
         mfu=mfu,
@@ -201,6 +205,7 @@ def workload(
     use_cache: bool,
     fmt: Any = _format_option(WorkloadFormat.simai, "simai: SimAI workload files."),
     stage: int | None = _stage_option("Print this stage's file instead."),
+    gpu: str | None = _gpu_option(None, ": its peak, unless --gpu-tflops"),
     gpu_tflops: float | None = typer.Option(
         None, "--gpu-tflops", help="Peak TFLOP/s per GPU: compute times from FLOPs."
     ),
@@ -236,13 +241,13 @@ def workload(
         from inspector.world.build import build, select_view
 
         job = _job(args)
-        compute = compute_for(gpu_tflops, mfu, profile)
+        compute = compute_for(gpu_tflops, mfu, profile, gpu, job.model.dtype_name)
         with Progress() as progress:
             built = build(job, select_view(job, stage), expert_ranks=(0,), progress=progress)
         files = workload_files(context_for(built, compute), stage_inputs(built))
         return json.dumps(files, allow_nan=False)
 
-    options = dict(stage=stage, gpu_tflops=gpu_tflops, mfu=mfu, profile=profile, fmt=fmt)
+    options = dict(stage=stage, gpu=gpu, gpu_tflops=gpu_tflops, mfu=mfu, profile=profile, fmt=fmt)
     files: dict[str, str] = json.loads(cache.cached("workload", args, options, use_cache, produce))
     if output is None:
         from inspector.report.workload import file_name
@@ -288,12 +293,14 @@ def plan(
     use_cache: bool,
     gpus: int = typer.Option(..., "--gpus", help="GPUs in the cluster."),
     gpu_memory: float | None = typer.Option(
-        None, "--gpu-memory", help="GPU memory in GiB (default: the --gpu profile's)."
+        None, "--gpu-memory", help="GPU memory in GiB (default: the --gpu type's)."
     ),
-    gpu: str = typer.Option("h100", "--gpu", help="GPU profile: h100, h200 or a100-80gb."),
-    gpus_per_node: int = typer.Option(8, "--gpus-per-node", help="GPUs per node (NVLink domain)."),
+    gpu: str = _gpu_option(DEFAULT_GPU),
+    gpus_per_node: int | None = typer.Option(
+        None, "--gpus-per-node", help="GPUs per node, the NVLink domain (default: the --gpu type's)."
+    ),
     gpu_tflops: float | None = typer.Option(
-        None, "--gpu-tflops", help="Override the profile's dense 16-bit peak TFLOP/s."
+        None, "--gpu-tflops", help="Override the --gpu type's dense 16-bit peak TFLOP/s."
     ),
     intra_bandwidth: float | None = typer.Option(
         None, "--intra-node-bandwidth", help="Override NVLink GB/s per GPU, one direction."
@@ -314,12 +321,12 @@ def plan(
 ) -> None:
     """Rank the parallel layouts of a model on N GPUs by estimated step time."""
     from inspector.plan import search as core
+    from inspector.plan.request import PlanFlags, make_request
     from inspector.render import plan as render
 
-    request = core.make_request(
-        args, gpus, gpu, gpu_memory, gpus_per_node, gpu_tflops, intra_bandwidth,
-        inter_bandwidth, efficiency, top,
-    )
+    flags = PlanFlags(gpus, gpu, gpu_memory, gpus_per_node, gpu_tflops, intra_bandwidth,
+                      inter_bandwidth, efficiency, top)
+    request = make_request(args, flags)
     if svg is not None:
         from inspector.output import check_target
 

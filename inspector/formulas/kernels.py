@@ -17,8 +17,9 @@ torch 2.11, CUDA 13.0), bf16. How each kind of op is priced from it:
     log2(bytes moved) between the measured sizes, clamped. Bytes as the table counts them: copy
     and rms_norm 2 tensors, add and swiglu 3.
 Other GPUs: compute-bound time scales by the H200's dense 16-bit peak over the GPU's, memory-bound
-time by the H200's HBM bandwidth over the GPU's (`Device`); the H200's figures: 989 TFLOP/s dense
-BF16 (NVIDIA H200 datasheet, the H100 SXM's), HBM3e 4.8 TB/s (same datasheet).
+time by the H200's HBM bandwidth over the GPU's (`Device`, `device_of` a job/hardware.py record);
+the H200's figures are its record there: 989 TFLOP/s dense BF16 (NVIDIA H200 datasheet, the H100
+SXM's), HBM3e 4.8 TB/s (same datasheet).
 """
 
 from __future__ import annotations
@@ -32,9 +33,11 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
+from inspector.job.hardware import GPUS, Gpu
+
 TABLE = Path(__file__).with_name("kernels-h200.json")
-H200_TFLOPS = 989.0  # NVIDIA H200 datasheet (SXM): dense BF16, equal to the H100 SXM's
-H200_HBM = 4.8e12  # NVIDIA H200 datasheet (SXM): HBM3e bytes per second
+H200_TFLOPS = GPUS["h200"].tflops_16bit  # the GPU the table was measured on: dense BF16
+H200_HBM = GPUS["h200"].hbm  # HBM3e bytes per second
 ELEMENT = 2  # bytes of a bf16 element, as the table measured
 ATTENTION_BACKWARD = 2.5  # flash backward FLOPs over forward, as the table counts them
 
@@ -59,6 +62,11 @@ class Device:
     def memory_scale(self) -> float:
         """Return how much longer a memory-bound kernel takes than on the H200."""
         return H200_HBM / self.hbm
+
+
+def device_of(gpu: Gpu) -> Device:
+    """Return a GPU of job/hardware.py (with the user's --gpu-tflops) as the kernel model sees it."""
+    return Device(gpu.tflops_16bit, gpu.hbm)
 
 
 @dataclass(frozen=True)

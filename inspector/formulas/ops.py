@@ -22,12 +22,12 @@ parallel size t, context parallel c, expert parallel e (expert tensor parallel u
     with them the weight-gradient GEMM accumulates into main_grad itself.
 Multi-latent attention's projections are one linear of the same FLOPs (mla_attention_flops) over
 t ranks. The output layer and loss: `output_ops` (vocab_parallel_cross_entropy's passes).
+Not memoised here: the planner keeps them in caches plan/caches.py owns (plan/cost.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 from inspector.formulas.flops import mla_attention_flops
 from inspector.formulas.kernels import (
@@ -197,7 +197,6 @@ def _moe(p: _Pass, dims: ModelDims, z: Shard, tokens: int, local: int) -> None:
         _dense_mlp(p, dims, tokens, dims.shared_expert_ffn // z.tp, "shared expert")
 
 
-@lru_cache(maxsize=1024)
 def layer_ops(dims: ModelDims, z: Shard, moe: bool) -> LayerOps:
     """Return one layer's kernels on one rank for one micro-batch.
 
@@ -223,7 +222,6 @@ def layer_ops(dims: ModelDims, z: Shard, moe: bool) -> LayerOps:
     return LayerOps(tuple(p.forward), tuple(reversed(p.backward)), tuple(core.forward))
 
 
-@lru_cache(maxsize=256)
 def output_ops(dims: ModelDims, z: Shard) -> LayerOps:
     """Return the final norm, output layer and loss on one rank for one micro-batch.
 

@@ -7,7 +7,8 @@ from typing import Any
 
 from tabulate import tabulate
 
-from inspector.plan.search import Plan, SearchResult
+from inspector.plan.price import Plan
+from inspector.plan.search import SearchResult
 
 GIB = 1 << 30
 
@@ -220,45 +221,41 @@ def _json(result: SearchResult, memory: int) -> dict[str, Any]:
         "gpu_memory_bytes": memory,
         "evaluated": result.evaluated,
         "smallest_peak_bytes": result.smallest_peak,
-        "plans": [
+        "plans": [_plan_json(p) for p in result.plans],
+    }
+
+
+def _plan_json(p: Plan) -> dict[str, Any]:
+    lay, tr = p.job.layout, p.job.training
+    full = tr.recompute == "full"
+    return {
+        "layout": {
+            "tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "cp": lay.cp, "ep": lay.ep,
+            "etp": lay.expert_tp, "vpp": lay.chunks, "sequence_parallel": lay.sequence_parallel,
+        },
+        "micro_batch_size": tr.micro_batch_size,
+        "recompute": tr.recompute,
+        "recompute_method": tr.recompute_method if full else None,
+        "recompute_num_layers": tr.recompute_num_layers if full else None,
+        "distributed_optimizer": tr.use_distributed_optimizer,
+        "split": list(p.split),
+        "stages": [
             {
-                "layout": {
-                    "tp": p.job.layout.tp, "pp": p.job.layout.pp, "dp": p.job.layout.dp,
-                    "cp": p.job.layout.cp, "ep": p.job.layout.ep, "etp": p.job.layout.expert_tp,
-                    "vpp": p.job.layout.chunks,
-                    "sequence_parallel": p.job.layout.sequence_parallel,
-                },
-                "micro_batch_size": p.job.training.micro_batch_size,
-                "recompute": p.job.training.recompute,
-                "recompute_method": (
-                    p.job.training.recompute_method if p.job.training.recompute == "full" else None
-                ),
-                "recompute_num_layers": (
-                    p.job.training.recompute_num_layers
-                    if p.job.training.recompute == "full" else None
-                ),
-                "distributed_optimizer": p.job.training.use_distributed_optimizer,
-                "split": list(p.split),
-                "stages": [
-                    {
-                        "stage": s.stage, "layers": [list(c) for c in s.layers],
-                        "weights": s.weights, "gradients": s.gradients,
-                        "optimizer": s.optimizer, "activations": s.activations,
-                        "total": s.total, "in_flight": list(s.in_flight),
-                    }
-                    for s in p.stages
-                ],
-                "peak_bytes": p.peak,
-                "step_seconds": p.time.seconds,
-                "mfu": p.mfu,
-                "tflops_per_gpu": p.tflops_per_gpu,
-                "bubble": p.time.bubble,
-                "bound": p.bound(),
-                "time_shares": p.time.shares(),
-                "flags": p.flags(),
+                "stage": s.stage, "layers": [list(c) for c in s.layers],
+                "weights": s.weights, "gradients": s.gradients,
+                "optimizer": s.optimizer, "activations": s.activations,
+                "total": s.total, "in_flight": list(s.in_flight),
             }
-            for p in result.plans
+            for s in p.stages
         ],
+        "peak_bytes": p.peak,
+        "step_seconds": p.time.seconds,
+        "mfu": p.mfu,
+        "tflops_per_gpu": p.tflops_per_gpu,
+        "bubble": p.time.bubble,
+        "bound": p.bound(),
+        "time_shares": p.time.shares(),
+        "flags": p.flags(),
     }
 
 
