@@ -162,3 +162,21 @@ def test_composed_stage_equals_every_layer_run(flags):
         assert run_memory(job, stage, shapes, cache) == run_memory(job, stage, shapes, whole=True)
     # the small chunks have at most 3 layers: the first, one middle one, the last
     assert all(len(kinds) <= 3 for _, _, kinds in cache)
+
+
+def test_a_failure_while_running_says_so_not_that_megatron_refused_to_build(monkeypatch):
+    import torch
+
+    from inspector.engine.memory import run_memory
+    from inspector.errors import ConfigError
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no kernel for this op")
+
+    monkeypatch.setattr(torch, "baddbmm", broken)  # the unfused attention's scores
+    with pytest.raises(ConfigError) as error:
+        run_memory(_job(num_layers=2, pipeline_model_parallel_size=1), 0)
+    message = str(error.value)
+    assert "refused to build" not in message
+    assert message.startswith("megatron-core failed running the forward of a micro-batch")
+    assert "in decoder.layers.0.self_attention.core_attention:" in message and "no kernel for this op" in message

@@ -74,3 +74,31 @@ def chunk_shapes(built: Any) -> tuple[ChunkShape, ...]:
         ChunkShape(chunk.layers, chunk.has_embedding, chunk.has_output, chunk.mtp_layers)
         for chunk in built.chunks
     )
+
+
+@dataclass(frozen=True)
+class JobRuns:
+    """What the engine found for each stage a command shows, or why it did not run."""
+
+    runs: dict[int, RunMemory]  # by stage
+    not_run: str | None = None  # why not (the activations then come from the formulas)
+
+
+def run_job(job: Job, stages: Sequence[Any]) -> JobRuns:
+    """Run every built stage (world.build.BuiltStage) a micro-batch, sharing the small chunks."""
+    reason = not_runnable(job)
+    if reason is not None:
+        return JobRuns({}, reason)
+    cache: Cache = {}
+    return JobRuns(
+        {built.stage: run_memory(job, built.stage, chunk_shapes(built), cache) for built in stages}
+    )
+
+
+def not_runnable(job: Job) -> str | None:
+    """Return why the engine cannot run the job yet, or None when it can."""
+    if job.model.transformer_impl == "transformer_engine":
+        return "the Transformer Engine stand-in builds modules but does not run them yet"
+    if job.model.num_experts is not None:
+        return "MoE routing (data-dependent shapes) is not simulated yet"
+    return None

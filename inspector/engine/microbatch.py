@@ -23,6 +23,7 @@ found as the storages still alive at its end: they are persistent, allocated onc
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,7 @@ import torch
 
 from inspector.engine.allocator import Event, Tracker
 from inspector.engine.cuda import cuda_on_meta
+from inspector.errors import ConfigError
 from inspector.job.job import Job
 
 
@@ -80,7 +82,8 @@ def runtime_config(job: Job) -> dict[str, Any]:
 def run_microbatch(job: Job, ddp: Any, gpt: Any, num_microbatches: int) -> Trace:
     """Run one micro-batch forward and backward through `ddp` (around `gpt`); return its trace."""
     tracker = Tracker()
-    with cuda_on_meta(), _where(tracker, gpt), _global_buffer_named(tracker):
+    where = _where(tracker, gpt)
+    with cuda_on_meta(), _failures(tracker, where), where, _global_buffer_named(tracker):
         with tracker:
             start = tracker.mark()
             state = _forward(job, ddp, gpt, num_microbatches, tracker)
@@ -198,6 +201,23 @@ def _steady(events: list[Event], persistent: dict[int, int]) -> list[Event]:
     return steady
 
 
+@contextlib.contextmanager
+def _failures(tracker: Tracker, modules: _where) -> Iterator[None]:
+    """Turn an error inside megatron's forward or backward into one sentence that says where."""
+    try:
+        yield
+    except (ValueError, AssertionError, RuntimeError, TypeError, ArithmeticError) as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise ConfigError(
+            f"megatron-core failed running the {_pass(tracker)} of a micro-batch on meta tensors "
+            f"in {modules.failed or tracker.where}: {reason} (--debug shows its traceback)"
+        ) from exc
+
+
+def _pass(tracker: Tracker) -> str:
+    return "backward" if tracker.phase in ("loss scale", "backward", "receive grad") else "forward"
+
+
 GLOBAL_BUFFER = "megatron's global memory buffer"
 
 
@@ -231,6 +251,7 @@ class _where:
         self.tracker = tracker
         self.names = {module: name or "model" for name, module in gpt.named_modules()}
         self.handles: list[Any] = []
+        self.failed: str | None = None  # the module an error left
 
     def __enter__(self) -> None:
         from torch.nn.modules import module
@@ -251,4 +272,6 @@ class _where:
 
     def _post(self, module: Any, args: Any, output: Any) -> None:
         if module in self.names:
+            if sys.exc_info()[1] is not None and self.failed is None:
+                self.failed = self.tracker.where  # torch runs this hook while an error unwinds
             self.tracker.leave()

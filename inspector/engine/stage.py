@@ -100,7 +100,7 @@ def _small_trace(job: Job, embedding: bool, output: bool, kinds: tuple[bool, ...
 
     pp = 1 if embedding and output else 2 if embedding or output else 3
     stage = 0 if embedding else pp - 1 if output else 1
-    model = replace(job.model, num_layers=pp * len(kinds), apex=False)
+    model = replace(job.model, num_layers=pp * len(kinds))
     if model.num_experts is not None:
         model = replace(model, moe_layer_freq=tuple(int(k) for k in kinds * pp))
     lay = job.layout
@@ -124,11 +124,8 @@ def trace_stage(job: Job, stage: int) -> tuple[Trace, ...]:
     from inspector.world.stage import stage_world
 
     schedule = job.schedule()
-    # apex's FusedLayerNorm cannot run here; torch's LayerNorm saves the same tensors for
-    # backward (input, mean, rstd; apex's FusedLayerNormAffineFunction: input, mean, invvar).
-    model = replace(job.model, apex=False)
     runtime = runtime_config(job)
-    with stage_world(model, job.layout, stage, checkpoint=False, runtime=runtime) as chunks:
+    with stage_world(job.model, job.layout, stage, checkpoint=False, runtime=runtime) as chunks:
         return tuple(
             run_microbatch(
                 job, _ddp(job, chunk.module, stage, index), chunk.module, schedule.num_microbatches
