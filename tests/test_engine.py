@@ -99,7 +99,7 @@ def test_run_memory_finds_megatrons_global_buffer_and_is_deterministic():
     assert first == second
     # DotProductAttention's baddbmm input from megatron's global memory buffer:
     # [b * heads / tp, s, s] in bf16 = 2 * 2 * 32 * 32 * 2 bytes
-    assert ("decoder.layers.0.self_attention.core_attention", 2 * 2 * 32 * 32 * 2) in first.persistent
+    assert first.persistent == (("megatron's global memory buffer (mpu, bfloat16)", 2 * 2 * 32 * 32 * 2),)
     assert first.peak.bytes > 0 and first.peak.moment.startswith(("forward", "backward"))
 
 
@@ -130,3 +130,53 @@ def test_engine_matches_every_probed_gpu_rank():
         static_ratio, peak_ratio = float(cells[5]), float(cells[8])
         assert abs(static_ratio - 1) <= 0.01, row
         assert 0.98 <= peak_ratio <= 1.03, row
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        dict(num_layers=6),  # 1F1B, a first and a last stage of 3 layers
+        dict(num_layers=8, num_layers_per_virtual_pipeline_stage=2),  # interleaved, 2 chunks
+        dict(num_layers=7, decoder_first_pipeline_num_layers=3, hidden_dropout=0.1,
+             attention_dropout=0.1),  # uneven, with dropout masks
+        dict(num_layers=6, recompute_granularity="full", recompute_method="uniform",
+             recompute_num_layers=1, swiglu=True, normalization="RMSNorm"),
+    ],  # fmt: skip
+    ids=["dense", "vpp", "uneven", "recompute"],
+)
+def test_composed_stage_equals_every_layer_run(flags):
+    """One layer of each kind stands for the rest: event for event, peak and persistent alike."""
+    from inspector.engine.memory import chunk_shapes, run_memory
+    from inspector.engine.stage import trace_chunks
+    from inspector.world.build import View, build
+
+    job = _job(**flags)
+    cache = {}
+    for stage in range(job.layout.pp):
+        shapes = chunk_shapes(build(job, View((stage,)), expert_ranks=(0,)).stages[0])
+        whole = trace_chunks(job, stage, shapes, whole=True)
+        composed = trace_chunks(job, stage, shapes, cache)
+        assert [(t.forward, t.backward) for t in composed] == [
+            (t.forward, t.backward) for t in whole
+        ]
+        assert run_memory(job, stage, shapes, cache) == run_memory(job, stage, shapes, whole=True)
+    # the small chunks have at most 3 layers: the first, one middle one, the last
+    assert all(len(kinds) <= 3 for _, _, kinds in cache)
+
+
+def test_a_failure_while_running_says_so_not_that_megatron_refused_to_build(monkeypatch):
+    import torch
+
+    from inspector.engine.memory import run_memory
+    from inspector.errors import ConfigError
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no kernel for this op")
+
+    monkeypatch.setattr(torch, "baddbmm", broken)  # the unfused attention's scores
+    with pytest.raises(ConfigError) as error:
+        run_memory(_job(num_layers=2, pipeline_model_parallel_size=1), 0)
+    message = str(error.value)
+    assert "refused to build" not in message
+    assert message.startswith("megatron-core failed running the forward of a micro-batch")
+    assert "in decoder.layers.0.self_attention.core_attention:" in message and "no kernel for this op" in message

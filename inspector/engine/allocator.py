@@ -11,11 +11,16 @@ This is how torch's own `torch.distributed._tools.mem_tracker.MemTracker` follow
   no block for size 0), so `memory_allocated` and `max_memory_allocated` are the GPU's numbers;
 - storages that existed before the recording (parameters, grad buffers) are never counted.
 
-Each event carries where megatron was (`Tracker.where`, set by the caller) so a peak can be named.
+Each event carries where megatron was, so a peak can be named and a trace cut into layers: in
+forward (and recomputation) the module running (`Tracker.enter`/`leave`, from module hooks) or the
+step the caller named (`Tracker.at`); in backward the module whose forward created the autograd
+node running, found by the node's sequence number (autograd numbers nodes in creation order,
+c10/core `at::sequence_number`; `Tracker.at`/`enter` note the number each label starts at).
 """
 
 from __future__ import annotations
 
+import bisect
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +30,9 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 BLOCK = 512  # kMinBlockSize in c10/cuda/CUDACachingAllocator.cpp
+# AccumulateGrad nodes take UINT64_MAX as sequence number (torch/csrc/autograd/functions/
+# accumulate_grad.cpp), so the engine runs them as soon as they are ready.
+_ACCUMULATE_GRAD = 1 << 63
 
 
 def rounded(nbytes: int) -> int:
@@ -46,10 +54,14 @@ class Tracker(TorchDispatchMode):
     """Record allocations and frees of new storages while active (use as a context manager)."""
 
     where: str = ""
+    phase: str = ""  # the step the caller named last
     allocated: int = 0
     peak: int = 0
     events: list[Event] = field(default_factory=list)
     live: dict[int, tuple[int, int]] = field(default_factory=dict)  # storage -> (bytes, event)
+    stack: list[str] = field(default_factory=list)  # modules whose forward is running
+    starts: list[int] = field(default_factory=list)  # autograd sequence number each label starts
+    labels: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         super().__init__()
@@ -81,9 +93,44 @@ class Tracker(TorchDispatchMode):
     def _record(self, size: int) -> None:
         self.allocated += size
         self.peak = max(self.peak, self.allocated)
+        self.events.append(Event(size, self.allocated, self._location()))
+
+    def _location(self) -> str:
+        """Return where megatron is: the module running, else the creator of the backward node."""
         node = torch._C._current_autograd_node()
-        where = self.where if node is None else f"backward {node.name()} ({self.where})"
-        self.events.append(Event(size, self.allocated, where))
+        if node is None or self.stack:
+            return self.where
+        seq = node._sequence_nr()
+        if seq >= _ACCUMULATE_GRAD:  # AccumulateGrad runs right after the node making the grad
+            return self.events[-1].where if self.events else self.where
+        index = bisect.bisect_right(self.starts, seq) - 1
+        return f"{self.labels[index] if index >= 0 else self.where}: {node.name()}"
+
+    def at(self, label: str) -> None:
+        """Name the step that runs next (outside any module)."""
+        self.where = self.phase = label
+        self._start(label)
+
+    def enter(self, name: str) -> None:
+        """Note that module `name`'s forward starts."""
+        self.stack.append(name)
+        self.where = name
+        self._start(name)
+
+    def leave(self) -> None:
+        """Note that the innermost module's forward ended."""
+        if self.stack:
+            self.stack.pop()
+        self.where = self.stack[-1] if self.stack else self.phase
+        self._start(self.where)
+
+    def _start(self, label: str) -> None:
+        seq = torch._C._autograd._get_sequence_nr()
+        if self.starts and self.starts[-1] == seq:
+            self.labels[-1] = label
+        else:
+            self.starts.append(seq)
+            self.labels.append(label)
 
     def mark(self) -> int:
         """Return the index of the next event (to slice the record into phases)."""

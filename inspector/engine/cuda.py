@@ -15,6 +15,9 @@ torch or megatron choose by device:
   layer_norm.cpp sends CUDA inputs to `_fused_rms_norm`): output in the input's dtype, fp32 rstd
   per row, and input, weight and rstd saved for backward; the composite it replaces keeps fp32
   copies of the whole input;
+- apex's FusedLayerNorm (megatron/core/fusions/fused_layer_norm.py) runs as torch's layer_norm,
+  which saves the same tensors for backward (input, and fp32 mean and rstd per row; apex's
+  FusedLayerNormAffineFunction and FastLayerNormFN: input, mean, invvar);
 - megatron's CUDA RNG tracker forks nothing and RNG states are host tensors, as on a GPU
   (CUDA generator states are kept by the host, not in GPU memory).
 """
@@ -91,6 +94,12 @@ class _FusedRMSNorm(torch.autograd.Function):
         return torch.empty_like(input), None, grad_weight
 
 
+def _apex_layer_norm(self: Any, input: torch.Tensor) -> torch.Tensor:
+    """apex's fused LayerNorm, as far as memory sees it: torch's layer_norm on the same inputs."""
+    weight = self.weight + 1 if self.zero_centered_gamma else self.weight
+    return torch.nn.functional.layer_norm(input, tuple(weight.shape), weight, self.bias, self.eps)
+
+
 @contextlib.contextmanager
 def _no_fork(self: Any, name: str = "") -> Iterator[None]:
     """megatron's CudaRNGStatesTracker.fork, as far as memory sees it: nothing is allocated."""
@@ -105,12 +114,14 @@ def _cpu_rng_state(*args: Any, **kwargs: Any) -> torch.Tensor:
 @contextlib.contextmanager
 def cuda_on_meta() -> Iterator[None]:
     """Run megatron's CUDA code on meta tensors (see the module docstring) inside the block."""
+    from megatron.core.fusions.fused_layer_norm import FusedLayerNorm
     from megatron.core.tensor_parallel import random
 
     patches: list[tuple[Any, str, Any]] = [
         (torch.cuda, "current_device", lambda: "meta"),
         (torch.Tensor, "cuda", lambda self, *args, **kwargs: self),
         (random.CudaRNGStatesTracker, "fork", _no_fork),
+        (FusedLayerNorm, "forward", _apex_layer_norm),
         (random, "_get_cuda_rng_state", _cpu_rng_state),
         (random, "_set_cuda_rng_state", lambda *args, **kwargs: None),
     ]

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from inspector.engine.microbatch import GLOBAL_BUFFER, Trace
 from inspector.engine.schedule import Peak, iteration_peak
-from inspector.engine.stage import trace_stage
+from inspector.engine.stage import Cache, ChunkShape, trace_chunks
 from inspector.job.job import Job
 
 # torch's cuBLAS workspace per (handle, stream): aten/src/ATen/cuda/CublasHandlePool.cpp
@@ -30,10 +33,72 @@ class RunMemory:
         return sum(size for _, size in self.persistent) + self.workspaces
 
 
-def run_memory(job: Job, stage: int) -> RunMemory:
-    """Run one micro-batch of each chunk of `stage` and replay the iteration's schedule."""
-    traces = trace_stage(job, stage)
+def run_memory(
+    job: Job,
+    stage: int,
+    shapes: Sequence[ChunkShape] | None = None,
+    cache: Cache | None = None,
+    whole: bool = False,
+) -> RunMemory:
+    """Run one micro-batch of each chunk of `stage` and replay the iteration's schedule.
+
+    `shapes`: what megatron put on each chunk (`chunk_shapes`; built here when not given);
+    `cache`: the small chunks traced for other stages of the same job (stage.py); `whole`:
+    run every layer instead of composing the chunks from one layer of each kind.
+    """
+    if shapes is None:
+        from inspector.world.build import View, build
+
+        shapes = chunk_shapes(build(job, View((stage,)), expert_ranks=(0,)).stages[0])
+    traces = trace_chunks(job, stage, shapes, cache, whole)
     schedule = job.schedule()
     peak = iteration_peak(traces, stage, job.layout.pp, schedule.num_microbatches)
-    persistent = tuple(item for trace in traces for item in trace.persistent)
-    return RunMemory(persistent, CUBLAS_WORKSPACE_SM90 * GEMM_THREADS, peak)
+    return RunMemory(_persistent(traces), CUBLAS_WORKSPACE_SM90 * GEMM_THREADS, peak)
+
+
+def _persistent(traces: Sequence[Trace]) -> tuple[tuple[str, int], ...]:
+    """Return the buffers the chunks' runs keep: each chunk's own, and megatron's global memory
+    buffers once, at the largest size any chunk asked for (one per process, grown on demand)."""
+    own = [item for trace in traces for item in trace.persistent if GLOBAL_BUFFER not in item[0]]
+    shared: dict[str, int] = {}
+    for trace in traces:
+        for where, size in trace.persistent:
+            if GLOBAL_BUFFER in where:
+                shared[where] = max(shared.get(where, 0), size)
+    return tuple(own) + tuple(shared.items())
+
+
+def chunk_shapes(built: Any) -> tuple[ChunkShape, ...]:
+    """Return what megatron put on each chunk of a built stage (world.build.BuiltStage)."""
+    return tuple(
+        ChunkShape(chunk.layers, chunk.has_embedding, chunk.has_output, chunk.mtp_layers)
+        for chunk in built.chunks
+    )
+
+
+@dataclass(frozen=True)
+class JobRuns:
+    """What the engine found for each stage a command shows, or why it did not run."""
+
+    runs: dict[int, RunMemory]  # by stage
+    not_run: str | None = None  # why not (the activations then come from the formulas)
+
+
+def run_job(job: Job, stages: Sequence[Any]) -> JobRuns:
+    """Run every built stage (world.build.BuiltStage) a micro-batch, sharing the small chunks."""
+    reason = not_runnable(job)
+    if reason is not None:
+        return JobRuns({}, reason)
+    cache: Cache = {}
+    return JobRuns(
+        {built.stage: run_memory(job, built.stage, chunk_shapes(built), cache) for built in stages}
+    )
+
+
+def not_runnable(job: Job) -> str | None:
+    """Return why the engine cannot run the job yet, or None when it can."""
+    if job.model.transformer_impl == "transformer_engine":
+        return "the Transformer Engine stand-in builds modules but does not run them yet"
+    if job.model.num_experts is not None:
+        return "MoE routing (data-dependent shapes) is not simulated yet"
+    return None

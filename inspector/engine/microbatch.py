@@ -22,6 +22,9 @@ found as the storages still alive at its end: they are persistent, allocated onc
 
 from __future__ import annotations
 
+import contextlib
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +32,7 @@ import torch
 
 from inspector.engine.allocator import Event, Tracker
 from inspector.engine.cuda import cuda_on_meta
+from inspector.errors import ConfigError
 from inspector.job.job import Job
 
 
@@ -78,7 +82,8 @@ def runtime_config(job: Job) -> dict[str, Any]:
 def run_microbatch(job: Job, ddp: Any, gpt: Any, num_microbatches: int) -> Trace:
     """Run one micro-batch forward and backward through `ddp` (around `gpt`); return its trace."""
     tracker = Tracker()
-    with cuda_on_meta(), _where(tracker, gpt):
+    where = _where(tracker, gpt)
+    with cuda_on_meta(), _failures(tracker, where), where, _global_buffer_named(tracker):
         with tracker:
             start = tracker.mark()
             state = _forward(job, ddp, gpt, num_microbatches, tracker)
@@ -126,7 +131,7 @@ def _received(job: Job, gpt: Any) -> torch.Tensor:
 def _forward(
     job: Job, ddp: Any, gpt: Any, num_microbatches: int, tracker: Tracker
 ) -> dict[str, Any]:
-    tracker.where = "inputs"
+    tracker.at("inputs")
     batch = _inputs(job, gpt)
     state: dict[str, Any] = {}
     if not gpt.pre_process:
@@ -134,11 +139,11 @@ def _forward(
         gpt.set_input_tensor(state["input"])
     loss_mask = batch.pop("loss_mask", None)
     output = ddp(**batch)
-    tracker.where = "loss"
+    tracker.at("loss")
     if gpt.post_process:
         output = _loss_func(loss_mask, output) / num_microbatches
     else:
-        tracker.where = "send"
+        tracker.at("send")
         state["output_shape"] = output.shape
         output.data = torch.empty((1,), device=output.device, dtype=output.dtype)
     state["output"] = output
@@ -160,19 +165,19 @@ def _backward(gpt: Any, state: dict[str, Any], tracker: Tracker) -> None:
 
     output = state.pop("output")
     if gpt.post_process:
-        tracker.where = "loss scale"
+        tracker.at("loss scale")
         scale = torch.ones(1, dtype=torch.float32, device="cuda")  # the optimizer's _scale_one
         output = scale * output
-        tracker.where = "backward"
+        tracker.at("backward")
         torch.autograd.backward(output)
     else:
-        tracker.where = "receive grad"
+        tracker.at("receive grad")
         grad = torch.empty(state["output_shape"], dtype=output.dtype, device="cuda")
-        tracker.where = "backward"
+        tracker.at("backward")
         custom_backward(output, grad)
         del grad
     del output
-    tracker.where = "send grad"
+    tracker.at("send grad")
     state.clear()
 
 
@@ -196,19 +201,64 @@ def _steady(events: list[Event], persistent: dict[int, int]) -> list[Event]:
     return steady
 
 
+@contextlib.contextmanager
+def _failures(tracker: Tracker, modules: _where) -> Iterator[None]:
+    """Turn an error inside megatron's forward or backward into one sentence that says where."""
+    try:
+        yield
+    except (ValueError, AssertionError, RuntimeError, TypeError, ArithmeticError) as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise ConfigError(
+            f"megatron-core failed running the {_pass(tracker)} of a micro-batch on meta tensors "
+            f"in {modules.failed or tracker.where}: {reason} (--debug shows its traceback)"
+        ) from exc
+
+
+def _pass(tracker: Tracker) -> str:
+    return "backward" if tracker.phase in ("loss scale", "backward", "receive grad") else "forward"
+
+
+GLOBAL_BUFFER = "megatron's global memory buffer"
+
+
+@contextlib.contextmanager
+def _global_buffer_named(tracker: Tracker) -> Iterator[None]:
+    """Label what megatron's GlobalMemoryBuffer allocates: one buffer per (name, dtype) per
+    process, grown to the largest request (megatron/core/utils.py), shared by a rank's chunks."""
+    from megatron.core.utils import GlobalMemoryBuffer
+
+    get_tensor = GlobalMemoryBuffer.get_tensor
+
+    def named(self: Any, tensor_shape: Any, dtype: Any, name: str, *args: Any, **kw: Any) -> Any:
+        where = tracker.where
+        tracker.where = f"{GLOBAL_BUFFER} ({name}, {str(dtype).removeprefix('torch.')})"
+        try:
+            return get_tensor(self, tensor_shape, dtype, name, *args, **kw)
+        finally:
+            tracker.where = where
+
+    GlobalMemoryBuffer.get_tensor = named
+    try:
+        yield
+    finally:
+        GlobalMemoryBuffer.get_tensor = get_tensor
+
+
 class _where:
-    """Label the tracker's events with the megatron module running (forward hooks)."""
+    """Tell the tracker which megatron module runs (global forward hooks, recomputation too)."""
 
     def __init__(self, tracker: Tracker, gpt: Any) -> None:
         self.tracker = tracker
-        self.names = {module: name for name, module in gpt.named_modules()}
+        self.names = {module: name or "model" for name, module in gpt.named_modules()}
         self.handles: list[Any] = []
+        self.failed: str | None = None  # the module an error left
 
     def __enter__(self) -> None:
         from torch.nn.modules import module
 
         self.handles = [
             module.register_module_forward_pre_hook(self._pre),
+            module.register_module_forward_hook(self._post, always_call=True),
         ]
 
     def __exit__(self, *exc: object) -> None:
@@ -218,4 +268,10 @@ class _where:
     def _pre(self, module: Any, args: Any) -> None:
         name = self.names.get(module)
         if name is not None:
-            self.tracker.where = name or "model"
+            self.tracker.enter(name)
+
+    def _post(self, module: Any, args: Any, output: Any) -> None:
+        if module in self.names:
+            if sys.exc_info()[1] is not None and self.failed is None:
+                self.failed = self.tracker.where  # torch runs this hook while an error unwinds
+            self.tracker.leave()

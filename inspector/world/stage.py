@@ -92,33 +92,38 @@ def stage_world(
     with (
         warnings.catch_warnings(),
         _quiet_megatron(),
-        _megatron_errors(stage),
         contextlib.redirect_stdout(chatter),
     ):
         warnings.simplefilter("ignore")
-        with simulated_rank(layout, rank, vpp) as ps:
+        with _megatron_errors(stage) as net, simulated_rank(layout, rank, vpp) as ps:
             where = (ps.get_pipeline_model_parallel_rank(), ps.get_expert_model_parallel_rank())
             if where != (stage, expert_rank):
                 raise FidelityError(
                     f"rank {rank} is {where} in megatron, expected {(stage, expert_rank)}"
                 )
             config = transformer_config(model, layout, vpp, runtime)
-            yield [
+            chunks = [
                 _build_chunk(m, model, config, layout, stage, chunk, vpp, expert_rank, checkpoint)
                 for chunk in range(vpp or 1)
             ]
+            net.built = True  # what the block runs (the engine) names its own failures
+            yield chunks
 
 
 @contextlib.contextmanager
-def _megatron_errors(stage: int) -> Iterator[None]:
+def _megatron_errors(stage: int) -> Iterator[SimpleNamespace]:
     """Turn megatron-core's refusals (ValueError, assert) into one-sentence ConfigErrors.
 
     The checks in config.py and topology.py catch what we know of first; this is the net for the
-    rest. The original exception stays chained, so `--debug` shows megatron's traceback.
+    rest. The original exception stays chained, so `--debug` shows megatron's traceback. Once the
+    caller sets `built`, errors pass through: they are not refusals to build.
     """
+    net = SimpleNamespace(built=False)
     try:
-        yield
+        yield net
     except (ValueError, AssertionError, RuntimeError, TypeError, ArithmeticError) as exc:
+        if net.built:
+            raise
         reason = " ".join(str(exc).split()) or type(exc).__name__
         raise ConfigError(
             f"megatron-core refused to build stage {stage}: {reason} (--debug shows its traceback)"

@@ -1,0 +1,108 @@
+"""A chunk's micro-batch trace composed from a traced chunk with one layer of each kind.
+
+Tracing every layer of a 126-layer model costs as much as it is long, yet megatron runs every
+layer of a kind the same way: the same ops on the same shapes, allocating and freeing the same
+bytes in the same order. A trace is cut where megatron's modules say (allocator.py labels every
+event with the module running, or in backward with the module that made the autograd node):
+
+- head: what runs before the first transformer layer (inputs, embedding, the received tensor);
+- one segment per layer (`decoder.layers.{i}`, and whatever runs between it and the next);
+- tail: the final norm, output layer, loss, MTP block, the send.
+
+The backward runs the same pieces in reverse. A chunk of N layers is then the head, N copies of
+the segment of its layer's kind, and the tail, each event's running total recomputed
+(tests/test_engine.py checks this equals the trace of every layer, event for event).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from inspector.engine.allocator import Event
+from inspector.engine.microbatch import Trace
+
+_LAYER = re.compile(r"^decoder\.layers\.(\d+)(?=[.:]|$)")
+
+Step = tuple[int, str]  # bytes (negative: a free), where
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """One phase (forward or backward) of a trace, cut into head, layers and tail."""
+
+    head: tuple[Step, ...]
+    layers: tuple[tuple[Step, ...], ...]  # by local layer index
+    tail: tuple[Step, ...]
+
+
+def layer_of(where: str) -> int | None:
+    """Return the local index of the transformer layer an event's label names, else None."""
+    match = _LAYER.match(where)
+    return int(match.group(1)) if match else None
+
+
+def cut(events: Sequence[Event], layers: int) -> Pieces:
+    """Cut one phase's events into head, each layer's segment and tail.
+
+    An unlabelled event between two layers belongs to the layer before it in running order.
+    """
+    head: list[Step] = []
+    segments: list[list[Step]] = [[] for _ in range(layers)]
+    tail: list[Step] = []
+    seen = [i for i, e in enumerate(events) if layer_of(e.where) is not None]
+    last = seen[-1] if seen else -1
+    current: int | None = None
+    for index, event in enumerate(events):
+        layer = layer_of(event.where)
+        current = layer if layer is not None else current
+        if current is None:
+            head.append((event.bytes, event.where))
+        elif index > last:
+            tail.append((event.bytes, event.where))
+        else:
+            segments[current].append((event.bytes, event.where))
+    return Pieces(tuple(head), tuple(tuple(s) for s in segments), tuple(tail))
+
+
+def compose(trace: Trace, layers: int, picks: Sequence[int], numbers: Sequence[int]) -> Trace:
+    """Return the trace of a chunk whose layer i runs as `trace`'s layer picks[i].
+
+    `layers`: how many layers `trace`'s chunk had; `numbers`: each composed layer's 0-based
+    global number, for the labels ("layer 17 mlp.linear_fc1").
+    """
+    forward, backward = cut(trace.forward, layers), cut(trace.backward, layers)
+    order = list(zip(picks, numbers, strict=True))
+    steps_f = [
+        *forward.head,
+        *(s for pick, n in order for s in _named(forward.layers[pick], pick, n)),
+        *forward.tail,
+    ]
+    steps_b = [
+        *backward.head,
+        *(s for pick, n in reversed(order) for s in _named(backward.layers[pick], pick, n)),
+        *backward.tail,
+    ]
+    events_f = _events(steps_f, 0)
+    return Trace(events_f, _events(steps_b, events_f[-1].allocated if events_f else 0), trace.persistent)
+
+
+def _named(steps: Sequence[Step], pick: int, number: int) -> list[Step]:
+    prefix = f"decoder.layers.{pick}"
+    return [(size, _renamed(where, prefix, number)) for size, where in steps]
+
+
+def _renamed(where: str, prefix: str, number: int) -> str:
+    if not where.startswith(prefix):
+        return where
+    rest = where[len(prefix) :]
+    return f"layer {number}{rest if rest.startswith(':') else ' ' + rest[1:] if rest else ''}"
+
+
+def _events(steps: Sequence[Step], total: int) -> tuple[Event, ...]:
+    out = []
+    for size, where in steps:
+        total += size
+        out.append(Event(size, total, where))
+    return tuple(out)
