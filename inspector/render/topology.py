@@ -9,7 +9,6 @@ from inspector.job.layout import Layout, RankCoord
 from inspector.report.formats import TopologyFormat
 from inspector.report.table import topology_line
 
-
 MAX_TABLE_RANKS = 4_000_000  # rank numbers in one table: about 30 MB of text, a few seconds
 
 
