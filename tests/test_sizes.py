@@ -32,15 +32,16 @@ CAPS = {
         "--context-parallel-size 1 = 1048576 rows of 1048580 rank numbers = 1,099,515,822,080, "
         "more than the 4,000,000 it prints (docs/limits.md); --format line maps every rank"),
     "num-experts-100000": (["params", "--num-experts", "100000"],
-        "Error: --num-experts 100000 / --expert-model-parallel-size 1 = 100000 local experts x "
-        "12 MoE layers = 1,200,000 sequential experts (SequentialMLP, about 2 ms each), more "
-        "than the 8,192 this tool builds (docs/limits.md)"),
+        "Error: --num-experts 100000 experts x 12 MoE layers = 1,200,000 sequential experts "
+        "(SequentialMLP, about 2 ms each) to build, more than the 8,192 this tool builds "
+        "(docs/limits.md)"),
     "num-experts-100000-te-grouped": (["memory", "--num-experts", "100000", "--ep", "4", "--dp",
         "4", "--moe-grouped-gemm", "--disable-bias-linear", "--transformer-impl",
         "transformer_engine", "--micro-batch-size", "1"],
-        "Error: --num-experts 100000 / --expert-model-parallel-size 4 = 25000 local experts x 12 "
-        "MoE layers = 300,000 TEGroupedMLP experts (a weight each, about 0.5 ms), more than the "
-        "32,768 this tool builds (docs/limits.md)"),
+        # memory builds one expert-parallel rank of each stage: 100000 / 4 of the experts
+        "Error: --num-experts 100000 / --expert-model-parallel-size 4 x 1 rank(s) = 25000 experts "
+        "x 12 MoE layers = 300,000 TEGroupedMLP experts (a weight each, about 0.5 ms) to build, "
+        "more than the 32,768 this tool builds (docs/limits.md)"),
 }  # fmt: skip
 
 

@@ -12,7 +12,8 @@ from inspector.formulas.flops import layer_flops, logit_flops, stage_flops
 from inspector.job.dims import ModelDims
 from inspector.job.layout import Layout
 from inspector.report.simai import NONE, Record, parse_compute_profile, parse_workload
-from inspector.report.workload import render_index, render_stage, stage_header, stage_records
+from inspector.report.workload import render_stage, stage_header, stage_records
+from inspector.report.workload_index import render_index
 from inspector.report.workload_inputs import (
     BufferInput,
     ComputeProfile,

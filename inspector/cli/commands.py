@@ -241,7 +241,7 @@ def workload(
     options = dict(stage=stage, gpu_tflops=gpu_tflops, mfu=mfu, profile=profile, fmt=fmt)
     files: dict[str, str] = json.loads(cache.cached("workload", args, options, use_cache, produce))
     if output is None:
-        from inspector.report.workload import file_name
+        from inspector.report.workload_index import file_name
 
         _emit(files[file_name(stage or 0)])
         return

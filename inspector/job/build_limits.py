@@ -26,16 +26,19 @@ def expert_cap(model: ModelConfig) -> tuple[int, str]:
     return MAX_GROUPED_EXPERTS, "grouped-GEMM experts (GroupedMLP)"
 
 
-def check_expert_builds(model: ModelConfig, layout: Layout) -> None:
-    """Raise ConfigError when a build would hold more experts than its cap, naming the flags."""
+def check_expert_builds(model: ModelConfig, layout: Layout, ep_ranks: int) -> None:
+    """Raise ConfigError when a build of `ep_ranks` expert-parallel ranks per stage holds more
+    experts than its cap, naming the flags."""
     if model.num_experts is None:
         return
     moe_layers = sum(model.is_moe_layer(layer) for layer in range(model.num_layers))
-    local = model.num_experts // layout.ep
+    experts = model.num_experts // layout.ep * ep_ranks
     cap, kind = expert_cap(model)
-    if local * moe_layers > cap:
+    if experts * moe_layers > cap:
+        which = f"--num-experts {model.num_experts}"
+        if ep_ranks < layout.ep:
+            which += f" / --expert-model-parallel-size {layout.ep} x {ep_ranks} rank(s) = {experts}"
         raise ConfigError(
-            f"--num-experts {model.num_experts} / --expert-model-parallel-size {layout.ep} = "
-            f"{local} local experts x {moe_layers} MoE layers = {local * moe_layers:,} {kind}, "
-            f"more than the {cap:,} this tool builds (docs/limits.md)"
+            f"{which} experts x {moe_layers} MoE layers = {experts * moe_layers:,} {kind} to "
+            f"build, more than the {cap:,} this tool builds (docs/limits.md)"
         )

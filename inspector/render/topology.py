@@ -4,30 +4,9 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
-from inspector.errors import ConfigError
 from inspector.job.layout import Layout, RankCoord
 from inspector.report.formats import TopologyFormat
-from inspector.report.table import topology_line
-
-MAX_TABLE_RANKS = 4_000_000  # rank numbers in one table: about 30 MB of text, a few seconds
-
-
-def check_table_size(layout: Layout) -> None:
-    """Raise ConfigError when the table would list more than MAX_TABLE_RANKS rank numbers.
-
-    Each row names its tensor, pipeline, data, embedding (and expert) groups, so the table grows
-    as ranks x group sizes: `--dp 1048576` would be 10^12 numbers.
-    """
-    per_row = layout.tp + layout.pp + layout.dp + min(layout.pp, 2) + 1
-    per_row += layout.ep if layout.ep > 1 else 0
-    total = layout.world_size * per_row
-    if total > MAX_TABLE_RANKS:
-        raise ConfigError(
-            f"--format table lists each rank's groups: --tp {layout.tp} x --pp {layout.pp} x "
-            f"--dp {layout.dp} x --context-parallel-size {layout.cp} = {layout.world_size} rows "
-            f"of {per_row} rank numbers = {total:,}, more than the {MAX_TABLE_RANKS:,} it prints "
-            "(docs/limits.md); --format line maps every rank"
-        )
+from inspector.report.table import check_table_size, topology_line
 
 
 def _ranks(group: tuple[int, ...] | None) -> str:
