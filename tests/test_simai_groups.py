@@ -56,7 +56,16 @@ LAYOUTS = {
     "dense-dp1-tp1": [*BASE, "--pp", "2"],
     "dense-tp2-dp1": [*BASE, "--tp", "2", "--use-distributed-optimizer"],
     "mla-tp2-cp2": [*MLA, "--tp", "2", "--context-parallel-size", "2", "--sequence-parallel"],
+    # dp 1, ep 1: SimAI's DP_EP group is all_gpus / (tp pp) = cp ranks, megatron's CP group
+    "cp2-tp1-dp1": [*BASE, "--context-parallel-size", "2", "--transformer-impl", "transformer_engine"],
 }
+
+
+def test_context_exchange_on_the_group_of_cp_ranks(cli):
+    header, records = stage0(cli, *LAYOUTS["cp2-tp1-dp1"])
+    kv = next(r for r in records if r.name == "attention_cp")
+    assert (kv.fwd_comm, kv.ig_comm) == ("ALLGATHER_DP_EP", "REDUCESCATTER_DP_EP")
+    assert simai_size(header, kv.fwd_comm, "fwd") == 2
 
 
 @pytest.mark.parametrize("name", LAYOUTS)
@@ -112,11 +121,12 @@ REFUSED = {
         "Error: workload cannot write --expert-tensor-parallel-size 2 with --tp 4 for SimAI: "
         "megatron gathers expert activations over 2 ranks, and SimAI's only tensor-parallel "
         "group holds --tp 4; use etp 1 or etp = tp (docs/simai.md)"),
-    "cp-at-tp1": ([*BASE, "--context-parallel-size", "2", "--transformer-impl",
-                   "transformer_engine"],  # fmt: skip
-        "Error: workload cannot write --context-parallel-size 2 with --tp 1 for SimAI: SimAI has "
-        "no context-parallel group, the K/V exchange goes on its tensor-parallel group, and at "
-        "--tp 1 that group has one rank (SimAI times it 0 and prints inf); docs/simai.md"),
+    "cp-at-tp1-dp2": ([*BASE, "--context-parallel-size", "2", "--dp", "2", "--transformer-impl",
+                       "transformer_engine"],  # fmt: skip
+        "Error: workload cannot write --context-parallel-size 2 with --tp 1 and --dp 2 for SimAI: "
+        "SimAI has no context-parallel group; its DP_EP group stands in only at dp 1 and ep 1, "
+        "its tensor-parallel group has one rank at --tp 1 (SimAI times it 0 and prints inf); "
+        "docs/simai.md"),
     "pp-comm-too-large": ([*BASE[:2], "--hidden-size", "16384", "--num-attention-heads", "128",
                            "--seq-length", "131072", "--max-position-embeddings", "131072",
                            *BASE[8:], "--pp", "2"],  # fmt: skip

@@ -308,12 +308,19 @@ def test_context_parallel_divides_the_sequence() -> None:
     column = next(r for r in records if r.name == "attention_column")
     assert column.fwd_bytes == 2 * 2 * 64 * 64  # (s/c, b, h) at 2 bytes
     kv = next(r for r in records if r.name == "attention_cp")
-    # K and V of the whole 128-token sequence, 2 of 4 heads (tp 2), 16 channels each, bf16.
+    # K and V of the whole 128-token sequence, 2 of 4 heads (tp 2), 16 channels each, bf16;
+    # dp 1: on SimAI's DP_EP group, all_gpus / (tp pp) / ep = cp ranks.
     assert (kv.fwd_comm, kv.fwd_bytes, kv.ig_comm) == (
-        "ALLGATHER",
+        "ALLGATHER_DP_EP",
         2 * 2 * 2 * 128 * 2 * 16,
-        "REDUCESCATTER",
+        "REDUCESCATTER_DP_EP",
     )
+    kv2 = next(
+        r
+        for r in checked_records(small_job(cp=2, dp=2), SMALL_STAGES[0])
+        if r.name == "attention_cp"
+    )
+    assert (kv2.fwd_comm, kv2.ig_comm) == ("ALLGATHER", "REDUCESCATTER")  # tp stands in
     row = next(r for r in records if r.name == "attention_row")
     assert row.fwd_bytes == column.fwd_bytes
 
@@ -470,8 +477,11 @@ def test_layer_outside_the_model() -> None:
 def test_pipeline_send_beyond_what_simai_reads() -> None:
     dims = ModelDims(2, 16384, 128, 131072, 256)
     job = Context(dims, Layout(pp=2), Settings(1, 1, 2))
-    with pytest.raises(ConfigError, match=r"--micro-batch-size 1 x --seq-length 131072 x "
-                       r"--hidden-size 16384 x 2 bytes = 4294967296 bytes, is more than SimAI's "):
+    with pytest.raises(
+        ConfigError,
+        match=r"--micro-batch-size 1 x --seq-length 131072 x "
+        r"--hidden-size 16384 x 2 bytes = 4294967296 bytes, is more than SimAI's ",
+    ):
         render_stage(job, StageInput(0, ((0,),), True, False))
 
 

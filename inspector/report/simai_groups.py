@@ -50,14 +50,24 @@ def tokens_gather_group(par: Layout) -> str | None:
     return "_EP" if par.expert_tp == 1 else ""
 
 
+def context_group(par: Layout) -> str:
+    """Return the group of the context-parallel K/V exchange (SimAI has no context group).
+
+    With dp 1 and ep 1, SimAI's DP_EP group is all_gpus / (tp pp) = cp ranks at stride tp:
+    megatron's context-parallel group exactly. Otherwise the tensor-parallel group stands in
+    (`check_groups` refuses it at tp 1, where it has one rank).
+    """
+    return "_DP_EP" if par.dp == 1 and par.ep == 1 else ""
+
+
 def check_groups(dims: ModelDims, par: Layout) -> None:
     """Raise ConfigError for a layout whose collectives SimAI would run on the wrong ranks."""
-    if par.cp > 1 and par.tp == 1:
+    if par.cp > 1 and par.tp == 1 and context_group(par) == "":
         raise ConfigError(
-            f"workload cannot write --context-parallel-size {par.cp} with --tp 1 for SimAI: SimAI "
-            "has no context-parallel group, the K/V exchange goes on its tensor-parallel group, "
-            "and at --tp 1 that group has one rank (SimAI times it 0 and prints inf); "
-            "docs/simai.md"
+            f"workload cannot write --context-parallel-size {par.cp} with --tp 1 and --dp "
+            f"{par.dp} for SimAI: SimAI has no context-parallel group; its DP_EP group stands in "
+            f"only at dp 1 and ep 1, its tensor-parallel group has one rank at --tp 1 (SimAI "
+            "times it 0 and prints inf); docs/simai.md"
         )
     if dims.num_experts is None:
         return

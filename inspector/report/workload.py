@@ -33,6 +33,7 @@ from inspector.job.dims import ModelDims
 from inspector.report.simai import NONE, Header, Record, render_workload
 from inspector.report.simai_groups import (
     check_groups,
+    context_group,
     expert_grad_group,
     pipeline_send,
     simai_dp,
@@ -136,11 +137,15 @@ def _attention(job: Context, layer: int, prefix: str = "") -> list[Record]:
     if par.cp > 1:
         # K and V of the whole sequence for this rank's g/t groups: megatron's all-gather
         # context parallelism (cp_comm_type a2a/p2p move the same volume); backward returns
-        # their gradients. SimAI has no context-parallel group: see notes/simai.md.
+        # their gradients. SimAI has no context-parallel group (simai_groups.context_group).
         kv = dims.activation_bytes * job.training.micro_batch_size * dims.seq_length
         kv *= _kv_width(dims) // par.tp
+        group = context_group(par)
         records.insert(
-            1, Record(prefix + "attention_cp", 0, "ALLGATHER", kv, 0, "REDUCESCATTER", kv)
+            1,
+            Record(
+                prefix + "attention_cp", 0, "ALLGATHER" + group, kv, 0, "REDUCESCATTER" + group, kv
+            ),
         )
     return records
 
