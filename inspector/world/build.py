@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from inspector.job.build_limits import check_expert_builds
 from inspector.job.job import Job
 from inspector.job.layout import RankCoord, check_buildable
 from inspector.records import ParamRecord, StageTree
@@ -180,6 +181,7 @@ def build(
     layout = job.layout
     check_buildable(job.model, layout)
     ranks = tuple(range(layout.ep)) if expert_ranks is None else tuple(expert_ranks)
+    check_expert_builds(job.model, layout, len(ranks))
     total, done = len(view.stages) * len(ranks), 0
     stages = []
     for stage in view.stages:
