@@ -106,7 +106,8 @@ class World:
     origin: str  # "torchrun --nproc_per_node 8 --nnodes 4 (train.sh line 40)" or why unknown
 
 
-Require = Callable[[str, str], str]  # (text, what it is) -> text, or raise naming the unknown value
+# (text, what it is) -> text, or None where the script leaves it unknown (then recorded as missing)
+Require = Callable[[str, str], str | None]
 
 
 def _options(words: Sequence[str], names: dict[str, str]) -> dict[str, tuple[str, str]]:
@@ -129,6 +130,8 @@ def _options(words: Sequence[str], names: dict[str, str]) -> dict[str, tuple[str
 
 def _count(value: str, what: str, require: Require) -> int | None:
     text = require(value, what)
+    if text is None:
+        return None
     return int(text) if re.fullmatch(r"\d+", text) and int(text) > 0 else None
 
 
@@ -185,6 +188,8 @@ def _launcher_world(segment: Segment, where: str, require: Require) -> World:
     if per_node is None:
         return World(None, f"{shown} takes the GPU count from the job's machine ({where})")
     nodes_text = require(found.get("nodes", ("1", ""))[0], f"{launcher}'s node count")
+    if nodes_text is None:
+        return World(None, f"{shown} on a node count the script leaves unset ({where})")
     low, _, high = nodes_text.partition(":")
     if high and low != high:
         return World(None, f"{shown} is elastic ({low} to {high} nodes) ({where})")

@@ -33,14 +33,15 @@ _NO_EFFECT = {"cd", "echo", "printf", "wait", "trap", "ulimit", "umask", "shopt"
 
 
 def run_command(shell: Shell, argv: list[str], node: Simple, prefix: dict[str, str],
-                arrays: list[Assign]) -> int:  # fmt: skip
-    """Interpret one expanded simple command and return its exit status."""
+                arrays: list[Assign], bash_argv: list[str]) -> int:  # fmt: skip
+    """Interpret one expanded simple command and return its exit status (builtins see the
+    words as bash gives them, `bash_argv`; a launch keeps unset values, which `argv` marks)."""
     name = shell.require(argv[0], "the command name")
     if name in _DECLARE:
         return _declare(shell, name, node)
     handler = _BUILTINS.get(name)
     if handler is not None:
-        return handler(shell, argv)
+        return handler(shell, bash_argv)
     if name in shell.functions:
         return shell.call_function(name, argv[1:])
     if name in _NO_EFFECT:
@@ -131,7 +132,9 @@ def _run_child(child: Shell, body: object, outer: tuple[tuple[str, ...], ...]) -
 
 
 def _resolve(shell: Shell, name: str, what: str) -> str:
-    name = shell.require(name, what)
+    if shell.ctx.unset_in(name) or shell.ctx.bash_value(name) is None:
+        name = shell.require(name, what)  # a path from an unset variable: ask for it
+    name = shell.value(name, what)
     # bash reads a relative name from the working folder (`source $(dirname $0)/common.sh` when
     # the script is named from the repository's root); next to the script is the fallback
     for path in (name, os.path.join(script_dir(shell.ctx), name)):
@@ -241,7 +244,7 @@ def _options(shell: Shell, args: list[str]) -> list[str]:
 
 
 def _shift(shell: Shell, argv: list[str]) -> int:
-    count = int(shell.require(argv[1], "the count of `shift`")) if len(argv) > 1 else 1
+    count = int(shell.value(argv[1], "the count of `shift`") or 0) if len(argv) > 1 else 1
     if count > len(shell.positional):
         return 1
     shell.positional = shell.positional[count:]
@@ -251,7 +254,7 @@ def _shift(shell: Shell, argv: list[str]) -> int:
 def _status_of(shell: Shell, argv: list[str]) -> int:
     if len(argv) < 2:
         return shell.status
-    text = shell.require(argv[1], f"the status of `{argv[0]}`")
+    text = shell.value(argv[1], f"the status of `{argv[0]}`")
     try:
         return int(text) & 255
     except ValueError:
@@ -269,7 +272,7 @@ def _return(shell: Shell, argv: list[str]) -> int:
 
 
 def _break(shell: Shell, argv: list[str]) -> int:
-    levels = int(shell.require(argv[1], f"the count of `{argv[0]}`")) if len(argv) > 1 else 1
+    levels = int(shell.value(argv[1], f"the count of `{argv[0]}`") or 1) if len(argv) > 1 else 1
     raise Break(levels, argv[0] == "continue")
 
 
@@ -320,12 +323,14 @@ def pure_output(shell: Shell, script: str) -> str | None:
     node = tree.items[0][0]
     if isinstance(node, AndOr) and len(node.rest) == 1 and node.rest[0][0] == "&&":
         first, (_, second) = node.first, node.rest[0]
-        if _argv(shell, second) == ["pwd"]:
+        if _argv(shell, second) in (["pwd"], ["pwd", "-P"]):
             where = _argv(shell, first)
             if where and len(where) == 2 and where[0] == "cd" and not MARK.search(where[1]):
                 return os.path.abspath(where[1])
         return None
     argv = _argv(shell, node)
+    if argv in (["pwd"], ["pwd", "-P"]):
+        return (shell.lookup("PWD", None) or [""])[0]
     if not argv or any(MARK.search(a) for a in argv):
         return None
     if argv[0] == "dirname" and len(argv) == 2:
@@ -362,8 +367,8 @@ class Builtins:
     """The commands as the reader treats them: what Shell calls back for each simple command."""
 
     def run(self, shell: Shell, argv: list[str], node: Simple, prefix: dict[str, str],
-            arrays: list[Assign]) -> int:  # fmt: skip
-        return run_command(shell, argv, node, prefix, arrays)
+            arrays: list[Assign], bash_argv: list[str]) -> int:  # fmt: skip
+        return run_command(shell, argv, node, prefix, arrays, bash_argv)
 
     def output(self, shell: Shell, script: str) -> str | None:
         return pure_output(shell, script)

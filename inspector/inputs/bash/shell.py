@@ -68,7 +68,7 @@ class Commands(Protocol):
     """What the shell calls back for simple commands (inspector.inputs.bash.commands gives it)."""
 
     def run(self, shell: Shell, argv: list[str], node: Simple, prefix: dict[str, str],
-            arrays: list[Assign]) -> int: ...  # fmt: skip
+            arrays: list[Assign], bash_argv: list[str]) -> int: ...  # fmt: skip
     def output(self, shell: Shell, script: str) -> str | None: ...
 
 
@@ -221,7 +221,7 @@ class Shell(Expansion):
 
     def _run_case(self, node: Case) -> int:
         self.line = node.line
-        subject = self.require(self.expand_string(node.word), "the `case` word")
+        subject = self.value(self.expand_string(node.word), "the `case` word")
         for patterns, body in node.items:
             for pattern in patterns:
                 glob = self.pattern(pattern, "a `case` pattern") or Glob(())
@@ -234,7 +234,7 @@ class Shell(Expansion):
         if node.words is None:
             values = self._positional("@")
         else:
-            values = [v for w in node.words for v in self.expand_fields(w)]
+            values = [v for w in node.words for v in self.expand_fields(w, as_bash=True)]
         status = 0
         for value in values:
             self.assign(node.name, value)
@@ -286,7 +286,7 @@ class Shell(Expansion):
 
     def arith(self, body: Word) -> int:
         text = self.expand_string(body)
-        self.require(text, f"the arithmetic $(({self.ctx.show(text)}))")
+        text = self.value(text, f"the arithmetic $(({self.ctx.show(text)}))")
         return evaluate_arith(text, self)
 
     # ---------------------------------------------------------------------- simple commands
@@ -296,18 +296,24 @@ class Shell(Expansion):
         self.ctx.steps += 1
         if self.ctx.steps > MAX_STEPS:
             raise self.fail(f"the script runs more than {MAX_STEPS} commands; the reader stops")
-        argv, arrays = [], []
+        fields: list[tuple[str, bool]] = []
+        arrays = []
         for word in node.words:
             if isinstance(word, Assign):
                 arrays.append(word)
             else:
-                argv.extend(self.expand_fields(word))
-        if not argv:
+                fields.extend(self.split_word(word))
+        while fields and fields[0][1]:  # `$LAUNCHER torchrun ...` with LAUNCHER unset
+            fields.pop(0)
+        if not fields:
             for assign in node.assigns:
                 self.do_assign(assign)
             return 0
+        # the launch keeps unset values (a flag's value the model may need); bash drops them
+        argv = [text for text, _ in fields]
+        bash_argv = [text for text, vanishes in fields if not vanishes]
         prefix = {a.name: self.expand_string(a.value) for a in node.assigns if a.value}
-        status = self.commands.run(self, argv, node, prefix, arrays)
+        status = self.commands.run(self, argv, node, prefix, arrays, bash_argv)
         return self.check(status, f"`{_brief(self.ctx.show(' '.join(argv)))}`")
 
     def do_assign(self, assign: Assign, local: bool = False) -> None:
@@ -327,7 +333,7 @@ class Shell(Expansion):
             return
         assert assign.value is not None
         value = self.expand_string(assign.value)
-        if MARK.search(value) and CmdSub in _part_types(assign.value):
+        if self.ctx.bash_value(value) is None and CmdSub in _part_types(assign.value):
             given = self.ctx.settings.get(assign.name)
             value = given if given is not None else self._command_output(assign, value)
         if assign.index is not None:
@@ -357,6 +363,8 @@ class Shell(Expansion):
         output = self.commands.output(self, part.script)
         if output is not None:
             return output
+        self.ctx.note(f"{self.where()}: {part.text} is not run; it stands as a placeholder, "
+                      "which only a path or a port may hold")  # fmt: skip
         return self.ctx.mark(Unknown(part.text, "which the reader never runs", None))
 
     def assign(self, name: str, value: str) -> None:
