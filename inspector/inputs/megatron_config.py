@@ -23,6 +23,7 @@ from inspector.inputs.arguments import BY_NAME
 from inspector.inputs.bash.context import Context
 from inspector.inputs.launch import is_launch
 from inspector.inputs.refusals import Refused, refused_argument, validate_args_refusals
+from inspector.inputs.missing import Needs
 from inspector.inputs.sources import ScriptArgs, _arguments, _parse_config, convert
 from inspector.inputs.tokenizers import TOKENIZER_FLAGS, apply_tokenizer
 from inspector.inputs.unmodelled import IGNORED, REFUSED, RENAMED
@@ -75,7 +76,8 @@ def _functional_test(data: dict[str, Any], path: str) -> ScriptArgs:
     if others:
         notes.append(f"keys for Megatron-LM's test runner, not arguments: {' '.join(others)}")
     raw: dict[str, str] = {}
-    parsed = _arguments(words, path, lambda value, what: value, Context(path, {}, is_launch), raw)
+    ctx = Context(path, {}, is_launch)
+    parsed = _arguments(words, Needs(ctx, path), ctx, raw)
     flags = {BY_NAME[name].flag for name in parsed.args} | set(parsed.ignored)
     refused = parsed.refused + validate_args_refusals(flags, path)
     args, ignored, tokenizer_notes, problem = apply_tokenizer(
