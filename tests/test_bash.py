@@ -279,7 +279,8 @@ def test_reading_has_no_side_effects(tmp_path, monkeypatch):
     script.write_text(_HARMFUL.format(root=root))
     monkeypatch.chdir(root)
     before, cwd_before = _snapshot(tmp_path), sorted(os.listdir(root))
-    parsed = read_launch_script(str(script))
+    # `set -u` stops bash at "$HOME_DIR" unset (line 4): given, `rm -rf` would empty the machine
+    parsed = read_launch_script(str(script), {"HOME_DIR": str(root)})
     assert parsed.args == {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4}
     assert _snapshot(tmp_path) == before and sorted(os.listdir(root)) == cwd_before
 

@@ -145,8 +145,9 @@ def _the_launch(ctx: Context, origin: str) -> Command:
     if not ctx.commands:
         ended = f"; the script stops before any: {ctx.ended}" if ctx.ended else ""
         if ctx.ended and ctx.unset_read:
-            ended += (f"; it read {', '.join(f'${n} ({w})' for n, w in ctx.unset_read.items())} "
-                      "as empty, as bash does when they are not set; give them with "
+            found = ", ".join(f"${name} ({where})" for name, where in ctx.unset_read.items())
+            ended += (f"; unset on the way: {found}; give "
+                      f"{'it' if len(ctx.unset_read) == 1 else 'them'} with "
                       + " ".join(f"--set {name}=VALUE" for name in ctx.unset_read))  # fmt: skip
         raise InputError(
             f"{origin}: found no training command (a line running torchrun/python/deepspeed on a "

@@ -238,8 +238,12 @@ def _options(shell: Shell, args: list[str]) -> list[str]:
             continue
         if "e" in arg[1:]:
             shell.errexit = arg.startswith("-")
-        if arg.endswith("o") and next(words, "") == "errexit":  # `-o errexit`, `-euo errexit`
-            shell.errexit = arg.startswith("-")
+        if "u" in arg[1:]:
+            shell.nounset = arg.startswith("-")
+        if arg.endswith("o"):  # `-o errexit`, `-euo pipefail`
+            option = next(words, "")
+            if option in ("errexit", "nounset"):
+                setattr(shell, option, arg.startswith("-"))
     return rest
 
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from inspector.inputs.bash.brace import expand_braces
 from inspector.inputs.bash.context import MARK, Context, Unknown
 from inspector.inputs.bash.patterns import Glob
-from inspector.inputs.bash.runtime import Value
+from inspector.inputs.bash.runtime import Exit, Value
 from inspector.inputs.bash.syntax import DQ, Arith, CmdSub, Lit, Param, Part, Word
 
 if TYPE_CHECKING:
@@ -32,6 +32,7 @@ class Expansion:
     positional: list[str]
     source_stack: list[str]
     line: int
+    nounset: bool
 
     if TYPE_CHECKING:  # Shell's, which expansion calls back into
 
@@ -122,9 +123,16 @@ class Expansion:
 
     def read_unset_name(self, name: str) -> None:
         """An unset variable read by name in `$(( ))`: 0 there, as in bash."""
+        if self.nounset:
+            self._stop_unset(name, name)
         self._read_unset(f"${name}", name)
         if self.ctx.taint is not None:
             self.ctx.taint.append(Unknown(f"${name}", "which the script never sets", name, ""))
+
+    def _stop_unset(self, text: str, name: str) -> None:
+        """`set -u`: bash stops at an unset variable (the reader names it for --set)."""
+        self.ctx.unset_read.setdefault(name, self.where())
+        raise Exit(f"{self.where()}: {text} is not set, which stops bash under `set -u`")
 
     def _pieces(self, parts: tuple[Part, ...], quoted: bool) -> list[_Piece]:
         out: list[_Piece] = []
@@ -251,6 +259,8 @@ class Expansion:
         if part.name == "HOME" and part.text == "~":
             return self.ctx.mark(Unknown("~ (the home folder)", "which the job's user decides",
                                          "HOME"))  # fmt: skip
+        if self.nounset and part.name not in "@*":
+            self._stop_unset(part.text, part.name)
         if part.name.isdigit():
             reason = "which the script gets from its command line"
         else:

@@ -83,6 +83,7 @@ class Shell(Expansion):
         self.locals: list[dict[str, Value | None]] = []
         self.depth, self.line, self.status = depth, 0, 0
         self.errexit = False  # `set -e`
+        self.nounset = False  # `set -u`: an unset variable stops the script
         self.loops = 0  # loops running around the current command
         self.checked = 0  # > 0 while a status is being tested (`if`, `&&`, `!`): -e does not apply
         self.source_stack: list[str] = [origin]
@@ -198,7 +199,7 @@ class Shell(Expansion):
                       set(self.exported), self.depth)  # fmt: skip
         child.functions = dict(self.functions)
         child.line, child.source_stack = self.line, list(self.source_stack)
-        child.errexit, child.checked = self.errexit, self.checked
+        child.errexit, child.checked, child.nounset = self.errexit, self.checked, self.nounset
         return child
 
     def _run_group(self, node: Group) -> int:
