@@ -22,7 +22,6 @@ from inspector.inputs.launch import (
     World,
     is_launch,
     program_arguments,
-    sbatch_options,
     world_of,
 )
 from inspector.inputs.missing import NO_FLAG, WORLD, Needs, raise_missing
@@ -135,8 +134,8 @@ def interpret_launch(
     command = _the_launch(ctx, origin)
     where = f"{command.origin} line {command.line}"
     needs = Needs(ctx, where)
-    sbatch = sbatch_options(text) if command.origin == origin else ()
-    world = world_of(command.argv, dict(command.env), where, needs.for_key(WORLD), sbatch)
+    world = world_of(command.argv, dict(command.env), where, needs.for_key(WORLD), command.batch,
+                     command.outer)
     launch = _Launch(command.argv, command.observed, command.origin, command.line, ctx)
     return launch, world, needs
 

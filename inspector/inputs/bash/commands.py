@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 
+from inspector.inputs.bash.batch import sbatch_options, start_job
 from inspector.inputs.bash.conditions import evaluate_test
 from inspector.inputs.bash.context import (
     MARK,
@@ -20,12 +21,16 @@ from inspector.inputs.bash.context import (
 from inspector.inputs.bash.parser import parse_script, split_assignment
 from inspector.inputs.bash.runtime import MAX_DEPTH, Break, Exit, Return
 from inspector.inputs.bash.shell import Shell
-from inspector.inputs.bash.syntax import AndOr, Assign, Seq, Simple, Word
+from inspector.inputs.bash.syntax import AndOr, Assign, HereDoc, Seq, Simple, Word
 from inspector.inputs.bash.words import parse_fragment
 
 _ENV_ASSIGN = re.compile(r"[A-Za-z_]\w*=")
 _WRAPPER_VALUES = {"env": {"-u", "--unset", "-C", "--chdir"}, "nice": {"-n"},
-                   "numactl": {"-N", "-m", "-C", "-p", "-i"}}  # fmt: skip
+                   "numactl": {"-N", "-m", "-C", "-p", "-i"},
+                   "uv": {"--with", "--with-editable", "--with-requirements", "--python", "-p",
+                          "--project", "--directory", "--package", "--extra", "--group",
+                          "--env-file", "--index", "--default-index", "--only-group",
+                          "--no-group", "--config-file", "--cache-dir"}}  # fmt: skip
 _DECLARE = {"export", "declare", "typeset", "local", "readonly"}
 _NO_EFFECT = {"cd", "echo", "printf", "wait", "trap", "ulimit", "umask", "shopt", "alias", "hash",
               "type", "pushd", "popd", "sleep", "true", ":", "enable", "builtin", "disown",
@@ -46,14 +51,18 @@ def run_command(shell: Shell, argv: list[str], node: Simple, prefix: dict[str, s
         return shell.call_function(name, argv[1:])
     if name in _NO_EFFECT:
         return 0
+    if node.stdin is not None and _reads_stdin(argv):
+        return run_here_document(shell, argv, node.stdin, prefix)
     return _external(shell, argv, prefix, outer=())
 
 
 def _external(shell: Shell, argv: list[str], prefix: dict[str, str],
               outer: tuple[tuple[str, ...], ...]) -> int:  # fmt: skip
     words, env = list(argv), dict(prefix)
-    while words and program_name(words[0]) in PASS_THROUGH:
+    while words and (program_name(words[0]) in PASS_THROUGH or words[:2] == ["uv", "run"]):
         wrapper = program_name(words.pop(0))
+        if wrapper == "uv":  # `uv run [options] python ...`: runs the rest in its environment
+            words.pop(0)
         while words and (words[0].startswith("-") or (wrapper == "env" and _ENV_ASSIGN.match(words[0]))):
             option = words.pop(0)
             if not option.startswith("-"):
@@ -71,7 +80,7 @@ def _external(shell: Shell, argv: list[str], prefix: dict[str, str],
         visible = {k: v for k, v in shell.vars.items() if k in shell.exported and isinstance(v, str)}
         visible.update(env)
         shell.ctx.commands.append(
-            Command(tuple(words), shell.source_stack[-1], shell.line, visible, outer)
+            Command(tuple(words), shell.source_stack[-1], shell.line, visible, outer, shell.batch)
         )
     return 0
 
@@ -127,7 +136,8 @@ def _run_child(child: Shell, body: object, outer: tuple[tuple[str, ...], ...]) -
         for number in range(before, len(child.ctx.commands)):
             command = child.ctx.commands[number]
             child.ctx.commands[number] = Command(command.argv, command.origin, command.line,
-                                                 command.env, outer + command.outer)  # fmt: skip
+                                                 command.env, outer + command.outer,
+                                                 command.batch)  # fmt: skip
     return child.status
 
 
@@ -376,3 +386,29 @@ class Builtins:
 
     def output(self, shell: Shell, script: str) -> str | None:
         return pure_output(shell, script)
+
+
+def _reads_stdin(argv: list[str]) -> bool:
+    """`sbatch <<EOF` (the job script is the here-document), `bash <<EOF`, `sh -s <<EOF`."""
+    program = program_name(argv[0])
+    if program == "sbatch":
+        return True
+    return program in ("bash", "sh") and all(word.startswith("-") and word != "-c"
+                                             for word in argv[1:])  # fmt: skip
+
+
+def run_here_document(shell: Shell, argv: list[str], doc: HereDoc, env: dict[str, str]) -> int:
+    """Read the script a here-document gives `sbatch` or `bash` (expanded by this shell first,
+    unless its delimiter is quoted), in a shell of its own: a batch job for sbatch."""
+    text = "\n".join(doc.lines) + "\n"
+    if not doc.quoted:
+        text = shell.expand_string(parse_fragment(text, shell.source_stack[-1], doc.line))
+    if shell.depth >= MAX_DEPTH:
+        raise shell.fail("scripts call each other too deeply")
+    variables = {k: v for k, v in shell.vars.items() if k in shell.exported and isinstance(v, str)}
+    variables.update(env)
+    child = shell.child(shell.origin, [], variables)
+    child.source_stack = list(shell.source_stack)
+    if program_name(argv[0]) == "sbatch":
+        start_job(child, tuple(a for a in argv[1:] if a.startswith("-")) + sbatch_options(text))
+    return _run_child(child, lambda: child.run_text(text, shell.source_stack[-1], doc.line), ())

@@ -45,6 +45,7 @@ class Command:
     line: int
     env: Mapping[str, str]  # exported variables and the command's own NAME=value prefixes
     outer: tuple[tuple[str, ...], ...] = ()  # `srun ... bash -c "..."` around it, outermost first
+    batch: tuple[str, ...] = ()  # the #SBATCH options of the batch job it runs in
 
     @property
     def observed(self) -> tuple[str, ...]:

@@ -87,6 +87,7 @@ class Shell(Expansion):
         self.loops = 0  # loops running around the current command
         self.checked = 0  # > 0 while a status is being tested (`if`, `&&`, `!`): -e does not apply
         self.source_stack: list[str] = [origin]
+        self.batch: tuple[str, ...] = ()  # the #SBATCH options of the job it runs in
 
     # -------------------------------------------------------------------------- errors
 
@@ -189,7 +190,7 @@ class Shell(Expansion):
         """Return a new bash process started by this one (`bash -c`, `bash FILE`)."""
         child = Shell(self.ctx, self.commands, origin, positional, dict(variables), set(variables),
                       self.depth + 1)  # fmt: skip
-        child.line = self.line
+        child.line, child.batch = self.line, self.batch
         return child
 
     def fork(self) -> Shell:
@@ -200,6 +201,7 @@ class Shell(Expansion):
         child.functions = dict(self.functions)
         child.line, child.source_stack = self.line, list(self.source_stack)
         child.errexit, child.checked, child.nounset = self.errexit, self.checked, self.nounset
+        child.batch = self.batch
         return child
 
     def _run_group(self, node: Group) -> int:

@@ -7,7 +7,7 @@ errors name them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # ---------------------------------------------------------------------------------------- words
 
@@ -86,10 +86,22 @@ class Assign:
 
 
 @dataclass(slots=True)
+class HereDoc:
+    """A here-document (`<<EOF`): its lines, read after the command's line."""
+
+    delimiter: str
+    strip_tabs: bool
+    quoted: bool  # `<<'EOF'`: no expansion
+    line: int  # where its first line stands
+    lines: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class Simple:
     assigns: list[Assign]
     words: list[Word | Assign]  # an Assign among words: `declare -a A=( ... )`
     line: int
+    stdin: HereDoc | None = None  # a here-document on its input (`sbatch <<EOF`)
 
 
 @dataclass(slots=True)
