@@ -30,15 +30,17 @@ _STUB = """#!/bin/sh
   printf '@@end\\n'; } >> "$ARGV_LOG"
 """
 STUB_NAMES = ("torchrun", "python", "python3", "deepspeed", "srun", "mpirun")
+# `uv run CMD` runs CMD; sbatch runs the job script it reads on its input (a here-document)
+_PASSING = {"uv": '#!/bin/sh\nshift\nexec "$@"\n', "sbatch": "#!/bin/sh\nexec bash\n"}
 
 
 @pytest.fixture(scope="module")
 def stubs(tmp_path_factory):
     """A folder of stub launchers that print their argv, one per line, to $ARGV_LOG."""
     folder = tmp_path_factory.mktemp("stubs")
-    for name in STUB_NAMES:
+    for name in (*STUB_NAMES, *_PASSING):
         path = folder / name
-        path.write_text(_STUB)
+        path.write_text(_PASSING.get(name, _STUB))
         path.chmod(0o755)
     return folder
 
@@ -97,7 +99,8 @@ def _observed(argv: tuple[str, ...]) -> list[str]:
 
 
 @pytest.mark.parametrize("script", FIXTURES, ids=[path.stem for path in FIXTURES])
-def test_fixture_agrees_with_bash(script, stubs, tmp_path):
+def test_fixture_agrees_with_bash(script, stubs, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # $PWD and `pwd`: the folder the job starts in, for both
     given_settings = dict(
         item.split("=", 1) for item in (_header(script, "settings") or "").split() if item
     )

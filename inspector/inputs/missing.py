@@ -56,13 +56,14 @@ def raise_missing(missing: Collection[Missing], given: Collection[str]) -> None:
         item = left[0]
         raise InputError(f"{item.where}: {describe_unknown(item.unknown, item.what, item.shown)}")
     clauses, hints, by_flag = [], [], []
+    one_place = len({item.where for item in left}) == 1
     for item in left:
         unknown = item.unknown
         if item.shown != unknown.text:
             clause = f"{item.what} is {item.shown}, where {unknown.text} is a value {unknown.reason}"
         else:
             clause = f"{item.what} is {unknown.text}, {unknown.reason}"
-        clauses.append(f"{clause} ({item.where})")
+        clauses.append(clause if one_place else f"{clause} ({item.where})")
         if unknown.hint is None:
             by_flag.append(item.what)
         elif f"--set {unknown.hint}=VALUE" not in hints:
@@ -71,6 +72,6 @@ def raise_missing(missing: Collection[Missing], given: Collection[str]) -> None:
     if by_flag:
         how.append(f"give {', '.join(by_flag)} with {'its' if len(by_flag) == 1 else 'their'} "
                    "own flag instead")  # fmt: skip
-    origin = left[0].where.rsplit(" line ", 1)[0]
+    origin = left[0].where if one_place else left[0].where.rsplit(" line ", 1)[0]
     raise InputError(f"{origin}: the model and layout need {len(left)} values the script leaves "
                      f"unset: {'; '.join(clauses)}; {'; '.join(how)}")  # fmt: skip

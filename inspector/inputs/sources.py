@@ -102,7 +102,10 @@ def parse_launch_script(text: str, origin: str, settings: Mapping[str, str] | No
     flags = {BY_NAME[name].flag for name in args} | set(parsed.ignored)
     program, refused = program_checks(launch.argv, launch.ctx.show, flags, where)
     refused += parsed.refused
-    notes: tuple[str, ...] = (*launch.ctx.notes, *program)
+    own = f"{origin} line "  # the script's own lines: "line 12: ..." under "Note from SCRIPT"
+    read = (note.replace(own, "line ", 1) if note.startswith(own) else note
+            for note in launch.ctx.notes)  # fmt: skip
+    notes: tuple[str, ...] = (*read, *program)
     if "--tokenizer-type" in raw:
         raw = {flag: needs.need(value, flag, "vocab_size") or launch.ctx.show(value)
                for flag, value in raw.items()}  # fmt: skip
@@ -136,8 +139,15 @@ def interpret_launch(
     needs = Needs(ctx, where)
     world = world_of(command.argv, dict(command.env), where, needs.for_key(WORLD), command.batch,
                      command.outer)
-    launch = _Launch(command.argv, command.observed, command.origin, command.line, ctx)
+    observed = tuple(_as_bash(ctx, word) for word in command.observed if not ctx.is_unset(word))
+    launch = _Launch(command.argv, observed, command.origin, command.line, ctx)
     return launch, world, needs
+
+
+def _as_bash(ctx: Context, word: str) -> str:
+    """A word of the launch as bash passes it: placeholders' values; the rest shown as written."""
+    value = ctx.bash_value(word)
+    return value if value is not None else ctx.show(word)
 
 
 def _the_launch(ctx: Context, origin: str) -> Command:

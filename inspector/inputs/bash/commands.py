@@ -345,8 +345,10 @@ def pure_output(shell: Shell, script: str) -> str | None:
     argv = _argv(shell, node)
     if argv in (["pwd"], ["pwd", "-P"]):
         return (shell.lookup("PWD", None) or [""])[0]
-    if not argv or any(MARK.search(a) for a in argv):
+    known = [shell.ctx.bash_value(a) for a in argv or ()]
+    if not argv or any(a is None or shell.ctx.unset_in(b) for a, b in zip(known, argv)):
         return None
+    argv = [a or "" for a in known]
     if argv[0] == "dirname" and len(argv) == 2:
         return _dirname(argv[1])
     if argv[0] == "basename" and len(argv) in (2, 3):
