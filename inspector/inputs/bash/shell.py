@@ -4,8 +4,9 @@ Variables, arrays, quoting and word splitting, `$((..))`, the `${V:-x}` family, 
 `while` on values the script sets, functions, `source`, `eval` and `bash -c` are followed. Nothing is
 ever executed: other commands (`mkdir`, `rm`, `curl`, `sbatch`, ...) are skipped as if they succeeded,
 redirections write nothing, and `$(...)` is not run. A value the script does not set (the
-environment, `$1`, a command's output) becomes an Unknown marker; it is an error only where it matters
-(a condition, arithmetic, a modelled argument), and the error says how to give it: `--set NAME=VALUE`.
+environment, `$1`, a command's output) becomes an Unknown marker holding what bash reads (empty for an
+unset variable); conditions and arithmetic read that value, and the launch reader names the markers
+that reach a modelled argument (inspector.inputs.missing), with how to give them: `--set NAME=VALUE`.
 The training commands met on the way are collected as Commands for inspector.inputs.launch. Words are
 expanded by Shell's base class (shellexpand); what the whole reading shares is in shellcontext.
 """
