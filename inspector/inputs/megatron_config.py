@@ -22,8 +22,8 @@ from inspector.errors import ConfigError, InputError
 from inspector.inputs.arguments import BY_NAME
 from inspector.inputs.bash.context import Context
 from inspector.inputs.launch import is_launch
-from inspector.inputs.refusals import Refused, refused_argument, validate_args_refusals
 from inspector.inputs.missing import Needs
+from inspector.inputs.refusals import Refused, refused_argument, validate_args_refusals
 from inspector.inputs.sources import ScriptArgs, _arguments, _parse_config, convert
 from inspector.inputs.tokenizers import TOKENIZER_FLAGS, apply_tokenizer
 from inspector.inputs.unmodelled import IGNORED, REFUSED, RENAMED

@@ -20,7 +20,7 @@ from typing import Protocol
 from inspector.errors import InputError
 from inspector.inputs.bash.arith import evaluate_arith
 from inspector.inputs.bash.conditions import evaluate_test
-from inspector.inputs.bash.context import MARK, Context, Unknown, describe_unknown
+from inspector.inputs.bash.context import Context, Unknown, describe_unknown
 from inspector.inputs.bash.expand import Expansion
 from inspector.inputs.bash.parser import read_commands
 from inspector.inputs.bash.patterns import Glob, ere
@@ -37,9 +37,9 @@ from inspector.inputs.bash.runtime import (
     Return,
     Value,
     WorkExceeded,
+    as_array,
 )
 from inspector.inputs.bash.syntax import (
-    DQ,
     AndOr,
     ArithCmd,
     Assign,
@@ -51,13 +51,12 @@ from inspector.inputs.bash.syntax import (
     Group,
     If,
     Node,
-    Param,
-    Part,
     Pipeline,
     Seq,
     Simple,
     While,
     Word,
+    part_types,
 )
 from inspector.inputs.bash.words import parse_fragment
 
@@ -327,7 +326,7 @@ class Shell(Expansion):
         if assign.array is not None:
             elements = [v for w in assign.array for v in self.expand_fields(w)]
             old = self.vars.get(assign.name) if assign.append else None
-            base = _as_array(old) if old is not None else {}
+            base = as_array(old) if old is not None else {}
             start = max(base) + 1 if base else 0
             base.update({start + i: v for i, v in enumerate(elements)})
             if len(base) > MAX_ELEMENTS or sum(len(v) for v in base.values()) > MAX_VALUE:
@@ -337,11 +336,11 @@ class Shell(Expansion):
             return
         assert assign.value is not None
         value = self.expand_string(assign.value)
-        if self.ctx.bash_value(value) is None and CmdSub in _part_types(assign.value):
+        if self.ctx.bash_value(value) is None and CmdSub in part_types(assign.value):
             given = self.ctx.settings.get(assign.name)
             value = given if given is not None else self._command_output(assign, value)
         if assign.index is not None:
-            array = _as_array(self.vars.get(assign.name, {}))
+            array = as_array(self.vars.get(assign.name, {}))
             index = self.index_of(assign.index)
             array[index] = (array.get(index, "") + value) if assign.append else value
             if len(array[index]) > MAX_VALUE or len(array) > MAX_VALUE:
@@ -415,24 +414,3 @@ class Shell(Expansion):
 
 def _brief(text: str) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _as_array(value: Value | None) -> dict[int, str]:
-    if isinstance(value, dict):
-        return value
-    return {0: value} if value is not None else {}
-
-
-def _part_types(word: Word) -> set[type]:
-    found: set[type] = set()
-
-    def visit(parts: tuple[Part, ...]) -> None:
-        for part in parts:
-            found.add(type(part))
-            if isinstance(part, DQ):
-                visit(part.parts)
-            elif isinstance(part, Param) and part.arg is not None:
-                visit(part.arg.parts)
-
-    visit(word.parts)
-    return found

@@ -180,3 +180,19 @@ class ArithCmd:
 Node = (
     Simple | Pipeline | AndOr | Seq | If | Case | For | While | Group | FuncDef | CondExpr | ArithCmd
 )
+
+
+def part_types(word: Word) -> set[type]:
+    """The kinds of parts a word holds, inside quotes and `${V:-x}` defaults too."""
+    found: set[type] = set()
+
+    def visit(parts: tuple[Part, ...]) -> None:
+        for part in parts:
+            found.add(type(part))
+            if isinstance(part, DQ):
+                visit(part.parts)
+            elif isinstance(part, Param) and part.arg is not None:
+                visit(part.arg.parts)
+
+    visit(word.parts)
+    return found
