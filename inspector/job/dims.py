@@ -240,8 +240,8 @@ def live_microbatches(
     group = group_size or pp
     if chunks > 1:
         _check_interleaved(pp, num_microbatches, group)
-    order = _schedule_table(num_microbatches, chunks, group)
     warmup = warmup_steps(stage, pp, num_microbatches, chunks, group)
+    order = _schedule_table(_periods_kept(num_microbatches, chunks, group, warmup), chunks, group)
     live = [0] * chunks
     points: list[tuple[int, ...]] = []
     for step in range(len(order)):
@@ -250,6 +250,21 @@ def live_microbatches(
         if step >= warmup:  # steady state: the backward of step - warmup follows
             live[chunks - 1 - order[step - warmup]] -= 1
     return points
+
+
+def _periods_kept(num_microbatches: int, chunks: int, group: int, warmup: int) -> int:
+    """Return the micro-batches whose replay passes through every point the whole one does.
+
+    The order repeats with each full group (group x chunks forward steps), and a point depends
+    only on the last warmup + 1 steps: groups past the few that cover such a window, the first
+    and the last (partial) group add no new point, so a billion micro-batches replay as a few.
+    The returned count keeps the remainder modulo `group` (the last group's width).
+    """
+    window = -(-(warmup + 1) // (group * chunks))
+    keep = group * (window + 3)
+    if num_microbatches <= keep:
+        return num_microbatches
+    return num_microbatches - group * ((num_microbatches - keep) // group)
 
 
 def microbatches_in_flight(

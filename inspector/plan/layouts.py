@@ -16,16 +16,12 @@ from typing import Any
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
 from inspector.plan import caches
-from inspector.plan.request import Request
+from inspector.plan.request import Request, divisors
 from inspector.plan.split import Split, accounted_split, balance, even_split, split_flags
 
 
 def _powers(limit: int) -> list[int]:
     return [1 << k for k in range(limit.bit_length()) if (1 << k) <= limit]
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def _tp_choices(req: Request) -> list[int]:
@@ -51,7 +47,9 @@ def _expert_choices(req: Request, tp: int, cp: int, dp: int) -> list[tuple[int, 
     experts = req.model.num_experts
     if experts is None:
         return [(1, None)]
-    eps = [req.fixed["ep"]] if "ep" in req.fixed else [e for e in _divisors(experts)]
+    eps = [req.fixed["ep"]] if "ep" in req.fixed else [
+        e for e in divisors(experts) if experts // e <= req.local_experts_cap
+    ]
     etps = [req.fixed["etp"]] if "etp" in req.fixed else sorted({1, tp})
     return [
         (e, None if t == tp else t)
@@ -67,7 +65,7 @@ def layouts(req: Request) -> Iterator[Layout]:
         for cp in _cp_choices(req, tp):
             if req.gpus % (tp * cp):
                 continue
-            pps = [req.fixed["pp"]] if "pp" in req.fixed else _divisors(req.gpus // (tp * cp))
+            pps = [req.fixed["pp"]] if "pp" in req.fixed else divisors(req.gpus // (tp * cp))
             for pp in pps:
                 if pp > m.num_layers or req.gpus % (tp * cp * pp):
                     continue

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 from inspector.errors import ConfigError
+from inspector.job.build_limits import expert_cap
+from inspector.job.checks import check_built_layers
 from inspector.job.hardware import DEFAULT_EFFICIENCY, DEFAULT_GPU, Gpu, get_gpu, with_overrides
 from inspector.job.job import Training, make_training
 from inspector.job.model import ModelConfig, make_model_config
@@ -46,6 +50,12 @@ class Request:
         """Return the GPUs that share one NVLink domain."""
         return self.gpu.gpus_per_node
 
+    @cached_property
+    def local_experts_cap(self) -> int:
+        """Return the most experts per expert-parallel rank that `memory` builds (a plan it
+        cannot confirm is not offered): its cap over the MoE layers (docs/limits.md)."""
+        return expert_cap(self.model)[0] // max(1, moe_layers(self.model))
+
     @property
     def flash(self) -> bool:
         """Return whether the candidates run flash attention."""
@@ -85,12 +95,43 @@ def make_request(args: dict[str, Any], flags: PlanFlags) -> Request:
         attention_dropout=asked.attention_dropout,
         hidden_dropout=asked.hidden_dropout,
     )
+    model = make_model_config(args)
+    _check_sizes(model, flags.gpus)
     return Request(
-        model=make_model_config(args), gpus=flags.gpus, gpu=gpu,
+        model=model, gpus=flags.gpus, gpu=gpu,
         memory=round(gpu.memory_gib * (1 << 30)), global_batch_size=batch,
         efficiency=flags.efficiency, fixed=fixed,
         top=flags.top, training=training,
     )
+
+
+def divisors(n: int) -> list[int]:
+    """Return n's divisors, ascending, in sqrt(n) steps (--gpus may be 2**31 - 1)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
+def moe_layers(model: ModelConfig) -> int:
+    """Return the model's MoE layers (0 for a dense model)."""
+    if model.num_experts is None:
+        return 0
+    return sum(model.is_moe_layer(layer) for layer in range(model.num_layers))
+
+
+def _check_sizes(model: ModelConfig, gpus: int) -> None:
+    """Raise ConfigError where no plan could be confirmed by `memory` (docs/limits.md)."""
+    check_built_layers(model.num_layers)
+    if model.num_experts is None:
+        return
+    ep = max(d for d in divisors(model.num_experts) if d <= gpus)
+    cap, kind = expert_cap(model)
+    least = model.num_experts // ep * moe_layers(model)
+    if least > cap:
+        raise ConfigError(
+            f"--num-experts {model.num_experts} / the largest expert-parallel size that divides "
+            f"it within --gpus {gpus} ({ep}) x {moe_layers(model)} MoE layers = {least:,} {kind} "
+            f"per rank, more than the {cap:,} this tool builds (docs/limits.md)"
+        )
 
 
 def _check_counts(flags: PlanFlags) -> None:

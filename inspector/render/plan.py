@@ -114,8 +114,29 @@ def explain_plan(result: SearchResult, memory: int) -> str:
     return "\n".join(lines)
 
 
+MAX_TIMELINE_PASSES = 100_000  # forward and backward passes drawn (docs/limits.md)
+
+
+def _passes(plan: Plan) -> int:
+    """Return the forward and backward passes of one step over all ranks: what a timeline draws."""
+    lay = plan.job.layout
+    return 2 * plan.job.schedule().num_microbatches * lay.chunks * lay.pp
+
+
+def _too_long(plan: Plan) -> str | None:
+    """Return why the schedule is not drawn, or None when it is."""
+    passes = _passes(plan)
+    if passes <= MAX_TIMELINE_PASSES:
+        return None
+    return (f"Schedule of plan 1: not drawn ({passes:,} passes, more than the "
+            f"{MAX_TIMELINE_PASSES:,} drawn; docs/limits.md)")
+
+
 def render_timeline(plan: Plan, width: int = 72) -> str:
     """Return the 1F1B / interleaved schedule as stages x time: F forward, B backward, . idle."""
+    skipped = _too_long(plan)
+    if skipped is not None:
+        return skipped + "\n"
     rows = timeline(plan)
     end = max((t for row in rows for _, t, _ in row), default=1.0)
     lines = ["Schedule of plan 1 (F forward, B backward, . idle; one micro-batch pass per letter run):"]
@@ -190,6 +211,11 @@ def _rank_order(stage: int, pp: int, m: int, v: int) -> list[tuple[str, int, int
 
 def render_svg(plan: Plan) -> str:
     """Return the schedule timeline as an SVG picture."""
+    skipped = _too_long(plan)
+    if skipped is not None:
+        return ('<svg xmlns="http://www.w3.org/2000/svg" width="900" height="40" '
+                f'font-family="sans-serif" font-size="12"><text x="4" y="24">{skipped}</text>'
+                "</svg>\n")
     rows = timeline(plan)
     end = max((t for row in rows for _, t, _ in row), default=1.0)
     width, height, pad = 900, 24, 80
