@@ -121,6 +121,8 @@ def _finite_floats(command: Any) -> Any:
 
 def _option_for(spec: ArgSpec) -> inspect.Parameter:
     names = [spec.flag, *spec.aliases]
+    if spec.negatable:
+        names = [f"{spec.flag}/--no-{spec.flag[2:]}", *spec.aliases]
     annotation: Any = spec.type | None
     extra: dict[str, Any] = {}
     if spec.choices:

@@ -20,6 +20,9 @@ class ArgSpec:
     group: str  # "model" (architecture), "layout" (parallelism, optimizer sharding), "training"
     choices: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()  # extra spellings on our command line, e.g. "--tp"
+    # a `--no-` spelling on our command line: False, as a config file's `false` (what `plan`
+    # keeps off instead of searching; Megatron-LM's own default when the flag is absent)
+    negatable: bool = False
 
     @property
     def flag(self) -> str:
@@ -150,8 +153,14 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         str,
         'Megatron\'s layout string, e.g. "Et|tt|tt|ttL".',
     ),
-    _layout("sequence_parallel", bool, "Sequence parallelism (with tensor parallelism)."),
-    _layout("use_distributed_optimizer", bool, "Shard optimizer state across data-parallel ranks."),
+    _layout(
+        "sequence_parallel", bool, "Sequence parallelism (with tensor parallelism).",
+        negatable=True,
+    ),
+    _layout(
+        "use_distributed_optimizer", bool, "Shard optimizer state across data-parallel ranks.",
+        negatable=True,
+    ),
     _layout("overlap_grad_reduce", bool, "Overlap gradient reduction with backward (buckets)."),
     _layout("ddp_bucket_size", int, "Gradient bucket size in elements."),
     # Training (read by `memory` only; every command reads them from scripts without complaint).
@@ -167,7 +176,10 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         "Activation recomputation (none: keep everything).",
         choices=("none", "selective", "full"),
     ),
-    _training("use_flash_attn", bool, "Flash attention: no s x s score matrix is stored."),
+    _training(
+        "use_flash_attn", bool, "Flash attention: no s x s score matrix is stored.",
+        negatable=True,
+    ),
     _training(
         "accumulate_allreduce_grads_in_fp32",
         bool,

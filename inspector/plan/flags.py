@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from inspector.job.job import Job, Training
-from inspector.plan.split import Split, split_flags
+from inspector.plan.split import Split
 
 
 def megatron_flags(job: Job, split: Split) -> list[str]:
     """Return the launch-script flags of a plan: parallel sizes, split, batch, recompute, dtype."""
     training = job.training
-    out = _parallel_flags(job) + _split_flags(job, split)
+    out = _parallel_flags(job) + _split_flags(job)
     out += [
         f"--micro-batch-size {training.micro_batch_size}",
         f"--global-batch-size {training.global_batch_size}",
@@ -40,16 +40,18 @@ def _parallel_flags(job: Job) -> list[str]:
     return out
 
 
-def _split_flags(job: Job, split: Split) -> list[str]:
-    lay, model = job.layout, job.model
-    out = []
-    mtp = model.mtp_num_layers or 0
-    for name, value in split_flags(split, model.num_layers, lay.pp, lay.chunks, mtp).items():
-        flag = "--" + name.replace("_", "-")
-        if value is True:
-            out.append(flag)
-        else:
-            out.append(f"{flag} {value!r}" if isinstance(value, str) else f"{flag} {value}")
+def _split_flags(job: Job) -> list[str]:
+    """Return the layout's own split flags (layouts.layout_for put them there), as typed."""
+    lay = job.layout
+    if lay.pipeline_model_parallel_layout is not None:
+        return [f"--pipeline-model-parallel-layout {lay.pipeline_model_parallel_layout!r}"]
+    out = [f"--num-virtual-stages-per-pipeline-rank {lay.chunks}"] if lay.chunks > 1 else []
+    for name in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"):
+        if getattr(lay, name) is not None:
+            out.append(f"--{name.replace('_', '-')} {getattr(lay, name)}")
+    for name in ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"):
+        if getattr(lay, name):
+            out.append("--" + name.replace("_", "-"))
     return out
 
 

@@ -15,9 +15,17 @@ from typing import Any
 
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
+from inspector.job.pipeline_layout import expand_layout
 from inspector.plan import caches
 from inspector.plan.request import Request, divisors
-from inspector.plan.split import Split, accounted_split, balance, even_split, split_flags
+from inspector.plan.split import (
+    Split,
+    accounted_split,
+    balance,
+    even_split,
+    pinned_split,
+    split_flags,
+)
 
 
 def _powers(limit: int) -> list[int]:
@@ -73,13 +81,17 @@ def layouts(req: Request) -> Iterator[Layout]:
                 if req.global_batch_size % dp:
                     continue
                 for ep, etp in _expert_choices(req, tp, cp, dp):
-                    sp = tp > 1 and sp_ok
+                    # --sequence-parallel as given (Megatron-LM turns it off at tp 1), else on
+                    sp = tp > 1 and req.fixed.get("sp", sp_ok)
                     if m.num_experts is not None and tp > 1 and not sp:
                         continue
                     yield Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, sequence_parallel=sp)
 
 
 def vpp_choices(req: Request, pp: int, m: int) -> list[int]:
+    pinned = _pinned_vpp(req, pp)
+    if pinned is not None:
+        return pinned
     if "vpp" in req.fixed:
         return [req.fixed["vpp"]]
     if pp == 1:
@@ -92,14 +104,36 @@ def vpp_choices(req: Request, pp: int, m: int) -> list[int]:
     return out
 
 
-def layout_for(lay: Layout, model: ModelConfig, split: Split, vpp: int) -> Layout | None:
-    """Return the Layout megatron would get from the split's flags (None if they are invalid)."""
-    return _layout_for(lay, model.num_layers, model.mtp_num_layers or 0, split, vpp)
+def _pinned_vpp(req: Request, pp: int) -> list[int] | None:
+    """Return the virtual pipeline size a pinned layout string or layers per chunk gives."""
+    pin = req.fixed.get("pin", {})
+    if "pipeline_model_parallel_layout" in pin:
+        stages = len(expand_layout(pin["pipeline_model_parallel_layout"]))
+        # megatron-core's schedule without pipelining refuses more than one model chunk
+        return [stages // pp] if stages % pp == 0 and (pp > 1 or stages == 1) else []
+    per_chunk = req.fixed.get("layers_per_chunk")
+    if per_chunk is None:
+        return None
+    # Megatron-LM: (layers per stage) // (layers per virtual stage), with pp > 1
+    v = (req.model.num_layers // pp) // per_chunk
+    return [v] if pp > 1 and v >= 1 else []
+
+
+def layout_for(
+    lay: Layout, model: ModelConfig, split: Split, vpp: int, pin: tuple[Any, ...] = ()
+) -> Layout | None:
+    """Return the Layout megatron would get from the split's flags (None if they are invalid).
+
+    `pin`: the user's own split flags, (name, value) pairs, kept as given.
+    """
+    return _layout_for(lay, model.num_layers, model.mtp_num_layers or 0, split, vpp, pin)
 
 
 @caches.memo(maxsize=65536)
-def _layout_for(lay: Layout, num_layers: int, mtp: int, split: Split, vpp: int) -> Layout | None:
-    flags = split_flags(split, num_layers, lay.pp, vpp, mtp)
+def _layout_for(
+    lay: Layout, num_layers: int, mtp: int, split: Split, vpp: int, pin: tuple[Any, ...]
+) -> Layout | None:
+    flags = dict(pin) if pin else split_flags(split, num_layers, lay.pp, vpp, mtp)
     if mtp and "pipeline_model_parallel_layout" in flags and not mtp_in_layouts():
         return None
     values: dict[str, Any] = {"vpp": vpp if vpp > 1 else None}
@@ -131,6 +165,9 @@ def splits(req: Request, lay: Layout, v: int, first: float, last: float) -> list
     found: list[Split] = []
     if "split" in req.fixed:
         return [req.fixed["split"]]
+    if "pin" in req.fixed:
+        pinned = pinned_split(req.fixed["pin"], layers, lay.pp, v)
+        return [pinned] if pinned is not None else []
     for candidate in (
         even_split(layers, stages),
         accounted_split(layers, stages, True, True),

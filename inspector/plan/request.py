@@ -13,6 +13,7 @@ from inspector.job.checks import check_built_layers
 from inspector.job.hardware import DEFAULT_EFFICIENCY, DEFAULT_GPU, Gpu, get_gpu, with_overrides
 from inspector.job.job import Training, make_training
 from inspector.job.model import ModelConfig, make_model_config
+from inspector.plan.split import PIN_FLAGS
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,17 @@ class Request:
         cannot confirm is not offered): its cap over the MoE layers (docs/limits.md)."""
         return expert_cap(self.model)[0] // max(1, moe_layers(self.model))
 
+    def pinned_text(self) -> str:
+        """Return ` with FLAG VALUE ...` for the split flags the user pinned ('' for none)."""
+        pin = dict(self.fixed.get("pin", {}))
+        if "layers_per_chunk" in self.fixed:
+            pin["num_layers_per_virtual_pipeline_stage"] = self.fixed["layers_per_chunk"]
+        words = [
+            "--" + name.replace("_", "-") + ("" if value is True else f" {value}")
+            for name, value in pin.items()
+        ]
+        return " with " + " ".join(words) if words else ""
+
     @property
     def flash(self) -> bool:
         """Return whether the candidates run flash attention."""
@@ -87,8 +99,7 @@ def make_request(args: dict[str, Any], flags: PlanFlags) -> Request:
         raise ConfigError("--global-batch-size is required: the plan splits it over data parallel")
     gpu = _plan_gpu(flags)
     fixed = {short: args[name] for name, short in FIXED.items() if args.get(name) is not None}
-    if args.get("use_distributed_optimizer"):
-        fixed["distopt"] = True
+    fixed.update(pinned(args))
     asked = make_training(args)  # Megatron-LM's rules for the flags a plan keeps as given
     training = Training(
         fp32_grads=asked.fp32_grads,
@@ -101,8 +112,43 @@ def make_request(args: dict[str, Any], flags: PlanFlags) -> Request:
         model=model, gpus=flags.gpus, gpu=gpu,
         memory=round(gpu.memory_gib * (1 << 30)), global_batch_size=batch,
         efficiency=flags.efficiency, fixed=fixed,
-        top=flags.top, training=training,
+        top=flags.top, training=training, flash_attention=_flash(args),
     )
+
+
+# Megatron-LM's on/off arguments -> what `plan` keeps as given (absent: searched)
+SWITCHES = {"use_distributed_optimizer": "distopt", "sequence_parallel": "sp"}
+
+
+def pinned(args: dict[str, Any]) -> dict[str, Any]:
+    """Return what the user fixed beyond the sizes: the optimizer and sequence parallelism on or
+    off (`--no-...`, a config file's `false`), the layer split's flags, layers per chunk."""
+    fixed: dict[str, Any] = {
+        short: bool(args[name]) for name, short in SWITCHES.items() if args.get(name) is not None
+    }
+    pin = {
+        name: args[name] for name in PIN_FLAGS
+        if args.get(name) is not None and args[name] is not False
+    }
+    if pin:
+        fixed["pin"] = pin
+    if args.get("num_layers_per_virtual_pipeline_stage") is not None:
+        fixed["layers_per_chunk"] = args["num_layers_per_virtual_pipeline_stage"]
+    return fixed
+
+
+def _flash(args: dict[str, Any]) -> bool | None:
+    """Return flash attention as the user fixed it (None: searched as on in 16 bits).
+
+    Megatron-LM's meaning: --use-flash-attn on, --no-use-flash-attn (a config file's `false`) or
+    --attention-backend unfused/local off, flash/fused on; auto leaves it to the plan.
+    """
+    backend = args.get("attention_backend")
+    if args.get("use_flash_attn") is False:
+        return False
+    if args.get("use_flash_attn") or backend in ("flash", "fused"):
+        return True
+    return False if backend in ("unfused", "local") else None
 
 
 def divisors(n: int) -> list[int]:

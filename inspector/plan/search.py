@@ -60,6 +60,7 @@ def settings(req: Request) -> Iterator[Setting]:
     The key (base layout, vpp, split, distopt) names what no recomputation may fit.
     """
     mbs_choices = [req.fixed["mbs"]] if "mbs" in req.fixed else [1, 2, 4, 8]
+    pin = tuple(sorted(req.fixed.get("pin", {}).items()))
     for base in layouts(req):
         first, last = extras(Job(req.model, Layout(tp=base.tp)))
         for mbs in mbs_choices:  # ascending: what does not fit at b does not fit at 2b
@@ -71,7 +72,7 @@ def settings(req: Request) -> Iterator[Setting]:
                 for distopt in distopts(req, base):
                     capped = capped_split(req, base, v, tried, mbs, distopt, req.flash, first, last)
                     for split in tried + ([capped] if capped and capped not in tried else []):
-                        lay = layout_for(base, req.model, split, v)
+                        lay = layout_for(base, req.model, split, v, pin)
                         if lay is not None:
                             yield (base, v, split, distopt), lay, split, mbs, distopt
 
@@ -122,8 +123,9 @@ def search(req: Request, progress: Callable[[int, int], None] | None = None) -> 
     if not tally.any_layout:
         raise ConfigError(
             f"--gpus {req.gpus} admits no layout Megatron-LM accepts for this model and "
-            f"--global-batch-size {req.global_batch_size} (tp x cp x pp x dp must equal the GPUs, "
-            "dp must divide the global batch, tp must divide the heads and query groups)"
+            f"--global-batch-size {req.global_batch_size}{req.pinned_text()} (tp x cp x pp x dp "
+            "must equal the GPUs, dp must divide the global batch, tp must divide the heads and "
+            "query groups)"
         )
     feasible, smallest = tally.feasible, tally.smallest
     feasible.sort(key=lambda p: (p.time.seconds, p.peak))

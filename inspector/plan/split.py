@@ -12,8 +12,10 @@ count them) instead of GPU profiles, with a per-stage memory cap on the layer co
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
+from inspector.job.pipeline_layout import expand_layout
 from inspector.plan import caches
 
 Split = tuple[int, ...]
@@ -118,6 +120,49 @@ def split_flags(
     parts[-1] = parts[-1] + "m" * mtp + "L"
     flags["pipeline_model_parallel_layout"] = "|".join(parts)
     return flags
+
+
+# Megatron-LM's flags that fix the layer split; `plan` keeps what the user gave (request.PIN)
+PIN_FLAGS = (
+    "decoder_first_pipeline_num_layers",
+    "decoder_last_pipeline_num_layers",
+    "account_for_embedding_in_pipeline_split",
+    "account_for_loss_in_pipeline_split",
+    "pipeline_model_parallel_layout",
+)
+
+
+def pinned_split(pin: Mapping[str, Any], layers: int, pp: int, vpp: int) -> Split | None:
+    """Return the split megatron-core makes of the pinned flags at pp x vpp (None: it refuses).
+
+    A layout string gives each virtual stage's `t`s; --decoder-first/last-pipeline-num-layers
+    the end ranks' layers, the rest even over the middle ranks, each rank's layers even over its
+    chunks (TransformerConfig's uneven-pipeline rules); the account flags count the embedding
+    and the loss as a layer each (`accounted_split`).
+    """
+    text = pin.get("pipeline_model_parallel_layout")
+    if text is not None:
+        stages = expand_layout(text)
+        return tuple(s.count("t") for s in stages) if len(stages) == pp * vpp else None
+    first = pin.get("decoder_first_pipeline_num_layers")
+    last = pin.get("decoder_last_pipeline_num_layers")
+    if first is None and last is None:
+        return accounted_split(
+            layers, pp * vpp, bool(pin.get("account_for_embedding_in_pipeline_split")),
+            bool(pin.get("account_for_loss_in_pipeline_split")),
+        )
+    middle = pp - (first is not None) - (last is not None)
+    rest = layers - (first or 0) - (last or 0)
+    if middle < 0 or rest < 0 or (middle == 0) != (rest == 0) or (middle and rest % middle):
+        return None
+    ranks = [rest // middle if middle else 0] * pp
+    if first is not None:
+        ranks[0] = first
+    if last is not None:
+        ranks[-1] = last
+    if any(n % vpp for n in ranks):
+        return None
+    return tuple(ranks[r] // vpp for _ in range(vpp) for r in range(pp))
 
 
 def chunk_layers(split: Sequence[int], pp: int, vpp: int) -> list[list[list[int]]]:

@@ -1,0 +1,167 @@
+"""`plan` keeps what the user pinned (issue 30): the layer split's flags as Megatron-LM means them,
+the distributed optimizer, sequence parallelism and flash attention on or off; and `memory`
+confirms every plan `plan` prints (same fit verdict, same state bytes). Through the real CLI, in
+subprocesses whose timeout fails the test."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+TIMEOUT = 300  # seconds, on two shared cores
+GIB = 1 << 30
+
+
+def cli(command: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "inspector", command, "--no-cache", *args],
+        capture_output=True, text=True, timeout=TIMEOUT, check=False,
+    )
+
+
+def plans(*args: str) -> dict[str, Any]:
+    result = cli("plan", "--format", "json", *args)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)  # type: ignore[no-any-return]
+
+
+def refused(*args: str) -> str:
+    result = cli("plan", *args)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and "Traceback" not in result.stderr
+    return lines[0]
+
+
+META_FLAGS = (
+    "--model", "llama3.1-405b", "--seq-length", "8192", "--bf16", "--global-batch-size", "2048",
+    "--attention-dropout", "0", "--hidden-dropout", "0", "--grad-reduce-in-bf16",
+)
+META_LAYOUT = (
+    "--tp", "8", "--pp", "16", "--cp", "1", "--num-virtual-stages-per-pipeline-rank", "8",
+    "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
+    "--micro-batch-size", "1", "--use-distributed-optimizer", "--recompute-granularity", "none",
+)
+
+
+def test_meta_s_405b_layout_pinned_from_the_command_line_is_reproduced_exactly() -> None:
+    from tests.test_plan_published import meta_405b
+
+    found = plans("--gpus", "16384", *META_FLAGS, *META_LAYOUT, "--top", "1")["plans"]
+    assert len(found) == 1
+    plan, meta = found[0], meta_405b(8, "none")
+    assert plan["split"] == list(meta.split) == [0] + [1] * 126 + [0]  # type: ignore[attr-defined]
+    assert plan["layout"] == {"tp": 8, "pp": 16, "dp": 128, "cp": 1, "ep": 1, "etp": 8,
+                              "vpp": 8, "sequence_parallel": True}
+    for printed, priced in zip(plan["stages"], meta.stages, strict=True):  # type: ignore[attr-defined]
+        for field in ("weights", "gradients", "optimizer", "activations", "total"):
+            assert printed[field] == getattr(priced, field), field
+    assert plan["step_seconds"] == pytest.approx(meta.time.seconds, rel=1e-12)  # type: ignore[attr-defined]
+    for flag in ("--num-virtual-stages-per-pipeline-rank 8",
+                 "--account-for-embedding-in-pipeline-split",
+                 "--account-for-loss-in-pipeline-split", "--use-distributed-optimizer"):
+        assert flag in plan["flags"]
+
+
+def test_first_and_last_stage_layers_are_kept_as_megatron_splits_them() -> None:
+    found = plans("--gpus", "8", "--global-batch-size", "64", "--pp", "4",
+                  "--decoder-first-pipeline-num-layers", "2",
+                  "--decoder-last-pipeline-num-layers", "2")["plans"]
+    assert found
+    for plan in found:  # 12 layers: 2, then 8 over the 2 middle stages, then 2; any vpp
+        assert [sum(plan["split"][r::4]) for r in range(4)] == [2, 4, 4, 2], plan["split"]
+        assert "--decoder-first-pipeline-num-layers 2" in plan["flags"]
+        assert "--decoder-last-pipeline-num-layers 2" in plan["flags"]
+
+
+def test_first_stage_layers_with_a_searched_pipeline_size() -> None:
+    found = plans("--gpus", "8", "--global-batch-size", "64",
+                  "--decoder-first-pipeline-num-layers", "4", "--top", "20")["plans"]
+    assert found
+    for plan in found:
+        pp = plan["layout"]["pp"]
+        assert pp > 1 and sum(plan["split"][::pp]) == 4, plan["split"]
+
+
+def test_a_layout_string_is_kept() -> None:
+    text = "Ettt|ttt|ttt|tttL"
+    found = plans("--gpus", "8", "--global-batch-size", "64",
+                  "--pipeline-model-parallel-layout", text)["plans"]
+    assert found
+    for plan in found:
+        # four virtual stages: pp 4, or pp 2 with 2 chunks each (megatron's vpp = stages / pp)
+        assert plan["layout"]["pp"] * plan["layout"]["vpp"] == 4 and plan["layout"]["pp"] > 1
+        assert plan["split"] == [3, 3, 3, 3]
+        assert f"--pipeline-model-parallel-layout '{text}'" in plan["flags"]
+
+
+@pytest.mark.parametrize(("flags", "refusal"), [
+    (("--pp", "4", "--decoder-first-pipeline-num-layers", "13"),
+     "--decoder-first-pipeline-num-layers 13"),
+    (("--decoder-first-pipeline-num-layers", "5", "--decoder-last-pipeline-num-layers", "5",
+      "--pp", "3"), "--decoder-last-pipeline-num-layers 5"),
+    (("--pipeline-model-parallel-layout", "Ett|ttL"), "--pipeline-model-parallel-layout Ett|ttL"),
+    (("--pp", "2", "--account-for-loss-in-pipeline-split"),
+     "--account-for-loss-in-pipeline-split"),
+])
+def test_a_pinned_split_megatron_refuses_is_refused_naming_the_flag(
+    flags: tuple[str, ...], refusal: str,
+) -> None:
+    assert refusal in refused("--gpus", "8", "--global-batch-size", "64", *flags)
+
+
+def test_the_distributed_optimizer_can_be_off() -> None:
+    found = plans("--gpus", "8", "--global-batch-size", "64", "--no-use-distributed-optimizer",
+                  "--top", "20")["plans"]
+    assert found and not any(p["distributed_optimizer"] for p in found)
+    found = plans("--gpus", "8", "--global-batch-size", "64", "--use-distributed-optimizer",
+                  "--top", "20")["plans"]
+    assert found and all(p["distributed_optimizer"] for p in found)
+
+
+def test_sequence_parallelism_can_be_off() -> None:
+    found = plans("--gpus", "8", "--global-batch-size", "64", "--tp", "2",
+                  "--no-sequence-parallel", "--top", "20")["plans"]
+    assert found and not any(p["layout"]["sequence_parallel"] for p in found)
+    assert not any("--sequence-parallel" in p["flags"] for p in found)
+
+
+@pytest.mark.parametrize("off", [("--no-use-flash-attn",), ("--attention-backend", "unfused")])
+def test_flash_attention_can_be_off(off: tuple[str, ...]) -> None:
+    found = plans("--gpus", "8", "--global-batch-size", "64", "--bf16", *off,
+                  "--top", "20")["plans"]
+    assert found and not any("--use-flash-attn" in p["flags"] for p in found)
+    on = plans("--gpus", "8", "--global-batch-size", "64", "--bf16", "--top", "1")["plans"]
+    assert "--use-flash-attn" in on[0]["flags"]
+
+
+# `memory` confirms every plan `plan` prints: (plan's own flags, the model's flags)
+SEARCHES = [
+    (("--gpus", "8"), ("--global-batch-size", "64")),
+    (("--gpus", "16", "--gpu-memory", "4"), ("--model", "gpt2-medium", "--global-batch-size", "64")),
+    (("--gpus", "8"), ("--num-experts", "4", "--disable-bias-linear", "--global-batch-size", "32")),
+]
+
+
+@pytest.mark.parametrize(("own", "model"), SEARCHES, ids=["dense", "recompute-pp", "moe"])
+def test_memory_confirms_every_printed_plan(own: tuple[str, ...], model: tuple[str, ...]) -> None:
+    out = plans(*own, *model, "--top", "3")
+    budget = out["gpu_memory_bytes"]
+    assert out["plans"]
+    for plan in out["plans"]:
+        flags = [word for flag in plan["flags"] for word in shlex.split(flag)]
+        result = cli("memory", "--format", "json", *model, *flags,
+                     "--dp", str(plan["layout"]["dp"]), "--gpu-memory", str(budget / GIB))
+        assert result.returncode == 0, (plan["flags"], result.stderr)
+        confirmed = json.loads(result.stdout)["stages"]
+        assert len(confirmed) == len(plan["stages"])
+        for printed, built in zip(plan["stages"], confirmed, strict=True):
+            for field in ("weights", "gradients", "optimizer"):
+                assert printed[field] == built[field], (plan["flags"], field)
+            assert printed["activations"] == built["activations"]["total"], plan["flags"]
+            assert (printed["total"] <= budget) == built["fits"] is True, plan["flags"]
