@@ -213,15 +213,21 @@ def split_arguments(words: list[str], needs: Needs, ctx: Context,
                 raw[flag] = value
             skipped.add(flag, value, where)
             continue
-        if spec.type is bool:
-            args[spec.name] = True
-            continue
-        if value is None:
-            raise ConfigError(f"{where}: {spec.flag} has no value")
-        known = needs.need(value, spec.flag, spec.name)
-        if known is not None:
-            args[spec.name] = convert(spec, known, where)
+        _take_modelled(spec, value, needs, args)
     return skipped.script_args(args)
+
+
+def _take_modelled(spec: ArgSpec, value: str | None, needs: Needs, args: dict[str, Any]) -> None:
+    """Record a modelled flag: a switch is True; a value a flag needs but the script leaves unset
+    is missing (`needs` records it)."""
+    if spec.type is bool:
+        args[spec.name] = True
+        return
+    if value is None:
+        raise ConfigError(f"{needs.where}: {spec.flag} has no value")
+    known = needs.need(value, spec.flag, spec.name)
+    if known is not None:
+        args[spec.name] = convert(spec, known, needs.where)
 
 
 @dataclass

@@ -208,7 +208,7 @@ _KEPT = 64  # stages kept per process: a planner or a test suite asks for the sa
 def _build_stage(builder: Any, job: Job, stage: int, expert_rank: int) -> list[StageModel]:
     """Build one stage on one expert-parallel rank, or return the same stage built before.
 
-    The data-parallel size changes nothing megatron builds (world_setup.simulated_dp), so it is not
+    The data-parallel size changes nothing megatron builds (setup.simulated_dp), so it is not
     part of the key; the builder is, so a replaced builder never sees another's results.
     """
     key = (builder, job.model, replace(job.layout, dp=1), stage, expert_rank)

@@ -1,5 +1,5 @@
-"""Parse bash launch scripts (never run): a recursive-descent parser, over shelllex's tokens, for
-the subset that inspector.inputs.bash.shell interprets; it returns shellast's syntax tree."""
+"""Parse bash launch scripts (never run): a recursive-descent parser, over lexer.py's tokens, for
+the subset that inspector.inputs.bash.shell interprets; it returns syntax.py's syntax tree."""
 
 from __future__ import annotations
 

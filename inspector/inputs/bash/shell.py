@@ -8,7 +8,7 @@ environment, `$1`, a command's output) becomes an Unknown marker holding what ba
 unset variable); conditions and arithmetic read that value, and the launch reader names the markers
 that reach a modelled argument (inspector.inputs.missing), with how to give them: `--set NAME=VALUE`.
 The training commands met on the way are collected as Commands for inspector.inputs.launch. Words are
-expanded by Shell's base class (shellexpand); what the whole reading shares is in shellcontext.
+expanded by Shell's base class (expand.py); what the whole reading shares is in context.py.
 """
 
 from __future__ import annotations
