@@ -165,3 +165,14 @@ def test_memory_confirms_every_printed_plan(own: tuple[str, ...], model: tuple[s
                 assert printed[field] == built[field], (plan["flags"], field)
             assert printed["activations"] == built["activations"]["total"], plan["flags"]
             assert (printed["total"] <= budget) == built["fits"] is True, plan["flags"]
+
+
+def test_layers_per_virtual_stage_are_kept() -> None:
+    found = plans("--gpus", "8", "--global-batch-size", "64",
+                  "--num-layers-per-virtual-pipeline-stage", "2", "--top", "20")["plans"]
+    assert found
+    for plan in found:  # every chunk 2 layers: vpp = (12 / pp) / 2
+        assert set(plan["split"]) == {2} and plan["layout"]["vpp"] * plan["layout"]["pp"] == 6
+    assert "--num-layers-per-virtual-pipeline-stage cannot be combined" in refused(
+        "--gpus", "8", "--global-batch-size", "64", "--num-layers-per-virtual-pipeline-stage", "2",
+        "--decoder-first-pipeline-num-layers", "2")

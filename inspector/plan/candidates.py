@@ -200,7 +200,7 @@ def capped_split(
     a rank's budget, less its embedding / output state, is shared evenly by its v chunks. The
     caps are an estimate for the DP only; the split it returns is priced exactly like any other.
     """
-    if base.pp == 1 or "split" in req.fixed or "pin" in req.fixed or not splits:
+    if base.pp == 1 or not splits or {"split", "pin", "layers_per_chunk"} & req.fixed.keys():
         return None
     lay = layout_for(base, req.model, splits[0], v)
     job = candidate_job(req, lay, mbs, "none", distopt, flash) if lay else None

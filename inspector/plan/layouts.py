@@ -168,6 +168,9 @@ def splits(req: Request, lay: Layout, v: int, first: float, last: float) -> list
     if "pin" in req.fixed:
         pinned = pinned_split(req.fixed["pin"], layers, lay.pp, v)
         return [pinned] if pinned is not None else []
+    if "layers_per_chunk" in req.fixed:  # Megatron-LM: every chunk that many layers
+        even = even_split(layers, stages)
+        return [even] if even is not None and even[0] == req.fixed["layers_per_chunk"] else []
     for candidate in (
         even_split(layers, stages),
         accounted_split(layers, stages, True, True),

@@ -133,6 +133,12 @@ def pinned(args: dict[str, Any]) -> dict[str, Any]:
     if pin:
         fixed["pin"] = pin
     if args.get("num_layers_per_virtual_pipeline_stage") is not None:
+        if "decoder_first_pipeline_num_layers" in pin or "decoder_last_pipeline_num_layers" in pin:
+            raise ConfigError(
+                "--num-layers-per-virtual-pipeline-stage cannot be combined with "
+                "--decoder-first/last-pipeline-num-layers (Megatron-LM rejects it); use "
+                "--num-virtual-stages-per-pipeline-rank"
+            )
         fixed["layers_per_chunk"] = args["num_layers_per_virtual_pipeline_stage"]
     return fixed
 
