@@ -65,7 +65,7 @@ def topology(
     use_cache: bool,
     fmt: Any = _format_option(TopologyFormat.line, "line (ProcessCoord map) or table."),
 ) -> None:
-    """Print the rank map: each rank's pipeline, data and model coordinates."""
+    """Print the rank map: each global rank's pipeline, data and model coordinates."""
 
     def produce() -> str:
         from inspector.job.layout import rank_map_layout
@@ -84,9 +84,10 @@ def params(
     stage: int | None = _stage_option("Keep just this pipeline stage."),
     rank: int | None = _rank_option("Write the file global rank R writes."),
     partitioning: Any = typer.Option(
-        Partitioning.layers.value,
+        None,
         "--partitioning",
-        help="Optimizer ownership: layers, cost or distopt.",
+        help="Optimizer ownership: layers (default), cost or distopt (the default with "
+        "--use-distributed-optimizer).",
         click_type=_Choice(Partitioning),
     ),
     block_size: int = typer.Option(0, "--block-size", help="Shampoo block size (0 = off)."),
@@ -100,7 +101,10 @@ def params(
         rich_help_panel=OUTPUT_HELP,
     ),
 ) -> None:
-    """Print the per-stage parameter / partition table."""
+    """Print every parameter each pipeline stage holds: local shape, owner, preconditioners."""
+    if partitioning is None:  # megatron's own shards when the job uses its distributed optimizer
+        layers_or_distopt = args.get("use_distributed_optimizer")
+        partitioning = Partitioning.distopt if layers_or_distopt else Partitioning.layers
 
     def produce() -> str:
         from inspector.render.params import render_params
@@ -140,22 +144,22 @@ def memory(
         None, "--gpu-memory", help="GPU memory in GiB: say which stages fit."
     ),
     gpu_tflops: float | None = typer.Option(
-        None, "--gpu-tflops", help="Peak TFLOP/s per GPU: print the time per iteration."
+        None, "--gpu-tflops", help="Peak TFLOP/s per GPU: print the time."
     ),
     mfu: float | None = typer.Option(
-        None, "--mfu", help="Model FLOPs utilisation for that time, in (0, 1] (default 1)."
+        None, "--mfu", help="Fraction of the peak reached (default 1)."
     ),
     ulysses_degree: int | None = typer.Option(
-        None, "--ulysses-degree", help="Add a Ulysses all-to-all table to the walkthrough."
+        None, "--ulysses-degree", help="Add a Ulysses table to the walkthrough."
     ),
     walkthrough: bool = typer.Option(
         False,
         "--attention-walkthrough",
-        help="Print one attention layer on one rank, step by step, instead of the report.",
+        help="Walk one attention layer step by step.",
     ),
     output: str | None = _output_option(),
 ) -> None:
-    """Print what each rank needs to train: weights, grads, optimizer, activations, FLOPs."""
+    """Print what each stage's GPUs need to train: weights, gradients, optimizer, activations, FLOPs."""
     if walkthrough:
         from inspector.report.memory import check_walkthrough_flags
 
@@ -256,7 +260,7 @@ def diff(
     ),
     fmt: Any = _format_option(DiffFormat.text, "text, markdown (a PR comment) or json."),
 ) -> None:
-    """Compare two params tables: exit 0 when equal, 1 when they differ."""
+    """Compare two params tables: exit 0 when they are equal, 1 when they differ."""
     from inspector.render.diff import render_diff
     from inspector.report.diff import diff_files
 
@@ -267,7 +271,7 @@ def diff(
 
 @app.command(cls=_PanelCommand)
 def models() -> None:
-    """List the model presets with their key sizes."""
+    """List the model presets with their sizes and sources."""
     from inspector.render.models import render_presets
 
     sys.stdout.write(render_presets())
@@ -280,29 +284,29 @@ def plan(
     use_cache: bool,
     gpus: int = typer.Option(..., "--gpus", help="GPUs in the cluster."),
     gpu_memory: float | None = typer.Option(
-        None, "--gpu-memory", help="GPU memory in GiB (default: the --gpu profile's)."
+        None, "--gpu-memory", help="GiB per GPU (default: the profile's)."
     ),
     gpu: str = typer.Option("h100", "--gpu", help="GPU profile: h100, h200 or a100-80gb."),
     gpus_per_node: int = typer.Option(8, "--gpus-per-node", help="GPUs per node (NVLink domain)."),
     gpu_tflops: float | None = typer.Option(
-        None, "--gpu-tflops", help="Override the profile's dense 16-bit peak TFLOP/s."
+        None, "--gpu-tflops", help="Dense 16-bit peak (default: the profile's)."
     ),
     intra_bandwidth: float | None = typer.Option(
-        None, "--intra-node-bandwidth", help="Override NVLink GB/s per GPU, one direction."
+        None, "--intra-node-bandwidth", help="NVLink GB/s per GPU, each way."
     ),
     inter_bandwidth: float | None = typer.Option(
-        None, "--inter-node-bandwidth", help="Override InfiniBand GB/s per GPU, one direction."
+        None, "--inter-node-bandwidth", help="InfiniBand GB/s per GPU, each way."
     ),
     efficiency: float = typer.Option(
-        0.65, "--efficiency", help="Fraction of peak the layers' GEMMs reach, in (0, 1]."
+        0.65, "--efficiency", help="Fraction of peak a GEMM reaches."
     ),
     top: int = typer.Option(5, "--top", help="How many plans to list."),
     explain: bool = typer.Option(False, "--explain", help="Say why plan 1 wins."),
-    svg: str | None = typer.Option(None, "--svg", help="Write plan 1's schedule as SVG to FILE."),
+    svg: str | None = typer.Option(None, "--svg", help="Draw plan 1's schedule.", metavar="FILE"),
     fmt: Any = _format_option(PlanFormat.text, "text (table, flags, timeline) or json."),
     output: str | None = _output_option(),
 ) -> None:
-    """Rank the parallel layouts of a model on N GPUs by estimated step time."""
+    """Rank the parallel layouts of a model on N GPUs by estimated step time, with the flags to paste."""
     from inspector.plan import search as core
     from inspector.render import plan as render
 
