@@ -199,9 +199,10 @@ def test_help_examples_parse(command):
     # each example's options exist on its command and take the values shown
     import shlex
 
+    from typer.main import get_command
+
     from inspector.cli.app import app
     from inspector.cli.help import EXAMPLES
-    from typer.main import get_command
 
     group = get_command(app)
     for example in EXAMPLES[command]:

@@ -161,7 +161,8 @@ def model_options(*groups: str) -> Callable[[Callable[..., Any]], Callable[..., 
     """Give a command the model-selection options and the argument `groups` it reads.
 
     The command receives them merged (resolve.py) as `args`; what the user should know about
-    the merge (e.g. what a launch script set that is not modelled) goes to stderr first.
+    the merge (e.g. what a launch script set that is not modelled) goes to stderr first. A
+    command with a `label` parameter gets the model's name (script, config file or preset).
     """
     wanted = groups or ("model", "layout")
     specs = [spec for spec in ARGUMENTS if spec.group in wanted]
@@ -170,7 +171,7 @@ def model_options(*groups: str) -> Callable[[Callable[..., Any]], Callable[..., 
         own = [
             p
             for name, p in inspect.signature(func).parameters.items()
-            if name not in ("args", "use_cache")
+            if name not in ("args", "use_cache", "label")
         ]
         extra = _source_options() + [_option_for(spec) for spec in specs]
 
@@ -185,6 +186,8 @@ def model_options(*groups: str) -> Callable[[Callable[..., Any]], Callable[..., 
             resolved = merge_sources(Sources(flags=flags, settings=settings, **named), wanted)
             for note in resolved.notes:
                 typer.echo(note, err=True)
+            if "label" in inspect.signature(func).parameters:  # the model's name for the job line
+                kwargs["label"] = named["script"] or named["config_file"] or named["preset"]
             return func(args=resolved.args, use_cache=use_cache, **kwargs)
 
         wrapper.__signature__ = inspect.Signature(own + extra)  # type: ignore[attr-defined]

@@ -81,6 +81,7 @@ def topology(
 def params(
     args: dict[str, Any],
     use_cache: bool,
+    label: str | None,
     stage: int | None = _stage_option("Keep just this pipeline stage."),
     rank: int | None = _rank_option("Write the file global rank R writes."),
     partitioning: Any = typer.Option(
@@ -114,14 +115,24 @@ def params(
         job = _job(args)
         with Progress() as progress:
             built = build(job, select_view(job, stage, rank), progress=progress)
-        return render_params(params_result(built, partitioning, block_size), fmt)
+        result = params_result(built, partitioning, block_size)
+        text = render_params(result, fmt)
+        if fmt != ParamsFormat.table:  # csv and json keep their own first lines
+            return text
+        from inspector.render.job import job_lines, with_job
+        from inspector.render.params import rank_summary
+
+        line, *notes = job_lines(job, label)
+        held = [] if rank is None else [rank_summary(rank, result)]
+        return with_job([line, *held, *notes], text)
 
     if check is not None and output is not None:
         raise ConfigError(
             "--check compares the table with FILE and writes nothing, -o writes it; pass one of them"
         )
     options = dict(
-        stage=stage, rank=rank, partitioning=partitioning, block_size=block_size, fmt=fmt
+        stage=stage, rank=rank, partitioning=partitioning, block_size=block_size, fmt=fmt,
+        label=label,
     )
     text = cache.cached("params", args, options, use_cache, produce)
     if check is not None:
@@ -139,6 +150,7 @@ def params(
 def memory(
     args: dict[str, Any],
     use_cache: bool,
+    label: str | None,
     fmt: Any = _format_option(MemoryFormat.text, "text (with a bar chart), table or json."),
     gpu_memory: float | None = typer.Option(
         None, "--gpu-memory", help="GPU memory in GiB: say which stages fit."
@@ -181,7 +193,12 @@ def memory(
 
         with Progress() as progress:
             built = build(job, select_view(job), expert_ranks=(0,), progress=progress)
-        return render.render_memory(core.measure(built, hardware), fmt)
+        text = render.render_memory(core.measure(built, hardware), fmt)
+        if fmt == MemoryFormat.json:  # every number, the job's included, in its own fields
+            return text
+        from inspector.render.job import job_lines, with_job
+
+        return with_job(job_lines(job, label, job.schedule()), text)
 
     options: dict[str, Any] = dict(
         fmt=fmt,
@@ -190,6 +207,7 @@ def memory(
         mfu=mfu,
         ulysses_degree=ulysses_degree,
         walkthrough=walkthrough,
+        label=label,
     )
     _emit(cache.cached("memory", args, options, use_cache, produce), output)
 
@@ -282,6 +300,7 @@ def models() -> None:
 def plan(
     args: dict[str, Any],
     use_cache: bool,
+    label: str | None,
     gpus: int = typer.Option(..., "--gpus", help="GPUs in the cluster."),
     gpu_memory: float | None = typer.Option(
         None, "--gpu-memory", help="GiB per GPU (default: the profile's)."
@@ -321,6 +340,10 @@ def plan(
         sys.stderr.write(f"\rplan: {result.evaluated} candidates in {result.seconds:.2f} s "
                          f"({rate:.0f} per second)\n")
     text = render.render_plan(result, request.memory, fmt.value if hasattr(fmt, "value") else fmt, explain)
+    if fmt == PlanFormat.text:
+        from inspector.render.job import plan_lines, with_job
+
+        text = with_job(plan_lines(request, label), text)
     if svg is not None and result.plans:
         from inspector.output import write_atomic
 
