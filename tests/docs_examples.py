@@ -45,7 +45,7 @@ def examples(path: Path) -> list[Example]:
         indent, command, start = match.group(1), match.group(2), index
         while command.endswith("\\"):
             index += 1
-            command = command[:-1] + " " + lines[index].strip()
+            command = command[:-1].rstrip() + " " + lines[index].strip()
         index += 1
         shown = []
         while index < len(lines) and not _PROMPT.match(lines[index]):
