@@ -68,7 +68,7 @@ GPUS = {
     # per node, one per GPU (25 GB/s).
     "a100-80gb": Gpu("a100-80gb", 312.0, 80, 2.039e12, 300e9, 25e9),
 }
-DEFAULT_EFFICIENCY = 0.65  # fraction of peak a large GEMM-bound layer reaches (see README)
+DEFAULT_EFFICIENCY = 0.65  # fraction of peak a large GEMM-bound layer reaches (see docs/plan-a-cluster.md)
 
 
 def get_gpu(name: str) -> Gpu:
