@@ -54,7 +54,7 @@ from typing import Any
 
 VOCAB = 50257
 PADDED_VOCAB = 50304  # 50257 rounded up to a multiple of 128 (--make-vocab-size-divisible-by)
-PEAK_TFLOPS = 989.0  # H100 SXM dense bf16 (plan_cost.GPUS["h100"])
+PEAK_TFLOPS = 989.0  # H100 SXM dense bf16 (job/hardware.py GPUS["h100"])
 
 DEFAULT_JOBS = [
     "h1024-l8-a16-s1024-b1-m4-local",
@@ -343,7 +343,8 @@ def estimate(path: str | None, jobs: list[str]) -> None:
 
     from inspector.formulas.flops import iteration_flops
     from inspector.inputs.resolve import Sources, merge_sources
-    from inspector.plan.search import make_request, search
+    from inspector.plan.request import PlanFlags, make_request
+    from inspector.plan.search import search
 
     if path:
         with open(path) as f:
@@ -372,7 +373,7 @@ def estimate(path: str | None, jobs: list[str]) -> None:
             transformer_impl="local",
         )
         args = merge_sources(Sources(flags=flags, apex=False), ("model", "layout", "training")).args
-        req = make_request(args, 1, "h100", None, 8, None, None, None, 0.65, 1)
+        req = make_request(args, PlanFlags(1, gpu="h200", top=1))
         # flash attention as the job ran it; memory unbounded: the GPU showed what fits
         req = replace(req, flash_attention=r["attn"] != "local", memory=1 << 40)
         plan = search(req).plans[0]

@@ -150,13 +150,20 @@ def main() -> None:
             f"{warm_cells} | {summary.code} | {case.target} |"
         )
     lines += _plan_rates(cold)
-    text = "\n".join(lines) + "\n"
+    text = "\n".join(lines) + "\n" + _gpu_memory()
     sys.stdout.write(text)
     # The notes under the table (from the first "## " heading on) are written by hand: keep them.
     path = HERE / "RESULTS.md"
     old = path.read_text() if path.exists() else ""
     notes = old[old.find("\n## ") :] if "\n## " in old else ""
     path.write_text(text + notes)
+
+
+def _gpu_memory() -> str:
+    """Return the engine's memory against the GPU runs of shared/gpu (bench/gpu_memory.py)."""
+    from gpu_memory import GPU, table
+
+    return "\n" + table() if (GPU / "memory-h200.json").exists() else ""
 
 
 def _plan_rates(cold: list[Summary]) -> list[str]:

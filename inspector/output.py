@@ -2,9 +2,10 @@
 
 `-o FILE` semantics (docs/errors.md, "Output files and streams"):
 - `-o -` is standard output, as `-` is standard input for `diff`.
-- FILE is replaced atomically: the text goes to a temporary file `.inspect-model-*.tmp` in the
-  same folder, which is renamed over FILE once complete. On any failure, or SIGINT, SIGTERM or
-  SIGHUP during the write, the temporary file is removed and FILE is left exactly as it was.
+- FILE is replaced atomically: the text goes to a temporary file `.inspect-model-PID-*.tmp` in
+  the same folder, which is renamed over FILE once complete. On any failure the temporary file
+  is removed and FILE is left exactly as it was; SIGINT, SIGTERM and SIGHUP are held until the
+  rename or removal is done. A temporary that SIGKILL left is removed by the next write there.
 - A symlink is followed: its final target is the file replaced, so the link stays a link and
   whatever reads the target sees the new table. That is what `> FILE` does, and replacing the
   link instead would leave its target stale. A dangling link creates its target, as `>` does.
@@ -27,16 +28,20 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import signal
 import stat
 import sys
 from collections.abc import Iterator
 from typing import Any, TextIO, cast
 
 from inspector.errors import InputError, OutputError
+from inspector.guard import (
+    TEMPORARY_PREFIX,
+    remove_stale_temporaries,
+    signals_released,
+    write_guard,
+)
 
 STDIO = "-"
-TEMPORARY_PREFIX = ".inspect-model-"
 BROKEN_PIPE_EXIT = 128 + 13  # as a shell reports a process killed by SIGPIPE
 _KINDS = {
     stat.S_ISCHR: "a character device",
@@ -55,13 +60,13 @@ def write_output(path: str | None, text: str) -> None:
         write_atomic(path, text)
 
 
-def write_atomic(path: str, text: str) -> None:
+def write_atomic(path: str, text: str, flag: str = "-o") -> None:
     """Replace the regular file at path (a symlink's target) with text, or raise OutputError.
 
     Either the whole new file appears or the old one stays as it was; no temporary file is
     left behind, also when the run is interrupted during the write.
     """
-    target = check_target(path)
+    target = check_target(path, flag)
     if target == os.devnull:
         return
     try:
@@ -69,54 +74,63 @@ def write_atomic(path: str, text: str) -> None:
     except _CannotCreate as exc:
         folder = os.path.dirname(target)
         raise OutputError(
-            f"-o {_shown(path)}: cannot create a file in folder {folder} ({_reason(exc)})"
+            f"{flag} {shown_path(path)}: cannot create a file in folder {folder} ({reason_of(exc)})"
         ) from None
     except OSError as exc:
         via = "" if os.path.abspath(path) == target else f" (the target of the link, {target})"
-        raise OutputError(f"-o {_shown(path)}: cannot write{via}: {_reason(exc)}") from None
+        raise OutputError(f"{flag} {shown_path(path)}: cannot write{via}: {reason_of(exc)}") from None
 
 
-def check_target(path: str) -> str:
+def check_target(path: str, flag: str = "-o") -> str:
     """Return the real path that `-o path` replaces, or raise OutputError saying why it cannot.
 
     Cheap (no writing), so a command can call it before spending time on the build.
     """
-    shown = _shown(path)
+    shown = shown_path(path)
     if path == "":
-        raise OutputError("-o needs a file name, got an empty one (use -o - for standard output)")
+        raise OutputError(f"{flag} needs a file name, got an empty one{_dash_hint(flag)}")
     if path.endswith(("/", os.sep)) and not os.path.isdir(path):
-        raise OutputError(f"-o {shown} ends in '/', so it names a folder, not a file")
+        raise OutputError(f"{flag} {shown} ends in '/', so it names a folder, not a file")
     try:
         info: os.stat_result | None = os.stat(path)  # the kernel follows the links
     except FileNotFoundError:
         info = None
     except OSError as exc:
         if exc.errno == errno.ENOTDIR:
-            raise OutputError(f"-o {shown}: {_file_in_the_way(path)} is not a folder") from None
-        raise OutputError(f"-o {shown}: {_reason(exc)}") from None
+            raise OutputError(f"{flag} {shown}: {_file_in_the_way(path)} is not a folder") from None
+        raise OutputError(f"{flag} {shown}: {reason_of(exc)}") from None
     try:
         target = os.path.realpath(path)
     except OSError as exc:  # the working folder was deleted
-        raise OutputError(f"-o {shown}: {_reason(exc)}") from None
+        raise OutputError(f"{flag} {shown}: {reason_of(exc)}") from None
     if target == os.devnull:
         return target  # `-o /dev/null` discards the output, as `> /dev/null` does
     if info is not None:
-        if stat.S_ISDIR(info.st_mode):
-            raise OutputError(f"-o {shown} is a folder, not a file")
-        for test, kind in _KINDS.items():
-            if test(info.st_mode):
-                raise OutputError(
-                    f"-o {shown} is {kind}, not a regular file; -o writes regular files only"
-                    " (use -o - for standard output)"
-                )
-        if not os.access(target, os.W_OK):
-            raise OutputError(f"-o {shown} is read-only (permission denied)")
+        _check_existing(flag, shown, target, info)
     folder = os.path.dirname(target)
     if not os.path.isdir(folder):
-        raise OutputError(f"-o {shown}: folder {folder} does not exist")
+        raise OutputError(f"{flag} {shown}: folder {folder} does not exist")
     if not os.access(folder, os.W_OK | os.X_OK):
-        raise OutputError(f"-o {shown}: cannot create files in folder {folder} (permission denied)")
+        raise OutputError(f"{flag} {shown}: cannot create files in folder {folder} (permission denied)")
     return target
+
+
+def _check_existing(flag: str, shown: str, target: str, info: os.stat_result) -> None:
+    """Raise OutputError unless the existing file `flag` names is a regular file we may replace."""
+    if stat.S_ISDIR(info.st_mode):
+        raise OutputError(f"{flag} {shown} is a folder, not a file")
+    for test, kind in _KINDS.items():
+        if test(info.st_mode):
+            raise OutputError(
+                f"{flag} {shown} is {kind}, not a regular file; {flag} writes regular files "
+                f"only{_dash_hint(flag)}"
+            )
+    if not os.access(target, os.W_OK):
+        raise OutputError(f"{flag} {shown} is read-only (permission denied)")
+
+
+def _dash_hint(flag: str) -> str:
+    return " (use -o - for standard output)" if flag == "-o" else ""
 
 
 def _file_in_the_way(path: str) -> str:
@@ -124,7 +138,7 @@ def _file_in_the_way(path: str) -> str:
     parent = os.path.dirname(path)
     while parent and not os.path.exists(parent):
         parent = os.path.dirname(parent)
-    return _shown(parent)
+    return shown_path(parent)
 
 
 class _CannotCreate(OSError):
@@ -136,15 +150,17 @@ def replace_file(target: str, data: bytes) -> None:
     import tempfile  # here, not at the top: it costs every run's start-up a few milliseconds
 
     mode, owner = _keep_mode(target)
-    with _signals_interrupt():
+    folder = os.path.dirname(target)
+    remove_stale_temporaries(folder)
+    with write_guard():
         try:
             handle, temporary = tempfile.mkstemp(
-                prefix=TEMPORARY_PREFIX, suffix=".tmp", dir=os.path.dirname(target)
+                prefix=f"{TEMPORARY_PREFIX}{os.getpid()}-", suffix=".tmp", dir=folder
             )
         except OSError as exc:
             raise _CannotCreate(exc.errno, exc.strerror, exc.filename) from exc
         try:
-            with os.fdopen(handle, "wb") as stream:
+            with signals_released(), os.fdopen(handle, "wb") as stream:
                 stream.write(data)
                 stream.flush()
                 os.fchmod(stream.fileno(), mode)
@@ -170,46 +186,6 @@ def _keep_mode(target: str) -> tuple[int, tuple[int, int] | None]:
     return stat.S_IMODE(info.st_mode), (info.st_uid, info.st_gid)
 
 
-class _Interrupted(BaseException):
-    """A termination signal arrived while a file was being written."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-@contextlib.contextmanager
-def _signals_interrupt() -> Iterator[None]:
-    """Turn SIGTERM and SIGHUP into an exception for the block, then die of the signal.
-
-    The exception lets the write clean up its temporary file; afterwards the process ends
-    exactly as the signal would have ended it. SIGINT is already KeyboardInterrupt.
-    """
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    wanted = [signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise _Interrupted(signum)
-
-    previous = {signum: signal.signal(signum, interrupt) for signum in wanted}
-    try:
-        yield
-    except _Interrupted as exc:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        signal.signal(exc.signum, signal.SIG_DFL)
-        os.kill(os.getpid(), exc.signum)
-        raise SystemExit(128 + exc.signum) from None  # not reached where the signal kills
-    finally:
-        for signum, handler in previous.items():
-            if signal.getsignal(signum) is interrupt:
-                signal.signal(signum, handler)
-
-
 def read_text(path: str) -> str:
     """Return a file's text (`-` is standard input), or raise InputError naming it.
 
@@ -225,8 +201,8 @@ def read_text(path: str) -> str:
         except UnicodeDecodeError as exc:
             raise InputError(f"- (standard input) is not UTF-8 text ({exc.reason})") from None
         except OSError as exc:
-            raise InputError(f"- (standard input) cannot be read ({_reason(exc)})") from None
-    shown = _shown(path)
+            raise InputError(f"- (standard input) cannot be read ({reason_of(exc)})") from None
+    shown = shown_path(path)
     try:
         info = os.stat(path)
         if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode):
@@ -242,21 +218,21 @@ def read_text(path: str) -> str:
             f"{shown} is not UTF-8 text (byte {exc.start}: {exc.reason})"
         ) from None
     except OSError as exc:
-        raise InputError(f"{shown} cannot be read ({_reason(exc)})") from None
+        raise InputError(f"{shown} cannot be read ({reason_of(exc)})") from None
 
 
 def _without_bom(text: str) -> str:
     return text[1:] if text.startswith("\ufeff") else text
 
 
-def _shown(path: str, limit: int = 80) -> str:
+def shown_path(path: str, limit: int = 80) -> str:
     """Return a path as a message shows it: shortened in the middle when very long."""
     if len(path) <= limit:
         return path
     return f"{path[: limit // 2]}...{path[-(limit // 2) :]} ({len(path)} characters)"
 
 
-def _reason(exc: OSError) -> str:
+def reason_of(exc: OSError) -> str:
     """Return an OSError's reason in words, lower case, without the path it repeats."""
     if exc.errno == errno.ENOENT and exc.filename in (None, "", "."):
         return "the working folder no longer exists"
@@ -312,7 +288,7 @@ def _stdout_errors() -> Iterator[None]:
             os.close(devnull)
         raise SystemExit(BROKEN_PIPE_EXIT) from None
     except OSError as exc:
-        raise OutputError(f"cannot write to standard output ({_reason(exc)})") from None
+        raise OutputError(f"cannot write to standard output ({reason_of(exc)})") from None
 
 
 def guard_streams() -> None:
@@ -352,43 +328,23 @@ def write_error(message: str) -> None:
     """Print `Error: message` on stderr (where stderr is closed, say nothing)."""
     with contextlib.suppress(OSError, ValueError, SystemExit, OutputError):
         sys.stdout.flush()
+    write_stderr(f"Error: {message}\n")
+
+
+def write_stderr(text: str) -> None:
+    """Write a note or an error on stderr; where it cannot be written (`2>/dev/full`), drop it.
+
+    A failed write leaves its bytes in the stream's buffer, and Python's own flush at exit would
+    fail again and turn the exit status into 120: stderr is pointed at /dev/null instead.
+    """
     if sys.stderr is None:
         return
-    with contextlib.suppress(OSError, ValueError):
-        sys.stderr.write(f"Error: {message}\n")
-        sys.stderr.flush()
-
-
-def write_directory_atomic(path: str, files: dict[str, str]) -> None:
-    """Write `files` (name -> text) as folder `path`: all of them appear at once, or none.
-
-    They are written into a new temporary folder beside `path`, which then replaces it; an
-    existing folder is replaced only if it holds nothing but files of those names (a previous
-    export), so no other folder is ever removed.
-    """
-    import shutil
-    import tempfile
-
-    target = os.path.abspath(path)
-    parent = os.path.dirname(target)
-    if not os.path.isdir(parent):
-        raise InputError(f"-o {path}: folder {parent} does not exist")
-    if os.path.lexists(target) and not os.path.isdir(target):
-        raise InputError(f"-o {path}: exists and is not a folder")
-    if os.path.isdir(target) and not set(os.listdir(target)) <= set(files):
-        raise InputError(f"-o {path}: the folder holds other files; give a new or empty folder")
-    staging = tempfile.mkdtemp(prefix=".inspect-model-", dir=parent)
     try:
-        for name, text in files.items():
-            with open(os.path.join(staging, name), "w", encoding="utf-8", newline="\n") as stream:
-                stream.write(text)
-        if os.path.isdir(target):
-            old = tempfile.mkdtemp(prefix=".inspect-model-old-", dir=parent)
-            os.replace(target, os.path.join(old, "previous"))
-            os.replace(staging, target)
-            shutil.rmtree(old)
-        else:
-            os.replace(staging, target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        sys.stderr.write(text)
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stderr.fileno())
+            os.close(devnull)
+            sys.stderr.flush()

@@ -120,8 +120,8 @@ def test_megatron_shaped_llama_fp8_arguments():
     assert parsed.args["num_layers"] == 32 and parsed.args["use_distributed_optimizer"] is True
     assert "--tokenizer-type" not in parsed.ignored
     # fp8 changes what training holds: refused for memory/workload (tests/test_arguments.py)
-    assert {group for group, _ in parsed.refused} == {"training"}
-    assert "--fp8-format hybrid is not modelled" in parsed.refused[0][1]
+    assert {refusal.group for refusal in parsed.refused} == {"training"}
+    assert parsed.refused[0].argument == "--fp8-format hybrid"
 
 
 def test_issue_examples():

@@ -98,7 +98,7 @@ TEXT = "{ProcessCoord(pipe=0, data=0, model=0): 0}\nname;module;shape\n█ bars 
 
 def test_entry_round_trips():
     assert cache.decode(cache.encode(TEXT)) == TEXT
-    assert cache.encode(TEXT).startswith(b"inspect-model cache 1 sha256=")
+    assert cache.encode(TEXT).startswith(b"inspect-model cache 2 sha256=")
 
 
 def _damage(kind: str, raw: bytes) -> bytes:
@@ -116,7 +116,7 @@ def _damage(kind: str, raw: bytes) -> bytes:
         "old-format": TEXT.encode(),
         "wrong-length": header.replace(b"length=", b"length=1") + b"\n" + body,
         "wrong-sha": header.replace(b"sha256=", b"sha256=0") + b"\n" + body,
-        "other-version": header.replace(b"cache 1", b"cache 2") + b"\n" + body,
+        "other-version": header.replace(b"cache 2", b"cache 1") + b"\n" + body,
         "extra-field": header + b" more=1\n" + body,
     }[kind]
 
@@ -139,7 +139,7 @@ def test_damaged_entry_is_a_miss_and_is_replaced(cli, cache_on, kind):
     entry.write_bytes(_damage(kind, entry.read_bytes()))
     again = cli("params", *SMALL)
     assert (again.code, again.out) == (0, cold.out)
-    assert cache.decode(entry.read_bytes()) == cold.out  # the fresh result replaced it
+    assert cache.decode(entry.read_bytes(), entry.stem) == cold.out  # the fresh result replaced it
 
 
 def test_entry_that_is_a_folder_or_fifo_is_a_miss(cli, cache_on):
@@ -164,3 +164,33 @@ def test_cache_folder_that_is_a_file_is_skipped(cli, cache_on):
 def test_entry_write_leaves_no_temporary(cli, cache_on):
     cli("params", *SMALL)
     assert [p.name for p in cache_on.iterdir()] == [f"{p.stem}.txt" for p in cache_on.iterdir()]
+
+
+def test_an_entry_copied_over_another_commands_is_a_miss(cli, cache_on):
+    # issue #30: the header binds an entry to its key, so another command's entry, copied over
+    # this one (whole and with a valid checksum), is never served as this command's output.
+    params = cli("params", *SMALL)
+    tree = cli("tree", *SMALL)
+    entries = sorted(cache_on.iterdir(), key=lambda p: p.stat().st_mtime_ns)
+    assert len(entries) == 2
+    entries[0].write_bytes(entries[1].read_bytes())  # tree's entry under params' key
+    again = cli("params", *SMALL)
+    assert (again.code, again.out) == (0, params.out) and again.out != tree.out
+
+
+def test_a_huge_damaged_entry_is_a_miss_without_reading_it(cli, cache_on):
+    # issue #30: a 6 GiB sparse entry was read whole (MemoryError) before its header was checked.
+    cold = cli("params", *SMALL)
+    (entry,) = cache_on.iterdir()
+    with open(entry, "r+b") as stream:
+        stream.truncate(6 << 30)
+    assert cli("params", *SMALL).out == cold.out
+    assert entry.stat().st_size < 1 << 20  # replaced by the fresh result
+
+
+@pytest.mark.parametrize("value", ["relative/cache", "."])
+def test_a_relative_xdg_cache_home_is_ignored(monkeypatch, tmp_path, value):
+    # The XDG Base Directory rule: a relative path in XDG_CACHE_HOME is invalid and ignored.
+    monkeypatch.setenv("XDG_CACHE_HOME", value)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert cache.directory() == tmp_path / ".cache" / "inspect-model"

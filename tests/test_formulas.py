@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from types import SimpleNamespace
 from typing import Any
@@ -10,12 +11,55 @@ import pytest
 
 from inspector.errors import ConfigError
 from inspector.job.dims import (
+    ARGUMENT_NAMES,
     ModelDims,
     _schedule_table,
     live_microbatches,
     microbatches_in_flight,
     num_microbatches,
 )
+from inspector.job.job import Job, Training
+from inspector.job.layout import Layout
+from inspector.job.model import ModelConfig
+
+# A model that sets every field ModelDims reads to something other than ModelDims' default.
+EVERYTHING = ModelConfig(
+    num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=1000,
+    swiglu=True, bf16=True, qk_layernorm=True, num_experts=4, moe_router_topk=3,
+    moe_ffn_hidden_size=48, moe_shared_expert_intermediate_size=80, moe_layer_freq=(0, 1, 1, 1),
+    multi_latent_attention=True, transformer_impl="transformer_engine", q_lora_rank=24,
+    kv_lora_rank=16, qk_head_dim=8, qk_pos_emb_head_dim=4, v_head_dim=12,
+    position_embedding_type="rope", mtp_num_layers=1,
+)  # fmt: skip
+# What the job, not the architecture, gives ModelDims (the kernels: formulas/ops.py).
+JOB_FIELDS = {"seq_length", "vocab_size", "activation_bytes", "attention_dropout", "hidden_dropout",
+              "rotary", "flash_attention", "fused_kernels"}  # fmt: skip
+
+
+def test_model_dims_come_from_the_transformer_config_fields() -> None:
+    """Job.dims() maps no field by hand: each comes from ModelConfig.transformer_fields by name."""
+    names = {ARGUMENT_NAMES.get(name, name) for name in EVERYTHING.transformer_fields()}
+    assert {f.name for f in dataclasses.fields(ModelDims)} - JOB_FIELDS <= names
+    job = Job(EVERYTHING, Layout(tp=2, dp=2, ep=2, etp=1, sequence_parallel=True), Training(hidden_dropout=0))
+    # Megatron-LM's rules by hand: swiglu f = int(4 * 64 * 2 / 3 / 64) * 64 = 128; vocabulary
+    # 1000 padded to a multiple of 128 x tp 2 = 1024; bf16 activations take 2 bytes.
+    assert job.dims() == ModelDims(
+        num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=1024,
+        ffn_hidden_size=128, num_query_groups=4, kv_channels=16, swiglu=True, num_experts=4,
+        moe_router_topk=3, moe_ffn_hidden_size=48, moe_shared_expert_intermediate_size=80,
+        moe_layer_freq=(0, 1, 1, 1), activation_bytes=2, multi_latent_attention=True,
+        q_lora_rank=24, kv_lora_rank=16, qk_head_dim=8, qk_pos_emb_head_dim=4, v_head_dim=12,
+        mtp_num_layers=1, qk_layernorm=True, attention_dropout=True, hidden_dropout=False,
+        rotary=True, flash_attention=False, fused_kernels=True,
+    )  # fmt: skip
+
+
+def test_model_dims_fill_megatron_lm_defaults() -> None:
+    """Unset sizes take Megatron-LM's defaults: f = 4h, g = a, d = h / a, experts' f = f, fp32."""
+    dims = Job(ModelConfig(num_experts=2, moe_router_topk=1)).dims()
+    assert (dims.ffn, dims.query_groups, dims.head_dim, dims.expert_ffn) == (3072, 12, 64, 3072)
+    assert (dims.activation_bytes, dims.mtp_num_layers, dims.vocab_size) == (4, 0, 50304)
+    assert not dims.swiglu and not dims.multi_latent_attention
 
 
 def test_defaults_follow_megatron_lm() -> None:

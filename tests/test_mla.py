@@ -10,7 +10,7 @@ import pytest
 from inspector.errors import ConfigError
 from inspector.formulas.flops import iteration_flops
 from inspector.job.dims import ModelDims
-from inspector.job.model import parse_moe_layer_freq
+from inspector.job.moe_pattern import parse_moe_layer_freq
 from tests.counting import parameter_count
 from tests.test_versions import MTP_IN_A_MIDDLE_CHUNK
 

@@ -134,53 +134,53 @@ SCALED = {  # name: (flags, whether megatron's expert weights come one per local
 
 @pytest.mark.parametrize("name", list(SCALED))
 @pytest.mark.parametrize("etp", [None, 1])
-def test_pieces_scaled_to_another_expert_size_equal_megatrons_build(name, etp, monkeypatch) -> None:
+def test_pieces_scaled_to_another_expert_size_equal_megatrons_build(name, etp) -> None:
     # The planner builds one expert-parallel size per (tp, expert tp) and scales the runs of
     # per-expert weights to the other sizes; megatron's own build of each size must agree.
-    from inspector.plan import memory as pm
+    from inspector.plan import caches
+    from inspector.plan import pieces as pp
+    from inspector.world.pieces import build_pieces
 
-    monkeypatch.setattr(pm, "_PIECES", {})
-    monkeypatch.setattr(pm, "_SCALABLE", {})
+    caches.clear()
     flags, scales = SCALED[name]
     sizes = dict(dp=16, expert_tensor_parallel_size=etp)
-    built = pm._build_pieces(_job(**flags, **sizes, ep=2))
+    built = build_pieces(_job(**flags, **sizes, ep=2))
     assert any(p.expert for named in built.parts() for _, p in named)  # ep > 1 weights
-    assert pm._scalable(built, 8, True) == scales
+    assert pp.scalable(built, 8, True) == scales
     for first in (2, 1):  # scaled from an expert-parallel build, and from one without
-        monkeypatch.setattr(pm, "_PIECES", {})
-        monkeypatch.setattr(pm, "_SCALABLE", {})
+        caches.clear()
         for ep in (first, *(ep for ep in (1, 2, 4, 8, 16) if ep != first)):
             job = _job(**flags, **sizes, ep=ep)
-            assert pm.pieces_for(job) == pm._as_pieces(pm._build_pieces(job)), (first, ep)
-            assert len(pm._SCALABLE) == int(scales)
+            assert pp.pieces_for(job) == pp.as_pieces(build_pieces(job)), (first, ep)
+            assert pp.scalable_builds() == int(scales)
 
 
 @pytest.mark.parametrize(
     "sizes", [dict(ep=4), dict(ep=8, expert_tensor_parallel_size=1), dict(ep=1)]
 )
-def test_composed_state_from_scaled_pieces_equals_memory(sizes, monkeypatch) -> None:
+def test_composed_state_from_scaled_pieces_equals_memory(sizes) -> None:
     # Pieces scaled from another expert-parallel size's build still compose `memory`'s state.
-    from inspector.plan import memory as pm
+    from inspector.plan import caches
+    from inspector.plan import pieces as pp
 
-    monkeypatch.setattr(pm, "_PIECES", {})
-    monkeypatch.setattr(pm, "_SCALABLE", {})
+    caches.clear()
     flags = dict(
         preset="deepseek-v3", num_layers=4, moe_layer_freq="[0,1,1,1]", num_experts=16, pp=2,
         dp=4, tensor_model_parallel_size=2, sequence_parallel=True, bf16=True, moe_router_topk=2,
         overlap_grad_reduce=True, ddp_bucket_size=40000000,
     )
-    pm.pieces_for(_job(**flags, **{**sizes, "ep": 2}))
+    pp.pieces_for(_job(**flags, **{**sizes, "ep": 2}))
     job = _job(**flags, **sizes)
-    assert pm.piece_key(job) not in pm._PIECES and len(pm._SCALABLE) == 1
+    assert not pp.is_cached(job) and pp.scalable_builds() == 1
     _assert_composed_equals_memory(job, str(sizes))
-    assert pm.piece_key(job) in pm._PIECES
+    assert pp.is_cached(job)
 
 
 def test_stage_activations_read_neither_data_nor_expert_parallel_size() -> None:
     # The planner prices activations once for layouts that differ only in dp or ep.
     from dataclasses import replace
 
-    from inspector.plan.price import stage_activation_bytes
+    from inspector.plan.activations import stage_activation_bytes
 
     job = _job(
         preset="deepseek-v3", num_layers=4, moe_layer_freq="[0,1,1,1]", num_experts=16, pp=2,
@@ -328,12 +328,13 @@ def test_timeline_replays_megatrons_schedule(vpp: int) -> None:
     from dataclasses import replace
 
     from inspector.inputs.resolve import Sources, merge_sources
-    from inspector.plan.search import make_request, search
+    from inspector.plan.request import PlanFlags, make_request
+    from inspector.plan.search import search
     from inspector.render.plan import _rank_order, timeline
 
     args = merge_sources(Sources(flags=dict(num_layers=8, global_batch_size=16)),
                          ("model", "layout", "training")).args
-    req = make_request(args, 8, "h100", None, 8, None, None, None, 0.65, 1)
+    req = make_request(args, PlanFlags(8, top=1))
     plan = search(replace(req, fixed={"pp": 4, "vpp": vpp, "mbs": 1, "tp": 1})).plans[0]
     m = plan.job.schedule().num_microbatches
     rows = timeline(plan)
@@ -408,12 +409,11 @@ def test_the_plan_keeps_the_given_dropout_and_gradient_dtype() -> None:
 @pytest.mark.parametrize("fmt", ["text", "json"])
 def test_plan_output_is_identical_from_run_to_run(fmt: str) -> None:
     # The search's wall time goes to the terminal only (stderr), never into stdout.
-    from inspector.plan import price as plan_price
+    from inspector.plan import caches
 
     args = ("plan", "--num-layers", "4", "--gpus", "4", "--global-batch-size", "8", "--format", fmt)
     first = run_cli(*args)
-    plan_price._ACT.clear()  # price again from scratch, as a new process would
-    plan_price._TIME.clear()
+    caches.clear()  # price again from scratch, as a new process would
     second = run_cli(*args)
     assert first.code == second.code == 0
     assert first.out == second.out
@@ -422,18 +422,19 @@ def test_plan_output_is_identical_from_run_to_run(fmt: str) -> None:
 
 def _block_request(memory_gib: float | None = None, **flags):
     from inspector.inputs.resolve import Sources, merge_sources
-    from inspector.plan.search import make_request
+    from inspector.plan.request import PlanFlags, make_request
 
     flags = dict(num_layers=8, seq_length=4096, max_position_embeddings=4096, bf16=True,
                  global_batch_size=8, **flags)
     args = merge_sources(Sources(flags=flags), ("model", "layout", "training")).args
-    return make_request(args, 4, "h100", memory_gib, 8, None, None, None, 0.65, 5)
+    return make_request(args, PlanFlags(4, gpu_memory=memory_gib))
 
 
 def _priced(req, lay, split, recompute: str, method: str = "uniform", n: int = 1):
-    from inspector.plan.search import _job, evaluate
+    from inspector.plan.candidates import candidate_job
+    from inspector.plan.price import evaluate
 
-    job = _job(req, lay, 1, recompute, True, req.flash, method, n)
+    job = candidate_job(req, lay, 1, recompute, True, req.flash, method, n)
     assert job is not None
     return evaluate(job, split, req)
 
@@ -448,7 +449,7 @@ def test_block_recompute_is_found_and_beats_full_recompute() -> None:
     assert {"--recompute-granularity full", "--recompute-method block",
             "--recompute-num-layers 1"} <= set(plan["flags"])
     from inspector.job.layout import Layout
-    from inspector.plan.search import layout_for
+    from inspector.plan.layouts import layout_for
 
     req = _block_request(2.1)
     base = Layout(**{k: plan["layout"][k] for k in ("tp", "pp", "dp", "cp")})
@@ -502,13 +503,15 @@ def test_planner_block_activations_equal_stage_activations(split, pp, flags) -> 
     from inspector.formulas.activations import stage_activations
     from inspector.inputs.resolve import Sources, merge_sources
     from inspector.job.layout import Layout
-    from inspector.plan.search import _price_memory, layout_for, make_request
+    from inspector.plan.layouts import layout_for
+    from inspector.plan.price import price_memory
+    from inspector.plan.request import PlanFlags, make_request
     from inspector.plan.split import chunk_layers
 
     vpp = len(split) // pp
     args = merge_sources(Sources(flags=dict(num_layers=sum(split), bf16=True, global_batch_size=16,
                                             **flags)), ("model", "layout", "training")).args
-    req = make_request(args, 2 * pp, "h100", None, 8, None, None, None, 0.65, 1)
+    req = make_request(args, PlanFlags(2 * pp, top=1))
     lay = layout_for(Layout(tp=1, pp=pp, dp=2), req.model, split, vpp)
     assert lay is not None and lay.chunks == vpp
     placed = chunk_layers(split, pp, vpp)
@@ -517,7 +520,7 @@ def test_planner_block_activations_equal_stage_activations(split, pp, flags) -> 
     seen = set()
     for n in range(1, longest + 2):
         job = _priced(req, lay, split, "full", "block", n).job
-        _, stages = _price_memory(job, split)
+        _, stages = price_memory(job, split)
         schedule = job.schedule()
         for st in stages:
             ref = stage_activations(job.dims(), job.layout, st.stage, placed[st.stage],
@@ -534,7 +537,7 @@ def test_block_step_time_lies_between_none_and_full(vpp: int) -> None:
     # strictly with N, from no recomputation to every layer (uniform 1 = block N with N the
     # longest chunk).
     from inspector.job.layout import Layout
-    from inspector.plan.search import layout_for
+    from inspector.plan.layouts import layout_for
     from inspector.plan.split import even_split
 
     req = _block_request()

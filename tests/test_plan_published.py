@@ -75,7 +75,8 @@ def equation_3(batch: int, layers: int, hidden: int) -> float:
 def price_row(index: int) -> Row:
     """Return the three searches of one Table 1 row (see the module docstring)."""
     from inspector.inputs.resolve import Sources, merge_sources
-    from inspector.plan.search import make_request, search
+    from inspector.plan.request import PlanFlags, make_request
+    from inspector.plan.search import search
 
     params, heads, hidden, layers, t, p, gpus, batch, tflops = TABLE_1[index]
     flags = dict(
@@ -83,7 +84,7 @@ def price_row(index: int) -> Row:
         max_position_embeddings=SEQ, vocab_size=VOCAB, fp16=True, global_batch_size=batch,
     )
     args = merge_sources(Sources(flags=flags), ("model", "layout", "training")).args
-    req = make_request(args, gpus, "a100-80gb", None, 8, None, None, None, 0.65, 1)
+    req = make_request(args, PlanFlags(gpus, gpu="a100-80gb", top=1))
     req = replace(req, flash_attention=False)
 
     def first(fixed: dict) -> object:
@@ -113,11 +114,13 @@ def test_published_layout_is_feasible_and_within_15_percent_of_the_best(index: i
 
 @pytest.mark.parametrize("index", range(len(TABLE_1)), ids=[f"{r[0]}B" for r in TABLE_1])
 def test_estimated_tflops_bracket_the_published(index: int) -> None:
-    # The time model assumes every GEMM runs at 65% of peak: it cannot be slower than the
-    # paper's measurement by much, and overestimates small models (small GEMMs run slower).
+    # Per-kernel time (formulas/kernels.py, the H200 table scaled to the A100 by peak and HBM):
+    # 5-18% above the paper's TFLOP/s on every row (1.06-1.56 with one 65% efficiency for every
+    # FLOP); small models no longer stand out, their smaller GEMMs priced at the table's lower
+    # efficiency. Still optimistic: no straggler, launch or data-loader time.
     row = price_row(index)
     ratio = row.estimated_tflops / row.published_tflops
-    assert 1.0 <= ratio <= 1.6, (row.params, ratio)
+    assert 1.0 <= ratio <= 1.2, (row.params, ratio)
 
 
 def markdown_table() -> str:
@@ -163,20 +166,22 @@ META = dict(seq_length=8192, bf16=True, global_batch_size=2048, attention_dropou
 
 def meta_request(grad_reduce_in_bf16: bool = True, dropout: bool = False) -> object:
     from inspector.inputs.resolve import Sources, merge_sources
-    from inspector.plan.search import make_request
+    from inspector.plan.request import PlanFlags, make_request
 
     flags = {**META, "grad_reduce_in_bf16": grad_reduce_in_bf16}
     if dropout:  # Megatron-LM's defaults, 0.1
         del flags["attention_dropout"], flags["hidden_dropout"]
     args = merge_sources(Sources(preset="llama3.1-405b", flags=flags), ("model", "layout", "training")).args
-    return make_request(args, 16384, "h100", None, 8, None, None, None, 0.65, 5)
+    return make_request(args, PlanFlags(16384))
 
 
 @cache
 def meta_405b(vpp: int, recompute: str, grad_reduce_in_bf16: bool = True) -> object:
     """Return Meta's layout priced by the planner (micro-batch 1, distributed optimizer)."""
     from inspector.job.layout import Layout
-    from inspector.plan.search import _job, evaluate, layout_for
+    from inspector.plan.candidates import candidate_job
+    from inspector.plan.layouts import layout_for
+    from inspector.plan.price import evaluate
     from inspector.plan.split import accounted_split
 
     req = meta_request(grad_reduce_in_bf16)
@@ -184,7 +189,7 @@ def meta_405b(vpp: int, recompute: str, grad_reduce_in_bf16: bool = True) -> obj
     assert split is not None
     lay = layout_for(Layout(tp=8, pp=16, dp=128, sequence_parallel=True), req.model, split, vpp)  # type: ignore[attr-defined]
     assert lay is not None
-    job = _job(req, lay, 1, recompute, True, True)  # type: ignore[arg-type]
+    job = candidate_job(req, lay, 1, recompute, True, True)  # type: ignore[arg-type]
     assert job is not None
     return evaluate(job, split, req)  # type: ignore[arg-type]
 
@@ -251,8 +256,8 @@ def test_meta_405b_in_megatron_core_memory() -> None:
 
 
 def test_meta_405b_estimated_mfu_overestimates_the_published_41_percent() -> None:
-    # One efficiency (65% of peak) for every GEMM and no kernel or straggler losses: the model
-    # is optimistic, as on Table 1 (6-56%); for Meta's layout by 18% (48.5% against 41%).
+    # Per-kernel time (the H200 table scaled to the H100's HBM): optimistic, as on Table 1
+    # (5-18%); for Meta's layout by 15% (47.3% against 41%; 48.5% with one 65% efficiency).
     assert 0.41 < meta_405b(8, "none").mfu < 0.41 * 1.25  # type: ignore[attr-defined]
 
 

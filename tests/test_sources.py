@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from inspector.errors import ConfigError, InputError
+from inspector.inputs.megatron_config import read_config
 from inspector.inputs.presets import PRESETS
-from inspector.inputs.sources import load_config_file, parse_launch_script, read_launch_script
+from inspector.inputs.sources import parse_launch_script, read_launch_script
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 SCRIPTS, CONFIGS = FIXTURES / "scripts", FIXTURES / "configs"
@@ -104,10 +105,10 @@ def test_comments_quotes_and_equals():
 
 
 def test_yaml_and_json_configs():
-    yaml = load_config_file(str(CONFIGS / "llama3_8b.yaml"))
+    yaml = read_config(str(CONFIGS / "llama3_8b.yaml")).args
     preset = {k: v for k, v in PRESETS["llama3-8b"].args.items() if k != "transformer_impl"}
     assert {k: v for k, v in yaml.items() if k in preset} == preset
-    assert load_config_file(str(CONFIGS / "small.json")) == {
+    assert read_config(str(CONFIGS / "small.json")).args == {
         "num_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 1000,
         "pipeline_model_parallel_size": 2,
     }  # fmt: skip
@@ -131,7 +132,7 @@ def test_yaml_and_json_configs():
 )
 def test_config_errors(name, error, message):
     with pytest.raises(error) as raised:
-        load_config_file(str(CONFIGS / name))
+        read_config(str(CONFIGS / name))
     assert str(raised.value).endswith(message)
 
 
@@ -220,7 +221,7 @@ def test_duplicate_keys_in_config_files(tmp_path, name, text, message):
     path = tmp_path / name
     path.write_text(text)
     with pytest.raises(InputError) as raised:
-        load_config_file(str(path))
+        read_config(str(path))
     assert str(raised.value) == f"{tmp_path}/{message}"
 
 

@@ -257,7 +257,7 @@ def build(model: ModelConfig, layout: Layout, spec: str = "te", rank: int = 0, *
 
 def _config(model: ModelConfig, layout: Layout, extra: dict[str, Any]) -> Any:
     """Return world's TransformerConfig, remade with `extra` fields (and `config_class`)."""
-    config = world_config._transformer_config(model, layout, None)
+    config = world_config.transformer_config(model, layout, None)
     config_class = extra.pop("config_class", type(config))
     if not extra and config_class is type(config):
         return config

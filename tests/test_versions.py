@@ -89,16 +89,18 @@ def test_the_planner_emits_mtp_layout_strings_only_where_megatron_builds_them():
     # 5 layers over pp 2 split only by a layout string ('Etttt|tmL'): 0.13 has no plan with it
     from inspector.errors import ConfigError
     from inspector.inputs.resolve import Sources, merge_sources
-    from inspector.plan.search import _mtp_in_layouts, make_request, search
+    from inspector.plan.layouts import mtp_in_layouts
+    from inspector.plan.request import PlanFlags, make_request
+    from inspector.plan.search import search
 
     flags = dict(num_layers=5, hidden_size=64, num_attention_heads=4, seq_length=32,
                  vocab_size=1000, position_embedding_type="rope", mtp_num_layers=1,
                  untie_embeddings_and_output_weights=True, global_batch_size=4)
     args = merge_sources(Sources(flags=flags), ("model", "layout", "training")).args
-    req = make_request(args, 2, "h100", 1, 8, None, None, None, 0.65, 50)
+    req = make_request(args, PlanFlags(2, gpu_memory=1, top=50))
     from dataclasses import replace
 
-    assert _mtp_in_layouts() == MTP_IN_LAYOUT
+    assert mtp_in_layouts() == MTP_IN_LAYOUT
     if not MTP_IN_LAYOUT:
         with pytest.raises(ConfigError, match="admits no layout"):
             search(replace(req, fixed={"pp": 2}))
@@ -131,12 +133,12 @@ def test_mtp_in_a_layout_string_from_0_14(cli):
 )
 def test_layout_grammar_is_megatrons(layout):
     # 0.13-0.16 parse --pipeline-model-parallel-layout with the same parse_str_to_list; the job is
-    # checked without megatron (inspector.job.layout.expand_layout), so the two must agree.
+    # checked without megatron (inspector.job.pipeline_layout.expand_layout), so the two must agree.
     from megatron.core.transformer.pipeline_parallel_layer_layout import (
         PipelineParallelLayerLayout,
     )
 
-    from inspector.job.layout import expand_layout
+    from inspector.job.pipeline_layout import expand_layout
 
     names = {"embedding": "E", "loss": "L", "decoder": "t", "mtp": "m"}
     try:
@@ -173,3 +175,19 @@ def test_mtp_in_a_middle_virtual_chunk(cli):
         (0, 15): "MTP layers must be in the last stage together with Loss stage",
     }[VERSION[:2]]
     assert expected in result.err, result.err
+
+
+def test_null_tokenizer_vocabulary_is_the_installed_megatrons():
+    # Megatron-LM pads tokenizer.vocab_size; NullTokenizer's is --vocab-size + 1 up to 0.17 (its
+    # end-of-document token after the vocabulary) and --vocab-size from 0.18 (checked in
+    # Megatron-LM's tags core_v0.16.1, core_v0.17.1, core_v0.18.0).
+    from inspector.inputs.tokenizers import vocabulary
+    from inspector.inputs.versions import megatron_core_version, null_tokenizer_adds_eod
+
+    assert megatron_core_version() == VERSION
+    assert null_tokenizer_adds_eod() == (VERSION < (0, 18))
+    ours = vocabulary("NullTokenizer", None, 128256, None, "s.sh").size
+    assert ours == 128256 + (VERSION < (0, 18))
+    # megatron.core.tokenizers (0.15+; Megatron-LM's training builds it from 0.17) agrees
+    null = pytest.importorskip("megatron.core.tokenizers.text.libraries.null_tokenizer")
+    assert null.NullTokenizer(128256).vocab_size == ours

@@ -6,12 +6,8 @@ import pytest
 
 from inspector.errors import ConfigError
 from inspector.formulas.activations import layer_activations
-from inspector.formulas.walkthrough import (
-    WalkthroughStep,
-    attention_walkthrough,
-    mlp_walkthrough,
-    running_allocation,
-)
+from inspector.formulas.walkthrough import attention_walkthrough, mlp_walkthrough
+from inspector.formulas.walkthrough_steps import WalkthroughStep, running_allocation
 from inspector.job.dims import ModelDims
 from inspector.job.layout import Layout
 

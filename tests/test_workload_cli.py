@@ -69,7 +69,7 @@ def test_rewriting_a_previous_export_replaces_it_and_leaves_no_temporary(cli, tm
     "args, message",
     [
         ([*JOB], "Error: workload writes every stage into -o DIR, or one stage with --stage S; pass one\n"),
-        ([*JOB[:-2], "--stage", "0"], "Error: workload needs compute times: --gpu-tflops (FLOPs at that peak, estimates) or --compute-profile FILE (measured), one of them\n"),
+        ([*JOB[:-2], "--stage", "0"], "Error: workload needs compute times: --gpu or --gpu-tflops (FLOPs at that peak, estimates) or --compute-profile FILE (measured), one of them\n"),
         ([*JOB, "--stage", "5"], "Error: --stage 5 is out of range for --pp 2 (stages 0-1)\n"),
     ],
 )
@@ -78,11 +78,14 @@ def test_bad_input(cli, args, message):
     assert (result.code, result.out, result.err) == (2, "", message)
 
 
-def test_a_folder_with_other_files_is_refused_untouched(cli, tmp_path):
+def test_a_folder_with_other_files_is_written_into_and_they_stay(cli, tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     result = cli("workload", *JOB, "-o", str(tmp_path))
-    assert result.code == 2 and "holds other files" in result.err
-    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+    assert (result.code, result.err) == (0, "")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "index.csv", "notes.txt", "stage000.txt", "stage001.txt"
+    ]
+    assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
 def test_mtp_layers_are_on_the_stage_megatron_put_them(cli, tmp_path):

@@ -130,6 +130,12 @@ def _source_options() -> list[inspect.Parameter]:
             metavar="FILE",
         ),
         opt(
+            "hf_config",
+            "--hf-config",
+            help_text="An HF config.json, as Megatron-Bridge maps it.",
+            metavar="FILE",
+        ),
+        opt(
             "script",
             "--from-script",
             help_text="Training launch script to read arguments from.",
@@ -162,7 +168,8 @@ def model_options(*groups: str) -> Callable[[Callable[..., Any]], Callable[..., 
 
     The command receives them merged (resolve.py) as `args`; what the user should know about
     the merge (e.g. what a launch script set that is not modelled) goes to stderr first. A
-    command with a `label` parameter gets the model's name (script, config file or preset).
+    command with a `label` parameter gets the model's name (script, config file, HF config or
+    preset).
     """
     wanted = groups or ("model", "layout")
     specs = [spec for spec in ARGUMENTS if spec.group in wanted]
@@ -178,16 +185,20 @@ def model_options(*groups: str) -> Callable[[Callable[..., Any]], Callable[..., 
         @functools.wraps(func)
         def wrapper(**kwargs: Any) -> Any:
             from inspector.inputs.resolve import Sources, merge_sources
+            from inspector.output import write_stderr
 
             flags = {spec.name: kwargs.pop(spec.name) for spec in specs}
-            named = {k: kwargs.pop(k) for k in ("preset", "config_file", "script", "apex")}
+            sources = ("preset", "config_file", "hf_config", "script", "apex")
+            named = {k: kwargs.pop(k) for k in sources}
             settings = tuple(kwargs.pop("settings") or ())
             use_cache = not kwargs.pop("no_cache")
             resolved = merge_sources(Sources(flags=flags, settings=settings, **named), wanted)
             for note in resolved.notes:
-                typer.echo(note, err=True)
+                write_stderr(f"{note}\n")
             if "label" in inspect.signature(func).parameters:  # the model's name for the job line
-                kwargs["label"] = named["script"] or named["config_file"] or named["preset"]
+                kwargs["label"] = (
+                    named["script"] or named["config_file"] or named["hf_config"] or named["preset"]
+                )
             return func(args=resolved.args, use_cache=use_cache, **kwargs)
 
         wrapper.__signature__ = inspect.Signature(own + extra)  # type: ignore[attr-defined]
@@ -209,6 +220,17 @@ def _format_option(default: Enum, help_text: str) -> Any:
 def _output_option(help_text: str = "Write to FILE atomically.", metavar: str = "FILE") -> Any:
     return typer.Option(
         None, "-o", "--output", help=help_text, metavar=metavar, rich_help_panel=OUTPUT_HELP
+    )
+
+
+def _gpu_option(default: str | None, what: str = "") -> Any:
+    """Return the --gpu option: a GPU type of job/hardware.py's table."""
+    from inspector.job.hardware import GPUS
+
+    names = ", ".join(GPUS)  # TYPE: the metavar says what they are
+    given = f", default {default}" if default else ""
+    return typer.Option(
+        default, "--gpu", help=f"({names}){what}{given}.", metavar="TYPE", show_default=False
     )
 
 

@@ -7,9 +7,10 @@ version and a hash of its own source files, and the installed megatron-core and 
 ($XDG_CACHE_HOME/inspect-model, else ~/.cache/inspect-model); `--no-cache` bypasses it and
 INSPECT_MODEL_NO_CACHE=1 turns it off.
 
-Each entry starts with a header line carrying the sha256 and byte length of the text after it,
-checked on every load: an entry cut short, overwritten or re-encoded is a miss, never an answer,
-and the fresh result replaces it. Entries are written atomically (temporary file, rename).
+Each entry starts with a header line carrying the sha256 and byte length of the text after it
+and the entry's own key, checked on every load (the header first, against the file's size): an
+entry cut short, overwritten, re-encoded or copied over another key's is a miss, never an
+answer, and the fresh result replaces it. Entries are written atomically (temporary file, rename).
 """
 
 from __future__ import annotations
@@ -28,8 +29,13 @@ from inspector import __version__
 
 
 def directory() -> Path:
-    """Return the cache folder (not created until something is stored)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    """Return the cache folder (not created until something is stored).
+
+    The XDG rule: an XDG_CACHE_HOME that is not an absolute path is ignored, as is an empty one.
+    """
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):
+        base = os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "inspect-model"
 
 
@@ -71,33 +77,38 @@ def key(command: str, args: dict[str, Any], options: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-FORMAT = "inspect-model cache 1"
+FORMAT = "inspect-model cache 2"
+MAX_HEADER = 256  # bytes: the format, a sha256, a length and a key fit in well under this
 
 
-def encode(text: str) -> bytes:
-    """Return an entry's bytes: a header line with the text's sha256 and length, then the text."""
+def encode(text: str, entry: str = "") -> bytes:
+    """Return an entry's bytes: a header line with the text's sha256, length and key, then it."""
     data = text.encode("utf-8", "surrogateescape")
-    header = f"{FORMAT} sha256={hashlib.sha256(data).hexdigest()} length={len(data)}\n"
+    digest = hashlib.sha256(data).hexdigest()
+    header = f"{FORMAT} sha256={digest} length={len(data)} key={entry}\n"
     return header.encode("ascii") + data
 
 
-def decode(raw: bytes) -> str | None:
+def _header_fields(header: bytes) -> dict[str, str] | None:
+    """Return a header line's name=value fields, or None unless it is this format's."""
+    fields = header.decode("ascii", "replace").split(" ")
+    if " ".join(fields[:3]) != FORMAT or len(fields) != 6:
+        return None
+    pairs = dict(field.partition("=")[::2] for field in fields[3:])
+    return pairs if sorted(pairs) == ["key", "length", "sha256"] else None
+
+
+def decode(raw: bytes, entry: str = "") -> str | None:
     """Return the text of an entry's bytes, or None unless the header vouches for every byte.
 
-    An entry cut short, padded, overwritten with garbage, re-encoded or empty is a miss.
+    An entry cut short, padded, overwritten with garbage, re-encoded, empty or copied from
+    another key (another command's output) is a miss.
     """
     header, newline, data = raw.partition(b"\n")
-    if not newline:
+    fields = _header_fields(header) if newline else None
+    if fields is None or fields["key"] != entry or fields["length"] != str(len(data)):
         return None
-    fields = header.decode("ascii", "replace").split(" ")
-    if " ".join(fields[:3]) != FORMAT or len(fields) != 5:
-        return None
-    expected = {"sha256": hashlib.sha256(data).hexdigest(), "length": str(len(data))}
-    for field in fields[3:]:
-        name, _, value = field.partition("=")
-        if expected.pop(name, None) != value:
-            return None
-    if expected:
+    if fields["sha256"] != hashlib.sha256(data).hexdigest():
         return None
     return data.decode("utf-8", "surrogateescape")
 
@@ -107,15 +118,26 @@ def _path(entry: str) -> Path:
 
 
 def load(entry: str) -> str | None:
-    """Return a cached output, or None (a miss) when absent, unreadable or damaged."""
+    """Return a cached output, or None (a miss) when absent, unreadable or damaged.
+
+    The header is read and checked against the file's size before the rest is read, so a
+    damaged entry of any size costs one short read.
+    """
     path = _path(entry)
     try:
-        if not stat.S_ISREG(path.stat().st_mode):
-            return None  # never read a fifo or a device that took an entry's name
-        raw = path.read_bytes()
+        # O_NONBLOCK: opening a fifo that took an entry's name must not wait for a writer.
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb", buffering=0) as stream:
+            info = os.fstat(stream.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                return None  # a folder or a device that took an entry's name
+            header = stream.readline(MAX_HEADER)
+            fields = _header_fields(header.rstrip(b"\n"))
+            if fields is None or fields["length"] != str(info.st_size - len(header)):
+                return None
+            raw = header + stream.read(info.st_size - len(header))
     except OSError:
         return None
-    return decode(raw)
+    return decode(raw, entry)
 
 
 def store(entry: str, text: str) -> None:
@@ -124,7 +146,7 @@ def store(entry: str, text: str) -> None:
 
     try:
         directory().mkdir(parents=True, exist_ok=True)
-        replace_file(str(_path(entry)), encode(text))
+        replace_file(str(_path(entry)), encode(text, entry))
     except OSError:
         pass
 

@@ -15,6 +15,7 @@ from inspector.cli.app import (
     _Choice,
     _emit,
     _format_option,
+    _gpu_option,
     _job,
     _output_option,
     _PanelCommand,
@@ -24,6 +25,7 @@ from inspector.cli.app import (
     model_options,
 )
 from inspector.errors import ConfigError
+from inspector.job.hardware import DEFAULT_GPU
 from inspector.report.formats import (
     DiffFormat,
     MemoryFormat,
@@ -69,9 +71,13 @@ def topology(
 
     def produce() -> str:
         from inspector.job.layout import rank_map_layout
-        from inspector.render.topology import render_topology
+        from inspector.render.topology import render_topology_line, render_topology_table
+        from inspector.world.ranks import rank_coords, rank_positions
 
-        return render_topology(rank_map_layout(args), fmt)
+        layout = rank_map_layout(args)  # the coordinates come from megatron (world/ranks.py)
+        if fmt is TopologyFormat.table:
+            return render_topology_table(rank_coords(layout), layout)
+        return render_topology_line(rank_positions(layout), layout)
 
     _emit(cache.cached("topology", args, {"format": fmt}, use_cache, produce))
 
@@ -152,6 +158,7 @@ def memory(
     use_cache: bool,
     label: str | None,
     fmt: Any = _format_option(MemoryFormat.text, "text (with a bar chart), table or json."),
+    gpu: str | None = _gpu_option(None, ": memory and peak"),
     gpu_memory: float | None = typer.Option(
         None, "--gpu-memory", help="GPU memory in GiB: say which stages fit."
     ),
@@ -175,7 +182,7 @@ def memory(
     if walkthrough:
         from inspector.report.memory import check_walkthrough_flags
 
-        check_walkthrough_flags(gpu_memory=gpu_memory, gpu_tflops=gpu_tflops, mfu=mfu)
+        check_walkthrough_flags(gpu=gpu, gpu_memory=gpu_memory, gpu_tflops=gpu_tflops, mfu=mfu)
 
     def produce() -> str:
         from inspector.render import memory as render
@@ -183,7 +190,7 @@ def memory(
 
         job = _job(args)
         job.schedule()  # --micro-batch-size is required, and the batches must divide
-        hardware = core.make_hardware(gpu_memory, gpu_tflops, mfu)
+        hardware = core.make_hardware(gpu_memory, gpu_tflops, mfu, gpu, job.model.dtype_name)
         if walkthrough:
             from inspector.formulas.walkthrough import job_walkthroughs
 
@@ -202,6 +209,7 @@ def memory(
 
     options: dict[str, Any] = dict(
         fmt=fmt,
+        gpu=gpu,
         gpu_memory=gpu_memory,
         gpu_tflops=gpu_tflops,
         mfu=mfu,
@@ -219,6 +227,7 @@ def workload(
     use_cache: bool,
     fmt: Any = _format_option(WorkloadFormat.simai, "simai: SimAI workload files."),
     stage: int | None = _stage_option("Print this stage's file instead."),
+    gpu: str | None = _gpu_option(None, ": its peak"),
     gpu_tflops: float | None = typer.Option(
         None, "--gpu-tflops", help="Peak TFLOP/s per GPU: compute times from FLOPs."
     ),
@@ -238,6 +247,10 @@ def workload(
     if (output is None) == (stage is None):
         raise ConfigError("workload writes every stage into -o DIR, or one stage with --stage S; pass one")
 
+    if output is not None:
+        from inspector.export import check_export_target
+
+        check_export_target(output)  # before the build: a bad -o costs nothing
     profile = None
     if compute_profile is not None:
         from inspector.output import read_text
@@ -250,22 +263,22 @@ def workload(
         from inspector.world.build import build, select_view
 
         job = _job(args)
-        compute = compute_for(gpu_tflops, mfu, profile)
+        compute = compute_for(gpu_tflops, mfu, profile, gpu, job.model.dtype_name)
         with Progress() as progress:
             built = build(job, select_view(job, stage), expert_ranks=(0,), progress=progress)
         files = workload_files(context_for(built, compute), stage_inputs(built))
         return json.dumps(files, allow_nan=False)
 
-    options = dict(stage=stage, gpu_tflops=gpu_tflops, mfu=mfu, profile=profile, fmt=fmt)
+    options = dict(stage=stage, gpu=gpu, gpu_tflops=gpu_tflops, mfu=mfu, profile=profile, fmt=fmt)
     files: dict[str, str] = json.loads(cache.cached("workload", args, options, use_cache, produce))
     if output is None:
         from inspector.report.workload import file_name
 
         _emit(files[file_name(stage or 0)])
         return
-    from inspector.output import write_directory_atomic
+    from inspector.export import write_export
 
-    write_directory_atomic(output, files)
+    write_export(output, files)
 
 
 @app.command(cls=_PanelCommand)
@@ -303,12 +316,14 @@ def plan(
     label: str | None,
     gpus: int = typer.Option(..., "--gpus", help="GPUs in the cluster."),
     gpu_memory: float | None = typer.Option(
-        None, "--gpu-memory", help="GiB per GPU (default: the profile's)."
+        None, "--gpu-memory", help="GiB per GPU (default: the --gpu type's)."
     ),
-    gpu: str = typer.Option("h100", "--gpu", help="GPU profile: h100, h200 or a100-80gb."),
-    gpus_per_node: int = typer.Option(8, "--gpus-per-node", help="GPUs per node (NVLink domain)."),
+    gpu: str = _gpu_option(DEFAULT_GPU),
+    gpus_per_node: int | None = typer.Option(
+        None, "--gpus-per-node", help="GPUs per NVLink domain (default: the type's)."
+    ),
     gpu_tflops: float | None = typer.Option(
-        None, "--gpu-tflops", help="Dense 16-bit peak (default: the profile's)."
+        None, "--gpu-tflops", help="16-bit peak TFLOP/s (default: the type's)."
     ),
     intra_bandwidth: float | None = typer.Option(
         None, "--intra-node-bandwidth", help="NVLink GB/s per GPU, each way."
@@ -316,8 +331,9 @@ def plan(
     inter_bandwidth: float | None = typer.Option(
         None, "--inter-node-bandwidth", help="InfiniBand GB/s per GPU, each way."
     ),
-    efficiency: float = typer.Option(
-        0.65, "--efficiency", help="Fraction of peak a GEMM reaches."
+    efficiency: float | None = typer.Option(
+        None, "--efficiency",
+        help="Price every FLOP at this fraction of peak, not from the kernel tables.",
     ),
     top: int = typer.Option(5, "--top", help="How many plans to list."),
     explain: bool = typer.Option(False, "--explain", help="Say why plan 1 wins."),
@@ -327,12 +343,16 @@ def plan(
 ) -> None:
     """Rank the parallel layouts of a model on N GPUs by estimated step time, with the flags to paste."""
     from inspector.plan import search as core
+    from inspector.plan.request import PlanFlags, make_request
     from inspector.render import plan as render
 
-    request = core.make_request(
-        args, gpus, gpu, gpu_memory, gpus_per_node, gpu_tflops, intra_bandwidth,
-        inter_bandwidth, efficiency, top,
-    )
+    flags = PlanFlags(gpus, gpu, gpu_memory, gpus_per_node, gpu_tflops, intra_bandwidth,
+                      inter_bandwidth, efficiency, top)
+    request = make_request(args, flags)
+    if svg is not None:
+        from inspector.output import check_target
+
+        check_target(svg, "--svg")  # before the search: a bad --svg costs nothing
     progress = core.progress_line()
     result = core.search(request, progress)
     if progress is not None:  # the search's speed, on the terminal only (stdout stays identical)
@@ -347,5 +367,5 @@ def plan(
     if svg is not None and result.plans:
         from inspector.output import write_atomic
 
-        write_atomic(svg, render.render_svg(result.plans[0]))
+        write_atomic(svg, render.render_svg(result.plans[0]), "--svg")
     _emit(text, output)

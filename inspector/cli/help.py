@@ -30,14 +30,13 @@ COMMON = (
     "--tp", "--pp", "--dp", "--sequence-parallel", "--use-distributed-optimizer",
 )  # fmt: skip
 TRAINING_COMMON = (
-    "--bf16", "--seq-length", "--tp", "--pp", "--dp", "--sequence-parallel",
-    "--use-distributed-optimizer", "--micro-batch-size", "--global-batch-size",
-    "--recompute-granularity", "--use-flash-attn",
+    "--bf16", "--seq-length", "--tp", "--pp", "--dp", "--use-distributed-optimizer",
+    "--micro-batch-size", "--global-batch-size",
 )  # fmt: skip
 COMMON_BY_COMMAND = {
     "memory": TRAINING_COMMON,
     "workload": TRAINING_COMMON,
-    "plan": ("--bf16", "--seq-length", "--global-batch-size", "--tp", "--pp", "--micro-batch-size"),
+    "plan": ("--bf16", "--seq-length", "--global-batch-size", "--micro-batch-size"),
 }
 # Input options `-h` leaves to `--help-all`.
 RARE_INPUTS = ("--no-cache", "--apex")

@@ -41,10 +41,16 @@ reduce exactly to the table. Assumptions, all the paper's unless said otherwise:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 from inspector.errors import ConfigError
+from inspector.formulas.activation_records import (
+    EmbeddingActivations,
+    LayerActivations,
+    OutputActivations,
+    StageActivations,
+)
+from inspector.formulas.recompute import mtp_recompute, recompute_buffer, recompute_plan
 from inspector.job.dims import ModelDims, live_microbatches
 from inspector.job.job import RECOMPUTE_MODES, Recompute
 from inspector.job.layout import Layout
@@ -52,65 +58,6 @@ from inspector.job.layout import Layout
 MASK = 1  # bytes per dropout-mask element (torch stores a bool)
 FP32 = 4  # bytes per fp32 element (softmax statistics, logits of the loss)
 TOKEN_ID = 8  # bytes per int64 token id
-
-
-@dataclass(frozen=True)
-class LayerActivations:
-    """Bytes one transformer layer keeps for backward, for one micro-batch on one rank."""
-
-    norms: float  # inputs of the two norms (paper: 4sbh)
-    attention: float  # QKV input, Q, K, V, projection input, dropout mask (paper: 11sbh)
-    core_attention: float  # softmax output, its dropout mask and output (5as^2b), or flash stats
-    mlp: float  # fc1 input, activation input and output, dropout mask (paper: 19sbh)
-    checkpoint: float  # full recomputation: the layer input, the only thing kept
-
-    @property
-    def total(self) -> float:
-        """Return the layer's bytes."""
-        return self.norms + self.attention + self.core_attention + self.mlp + self.checkpoint
-
-
-@dataclass(frozen=True)
-class EmbeddingActivations:
-    """Bytes the first stage's embedding keeps per micro-batch on one rank."""
-
-    token_ids: float  # int64 ids, kept by the embedding lookup's backward
-    dropout_mask: float  # embedding dropout mask (paper Section 4.4: sbh/t with SP)
-
-    @property
-    def total(self) -> float:
-        """Return the embedding's bytes."""
-        return self.token_ids + self.dropout_mask
-
-
-@dataclass(frozen=True)
-class OutputActivations:
-    """Bytes the last stage's final norm, output layer and loss keep per micro-batch."""
-
-    final_norm_input: float  # 2sbh (/t with SP)
-    output_layer_input: float  # 2sbh (/t with SP)
-    logits: float  # fp32 logits of the cross-entropy loss, 4sbv/t
-
-    @property
-    def total(self) -> float:
-        """Return the output side's bytes (paper Section 4.4: 4sbh/t (1 + v/h) with SP)."""
-        return self.final_norm_input + self.output_layer_input + self.logits
-
-
-@dataclass(frozen=True)
-class StageActivations:
-    """Peak activation bytes of one pipeline stage on one rank, split by origin."""
-
-    layers: float  # transformer layers, times the micro-batches in flight per chunk
-    embedding: float  # first stage only
-    output: float  # last stage only
-    recompute_buffer: float  # full recomputation: one layer rebuilt during backward
-    in_flight: tuple[int, ...]  # micro-batches holding activations per chunk at the peak
-
-    @property
-    def total(self) -> float:
-        """Return the stage's peak bytes."""
-        return self.layers + self.embedding + self.output + self.recompute_buffer
 
 
 def check_activation_inputs(
@@ -335,108 +282,36 @@ def stage_activations(
 ) -> StageActivations:
     """Return the peak activation bytes of pipeline `stage` on one rank.
 
-    Args:
-        dims, par: model dimensions and parallel sizes (`par.pp`, `par.chunks`).
-        stage: pipeline rank, 0-based.
-        chunk_layers: the 0-based global layer indices of each of the stage's model chunks,
-            as megatron placed them (one sequence per virtual chunk).
-        micro_batch_size, num_microbatches: b and m.
-        recompute, flash_attention: see `layer_activations`.
-        recompute_method, recompute_num_layers: full recomputation's groups (`recompute_plan`).
-        group_size: `--microbatch-group-size-per-virtual-pipeline-stage` (default p).
-        mtp_chunks: multi-token-prediction layers per chunk (megatron's placement; empty: none),
-            counted with the output side (`mtp_activations`).
-
-    The stage's peak is the schedule point (see `live_microbatches`) with the most bytes, each
-    chunk contributing its micro-batches alive times its per-micro-batch bytes. Stage 0's first
-    chunk adds the embedding, the last stage's last chunk the output layer and loss.
+    `chunk_layers` holds the 0-based global layers of each of the stage's virtual chunks as
+    megatron placed them, `mtp_chunks` the multi-token-prediction layers per chunk (counted with
+    the output side, `mtp_activations`); b and m are `micro_batch_size` and `num_microbatches`;
+    `group_size` is `--microbatch-group-size-per-virtual-pipeline-stage` (default p); recompute
+    and flash attention as in `layer_activations`, full recomputation's groups `recompute_plan`'s.
+    The peak is the schedule point (`live_microbatches`) with the most bytes, each chunk adding
+    its live micro-batches times its bytes per micro-batch; stage 0's first chunk adds the
+    embedding, the last stage's last chunk the output layer and loss.
     """
+    _check_chunks(par, stage, chunk_layers)
+    plan = recompute_plan(stage, chunk_layers, recompute, recompute_method, recompute_num_layers)
+    b, flash = micro_batch_size, flash_attention
+    layers, embedding, output = _chunk_bytes(dims, par, stage, chunk_layers, b, plan, flash)
+    if any(mtp_chunks):
+        mtp = mtp_activations(dims, par, b, mtp_recompute(recompute, recompute_method), flash)
+        output = tuple(x + (mtp if n else 0.0) for x, n in zip(output, mtp_chunks, strict=True))
+    points = live_microbatches(stage, par.pp, num_microbatches, par.chunks, group_size)
+    peak = max(points, key=lambda pt: sum(_weigh(pt, x) for x in (layers, embedding, output)))
+    rebuilt = recompute_buffer(plan, lambda i: layer_activations(dims, par, i, b, "none", flash).total)
+    layer_bytes, embedding_bytes, output_bytes = (_weigh(peak, x) for x in (layers, embedding, output))
+    return StageActivations(layer_bytes, embedding_bytes, output_bytes, rebuilt, in_flight=peak)
+
+
+def _check_chunks(par: Layout, stage: int, chunk_layers: Sequence[Sequence[int]]) -> None:
+    """Raise ConfigError unless the stage has one layer list per virtual chunk."""
     if len(chunk_layers) != par.chunks:
         raise ConfigError(
             f"stage {stage} has {len(chunk_layers)} chunks but --num-virtual-stages-per-"
             f"pipeline-rank is {par.chunks}"
         )
-    plan = recompute_plan(stage, chunk_layers, recompute, recompute_method, recompute_num_layers)
-    layers, embedding, output = _chunk_bytes(
-        dims, par, stage, chunk_layers, micro_batch_size, plan, flash_attention
-    )
-    if any(mtp_chunks):
-        mode = mtp_recompute(recompute, recompute_method)
-        mtp = mtp_activations(dims, par, micro_batch_size, mode, flash_attention)
-        output = tuple(x + (mtp if n else 0.0) for x, n in zip(output, mtp_chunks, strict=True))
-    points = live_microbatches(stage, par.pp, num_microbatches, par.chunks, group_size)
-    peak = max(
-        points,
-        key=lambda pt: _weigh(pt, layers) + _weigh(pt, embedding) + _weigh(pt, output),
-    )
-    buffer = recompute_buffer(
-        plan,
-        lambda i: layer_activations(dims, par, i, micro_batch_size, "none", flash_attention).total,
-    )
-    return StageActivations(
-        layers=_weigh(peak, layers),
-        embedding=_weigh(peak, embedding),
-        output=_weigh(peak, output),
-        recompute_buffer=buffer,
-        in_flight=peak,
-    )
-
-
-def recompute_buffer(
-    plan: list[list[tuple[Sequence[int], Recompute]]], layer_bytes: Callable[[int], float]
-) -> float:
-    """Return the bytes backward rebuilds at once: one checkpointed group, for one micro-batch.
-
-    `layer_bytes(i)`: layer i's bytes without recomputation.
-    """
-    rebuilt = (
-        sum(layer_bytes(i) for i in group) for chunk in plan for group, mode in chunk if mode == "full"
-    )
-    return max(rebuilt, default=0.0)
-
-
-def mtp_recompute(recompute: Recompute, method: str) -> Recompute:
-    """Return how the multi-token-prediction layers recompute.
-
-    megatron-core `MultiTokenPredictionLayer._checkpointed_forward`: with `--recompute-method
-    block` it warns "block is not supported for MTP yet. Skipping recompute." and runs the layer
-    normally; `uniform` checkpoints it.
-    """
-    return "none" if recompute == "full" and method == "block" else recompute
-
-
-def recompute_plan(
-    stage: int,
-    chunk_layers: Sequence[Sequence[int]],
-    recompute: Recompute,
-    method: str,
-    num_layers: int,
-) -> list[list[tuple[Sequence[int], Recompute]]]:
-    """Return each chunk's layer groups and how each group keeps its activations.
-
-    megatron-core `TransformerBlock._checkpointed_forward`, per model chunk of L layers:
-    `uniform` checkpoints the input of every group of N consecutive layers (L must be a multiple
-    of N: a partial group indexes past the chunk); `block` checkpoints layers 0..N-1 one at a time
-    and runs the rest normally, keeping all their activations. Other modes: one group per layer.
-    """
-    if recompute != "full":
-        return [[((i,), recompute) for i in chunk] for chunk in chunk_layers]
-    plan: list[list[tuple[Sequence[int], Recompute]]] = []
-    for index, chunk in enumerate(chunk_layers):
-        layers = list(chunk)
-        if method == "block":
-            plan.append([((i,), "full" if k < num_layers else "none") for k, i in enumerate(layers)])
-            continue
-        if len(layers) % num_layers:
-            raise ConfigError(
-                f"--recompute-method uniform --recompute-num-layers {num_layers} does not divide "
-                f"the {len(layers)} layers of stage {stage} chunk {index}: megatron-core "
-                "checkpoints groups of N layers per chunk and fails on a partial group"
-            )
-        plan.append(
-            [(layers[k : k + num_layers], "full") for k in range(0, len(layers), num_layers)]
-        )
-    return plan
 
 
 def _weigh(point: tuple[int, ...], per_chunk: Sequence[float]) -> float:

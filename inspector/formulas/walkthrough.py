@@ -26,50 +26,24 @@ FLOPs but never materialises the scores: rows marked "naive" exist only without 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from math import prod
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from inspector.errors import ConfigError
+from inspector.formulas.walkthrough_steps import (
+    Mode,
+    Walk,
+    WalkthroughStep,
+    comm_step,
+    weight_step,
+)
+from inspector.job.checks import check_at_least_one
 from inspector.job.dims import ModelDims
-from inspector.job.model import check_at_least_one
 
 if TYPE_CHECKING:
     from inspector.job.job import Job
 
-Mode = Literal["tp", "ulysses", "cp", "mlp"]
-Kind = Literal["activation", "weight", "communication"]
-Materialized = Literal["always", "naive", "flash"]
-
 DEGREE_FLAGS = {"tp": "--tp", "ulysses": "--ulysses-degree", "cp": "--context-parallel-size"}
-HALF = 2  # bytes per 16-bit element
 FP32 = 4  # bytes of the softmax statistics
-
-
-@dataclass(frozen=True)
-class WalkthroughStep:
-    """One tensor of the attention layer on one rank, and the FLOPs that produce it."""
-
-    name: str
-    layout: str  # logical per-rank layout, e.g. "[b, h/P, N, N]"
-    shape: tuple[int, ...]  # the same layout with numbers
-    flops_global: float  # forward FLOPs of this step for the whole layer, all ranks
-    flops_rank: float  # forward FLOPs this rank executes (replicated heads included)
-    kind: Kind = "activation"
-    materialized: Materialized = "always"  # "naive": without flash attention only
-    bytes_per_element: int = HALF
-    note: str = ""
-    in_place: bool = False  # written into an existing buffer (an all-reduce): allocates nothing
-    freed: bool = False  # released once the step is done (the MLP's forward-only intermediate)
-
-    @property
-    def elements(self) -> int:
-        """Return the number of elements this rank holds."""
-        return prod(self.shape)
-
-    @property
-    def bytes(self) -> int:
-        """Return the bytes this rank holds."""
-        return self.elements * self.bytes_per_element
 
 
 @dataclass(frozen=True)
@@ -172,16 +146,6 @@ def _core(
     ]
 
 
-def _weight(name: str, layout: str, shape: tuple[int, ...]) -> WalkthroughStep:
-    """Return a weight row (no FLOPs)."""
-    return WalkthroughStep(name, layout, shape, 0.0, 0.0, kind="weight")
-
-
-def _comm(name: str, layout: str, shape: tuple[int, ...], note: str = "") -> WalkthroughStep:
-    """Return a communication row: the tensor this rank holds after the collective."""
-    return WalkthroughStep(name, layout, shape, 0.0, 0.0, kind="communication", note=note)
-
-
 def _output(z: _Sizes, tokens: int, tok: str, heads: int, name: str) -> WalkthroughStep:
     """Return Y = O W_o for `tokens` local tokens and `heads` local heads."""
     return WalkthroughStep(
@@ -213,19 +177,19 @@ def _tensor_parallel(z: _Sizes, sequence_parallel: bool) -> list[WalkthroughStep
         )
     ]
     if sequence_parallel:
-        steps.append(_comm("x: all-gather along N", "[N, b, H]", (n, b, hid)))
+        steps.append(comm_step("x: all-gather along N", "[N, b, H]", (n, b, hid)))
     qkv_layout = "[(h + 2g) d/P, H]" if z.g_label == "g/P" else "[(h/P + 2) d, H]"
     shard = ((z.a_rank + 2 * z.g_rank) * d, hid)
-    steps.append(_weight("W_qkv: QKV weight, column shard", qkv_layout, shard))
+    steps.append(weight_step("W_qkv: QKV weight, column shard", qkv_layout, shard))
     note = _replication_note(z)
     steps.append(_projections(z, n, "N", (z.a_rank, "h/P"), (z.g_rank, z.g_label), note))
     steps += _core(z, (n, "N"), (n, "N"), "h/P")
-    steps.append(_weight("W_o: output weight, row shard", "[H, h d/P]", (hid, z.a_rank * d)))
+    steps.append(weight_step("W_o: output weight, row shard", "[H, h d/P]", (hid, z.a_rank * d)))
     steps.append(_output(z, n, "N", z.a_rank, "Y = O W_o (partial sums)"))
     if sequence_parallel:
-        steps.append(_comm("Y: reduce-scatter along N", "[N/P, b, H]", (n // p, b, hid)))
+        steps.append(comm_step("Y: reduce-scatter along N", "[N/P, b, H]", (n // p, b, hid)))
     else:
-        steps.append(replace(_comm("Y: all-reduce", "[N, b, H]", (n, b, hid)), in_place=True))
+        steps.append(replace(comm_step("Y: all-reduce", "[N, b, H]", (n, b, hid)), in_place=True))
     return steps
 
 
@@ -235,19 +199,19 @@ def _ulysses(z: _Sizes) -> list[WalkthroughStep]:
     local = n // p
     steps = [
         WalkthroughStep("x: layer input", "[N/P, b, H]", (local, b, hid), 0.0, 0.0),
-        _weight("W_qkv: QKV weight, whole", "[(h + 2g) d, H]", ((z.a + 2 * z.g) * d, hid)),
+        weight_step("W_qkv: QKV weight, whole", "[(h + 2g) d, H]", ((z.a + 2 * z.g) * d, hid)),
     ]
     steps.append(_projections(z, local, "N/P", (z.a, "h"), (z.g, "g")))
     note = _replication_note(z)
     steps += [
-        _comm("Q: all-to-all, gather N, scatter heads", "[N, b, h/P, d]", (n, b, z.a_rank, d)),
-        _comm(
+        comm_step("Q: all-to-all, gather N, scatter heads", "[N, b, h/P, d]", (n, b, z.a_rank, d)),
+        comm_step(
             "K: all-to-all, gather N, scatter heads",
             f"[N, b, {z.g_label}, d]",
             (n, b, z.g_rank, d),
             note,
         ),
-        _comm(
+        comm_step(
             "V: all-to-all, gather N, scatter heads",
             f"[N, b, {z.g_label}, d]",
             (n, b, z.g_rank, d),
@@ -256,8 +220,8 @@ def _ulysses(z: _Sizes) -> list[WalkthroughStep]:
     ]
     steps += _core(z, (n, "N"), (n, "N"), "h/P")
     steps += [
-        _comm("O: all-to-all, scatter N, gather heads", "[N/P, b, h, d]", (local, b, z.a, d)),
-        _weight("W_o: output weight, whole", "[H, h d]", (hid, z.a * d)),
+        comm_step("O: all-to-all, scatter N, gather heads", "[N/P, b, h, d]", (local, b, z.a, d)),
+        weight_step("W_o: output weight, whole", "[H, h d]", (hid, z.a * d)),
         _output(z, local, "N/P", z.a, "Y = O W_o"),
     ]
     return steps
@@ -276,11 +240,11 @@ def _context_parallel(z: _Sizes) -> list[WalkthroughStep]:
             0.0,
             note="two chunks of N/(2P) tokens, balancing the causal mask",
         ),
-        _weight("W_qkv: QKV weight, whole", "[(h + 2g) d, H]", ((z.a + 2 * z.g) * d, hid)),
+        weight_step("W_qkv: QKV weight, whole", "[(h + 2g) d, H]", ((z.a + 2 * z.g) * d, hid)),
     ]
     steps.append(_projections(z, local, "N/P", (z.a, "h"), (z.g, "g")))
     steps.append(
-        _comm(
+        comm_step(
             "K, V: received from the previous rank",
             "[2, N/P, b, g, d]",
             (2, local, b, z.g, d),
@@ -291,7 +255,7 @@ def _context_parallel(z: _Sizes) -> list[WalkthroughStep]:
         z, (local, "N/P"), (local, "N/P"), "h", note=f"one block per ring step, {p} steps"
     )
     steps += [
-        _weight("W_o: output weight, whole", "[H, h d]", (hid, z.a * d)),
+        weight_step("W_o: output weight, whole", "[H, h d]", (hid, z.a * d)),
         _output(z, local, "N/P", z.a, "Y = O W_o"),
     ]
     return steps
@@ -341,17 +305,25 @@ def mlp_walkthrough(
         raise ConfigError(
             f"--ffn-hidden-size {f} is not divisible by --tp {tp} ({f} % {tp} = {f % tp})"
         )
-    local = micro_batch_size * dims.seq_length
-    tokens, shard = local * dp, f // tp
-    count = layers or dims.num_layers
-    fc1 = float(2 * tokens * hid * gate * f)
-    fc2 = float(2 * tokens * f * hid)
+    local, shard, count = micro_batch_size * dims.seq_length, f // tp, layers or dims.num_layers
     w1 = "[L, H, 2F/TP]" if gate == 2 else "[L, H, F/TP]"
-    inter = "[N/DP, 2F/TP]" if gate == 2 else "[N/DP, F/TP]"
     return [
         WalkthroughStep("input: this rank's tokens", "[N/DP, H]", (local, hid), 0.0, 0.0),
-        _weight("W1: fc1 weights of L layers, column shard", w1, (count, hid, gate * shard)),
-        _weight("W2: fc2 weights of L layers, row shard", "[L, F/TP, H]", (count, shard, hid)),
+        weight_step("W1: fc1 weights of L layers, column shard", w1, (count, hid, gate * shard)),
+        weight_step("W2: fc2 weights of L layers, row shard", "[L, F/TP, H]", (count, shard, hid)),
+        *_mlp_products(dims, local, dp, tp),
+        replace(comm_step("Y: all-reduce over TP, in place", "[N/DP, H]", (local, hid)), in_place=True),
+    ]
+
+
+def _mlp_products(dims: ModelDims, local: int, dp: int, tp: int) -> list[WalkthroughStep]:
+    """Return the MLP's two matrix products on one rank of `local` tokens (N/DP)."""
+    f, gate, hid = dims.ffn, dims.gated_multiplier, dims.hidden_size
+    tokens, shard = local * dp, f // tp
+    fc1 = float(2 * tokens * hid * gate * f)
+    fc2 = float(2 * tokens * f * hid)
+    inter = "[N/DP, 2F/TP]" if gate == 2 else "[N/DP, F/TP]"
+    return [
         WalkthroughStep(
             "inter = input W1",
             inter,
@@ -364,41 +336,7 @@ def mlp_walkthrough(
         WalkthroughStep(
             "Y = inter W2 (partial sums)", "[N/DP, H]", (local, hid), fc2, fc2 / (dp * tp)
         ),
-        replace(_comm("Y: all-reduce over TP, in place", "[N/DP, H]", (local, hid)), in_place=True),
     ]
-
-
-@dataclass(frozen=True)
-class Allocation:
-    """What one rank has allocated after a step: now, and at most so far."""
-
-    current: int
-    peak: int
-
-
-def running_allocation(steps: list[WalkthroughStep]) -> list[Allocation]:
-    """Return the allocation after each step, as torch.cuda.memory_allocated and
-    max_memory_allocated report when each step's tensors are kept.
-
-    Every step's tensor stays allocated (weights and activations alike), except an in-place
-    collective (no new buffer) and a step marked `freed` (released once the next step is done).
-    The path is the one without flash attention (the score matrix exists); rows that exist only
-    with flash attention add nothing.
-    """
-    current = peak = 0
-    release = 0
-    out = []
-    for step in steps:
-        if not step.in_place and step.materialized != "flash":
-            current += step.bytes
-        peak = max(peak, current)
-        current -= release
-        release = step.bytes if step.freed else 0
-        out.append(Allocation(current, peak))
-    return out
-
-
-Walk = tuple[Mode, int, list[WalkthroughStep]]
 
 
 def job_walkthroughs(job: Job, ulysses_degree: int | None) -> list[Walk]:

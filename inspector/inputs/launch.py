@@ -27,13 +27,37 @@ def _is_program(word: str) -> bool:
 
 def is_launch(argv: Sequence[str]) -> bool:
     """Whether a command runs a Python training program (a `.py` file) through a known launcher."""
-    return bool(argv) and _is_program(argv[0]) and any(w.endswith(".py") for w in argv[1:])
+    return bool(argv) and _is_program(argv[0]) and program_index(argv) is not None
+
+
+def program_index(argv: Sequence[str]) -> int | None:
+    """Where the launched `.py` program stands in a launch command, or None where the command runs
+    something else: `python -c CODE` runs CODE and `python -m MODULE` runs MODULE (the words after
+    them are that code's arguments), unless MODULE is torch's launcher."""
+    index = next((i for i, word in enumerate(argv) if i and word.endswith(".py")), None)
+    if index is None:
+        return None
+    for segment_start, segment in _segment_starts(argv):
+        if segment.kind != "python" or segment_start >= index:
+            continue
+        words = argv[segment_start + 1 : index]
+        if "-c" in words or ("-m" in words and _module(segment.words) not in _TORCHRUN_MODULES):
+            return None
+    return index
+
+
+def _segment_starts(argv: Sequence[str]) -> list[tuple[int, Segment]]:
+    start, out = 0, []
+    for segment in segments(argv):
+        out.append((start, segment))
+        start += len(segment.words)
+    return out
 
 
 def program_arguments(argv: Sequence[str]) -> list[str]:
     """Return the arguments after the launched `.py` program."""
-    index = next(i for i, word in enumerate(argv) if i and word.endswith(".py"))
-    return list(argv[index + 1 :])
+    index = program_index(argv)
+    return list(argv[index + 1 :]) if index is not None else []
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inspector.errors import ConfigError
 from inspector.inputs.arguments import BY_NAME
+from inspector.inputs.refusals import raise_refusals
+
+if TYPE_CHECKING:
+    from inspector.inputs.sources import ScriptArgs
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,7 @@ class Sources:
     flags: dict[str, Any] = field(default_factory=dict)  # values given on the command line
     apex: bool | None = None
     settings: tuple[str, ...] = ()  # --set NAME=VALUE: what the launch script's environment holds
+    hf_config: str | None = None  # a Hugging Face config.json (after the preset, before --config)
 
 
 @dataclass(frozen=True)
@@ -38,37 +43,8 @@ class Resolved:
 
 def merge_sources(sources: Sources, groups: tuple[str, ...]) -> Resolved:
     """Merge preset, config file, launch script and flags (later ones winning) for `groups`."""
-    layers: list[dict[str, Any]] = []
     notes: list[str] = []
-    world: tuple[int | None, str] = (None, "")
-    if sources.preset is not None:
-        from inspector.inputs.presets import get_preset
-
-        layers.append(dict(get_preset(sources.preset).args))
-    if sources.config_file is not None:
-        from inspector.inputs.sources import load_config_file
-
-        layers.append(_megatron_lm_defaults(load_config_file(sources.config_file)))
-    if sources.script is not None:
-        from inspector.inputs.sources import read_launch_script
-
-        parsed = read_launch_script(sources.script, parse_settings(sources.settings))
-        _refuse(parsed.refused, groups)
-        if parsed.ignored:
-            notes.append(f"Ignored from {sources.script}: {' '.join(parsed.ignored)}")
-        if parsed.unrecognised:
-            notes.append(
-                f"Not recognised from {sources.script} (not a Megatron-LM argument this tool "
-                f"knows; check it changes nothing a GPU holds): {' '.join(parsed.unrecognised)}"
-            )
-        notes.extend(f"Note from {sources.script}: {note}" for note in parsed.notes)
-        if parsed.vocab_problem and sources.flags.get("vocab_size") is None:
-            raise ConfigError(parsed.vocab_problem)
-        layers.append(_megatron_lm_defaults(parsed.args))
-        world = (parsed.world_size, parsed.world_origin)
-    layers.append({name: value for name, value in sources.flags.items() if value is not None})
-    if sources.apex is not None:
-        layers.append({"apex": sources.apex})
+    layers, world = _source_layers(sources, groups, notes)
     merged: dict[str, Any] = {}
     for layer in layers:
         merged.update(layer)
@@ -89,11 +65,54 @@ def merge_sources(sources: Sources, groups: tuple[str, ...]) -> Resolved:
     return Resolved(args, tuple(notes))
 
 
-def _refuse(refused: tuple[tuple[str, str], ...], groups: tuple[str, ...]) -> None:
-    """Raise ConfigError for the first refused script argument this command would read."""
-    for group, message in refused:
-        if group in groups:
-            raise ConfigError(message)
+def _source_layers(
+    sources: Sources, groups: tuple[str, ...], notes: list[str]
+) -> tuple[list[dict[str, Any]], tuple[int | None, str]]:
+    """Return the argument layers, the lowest first, and the launch script's world size."""
+    layers: list[dict[str, Any]] = []
+    world: tuple[int | None, str] = (None, "")
+    if sources.preset is not None:
+        from inspector.inputs.presets import get_preset
+
+        layers.append(dict(get_preset(sources.preset).args))
+    if sources.hf_config is not None:
+        from inspector.inputs.hf import read_hf_config
+
+        hf = read_hf_config(sources.hf_config)
+        layers.append(_file_layer(hf, sources.hf_config, sources, groups, notes))
+    if sources.config_file is not None:
+        from inspector.inputs.megatron_config import read_config
+
+        config = read_config(sources.config_file)
+        layers.append(_file_layer(config, sources.config_file, sources, groups, notes))
+    if sources.script is not None:
+        from inspector.inputs.sources import read_launch_script
+
+        parsed = read_launch_script(sources.script, parse_settings(sources.settings))
+        layers.append(_file_layer(parsed, sources.script, sources, groups, notes))
+        world = (parsed.world_size, parsed.world_origin)
+    layers.append({name: value for name, value in sources.flags.items() if value is not None})
+    if sources.apex is not None:
+        layers.append({"apex": sources.apex})
+    return layers, world
+
+
+def _file_layer(parsed: ScriptArgs, origin: str, sources: Sources, groups: tuple[str, ...],
+                notes: list[str]) -> dict[str, Any]:  # fmt: skip
+    """Return the arguments a config file or launch script sets, after its refusals (one error
+    naming them all) and its notes (what is ignored, not recognised, derived)."""
+    raise_refusals(parsed.refused, groups)
+    if parsed.ignored:
+        notes.append(f"Ignored from {origin}: {' '.join(parsed.ignored)}")
+    if parsed.unrecognised:
+        notes.append(
+            f"Not recognised from {origin} (not a Megatron-LM argument this tool "
+            f"knows; check it changes nothing a GPU holds): {' '.join(parsed.unrecognised)}"
+        )
+    notes.extend(f"Note from {origin}: {note}" for note in parsed.notes)
+    if parsed.vocab_problem and sources.flags.get("vocab_size") is None:
+        raise ConfigError(parsed.vocab_problem)
+    return _megatron_lm_defaults(parsed.args)
 
 
 def _megatron_lm_defaults(args: dict[str, Any]) -> dict[str, Any]:

@@ -9,17 +9,15 @@ the training command is the one that launches a Python file (`torchrun ... pretr
 
 from __future__ import annotations
 
-import difflib
-import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-import inspector.inputs.bash.commands  # noqa: F401 - registers the commands the shell interprets
 from inspector.errors import ConfigError, InputError
 from inspector.inputs.arguments import BY_NAME, ArgSpec
 from inspector.inputs.bash.context import Command, Context, describe_unknown
-from inspector.inputs.bash.shell import _Break, _Exit, _Return, new_shell
+from inspector.inputs.bash.interpreter import interpret
+from inspector.inputs.entry_points import program_checks
 from inspector.inputs.launch import (
     Require,
     World,
@@ -28,8 +26,10 @@ from inspector.inputs.launch import (
     sbatch_options,
     world_of,
 )
-from inspector.inputs.tokenizers import vocabulary
-from inspector.inputs.unmodelled import IGNORED, REFUSED, RENAMED, refusal_message
+from inspector.inputs.refusals import Refused, refused_argument
+from inspector.inputs.safe_parse import parse_json, parse_yaml
+from inspector.inputs.tokenizers import TOKENIZER_FLAGS, apply_tokenizer
+from inspector.inputs.unmodelled import IGNORED, REFUSED, RENAMED
 from inspector.output import read_text
 
 
@@ -46,7 +46,7 @@ class ScriptArgs:
     launch: tuple[str, ...] = ()  # the launch command as bash runs it, from the launcher on
     notes: tuple[str, ...] = ()  # how a value was derived (the tokenizer's vocabulary), for stderr
     vocab_problem: str = ""  # an error unless the command line gives --vocab-size
-    refused: tuple[tuple[str, str], ...] = ()  # (argument group, error) for refused arguments
+    refused: tuple[Refused, ...] = ()  # arguments refused (inspector.inputs.refusals)
     unrecognised: tuple[str, ...] = ()  # flags in none of Megatron-LM's tables we know
 
 
@@ -69,88 +69,12 @@ def convert(spec: ArgSpec, raw: Any, origin: str) -> Any:
     return value
 
 
-def load_config_file(path: str) -> dict[str, Any]:
-    """Read a YAML or JSON file of Megatron-LM arguments (keys with dashes or underscores)."""
-    text = read_text(path)
-    data = _parse_config(text, path)
-    if not isinstance(data, dict):
-        raise InputError(
-            f"{path} must hold a mapping of Megatron-LM arguments, not {type(data).__name__}"
-        )
-    args: dict[str, Any] = {}
-    spelled: dict[str, str] = {}
-    for key, raw in data.items():
-        name = str(key).lstrip("-").replace("-", "_")
-        if name in spelled:
-            raise InputError(
-                f"{path}: {spelled[name]!r} and {key!r} both set {BY_NAME[name].flag}"
-                if name in BY_NAME
-                else f"{path}: {spelled[name]!r} and {key!r} are the same argument"
-            )
-        spelled[name] = str(key)
-        message = refusal_message("--" + name.replace("_", "-"), None if raw is True else str(raw))
-        if name not in BY_NAME and message is not None:
-            raise ConfigError(f"{path}: {message}")
-        if name not in BY_NAME:
-            close = difflib.get_close_matches(name, BY_NAME, n=1)
-            hint = f" (did you mean {BY_NAME[close[0]].flag}?)" if close else ""
-            raise ConfigError(f"{path}: unknown argument {key!r}{hint}")
-        args[name] = convert(BY_NAME[name], raw, path)
-    return args
-
-
-def _parse_config(text: str, path: str) -> Any:
+def parse_config(text: str, path: str) -> Any:
     if path.endswith(".json"):
-        try:
-            return json.loads(text, object_pairs_hook=_unique_pairs(path))
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{path} line {exc.lineno}: not valid JSON ({exc.msg})") from None
+        return parse_json(text, path)
     if path.endswith((".yaml", ".yml")):
-        import yaml
-
-        try:
-            return yaml.load(text, Loader=_yaml_loader(path)) or {}  # noqa: S506 - a SafeLoader
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" line {mark.line + 1}" if mark is not None else ""
-            reason = getattr(exc, "problem", None) or "syntax error"
-            raise InputError(f"{path}{where}: not valid YAML ({reason})") from None
+        return parse_yaml(text, path) or {}
     raise InputError(f"{path}: --config takes a .yaml, .yml or .json file")
-
-
-def _unique_pairs(path: str) -> Any:
-    """A json object_pairs_hook that refuses a repeated key (json keeps the last one)."""
-
-    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        seen: dict[str, Any] = {}
-        for key, value in pairs:
-            if key in seen:
-                raise InputError(f"{path}: the key {key!r} appears twice")
-            seen[key] = value
-        return seen
-
-    return hook
-
-
-def _yaml_loader(path: str) -> Any:
-    """A yaml SafeLoader that refuses a repeated key (PyYAML keeps the last one)."""
-    import yaml
-
-    class UniqueKeyLoader(yaml.SafeLoader):
-        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-            seen: dict[Any, int] = {}
-            for key_node, _ in node.value:
-                key = self.construct_object(key_node, deep=deep)
-                line = key_node.start_mark.line + 1
-                if key in seen:
-                    raise InputError(
-                        f"{path} line {line}: the key {key!r} appears twice (first on line "
-                        f"{seen[key]})"
-                    )
-                seen[key] = line
-            return super().construct_mapping(node, deep=deep)
-
-    return UniqueKeyLoader
 
 
 def read_launch_script(path: str, settings: Mapping[str, str] | None = None) -> ScriptArgs:
@@ -171,21 +95,19 @@ def parse_launch_script(
     launch, world, require = interpret_launch(text, origin, settings)
     where = f"{launch.origin} line {launch.line}"
     raw: dict[str, str] = {}
-    parsed = _arguments(program_arguments(launch.argv), where, require, launch.ctx, raw)
+    parsed = split_arguments(program_arguments(launch.argv), where, require, launch.ctx, raw)
     args, ignored = dict(parsed.args), parsed.ignored
-    notes: tuple[str, ...] = ()
-    problem = ""
+    flags = {BY_NAME[name].flag for name in args} | set(parsed.ignored)
+    program, refused = program_checks(launch.argv, launch.ctx.show, flags, where)
+    refused += parsed.refused
+    notes: tuple[str, ...] = program
     if "--tokenizer-type" in raw:
-        given = {flag: require(value, flag) for flag, value in raw.items()}
-        vocab = vocabulary(given["--tokenizer-type"], given.get("--tokenizer-model"),
-                           args.get("vocab_size"), given.get("--vocab-file"), where)  # fmt: skip
-        if vocab.size is not None:
-            args["vocab_size"] = vocab.size
-        notes, problem = ((vocab.note,) if vocab.note else ()), vocab.problem
-        ignored = tuple(f for f in ignored if f not in ("--tokenizer-type", "--tokenizer-model"))
+        raw = {flag: require(value, flag) for flag, value in raw.items()}
+    args, ignored, vocab_notes, problem = apply_tokenizer(args, ignored, raw, where)
+    notes += vocab_notes
     return ScriptArgs(
         args, ignored, world.size, world.origin, launch.observed, notes, problem,
-        parsed.refused, parsed.unrecognised,
+        refused, parsed.unrecognised,
     )  # fmt: skip
 
 
@@ -204,11 +126,7 @@ def interpret_launch(
     """Interpret a script as bash would; return its one training launch, its world, and a
     function that raises InputError for a value the script does not determine."""
     ctx = Context(origin, dict(settings or {}), is_launch)
-    shell = new_shell(ctx, origin)
-    try:
-        shell.run_text(text, origin)
-    except (_Exit, _Return, _Break):
-        pass
+    interpret(ctx, text)
     command = _the_launch(ctx, origin)
 
     def require(value: str, what: str) -> str:
@@ -227,9 +145,10 @@ def interpret_launch(
 
 def _the_launch(ctx: Context, origin: str) -> Command:
     if not ctx.commands:
+        ended = f"; the script stops before any: {ctx.ended}" if ctx.ended else ""
         raise InputError(
             f"{origin}: found no training command (a line running torchrun/python/deepspeed on a "
-            ".py file)"
+            f".py file){ended}"
         )
     first = ctx.commands[0]
     for other in ctx.commands[1:]:
@@ -247,14 +166,12 @@ def _short(ctx: Context, argv: tuple[str, ...]) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _arguments(words: list[str], where: str, require: Require, ctx: Context,
-               raw: dict[str, str]) -> ScriptArgs:  # fmt: skip
+def split_arguments(words: list[str], where: str, require: Require, ctx: Context,
+                    raw: dict[str, str]) -> ScriptArgs:  # fmt: skip
     """Split the program's words into modelled arguments and ignored flags; `raw` receives the
     values of the ignored flags that the tokenizer needs."""
     args: dict[str, Any] = {}
-    ignored: list[str] = []
-    refused: list[tuple[str, str]] = []
-    unrecognised: list[str] = []
+    skipped = _Unmodelled()
     index = 0
     while index < len(words):
         word = words[index]
@@ -277,15 +194,9 @@ def _arguments(words: list[str], where: str, require: Require, ctx: Context,
             if meaning is not None and takes_value and not inline:
                 index -= 1  # a switch: the next word is not its value
         if spec is None:
-            if flag in _TOKENIZER_FLAGS and value is not None:
+            if flag in TOKENIZER_FLAGS and value is not None:
                 raw[flag] = value
-            message = refusal_message(flag, value)
-            if message is not None:
-                refused.append((REFUSED[flag].group, f"{where}: {message}"))
-            elif flag in REFUSED or flag in IGNORED:
-                ignored.append(flag) if flag not in ignored else None
-            elif flag not in unrecognised:
-                unrecognised.append(flag)
+            skipped.add(flag, value, where)
             continue
         if spec.type is bool:
             args[spec.name] = True
@@ -293,12 +204,33 @@ def _arguments(words: list[str], where: str, require: Require, ctx: Context,
         if value is None:
             raise ConfigError(f"{where}: {spec.flag} has no value")
         args[spec.name] = convert(spec, require(value, spec.flag), where)
-    return ScriptArgs(
-        args, tuple(ignored), refused=tuple(refused), unrecognised=tuple(unrecognised)
-    )
+    return skipped.script_args(args)
 
 
-_TOKENIZER_FLAGS = ("--tokenizer-type", "--tokenizer-model", "--vocab-file")
+@dataclass
+class _Unmodelled:
+    """The flags a script passes that no row of the argument table models, in order of use."""
+
+    ignored: list[str] = field(default_factory=list)
+    refused: list[Refused] = field(default_factory=list)
+    unrecognised: list[str] = field(default_factory=list)
+
+    def script_args(self, args: dict[str, Any]) -> ScriptArgs:
+        """Return the script's modelled `args` with these flags beside them."""
+        return ScriptArgs(
+            args, tuple(self.ignored), refused=tuple(self.refused), unrecognised=tuple(self.unrecognised)
+        )
+
+    def add(self, flag: str, value: str | None, where: str) -> None:
+        """File `flag` as refused (with why), ignored, or not recognised, each once."""
+        refusal = refused_argument(flag, value, where)
+        if refusal is not None:
+            self.refused.append(refusal)
+        elif flag in REFUSED or flag in IGNORED:
+            if flag not in self.ignored:
+                self.ignored.append(flag)
+        elif flag not in self.unrecognised:
+            self.unrecognised.append(flag)
 
 
 def _looks_like_value(words: list[str], index: int) -> bool:

@@ -3,7 +3,8 @@
 this machine or from a small table of well-known tokenizers; never downloaded, never guessed.
 
 Megatron-LM pads `tokenizer.vocab_size` (not `--vocab-size`) for every tokenizer but
-NullTokenizer, whose size is `--vocab-size` + 1 (its end-of-document token, `_NullTokenizer.vocab_size`).
+NullTokenizer, whose size is `--vocab-size` + 1 (its end-of-document token, `_NullTokenizer.vocab_size`)
+up to megatron-core 0.17 and `--vocab-size` from 0.18 (inspector.inputs.versions).
 """
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from typing import Any
+
+from inspector.inputs.versions import null_tokenizer_adds_eod
 
 # Hub names -> (size Megatron-LM's tokenizer reports, where the number comes from).
 KNOWN_TOKENIZERS: dict[str, tuple[int, str]] = {
@@ -21,6 +25,9 @@ KNOWN_TOKENIZERS: dict[str, tuple[int, str]] = {
     "mistralai/Mistral-7B-v0.1": (32000, "Mistral 7B v0.1's tokenizer.model: 32000 pieces"),
     "mistralai/Mixtral-8x7B-": (32000, "Mixtral 8x7B's tokenizer.model: 32000 pieces"),
 }
+
+
+TOKENIZER_FLAGS = ("--tokenizer-type", "--tokenizer-model", "--vocab-file")
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,9 @@ def vocabulary(tokenizer_type: str, model: str | None, vocab_size: int | None,
     if tokenizer_type == "NullTokenizer":
         if vocab_size is None:
             return Vocabulary(None, problem=f"{where}: NullTokenizer needs --vocab-size")
+        if not null_tokenizer_adds_eod():
+            return Vocabulary(vocab_size, f"NullTokenizer: --vocab-size {vocab_size}, its end-of-"
+                                          "document token among them (megatron-core 0.18+)")  # fmt: skip
         return Vocabulary(vocab_size + 1, f"NullTokenizer: --vocab-size {vocab_size} + 1 for its "
                                           "end-of-document token, as Megatron-LM counts it")  # fmt: skip
     found: tuple[int, str] | None = None
@@ -62,6 +72,23 @@ def vocabulary(tokenizer_type: str, model: str | None, vocab_size: int | None,
         "is not known here (no such file on this machine, nor a tokenizer this tool knows); "
         "give --vocab-size"
     ))  # fmt: skip
+
+
+def apply_tokenizer(args: dict[str, Any], ignored: tuple[str, ...], raw: dict[str, str],
+                    where: str) -> tuple[dict[str, Any], tuple[str, ...], tuple[str, ...], str]:  # fmt: skip
+    """Return a job's arguments with its tokenizer's vocabulary, the flags still ignored, the note
+    saying where the vocabulary came from, and the problem when it cannot be known.
+
+    `raw` holds the values of the tokenizer flags (TOKENIZER_FLAGS) as the job gives them.
+    """
+    if "--tokenizer-type" not in raw:
+        return args, ignored, (), ""
+    vocab = vocabulary(raw["--tokenizer-type"], raw.get("--tokenizer-model"),
+                       args.get("vocab_size"), raw.get("--vocab-file"), where)  # fmt: skip
+    if vocab.size is not None:
+        args = {**args, "vocab_size": vocab.size}
+    kept = tuple(f for f in ignored if f not in ("--tokenizer-type", "--tokenizer-model"))
+    return args, kept, ((vocab.note,) if vocab.note else ()), vocab.problem
 
 
 def _gpt2_vocab(vocab_file: str | None) -> tuple[int, str] | None:

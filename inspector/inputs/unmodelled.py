@@ -98,13 +98,38 @@ REFUSED: dict[str, Refusal] = {
     "--external-cuda-graph": Refusal("training", "CUDA graphs' static memory pools are not counted"),
     "--cuda-graph-impl": Refusal(
         "training", "CUDA graphs' static memory pools are not counted", ("none",)),
-    "--checkpoint-activations": Refusal(
-        "training", "Megatron-LM: '--checkpoint-activations is no longer valid, use "
-        "--recompute-activations, or, for more control, --recompute-granularity and "
-        "--recompute-method'"),  # fmt: skip
-    "--batch-size": Refusal(
-        "training", "Megatron-LM: 'Old batch size parameter, do not use. Use --micro-batch-size "
-        "instead'"),  # fmt: skip
+    "--freeze-all-layers": Refusal(
+        "training", "frozen parameters hold no gradients or optimizer state, and Megatron-LM then "
+        "turns off --use-distributed-optimizer, which this tool does not model"),  # fmt: skip
+}
+
+_UNRECOGNISED = "pretrain_gpt.py stops with 'unrecognized arguments'"
+_MULTIMODAL = (
+    f"{_UNRECOGNISED}: only Megatron-LM's multimodal entry points (pretrain_vlm.py, "
+    "examples/multimodal/train.py) define it, and this tool builds GPT models only"
+)
+
+# Arguments Megatron-LM itself stops on (arguments.py, validate_args), in its own words; they stop
+# every command, as the job would not start.
+MEGATRON_LM_REFUSES: dict[str, str] = {
+    "--checkpoint-activations": "validate_args: '--checkpoint-activations is no longer valid, use "
+    "--recompute-activations, or, for more control, --recompute-granularity and "
+    "--recompute-method'",
+    "--batch-size": "validate_args: '--batch-size argument is no longer valid, use "
+    "--micro-batch-size instead'",
+    "--warmup": "validate_args: '--warmup argument is no longer valid, use --lr-warmup-fraction "
+    "instead'",
+    "--model-parallel-size": "validate_args: '--model-parallel-size is no longer valid, use "
+    "--tensor-model-parallel-size instead'",
+    "--DDP-impl": f"{_UNRECOGNISED} (removed in 2023: megatron-core's DistributedDataParallel is "
+    "the only one)",
+    "--activations-checkpoint-method": f"{_UNRECOGNISED} (renamed --recompute-method in 2022)",
+    "--activations-checkpoint-num-layers": f"{_UNRECOGNISED} (renamed --recompute-num-layers in "
+    "2022)",
+    "--distribute-checkpointed-activations": f"{_UNRECOGNISED} (renamed "
+    "--distribute-saved-activations in 2022)",
+    "--freeze-LM": _MULTIMODAL,
+    "--freeze-ViT": _MULTIMODAL,
 }
 
 # Arguments that change nothing a GPU holds or computes, by why.
@@ -168,11 +193,12 @@ IGNORED_BECAUSE: dict[str, str] = {
     "optimizer hyper-parameters and schedules": (
         "--lr --lr-decay-style --lr-wsd-decay-style --lr-decay-iters --lr-decay-samples "
         "--lr-wsd-decay-samples --lr-wsd-decay-iters --lr-warmup-fraction --lr-warmup-iters "
-        "--lr-warmup-samples --lr-warmup-init --warmup --min-lr --override-opt_param-scheduler "
+        "--lr-warmup-samples --lr-warmup-init --min-lr --override-opt_param-scheduler "
         "--use-checkpoint-opt_param-scheduler --decoupled-lr --decoupled-min-lr --weight-decay "
         "--start-weight-decay --end-weight-decay --weight-decay-incr-style --clip-grad "
         "--adam-beta1 --adam-beta2 --adam-eps --sgd-momentum --rampup-batch-size "
-        "--decrease-batch-size-if-needed --train-iters --train-samples --exit-interval "
+        "--step-batch-size-schedule --decrease-batch-size-if-needed --train-iters --train-samples "
+        "--exit-interval "
         "--exit-duration-in-mins --exit-signal-handler --train-sync-interval --skip-train "
         "--eval-iters --eval-interval --full-validation --multiple-validation-sets"
     ),
@@ -187,6 +213,31 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--tiktoken-special-tokens --legacy-tokenizer --sample-rate --mask-prob --short-seq-prob "
         "--decoder-seq-length --retriever-seq-length --sft --sft-tokenizer-prompt-format "
         "--disable-msc"
+    ),
+    "inference and RL (pretrain_gpt.py builds no inference engine; train_rl.py's is refused)": (
+        "--inference-batch-times-seqlen-threshold --max-tokens-to-oom --use-legacy-static-engine "
+        "--inference-max-requests --inference-max-seq-length --inference-dynamic-batching "
+        "--inference-dynamic-batching-buffer-size-gb "
+        "--inference-dynamic-batching-paused-buffer-size-gb --inference-dynamic-batching-block-size "
+        "--inference-dynamic-batching-max-requests --inference-dynamic-batching-max-tokens "
+        "--inference-dynamic-batching-num-cuda-graphs --decode-only-cuda-graphs "
+        "--inference-cuda-graph-all-prefills --inference-cuda-graph-max-tokens "
+        "--inference-dynamic-batching-unified-memory-level --enable-chunked-prefill "
+        "--num-speculative-tokens --inference-dynamic-batching-prefix-caching "
+        "--inference-logging-step-interval --inference-text-gen-server-logging "
+        "--inference-wandb-logging --inference-shards --perform-rl-step --rl-prompts-per-eval "
+        "--grpo-prompts-per-step --grpo-group-size --rl-generation-lag --rl-max-inflight-requests "
+        "--grpo-iterations --grpo-clamp-eps-lower --grpo-clamp-eps-upper --grpo-kl-beta "
+        "--grpo-entropy-term-weight --grpo-filter-groups-with-same-reward --langrl-env-config "
+        "--rl-default-temperature --rl-default-top-p --rl-default-top-k "
+        "--rl-offload-optimizer-during-inference --rl-kv-cache-management-mode "
+        "--rl-persist-cuda-graphs --rl-partial-rollouts --rl-inference-logprobs-is-correction "
+        "--rl-importance-sampling-truncation-coef --rl-use-sequence-packing "
+        "--rl-sequence-packing-max-sequences-per-bin --rl-sequence-packing-algo "
+        "--rl-training-cuda-graphs --rl-inference-tensor-model-parallel-size "
+        "--rl-inference-pipeline-model-parallel-size --rl-inference-expert-model-parallel-size "
+        "--rl-inference-expert-tensor-model-parallel-size "
+        "--rl-inference-model-unified-memory-level --rl-offload-inference-model-weights-when-idle"
     ),
     "checkpoints": (
         "--save --save-interval --save-retain-interval --no-save-optim --no-save-rng --load "

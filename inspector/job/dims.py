@@ -17,10 +17,13 @@ al. 2022, "Reducing Activation Recomputation in Large Transformer Models", arXiv
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from inspector.errors import ConfigError
-from inspector.job.model import check_at_least_one, check_heads, check_query_groups
+from inspector.job.checks import check_at_least_one, check_heads, check_query_groups
 
 
 @dataclass(frozen=True)
@@ -56,9 +59,47 @@ class ModelDims:
     qk_pos_emb_head_dim: int = 64
     v_head_dim: int = 128
     mtp_num_layers: int = 0
-    qk_layernorm: bool = False  # with MLA: the two latent norms
+    qk_layernorm: bool = False  # read with MLA only: the two latent norms
     attention_dropout: bool = True  # --attention-dropout > 0: its mask and output are stored
     hidden_dropout: bool = True  # --hidden-dropout > 0: masks after attention, MLP, embedding
+    # What the step-time model's kernels depend on (formulas/ops.py):
+    rotary: bool = False  # rotary embedding on Q and K (--position-embedding-type rope, MLA)
+    flash_attention: bool = False  # flash attention, else megatron's unfused DotProductAttention
+    fused_kernels: bool = True  # megatron's fused scale-mask-softmax (apex or Transformer Engine)
+
+    @classmethod
+    def from_fields(
+        cls,
+        fields: Mapping[str, Any],
+        *,
+        seq_length: int,
+        vocab_size: int,
+        attention_dropout: bool,
+        hidden_dropout: bool,
+        rotary: bool,
+        flash_attention: bool,
+        fused_kernels: bool,
+    ) -> ModelDims:
+        """Return the dims of a model given as TransformerConfig fields (`transformer_fields`).
+
+        Every field named here is taken by its name (two by Megatron-LM's argument name, which
+        TransformerConfig renamed), so a model field is mapped once, in ModelConfig; what
+        TransformerConfig does not hold (sequence, padded vocabulary, dropout, the kernels the
+        step-time model prices: rotary embedding, flash attention, fused softmax) comes from the job.
+        """
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {ARGUMENT_NAMES.get(name, name): value for name, value in fields.items()}
+        return cls(
+            **{name: value for name, value in values.items() if name in names},
+            seq_length=seq_length,
+            vocab_size=vocab_size,
+            activation_bytes=2 if fields["bf16"] or fields["fp16"] else 4,
+            attention_dropout=attention_dropout,
+            hidden_dropout=hidden_dropout,
+            rotary=rotary,
+            flash_attention=flash_attention,
+            fused_kernels=fused_kernels,
+        )
 
     def __post_init__(self) -> None:
         """Reject dimensions that no formula can use (the checks config.py makes of a model)."""
@@ -117,6 +158,10 @@ class ModelDims:
         return layer % self.moe_layer_freq == 0
 
 
+# TransformerConfig's names for the two fields ModelDims names as Megatron-LM's arguments.
+ARGUMENT_NAMES = {"num_moe_experts": "num_experts", "gated_linear_unit": "swiglu"}
+
+
 def num_microbatches(global_batch_size: int, micro_batch_size: int, dp: int) -> int:
     """Return m = G / (b * dp), Megatron-LM's micro-batches per iteration per pipeline."""
     per_step = micro_batch_size * dp
@@ -159,7 +204,7 @@ def _check_interleaved(pp: int, num_microbatches: int, group_size: int) -> None:
         )
 
 
-def _warmup_steps(stage: int, pp: int, num_microbatches: int, chunks: int, group: int) -> int:
+def warmup_steps(stage: int, pp: int, num_microbatches: int, chunks: int, group: int) -> int:
     """Return megatron-core's warm-up forward steps for `stage`, before 1F1B starts.
 
     `get_pp_rank_microbatches` in `pipeline_parallel/schedules.py`: p - s - 1 without
@@ -196,7 +241,7 @@ def live_microbatches(
     if chunks > 1:
         _check_interleaved(pp, num_microbatches, group)
     order = _schedule_table(num_microbatches, chunks, group)
-    warmup = _warmup_steps(stage, pp, num_microbatches, chunks, group)
+    warmup = warmup_steps(stage, pp, num_microbatches, chunks, group)
     live = [0] * chunks
     points: list[tuple[int, ...]] = []
     for step in range(len(order)):
@@ -224,3 +269,30 @@ def microbatches_in_flight(
     return max(
         sum(point) for point in live_microbatches(stage, pp, num_microbatches, chunks, group_size)
     )
+
+
+def schedule_passes(
+    stage: int,
+    pp: int,
+    num_microbatches: int,
+    chunks: int = 1,
+    group_size: int | None = None,
+) -> list[tuple[bool, int]]:
+    """Return (forward?, chunk) for every pass `stage` runs in one iteration, in megatron's order.
+
+    The same replay as `live_microbatches`: warm-up forwards, then a forward and the backward of
+    the oldest micro-batch in flight per step, then the cool-down backwards.
+    """
+    group = group_size or pp
+    if chunks > 1:
+        _check_interleaved(pp, num_microbatches, group)
+    order = _schedule_table(num_microbatches, chunks, group)
+    warmup = warmup_steps(stage, pp, num_microbatches, chunks, group)
+    passes: list[tuple[bool, int]] = []
+    for step, chunk in enumerate(order):
+        passes.append((True, chunk))
+        if step >= warmup:
+            passes.append((False, chunks - 1 - order[step - warmup]))
+    for step in range(max(len(order) - warmup, 0), len(order)):
+        passes.append((False, chunks - 1 - order[step]))
+    return passes

@@ -13,15 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, cast, get_args
 
 from inspector.errors import ConfigError
+from inspector.job.checks import check_at_least_one, check_at_most
 from inspector.job.dims import ModelDims, num_microbatches
 from inspector.job.layout import Layout, make_layout, validate_layout
-from inspector.job.model import (
-    ModelConfig,
-    check_at_least_one,
-    check_at_most,
-    make_model_config,
-    validate_model,
-)
+from inspector.job.model import ModelConfig, make_model_config, validate_model
 
 # Megatron-LM's --recompute-granularity values, "none" when the flag is absent.
 Recompute = Literal["none", "selective", "full"]
@@ -103,41 +98,18 @@ class Job:
 
     def dims(self) -> ModelDims:
         """Return the formulas' view of the model: its sizes with Megatron-LM's defaults applied."""
-        model = self.model
-        return ModelDims(
-            num_layers=model.num_layers,
-            hidden_size=model.hidden_size,
-            num_attention_heads=model.num_attention_heads,
+        model, training = self.model, self.training
+        return ModelDims.from_fields(
+            model.transformer_fields(),
             seq_length=model.seq_length,
             vocab_size=model.padded_vocab_size(self.layout.tp),
-            ffn_hidden_size=model.ffn_size,
-            num_query_groups=model.query_groups,
-            kv_channels=model.head_dim,
-            swiglu=model.swiglu,
-            num_experts=model.num_experts,
-            moe_router_topk=model.moe_router_topk,
-            moe_ffn_hidden_size=model.moe_ffn_hidden_size,
-            moe_shared_expert_intermediate_size=model.moe_shared_expert_intermediate_size,
-            activation_bytes=4 if model.dtype_name == "float32" else 2,
-            moe_layer_freq=model.moe_layer_freq,
-            mtp_num_layers=model.mtp_num_layers or 0,
-            **_mla_dims(model),
-            attention_dropout=self.training.attention_dropout > 0,
-            hidden_dropout=self.training.hidden_dropout > 0,
+            attention_dropout=training.attention_dropout > 0,
+            hidden_dropout=training.hidden_dropout > 0,
+            rotary=model.position_embedding_type in ("rope", "mrope", "yarn")
+            or model.multi_latent_attention,
+            flash_attention=training.flash_attention,
+            fused_kernels=model.use_apex or model.transformer_impl == "transformer_engine",
         )
-
-
-def _mla_dims(model: ModelConfig) -> dict[str, Any]:
-    """Return ModelDims' multi-latent-attention fields (Megatron-LM's defaults filled in)."""
-    if not model.multi_latent_attention:
-        return {}
-    mla = model.mla_args()
-    names = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
-    return {
-        "multi_latent_attention": True,
-        "qk_layernorm": model.qk_layernorm,
-        **{name: mla[name] for name in names},
-    }
 
 
 TRAINING_ARGS = {

@@ -13,13 +13,19 @@ The coordinates themselves come from megatron (world.py); this module only holds
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from inspector.errors import ConfigError
-from inspector.job.model import ModelConfig, check_at_least_one
+from inspector.job.checks import (
+    check_at_least_one,
+    check_built_layers,
+    check_cp_chunks,
+    check_ffn_split,
+)
+from inspector.job.model import ModelConfig
+from inspector.job.pipeline_layout import check_layout_string, expand_layout
 
 # Beyond this many simulated ranks the topology line alone runs to megabytes; no real job is larger.
 MAX_WORLD_SIZE = 1 << 20
@@ -169,6 +175,8 @@ def validate_layout(model: ModelConfig, layout: Layout) -> None:
         )
     if model.vocab_size < tp:
         raise ConfigError(f"--vocab-size {model.vocab_size} is smaller than --tp {tp}")
+    if model.num_experts is None:
+        check_ffn_split(model.ffn_size, tp)
     _check_pipeline(model, layout)
     _check_experts(model, layout)
     _check_sequence_parallel(model, layout)
@@ -191,11 +199,13 @@ def _check_sequence_parallel(model: ModelConfig, layout: Layout) -> None:
 
 def check_buildable(model: ModelConfig, layout: Layout) -> None:
     """Raise ConfigError for layouts megatron-core's local spec cannot build (rank maps still can)."""
+    check_built_layers(model.num_layers)
     if layout.cp > 1 and model.transformer_impl == "local":
         raise ConfigError(
             f"--context-parallel-size {layout.cp} needs --transformer-impl transformer_engine: "
             "megatron-core's local DotProductAttention refuses context parallelism"
         )
+    check_cp_chunks(model.seq_length, layout.cp)
 
 
 def virtual_size(
@@ -215,23 +225,6 @@ def virtual_size(
         stages = len(expand_layout(layout.pipeline_model_parallel_layout))
         return stages // layout.pp if stages > layout.pp else None
     return None
-
-
-_LAYOUT_REPEATS = (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)")
-LAYOUT_CHARACTERS = "ELtm"  # embedding, loss, transformer layer, MTP layer
-
-
-def expand_layout(text: str) -> list[str]:
-    """Return a --pipeline-model-parallel-layout's stages, repetitions unrolled, as megatron does.
-
-    megatron-core `PipelineParallelLayerLayout.parse_str_to_list` (0.13-0.16, the same code):
-    commas are cosmetic, `(...)*n` then `x*n` repeat, `|` separates stages. Mirrored here because
-    the job is checked without importing megatron; tests/test_versions.py compares the two.
-    """
-    text = text.replace(",", "")
-    for pattern in _LAYOUT_REPEATS:
-        text = re.sub(pattern, lambda match: match.group(1) * int(match.group(2)), text)
-    return text.split("|")
 
 
 def _check_pipeline(model: ModelConfig, layout: Layout) -> None:
@@ -373,34 +366,8 @@ def _check_layout_string(model: ModelConfig, layout: Layout) -> None:
             "--pipeline-model-parallel-layout cannot be combined with --decoder-first/last-"
             "pipeline-num-layers or --account-for-embedding/loss-in-pipeline-split"
         )
-    expanded = expand_layout(text)
-    stages = len(expanded)
-    flat = "".join(expanded)
-    wrong = sorted(set(flat) - set(LAYOUT_CHARACTERS))
-    if wrong:
-        raise ConfigError(
-            f"--pipeline-model-parallel-layout {text!r}: invalid layer character {wrong[0]!r} "
-            "(megatron-core knows E embedding, L loss, t transformer layer, m MTP layer, | between "
-            "stages, (...)*n and x*n repetition)"
-        )
-    if stages % layout.pp:
-        raise ConfigError(
-            f"--pipeline-model-parallel-layout {text!r} has {stages} stages, not a multiple of "
-            f"--pp {layout.pp} (megatron-core: the layout must be divisible by "
-            "pipeline_model_parallel_size)"
-        )
-    placed = flat.count("t")
-    if placed != model.num_layers:
-        raise ConfigError(
-            f"--pipeline-model-parallel-layout {text!r} places {placed} transformer layers ('t') "
-            f"but --num-layers is {model.num_layers}"
-        )
-    mtp = flat.count("m")
-    if mtp != (model.mtp_num_layers or 0):
-        raise ConfigError(
-            f"--pipeline-model-parallel-layout {text!r} places {mtp} multi-token prediction "
-            f"layers ('m') but --mtp-num-layers is {model.mtp_num_layers or 0}"
-        )
+    mtp = model.mtp_num_layers or 0
+    check_layout_string(text, layout.pp, model.num_layers, mtp)
 
 
 def _check_experts(model: ModelConfig, layout: Layout) -> None:

@@ -6,7 +6,6 @@ is GPT-2 small as Megatron-LM trains it. The parallel layout lives in topology.p
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import math
 from collections.abc import Mapping
@@ -15,6 +14,8 @@ from typing import Any
 
 from inspector.errors import ConfigError
 from inspector.inputs.arguments import BY_NAME
+from inspector.job.checks import MAX_SIZE, check_at_least_one, check_heads, check_query_groups
+from inspector.job.moe_pattern import parse_moe_layer_freq
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,58 @@ class ModelConfig:
             values["rope_type"] = self.rope_type
         return values
 
+    def transformer_fields(self) -> dict[str, Any]:
+        """Return the architecture as megatron-core's TransformerConfig fields, defaults applied.
+
+        The one map from this record to megatron's names: world/config.py adds the layout and
+        torch's dtypes to it to build TransformerConfig, and ModelDims (job/dims.py) takes the
+        fields it names, so a new model field is mapped here once. As Megatron-LM
+        `core_transformer_config_from_args` does: the arguments TransformerConfig shares are
+        copied, --num-experts becomes `num_moe_experts`, --swiglu a gated linear unit (SiLU),
+        --disable-bias-linear `add_bias_linear` False; MoE fields only with experts, MTP where set.
+        """
+        fields: dict[str, Any] = dict(
+            num_layers=self.num_layers,
+            hidden_size=self.hidden_size,
+            ffn_hidden_size=self.ffn_size,
+            num_attention_heads=self.num_attention_heads,
+            num_query_groups=self.query_groups,
+            kv_channels=self.head_dim,
+            normalization=self.normalization,
+            add_bias_linear=not self.disable_bias_linear,
+            add_qkv_bias=self.add_qkv_bias,
+            qk_layernorm=self.qk_layernorm,
+            bf16=self.bf16,
+            fp16=self.fp16,
+        )
+        if self.swiglu:
+            fields["gated_linear_unit"] = True
+        fields.update(self._moe_fields())
+        if self.mtp_num_layers is not None:
+            fields["mtp_num_layers"] = self.mtp_num_layers
+        if self.multi_latent_attention:
+            # --multi-latent-attention picks MLATransformerConfig, which takes the MLA arguments.
+            fields.update(multi_latent_attention=True, **self.mla_args())
+        return fields
+
+    def _moe_fields(self) -> dict[str, Any]:
+        """Return TransformerConfig's MoE fields (none without --num-experts)."""
+        if self.num_experts is None:
+            return {}
+        fields: dict[str, Any] = dict(
+            num_moe_experts=self.num_experts,
+            moe_router_topk=self.moe_router_topk,
+            moe_ffn_hidden_size=self.moe_ffn_hidden_size or self.ffn_size,
+            moe_shared_expert_intermediate_size=self.moe_shared_expert_intermediate_size,
+            moe_grouped_gemm=self.moe_grouped_gemm,
+            moe_layer_freq=self.moe_layer_freq,  # a tuple here; megatron takes a list
+            moe_router_score_function=self.moe_router_score_function,
+            moe_router_enable_expert_bias=self.moe_router_enable_expert_bias,
+        )
+        if self.moe_shared_expert_gate:
+            fields["moe_shared_expert_gate"] = True
+        return fields
+
     def is_moe_layer(self, layer: int) -> bool:
         """Return whether 0-based `layer` has an MoE MLP (megatron's `moe_layer_freq` rule)."""
         if self.num_experts is None:
@@ -174,104 +227,6 @@ def make_model_config(args: Mapping[str, Any]) -> ModelConfig:
     config = ModelConfig(**values)
     validate_model(config)
     return config
-
-
-_FREQ_HELP = "an integer or a list expression such as ([0]*3+[1]*58)"
-
-
-def parse_moe_layer_freq(value: Any) -> int | tuple[int, ...]:
-    """Return --moe-layer-freq as Megatron-LM's `moe_freq_type` reads it, without eval.
-
-    Megatron-LM (`arguments.py` `moe_freq_type`) takes an int N or a string; a string holding
-    `[` is a Python list expression it evaluates. Here the expression is parsed, and only list
-    literals of integers, integers, `+`, `*` and parentheses are evaluated.
-    """
-    if isinstance(value, bool):
-        raise ConfigError(f"--moe-layer-freq needs {_FREQ_HELP}, got {value!r}")
-    if isinstance(value, int):
-        return value
-    text = str(value).strip()
-    if "[" not in text:
-        try:
-            return int(text)
-        except ValueError:
-            raise ConfigError(f"--moe-layer-freq needs {_FREQ_HELP}, got {text!r}") from None
-    try:
-        result = _eval_pattern(ast.parse(text, mode="eval").body)
-    except (SyntaxError, _BadPattern):
-        raise ConfigError(f"--moe-layer-freq needs {_FREQ_HELP}, got {text!r}") from None
-    if not isinstance(result, list):
-        raise ConfigError(f"--moe-layer-freq needs {_FREQ_HELP}, got {text!r}")
-    return tuple(result)
-
-
-class _BadPattern(Exception):
-    """An expression outside the list-pattern subset."""
-
-
-_MAX_PATTERN = 1_000_000  # elements: larger than any model, small enough to build
-
-
-def _eval_pattern(node: ast.expr) -> int | list[int]:
-    """Evaluate list literals of ints, ints, + and * (the subset Megatron-LM's recipes use)."""
-    if isinstance(node, ast.Constant) and type(node.value) is int:
-        return node.value
-    if isinstance(node, ast.List):
-        items = [_eval_pattern(item) for item in node.elts]
-        if not all(isinstance(item, int) for item in items):
-            raise _BadPattern
-        return items  # type: ignore[return-value]
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Mult):
-        left, right = _eval_pattern(node.left), _eval_pattern(node.right)
-        if isinstance(node.op, ast.Add) and type(left) is type(right):
-            return left + right  # type: ignore[operator]
-        if isinstance(node.op, ast.Mult):
-            size = len(left) if isinstance(left, list) else len(right) if isinstance(right, list) else 1
-            count = right if isinstance(left, list) else left
-            if isinstance(count, int) and size * max(count, 0) <= _MAX_PATTERN:
-                return left * right  # type: ignore[operator]
-    raise _BadPattern
-# The largest size or count a flag may give: shapes beyond it overflow torch's index type (and no
-# GPU holds a dimension that long), so a larger value is an error naming the flag, not C++ frames.
-MAX_SIZE = 2**31 - 1
-
-
-def check_at_least_one(flag: str, value: int | None) -> None:
-    """Raise ConfigError when a size or count given as `flag` is below one or too large to build.
-
-    None means not given.
-    """
-    if value is None:
-        return
-    if value < 1:
-        raise ConfigError(f"{flag} must be at least 1, got {value}")
-    check_at_most(flag, value)
-
-
-def check_at_most(flag: str, value: int | None) -> None:
-    """Raise ConfigError when `flag`'s integer is larger than this tool can simulate."""
-    if value is not None and value > MAX_SIZE:
-        raise ConfigError(
-            f"{flag} {value} is larger than this tool can simulate (at most {MAX_SIZE})"
-        )
-
-
-def check_heads(hidden: int, heads: int, kv_channels: int | None) -> None:
-    """Raise ConfigError unless heads split the hidden size (or --kv-channels sets the head size)."""
-    if kv_channels is None and hidden % heads:
-        raise ConfigError(
-            f"--hidden-size {hidden} is not divisible by --num-attention-heads {heads} "
-            f"({hidden} % {heads} = {hidden % heads}); pass --kv-channels to set the head size"
-        )
-
-
-def check_query_groups(heads: int, groups: int) -> None:
-    """Raise ConfigError unless the key/value groups split the attention heads."""
-    if heads % groups:
-        raise ConfigError(
-            f"--num-attention-heads {heads} is not divisible by --num-query-groups {groups} "
-            f"({heads} % {groups} = {heads % groups})"
-        )
 
 
 def _flag(name: str) -> str:

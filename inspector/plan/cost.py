@@ -1,10 +1,14 @@
 """The planner's time model: one training iteration of a layout on a named GPU, from formulas.
 
 Each term and its source (symbols of inspector/job/dims.py; m micro-batches, v virtual stages):
-  - compute: Megatron-LM's FLOPs (flops.py) of a stage's layers and logits for one micro-batch,
-    split over its tp x cp ranks, at `peak x efficiency`; recomputation adds the forward it
-    repeats (full: a third of each checkpointed layer, all of them or, with `--recompute-method
-    block` N, the first N of each chunk; selective: a third of core attention);
+  - compute: each kernel a layer runs on the rank (formulas/ops.py: GEMMs by m, n, k, flash or
+    unfused attention, norms, activations, dropout, residual adds, rotary, MoE routing and
+    permutation; the output layer and loss) priced from the measured kernel table
+    (formulas/kernels.py), plus the forward recomputation repeats (full: each checkpointed
+    layer's, all of them or, with `--recompute-method block` N, the first N of each chunk;
+    selective: core attention's). With `--efficiency` instead: Megatron-LM's FLOPs (flops.py)
+    split over tp x cp ranks at `peak x efficiency`, recomputation adding a third of what it
+    repeats. Both in `compute_seconds`;
   - tensor parallel: per layer and micro-batch 4 collectives forward and 4 backward (all-gather /
     reduce-scatter with sequence parallelism, all-reduce pairs without; Korthikanti et al. 2022,
     Section 4.2.2, equal volumes) of s b h / c activation elements, each priced alpha + bytes x
@@ -28,54 +32,19 @@ Each term and its source (symbols of inspector/job/dims.py; m micro-batches, v v
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import cast
 
-from inspector.errors import ConfigError
 from inspector.formulas.activations import mtp_recompute, recompute_plan
 from inspector.formulas.flops import layer_flops, logit_flops, mtp_flops
+from inspector.formulas.kernels import Device, device_of, ops_seconds
+from inspector.formulas.ops import LayerOps, Shard, layer_ops, layer_seconds, linear, output_ops
 from inspector.job.dims import ModelDims
+from inspector.job.hardware import Gpu
 from inspector.job.job import Recompute
 from inspector.job.layout import Layout
-
-
-@dataclass(frozen=True)
-class Gpu:
-    """A GPU and its links: dense 16-bit peak, HBM and per-GPU network bandwidth (bytes/s)."""
-
-    name: str
-    tflops: float
-    memory_gib: float
-    hbm: float
-    intra: float  # NVLink, one direction
-    inter: float  # InfiniBand, one direction, per GPU
-    alpha_intra: float = 5e-6
-    alpha_inter: float = 10e-6
-
-
-GPUS = {
-    # NVIDIA H100 Tensor Core GPU datasheet (SXM5): 989 TFLOP/s dense BF16 (1,979 with sparsity),
-    # 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s (450 each way); DGX H100: 8 x 400 Gb/s
-    # ConnectX-7 InfiniBand, one per GPU (50 GB/s).
-    "h100": Gpu("h100", 989.0, 80, 3.35e12, 450e9, 50e9),
-    # NVIDIA H200 datasheet (SXM): 989 TFLOP/s dense BF16, 141 GB HBM3e at 4.8 TB/s, NVLink
-    # 900 GB/s; 400 Gb/s InfiniBand per GPU as on DGX H200.
-    "h200": Gpu("h200", 989.0, 141, 4.8e12, 450e9, 50e9),
-    # NVIDIA A100 datasheet (SXM 80GB): 312 TFLOP/s dense BF16, HBM2e 2,039 GB/s, NVLink 600 GB/s
-    # (300 each way); DGX A100 / Selene (Narayanan et al. 2021): 8 x 200 Gb/s HDR InfiniBand
-    # per node, one per GPU (25 GB/s).
-    "a100-80gb": Gpu("a100-80gb", 312.0, 80, 2.039e12, 300e9, 25e9),
-}
-DEFAULT_EFFICIENCY = 0.65  # fraction of peak a large GEMM-bound layer reaches (see docs/plan-a-cluster.md)
-
-
-def get_gpu(name: str) -> Gpu:
-    """Return a named GPU profile or raise ConfigError naming the choices."""
-    if name not in GPUS:
-        raise ConfigError(f"unknown --gpu {name!r}; choose one of: {', '.join(GPUS)}")
-    return GPUS[name]
+from inspector.plan import caches
 
 
 @dataclass(frozen=True)
@@ -146,11 +115,36 @@ def _collective(count: float, elements: float, nbytes: int, ranks: int, link: tu
     return count * (alpha + elements * nbytes * (ranks - 1) / ranks / bandwidth)
 
 
+def compute_rate(net: Network, efficiency: float | None) -> float:
+    """Return the FLOP/s --efficiency prices every FLOP at (the 16-bit peak x it), or 0.0 when
+    it is not given: the compute term then prices each kernel from the measured tables.
+
+    Every dtype is priced at the dense 16-bit peak (a float32 plan too; job/hardware.py holds
+    the other precisions' peaks).
+    """
+    return net.gpu.tflops_16bit * 1e12 * efficiency if efficiency else 0.0
+
+
+def compute_seconds(
+    flops: float, kernels: Callable[[Device], float], lay: Layout, net: Network, rate: float
+) -> float:
+    """Return a rank's seconds for one piece of compute: the compute term of the time model.
+
+    By default (`rate` 0) `kernels`' seconds on the GPU (formulas/kernels.py's measured tables
+    scaled to the hardware record's dense 16-bit peak and HBM bandwidth); with --efficiency,
+    Megatron-LM's `flops` split over the layer's tp x cp ranks at `rate` FLOP/s. Every other
+    term is communication.
+    """
+    if rate:
+        return flops / (lay.tp * lay.cp) / rate
+    return kernels(device_of(net.gpu))
+
+
 def stage_work(
     dims: ModelDims,
     lay: Layout,
     net: Network,
-    efficiency: float,
+    efficiency: float | None,
     mbs: int,
     recompute: str,
     chunk_layers: Sequence[Sequence[int]],
@@ -163,37 +157,53 @@ def stage_work(
     With full recomputation, `recompute_method` / `recompute_num_layers` say which layers repeat
     their forward (activations.recompute_plan: `block` N, the first N of each chunk).
     """
-    rate = net.gpu.tflops * 1e12 * efficiency
-    split = lay.tp * lay.cp
-    act = dims.activation_bytes
-    tokens = dims.seq_length * mbs / lay.cp
-    compute = tensor = context = expert = 0.0
+    rate = compute_rate(net, efficiency)
     mode = cast(Recompute, recompute)
     plan = recompute_plan(0, chunk_layers, mode, recompute_method, recompute_num_layers)
     kinds: dict[tuple[Recompute, bool], list[int]] = {}  # (recomputed or not, MoE) -> layers
     for group, how in (pair for groups in plan for pair in groups):
         for i in group:
             kinds.setdefault((how, dims.is_moe_layer(i)), []).append(i)
+    total = [0.0, 0.0, 0.0, 0.0]  # compute, tensor, context, expert
     for (how, _), members in kinds.items():
-        one = _layer_time(dims, lay, net, rate, mbs, how, members[0])
-        compute += one[0] * len(members)
-        tensor += one[1] * len(members)
-        context += one[2] * len(members)
-        expert += one[3] * len(members)
-    if has_output:  # the output layer and loss, and the MTP block megatron puts beside them
-        compute += logit_flops(dims, mbs) / split / rate
-        if dims.mtp_num_layers:
-            depth, final = dims.mtp_num_layers, dims.num_layers - 1
-            last = _layer_time(dims, lay, net, rate, mbs, mtp_recompute(mode, recompute_method), final)
-            own = mtp_flops(dims, mbs) - depth * layer_flops(dims, final, mbs).total
-            compute += depth * last[0] + own / split / rate
-            tensor += depth * last[1]
-            context += depth * last[2]
-            expert += depth * last[3]
-    boundary = tokens * dims.hidden_size / lay.tp * act
+        _add(total, _layer_time(dims, lay, net, rate, mbs, how, members[0]), len(members))
+    if has_output:
+        _add_output(total, dims, lay, net, rate, mbs, mtp_recompute(mode, recompute_method))
+    tokens = dims.seq_length * mbs / lay.cp
+    boundary = tokens * dims.hidden_size / lay.tp * dims.activation_bytes
     alpha, bw = net.link(lay.world_size)
     p2p = 2 * len(chunk_layers) * (alpha + boundary / bw) if lay.pp > 1 else 0.0
+    compute, tensor, context, expert = total
     return StageTime(compute, tensor, context, expert, p2p, 0.0, 0.0)
+
+
+def _add(total: list[float], terms: Sequence[float], times: int) -> None:
+    """Add `times` x each of (compute, tensor, context, expert) to `total`."""
+    for index, term in enumerate(terms):
+        total[index] += term * times
+
+
+def _add_output(
+    total: list[float], dims: ModelDims, lay: Layout, net: Network, rate: float, mbs: int,
+    mtp_mode: str,
+) -> None:
+    """Add the output layer and loss, and the MTP block megatron puts beside them."""
+    shard = _shard(lay, mbs)
+
+    def output(d: Device) -> float:  # never recomputed
+        return layer_seconds(_output_kernels(dims, shard), d, "none")
+
+    total[0] += compute_seconds(logit_flops(dims, mbs), output, lay, net, rate)
+    if dims.mtp_num_layers:
+        depth, final = dims.mtp_num_layers, dims.num_layers - 1
+        last = _layer_time(dims, lay, net, rate, mbs, mtp_mode, final)
+        own = mtp_flops(dims, mbs) - depth * layer_flops(dims, final, mbs).total
+        tokens = dims.seq_length * mbs // lay.cp
+        eh_proj = linear("eh_proj", tokens, 2 * dims.hidden_size, dims.hidden_size // lay.tp)
+        total[0] += depth * last[0] + compute_seconds(  # eh_proj and the logits, each depth
+            own, lambda d: depth * (ops_seconds(eh_proj, d) + output(d)), lay, net, rate)
+        for index in (1, 2, 3):
+            total[index] += depth * last[index]
 
 
 def with_state(
@@ -216,12 +226,11 @@ def with_state(
     return StageTime(work.compute, work.tensor, work.context, work.expert, work.p2p, data, optimizer)
 
 
-@lru_cache(maxsize=4096)
+@caches.memo(maxsize=4096)
 def _layer_time(
     dims: ModelDims, lay: Layout, net: Network, rate: float, mbs: int, recompute: str, i: int
 ) -> tuple[float, float, float, float]:
     """Return one layer's compute, TP, exposed CP and EP seconds for one micro-batch."""
-    split = lay.tp * lay.cp
     act = dims.activation_bytes
     tokens = dims.seq_length * mbs / lay.cp
     f = layer_flops(dims, i, mbs)
@@ -229,17 +238,43 @@ def _layer_time(
         extra = f.total / 3
     else:
         extra = f.core_attention / 3 if recompute == "selective" else 0
-    compute = (f.total + extra) / split / rate
+    moe = dims.is_moe_layer(i)
+    shard = _shard(lay, mbs)
+    compute = compute_seconds(
+        f.total + extra, lambda d: layer_seconds(_layer_kernels(dims, shard, moe), d, recompute),
+        lay, net, rate,
+    )
     collectives = 12 if recompute == "full" else 8
     tensor = _collective(collectives, tokens * dims.hidden_size, act, lay.tp, net.link(lay.tp))
     context = expert = 0.0
     if lay.cp > 1:
         forwards = 2 if recompute in ("full", "selective") else 1  # both recompute core attention
-        context = ring_attention(dims, lay, net, tokens, f.core_attention / split / rate, forwards)
-    if dims.is_moe_layer(i) and lay.ep > 1:
+        attention = compute_seconds(  # forward and backward: 3 forwards, ring_attention's convention
+            f.core_attention, lambda d: 3 * ops_seconds(_layer_kernels(dims, shard, moe).core, d),
+            lay, net, rate,
+        )
+        context = ring_attention(dims, lay, net, tokens, attention, forwards)
+    if moe and lay.ep > 1:
         routed = tokens * dims.moe_router_topk * dims.hidden_size / lay.tp
         expert = _collective(4, routed, act, lay.ep, net.link(lay.ep * lay.expert_tp))
     return compute, tensor, context, expert
+
+
+@caches.memo(maxsize=1024)
+def _layer_kernels(dims: ModelDims, shard: Shard, moe: bool) -> LayerOps:
+    """Return formulas/ops.py's kernels of one layer on one rank (layers of a kind share them)."""
+    return layer_ops(dims, shard, moe)
+
+
+@caches.memo(maxsize=256)
+def _output_kernels(dims: ModelDims, shard: Shard) -> LayerOps:
+    """Return formulas/ops.py's final norm, output layer and loss on one rank."""
+    return output_ops(dims, shard)
+
+
+def _shard(lay: Layout, mbs: int) -> Shard:
+    """Return how a rank of `lay` cuts a layer (formulas/ops.py)."""
+    return Shard(lay.tp, lay.cp, lay.ep, lay.expert_tp, lay.sequence_parallel, mbs)
 
 
 def ring_attention(

@@ -1,63 +1,34 @@
 """One `plan` candidate priced: its records, exact state memory, activations, step time.
 
-`evaluate(job, split, req)` prices a candidate as plan.py's search does: each stage's state from
-plan_memory.stage_state (megatron's DDP buffers, composed from small builds), its activations at
-the micro-batches megatron's schedule keeps in flight (formulas.live_microbatches), and its time
-(plan_cost.stage_work, then with_state); the step from plan_cost.step_time. A stage's numbers
-depend only on its own shape (layers per chunk, embedding / output, position in the schedule),
-never on the other stages, so each distinct stage is priced once per process (`_STATE`, `_ACT`,
-`_TIME`): a search over thousands of candidates prices a few thousand stages. Nothing here prints.
+`evaluate(job, split, req)` prices a candidate as search.py does: each stage's state from
+memory.stage_state (megatron's DDP buffers, composed from small builds), its activations at the
+micro-batches megatron's schedule keeps in flight (activations.py), and its time (cost.stage_work,
+then with_state); the step from cost.step_time. A stage's numbers depend only on its own shape
+(layers per chunk, embedding / output, position in the schedule), never on the other stages, so
+each distinct stage is priced once per process (`_STATE`, `_ACT`, `_TIME`, in caches.py's care):
+a search over thousands of candidates prices a few thousand stages. Nothing here prints.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from functools import lru_cache
-from typing import Any, cast
+from dataclasses import dataclass, replace
+from typing import Any
 
-from inspector.formulas.activations import (
-    embedding_activations,
-    layer_activations,
-    mtp_activations,
-    mtp_recompute,
-    output_activations,
-    recompute_buffer,
-    recompute_plan,
-)
 from inspector.formulas.flops import iteration_flops
-from inspector.job.dims import ModelDims, live_microbatches
-from inspector.job.job import Job, Recompute, Training
+from inspector.job.dims import ModelDims
+from inspector.job.hardware import Gpu
+from inspector.job.job import Job, Training
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
-from inspector.plan.cost import Gpu, Network, StageTime, StepTime, stage_work, step_time, with_state
-from inspector.plan.memory import ChunkShape, piece_key, stage_state
-from inspector.plan.split import Split, chunk_layers, split_flags
-
-
-@dataclass(frozen=True)
-class Request:
-    """What the user asked: the model, the cluster, the batch, and any dimension they fixed."""
-
-    model: ModelConfig
-    gpus: int
-    gpu: Gpu
-    memory: int  # bytes per GPU
-    global_batch_size: int
-    gpus_per_node: int = 8
-    efficiency: float = 0.65
-    fixed: dict[str, Any] = field(default_factory=dict)  # tp, pp, cp, ep, etp, vpp, mbs, ...
-    top: int = 5
-    flash_attention: bool | None = None  # None: on in 16-bit (Transformer Engine's kernels)
-    training: Training = field(default_factory=Training)  # the user's dropout and grad dtype
-
-    @property
-    def flash(self) -> bool:
-        """Return whether the candidates run flash attention."""
-        if self.flash_attention is None:
-            return self.model.dtype_name != "float32"
-        return self.flash_attention
+from inspector.plan import caches
+from inspector.plan.activations import activation_layout, stage_activation_bytes
+from inspector.plan.cost import Network, StageTime, StepTime, stage_work, step_time, with_state
+from inspector.plan.flags import megatron_flags
+from inspector.plan.memory import ChunkShape, stage_state
+from inspector.plan.pieces import piece_key
+from inspector.plan.request import Request
+from inspector.plan.split import Split, chunk_layers
 
 
 @dataclass(frozen=True)
@@ -99,12 +70,12 @@ class Plan:
     def mfu(self) -> float:
         """Return model FLOPs per second over the cluster's peak (PaLM, Appendix B)."""
         gpus = self.job.layout.world_size
-        return self.flops / (self.time.seconds * gpus * self.gpu.tflops * 1e12)
+        return self.flops / (self.time.seconds * gpus * self.gpu.tflops_16bit * 1e12)
 
     @property
     def tflops_per_gpu(self) -> float:
         """Return the achieved model TFLOP/s per GPU."""
-        return self.mfu * self.gpu.tflops
+        return self.mfu * self.gpu.tflops_16bit
 
     def bound(self) -> str:
         """Return what limits the plan most besides compute."""
@@ -117,133 +88,7 @@ class Plan:
         return megatron_flags(self.job, self.split)
 
 
-def megatron_flags(job: Job, split: Split) -> list[str]:
-    """Return the launch-script flags of a plan, Megatron-LM's spelling."""
-    lay, training, model = job.layout, job.training, job.model
-    out = [
-        f"--tensor-model-parallel-size {lay.tp}",
-        f"--pipeline-model-parallel-size {lay.pp}",
-    ]
-    if lay.cp > 1:
-        out.append(f"--context-parallel-size {lay.cp}")
-    if lay.ep > 1:
-        out.append(f"--expert-model-parallel-size {lay.ep}")
-    if lay.etp is not None:
-        out.append(f"--expert-tensor-parallel-size {lay.etp}")
-    if lay.sequence_parallel:
-        out.append("--sequence-parallel")
-    mtp = model.mtp_num_layers or 0
-    for name, value in split_flags(split, model.num_layers, lay.pp, lay.chunks, mtp).items():
-        flag = "--" + name.replace("_", "-")
-        if value is True:
-            out.append(flag)
-        else:
-            out.append(f"{flag} {value!r}" if isinstance(value, str) else f"{flag} {value}")
-    out += [
-        f"--micro-batch-size {training.micro_batch_size}",
-        f"--global-batch-size {training.global_batch_size}",
-    ]
-    if training.recompute != "none":
-        out.append(f"--recompute-granularity {training.recompute}")
-        if training.recompute == "full":
-            out += [f"--recompute-method {training.recompute_method}",
-                    f"--recompute-num-layers {training.recompute_num_layers}"]
-    if model.dtype_name == "bfloat16":
-        out.append("--bf16")
-        if training.fp32_grads is False:
-            out.append("--grad-reduce-in-bf16")
-    elif model.dtype_name == "float16":
-        out.append("--fp16")
-        if training.fp32_grads:
-            out.append("--accumulate-allreduce-grads-in-fp32")
-    defaults = Training()
-    for name in ("attention_dropout", "hidden_dropout"):
-        if getattr(training, name) != getattr(defaults, name):
-            out.append(f"--{name.replace('_', '-')} {getattr(training, name)}")
-    if training.flash_attention:
-        out.append("--use-flash-attn")
-    if training.use_distributed_optimizer:
-        out += ["--use-distributed-optimizer", "--overlap-param-gather"]
-    out.append("--overlap-grad-reduce")
-    return out
-
-
-@lru_cache(maxsize=65536)
-def _live_points(stage: int, pp: int, m: int, v: int) -> tuple[tuple[int, ...], ...]:
-    """Return the schedule's in-flight points that no other point covers chunk by chunk.
-
-    With every chunk's bytes positive, the peak lies on one of them (a covered point holds less).
-    """
-    frontier: list[tuple[int, ...]] = []
-    for point in sorted(set(live_microbatches(stage, pp, m, v)), key=sum, reverse=True):
-        if not any(all(a >= b for a, b in zip(f, point, strict=True)) for f in frontier):
-            frontier.append(point)
-    return tuple(sorted(frontier))
-
-
-@lru_cache(maxsize=65536)
-def _layer_bytes(dims: ModelDims, par: Layout, i: int, mbs: int, recompute: str, flash: bool) -> float:
-    return layer_activations(dims, par, i, mbs, recompute, flash).total  # type: ignore[arg-type]
-
-
-@lru_cache(maxsize=256)
-def _first_of_kind(dims: ModelDims) -> dict[bool, int]:
-    """Return the first layer of each kind (True: MoE); layers of one kind cost the same."""
-    return {dims.is_moe_layer(i): i for i in reversed(range(dims.num_layers))}
-
-
-def _chunk_bytes(
-    dims: ModelDims, par: Layout, groups: list[tuple[Sequence[int], Recompute]], mbs: int,
-    flash: bool,
-) -> float:
-    """Return one micro-batch's bytes of a chunk's layer groups (activations.recompute_plan):
-    a checkpointed group keeps its first layer's input, any other layer its own activations;
-    layers of one kind and mode cost the same."""
-    counts: dict[tuple[Recompute, bool], int] = {}
-    for group, mode in groups:
-        for i in group[:1] if mode == "full" else group:
-            key = (mode, dims.is_moe_layer(i))
-            counts[key] = counts.get(key, 0) + 1
-    first = _first_of_kind(dims)
-    return sum(
-        n * _layer_bytes(dims, par, first[kind], mbs, mode, flash)
-        for (mode, kind), n in counts.items()
-    )
-
-
-def stage_activation_bytes(
-    dims: ModelDims, par: Layout, stage: int, chunks: Sequence[Sequence[int]], mbs: int, m: int,
-    recompute: str, flash: bool, method: str = "uniform", num_layers: int = 1,
-) -> tuple[int, tuple[int, ...]]:
-    """Return activations.stage_activations' peak (rounded up) and in-flight counts, fast.
-
-    `method`, `num_layers`: --recompute-method and --recompute-num-layers with full recompute.
-    """
-    v = len(chunks)
-    mode = cast(Recompute, recompute)
-    plan = recompute_plan(stage, chunks, mode, method, num_layers)
-    per = [_chunk_bytes(dims, par, groups, mbs, flash) for groups in plan]
-    if stage == 0:
-        per[0] += embedding_activations(dims, par, mbs).total
-    if stage == par.pp - 1:  # the output layer and loss, and the MTP block beside them
-        per[-1] += output_activations(dims, par, mbs).total
-        per[-1] += mtp_activations(dims, par, mbs, mtp_recompute(mode, method), flash)
-    if v == 1:  # 1F1B: the peak is min(p - s, m) micro-batches (formulas.microbatches_in_flight)
-        best: tuple[int, ...] = (min(par.pp - stage, m),)
-    else:
-        points = _live_points(stage, par.pp, m, v)
-        best = max(points, key=lambda pt: sum(n * x for n, x in zip(pt, per, strict=True)))
-    total = sum(n * x for n, x in zip(best, per, strict=True))
-    first = _first_of_kind(dims)
-
-    def rebuilt(i: int) -> float:  # a layer's bytes without recomputation (one per kind)
-        return _layer_bytes(dims, par, first[dims.is_moe_layer(i)], mbs, "none", flash)
-
-    total += recompute_buffer(plan, rebuilt)
-    return math.ceil(total), best
-
-
-@lru_cache(maxsize=1024)
+@caches.memo(maxsize=1024)
 def _shard_pairs(lay: Layout) -> tuple[tuple[int, int], ...]:
     from inspector.world.ranks import stage_shard_pairs
 
@@ -251,11 +96,11 @@ def _shard_pairs(lay: Layout) -> tuple[tuple[int, int], ...]:
 
 
 # what stages share (model pieces, pp, optimizer, buckets, ranks) -> (shapes, first?) -> state
-_STATE: dict[tuple[Any, ...], dict[int, Any]] = {}
+_STATE: dict[tuple[Any, ...], dict[int, Any]] = caches.table()
 
 
-@lru_cache(maxsize=4096)
-def _pair_layout(lay: Layout) -> Layout:
+@caches.memo(maxsize=4096)
+def pair_layout(lay: Layout) -> Layout:
     """Return the layout whose ranks' (data, expert data) indices every stage shares."""
     return replace(lay, pp=1, vpp=None, decoder_first_pipeline_num_layers=None,
                    decoder_last_pipeline_num_layers=None,
@@ -264,7 +109,7 @@ def _pair_layout(lay: Layout) -> Layout:
                    pipeline_model_parallel_layout=None)
 
 
-def _state_scope(job: Job, pairs_of: Layout) -> dict[int, Any]:
+def state_scope(job: Job, pairs_of: Layout) -> dict[int, Any]:
     """Return the stage states of every job sharing this one's pieces, pp, optimizer and ranks."""
     return _STATE.setdefault(state_scope_key(job, pairs_of), {})
 
@@ -277,21 +122,21 @@ def state_scope_key(job: Job, pairs_of: Layout) -> tuple[Any, ...]:
             training.ddp_bucket_size, pairs_of)
 
 
-_DIMS: dict[tuple[Any, ...], ModelDims] = {}
+_DIMS: dict[tuple[Any, ...], ModelDims] = caches.table()
 
 
 def job_dims(job: Job) -> ModelDims:
     """Return job.dims(), once per what it reads: the model, tp (vocab padding), dropout on/off."""
     training = job.training
     key = (model_token(job.model), job.layout.tp, training.attention_dropout > 0,
-           training.hidden_dropout > 0)
+           training.hidden_dropout > 0, training.flash_attention)
     if key not in _DIMS:
         _DIMS[key] = job.dims()
     return _DIMS[key]
 
 
-_MODELS: dict[ModelConfig, int] = {}
-_LAST_MODEL: list[Any] = [None, -1]  # the config asked last, and its token
+_MODELS: dict[ModelConfig, int] = caches.table()
+_LAST_MODEL: dict[str, Any] = caches.table()  # the config asked last, and its token
 
 
 def model_token(model: ModelConfig) -> int:
@@ -300,12 +145,12 @@ def model_token(model: ModelConfig) -> int:
     A frozen ModelConfig hashes its ~40 fields on every lookup; a search asks about one config
     object hundreds of thousands of times.
     """
-    if model is not _LAST_MODEL[0]:
-        _LAST_MODEL[:] = [model, _MODELS.setdefault(model, len(_MODELS))]
-    return int(_LAST_MODEL[1])
+    if model is not _LAST_MODEL.get("model"):
+        _LAST_MODEL.update(model=model, token=_MODELS.setdefault(model, len(_MODELS)))
+    return int(_LAST_MODEL["token"])
 
 
-def _stage_state(
+def cached_stage_state(
     job: Job, stage: int, shapes: tuple[ChunkShape, ...], pairs_of: Layout,
     scope: dict[int, Any] | None = None, key: int | None = None,
 ) -> Any:
@@ -314,7 +159,7 @@ def _stage_state(
     `key`: the stage's `_number`, where the caller has it.
     """
     if scope is None:
-        scope = _state_scope(job, pairs_of)
+        scope = state_scope(job, pairs_of)
     if key is None:
         key = _number(_STAGE_NUMBERS, (shapes, stage == 0))
     if key not in scope:
@@ -322,8 +167,8 @@ def _stage_state(
     return scope[key]
 
 
-_STAGE_NUMBERS: dict[tuple[tuple[ChunkShape, ...], bool], int] = {}  # (shapes, first stage?)
-_SIGNATURE_NUMBERS: dict[tuple[Any, ...], int] = {}
+_STAGE_NUMBERS: dict[tuple[tuple[ChunkShape, ...], bool], int] = caches.table()  # (shapes, first?)
+_SIGNATURE_NUMBERS: dict[tuple[Any, ...], int] = caches.table()
 
 
 def _number(numbers: dict[Any, int], value: Any) -> int:
@@ -357,7 +202,7 @@ class _Stages:
     signature_keys: tuple[int, ...]
 
 
-_STAGES: dict[tuple[Any, ...], _Stages] = {}
+_STAGES: dict[tuple[Any, ...], _Stages] = caches.table()
 
 
 def _stages_of(model: ModelConfig, dims: ModelDims, split: Split, pp: int, v: int) -> _Stages:
@@ -392,10 +237,10 @@ def _split_stages(model: ModelConfig, dims: ModelDims, split: Split, pp: int, v:
 
 def evaluate(job: Job, split: Split, req: Request) -> Plan:
     """Price one candidate: exact state bytes per stage, activations, time."""
-    return _timed(job, split, req, *_price_memory(job, split))
+    return timed(job, split, req, *price_memory(job, split))
 
 
-def _price_memory(job: Job, split: Split) -> tuple[Placed, tuple[StagePlan, ...]]:
+def price_memory(job: Job, split: Split) -> tuple[Placed, tuple[StagePlan, ...]]:
     """Return each rank's chunks' layers and its memory: exact state, activation peak.
 
     A stage's state depends on no recomputation setting: the candidates of one layout share it
@@ -406,17 +251,17 @@ def _price_memory(job: Job, split: Split) -> tuple[Placed, tuple[StagePlan, ...]
     dims = job_dims(job)
     v = lay.chunks
     stages_of = _stages_of(job.model, dims, split, lay.pp, v)
-    pairs_of = _pair_layout(lay)
-    states = _state_scope(job, pairs_of)
+    pairs_of = pair_layout(lay)
+    states = state_scope(job, pairs_of)
     m = schedule.num_microbatches
-    par = _activation_layout(pairs_of, lay.pp)
+    par = activation_layout(pairs_of, lay.pp)
     acts = _ACT.setdefault(
         (dims, par, schedule.micro_batch_size, m if v > 1 else None, training.recompute,
          training.flash_attention), {},
     )
     stages = []
     for s, layers in enumerate(stages_of.placed):
-        state = _stage_state(job, s, stages_of.shapes[s], pairs_of, states, stages_of.state_keys[s])
+        state = cached_stage_state(job, s, stages_of.shapes[s], pairs_of, states, stages_of.state_keys[s])
         position = s if v > 1 else min(lay.pp - s, m)  # 1F1B: only min(p - s, m) matters
         recipe = _recompute(training, layers)
         key = (s == 0, s == lay.pp - 1, position, stages_of.signature_keys[s], recipe)
@@ -432,7 +277,7 @@ def _price_memory(job: Job, split: Split) -> tuple[Placed, tuple[StagePlan, ...]
     return stages_of.placed, tuple(stages)
 
 
-def _timed(
+def timed(
     job: Job, split: Split, req: Request, placed: Placed, stages: tuple[StagePlan, ...]
 ) -> Plan:
     """Return the plan with its step time (plan_cost), given its memory."""
@@ -443,7 +288,7 @@ def _timed(
     mbs, distributed = schedule.micro_batch_size, training.use_distributed_optimizer
     signatures = _stages_of(job.model, dims, split, lay.pp, lay.chunks).signature_keys
     scope = _TIME.setdefault(
-        (dims, _pair_layout(lay), lay.pp, net, req.efficiency, mbs, training.recompute,
+        (dims, pair_layout(lay), lay.pp, net, req.efficiency, mbs, training.recompute,
          distributed), {},
     )
     times = []
@@ -469,13 +314,13 @@ def _timed(
 
 
 # (dims, activation sizes, mbs, m where interleaved, recompute, flash) -> stage -> (bytes, flight)
-_ACT: dict[tuple[Any, ...], dict[tuple[Any, ...], tuple[int, tuple[int, ...]]]] = {}
+_ACT: dict[tuple[Any, ...], dict[tuple[Any, ...], tuple[int, tuple[int, ...]]]] = caches.table()
 # (dims, ranks, pp, network, efficiency, mbs, recompute, distopt) -> (signature, output?) -> the
 # stage's work per micro-batch, and (signature, output?, gradients, weights, state) -> its time
-_TIME: dict[tuple[Any, ...], dict[tuple[Any, ...], StageTime]] = {}
+_TIME: dict[tuple[Any, ...], dict[tuple[Any, ...], StageTime]] = caches.table()
 
 
-@lru_cache(maxsize=256)
+@caches.memo(maxsize=256)
 def _iteration_flops(dims: ModelDims, global_batch_size: int) -> int:
     return iteration_flops(dims, global_batch_size)
 
@@ -495,11 +340,3 @@ def _recompute(training: Training, chunks: Sequence[Sequence[int]]) -> tuple[str
     return recompute, method, n
 
 
-@lru_cache(maxsize=4096)
-def _activation_layout(pairs_of: Layout, pp: int) -> Layout:
-    """Return the sizes activations.py reads (tp, cp, SP, expert tp, pp): dp and ep set to 1.
-
-    Layouts that differ in dp or ep keep the same activations (tests check it), so they share
-    one cache entry.
-    """
-    return replace(pairs_of, pp=pp, dp=1, ep=1, etp=pairs_of.expert_tp)

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from functools import lru_cache
+
+from inspector.plan import caches
 
 Split = tuple[int, ...]
 
@@ -40,7 +41,7 @@ def accounted_split(layers: int, stages: int, embedding: bool, loss: bool) -> Sp
     return tuple(split) if min(split) >= 0 and min(inner, default=1) >= 1 else None
 
 
-@lru_cache(maxsize=4096)
+@caches.memo(maxsize=4096)
 def balance(
     layers: int, stages: int, first: float, last: float, caps: tuple[int, ...] | None = None
 ) -> Split | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from inspector.job.job import Job, Schedule
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
-from inspector.plan.price import Request
+from inspector.plan.request import Request
 
 DEFAULT_MODEL = "gpt2-small"
 PRECISION = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}

@@ -8,7 +8,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from inspector.formulas.walkthrough import Walk, WalkthroughStep, running_allocation
+from inspector.formulas.walkthrough_steps import Walk, WalkthroughStep, running_allocation
 from inspector.job.job import Job
 from inspector.report.formats import MemoryFormat
 from inspector.report.memory import GIB, MemoryReport, StageMemory

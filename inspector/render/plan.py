@@ -7,7 +7,8 @@ from typing import Any
 
 from tabulate import tabulate
 
-from inspector.plan.search import Plan, SearchResult
+from inspector.plan.price import Plan
+from inspector.plan.search import SearchResult
 
 GIB = 1 << 30
 
@@ -133,7 +134,7 @@ def timeline(plan: Plan) -> list[list[tuple[float, float, str]]]:
 
     The order of each rank's passes is megatron-core's: `get_schedule_table` (micro-batches in
     groups of p through chunk 0, then chunk 1, ...; 1F1B is the one-chunk case), the warm-up of
-    `get_pp_rank_microbatches` (formulas._warmup_steps), then one forward and one backward per
+    `get_pp_rank_microbatches` (job.dims.warmup_steps), then one forward and one backward per
     step, the backward of step k running chunk v - 1 - chunk(k). A pass starts when its input
     is ready (the previous virtual stage's forward, the next one's backward) and its rank is
     free. A chunk's forward takes a third and its backward two thirds of its share (by layers)
@@ -169,13 +170,13 @@ def timeline(plan: Plan) -> list[list[tuple[float, float, str]]]:
 
 def _rank_order(stage: int, pp: int, m: int, v: int) -> list[tuple[str, int, int]]:
     """Return one rank's passes (F|B, micro-batch, chunk) in megatron-core's order."""
-    from inspector.job.dims import _warmup_steps
+    from inspector.job.dims import warmup_steps
 
     table = []  # megatron's get_schedule_table: (micro-batch, chunk) per forward step
     for start in range(0, m, pp):
         width = min(pp, m - start)
         table += [(start + i, c) for c in range(v) for i in range(width)]
-    warmup = _warmup_steps(stage, pp, m, v, pp) if pp > 1 else 0
+    warmup = warmup_steps(stage, pp, m, v, pp) if pp > 1 else 0
     ops = [("F", *table[k]) for k in range(warmup)]
     for k in range(warmup, len(table)):
         ops.append(("F", *table[k]))
@@ -220,45 +221,41 @@ def _json(result: SearchResult, memory: int) -> dict[str, Any]:
         "gpu_memory_bytes": memory,
         "evaluated": result.evaluated,
         "smallest_peak_bytes": result.smallest_peak,
-        "plans": [
+        "plans": [_plan_json(p) for p in result.plans],
+    }
+
+
+def _plan_json(p: Plan) -> dict[str, Any]:
+    lay, tr = p.job.layout, p.job.training
+    full = tr.recompute == "full"
+    return {
+        "layout": {
+            "tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "cp": lay.cp, "ep": lay.ep,
+            "etp": lay.expert_tp, "vpp": lay.chunks, "sequence_parallel": lay.sequence_parallel,
+        },
+        "micro_batch_size": tr.micro_batch_size,
+        "recompute": tr.recompute,
+        "recompute_method": tr.recompute_method if full else None,
+        "recompute_num_layers": tr.recompute_num_layers if full else None,
+        "distributed_optimizer": tr.use_distributed_optimizer,
+        "split": list(p.split),
+        "stages": [
             {
-                "layout": {
-                    "tp": p.job.layout.tp, "pp": p.job.layout.pp, "dp": p.job.layout.dp,
-                    "cp": p.job.layout.cp, "ep": p.job.layout.ep, "etp": p.job.layout.expert_tp,
-                    "vpp": p.job.layout.chunks,
-                    "sequence_parallel": p.job.layout.sequence_parallel,
-                },
-                "micro_batch_size": p.job.training.micro_batch_size,
-                "recompute": p.job.training.recompute,
-                "recompute_method": (
-                    p.job.training.recompute_method if p.job.training.recompute == "full" else None
-                ),
-                "recompute_num_layers": (
-                    p.job.training.recompute_num_layers
-                    if p.job.training.recompute == "full" else None
-                ),
-                "distributed_optimizer": p.job.training.use_distributed_optimizer,
-                "split": list(p.split),
-                "stages": [
-                    {
-                        "stage": s.stage, "layers": [list(c) for c in s.layers],
-                        "weights": s.weights, "gradients": s.gradients,
-                        "optimizer": s.optimizer, "activations": s.activations,
-                        "total": s.total, "in_flight": list(s.in_flight),
-                    }
-                    for s in p.stages
-                ],
-                "peak_bytes": p.peak,
-                "step_seconds": p.time.seconds,
-                "mfu": p.mfu,
-                "tflops_per_gpu": p.tflops_per_gpu,
-                "bubble": p.time.bubble,
-                "bound": p.bound(),
-                "time_shares": p.time.shares(),
-                "flags": p.flags(),
+                "stage": s.stage, "layers": [list(c) for c in s.layers],
+                "weights": s.weights, "gradients": s.gradients,
+                "optimizer": s.optimizer, "activations": s.activations,
+                "total": s.total, "in_flight": list(s.in_flight),
             }
-            for p in result.plans
+            for s in p.stages
         ],
+        "peak_bytes": p.peak,
+        "step_seconds": p.time.seconds,
+        "mfu": p.mfu,
+        "tflops_per_gpu": p.tflops_per_gpu,
+        "bubble": p.time.bubble,
+        "bound": p.bound(),
+        "time_shares": p.time.shares(),
+        "flags": p.flags(),
     }
 
 

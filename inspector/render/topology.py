@@ -5,7 +5,6 @@ from __future__ import annotations
 from tabulate import tabulate
 
 from inspector.job.layout import Layout, RankCoord
-from inspector.report.formats import TopologyFormat
 from inspector.report.table import topology_line
 
 
@@ -31,10 +30,6 @@ def render_topology_table(coords: list[RankCoord], layout: Layout) -> str:
     return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True) + "\n"
 
 
-def render_topology(layout: Layout, fmt: TopologyFormat) -> str:
-    """Return the rank map in the asked format (the coordinates come from megatron, ranks.py)."""
-    from inspector.world.ranks import rank_coords, rank_positions
-
-    if fmt is TopologyFormat.table:
-        return render_topology_table(rank_coords(layout), layout)
-    return topology_line(rank_positions(layout), layout) + "\n"
+def render_topology_line(positions: list[tuple[int, int, int, int]], layout: Layout) -> str:
+    """Return the ProcessCoord line of every rank's (pipe, data, context, model), in rank order."""
+    return topology_line(positions, layout) + "\n"

@@ -40,6 +40,7 @@ from inspector.formulas.flops import (
     stage_flops,
 )
 from inspector.job.dims import ModelDims
+from inspector.job.hardware import check_positive, get_gpu
 from inspector.job.job import Job, Schedule, Training
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
@@ -158,24 +159,31 @@ class MemoryReport:
 
 
 def make_hardware(
-    gpu_memory: float | None, gpu_tflops: float | None, mfu: float | None
+    gpu_memory: float | None, gpu_tflops: float | None, mfu: float | None,
+    gpu: str | None = None, dtype_name: str = "float32",
 ) -> Hardware:
-    """Check the hardware flags; --gpu-memory is in GiB, as nvidia-smi and torch count."""
-    if gpu_memory is not None and not (math.isfinite(gpu_memory) and gpu_memory > 0):
-        raise ConfigError(
-            f"--gpu-memory must be a finite number of GiB greater than 0, got {gpu_memory}"
-        )
+    """Check the hardware flags; --gpu-memory is in GiB, as nvidia-smi and torch count.
+
+    `gpu`: a --gpu type (job/hardware.py) whose memory and peak for the model's dtype fill in
+    what --gpu-memory and --gpu-tflops leave out.
+    """
+    if gpu_memory is not None:
+        check_positive("--gpu-memory", gpu_memory, "GiB")
     if mfu is not None:
         check_mfu(mfu)
-        if gpu_tflops is None:
+        if gpu_tflops is None and gpu is None:
             raise ConfigError("--mfu needs --gpu-tflops (the peak it is a fraction of)")
     if gpu_tflops is not None:
         check_peak(gpu_tflops)
+    if gpu is not None:
+        named = get_gpu(gpu)
+        gpu_memory = named.memory_gib if gpu_memory is None else gpu_memory
+        gpu_tflops = named.peak_tflops(dtype_name) if gpu_tflops is None else gpu_tflops
     memory = None if gpu_memory is None else round(gpu_memory * GIB)
     return Hardware(memory, gpu_tflops, 1.0 if mfu is None else mfu)
 
 
-def check_walkthrough_flags(**hardware: float | None) -> None:
+def check_walkthrough_flags(**hardware: object) -> None:
     """Raise ConfigError for a hardware flag that --attention-walkthrough would ignore."""
     for name, value in hardware.items():
         if value is not None:
@@ -266,19 +274,7 @@ def _stage_memory(
     }
     rank, data, expert = max(ranks, key=lambda r: (by_shard[r[1:]].total, -r[0]))
     layers = tuple(chunk.layers for chunk in chunks)
-    activations = stage_activations(
-        dims,
-        job.layout,
-        stage,
-        layers,
-        schedule.micro_batch_size,
-        schedule.num_microbatches,
-        training.recompute,
-        training.flash_attention,
-        mtp_chunks=tuple(chunk.mtp_layers for chunk in chunks),
-        recompute_method=training.recompute_method,
-        recompute_num_layers=training.recompute_num_layers,
-    )
+    activations = _activations(job, dims, schedule, built)
     flops = stage_flops(
         dims,
         (i for chunk in layers for i in chunk),
@@ -294,4 +290,22 @@ def _stage_memory(
         state=by_shard[(data, expert)],
         activations=activations,
         flops=flops,
+    )
+
+
+def _activations(job: Job, dims: ModelDims, schedule: Schedule, built: BuiltStage) -> StageActivations:
+    """Return the stage's peak activations (formulas/activations.py) for its built chunks."""
+    training, chunks = job.training, built.chunks
+    return stage_activations(
+        dims,
+        job.layout,
+        built.stage,
+        tuple(chunk.layers for chunk in chunks),
+        schedule.micro_batch_size,
+        schedule.num_microbatches,
+        training.recompute,
+        training.flash_attention,
+        mtp_chunks=tuple(chunk.mtp_layers for chunk in chunks),
+        recompute_method=training.recompute_method,
+        recompute_num_layers=training.recompute_num_layers,
     )

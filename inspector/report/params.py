@@ -33,7 +33,7 @@ class ParamsResult:
 def params_result(built: BuiltJob, partitioning: Partitioning, block_size: int) -> ParamsResult:
     """Return the table of every built stage, viewed as the BuiltJob's view asks."""
     from inspector.errors import ConfigError
-    from inspector.job.model import check_at_most
+    from inspector.job.checks import check_at_most
     from inspector.report import fidelity
     from inspector.world.ranks import rank_positions
 

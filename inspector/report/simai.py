@@ -239,6 +239,9 @@ def parse_workload(text: str) -> tuple[Header, list[Record]]:
     return header, records
 
 
+MAX_PROFILE_US = 1e12  # 11.6 days per kernel group; x 1000 in ns stays inside SimAI's int64
+
+
 def parse_compute_profile(text: str) -> dict[str, tuple[float, float]]:
     """Read AICB/AIOB's compute profile: section -> (time_gpu_avg, time_gpu_min) in µs.
 
@@ -248,6 +251,19 @@ def parse_compute_profile(text: str) -> dict[str, tuple[float, float]]:
     `time_gpu_avg: X` lines. Times are microseconds (CUDA event milliseconds x 1000,
     `cuda_timing_decorator` 499-512); AICB multiplies them by 1000 into SimAI's nanoseconds.
     """
+    sections = _profile_sections(text)
+    profile: dict[str, tuple[float, float]] = {}
+    for name, values in sections.items():
+        if "time_gpu_avg" not in values:
+            raise InputError(f"compute profile section {name!r} lacks time_gpu_avg")
+        profile[name] = (values["time_gpu_avg"], values.get("time_gpu_min", values["time_gpu_avg"]))
+    if not profile:
+        raise InputError("the compute profile holds no section")
+    return profile
+
+
+def _profile_sections(text: str) -> dict[str, dict[str, float]]:
+    """Return each `NAME:` section's `key: value` numbers, checking every line's shape."""
     sections: dict[str, dict[str, float]] = {}
     current: str | None = None
     for number, raw in enumerate(text.splitlines(), start=1):
@@ -273,13 +289,9 @@ def parse_compute_profile(text: str) -> dict[str, tuple[float, float]]:
             raise InputError(
                 f"compute profile line {number}: {key} must be a number, got {value.strip()!r}"
             ) from None
-        if sections[current][key] < 0:
-            raise InputError(f"compute profile line {number}: {key} must not be negative")
-    profile: dict[str, tuple[float, float]] = {}
-    for name, values in sections.items():
-        if "time_gpu_avg" not in values:
-            raise InputError(f"compute profile section {name!r} lacks time_gpu_avg")
-        profile[name] = (values["time_gpu_avg"], values.get("time_gpu_min", values["time_gpu_avg"]))
-    if not profile:
-        raise InputError("the compute profile holds no section")
-    return profile
+        if not 0 <= sections[current][key] <= MAX_PROFILE_US:  # also nan and inf
+            raise InputError(
+                f"compute profile line {number}: {key} must be a number of microseconds from 0 "
+                f"to {MAX_PROFILE_US:.0e}, got {value.strip()}"
+            )
+    return sections

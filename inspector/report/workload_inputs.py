@@ -200,18 +200,20 @@ def context_for(built: BuiltJob, compute: ComputeRate | ComputeProfile) -> Conte
 
 
 def compute_for(
-    gpu_tflops: float | None, mfu: float | None, profile: str | None
+    gpu_tflops: float | None, mfu: float | None, profile: str | None,
+    gpu: str | None = None, dtype_name: str = "float32",
 ) -> ComputeRate | ComputeProfile:
-    """Return where compute times come from: FLOPs at --gpu-tflops x --mfu, or a measured profile.
+    """Return where compute times come from: FLOPs at the peak x --mfu, or a measured profile.
 
+    The peak is --gpu-tflops, else the --gpu type's for the model's dtype (job/hardware.py).
     `profile` is the text of the --compute-profile file (None when not given).
     """
     from inspector.formulas.flops import check_mfu, check_peak
 
-    if (gpu_tflops is None) == (profile is None):
+    if (gpu_tflops is None and gpu is None) == (profile is None):
         raise ConfigError(
-            "workload needs compute times: --gpu-tflops (FLOPs at that peak, estimates) or "
-            "--compute-profile FILE (measured), one of them"
+            "workload needs compute times: --gpu or --gpu-tflops (FLOPs at that peak, "
+            "estimates) or --compute-profile FILE (measured), one of them"
         )
     if profile is not None:
         if mfu is not None:
@@ -219,7 +221,11 @@ def compute_for(
         from inspector.report.simai import parse_compute_profile
 
         return ComputeProfile.from_sections(parse_compute_profile(profile))
-    peak = float(gpu_tflops or 0)
+    if gpu_tflops is None:
+        from inspector.job.hardware import get_gpu
+
+        gpu_tflops = get_gpu(str(gpu)).peak_tflops(dtype_name)
+    peak = float(gpu_tflops)
     check_peak(peak)
     if mfu is not None:
         check_mfu(mfu)

@@ -10,6 +10,7 @@ ranks is ever set up and dp costs nothing. What it laid out becomes plain record
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -123,7 +124,12 @@ def _stand_in_groups(settings: DistOptSettings, pipeline_rank: int) -> dict[str,
 
 
 def wrap_in_megatron_ddp(
-    model: torch.nn.Module, settings: DistOptSettings, *, pipeline_rank: int = 0, chunk: int = 0
+    model: torch.nn.Module,
+    settings: DistOptSettings,
+    *,
+    pipeline_rank: int = 0,
+    chunk: int = 0,
+    running: bool = False,
 ) -> Any:
     """Wrap one model chunk in megatron's DistributedDataParallel on meta.
 
@@ -133,15 +139,32 @@ def wrap_in_megatron_ddp(
         settings: the data-parallel sizes and DDP flags.
         pipeline_rank: the stage; megatron's DDP buckets only on stage 0.
         chunk: the virtual-pipeline chunk; Megatron-LM buckets only chunk 0.
+        running: keep the parameters in DDP's buffers, with `main_grad` and DDP's hooks, for a
+            model that will run (inspector/engine); otherwise they are left as found.
 
     Returns the DistributedDataParallel: its `buffers` and `expert_parallel_buffers` are the
     layout.
     """
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.distributed import DistributedDataParallel
 
     config: Any = model.config
+    ddp_config = _ddp_config(config, settings)
+    groups = _stand_in_groups(settings, pipeline_rank)
+    with one_rank_world(), cuda_current_device_on_meta(), _no_buffer_logging():
+        kept = contextlib.nullcontext() if running else _params_left_untouched(model)
+        with kept:
+            # Megatron-LM (training.py get_model) disables bucketing for chunks after the first.
+            return DistributedDataParallel(
+                config, ddp_config, model, disable_bucketing=chunk > 0, **groups
+            )
+
+
+def _ddp_config(config: Any, settings: DistOptSettings) -> Any:
+    """Return megatron's DistributedDataParallelConfig for these settings and the model's dtype."""
+    from megatron.core.distributed import DistributedDataParallelConfig
+
     fp32_grads = settings.grad_reduce_in_fp32
-    ddp_config = DistributedDataParallelConfig(
+    return DistributedDataParallelConfig(
         grad_reduce_in_fp32=config.bf16 if fp32_grads is None else fp32_grads,
         overlap_grad_reduce=settings.overlap_grad_reduce,
         use_distributed_optimizer=settings.use_distributed_optimizer,
@@ -154,24 +177,23 @@ def wrap_in_megatron_ddp(
         ),
         pad_buckets_for_high_nccl_busbw=settings.pad_buckets_for_high_nccl_busbw,
     )
-    groups = _stand_in_groups(settings, pipeline_rank)
-    with one_rank_world(), cuda_current_device_on_meta(), _no_buffer_logging():
-        with _params_left_untouched(model):
-            # Megatron-LM (training.py get_model) disables bucketing for chunks after the first.
-            return DistributedDataParallel(
-                config, ddp_config, model, disable_bucketing=chunk > 0, **groups
-            )
 
 
 def _layout_buffer(
     buffer: Any, index: int, expert: bool, names: dict[torch.nn.Parameter, str]
 ) -> tuple[BufferLayout, list[ParamShards]]:
-    """Return one megatron buffer's layout and where each of its parameters sits."""
+    """Return one megatron buffer's layout and where each of its parameters sits.
+
+    Without the distributed optimizer megatron all-reduces whole buckets and pads nothing
+    (param_and_grad_buffer.py asserts numel == numel_unpadded), so a bucket need not divide by
+    dp: each rank's "shard" is then the whole bucket and every rank updates every element.
+    """
     dp_size = buffer.data_parallel_world_size
+    sharded = buffer.ddp_config.use_distributed_optimizer
     shards = []
     for param, (start, end, bucket_id) in buffer.param_index_map.items():
         bucket = buffer.buckets[bucket_id]
-        shard = bucket.grad_data.numel() // dp_size  # _build_model_gbuf_range
+        shard = bucket.grad_data.numel() // (dp_size if sharded else 1)  # _build_model_gbuf_range
         shards.append(ParamShards(names[param], index, bucket_id, start, end, bucket.offset, shard))
     buckets = tuple(
         BucketLayout(b.offset, b.grad_data.numel(), b.numel_unpadded) for b in buffer.buckets
@@ -184,7 +206,9 @@ def _layout_buffer(
         numel=buffer.numel,
         numel_unpadded=buffer.numel_unpadded,
         buckets=buckets,
-        owned_numel=owned_numel(shards, dp_size),
+        owned_numel=(
+            owned_numel(shards, dp_size) if sharded else (buffer.numel_unpadded,) * dp_size
+        ),
     )
     return layout, shards
 

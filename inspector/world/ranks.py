@@ -8,6 +8,8 @@ radix, tensor fastest (tests check it equals RankGenerator).
 
 from __future__ import annotations
 
+from typing import Any
+
 from inspector.errors import ConfigError
 from inspector.job.layout import Layout, RankCoord
 from inspector.world.setup import megatron
@@ -138,51 +140,60 @@ def _coords_from_rank_generator(layout: Layout) -> list[RankCoord]:
 
 def _coords_by_order(layout: Layout) -> list[RankCoord]:
     """Return the coordinates of megatron's "tp-cp-ep-dp-pp" order directly (large worlds)."""
-    ps = megatron().parallel_state
-    tp, cp, dp, world = layout.tp, layout.cp, layout.dp, layout.world_size
-    stage_size = tp * cp * dp
-    etp, ep = layout.expert_tp, layout.ep
-    shared: dict[tuple[str, int], tuple[int, ...]] = {}
+    world = _OrderedWorld(layout, megatron().parallel_state)
+    return [world.coord(rank) for rank in range(layout.world_size)]
 
-    def group(kind: str, start: int, stop: int, step: int) -> tuple[int, ...]:
+
+class _OrderedWorld:
+    """Megatron's "tp-cp-ep-dp-pp" order as a mixed radix, tensor fastest; each group a tuple
+    made once and shared by all its ranks."""
+
+    def __init__(self, layout: Layout, parallel_state: Any) -> None:
+        self.layout, self.parallel_state = layout, parallel_state
+        self.tp, self.cp, self.dp, self.world = layout.tp, layout.cp, layout.dp, layout.world_size
+        self.stage_size = self.tp * self.cp * self.dp
+        self.made: dict[tuple[str, int], tuple[int, ...]] = {}
+
+    def group(self, kind: str, start: int, stop: int, step: int) -> tuple[int, ...]:
+        """Return the ranks start, start + step, ... below stop: the `kind` group from `start`."""
         key = (kind, start)
-        if key not in shared:
-            shared[key] = tuple(range(start, stop, step))
-        return shared[key]
+        if key not in self.made:
+            self.made[key] = tuple(range(start, stop, step))
+        return self.made[key]
 
-    coords = []
-    for rank in range(world):
-        model, context = rank % tp, rank // tp % cp
-        data, pipe = rank // (tp * cp) % dp, rank // stage_size
-        offset = rank % stage_size
-        pp_group = group("pp", offset, world, stage_size)
+    def embedding(self, offset: int, pp_group: tuple[int, ...]) -> tuple[int, ...]:
+        """Return megatron's embedding ranks of the pipeline group at stage offset `offset`."""
         key = ("embedding", offset)
-        if key not in shared:
-            shared[key] = tuple(ps.default_embedding_ranks(list(pp_group)))
-        embedding = shared[key]
+        if key not in self.made:
+            self.made[key] = tuple(self.parallel_state.default_embedding_ranks(list(pp_group)))
+        return self.made[key]
+
+    def coord(self, rank: int) -> RankCoord:
+        """Return one rank's coordinates and groups."""
+        tp, cp, dp, stage_size = self.tp, self.cp, self.dp, self.stage_size
+        model, context = rank % tp, rank // tp % cp
+        data, offset = rank // (tp * cp) % dp, rank % stage_size
+        pp_group = self.group("pp", offset, self.world, stage_size)
+        embedding = self.embedding(offset, pp_group)
+        data_base = rank - data * tp * cp
+        # RankCoord's fields in order (positional: this runs once per rank of up to 2**20).
+        return RankCoord(
+            rank, rank // stage_size, data, context, model,
+            self.group("tp", rank - model, rank - model + tp, 1),
+            pp_group,
+            self.group("dp", data_base, data_base + stage_size, tp * cp),
+            embedding if rank in embedding else (),
+            *self.expert_fields(rank),
+        )  # fmt: skip
+
+    def expert_fields(self, rank: int) -> tuple[tuple[int, ...] | None, int, int]:
+        """Return the rank's expert group, its place in it and in its expert data group."""
+        etp, ep = self.layout.expert_tp, self.layout.ep
+        if ep == 1:
+            return None, 0, _expert_data_index(self.layout, rank)
         expert = rank // etp % ep
-        expert_base = rank - expert * etp
-        coords.append(
-            RankCoord(
-                rank=rank,
-                pipe=pipe,
-                data=data,
-                context=context,
-                model=model,
-                tensor_group=group("tp", rank - model, rank - model + tp, 1),
-                pipeline_group=pp_group,
-                data_group=group(
-                    "dp", rank - data * tp * cp, rank - data * tp * cp + stage_size, tp * cp
-                ),
-                embedding_group=embedding if rank in embedding else (),
-                expert_group=group("ep", expert_base, expert_base + ep * etp, etp)
-                if ep > 1
-                else None,
-                expert=expert if ep > 1 else 0,
-                expert_data=_expert_data_index(layout, rank),
-            )
-        )
-    return coords
+        base = rank - expert * etp
+        return self.group("ep", base, base + ep * etp, etp), expert, _expert_data_index(self.layout, rank)
 
 
 def _group_of(groups: list[list[int]], world: int) -> list[tuple[tuple[int, ...], int]]:

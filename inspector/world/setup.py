@@ -95,6 +95,18 @@ def simulated_dp(layout: Layout) -> int:
     return expert // math.gcd(expert, dense)
 
 
+def parallel_sizes(layout: Layout, vpp: int | None) -> dict[str, int | None]:
+    """Return the parallel sizes as megatron names them (initialize_model_parallel, TransformerConfig)."""
+    return dict(
+        tensor_model_parallel_size=layout.tp,
+        pipeline_model_parallel_size=layout.pp,
+        virtual_pipeline_model_parallel_size=vpp,
+        context_parallel_size=layout.cp,
+        expert_model_parallel_size=layout.ep,
+        expert_tensor_parallel_size=layout.expert_tp,
+    )
+
+
 @contextlib.contextmanager
 def simulated_rank(layout: Layout, rank: int, vpp: int | None) -> Iterator[Any]:
     """Run megatron's parallel_state set-up for one rank of a fake world; tear it down after.
@@ -111,13 +123,7 @@ def simulated_rank(layout: Layout, rank: int, vpp: int | None) -> Iterator[Any]:
     try:
         with scoped_groups(m.dist, m.parallel_state):
             m.parallel_state.initialize_model_parallel(
-                tensor_model_parallel_size=layout.tp,
-                pipeline_model_parallel_size=layout.pp,
-                virtual_pipeline_model_parallel_size=vpp,
-                context_parallel_size=layout.cp,
-                expert_model_parallel_size=layout.ep,
-                expert_tensor_parallel_size=layout.expert_tp,
-                create_gloo_process_groups=False,
+                **parallel_sizes(layout, vpp), create_gloo_process_groups=False
             )
         disable_embedding_group()
         with meta_cat():

@@ -22,7 +22,7 @@ from typing import Any
 from inspector.errors import ConfigError, FidelityError
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
-from inspector.world.config import _transformer_config
+from inspector.world.config import transformer_config
 from inspector.world.setup import (
     megatron,
     simulate_apex,
@@ -55,11 +55,33 @@ def _stage_rank(layout: Layout, stage: int, expert_rank: int) -> int:
 
 
 def build_stage(
-    model: ModelConfig, layout: Layout, stage: int, expert_rank: int = 0, checkpoint: bool = True
+    model: ModelConfig,
+    layout: Layout,
+    stage: int,
+    expert_rank: int = 0,
+    checkpoint: bool = True,
 ) -> list[StageModel]:
     """Build every chunk of one pipeline stage as megatron-core builds it on that stage's rank.
 
     `checkpoint` False leaves StageModel.checkpoint empty (a planner reads parameters only).
+    """
+    with stage_world(model, layout, stage, expert_rank, checkpoint) as chunks:
+        return chunks
+
+
+@contextlib.contextmanager
+def stage_world(
+    model: ModelConfig,
+    layout: Layout,
+    stage: int,
+    expert_rank: int = 0,
+    checkpoint: bool = True,
+    runtime: dict[str, Any] | None = None,
+) -> Iterator[list[StageModel]]:
+    """Build one stage's chunks and keep its simulated rank set up while the block runs.
+
+    `runtime` holds TransformerConfig fields for a model that will run (world/config.py): the
+    engine (inspector/engine) runs megatron's forward and backward inside the block.
     """
     m = megatron()
     vpp = layout.vpp
@@ -80,8 +102,8 @@ def build_stage(
                 raise FidelityError(
                     f"rank {rank} is {where} in megatron, expected {(stage, expert_rank)}"
                 )
-            config = _transformer_config(model, layout, vpp)
-            return [
+            config = transformer_config(model, layout, vpp, runtime)
+            yield [
                 _build_chunk(m, model, config, layout, stage, chunk, vpp, expert_rank, checkpoint)
                 for chunk in range(vpp or 1)
             ]
@@ -149,7 +171,7 @@ def _check_mtp_placed(gpt: Any, layout: Layout, stage: int, chunk: int) -> None:
     text = layout.pipeline_model_parallel_layout
     if text is None:
         return
-    from inspector.job.layout import expand_layout
+    from inspector.job.pipeline_layout import expand_layout
 
     stages = expand_layout(text)
     wanted = stages[chunk * layout.pp + stage].count("m")  # megatron's order: chunk-major

@@ -8,10 +8,9 @@ EVALUATION` section of bash(1)).
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from inspector.inputs.bash.shell import Shell
+from inspector.inputs.bash.context import Host
+from inspector.inputs.bash.runtime import MAX_NESTING
 
 _TOKEN = re.compile(
     r"\s*(?:(0[xX][0-9a-fA-F]+|\d+#[0-9a-zA-Z@_]+|\d+)|([A-Za-z_]\w*)|"
@@ -21,6 +20,7 @@ _BINARY = [  # lowest precedence first
     ("||",), ("&&",), ("|",), ("^",), ("&",), ("==", "!="), ("<", ">", "<=", ">="), ("<<", ">>"),
     ("+", "-"), ("*", "/", "%"),
 ]  # fmt: skip
+_LEVEL = {op: level for level, ops in enumerate(_BINARY) for op in ops}
 _ASSIGN_OPS = ("=", "*=", "/=", "%=", "+=", "-=", "<<=", ">>=", "&=", "^=", "|=")
 
 
@@ -29,7 +29,7 @@ def _wrap(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def _binary(op: str, a: int, b: int, shell: Shell) -> int:
+def _binary(op: str, a: int, b: int, shell: Host) -> int:
     if op in ("/", "%") and b == 0:
         raise shell.fail("division by 0 in arithmetic")
     if op == "/":
@@ -53,7 +53,7 @@ def _binary(op: str, a: int, b: int, shell: Shell) -> int:
 
 
 class _Arith:
-    def __init__(self, text: str, shell: Shell, depth: int):
+    def __init__(self, text: str, shell: Host, depth: int):
         self.shell, self.text, self.depth = shell, text, depth
         self.tokens: list[tuple[str, str]] = []
         position = 0
@@ -68,6 +68,7 @@ class _Arith:
             self.tokens.append((kind, number or name or op))
             position = match.end()
         self.pos = 0
+        self.open = 0  # parentheses and unary operators open around the token being read
 
     def peek(self) -> str | None:
         return self.tokens[self.pos][1] if self.pos < len(self.tokens) else None
@@ -118,16 +119,18 @@ class _Arith:
         return yes if cond else no
 
     def binary(self, level: int, ev: bool) -> int:
-        if level == len(_BINARY):
-            return self.power(ev)
-        value = self.binary(level + 1, ev)
-        while self.peek() in _BINARY[level]:
-            op = self.take()[1]
+        """Binary operators of precedence `level` or tighter (precedence climbing)."""
+        value = self.power(ev)
+        while True:
+            op = self.peek() or ""
+            op_level = _LEVEL.get(op, -1)
+            if op_level < level:
+                return value
+            self.take()
             short = (op == "&&" and not value) or (op == "||" and value)
-            right = self.binary(level + 1, ev and not short)
+            right = self.binary(op_level + 1, ev and not short)
             if ev:
                 value = int(bool(value)) if short else _binary(op, value, right, self.shell)
-        return value
 
     def power(self, ev: bool) -> int:
         base = self.unary(ev)
@@ -137,11 +140,19 @@ class _Arith:
             return _binary("**", base, exponent, self.shell) if ev else 0
         return base
 
+    def nest(self) -> None:
+        self.open += 1
+        if self.open > MAX_NESTING:
+            raise self.shell.fail(f"`{_short(self.text)}` nests more than {MAX_NESTING} deep; "
+                                  "the reader stops there")  # fmt: skip
+
     def unary(self, ev: bool) -> int:
         op = self.peek()
         if op in ("-", "+", "!", "~"):
             self.take()
+            self.nest()
             value = self.unary(ev)
+            self.open -= 1
             return {"-": -value, "+": value, "!": int(not value), "~": ~value}[op]
         if op in ("++", "--"):
             self.take()
@@ -157,7 +168,9 @@ class _Arith:
     def postfix(self, ev: bool) -> int:
         kind, token = self.take()
         if token == "(":
+            self.nest()
             value = self.comma(ev)
+            self.open -= 1
             if self.take()[1] != ")":
                 raise self.shell.fail(f"`{self.text.strip()}`: a `(` is not closed")
             return value
@@ -185,7 +198,12 @@ class _Arith:
         return _Arith(text, self.shell, self.depth + 1).parse()
 
 
-def _number(token: str, shell: Shell) -> int:
+def _short(text: str) -> str:
+    text = text.strip()
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _number(token: str, shell: Host) -> int:
     try:
         if token.lower().startswith("0x"):
             return _wrap(int(token, 16))
@@ -199,6 +217,6 @@ def _number(token: str, shell: Shell) -> int:
         raise shell.fail(f"{token} is not a number bash can read") from None
 
 
-def evaluate_arith(text: str, shell: Shell) -> int:
+def evaluate_arith(text: str, shell: Host) -> int:
     """Evaluate a bash arithmetic expression (already parameter-expanded)."""
     return _Arith(text, shell, 0).parse()

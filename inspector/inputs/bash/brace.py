@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import re
 
+from inspector.inputs.bash.runtime import MAX_BRACE_WORDS, MAX_VALUE, WorkExceeded
 from inspector.inputs.bash.syntax import Lit, Part, Word
 
 Atom = str | Part  # one unquoted character, or a part that braces cannot split
 _RANGE = re.compile(r"(-?\d+|[A-Za-z])\.\.(-?\d+|[A-Za-z])(?:\.\.(-?\d+))?")
-_MAX_WORDS = 10_000
+_TOO_MANY = (f"a brace expansion makes more than {MAX_BRACE_WORDS} words or "
+             f"{4 * MAX_VALUE} characters")
 
 
 def expand_braces(word: Word) -> list[Word]:
@@ -26,43 +28,47 @@ def expand_braces(word: Word) -> list[Word]:
 
 
 def _expand(atoms: list[Atom]) -> list[list[Atom]]:
-    start = 0
-    while True:
-        group = _find_group(atoms, start)
+    """Expand brace groups left to right, first alternative first, as bash orders the words."""
+    done: list[list[Atom]] = []
+    pending = [(atoms, 0)]
+    work = 0
+    while pending:
+        current, start = pending.pop()
+        work += len(current)
+        if work > 4 * MAX_VALUE or len(done) + len(pending) > MAX_BRACE_WORDS:
+            raise WorkExceeded(_TOO_MANY)
+        group = _find_group(current, start)
         if group is None:
-            return [atoms]
+            done.append(current)
+            continue
         begin, end, alternatives = group
-        if alternatives is not None:
-            out: list[list[Atom]] = []
-            for alternative in alternatives:
-                out.extend(_expand(atoms[:begin] + alternative + atoms[end + 1 :]))
-                if len(out) > _MAX_WORDS:
-                    return out[:_MAX_WORDS]
-            return out
-        start = begin + 1
+        if alternatives is None:  # `{x}`: no comma and no range, so plain text
+            pending.append((current, begin + 1))
+            continue
+        for alternative in reversed(alternatives):
+            pending.append((current[:begin] + alternative + current[end + 1 :], begin))
+    return done
 
 
 def _find_group(atoms: list[Atom], start: int) -> tuple[int, int, list[list[Atom]] | None] | None:
     """Find the first `{` at or after start with its matching `}`; say what it expands to."""
-    for begin in range(start, len(atoms)):
-        if atoms[begin] != "{" or (begin and atoms[begin - 1] == "$"):
-            continue
-        depth, commas = 0, list[int]()
-        for end in range(begin, len(atoms)):
-            atom = atoms[end]
-            if atom == "{":
-                depth += 1
-            elif atom == "}":
-                depth -= 1
-                if depth == 0:
-                    inner = atoms[begin + 1 : end]
-                    if commas:
-                        cuts = [begin, *commas, end]
-                        return begin, end, [atoms[a + 1 : b] for a, b in zip(cuts, cuts[1:])]
-                    return begin, end, _range(inner)
-            elif atom == "," and depth == 1:
-                commas.append(end)
-        return None
+    pairs: dict[int, int] = {}
+    commas: dict[int, list[int]] = {}
+    open_braces: list[int] = []
+    for index in range(start, len(atoms)):  # one pass: an unclosed `{` is a plain character
+        atom = atoms[index]
+        if atom == "{" and not (index and atoms[index - 1] == "$"):
+            open_braces.append(index)
+        elif atom == "}" and open_braces:
+            pairs[open_braces.pop()] = index
+        elif atom == "," and open_braces:
+            commas.setdefault(open_braces[-1], []).append(index)
+    for begin in sorted(pairs):
+        end = pairs[begin]
+        if commas.get(begin):
+            cuts = [begin, *commas[begin], end]
+            return begin, end, [atoms[a + 1 : b] for a, b in zip(cuts, cuts[1:])]
+        return begin, end, _range(atoms[begin + 1 : end])
     return None
 
 
@@ -81,12 +87,13 @@ def _range(inner: list[Atom]) -> list[list[Atom]] | None:
         padded = any(re.match(r"-?0\d", end) for end in (first, last))
         width = max(len(first), len(last)) if padded else 0
         numbers = range(low, high + 1, step) if low <= high else range(low, high - 1, -step)
-        if len(numbers) > _MAX_WORDS:
-            return None
+        if len(numbers) > MAX_BRACE_WORDS:
+            raise WorkExceeded(_TOO_MANY)
         return [list(f"{n:0{width}d}" if width else str(n)) for n in numbers]
     letters = range(ord(first), ord(last) + 1, step) if first <= last else range(
         ord(first), ord(last) - 1, -step)  # fmt: skip
-    return [[chr(c)] for c in letters]
+    # a `\\` made is then removed as a quote, leaving an empty word
+    return [[chr(c)] if c != ord("\\") else [Lit("", True)] for c in letters]
 
 
 def _rebuild(atoms: list[Atom]) -> tuple[Part, ...]:

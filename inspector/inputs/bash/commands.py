@@ -18,8 +18,10 @@ from inspector.inputs.bash.context import (
     script_dir,
 )
 from inspector.inputs.bash.parser import parse_script, split_assignment
-from inspector.inputs.bash.shell import _MAX_DEPTH, Shell, _Break, _Exit, _Return
+from inspector.inputs.bash.runtime import MAX_DEPTH, Break, Exit, Return
+from inspector.inputs.bash.shell import Shell
 from inspector.inputs.bash.syntax import AndOr, Assign, Seq, Simple, Word
+from inspector.inputs.bash.words import parse_fragment
 
 _ENV_ASSIGN = re.compile(r"[A-Za-z_]\w*=")
 _WRAPPER_VALUES = {"env": {"-u", "--unset", "-C", "--chdir"}, "nice": {"-n"},
@@ -94,7 +96,7 @@ def _child_shell(shell: Shell, words: list[str], index: int, env: dict[str, str]
     args = words[index + 1 :]
     while args and args[0].startswith("-") and args[0] != "-c":
         args.pop(0)
-    if shell.depth >= _MAX_DEPTH:
+    if shell.depth >= MAX_DEPTH:
         raise shell.fail("scripts call each other too deeply")
     variables = {k: v for k, v in shell.vars.items() if k in shell.exported and isinstance(v, str)}
     variables.update(env)
@@ -102,15 +104,14 @@ def _child_shell(shell: Shell, words: list[str], index: int, env: dict[str, str]
         if len(args) < 2:
             raise shell.fail("`bash -c` has no command")
         text = shell.require(args[1], "the command of `bash -c`")
-        child = Shell(shell.ctx, shell.origin, args[3:], dict(variables), set(variables),
-                      shell.depth + 1)  # fmt: skip
-        child.line, child.source_stack = shell.line, list(shell.source_stack)
+        child = shell.child(shell.origin, args[3:], variables)
+        child.source_stack = list(shell.source_stack)
         return _run_child(child, lambda: child.run_text(text, shell.source_stack[-1], shell.line,
                                                         fixed=True), outer)  # fmt: skip
     if not args:
         return 0
     path = _resolve(shell, args[0], f"`{program_name(words[index])} {args[0]}`")
-    child = Shell(shell.ctx, path, args[1:], dict(variables), set(variables), shell.depth + 1)
+    child = shell.child(path, args[1:], variables)
     child.source_stack = [path]
     return _run_child(child, lambda: child.run_text(_read(shell, path), path), outer)
 
@@ -119,7 +120,7 @@ def _run_child(child: Shell, body: object, outer: tuple[tuple[str, ...], ...]) -
     before = len(child.ctx.commands)
     try:
         body()  # type: ignore[operator]
-    except _Exit:
+    except Exit:
         pass
     if outer:
         for number in range(before, len(child.ctx.commands)):
@@ -131,10 +132,12 @@ def _run_child(child: Shell, body: object, outer: tuple[tuple[str, ...], ...]) -
 
 def _resolve(shell: Shell, name: str, what: str) -> str:
     name = shell.require(name, what)
-    path = name if os.path.isabs(name) else os.path.join(script_dir(shell.ctx), name)
-    if not os.path.isfile(path):
-        raise shell.fail(f"{what} reads {name}, which is not a file next to the script")
-    return path
+    # bash reads a relative name from the working folder (`source $(dirname $0)/common.sh` when
+    # the script is named from the repository's root); next to the script is the fallback
+    for path in (name, os.path.join(script_dir(shell.ctx), name)):
+        if os.path.isfile(path):
+            return path
+    raise shell.fail(f"{what} reads {name}, which is not a file next to the script")
 
 
 def _read(shell: Shell, path: str) -> str:
@@ -185,7 +188,7 @@ def _unset(shell: Shell, argv: list[str]) -> int:
 def _source(shell: Shell, argv: list[str]) -> int:
     if len(argv) < 2:
         raise shell.fail(f"`{argv[0]}` needs a file")
-    if shell.depth >= _MAX_DEPTH or len(shell.source_stack) > _MAX_DEPTH:
+    if shell.depth >= MAX_DEPTH or len(shell.source_stack) > MAX_DEPTH:
         raise shell.fail("sourced files include each other too deeply")
     path = _resolve(shell, argv[1], f"`{argv[0]} {shell.ctx.show(argv[1])}`")
     saved_line, saved_positional = shell.line, shell.positional
@@ -194,7 +197,7 @@ def _source(shell: Shell, argv: list[str]) -> int:
     shell.source_stack.append(path)
     try:
         shell.run_text(_read(shell, path), path)
-    except _Return:
+    except Return:
         pass
     finally:
         shell.source_stack.pop()
@@ -213,20 +216,28 @@ def _eval(shell: Shell, argv: list[str]) -> int:
 def _set(shell: Shell, argv: list[str]) -> int:
     args = argv[1:]
     if "--" in args:
+        _options(shell, args[: args.index("--")])
         shell.positional = args[args.index("--") + 1 :]
         return 0
-    values = []
-    skip = False
-    for arg in args:
-        if skip:
-            skip = False
-        elif arg in ("-o", "+o"):
-            skip = True
-        elif not arg.startswith(("-", "+")):
-            values.append(arg)
+    values = [arg for arg in _options(shell, args) if not arg.startswith(("-", "+"))]
     if values:
         shell.positional = values
     return 0
+
+
+def _options(shell: Shell, args: list[str]) -> list[str]:
+    """Apply `set`'s options that change a reading (`-e`, `-o errexit`); return the other words."""
+    rest: list[str] = []
+    words = iter(args)
+    for arg in words:
+        if arg[:1] not in ("-", "+") or arg in ("-", "+"):
+            rest.append(arg)
+            continue
+        if "e" in arg[1:]:
+            shell.errexit = arg.startswith("-")
+        if arg.endswith("o") and next(words, "") == "errexit":  # `-o errexit`, `-euo errexit`
+            shell.errexit = arg.startswith("-")
+    return rest
 
 
 def _shift(shell: Shell, argv: list[str]) -> int:
@@ -249,17 +260,17 @@ def _status_of(shell: Shell, argv: list[str]) -> int:
 
 def _exit(shell: Shell, argv: list[str]) -> int:
     shell.status = _status_of(shell, argv)
-    raise _Exit
+    raise Exit(f"{shell.source_stack[-1]} line {shell.line}: `{shell.ctx.show(' '.join(argv))}`")
 
 
 def _return(shell: Shell, argv: list[str]) -> int:
     shell.status = _status_of(shell, argv)
-    raise _Return
+    raise Return
 
 
 def _break(shell: Shell, argv: list[str]) -> int:
     levels = int(shell.require(argv[1], f"the count of `{argv[0]}`")) if len(argv) > 1 else 1
-    raise _Break(levels, argv[0] == "continue")
+    raise Break(levels, argv[0] == "continue")
 
 
 def _test(shell: Shell, argv: list[str]) -> int:
@@ -272,11 +283,9 @@ def _test(shell: Shell, argv: list[str]) -> int:
 
 
 def _let(shell: Shell, argv: list[str]) -> int:
-    from inspector.inputs.bash.shell import parse_script_word
-
     value = 0
     for arg in argv[1:]:
-        value = shell.arith(parse_script_word(arg, shell))
+        value = shell.arith(parse_fragment(arg, shell.source_stack[-1], shell.line))
     return int(value == 0)
 
 
@@ -347,3 +356,14 @@ def _dirname(path: str) -> str:
     if len(head) == 1:
         return "."
     return head[0].rstrip("/") or "/"
+
+
+class Builtins:
+    """The commands as the reader treats them: what Shell calls back for each simple command."""
+
+    def run(self, shell: Shell, argv: list[str], node: Simple, prefix: dict[str, str],
+            arrays: list[Assign]) -> int:  # fmt: skip
+        return run_command(shell, argv, node, prefix, arrays)
+
+    def output(self, shell: Shell, script: str) -> str | None:
+        return pure_output(shell, script)

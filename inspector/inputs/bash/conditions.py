@@ -1,4 +1,4 @@
-"""Bash's `test` / `[ ]` / `[[ ]]` conditions and glob patterns, on values the script sets.
+"""Bash's `test` / `[ ]` / `[[ ]]` conditions, on values the script sets.
 
 String and integer comparisons are evaluated; file tests (`-f`, `-d`, ...) would look at the machine
 the job runs on, so they are an error naming the test.
@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import operator
 import re
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from inspector.inputs.bash.shell import Shell
+from inspector.inputs.bash.arith import evaluate_arith
+from inspector.inputs.bash.context import Host
+from inspector.inputs.bash.patterns import Glob, regex_risk
+from inspector.inputs.bash.runtime import MAX_MATCHING
 
 _UNARY_STRING = {"-z", "-n"}
 _FILE_TESTS = {"-a", "-b", "-c", "-d", "-e", "-f", "-g", "-h", "-k", "-p", "-r", "-s", "-t", "-u",
@@ -22,38 +23,8 @@ _INTEGER = set(_COMPARE)
 _STRING = {"=", "==", "!=", "<", ">", "=~"}
 
 
-def glob_regex(pieces: list[tuple[str, bool]]) -> str:
-    """Translate a glob pattern (unquoted `*`, `?`, `[...]` special; quoted text literal) to a regex."""
-    out: list[str] = []
-    for text, quoted in pieces:
-        if quoted:
-            out.append(re.escape(text))
-            continue
-        i = 0
-        while i < len(text):
-            char = text[i]
-            if char == "*":
-                out.append(".*")
-            elif char == "?":
-                out.append(".")
-            elif char == "[" and "]" in text[i + 2 :] + text[i + 1 : i + 2]:
-                end = text.index("]", i + 2 if text[i + 1 : i + 2] in ("]", "!", "^") else i + 1)
-                body = text[i + 1 : end]
-                if body.startswith(("!", "^")):
-                    body = "^" + body[1:]
-                out.append("[" + body.replace("\\", "\\\\") + "]")
-                i = end
-            elif char == "\\" and i + 1 < len(text):
-                i += 1
-                out.append(re.escape(text[i]))
-            else:
-                out.append(re.escape(char))
-            i += 1
-    return "".join(out)
-
-
 class _Test:
-    def __init__(self, operands: list[tuple[str, str | None]], double: bool, shell: Shell):
+    def __init__(self, operands: list[tuple[str, Glob | str | None]], double: bool, shell: Host):
         self.ops, self.double, self.shell, self.pos = operands, double, shell, 0
         self.shown = " ".join(shell.ctx.show(text) for text, _ in operands)
 
@@ -127,26 +98,37 @@ class _Test:
             return bool(_COMPARE[op](a, b))
         if op == "=~":
             self.value(right_text)
-            try:
-                match = re.search(right_regex or right_text, left)
-            except re.error:
-                raise self.shell.fail(f"`{right_text}` is not a regular expression") from None
-            groups = [match.group(0), *match.groups()] if match else []
-            self.shell.vars["BASH_REMATCH"] = {i: g or "" for i, g in enumerate(groups)}
-            return match is not None
+            return self.regex_match(left, right_regex if isinstance(right_regex, str) else right_text)
         if op in ("<", ">"):
             right = self.value(right_text)
             return left < right if op == "<" else left > right
-        if self.double and right_regex is not None:
-            equal = re.fullmatch(right_regex, left, re.S) is not None
+        if self.double and isinstance(right_regex, Glob):
+            equal = right_regex.fullmatch(left, self.shell.ctx.matching)
         else:
             equal = left == self.value(right_text)
         return equal == (op != "!=")
 
+    def regex_match(self, text: str, regex: str) -> bool:
+        """`[[ text =~ regex ]]`, refused where Python's backtracking could run for long."""
+        nested, repeats = regex_risk(regex)
+        if nested:
+            raise self.shell.fail(f"the regular expression `{regex}` repeats a group that itself "
+                                  "repeats or alternates; the reader refuses it (its matching "
+                                  "time can grow exponentially)")  # fmt: skip
+        if (len(text) + 1) ** (repeats + 1) > MAX_MATCHING:
+            raise self.shell.fail(f"the regular expression `{regex}` against a value of "
+                                  f"{len(text)} characters could take more than {MAX_MATCHING} "
+                                  "steps; the reader stops there")  # fmt: skip
+        try:
+            match = re.search(regex, text)
+        except re.error:
+            raise self.shell.fail(f"`{regex}` is not a regular expression") from None
+        groups = [match.group(0), *match.groups()] if match else []
+        self.shell.assign_array("BASH_REMATCH", {i: g or "" for i, g in enumerate(groups)})
+        return match is not None
+
     def integer(self, text: str) -> int:
         if self.double:
-            from inspector.inputs.bash.arith import evaluate_arith
-
             return evaluate_arith(text, self.shell)
         try:
             return int(text.strip())
@@ -156,7 +138,7 @@ class _Test:
             ) from None
 
 
-def evaluate_test(operands: list[tuple[str, str | None]], double: bool, shell: Shell) -> int:
+def evaluate_test(operands: list[tuple[str, Glob | str | None]], double: bool, shell: Host) -> int:
     """Return the exit status (0 true, 1 false) of `[ ... ]` or `[[ ... ]]` over expanded operands.
 
     Each operand is (its text, a regex when it may act as a `[[ == ]]` pattern).

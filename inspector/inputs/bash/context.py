@@ -6,7 +6,13 @@ import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
+from inspector.errors import InputError
+from inspector.inputs.bash.runtime import MAX_COPIED, MAX_MATCHING, Budget
+
+_MATCHING = f"pattern matching takes more than {MAX_MATCHING} steps in all"
+_COPIED = f"the script assigns more than {MAX_COPIED} characters in all"
 MARK = re.compile("\x00(\\d+)\x00")
 
 
@@ -54,7 +60,11 @@ class Context:
     is_launch: Callable[[Sequence[str]], bool] = lambda argv: False
     unknowns: list[Unknown] = field(default_factory=list)
     commands: list[Command] = field(default_factory=list)
-    steps: int = 0
+    matching: Budget = field(default_factory=lambda: Budget(MAX_MATCHING, _MATCHING))
+    copied: Budget = field(default_factory=lambda: Budget(MAX_COPIED, _COPIED))
+    ended: str = ""  # where and why the script stopped early (`exit`, `set -e`), if it did
+    steps: int = 0  # simple commands run
+    depth: int = 0  # compound commands, functions and sourced texts running inside one another
 
     def mark(self, unknown: Unknown) -> str:
         self.unknowns.append(unknown)
@@ -66,6 +76,18 @@ class Context:
 
     def show(self, text: str) -> str:
         return MARK.sub(lambda m: self.unknowns[int(m.group(1))].text, text)
+
+
+class Host(Protocol):
+    """What arithmetic and conditions need of the shell that evaluates them."""
+
+    ctx: Context
+
+    def fail(self, message: str) -> InputError: ...
+    def require(self, text: str, what: str) -> str: ...
+    def lookup(self, name: str, index: str | None) -> list[str] | None: ...
+    def assign(self, name: str, value: str) -> None: ...
+    def assign_array(self, name: str, elements: dict[int, str]) -> None: ...
 
 
 def describe_unknown(unknown: Unknown, what: str, shown: str | None = None) -> str:

@@ -6,13 +6,14 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from inspector.inputs.bash.conditions import glob_regex
+from inspector.inputs.bash.brace import expand_braces
 from inspector.inputs.bash.context import MARK, Context, Unknown
+from inspector.inputs.bash.patterns import Glob
+from inspector.inputs.bash.runtime import Value
 from inspector.inputs.bash.syntax import DQ, Arith, CmdSub, Lit, Param, Part, Word
 
 if TYPE_CHECKING:
     from inspector.errors import InputError
-    from inspector.inputs.bash.shell import Value
 
 
 @dataclass
@@ -37,12 +38,10 @@ class Expansion:
         def arith(self, body: Word) -> int: ...
         def assign(self, name: str, value: str) -> None: ...
         def index_of(self, text: str) -> int: ...
-        def _command_substitution(self, part: CmdSub) -> str: ...
+        def command_substitution(self, part: CmdSub) -> str: ...
 
     def expand_fields(self, word: Word) -> list[str]:
         """Expand a word to fields: braces first, then bash's word splitting of expansions."""
-        from inspector.inputs.bash.brace import expand_braces
-
         words = expand_braces(word)
         if len(words) > 1:
             return [field for each in words for field in self._split_fields(each)]
@@ -76,15 +75,17 @@ class Expansion:
             return ""
         return "".join(" " if p.brk else p.text for p in self._pieces(word.parts, quoted=True))
 
-    def pattern(self, word: Word, what: str, strict: bool = True) -> str | None:
-        """Return a regex for a glob pattern word (quoted parts literal)."""
-        pieces = self._pieces(word.parts, quoted=False)
-        text = "".join(p.text for p in pieces)
+    def pattern(self, word: Word, what: str, strict: bool = True, skip: int = 0) -> Glob | None:
+        """Compile a glob pattern word (quoted parts literal; `skip` characters dropped first)."""
+        pieces = [(p.text, p.quoted) for p in self._pieces(word.parts, quoted=False) if not p.brk]
+        text = "".join(text for text, _ in pieces)
         if MARK.search(text):
             if not strict:
                 return None
             self.require(text, what)
-        return glob_regex([(p.text, p.quoted) for p in pieces if not p.brk])
+        if skip and pieces:
+            pieces[0] = (pieces[0][0][skip:], pieces[0][1])
+        return Glob.compile(pieces)
 
     def _pieces(self, parts: tuple[Part, ...], quoted: bool) -> list[_Piece]:
         out: list[_Piece] = []
@@ -100,7 +101,7 @@ class Expansion:
             elif isinstance(part, Arith):
                 out.append(_Piece(str(self.arith(part.body)), quoted))
             elif isinstance(part, CmdSub):
-                out.append(_Piece(self._command_substitution(part), quoted))
+                out.append(_Piece(self.command_substitution(part), quoted))
         return out
 
     def lookup(self, name: str, index: str | None) -> list[str] | None:
@@ -204,27 +205,34 @@ class Expansion:
         if op == ":":
             return self._substring(part, value)
         assert part.arg is not None
-        regex = self.pattern(part.arg, part.text) or ""
-        if op in ("#", "##"):
-            ends = range(len(value) + 1) if op == "#" else range(len(value), -1, -1)
-            for end in ends:
-                if re.fullmatch(regex, value[:end], re.S):
-                    return value[end:]
-            return value
-        if op in ("%", "%%"):
-            starts = range(len(value), -1, -1) if op == "%" else range(len(value) + 1)
-            for start in starts:
-                if re.fullmatch(regex, value[start:], re.S):
-                    return value[:start]
-            return value
+        if op in ("#", "##", "%", "%%"):
+            return self._trim(op, self.pattern(part.arg, part.text) or Glob(()), value)
+        return self._replace(part, value)
+
+    def _trim(self, op: str, glob: Glob, value: str) -> str:
+        """`${v#pat}`, `${v##pat}` (a matching prefix removed), `${v%pat}`, `${v%%pat}` (suffix)."""
+        if op.startswith("%"):
+            glob, value = glob.reversed(), value[::-1]
+        ends = glob.ends(value, 0, self.ctx.matching, first_only=len(op) == 1)
+        if ends:
+            value = value[ends[0] if len(op) == 1 else ends[-1] :]
+        return value[::-1] if op.startswith("%") else value
+
+    def _replace(self, part: Param, value: str) -> str:
+        """`${v/pat/x}`, `${v//pat/x}`, `${v/#pat/x}` (at the start), `${v/%pat/x}` (at the end)."""
+        assert part.arg is not None
+        anchor = part.arg.raw[:1] if part.arg.raw.startswith(("#", "%")) else ""
+        glob = self.pattern(part.arg, part.text, skip=len(anchor)) or Glob(())
         replacement = self.expand_string(part.arg2)
-        if not regex:
+        if anchor == "#":
+            ends = glob.ends(value, 0, self.ctx.matching)
+            return replacement + value[ends[-1] :] if ends else value
+        if anchor == "%":
+            ends = glob.reversed().ends(value[::-1], 0, self.ctx.matching)
+            return value[: len(value) - ends[-1]] + replacement if ends else value
+        if not glob.size:
             return value
-        anchored = regex
-        if part.arg and part.arg.raw.startswith(("#", "%")):
-            raise self.fail(f"the expansion {part.text} is not supported")
-        count = 0 if op == "//" else 1
-        return re.sub(f"(?s:{anchored})", lambda _m: replacement, value, count=count)
+        return glob.replace(value, replacement, part.op == "//", self.ctx.matching)
 
     def _slice(self, part: Param, values: list[str]) -> list[str]:
         """`${A[@]:offset:length}` and `${@:offset:length}`: a slice of the elements."""

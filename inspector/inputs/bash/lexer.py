@@ -7,22 +7,27 @@ from dataclasses import dataclass
 from typing import Any
 
 from inspector.inputs.bash.syntax import DQ, Assign, Lit, Part, Word
-from inspector.inputs.bash.words import _META, WordReader, _merge
+from inspector.inputs.bash.words import META, WordReader, merge_parts
 
 _OPERATORS = (";;&", ";;", ";&", "&&", "||", "|&", "&>>", "&>", "<<<", "<<-", "<<", ">>", ">&",
               "<&", ">|", "<>", "|", "&", ";", "(", ")", ">", "<")  # fmt: skip
 _REDIRECTS = {"&>>", "&>", "<<<", "<<-", "<<", ">>", ">&", "<&", ">|", "<>", ">", "<"}
-_ASSIGN = re.compile(r"([A-Za-z_]\w*)(?:\[([^\]]*)\])?(\+?)=")
+ASSIGN = re.compile(r"([A-Za-z_]\w*)(?:\[([^\]]*)\])?(\+?)=")
+_OPERATOR_STARTS = {op[0] for op in _OPERATORS}
+_BLANKS = re.compile(r"[ \t]*")
+_FD = re.compile(r"\d+(?=[<>])")
 _COMMAND_START = {"then", "do", "else", "elif", "if", "while", "until", "{", "!", "time"}
 KEYWORDS = {"if", "then", "elif", "else", "fi", "case", "esac", "for", "while", "until", "do",
             "done", "function", "{", "}", "!", "in", "time"}  # fmt: skip
 
 
-@dataclass
+@dataclass(slots=True)
 class Token:
     kind: str  # "word", "op", "redir", "newline", "array", "dbrack", "arith", "eof"
     value: Any
     line: int
+    keyword: str | None = None  # a word's text when it is one unquoted literal (`if`, `done`)
+    op: str | None = None  # an operator's text (`;`, `&&`, `(`)
 
 
 @dataclass
@@ -37,37 +42,33 @@ class Lexer(WordReader):
     def __init__(self, text: str, origin: str, first_line: int = 1, fixed_line: bool = False):
         super().__init__(text, origin, first_line, fixed_line)
         self.heredocs: list[_Heredoc] = []
-        self.tokens: list[Token] = []
+        self.last: Token | None = None
 
     def tokenize(self) -> list[Token]:
-        while True:
-            token = self._next()
-            self.tokens.append(token)
-            if token.kind == "eof":
-                return self.tokens
+        tokens = [self.next_token()]
+        while tokens[-1].kind != "eof":
+            tokens.append(self.next_token())
+        return tokens
+
+    def next_token(self) -> Token:
+        """Read the next token (the script is read as bash reads it: one token at a time)."""
+        token = self._next()
+        if token.kind == "word":
+            token.keyword = token.value.literal()
+        elif token.kind == "op":
+            token.op = token.value
+        self.last = token
+        return token
 
     def _at_command_start(self) -> bool:
-        if not self.tokens:
+        last = self.last
+        if last is None or last.kind in ("newline", "op"):
             return True
-        last = self.tokens[-1]
-        if last.kind in ("newline", "op"):
-            return True
-        return last.kind == "word" and isinstance(last.value, Word) and (
-            last.value.literal() in _COMMAND_START
-        )
+        return last.kind == "word" and last.keyword in _COMMAND_START
 
     def _next(self) -> Token:
         s = self.s
-        while self.i < len(s):
-            if s[self.i] in " \t":
-                self._advance()
-            elif s.startswith("\\\n", self.i):
-                self._advance(2)
-            elif s[self.i] == "#":
-                end = s.find("\n", self.i)
-                self._advance((len(s) if end < 0 else end) - self.i)
-            else:
-                break
+        self._skip_blanks()
         line = self.line
         if self.i >= len(s):
             return Token("eof", None, line)
@@ -75,27 +76,43 @@ class Lexer(WordReader):
             self._advance()
             self._read_heredocs()
             return Token("newline", None, line)
-        if self._at_command_start():
+        if s[self.i] in "[(" and self._at_command_start():
             for opener, closer, kind in (("[[", "]]", "dbrack"), ("((", "))", "arith")):
                 if s.startswith(opener, self.i) and (kind == "arith" or s[self.i + 2 : self.i + 3]
                                                      in (" ", "\t", "\n")):  # fmt: skip
                     return self._read_compound(opener, closer, kind, line)
-        fd = re.match(r"\d+(?=[<>])", s[self.i :])
-        start = self.i + (fd.end() if fd else 0)
-        for op in _OPERATORS:
-            if s.startswith(op, start):
-                if op in _REDIRECTS:
-                    self._advance(start - self.i + len(op))
-                    return self._read_redirect(op, line)
-                if fd is None:
-                    self._advance(len(op))
-                    return Token("op", op, line)
+        fd = _FD.match(s, self.i) if s[self.i].isdigit() else None
+        start = fd.end() if fd else self.i
+        if s[start : start + 1] in _OPERATOR_STARTS:
+            for op in _OPERATORS:
+                if s.startswith(op, start):
+                    if op in _REDIRECTS:
+                        self._advance(start - self.i + len(op))
+                        return self._read_redirect(op, line)
+                    if fd is None:
+                        self._advance(len(op))
+                        return Token("op", op, line)
         return self._read_word_token(line)
+
+    def _skip_blanks(self) -> None:
+        """Skip blanks, line continuations and comments."""
+        s = self.s
+        while self.i < len(s):
+            end = _BLANKS.match(s, self.i).end()  # type: ignore[union-attr] # `*` always matches
+            if end > self.i:
+                self.i = end
+            elif s.startswith("\\\n", self.i):
+                self._advance(2)
+            elif s[self.i] == "#":
+                end = s.find("\n", self.i)
+                self._advance((len(s) if end < 0 else end) - self.i)
+            else:
+                break
 
     def _read_redirect(self, op: str, line: int) -> Token:
         while self.i < len(self.s) and self.s[self.i] in " \t":
             self._advance()
-        if self.i >= len(self.s) or self.s[self.i] in _META:
+        if self.i >= len(self.s) or self.s[self.i] in META:
             raise self.fail(f"a redirection `{op}` has no target")
         target = self.read_word()
         if op in ("<<", "<<-"):
@@ -138,15 +155,15 @@ class Lexer(WordReader):
                 self._advance()
             if self.i >= len(self.s):
                 raise self.fail("`[[` is not closed", line)
+            if words and words[-1].literal() == "=~":
+                words.append(self._read_regex())
+                continue
             for op in ("&&", "||", "(", ")", "<", ">"):
                 if self.s.startswith(op, self.i):
                     self._advance(len(op))
                     words.append(Word((Lit(op, False),), op, self.line))
                     break
             else:
-                if words and words[-1].literal() == "=~":
-                    words.append(self._read_regex())
-                    continue
                 word = self.read_word(extra_stop="")
                 if not word.parts:
                     raise self.fail(f"unexpected `{self.s[self.i]}` inside `[[ ]]`")
@@ -164,13 +181,13 @@ class Lexer(WordReader):
                 break
             depth += {"(": 1, ")": -1}.get(char, 0)
             parts.extend(self._read_unit(parts, in_braces=True))
-        return Word(tuple(_merge(parts)), self.s[start : self.i], line)
+        return Word(tuple(merge_parts(parts)), self.s[start : self.i], line)
 
     def _read_word_token(self, line: int) -> Token:
         start = self.i
         word = self.read_word()
         if self.i < len(self.s) and self.s[self.i] == "(" and self.i > start:
-            match = _ASSIGN.fullmatch(self.s[start : self.i])
+            match = ASSIGN.fullmatch(self.s[start : self.i])
             if match:
                 self._advance()
                 return Token("array", self._read_array(match, line), line)
@@ -197,7 +214,7 @@ class Lexer(WordReader):
                 if index is not None:
                     raise self.fail(f"`{match.group(0)}(` assigns an array to an element", line)
                 return Assign(name, bool(plus), None, tuple(elements), None, line)
-            elif self.s[self.i] in _META:
+            elif self.s[self.i] in META:
                 raise self.fail(f"unexpected `{self.s[self.i]}` in the array {match.group(1)}")
             else:
                 elements.append(self.read_word())

@@ -4,10 +4,11 @@ the subset that inspector.inputs.bash.shell interprets; it returns shellast's sy
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 
 from inspector.errors import InputError
-from inspector.inputs.bash.lexer import _ASSIGN, Lexer, Token
+from inspector.inputs.bash.lexer import ASSIGN, Lexer, Token
+from inspector.inputs.bash.runtime import MAX_NESTING
 from inspector.inputs.bash.syntax import (
     AndOr,
     ArithCmd,
@@ -30,19 +31,28 @@ from inspector.inputs.bash.syntax import (
 _NAME = re.compile(r"[A-Za-z_]\w*")
 
 
-@dataclass
 class Parser:
-    tokens: list[Token]
-    origin: str
-    pos: int = 0
-    _stop: list[set[str]] = field(default_factory=list)
+    """Read commands from a Lexer's tokens, one top-level command at a time (as bash does)."""
+
+    def __init__(self, lexer: Lexer, origin: str):
+        self.lexer, self.origin = lexer, origin
+        self.tokens: list[Token] = []  # read ahead of pos; those before it are dropped per command
+        self.pos = 0
+        self.depth = 0  # compound commands open around the one being read
 
     def fail(self, message: str, line: int | None = None) -> InputError:
         where = line if line is not None else self.peek().line
         return InputError(f"{self.origin} line {where}: {message}")
 
     def peek(self, ahead: int = 0) -> Token:
-        return self.tokens[min(self.pos + ahead, len(self.tokens) - 1)]
+        index = self.pos + ahead
+        if index < len(self.tokens):
+            return self.tokens[index]
+        while index >= len(self.tokens):
+            if self.tokens and self.tokens[-1].kind == "eof":
+                return self.tokens[-1]
+            self.tokens.append(self.lexer.next_token())
+        return self.tokens[index]
 
     def take(self) -> Token:
         token = self.peek()
@@ -50,8 +60,7 @@ class Parser:
         return token
 
     def keyword(self, ahead: int = 0) -> str | None:
-        token = self.peek(ahead)
-        return token.value.literal() if token.kind == "word" else None
+        return self.peek(ahead).keyword
 
     def expect(self, word: str) -> None:
         self.skip_newlines()
@@ -76,41 +85,58 @@ class Parser:
         return f"`{token.value}`"
 
     def skip_newlines(self) -> None:
-        while self.peek().kind == "newline" or (
-            self.peek().kind == "op" and self.peek().value == ";"
-        ):
-            self.take()
+        while True:
+            token = self.peek()
+            if token.kind != "newline" and token.op != ";":
+                return
+            self.pos += 1
 
     def program(self) -> Seq:
-        body = self.sequence(set())
-        if self.peek().kind != "eof":
-            raise self.fail(f"unexpected {self._describe(self.peek())}")
-        return body
+        return Seq(list(self.commands()))
+
+    def commands(self) -> Iterator[tuple[Node, bool]]:
+        """Yield the script's top-level commands (with whether each runs in the background)."""
+        while True:
+            item = self.item(set())
+            if item is None:
+                if self.peek().kind != "eof":
+                    raise self.fail(f"unexpected {self._describe(self.peek())}")
+                return
+            del self.tokens[: self.pos]
+            self.pos = 0
+            yield item
 
     def sequence(self, stop: set[str]) -> Seq:
         items: list[tuple[Node, bool]] = []
         while True:
-            self.skip_newlines()
-            token = self.peek()
-            if token.kind == "eof" or self.keyword() in stop:
+            item = self.item(stop)
+            if item is None:
                 return Seq(items)
-            if token.kind == "op" and token.value in (")", ";;", ";&", ";;&"):
-                return Seq(items)
-            node = self.and_or()
-            background = self.peek().kind == "op" and self.peek().value == "&"
-            if background:
-                self.take()
-            elif self.peek().kind not in ("newline", "eof") and not (
-                self.peek().kind == "op" and self.peek().value in (";", ")", ";;", ";&", ";;&")
-            ):
-                if self.keyword() not in stop:
-                    raise self.fail(f"unexpected {self._describe(self.peek())}")
-            items.append((node, background))
+            items.append(item)
+
+    def item(self, stop: set[str]) -> tuple[Node, bool] | None:
+        """Read one command of a list, or None where the list ends."""
+        self.skip_newlines()
+        token = self.peek()
+        if token.kind == "eof" or self.keyword() in stop:
+            return None
+        if token.op in (")", ";;", ";&", ";;&"):
+            return None
+        node = self.and_or()
+        background = self.peek().op == "&"
+        if background:
+            self.take()
+        elif self.peek().kind not in ("newline", "eof") and (
+            self.peek().op not in (";", ")", ";;", ";&", ";;&")
+        ):
+            if self.keyword() not in stop:
+                raise self.fail(f"unexpected {self._describe(self.peek())}")
+        return node, background
 
     def and_or(self) -> Node:
         first = self.pipeline()
         rest: list[tuple[str, Node]] = []
-        while self.peek().kind == "op" and self.peek().value in ("&&", "||"):
+        while self.peek().op in ("&&", "||"):
             op = str(self.take().value)
             while self.peek().kind == "newline":
                 self.take()
@@ -127,7 +153,7 @@ class Parser:
         if negate:
             self.take()
         commands = [self.command()]
-        while self.peek().kind == "op" and self.peek().value in ("|", "|&"):
+        while self.peek().op in ("|", "|&"):
             self.take()
             while self.peek().kind == "newline":
                 self.take()
@@ -137,9 +163,18 @@ class Parser:
         return Pipeline(commands, negate, line)
 
     def command(self) -> Node:
+        self.depth += 1
+        if self.depth > MAX_NESTING:
+            raise self.fail(f"commands nest more than {MAX_NESTING} deep; the reader stops there")
+        try:
+            return self._command()
+        finally:
+            self.depth -= 1
+
+    def _command(self) -> Node:
         token, word = self.peek(), self.keyword()
         node: Node
-        if token.kind == "op" and token.value == "(":
+        if token.op == "(":
             self.take()
             body = self.sequence(set())
             self.expect_op(")")
@@ -153,12 +188,7 @@ class Parser:
         elif word == "if":
             node = self.if_clause()
         elif word in ("while", "until"):
-            self.take()
-            cond = self.sequence({"do"})
-            self.expect("do")
-            body = self.sequence({"done"})
-            self.expect("done")
-            node = While(cond, body, word == "until", token.line)
+            node = self.while_clause()
         elif word == "for":
             node = self.for_clause()
         elif word == "case":
@@ -169,7 +199,7 @@ class Parser:
             self.expect("}")
             node = Group(body, subshell=False)
         elif word == "function" or (
-            token.kind == "word" and self.peek(1).kind == "op" and self.peek(1).value == "("
+            token.kind == "word" and self.peek(1).op == "("
         ):
             return self.function()
         elif word in ("then", "elif", "else", "fi", "do", "done", "esac", "}", "in"):
@@ -190,11 +220,15 @@ class Parser:
         name = name_token.value.literal() if name_token.kind == "word" else None
         if not name:
             raise self.fail("a function needs a name", name_token.line)
-        if self.peek().kind == "op" and self.peek().value == "(":
+        if self.peek().op == "(":
             self.take()
             self.expect_op(")")
         self.skip_newlines()
-        return FuncDef(name, self.command())
+        self.depth -= 1  # the body is the function's own level
+        try:
+            return FuncDef(name, self.command())
+        finally:
+            self.depth += 1
 
     def if_clause(self) -> Node:
         line = self.take().line
@@ -217,6 +251,14 @@ class Parser:
             elif word != "fi":
                 raise self.fail("an `if` is not closed with `fi`")
             return If(clauses, otherwise)
+
+    def while_clause(self) -> Node:
+        token = self.take()
+        cond = self.sequence({"do"})
+        self.expect("do")
+        body = self.sequence({"done"})
+        self.expect("done")
+        return While(cond, body, token.value.literal() == "until", token.line)
 
     def for_clause(self) -> Node:
         line = self.take().line
@@ -250,7 +292,7 @@ class Parser:
             if self.keyword() == "esac":
                 self.take()
                 return Case(subject.value, items, line)
-            if self.peek().kind == "op" and self.peek().value == "(":
+            if self.peek().op == "(":
                 self.take()
             patterns = []
             while True:
@@ -258,7 +300,7 @@ class Parser:
                 if token.kind != "word":
                     raise self.fail("a `case` pattern is missing", token.line)
                 patterns.append(token.value)
-                if self.peek().kind == "op" and self.peek().value == "|":
+                if self.peek().op == "|":
                     self.take()
                     continue
                 self.expect_op(")")
@@ -266,9 +308,9 @@ class Parser:
             body = self.sequence({"esac"})
             items.append((patterns, body))
             token = self.peek()
-            if token.kind == "op" and token.value in (";&", ";;&"):
+            if token.op in (";&", ";;&"):
                 raise self.fail(f"`{token.value}` in a `case` is not supported", token.line)
-            if token.kind == "op" and token.value == ";;":
+            if token.op == ";;":
                 self.take()
 
     def simple(self) -> Node:
@@ -302,7 +344,7 @@ def split_assignment(word: Word, origin: str = "") -> Assign | None:
     first = word.parts[0] if word.parts else None
     if not isinstance(first, Lit) or first.quoted:
         return None
-    match = _ASSIGN.match(first.text)
+    match = ASSIGN.match(first.text)
     if not match:
         indexed = re.match(r"([A-Za-z_]\w*)\[", first.text)
         return _indexed_assignment(word, indexed.group(1), origin) if indexed else None
@@ -330,5 +372,11 @@ def _indexed_assignment(word: Word, name: str, origin: str) -> Assign | None:
 
 def parse_script(text: str, origin: str, first_line: int = 1, fixed_line: bool = False) -> Seq:
     """Parse bash text into a syntax tree, or raise InputError naming the line."""
-    tokens = Lexer(text, origin, first_line, fixed_line).tokenize()
-    return Parser(tokens, origin).program()
+    return Parser(Lexer(text, origin, first_line, fixed_line), origin).program()
+
+
+def read_commands(text: str, origin: str, first_line: int = 1,
+                  fixed_line: bool = False) -> Iterator[tuple[Node, bool]]:  # fmt: skip
+    """Yield the top-level commands of bash text as they are read (bash runs each before it
+    reads the next, so a syntax error stops the script only where it stands)."""
+    return Parser(Lexer(text, origin, first_line, fixed_line), origin).commands()

@@ -13,13 +13,30 @@ expanded by Shell's base class (shellexpand); what the whole reading shares is i
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Protocol
 
 from inspector.errors import InputError
 from inspector.inputs.bash.arith import evaluate_arith
 from inspector.inputs.bash.conditions import evaluate_test
 from inspector.inputs.bash.context import MARK, Context, Unknown, describe_unknown
 from inspector.inputs.bash.expand import Expansion
-from inspector.inputs.bash.parser import parse_script
+from inspector.inputs.bash.parser import read_commands
+from inspector.inputs.bash.patterns import Glob, ere
+from inspector.inputs.bash.runtime import (
+    MAX_DEPTH,
+    MAX_ELEMENTS,
+    MAX_LOOPS,
+    MAX_RUN_DEPTH,
+    MAX_SCRIPT,
+    MAX_STEPS,
+    MAX_VALUE,
+    Break,
+    Exit,
+    Return,
+    Value,
+    WorkExceeded,
+)
 from inspector.inputs.bash.syntax import (
     DQ,
     AndOr,
@@ -41,38 +58,33 @@ from inspector.inputs.bash.syntax import (
     While,
     Word,
 )
+from inspector.inputs.bash.words import parse_fragment
 
-_MAX_DEPTH = 32
-_MAX_LOOPS = 10_000
-_MAX_STEPS = 200_000  # commands run in all, so that no script keeps the reader busy for long
-_MAX_VALUE = 1 << 20  # characters in one variable
-_MAX_ELEMENTS = 1 << 14  # elements in one array
-Value = str | dict[int, str]
+_TOO_DEEP = (f"commands, functions, `eval`s and sourced files run more than {MAX_RUN_DEPTH} deep "
+             "inside one another; the reader stops there")
 
 
-class _Exit(Exception):
-    pass
+class Commands(Protocol):
+    """What the shell calls back for simple commands (inspector.inputs.bash.commands gives it)."""
 
-
-class _Return(Exception):
-    pass
-
-
-class _Break(Exception):
-    def __init__(self, levels: int, cont: bool):
-        self.levels, self.cont = levels, cont
+    def run(self, shell: Shell, argv: list[str], node: Simple, prefix: dict[str, str],
+            arrays: list[Assign]) -> int: ...  # fmt: skip
+    def output(self, shell: Shell, script: str) -> str | None: ...
 
 
 class Shell(Expansion):
     """One bash process: its variables, exports, functions and positional parameters."""
 
-    def __init__(self, ctx: Context, origin: str, positional: list[str],
+    def __init__(self, ctx: Context, commands: Commands, origin: str, positional: list[str],
                  variables: dict[str, Value], exported: set[str], depth: int = 0):  # fmt: skip
-        self.ctx, self.origin, self.positional = ctx, origin, positional
+        self.ctx, self.commands, self.origin, self.positional = ctx, commands, origin, positional
         self.vars, self.exported = variables, exported
         self.functions: dict[str, Node] = {}
         self.locals: list[dict[str, Value | None]] = []
         self.depth, self.line, self.status = depth, 0, 0
+        self.errexit = False  # `set -e`
+        self.loops = 0  # loops running around the current command
+        self.checked = 0  # > 0 while a status is being tested (`if`, `&&`, `!`): -e does not apply
         self.source_stack: list[str] = [origin]
 
     # -------------------------------------------------------------------------- errors
@@ -90,11 +102,39 @@ class Shell(Expansion):
     # -------------------------------------------------------------------------- running
 
     def run_text(self, text: str, origin: str, first_line: int = 1, fixed: bool = False) -> None:
-        self.run(parse_script(text, origin, first_line, fixed))
+        """Read and run bash text one top-level command at a time, as bash does."""
+        if len(text) > MAX_SCRIPT:
+            where = f"{self.source_stack[-1]} line {self.line}" if self.line else origin
+            raise InputError(f"{where}: {origin} holds {len(text)} characters; the reader reads "
+                             f"at most {MAX_SCRIPT}")  # fmt: skip
+        self.ctx.depth += 1
+        try:
+            if self.ctx.depth > MAX_RUN_DEPTH:
+                raise self.fail(_TOO_DEEP)
+            for node, background in read_commands(text, origin, first_line, fixed):
+                self.status = self._subshell(node) if background else self.run(node)
+        finally:
+            self.ctx.depth -= 1
 
     def run(self, node: Node) -> int:
-        method = getattr(self, "_run_" + type(node).__name__.lower())
-        self.status = method(node)
+        if isinstance(node, Simple):
+            try:
+                self.status = self._run_simple(node)
+            except WorkExceeded as exceeded:
+                raise self.fail(f"{exceeded.what}; the reader stops there") from None
+            return self.status
+        if isinstance(node, Seq):
+            self.status = self._run_seq(node)
+            return self.status
+        self.ctx.depth += 1
+        try:
+            if self.ctx.depth > MAX_RUN_DEPTH:
+                raise self.fail(_TOO_DEEP)
+            self.status = getattr(self, "_run_" + type(node).__name__.lower())(node)
+        except WorkExceeded as exceeded:
+            raise self.fail(f"{exceeded.what}; the reader stops there") from None
+        finally:
+            self.ctx.depth -= 1
         return self.status
 
     def _run_seq(self, node: Seq) -> int:
@@ -104,36 +144,67 @@ class Shell(Expansion):
         return status
 
     def _run_andor(self, node: AndOr) -> int:
-        status = self.run(node.first)
-        for op, item in node.rest:
+        status = self.tested(node.first)
+        for number, (op, item) in enumerate(node.rest, 1):
             if (op == "&&") == (status == 0):
-                status = self.run(item)
+                status = self.run(item) if number == len(node.rest) else self.tested(item)
         return status
 
     def _run_pipeline(self, node: Pipeline) -> int:
         status = 0
-        for item in node.commands:
-            status = self._subshell(item) if len(node.commands) > 1 else self.run(item)
-        return int(status == 0) if node.negate else status
+        self.checked += node.negate
+        try:
+            for item in node.commands:
+                status = self._subshell(item) if len(node.commands) > 1 else self.run(item)
+        finally:
+            self.checked -= node.negate
+        status = int(status == 0) if node.negate else status
+        return self.check(status, "the pipeline") if len(node.commands) > 1 else status
+
+    def tested(self, node: Node) -> int:
+        """Run a command whose status is tested (`set -e` does not stop the script there)."""
+        self.checked += 1
+        try:
+            return self.run(node)
+        finally:
+            self.checked -= 1
+
+    def check(self, status: int, what: str) -> int:
+        """Stop the shell as `set -e` does when a command fails where its status is not tested."""
+        if status and self.errexit and not self.checked:
+            self.status = status
+            raise Exit(f"{self.source_stack[-1]} line {self.line}: {what} fails (status {status}) "
+                       "under `set -e`")  # fmt: skip
+        return status
 
     def _subshell(self, node: Node) -> int:
         child = self.fork()
         try:
             return child.run(node)
-        except _Exit:
+        except (Exit, Break, Return):  # they end the subshell only
             return child.status
+
+    def child(self, origin: str, positional: list[str], variables: Mapping[str, str]) -> Shell:
+        """Return a new bash process started by this one (`bash -c`, `bash FILE`)."""
+        child = Shell(self.ctx, self.commands, origin, positional, dict(variables), set(variables),
+                      self.depth + 1)  # fmt: skip
+        child.line = self.line
+        return child
 
     def fork(self) -> Shell:
         """Return a copy for a subshell: its assignments do not come back."""
         variables = {k: dict(v) if isinstance(v, dict) else v for k, v in self.vars.items()}
-        child = Shell(self.ctx, self.origin, self.positional, variables, set(self.exported),
-                      self.depth)  # fmt: skip
+        child = Shell(self.ctx, self.commands, self.origin, self.positional, variables,
+                      set(self.exported), self.depth)  # fmt: skip
         child.functions = dict(self.functions)
         child.line, child.source_stack = self.line, list(self.source_stack)
+        child.errexit, child.checked = self.errexit, self.checked
         return child
 
     def _run_group(self, node: Group) -> int:
-        return self._subshell(node.body) if node.subshell else self.run(node.body)
+        if node.subshell:
+            return self.check(self._subshell(node.body), "the subshell `( ... )`")
+        return self.run(node.body)
 
     def _run_funcdef(self, node: FuncDef) -> int:
         self.functions[node.name] = node.body
@@ -146,15 +217,15 @@ class Shell(Expansion):
         return self.run(node.otherwise) if node.otherwise else 0
 
     def condition(self, cond: Seq) -> int:
-        return self.run(cond)
+        return self.tested(cond)
 
     def _run_case(self, node: Case) -> int:
         self.line = node.line
         subject = self.require(self.expand_string(node.word), "the `case` word")
         for patterns, body in node.items:
             for pattern in patterns:
-                regex = self.pattern(pattern, "a `case` pattern") or ""
-                if re.fullmatch(regex, subject, re.S):
+                glob = self.pattern(pattern, "a `case` pattern") or Glob(())
+                if glob.fullmatch(subject, self.ctx.matching):
                     return self.run(body)
         return 0
 
@@ -167,47 +238,51 @@ class Shell(Expansion):
         status = 0
         for value in values:
             self.assign(node.name, value)
-            try:
-                status = self.run(node.body)
-            except _Break as brk:
-                if brk.levels > 1:
-                    raise _Break(brk.levels - 1, brk.cont) from None
-                if not brk.cont:
-                    break
+            status, stop = self._turn(node.body)
+            if stop:
+                break
         return status
+
+    def _turn(self, body: Seq) -> tuple[int, bool]:
+        """Run a loop's body once; return its status and whether `break` ends the loop."""
+        self.loops += 1
+        try:
+            return self.run(body), False
+        except Break as brk:
+            if brk.levels > 1 and self.loops > 1:  # `break 2`: the loop around this one too
+                raise Break(brk.levels - 1, brk.cont) from None
+            return 0, not brk.cont
+        finally:
+            self.loops -= 1
 
     def _run_while(self, node: While) -> int:
         status = 0
-        for _ in range(_MAX_LOOPS):
+        for _ in range(MAX_LOOPS):
             self.line = node.line
             if (self.condition(node.cond) == 0) == node.until:
                 return status
-            try:
-                status = self.run(node.body)
-            except _Break as brk:
-                if brk.levels > 1:
-                    raise _Break(brk.levels - 1, brk.cont) from None
-                if not brk.cont:
-                    return status
+            status, stop = self._turn(node.body)
+            if stop:
+                return status
         self.line = node.line
-        raise self.fail(f"a loop ran {_MAX_LOOPS} times; the reader stops there")
+        raise self.fail(f"a loop ran {MAX_LOOPS} times; the reader stops there")
 
     def _run_condexpr(self, node: CondExpr) -> int:
         self.line = node.line
-        operands: list[tuple[str, str | None]] = []
+        operands: list[tuple[str, Glob | str | None]] = []
         for number, word in enumerate(node.words):
             text = self.expand_string(word)
             if number and node.words[number - 1].literal() == "=~":
                 pieces = self._pieces(word.parts, quoted=False)
                 regex = "".join(re.escape(p.text) if p.quoted else p.text for p in pieces)
-                operands.append((text, regex))
+                operands.append((text, ere(regex)))
                 continue
             operands.append((text, self.pattern(word, "a `[[ ]]` test", strict=False)))
-        return evaluate_test(operands, double=True, shell=self)
+        return self.check(evaluate_test(operands, double=True, shell=self), "the test `[[ ]]`")
 
     def _run_arithcmd(self, node: ArithCmd) -> int:
         self.line = node.line
-        return int(self.arith(node.body) == 0)
+        return self.check(int(self.arith(node.body) == 0), f"`(({node.body.raw}))`")
 
     def arith(self, body: Word) -> int:
         text = self.expand_string(body)
@@ -219,8 +294,8 @@ class Shell(Expansion):
     def _run_simple(self, node: Simple) -> int:
         self.line = node.line
         self.ctx.steps += 1
-        if self.ctx.steps > _MAX_STEPS:
-            raise self.fail(f"the script runs more than {_MAX_STEPS} commands; the reader stops")
+        if self.ctx.steps > MAX_STEPS:
+            raise self.fail(f"the script runs more than {MAX_STEPS} commands; the reader stops")
         argv, arrays = [], []
         for word in node.words:
             if isinstance(word, Assign):
@@ -232,9 +307,8 @@ class Shell(Expansion):
                 self.do_assign(assign)
             return 0
         prefix = {a.name: self.expand_string(a.value) for a in node.assigns if a.value}
-        from inspector.inputs.bash.commands import run_command
-
-        return run_command(self, argv, node, prefix, arrays)
+        status = self.commands.run(self, argv, node, prefix, arrays)
+        return self.check(status, f"`{_brief(self.ctx.show(' '.join(argv)))}`")
 
     def do_assign(self, assign: Assign, local: bool = False) -> None:
         self.line = assign.line or self.line
@@ -246,9 +320,9 @@ class Shell(Expansion):
             base = _as_array(old) if old is not None else {}
             start = max(base) + 1 if base else 0
             base.update({start + i: v for i, v in enumerate(elements)})
-            if len(base) > _MAX_ELEMENTS or sum(len(v) for v in base.values()) > _MAX_VALUE:
-                raise self.fail(f"the array {assign.name} grows past {_MAX_ELEMENTS} elements "
-                                f"or {_MAX_VALUE} characters")  # fmt: skip
+            if len(base) > MAX_ELEMENTS or sum(len(v) for v in base.values()) > MAX_VALUE:
+                raise self.fail(f"the array {assign.name} grows past {MAX_ELEMENTS} elements "
+                                f"or {MAX_VALUE} characters")  # fmt: skip
             self.vars[assign.name] = base
             return
         assert assign.value is not None
@@ -260,8 +334,8 @@ class Shell(Expansion):
             array = _as_array(self.vars.get(assign.name, {}))
             index = self.index_of(assign.index)
             array[index] = (array.get(index, "") + value) if assign.append else value
-            if len(array[index]) > _MAX_VALUE or len(array) > _MAX_VALUE:
-                raise self.fail(f"the array {assign.name} grows past {_MAX_VALUE} characters")
+            if len(array[index]) > MAX_VALUE or len(array) > MAX_VALUE:
+                raise self.fail(f"the array {assign.name} grows past {MAX_VALUE} characters")
             self.vars[assign.name] = array
         elif assign.append:
             old = self.vars.get(assign.name)
@@ -279,10 +353,8 @@ class Shell(Expansion):
                     assign.name)  # fmt: skip
         )
 
-    def _command_substitution(self, part: CmdSub) -> str:
-        from inspector.inputs.bash.commands import pure_output
-
-        output = pure_output(self, part.script)
+    def command_substitution(self, part: CmdSub) -> str:
+        output = self.commands.output(self, part.script)
         if output is not None:
             return output
         return self.ctx.mark(Unknown(part.text, "which the reader never runs", None))
@@ -290,31 +362,35 @@ class Shell(Expansion):
     def assign(self, name: str, value: str) -> None:
         if name == "IFS":
             raise self.fail("the script changes IFS; the reader splits words on blanks only")
-        if len(value) > _MAX_VALUE:
-            raise self.fail(f"{name} grows past {_MAX_VALUE} characters")
+        if len(value) > MAX_VALUE:
+            raise self.fail(f"{name} grows past {MAX_VALUE} characters")
+        self.ctx.copied.spend(len(value))
         old = self.vars.get(name)
         if isinstance(old, dict):
             old[0] = value
         else:
             self.vars[name] = value
 
+    def assign_array(self, name: str, elements: dict[int, str]) -> None:
+        self.vars[name] = elements
+
     def make_local(self, name: str) -> None:
         if self.locals and name not in self.locals[-1]:
             self.locals[-1][name] = self.vars.get(name)
 
     def index_of(self, text: str) -> int:
-        word = parse_script_word(text, self)
+        word = parse_fragment(text, self.source_stack[-1], self.line)
         return self.arith(word)
 
     def call_function(self, name: str, args: list[str]) -> int:
-        if len(self.locals) >= _MAX_DEPTH:
+        if len(self.locals) >= MAX_DEPTH:
             raise self.fail(f"the function {name} calls itself too deeply")
         saved = self.positional
         self.positional = args
         self.locals.append({})
         try:
             return self.run(self.functions[name])
-        except _Return:
+        except Return:
             return self.status
         finally:
             for var, old in self.locals.pop().items():
@@ -323,6 +399,10 @@ class Shell(Expansion):
                 else:
                     self.vars[var] = old
             self.positional = saved
+
+
+def _brief(text: str) -> str:
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _as_array(value: Value | None) -> dict[int, str]:
@@ -344,20 +424,3 @@ def _part_types(word: Word) -> set[type]:
 
     visit(word.parts)
     return found
-
-
-def parse_script_word(text: str, shell: Shell) -> Word:
-    from inspector.inputs.bash.lexer import Lexer
-
-    lexer = Lexer(text, shell.source_stack[-1], shell.line, fixed_line=True)
-    return Word(tuple(lexer._read_dquoted(end=None)), text, shell.line)
-
-
-def new_shell(ctx: Context, origin: str) -> Shell:
-    """Return the main script's shell: --set values are its environment (exported)."""
-    positional_keys = sorted(int(k) for k in ctx.settings if k.isdigit())
-    positional: list[str] = []
-    if positional_keys:
-        positional = [ctx.settings.get(str(n), "") for n in range(1, max(positional_keys) + 1)]
-    variables: dict[str, Value] = {k: v for k, v in ctx.settings.items() if not k.isdigit()}
-    return Shell(ctx, origin, positional, variables, set(variables))

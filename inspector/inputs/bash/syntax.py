@@ -12,7 +12,7 @@ from dataclasses import dataclass
 # ---------------------------------------------------------------------------------------- words
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Lit:
     """Literal text; `quoted` when it came from quotes or a backslash (never split or globbed)."""
 
@@ -20,7 +20,7 @@ class Lit:
     quoted: bool
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Param:
     """A parameter expansion: `$NAME`, `${NAME[index]}`, `${NAME:-word}`, `${#NAME}`, ..."""
 
@@ -33,7 +33,7 @@ class Param:
     text: str = ""  # as written, for messages
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Arith:
     """`$(( expression ))`; the expression is expanded like a double-quoted string first."""
 
@@ -41,7 +41,7 @@ class Arith:
     text: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CmdSub:
     """`$( command )` or a backquoted command: its output is not known without running it."""
 
@@ -49,7 +49,7 @@ class CmdSub:
     text: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DQ:
     """A double-quoted region."""
 
@@ -59,7 +59,7 @@ class DQ:
 Part = Lit | Param | Arith | CmdSub | DQ
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Word:
     parts: tuple[Part, ...]
     raw: str
@@ -75,7 +75,7 @@ class Word:
 # -------------------------------------------------------------------------------------- commands
 
 
-@dataclass
+@dataclass(slots=True)
 class Assign:
     name: str
     append: bool
@@ -85,45 +85,45 @@ class Assign:
     line: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class Simple:
     assigns: list[Assign]
     words: list[Word | Assign]  # an Assign among words: `declare -a A=( ... )`
     line: int
 
 
-@dataclass
+@dataclass(slots=True)
 class Pipeline:
     commands: list[Node]
     negate: bool
     line: int
 
 
-@dataclass
+@dataclass(slots=True)
 class AndOr:
     first: Node
     rest: list[tuple[str, Node]]
 
 
-@dataclass
+@dataclass(slots=True)
 class Seq:
     items: list[tuple[Node, bool]]  # (command, run in background)
 
 
-@dataclass
+@dataclass(slots=True)
 class If:
     clauses: list[tuple[Seq, Seq]]
     otherwise: Seq | None
 
 
-@dataclass
+@dataclass(slots=True)
 class Case:
     word: Word
     items: list[tuple[list[Word], Seq]]
     line: int
 
 
-@dataclass
+@dataclass(slots=True)
 class For:
     name: str
     words: list[Word] | None
@@ -131,7 +131,7 @@ class For:
     line: int
 
 
-@dataclass
+@dataclass(slots=True)
 class While:
     cond: Seq
     body: Seq
@@ -139,19 +139,19 @@ class While:
     line: int
 
 
-@dataclass
+@dataclass(slots=True)
 class Group:
     body: Seq
     subshell: bool
 
 
-@dataclass
+@dataclass(slots=True)
 class FuncDef:
     name: str
     body: Node
 
 
-@dataclass
+@dataclass(slots=True)
 class CondExpr:
     """`[[ ... ]]`: its words, with `&&`, `||`, `(`, `)`, `<`, `>` kept as plain words."""
 
@@ -159,7 +159,7 @@ class CondExpr:
     line: int
 
 
-@dataclass
+@dataclass(slots=True)
 class ArithCmd:
     body: Word
     line: int

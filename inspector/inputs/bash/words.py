@@ -7,7 +7,12 @@ import re
 from inspector.errors import InputError
 from inspector.inputs.bash.syntax import DQ, Arith, CmdSub, Lit, Param, Part, Word
 
-_META = set(" \t\n;&|<>()")
+META = set(" \t\n;&|<>()")
+_PLAIN = re.compile(r"[^ \t\n;&|<>()\\'\"$`~][^ \t\n;&|<>()\\'\"$`]*")  # no quoting, no expansion
+_PLAIN_QUOTED = re.compile(r'[^"\\$`]+')  # inside double quotes, up to a quote or an expansion
+_HEX = re.compile(r"x([0-9a-fA-F]{1,2})")
+_OCTAL = re.compile(r"[0-7]{1,3}")
+_SIMPLE_PARAM = re.compile(r"\$([A-Za-z_]\w*|[0-9@*#?$!\-])")
 
 
 class WordReader:
@@ -26,10 +31,7 @@ class WordReader:
         self.i += count
 
     def _parse_fragment(self, text: str, line: int) -> Word:
-        """Parse `text` as the inside of double quotes (arithmetic bodies)."""
-        sub = WordReader(text, self.origin, line, fixed_line=True)
-        parts = sub._read_dquoted(end=None)
-        return Word(tuple(parts), text, line)
+        return parse_fragment(text, self.origin, line)
 
     def read_word(self, extra_stop: str = "") -> Word:
         """Read one word up to an unquoted metacharacter."""
@@ -38,10 +40,15 @@ class WordReader:
         s = self.s
         while self.i < len(s):
             char = s[self.i]
-            if char in _META or char in extra_stop:
+            if char in META or char in extra_stop:
                 break
+            plain = None if extra_stop else _PLAIN.match(s, self.i)
+            if plain:
+                parts.append(Lit(plain.group(0), False))
+                self._advance(plain.end() - self.i)
+                continue
             parts.extend(self._read_unit(parts_so_far=parts, in_braces=False))
-        return Word(tuple(_merge(parts)), s[start : self.i], line)
+        return Word(tuple(merge_parts(parts)), s[start : self.i], line)
 
     def _read_unit(self, parts_so_far: list[Part], in_braces: bool) -> list[Part]:
         s, char = self.s, self.s[self.i]
@@ -60,7 +67,7 @@ class WordReader:
             return [Lit(text, True)]
         if char == '"':
             self._advance()
-            return [DQ(tuple(self._read_dquoted(end='"')))]
+            return [DQ(tuple(self.read_dquoted(end='"')))]
         if char == "$" and s.startswith("$'", self.i):
             return [Lit(self._read_ansi_c(), True)]
         if char == "$":
@@ -78,18 +85,23 @@ class WordReader:
         self._advance()
         return [Lit(char, False)]
 
-    def _read_dquoted(self, end: str | None) -> list[Part]:
+    def read_dquoted(self, end: str | None) -> list[Part]:
         parts: list[Part] = []
         s, start_line = self.s, self.line
         while True:
             if self.i >= len(s):
                 if end is None:
-                    return _merge(parts)
+                    return merge_parts(parts)
                 raise self.fail("a double quote is not closed", start_line)
             char = s[self.i]
             if char == end:
                 self._advance()
-                return _merge(parts)
+                return merge_parts(parts)
+            plain = _PLAIN_QUOTED.match(s, self.i)
+            if plain:
+                parts.append(Lit(plain.group(0), True))
+                self._advance(plain.end() - self.i)
+                continue
             if char == "\\" and self.i + 1 < len(s) and s[self.i + 1] in '$`"\\\n':
                 if s[self.i + 1] != "\n":
                     parts.append(Lit(s[self.i + 1], True))
@@ -115,17 +127,17 @@ class WordReader:
                 return "".join(out)
             if char == "\\" and self.i + 1 < len(s):
                 nxt = s[self.i + 1]
-                hexa = re.match(r"x([0-9a-fA-F]{1,2})", s[self.i + 1 :])
-                octal = re.match(r"[0-7]{1,3}", s[self.i + 1 :])
+                hexa = _HEX.match(s, self.i + 1)
+                octal = _OCTAL.match(s, self.i + 1)
                 if nxt in escapes:
                     out.append(escapes[nxt])
                     self._advance(2)
                 elif hexa:
                     out.append(chr(int(hexa.group(1), 16)))
-                    self._advance(1 + hexa.end())
+                    self._advance(hexa.end() - self.i)
                 elif octal:
                     out.append(chr(int(octal.group(0), 8) & 0xFF))
-                    self._advance(1 + octal.end())
+                    self._advance(octal.end() - self.i)
                 else:
                     out.append(s[self.i : self.i + 2])
                     self._advance(2)
@@ -179,9 +191,9 @@ class WordReader:
             return CmdSub(text[2:-1], text)
         if s.startswith("${", start):
             return self._read_braced()
-        match = re.match(r"\$([A-Za-z_]\w*|[0-9@*#?$!\-])", s[start:])
+        match = _SIMPLE_PARAM.match(s, start)
         if match:
-            self._advance(match.end())
+            self._advance(match.end() - start)
             return Param(match.group(1), text=match.group(0))
         self._advance()
         return Lit("$", False)
@@ -228,15 +240,32 @@ class WordReader:
         parts: list[Part] = []
         while sub.i < len(text):
             parts.extend(sub._read_unit(parts, in_braces=True))
-        return Word(tuple(_merge(parts)), text, line)
+        return Word(tuple(merge_parts(parts)), text, line)
 
 
-def _merge(parts: list[Part]) -> list[Part]:
+def parse_fragment(text: str, origin: str, line: int) -> Word:
+    """Parse `text` as the inside of double quotes (arithmetic bodies, array indices)."""
+    parts = WordReader(text, origin, line, fixed_line=True).read_dquoted(end=None)
+    return Word(tuple(parts), text, line)
+
+
+def merge_parts(parts: list[Part]) -> list[Part]:
+    """Join neighbouring literals of the same quoting into one (in linear time)."""
     merged: list[Part] = []
+    run: list[str] = []
+    quoted = False
     for part in parts:
-        last = merged[-1] if merged else None
-        if isinstance(part, Lit) and isinstance(last, Lit) and last.quoted == part.quoted:
-            merged[-1] = Lit(last.text + part.text, part.quoted)
+        if isinstance(part, Lit) and (not run or part.quoted == quoted):
+            run.append(part.text)
+            quoted = part.quoted
+            continue
+        if run:
+            merged.append(Lit("".join(run), quoted))
+            run = []
+        if isinstance(part, Lit):
+            run, quoted = [part.text], part.quoted
         else:
             merged.append(part)
+    if run:
+        merged.append(Lit("".join(run), quoted))
     return merged

@@ -79,6 +79,7 @@ class DotProductAttention(TransformerEngineBaseModule):
     layer_number, attention_type, attn_mask_type, window_size, softmax_type.
     """
 
+    # Long by design: mirrors Transformer Engine's own argument list (see TE-NOTES.md).
     def __init__(
         self,
         num_attention_heads: int,

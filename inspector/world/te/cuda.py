@@ -11,6 +11,12 @@ megatron-core 0.13-0.16 construction paths:
   (extensions/transformer_engine.py ~1227), SharedExpertMLP's overlap stream
   (transformer/moe/shared_experts.py ~123), the all-to-all dispatcher's `cuda_dtoh_stream`
   (transformer/moe/token_dispatcher.py ~445).
+- `torch.tensor(..., device="cpu", pin_memory=True).cuda(non_blocking=True)`: the index of a
+  context-parallel rank's two sequence chunks, in `get_pos_emb_on_this_cp_rank`
+  (models/common/embeddings/rope_utils.py ~60), which MLA's YarnRotaryEmbedding calls while it is
+  built (yarn_rotary_pos_embedding.py ~186, `_set_cos_sin_cache`) under cp > 1. Pinning only
+  speeds the copy, so it is dropped (a CPU build has no pinned allocator), and `.cuda()` moves a
+  tensor to the device `current_device()` answers: meta.
 """
 
 from __future__ import annotations
@@ -32,14 +38,23 @@ class SimulatedStream:
 
 @contextlib.contextmanager
 def simulated_cuda() -> Iterator[None]:
-    """Make `torch.cuda.current_device()` answer "meta" and `torch.cuda.Stream()` a stand-in."""
+    """Answer current_device() with "meta", Stream() with a stand-in, pinned copies to CUDA on meta."""
     import torch
 
     current_device, stream = torch.cuda.current_device, torch.cuda.Stream
+    tensor, to_cuda = torch.tensor, torch.Tensor.cuda
+
+    def unpinned_tensor(*args: Any, pin_memory: bool = False, **kwargs: Any) -> Any:
+        return tensor(*args, **kwargs)
+
     torch.cuda.current_device = lambda: "meta"  # type: ignore[assignment,return-value]
     torch.cuda.Stream = SimulatedStream  # type: ignore[assignment,misc]
+    torch.tensor = unpinned_tensor
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self.to("meta")  # type: ignore[method-assign]
     try:
         yield
     finally:
         torch.cuda.current_device = current_device
         torch.cuda.Stream = stream  # type: ignore[misc]
+        torch.tensor = tensor
+        torch.Tensor.cuda = to_cuda  # type: ignore[method-assign]

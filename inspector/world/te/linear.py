@@ -98,6 +98,7 @@ class Linear(_ParallelLinear):
     use_bias, return_bias, tp_size, parallel_mode, sequence_parallel, ub_name.
     """
 
+    # Long by design: mirrors Transformer Engine's own argument list (see TE-NOTES.md).
     def __init__(
         self,
         in_features: int,
@@ -163,6 +164,7 @@ class LayerNormLinear(_ParallelLinear):
     column mode).
     """
 
+    # Long by design: mirrors Transformer Engine's own argument list (see TE-NOTES.md).
     def __init__(
         self,
         in_features: int,
@@ -249,6 +251,7 @@ class GroupedLinear(TransformerEngineBaseModule):
     with tp > 1 (650-654).
     """
 
+    # Long by design: mirrors Transformer Engine's own argument list (see TE-NOTES.md).
     def __init__(
         self,
         num_gemms: int,

@@ -1,0 +1,67 @@
+"""The engine against the GPU: predicted vs measured memory of every probed rank in shared/gpu/.
+
+    .venv/bin/python bench/gpu_memory.py [PATH/TO/shared/gpu]
+
+For each run of memory-h200.json (Megatron-LM's pretrain_gpt.py on an H200, one process per
+rank): the static memory after an iteration (weights, grads and optimizer state from megatron's
+DDP buffers for the rank's shard, plus what the engine finds persisting and the cuBLAS
+workspaces) against `memory_allocated` after step 3, and the peak (static plus the engine's
+schedule peak) against `max_memory_allocated`. `make bench` appends the table to RESULTS.md.
+Nothing here is fitted to these numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+GPU = Path(__file__).resolve().parent.parent.parent / "shared" / "gpu"
+
+
+def rows(gpu: Path) -> list[str]:
+    """Return one markdown row per probed rank."""
+    from inspector.engine.memory import run_memory
+    from inspector.inputs.resolve import Sources, merge_sources
+    from inspector.job.job import make_job
+    from inspector.report.memory import state_bytes
+    from inspector.world.build import View, build
+
+    out = []
+    for run in json.loads((gpu / "memory-h200.json").read_text())["runs"]:
+        script = str(gpu / "jobs" / f"{run['job']}.sh")
+        job = make_job(merge_sources(Sources(script=script), ("model", "layout", "training")).args)
+        layout = job.layout
+        stage = run["rank"] // (layout.tp * layout.cp * layout.dp)
+        built = build(job, View((stage,)), expert_ranks=(0,))
+        buffers = [b for chunk in built.chunks for b in chunk.buffers()]
+        state = state_bytes(buffers, job.training.use_distributed_optimizer, 0, 0).total
+        engine = run_memory(job, stage)
+        static, peak = state + engine.static, state + engine.static + engine.peak.bytes
+        last = run["probes"][-1]
+        out.append(
+            f"| {run['job']} | {run['rank']} | {stage} | {_gib(static)} | {_gib(last['allocated'])} "
+            f"| {static / last['allocated']:.4f} | {_gib(peak)} | {_gib(last['max_allocated'])} "
+            f"| {peak / last['max_allocated']:.4f} | {engine.peak.moment} |"
+        )
+    return out
+
+
+def table(gpu: Path = GPU) -> str:
+    """Return the comparison as markdown."""
+    head = [
+        "Memory, the engine against the H200 (shared/gpu/memory-h200.json, bench/gpu_memory.py):",
+        "",
+        "| job | rank | stage | static predicted GiB | static measured GiB | ratio "
+        "| peak predicted GiB | peak measured GiB | ratio | moment of the peak |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    return "\n".join(head + rows(gpu)) + "\n"
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.3f}"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(table(Path(sys.argv[1]) if len(sys.argv) > 1 else GPU))

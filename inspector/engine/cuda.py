@@ -1,0 +1,125 @@
+"""Run megatron's CUDA code path on the meta device, with the kernels a GPU would pick.
+
+torch's FakeTensorMode cannot stand in for CUDA on this CPU build of torch: any op that takes a
+device guard (`Tensor.contiguous` in python_variable_methods.cpp, `copy_`, the autograd engine,
+`rms_norm`) fails with "PyTorch is not linked with support for cuda devices". So the engine runs
+on meta, whose kernels give every op's output shape, dtype and storage, and simulates only where
+torch or megatron choose by device:
+
+- `torch.cuda.current_device()` answers "meta" and `device="cuda"` becomes meta (megatron
+  allocates its buffers, masks and workspaces there);
+- dropout with 0 < p < 1 runs `native_dropout` (a bool mask), as ATen's `dropout` does on CUDA
+  (aten/src/ATen/native/Dropout.cpp `is_fused_kernel_acceptable`); on other devices it would keep
+  a mask in the input's dtype;
+- `rms_norm` runs the fused CUDA kernel's contract (torch >= 2.8 aten/src/ATen/native/
+  layer_norm.cpp sends CUDA inputs to `_fused_rms_norm`): output in the input's dtype, fp32 rstd
+  per row, and input, weight and rstd saved for backward; the composite it replaces keeps fp32
+  copies of the whole input;
+- megatron's CUDA RNG tracker forks nothing and RNG states are host tensors, as on a GPU
+  (CUDA generator states are kept by the host, not in GPU memory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+_DROPOUTS = {torch.nn.functional.dropout, torch.dropout}
+_RMS_NORMS = {torch.nn.functional.rms_norm, torch.rms_norm}
+
+
+class _CudaKernels(TorchFunctionMode):
+    """Send device="cuda" to meta, and dropout and rms_norm to their CUDA kernels' contracts."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = dict(kwargs or {})
+        if _is_cuda(kwargs.get("device")):
+            kwargs["device"] = "meta"
+        if func in _DROPOUTS:
+            return _dropout(*args, **kwargs)
+        if func in _RMS_NORMS:
+            return _rms_norm(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+def _is_cuda(device: Any) -> bool:
+    if isinstance(device, torch.device):
+        return device.type == "cuda"
+    return isinstance(device, str) and device.startswith("cuda")
+
+
+def _dropout(
+    input: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False
+) -> Any:
+    """ATen's dropout on CUDA: the fused `native_dropout` for 0 < p < 1, else the input itself."""
+    if not training or p == 0 or input.numel() == 0:
+        return input
+    if p == 1:
+        return input.mul_(0) if inplace else input * 0
+    out = torch.native_dropout(input, p, True)[0]
+    return input.copy_(out) if inplace else out
+
+
+def _rms_norm(
+    input: torch.Tensor,
+    normalized_shape: Any,
+    weight: torch.Tensor | None = None,
+    eps: float | None = None,
+) -> torch.Tensor:
+    out: torch.Tensor = _FusedRMSNorm.apply(input, tuple(normalized_shape), weight)
+    return out
+
+
+class _FusedRMSNorm(torch.autograd.Function):
+    """What `_fused_rms_norm` allocates and saves on CUDA (layer_norm_kernel.cu)."""
+
+    @staticmethod
+    def forward(ctx: Any, input: torch.Tensor, shape: tuple[int, ...], weight: Any) -> Any:
+        rows = input.shape[: input.dim() - len(shape)]
+        rstd = torch.empty((*rows, *([1] * len(shape))), dtype=torch.float32, device=input.device)
+        ctx.save_for_backward(input, weight, rstd)
+        return torch.empty_like(input)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        input, weight, _ = ctx.saved_tensors
+        grad_weight = None if weight is None else torch.empty_like(weight)
+        return torch.empty_like(input), None, grad_weight
+
+
+@contextlib.contextmanager
+def _no_fork(self: Any, name: str = "") -> Iterator[None]:
+    """megatron's CudaRNGStatesTracker.fork, as far as memory sees it: nothing is allocated."""
+    yield
+
+
+def _cpu_rng_state(*args: Any, **kwargs: Any) -> torch.Tensor:
+    """A CUDA generator's state, which torch returns as a host tensor (no GPU memory)."""
+    return torch.zeros(16, dtype=torch.uint8)
+
+
+@contextlib.contextmanager
+def cuda_on_meta() -> Iterator[None]:
+    """Run megatron's CUDA code on meta tensors (see the module docstring) inside the block."""
+    from megatron.core.tensor_parallel import random
+
+    patches: list[tuple[Any, str, Any]] = [
+        (torch.cuda, "current_device", lambda: "meta"),
+        (torch.Tensor, "cuda", lambda self, *args, **kwargs: self),
+        (random.CudaRNGStatesTracker, "fork", _no_fork),
+        (random, "_get_cuda_rng_state", _cpu_rng_state),
+        (random, "_set_cuda_rng_state", lambda *args, **kwargs: None),
+    ]
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
+    for owner, name, value in patches:
+        setattr(owner, name, value)
+    try:
+        with _CudaKernels():
+            yield
+    finally:
+        for owner, name, value in saved:
+            setattr(owner, name, value)

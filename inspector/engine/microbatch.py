@@ -1,0 +1,221 @@
+"""One micro-batch through one pipeline stage, as Megatron-LM's training step runs it, recorded.
+
+The stage is built by megatron-core (world/stage.py) with the job's runtime settings
+(`runtime_config`), wrapped in megatron's DistributedDataParallel, and run on meta tensors
+(cuda.py) under the allocator model (allocator.py):
+
+- inputs as Megatron-LM's `pretrain_gpt.get_batch` puts them on the GPU for this stage (tokens,
+  position ids and the attention mask on the first stage, labels and the loss mask on the
+  last, the mask everywhere), and the tensor a later stage receives from the one before
+  (`p2p_communication`: `torch.empty(shape, requires_grad=True)` in the pipeline dtype);
+- `GPTModel.forward` through DDP; on the last stage Megatron-LM's `loss_func` (pretrain_gpt.py:
+  masked sum of the fp32 losses, the token count) and `forward_step_calc_loss`'s division by
+  the micro-batches; elsewhere the output's data is freed after its send
+  (`deallocate_output_tensor`, Megatron-LM's `deallocate_pipeline_outputs=True`);
+- `backward_step`: the loss scaled by the optimizer's scale on the last stage, else the gradient
+  received from the next stage (`custom_backward`); DDP's hooks add each weight gradient into
+  its grad buffer.
+
+Buffers that outlive the micro-batch (megatron's global memory buffer, the rotary cache) are
+found as the storages still alive at its end: they are persistent, allocated once per run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from inspector.engine.allocator import Event, Tracker
+from inspector.engine.cuda import cuda_on_meta
+from inspector.job.job import Job
+
+
+@dataclass(frozen=True)
+class Trace:
+    """One micro-batch of one chunk: its allocations in order, and what persists after it."""
+
+    forward: tuple[Event, ...]  # steady state: persistent buffers taken out
+    backward: tuple[Event, ...]
+    persistent: tuple[tuple[str, int], ...]  # (where megatron made it, bytes)
+
+    @property
+    def held(self) -> int:
+        """Return the bytes the micro-batch holds between its forward and its backward."""
+        return self.forward[-1].allocated if self.forward else 0
+
+
+def runtime_config(job: Job) -> dict[str, Any]:
+    """Return the TransformerConfig fields Megatron-LM sets from the job's runtime flags.
+
+    `core_transformer_config_from_args` copies the dropouts and recomputation; its flag defaults
+    give `attention_softmax_in_fp32` False (softmax in the 16-bit type), bias-activation and
+    bias-dropout fusion on. The masked-softmax, rope and gradient-accumulation fusions need
+    kernels from apex or Transformer Engine: off, as in the GPU runs of shared/gpu/jobs.
+    """
+    training, model = job.training, job.model
+    gelu_without_bias = not model.swiglu and model.disable_bias_linear
+    fields: dict[str, Any] = dict(
+        hidden_dropout=training.hidden_dropout,
+        attention_dropout=training.attention_dropout,
+        attention_softmax_in_fp32=False,
+        masked_softmax_fusion=False,
+        bias_activation_fusion=not gelu_without_bias,
+        bias_dropout_fusion=True,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        deallocate_pipeline_outputs=True,
+    )
+    if training.recompute != "none":
+        fields["recompute_granularity"] = training.recompute
+    if training.recompute == "full":
+        fields["recompute_method"] = training.recompute_method
+        fields["recompute_num_layers"] = training.recompute_num_layers
+    return fields
+
+
+def run_microbatch(job: Job, ddp: Any, gpt: Any, num_microbatches: int) -> Trace:
+    """Run one micro-batch forward and backward through `ddp` (around `gpt`); return its trace."""
+    tracker = Tracker()
+    with cuda_on_meta(), _where(tracker, gpt):
+        with tracker:
+            start = tracker.mark()
+            state = _forward(job, ddp, gpt, num_microbatches, tracker)
+            middle = tracker.mark()
+            _backward(gpt, state, tracker)
+            del state
+    persistent = _persistent(tracker)
+    events = tracker.events[start:]
+    steady = _steady(events, persistent)
+    split = middle - start - sum(1 for index in persistent if index < middle - start)
+    return Trace(
+        forward=tuple(steady[:split]),
+        backward=tuple(steady[split:]),
+        persistent=tuple((events[i].where, size) for i, size in sorted(persistent.items())),
+    )
+
+
+def _inputs(job: Job, gpt: Any) -> dict[str, Any]:
+    """Return the batch `pretrain_gpt.get_batch` gives this stage, on the GPU."""
+    s, b = job.model.seq_length, job.schedule().micro_batch_size
+    batch: dict[str, Any] = {
+        "attention_mask": torch.empty(b, 1, s, s, dtype=torch.bool, device="cuda")
+    }
+    if gpt.pre_process:
+        batch["input_ids"] = torch.empty(b, s, dtype=torch.long, device="cuda")
+        batch["position_ids"] = torch.empty(b, s, dtype=torch.long, device="cuda")
+    else:
+        batch["input_ids"] = batch["position_ids"] = None
+    if gpt.post_process:
+        batch["labels"] = torch.empty(b, s, dtype=torch.long, device="cuda")
+        batch["loss_mask"] = torch.empty(b, s, dtype=torch.float32, device="cuda")
+    return batch
+
+
+def _received(job: Job, gpt: Any) -> torch.Tensor:
+    """Return the tensor p2p_communication allocates to receive a stage's input (or its grad)."""
+    layout = job.layout
+    s = job.model.seq_length // layout.cp
+    if layout.sequence_parallel:
+        s //= layout.tp
+    shape = (s, job.schedule().micro_batch_size, job.model.hidden_size)
+    return torch.empty(shape, dtype=gpt.config.pipeline_dtype, device="cuda", requires_grad=True)
+
+
+def _forward(
+    job: Job, ddp: Any, gpt: Any, num_microbatches: int, tracker: Tracker
+) -> dict[str, Any]:
+    tracker.where = "inputs"
+    batch = _inputs(job, gpt)
+    state: dict[str, Any] = {}
+    if not gpt.pre_process:
+        state["input"] = _received(job, gpt)
+        gpt.set_input_tensor(state["input"])
+    loss_mask = batch.pop("loss_mask", None)
+    output = ddp(**batch)
+    tracker.where = "loss"
+    if gpt.post_process:
+        output = _loss_func(loss_mask, output) / num_microbatches
+    else:
+        tracker.where = "send"
+        state["output_shape"] = output.shape
+        output.data = torch.empty((1,), device=output.device, dtype=output.dtype)
+    state["output"] = output
+    state["batch"] = batch
+    return state
+
+
+def _loss_func(loss_mask: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+    """Megatron-LM pretrain_gpt.py `loss_func`, then `forward_step_calc_loss`'s token division."""
+    losses = output.view(-1).float()
+    mask = loss_mask.view(-1).float()
+    loss = torch.sum(losses * mask)
+    num_tokens = mask.sum().clone().detach().to(torch.int)
+    return loss / torch.clamp(num_tokens, min=1)
+
+
+def _backward(gpt: Any, state: dict[str, Any], tracker: Tracker) -> None:
+    from megatron.core.pipeline_parallel.schedules import custom_backward
+
+    output = state.pop("output")
+    if gpt.post_process:
+        tracker.where = "loss scale"
+        scale = torch.ones(1, dtype=torch.float32, device="cuda")  # the optimizer's _scale_one
+        output = scale * output
+        tracker.where = "backward"
+        torch.autograd.backward(output)
+    else:
+        tracker.where = "receive grad"
+        grad = torch.empty(state["output_shape"], dtype=output.dtype, device="cuda")
+        tracker.where = "backward"
+        custom_backward(output, grad)
+        del grad
+    del output
+    tracker.where = "send grad"
+    state.clear()
+
+
+def _persistent(tracker: Tracker) -> dict[int, int]:
+    """Return event index -> bytes of the allocations still alive after the micro-batch.
+
+    They are megatron's buffers made on first use and kept (the global memory buffer, the
+    rotary cache): a run allocates them once, before the steady state.
+    """
+    return {index: size for size, index in tracker.live.values()}
+
+
+def _steady(events: list[Event], persistent: dict[int, int]) -> list[Event]:
+    """Return the events without the persistent allocations, totals counted without them."""
+    steady, kept = [], 0
+    for index, event in enumerate(events):
+        if index in persistent:
+            kept += event.bytes
+            continue
+        steady.append(Event(event.bytes, event.allocated - kept, event.where))
+    return steady
+
+
+class _where:
+    """Label the tracker's events with the megatron module running (forward hooks)."""
+
+    def __init__(self, tracker: Tracker, gpt: Any) -> None:
+        self.tracker = tracker
+        self.names = {module: name for name, module in gpt.named_modules()}
+        self.handles: list[Any] = []
+
+    def __enter__(self) -> None:
+        from torch.nn.modules import module
+
+        self.handles = [
+            module.register_module_forward_pre_hook(self._pre),
+        ]
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+    def _pre(self, module: Any, args: Any) -> None:
+        name = self.names.get(module)
+        if name is not None:
+            self.tracker.where = name or "model"

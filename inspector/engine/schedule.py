@@ -1,0 +1,83 @@
+"""A rank's iteration: its micro-batch traces replayed in megatron's pipeline schedule.
+
+Every micro-batch of a chunk allocates the same (its shapes do not change), so one trace per
+chunk (microbatch.py) stands for all of them. `schedule_passes` (job/dims.py) gives the order of
+forwards and backwards megatron-core's schedule runs on the stage; while a pass runs, the
+activations of the micro-batches still in flight are held beneath it. The rank's peak is the
+highest point of any pass on top of its static memory, and the moment is named.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inspector.engine.allocator import Event
+from inspector.engine.microbatch import Trace
+from inspector.job.dims import schedule_passes
+
+
+@dataclass(frozen=True)
+class Peak:
+    """The highest memory of a rank's iteration above its static memory, and when it happens."""
+
+    bytes: int  # above static memory (weights, grads, optimizer state, persistent buffers)
+    held: int  # of which: activations of other micro-batches in flight at that moment
+    micro_batches: int  # micro-batches in flight then (the running one included)
+    moment: str  # e.g. "backward of micro-batch 0 (chunk 0): backward MmBackward0 (...)"
+
+
+def iteration_peak(
+    traces: tuple[Trace, ...],
+    stage: int,
+    pp: int,
+    num_microbatches: int,
+    group_size: int | None = None,
+) -> Peak:
+    """Return the peak over one iteration of `stage`, whose chunks ran `traces`."""
+    chunks = len(traces)
+    counts = [0] * chunks  # micro-batches started, per chunk
+    flight: list[list[int]] = [[] for _ in range(chunks)]
+    held, best = 0, Peak(0, 0, 0, "")
+    for forward, chunk in schedule_passes(stage, pp, num_microbatches, chunks, group_size):
+        trace = traces[chunk]
+        if forward:
+            mb = counts[chunk]
+            counts[chunk] += 1
+            top = _top(trace.forward)
+            candidate = Peak(
+                held + top.allocated,
+                held,
+                _in_flight(flight) + 1,
+                _moment("forward", mb, chunk, chunks, top),
+            )
+            flight[chunk].append(mb)
+            held += trace.held
+        else:
+            mb = flight[chunk].pop(0)
+            held -= trace.held
+            top = _top(trace.backward)
+            candidate = Peak(
+                held + top.allocated,
+                held,
+                _in_flight(flight) + 1,
+                _moment("backward", mb, chunk, chunks, top),
+            )
+        if candidate.bytes > best.bytes:
+            best = candidate
+    return best
+
+
+def _top(events: tuple[Event, ...]) -> Event:
+    """Return the first event at the highest total (an empty pass peaks at 0)."""
+    if not events:
+        return Event(0, 0, "")
+    return max(events, key=lambda e: e.allocated)
+
+
+def _in_flight(flight: list[list[int]]) -> int:
+    return sum(len(f) for f in flight)
+
+
+def _moment(kind: str, mb: int, chunk: int, chunks: int, top: Event) -> str:
+    where = f" (chunk {chunk})" if chunks > 1 else ""
+    return f"{kind} of micro-batch {mb}{where}: {top.where}"

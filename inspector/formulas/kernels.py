@@ -1,0 +1,225 @@
+"""One kernel's seconds on a GPU, from throughput measured on an H200 (kernels-h200.json).
+
+The table beside this module is shared/gpu/kernels-h200.json unchanged: one NVIDIA H200 (132 SMs,
+torch 2.11, CUDA 13.0), bf16. How each kind of op is priced from it:
+  - GEMM (m, n, k), in the table's orientation convention (forward: m tokens, k in, n out;
+    data gradient: m tokens, k out, n in; weight gradient: m in, k tokens, n out): the fraction
+    of peak reached, as a function of log2(m n k) per orientation: the measured rows (Llama 3
+    8B/70B/405B layers under tp 1-8 and 2k-16k tokens) averaged in bins one octave wide, linear
+    between bin centres, clamped at the ends. An expert's GEMM (64-4096 tokens) reads its own
+    curve built the same way from the table's expert rows. Roofline: never faster than moving
+    its operands and result (m k + k n + m n elements) at the measured copy bandwidth.
+  - Flash attention, forward and backward (causal, head dim 128): TFLOP/s bilinear in
+    (log2 sequence, log2 heads x micro-batch) over the measured grid (2k-16k, 4-32 heads; the
+    two grouped-query settings measured averaged), clamped to the grid. FLOPs as the table
+    counts them: forward 2 x 2 b a s^2 d / 2 (Q K^T and P V, causal half), backward 2.5 times it.
+  - Memory-bound ops (copy, add, rms_norm, swiglu): bytes per second of the op's class, linear in
+    log2(bytes moved) between the measured sizes, clamped. Bytes as the table counts them: copy
+    and rms_norm 2 tensors, add and swiglu 3.
+Other GPUs: compute-bound time scales by the H200's dense 16-bit peak over the GPU's, memory-bound
+time by the H200's HBM bandwidth over the GPU's (`Device`, `device_of` a job/hardware.py record);
+the H200's figures are its record there: 989 TFLOP/s dense BF16 (NVIDIA H200 datasheet, the H100
+SXM's), HBM3e 4.8 TB/s (same datasheet).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from bisect import bisect_right
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any, Literal
+
+from inspector.job.hardware import GPUS, Gpu
+
+TABLE = Path(__file__).with_name("kernels-h200.json")
+H200_TFLOPS = GPUS["h200"].tflops_16bit  # the GPU the table was measured on: dense BF16
+H200_HBM = GPUS["h200"].hbm  # HBM3e bytes per second
+ELEMENT = 2  # bytes of a bf16 element, as the table measured
+ATTENTION_BACKWARD = 2.5  # flash backward FLOPs over forward, as the table counts them
+
+Orient = Literal["fwd", "dgrad", "wgrad", "expert"]
+MemoryClass = Literal["copy", "add", "rms_norm", "swiglu"]
+Curve = tuple[tuple[float, ...], tuple[float, ...]]  # (x ascending, y)
+
+
+@dataclass(frozen=True)
+class Device:
+    """A GPU as the kernel model sees it: dense 16-bit peak (TFLOP/s) and HBM (bytes/s)."""
+
+    tflops: float
+    hbm: float
+
+    @property
+    def compute_scale(self) -> float:
+        """Return how much longer a compute-bound kernel takes than on the H200."""
+        return H200_TFLOPS / self.tflops
+
+    @property
+    def memory_scale(self) -> float:
+        """Return how much longer a memory-bound kernel takes than on the H200."""
+        return H200_HBM / self.hbm
+
+
+def device_of(gpu: Gpu) -> Device:
+    """Return a GPU of job/hardware.py (with the user's --gpu-tflops) as the kernel model sees it."""
+    return Device(gpu.tflops_16bit, gpu.hbm)
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """A matrix product of `batch` (m x k) by (k x n) products, in the table's orientation."""
+
+    name: str
+    m: int
+    n: int
+    k: int
+    orient: Orient
+    batch: int = 1
+
+    @property
+    def flops(self) -> int:
+        """Return 2 m n k per product."""
+        return 2 * self.batch * self.m * self.n * self.k
+
+
+@dataclass(frozen=True)
+class Attention:
+    """A flash attention kernel: `flops` at sequence `seq` over `heads` (x micro-batch) heads."""
+
+    name: str
+    seq: int
+    heads: int
+    flops: float
+    backward: bool
+
+
+@dataclass(frozen=True)
+class Memory:
+    """A memory-bound op: `elements` elements, `bytes_per_element` bytes moved for each."""
+
+    name: str
+    cls: MemoryClass
+    elements: int
+    bytes_per_element: float
+
+    @property
+    def bytes(self) -> float:
+        """Return the bytes the op reads and writes."""
+        return self.elements * self.bytes_per_element
+
+
+Op = Gemm | Attention | Memory
+
+
+@cache
+def _rows() -> tuple[dict[str, Any], ...]:
+    with TABLE.open() as f:
+        return tuple(json.load(f))
+
+
+def _binned(points: Iterable[tuple[float, float]]) -> Curve:
+    """Return (mean x, mean y) per one-wide bin of x, ascending."""
+    bins: dict[int, list[tuple[float, float]]] = {}
+    for x, y in points:
+        bins.setdefault(math.floor(x), []).append((x, y))
+    xs, ys = [], []
+    for key in sorted(bins):
+        group = bins[key]
+        xs.append(sum(p[0] for p in group) / len(group))
+        ys.append(sum(p[1] for p in group) / len(group))
+    return tuple(xs), tuple(ys)
+
+
+def _interpolate(curve: Curve, x: float) -> float:
+    """Return the curve at x, linear between points, clamped at the ends."""
+    xs, ys = curve
+    if x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        return ys[-1]
+    i = bisect_right(xs, x)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+@cache
+def gemm_curve(orient: Orient) -> Curve:
+    """Return the fraction of peak by log2(m n k) for one orientation (or the expert rows)."""
+    if orient == "expert":
+        # one expert's up projection (n = 2 x expert ffn, gated) over `tokens` tokens
+        points = [(math.log2(r["tokens"] * r["hidden"] * 2 * r["expert_ffn"]),
+                   r["tflops"] / H200_TFLOPS) for r in _rows() if r["kind"] == "expert_gemm"]
+    else:
+        points = [(math.log2(r["m"] * r["n"] * r["k"]), r["tflops"] / H200_TFLOPS)
+                  for r in _rows() if r["kind"] == "gemm" and r["orient"] == orient]
+    return _binned(points)
+
+
+@cache
+def memory_curve(cls: MemoryClass) -> Curve:
+    """Return bytes per second by log2(bytes moved) for one class of memory-bound op."""
+    return _binned(
+        (math.log2(r["gbytes_per_s"] * 1e9 * r["seconds"]), r["gbytes_per_s"] * 1e9)
+        for r in _rows() if r["kind"] == "memory_bound" and r["op"] == cls
+    )
+
+
+@cache
+def attention_grid(backward: bool) -> tuple[tuple[int, ...], tuple[int, ...], dict[tuple[int, int], float]]:
+    """Return (sequences, heads, TFLOP/s by (sequence, heads)), grouped-query settings averaged."""
+    key = "bwd_tflops" if backward else "fwd_tflops"
+    cells: dict[tuple[int, int], list[float]] = {}
+    for r in _rows():
+        if r["kind"] == "flash_attention":
+            cells.setdefault((r["seq"], r["heads_per_rank"]), []).append(r[key])
+    table = {cell: sum(v) / len(v) for cell, v in cells.items()}
+    seqs = tuple(sorted({c[0] for c in table}))
+    heads = tuple(sorted({c[1] for c in table}))
+    return seqs, heads, table
+
+
+def _bracket(values: Sequence[int], x: float) -> tuple[int, int, float]:
+    """Return the neighbours of log2 x among `values` and the weight of the upper one."""
+    lx = min(max(math.log2(x), math.log2(values[0])), math.log2(values[-1]))
+    i = min(max(bisect_right([math.log2(v) for v in values], lx), 1), len(values) - 1)
+    lo, hi = values[i - 1], values[i]
+    return lo, hi, (lx - math.log2(lo)) / (math.log2(hi) - math.log2(lo))
+
+
+def attention_tflops(seq: int, heads: int, backward: bool) -> float:
+    """Return the H200's measured flash attention TFLOP/s, bilinear in log space, clamped."""
+    seqs, counts, table = attention_grid(backward)
+    s0, s1, ws = _bracket(seqs, seq)
+    h0, h1, wh = _bracket(counts, heads)
+    low = table[s0, h0] * (1 - wh) + table[s0, h1] * wh
+    high = table[s1, h0] * (1 - wh) + table[s1, h1] * wh
+    return low * (1 - ws) + high * ws
+
+
+def op_seconds(op: Op, device: Device) -> float:
+    """Return one op's seconds on `device`."""
+    if isinstance(op, Memory):
+        if op.elements == 0:
+            return 0.0
+        rate = _interpolate(memory_curve(op.cls), math.log2(op.bytes))
+        return op.bytes / rate * device.memory_scale
+    if isinstance(op, Attention):
+        rate = attention_tflops(op.seq, op.heads, op.backward) * 1e12
+        return op.flops / rate * device.compute_scale
+    if op.flops == 0:
+        return 0.0
+    volume = op.batch * op.m * op.n * op.k
+    efficiency = _interpolate(gemm_curve(op.orient), math.log2(volume))
+    compute = op.flops / (H200_TFLOPS * 1e12 * efficiency) * device.compute_scale
+    moved = op.batch * (op.m * op.k + op.k * op.n + op.m * op.n) * ELEMENT
+    copy = _interpolate(memory_curve("copy"), math.log2(moved))
+    return max(compute, moved / copy * device.memory_scale)
+
+
+def ops_seconds(ops: Iterable[Op], device: Device) -> float:
+    """Return the seconds of ops run one after another."""
+    return sum(op_seconds(op, device) for op in ops)

@@ -1,0 +1,255 @@
+"""The kernels one transformer layer runs on one rank, forward and backward, with their shapes.
+
+Megatron-core's layer (transformer_layer.py, attention.py, mlp.py, moe/) on a rank of tensor
+parallel size t, context parallel c, expert parallel e (expert tensor parallel u), micro-batch b
+(symbols of inspector/job/dims.py; T = s b / c tokens of the rank's sequence share):
+  - input norm; QKV column-parallel linear (h -> (a + 2g) d / t); core attention; output
+    row-parallel linear (a d / t -> h); bias-dropout-add; pre-MLP norm; MLP (fc1 h -> f / t, or
+    2f / t with SwiGLU; GeLU or SwiGLU; fc2 f / t -> h) or MoE (router h -> E, permutation, E / e
+    local experts of T k e u / (E t) tokens each on h -> f_e / u, un-permutation, shared experts
+    as a dense MLP); bias-dropout-add. With sequence parallelism the norms and residual adds run
+    on T / t tokens, the linears on all T (after the all-gather). Rotary embedding on Q and K.
+  - each linear is 3 GEMMs: forward, data gradient, weight gradient (kernels.py's orientations);
+  - core attention: flash (one forward and one backward kernel), or megatron's unfused
+    DotProductAttention: baddbmm Q K^T into [b a/t, s/c, s], scale-mask-softmax (megatron's fused
+    kernel with apex or Transformer Engine, else FusedScaleMaskSoftmax.forward_torch_softmax: to
+    fp32, masked_fill_, softmax, back to 16-bit), attention dropout, bmm with V;
+  - memory-bound ops priced by the bytes each reads and writes (forward; backward reads the
+    saved input and the output gradient and writes the input gradient);
+  - without apex or Transformer Engine (`fused_kernels` off: Megatron-LM then needs
+    --no-gradient-accumulation-fusion) each weight gradient is a 16-bit tensor that DDP's hook
+    adds into the fp32 main_grad (distributed/distributed_data_parallel.py, `main_grad.add_`);
+    with them the weight-gradient GEMM accumulates into main_grad itself.
+Multi-latent attention's projections are one linear of the same FLOPs (mla_attention_flops) over
+t ranks. The output layer and loss: `output_ops` (vocab_parallel_cross_entropy's passes).
+Not memoised here: the planner keeps them in caches plan/caches.py owns (plan/cost.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inspector.formulas.flops import mla_attention_flops
+from inspector.formulas.kernels import (
+    ATTENTION_BACKWARD,
+    Attention,
+    Device,
+    Gemm,
+    Memory,
+    Op,
+    Orient,
+    ops_seconds,
+)
+from inspector.job.dims import ModelDims
+
+FP32 = 4
+MASK = 1  # bytes of a bool dropout mask element
+GRAD_ACCUMULATE = 4 + 2 + 4  # main_grad.add_(grad): fp32 read, 16-bit read, fp32 write
+
+
+@dataclass(frozen=True)
+class Shard:
+    """How one rank cuts a layer: t, c, e, u, sequence parallel, micro-batch."""
+
+    tp: int = 1
+    cp: int = 1
+    ep: int = 1
+    etp: int = 1
+    sequence_parallel: bool = False
+    micro_batch: int = 1
+
+
+@dataclass(frozen=True)
+class LayerOps:
+    """A layer's kernels: forward, backward, and the forward selective recomputation repeats."""
+
+    forward: tuple[Op, ...]
+    backward: tuple[Op, ...]
+    core: tuple[Op, ...]
+
+
+def linear(name: str, tokens: int, fan_in: int, fan_out: int, expert: bool = False) -> list[Gemm]:
+    """Return a linear layer's forward, data-gradient and weight-gradient GEMMs."""
+    orients: tuple[Orient, Orient, Orient] = (
+        ("expert", "expert", "expert") if expert else ("fwd", "dgrad", "wgrad"))
+    return [Gemm(name, tokens, fan_out, fan_in, orients[0]),
+            Gemm(name + " dgrad", tokens, fan_in, fan_out, orients[1]),
+            Gemm(name + " wgrad", fan_in, fan_out, tokens, orients[2])]
+
+
+class _Pass:
+    """Forward and backward op lists being filled side by side."""
+
+    def __init__(self, fused: bool = True) -> None:
+        self.forward: list[Op] = []
+        self.backward: list[Op] = []
+        self.fused = fused
+
+    def linear(self, name: str, tokens: int, fan_in: int, fan_out: int, expert: bool = False,
+               count: int = 1) -> None:
+        """Add a linear's GEMMs; without fused kernels, DDP's main_grad.add_ of its gradient."""
+        forward, *backward = linear(name, tokens, fan_in, fan_out, expert)
+        self.forward += [forward] * count
+        self.backward += backward * count
+        if not self.fused:  # fp32 main_grad += 16-bit grad: read 4 + 2, write 4 bytes
+            self.backward.append(Memory(name + " main_grad.add_", "add", count * fan_in * fan_out,
+                                        GRAD_ACCUMULATE))
+
+    def memory(self, name: str, cls: str, elements: int, forward: float, backward: float) -> None:
+        """Add a memory-bound op moving `forward` / `backward` bytes per element."""
+        self.forward.append(Memory(name, cls, elements, forward))  # type: ignore[arg-type]
+        self.backward.append(Memory(name + " backward", cls, elements, backward))  # type: ignore[arg-type]
+
+
+def _residual(p: _Pass, dims: ModelDims, name: str, elements: int, act: int) -> None:
+    """Add a norm (before) or a bias-dropout-add (after) on the residual stream."""
+    if name.endswith("norm"):
+        p.memory(name, "rms_norm", elements, 2 * act, 3 * act)
+        return
+    mask = MASK if dims.hidden_dropout else 0
+    p.memory(name, "add", elements, 3 * act + mask, 3 * act + (2 * act + mask if mask else 0))
+
+
+def _unfused_attention(p: _Pass, dims: ModelDims, heads: int, sq: int, fused: bool) -> None:
+    """Add megatron's DotProductAttention: two batched GEMMs around the softmax of the scores."""
+    s, d, act = dims.seq_length, dims.head_dim, dims.activation_bytes
+    scores = Gemm("Q K^T", sq, s, d, "fwd", heads)
+    p.forward.append(scores)
+    p.backward += [Gemm("dQ", sq, d, s, "dgrad", heads), Gemm("dK", s, d, sq, "wgrad", heads)]
+    elements = heads * sq * s
+    if fused:  # one kernel reads and writes 16-bit scores
+        p.memory("scale-mask-softmax", "copy", elements, 2 * act, 3 * act)
+    else:  # .float(), masked_fill_, softmax, back to 16-bit (forward_torch_softmax)
+        cast = act + FP32
+        p.memory("softmax in fp32", "copy", elements, 2 * cast + 3 * FP32 + MASK,
+                 2 * cast + 5 * FP32 + MASK)
+    if dims.attention_dropout:
+        p.memory("attention dropout", "copy", elements, 2 * act + MASK, 2 * act + MASK)
+    p.forward.append(Gemm("P V", sq, d, s, "fwd", heads))
+    p.backward += [Gemm("dP", sq, s, d, "dgrad", heads), Gemm("dV", s, d, sq, "wgrad", heads)]
+
+
+def _core_attention(dims: ModelDims, z: Shard, flash: bool, fused: bool) -> _Pass:
+    """Return the core attention's forward and backward kernels on one rank."""
+    p = _Pass()
+    heads = dims.num_attention_heads // z.tp * z.micro_batch
+    sq = dims.seq_length // z.cp
+    if not flash:
+        _unfused_attention(p, dims, heads, sq, fused)
+        return p
+    if dims.multi_latent_attention:
+        per_head = dims.qk_head_dim + dims.qk_pos_emb_head_dim + dims.v_head_dim
+    else:
+        per_head = 2 * dims.head_dim
+    flops = heads * sq * dims.seq_length * per_head  # 2 (Q K^T, P V) x 2 / 2 (causal)
+    p.forward.append(Attention("flash attention", sq, heads, flops, False))
+    p.backward.append(Attention("flash attention backward", sq, heads,
+                                ATTENTION_BACKWARD * flops, True))
+    return p
+
+
+def _attention(p: _Pass, dims: ModelDims, z: Shard, tokens: int, core: _Pass) -> None:
+    """Add the QKV projection, rotary embedding, core attention and output projection."""
+    h, d, t = dims.hidden_size, dims.head_dim, z.tp
+    if dims.multi_latent_attention:  # down and up projections: their FLOPs as one linear
+        projections, _ = mla_attention_flops(dims, 1)
+        p.linear("MLA projections", tokens, h, max(1, projections // 6 // h // t))
+        p.forward += core.forward
+        p.backward += core.backward
+        return
+    heads, groups = dims.num_attention_heads // t, max(dims.query_groups // t, 1)
+    p.linear("QKV", tokens, h, (heads + 2 * groups) * d)
+    if dims.rotary:
+        p.memory("rotary Q, K", "copy", tokens * (heads + groups) * d,
+                 2 * dims.activation_bytes, 2 * dims.activation_bytes)
+    p.forward += core.forward
+    p.backward += core.backward
+    p.linear("attention output", tokens, heads * d, h)
+
+
+def _dense_mlp(p: _Pass, dims: ModelDims, tokens: int, ffn: int, name: str) -> None:
+    """Add fc1, the activation and fc2 of an MLP whose rank holds `ffn` columns."""
+    act = dims.activation_bytes
+    p.linear(name + " fc1", tokens, dims.hidden_size, dims.gated_multiplier * ffn)
+    if dims.swiglu:
+        p.memory(name + " SwiGLU", "swiglu", tokens * ffn, 3 * act, 5 * act)
+    else:
+        p.memory(name + " GeLU", "copy", tokens * ffn, 2 * act, 3 * act)
+    p.linear(name + " fc2", tokens, ffn, dims.hidden_size)
+
+
+def _moe(p: _Pass, dims: ModelDims, z: Shard, tokens: int, local: int) -> None:
+    """Add the router, permutation, local experts and shared experts of an MoE layer."""
+    h, act, experts = dims.hidden_size, dims.activation_bytes, dims.num_experts or 1
+    k = dims.moe_router_topk
+    p.linear("router", local, h, experts)
+    p.memory("router softmax, top-k", "copy", local * experts, 4 * FP32, 4 * FP32)
+    p.memory("permute", "copy", local * k * h, 2 * act, 2 * act)
+    ffn = dims.expert_ffn // z.etp
+    routed = max(1, tokens * k * z.ep * z.etp // (experts * z.tp))
+    count = max(1, experts // z.ep)
+    p.linear("expert fc1", routed, h, dims.gated_multiplier * ffn, True, count)
+    cls, fwd, bwd = ("swiglu", 3, 5) if dims.swiglu else ("copy", 2, 3)
+    p.memory("expert activation", cls, routed * ffn * count, fwd * act, bwd * act)
+    p.linear("expert fc2", routed, ffn, h, True, count)
+    p.memory("unpermute", "add", local * k * h, 2 * act, 2 * act)
+    if dims.shared_expert_ffn:
+        _dense_mlp(p, dims, tokens, dims.shared_expert_ffn // z.tp, "shared expert")
+
+
+def layer_ops(dims: ModelDims, z: Shard, moe: bool) -> LayerOps:
+    """Return one layer's kernels on one rank for one micro-batch.
+
+    Args:
+        dims: the model (its `flash_attention` and `fused_kernels` pick the attention path).
+        z: the rank's share of the layer.
+        moe: the layer's MLP is a mixture of experts.
+    """
+    tokens = dims.seq_length * z.micro_batch // z.cp
+    local = tokens // z.tp if z.sequence_parallel else tokens  # the norms' and residuals' rows
+    elements, act = local * dims.hidden_size, dims.activation_bytes
+    p = _Pass(dims.fused_kernels)
+    _residual(p, dims, "input norm", elements, act)
+    core = _core_attention(dims, z, dims.flash_attention, dims.fused_kernels)
+    _attention(p, dims, z, tokens, core)
+    _residual(p, dims, "attention bias-dropout-add", elements, act)
+    _residual(p, dims, "pre-MLP norm", elements, act)
+    if moe:
+        _moe(p, dims, z, tokens, local)
+    else:
+        _dense_mlp(p, dims, tokens, dims.ffn // z.tp, "MLP")
+    _residual(p, dims, "MLP bias-dropout-add", elements, act)
+    return LayerOps(tuple(p.forward), tuple(reversed(p.backward)), tuple(core.forward))
+
+
+def output_ops(dims: ModelDims, z: Shard) -> LayerOps:
+    """Return the final norm, output layer and loss on one rank for one micro-batch.
+
+    megatron-core tensor_parallel/cross_entropy.py, vocab_parallel_cross_entropy on the rank's
+    [T, v / t] logits: .float() (2 + 4 bytes per element), max (4), subtract in place (8), exp
+    in place (8), sum (4), divide in place (8); backward: scale the softmax in place (8), and the
+    16-bit cast's gradient (4 + 2).
+    """
+    tokens = dims.seq_length * z.micro_batch // z.cp
+    local = tokens // z.tp if z.sequence_parallel else tokens
+    act, vocab = dims.activation_bytes, dims.vocab_size // z.tp
+    p = _Pass(dims.fused_kernels)
+    _residual(p, dims, "final norm", local * dims.hidden_size, act)
+    p.linear("output layer", tokens, dims.hidden_size, vocab)
+    p.memory("cross entropy", "copy", tokens * vocab, act + FP32 + 32, 8 + FP32 + act)
+    return LayerOps(tuple(p.forward), tuple(reversed(p.backward)), ())
+
+
+def layer_seconds(ops: LayerOps, device: Device, recompute: str) -> float:
+    """Return a layer's seconds for one micro-batch under megatron's recomputation.
+
+    `full`: the checkpointed layer's forward runs again before its backward
+    (tensor_parallel/random.py CheckpointFunction); `selective`: only core attention's
+    (megatron-core's default `--recompute-modules core_attn`).
+    """
+    seconds = ops_seconds(ops.forward, device) + ops_seconds(ops.backward, device)
+    if recompute == "full":
+        return seconds + ops_seconds(ops.forward, device)
+    if recompute == "selective":
+        return seconds + ops_seconds(ops.core, device)
+    return seconds

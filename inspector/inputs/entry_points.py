@@ -1,0 +1,134 @@
+"""Which program a launch script runs: GPT training is read; anything else stops with its name.
+
+This tool builds megatron-core's GPTModel as Megatron-LM's `pretrain_gpt.py` builds it
+(gpt_builders.py). A few other Megatron-LM programs train the same model from the same arguments;
+BERT, T5, multimodal, Mamba/hybrid, inference and conversion programs build something else, and a
+table of their arguments would be a plausible misreading. Programs are matched by the end of their
+path, as Megatron-LM's examples name them (checked against Megatron-LM main, megatron-core 0.20).
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+
+from inspector.errors import InputError
+from inspector.inputs.refusals import Refused, validate_args_refusals
+
+
+@dataclass(frozen=True)
+class EntryPoint:
+    """What a recognised GPT training program means for the reading: a note, and a refusal for
+    the commands that read training memory (None when there is nothing to refuse)."""
+
+    note: str = ""
+    training_refusal: str = ""
+
+
+# Programs that build GPTModel from Megatron-LM's arguments and train it.
+GPT_TRAINING: dict[str, EntryPoint] = {
+    "pretrain_gpt.py": EntryPoint(),
+    "train_rl.py": EntryPoint(
+        note="train_rl.py trains GPTModel (gpt_builders.py) as pretrain_gpt.py does",
+        training_refusal=(
+            "train_rl.py also runs megatron's inference engine for its rollouts, whose KV cache "
+            "and CUDA graphs (--inference-max-requests, --inference-max-seq-length, "
+            "--inference-dynamic-batching-buffer-size-gb) this tool does not count"
+        ),
+    ),
+    "post_training/modelopt/finetune.py": EntryPoint(
+        note="ModelOpt's finetune.py builds GPTModel through modelopt_gpt_hybrid_builder from "
+        "Megatron-LM's arguments; ModelOpt state restored from --load (quantizers, distillation "
+        "teachers, Eagle heads) is not modelled"
+    ),
+}
+
+_MULTIMODAL = "builds a multimodal model (a vision or audio encoder beside the language model)"
+_VISION = "builds a vision transformer"
+_HYBRID = "builds a Mamba/hybrid model (MambaModel)"
+_INFERENCE = "runs inference or text generation, not training"
+_CONVERSION = "converts, exports, quantizes or prunes a checkpoint, not training"
+
+# Programs that do something else, by what they build or do.
+NOT_GPT_TRAINING: dict[str, str] = {
+    "pretrain_bert.py": "builds BERT (BertModel)",
+    "pretrain_t5.py": "builds T5 (an encoder-decoder T5Model)",
+    "pretrain_vlm.py": _MULTIMODAL,
+    "multimodal/train.py": _MULTIMODAL,
+    "mimo/train.py": _MULTIMODAL,
+    "pretrain_mimo.py": _MULTIMODAL,
+    "pretrain_vision_classify.py": _VISION,
+    "pretrain_vision_dino.py": _VISION,
+    "pretrain_vision_inpaint.py": _VISION,
+    "pretrain_ict.py": "builds a biencoder (ICT)",
+    "pretrain_retro.py": "builds RETRO (a retrieval-augmented model)",
+    "pretrain_mamba.py": _HYBRID,
+    "pretrain_hybrid.py": _HYBRID,
+    "run_text_generation_server.py": _INFERENCE,
+    "run_hybrid_text_generation_server.py": _INFERENCE,
+    "run_text_generation.py": _INFERENCE,
+    "text_generation_cli.py": _INFERENCE,
+    "gpt_dynamic_inference.py": _INFERENCE,
+    "gpt_dynamic_inference_with_coordinator.py": _INFERENCE,
+    "gpt_static_inference.py": _INFERENCE,
+    "simple_t5_batch_inference.py": _INFERENCE,
+    "offline_inference.py": _INFERENCE,
+    "launch_inference_server.py": _INFERENCE,
+    "generate_samples_gpt.py": _INFERENCE,
+    "msdp/main.py": _INFERENCE,
+    "modelopt/generate.py": _INFERENCE,
+    "modelopt/mmlu.py": _INFERENCE,
+    "modelopt/validate.py": _INFERENCE,
+    "modelopt/offline_feature_extract.py": _INFERENCE,
+    "checkpoint/convert.py": _CONVERSION,
+    "modelopt/convert_model.py": _CONVERSION,
+    "modelopt/export.py": _CONVERSION,
+    "modelopt/quantize.py": _CONVERSION,
+    "modelopt/prune.py": _CONVERSION,
+    "checkpoint_inspector.py": _CONVERSION,
+    "pp_checkpoint_converter.py": _CONVERSION,
+    "01_convert_from_hf.py": _CONVERSION,
+    "03_convert_to_hf.py": _CONVERSION,
+    "preprocess_data.py": "preprocesses data, not training",
+}
+
+
+def entry_point(program: str, where: str) -> EntryPoint:
+    """Return what the launched program means, or raise InputError when it is not GPT training.
+
+    `program` is the `.py` path as the script spells it after expansion; an unknown program is
+    read as pretrain_gpt.py, with a note saying so.
+    """
+    path = posixpath.normpath(program)
+    for suffix, entry in GPT_TRAINING.items():
+        if _ends_with(path, suffix):
+            return entry
+    for suffix, what in NOT_GPT_TRAINING.items():
+        if _ends_with(path, suffix):
+            raise InputError(
+                f"{where}: the script runs {program}, which {what}; this tool reads GPT training "
+                "(pretrain_gpt.py) only"
+            )
+    return EntryPoint(
+        note=f"{posixpath.basename(path)} is not a Megatron-LM program this tool knows; its "
+        "arguments are read as pretrain_gpt.py reads them"
+    )
+
+
+def _ends_with(path: str, suffix: str) -> bool:
+    return path == suffix or path.endswith("/" + suffix)
+
+
+def program_checks(argv: Sequence[str], show: Callable[[str], str], flags: Collection[str],
+                   where: str) -> tuple[tuple[str, ...], tuple[Refused, ...]]:  # fmt: skip
+    """Return the notes and refusals of a launch: its program's, and validate_args' combinations
+    of the flags it passes (raise InputError when the program is not GPT training)."""
+    program = show(next(word for index, word in enumerate(argv) if index and word.endswith(".py")))
+    entry = entry_point(program, where)
+    refused = validate_args_refusals(flags, where)
+    if entry.training_refusal:
+        name = posixpath.basename(program)
+        refused = (Refused("training", where, name, "not modelled", entry.training_refusal),
+                   *refused)  # fmt: skip
+    return ((entry.note,) if entry.note else ()), refused

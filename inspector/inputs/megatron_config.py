@@ -1,0 +1,137 @@
+"""`--config FILE`: Megatron-LM arguments in a YAML or JSON file, in the forms people have them.
+
+Three forms, told apart by their keys:
+- Megatron-LM's functional-test `model_config.yaml` (tests/functional_tests/test_cases/*/*/): its
+  `MODEL_ARGS` map of `--flag: value` is the training command's arguments, turned into words as
+  Megatron-LM's runner does (tests/functional_tests/shell_test_utils/_run_training.sh: `true` is the
+  bare flag, `[a, b]` is the flag and its items, anything else the flag and its value); `ENV_VARS`
+  and the runner's other keys (TEST_TYPE, METRICS, ...) are the job's environment, listed as ignored.
+- a Hugging Face `config.json` (keys `architectures`/`model_type`): inspector.inputs.hf.
+- a plain map of Megatron-LM arguments (`num-layers: 32`, dashes or underscores), typed values.
+Every argument is then modelled, refused or ignored as a launch script's would be, and a tokenizer
+is honoured the same way (its vocabulary, or an error asking for --vocab-size).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from typing import Any
+
+from inspector.errors import ConfigError, InputError
+from inspector.inputs.arguments import BY_NAME
+from inspector.inputs.bash.context import Context
+from inspector.inputs.launch import is_launch
+from inspector.inputs.refusals import Refused, refused_argument, validate_args_refusals
+from inspector.inputs.sources import ScriptArgs, convert, parse_config, split_arguments
+from inspector.inputs.tokenizers import TOKENIZER_FLAGS, apply_tokenizer
+from inspector.inputs.unmodelled import IGNORED, REFUSED, RENAMED
+from inspector.output import read_text
+
+_RUNNER_KEYS = ("ENV_VARS", "MODEL_ARGS")
+
+
+def read_config(path: str) -> ScriptArgs:
+    """Read a config file of any of the three forms into Megatron-LM arguments."""
+    data = parse_config(read_text(path), path)
+    if not isinstance(data, dict):
+        raise InputError(
+            f"{path} must hold a mapping of Megatron-LM arguments, not {type(data).__name__}"
+        )
+    if "architectures" in data or "model_type" in data:
+        from inspector.inputs.hf import read_hf_mapping
+
+        mapped = read_hf_mapping(data, path)
+        found = "read as a Hugging Face config.json (it has architectures/model_type)"
+        return dataclasses.replace(mapped, notes=(found, *mapped.notes))
+    if "MODEL_ARGS" in data:
+        return _functional_test(data, path)
+    return _plain(data, path)
+
+
+def _functional_test(data: dict[str, Any], path: str) -> ScriptArgs:
+    """Read Megatron-LM's functional-test form: MODEL_ARGS as the runner passes them."""
+    model_args = data["MODEL_ARGS"]
+    if not isinstance(model_args, dict):
+        raise InputError(f"{path}: MODEL_ARGS must map --flag to value, not "
+                         f"{type(model_args).__name__}")  # fmt: skip
+    words: list[str] = []
+    notes: list[str] = []
+    for key, value in model_args.items():
+        flag = str(key)
+        if value is True:
+            words.append(flag)
+        elif value is False or value is None:
+            notes.append(f"{flag}: {value} is left out (the runner would pass it as a word, which "
+                         "argparse refuses for a switch)")  # fmt: skip
+        elif isinstance(value, list):
+            words += [flag, *(str(item) for item in value)]
+        else:
+            words += [flag, str(value)]
+    others = [str(k) for k in data if k not in _RUNNER_KEYS]
+    env = data.get("ENV_VARS") or {}
+    if env:
+        notes.append(f"ENV_VARS set the job's environment, not its arguments: {' '.join(env)}")
+    if others:
+        notes.append(f"keys for Megatron-LM's test runner, not arguments: {' '.join(others)}")
+    raw: dict[str, str] = {}
+    ctx = Context(path, {}, is_launch)
+    parsed = split_arguments(words, path, lambda value, what: value, ctx, raw)
+    flags = {BY_NAME[name].flag for name in parsed.args} | set(parsed.ignored)
+    refused = parsed.refused + validate_args_refusals(flags, path)
+    args, ignored, tokenizer_notes, problem = apply_tokenizer(
+        dict(parsed.args), parsed.ignored, raw, path)  # fmt: skip
+    return ScriptArgs(args, ignored, notes=(*notes, *tokenizer_notes), vocab_problem=problem,
+                      refused=refused, unrecognised=parsed.unrecognised)  # fmt: skip
+
+
+def _plain(data: dict[str, Any], path: str) -> ScriptArgs:
+    """Read a plain map of Megatron-LM arguments with typed values (a switch may be false)."""
+    args: dict[str, Any] = {}
+    ignored: list[str] = []
+    refused: list[Refused] = []
+    unknown: list[str] = []
+    raw: dict[str, str] = {}
+    spelled: dict[str, str] = {}
+    for key, value in data.items():
+        name = str(key).lstrip("-").replace("-", "_")
+        _once(spelled, name, str(key), path)
+        flag = "--" + name.replace("_", "-")
+        if name not in BY_NAME and flag in RENAMED:
+            name, meaning = RENAMED[flag]
+            value = value if meaning is None else meaning
+        if name in BY_NAME:
+            args[name] = convert(BY_NAME[name], value, path)
+            continue
+        shown = None if value is True else str(value)
+        refusal = refused_argument(flag, shown, path)
+        if refusal is not None:
+            refused.append(refusal)
+        elif flag in IGNORED or flag in REFUSED:
+            ignored.append(flag)
+            if flag in TOKENIZER_FLAGS:
+                raw[flag] = str(value)
+        else:
+            unknown.append(_unknown(str(key), name))
+    if unknown:
+        raise ConfigError(f"{path}: unknown argument{'s' if len(unknown) > 1 else ''} "
+                          f"{', '.join(unknown)}")  # fmt: skip
+    flags = {BY_NAME[name].flag for name in args} | set(ignored)
+    refused += validate_args_refusals(flags, path)
+    args, kept, notes, problem = apply_tokenizer(args, tuple(ignored), raw, path)
+    return ScriptArgs(args, kept, notes=notes, vocab_problem=problem, refused=tuple(refused))
+
+
+def _once(spelled: dict[str, str], name: str, key: str, path: str) -> None:
+    if name in spelled:
+        raise InputError(
+            f"{path}: {spelled[name]!r} and {key!r} both set {BY_NAME[name].flag}"
+            if name in BY_NAME
+            else f"{path}: {spelled[name]!r} and {key!r} are the same argument"
+        )
+    spelled[name] = key
+
+
+def _unknown(key: str, name: str) -> str:
+    close = difflib.get_close_matches(name, BY_NAME, n=1)
+    return f"{key!r}" + (f" (did you mean {BY_NAME[close[0]].flag}?)" if close else "")

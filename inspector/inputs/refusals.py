@@ -1,0 +1,81 @@
+"""Refused arguments of a script or config file, gathered so one `Error:` names them all.
+
+An argument is refused for one of two reasons: this tool does not model what it changes
+(inspector.inputs.unmodelled.REFUSED), or Megatron-LM itself stops on it (MEGATRON_LM_REFUSES:
+removed or renamed arguments, pretrain_gpt.py's argparse, validate_args' rules). The second kind
+stops every command, as Megatron-LM would not start; the first only the commands that read the
+argument's group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from inspector.errors import ConfigError
+from inspector.inputs.unmodelled import MEGATRON_LM_REFUSES, REFUSED, refusal_message
+
+ALL_GROUPS = "all"  # a Refused.group that stops every command
+
+
+@dataclass(frozen=True)
+class Refused:
+    """One refused argument: where it was written, as written, and why."""
+
+    group: str  # the argument group whose commands it stops, or ALL_GROUPS
+    where: str  # "train.sh line 12", "config.yaml"
+    argument: str  # "--fp8-format hybrid"
+    verb: str  # "not modelled" or "refused by Megatron-LM"
+    reason: str
+
+
+def refused_argument(flag: str, value: str | None, where: str) -> Refused | None:
+    """Return why a flag (with its value, None for a switch) is refused, or None when it is not."""
+    shown = f"{flag} {value}" if value is not None else flag
+    if flag in MEGATRON_LM_REFUSES:
+        return Refused(ALL_GROUPS, where, flag, "refused by Megatron-LM", MEGATRON_LM_REFUSES[flag])
+    if refusal_message(flag, value) is None:
+        return None
+    return Refused(REFUSED[flag].group, where, shown, "not modelled", REFUSED[flag].reason)
+
+
+def validate_args_refusals(flags: Iterable[str], where: str) -> tuple[Refused, ...]:
+    """Return validate_args' refusals of argument combinations among the flags a job passes."""
+    given = set(flags)
+    if {"--step-batch-size-schedule", "--global-batch-size"} <= given:
+        return (Refused(ALL_GROUPS, where, "--step-batch-size-schedule with --global-batch-size",
+                        "refused by Megatron-LM",
+                        "validate_args: 'Cannot specify both --step-batch-size-schedule and "
+                        "--global-batch-size'"),)  # fmt: skip
+    return ()
+
+
+def raise_refusals(refused: Sequence[Refused], groups: tuple[str, ...]) -> None:
+    """Raise one ConfigError naming every refused argument that a command of `groups` reads."""
+    stopping = [r for r in refused if r.group == ALL_GROUPS or r.group in groups]
+    if not stopping:
+        return
+    places: dict[str, list[Refused]] = {}
+    for item in stopping:
+        places.setdefault(item.where, []).append(item)
+    raise ConfigError("; ".join(f"{where}: {_sentences(items)}" for where, items in places.items()))
+
+
+def _sentences(items: list[Refused]) -> str:
+    """Join refusals, one clause per reason: 'A and B are not modelled: why; C is ...'."""
+    reasons: dict[tuple[str, str], list[str]] = {}
+    for item in items:
+        reasons.setdefault((item.verb, item.reason), []).append(item.argument)
+    clauses = []
+    for (verb, reason), arguments in reasons.items():
+        names = arguments[0] if len(arguments) == 1 else (
+            ", ".join(arguments[:-1]) + " and " + arguments[-1])  # fmt: skip
+        clauses.append(f"{names} {'is' if len(arguments) == 1 else 'are'} {verb}: {reason}")
+    return "; ".join(clauses)
+
+
+def refused_in(raw: Mapping[str, Any], where: str) -> list[Refused]:
+    """Return the refusals of a mapping of flags (`--name` -> value, None for a switch)."""
+    found = [refused_argument(flag, value, where) for flag, value in raw.items()]
+    return [item for item in found if item is not None]

@@ -1,0 +1,155 @@
+"""JSON and YAML read within bounds: every file a user names is parsed through here.
+
+Python's parsers stop at limits of their own, which reach a user as tracebacks: the JSON decoder
+and PyYAML's constructor recurse once per nesting level (RecursionError near 1,000 levels), a YAML
+alias repeats its anchor's whole subtree (nine aliases nine deep are a billion nodes), a YAML key
+may be a list or a mapping (unhashable in Python), and `int()` refuses numbers of more than 4,300
+digits. Here each is checked first, or caught, and refused in one sentence naming the file, with
+the caps documented in docs/limits.md:
+
+- MAX_DEPTH levels of nesting (lists and mappings inside each other);
+- MAX_NODES values in all, aliases counted as the values they repeat;
+- keys that are plain values (a string, a number), never a list or a mapping;
+- numbers Python reads (at most 4,300 digits).
+
+Repeated keys are refused too (both parsers would keep the last one silently).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from inspector.errors import InputError
+
+MAX_DEPTH = 64
+MAX_NODES = 1_000_000
+
+
+def parse_json(text: str, source: str) -> Any:
+    """Return the JSON value in text, or raise InputError naming source (a file name)."""
+    _check_json_depth(text, source)
+    try:
+        return json.loads(text, object_pairs_hook=_unique_pairs(source))
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{source} line {exc.lineno}: not valid JSON ({exc.msg})") from None
+    except (ValueError, RecursionError) as exc:  # "Exceeds the limit (4300 digits)"
+        raise InputError(f"{source}: not valid JSON here ({_first_words(exc)})") from None
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """Return the YAML document in text (None where empty), or raise InputError naming source."""
+    import yaml
+
+    try:
+        _check_yaml_size(text, source)
+        return yaml.load(text, Loader=_loader(source))  # noqa: S506 - a SafeLoader
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        reason = getattr(exc, "problem", None) or "syntax error"
+        raise InputError(f"{source}{where}: not valid YAML ({reason})") from None
+    except (ValueError, RecursionError) as exc:  # an int of more than 4,300 digits
+        raise InputError(f"{source}: not valid YAML here ({_first_words(exc)})") from None
+
+
+def _first_words(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if "Exceeds the limit" in text:
+        return "a number has more than 4,300 digits"
+    return text[:120]
+
+
+def _check_json_depth(text: str, source: str) -> None:
+    """Refuse JSON nested deeper than MAX_DEPTH, counting brackets outside strings (linear)."""
+    depth, in_string, escaped = 0, False, False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise InputError(f"{source}: nested more than {MAX_DEPTH} levels deep")
+        elif char in "]}":
+            depth -= 1
+
+
+def _check_yaml_size(text: str, source: str) -> None:
+    """Refuse YAML nested deeper than MAX_DEPTH or worth more than MAX_NODES values.
+
+    PyYAML's parser is a state machine (no recursion), so its events are walked here before the
+    recursive constructor runs; an alias counts as the values of the node it names.
+    """
+    import yaml
+
+    sizes: dict[str, int] = {}
+    stack: list[tuple[str | None, int]] = [(None, 0)]
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.AliasEvent):
+            count = sizes.get(event.anchor or "", 1)
+        elif isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+            stack.append((event.anchor, 1))
+            if len(stack) - 1 > MAX_DEPTH:
+                raise InputError(f"{source}: nested more than {MAX_DEPTH} levels deep")
+            continue
+        elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+            anchor, count = stack.pop()
+            if anchor:
+                sizes[anchor] = count
+        elif isinstance(event, yaml.ScalarEvent):
+            count = 1
+            if event.anchor:
+                sizes[event.anchor] = 1
+        else:
+            continue
+        anchor, total = stack[-1]
+        stack[-1] = (anchor, total + count)
+        if total + count > MAX_NODES:
+            raise InputError(
+                f"{source}: more than {MAX_NODES:,} values once its aliases are expanded"
+            )
+
+
+def _unique_pairs(source: str) -> Any:
+    """A json object_pairs_hook that refuses a repeated key (json keeps the last one)."""
+
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in seen:
+                raise InputError(f"{source}: the key {key!r} appears twice")
+            seen[key] = value
+        return seen
+
+    return hook
+
+
+def _loader(source: str) -> Any:
+    """A yaml SafeLoader that refuses a repeated key, or a key that is a list or a mapping."""
+    import yaml
+
+    class CheckedLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                line = key_node.start_mark.line + 1
+                if not isinstance(key_node, yaml.ScalarNode):
+                    kind = "list" if isinstance(key_node, yaml.SequenceNode) else "mapping"
+                    raise InputError(f"{source} line {line}: a key is a {kind}, not a name")
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise InputError(
+                        f"{source} line {line}: the key {key!r} appears twice (first on line "
+                        f"{seen[key]})"
+                    )
+                seen[key] = line
+            return super().construct_mapping(node, deep=deep)
+
+    return CheckedLoader

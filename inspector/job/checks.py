@@ -1,0 +1,80 @@
+"""The range checks every record makes of a size or count, each naming the flag the user typed."""
+
+from __future__ import annotations
+
+from inspector.errors import ConfigError
+
+# The largest size or count a flag may give: shapes beyond it overflow torch's index type (and no
+# GPU holds a dimension that long), so a larger value is an error naming the flag, not C++ frames.
+MAX_SIZE = 2**31 - 1
+MAX_BUILT_LAYERS = 1024  # 8x the deepest published model; megatron builds ~15 ms a layer
+
+
+def check_at_least_one(flag: str, value: int | None) -> None:
+    """Raise ConfigError when a size or count given as `flag` is below one or too large to build.
+
+    None means not given.
+    """
+    if value is None:
+        return
+    if value < 1:
+        raise ConfigError(f"{flag} must be at least 1, got {value}")
+    check_at_most(flag, value)
+
+
+def check_at_most(flag: str, value: int | None) -> None:
+    """Raise ConfigError when `flag`'s integer is larger than this tool can simulate."""
+    if value is not None and value > MAX_SIZE:
+        raise ConfigError(
+            f"{flag} {value} is larger than this tool can simulate (at most {MAX_SIZE})"
+        )
+
+
+def check_heads(hidden: int, heads: int, kv_channels: int | None) -> None:
+    """Raise ConfigError unless heads split the hidden size (or --kv-channels sets the head size)."""
+    if kv_channels is None and hidden % heads:
+        raise ConfigError(
+            f"--hidden-size {hidden} is not divisible by --num-attention-heads {heads} "
+            f"({hidden} % {heads} = {hidden % heads}); pass --kv-channels to set the head size"
+        )
+
+
+def check_query_groups(heads: int, groups: int) -> None:
+    """Raise ConfigError unless the key/value groups split the attention heads."""
+    if heads % groups:
+        raise ConfigError(
+            f"--num-attention-heads {heads} is not divisible by --num-query-groups {groups} "
+            f"({heads} % {groups} = {heads % groups})"
+        )
+
+
+def check_ffn_split(ffn: int, tp: int) -> None:
+    """Raise ConfigError unless the dense MLP's hidden size splits over tensor-parallel ranks."""
+    if ffn % tp:
+        raise ConfigError(
+            f"--ffn-hidden-size {ffn} is not divisible by --tp {tp} ({ffn} % {tp} = {ffn % tp}): "
+            "megatron splits the MLP's columns over tensor-parallel ranks"
+        )
+
+
+def check_built_layers(num_layers: int) -> None:
+    """Raise ConfigError for more layers than this tool builds in reasonable time."""
+    if num_layers > MAX_BUILT_LAYERS:
+        raise ConfigError(
+            f"--num-layers {num_layers} is more than this tool builds (at most "
+            f"{MAX_BUILT_LAYERS}: megatron-core takes about 15 ms to build each layer; "
+            "docs/limits.md)"
+        )
+
+
+def check_cp_chunks(seq: int, cp: int) -> None:
+    """Raise ConfigError unless every sequence splits into 2 x cp equal chunks."""
+    chunks = 2 * cp
+    if cp > 1 and seq % chunks:
+        # megatron-core utils.get_batch_on_this_cp_rank and rope_utils.get_pos_emb_on_this_cp_rank
+        # view each sequence as 2 x cp equal chunks (rank r takes chunks r and 2cp-1-r).
+        raise ConfigError(
+            f"--seq-length {seq} is not divisible by 2 x --context-parallel-size {cp} = "
+            f"{chunks} ({seq} % {chunks} = {seq % chunks}): megatron splits every sequence into "
+            "2 x cp equal chunks"
+        )

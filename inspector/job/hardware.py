@@ -1,0 +1,96 @@
+"""The GPU types the tool knows: one record per `--gpu` choice, each figure with its source.
+
+`memory` (which stages fit, the time per iteration), `workload` (compute times) and `plan` (the
+step-time model) all read a GPU from `GPUS`; `--gpu-memory`, `--gpu-tflops`,
+`--intra-node-bandwidth` and `--inter-node-bandwidth` override one figure (`with_overrides`).
+To add a GPU type: a row in `GPUS` with its datasheet in the comment, and a test in
+tests/test_hardware.py; `--gpu`'s choices and docs/hardware.md's table follow from the row.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from inspector.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """A GPU and its links: dense peaks per precision, HBM, per-GPU network bandwidth (bytes/s)."""
+
+    name: str
+    tflops_16bit: float  # dense BF16 / FP16 tensor-core peak (no sparsity), TFLOP/s
+    tflops_fp32: float  # FP32 without tensor cores (PyTorch's default: no TF32 for matmuls)
+    tflops_fp8: float | None  # dense FP8 tensor-core peak; None: no FP8 tensor cores
+    memory_gib: float
+    hbm: float  # HBM bandwidth, bytes/s
+    intra: float  # NVLink, one direction
+    inter: float  # InfiniBand, one direction, per GPU
+    gpus_per_node: int = 8  # the NVLink domain of the vendor's reference node
+    alpha_intra: float = 5e-6
+    alpha_inter: float = 10e-6
+
+    def peak_tflops(self, dtype_name: str) -> float:
+        """Return the dense peak TFLOP/s for a model of this dtype (bfloat16, float16, float32)."""
+        return self.tflops_fp32 if dtype_name == "float32" else self.tflops_16bit
+
+
+GPUS = {
+    # NVIDIA H100 Tensor Core GPU datasheet (SXM5): 989 TFLOP/s dense BF16 and FP16 (1,979 with
+    # sparsity), 1,979 dense FP8 (3,958 with sparsity), 67 FP32; 80 GB HBM3 at 3.35 TB/s,
+    # NVLink 900 GB/s (450 each way); DGX H100: 8 GPUs, 8 x 400 Gb/s ConnectX-7 InfiniBand, one
+    # per GPU (50 GB/s).
+    "h100": Gpu("h100", 989.0, 67.0, 1979.0, 80, 3.35e12, 450e9, 50e9),
+    # NVIDIA H200 datasheet (SXM): 989 TFLOP/s dense BF16 and FP16, 1,979 dense FP8, 67 FP32;
+    # 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s; DGX H200: 8 GPUs, 400 Gb/s InfiniBand per GPU.
+    "h200": Gpu("h200", 989.0, 67.0, 1979.0, 141, 4.8e12, 450e9, 50e9),
+    # NVIDIA A100 datasheet (SXM 80GB): 312 TFLOP/s dense BF16 and FP16 (624 with sparsity), no
+    # FP8, 19.5 FP32; HBM2e at 2,039 GB/s, NVLink 600 GB/s (300 each way); DGX A100 / Selene
+    # (Narayanan et al. 2021): 8 GPUs, 8 x 200 Gb/s HDR InfiniBand per node, one per GPU (25 GB/s).
+    "a100-80gb": Gpu("a100-80gb", 312.0, 19.5, None, 80, 2.039e12, 300e9, 25e9),
+    # NVIDIA HGX B200 (1,000 W) specifications, per 8 GPUs: 36 PFLOP/s FP16/BF16 and 72 FP8 with
+    # sparsity (2,250 and 4,500 dense per GPU), 600 TFLOP/s FP32 (75 per GPU), NVLink 5 at
+    # 1.8 TB/s per GPU (900 GB/s each way); DGX B200 datasheet: 1,440 GB HBM3e (180 per GPU) at
+    # 64 TB/s (8 TB/s per GPU), 8 x 400 Gb/s ConnectX-7 InfiniBand, one per GPU (50 GB/s).
+    "b200": Gpu("b200", 2250.0, 75.0, 4500.0, 180, 8e12, 900e9, 50e9),
+}
+DEFAULT_GPU = "h100"
+# plan: None prices each kernel from the measured tables (formulas/kernels.py, scaled to the
+# record's 16-bit peak and HBM); --efficiency F prices every FLOP at F x the 16-bit peak instead
+DEFAULT_EFFICIENCY: float | None = None
+
+
+def get_gpu(name: str) -> Gpu:
+    """Return a named GPU or raise ConfigError naming the choices."""
+    if name not in GPUS:
+        raise ConfigError(f"unknown --gpu {name!r}; choose one of: {', '.join(GPUS)}")
+    return GPUS[name]
+
+
+def check_positive(flag: str, value: float, unit: str) -> None:
+    """Raise ConfigError naming `flag` unless `value` is a finite number above 0."""
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"{flag} must be a finite number of {unit} greater than 0, got {value}")
+
+
+def with_overrides(
+    gpu: Gpu,
+    gpu_tflops: float | None = None,
+    gpu_memory: float | None = None,
+    intra_node_bandwidth: float | None = None,
+    inter_node_bandwidth: float | None = None,
+) -> Gpu:
+    """Return `gpu` with the figures the user gave: --gpu-tflops (the 16-bit peak),
+    --gpu-memory (GiB), --intra-node-bandwidth / --inter-node-bandwidth (GB/s, one direction)."""
+    given = (
+        ("--gpu-tflops", gpu_tflops, "TFLOP/s", "tflops_16bit", 1.0),
+        ("--gpu-memory", gpu_memory, "GiB", "memory_gib", 1.0),
+        ("--intra-node-bandwidth", intra_node_bandwidth, "GB/s", "intra", 1e9),
+        ("--inter-node-bandwidth", inter_node_bandwidth, "GB/s", "inter", 1e9),
+    )
+    for flag, value, unit, field, scale in given:
+        if value is not None:
+            check_positive(flag, value, unit)
+            gpu = replace(gpu, **{field: value * scale})  # type: ignore[arg-type]
+    return gpu

@@ -1,0 +1,112 @@
+"""A stage's activation peak at the micro-batches megatron's schedule keeps in flight, fast.
+
+The bytes are activations.py's (Korthikanti et al. 2022), as `memory` reports them; here each
+layer kind's bytes are computed once and a stage's peak is found among the schedule's points
+that no other covers (`live_points`), so a search can price thousands of stages.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import cast
+
+from inspector.formulas.activations import (
+    embedding_activations,
+    layer_activations,
+    mtp_activations,
+    mtp_recompute,
+    output_activations,
+    recompute_buffer,
+    recompute_plan,
+)
+from inspector.job.dims import ModelDims, live_microbatches
+from inspector.job.job import Recompute
+from inspector.job.layout import Layout
+from inspector.plan import caches
+
+
+@caches.memo(maxsize=65536)
+def live_points(stage: int, pp: int, m: int, v: int) -> tuple[tuple[int, ...], ...]:
+    """Return the schedule's in-flight points that no other point covers chunk by chunk.
+
+    With every chunk's bytes positive, the peak lies on one of them (a covered point holds less).
+    """
+    frontier: list[tuple[int, ...]] = []
+    for point in sorted(set(live_microbatches(stage, pp, m, v)), key=sum, reverse=True):
+        if not any(all(a >= b for a, b in zip(f, point, strict=True)) for f in frontier):
+            frontier.append(point)
+    return tuple(sorted(frontier))
+
+
+@caches.memo(maxsize=65536)
+def layer_bytes(dims: ModelDims, par: Layout, i: int, mbs: int, recompute: str, flash: bool) -> float:
+    return layer_activations(dims, par, i, mbs, recompute, flash).total  # type: ignore[arg-type]
+
+
+@caches.memo(maxsize=256)
+def first_of_kind(dims: ModelDims) -> dict[bool, int]:
+    """Return the first layer of each kind (True: MoE); layers of one kind cost the same."""
+    return {dims.is_moe_layer(i): i for i in reversed(range(dims.num_layers))}
+
+
+def _chunk_bytes(
+    dims: ModelDims, par: Layout, groups: list[tuple[Sequence[int], Recompute]], mbs: int,
+    flash: bool,
+) -> float:
+    """Return one micro-batch's bytes of a chunk's layer groups (activations.recompute_plan):
+    a checkpointed group keeps its first layer's input, any other layer its own activations;
+    layers of one kind and mode cost the same."""
+    counts: dict[tuple[Recompute, bool], int] = {}
+    for group, mode in groups:
+        for i in group[:1] if mode == "full" else group:
+            key = (mode, dims.is_moe_layer(i))
+            counts[key] = counts.get(key, 0) + 1
+    first = first_of_kind(dims)
+    return sum(
+        n * layer_bytes(dims, par, first[kind], mbs, mode, flash)
+        for (mode, kind), n in counts.items()
+    )
+
+
+def stage_activation_bytes(
+    dims: ModelDims, par: Layout, stage: int, chunks: Sequence[Sequence[int]], mbs: int, m: int,
+    recompute: str, flash: bool, method: str = "uniform", num_layers: int = 1,
+) -> tuple[int, tuple[int, ...]]:
+    """Return activations.stage_activations' peak (rounded up) and in-flight counts, fast.
+
+    `method`, `num_layers`: --recompute-method and --recompute-num-layers with full recompute.
+    """
+    v = len(chunks)
+    mode = cast(Recompute, recompute)
+    plan = recompute_plan(stage, chunks, mode, method, num_layers)
+    per = [_chunk_bytes(dims, par, groups, mbs, flash) for groups in plan]
+    if stage == 0:
+        per[0] += embedding_activations(dims, par, mbs).total
+    if stage == par.pp - 1:  # the output layer and loss, and the MTP block beside them
+        per[-1] += output_activations(dims, par, mbs).total
+        per[-1] += mtp_activations(dims, par, mbs, mtp_recompute(mode, method), flash)
+    if v == 1:  # 1F1B: the peak is min(p - s, m) micro-batches (formulas.microbatches_in_flight)
+        best: tuple[int, ...] = (min(par.pp - stage, m),)
+    else:
+        points = live_points(stage, par.pp, m, v)
+        best = max(points, key=lambda pt: sum(n * x for n, x in zip(pt, per, strict=True)))
+    total = sum(n * x for n, x in zip(best, per, strict=True))
+    first = first_of_kind(dims)
+
+    def rebuilt(i: int) -> float:  # a layer's bytes without recomputation (one per kind)
+        return layer_bytes(dims, par, first[dims.is_moe_layer(i)], mbs, "none", flash)
+
+    total += recompute_buffer(plan, rebuilt)
+    return math.ceil(total), best
+
+
+@caches.memo(maxsize=4096)
+def activation_layout(pairs_of: Layout, pp: int) -> Layout:
+    """Return the sizes activations.py reads (tp, cp, SP, expert tp, pp): dp and ep set to 1.
+
+    Layouts that differ in dp or ep keep the same activations (tests check it), so they share
+    one cache entry.
+    """
+    return replace(pairs_of, pp=pp, dp=1, ep=1, etp=pairs_of.expert_tp)

@@ -1,0 +1,81 @@
+"""The Megatron-LM flags that reproduce a plan, in Megatron-LM's spelling."""
+
+from __future__ import annotations
+
+from inspector.job.job import Job, Training
+from inspector.plan.split import Split, split_flags
+
+
+def megatron_flags(job: Job, split: Split) -> list[str]:
+    """Return the launch-script flags of a plan: parallel sizes, split, batch, recompute, dtype."""
+    training = job.training
+    out = _parallel_flags(job) + _split_flags(job, split)
+    out += [
+        f"--micro-batch-size {training.micro_batch_size}",
+        f"--global-batch-size {training.global_batch_size}",
+    ]
+    out += _recompute_flags(training) + _dtype_flags(job) + _dropout_flags(training)
+    if training.flash_attention:
+        out.append("--use-flash-attn")
+    if training.use_distributed_optimizer:
+        out += ["--use-distributed-optimizer", "--overlap-param-gather"]
+    out.append("--overlap-grad-reduce")
+    return out
+
+
+def _parallel_flags(job: Job) -> list[str]:
+    lay = job.layout
+    out = [
+        f"--tensor-model-parallel-size {lay.tp}",
+        f"--pipeline-model-parallel-size {lay.pp}",
+    ]
+    if lay.cp > 1:
+        out.append(f"--context-parallel-size {lay.cp}")
+    if lay.ep > 1:
+        out.append(f"--expert-model-parallel-size {lay.ep}")
+    if lay.etp is not None:
+        out.append(f"--expert-tensor-parallel-size {lay.etp}")
+    if lay.sequence_parallel:
+        out.append("--sequence-parallel")
+    return out
+
+
+def _split_flags(job: Job, split: Split) -> list[str]:
+    lay, model = job.layout, job.model
+    out = []
+    mtp = model.mtp_num_layers or 0
+    for name, value in split_flags(split, model.num_layers, lay.pp, lay.chunks, mtp).items():
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            out.append(flag)
+        else:
+            out.append(f"{flag} {value!r}" if isinstance(value, str) else f"{flag} {value}")
+    return out
+
+
+def _recompute_flags(training: Training) -> list[str]:
+    if training.recompute == "none":
+        return []
+    out = [f"--recompute-granularity {training.recompute}"]
+    if training.recompute == "full":
+        out += [f"--recompute-method {training.recompute_method}",
+                f"--recompute-num-layers {training.recompute_num_layers}"]
+    return out
+
+
+def _dtype_flags(job: Job) -> list[str]:
+    dtype, fp32_grads = job.model.dtype_name, job.training.fp32_grads
+    if dtype == "bfloat16":
+        return ["--bf16"] + (["--grad-reduce-in-bf16"] if fp32_grads is False else [])
+    if dtype == "float16":
+        return ["--fp16"] + (["--accumulate-allreduce-grads-in-fp32"] if fp32_grads else [])
+    return []
+
+
+def _dropout_flags(training: Training) -> list[str]:
+    defaults = Training()
+    return [
+        f"--{name.replace('_', '-')} {getattr(training, name)}"
+        for name in ("attention_dropout", "hidden_dropout")
+        if getattr(training, name) != getattr(defaults, name)
+    ]

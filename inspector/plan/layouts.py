@@ -1,0 +1,149 @@
+"""The layouts a search tries: parallel sizes that divide the GPUs and batch, splits, vpp.
+
+Each size follows Megatron-LM's rules: tp a power of two within a node dividing the heads and
+query groups, cp only with Transformer Engine's flash attention and a sequence it cuts in 2c
+chunks, pp up to the layers, dp dividing the global batch, ep dividing the experts. Per pipeline
+size the layer split comes from the even and accounted splits and split.balance on time alone;
+`layout_for` turns a split into the Layout megatron would get from its flags.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+from inspector.job.layout import Layout
+from inspector.job.model import ModelConfig
+from inspector.plan import caches
+from inspector.plan.request import Request
+from inspector.plan.split import Split, accounted_split, balance, even_split, split_flags
+
+
+def _powers(limit: int) -> list[int]:
+    return [1 << k for k in range(limit.bit_length()) if (1 << k) <= limit]
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _tp_choices(req: Request) -> list[int]:
+    m = req.model
+    if "tp" in req.fixed:
+        return [req.fixed["tp"]]
+    return [
+        t for t in _powers(req.gpus_per_node)
+        if m.num_attention_heads % t == 0 and m.query_groups % t == 0 and req.gpus % t == 0
+    ]
+
+
+def _cp_choices(req: Request, tp: int) -> list[int]:
+    if "cp" in req.fixed:
+        return [req.fixed["cp"]]
+    m = req.model
+    if m.transformer_impl != "transformer_engine" or not req.flash:
+        return [1]
+    return [c for c in _powers(req.gpus // tp) if c == 1 or m.seq_length % (2 * c) == 0][:4]
+
+
+def _expert_choices(req: Request, tp: int, cp: int, dp: int) -> list[tuple[int, int | None]]:
+    experts = req.model.num_experts
+    if experts is None:
+        return [(1, None)]
+    eps = [req.fixed["ep"]] if "ep" in req.fixed else [e for e in _divisors(experts)]
+    etps = [req.fixed["etp"]] if "etp" in req.fixed else sorted({1, tp})
+    return [
+        (e, None if t == tp else t)
+        for e in eps for t in etps if (tp * cp * dp) % (e * t) == 0
+    ]
+
+
+def layouts(req: Request) -> Iterator[Layout]:
+    """Yield every parallel size combination (no split yet) that divides the GPUs and batch."""
+    m = req.model
+    sp_ok = m.transformer_impl == "transformer_engine" or m.use_apex
+    for tp in _tp_choices(req):
+        for cp in _cp_choices(req, tp):
+            if req.gpus % (tp * cp):
+                continue
+            pps = [req.fixed["pp"]] if "pp" in req.fixed else _divisors(req.gpus // (tp * cp))
+            for pp in pps:
+                if pp > m.num_layers or req.gpus % (tp * cp * pp):
+                    continue
+                dp = req.gpus // (tp * cp * pp)
+                if req.global_batch_size % dp:
+                    continue
+                for ep, etp in _expert_choices(req, tp, cp, dp):
+                    sp = tp > 1 and sp_ok
+                    if m.num_experts is not None and tp > 1 and not sp:
+                        continue
+                    yield Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, sequence_parallel=sp)
+
+
+def vpp_choices(req: Request, pp: int, m: int) -> list[int]:
+    if "vpp" in req.fixed:
+        return [req.fixed["vpp"]]
+    if pp == 1:
+        return [1]
+    out = [1]
+    for v in (2, 3, 4, 6, 8):
+        # + 2: an accounted split may leave the embedding (output layer) a chunk of its own
+        if req.model.num_layers + 2 >= pp * v and m % pp == 0 and m >= pp:
+            out.append(v)
+    return out
+
+
+def layout_for(lay: Layout, model: ModelConfig, split: Split, vpp: int) -> Layout | None:
+    """Return the Layout megatron would get from the split's flags (None if they are invalid)."""
+    return _layout_for(lay, model.num_layers, model.mtp_num_layers or 0, split, vpp)
+
+
+@caches.memo(maxsize=65536)
+def _layout_for(lay: Layout, num_layers: int, mtp: int, split: Split, vpp: int) -> Layout | None:
+    flags = split_flags(split, num_layers, lay.pp, vpp, mtp)
+    if mtp and "pipeline_model_parallel_layout" in flags and not mtp_in_layouts():
+        return None
+    values: dict[str, Any] = {"vpp": vpp if vpp > 1 else None}
+    for name, value in flags.items():
+        if name == "num_virtual_stages_per_pipeline_rank":
+            continue
+        values[name] = value
+    if "pipeline_model_parallel_layout" in flags:
+        values["vpp"] = vpp if vpp > 1 else None
+    return replace(lay, **values)
+
+
+@caches.memo(maxsize=None)
+def mtp_in_layouts() -> bool:
+    """Return whether the installed megatron-core builds MTP from a layout string (0.14+; 0.13's
+    PipelineParallelLayerLayout raises "MTP layer is not supported for flexible pipeline layout").
+    Read from the package metadata, which imports no megatron."""
+    from importlib import metadata
+
+    try:
+        version = metadata.version("megatron-core")
+    except metadata.PackageNotFoundError:
+        return True
+    return tuple(int(x) for x in version.split(".")[:2] if x.isdigit()) >= (0, 14)
+
+
+def splits(req: Request, lay: Layout, v: int, first: float, last: float) -> list[Split]:
+    layers, stages = req.model.num_layers, lay.pp * v
+    found: list[Split] = []
+    if "split" in req.fixed:
+        return [req.fixed["split"]]
+    for candidate in (
+        even_split(layers, stages),
+        accounted_split(layers, stages, True, True),
+        balance(layers, stages, round(first, 2), round(last, 2)),
+    ):
+        if candidate is not None and candidate not in found:
+            found.append(candidate)
+    return found
+
+
+def distopts(req: Request, base: Layout) -> list[bool]:
+    if "distopt" in req.fixed:
+        return [req.fixed["distopt"]]
+    return [True, False] if base.dp * base.cp > 1 else [False]

@@ -1,0 +1,261 @@
+"""Jobs as people write them: which programs are GPT training, and every refusal in one message.
+
+Scripts here are written in the shapes of Megatron-LM's examples (examples/bert, examples/multimodal,
+examples/rl, examples/post_training/modelopt), not copied from them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from inspector.errors import InputError
+from inspector.inputs.sources import parse_launch_script
+
+SMALL = ("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
+         "--max-position-embeddings 32 --vocab-size 1000 --micro-batch-size 1")  # fmt: skip
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "train.sh"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "program, what",
+    [
+        ("pretrain_bert.py", "builds BERT (BertModel)"),
+        ("examples/bert/pretrain_bert.py", "builds BERT (BertModel)"),
+        ("pretrain_t5.py", "builds T5 (an encoder-decoder T5Model)"),
+        (
+            "pretrain_vlm.py",
+            "builds a multimodal model (a vision or audio encoder beside the language model)",
+        ),  # fmt: skip
+        (
+            "examples/multimodal/train.py",
+            "builds a multimodal model (a vision or audio encoder beside the language model)",
+        ),  # fmt: skip
+        ("pretrain_mamba.py", "builds a Mamba/hybrid model (MambaModel)"),
+        ("pretrain_hybrid.py", "builds a Mamba/hybrid model (MambaModel)"),
+        ("tools/run_text_generation_server.py", "runs inference or text generation, not training"),
+        (
+            "examples/inference/advanced/gpt_dynamic_inference.py",
+            "runs inference or text generation, not training",
+        ),
+        (
+            "tools/checkpoint/convert.py",
+            "converts, exports, quantizes or prunes a checkpoint, not training",
+        ),
+    ],
+)
+def test_non_gpt_programs_are_refused_by_name(tmp_path, program, what):
+    # each of these would otherwise come out as a plausible GPT table
+    with pytest.raises(InputError) as error:
+        parse_launch_script(f"torchrun --nproc-per-node 8 {program} {SMALL}\n", "s.sh")
+    assert str(error.value) == (
+        f"s.sh line 1: the script runs {program}, which {what}; this tool reads GPT training "
+        "(pretrain_gpt.py) only"
+    )
+
+
+def test_non_gpt_program_is_an_error_on_the_command_line(cli, tmp_path):
+    path = write(tmp_path, f"python pretrain_bert.py {SMALL}\n")
+    result = cli("params", "--from-script", path)
+    assert (result.code, result.err) == (
+        2, f"Error: {path} line 1: the script runs pretrain_bert.py, which builds BERT "
+        "(BertModel); this tool reads GPT training (pretrain_gpt.py) only\n")  # fmt: skip
+    assert result.out == ""
+
+
+def test_gpt_training_programs_are_read():
+    for program in ("pretrain_gpt.py", "/opt/megatron-lm/pretrain_gpt.py", "train_rl.py",
+                    "examples/post_training/modelopt/finetune.py"):  # fmt: skip
+        parsed = parse_launch_script(f"python {program} {SMALL}\n", "s.sh")
+        assert parsed.args["num_layers"] == 2
+
+
+def test_an_unknown_program_is_read_as_pretrain_gpt_with_a_note():
+    parsed = parse_launch_script(f"python my_train.py {SMALL}\n", "s.sh")
+    assert parsed.notes == ("my_train.py is not a Megatron-LM program this tool knows; its "
+                            "arguments are read as pretrain_gpt.py reads them",)  # fmt: skip
+
+
+def test_rl_training_builds_but_memory_is_refused(cli, tmp_path):
+    # train_rl.py trains GPTModel, and also holds the inference engine's KV cache
+    path = write(tmp_path, f"python train_rl.py {SMALL} --transformer-impl local "
+                 "--inference-max-requests 32 --grpo-group-size 16\n")  # fmt: skip
+    assert cli("params", "--from-script", path).code == 0
+    result = cli("memory", "--from-script", path)
+    assert result.code == 2
+    assert result.err.startswith(
+        f"Error: {path} line 1: train_rl.py is not modelled: train_rl.py also runs megatron's "
+        "inference engine for its rollouts"
+    )
+
+
+def test_every_refused_flag_in_one_message(cli, tmp_path):
+    # one run names them all: the two fp8 flags share their reason, FSDP has its own
+    path = write(tmp_path, f"python pretrain_gpt.py {SMALL} --fp8-format hybrid --fp8-param-gather "
+                 "--use-megatron-fsdp --cpu-offloading\n")  # fmt: skip
+    result = cli("memory", "--from-script", path)
+    fp8 = ("Transformer Engine's low-precision recipes keep fp8/fp4 copies of weights and linear "
+           "inputs that this tool does not count; drop the fp8/fp4 arguments to see the 16-bit "
+           "footprint")  # fmt: skip
+    assert result.err == (
+        f"Error: {path} line 1: --fp8-format hybrid and --fp8-param-gather are not modelled: "
+        f"{fp8}; --use-megatron-fsdp is not modelled: FSDP shards parameters, gradients and "
+        "optimizer state with its own buffers, which this tool does not model; "
+        "--use-distributed-optimizer is modelled exactly; --cpu-offloading is not modelled: "
+        "activation offloading to the CPU is not modelled\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ("--checkpoint-activations",
+         "--checkpoint-activations is refused by Megatron-LM: validate_args: "
+         "'--checkpoint-activations is no longer valid, use --recompute-activations, or, for more "
+         "control, --recompute-granularity and --recompute-method'"),
+        ("--DDP-impl local",
+         "--DDP-impl is refused by Megatron-LM: pretrain_gpt.py stops with 'unrecognized "
+         "arguments' (removed in 2023: megatron-core's DistributedDataParallel is the only one)"),
+        ("--activations-checkpoint-method uniform",
+         "--activations-checkpoint-method is refused by Megatron-LM: pretrain_gpt.py stops with "
+         "'unrecognized arguments' (renamed --recompute-method in 2022)"),
+        ("--global-batch-size 16 --step-batch-size-schedule '0:8 1B:16'",
+         "--step-batch-size-schedule with --global-batch-size is refused by Megatron-LM: "
+         "validate_args: 'Cannot specify both --step-batch-size-schedule and "
+         "--global-batch-size'"),
+        ("--freeze-LM --freeze-ViT",
+         "--freeze-LM and --freeze-ViT are refused by Megatron-LM: pretrain_gpt.py stops with "
+         "'unrecognized arguments': only Megatron-LM's multimodal entry points (pretrain_vlm.py, "
+         "examples/multimodal/train.py) define it, and this tool builds GPT models only"),
+    ],
+)  # fmt: skip
+def test_megatron_lm_refusals_stop_every_command(cli, tmp_path, extra, message):
+    # Megatron-LM would not start, so even `params` (which reads no training flags) stops
+    path = write(tmp_path, f"python pretrain_gpt.py {SMALL} {extra}\n")
+    result = cli("params", "--from-script", path)
+    assert (result.code, result.err) == (2, f"Error: {path} line 1: {message}\n")
+
+
+def test_step_batch_size_schedule_alone_is_a_schedule(tmp_path):
+    parsed = parse_launch_script(
+        f"python pretrain_gpt.py {SMALL} --step-batch-size-schedule '0:8 1B:16'\n", "s.sh"
+    )
+    assert parsed.refused == () and parsed.ignored == ("--step-batch-size-schedule",)
+
+
+def test_freeze_all_layers_is_refused_for_memory(cli, tmp_path):
+    path = write(tmp_path, f"python pretrain_gpt.py {SMALL} --transformer-impl local "
+                 "--freeze-all-layers\n")  # fmt: skip
+    assert cli("params", "--from-script", path).code == 0
+    result = cli("memory", "--from-script", path)
+    assert result.err.startswith(f"Error: {path} line 1: --freeze-all-layers is not modelled: "
+                                 "frozen parameters hold no gradients")  # fmt: skip
+
+
+FUNCTIONAL_TEST = """\
+ENV_VARS:
+  CUDA_DEVICE_MAX_CONNECTIONS: 1
+  NVTE_ALLOW_NONDETERMINISTIC_ALGO: 1
+TEST_TYPE: "release"
+MODEL_ARGS:
+  # Distributed args
+  --tensor-model-parallel-size: 2
+  --pipeline-model-parallel-size: 2
+  --use-distributed-optimizer: true
+  --sequence-parallel: true
+  --disable-bias-linear: true
+  --micro-batch-size: 2
+  --global-batch-size: 64
+  --train-samples: 1000
+  --tokenizer-type: NullTokenizer
+  --vocab-size: 1000
+  --data-path: ${DATA_PATH}/my_text_document
+  --num-layers: 4
+  --hidden-size: 64
+  --num-attention-heads: 4
+  --seq-length: 128
+  --max-position-embeddings: 128
+  --lr: 4.5e-4
+  --adam-beta1: 0.9
+  --bf16: true
+  --my-new-flag: 3
+METRICS:
+  - "lm loss"
+"""
+
+
+def test_functional_test_config(tmp_path):
+    from inspector.inputs.megatron_config import read_config
+
+    path = tmp_path / "model_config.yaml"
+    path.write_text(FUNCTIONAL_TEST)
+    parsed = read_config(str(path))
+    assert parsed.args == {
+        "tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2,
+        "use_distributed_optimizer": True, "sequence_parallel": True, "disable_bias_linear": True,
+        "micro_batch_size": 2, "global_batch_size": 64, "num_layers": 4, "hidden_size": 64,
+        "num_attention_heads": 4, "seq_length": 128, "max_position_embeddings": 128,
+        "bf16": True,
+        # installed megatron-core < 0.18: NullTokenizer adds its end-of-document token
+        "vocab_size": 1001,
+    }  # fmt: skip
+    assert parsed.ignored == ("--train-samples", "--data-path", "--lr", "--adam-beta1")
+    assert parsed.unrecognised == ("--my-new-flag",)
+    assert parsed.notes[:2] == (
+        "ENV_VARS set the job's environment, not its arguments: CUDA_DEVICE_MAX_CONNECTIONS "
+        "NVTE_ALLOW_NONDETERMINISTIC_ALGO",
+        "keys for Megatron-LM's test runner, not arguments: TEST_TYPE METRICS",
+    )
+
+
+def test_functional_test_config_lists_every_refusal(cli, tmp_path):
+    path = tmp_path / "model_config.yaml"
+    path.write_text(FUNCTIONAL_TEST.replace("  --bf16: true\n", "  --bf16: true\n  --fp8-format: "
+                                            "hybrid\n  --checkpoint-activations: true\n"))  # fmt: skip
+    result = cli("memory", "--config", str(path))
+    assert result.err.startswith(
+        f"Error: {path}: --fp8-format hybrid is not modelled: Transformer Engine's "
+    )
+    assert result.err.endswith("; --checkpoint-activations is refused by Megatron-LM: "
+                               "validate_args: '--checkpoint-activations is no longer valid, use "
+                               "--recompute-activations, or, for more control, "
+                               "--recompute-granularity and --recompute-method'\n")  # fmt: skip
+
+
+def test_config_tokenizer_is_honoured_not_gpt2(cli, tmp_path):
+    # a tokenizer whose vocabulary cannot be known here asks for --vocab-size, never GPT-2's
+    path = tmp_path / "model_config.yaml"
+    path.write_text("MODEL_ARGS:\n  --num-layers: 2\n  --tokenizer-type: GPTSentencePieceTokenizer"
+                    "\n  --tokenizer-model: ${DATA_PATH}/utils/nemotron_2_256k.model\n")  # fmt: skip
+    result = cli("params", "--config", str(path))
+    assert result.code == 2
+    assert "is not known here" in result.err and "give --vocab-size" in result.err
+
+
+def test_plain_config_classifies_every_argument(cli, tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("num-layers: 2\nhidden-size: 64\nnum-attention-heads: 4\nseq-length: 32\n"
+                    "vocab-size: 1000\nlr: 3.0e-4\nadam-beta1: 0.9\nswiglu: false\n")  # fmt: skip
+    result = cli("params", "--config", str(path))
+    assert result.code == 0, result.err
+    assert result.err == f"Ignored from {path}: --lr --adam-beta1\n"
+
+
+def test_plain_config_lists_every_unknown_key(tmp_path):
+    from inspector.errors import ConfigError
+    from inspector.inputs.megatron_config import read_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text("num-layers: 2\nhiden-size: 64\nnum-atention-heads: 4\n")
+    with pytest.raises(ConfigError) as error:
+        read_config(str(path))
+    assert str(error.value) == (
+        f"{path}: unknown arguments 'hiden-size' (did you mean --hidden-size?), "
+        "'num-atention-heads' (did you mean --num-attention-heads?)"
+    )

@@ -1,0 +1,97 @@
+"""The planner as one unit: its caches have one owner, its modules share no private names."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+
+PACKAGE = Path(__file__).resolve().parent.parent / "inspector"
+PLAN_FILES = sorted((PACKAGE / "plan").glob("*.py"))
+CHECKED = [*PLAN_FILES, PACKAGE / "render" / "plan.py", PACKAGE / "world" / "pieces.py",
+           PACKAGE / "job" / "hardware.py"]
+
+
+def _plan_modules() -> list[object]:
+    return [importlib.import_module(f"inspector.plan.{path.stem}") for path in PLAN_FILES
+            if path.stem not in ("__init__", "caches")]
+
+
+def test_every_planner_cache_is_registered() -> None:
+    # A module-level dictionary or memoised function that caches.clear() cannot reach would
+    # keep one search's state into the next.
+    from inspector.plan import caches
+
+    modules = _plan_modules()
+    tables, functions = caches.registered()
+    seen = 0
+    for module in modules:
+        for name, value in vars(module).items():
+            if name.startswith("__") or getattr(value, "__module__", module.__name__) != module.__name__:
+                continue  # Python's, or imported from elsewhere
+            if hasattr(value, "cache_clear"):
+                assert any(value is f for f in functions), f"{module.__name__}.{name}"
+                seen += 1
+            elif isinstance(value, (dict, set, list)) and name.startswith("_"):
+                assert any(value is t for t in tables), f"{module.__name__}.{name}"
+                seen += 1
+    assert seen == len(tables) + len(functions)
+    assert seen >= 30  # the price, activation, memory, layout, candidate and cost caches
+
+
+SEARCHES = [
+    # MoE with a dense first layer, MTP, expert scaling and layout strings
+    ("--model", "deepseek-v3", "--num-layers", "4", "--moe-layer-freq", "[0,1,1,1]",
+     "--num-experts", "8", "--moe-router-topk", "2", "--gpus", "8", "--global-batch-size", "16",
+     "--seq-length", "1024", "--bf16", "--gpu-memory", "40", "--pp", "2", "--top", "20"),
+    # block recomputation, capped splits, every pipeline size
+    ("--num-layers", "8", "--seq-length", "4096", "--max-position-embeddings", "4096", "--bf16",
+     "--gpus", "4", "--global-batch-size", "8", "--gpu-memory", "2.1", "--top", "50"),
+]
+
+
+def test_a_search_priced_again_from_empty_caches_is_byte_identical() -> None:
+    from inspector.plan import caches
+
+    def plan(args: tuple[str, ...]) -> str:
+        result = run_cli("plan", *args, "--format", "json")
+        assert result.code == 0, result.err
+        return result.out
+
+    first = [plan(args) for args in SEARCHES]
+    caches.clear()
+    tables, functions = caches.registered()
+    assert not any(tables) and all(f.cache_info().currsize == 0 for f in functions)
+    assert [plan(args) for args in reversed(SEARCHES)] == list(reversed(first))
+    assert any(tables)  # the second round filled them again
+
+
+def _imports(path: Path) -> list[tuple[str, str]]:
+    tree = ast.parse(path.read_text())
+    return [(node.module or "", alias.name) for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) for alias in node.names]
+
+
+@pytest.mark.parametrize("path", CHECKED, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_no_private_name_is_imported_across_modules(path: Path) -> None:
+    private = [f"{module}.{name}" for module, name in _imports(path)
+               if module.startswith("inspector") and name.startswith("_")]
+    assert not private, private
+
+
+def _function_lengths(path: Path) -> list[tuple[str, int]]:
+    tree = ast.parse(path.read_text())
+    return [(node.name, (node.end_lineno or node.lineno) - node.lineno + 1)
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+@pytest.mark.parametrize("path", CHECKED, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_planner_modules_and_functions_stay_small(path: Path) -> None:
+    assert len(path.read_text().splitlines()) <= 400
+    long = [(name, n) for name, n in _function_lengths(path) if n > 40]
+    assert not long, long
