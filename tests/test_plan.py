@@ -303,7 +303,8 @@ def test_gpus_no_layout_can_use_is_an_error() -> None:
 def test_a_model_that_fits_nowhere_names_the_smallest_memory() -> None:
     result = run_cli("plan", "--gpus", "2", "--global-batch-size", "4", "--gpu-memory", "0.01")
     assert result.code == 0
-    assert result.out.startswith("No layout fits in 0.01 GiB per GPU: the smallest any layout needs is ")
+    report = result.out.split("\n\n", 1)[1]  # under the job line and its note
+    assert report.startswith("No layout fits in 0.01 GiB per GPU: the smallest any layout needs is ")
 
 
 def test_global_batch_is_required() -> None:

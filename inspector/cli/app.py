@@ -17,6 +17,8 @@ from typing import Any
 import click
 import typer
 
+from inspector.cli.help import OUTPUT_HELP, PANELS, SOURCE_HELP
+from inspector.cli.help import PanelCommand as _PanelCommand  # noqa: F401 (the commands use it)
 from inspector.errors import ConfigError
 from inspector.inputs.arguments import ARGUMENTS, ArgSpec
 
@@ -39,45 +41,6 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
     help="See what every rank holds in megatron-core's GPTModel, without a GPU.",
 )
-
-SOURCE_HELP = "Input: the model and where its arguments come from"
-OUTPUT_HELP = "Output"
-PANELS = {
-    "model": "Model: Megatron-LM model arguments",
-    "layout": "Parallel layout",
-    "training": "Training: Megatron-LM training arguments",
-}
-# Options a command needs although a --config file or --from-script may give them: click must not
-# require them (our own `Error:` says what is missing), but help marks them.
-REQUIRED_IN_HELP = {"memory": ("--micro-batch-size",)}
-
-
-class _PanelCommand(typer.core.TyperCommand):
-    """Help grouped in panels (each option's rich_help_panel), in plain text: rich stays unloaded."""
-
-    def format_options(self, ctx: Any, formatter: Any) -> None:
-        panels: dict[str, list[tuple[str, str]]] = {}
-        arguments = []
-        required = REQUIRED_IN_HELP.get(self.name or "", ())
-        for param in self.get_params(ctx):
-            record = param.get_help_record(ctx)
-            if record is None:
-                continue
-            if param.param_type_name == "argument":
-                arguments.append(record)
-                continue
-            if any(opt in required for opt in param.opts):
-                record = (record[0], f"{record[1]}  [required]".lstrip())
-            panel = getattr(param, "rich_help_panel", None) or "Options"
-            panels.setdefault(panel, []).append(record)
-        if arguments:
-            with formatter.section("Arguments"):
-                formatter.write_dl(arguments)
-        order = ["Options", SOURCE_HELP, *PANELS.values(), OUTPUT_HELP]
-        for panel, records in sorted(panels.items(), key=lambda item: order.index(item[0])):
-            with formatter.section(panel):
-                formatter.write_dl(records)
-
 
 class _Choice(click.Choice):
     """A choice option whose bad value is our one-sentence error, naming the flag."""
@@ -157,7 +120,7 @@ def _source_options() -> list[inspect.Parameter]:
         opt(
             "preset",
             "--model",
-            help_text="Preset name (see `inspect-model models`); default gpt2-small.",
+            help_text="A preset (`inspect-model models`); default gpt2-small.",
             metavar="NAME",
         ),
         opt(
@@ -169,7 +132,7 @@ def _source_options() -> list[inspect.Parameter]:
         opt(
             "hf_config",
             "--hf-config",
-            help_text="Hugging Face config.json, mapped as Megatron-Bridge maps it.",
+            help_text="An HF config.json, as Megatron-Bridge maps it.",
             metavar="FILE",
         ),
         opt(
@@ -187,7 +150,7 @@ def _source_options() -> list[inspect.Parameter]:
         opt(
             "settings",
             "--set",
-            help_text="NAME=VALUE the launch script reads from its environment (repeatable).",
+            help_text="A value the script reads from outside (repeatable).",
             annotation=list[str] | None,
             metavar="NAME=VALUE",
         ),
@@ -204,7 +167,9 @@ def model_options(*groups: str) -> Callable[[Callable[..., Any]], Callable[..., 
     """Give a command the model-selection options and the argument `groups` it reads.
 
     The command receives them merged (resolve.py) as `args`; what the user should know about
-    the merge (e.g. what a launch script set that is not modelled) goes to stderr first.
+    the merge (e.g. what a launch script set that is not modelled) goes to stderr first. A
+    command with a `label` parameter gets the model's name (script, config file, HF config or
+    preset).
     """
     wanted = groups or ("model", "layout")
     specs = [spec for spec in ARGUMENTS if spec.group in wanted]
@@ -213,7 +178,7 @@ def model_options(*groups: str) -> Callable[[Callable[..., Any]], Callable[..., 
         own = [
             p
             for name, p in inspect.signature(func).parameters.items()
-            if name not in ("args", "use_cache")
+            if name not in ("args", "use_cache", "label")
         ]
         extra = _source_options() + [_option_for(spec) for spec in specs]
 
@@ -230,6 +195,10 @@ def model_options(*groups: str) -> Callable[[Callable[..., Any]], Callable[..., 
             resolved = merge_sources(Sources(flags=flags, settings=settings, **named), wanted)
             for note in resolved.notes:
                 write_stderr(f"{note}\n")
+            if "label" in inspect.signature(func).parameters:  # the model's name for the job line
+                kwargs["label"] = (
+                    named["script"] or named["config_file"] or named["hf_config"] or named["preset"]
+                )
             return func(args=resolved.args, use_cache=use_cache, **kwargs)
 
         wrapper.__signature__ = inspect.Signature(own + extra)  # type: ignore[attr-defined]
@@ -258,8 +227,11 @@ def _gpu_option(default: str | None, what: str = "") -> Any:
     """Return the --gpu option: a GPU type of job/hardware.py's table."""
     from inspector.job.hardware import GPUS
 
-    names = ", ".join(GPUS)
-    return typer.Option(default, "--gpu", help=f"GPU type ({names}){what}; docs/hardware.md.")
+    names = ", ".join(GPUS)  # TYPE: the metavar says what they are
+    given = f", default {default}" if default else ""
+    return typer.Option(
+        default, "--gpu", help=f"({names}){what}{given}.", metavar="TYPE", show_default=False
+    )
 
 
 def _stage_option(help_text: str) -> Any:

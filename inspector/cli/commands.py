@@ -67,7 +67,7 @@ def topology(
     use_cache: bool,
     fmt: Any = _format_option(TopologyFormat.line, "line (ProcessCoord map) or table."),
 ) -> None:
-    """Print the rank map: each rank's pipeline, data and model coordinates."""
+    """Print the rank map: each global rank's pipeline, data and model coordinates."""
 
     def produce() -> str:
         from inspector.job.layout import rank_map_layout
@@ -89,12 +89,14 @@ def topology(
 def params(
     args: dict[str, Any],
     use_cache: bool,
+    label: str | None,
     stage: int | None = _stage_option("Keep just this pipeline stage."),
     rank: int | None = _rank_option("Write the file global rank R writes."),
     partitioning: Any = typer.Option(
-        Partitioning.layers.value,
+        None,
         "--partitioning",
-        help="Optimizer ownership: layers, cost or distopt.",
+        help="Optimizer ownership: layers (default), cost or distopt (the default with "
+        "--use-distributed-optimizer).",
         click_type=_Choice(Partitioning),
     ),
     block_size: int = typer.Option(0, "--block-size", help="Shampoo block size (0 = off)."),
@@ -108,7 +110,10 @@ def params(
         rich_help_panel=OUTPUT_HELP,
     ),
 ) -> None:
-    """Print the per-stage parameter / partition table."""
+    """Print every parameter each pipeline stage holds: local shape, owner, preconditioners."""
+    if partitioning is None:  # megatron's own shards when the job uses its distributed optimizer
+        layers_or_distopt = args.get("use_distributed_optimizer")
+        partitioning = Partitioning.distopt if layers_or_distopt else Partitioning.layers
 
     def produce() -> str:
         from inspector.render.params import render_params
@@ -118,14 +123,24 @@ def params(
         job = _job(args)
         with Progress() as progress:
             built = build(job, select_view(job, stage, rank), progress=progress)
-        return render_params(params_result(built, partitioning, block_size), fmt)
+        result = params_result(built, partitioning, block_size)
+        text = render_params(result, fmt)
+        if fmt != ParamsFormat.table:  # csv and json keep their own first lines
+            return text
+        from inspector.render.job import job_lines, with_job
+        from inspector.render.params import rank_summary
+
+        line, *notes = job_lines(job, label)
+        held = [] if rank is None else [rank_summary(rank, result)]
+        return with_job([line, *held, *notes], text)
 
     if check is not None and output is not None:
         raise ConfigError(
             "--check compares the table with FILE and writes nothing, -o writes it; pass one of them"
         )
     options = dict(
-        stage=stage, rank=rank, partitioning=partitioning, block_size=block_size, fmt=fmt
+        stage=stage, rank=rank, partitioning=partitioning, block_size=block_size, fmt=fmt,
+        label=label,
     )
     text = cache.cached("params", args, options, use_cache, produce)
     if check is not None:
@@ -143,28 +158,29 @@ def params(
 def memory(
     args: dict[str, Any],
     use_cache: bool,
+    label: str | None,
     fmt: Any = _format_option(MemoryFormat.text, "text (with a bar chart), table or json."),
-    gpu: str | None = _gpu_option(None, ": its memory and peak, unless given below"),
+    gpu: str | None = _gpu_option(None, ": memory and peak"),
     gpu_memory: float | None = typer.Option(
         None, "--gpu-memory", help="GPU memory in GiB: say which stages fit."
     ),
     gpu_tflops: float | None = typer.Option(
-        None, "--gpu-tflops", help="Peak TFLOP/s per GPU: print the time per iteration."
+        None, "--gpu-tflops", help="Peak TFLOP/s per GPU: print the time."
     ),
     mfu: float | None = typer.Option(
-        None, "--mfu", help="Model FLOPs utilisation for that time, in (0, 1] (default 1)."
+        None, "--mfu", help="Fraction of the peak reached (default 1)."
     ),
     ulysses_degree: int | None = typer.Option(
-        None, "--ulysses-degree", help="Add a Ulysses all-to-all table to the walkthrough."
+        None, "--ulysses-degree", help="Add a Ulysses table to the walkthrough."
     ),
     walkthrough: bool = typer.Option(
         False,
         "--attention-walkthrough",
-        help="Print one attention layer on one rank, step by step, instead of the report.",
+        help="Walk one attention layer step by step.",
     ),
     output: str | None = _output_option(),
 ) -> None:
-    """Print what each rank needs to train: weights, grads, optimizer, activations, FLOPs."""
+    """Print what each stage's GPUs need to train: weights, gradients, optimizer, activations, FLOPs."""
     if walkthrough:
         from inspector.report.memory import check_walkthrough_flags
 
@@ -186,7 +202,12 @@ def memory(
 
         with Progress() as progress:
             built = build(job, select_view(job), expert_ranks=(0,), progress=progress)
-        return render.render_memory(core.measure(built, hardware), fmt)
+        text = render.render_memory(core.measure(built, hardware), fmt)
+        if fmt == MemoryFormat.json:  # every number, the job's included, in its own fields
+            return text
+        from inspector.render.job import job_lines, with_job
+
+        return with_job(job_lines(job, label, job.schedule()), text)
 
     options: dict[str, Any] = dict(
         fmt=fmt,
@@ -196,6 +217,7 @@ def memory(
         mfu=mfu,
         ulysses_degree=ulysses_degree,
         walkthrough=walkthrough,
+        label=label,
     )
     _emit(cache.cached("memory", args, options, use_cache, produce), output)
 
@@ -207,7 +229,7 @@ def workload(
     use_cache: bool,
     fmt: Any = _format_option(WorkloadFormat.simai, "simai: SimAI workload files."),
     stage: int | None = _stage_option("Print this stage's file instead."),
-    gpu: str | None = _gpu_option(None, ": its peak, unless --gpu-tflops"),
+    gpu: str | None = _gpu_option(None, ": its peak"),
     gpu_tflops: float | None = typer.Option(
         None, "--gpu-tflops", help="Peak TFLOP/s per GPU: compute times from FLOPs."
     ),
@@ -271,7 +293,7 @@ def diff(
     ),
     fmt: Any = _format_option(DiffFormat.text, "text, markdown (a PR comment) or json."),
 ) -> None:
-    """Compare two params tables: exit 0 when equal, 1 when they differ."""
+    """Compare two params tables: exit 0 when they are equal, 1 when they differ."""
     from inspector.render.diff import render_diff
     from inspector.report.diff import diff_files
 
@@ -282,7 +304,7 @@ def diff(
 
 @app.command(cls=_PanelCommand)
 def models() -> None:
-    """List the model presets with their key sizes."""
+    """List the model presets with their sizes and sources."""
     from inspector.render.models import render_presets
 
     sys.stdout.write(render_presets())
@@ -293,35 +315,35 @@ def models() -> None:
 def plan(
     args: dict[str, Any],
     use_cache: bool,
+    label: str | None,
     gpus: int = typer.Option(..., "--gpus", help="GPUs in the cluster."),
     gpu_memory: float | None = typer.Option(
-        None, "--gpu-memory", help="GPU memory in GiB (default: the --gpu type's)."
+        None, "--gpu-memory", help="GiB per GPU (default: the --gpu type's)."
     ),
     gpu: str = _gpu_option(DEFAULT_GPU),
     gpus_per_node: int | None = typer.Option(
-        None, "--gpus-per-node", help="GPUs per node, the NVLink domain (default: the --gpu type's)."
+        None, "--gpus-per-node", help="GPUs per NVLink domain (default: the type's)."
     ),
     gpu_tflops: float | None = typer.Option(
-        None, "--gpu-tflops", help="Override the --gpu type's dense 16-bit peak TFLOP/s."
+        None, "--gpu-tflops", help="16-bit peak TFLOP/s (default: the type's)."
     ),
     intra_bandwidth: float | None = typer.Option(
-        None, "--intra-node-bandwidth", help="Override NVLink GB/s per GPU, one direction."
+        None, "--intra-node-bandwidth", help="NVLink GB/s per GPU, each way."
     ),
     inter_bandwidth: float | None = typer.Option(
-        None, "--inter-node-bandwidth", help="Override InfiniBand GB/s per GPU, one direction."
+        None, "--inter-node-bandwidth", help="InfiniBand GB/s per GPU, each way."
     ),
     efficiency: float | None = typer.Option(
         None, "--efficiency",
-        help="Price every GEMM FLOP at this fraction of peak, in (0, 1], instead of the measured "
-        "per-kernel tables.",
+        help="Price every FLOP at this fraction of peak, not from the kernel tables.",
     ),
     top: int = typer.Option(5, "--top", help="How many plans to list."),
     explain: bool = typer.Option(False, "--explain", help="Say why plan 1 wins."),
-    svg: str | None = typer.Option(None, "--svg", help="Write plan 1's schedule as SVG to FILE."),
+    svg: str | None = typer.Option(None, "--svg", help="Draw plan 1's schedule.", metavar="FILE"),
     fmt: Any = _format_option(PlanFormat.text, "text (table, flags, timeline) or json."),
     output: str | None = _output_option(),
 ) -> None:
-    """Rank the parallel layouts of a model on N GPUs by estimated step time."""
+    """Rank the parallel layouts of a model on N GPUs by estimated step time, with the flags to paste."""
     from inspector.plan import search as core
     from inspector.plan.request import PlanFlags, make_request
     from inspector.render import plan as render
@@ -340,6 +362,10 @@ def plan(
         sys.stderr.write(f"\rplan: {result.evaluated} candidates in {result.seconds:.2f} s "
                          f"({rate:.0f} per second)\n")
     text = render.render_plan(result, request.memory, fmt.value if hasattr(fmt, "value") else fmt, explain)
+    if fmt == PlanFormat.text:
+        from inspector.render.job import plan_lines, with_job
+
+        text = with_job(plan_lines(request, label), text)
     if svg is not None and result.plans:
         from inspector.output import write_atomic
 

@@ -114,13 +114,13 @@ def _context(report: MemoryReport) -> list[str]:
     """Return the lines that say what was assumed: precision, batch, schedule."""
     t, b, layout, model = report.training, report.schedule, report.layout, report.model
     optimizer = "distributed optimizer" if t.use_distributed_optimizer else "Adam"
-    lines = [
+    lines = [  # the batch and sequence are on the job line above (render/job.py)
         f"Precision: {model.dtype_name} parameters, {optimizer}; "
         f"recompute {t.recompute}, flash attention {'on' if t.flash_attention else 'off'}.",
-        f"Batch: global batch {b.global_batch_size} = micro-batch {b.micro_batch_size} x "
-        f"{b.num_microbatches} per iteration x --dp {layout.dp}; sequence {model.seq_length}.",
     ]
-    if layout.pp > 1 and b.num_microbatches < layout.pp:
+    # Without --global-batch-size the job line's note says so, and what shows the steady state.
+    given = t.global_batch_size is not None
+    if given and layout.pp > 1 and b.num_microbatches < layout.pp:
         steady = layout.pp * b.micro_batch_size * layout.dp
         lines.append(
             f"Note: {b.num_microbatches} micro-batch per iteration is fewer than --pp {layout.pp}, "
