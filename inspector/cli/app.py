@@ -18,7 +18,6 @@ import click
 import typer
 
 from inspector.cli.help import OUTPUT_HELP, PANELS, SOURCE_HELP
-from inspector.cli.help import PanelCommand as _PanelCommand  # noqa: F401 (the commands use it)
 from inspector.errors import ConfigError
 from inspector.inputs.arguments import ARGUMENTS, ArgSpec
 
@@ -42,7 +41,7 @@ app = typer.Typer(
     help="See what every rank holds in megatron-core's GPTModel, without a GPU.",
 )
 
-class _Choice(click.Choice):
+class Choice(click.Choice):
     """A choice option whose bad value is our one-sentence error, naming the flag."""
 
     def __init__(self, choices: type[Enum] | tuple[str, ...]) -> None:
@@ -72,13 +71,13 @@ class _FiniteFloat(click.types.FloatParamType):
         return number
 
 
-def _finite_floats(command: Any) -> Any:
+def finite_floats(command: Any) -> Any:
     """Give every float option of `command` and its subcommands the _FiniteFloat type."""
     for param in getattr(command, "params", []):
         if type(param.type) is click.types.FloatParamType:
             param.type = _FiniteFloat()
     for sub in getattr(command, "commands", {}).values():
-        _finite_floats(sub)
+        finite_floats(sub)
     return command
 
 
@@ -87,7 +86,7 @@ def _option_for(spec: ArgSpec) -> inspect.Parameter:
     annotation: Any = spec.type | None
     extra: dict[str, Any] = {}
     if spec.choices:
-        extra["click_type"] = _Choice(spec.choices)
+        extra["click_type"] = Choice(spec.choices)
     option = typer.Option(
         None,
         *names,
@@ -102,6 +101,7 @@ def _option_for(spec: ArgSpec) -> inspect.Parameter:
 
 
 def _source_options() -> list[inspect.Parameter]:
+    # One typer option declaration per input flag: a list, longer than the usual ~40 lines.
     def opt(
         name: str,
         *decls: str,
@@ -207,23 +207,23 @@ def model_options(*groups: str) -> Callable[[Callable[..., Any]], Callable[..., 
     return decorate
 
 
-def _format_option(default: Enum, help_text: str) -> Any:
+def format_option(default: Enum, help_text: str) -> Any:
     return typer.Option(
         default.value,
         "--format",
         help=help_text,
-        click_type=_Choice(type(default)),
+        click_type=Choice(type(default)),
         rich_help_panel=OUTPUT_HELP,
     )
 
 
-def _output_option(help_text: str = "Write to FILE atomically.", metavar: str = "FILE") -> Any:
+def output_option(help_text: str = "Write to FILE atomically.", metavar: str = "FILE") -> Any:
     return typer.Option(
         None, "-o", "--output", help=help_text, metavar=metavar, rich_help_panel=OUTPUT_HELP
     )
 
 
-def _gpu_option(default: str | None, what: str = "") -> Any:
+def gpu_option(default: str | None, what: str = "") -> Any:
     """Return the --gpu option: a GPU type of job/hardware.py's table."""
     from inspector.job.hardware import GPUS
 
@@ -234,15 +234,15 @@ def _gpu_option(default: str | None, what: str = "") -> Any:
     )
 
 
-def _stage_option(help_text: str) -> Any:
+def stage_option(help_text: str) -> Any:
     return typer.Option(None, "--stage", help=help_text, rich_help_panel=OUTPUT_HELP)
 
 
-def _rank_option(help_text: str) -> Any:
+def rank_option(help_text: str) -> Any:
     return typer.Option(None, "--rank", help=help_text, rich_help_panel=OUTPUT_HELP)
 
 
-def _emit(text: str, output: str | None = None) -> None:
+def emit(text: str, output: str | None = None) -> None:
     from inspector.output import write_output
 
     write_output(output, text)
@@ -292,7 +292,7 @@ class Progress:
             self._write("\r\x1b[K")
 
 
-def _job(args: dict[str, Any]) -> Any:
+def resolve_job(args: dict[str, Any]) -> Any:
     from inspector.job.job import make_job
 
     return make_job(args)

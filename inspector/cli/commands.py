@@ -1,4 +1,8 @@
-"""The commands: each parses its flags, calls the core, and prints what a renderer returns."""
+"""The commands: each parses its flags, calls the core, and prints what a renderer returns.
+
+A command's signature is its typer option list, so these functions run past the usual ~40 lines;
+their bodies stay a few calls (resolve the job, call the core, render).
+"""
 
 from __future__ import annotations
 
@@ -11,19 +15,19 @@ from inspector.cli import cache
 from inspector.cli.app import (
     OUTPUT_HELP,
     SOURCE_HELP,
+    Choice,
     Progress,
-    _Choice,
-    _emit,
-    _format_option,
-    _gpu_option,
-    _job,
-    _output_option,
-    _PanelCommand,
-    _rank_option,
-    _stage_option,
     app,
+    emit,
+    format_option,
+    gpu_option,
     model_options,
+    output_option,
+    rank_option,
+    resolve_job,
+    stage_option,
 )
+from inspector.cli.help import PanelCommand
 from inspector.errors import ConfigError
 from inspector.job.hardware import DEFAULT_GPU
 from inspector.report.formats import (
@@ -37,13 +41,13 @@ from inspector.report.formats import (
 )
 
 
-@app.command(cls=_PanelCommand)
+@app.command(cls=PanelCommand)
 @model_options()
 def tree(
     args: dict[str, Any],
     use_cache: bool,
-    stage: int | None = _stage_option("Print just this pipeline stage."),
-    rank: int | None = _rank_option("Print the stage global rank R holds."),
+    stage: int | None = stage_option("Print just this pipeline stage."),
+    rank: int | None = rank_option("Print the stage global rank R holds."),
 ) -> None:
     """Print the module hierarchy of each pipeline stage."""
 
@@ -51,21 +55,21 @@ def tree(
         from inspector.render.tree import render_trees
         from inspector.world.build import build, select_view, stage_trees
 
-        job = _job(args)
+        job = resolve_job(args)
         view = select_view(job, stage, rank)
         with Progress() as progress:
             built = build(job, view, expert_ranks=(view.expert_rank,), progress=progress)
         return render_trees(stage_trees(built))
 
-    _emit(cache.cached("tree", args, {"stage": stage, "rank": rank}, use_cache, produce))
+    emit(cache.cached("tree", args, {"stage": stage, "rank": rank}, use_cache, produce))
 
 
-@app.command(cls=_PanelCommand)
+@app.command(cls=PanelCommand)
 @model_options()
 def topology(
     args: dict[str, Any],
     use_cache: bool,
-    fmt: Any = _format_option(TopologyFormat.line, "line (ProcessCoord map) or table."),
+    fmt: Any = format_option(TopologyFormat.line, "line (ProcessCoord map) or table."),
 ) -> None:
     """Print the rank map: each global rank's pipeline, data and model coordinates."""
 
@@ -81,27 +85,27 @@ def topology(
             return render_topology_table(rank_coords(layout), layout)
         return render_topology_line(rank_positions(layout), layout)
 
-    _emit(cache.cached("topology", args, {"format": fmt}, use_cache, produce))
+    emit(cache.cached("topology", args, {"format": fmt}, use_cache, produce))
 
 
-@app.command(cls=_PanelCommand)
+@app.command(cls=PanelCommand)
 @model_options()
 def params(
     args: dict[str, Any],
     use_cache: bool,
     label: str | None,
-    stage: int | None = _stage_option("Keep just this pipeline stage."),
-    rank: int | None = _rank_option("Write the file global rank R writes."),
+    stage: int | None = stage_option("Keep just this pipeline stage."),
+    rank: int | None = rank_option("Write the file global rank R writes."),
     partitioning: Any = typer.Option(
         None,
         "--partitioning",
         help="Optimizer ownership: layers (default), cost or distopt (the default with "
         "--use-distributed-optimizer).",
-        click_type=_Choice(Partitioning),
+        click_type=Choice(Partitioning),
     ),
     block_size: int = typer.Option(0, "--block-size", help="Shampoo block size (0 = off)."),
-    fmt: Any = _format_option(ParamsFormat.csv, "csv (semicolons), json or table."),
-    output: str | None = _output_option(),
+    fmt: Any = format_option(ParamsFormat.csv, "csv (semicolons), json or table."),
+    output: str | None = output_option(),
     check: str | None = typer.Option(
         None,
         "--check",
@@ -120,7 +124,7 @@ def params(
         from inspector.report.params import params_result
         from inspector.world.build import build, select_view
 
-        job = _job(args)
+        job = resolve_job(args)
         with Progress() as progress:
             built = build(job, select_view(job, stage, rank), progress=progress)
         result = params_result(built, partitioning, block_size)
@@ -150,17 +154,17 @@ def params(
         result = check_table(text, check)
         sys.stdout.write(render_check(result, check))
         raise typer.Exit(0 if result is None else 1)
-    _emit(text, output)
+    emit(text, output)
 
 
-@app.command(cls=_PanelCommand)
+@app.command(cls=PanelCommand)
 @model_options("model", "layout", "training")
 def memory(
     args: dict[str, Any],
     use_cache: bool,
     label: str | None,
-    fmt: Any = _format_option(MemoryFormat.text, "text (with a bar chart), table or json."),
-    gpu: str | None = _gpu_option(None, ": memory and peak"),
+    fmt: Any = format_option(MemoryFormat.text, "text (with a bar chart), table or json."),
+    gpu: str | None = gpu_option(None, ": memory and peak"),
     gpu_memory: float | None = typer.Option(
         None, "--gpu-memory", help="GPU memory in GiB: say which stages fit."
     ),
@@ -178,7 +182,7 @@ def memory(
         "--attention-walkthrough",
         help="Walk one attention layer step by step.",
     ),
-    output: str | None = _output_option(),
+    output: str | None = output_option(),
 ) -> None:
     """Print what each stage's GPUs need to train: weights, gradients, optimizer, activations, FLOPs."""
     if walkthrough:
@@ -190,7 +194,7 @@ def memory(
         from inspector.render import memory as render
         from inspector.report import memory as core
 
-        job = _job(args)
+        job = resolve_job(args)
         job.schedule()  # --micro-batch-size is required, and the batches must divide
         hardware = core.make_hardware(gpu_memory, gpu_tflops, mfu, gpu, job.model.dtype_name)
         if walkthrough:
@@ -219,17 +223,17 @@ def memory(
         walkthrough=walkthrough,
         label=label,
     )
-    _emit(cache.cached("memory", args, options, use_cache, produce), output)
+    emit(cache.cached("memory", args, options, use_cache, produce), output)
 
 
-@app.command(cls=_PanelCommand)
+@app.command(cls=PanelCommand)
 @model_options("model", "layout", "training")
 def workload(
     args: dict[str, Any],
     use_cache: bool,
-    fmt: Any = _format_option(WorkloadFormat.simai, "simai: SimAI workload files."),
-    stage: int | None = _stage_option("Print this stage's file instead."),
-    gpu: str | None = _gpu_option(None, ": its peak"),
+    fmt: Any = format_option(WorkloadFormat.simai, "simai: SimAI workload files."),
+    stage: int | None = stage_option("Print this stage's file instead."),
+    gpu: str | None = gpu_option(None, ": its peak"),
     gpu_tflops: float | None = typer.Option(
         None, "--gpu-tflops", help="Peak TFLOP/s per GPU: compute times from FLOPs."
     ),
@@ -241,7 +245,7 @@ def workload(
         metavar="FILE",
         rich_help_panel=SOURCE_HELP,
     ),
-    output: str | None = _output_option("Write the folder DIR atomically.", "DIR"),
+    output: str | None = output_option("Write the folder DIR atomically.", "DIR"),
 ) -> None:
     """Write SimAI network-simulator workloads: one file per pipeline stage, and an index."""
     import json
@@ -264,7 +268,7 @@ def workload(
         from inspector.report.workload_inputs import compute_for, context_for, stage_inputs
         from inspector.world.build import build, select_view
 
-        job = _job(args)
+        job = resolve_job(args)
         compute = compute_for(gpu_tflops, mfu, profile, gpu, job.model.dtype_name)
         with Progress() as progress:
             built = build(job, select_view(job, stage), expert_ranks=(0,), progress=progress)
@@ -276,14 +280,14 @@ def workload(
     if output is None:
         from inspector.report.workload_index import file_name
 
-        _emit(files[file_name(stage or 0)])
+        emit(files[file_name(stage or 0)])
         return
     from inspector.export import write_export
 
     write_export(output, files)
 
 
-@app.command(cls=_PanelCommand)
+@app.command(cls=PanelCommand)
 def diff(
     old: str = typer.Argument(
         ..., help="The old params table (semicolon or json), or - for stdin.", metavar="OLD"
@@ -291,7 +295,7 @@ def diff(
     new: str = typer.Argument(
         ..., help="The new params table (semicolon or json), or - for stdin.", metavar="NEW"
     ),
-    fmt: Any = _format_option(DiffFormat.text, "text, markdown (a PR comment) or json."),
+    fmt: Any = format_option(DiffFormat.text, "text, markdown (a PR comment) or json."),
 ) -> None:
     """Compare two params tables: exit 0 when they are equal, 1 when they differ."""
     from inspector.render.diff import render_diff
@@ -302,7 +306,7 @@ def diff(
     raise typer.Exit(0 if result.equal else 1)
 
 
-@app.command(cls=_PanelCommand)
+@app.command(cls=PanelCommand)
 def models() -> None:
     """List the model presets with their sizes and sources."""
     from inspector.render.models import render_presets
@@ -310,7 +314,7 @@ def models() -> None:
     sys.stdout.write(render_presets())
 
 
-@app.command(cls=_PanelCommand)
+@app.command(cls=PanelCommand)
 @model_options("model", "layout", "training")
 def plan(
     args: dict[str, Any],
@@ -320,7 +324,7 @@ def plan(
     gpu_memory: float | None = typer.Option(
         None, "--gpu-memory", help="GiB per GPU (default: the --gpu type's)."
     ),
-    gpu: str = _gpu_option(DEFAULT_GPU),
+    gpu: str = gpu_option(DEFAULT_GPU),
     gpus_per_node: int | None = typer.Option(
         None, "--gpus-per-node", help="GPUs per NVLink domain (default: the type's)."
     ),
@@ -340,8 +344,8 @@ def plan(
     top: int = typer.Option(5, "--top", help="How many plans to list."),
     explain: bool = typer.Option(False, "--explain", help="Say why plan 1 wins."),
     svg: str | None = typer.Option(None, "--svg", help="Draw plan 1's schedule.", metavar="FILE"),
-    fmt: Any = _format_option(PlanFormat.text, "text (table, flags, timeline) or json."),
-    output: str | None = _output_option(),
+    fmt: Any = format_option(PlanFormat.text, "text (table, flags, timeline) or json."),
+    output: str | None = output_option(),
 ) -> None:
     """Rank the parallel layouts of a model on N GPUs by estimated step time, with the flags to paste."""
     from inspector.plan import search as core
@@ -370,4 +374,4 @@ def plan(
         from inspector.output import write_atomic
 
         write_atomic(svg, render.render_svg(result.plans[0]), "--svg")
-    _emit(text, output)
+    emit(text, output)
