@@ -30,15 +30,17 @@ _STUB = """#!/bin/sh
   printf '@@end\\n'; } >> "$ARGV_LOG"
 """
 STUB_NAMES = ("torchrun", "python", "python3", "deepspeed", "srun", "mpirun")
+# `uv run CMD` runs CMD; sbatch runs the job script it reads on its input (a here-document)
+_PASSING = {"uv": '#!/bin/sh\nshift\nexec "$@"\n', "sbatch": "#!/bin/sh\nexec bash\n"}
 
 
 @pytest.fixture(scope="module")
 def stubs(tmp_path_factory):
     """A folder of stub launchers that print their argv, one per line, to $ARGV_LOG."""
     folder = tmp_path_factory.mktemp("stubs")
-    for name in STUB_NAMES:
+    for name in (*STUB_NAMES, *_PASSING):
         path = folder / name
-        path.write_text(_STUB)
+        path.write_text(_PASSING.get(name, _STUB))
         path.chmod(0o755)
     return folder
 
@@ -97,7 +99,8 @@ def _observed(argv: tuple[str, ...]) -> list[str]:
 
 
 @pytest.mark.parametrize("script", FIXTURES, ids=[path.stem for path in FIXTURES])
-def test_fixture_agrees_with_bash(script, stubs, tmp_path):
+def test_fixture_agrees_with_bash(script, stubs, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # $PWD and `pwd`: the folder the job starts in, for both
     given_settings = dict(
         item.split("=", 1) for item in (_header(script, "settings") or "").split() if item
     )
@@ -146,10 +149,10 @@ torchrun pretrain_gpt.py --num-layers $L --hidden-size $H --num-attention-heads 
 @pytest.mark.parametrize(
     "text, message",
     [
-        # a condition on the environment: bash would decide it on the job's machine
-        ('if [ "$SIZE" = big ]; then L=8; else L=4; fi\npython t.py --num-layers $L\n',
-         "s.sh line 1: a value in the condition `$SIZE = big` is $SIZE, which the script never "
-         "sets; give it with --set SIZE=VALUE"),
+        # a condition on a command's output: only running it would tell
+        ('S=$(hostname)\nif [ "$S" = big ]; then L=8; else L=4; fi\npython t.py --num-layers $L\n',
+         "s.sh line 2: a value in the condition `$S = big` is $S, set on line 1 from $(hostname), "
+         "which the reader never runs; give it with --set S=VALUE"),
         # a positional parameter used as a modelled value
         ("python t.py --num-layers $1\n",
          "s.sh line 1: --num-layers is $1, which the script gets from its command line; give it "
@@ -158,17 +161,17 @@ torchrun pretrain_gpt.py --num-layers $L --hidden-size $H --num-attention-heads 
         ("python t.py --num-layers $(cat n)\n",
          "s.sh line 1: --num-layers is $(cat n), which the reader never runs; give the value "
          "with its own flag instead"),
-        # unknown words in flag position could hold any flag
-        ("python t.py --num-layers 2 $EXTRA_ARGS\n",
-         "s.sh line 1: an argument of the training command is $EXTRA_ARGS, which the script "
-         "never sets; give it with --set EXTRA_ARGS=VALUE"),
-        # arithmetic on an unknown
-        ("N=$((NODES*8))\n",
-         "s.sh line 1: the arithmetic `NODES*8` uses NODES, which the script never sets; give it "
-         "with --set NODES=VALUE"),
-        # the file system decides
-        ("if [ -f cfg.sh ]; then X=1; fi\n",
-         "s.sh line 1: the condition `-f cfg.sh` tests the file system (-f), which the reader "
+        # a word in flag position from a command's output could hold any flag
+        ("python t.py --num-layers 2 $(cat extra)\n",
+         "s.sh line 1: an argument of the training command is $(cat extra), which the reader "
+         "never runs; give the value with its own flag instead"),
+        # arithmetic on an unset variable reads 0, as in bash; where it reaches the model it is missing
+        ("N=$((NODES*8))\npython t.py --num-layers $N\n",
+         "s.sh line 2: --num-layers is $((NODES*8)), where $NODES is a value which the script "
+         "never sets; give it with --set NODES=VALUE"),
+        # a file test that is not about a file being there
+        ("if [ -L cfg.sh ]; then X=1; fi\n",
+         "s.sh line 1: the condition `-L cfg.sh` tests the file system (-L), which the reader "
          "does not look at (the job's machine decides it)"),
         # two different launches
         ("python a.py --num-layers 2\ntorchrun b.py --num-layers 4\n",
@@ -279,7 +282,8 @@ def test_reading_has_no_side_effects(tmp_path, monkeypatch):
     script.write_text(_HARMFUL.format(root=root))
     monkeypatch.chdir(root)
     before, cwd_before = _snapshot(tmp_path), sorted(os.listdir(root))
-    parsed = read_launch_script(str(script))
+    # `set -u` stops bash at "$HOME_DIR" unset (line 4): given, `rm -rf` would empty the machine
+    parsed = read_launch_script(str(script), {"HOME_DIR": str(root)})
     assert parsed.args == {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4}
     assert _snapshot(tmp_path) == before and sorted(os.listdir(root)) == cwd_before
 

@@ -12,7 +12,8 @@ from inspector.formulas.flops import layer_flops, logit_flops, stage_flops
 from inspector.job.dims import ModelDims
 from inspector.job.layout import Layout
 from inspector.report.simai import NONE, Record, parse_compute_profile, parse_workload
-from inspector.report.workload import render_index, render_stage, stage_header, stage_records
+from inspector.report.workload import render_stage, stage_header, stage_records
+from inspector.report.workload_index import render_index
 from inspector.report.workload_inputs import (
     BufferInput,
     ComputeProfile,
@@ -224,7 +225,8 @@ def test_data_parallel_bytes_are_buffers_times_dtypes() -> None:
             BufferInput(384, 2, 4, expert=True),
         ),
     )
-    records = {r.name: r for r in checked_records(small_job(ep=2), stage)}
+    # dp 4, ep 2: megatron's expert data-parallel group 2 x 4 / (2 x 2) = 2 = SimAI's dp / ep
+    records = {r.name: r for r in checked_records(small_job(ep=2, dp=4), stage)}
     assert records["grad_gather"].wg_bytes == 1280 * 2 + 640 * 4
     assert records["grad_param_comm"].wg_bytes == 1280 * 4 + 640 * 4
     assert records["moe_grad_norm1"] == Record(
@@ -306,12 +308,19 @@ def test_context_parallel_divides_the_sequence() -> None:
     column = next(r for r in records if r.name == "attention_column")
     assert column.fwd_bytes == 2 * 2 * 64 * 64  # (s/c, b, h) at 2 bytes
     kv = next(r for r in records if r.name == "attention_cp")
-    # K and V of the whole 128-token sequence, 2 of 4 heads (tp 2), 16 channels each, bf16.
+    # K and V of the whole 128-token sequence, 2 of 4 heads (tp 2), 16 channels each, bf16;
+    # dp 1: on SimAI's DP_EP group, all_gpus / (tp pp) / ep = cp ranks.
     assert (kv.fwd_comm, kv.fwd_bytes, kv.ig_comm) == (
-        "ALLGATHER",
+        "ALLGATHER_DP_EP",
         2 * 2 * 2 * 128 * 2 * 16,
-        "REDUCESCATTER",
+        "REDUCESCATTER_DP_EP",
     )
+    kv2 = next(
+        r
+        for r in checked_records(small_job(cp=2, dp=2), SMALL_STAGES[0])
+        if r.name == "attention_cp"
+    )
+    assert (kv2.fwd_comm, kv2.ig_comm) == ("ALLGATHER", "REDUCESCATTER")  # tp stands in
     row = next(r for r in records if r.name == "attention_row")
     assert row.fwd_bytes == column.fwd_bytes
 
@@ -320,8 +329,9 @@ MOE_DIMS = ModelDims(2, 64, 4, 128, 256, num_experts=4, moe_router_topk=2)
 
 
 def test_moe_golden(golden: Callable[[str, str], None]) -> None:
-    par = Layout(tp=2, pp=1, ep=2, dp=2, sequence_parallel=True)
-    job = Context(MOE_DIMS, par, Settings(1, 2, 4), ComputeRate(100.0, 0.5))
+    # dp 4: expert gradients reduce over 2 x 4 / (2 x 2) = 2 ranks (dp 2 would leave one rank)
+    par = Layout(tp=2, pp=1, ep=2, dp=4, sequence_parallel=True)
+    job = Context(MOE_DIMS, par, Settings(1, 2, 8), ComputeRate(100.0, 0.5))
     buffers = (BufferInput(13312, 2, 4), BufferInput(33024, 2, 4, expert=True))
     stage = StageInput(0, ((0, 1),), True, True, buffers=buffers)
     text = render_stage(job, stage)
@@ -467,7 +477,11 @@ def test_layer_outside_the_model() -> None:
 def test_pipeline_send_beyond_what_simai_reads() -> None:
     dims = ModelDims(2, 16384, 128, 131072, 256)
     job = Context(dims, Layout(pp=2), Settings(1, 1, 2))
-    with pytest.raises(InputError, match="pp_comm must lie in 0..2147483647"):
+    with pytest.raises(
+        ConfigError,
+        match=r"--micro-batch-size 1 x --seq-length 131072 x "
+        r"--hidden-size 16384 x 2 bytes = 4294967296 bytes, is more than SimAI's ",
+    ):
         render_stage(job, StageInput(0, ((0,),), True, False))
 
 

@@ -72,10 +72,12 @@ def topology(
     def produce() -> str:
         from inspector.job.layout import rank_map_layout
         from inspector.render.topology import render_topology_line, render_topology_table
+        from inspector.report.table import check_table_size
         from inspector.world.ranks import rank_coords, rank_positions
 
         layout = rank_map_layout(args)  # the coordinates come from megatron (world/ranks.py)
         if fmt is TopologyFormat.table:
+            check_table_size(layout)
             return render_topology_table(rank_coords(layout), layout)
         return render_topology_line(rank_positions(layout), layout)
 
@@ -250,7 +252,7 @@ def workload(
     options = dict(stage=stage, gpu=gpu, gpu_tflops=gpu_tflops, mfu=mfu, profile=profile, fmt=fmt)
     files: dict[str, str] = json.loads(cache.cached("workload", args, options, use_cache, produce))
     if output is None:
-        from inspector.report.workload import file_name
+        from inspector.report.workload_index import file_name
 
         _emit(files[file_name(stage or 0)])
         return

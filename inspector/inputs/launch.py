@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from inspector.errors import ConfigError
+from inspector.inputs.bash.batch import batch_counts
 from inspector.inputs.bash.context import program_name
 
 _PYTHON = re.compile(r"python[0-9.]*$")
@@ -106,7 +107,8 @@ class World:
     origin: str  # "torchrun --nproc_per_node 8 --nnodes 4 (train.sh line 40)" or why unknown
 
 
-Require = Callable[[str, str], str]  # (text, what it is) -> text, or raise naming the unknown value
+# (text, what it is) -> text, or None where the script leaves it unknown (then recorded as missing)
+Require = Callable[[str, str], str | None]
 
 
 def _options(words: Sequence[str], names: dict[str, str]) -> dict[str, tuple[str, str]]:
@@ -129,29 +131,23 @@ def _options(words: Sequence[str], names: dict[str, str]) -> dict[str, tuple[str
 
 def _count(value: str, what: str, require: Require) -> int | None:
     text = require(value, what)
+    if text is None:
+        return None
     return int(text) if re.fullmatch(r"\d+", text) and int(text) > 0 else None
 
 
-def sbatch_options(text: str) -> tuple[str, ...]:
-    """Return the options of the script's `#SBATCH` lines (sbatch reads them up to the first
-    command); srun inside the job takes its node and task counts from them."""
-    words: list[str] = []
-    for line in text.splitlines()[1 if text.startswith("#!") else 0 :]:
-        stripped = line.strip()
-        if stripped.startswith("#SBATCH"):
-            words.extend(stripped[len("#SBATCH") :].split("#", 1)[0].split())
-        elif stripped and not stripped.startswith("#"):
-            break
-    return tuple(words)
-
-
 def world_of(argv: Sequence[str], env: dict[str, str], where: str, require: Require,
-             sbatch: Sequence[str] = ()) -> World:  # fmt: skip
-    """Return the world size a launch command starts (innermost launcher that decides it)."""
+             sbatch: Sequence[str] = (), outer: Sequence[Sequence[str]] = ()) -> World:  # fmt: skip
+    """Return the world size a launch command starts (innermost launcher that decides it); a
+    bare `python` inside `srun ... sh -c "..."` runs as one of srun's tasks."""
     parts = segments(argv)
+    if not any(part.kind != "python" for part in parts):
+        for around in reversed(outer):
+            if program_name(around[0]) in _WRAPPERS:
+                return _task_world(segments(around)[0], where, require, sbatch)
     for segment in reversed(parts):
         if segment.kind in ("torchrun", "deepspeed"):
-            return _launcher_world(segment, where, require)
+            return _launcher_world(segment, where, require, batch_counts(sbatch).get("gpus"))
     for segment in reversed(parts):
         if segment.kind in ("srun", "mpirun"):
             return _task_world(segment, where, require, sbatch)
@@ -164,7 +160,8 @@ def world_of(argv: Sequence[str], env: dict[str, str], where: str, require: Requ
                        f"decides the world ({where})")  # fmt: skip
 
 
-def _launcher_world(segment: Segment, where: str, require: Require) -> World:
+def _launcher_world(segment: Segment, where: str, require: Require,
+                    batch_gpus: str | None = None) -> World:  # fmt: skip
     if segment.kind == "torchrun":
         names = {"--nproc_per_node": "per_node", "--nproc-per-node": "per_node",
                  "--nnodes": "nodes"}  # fmt: skip
@@ -179,12 +176,17 @@ def _launcher_world(segment: Segment, where: str, require: Require) -> World:
                                              and segment.kind == "torchrun" else ()))  # fmt: skip
     shown = " ".join([launcher] + [written for _, written in found.values()])
     per_node_text = found.get("per_node", (default_per_node, ""))[0]
+    if batch_gpus and per_node_text in ("gpu", ""):  # every GPU of the node: #SBATCH says how many
+        per_node_text = batch_gpus
+        shown += f" with #SBATCH --gpus-per-node {batch_gpus}"
     if not per_node_text:
         return World(None, f"{shown} uses every GPU it finds on the job's nodes ({where})")
     per_node = _count(per_node_text, f"{launcher}'s GPUs per node", require)
     if per_node is None:
         return World(None, f"{shown} takes the GPU count from the job's machine ({where})")
     nodes_text = require(found.get("nodes", ("1", ""))[0], f"{launcher}'s node count")
+    if nodes_text is None:
+        return World(None, f"{shown} on a node count the script leaves unset ({where})")
     low, _, high = nodes_text.partition(":")
     if high and low != high:
         return World(None, f"{shown} is elastic ({low} to {high} nodes) ({where})")

@@ -22,6 +22,7 @@ from inspector.errors import ConfigError, InputError
 from inspector.inputs.arguments import BY_NAME
 from inspector.inputs.bash.context import Context
 from inspector.inputs.launch import is_launch
+from inspector.inputs.missing import Needs
 from inspector.inputs.refusals import Refused, refused_argument, validate_args_refusals
 from inspector.inputs.sources import ScriptArgs, convert, parse_config, split_arguments
 from inspector.inputs.tokenizers import TOKENIZER_FLAGS, apply_tokenizer
@@ -76,7 +77,7 @@ def _functional_test(data: dict[str, Any], path: str) -> ScriptArgs:
         notes.append(f"keys for Megatron-LM's test runner, not arguments: {' '.join(others)}")
     raw: dict[str, str] = {}
     ctx = Context(path, {}, is_launch)
-    parsed = split_arguments(words, path, lambda value, what: value, ctx, raw)
+    parsed = split_arguments(words, Needs(ctx, path), ctx, raw)
     flags = {BY_NAME[name].flag for name in parsed.args} | set(parsed.ignored)
     refused = parsed.refused + validate_args_refusals(flags, path)
     args, ignored, tokenizer_notes, problem = apply_tokenizer(

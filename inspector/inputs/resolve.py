@@ -88,7 +88,8 @@ def _source_layers(
     if sources.script is not None:
         from inspector.inputs.sources import read_launch_script
 
-        parsed = read_launch_script(sources.script, parse_settings(sources.settings))
+        given = {name for name, value in sources.flags.items() if value is not None}
+        parsed = read_launch_script(sources.script, parse_settings(sources.settings), given)
         layers.append(_file_layer(parsed, sources.script, sources, groups, notes))
         world = (parsed.world_size, parsed.world_origin)
     layers.append({name: value for name, value in sources.flags.items() if value is not None})

@@ -9,23 +9,22 @@ the training command is the one that launches a Python file (`torchrun ... pretr
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from inspector.errors import ConfigError, InputError
 from inspector.inputs.arguments import BY_NAME, ArgSpec
-from inspector.inputs.bash.context import Command, Context, describe_unknown
+from inspector.inputs.bash.context import Command, Context
 from inspector.inputs.bash.interpreter import interpret
 from inspector.inputs.entry_points import program_checks
 from inspector.inputs.launch import (
-    Require,
     World,
     is_launch,
     program_arguments,
-    sbatch_options,
     world_of,
 )
+from inspector.inputs.missing import NO_FLAG, WORLD, Needs, raise_missing
 from inspector.inputs.refusals import Refused, refused_argument
 from inspector.inputs.safe_parse import parse_json, parse_yaml
 from inspector.inputs.tokenizers import TOKENIZER_FLAGS, apply_tokenizer
@@ -77,32 +76,40 @@ def parse_config(text: str, path: str) -> Any:
     raise InputError(f"{path}: --config takes a .yaml, .yml or .json file")
 
 
-def read_launch_script(path: str, settings: Mapping[str, str] | None = None) -> ScriptArgs:
+def read_launch_script(path: str, settings: Mapping[str, str] | None = None,
+                       given: Collection[str] = ()) -> ScriptArgs:  # fmt: skip
     """Read a training launch script file and return the arguments it passes.
 
     Args:
         path: the bash script.
         settings: `--set NAME=VALUE` values: the script's environment (and positional parameters
             under the names "1", "2", ...); a NAME assigned from a command's output takes it too.
+        given: the arguments the command line gives (a value the script leaves unset is then
+            not missing); "data_parallel_size" stands in for the launcher's counts.
     """
-    return parse_launch_script(read_text(path), path, settings)
+    return parse_launch_script(read_text(path), path, settings, given)
 
 
-def parse_launch_script(
-    text: str, origin: str, settings: Mapping[str, str] | None = None
-) -> ScriptArgs:
-    """Return the Megatron-LM arguments a bash launch script passes to its training program."""
-    launch, world, require = interpret_launch(text, origin, settings)
+def parse_launch_script(text: str, origin: str, settings: Mapping[str, str] | None = None,
+                        given: Collection[str] = ()) -> ScriptArgs:  # fmt: skip
+    """Return the Megatron-LM arguments a bash launch script passes to its training program;
+    raise one error naming every value it leaves unset that the model or layout needs."""
+    launch, world, needs = interpret_launch(text, origin, settings)
     where = f"{launch.origin} line {launch.line}"
     raw: dict[str, str] = {}
-    parsed = split_arguments(program_arguments(launch.argv), where, require, launch.ctx, raw)
+    parsed = split_arguments(program_arguments(launch.argv), needs, launch.ctx, raw)
     args, ignored = dict(parsed.args), parsed.ignored
     flags = {BY_NAME[name].flag for name in args} | set(parsed.ignored)
     program, refused = program_checks(launch.argv, launch.ctx.show, flags, where)
     refused += parsed.refused
-    notes: tuple[str, ...] = program
+    own = f"{origin} line "  # the script's own lines: "line 12: ..." under "Note from SCRIPT"
+    read = (note.replace(own, "line ", 1) if note.startswith(own) else note
+            for note in launch.ctx.notes)  # fmt: skip
+    notes: tuple[str, ...] = (*read, *program)
     if "--tokenizer-type" in raw:
-        raw = {flag: require(value, flag) for flag, value in raw.items()}
+        raw = {flag: needs.need(value, flag, "vocab_size") or launch.ctx.show(value)
+               for flag, value in raw.items()}  # fmt: skip
+    raise_missing(needs.missing, given)
     args, ignored, vocab_notes, problem = apply_tokenizer(args, ignored, raw, where)
     notes += vocab_notes
     return ScriptArgs(
@@ -122,30 +129,35 @@ class _Launch:
 
 def interpret_launch(
     text: str, origin: str, settings: Mapping[str, str] | None = None
-) -> tuple[_Launch, World, Require]:
-    """Interpret a script as bash would; return its one training launch, its world, and a
-    function that raises InputError for a value the script does not determine."""
+) -> tuple[_Launch, World, Needs]:
+    """Interpret a script as bash would; return its one training launch, its world, and what
+    the model and layout need of it (Needs gathers the values the script leaves unset)."""
     ctx = Context(origin, dict(settings or {}), is_launch)
     interpret(ctx, text)
     command = _the_launch(ctx, origin)
-
-    def require(value: str, what: str) -> str:
-        unknown = ctx.unknown_in(value)
-        if unknown is None:
-            return value
-        message = describe_unknown(unknown, what, ctx.show(value))
-        raise InputError(f"{command.origin} line {command.line}: {message}")
-
     where = f"{command.origin} line {command.line}"
-    sbatch = sbatch_options(text) if command.origin == origin else ()
-    world = world_of(command.argv, dict(command.env), where, require, sbatch)
-    launch = _Launch(command.argv, command.observed, command.origin, command.line, ctx)
-    return launch, world, require
+    needs = Needs(ctx, where)
+    world = world_of(command.argv, dict(command.env), where, needs.for_key(WORLD), command.batch,
+                     command.outer)
+    observed = tuple(_as_bash(ctx, word) for word in command.observed if not ctx.is_unset(word))
+    launch = _Launch(command.argv, observed, command.origin, command.line, ctx)
+    return launch, world, needs
+
+
+def _as_bash(ctx: Context, word: str) -> str:
+    """A word of the launch as bash passes it: placeholders' values; the rest shown as written."""
+    value = ctx.bash_value(word)
+    return value if value is not None else ctx.show(word)
 
 
 def _the_launch(ctx: Context, origin: str) -> Command:
     if not ctx.commands:
         ended = f"; the script stops before any: {ctx.ended}" if ctx.ended else ""
+        if ctx.ended and ctx.unset_read:
+            found = ", ".join(f"${name} ({where})" for name, where in ctx.unset_read.items())
+            ended += (f"; unset on the way: {found}; give "
+                      f"{'it' if len(ctx.unset_read) == 1 else 'them'} with "
+                      + " ".join(f"--set {name}=VALUE" for name in ctx.unset_read))  # fmt: skip
         raise InputError(
             f"{origin}: found no training command (a line running torchrun/python/deepspeed on a "
             f".py file){ended}"
@@ -166,22 +178,25 @@ def _short(ctx: Context, argv: tuple[str, ...]) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def split_arguments(words: list[str], where: str, require: Require, ctx: Context,
+def split_arguments(words: list[str], needs: Needs, ctx: Context,
                     raw: dict[str, str]) -> ScriptArgs:  # fmt: skip
     """Split the program's words into modelled arguments and ignored flags; `raw` receives the
-    values of the ignored flags that the tokenizer needs."""
+    values of the ignored flags that the tokenizer needs. An unset value where a flag stands is
+    dropped, as bash drops it; one a modelled flag needs is missing (`needs` records it)."""
+    where = needs.where
     args: dict[str, Any] = {}
     skipped = _Unmodelled()
     index = 0
     while index < len(words):
         word = words[index]
         index += 1
-        if ctx.unknown_in(word) and not word.startswith("--"):
-            require(word, "an argument of the training command")
+        if ctx.unknown_in(word) and not word.startswith("--") and not ctx.is_unset(word):
+            needs.need(word, "an argument of the training command", NO_FLAG)
         if not word.startswith("--"):
             continue
         flag, _, inline = word.partition("=")
-        require(flag, "an argument of the training command")
+        if needs.need(flag, "an argument of the training command", NO_FLAG) is None:
+            continue
         name = flag[2:].replace("-", "_")
         spec = BY_NAME.get(name)
         takes_value = spec.type is not bool if spec else _looks_like_value(words, index)
@@ -198,13 +213,21 @@ def split_arguments(words: list[str], where: str, require: Require, ctx: Context
                 raw[flag] = value
             skipped.add(flag, value, where)
             continue
-        if spec.type is bool:
-            args[spec.name] = True
-            continue
-        if value is None:
-            raise ConfigError(f"{where}: {spec.flag} has no value")
-        args[spec.name] = convert(spec, require(value, spec.flag), where)
+        _take_modelled(spec, value, needs, args)
     return skipped.script_args(args)
+
+
+def _take_modelled(spec: ArgSpec, value: str | None, needs: Needs, args: dict[str, Any]) -> None:
+    """Record a modelled flag: a switch is True; a value a flag needs but the script leaves unset
+    is missing (`needs` records it)."""
+    if spec.type is bool:
+        args[spec.name] = True
+        return
+    if value is None:
+        raise ConfigError(f"{needs.where}: {spec.flag} has no value")
+    known = needs.need(value, spec.flag, spec.name)
+    if known is not None:
+        args[spec.name] = convert(spec, known, needs.where)
 
 
 @dataclass

@@ -78,3 +78,14 @@ def check_cp_chunks(seq: int, cp: int) -> None:
             f"{chunks} ({seq} % {chunks} = {seq % chunks}): megatron splits every sequence into "
             "2 x cp equal chunks"
         )
+
+
+def check_expert_groups(ep: int, etp: int, tp: int, cp: int, dp: int) -> None:
+    """Megatron carves expert groups (ep x etp ranks) out of the tp x cp x dp dense ranks."""
+    dense = tp * cp * dp
+    if dense % (ep * etp):
+        raise ConfigError(
+            f"--expert-model-parallel-size {ep} x --expert-tensor-parallel-size {etp} = {ep * etp} "
+            f"does not divide --tp {tp} x --context-parallel-size {cp} x --dp "
+            f"{dp} = {dense} (megatron carves expert groups out of those ranks)"
+        )

@@ -22,6 +22,7 @@ from inspector.job.checks import (
     check_at_least_one,
     check_built_layers,
     check_cp_chunks,
+    check_expert_groups,
     check_ffn_split,
 )
 from inspector.job.model import ModelConfig
@@ -150,7 +151,7 @@ def validate_rank_map(layout: Layout, num_experts: int | None) -> None:
         )
     if layout.ep > 1 and num_experts is None:
         raise ConfigError(f"--expert-model-parallel-size {layout.ep} needs --num-experts")
-    _check_expert_groups(layout)
+    check_expert_groups(layout.ep, layout.expert_tp, layout.tp, layout.cp, layout.dp)
 
 
 def rank_map_layout(args: Mapping[str, Any]) -> Layout:
@@ -388,15 +389,5 @@ def _check_experts(model: ModelConfig, layout: Layout) -> None:
             f"--expert-model-parallel-size {ep} with --tp {layout.tp} needs --sequence-parallel "
             "(Megatron-LM requires it when experts and tensor parallelism are combined)"
         )
-    _check_expert_groups(layout)
+    check_expert_groups(layout.ep, layout.expert_tp, layout.tp, layout.cp, layout.dp)
 
-
-def _check_expert_groups(layout: Layout) -> None:
-    ep, etp = layout.ep, layout.expert_tp
-    dense = layout.tp * layout.cp * layout.dp
-    if dense % (ep * etp):
-        raise ConfigError(
-            f"--expert-model-parallel-size {ep} x --expert-tensor-parallel-size {etp} = {ep * etp} "
-            f"does not divide --tp {layout.tp} x --context-parallel-size {layout.cp} x --dp "
-            f"{layout.dp} = {dense} (megatron carves expert groups out of those ranks)"
-        )

@@ -193,7 +193,7 @@ def capped_split(
     req: Request, base: Layout, v: int, splits: list[Split], mbs: int, distopt: bool,
     flash: bool, first: float, last: float,
 ) -> Split | None:
-    """Return plan_split.balance with each virtual stage capped at the layers that fit memory.
+    """Return split.balance with each virtual stage capped at the layers that fit memory.
 
     Without recomputation, rank s holds each layer's state plus its activations times the
     micro-batches its chunk c keeps in flight (the schedule's replay, the most of any point):

@@ -154,7 +154,7 @@ def cached_stage_state(
     job: Job, stage: int, shapes: tuple[ChunkShape, ...], pairs_of: Layout,
     scope: dict[int, Any] | None = None, key: int | None = None,
 ) -> Any:
-    """Return plan_memory.stage_state, computed once per distinct stage (mbs, recompute apart).
+    """Return memory.stage_state, computed once per distinct stage (mbs, recompute apart).
 
     `key`: the stage's `_number`, where the caller has it.
     """
@@ -180,7 +180,7 @@ def _signature(dims: ModelDims, chunks: Sequence[Sequence[int]]) -> tuple[Any, .
     """Return what a stage's layers cost depends on: counts, or each layer's kind with MoE.
 
     The formulas read a layer's index only through `dims.is_moe_layer` (activations.py,
-    flops.py, plan_cost.py), and sum a chunk's layers kind by kind in the order kinds appear.
+    flops.py, cost.py), and sum a chunk's layers kind by kind in the order kinds appear.
     """
     if dims.num_experts is None:
         return tuple(len(c) for c in chunks)
@@ -280,7 +280,7 @@ def price_memory(job: Job, split: Split) -> tuple[Placed, tuple[StagePlan, ...]]
 def timed(
     job: Job, split: Split, req: Request, placed: Placed, stages: tuple[StagePlan, ...]
 ) -> Plan:
-    """Return the plan with its step time (plan_cost), given its memory."""
+    """Return the plan with its step time (cost.py), given its memory."""
     lay, training = job.layout, job.training
     schedule = job.schedule()
     dims = job_dims(job)

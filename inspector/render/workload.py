@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from inspector.report.workload import file_name, render_index, render_stage
+from inspector.report.workload import render_stage
+from inspector.report.workload_index import file_name, render_index
 from inspector.report.workload_inputs import Context, StageInput
 
 INDEX = "index.csv"

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from inspector.report.table import COMPARED
 from inspector.report.table_reader import ParamsTable, TableRow, read_table
 
-_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
+_LAYER = re.compile(r"^decoder\.layers\.(\d{1,30})\.")  # longer: not a layer (int() limit)
 
 
 @dataclass(frozen=True)
@@ -235,6 +235,9 @@ def _describe_topology(line: str | None) -> str:
     for entry in entries:
         for part in entry.split(", "):
             key, _, value = part.partition("=")
+            # a user's file: Python's int() refuses non-digits and numbers past 4,300 digits
+            if not (value.isascii() and value.isdigit() and len(value) <= 30):
+                return "unreadable"
             axes[key] = max(axes.get(key, 0), int(value) + 1)
     sizes = " x ".join(f"{key} {size}" for key, size in axes.items())
     return f"{sizes} = {len(entries)} ranks"

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from inspector.errors import ConfigError
 from inspector.job.layout import Layout
 from inspector.records import ParamRecord
 
@@ -275,3 +276,24 @@ def write_json(header: dict[str, Any], blocks: Sequence[Block]) -> str:
     """Return `{"header": {...}, "parameters": [...]}`, indented, keys in a fixed order."""
     parameters = [_row_json(row, block.chunk) for block in blocks for row in block.rows]
     return json.dumps({"header": header, "parameters": parameters}, indent=1, allow_nan=False) + "\n"
+
+
+MAX_TABLE_RANKS = 4_000_000  # rank numbers in one table: about 30 MB of text, a few seconds
+
+
+def check_table_size(layout: Layout) -> None:
+    """Raise ConfigError when the table would list more than MAX_TABLE_RANKS rank numbers.
+
+    Each row names its tensor, pipeline, data, embedding (and expert) groups, so the table grows
+    as ranks x group sizes: `--dp 1048576` would be 10^12 numbers.
+    """
+    per_row = layout.tp + layout.pp + layout.dp + min(layout.pp, 2) + 1
+    per_row += layout.ep if layout.ep > 1 else 0
+    total = layout.world_size * per_row
+    if total > MAX_TABLE_RANKS:
+        raise ConfigError(
+            f"--format table lists each rank's groups: --tp {layout.tp} x --pp {layout.pp} x "
+            f"--dp {layout.dp} x --context-parallel-size {layout.cp} = {layout.world_size} rows "
+            f"of {per_row} rank numbers = {total:,}, more than the {MAX_TABLE_RANKS:,} it prints "
+            "(docs/limits.md); --format line maps every rank"
+        )

@@ -11,6 +11,8 @@ from typing import Any, NoReturn
 from inspector.errors import InputError
 from inspector.report.table import COLUMNS, ELEMENT_BYTES, HEADER, Cells
 
+MAX_DIGITS = 4300  # Python's int() limit (sys.get_int_max_str_digits)
+MAX_TABLE_DIGITS = 30  # stage numbers, parameters and bytes of any model fit in 20
 _COMMENT = re.compile(
     r"^# stage ([0-9]+)(?: chunk ([0-9]+))?: .*?, ([0-9]+) params, ([0-9]+) bytes"
     r"(?: per GPU; all [0-9]+ expert-parallel ranks: [0-9]+ params, [0-9]+ bytes)?$"
@@ -58,6 +60,11 @@ def read_table(text: str, origin: str) -> ParamsTable:
             ) from None
         except RecursionError:
             raise InputError(f"{origin}: JSON nested too deeply to be a params table") from None
+        except ValueError:  # Python's int() limit: "Exceeds the limit (4300 digits)"
+            raise InputError(
+                f"{origin}: a JSON number longer than Python reads ({MAX_DIGITS} digits); a "
+                "params table's numbers are far shorter (docs/limits.md)"
+            ) from None
         if not isinstance(data, dict) or not isinstance(data.get("parameters"), list):
             raise InputError(
                 f"{origin} is JSON but not an inspect-model params table"
@@ -103,6 +110,12 @@ def _comment(line: str, origin: str, number: int) -> tuple[int, int | None, int 
             f"{origin} line {number}: expected a '# stage S: ...' comment, got {line[:60]!r}"
         )
     stage, chunk, params, size = match.groups()
+    longest = max(len(group) for group in match.groups() if group is not None)
+    if longest > MAX_TABLE_DIGITS:
+        raise InputError(
+            f"{origin} line {number}: a {longest}-digit number; a params table's numbers have at "
+            f"most {MAX_TABLE_DIGITS} digits (docs/limits.md)"
+        )
     per_element = int(size) // int(params) if int(params) else None
     return int(stage), int(chunk) if chunk is not None else None, per_element
 

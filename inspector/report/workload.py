@@ -25,13 +25,20 @@ collective buffer (SIMAI-NOTES.md), i.e. the full (s/c, b, h) tensor.
 
 from __future__ import annotations
 
-import csv
-import io
 from dataclasses import dataclass
 
 from inspector.errors import ConfigError
 from inspector.formulas.flops import GEMM_FACTOR, layer_flops, logit_flops
+from inspector.job.dims import ModelDims
 from inspector.report.simai import NONE, Header, Record, render_workload
+from inspector.report.simai_groups import (
+    check_groups,
+    context_group,
+    expert_grad_group,
+    pipeline_send,
+    simai_dp,
+    tokens_gather_group,
+)
 from inspector.report.workload_inputs import ComputeProfile, ComputeRate, Context, StageInput
 
 CROSS_ENTROPY_ALLREDUCES = 3  # max logit, target logit, sum of exp: fp32 (s, b) each
@@ -63,24 +70,46 @@ def _recompute(job: Context, phases: _Phases, core: int) -> _Phases:
     return _Phases(phases.fwd, phases.ig + extra, phases.wg)
 
 
-def _tp_pair(job: Context, name: str, width: int, first: _Phases, second: _Phases) -> list[Record]:
+def _tp_pair(
+    job: Context, name: str, width: int, first: _Phases, second: _Phases, column: int = 0
+) -> list[Record]:
     """Return the column/row records of one tensor-parallel region of `width` x activation.
 
     With sequence parallelism the column gathers its input (backward: reduce-scatter) and the
     row reduce-scatters its output (backward: all-gather); without it the row all-reduces its
     output and the column all-reduces its input gradient, in one `NAME_layer` record as AICB.
+    `column`, when given, is the bytes the column gathers (MLA gathers latents, not h).
     """
     tp = job.par.tp > 1
     n = job.activation * width if tp else 0
+    c = (column or n) if tp else 0
     if not job.par.sequence_parallel:
         comm = "ALLREDUCE" if tp else NONE
         fwd, ig, wg = (first.fwd + second.fwd, first.ig + second.ig, first.wg + second.wg)
-        return [Record(f"{name}_layer", fwd, comm, n, ig, comm, n, wg)]
+        return [Record(f"{name}_layer", fwd, comm, n, ig, comm, c, wg)]
     gather, scatter = ("ALLGATHER", "REDUCESCATTER") if tp else (NONE, NONE)
     return [
-        Record(f"{name}_column", first.fwd, gather, n, first.ig, scatter, n, first.wg),
+        Record(f"{name}_column", first.fwd, gather, c, first.ig, scatter, c, first.wg),
         Record(f"{name}_row", second.fwd, scatter, n, second.ig, gather, n, second.wg),
     ]
+
+
+def _attention_column(job: Context) -> int:
+    """Return the bytes the attention's tensor-parallel input collective moves (0: all of h).
+
+    Multi-latent attention (megatron-core MultiLatentAttention / MLASelfAttention, TE spec)
+    projects down with duplicated linears on the sequence-parallel input and gathers only what
+    its column-parallel up projections read: q's latent (h without one), kv's latent and, with
+    sequence parallelism, the shared RoPE key (`get_query_key_value_tensors`). DeepSeek-V3:
+    1536 + 512 + 64 = 2112 of 7168. Without sequence parallelism the up projections all-reduce
+    the gradients of their inputs, the q and kv latents.
+    """
+    dims = job.dims
+    if not dims.multi_latent_attention:
+        return 0
+    width = (dims.q_lora_rank or dims.hidden_size) + dims.kv_lora_rank
+    width += dims.qk_pos_emb_head_dim if job.par.sequence_parallel else 0
+    return dims.activation_bytes * job.tokens * width
 
 
 def _attention(job: Context, layer: int, prefix: str = "") -> list[Record]:
@@ -104,17 +133,29 @@ def _attention(job: Context, layer: int, prefix: str = "") -> list[Record]:
         first = out = _Phases(half, half, half)
     first = _recompute(job, first, core_fwd)
     out = _recompute(job, out, 0)
-    records = _tp_pair(job, prefix + "attention", 1, first, out)
+    records = _tp_pair(job, prefix + "attention", 1, first, out, _attention_column(job))
     if par.cp > 1:
         # K and V of the whole sequence for this rank's g/t groups: megatron's all-gather
         # context parallelism (cp_comm_type a2a/p2p move the same volume); backward returns
-        # their gradients. SimAI has no context-parallel group: see notes/simai.md.
-        kv = 2 * dims.activation_bytes * job.training.micro_batch_size * dims.seq_length
-        kv *= g * dims.head_dim // par.tp
+        # their gradients. SimAI has no context-parallel group (simai_groups.context_group).
+        kv = dims.activation_bytes * job.training.micro_batch_size * dims.seq_length
+        kv *= _kv_width(dims) // par.tp
+        group = context_group(par)
         records.insert(
-            1, Record(prefix + "attention_cp", 0, "ALLGATHER", kv, 0, "REDUCESCATTER", kv)
+            1,
+            Record(
+                prefix + "attention_cp", 0, "ALLGATHER" + group, kv, 0, "REDUCESCATTER" + group, kv
+            ),
         )
     return records
+
+
+def _kv_width(dims: ModelDims) -> int:
+    """Return the K and V channels of all heads: 2 g d, or MLA's a (qk + rope + v) per head."""
+    if dims.multi_latent_attention:
+        per_head = dims.qk_head_dim + dims.qk_pos_emb_head_dim + dims.v_head_dim
+        return dims.num_attention_heads * per_head
+    return 2 * dims.query_groups * dims.head_dim
 
 
 def _dense_mlp(job: Context, layer: int, prefix: str = "", ffn: int | None = None) -> list[Record]:
@@ -158,7 +199,8 @@ def _moe_mlp(job: Context, layer: int, prefix: str = "") -> list[Record]:
         experts = _Phases(job.compute.mlp, job.compute.mlp, job.compute.mlp)
     experts = _recompute(job, experts, 0)
     name = prefix + "mlp_moelayer"
-    pre = "ALLGATHER" if ep > 1 or etp > 1 else NONE
+    group = tokens_gather_group(par)
+    pre = NONE if group is None else "ALLGATHER" + group
     records = [
         Record(name, 0, pre, counts if pre != NONE else 0),
         Record(name, 0, ep_comm, a2a_size, 0, ep_comm, a2a_size),
@@ -243,16 +285,18 @@ def _mtp(job: Context, depth: int) -> list[Record]:
 def _data_parallel(job: Context, stage: StageInput) -> list[Record]:
     """Return the once-per-iteration gradient and parameter collectives of the stage's buffers."""
     records: list[Record] = []
+    dense = "" if simai_dp(job.par) > 1 else None
     for expert, (gather_name, reduce_name), suffix in (
-        (False, ("grad_gather", "grad_param_comm"), ""),
-        (True, ("moe_grad_norm1", "moe_grad_norm2"), "_DP_EP"),
+        (False, ("grad_gather", "grad_param_comm"), dense),
+        (True, ("moe_grad_norm1", "moe_grad_norm2"), expert_grad_group(job.par)),
     ):
         buffers = [b for b in stage.buffers if b.expert == expert]
         params = sum(b.numel * b.param_bytes for b in buffers)
         grads = sum(b.numel * b.grad_bytes for b in buffers)
-        if not buffers:
+        if not buffers or suffix is None:  # nothing to reduce, or over one rank
             if not expert:  # AICB always writes the dense pair; keep the names, empty
                 records += [Record("grad_gather"), Record("grad_param_comm")]
+                records += [Record("grad_param_compute", ig_compute=_step(job))] if buffers else []
             continue
         if job.training.distributed_optimizer:
             records.append(Record(gather_name, wg_comm="ALLGATHER" + suffix, wg_bytes=params))
@@ -260,9 +304,13 @@ def _data_parallel(job: Context, stage: StageInput) -> list[Record]:
         else:
             records.append(Record(reduce_name, wg_comm="ALLREDUCE" + suffix, wg_bytes=grads))
         if not expert:
-            step = job.compute.optimizer if isinstance(job.compute, ComputeProfile) else 0
-            records.append(Record("grad_param_compute", ig_compute=step))
+            records.append(Record("grad_param_compute", ig_compute=_step(job)))
     return records
+
+
+def _step(job: Context) -> int:
+    """Return the optimizer step's measured time (ns), 0 with FLOPs estimates."""
+    return job.compute.optimizer if isinstance(job.compute, ComputeProfile) else 0
 
 
 def microbatch_records(job: Context, stage: StageInput) -> list[Record]:
@@ -282,9 +330,11 @@ def stage_records(job: Context, stage: StageInput) -> list[Record]:
     """Return every record of `stage`'s file: data parallel, ga micro-batches, optimizer."""
     check_stage(job, stage)
     block = microbatch_records(job, stage)
+    # At tp 1 SimAI's group for them has one rank (inf); megatron's runs over pp, which SimAI
+    # cannot name: 4 bytes each, left out as AICB leaves out one-rank collectives.
     optimizer = [
         Record(f"optimizer{i + 1}", 0, "ALLREDUCE", 4, 0, NONE, 0, 0)
-        for i in range(OPTIMIZER_ALLREDUCES)
+        for i in range(OPTIMIZER_ALLREDUCES if job.par.tp > 1 else 0)
     ]
     return _data_parallel(job, stage) + block * job.training.num_microbatches + optimizer
 
@@ -298,7 +348,7 @@ def stage_header(job: Context) -> Header:
     sequence parallelism (megatron's p2p tensor shape).
     """
     par = job.par
-    send = job.activation // par.sp_divisor if par.pp > 1 else 0
+    send = pipeline_send(job.dims, par, job.training.micro_batch_size)
     return Header(
         tp=par.tp,
         ep=par.ep,
@@ -311,7 +361,8 @@ def stage_header(job: Context) -> Header:
 
 
 def check_stage(job: Context, stage: StageInput) -> None:
-    """Raise ConfigError where a StageInput contradicts the job."""
+    """Raise ConfigError where a StageInput contradicts the job, or SimAI cannot hold the job."""
+    check_groups(job.dims, job.par)
     if not 0 <= stage.stage < job.par.pp:
         raise ConfigError(f"--stage {stage.stage} is not a pipeline stage of --pp {job.par.pp}")
     if len(stage.chunks) != job.par.chunks:
@@ -326,59 +377,3 @@ def check_stage(job: Context, stage: StageInput) -> None:
 def render_stage(job: Context, stage: StageInput) -> str:
     """Return the SimAI workload file of one pipeline stage."""
     return render_workload(stage_header(job), stage_records(job, stage))
-
-
-INDEX_COLUMNS = (
-    "stage",
-    "layers",
-    "mtp_layers",
-    "embedding",
-    "output",
-    "parameters",
-    "records",
-    "compute",
-    "file",
-)
-
-
-def _ranges(layers: tuple[int, ...]) -> str:
-    """Return layers as compact ranges: (0, 1, 2, 5) -> '0-2 5'."""
-    parts: list[str] = []
-    for layer in layers:
-        if parts and parts[-1].split("-")[-1] == str(layer - 1):
-            parts[-1] = f"{parts[-1].split('-')[0]}-{layer}"
-        else:
-            parts.append(str(layer))
-    return " ".join(parts)
-
-
-def file_name(stage: int) -> str:
-    """Return the workload file name of pipeline `stage`."""
-    return f"stage{stage:03d}.txt"
-
-
-def render_index(job: Context, stages: list[StageInput]) -> str:
-    """Return the index (CSV) of a workload directory: one row per stage file.
-
-    `layers` lists each chunk's global layers as ranges, chunks separated by `|`; `compute`
-    says where times come from: `estimate` (FLOPs at --gpu-tflops x --mfu) or `profile`.
-    """
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(INDEX_COLUMNS)
-    source = "estimate" if isinstance(job.compute, ComputeRate) else "profile"
-    for stage in stages:
-        writer.writerow(
-            (
-                stage.stage,
-                " | ".join(_ranges(chunk) for chunk in stage.chunks),
-                stage.mtp_layers,
-                int(stage.has_embedding),
-                int(stage.has_output),
-                stage.parameters,
-                len(stage_records(job, stage)),
-                source,
-                file_name(stage.stage),
-            )
-        )
-    return out.getvalue()

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from inspector.job.build_limits import check_expert_builds
 from inspector.job.job import Job
 from inspector.job.layout import RankCoord, check_buildable
 from inspector.records import ParamRecord, StageTree
@@ -180,6 +181,7 @@ def build(
     layout = job.layout
     check_buildable(job.model, layout)
     ranks = tuple(range(layout.ep)) if expert_ranks is None else tuple(expert_ranks)
+    check_expert_builds(job.model, layout, len(ranks))
     total, done = len(view.stages) * len(ranks), 0
     stages = []
     for stage in view.stages:
@@ -206,7 +208,7 @@ _KEPT = 64  # stages kept per process: a planner or a test suite asks for the sa
 def _build_stage(builder: Any, job: Job, stage: int, expert_rank: int) -> list[StageModel]:
     """Build one stage on one expert-parallel rank, or return the same stage built before.
 
-    The data-parallel size changes nothing megatron builds (world_setup.simulated_dp), so it is not
+    The data-parallel size changes nothing megatron builds (setup.simulated_dp), so it is not
     part of the key; the builder is, so a replaced builder never sees another's results.
     """
     key = (builder, job.model, replace(job.layout, dp=1), stage, expert_rank)

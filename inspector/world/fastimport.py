@@ -1,6 +1,6 @@
 """Import megatron-core with only what building a model on the meta device needs.
 
-`import_megatron` (called once, by world_setup.megatron()) prepares the process:
+`import_megatron` (called once, by setup.megatron()) prepares the process:
 
 - torch.compile passes functions through unchanged, for the rest of the process (megatron imports
   modules lazily while it builds too). megatron-core decorates its fused kernels with `jit_fuser` =
@@ -21,7 +21,7 @@
   rescan them, ~0.1-0.2 s each. Nothing frozen is garbage; collection itself stays on.
 - The Transformer Engine stand-in (inspector.world.te) is installed before megatron-core is imported.
 
-While a stage is built (`meta_cat()`, entered by world_setup.simulated_rank), two kinds of call on meta
+While a stage is built (`meta_cat()`, entered by setup.simulated_rank), two kinds of call on meta
 tensors are answered directly, because torch's meta kernels for them are Python references whose
 type promotion imports sympy (~0.35 s):
 - `torch.cat`: megatron's CPU weight initialisation (`_initialize_affine_weight_cpu`) splits a

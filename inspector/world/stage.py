@@ -1,9 +1,9 @@
 """The simulated megatron world: build each pipeline stage's real GPTModel on the meta device.
 
 Each stage (and, with virtual pipelining, each of its chunks) is built by megatron-core's own code in
-its own simulated rank (world_setup): torch.distributed's in-process "fake" backend, megatron's
-`initialize_model_parallel`, a TransformerConfig carrying the parallel sizes (world_config), and the
-meta device, so no weight memory is allocated. This module and world_setup are the only ones that
+its own simulated rank (setup.py): torch.distributed's in-process "fake" backend, megatron's
+`initialize_model_parallel`, a TransformerConfig carrying the parallel sizes (config.py), and the
+meta device, so no weight memory is allocated. This module and setup.py are the only ones that
 touch megatron's parallel_state.
 """
 
@@ -80,7 +80,7 @@ def stage_world(
 ) -> Iterator[list[StageModel]]:
     """Build one stage's chunks and keep its simulated rank set up while the block runs.
 
-    `runtime` holds TransformerConfig fields for a model that will run (world/config.py): the
+    `runtime` holds TransformerConfig fields for a model that will run (config.py): the
     engine (inspector/engine) runs megatron's forward and backward inside the block.
     """
     m = megatron()

@@ -187,12 +187,10 @@ class _Arith:
 
     def variable(self, name: str) -> int:
         values = self.shell.lookup(name, None)
-        if values is None:
-            raise self.shell.fail(
-                f"the arithmetic `{self.text.strip()}` uses {name}, which the script never sets; "
-                f"give it with --set {name}=VALUE"
-            )
-        text = self.shell.require(values[0], f"{name} in the arithmetic `{self.text.strip()}`")
+        if values is None:  # bash reads an unset variable as 0 in arithmetic
+            self.shell.read_unset_name(name)
+            return 0
+        text = self.shell.value(values[0], f"{name} in the arithmetic `{self.text.strip()}`")
         if self.depth > 32:
             raise self.shell.fail(f"{name} refers to itself in arithmetic")
         return _Arith(text, self.shell, self.depth + 1).parse()

@@ -8,24 +8,29 @@ from __future__ import annotations
 import os
 import re
 
+from inspector.inputs.bash.batch import sbatch_options, start_job
 from inspector.inputs.bash.conditions import evaluate_test
 from inspector.inputs.bash.context import (
-    MARK,
     PASS_THROUGH,
     Command,
     Unknown,
     program_name,
     script_dir,
 )
-from inspector.inputs.bash.parser import parse_script, split_assignment
+from inspector.inputs.bash.parser import split_assignment
 from inspector.inputs.bash.runtime import MAX_DEPTH, Break, Exit, Return
 from inspector.inputs.bash.shell import Shell
-from inspector.inputs.bash.syntax import AndOr, Assign, Seq, Simple, Word
+from inspector.inputs.bash.substitution import pure_output
+from inspector.inputs.bash.syntax import Assign, HereDoc, Simple
 from inspector.inputs.bash.words import parse_fragment
 
 _ENV_ASSIGN = re.compile(r"[A-Za-z_]\w*=")
 _WRAPPER_VALUES = {"env": {"-u", "--unset", "-C", "--chdir"}, "nice": {"-n"},
-                   "numactl": {"-N", "-m", "-C", "-p", "-i"}}  # fmt: skip
+                   "numactl": {"-N", "-m", "-C", "-p", "-i"},
+                   "uv": {"--with", "--with-editable", "--with-requirements", "--python", "-p",
+                          "--project", "--directory", "--package", "--extra", "--group",
+                          "--env-file", "--index", "--default-index", "--only-group",
+                          "--no-group", "--config-file", "--cache-dir"}}  # fmt: skip
 _DECLARE = {"export", "declare", "typeset", "local", "readonly"}
 _NO_EFFECT = {"cd", "echo", "printf", "wait", "trap", "ulimit", "umask", "shopt", "alias", "hash",
               "type", "pushd", "popd", "sleep", "true", ":", "enable", "builtin", "disown",
@@ -33,26 +38,31 @@ _NO_EFFECT = {"cd", "echo", "printf", "wait", "trap", "ulimit", "umask", "shopt"
 
 
 def run_command(shell: Shell, argv: list[str], node: Simple, prefix: dict[str, str],
-                arrays: list[Assign]) -> int:  # fmt: skip
-    """Interpret one expanded simple command and return its exit status."""
+                arrays: list[Assign], bash_argv: list[str]) -> int:  # fmt: skip
+    """Interpret one expanded simple command and return its exit status (builtins see the
+    words as bash gives them, `bash_argv`; a launch keeps unset values, which `argv` marks)."""
     name = shell.require(argv[0], "the command name")
     if name in _DECLARE:
         return _declare(shell, name, node)
     handler = _BUILTINS.get(name)
     if handler is not None:
-        return handler(shell, argv)
+        return handler(shell, bash_argv)
     if name in shell.functions:
         return shell.call_function(name, argv[1:])
     if name in _NO_EFFECT:
         return 0
+    if node.stdin is not None and _reads_stdin(argv):
+        return run_here_document(shell, argv, node.stdin, prefix)
     return _external(shell, argv, prefix, outer=())
 
 
 def _external(shell: Shell, argv: list[str], prefix: dict[str, str],
               outer: tuple[tuple[str, ...], ...]) -> int:  # fmt: skip
     words, env = list(argv), dict(prefix)
-    while words and program_name(words[0]) in PASS_THROUGH:
+    while words and (program_name(words[0]) in PASS_THROUGH or words[:2] == ["uv", "run"]):
         wrapper = program_name(words.pop(0))
+        if wrapper == "uv":  # `uv run [options] python ...`: runs the rest in its environment
+            words.pop(0)
         while words and (words[0].startswith("-") or (wrapper == "env" and _ENV_ASSIGN.match(words[0]))):
             option = words.pop(0)
             if not option.startswith("-"):
@@ -70,7 +80,7 @@ def _external(shell: Shell, argv: list[str], prefix: dict[str, str],
         visible = {k: v for k, v in shell.vars.items() if k in shell.exported and isinstance(v, str)}
         visible.update(env)
         shell.ctx.commands.append(
-            Command(tuple(words), shell.source_stack[-1], shell.line, visible, outer)
+            Command(tuple(words), shell.source_stack[-1], shell.line, visible, outer, shell.batch)
         )
     return 0
 
@@ -126,12 +136,15 @@ def _run_child(child: Shell, body: object, outer: tuple[tuple[str, ...], ...]) -
         for number in range(before, len(child.ctx.commands)):
             command = child.ctx.commands[number]
             child.ctx.commands[number] = Command(command.argv, command.origin, command.line,
-                                                 command.env, outer + command.outer)  # fmt: skip
+                                                 command.env, outer + command.outer,
+                                                 command.batch)  # fmt: skip
     return child.status
 
 
 def _resolve(shell: Shell, name: str, what: str) -> str:
-    name = shell.require(name, what)
+    if shell.ctx.unset_in(name) or shell.ctx.bash_value(name) is None:
+        name = shell.require(name, what)  # a path from an unset variable: ask for it
+    name = shell.value(name, what)
     # bash reads a relative name from the working folder (`source $(dirname $0)/common.sh` when
     # the script is named from the repository's root); next to the script is the fallback
     for path in (name, os.path.join(script_dir(shell.ctx), name)):
@@ -235,13 +248,17 @@ def _options(shell: Shell, args: list[str]) -> list[str]:
             continue
         if "e" in arg[1:]:
             shell.errexit = arg.startswith("-")
-        if arg.endswith("o") and next(words, "") == "errexit":  # `-o errexit`, `-euo errexit`
-            shell.errexit = arg.startswith("-")
+        if "u" in arg[1:]:
+            shell.nounset = arg.startswith("-")
+        if arg.endswith("o"):  # `-o errexit`, `-euo pipefail`
+            option = next(words, "")
+            if option in ("errexit", "nounset"):
+                setattr(shell, option, arg.startswith("-"))
     return rest
 
 
 def _shift(shell: Shell, argv: list[str]) -> int:
-    count = int(shell.require(argv[1], "the count of `shift`")) if len(argv) > 1 else 1
+    count = int(shell.value(argv[1], "the count of `shift`") or 0) if len(argv) > 1 else 1
     if count > len(shell.positional):
         return 1
     shell.positional = shell.positional[count:]
@@ -251,7 +268,7 @@ def _shift(shell: Shell, argv: list[str]) -> int:
 def _status_of(shell: Shell, argv: list[str]) -> int:
     if len(argv) < 2:
         return shell.status
-    text = shell.require(argv[1], f"the status of `{argv[0]}`")
+    text = shell.value(argv[1], f"the status of `{argv[0]}`")
     try:
         return int(text) & 255
     except ValueError:
@@ -269,7 +286,7 @@ def _return(shell: Shell, argv: list[str]) -> int:
 
 
 def _break(shell: Shell, argv: list[str]) -> int:
-    levels = int(shell.require(argv[1], f"the count of `{argv[0]}`")) if len(argv) > 1 else 1
+    levels = int(shell.value(argv[1], f"the count of `{argv[0]}`") or 1) if len(argv) > 1 else 1
     raise Break(levels, argv[0] == "continue")
 
 
@@ -308,62 +325,38 @@ _BUILTINS = {
 }  # fmt: skip
 
 
-def pure_output(shell: Shell, script: str) -> str | None:
-    """Return the output of a `$(...)` that needs no running (`dirname`, `basename`, `echo`,
-    `cd DIR && pwd`), or None."""
-    try:
-        tree = parse_script(script, shell.source_stack[-1], shell.line, fixed_line=True)
-    except Exception:
-        return None
-    if len(tree.items) != 1 or tree.items[0][1]:
-        return None
-    node = tree.items[0][0]
-    if isinstance(node, AndOr) and len(node.rest) == 1 and node.rest[0][0] == "&&":
-        first, (_, second) = node.first, node.rest[0]
-        if _argv(shell, second) == ["pwd"]:
-            where = _argv(shell, first)
-            if where and len(where) == 2 and where[0] == "cd" and not MARK.search(where[1]):
-                return os.path.abspath(where[1])
-        return None
-    argv = _argv(shell, node)
-    if not argv or any(MARK.search(a) for a in argv):
-        return None
-    if argv[0] == "dirname" and len(argv) == 2:
-        return _dirname(argv[1])
-    if argv[0] == "basename" and len(argv) in (2, 3):
-        base = argv[1].rstrip("/").rsplit("/", 1)[-1] or "/"
-        return base[: -len(argv[2])] if len(argv) == 3 and base.endswith(argv[2]) else base
-    if argv[0] in ("realpath", "readlink") and len(argv) == 2 + (argv[0] == "readlink"):
-        return os.path.abspath(argv[-1])
-    if argv[0] == "echo" and not any(a.startswith("-") for a in argv[1:2]):
-        return " ".join(argv[1:])
-    return None
-
-
-def _argv(shell: Shell, node: object) -> list[str] | None:
-    if isinstance(node, Seq) and len(node.items) == 1:
-        node = node.items[0][0]
-    if not isinstance(node, Simple) or node.assigns or any(isinstance(w, Assign) for w in node.words):
-        return None
-    return [text for word in node.words if isinstance(word, Word) for text in shell.expand_fields(word)]
-
-
-def _dirname(path: str) -> str:
-    stripped = path.rstrip("/")
-    if not stripped:
-        return "/" if path else "."
-    head = stripped.rsplit("/", 1)
-    if len(head) == 1:
-        return "."
-    return head[0].rstrip("/") or "/"
-
-
 class Builtins:
     """The commands as the reader treats them: what Shell calls back for each simple command."""
 
     def run(self, shell: Shell, argv: list[str], node: Simple, prefix: dict[str, str],
-            arrays: list[Assign]) -> int:  # fmt: skip
-        return run_command(shell, argv, node, prefix, arrays)
+            arrays: list[Assign], bash_argv: list[str]) -> int:  # fmt: skip
+        return run_command(shell, argv, node, prefix, arrays, bash_argv)
 
     def output(self, shell: Shell, script: str) -> str | None:
         return pure_output(shell, script)
+
+
+def _reads_stdin(argv: list[str]) -> bool:
+    """`sbatch <<EOF` (the job script is the here-document), `bash <<EOF`, `sh -s <<EOF`."""
+    program = program_name(argv[0])
+    if program == "sbatch":
+        return True
+    return program in ("bash", "sh") and all(word.startswith("-") and word != "-c"
+                                             for word in argv[1:])  # fmt: skip
+
+
+def run_here_document(shell: Shell, argv: list[str], doc: HereDoc, env: dict[str, str]) -> int:
+    """Read the script a here-document gives `sbatch` or `bash` (expanded by this shell first,
+    unless its delimiter is quoted), in a shell of its own: a batch job for sbatch."""
+    text = "\n".join(doc.lines) + "\n"
+    if not doc.quoted:
+        text = shell.expand_string(parse_fragment(text, shell.source_stack[-1], doc.line))
+    if shell.depth >= MAX_DEPTH:
+        raise shell.fail("scripts call each other too deeply")
+    variables = {k: v for k, v in shell.vars.items() if k in shell.exported and isinstance(v, str)}
+    variables.update(env)
+    child = shell.child(shell.origin, [], variables)
+    child.source_stack = list(shell.source_stack)
+    if program_name(argv[0]) == "sbatch":
+        start_job(child, tuple(a for a in argv[1:] if a.startswith("-")) + sbatch_options(text))
+    return _run_child(child, lambda: child.run_text(text, shell.source_stack[-1], doc.line), ())

@@ -1,7 +1,9 @@
 """Bash's `test` / `[ ]` / `[[ ]]` conditions, on values the script sets.
 
-String and integer comparisons are evaluated; file tests (`-f`, `-d`, ...) would look at the machine
-the job runs on, so they are an error naming the test.
+String and integer comparisons are evaluated on values as bash reads them (an unset variable is
+empty). File tests of existence (`-e`, `-f`, `-d`, `-r`, `-s`, `-w`, `-x`) would look at the job's
+machine: they are taken as the script hopes (the file is there), each with a note; the other file
+tests (a link, a socket, a terminal, ...) are an error naming the test.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from inspector.inputs.bash.runtime import MAX_MATCHING
 _UNARY_STRING = {"-z", "-n"}
 _FILE_TESTS = {"-a", "-b", "-c", "-d", "-e", "-f", "-g", "-h", "-k", "-p", "-r", "-s", "-t", "-u",
                "-w", "-x", "-G", "-L", "-N", "-O", "-S"}  # fmt: skip
+_EXISTS = {"-a": "exists", "-e": "exists", "-f": "is a file", "-d": "is a folder",
+           "-r": "is readable", "-s": "is not empty", "-w": "is writable",
+           "-x": "is executable"}  # what the script hopes of a file on the job's machine
 _COMPARE = {"-eq": operator.eq, "-ne": operator.ne, "-lt": operator.lt, "-le": operator.le,
             "-gt": operator.gt, "-ge": operator.ge}  # fmt: skip
 _INTEGER = set(_COMPARE)
@@ -29,7 +34,7 @@ class _Test:
         self.shown = " ".join(shell.ctx.show(text) for text, _ in operands)
 
     def value(self, text: str) -> str:
-        return self.shell.require(text, f"a value in the condition `{self.shown}`")
+        return self.shell.value(text, f"a value in the condition `{self.shown}`")
 
     def word(self, ahead: int = 0) -> str | None:
         index = self.pos + ahead
@@ -80,6 +85,12 @@ class _Test:
         if first == "-v" and second is not None:
             self.pos += 2
             return self.shell.lookup(second, None) is not None
+        if first in _EXISTS and second is not None:
+            self.pos += 2
+            path = self.shell.ctx.show(second)
+            self.shell.ctx.note(f"{self.shell.where()}: took `{first} {path}` as true (the reader "
+                                f"assumes {path} {_EXISTS[first]} on the job's machine)")
+            return True
         if first in _FILE_TESTS and second is not None:
             raise self.shell.fail(
                 f"the condition `{self.shown}` tests the file system ({first}), which the reader "

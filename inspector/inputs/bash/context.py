@@ -31,6 +31,9 @@ class Unknown:
     text: str  # `$HIDDEN`, `$1`, `$(cat layers.txt)`
     reason: str  # "which the script never sets"
     hint: str | None  # the name for --set, or None when only a flag can give it
+    # What bash reads on a fresh login shell of the job's machine: "" for an unset variable, a
+    # placeholder for `$RANDOM` or `$PWD`; None where only running a command would tell.
+    value: str | None = None
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,7 @@ class Command:
     line: int
     env: Mapping[str, str]  # exported variables and the command's own NAME=value prefixes
     outer: tuple[tuple[str, ...], ...] = ()  # `srun ... bash -c "..."` around it, outermost first
+    batch: tuple[str, ...] = ()  # the #SBATCH options of the batch job it runs in
 
     @property
     def observed(self) -> tuple[str, ...]:
@@ -63,6 +67,9 @@ class Context:
     matching: Budget = field(default_factory=lambda: Budget(MAX_MATCHING, _MATCHING))
     copied: Budget = field(default_factory=lambda: Budget(MAX_COPIED, _COPIED))
     ended: str = ""  # where and why the script stopped early (`exit`, `set -e`), if it did
+    notes: list[str] = field(default_factory=list)  # assumptions made, for stderr
+    unset_read: dict[str, str] = field(default_factory=dict)  # --set name -> where read as empty
+    taint: list[Unknown] | None = None  # unknowns read while an `$(( ))` is evaluated
     steps: int = 0  # simple commands run
     depth: int = 0  # compound commands, functions and sourced texts running inside one another
 
@@ -77,6 +84,29 @@ class Context:
     def show(self, text: str) -> str:
         return MARK.sub(lambda m: self.unknowns[int(m.group(1))].text, text)
 
+    def held(self, text: str) -> list[Unknown]:
+        """The unknowns a text holds, in order."""
+        return [self.unknowns[int(m.group(1))] for m in MARK.finditer(text)]
+
+    def bash_value(self, text: str) -> str | None:
+        """The text as bash reads it (each unknown replaced by its value), or None where an
+        unknown has no value bash could know without running a command."""
+        if any(unknown.value is None for unknown in self.held(text)):
+            return None
+        return MARK.sub(lambda m: self.unknowns[int(m.group(1))].value or "", text)
+
+    def unset_in(self, text: str) -> bool:
+        """Whether a text holds an unset variable."""
+        return any(unknown.value == "" for unknown in self.held(text))
+
+    def is_unset(self, text: str) -> bool:
+        """Whether a text is only unset variables (bash drops it as an unquoted word)."""
+        return bool(text) and not MARK.sub("", text) and self.bash_value(text) == ""
+
+    def note(self, message: str) -> None:
+        if message not in self.notes:
+            self.notes.append(message)
+
 
 class Host(Protocol):
     """What arithmetic and conditions need of the shell that evaluates them."""
@@ -85,6 +115,9 @@ class Host(Protocol):
 
     def fail(self, message: str) -> InputError: ...
     def require(self, text: str, what: str) -> str: ...
+    def value(self, text: str, what: str) -> str: ...
+    def read_unset_name(self, name: str) -> None: ...
+    def where(self) -> str: ...
     def lookup(self, name: str, index: str | None) -> list[str] | None: ...
     def assign(self, name: str, value: str) -> None: ...
     def assign_array(self, name: str, elements: dict[int, str]) -> None: ...

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -9,7 +10,7 @@ from typing import TYPE_CHECKING
 from inspector.inputs.bash.brace import expand_braces
 from inspector.inputs.bash.context import MARK, Context, Unknown
 from inspector.inputs.bash.patterns import Glob
-from inspector.inputs.bash.runtime import Value
+from inspector.inputs.bash.runtime import Exit, Value
 from inspector.inputs.bash.syntax import DQ, Arith, CmdSub, Lit, Param, Part, Word
 
 if TYPE_CHECKING:
@@ -30,6 +31,8 @@ class Expansion:
     vars: dict[str, Value]
     positional: list[str]
     source_stack: list[str]
+    line: int
+    nounset: bool
 
     if TYPE_CHECKING:  # Shell's, which expansion calls back into
 
@@ -40,33 +43,39 @@ class Expansion:
         def index_of(self, text: str) -> int: ...
         def command_substitution(self, part: CmdSub) -> str: ...
 
-    def expand_fields(self, word: Word) -> list[str]:
-        """Expand a word to fields: braces first, then bash's word splitting of expansions."""
-        words = expand_braces(word)
-        if len(words) > 1:
-            return [field for each in words for field in self._split_fields(each)]
-        return self._split_fields(word)
+    def expand_fields(self, word: Word, as_bash: bool = False) -> list[str]:
+        """Expand a word to fields: braces first, then bash's word splitting of expansions.
 
-    def _split_fields(self, word: Word) -> list[str]:
-        fields: list[str] = []
+        An unquoted unset variable stays as a field (a flag's value the model may need), unless
+        `as_bash`: then it vanishes, as in bash."""
+        return [text for text, vanishes in self.split_word(word) if not (as_bash and vanishes)]
+
+    def split_word(self, word: Word) -> list[tuple[str, bool]]:
+        """Return a word's fields, each with whether bash drops it (only unquoted unset values)."""
+        words = expand_braces(word)
+        return [field for each in words for field in self._split_fields(each)]
+
+    def _split_fields(self, word: Word) -> list[tuple[str, bool]]:
+        fields: list[tuple[str, bool]] = []
         current: str | None = None
+        quoted = False
         for piece in self._pieces(word.parts, quoted=False):
             if piece.brk:
                 if current is not None:
-                    fields.append(current)
-                current = None
+                    fields.append((current, not quoted and self.ctx.is_unset(current)))
+                current, quoted = None, False
             elif piece.quoted:
-                current = (current or "") + piece.text
+                current, quoted = (current or "") + piece.text, True
             elif piece.text:
                 chunks = re.split(r"[ \t\n]+", piece.text)
                 for number, chunk in enumerate(chunks):
                     if number and current is not None:
-                        fields.append(current)
-                        current = None
+                        fields.append((current, not quoted and self.ctx.is_unset(current)))
+                        current, quoted = None, False
                     if chunk:
                         current = (current or "") + chunk
         if current is not None:
-            fields.append(current)
+            fields.append((current, not quoted and self.ctx.is_unset(current)))
         return fields
 
     def expand_string(self, word: Word | None) -> str:
@@ -80,12 +89,50 @@ class Expansion:
         pieces = [(p.text, p.quoted) for p in self._pieces(word.parts, quoted=False) if not p.brk]
         text = "".join(text for text, _ in pieces)
         if MARK.search(text):
-            if not strict:
+            if self.ctx.bash_value(text) is None and not strict:
                 return None
-            self.require(text, what)
+            self.value(text, what)
+            pieces = [(self.ctx.bash_value(piece) or "", quoted) for piece, quoted in pieces]
         if skip and pieces:
             pieces[0] = (pieces[0][0][skip:], pieces[0][1])
         return Glob.compile(pieces)
+
+    def value(self, text: str, what: str) -> str:
+        """Return `text` as bash reads it (unset variables empty, placeholders for `$RANDOM` and
+        `$PWD`), noting each unset variable read; raise where only a command would tell."""
+        held = self.ctx.held(text)
+        if not held:
+            return text
+        known = self.ctx.bash_value(text)
+        if known is None:
+            self.require(text, what)
+            raise AssertionError(text)  # require raised
+        for unknown in held:
+            if unknown.value == "" and unknown.hint is not None:
+                self._read_unset(unknown.text, unknown.hint)
+        if self.ctx.taint is not None:
+            self.ctx.taint.extend(held)
+        return known
+
+    def _read_unset(self, text: str, hint: str) -> None:
+        if hint in self.ctx.unset_read:
+            return
+        self.ctx.unset_read[hint] = self.where()
+        self.ctx.note(f"{self.where()}: {text} is not set, so it reads as empty, as in bash; "
+                      f"give it with --set {hint}=VALUE")  # fmt: skip
+
+    def read_unset_name(self, name: str) -> None:
+        """An unset variable read by name in `$(( ))`: 0 there, as in bash."""
+        if self.nounset:
+            self._stop_unset(name, name)
+        self._read_unset(f"${name}", name)
+        if self.ctx.taint is not None:
+            self.ctx.taint.append(Unknown(f"${name}", "which the script never sets", name, ""))
+
+    def _stop_unset(self, text: str, name: str) -> None:
+        """`set -u`: bash stops at an unset variable (the reader names it for --set)."""
+        self.ctx.unset_read.setdefault(name, self.where())
+        raise Exit(f"{self.where()}: {text} is not set, which stops bash under `set -u`")
 
     def _pieces(self, parts: tuple[Part, ...], quoted: bool) -> list[_Piece]:
         out: list[_Piece] = []
@@ -99,10 +146,41 @@ class Expansion:
             elif isinstance(part, Param):
                 out.extend(self._param(part, quoted))
             elif isinstance(part, Arith):
-                out.append(_Piece(str(self.arith(part.body)), quoted))
+                out.append(_Piece(self._arith_piece(part), quoted))
             elif isinstance(part, CmdSub):
                 out.append(_Piece(self.command_substitution(part), quoted))
         return out
+
+    def _arith_piece(self, part: Arith) -> str:
+        """`$(( ))`: its value; marked unknown (with that value) where it reads an unknown."""
+        outer, self.ctx.taint = self.ctx.taint, []
+        try:
+            result = str(self.arith(part.body))
+            read = self.ctx.taint
+        finally:
+            self.ctx.taint = outer
+        if not read:
+            return result
+        if outer is not None:
+            outer.extend(read)
+        root = read[0]
+        return self.ctx.mark(Unknown(f"$(({part.body.raw}))", f"where {root.text} is a value "
+                                     f"{root.reason}", root.hint, result))  # fmt: skip
+
+    def where(self) -> str:
+        return f"{self.source_stack[-1]} line {self.line}"
+
+    def placeholder(self, name: str) -> str:
+        """`$RANDOM` and `$PWD`, which a fresh shell sets: marked, with the value the reader uses."""
+        if name == "RANDOM":
+            value, reason = "0", "which bash draws at random"
+            self.ctx.note(f"{self.where()}: $RANDOM is a number bash draws at random; the reader "
+                          "uses 0 where it builds a path or a port")  # fmt: skip
+        else:
+            value, reason = os.getcwd(), "the folder the job starts in"
+            self.ctx.note(f"{self.where()}: $PWD (or `pwd`) is the folder the job starts in; the "
+                          "reader takes the folder it runs in")  # fmt: skip
+        return self.ctx.mark(Unknown(f"${name}", reason, None if name == "RANDOM" else name, value))
 
     def lookup(self, name: str, index: str | None) -> list[str] | None:
         """Return the values of NAME (one for a scalar), or None when it is not set."""
@@ -111,6 +189,8 @@ class Expansion:
         if name == "BASH_SOURCE":
             return [self.source_stack[-1]]
         value = self.vars.get(name)
+        if value is None and name in ("RANDOM", "PWD") and index is None:
+            return [self.placeholder(name)]
         if value is None:
             return None
         if index in ("@", "*"):
@@ -179,11 +259,13 @@ class Expansion:
         if part.name == "HOME" and part.text == "~":
             return self.ctx.mark(Unknown("~ (the home folder)", "which the job's user decides",
                                          "HOME"))  # fmt: skip
+        if self.nounset and part.name not in "@*":
+            self._stop_unset(part.text, part.name)
         if part.name.isdigit():
             reason = "which the script gets from its command line"
         else:
             reason = "which the script never sets"
-        return self.ctx.mark(Unknown(part.text, reason, part.name))
+        return self.ctx.mark(Unknown(part.text, reason, part.name, ""))
 
     def _transform(self, part: Param, value: str) -> str:
         op = part.op
@@ -192,8 +274,10 @@ class Expansion:
         if MARK.search(value):
             unknown = self.ctx.unknown_in(value)
             assert unknown is not None
-            return self.ctx.mark(Unknown(part.text, f"where {unknown.text} is {unknown.reason}",
-                                         unknown.hint))  # fmt: skip
+            known = self.ctx.bash_value(value)
+            return self.ctx.mark(Unknown(part.text, f"where {unknown.text} is a value "
+                                         f"{unknown.reason}", unknown.hint,
+                                         None if known is None else self._transform(part, known)))
         if op == "^^":
             return value.upper()
         if op == ",,":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from inspector.inputs.bash.batch import sbatch_options, start_job
 from inspector.inputs.bash.commands import Builtins
 from inspector.inputs.bash.context import Context
 from inspector.inputs.bash.runtime import Break, Exit, Return, Value
@@ -21,6 +22,7 @@ def new_shell(ctx: Context, origin: str) -> Shell:
 def interpret(ctx: Context, text: str) -> None:
     """Run the script `text` (the file ctx.script) without running anything; fill ctx."""
     shell = new_shell(ctx, ctx.script)
+    start_job(shell, sbatch_options(text))
     try:
         shell.run_text(text, ctx.script)
     except Exit as stop:

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from inspector.inputs.bash.syntax import DQ, Assign, Lit, Part, Word
+from inspector.inputs.bash.syntax import DQ, Assign, HereDoc, Lit, Part, Word
 from inspector.inputs.bash.words import META, WordReader, merge_parts
 
 _OPERATORS = (";;&", ";;", ";&", "&&", "||", "|&", "&>>", "&>", "<<<", "<<-", "<<", ">>", ">&",
@@ -30,18 +30,12 @@ class Token:
     op: str | None = None  # an operator's text (`;`, `&&`, `(`)
 
 
-@dataclass
-class _Heredoc:
-    delimiter: str
-    strip_tabs: bool
-
-
 class Lexer(WordReader):
     """Turn script text into tokens, keeping each word's quoting structure."""
 
     def __init__(self, text: str, origin: str, first_line: int = 1, fixed_line: bool = False):
         super().__init__(text, origin, first_line, fixed_line)
-        self.heredocs: list[_Heredoc] = []
+        self.heredocs: list[HereDoc] = []
         self.last: Token | None = None
 
     def tokenize(self) -> list[Token]:
@@ -117,11 +111,15 @@ class Lexer(WordReader):
         target = self.read_word()
         if op in ("<<", "<<-"):
             delimiter = "".join(p.text for p in _flat_literals(target.parts))
-            self.heredocs.append(_Heredoc(delimiter, op == "<<-"))
+            quoted = any(not isinstance(p, Lit) or p.quoted for p in target.parts)
+            doc = HereDoc(delimiter, op == "<<-", quoted, 0)
+            self.heredocs.append(doc)
+            return Token("redir", (op, target, doc), line)
         return Token("redir", (op, target), line)
 
     def _read_heredocs(self) -> None:
         for doc in self.heredocs:
+            doc.line = self.line
             while True:
                 if self.i >= len(self.s):
                     raise self.fail(f"the here-document ending in {doc.delimiter} is not closed")
@@ -131,6 +129,7 @@ class Lexer(WordReader):
                 self._advance(min(end + 1, len(self.s)) - self.i)
                 if (text.lstrip("\t") if doc.strip_tabs else text) == doc.delimiter:
                     break
+                doc.lines.append(text.lstrip("\t") if doc.strip_tabs else text)
         self.heredocs = []
 
     def _read_compound(self, opener: str, closer: str, kind: str, line: int) -> Token:

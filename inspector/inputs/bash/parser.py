@@ -1,5 +1,5 @@
-"""Parse bash launch scripts (never run): a recursive-descent parser, over shelllex's tokens, for
-the subset that inspector.inputs.bash.shell interprets; it returns shellast's syntax tree."""
+"""Parse bash launch scripts (never run): a recursive-descent parser, over lexer.py's tokens, for
+the subset that inspector.inputs.bash.shell interprets; it returns syntax.py's syntax tree."""
 
 from __future__ import annotations
 
@@ -317,10 +317,13 @@ class Parser:
         line = self.peek().line
         assigns: list[Assign] = []
         words: list[Word | Assign] = []
+        stdin = None
         while True:
             token = self.peek()
             if token.kind == "redir":
                 self.take()
+                if len(token.value) == 3:  # `<<EOF`: its lines are read after this line
+                    stdin = token.value[2]
             elif token.kind == "array":
                 self.take()
                 (words if words else assigns).append(token.value)
@@ -336,7 +339,7 @@ class Parser:
                 break
         if not assigns and not words:
             raise self.fail(f"unexpected {self._describe(self.peek())}")
-        return Simple(assigns, words, line)
+        return Simple(assigns, words, line, stdin)
 
 
 def split_assignment(word: Word, origin: str = "") -> Assign | None:

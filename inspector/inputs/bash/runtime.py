@@ -59,3 +59,10 @@ class Budget:
         self.left -= amount
         if self.left < 0:
             raise WorkExceeded(self.what)
+
+
+def as_array(value: Value | None) -> dict[int, str]:
+    """A variable as an indexed array (a scalar is element 0)."""
+    if isinstance(value, dict):
+        return value
+    return {0: value} if value is not None else {}

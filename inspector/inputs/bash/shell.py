@@ -4,10 +4,11 @@ Variables, arrays, quoting and word splitting, `$((..))`, the `${V:-x}` family, 
 `while` on values the script sets, functions, `source`, `eval` and `bash -c` are followed. Nothing is
 ever executed: other commands (`mkdir`, `rm`, `curl`, `sbatch`, ...) are skipped as if they succeeded,
 redirections write nothing, and `$(...)` is not run. A value the script does not set (the
-environment, `$1`, a command's output) becomes an Unknown marker; it is an error only where it matters
-(a condition, arithmetic, a modelled argument), and the error says how to give it: `--set NAME=VALUE`.
+environment, `$1`, a command's output) becomes an Unknown marker holding what bash reads (empty for an
+unset variable); conditions and arithmetic read that value, and the launch reader names the markers
+that reach a modelled argument (inspector.inputs.missing), with how to give them: `--set NAME=VALUE`.
 The training commands met on the way are collected as Commands for inspector.inputs.launch. Words are
-expanded by Shell's base class (shellexpand); what the whole reading shares is in shellcontext.
+expanded by Shell's base class (expand.py); what the whole reading shares is in context.py.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Protocol
 from inspector.errors import InputError
 from inspector.inputs.bash.arith import evaluate_arith
 from inspector.inputs.bash.conditions import evaluate_test
-from inspector.inputs.bash.context import MARK, Context, Unknown, describe_unknown
+from inspector.inputs.bash.context import Context, Unknown, describe_unknown
 from inspector.inputs.bash.expand import Expansion
 from inspector.inputs.bash.parser import read_commands
 from inspector.inputs.bash.patterns import Glob, ere
@@ -36,9 +37,9 @@ from inspector.inputs.bash.runtime import (
     Return,
     Value,
     WorkExceeded,
+    as_array,
 )
 from inspector.inputs.bash.syntax import (
-    DQ,
     AndOr,
     ArithCmd,
     Assign,
@@ -50,13 +51,12 @@ from inspector.inputs.bash.syntax import (
     Group,
     If,
     Node,
-    Param,
-    Part,
     Pipeline,
     Seq,
     Simple,
     While,
     Word,
+    part_types,
 )
 from inspector.inputs.bash.words import parse_fragment
 
@@ -68,7 +68,7 @@ class Commands(Protocol):
     """What the shell calls back for simple commands (inspector.inputs.bash.commands gives it)."""
 
     def run(self, shell: Shell, argv: list[str], node: Simple, prefix: dict[str, str],
-            arrays: list[Assign]) -> int: ...  # fmt: skip
+            arrays: list[Assign], bash_argv: list[str]) -> int: ...  # fmt: skip
     def output(self, shell: Shell, script: str) -> str | None: ...
 
 
@@ -83,9 +83,11 @@ class Shell(Expansion):
         self.locals: list[dict[str, Value | None]] = []
         self.depth, self.line, self.status = depth, 0, 0
         self.errexit = False  # `set -e`
+        self.nounset = False  # `set -u`: an unset variable stops the script
         self.loops = 0  # loops running around the current command
         self.checked = 0  # > 0 while a status is being tested (`if`, `&&`, `!`): -e does not apply
         self.source_stack: list[str] = [origin]
+        self.batch: tuple[str, ...] = ()  # the #SBATCH options of the job it runs in
 
     # -------------------------------------------------------------------------- errors
 
@@ -188,7 +190,7 @@ class Shell(Expansion):
         """Return a new bash process started by this one (`bash -c`, `bash FILE`)."""
         child = Shell(self.ctx, self.commands, origin, positional, dict(variables), set(variables),
                       self.depth + 1)  # fmt: skip
-        child.line = self.line
+        child.line, child.batch = self.line, self.batch
         return child
 
     def fork(self) -> Shell:
@@ -198,7 +200,8 @@ class Shell(Expansion):
                       set(self.exported), self.depth)  # fmt: skip
         child.functions = dict(self.functions)
         child.line, child.source_stack = self.line, list(self.source_stack)
-        child.errexit, child.checked = self.errexit, self.checked
+        child.errexit, child.checked, child.nounset = self.errexit, self.checked, self.nounset
+        child.batch = self.batch
         return child
 
     def _run_group(self, node: Group) -> int:
@@ -221,7 +224,7 @@ class Shell(Expansion):
 
     def _run_case(self, node: Case) -> int:
         self.line = node.line
-        subject = self.require(self.expand_string(node.word), "the `case` word")
+        subject = self.value(self.expand_string(node.word), "the `case` word")
         for patterns, body in node.items:
             for pattern in patterns:
                 glob = self.pattern(pattern, "a `case` pattern") or Glob(())
@@ -234,7 +237,7 @@ class Shell(Expansion):
         if node.words is None:
             values = self._positional("@")
         else:
-            values = [v for w in node.words for v in self.expand_fields(w)]
+            values = [v for w in node.words for v in self.expand_fields(w, as_bash=True)]
         status = 0
         for value in values:
             self.assign(node.name, value)
@@ -286,7 +289,7 @@ class Shell(Expansion):
 
     def arith(self, body: Word) -> int:
         text = self.expand_string(body)
-        self.require(text, f"the arithmetic $(({self.ctx.show(text)}))")
+        text = self.value(text, f"the arithmetic $(({self.ctx.show(text)}))")
         return evaluate_arith(text, self)
 
     # ---------------------------------------------------------------------- simple commands
@@ -296,18 +299,24 @@ class Shell(Expansion):
         self.ctx.steps += 1
         if self.ctx.steps > MAX_STEPS:
             raise self.fail(f"the script runs more than {MAX_STEPS} commands; the reader stops")
-        argv, arrays = [], []
+        fields: list[tuple[str, bool]] = []
+        arrays = []
         for word in node.words:
             if isinstance(word, Assign):
                 arrays.append(word)
             else:
-                argv.extend(self.expand_fields(word))
-        if not argv:
+                fields.extend(self.split_word(word))
+        while fields and fields[0][1]:  # `$LAUNCHER torchrun ...` with LAUNCHER unset
+            fields.pop(0)
+        if not fields:
             for assign in node.assigns:
                 self.do_assign(assign)
             return 0
+        # the launch keeps unset values (a flag's value the model may need); bash drops them
+        argv = [text for text, _ in fields]
+        bash_argv = [text for text, vanishes in fields if not vanishes]
         prefix = {a.name: self.expand_string(a.value) for a in node.assigns if a.value}
-        status = self.commands.run(self, argv, node, prefix, arrays)
+        status = self.commands.run(self, argv, node, prefix, arrays, bash_argv)
         return self.check(status, f"`{_brief(self.ctx.show(' '.join(argv)))}`")
 
     def do_assign(self, assign: Assign, local: bool = False) -> None:
@@ -317,7 +326,7 @@ class Shell(Expansion):
         if assign.array is not None:
             elements = [v for w in assign.array for v in self.expand_fields(w)]
             old = self.vars.get(assign.name) if assign.append else None
-            base = _as_array(old) if old is not None else {}
+            base = as_array(old) if old is not None else {}
             start = max(base) + 1 if base else 0
             base.update({start + i: v for i, v in enumerate(elements)})
             if len(base) > MAX_ELEMENTS or sum(len(v) for v in base.values()) > MAX_VALUE:
@@ -327,11 +336,11 @@ class Shell(Expansion):
             return
         assert assign.value is not None
         value = self.expand_string(assign.value)
-        if MARK.search(value) and CmdSub in _part_types(assign.value):
+        if self.ctx.bash_value(value) is None and CmdSub in part_types(assign.value):
             given = self.ctx.settings.get(assign.name)
             value = given if given is not None else self._command_output(assign, value)
         if assign.index is not None:
-            array = _as_array(self.vars.get(assign.name, {}))
+            array = as_array(self.vars.get(assign.name, {}))
             index = self.index_of(assign.index)
             array[index] = (array.get(index, "") + value) if assign.append else value
             if len(array[index]) > MAX_VALUE or len(array) > MAX_VALUE:
@@ -357,6 +366,8 @@ class Shell(Expansion):
         output = self.commands.output(self, part.script)
         if output is not None:
             return output
+        self.ctx.note(f"{self.where()}: {part.text} is not run; it stands as a placeholder, "
+                      "which only a path or a port may hold")  # fmt: skip
         return self.ctx.mark(Unknown(part.text, "which the reader never runs", None))
 
     def assign(self, name: str, value: str) -> None:
@@ -403,24 +414,3 @@ class Shell(Expansion):
 
 def _brief(text: str) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _as_array(value: Value | None) -> dict[int, str]:
-    if isinstance(value, dict):
-        return value
-    return {0: value} if value is not None else {}
-
-
-def _part_types(word: Word) -> set[type]:
-    found: set[type] = set()
-
-    def visit(parts: tuple[Part, ...]) -> None:
-        for part in parts:
-            found.add(type(part))
-            if isinstance(part, DQ):
-                visit(part.parts)
-            elif isinstance(part, Param) and part.arg is not None:
-                visit(part.arg.parts)
-
-    visit(word.parts)
-    return found

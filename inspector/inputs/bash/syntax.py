@@ -7,7 +7,7 @@ errors name them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # ---------------------------------------------------------------------------------------- words
 
@@ -86,10 +86,22 @@ class Assign:
 
 
 @dataclass(slots=True)
+class HereDoc:
+    """A here-document (`<<EOF`): its lines, read after the command's line."""
+
+    delimiter: str
+    strip_tabs: bool
+    quoted: bool  # `<<'EOF'`: no expansion
+    line: int  # where its first line stands
+    lines: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class Simple:
     assigns: list[Assign]
     words: list[Word | Assign]  # an Assign among words: `declare -a A=( ... )`
     line: int
+    stdin: HereDoc | None = None  # a here-document on its input (`sbatch <<EOF`)
 
 
 @dataclass(slots=True)
@@ -168,3 +180,19 @@ class ArithCmd:
 Node = (
     Simple | Pipeline | AndOr | Seq | If | Case | For | While | Group | FuncDef | CondExpr | ArithCmd
 )
+
+
+def part_types(word: Word) -> set[type]:
+    """The kinds of parts a word holds, inside quotes and `${V:-x}` defaults too."""
+    found: set[type] = set()
+
+    def visit(parts: tuple[Part, ...]) -> None:
+        for part in parts:
+            found.add(type(part))
+            if isinstance(part, DQ):
+                visit(part.parts)
+            elif isinstance(part, Param) and part.arg is not None:
+                visit(part.arg.parts)
+
+    visit(word.parts)
+    return found

@@ -1,0 +1,159 @@
+"""Launch scripts read as bash reads them on a fresh login shell of the job's machine (issue #27):
+unset variables are empty, file guards pass with a note, `$RANDOM` and `pwd` stand as placeholders,
+every value the model or layout needs and the script leaves unset is named in one error, and the
+launch forms of Megatron-LM's examples (`uv run`, `sbatch <<EOF`, `srun ... sh -c`, `#SBATCH`) give
+the world. Each script goes through the real command line; tests/test_bash.py runs the
+fixtures/scripts/bash ones under real bash too."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from inspector.errors import InputError
+from inspector.inputs.sources import parse_launch_script
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "fixtures" / "scripts"
+
+
+def _header(result) -> dict:
+    assert result.code == 0, result.err
+    return json.loads(result.out)["header"]
+
+
+def _layout(header: dict) -> tuple[int, ...]:
+    top = header["topology"]
+    return tuple(top[k] for k in ("world_size", "tensor_model_parallel_size",
+                                  "pipeline_model_parallel_size", "data_parallel_size"))  # fmt: skip
+
+
+def test_llama3_script_with_guards_reads_as_written(cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = SCRIPTS / "llama3_8b_guards.sh"
+    script = cli("params", "--from-script", str(path))
+    # 8 GPUs / tp 2 = dp 4: the model and layout Megatron-LM builds for the script as written
+    flags = cli("params", "--model", "llama3-8b", "--tp", "2", "--pp", "1", "--dp", "4", "--bf16")
+    assert (script.code, script.out) == (0, flags.out)
+    assert script.err.replace(str(tmp_path), "CWD") == "".join(f"{line}\n" for line in [
+        f"Ignored from {path}: --rotary-base --log-interval --save --load",
+        f"Note from {path}: line 6: $PWD (or `pwd`) is the folder the job starts in; the reader "
+        "takes the folder it runs in",
+        f"Note from {path}: line 11: took `-f pretrain_gpt.py` as true (the reader assumes "
+        "pretrain_gpt.py is a file on the job's machine)",
+        f"Note from {path}: line 15: took `-d CWD/checkpoints` as true (the reader assumes "
+        "CWD/checkpoints is a folder on the job's machine)",
+        f"Note from {path}: line 17: ${{WANDB_API_KEY}} is not set, so it reads as empty, as in "
+        "bash; give it with --set WANDB_API_KEY=VALUE",
+        f"Note from {path}: line 23: $RANDOM is a number bash draws at random; the reader uses 0 "
+        "where it builds a path or a port",
+    ])  # fmt: skip
+
+
+def test_every_missing_value_in_one_error(cli):
+    path = SCRIPTS / "missing_values.sh"
+    result = cli("params", "--from-script", str(path))
+    assert (result.code, result.out) == (2, "")
+    assert result.err == (
+        f"Error: {path} line 5: the model and layout need 4 values the script leaves unset: "
+        "torchrun's GPUs per node is ${GPUS_PER_NODE}, which the script never sets; --num-layers "
+        "is $NUM_LAYERS, which the script never sets; --hidden-size is $((HIDDEN * 64)), where "
+        "$HIDDEN is a value which the script never sets; --tensor-model-parallel-size is "
+        "$(cat tp.txt), which the reader never runs; give them with --set GPUS_PER_NODE=VALUE "
+        "--set NUM_LAYERS=VALUE --set HIDDEN=VALUE; give --tensor-model-parallel-size with its "
+        "own flag instead\n"
+    )
+    given = cli("params", "--from-script", str(path), "--set", "GPUS_PER_NODE=8", "--set",
+                "NUM_LAYERS=4", "--set", "HIDDEN=4", "--tp", "2", "--format", "json")  # fmt: skip
+    header = _header(given)
+    assert (header["config"]["num_layers"], header["config"]["hidden_size"]) == (4, 256)
+    assert _layout(header) == (8, 2, 1, 4)
+
+
+def test_a_flag_stands_in_for_a_missing_value(cli):
+    path = SCRIPTS / "missing_values.sh"
+    result = cli("params", "--from-script", str(path), "--num-layers", "2", "--hidden-size", "64",
+                 "--tp", "1", "--dp", "2", "--format", "json")  # fmt: skip
+    assert _layout(_header(result)) == (2, 1, 1, 2)
+
+
+def test_here_document_given_to_sbatch(cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    header = _header(cli("params", "--from-script", str(SCRIPTS / "bash" / "sbatch_heredoc.sh"),
+                         "--format", "json"))  # fmt: skip
+    # sbatch --nodes=4 with #SBATCH --ntasks-per-node=8: srun's 32 tasks; ${TP:-2} read in the job
+    assert _layout(header) == (32, 2, 1, 16)
+    assert header["config"]["num_layers"] == 4
+
+
+def test_uv_run_and_unset_variables(cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    header = _header(cli("params", "--from-script", str(SCRIPTS / "bash" / "fresh_shell.sh"),
+                         "--format", "json"))  # fmt: skip
+    assert _layout(header) == (16, 2, 1, 8)  # ${NUM_NODES:-2} nodes x 8
+
+
+@pytest.mark.parametrize(
+    "batch, launch, world",
+    [
+        ("#SBATCH -N 2\n#SBATCH --gpus-per-node=4\n",
+         "srun torchrun --nnodes $SLURM_NNODES --nproc_per_node gpu", 8),
+        ("#SBATCH --nodes=2\n#SBATCH --gpus-per-node=h100:8\n",
+         "torchrun --nnodes $SLURM_JOB_NUM_NODES --nproc_per_node $SLURM_GPUS_PER_NODE", 16),
+        ("#SBATCH --nodes 3\n#SBATCH --ntasks-per-node 8\n", "srun python", 24),
+        ("#SBATCH -N 2 --ntasks-per-node=4\n",
+         'srun --container-image x sh -c "python -u', 8),
+    ],
+)  # fmt: skip
+def test_sbatch_counts_give_the_world(batch, launch, world):
+    close = '"' if launch.endswith("-u") else ""
+    text = (f"#!/bin/bash\n{batch}\n{launch} pretrain_gpt.py --num-layers 2 --hidden-size 64 "
+            f"--num-attention-heads 4{close}\n")  # fmt: skip
+    assert parse_launch_script(text, "s.sh").world_size == world
+
+
+def test_set_u_stops_where_bash_stops():
+    text = "set -euo pipefail\n[ -z \"$KEY\" ] && echo no key\npython pretrain_gpt.py --num-layers 2\n"
+    with pytest.raises(InputError) as error:
+        parse_launch_script(text, "s.sh")
+    assert str(error.value) == (
+        "s.sh: found no training command (a line running torchrun/python/deepspeed on a .py "
+        "file); the script stops before any: s.sh line 2: $KEY is not set, which stops bash "
+        "under `set -u`; unset on the way: $KEY (s.sh line 2); give it with --set KEY=VALUE"
+    )
+    assert parse_launch_script(text, "s.sh", {"KEY": "k"}).args == {"num_layers": 2}
+
+
+def test_a_guard_on_an_unset_variable_names_it():
+    text = ('if [ -z "$MLM_MODEL_CFG" ]; then echo "set MLM_MODEL_CFG"; exit 1; fi\n'
+            "python pretrain_gpt.py --num-layers 2\n")  # fmt: skip
+    with pytest.raises(InputError) as error:
+        parse_launch_script(text, "s.sh")
+    assert str(error.value).endswith(
+        "the script stops before any: s.sh line 1: `exit 1`; unset on the way: $MLM_MODEL_CFG "
+        "(s.sh line 1); give it with --set MLM_MODEL_CFG=VALUE"
+    )
+
+
+@pytest.mark.parametrize(
+    "text, args",
+    [
+        # an unset word where a flag stands vanishes, as in bash
+        ("python pretrain_gpt.py --num-layers 2 $EXTRA\n", {"num_layers": 2}),
+        # arithmetic reads an unset variable as 0; `$LAUNCHER` unset leaves the command
+        ("L=$((BASE + 3))\n$LAUNCHER python pretrain_gpt.py --num-layers $L\n", None),
+        # `[ -e ]`, `-r`, `-x` are taken as the script hopes
+        ("[ -e a ] && [ -r a ] && [ -x a ] && L=3\npython pretrain_gpt.py --num-layers $L\n",
+         {"num_layers": 3}),
+        ('case "$MODE" in "") L=5;; *) L=1;; esac\npython pretrain_gpt.py --num-layers $L\n',
+         {"num_layers": 5}),
+    ],
+)  # fmt: skip
+def test_unset_readings(text, args):
+    if args is None:  # the layer count derives from an unset variable: it is missing
+        with pytest.raises(InputError, match=r"--num-layers is \$\(\(BASE \+ 3\)\), where \$BASE"):
+            parse_launch_script(text, "s.sh")
+        assert parse_launch_script(text, "s.sh", {"BASE": "1"}).args == {"num_layers": 4}
+        return
+    assert parse_launch_script(text, "s.sh").args == args
