@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,21 @@ def golden(request: pytest.FixtureRequest) -> Callable[[str, str], None]:
         invariants.check(name, text)
 
     return check
+
+
+@contextlib.contextmanager
+def formulas_only() -> Iterator[None]:
+    """Replace the engine's one entry (`engine.memory.run_job`) by one that runs nothing, so that
+    `memory` answers by the closed forms (its answer where the engine cannot run a job)."""
+    from unittest import mock
+
+    from inspector.engine import memory as engine
+
+    def nothing(job: Any, stages: Any) -> Any:
+        return engine.JobRuns({}, "not run in this test")
+
+    with mock.patch.object(engine, "run_job", nothing):
+        yield
 
 
 def formula_activations(*args: str) -> list[dict[str, Any]]:
