@@ -15,7 +15,13 @@ from inspector.report.memory import GIB, MemoryReport, StageMemory
 
 BAR_WIDTH = 48
 # One shade per component, darkest for what lasts longest; the legend prints under the chart.
-SHADES = (("weights", "█"), ("gradients", "▓"), ("optimizer", "▒"), ("activations", "░"))
+SHADES = (
+    ("weights", "█"),
+    ("gradients", "▓"),
+    ("optimizer", "▒"),
+    ("buffers", "▪"),
+    ("activations", "░"),
+)
 MODE_TITLES = {
     "tp": "tensor parallel",
     "ulysses": "Ulysses all-to-all sequence parallel",
@@ -57,9 +63,16 @@ def _layers(stage: StageMemory) -> str:
     return " | ".join(parts)
 
 
-def _parts(stage: StageMemory) -> tuple[int, int, int, int]:
+def _parts(stage: StageMemory) -> tuple[int, int, int, int, int]:
     state = stage.state
-    return state.weights, state.gradients, state.optimizer, stage.activation_bytes
+    return state.weights, state.gradients, state.optimizer, stage.buffers, stage.activation_bytes
+
+
+def _in_flight(stage: StageMemory) -> list[int]:
+    """Return the micro-batches in flight at the peak: in all (the run), or per chunk (formulas)."""
+    if stage.run is not None:
+        return [stage.run.peak.micro_batches]
+    return list(stage.activations.in_flight)
 
 
 def _bar(stage: StageMemory, scale: int) -> str:
@@ -118,6 +131,7 @@ def _context(report: MemoryReport) -> list[str]:
         f"Precision: {model.dtype_name} parameters, {optimizer}; "
         f"recompute {t.recompute}, flash attention {'on' if t.flash_attention else 'off'}.",
     ]
+    lines.append(_source(report))
     # Without --global-batch-size the job line's note says so, and what shows the steady state.
     given = t.global_batch_size is not None
     if given and layout.pp > 1 and b.num_microbatches < layout.pp:
@@ -128,6 +142,29 @@ def _context(report: MemoryReport) -> list[str]:
             "or more shows the steady-state peak."
         )
     return lines
+
+
+def _source(report: MemoryReport) -> str:
+    """Return the line that says where the activations come from."""
+    if report.not_run is None:
+        return (
+            "Activations and buffers: megatron's forward and backward run on meta tensors, "
+            "replayed in the pipeline schedule (peak above weights, grads, optimizer, buffers)."
+        )
+    return (
+        f"Activations: closed forms (Korthikanti et al. 2022), not megatron running: "
+        f"{report.not_run}."
+    )
+
+
+def _moments(report: MemoryReport) -> list[str]:
+    """Return one line per stage naming the moment of its peak (runs only)."""
+    return [
+        f"Stage {s.stage}: static {_size(report, s.static)} (state and buffers), peak "
+        f"{_size(report, s.total)} at the {s.run.peak.moment}."
+        for s in report.stages
+        if s.run is not None
+    ]
 
 
 def _stage_rows(report: MemoryReport, exact: bool) -> list[list[str]]:
@@ -142,7 +179,7 @@ def _stage_rows(report: MemoryReport, exact: bool) -> list[list[str]]:
                 _layers(s),
                 f"{s.parameters:,}",
                 *(fmt(v) for v in _parts(s)),
-                ",".join(map(str, s.activations.in_flight)),
+                ",".join(map(str, _in_flight(s))),
                 fmt(s.total),
                 flops(report.flops_per_rank(s)),
             ]
@@ -153,7 +190,8 @@ def _stage_rows(report: MemoryReport, exact: bool) -> list[list[str]]:
 def _headers(unit: str) -> list[str]:
     return [
         "stage", "rank", "layers", "params", f"weights {unit}", f"grads {unit}",
-        f"optimizer {unit}", f"activations {unit}", "in flight", f"total {unit}", "FLOPs per rank",
+        f"optimizer {unit}", f"buffers {unit}", f"activations {unit}", "in flight", f"total {unit}",
+        "FLOPs per rank",
     ]  # fmt: skip
 
 
@@ -180,6 +218,7 @@ def render_text(report: MemoryReport) -> str:
         *chart,
         legend,
         "",
+        *_moments(report),
         *_summary(report),
     ]
     return "\n".join(lines) + "\n"
@@ -196,8 +235,38 @@ def _number(value: float) -> int | float:
     return int(value) if float(value).is_integer() else value
 
 
+def _activations_json(s: StageMemory) -> dict[str, Any]:
+    run, a = s.run, s.activations
+    if run is not None:
+        return {
+            "source": "engine",
+            "total": s.activation_bytes,
+            "held": run.peak.held,
+            "in_flight": [run.peak.micro_batches],
+            "moment": run.peak.moment,
+        }
+    return {
+        "source": "formulas",
+        "layers": _number(a.layers),
+        "embedding": _number(a.embedding),
+        "output": _number(a.output),
+        "recompute_buffer": _number(a.recompute_buffer),
+        "total": s.activation_bytes,
+        "in_flight": list(a.in_flight),
+    }
+
+
+def _buffers_json(s: StageMemory) -> dict[str, Any] | None:
+    if s.run is None:
+        return None
+    return {
+        "persistent": [[where, size] for where, size in s.run.persistent],
+        "workspaces": s.run.workspaces,
+        "total": s.buffers,
+    }
+
+
 def _stage_json(report: MemoryReport, s: StageMemory) -> dict[str, Any]:
-    a = s.activations
     return {
         "stage": s.stage,
         "rank": s.rank,
@@ -206,14 +275,9 @@ def _stage_json(report: MemoryReport, s: StageMemory) -> dict[str, Any]:
         "weights": s.state.weights,
         "gradients": s.state.gradients,
         "optimizer": s.state.optimizer,
-        "activations": {
-            "layers": _number(a.layers),
-            "embedding": _number(a.embedding),
-            "output": _number(a.output),
-            "recompute_buffer": _number(a.recompute_buffer),
-            "total": s.activation_bytes,
-            "in_flight": list(a.in_flight),
-        },
+        "buffers": _buffers_json(s),
+        "static": s.static,
+        "activations": _activations_json(s),
         "total": s.total,
         "fits": report.fits(s),
         "flops": s.flops,
