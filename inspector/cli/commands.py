@@ -199,8 +199,9 @@ def memory(
         hardware = core.make_hardware(gpu_memory, gpu_tflops, mfu, gpu, job.model.dtype_name)
         if walkthrough:
             from inspector.formulas.walkthrough import job_walkthroughs
+            from inspector.render.walkthrough import render_walkthroughs
 
-            return render.render_walkthroughs(job, job_walkthroughs(job, ulysses_degree), fmt)
+            return render_walkthroughs(job, job_walkthroughs(job, ulysses_degree), fmt)
         core.check_ulysses(ulysses_degree)
         from inspector.world.build import build, select_view
 
