@@ -1,6 +1,6 @@
 """Files and streams in and out: `-o FILE` written the way a user expects, and guarded stdio.
 
-`-o FILE` semantics (README, "Output files and streams"):
+`-o FILE` semantics (docs/errors.md, "Output files and streams"):
 - `-o -` is standard output, as `-` is standard input for `diff`.
 - FILE is replaced atomically: the text goes to a temporary file `.inspect-model-PID-*.tmp` in
   the same folder, which is renamed over FILE once complete. On any failure the temporary file

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
+import math
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -78,3 +81,52 @@ def golden(request: pytest.FixtureRequest) -> Callable[[str, str], None]:
         invariants.check(name, text)
 
     return check
+
+
+@contextlib.contextmanager
+def formulas_only() -> Iterator[None]:
+    """Replace the engine's one entry (`engine.memory.run_job`) by one that runs nothing, so that
+    `memory` answers by the closed forms (its answer where the engine cannot run a job)."""
+    from unittest import mock
+
+    from inspector.engine import memory as engine
+
+    def nothing(job: Any, stages: Any) -> Any:
+        return engine.JobRuns({}, "not run in this test")
+
+    with mock.patch.object(engine, "run_job", nothing):
+        yield
+
+
+def formula_activations(*args: str) -> list[dict[str, Any]]:
+    """Return the closed-form activations (formulas/activations.py) of each stage of `ARGS` (a
+    `memory` command line), on the stages megatron builds for it, without running the engine.
+
+    `memory` reports the engine's numbers wherever it runs; the formulas stay as a cross-check,
+    checked here directly: the engine's one entry (`engine.memory.run_job`) is replaced by one
+    that keeps the built stages and runs nothing.
+    """
+    from unittest import mock
+
+    from inspector.engine import memory as engine
+    from inspector.report.memory import formula_activations as formulas
+
+    seen: list[tuple[Any, tuple[Any, ...]]] = []
+
+    def keep(job: Any, stages: Any) -> Any:
+        seen.append((job, tuple(stages)))
+        return engine.JobRuns({}, "not run in this test")
+
+    with mock.patch.object(engine, "run_job", keep):
+        result = run_cli(*args)
+    assert result.code == 0, result.err
+    (job, stages), = seen
+    out = []
+    for stage in stages:
+        a = formulas(job, stage)
+        out.append({
+            "layers": a.layers, "embedding": a.embedding, "output": a.output,
+            "recompute_buffer": a.recompute_buffer, "total": math.ceil(a.total),
+            "in_flight": list(a.in_flight),
+        })  # fmt: skip
+    return out

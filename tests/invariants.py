@@ -93,24 +93,66 @@ def topology_table(text: str) -> None:
     assert [int(row.split()[0]) for row in rows] == list(range(len(rows)))
 
 
+_JOB = re.compile(
+    r"^Job: \S+ \((?P<layers>\d+) layers, hidden \d+(?:, \d+ experts)?\), "
+    r"(?P<precision>bf16|fp16|fp32), sequence (?P<seq>\d+); (?P<layout>[^;]+?)"
+    r"(?:; global batch (?P<gbs>\d+) = micro-batch (?P<mbs>\d+) x (?P<k>\d+) micro-batch(?:es)?"
+    r" x dp (?P<dp>\d+))?\.$"
+)
+
+
+def job_line(text: str) -> dict[str, str | int]:
+    """The job line's sizes multiply to its GPUs and its batch to its global batch; the fp32
+    note appears exactly when the job is fp32. Return the job's numbers."""
+    first = text.splitlines()[0]
+    match = _JOB.match(first)
+    assert match, first
+    sizes = dict(re.findall(r"\b(tp|pp|dp|cp) (\d+)", match["layout"].split(" = ")[0]))
+    gpus = re.search(r" = (\d+) GPUs?\b", match["layout"])
+    assert gpus and math.prod(map(int, sizes.values())) == int(gpus[1]), first
+    job: dict[str, str | int] = {k: int(v) for k, v in sizes.items()}
+    job.update(precision=match["precision"], seq=int(match["seq"]), layers=int(match["layers"]))
+    if match["gbs"]:
+        assert int(match["gbs"]) == int(match["mbs"]) * int(match["k"]) * int(match["dp"]), first
+        assert int(match["dp"]) == job["dp"], first
+        job["gbs"] = int(match["gbs"])
+    header = text.split("\n\n")[0]
+    assert ("Note: neither --bf16 nor --fp16" in header) == (match["precision"] == "fp32"), header
+    return job
+
+
 def params_human(text: str) -> None:
-    """Each block's `total` row adds up its rows' params and bytes."""
-    for block in text.strip().split("\n\n"):
+    """Each block's `total` row adds up its rows' params and bytes, at the job line's precision;
+    the blocks are stages of the job line's pipeline."""
+    job = job_line(text)
+    width = 4 if job["precision"] == "fp32" else 2
+    for block in text.strip().split("\n\n")[1:]:
+        stage = re.match(r"stage (\d+)", block)
+        assert stage and int(stage[1]) < int(job["pp"]), block.splitlines()[0]
         rows = [line.split() for line in block.splitlines()[3:]]
         *body, total = rows
         params = sum(int(r[-2].replace(",", "")) for r in body)
         size = sum(int(r[-1].replace(",", "")) for r in body)
         assert total[0] == "total"
         assert (int(total[-2].replace(",", "")), int(total[-1].replace(",", ""))) == (params, size)
+        assert size == width * params, (job["precision"], params, size)
 
 
 def memory_text(text: str) -> None:
-    """Each stage row's total is weights + grads + optimizer + activations (to the printed 0.01)."""
+    """The job line holds (job_line) and agrees with the report: one row per pipeline stage, the
+    precision and the FLOPs line's batch and sequence. Each stage row's total is weights + grads
+    + optimizer + buffers + activations (to the printed 0.01)."""
+    job = job_line(text)
+    precision = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[str(job["precision"])]
+    assert f"Precision: {precision} parameters" in text
+    assert f"({job['gbs']} sequences of {job['seq']} tokens" in text
+    stages = [line for line in text.splitlines() if re.match(r"stage \d+ ", line)]
+    assert len(stages) == job["pp"], stages
     for line in text.splitlines():
         cells = line.split()
-        if len(cells) >= 11 and cells[0].isdigit() and "-" in cells[2]:
-            weights, grads, optimizer, activations = map(float, cells[4:8])
-            assert abs(weights + grads + optimizer + activations - float(cells[9])) <= 0.03, line
+        if len(cells) >= 12 and cells[0].isdigit() and "-" in cells[2]:
+            parts = map(float, cells[4:9])  # weights, grads, optimizer, buffers, activations
+            assert abs(sum(parts) - float(cells[10])) <= 0.04, line
 
 
 def diff_report(text: str) -> None:

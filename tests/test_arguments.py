@@ -10,6 +10,7 @@ import pytest
 
 from inspector.inputs.arguments import BY_NAME
 from inspector.inputs.unmodelled import IGNORED, REFUSED
+from tests.conftest import formula_activations
 
 SMALL = ("--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
          "--vocab-size 1000 --micro-batch-size 1 --bf16").split()  # fmt: skip
@@ -22,8 +23,13 @@ def memory(cli, *extra: str) -> dict:
     return json.loads(result.out)["stages"][0]
 
 
+def activations(*extra: str) -> dict:
+    """Stage 0's closed-form activations (the cross-check of the engine's numbers)."""
+    return formula_activations("memory", *SMALL, *extra)[0]
+
+
 def layers(cli, *extra: str) -> float:
-    return memory(cli, *extra)["activations"]["layers"]
+    return activations(*extra)["layers"]
 
 
 def test_recompute_activations_is_selective(cli):
@@ -36,20 +42,20 @@ def test_recompute_activations_is_selective(cli):
 
 def test_full_uniform_groups_keep_one_input_each(cli):
     full = ("--recompute-granularity", "full", "--recompute-method", "uniform")
-    one = memory(cli, *full, "--recompute-num-layers", "1")["activations"]
-    two = memory(cli, *full, "--recompute-num-layers", "2")["activations"]
+    one = activations(*full, "--recompute-num-layers", "1")
+    two = activations(*full, "--recompute-num-layers", "2")
     assert one["layers"] == L * 2 * s * b * h  # every layer keeps its 2sbh input
     assert two["layers"] == L // 2 * 2 * s * b * h  # one input per group of two
     # backward rebuilds a whole group: twice one layer's activations
     assert two["recompute_buffer"] == 2 * one["recompute_buffer"]
     # the CLI's default for full is uniform with one layer, as before
-    assert memory(cli, "--recompute-granularity", "full")["activations"] == one
+    assert activations("--recompute-granularity", "full") == one
 
 
 def test_full_block_recomputes_only_the_first_layers(cli):
     none = layers(cli) / L  # one layer, nothing recomputed
-    block = memory(cli, "--recompute-granularity", "full", "--recompute-method", "block",
-                   "--recompute-num-layers", "1")["activations"]  # fmt: skip
+    block = activations("--recompute-granularity", "full", "--recompute-method", "block",
+                        "--recompute-num-layers", "1")  # fmt: skip
     assert block["layers"] == 2 * s * b * h + (L - 1) * none
     assert block["recompute_buffer"] == none
 
@@ -101,9 +107,9 @@ def test_grad_reduce_in_bf16_halves_gradients(cli):
 
 
 def test_dropout_zero_stores_no_masks(cli):
-    base = memory(cli)["activations"]
-    no_attn = memory(cli, "--attention-dropout", "0")["activations"]
-    no_hidden = memory(cli, "--hidden-dropout", "0")["activations"]
+    base = activations()
+    no_attn = activations("--attention-dropout", "0")
+    no_hidden = activations("--hidden-dropout", "0")
     # attention dropout: its as^2b mask and 2as^2b output per layer (Table 2's 5 becomes 2)
     assert base["layers"] - no_attn["layers"] == L * 3 * a * s * s * b
     # hidden dropout: the sbh masks after attention and MLP, and the embedding's

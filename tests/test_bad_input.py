@@ -34,8 +34,8 @@ SMALL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4
 SMALL += ["--vocab-size", "1000"]
 MEMORY = ["memory", *SMALL, "--micro-batch-size", "1"]
 PARAMS = ["params", *SMALL]
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-README_ROW = re.compile(r"^\| (.+?) \| `inspect-model (.+?)` \| `(Error: .+)` \|$", re.M)
+ERRORS_PAGE = (Path(__file__).resolve().parent.parent / "docs" / "errors.md").read_text()
+ERROR_ROW = re.compile(r"^\| (.+?) \| `inspect-model (.+?)` \| `(Error: .+)` \|$", re.M)
 ROOT = os.geteuid() == 0
 HEADER = "name;module;shape;partitioning_ranks;precs"
 
@@ -500,10 +500,10 @@ MESSAGE_CASES = [
 ]
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
-README_CASES = [
-    case(f"readme-{re.sub(r'[^a-z0-9]+', '-', what.lower()).strip('-')}", *shlex.split(command),
+ERROR_PAGE_CASES = [
+    case(f"errors-page-{re.sub(r'[^a-z0-9]+', '-', what.lower()).strip('-')}", *shlex.split(command),
          message=message.replace("\\|", "|"), files=link("fixtures", str(FIXTURES)))
-    for what, command, message in README_ROW.findall(README)
+    for what, command, message in ERROR_ROW.findall(ERRORS_PAGE)
 ]
 
 
@@ -527,7 +527,7 @@ def _size_cases() -> list[Case]:
 
 
 CASES = OUTPUT_CASES + STREAM_CASES + TABLE_CASES + JSON_CASES + ELSEWHERE_CASES
-CASES += MESSAGE_CASES + README_CASES + _size_cases()
+CASES += MESSAGE_CASES + ERROR_PAGE_CASES + _size_cases()
 
 
 def _marks(c: Case) -> list[Any]:

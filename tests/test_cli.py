@@ -31,7 +31,7 @@ def test_version(cli):
 
 
 def test_model_flags_are_megatron_spellings(cli):
-    text = cli("params", "--help").out
+    text = cli("params", "--help-all").out
     for flag in (
         "--num-layers",
         "--hidden-size",
@@ -134,7 +134,7 @@ def test_debug_keeps_megatrons_traceback(cli):
 
 def test_help_is_grouped_in_panels(cli):
     # Options in panels (plain text: rich is never imported), in a fixed order.
-    text = cli("memory", "-h").out
+    text = cli("memory", "--help-all").out
     panels = [line for line in text.splitlines() if line and not line.startswith(" ")][1:]
     assert panels == [
         "Options:",
@@ -143,6 +143,7 @@ def test_help_is_grouped_in_panels(cli):
         "Parallel layout:",
         "Training: Megatron-LM training arguments:",
         "Output:",
+        "Examples:",
     ]
     # --micro-batch-size is marked required in help; click itself does not require it (a config
     # file or a launch script may give it), our own Error: says it is missing
@@ -153,6 +154,7 @@ def test_help_is_grouped_in_panels(cli):
         assert option in text, option
     assert "--recompute-granularity [none|selective|full]" in text
     assert "--check FILE" in cli("params", "--help").out
+    assert "--micro-batch-size INTEGER" in cli("memory", "-h").out
     assert "-o, --output DIR" in cli("workload", "--help").out
     assert "Arguments:\n  OLD" in cli("diff", "-h").out
 
@@ -171,3 +173,46 @@ def test_debug_after_the_command(cli):
         result = cli(*argv)
         assert result.code == 2 and "Traceback" in result.err, argv
     assert "Traceback" not in cli(*args).err
+
+
+HELP_COMMANDS = ["tree", "topology", "params", "memory", "plan", "workload", "diff", "models"]
+
+
+@pytest.mark.parametrize("command", HELP_COMMANDS)
+def test_short_help_is_a_page_with_examples(cli, command):
+    # -h fits a screen: own options, input, the most used flags, two examples, --help-all
+    short = cli(command, "-h").out
+    assert len(short.splitlines()) <= 50, len(short.splitlines())
+    examples = short.split("Examples:\n")[1].splitlines()
+    assert [line.startswith("  inspect-model ") for line in examples[:2]] == [True, True]
+    if command not in ("diff", "models"):
+        assert f"`inspect-model {command} --help-all` lists every Megatron-LM flag" in short
+        full = cli(command, "--help-all")
+        assert full.code == 0 and len(full.out.splitlines()) > 100
+        assert "--help-all` lists" not in full.out
+        assert "--untie-embeddings-and-output-weights" in full.out
+        assert "--untie-embeddings-and-output-weights" not in short
+
+
+@pytest.mark.parametrize("command", HELP_COMMANDS)
+def test_help_examples_parse(command):
+    # each example's options exist on its command and take the values shown
+    import shlex
+
+    from typer.main import get_command
+
+    from inspector.cli.app import app
+    from inspector.cli.help import EXAMPLES
+
+    group = get_command(app)
+    for example in EXAMPLES[command]:
+        words = shlex.split(example.split(" > ")[0])[1:]
+        sub = group.commands[words[0]]  # type: ignore[attr-defined]
+        sub.make_context(words[0], words[1:])
+
+
+def test_command_summaries_are_whole_sentences(cli):
+    text = cli("--help").out.split("Commands:\n")[1]
+    assert "..." not in text
+    for command in HELP_COMMANDS:
+        assert re.search(rf"\b{command} [A-Z][^.]+\.", " ".join(text.split())), command

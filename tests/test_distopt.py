@@ -357,3 +357,16 @@ def test_rejects_negative_bucket_size() -> None:
     # A negative --ddp-bucket-size is meaningless (megatron would treat it like 0).
     with pytest.raises(ConfigError, match="--ddp-bucket-size -5 must not be negative"):
         DistOptSettings(dp_size=2, bucket_size=-5)
+
+
+def test_distributed_optimizer_implies_distopt_ownership(cli) -> None:
+    # --use-distributed-optimizer means megatron's own shards own the optimizer work, unless
+    # another --partitioning is asked for
+    small = ["params", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+             "--vocab-size", "1000", "--seq-length", "32", "--dp", "4"]  # fmt: skip
+    implied = cli(*small, "--use-distributed-optimizer")
+    asked = cli(*small, "--use-distributed-optimizer", "--partitioning", "distopt")
+    layers = cli(*small, "--use-distributed-optimizer", "--partitioning", "layers")
+    assert implied.code == asked.code == layers.code == 0
+    assert implied.out == asked.out != layers.out
+    assert layers.out == cli(*small).out

@@ -214,7 +214,9 @@ def test_a_new_cycle_is_caught() -> None:
 
 def test_only_the_cli_imports_typer_and_click() -> None:
     users = {name for name, imports in modules().items() if imports & {"typer", "click"}}
-    assert users == {"inspector.cli.app", "inspector.cli.commands", "inspector.cli.entry"}
+    assert users == {
+        "inspector.cli.app", "inspector.cli.commands", "inspector.cli.entry", "inspector.cli.help"
+    }
 
 
 def test_the_core_never_imports_renderers_or_the_cli() -> None:
@@ -256,7 +258,11 @@ def test_reading_and_diffing_tables_loads_no_torch_or_megatron(module: str) -> N
         ("tree_default.txt", "Module: LanguageModelEmbedding", "Module: Embedding"),
         ("topology_pp2_dp2_tp2.txt", "model=1): 1", "model=1): 2"),
         ("params_example_table.txt", "total", "totals"),
-        ("memory_small.txt", "36.12        10.1", "37.12        10.1"),
+        ("memory_small.txt", "102.03       10.1", "103.03       10.1"),
+        ("memory_small.txt", "x dp 2 = 8 GPUs", "x dp 2 = 16 GPUs"),
+        ("memory_small.txt", "micro-batch 2 x 4", "micro-batch 2 x 2"),
+        ("memory_small.txt", ", bf16,", ", fp16,"),
+        ("params_example_table.txt", ", fp32,", ", bf16,"),
         ("diff_tp2_to_tp4.md", "8 patterns", "9 patterns"),
     ],
 )

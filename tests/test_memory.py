@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import formula_activations, run_cli
 from tests.test_flops import megatron_flops
 
 SMALL = ["--num-layers", "8", "--hidden-size", "256", "--num-attention-heads", "8"]
@@ -233,8 +234,7 @@ def test_distributed_optimizer_shards_are_not_divide_by_dp() -> None:
 
 
 def _stage_activations(args: list[str]) -> list[int]:
-    report = _json("memory", "--format", "json", *args)
-    return [s["activations"]["total"] for s in report["stages"]]
+    return [s["total"] for s in formula_activations("memory", *args)]
 
 
 # Korthikanti et al. 2022, Table 2, bytes per layer per micro-batch (t = tensor parallel size).
@@ -268,18 +268,18 @@ def test_activations_follow_table_2(mode: str, sp: bool) -> None:
 
 def test_activations_scale_with_the_micro_batches_in_flight() -> None:
     base = [*SMALL, "--pp", "4", "--bf16", "--micro-batch-size", "1"]
-    one = _json("memory", "--format", "json", *base)["stages"]
-    many = _json("memory", "--format", "json", *base, "--global-batch-size", "16")["stages"]
-    assert [s["activations"]["in_flight"] for s in one] == [[1]] * 4
+    one = formula_activations("memory", *base)
+    many = formula_activations("memory", *base, "--global-batch-size", "16")
+    assert [s["in_flight"] for s in one] == [[1]] * 4
     # 1F1B: stage s keeps min(p - s, m) micro-batches.
-    assert [s["activations"]["in_flight"] for s in many] == [[4], [3], [2], [1]]
-    assert many[1]["activations"]["layers"] == 3 * one[1]["activations"]["layers"]
+    assert [s["in_flight"] for s in many] == [[4], [3], [2], [1]]
+    assert many[1]["layers"] == 3 * one[1]["layers"]
 
 
 def test_fp32_training_has_4_byte_activations() -> None:
     args = [*SMALL, "--micro-batch-size", "1", "--recompute-granularity", "full"]
-    fp32 = _json("memory", "--format", "json", *args)["stages"][0]["activations"]["layers"]
-    bf16 = _json("memory", "--format", "json", *args, "--bf16")["stages"][0]["activations"]
+    fp32 = formula_activations("memory", *args)[0]["layers"]
+    bf16 = formula_activations("memory", *args, "--bf16")[0]
     assert fp32 == 2 * bf16["layers"] == 8 * 4 * 128 * 256  # 8 layer inputs, 4 bytes each
 
 
@@ -312,7 +312,7 @@ def test_gpu_memory_verdict() -> None:
 
 def test_text_report_golden(golden) -> None:
     args = [*SMALL, "--tp", "2", "--pp", "2", "--dp", "2", "--bf16", "--use-distributed-optimizer"]
-    args += ["--micro-batch-size", "2", "--global-batch-size", "16", "--gpu-memory", "0.05"]
+    args += ["--micro-batch-size", "2", "--global-batch-size", "16", "--gpu-memory", "0.1"]
     args += ["--gpu-tflops", "312", "--mfu", "0.5"]
     text = run_cli("memory", *args).out
     golden("memory_small.txt", text)
@@ -321,7 +321,7 @@ def test_text_report_golden(golden) -> None:
     assert f"Worst: stage {worst['stage']} (rank {worst['rank']})" in text
     chart = [line for line in text.splitlines() if line.startswith("stage ") and "█" in line]
     assert len(chart) == 2
-    bars = [line.count("█") + line.count("▓") + line.count("▒") + line.count("░") for line in chart]
+    bars = [sum(line.count(c) for c in "█▓▒▪░") for line in chart]
     # 48 cells stand for the largest of the stages and --gpu-memory.
     scale = max([s["total"] for s in report["stages"]] + [report["hardware"]["gpu_memory"]])
     assert bars == [round(48 * s["total"] / scale) for s in report["stages"]]
@@ -411,3 +411,66 @@ def test_walkthrough_text_names_the_modes() -> None:
 def test_bad_memory_input(args: list[str], message: str) -> None:
     result = run_cli("memory", *args)
     assert (result.code, result.out, result.err) == (2, "", f"Error: {message}\n")
+
+
+# The engine's numbers: megatron's forward and backward run on meta tensors (inspector/engine),
+# on the small job of tests/test_engine.py.
+ENGINE = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4"]
+ENGINE += ["--seq-length", "32", "--vocab-size", "1000", "--tp", "2", "--pp", "2", "--dp", "2"]
+ENGINE += ["--micro-batch-size", "2", "--global-batch-size", "8", "--bf16"]
+ENGINE += ["--use-distributed-optimizer"]
+MOMENT = re.compile(r"(forward|backward) of micro-batch \d+( \(chunk \d+\))?: \S")
+
+
+def test_engine_static_is_megatrons_buffers_plus_the_runs_persistent_buffers() -> None:
+    from inspector.engine.memory import run_memory
+    from tests.test_engine import _job
+
+    report = _json("memory", "--format", "json", *ENGINE)
+    expected = expected_state(ENGINE)  # megatron's DDP buffers, by hand from the params rows
+    for stage in report["stages"]:
+        got = {k: stage[k] for k in ("parameters", "weights", "gradients", "optimizer", "rank")}
+        assert got == expected[stage["stage"]]
+        run = run_memory(_job(), stage["stage"])  # the engine on its own, the stage built anew
+        buffers = stage["buffers"]
+        assert buffers["persistent"] == [[where, size] for where, size in run.persistent]
+        assert buffers["persistent"], "megatron keeps buffers after a micro-batch"
+        assert buffers["total"] == run.static == sum(s for _, s in run.persistent) + (2 * 32 << 20)
+        state = stage["weights"] + stage["gradients"] + stage["optimizer"]
+        assert stage["static"] == state + run.static  # to the byte
+
+
+def test_engine_peak_is_above_static_and_names_a_pass() -> None:
+    report = _json("memory", "--format", "json", *ENGINE)
+    for stage in report["stages"]:
+        a = stage["activations"]
+        assert a["source"] == "engine"
+        assert 0 <= a["held"] < a["total"]
+        assert stage["total"] == stage["static"] + a["total"] > stage["static"]
+        assert MOMENT.match(a["moment"]), a["moment"]
+    # 1F1B: stage 0 holds a second micro-batch beneath the one running at its peak
+    assert [s["activations"]["in_flight"] for s in report["stages"]] == [[2], [1]]
+    assert report["stages"][0]["activations"]["held"] > 0 == report["stages"][1]["activations"]["held"]
+    text = run_cli("memory", *ENGINE).out
+    assert "megatron's forward and backward run on meta tensors" in text
+    assert "Stage 1: static " in text and " at the forward of micro-batch" in text
+
+
+@pytest.mark.parametrize(
+    "extra, why",
+    [
+        (["--transformer-impl", "transformer_engine"], "Transformer Engine's forwards"),
+        (["--num-experts", "4", "--ep", "2", "--sequence-parallel",
+          "--disable-bias-linear"], "MoE routing"),
+    ],
+)
+def test_formulas_answer_where_the_engine_cannot_run(extra: list[str], why: str) -> None:
+    report = _json("memory", "--format", "json", *ENGINE, *extra)
+    formulas = formula_activations("memory", *ENGINE, *extra)
+    for stage, closed in zip(report["stages"], formulas):
+        assert stage["buffers"] is None
+        assert stage["activations"] == {"source": "formulas", **closed}
+        assert stage["static"] == stage["weights"] + stage["gradients"] + stage["optimizer"]
+    text = run_cli("memory", *ENGINE, *extra).out
+    (line,) = [x for x in text.splitlines() if x.startswith("Activations: closed forms")]
+    assert why in line and "not run yet" in line

@@ -13,7 +13,7 @@ Each row is priced three ways, all bounded searches (cp fixed at 1, as in 2021):
     with the paper's;
   - the published layout: t and p fixed, the rest (micro-batch, vpp, recompute, distopt) free;
   - the best: everything free; the published layout must be within 15% of it.
-`python -m tests.test_plan_published` prints the README's table.
+`python -m tests.test_plan_published` prints the validation table of docs/plan-a-cluster.md.
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def test_estimated_tflops_bracket_the_published(index: int) -> None:
 
 
 def markdown_table() -> str:
-    """Return the README's validation table."""
+    """Return the validation table of docs/plan-a-cluster.md."""
     from inspector.render.plan import _layout, recompute_label
 
     lines = [

@@ -17,6 +17,7 @@ from typing import Any
 import click
 import typer
 
+from inspector.cli.help import OUTPUT_HELP, PANELS, SOURCE_HELP
 from inspector.errors import ConfigError
 from inspector.inputs.arguments import ARGUMENTS, ArgSpec
 
@@ -40,46 +41,7 @@ app = typer.Typer(
     help="See what every rank holds in megatron-core's GPTModel, without a GPU.",
 )
 
-SOURCE_HELP = "Input: the model and where its arguments come from"
-OUTPUT_HELP = "Output"
-PANELS = {
-    "model": "Model: Megatron-LM model arguments",
-    "layout": "Parallel layout",
-    "training": "Training: Megatron-LM training arguments",
-}
-# Options a command needs although a --config file or --from-script may give them: click must not
-# require them (our own `Error:` says what is missing), but help marks them.
-REQUIRED_IN_HELP = {"memory": ("--micro-batch-size",)}
-
-
-class _PanelCommand(typer.core.TyperCommand):
-    """Help grouped in panels (each option's rich_help_panel), in plain text: rich stays unloaded."""
-
-    def format_options(self, ctx: Any, formatter: Any) -> None:
-        panels: dict[str, list[tuple[str, str]]] = {}
-        arguments = []
-        required = REQUIRED_IN_HELP.get(self.name or "", ())
-        for param in self.get_params(ctx):
-            record = param.get_help_record(ctx)
-            if record is None:
-                continue
-            if param.param_type_name == "argument":
-                arguments.append(record)
-                continue
-            if any(opt in required for opt in param.opts):
-                record = (record[0], f"{record[1]}  [required]".lstrip())
-            panel = getattr(param, "rich_help_panel", None) or "Options"
-            panels.setdefault(panel, []).append(record)
-        if arguments:
-            with formatter.section("Arguments"):
-                formatter.write_dl(arguments)
-        order = ["Options", SOURCE_HELP, *PANELS.values(), OUTPUT_HELP]
-        for panel, records in sorted(panels.items(), key=lambda item: order.index(item[0])):
-            with formatter.section(panel):
-                formatter.write_dl(records)
-
-
-class _Choice(click.Choice):
+class Choice(click.Choice):
     """A choice option whose bad value is our one-sentence error, naming the flag."""
 
     def __init__(self, choices: type[Enum] | tuple[str, ...]) -> None:
@@ -109,13 +71,13 @@ class _FiniteFloat(click.types.FloatParamType):
         return number
 
 
-def _finite_floats(command: Any) -> Any:
+def finite_floats(command: Any) -> Any:
     """Give every float option of `command` and its subcommands the _FiniteFloat type."""
     for param in getattr(command, "params", []):
         if type(param.type) is click.types.FloatParamType:
             param.type = _FiniteFloat()
     for sub in getattr(command, "commands", {}).values():
-        _finite_floats(sub)
+        finite_floats(sub)
     return command
 
 
@@ -126,7 +88,7 @@ def _option_for(spec: ArgSpec) -> inspect.Parameter:
     annotation: Any = spec.type | None
     extra: dict[str, Any] = {}
     if spec.choices:
-        extra["click_type"] = _Choice(spec.choices)
+        extra["click_type"] = Choice(spec.choices)
     option = typer.Option(
         None,
         *names,
@@ -141,6 +103,7 @@ def _option_for(spec: ArgSpec) -> inspect.Parameter:
 
 
 def _source_options() -> list[inspect.Parameter]:
+    # One typer option declaration per input flag: a list, longer than the usual ~40 lines.
     def opt(
         name: str,
         *decls: str,
@@ -159,7 +122,7 @@ def _source_options() -> list[inspect.Parameter]:
         opt(
             "preset",
             "--model",
-            help_text="Preset name (see `inspect-model models`); default gpt2-small.",
+            help_text="A preset (`inspect-model models`); default gpt2-small.",
             metavar="NAME",
         ),
         opt(
@@ -171,7 +134,7 @@ def _source_options() -> list[inspect.Parameter]:
         opt(
             "hf_config",
             "--hf-config",
-            help_text="Hugging Face config.json, mapped as Megatron-Bridge maps it.",
+            help_text="An HF config.json, as Megatron-Bridge maps it.",
             metavar="FILE",
         ),
         opt(
@@ -189,7 +152,7 @@ def _source_options() -> list[inspect.Parameter]:
         opt(
             "settings",
             "--set",
-            help_text="NAME=VALUE the launch script reads from its environment (repeatable).",
+            help_text="A value the script reads from outside (repeatable).",
             annotation=list[str] | None,
             metavar="NAME=VALUE",
         ),
@@ -206,7 +169,9 @@ def model_options(*groups: str) -> Callable[[Callable[..., Any]], Callable[..., 
     """Give a command the model-selection options and the argument `groups` it reads.
 
     The command receives them merged (resolve.py) as `args`; what the user should know about
-    the merge (e.g. what a launch script set that is not modelled) goes to stderr first.
+    the merge (e.g. what a launch script set that is not modelled) goes to stderr first. A
+    command with a `label` parameter gets the model's name (script, config file, HF config or
+    preset).
     """
     wanted = groups or ("model", "layout")
     specs = [spec for spec in ARGUMENTS if spec.group in wanted]
@@ -215,7 +180,7 @@ def model_options(*groups: str) -> Callable[[Callable[..., Any]], Callable[..., 
         own = [
             p
             for name, p in inspect.signature(func).parameters.items()
-            if name not in ("args", "use_cache")
+            if name not in ("args", "use_cache", "label")
         ]
         extra = _source_options() + [_option_for(spec) for spec in specs]
 
@@ -232,6 +197,10 @@ def model_options(*groups: str) -> Callable[[Callable[..., Any]], Callable[..., 
             resolved = merge_sources(Sources(flags=flags, settings=settings, **named), wanted)
             for note in resolved.notes:
                 write_stderr(f"{note}\n")
+            if "label" in inspect.signature(func).parameters:  # the model's name for the job line
+                kwargs["label"] = (
+                    named["script"] or named["config_file"] or named["hf_config"] or named["preset"]
+                )
             return func(args=resolved.args, use_cache=use_cache, **kwargs)
 
         wrapper.__signature__ = inspect.Signature(own + extra)  # type: ignore[attr-defined]
@@ -240,39 +209,42 @@ def model_options(*groups: str) -> Callable[[Callable[..., Any]], Callable[..., 
     return decorate
 
 
-def _format_option(default: Enum, help_text: str) -> Any:
+def format_option(default: Enum, help_text: str) -> Any:
     return typer.Option(
         default.value,
         "--format",
         help=help_text,
-        click_type=_Choice(type(default)),
+        click_type=Choice(type(default)),
         rich_help_panel=OUTPUT_HELP,
     )
 
 
-def _output_option(help_text: str = "Write to FILE atomically.", metavar: str = "FILE") -> Any:
+def output_option(help_text: str = "Write to FILE atomically.", metavar: str = "FILE") -> Any:
     return typer.Option(
         None, "-o", "--output", help=help_text, metavar=metavar, rich_help_panel=OUTPUT_HELP
     )
 
 
-def _gpu_option(default: str | None, what: str = "") -> Any:
+def gpu_option(default: str | None, what: str = "") -> Any:
     """Return the --gpu option: a GPU type of job/hardware.py's table."""
     from inspector.job.hardware import GPUS
 
-    names = ", ".join(GPUS)
-    return typer.Option(default, "--gpu", help=f"GPU type ({names}){what}; docs/hardware.md.")
+    names = ", ".join(GPUS)  # TYPE: the metavar says what they are
+    given = f", default {default}" if default else ""
+    return typer.Option(
+        default, "--gpu", help=f"({names}){what}{given}.", metavar="TYPE", show_default=False
+    )
 
 
-def _stage_option(help_text: str) -> Any:
+def stage_option(help_text: str) -> Any:
     return typer.Option(None, "--stage", help=help_text, rich_help_panel=OUTPUT_HELP)
 
 
-def _rank_option(help_text: str) -> Any:
+def rank_option(help_text: str) -> Any:
     return typer.Option(None, "--rank", help=help_text, rich_help_panel=OUTPUT_HELP)
 
 
-def _emit(text: str, output: str | None = None) -> None:
+def emit(text: str, output: str | None = None) -> None:
     from inspector.output import write_output
 
     write_output(output, text)
@@ -322,7 +294,7 @@ class Progress:
             self._write("\r\x1b[K")
 
 
-def _job(args: dict[str, Any]) -> Any:
+def resolve_job(args: dict[str, Any]) -> Any:
     from inspector.job.job import make_job
 
     return make_job(args)

@@ -1,4 +1,8 @@
-"""The commands: each parses its flags, calls the core, and prints what a renderer returns."""
+"""The commands: each parses its flags, calls the core, and prints what a renderer returns.
+
+A command's signature is its typer option list, so these functions run past the usual ~40 lines;
+their bodies stay a few calls (resolve the job, call the core, render).
+"""
 
 from __future__ import annotations
 
@@ -11,19 +15,19 @@ from inspector.cli import cache
 from inspector.cli.app import (
     OUTPUT_HELP,
     SOURCE_HELP,
+    Choice,
     Progress,
-    _Choice,
-    _emit,
-    _format_option,
-    _gpu_option,
-    _job,
-    _output_option,
-    _PanelCommand,
-    _rank_option,
-    _stage_option,
     app,
+    emit,
+    format_option,
+    gpu_option,
     model_options,
+    output_option,
+    rank_option,
+    resolve_job,
+    stage_option,
 )
+from inspector.cli.help import PanelCommand
 from inspector.errors import ConfigError
 from inspector.job.hardware import DEFAULT_GPU
 from inspector.report.formats import (
@@ -37,13 +41,13 @@ from inspector.report.formats import (
 )
 
 
-@app.command(cls=_PanelCommand)
+@app.command(cls=PanelCommand)
 @model_options()
 def tree(
     args: dict[str, Any],
     use_cache: bool,
-    stage: int | None = _stage_option("Print just this pipeline stage."),
-    rank: int | None = _rank_option("Print the stage global rank R holds."),
+    stage: int | None = stage_option("Print just this pipeline stage."),
+    rank: int | None = rank_option("Print the stage global rank R holds."),
 ) -> None:
     """Print the module hierarchy of each pipeline stage."""
 
@@ -51,23 +55,23 @@ def tree(
         from inspector.render.tree import render_trees
         from inspector.world.build import build, select_view, stage_trees
 
-        job = _job(args)
+        job = resolve_job(args)
         view = select_view(job, stage, rank)
         with Progress() as progress:
             built = build(job, view, expert_ranks=(view.expert_rank,), progress=progress)
         return render_trees(stage_trees(built))
 
-    _emit(cache.cached("tree", args, {"stage": stage, "rank": rank}, use_cache, produce))
+    emit(cache.cached("tree", args, {"stage": stage, "rank": rank}, use_cache, produce))
 
 
-@app.command(cls=_PanelCommand)
+@app.command(cls=PanelCommand)
 @model_options()
 def topology(
     args: dict[str, Any],
     use_cache: bool,
-    fmt: Any = _format_option(TopologyFormat.line, "line (ProcessCoord map) or table."),
+    fmt: Any = format_option(TopologyFormat.line, "line (ProcessCoord map) or table."),
 ) -> None:
-    """Print the rank map: each rank's pipeline, data and model coordinates."""
+    """Print the rank map: each global rank's pipeline, data and model coordinates."""
 
     def produce() -> str:
         from inspector.job.layout import rank_map_layout
@@ -81,25 +85,27 @@ def topology(
             return render_topology_table(rank_coords(layout), layout)
         return render_topology_line(rank_positions(layout), layout)
 
-    _emit(cache.cached("topology", args, {"format": fmt}, use_cache, produce))
+    emit(cache.cached("topology", args, {"format": fmt}, use_cache, produce))
 
 
-@app.command(cls=_PanelCommand)
+@app.command(cls=PanelCommand)
 @model_options()
 def params(
     args: dict[str, Any],
     use_cache: bool,
-    stage: int | None = _stage_option("Keep just this pipeline stage."),
-    rank: int | None = _rank_option("Write the file global rank R writes."),
+    label: str | None,
+    stage: int | None = stage_option("Keep just this pipeline stage."),
+    rank: int | None = rank_option("Write the file global rank R writes."),
     partitioning: Any = typer.Option(
-        Partitioning.layers.value,
+        None,
         "--partitioning",
-        help="Optimizer ownership: layers, cost or distopt.",
-        click_type=_Choice(Partitioning),
+        help="Optimizer ownership: layers (default), cost or distopt (the default with "
+        "--use-distributed-optimizer).",
+        click_type=Choice(Partitioning),
     ),
     block_size: int = typer.Option(0, "--block-size", help="Shampoo block size (0 = off)."),
-    fmt: Any = _format_option(ParamsFormat.csv, "csv (semicolons), json or table."),
-    output: str | None = _output_option(),
+    fmt: Any = format_option(ParamsFormat.csv, "csv (semicolons), json or table."),
+    output: str | None = output_option(),
     check: str | None = typer.Option(
         None,
         "--check",
@@ -108,24 +114,37 @@ def params(
         rich_help_panel=OUTPUT_HELP,
     ),
 ) -> None:
-    """Print the per-stage parameter / partition table."""
+    """Print every parameter each pipeline stage holds: local shape, owner, preconditioners."""
+    if partitioning is None:  # megatron's own shards when the job uses its distributed optimizer
+        layers_or_distopt = args.get("use_distributed_optimizer")
+        partitioning = Partitioning.distopt if layers_or_distopt else Partitioning.layers
 
     def produce() -> str:
         from inspector.render.params import render_params
         from inspector.report.params import params_result
         from inspector.world.build import build, select_view
 
-        job = _job(args)
+        job = resolve_job(args)
         with Progress() as progress:
             built = build(job, select_view(job, stage, rank), progress=progress)
-        return render_params(params_result(built, partitioning, block_size), fmt)
+        result = params_result(built, partitioning, block_size)
+        text = render_params(result, fmt)
+        if fmt != ParamsFormat.table:  # csv and json keep their own first lines
+            return text
+        from inspector.render.job import job_lines, with_job
+        from inspector.render.params import rank_summary
+
+        line, *notes = job_lines(job, label)
+        held = [] if rank is None else [rank_summary(rank, result)]
+        return with_job([line, *held, *notes], text)
 
     if check is not None and output is not None:
         raise ConfigError(
             "--check compares the table with FILE and writes nothing, -o writes it; pass one of them"
         )
     options = dict(
-        stage=stage, rank=rank, partitioning=partitioning, block_size=block_size, fmt=fmt
+        stage=stage, rank=rank, partitioning=partitioning, block_size=block_size, fmt=fmt,
+        label=label,
     )
     text = cache.cached("params", args, options, use_cache, produce)
     if check is not None:
@@ -135,36 +154,37 @@ def params(
         result = check_table(text, check)
         sys.stdout.write(render_check(result, check))
         raise typer.Exit(0 if result is None else 1)
-    _emit(text, output)
+    emit(text, output)
 
 
-@app.command(cls=_PanelCommand)
+@app.command(cls=PanelCommand)
 @model_options("model", "layout", "training")
 def memory(
     args: dict[str, Any],
     use_cache: bool,
-    fmt: Any = _format_option(MemoryFormat.text, "text (with a bar chart), table or json."),
-    gpu: str | None = _gpu_option(None, ": its memory and peak, unless given below"),
+    label: str | None,
+    fmt: Any = format_option(MemoryFormat.text, "text (with a bar chart), table or json."),
+    gpu: str | None = gpu_option(None, ": memory and peak"),
     gpu_memory: float | None = typer.Option(
         None, "--gpu-memory", help="GPU memory in GiB: say which stages fit."
     ),
     gpu_tflops: float | None = typer.Option(
-        None, "--gpu-tflops", help="Peak TFLOP/s per GPU: print the time per iteration."
+        None, "--gpu-tflops", help="Peak TFLOP/s per GPU: print the time."
     ),
     mfu: float | None = typer.Option(
-        None, "--mfu", help="Model FLOPs utilisation for that time, in (0, 1] (default 1)."
+        None, "--mfu", help="Fraction of the peak reached (default 1)."
     ),
     ulysses_degree: int | None = typer.Option(
-        None, "--ulysses-degree", help="Add a Ulysses all-to-all table to the walkthrough."
+        None, "--ulysses-degree", help="Add a Ulysses table to the walkthrough."
     ),
     walkthrough: bool = typer.Option(
         False,
         "--attention-walkthrough",
-        help="Print one attention layer on one rank, step by step, instead of the report.",
+        help="Walk one attention layer step by step.",
     ),
-    output: str | None = _output_option(),
+    output: str | None = output_option(),
 ) -> None:
-    """Print what each rank needs to train: weights, grads, optimizer, activations, FLOPs."""
+    """Print what each stage's GPUs need to train: weights, gradients, optimizer, activations, FLOPs."""
     if walkthrough:
         from inspector.report.memory import check_walkthrough_flags
 
@@ -174,19 +194,25 @@ def memory(
         from inspector.render import memory as render
         from inspector.report import memory as core
 
-        job = _job(args)
+        job = resolve_job(args)
         job.schedule()  # --micro-batch-size is required, and the batches must divide
         hardware = core.make_hardware(gpu_memory, gpu_tflops, mfu, gpu, job.model.dtype_name)
         if walkthrough:
             from inspector.formulas.walkthrough import job_walkthroughs
+            from inspector.render.walkthrough import render_walkthroughs
 
-            return render.render_walkthroughs(job, job_walkthroughs(job, ulysses_degree), fmt)
+            return render_walkthroughs(job, job_walkthroughs(job, ulysses_degree), fmt)
         core.check_ulysses(ulysses_degree)
         from inspector.world.build import build, select_view
 
         with Progress() as progress:
             built = build(job, select_view(job), expert_ranks=(0,), progress=progress)
-        return render.render_memory(core.measure(built, hardware), fmt)
+        text = render.render_memory(core.measure(built, hardware), fmt)
+        if fmt == MemoryFormat.json:  # every number, the job's included, in its own fields
+            return text
+        from inspector.render.job import job_lines, with_job
+
+        return with_job(job_lines(job, label, job.schedule()), text)
 
     options: dict[str, Any] = dict(
         fmt=fmt,
@@ -196,18 +222,19 @@ def memory(
         mfu=mfu,
         ulysses_degree=ulysses_degree,
         walkthrough=walkthrough,
+        label=label,
     )
-    _emit(cache.cached("memory", args, options, use_cache, produce), output)
+    emit(cache.cached("memory", args, options, use_cache, produce), output)
 
 
-@app.command(cls=_PanelCommand)
+@app.command(cls=PanelCommand)
 @model_options("model", "layout", "training")
 def workload(
     args: dict[str, Any],
     use_cache: bool,
-    fmt: Any = _format_option(WorkloadFormat.simai, "simai: SimAI workload files."),
-    stage: int | None = _stage_option("Print this stage's file instead."),
-    gpu: str | None = _gpu_option(None, ": its peak, unless --gpu-tflops"),
+    fmt: Any = format_option(WorkloadFormat.simai, "simai: SimAI workload files."),
+    stage: int | None = stage_option("Print this stage's file instead."),
+    gpu: str | None = gpu_option(None, ": its peak"),
     gpu_tflops: float | None = typer.Option(
         None, "--gpu-tflops", help="Peak TFLOP/s per GPU: compute times from FLOPs."
     ),
@@ -219,7 +246,7 @@ def workload(
         metavar="FILE",
         rich_help_panel=SOURCE_HELP,
     ),
-    output: str | None = _output_option("Write the folder DIR atomically.", "DIR"),
+    output: str | None = output_option("Write the folder DIR atomically.", "DIR"),
 ) -> None:
     """Write SimAI network-simulator workloads: one file per pipeline stage, and an index."""
     import json
@@ -242,7 +269,7 @@ def workload(
         from inspector.report.workload_inputs import compute_for, context_for, stage_inputs
         from inspector.world.build import build, select_view
 
-        job = _job(args)
+        job = resolve_job(args)
         compute = compute_for(gpu_tflops, mfu, profile, gpu, job.model.dtype_name)
         with Progress() as progress:
             built = build(job, select_view(job, stage), expert_ranks=(0,), progress=progress)
@@ -254,14 +281,14 @@ def workload(
     if output is None:
         from inspector.report.workload_index import file_name
 
-        _emit(files[file_name(stage or 0)])
+        emit(files[file_name(stage or 0)])
         return
     from inspector.export import write_export
 
     write_export(output, files)
 
 
-@app.command(cls=_PanelCommand)
+@app.command(cls=PanelCommand)
 def diff(
     old: str = typer.Argument(
         ..., help="The old params table (semicolon or json), or - for stdin.", metavar="OLD"
@@ -269,9 +296,9 @@ def diff(
     new: str = typer.Argument(
         ..., help="The new params table (semicolon or json), or - for stdin.", metavar="NEW"
     ),
-    fmt: Any = _format_option(DiffFormat.text, "text, markdown (a PR comment) or json."),
+    fmt: Any = format_option(DiffFormat.text, "text, markdown (a PR comment) or json."),
 ) -> None:
-    """Compare two params tables: exit 0 when equal, 1 when they differ."""
+    """Compare two params tables: exit 0 when they are equal, 1 when they differ."""
     from inspector.render.diff import render_diff
     from inspector.report.diff import diff_files
 
@@ -280,48 +307,48 @@ def diff(
     raise typer.Exit(0 if result.equal else 1)
 
 
-@app.command(cls=_PanelCommand)
+@app.command(cls=PanelCommand)
 def models() -> None:
-    """List the model presets with their key sizes."""
+    """List the model presets with their sizes and sources."""
     from inspector.render.models import render_presets
 
     sys.stdout.write(render_presets())
 
 
-@app.command(cls=_PanelCommand)
+@app.command(cls=PanelCommand)
 @model_options("model", "layout", "training")
 def plan(
     args: dict[str, Any],
     use_cache: bool,
+    label: str | None,
     gpus: int = typer.Option(..., "--gpus", help="GPUs in the cluster."),
     gpu_memory: float | None = typer.Option(
-        None, "--gpu-memory", help="GPU memory in GiB (default: the --gpu type's)."
+        None, "--gpu-memory", help="GiB per GPU (default: the --gpu type's)."
     ),
-    gpu: str = _gpu_option(DEFAULT_GPU),
+    gpu: str = gpu_option(DEFAULT_GPU),
     gpus_per_node: int | None = typer.Option(
-        None, "--gpus-per-node", help="GPUs per node, the NVLink domain (default: the --gpu type's)."
+        None, "--gpus-per-node", help="GPUs per NVLink domain (default: the type's)."
     ),
     gpu_tflops: float | None = typer.Option(
-        None, "--gpu-tflops", help="Override the --gpu type's dense 16-bit peak TFLOP/s."
+        None, "--gpu-tflops", help="16-bit peak TFLOP/s (default: the type's)."
     ),
     intra_bandwidth: float | None = typer.Option(
-        None, "--intra-node-bandwidth", help="Override NVLink GB/s per GPU, one direction."
+        None, "--intra-node-bandwidth", help="NVLink GB/s per GPU, each way."
     ),
     inter_bandwidth: float | None = typer.Option(
-        None, "--inter-node-bandwidth", help="Override InfiniBand GB/s per GPU, one direction."
+        None, "--inter-node-bandwidth", help="InfiniBand GB/s per GPU, each way."
     ),
     efficiency: float | None = typer.Option(
         None, "--efficiency",
-        help="Price every GEMM FLOP at this fraction of peak, in (0, 1], instead of the measured "
-        "per-kernel tables.",
+        help="Price every FLOP at this fraction of peak, not from the kernel tables.",
     ),
     top: int = typer.Option(5, "--top", help="How many plans to list."),
     explain: bool = typer.Option(False, "--explain", help="Say why plan 1 wins."),
-    svg: str | None = typer.Option(None, "--svg", help="Write plan 1's schedule as SVG to FILE."),
-    fmt: Any = _format_option(PlanFormat.text, "text (table, flags, timeline) or json."),
-    output: str | None = _output_option(),
+    svg: str | None = typer.Option(None, "--svg", help="Draw plan 1's schedule.", metavar="FILE"),
+    fmt: Any = format_option(PlanFormat.text, "text (table, flags, timeline) or json."),
+    output: str | None = output_option(),
 ) -> None:
-    """Rank the parallel layouts of a model on N GPUs by estimated step time."""
+    """Rank the parallel layouts of a model on N GPUs by estimated step time, with the flags to paste."""
     from inspector.plan import search as core
     from inspector.plan.request import PlanFlags, make_request
     from inspector.render import plan as render
@@ -340,8 +367,12 @@ def plan(
         sys.stderr.write(f"\rplan: {result.evaluated} candidates in {result.seconds:.2f} s "
                          f"({rate:.0f} per second)\n")
     text = render.render_plan(result, request.memory, fmt.value if hasattr(fmt, "value") else fmt, explain)
+    if fmt == PlanFormat.text:
+        from inspector.render.job import plan_lines, with_job
+
+        text = with_job(plan_lines(request, label), text)
     if svg is not None and result.plans:
         from inspector.output import write_atomic
 
         write_atomic(svg, render.render_svg(result.plans[0]), "--svg")
-    _emit(text, output)
+    emit(text, output)

@@ -8,7 +8,7 @@ import sys
 import typer
 
 from inspector import __version__
-from inspector.cli.app import _finite_floats, app, click_errors
+from inspector.cli.app import app, click_errors, finite_floats
 from inspector.errors import FidelityError, InspectorError
 
 
@@ -47,7 +47,7 @@ def _run(argv: list[str] | None) -> int:
 
     guard_streams()  # UTF-8 stdout; a failed write is an Error:, a closed pipe a quiet exit 141
     args, _STATE["debug"] = _take_debug(sys.argv[1:] if argv is None else argv)
-    command = _finite_floats(typer.main.get_command(app))
+    command = finite_floats(typer.main.get_command(app))
     try:
         result = command.main(args=args, prog_name="inspect-model", standalone_mode=False)
     except click_errors.NoSuchOption as exc:

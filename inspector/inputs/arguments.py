@@ -185,7 +185,7 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         bool,
         "Gradients in fp32 for fp16 models (bf16 models always have them).",
     ),
-    # Megatron-LM's further training arguments that change what a GPU holds (README "Megatron-LM
+    # Megatron-LM's further training arguments that change what a GPU holds (docs/inputs.md, "Megatron-LM
     # arguments: modelled, refused, ignored"); the rest are classified in inspector/inputs/unmodelled.py.
     _training("recompute_activations", bool, "Megatron-LM's alias for --recompute-granularity selective."),
     _training(

@@ -50,7 +50,7 @@ class ModelConfig:
     moe_grouped_gemm: bool = False
     multi_latent_attention: bool = False
     transformer_impl: str = "local"
-    # None: simulate apex where megatron can use it (LayerNorm models); see README "apex".
+    # None: simulate apex where megatron can use it (LayerNorm models); see docs/how-it-works.md, "apex".
     apex: bool | None = None
     # Multi-latent attention (None: Megatron-LM's default, see `mla_args`).
     q_lora_rank: int | None = None

@@ -27,19 +27,22 @@ Each term and its source (symbols of inspector/job/dims.py; m micro-batches, v v
     all-reduce of the stage's real DDP buffers, over dp x cp ranks; --overlap-grad-reduce hides it
     behind the last micro-batch's backward, --overlap-param-gather behind the first forward
     (Megatron-LM's overlap, which the plan's flags turn on): only the excess is exposed;
-  - optimizer step: Adam reads and writes its state once, bound by HBM bandwidth.
+  - optimizer step: the passes over memory megatron's mixed-precision optimizer and its inner Adam
+    make over the elements the rank updates (formulas/optimizer.py: TE or apex FusedAdam with the
+    job's fused kernels, torch's foreach AdamW without them), each at the measured copy bandwidth.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import cast
 
 from inspector.formulas.activations import mtp_recompute, recompute_plan
 from inspector.formulas.flops import layer_flops, logit_flops, mtp_flops
 from inspector.formulas.kernels import Device, device_of, ops_seconds
 from inspector.formulas.ops import LayerOps, Shard, layer_ops, layer_seconds, linear, output_ops
+from inspector.formulas.optimizer import OptimizerStep, optimizer_ops
 from inspector.job.dims import ModelDims
 from inspector.job.hardware import Gpu
 from inspector.job.job import Recompute
@@ -208,9 +211,13 @@ def _add_output(
 
 def with_state(
     work: StageTime, lay: Layout, net: Network, dp_bytes: tuple[int, int], state_bytes: int,
-    distributed: bool,
+    distributed: bool, step: OptimizerStep,
 ) -> StageTime:
-    """Return `work` with the rank's exposed data-parallel and optimizer time for its state."""
+    """Return `work` with the rank's exposed data-parallel and optimizer time for its state.
+
+    `dp_bytes`: the rank's (gradient, weight) bytes; `state_bytes`: those plus its optimizer state;
+    `step`: the optimizer's set-up (its `grad_bytes` is read from `dp_bytes` here).
+    """
     compute = work.compute
     grads, params = dp_bytes
     d = lay.dp * lay.cp
@@ -222,8 +229,20 @@ def with_state(
         data = max(0.0, rs - backward) + max(0.0, ag - compute / 3)
     else:
         data = max(0.0, _collective(2, grads, 1, d, dp_link) - backward)
-    optimizer = 2 * state_bytes / net.gpu.hbm
+    optimizer = optimizer_seconds(net, dp_bytes, state_bytes, step)
     return StageTime(work.compute, work.tensor, work.context, work.expert, work.p2p, data, optimizer)
+
+
+def optimizer_seconds(
+    net: Network, dp_bytes: tuple[int, int], state_bytes: int, step: OptimizerStep
+) -> float:
+    """Return the rank's optimizer step: formulas/optimizer.py's passes over the elements it
+    updates (its optimizer bytes over the state an element keeps), on the network's GPU."""
+    grads, params = dp_bytes
+    updated = (state_bytes - grads - params) // step.state_per_element
+    grad_bytes = grads * step.param_bytes // params if params else step.grad_bytes
+    ops = optimizer_ops(updated, replace(step, grad_bytes=grad_bytes))
+    return ops_seconds(ops, device_of(net.gpu))
 
 
 @caches.memo(maxsize=4096)

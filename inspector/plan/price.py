@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from inspector.formulas.flops import iteration_flops
+from inspector.formulas.optimizer import OptimizerStep
 from inspector.job.dims import ModelDims
 from inspector.job.hardware import Gpu
 from inspector.job.job import Job, Training
@@ -287,6 +288,8 @@ def timed(
     net = Network(req.gpu, req.gpus_per_node)
     mbs, distributed = schedule.micro_batch_size, training.use_distributed_optimizer
     signatures = _stages_of(job.model, dims, split, lay.pp, lay.chunks).signature_keys
+    # grad_bytes: read from each stage's buffers by cost.optimizer_seconds
+    step_setup = OptimizerStep(dims.activation_bytes, 4, dims.fused_kernels, job.model.fp16)
     scope = _TIME.setdefault(
         (dims, pair_layout(lay), lay.pp, net, req.efficiency, mbs, training.recompute,
          distributed), {},
@@ -302,10 +305,11 @@ def timed(
                 dims, lay, net, req.efficiency, mbs, granularity, placed[st.stage], has_output,
                 method, n,
             )
-        key = (*work, st.gradients, st.weights, st.state)
+        key = (*work, st.gradients, st.weights, st.state, step_setup)
         if key not in scope:
             scope[key] = with_state(
-                scope[work], lay, net, (st.gradients, st.weights), st.state, distributed
+                scope[work], lay, net, (st.gradients, st.weights), st.state, distributed,
+                step_setup,
             )
         times.append(scope[key])
     step = step_time(times, schedule.num_microbatches, lay.chunks)

@@ -1,21 +1,24 @@
-"""The memory report and the attention walkthrough: records in, text, table or json out."""
+"""The memory report: records in, text, table or json out (the walkthrough: walkthrough.py)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from typing import Any
 
 from tabulate import tabulate
 
-from inspector.formulas.walkthrough_steps import Walk, WalkthroughStep, running_allocation
-from inspector.job.job import Job
 from inspector.report.formats import MemoryFormat
 from inspector.report.memory import GIB, MemoryReport, StageMemory
 
 BAR_WIDTH = 48
 # One shade per component, darkest for what lasts longest; the legend prints under the chart.
-SHADES = (("weights", "█"), ("gradients", "▓"), ("optimizer", "▒"), ("activations", "░"))
+SHADES = (
+    ("weights", "█"),
+    ("gradients", "▓"),
+    ("optimizer", "▒"),
+    ("buffers", "▪"),
+    ("activations", "░"),
+)
 MODE_TITLES = {
     "tp": "tensor parallel",
     "ulysses": "Ulysses all-to-all sequence parallel",
@@ -57,9 +60,16 @@ def _layers(stage: StageMemory) -> str:
     return " | ".join(parts)
 
 
-def _parts(stage: StageMemory) -> tuple[int, int, int, int]:
+def _parts(stage: StageMemory) -> tuple[int, int, int, int, int]:
     state = stage.state
-    return state.weights, state.gradients, state.optimizer, stage.activation_bytes
+    return state.weights, state.gradients, state.optimizer, stage.buffers, stage.activation_bytes
+
+
+def _in_flight(stage: StageMemory) -> list[int]:
+    """Return the micro-batches in flight at the peak: in all (the run), or per chunk (formulas)."""
+    if stage.run is not None:
+        return [stage.run.peak.micro_batches]
+    return list(stage.activations.in_flight)
 
 
 def _bar(stage: StageMemory, scale: int) -> str:
@@ -114,13 +124,14 @@ def _context(report: MemoryReport) -> list[str]:
     """Return the lines that say what was assumed: precision, batch, schedule."""
     t, b, layout, model = report.training, report.schedule, report.layout, report.model
     optimizer = "distributed optimizer" if t.use_distributed_optimizer else "Adam"
-    lines = [
+    lines = [  # the batch and sequence are on the job line above (render/job.py)
         f"Precision: {model.dtype_name} parameters, {optimizer}; "
         f"recompute {t.recompute}, flash attention {'on' if t.flash_attention else 'off'}.",
-        f"Batch: global batch {b.global_batch_size} = micro-batch {b.micro_batch_size} x "
-        f"{b.num_microbatches} per iteration x --dp {layout.dp}; sequence {model.seq_length}.",
     ]
-    if layout.pp > 1 and b.num_microbatches < layout.pp:
+    lines.append(_source(report))
+    # Without --global-batch-size the job line's note says so, and what shows the steady state.
+    given = t.global_batch_size is not None
+    if given and layout.pp > 1 and b.num_microbatches < layout.pp:
         steady = layout.pp * b.micro_batch_size * layout.dp
         lines.append(
             f"Note: {b.num_microbatches} micro-batch per iteration is fewer than --pp {layout.pp}, "
@@ -128,6 +139,29 @@ def _context(report: MemoryReport) -> list[str]:
             "or more shows the steady-state peak."
         )
     return lines
+
+
+def _source(report: MemoryReport) -> str:
+    """Return the line that says where the activations come from."""
+    if report.not_run is None:
+        return (
+            "Activations and buffers: megatron's forward and backward run on meta tensors, "
+            "replayed in the pipeline schedule (peak above weights, grads, optimizer, buffers)."
+        )
+    return (
+        f"Activations: closed forms (Korthikanti et al. 2022), not megatron running: "
+        f"{report.not_run}."
+    )
+
+
+def _moments(report: MemoryReport) -> list[str]:
+    """Return one line per stage naming the moment of its peak (runs only)."""
+    return [
+        f"Stage {s.stage}: static {_size(report, s.static)} (state and buffers), peak "
+        f"{_size(report, s.total)} at the {s.run.peak.moment}."
+        for s in report.stages
+        if s.run is not None
+    ]
 
 
 def _stage_rows(report: MemoryReport, exact: bool) -> list[list[str]]:
@@ -142,7 +176,7 @@ def _stage_rows(report: MemoryReport, exact: bool) -> list[list[str]]:
                 _layers(s),
                 f"{s.parameters:,}",
                 *(fmt(v) for v in _parts(s)),
-                ",".join(map(str, s.activations.in_flight)),
+                ",".join(map(str, _in_flight(s))),
                 fmt(s.total),
                 flops(report.flops_per_rank(s)),
             ]
@@ -153,7 +187,8 @@ def _stage_rows(report: MemoryReport, exact: bool) -> list[list[str]]:
 def _headers(unit: str) -> list[str]:
     return [
         "stage", "rank", "layers", "params", f"weights {unit}", f"grads {unit}",
-        f"optimizer {unit}", f"activations {unit}", "in flight", f"total {unit}", "FLOPs per rank",
+        f"optimizer {unit}", f"buffers {unit}", f"activations {unit}", "in flight", f"total {unit}",
+        "FLOPs per rank",
     ]  # fmt: skip
 
 
@@ -180,6 +215,7 @@ def render_text(report: MemoryReport) -> str:
         *chart,
         legend,
         "",
+        *_moments(report),
         *_summary(report),
     ]
     return "\n".join(lines) + "\n"
@@ -196,8 +232,38 @@ def _number(value: float) -> int | float:
     return int(value) if float(value).is_integer() else value
 
 
+def _activations_json(s: StageMemory) -> dict[str, Any]:
+    run, a = s.run, s.activations
+    if run is not None:
+        return {
+            "source": "engine",
+            "total": s.activation_bytes,
+            "held": run.peak.held,
+            "in_flight": [run.peak.micro_batches],
+            "moment": run.peak.moment,
+        }
+    return {
+        "source": "formulas",
+        "layers": _number(a.layers),
+        "embedding": _number(a.embedding),
+        "output": _number(a.output),
+        "recompute_buffer": _number(a.recompute_buffer),
+        "total": s.activation_bytes,
+        "in_flight": list(a.in_flight),
+    }
+
+
+def _buffers_json(s: StageMemory) -> dict[str, Any] | None:
+    if s.run is None:
+        return None
+    return {
+        "persistent": [[where, size] for where, size in s.run.persistent],
+        "workspaces": s.run.workspaces,
+        "total": s.buffers,
+    }
+
+
 def _stage_json(report: MemoryReport, s: StageMemory) -> dict[str, Any]:
-    a = s.activations
     return {
         "stage": s.stage,
         "rank": s.rank,
@@ -206,14 +272,9 @@ def _stage_json(report: MemoryReport, s: StageMemory) -> dict[str, Any]:
         "weights": s.state.weights,
         "gradients": s.state.gradients,
         "optimizer": s.state.optimizer,
-        "activations": {
-            "layers": _number(a.layers),
-            "embedding": _number(a.embedding),
-            "output": _number(a.output),
-            "recompute_buffer": _number(a.recompute_buffer),
-            "total": s.activation_bytes,
-            "in_flight": list(a.in_flight),
-        },
+        "buffers": _buffers_json(s),
+        "static": s.static,
+        "activations": _activations_json(s),
         "total": s.total,
         "fits": report.fits(s),
         "flops": s.flops,
@@ -249,101 +310,6 @@ def render_json(report: MemoryReport) -> str:
     return json.dumps(report_json(report), indent=1, allow_nan=False) + "\n"
 
 
-def _where(step: WalkthroughStep) -> str:
-    if step.materialized == "naive":
-        return "without flash attention"
-    if step.materialized == "flash":
-        return "flash attention only"
-    return ""
-
-
-def _step_rows(steps: list[WalkthroughStep]) -> list[list[str]]:
-    return [
-        [
-            s.name,
-            s.kind,
-            s.layout,
-            "x".join(map(str, s.shape)),
-            f"{s.elements:,}",
-            f"{s.bytes:,}",
-            flops(s.flops_global) if s.flops_global else "0",
-            flops(s.flops_rank) if s.flops_rank else "0",
-            f"{a.current:,}",
-            f"{a.peak:,}",
-            "; ".join(n for n in (_where(s), s.note) if n),
-        ]
-        for s, a in zip(steps, running_allocation(steps))
-    ]
-
-
-def _held(steps: Sequence[WalkthroughStep], flash: bool) -> int:
-    """Return the activation bytes one rank's steps hold, with or without flash attention."""
-    skip = "naive" if flash else "flash"
-    return sum(s.bytes for s in steps if s.kind == "activation" and s.materialized != skip)
-
-
-def render_walkthrough(
-    walks: Sequence[tuple[str, int, list[WalkthroughStep]]], title: str, mlp_title: str = ""
-) -> str:
-    """Return one table per (mode, degree, steps), each with what the rank holds.
-
-    `allocated` and `peak` are the running totals of walkthrough.running_allocation.
-    """
-    headers = [
-        "step", "kind", "layout", "shape", "elements", "bytes", "FLOPs (layer)", "FLOPs (rank)",
-        "allocated", "peak", "note",
-    ]  # fmt: skip
-    parts = []
-    for mode, degree, steps in walks:
-        if mode == "mlp":
-            parts.append(f"# MLP walkthrough: 2-D model parallel (data x tensor); {mlp_title}")
-        else:
-            parts.append(f"# attention walkthrough: {MODE_TITLES[mode]}, P = {degree}; {title}")
-        parts.append(tabulate(_step_rows(steps), headers=headers, disable_numparse=True))
-        peak = running_allocation(steps)[-1].peak
-        if mode == "mlp":
-            parts.append(f"Peak allocation of one rank: {peak:,} bytes.")
-        else:
-            parts.append(
-                f"Activations held by one rank: {_held(steps, False):,} bytes without flash "
-                f"attention, {_held(steps, True):,} bytes with it; peak allocation without flash "
-                f"attention, every tensor kept: {peak:,} bytes."
-            )
-        parts.append("")
-    return "\n".join(parts)
-
-
-def walkthrough_json(walks: Sequence[tuple[str, int, list[WalkthroughStep]]]) -> str:
-    """Return the walkthrough tables as json."""
-    out = [
-        {
-            "mode": mode,
-            "degree": degree,
-            "steps": [
-                {
-                    "name": s.name,
-                    "kind": s.kind,
-                    "layout": s.layout,
-                    "shape": list(s.shape),
-                    "elements": s.elements,
-                    "bytes": s.bytes,
-                    "flops_global": s.flops_global,
-                    "flops_rank": s.flops_rank,
-                    "materialized": s.materialized,
-                    "in_place": s.in_place,
-                    "freed": s.freed,
-                    "allocated": a.current,
-                    "peak_allocated": a.peak,
-                    "note": s.note,
-                }
-                for s, a in zip(steps, running_allocation(steps))
-            ],
-        }
-        for mode, degree, steps in walks
-    ]
-    return json.dumps({"walkthrough": out}, indent=1, allow_nan=False) + "\n"
-
-
 def render_memory(report: MemoryReport, fmt: MemoryFormat) -> str:
     """Return the memory report in the asked format."""
     if fmt is MemoryFormat.json:
@@ -351,18 +317,3 @@ def render_memory(report: MemoryReport, fmt: MemoryFormat) -> str:
     if fmt is MemoryFormat.table:
         return render_table(report)
     return render_text(report)
-
-
-def render_walkthroughs(job: Job, walks: Sequence[Walk], fmt: MemoryFormat) -> str:
-    """Return the attention walkthroughs: json, or one table per mode titled with N, b, dtype."""
-    if fmt is MemoryFormat.json:
-        return walkthrough_json(walks)
-    dims, micro = job.dims(), job.schedule().micro_batch_size
-    title = f"N = {dims.seq_length}, b = {micro}, {8 * dims.activation_bytes}-bit activations"
-    dp, tp, s = job.layout.dp, job.layout.tp, dims.seq_length
-    layers = next((steps[1].shape[0] for mode, _, steps in walks if mode == "mlp"), 0)
-    mlp_title = (
-        f"DP = {dp}, TP = {tp}, N = b x s x DP = {micro} x {s} x {dp} = {micro * s * dp} tokens, "
-        f"L = {layers} layers per stage, {8 * dims.activation_bytes}-bit activations"
-    )
-    return render_walkthrough(walks, title, mlp_title)

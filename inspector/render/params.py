@@ -50,6 +50,12 @@ def render_human(blocks: Sequence[Block]) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+def rank_summary(rank: int, result: ParamsResult) -> str:
+    """Return what global rank R holds, block by block ("Rank 5 holds stage 1: layers 4-7, ...")."""
+    held = "; ".join(block_comment(block).removeprefix("# ") for block in result.blocks)
+    return f"Rank {rank} holds {held}."
+
+
 def render_params(result: ParamsResult, fmt: ParamsFormat) -> str:
     """Return the params table in the asked format."""
     if fmt is ParamsFormat.json:

@@ -1,4 +1,4 @@
-"""Render the module hierarchy in SPEC.md's `inspect-model tree` format."""
+"""Render the module hierarchy in the `inspect-model tree` format (docs/what-rank-holds.md)."""
 
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ class DiffFormat(str, Enum):
 
 
 class Partitioning(str, Enum):
-    """`params --partitioning`: who owns a parameter's optimizer work (SPEC: partitioning_ranks)."""
+    """`params --partitioning`: who owns a parameter's optimizer work (docs/params-table.md)."""
 
     layers = "layers"
     cost = "cost"

@@ -16,17 +16,20 @@ for `params`, then wrapped in megatron-core's own DistributedDataParallel on the
 Ranks of a stage hold the same parameter shapes; with the distributed optimizer their shards
 differ (the last ones hold the padding), so each stage reports its most loaded rank.
 
-Activations come from the closed forms in activations.py (Korthikanti et al. 2022) on the layers
-megatron placed on the stage, times the micro-batches the schedule keeps in flight there; FLOPs
-from Megatron-LM's throughput formula (flops.py). Not counted: the CUDA context, NCCL and
-allocator buffers, fragmentation, temporary buffers of the backward pass.
+Activations, temporaries and the buffers megatron keeps come from running it: one call into
+the engine (inspector/engine, docs/how-memory-is-computed.md) runs each stage's forward and
+backward on meta tensors and replays the pipeline schedule into the rank's peak and its moment.
+Where the engine cannot run the job yet (`engine.memory.not_runnable`), the activations come from
+the closed forms in activations.py (Korthikanti et al. 2022) on the layers megatron placed on the
+stage, times the micro-batches in flight there. FLOPs from Megatron-LM's throughput formula
+(flops.py). Not counted: the CUDA context, NCCL buffers, fragmentation.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from inspector.errors import ConfigError
@@ -46,6 +49,7 @@ from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
 
 if TYPE_CHECKING:
+    from inspector.engine.memory import RunMemory
     from inspector.world.build import BuiltJob, BuiltStage
 
 ADAM_MOMENTS = 8  # exp_avg and exp_avg_sq, fp32 (Megatron-LM's default --optimizer adam)
@@ -85,18 +89,31 @@ class StageMemory:
     rank: int  # the lowest global rank holding the most bytes
     parameters: int  # parameter elements on one rank of the stage
     state: StateBytes
-    activations: StageActivations
+    activations: StageActivations  # the closed forms (the answer only where run is None)
     flops: int  # one iteration, all of the stage's ranks together
+    run: RunMemory | None = None  # megatron run on meta tensors (inspector/engine)
 
     @property
     def activation_bytes(self) -> int:
-        """Return the peak activation bytes, rounded up to whole bytes."""
+        """Return the peak above static memory: the run's, else the formulas' rounded up."""
+        if self.run is not None:
+            return self.run.peak.bytes
         return math.ceil(self.activations.total)
 
     @property
+    def buffers(self) -> int:
+        """Return the bytes the run keeps besides the state (persistent buffers, workspaces)."""
+        return self.run.static if self.run is not None else 0
+
+    @property
+    def static(self) -> int:
+        """Return the bytes the rank holds all through the iteration: state and buffers."""
+        return self.state.total + self.buffers
+
+    @property
     def total(self) -> int:
-        """Return the rank's bytes: state plus peak activations."""
-        return self.state.total + self.activation_bytes
+        """Return the rank's peak bytes: state, buffers and the peak above them."""
+        return self.state.total + self.buffers + self.activation_bytes
 
 
 @dataclass(frozen=True)
@@ -108,6 +125,7 @@ class MemoryReport:
     hardware: Hardware
     stages: tuple[StageMemory, ...]
     iteration_flops: int
+    not_run: str | None = None  # why the engine did not run: activations from the formulas
 
     @property
     def model(self) -> ModelConfig:
@@ -237,6 +255,7 @@ def measure(built: BuiltJob, hardware: Hardware) -> MemoryReport:
         built: every stage of the job, built on expert-parallel rank 0 (build.build).
         hardware: GPU memory, peak TFLOP/s and MFU, for the verdicts.
     """
+    from inspector.engine.memory import run_job
     from inspector.world.ranks import rank_shard_indices
 
     job = built.job
@@ -245,16 +264,20 @@ def measure(built: BuiltJob, hardware: Hardware) -> MemoryReport:
     for rank, (pipe, data, expert) in enumerate(rank_shard_indices(job.layout)):
         ranks_of[pipe].append((rank, data, expert))
     dims = job.dims()
-    stages = tuple(
-        _stage_memory(job, dims, schedule, stage, ranks_of[stage.stage])
-        for stage in built.stages
-    )
+    # The formulas first: they name a job megatron would refuse to run (a partial group of
+    # full recomputation) before the engine runs into it.
+    formulas = [
+        _stage_memory(job, dims, schedule, stage, ranks_of[stage.stage]) for stage in built.stages
+    ]
+    engine = run_job(job, built.stages)
+    stages = tuple(replace(s, run=engine.runs.get(s.stage)) for s in formulas)
     return MemoryReport(
         job=job,
         schedule=schedule,
         hardware=hardware,
         stages=stages,
         iteration_flops=iteration_flops(dims, schedule.global_batch_size),
+        not_run=engine.not_run,
     )
 
 
@@ -274,7 +297,7 @@ def _stage_memory(
     }
     rank, data, expert = max(ranks, key=lambda r: (by_shard[r[1:]].total, -r[0]))
     layers = tuple(chunk.layers for chunk in chunks)
-    activations = _activations(job, dims, schedule, built)
+    activations = formula_activations(job, built, dims, schedule)
     flops = stage_flops(
         dims,
         (i for chunk in layers for i in chunk),
@@ -293,9 +316,14 @@ def _stage_memory(
     )
 
 
-def _activations(job: Job, dims: ModelDims, schedule: Schedule, built: BuiltStage) -> StageActivations:
-    """Return the stage's peak activations (formulas/activations.py) for its built chunks."""
+def formula_activations(
+    job: Job, built: BuiltStage, dims: ModelDims | None = None, schedule: Schedule | None = None
+) -> StageActivations:
+    """Return the stage's peak activations by the closed forms (formulas/activations.py) for its
+    built chunks: the answer where the engine cannot run, a cross-check in tests elsewhere."""
     training, chunks = job.training, built.chunks
+    dims = job.dims() if dims is None else dims
+    schedule = job.schedule() if schedule is None else schedule
     return stage_activations(
         dims,
         job.layout,

@@ -39,7 +39,7 @@ def precs_for(record: ParamRecord, block_size: int = 0) -> list[int]:
 
 
 def precs_cost(factors: Sequence[int]) -> int:
-    """Return a parameter's Shampoo cost: the sum of d**3 over its factors (SPEC: `cost`)."""
+    """Return a parameter's Shampoo cost: the sum of d**3 over its factors (docs/params-table.md: `cost`)."""
     return sum(d**3 for d in factors)
 
 

@@ -1,4 +1,4 @@
-"""The params table (SPEC: `inspect-model params`): its columns, and the writer.
+"""The params table (docs/params-table.md): its columns, and the writer.
 
 One column spec serves the writer (semicolon text and JSON), the reader (table_reader: `diff`,
 `--check`) and the diff: each Column says how its value is written in a cell, read back from one,

@@ -255,7 +255,7 @@ def _expert_block(record: ParamRecord) -> str:
 
 
 def stage_trees(built: BuiltJob) -> list[StageTree]:
-    """Return the module tree of every built stage and chunk (SPEC: `inspect-model tree`)."""
+    """Return the module tree of every built stage and chunk (docs/what-rank-holds.md)."""
     from inspector.world import walk
 
     chunks = built.chunks

@@ -20,7 +20,7 @@ _GROUPED_EXPERTS = re.compile(r"\.mlp\.experts\.(weight\d)$")
 _TE_GROUPED_EXPERT = re.compile(r"\.mlp\.experts\.linear_fc[12]\.(?:weight|bias)(\d+)$")
 _EXPERTS = ".mlp.experts."
 
-# Parameters that are embedding tables: Shampoo gets no preconditioner for them (SPEC: precs).
+# Parameters that are embedding tables: Shampoo gets no preconditioner for them (docs/params-table.md: precs).
 EMBEDDING_PARAMS = ("embedding.word_embeddings.weight", "embedding.position_embeddings.weight")
 
 

@@ -1,0 +1,102 @@
+"""The optimizer step's passes over memory, as megatron-core 0.16.1 and torch 2.13 run them.
+
+Megatron's mixed-precision optimizers (Float16OptimizerWithFloat16Params without the distributed
+optimizer, DistributedOptimizer with it: megatron/core/optimizer/optimizer.py and
+distrib_optimizer.py) run, per iteration, over the fp32 elements the rank updates (all of its
+parameters, or its shard of the grad buffers with the distributed optimizer):
+  1. `_copy_model_grads_to_main_grads`: `main_grad.float()` (a shard view of it with the distributed
+     optimizer): no copy when the grad buffer is fp32 (Megatron-LM's default with bf16), a 16-bit
+     read and fp32 write otherwise;
+  2. fp16 only (DynamicGradScaler; bf16 has no grad scaler): `_unscale_main_grads_and_check_for_nan`,
+     `torch._amp_foreach_non_finite_check_and_unscale_`, in place;
+  3. `clip_grad_norm` (--clip-grad, 1.0 by default): `get_grad_norm_fp32` reads every main grad
+     once (`multi_tensor_l2norm` of TE or apex; without them megatron.core.utils'
+     `local_multi_tensor_l2_norm`, a torch.norm per tensor); `clip_grad_by_total_norm_fp32` scales
+     them when the norm exceeds the limit (counted here: it did on every iteration measured in
+     shared/gpu/gpu-time-h200.json, norms 7-18): TE/apex `multi_tensor_scale` in place, or
+     `local_multi_tensor_scale`, `dst.copy_(src * scale)`: a temporary written and copied back;
+     `count_zeros` only with --log-num-zeros-in-grad (off by default, not counted);
+  4. the inner optimizer's step (megatron/core/optimizer/__init__.py picks it): Transformer Engine's
+     FusedAdam, else apex's (a cluster's set-up; one `multi_tensor_adam` kernel reading the param,
+     grad and both moments and writing param and moments), else torch.optim.AdamW with torch's
+     default foreach implementation, `_multi_tensor_adam` (torch/optim/adam.py) for each parameter
+     group: `_foreach_mul_(params, 1 - lr wd)` (decoupled weight decay), `_foreach_lerp_(exp_avgs,
+     grads)`, `_foreach_mul_(exp_avg_sqs, beta2)`, `_foreach_addcmul_(exp_avg_sqs, grads, grads)`,
+     `_foreach_sqrt(exp_avg_sqs)` into a new list, `_foreach_div_` and `_foreach_add_` on it, and
+     `_foreach_addcdiv_(params, exp_avgs, it)`: eight passes, 20 fp32 tensor traversals (the step
+     counters live on the CPU; the weight-decay pass is counted for every element though megatron's
+     norms and biases sit in a group without weight decay, a fraction of a percent of a layer);
+  5. `_copy_main_params_to_model_params`: fp32 main parameter to the 16-bit weight (a `copy_` per
+     tensor; bf16 passes no overflow buffer, so never the multi-tensor path).
+fp32 parameters (FP32Optimizer) have no master copy: steps 1 and 5 move nothing.
+
+Which set-up runs: `fused` (the job's fused kernels: Transformer Engine, or apex) means TE's or
+apex's FusedAdam and multi-tensor norm and scale; without them (the runs of shared/gpu/) torch's
+foreach AdamW and megatron's local fallbacks. Each pass is a formulas/kernels.py memory-bound op
+priced at the measured copy bandwidth for the bytes it moves (the table's "copy" class: the plain
+streaming rate; its "add" rows imply more than the HBM peak). Kernel launches and the host work of
+the per-tensor loops are not priced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inspector.formulas.kernels import Memory
+
+FP32 = 4
+ADAM_MOMENTS = 2 * FP32  # exp_avg and exp_avg_sq (report/memory.py's ADAM_MOMENTS)
+
+# torch's _multi_tensor_adam, decoupled weight decay, not capturable: fp32 bytes per element
+FOREACH_ADAMW: tuple[tuple[str, int], ...] = (
+    ("adamw _foreach_mul_ params (weight decay)", 2 * FP32),  # read, write param
+    ("adamw _foreach_lerp_ exp_avgs", 3 * FP32),  # read m, g; write m
+    ("adamw _foreach_mul_ exp_avg_sqs", 2 * FP32),  # read, write v
+    ("adamw _foreach_addcmul_ exp_avg_sqs", 3 * FP32),  # read v, g (twice, one tensor); write v
+    ("adamw _foreach_sqrt exp_avg_sqs", 2 * FP32),  # read v; write a new tensor
+    ("adamw _foreach_div_ bias correction", 2 * FP32),
+    ("adamw _foreach_add_ eps", 2 * FP32),
+    ("adamw _foreach_addcdiv_ params", 4 * FP32),  # read p, m, denominator; write p
+)
+FUSED_ADAM = ("FusedAdam multi_tensor_adam", 7 * FP32)  # read p, g, m, v; write p, m, v
+
+
+@dataclass(frozen=True)
+class OptimizerStep:
+    """What a rank's optimizer step runs on: element sizes and the set-up."""
+
+    param_bytes: int  # the model's weights: 2 in bf16/fp16, 4 in fp32
+    grad_bytes: int  # an element of megatron's grad buffer (main_grad)
+    fused: bool  # Transformer Engine's or apex's FusedAdam, else torch's foreach AdamW
+    loss_scaling: bool = False  # fp16's dynamic grad scaler
+
+    @property
+    def state_per_element(self) -> int:
+        """Return the optimizer-state bytes of an updated element: moments and fp32 master."""
+        return ADAM_MOMENTS + (FP32 if self.param_bytes != FP32 else 0)
+
+
+def passes(step: OptimizerStep) -> tuple[tuple[str, int], ...]:
+    """Return the step's passes over memory: (name, bytes moved per updated element)."""
+    out: list[tuple[str, int]] = []
+    sixteen_bit = step.param_bytes != FP32
+    if sixteen_bit and step.grad_bytes != FP32:
+        out.append(("main_grad.float() copy", step.grad_bytes + FP32))
+    if step.loss_scaling:
+        out.append(("unscale and inf check", 2 * FP32))
+    out.append(("grad norm", FP32))
+    if step.fused:
+        out.append(("clip multi_tensor_scale", 2 * FP32))
+        out.append(FUSED_ADAM)
+    else:
+        out.append(("clip src * scale", 2 * FP32))
+        out.append(("clip dst.copy_", 2 * FP32))
+        out.extend(FOREACH_ADAMW)
+    if sixteen_bit:
+        out.append(("main param to 16-bit weight copy_", FP32 + step.param_bytes))
+    return tuple(out)
+
+
+def optimizer_ops(updated: int, step: OptimizerStep) -> tuple[Memory, ...]:
+    """Return the step's passes over `updated` elements as memory-bound kernels (kernels.py)."""
+    return tuple(Memory(name, "copy", updated, moved) for name, moved in passes(step))

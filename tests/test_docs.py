@@ -1,0 +1,93 @@
+"""The docs are the tool's real behaviour: every `$` example runs, the reference is generated,
+links resolve, and no page speaks the project's internal vocabulary."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests import docs_examples
+from tests.docs_examples import ROOT
+
+DOCS = ROOT / "docs"
+PAGES = docs_examples.pages()
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+# Words for the project's own process, which a user never saw.
+INTERNAL = re.compile(r"\b(the issue|issue's|the spec\b|(?-i:SPEC)\b|session|helper)", re.I)
+
+
+def _with_examples() -> list[Path]:
+    return [page for page in PAGES if docs_examples.examples(page)]
+
+
+@pytest.mark.parametrize("page", _with_examples(), ids=lambda p: p.name)
+def test_every_example_prints_what_the_page_shows(cli, page, tmp_path, monkeypatch):
+    (tmp_path / "fixtures").symlink_to(ROOT / "fixtures")
+    monkeypatch.chdir(tmp_path)
+    for example in docs_examples.examples(page):
+        code, output = docs_examples.run(example, tmp_path, cli)
+        docs_examples.check(example, code, output)
+
+
+def test_the_runner_fails_a_wrong_page(cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    example = docs_examples.Example("x.md", 1, "inspect-model topology --pp 2", ("{...): 1}",))
+    docs_examples.check(example, *docs_examples.run(example, tmp_path, cli))
+    wrong = docs_examples.Example("x.md", 1, "inspect-model topology --pp 2", ("{...): 2}",))
+    with pytest.raises(AssertionError):
+        docs_examples.check(wrong, *docs_examples.run(wrong, tmp_path, cli))
+    page = tmp_path / "page.md"
+    page.write_text("text\n\n    $ inspect-model models | head -1 \\\n      | grep preset\n    preset ...\n\nmore\n")
+    [found] = docs_examples.examples(page)
+    assert (found.command, found.shown) == ("inspect-model models | head -1 | grep preset", ("preset ...",))
+
+
+def test_the_reference_is_generated_from_the_app(request):
+    from inspector.cli.reference import render_reference
+
+    text = render_reference()
+    path = DOCS / "reference.md"
+    if request.config.getoption("--update-golden"):
+        path.write_text(text, encoding="utf-8", newline="\n")
+    assert path.read_text(encoding="utf-8") == text, "docs/reference.md is stale: run make golden"
+    assert "--help-all" in text and "--num-query-groups" in text
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_links_resolve(page):
+    for target in LINK.findall(page.read_text(encoding="utf-8")):
+        if re.match(r"[a-z]+:", target):
+            continue
+        path = (page.parent / target).resolve()
+        assert path.exists(), (page.name, target)
+
+
+def test_the_index_links_every_page():
+    index = (DOCS / "index.md").read_text(encoding="utf-8")
+    linked = {(DOCS / target).resolve() for target in LINK.findall(index)}
+    missing = [page.name for page in DOCS.glob("*.md") if page.name != "index.md" and page.resolve() not in linked]
+    assert not missing, missing
+
+
+def test_no_internal_vocabulary(cli):
+    assert INTERNAL.search("as the issue says") and INTERNAL.search("see SPEC.md")
+    assert not INTERNAL.search("the local layer spec, Megatron-LM issue #1658")
+    texts = {page.name: page.read_text(encoding="utf-8") for page in PAGES}
+    for command in ("tree", "topology", "params", "memory", "plan", "workload", "diff", "models"):
+        texts[f"{command} --help"] = cli(command, "--help").out
+    texts["--help"] = cli("--help").out
+    for name, text in texts.items():
+        found = INTERNAL.findall(text)
+        assert not found, (name, found)
+
+
+def test_the_readme_is_a_first_screen():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 200
+    questions = [line for line in readme.splitlines() if line.startswith("### ")]
+    assert len(questions) == 5 and all(q.endswith("?") for q in questions), questions
+    for question in questions:  # each answered by one command
+        section = readme.split(question)[1].split("\n### ")[0].split("\n## ")[0]
+        assert section.count("    $ inspect-model ") == 1, question
