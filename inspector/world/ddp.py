@@ -45,6 +45,29 @@ class StandInGroup:
         """Return this rank's index in the group."""
         return self._rank
 
+    # When the engine runs a backward, megatron-core 0.13's distributed optimizer issues its
+    # bucketed reduce-scatter through torch's _coalescing_manager, which calls these methods of the
+    # group itself (torch/distributed/distributed_c10d.py, _coalescing_manager). On meta tensors
+    # there is nothing to move: each is a finished no-op, as the outputs already exist.
+    def reduce_scatter_single_coalesced(self, *args: object) -> _Done:
+        return _Done()
+
+    def all_gather_single_coalesced(self, *args: object) -> _Done:
+        return _Done()
+
+    def allreduce_coalesced(self, *args: object) -> _Done:
+        return _Done()
+
+
+class _Done:
+    """A collective's work handle that has already finished."""
+
+    def wait(self, *args: object) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
 
 @contextmanager
 def cuda_current_device_on_meta() -> Iterator[None]:
