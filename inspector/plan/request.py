@@ -108,6 +108,7 @@ def make_request(args: dict[str, Any], flags: PlanFlags) -> Request:
     )
     model = make_model_config(args)
     _check_sizes(model, flags.gpus)
+    _check_expert_tp(model, fixed)
     return Request(
         model=model, gpus=flags.gpus, gpu=gpu,
         memory=round(gpu.memory_gib * (1 << 30)), global_batch_size=batch,
@@ -168,6 +169,27 @@ def moe_layers(model: ModelConfig) -> int:
     if model.num_experts is None:
         return 0
     return sum(model.is_moe_layer(layer) for layer in range(model.num_layers))
+
+
+def expert_biases(model: ModelConfig) -> bool:
+    """Return whether the model's experts carry biases, which megatron-core builds only at expert
+    tensor parallel 1: TransformerConfig.__post_init__ (transformer/transformer_config.py)
+    asserts `expert_tensor_parallel_size == 1` ("Bias in Moe is only supported when ETP==1")
+    when `num_moe_experts` and `add_bias_linear`; an unset expert tp is tp there
+    (ModelParallelConfig.__post_init__)."""
+    return model.num_experts is not None and not model.disable_bias_linear
+
+
+def _check_expert_tp(model: ModelConfig, fixed: dict[str, Any]) -> None:
+    """Raise ConfigError where the user fixed an expert tp megatron-core refuses with biases (a
+    searched one is 1: layouts._expert_choices)."""
+    etp = fixed.get("etp", 1)
+    if expert_biases(model) and etp > 1:
+        raise ConfigError(
+            f"--expert-tensor-parallel-size {etp} with --num-experts and biases (no "
+            "--disable-bias-linear): megatron-core builds MoE biases only at expert tensor parallel 1 "
+            "(add --expert-tensor-parallel-size 1 or --disable-bias-linear)"
+        )
 
 
 def _check_sizes(model: ModelConfig, gpus: int) -> None:
