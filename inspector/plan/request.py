@@ -13,6 +13,7 @@ from inspector.job.checks import check_built_layers
 from inspector.job.hardware import DEFAULT_EFFICIENCY, DEFAULT_GPU, Gpu, get_gpu, with_overrides
 from inspector.job.job import Training, make_training
 from inspector.job.model import ModelConfig, make_model_config
+from inspector.plan import caches
 from inspector.plan.split import PIN_FLAGS
 
 
@@ -172,12 +173,26 @@ def moe_layers(model: ModelConfig) -> int:
 
 
 def expert_biases(model: ModelConfig) -> bool:
-    """Return whether the model's experts carry biases, which megatron-core builds only at expert
-    tensor parallel 1: TransformerConfig.__post_init__ (transformer/transformer_config.py)
-    asserts `expert_tensor_parallel_size == 1` ("Bias in Moe is only supported when ETP==1")
-    when `num_moe_experts` and `add_bias_linear`; an unset expert tp is tp there
-    (ModelParallelConfig.__post_init__)."""
-    return model.num_experts is not None and not model.disable_bias_linear
+    """Return whether the model's experts carry biases that the installed megatron-core builds
+    only at expert tensor parallel 1: TransformerConfig.__post_init__
+    (transformer/transformer_config.py) asserts `expert_tensor_parallel_size == 1` ("Bias in
+    Moe is only supported when ETP==1") when `num_moe_experts` and `add_bias_linear`; an unset
+    expert tp is tp there (ModelParallelConfig.__post_init__)."""
+    return model.num_experts is not None and not model.disable_bias_linear and etp_bias_refused()
+
+
+@caches.memo(maxsize=None)
+def etp_bias_refused() -> bool:
+    """Return whether the installed megatron-core has that assert: 0.16.1 has it, 0.13.1 does
+    not; from 0.14 on it is assumed (a layout not offered rather than one megatron refuses).
+    Read from the package metadata, which imports no megatron (as layouts.mtp_in_layouts)."""
+    from importlib import metadata
+
+    try:
+        version = metadata.version("megatron-core")
+    except metadata.PackageNotFoundError:
+        return True
+    return tuple(int(x) for x in version.split(".")[:2] if x.isdigit()) >= (0, 14)
 
 
 def _check_expert_tp(model: ModelConfig, fixed: dict[str, Any]) -> None:
