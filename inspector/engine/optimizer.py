@@ -27,7 +27,10 @@ ModelDims `fused_kernels` notion of formulas/optimizer.py), else torch.optim.Ada
   multi_tensor_scale likewise: a 1-element norm, an in-place scale.
 
 The first step makes Adam's moments (lazily: `exp_avg`, `exp_avg_sq`); they are state memory,
-counted by report/memory.py, and returned here to be checked. The second step is the steady one.
+counted by report/memory.py, and returned here to be checked. The second step is the steady one;
+before it, Megatron-LM's `train_step` calls `optimizer.zero_grad()`, which frees the fp32 main
+grads `main_grad.float()` made when the grad buffer is 16-bit (they live from the step to the
+next iteration's start, above the static memory).
 """
 
 from __future__ import annotations
@@ -85,6 +88,7 @@ def run_step(job: Job, ddps: Sequence[Any], fused: bool) -> StepRun:
         first = _GpuTracker()
         with first:
             optimizer.step()
+        optimizer.zero_grad()  # train_step's, before the next forward: frees the fp32 main grads
         steady = clip.tracker = _GpuTracker()
         with steady:
             _labelled(optimizer, steady)
@@ -221,12 +225,14 @@ def _on_gpu() -> Iterator[_Answers]:
 def _kernels(fused: bool) -> Iterator[None]:
     """Give megatron the inner optimizer and multi-tensor kernels the job's set-up has."""
     from megatron.core import optimizer as package
-    from megatron.core.optimizer import clip_grads
+    from megatron.core.optimizer import clip_grads, distrib_optimizer
 
     saved = (package.Adam, package.USING_PYTORCH_OPTIMIZER, clip_grads.l2_norm_impl)
+    saved_dist = distrib_optimizer.Adam  # its isinstance check of the inner optimizer
     saved_scale = (clip_grads.multi_tensor_scale_impl, clip_grads.multi_tensor_applier)
     if fused:
         package.Adam, package.USING_PYTORCH_OPTIMIZER = FusedAdam, False
+        distrib_optimizer.Adam = FusedAdam
         clip_grads.multi_tensor_applier = _applier
         clip_grads.l2_norm_impl, clip_grads.multi_tensor_scale_impl = _fused_l2norm, _fused_scale
     else:
@@ -237,6 +243,7 @@ def _kernels(fused: bool) -> Iterator[None]:
     finally:
         package.Adam, package.USING_PYTORCH_OPTIMIZER, clip_grads.l2_norm_impl = saved
         clip_grads.multi_tensor_scale_impl, clip_grads.multi_tensor_applier = saved_scale
+        distrib_optimizer.Adam = saved_dist
 
 
 def _local_l2_norm(chunk_size: int, noop: Any, tensor_lists: Any, per_tensor: bool) -> Any:
