@@ -269,7 +269,10 @@ def _fused_l2norm(chunk_size: int, noop: Any, tensor_lists: Any, per_tensor: boo
 def _fused_scale(chunk_size: int, noop: Any, tensor_lists: Any, scale: float) -> None:
     """apex csrc/multi_tensor_scale_kernel.cu: out = in * scale in one kernel, in place here."""
     for source, out in zip(*tensor_lists, strict=True):
-        out.mul_(scale) if source is out else out.copy_(source)
+        if source is out:
+            out.mul_(scale)
+        else:
+            out.copy_(source)
 
 
 class FusedAdam(torch.optim.Optimizer):
@@ -283,7 +286,7 @@ class FusedAdam(torch.optim.Optimizer):
         super().__init__(params, dict(lr=lr, weight_decay=weight_decay, betas=betas, eps=eps))
 
     @torch.no_grad()
-    def step(self, closure: Any = None) -> None:
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
         """Update every parameter in place."""
         for group in self.param_groups:
             for param in group["params"]:
