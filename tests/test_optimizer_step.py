@@ -151,3 +151,21 @@ def test_probed_gpu_ranks_moments_are_the_state_report_memory_counts():
         tensors = sum(1 for chunk in built.chunks for _ in chunk.module.parameters())
         state = stage_step(job, stage).state
         assert 0 <= state - ADAM_MOMENTS * updated <= 2 * 512 * tensors, run
+
+
+def test_a_failure_in_the_step_says_so(monkeypatch):
+    import torch
+
+    from inspector.engine.optimizer import stage_step
+    from inspector.errors import ConfigError
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no kernel for this op")
+
+    monkeypatch.setattr(torch, "_foreach_sqrt", broken)  # torch's _multi_tensor_adam calls it
+    with pytest.raises(ConfigError) as error:
+        stage_step(_job(), 0)
+    message = str(error.value)
+    assert "refused to build" not in message
+    assert message.startswith("megatron-core failed running the optimizer step of stage 0")
+    assert "no kernel for this op" in message

@@ -45,6 +45,7 @@ from torch.overrides import TorchFunctionMode
 
 from inspector.engine.allocator import Event, Tracker
 from inspector.engine.cuda import cuda_on_meta
+from inspector.errors import ConfigError
 from inspector.job.job import Job
 
 GRAD_NORM = 2.0  # what a grad norm reads: above --clip-grad 1.0, so the clip runs
@@ -106,7 +107,14 @@ def stage_step(job: Job, stage: int) -> StepRun:
     runtime = runtime_config(job)
     with stage_world(job.model, job.layout, stage, checkpoint=False, runtime=runtime) as chunks:
         ddps = [ddp_wrapped(job, chunk.module, stage, index) for index, chunk in enumerate(chunks)]
-        return run_step(job, ddps, job.dims().fused_kernels)
+        try:
+            return run_step(job, ddps, job.dims().fused_kernels)
+        except (ValueError, AssertionError, RuntimeError, TypeError, ArithmeticError) as exc:
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            raise ConfigError(
+                f"megatron-core failed running the optimizer step of stage {stage} on meta "
+                f"tensors: {reason} (--debug shows its traceback)"
+            ) from exc
 
 
 class _Clip:
