@@ -26,7 +26,7 @@ def _step(job, fused=False):
     """Return the step's run and the stage's parameters (stage 0, every layer)."""
     from inspector.engine.microbatch import runtime_config
     from inspector.engine.optimizer import run_step
-    from inspector.engine.stage import ddp_wrapped
+    from inspector.engine.stage import _ddp as ddp_wrapped  # the engine's DDP wrap
     from inspector.world.stage import stage_world
 
     runtime = runtime_config(job)

@@ -101,7 +101,7 @@ def stage_step(job: Job, stage: int) -> StepRun:
     """Build `stage` (every layer, expert-parallel rank 0), wrap its chunks in megatron's DDP as
     Megatron-LM's get_model does, and run its optimizer step."""
     from inspector.engine.microbatch import runtime_config
-    from inspector.engine.stage import ddp_wrapped
+    from inspector.engine.stage import _ddp as ddp_wrapped  # the engine's DDP wrap
     from inspector.world.stage import stage_world
 
     runtime = runtime_config(job)
@@ -231,27 +231,31 @@ def _on_gpu() -> Iterator[_Answers]:
 
 @contextlib.contextmanager
 def _kernels(fused: bool) -> Iterator[None]:
-    """Give megatron the inner optimizer and multi-tensor kernels the job's set-up has."""
+    """Give megatron the inner optimizer and multi-tensor kernels the job's set-up has (what
+    optimizer/__init__.py, distrib_optimizer.py and clip_grads.py import at their top)."""
     from megatron.core import optimizer as package
     from megatron.core.optimizer import clip_grads, distrib_optimizer
 
-    saved = (package.Adam, package.USING_PYTORCH_OPTIMIZER, clip_grads.l2_norm_impl)
-    saved_dist = distrib_optimizer.Adam  # its isinstance check of the inner optimizer
-    saved_scale = (clip_grads.multi_tensor_scale_impl, clip_grads.multi_tensor_applier)
+    adam: Any = FusedAdam if fused else torch.optim.AdamW
+    stand_ins: list[tuple[Any, str, Any]] = [
+        (package, "Adam", adam),
+        (package, "USING_PYTORCH_OPTIMIZER", not fused),
+        (distrib_optimizer, "Adam", adam),
+        (clip_grads, "l2_norm_impl", _fused_l2norm if fused else _local_l2_norm),
+    ]
     if fused:
-        package.Adam, package.USING_PYTORCH_OPTIMIZER = FusedAdam, False
-        distrib_optimizer.Adam = FusedAdam
-        clip_grads.multi_tensor_applier = _applier
-        clip_grads.l2_norm_impl, clip_grads.multi_tensor_scale_impl = _fused_l2norm, _fused_scale
-    else:
-        package.Adam, package.USING_PYTORCH_OPTIMIZER = torch.optim.AdamW, True
-        clip_grads.l2_norm_impl = _local_l2_norm
+        stand_ins.append((clip_grads, "multi_tensor_scale_impl", _fused_scale))
+        stand_ins.append((clip_grads, "multi_tensor_applier", _applier))
+    # megatron-core 0.13 has no USING_PYTORCH_OPTIMIZER: it calls Adam(**kwargs) either way
+    stand_ins = [(module, name, value) for module, name, value in stand_ins if hasattr(module, name)]
+    saved = [(module, name, getattr(module, name)) for module, name, _ in stand_ins]
+    for module, name, value in stand_ins:
+        setattr(module, name, value)
     try:
         yield
     finally:
-        package.Adam, package.USING_PYTORCH_OPTIMIZER, clip_grads.l2_norm_impl = saved
-        clip_grads.multi_tensor_scale_impl, clip_grads.multi_tensor_applier = saved_scale
-        distrib_optimizer.Adam = saved_dist
+        for module, name, value in saved:
+            setattr(module, name, value)
 
 
 def _local_l2_norm(chunk_size: int, noop: Any, tensor_lists: Any, per_tensor: bool) -> Any:

@@ -111,7 +111,7 @@ def _small_trace(job: Job, embedding: bool, output: bool, kinds: tuple[bool, ...
     small = replace(job, model=model, layout=layout)
     with stage_world(model, layout, stage, checkpoint=False, runtime=runtime_config(job)) as chunks:
         gpt = chunks[0].module
-        return run_microbatch(job, ddp_wrapped(small, gpt, stage, 0), gpt, job.schedule().num_microbatches)
+        return run_microbatch(job, _ddp(small, gpt, stage, 0), gpt, job.schedule().num_microbatches)
 
 
 def trace_stage(job: Job, stage: int) -> tuple[Trace, ...]:
@@ -128,13 +128,13 @@ def trace_stage(job: Job, stage: int) -> tuple[Trace, ...]:
     with stage_world(job.model, job.layout, stage, checkpoint=False, runtime=runtime) as chunks:
         return tuple(
             run_microbatch(
-                job, ddp_wrapped(job, chunk.module, stage, index), chunk.module, schedule.num_microbatches
+                job, _ddp(job, chunk.module, stage, index), chunk.module, schedule.num_microbatches
             )
             for index, chunk in enumerate(chunks)
         )
 
 
-def ddp_wrapped(job: Job, gpt: Any, stage: int, chunk: int) -> Any:
+def _ddp(job: Job, gpt: Any, stage: int, chunk: int) -> Any:
     from inspector.world.ddp import wrap_in_megatron_ddp
     from inspector.world.shards import DistOptSettings
 
