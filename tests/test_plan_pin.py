@@ -169,6 +169,10 @@ SEARCHES = [
 @pytest.mark.parametrize(("own", "model"), SEARCHES, ids=[
     "dense", "recompute-pp", "moe", "dense-edge", "moe-bias", "llama", "mixtral", "deepseek-cp2"])
 def test_memory_confirms_every_printed_plan(own: tuple[str, ...], model: tuple[str, ...]) -> None:
+    if "--num-experts" in model and "--disable-bias-linear" not in model and not etp_bias_refused():
+        # megatron-core 0.13 asserts "Bias is not supported for MoE": refused naming the flag
+        assert "--disable-bias-linear" in refused(*own, *model)
+        return
     out = plans(*own, *model, "--top", "3")
     budget = out["gpu_memory_bytes"]
     assert out["plans"]

@@ -198,6 +198,11 @@ def etp_bias_refused() -> bool:
 def _check_expert_tp(model: ModelConfig, fixed: dict[str, Any]) -> None:
     """Raise ConfigError where the user fixed an expert tp megatron-core refuses with biases (a
     searched one is 1: layouts._expert_choices)."""
+    if model.num_experts is not None and not model.disable_bias_linear and not etp_bias_refused():
+        raise ConfigError(  # 0.13's TransformerConfig.__post_init__ asserts not add_bias_linear
+            "--num-experts with biases (no --disable-bias-linear): the installed megatron-core "
+            "builds no MoE biases (\"Bias is not supported for MoE\"); add --disable-bias-linear"
+        )
     etp = fixed.get("etp", 1)
     if expert_biases(model) and etp > 1:
         raise ConfigError(
