@@ -47,19 +47,27 @@ def tree(
     args: dict[str, Any],
     use_cache: bool,
     stage: int | None = stage_option("Print just this pipeline stage."),
-    rank: int | None = rank_option("Print the stage global rank R holds."),
+    rank: int | None = rank_option(
+        "Print the stage global rank R holds, under a summary: layers, parameters, bytes."
+    ),
 ) -> None:
     """Print the module hierarchy of each pipeline stage."""
 
     def produce() -> str:
+        from dataclasses import replace
+
         from inspector.render.tree import render_trees
+        from inspector.report.params import chunk_comments
         from inspector.world.build import build, select_view, stage_trees
 
         job = resolve_job(args)
         view = select_view(job, stage, rank)
         with Progress() as progress:
             built = build(job, view, expert_ranks=(view.expert_rank,), progress=progress)
-        return render_trees(stage_trees(built))
+        trees = stage_trees(built)
+        if rank is not None:  # a rank's view always starts with what the rank holds
+            trees = [replace(t, headed=True) for t in trees]
+        return render_trees(trees, chunk_comments(built))
 
     emit(cache.cached("tree", args, {"stage": stage, "rank": rank}, use_cache, produce))
 
