@@ -144,7 +144,8 @@ def comment_lines(text: str) -> list[str]:
         ["--pp", "2", "--tp", "2", "--dp", "2", "--rank", "5"],
         ["--num-layers", "8", "--pp", "2", "--num-layers-per-virtual-pipeline-stage", "2",
          "--rank", "1"],
-        ["--num-layers", "4", "--num-experts", "4", "--ep", "2", "--dp", "2", "--rank", "1"],
+        ["--num-layers", "4", "--num-experts", "4", "--ep", "2", "--dp", "2", "--disable-bias-linear",
+         "--rank", "1"],
     ],  # fmt: skip
 )
 def test_rank_summary_matches_the_params_rows(cli, args):
