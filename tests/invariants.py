@@ -42,7 +42,9 @@ def params_csv(text: str) -> None:
         assert not line.startswith("#"), line
         fields = line.split(";")
         assert len(fields) == 5, line
-        assert blocks, f"a row before any `# stage` comment: {line}"
+        if not blocks:  # a --rank file: no comment lines at all
+            assert not any(row.startswith("#") for row in text.splitlines()), line
+            continue
         blocks[-1][2 if ".experts." in fields[0] else 1].append(_numel(fields[2]))
     for (params, size, ranks, total, total_size), shared, experts in blocks:
         every = sum(shared) + sum(experts)

@@ -35,9 +35,7 @@ def test_issue_example_rank0(cli):
     lines = result.out.splitlines()
     assert lines[0].count("ProcessCoord(") == 8
     assert lines[1] == "name;module;shape;partitioning_ranks;precs"
-    # then what the rank holds, in the full table's comment syntax, and no other comment
-    assert lines[2] == "# stage 0: layers 0-3, 52074496 params, 208297984 bytes"
-    assert [line for line in lines if line.startswith("#")] == [lines[2]]
+    assert not any(line.startswith("#") for line in lines)  # a rank file has no comment lines
     rows = {r[0]: r for r in rows_of(result.out)}
     assert rows["embedding.word_embeddings.weight"][2:] == ["(25216, 1024)", "0", "[]"]
     assert rows["decoder.layers.0.self_attention.linear_qkv.weight"][2:] == [

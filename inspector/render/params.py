@@ -62,4 +62,4 @@ def render_params(result: ParamsResult, fmt: ParamsFormat) -> str:
         return write_json(result.header, result.blocks)
     if fmt is ParamsFormat.table:
         return render_human(result.blocks)
-    return write_csv(result.topology, result.blocks)
+    return write_csv(result.topology, result.blocks, comments=result.comments)

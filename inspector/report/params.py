@@ -27,6 +27,7 @@ class ParamsResult:
     topology: str | None  # None in a --rank view of a rank other than 0
     header: dict[str, Any]
     blocks: list[Block]
+    comments: bool  # stage comment lines (not in --rank files: the params table format)
 
 
 def params_result(built: BuiltJob, partitioning: Partitioning, block_size: int) -> ParamsResult:
@@ -50,7 +51,7 @@ def params_result(built: BuiltJob, partitioning: Partitioning, block_size: int) 
     line = None
     if coord is None or coord.rank == 0:
         line = topology_line(rank_positions(job.layout), job.layout)
-    return ParamsResult(line, _json_header(built, line), blocks)
+    return ParamsResult(line, _json_header(built, line), blocks, comments=coord is None)
 
 
 def chunk_comments(built: BuiltJob) -> list[str]:

@@ -242,12 +242,16 @@ def topology_line(positions: list[tuple[int, int, int, int]], layout: Layout) ->
     return "{" + ", ".join(parts) + "}"
 
 
-def write_csv(topology: str | None, blocks: Sequence[Block]) -> str:
-    """Return the semicolon table: topology line (if any), header, then each block's comment and rows."""
+def write_csv(topology: str | None, blocks: Sequence[Block], comments: bool = True) -> str:
+    """Return the semicolon table: topology line (if any), header, each block's comment and rows.
+
+    A `--rank R` file has no comment lines (the params table format): `comments` False.
+    """
     lines = [topology] if topology is not None else []
     lines.append(HEADER)
     for block in blocks:
-        lines.append(block_comment(block))
+        if comments:
+            lines.append(block_comment(block))
         lines.extend(format_row(row.cells) for row in block.rows)
     return "\n".join(lines) + "\n"
 
