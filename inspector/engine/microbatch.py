@@ -84,7 +84,7 @@ def run_microbatch(job: Job, ddp: Any, gpt: Any, num_microbatches: int) -> Trace
     tracker = Tracker()
     where = _where(tracker, gpt)
     with cuda_on_meta(), _failures(tracker, where), where, _global_buffer_named(tracker):
-        with tracker:
+        with tracker, _routing(job):
             start = tracker.mark()
             state = _forward(job, ddp, gpt, num_microbatches, tracker)
             middle = tracker.mark()
@@ -99,6 +99,15 @@ def run_microbatch(job: Job, ddp: Any, gpt: Any, num_microbatches: int) -> Trace
         backward=tuple(steady[split:]),
         persistent=tuple((events[i].where, size) for i, size in sorted(persistent.items())),
     )
+
+
+def _routing(job: Job) -> contextlib.AbstractContextManager[None]:
+    """Return MoE routing on meta tensors (moe.py) for a job with experts, else nothing."""
+    if job.model.num_experts is None:
+        return contextlib.nullcontext()
+    from inspector.engine.moe import balanced_routing
+
+    return balanced_routing()
 
 
 def _inputs(job: Job, gpt: Any) -> dict[str, Any]:
