@@ -202,6 +202,21 @@ def _gmm(a: Any, b: Any, batch_sizes: Any, trans_b: bool = False) -> Any:
 
 
 @contextlib.contextmanager
+def dispatcher_streams() -> Iterator[None]:
+    """Let megatron build MoEAlltoAllTokenDispatcher without CUDA: its class-wide side stream for
+    the host copies (token_dispatcher.py `__init__`: `torch.cuda.Stream()` when None) is given."""
+    from megatron.core.transformer.moe import token_dispatcher
+
+    owner = token_dispatcher.MoEAlltoAllTokenDispatcher
+    saved = owner.cuda_dtoh_stream
+    owner.cuda_dtoh_stream = _STREAM
+    try:
+        yield
+    finally:
+        owner.cuda_dtoh_stream = saved
+
+
+@contextlib.contextmanager
 def balanced_routing() -> Iterator[None]:
     """Run megatron's MoE layers on meta tensors with balanced routing inside the block.
 
@@ -213,7 +228,6 @@ def balanced_routing() -> Iterator[None]:
     patches: list[tuple[Any, str, Any]] = [
         (router.TopKRouter, "routing", _routed(values, router.TopKRouter.routing)),
         (token_dispatcher, "maybe_move_tensor_to_cpu", _to_cpu),
-        (token_dispatcher.MoEAlltoAllTokenDispatcher, "cuda_dtoh_stream", _STREAM),
         (torch.cuda, "current_stream", lambda *args: _STREAM),
         (torch.cuda, "stream", lambda *args: contextlib.nullcontext()),
         (torch.Tensor, "record_stream", lambda *args: None),
@@ -223,7 +237,7 @@ def balanced_routing() -> Iterator[None]:
     for owner, name, value in patches:
         setattr(owner, name, value)
     try:
-        with values:
+        with values, dispatcher_streams():
             yield
     finally:
         for owner, name, value in saved:
