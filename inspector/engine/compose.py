@@ -95,7 +95,7 @@ def _persistent(
     """Return the chunk's persistent buffers: those outside the layers once, then each layer's
     (an MoE layer's token dispatcher keeps its last routing metadata: token_dispatcher.py)."""
     by_layer: list[list[tuple[str, int]]] = [[] for _ in range(layers)]
-    outside = []
+    outside: list[tuple[str, int]] = []
     for where, size in kept:
         layer = layer_of(where)
         (outside if layer is None else by_layer[layer]).append((where, size))
