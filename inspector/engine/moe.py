@@ -203,17 +203,21 @@ def _gmm(a: Any, b: Any, batch_sizes: Any, trans_b: bool = False) -> Any:
 
 @contextlib.contextmanager
 def dispatcher_streams() -> Iterator[None]:
-    """Let megatron build MoEAlltoAllTokenDispatcher without CUDA: its class-wide side stream for
-    the host copies (token_dispatcher.py `__init__`: `torch.cuda.Stream()` when None) is given."""
+    """Let megatron build MoEAlltoAllTokenDispatcher without CUDA: its side stream for the host
+    copies (token_dispatcher.py `__init__`: `torch.cuda.Stream()`, class-wide from 0.14) is a
+    stand-in that orders nothing."""
     from megatron.core.transformer.moe import token_dispatcher
 
     owner = token_dispatcher.MoEAlltoAllTokenDispatcher
-    saved = owner.cuda_dtoh_stream
-    owner.cuda_dtoh_stream = _STREAM
+    saved = owner.__dict__.get("cuda_dtoh_stream")
+    stream = torch.cuda.Stream
+    torch.cuda.Stream = lambda *args, **kwargs: _STREAM  # type: ignore[assignment,misc]
     try:
         yield
     finally:
-        owner.cuda_dtoh_stream = saved
+        torch.cuda.Stream = stream  # type: ignore[misc]
+        if "cuda_dtoh_stream" in owner.__dict__:
+            owner.cuda_dtoh_stream = saved
 
 
 @contextlib.contextmanager
