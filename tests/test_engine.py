@@ -267,3 +267,26 @@ def test_capacity_factor_pads_every_expert_to_its_capacity(monkeypatch):
     run_memory(job, 0)
     capacity = math.ceil(64 * 2 / 4 * 1.5)
     assert sizes and set(sizes) == {capacity * 4}
+
+
+def test_routed_experts_hold_what_megatron_saves_for_backward():
+    """Hand count, from megatron-core's source, of what one MoE layer's experts keep.
+
+    experts.py SequentialMLP.forward splits the permuted tokens by `tokens_per_expert` (balanced:
+    n = tokens * topk / experts rows each) and runs each expert's MLP (mlp.py MLP.forward with
+    per_token_scale): linear_fc1's output [n, 2f] is saved by the weighted SwiGLU
+    (fused_bias_swiglu.py WeightedSwiGLUFunction: input and the probs, a view), whose output
+    [n, f] linear_fc2 saves for its weight gradient; the experts' outputs [n, h] are freed once
+    `torch.cat` has joined them into [tokens * topk, h], which lives until the combine.
+    """
+    from inspector.engine.stage import trace_stage
+    from inspector.world.setup import megatron
+
+    megatron()
+    job = _job(**_MOE_TP1, num_layers=1, pipeline_model_parallel_size=1, data_parallel_size=1,
+               global_batch_size=2, ffn_hidden_size=128)  # fmt: skip
+    forward = trace_stage(job, 0)[0].forward
+    held = sum(e.bytes for e in forward if e.where.startswith("decoder.layers.0.mlp.experts"))
+    tokens, topk, experts, h, f, bf16 = 32 * 2, 2, 4, 64, 128, 2
+    n = tokens * topk // experts
+    assert held == experts * (n * 2 * f + n * f) * bf16 + tokens * topk * h * bf16
