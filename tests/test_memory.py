@@ -474,3 +474,19 @@ def test_formulas_answer_where_the_engine_cannot_run(extra: list[str], why: str)
     text = run_cli("memory", *ENGINE, *extra).out
     (line,) = [x for x in text.splitlines() if x.startswith("Activations: closed forms")]
     assert why in line and "not run yet" in line
+
+
+def test_mixtral_runs_through_the_engine_with_balanced_routing() -> None:
+    """An MoE job's activations come from megatron running, and the report says how it routed."""
+    args = ["memory", "--model", "mixtral-8x7b", "--transformer-impl", "local", "--bf16",
+            "--tp", "1", "--pp", "4", "--ep", "8", "--dp", "8", "--micro-batch-size", "1",
+            "--seq-length", "4096", "--moe-token-dispatcher-type", "alltoall"]  # fmt: skip
+    report = _json(*args, "--format", "json")
+    assert [s["activations"]["source"] for s in report["stages"]] == ["engine"] * 4
+    # every MoE layer's token dispatcher keeps its last routing metadata (persistent, per layer)
+    for stage in report["stages"]:
+        kept = {where.split()[1] for where, _ in stage["buffers"]["persistent"] if where.startswith("layer ")}
+        assert kept == {str(layer) for layer in stage["layers"][0]}
+    text = run_cli(*args).out
+    assert "Note: MoE routing is balanced: every expert gets tokens x 2 / 8 of each rank's tokens" in text
+    assert "alltoall dispatcher, dropless." in text
