@@ -89,14 +89,22 @@ class _HostValues(TorchDispatchMode):
             return out
         with _disable_current_modes():
             host = func(*self._on_host(args), **self._on_host(kwargs))
-        for tensor, value in zip(outputs, pytree.tree_leaves(host), strict=True):
+        values = [t for t in pytree.tree_leaves(host) if isinstance(t, torch.Tensor)]
+        for tensor, value in zip(outputs, values, strict=True):
             self.values[tensor] = value
         return out
 
     def _on_host(self, tree: Any) -> Any:
-        return pytree.tree_map(
-            lambda t: self.values.get(t, t) if isinstance(t, torch.Tensor) else t, tree
-        )
+        """Return `tree` with each tensor's host values, and the meta device the host."""
+
+        def host(leaf: Any) -> Any:
+            if isinstance(leaf, torch.Tensor):
+                return self.values.get(leaf, leaf)
+            if isinstance(leaf, torch.device) and leaf.type == "meta":
+                return torch.device("cpu")
+            return leaf
+
+        return pytree.tree_map(host, tree)
 
     def _host_copy(self, tensor: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
         """A copy to the host lands in host memory: the values, no GPU allocation."""
