@@ -221,8 +221,8 @@ def test_composed_moe_stage_equals_every_layer_run(flags):
 _MOE_TP1 = {**_MOE, "sequence_parallel": False, "tensor_model_parallel_size": 1}
 
 
-@pytest.mark.parametrize("ep", [2, 4])
-def test_alltoall_splits_are_balanced_over_expert_parallel_ranks(ep, monkeypatch):
+@pytest.mark.parametrize("ep, tp, etp", [(2, 1, 1), (4, 1, 1), (2, 2, 1)])
+def test_alltoall_splits_are_balanced_over_expert_parallel_ranks(ep, tp, etp, monkeypatch):
     """Each rank sends tokens * topk / ep rows to every expert-parallel rank and receives as many."""
     from megatron.core.transformer.moe import token_dispatcher
 
@@ -237,11 +237,11 @@ def test_alltoall_splits_are_balanced_over_expert_parallel_ranks(ep, monkeypatch
         return out
 
     monkeypatch.setattr(token_dispatcher, "all_to_all", recorded)
-    job = _job(**_MOE_TP1, num_layers=2, pipeline_model_parallel_size=1,
-               data_parallel_size=4, expert_model_parallel_size=ep,
-               moe_token_dispatcher_type="alltoall")  # fmt: skip
+    job = _job(**{**_MOE, "sequence_parallel": tp > 1}, num_layers=2, pipeline_model_parallel_size=1,
+               tensor_model_parallel_size=tp, expert_tensor_parallel_size=etp, data_parallel_size=4,
+               expert_model_parallel_size=ep, moe_token_dispatcher_type="alltoall")  # fmt: skip
     run_memory(job, 0)
-    routed = 32 * 2 * 2  # seq x micro-batch tokens on the rank, x topk
+    routed = 32 * 2 // tp * 2  # the rank's tokens (seq x micro-batch, split by sequence parallelism) x topk
     dispatch = ([routed // ep] * ep, [routed // ep] * ep, routed, routed)
     assert calls and all(call == dispatch for call in calls)
 
