@@ -111,7 +111,7 @@ def _small_trace(job: Job, embedding: bool, output: bool, kinds: tuple[bool, ...
     )  # fmt: skip
     small = replace(job, model=model, layout=layout)
     world = stage_world(model, layout, stage, checkpoint=False, runtime=runtime_config(job))
-    with _moe_build(job), world as chunks:
+    with moe_build(job), world as chunks:
         gpt = chunks[0].module
         return run_microbatch(job, _ddp(small, gpt, stage, 0), gpt, job.schedule().num_microbatches)
 
@@ -128,7 +128,7 @@ def trace_stage(job: Job, stage: int) -> tuple[Trace, ...]:
     schedule = job.schedule()
     runtime = runtime_config(job)
     world = stage_world(job.model, job.layout, stage, checkpoint=False, runtime=runtime)
-    with _moe_build(job), world as chunks:
+    with moe_build(job), world as chunks:
         return tuple(
             run_microbatch(
                 job, _ddp(job, chunk.module, stage, index), chunk.module, schedule.num_microbatches
@@ -137,7 +137,7 @@ def trace_stage(job: Job, stage: int) -> tuple[Trace, ...]:
         )
 
 
-def _moe_build(job: Job) -> contextlib.AbstractContextManager[None]:
+def moe_build(job: Job) -> contextlib.AbstractContextManager[None]:
     """Return what megatron needs to build an MoE job's token dispatchers here (moe.py)."""
     if job.model.num_experts is None:
         return contextlib.nullcontext()
