@@ -88,9 +88,6 @@ REFUSED: dict[str, Refusal] = {
     "--microbatch-group-size-per-virtual-pipeline-stage": Refusal(
         "training", "a micro-batch group other than --pp changes the interleaved schedule's "
         "in-flight micro-batches, which are replayed with the default group"),  # fmt: skip
-    "--moe-pad-expert-input-to-capacity": Refusal(
-        "training", "padding experts to capacity changes MoE activations (balanced routing is "
-        "counted)"),  # fmt: skip
     "--ddp-num-buckets": Refusal("layout", "pass --ddp-bucket-size (buckets decide the padding)"),
     "--ddp-pad-buckets-for-high-nccl-busbw": Refusal(
         "layout", "bucket padding for NCCL bus bandwidth is not modelled"),
@@ -156,8 +153,8 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--moe-router-num-groups --moe-router-group-topk --moe-router-topk-scaling-factor "
         "--moe-router-bias-update-rate "
         "--moe-router-force-load-balancing --moe-aux-loss-coeff --moe-z-loss-coeff "
-        "--moe-input-jitter-eps --moe-token-dispatcher-type --moe-enable-deepep --moe-deepep-num-sms "
-        "--moe-permute-fusion --moe-router-fusion --moe-router-dtype --moe-expert-capacity-factor "
+        "--moe-input-jitter-eps --moe-enable-deepep --moe-deepep-num-sms "
+        "--moe-permute-fusion --moe-router-fusion --moe-router-dtype "
         "--moe-token-drop-policy --moe-shared-expert-overlap --moe-per-layer-logging "
         "--moe-apply-probs-on-input --moe-router-padding-for-fp8 --overlap-moe-expert-parallel-comm "
         "--delay-wgrad-compute"
