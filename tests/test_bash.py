@@ -433,3 +433,20 @@ def test_any_text_is_read_or_refused_cleanly(text):
         parse_launch_script(text, "s.sh")
     except (InputError, ConfigError):
         pass
+
+
+def test_unset_values_in_pure_commands_and_bash_c():
+    # `$(basename "$ENV_CONFIG")` of an unset variable is empty in bash, so the condition is
+    # false, with the one note for the unset variable; `bash -c` runs although PYTHONPATH is unset.
+    parsed = read_launch_script(str(BASH_FIXTURES / "unset_paths.sh"))
+    assert parsed.args["num_layers"] == 4
+    assert parsed.world_size == 16
+    assert any("$ENV_CONFIG is not set, so it reads as empty" in note for note in parsed.notes)
+
+
+def test_pure_command_of_an_unset_value_stays_missing_for_the_model(tmp_path):
+    path = tmp_path / "s.sh"
+    path.write_text('L=$(basename "$LAYERS")\ntorchrun --nproc_per_node 1 pretrain_gpt.py '
+                    "--num-layers $L --hidden-size 64 --num-attention-heads 4\n")  # fmt: skip
+    with pytest.raises(InputError, match=r"--set LAYERS=VALUE"):
+        read_launch_script(str(path))

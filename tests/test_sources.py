@@ -279,6 +279,15 @@ def test_vocabulary_from_local_tokenizer_files(tmp_path):
         ("--tokenizer-type HuggingFaceTokenizer --tokenizer-model mistralai/Mixtral-8x7B-v0.1",
          32000, ""),
         ("--tokenizer-type GPT2BPETokenizer --vocab-file gpt2-vocab.json", 50257, ""),
+        # len(tokenizer), added tokens included (_HuggingFaceTokenizer.vocab_size): Qwen3's
+        # tokenizer.json holds ids 0-151668, Qwen2.5's 0-151664
+        ("--tokenizer-type HuggingFaceTokenizer --tokenizer-model Qwen/Qwen3-8B", 151669, ""),
+        ("--tokenizer-type HuggingFaceTokenizer --tokenizer-model Qwen/Qwen2.5-7B-Instruct",
+         151665, ""),
+        ("--tokenizer-type HuggingFaceTokenizer --tokenizer-model meta-llama/Llama-3.2-1B-Instruct",
+         128256, ""),
+        ("--tokenizer-type HuggingFaceTokenizer --tokenizer-model nvidia/Llama-3.1-70B-Instruct-FP8",
+         128256, ""),
         ("--tokenizer-type NullTokenizer --vocab-size 1000", 1001, ""),
         # not on this machine, not a known hub name, no --vocab-size: never a silent default
         ("--tokenizer-type Llama2Tokenizer --tokenizer-model /models/x/tokenizer.model", None,

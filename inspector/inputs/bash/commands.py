@@ -113,7 +113,9 @@ def _child_shell(shell: Shell, words: list[str], index: int, env: dict[str, str]
     if args and args[0] == "-c":
         if len(args) < 2:
             raise shell.fail("`bash -c` has no command")
-        text = shell.require(args[1], "the command of `bash -c`")
+        text = args[1]  # unset variables in it stay marked: empty to bash, missing to the model
+        if shell.ctx.bash_value(text) is None:
+            shell.require(text, "the command of `bash -c`")
         child = shell.child(shell.origin, args[3:], variables)
         child.source_stack = list(shell.source_stack)
         return _run_child(child, lambda: child.run_text(text, shell.source_stack[-1], shell.line,
