@@ -157,3 +157,24 @@ def test_unset_readings(text, args):
         assert parse_launch_script(text, "s.sh", {"BASE": "1"}).args == {"num_layers": 4}
         return
     assert parse_launch_script(text, "s.sh").args == args
+
+
+def test_sbatch_follows_its_job_file(tmp_path, monkeypatch):
+    # In the shape of a submit script that hands sbatch a job file (with #SBATCH lines and srun
+    # inside): the file runs as the batch job, the command line's --nodes after its #SBATCH lines.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.sh").write_text(
+        "#!/bin/bash\n#SBATCH -t 0:30:00 --exclusive --nodes=1 --ntasks-per-node=8\n"
+        'srun -l sh -c "python -u pretrain_gpt.py ${PARAMS}"\n'
+    )  # fmt: skip
+    text = ('export PARAMS="--num-layers 3 --hidden-size 64 --num-attention-heads 4"\n'
+            "sbatch -p batch -A acct --job-name=x --nodes=2 --export=PARAMS job.sh\n")  # fmt: skip
+    parsed = parse_launch_script(text, "submit.sh")
+    assert parsed.world_size == 16
+    assert parsed.args["num_layers"] == 3
+
+
+def test_sbatch_without_a_job_file_runs_nothing():
+    text = "sbatch --wrap 'python pretrain_gpt.py --num-layers 2'\n"
+    with pytest.raises(InputError, match="found no training command"):
+        parse_launch_script(text, "s.sh")

@@ -53,7 +53,44 @@ def run_command(shell: Shell, argv: list[str], node: Simple, prefix: dict[str, s
         return 0
     if node.stdin is not None and _reads_stdin(argv):
         return run_here_document(shell, argv, node.stdin, prefix)
+    if name == "sbatch":
+        return _sbatch_file(shell, bash_argv, prefix)
     return _external(shell, argv, prefix, outer=())
+
+
+# sbatch's options that take no value (sbatch(1)); every other option takes one, inline or next.
+_SBATCH_SWITCHES = {"-h", "-H", "-I", "-k", "-O", "-Q", "-s", "-v", "-V", "-W", "--exclusive",
+                    "--hold", "--overcommit", "--parsable", "--requeue", "--no-requeue", "--wait",
+                    "--test-only", "--contiguous", "--spread-job", "--use-min-nodes", "--quiet",
+                    "--verbose", "--oversubscribe", "--ignore-pbs", "--help", "--usage"}  # fmt: skip
+
+
+def _sbatch_file(shell: Shell, argv: list[str], env: dict[str, str]) -> int:
+    """`sbatch [options] FILE [args]` (words as bash gives them): FILE runs as a batch job (its
+    #SBATCH options first, the command line's after them, so they win), as `sbatch <<EOF` runs
+    its here-document."""
+    options: list[str] = []
+    index = 1
+    while index < len(argv) and argv[index].startswith("-"):
+        option = argv[index]
+        options.append(option)
+        takes_value = "=" not in option and option not in _SBATCH_SWITCHES
+        if takes_value and (len(option) == 2 or option.startswith("--")) and index + 1 < len(argv):
+            options.append(argv[index + 1])
+            index += 1
+        index += 1
+    if index >= len(argv) or any(o.startswith("--wrap") for o in options):
+        return 0  # no job file: `--wrap` commands are not read
+    path = _resolve(shell, argv[index], f"`sbatch {argv[index]}`")
+    text = _read(shell, path)
+    if shell.depth >= MAX_DEPTH:
+        raise shell.fail("scripts call each other too deeply")
+    variables = {k: v for k, v in shell.vars.items() if k in shell.exported and isinstance(v, str)}
+    variables.update(env)
+    child = shell.child(path, argv[index + 1 :], variables)
+    child.source_stack = [path]
+    start_job(child, sbatch_options(text) + tuple(options))
+    return _run_child(child, lambda: child.run_text(text, path), ())
 
 
 def _external(shell: Shell, argv: list[str], prefix: dict[str, str],
