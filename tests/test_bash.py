@@ -211,7 +211,10 @@ def test_settings_give_the_environment_and_positional_parameters():
         ("torchrun --nnodes=2:2 --nproc_per_node=8 t.py\n", 16, "torchrun"),
         ("torchrun --nproc_per_node gpu t.py\n", None, "takes the GPU count from the job"),
         ("deepspeed t.py\n", None, "uses every GPU it finds"),
-        ("srun -N2 python t.py\n", None, "takes its task count from the job's allocation"),
+        # srun(1): --ntasks defaults to the node count, one task per node
+        ("srun -N2 python t.py\n", 2, "srun -N 2, one task per node as srun runs it"),
+        ("#SBATCH --nodes=3\nsrun python t.py\n", 3, "one task per node"),
+        ("srun python t.py\n", None, "takes its task count from the job's allocation"),
         ("srun --ntasks=24 python t.py\n", 24, "srun --ntasks 24"),
         ("mpirun -np 16 python t.py\n", 16, "mpirun -np 16"),
         ("WORLD_SIZE=8 python t.py\n", 8, "WORLD_SIZE=8"),

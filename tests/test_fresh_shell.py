@@ -178,3 +178,24 @@ def test_sbatch_without_a_job_file_runs_nothing():
     text = "sbatch --wrap 'python pretrain_gpt.py --num-layers 2'\n"
     with pytest.raises(InputError, match="found no training command"):
         parse_launch_script(text, "s.sh")
+
+
+def test_read_gets_no_input_in_a_launch():
+    # `read` meets the end of input: its variable is empty and it fails, so `|| L=3` runs
+    text = ('read -p "layers? " -t 5 L || L=3\nwhile read line; do L=9; done\n'
+            "python pretrain_gpt.py --num-layers $L --hidden-size 64 --num-attention-heads 4\n")  # fmt: skip
+    parsed = parse_launch_script(text, "s.sh")
+    assert parsed.args["num_layers"] == 3
+    assert any("`read` gets no input in a launch" in note and "--set L=VALUE" in note
+               for note in parsed.notes)  # fmt: skip
+    assert parse_launch_script("read L\n" + text.split("\n", 1)[1], "s.sh",
+                               {"L": "5"}).args["num_layers"] == 5  # fmt: skip
+
+
+def test_home_is_a_placeholder_with_a_note(monkeypatch):
+    monkeypatch.setenv("HOME", "/home/reader")
+    text = ('[ -d ~/ckpt ] && L=4 || L=2\nD="$HOME/data"\n[ "$D" = /home/reader/data ] || L=1\n'
+            "python pretrain_gpt.py --num-layers $L --hidden-size 64 --num-attention-heads 4\n")  # fmt: skip
+    parsed = parse_launch_script(text, "s.sh")
+    assert parsed.args["num_layers"] == 4
+    assert any("$HOME (or ~) is the home folder of the job's user" in n for n in parsed.notes)

@@ -346,11 +346,31 @@ def _let(shell: Shell, argv: list[str]) -> int:
 
 
 def _read_builtin(shell: Shell, argv: list[str]) -> int:
-    names = [a for a in argv[1:] if not a.startswith("-")] or ["REPLY"]
+    """`read`: a launch runs with no input (a batch job's is /dev/null), so bash's `read` meets
+    the end of input, empties its variables and fails (status 1)."""
+    words = argv[1:]
+    names: list[str] = []
+    while words:
+        word = words.pop(0)
+        if word.startswith("-"):
+            if word[-1] in "pdtnNuai" and words:  # `-p PROMPT`, `-t 5`, ...: the option's value
+                words.pop(0)
+            continue
+        names.append(word)
+    names = names or ["REPLY"]
+    if all(name in shell.ctx.settings for name in names):  # --set NAME=VALUE: the line read
+        for name in names:
+            shell.assign(name, shell.ctx.settings[name])
+        return 0
     for name in names:
-        shell.assign(name, shell.ctx.mark(Unknown(f"${name}", f"read from input on line "
-                                                  f"{shell.line}", name)))  # fmt: skip
-    return 0
+        shell.ctx.unset_read.setdefault(name, shell.where())  # noted here, once
+        shell.assign(name, shell.ctx.mark(Unknown(f"${name}", f"which `read` on line {shell.line} "
+                                                  "reads from no input", name, "")))  # fmt: skip
+    shown = " ".join(f"--set {name}=VALUE" for name in names)
+    shell.ctx.note(f"{shell.where()}: `read` gets no input in a launch (a batch job reads "
+                   f"/dev/null), so {', '.join('$' + n for n in names)} reads as empty and `read` "
+                   f"fails, as in bash; give the line it would read with {shown}")  # fmt: skip
+    return 1
 
 
 def _false(shell: Shell, argv: list[str]) -> int:
