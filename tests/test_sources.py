@@ -225,6 +225,15 @@ def test_duplicate_keys_in_config_files(tmp_path, name, text, message):
     assert str(raised.value) == f"{tmp_path}/{message}"
 
 
+def test_a_key_repeated_with_its_value_is_one_setting(tmp_path):
+    # Megatron-LM's functional-test model_config.yaml files repeat a few keys, each time with
+    # the same value: one meaning, read as PyYAML reads it
+    path = tmp_path / "model_config.yaml"
+    path.write_text("MODEL_ARGS:\n  --num-layers: 4\n  --ffn-hidden-size: 256\n"
+                    "  --ffn-hidden-size: 256\n  --hidden-size: 64\n")  # fmt: skip
+    assert read_config(str(path)).args["ffn_hidden_size"] == 256
+
+
 @pytest.mark.parametrize(
     "name, world, origin",
     [
