@@ -199,3 +199,15 @@ def test_home_is_a_placeholder_with_a_note(monkeypatch):
     parsed = parse_launch_script(text, "s.sh")
     assert parsed.args["num_layers"] == 4
     assert any("$HOME (or ~) is the home folder of the job's user" in n for n in parsed.notes)
+
+
+def test_exit_status_of_the_command_before():
+    # "which srun; BATCH=$((1-$?))" (the shape of Megatron-LM's multimodal scripts): the reader
+    # skips `which` as succeeding, so $? is 0; after `false` it is 1
+    text = ("which srun\nBATCH=$((1-$?))\nfalse\nS=$?\n"
+            "if [[ $BATCH -eq 1 && $S = 1 ]]; then L=6; else L=2; fi\n"
+            "python pretrain_gpt.py --num-layers $L --hidden-size 64 --num-attention-heads 4\n")  # fmt: skip
+    parsed = parse_launch_script(text, "s.sh")
+    assert parsed.args["num_layers"] == 6
+    assert any("$? reads 0, the status the reader gives the command before it" in note
+               for note in parsed.notes)  # fmt: skip

@@ -33,6 +33,7 @@ class Expansion:
     source_stack: list[str]
     line: int
     nounset: bool
+    status: int  # the last command's exit status, as the reader takes it
 
     if TYPE_CHECKING:  # Shell's, which expansion calls back into
 
@@ -222,6 +223,12 @@ class Expansion:
 
     def _param(self, part: Param, quoted: bool) -> list[_Piece]:
         name, op, index = part.name, part.op, part.index
+        if name == "?" and index is None and not op:
+            # the status of the command before, as the reader takes it: the commands it skips
+            # (`which srun`, `mkdir`) succeed
+            self.ctx.note(f"{self.where()}: $? reads {self.status}, the status the reader gives "
+                          "the command before it (the commands it skips succeed)")  # fmt: skip
+            return [_Piece(str(self.status), quoted)]
         if name in "$!?-" and len(name) == 1:
             return [_Piece(self.ctx.mark(Unknown(f"${name}", "which only a running shell knows",
                                                  None)), quoted)]  # fmt: skip
