@@ -453,3 +453,12 @@ def test_pure_command_of_an_unset_value_stays_missing_for_the_model(tmp_path):
                     "--num-layers $L --hidden-size 64 --num-attention-heads 4\n")  # fmt: skip
     with pytest.raises(InputError, match=r"--set LAYERS=VALUE"):
         read_launch_script(str(path))
+
+
+def test_a_placeholder_to_fill_in_is_a_syntax_error_as_in_bash():
+    # Megatron-LM's sc21 CONFIG.sh shape: `export X=<...>` is a redirection with no target
+    text = ("export SLURM_PARTITION=<slurm partition, used to feed -p option in slurm>\n"
+            "python pretrain_gpt.py --num-layers 2\n")  # fmt: skip
+    with pytest.raises(InputError, match=r"s.sh line 1: a redirection `>` has no target, a syntax "
+                                         r"error to bash too \(is a placeholder"):  # fmt: skip
+        parse_launch_script(text, "s.sh")
