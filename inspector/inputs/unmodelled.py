@@ -54,6 +54,12 @@ REFUSED: dict[str, Refusal] = {
     "--hybrid-override-pattern": Refusal("model", _HYBRID),
     "--hybrid-attention-ratio": Refusal("model", _HYBRID),
     "--hybrid-mlp-ratio": Refusal("model", _HYBRID),
+    # newer Megatron-LM's name for the layer pattern, and the Mamba mixer's sizes
+    "--hybrid-layer-pattern": Refusal("model", _HYBRID),
+    "--mamba-head-dim": Refusal("model", _HYBRID),
+    "--mamba-num-heads": Refusal("model", _HYBRID),
+    "--mamba-num-groups": Refusal("model", _HYBRID),
+    "--mamba-state-dim": Refusal("model", _HYBRID),
     "--quick-geglu": Refusal("model", "a gated MLP with its own activation is not modelled; "
                              "--swiglu is"),  # fmt: skip
     "--softmax-type": Refusal(
