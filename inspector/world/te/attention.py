@@ -4,7 +4,8 @@ Mirrors transformer_engine 2.11.0 `pytorch/attention/dot_product_attention/dot_p
 (DotProductAttention 154-470, constructor 318-470) and the three backends it always builds
 (`backends.py`: UnfusedDotProductAttention 206-245, FlashAttention 623-660, FusedAttention
 1641-1700; `softmax.py` FusedScaleMaskSoftmax 144). None holds a parameter, except the learnable
-softmax offset.
+softmax offset. `forward` runs the fused (cuDNN) backend's memory contract
+(`functions.FusedAttnFunction`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,14 @@ from typing import Any
 import torch
 
 from inspector.world.te._base import TransformerEngineBaseModule, empty, world_size
+from inspector.world.te.functions import FusedAttnFunction
+
+
+def _size(group: Any) -> int:
+    """Return a process group's size (1 without torch.distributed)."""
+    if not torch.distributed.is_initialized():
+        return 1
+    return int(torch.distributed.get_world_size(group=group))
 
 # TE's AttnTypes (pytorch/constants.py).
 ATTN_TYPES = ("self", "cross")
@@ -162,6 +171,31 @@ class DotProductAttention(TransformerEngineBaseModule):
                 torch.nn.Parameter(empty(heads, dtype=None)),
                 get_rng_state_tracker=get_rng_state_tracker,
             )
+
+    def forward(
+        self,
+        query_layer: torch.Tensor,
+        key_layer: torch.Tensor,
+        value_layer: torch.Tensor,
+        attention_mask: Any = None,
+        qkv_format: str | None = None,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        """Run the fused backend as memory sees it (dot_product_attention.py `forward`, v2.11).
+
+        sbhd in, [s, b, heads * head dim] out (FusedAttention.forward's final view); TE
+        accepts q, k, v of any strides whose last dimension is contiguous
+        (`get_qkv_layout`: sbhd_sbhd_sbhd), else it copies them contiguous.
+        """
+        qkv_format = qkv_format or self.qkv_format
+        if qkv_format != "sbhd" or (self.cp_group is not None and _size(self.cp_group) > 1):
+            raise NotImplementedError(
+                "the simulated Transformer Engine runs attention in the sbhd format without "
+                "context parallelism only"
+            )
+        q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (query_layer, key_layer, value_layer))
+        out: torch.Tensor = FusedAttnFunction.apply(q, k, v)
+        return out.view(out.shape[0], out.shape[1], -1)
 
     def set_context_parallel_group(
         self,
