@@ -459,7 +459,8 @@ def test_engine_peak_is_above_static_and_names_a_pass() -> None:
 @pytest.mark.parametrize(
     "extra, why",
     [
-        (["--transformer-impl", "transformer_engine"], "Transformer Engine's forwards"),
+        (["--transformer-impl", "transformer_engine", "--cp", "2"],
+         "Transformer Engine's context-parallel attention"),
         (["--num-experts", "4", "--ep", "2", "--sequence-parallel",
           "--disable-bias-linear"], "MoE routing"),
     ],

@@ -26,8 +26,8 @@ from inspector.world.config import transformer_config
 from inspector.world.setup import (
     megatron,
     simulate_apex,
-    simulate_grouped_gemm,
     simulate_grad_accum_fusion,
+    simulate_grouped_gemm,
     simulated_dp,
     simulated_rank,
 )

@@ -91,10 +91,10 @@ def _weight_grads(
         return None, grad_bias
     if not setup.fuse_wgrad_accumulation:
         return torch.empty(weight.shape, dtype=total.dtype, device=total.device), grad_bias
-    weight.main_grad  # noqa: B018 (TE's `ctx.main_grad_func()`: megatron's grad buffer view)
+    main_grad: torch.Tensor = getattr(weight, "main_grad")  # noqa: B009 (TE's main_grad_func)
     if hasattr(weight, "grad_added_to_main_grad"):
         weight.grad_added_to_main_grad = True
-        return get_dummy_wgrad(list(weight.main_grad.shape), weight.dtype), grad_bias
+        return get_dummy_wgrad(list(main_grad.shape), weight.dtype), grad_bias
     return None, grad_bias
 
 
@@ -128,7 +128,7 @@ class LinearFunction(torch.autograd.Function):
     SAVED = ("inputmat", "weightmat", "weight", "bias")  # prepare_for_saving, linear.py 433-439
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, inp: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, setup: GemmSetup
     ) -> torch.Tensor:
         inputmat = inp.reshape(-1, inp.shape[-1])
@@ -168,7 +168,7 @@ class LayerNormLinearFunction(torch.autograd.Function):
     )  # prepare_for_saving, layernorm_linear.py 466-476  # fmt: skip
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         inp: torch.Tensor,
         ln_weight: torch.Tensor,
@@ -180,9 +180,10 @@ class LayerNormLinearFunction(torch.autograd.Function):
         inputmat = inp.view(-1, inp.shape[-1])
         ln_out = torch.empty_like(inputmat)
         rows = (inputmat.shape[0],)
-        stats = dict(dtype=torch.float32, device=inp.device)
-        mu = torch.empty(rows, **stats) if setup.normalization == "LayerNorm" else None
-        rsigma = torch.empty(rows, **stats)
+        mu = None
+        if setup.normalization == "LayerNorm":
+            mu = torch.empty(rows, dtype=torch.float32, device=inp.device)
+        rsigma = torch.empty(rows, dtype=torch.float32, device=inp.device)
         out = _forward_gemm(ln_out, weight, setup)
         saved_ln_out = ln_out if weight.requires_grad else None
         ctx.save_for_backward(inputmat, weight, weight, bias, ln_weight, saved_ln_out, mu, rsigma)
@@ -222,7 +223,7 @@ class NormFunction(torch.autograd.Function):
     SAVED_RMS_NORM = ("x", "rstdevs")  # rmsnorm.py 202
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, inp: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
         x = inp.reshape(-1, weight.numel())
@@ -241,9 +242,8 @@ class NormFunction(torch.autograd.Function):
     def backward(ctx: Any, grad_output: torch.Tensor) -> Any:
         x = ctx.saved_tensors[0]
         dx = torch.empty_like(x).view(grad_output.shape)
-        stats = dict(dtype=ctx.weight_dtype, device=x.device)
-        dw = torch.empty(ctx.weight_shape, **stats)
-        db = torch.empty(ctx.weight_shape, **stats) if ctx.has_bias else None
+        dw = torch.empty(ctx.weight_shape, dtype=ctx.weight_dtype, device=x.device)
+        db = torch.empty_like(dw) if ctx.has_bias else None
         return dx, dw, db
 
 
@@ -263,7 +263,7 @@ class FusedAttnFunction(torch.autograd.Function):
     )  # fmt: skip
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
         s, b, heads = q.shape[0], q.shape[1], q.shape[2]
@@ -290,7 +290,7 @@ class FusedRoPEFunction(torch.autograd.Function):
     SAVED = ("freqs", "cu_seqlens", "start_positions")  # rope.py 152
 
     @staticmethod
-    def forward(ctx: Any, t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(freqs, None, None)
         return torch.empty(t.shape, dtype=t.dtype, device=t.device)
 

@@ -92,7 +92,7 @@ class _ParallelLinear(TransformerEngineBaseModule):
             self.parallel_mode,
             self.tp_size,
             self.sequence_parallel,
-            self.fuse_wgrad_accumulation,
+            bool(self.fuse_wgrad_accumulation),
             normalization,
         )
 

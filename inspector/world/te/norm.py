@@ -3,7 +3,8 @@
 Mirrors transformer_engine 2.11.0 `pytorch/module/layernorm.py` / `rmsnorm.py` (the public
 classes, which take megatron's deprecated `hidden_size` / `params_dtype` arguments) and the
 operations they subclass, `pytorch/ops/basic/layer_norm.py` / `rmsnorm.py` (parameter
-registration); forward runs `functions.NormFunction`. No extra_repr and no children, so they print `LayerNorm()` / `RMSNorm()` as TE's do.
+registration); forward runs `functions.NormFunction`. No extra_repr and no children, so they
+print `LayerNorm()` / `RMSNorm()` as TE's do.
 """
 
 from __future__ import annotations
