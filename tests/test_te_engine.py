@@ -116,6 +116,26 @@ def test_fused_rope_saves_only_the_frequencies():
     assert _saved(out) == [((S, 1, 1, 16), torch.float32), None, None]
 
 
+def test_grouped_linear_saves_each_gemms_input_view_and_weights():
+    """grouped_linear.py `_GroupedLinear.forward` 152 (torch.split of the input: views) and
+    250-256 prepare_for_saving(*inputmats, *weights_fp8, *weights, *biases); backward returns
+    one dgrad and a gradient per weight (into main_grad with fusion)."""
+    import torch
+
+    f = _functions()
+    splits = [5, 11]
+    x = _meta(sum(splits), H)
+    weights = [_meta(OUT, H), _meta(OUT, H)]
+    out = f.GroupedLinearFunction.apply(x, splits, False, *weights, _meta(0), _meta(0))
+    bf16 = torch.bfloat16
+    assert out.shape == (sum(splits), OUT)
+    assert _saved(out) == [((5, H), bf16), ((11, H), bf16)] + [((OUT, H), bf16)] * 4 + [((0,), bf16)] * 2
+    assert all(t._base is not None or t.untyped_storage()._cdata == x.untyped_storage()._cdata
+               for t in out.grad_fn.saved_tensors[:2])  # views of the input, no copies  # fmt: skip
+    grads = torch.autograd.grad(out, (x, *weights), torch.empty_like(out))
+    assert [g.shape for g in grads] == [x.shape, weights[0].shape, weights[1].shape]
+
+
 def _record(fn):
     from inspector.engine.allocator import Tracker
 

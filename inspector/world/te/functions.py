@@ -317,3 +317,56 @@ def apply_rotary_pos_emb(
         )
     out: torch.Tensor = FusedRoPEFunction.apply(t, freqs)
     return out
+
+
+class GroupedLinearFunction(torch.autograd.Function):
+    """TE `_GroupedLinear` (pytorch/module/grouped_linear.py, v2.11): `forward` 66-304 (the
+    input split into views per GEMM, one output of sum(m_splits) rows), `backward` 306-528
+    (one dgrad, a wgrad per GEMM into `main_grad` with fusion, bias gradients per GEMM)."""
+
+    SAVED = ("*inputmats", "*weights_fp8", "*weights", "*biases")  # grouped_linear.py 250-256
+
+    @staticmethod
+    def forward(
+        ctx: Any, inp: torch.Tensor, m_splits: list[int], fuse_wgrad: bool, *params: torch.Tensor
+    ) -> torch.Tensor:
+        n = len(m_splits)
+        weights, biases = params[:n], params[n:]
+        inputmats: list[Any] = list(torch.split(inp.reshape(-1, inp.shape[-1]), m_splits))
+        out = torch.empty((sum(m_splits), weights[0].shape[0]), dtype=inp.dtype, device=inp.device)
+        if not weights[0].requires_grad:
+            inputmats = [None] * n
+        ctx.save_for_backward(*inputmats, *weights, *weights, *biases)
+        ctx.m_splits, ctx.inp_shape, ctx.fuse = m_splits, inp.shape, fuse_wgrad
+        ctx.use_bias = biases[0].numel() > 0
+        ctx.requires_dgrad, ctx.requires_wgrad = inp.requires_grad, weights[0].requires_grad
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> Any:
+        n = len(ctx.m_splits)
+        saved = ctx.saved_tensors
+        weights, biases = saved[2 * n : 3 * n], saved[3 * n :]
+        grad = grad_output.contiguous().view(-1, grad_output.shape[-1])
+        grad_biases: list[Any] = [None] * n
+        if ctx.use_bias:
+            grad_biases = [g.sum(dim=0) for g in torch.split(grad, ctx.m_splits)]
+        dgrad = None
+        if ctx.requires_dgrad:
+            dgrad = torch.empty((grad.shape[0], weights[0].shape[1]), dtype=grad.dtype, device=grad.device)
+        wgrads: list[Any] = [None] * n
+        if ctx.requires_wgrad:
+            wgrads = [_grouped_wgrad(weight, ctx.fuse, grad) for weight in weights]
+        dgrad = None if dgrad is None else dgrad.view(ctx.inp_shape)
+        return (dgrad, None, None, *wgrads, *(grad_biases if ctx.use_bias else [None] * len(biases)))
+
+
+def _grouped_wgrad(weight: torch.Tensor, fuse: bool, like: torch.Tensor) -> Any:
+    """One GEMM's weight gradient (grouped_linear.py 418-426, 480-505 handle_custom_ddp_from_mcore)."""
+    if not fuse:
+        return torch.empty(weight.shape, dtype=like.dtype, device=like.device)
+    main_grad: torch.Tensor = getattr(weight, "main_grad")  # noqa: B009 (TE's main_grad_func)
+    if hasattr(weight, "grad_added_to_main_grad"):
+        weight.grad_added_to_main_grad = True
+        return get_dummy_wgrad(list(main_grad.shape), weight.dtype)
+    return None

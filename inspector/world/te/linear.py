@@ -384,6 +384,22 @@ class GroupedLinear(TransformerEngineBaseModule):
                 setattr(self, f"bias{i}", empty(0, dtype=params_dtype))
         self.reset_parameters(defer_init=device == "meta")
 
+    def forward(
+        self, inp: torch.Tensor, m_splits: list[int], is_first_microbatch: bool | None = None
+    ) -> Any:
+        """Run TE's `_GroupedLinear` as memory sees it (grouped_linear.py `forward` 752-850)."""
+        if len(m_splits) != self.num_gemms:
+            raise AssertionError("Number of splits should match number of GEMMs.")
+        weights = [getattr(self, f"weight{i}") for i in range(self.num_gemms)]
+        biases = [getattr(self, f"bias{i}") for i in range(self.num_gemms)]
+        gemm_biases = biases if self.apply_bias else [b.new_empty(0) for b in biases]
+        out = functions.GroupedLinearFunction.apply(
+            inp, list(m_splits), bool(self.fuse_wgrad_accumulation), *weights, *gemm_biases
+        )
+        if self.return_bias:
+            return out, [b.to(out.dtype) for b in biases]
+        return out
+
     def reset_parameters(self, defer_init: bool | None = False) -> None:
         """Mark each GEMM's weight and bias for tensor parallelism (726-749)."""
         super().reset_parameters(defer_init=defer_init)
