@@ -459,7 +459,7 @@ def test_engine_peak_is_above_static_and_names_a_pass() -> None:
 @pytest.mark.parametrize(
     "extra, why",
     [
-        (["--transformer-impl", "transformer_engine", "--cp", "2"],
+        (["--transformer-impl", "transformer_engine", "--cp", "2", "--use-flash-attn"],
          "Transformer Engine's context-parallel attention"),
         (["--num-experts", "4", "--ep", "2", "--sequence-parallel",
           "--disable-bias-linear"], "MoE routing"),

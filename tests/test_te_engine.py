@@ -136,6 +136,35 @@ def test_grouped_linear_saves_each_gemms_input_view_and_weights():
     assert [g.shape for g in grads] == [x.shape, weights[0].shape, weights[1].shape]
 
 
+@pytest.mark.parametrize("dtype_name", ["bfloat16", "float32"])
+def test_attention_backend_follows_tes_choice_by_dtype(dtype_name):
+    """TE's get_attention_backend runs fused/flash attention only in fp16/bf16: bf16 keeps the
+    output, fp32 statistics and rng state; fp32 runs UnfusedDotProductAttention, whose softmax
+    output [b, heads, s, s] stays for backward (backends.py 246-560)."""
+    import torch
+
+    from inspector.engine.allocator import Tracker, rounded
+    from inspector.engine.cuda import cuda_on_meta
+    from inspector.world.setup import megatron
+
+    megatron()  # the stand-in installed, as the engine has it
+    from transformer_engine.pytorch import DotProductAttention
+
+    dtype, heads, d, s = getattr(torch, dtype_name), 4, 16, 64
+    attention = DotProductAttention(heads, d, attention_dropout=0.0)
+    q, k, v = (_meta(s, B, heads, d, dtype=dtype) for _ in range(3))
+    tracker = Tracker()
+    with cuda_on_meta(), tracker:
+        out = attention(q, k, v, None, attn_mask_type="causal")
+    assert out.shape == (s, B, heads * d)
+    size = dtype.itemsize
+    if dtype == torch.bfloat16:
+        expected = rounded(s * B * heads * d * size) + rounded(B * heads * s * 4) + rounded(16)
+    else:  # the softmax output, and the context made contiguous (bmm's output freed)
+        expected = rounded(B * heads * s * s * size) + rounded(s * B * heads * d * size)
+    assert tracker.allocated == expected
+
+
 def _record(fn):
     from inspector.engine.allocator import Tracker
 
