@@ -198,25 +198,31 @@ class DotProductAttention(TransformerEngineBaseModule):
         (`get_qkv_layout`: sbhd_sbhd_sbhd), else it copies them contiguous.
         """
         qkv_format = qkv_format or self.qkv_format
-        if qkv_format != "sbhd" or (self.cp_group is not None and _size(self.cp_group) > 1):
+        if qkv_format not in ("sbhd", "bshd") or (
+            self.cp_group is not None and _size(self.cp_group) > 1
+        ):
             raise NotImplementedError(
-                "the simulated Transformer Engine runs attention in the sbhd format without "
-                "context parallelism only"
+                "the simulated Transformer Engine runs attention in the sbhd and bshd formats "
+                "without context parallelism only"
             )
         if not _fused_backend(query_layer.dtype):
-            return self._unfused(query_layer, key_layer, value_layer)
+            return self._unfused(query_layer, key_layer, value_layer, qkv_format)
         q, k, v = (
             t if t.stride(-1) == 1 else t.contiguous()
             for t in (query_layer, key_layer, value_layer)
         )
-        out: torch.Tensor = FusedAttnFunction.apply(q, k, v)
+        out: torch.Tensor = FusedAttnFunction.apply(q, k, v, qkv_format)
         return out.view(out.shape[0], out.shape[1], -1)
 
-    def _unfused(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def _unfused(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qkv_format: str
+    ) -> torch.Tensor:
         """TE's UnfusedDotProductAttention.forward (backends.py 246-560, v2.11) in torch ops, so
         autograd saves what it saves: the s x s probabilities (softmax output) and, with
         dropout, their mask and dropped copy. The causal mask's s x s temporaries (utils.py
         `get_full_mask`, softmax.py `_get_default_causal_mask`) are left out."""
+        if qkv_format == "bshd":  # to sbhd views (backends.py 285-290)
+            q, k, v = (t.transpose(0, 1) for t in (q, k, v))
         sq, b, heads, sk = q.shape[0], q.shape[1], q.shape[2], k.shape[0]
         if k.shape[2] != heads:  # GQA: repeat K and V to every head (backends.py 363-371)
             k = k.repeat_interleave(heads // k.shape[2], dim=2)
@@ -231,8 +237,10 @@ class DotProductAttention(TransformerEngineBaseModule):
         probs = self.unfused_attention.attention_dropout(probs)
         v2 = v.reshape(sk, b * heads, -1)
         context = torch.bmm(probs.view(b * heads, sq, sk), v2.transpose(0, 1))
-        context = context.view(b, heads, sq, -1).permute(2, 0, 1, 3).contiguous()
-        return context.view(sq, b, -1)
+        context = context.view(b, heads, sq, -1)
+        if qkv_format == "bshd":  # [b, np, sq, hn] -> [b, sq, np, hn] (backends.py 546-552)
+            return context.permute(0, 2, 1, 3).contiguous().view(b, sq, -1)
+        return context.permute(2, 0, 1, 3).contiguous().view(sq, b, -1)
 
     def set_context_parallel_group(
         self,

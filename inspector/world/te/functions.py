@@ -264,9 +264,11 @@ class FusedAttnFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qkv_format: str = "sbhd"
     ) -> torch.Tensor:
         s, b, heads = q.shape[0], q.shape[1], q.shape[2]
+        if qkv_format == "bshd":
+            s, b = b, s
         out = torch.empty((*q.shape[:3], v.shape[3]), dtype=q.dtype, device=q.device)
         stats = torch.empty((b, heads, s, 1), dtype=torch.float32, device=q.device)
         rng_state = torch.empty((2,), dtype=torch.int64, device=q.device)
@@ -279,7 +281,7 @@ class FusedAttnFunction(torch.autograd.Function):
         d_out = d_out.contiguous()
         # fused_attn_bwd (pytorch/csrc/extensions/attention.cpp): dQ, dK, dV like Q, K, V for the
         # separate sbhd_sbhd_sbhd layout megatron's q, k, v take
-        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), None
 
 
 class FusedRoPEFunction(torch.autograd.Function):

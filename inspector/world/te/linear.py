@@ -105,6 +105,11 @@ class _ParallelLinear(TransformerEngineBaseModule):
         return out
 
 
+def _contiguous(inp: torch.Tensor) -> torch.Tensor:
+    """Copy a non-contiguous input, as TE's `prepare_forward` does (module/base.py 1072-1073)."""
+    return inp if inp.is_contiguous() else inp.contiguous()
+
+
 def _gemm_bias(module: _ParallelLinear) -> torch.Tensor:
     """Return the bias the GEMM fuses: TE passes none when adding it unfused or returning it."""
     if module.apply_bias and not module.gemm_bias_unfused_add:
@@ -183,7 +188,9 @@ class Linear(_ParallelLinear):
         fp8_grad: bool = False,
     ) -> Any:
         """Run TE's `_Linear` as memory sees it (linear.py `Linear.forward` 1347-1505)."""
-        out = functions.LinearFunction.apply(inp, self.weight, _gemm_bias(self), self._setup())
+        out = functions.LinearFunction.apply(
+            _contiguous(inp), self.weight, _gemm_bias(self), self._setup()
+        )
         return self._finish_output(out)
 
     def reset_parameters(self, defer_init: bool | None = False) -> None:
@@ -280,7 +287,7 @@ class LayerNormLinear(_ParallelLinear):
         if self.return_layernorm_output or self.return_layernorm_output_gathered:
             raise NotImplementedError("return_layernorm_output is not simulated")
         out = functions.LayerNormLinearFunction.apply(
-            inp,
+            _contiguous(inp),
             self.layer_norm_weight,
             self.layer_norm_bias,
             self.weight,
@@ -394,7 +401,7 @@ class GroupedLinear(TransformerEngineBaseModule):
         biases = [getattr(self, f"bias{i}") for i in range(self.num_gemms)]
         gemm_biases = biases if self.apply_bias else [b.new_empty(0) for b in biases]
         out = functions.GroupedLinearFunction.apply(
-            inp, list(m_splits), bool(self.fuse_wgrad_accumulation), *weights, *gemm_biases
+            _contiguous(inp), list(m_splits), bool(self.fuse_wgrad_accumulation), *weights, *gemm_biases
         )
         if self.return_bias:
             return out, [b.to(out.dtype) for b in biases]
