@@ -144,12 +144,11 @@ class LinearFunction(torch.autograd.Function):
         inputmat, _, weight, bias = ctx.saved_tensors
         setup: GemmSetup = ctx.setup
         grad = _grad_output(ctx, grad_output)
-        total = inputmat
-        if ctx.requires_wgrad and setup.gathers_input:  # backward_input_needs_gather
-            total = gather_along_first_dim(inputmat, setup.tp_size)
+        gathered = ctx.requires_wgrad and setup.gathers_input  # backward_input_needs_gather
+        total = gather_along_first_dim(inputmat, setup.tp_size) if gathered else inputmat
         gemm_out, dgrad = _dgrad(ctx, grad, weight)
         wgrad, grad_bias = _weight_grads(ctx, weight, bias, grad)
-        if setup.gathers_input:
+        if gathered:
             clear_tensor_data(total)
         if setup.scatters_output:
             clear_tensor_data(grad)
@@ -197,13 +196,12 @@ class LayerNormLinearFunction(torch.autograd.Function):
         inputmat, _, weight, bias, ln_weight, ln_out, mu, rsigma = ctx.saved_tensors
         setup: GemmSetup = ctx.setup
         grad = _grad_output(ctx, grad_output)
-        total = ln_out
-        if ctx.requires_wgrad and setup.gathers_input:  # ln_out_needs_gather
-            total = gather_along_first_dim(ln_out, setup.tp_size)
+        gathered = ctx.requires_wgrad and setup.gathers_input  # ln_out_needs_gather
+        total = gather_along_first_dim(ln_out, setup.tp_size) if gathered else ln_out
         gemm_out, dgrad = _dgrad(ctx, grad, weight)
         wgrad, grad_bias = _weight_grads(ctx, weight, bias, grad)
         clear_tensor_data(ln_out)
-        if setup.gathers_input:
+        if gathered:
             clear_tensor_data(total)
         # tex.layernorm_bwd / rmsnorm_bwd (layernorm_linear.py 968-992): dx, dgamma (, dbeta)
         dx = torch.empty_like(inputmat)
