@@ -63,7 +63,13 @@ def _heavy(command: str) -> list[str]:
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_build_imports_no_heavy_module(command):
-    assert _heavy(command) == []
+    heavy = _heavy(command)
+    if command.startswith("memory"):
+        # memory runs megatron's forward and backward on meta tensors (the engine): torch's
+        # elementwise references on meta import sympy for dtype promotion
+        # (torch/_prims_common elementwise_dtypes); dynamo and the rest stay out.
+        heavy = [module for module in heavy if module != "sympy"]
+    assert heavy == []
 
 
 def test_multi_latent_attention_build_imports_no_dynamo():

@@ -128,9 +128,9 @@ def cuda_on_meta() -> Iterator[None]:
         (random, "_get_cuda_rng_state", _cpu_rng_state),
         (random, "_set_cuda_rng_state", lambda *args, **kwargs: None),
     ]
-    from inspector.world.te.state import reset_dummy_wgrads
+    from inspector.world.setup import fresh_te_process
 
-    reset_dummy_wgrads()
+    fresh_te_process()
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
     for owner, name, value in patches:
         setattr(owner, name, value)

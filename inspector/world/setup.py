@@ -186,3 +186,11 @@ def disable_embedding_group() -> None:
     ps = megatron().parallel_state
     ps._EMBEDDING_GROUP = None
     ps._EMBEDDING_GLOBAL_RANKS = None
+
+
+def fresh_te_process() -> None:
+    """Forget what the Transformer Engine stand-in keeps per process (its placeholder weight
+    gradients), as a new process starts without them: each engine run makes its own."""
+    from inspector.world.te.state import reset_dummy_wgrads
+
+    reset_dummy_wgrads()
