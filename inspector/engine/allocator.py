@@ -144,19 +144,3 @@ def _is_tensor(value: Any) -> bool:
 def _storage_id(tensor: torch.Tensor) -> int:
     return int(tensor.untyped_storage()._cdata)
 
-
-def _no_dynamo_import() -> None:
-    """Keep recording from importing torch._dynamo (seconds, and sympy with it).
-
-    torch wraps every TorchDispatchMode's `__torch_dispatch__` in `torch._disable_dynamo`
-    (torch/utils/_python_dispatch.py `__init_subclass__`), whose first call imports dynamo to
-    build a disabled copy. Outside a compiled region that copy just calls the function, and
-    torch.compile passes through here (world/fastimport.py), so the function is its own copy,
-    as fastimport seeds torch's reference implementations.
-    """
-    wrapped = getattr(Tracker.__torch_dispatch__, "__wrapped__", None)
-    if wrapped is not None and getattr(wrapped, "__dynamo_disable", None) is None:
-        wrapped.__dynamo_disable = wrapped
-
-
-_no_dynamo_import()
