@@ -143,3 +143,4 @@ def _is_tensor(value: Any) -> bool:
 
 def _storage_id(tensor: torch.Tensor) -> int:
     return int(tensor.untyped_storage()._cdata)
+

@@ -19,7 +19,10 @@ torch or megatron choose by device:
   which saves the same tensors for backward (input, and fp32 mean and rstd per row; apex's
   FusedLayerNormAffineFunction and FastLayerNormFN: input, mean, invvar);
 - megatron's CUDA RNG tracker forks nothing and RNG states are host tensors, as on a GPU
-  (CUDA generator states are kept by the host, not in GPU memory).
+  (CUDA generator states are kept by the host, not in GPU memory);
+- Transformer Engine's kernels run as the stand-in's autograd Functions (world/te/functions.py),
+  and its kept placeholder weight gradients (`get_dummy_wgrad`) start afresh in each run, as in
+  a new process, so every trace holds the ones it makes (persistent buffers).
 """
 
 from __future__ import annotations
@@ -125,6 +128,9 @@ def cuda_on_meta() -> Iterator[None]:
         (random, "_get_cuda_rng_state", _cpu_rng_state),
         (random, "_set_cuda_rng_state", lambda *args, **kwargs: None),
     ]
+    from inspector.world.setup import fresh_te_process
+
+    fresh_te_process()
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
     for owner, name, value in patches:
         setattr(owner, name, value)

@@ -102,6 +102,8 @@ def run_job(job: Job, stages: Sequence[Any]) -> JobRuns:
 
 def not_runnable(job: Job) -> str | None:
     """Return why the engine cannot run the job yet, or None when it can."""
-    if job.model.transformer_impl == "transformer_engine":
-        return "Transformer Engine's forwards are not run yet (its stand-in builds the modules only)"
+    if job.model.transformer_impl == "transformer_engine" and job.layout.cp > 1:
+        return "Transformer Engine's context-parallel attention is not run yet"
+    if job.model.transformer_impl == "transformer_engine" and job.model.num_experts is not None:
+        return "Transformer Engine's MoE layers (grouped GEMM, fused permutation) are not run yet"
     return None

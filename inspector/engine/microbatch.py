@@ -56,20 +56,24 @@ def runtime_config(job: Job) -> dict[str, Any]:
     `core_transformer_config_from_args` copies the dropouts and recomputation; its flag defaults
     give `attention_softmax_in_fp32` False (softmax in the 16-bit type), bias-activation and
     bias-dropout fusion on. The masked-softmax, rope and gradient-accumulation fusions need
-    kernels from apex or Transformer Engine: off, as in the GPU runs of shared/gpu/jobs. MoE
+    kernels from apex or Transformer Engine: off for the local spec, as in the GPU runs of
+    shared/gpu/jobs; on for Transformer Engine jobs, as Megatron-LM's flags default them
+    (`--no-masked-softmax-fusion`, `--no-rope-fusion`, `--no-gradient-accumulation-fusion`
+    turn them off; masked softmax is unused by TE's fused attention). MoE
     jobs take their token dispatcher and expert capacity.
     """
     training, model = job.training, job.model
+    te = model.transformer_impl == "transformer_engine"
     gelu_without_bias = not model.swiglu and model.disable_bias_linear
     fields: dict[str, Any] = dict(
         hidden_dropout=training.hidden_dropout,
         attention_dropout=training.attention_dropout,
         attention_softmax_in_fp32=False,
-        masked_softmax_fusion=False,
+        masked_softmax_fusion=te,
         bias_activation_fusion=not gelu_without_bias,
         bias_dropout_fusion=True,
-        apply_rope_fusion=False,
-        gradient_accumulation_fusion=False,
+        apply_rope_fusion=te and model.position_embedding_type == "rope",
+        gradient_accumulation_fusion=te,
         deallocate_pipeline_outputs=True,
     )
     if model.num_experts is not None:

@@ -88,6 +88,35 @@ def simulate_grouped_gemm(enabled: bool) -> None:
 _GROUPED_GEMM_STANDIN = SimpleNamespace(ops=None, __name__="grouped_gemm (simulated)")
 
 
+def simulate_grad_accum_fusion(enabled: bool) -> None:
+    """Let megatron's own linears fuse weight-gradient accumulation, as with apex's extension.
+
+    Megatron-LM's default `gradient_accumulation_fusion` needs apex's `fused_weight_gradient_mlp_
+    cuda` for megatron's ColumnParallelLinear (the output layer of a TE model): the check is
+    `layers._grad_accum_fusion_available` (tensor_parallel/layers.py), and the backward calls
+    `wgrad_gemm_accum_fp32/fp16(input, grad_output, weight.main_grad)`, which accumulates into
+    the grad buffer in place: nothing to allocate, so the stand-in's kernels do nothing.
+    """
+    from megatron.core.tensor_parallel import layers
+
+    if not hasattr(layers, "_grad_accum_fusion_found"):
+        layers._grad_accum_fusion_found = layers._grad_accum_fusion_available
+    layers._grad_accum_fusion_available = enabled or layers._grad_accum_fusion_found
+    if enabled and not hasattr(layers, "fused_weight_gradient_mlp_cuda"):
+        layers.fused_weight_gradient_mlp_cuda = _WGRAD_ACCUM_STANDIN
+
+
+def _accumulate_in_place(total_input: Any, grad_output: Any, main_grad: Any) -> None:
+    """apex's wgrad_gemm_accum: main_grad += grad_output^T @ total_input, in place."""
+
+
+_WGRAD_ACCUM_STANDIN = SimpleNamespace(
+    wgrad_gemm_accum_fp32=_accumulate_in_place,
+    wgrad_gemm_accum_fp16=_accumulate_in_place,
+    __name__="fused_weight_gradient_mlp_cuda (simulated)",
+)
+
+
 def simulated_dp(layout: Layout) -> int:
     """Return the smallest data-parallel size that still lets megatron carve out the expert groups."""
     expert = layout.ep * layout.expert_tp
@@ -157,3 +186,11 @@ def disable_embedding_group() -> None:
     ps = megatron().parallel_state
     ps._EMBEDDING_GROUP = None
     ps._EMBEDDING_GLOBAL_RANKS = None
+
+
+def fresh_te_process() -> None:
+    """Forget what the Transformer Engine stand-in keeps per process (its placeholder weight
+    gradients), as a new process starts without them: each engine run makes its own."""
+    from inspector.world.te.state import reset_dummy_wgrads
+
+    reset_dummy_wgrads()

@@ -26,6 +26,7 @@ from inspector.world.config import transformer_config
 from inspector.world.setup import (
     megatron,
     simulate_apex,
+    simulate_grad_accum_fusion,
     simulate_grouped_gemm,
     simulated_dp,
     simulated_rank,
@@ -88,6 +89,7 @@ def stage_world(
     rank = _stage_rank(layout, stage, expert_rank)
     simulate_apex(model.use_apex)
     simulate_grouped_gemm(model.moe_grouped_gemm)
+    simulate_grad_accum_fusion(bool(runtime and runtime.get("gradient_accumulation_fusion")))
     chatter = io.StringIO()  # megatron prints to stdout in places (e.g. 0.13 parsing a layout)
     with (
         warnings.catch_warnings(),

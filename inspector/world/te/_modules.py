@@ -1,10 +1,12 @@
 """The module objects `install()` puts into sys.modules, laid out as TE 2.11.0 lays them out.
 
 Only what megatron-core 0.13-0.16 imports unconditionally, or imports in a `try` whose fallback
-would change what it builds. What is left out raises ImportError (ModuleNotFoundError for a
-missing submodule), so megatron takes its own fallback exactly as with a TE lacking it: fused
-RoPE, permutation and cross-entropy kernels, cpu offload, TE's optimizers, cpp_extensions, the
-fused-op API (`pytorch.ops`, only with --use-te-op-fuser / TE activation ops).
+would change what it builds or runs, including TE's fused RoPE (`pytorch.attention.rope`, which
+megatron calls with --apply-rope-fusion, Megatron-LM's default). What is left out raises
+ImportError (ModuleNotFoundError for a missing submodule), so megatron takes its own fallback
+exactly as with a TE lacking it: permutation and cross-entropy kernels, cpu offload, TE's
+optimizers, cpp_extensions, the fused-op API (`pytorch.ops`, only with --use-te-op-fuser / TE
+activation ops).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import importlib.machinery
 import types
 from typing import Any
 
-from inspector.world.te import NAME, VERSION, _base, attention, linear, norm, state
+from inspector.world.te import NAME, VERSION, _base, attention, functions, linear, norm, state
 
 _RECIPES = (
     "Format",
@@ -71,6 +73,10 @@ _LAYOUT: dict[str, tuple[bool, dict[str, Any]]] = {
     ),
     ".pytorch.tensor": (True, {"QuantizedTensor": state.QuantizedTensor}),
     ".pytorch.attention": (True, {"DotProductAttention": attention.DotProductAttention}),
+    ".pytorch.attention.rope": (
+        False,
+        {"apply_rotary_pos_emb": functions.apply_rotary_pos_emb},
+    ),
     ".pytorch.ops": (True, {"FusibleOperation": state.FusibleOperation, **state.OPS}),
     ".pytorch.router": (
         False,

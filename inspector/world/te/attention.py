@@ -4,17 +4,36 @@ Mirrors transformer_engine 2.11.0 `pytorch/attention/dot_product_attention/dot_p
 (DotProductAttention 154-470, constructor 318-470) and the three backends it always builds
 (`backends.py`: UnfusedDotProductAttention 206-245, FlashAttention 623-660, FusedAttention
 1641-1700; `softmax.py` FusedScaleMaskSoftmax 144). None holds a parameter, except the learnable
-softmax offset.
+softmax offset. `forward` runs the fused (cuDNN) backend's memory contract
+(`functions.FusedAttnFunction`).
 """
 
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import torch
 
 from inspector.world.te._base import TransformerEngineBaseModule, empty, world_size
+from inspector.world.te.functions import FusedAttnFunction
+
+
+def _fused_backend(dtype: torch.dtype) -> bool:
+    """Return whether TE runs fused (cuDNN) or flash attention, as `get_attention_backend` picks
+    (dot_product_attention/utils.py, v2.11): both need fp16/bf16 and are not opted out of
+    (NVTE_FUSED_ATTN / NVTE_FLASH_ATTN, which megatron sets from --attention-backend in
+    LanguageModule._set_attention_backend); otherwise the unfused backend runs."""
+    allowed = os.getenv("NVTE_FUSED_ATTN", "1") != "0" or os.getenv("NVTE_FLASH_ATTN", "1") != "0"
+    return allowed and dtype in (torch.float16, torch.bfloat16)
+
+
+def _size(group: Any) -> int:
+    """Return a process group's size (1 without torch.distributed)."""
+    if not torch.distributed.is_initialized():
+        return 1
+    return int(torch.distributed.get_world_size(group=group))
 
 # TE's AttnTypes (pytorch/constants.py).
 ATTN_TYPES = ("self", "cross")
@@ -162,6 +181,66 @@ class DotProductAttention(TransformerEngineBaseModule):
                 torch.nn.Parameter(empty(heads, dtype=None)),
                 get_rng_state_tracker=get_rng_state_tracker,
             )
+
+    def forward(
+        self,
+        query_layer: torch.Tensor,
+        key_layer: torch.Tensor,
+        value_layer: torch.Tensor,
+        attention_mask: Any = None,
+        qkv_format: str | None = None,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        """Run the fused backend as memory sees it (dot_product_attention.py `forward`, v2.11).
+
+        sbhd in, [s, b, heads * head dim] out (FusedAttention.forward's final view); TE
+        accepts q, k, v of any strides whose last dimension is contiguous
+        (`get_qkv_layout`: sbhd_sbhd_sbhd), else it copies them contiguous.
+        """
+        qkv_format = qkv_format or self.qkv_format
+        if qkv_format not in ("sbhd", "bshd") or (
+            self.cp_group is not None and _size(self.cp_group) > 1
+        ):
+            raise NotImplementedError(
+                "the simulated Transformer Engine runs attention in the sbhd and bshd formats "
+                "without context parallelism only"
+            )
+        if not _fused_backend(query_layer.dtype):
+            return self._unfused(query_layer, key_layer, value_layer, qkv_format)
+        q, k, v = (
+            t if t.stride(-1) == 1 else t.contiguous()
+            for t in (query_layer, key_layer, value_layer)
+        )
+        out: torch.Tensor = FusedAttnFunction.apply(q, k, v, qkv_format)
+        return out.view(out.shape[0], out.shape[1], -1)
+
+    def _unfused(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qkv_format: str
+    ) -> torch.Tensor:
+        """TE's UnfusedDotProductAttention.forward (backends.py 246-560, v2.11) in torch ops, so
+        autograd saves what it saves: the s x s probabilities (softmax output) and, with
+        dropout, their mask and dropped copy. The causal mask's s x s temporaries (utils.py
+        `get_full_mask`, softmax.py `_get_default_causal_mask`) are left out."""
+        if qkv_format == "bshd":  # to sbhd views (backends.py 285-290)
+            q, k, v = (t.transpose(0, 1) for t in (q, k, v))
+        sq, b, heads, sk = q.shape[0], q.shape[1], q.shape[2], k.shape[0]
+        if k.shape[2] != heads:  # GQA: repeat K and V to every head (backends.py 363-371)
+            k = k.repeat_interleave(heads // k.shape[2], dim=2)
+            v = v.repeat_interleave(heads // v.shape[2], dim=2)
+        q2, k2 = q.reshape(sq, b * heads, -1), k.reshape(sk, b * heads, -1)
+        scores = torch.empty((b * heads, sq, sk), dtype=q.dtype, device=q.device)
+        scale = self.unfused_attention.softmax_scale
+        keys = k2.transpose(0, 1).transpose(1, 2)
+        scores = torch.baddbmm(scores, q2.transpose(0, 1), keys, beta=0.0, alpha=scale)
+        scores = scores.view(b, heads, sq, sk)
+        probs = torch.nn.functional.softmax(scores, dim=-1)  # masked in place first (utils.py 72)
+        probs = self.unfused_attention.attention_dropout(probs)
+        v2 = v.reshape(sk, b * heads, -1)
+        context = torch.bmm(probs.view(b * heads, sq, sk), v2.transpose(0, 1))
+        context = context.view(b, heads, sq, -1)
+        if qkv_format == "bshd":  # [b, np, sq, hn] -> [b, sq, np, hn] (backends.py 546-552)
+            return context.permute(0, 2, 1, 3).contiguous().view(b, sq, -1)
+        return context.permute(2, 0, 1, 3).contiguous().view(sq, b, -1)
 
     def set_context_parallel_group(
         self,

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from inspector.world.te import functions
 from inspector.world.te._base import (
     GEMM_PARALLEL_MODES,
     TransformerEngineBaseModule,
@@ -85,6 +86,37 @@ class _ParallelLinear(TransformerEngineBaseModule):
                     set_tensor_model_parallel_attributes(getattr(self, bias), True, 0, 1)
 
 
+    def _setup(self, normalization: str = "LayerNorm") -> functions.GemmSetup:
+        """Return the flags TE's autograd Function takes from the module (linear.py 1440-1470)."""
+        return functions.GemmSetup(
+            self.parallel_mode,
+            self.tp_size,
+            self.sequence_parallel,
+            bool(self.fuse_wgrad_accumulation),
+            normalization,
+        )
+
+    def _finish_output(self, out: torch.Tensor) -> Any:
+        """Add an unfused bias and return as TE does (linear.py `Linear.forward` 1490-1505)."""
+        if self.gemm_bias_unfused_add:
+            out = out + self.bias.to(out.dtype)
+        if self.return_bias:
+            return out, self.bias.to(out.dtype)
+        return out
+
+
+def _contiguous(inp: torch.Tensor) -> torch.Tensor:
+    """Copy a non-contiguous input, as TE's `prepare_forward` does (module/base.py 1072-1073)."""
+    return inp if inp.is_contiguous() else inp.contiguous()
+
+
+def _gemm_bias(module: _ParallelLinear) -> torch.Tensor:
+    """Return the bias the GEMM fuses: TE passes none when adding it unfused or returning it."""
+    if module.apply_bias and not module.gemm_bias_unfused_add:
+        return module.bias
+    return module.bias.new_empty(0)
+
+
 def _check_no_split(parameters_split: Any) -> None:
     if parameters_split is not None:
         raise NotImplementedError("parameters_split is not simulated (megatron never passes it)")
@@ -147,6 +179,19 @@ class Linear(_ParallelLinear):
         self._register_weight_and_bias(init_method, get_rng_state_tracker, params_dtype)
         self.reset_parameters(defer_init=device == "meta")
         self.gemm_bias_unfused_add = self.parallel_mode == "row" and self.apply_bias
+
+    def forward(
+        self,
+        inp: torch.Tensor,
+        is_first_microbatch: bool | None = None,
+        fp8_output: bool = False,
+        fp8_grad: bool = False,
+    ) -> Any:
+        """Run TE's `_Linear` as memory sees it (linear.py `Linear.forward` 1347-1505)."""
+        out = functions.LinearFunction.apply(
+            _contiguous(inp), self.weight, _gemm_bias(self), self._setup()
+        )
+        return self._finish_output(out)
 
     def reset_parameters(self, defer_init: bool | None = False) -> None:
         """Set the parallel attributes unless deferred (linear.py 1325-1344)."""
@@ -230,6 +275,26 @@ class LayerNormLinear(_ParallelLinear):
         self._register_weight_and_bias(init_method, get_rng_state_tracker, params_dtype)
         self.reset_parameters(defer_init=device == "meta")
         self.gemm_bias_unfused_add = self.parallel_mode == "row" and self.apply_bias
+
+    def forward(
+        self,
+        inp: torch.Tensor,
+        is_first_microbatch: bool | None = None,
+        fp8_output: bool = False,
+        fp8_grad: bool = False,
+    ) -> Any:
+        """Run TE's `_LayerNormLinear` as memory sees it (layernorm_linear.py 1540-1620)."""
+        if self.return_layernorm_output or self.return_layernorm_output_gathered:
+            raise NotImplementedError("return_layernorm_output is not simulated")
+        out = functions.LayerNormLinearFunction.apply(
+            _contiguous(inp),
+            self.layer_norm_weight,
+            self.layer_norm_bias,
+            self.weight,
+            _gemm_bias(self),
+            self._setup(self.normalization),
+        )
+        return self._finish_output(out)
 
     def reset_parameters(self, defer_init: bool | None = False) -> None:
         """Mark the norm for sequence parallelism and the linear for TP (1437-1461)."""
@@ -325,6 +390,22 @@ class GroupedLinear(TransformerEngineBaseModule):
             else:
                 setattr(self, f"bias{i}", empty(0, dtype=params_dtype))
         self.reset_parameters(defer_init=device == "meta")
+
+    def forward(
+        self, inp: torch.Tensor, m_splits: list[int], is_first_microbatch: bool | None = None
+    ) -> Any:
+        """Run TE's `_GroupedLinear` as memory sees it (grouped_linear.py `forward` 752-850)."""
+        if len(m_splits) != self.num_gemms:
+            raise AssertionError("Number of splits should match number of GEMMs.")
+        weights = [getattr(self, f"weight{i}") for i in range(self.num_gemms)]
+        biases = [getattr(self, f"bias{i}") for i in range(self.num_gemms)]
+        gemm_biases = biases if self.apply_bias else [b.new_empty(0) for b in biases]
+        out = functions.GroupedLinearFunction.apply(
+            _contiguous(inp), list(m_splits), bool(self.fuse_wgrad_accumulation), *weights, *gemm_biases
+        )
+        if self.return_bias:
+            return out, [b.to(out.dtype) for b in biases]
+        return out
 
     def reset_parameters(self, defer_init: bool | None = False) -> None:
         """Mark each GEMM's weight and bias for tensor parallelism (726-749)."""

@@ -3,7 +3,8 @@
 Mirrors transformer_engine 2.11.0 `pytorch/module/layernorm.py` / `rmsnorm.py` (the public
 classes, which take megatron's deprecated `hidden_size` / `params_dtype` arguments) and the
 operations they subclass, `pytorch/ops/basic/layer_norm.py` / `rmsnorm.py` (parameter
-registration). No extra_repr and no children, so they print `LayerNorm()` / `RMSNorm()` as TE's do.
+registration); forward runs `functions.NormFunction`. No extra_repr and no children, so they
+print `LayerNorm()` / `RMSNorm()` as TE's do.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import torch
 
 from inspector.world.te._base import empty, mark_sequence_parallel
+from inspector.world.te.functions import NormFunction
 
 
 def _normalized_shape(normalized_shape: Any, hidden_size: int | None) -> tuple[int, ...]:
@@ -97,10 +99,11 @@ class _Norm(torch.nn.Module):
     def set_extra_state(self, state: Any) -> None:
         """Accept the ops' extra state (ops/op.py 604)."""
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError(
-            "the simulated Transformer Engine builds modules, never runs them"
-        )
+    def forward(self, inp: torch.Tensor) -> torch.Tensor:
+        """Run TE's norm operation as memory sees it (functions.NormFunction)."""
+        bias = self.bias if self._has_bias else None
+        out: torch.Tensor = NormFunction.apply(inp, self.weight, bias)
+        return out
 
 
 class RMSNorm(_Norm):

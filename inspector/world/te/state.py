@@ -227,9 +227,28 @@ class QuantizedTensor(torch.Tensor):
     """
 
 
+# TE's `_dummy_wgrads` (module/base.py, v2.11): one placeholder per (rows, cols, dtype), kept.
+_DUMMY_WGRADS: dict[tuple[int, int, torch.dtype], torch.Tensor] = {}
+
+
 def get_dummy_wgrad(shape: list[int], dtype: torch.dtype, zero: bool = False) -> torch.Tensor:
-    """TE's placeholder weight gradient (module/base.py 79); megatron uses it in backward only."""
-    return torch.empty(shape, dtype=dtype, device="meta")
+    """Return TE's placeholder weight gradient (module/base.py 79-92 `get_dummy_wgrad`, v2.11).
+
+    A module that accumulated its weight gradient into `main_grad` returns this as the weight's
+    gradient; TE keeps one per shape and dtype for the process (made on "cuda": meta here) and
+    returns a detached alias, so autograd stores it as `.grad` without copying.
+    """
+    if len(shape) != 2:
+        raise AssertionError("get_dummy_wgrad takes a 2-D shape")
+    key = (shape[0], shape[1], dtype)
+    if key not in _DUMMY_WGRADS:
+        _DUMMY_WGRADS[key] = torch.empty(shape, dtype=dtype, device="meta")
+    return _DUMMY_WGRADS[key].detach()
+
+
+def reset_dummy_wgrads() -> None:
+    """Forget the placeholders, as a new process would start without them."""
+    _DUMMY_WGRADS.clear()
 
 
 class FusibleOperation(torch.nn.Module):
