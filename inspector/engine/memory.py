@@ -9,7 +9,9 @@ from typing import Any
 from inspector.engine.microbatch import GLOBAL_BUFFER, Trace
 from inspector.engine.schedule import Peak, iteration_peak
 from inspector.engine.stage import Cache, ChunkShape, trace_chunks
+from inspector.engine.timeline import iteration_timeline
 from inspector.job.job import Job
+from inspector.records import MemoryPass
 
 # torch's cuBLAS workspace per (handle, stream): aten/src/ATen/cuda/CublasHandlePool.cpp
 # `parseChosenWorkspaceSize`, ":4096:2:16:8 default, 32MiB for Hopper" (sm90: 4096 * 8 * 1024).
@@ -26,6 +28,7 @@ class RunMemory:
     persistent: tuple[tuple[str, int], ...]  # buffers made in the run and kept (where, bytes)
     workspaces: int  # cuBLAS workspaces (a cited constant: nothing runs cuBLAS here)
     peak: Peak  # above static memory (state, persistent buffers, workspaces)
+    timeline: tuple[MemoryPass, ...] = ()  # the iteration pass by pass (timeline.py)
 
     @property
     def static(self) -> int:
@@ -53,7 +56,8 @@ def run_memory(
     traces = trace_chunks(job, stage, shapes, cache, whole)
     schedule = job.schedule()
     peak = iteration_peak(traces, stage, job.layout.pp, schedule.num_microbatches)
-    return RunMemory(_persistent(traces), CUBLAS_WORKSPACE_SM90 * GEMM_THREADS, peak)
+    timeline = iteration_timeline(traces, stage, job.layout.pp, schedule.num_microbatches)
+    return RunMemory(_persistent(traces), CUBLAS_WORKSPACE_SM90 * GEMM_THREADS, peak, timeline)
 
 
 def _persistent(traces: Sequence[Trace]) -> tuple[tuple[str, int], ...]:

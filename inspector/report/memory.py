@@ -212,6 +212,18 @@ def check_walkthrough_flags(**hardware: object) -> None:
             )
 
 
+def check_engine_outputs(job: Job, flags: Sequence[str], not_run: str | None = None) -> None:
+    """Raise ConfigError when --timeline or --snapshot asks for a run the engine does not make."""
+    from inspector.engine.memory import not_runnable
+
+    reason = not_run or not_runnable(job)
+    if flags and reason is not None:
+        raise ConfigError(
+            f"{' and '.join(flags)} draw megatron's run of the job, which the engine does not "
+            f"make here ({reason}; the report's activations come from the closed forms)"
+        )
+
+
 def check_ulysses(ulysses_degree: int | None) -> None:
     """Raise ConfigError for --ulysses-degree outside the attention walkthrough."""
     if ulysses_degree is not None:
