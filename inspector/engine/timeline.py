@@ -42,13 +42,15 @@ def iteration_timeline(
         if forward:
             mb = counts[chunk]
             counts[chunk] += 1
-            passes.append(MemoryPass(f"forward of micro-batch {mb}{where}", (chunk, mb), held, steps[chunk][0]))
+            label = f"forward of micro-batch {mb}{where}"
+            passes.append(MemoryPass(label, (chunk, mb), held, steps[chunk][0]))
             flight[chunk].append(mb)
             held += traces[chunk].held
         else:
             mb = flight[chunk].pop(0)
             held -= traces[chunk].held
-            passes.append(MemoryPass(f"backward of micro-batch {mb}{where}", (chunk, mb), held, steps[chunk][1]))
+            label = f"backward of micro-batch {mb}{where}"
+            passes.append(MemoryPass(label, (chunk, mb), held, steps[chunk][1]))
     for index, (label, events) in enumerate(phases):
         passes.append(MemoryPass(label, (-1, index), held, _steps(events)))
     return tuple(passes)

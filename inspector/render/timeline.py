@@ -13,7 +13,7 @@ byte-identical run to run.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from xml.sax.saxutils import escape
 
 from inspector.records import MemoryPass
@@ -32,6 +32,7 @@ BANDS = (
     ("transient", "#edc948", "the running pass"),
 )
 STEPS = (1, 2, 5)
+YScale = Callable[[float], str]  # bytes -> the y coordinate, printed
 
 
 def render_timeline(report: MemoryReport) -> str:
@@ -112,7 +113,7 @@ def _scale(total: int) -> float:
     return 10 * magnitude
 
 
-def _y(plot_top: int, scale: float):  # type: ignore[no-untyped-def]
+def _y(plot_top: int, scale: float) -> YScale:
     def y(value: float) -> str:
         return f"{plot_top + PLOT_HEIGHT - value / GIB / scale * PLOT_HEIGHT:.1f}"
 
@@ -123,7 +124,7 @@ def _gib(value: float) -> str:
     return f"{value / GIB:,.2f}"
 
 
-def _axis(plot_top: int, scale: float, y) -> list[str]:  # type: ignore[no-untyped-def]
+def _axis(plot_top: int, scale: float, y: YScale) -> list[str]:
     step = next(s * 10**e for e in range(-4, 6) for s in STEPS if scale / (s * 10**e) <= 5)
     out = []
     for n in range(int(scale / step + 1e-9) + 1):
@@ -145,14 +146,14 @@ def _band(name: str, colour: str, text: str, path: str) -> str:
     return f'<path data-band="{name}" fill="{colour}" d="{path}"><title>{escape(text)}</title></path>'
 
 
-def _held_path(passes: Sequence[MemoryPass], base: int, width: float, y) -> str:  # type: ignore[no-untyped-def]
+def _held_path(passes: Sequence[MemoryPass], base: int, width: float, y: YScale) -> str:
     top = [f"M{LEFT},{y(base)}"]
     for index, one in enumerate(passes):
         top.append(f"V{y(base + one.held)}H{LEFT + (index + 1) * width:.1f}")
     return "".join(top) + f"V{y(base)}Z"
 
 
-def _running_path(passes: Sequence[MemoryPass], base: int, width: float, y) -> str:  # type: ignore[no-untyped-def]
+def _running_path(passes: Sequence[MemoryPass], base: int, width: float, y: YScale) -> str:
     """Return the running pass's band: its highest total per pixel above the held activations."""
     top, bottom = [f"M{LEFT},{y(base + passes[0].held)}"], []
     for index, one in enumerate(passes):
@@ -186,7 +187,7 @@ def _peak_mark(
     at: tuple[int, int],
     total: int,
     width: float,
-    y,  # type: ignore[no-untyped-def]
+    y: YScale,
     top: int,
 ) -> list[str]:
     index, step = at
