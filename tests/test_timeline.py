@@ -46,7 +46,7 @@ def test_svg_is_well_formed_with_one_band_per_category_and_the_reports_peak(outp
         bands = [p.get("data-band") for p in panel.findall(f"{SVG}path")]
         assert bands == BANDS
         (label,) = [t.text for t in panel.findall(f"{SVG}text") if t.get("class") == "peak"]
-        total = f"{stage['total'] / 2**30:,.2f}"
+        total = f"{stage['total'] / 2**30:.3f}"  # below 1 GiB: three decimals
         assert label == f"peak {total} GiB: {stage['activations']['moment']}"
         (mark,) = panel.findall(f"{SVG}circle")  # the replay's highest point is in that pass
         assert stage["activations"]["moment"].startswith(mark.get("data-pass") + ": ")
@@ -140,10 +140,10 @@ def test_a_formula_job_is_refused_and_nothing_written(tmp_path: Path) -> None:
     result = run_cli("memory", *JOB, *te, *flags)
     assert result.code == 2 and result.out == ""
     (line,) = result.err.splitlines()
-    assert line.startswith("Error: --timeline and --snapshot draw megatron's run of the job")
+    assert line.startswith("Error: --timeline and --snapshot need megatron's run of the job")
     with formulas_only():  # the engine's one entry answers "not run": refused after the build
         result = run_cli("memory", *JOB, "--timeline", str(svg), "--no-cache")
-    assert result.code == 2 and "Error: --timeline draw" in result.err
+    assert result.code == 2 and "Error: --timeline needs megatron's run" in result.err
     assert "not run in this test" in result.err
     assert list(tmp_path.iterdir()) == []
 
@@ -151,3 +151,58 @@ def test_a_formula_job_is_refused_and_nothing_written(tmp_path: Path) -> None:
 def test_a_folder_is_refused_before_the_build(tmp_path: Path) -> None:
     result = run_cli("memory", *JOB, "--snapshot", str(tmp_path))
     assert result.code == 2 and result.err.startswith("Error: --snapshot ")
+
+
+def _trace(forward: list[int], backward: list[int]) -> Any:
+    """Return a Trace of these allocation sizes (negative: frees), totals counted as the engine does."""
+    from inspector.engine.allocator import Event
+    from inspector.engine.microbatch import Trace
+
+    events, total = [], 0
+    for phase in (forward, backward):
+        out = []
+        for n, size in enumerate(phase):
+            total += size
+            out.append(Event(size, total, f"step {n}"))
+        events.append(tuple(out))
+    return Trace(events[0], events[1], ())
+
+
+@pytest.mark.parametrize("pp, stage, m, chunks", [(1, 0, 3, 1), (2, 0, 4, 1), (4, 1, 8, 1),
+                                                 (4, 3, 8, 1), (2, 0, 4, 2), (2, 1, 6, 3)])
+def test_the_timelines_highest_point_is_the_schedules_peak(pp, stage, m, chunks) -> None:
+    """engine/timeline.py replays what schedule.py's iteration_peak reduces: same highest point,
+    in the pass the peak's moment names; every micro-batch's activations freed at the end."""
+    from inspector.engine.schedule import iteration_peak
+    from inspector.engine.timeline import Replay
+
+    traces = tuple(_trace([512 * (c + 1), 1024, -1024, 2048], [4096, -4096, -2048, -512 * (c + 1)])
+                   for c in range(chunks))
+    replay = Replay(traces, stage, pp, m, phases=(("optimizer step", _trace([8192, -8192], []).forward),))
+    passes = replay.passes()
+    assert len(passes) == replay.count == 2 * m * chunks + 1
+    peak = iteration_peak(traces, stage, pp, m)
+    highest = max(p.held + a for p in passes[:-1] for _, a, _ in p.steps)
+    assert highest == peak.bytes
+    first = next(p for p in passes if any(p.held + a == highest for _, a, _ in p.steps))
+    assert peak.moment.startswith(first.label + ": ")
+    step = passes[-1]
+    assert (step.label, step.owner, step.held) == ("optimizer step", (-1, 0), 0)
+    assert sorted(p.owner for p in passes[:-1]) == sorted(
+        (c, mb) for c in range(chunks) for mb in range(m) for _ in "fb")
+
+
+def test_past_the_caps_is_refused_and_nothing_written(tmp_path: Path, monkeypatch) -> None:
+    from inspector.report import memory
+
+    svg, snap = tmp_path / "t.svg", tmp_path / "s.pickle"
+    monkeypatch.setattr(memory, "MAX_PASSES", 7)  # the job's stages run 2 x 4 = 8 passes
+    result = run_cli("memory", *JOB, "--no-cache", "--timeline", str(svg), "--snapshot", str(snap))
+    assert result.code == 2 and result.out == ""
+    assert result.err == ("Error: --timeline and --snapshot: stage 0 runs 8 passes in an iteration "
+                          "(2 x micro-batches x chunks), past the 7 one file draws\n")
+    monkeypatch.setattr(memory, "MAX_PASSES", 8)
+    monkeypatch.setattr(memory, "MAX_SNAPSHOT_ENTRIES", 10)
+    result = run_cli("memory", *JOB, "--no-cache", "--timeline", str(svg), "--snapshot", str(snap))
+    assert result.code == 2 and result.err.startswith("Error: --snapshot: stage 0's iteration makes")
+    assert list(tmp_path.iterdir()) == []

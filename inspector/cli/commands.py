@@ -183,10 +183,12 @@ def memory(
         help="Walk one attention layer step by step.",
     ),
     timeline: str | None = typer.Option(
-        None, "--timeline", help="Draw each stage's iteration as SVG.", metavar="FILE"
+        None, "--timeline", help="Draw each stage's iteration as SVG.", metavar="FILE",
+        rich_help_panel=OUTPUT_HELP,
     ),
     snapshot: str | None = typer.Option(
-        None, "--snapshot", help="Write PyTorch's memory snapshot (pickle).", metavar="FILE"
+        None, "--snapshot", help="Write PyTorch's memory snapshot (pickle).", metavar="FILE",
+        rich_help_panel=OUTPUT_HELP,
     ),
     output: str | None = output_option(),
 ) -> None:
@@ -248,18 +250,18 @@ def memory(
 def _write_engine_files(report: Any, timeline: str | None, snapshot: str | None) -> None:
     """Write --timeline's SVG and --snapshot's pickle from the engine's run, atomically."""
     from inspector.output import write_atomic
-    from inspector.report.memory import check_engine_outputs
+    from inspector.report.memory import engine_passes
 
-    check_engine_outputs(report.job, ("--timeline",) * bool(timeline) + ("--snapshot",) * bool(snapshot),
-                         report.not_run)
+    flags = ("--timeline",) * bool(timeline) + ("--snapshot",) * bool(snapshot)
+    passes = engine_passes(report, flags)  # checked before either file is written
     if timeline:
         from inspector.render.timeline import render_timeline
 
-        write_atomic(timeline, render_timeline(report), "--timeline")
+        write_atomic(timeline, render_timeline(report, passes), "--timeline")
     if snapshot:
         from inspector.render.snapshot import render_snapshot
 
-        write_atomic(snapshot, render_snapshot(report), "--snapshot")
+        write_atomic(snapshot, render_snapshot(report, passes), "--snapshot")
 
 
 @app.command(cls=PanelCommand)

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from inspector.engine.microbatch import GLOBAL_BUFFER, Trace
 from inspector.engine.schedule import Peak, iteration_peak
 from inspector.engine.stage import Cache, ChunkShape, trace_chunks
-from inspector.engine.timeline import iteration_timeline
+from inspector.engine.timeline import Replay
 from inspector.job.job import Job
-from inspector.records import MemoryPass
 
 # torch's cuBLAS workspace per (handle, stream): aten/src/ATen/cuda/CublasHandlePool.cpp
 # `parseChosenWorkspaceSize`, ":4096:2:16:8 default, 32MiB for Hopper" (sm90: 4096 * 8 * 1024).
@@ -28,7 +27,8 @@ class RunMemory:
     persistent: tuple[tuple[str, int], ...]  # buffers made in the run and kept (where, bytes)
     workspaces: int  # cuBLAS workspaces (a cited constant: nothing runs cuBLAS here)
     peak: Peak  # above static memory (state, persistent buffers, workspaces)
-    timeline: tuple[MemoryPass, ...] = ()  # the iteration pass by pass (timeline.py)
+    # the iteration pass by pass, made when asked (memory --timeline, --snapshot: timeline.py)
+    replay: Replay | None = field(default=None, repr=False, compare=False)
 
     @property
     def static(self) -> int:
@@ -56,8 +56,8 @@ def run_memory(
     traces = trace_chunks(job, stage, shapes, cache, whole)
     schedule = job.schedule()
     peak = iteration_peak(traces, stage, job.layout.pp, schedule.num_microbatches)
-    timeline = iteration_timeline(traces, stage, job.layout.pp, schedule.num_microbatches)
-    return RunMemory(_persistent(traces), CUBLAS_WORKSPACE_SM90 * GEMM_THREADS, peak, timeline)
+    replay = Replay(traces, stage, job.layout.pp, schedule.num_microbatches)
+    return RunMemory(_persistent(traces), CUBLAS_WORKSPACE_SM90 * GEMM_THREADS, peak, replay=replay)
 
 
 def _persistent(traces: Sequence[Trace]) -> tuple[tuple[str, int], ...]:

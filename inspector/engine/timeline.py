@@ -10,6 +10,7 @@ with nothing in flight. tests/test_timeline.py checks the highest point equals `
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from inspector.engine.allocator import Event
 from inspector.engine.microbatch import Trace
@@ -17,6 +18,29 @@ from inspector.job.dims import schedule_passes
 from inspector.records import MemoryPass
 
 Steps = tuple[tuple[int, int, str], ...]
+Phase = tuple[str, tuple[Event, ...]]  # (label, events) of a phase after the last backward
+
+
+@dataclass(frozen=True)
+class Replay:
+    """What the replay of a rank's iteration needs, kept so the passes are made only when asked."""
+
+    traces: tuple[Trace, ...]  # one micro-batch of each chunk
+    stage: int
+    pp: int
+    num_microbatches: int
+    phases: tuple[Phase, ...] = ()  # after the last backward, nothing in flight (optimizer step)
+
+    @property
+    def count(self) -> int:
+        """Return how many passes the iteration has (without making them)."""
+        return 2 * self.num_microbatches * len(self.traces) + len(self.phases)
+
+    def passes(self) -> tuple[MemoryPass, ...]:
+        """Return the iteration's passes in order (`iteration_timeline`)."""
+        return iteration_timeline(
+            self.traces, self.stage, self.pp, self.num_microbatches, phases=self.phases
+        )
 
 
 def iteration_timeline(
@@ -25,7 +49,7 @@ def iteration_timeline(
     pp: int,
     num_microbatches: int,
     group_size: int | None = None,
-    phases: Sequence[tuple[str, tuple[Event, ...]]] = (),
+    phases: Sequence[Phase] = (),
 ) -> tuple[MemoryPass, ...]:
     """Return every pass of one iteration of `stage`, whose chunks ran `traces`, in order.
 

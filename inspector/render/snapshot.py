@@ -33,12 +33,13 @@ DEVICE_STRIDE = 1 << 40
 ALIGN = 2 << 20  # the allocations start on a 2 MiB boundary (kLargeBuffer) after the static blocks
 
 
-def render_snapshot(report: MemoryReport) -> bytes:
-    """Return the pickled snapshot of every stage the engine ran (one device each)."""
-    return pickle.dumps(snapshot(report), protocol=4)
+def render_snapshot(report: MemoryReport, passes: dict[int, tuple[MemoryPass, ...]]) -> bytes:
+    """Return the pickled snapshot of every stage (one device each), given each stage's passes
+    (report.memory.engine_passes)."""
+    return pickle.dumps(snapshot(report, passes), protocol=4)
 
 
-def snapshot(report: MemoryReport) -> dict[str, Any]:
+def snapshot(report: MemoryReport, passes: dict[int, tuple[MemoryPass, ...]]) -> dict[str, Any]:
     """Return the snapshot dict: `segments` and `device_traces`, device i being stage i."""
     segments: list[dict[str, Any]] = []
     traces: list[list[dict[str, Any]]] = []
@@ -46,7 +47,7 @@ def snapshot(report: MemoryReport) -> dict[str, Any]:
         base = BASE + device * DEVICE_STRIDE
         blocks = _static_blocks(stage, base)
         start = _aligned(blocks[-1]["address"] + blocks[-1]["size"] - base) if blocks else 0
-        trace, high = _trace(stage.run.timeline if stage.run else (), base + start)
+        trace, high = _trace(passes.get(stage.stage, ()), base + start)
         segments.append(_segment(device, base, blocks, start + high))
         traces.append(trace)
     return {"segments": segments, "device_traces": traces}

@@ -35,9 +35,10 @@ STEPS = (1, 2, 5)
 YScale = Callable[[float], str]  # bytes -> the y coordinate, printed
 
 
-def render_timeline(report: MemoryReport) -> str:
-    """Return the SVG of every stage's iteration (stages the engine did not run are left out)."""
-    stages = [s for s in report.stages if s.run is not None and s.run.timeline]
+def render_timeline(report: MemoryReport, passes: dict[int, tuple[MemoryPass, ...]]) -> str:
+    """Return the SVG of every stage's iteration, given each stage's passes
+    (report.memory.engine_passes; a stage without passes is left out)."""
+    stages = [s for s in report.stages if s.run is not None and passes.get(s.stage)]
     panel = PANEL_TOP + PLOT_HEIGHT + PANEL_BOTTOM
     height = LEGEND_HEIGHT + panel * len(stages)
     out = [
@@ -48,7 +49,7 @@ def render_timeline(report: MemoryReport) -> str:
         *_legend(),
     ]
     for index, stage in enumerate(stages):
-        out.extend(_panel(stage, LEGEND_HEIGHT + index * panel))
+        out.extend(_panel(stage, passes[stage.stage], LEGEND_HEIGHT + index * panel))
     out.append("</svg>")
     return "\n".join(out) + "\n"
 
@@ -62,10 +63,7 @@ def _legend() -> list[str]:
     return out
 
 
-def _panel(stage: StageMemory, top: int) -> list[str]:
-    run = stage.run
-    assert run is not None
-    passes = run.timeline
+def _panel(stage: StageMemory, passes: Sequence[MemoryPass], top: int) -> list[str]:
     state = stage.state
     static = (state.weights, state.gradients, state.optimizer, stage.buffers)
     base = sum(static)
@@ -121,7 +119,8 @@ def _y(plot_top: int, scale: float) -> YScale:
 
 
 def _gib(value: float) -> str:
-    return f"{value / GIB:,.2f}"
+    """Return bytes in GiB: two decimals, three below 1 GiB."""
+    return f"{value / GIB:,.2f}" if value >= GIB else f"{value / GIB:.3f}"
 
 
 def _axis(plot_top: int, scale: float, y: YScale) -> list[str]:
