@@ -6,7 +6,10 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import pickle
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -74,9 +77,16 @@ def _flat(d: str) -> tuple[float, float]:
     return y0, y1
 
 
-def test_outputs_are_byte_identical_run_to_run(outputs) -> None:
+def test_outputs_are_byte_identical_run_to_run(outputs, tmp_path: Path) -> None:
     (_, svg1, snap1), (_, svg2, snap2) = outputs["runs"]
     assert svg1 == svg2 and snap1 == snap2
+    # and in another process, with another string hash seed
+    svg, snap = tmp_path / "t.svg", tmp_path / "s.pickle"
+    command = [sys.executable, "-m", "inspector", "memory", *JOB, "--no-cache",
+               "--timeline", str(svg), "--snapshot", str(snap)]
+    env = {**os.environ, "PYTHONHASHSEED": "7"}
+    subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL)
+    assert svg.read_bytes() == svg1 and snap.read_bytes() == snap1
 
 
 def _replay(segment: dict[str, Any], trace: list[dict[str, Any]]) -> tuple[int, int]:

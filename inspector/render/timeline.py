@@ -221,6 +221,6 @@ def _pass_labels(passes: Sequence[MemoryPass], width: float, bottom: int) -> lis
 def _short(one: MemoryPass) -> str:
     chunk, mb = one.owner
     if chunk < 0:
-        return escape(one.label.split(" ")[0])
+        return escape(one.label)
     kind = "F" if one.label.startswith("forward") else "B"
     return f"{kind}{mb}" + (f"c{chunk}" if "(chunk" in one.label else "")
