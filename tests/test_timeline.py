@@ -206,12 +206,13 @@ def test_past_the_caps_is_refused_and_nothing_written(tmp_path: Path, monkeypatc
     from inspector.report import memory
 
     svg, snap = tmp_path / "t.svg", tmp_path / "s.pickle"
-    monkeypatch.setattr(memory, "MAX_PASSES", 7)  # the job's stages run 2 x 4 = 8 passes
+    monkeypatch.setattr(memory, "MAX_PASSES", 8)  # the stages run 2 x 4 passes and the step
     result = run_cli("memory", *JOB, "--no-cache", "--timeline", str(svg), "--snapshot", str(snap))
     assert result.code == 2 and result.out == ""
-    assert result.err == ("Error: --timeline and --snapshot: stage 0 runs 8 passes in an iteration "
-                          "(2 x micro-batches x chunks), past the 7 one file draws\n")
-    monkeypatch.setattr(memory, "MAX_PASSES", 8)
+    assert result.err == ("Error: --timeline and --snapshot: stage 0 runs 9 passes in an iteration "
+                          "(a forward and a backward per micro-batch and chunk, the optimizer step), "
+                          "past the 8 one file draws\n")
+    monkeypatch.setattr(memory, "MAX_PASSES", 9)
     monkeypatch.setattr(memory, "MAX_SNAPSHOT_ENTRIES", 10)
     result = run_cli("memory", *JOB, "--no-cache", "--timeline", str(svg), "--snapshot", str(snap))
     assert result.code == 2 and result.err.startswith("Error: --snapshot: stage 0's iteration makes")

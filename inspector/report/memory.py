@@ -103,8 +103,14 @@ class StageMemory:
 
     @property
     def buffers(self) -> int:
-        """Return the bytes the run keeps besides the state (persistent buffers, workspaces)."""
+        """Return the bytes the run keeps besides the state (persistent buffers, workspaces);
+        0 where the engine did not run (`buffers_counted` says so)."""
         return self.run.static if self.run is not None else 0
+
+    @property
+    def buffers_counted(self) -> bool:
+        """Return whether the buffers were counted: only megatron running finds them."""
+        return self.run is not None
 
     @property
     def static(self) -> int:
@@ -245,7 +251,8 @@ def engine_passes(report: MemoryReport, flags: Sequence[str]) -> dict[int, tuple
         if replay.count > MAX_PASSES:
             raise ConfigError(
                 f"{' and '.join(flags)}: stage {stage.stage} runs {replay.count:,} passes in an "
-                f"iteration (2 x micro-batches x chunks), past the {MAX_PASSES:,} one file draws"
+                f"iteration (a forward and a backward per micro-batch and chunk, the optimizer step), "
+                f"past the {MAX_PASSES:,} one file draws"
             )
         passes[stage.stage] = replay.passes()
     if "--snapshot" in flags:
