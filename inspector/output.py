@@ -60,8 +60,9 @@ def write_output(path: str | None, text: str) -> None:
         write_atomic(path, text)
 
 
-def write_atomic(path: str, text: str, flag: str = "-o") -> None:
-    """Replace the regular file at path (a symlink's target) with text, or raise OutputError.
+def write_atomic(path: str, text: str | bytes, flag: str = "-o") -> None:
+    """Replace the regular file at path (a symlink's target) with text (or bytes), or raise
+    OutputError.
 
     Either the whole new file appears or the old one stays as it was; no temporary file is
     left behind, also when the run is interrupted during the write.
@@ -70,7 +71,8 @@ def write_atomic(path: str, text: str, flag: str = "-o") -> None:
     if target == os.devnull:
         return
     try:
-        replace_file(target, text.encode("utf-8", "surrogateescape"))
+        data = text if isinstance(text, bytes) else text.encode("utf-8", "surrogateescape")
+        replace_file(target, data)
     except _CannotCreate as exc:
         folder = os.path.dirname(target)
         raise OutputError(

@@ -53,3 +53,18 @@ class StageTree:
     chunk: int | None  # None without a virtual pipeline
     root: ModuleNode
     headed: bool  # False when the whole model is this one tree (pp 1, no chunks)
+
+
+@dataclass(frozen=True)
+class MemoryPass:
+    """One pass of a rank's iteration as the engine replays it (engine/timeline.py).
+
+    A forward or backward of one micro-batch of one chunk, or a phase after them (the optimizer
+    step): the allocator's events while it runs, above the static memory and the activations
+    other micro-batches in flight hold beneath it.
+    """
+
+    label: str  # "forward of micro-batch 0 (chunk 1)", "backward of micro-batch 0"
+    owner: tuple[int, int]  # (chunk, micro-batch) whose allocations these are; (-1, n) for a phase
+    held: int  # bytes other micro-batches in flight hold beneath the pass
+    steps: tuple[tuple[int, int, str], ...]  # (bytes, allocated after, where): bytes < 0 frees

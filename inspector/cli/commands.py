@@ -191,13 +191,28 @@ def memory(
         "--attention-walkthrough",
         help="Walk one attention layer step by step.",
     ),
+    timeline: str | None = typer.Option(
+        None, "--timeline", help="Draw each stage's iteration as SVG.", metavar="FILE",
+        rich_help_panel=OUTPUT_HELP,
+    ),
+    snapshot: str | None = typer.Option(
+        None, "--snapshot", help="Write PyTorch's memory snapshot (pickle).", metavar="FILE",
+        rich_help_panel=OUTPUT_HELP,
+    ),
     output: str | None = output_option(),
 ) -> None:
     """Print each stage's weights, gradients, optimizer, activations and FLOPs."""
+    files = {flag: path for flag, path in (("--timeline", timeline), ("--snapshot", snapshot)) if path}
     if walkthrough:
         from inspector.report.memory import check_walkthrough_flags
 
-        check_walkthrough_flags(gpu=gpu, gpu_memory=gpu_memory, gpu_tflops=gpu_tflops, mfu=mfu)
+        check_walkthrough_flags(gpu=gpu, gpu_memory=gpu_memory, gpu_tflops=gpu_tflops, mfu=mfu,
+                                **{flag.strip("-"): path for flag, path in files.items()})
+    if files:
+        from inspector.output import check_target
+
+        for flag, path in files.items():
+            check_target(path, flag)  # before the build: a bad path costs nothing
 
     def produce() -> str:
         from inspector.render import memory as render
@@ -212,11 +227,15 @@ def memory(
 
             return render_walkthroughs(job, job_walkthroughs(job, ulysses_degree), fmt)
         core.check_ulysses(ulysses_degree)
+        core.check_engine_outputs(job, tuple(files))
         from inspector.world.build import build, select_view
 
         with Progress() as progress:
             built = build(job, select_view(job), expert_ranks=(0,), progress=progress)
-        text = render.render_memory(core.measure(built, hardware), fmt)
+        report = core.measure(built, hardware)
+        if files:
+            _write_engine_files(report, timeline, snapshot)
+        text = render.render_memory(report, fmt)
         if fmt == MemoryFormat.json:  # every number, the job's included, in its own fields
             return text
         from inspector.render.job import job_lines, with_job
@@ -233,7 +252,25 @@ def memory(
         walkthrough=walkthrough,
         label=label,
     )
-    emit(cache.cached("memory", args, options, use_cache, produce), output)
+    # the files come from the run itself: a cached text would skip writing them
+    emit(cache.cached("memory", args, options, use_cache and not files, produce), output)
+
+
+def _write_engine_files(report: Any, timeline: str | None, snapshot: str | None) -> None:
+    """Write --timeline's SVG and --snapshot's pickle from the engine's run, atomically."""
+    from inspector.output import write_atomic
+    from inspector.report.memory import engine_passes
+
+    flags = ("--timeline",) * bool(timeline) + ("--snapshot",) * bool(snapshot)
+    passes = engine_passes(report, flags)  # checked before either file is written
+    if timeline:
+        from inspector.render.timeline import render_timeline
+
+        write_atomic(timeline, render_timeline(report, passes), "--timeline")
+    if snapshot:
+        from inspector.render.snapshot import render_snapshot
+
+        write_atomic(snapshot, render_snapshot(report, passes), "--snapshot")
 
 
 @app.command(cls=PanelCommand)

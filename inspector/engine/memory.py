@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from inspector.engine.microbatch import GLOBAL_BUFFER, Trace
 from inspector.engine.optimizer import stage_step
 from inspector.engine.schedule import Peak, iteration_peak
 from inspector.engine.stage import Cache, ChunkShape, trace_chunks
+from inspector.engine.timeline import Replay
 from inspector.job.job import Job
 
 # torch's cuBLAS workspace per (handle, stream): aten/src/ATen/cuda/CublasHandlePool.cpp
@@ -28,6 +29,8 @@ class RunMemory:
     workspaces: int  # cuBLAS workspaces (a cited constant: nothing runs cuBLAS here)
     peak: Peak  # above static memory (state, persistent buffers, workspaces)
     optimizer_state: int = 0  # bytes the first optimizer step made (Adam's moments): state memory
+    # the iteration pass by pass, made when asked (memory --timeline, --snapshot: timeline.py)
+    replay: Replay | None = field(default=None, repr=False, compare=False)
 
     @property
     def static(self) -> int:
@@ -58,7 +61,9 @@ def run_memory(
     schedule = job.schedule()
     peak = iteration_peak(traces, stage, job.layout.pp, schedule.num_microbatches, step=step.events)
     workspaces = CUBLAS_WORKSPACE_SM90 * GEMM_THREADS
-    return RunMemory(_persistent(traces), workspaces, peak, step.state)
+    phases = (("optimizer step", step.events),)  # its events' labels start "optimizer step: "
+    replay = Replay(traces, stage, job.layout.pp, schedule.num_microbatches, phases)
+    return RunMemory(_persistent(traces), workspaces, peak, step.state, replay)
 
 
 def _persistent(traces: Sequence[Trace]) -> tuple[tuple[str, int], ...]:

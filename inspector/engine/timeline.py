@@ -1,0 +1,84 @@
+"""A rank's iteration as the schedule replay sees it, pass by pass, for drawing and snapshots.
+
+The same replay as schedule.py's `iteration_peak` (megatron-core's order of forwards and
+backwards from `schedule_passes`, job/dims.py), kept pass by pass instead of reduced to the
+peak: each pass's allocator events (allocator.py), on top of the activations the other
+micro-batches in flight hold. Phases after the last backward (the optimizer step) come last,
+with nothing in flight. tests/test_timeline.py checks the highest point equals `iteration_peak`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from inspector.engine.allocator import Event
+from inspector.engine.microbatch import Trace
+from inspector.job.dims import schedule_passes
+from inspector.records import MemoryPass
+
+Steps = tuple[tuple[int, int, str], ...]
+Phase = tuple[str, tuple[Event, ...]]  # (label, events) of a phase after the last backward
+
+
+@dataclass(frozen=True)
+class Replay:
+    """What the replay of a rank's iteration needs, kept so the passes are made only when asked."""
+
+    traces: tuple[Trace, ...]  # one micro-batch of each chunk
+    stage: int
+    pp: int
+    num_microbatches: int
+    phases: tuple[Phase, ...] = ()  # after the last backward, nothing in flight (optimizer step)
+
+    @property
+    def count(self) -> int:
+        """Return how many passes the iteration has (without making them)."""
+        return 2 * self.num_microbatches * len(self.traces) + len(self.phases)
+
+    def passes(self) -> tuple[MemoryPass, ...]:
+        """Return the iteration's passes in order (`iteration_timeline`)."""
+        return iteration_timeline(
+            self.traces, self.stage, self.pp, self.num_microbatches, phases=self.phases
+        )
+
+
+def iteration_timeline(
+    traces: Sequence[Trace],
+    stage: int,
+    pp: int,
+    num_microbatches: int,
+    group_size: int | None = None,
+    phases: Sequence[Phase] = (),
+) -> tuple[MemoryPass, ...]:
+    """Return every pass of one iteration of `stage`, whose chunks ran `traces`, in order.
+
+    `phases`: (label, events) run after the last backward with no micro-batch in flight, e.g.
+    ("optimizer step", its events) — the hook for the optimizer step's phase.
+    """
+    chunks = len(traces)
+    steps = [(_steps(t.forward), _steps(t.backward)) for t in traces]  # shared by all passes
+    counts = [0] * chunks
+    flight: list[list[int]] = [[] for _ in range(chunks)]
+    held, passes = 0, []
+    for forward, chunk in schedule_passes(stage, pp, num_microbatches, chunks, group_size):
+        where = f" (chunk {chunk})" if chunks > 1 else ""
+        if forward:
+            mb = counts[chunk]
+            counts[chunk] += 1
+            label = f"forward of micro-batch {mb}{where}"
+            passes.append(MemoryPass(label, (chunk, mb), held, steps[chunk][0]))
+            flight[chunk].append(mb)
+            held += traces[chunk].held
+        else:
+            mb = flight[chunk].pop(0)
+            held -= traces[chunk].held
+            label = f"backward of micro-batch {mb}{where}"
+            passes.append(MemoryPass(label, (chunk, mb), held, steps[chunk][1]))
+    for index, (label, events) in enumerate(phases):
+        passes.append(MemoryPass(label, (-1, index), held, _steps(events)))
+    return tuple(passes)
+
+
+def _steps(events: Sequence[Event]) -> Steps:
+    return tuple((e.bytes, e.allocated, e.where) for e in events)

@@ -1,0 +1,172 @@
+"""`memory --snapshot FILE.pickle`: the iteration as torch.cuda.memory._dump_snapshot writes it.
+
+The dict is the one torch/cuda/memory.py `_snapshot` documents, in the shape torch's own
+synthetic snapshot takes (torch/cuda/_memory_viz.py `_profile_to_snapshot`), so PyTorch's
+memory viewer (pytorch.org/memory_viz, `_memory_viz.trace_plot`) opens it:
+
+- one device per pipeline stage (device i is stage i, the rank the report shows for it);
+- `segments`: one segment per device, as the caching allocator holds it at the iteration's end:
+  the static memory (weights, gradients, optimizer state, each persistent buffer, the cuBLAS
+  workspaces) as `active_allocated` blocks the trace never allocates, so the viewer draws them
+  from the start, then the free space the iteration's allocations used;
+- `device_traces`: every allocation (`alloc`) and free (`free_requested`, `free_completed`) of
+  the iteration in the schedule's order (engine/timeline.py), with two frames: where megatron
+  was (the module, or the autograd node and the module that made it) and the pass.
+
+Addresses are synthetic and deterministic: a first-fit allocator over the segment. The engine
+records a free's size, not its storage, so a free releases the latest live block of its size
+made by the same micro-batch (any pass of it). Pickled with protocol 4: byte-identical run to run.
+"""
+
+from __future__ import annotations
+
+import bisect
+import pickle
+from collections.abc import Sequence
+from typing import Any
+
+from inspector.records import MemoryPass
+from inspector.report.memory import MemoryReport, StageMemory
+
+BASE = 0x7F0000000000  # where device 0's segment starts: a CUDA-like address, made up
+DEVICE_STRIDE = 1 << 40
+ALIGN = 2 << 20  # the allocations start on a 2 MiB boundary (kLargeBuffer) after the static blocks
+
+
+def render_snapshot(report: MemoryReport, passes: dict[int, tuple[MemoryPass, ...]]) -> bytes:
+    """Return the pickled snapshot of every stage (one device each), given each stage's passes
+    (report.memory.engine_passes)."""
+    return pickle.dumps(snapshot(report, passes), protocol=4)
+
+
+def snapshot(report: MemoryReport, passes: dict[int, tuple[MemoryPass, ...]]) -> dict[str, Any]:
+    """Return the snapshot dict: `segments` and `device_traces`, device i being stage i."""
+    segments: list[dict[str, Any]] = []
+    traces: list[list[dict[str, Any]]] = []
+    for device, stage in enumerate(report.stages):
+        base = BASE + device * DEVICE_STRIDE
+        blocks = _static_blocks(stage, base)
+        start = _aligned(blocks[-1]["address"] + blocks[-1]["size"] - base) if blocks else 0
+        trace, high = _trace(passes.get(stage.stage, ()), base + start)
+        segments.append(_segment(device, base, blocks, start + high))
+        traces.append(trace)
+    return {"segments": segments, "device_traces": traces}
+
+
+def _aligned(offset: int) -> int:
+    return -(-offset // ALIGN) * ALIGN
+
+
+def _static_blocks(stage: StageMemory, base: int) -> list[dict[str, Any]]:
+    """Return the blocks alive all through the iteration, one after another from `base`."""
+    state, run = stage.state, stage.run
+    named = [("weights", state.weights), ("gradients", state.gradients)]
+    named.append(("optimizer state", state.optimizer))
+    if run is not None:
+        named.extend(run.persistent)
+        named.append(("cuBLAS workspaces", run.workspaces))
+    blocks, address = [], base
+    for where, size in named:
+        if size:
+            blocks.append(_block(address, size, "active_allocated", [_frame(where)]))
+            address += size
+    return blocks
+
+
+def _block(address: int, size: int, state: str, frames: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"address": address, "size": size, "requested_size": size, "state": state, "frames": frames}
+
+
+def _frame(name: str) -> dict[str, Any]:
+    return {"filename": "megatron-core", "line": 0, "name": name}
+
+
+def _segment(device: int, base: int, blocks: list[dict[str, Any]], total: int) -> dict[str, Any]:
+    """Return the device's one segment at the iteration's end: static blocks, then free space."""
+    used = sum(b["size"] for b in blocks)
+    if total > used:
+        blocks = [*blocks, _block(base + used, total - used, "inactive", [])]
+    return {
+        "device": device,
+        "address": base,
+        "total_size": total,
+        "allocated_size": used,
+        "active_size": used,
+        "requested_size": used,
+        "stream": 0,
+        "segment_type": "large",
+        "segment_pool_id": (0, 0),
+        "is_expandable": False,
+        "frames": [],
+        "blocks": blocks,
+    }
+
+
+def _trace(passes: Sequence[MemoryPass], start: int) -> tuple[list[dict[str, Any]], int]:
+    """Return the device trace of the passes from address `start`, and the bytes it spans."""
+    heap = _FirstFit()
+    live: dict[tuple[int, int], dict[int, list[int]]] = {}  # owner -> size -> addresses
+    frames: dict[tuple[str, str], list[dict[str, Any]]] = {}  # shared: pickle stores each once
+    out: list[dict[str, Any]] = []
+    for one in passes:
+        blocks = live.setdefault(one.owner, {})
+        for size, _, where in one.steps:
+            stack = frames.setdefault((where, one.label), [_frame(where), _frame(one.label)])
+            if size > 0:
+                offset = heap.take(size)
+                blocks.setdefault(size, []).append(offset)
+                out.append(_entry("alloc", start + offset, size, stack))
+            else:
+                offset = _release(live, one.owner, -size)
+                heap.give(offset, -size)
+                out.append(_entry("free_requested", start + offset, -size, stack))
+                out.append(_entry("free_completed", start + offset, -size, stack))
+    return out, heap.high
+
+
+def _release(live: dict[tuple[int, int], dict[int, list[int]]], owner: tuple[int, int], size: int) -> int:
+    """Return the offset of the block a free of `size` releases: the owner's latest of that size
+    (another owner's when it has none, which the engine's traces do not make)."""
+    for key in (owner, *live):
+        addresses = live[key].get(size)
+        if addresses:
+            return addresses.pop()
+    raise ValueError(f"a free of {size} bytes with no live block of that size")
+
+
+def _entry(action: str, address: int, size: int, frames: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"action": action, "addr": address, "size": size, "stream": 0, "frames": frames}
+
+
+class _FirstFit:
+    """Addresses for allocations: the lowest free range that fits, ranges merged when freed."""
+
+    def __init__(self) -> None:
+        self.free: list[tuple[int, int]] = []  # (offset, size), sorted by offset
+        self.high = 0  # the end of the highest range ever taken
+
+    def take(self, size: int) -> int:
+        """Return the offset of `size` bytes, taken from the lowest free range that fits."""
+        for index, (offset, room) in enumerate(self.free):
+            if room >= size:
+                if room == size:
+                    del self.free[index]
+                else:
+                    self.free[index] = (offset + size, room - size)
+                return offset
+        if self.free and sum(self.free[-1]) == self.high:  # grow the last free range
+            offset = self.free.pop()[0]
+        else:
+            offset = self.high
+        self.high = offset + size
+        return offset
+
+    def give(self, offset: int, size: int) -> None:
+        """Return `size` bytes at `offset` to the free ranges, merged with their neighbours."""
+        index = bisect.bisect(self.free, (offset, size))
+        if index < len(self.free) and offset + size == self.free[index][0]:
+            size += self.free.pop(index)[1]
+        if index and sum(self.free[index - 1]) == offset:
+            offset, size = self.free[index - 1][0], self.free[index - 1][1] + size
+            del self.free[index - 1]
+        bisect.insort(self.free, (offset, size))
