@@ -11,6 +11,7 @@ from inspector.errors import ConfigError, InputError
 from inspector.inputs.megatron_config import read_config
 from inspector.inputs.presets import PRESETS
 from inspector.inputs.sources import parse_launch_script, read_launch_script
+from inspector.inputs.versions import null_tokenizer_adds_eod
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 SCRIPTS, CONFIGS = FIXTURES / "scripts", FIXTURES / "configs"
@@ -279,7 +280,8 @@ def test_vocabulary_from_local_tokenizer_files(tmp_path):
         ("--tokenizer-type HuggingFaceTokenizer --tokenizer-model mistralai/Mixtral-8x7B-v0.1",
          32000, ""),
         ("--tokenizer-type GPT2BPETokenizer --vocab-file gpt2-vocab.json", 50257, ""),
-        ("--tokenizer-type NullTokenizer --vocab-size 1000", 1001, ""),
+        # its end-of-document token up to megatron-core 0.17 (tests/test_versions.py)
+        ("--tokenizer-type NullTokenizer --vocab-size 1000", 1000 + null_tokenizer_adds_eod(), ""),
         # not on this machine, not a known hub name, no --vocab-size: never a silent default
         ("--tokenizer-type Llama2Tokenizer --tokenizer-model /models/x/tokenizer.model", None,
          "s.sh line 1: the vocabulary of --tokenizer-type Llama2Tokenizer --tokenizer-model "
