@@ -419,7 +419,9 @@ ENGINE = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "
 ENGINE += ["--seq-length", "32", "--vocab-size", "1000", "--tp", "2", "--pp", "2", "--dp", "2"]
 ENGINE += ["--micro-batch-size", "2", "--global-batch-size", "8", "--bf16"]
 ENGINE += ["--use-distributed-optimizer"]
-MOMENT = re.compile(r"(forward|backward) of micro-batch \d+( \(chunk \d+\))?: \S")
+MOMENT = re.compile(
+    r"((forward|backward) of micro-batch \d+( \(chunk \d+\))?|optimizer step): \S"
+)
 
 
 def test_engine_static_is_megatrons_buffers_plus_the_runs_persistent_buffers() -> None:
@@ -452,7 +454,7 @@ def test_engine_peak_is_above_static_and_names_a_pass() -> None:
     assert [s["activations"]["in_flight"] for s in report["stages"]] == [[2], [1]]
     assert report["stages"][0]["activations"]["held"] > 0 == report["stages"][1]["activations"]["held"]
     text = run_cli("memory", *ENGINE).out
-    assert "megatron's forward and backward run on meta tensors" in text
+    assert "megatron's forward, backward and optimizer step run on meta tensors" in text
     assert "Stage 1: static " in text and " at the forward of micro-batch" in text
 
 
@@ -474,3 +476,7 @@ def test_formulas_answer_where_the_engine_cannot_run(extra: list[str], why: str)
     text = run_cli("memory", *ENGINE, *extra).out
     (line,) = [x for x in text.splitlines() if x.startswith("Activations: closed forms")]
     assert why in line and "not run yet" in line
+    # the buffers only megatron running finds: "not counted", never a count of 0
+    for out in (text, run_cli("memory", "--format", "table", *ENGINE, *extra).out):
+        rows = [x for x in out.splitlines() if re.match(r"^[01] ", x)][:2]
+        assert len(rows) == 2 and all("not counted" in row for row in rows), out

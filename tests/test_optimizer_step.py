@@ -1,76 +1,171 @@
-"""The optimizer step's time: formulas/optimizer.py's passes, priced by cost.optimizer_seconds."""
+"""The optimizer step on meta: megatron's optimizer over the stage in DDP, its temporaries counted.
+
+The hand counts follow the sources the step runs (megatron-core 0.16 optimizer/optimizer.py,
+torch/optim/adam.py `_multi_tensor_adam`): every temporary is one tensor per parameter tensor,
+and the caching allocator rounds each to 512 bytes (allocator.py).
+"""
 
 from __future__ import annotations
 
-import inspect
-
 import pytest
 
-from inspector.formulas.kernels import memory_curve
-from inspector.formulas.optimizer import FOREACH_ADAMW, OptimizerStep, optimizer_ops, passes
-from inspector.job.hardware import GPUS
-from inspector.plan.cost import Network, optimizer_seconds
-from inspector.report.memory import ADAM_MOMENTS, MASTER_COPY
 
-BF16_FP32_GRADS = OptimizerStep(param_bytes=2, grad_bytes=4, fused=False)
+def _job(**flags):
+    from inspector.job.job import make_job
 
-
-@pytest.mark.parametrize(("step", "per_element"), [
-    # grad norm 4, clip through a temporary 16, foreach AdamW 80, fp32 -> bf16 copy 6
-    (BF16_FP32_GRADS, 4 + 16 + 80 + 6),
-    # norm 4, clip in place 8, one FusedAdam kernel (read p g m v, write p m v) 28, copy 6
-    (OptimizerStep(2, 4, True), 4 + 8 + 28 + 6),
-    # a bf16 grad buffer: main_grad.float() reads 2 and writes 4
-    (OptimizerStep(2, 2, True), 6 + 4 + 8 + 28 + 6),
-    # fp16: the grad scaler's unscale and inf check, in place
-    (OptimizerStep(2, 4, True, loss_scaling=True), 8 + 4 + 8 + 28 + 6),
-    # fp32 parameters: no master copy, nothing to copy back
-    (OptimizerStep(4, 4, True), 4 + 8 + 28),
-])
-def test_passes_move_the_bytes_counted_by_hand(step: OptimizerStep, per_element: int) -> None:
-    assert sum(moved for _, moved in passes(step)) == per_element
+    args = dict(
+        num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=1000,
+        pipeline_model_parallel_size=1, tensor_model_parallel_size=2, data_parallel_size=2,
+        micro_batch_size=2, global_batch_size=8, bf16=True, use_distributed_optimizer=False,
+        transformer_impl="local", normalization="RMSNorm",
+    )  # fmt: skip
+    return make_job({**args, **flags})
 
 
-def test_foreach_adamw_is_eight_passes_of_torchs_multi_tensor_adam() -> None:
-    from torch.optim import adam
+def _step(job, fused=False):
+    """Return the step's run and the stage's parameters (stage 0, every layer)."""
+    from inspector.engine.microbatch import runtime_config
+    from inspector.engine.optimizer import run_step
+    from inspector.engine.stage import _ddp as ddp_wrapped  # the engine's DDP wrap
+    from inspector.world.stage import stage_world
 
-    source = inspect.getsource(adam._multi_tensor_adam)
-    assert len(FOREACH_ADAMW) == 8 and sum(moved for _, moved in FOREACH_ADAMW) == 20 * 4
-    for name, _ in FOREACH_ADAMW:
-        call = name.split()[1]  # e.g. _foreach_lerp_
-        assert f"torch.{call}(" in source, call
-
-
-def test_state_per_element_is_what_memory_counts() -> None:
-    assert OptimizerStep(2, 4, True).state_per_element == MASTER_COPY + ADAM_MOMENTS
-    assert OptimizerStep(4, 4, True).state_per_element == ADAM_MOMENTS
-
-
-def test_optimizer_seconds_by_hand_for_the_single_gpu_1_8b_job() -> None:
-    # bench/gpu_time.py's h4096 L8 jobs: 1,825,480,704 bf16 parameters, fp32 grad buffer, no
-    # distributed optimizer: every pass moves over a gigabyte, where the copy curve is clamped.
-    n = 1_825_480_704
-    weights, grads, optimizer = 2 * n, 4 * n, 12 * n
-    net = Network(GPUS["h200"], 8)
-    seconds = optimizer_seconds(net, (grads, weights), weights + grads + optimizer, BF16_FP32_GRADS)
-    top = memory_curve("copy")[1][-1]
-    assert seconds == pytest.approx(106 * n / top, rel=1e-9)
-    assert 0.040 < seconds < 0.055  # the GPU took 55 ms (shared/gpu/gpu-time-h200.json)
+    runtime = runtime_config(job)
+    with stage_world(job.model, job.layout, 0, checkpoint=False, runtime=runtime) as chunks:
+        ddps = [ddp_wrapped(job, chunk.module, 0, i) for i, chunk in enumerate(chunks)]
+        params = [(n, tuple(p.shape)) for c in chunks for n, p in c.module.named_parameters()]
+        return run_step(job, ddps, fused), params
 
 
-def test_the_distributed_optimizer_steps_only_the_ranks_shard() -> None:
-    n, dp = 1 << 30, 8
-    net = Network(GPUS["h100"], 8)
-    fused = OptimizerStep(2, 4, True)
-    whole = optimizer_seconds(net, (4 * n, 2 * n), 18 * n, fused)
-    shard = optimizer_seconds(net, (4 * n, 2 * n), 6 * n + 12 * n // dp, fused)
-    assert sum(op.bytes for op in optimizer_ops(n // dp, fused)) == 46 * n // dp
-    # the same passes over an eighth of the elements, at the rate of their (smaller) sizes
-    assert whole / dp < shard < whole / dp * 1.5
+def _fp32(shapes):
+    """Return the caching allocator's bytes for one fp32 tensor of each shape."""
+    from math import prod
+
+    from inspector.engine.allocator import rounded
+
+    return sum(rounded(4 * prod(shape)) for shape in shapes)
 
 
-def test_a_slower_gpu_takes_longer_by_its_hbm() -> None:
-    n = 1 << 28
-    h100, h200 = (optimizer_seconds(Network(GPUS[g], 8), (4 * n, 2 * n), 18 * n, BF16_FP32_GRADS)
-                  for g in ("h100", "h200"))
-    assert h100 / h200 == pytest.approx(GPUS["h200"].hbm / GPUS["h100"].hbm)
+def _groups(params):
+    """Megatron's param groups (optimizer/__init__.py _get_param_groups): no weight decay for
+    biases and 1-d parameters (norms); torch's foreach step runs group by group."""
+    decay = [shape for name, shape in params if not name.endswith(".bias") and len(shape) > 1]
+    rest = [shape for name, shape in params if name.endswith(".bias") or len(shape) == 1]
+    return decay, rest
+
+
+def _peak(run):
+    return max(run.events, key=lambda e: e.allocated)
+
+
+def test_foreach_adamw_peaks_at_sqrt_of_the_largest_group():
+    """fp32 grad buffer (bf16's default): main_grad.float() is the buffer itself; the clip's
+    `src * scale` temporaries live one at a time; `_foreach_sqrt(exp_avg_sqs)` makes one fp32
+    tensor per parameter of the group, alive until its `_foreach_addcdiv_`."""
+    run, params = _step(_job())
+    decay, rest = _groups(params)
+    top = _peak(run)
+    assert top.where == "optimizer step: adamw _foreach_sqrt"
+    assert top.allocated == max(_fp32(decay), _fp32(rest))
+    assert run.events[-1].allocated == 0  # the steady step keeps nothing
+
+
+def test_bf16_grads_add_the_fp32_main_grads_which_live_through_the_step():
+    """--grad-reduce-in-bf16: `main_param.grad = main_grad.float()` (Float16OptimizerWithFloat16Params
+    `_copy_model_grads_to_main_grads`), a new fp32 tensor per parameter, kept until zero_grad."""
+    run, params = _step(_job(grad_reduce_in_bf16=True))
+    decay, rest = _groups(params)
+    grads = _fp32(decay) + _fp32(rest)
+    top = _peak(run)
+    assert top.where == "optimizer step: adamw _foreach_sqrt"
+    assert top.allocated == grads + max(_fp32(decay), _fp32(rest))
+    assert run.events[-1].allocated == grads
+
+
+def test_fused_adam_works_in_place():
+    """TE's/apex's FusedAdam, multi_tensor_l2norm and multi_tensor_scale: one fp32 norm element
+    and the int overflow flag (clip_grads.py `dummy_overflow_buf`), nothing per parameter."""
+    run, _ = _step(_job(), fused=True)
+    assert _peak(run).allocated <= 3 * 512
+
+
+def test_first_step_makes_the_moments_report_memory_counts():
+    """Adam's exp_avg and exp_avg_sq are made lazily on the first step: the state report/memory.py
+    counts (ADAM_MOMENTS per updated element), up to the allocator's rounding per tensor."""
+    from inspector.formulas.optimizer import ADAM_MOMENTS
+    from inspector.world.build import View, build
+
+    for distributed in (False, True):
+        job = _job(use_distributed_optimizer=distributed)
+        run, params = _step(job)
+        built = build(job, View((0,)), expert_ranks=(0,))
+        buffers = [b for chunk in built.chunks for b in chunk.buffers()]
+        updated = sum(b.owned_numel[0] if distributed else b.numel for b in buffers)
+        assert 0 <= run.state - ADAM_MOMENTS * updated <= 2 * 512 * len(params)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_job_whose_peak_is_the_optimizer_step_names_it(fused):
+    """Full recomputation, micro-batch 1, a short sequence: few activations, many parameters.
+    With LayerNorm the local layers are apex's (job.model.use_apex): FusedAdam, in place."""
+    from inspector.engine.memory import run_memory
+
+    job = _job(
+        hidden_size=256, seq_length=8, micro_batch_size=1, global_batch_size=4,
+        recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1,
+        normalization="LayerNorm" if fused else "RMSNorm",
+    )  # fmt: skip
+    assert job.dims().fused_kernels == fused
+    peak = run_memory(job, 0).peak
+    if fused:
+        assert not peak.moment.startswith("optimizer step")
+    else:
+        assert peak.moment == "optimizer step: adamw _foreach_sqrt"
+        assert (peak.held, peak.micro_batches) == (0, 0)
+
+
+GPU = __import__("pathlib").Path(__file__).resolve().parents[2] / "shared" / "gpu"
+
+
+@pytest.mark.skipif(not (GPU / "memory-h200.json").exists(), reason="shared/gpu not present")
+def test_probed_gpu_ranks_moments_are_the_state_report_memory_counts():
+    """The static memory after an iteration (measured on the H200 after step 3) holds the moments
+    the first step made: they are report/memory.py's ADAM_MOMENTS per updated element, so the
+    static ratios of bench/gpu_memory.py still hold with the step run."""
+    import json
+
+    from inspector.engine.optimizer import stage_step
+    from inspector.formulas.optimizer import ADAM_MOMENTS
+    from inspector.inputs.resolve import Sources, merge_sources
+    from inspector.job.job import make_job
+    from inspector.world.build import View, build
+
+    for run in json.loads((GPU / "memory-h200.json").read_text())["runs"]:
+        script = str(GPU / "jobs" / f"{run['job']}.sh")
+        job = make_job(merge_sources(Sources(script=script), ("model", "layout", "training")).args)
+        layout = job.layout
+        stage = run["rank"] // (layout.tp * layout.cp * layout.dp)
+        built = build(job, View((stage,)), expert_ranks=(0,))
+        buffers = [b for chunk in built.chunks for b in chunk.buffers()]
+        distributed = job.training.use_distributed_optimizer
+        updated = sum(b.owned_numel[0] if distributed else b.numel for b in buffers)
+        tensors = sum(1 for chunk in built.chunks for _ in chunk.module.parameters())
+        state = stage_step(job, stage).state
+        assert 0 <= state - ADAM_MOMENTS * updated <= 2 * 512 * tensors, run
+
+
+def test_a_failure_in_the_step_says_so(monkeypatch):
+    import torch
+
+    from inspector.engine.optimizer import stage_step
+    from inspector.errors import ConfigError
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no kernel for this op")
+
+    monkeypatch.setattr(torch, "_foreach_sqrt", broken)  # torch's _multi_tensor_adam calls it
+    with pytest.raises(ConfigError) as error:
+        stage_step(_job(), 0)
+    message = str(error.value)
+    assert "refused to build" not in message
+    assert message.startswith("megatron-core failed running the optimizer step of stage 0")
+    assert "no kernel for this op" in message

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inspector.engine.microbatch import GLOBAL_BUFFER, Trace
+from inspector.engine.optimizer import stage_step
 from inspector.engine.schedule import Peak, iteration_peak
 from inspector.engine.stage import Cache, ChunkShape, trace_chunks
 from inspector.job.job import Job
@@ -26,6 +27,7 @@ class RunMemory:
     persistent: tuple[tuple[str, int], ...]  # buffers made in the run and kept (where, bytes)
     workspaces: int  # cuBLAS workspaces (a cited constant: nothing runs cuBLAS here)
     peak: Peak  # above static memory (state, persistent buffers, workspaces)
+    optimizer_state: int = 0  # bytes the first optimizer step made (Adam's moments): state memory
 
     @property
     def static(self) -> int:
@@ -40,7 +42,8 @@ def run_memory(
     cache: Cache | None = None,
     whole: bool = False,
 ) -> RunMemory:
-    """Run one micro-batch of each chunk of `stage` and replay the iteration's schedule.
+    """Run one micro-batch of each chunk of `stage`, its optimizer step, and replay the
+    iteration's schedule.
 
     `shapes`: what megatron put on each chunk (`chunk_shapes`; built here when not given);
     `cache`: the small chunks traced for other stages of the same job (stage.py); `whole`:
@@ -51,9 +54,11 @@ def run_memory(
 
         shapes = chunk_shapes(build(job, View((stage,)), expert_ranks=(0,)).stages[0])
     traces = trace_chunks(job, stage, shapes, cache, whole)
+    step = stage_step(job, stage)
     schedule = job.schedule()
-    peak = iteration_peak(traces, stage, job.layout.pp, schedule.num_microbatches)
-    return RunMemory(_persistent(traces), CUBLAS_WORKSPACE_SM90 * GEMM_THREADS, peak)
+    peak = iteration_peak(traces, stage, job.layout.pp, schedule.num_microbatches, step=step.events)
+    workspaces = CUBLAS_WORKSPACE_SM90 * GEMM_THREADS
+    return RunMemory(_persistent(traces), workspaces, peak, step.state)
 
 
 def _persistent(traces: Sequence[Trace]) -> tuple[tuple[str, int], ...]:

@@ -4,7 +4,9 @@ Every micro-batch of a chunk allocates the same (its shapes do not change), so o
 chunk (microbatch.py) stands for all of them. `schedule_passes` (job/dims.py) gives the order of
 forwards and backwards megatron-core's schedule runs on the stage; while a pass runs, the
 activations of the micro-batches still in flight are held beneath it. The rank's peak is the
-highest point of any pass on top of its static memory, and the moment is named.
+highest point of any pass on top of its static memory, and the moment is named. The optimizer
+step (optimizer.py) runs after the last backward, with no micro-batch in flight: its temporaries
+are one more phase.
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ def iteration_peak(
     pp: int,
     num_microbatches: int,
     group_size: int | None = None,
+    step: tuple[Event, ...] = (),
 ) -> Peak:
-    """Return the peak over one iteration of `stage`, whose chunks ran `traces`."""
+    """Return the peak over one iteration of `stage`, whose chunks ran `traces` and whose
+    optimizer step (after the last backward, nothing in flight) ran `step`."""
     chunks = len(traces)
     counts = [0] * chunks  # micro-batches started, per chunk
     flight: list[list[int]] = [[] for _ in range(chunks)]
@@ -64,7 +68,8 @@ def iteration_peak(
             )
         if candidate.bytes > best.bytes:
             best = candidate
-    return best
+    top = _top(step)
+    return Peak(top.allocated, 0, 0, top.where) if top.allocated > best.bytes else best
 
 
 def _top(events: tuple[Event, ...]) -> Event:

@@ -35,7 +35,8 @@ apex's FusedAdam and multi-tensor norm and scale; without them (the runs of shar
 foreach AdamW and megatron's local fallbacks. Each pass is a formulas/kernels.py memory-bound op
 priced at the measured copy bandwidth for the bytes it moves (the table's "copy" class: the plain
 streaming rate; its "add" rows imply more than the HBM peak). Kernel launches and the host work of
-the per-tensor loops are not priced.
+the per-tensor loops are not priced. The step's memory (its temporaries) is not a formula: the
+engine runs it (engine/optimizer.py).
 """
 
 from __future__ import annotations

@@ -145,8 +145,9 @@ def _source(report: MemoryReport) -> str:
     """Return the line that says where the activations come from."""
     if report.not_run is None:
         return (
-            "Activations and buffers: megatron's forward and backward run on meta tensors, "
-            "replayed in the pipeline schedule (peak above weights, grads, optimizer, buffers)."
+            "Activations and buffers: megatron's forward, backward and optimizer step run on "
+            "meta tensors, replayed in the pipeline schedule (peak above weights, grads, "
+            "optimizer, buffers)."
         )
     return (
         f"Activations: closed forms (Korthikanti et al. 2022), not megatron running: "
@@ -164,18 +165,24 @@ def _moments(report: MemoryReport) -> list[str]:
     ]
 
 
+NOT_COUNTED = "not counted"  # the buffers where the engine did not run (json: null)
+
+
 def _stage_rows(report: MemoryReport, exact: bool) -> list[list[str]]:
     unit = _unit(report)[1]
     fmt = (lambda v: f"{v:,}") if exact else (lambda v: f"{v / unit:,.2f}")
     rows = []
     for s in report.stages:
+        cells = [fmt(v) for v in _parts(s)]
+        if not s.buffers_counted:
+            cells[3] = NOT_COUNTED
         rows.append(
             [
                 str(s.stage),
                 str(s.rank),
                 _layers(s),
                 f"{s.parameters:,}",
-                *(fmt(v) for v in _parts(s)),
+                *cells,
                 ",".join(map(str, _in_flight(s))),
                 fmt(s.total),
                 flops(report.flops_per_rank(s)),

@@ -102,8 +102,14 @@ class StageMemory:
 
     @property
     def buffers(self) -> int:
-        """Return the bytes the run keeps besides the state (persistent buffers, workspaces)."""
+        """Return the bytes the run keeps besides the state (persistent buffers, workspaces);
+        0 where the engine did not run (`buffers_counted` says so)."""
         return self.run.static if self.run is not None else 0
+
+    @property
+    def buffers_counted(self) -> bool:
+        """Return whether the buffers were counted: only megatron running finds them."""
+        return self.run is not None
 
     @property
     def static(self) -> int:
