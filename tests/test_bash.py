@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from inspector.errors import ConfigError, InputError
 from inspector.inputs.launch import data_parallel_from_world
 from inspector.inputs.sources import interpret_launch, parse_launch_script, read_launch_script
+from inspector.inputs.versions import null_tokenizer_adds_eod
 
 BASH_FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "scripts" / "bash"
 FIXTURES = sorted(BASH_FIXTURES.glob("*.sh")) + [BASH_FIXTURES.parent / "llama3_8b.sh"]
@@ -118,8 +119,8 @@ def test_fixture_agrees_with_bash(script, stubs, tmp_path, monkeypatch):
 def test_megatron_shaped_llama_fp8_arguments():
     parsed = read_launch_script(str(BASH_FIXTURES / "megatron_llama3_fp8.sh"))
     # "--vocab-size 128256" was one array element: split when the array is expanded unquoted;
-    # NullTokenizer adds its end-of-document token (Megatron-LM's _NullTokenizer.vocab_size)
-    assert parsed.args["vocab_size"] == 128257
+    # NullTokenizer adds its end-of-document token up to megatron-core 0.17 (tests/test_versions.py)
+    assert parsed.args["vocab_size"] == 128256 + null_tokenizer_adds_eod()
     assert parsed.args["num_layers"] == 32 and parsed.args["use_distributed_optimizer"] is True
     assert "--tokenizer-type" not in parsed.ignored
     # fp8 changes what training holds: refused for memory/workload (tests/test_arguments.py)

@@ -12,6 +12,7 @@ import pytest
 
 from inspector.errors import InputError
 from inspector.inputs.sources import parse_launch_script
+from inspector.inputs.versions import null_tokenizer_adds_eod
 
 SMALL = ("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
          "--max-position-embeddings 32 --vocab-size 1000 --micro-batch-size 1")  # fmt: skip
@@ -202,8 +203,8 @@ def test_functional_test_config(tmp_path):
         "micro_batch_size": 2, "global_batch_size": 64, "num_layers": 4, "hidden_size": 64,
         "num_attention_heads": 4, "seq_length": 128, "max_position_embeddings": 128,
         "bf16": True,
-        # installed megatron-core < 0.18: NullTokenizer adds its end-of-document token
-        "vocab_size": 1001,
+        # NullTokenizer adds its end-of-document token up to megatron-core 0.17
+        "vocab_size": 1000 + null_tokenizer_adds_eod(),
     }  # fmt: skip
     assert parsed.ignored == ("--train-samples", "--data-path", "--lr", "--adam-beta1")
     assert parsed.unrecognised == ("--my-new-flag",)

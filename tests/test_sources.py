@@ -11,6 +11,7 @@ from inspector.errors import ConfigError, InputError
 from inspector.inputs.megatron_config import read_config
 from inspector.inputs.presets import PRESETS
 from inspector.inputs.sources import parse_launch_script, read_launch_script
+from inspector.inputs.versions import null_tokenizer_adds_eod
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 SCRIPTS, CONFIGS = FIXTURES / "scripts", FIXTURES / "configs"
@@ -297,7 +298,8 @@ def test_vocabulary_from_local_tokenizer_files(tmp_path):
          128256, ""),
         ("--tokenizer-type HuggingFaceTokenizer --tokenizer-model nvidia/Llama-3.1-70B-Instruct-FP8",
          128256, ""),
-        ("--tokenizer-type NullTokenizer --vocab-size 1000", 1001, ""),
+        # its end-of-document token up to megatron-core 0.17 (tests/test_versions.py)
+        ("--tokenizer-type NullTokenizer --vocab-size 1000", 1000 + null_tokenizer_adds_eod(), ""),
         # not on this machine, not a known hub name, no --vocab-size: never a silent default
         ("--tokenizer-type Llama2Tokenizer --tokenizer-model /models/x/tokenizer.model", None,
          "s.sh line 1: the vocabulary of --tokenizer-type Llama2Tokenizer --tokenizer-model "

@@ -1,4 +1,4 @@
-"""Facts about megatron-core that differ between the supported versions (0.13 to 0.16).
+"""Facts about megatron-core that differ between the supported versions (0.13 to 0.19).
 
 Golden files are byte-identical across versions; what megatron itself accepts is not, and is
 recorded here rather than in comments.
@@ -17,10 +17,12 @@ SHARED_EXPERT_GATE = VERSION >= (0, 16)  # TransformerConfig.moe_shared_expert_g
 # pipeline layout"); 0.16.1 places it. Checked on 0.13.1 and 0.16.1 only.
 MTP_IN_LAYOUT = VERSION >= (0, 14)
 MTP_IN_A_MIDDLE_CHUNK = VERSION >= (0, 16)  # an 'm' in a virtual chunk away from the loss
+GROUPED_MLP = VERSION < (0, 17)  # 0.17 removed the legacy GroupedMLP (moe/experts.py)
+NULL_TOKENIZER_EOD = VERSION < (0, 18)  # NullTokenizer's vocab_size counts an extra EOD token
 
 
 def test_supported_version():
-    assert (0, 13) <= VERSION <= (0, 16)
+    assert (0, 13) <= VERSION <= (0, 19)
 
 
 def test_moe_biases_are_accepted_from_0_15():
@@ -191,3 +193,83 @@ def test_null_tokenizer_vocabulary_is_the_installed_megatrons():
     # megatron.core.tokenizers (0.15+; Megatron-LM's training builds it from 0.17) agrees
     null = pytest.importorskip("megatron.core.tokenizers.text.libraries.null_tokenizer")
     assert null.NullTokenizer(128256).vocab_size == ours
+
+
+def test_llama3_8b_null_tokenizer_padded_vocabulary(tmp_path, cli):
+    # Megatron-LM's Llama 3 8B example trains with NullTokenizer --vocab-size 128256 at tp 1:
+    # 0.13-0.17 pad 128256 + 1 to 128384 rows (Megatron-LM's tags core_v0.16.1, core_v0.17.1:
+    # null_tokenizer.py, vocab_size = _vocab_size_without_eod + 1); 0.18+ keep 128256, already a
+    # multiple of 128 (core_v0.18.2, core_v0.19.0: vocab_size = _vocab_size, EOD inside it).
+    script = tmp_path / "llama3.sh"
+    script.write_text("python pretrain_gpt.py --num-layers 1 --hidden-size 64 "
+                      "--num-attention-heads 4 --seq-length 32 --max-position-embeddings 32 "
+                      "--tokenizer-type NullTokenizer --vocab-size 128256\n")  # fmt: skip
+    result = cli("params", "--from-script", str(script), "--dp", "1")
+    assert result.code == 0, result.err
+    rows = 128384 if NULL_TOKENIZER_EOD else 128256
+    assert f"embedding.word_embeddings.weight;VocabParallelEmbedding();({rows}, 64);" in result.out
+
+
+def test_null_tokenizer_padding_is_megatrons_own_from_0_17():
+    # From 0.17 Megatron-LM builds its tokenizer and pads the vocabulary in megatron-core
+    # (megatron/core/tokenizers/utils/build_tokenizer.py): run it beside the tool's padding.
+    if VERSION < (0, 17):
+        with pytest.raises(ImportError):
+            __import__("megatron.core.tokenizers.utils.build_tokenizer")
+        return
+    from argparse import Namespace
+
+    from megatron.core.tokenizers.utils.build_tokenizer import build_tokenizer
+
+    from inspector.inputs.tokenizers import vocabulary
+    from inspector.job.model import ModelConfig
+
+    for tp in (1, 2, 8):
+        args = Namespace(tokenizer_type="NullTokenizer", vocab_size=128256, rank=0,
+                         make_vocab_size_divisible_by=128, tensor_model_parallel_size=tp,
+                         padded_vocab_size=None, pad_vocab_size=True, metadata_path=None)  # fmt: skip
+        build_tokenizer(args)
+        size = vocabulary("NullTokenizer", None, 128256, None, "s.sh").size
+        assert ModelConfig(vocab_size=size).padded_vocab_size(tp) == args.padded_vocab_size
+
+
+def test_arguments_the_installed_megatron_lm_does_not_know(tmp_path, cli):
+    # --no-scatter-gather-tensors-in-pipeline: up to 0.17; --step-batch-size-schedule: from 0.18;
+    # --inference-shards: from 0.19 (add_megatron_arguments at core_v0.16.1 ... core_v0.19.0).
+    # Each is ignored (it changes nothing a GPU holds) and noted where Megatron-LM would stop.
+    script = tmp_path / "s.sh"
+    script.write_text(f"python pretrain_gpt.py {' '.join(SMALL)} "
+                      "--no-scatter-gather-tensors-in-pipeline --step-batch-size-schedule 0:8 "
+                      "--inference-shards 2\n")  # fmt: skip
+    result = cli("params", "--from-script", str(script), "--dp", "1")
+    assert result.code == 0, result.err
+    version = f"{VERSION[0]}.{VERSION[1]}"
+    expected = [
+        ("--no-scatter-gather-tensors-in-pipeline", "removed in 0.18", VERSION >= (0, 18)),
+        ("--step-batch-size-schedule", "added in 0.18", VERSION < (0, 18)),
+        ("--inference-shards", "added in 0.19", VERSION < (0, 19)),
+    ]
+    for flag, since, noted in expected:
+        note = (f"Note from {script}: {flag} is not an argument of Megatron-LM {version} (the "
+                f"installed megatron-core; {since}): its pretrain_gpt.py would stop with "
+                "'unrecognized arguments'\n")  # fmt: skip
+        assert (note in result.err) == noted, (flag, result.err)
+
+
+def test_local_grouped_gemm_experts(cli):
+    # --moe-grouped-gemm under the local spec: GroupedMLP (weight1/weight2 over the local experts)
+    # up to 0.16; 0.17 removed it, and the local spec builds SequentialMLP
+    # (models/backends.py, LocalSpecProvider.grouped_mlp_modules). The parameter count is the same.
+    result = cli("params", *MOE, "--disable-bias-linear", "--moe-grouped-gemm",
+                 "--transformer-impl", "local", "--num-layers", "1")  # fmt: skip
+    assert result.code == 0, result.err
+    experts = [line.split(";")[:3] for line in result.out.splitlines() if ".experts." in line]
+    if GROUPED_MLP:
+        assert experts == [
+            ["decoder.layers.0.mlp.experts.0-3.weight1", "GroupedMLP()", "(64, 128)"],
+            ["decoder.layers.0.mlp.experts.0-3.weight2", "GroupedMLP()", "(128, 64)"],
+        ]
+    else:
+        assert len(experts) == 8 and experts[0] == [
+            "decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight",
+            "ColumnParallelLinear(in_features=64, out_features=32, bias=False, TP=1)", "(32, 64)"]

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from inspector.errors import ConfigError
 from inspector.inputs.arguments import BY_NAME
 from inspector.inputs.refusals import raise_refusals
+from inspector.inputs.versions import unknown_argument_notes
 
 if TYPE_CHECKING:
     from inspector.inputs.sources import ScriptArgs
@@ -111,6 +112,8 @@ def _file_layer(parsed: ScriptArgs, origin: str, sources: Sources, groups: tuple
             f"knows; check it changes nothing a GPU holds): {' '.join(parsed.unrecognised)}"
         )
     notes.extend(f"Note from {origin}: {note}" for note in parsed.notes)
+    used = (*parsed.ignored, *(item.argument.split()[0] for item in parsed.refused))
+    notes.extend(f"Note from {origin}: {note}" for note in unknown_argument_notes(used))
     if parsed.vocab_problem and sources.flags.get("vocab_size") is None:
         raise ConfigError(parsed.vocab_problem)
     return _megatron_lm_defaults(parsed.args)

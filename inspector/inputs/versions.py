@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
+from collections.abc import Iterable
 from functools import cache
 
 
@@ -21,3 +22,59 @@ def null_tokenizer_adds_eod() -> bool:
     vocabulary): up to 0.17; from 0.18 megatron.core.tokenizers' NullTokenizer reports --vocab-size
     with the token inside it (megatron/core/tokenizers/text/libraries/null_tokenizer.py)."""
     return megatron_core_version() < (0, 18)
+
+
+# The Megatron-LM arguments this tool reads whose presence differs between megatron-core versions:
+# flag -> (first version whose Megatron-LM accepts it, first version that no longer does, or None).
+# Read off the parser itself (`add_megatron_arguments` in megatron/training/arguments.py) at the
+# tags core_v0.16.1, core_v0.17.1, core_v0.18.2, core_v0.19.0 and main (0.20); 0.13-0.15 by the
+# argument's `add_argument` line at core_v0.13.1, core_v0.14.0, core_v0.15.3.
+ARGUMENT_VERSIONS: dict[str, tuple[tuple[int, int], tuple[int, int] | None]] = {
+    "--inference-dynamic-batching-prefix-caching": ((0, 17), None),
+    "--inference-text-gen-server-logging": ((0, 17), None),
+    "--num-speculative-tokens": ((0, 17), None),
+    "--rl-kv-cache-management-mode": ((0, 17), None),
+    "--rl-persist-cuda-graphs": ((0, 17), None),
+    "--inference-cuda-graph-all-prefills": ((0, 18), None),
+    "--step-batch-size-schedule": ((0, 18), None),
+    "--freeze-all-layers": ((0, 19), None),
+    "--inference-cuda-graph-max-tokens": ((0, 19), None),
+    "--inference-shards": ((0, 19), None),
+    "--rl-generation-lag": ((0, 19), None),
+    "--rl-max-inflight-requests": ((0, 20), None),
+    "--hybrid-attention-ratio": ((0, 13), (0, 17)),  # 0.17: --hybrid-layer-pattern
+    "--hybrid-mlp-ratio": ((0, 13), (0, 17)),
+    "--legacy-tokenizer": ((0, 15), (0, 17)),  # 0.17 builds megatron.core.tokenizers only
+    "--moe-extended-tp": ((0, 13), (0, 17)),
+    "--moe-use-legacy-grouped-gemm": ((0, 13), (0, 17)),  # 0.17 removed GroupedMLP
+    "--no-async-tensor-model-parallel-allreduce": ((0, 13), (0, 17)),
+    "--no-scatter-gather-tensors-in-pipeline": ((0, 13), (0, 18)),
+    "--tiktoken-special-tokens": ((0, 13), (0, 18)),
+    "--use-legacy-models": ((0, 13), (0, 18)),
+}
+
+
+def argument_unknown_note(flag: str) -> str | None:
+    """Return a note when the installed megatron-core's Megatron-LM does not know `flag`, else None."""
+    span = ARGUMENT_VERSIONS.get(flag)
+    if span is None:
+        return None
+    first, gone = span
+    installed = megatron_core_version()
+    if first <= installed and (gone is None or installed < gone):
+        return None
+    since = (f"removed in {_dotted(gone)}" if gone is not None and installed >= gone
+             else f"added in {_dotted(first)}")  # fmt: skip
+    return (f"{flag} is not an argument of Megatron-LM {_dotted(installed)} (the installed "
+            f"megatron-core; {since}): its pretrain_gpt.py would stop with 'unrecognized "
+            "arguments'")  # fmt: skip
+
+
+def _dotted(version: tuple[int, int]) -> str:
+    return f"{version[0]}.{version[1]}"
+
+
+def unknown_argument_notes(flags: Iterable[str]) -> list[str]:
+    """Return one note per flag (each once, in order) the installed Megatron-LM does not know."""
+    notes = (argument_unknown_note(flag) for flag in dict.fromkeys(flags))
+    return [note for note in notes if note is not None]

@@ -291,6 +291,9 @@ def import_megatron(names: Callable[[], Any]) -> Any:
     # megatron-core logs at import and while building (0.15 warns, at import, that experimental
     # functions it decorates reached end of life); none of it is for this tool's user.
     logging.getLogger("megatron").setLevel(logging.ERROR)
+    # PyPI's torch (a CUDA build: the Python 3.12 venvs of megatron-core 0.17+) warns when megatron
+    # imports torch.utils.cpp_extension that no CUDA runtime is found; true, and not for the user.
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     _compile_passes_through()
     _install_transformer_engine_standin()
     with warnings.catch_warnings():

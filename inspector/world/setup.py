@@ -75,9 +75,14 @@ def simulate_grouped_gemm(enabled: bool) -> None:
 
     GroupedMLP asserts `grouped_gemm_util.grouped_gemm` is importable when it is built; only its
     forward pass calls into it, and nothing here runs forward. A stand-in module object satisfies
-    the check; without grouped GEMM it is reset to what the import found.
+    the check; without grouped GEMM it is reset to what the import found. megatron-core 0.17
+    removed GroupedMLP with its check (the local spec then builds SequentialMLP,
+    `LocalSpecProvider.grouped_mlp_modules` in models/backends.py): nothing to simulate there.
     """
-    from megatron.core.transformer.moe import grouped_gemm_util
+    try:
+        from megatron.core.transformer.moe import grouped_gemm_util
+    except ImportError:  # megatron-core 0.17+
+        return
 
     if enabled:
         grouped_gemm_util.grouped_gemm = grouped_gemm_util.grouped_gemm or _GROUPED_GEMM_STANDIN
