@@ -122,12 +122,16 @@ def _routing(job: Job) -> contextlib.AbstractContextManager[None]:
 
 
 def _inputs(job: Job, gpt: Any) -> dict[str, Any]:
-    """Return the batch `pretrain_gpt.get_batch` gives this stage, on the GPU."""
+    """Return the batch `pretrain_gpt.get_batch` gives this stage, on the GPU.
+
+    A stage holding MTP layers gets the whole batch, tokens and position ids included
+    (Megatron-LM's `get_batch_on_this_tp_rank(..., mtp_on_this_rank)`, training/utils.py).
+    """
     s, b = job.model.seq_length, job.schedule().micro_batch_size
     batch: dict[str, Any] = {
         "attention_mask": torch.empty(b, 1, s, s, dtype=torch.bool, device="cuda")
     }
-    if gpt.pre_process:
+    if gpt.pre_process or getattr(gpt, "mtp_process", False):
         batch["input_ids"] = torch.empty(b, s, dtype=torch.long, device="cuda")
         batch["position_ids"] = torch.empty(b, s, dtype=torch.long, device="cuda")
     else:
