@@ -42,8 +42,10 @@ def params_csv(text: str) -> None:
         assert not line.startswith("#"), line
         fields = line.split(";")
         assert len(fields) == 5, line
-        if blocks:
-            blocks[-1][2 if ".experts." in fields[0] else 1].append(_numel(fields[2]))
+        if not blocks:  # a --rank file: no comment lines at all
+            assert not any(row.startswith("#") for row in text.splitlines()), line
+            continue
+        blocks[-1][2 if ".experts." in fields[0] else 1].append(_numel(fields[2]))
     for (params, size, ranks, total, total_size), shared, experts in blocks:
         every = sum(shared) + sum(experts)
         if ranks is None:
@@ -66,7 +68,17 @@ def params_json(text: str) -> None:
 
 
 def tree(text: str) -> None:
-    """Every `Submodule: name (Class)` line is followed by that module's `Module: Class` line."""
+    """Every `Submodule: name (Class)` line is followed by that module's `Module: Class` line.
+
+    Each `# stage` heading is a summary (layers, params, bytes) of 2 or 4 bytes per parameter;
+    tests/test_tree.py checks its numbers equal the params table's comment for the same view.
+    """
+    for line in text.splitlines():
+        if line.startswith("#"):
+            summary = _STAGE_COMMENT.match(line)
+            assert summary and summary.group(3) is None, line
+            params, size = int(summary.group(1)), int(summary.group(2))
+            assert params > 0 and size in (2 * params, 4 * params), line
     lines = [line for line in text.splitlines() if not line.startswith("# stage ")]
     for index, line in enumerate(lines):
         sub = re.match(r"^( *)Submodule: \S+ \((\w+)\)$", line)

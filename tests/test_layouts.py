@@ -72,8 +72,11 @@ def test_virtual_tree_headings(cli):
     out = cli(
         "tree", *flags("--num-layers 8 --pp 2 --num-virtual-stages-per-pipeline-rank 2", *SMALL)
     ).out
-    assert re.findall(r"^# .*$", out, flags=re.M) == [
-        "# stage 0 chunk 0", "# stage 0 chunk 1", "# stage 1 chunk 0", "# stage 1 chunk 1"]  # fmt: skip
+    # each chunk under its own summary: megatron's interleaved order puts layers 0-1 on stage 0's
+    # first chunk, 2-3 on stage 1's, 4-5 and 6-7 on the second chunks
+    assert re.findall(r"^(# stage \d+ chunk \d+): layers (\S+),", out, flags=re.M) == [
+        ("# stage 0 chunk 0", "0-1"), ("# stage 0 chunk 1", "4-5"),
+        ("# stage 1 chunk 0", "2-3"), ("# stage 1 chunk 1", "6-7")]  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -35,7 +35,7 @@ def test_issue_example_rank0(cli):
     lines = result.out.splitlines()
     assert lines[0].count("ProcessCoord(") == 8
     assert lines[1] == "name;module;shape;partitioning_ranks;precs"
-    assert not any(line.startswith("#") for line in lines)
+    assert not any(line.startswith("#") for line in lines)  # a rank file has no comment lines
     rows = {r[0]: r for r in rows_of(result.out)}
     assert rows["embedding.word_embeddings.weight"][2:] == ["(25216, 1024)", "0", "[]"]
     assert rows["decoder.layers.0.self_attention.linear_qkv.weight"][2:] == [

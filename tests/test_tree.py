@@ -6,6 +6,8 @@ import re
 
 import pytest
 
+from tests import invariants
+
 LAYER_CHILDREN = [
     ("input_layernorm", "FusedLayerNorm"),
     ("self_attention", "SelfAttention"),
@@ -103,7 +105,7 @@ def split_stages(text: str) -> dict[str, str]:
 def test_pp2_stages_hold_local_layers(cli):
     result = cli("tree", "--pp", "2")
     stages = split_stages(result.out)
-    assert list(stages) == ["# stage 0", "# stage 1"]
+    assert [heading.split(":")[0] for heading in stages] == ["# stage 0", "# stage 1"]
     first, last = (parse_tree(t) for t in stages.values())
     assert [n for n, _ in children(first)] == ["embedding", "decoder"]
     assert [n for n, _ in children(last)] == ["decoder", "output_layer"]
@@ -124,15 +126,42 @@ def test_no_apex_uses_torch_norms(cli):
 
 def test_stage_and_rank_select_one_stage(cli):
     both = split_stages(cli("tree", "--pp", "2", "--tp", "2").out)
-    assert (
-        cli("tree", "--pp", "2", "--tp", "2", "--stage", "1").out
-        == "# stage 1\n" + both["# stage 1"]
-    )
-    # rank 5 of tp2 x pp2 (dp 1) is on stage 1
-    assert (
-        cli("tree", "--pp", "2", "--tp", "2", "--rank", "3").out
-        == "# stage 1\n" + both["# stage 1"]
-    )
+    heading = "# stage 1: layers 6-11, 40644864 params, 162579456 bytes"
+    assert list(both)[1] == heading
+    assert cli("tree", "--pp", "2", "--tp", "2", "--stage", "1").out == heading + "\n" + both[heading]
+    # rank 3 of tp2 x pp2 (dp 1) is on stage 1
+    assert cli("tree", "--pp", "2", "--tp", "2", "--rank", "3").out == heading + "\n" + both[heading]
+
+
+def comment_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("# stage ")]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--rank", "0"],  # pp 1: the whole model, still under its summary
+        ["--pp", "2", "--tp", "2", "--dp", "2", "--rank", "5"],
+        ["--num-layers", "8", "--pp", "2", "--num-layers-per-virtual-pipeline-stage", "2",
+         "--rank", "1"],
+        ["--num-layers", "4", "--num-experts", "4", "--ep", "2", "--dp", "2", "--disable-bias-linear",
+         "--rank", "1"],
+    ],  # fmt: skip
+)
+def test_rank_summary_matches_the_params_rows(cli, args):
+    """`tree --rank R` starts with a summary whose parameters add up the rows `params --rank R`
+    writes (the file rank R would write, which has no comment lines)."""
+    tree = cli("tree", *args)
+    assert tree.code == 0, tree.err
+    table = cli("params", *args)
+    assert table.code == 0, table.err
+    invariants.params_csv(table.out)
+    assert tree.out.startswith("# stage ")
+    summaries = [invariants._STAGE_COMMENT.match(line) for line in comment_lines(tree.out)]
+    assert summaries and all(summaries)
+    rows = [line.split(";") for line in table.out.splitlines()[1:] if ";" in line]
+    held = sum(invariants._numel(row[2]) for row in rows if row[0] != "name")
+    assert sum(int(match.group(1)) for match in summaries if match) == held
 
 
 @pytest.mark.parametrize(

@@ -47,19 +47,27 @@ def tree(
     args: dict[str, Any],
     use_cache: bool,
     stage: int | None = stage_option("Print just this pipeline stage."),
-    rank: int | None = rank_option("Print the stage global rank R holds."),
+    rank: int | None = rank_option(
+        "Print the stage global rank R holds, under a summary: layers, parameters, bytes."
+    ),
 ) -> None:
     """Print the module hierarchy of each pipeline stage."""
 
     def produce() -> str:
+        from dataclasses import replace
+
         from inspector.render.tree import render_trees
+        from inspector.report.params import chunk_comments
         from inspector.world.build import build, select_view, stage_trees
 
         job = resolve_job(args)
         view = select_view(job, stage, rank)
         with Progress() as progress:
             built = build(job, view, expert_ranks=(view.expert_rank,), progress=progress)
-        return render_trees(stage_trees(built))
+        trees = stage_trees(built)
+        if rank is not None:  # a rank's view always starts with what the rank holds
+            trees = [replace(t, headed=True) for t in trees]
+        return render_trees(trees, chunk_comments(built))
 
     emit(cache.cached("tree", args, {"stage": stage, "rank": rank}, use_cache, produce))
 
@@ -102,6 +110,7 @@ def params(
         help="Optimizer ownership: layers (default), cost or distopt (the default with "
         "--use-distributed-optimizer).",
         click_type=Choice(Partitioning),
+        metavar="POLICY",
     ),
     block_size: int = typer.Option(0, "--block-size", help="Shampoo block size (0 = off)."),
     fmt: Any = format_option(ParamsFormat.csv, "csv (semicolons), json or table."),
@@ -114,7 +123,7 @@ def params(
         rich_help_panel=OUTPUT_HELP,
     ),
 ) -> None:
-    """Print every parameter each pipeline stage holds: local shape, owner, preconditioners."""
+    """Print each stage's parameters: local shape, owners, preconditioners."""
     if partitioning is None:  # megatron's own shards when the job uses its distributed optimizer
         layers_or_distopt = args.get("use_distributed_optimizer")
         partitioning = Partitioning.distopt if layers_or_distopt else Partitioning.layers
@@ -163,7 +172,7 @@ def memory(
     args: dict[str, Any],
     use_cache: bool,
     label: str | None,
-    fmt: Any = format_option(MemoryFormat.text, "text (with a bar chart), table or json."),
+    fmt: Any = format_option(MemoryFormat.text, "text (bar chart), table, json."),
     gpu: str | None = gpu_option(None, ": memory and peak"),
     gpu_memory: float | None = typer.Option(
         None, "--gpu-memory", help="GPU memory in GiB: say which stages fit."
@@ -184,7 +193,7 @@ def memory(
     ),
     output: str | None = output_option(),
 ) -> None:
-    """Print what each stage's GPUs need to train: weights, gradients, optimizer, activations, FLOPs."""
+    """Print each stage's weights, gradients, optimizer, activations and FLOPs."""
     if walkthrough:
         from inspector.report.memory import check_walkthrough_flags
 
@@ -248,7 +257,7 @@ def workload(
     ),
     output: str | None = output_option("Write the folder DIR atomically.", "DIR"),
 ) -> None:
-    """Write SimAI network-simulator workloads: one file per pipeline stage, and an index."""
+    """Write SimAI network-simulator workloads: a file per stage and an index."""
     import json
 
     if (output is None) == (stage is None):
@@ -340,15 +349,15 @@ def plan(
     ),
     efficiency: float | None = typer.Option(
         None, "--efficiency",
-        help="Price every FLOP at this fraction of peak, not from the kernel tables.",
+        help="Use this fraction of peak, not kernel tables.",
     ),
     top: int = typer.Option(5, "--top", help="How many plans to list."),
     explain: bool = typer.Option(False, "--explain", help="Say why plan 1 wins."),
     svg: str | None = typer.Option(None, "--svg", help="Draw plan 1's schedule.", metavar="FILE"),
-    fmt: Any = format_option(PlanFormat.text, "text (table, flags, timeline) or json."),
+    fmt: Any = format_option(PlanFormat.text, "text (tables, flags) or json."),
     output: str | None = output_option(),
 ) -> None:
-    """Rank the parallel layouts of a model on N GPUs by estimated step time, with the flags to paste."""
+    """Rank a model's parallel layouts on N GPUs by step time, with their flags."""
     from inspector.plan import search as core
     from inspector.plan.request import PlanFlags, make_request
     from inspector.render import plan as render

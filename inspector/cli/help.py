@@ -1,7 +1,8 @@
 """Help pages: short by default (`-h`), every Megatron-LM flag with `--help-all`.
 
-A command's `-h` shows its own options, the input options, the Megatron-LM flags most jobs set,
-two examples and a line pointing at `--help-all`; `--help-all` adds every model, layout and
+A command's `-h` (at most 40 lines) shows its own and output options, the input options, the
+Megatron-LM flags most jobs set (a switch by its on-form only), two examples and a line pointing
+at `--help-all`; `--help-all` adds every model, layout and
 training flag in its panel. `inspect-model --help` lists each command with its whole first sentence.
 """
 
@@ -138,6 +139,9 @@ class PanelCommand(typer.core.TyperCommand):
                 panel, record = COMMON_HELP, (record[0].split(", ")[-1], record[1])
             elif not every and panel == SOURCE_HELP and any(o in RARE_INPUTS for o in param.opts):
                 continue
+            if not every:  # the short page: output options with the command's own, flags' on-form
+                panel = "Options" if panel == OUTPUT_HELP else panel
+                record = (record[0].split(" / ")[0], record[1])
             panels.setdefault(panel, []).append(record)
         return panels
 

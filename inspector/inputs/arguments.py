@@ -159,7 +159,7 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         negatable=True,
     ),
     _layout(
-        "use_distributed_optimizer", bool, "Shard optimizer state across data-parallel ranks.",
+        "use_distributed_optimizer", bool, "Shard optimizer state over data-parallel ranks.",
         negatable=True,
     ),
     _layout("overlap_grad_reduce", bool, "Overlap gradient reduction with backward (buckets)."),
@@ -169,7 +169,7 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
     _training(
         "global_batch_size",
         int,
-        "Sequences per iteration (default micro-batch x dp, as Megatron-LM).",
+        "Sequences per iteration (default: micro x dp).",
     ),
     _training(
         "recompute_granularity",

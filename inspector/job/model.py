@@ -387,5 +387,5 @@ def _validate_backend(config: ModelConfig) -> None:
         raise ConfigError(
             f"--apex with --normalization {config.normalization} cannot build: megatron-core's "
             "final_layernorm would be apex FusedLayerNorm, which supports LayerNorm only "
-            "(Megatron-LM issue #1658); drop --apex to get the torch norms megatron uses for RMSNorm"
+            "(NVIDIA/Megatron-LM#1658); drop --apex to get the torch norms megatron uses for RMSNorm"
         )

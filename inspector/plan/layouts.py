@@ -17,7 +17,7 @@ from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
 from inspector.job.pipeline_layout import expand_layout
 from inspector.plan import caches
-from inspector.plan.request import Request, divisors
+from inspector.plan.request import Request, divisors, expert_biases
 from inspector.plan.split import (
     Split,
     accounted_split,
@@ -59,6 +59,8 @@ def _expert_choices(req: Request, tp: int, cp: int, dp: int) -> list[tuple[int, 
         e for e in divisors(experts) if experts // e <= req.local_experts_cap
     ]
     etps = [req.fixed["etp"]] if "etp" in req.fixed else sorted({1, tp})
+    if expert_biases(req.model):  # megatron-core refuses them at expert tp > 1
+        etps = [t for t in etps if t == 1]
     return [
         (e, None if t == tp else t)
         for e in eps for t in etps if (tp * cp * dp) % (e * t) == 0

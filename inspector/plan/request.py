@@ -13,6 +13,7 @@ from inspector.job.checks import check_built_layers
 from inspector.job.hardware import DEFAULT_EFFICIENCY, DEFAULT_GPU, Gpu, get_gpu, with_overrides
 from inspector.job.job import Training, make_training
 from inspector.job.model import ModelConfig, make_model_config
+from inspector.plan import caches
 from inspector.plan.split import PIN_FLAGS
 
 
@@ -108,6 +109,7 @@ def make_request(args: dict[str, Any], flags: PlanFlags) -> Request:
     )
     model = make_model_config(args)
     _check_sizes(model, flags.gpus)
+    _check_expert_tp(model, fixed)
     return Request(
         model=model, gpus=flags.gpus, gpu=gpu,
         memory=round(gpu.memory_gib * (1 << 30)), global_batch_size=batch,
@@ -168,6 +170,46 @@ def moe_layers(model: ModelConfig) -> int:
     if model.num_experts is None:
         return 0
     return sum(model.is_moe_layer(layer) for layer in range(model.num_layers))
+
+
+def expert_biases(model: ModelConfig) -> bool:
+    """Return whether the model's experts carry biases that the installed megatron-core builds
+    only at expert tensor parallel 1: TransformerConfig.__post_init__
+    (transformer/transformer_config.py) asserts `expert_tensor_parallel_size == 1` ("Bias in
+    Moe is only supported when ETP==1") when `num_moe_experts` and `add_bias_linear`; an unset
+    expert tp is tp there (ModelParallelConfig.__post_init__)."""
+    return model.num_experts is not None and not model.disable_bias_linear and etp_bias_refused()
+
+
+@caches.memo(maxsize=None)
+def etp_bias_refused() -> bool:
+    """Return whether the installed megatron-core has that assert: 0.16.1 has it, 0.13.1 does
+    not; from 0.14 on it is assumed (a layout not offered rather than one megatron refuses).
+    Read from the package metadata, which imports no megatron (as layouts.mtp_in_layouts)."""
+    from importlib import metadata
+
+    try:
+        version = metadata.version("megatron-core")
+    except metadata.PackageNotFoundError:
+        return True
+    return tuple(int(x) for x in version.split(".")[:2] if x.isdigit()) >= (0, 14)
+
+
+def _check_expert_tp(model: ModelConfig, fixed: dict[str, Any]) -> None:
+    """Raise ConfigError where the user fixed an expert tp megatron-core refuses with biases (a
+    searched one is 1: layouts._expert_choices)."""
+    if model.num_experts is not None and not model.disable_bias_linear and not etp_bias_refused():
+        raise ConfigError(  # 0.13's TransformerConfig.__post_init__ asserts not add_bias_linear
+            "--num-experts with biases (no --disable-bias-linear): the installed megatron-core "
+            "builds no MoE biases (\"Bias is not supported for MoE\"); add --disable-bias-linear"
+        )
+    etp = fixed.get("etp", 1)
+    if expert_biases(model) and etp > 1:
+        raise ConfigError(
+            f"--expert-tensor-parallel-size {etp} with --num-experts and biases (no "
+            "--disable-bias-linear): megatron-core builds MoE biases only at expert tensor parallel 1 "
+            "(add --expert-tensor-parallel-size 1 or --disable-bias-linear)"
+        )
 
 
 def _check_sizes(model: ModelConfig, gpus: int) -> None:

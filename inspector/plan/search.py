@@ -7,7 +7,8 @@ split comes from even / accounted splits and split.balance (layouts.py), once on
 once with memory caps (candidates.capped_split). Each distinct stage is priced once (its state,
 activations and time depend on its own shape only), memory before time, and micro-batch sizes
 stop growing once a smaller one fits nowhere. Each layout takes the least recomputation that
-fits (candidates.first_fit). Nothing here prints.
+fits (candidates.first_fit). The plans shown are those `memory` confirms (confirm.py: where
+megatron's engine runs the job, its peak replaces the closed forms). Nothing here prints.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from inspector.errors import ConfigError
 from inspector.job.job import Job
 from inspector.job.layout import Layout
 from inspector.plan.candidates import Recipe, capped_split, first_fit, recipes
+from inspector.plan.confirm import confirmed, measured
 from inspector.plan.layouts import distopts, layout_for, layouts, splits, vpp_choices
 from inspector.plan.price import Plan, price_memory, timed
 from inspector.plan.request import Request
@@ -129,11 +131,14 @@ def search(req: Request, progress: Callable[[int, int], None] | None = None) -> 
         )
     feasible, smallest = tally.feasible, tally.smallest
     feasible.sort(key=lambda p: (p.time.seconds, p.peak))
+    shown = confirmed(feasible, req.memory, req.top)
+    if feasible and not shown:  # memory's own peak: every plan the closed forms fit is over
+        smallest = measured(feasible[0])
     return SearchResult(
-        feasible[: req.top] if req.top else feasible,
+        shown,
         tally.evaluated,
         time.perf_counter() - start,
-        None if feasible else (smallest.peak if smallest else None),
+        None if shown else (smallest.peak if smallest else None),
         smallest,
     )
 

@@ -21,16 +21,11 @@ def render_tree(node: ModuleNode) -> str:
     return "\n".join(_lines(node, 0)) + "\n"
 
 
-def stage_heading(stage: int, chunk: int | None) -> str:
-    """Return the `# stage S[ chunk C]` line that precedes a stage's block."""
-    return f"# stage {stage}" + (f" chunk {chunk}" if chunk is not None else "")
-
-
-def render_trees(trees: Sequence[StageTree]) -> str:
-    """Return each stage's tree, under its `# stage` line when there are several."""
+def render_trees(trees: Sequence[StageTree], headings: Sequence[str]) -> str:
+    """Return each stage's tree, under its heading (`# stage S: layers A-B, ...`) where headed."""
     parts = []
-    for tree in trees:
+    for tree, heading in zip(trees, headings, strict=True):
         if tree.headed:
-            parts.append(stage_heading(tree.stage, tree.chunk) + "\n")
+            parts.append(heading + "\n")
         parts.append(render_tree(tree.root))
     return "".join(parts)

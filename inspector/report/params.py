@@ -14,7 +14,7 @@ from typing import Any
 from inspector.job.layout import RankCoord
 from inspector.records import ParamRecord
 from inspector.report.formats import Partitioning
-from inspector.report.table import Block, Row, topology_line
+from inspector.report.table import Block, Row, block_comment, topology_line
 from inspector.world.build import BuiltJob, BuiltStage
 
 Owners = tuple[int, ...]
@@ -27,7 +27,7 @@ class ParamsResult:
     topology: str | None  # None in a --rank view of a rank other than 0
     header: dict[str, Any]
     blocks: list[Block]
-    comments: bool  # stage comment lines (not in --rank views)
+    comments: bool  # stage comment lines (not in --rank files: the params table format)
 
 
 def params_result(built: BuiltJob, partitioning: Partitioning, block_size: int) -> ParamsResult:
@@ -52,6 +52,26 @@ def params_result(built: BuiltJob, partitioning: Partitioning, block_size: int) 
     if coord is None or coord.rank == 0:
         line = topology_line(rank_positions(job.layout), job.layout)
     return ParamsResult(line, _json_header(built, line), blocks, comments=coord is None)
+
+
+def chunk_comments(built: BuiltJob) -> list[str]:
+    """Return each built chunk's `# stage` comment (layers, parameters, bytes), as params writes it.
+
+    The tree command heads each stage with it; its numbers are those of the chunk's records, the
+    rows `params` would print for the same view.
+    """
+    interleaved = built.interleaved
+    return [
+        block_comment(
+            Block(
+                chunk.stage,
+                chunk.chunk if interleaved else None,
+                chunk.layers,
+                [Row(record, (), None) for record in chunk.records],
+            )
+        )
+        for chunk in built.chunks
+    ]
 
 
 def _stage_blocks(

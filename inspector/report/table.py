@@ -243,7 +243,10 @@ def topology_line(positions: list[tuple[int, int, int, int]], layout: Layout) ->
 
 
 def write_csv(topology: str | None, blocks: Sequence[Block], comments: bool = True) -> str:
-    """Return the semicolon table: topology line (if any), header, blocks."""
+    """Return the semicolon table: topology line (if any), header, each block's comment and rows.
+
+    A `--rank R` file has no comment lines (the params table format): `comments` False.
+    """
     lines = [topology] if topology is not None else []
     lines.append(HEADER)
     for block in blocks:

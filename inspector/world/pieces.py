@@ -89,7 +89,9 @@ def _small_jobs(job: Job, kinds: set[bool]) -> tuple[Job, Job]:
     )
     small_one = replace(small, num_layers=1)
     if model.num_experts is not None:
-        small_one = replace(small_one, moe_layer_freq=small.moe_layer_freq[:1])  # type: ignore[index]
+        # the last layer's kind: megatron builds the MTP block (output_alone) with the last
+        # layer's spec (get_gpt_mtp_block_spec: the decoder's last layer spec)
+        small_one = replace(small_one, moe_layer_freq=small.moe_layer_freq[-1:])  # type: ignore[index]
     return two, Job(small_one, replace(two.layout, pp=1), two.training)
 
 
