@@ -17,8 +17,9 @@ def test_default_modules_are_core_attn_as_in_transformer_config():
 
 
 def test_modules_read_space_or_comma_separated():
-    job = make_job({**BASE, "recompute_granularity": "selective", "recompute_modules": "core_attn"})
-    assert job.training.recompute_modules == ("core_attn",)
+    job = make_job({**BASE, "recompute_granularity": "selective", "recompute_modules": "core_attn, mlp",
+                    "disable_bias_linear": True})  # fmt: skip
+    assert job.training.recompute_modules == ("core_attn", "mlp")
 
 
 @pytest.mark.parametrize(
@@ -31,8 +32,9 @@ def test_modules_read_space_or_comma_separated():
         (dict(recompute_granularity="selective", recompute_modules="moe_act"), "--moe-grouped-gemm"),
         (dict(recompute_granularity="selective", recompute_modules="mla_up_proj"),
          "--multi-latent-attention"),
-        (dict(recompute_granularity="selective", recompute_modules="core_attn,mlp"),
-         "--recompute-modules mlp is not modelled"),
+        (dict(recompute_granularity="selective", recompute_modules="core_attn,layernorm"),
+         "--recompute-modules layernorm is not modelled"),
+        (dict(recompute_granularity="selective", recompute_modules="mlp"), "--disable-bias-linear"),
     ],  # fmt: skip
 )
 def test_invalid_combinations_name_the_flag(flags, words):
@@ -56,3 +58,34 @@ def test_a_script_passes_every_word_after_the_flag(tmp_path):
     )
     args = read_launch_script(str(script)).args
     assert args["recompute_modules"] == "core_attn mlp" and args["bf16"] is True
+
+
+def test_engine_stops_saving_the_mlp_inner_tensors_under_mlp():
+    """transformer_layer.py _forward_mlp: tensor_parallel.checkpoint keeps the MLP's input only, so
+    each layer stops holding fc1's output (saved by the gelu, [s, b, ffn/tp] bf16) and the gelu's
+    output (saved by fc2, the same shape): 2 x 32 x 2 x 128 x 2 bytes per layer (ffn 4h = 256, tp 2)."""
+    from inspector.engine.memory import chunk_shapes
+    from inspector.engine.stage import trace_chunks
+    from inspector.world.build import View, build
+
+    args = dict(BASE, micro_batch_size=2, global_batch_size=8, tensor_model_parallel_size=2,
+                data_parallel_size=2, hidden_dropout=0.0, attention_dropout=0.0,
+                disable_bias_linear=True)  # fmt: skip
+
+    def held(**flags):
+        job = make_job({**args, **flags})
+        shapes = chunk_shapes(build(job, View((0,)), expert_ranks=(0,)).stages[0])
+        return trace_chunks(job, 0, shapes, whole=True)[0].held
+
+    plain, mlp = held(), held(recompute_granularity="selective", recompute_modules="mlp")
+    per_layer = 2 * 32 * 2 * 128 * 2
+    # the checkpoint itself keeps at most one 512-byte allocator block per layer
+    assert 2 * per_layer - 2 * 512 <= plain - mlp <= 2 * per_layer
+
+
+def test_the_formula_fallback_refuses_modules_it_does_not_count(cli):
+    result = cli("memory", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+                 "--seq-length", "32", "--vocab-size", "1000", "--micro-batch-size", "1", "--bf16",
+                 "--disable-bias-linear", "--num-experts", "4", "--moe-ffn-hidden-size", "32",
+                 "--recompute-granularity", "selective", "--recompute-modules", "core_attn mlp")  # fmt: skip
+    assert result.code == 2 and result.err.startswith("Error: --recompute-modules mlp is measured by the engine only")

@@ -19,10 +19,11 @@ RECOMPUTE_MODULES: tuple[str, ...] = (
     "core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts",
 )  # fmt: skip
 DEFAULT_MODULES: tuple[str, ...] = ("core_attn",)
-# What the tool measures today. megatron's tensor_parallel.checkpoint around the MLP (transformer_layer.py
-# _forward_mlp, recompute_mlp) recursed without end in CheckpointFunction.backward under the engine's
-# fake tensors: the other modules are refused until the engine runs them (issue 29 item 3).
-MEASURED_MODULES: tuple[str, ...] = ("core_attn",)
+# What the engine measures today; the others are refused until it runs them (issue 29 item 3).
+# `mlp` only without linear biases: with them megatron's tensor_parallel.checkpoint around the MLP
+# (transformer_layer.py _forward_mlp) recursed without end in CheckpointFunction.backward on meta
+# tensors (the MLP returns its fc2 bias Parameter as an output of the checkpoint).
+MEASURED_MODULES: tuple[str, ...] = ("core_attn", "mlp")
 
 
 def parse_modules(args: Mapping[str, Any], granularity: str) -> tuple[str, tuple[str, ...]]:
@@ -64,6 +65,11 @@ def check_modules(modules: tuple[str, ...], model: Any) -> None:
         raise ConfigError(
             "--recompute-modules mla_up_proj needs --multi-latent-attention (megatron-core "
             "TransformerConfig: \"only supported with multi_latent_attention\")"
+        )
+    if "mlp" in modules and not model.disable_bias_linear:
+        raise ConfigError(
+            "--recompute-modules mlp is modelled with --disable-bias-linear only: with biases "
+            "megatron's checkpoint of the MLP recursed without end in its backward on meta tensors"
         )
     unmeasured = [m for m in modules if m not in MEASURED_MODULES]
     if unmeasured:
