@@ -211,7 +211,10 @@ def test_settings_give_the_environment_and_positional_parameters():
         ("torchrun --nnodes=2:2 --nproc_per_node=8 t.py\n", 16, "torchrun"),
         ("torchrun --nproc_per_node gpu t.py\n", None, "takes the GPU count from the job"),
         ("deepspeed t.py\n", None, "uses every GPU it finds"),
-        ("srun -N2 python t.py\n", None, "takes its task count from the job's allocation"),
+        # srun(1): --ntasks defaults to the node count, one task per node
+        ("srun -N2 python t.py\n", 2, "srun -N 2, one task per node as srun runs it"),
+        ("#SBATCH --nodes=3\nsrun python t.py\n", 3, "one task per node"),
+        ("srun python t.py\n", None, "takes its task count from the job's allocation"),
         ("srun --ntasks=24 python t.py\n", 24, "srun --ntasks 24"),
         ("mpirun -np 16 python t.py\n", 16, "mpirun -np 16"),
         ("WORLD_SIZE=8 python t.py\n", 8, "WORLD_SIZE=8"),
@@ -433,3 +436,29 @@ def test_any_text_is_read_or_refused_cleanly(text):
         parse_launch_script(text, "s.sh")
     except (InputError, ConfigError):
         pass
+
+
+def test_unset_values_in_pure_commands_and_bash_c():
+    # `$(basename "$ENV_CONFIG")` of an unset variable is empty in bash, so the condition is
+    # false, with the one note for the unset variable; `bash -c` runs although PYTHONPATH is unset.
+    parsed = read_launch_script(str(BASH_FIXTURES / "unset_paths.sh"))
+    assert parsed.args["num_layers"] == 4
+    assert parsed.world_size == 16
+    assert any("$ENV_CONFIG is not set, so it reads as empty" in note for note in parsed.notes)
+
+
+def test_pure_command_of_an_unset_value_stays_missing_for_the_model(tmp_path):
+    path = tmp_path / "s.sh"
+    path.write_text('L=$(basename "$LAYERS")\ntorchrun --nproc_per_node 1 pretrain_gpt.py '
+                    "--num-layers $L --hidden-size 64 --num-attention-heads 4\n")  # fmt: skip
+    with pytest.raises(InputError, match=r"--set LAYERS=VALUE"):
+        read_launch_script(str(path))
+
+
+def test_a_placeholder_to_fill_in_is_a_syntax_error_as_in_bash():
+    # Megatron-LM's sc21 CONFIG.sh shape: `export X=<...>` is a redirection with no target
+    text = ("export SLURM_PARTITION=<slurm partition, used to feed -p option in slurm>\n"
+            "python pretrain_gpt.py --num-layers 2\n")  # fmt: skip
+    with pytest.raises(InputError, match=r"s.sh line 1: a redirection `>` has no target, a syntax "
+                                         r"error to bash too \(is a placeholder"):  # fmt: skip
+        parse_launch_script(text, "s.sh")

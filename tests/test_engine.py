@@ -180,3 +180,113 @@ def test_a_failure_while_running_says_so_not_that_megatron_refused_to_build(monk
     assert "refused to build" not in message
     assert message.startswith("megatron-core failed running the forward of a micro-batch")
     assert "in decoder.layers.0.self_attention.core_attention:" in message and "no kernel for this op" in message
+
+
+_MOE = dict(
+    num_experts=4, moe_router_topk=2, swiglu=True, disable_bias_linear=True,
+    normalization="LayerNorm", position_embedding_type="rope", hidden_dropout=0.0,
+    attention_dropout=0.0, sequence_parallel=True,  # megatron's MoE with tp needs it
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        dict(num_layers=8, moe_layer_freq=2),  # MoE and dense layers, allgather, ep 1
+        dict(num_layers=6, expert_model_parallel_size=2, moe_token_dispatcher_type="alltoall",
+             moe_grouped_gemm=True),  # fmt: skip
+    ],
+    ids=["allgather-mixed", "alltoall-ep2-grouped"],
+)
+def test_composed_moe_stage_equals_every_layer_run(flags):
+    """An MoE layer is its own kind: one of each kind stands for the rest, buffers included."""
+    from inspector.engine.memory import chunk_shapes, run_memory
+    from inspector.engine.stage import trace_chunks
+    from inspector.world.build import View, build
+
+    job = _job(**_MOE, **flags)
+    cache = {}
+    for stage in range(job.layout.pp):
+        shapes = chunk_shapes(build(job, View((stage,)), expert_ranks=(0,)).stages[0])
+        whole = trace_chunks(job, stage, shapes, whole=True)
+        composed = trace_chunks(job, stage, shapes, cache)
+        assert [(t.forward, t.backward, t.persistent) for t in composed] == [
+            (t.forward, t.backward, t.persistent) for t in whole
+        ]
+        assert run_memory(job, stage, shapes, cache) == run_memory(job, stage, shapes, whole=True)
+    kinds = {kind for _, _, small in cache for kind in small}
+    assert kinds == {True, False} if "moe_layer_freq" in flags else kinds == {True}
+
+
+_MOE_TP1 = {**_MOE, "sequence_parallel": False, "tensor_model_parallel_size": 1}
+
+
+@pytest.mark.parametrize("ep, tp, etp", [(2, 1, 1), (4, 1, 1), (2, 2, 1)])
+def test_alltoall_splits_are_balanced_over_expert_parallel_ranks(ep, tp, etp, monkeypatch):
+    """Each rank sends tokens * topk / ep rows to every expert-parallel rank and receives as many."""
+    from megatron.core.transformer.moe import token_dispatcher
+
+    from inspector.engine.memory import run_memory
+
+    calls = []
+    real = token_dispatcher.all_to_all
+
+    def recorded(group, input, output_split_sizes=None, input_split_sizes=None):
+        out = real(group, input, output_split_sizes, input_split_sizes)
+        calls.append((list(output_split_sizes), list(input_split_sizes), input.shape[0], out.shape[0]))
+        return out
+
+    monkeypatch.setattr(token_dispatcher, "all_to_all", recorded)
+    job = _job(**{**_MOE, "sequence_parallel": tp > 1}, num_layers=2, pipeline_model_parallel_size=1,
+               tensor_model_parallel_size=tp, expert_tensor_parallel_size=etp, data_parallel_size=4,
+               expert_model_parallel_size=ep, moe_token_dispatcher_type="alltoall")  # fmt: skip
+    run_memory(job, 0)
+    routed = 32 * 2 // tp * 2  # the rank's tokens (seq x micro-batch, split by sequence parallelism) x topk
+    dispatch = ([routed // ep] * ep, [routed // ep] * ep, routed, routed)
+    assert calls and all(call == dispatch for call in calls)
+
+
+def test_capacity_factor_pads_every_expert_to_its_capacity(monkeypatch):
+    """--moe-pad-expert-input-to-capacity: each expert gets ceil(tokens * topk / experts * f) rows."""
+    import math
+
+    from megatron.core.transformer.moe import token_dispatcher
+
+    from inspector.engine.memory import run_memory
+
+    sizes = []
+    real = token_dispatcher.all_to_all
+    monkeypatch.setattr(
+        token_dispatcher, "all_to_all",
+        lambda g, x, o=None, i=None: sizes.append(x.shape[0]) or real(g, x, o, i),
+    )  # fmt: skip
+    job = _job(**_MOE_TP1, num_layers=1, pipeline_model_parallel_size=1,
+               data_parallel_size=2, expert_model_parallel_size=2,
+               moe_token_dispatcher_type="alltoall", moe_expert_capacity_factor=1.5,
+               moe_pad_expert_input_to_capacity=True)  # fmt: skip
+    run_memory(job, 0)
+    capacity = math.ceil(64 * 2 / 4 * 1.5)
+    assert sizes and set(sizes) == {capacity * 4}
+
+
+def test_routed_experts_hold_what_megatron_saves_for_backward():
+    """Hand count, from megatron-core's source, of what one MoE layer's experts keep.
+
+    experts.py SequentialMLP.forward splits the permuted tokens by `tokens_per_expert` (balanced:
+    n = tokens * topk / experts rows each) and runs each expert's MLP (mlp.py MLP.forward with
+    per_token_scale): linear_fc1's output [n, 2f] is saved by the weighted SwiGLU
+    (fused_bias_swiglu.py WeightedSwiGLUFunction: input and the probs, a view), whose output
+    [n, f] linear_fc2 saves for its weight gradient; the experts' outputs [n, h] are freed once
+    `torch.cat` has joined them into [tokens * topk, h], which lives until the combine.
+    """
+    from inspector.engine.stage import trace_stage
+    from inspector.world.setup import megatron
+
+    megatron()
+    job = _job(**_MOE_TP1, num_layers=1, pipeline_model_parallel_size=1, data_parallel_size=1,
+               global_batch_size=2, ffn_hidden_size=128)  # fmt: skip
+    forward = trace_stage(job, 0)[0].forward
+    held = sum(e.bytes for e in forward if e.where.startswith("decoder.layers.0.mlp.experts"))
+    tokens, topk, experts, h, f, bf16 = 32 * 2, 2, 4, 64, 128, 2
+    n = tokens * topk // experts
+    assert held == experts * (n * 2 * f + n * f) * bf16 + tokens * topk * h * bf16

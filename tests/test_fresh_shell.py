@@ -157,3 +157,57 @@ def test_unset_readings(text, args):
         assert parse_launch_script(text, "s.sh", {"BASE": "1"}).args == {"num_layers": 4}
         return
     assert parse_launch_script(text, "s.sh").args == args
+
+
+def test_sbatch_follows_its_job_file(tmp_path, monkeypatch):
+    # In the shape of a submit script that hands sbatch a job file (with #SBATCH lines and srun
+    # inside): the file runs as the batch job, the command line's --nodes after its #SBATCH lines.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.sh").write_text(
+        "#!/bin/bash\n#SBATCH -t 0:30:00 --exclusive --nodes=1 --ntasks-per-node=8\n"
+        'srun -l sh -c "python -u pretrain_gpt.py ${PARAMS}"\n'
+    )  # fmt: skip
+    text = ('export PARAMS="--num-layers 3 --hidden-size 64 --num-attention-heads 4"\n'
+            "sbatch -p batch -A acct --job-name=x --nodes=2 --export=PARAMS job.sh\n")  # fmt: skip
+    parsed = parse_launch_script(text, "submit.sh")
+    assert parsed.world_size == 16
+    assert parsed.args["num_layers"] == 3
+
+
+def test_sbatch_without_a_job_file_runs_nothing():
+    text = "sbatch --wrap 'python pretrain_gpt.py --num-layers 2'\n"
+    with pytest.raises(InputError, match="found no training command"):
+        parse_launch_script(text, "s.sh")
+
+
+def test_read_gets_no_input_in_a_launch():
+    # `read` meets the end of input: its variable is empty and it fails, so `|| L=3` runs
+    text = ('read -p "layers? " -t 5 L || L=3\nwhile read line; do L=9; done\n'
+            "python pretrain_gpt.py --num-layers $L --hidden-size 64 --num-attention-heads 4\n")  # fmt: skip
+    parsed = parse_launch_script(text, "s.sh")
+    assert parsed.args["num_layers"] == 3
+    assert any("`read` gets no input in a launch" in note and "--set L=VALUE" in note
+               for note in parsed.notes)  # fmt: skip
+    assert parse_launch_script("read L\n" + text.split("\n", 1)[1], "s.sh",
+                               {"L": "5"}).args["num_layers"] == 5  # fmt: skip
+
+
+def test_home_is_a_placeholder_with_a_note(monkeypatch):
+    monkeypatch.setenv("HOME", "/home/reader")
+    text = ('[ -d ~/ckpt ] && L=4 || L=2\nD="$HOME/data"\n[ "$D" = /home/reader/data ] || L=1\n'
+            "python pretrain_gpt.py --num-layers $L --hidden-size 64 --num-attention-heads 4\n")  # fmt: skip
+    parsed = parse_launch_script(text, "s.sh")
+    assert parsed.args["num_layers"] == 4
+    assert any("$HOME (or ~) is the home folder of the job's user" in n for n in parsed.notes)
+
+
+def test_exit_status_of_the_command_before():
+    # "which srun; BATCH=$((1-$?))" (the shape of Megatron-LM's multimodal scripts): the reader
+    # skips `which` as succeeding, so $? is 0; after `false` it is 1
+    text = ("which srun\nBATCH=$((1-$?))\nfalse\nS=$?\n"
+            "if [[ $BATCH -eq 1 && $S = 1 ]]; then L=6; else L=2; fi\n"
+            "python pretrain_gpt.py --num-layers $L --hidden-size 64 --num-attention-heads 4\n")  # fmt: skip
+    parsed = parse_launch_script(text, "s.sh")
+    assert parsed.args["num_layers"] == 6
+    assert any("$? reads 0, the status the reader gives the command before it" in note
+               for note in parsed.notes)  # fmt: skip

@@ -259,3 +259,16 @@ def test_plain_config_lists_every_unknown_key(tmp_path):
         f"{path}: unknown arguments 'hiden-size' (did you mean --hidden-size?), "
         "'num-atention-heads' (did you mean --num-attention-heads?)"
     )
+
+
+def test_hybrid_layer_pattern_and_mamba_sizes_are_refused(cli, tmp_path):
+    # ModelOpt's Nemotron-H config shape: newer Megatron-LM's --hybrid-layer-pattern and the
+    # Mamba mixer's sizes, with no --is-hybrid-model: a hybrid model, never read as GPT
+    path = write(tmp_path, f"torchrun finetune.py {SMALL} --hybrid-layer-pattern M-M* "
+                 "--mamba-head-dim 64 --mamba-num-heads 128\n")  # fmt: skip
+    result = cli("params", "--from-script", path)
+    assert result.err == (
+        f"Error: {path} line 1: --hybrid-layer-pattern M-M*, --mamba-head-dim 64 and "
+        "--mamba-num-heads 128 are not modelled: this tool builds megatron-core's GPTModel; "
+        "hybrid (Mamba) models are not modelled\n"
+    )

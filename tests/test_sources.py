@@ -225,6 +225,15 @@ def test_duplicate_keys_in_config_files(tmp_path, name, text, message):
     assert str(raised.value) == f"{tmp_path}/{message}"
 
 
+def test_a_key_repeated_with_its_value_is_one_setting(tmp_path):
+    # Megatron-LM's functional-test model_config.yaml files repeat a few keys, each time with
+    # the same value: one meaning, read as PyYAML reads it
+    path = tmp_path / "model_config.yaml"
+    path.write_text("MODEL_ARGS:\n  --num-layers: 4\n  --ffn-hidden-size: 256\n"
+                    "  --ffn-hidden-size: 256\n  --hidden-size: 64\n")  # fmt: skip
+    assert read_config(str(path)).args["ffn_hidden_size"] == 256
+
+
 @pytest.mark.parametrize(
     "name, world, origin",
     [
@@ -279,6 +288,15 @@ def test_vocabulary_from_local_tokenizer_files(tmp_path):
         ("--tokenizer-type HuggingFaceTokenizer --tokenizer-model mistralai/Mixtral-8x7B-v0.1",
          32000, ""),
         ("--tokenizer-type GPT2BPETokenizer --vocab-file gpt2-vocab.json", 50257, ""),
+        # len(tokenizer), added tokens included (_HuggingFaceTokenizer.vocab_size): Qwen3's
+        # tokenizer.json holds ids 0-151668, Qwen2.5's 0-151664
+        ("--tokenizer-type HuggingFaceTokenizer --tokenizer-model Qwen/Qwen3-8B", 151669, ""),
+        ("--tokenizer-type HuggingFaceTokenizer --tokenizer-model Qwen/Qwen2.5-7B-Instruct",
+         151665, ""),
+        ("--tokenizer-type HuggingFaceTokenizer --tokenizer-model meta-llama/Llama-3.2-1B-Instruct",
+         128256, ""),
+        ("--tokenizer-type HuggingFaceTokenizer --tokenizer-model nvidia/Llama-3.1-70B-Instruct-FP8",
+         128256, ""),
         ("--tokenizer-type NullTokenizer --vocab-size 1000", 1001, ""),
         # not on this machine, not a known hub name, no --vocab-size: never a silent default
         ("--tokenizer-type Llama2Tokenizer --tokenizer-model /models/x/tokenizer.model", None,

@@ -85,7 +85,26 @@ def compose(trace: Trace, layers: int, picks: Sequence[int], numbers: Sequence[i
         *backward.tail,
     ]
     events_f = _events(steps_f, 0)
-    return Trace(events_f, _events(steps_b, events_f[-1].allocated if events_f else 0), trace.persistent)
+    backward_b = _events(steps_b, events_f[-1].allocated if events_f else 0)
+    return Trace(events_f, backward_b, _persistent(trace.persistent, layers, order))
+
+
+def _persistent(
+    kept: Sequence[tuple[str, int]], layers: int, order: Sequence[tuple[int, int]]
+) -> tuple[tuple[str, int], ...]:
+    """Return the chunk's persistent buffers: those outside the layers once, then each layer's
+    (an MoE layer's token dispatcher keeps its last routing metadata: token_dispatcher.py)."""
+    by_layer: list[list[tuple[str, int]]] = [[] for _ in range(layers)]
+    outside: list[tuple[str, int]] = []
+    for where, size in kept:
+        layer = layer_of(where)
+        (outside if layer is None else by_layer[layer]).append((where, size))
+    own = [
+        (_renamed(where, f"decoder.layers.{pick}", n), size)
+        for pick, n in order
+        for where, size in by_layer[pick]
+    ]
+    return (*outside, *own)
 
 
 def _named(steps: Sequence[Step], pick: int, number: int) -> list[Step]:

@@ -104,6 +104,4 @@ def not_runnable(job: Job) -> str | None:
     """Return why the engine cannot run the job yet, or None when it can."""
     if job.model.transformer_impl == "transformer_engine":
         return "Transformer Engine's forwards are not run yet (its stand-in builds the modules only)"
-    if job.model.num_experts is not None:
-        return "MoE routing (data-dependent shapes) is not run yet"
     return None

@@ -56,7 +56,8 @@ def runtime_config(job: Job) -> dict[str, Any]:
     `core_transformer_config_from_args` copies the dropouts and recomputation; its flag defaults
     give `attention_softmax_in_fp32` False (softmax in the 16-bit type), bias-activation and
     bias-dropout fusion on. The masked-softmax, rope and gradient-accumulation fusions need
-    kernels from apex or Transformer Engine: off, as in the GPU runs of shared/gpu/jobs.
+    kernels from apex or Transformer Engine: off, as in the GPU runs of shared/gpu/jobs. MoE
+    jobs take their token dispatcher and expert capacity.
     """
     training, model = job.training, job.model
     gelu_without_bias = not model.swiglu and model.disable_bias_linear
@@ -71,6 +72,12 @@ def runtime_config(job: Job) -> dict[str, Any]:
         gradient_accumulation_fusion=False,
         deallocate_pipeline_outputs=True,
     )
+    if model.num_experts is not None:
+        fields.update(
+            moe_token_dispatcher_type=training.moe_token_dispatcher_type,
+            moe_expert_capacity_factor=training.moe_expert_capacity_factor,
+            moe_pad_expert_input_to_capacity=training.moe_pad_expert_input_to_capacity,
+        )
     if training.recompute != "none":
         fields["recompute_granularity"] = training.recompute
         fields["recompute_modules"] = list(training.recompute_modules)
@@ -85,7 +92,7 @@ def run_microbatch(job: Job, ddp: Any, gpt: Any, num_microbatches: int) -> Trace
     tracker = Tracker()
     where = _where(tracker, gpt)
     with cuda_on_meta(), _failures(tracker, where), where, _global_buffer_named(tracker):
-        with tracker:
+        with tracker, _routing(job):
             start = tracker.mark()
             state = _forward(job, ddp, gpt, num_microbatches, tracker)
             middle = tracker.mark()
@@ -100,6 +107,15 @@ def run_microbatch(job: Job, ddp: Any, gpt: Any, num_microbatches: int) -> Trace
         backward=tuple(steady[split:]),
         persistent=tuple((events[i].where, size) for i, size in sorted(persistent.items())),
     )
+
+
+def _routing(job: Job) -> contextlib.AbstractContextManager[None]:
+    """Return MoE routing on meta tensors (moe.py) for a job with experts, else nothing."""
+    if job.model.num_experts is None:
+        return contextlib.nullcontext()
+    from inspector.engine.moe import balanced_routing
+
+    return balanced_routing()
 
 
 def _inputs(job: Job, gpt: Any) -> dict[str, Any]:

@@ -102,10 +102,12 @@ def stage_step(job: Job, stage: int) -> StepRun:
     Megatron-LM's get_model does, and run its optimizer step."""
     from inspector.engine.microbatch import runtime_config
     from inspector.engine.stage import _ddp as ddp_wrapped  # the engine's DDP wrap
+    from inspector.engine.stage import moe_build
     from inspector.world.stage import stage_world
 
     runtime = runtime_config(job)
-    with stage_world(job.model, job.layout, stage, checkpoint=False, runtime=runtime) as chunks:
+    world = stage_world(job.model, job.layout, stage, checkpoint=False, runtime=runtime)
+    with moe_build(job), world as chunks:
         ddps = [ddp_wrapped(job, chunk.module, stage, index) for index, chunk in enumerate(chunks)]
         try:
             return run_step(job, ddps, job.dims().fused_kernels)
@@ -177,8 +179,9 @@ def _labelled(optimizer: Any, tracker: Tracker) -> None:
         for method, name in _PASSES:
             if hasattr(part, method):
                 setattr(part, method, _named(getattr(part, method), name, tracker))
-        inner = getattr(part, "optimizer", None)
-        if inner is not None and part is not optimizer:
+        # ChainedOptimizer (dense and expert parameters: MoE) asserts on `.optimizer`: ask parts only
+        inner = None if part is optimizer else getattr(part, "optimizer", None)
+        if inner is not None:
             adam = "adamw" if isinstance(inner, torch.optim.Optimizer) else "FusedAdam"
             inner.step = _named(inner.step, adam, tracker)
 

@@ -15,6 +15,7 @@ stage, a chunk without transformer layers.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -109,7 +110,8 @@ def _small_trace(job: Job, embedding: bool, output: bool, kinds: tuple[bool, ...
         sequence_parallel=lay.sequence_parallel,
     )  # fmt: skip
     small = replace(job, model=model, layout=layout)
-    with stage_world(model, layout, stage, checkpoint=False, runtime=runtime_config(job)) as chunks:
+    world = stage_world(model, layout, stage, checkpoint=False, runtime=runtime_config(job))
+    with moe_build(job), world as chunks:
         gpt = chunks[0].module
         return run_microbatch(job, _ddp(small, gpt, stage, 0), gpt, job.schedule().num_microbatches)
 
@@ -125,13 +127,23 @@ def trace_stage(job: Job, stage: int) -> tuple[Trace, ...]:
 
     schedule = job.schedule()
     runtime = runtime_config(job)
-    with stage_world(job.model, job.layout, stage, checkpoint=False, runtime=runtime) as chunks:
+    world = stage_world(job.model, job.layout, stage, checkpoint=False, runtime=runtime)
+    with moe_build(job), world as chunks:
         return tuple(
             run_microbatch(
                 job, _ddp(job, chunk.module, stage, index), chunk.module, schedule.num_microbatches
             )
             for index, chunk in enumerate(chunks)
         )
+
+
+def moe_build(job: Job) -> contextlib.AbstractContextManager[None]:
+    """Return what megatron needs to build an MoE job's token dispatchers here (moe.py)."""
+    if job.model.num_experts is None:
+        return contextlib.nullcontext()
+    from inspector.engine.moe import dispatcher_streams
+
+    return dispatcher_streams()
 
 
 def _ddp(job: Job, gpt: Any, stage: int, chunk: int) -> Any:

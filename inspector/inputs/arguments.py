@@ -215,6 +215,22 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
     _training("hidden_dropout", float, "Hidden dropout (0: no masks stored; default 0.1)."),
     _training("optimizer", str, "Optimizer (Adam only: its two fp32 moments).", choices=("adam", "sgd")),
     _training("overlap_param_gather", bool, "Overlap the parameter all-gather (distributed optimizer)."),
+    _training(
+        "moe_token_dispatcher_type",
+        str,
+        "MoE token dispatcher (Megatron-LM's default: allgather).",
+        choices=("allgather", "alltoall"),
+    ),
+    _training(
+        "moe_expert_capacity_factor",
+        float,
+        "MoE expert capacity: each expert keeps at most ceil(tokens x topk / experts x factor).",
+    ),
+    _training(
+        "moe_pad_expert_input_to_capacity",
+        bool,
+        "Pad every expert's input to its capacity (needs --moe-expert-capacity-factor).",
+    ),
 )
 
 GROUPS = ("model", "layout", "training")

@@ -216,6 +216,12 @@ def _task_world(segment: Segment, where: str, require: Require, sbatch: Sequence
         per_node = _count(found["per_node"][0], f"{launcher}'s tasks per node", require)
         if nodes is not None and per_node is not None:
             return World(nodes * per_node, f"{shown} ({where})")
+    if launcher == "srun" and "nodes" in found and "per_node" not in found:
+        # srun(1): with no task count, one task per node (--ntasks defaults to --nodes)
+        nodes = _count(found["nodes"][0], "srun's node count", require)
+        if nodes is not None:
+            return World(nodes, f"{shown}, one task per node as srun runs it with no task count "
+                                f"({where})")  # fmt: skip
     return World(None, f"{shown} takes its task count from the job's allocation ({where})")
 
 

@@ -137,19 +137,22 @@ def _loader(source: str) -> Any:
 
     class CheckedLoader(yaml.SafeLoader):
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-            seen: dict[Any, int] = {}
-            for key_node, _ in node.value:
+            seen: dict[Any, tuple[int, Any]] = {}
+            for key_node, value_node in node.value:
                 line = key_node.start_mark.line + 1
                 if not isinstance(key_node, yaml.ScalarNode):
                     kind = "list" if isinstance(key_node, yaml.SequenceNode) else "mapping"
                     raise InputError(f"{source} line {line}: a key is a {kind}, not a name")
                 key = self.construct_object(key_node, deep=deep)
-                if key in seen:
+                value = self.construct_object(value_node, deep=True)
+                # a key repeated with the same value (Megatron-LM's own test configs have some)
+                # means one thing; with another value it is refused, never last-one-wins
+                if key in seen and seen[key][1] != value:
                     raise InputError(
                         f"{source} line {line}: the key {key!r} appears twice (first on line "
-                        f"{seen[key]})"
+                        f"{seen[key][0]})"
                     )
-                seen[key] = line
+                seen.setdefault(key, (line, value))
             return super().construct_mapping(node, deep=deep)
 
     return CheckedLoader

@@ -22,6 +22,15 @@ KNOWN_TOKENIZERS: dict[str, tuple[int, str]] = {
     "meta-llama/Llama-2-": (32000, "Llama 2's tokenizer.model: 32000 sentencepiece pieces"),
     "meta-llama/Meta-Llama-3-": (128256, "Llama 3's tokenizer: 128000 BPE + 256 special tokens"),
     "meta-llama/Llama-3.1-": (128256, "Llama 3.1's tokenizer: 128000 BPE + 256 special tokens"),
+    "meta-llama/Llama-3.2-": (128256, "Llama 3.2's tokenizer: 128000 BPE + 256 special tokens"),
+    # NVIDIA's FP8 checkpoints of Llama 3.1 ship Llama 3.1's tokenizer.
+    "nvidia/Llama-3.1-": (128256, "Llama 3.1's tokenizer: 128000 BPE + 256 special tokens"),
+    # _HuggingFaceTokenizer.vocab_size is len(tokenizer): the BPE entries and the added tokens.
+    "Qwen/Qwen2.5-": (151665, "Qwen2.5's tokenizer: 151643 BPE + 22 added tokens"),
+    "Qwen/Qwen3-": (151669, "Qwen3's tokenizer: 151643 BPE + 26 added tokens"),
+    # unsloth's copies (Megatron-LM's examples/rl model configs): the same tokenizer files
+    "unsloth/Qwen2.5-": (151665, "Qwen2.5's tokenizer: 151643 BPE + 22 added tokens"),
+    "unsloth/Meta-Llama-3.1-": (128256, "Llama 3.1's tokenizer: 128000 BPE + 256 special tokens"),
     "mistralai/Mistral-7B-v0.1": (32000, "Mistral 7B v0.1's tokenizer.model: 32000 pieces"),
     "mistralai/Mixtral-8x7B-": (32000, "Mixtral 8x7B's tokenizer.model: 32000 pieces"),
 }

@@ -54,6 +54,12 @@ REFUSED: dict[str, Refusal] = {
     "--hybrid-override-pattern": Refusal("model", _HYBRID),
     "--hybrid-attention-ratio": Refusal("model", _HYBRID),
     "--hybrid-mlp-ratio": Refusal("model", _HYBRID),
+    # newer Megatron-LM's name for the layer pattern, and the Mamba mixer's sizes
+    "--hybrid-layer-pattern": Refusal("model", _HYBRID),
+    "--mamba-head-dim": Refusal("model", _HYBRID),
+    "--mamba-num-heads": Refusal("model", _HYBRID),
+    "--mamba-num-groups": Refusal("model", _HYBRID),
+    "--mamba-state-dim": Refusal("model", _HYBRID),
     "--quick-geglu": Refusal("model", "a gated MLP with its own activation is not modelled; "
                              "--swiglu is"),  # fmt: skip
     "--softmax-type": Refusal(
@@ -62,8 +68,12 @@ REFUSED: dict[str, Refusal] = {
     "--window-size": Refusal(
         "model", "sliding-window attention changes attention FLOPs and scores, which the formulas "
         "count for full causal attention"),  # fmt: skip
+    # Megatron-LM 0.18+ (megatron/training/config/training_config.py, TokenizerConfig): the
+    # embedding rows as given; Megatron-LM up to 0.17 has no such argument (argparse refuses it)
     "--padded-vocab-size": Refusal(
-        "model", "pass --vocab-size (the tool pads it as Megatron-LM does)"),
+        "model", "it is a Megatron-LM 0.18+ argument (the embedding rows as given); the "
+        "Megatron-LM of the megatron-core this tool builds with (0.13-0.16) refuses it; pass "
+        "--vocab-size (the tool pads it as Megatron-LM does)"),
     "--vocab-extra-ids": Refusal("model", "extra ids change the vocabulary; pass --vocab-size"),
     "--moe-use-legacy-grouped-gemm": Refusal(
         "model", "the legacy GroupedMLP under Transformer Engine is not modelled"),
@@ -84,9 +94,6 @@ REFUSED: dict[str, Refusal] = {
     "--microbatch-group-size-per-virtual-pipeline-stage": Refusal(
         "training", "a micro-batch group other than --pp changes the interleaved schedule's "
         "in-flight micro-batches, which are replayed with the default group"),  # fmt: skip
-    "--moe-pad-expert-input-to-capacity": Refusal(
-        "training", "padding experts to capacity changes MoE activations (balanced routing is "
-        "counted)"),  # fmt: skip
     "--ddp-num-buckets": Refusal("layout", "pass --ddp-bucket-size (buckets decide the padding)"),
     "--ddp-pad-buckets-for-high-nccl-busbw": Refusal(
         "layout", "bucket padding for NCCL bus bandwidth is not modelled"),
@@ -152,8 +159,8 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--moe-router-num-groups --moe-router-group-topk --moe-router-topk-scaling-factor "
         "--moe-router-bias-update-rate "
         "--moe-router-force-load-balancing --moe-aux-loss-coeff --moe-z-loss-coeff "
-        "--moe-input-jitter-eps --moe-token-dispatcher-type --moe-enable-deepep --moe-deepep-num-sms "
-        "--moe-permute-fusion --moe-router-fusion --moe-router-dtype --moe-expert-capacity-factor "
+        "--moe-input-jitter-eps --moe-enable-deepep --moe-deepep-num-sms "
+        "--moe-permute-fusion --moe-router-fusion --moe-router-dtype "
         "--moe-token-drop-policy --moe-shared-expert-overlap --moe-per-layer-logging "
         "--moe-apply-probs-on-input --moe-router-padding-for-fp8 --overlap-moe-expert-parallel-comm "
         "--delay-wgrad-compute"

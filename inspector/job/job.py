@@ -19,6 +19,8 @@ from inspector.job.layout import Layout, make_layout, validate_layout
 from inspector.job.model import ModelConfig, make_model_config, validate_model
 from inspector.job.recompute_modules import DEFAULT_MODULES, check_modules, parse_modules
 
+MAX_CAPACITY_FACTOR = 1024.0  # beyond it no expert drops a token anyway
+
 # Megatron-LM's --recompute-granularity values, "none" when the flag is absent.
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_MODES: tuple[str, ...] = get_args(Recompute)
@@ -44,6 +46,10 @@ class Training:
     hidden_dropout: float = 0.1
     # --recompute-modules under selective recomputation (job/recompute_modules.py)
     recompute_modules: tuple[str, ...] = DEFAULT_MODULES
+    # MoE token routing, as megatron-core's TransformerConfig takes it (the engine runs it)
+    moe_token_dispatcher_type: str = "allgather"  # Megatron-LM's default
+    moe_expert_capacity_factor: float | None = None  # None: dropless
+    moe_pad_expert_input_to_capacity: bool = False
 
     def __post_init__(self) -> None:
         """Reject counts below one and unknown recomputation modes."""
@@ -62,6 +68,22 @@ class Training:
         if self.ddp_bucket_size is not None and self.ddp_bucket_size < 0:
             raise ConfigError(f"--ddp-bucket-size {self.ddp_bucket_size} must not be negative")
         check_at_most("--ddp-bucket-size", self.ddp_bucket_size)
+        self._check_routing()
+
+    def _check_routing(self) -> None:
+        """Reject what megatron-core's TransformerConfig rejects of the MoE routing flags."""
+        factor = self.moe_expert_capacity_factor
+        if factor is not None and not 0 < factor <= MAX_CAPACITY_FACTOR:
+            raise ConfigError(
+                f"--moe-expert-capacity-factor {factor} must be above 0 (tokens kept per expert: "
+                f"ceil(tokens x topk / experts x factor)) and at most {MAX_CAPACITY_FACTOR}"
+            )
+        if self.moe_pad_expert_input_to_capacity and factor is None:
+            raise ConfigError(
+                "--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor "
+                "(megatron-core: \"moe_expert_capacity_factor must be set to use "
+                "moe_pad_expert_input_to_capacity\")"
+            )
 
 
 @dataclass(frozen=True)
@@ -126,6 +148,9 @@ TRAINING_ARGS = {
     "use_distributed_optimizer": "use_distributed_optimizer",
     "overlap_grad_reduce": "overlap_grad_reduce",
     "ddp_bucket_size": "ddp_bucket_size",
+    "moe_token_dispatcher_type": "moe_token_dispatcher_type",
+    "moe_expert_capacity_factor": "moe_expert_capacity_factor",
+    "moe_pad_expert_input_to_capacity": "moe_pad_expert_input_to_capacity",
 }
 
 
@@ -133,7 +158,10 @@ def make_training(args: Mapping[str, Any]) -> Training:
     """Build the Training record from Megatron-LM arguments (absent: Megatron-LM's defaults)."""
     values = {field: args[name] for name, field in TRAINING_ARGS.items() if name in args}
     values["recompute"] = cast(Recompute, values.get("recompute") or "none")
-    for flag in ("flash_attention", "use_distributed_optimizer", "overlap_grad_reduce"):
+    if values.get("moe_token_dispatcher_type") is None:
+        values.pop("moe_token_dispatcher_type", None)
+    for flag in ("flash_attention", "use_distributed_optimizer", "overlap_grad_reduce",
+                 "moe_pad_expert_input_to_capacity"):  # fmt: skip
         values[flag] = bool(values.get(flag))
     values["fp32_grads"] = values.get("fp32_grads") or None
     _megatron_training_rules(args, values)
@@ -163,6 +191,9 @@ def _megatron_training_rules(args: Mapping[str, Any], values: dict[str, Any]) ->
         if args.get(name) is not None:
             values[name] = float(args[name])
     values["flash_attention"] = _flash_attention(args)
+    factor = values.get("moe_expert_capacity_factor")
+    if factor is not None and factor < 0:  # TransformerConfig: a negative factor is dropless
+        values["moe_expert_capacity_factor"] = None
     if args.get("optimizer") == "sgd":
         raise ConfigError(
             "--optimizer sgd is not modelled: optimizer state is counted for Adam (two fp32 moments)"

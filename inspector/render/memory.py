@@ -129,6 +129,8 @@ def _context(report: MemoryReport) -> list[str]:
         f"recompute {t.recompute}, flash attention {'on' if t.flash_attention else 'off'}.",
     ]
     lines.append(_source(report))
+    if report.not_run is None and model.num_experts is not None:
+        lines.append(_routing(report))
     # Without --global-batch-size the job line's note says so, and what shows the steady state.
     given = t.global_batch_size is not None
     if given and layout.pp > 1 and b.num_microbatches < layout.pp:
@@ -152,6 +154,21 @@ def _source(report: MemoryReport) -> str:
     return (
         f"Activations: closed forms (Korthikanti et al. 2022), not megatron running: "
         f"{report.not_run}."
+    )
+
+
+def _routing(report: MemoryReport) -> str:
+    """Return the note that says which routing the engine ran an MoE job with."""
+    t, model = report.training, report.model
+    capacity = t.moe_expert_capacity_factor
+    dropping = "dropless" if capacity is None else f"capacity factor {capacity:g}" + (
+        ", padded to capacity" if t.moe_pad_expert_input_to_capacity else ""
+    )
+    return (
+        f"Note: MoE routing is balanced: every expert gets tokens x {model.moe_router_topk} / "
+        f"{model.num_experts} of each rank's tokens (what Megatron-LM's "
+        f"--moe-router-force-load-balancing gives on average); {t.moe_token_dispatcher_type} "
+        f"dispatcher, {dropping}."
     )
 
 

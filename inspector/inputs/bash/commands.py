@@ -53,7 +53,44 @@ def run_command(shell: Shell, argv: list[str], node: Simple, prefix: dict[str, s
         return 0
     if node.stdin is not None and _reads_stdin(argv):
         return run_here_document(shell, argv, node.stdin, prefix)
+    if name == "sbatch":
+        return _sbatch_file(shell, bash_argv, prefix)
     return _external(shell, argv, prefix, outer=())
+
+
+# sbatch's options that take no value (sbatch(1)); every other option takes one, inline or next.
+_SBATCH_SWITCHES = {"-h", "-H", "-I", "-k", "-O", "-Q", "-s", "-v", "-V", "-W", "--exclusive",
+                    "--hold", "--overcommit", "--parsable", "--requeue", "--no-requeue", "--wait",
+                    "--test-only", "--contiguous", "--spread-job", "--use-min-nodes", "--quiet",
+                    "--verbose", "--oversubscribe", "--ignore-pbs", "--help", "--usage"}  # fmt: skip
+
+
+def _sbatch_file(shell: Shell, argv: list[str], env: dict[str, str]) -> int:
+    """`sbatch [options] FILE [args]` (words as bash gives them): FILE runs as a batch job (its
+    #SBATCH options first, the command line's after them, so they win), as `sbatch <<EOF` runs
+    its here-document."""
+    options: list[str] = []
+    index = 1
+    while index < len(argv) and argv[index].startswith("-"):
+        option = argv[index]
+        options.append(option)
+        takes_value = "=" not in option and option not in _SBATCH_SWITCHES
+        if takes_value and (len(option) == 2 or option.startswith("--")) and index + 1 < len(argv):
+            options.append(argv[index + 1])
+            index += 1
+        index += 1
+    if index >= len(argv) or any(o.startswith("--wrap") for o in options):
+        return 0  # no job file: `--wrap` commands are not read
+    path = _resolve(shell, argv[index], f"`sbatch {argv[index]}`")
+    text = _read(shell, path)
+    if shell.depth >= MAX_DEPTH:
+        raise shell.fail("scripts call each other too deeply")
+    variables = {k: v for k, v in shell.vars.items() if k in shell.exported and isinstance(v, str)}
+    variables.update(env)
+    child = shell.child(path, argv[index + 1 :], variables)
+    child.source_stack = [path]
+    start_job(child, sbatch_options(text) + tuple(options))
+    return _run_child(child, lambda: child.run_text(text, path), ())
 
 
 def _external(shell: Shell, argv: list[str], prefix: dict[str, str],
@@ -113,7 +150,9 @@ def _child_shell(shell: Shell, words: list[str], index: int, env: dict[str, str]
     if args and args[0] == "-c":
         if len(args) < 2:
             raise shell.fail("`bash -c` has no command")
-        text = shell.require(args[1], "the command of `bash -c`")
+        text = args[1]  # unset variables in it stay marked: empty to bash, missing to the model
+        if shell.ctx.bash_value(text) is None:
+            shell.require(text, "the command of `bash -c`")
         child = shell.child(shell.origin, args[3:], variables)
         child.source_stack = list(shell.source_stack)
         return _run_child(child, lambda: child.run_text(text, shell.source_stack[-1], shell.line,
@@ -307,11 +346,31 @@ def _let(shell: Shell, argv: list[str]) -> int:
 
 
 def _read_builtin(shell: Shell, argv: list[str]) -> int:
-    names = [a for a in argv[1:] if not a.startswith("-")] or ["REPLY"]
+    """`read`: a launch runs with no input (a batch job's is /dev/null), so bash's `read` meets
+    the end of input, empties its variables and fails (status 1)."""
+    words = argv[1:]
+    names: list[str] = []
+    while words:
+        word = words.pop(0)
+        if word.startswith("-"):
+            if word[-1] in "pdtnNuai" and words:  # `-p PROMPT`, `-t 5`, ...: the option's value
+                words.pop(0)
+            continue
+        names.append(word)
+    names = names or ["REPLY"]
+    if all(name in shell.ctx.settings for name in names):  # --set NAME=VALUE: the line read
+        for name in names:
+            shell.assign(name, shell.ctx.settings[name])
+        return 0
     for name in names:
-        shell.assign(name, shell.ctx.mark(Unknown(f"${name}", f"read from input on line "
-                                                  f"{shell.line}", name)))  # fmt: skip
-    return 0
+        shell.ctx.unset_read.setdefault(name, shell.where())  # noted here, once
+        shell.assign(name, shell.ctx.mark(Unknown(f"${name}", f"which `read` on line {shell.line} "
+                                                  "reads from no input", name, "")))  # fmt: skip
+    shown = " ".join(f"--set {name}=VALUE" for name in names)
+    shell.ctx.note(f"{shell.where()}: `read` gets no input in a launch (a batch job reads "
+                   f"/dev/null), so {', '.join('$' + n for n in names)} reads as empty and `read` "
+                   f"fails, as in bash; give the line it would read with {shown}")  # fmt: skip
+    return 1
 
 
 def _false(shell: Shell, argv: list[str]) -> int:

@@ -33,6 +33,7 @@ class Expansion:
     source_stack: list[str]
     line: int
     nounset: bool
+    status: int  # the last command's exit status, as the reader takes it
 
     if TYPE_CHECKING:  # Shell's, which expansion calls back into
 
@@ -171,11 +172,16 @@ class Expansion:
         return f"{self.source_stack[-1]} line {self.line}"
 
     def placeholder(self, name: str) -> str:
-        """`$RANDOM` and `$PWD`, which a fresh shell sets: marked, with the value the reader uses."""
+        """`$RANDOM`, `$PWD` and `$HOME`, which a fresh login shell sets: marked, with the value
+        the reader uses."""
         if name == "RANDOM":
             value, reason = "0", "which bash draws at random"
             self.ctx.note(f"{self.where()}: $RANDOM is a number bash draws at random; the reader "
                           "uses 0 where it builds a path or a port")  # fmt: skip
+        elif name == "HOME":  # a login shell sets it from the user's passwd entry
+            value, reason = os.path.expanduser("~"), "the home folder of the job's user"
+            self.ctx.note(f"{self.where()}: $HOME (or ~) is the home folder of the job's user; "
+                          "the reader takes its own")  # fmt: skip
         else:
             value, reason = os.getcwd(), "the folder the job starts in"
             self.ctx.note(f"{self.where()}: $PWD (or `pwd`) is the folder the job starts in; the "
@@ -189,7 +195,7 @@ class Expansion:
         if name == "BASH_SOURCE":
             return [self.source_stack[-1]]
         value = self.vars.get(name)
-        if value is None and name in ("RANDOM", "PWD") and index is None:
+        if value is None and name in ("RANDOM", "PWD", "HOME") and index is None:
             return [self.placeholder(name)]
         if value is None:
             return None
@@ -217,6 +223,12 @@ class Expansion:
 
     def _param(self, part: Param, quoted: bool) -> list[_Piece]:
         name, op, index = part.name, part.op, part.index
+        if name == "?" and index is None and not op:
+            # the status of the command before, as the reader takes it: the commands it skips
+            # (`which srun`, `mkdir`) succeed
+            self.ctx.note(f"{self.where()}: $? reads {self.status}, the status the reader gives "
+                          "the command before it (the commands it skips succeed)")  # fmt: skip
+            return [_Piece(str(self.status), quoted)]
         if name in "$!?-" and len(name) == 1:
             return [_Piece(self.ctx.mark(Unknown(f"${name}", "which only a running shell knows",
                                                  None)), quoted)]  # fmt: skip

@@ -107,7 +107,10 @@ class Lexer(WordReader):
         while self.i < len(self.s) and self.s[self.i] in " \t":
             self._advance()
         if self.i >= len(self.s) or self.s[self.i] in META:
-            raise self.fail(f"a redirection `{op}` has no target")
+            # bash: "syntax error near unexpected token", and nothing of the script runs; a
+            # placeholder such as `X=<path to data>` is the usual cause
+            raise self.fail(f"a redirection `{op}` has no target, a syntax error to bash too (is "
+                            "a placeholder such as `<path>` still to be filled in?)")  # fmt: skip
         target = self.read_word()
         if op in ("<<", "<<-"):
             delimiter = "".join(p.text for p in _flat_literals(target.parts))

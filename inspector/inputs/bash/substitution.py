@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from inspector.inputs.bash.context import MARK
+from inspector.inputs.bash.context import MARK, Unknown
 from inspector.inputs.bash.parser import parse_script
 from inspector.inputs.bash.shell import Shell
 from inspector.inputs.bash.syntax import AndOr, Assign, Seq, Simple, Word
@@ -32,13 +32,25 @@ def pure_output(shell: Shell, script: str) -> str | None:
     if argv in (["pwd"], ["pwd", "-P"]):
         return (shell.lookup("PWD", None) or [""])[0]
     known = [shell.ctx.bash_value(a) for a in argv or ()]
-    if not argv or any(a is None or shell.ctx.unset_in(b) for a, b in zip(known, argv)):
+    if not argv or any(a is None for a in known):
         return None
-    argv = [a or "" for a in known]
+    output = _output([a or "" for a in known])
+    unset = [u for word in argv for u in shell.ctx.held(word) if u.value == ""]
+    if output is None or not unset:
+        return output
+    for word in argv:  # one note for each unset variable read, as anywhere else
+        shell.value(word, f"`{script.strip()}`")
+    # From an unset variable: bash's output of the empty value, which stays missing where a
+    # modelled argument needs it (the variable's --set gives it).
+    return shell.ctx.mark(Unknown(unset[0].text, unset[0].reason, unset[0].hint, output))
+
+
+def _output(argv: list[str]) -> str | None:
+    """The output of `dirname`, `basename`, `realpath`, `readlink -f` or `echo` on known words."""
     if argv[0] == "dirname" and len(argv) == 2:
         return _dirname(argv[1])
     if argv[0] == "basename" and len(argv) in (2, 3):
-        base = argv[1].rstrip("/").rsplit("/", 1)[-1] or "/"
+        base = argv[1].rstrip("/").rsplit("/", 1)[-1] or argv[1][:1]  # `basename ""` is empty
         return base[: -len(argv[2])] if len(argv) == 3 and base.endswith(argv[2]) else base
     if argv[0] in ("realpath", "readlink") and len(argv) == 2 + (argv[0] == "readlink"):
         return os.path.abspath(argv[-1])

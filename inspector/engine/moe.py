@@ -1,0 +1,256 @@
+"""MoE layers on meta tensors: balanced routing, the host-side counts megatron's dispatchers read.
+
+Routing is data-dependent: the router's top-k picks experts by value, and the token dispatchers
+read how many tokens each expert got on the host (megatron/core/transformer/moe/
+token_dispatcher.py: MoEAllGatherTokenDispatcher.dispatch_postprocess `local_map.sum(dim=0)
+.cpu()`; MoEAlltoAllTokenDispatcher.preprocess, its input/output splits and
+`_maybe_dtoh_and_synchronize`), then size tensors by them (moe_utils.py `permute`'s
+`masked_select`, `sort_chunks_by_idxs`'s `split_sizes.tolist()`, experts.py SequentialMLP's
+`tokens_per_expert.tolist()`, the all-to-all's output). Meta tensors have no values, so the
+engine plans the routing a user plans for: balanced, every expert getting tokens * topk /
+num_experts of each rank's tokens (Megatron-LM's `--moe-router-force-load-balancing`, which
+routes by random logits for benchmarking, balances so on average: router.py `TopKRouter.forward`,
+moe_utils.py `apply_random_logits`). With `--moe-expert-capacity-factor` an expert keeps at most
+its capacity (moe_utils.py `get_capacity`, `apply_router_token_dropping`), and exactly that
+many with `--moe-pad-expert-input-to-capacity`.
+
+Only the routing map's values are simulated. The router runs as megatron wrote it (its logits,
+softmax, top-k and map allocated on meta as on a GPU); the map it returns is given the values of
+a balanced routing (`balanced_map`), kept on the host beside the meta tensor. Every op whose meta
+inputs all have such values computes them on the host too (the counts, splits and their sums),
+`masked_select` takes its output size from the mask's values, a copy to the host returns the
+values, and an all-gather of counts over the fake process groups gathers every rank's (the same
+balanced) counts. Everything else, the tokens themselves included, runs on meta.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils.weak import WeakTensorKeyDictionary
+
+aten = torch.ops.aten
+
+
+def balanced_map(
+    tokens: int, experts: int, topk: int, capacity_factor: float | None, pad: bool
+) -> torch.Tensor:
+    """Return a [tokens, experts] routing map on the host: token t picks experts (t*topk + j) %
+    experts, so each expert gets tokens * topk / experts (within one); capacity as the router's
+    token dropping leaves it (moe_utils.py `apply_router_token_dropping`, `get_capacity`)."""
+    picks = (torch.arange(tokens).unsqueeze(1) * topk + torch.arange(topk)) % experts
+    routing = torch.zeros(tokens, experts, dtype=torch.bool).scatter(1, picks, True)
+    if capacity_factor is None:
+        return routing
+    capacity = math.ceil(tokens * topk / experts * capacity_factor)
+    if capacity > tokens:  # no token dropped; padding keeps every token for every expert
+        return torch.ones_like(routing) if pad else routing
+    if pad:
+        routing = torch.zeros_like(routing)
+        routing[:capacity] = True
+        return routing
+    kept = routing.cumsum(dim=0) <= capacity  # the first `capacity` tokens of each expert
+    return routing & kept
+
+
+class _HostValues(TorchDispatchMode):
+    """Carry host values beside meta tensors through the ops that read them (module docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.values: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        if not any(t in self.values for t in tensors):
+            return func(*args, **kwargs)
+        if func is aten._to_copy.default and _to_host(kwargs):
+            return self._host_copy(args[0], kwargs)
+        if func is aten._local_scalar_dense.default:
+            return self.values[args[0]].item()
+        if func is aten.masked_select.default:
+            return self._masked_select(*args)
+        if func is torch.ops.c10d._allgather_base_.default:
+            return self._all_gather(func, args, kwargs)
+        out = func(*args, **kwargs)
+        known = all(t in self.values or not t.is_meta for t in tensors)
+        outputs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        if not known:
+            for tensor in outputs:  # an in-place op on a tensor whose values we no longer know
+                self.values.pop(tensor, None)
+            return out
+        with _disable_current_modes():
+            host = func(*self._on_host(args), **self._on_host(kwargs))
+        values = [t for t in pytree.tree_leaves(host) if isinstance(t, torch.Tensor)]
+        for tensor, value in zip(outputs, values, strict=True):
+            self.values[tensor] = value
+        return out
+
+    def _on_host(self, tree: Any) -> Any:
+        """Return `tree` with each tensor's host values, and the meta device the host."""
+
+        def host(leaf: Any) -> Any:
+            if isinstance(leaf, torch.Tensor):
+                return self.values.get(leaf, leaf)
+            if isinstance(leaf, torch.device) and leaf.type == "meta":
+                return torch.device("cpu")
+            return leaf
+
+        return pytree.tree_map(host, tree)
+
+    def _host_copy(self, tensor: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
+        """A copy to the host lands in host memory: the values, no GPU allocation."""
+        dtype = kwargs.get("dtype") or tensor.dtype
+        with _disable_current_modes():
+            return self.values[tensor].to(dtype=dtype, copy=True)
+
+    def _masked_select(self, input: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """`masked_select`'s output holds one element per True of the (broadcast) mask."""
+        with _disable_current_modes():
+            shape = torch.broadcast_shapes(input.shape, mask.shape)
+            count = int(self.values[mask].expand(shape).sum()) if mask in self.values else None
+        if count is None:
+            raise NotImplementedError("masked_select on a mask without values (not the routing)")
+        out = torch.empty(count, dtype=input.dtype, device=input.device)
+        if input in self.values:
+            with _disable_current_modes():
+                self.values[out] = torch.masked_select(self.values[input], self.values[mask])
+        return out
+
+    def _all_gather(self, func: Any, args: Any, kwargs: Any) -> Any:
+        """Every rank routes alike (balanced): the gather holds group-size copies of the input."""
+        out = func(*args, **kwargs)
+        output, input = args[0], args[1]
+        if input in self.values:
+            with _disable_current_modes():
+                copies = output.numel() // max(input.numel(), 1)  # the group's size
+                self.values[output] = torch.cat([self.values[input]] * copies)
+        return out
+
+
+def _to_host(kwargs: dict[str, Any]) -> bool:
+    device = kwargs.get("device")
+    return device is not None and torch.device(device).type == "cpu"
+
+
+def _routed(values: _HostValues, routing: Any) -> Any:
+    """Wrap TopKRouter.routing: run it, then give its map a balanced routing's values."""
+
+    def routed(self: Any, logits: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        probs, routing_map = routing(self, logits, *args, **kwargs)
+        tokens, experts = routing_map.shape
+        config = self.config
+        with _disable_current_modes():  # host values, no GPU memory
+            values.values[routing_map] = balanced_map(
+                tokens,
+                experts,
+                config.moe_router_topk,
+                config.moe_expert_capacity_factor,
+                config.moe_pad_expert_input_to_capacity,
+            )
+        return probs, routing_map
+
+    return routed
+
+
+def _to_cpu(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -> Any:
+    """moe_utils.py `maybe_move_tensor_to_cpu`, with meta standing for the GPU."""
+    if isinstance(tensor, torch.Tensor) and tensor.is_meta:
+        host = tensor.to(torch.device("cpu"))
+        return host.numpy() if as_numpy else host
+    return tensor
+
+
+class _Stream:
+    """A CUDA stream or event as megatron's dispatchers use them: ordering only, no memory."""
+
+    def wait_stream(self, *args: Any) -> None:
+        """Order nothing: one stream runs everything here."""
+
+    def record_event(self, *args: Any) -> _Stream:
+        """Return an event that is already complete."""
+        return self
+
+    def synchronize(self) -> None:
+        """Wait for nothing."""
+
+
+_STREAM = _Stream()
+
+
+class _GroupedGemm(torch.autograd.Function):
+    """grouped_gemm's `gmm` (grouped_gemm/ops.py GroupedGemm): one GEMM per expert's rows.
+
+    Output [rows, n]; saves a, b and the host batch sizes; backward allocates a's and b's
+    gradients.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, a: Any, b: Any, batch_sizes: Any, trans_b: bool) -> Any:
+        ctx.save_for_backward(a, b)
+        ctx.trans_b = trans_b
+        return a.new_empty(a.shape[0], b.shape[-2] if trans_b else b.shape[-1])
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:
+        a, b = ctx.saved_tensors
+        return torch.empty_like(a), torch.empty_like(b), None, None
+
+
+def _gmm(a: Any, b: Any, batch_sizes: Any, trans_b: bool = False) -> Any:
+    return _GroupedGemm.apply(a, b, batch_sizes, trans_b)
+
+
+@contextlib.contextmanager
+def dispatcher_streams() -> Iterator[None]:
+    """Let megatron build MoEAlltoAllTokenDispatcher without CUDA: its side stream for the host
+    copies (token_dispatcher.py `__init__`: `torch.cuda.Stream()`, class-wide from 0.14) is a
+    stand-in that orders nothing."""
+    from megatron.core.transformer.moe import token_dispatcher
+
+    owner = token_dispatcher.MoEAlltoAllTokenDispatcher
+    saved = owner.__dict__.get("cuda_dtoh_stream")
+    stream = torch.cuda.Stream
+    torch.cuda.Stream = lambda *args, **kwargs: _STREAM  # type: ignore[assignment,misc]
+    try:
+        yield
+    finally:
+        torch.cuda.Stream = stream  # type: ignore[misc]
+        if "cuda_dtoh_stream" in owner.__dict__:
+            owner.cuda_dtoh_stream = saved
+
+
+@contextlib.contextmanager
+def balanced_routing() -> Iterator[None]:
+    """Run megatron's MoE layers on meta tensors with balanced routing inside the block.
+
+    Enter it inside the allocator's Tracker: the host values it computes are no GPU memory.
+    """
+    from megatron.core.transformer.moe import grouped_gemm_util, router, token_dispatcher
+
+    values = _HostValues()
+    patches: list[tuple[Any, str, Any]] = [
+        (router.TopKRouter, "routing", _routed(values, router.TopKRouter.routing)),
+        (token_dispatcher, "maybe_move_tensor_to_cpu", _to_cpu),
+        (torch.cuda, "current_stream", lambda *args: _STREAM),
+        (torch.cuda, "stream", lambda *args: contextlib.nullcontext()),
+        (torch.Tensor, "record_stream", lambda *args: None),
+        (grouped_gemm_util, "ops", SimpleNamespace(gmm=_gmm)),
+    ]
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
+    for owner, name, value in patches:
+        setattr(owner, name, value)
+    try:
+        with values, dispatcher_streams():
+            yield
+    finally:
+        for owner, name, value in saved:
+            setattr(owner, name, value)
