@@ -273,3 +273,22 @@ def test_local_grouped_gemm_experts(cli):
         assert len(experts) == 8 and experts[0] == [
             "decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight",
             "ColumnParallelLinear(in_features=64, out_features=32, bias=False, TP=1)", "(32, 64)"]
+
+
+SHARED_EXPERTS_RECOMPUTE = VERSION >= (0, 16)  # in allowed_modules; checked on 0.13.1 and 0.16.1 only
+
+
+def test_recompute_modules_megatron_allows():
+    """0.13.1's TransformerConfig allows six modules; "shared_experts" came later (0.16.1 has seven)."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    def build(modules):
+        return TransformerConfig(num_layers=2, hidden_size=64, num_attention_heads=4,
+                                 recompute_granularity="selective", recompute_modules=modules)  # fmt: skip
+
+    assert build(["core_attn", "mlp", "layernorm"]).recompute_modules == ["core_attn", "mlp", "layernorm"]
+    if SHARED_EXPERTS_RECOMPUTE:
+        build(["shared_experts"])
+    else:
+        with pytest.raises(AssertionError, match="Invalid choices for recompute_modules"):
+            build(["shared_experts"])

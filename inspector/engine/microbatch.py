@@ -84,6 +84,7 @@ def runtime_config(job: Job) -> dict[str, Any]:
         )
     if training.recompute != "none":
         fields["recompute_granularity"] = training.recompute
+        fields["recompute_modules"] = list(training.recompute_modules)
     if training.recompute == "full":
         fields["recompute_method"] = training.recompute_method
         fields["recompute_num_layers"] = training.recompute_num_layers

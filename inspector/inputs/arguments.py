@@ -23,6 +23,7 @@ class ArgSpec:
     # a `--no-` spelling on our command line: False, as a config file's `false` (what `plan`
     # keeps off instead of searching; Megatron-LM's own default when the flag is absent)
     negatable: bool = False
+    many: bool = False  # nargs='*' in Megatron-LM: a script's following words are its values
 
     @property
     def flag(self) -> str:
@@ -195,6 +196,14 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         choices=("uniform", "block"),
     ),
     _training("recompute_num_layers", int, "N for --recompute-method (default 1 with full)."),
+    _training(
+        "recompute_modules",
+        str,
+        "Selective recomputation's modules (default core_attn): any of core_attn, mlp, moe, moe_act, "
+        "layernorm, mla_up_proj, shared_experts (space- or comma-separated; measured: core_attn, mlp).",
+        many=True,
+    ),
+    _training("moe_layer_recompute", bool, "Megatron-LM's alias for --recompute-modules ... moe."),
     _training(
         "attention_backend",
         str,

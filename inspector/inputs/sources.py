@@ -55,6 +55,8 @@ def convert(spec: ArgSpec, raw: Any, origin: str) -> Any:
         if isinstance(raw, bool):
             return raw
         raise ConfigError(f"{origin}: {spec.flag} is a switch (true/false), got {raw!r}")
+    if spec.many and isinstance(raw, list):
+        raw = " ".join(str(item) for item in raw)  # a config file's list for an nargs='*' flag
     try:
         value = spec.type(raw) if not isinstance(raw, bool) else None
     except (TypeError, ValueError):
@@ -203,6 +205,8 @@ def split_arguments(words: list[str], needs: Needs, ctx: Context,
         value = inline if inline else (words[index] if takes_value and index < len(words) else None)
         if takes_value and not inline:
             index += 1
+        while spec is not None and spec.many and not inline and _looks_like_value(words, index):
+            value, index = f"{value} {words[index]}", index + 1  # nargs='*': the words that follow
         if spec is None and flag in RENAMED:
             name, meaning = RENAMED[flag]
             spec, value = BY_NAME[name], (value if meaning is None else str(meaning))

@@ -79,10 +79,6 @@ REFUSED: dict[str, Refusal] = {
         "model", "the legacy GroupedMLP under Transformer Engine is not modelled"),
     "--moe-extended-tp": Refusal("layout", "removed from Megatron-LM; use "
                                  "--expert-tensor-parallel-size"),  # fmt: skip
-    "--recompute-modules": Refusal(
-        "training", "selective recomputation is modelled for megatron-core's default "
-        "(core_attn) only", ("core_attn",)),  # fmt: skip
-    "--moe-layer-recompute": Refusal("training", "MoE-layer recomputation is not modelled"),
     "--distribute-saved-activations": Refusal(
         "training", "checkpoints split across tensor-parallel ranks are not modelled"),
     "--cpu-offloading": Refusal("training", "activation offloading to the CPU is not modelled"),

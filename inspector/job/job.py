@@ -17,6 +17,7 @@ from inspector.job.checks import check_at_least_one, check_at_most
 from inspector.job.dims import ModelDims, num_microbatches
 from inspector.job.layout import Layout, make_layout, validate_layout
 from inspector.job.model import ModelConfig, make_model_config, validate_model
+from inspector.job.recompute_modules import DEFAULT_MODULES, check_modules, parse_modules
 
 MAX_CAPACITY_FACTOR = 1024.0  # beyond it no expert drops a token anyway
 
@@ -43,6 +44,8 @@ class Training:
     recompute_num_layers: int = 1
     attention_dropout: float = 0.1  # Megatron-LM's defaults
     hidden_dropout: float = 0.1
+    # --recompute-modules under selective recomputation (job/recompute_modules.py)
+    recompute_modules: tuple[str, ...] = DEFAULT_MODULES
     # MoE token routing, as megatron-core's TransformerConfig takes it (the engine runs it)
     moe_token_dispatcher_type: str = "allgather"  # Megatron-LM's default
     moe_expert_capacity_factor: float | None = None  # None: dropless
@@ -104,6 +107,8 @@ class Job:
         """Reject a job megatron would refuse or silently change."""
         validate_model(self.model)
         validate_layout(self.model, self.layout)
+        if self.training.recompute == "selective":
+            check_modules(self.training.recompute_modules, self.model)
         if self.training.flash_attention and self.model.dtype_name == "float32":
             raise ConfigError(
                 "--use-flash-attn needs --bf16 or --fp16: flash attention kernels have no fp32 path"
@@ -168,6 +173,7 @@ def _megatron_training_rules(args: Mapping[str, Any], values: dict[str, Any]) ->
     if args.get("recompute_activations"):
         # validate_args: "if args.recompute_activations: args.recompute_granularity = 'selective'"
         values["recompute"] = "selective"
+    values["recompute"], values["recompute_modules"] = parse_modules(args, values["recompute"])
     method, layers = args.get("recompute_method"), args.get("recompute_num_layers")
     if values["recompute"] != "full" and (method is not None or layers is not None):
         flag = "--recompute-method" if method is not None else "--recompute-num-layers"

@@ -324,6 +324,12 @@ def measure(built: BuiltJob, hardware: Hardware) -> MemoryReport:
         _stage_memory(job, dims, schedule, stage, ranks_of[stage.stage]) for stage in built.stages
     ]
     engine = run_job(job, built.stages)
+    extra = [m for m in job.training.recompute_modules if m != "core_attn"]
+    if engine.not_run is not None and job.training.recompute == "selective" and extra:
+        raise ConfigError(
+            f"--recompute-modules {' '.join(extra)} is measured by the engine only, and it cannot "
+            f"run this job yet ({engine.not_run}); the formulas count core_attn alone"
+        )
     stages = tuple(replace(s, run=engine.runs.get(s.stage)) for s in formulas)
     return MemoryReport(
         job=job,
