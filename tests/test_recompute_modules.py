@@ -87,5 +87,6 @@ def test_the_formula_fallback_refuses_modules_it_does_not_count(cli):
     result = cli("memory", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
                  "--seq-length", "32", "--vocab-size", "1000", "--micro-batch-size", "1", "--bf16",
                  "--disable-bias-linear", "--transformer-impl", "transformer_engine",
+                 "--cp", "2", "--use-flash-attn",  # TE's context parallelism: not run by the engine
                  "--recompute-granularity", "selective", "--recompute-modules", "core_attn mlp")  # fmt: skip
     assert result.code == 2 and result.err.startswith("Error: --recompute-modules mlp is measured by the engine only")
