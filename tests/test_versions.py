@@ -230,7 +230,7 @@ def test_null_tokenizer_padding_is_megatrons_own_from_0_17():
                          padded_vocab_size=None, pad_vocab_size=True, metadata_path=None)  # fmt: skip
         build_tokenizer(args)
         size = vocabulary("NullTokenizer", None, 128256, None, "s.sh").size
-        assert ModelConfig(vocab_size=size).padded_vocab_size(tp) == args.padded_vocab_size
+        assert ModelConfig(vocab_size=size).embedding_rows(tp) == args.padded_vocab_size
 
 
 def test_arguments_the_installed_megatron_lm_does_not_know(tmp_path, cli):

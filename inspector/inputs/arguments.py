@@ -62,6 +62,11 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         int,
         "Pad the vocabulary to a multiple of this times the tensor-parallel size.",
     ),
+    _model(
+        "padded_vocab_size",
+        int,
+        "Embedding rows as given, whatever the tokenizer (Megatron-LM 0.18+; no padding).",
+    ),
     _model("normalization", str, "Norm type.", choices=("LayerNorm", "RMSNorm")),
     _model("swiglu", bool, "Use a SwiGLU MLP (gated, two input projections)."),
     _model(

@@ -92,6 +92,15 @@ def apply_tokenizer(args: dict[str, Any], ignored: tuple[str, ...], raw: dict[st
     """
     if "--tokenizer-type" not in raw:
         return args, ignored, (), ""
+    rows = args.get("padded_vocab_size")
+    if rows is not None:
+        # Megatron-LM 0.18+ pads the tokenizer's vocabulary only "if None"
+        # (megatron/core/tokenizers/utils/build_tokenizer.py, _set_padded_vocab_size)
+        kept = tuple(f for f in ignored if f not in ("--tokenizer-type", "--tokenizer-model"))
+        note = (f"--padded-vocab-size {rows}: the embedding has {rows} rows whatever the "
+                f"tokenizer's vocabulary ({raw['--tokenizer-type']}), as Megatron-LM 0.18+ "
+                "builds it")  # fmt: skip
+        return args, kept, (note,), ""
     vocab = vocabulary(raw["--tokenizer-type"], raw.get("--tokenizer-model"),
                        args.get("vocab_size"), raw.get("--vocab-file"), where)  # fmt: skip
     if vocab.size is not None:

@@ -68,12 +68,6 @@ REFUSED: dict[str, Refusal] = {
     "--window-size": Refusal(
         "model", "sliding-window attention changes attention FLOPs and scores, which the formulas "
         "count for full causal attention"),  # fmt: skip
-    # Megatron-LM 0.18+ (megatron/training/config/training_config.py, TokenizerConfig): the
-    # embedding rows as given; Megatron-LM up to 0.17 has no such argument (argparse refuses it)
-    "--padded-vocab-size": Refusal(
-        "model", "it is a Megatron-LM 0.18+ argument (the embedding rows as given); the "
-        "Megatron-LM of the megatron-core this tool builds with (0.13-0.16) refuses it; pass "
-        "--vocab-size (the tool pads it as Megatron-LM does)"),
     "--vocab-extra-ids": Refusal("model", "extra ids change the vocabulary; pass --vocab-size"),
     "--moe-use-legacy-grouped-gemm": Refusal(
         "model", "the legacy GroupedMLP under Transformer Engine is not modelled"),

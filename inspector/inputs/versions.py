@@ -37,6 +37,8 @@ ARGUMENT_VERSIONS: dict[str, tuple[tuple[int, int], tuple[int, int] | None]] = {
     "--rl-persist-cuda-graphs": ((0, 17), None),
     "--inference-cuda-graph-all-prefills": ((0, 18), None),
     "--step-batch-size-schedule": ((0, 18), None),
+    # training_config.py TokenizerConfig.padded_vocab_size, parsed from it from core_v0.18.0
+    "--padded-vocab-size": ((0, 18), None),
     "--freeze-all-layers": ((0, 19), None),
     "--inference-cuda-graph-max-tokens": ((0, 19), None),
     "--inference-shards": ((0, 19), None),

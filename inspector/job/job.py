@@ -129,7 +129,7 @@ class Job:
         return ModelDims.from_fields(
             model.transformer_fields(),
             seq_length=model.seq_length,
-            vocab_size=model.padded_vocab_size(self.layout.tp),
+            vocab_size=model.embedding_rows(self.layout.tp),
             attention_dropout=training.attention_dropout > 0,
             hidden_dropout=training.hidden_dropout > 0,
             rotary=model.position_embedding_type in ("rope", "mrope", "yarn")

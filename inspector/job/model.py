@@ -33,6 +33,8 @@ class ModelConfig:
     max_position_embeddings: int | None = None
     vocab_size: int = 50257
     make_vocab_size_divisible_by: int = 128
+    # Megatron-LM 0.18+'s --padded-vocab-size: the embedding rows as given (None: pad vocab_size)
+    padded_vocab_size: int | None = None
     normalization: str = "LayerNorm"
     swiglu: bool = False
     position_embedding_type: str = "learned_absolute"
@@ -191,20 +193,26 @@ class ModelConfig:
             return bool(self.moe_layer_freq[layer])
         return layer % self.moe_layer_freq == 0
 
-    def padded_vocab_size(self, tensor_parallel_size: int) -> int:
+    def embedding_rows(self, tensor_parallel_size: int) -> int:
         """Return the vocabulary padded as Megatron-LM does for this tensor-parallel size.
 
         Megatron-LM `megatron/training/tokenizer/tokenizer.py::_vocab_size_with_padding`: pad up to a
         multiple of make_vocab_size_divisible_by * tensor_model_parallel_size. megatron-core has no
         such function (padding happens in Megatron-LM's training code), so this is the one formula
-        standing in for it.
+        standing in for it. A given --padded-vocab-size is taken as it is (Megatron-LM 0.18+,
+        megatron/core/tokenizers/utils/build_tokenizer.py `_set_padded_vocab_size`: padding only
+        "if None").
         """
+        if self.padded_vocab_size is not None:
+            return self.padded_vocab_size
         multiple = self.make_vocab_size_divisible_by * tensor_parallel_size
         return int(math.ceil(self.vocab_size / multiple) * multiple)
 
     def to_args(self) -> dict[str, Any]:
-        """Return the non-default fields as Megatron-LM arguments (for headers and caches)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        """Return the fields as Megatron-LM arguments (for headers and caches); --padded-vocab-size
+        only where it is given, so a job without it reads as before."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name != "padded_vocab_size" or self.padded_vocab_size is not None}  # fmt: skip
 
 
 MODEL_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelConfig))
@@ -241,6 +249,7 @@ def _require_positive(config: ModelConfig) -> None:
         "seq_length",
         "vocab_size",
         "make_vocab_size_divisible_by",
+        "padded_vocab_size",
         "moe_router_topk",
         "ffn_hidden_size",
         "num_query_groups",
