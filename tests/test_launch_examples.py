@@ -10,7 +10,8 @@ from pathlib import Path
 import megatron.core
 import pytest
 
-from inspector.errors import ConfigError
+from inspector.errors import ConfigError, InputError
+from inspector.inputs.sources import parse_launch_script
 from inspector.inputs.tokenizers import vocabulary
 
 VERSION = tuple(int(p) for p in megatron.core.__version__.split(".")[:2])
@@ -89,3 +90,62 @@ def test_padded_vocab_size_on_the_command_line():
     assert "padded_vocab_size" not in ModelConfig().to_args()  # outputs of other jobs unchanged
     with pytest.raises(ConfigError):
         make_model_config({"padded_vocab_size": 0})
+
+
+# examples/rl/model_configs/NAME.sh, sourced before the README's `torchrun ... train_rl.py`
+RL_CONFIG = """\
+TP=${{TP:-2}}
+MODEL_OPTIONS="\\
+  {small} {model} \\
+  --tokenizer-type TikTokenizer \\
+  --tokenizer-model ${{TOKENIZER_MODEL}} \\
+  --tensor-model-parallel-size $TP"
+"""
+RL_LAUNCH = """\
+source {config}
+torchrun --nproc-per-node=2 train_rl.py --perform-rl-step ${{MODEL_OPTIONS}} $@
+"""
+
+
+def _rl(tmp_path: Path, model: str) -> str:
+    config = tmp_path / "my_model.sh"
+    config.write_text(RL_CONFIG.format(small=SMALL, model=model))
+    launch = tmp_path / "rl.sh"
+    launch.write_text(RL_LAUNCH.format(config=config))
+    return str(launch)
+
+
+def test_a_refused_model_and_its_unset_values_in_one_error(tmp_path):
+    # the tokenizer is left to the caller, and the model is hybrid: both named at once
+    path = _rl(tmp_path, "--hybrid-layer-pattern M*M- --mamba-head-dim 64")
+    with pytest.raises(InputError) as error:
+        parse_launch_script(Path(path).read_text(), path)
+    assert str(error.value) == (
+        f"{path} line 2: --hybrid-layer-pattern M*M- and --mamba-head-dim 64 are not modelled: "
+        "this tool builds megatron-core's GPTModel; hybrid (Mamba) models are not modelled; "
+        f"{path} line 2: --tokenizer-model is ${{TOKENIZER_MODEL}}, which the script never sets; "
+        "give it with --set TOKENIZER_MODEL=VALUE"
+    )
+
+
+def test_unset_values_alone_when_nothing_is_refused(tmp_path):
+    path = _rl(tmp_path, "")
+    with pytest.raises(InputError) as error:
+        parse_launch_script(Path(path).read_text(), path)
+    assert str(error.value) == (
+        f"{path} line 2: --tokenizer-model is ${{TOKENIZER_MODEL}}, which the script never sets; "
+        "give it with --set TOKENIZER_MODEL=VALUE"
+    )
+
+
+def test_use_checkpoint_args_is_refused(tmp_path, cli):
+    # Megatron-LM's load_args_from_checkpoint replaces num_layers, hidden_size, ... (most with
+    # force=True): the script's own model is not the one trained
+    path = _rl(tmp_path, "--use-checkpoint-args --vocab-size 1000")
+    result = cli("params", "--from-script", path, "--set", "TOKENIZER_MODEL=t")
+    assert result.code == 2
+    assert result.err.endswith(
+        f"Error: {path} line 2: --use-checkpoint-args is not modelled: Megatron-LM then takes "
+        "the model's architecture from the checkpoint it loads (over the script's own "
+        "arguments), which this tool cannot read; drop it and give the model's arguments\n"
+    )

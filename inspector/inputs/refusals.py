@@ -53,13 +53,18 @@ def validate_args_refusals(flags: Iterable[str], where: str) -> tuple[Refused, .
 
 def raise_refusals(refused: Sequence[Refused], groups: tuple[str, ...]) -> None:
     """Raise one ConfigError naming every refused argument that a command of `groups` reads."""
+    message = refusals_message(refused, groups)
+    if message:
+        raise ConfigError(message)
+
+
+def refusals_message(refused: Sequence[Refused], groups: tuple[str, ...]) -> str:
+    """Return the sentences naming every refused argument a command of `groups` reads, or ""."""
     stopping = [r for r in refused if r.group == ALL_GROUPS or r.group in groups]
-    if not stopping:
-        return
     places: dict[str, list[Refused]] = {}
     for item in stopping:
         places.setdefault(item.where, []).append(item)
-    raise ConfigError("; ".join(f"{where}: {_sentences(items)}" for where, items in places.items()))
+    return "; ".join(f"{where}: {_sentences(items)}" for where, items in places.items())
 
 
 def _sentences(items: list[Refused]) -> str:

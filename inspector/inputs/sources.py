@@ -25,7 +25,7 @@ from inspector.inputs.launch import (
     world_of,
 )
 from inspector.inputs.missing import NO_FLAG, WORLD, Needs, raise_missing
-from inspector.inputs.refusals import Refused, refused_argument
+from inspector.inputs.refusals import Refused, refusals_message, refused_argument
 from inspector.inputs.safe_parse import parse_json, parse_yaml
 from inspector.inputs.tokenizers import TOKENIZER_FLAGS, apply_tokenizer
 from inspector.inputs.unmodelled import IGNORED, REFUSED, RENAMED
@@ -111,7 +111,8 @@ def parse_launch_script(text: str, origin: str, settings: Mapping[str, str] | No
     if "--tokenizer-type" in raw:
         raw = {flag: needs.need(value, flag, "vocab_size") or launch.ctx.show(value)
                for flag, value in raw.items()}  # fmt: skip
-    raise_missing(needs.missing, given)
+    # a model refused whatever its values: named in the same error as the values left unset
+    raise_missing(needs.missing, given, refusals_message(refused, ("model",)))
     args, ignored, vocab_notes, problem = apply_tokenizer(args, ignored, raw, where)
     notes += vocab_notes
     return ScriptArgs(

@@ -46,6 +46,12 @@ REFUSED: dict[str, Refusal] = {
         "layout", "it changes megatron's rank order (tp-pp-dp), which this tool does not model"),
     "--use-legacy-models": Refusal("model", "this tool builds megatron-core (mcore) models only"),
     "--spec": Refusal("model", "a custom layer spec module cannot be imported here"),
+    # megatron/training/checkpointing.py load_args_from_checkpoint: num_layers, hidden_size, ...
+    # from the checkpoint's args, most with force=True (over the script's own values)
+    "--use-checkpoint-args": Refusal(
+        "model", "Megatron-LM then takes the model's architecture from the checkpoint it loads "
+        "(over the script's own arguments), which this tool cannot read; drop it and give the "
+        "model's arguments"),  # fmt: skip
     "--yaml-cfg": Refusal("model", "arguments in a Megatron-LM YAML config are not read; pass them"),
     "--heterogeneous-layers-config-path": Refusal("model", "heterogeneous layers are not modelled"),
     "--heterogeneous-layers-config-encoded-json": Refusal(
@@ -241,7 +247,7 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--no-load-optim --load-main-params-from-ckpt --no-load-rng --no-strict-fsdp-dtensor-load "
         "--non-persistent-save-interval --non-persistent-ckpt-type --non-persistent-global-ckpt-dir "
         "--non-persistent-local-ckpt-dir --non-persistent-local-ckpt-algo --finetune "
-        "--pretrained-checkpoint --ckpt-step --no-initialization --use-checkpoint-args "
+        "--pretrained-checkpoint --ckpt-step --no-initialization "
         "--use-mp-args-from-checkpoint-args --no-use-tokenizer-model-from-checkpoint-args "
         "--exit-on-missing-checkpoint --use-dist-ckpt --use-persistent-ckpt-worker "
         "--auto-detect-ckpt-format --dist-ckpt-format --ckpt-format --ckpt-convert-format "
