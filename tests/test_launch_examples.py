@@ -149,3 +149,16 @@ def test_use_checkpoint_args_is_refused(tmp_path, cli):
         "the model's architecture from the checkpoint it loads (over the script's own "
         "arguments), which this tool cannot read; drop it and give the model's arguments\n"
     )
+
+
+def test_plan_offers_only_tensor_parallel_sizes_that_split_the_rows():
+    from inspector.job.hardware import DEFAULT_GPU, get_gpu
+    from inspector.job.model import ModelConfig
+    from inspector.plan.layouts import _tp_choices
+    from inspector.plan.request import Request
+
+    gpu = get_gpu(DEFAULT_GPU)
+    for rows, choices in ((1024, [1, 2, 4, 8]), (1002, [1, 2]), (None, [1, 2, 4, 8])):
+        model = ModelConfig(num_attention_heads=8, hidden_size=64, padded_vocab_size=rows)
+        request = Request(model, gpus=8, gpu=gpu, memory=80 << 30, global_batch_size=8)
+        assert _tp_choices(request) == choices, rows
