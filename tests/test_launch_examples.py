@@ -162,3 +162,14 @@ def test_plan_offers_only_tensor_parallel_sizes_that_split_the_rows():
         model = ModelConfig(num_attention_heads=8, hidden_size=64, padded_vocab_size=rows)
         request = Request(model, gpus=8, gpu=gpu, memory=80 << 30, global_batch_size=8)
         assert _tp_choices(request) == choices, rows
+
+
+def test_spec_is_named_with_both_its_words(tmp_path):
+    # Megatron-LM's --spec takes nargs='*' (<module> <function>): the refusal shows both
+    path = _rl(tmp_path, "--vocab-size 1000 --spec my.module my_spec_fn")
+    with pytest.raises(InputError) as error:
+        parse_launch_script(Path(path).read_text(), path)
+    assert str(error.value).startswith(
+        f"{path} line 2: --spec my.module my_spec_fn is not modelled: a custom layer spec module "
+        "cannot be imported here; "
+    )

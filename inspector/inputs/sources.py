@@ -181,6 +181,10 @@ def _short(ctx: Context, argv: tuple[str, ...]) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+# Refused or ignored arguments that take nargs='*' in Megatron-LM's arguments.py (shown whole)
+_UNMODELLED_MANY = frozenset({"--spec"})
+
+
 def split_arguments(words: list[str], needs: Needs, ctx: Context,
                     raw: dict[str, str]) -> ScriptArgs:  # fmt: skip
     """Split the program's words into modelled arguments and ignored flags; `raw` receives the
@@ -206,7 +210,8 @@ def split_arguments(words: list[str], needs: Needs, ctx: Context,
         value = inline if inline else (words[index] if takes_value and index < len(words) else None)
         if takes_value and not inline:
             index += 1
-        while spec is not None and spec.many and not inline and _looks_like_value(words, index):
+        many = spec.many if spec is not None else flag in _UNMODELLED_MANY
+        while many and not inline and _looks_like_value(words, index):
             value, index = f"{value} {words[index]}", index + 1  # nargs='*': the words that follow
         if spec is None and flag in RENAMED:
             name, meaning = RENAMED[flag]
