@@ -173,3 +173,42 @@ def test_spec_is_named_with_both_its_words(tmp_path):
         f"{path} line 2: --spec my.module my_spec_fn is not modelled: a custom layer spec module "
         "cannot be imported here; "
     )
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        # megatron-core gpt_layer_specs: L2Norm (no weights) in place of the q/k layernorms
+        ("--qk-layernorm --export-qk-l2-norm",
+         "--export-qk-l2-norm is not modelled: Llama 4's L2 norm of queries and keys "
+         "(megatron-core L2Norm, no weights, in place of --qk-layernorm's norms) is not modelled"),
+        ("--qk-l2-norm",
+         "--qk-l2-norm is not modelled: Llama 4's L2 norm of queries and keys (megatron-core "
+         "L2Norm, no weights, in place of --qk-layernorm's norms) is not modelled"),
+        ("--export-kd-teacher-load /ckpt/teacher",
+         "--export-kd-teacher-load /ckpt/teacher is not modelled: ModelOpt's distillation holds a "
+         "teacher model beside the one trained, which this tool does not build"),
+        ("--export-model-type HybridModel",
+         "--export-model-type HybridModel is not modelled: this tool builds megatron-core's "
+         "GPTModel; hybrid (Mamba) models are not modelled"),
+        ("--no-position-embedding",
+         "--no-position-embedding without rope is refused by Megatron-LM: validate_args: "
+         "'--no-position-embedding is deprecated, use --position-embedding-type'"),
+    ],
+)  # fmt: skip
+def test_modelopt_and_megatron_lm_arguments_that_change_the_model(tmp_path, cli, extra, message):
+    path = tmp_path / "s.sh"
+    path.write_text(f"python finetune.py {SMALL} --vocab-size 1000 {extra}\n")
+    result = cli("params", "--from-script", str(path))
+    assert result.code == 2
+    assert result.err.endswith(f"Error: {path} line 1: {message}\n")
+
+
+def test_modelopt_arguments_that_change_nothing_a_gpu_holds(tmp_path, cli):
+    path = tmp_path / "s.sh"
+    path.write_text(f"python finetune.py {SMALL} --vocab-size 1000 --position-embedding-type rope "
+                    "--no-position-embedding --export-model-type GPTModel --export-te-mcore-model "
+                    "--finetune-hf-dataset my/data --export-moe-apply-probs-on-input\n")  # fmt: skip
+    result = cli("params", "--from-script", str(path))
+    assert result.code == 0, result.err
+    assert "Not recognised" not in result.err

@@ -40,15 +40,24 @@ def refused_argument(flag: str, value: str | None, where: str) -> Refused | None
     return Refused(REFUSED[flag].group, where, shown, "not modelled", REFUSED[flag].reason)
 
 
-def validate_args_refusals(flags: Iterable[str], where: str) -> tuple[Refused, ...]:
-    """Return validate_args' refusals of argument combinations among the flags a job passes."""
+def validate_args_refusals(flags: Iterable[str], where: str,
+                           args: Mapping[str, Any] | None = None) -> tuple[Refused, ...]:  # fmt: skip
+    """Return validate_args' refusals of argument combinations among the flags a job passes
+    (`args`: its modelled arguments, for the rules that read a value)."""
     given = set(flags)
+    found: list[Refused] = []
     if {"--step-batch-size-schedule", "--global-batch-size"} <= given:
-        return (Refused(ALL_GROUPS, where, "--step-batch-size-schedule with --global-batch-size",
-                        "refused by Megatron-LM",
-                        "validate_args: 'Cannot specify both --step-batch-size-schedule and "
-                        "--global-batch-size'"),)  # fmt: skip
-    return ()
+        found.append(Refused(ALL_GROUPS, where, "--step-batch-size-schedule with --global-batch-size",
+                             "refused by Megatron-LM",
+                             "validate_args: 'Cannot specify both --step-batch-size-schedule and "
+                             "--global-batch-size'"))  # fmt: skip
+    position = (args or {}).get("position_embedding_type") or "learned_absolute"
+    if "--no-position-embedding" in given and position != "rope":
+        found.append(Refused(ALL_GROUPS, where, "--no-position-embedding without rope",
+                             "refused by Megatron-LM",
+                             "validate_args: '--no-position-embedding is deprecated, use "
+                             "--position-embedding-type'"))  # fmt: skip
+    return tuple(found)
 
 
 def raise_refusals(refused: Sequence[Refused], groups: tuple[str, ...]) -> None:

@@ -102,7 +102,7 @@ def parse_launch_script(text: str, origin: str, settings: Mapping[str, str] | No
     parsed = split_arguments(program_arguments(launch.argv), needs, launch.ctx, raw)
     args, ignored = dict(parsed.args), parsed.ignored
     flags = {BY_NAME[name].flag for name in args} | set(parsed.ignored)
-    program, refused = program_checks(launch.argv, launch.ctx.show, flags, where)
+    program, refused = program_checks(launch.argv, launch.ctx.show, flags, where, args)
     refused += parsed.refused
     own = f"{origin} line "  # the script's own lines: "line 12: ..." under "Note from SCRIPT"
     read = (note.replace(own, "line ", 1) if note.startswith(own) else note

@@ -30,6 +30,12 @@ _FSDP = (
     "does not model; --use-distributed-optimizer is modelled exactly"
 )
 _HYBRID = "this tool builds megatron-core's GPTModel; hybrid (Mamba) models are not modelled"
+_QK_L2 = (
+    "Llama 4's L2 norm of queries and keys (megatron-core L2Norm, no weights, in place of "
+    "--qk-layernorm's norms) is not modelled"
+)
+_QUANTIZERS = "ModelOpt's quantizers (fake-quantized weights and inputs) are not counted"
+_FROZEN = "frozen parameters hold no gradients or optimizer state, which this tool does not model"
 
 REFUSED: dict[str, Refusal] = {
     "--fp8-format": Refusal("training", _FP8),
@@ -74,6 +80,25 @@ REFUSED: dict[str, Refusal] = {
     "--window-size": Refusal(
         "model", "sliding-window attention changes attention FLOPs and scores, which the formulas "
         "count for full causal attention"),  # fmt: skip
+    # megatron-core gpt_layer_specs: `L2Norm if qk_l2_norm else (qk_norm if qk_layernorm ...)`
+    "--qk-l2-norm": Refusal("model", _QK_L2),
+    # ModelOpt's arguments (megatron/post_training/arguments.py), read by its finetune.py
+    "--export-qk-l2-norm": Refusal("model", _QK_L2),
+    "--export-model-type": Refusal("model", _HYBRID, ("GPTModel",)),
+    "--export-kd-teacher-load": Refusal(
+        "model", "ModelOpt's distillation holds a teacher model beside the one trained, which "
+        "this tool does not build"),  # fmt: skip
+    "--export-offline-model": Refusal(
+        "model", "ModelOpt's offline speculative-decoding model has no decoder layers, which "
+        "this tool does not build"),  # fmt: skip
+    "--export-quant-cfg": Refusal("training", _QUANTIZERS, ("None",)),
+    "--export-real-quant-cfg": Refusal("training", _QUANTIZERS, ("None",)),
+    "--export-kv-cache-quant": Refusal("training", _QUANTIZERS, ("none",)),
+    "--qad-train-target": Refusal("training", _FROZEN),
+    "--freeze-base-for-mtp": Refusal("training", _FROZEN),
+    "--export-force-local-attention": Refusal(
+        "training", "ModelOpt's local attention (megatron-core DotProductAttention, which stores "
+        "the attention scores) in place of Transformer Engine's is not modelled"),  # fmt: skip
     "--vocab-extra-ids": Refusal("model", "extra ids change the vocabulary; pass --vocab-size"),
     "--moe-use-legacy-grouped-gemm": Refusal(
         "model", "the legacy GroupedMLP under Transformer Engine is not modelled"),
@@ -142,7 +167,9 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--openai-gelu --squared-relu --onnx-safe --activation-func-clamp-value --glu-linear-offset "
         "--rotary-base --rotary-percent --rotary-interleaved --rotary-seq-len-interpolation-factor "
         "--use-rope-scaling --rope-scaling-factor --no-rope-freq "
-        "--apply-query-key-layer-scaling --attention-softmax-in-fp32 --qk-l2-norm "
+        "--apply-query-key-layer-scaling --attention-softmax-in-fp32 "
+        # with rope only: validate_args refuses it otherwise (inspector.inputs.refusals)
+        "--no-position-embedding "
         "--init-method-std --embedding-init-method-std --init-method-xavier-uniform --seed "
         "--data-parallel-random-init --loss-scale --initial-loss-scale --min-loss-scale "
         "--loss-scale-window --hysteresis --disable-bf16-reduced-precision-matmul "
@@ -257,6 +284,14 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--dist-ckpt-save-pre-mcore-014 --dist-ckpt-optim-fully-reshardable "
         "--distrib-optim-fully-reshardable-mem-efficient --replication --replication-jump "
         "--replication-factor --moe-use-upcycling --moe-upcycling-granularity"
+    ),
+    # megatron/post_training/arguments.py: data, checkpoint key mapping, numerics; the teacher's
+    # config only acts with --export-kd-teacher-load (refused)
+    "ModelOpt's data, checkpoint and numerics options": (
+        "--finetune-hf-dataset --finetune-data-split --finetune-data-files --export-te-mcore-model "
+        "--export-default-te-spec --export-legacy-megatron --modelopt-enabled "
+        "--export-kd-teacher-model-config --export-kd-teacher-ckpt-format --export-kd-cfg "
+        "--export-moe-apply-probs-on-input --enable-gpt-oss --trust-remote-code"
     ),
     "logging, profiling, fault tolerance": (
         "--log-interval --log-params-norm --log-num-zeros-in-grad --log-throughput --log-progress "
