@@ -212,3 +212,13 @@ def test_modelopt_arguments_that_change_nothing_a_gpu_holds(tmp_path, cli):
     result = cli("params", "--from-script", str(path))
     assert result.code == 0, result.err
     assert "Not recognised" not in result.err
+
+
+def test_tokenizer_hf_include_special_tokens_lives_from_0_16_to_0_17():
+    # examples/rl's Qwen3-30B-A3B config still passes it; 0.18 folded it into TokenizerConfig
+    from inspector.inputs.unmodelled import IGNORED
+    from inspector.inputs.versions import argument_unknown_note
+
+    assert "--tokenizer-hf-include-special-tokens" in IGNORED
+    note = argument_unknown_note("--tokenizer-hf-include-special-tokens")
+    assert (note is None) == ((0, 16) <= VERSION < (0, 18))

@@ -240,6 +240,7 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--object-storage-cache-path --mid-level-dataset-surplus --allow-ambiguous-pad-tokens "
         "--dataloader-type --merge-file --vocab-file --tokenizer-type --tokenizer-model "
         "--tokenizer-metadata --tiktoken-pattern --tiktoken-num-special-tokens "
+        "--tokenizer-hf-include-special-tokens "
         "--tiktoken-special-tokens --legacy-tokenizer --sample-rate --mask-prob --short-seq-prob "
         "--decoder-seq-length --retriever-seq-length --sft --sft-tokenizer-prompt-format "
         "--disable-msc"

@@ -52,6 +52,8 @@ ARGUMENT_VERSIONS: dict[str, tuple[tuple[int, int], tuple[int, int] | None]] = {
     "--no-async-tensor-model-parallel-allreduce": ((0, 13), (0, 17)),
     "--no-scatter-gather-tensors-in-pipeline": ((0, 13), (0, 18)),
     "--tiktoken-special-tokens": ((0, 13), (0, 18)),
+    # 0.18 folded the tokenizer's arguments into TokenizerConfig (commit 40d024bc69)
+    "--tokenizer-hf-include-special-tokens": ((0, 16), (0, 18)),
     "--use-legacy-models": ((0, 13), (0, 18)),
 }
 
