@@ -33,7 +33,7 @@ import torch
 from inspector.engine.allocator import Event, Tracker
 from inspector.engine.cuda import cuda_on_meta
 from inspector.errors import ConfigError
-from inspector.job.job import Job
+from inspector.job.job import FUSIONS, Job
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,8 @@ def runtime_config(job: Job) -> dict[str, Any]:
 
     `core_transformer_config_from_args` copies the dropouts and recomputation; its flag defaults
     give `attention_softmax_in_fp32` False (softmax in the 16-bit type), bias-activation and
-    bias-dropout fusion on. The masked-softmax, rope and gradient-accumulation fusions need
+    bias-dropout fusion on unless `--no-bias-gelu-fusion`, `--no-bias-swiglu-fusion` or
+    `--no-bias-dropout-fusion` turn them off. The masked-softmax, rope and gradient-accumulation fusions need
     kernels from apex or Transformer Engine: off for the local spec, as in the GPU runs of
     shared/gpu/jobs; on for Transformer Engine jobs, as Megatron-LM's flags default them
     (`--no-masked-softmax-fusion`, `--no-rope-fusion`, `--no-gradient-accumulation-fusion`
@@ -64,16 +65,23 @@ def runtime_config(job: Job) -> dict[str, Any]:
     """
     training, model = job.training, job.model
     te = model.transformer_impl == "transformer_engine"
-    gelu_without_bias = not model.swiglu and model.disable_bias_linear
+    on = {name: name not in training.unfused for name in FUSIONS}
+    # core_transformer_config_from_args: bias_swiglu_fusion with --swiglu, else bias_gelu_fusion,
+    # which validate_args turns off without linear biases ("Disable bias gelu fusion if we are
+    # disabling bias altogether")
+    if model.swiglu:
+        bias_activation = on["bias_swiglu_fusion"]
+    else:
+        bias_activation = on["bias_gelu_fusion"] and not model.disable_bias_linear
     fields: dict[str, Any] = dict(
         hidden_dropout=training.hidden_dropout,
         attention_dropout=training.attention_dropout,
         attention_softmax_in_fp32=False,
-        masked_softmax_fusion=te,
-        bias_activation_fusion=not gelu_without_bias,
-        bias_dropout_fusion=True,
-        apply_rope_fusion=te and model.position_embedding_type == "rope",
-        gradient_accumulation_fusion=te,
+        masked_softmax_fusion=te and on["masked_softmax_fusion"],
+        bias_activation_fusion=bias_activation,
+        bias_dropout_fusion=on["bias_dropout_fusion"],
+        apply_rope_fusion=te and model.position_embedding_type == "rope" and on["rope_fusion"],
+        gradient_accumulation_fusion=te and on["gradient_accumulation_fusion"],
         deallocate_pipeline_outputs=True,
     )
     if model.num_experts is not None:
