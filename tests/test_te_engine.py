@@ -324,3 +324,27 @@ def test_llama3_8b_memory_runs_in_the_engine():
     assert result.exit_code == 0, result.output
     assert "run on meta tensors, replayed in the pipeline schedule" in result.output
     assert "closed forms" not in result.output
+
+
+def test_a_rank_s_chunks_share_te_s_placeholder_weight_gradients():
+    """get_dummy_wgrad keeps one placeholder per (rows, cols, dtype) for the process
+    (base.py 79-92), so a rank with virtual stages holds each once, not once per chunk: one per
+    distinct weight shape of the layers' fused-accumulation linears (QKV, projection, fc1, fc2)
+    and of megatron's output layer (tensor_parallel/layers.py calls the same function)."""
+    from inspector.engine.memory import run_job
+    from inspector.world.build import build, select_view
+    from inspector.world.setup import megatron
+    from inspector.world.te.state import DUMMY_WGRAD
+
+    megatron()
+    job = _job(num_layers=4, num_layers_per_virtual_pipeline_stage=1, global_batch_size=8,
+               pipeline_model_parallel_size=2, data_parallel_size=1)  # fmt: skip
+    [built] = [s for s in build(job, select_view(job), expert_ranks=(0,)).stages if s.stage == 1]
+    assert len(built.chunks) == 2
+    kept = run_job(job, [built]).runs[1].persistent
+    placeholders = sorted(size for where, size in kept if where.startswith(DUMMY_WGRAD))
+    h, t, f, vocab = 64, 2, 256, 1024  # test_engine._job: hidden 64 (4h MLP), tp 2, vocab padded
+    # bf16 weights, split by t: QKV [3h/t, h], projection [h, h/t], fc1 [f/t, h], fc2 [h, f/t]
+    expected = sorted([3 * h // t * h * 2, h * h // t * 2, f // t * h * 2, h * f // t * 2,
+                       vocab // t * h * 2])  # fmt: skip
+    assert placeholders == expected

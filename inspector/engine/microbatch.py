@@ -23,6 +23,7 @@ found as the storages still alive at its end: they are persistent, allocated onc
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from inspector.engine.allocator import Event, Tracker
 from inspector.engine.cuda import cuda_on_meta
 from inspector.errors import ConfigError
 from inspector.job.job import FUSIONS, Job
+from inspector.world.te.state import placeholders_named
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,8 @@ def run_microbatch(job: Job, ddp: Any, gpt: Any, num_microbatches: int) -> Trace
     """Run one micro-batch forward and backward through `ddp` (around `gpt`); return its trace."""
     tracker = Tracker()
     where = _where(tracker, gpt)
-    with cuda_on_meta(), _failures(tracker, where), where, _global_buffer_named(tracker):
+    with cuda_on_meta(), _failures(tracker, where), where, _global_buffer_named(tracker), \
+            placeholders_named(functools.partial(_named, tracker)):
         with tracker, _routing(job):
             start = tracker.mark()
             state = _forward(job, ddp, gpt, num_microbatches, tracker)
@@ -286,6 +289,20 @@ def _global_buffer_named(tracker: Tracker) -> Iterator[None]:
         yield
     finally:
         GlobalMemoryBuffer.get_tensor = get_tensor
+
+
+@contextlib.contextmanager
+def _named(tracker: Tracker, label: str) -> Iterator[None]:
+    """Name what is allocated inside, in backward too (where the tracker otherwise names the
+    module whose forward made the running autograd node: a module on the stack takes over)."""
+    where = tracker.where
+    tracker.stack.append(label)
+    tracker.where = label
+    try:
+        yield
+    finally:
+        tracker.stack.pop()
+        tracker.where = where
 
 
 class _where:
