@@ -345,6 +345,10 @@ def test_a_rank_s_chunks_share_te_s_placeholder_weight_gradients():
     placeholders = sorted(size for where, size in kept if where.startswith(DUMMY_WGRAD))
     h, t, f, vocab = 64, 2, 256, 1024  # test_engine._job: hidden 64 (4h MLP), tp 2, vocab padded
     # bf16 weights, split by t: QKV [3h/t, h], projection [h, h/t], fc1 [f/t, h], fc2 [h, f/t]
-    expected = sorted([3 * h // t * h * 2, h * h // t * 2, f // t * h * 2, h * f // t * 2,
-                       vocab // t * h * 2])  # fmt: skip
-    assert placeholders == expected
+    layers = [3 * h // t * h * 2, h * h // t * 2, f // t * h * 2, h * f // t * 2]
+    from megatron.core.tensor_parallel import layers as megatron_layers
+
+    # megatron-core 0.16's output layer takes TE's placeholder too; 0.13's makes an empty
+    # gradient each backward (layers.py), freed with it
+    output = [vocab // t * h * 2] if hasattr(megatron_layers, "get_dummy_wgrad") else []
+    assert placeholders == sorted(layers + output)
