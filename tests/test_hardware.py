@@ -42,12 +42,14 @@ def test_each_figure_matches_its_datasheet() -> None:
     assert (h200.tflops_16bit, h200.hbm, h100.hbm, a100.hbm) == (989.0, 4.8e12, 3.35e12, 2.039e12)
     assert (b200.tflops_16bit, b200.tflops_fp8, b200.tflops_fp32) == (2250.0, 4500.0, 75.0)
     assert (b200.memory_gib, b200.hbm, b200.intra * 2, b200.inter * 8) == (180, 8e12, 1800e9, 400e9)
-    # GB200 NVL72: the sparse per-GPU figures (FP4 20,000, FP8 10,000, BF16 5,000) halved; one
-    # NVLink domain of 72 GPUs; FP4 for the record, None where there are no FP4 tensor cores
+    # GB200 NVL72's page, per rack of 72 GPUs and per superchip of 2: NVFP4 dense 720 PFLOP/s;
+    # FP8 720 and BF16 360 sparse (dense is half); FP32 5,760 TFLOP/s; 372 GB per superchip; 576
+    # TB/s; 3.6 TB/s NVLink per superchip; one NVLink domain of 72 GPUs
     gb200 = get_gpu("gb200")
-    assert (gb200.tflops_fp4, gb200.tflops_fp8, gb200.tflops_16bit) == (20000 / 2, 10000 / 2, 2500.0)
-    assert (gb200.tflops_fp32, gb200.memory_gib, gb200.hbm) == (80.0, 186, 576e12 / 72)
-    assert (gb200.intra * 2, gb200.inter * 8, gb200.gpus_per_node) == (1.8e12, 400e9, 72)
+    assert (gb200.tflops_fp4, gb200.tflops_fp8) == (720e3 / 72, 720e3 / 72 / 2)
+    assert (gb200.tflops_16bit, gb200.tflops_fp32) == (360e3 / 72 / 2, 5760 / 72)
+    assert (gb200.memory_gib, gb200.hbm) == (372 / 2, 576e12 / 72)
+    assert (gb200.intra * 2 * 2, gb200.inter * 8, gb200.gpus_per_node) == (3.6e12, 400e9, 72)
     assert b200.tflops_fp4 == 144e3 / 8 / 2
     assert [g.tflops_fp4 for g in (h100, h200, a100)] == [None, None, None]
 

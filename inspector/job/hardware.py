@@ -57,11 +57,14 @@ GPUS = {
     # FP4: 144 PFLOP/s with sparsity per 8 GPUs (9,000 dense per GPU).
     "b200": Gpu("b200", 2250.0, 75.0, 4500.0, 180, 8e12, 900e9, 50e9, tflops_fp4=9000.0),
     # NVIDIA GB200 NVL72 specifications (https://www.nvidia.com/en-us/data-center/gb200-nvl72/),
-    # per rack of 72 GPUs, tensor figures with sparsity: 1,440 PFLOP/s FP4, 720 FP8, 360 FP16/BF16
-    # (per GPU 20,000 / 10,000 / 5,000, so 10,000 / 5,000 / 2,500 dense), 5,760 TFLOP/s FP32
-    # (80 per GPU, no sparsity); 13.4 TB HBM3e (186 GB per GPU) at 576 TB/s (8 TB/s per GPU);
-    # NVLink 5 at 130 TB/s (1.8 TB/s per GPU, 900 GB/s each way), all 72 GPUs in one NVLink
-    # domain (gpus_per_node 72); DGX GB200: one 400 Gb/s ConnectX-7 InfiniBand per GPU (50 GB/s).
+    # rack of 72 GPUs and, in the second column, one GB200 superchip of 2 GPUs. NVFP4 "1,440 |
+    # 720 PFLOPS" (footnote: sparse | dense), so 10,000 dense per GPU; FP8/FP6 720 PFLOPS and
+    # FP16/BF16 360 PFLOPS (footnote: "sparse. Dense is one-half sparse spec shown"), so 5,000 and
+    # 2,500 dense per GPU; FP32 5,760 TFLOPS (80 per GPU); "13.4 TB HBM3E | 576 TB/s", superchip
+    # "372 GB HBM3E | 16 TB/s" (186 GB and 8 TB/s per GPU); NVLink 130 TB/s, superchip 3.6 TB/s
+    # (1.8 TB/s per GPU, 900 GB/s each way), all 72 GPUs in one NVLink domain (gpus_per_node 72).
+    # InfiniBand: one 400 Gb/s ConnectX-7 per GPU (50 GB/s), as in DGX GB200 (4 per compute tray
+    # of 4 GPUs), the same figure as b200.
     "gb200": Gpu(
         "gb200", 2500.0, 80.0, 5000.0, 186, 8e12, 900e9, 50e9, gpus_per_node=72, tflops_fp4=10000.0
     ),
