@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.test_engine import _MOE, _MOE_TP1
+
 S, B, H, OUT, TP = 8, 2, 64, 96, 2  # sequence, micro-batch, in and out features, tp
 
 
@@ -264,6 +266,59 @@ def test_te_composed_stage_equals_every_layer_run(flags):
             (t.forward, t.backward) for t in whole
         ]
         assert run_memory(job, stage, shapes, cache) == run_memory(job, stage, shapes, whole=True)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        dict(num_layers=8, moe_layer_freq=2),  # MoE and dense layers, allgather, ep 1
+        dict(num_layers=6, expert_model_parallel_size=2, moe_token_dispatcher_type="alltoall",
+             moe_grouped_gemm=True),  # fmt: skip
+    ],
+    ids=["allgather-mixed", "alltoall-ep2-grouped"],
+)
+def test_te_composed_moe_stage_equals_every_layer_run(flags):
+    """A TE MoE layer is its own kind too: one of each kind stands for the rest, buffers included."""
+    from inspector.engine.memory import chunk_shapes, run_memory
+    from inspector.engine.stage import trace_chunks
+    from inspector.world.build import View, build
+
+    job = _job(**_MOE, **flags)
+    cache: dict = {}
+    for stage in range(job.layout.pp):
+        shapes = chunk_shapes(build(job, View((stage,)), expert_ranks=(0,)).stages[0])
+        whole = trace_chunks(job, stage, shapes, whole=True)
+        composed = trace_chunks(job, stage, shapes, cache)
+        assert [(t.forward, t.backward, t.persistent) for t in composed] == [
+            (t.forward, t.backward, t.persistent) for t in whole
+        ]
+        assert run_memory(job, stage, shapes, cache) == run_memory(job, stage, shapes, whole=True)
+    kinds = {kind for _, _, small in cache for kind in small}
+    assert kinds == {True, False} if "moe_layer_freq" in flags else kinds == {True}
+
+
+def test_te_grouped_experts_hold_what_grouped_linear_saves_for_backward():
+    """Hand count of what one TE MoE layer's grouped experts keep (N = tokens * topk rows).
+
+    megatron's TEGroupedMLP.forward (experts.py) runs linear_fc1, a TE GroupedLinear, on the
+    dispatcher's permuted tokens: `_GroupedLinear.forward` (grouped_linear.py, v2.11) splits its
+    input into views (`torch.split`, 152) and saves them with the weights (250-256,
+    `prepare_for_saving(*inputmats, *weights_fp8, *weights, *biases)`): no new tensor. Its
+    output [N, 2f] is saved by the weighted SwiGLU, whose output [N, f] linear_fc2 saves as views;
+    linear_fc2's output [N, h] lives until the combine.
+    """
+    from inspector.engine.stage import trace_stage
+    from inspector.world.setup import megatron
+
+    megatron()
+    job = _job(**_MOE_TP1, num_layers=1,
+               pipeline_model_parallel_size=1, data_parallel_size=1, global_batch_size=2,
+               ffn_hidden_size=128, moe_grouped_gemm=True)  # fmt: skip
+    forward = trace_stage(job, 0)[0].forward
+    held = sum(e.bytes for e in forward if e.where.startswith("decoder.layers.0.mlp.experts"))
+    tokens, topk, h, f, bf16 = 32 * 2, 2, 64, 128, 2
+    n = tokens * topk
+    assert held == n * (2 * f + f + h) * bf16, [(e.where, e.bytes) for e in forward]
 
 
 def _held_per_layer(**flags):
