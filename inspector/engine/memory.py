@@ -109,4 +109,8 @@ def not_runnable(job: Job) -> str | None:
     """Return why the engine cannot run the job yet, or None when it can."""
     if job.model.transformer_impl == "transformer_engine" and job.layout.cp > 1:
         return "Transformer Engine's context-parallel attention is not run yet"
+    if job.model.transformer_impl == "transformer_engine" and job.model.multi_latent_attention:
+        # multi_latent_attention.py runs fused_mla_yarn_rope_apply.py's Triton kernels under
+        # apply_rope_fusion (on for TE jobs): no kernel on meta
+        return "Transformer Engine's multi-latent attention (fused MLA RoPE) is not run yet"
     return None
