@@ -217,3 +217,19 @@ def test_past_the_caps_is_refused_and_nothing_written(tmp_path: Path, monkeypatc
     result = run_cli("memory", *JOB, "--no-cache", "--timeline", str(svg), "--snapshot", str(snap))
     assert result.code == 2 and result.err.startswith("Error: --snapshot: stage 0's iteration makes")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("pp, stage, chunks", [(4, 0, 1), (4, 3, 1), (4, 0, 2), (4, 2, 3)])
+def test_many_micro_batches_peak_as_four_groups(monkeypatch, pp, stage, chunks) -> None:
+    """Past engine.schedule.REPLAYED micro-batches the replay stops at 4 groups: the same peak
+    and held bytes as replaying every one (a billion-sequence plan stays bounded in time)."""
+    from inspector.engine import schedule
+
+    traces = tuple(_trace([512 * (c + 1), 1024, -1024, 2048], [4096, -4096, -2048, -512 * (c + 1)])
+                   for c in range(chunks))
+    m = 12 * pp  # above the cap set below
+    monkeypatch.setattr(schedule, "REPLAYED", 10 * pp)
+    short = schedule.iteration_peak(traces, stage, pp, m)
+    monkeypatch.setattr(schedule, "REPLAYED", 10**9)
+    whole = schedule.iteration_peak(traces, stage, pp, m)
+    assert (short.bytes, short.held, short.micro_batches) == (whole.bytes, whole.held, whole.micro_batches)

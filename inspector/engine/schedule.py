@@ -28,6 +28,9 @@ class Peak:
     moment: str  # e.g. "backward of micro-batch 0 (chunk 0): backward MmBackward0 (...)"
 
 
+REPLAYED = 10_000  # micro-batches replayed one by one; more are replayed as 4 groups
+
+
 def iteration_peak(
     traces: tuple[Trace, ...],
     stage: int,
@@ -37,8 +40,17 @@ def iteration_peak(
     step: tuple[Event, ...] = (),
 ) -> Peak:
     """Return the peak over one iteration of `stage`, whose chunks ran `traces` and whose
-    optimizer step (after the last backward, nothing in flight) ran `step`."""
+    optimizer step (after the last backward, nothing in flight) ran `step`.
+
+    Every micro-batch of a chunk allocates alike, so past the warm-up (at most two groups of
+    micro-batches) the schedule repeats itself group by group: beyond `REPLAYED` micro-batches
+    the replay stops at 4 groups, which hold every state of the whole iteration (a micro-batch
+    number in the moment then names its equal in those groups).
+    """
     chunks = len(traces)
+    group = group_size or pp
+    if num_microbatches > max(REPLAYED, 4 * group):
+        num_microbatches = 4 * group
     counts = [0] * chunks  # micro-batches started, per chunk
     flight: list[list[int]] = [[] for _ in range(chunks)]
     held, best = 0, Peak(0, 0, 0, "")
