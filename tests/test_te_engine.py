@@ -229,15 +229,10 @@ def test_fused_wgrad_accumulation_returns_tes_kept_placeholder():
 
 
 def _job(**flags):
-    from inspector.job.job import make_job
+    """test_engine.py's small job, with the Transformer Engine layer spec."""
+    from tests.test_engine import _job as small_job
 
-    args = dict(
-        num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=1000,
-        pipeline_model_parallel_size=2, tensor_model_parallel_size=2, data_parallel_size=2,
-        micro_batch_size=2, global_batch_size=8, bf16=True, use_distributed_optimizer=True,
-        transformer_impl="transformer_engine",
-    )  # fmt: skip
-    return make_job({**args, **flags})
+    return small_job(**{"transformer_impl": "transformer_engine", **flags})
 
 
 @pytest.mark.parametrize(

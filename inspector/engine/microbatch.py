@@ -231,12 +231,23 @@ def _failures(tracker: Tracker, modules: _where) -> Iterator[None]:
     """Turn an error inside megatron's forward or backward into one sentence that says where."""
     try:
         yield
-    except (ValueError, AssertionError, RuntimeError, TypeError, ArithmeticError) as exc:
-        reason = " ".join(str(exc).split()) or type(exc).__name__
-        raise ConfigError(
-            f"megatron-core failed running the {_pass(tracker)} of a micro-batch on meta tensors "
-            f"in {modules.failed or tracker.where}: {reason} (--debug shows its traceback)"
+    except MEGATRON_ERRORS as exc:
+        where = modules.failed or tracker.where
+        raise megatron_failed(
+            f"the {_pass(tracker)} of a micro-batch on meta tensors in {where}", exc
         ) from exc
+
+
+# what megatron's own code raises when a job it cannot run reaches it (its asserts and checks)
+MEGATRON_ERRORS = (ValueError, AssertionError, RuntimeError, TypeError, ArithmeticError)
+
+
+def megatron_failed(what: str, exc: BaseException) -> ConfigError:
+    """Return the one-sentence error for megatron-core failing to run `what` on meta tensors."""
+    reason = " ".join(str(exc).split()) or type(exc).__name__
+    return ConfigError(
+        f"megatron-core failed running {what}: {reason} (--debug shows its traceback)"
+    )
 
 
 def _pass(tracker: Tracker) -> str:

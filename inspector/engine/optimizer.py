@@ -45,7 +45,6 @@ from torch.overrides import TorchFunctionMode
 
 from inspector.engine.allocator import Event, Tracker
 from inspector.engine.cuda import cuda_on_meta
-from inspector.errors import ConfigError
 from inspector.job.job import Job
 
 GRAD_NORM = 2.0  # what a grad norm reads: above --clip-grad 1.0, so the clip runs
@@ -100,7 +99,7 @@ def run_step(job: Job, ddps: Sequence[Any], fused: bool) -> StepRun:
 def stage_step(job: Job, stage: int) -> StepRun:
     """Build `stage` (every layer, expert-parallel rank 0), wrap its chunks in megatron's DDP as
     Megatron-LM's get_model does, and run its optimizer step."""
-    from inspector.engine.microbatch import runtime_config
+    from inspector.engine.microbatch import MEGATRON_ERRORS, megatron_failed, runtime_config
     from inspector.engine.stage import _ddp as ddp_wrapped  # the engine's DDP wrap
     from inspector.engine.stage import moe_build
     from inspector.world.stage import stage_world
@@ -111,12 +110,9 @@ def stage_step(job: Job, stage: int) -> StepRun:
         ddps = [ddp_wrapped(job, chunk.module, stage, index) for index, chunk in enumerate(chunks)]
         try:
             return run_step(job, ddps, job.dims().fused_kernels)
-        except (ValueError, AssertionError, RuntimeError, TypeError, ArithmeticError) as exc:
-            reason = " ".join(str(exc).split()) or type(exc).__name__
-            raise ConfigError(
-                f"megatron-core failed running the optimizer step of stage {stage} on meta "
-                f"tensors: {reason} (--debug shows its traceback)"
-            ) from exc
+        except MEGATRON_ERRORS as exc:
+            what = f"the optimizer step of stage {stage} on meta tensors"
+            raise megatron_failed(what, exc) from exc
 
 
 class _Clip:

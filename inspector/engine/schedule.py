@@ -11,7 +11,9 @@ are one more phase.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from inspector.engine.allocator import Event
 from inspector.engine.microbatch import Trace
@@ -51,37 +53,58 @@ def iteration_peak(
     group = group_size or pp
     if num_microbatches > max(REPLAYED, 4 * group):
         num_microbatches = 4 * group
-    counts = [0] * chunks  # micro-batches started, per chunk
-    flight: list[list[int]] = [[] for _ in range(chunks)]
-    held, best = 0, Peak(0, 0, 0, "")
-    for forward, chunk in schedule_passes(stage, pp, num_microbatches, chunks, group_size):
-        trace = traces[chunk]
-        if forward:
-            mb = counts[chunk]
-            counts[chunk] += 1
-            top = _top(trace.forward)
-            candidate = Peak(
-                held + top.allocated,
-                held,
-                _in_flight(flight) + 1,
-                _moment("forward", mb, chunk, chunks, top),
-            )
-            flight[chunk].append(mb)
-            held += trace.held
-        else:
-            mb = flight[chunk].pop(0)
-            held -= trace.held
-            top = _top(trace.backward)
-            candidate = Peak(
-                held + top.allocated,
-                held,
-                _in_flight(flight) + 1,
-                _moment("backward", mb, chunk, chunks, top),
-            )
+    best = Peak(0, 0, 0, "")
+    for ran in replay_passes(traces, stage, pp, num_microbatches, group_size):
+        trace = traces[ran.chunk]
+        top = _top(trace.forward if ran.forward else trace.backward)
+        label = pass_label(ran.forward, ran.mb, ran.chunk, chunks)
+        candidate = Peak(ran.held + top.allocated, ran.held, ran.in_flight, f"{label}: {top.where}")
         if candidate.bytes > best.bytes:
             best = candidate
     top = _top(step)
     return Peak(top.allocated, 0, 0, top.where) if top.allocated > best.bytes else best
+
+
+class Pass(NamedTuple):
+    """One pass of the replay: a micro-batch's forward or backward on one chunk."""
+
+    forward: bool
+    chunk: int
+    mb: int  # the micro-batch, numbered per chunk
+    held: int  # activations the other micro-batches in flight hold beneath it
+    in_flight: int  # micro-batches in flight while it runs, itself included
+
+
+def replay_passes(
+    traces: Sequence[Trace],
+    stage: int,
+    pp: int,
+    num_microbatches: int,
+    group_size: int | None = None,
+) -> Iterator[Pass]:
+    """Yield the passes of one iteration of `stage` in megatron's order (`schedule_passes`),
+    each over what the micro-batches then in flight hold (their chunk's `Trace.held`)."""
+    chunks = len(traces)
+    counts = [0] * chunks  # micro-batches started, per chunk
+    flight: list[list[int]] = [[] for _ in range(chunks)]
+    held = 0
+    for forward, chunk in schedule_passes(stage, pp, num_microbatches, chunks, group_size):
+        if forward:
+            mb = counts[chunk]
+            counts[chunk] += 1
+            yield Pass(True, chunk, mb, held, _in_flight(flight) + 1)
+            flight[chunk].append(mb)
+            held += traces[chunk].held
+        else:
+            mb = flight[chunk].pop(0)
+            held -= traces[chunk].held
+            yield Pass(False, chunk, mb, held, _in_flight(flight) + 1)
+
+
+def pass_label(forward: bool, mb: int, chunk: int, chunks: int) -> str:
+    """Return e.g. "backward of micro-batch 3 (chunk 1)" (no chunk without interleaving)."""
+    where = f" (chunk {chunk})" if chunks > 1 else ""
+    return f"{'forward' if forward else 'backward'} of micro-batch {mb}{where}"
 
 
 def _top(events: tuple[Event, ...]) -> Event:
@@ -93,8 +116,3 @@ def _top(events: tuple[Event, ...]) -> Event:
 
 def _in_flight(flight: list[list[int]]) -> int:
     return sum(len(f) for f in flight)
-
-
-def _moment(kind: str, mb: int, chunk: int, chunks: int, top: Event) -> str:
-    where = f" (chunk {chunk})" if chunks > 1 else ""
-    return f"{kind} of micro-batch {mb}{where}: {top.where}"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from inspector.engine.allocator import Event
 from inspector.engine.microbatch import Trace
-from inspector.job.dims import schedule_passes
+from inspector.engine.schedule import pass_label, replay_passes
 from inspector.records import MemoryPass
 
 Steps = tuple[tuple[int, int, str], ...]
@@ -58,23 +58,13 @@ def iteration_timeline(
     """
     chunks = len(traces)
     steps = [(_steps(t.forward), _steps(t.backward)) for t in traces]  # shared by all passes
-    counts = [0] * chunks
-    flight: list[list[int]] = [[] for _ in range(chunks)]
-    held, passes = 0, []
-    for forward, chunk in schedule_passes(stage, pp, num_microbatches, chunks, group_size):
-        where = f" (chunk {chunk})" if chunks > 1 else ""
-        if forward:
-            mb = counts[chunk]
-            counts[chunk] += 1
-            label = f"forward of micro-batch {mb}{where}"
-            passes.append(MemoryPass(label, (chunk, mb), held, steps[chunk][0]))
-            flight[chunk].append(mb)
-            held += traces[chunk].held
-        else:
-            mb = flight[chunk].pop(0)
-            held -= traces[chunk].held
-            label = f"backward of micro-batch {mb}{where}"
-            passes.append(MemoryPass(label, (chunk, mb), held, steps[chunk][1]))
+    passes: list[MemoryPass] = []
+    held = 0
+    for ran in replay_passes(traces, stage, pp, num_microbatches, group_size):
+        label = pass_label(ran.forward, ran.mb, ran.chunk, chunks)
+        own = steps[ran.chunk][0 if ran.forward else 1]
+        passes.append(MemoryPass(label, (ran.chunk, ran.mb), ran.held, own))
+        held = ran.held + (traces[ran.chunk].held if ran.forward else 0)
     for index, (label, events) in enumerate(phases):
         passes.append(MemoryPass(label, (-1, index), held, _steps(events)))
     return tuple(passes)
