@@ -112,8 +112,4 @@ def not_runnable(job: Job) -> str | None:
     if job.model.transformer_impl == "transformer_engine" and job.model.num_experts is not None:
         # the engine runs TE MoE layers (tests/test_te_engine.py); lifting this waits on the suite
         return "Transformer Engine's MoE layers (grouped GEMM, fused permutation) are not run yet"
-    if job.model.transformer_impl == "transformer_engine" and job.model.multi_latent_attention:
-        # multi_latent_attention.py runs fused_mla_yarn_rope_apply.py's Triton kernels under
-        # apply_rope_fusion (on for TE jobs): no kernel on meta
-        return "Transformer Engine's multi-latent attention (fused MLA RoPE) is not run yet"
     return None
