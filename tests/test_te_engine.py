@@ -390,6 +390,29 @@ def test_fused_mla_rope_keeps_shapes_and_saves_cos_and_sin_on_meta():
     assert [g.shape for g in grads] == [q_in.shape, kv_in.shape, pos_in.shape]
 
 
+def test_te_mla_rope_allocates_key_and_value_and_frees_the_kv_up_projection():
+    """Hand count of megatron's fused MLA RoPE in one layer's forward (tokens T = s x b).
+
+    `ApplyMLARotaryEmbKV.forward` allocates o_key [T, n, emb + qk] and o_value [T, n, v]
+    (`kv.new_empty`) and saves only cos and sin, so the up projection's kv [T, n, qk + v] is freed
+    once the key and value exist; `ApplyMLARotaryEmbQ` rotates q in place (nothing allocated).
+    """
+    if _mla_rope_is_experimental():
+        pytest.skip("megatron-core 0.13 runs the fused MLA RoPE only under --enable-experimental")
+    from inspector.engine.stage import trace_stage
+
+    job = _job(**_MLA, position_embedding_type="rope", num_layers=1, pipeline_model_parallel_size=1,
+               tensor_model_parallel_size=1, data_parallel_size=1, global_batch_size=2)  # fmt: skip
+    forward = trace_stage(job, 0)[0].forward
+    attention = "decoder.layers.0.self_attention"
+    after = max(i for i, e in enumerate(forward) if e.where == f"{attention}.linear_kv_up_proj")
+    tokens, n, qk, emb, v, bf16 = 32 * 2, 4, 16, 8, 16, 2
+    key, value, kv = tokens * n * (emb + qk) * bf16, tokens * n * v * bf16, tokens * n * (qk + v) * bf16
+    assert forward[after].bytes == kv
+    rope = [e.bytes for e in forward[after + 1 : after + 4]]
+    assert rope == [key, value, -kv] and all(e.where == attention for e in forward[after + 1 : after + 4])
+
+
 def test_te_mla_memory_runs_in_the_engine(cli):
     """A dense TE job with multi-latent attention (yarn RoPE, fused) runs through megatron."""
     result = cli("memory", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
