@@ -240,9 +240,11 @@ def _steady(events: list[Event], persistent: dict[int, int]) -> list[Event]:
 @contextlib.contextmanager
 def _failures(tracker: Tracker, modules: _where) -> Iterator[None]:
     """Turn an error inside megatron's forward or backward into one sentence that says where."""
+    from megatron.core.utils import ExperimentalNotEnabledError
+
     try:
         yield
-    except MEGATRON_ERRORS as exc:
+    except (*MEGATRON_ERRORS, ExperimentalNotEnabledError) as exc:
         where = modules.failed or tracker.where
         raise megatron_failed(
             f"the {_pass(tracker)} of a micro-batch on meta tensors in {where}", exc
@@ -251,11 +253,18 @@ def _failures(tracker: Tracker, modules: _where) -> Iterator[None]:
 
 # what megatron's own code raises when a job it cannot run reaches it (its asserts and checks)
 MEGATRON_ERRORS = (ValueError, AssertionError, RuntimeError, TypeError, ArithmeticError)
+# megatron-core's `experimental_fn` (utils.py) refuses to run unless Megatron-LM's
+# --enable-experimental set config.ENABLE_EXPERIMENTAL: 0.13 wraps its fused MLA RoPE so
+EXPERIMENTAL = "megatron-core runs this function only under Megatron-LM's --enable-experimental"
 
 
 def megatron_failed(what: str, exc: BaseException) -> ConfigError:
     """Return the one-sentence error for megatron-core failing to run `what` on meta tensors."""
     reason = " ".join(str(exc).split()) or type(exc).__name__
+    from megatron.core.utils import ExperimentalNotEnabledError
+
+    if isinstance(exc, ExperimentalNotEnabledError):
+        reason = f"{reason} ({EXPERIMENTAL})"
     return ConfigError(
         f"megatron-core failed running {what}: {reason} (--debug shows its traceback)"
     )
