@@ -160,8 +160,33 @@ def _received(job: Job, gpt: Any) -> torch.Tensor:
     s = job.model.seq_length // layout.cp
     if layout.sequence_parallel:
         s //= layout.tp
-    shape = (s, job.schedule().micro_batch_size, job.model.hidden_size)
+    shape = (s * _copies_received(gpt), job.schedule().micro_batch_size, job.model.hidden_size)
     return torch.empty(shape, dtype=gpt.config.pipeline_dtype, device="cuda", requires_grad=True)
+
+
+def _copies_received(gpt: Any) -> int:
+    """Return how many sequences a chunk's input holds: 1 + MTP layers after a standalone MTP
+    stage, else 1.
+
+    A chunk with MTP layers that does not compute the loss sends the main hidden states and
+    each MTP layer's, concatenated ([(1 + mtp) s, b, h]: multi_token_prediction.py), and with
+    such a layout (`mtp_standalone`, pipeline_parallel_layer_layout.py) p2p_communication.py
+    receives every tensor at the shape sent. MTP sits in a rank's last virtual stage, so the
+    last virtual stages of the later ranks receive that tensor.
+    """
+    config = gpt.config
+    if not getattr(config, "mtp_standalone", False):
+        return 1
+    from megatron.core import parallel_state
+    from megatron.core.transformer.enums import LayerType
+
+    layout = config.pipeline_model_parallel_layout
+    rank = parallel_state.get_pipeline_model_parallel_rank()
+    last = layout.virtual_pipeline_model_parallel_size - 1
+    mtp_rank = min(r for r, chunks in enumerate(layout.layout) if LayerType.mtp in chunks[-1])
+    if (getattr(gpt, "vp_stage", None) or 0) == last and rank > mtp_rank:
+        return 1 + config.mtp_num_layers
+    return 1
 
 
 def _forward(
