@@ -112,7 +112,7 @@ class _ParallelLinear(TransformerEngineBaseModule):
         )
 
     def _fp8_weight(
-        self, weight: torch.Tensor, setup: functions.GemmSetup, is_first_microbatch: bool | None,
+        self, weight: Any, setup: functions.GemmSetup, is_first_microbatch: bool | None,
         inp: torch.Tensor,
     ) -> quantize.Quantized:  # fmt: skip
         """Return the fp8 weight TE's GEMM reads, and set up the module's recipe state.
