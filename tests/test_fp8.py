@@ -1,0 +1,181 @@
+"""FP8 through Transformer Engine: the flags, their refusals, what a TE linear holds and saves.
+
+The byte counts are written by hand from TE 2.11's quantizers (float8_tensor.py `make_empty`,
+mxfp8_tensor.py `make_empty`, float8_blockwise_tensor.py `get_scale_shape`) and the recipe state
+(module/base.py `set_meta_tensor`), independently of inspector/world/te/quantize.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+M, K, N = 256, 128, 384  # GEMM rows (sequence x micro-batch), in and out features
+SMALL = ("--num-layers 2 --hidden-size 256 --num-attention-heads 8 --seq-length 256 --vocab-size "
+         "1000 --micro-batch-size 1 --bf16 --swiglu --normalization RMSNorm --disable-bias-linear "
+         "--position-embedding-type rope").split()  # fmt: skip
+TE = ["--transformer-impl", "transformer_engine"]
+
+
+def _te():
+    from inspector.world import te
+
+    te.install()
+    import transformer_engine.pytorch as te_pytorch
+    from transformer_engine.common import recipe
+
+    return te_pytorch, recipe
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def _run_linear(recipe=None, first_microbatch=True):
+    """Run a TE Linear (no tp) forward on an [M, 1, K] bf16 input; return (output, module)."""
+    import torch
+
+    te_pytorch, _ = _te()
+    linear = te_pytorch.Linear(K, N, bias=False, params_dtype=torch.bfloat16, device="meta")
+    x = torch.empty((M, 1, K), dtype=torch.bfloat16, device="meta", requires_grad=True)
+    if recipe is None:
+        return linear(x, is_first_microbatch=first_microbatch), linear
+    with te_pytorch.fp8_autocast(enabled=True, fp8_recipe=recipe):
+        return linear(x, is_first_microbatch=first_microbatch), linear
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def test_bf16_linear_saves_16_bit_input_and_weight():
+    out, _ = _run_linear()
+    # inputmat M x K bf16, weightmat and weight (the same N x K bf16 tensor, saved twice)
+    assert _nbytes(out.grad_fn.saved_tensors) == 2 * M * K + 2 * (2 * N * K)
+
+
+def test_delayed_fp8_linear_saves_one_byte_input_transpose_and_fp8_weight():
+    _, recipe = _te()
+    out, linear = _run_linear(recipe.DelayedScaling(amax_history_len=16))
+    # input: column-wise fp8 transpose K x M (1 byte) + fp32 scale_inv [1]; weight workspace:
+    # data N x K + transpose K x N (1 byte each) + scale_inv [1]; the bf16 weight itself
+    fp8_input = M * K + 4
+    fp8_weight = 2 * N * K + 4
+    assert _nbytes(out.grad_fn.saved_tensors) == fp8_input + fp8_weight + 2 * N * K
+    # against bf16 (2 M K for the input): the saved input halves, less its scale
+    assert 2 * M * K - fp8_input == M * K - 4
+    # recipe state, forward (3 tensors) and backward (2): scale [n] + amax_history [16, n] fp32
+    state = linear.__dict__["fp8_recipe_state"]
+    assert _nbytes(state) == 4 * (3 + 16 * 3) + 4 * (2 + 16 * 2)
+    assert _nbytes(linear.__dict__["_fp8_workspaces"]["weight"].tensors()) == fp8_weight
+
+
+def test_tensorwise_fp8_linear_keeps_a_scale_and_amax_per_quantizer():
+    _, recipe = _te()
+    out, linear = _run_linear(recipe.Float8CurrentScaling())
+    assert _nbytes(out.grad_fn.saved_tensors) == (M * K + 4) + (2 * N * K + 4) + 2 * N * K
+    assert _nbytes(linear.__dict__["fp8_recipe_state"]) == (3 + 2) * 2 * 4
+
+
+def test_mxfp8_linear_saves_columnwise_data_and_e8m0_scales():
+    _, recipe = _te()
+    out, linear = _run_linear(recipe.MXFP8BlockScaling())
+    # column-wise data M x K + one uint8 scale per 32 rows, padded to (4, 128)
+    fp8_input = M * K + _round_up(M // 32, 4) * _round_up(K, 128)
+    # weight row-wise and column-wise data + both scale tensors
+    fp8_weight = 2 * N * K + _round_up(N, 128) * _round_up(K // 32, 4)
+    fp8_weight += _round_up(N // 32, 4) * _round_up(K, 128)
+    assert _nbytes(out.grad_fn.saved_tensors) == fp8_input + fp8_weight + 2 * N * K
+    assert linear.__dict__["fp8_recipe_state"] == []
+
+
+def test_blockwise_linear_scales_activations_per_1x128_and_weights_per_128x128():
+    _, recipe = _te()
+    out, _ = _run_linear(recipe.Float8BlockScaling())
+    # input column-wise: K x M data, fp32 scales [ceil(M/128), roundup(K, 4)]
+    fp8_input = M * K + 4 * -(-M // 128) * _round_up(K, 4)
+    # weight 2-D blocks: row-wise [ceil(N/128), roundup(ceil(K/128), 4)], column-wise transposed
+    fp8_weight = 2 * N * K + 4 * (-(-N // 128)) * _round_up(-(-K // 128), 4)
+    fp8_weight += 4 * (-(-K // 128)) * _round_up(-(-N // 128), 4)
+    assert _nbytes(out.grad_fn.saved_tensors) == fp8_input + fp8_weight + 2 * N * K
+
+
+def test_fp8_weight_is_cached_across_microbatches_only_when_megatron_passes_the_flag():
+    _, recipe = _te()
+    out, linear = _run_linear(recipe.DelayedScaling())
+    cached = linear.__dict__["_fp8_workspaces"]["weight"]
+    out, linear = _run_linear(recipe.DelayedScaling(), first_microbatch=None)
+    assert "weight" not in linear.__dict__.get("_fp8_workspaces", {})
+    assert cached.rows == N and cached.cols == K
+
+
+def test_fp8_backward_runs_and_returns_the_input_gradient():
+    import torch
+
+    _, recipe = _te()
+    out, linear = _run_linear(recipe.DelayedScaling())
+    out.backward(torch.empty_like(out))
+    assert linear.weight.grad is not None and linear.weight.grad.shape == (N, K)
+
+
+def _memory(cli, *flags):
+    result = cli("memory", *SMALL, *TE, "--format", "json", *flags)
+    assert result.code == 0, result.err
+    return json.loads(result.out)["stages"][0]
+
+
+def test_fp8_memory_runs_end_to_end_and_holds_each_linears_fp8_weight(cli):
+    """Each TE linear keeps its fp8 weight (data + transpose, N x K bytes each), its scale_inv
+    and the delayed recipe's four state tensors, each rounded to the allocator's 512 bytes."""
+    bf16, fp8 = _memory(cli), _memory(cli, "--fp8-format", "hybrid")
+    h, f = 256, 640  # SwiGLU: int(4 x 256 x 2/3 / 64) x 64
+    weights = [3 * h * h, h * h, 2 * f * h, h * f]  # qkv, proj, fc1, fc2 (8 heads, no GQA)
+    per_module = [2 * n + 512 + 4 * 512 for n in weights]
+    grew = sum(b for _, b in fp8["buffers"]["persistent"]) - sum(
+        b for _, b in bf16["buffers"]["persistent"]
+    )
+    assert grew == 2 * sum(per_module)
+    assert fp8["parameters"] == bf16["parameters"] and fp8["weights"] == bf16["weights"]
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--fp8-format", "hybrid"],
+         "--fp8-format hybrid needs --transformer-impl transformer_engine: only Transformer "
+         "Engine's layers compute in fp8"),
+        ([*TE, "--fp8-recipe", "blockwise"],
+         "--fp8-recipe blockwise has no effect without --fp8-format"),
+        ([*TE, "--fp8-format", "e4m3", "--fp8-amax-history-len", "0"],
+         "--fp8-amax-history-len"),
+    ],
+)  # fmt: skip
+def test_fp8_flags_are_checked(cli, flags, message):
+    result = cli("memory", *SMALL, *flags)
+    assert result.code == 2 and result.err.startswith("Error: ") and message in result.err
+
+
+@pytest.mark.parametrize("flag", ["--fp8-param-gather", "--no-fp8-wgrad", "--first-last-layers-bf16"])
+def test_fp8_variants_not_modelled_are_refused_by_name(cli, tmp_path, flag):
+    path = tmp_path / "train.sh"
+    path.write_text(f"torchrun pretrain_gpt.py {' '.join(SMALL + TE)} --fp8-format hybrid {flag}\n")
+    result = cli("memory", "--from-script", str(path))
+    assert result.code == 2 and f"{flag} is not modelled" in result.err
+
+
+def test_sequence_parallel_delayed_fp8_saves_row_wise_data_to_gather_again():
+    """linear.py 390-396: Float8 quantizers all-gather row-wise data only, so a column-parallel
+    linear under sequence parallelism saves its local input row-wise (M x K, not transposed)."""
+    import torch
+
+    te_pytorch, recipe = _te()
+    linear = te_pytorch.Linear(K, N, bias=False, params_dtype=torch.bfloat16, device="meta",
+                               parallel_mode="column", sequence_parallel=True, tp_size=2)  # fmt: skip
+    x = torch.empty((M, 1, K), dtype=torch.bfloat16, device="meta", requires_grad=True)
+    with te_pytorch.fp8_autocast(enabled=True, fp8_recipe=recipe.DelayedScaling()):
+        out = linear(x, is_first_microbatch=True)
+    assert out.shape == (2 * M, 1, N // 2)
+    saved = [t for t in out.grad_fn.saved_tensors if t is not None]
+    assert (tuple(saved[0].shape), saved[0].dtype) == ((M, K), torch.uint8)
+    assert _nbytes(saved) == (M * K + 4) + (2 * (N // 2) * K + 4) + 2 * (N // 2) * K
