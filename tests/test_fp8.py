@@ -179,3 +179,43 @@ def test_sequence_parallel_delayed_fp8_saves_row_wise_data_to_gather_again():
     saved = [t for t in out.grad_fn.saved_tensors if t is not None]
     assert (tuple(saved[0].shape), saved[0].dtype) == ((M, K), torch.uint8)
     assert _nbytes(saved) == (M * K + 4) + (2 * (N // 2) * K + 4) + 2 * (N // 2) * K
+
+
+def test_fp8_gemm_runs_at_the_fp8_peak_at_bf16s_fraction_of_peak():
+    """A compute-bound GEMM: the measured bf16 fraction of peak, applied to the fp8 peak (H100
+    SXM datasheet: 989 dense BF16, 1,979 dense FP8 TFLOP/s)."""
+    from inspector.formulas.kernels import Gemm, device_of, op_seconds
+    from inspector.job.hardware import GPUS
+
+    h100 = device_of(GPUS["h100"])
+    bf16 = Gemm("fc1", 8192, 8192, 8192, "fwd")
+    fp8 = Gemm("fc1", 8192, 8192, 8192, "fwd", fp8=True)
+    assert op_seconds(fp8, h100) == pytest.approx(op_seconds(bf16, h100) * 989 / 1979)
+    a100 = device_of(GPUS["a100-80gb"])  # no fp8 tensor cores: priced at the 16-bit peak
+    assert op_seconds(fp8, a100) == pytest.approx(op_seconds(bf16, a100))
+
+
+def test_fp8_layer_casts_each_gemm_input_and_output_gradient_once():
+    from inspector.formulas.kernels import Gemm, Memory
+    from inspector.formulas.ops import Shard, layer_ops
+    from inspector.job.dims import ModelDims
+
+    dims = ModelDims(2, 256, 8, 128, 1024, swiglu=True, flash_attention=True)
+    plain = layer_ops(dims, Shard(micro_batch=2), False)
+    fp8 = layer_ops(ModelDims(2, 256, 8, 128, 1024, swiglu=True, flash_attention=True,
+                              fp8="hybrid"), Shard(micro_batch=2), False)  # fmt: skip
+    gemms = [op for op in (*fp8.forward, *fp8.backward) if isinstance(op, Gemm)]
+    assert all(op.fp8 for op in gemms if not op.name.startswith(("Q K", "dQ", "dK")))
+    casts = [op for op in (*fp8.forward, *fp8.backward)
+             if isinstance(op, Memory) and op.name.endswith("fp8 cast")]  # fmt: skip
+    assert len(casts) == 2 * 4  # QKV, attention output, fc1, fc2; forward and backward
+    assert len(fp8.forward) == len(plain.forward) + 4
+
+
+def test_workload_prices_te_gemms_at_the_fp8_peak(cli, tmp_path):
+    from inspector.report.workload_inputs import compute_for
+
+    rate = compute_for(None, 0.5, None, "h100", "bfloat16", fp8=True)
+    assert rate.ns(1979e9, fp8=True) == round(1979e9 / (1979 * 0.5 * 1e3))
+    assert rate.ns(989e9) == round(989e9 / (989 * 0.5 * 1e3))
+    assert compute_for(500.0, None, None, None, "bfloat16", fp8=True).fp8_tflops is None
