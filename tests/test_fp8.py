@@ -149,6 +149,8 @@ def test_fp8_memory_runs_end_to_end_and_holds_each_linears_fp8_weight(cli):
          "--fp8-recipe blockwise has no effect without --fp8-format"),
         ([*TE, "--fp8-format", "e4m3", "--fp8-amax-history-len", "0"],
          "--fp8-amax-history-len"),
+        ([*TE, "--fp8-format", "hybrid", "--num-experts", "4", "--moe-grouped-gemm"],
+         "--fp8-format hybrid with --moe-grouped-gemm is not modelled"),
     ],
 )  # fmt: skip
 def test_fp8_flags_are_checked(cli, flags, message):
@@ -219,3 +221,8 @@ def test_workload_prices_te_gemms_at_the_fp8_peak(cli, tmp_path):
     assert rate.ns(1979e9, fp8=True) == round(1979e9 / (1979 * 0.5 * 1e3))
     assert rate.ns(989e9) == round(989e9 / (989 * 0.5 * 1e3))
     assert compute_for(500.0, None, None, None, "bfloat16", fp8=True).fp8_tflops is None
+
+
+def test_fp8_sequential_experts_run_with_megatrons_fp8_padding(cli):
+    result = cli("memory", *SMALL, *TE, "--num-experts", "4", "--fp8-format", "hybrid")
+    assert result.code == 0, result.err

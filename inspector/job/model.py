@@ -293,8 +293,9 @@ def validate_model(config: ModelConfig) -> None:
     _validate_mtp(config)
     _validate_backend(config)
     fp8.validate_fp8(
-        config.fp8_format, config.fp8_recipe, config.fp8_amax_history_len, config.transformer_impl
-    )
+        config.fp8_format, config.fp8_recipe, config.fp8_amax_history_len,
+        config.transformer_impl, bool(config.num_experts and config.moe_grouped_gemm),
+    )  # fmt: skip
 
 
 def _validate_moe(config: ModelConfig) -> None:
