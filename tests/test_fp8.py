@@ -226,3 +226,12 @@ def test_workload_prices_te_gemms_at_the_fp8_peak(cli, tmp_path):
 def test_fp8_sequential_experts_run_with_megatrons_fp8_padding(cli):
     result = cli("memory", *SMALL, *TE, "--num-experts", "4", "--fp8-format", "hybrid")
     assert result.code == 0, result.err
+
+
+def test_full_recompute_under_fp8_runs_through_tes_checkpoint(cli):
+    """megatron's te_checkpoint calls TE's distributed.checkpoint under fp8; the fp8 weight
+    caches are the same as without recomputation (made with their transposes, base.py 1376-1395)."""
+    full = ["--recompute-granularity", "full", "--recompute-method", "uniform",
+            "--recompute-num-layers", "1"]  # fmt: skip
+    plain, recomputed = _memory(cli, "--fp8-format", "hybrid"), _memory(cli, "--fp8-format", "hybrid", *full)
+    assert sorted(recomputed["buffers"]["persistent"]) == sorted(plain["buffers"]["persistent"])

@@ -59,7 +59,7 @@ _LAYOUT: dict[str, tuple[bool, dict[str, Any]]] = {
             "CudaRNGStatesTracker": state.CudaRNGStatesTracker,
             "get_all_rng_states": state.get_all_rng_states,
             "activation_recompute_forward": state.never_runs,
-            "checkpoint": state.never_runs,
+            "checkpoint": state.checkpoint,
             "set_tensor_model_parallel_attributes": _base.set_tensor_model_parallel_attributes,
         },
     ),

@@ -130,12 +130,16 @@ class _ParallelLinear(TransformerEngineBaseModule):
             self.__dict__["fp8_meta_tensors_initialized"] = True
         cache: dict[str, quantize.Quantized] = self.__dict__.setdefault("_fp8_workspaces", {})
         workspace = cache.get("weight")
-        if workspace is None or is_first_microbatch is None:
+        # linear.py 256-263: column-wise data where backward needs dgrad, also in the no-grad
+        # forward of an activation checkpoint (TE's fp8 activation recompute)
+        columnwise = inp.requires_grad
+        if workspace is None or is_first_microbatch is None or (
+            columnwise and not workspace.columnwise
+        ):  # base.py 1376-1395: a cached workspace missing a usage is made again
             out_features, in_features = weight.shape
             workspace = quantize.quantize(
-                out_features, in_features, recipe, True, torch.is_grad_enabled() and inp.requires_grad,
-                weight=True,
-            )  # fmt: skip
+                out_features, in_features, recipe, True, columnwise, weight=True
+            )
             if is_first_microbatch is not None:
                 cache["weight"] = workspace
         return workspace

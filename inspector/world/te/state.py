@@ -215,6 +215,30 @@ def fp8_autocast(
          cls.IS_FIRST_FP8_MODULE) = saved  # fmt: skip
 
 
+def checkpoint(function: Any, *args: Any, **kwargs: Any) -> Any:
+    """TE's activation checkpoint (distributed.py `checkpoint` / `_CheckpointFunction`, v2.11),
+    reentrant: the forward keeps only its inputs, and backward runs it again inside the fp8
+    state it first ran in (TE saves the autocast state and re-enters it for the recompute).
+
+    Run here by torch's reentrant checkpoint, which saves the same inputs; megatron's `te_checkpoint`
+    uses it for full recomputation under fp8.
+    """
+    import functools
+
+    from torch.utils.checkpoint import checkpoint as torch_checkpoint
+
+    for name in ("distribute_saved_activations", "get_rng_state_tracker", "tp_group", "use_reentrant"):
+        kwargs.pop(name, None)
+    cls = FP8GlobalStateManager
+    enabled, recipe, group = cls.FP8_ENABLED, cls.FP8_RECIPE, cls.FP8_DISTRIBUTED_GROUP
+
+    def run(*inputs: Any) -> Any:
+        with fp8_autocast(enabled=enabled, fp8_recipe=recipe, fp8_group=group):
+            return functools.partial(function, **kwargs)(*inputs)
+
+    return torch_checkpoint(run, *args, use_reentrant=True, preserve_rng_state=False)
+
+
 @contextlib.contextmanager
 def fp8_model_init(enabled: bool = True, *args: Any, **kwargs: Any) -> Iterator[None]:
     """TE's fp8 parameter context (quantization.py 672); fp8 parameters are not simulated."""
