@@ -26,7 +26,6 @@ def validate_fp8(
     recipe: str,
     amax_history_len: int,
     transformer_impl: str,
-    grouped_experts: bool = False,
 ) -> None:
     """Raise ConfigError for fp8 settings megatron rejects or this tool cannot build as described."""
     if fp8_format is None:
@@ -54,12 +53,6 @@ def validate_fp8(
             f"--fp8-format {fp8_format} needs --transformer-impl transformer_engine: only "
             "Transformer Engine's layers compute in fp8 (megatron-core's local layers ignore it "
             "and would train in 16 bits)"
-        )
-    if grouped_experts:
-        raise ConfigError(
-            f"--fp8-format {fp8_format} with --moe-grouped-gemm is not modelled: Transformer "
-            "Engine's grouped fp8 GEMM (its per-expert fp8 weights and inputs) is not simulated; "
-            "drop --moe-grouped-gemm to run the experts as sequential fp8 linears"
         )
 
 

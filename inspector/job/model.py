@@ -294,8 +294,8 @@ def validate_model(config: ModelConfig) -> None:
     _validate_backend(config)
     fp8.validate_fp8(
         config.fp8_format, config.fp8_recipe, config.fp8_amax_history_len,
-        config.transformer_impl, bool(config.num_experts and config.moe_grouped_gemm),
-    )  # fmt: skip
+        config.transformer_impl,
+    )
 
 
 def _validate_moe(config: ModelConfig) -> None:

@@ -15,7 +15,17 @@ import importlib.machinery
 import types
 from typing import Any
 
-from inspector.world.te import NAME, VERSION, _base, attention, functions, linear, norm, state
+from inspector.world.te import (
+    NAME,
+    VERSION,
+    _base,
+    attention,
+    fp8_functions,
+    functions,
+    linear,
+    norm,
+    state,
+)
 
 _RECIPES = (
     "Format",
@@ -40,6 +50,8 @@ _MODULES = {
     "LayerNorm": norm.LayerNorm,
     "RMSNorm": norm.RMSNorm,
     "DotProductAttention": attention.DotProductAttention,
+    "Fp8Padding": fp8_functions.Fp8Padding,
+    "Fp8Unpadding": fp8_functions.Fp8Unpadding,
 }
 
 # name -> (is a package, attributes); submodules are attached to their parents afterwards.

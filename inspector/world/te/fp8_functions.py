@@ -151,3 +151,113 @@ class Fp8LayerNormLinearFunction(torch.autograd.Function):
         dgamma = torch.empty_like(ln_weight)
         dbeta = torch.empty_like(ln_weight) if ctx.has_ln_bias else None
         return dx.view(ctx.inp_shape), dgamma, dbeta, wgrad, grad_bias, None, None
+
+
+class Fp8GroupedLinearFunction(torch.autograd.Function):
+    """TE `_GroupedLinear` with fp8 (grouped_linear.py, v2.11, `forward` 66-304): the input split
+    and quantized per GEMM (`tex.split_quantize`, row-wise and column-wise), the cached fp8 weight
+    of each GEMM (`get_weight_workspace`, cache "weight{i}"); saved (250-256): each input's
+    column-wise copy (232-233), the fp8 weights, the weights and biases. Backward quantizes the
+    output gradient per GEMM (both directions) before the dgrad and wgrad GEMMs."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, inp: torch.Tensor, m_splits: list[int], fuse_wgrad: bool, recipe: str,
+        weights_q: list[q.Quantized], *params: torch.Tensor,
+    ) -> torch.Tensor:  # fmt: skip
+        n = len(m_splits)
+        weights, biases = params[:n], params[n:]
+        cols = inp.shape[-1]
+        needs_input = weights[0].requires_grad
+        inputmats = [q.quantize(m, cols, recipe, True, needs_input) for m in m_splits]
+        out = torch.empty((sum(m_splits), weights[0].shape[0]), dtype=inp.dtype, device=inp.device)
+        saved = [x.keep(False, True).tensors() for x in inputmats] if needs_input else []
+        del inputmats
+        flat_in = [t for tensors in saved for t in tensors]
+        flat_w = [t for w in weights_q for t in w.tensors()]
+        ctx.save_for_backward(*flat_in, *flat_w, *weights, *biases)
+        ctx.n_saved = len(flat_in) + len(flat_w)
+        ctx.m_splits, ctx.inp_shape, ctx.fuse, ctx.recipe = m_splits, inp.shape, fuse_wgrad, recipe
+        ctx.use_bias = biases[0].numel() > 0
+        ctx.requires_dgrad, ctx.requires_wgrad = inp.requires_grad, needs_input
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> Any:
+        from inspector.world.te.functions import _grouped_wgrad
+
+        n = len(ctx.m_splits)
+        rest = ctx.saved_tensors[ctx.n_saved :]
+        weights, biases = rest[:n], rest[n:]
+        grad = grad_output.contiguous().view(-1, grad_output.shape[-1])
+        grads_q = [q.quantize(m, grad.shape[1], ctx.recipe, True, True) for m in ctx.m_splits]
+        grad_biases: list[Any] = [None] * n
+        if ctx.use_bias:
+            grad_biases = [g.sum(dim=0) for g in torch.split(grad, ctx.m_splits)]
+        dgrad = None
+        if ctx.requires_dgrad:
+            shape = (grad.shape[0], weights[0].shape[1])
+            dgrad = torch.empty(shape, dtype=grad.dtype, device=grad.device).view(ctx.inp_shape)
+        wgrads: list[Any] = [None] * n
+        if ctx.requires_wgrad:
+            wgrads = [_grouped_wgrad(weight, ctx.fuse, grad) for weight in weights]
+        del grads_q
+        return (dgrad, None, None, None, None, *wgrads,
+                *(grad_biases if ctx.use_bias else [None] * len(biases)))  # fmt: skip
+
+
+class PadRowsFunction(torch.autograd.Function):
+    """TE's `_Fp8Padding` / `_Fp8Unpadding` (module/fp8_padding.py 20-71, fp8_unpadding.py):
+    a new [sum(rows_out), F] tensor forward, a new [sum(rows_in), F] gradient backward."""
+
+    @staticmethod
+    def forward(ctx: Any, inp: torch.Tensor, rows_in: list[int], rows_out: list[int]) -> torch.Tensor:
+        ctx.rows_in = rows_in
+        features = inp.shape[-1]
+        return torch.empty((sum(rows_out), features), dtype=inp.dtype, device=inp.device)
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> Any:
+        shape = (sum(ctx.rows_in), grad_output.shape[-1])
+        return torch.empty(shape, dtype=grad_output.dtype, device=grad_output.device), None, None
+
+
+def _align(align_size: int | None) -> int:
+    """TE quantization.py `get_align_size_for_quantization` (118-124): 32 for mxfp8, else 16."""
+    if align_size is not None:
+        return align_size
+    from inspector.world.te.state import FP8GlobalStateManager
+
+    return 32 if FP8GlobalStateManager.get_fp8_recipe().mxfp8() else 16
+
+
+class Fp8Padding(torch.nn.Module):
+    """TE's Fp8Padding (module/fp8_padding.py 74-144): pad each GEMM's rows to the alignment."""
+
+    def __init__(self, num_gemms: int, align_size: int | None = None) -> None:
+        super().__init__()
+        self.num_gemms, self.align_size = num_gemms, align_size
+
+    def forward(self, inp: torch.Tensor, m_splits: list[int]) -> tuple[torch.Tensor, list[int]]:
+        align = _align(self.align_size)
+        padded = [(m + align - 1) // align * align for m in m_splits]
+        if m_splits == padded:
+            return inp, m_splits
+        out: torch.Tensor = PadRowsFunction.apply(inp, list(m_splits), padded)
+        return out, padded
+
+
+class Fp8Unpadding(torch.nn.Module):
+    """TE's Fp8Unpadding (module/fp8_unpadding.py): drop each GEMM's padding rows."""
+
+    def __init__(self, num_gemms: int, align_size: int | None = None) -> None:
+        super().__init__()
+        self.num_gemms, self.align_size = num_gemms, align_size
+
+    def forward(self, inp: torch.Tensor, m_splits: list[int]) -> torch.Tensor:
+        align = _align(self.align_size)
+        padded = [(m + align - 1) // align * align for m in m_splits]
+        if m_splits == padded:
+            return inp
+        out: torch.Tensor = PadRowsFunction.apply(inp, padded, list(m_splits))
+        return out

@@ -443,20 +443,49 @@ class GroupedLinear(TransformerEngineBaseModule):
                 setattr(self, f"bias{i}", empty(0, dtype=params_dtype))
         self.reset_parameters(defer_init=device == "meta")
 
+    def _fp8_weights(
+        self, weights: list[Any], recipe: str, is_first_microbatch: bool | None, inp: torch.Tensor
+    ) -> list[quantize.Quantized]:
+        """Each GEMM's fp8 weight, cached as "weight{i}", and the recipe state for num_gemms
+        GEMMs (grouped_linear.py 155-170; module/base.py 706-741, 1376-1427)."""
+        if not self.fp8_meta_tensors_initialized:
+            history = getattr(FP8GlobalStateManager.get_fp8_recipe(), "amax_history_len", 1)
+            self.__dict__["fp8_recipe_state"] = quantize.recipe_state(recipe, self.num_gemms, history)
+            self.__dict__["fp8_meta_tensors_initialized"] = True
+        cache: dict[str, quantize.Quantized] = self.__dict__.setdefault("_fp8_workspaces", {})
+        out = []
+        for i, weight in enumerate(weights):
+            workspace = cache.get(f"weight{i}")
+            if workspace is None or is_first_microbatch is None or (
+                inp.requires_grad and not workspace.columnwise
+            ):
+                rows, cols = weight.shape
+                workspace = quantize.quantize(rows, cols, recipe, True, inp.requires_grad, weight=True)
+                if is_first_microbatch is not None:
+                    cache[f"weight{i}"] = workspace
+            out.append(workspace)
+        return out
+
     def forward(
         self, inp: torch.Tensor, m_splits: list[int], is_first_microbatch: bool | None = None
     ) -> Any:
         """Run TE's `_GroupedLinear` as memory sees it (grouped_linear.py `forward` 752-850)."""
         if len(m_splits) != self.num_gemms:
             raise AssertionError("Number of splits should match number of GEMMs.")
-        if fp8_recipe_name() is not None:
-            raise NotImplementedError("fp8 grouped GEMMs (MoE experts) are not simulated")
         weights = [getattr(self, f"weight{i}") for i in range(self.num_gemms)]
         biases = [getattr(self, f"bias{i}") for i in range(self.num_gemms)]
         gemm_biases = biases if self.apply_bias else [b.new_empty(0) for b in biases]
-        out = functions.GroupedLinearFunction.apply(
-            _contiguous(inp), list(m_splits), bool(self.fuse_wgrad_accumulation), *weights, *gemm_biases
-        )
+        recipe = fp8_recipe_name()
+        if recipe is not None:
+            out = fp8_functions.Fp8GroupedLinearFunction.apply(
+                _contiguous(inp), list(m_splits), bool(self.fuse_wgrad_accumulation), recipe,
+                self._fp8_weights(weights, recipe, is_first_microbatch, inp), *weights, *gemm_biases,
+            )  # fmt: skip
+        else:
+            out = functions.GroupedLinearFunction.apply(
+                _contiguous(inp), list(m_splits), bool(self.fuse_wgrad_accumulation), *weights,
+                *gemm_biases,
+            )  # fmt: skip
         if self.return_bias:
             return out, [b.to(out.dtype) for b in biases]
         return out
