@@ -271,3 +271,14 @@ def test_fp8_moe_under_te_says_the_closed_forms_leave_fp8_out(cli):
     result = cli("memory", *SMALL, *TE, "--num-experts", "4", "--fp8-format", "hybrid")
     assert result.code == 0, result.err
     assert "fp8 weight copies and fp8 saved inputs not counted" in result.out
+
+
+def test_workload_mlp_times_scale_by_the_h100s_16_bit_over_fp8_peak(cli):
+    def mlp_forward_ns(*flags):
+        result = cli("workload", *SMALL, *TE, "--gpu", "h100", "--stage", "0", *flags)
+        assert result.code == 0, result.err
+        row = next(line for line in result.out.splitlines() if line.startswith("mlp_layer"))
+        return int(row.split("\t")[2])
+
+    bf16, fp8 = mlp_forward_ns(), mlp_forward_ns("--fp8-format", "hybrid")
+    assert fp8 == round(bf16 * 989 / 1979) or abs(fp8 - bf16 * 989 / 1979) <= 1
