@@ -282,3 +282,11 @@ def test_workload_mlp_times_scale_by_the_h100s_16_bit_over_fp8_peak(cli):
 
     bf16, fp8 = mlp_forward_ns(), mlp_forward_ns("--fp8-format", "hybrid")
     assert fp8 == round(bf16 * 989 / 1979) or abs(fp8 - bf16 * 989 / 1979) <= 1
+
+
+def test_delayed_scaling_refuses_layernorm_recomputation_as_megatron_core_does(cli):
+    result = cli("memory", *SMALL, *TE, "--fp8-format", "hybrid", "--recompute-granularity",
+                 "selective", "--recompute-modules", "layernorm")  # fmt: skip
+    assert result.code == 2
+    assert result.err.startswith("Error: --recompute-modules layernorm does not work with "
+                                 "--fp8-recipe delayed")  # fmt: skip
