@@ -290,3 +290,20 @@ def test_delayed_scaling_refuses_layernorm_recomputation_as_megatron_core_does(c
     assert result.code == 2
     assert result.err.startswith("Error: --recompute-modules layernorm does not work with "
                                  "--fp8-recipe delayed")  # fmt: skip
+
+
+def test_plan_prints_the_peak_memory_confirms_for_an_fp8_job(cli):
+    """plan's memory for an fp8 job is what `memory` measures on the plan's flags."""
+    import shlex
+
+    model = ["--model", "llama3-8b", "--num-layers", "2", "--seq-length", "1024", "--bf16",
+             "--global-batch-size", "8", "--fp8-format", "hybrid"]  # fmt: skip
+    result = cli("plan", "--format", "json", "--gpus", "2", "--tp", "1", "--cp", "1", *model,
+                 "--top", "1")  # fmt: skip
+    assert result.code == 0, result.err
+    plan = json.loads(result.out)["plans"][0]
+    flags = [word for flag in plan["flags"] for word in shlex.split(flag)]
+    memory = cli("memory", "--format", "json", *model, *flags, "--dp", str(plan["layout"]["dp"]))
+    assert memory.code == 0, memory.err
+    built = json.loads(memory.out)["stages"]
+    assert [s["total"] for s in plan["stages"]] == [s["total"] for s in built]
