@@ -23,7 +23,7 @@ DEFAULT_MODULES: tuple[str, ...] = ("core_attn",)
 # `mlp` only without linear biases: with them megatron's tensor_parallel.checkpoint around the MLP
 # (transformer_layer.py _forward_mlp) recursed without end in CheckpointFunction.backward on meta
 # tensors (the MLP returns its fc2 bias Parameter as an output of the checkpoint).
-MEASURED_MODULES: tuple[str, ...] = ("core_attn", "mlp")
+MEASURED_MODULES: tuple[str, ...] = ("core_attn", "mlp", "layernorm")
 
 
 def parse_modules(args: Mapping[str, Any], granularity: str) -> tuple[str, tuple[str, ...]]:

@@ -58,7 +58,7 @@ _LAYOUT: dict[str, tuple[bool, dict[str, Any]]] = {
         {
             "CudaRNGStatesTracker": state.CudaRNGStatesTracker,
             "get_all_rng_states": state.get_all_rng_states,
-            "activation_recompute_forward": state.never_runs,
+            "activation_recompute_forward": state.activation_recompute_forward,
             "checkpoint": state.never_runs,
             "set_tensor_model_parallel_attributes": _base.set_tensor_model_parallel_attributes,
         },
