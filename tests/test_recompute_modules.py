@@ -32,8 +32,6 @@ def test_modules_read_space_or_comma_separated():
         (dict(recompute_granularity="selective", recompute_modules="moe_act"), "--moe-grouped-gemm"),
         (dict(recompute_granularity="selective", recompute_modules="mla_up_proj"),
          "--multi-latent-attention"),
-        (dict(recompute_granularity="selective", recompute_modules="core_attn,layernorm"),
-         "--recompute-modules layernorm is not modelled"),
         (dict(recompute_granularity="selective", recompute_modules="mlp"), "--disable-bias-linear"),
     ],  # fmt: skip
 )
@@ -60,27 +58,140 @@ def test_a_script_passes_every_word_after_the_flag(tmp_path):
     assert args["recompute_modules"] == "core_attn mlp" and args["bf16"] is True
 
 
-def test_engine_stops_saving_the_mlp_inner_tensors_under_mlp():
-    """transformer_layer.py _forward_mlp: tensor_parallel.checkpoint keeps the MLP's input only, so
-    each layer stops holding fc1's output (saved by the gelu, [s, b, ffn/tp] bf16) and the gelu's
-    output (saved by fc2, the same shape): 2 x 32 x 2 x 128 x 2 bytes per layer (ffn 4h = 256, tp 2)."""
+# The engine's runs: s 32, b 2, h 64, tp 2, bf16; every count below is one layer's, times 2 layers.
+ENGINE = dict(BASE, micro_batch_size=2, global_batch_size=8, tensor_model_parallel_size=2,
+              data_parallel_size=2, hidden_dropout=0.0, attention_dropout=0.0, ffn_hidden_size=128,
+              disable_bias_linear=True)  # fmt: skip
+S, B, H, TP, LAYERS = 32, 2, 64, 2, 2
+BLOCK = 512  # the caching allocator's smallest block: a [s*b] fp32 statistic takes one
+MOE = dict(num_experts=4, moe_router_topk=2, swiglu=True, sequence_parallel=True,
+           moe_grouped_gemm=True)  # fmt: skip
+MLA = dict(multi_latent_attention=True, q_lora_rank=32, kv_lora_rank=16, qk_head_dim=16,
+           qk_pos_emb_head_dim=8, v_head_dim=16, normalization="RMSNorm",
+           position_embedding_type="rope", transformer_impl="transformer_engine")  # fmt: skip
+
+
+def _held(args: dict, **flags) -> int:
+    """Return what one micro-batch holds between its forward and backward on stage 0."""
     from inspector.engine.memory import chunk_shapes
     from inspector.engine.stage import trace_chunks
     from inspector.world.build import View, build
 
-    args = dict(BASE, micro_batch_size=2, global_batch_size=8, tensor_model_parallel_size=2,
-                data_parallel_size=2, hidden_dropout=0.0, attention_dropout=0.0,
-                disable_bias_linear=True)  # fmt: skip
+    job = make_job({**args, **flags})
+    shapes = chunk_shapes(build(job, View((0,)), expert_ranks=(0,)).stages[0])
+    return trace_chunks(job, 0, shapes, whole=True)[0].held
 
-    def held(**flags):
-        job = make_job({**args, **flags})
-        shapes = chunk_shapes(build(job, View((0,)), expert_ranks=(0,)).stages[0])
-        return trace_chunks(job, 0, shapes, whole=True)[0].held
 
-    plain, mlp = held(), held(recompute_granularity="selective", recompute_modules="mlp")
-    per_layer = 2 * 32 * 2 * 128 * 2
-    # the checkpoint itself keeps at most one 512-byte allocator block per layer
-    assert 2 * per_layer - 2 * 512 <= plain - mlp <= 2 * per_layer
+def _drop(args: dict, modules: str) -> int:
+    return _held(args) - _held(args, recompute_granularity="selective", recompute_modules=modules)
+
+
+def test_engine_stops_saving_the_mlp_inner_tensors_under_mlp():
+    """transformer_layer.py _forward_mlp: tensor_parallel.checkpoint keeps the MLP's input only, so
+    each layer stops holding fc1's output (saved by the gelu, [s, b, ffn/tp] bf16) and the gelu's
+    output (saved by fc2, the same shape): 2 x 32 x 2 x 128 x 2 bytes per layer (ffn 4h = 256, tp 2)."""
+    args = {**ENGINE, "ffn_hidden_size": 256}
+    assert _drop(args, "mlp") == LAYERS * 2 * S * B * 256 // TP * 2
+
+
+@pytest.mark.parametrize(("normalization", "stats"), [("LayerNorm", 2), ("RMSNorm", 1)])
+def test_engine_stops_saving_the_norms_outputs_under_layernorm(normalization, stats):
+    """transformer_layer.py: CheckpointWithoutOutput around input_layernorm and pre_mlp_layernorm
+    frees each norm's output ([s, b, h] bf16, saved by the next linear) after its use and rebuilds
+    it in backward; run under no_grad, the norm no longer saves its fp32 statistics per row
+    (LayerNorm: mean and rstd, RMSNorm: rstd)."""
+    args = {**ENGINE, "normalization": normalization}
+    per_norm = S * B * H * 2 + stats * BLOCK
+    assert _drop(args, "layernorm") == LAYERS * 2 * per_norm
+
+
+def test_layernorm_recomputes_nothing_where_transformer_engine_fuses_the_norms():
+    """Under Transformer Engine's spec both norms sit inside the next linear (LayerNormLinear):
+    megatron's layer holds IdentityOp norms and checkpoints none of them."""
+    args = {**ENGINE, "transformer_impl": "transformer_engine", "normalization": "RMSNorm"}
+    assert _drop(args, "layernorm") == 0
+
+
+def test_engine_stops_saving_the_expert_activation_under_moe_act():
+    """experts.py GroupedMLP: CheckpointWithoutOutput around `activation_func_with_probs` (swiglu,
+    times the routing probabilities): the layer stops holding silu's output (saved by the glu's
+    product), the glu's output (saved by the product with the fp32 probabilities) and the result
+    cast back to bf16 (saved by fc2): 3 x [tokens x topk, moe_ffn / etp] bf16. The all-gather
+    dispatcher gives each rank all s x b tokens of its tp group."""
+    rows, width = S * B * 2, 128 // TP
+    assert _drop({**ENGINE, **MOE}, "moe_act") == LAYERS * 3 * rows * width * 2
+
+
+def test_moe_recomputes_the_whole_layer():
+    """moe_layer.py: tensor_parallel.checkpoint around the MoE layer keeps its input only: it stops
+    holding at least moe_act's tensors and fc1's output ([tokens x topk, 2 moe_ffn / etp] bf16);
+    --moe-layer-recompute is megatron's old name for adding it to core_attn."""
+    args = {**ENGINE, **MOE}
+    rows, width = S * B * 2, 128 // TP
+    moe = _drop(args, "moe")
+    assert moe > LAYERS * (3 * rows * width * 2 + rows * 2 * width * 2)
+    both = _held(args, recompute_granularity="selective", recompute_modules="core_attn moe")
+    assert _held(args, moe_layer_recompute=True) == both
+
+
+def test_engine_stops_saving_the_shared_expert_inner_tensors_under_shared_experts():
+    """moe_layer.py shared_experts_compute: tensor_parallel.checkpoint around the shared expert MLP:
+    the layer stops holding fc1's output ([s x b, 2 x 64 / tp] bf16, saved by the swiglu) and the
+    swiglu's ([s x b, 64 / tp], saved by fc2); sequence parallelism gathers all s x b tokens."""
+    args = {**ENGINE, **MOE, "moe_shared_expert_intermediate_size": 64}
+    assert _drop(args, "shared_experts") == LAYERS * 3 * S * B * (64 // TP) * 2
+
+
+def test_engine_stops_saving_the_mla_up_projections_under_mla_up_proj():
+    """multi_latent_attention.py: CheckpointWithoutOutput around the up projections and RoPE frees
+    query and key ([s, b, heads / tp, 16 + 8] bf16 each) and value ([s, b, heads / tp, 16]) after
+    core attention, and linear_kv_up_proj no longer saves its input (TE's Linear copies the
+    non-contiguous kv_compressed, [s x b, kv_lora 16] bf16); the checkpoint keeps its own inputs,
+    among them k_pos_emb, a view of linear_kv_down_proj's output ([s, b, 16 + 8] bf16), which
+    without it is freed after the forward."""
+    heads = 4 // TP
+    freed = 2 * S * B * heads * 24 * 2 + S * B * heads * 16 * 2 + S * B * 16 * 2
+    kept = S * B * 24 * 2
+    assert _drop({**ENGINE, **MLA}, "mla_up_proj") == LAYERS * (freed - kept)
+
+
+def test_mlp_with_biases_is_refused_because_megatron_recurses_on_any_device():
+    """The refusal's reason, shown on host tensors: the MLP returns fc2's bias Parameter itself, so
+    megatron's CheckpointFunction makes that Parameter one of its outputs (it is no longer a leaf);
+    the recomputation in backward returns the same Parameter, whose gradient goes back into the
+    same CheckpointFunction: torch's custom-Function rule, not the meta device."""
+    import torch
+    from megatron.core.tensor_parallel.random import checkpoint
+
+    from inspector.engine.cuda import cuda_on_meta
+
+    weight, bias = torch.nn.Parameter(torch.ones(4, 4)), torch.nn.Parameter(torch.ones(4))
+    with cuda_on_meta():
+        out, returned = checkpoint(lambda x: (x @ weight, bias), False, torch.ones(2, 4, requires_grad=True))
+    assert returned is bias and not bias.is_leaf
+    assert bias.grad_fn is out.grad_fn and type(out.grad_fn).__name__ == "CheckpointFunctionBackward"
+    with pytest.raises(ConfigError, match="recomputes itself without end"):
+        make_job({**ENGINE, "disable_bias_linear": False, "recompute_granularity": "selective",
+                  "recompute_modules": "mlp"})  # fmt: skip
+
+
+def test_shared_experts_needs_the_megatron_core_that_lists_it():
+    """core_v0.14.0 added shared_experts to TransformerConfig's allowed modules; 0.13.1 refuses it."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from inspector.inputs.versions import megatron_core_version
+
+    fields = dict(num_layers=2, hidden_size=64, num_attention_heads=4,
+                  recompute_granularity="selective", recompute_modules=["shared_experts"])  # fmt: skip
+    flags = {**BASE, "recompute_granularity": "selective", "recompute_modules": "shared_experts"}
+    if megatron_core_version() >= (0, 14):
+        TransformerConfig(**fields)
+        assert make_job(flags).training.recompute_modules == ("shared_experts",)
+    else:
+        with pytest.raises((AssertionError, ValueError)):
+            TransformerConfig(**fields)
+        with pytest.raises(ConfigError, match="shared_experts needs megatron-core 0.14"):
+            make_job(flags)
 
 
 def test_the_formula_fallback_refuses_modules_it_does_not_count(cli):

@@ -81,7 +81,7 @@ class Tracker(TorchDispatchMode):
             tracker._resized(storage)
             return out
 
-        torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
+        torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign,assignment]
         super().__enter__()
         return self
 
