@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from inspector.errors import ConfigError
+from inspector.inputs.versions import megatron_core_version
 from inspector.job.job import make_job
 
 BASE = dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=1000,
@@ -134,6 +135,7 @@ def test_moe_recomputes_the_whole_layer():
     assert _held(args, moe_layer_recompute=True) == both
 
 
+@pytest.mark.skipif(megatron_core_version() < (0, 14), reason="megatron-core lists shared_experts from 0.14")
 def test_engine_stops_saving_the_shared_expert_inner_tensors_under_shared_experts():
     """moe_layer.py shared_experts_compute: tensor_parallel.checkpoint around the shared expert MLP:
     the layer stops holding fc1's output ([s x b, 2 x 64 / tp] bf16, saved by the swiglu) and the
@@ -142,6 +144,18 @@ def test_engine_stops_saving_the_shared_expert_inner_tensors_under_shared_expert
     assert _drop(args, "shared_experts") == LAYERS * 3 * S * B * (64 // TP) * 2
 
 
+# megatron-core before 0.16 marks its fused MLA RoPE `experimental_fn` (it needs --enable-experimental)
+MLA_ROPE_EXPERIMENTAL = megatron_core_version() < (0, 16)
+
+
+def test_fused_mla_rope_is_experimental_before_megatron_core_0_16():
+    from megatron.core.fusions import fused_mla_yarn_rope_apply as rope
+
+    wrapped = [hasattr(f, "__wrapped__") for f in (rope.fused_apply_mla_rope_for_q, rope.fused_apply_mla_rope_for_kv)]
+    assert wrapped == [MLA_ROPE_EXPERIMENTAL] * 2
+
+
+@pytest.mark.skipif(MLA_ROPE_EXPERIMENTAL, reason="the fused MLA RoPE is experimental here")
 def test_engine_stops_saving_the_mla_up_projections_under_mla_up_proj():
     """multi_latent_attention.py: CheckpointWithoutOutput around the up projections and RoPE frees
     query and key ([s, b, heads / tp, 16 + 8] bf16 each) and value ([s, b, heads / tp, 16]) after
@@ -178,8 +192,6 @@ def test_mlp_with_biases_is_refused_because_megatron_recurses_on_any_device():
 def test_shared_experts_needs_the_megatron_core_that_lists_it():
     """core_v0.14.0 added shared_experts to TransformerConfig's allowed modules (megatron itself
     is checked in tests/test_versions.py); before it the tool refuses the name, as megatron does."""
-    from inspector.inputs.versions import megatron_core_version
-
     flags = {**BASE, "recompute_granularity": "selective", "recompute_modules": "shared_experts"}
     if megatron_core_version() >= (0, 14):
         assert make_job(flags).training.recompute_modules == ("shared_experts",)
