@@ -207,3 +207,16 @@ def test_the_formula_fallback_refuses_modules_it_does_not_count(cli):
                  "--cp", "2", "--use-flash-attn",  # TE's context parallelism: not run by the engine
                  "--recompute-granularity", "selective", "--recompute-modules", "core_attn mlp")  # fmt: skip
     assert result.code == 2 and result.err.startswith("Error: --recompute-modules mlp is measured by the engine only")
+
+
+@pytest.mark.parametrize("flags", [["--recompute-modules", "core_attn mlp"], ["--moe-layer-recompute"]])
+def test_plan_refuses_modules_it_would_drop(cli, flags):
+    """plan prices selective recomputation as core_attn only: a plan without the asked modules
+    would be a different job, so it says so instead of planning one."""
+    result = cli("plan", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+                 "--seq-length", "32", "--vocab-size", "1000", "--bf16", "--disable-bias-linear",
+                 "--gpus", "4", "--global-batch-size", "8", "--recompute-granularity", "selective",
+                 *flags)  # fmt: skip
+    assert result.code == 2
+    assert result.err.startswith("Error: --recompute-modules ")
+    assert "plan prices selective recomputation of core_attn only" in result.err
