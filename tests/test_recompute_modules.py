@@ -220,3 +220,14 @@ def test_plan_refuses_modules_it_would_drop(cli, flags):
     assert result.code == 2
     assert result.err.startswith("Error: --recompute-modules ")
     assert "plan prices selective recomputation of core_attn only" in result.err
+
+
+def test_workload_refuses_modules_it_would_not_repeat(cli):
+    """workload adds core attention's forward to the backward under selective recomputation, and
+    nothing for other modules: their recomputed GEMMs would be missing, so it says so."""
+    result = cli("workload", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads",
+                 "4", "--seq-length", "32", "--vocab-size", "1000", "--micro-batch-size", "1",
+                 "--global-batch-size", "8", "--bf16", "--disable-bias-linear",
+                 "--recompute-granularity", "selective", "--recompute-modules", "mlp", "--stage", "0", "--gpu", "h100")  # fmt: skip
+    assert result.code == 2
+    assert result.err.startswith("Error: --recompute-modules mlp: workload times selective")
