@@ -231,3 +231,13 @@ def test_workload_refuses_modules_it_would_not_repeat(cli):
                  "--recompute-granularity", "selective", "--recompute-modules", "mlp", "--stage", "0", "--gpu", "h100")  # fmt: skip
     assert result.code == 2
     assert result.err.startswith("Error: --recompute-modules mlp: workload times selective")
+
+
+def test_memory_names_the_modules_beyond_megatrons_default(cli):
+    args = ["memory", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+            "--seq-length", "32", "--vocab-size", "1000", "--micro-batch-size", "1", "--bf16",
+            "--disable-bias-linear", "--recompute-granularity", "selective"]  # fmt: skip
+    named = cli(*args, "--recompute-modules", "layernorm mlp")
+    assert named.code == 0 and "recompute selective (layernorm, mlp), flash" in named.out
+    default = cli(*args)
+    assert default.code == 0 and "recompute selective, flash" in default.out
