@@ -241,3 +241,32 @@ def test_memory_names_the_modules_beyond_megatrons_default(cli):
     assert named.code == 0 and "recompute selective (layernorm, mlp), flash" in named.out
     default = cli(*args)
     assert default.code == 0 and "recompute selective, flash" in default.out
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        dict(recompute_modules="layernorm mlp"),
+        pytest.param(dict(recompute_modules="moe_act shared_experts layernorm", **MOE,
+                          moe_shared_expert_intermediate_size=64, moe_layer_freq=2),
+                     marks=pytest.mark.skipif(megatron_core_version() < (0, 14), reason="0.14+")),
+    ],  # fmt: skip
+    ids=["dense", "moe-mixed"],
+)
+def test_one_layer_of_each_kind_stands_for_the_rest_under_module_recomputation(flags):
+    """`memory` composes a stage from one layer of each kind (engine/stage.py): the checkpoints'
+    frees and restores (storage resizes included) must compose event for event."""
+    from inspector.engine.memory import chunk_shapes
+    from inspector.engine.stage import trace_chunks
+    from inspector.world.build import View, build
+
+    job = make_job({**ENGINE, "num_layers": 6, "pipeline_model_parallel_size": 2,
+                    "recompute_granularity": "selective", **flags})  # fmt: skip
+    cache: dict = {}
+    for stage in range(2):
+        shapes = chunk_shapes(build(job, View((stage,)), expert_ranks=(0,)).stages[0])
+        whole = trace_chunks(job, stage, shapes, whole=True)
+        composed = trace_chunks(job, stage, shapes, cache)
+        assert [(t.forward, t.backward, t.persistent) for t in composed] == [
+            (t.forward, t.backward, t.persistent) for t in whole
+        ]
