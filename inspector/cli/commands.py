@@ -173,7 +173,7 @@ def memory(
     use_cache: bool,
     label: str | None,
     fmt: Any = format_option(MemoryFormat.text, "text (bar chart), table, json."),
-    gpu: str | None = gpu_option(None, ": memory and peak"),
+    gpu: str | None = gpu_option(None, ": GiB, peak"),
     gpu_memory: float | None = typer.Option(
         None, "--gpu-memory", help="GPU memory in GiB: say which stages fit."
     ),
@@ -316,7 +316,9 @@ def workload(
         from inspector.world.build import build, select_view
 
         job = resolve_job(args)
-        compute = compute_for(gpu_tflops, mfu, profile, gpu, job.model.dtype_name)
+        compute = compute_for(
+            gpu_tflops, mfu, profile, gpu, job.model.dtype_name, job.model.fp8_format is not None
+        )
         with Progress() as progress:
             built = build(job, select_view(job, stage), expert_ranks=(0,), progress=progress)
         files = workload_files(context_for(built, compute), stage_inputs(built))

@@ -22,8 +22,12 @@ class Refusal:
 
 
 _FP8 = (
-    "Transformer Engine's low-precision recipes keep fp8/fp4 copies of weights and linear inputs "
-    "that this tool does not count; drop the fp8/fp4 arguments to see the 16-bit footprint"
+    "Transformer Engine's fp8/fp4 parameters (and fp4 recipes) keep quantized weights this tool "
+    "does not count; --fp8-format with --fp8-recipe is modelled, drop this argument to see it"
+)
+_FP8_PART = (
+    "fp8 for only part of the model (16-bit weight gradients, 16-bit first/last layers, fp8 "
+    "attention) is not modelled; --fp8-format runs every Transformer Engine linear in fp8"
 )
 _FSDP = (
     "FSDP shards parameters, gradients and optimizer state with its own buffers, which this tool "
@@ -32,11 +36,16 @@ _FSDP = (
 _HYBRID = "this tool builds megatron-core's GPTModel; hybrid (Mamba) models are not modelled"
 
 REFUSED: dict[str, Refusal] = {
-    "--fp8-format": Refusal("training", _FP8),
     "--fp8-param-gather": Refusal("training", _FP8),
     "--fp4-format": Refusal("training", _FP8),
     "--fp4-param-gather": Refusal("training", _FP8),
     "--reuse-grad-buf-for-mxfp8-param-ag": Refusal("training", _FP8),
+    "--no-fp8-wgrad": Refusal("training", _FP8_PART),
+    "--first-last-layers-bf16": Refusal("training", _FP8_PART),
+    "--num-layers-at-start-in-bf16": Refusal("training", _FP8_PART),
+    "--num-layers-at-end-in-bf16": Refusal("training", _FP8_PART),
+    "--fp8-dot-product-attention": Refusal("training", _FP8_PART),
+    "--fp8-multi-head-attention": Refusal("training", _FP8_PART),
     "--use-megatron-fsdp": Refusal("layout", _FSDP),
     "--use-torch-fsdp2": Refusal("layout", _FSDP),
     "--num-distributed-optimizer-instances": Refusal(
@@ -146,13 +155,13 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--init-method-std --embedding-init-method-std --init-method-xavier-uniform --seed "
         "--data-parallel-random-init --loss-scale --initial-loss-scale --min-loss-scale "
         "--loss-scale-window --hysteresis --disable-bf16-reduced-precision-matmul "
-        "--deterministic-mode --calculate-per-token-loss --no-masked-softmax-fusion "
-        "--no-bias-gelu-fusion --no-bias-swiglu-fusion --no-bias-dropout-fusion --no-rope-fusion "
+        "--deterministic-mode --calculate-per-token-loss "
         "--cross-entropy-loss-fusion --cross-entropy-fusion-impl "
-        "--no-gradient-accumulation-fusion --no-persist-layer-norm --use-te-activation-func "
+        "--no-persist-layer-norm --use-te-activation-func "
         "--use-fused-weighted-squared-relu --no-gradient-reduce-div-fusion --te-rng-tracker "
         "--use-mcore-models --transformer-impl-fallback --use-cpu-initialization "
-        "--init-model-with-meta-device --no-clone-scatter-output-in-embedding"
+        "--init-model-with-meta-device --no-clone-scatter-output-in-embedding "
+        "--fp8-margin --fp8-interval --fp8-amax-compute-algo"
     ),
     "routing math (balanced routing is counted)": (
         "--moe-router-load-balancing-type --moe-router-pre-softmax "
@@ -184,9 +193,7 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--no-manual-gc-eval"
     ),
     "only with a refused argument": (
-        "--fp8-recipe --fp8-margin --fp8-interval --fp8-amax-history-len --fp8-amax-compute-algo "
-        "--no-fp8-wgrad --fp4-recipe --first-last-layers-bf16 --num-layers-at-start-in-bf16 "
-        "--num-layers-at-end-in-bf16 --keep-fp8-transpose-cache --data-parallel-sharding-strategy "
+        "--fp4-recipe --keep-fp8-transpose-cache --data-parallel-sharding-strategy "
         "--fsdp-double-buffer --suggested-communication-unit-size --enable-full-sharding-in-hsdp "
         "--torch-fsdp2-no-reshard-after-forward --main-grads-dtype --main-params-dtype "
         "--exp-avg-dtype --exp-avg-sq-dtype --optimizer-offload-fraction "

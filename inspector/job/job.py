@@ -50,6 +50,8 @@ class Training:
     moe_token_dispatcher_type: str = "allgather"  # Megatron-LM's default
     moe_expert_capacity_factor: float | None = None  # None: dropless
     moe_pad_expert_input_to_capacity: bool = False
+    # Megatron-LM's fusions the job turns off (`--no-bias-gelu-fusion` gives "bias_gelu_fusion")
+    unfused: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         """Reject counts below one and unknown recomputation modes."""
@@ -108,6 +110,7 @@ class Job:
         validate_model(self.model)
         validate_layout(self.model, self.layout)
         if self.training.recompute == "selective":
+            _check_fp8_recompute(self.model, self.training.recompute_modules)
             check_modules(self.training.recompute_modules, self.model)
         if self.training.flash_attention and self.model.dtype_name == "float32":
             raise ConfigError(
@@ -153,6 +156,10 @@ TRAINING_ARGS = {
     "moe_pad_expert_input_to_capacity": "moe_pad_expert_input_to_capacity",
 }
 
+# Megatron-LM's fusion switches, by their `args` names: each has a `--no-` flag that turns it off.
+FUSIONS = ("bias_gelu_fusion", "bias_swiglu_fusion", "bias_dropout_fusion", "rope_fusion",
+           "masked_softmax_fusion", "gradient_accumulation_fusion")  # fmt: skip
+
 
 def make_training(args: Mapping[str, Any]) -> Training:
     """Build the Training record from Megatron-LM arguments (absent: Megatron-LM's defaults)."""
@@ -164,6 +171,7 @@ def make_training(args: Mapping[str, Any]) -> Training:
                  "moe_pad_expert_input_to_capacity"):  # fmt: skip
         values[flag] = bool(values.get(flag))
     values["fp32_grads"] = values.get("fp32_grads") or None
+    values["unfused"] = tuple(name for name in FUSIONS if args.get("no_" + name))
     _megatron_training_rules(args, values)
     return Training(**values)
 
@@ -233,6 +241,17 @@ def _flash_attention(args: Mapping[str, Any]) -> bool:
         sixteen_bit = bool(args.get("bf16") or args.get("fp16"))
         return sixteen_bit and args.get("transformer_impl") == "transformer_engine"
     return False
+
+
+def _check_fp8_recompute(model: ModelConfig, modules: tuple[str, ...]) -> None:
+    """Reject what megatron-core's TransformerConfig rejects of fp8 with module recomputation."""
+    recomputed = [m for m in ("moe_act", "layernorm") if m in modules]
+    if model.fp8_format is not None and model.fp8_recipe == "delayed" and recomputed:
+        raise ConfigError(
+            f"--recompute-modules {recomputed[0]} does not work with --fp8-recipe delayed "
+            "(megatron-core TransformerConfig: \"Delayed scaling does not support moe_act and "
+            "layernorm recompute for fp8.\"); pass --fp8-recipe tensorwise, blockwise or mxfp8"
+        )
 
 
 def make_job(args: Mapping[str, Any]) -> Job:

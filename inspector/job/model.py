@@ -14,6 +14,7 @@ from typing import Any
 
 from inspector.errors import ConfigError
 from inspector.inputs.arguments import BY_NAME
+from inspector.job import fp8
 from inspector.job.checks import MAX_SIZE, check_at_least_one, check_heads, check_query_groups
 from inspector.job.moe_pattern import parse_moe_layer_freq
 
@@ -50,6 +51,10 @@ class ModelConfig:
     moe_grouped_gemm: bool = False
     multi_latent_attention: bool = False
     transformer_impl: str = "local"
+    # FP8 through Transformer Engine (inspector/job/fp8.py); None: no fp8
+    fp8_format: str | None = None
+    fp8_recipe: str = fp8.DEFAULT_RECIPE
+    fp8_amax_history_len: int = fp8.DEFAULT_AMAX_HISTORY_LEN
     # None: simulate apex where megatron can use it (LayerNorm models); see docs/how-it-works.md, "apex".
     apex: bool | None = None
     # Multi-latent attention (None: Megatron-LM's default, see `mla_args`).
@@ -157,6 +162,7 @@ class ModelConfig:
         )
         if self.swiglu:
             fields["gated_linear_unit"] = True
+        fields.update(fp8.fp8_fields(self.fp8_format, self.fp8_recipe, self.fp8_amax_history_len))
         fields.update(self._moe_fields())
         if self.mtp_num_layers is not None:
             fields["mtp_num_layers"] = self.mtp_num_layers
@@ -221,7 +227,7 @@ def make_model_config(args: Mapping[str, Any]) -> ModelConfig:
         values["moe_layer_freq"] = parse_moe_layer_freq(values["moe_layer_freq"])
     else:
         values.pop("moe_layer_freq", None)
-    for name in ("moe_router_score_function",):
+    for name in ("moe_router_score_function", "fp8_recipe", "fp8_amax_history_len"):
         if values.get(name) is None:
             values.pop(name, None)
     config = ModelConfig(**values)
@@ -286,6 +292,10 @@ def validate_model(config: ModelConfig) -> None:
     _validate_mla(config)
     _validate_mtp(config)
     _validate_backend(config)
+    fp8.validate_fp8(
+        config.fp8_format, config.fp8_recipe, config.fp8_amax_history_len,
+        config.transformer_impl,
+    )
 
 
 def _validate_moe(config: ModelConfig) -> None:
