@@ -20,9 +20,6 @@ torch or megatron choose by device:
   FusedLayerNormAffineFunction and FastLayerNormFN: input, mean, invvar);
 - megatron's CUDA RNG tracker forks nothing and RNG states are host tensors, as on a GPU
   (CUDA generator states are kept by the host, not in GPU memory);
-- megatron's Triton kernels for MLA's fused RoPE (fusions/fused_mla_yarn_rope_apply.py, with
-  --apply-rope-fusion) launch as no-ops: each writes into its input in place or into outputs
-  its autograd Function allocated with torch first (`new_empty`), so nothing they do allocates;
 - Transformer Engine's kernels run as the stand-in's autograd Functions (world/te/functions.py),
   and its kept placeholder weight gradients (`get_dummy_wgrad`) start afresh in each run, as in
   a new process, so every trace holds the ones it makes (persistent buffers).
@@ -117,23 +114,9 @@ def _cpu_rng_state(*args: Any, **kwargs: Any) -> torch.Tensor:
     return torch.zeros(16, dtype=torch.uint8)
 
 
-class _TritonLaunch:
-    """A Triton kernel on meta: `kernel[grid](*args)` launches, writing what torch allocated."""
-
-    def __getitem__(self, grid: Any) -> Any:
-        return lambda *args, **kwargs: None
-
-
-# fused_mla_yarn_rope_apply.py: the kernels of ApplyMLARotaryEmbQ and ApplyMLARotaryEmbKV
-_MLA_ROPE_KERNELS = (
-    "rotary_fwd_q_kernel", "rotary_bwd_q_kernel", "rotary_fwd_kv_kernel", "rotary_bwd_kv_kernel",
-)  # fmt: skip
-
-
 @contextlib.contextmanager
 def cuda_on_meta() -> Iterator[None]:
     """Run megatron's CUDA code on meta tensors (see the module docstring) inside the block."""
-    from megatron.core.fusions import fused_mla_yarn_rope_apply
     from megatron.core.fusions.fused_layer_norm import FusedLayerNorm
     from megatron.core.tensor_parallel import random
 
@@ -144,7 +127,6 @@ def cuda_on_meta() -> Iterator[None]:
         (FusedLayerNorm, "forward", _apex_layer_norm),
         (random, "_get_cuda_rng_state", _cpu_rng_state),
         (random, "_set_cuda_rng_state", lambda *args, **kwargs: None),
-        *((fused_mla_yarn_rope_apply, name, _TritonLaunch()) for name in _MLA_ROPE_KERNELS),
     ]
     from inspector.world.setup import fresh_te_process
 
