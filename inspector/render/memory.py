@@ -124,9 +124,12 @@ def _context(report: MemoryReport) -> list[str]:
     """Return the lines that say what was assumed: precision, batch, schedule."""
     t, b, layout, model = report.training, report.schedule, report.layout, report.model
     optimizer = "distributed optimizer" if t.use_distributed_optimizer else "Adam"
+    recompute: str = t.recompute
+    if recompute == "selective" and t.recompute_modules != ("core_attn",):
+        recompute += f" ({', '.join(t.recompute_modules)})"  # megatron's default goes unsaid
     lines = [  # the batch and sequence are on the job line above (render/job.py)
         f"Precision: {model.dtype_name} parameters, {optimizer}; "
-        f"recompute {t.recompute}, flash attention {'on' if t.flash_attention else 'off'}.",
+        f"recompute {recompute}, flash attention {'on' if t.flash_attention else 'off'}.",
     ]
     lines.append(_source(report))
     if report.not_run is None and model.num_experts is not None:

@@ -189,6 +189,13 @@ def stage_inputs(built: BuiltJob) -> list[StageInput]:
 def context_for(built: BuiltJob, compute: ComputeRate | ComputeProfile) -> Context:
     """Return the settings every stage's records share, from the Job."""
     job = built.job
+    extra = [m for m in job.training.recompute_modules if m != "core_attn"]
+    if job.training.recompute == "selective" and extra:
+        # workload.py `_recompute` repeats core attention's forward only under selective
+        raise ConfigError(
+            f"--recompute-modules {' '.join(extra)}: workload times selective recomputation of "
+            "core_attn only (megatron's default); `memory` measures these modules"
+        )
     schedule = job.schedule()
     settings = Settings(
         micro_batch_size=schedule.micro_batch_size,

@@ -70,7 +70,7 @@ _LAYOUT: dict[str, tuple[bool, dict[str, Any]]] = {
         {
             "CudaRNGStatesTracker": state.CudaRNGStatesTracker,
             "get_all_rng_states": state.get_all_rng_states,
-            "activation_recompute_forward": state.never_runs,
+            "activation_recompute_forward": state.activation_recompute_forward,
             "checkpoint": state.checkpoint,
             "set_tensor_model_parallel_attributes": _base.set_tensor_model_parallel_attributes,
         },

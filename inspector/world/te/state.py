@@ -247,6 +247,16 @@ def fp8_model_init(enabled: bool = True, *args: Any, **kwargs: Any) -> Iterator[
     yield
 
 
+@contextlib.contextmanager
+def activation_recompute_forward(
+    activation_recompute: bool = False, recompute_phase: bool = False
+) -> Iterator[None]:
+    """TE's recomputation marker (distributed.py 228-263): it only sets the flags TE's fp8 modules
+    read (`_FP8_ACTIVATION_RECOMPUTE_ENABLED` needs fp8 on, which the stand-in never is) and
+    allocates nothing. megatron's CheckpointWithoutOutput enters it around every checkpoint."""
+    yield
+
+
 class CudaRNGStatesTracker:
     """TE's RNG-state tracker (distributed.py 776-886), keeping seeds instead of CUDA states.
 
