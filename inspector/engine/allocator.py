@@ -11,6 +11,11 @@ This is how torch's own `torch.distributed._tools.mem_tracker.MemTracker` follow
   no block for size 0), so `memory_allocated` and `max_memory_allocated` are the GPU's numbers;
 - storages that existed before the recording (parameters, grad buffers) are never counted.
 
+The engine's dispatch modes tell torch not to wrap their `__torch_dispatch__` for dynamo
+(`_should_skip_dynamo`): torch/utils/_python_dispatch.py wraps it in `torch._disable_dynamo` by
+default, whose first call imports torch._dynamo (~0.5 s) to keep dynamo out of the mode's frames,
+and nothing here compiles (world/fastimport.py: torch.compile passes through).
+
 Each event carries where megatron was, so a peak can be named and a trace cut into layers: in
 forward (and recomputation) the module running (`Tracker.enter`/`leave`, from module hooks) or the
 step the caller named (`Tracker.at`); in backward the module whose forward created the autograd
@@ -65,6 +70,11 @@ class Tracker(TorchDispatchMode):
 
     def __post_init__(self) -> None:
         super().__init__()
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """Keep `__torch_dispatch__` as written: nothing here compiles (module notes)."""
+        return False
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
