@@ -14,13 +14,15 @@ from typing import Any
 
 import pytest
 
-from inspector.world import te
+from inspector.world.setup import megatron
 from tests import invariants
 
-# megatron-core decides HAVE_TE when it is first imported, and some tests import it directly
-# (tests/test_versions.py, at module level): the simulated Transformer Engine goes in first, as
-# the simulated world puts it in before it imports megatron-core (notes/te.md).
-te.install()
+# megatron-core decides HAVE_TE, and the torch.compile of its fused functions (megatron/core/
+# jit.py), when it is first imported, and some tests import it directly (tests/test_versions.py,
+# at module level): it is imported first as the simulated world imports it (world/fastimport.py:
+# the simulated Transformer Engine in, torch.compile passing through; notes/te.md). The engine's
+# allocator model runs those functions on meta tensors and never compiles them, as the CLI does.
+megatron()
 
 GOLDEN = Path(__file__).resolve().parent.parent / "fixtures" / "golden"
 

@@ -41,6 +41,10 @@ COMMANDS = [
     "--max-position-embeddings 128 --tp 2 --pp 2 --num-virtual-stages-per-pipeline-rank 2",
     "memory --model llama3-70b --tp 8 --pp 4 --dp 8 --use-distributed-optimizer "
     "--micro-batch-size 1 --seq-length 8192",
+    # the local spec, MoE (balanced routing's dispatch mode), torch's foreach AdamW
+    "memory --model mixtral-8x7b --transformer-impl local --num-layers 4 --hidden-size 256 "
+    "--ffn-hidden-size 512 --num-attention-heads 4 --num-query-groups 2 --seq-length 128 --pp 2 "
+    "--ep 2 --dp 2 --bf16 --micro-batch-size 1 --global-batch-size 4",
     "tree --model mixtral-8x7b --ep 8 --dp 8 --pp 2",
     "params --model qwen1.5-moe-a2.7b --ep 4 --dp 4 --pp 2 --moe-grouped-gemm",
     "params --model llama3-70b --tp 8 --pp 4 --bf16 --transformer-impl transformer_engine "
@@ -66,13 +70,12 @@ def test_build_imports_no_heavy_module(command):
     heavy = _heavy(command)
     if command.startswith("memory"):
         # memory runs megatron's forward, backward and optimizer step on meta tensors (the
-        # engine; TE jobs too since the TE stand-in runs): torch wraps the allocator model's
-        # TorchDispatchMode in torch._disable_dynamo, whose first call imports dynamo, meta
-        # references import sympy, and the optimizer step imports what torch.optim's step does
-        # (inductor, DTensor, DCP). Only the build must stay light: the modules left are those.
-        engine = ("sympy", "torch._dynamo", "torch._inductor", "torch.distributed.tensor",
-                  "torch.distributed._tensor", "torch.distributed.checkpoint")  # fmt: skip
-        heavy = [module for module in heavy if module not in engine]
+        # engine): torch's meta kernels for elementwise ops are Python references, whose type
+        # promotion and torch._check import sympy. Nothing else heavy: the engine's dispatch modes
+        # are not wrapped for dynamo, torch.optim's wrappers are seeded, and megatron's
+        # fsdp_dtensor_checkpoint (DCP, DTensor) is imported only if one of its functions is called.
+        assert "sympy" in heavy
+        heavy = [module for module in heavy if module != "sympy"]
     assert heavy == []
 
 
@@ -85,3 +88,69 @@ def test_multi_latent_attention_build_imports_no_dynamo():
         "--moe-router-topk 2 --tp 2 --ep 2 --dp 2 --pp 2 --sequence-parallel --bf16"
     )
     assert "torch._dynamo" not in _heavy(command)
+
+
+def test_engine_dispatch_modes_run_unwrapped():
+    """torch wraps a TorchDispatchMode's __torch_dispatch__ in torch._disable_dynamo unless the
+    class says to skip it; the wrapper's first call imports dynamo (torch/utils/_python_dispatch.py)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from inspector.engine.allocator import Tracker
+    from inspector.engine.moe import _HostValues
+    from inspector.engine.optimizer import _GpuTracker
+
+    class Plain(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    assert hasattr(vars(Plain)["__torch_dispatch__"], "__wrapped__")  # what torch does by default
+    for mode in (Tracker, _GpuTracker, _HostValues):
+        assert not hasattr(vars(mode)["__torch_dispatch__"], "__wrapped__"), mode
+
+
+def test_torch_optim_wrappers_are_seeded():
+    """Optimizer.add_param_group and zero_grad are torch._disable_dynamo wrappers (torch/optim/
+    optimizer.py); once megatron is imported, calling them imports no dynamo."""
+    import torch
+
+    from inspector.world.fastimport import _seed_dynamo_disable
+    from inspector.world.setup import megatron
+
+    megatron()
+    _seed_dynamo_disable()
+    for method in (torch.optim.Optimizer.add_param_group, torch.optim.Optimizer.zero_grad):
+        wrapped = method.__wrapped__
+        assert getattr(wrapped, "__dynamo_disable") is wrapped
+
+
+CALLED_LATER = """
+import json, sys
+from inspector.world.setup import megatron
+megatron()
+from megatron.core.optimizer import distrib_optimizer
+name = "megatron.core.transformer.fsdp_dtensor_checkpoint"
+report = dict(imported=name in sys.modules, dcp="torch.distributed.checkpoint" in sys.modules)
+if report["imported"]:  # megatron-core 0.15+: optimizer/ imports two of its functions by name
+    stand_in = sys.modules[name]
+    expert = "decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight"
+    # megatron's own function, called through the name distrib_optimizer holds
+    report["out"] = distrib_optimizer.handle_experts_in_state_dict({expert: 1}, None)
+    real = sys.modules[name]
+    report["real"] = real is not stand_in and hasattr(real, "default_planner")
+    report["dcp_after"] = "torch.distributed.checkpoint" in sys.modules
+print(json.dumps(report))
+"""
+
+
+def test_fsdp_dtensor_checkpoint_is_imported_only_when_called():
+    done = subprocess.run(
+        [sys.executable, "-c", CALLED_LATER], capture_output=True, text=True, check=True
+    )
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["dcp"] is False
+    if report["imported"]:
+        from megatron.core.transformer.fsdp_dtensor_checkpoint import handle_experts_in_state_dict
+
+        expert = "decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight"
+        assert report["out"] == handle_experts_in_state_dict({expert: 1}, None)  # in this process
+        assert report["real"] and report["dcp_after"]

@@ -169,3 +169,37 @@ def test_a_failure_in_the_step_says_so(monkeypatch):
     assert "refused to build" not in message
     assert message.startswith("megatron-core failed running the optimizer step of stage 0")
     assert "no kernel for this op" in message
+
+
+def test_stages_with_equal_step_keys_run_equal_steps(monkeypatch):
+    """run_job runs the optimizer step once per `step_key`: the middle stages of a pipeline
+    share one (same pieces, layer kinds, no bucketing); each run alone gives the same events."""
+    from inspector.engine import memory
+    from inspector.engine.optimizer import stage_step
+    from inspector.world.build import View, build
+
+    job = _job(num_layers=8, pipeline_model_parallel_size=4, use_distributed_optimizer=True)
+    built = build(job, View(tuple(range(4))), expert_ranks=(0,))
+    keys = [memory.step_key(job, s.stage, memory.chunk_shapes(s)) for s in built.stages]
+    assert keys[1] == keys[2] and len(set(keys)) == 3  # stage 0 buckets; stage 3 has the output
+    assert stage_step(job, 1) == stage_step(job, 2)  # independent runs, every event equal
+    ran = []
+    monkeypatch.setattr(memory, "stage_step", lambda job, stage: ran.append(stage) or stage_step(job, stage))
+    runs = memory.run_job(job, built.stages).runs
+    assert ran == [0, 1, 3]
+    assert [runs[s].optimizer_state for s in range(4)] == [
+        stage_step(job, s).state for s in range(4)
+    ]
+
+
+def test_eager_step_allocates_as_torchs_own(monkeypatch):
+    """torch's AdamW step with its own wrappers (which import dynamo) and as the engine runs it
+    (`_eager_step`): the same allocations and frees, event for event."""
+    from inspector.engine import optimizer
+
+    job = _job()
+    assert not job.dims().fused_kernels  # torch's foreach AdamW
+    eager, _ = _step(job)
+    monkeypatch.setattr(optimizer, "_eager_step", lambda inner: None)
+    own, _ = _step(job)
+    assert eager == own and len(own.events) > 20

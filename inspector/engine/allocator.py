@@ -16,6 +16,11 @@ This is how torch's own `torch.distributed._tools.mem_tracker.MemTracker` follow
   it is followed as CUDA does it (aten/src/ATen/native/cuda/Resize.cpp `resize_bytes_cuda`: a
   block of the new size, the old one freed after the copy; size 0 takes no block).
 
+The engine's dispatch modes tell torch not to wrap their `__torch_dispatch__` for dynamo
+(`_should_skip_dynamo`): torch/utils/_python_dispatch.py wraps it in `torch._disable_dynamo` by
+default, whose first call imports torch._dynamo (~0.5 s) to keep dynamo out of the mode's frames,
+and nothing here compiles (world/fastimport.py: torch.compile passes through).
+
 Each event carries where megatron was, so a peak can be named and a trace cut into layers: in
 forward (and recomputation) the module running (`Tracker.enter`/`leave`, from module hooks) or the
 step the caller named (`Tracker.at`); in backward the module whose forward created the autograd
@@ -88,6 +93,11 @@ class Tracker(TorchDispatchMode):
     def __exit__(self, *exc: object) -> None:
         super().__exit__(*exc)
         torch.UntypedStorage.resize_ = self._resize  # type: ignore[method-assign]
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """Keep `__torch_dispatch__` as written: nothing here compiles (module notes)."""
+        return False
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}

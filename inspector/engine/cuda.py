@@ -117,6 +117,11 @@ def _cpu_rng_state(*args: Any, **kwargs: Any) -> torch.Tensor:
 @contextlib.contextmanager
 def cuda_on_meta() -> Iterator[None]:
     """Run megatron's CUDA code on meta tensors (see the module docstring) inside the block."""
+    from inspector.world.setup import fresh_te_process, megatron
+
+    # megatron imported as the world prepares it (world/fastimport.py): its fused functions'
+    # torch.compile passes them through, so nothing is compiled inside the allocator model
+    megatron()
     from megatron.core.fusions.fused_layer_norm import FusedLayerNorm
     from megatron.core.tensor_parallel import random
 
@@ -128,8 +133,6 @@ def cuda_on_meta() -> Iterator[None]:
         (random, "_get_cuda_rng_state", _cpu_rng_state),
         (random, "_set_cuda_rng_state", lambda *args, **kwargs: None),
     ]
-    from inspector.world.setup import fresh_te_process
-
     fresh_te_process()
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
     for owner, name, value in patches:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from inspector.engine.microbatch import GLOBAL_BUFFER, Trace
-from inspector.engine.optimizer import stage_step
+from inspector.engine.optimizer import StepRun, stage_step
 from inspector.engine.schedule import Peak, iteration_peak
 from inspector.engine.stage import Cache, ChunkShape, trace_chunks
 from inspector.engine.timeline import Replay
@@ -39,26 +39,35 @@ class RunMemory:
         return sum(size for _, size in self.persistent) + self.workspaces
 
 
+Steps = dict[Hashable, StepRun]  # a job's optimizer steps by `step_key`
+
+
 def run_memory(
     job: Job,
     stage: int,
     shapes: Sequence[ChunkShape] | None = None,
     cache: Cache | None = None,
     whole: bool = False,
+    steps: Steps | None = None,
 ) -> RunMemory:
     """Run one micro-batch of each chunk of `stage`, its optimizer step, and replay the
     iteration's schedule.
 
     `shapes`: what megatron put on each chunk (`chunk_shapes`; built here when not given);
     `cache`: the small chunks traced for other stages of the same job (stage.py); `whole`:
-    run every layer instead of composing the chunks from one layer of each kind.
+    run every layer instead of composing the chunks from one layer of each kind; `steps`: the
+    optimizer steps run for other stages of the same job (`step_key`).
     """
     if shapes is None:
         from inspector.world.build import View, build
 
         shapes = chunk_shapes(build(job, View((stage,)), expert_ranks=(0,)).stages[0])
     traces = trace_chunks(job, stage, shapes, cache, whole)
-    step = stage_step(job, stage)
+    steps = {} if steps is None else steps
+    key = step_key(job, stage, shapes)
+    if key not in steps:
+        steps[key] = stage_step(job, stage)
+    step = steps[key]
     schedule = job.schedule()
     peak = iteration_peak(traces, stage, job.layout.pp, schedule.num_microbatches, step=step.events)
     workspaces = CUBLAS_WORKSPACE_SM90 * GEMM_THREADS
@@ -84,6 +93,23 @@ def _persistent(traces: Sequence[Trace]) -> tuple[tuple[str, int], ...]:
     return tuple(own) + tuple(shared.items())
 
 
+def step_key(job: Job, stage: int, shapes: Sequence[ChunkShape]) -> Hashable:
+    """Return what a stage's optimizer step depends on: two stages with equal keys run it alike.
+
+    The step sees the stage's parameters as DDP lays them into buffers: per chunk, the pieces
+    megatron put there (embedding, output layer, MTP) and each layer's kind (dense or MoE), in
+    order, the parameter names being local to the chunk (`decoder.layers.{i}`); and whether DDP
+    buckets them (megatron's DDP buckets only on pipeline rank 0). The simulated rank of every
+    stage sits at data-parallel index 0, so its shards are the same; the stage's own number
+    reaches megatron's optimizer only as a checkpoint key (`data_parallel_group_idx`).
+    """
+    model = job.model
+    return stage == 0, tuple(
+        (shape.embedding, shape.output, shape.mtp, tuple(map(model.is_moe_layer, shape.layers)))
+        for shape in shapes
+    )
+
+
 def chunk_shapes(built: Any) -> tuple[ChunkShape, ...]:
     """Return what megatron put on each chunk of a built stage (world.build.BuiltStage)."""
     return tuple(
@@ -106,8 +132,12 @@ def run_job(job: Job, stages: Sequence[Any]) -> JobRuns:
     if reason is not None:
         return JobRuns({}, reason)
     cache: Cache = {}
+    steps: Steps = {}
     return JobRuns(
-        {built.stage: run_memory(job, built.stage, chunk_shapes(built), cache) for built in stages}
+        {
+            built.stage: run_memory(job, built.stage, chunk_shapes(built), cache, steps=steps)
+            for built in stages
+        }
     )
 
 

@@ -63,6 +63,11 @@ def balanced_map(
 class _HostValues(TorchDispatchMode):
     """Carry host values beside meta tensors through the ops that read them (module docstring)."""
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """Keep `__torch_dispatch__` as written (allocator.py's module notes)."""
+        return False
+
     def __init__(self) -> None:
         super().__init__()
         self.values: WeakTensorKeyDictionary = WeakTensorKeyDictionary()

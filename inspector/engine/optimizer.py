@@ -36,6 +36,8 @@ next iteration's start, above the static memory).
 from __future__ import annotations
 
 import contextlib
+import functools
+import types
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -143,12 +145,45 @@ def _parts(optimizer: Any) -> list[Any]:
 
 
 def _foreach(optimizer: Any) -> None:
-    """Give torch's AdamW the foreach implementation it picks for CUDA tensors."""
+    """Give torch's AdamW the foreach implementation it picks for CUDA tensors, stepping as in
+    eager mode (`_eager_step`)."""
     for part in _parts(optimizer):
         inner = part.optimizer
         if isinstance(inner, torch.optim.Optimizer):
             for group in inner.param_groups:
                 group["foreach"] = True
+            _eager_step(inner)
+
+
+def _eager_step(inner: torch.optim.Optimizer) -> None:
+    """Run `inner.step` as torch's wrappers run it in eager mode, without importing dynamo.
+
+    torch/optim/optimizer.py wraps an optimizer's step in `_use_grad_for_differentiable` (the
+    grad mode of `differentiable`, around two `torch._dynamo.graph_break()` calls: nothing
+    outside torch.compile, but each call imports torch._dynamo, ~0.5 s) and that in
+    `Optimizer.profile_hook_step` (hooks, profiler range). The step keeps the latter and the grad
+    mode; a torch whose wrappers are not found keeps its own step.
+    """
+    from torch.optim.optimizer import Optimizer, _use_grad_for_differentiable
+
+    use_grad = _use_grad_for_differentiable(lambda: None).__code__
+    wrapper: Any = type(inner).step
+    while wrapper is not None and getattr(wrapper, "__code__", None) is not use_grad:
+        wrapper = getattr(wrapper, "__wrapped__", None)
+    if wrapper is None:
+        return
+    step = wrapper.__wrapped__
+
+    @functools.wraps(step)
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        before = torch.is_grad_enabled()
+        try:
+            torch.set_grad_enabled(self.defaults["differentiable"])
+            return step(self, *args, **kwargs)
+        finally:
+            torch.set_grad_enabled(before)
+
+    inner.step = types.MethodType(Optimizer.profile_hook_step(run), inner)  # type: ignore[method-assign]
 
 
 class _GpuTracker(Tracker):

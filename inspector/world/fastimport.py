@@ -12,10 +12,14 @@
   which a meta build never makes; it costs ~0.6 s (it pulls in torch.distributed.checkpoint, FSDP
   and sympy). megatron.core.safe_globals (0.14+), which imports it without a fallback, gets a stand-in
   (`_SafeGlobalsStandIn`). Should a megatron-core still need DTensor, the import is retried with it.
-- torch's meta kernels written in Python (torch._refs) are wrapped in `torch._disable_dynamo`, which
-  imports torch._dynamo (~0.5 s) on the first call only to learn how to switch dynamo off. With
-  torch.compile passing through dynamo never runs, so each wrapper is pre-seeded with the answer it
-  would cache: the plain function.
+- torch's meta kernels written in Python (torch._refs) and torch.optim's optimizers (the engine's
+  optimizer step) are wrapped in `torch._disable_dynamo`, which imports torch._dynamo (~0.5 s, and
+  inductor with it) on the first call only to learn how to switch dynamo off. With torch.compile
+  passing through dynamo never runs, so each wrapper is pre-seeded with the answer it would cache:
+  the plain function.
+- megatron.core.transformer.fsdp_dtensor_checkpoint (0.15+), imported by megatron's optimizer
+  package for two checkpoint helpers, imports torch.distributed.checkpoint and DTensor without a
+  fallback (~0.3 s); a stand-in (`_CalledLater`) imports it when one of them is first called.
 - The garbage collector's full collections skip what exists before and after the import (torch's
   and megatron's modules, classes, functions: `gc.freeze()`): ~2 full collections would otherwise
   rescan them, ~0.1-0.2 s each. Nothing frozen is garbage; collection itself stays on.
@@ -97,6 +101,62 @@ class _SafeGlobalsStandIn(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 _SAFE_GLOBALS = _SafeGlobalsStandIn()
 
 
+class _CalledLater(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Stand in for megatron.core.transformer.fsdp_dtensor_checkpoint (0.15+) until it is used.
+
+    megatron's optimizer package imports two of its functions by name (optimizer/__init__.py
+    `get_global_unique_param_name`, distrib_optimizer.py `handle_experts_in_state_dict`), and the
+    module imports torch.distributed.checkpoint, and with it DTensor, without a fallback (~0.3 s).
+    Both functions serve checkpoints only (a parameter-to-group map, expert names in a state dict).
+    The stand-in hands out, for those two names, functions that import the real module when first
+    called and call it; any other name imports the real module at once and is its attribute. So
+    whatever megatron calls runs megatron's own code.
+    """
+
+    NAME = "megatron.core.transformer.fsdp_dtensor_checkpoint"
+    CALLED_LATER = ("get_global_unique_param_name", "handle_experts_in_state_dict")
+
+    def __init__(self) -> None:
+        self.real: ModuleType | None = None
+        self.stepped_aside = False  # the real module is being, or has been, imported
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != self.NAME or self.stepped_aside:
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> None:
+        return None
+
+    def exec_module(self, module: ModuleType) -> None:
+        vars(module)["__getattr__"] = self._attribute  # PEP 562: names asked of the module
+
+    def _attribute(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        if name not in self.CALLED_LATER:
+            return getattr(self._load(), name)
+
+        def called(*args: Any, **kwargs: Any) -> Any:
+            return getattr(self._load(), name)(*args, **kwargs)
+
+        called.__name__ = called.__qualname__ = name
+        return called
+
+    def _load(self) -> ModuleType:
+        """Import the real module in the stand-in's place (sys.modules, its package's attribute)."""
+        if self.real is None:
+            self.stepped_aside = True
+            sys.modules.pop(self.NAME, None)
+            self.real = importlib.import_module(self.NAME)
+        return self.real
+
+
+_CALLED_LATER = _CalledLater()
+
+
 def _compile_passes_through() -> None:
     """Make torch.compile return its function unchanged, for the rest of the process."""
     import torch
@@ -107,16 +167,22 @@ def _compile_passes_through() -> None:
     torch.compile = passthrough
 
 
+# The modules whose `_disable_dynamo` wrappers are pre-seeded (`_seed_dynamo_disable`).
+SEEDED = ("torch._refs", "torch._prims", "torch._decomp", "torch.optim")
+
+
 def _seed_dynamo_disable() -> int:
     """Pre-seed torch._refs' `_disable_dynamo` wrappers so calling them does not import dynamo.
 
     `torch._disable_dynamo(fn)` returns `inner`, which on first call imports torch._dynamo to build
     `torch._dynamo.disable(fn)` and caches it as `fn.__dynamo_disable`. Outside a compiled region
     that function just calls `fn`; with torch.compile passing through there is no compiled region.
-    The wrappers are found from the modules' functions through `__wrapped__` and through the
-    functions their closures hold: an elementwise reference (`torch._refs.reciprocal`, reached by
-    `1.0 / tensor` in megatron's rotary embeddings) keeps its wrapper only in a closure.
-    Returns the number of wrappers seeded.
+    The wrappers are found from the modules' functions and their classes' methods, through
+    `__wrapped__` and through the functions their closures hold: an elementwise reference
+    (`torch._refs.reciprocal`, reached by `1.0 / tensor` in megatron's rotary embeddings) keeps its
+    wrapper only in a closure. torch.optim's are the optimizer step's (the engine): `Optimizer`'s
+    `add_param_group` and `zero_grad`, and the functional optimizers' fallbacks
+    (`_disable_dynamo_if_unsupported`). Returns the number of wrappers seeded.
     """
     import torch
 
@@ -126,9 +192,16 @@ def _seed_dynamo_disable() -> int:
     modules = [
         module
         for name, module in list(sys.modules.items())
-        if module is not None and name.startswith(("torch._refs", "torch._prims", "torch._decomp"))
+        if module is not None and name.startswith(SEEDED)
     ]
     pending = [value for module in modules for value in list(vars(module).values())]
+    pending += [
+        method
+        for module in modules
+        for value in list(vars(module).values())
+        if isinstance(value, type) and value.__module__ == module.__name__
+        for method in list(vars(value).values())
+    ]
     while pending:
         function = pending.pop()
         if not callable(function) or id(function) in seen:
@@ -296,6 +369,8 @@ def import_megatron(names: Callable[[], Any]) -> Any:
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     _compile_passes_through()
     _install_transformer_engine_standin()
+    if _CALLED_LATER not in sys.meta_path:
+        sys.meta_path.insert(0, _CALLED_LATER)  # for the process: the optimizer imports it later
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         result = _import(names)
