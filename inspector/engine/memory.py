@@ -115,7 +115,4 @@ def not_runnable(job: Job) -> str | None:
     """Return why the engine cannot run the job yet, or None when it can."""
     if job.model.transformer_impl == "transformer_engine" and job.layout.cp > 1:
         return "Transformer Engine's context-parallel attention is not run yet"
-    if job.model.transformer_impl == "transformer_engine" and job.model.num_experts is not None:
-        # the engine runs TE MoE layers (tests/test_te_engine.py); lifting this waits on the suite
-        return "Transformer Engine's MoE layers (grouped GEMM, fused permutation) are not run yet"
     return None
