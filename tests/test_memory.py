@@ -463,8 +463,6 @@ def test_engine_peak_is_above_static_and_names_a_pass() -> None:
     [
         (["--transformer-impl", "transformer_engine", "--cp", "2", "--use-flash-attn"],
          "Transformer Engine's context-parallel attention"),
-        (["--transformer-impl", "transformer_engine", "--num-experts", "4", "--ep", "2",
-          "--sequence-parallel", "--disable-bias-linear"], "Transformer Engine's MoE layers"),
     ],
 )
 def test_formulas_answer_where_the_engine_cannot_run(extra: list[str], why: str) -> None:
