@@ -267,10 +267,14 @@ def test_fp8_padding_pads_each_gemms_rows_to_16_or_32_for_mxfp8():
         assert te_pytorch.Fp8Padding(2)(x, [10, 20])[1] == [32, 32]
 
 
-def test_fp8_moe_under_te_says_the_closed_forms_leave_fp8_out(cli):
-    result = cli("memory", *SMALL, *TE, "--num-experts", "4", "--fp8-format", "hybrid")
-    assert result.code == 0, result.err
-    assert "fp8 weight copies and fp8 saved inputs not counted" in result.out
+def test_fp8_moe_runs_and_context_parallel_says_the_closed_forms_leave_fp8_out(cli):
+    moe = cli("memory", *SMALL, *TE, "--num-experts", "4", "--fp8-format", "hybrid")
+    assert moe.code == 0, moe.err
+    assert "megatron's forward, backward and optimizer step run on meta tensors" in moe.out
+    cp = cli("memory", *SMALL, *TE, "--cp", "2", "--dp", "1", "--use-flash-attn",
+             "--fp8-format", "hybrid")  # fmt: skip
+    assert cp.code == 0, cp.err
+    assert "fp8 weight copies and fp8 saved inputs not counted" in cp.out
 
 
 def test_workload_mlp_times_scale_by_the_h100s_16_bit_over_fp8_peak(cli):
