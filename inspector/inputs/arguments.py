@@ -162,6 +162,28 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         "use_distributed_optimizer", bool, "Shard optimizer state over data-parallel ranks.",
         negatable=True,
     ),
+    _layout(
+        "use_megatron_fsdp", bool,
+        "Megatron-FSDP: shard what --data-parallel-sharding-strategy names over data-parallel ranks.",
+    ),
+    _layout(
+        "data_parallel_sharding_strategy", str,
+        "What Megatron-FSDP shards (Megatron-LM's default: no_shard).",
+        choices=("no_shard", "optim", "optim_grads", "optim_grads_params"),
+    ),
+    _layout(
+        "fsdp_double_buffer", bool,
+        "Megatron-FSDP: keep two persistent all-gather/reduce-scatter buffers.",
+    ),
+    _layout("use_torch_fsdp2", bool, "PyTorch FSDP2: shard every parameter's rows over data-parallel ranks."),
+    _layout(
+        "ckpt_format", str, "Checkpoint format (Megatron-LM's default: torch_dist).",
+        choices=("torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor"),
+    ),
+    _layout(
+        "no_gradient_accumulation_fusion", bool,
+        "Turn off gradient-accumulation fusion (PyTorch FSDP2 needs it off).",
+    ),
     _layout("overlap_grad_reduce", bool, "Overlap gradient reduction with backward (buckets)."),
     _layout("ddp_bucket_size", int, "Gradient bucket size in elements."),
     # Training (read by `memory` only; every command reads them from scripts without complaint).

@@ -26,8 +26,8 @@ _FP8 = (
     "that this tool does not count; drop the fp8/fp4 arguments to see the 16-bit footprint"
 )
 _FSDP = (
-    "FSDP shards parameters, gradients and optimizer state with its own buffers, which this tool "
-    "does not model; --use-distributed-optimizer is modelled exactly"
+    "FSDP2 keeping the gathered parameters from the forward to the backward (ZeRO-2) is not "
+    "modelled; --use-torch-fsdp2 alone (resharding after the forward) is"
 )
 _HYBRID = "this tool builds megatron-core's GPTModel; hybrid (Mamba) models are not modelled"
 
@@ -37,8 +37,7 @@ REFUSED: dict[str, Refusal] = {
     "--fp4-format": Refusal("training", _FP8),
     "--fp4-param-gather": Refusal("training", _FP8),
     "--reuse-grad-buf-for-mxfp8-param-ag": Refusal("training", _FP8),
-    "--use-megatron-fsdp": Refusal("layout", _FSDP),
-    "--use-torch-fsdp2": Refusal("layout", _FSDP),
+    "--torch-fsdp2-no-reshard-after-forward": Refusal("layout", _FSDP),
     "--num-distributed-optimizer-instances": Refusal(
         "layout", "several distributed-optimizer instances shard over part of the data-parallel "
         "group, which this tool does not model", ("1",)),  # fmt: skip
@@ -149,7 +148,7 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--deterministic-mode --calculate-per-token-loss --no-masked-softmax-fusion "
         "--no-bias-gelu-fusion --no-bias-swiglu-fusion --no-bias-dropout-fusion --no-rope-fusion "
         "--cross-entropy-loss-fusion --cross-entropy-fusion-impl "
-        "--no-gradient-accumulation-fusion --no-persist-layer-norm --use-te-activation-func "
+        "--no-persist-layer-norm --use-te-activation-func "
         "--use-fused-weighted-squared-relu --no-gradient-reduce-div-fusion --te-rng-tracker "
         "--use-mcore-models --transformer-impl-fallback --use-cpu-initialization "
         "--init-model-with-meta-device --no-clone-scatter-output-in-embedding"
@@ -181,14 +180,13 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--distributed-backend --distributed-timeout-minutes "
         "--distributed-timeout-seconds-after-init --local-rank --lazy-mpu-init "
         "--disable-gloo-process-groups --empty-unused-memory-level --manual-gc --manual-gc-interval "
-        "--no-manual-gc-eval"
+        "--no-manual-gc-eval --suggested-communication-unit-size"
     ),
     "only with a refused argument": (
         "--fp8-recipe --fp8-margin --fp8-interval --fp8-amax-history-len --fp8-amax-compute-algo "
         "--no-fp8-wgrad --fp4-recipe --first-last-layers-bf16 --num-layers-at-start-in-bf16 "
-        "--num-layers-at-end-in-bf16 --keep-fp8-transpose-cache --data-parallel-sharding-strategy "
-        "--fsdp-double-buffer --suggested-communication-unit-size --enable-full-sharding-in-hsdp "
-        "--torch-fsdp2-no-reshard-after-forward --main-grads-dtype --main-params-dtype "
+        "--num-layers-at-end-in-bf16 --keep-fp8-transpose-cache "
+        "--enable-full-sharding-in-hsdp --main-grads-dtype --main-params-dtype "
         "--exp-avg-dtype --exp-avg-sq-dtype --optimizer-offload-fraction "
         "--use-torch-optimizer-for-cpu-offload --overlap-cpu-optimizer-d2h-h2d --no-pin-cpu-grads "
         "--no-pin-cpu-params"
@@ -250,7 +248,7 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--pretrained-checkpoint --ckpt-step --no-initialization --use-checkpoint-args "
         "--use-mp-args-from-checkpoint-args --no-use-tokenizer-model-from-checkpoint-args "
         "--exit-on-missing-checkpoint --use-dist-ckpt --use-persistent-ckpt-worker "
-        "--auto-detect-ckpt-format --dist-ckpt-format --ckpt-format --ckpt-convert-format "
+        "--auto-detect-ckpt-format --dist-ckpt-format --ckpt-convert-format "
         "--ckpt-convert-save --ckpt-convert-update-legacy-dist-opt-format "
         "--ckpt-fully-parallel-save --no-ckpt-fully-parallel-save --async-save "
         "--ckpt-fully-parallel-load --ckpt-assume-constant-structure --dist-ckpt-strictness "
