@@ -14,6 +14,12 @@ the next one prefetched (`AllGatherPipeline`, two slots with --fsdp-double-buffe
 `FixedPoolAllocator(size=2)`); sharded gradients are reduced from an unsharded bucket the
 backward fills, the previous one still being reduce-scattered (`GradReducePipeline`). Counted:
 the largest pair of neighbouring groups' gathered parameters plus the largest pair's gradients.
+
+PyTorch FSDP2 (world/fsdp.py `fsdp2_layout`): every unit's parameters and gradients (in the
+parameters' dtype: megatron passes no mixed-precision policy) are sharded by rows; megatron's
+Float16OptimizerWithFloat16Params keeps an fp32 copy of a 16-bit model's local rows, Adam its two
+moments. In flight: the same pairs, a unit gathered while the next is prefetched (FSDP2 reshards
+after the forward, megatron's default).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ ADAM_MOMENTS = 8  # exp_avg and exp_avg_sq in fp32 (Megatron-LM's default --opti
 MASTER_COPY = 4  # the fp32 main-weight buffer's element
 
 SHARDED = {  # ParamAndGradBuffer._init_each_parameter_group_buffers: (weights, main, grads)
+    "fsdp2": (True, True, True),
     "no_shard": (False, False, False),
     "optim": (False, True, False),
     "optim_grads": (False, True, True),
@@ -38,6 +45,13 @@ def fsdp_state(
     """Return one rank's (weights, gradients, optimizer) bytes from its chunks' FsdpLayouts."""
     weights = gradients = optimizer = 0
     for layout in layouts:
+        if layout.strategy == "fsdp2":
+            for unit in layout.buckets:
+                weights += unit.shard_numel * unit.param_itemsize
+                gradients += unit.shard_numel * unit.grad_itemsize
+                master = MASTER_COPY if unit.param_itemsize < MASTER_COPY else 0
+                optimizer += unit.owned_numel[dense_index] * (master + ADAM_MOMENTS)
+            continue
         params, main, grads = SHARDED[layout.strategy]
         for bucket in layout.buckets:
             whole, shard = bucket.numel, bucket.shard_numel

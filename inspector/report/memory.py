@@ -352,7 +352,7 @@ def _stage_memory(
     """Return one stage's memory: its chunks' buffers, its most loaded rank, its activations."""
     training, stage, chunks = job.training, built.stage, built.chunks
     in_flight = 0
-    if training.megatron_fsdp:
+    if training.megatron_fsdp or training.torch_fsdp2:
         from inspector.report.fsdp import fsdp_in_flight, fsdp_state
 
         layouts = [chunk.fsdp() for chunk in chunks]

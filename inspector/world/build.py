@@ -103,13 +103,15 @@ class BuiltChunk:
 
 
     def fsdp(self) -> FsdpLayout:
-        """Return the chunk's Megatron-FSDP buckets as megatron lays them out for this job."""
-        from inspector.world.fsdp import fsdp_layout
+        """Return the chunk's Megatron-FSDP buckets (or FSDP2 units) as megatron makes them."""
+        from inspector.world.fsdp import fsdp2_layout, fsdp_layout
         from inspector.world.shards import resolve_bucket_size
 
         job = self.job
         layout, training = job.layout, job.training
         dp_cp = layout.dp * layout.cp
+        if training.torch_fsdp2:
+            return fsdp2_layout(self.module, dp_cp, job.model.transformer_impl == "local")
         # Megatron-LM get_model: the default bucket size, None without --overlap-grad-reduce;
         # MegatronFSDP drops it for chunks after the first (disable_bucketing)
         size = resolve_bucket_size(

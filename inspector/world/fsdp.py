@@ -78,8 +78,8 @@ class FsdpBucket:
 class FsdpLayout:
     """Every bucket of one chunk, in megatron's order, under one sharding strategy."""
 
-    strategy: str
-    buckets: tuple[FsdpBucket, ...]
+    strategy: str  # a --data-parallel-sharding-strategy, or fsdp2 (PyTorch FSDP2)
+    buckets: tuple[FsdpBucket | Fsdp2Unit, ...]
 
 
 def _buffer_module() -> Any:
@@ -149,3 +149,90 @@ def fsdp_layout(
             )
         )
     return FsdpLayout(strategy, tuple(result))
+
+
+@dataclass(frozen=True)
+class Fsdp2Unit:
+    """One module PyTorch FSDP2 shards (`fully_shard`): its parameters' rows over the ranks.
+
+    FSDP2 splits every parameter along dim 0 into `ceil(rows / dp)`-row chunks, padded so each
+    rank allocates one full chunk (torch/distributed/fsdp/_fully_shard/_fsdp_param.py
+    `_init_sharded_param`: torch.chunk, then `padded_sharded_param_size`); the optimizer sees the
+    unpadded local rows.
+    """
+
+    unit: int | None
+    expert: bool
+    shapes: tuple[tuple[int, int], ...]  # (rows, elements per row) of each parameter
+    dp: int
+    param_itemsize: int
+    grad_itemsize: int
+
+    @property
+    def shard_numel(self) -> int:
+        """Return one rank's padded shard of the unit's parameters."""
+        return sum(-(-rows // self.dp) * row for rows, row in self.shapes)
+
+    @property
+    def numel(self) -> int:
+        """Return the unit's elements when gathered (padding included)."""
+        return self.shard_numel * self.dp
+
+    @property
+    def parameters(self) -> int:
+        """Return the unit's parameter elements."""
+        return sum(rows * row for rows, row in self.shapes)
+
+    @cached_property
+    def owned_numel(self) -> tuple[int, ...]:
+        """Return, per rank, its local (unpadded) rows' elements."""
+        owned = [0] * self.dp
+        for rows, row in self.shapes:
+            chunk = -(-rows // self.dp)
+            full, rest = divmod(rows, chunk)
+            for rank in range(min(full, self.dp)):
+                owned[rank] += chunk * row
+            if rest and full < self.dp:
+                owned[full] += rest * row
+        return tuple(owned)
+
+
+def fsdp2_layout(module: Any, dp_cp: int, local_spec: bool) -> FsdpLayout:
+    """Group `module`'s parameters by the module megatron's TorchFullyShardedDataParallel shards.
+
+    megatron/core/distributed/torch_fully_sharded_data_parallel.py calls `fully_shard` on every
+    TransformerLayer, LanguageModelEmbedding, RotaryEmbedding and (not with the local spec)
+    tensor_parallel.ColumnParallelLinear, then on the root: a parameter belongs to its innermost
+    such module. Units are in module order; the root's own parameters come first.
+    """
+    from megatron.core import tensor_parallel
+    from megatron.core.models.common.embeddings.language_model_embedding import (
+        LanguageModelEmbedding,
+    )
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+    from megatron.core.transformer.transformer_layer import TransformerLayer
+
+    kinds: tuple[type, ...] = (TransformerLayer, LanguageModelEmbedding, RotaryEmbedding)
+    if not local_spec:
+        kinds += (tensor_parallel.ColumnParallelLinear,)
+    owner: dict[str, int | None] = {}
+    units: list[int | None] = [None]
+    for name, sub in module.named_modules():
+        if name and isinstance(sub, kinds):
+            units.append(len(units) - 1)
+            for pname, _ in module.get_submodule(name).named_parameters():
+                owner[f"{name}.{pname}"] = units[-1]
+    shapes: dict[int | None, list[tuple[int, int]]] = {unit: [] for unit in units}
+    itemsize = 2
+    for name, param in module.named_parameters():
+        rows = param.shape[0] if param.dim() else 1
+        shapes[owner.get(name)].append((rows, param.numel() // max(rows, 1)))
+        itemsize = param.dtype.itemsize
+    return FsdpLayout(
+        "fsdp2",
+        tuple(
+            Fsdp2Unit(unit, False, tuple(shapes[unit]), dp_cp, itemsize, itemsize)
+            for unit in units
+            if shapes[unit]
+        ),
+    )
