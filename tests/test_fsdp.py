@@ -1,0 +1,166 @@
+"""Megatron-FSDP and PyTorch FSDP2: Megatron-LM's checks, and each rank's bytes by hand."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+
+from tests.conftest import run_cli
+
+TINY = ("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --vocab-size 1000 "
+        "--micro-batch-size 1 --bf16").split()  # fmt: skip
+MFSDP = "--use-megatron-fsdp --use-distributed-optimizer --ckpt-format fsdp_dtensor".split()
+FSDP2 = "--use-torch-fsdp2 --no-gradient-accumulation-fusion".split()
+STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
+
+
+def memory(*args: str) -> dict[str, Any]:
+    result = run_cli("memory", *TINY, "--format", "json", *args)
+    assert result.code == 0, result.err
+    stage: dict[str, Any] = json.loads(result.out)["stages"][0]
+    return stage
+
+
+def strategy(name: str, dp: int = 4, *extra: str) -> dict[str, Any]:
+    return memory(*MFSDP, "--dp", str(dp), "--data-parallel-sharding-strategy", name, *extra)
+
+
+# Shapes of TINY's parameters (rows, elements per row), by hand: megatron pads the vocabulary
+# to a multiple of 128 (1000 -> 1024); learned positions; per layer two LayerNorms, fused QKV,
+# projection, and a 4 x hidden MLP, all with biases; the final LayerNorm; an untied output layer.
+H, F, V, S = 64, 256, 1024, 32
+LAYER = [(H, 1), (H, 1), (3 * H, H), (3 * H, 1), (H, H), (H, 1), (H, 1), (H, 1), (F, H), (F, 1),
+         (H, F), (H, 1)]  # fmt: skip
+SHAPES = [(V, H), (S, H), *LAYER, *LAYER, (H, 1), (H, 1)]
+P = sum(rows * row for rows, row in SHAPES)
+
+
+def test_tiny_shapes_match_megatrons_count():
+    # the hand list above is the tied model megatron builds
+    assert memory()["parameters"] == P
+
+
+def test_no_shard_holds_everything_unpadded():
+    # no_shard: parameters in their own storage (2 bytes), fp32 grads (Megatron-LM turns on
+    # --accumulate-allreduce-grads-in-fp32 for bf16), fp32 main weights + Adam's two moments
+    got = strategy("no_shard")
+    assert (got["weights"], got["gradients"], got["optimizer"]) == (2 * P, 4 * P, 12 * P)
+
+
+@pytest.mark.parametrize("dp", [3, 4])
+def test_sharded_state_is_total_over_dp_within_megatrons_padding(dp):
+    # optim_grads_params shards all three; each bucket is padded to a multiple of dp x its row
+    # size (param_and_grad_buffer.py _pad_if_needed, megatron-core 0.16; fc2's rows are the
+    # longest, F elements), so a rank holds P / dp elements plus under F per bucket
+    got = strategy("optim_grads_params", dp)
+    buckets = 1 + 2  # the parameters outside the layers, and one per TransformerLayer unit
+    for key, size in (("weights", 2), ("gradients", 4)):
+        elements = got[key] / size
+        assert P / dp <= elements < P / dp + buckets * F, (key, elements)
+
+
+def test_strategies_shard_more_and_more():
+    got = [strategy(name) for name in STRATEGIES]
+    weights = [g["weights"] for g in got]
+    grads = [g["gradients"] for g in got]
+    optimizer = [g["optimizer"] for g in got]
+    # optim shards main weights and moments: about 12 P / 4 bytes (one bucket, padded by under
+    # dp x F elements)
+    assert optimizer[0] == 12 * P and 12 * P / 4 <= optimizer[1] < 12 * (P / 4 + F)
+    assert grads[1] >= 4 * P and grads[2] < grads[1] / 3  # optim_grads shards the gradients
+    assert weights[2] >= 2 * P and weights[3] < weights[2] / 3  # optim_grads_params the weights
+    assert optimizer[1] == optimizer[2]  # the same buckets (TransformerLayer units: only in the last)
+
+
+def test_sharded_gradients_need_an_unsharded_bucket_in_flight():
+    # without --overlap-grad-reduce megatron makes one bucket of all non-layer parameters; from
+    # optim_grads on, the backward fills an unsharded fp32 bucket before reduce-scattering it
+    flight = {name: strategy(name)["buffers"].get("fsdp_in_flight", 0) for name in STRATEGIES}
+    assert flight["no_shard"] == flight["optim"] == 0
+    assert 4 * P <= flight["optim_grads"] < 4 * (P + 4 * F)
+    assert flight["optim_grads_params"] > 0
+
+
+def test_fsdp2_shards_rows_as_torch_pads_them():
+    # torch FSDP2: each parameter's rows in ceil(rows / dp) chunks; bf16 params and grads, the
+    # fp32 copy and moments of rank 0's rows (the most loaded: it holds a full chunk of each)
+    dp = 3
+    got = memory(*FSDP2, "--untie-embeddings-and-output-weights", "--dp", str(dp))
+    shapes = [*SHAPES, (V, H)]
+    shard = sum(math.ceil(rows / dp) * row for rows, row in shapes)
+    assert got["parameters"] == P + V * H
+    assert (got["weights"], got["gradients"], got["optimizer"]) == (2 * shard, 2 * shard, 12 * shard)
+
+
+def test_json_names_the_strategy():
+    result = run_cli("memory", *TINY, *MFSDP, "--data-parallel-sharding-strategy", "optim",
+                     "--format", "json")  # fmt: skip
+    training = json.loads(result.out)["training"]
+    assert training["use_megatron_fsdp"] and training["data_parallel_sharding_strategy"] == "optim"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        # the Megatron-FSDP guide: "The custom FSDP must be used with a distributed optimizer"
+        ("--use-megatron-fsdp --ckpt-format fsdp_dtensor",
+         "--use-megatron-fsdp needs --use-distributed-optimizer (Megatron-LM's Megatron-FSDP "
+         "guide: \"The custom FSDP must be used with a distributed optimizer\")"),
+        # validate_args: Megatron-FSDP saves fsdp_dtensor checkpoints only
+        ("--use-megatron-fsdp --use-distributed-optimizer",
+         "--use-megatron-fsdp needs --ckpt-format fsdp_dtensor, not torch_dist (Megatron-LM: "
+         "\"Megatron FSDP only supports fsdp_dtensor checkpoint format\")"),
+        ("--ckpt-format fsdp_dtensor",
+         "--ckpt-format fsdp_dtensor needs --use-megatron-fsdp (Megatron-LM: \"--ckpt-format "
+         "fsdp_dtensor is only tested with Megatron FSDP\")"),
+        ("--use-torch-fsdp2 --no-gradient-accumulation-fusion --untie-embeddings-and-output-weights "
+         "--pp 2",
+         "--use-torch-fsdp2 needs --pipeline-model-parallel-size 1, not 2 (Megatron-LM: "
+         "\"--use-torch-fsdp2 is not supported with pipeline parallelism\")"),
+        ("--use-torch-fsdp2 --untie-embeddings-and-output-weights",
+         "--use-torch-fsdp2 runs only with --no-gradient-accumulation-fusion (Megatron-LM: "
+         "\"--use-torch-fsdp2 is not supported with gradient accumulation fusion\")"),
+        ("--use-torch-fsdp2 --no-gradient-accumulation-fusion",
+         "--use-torch-fsdp2 runs only with --untie-embeddings-and-output-weights (Megatron-LM: "
+         "\"--use-torch-fsdp2 requires --untie-embeddings-and-output-weights\")"),
+        ("--use-torch-fsdp2 --no-gradient-accumulation-fusion --untie-embeddings-and-output-weights "
+         "--use-distributed-optimizer",
+         "--use-torch-fsdp2 runs only without --use-distributed-optimizer (Megatron-LM: "
+         "\"--use-torch-fsdp2 is not supported with MCore's distributed optimizer\")"),
+        ("--use-torch-fsdp2 --use-megatron-fsdp",
+         "--use-megatron-fsdp and --use-torch-fsdp2 are two FSDP implementations; pass one "
+         "(Megatron-LM's get_model would wrap the model in torch's)"),
+    ],
+)  # fmt: skip
+def test_megatron_lm_checks(args, message):
+    result = run_cli("memory", *TINY, *args.split())
+    assert (result.code, result.err) == (2, f"Error: {message}\n")
+
+
+def test_sharding_strategy_alone_changes_nothing():
+    # Megatron-LM reads --data-parallel-sharding-strategy only with --use-megatron-fsdp
+    plain = run_cli("memory", *TINY, "--dp", "2")
+    alone = run_cli("memory", *TINY, "--dp", "2", "--data-parallel-sharding-strategy", "optim")
+    assert alone.code == 0 and alone.out == plain.out
+
+
+def test_owned_elements_cover_every_parameter_once():
+    # the Adam moments of all ranks together cover each parameter element exactly once
+    from inspector.job.job import make_job
+    from inspector.world.build import build, select_view
+
+    for name in STRATEGIES:
+        job = make_job(dict(
+            num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=1000,
+            bf16=True, data_parallel_size=5, use_megatron_fsdp=True, use_distributed_optimizer=True,
+            ckpt_format="fsdp_dtensor", data_parallel_sharding_strategy=name,
+        ))  # fmt: skip
+        (chunk,) = build(job, select_view(job)).chunks
+        layout = chunk.fsdp()
+        assert sum(b.parameters for b in layout.buckets) == P
+        for bucket in layout.buckets:
+            assert sum(bucket.owned_numel) == bucket.parameters
+            assert bucket.numel % bucket.dp == 0 or name == "no_shard"
