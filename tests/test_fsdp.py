@@ -164,3 +164,23 @@ def test_owned_elements_cover_every_parameter_once():
         for bucket in layout.buckets:
             assert sum(bucket.owned_numel) == bucket.parameters
             assert bucket.numel % bucket.dp == 0 or name == "no_shard"
+
+
+def test_params_owners_are_torch_chunks_and_megatron_shards():
+    # FSDP2: a parameter's owners are the ranks torch.chunk gives rows to (1024 rows over 100
+    # ranks: 94 chunks of 11 rows and less); Megatron-FSDP: ranks whose shard meets the parameter
+    import torch
+
+    small = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --bf16".split()
+    result = run_cli("params", *small, "--vocab-size", "1000", *FSDP2,
+                     "--untie-embeddings-and-output-weights", "--dp", "100")  # fmt: skip
+    assert result.code == 0, result.err
+    rows = {line.split(";")[0]: line.split(";")[3] for line in result.out.splitlines()[2:]
+            if not line.startswith("#")}  # fmt: skip
+    for name, rows_of in (("embedding.word_embeddings.weight", V), ("decoder.final_layernorm.weight", H)):
+        chunks = torch.chunk(torch.empty(rows_of, device="meta"), 100)
+        assert rows[name] == ",".join(str(r) for r in range(len(chunks)))
+    result = run_cli("params", *small, "--vocab-size", "1000", *MFSDP, "--dp", "3",
+                     "--data-parallel-sharding-strategy", "optim")  # fmt: skip
+    owners = [line.split(";")[3] for line in result.out.splitlines()[2:] if not line.startswith("#")]
+    assert {r for o in owners for r in o.split(",")} == {"0", "1", "2"}

@@ -104,6 +104,10 @@ class BuiltChunk:
 
     def fsdp(self) -> FsdpLayout:
         """Return the chunk's Megatron-FSDP buckets (or FSDP2 units) as megatron makes them."""
+        return self.fsdp_of(self.module)
+
+    def fsdp_of(self, module: Any) -> FsdpLayout:
+        """Return FSDP's layout of `module`, one expert-parallel rank's build of this chunk."""
         from inspector.world.fsdp import fsdp2_layout, fsdp_layout
         from inspector.world.shards import resolve_bucket_size
 
@@ -111,7 +115,7 @@ class BuiltChunk:
         layout, training = job.layout, job.training
         dp_cp = layout.dp * layout.cp
         if training.torch_fsdp2:
-            return fsdp2_layout(self.module, dp_cp, job.model.transformer_impl == "local")
+            return fsdp2_layout(module, dp_cp, job.model.transformer_impl == "local")
         # Megatron-LM get_model: the default bucket size, None without --overlap-grad-reduce;
         # MegatronFSDP drops it for chunks after the first (disable_bucketing)
         size = resolve_bucket_size(
@@ -120,7 +124,7 @@ class BuiltChunk:
         )  # fmt: skip
         fp32 = training.fp32_grads if training.fp32_grads is not None else job.model.bf16
         return fsdp_layout(
-            self.module, training.sharding_strategy, dp_cp, layout.expert_dp,
+            module, training.sharding_strategy, dp_cp, layout.expert_dp,
             None if self.chunk > 0 else size, fp32,
         )  # fmt: skip
 

@@ -41,11 +41,20 @@ class FsdpBucket:
     items: tuple[tuple[int, int], ...]  # (start, numel) of each parameter in the bucket
     param_itemsize: int
     grad_itemsize: int
+    names: tuple[str, ...] = ()  # the parameters' names, as items
 
     @property
     def shard_numel(self) -> int:
         """Return one rank's shard of the bucket (padding included, equal on every rank)."""
         return self.numel // self.dp
+
+    def owners(self) -> dict[str, tuple[int, ...]]:
+        """Return each parameter's ranks: those whose shard holds some of its elements."""
+        shard = self.shard_numel
+        return {
+            name: tuple(range(start // shard, (start + size - 1) // shard + 1)) if size else ()
+            for name, (start, size) in zip(self.names, self.items, strict=True)
+        }
 
     @property
     def parameters(self) -> int:
@@ -121,6 +130,7 @@ def fsdp_layout(
         data_parallel_sharding_strategy=strategy,
     )
     groups, _, _ = buffers._get_parameter_groups(module, policy, {})
+    names = {p: name for name, p in module.named_parameters()}
     config = DistributedDataParallelConfig(data_parallel_sharding_strategy=strategy)
     takes_factor = "chunk_size_factor" in inspect.signature(
         buffers.build_data_parallel_buffer_index
@@ -135,7 +145,8 @@ def fsdp_layout(
             bucket_id=bucket_id, **extra,
         )  # fmt: skip
         entries = index.values() if isinstance(index, dict) else index
-        items = tuple(sorted((i.global_data_index, i.size) for i in entries))
+        placed = sorted((i.global_data_index, i.size, names[group.params[i.item_id]]) for i in entries)
+        items = tuple((start, size) for start, size, _ in placed)
         itemsize = group.params[0].dtype.itemsize
         result.append(
             FsdpBucket(
@@ -146,6 +157,7 @@ def fsdp_layout(
                 items=items,
                 param_itemsize=itemsize,
                 grad_itemsize=4 if grad_reduce_in_fp32 else itemsize,
+                names=tuple(name for _, _, name in placed),
             )
         )
     return FsdpLayout(strategy, tuple(result))
@@ -167,6 +179,14 @@ class Fsdp2Unit:
     dp: int
     param_itemsize: int
     grad_itemsize: int
+    names: tuple[str, ...] = ()  # the parameters' names, as shapes
+
+    def owners(self) -> dict[str, tuple[int, ...]]:
+        """Return each parameter's ranks: those holding some of its rows."""
+        return {
+            name: tuple(range(min(self.dp, -(-rows // -(-rows // self.dp)))))
+            for name, (rows, _) in zip(self.names, self.shapes, strict=True)
+        }
 
     @property
     def shard_numel(self) -> int:
@@ -223,15 +243,19 @@ def fsdp2_layout(module: Any, dp_cp: int, local_spec: bool) -> FsdpLayout:
             for pname, _ in module.get_submodule(name).named_parameters():
                 owner[f"{name}.{pname}"] = units[-1]
     shapes: dict[int | None, list[tuple[int, int]]] = {unit: [] for unit in units}
+    names: dict[int | None, list[str]] = {unit: [] for unit in units}
     itemsize = 2
     for name, param in module.named_parameters():
         rows = param.shape[0] if param.dim() else 1
         shapes[owner.get(name)].append((rows, param.numel() // max(rows, 1)))
+        names[owner.get(name)].append(name)
         itemsize = param.dtype.itemsize
     return FsdpLayout(
         "fsdp2",
         tuple(
-            Fsdp2Unit(unit, False, tuple(shapes[unit]), dp_cp, itemsize, itemsize)
+            Fsdp2Unit(
+                unit, False, tuple(shapes[unit]), dp_cp, itemsize, itemsize, tuple(names[unit])
+            )
             for unit in units
             if shapes[unit]
         ),
