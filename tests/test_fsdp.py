@@ -184,3 +184,55 @@ def test_params_owners_are_torch_chunks_and_megatron_shards():
                      "--data-parallel-sharding-strategy", "optim")  # fmt: skip
     owners = [line.split(";")[3] for line in result.out.splitlines()[2:] if not line.startswith("#")]
     assert {r for o in owners for r in o.split(",")} == {"0", "1", "2"}
+
+
+def test_fsdp_time_by_hand():
+    # a ring collective moves bytes x (d - 1) / d per rank (cost._collective); the sharded
+    # strategies gather d x the rank's shard
+    from inspector.plan.cost import fsdp_seconds
+
+    d, bandwidth, compute = 8, 1e9, 0.3
+    grads, params = 4e8 / d, 2e8 / d  # a rank's shards
+    ring = (d - 1) / d / bandwidth
+    ag, rs = 2e8 * ring, 4e8 * ring
+    # optim_grads_params: gathers before forward (hidden by a third of the compute), gathers
+    # again and reduce-scatters in backward (two thirds), every micro-batch
+    got = fsdp_seconds("optim_grads_params", compute, int(grads), int(params), d, (0.0, bandwidth))
+    assert got == pytest.approx((0.0, max(0.0, ag - 0.1) + max(0.0, ag + rs - 0.2)))
+    # optim_grads: a reduce-scatter per micro-batch, one gather of the whole weights per step
+    got = fsdp_seconds("optim_grads", compute, int(grads), int(2e8), d, (0.0, bandwidth))
+    assert got == pytest.approx((max(0.0, ag - 0.1), max(0.0, rs - 0.2)))
+    # no_shard: an all-reduce (two ring passes) once, behind the last backward
+    got = fsdp_seconds("no_shard", compute, int(4e8), int(2e8), d, (0.0, bandwidth))
+    assert got == pytest.approx((max(0.0, 2 * rs - 0.2), 0.0))
+
+
+@pytest.mark.parametrize("name", ["optim_grads", "optim_grads_params"])
+def test_plan_state_is_memorys_within_padding(name):
+    # the planner's composed Megatron-FSDP state (plan/memory.py, from pieces) against memory's
+    # (megatron's own buckets): equal but for the bucket padding, under dp x F elements per
+    # bucket (a rank's shard of it: under F)
+    from inspector.job.job import make_job
+    from inspector.plan.memory import ChunkShape, stage_state
+    from inspector.report.fsdp import fsdp_state
+    from inspector.world.build import build, select_view
+    from inspector.world.ranks import rank_shard_indices
+
+    job = make_job(dict(
+        num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=1000,
+        bf16=True, data_parallel_size=3, pipeline_model_parallel_size=2, use_megatron_fsdp=True,
+        use_distributed_optimizer=True, ckpt_format="fsdp_dtensor",
+        data_parallel_sharding_strategy=name, micro_batch_size=1,
+    ))  # fmt: skip
+    built = build(job, select_view(job))
+    pairs = sorted({(d, e) for p, d, e in rank_shard_indices(job.layout) if p == 0})
+    for stage in built.stages:
+        shapes = [ChunkShape.of(job.model, c.layers, c.has_embedding, c.has_output)
+                  for c in stage.chunks]  # fmt: skip
+        plan, _ = stage_state(job, stage.stage, shapes, pairs)
+        layouts = [c.fsdp() for c in stage.chunks]
+        exact = fsdp_state(layouts, 0, 0)
+        buckets = sum(len(x.buckets) for x in layouts)
+        for composed, measured, size in zip((plan.weights, plan.gradients, plan.optimizer), exact,
+                                            (2, 4, 12)):  # fmt: skip
+            assert 0 <= measured - composed < buckets * 3 * F * size, (stage.stage, name)

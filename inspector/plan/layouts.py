@@ -183,7 +183,15 @@ def splits(req: Request, lay: Layout, v: int, first: float, last: float) -> list
     return found
 
 
-def distopts(req: Request, base: Layout) -> list[bool]:
+# Megatron-FSDP strategies the plan tries beside the distributed optimizer: gradients and
+# optimizer sharded (what Llama 3's sharded fp32 gradients are), and everything sharded
+FSDP_STRATEGIES = ("optim_grads", "optim_grads_params")
+
+
+def distopts(req: Request, base: Layout) -> list[bool | str]:
+    """Return the optimizer choices to try: distributed optimizer on, off, Megatron-FSDP."""
     if "distopt" in req.fixed:
         return [req.fixed["distopt"]]
-    return [True, False] if base.dp * base.cp > 1 else [False]
+    if base.dp * base.cp == 1:
+        return [False]
+    return [True, False, *FSDP_STRATEGIES]
