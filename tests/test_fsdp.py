@@ -248,3 +248,18 @@ def test_workload_and_plan_say_what_they_do_not_model():
     assert (result.code, result.err) == (2, "Error: plan does not search --use-torch-fsdp2 jobs; "
                                          "`memory` measures one, and plan tries Megatron-FSDP "
                                          "(--use-megatron-fsdp) beside the distributed optimizer\n")  # fmt: skip
+
+
+def test_plan_searches_megatron_fsdp_strategies_when_asked():
+    # --use-megatron-fsdp without a strategy: plan tries optim_grads and optim_grads_params;
+    # every plan's flags name its strategy
+    args = ("--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --vocab-size "
+            "1000 --bf16 --gpus 8 --global-batch-size 16 --top 20 --format json").split()  # fmt: skip
+    result = run_cli("plan", *args, *MFSDP)
+    assert result.code == 0, result.err
+    plans = json.loads(result.out)["plans"]
+    assert {p["megatron_fsdp"] for p in plans} == {"optim_grads", "optim_grads_params"}
+    result = run_cli("plan", *args, *MFSDP, "--data-parallel-sharding-strategy", "optim")
+    assert {p["megatron_fsdp"] for p in json.loads(result.out)["plans"]} == {"optim"}
+    plain = json.loads(run_cli("plan", *args).out)["plans"]
+    assert {p["megatron_fsdp"] for p in plain} == {None}
