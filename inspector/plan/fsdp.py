@@ -6,8 +6,10 @@ to dp x a bucket's row length, under one row per bucket and rank (`build_data_pa
 `memory`, which confirms each plan shown, counts it (tests/test_fsdp.py bounds the difference).
 Which buffers are sharded is megatron's table (report/fsdp.py `SHARDED`). In flight: two
 neighbouring layers' (or the embedding's / output layer's) gathered weights and gradients under
-optim_grads_params; under optim_grads two buckets of the plan's bucket size of gradients
-(Megatron-LM's default with --overlap-grad-reduce, which plans turn on).
+optim_grads_params (per chunk: a chunk's layers run together); under optim_grads two buckets of
+the plan's bucket size of gradients (Megatron-LM's default with --overlap-grad-reduce, which plans
+turn on) on a stage's first chunk, a later chunk's whole gradients (one bucket: MegatronFSDP's
+`disable_bucketing` for chunks after the first).
 """
 
 from __future__ import annotations
@@ -46,13 +48,15 @@ def fsdp_stage_state(
                 d = lay.expert_dp if expert else lay.dp * lay.cp
                 for i, part in enumerate(_bytes(strategy, numel, d, psize, gsize)):
                     totals[i] += part
-    groups = [size for shape in chunks for size in _groups(pieces, shape)]
+    groups = [_groups(pieces, shape) for shape in chunks]
     gathered = 0
     if strategy == "optim_grads_params":
-        gathered = _pair(groups) * (psize + gsize)
+        gathered = max(_pair(each) for each in groups) * (psize + gsize)
     elif strategy == "optim_grads":
-        bucket = max(40_000_000, 1_000_000 * lay.dp * lay.cp)  # Megatron-LM's default size
-        gathered = min(sum(groups), 2 * bucket) * gsize
+        # Megatron-LM's default bucket size; MegatronFSDP drops it after the first chunk
+        bucket = max(40_000_000, 1_000_000 * lay.dp * lay.cp)
+        first = min(sum(groups[0]), 2 * bucket)
+        gathered = max(first, *(sum(each) for each in groups[1:])) * gsize
     return FsdpState(totals[0], totals[1], totals[2], gathered)
 
 
