@@ -56,7 +56,7 @@ def fsdp_stage_state(
         # Megatron-LM's default bucket size; MegatronFSDP drops it after the first chunk
         bucket = max(40_000_000, 1_000_000 * lay.dp * lay.cp)
         first = min(sum(groups[0]), 2 * bucket)
-        gathered = max(first, *(sum(each) for each in groups[1:])) * gsize
+        gathered = max([first, *(sum(each) for each in groups[1:])]) * gsize
     return FsdpState(totals[0], totals[1], totals[2], gathered)
 
 
