@@ -263,3 +263,26 @@ def test_plan_searches_megatron_fsdp_strategies_when_asked():
     assert {p["megatron_fsdp"] for p in json.loads(result.out)["plans"]} == {"optim"}
     plain = json.loads(run_cli("plan", *args).out)["plans"]
     assert {p["megatron_fsdp"] for p in plain} == {None}
+
+
+def test_bucket_padding_differs_by_megatron_core_version():
+    # optim at dp 3 puts TINY's P parameters in one bucket; megatron-core 0.16 pads it to a
+    # multiple of dp x its row length (256: lcm of the rows 1, 64 and 256), 0.13 (custom_fsdp)
+    # to a multiple of lcm(dp, 128)
+    from megatron.core import __version__
+
+    version = tuple(int(p) for p in __version__.split(".")[:2])
+    if (0, 13) < version < (0, 16):
+        pytest.skip("checked on megatron-core 0.13 and 0.16+, the versions installed here")
+    from inspector.job.job import make_job
+    from inspector.world.build import build, select_view
+
+    job = make_job(dict(
+        num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=1000,
+        bf16=True, data_parallel_size=3, use_megatron_fsdp=True, use_distributed_optimizer=True,
+        ckpt_format="fsdp_dtensor", data_parallel_sharding_strategy="optim",
+    ))  # fmt: skip
+    (chunk,) = build(job, select_view(job)).chunks
+    (bucket,) = chunk.fsdp().buckets
+    multiple = math.lcm(3, 128) if version == (0, 13) else 3 * F
+    assert bucket.numel == math.ceil(P / multiple) * multiple
