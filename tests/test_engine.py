@@ -290,3 +290,32 @@ def test_routed_experts_hold_what_megatron_saves_for_backward():
     tokens, topk, experts, h, f, bf16 = 32 * 2, 2, 4, 64, 128, 2
     n = tokens * topk // experts
     assert held == experts * (n * 2 * f + n * f) * bf16 + tokens * topk * h * bf16
+
+
+def test_the_stage_after_a_standalone_mtp_stage_receives_every_sequence():
+    """With MTP on a stage of its own (layout "Et|t|m|L": megatron's `mtp_standalone`), that
+    stage sends the main hidden states and the MTP layer's, concatenated ([2s, b, h]:
+    multi_token_prediction.py), and p2p_communication.py receives at the shape sent: the loss
+    stage's input is twice a plain stage's, and megatron's loss runs on it."""
+    from inspector.engine.memory import run_job
+    from inspector.errors import ConfigError
+    from inspector.world.build import build, select_view
+    from inspector.world.setup import megatron
+
+    megatron()
+    s, b, h = 32, 2, 64
+    job = _job(num_layers=2, position_embedding_type="rope", mtp_num_layers=1,
+               untie_embeddings_and_output_weights=True, pipeline_model_parallel_size=4,
+               pipeline_model_parallel_layout="Et|t|m|L", tensor_model_parallel_size=1,
+               data_parallel_size=1, global_batch_size=4)  # fmt: skip
+    try:
+        stages = build(job, select_view(job), expert_ranks=(0,)).stages
+    except ConfigError as refused:  # megatron-core 0.13: no MTP in a pipeline layout string
+        assert "MTP layer is not supported for flexible pipeline layout" in str(refused)
+        return
+    runs = run_job(job, stages).runs
+    received = {stage: [size for where, size in run.persistent if where == "inputs"]
+                for stage, run in runs.items()}  # fmt: skip
+    plain = s * b * h * 2  # bf16
+    assert received[1] == received[2] == [plain]
+    assert received[3] == [2 * plain]

@@ -42,6 +42,27 @@ def test_each_figure_matches_its_datasheet() -> None:
     assert (h200.tflops_16bit, h200.hbm, h100.hbm, a100.hbm) == (989.0, 4.8e12, 3.35e12, 2.039e12)
     assert (b200.tflops_16bit, b200.tflops_fp8, b200.tflops_fp32) == (2250.0, 4500.0, 75.0)
     assert (b200.memory_gib, b200.hbm, b200.intra * 2, b200.inter * 8) == (180, 8e12, 1800e9, 400e9)
+    # GB200 NVL72's page, per rack of 72 GPUs and per superchip of 2: NVFP4 dense 720 PFLOP/s;
+    # FP8 720 and BF16 360 sparse (dense is half); FP32 5,760 TFLOP/s; 372 GB per superchip; 576
+    # TB/s; 3.6 TB/s NVLink per superchip; one NVLink domain of 72 GPUs
+    gb200 = get_gpu("gb200")
+    assert (gb200.tflops_fp4, gb200.tflops_fp8) == (720e3 / 72, 720e3 / 72 / 2)
+    assert (gb200.tflops_16bit, gb200.tflops_fp32) == (360e3 / 72 / 2, 5760 / 72)
+    assert (gb200.memory_gib, gb200.hbm) == (372 / 2, 576e12 / 72)
+    assert (gb200.intra * 2 * 2, gb200.inter * 8, gb200.gpus_per_node) == (3.6e12, 400e9, 72)
+    assert b200.tflops_fp4 == 144e3 / 8 / 2
+    assert [g.tflops_fp4 for g in (h100, h200, a100)] == [None, None, None]
+
+
+def test_gb200_is_a_b200_at_its_figures_on_a_72_gpu_nvlink_domain() -> None:
+    # plan reads the 16-bit peak, HBM, memory, links and GPUs per node: give b200 gb200's by hand
+    job = ("plan", "--num-layers", "2", "--gpus", "144", "--global-batch-size", "144")
+    named = run_cli(*job, "--gpu", "gb200")
+    by_hand = run_cli(*job, "--gpu", "b200", "--gpu-tflops", "2500", "--gpu-memory", "186",
+                      "--gpus-per-node", "72")
+    assert named.code == by_hand.code == 0
+    assert named.out == by_hand.out.replace("--gpu b200,", "--gpu gb200,")
+    assert named.out != run_cli(*job, "--gpu", "b200").out  # the figures change the plan
 
 
 def test_overrides_change_one_figure_each() -> None:
@@ -65,7 +86,7 @@ def test_overrides_change_one_figure_each() -> None:
         ("--gpus-per-node", "0", "--gpus-per-node must be at least 1, got 0"),
         ("--top", "0", "--top must be at least 1, got 0"),
         ("--efficiency", "0", "--efficiency must lie in (0, 1], got 0.0"),
-        ("--gpu", "tpu", "unknown --gpu 'tpu'; choose one of: h100, h200, a100-80gb, b200"),
+        ("--gpu", "tpu", "unknown --gpu 'tpu'; choose one of: h100, h200, a100-80gb, b200, gb200"),
     ],
 )
 def test_plan_hardware_errors_name_the_flag_typed(flag: str, value: str, message: str) -> None:
@@ -77,7 +98,7 @@ def test_plan_hardware_errors_name_the_flag_typed(flag: str, value: str, message
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("--gpu", "tpu"), "unknown --gpu 'tpu'; choose one of: h100, h200, a100-80gb, b200"),
+        (("--gpu", "tpu"), "unknown --gpu 'tpu'; choose one of: h100, h200, a100-80gb, b200, gb200"),
         (("--gpu", "h100", "--gpu-memory", "0"),
          "--gpu-memory must be a finite number of GiB greater than 0, got 0.0"),
         (("--gpu", "h100", "--attention-walkthrough"),

@@ -34,7 +34,7 @@ LAYERS: dict[str, set[str]] = {
     "world.te": set(),
     "world": {"errors", "records", "job", "world.te"},
     # engine: runs megatron's forward, backward and optimizer step on the world's stages
-    "engine": {"errors", "records", "job", "formulas", "world"},
+    "engine": {"errors", "records", "job", "formulas", "world", "world.te"},
     "report": {"errors", "records", "output", "job", "formulas", "world", "engine"},
     "plan": {"errors", "job", "formulas", "world", "report", "engine"},
     "render": {"records", "inputs", "job", "formulas", "report", "plan", "engine"},

@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import pytest
 
+from tests.test_engine import _MOE, _MOE_TP1
+
 S, B, H, OUT, TP = 8, 2, 64, 96, 2  # sequence, micro-batch, in and out features, tp
+# DeepSeek-V3's attention, small: q and kv low-rank, a RoPE part of the head (yarn, the default)
+_MLA = dict(multi_latent_attention=True, q_lora_rank=32, kv_lora_rank=16, qk_head_dim=16,
+            qk_pos_emb_head_dim=8, v_head_dim=16)  # fmt: skip
 
 
 def _functions():
@@ -261,6 +266,171 @@ def test_te_composed_stage_equals_every_layer_run(flags):
         assert run_memory(job, stage, shapes, cache) == run_memory(job, stage, shapes, whole=True)
 
 
+@pytest.mark.parametrize(
+    "flags",
+    [
+        dict(num_layers=8, moe_layer_freq=2),  # MoE and dense layers, allgather, ep 1
+        dict(num_layers=6, expert_model_parallel_size=2, moe_token_dispatcher_type="alltoall",
+             moe_grouped_gemm=True),  # fmt: skip
+        dict(num_layers=8, moe_layer_freq=2, expert_model_parallel_size=2,
+             moe_token_dispatcher_type="alltoall", moe_grouped_gemm=True, **_MLA),  # fmt: skip
+    ],
+    ids=["allgather-mixed", "alltoall-ep2-grouped", "deepseek-like-mla-mixed-ep2"],
+)
+def test_te_composed_moe_stage_equals_every_layer_run(flags):
+    """A TE MoE layer is its own kind too: one of each kind stands for the rest, buffers included."""
+    from inspector.engine.memory import chunk_shapes, run_memory
+    from inspector.engine.stage import trace_chunks
+    from inspector.errors import ConfigError
+    from inspector.world.build import View, build
+
+    job = _job(**_MOE, **flags)
+    cache: dict = {}
+    for stage in range(job.layout.pp):
+        shapes = chunk_shapes(build(job, View((stage,)), expert_ranks=(0,)).stages[0])
+        if "multi_latent_attention" in flags and _mla_rope_is_experimental():
+            with pytest.raises(ConfigError, match="only under Megatron-LM's --enable-experimental"):
+                trace_chunks(job, stage, shapes, whole=True)
+            return
+        whole = trace_chunks(job, stage, shapes, whole=True)
+        composed = trace_chunks(job, stage, shapes, cache)
+        assert [(t.forward, t.backward, t.persistent) for t in composed] == [
+            (t.forward, t.backward, t.persistent) for t in whole
+        ]
+        assert run_memory(job, stage, shapes, cache) == run_memory(job, stage, shapes, whole=True)
+    kinds = {kind for _, _, small in cache for kind in small}
+    assert kinds == {True, False} if "moe_layer_freq" in flags else kinds == {True}
+
+
+def _mla_rope_is_experimental() -> bool:
+    """megatron-core 0.13 wraps the fused MLA RoPE in `experimental_fn`; 0.14 on call it plainly."""
+    from inspector.world.setup import megatron
+
+    megatron()
+    from megatron.core.fusions import fused_mla_yarn_rope_apply as fused
+
+    return hasattr(fused.fused_apply_mla_rope_for_q, "__wrapped__")
+
+
+def test_te_grouped_experts_hold_what_grouped_linear_saves_for_backward():
+    """Hand count of what one TE MoE layer's grouped experts keep (N = tokens * topk rows).
+
+    megatron's TEGroupedMLP.forward (experts.py) runs linear_fc1, a TE GroupedLinear, on the
+    dispatcher's permuted tokens: `_GroupedLinear.forward` (grouped_linear.py, v2.11) splits its
+    input into views (`torch.split`, 152) and saves them with the weights (250-256,
+    `prepare_for_saving(*inputmats, *weights_fp8, *weights, *biases)`): no new tensor. Its
+    output [N, 2f] is saved by the weighted SwiGLU, whose output [N, f] linear_fc2 saves as views;
+    linear_fc2's output [N, h] lives until the combine.
+    """
+    from inspector.engine.stage import trace_stage
+    from inspector.world.setup import megatron
+
+    megatron()
+    job = _job(**_MOE_TP1, num_layers=1,
+               pipeline_model_parallel_size=1, data_parallel_size=1, global_batch_size=2,
+               ffn_hidden_size=128, moe_grouped_gemm=True)  # fmt: skip
+    forward = trace_stage(job, 0)[0].forward
+    held = sum(e.bytes for e in forward if e.where.startswith("decoder.layers.0.mlp.experts"))
+    tokens, topk, h, f, bf16 = 32 * 2, 2, 64, 128, 2
+    n = tokens * topk
+    assert held == n * (2 * f + f + h) * bf16, [(e.where, e.bytes) for e in forward]
+
+
+def test_fused_mla_rope_stand_in_replaces_only_the_kernels_the_source_launches():
+    """The stand-in is the kernels: every `kernel[grid](...)` launch in the source, nothing else.
+
+    fused_mla_yarn_rope_apply.py's ApplyMLARotaryEmbQ and ApplyMLARotaryEmbKV each launch one
+    kernel in forward and one in backward and save `(cos, sin)`; they run as written.
+    """
+    import inspect
+    import re
+
+    from inspector.world.setup import MLA_ROPE_KERNELS, megatron, simulate_fused_mla_rope
+
+    megatron()
+    from megatron.core.fusions import fused_mla_yarn_rope_apply as fused
+
+    source = inspect.getsource(fused)
+    assert sorted(re.findall(r"(\w+)\[grid\]\(", source)) == sorted(MLA_ROPE_KERNELS)
+    for function in (fused.ApplyMLARotaryEmbQ, fused.ApplyMLARotaryEmbKV):
+        saved = re.findall(r"ctx\.save_for_backward\(([^)]*)\)", inspect.getsource(function))
+        assert saved == ["cos, sin"], (function, saved)
+    simulate_fused_mla_rope()
+    assert fused.ApplyMLARotaryEmbQ.forward.__module__ == fused.__name__  # megatron's own Function
+    assert all(getattr(fused, name).__name__.endswith("(simulated)") for name in MLA_ROPE_KERNELS)
+
+
+def test_fused_mla_rope_keeps_shapes_and_saves_cos_and_sin_on_meta():
+    """megatron's fused MLA RoPE on meta: q rotated in place, key/value allocated, (cos, sin) kept."""
+    from inspector.world.setup import megatron, simulate_fused_mla_rope
+
+    torch = megatron().torch
+    simulate_fused_mla_rope()
+    from megatron.core.fusions import fused_mla_yarn_rope_apply as fused
+
+    s, b, n, qk, emb, v = 8, 2, 4, 16, 8, 16
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    cos, sin = torch.empty(s, 1, 1, emb, **meta), torch.empty(s, 1, 1, emb, **meta)
+    q_in = torch.empty(s, b, n, qk + emb, **meta, requires_grad=True)
+    kv_in = torch.empty(s, b, n, qk + v, **meta, requires_grad=True)
+    pos_in = torch.empty(s, b, 1, emb, **meta, requires_grad=True)
+    # megatron's wrappers, unwrapped from `experimental_fn` where megatron-core 0.13 wraps them
+    rope_q = getattr(fused.fused_apply_mla_rope_for_q, "__wrapped__", fused.fused_apply_mla_rope_for_q)
+    rope_kv = getattr(fused.fused_apply_mla_rope_for_kv, "__wrapped__",
+                      fused.fused_apply_mla_rope_for_kv)  # fmt: skip
+    q = rope_q(q_in * 1, cos, sin, qk, emb)
+    key, value = rope_kv(kv_in * 1, pos_in * 1, cos, sin, emb, qk, v)
+    assert (q.shape, key.shape, value.shape) == ((s, b, n, qk + emb), (s, b, n, emb + qk), (s, b, n, v))
+    assert {q.dtype, key.dtype, value.dtype} == {torch.bfloat16}
+    for out, function in ((q, "ApplyMLARotaryEmbQ"), (key, "ApplyMLARotaryEmbKV")):
+        assert type(out.grad_fn).__name__ == f"{function}Backward"
+        assert [t.shape for t in out.grad_fn.saved_tensors] == [cos.shape, sin.shape]
+    outputs = (q, key, value)  # attention's backward hands back contiguous gradients
+    grads = torch.autograd.grad(outputs, (q_in, kv_in, pos_in), [torch.empty_like(t) for t in outputs])
+    assert [g.shape for g in grads] == [q_in.shape, kv_in.shape, pos_in.shape]
+
+
+def test_te_mla_rope_allocates_key_and_value_and_frees_the_kv_up_projection():
+    """Hand count of megatron's fused MLA RoPE in one layer's forward (tokens T = s x b).
+
+    `ApplyMLARotaryEmbKV.forward` allocates o_key [T, n, emb + qk] and o_value [T, n, v]
+    (`kv.new_empty`) and saves only cos and sin, so the up projection's kv [T, n, qk + v] is freed
+    once the key and value exist; `ApplyMLARotaryEmbQ` rotates q in place (nothing allocated).
+    """
+    if _mla_rope_is_experimental():
+        pytest.skip("megatron-core 0.13 runs the fused MLA RoPE only under --enable-experimental")
+    from inspector.engine.stage import trace_stage
+
+    job = _job(**_MLA, position_embedding_type="rope", num_layers=1, pipeline_model_parallel_size=1,
+               tensor_model_parallel_size=1, data_parallel_size=1, global_batch_size=2)  # fmt: skip
+    forward = trace_stage(job, 0)[0].forward
+    attention = "decoder.layers.0.self_attention"
+    after = max(i for i, e in enumerate(forward) if e.where == f"{attention}.linear_kv_up_proj")
+    tokens, n, qk, emb, v, bf16 = 32 * 2, 4, 16, 8, 16, 2
+    key, value, kv = tokens * n * (emb + qk) * bf16, tokens * n * v * bf16, tokens * n * (qk + v) * bf16
+    assert forward[after].bytes == kv
+    rope = [e.bytes for e in forward[after + 1 : after + 4]]
+    assert rope == [key, value, -kv] and all(e.where == attention for e in forward[after + 1 : after + 4])
+
+
+def test_te_mla_memory_runs_in_the_engine(cli):
+    """A dense TE job with multi-latent attention (yarn RoPE, fused) runs through megatron."""
+    result = cli("memory", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+                 "--seq-length", "32", "--vocab-size", "1000", "--micro-batch-size", "1", "--bf16",
+                 "--multi-latent-attention", "--q-lora-rank", "32", "--kv-lora-rank", "16",
+                 "--qk-head-dim", "16", "--qk-pos-emb-head-dim", "8", "--v-head-dim", "16",
+                 "--position-embedding-type", "rope", "--transformer-impl", "transformer_engine",
+                 "--no-cache")  # fmt: skip
+    if _mla_rope_is_experimental():  # megatron-core 0.13: Megatron-LM's run fails the same way
+        assert result.code == 2 and result.err.startswith("Error: megatron-core failed running the "
+                                                          "forward"), result.err  # fmt: skip
+        assert "only under Megatron-LM's --enable-experimental" in result.err
+        return
+    assert result.code == 0, result.err
+    assert "run on meta tensors, replayed in the pipeline schedule" in result.out
+    assert "closed forms" not in result.out
+
+
 def _held_per_layer(**flags):
     from inspector.engine.stage import trace_stage
 
@@ -324,3 +494,31 @@ def test_llama3_8b_memory_runs_in_the_engine():
     assert result.exit_code == 0, result.output
     assert "run on meta tensors, replayed in the pipeline schedule" in result.output
     assert "closed forms" not in result.output
+
+
+def test_a_rank_s_chunks_share_te_s_placeholder_weight_gradients():
+    """get_dummy_wgrad keeps one placeholder per (rows, cols, dtype) for the process
+    (base.py 79-92), so a rank with virtual stages holds each once, not once per chunk: one per
+    distinct weight shape of the layers' fused-accumulation linears (QKV, projection, fc1, fc2)
+    and of megatron's output layer (tensor_parallel/layers.py calls the same function)."""
+    from inspector.engine.memory import run_job
+    from inspector.world.build import build, select_view
+    from inspector.world.setup import megatron
+    from inspector.world.te.state import DUMMY_WGRAD
+
+    megatron()
+    job = _job(num_layers=4, num_layers_per_virtual_pipeline_stage=1, global_batch_size=8,
+               pipeline_model_parallel_size=2, data_parallel_size=1)  # fmt: skip
+    [built] = [s for s in build(job, select_view(job), expert_ranks=(0,)).stages if s.stage == 1]
+    assert len(built.chunks) == 2
+    kept = run_job(job, [built]).runs[1].persistent
+    placeholders = sorted(size for where, size in kept if where.startswith(DUMMY_WGRAD))
+    h, t, f, vocab = 64, 2, 256, 1024  # test_engine._job: hidden 64 (4h MLP), tp 2, vocab padded
+    # bf16 weights, split by t: QKV [3h/t, h], projection [h, h/t], fc1 [f/t, h], fc2 [h, f/t]
+    layers = [3 * h // t * h * 2, h * h // t * 2, f // t * h * 2, h * f // t * 2]
+    from megatron.core.tensor_parallel import layers as megatron_layers
+
+    # megatron-core 0.16's output layer takes TE's placeholder too; 0.13's makes an empty
+    # gradient each backward (layers.py), freed with it
+    output = [vocab // t * h * 2] if hasattr(megatron_layers, "get_dummy_wgrad") else []
+    assert placeholders == sorted(layers + output)

@@ -173,7 +173,7 @@ def memory(
     use_cache: bool,
     label: str | None,
     fmt: Any = format_option(MemoryFormat.text, "text (bar chart), table, json."),
-    gpu: str | None = gpu_option(None, ": memory and peak"),
+    gpu: str | None = gpu_option(None, ": GiB, peak"),
     gpu_memory: float | None = typer.Option(
         None, "--gpu-memory", help="GPU memory in GiB: say which stages fit."
     ),

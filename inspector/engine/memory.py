@@ -12,6 +12,7 @@ from inspector.engine.schedule import Peak, iteration_peak
 from inspector.engine.stage import Cache, ChunkShape, trace_chunks
 from inspector.engine.timeline import Replay
 from inspector.job.job import Job
+from inspector.world.te.state import DUMMY_WGRAD
 
 # torch's cuBLAS workspace per (handle, stream): aten/src/ATen/cuda/CublasHandlePool.cpp
 # `parseChosenWorkspaceSize`, ":4096:2:16:8 default, 32MiB for Hopper" (sm90: 4096 * 8 * 1024).
@@ -67,13 +68,18 @@ def run_memory(
 
 
 def _persistent(traces: Sequence[Trace]) -> tuple[tuple[str, int], ...]:
-    """Return the buffers the chunks' runs keep: each chunk's own, and megatron's global memory
-    buffers once, at the largest size any chunk asked for (one per process, grown on demand)."""
-    own = [item for trace in traces for item in trace.persistent if GLOBAL_BUFFER not in item[0]]
+    """Return the buffers the chunks' runs keep: each chunk's own, and once per rank what a
+    process keeps for all its chunks: megatron's global memory buffers, at the largest size any
+    chunk asked for (grown on demand), and Transformer Engine's placeholder weight gradients
+    (one per shape and dtype)."""
+    def shared_by_chunks(where: str) -> bool:
+        return GLOBAL_BUFFER in where or where.startswith(DUMMY_WGRAD)
+
+    own = [item for trace in traces for item in trace.persistent if not shared_by_chunks(item[0])]
     shared: dict[str, int] = {}
     for trace in traces:
         for where, size in trace.persistent:
-            if GLOBAL_BUFFER in where:
+            if shared_by_chunks(where):
                 shared[where] = max(shared.get(where, 0), size)
     return tuple(own) + tuple(shared.items())
 
@@ -110,5 +116,6 @@ def not_runnable(job: Job) -> str | None:
     if job.model.transformer_impl == "transformer_engine" and job.layout.cp > 1:
         return "Transformer Engine's context-parallel attention is not run yet"
     if job.model.transformer_impl == "transformer_engine" and job.model.num_experts is not None:
+        # the engine runs TE MoE layers (tests/test_te_engine.py); lifting this waits on the suite
         return "Transformer Engine's MoE layers (grouped GEMM, fused permutation) are not run yet"
     return None

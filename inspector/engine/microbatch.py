@@ -23,6 +23,7 @@ found as the storages still alive at its end: they are persistent, allocated onc
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,7 +34,8 @@ import torch
 from inspector.engine.allocator import Event, Tracker
 from inspector.engine.cuda import cuda_on_meta
 from inspector.errors import ConfigError
-from inspector.job.job import Job
+from inspector.job.job import FUSIONS, Job
+from inspector.world.te.state import placeholders_named
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,8 @@ def runtime_config(job: Job) -> dict[str, Any]:
 
     `core_transformer_config_from_args` copies the dropouts and recomputation; its flag defaults
     give `attention_softmax_in_fp32` False (softmax in the 16-bit type), bias-activation and
-    bias-dropout fusion on. The masked-softmax, rope and gradient-accumulation fusions need
+    bias-dropout fusion on unless `--no-bias-gelu-fusion`, `--no-bias-swiglu-fusion` or
+    `--no-bias-dropout-fusion` turn them off. The masked-softmax, rope and gradient-accumulation fusions need
     kernels from apex or Transformer Engine: off for the local spec, as in the GPU runs of
     shared/gpu/jobs; on for Transformer Engine jobs, as Megatron-LM's flags default them
     (`--no-masked-softmax-fusion`, `--no-rope-fusion`, `--no-gradient-accumulation-fusion`
@@ -64,16 +67,23 @@ def runtime_config(job: Job) -> dict[str, Any]:
     """
     training, model = job.training, job.model
     te = model.transformer_impl == "transformer_engine"
-    gelu_without_bias = not model.swiglu and model.disable_bias_linear
+    on = {name: name not in training.unfused for name in FUSIONS}
+    # core_transformer_config_from_args: bias_swiglu_fusion with --swiglu, else bias_gelu_fusion,
+    # which validate_args turns off without linear biases ("Disable bias gelu fusion if we are
+    # disabling bias altogether")
+    if model.swiglu:
+        bias_activation = on["bias_swiglu_fusion"]
+    else:
+        bias_activation = on["bias_gelu_fusion"] and not model.disable_bias_linear
     fields: dict[str, Any] = dict(
         hidden_dropout=training.hidden_dropout,
         attention_dropout=training.attention_dropout,
         attention_softmax_in_fp32=False,
-        masked_softmax_fusion=te,
-        bias_activation_fusion=not gelu_without_bias,
-        bias_dropout_fusion=True,
-        apply_rope_fusion=te and model.position_embedding_type == "rope",
-        gradient_accumulation_fusion=te,
+        masked_softmax_fusion=te and on["masked_softmax_fusion"],
+        bias_activation_fusion=bias_activation,
+        bias_dropout_fusion=on["bias_dropout_fusion"],
+        apply_rope_fusion=te and model.position_embedding_type == "rope" and on["rope_fusion"],
+        gradient_accumulation_fusion=te and on["gradient_accumulation_fusion"],
         deallocate_pipeline_outputs=True,
     )
     if model.num_experts is not None:
@@ -95,7 +105,8 @@ def run_microbatch(job: Job, ddp: Any, gpt: Any, num_microbatches: int) -> Trace
     """Run one micro-batch forward and backward through `ddp` (around `gpt`); return its trace."""
     tracker = Tracker()
     where = _where(tracker, gpt)
-    with cuda_on_meta(), _failures(tracker, where), where, _global_buffer_named(tracker):
+    with cuda_on_meta(), _failures(tracker, where), where, _global_buffer_named(tracker), \
+            placeholders_named(functools.partial(_named, tracker)):
         with tracker, _routing(job):
             start = tracker.mark()
             state = _forward(job, ddp, gpt, num_microbatches, tracker)
@@ -149,8 +160,33 @@ def _received(job: Job, gpt: Any) -> torch.Tensor:
     s = job.model.seq_length // layout.cp
     if layout.sequence_parallel:
         s //= layout.tp
-    shape = (s, job.schedule().micro_batch_size, job.model.hidden_size)
+    shape = (s * _copies_received(gpt), job.schedule().micro_batch_size, job.model.hidden_size)
     return torch.empty(shape, dtype=gpt.config.pipeline_dtype, device="cuda", requires_grad=True)
+
+
+def _copies_received(gpt: Any) -> int:
+    """Return how many sequences a chunk's input holds: 1 + MTP layers after a standalone MTP
+    stage, else 1.
+
+    A chunk with MTP layers that does not compute the loss sends the main hidden states and
+    each MTP layer's, concatenated ([(1 + mtp) s, b, h]: multi_token_prediction.py), and with
+    such a layout (`mtp_standalone`, pipeline_parallel_layer_layout.py) p2p_communication.py
+    receives every tensor at the shape sent. MTP sits in a rank's last virtual stage, so the
+    last virtual stages of the later ranks receive that tensor.
+    """
+    config = gpt.config
+    if not getattr(config, "mtp_standalone", False):
+        return 1
+    from megatron.core import parallel_state
+    from megatron.core.transformer.enums import LayerType
+
+    layout = config.pipeline_model_parallel_layout
+    rank = parallel_state.get_pipeline_model_parallel_rank()
+    last = layout.virtual_pipeline_model_parallel_size - 1
+    mtp_rank = min(r for r, chunks in enumerate(layout.layout) if LayerType.mtp in chunks[-1])
+    if (getattr(gpt, "vp_stage", None) or 0) == last and rank > mtp_rank:
+        return 1 + config.mtp_num_layers
+    return 1
 
 
 def _forward(
@@ -229,9 +265,11 @@ def _steady(events: list[Event], persistent: dict[int, int]) -> list[Event]:
 @contextlib.contextmanager
 def _failures(tracker: Tracker, modules: _where) -> Iterator[None]:
     """Turn an error inside megatron's forward or backward into one sentence that says where."""
+    from megatron.core.utils import ExperimentalNotEnabledError
+
     try:
         yield
-    except MEGATRON_ERRORS as exc:
+    except (*MEGATRON_ERRORS, ExperimentalNotEnabledError) as exc:
         where = modules.failed or tracker.where
         raise megatron_failed(
             f"the {_pass(tracker)} of a micro-batch on meta tensors in {where}", exc
@@ -240,11 +278,18 @@ def _failures(tracker: Tracker, modules: _where) -> Iterator[None]:
 
 # what megatron's own code raises when a job it cannot run reaches it (its asserts and checks)
 MEGATRON_ERRORS = (ValueError, AssertionError, RuntimeError, TypeError, ArithmeticError)
+# megatron-core's `experimental_fn` (utils.py) refuses to run unless Megatron-LM's
+# --enable-experimental set config.ENABLE_EXPERIMENTAL: 0.13 wraps its fused MLA RoPE so
+EXPERIMENTAL = "megatron-core runs this function only under Megatron-LM's --enable-experimental"
 
 
 def megatron_failed(what: str, exc: BaseException) -> ConfigError:
     """Return the one-sentence error for megatron-core failing to run `what` on meta tensors."""
     reason = " ".join(str(exc).split()) or type(exc).__name__
+    from megatron.core.utils import ExperimentalNotEnabledError
+
+    if isinstance(exc, ExperimentalNotEnabledError):
+        reason = f"{reason} ({EXPERIMENTAL})"
     return ConfigError(
         f"megatron-core failed running {what}: {reason} (--debug shows its traceback)"
     )
@@ -278,6 +323,20 @@ def _global_buffer_named(tracker: Tracker) -> Iterator[None]:
         yield
     finally:
         GlobalMemoryBuffer.get_tensor = get_tensor
+
+
+@contextlib.contextmanager
+def _named(tracker: Tracker, label: str) -> Iterator[None]:
+    """Name what is allocated inside, in backward too (where the tracker otherwise names the
+    module whose forward made the running autograd node: a module on the stack takes over)."""
+    where = tracker.where
+    tracker.stack.append(label)
+    tracker.where = label
+    try:
+        yield
+    finally:
+        tracker.stack.pop()
+        tracker.where = where
 
 
 class _where:

@@ -233,6 +233,16 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         choices=("auto", "flash", "fused", "unfused", "local"),
     ),
     _training("grad_reduce_in_bf16", bool, "bf16 models: gradients in bf16, not fp32."),
+    # Megatron-LM's fusion switches (store_false flags): they change what the engine's run saves
+    _training("no_bias_gelu_fusion", bool, "Bias and GeLU as separate kernels, not fused."),
+    _training("no_bias_swiglu_fusion", bool, "Bias and SwiGLU as separate kernels, not fused."),
+    _training("no_bias_dropout_fusion", bool, "Bias, dropout and residual add as separate kernels."),
+    _training("no_rope_fusion", bool, "Unfused rotary embedding (Transformer Engine jobs)."),
+    _training("no_masked_softmax_fusion", bool, "Unfused masked softmax (Transformer Engine jobs)."),
+    _training(
+        "no_gradient_accumulation_fusion", bool,
+        "Weight gradients not accumulated in the GEMM (Transformer Engine jobs).",
+    ),
     _training("attention_dropout", float, "Attention dropout (0: no mask stored; default 0.1)."),
     _training("hidden_dropout", float, "Hidden dropout (0: no masks stored; default 0.1)."),
     _training("optimizer", str, "Optimizer (Adam only: its two fp32 moments).", choices=("adam", "sgd")),

@@ -23,13 +23,14 @@ class Gpu:
     tflops_16bit: float  # dense BF16 / FP16 tensor-core peak (no sparsity), TFLOP/s
     tflops_fp32: float  # FP32 without tensor cores (PyTorch's default: no TF32 for matmuls)
     tflops_fp8: float | None  # dense FP8 tensor-core peak; None: no FP8 tensor cores
-    memory_gib: float
+    memory_gib: float  # the datasheet's capacity label read as GiB (docs/hardware.md)
     hbm: float  # HBM bandwidth, bytes/s
     intra: float  # NVLink, one direction
     inter: float  # InfiniBand, one direction, per GPU
     gpus_per_node: int = 8  # the NVLink domain of the vendor's reference node
     alpha_intra: float = 5e-6
     alpha_inter: float = 10e-6
+    tflops_fp4: float | None = None  # dense FP4 tensor-core peak, for the record: nothing prices it
 
     def peak_tflops(self, dtype_name: str) -> float:
         """Return the dense peak TFLOP/s for a model of this dtype (bfloat16, float16, float32)."""
@@ -53,7 +54,20 @@ GPUS = {
     # sparsity (2,250 and 4,500 dense per GPU), 600 TFLOP/s FP32 (75 per GPU), NVLink 5 at
     # 1.8 TB/s per GPU (900 GB/s each way); DGX B200 datasheet: 1,440 GB HBM3e (180 per GPU) at
     # 64 TB/s (8 TB/s per GPU), 8 x 400 Gb/s ConnectX-7 InfiniBand, one per GPU (50 GB/s).
-    "b200": Gpu("b200", 2250.0, 75.0, 4500.0, 180, 8e12, 900e9, 50e9),
+    # FP4: 144 PFLOP/s with sparsity per 8 GPUs (9,000 dense per GPU).
+    "b200": Gpu("b200", 2250.0, 75.0, 4500.0, 180, 8e12, 900e9, 50e9, tflops_fp4=9000.0),
+    # NVIDIA GB200 NVL72 specifications (https://www.nvidia.com/en-us/data-center/gb200-nvl72/),
+    # rack of 72 GPUs and, in the second column, one GB200 superchip of 2 GPUs. NVFP4 "1,440 |
+    # 720 PFLOPS" (footnote: sparse | dense), so 10,000 dense per GPU; FP8/FP6 720 PFLOPS and
+    # FP16/BF16 360 PFLOPS (footnote: "sparse. Dense is one-half sparse spec shown"), so 5,000 and
+    # 2,500 dense per GPU; FP32 5,760 TFLOPS (80 per GPU); "13.4 TB HBM3E | 576 TB/s", superchip
+    # "372 GB HBM3E | 16 TB/s" (186 GB and 8 TB/s per GPU); NVLink 130 TB/s, superchip 3.6 TB/s
+    # (1.8 TB/s per GPU, 900 GB/s each way), all 72 GPUs in one NVLink domain (gpus_per_node 72).
+    # InfiniBand: one 400 Gb/s ConnectX-7 per GPU (50 GB/s), as in DGX GB200 (4 per compute tray
+    # of 4 GPUs), the same figure as b200.
+    "gb200": Gpu(
+        "gb200", 2500.0, 80.0, 5000.0, 186, 8e12, 900e9, 50e9, gpus_per_node=72, tflops_fp4=10000.0
+    ),
 }
 DEFAULT_GPU = "h100"
 # plan: None prices each kernel from the measured tables (formulas/kernels.py, scaled to the

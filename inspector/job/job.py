@@ -56,6 +56,8 @@ class Training:
     moe_token_dispatcher_type: str = "allgather"  # Megatron-LM's default
     moe_expert_capacity_factor: float | None = None  # None: dropless
     moe_pad_expert_input_to_capacity: bool = False
+    # Megatron-LM's fusions the job turns off (`--no-bias-gelu-fusion` gives "bias_gelu_fusion")
+    unfused: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         """Reject counts below one and unknown recomputation modes."""
@@ -162,6 +164,10 @@ TRAINING_ARGS = {
     "moe_pad_expert_input_to_capacity": "moe_pad_expert_input_to_capacity",
 }
 
+# Megatron-LM's fusion switches, by their `args` names: each has a `--no-` flag that turns it off.
+FUSIONS = ("bias_gelu_fusion", "bias_swiglu_fusion", "bias_dropout_fusion", "rope_fusion",
+           "masked_softmax_fusion", "gradient_accumulation_fusion")  # fmt: skip
+
 
 def make_training(args: Mapping[str, Any]) -> Training:
     """Build the Training record from Megatron-LM arguments (absent: Megatron-LM's defaults)."""
@@ -174,6 +180,7 @@ def make_training(args: Mapping[str, Any]) -> Training:
                  "torch_fsdp2"):  # fmt: skip
         values[flag] = bool(values.get(flag))
     values["fp32_grads"] = values.get("fp32_grads") or None
+    values["unfused"] = tuple(name for name in FUSIONS if args.get("no_" + name))
     _megatron_training_rules(args, values)
     fsdp_rules(args, values)
     return Training(**values)

@@ -15,6 +15,7 @@ def megatron_flags(job: Job, split: Split) -> list[str]:
         f"--global-batch-size {training.global_batch_size}",
     ]
     out += _recompute_flags(training) + _dtype_flags(job) + _dropout_flags(training)
+    out += [f"--no-{name.replace('_', '-')}" for name in training.unfused]
     if training.flash_attention:
         out.append("--use-flash-attn")
     if training.megatron_fsdp:

@@ -106,6 +106,7 @@ def make_request(args: dict[str, Any], flags: PlanFlags) -> Request:
         fp32_grads=asked.fp32_grads,
         attention_dropout=asked.attention_dropout,
         hidden_dropout=asked.hidden_dropout,
+        unfused=asked.unfused,
     )
     model = make_model_config(args)
     _check_sizes(model, flags.gpus)

@@ -6,7 +6,7 @@ from tabulate import tabulate
 
 from inspector.job.hardware import DEFAULT_GPU, GPUS
 
-HEADERS = ["`--gpu`", "dense 16-bit TFLOP/s", "dense FP8", "FP32", "memory", "HBM",
+HEADERS = ["`--gpu`", "dense 16-bit TFLOP/s", "dense FP8", "dense FP4", "FP32", "memory", "HBM",
            "NVLink, each way", "InfiniBand per GPU", "GPUs per node"]
 
 
@@ -17,6 +17,7 @@ def render_gpus() -> str:
             f"`{gpu.name}`" + (" (plan default)" if gpu.name == DEFAULT_GPU else ""),
             f"{gpu.tflops_16bit:g}",
             "-" if gpu.tflops_fp8 is None else f"{gpu.tflops_fp8:g}",
+            "-" if gpu.tflops_fp4 is None else f"{gpu.tflops_fp4:g}",
             f"{gpu.tflops_fp32:g}",
             f"{gpu.memory_gib:g} GiB",
             f"{gpu.hbm / 1e12:g} TB/s",

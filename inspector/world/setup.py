@@ -1,4 +1,4 @@
-"""The simulated world's set-up: megatron imported once, apex and grouped-GEMM stand-ins, fake ranks."""
+"""The simulated world's set-up: megatron imported once, apex, grouped-GEMM and MLA RoPE stand-ins, ranks."""
 
 from __future__ import annotations
 
@@ -120,6 +120,45 @@ _WGRAD_ACCUM_STANDIN = SimpleNamespace(
     wgrad_gemm_accum_fp16=_accumulate_in_place,
     __name__="fused_weight_gradient_mlp_cuda (simulated)",
 )
+
+
+def simulate_fused_mla_rope() -> None:
+    """Let megatron's fused MLA RoPE run on meta tensors: its Triton kernels launch and write nothing.
+
+    With `apply_rope_fusion` (on for TE jobs) multi_latent_attention.py calls
+    `fused_apply_mla_rope_for_q` / `_for_kv` (fusions/fused_mla_yarn_rope_apply.py), whose autograd
+    Functions `ApplyMLARotaryEmbQ` and `ApplyMLARotaryEmbKV` run here as written: they check the
+    shapes, allocate their outputs (`new_empty`), save `(cos, sin)` and launch a Triton kernel per
+    pass as `kernel[grid](...)`. Only the launches are simulated: without triton the module keeps the
+    kernels as plain functions, which cannot be indexed, and a meta tensor holds no values to
+    rotate. tests/test_te_engine.py checks the launches and the saved tensors against the source.
+    """
+    try:
+        from megatron.core.fusions import fused_mla_yarn_rope_apply as fused
+    except ImportError:  # no fused MLA RoPE in this megatron-core: nothing to simulate
+        return
+    for name in MLA_ROPE_KERNELS:
+        if not isinstance(getattr(fused, name), _KernelLaunchingNothing):
+            setattr(fused, name, _KernelLaunchingNothing(name))
+
+
+# the Triton kernels ApplyMLARotaryEmbQ / ApplyMLARotaryEmbKV launch, forward and backward
+MLA_ROPE_KERNELS = ("rotary_fwd_q_kernel", "rotary_bwd_q_kernel", "rotary_fwd_kv_kernel",
+                    "rotary_bwd_kv_kernel")  # fmt: skip
+
+
+class _KernelLaunchingNothing:
+    """A Triton kernel on meta tensors: `kernel[grid](*args)` returns, having written nothing."""
+
+    def __init__(self, name: str) -> None:
+        self.__name__ = f"{name} (simulated)"
+
+    def __getitem__(self, grid: Any) -> Any:
+        return self._launch
+
+    @staticmethod
+    def _launch(*args: Any, **kwargs: Any) -> None:
+        """Write nothing: the kernel's outputs were allocated by its caller, on meta."""
 
 
 def simulated_dp(layout: Layout) -> int:

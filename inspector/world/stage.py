@@ -26,6 +26,7 @@ from inspector.world.config import transformer_config
 from inspector.world.setup import (
     megatron,
     simulate_apex,
+    simulate_fused_mla_rope,
     simulate_grad_accum_fusion,
     simulate_grouped_gemm,
     simulated_dp,
@@ -90,6 +91,7 @@ def stage_world(
     simulate_apex(model.use_apex)
     simulate_grouped_gemm(model.moe_grouped_gemm)
     simulate_grad_accum_fusion(bool(runtime and runtime.get("gradient_accumulation_fusion")))
+    simulate_fused_mla_rope()
     chatter = io.StringIO()  # megatron prints to stdout in places (e.g. 0.13 parsing a layout)
     with (
         warnings.catch_warnings(),

@@ -27,10 +27,24 @@ from typing import Any
 
 
 class SimulatedStream:
-    """A CUDA stream that is never used: megatron only keeps it for its forward pass."""
+    """A CUDA stream that orders nothing: one stream runs everything here.
+
+    The all-to-all dispatcher waits on its `cuda_dtoh_stream` before its host copies
+    (token_dispatcher.py `_maybe_dtoh_and_synchronize`), so the stream answers the calls it makes.
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.device = "meta"
+
+    def wait_stream(self, *args: Any) -> None:
+        """Order nothing: one stream runs everything here."""
+
+    def record_event(self, *args: Any) -> SimulatedStream:
+        """Return an event that is already complete."""
+        return self
+
+    def synchronize(self) -> None:
+        """Wait for nothing."""
 
     def __repr__(self) -> str:
         return "SimulatedStream()"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -229,6 +229,9 @@ class QuantizedTensor(torch.Tensor):
 
 # TE's `_dummy_wgrads` (module/base.py, v2.11): one placeholder per (rows, cols, dtype), kept.
 _DUMMY_WGRADS: dict[tuple[int, int, torch.dtype], torch.Tensor] = {}
+# What names a placeholder's allocation while one is made (the engine's tracker, `naming`)
+_NAMING: list[Callable[[str], contextlib.AbstractContextManager[None]]] = []
+DUMMY_WGRAD = "Transformer Engine's placeholder weight gradient"
 
 
 def get_dummy_wgrad(shape: list[int], dtype: torch.dtype, zero: bool = False) -> torch.Tensor:
@@ -242,8 +245,21 @@ def get_dummy_wgrad(shape: list[int], dtype: torch.dtype, zero: bool = False) ->
         raise AssertionError("get_dummy_wgrad takes a 2-D shape")
     key = (shape[0], shape[1], dtype)
     if key not in _DUMMY_WGRADS:
-        _DUMMY_WGRADS[key] = torch.empty(shape, dtype=dtype, device="meta")
+        label = f"{DUMMY_WGRAD} ({shape[0]} x {shape[1]}, {str(dtype).removeprefix('torch.')})"
+        with _NAMING[-1](label) if _NAMING else contextlib.nullcontext():
+            _DUMMY_WGRADS[key] = torch.empty(shape, dtype=dtype, device="meta")
     return _DUMMY_WGRADS[key].detach()
+
+
+@contextlib.contextmanager
+def placeholders_named(name: Callable[[str], contextlib.AbstractContextManager[None]]) -> Iterator[None]:
+    """Make each new placeholder inside `name(label)`: one per process, so a rank's chunks share
+    them (the engine counts them once per rank, as it does megatron's global memory buffer)."""
+    _NAMING.append(name)
+    try:
+        yield
+    finally:
+        _NAMING.pop()
 
 
 def reset_dummy_wgrads() -> None:

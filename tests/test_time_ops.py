@@ -1,0 +1,94 @@
+"""The step-time model prices the GEMMs megatron runs: formulas/ops.py's list of one layer's
+matrix products (and the output layer's), forward and backward, against every `mm`, `addmm`,
+`bmm` and `baddbmm` megatron-core's own code dispatches in one micro-batch on meta tensors
+(the engine's run, local layer spec), FLOP for FLOP; recomputation adds what it re-runs."""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+import pytest
+
+from tests.test_engine import _MOE, _MOE_TP1, _job
+
+
+def _recorded_gemm_flops(job: Any) -> dict[str, int]:
+    """Run one micro-batch of the job's first stage; return 2 m n k per kind of product."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from inspector.engine.stage import trace_stage
+    from inspector.world.setup import megatron
+
+    aten = torch.ops.aten
+    flops: collections.Counter[str] = collections.Counter()
+
+    class Products(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            kind = func.overloadpacket
+            if kind in (aten.mm, aten.bmm):
+                a, b = args[0], args[1]
+            elif kind in (aten.addmm, aten.baddbmm):
+                a, b = args[1], args[2]
+            else:
+                return func(*args, **(kwargs or {}))
+            batch = a.shape[0] if a.dim() == 3 else 1
+            m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+            flops[kind.__name__] += 2 * batch * m * n * k
+            return func(*args, **(kwargs or {}))
+
+    megatron()
+    with Products():
+        trace_stage(job, 0)
+    return dict(flops)
+
+
+def _priced(job: Any) -> tuple[int, int, int]:
+    """Return formulas/ops.py's GEMM FLOPs: a layer and the output (forward + backward), the
+    layer's forward, and its core attention's forward (what selective recomputation repeats)."""
+    from inspector.formulas.kernels import Gemm
+    from inspector.formulas.ops import Shard, layer_ops, output_ops
+
+    dims, lay = job.dims(), job.layout
+    shard = Shard(tp=lay.tp, cp=lay.cp, ep=lay.ep, etp=lay.expert_tp,
+                  sequence_parallel=lay.sequence_parallel,
+                  micro_batch=job.schedule().micro_batch_size)  # fmt: skip
+    layer = layer_ops(dims, shard, dims.num_experts is not None)
+    output = output_ops(dims, shard)
+
+    def gemms(ops: Any) -> int:
+        return sum(op.flops for op in ops if isinstance(op, Gemm))
+
+    total = sum(gemms(p.forward) + gemms(p.backward) for p in (layer, output))
+    return total, gemms(layer.forward), gemms(layer.core)
+
+
+ONE = {"num_layers": 1, "pipeline_model_parallel_size": 1}
+CASES = {
+    "gelu-bias-tp2": {},
+    "swiglu-gqa": {"swiglu": True, "group_query_attention": True, "num_query_groups": 2,
+                   "disable_bias_linear": True},
+    "sequence-parallel": {"sequence_parallel": True},
+    "moe-tp1": {**_MOE_TP1, "data_parallel_size": 1},
+    "moe-ep2-sp": {**_MOE, "data_parallel_size": 2, "expert_model_parallel_size": 2},
+    "micro-batch-3": {"micro_batch_size": 3, "global_batch_size": 6},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("flags", CASES.values(), ids=CASES.keys())
+def test_priced_gemms_are_the_products_megatron_runs(flags):
+    job = _job(**{**flags, **ONE})
+    recorded = _recorded_gemm_flops(job)
+    assert set(recorded) >= {"mm", "bmm", "baddbmm"}  # linears, attention's scores and context
+    assert sum(recorded.values()) == _priced(job)[0]
+
+
+@pytest.mark.parametrize(("granularity", "repeated"), [("full", 1), ("selective", 2)])
+def test_recomputation_adds_the_forward_it_repeats(granularity, repeated):
+    """Full: the checkpointed layer's whole forward again (CheckpointFunction); selective: core
+    attention's products again (megatron-core's default --recompute-modules core_attn)."""
+    job = _job(recompute_granularity=granularity, **ONE)
+    total, forward, core = _priced(job)
+    again = (forward, core)[repeated - 1]
+    assert sum(_recorded_gemm_flops(job).values()) == total + again
