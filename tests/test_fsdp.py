@@ -171,19 +171,24 @@ def test_params_owners_are_torch_chunks_and_megatron_shards():
     # ranks: 94 chunks of 11 rows and less); Megatron-FSDP: ranks whose shard meets the parameter
     import torch
 
+    from inspector.job.job import make_job
+    from inspector.world.build import build, select_view
+
+    job = make_job(dict(
+        num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=1000,
+        bf16=True, data_parallel_size=100, use_torch_fsdp2=True,
+        no_gradient_accumulation_fusion=True, untie_embeddings_and_output_weights=True,
+    ))  # fmt: skip
+    (chunk,) = build(job, select_view(job)).chunks
+    owners = {name: ranks for unit in chunk.fsdp().buckets for name, ranks in unit.owners().items()}
+    for name, rows in (("embedding.word_embeddings.weight", V), ("decoder.final_layernorm.weight", H)):
+        assert owners[name] == tuple(range(len(torch.chunk(torch.empty(rows, device="meta"), 100))))
     small = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --bf16".split()
-    result = run_cli("params", *small, "--vocab-size", "1000", *FSDP2,
-                     "--untie-embeddings-and-output-weights", "--dp", "100")  # fmt: skip
-    assert result.code == 0, result.err
-    rows = {line.split(";")[0]: line.split(";")[3] for line in result.out.splitlines()[2:]
-            if not line.startswith("#")}  # fmt: skip
-    for name, rows_of in (("embedding.word_embeddings.weight", V), ("decoder.final_layernorm.weight", H)):
-        chunks = torch.chunk(torch.empty(rows_of, device="meta"), 100)
-        assert rows[name] == ",".join(str(r) for r in range(len(chunks)))
     result = run_cli("params", *small, "--vocab-size", "1000", *MFSDP, "--dp", "3",
                      "--data-parallel-sharding-strategy", "optim")  # fmt: skip
-    owners = [line.split(";")[3] for line in result.out.splitlines()[2:] if not line.startswith("#")]
-    assert {r for o in owners for r in o.split(",")} == {"0", "1", "2"}
+    assert result.code == 0, result.err
+    found = [line.split(";")[3] for line in result.out.splitlines()[2:] if not line.startswith("#")]
+    assert {r for o in found for r in o.split(",")} == {"0", "1", "2"}
 
 
 def test_fsdp_time_by_hand():

@@ -175,14 +175,12 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         "fsdp_double_buffer", bool,
         "Megatron-FSDP: keep two persistent all-gather/reduce-scatter buffers.",
     ),
-    _layout("use_torch_fsdp2", bool, "PyTorch FSDP2: shard every parameter's rows over data-parallel ranks."),
+    _training(
+        "use_torch_fsdp2", bool, "PyTorch FSDP2: shard every parameter's rows over data-parallel ranks.",
+    ),
     _layout(
         "ckpt_format", str, "Checkpoint format (Megatron-LM's default: torch_dist).",
         choices=("torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor"),
-    ),
-    _layout(
-        "no_gradient_accumulation_fusion", bool,
-        "Turn off gradient-accumulation fusion (PyTorch FSDP2 needs it off).",
     ),
     _layout("overlap_grad_reduce", bool, "Overlap gradient reduction with backward (buckets)."),
     _layout("ddp_bucket_size", int, "Gradient bucket size in elements."),
@@ -241,7 +239,7 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
     _training("no_masked_softmax_fusion", bool, "Unfused masked softmax (Transformer Engine jobs)."),
     _training(
         "no_gradient_accumulation_fusion", bool,
-        "Weight gradients not accumulated in the GEMM (Transformer Engine jobs).",
+        "Weight gradients not accumulated in the GEMM (Transformer Engine jobs; FSDP2 needs it).",
     ),
     _training("attention_dropout", float, "Attention dropout (0: no mask stored; default 0.1)."),
     _training("hidden_dropout", float, "Hidden dropout (0: no masks stored; default 0.1)."),
