@@ -99,13 +99,13 @@ def test_rl_training_builds_but_memory_is_refused(cli, tmp_path):
 def test_every_refused_flag_in_one_message(cli, tmp_path):
     # one run names them all: the two fp8 flags share their reason, FSDP has its own
     path = write(tmp_path, f"python pretrain_gpt.py {SMALL} --fp8-format hybrid --fp8-param-gather "
-                 "--torch-fsdp2-no-reshard-after-forward --cpu-offloading\n")  # fmt: skip
+                 "--fp4-param-gather --torch-fsdp2-no-reshard-after-forward --cpu-offloading\n")  # fmt: skip
     result = cli("memory", "--from-script", path)
-    fp8 = ("Transformer Engine's low-precision recipes keep fp8/fp4 copies of weights and linear "
-           "inputs that this tool does not count; drop the fp8/fp4 arguments to see the 16-bit "
-           "footprint")  # fmt: skip
+    fp8 = ("Transformer Engine's fp8/fp4 parameters (and fp4 recipes) keep quantized weights this "
+           "tool does not count; --fp8-format with --fp8-recipe is modelled, drop this argument "
+           "to see it")  # fmt: skip
     assert result.err == (
-        f"Error: {path} line 1: --fp8-format hybrid and --fp8-param-gather are not modelled: "
+        f"Error: {path} line 1: --fp8-param-gather and --fp4-param-gather are not modelled: "
         f"{fp8}; --torch-fsdp2-no-reshard-after-forward is not modelled: FSDP2 keeping the "
         "gathered parameters from the forward to the backward (ZeRO-2) is not modelled; "
         "--use-torch-fsdp2 alone (resharding after the forward) is; --cpu-offloading is not modelled: "
@@ -217,11 +217,11 @@ def test_functional_test_config(tmp_path):
 
 def test_functional_test_config_lists_every_refusal(cli, tmp_path):
     path = tmp_path / "model_config.yaml"
-    path.write_text(FUNCTIONAL_TEST.replace("  --bf16: true\n", "  --bf16: true\n  --fp8-format: "
-                                            "hybrid\n  --checkpoint-activations: true\n"))  # fmt: skip
+    path.write_text(FUNCTIONAL_TEST.replace("  --bf16: true\n", "  --bf16: true\n  --fp8-param-gather: "
+                                            "true\n  --checkpoint-activations: true\n"))  # fmt: skip
     result = cli("memory", "--config", str(path))
     assert result.err.startswith(
-        f"Error: {path}: --fp8-format hybrid is not modelled: Transformer Engine's "
+        f"Error: {path}: --fp8-param-gather is not modelled: Transformer Engine's "
     )
     assert result.err.endswith("; --checkpoint-activations is refused by Megatron-LM: "
                                "validate_args: '--checkpoint-activations is no longer valid, use "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from inspector.errors import ConfigError
+from inspector.inputs.versions import megatron_core_version
 from inspector.job.job import make_job
 
 BASE = dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=1000,
@@ -32,8 +33,6 @@ def test_modules_read_space_or_comma_separated():
         (dict(recompute_granularity="selective", recompute_modules="moe_act"), "--moe-grouped-gemm"),
         (dict(recompute_granularity="selective", recompute_modules="mla_up_proj"),
          "--multi-latent-attention"),
-        (dict(recompute_granularity="selective", recompute_modules="core_attn,layernorm"),
-         "--recompute-modules layernorm is not modelled"),
         (dict(recompute_granularity="selective", recompute_modules="mlp"), "--disable-bias-linear"),
     ],  # fmt: skip
 )
@@ -60,27 +59,145 @@ def test_a_script_passes_every_word_after_the_flag(tmp_path):
     assert args["recompute_modules"] == "core_attn mlp" and args["bf16"] is True
 
 
-def test_engine_stops_saving_the_mlp_inner_tensors_under_mlp():
-    """transformer_layer.py _forward_mlp: tensor_parallel.checkpoint keeps the MLP's input only, so
-    each layer stops holding fc1's output (saved by the gelu, [s, b, ffn/tp] bf16) and the gelu's
-    output (saved by fc2, the same shape): 2 x 32 x 2 x 128 x 2 bytes per layer (ffn 4h = 256, tp 2)."""
+# The engine's runs: s 32, b 2, h 64, tp 2, bf16; every count below is one layer's, times 2 layers.
+ENGINE = dict(BASE, micro_batch_size=2, global_batch_size=8, tensor_model_parallel_size=2,
+              data_parallel_size=2, hidden_dropout=0.0, attention_dropout=0.0, ffn_hidden_size=128,
+              disable_bias_linear=True)  # fmt: skip
+S, B, H, TP, LAYERS = 32, 2, 64, 2, 2
+BLOCK = 512  # the caching allocator's smallest block: a [s*b] fp32 statistic takes one
+MOE = dict(num_experts=4, moe_router_topk=2, swiglu=True, sequence_parallel=True,
+           moe_grouped_gemm=True)  # fmt: skip
+MLA = dict(multi_latent_attention=True, q_lora_rank=32, kv_lora_rank=16, qk_head_dim=16,
+           qk_pos_emb_head_dim=8, v_head_dim=16, normalization="RMSNorm",
+           position_embedding_type="rope", transformer_impl="transformer_engine")  # fmt: skip
+
+
+def _held(args: dict, **flags) -> int:
+    """Return what one micro-batch holds between its forward and backward on stage 0."""
     from inspector.engine.memory import chunk_shapes
     from inspector.engine.stage import trace_chunks
     from inspector.world.build import View, build
 
-    args = dict(BASE, micro_batch_size=2, global_batch_size=8, tensor_model_parallel_size=2,
-                data_parallel_size=2, hidden_dropout=0.0, attention_dropout=0.0,
-                disable_bias_linear=True)  # fmt: skip
+    job = make_job({**args, **flags})
+    shapes = chunk_shapes(build(job, View((0,)), expert_ranks=(0,)).stages[0])
+    return trace_chunks(job, 0, shapes, whole=True)[0].held
 
-    def held(**flags):
-        job = make_job({**args, **flags})
-        shapes = chunk_shapes(build(job, View((0,)), expert_ranks=(0,)).stages[0])
-        return trace_chunks(job, 0, shapes, whole=True)[0].held
 
-    plain, mlp = held(), held(recompute_granularity="selective", recompute_modules="mlp")
-    per_layer = 2 * 32 * 2 * 128 * 2
-    # the checkpoint itself keeps at most one 512-byte allocator block per layer
-    assert 2 * per_layer - 2 * 512 <= plain - mlp <= 2 * per_layer
+def _drop(args: dict, modules: str) -> int:
+    return _held(args) - _held(args, recompute_granularity="selective", recompute_modules=modules)
+
+
+def test_engine_stops_saving_the_mlp_inner_tensors_under_mlp():
+    """transformer_layer.py _forward_mlp: tensor_parallel.checkpoint keeps the MLP's input only, so
+    each layer stops holding fc1's output (saved by the gelu, [s, b, ffn/tp] bf16) and the gelu's
+    output (saved by fc2, the same shape): 2 x 32 x 2 x 128 x 2 bytes per layer (ffn 4h = 256, tp 2)."""
+    args = {**ENGINE, "ffn_hidden_size": 256}
+    assert _drop(args, "mlp") == LAYERS * 2 * S * B * 256 // TP * 2
+
+
+@pytest.mark.parametrize(("normalization", "stats"), [("LayerNorm", 2), ("RMSNorm", 1)])
+def test_engine_stops_saving_the_norms_outputs_under_layernorm(normalization, stats):
+    """transformer_layer.py: CheckpointWithoutOutput around input_layernorm and pre_mlp_layernorm
+    frees each norm's output ([s, b, h] bf16, saved by the next linear) after its use and rebuilds
+    it in backward; run under no_grad, the norm no longer saves its fp32 statistics per row
+    (LayerNorm: mean and rstd, RMSNorm: rstd)."""
+    args = {**ENGINE, "normalization": normalization}
+    per_norm = S * B * H * 2 + stats * BLOCK
+    assert _drop(args, "layernorm") == LAYERS * 2 * per_norm
+
+
+def test_layernorm_recomputes_nothing_where_transformer_engine_fuses_the_norms():
+    """Under Transformer Engine's spec both norms sit inside the next linear (LayerNormLinear):
+    megatron's layer holds IdentityOp norms and checkpoints none of them."""
+    args = {**ENGINE, "transformer_impl": "transformer_engine", "normalization": "RMSNorm"}
+    assert _drop(args, "layernorm") == 0
+
+
+def test_engine_stops_saving_the_expert_activation_under_moe_act():
+    """experts.py GroupedMLP: CheckpointWithoutOutput around `activation_func_with_probs` (swiglu,
+    times the routing probabilities): the layer stops holding silu's output (saved by the glu's
+    product), the glu's output (saved by the product with the fp32 probabilities) and the result
+    cast back to bf16 (saved by fc2): 3 x [tokens x topk, moe_ffn / etp] bf16. The all-gather
+    dispatcher gives each rank all s x b tokens of its tp group."""
+    rows, width = S * B * 2, 128 // TP
+    assert _drop({**ENGINE, **MOE}, "moe_act") == LAYERS * 3 * rows * width * 2
+
+
+def test_moe_recomputes_the_whole_layer():
+    """moe_layer.py: tensor_parallel.checkpoint around the MoE layer keeps its input only: it stops
+    holding at least moe_act's tensors and fc1's output ([tokens x topk, 2 moe_ffn / etp] bf16);
+    --moe-layer-recompute is megatron's old name for adding it to core_attn."""
+    args = {**ENGINE, **MOE}
+    rows, width = S * B * 2, 128 // TP
+    moe = _drop(args, "moe")
+    assert moe > LAYERS * (3 * rows * width * 2 + rows * 2 * width * 2)
+    both = _held(args, recompute_granularity="selective", recompute_modules="core_attn moe")
+    assert _held(args, moe_layer_recompute=True) == both
+
+
+@pytest.mark.skipif(megatron_core_version() < (0, 14), reason="megatron-core lists shared_experts from 0.14")
+def test_engine_stops_saving_the_shared_expert_inner_tensors_under_shared_experts():
+    """moe_layer.py shared_experts_compute: tensor_parallel.checkpoint around the shared expert MLP:
+    the layer stops holding fc1's output ([s x b, 2 x 64 / tp] bf16, saved by the swiglu) and the
+    swiglu's ([s x b, 64 / tp], saved by fc2); sequence parallelism gathers all s x b tokens."""
+    args = {**ENGINE, **MOE, "moe_shared_expert_intermediate_size": 64}
+    assert _drop(args, "shared_experts") == LAYERS * 3 * S * B * (64 // TP) * 2
+
+
+# megatron-core before 0.16 marks its fused MLA RoPE `experimental_fn` (it needs --enable-experimental)
+MLA_ROPE_EXPERIMENTAL = megatron_core_version() < (0, 16)
+
+
+def test_fused_mla_rope_is_experimental_before_megatron_core_0_16():
+    from megatron.core.fusions import fused_mla_yarn_rope_apply as rope
+
+    wrapped = [hasattr(f, "__wrapped__") for f in (rope.fused_apply_mla_rope_for_q, rope.fused_apply_mla_rope_for_kv)]
+    assert wrapped == [MLA_ROPE_EXPERIMENTAL] * 2
+
+
+@pytest.mark.skipif(MLA_ROPE_EXPERIMENTAL, reason="the fused MLA RoPE is experimental here")
+def test_engine_stops_saving_the_mla_up_projections_under_mla_up_proj():
+    """multi_latent_attention.py: CheckpointWithoutOutput around the up projections and RoPE frees
+    query and key ([s, b, heads / tp, 16 + 8] bf16 each) and value ([s, b, heads / tp, 16]) after
+    core attention, and linear_kv_up_proj no longer saves its input (TE's Linear copies the
+    non-contiguous kv_compressed, [s x b, kv_lora 16] bf16); the checkpoint keeps its own inputs,
+    among them k_pos_emb, a view of linear_kv_down_proj's output ([s, b, 16 + 8] bf16), which
+    without it is freed after the forward."""
+    heads = 4 // TP
+    freed = 2 * S * B * heads * 24 * 2 + S * B * heads * 16 * 2 + S * B * 16 * 2
+    kept = S * B * 24 * 2
+    assert _drop({**ENGINE, **MLA}, "mla_up_proj") == LAYERS * (freed - kept)
+
+
+def test_mlp_with_biases_is_refused_because_megatron_recurses_on_any_device():
+    """The refusal's reason, shown on host tensors: the MLP returns fc2's bias Parameter itself, so
+    megatron's CheckpointFunction makes that Parameter one of its outputs (it is no longer a leaf);
+    the recomputation in backward returns the same Parameter, whose gradient goes back into the
+    same CheckpointFunction: torch's custom-Function rule, not the meta device."""
+    import torch
+    from megatron.core.tensor_parallel.random import checkpoint
+
+    from inspector.engine.cuda import cuda_on_meta
+
+    weight, bias = torch.nn.Parameter(torch.ones(4, 4)), torch.nn.Parameter(torch.ones(4))
+    with cuda_on_meta():
+        out, returned = checkpoint(lambda x: (x @ weight, bias), False, torch.ones(2, 4, requires_grad=True))
+    assert returned is bias and not bias.is_leaf
+    assert bias.grad_fn is out.grad_fn and type(out.grad_fn).__name__ == "CheckpointFunctionBackward"
+    with pytest.raises(ConfigError, match="recomputes itself without end"):
+        make_job({**ENGINE, "disable_bias_linear": False, "recompute_granularity": "selective",
+                  "recompute_modules": "mlp"})  # fmt: skip
+
+
+def test_shared_experts_needs_the_megatron_core_that_lists_it():
+    """core_v0.14.0 added shared_experts to TransformerConfig's allowed modules (megatron itself
+    is checked in tests/test_versions.py); before it the tool refuses the name, as megatron does."""
+    flags = {**BASE, "recompute_granularity": "selective", "recompute_modules": "shared_experts"}
+    if megatron_core_version() >= (0, 14):
+        assert make_job(flags).training.recompute_modules == ("shared_experts",)
+    else:
+        with pytest.raises(ConfigError, match="shared_experts needs megatron-core 0.14 or later"):
+            make_job(flags)
 
 
 def test_the_formula_fallback_refuses_modules_it_does_not_count(cli):
@@ -90,3 +207,66 @@ def test_the_formula_fallback_refuses_modules_it_does_not_count(cli):
                  "--cp", "2", "--use-flash-attn",  # TE's context parallelism: not run by the engine
                  "--recompute-granularity", "selective", "--recompute-modules", "core_attn mlp")  # fmt: skip
     assert result.code == 2 and result.err.startswith("Error: --recompute-modules mlp is measured by the engine only")
+
+
+@pytest.mark.parametrize("flags", [["--recompute-modules", "core_attn mlp"], ["--moe-layer-recompute"]])
+def test_plan_refuses_modules_it_would_drop(cli, flags):
+    """plan prices selective recomputation as core_attn only: a plan without the asked modules
+    would be a different job, so it says so instead of planning one."""
+    result = cli("plan", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+                 "--seq-length", "32", "--vocab-size", "1000", "--bf16", "--disable-bias-linear",
+                 "--gpus", "4", "--global-batch-size", "8", "--recompute-granularity", "selective",
+                 *flags)  # fmt: skip
+    assert result.code == 2
+    assert result.err.startswith("Error: --recompute-modules ")
+    assert "plan prices selective recomputation of core_attn only" in result.err
+
+
+def test_workload_refuses_modules_it_would_not_repeat(cli):
+    """workload adds core attention's forward to the backward under selective recomputation, and
+    nothing for other modules: their recomputed GEMMs would be missing, so it says so."""
+    result = cli("workload", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads",
+                 "4", "--seq-length", "32", "--vocab-size", "1000", "--micro-batch-size", "1",
+                 "--global-batch-size", "8", "--bf16", "--disable-bias-linear",
+                 "--recompute-granularity", "selective", "--recompute-modules", "mlp", "--stage", "0", "--gpu", "h100")  # fmt: skip
+    assert result.code == 2
+    assert result.err.startswith("Error: --recompute-modules mlp: workload times selective")
+
+
+def test_memory_names_the_modules_beyond_megatrons_default(cli):
+    args = ["memory", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+            "--seq-length", "32", "--vocab-size", "1000", "--micro-batch-size", "1", "--bf16",
+            "--disable-bias-linear", "--recompute-granularity", "selective"]  # fmt: skip
+    named = cli(*args, "--recompute-modules", "layernorm mlp")
+    assert named.code == 0 and "recompute selective (layernorm, mlp), flash" in named.out
+    default = cli(*args)
+    assert default.code == 0 and "recompute selective, flash" in default.out
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        dict(recompute_modules="layernorm mlp"),
+        pytest.param(dict(recompute_modules="moe_act shared_experts layernorm", **MOE,
+                          moe_shared_expert_intermediate_size=64, moe_layer_freq=2),
+                     marks=pytest.mark.skipif(megatron_core_version() < (0, 14), reason="0.14+")),
+    ],  # fmt: skip
+    ids=["dense", "moe-mixed"],
+)
+def test_one_layer_of_each_kind_stands_for_the_rest_under_module_recomputation(flags):
+    """`memory` composes a stage from one layer of each kind (engine/stage.py): the checkpoints'
+    frees and restores (storage resizes included) must compose event for event."""
+    from inspector.engine.memory import chunk_shapes
+    from inspector.engine.stage import trace_chunks
+    from inspector.world.build import View, build
+
+    job = make_job({**ENGINE, "num_layers": 6, "pipeline_model_parallel_size": 2,
+                    "recompute_granularity": "selective", **flags})  # fmt: skip
+    cache: dict = {}
+    for stage in range(2):
+        shapes = chunk_shapes(build(job, View((stage,)), expert_ranks=(0,)).stages[0])
+        whole = trace_chunks(job, stage, shapes, whole=True)
+        composed = trace_chunks(job, stage, shapes, cache)
+        assert [(t.forward, t.backward, t.persistent) for t in composed] == [
+            (t.forward, t.backward, t.persistent) for t in whole
+        ]

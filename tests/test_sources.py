@@ -296,6 +296,9 @@ def test_vocabulary_from_local_tokenizer_files(tmp_path):
          151665, ""),
         ("--tokenizer-type HuggingFaceTokenizer --tokenizer-model meta-llama/Llama-3.2-1B-Instruct",
          128256, ""),
+        # DeepSeek's Qwen distillations: Qwen2.5's BPE, their own 22 added tokens (ids 151643-151664)
+        ("--tokenizer-type HuggingFaceTokenizer --tokenizer-model "
+         "unsloth/DeepSeek-R1-Distill-Qwen-7B", 151665, ""),
         ("--tokenizer-type HuggingFaceTokenizer --tokenizer-model nvidia/Llama-3.1-70B-Instruct-FP8",
          128256, ""),
         # its end-of-document token up to megatron-core 0.17 (tests/test_versions.py)

@@ -283,7 +283,7 @@ def build_checkpoint(
                 mtp_block_spec=mtp,
                 config=transformer_config,
                 transformer_layer_spec=layer_spec,
-                vocab_size=model.padded_vocab_size(layout.tp),
+                vocab_size=model.embedding_rows(layout.tp),
                 max_sequence_length=model.max_positions,
                 pre_process=True,
                 post_process=True,

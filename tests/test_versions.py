@@ -9,6 +9,8 @@ from __future__ import annotations
 import megatron.core
 import pytest
 
+from inspector.job.recompute_modules import FIRST_VERSION
+
 VERSION = tuple(int(p) for p in megatron.core.__version__.split(".")[:2])
 SMALL = "--hidden-size 64 --num-attention-heads 4 --seq-length 32 --vocab-size 1000 --num-layers 2".split()
 MOE = SMALL + "--num-experts 4 --moe-ffn-hidden-size 32".split()
@@ -230,7 +232,7 @@ def test_null_tokenizer_padding_is_megatrons_own_from_0_17():
                          padded_vocab_size=None, pad_vocab_size=True, metadata_path=None)  # fmt: skip
         build_tokenizer(args)
         size = vocabulary("NullTokenizer", None, 128256, None, "s.sh").size
-        assert ModelConfig(vocab_size=size).padded_vocab_size(tp) == args.padded_vocab_size
+        assert ModelConfig(vocab_size=size).embedding_rows(tp) == args.padded_vocab_size
 
 
 def test_arguments_the_installed_megatron_lm_does_not_know(tmp_path, cli):
@@ -275,11 +277,13 @@ def test_local_grouped_gemm_experts(cli):
             "ColumnParallelLinear(in_features=64, out_features=32, bias=False, TP=1)", "(32, 64)"]
 
 
-SHARED_EXPERTS_RECOMPUTE = VERSION >= (0, 16)  # in allowed_modules; checked on 0.13.1 and 0.16.1 only
+# in allowed_modules from core_v0.14.0 (read at the tag); run on 0.13.1 and 0.16.1
+SHARED_EXPERTS_RECOMPUTE = VERSION >= FIRST_VERSION["shared_experts"]
 
 
 def test_recompute_modules_megatron_allows():
-    """0.13.1's TransformerConfig allows six modules; "shared_experts" came later (0.16.1 has seven)."""
+    """0.13.1's TransformerConfig allows six modules; "shared_experts" came in 0.14 (0.16.1 has
+    seven): the tool's version table (job/recompute_modules.py FIRST_VERSION) says the same."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     def build(modules):

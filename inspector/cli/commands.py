@@ -316,7 +316,9 @@ def workload(
         from inspector.world.build import build, select_view
 
         job = resolve_job(args)
-        compute = compute_for(gpu_tflops, mfu, profile, gpu, job.model.dtype_name)
+        compute = compute_for(
+            gpu_tflops, mfu, profile, gpu, job.model.dtype_name, job.model.fp8_format is not None
+        )
         with Progress() as progress:
             built = build(job, select_view(job, stage), expert_ranks=(0,), progress=progress)
         files = workload_files(context_for(built, compute), stage_inputs(built))

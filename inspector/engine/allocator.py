@@ -9,7 +9,12 @@ This is how torch's own `torch.distributed._tools.mem_tracker.MemTracker` follow
 - sizes are rounded up to 512 bytes and a 0-byte tensor allocates nothing, as
   c10/cuda/CUDACachingAllocator.cpp does (`kMinBlockSize = 512`, `round_size`; `malloc` returns
   no block for size 0), so `memory_allocated` and `max_memory_allocated` are the GPU's numbers;
-- storages that existed before the recording (parameters, grad buffers) are never counted.
+- storages that existed before the recording (parameters, grad buffers) are never counted, nor
+  host (CPU) storages: the RNG states megatron's checkpoints keep, Adam's step counters;
+- `UntypedStorage.resize_`, which megatron's CheckpointWithoutOutput uses to drop an output's
+  memory and give it back on recomputation (tensor_parallel/random.py), reaches no dispatch mode:
+  it is followed as CUDA does it (aten/src/ATen/native/cuda/Resize.cpp `resize_bytes_cuda`: a
+  block of the new size, the old one freed after the copy; size 0 takes no block).
 
 Each event carries where megatron was, so a peak can be named and a trace cut into layers: in
 forward (and recomputation) the module running (`Tracker.enter`/`leave`, from module hooks) or the
@@ -62,9 +67,27 @@ class Tracker(TorchDispatchMode):
     stack: list[str] = field(default_factory=list)  # modules whose forward is running
     starts: list[int] = field(default_factory=list)  # autograd sequence number each label starts
     labels: list[str] = field(default_factory=list)
+    watched: set[int] = field(default_factory=set)  # storages a finalizer will free
 
     def __post_init__(self) -> None:
         super().__init__()
+
+    def __enter__(self) -> Tracker:
+        resize = self._resize = torch.UntypedStorage.resize_
+        tracker = self
+
+        def resize_(storage: Any, nbytes: int) -> Any:
+            out = resize(storage, nbytes)
+            tracker._resized(storage)
+            return out
+
+        torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign,assignment]
+        super().__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        torch.UntypedStorage.resize_ = self._resize  # type: ignore[method-assign]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -77,15 +100,33 @@ class Tracker(TorchDispatchMode):
 
     def _allocate(self, storage: Any) -> None:
         key = storage._cdata
-        if key in self.live:
+        if key in self.live or storage.device.type != "meta":
             return
         size = rounded(storage.nbytes())
         if size:
             self.live[key] = (size, len(self.events))
             self._record(size)
+            self.watched.add(key)
             weakref.finalize(storage, self._free, key)
 
+    def _resized(self, storage: Any) -> None:
+        """Follow a storage resized in place: its new block, then the old one freed."""
+        key = storage._cdata
+        if storage.device.type != "meta":
+            return
+        old, _ = self.live.pop(key, (0, 0))
+        size = rounded(storage.nbytes())
+        if size:
+            self.live[key] = (size, len(self.events))
+            self._record(size)
+            if key not in self.watched:
+                self.watched.add(key)
+                weakref.finalize(storage, self._free, key)
+        if old:
+            self._record(-old)
+
     def _free(self, key: int) -> None:
+        self.watched.discard(key)
         size, _ = self.live.pop(key, (0, 0))
         if size:
             self._record(-size)

@@ -152,18 +152,13 @@ def _foreach(optimizer: Any) -> None:
 
 
 class _GpuTracker(Tracker):
-    """The tracker, counting GPU (meta) storages only (Adam's step counters live on the host),
-    each allocation named by megatron's pass and the aten op that made it."""
+    """The tracker, each allocation named by megatron's pass and the aten op that made it."""
 
     op: str = ""
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         self.op = func.overloadpacket.__name__
         return super().__torch_dispatch__(func, types, args, kwargs)
-
-    def _allocate(self, storage: Any) -> None:
-        if storage.device.type == "meta":
-            super()._allocate(storage)
 
     def _location(self) -> str:
         return f"{self.where} {self.op}" if self.where else self.op

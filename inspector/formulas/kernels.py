@@ -52,6 +52,17 @@ class Device:
 
     tflops: float
     hbm: float
+    tflops_fp8: float | None = None  # dense fp8 peak; None: fp8 GEMMs priced at the 16-bit one
+
+    def gemm_scale(self, fp8: bool) -> float:
+        """Return how much longer a GEMM takes than the same one in bf16 on the H200.
+
+        An fp8 GEMM reaches the fraction of the fp8 peak that the measured bf16 GEMM of the same
+        shape reaches of the bf16 peak: the table measured bf16 only (docs/how-time-is-computed.md).
+        """
+        if fp8 and self.tflops_fp8:
+            return H200_TFLOPS / self.tflops_fp8
+        return self.compute_scale
 
     @property
     def compute_scale(self) -> float:
@@ -66,7 +77,7 @@ class Device:
 
 def device_of(gpu: Gpu) -> Device:
     """Return a GPU of job/hardware.py (with the user's --gpu-tflops) as the kernel model sees it."""
-    return Device(gpu.tflops_16bit, gpu.hbm)
+    return Device(gpu.tflops_16bit, gpu.hbm, gpu.tflops_fp8)
 
 
 @dataclass(frozen=True)
@@ -79,6 +90,7 @@ class Gemm:
     k: int
     orient: Orient
     batch: int = 1
+    fp8: bool = False  # fp8 operands (Transformer Engine under --fp8-format)
 
     @property
     def flops(self) -> int:
@@ -214,8 +226,9 @@ def op_seconds(op: Op, device: Device) -> float:
         return 0.0
     volume = op.batch * op.m * op.n * op.k
     efficiency = _interpolate(gemm_curve(op.orient), math.log2(volume))
-    compute = op.flops / (H200_TFLOPS * 1e12 * efficiency) * device.compute_scale
-    moved = op.batch * (op.m * op.k + op.k * op.n + op.m * op.n) * ELEMENT
+    compute = op.flops / (H200_TFLOPS * 1e12 * efficiency) * device.gemm_scale(op.fp8)
+    operand = 1 if op.fp8 else ELEMENT  # fp8 operands, output in 16 bits
+    moved = op.batch * ((op.m * op.k + op.k * op.n) * operand + op.m * op.n * ELEMENT)
     copy = _interpolate(memory_curve("copy"), math.log2(moved))
     return max(compute, moved / copy * device.memory_scale)
 

@@ -68,27 +68,39 @@ class LayerOps:
     core: tuple[Op, ...]
 
 
-def linear(name: str, tokens: int, fan_in: int, fan_out: int, expert: bool = False) -> list[Gemm]:
+def linear(
+    name: str, tokens: int, fan_in: int, fan_out: int, expert: bool = False, fp8: bool = False
+) -> list[Gemm]:
     """Return a linear layer's forward, data-gradient and weight-gradient GEMMs."""
     orients: tuple[Orient, Orient, Orient] = (
         ("expert", "expert", "expert") if expert else ("fwd", "dgrad", "wgrad"))
-    return [Gemm(name, tokens, fan_out, fan_in, orients[0]),
-            Gemm(name + " dgrad", tokens, fan_in, fan_out, orients[1]),
-            Gemm(name + " wgrad", fan_in, fan_out, tokens, orients[2])]
+    return [Gemm(name, tokens, fan_out, fan_in, orients[0], fp8=fp8),
+            Gemm(name + " dgrad", tokens, fan_in, fan_out, orients[1], fp8=fp8),
+            Gemm(name + " wgrad", fan_in, fan_out, tokens, orients[2], fp8=fp8)]
 
 
 class _Pass:
     """Forward and backward op lists being filled side by side."""
 
-    def __init__(self, fused: bool = True) -> None:
+    def __init__(self, fused: bool = True, fp8: bool = False) -> None:
         self.forward: list[Op] = []
         self.backward: list[Op] = []
         self.fused = fused
+        self.fp8 = fp8  # Transformer Engine's linears in fp8 (megatron's router stays 16-bit)
 
     def linear(self, name: str, tokens: int, fan_in: int, fan_out: int, expert: bool = False,
                count: int = 1) -> None:
-        """Add a linear's GEMMs; without fused kernels, DDP's main_grad.add_ of its gradient."""
-        forward, *backward = linear(name, tokens, fan_in, fan_out, expert)
+        """Add a linear's GEMMs; without fused kernels, DDP's main_grad.add_ of its gradient.
+
+        Under fp8 the GEMMs run at the fp8 peak (kernels.py) and Transformer Engine first casts
+        the input (forward) and the output gradient (backward) to fp8 with its transpose: a pass
+        reading 2 bytes and writing 1 + 1 per element (TE's cast_transpose, one per GEMM input).
+        """
+        fp8 = self.fp8 and name != "router"
+        forward, *backward = linear(name, tokens, fan_in, fan_out, expert, fp8)
+        if fp8:
+            self.forward.append(Memory(name + " fp8 cast", "copy", count * tokens * fan_in, 4))
+            self.backward.append(Memory(name + " fp8 cast", "copy", count * tokens * fan_out, 4))
         self.forward += [forward] * count
         self.backward += backward * count
         if not self.fused:  # fp32 main_grad += 16-bit grad: read 4 + 2, write 4 bytes
@@ -208,7 +220,7 @@ def layer_ops(dims: ModelDims, z: Shard, moe: bool) -> LayerOps:
     tokens = dims.seq_length * z.micro_batch // z.cp
     local = tokens // z.tp if z.sequence_parallel else tokens  # the norms' and residuals' rows
     elements, act = local * dims.hidden_size, dims.activation_bytes
-    p = _Pass(dims.fused_kernels)
+    p = _Pass(dims.fused_kernels, dims.fp8 is not None)
     _residual(p, dims, "input norm", elements, act)
     core = _core_attention(dims, z, dims.flash_attention, dims.fused_kernels)
     _attention(p, dims, z, tokens, core)

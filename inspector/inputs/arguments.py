@@ -62,6 +62,11 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         int,
         "Pad the vocabulary to a multiple of this times the tensor-parallel size.",
     ),
+    _model(
+        "padded_vocab_size",
+        int,
+        "Embedding rows as given, whatever the tokenizer (Megatron-LM 0.18+; no padding).",
+    ),
     _model("normalization", str, "Norm type.", choices=("LayerNorm", "RMSNorm")),
     _model("swiglu", bool, "Use a SwiGLU MLP (gated, two input projections)."),
     _model(
@@ -76,6 +81,19 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
     _model("qk_layernorm", bool, "Normalise queries and keys per head."),
     _model("bf16", bool, "Parameters in bfloat16."),
     _model("fp16", bool, "Parameters in float16."),
+    _model(
+        "fp8_format",
+        str,
+        "FP8 through Transformer Engine: e4m3 everywhere, or hybrid (e5m2 gradients).",
+        choices=("e4m3", "hybrid"),
+    ),
+    _model(
+        "fp8_recipe",
+        str,
+        "FP8 scaling recipe with --fp8-format (default delayed).",
+        choices=("delayed", "tensorwise", "blockwise", "mxfp8"),
+    ),
+    _model("fp8_amax_history_len", int, "Delayed scaling's amax history per module (default 1)."),
     _model("num_experts", int, "Number of MoE experts per layer (MoE on every layer)."),
     _model("moe_router_topk", int, "Experts each token is routed to."),
     _model("moe_ffn_hidden_size", int, "Hidden size of each expert's MLP."),

@@ -10,8 +10,9 @@ path, as Megatron-LM's examples name them (checked against Megatron-LM main, meg
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from inspector.errors import InputError
 from inspector.inputs.refusals import Refused, validate_args_refusals
@@ -121,12 +122,13 @@ def _ends_with(path: str, suffix: str) -> bool:
 
 
 def program_checks(argv: Sequence[str], show: Callable[[str], str], flags: Collection[str],
-                   where: str) -> tuple[tuple[str, ...], tuple[Refused, ...]]:  # fmt: skip
+                   where: str, args: Mapping[str, Any] | None = None,
+                   ) -> tuple[tuple[str, ...], tuple[Refused, ...]]:  # fmt: skip
     """Return the notes and refusals of a launch: its program's, and validate_args' combinations
     of the flags it passes (raise InputError when the program is not GPT training)."""
     program = show(next(word for index, word in enumerate(argv) if index and word.endswith(".py")))
     entry = entry_point(program, where)
-    refused = validate_args_refusals(flags, where)
+    refused = validate_args_refusals(flags, where, args)
     if entry.training_refusal:
         name = posixpath.basename(program)
         refused = (Refused("training", where, name, "not modelled", entry.training_refusal),

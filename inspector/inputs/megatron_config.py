@@ -79,7 +79,7 @@ def _functional_test(data: dict[str, Any], path: str) -> ScriptArgs:
     ctx = Context(path, {}, is_launch)
     parsed = split_arguments(words, Needs(ctx, path), ctx, raw)
     flags = {BY_NAME[name].flag for name in parsed.args} | set(parsed.ignored)
-    refused = parsed.refused + validate_args_refusals(flags, path)
+    refused = parsed.refused + validate_args_refusals(flags, path, parsed.args)
     args, ignored, tokenizer_notes, problem = apply_tokenizer(
         dict(parsed.args), parsed.ignored, raw, path)  # fmt: skip
     return ScriptArgs(args, ignored, notes=(*notes, *tokenizer_notes), vocab_problem=problem,
@@ -118,7 +118,7 @@ def _plain(data: dict[str, Any], path: str) -> ScriptArgs:
         raise ConfigError(f"{path}: unknown argument{'s' if len(unknown) > 1 else ''} "
                           f"{', '.join(unknown)}")  # fmt: skip
     flags = {BY_NAME[name].flag for name in args} | set(ignored)
-    refused += validate_args_refusals(flags, path)
+    refused += validate_args_refusals(flags, path, args)
     args, kept, notes, problem = apply_tokenizer(args, tuple(ignored), raw, path)
     return ScriptArgs(args, kept, notes=notes, vocab_problem=problem, refused=tuple(refused))
 

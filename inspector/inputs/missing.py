@@ -47,14 +47,22 @@ class Needs:
         return lambda text, what: self.need(text, what, key)
 
 
-def raise_missing(missing: Collection[Missing], given: Collection[str]) -> None:
-    """Raise one InputError naming every missing value that no command-line flag gives."""
+def raise_missing(missing: Collection[Missing], given: Collection[str], refused: str = "") -> None:
+    """Raise one InputError naming every missing value that no command-line flag gives, after
+    `refused` (the script's refusals that stop every command), so one error names all."""
+    message = missing_message(missing, given)
+    if message is not None:
+        raise InputError(f"{refused}; {message}" if refused else message)
+
+
+def missing_message(missing: Collection[Missing], given: Collection[str]) -> str | None:
+    """Return the sentence naming every missing value that no command-line flag gives, or None."""
     left = [item for item in missing if item.key == NO_FLAG or item.key not in given]
     if not left:
-        return
+        return None
     if len(left) == 1:
         item = left[0]
-        raise InputError(f"{item.where}: {describe_unknown(item.unknown, item.what, item.shown)}")
+        return f"{item.where}: {describe_unknown(item.unknown, item.what, item.shown)}"
     clauses, hints, by_flag = [], [], []
     one_place = len({item.where for item in left}) == 1
     for item in left:
@@ -73,5 +81,5 @@ def raise_missing(missing: Collection[Missing], given: Collection[str]) -> None:
         how.append(f"give {', '.join(by_flag)} with {'its' if len(by_flag) == 1 else 'their'} "
                    "own flag instead")  # fmt: skip
     origin = left[0].where if one_place else left[0].where.rsplit(" line ", 1)[0]
-    raise InputError(f"{origin}: the model and layout need {len(left)} values the script leaves "
-                     f"unset: {'; '.join(clauses)}; {'; '.join(how)}")  # fmt: skip
+    return (f"{origin}: the model and layout need {len(left)} values the script leaves unset: "
+            f"{'; '.join(clauses)}; {'; '.join(how)}")  # fmt: skip

@@ -40,26 +40,40 @@ def refused_argument(flag: str, value: str | None, where: str) -> Refused | None
     return Refused(REFUSED[flag].group, where, shown, "not modelled", REFUSED[flag].reason)
 
 
-def validate_args_refusals(flags: Iterable[str], where: str) -> tuple[Refused, ...]:
-    """Return validate_args' refusals of argument combinations among the flags a job passes."""
+def validate_args_refusals(flags: Iterable[str], where: str,
+                           args: Mapping[str, Any] | None = None) -> tuple[Refused, ...]:  # fmt: skip
+    """Return validate_args' refusals of argument combinations among the flags a job passes
+    (`args`: its modelled arguments, for the rules that read a value)."""
     given = set(flags)
+    found: list[Refused] = []
     if {"--step-batch-size-schedule", "--global-batch-size"} <= given:
-        return (Refused(ALL_GROUPS, where, "--step-batch-size-schedule with --global-batch-size",
-                        "refused by Megatron-LM",
-                        "validate_args: 'Cannot specify both --step-batch-size-schedule and "
-                        "--global-batch-size'"),)  # fmt: skip
-    return ()
+        found.append(Refused(ALL_GROUPS, where, "--step-batch-size-schedule with --global-batch-size",
+                             "refused by Megatron-LM",
+                             "validate_args: 'Cannot specify both --step-batch-size-schedule and "
+                             "--global-batch-size'"))  # fmt: skip
+    position = (args or {}).get("position_embedding_type") or "learned_absolute"
+    if "--no-position-embedding" in given and position != "rope":
+        found.append(Refused(ALL_GROUPS, where, "--no-position-embedding without rope",
+                             "refused by Megatron-LM",
+                             "validate_args: '--no-position-embedding is deprecated, use "
+                             "--position-embedding-type'"))  # fmt: skip
+    return tuple(found)
 
 
 def raise_refusals(refused: Sequence[Refused], groups: tuple[str, ...]) -> None:
     """Raise one ConfigError naming every refused argument that a command of `groups` reads."""
+    message = refusals_message(refused, groups)
+    if message:
+        raise ConfigError(message)
+
+
+def refusals_message(refused: Sequence[Refused], groups: tuple[str, ...]) -> str:
+    """Return the sentences naming every refused argument a command of `groups` reads, or ""."""
     stopping = [r for r in refused if r.group == ALL_GROUPS or r.group in groups]
-    if not stopping:
-        return
     places: dict[str, list[Refused]] = {}
     for item in stopping:
         places.setdefault(item.where, []).append(item)
-    raise ConfigError("; ".join(f"{where}: {_sentences(items)}" for where, items in places.items()))
+    return "; ".join(f"{where}: {_sentences(items)}" for where, items in places.items())
 
 
 def _sentences(items: list[Refused]) -> str:

@@ -112,7 +112,8 @@ def _file_layer(parsed: ScriptArgs, origin: str, sources: Sources, groups: tuple
             f"knows; check it changes nothing a GPU holds): {' '.join(parsed.unrecognised)}"
         )
     notes.extend(f"Note from {origin}: {note}" for note in parsed.notes)
-    used = (*parsed.ignored, *(item.argument.split()[0] for item in parsed.refused))
+    used = (*(BY_NAME[name].flag for name in parsed.args if name in BY_NAME), *parsed.ignored,
+            *(item.argument.split()[0] for item in parsed.refused))  # fmt: skip
     notes.extend(f"Note from {origin}: {note}" for note in unknown_argument_notes(used))
     if parsed.vocab_problem and sources.flags.get("vocab_size") is None:
         raise ConfigError(parsed.vocab_problem)

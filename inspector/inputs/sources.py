@@ -25,7 +25,7 @@ from inspector.inputs.launch import (
     world_of,
 )
 from inspector.inputs.missing import NO_FLAG, WORLD, Needs, raise_missing
-from inspector.inputs.refusals import Refused, refused_argument
+from inspector.inputs.refusals import Refused, refusals_message, refused_argument
 from inspector.inputs.safe_parse import parse_json, parse_yaml
 from inspector.inputs.tokenizers import TOKENIZER_FLAGS, apply_tokenizer
 from inspector.inputs.unmodelled import IGNORED, REFUSED, RENAMED
@@ -102,7 +102,7 @@ def parse_launch_script(text: str, origin: str, settings: Mapping[str, str] | No
     parsed = split_arguments(program_arguments(launch.argv), needs, launch.ctx, raw)
     args, ignored = dict(parsed.args), parsed.ignored
     flags = {BY_NAME[name].flag for name in args} | set(parsed.ignored)
-    program, refused = program_checks(launch.argv, launch.ctx.show, flags, where)
+    program, refused = program_checks(launch.argv, launch.ctx.show, flags, where, args)
     refused += parsed.refused
     own = f"{origin} line "  # the script's own lines: "line 12: ..." under "Note from SCRIPT"
     read = (note.replace(own, "line ", 1) if note.startswith(own) else note
@@ -111,7 +111,8 @@ def parse_launch_script(text: str, origin: str, settings: Mapping[str, str] | No
     if "--tokenizer-type" in raw:
         raw = {flag: needs.need(value, flag, "vocab_size") or launch.ctx.show(value)
                for flag, value in raw.items()}  # fmt: skip
-    raise_missing(needs.missing, given)
+    # a model refused whatever its values: named in the same error as the values left unset
+    raise_missing(needs.missing, given, refusals_message(refused, ("model",)))
     args, ignored, vocab_notes, problem = apply_tokenizer(args, ignored, raw, where)
     notes += vocab_notes
     return ScriptArgs(
@@ -180,6 +181,10 @@ def _short(ctx: Context, argv: tuple[str, ...]) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+# Refused or ignored arguments that take nargs='*' in Megatron-LM's arguments.py (shown whole)
+_UNMODELLED_MANY = frozenset({"--spec"})
+
+
 def split_arguments(words: list[str], needs: Needs, ctx: Context,
                     raw: dict[str, str]) -> ScriptArgs:  # fmt: skip
     """Split the program's words into modelled arguments and ignored flags; `raw` receives the
@@ -205,7 +210,8 @@ def split_arguments(words: list[str], needs: Needs, ctx: Context,
         value = inline if inline else (words[index] if takes_value and index < len(words) else None)
         if takes_value and not inline:
             index += 1
-        while spec is not None and spec.many and not inline and _looks_like_value(words, index):
+        many = spec.many if spec is not None else flag in _UNMODELLED_MANY
+        while many and not inline and _looks_like_value(words, index):
             value, index = f"{value} {words[index]}", index + 1  # nargs='*': the words that follow
         if spec is None and flag in RENAMED:
             name, meaning = RENAMED[flag]

@@ -31,6 +31,12 @@ KNOWN_TOKENIZERS: dict[str, tuple[int, str]] = {
     # unsloth's copies (Megatron-LM's examples/rl model configs): the same tokenizer files
     "unsloth/Qwen2.5-": (151665, "Qwen2.5's tokenizer: 151643 BPE + 22 added tokens"),
     "unsloth/Meta-Llama-3.1-": (128256, "Llama 3.1's tokenizer: 128000 BPE + 256 special tokens"),
+    # DeepSeek's distillations into Qwen2.5 keep its 151643 BPE entries and swap in their own 22
+    # added tokens (ids 151643-151664: <｜end▁of▁sentence｜>, <｜User｜>, <think>, ...)
+    "deepseek-ai/DeepSeek-R1-Distill-Qwen-": (
+        151665, "DeepSeek-R1-Distill-Qwen's tokenizer: 151643 BPE + 22 added tokens"),
+    "unsloth/DeepSeek-R1-Distill-Qwen-": (
+        151665, "DeepSeek-R1-Distill-Qwen's tokenizer: 151643 BPE + 22 added tokens"),
     "mistralai/Mistral-7B-v0.1": (32000, "Mistral 7B v0.1's tokenizer.model: 32000 pieces"),
     "mistralai/Mixtral-8x7B-": (32000, "Mixtral 8x7B's tokenizer.model: 32000 pieces"),
 }
@@ -92,6 +98,15 @@ def apply_tokenizer(args: dict[str, Any], ignored: tuple[str, ...], raw: dict[st
     """
     if "--tokenizer-type" not in raw:
         return args, ignored, (), ""
+    rows = args.get("padded_vocab_size")
+    if rows is not None:
+        # Megatron-LM 0.18+ pads the tokenizer's vocabulary only "if None"
+        # (megatron/core/tokenizers/utils/build_tokenizer.py, _set_padded_vocab_size)
+        kept = tuple(f for f in ignored if f not in ("--tokenizer-type", "--tokenizer-model"))
+        note = (f"--padded-vocab-size {rows}: the embedding has {rows} rows whatever the "
+                f"tokenizer's vocabulary ({raw['--tokenizer-type']}), as Megatron-LM 0.18+ "
+                "builds it")  # fmt: skip
+        return args, kept, (note,), ""
     vocab = vocabulary(raw["--tokenizer-type"], raw.get("--tokenizer-model"),
                        args.get("vocab_size"), raw.get("--vocab-file"), where)  # fmt: skip
     if vocab.size is not None:

@@ -22,21 +22,36 @@ class Refusal:
 
 
 _FP8 = (
-    "Transformer Engine's low-precision recipes keep fp8/fp4 copies of weights and linear inputs "
-    "that this tool does not count; drop the fp8/fp4 arguments to see the 16-bit footprint"
+    "Transformer Engine's fp8/fp4 parameters (and fp4 recipes) keep quantized weights this tool "
+    "does not count; --fp8-format with --fp8-recipe is modelled, drop this argument to see it"
+)
+_FP8_PART = (
+    "fp8 for only part of the model (16-bit weight gradients, 16-bit first/last layers, fp8 "
+    "attention) is not modelled; --fp8-format runs every Transformer Engine linear in fp8"
 )
 _FSDP = (
     "FSDP2 keeping the gathered parameters from the forward to the backward (ZeRO-2) is not "
     "modelled; --use-torch-fsdp2 alone (resharding after the forward) is"
 )
 _HYBRID = "this tool builds megatron-core's GPTModel; hybrid (Mamba) models are not modelled"
+_QK_L2 = (
+    "Llama 4's L2 norm of queries and keys (megatron-core L2Norm, no weights, in place of "
+    "--qk-layernorm's norms) is not modelled"
+)
+_QUANTIZERS = "ModelOpt's quantizers (fake-quantized weights and inputs) are not counted"
+_FROZEN = "frozen parameters hold no gradients or optimizer state, which this tool does not model"
 
 REFUSED: dict[str, Refusal] = {
-    "--fp8-format": Refusal("training", _FP8),
     "--fp8-param-gather": Refusal("training", _FP8),
     "--fp4-format": Refusal("training", _FP8),
     "--fp4-param-gather": Refusal("training", _FP8),
     "--reuse-grad-buf-for-mxfp8-param-ag": Refusal("training", _FP8),
+    "--no-fp8-wgrad": Refusal("training", _FP8_PART),
+    "--first-last-layers-bf16": Refusal("training", _FP8_PART),
+    "--num-layers-at-start-in-bf16": Refusal("training", _FP8_PART),
+    "--num-layers-at-end-in-bf16": Refusal("training", _FP8_PART),
+    "--fp8-dot-product-attention": Refusal("training", _FP8_PART),
+    "--fp8-multi-head-attention": Refusal("training", _FP8_PART),
     "--torch-fsdp2-no-reshard-after-forward": Refusal("layout", _FSDP),
     "--num-distributed-optimizer-instances": Refusal(
         "layout", "several distributed-optimizer instances shard over part of the data-parallel "
@@ -45,6 +60,12 @@ REFUSED: dict[str, Refusal] = {
         "layout", "it changes megatron's rank order (tp-pp-dp), which this tool does not model"),
     "--use-legacy-models": Refusal("model", "this tool builds megatron-core (mcore) models only"),
     "--spec": Refusal("model", "a custom layer spec module cannot be imported here"),
+    # megatron/training/checkpointing.py load_args_from_checkpoint: num_layers, hidden_size, ...
+    # from the checkpoint's args, most with force=True (over the script's own values)
+    "--use-checkpoint-args": Refusal(
+        "model", "Megatron-LM then takes the model's architecture from the checkpoint it loads "
+        "(over the script's own arguments), which this tool cannot read; drop it and give the "
+        "model's arguments"),  # fmt: skip
     "--yaml-cfg": Refusal("model", "arguments in a Megatron-LM YAML config are not read; pass them"),
     "--heterogeneous-layers-config-path": Refusal("model", "heterogeneous layers are not modelled"),
     "--heterogeneous-layers-config-encoded-json": Refusal(
@@ -67,12 +88,25 @@ REFUSED: dict[str, Refusal] = {
     "--window-size": Refusal(
         "model", "sliding-window attention changes attention FLOPs and scores, which the formulas "
         "count for full causal attention"),  # fmt: skip
-    # Megatron-LM 0.18+ (megatron/training/config/training_config.py, TokenizerConfig): the
-    # embedding rows as given; Megatron-LM up to 0.17 has no such argument (argparse refuses it)
-    "--padded-vocab-size": Refusal(
-        "model", "it is a Megatron-LM 0.18+ argument (the embedding rows as given); the "
-        "Megatron-LM of the megatron-core this tool builds with (0.13-0.16) refuses it; pass "
-        "--vocab-size (the tool pads it as Megatron-LM does)"),
+    # megatron-core gpt_layer_specs: `L2Norm if qk_l2_norm else (qk_norm if qk_layernorm ...)`
+    "--qk-l2-norm": Refusal("model", _QK_L2),
+    # ModelOpt's arguments (megatron/post_training/arguments.py), read by its finetune.py
+    "--export-qk-l2-norm": Refusal("model", _QK_L2),
+    "--export-model-type": Refusal("model", _HYBRID, ("GPTModel",)),
+    "--export-kd-teacher-load": Refusal(
+        "model", "ModelOpt's distillation holds a teacher model beside the one trained, which "
+        "this tool does not build"),  # fmt: skip
+    "--export-offline-model": Refusal(
+        "model", "ModelOpt's offline speculative-decoding model has no decoder layers, which "
+        "this tool does not build"),  # fmt: skip
+    "--export-quant-cfg": Refusal("training", _QUANTIZERS, ("None",)),
+    "--export-real-quant-cfg": Refusal("training", _QUANTIZERS, ("None",)),
+    "--export-kv-cache-quant": Refusal("training", _QUANTIZERS, ("none",)),
+    "--qad-train-target": Refusal("training", _FROZEN),
+    "--freeze-base-for-mtp": Refusal("training", _FROZEN),
+    "--export-force-local-attention": Refusal(
+        "training", "ModelOpt's local attention (megatron-core DotProductAttention, which stores "
+        "the attention scores) in place of Transformer Engine's is not modelled"),  # fmt: skip
     "--vocab-extra-ids": Refusal("model", "extra ids change the vocabulary; pass --vocab-size"),
     "--moe-use-legacy-grouped-gemm": Refusal(
         "model", "the legacy GroupedMLP under Transformer Engine is not modelled"),
@@ -141,7 +175,9 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--openai-gelu --squared-relu --onnx-safe --activation-func-clamp-value --glu-linear-offset "
         "--rotary-base --rotary-percent --rotary-interleaved --rotary-seq-len-interpolation-factor "
         "--use-rope-scaling --rope-scaling-factor --no-rope-freq "
-        "--apply-query-key-layer-scaling --attention-softmax-in-fp32 --qk-l2-norm "
+        "--apply-query-key-layer-scaling --attention-softmax-in-fp32 "
+        # with rope only: validate_args refuses it otherwise (inspector.inputs.refusals)
+        "--no-position-embedding "
         "--init-method-std --embedding-init-method-std --init-method-xavier-uniform --seed "
         "--data-parallel-random-init --loss-scale --initial-loss-scale --min-loss-scale "
         "--loss-scale-window --hysteresis --disable-bf16-reduced-precision-matmul "
@@ -150,7 +186,8 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--no-persist-layer-norm --use-te-activation-func "
         "--use-fused-weighted-squared-relu --no-gradient-reduce-div-fusion --te-rng-tracker "
         "--use-mcore-models --transformer-impl-fallback --use-cpu-initialization "
-        "--init-model-with-meta-device --no-clone-scatter-output-in-embedding"
+        "--init-model-with-meta-device --no-clone-scatter-output-in-embedding "
+        "--fp8-margin --fp8-interval --fp8-amax-compute-algo"
     ),
     "routing math (balanced routing is counted)": (
         "--moe-router-load-balancing-type --moe-router-pre-softmax "
@@ -182,10 +219,8 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--no-manual-gc-eval --suggested-communication-unit-size"
     ),
     "only with a refused argument": (
-        "--fp8-recipe --fp8-margin --fp8-interval --fp8-amax-history-len --fp8-amax-compute-algo "
-        "--no-fp8-wgrad --fp4-recipe --first-last-layers-bf16 --num-layers-at-start-in-bf16 "
-        "--num-layers-at-end-in-bf16 --keep-fp8-transpose-cache "
-        "--enable-full-sharding-in-hsdp --main-grads-dtype --main-params-dtype "
+        "--fp4-recipe --keep-fp8-transpose-cache --enable-full-sharding-in-hsdp "
+        "--main-grads-dtype --main-params-dtype "
         "--exp-avg-dtype --exp-avg-sq-dtype --optimizer-offload-fraction "
         "--use-torch-optimizer-for-cpu-offload --overlap-cpu-optimizer-d2h-h2d --no-pin-cpu-grads "
         "--no-pin-cpu-params"
@@ -210,6 +245,7 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--object-storage-cache-path --mid-level-dataset-surplus --allow-ambiguous-pad-tokens "
         "--dataloader-type --merge-file --vocab-file --tokenizer-type --tokenizer-model "
         "--tokenizer-metadata --tiktoken-pattern --tiktoken-num-special-tokens "
+        "--tokenizer-hf-include-special-tokens "
         "--tiktoken-special-tokens --legacy-tokenizer --sample-rate --mask-prob --short-seq-prob "
         "--decoder-seq-length --retriever-seq-length --sft --sft-tokenizer-prompt-format "
         "--disable-msc"
@@ -244,7 +280,7 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--no-load-optim --load-main-params-from-ckpt --no-load-rng --no-strict-fsdp-dtensor-load "
         "--non-persistent-save-interval --non-persistent-ckpt-type --non-persistent-global-ckpt-dir "
         "--non-persistent-local-ckpt-dir --non-persistent-local-ckpt-algo --finetune "
-        "--pretrained-checkpoint --ckpt-step --no-initialization --use-checkpoint-args "
+        "--pretrained-checkpoint --ckpt-step --no-initialization "
         "--use-mp-args-from-checkpoint-args --no-use-tokenizer-model-from-checkpoint-args "
         "--exit-on-missing-checkpoint --use-dist-ckpt --use-persistent-ckpt-worker "
         "--auto-detect-ckpt-format --dist-ckpt-format --ckpt-convert-format "
@@ -254,6 +290,14 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--dist-ckpt-save-pre-mcore-014 --dist-ckpt-optim-fully-reshardable "
         "--distrib-optim-fully-reshardable-mem-efficient --replication --replication-jump "
         "--replication-factor --moe-use-upcycling --moe-upcycling-granularity"
+    ),
+    # megatron/post_training/arguments.py: data, checkpoint key mapping, numerics; the teacher's
+    # config only acts with --export-kd-teacher-load (refused)
+    "ModelOpt's data, checkpoint and numerics options": (
+        "--finetune-hf-dataset --finetune-data-split --finetune-data-files --export-te-mcore-model "
+        "--export-default-te-spec --export-legacy-megatron --modelopt-enabled "
+        "--export-kd-teacher-model-config --export-kd-teacher-ckpt-format --export-kd-cfg "
+        "--export-moe-apply-probs-on-input --enable-gpt-oss --trust-remote-code"
     ),
     "logging, profiling, fault tolerance": (
         "--log-interval --log-params-norm --log-num-zeros-in-grad --log-throughput --log-progress "

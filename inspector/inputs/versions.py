@@ -37,6 +37,8 @@ ARGUMENT_VERSIONS: dict[str, tuple[tuple[int, int], tuple[int, int] | None]] = {
     "--rl-persist-cuda-graphs": ((0, 17), None),
     "--inference-cuda-graph-all-prefills": ((0, 18), None),
     "--step-batch-size-schedule": ((0, 18), None),
+    # training_config.py TokenizerConfig.padded_vocab_size, parsed from it from core_v0.18.0
+    "--padded-vocab-size": ((0, 18), None),
     "--freeze-all-layers": ((0, 19), None),
     "--inference-cuda-graph-max-tokens": ((0, 19), None),
     "--inference-shards": ((0, 19), None),
@@ -50,6 +52,8 @@ ARGUMENT_VERSIONS: dict[str, tuple[tuple[int, int], tuple[int, int] | None]] = {
     "--no-async-tensor-model-parallel-allreduce": ((0, 13), (0, 17)),
     "--no-scatter-gather-tensors-in-pipeline": ((0, 13), (0, 18)),
     "--tiktoken-special-tokens": ((0, 13), (0, 18)),
+    # 0.18 folded the tokenizer's arguments into TokenizerConfig (commit 40d024bc69)
+    "--tokenizer-hf-include-special-tokens": ((0, 16), (0, 18)),
     "--use-legacy-models": ((0, 13), (0, 18)),
 }
 

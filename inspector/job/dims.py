@@ -66,6 +66,7 @@ class ModelDims:
     rotary: bool = False  # rotary embedding on Q and K (--position-embedding-type rope, MLA)
     flash_attention: bool = False  # flash attention, else megatron's unfused DotProductAttention
     fused_kernels: bool = True  # megatron's fused scale-mask-softmax (apex or Transformer Engine)
+    fp8: str | None = None  # --fp8-format: Transformer Engine's linears multiply in fp8
 
     @classmethod
     def from_fields(

@@ -116,6 +116,7 @@ class Job:
         validate_model(self.model)
         validate_layout(self.model, self.layout)
         if self.training.recompute == "selective":
+            _check_fp8_recompute(self.model, self.training.recompute_modules)
             check_modules(self.training.recompute_modules, self.model)
         if self.training.flash_attention and self.model.dtype_name == "float32":
             raise ConfigError(
@@ -137,7 +138,7 @@ class Job:
         return ModelDims.from_fields(
             model.transformer_fields(),
             seq_length=model.seq_length,
-            vocab_size=model.padded_vocab_size(self.layout.tp),
+            vocab_size=model.embedding_rows(self.layout.tp),
             attention_dropout=training.attention_dropout > 0,
             hidden_dropout=training.hidden_dropout > 0,
             rotary=model.position_embedding_type in ("rope", "mrope", "yarn")
@@ -252,6 +253,17 @@ def _flash_attention(args: Mapping[str, Any]) -> bool:
         sixteen_bit = bool(args.get("bf16") or args.get("fp16"))
         return sixteen_bit and args.get("transformer_impl") == "transformer_engine"
     return False
+
+
+def _check_fp8_recompute(model: ModelConfig, modules: tuple[str, ...]) -> None:
+    """Reject what megatron-core's TransformerConfig rejects of fp8 with module recomputation."""
+    recomputed = [m for m in ("moe_act", "layernorm") if m in modules]
+    if model.fp8_format is not None and model.fp8_recipe == "delayed" and recomputed:
+        raise ConfigError(
+            f"--recompute-modules {recomputed[0]} does not work with --fp8-recipe delayed "
+            "(megatron-core TransformerConfig: \"Delayed scaling does not support moe_act and "
+            "layernorm recompute for fp8.\"); pass --fp8-recipe tensorwise, blockwise or mxfp8"
+        )
 
 
 def make_job(args: Mapping[str, Any]) -> Job:

@@ -176,6 +176,13 @@ def validate_layout(model: ModelConfig, layout: Layout) -> None:
         )
     if model.vocab_size < tp:
         raise ConfigError(f"--vocab-size {model.vocab_size} is smaller than --tp {tp}")
+    rows = model.padded_vocab_size
+    if rows is not None and rows % tp:
+        # megatron-core VocabUtility.vocab_range_from_global_vocab_size: divide(vocab, tp)
+        raise ConfigError(
+            f"--padded-vocab-size {rows} is not divisible by --tp {tp} ({rows} % {tp} = "
+            f"{rows % tp}); megatron splits the embedding rows evenly over tensor-parallel ranks"
+        )
     if model.num_experts is None:
         check_ffn_split(model.ffn_size, tp)
     _check_pipeline(model, layout)

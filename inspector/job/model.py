@@ -14,6 +14,7 @@ from typing import Any
 
 from inspector.errors import ConfigError
 from inspector.inputs.arguments import BY_NAME
+from inspector.job import fp8
 from inspector.job.checks import MAX_SIZE, check_at_least_one, check_heads, check_query_groups
 from inspector.job.moe_pattern import parse_moe_layer_freq
 
@@ -33,6 +34,8 @@ class ModelConfig:
     max_position_embeddings: int | None = None
     vocab_size: int = 50257
     make_vocab_size_divisible_by: int = 128
+    # Megatron-LM 0.18+'s --padded-vocab-size: the embedding rows as given (None: pad vocab_size)
+    padded_vocab_size: int | None = None
     normalization: str = "LayerNorm"
     swiglu: bool = False
     position_embedding_type: str = "learned_absolute"
@@ -50,6 +53,10 @@ class ModelConfig:
     moe_grouped_gemm: bool = False
     multi_latent_attention: bool = False
     transformer_impl: str = "local"
+    # FP8 through Transformer Engine (inspector/job/fp8.py); None: no fp8
+    fp8_format: str | None = None
+    fp8_recipe: str = fp8.DEFAULT_RECIPE
+    fp8_amax_history_len: int = fp8.DEFAULT_AMAX_HISTORY_LEN
     # None: simulate apex where megatron can use it (LayerNorm models); see docs/how-it-works.md, "apex".
     apex: bool | None = None
     # Multi-latent attention (None: Megatron-LM's default, see `mla_args`).
@@ -157,6 +164,7 @@ class ModelConfig:
         )
         if self.swiglu:
             fields["gated_linear_unit"] = True
+        fields.update(fp8.fp8_fields(self.fp8_format, self.fp8_recipe, self.fp8_amax_history_len))
         fields.update(self._moe_fields())
         if self.mtp_num_layers is not None:
             fields["mtp_num_layers"] = self.mtp_num_layers
@@ -191,20 +199,26 @@ class ModelConfig:
             return bool(self.moe_layer_freq[layer])
         return layer % self.moe_layer_freq == 0
 
-    def padded_vocab_size(self, tensor_parallel_size: int) -> int:
+    def embedding_rows(self, tensor_parallel_size: int) -> int:
         """Return the vocabulary padded as Megatron-LM does for this tensor-parallel size.
 
         Megatron-LM `megatron/training/tokenizer/tokenizer.py::_vocab_size_with_padding`: pad up to a
         multiple of make_vocab_size_divisible_by * tensor_model_parallel_size. megatron-core has no
         such function (padding happens in Megatron-LM's training code), so this is the one formula
-        standing in for it.
+        standing in for it. A given --padded-vocab-size is taken as it is (Megatron-LM 0.18+,
+        megatron/core/tokenizers/utils/build_tokenizer.py `_set_padded_vocab_size`: padding only
+        "if None").
         """
+        if self.padded_vocab_size is not None:
+            return self.padded_vocab_size
         multiple = self.make_vocab_size_divisible_by * tensor_parallel_size
         return int(math.ceil(self.vocab_size / multiple) * multiple)
 
     def to_args(self) -> dict[str, Any]:
-        """Return the non-default fields as Megatron-LM arguments (for headers and caches)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        """Return the fields as Megatron-LM arguments (for headers and caches); --padded-vocab-size
+        only where it is given, so a job without it reads as before."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name != "padded_vocab_size" or self.padded_vocab_size is not None}  # fmt: skip
 
 
 MODEL_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelConfig))
@@ -221,7 +235,7 @@ def make_model_config(args: Mapping[str, Any]) -> ModelConfig:
         values["moe_layer_freq"] = parse_moe_layer_freq(values["moe_layer_freq"])
     else:
         values.pop("moe_layer_freq", None)
-    for name in ("moe_router_score_function",):
+    for name in ("moe_router_score_function", "fp8_recipe", "fp8_amax_history_len"):
         if values.get(name) is None:
             values.pop(name, None)
     config = ModelConfig(**values)
@@ -241,6 +255,7 @@ def _require_positive(config: ModelConfig) -> None:
         "seq_length",
         "vocab_size",
         "make_vocab_size_divisible_by",
+        "padded_vocab_size",
         "moe_router_topk",
         "ffn_hidden_size",
         "num_query_groups",
@@ -286,6 +301,10 @@ def validate_model(config: ModelConfig) -> None:
     _validate_mla(config)
     _validate_mtp(config)
     _validate_backend(config)
+    fp8.validate_fp8(
+        config.fp8_format, config.fp8_recipe, config.fp8_amax_history_len,
+        config.transformer_impl,
+    )
 
 
 def _validate_moe(config: ModelConfig) -> None:

@@ -13,19 +13,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from inspector.errors import ConfigError
+from inspector.inputs.versions import megatron_core_version
 
 # megatron-core 0.16 transformer_config.py, TransformerConfig.__post_init__: allowed_modules.
 RECOMPUTE_MODULES: tuple[str, ...] = (
     "core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts",
 )  # fmt: skip
 DEFAULT_MODULES: tuple[str, ...] = ("core_attn",)
-# What the engine measures today; the others are refused until it runs them (issue 29 item 3).
-# `mlp` only without linear biases: with them megatron's tensor_parallel.checkpoint around the MLP
-# (transformer_layer.py _forward_mlp) recursed without end in CheckpointFunction.backward on meta
-# tensors (the MLP returns its fc2 bias Parameter as an output of the checkpoint).
-MEASURED_MODULES: tuple[str, ...] = ("core_attn", "mlp")
-
-
+# Each name -> the first megatron-core whose TransformerConfig allows it (core_v0.13.1 lists the
+# first six; core_v0.14.0 adds shared_experts).
+FIRST_VERSION: dict[str, tuple[int, int]] = {"shared_experts": (0, 14)}
 def parse_modules(args: Mapping[str, Any], granularity: str) -> tuple[str, tuple[str, ...]]:
     """Return the granularity and modules megatron runs with for these Megatron-LM arguments."""
     raw = args.get("recompute_modules")
@@ -36,6 +33,14 @@ def parse_modules(args: Mapping[str, Any], granularity: str) -> tuple[str, tuple
         raise ConfigError(
             f"--recompute-modules {' '.join(unknown)} is not one of: {', '.join(RECOMPUTE_MODULES)}"
         )
+    installed = megatron_core_version()
+    for name in modules:
+        first = FIRST_VERSION.get(name, (0, 0))
+        if installed < first:
+            raise ConfigError(
+                f"--recompute-modules {name} needs megatron-core {first[0]}.{first[1]} or later "
+                f"(the installed {installed[0]}.{installed[1]} does not allow it)"
+            )
     if args.get("moe_layer_recompute"):
         if granularity == "full":
             # TransformerConfig: "Do not set --moe-layer-recompute with full recompute granularity."
@@ -54,8 +59,8 @@ def parse_modules(args: Mapping[str, Any], granularity: str) -> tuple[str, tuple
 
 
 def check_modules(modules: tuple[str, ...], model: Any) -> None:
-    """Refuse the modules megatron-core's TransformerConfig refuses for this model, then the
-    modules megatron accepts that the tool does not measure yet."""
+    """Refuse the modules megatron-core's TransformerConfig refuses for this model, and `mlp`
+    with linear biases, which megatron-core cannot train (below)."""
     if "moe_act" in modules and not model.moe_grouped_gemm:
         raise ConfigError(
             "--recompute-modules moe_act needs --moe-grouped-gemm (megatron-core TransformerConfig: "
@@ -66,14 +71,23 @@ def check_modules(modules: tuple[str, ...], model: Any) -> None:
             "--recompute-modules mla_up_proj needs --multi-latent-attention (megatron-core "
             "TransformerConfig: \"only supported with multi_latent_attention\")"
         )
-    if "mlp" in modules and not model.disable_bias_linear:
+    dense_mlp = model.num_experts is None or _has_dense_layers(model)
+    if "mlp" in modules and not model.disable_bias_linear and dense_mlp:
+        # transformer_layer.py _forward_mlp checkpoints the MLP with tensor_parallel.checkpoint;
+        # the MLP returns linear_fc2's bias Parameter itself (skip_bias_add), so autograd makes
+        # that Parameter an output of CheckpointFunction, and the recomputation in its backward
+        # routes the bias gradient into the same CheckpointFunction again, without end. This is
+        # torch's custom-Function rule, the same on a GPU (tests/test_recompute_modules.py).
         raise ConfigError(
-            "--recompute-modules mlp is modelled with --disable-bias-linear only: with biases "
-            "megatron's checkpoint of the MLP recursed without end in its backward on meta tensors"
+            "--recompute-modules mlp needs --disable-bias-linear: megatron-core's checkpoint "
+            "of an MLP with biases returns the fc2 bias parameter, and its backward then "
+            "recomputes itself without end (docs/limits.md)"
         )
-    unmeasured = [m for m in modules if m not in MEASURED_MODULES]
-    if unmeasured:
-        raise ConfigError(
-            f"--recompute-modules {' '.join(unmeasured)} is not modelled yet: the engine measures "
-            f"selective recomputation of {', '.join(MEASURED_MODULES)} only"
-        )
+
+
+def _has_dense_layers(model: Any) -> bool:
+    """Return whether an MoE model also has dense MLP layers (--moe-layer-freq)."""
+    freq = getattr(model, "moe_layer_freq", 1)
+    if isinstance(freq, int):
+        return freq != 1
+    return not all(freq)

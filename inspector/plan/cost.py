@@ -204,7 +204,8 @@ def _add_output(
         last = _layer_time(dims, lay, net, rate, mbs, mtp_mode, final)
         own = mtp_flops(dims, mbs) - depth * layer_flops(dims, final, mbs).total
         tokens = dims.seq_length * mbs // lay.cp
-        eh_proj = linear("eh_proj", tokens, 2 * dims.hidden_size, dims.hidden_size // lay.tp)
+        eh_proj = linear("eh_proj", tokens, 2 * dims.hidden_size, dims.hidden_size // lay.tp,
+                         fp8=dims.fp8 is not None)  # a TE linear, in fp8 under --fp8-format
         total[0] += depth * last[0] + compute_seconds(  # eh_proj and the logits, each depth
             own, lambda d: depth * (ops_seconds(eh_proj, d) + output(d)), lay, net, rate)
         for index in (1, 2, 3):

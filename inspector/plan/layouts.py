@@ -39,6 +39,7 @@ def _tp_choices(req: Request) -> list[int]:
     return [
         t for t in _powers(req.gpus_per_node)
         if m.num_attention_heads % t == 0 and m.query_groups % t == 0 and req.gpus % t == 0
+        and (m.padded_vocab_size or 0) % t == 0  # a given --padded-vocab-size splits evenly
     ]
 
 

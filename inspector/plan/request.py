@@ -92,6 +92,17 @@ FIXED = {
 }
 
 
+def _check_recompute_modules(modules: tuple[str, ...]) -> None:
+    """Refuse recompute modules the plan would drop: it prices selective recomputation as
+    megatron's default (core_attn) only, so a plan for others would be a different job."""
+    extra = [m for m in modules if m != "core_attn"]
+    if extra:
+        raise ConfigError(
+            f"--recompute-modules {' '.join(extra)}: plan prices selective recomputation of "
+            "core_attn only (megatron's default); `memory` measures these modules for a fixed layout"
+        )
+
+
 def make_request(args: dict[str, Any], flags: PlanFlags) -> Request:
     """Check the plan flags and return the search request (`args`: Megatron-LM's arguments)."""
     _check_counts(flags)
@@ -102,6 +113,7 @@ def make_request(args: dict[str, Any], flags: PlanFlags) -> Request:
     fixed = {short: args[name] for name, short in FIXED.items() if args.get(name) is not None}
     fixed.update(pinned(args))
     asked = make_training(args)  # Megatron-LM's rules for the flags a plan keeps as given
+    _check_recompute_modules(asked.recompute_modules)
     training = Training(
         fp32_grads=asked.fp32_grads,
         attention_dropout=asked.attention_dropout,

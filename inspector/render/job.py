@@ -21,7 +21,10 @@ def _model(label: str | None, model: ModelConfig) -> str:
     sizes = f"{model.num_layers} layers, hidden {model.hidden_size}"
     if model.num_experts:
         sizes += f", {model.num_experts} experts"
-    return f"{label or DEFAULT_MODEL} ({sizes}), {PRECISION[model.dtype_name]}, sequence {model.seq_length}"
+    precision = PRECISION[model.dtype_name]
+    if model.fp8_format is not None:
+        precision += f" with fp8 {model.fp8_format} ({model.fp8_recipe} scaling)"
+    return f"{label or DEFAULT_MODEL} ({sizes}), {precision}, sequence {model.seq_length}"
 
 
 def _layout(layout: Layout) -> str:
@@ -49,6 +52,12 @@ def _batch(schedule: Schedule, dp: int) -> str:
 
 
 def _precision_note(model: ModelConfig, what: str) -> list[str]:
+    if model.fp8_format is not None and model.fp8_recipe == "mxfp8":
+        return [
+            "Note: --fp8-recipe mxfp8 runs on Blackwell GPUs only (Megatron-LM: 'mxfp8' for "
+            "Blackwell architecture only); its buffers are counted as Transformer Engine 2.11 "
+            "allocates them."
+        ]
     if model.dtype_name != "float32":
         return []
     return [

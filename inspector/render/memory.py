@@ -128,9 +128,12 @@ def _context(report: MemoryReport) -> list[str]:
         optimizer = f"Megatron-FSDP {t.sharding_strategy}"
     elif t.torch_fsdp2:
         optimizer = "PyTorch FSDP2, Adam"
+    recompute: str = t.recompute
+    if recompute == "selective" and t.recompute_modules != ("core_attn",):
+        recompute += f" ({', '.join(t.recompute_modules)})"  # megatron's default goes unsaid
     lines = [  # the batch and sequence are on the job line above (render/job.py)
         f"Precision: {model.dtype_name} parameters, {optimizer}; "
-        f"recompute {t.recompute}, flash attention {'on' if t.flash_attention else 'off'}.",
+        f"recompute {recompute}, flash attention {'on' if t.flash_attention else 'off'}.",
     ]
     gathered = max(s.in_flight for s in report.stages)
     if t.megatron_fsdp or t.torch_fsdp2:

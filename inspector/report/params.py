@@ -170,5 +170,5 @@ def _json_header(built: BuiltJob, line: str | None) -> dict[str, Any]:
         "expert_tensor_parallel_size": layout.expert_tp,
     }
     config = model.to_args()
-    config["padded_vocab_size"] = model.padded_vocab_size(layout.tp)
+    config["padded_vocab_size"] = model.embedding_rows(layout.tp)
     return {"config": config, "topology": topology}

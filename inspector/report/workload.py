@@ -55,11 +55,15 @@ class _Phases:
     wg: int = 0
 
 
-def _gemm(job: Context, flops: float) -> _Phases:
-    """Split a GEMM's 6-factor FLOPs (flops.py) evenly: forward, data grad, weight grad."""
+def _gemm(job: Context, flops: float, te: bool = True) -> _Phases:
+    """Split a GEMM's 6-factor FLOPs (flops.py) evenly: forward, data grad, weight grad.
+
+    `te`: a Transformer Engine linear of the layer, at the fp8 peak in an fp8 job (megatron's
+    output layer and MTP projection are not: `te` False).
+    """
     if not isinstance(job.compute, ComputeRate):
         return _Phases()
-    t = job.compute.ns(flops / 3)
+    t = job.compute.ns(flops / 3, te and job.dims.fp8 is not None)
     return _Phases(t, t, t)
 
 
@@ -243,7 +247,7 @@ def _output(job: Context, prefix: str = "") -> list[Record]:
     par = job.par
     if isinstance(job.compute, ComputeRate):
         flops = logit_flops(job.dims, job.training.micro_batch_size) / (par.tp * par.cp)
-        phases = _gemm(job, flops)
+        phases = _gemm(job, flops, te=False)
     else:
         phases = _Phases(job.compute.logits, job.compute.logits, job.compute.logits)
     tp = par.tp > 1

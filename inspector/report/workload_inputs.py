@@ -92,10 +92,12 @@ class ComputeRate:
 
     gpu_tflops: float
     mfu: float
+    fp8_tflops: float | None = None  # the --gpu's fp8 peak for an fp8 job's TE GEMMs
 
-    def ns(self, flops: float) -> int:
-        """Return the nanoseconds `flops` take at this rate."""
-        return round(flops / (self.gpu_tflops * self.mfu * 1e3))
+    def ns(self, flops: float, fp8: bool = False) -> int:
+        """Return the nanoseconds `flops` take at this rate (fp8 GEMMs at the fp8 peak)."""
+        peak = self.fp8_tflops if fp8 and self.fp8_tflops else self.gpu_tflops
+        return round(flops / (peak * self.mfu * 1e3))
 
 
 @dataclass(frozen=True)
@@ -193,6 +195,13 @@ def context_for(built: BuiltJob, compute: ComputeRate | ComputeProfile) -> Conte
             f"workload does not write {flag}'s per-layer all-gathers and reduce-scatters yet; "
             "memory and plan model the job"
         )
+    extra = [m for m in job.training.recompute_modules if m != "core_attn"]
+    if job.training.recompute == "selective" and extra:
+        # workload.py `_recompute` repeats core attention's forward only under selective
+        raise ConfigError(
+            f"--recompute-modules {' '.join(extra)}: workload times selective recomputation of "
+            "core_attn only (megatron's default); `memory` measures these modules"
+        )
     schedule = job.schedule()
     settings = Settings(
         micro_batch_size=schedule.micro_batch_size,
@@ -207,11 +216,13 @@ def context_for(built: BuiltJob, compute: ComputeRate | ComputeProfile) -> Conte
 
 def compute_for(
     gpu_tflops: float | None, mfu: float | None, profile: str | None,
-    gpu: str | None = None, dtype_name: str = "float32",
+    gpu: str | None = None, dtype_name: str = "float32", fp8: bool = False,
 ) -> ComputeRate | ComputeProfile:
     """Return where compute times come from: FLOPs at the peak x --mfu, or a measured profile.
 
-    The peak is --gpu-tflops, else the --gpu type's for the model's dtype (job/hardware.py).
+    The peak is --gpu-tflops, else the --gpu type's for the model's dtype (job/hardware.py);
+    an fp8 job's Transformer Engine GEMMs run at the --gpu type's fp8 peak (not with --gpu-tflops,
+    which gives one peak for everything).
     `profile` is the text of the --compute-profile file (None when not given).
     """
     from inspector.formulas.flops import check_mfu, check_peak
@@ -227,12 +238,14 @@ def compute_for(
         from inspector.report.simai import parse_compute_profile
 
         return ComputeProfile.from_sections(parse_compute_profile(profile))
+    fp8_peak = None
     if gpu_tflops is None:
         from inspector.job.hardware import get_gpu
 
         gpu_tflops = get_gpu(str(gpu)).peak_tflops(dtype_name)
+        fp8_peak = get_gpu(str(gpu)).tflops_fp8 if fp8 else None
     peak = float(gpu_tflops)
     check_peak(peak)
     if mfu is not None:
         check_mfu(mfu)
-    return ComputeRate(peak, 1.0 if mfu is None else mfu)
+    return ComputeRate(peak, 1.0 if mfu is None else mfu, fp8_peak)

@@ -155,7 +155,7 @@ def _build_chunk(
             mtp_block_spec=_mtp_block_spec(m, model, config, vp_stage),
             config=config,
             transformer_layer_spec=spec,
-            vocab_size=model.padded_vocab_size(layout.tp),
+            vocab_size=model.embedding_rows(layout.tp),
             max_sequence_length=model.max_positions,
             pre_process=pre,
             post_process=post,

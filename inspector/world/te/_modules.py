@@ -15,7 +15,17 @@ import importlib.machinery
 import types
 from typing import Any
 
-from inspector.world.te import NAME, VERSION, _base, attention, functions, linear, norm, state
+from inspector.world.te import (
+    NAME,
+    VERSION,
+    _base,
+    attention,
+    fp8_functions,
+    functions,
+    linear,
+    norm,
+    state,
+)
 
 _RECIPES = (
     "Format",
@@ -40,6 +50,8 @@ _MODULES = {
     "LayerNorm": norm.LayerNorm,
     "RMSNorm": norm.RMSNorm,
     "DotProductAttention": attention.DotProductAttention,
+    "Fp8Padding": fp8_functions.Fp8Padding,
+    "Fp8Unpadding": fp8_functions.Fp8Unpadding,
 }
 
 # name -> (is a package, attributes); submodules are attached to their parents afterwards.
@@ -58,8 +70,8 @@ _LAYOUT: dict[str, tuple[bool, dict[str, Any]]] = {
         {
             "CudaRNGStatesTracker": state.CudaRNGStatesTracker,
             "get_all_rng_states": state.get_all_rng_states,
-            "activation_recompute_forward": state.never_runs,
-            "checkpoint": state.never_runs,
+            "activation_recompute_forward": state.activation_recompute_forward,
+            "checkpoint": state.checkpoint,
             "set_tensor_model_parallel_attributes": _base.set_tensor_model_parallel_attributes,
         },
     ),

@@ -34,6 +34,7 @@ class GemmSetup:
     sequence_parallel: bool
     fuse_wgrad_accumulation: bool
     normalization: str = "LayerNorm"  # LayerNormLinear only
+    fp8: str | None = None  # the fp8 recipe inside fp8_autocast (fp8_functions.py), else None
 
     @property
     def gathers_input(self) -> bool:

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from inspector.world.te import functions
+from inspector.world.te import fp8_functions, functions, quantize
 from inspector.world.te._base import (
     GEMM_PARALLEL_MODES,
     TransformerEngineBaseModule,
@@ -20,6 +20,20 @@ from inspector.world.te._base import (
     set_tensor_model_parallel_attributes,
     world_size,
 )
+from inspector.world.te.state import FP8GlobalStateManager
+
+
+def fp8_recipe_name() -> str | None:
+    """Return the recipe TE's modules quantize with inside fp8_autocast, else None (base.py
+    `init_fp8_metadata`: `self.fp8 = FP8GlobalStateManager.is_fp8_enabled()`)."""
+    if not FP8GlobalStateManager.is_fp8_enabled():
+        return None
+    recipe = FP8GlobalStateManager.get_fp8_recipe()
+    for name, test in (("delayed", recipe.delayed), ("tensorwise", recipe.float8_current_scaling),
+                       ("blockwise", recipe.float8_block_scaling), ("mxfp8", recipe.mxfp8)):  # fmt: skip
+        if test():
+            return name
+    raise NotImplementedError(f"Transformer Engine's {type(recipe).__name__} is not simulated")
 
 
 class _ParallelLinear(TransformerEngineBaseModule):
@@ -94,7 +108,41 @@ class _ParallelLinear(TransformerEngineBaseModule):
             self.sequence_parallel,
             bool(self.fuse_wgrad_accumulation),
             normalization,
+            fp8_recipe_name(),
         )
+
+    def _fp8_weight(
+        self, weight: Any, setup: functions.GemmSetup, is_first_microbatch: bool | None,
+        inp: torch.Tensor,
+    ) -> quantize.Quantized:  # fmt: skip
+        """Return the fp8 weight TE's GEMM reads, and set up the module's recipe state.
+
+        module/base.py `init_fp8_metadata` / `set_meta_tensor` (706-741) on first use, then
+        `get_weight_workspace` (1322-1427): with `is_first_microbatch` given (megatron's TE
+        linears pass it, transformer_engine.py `TELinear.forward`) the quantized weight is kept
+        in `_fp8_workspaces["weight"]` and re-quantized in place each step; without, a new one
+        per call. Column-wise data only where backward needs dgrad (linear.py 256-263).
+        """
+        recipe = str(setup.fp8)
+        if not self.fp8_meta_tensors_initialized:
+            history = getattr(FP8GlobalStateManager.get_fp8_recipe(), "amax_history_len", 1)
+            self.__dict__["fp8_recipe_state"] = quantize.recipe_state(recipe, 1, history)
+            self.__dict__["fp8_meta_tensors_initialized"] = True
+        cache: dict[str, quantize.Quantized] = self.__dict__.setdefault("_fp8_workspaces", {})
+        workspace = cache.get("weight")
+        # linear.py 256-263: column-wise data where backward needs dgrad, also in the no-grad
+        # forward of an activation checkpoint (TE's fp8 activation recompute)
+        columnwise = inp.requires_grad
+        if workspace is None or is_first_microbatch is None or (
+            columnwise and not workspace.columnwise
+        ):  # base.py 1376-1395: a cached workspace missing a usage is made again
+            out_features, in_features = weight.shape
+            workspace = quantize.quantize(
+                out_features, in_features, recipe, True, columnwise, weight=True
+            )
+            if is_first_microbatch is not None:
+                cache["weight"] = workspace
+        return workspace
 
     def _finish_output(self, out: torch.Tensor) -> Any:
         """Add an unfused bias and return as TE does (linear.py `Linear.forward` 1490-1505)."""
@@ -188,9 +236,14 @@ class Linear(_ParallelLinear):
         fp8_grad: bool = False,
     ) -> Any:
         """Run TE's `_Linear` as memory sees it (linear.py `Linear.forward` 1347-1505)."""
-        out = functions.LinearFunction.apply(
-            _contiguous(inp), self.weight, _gemm_bias(self), self._setup()
-        )
+        setup, inp = self._setup(), _contiguous(inp)
+        if setup.fp8 is not None:
+            weight_q = self._fp8_weight(self.weight, setup, is_first_microbatch, inp)
+            out = fp8_functions.Fp8LinearFunction.apply(
+                inp, self.weight, _gemm_bias(self), setup, weight_q
+            )
+        else:
+            out = functions.LinearFunction.apply(inp, self.weight, _gemm_bias(self), setup)
         return self._finish_output(out)
 
     def reset_parameters(self, defer_init: bool | None = False) -> None:
@@ -286,14 +339,13 @@ class LayerNormLinear(_ParallelLinear):
         """Run TE's `_LayerNormLinear` as memory sees it (layernorm_linear.py 1540-1620)."""
         if self.return_layernorm_output or self.return_layernorm_output_gathered:
             raise NotImplementedError("return_layernorm_output is not simulated")
-        out = functions.LayerNormLinearFunction.apply(
-            _contiguous(inp),
-            self.layer_norm_weight,
-            self.layer_norm_bias,
-            self.weight,
-            _gemm_bias(self),
-            self._setup(self.normalization),
-        )
+        setup, inp = self._setup(self.normalization), _contiguous(inp)
+        args = (inp, self.layer_norm_weight, self.layer_norm_bias, self.weight, _gemm_bias(self))
+        if setup.fp8 is not None:
+            weight_q = self._fp8_weight(self.weight, setup, is_first_microbatch, inp)
+            out = fp8_functions.Fp8LayerNormLinearFunction.apply(*args, setup, weight_q)
+        else:
+            out = functions.LayerNormLinearFunction.apply(*args, setup)
         return self._finish_output(out)
 
     def reset_parameters(self, defer_init: bool | None = False) -> None:
@@ -391,6 +443,29 @@ class GroupedLinear(TransformerEngineBaseModule):
                 setattr(self, f"bias{i}", empty(0, dtype=params_dtype))
         self.reset_parameters(defer_init=device == "meta")
 
+    def _fp8_weights(
+        self, weights: list[Any], recipe: str, is_first_microbatch: bool | None, inp: torch.Tensor
+    ) -> list[quantize.Quantized]:
+        """Each GEMM's fp8 weight, cached as "weight{i}", and the recipe state for num_gemms
+        GEMMs (grouped_linear.py 155-170; module/base.py 706-741, 1376-1427)."""
+        if not self.fp8_meta_tensors_initialized:
+            history = getattr(FP8GlobalStateManager.get_fp8_recipe(), "amax_history_len", 1)
+            self.__dict__["fp8_recipe_state"] = quantize.recipe_state(recipe, self.num_gemms, history)
+            self.__dict__["fp8_meta_tensors_initialized"] = True
+        cache: dict[str, quantize.Quantized] = self.__dict__.setdefault("_fp8_workspaces", {})
+        out = []
+        for i, weight in enumerate(weights):
+            workspace = cache.get(f"weight{i}")
+            if workspace is None or is_first_microbatch is None or (
+                inp.requires_grad and not workspace.columnwise
+            ):
+                rows, cols = weight.shape
+                workspace = quantize.quantize(rows, cols, recipe, True, inp.requires_grad, weight=True)
+                if is_first_microbatch is not None:
+                    cache[f"weight{i}"] = workspace
+            out.append(workspace)
+        return out
+
     def forward(
         self, inp: torch.Tensor, m_splits: list[int], is_first_microbatch: bool | None = None
     ) -> Any:
@@ -400,9 +475,17 @@ class GroupedLinear(TransformerEngineBaseModule):
         weights = [getattr(self, f"weight{i}") for i in range(self.num_gemms)]
         biases = [getattr(self, f"bias{i}") for i in range(self.num_gemms)]
         gemm_biases = biases if self.apply_bias else [b.new_empty(0) for b in biases]
-        out = functions.GroupedLinearFunction.apply(
-            _contiguous(inp), list(m_splits), bool(self.fuse_wgrad_accumulation), *weights, *gemm_biases
-        )
+        recipe = fp8_recipe_name()
+        if recipe is not None:
+            out = fp8_functions.Fp8GroupedLinearFunction.apply(
+                _contiguous(inp), list(m_splits), bool(self.fuse_wgrad_accumulation), recipe,
+                self._fp8_weights(weights, recipe, is_first_microbatch, inp), *weights, *gemm_biases,
+            )  # fmt: skip
+        else:
+            out = functions.GroupedLinearFunction.apply(
+                _contiguous(inp), list(m_splits), bool(self.fuse_wgrad_accumulation), *weights,
+                *gemm_biases,
+            )  # fmt: skip
         if self.return_bias:
             return out, [b.to(out.dtype) for b in biases]
         return out

@@ -3,7 +3,8 @@
 Mirrors transformer_engine 2.11.0: `pytorch/quantization.py` (FP8GlobalStateManager 234-460,
 `fp8_model_init` 672, `fp8_autocast` 766), `common/recipe/__init__.py` (Format 23, Recipe 86,
 DelayedScaling 121-222 and the other recipes), `pytorch/distributed.py` (CudaRNGStatesTracker
-776-886). Only what megatron-core touches while importing and building; no fp8 ever runs.
+776-886). Only what megatron-core touches while importing, building and running; `fp8_autocast`
+sets the global state TE's modules read (world/te/quantize.py holds what fp8 allocates).
 """
 
 from __future__ import annotations
@@ -54,6 +55,20 @@ class Recipe:
         return isinstance(self, CustomRecipe)
 
 
+def _ignore_extra(cls: Any) -> Any:
+    """Drop unknown keyword arguments, as TE's pydantic dataclasses do (`extra="ignore"`):
+    megatron's TEDelayedScaling passes `params_dtype` and `device` (transformer_engine.py)."""
+    names = set(cls.__dataclass_fields__)
+    init = cls.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **{k: v for k, v in kwargs.items() if k in names})
+
+    cls.__init__ = __init__
+    return cls
+
+
+@_ignore_extra
 @dataclass()
 class DelayedScaling(Recipe):
     """Delayed-scaling recipe, TE's fields and defaults (common/recipe/__init__.py 121-222)."""
@@ -69,6 +84,7 @@ class DelayedScaling(Recipe):
     override_linear_precision: tuple[bool, bool, bool] = (False, False, False)
 
 
+@_ignore_extra
 @dataclass()
 class Float8CurrentScaling(Recipe):
     """Per-tensor current scaling (common/recipe/__init__.py 224)."""
@@ -78,6 +94,7 @@ class Float8CurrentScaling(Recipe):
     fp8_mha: bool = False
 
 
+@_ignore_extra
 @dataclass()
 class MXFP8BlockScaling(Recipe):
     """MXFP8 block scaling (common/recipe/__init__.py 265)."""
@@ -87,6 +104,7 @@ class MXFP8BlockScaling(Recipe):
     fp8_mha: bool = False
 
 
+@_ignore_extra
 @dataclass()
 class Float8BlockScaling(Recipe):
     """fp8 block scaling (common/recipe/__init__.py 306)."""
@@ -96,6 +114,7 @@ class Float8BlockScaling(Recipe):
     fp8_mha: bool = False
 
 
+@_ignore_extra
 @dataclass()
 class NVFP4BlockScaling(Recipe):
     """NVFP4 block scaling (common/recipe/__init__.py 387)."""
@@ -104,6 +123,7 @@ class NVFP4BlockScaling(Recipe):
     fp8_mha: bool = False
 
 
+@_ignore_extra
 @dataclass()
 class CustomRecipe(Recipe):
     """User-defined quantizers (common/recipe/__init__.py 484)."""
@@ -114,7 +134,7 @@ class CustomRecipe(Recipe):
 
 
 class FP8GlobalStateManager:
-    """TE's global fp8 state (quantization.py 234-460): fp8 is never enabled here."""
+    """TE's global fp8 state (quantization.py 234-460): set by `fp8_autocast`, read by modules."""
 
     FP8_ENABLED = False
     FP8_CALIBRATION = False
@@ -162,16 +182,61 @@ class FP8GlobalStateManager:
     def get_skip_fp8_weight_update_tensor(cls) -> Any:
         return cls.skip_fp8_weight_update_tensor
 
+    @classmethod
+    def reduce_and_update_fp8_tensors(cls, forward: bool = True) -> None:
+        """Reduce amaxes over the fp8 group and update scales (quantization.py 497): in place
+        on the modules' recipe state, so nothing is allocated that outlives the call."""
+
     add_fp8_tensors_to_global_buffer = classmethod(never_runs)
-    reduce_and_update_fp8_tensors = classmethod(never_runs)
 
 
 @contextlib.contextmanager
-def fp8_autocast(enabled: bool = True, *args: Any, **kwargs: Any) -> Iterator[None]:
-    """TE's fp8 autocast (quantization.py 766); entering it with fp8 on would need a GPU."""
-    if enabled:
-        raise NotImplementedError(_NEVER_RUNS)
-    yield
+def fp8_autocast(
+    enabled: bool = True,
+    calibrating: bool = False,
+    fp8_recipe: Recipe | None = None,
+    fp8_group: Any = None,
+    _graph: bool = False,
+) -> Iterator[None]:
+    """TE's fp8 autocast (quantization.py 766 `fp8_autocast`, 800 `autocast`): set the
+    global fp8 state for the modules run inside, restore it on exit."""
+    cls = FP8GlobalStateManager
+    saved = (cls.FP8_ENABLED, cls.FP8_CALIBRATION, cls.FP8_RECIPE, cls.FP8_DISTRIBUTED_GROUP,
+             cls.IS_FIRST_FP8_MODULE)  # fmt: skip
+    cls.FP8_ENABLED, cls.FP8_CALIBRATION = enabled, calibrating
+    cls.FP8_RECIPE = fp8_recipe if fp8_recipe is not None else DelayedScaling()
+    cls.FP8_DISTRIBUTED_GROUP = fp8_group
+    if enabled and not saved[0]:
+        cls.IS_FIRST_FP8_MODULE = True
+    try:
+        yield
+    finally:
+        (cls.FP8_ENABLED, cls.FP8_CALIBRATION, cls.FP8_RECIPE, cls.FP8_DISTRIBUTED_GROUP,
+         cls.IS_FIRST_FP8_MODULE) = saved  # fmt: skip
+
+
+def checkpoint(function: Any, *args: Any, **kwargs: Any) -> Any:
+    """TE's activation checkpoint (distributed.py `checkpoint` / `_CheckpointFunction`, v2.11),
+    reentrant: the forward keeps only its inputs, and backward runs it again inside the fp8
+    state it first ran in (TE saves the autocast state and re-enters it for the recompute).
+
+    Run here by torch's reentrant checkpoint, which saves the same inputs; megatron's `te_checkpoint`
+    uses it for full recomputation under fp8.
+    """
+    import functools
+
+    from torch.utils.checkpoint import checkpoint as torch_checkpoint
+
+    for name in ("distribute_saved_activations", "get_rng_state_tracker", "tp_group", "use_reentrant"):
+        kwargs.pop(name, None)
+    cls = FP8GlobalStateManager
+    enabled, recipe, group = cls.FP8_ENABLED, cls.FP8_RECIPE, cls.FP8_DISTRIBUTED_GROUP
+
+    def run(*inputs: Any) -> Any:
+        with fp8_autocast(enabled=enabled, fp8_recipe=recipe, fp8_group=group):
+            return functools.partial(function, **kwargs)(*inputs)
+
+    return torch_checkpoint(run, *args, use_reentrant=True, preserve_rng_state=False)
 
 
 @contextlib.contextmanager
@@ -179,6 +244,16 @@ def fp8_model_init(enabled: bool = True, *args: Any, **kwargs: Any) -> Iterator[
     """TE's fp8 parameter context (quantization.py 672); fp8 parameters are not simulated."""
     if enabled:
         raise NotImplementedError("fp8 parameters are not simulated")
+    yield
+
+
+@contextlib.contextmanager
+def activation_recompute_forward(
+    activation_recompute: bool = False, recompute_phase: bool = False
+) -> Iterator[None]:
+    """TE's recomputation marker (distributed.py 228-263): it only sets the flags TE's fp8 modules
+    read (`_FP8_ACTIVATION_RECOMPUTE_ENABLED` needs fp8 on, which the stand-in never is) and
+    allocates nothing. megatron's CheckpointWithoutOutput enters it around every checkpoint."""
     yield
 
 

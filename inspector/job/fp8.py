@@ -1,0 +1,63 @@
+"""FP8 training as Megatron-LM configures it: the flags, their defaults and their checks.
+
+Megatron-LM (megatron/training/arguments.py, from TransformerConfig's `argparse_meta`) takes
+`--fp8-format e4m3|hybrid` (TransformerConfig.fp8, default None: no fp8), `--fp8-recipe
+delayed|tensorwise|blockwise|mxfp8` (default delayed) and `--fp8-amax-history-len` (default 1);
+megatron-core's TransformerConfig and `fp8_utils.get_fp8_recipe` turn them into Transformer
+Engine's recipe, and only Transformer Engine's layers compute in fp8.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inspector.errors import ConfigError
+from inspector.job.checks import check_at_least_one, check_at_most
+
+FP8_FORMATS = ("e4m3", "hybrid")
+# megatron-core enums.py Fp8Recipe, less `custom` (a user's quantizer factory cannot be imported)
+FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
+DEFAULT_RECIPE = "delayed"  # TransformerConfig.fp8_recipe
+DEFAULT_AMAX_HISTORY_LEN = 1  # TransformerConfig.fp8_amax_history_len
+
+
+def validate_fp8(
+    fp8_format: str | None,
+    recipe: str,
+    amax_history_len: int,
+    transformer_impl: str,
+) -> None:
+    """Raise ConfigError for fp8 settings megatron rejects or this tool cannot build as described."""
+    if fp8_format is None:
+        for flag, value, default in (
+            ("--fp8-recipe", recipe, DEFAULT_RECIPE),
+            ("--fp8-amax-history-len", amax_history_len, DEFAULT_AMAX_HISTORY_LEN),
+        ):
+            if value != default:
+                raise ConfigError(
+                    f"{flag} {value} has no effect without --fp8-format (Megatron-LM trains in "
+                    "16 bits then); pass --fp8-format e4m3 or hybrid, or drop it"
+                )
+        return
+    if fp8_format not in FP8_FORMATS:
+        raise ConfigError(f"--fp8-format {fp8_format!r} is not one of: {', '.join(FP8_FORMATS)}")
+    if recipe not in FP8_RECIPES:
+        raise ConfigError(f"--fp8-recipe {recipe!r} is not one of: {', '.join(FP8_RECIPES)}")
+    check_at_least_one("--fp8-amax-history-len", amax_history_len)
+    check_at_most("--fp8-amax-history-len", amax_history_len)
+    if transformer_impl != "transformer_engine":
+        # Megatron-LM's validate_args does not stop here: megatron-core enters TE's fp8_autocast,
+        # but its local layers (ColumnParallelLinear, ...) never quantize, so the job would train
+        # in 16 bits. Building that while the user asked for fp8 would be a different job.
+        raise ConfigError(
+            f"--fp8-format {fp8_format} needs --transformer-impl transformer_engine: only "
+            "Transformer Engine's layers compute in fp8 (megatron-core's local layers ignore it "
+            "and would train in 16 bits)"
+        )
+
+
+def fp8_fields(fp8_format: str | None, recipe: str, amax_history_len: int) -> dict[str, Any]:
+    """Return TransformerConfig's fp8 fields as core_transformer_config_from_args copies them."""
+    if fp8_format is None:
+        return {}
+    return dict(fp8=fp8_format, fp8_recipe=recipe, fp8_amax_history_len=amax_history_len)
