@@ -130,8 +130,9 @@ def test_sequence_parallel_at_tp1_is_turned_off(cli):
 def test_overlap_param_gather_needs_distributed_optimizer(cli):
     result = cli("memory", *SMALL, "--overlap-param-gather")
     assert result.err == (
-        "Error: --overlap-param-gather needs --use-distributed-optimizer (Megatron-LM: "
-        '"--overlap-param-gather only supported with distributed optimizer")\n'
+        "Error: --overlap-param-gather needs --use-distributed-optimizer or --use-megatron-fsdp "
+        '(Megatron-LM: "--overlap-param-gather only supported with distributed optimizer or '
+        'megatron fsdp")\n'
     )
 
 
@@ -153,10 +154,10 @@ def script(tmp_path: Path, extra: str) -> str:
 @pytest.mark.parametrize(
     "extra, message",
     [
-        ("--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params",
-         "--use-megatron-fsdp is not modelled: FSDP shards parameters, gradients and optimizer "
-         "state with its own buffers, which this tool does not model; --use-distributed-optimizer "
-         "is modelled exactly"),
+        ("--use-torch-fsdp2 --torch-fsdp2-no-reshard-after-forward",
+         "--torch-fsdp2-no-reshard-after-forward is not modelled: FSDP2 keeping the gathered "
+         "parameters from the forward to the backward (ZeRO-2) is not modelled; --use-torch-fsdp2 "
+         "alone (resharding after the forward) is"),
         ("--fp8-param-gather",
          "--fp8-param-gather is not modelled: Transformer Engine's fp8/fp4 parameters (and fp4 "
          "recipes) keep quantized weights this tool does not count; --fp8-format with "

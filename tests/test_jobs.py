@@ -99,16 +99,16 @@ def test_rl_training_builds_but_memory_is_refused(cli, tmp_path):
 def test_every_refused_flag_in_one_message(cli, tmp_path):
     # one run names them all: the two fp8 flags share their reason, FSDP has its own
     path = write(tmp_path, f"python pretrain_gpt.py {SMALL} --fp8-format hybrid --fp8-param-gather "
-                 "--fp4-param-gather --use-megatron-fsdp --cpu-offloading\n")  # fmt: skip
+                 "--fp4-param-gather --torch-fsdp2-no-reshard-after-forward --cpu-offloading\n")  # fmt: skip
     result = cli("memory", "--from-script", path)
     fp8 = ("Transformer Engine's fp8/fp4 parameters (and fp4 recipes) keep quantized weights this "
            "tool does not count; --fp8-format with --fp8-recipe is modelled, drop this argument "
            "to see it")  # fmt: skip
     assert result.err == (
         f"Error: {path} line 1: --fp8-param-gather and --fp4-param-gather are not modelled: "
-        f"{fp8}; --use-megatron-fsdp is not modelled: FSDP shards parameters, gradients and "
-        "optimizer state with its own buffers, which this tool does not model; "
-        "--use-distributed-optimizer is modelled exactly; --cpu-offloading is not modelled: "
+        f"{fp8}; --torch-fsdp2-no-reshard-after-forward is not modelled: FSDP2 keeping the "
+        "gathered parameters from the forward to the backward (ZeRO-2) is not modelled; "
+        "--use-torch-fsdp2 alone (resharding after the forward) is; --cpu-offloading is not modelled: "
         "activation offloading to the CPU is not modelled\n"
     )
 

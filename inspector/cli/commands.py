@@ -108,7 +108,7 @@ def params(
         None,
         "--partitioning",
         help="Optimizer ownership: layers (default), cost or distopt (the default with "
-        "--use-distributed-optimizer).",
+        "--use-distributed-optimizer or FSDP: the job's own shards).",
         click_type=Choice(Partitioning),
         metavar="POLICY",
     ),
@@ -125,7 +125,7 @@ def params(
 ) -> None:
     """Print each stage's parameters: local shape, owners, preconditioners."""
     if partitioning is None:  # megatron's own shards when the job uses its distributed optimizer
-        layers_or_distopt = args.get("use_distributed_optimizer")
+        layers_or_distopt = args.get("use_distributed_optimizer") or args.get("use_torch_fsdp2")
         partitioning = Partitioning.distopt if layers_or_distopt else Partitioning.layers
 
     def produce() -> str:

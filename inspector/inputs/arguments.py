@@ -180,6 +180,26 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         "use_distributed_optimizer", bool, "Shard optimizer state over data-parallel ranks.",
         negatable=True,
     ),
+    _layout(
+        "use_megatron_fsdp", bool,
+        "Megatron-FSDP: shard what --data-parallel-sharding-strategy names over data-parallel ranks.",
+    ),
+    _layout(
+        "data_parallel_sharding_strategy", str,
+        "What Megatron-FSDP shards (Megatron-LM's default: no_shard).",
+        choices=("no_shard", "optim", "optim_grads", "optim_grads_params"),
+    ),
+    _layout(
+        "fsdp_double_buffer", bool,
+        "Megatron-FSDP: keep two persistent all-gather/reduce-scatter buffers.",
+    ),
+    _training(
+        "use_torch_fsdp2", bool, "PyTorch FSDP2: shard every parameter's rows over data-parallel ranks.",
+    ),
+    _layout(
+        "ckpt_format", str, "Checkpoint format (Megatron-LM's default: torch_dist).",
+        choices=("torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor"),
+    ),
     _layout("overlap_grad_reduce", bool, "Overlap gradient reduction with backward (buckets)."),
     _layout("ddp_bucket_size", int, "Gradient bucket size in elements."),
     # Training (read by `memory` only; every command reads them from scripts without complaint).
@@ -237,7 +257,7 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
     _training("no_masked_softmax_fusion", bool, "Unfused masked softmax (Transformer Engine jobs)."),
     _training(
         "no_gradient_accumulation_fusion", bool,
-        "Weight gradients not accumulated in the GEMM (Transformer Engine jobs).",
+        "Weight gradients not accumulated in the GEMM (Transformer Engine jobs; FSDP2 needs it).",
     ),
     _training("attention_dropout", float, "Attention dropout (0: no mask stored; default 0.1)."),
     _training("hidden_dropout", float, "Hidden dropout (0: no masks stored; default 0.1)."),

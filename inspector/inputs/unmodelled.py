@@ -30,8 +30,8 @@ _FP8_PART = (
     "attention) is not modelled; --fp8-format runs every Transformer Engine linear in fp8"
 )
 _FSDP = (
-    "FSDP shards parameters, gradients and optimizer state with its own buffers, which this tool "
-    "does not model; --use-distributed-optimizer is modelled exactly"
+    "FSDP2 keeping the gathered parameters from the forward to the backward (ZeRO-2) is not "
+    "modelled; --use-torch-fsdp2 alone (resharding after the forward) is"
 )
 _HYBRID = "this tool builds megatron-core's GPTModel; hybrid (Mamba) models are not modelled"
 _QK_L2 = (
@@ -52,8 +52,7 @@ REFUSED: dict[str, Refusal] = {
     "--num-layers-at-end-in-bf16": Refusal("training", _FP8_PART),
     "--fp8-dot-product-attention": Refusal("training", _FP8_PART),
     "--fp8-multi-head-attention": Refusal("training", _FP8_PART),
-    "--use-megatron-fsdp": Refusal("layout", _FSDP),
-    "--use-torch-fsdp2": Refusal("layout", _FSDP),
+    "--torch-fsdp2-no-reshard-after-forward": Refusal("layout", _FSDP),
     "--num-distributed-optimizer-instances": Refusal(
         "layout", "several distributed-optimizer instances shard over part of the data-parallel "
         "group, which this tool does not model", ("1",)),  # fmt: skip
@@ -217,12 +216,11 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--distributed-backend --distributed-timeout-minutes "
         "--distributed-timeout-seconds-after-init --local-rank --lazy-mpu-init "
         "--disable-gloo-process-groups --empty-unused-memory-level --manual-gc --manual-gc-interval "
-        "--no-manual-gc-eval"
+        "--no-manual-gc-eval --suggested-communication-unit-size"
     ),
     "only with a refused argument": (
-        "--fp4-recipe --keep-fp8-transpose-cache --data-parallel-sharding-strategy "
-        "--fsdp-double-buffer --suggested-communication-unit-size --enable-full-sharding-in-hsdp "
-        "--torch-fsdp2-no-reshard-after-forward --main-grads-dtype --main-params-dtype "
+        "--fp4-recipe --keep-fp8-transpose-cache --enable-full-sharding-in-hsdp "
+        "--main-grads-dtype --main-params-dtype "
         "--exp-avg-dtype --exp-avg-sq-dtype --optimizer-offload-fraction "
         "--use-torch-optimizer-for-cpu-offload --overlap-cpu-optimizer-d2h-h2d --no-pin-cpu-grads "
         "--no-pin-cpu-params"
@@ -285,7 +283,7 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--pretrained-checkpoint --ckpt-step --no-initialization "
         "--use-mp-args-from-checkpoint-args --no-use-tokenizer-model-from-checkpoint-args "
         "--exit-on-missing-checkpoint --use-dist-ckpt --use-persistent-ckpt-worker "
-        "--auto-detect-ckpt-format --dist-ckpt-format --ckpt-format --ckpt-convert-format "
+        "--auto-detect-ckpt-format --dist-ckpt-format --ckpt-convert-format "
         "--ckpt-convert-save --ckpt-convert-update-legacy-dist-opt-format "
         "--ckpt-fully-parallel-save --no-ckpt-fully-parallel-save --async-save "
         "--ckpt-fully-parallel-load --ckpt-assume-constant-structure --dist-ckpt-strictness "

@@ -15,6 +15,7 @@ from typing import Any, Literal, cast, get_args
 from inspector.errors import ConfigError
 from inspector.job.checks import check_at_least_one, check_at_most
 from inspector.job.dims import ModelDims, num_microbatches
+from inspector.job.fsdp import fsdp_rules
 from inspector.job.layout import Layout, make_layout, validate_layout
 from inspector.job.model import ModelConfig, make_model_config, validate_model
 from inspector.job.recompute_modules import DEFAULT_MODULES, check_modules, parse_modules
@@ -38,6 +39,11 @@ class Training:
     flash_attention: bool = False
     fp32_grads: bool | None = None  # --accumulate-allreduce-grads-in-fp32 (None: the default)
     use_distributed_optimizer: bool = False
+    # --use-megatron-fsdp with its --data-parallel-sharding-strategy, or --use-torch-fsdp2
+    megatron_fsdp: bool = False
+    sharding_strategy: str = "no_shard"  # Megatron-LM's default
+    fsdp_double_buffer: bool = False
+    torch_fsdp2: bool = False
     overlap_grad_reduce: bool = False
     ddp_bucket_size: int | None = None
     recompute_method: str = "uniform"  # with full recomputation: uniform or block
@@ -149,6 +155,9 @@ TRAINING_ARGS = {
     "use_flash_attn": "flash_attention",
     "accumulate_allreduce_grads_in_fp32": "fp32_grads",
     "use_distributed_optimizer": "use_distributed_optimizer",
+    "use_megatron_fsdp": "megatron_fsdp",
+    "fsdp_double_buffer": "fsdp_double_buffer",
+    "use_torch_fsdp2": "torch_fsdp2",
     "overlap_grad_reduce": "overlap_grad_reduce",
     "ddp_bucket_size": "ddp_bucket_size",
     "moe_token_dispatcher_type": "moe_token_dispatcher_type",
@@ -168,11 +177,13 @@ def make_training(args: Mapping[str, Any]) -> Training:
     if values.get("moe_token_dispatcher_type") is None:
         values.pop("moe_token_dispatcher_type", None)
     for flag in ("flash_attention", "use_distributed_optimizer", "overlap_grad_reduce",
-                 "moe_pad_expert_input_to_capacity"):  # fmt: skip
+                 "moe_pad_expert_input_to_capacity", "megatron_fsdp", "fsdp_double_buffer",
+                 "torch_fsdp2"):  # fmt: skip
         values[flag] = bool(values.get(flag))
     values["fp32_grads"] = values.get("fp32_grads") or None
     values["unfused"] = tuple(name for name in FUSIONS if args.get("no_" + name))
     _megatron_training_rules(args, values)
+    fsdp_rules(args, values)
     return Training(**values)
 
 
@@ -207,10 +218,11 @@ def _megatron_training_rules(args: Mapping[str, Any], values: dict[str, Any]) ->
             "--optimizer sgd is not modelled: optimizer state is counted for Adam (two fp32 moments)"
         )
     if args.get("overlap_param_gather"):
-        if not args.get("use_distributed_optimizer"):
+        if not (args.get("use_distributed_optimizer") or args.get("use_megatron_fsdp")):
             raise ConfigError(
-                "--overlap-param-gather needs --use-distributed-optimizer (Megatron-LM: "
-                "\"--overlap-param-gather only supported with distributed optimizer\")"
+                "--overlap-param-gather needs --use-distributed-optimizer or --use-megatron-fsdp "
+                "(Megatron-LM: \"--overlap-param-gather only supported with distributed optimizer "
+                "or megatron fsdp\")"
             )
         if not args.get("overlap_grad_reduce"):
             raise ConfigError(

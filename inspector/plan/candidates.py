@@ -64,7 +64,7 @@ Priced = tuple[Job, Placed, tuple[StagePlan, ...], int]
 
 
 def first_fit(
-    req: Request, lay: Layout, split: Split, mbs: int, distopt: bool, flash: bool,
+    req: Request, lay: Layout, split: Split, mbs: int, distopt: bool | str, flash: bool,
     recomputes: list[Recipe],
 ) -> tuple[int, Plan | None, tuple[Job, int]] | None:
     """Return (candidates priced, the plan with the least recomputation that fits, the least
@@ -131,7 +131,7 @@ def _fewest_checkpointed(
 
 
 def candidate_job(
-    req: Request, lay: Layout, mbs: int, recompute: str, distopt: bool, flash: bool,
+    req: Request, lay: Layout, mbs: int, recompute: str, distopt: bool | str, flash: bool,
     method: str = "uniform", num_layers: int = 1,
 ) -> Job | None:
     """Return the candidate's Job, or None where megatron's rules (job.py) refuse it."""
@@ -151,7 +151,7 @@ _JOBS: dict[tuple[Any, ...], Job | None] = caches.table()
 
 
 def _new_job(
-    req: Request, lay: Layout, mbs: int, recompute: str, distopt: bool, flash: bool,
+    req: Request, lay: Layout, mbs: int, recompute: str, distopt: bool | str, flash: bool,
     method: str, num_layers: int,
 ) -> Job | None:
     training = replace(
@@ -162,7 +162,9 @@ def _new_job(
         recompute_method=method,
         recompute_num_layers=num_layers,
         flash_attention=flash,
-        use_distributed_optimizer=distopt,
+        use_distributed_optimizer=bool(distopt),
+        megatron_fsdp=isinstance(distopt, str),
+        sharding_strategy=distopt if isinstance(distopt, str) else "no_shard",
         overlap_grad_reduce=True,
     )
     try:
@@ -190,7 +192,7 @@ def _layout_refused(model: ModelConfig, lay: Layout) -> bool:
 
 
 def capped_split(
-    req: Request, base: Layout, v: int, splits: list[Split], mbs: int, distopt: bool,
+    req: Request, base: Layout, v: int, splits: list[Split], mbs: int, distopt: bool | str,
     flash: bool, first: float, last: float,
 ) -> Split | None:
     """Return split.balance with each virtual stage capped at the layers that fit memory.

@@ -27,6 +27,7 @@ Each term and its source (symbols of inspector/job/dims.py; m micro-batches, v v
     all-reduce of the stage's real DDP buffers, over dp x cp ranks; --overlap-grad-reduce hides it
     behind the last micro-batch's backward, --overlap-param-gather behind the first forward
     (Megatron-LM's overlap, which the plan's flags turn on): only the excess is exposed;
+    Megatron-FSDP's per-micro-batch gathers and reduce-scatters (`fsdp_seconds`) likewise;
   - optimizer step: the passes over memory megatron's mixed-precision optimizer and its inner Adam
     make over the elements the rank updates (formulas/optimizer.py: TE or apex FusedAdam with the
     job's fused kernels, torch's foreach AdamW without them), each at the measured copy bandwidth.
@@ -75,11 +76,12 @@ class StageTime:
     p2p: float
     data: float  # exposed data-parallel communication, once per iteration
     optimizer: float  # once per iteration
+    fsdp: float = 0.0  # exposed FSDP gathers and reduce-scatters, per micro-batch
 
     @property
     def per_microbatch(self) -> float:
         """Return the stage's time for one micro-batch through all of its chunks."""
-        return self.compute + self.tensor + self.context + self.expert + self.p2p
+        return self.compute + self.tensor + self.context + self.expert + self.p2p + self.fsdp
 
 
 @dataclass(frozen=True)
@@ -212,11 +214,12 @@ def _add_output(
 
 def with_state(
     work: StageTime, lay: Layout, net: Network, dp_bytes: tuple[int, int], state_bytes: int,
-    distributed: bool, step: OptimizerStep,
+    sharding: bool | str, step: OptimizerStep,
 ) -> StageTime:
     """Return `work` with the rank's exposed data-parallel and optimizer time for its state.
 
     `dp_bytes`: the rank's (gradient, weight) bytes; `state_bytes`: those plus its optimizer state;
+    `sharding`: the distributed optimizer on or off, or a Megatron-FSDP strategy;
     `step`: the optimizer's set-up (its `grad_bytes` is read from `dp_bytes` here).
     """
     compute = work.compute
@@ -224,14 +227,47 @@ def with_state(
     d = lay.dp * lay.cp
     dp_link = net.link(lay.tp * lay.cp * lay.dp)
     backward = compute * 2 / 3
-    if distributed:
+    fsdp = 0.0
+    if isinstance(sharding, str):
+        data, fsdp = fsdp_seconds(sharding, compute, grads, params, d, dp_link)
+    elif sharding:
         rs = _collective(1, grads, 1, d, dp_link)
         ag = _collective(1, params, 1, d, dp_link)
         data = max(0.0, rs - backward) + max(0.0, ag - compute / 3)
     else:
         data = max(0.0, _collective(2, grads, 1, d, dp_link) - backward)
     optimizer = optimizer_seconds(net, dp_bytes, state_bytes, step)
-    return StageTime(work.compute, work.tensor, work.context, work.expert, work.p2p, data, optimizer)
+    return StageTime(
+        work.compute, work.tensor, work.context, work.expert, work.p2p, data, optimizer, fsdp
+    )
+
+
+def fsdp_seconds(
+    strategy: str, compute: float, grads: int, params: int, d: int, link: tuple[float, float]
+) -> tuple[float, float]:
+    """Return Megatron-FSDP's exposed (once per iteration, per micro-batch) seconds.
+
+    `grads`, `params`: the rank's bytes (a shard where the strategy shards them: the gathered
+    size is d times). megatron_fsdp.py: with optim_grads and optim_grads_params gradients are
+    reduce-scattered after every backward (`grad_reduce_every_bprop`), otherwise once, on the
+    last micro-batch; optim_grads_params gathers each layer's parameters before its forward and
+    again before its backward (resharded in between), prefetching the next layer, so only what
+    a micro-batch's gathers take beyond its forward (a third of its compute) and its gathers
+    and reduce-scatters beyond its backward (two thirds) are exposed; the other strategies
+    gather the updated parameters once after the step, as the distributed optimizer does.
+    """
+    backward = compute * 2 / 3
+    full_grads = grads * d if strategy in ("optim_grads", "optim_grads_params") else grads
+    full_params = params * d if strategy == "optim_grads_params" else params
+    rs = _collective(1, full_grads, 1, d, link)
+    ag = _collective(1, full_params, 1, d, link)
+    if strategy == "no_shard":
+        return max(0.0, 2 * rs - backward), 0.0
+    if strategy == "optim":
+        return max(0.0, rs - backward) + max(0.0, ag - compute / 3), 0.0
+    if strategy == "optim_grads":
+        return max(0.0, ag - compute / 3), max(0.0, rs - backward)
+    return 0.0, max(0.0, ag - compute / 3) + max(0.0, ag + rs - backward)
 
 
 def optimizer_seconds(

@@ -18,7 +18,10 @@ def megatron_flags(job: Job, split: Split) -> list[str]:
     out += [f"--no-{name.replace('_', '-')}" for name in training.unfused]
     if training.flash_attention:
         out.append("--use-flash-attn")
-    if training.use_distributed_optimizer:
+    if training.megatron_fsdp:
+        out += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {training.sharding_strategy}",
+                "--use-distributed-optimizer", "--ckpt-format fsdp_dtensor"]  # fmt: skip
+    elif training.use_distributed_optimizer:
         out += ["--use-distributed-optimizer", "--overlap-param-gather"]
     out.append("--overlap-grad-reduce")
     return out

@@ -184,7 +184,17 @@ def splits(req: Request, lay: Layout, v: int, first: float, last: float) -> list
     return found
 
 
-def distopts(req: Request, base: Layout) -> list[bool]:
-    if "distopt" in req.fixed:
-        return [req.fixed["distopt"]]
+# Megatron-FSDP strategies the plan tries under --use-megatron-fsdp without a strategy: gradients
+# and optimizer sharded (what Llama 3's sharded fp32 gradients are), and everything sharded
+FSDP_STRATEGIES = ("optim_grads", "optim_grads_params")
+SEARCH_FSDP = "fsdp"  # req.fixed["distopt"]: --use-megatron-fsdp, its strategy searched
+
+
+def distopts(req: Request, base: Layout) -> list[bool | str]:
+    """Return the optimizer choices to try: distributed optimizer on, off, or FSDP strategies."""
+    fixed = req.fixed.get("distopt")
+    if fixed == SEARCH_FSDP:
+        return list(FSDP_STRATEGIES) if base.dp * base.cp > 1 else [FSDP_STRATEGIES[-1]]
+    if fixed is not None:
+        return [fixed]
     return [True, False] if base.dp * base.cp > 1 else [False]

@@ -20,6 +20,7 @@ from typing import Any
 from inspector.job.job import Job
 from inspector.plan import caches
 from inspector.plan.buffers import Group, Spans, buffer_groups, buffer_layout, pad, place
+from inspector.plan.fsdp import fsdp_stage_state
 from inspector.plan.pieces import Pieces, Run, chunk_runs, pieces_for
 from inspector.report.memory import StateBytes, optimizer_bytes_per_element, state_bytes
 from inspector.world.shards import BufferLayout, resolve_bucket_size
@@ -102,6 +103,10 @@ def stage_state(
     pieces = pieces_for(job)
     _BY_ID[id(pieces)] = pieces
     lay, training = job.layout, job.training
+    if training.megatron_fsdp:
+        runs = [_chunk_runs(id(pieces), shape, lay.pp) for shape in chunks]
+        state = fsdp_stage_state(job, pieces, chunks, [each for each, _ in runs])
+        return state, sum(count for _, count in runs)
     distributed = training.use_distributed_optimizer
     bucket = resolve_bucket_size(
         training.ddp_bucket_size,
@@ -171,3 +176,4 @@ def _optimizer_elements(buffers: Sequence[BufferLayout], expert: bool) -> tuple[
             each = optimizer_bytes_per_element(buffer)
             rows.append([owned * each for owned in buffer.owned_numel])
     return tuple(map(sum, zip(*rows, strict=True)))
+

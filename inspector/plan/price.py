@@ -44,11 +44,12 @@ class StagePlan:
     optimizer: int
     activations: int
     in_flight: tuple[int, ...]
+    gathered: int = 0  # FSDP's gathered parameters and unsharded gradients (report/fsdp.py)
 
     @property
     def total(self) -> int:
         """Return the rank's bytes."""
-        return self.state + self.activations
+        return self.state + self.activations + self.gathered
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,7 @@ def state_scope_key(job: Job, pairs_of: Layout) -> tuple[Any, ...]:
     """Return what a stage's state depends on besides its shape: pieces, pp, optimizer, ranks."""
     lay, training = job.layout, job.training
     return (model_token(job.model), *piece_key(job)[1:], lay.pp,
-            training.use_distributed_optimizer, training.overlap_grad_reduce,
+            sharding_of(training), training.overlap_grad_reduce,
             training.ddp_bucket_size, pairs_of)
 
 
@@ -149,6 +150,11 @@ def model_token(model: ModelConfig) -> int:
     if model is not _LAST_MODEL.get("model"):
         _LAST_MODEL.update(model=model, token=_MODELS.setdefault(model, len(_MODELS)))
     return int(_LAST_MODEL["token"])
+
+
+def sharding_of(training: Training) -> bool | str:
+    """Return the plan's optimizer dimension: distributed optimizer on/off, or an FSDP strategy."""
+    return training.sharding_strategy if training.megatron_fsdp else training.use_distributed_optimizer
 
 
 def cached_stage_state(
@@ -274,7 +280,7 @@ def price_memory(job: Job, split: Split) -> tuple[Placed, tuple[StagePlan, ...]]
             )
         act, flight = acts[key]
         stages.append(StagePlan(s, layers, state.total, state.weights, state.gradients,
-                                state.optimizer, act, flight))
+                                state.optimizer, act, flight, getattr(state, "gathered", 0)))
     return stages_of.placed, tuple(stages)
 
 
@@ -286,7 +292,7 @@ def timed(
     schedule = job.schedule()
     dims = job_dims(job)
     net = Network(req.gpu, req.gpus_per_node)
-    mbs, distributed = schedule.micro_batch_size, training.use_distributed_optimizer
+    mbs, distributed = schedule.micro_batch_size, sharding_of(training)
     signatures = _stages_of(job.model, dims, split, lay.pp, lay.chunks).signature_keys
     # grad_bytes: read from each stage's buffers by cost.optimizer_seconds
     step_setup = OptimizerStep(dims.activation_bytes, 4, dims.fused_kernels, job.model.fp16)

@@ -141,6 +141,13 @@ def pinned(args: dict[str, Any]) -> dict[str, Any]:
     fixed: dict[str, Any] = {
         short: bool(args[name]) for name, short in SWITCHES.items() if args.get(name) is not None
     }
+    if args.get("use_torch_fsdp2"):
+        raise ConfigError(
+            "plan does not search --use-torch-fsdp2 jobs; `memory` measures one, and plan tries "
+            "Megatron-FSDP (--use-megatron-fsdp) beside the distributed optimizer"
+        )
+    if args.get("use_megatron_fsdp"):  # a strategy as given, else searched (layouts.distopts)
+        fixed["distopt"] = args.get("data_parallel_sharding_strategy") or "fsdp"
     pin = {
         name: args[name] for name in PIN_FLAGS
         if args.get(name) is not None and args[name] is not False

@@ -53,7 +53,7 @@ def extras(job: Job) -> tuple[float, float]:
     return 0.0, (logit_flops(dims, 1) + mtp_flops(dims, 1)) / layer
 
 
-Setting = tuple[tuple[Any, ...], Layout, Split, int, bool]  # key, layout, split, mbs, distopt
+Setting = tuple[tuple[Any, ...], Layout, Split, int, bool | str]  # key, layout, split, mbs, distopt or FSDP
 
 
 def settings(req: Request) -> Iterator[Setting]:

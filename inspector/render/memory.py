@@ -124,6 +124,10 @@ def _context(report: MemoryReport) -> list[str]:
     """Return the lines that say what was assumed: precision, batch, schedule."""
     t, b, layout, model = report.training, report.schedule, report.layout, report.model
     optimizer = "distributed optimizer" if t.use_distributed_optimizer else "Adam"
+    if t.megatron_fsdp:
+        optimizer = f"Megatron-FSDP {t.sharding_strategy}"
+    elif t.torch_fsdp2:
+        optimizer = "PyTorch FSDP2, Adam"
     recompute: str = t.recompute
     if recompute == "selective" and t.recompute_modules != ("core_attn",):
         recompute += f" ({', '.join(t.recompute_modules)})"  # megatron's default goes unsaid
@@ -131,6 +135,12 @@ def _context(report: MemoryReport) -> list[str]:
         f"Precision: {model.dtype_name} parameters, {optimizer}; "
         f"recompute {recompute}, flash attention {'on' if t.flash_attention else 'off'}.",
     ]
+    gathered = max(s.in_flight for s in report.stages)
+    if t.megatron_fsdp or t.torch_fsdp2:
+        lines.append(
+            f"FSDP: buffers include {_size(report, gathered)} of gathered parameters and "
+            "unsharded gradients in flight (two neighbouring layers' worth)."
+        )
     lines.append(_source(report))
     if report.not_run is None and model.num_experts is not None:
         lines.append(_routing(report))
@@ -282,10 +292,12 @@ def _activations_json(s: StageMemory) -> dict[str, Any]:
 
 def _buffers_json(s: StageMemory) -> dict[str, Any] | None:
     if s.run is None:
-        return None
+        return {"fsdp_in_flight": s.in_flight, "total": s.buffers} if s.in_flight else None
+    fsdp = {"fsdp_in_flight": s.in_flight} if s.in_flight else {}
     return {
         "persistent": [[where, size] for where, size in s.run.persistent],
         "workspaces": s.run.workspaces,
+        **fsdp,
         "total": s.buffers,
     }
 
@@ -309,6 +321,12 @@ def _stage_json(report: MemoryReport, s: StageMemory) -> dict[str, Any]:
     }
 
 
+def _fsdp_json(t: Any) -> dict[str, Any]:
+    if t.megatron_fsdp:
+        return {"use_megatron_fsdp": True, "data_parallel_sharding_strategy": t.sharding_strategy}
+    return {"use_torch_fsdp2": True} if t.torch_fsdp2 else {}
+
+
 def report_json(report: MemoryReport) -> dict[str, Any]:
     """Return every number of the report, bytes and FLOPs, as a json-ready dict."""
     t, b, hw = report.training, report.schedule, report.hardware
@@ -322,6 +340,7 @@ def report_json(report: MemoryReport) -> dict[str, Any]:
             "use_flash_attn": t.flash_attention,
             "use_distributed_optimizer": t.use_distributed_optimizer,
             "accumulate_allreduce_grads_in_fp32": t.fp32_grads,
+            **_fsdp_json(t),
         },
         "hardware": {"gpu_memory": hw.memory, "gpu_tflops": hw.tflops, "mfu": hw.mfu},
         "world_size": report.layout.world_size,

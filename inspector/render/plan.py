@@ -43,13 +43,20 @@ def _row(rank: int, plan: Plan, memory: int) -> list[Any]:
         _layout(plan),
         "/".join(str(n) for n in _stage_counts(plan)),
         recompute_label(plan),
-        "yes" if tr.use_distributed_optimizer else "no",
+        _optimizer(tr),
         f"{plan.peak / GIB:.1f} / {memory / GIB:.0f}",
         f"{plan.time.seconds:.2f}",
         f"{plan.mfu * 100:.1f}%",
         f"{plan.time.bubble * 100:.1f}%",
         plan.bound(),
     ]
+
+
+def _optimizer(tr: Any) -> str:
+    """Return the distopt column: yes, no, or the Megatron-FSDP strategy."""
+    if tr.megatron_fsdp:
+        return f"fsdp {tr.sharding_strategy}"
+    return "yes" if tr.use_distributed_optimizer else "no"
 
 
 def _stage_counts(plan: Plan) -> list[int]:
@@ -264,6 +271,7 @@ def _plan_json(p: Plan) -> dict[str, Any]:
         "recompute_method": tr.recompute_method if full else None,
         "recompute_num_layers": tr.recompute_num_layers if full else None,
         "distributed_optimizer": tr.use_distributed_optimizer,
+        "megatron_fsdp": tr.sharding_strategy if tr.megatron_fsdp else None,
         "split": list(p.split),
         "stages": [
             {

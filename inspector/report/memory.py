@@ -93,6 +93,7 @@ class StageMemory:
     activations: StageActivations  # the closed forms (the answer only where run is None)
     flops: int  # one iteration, all of the stage's ranks together
     run: RunMemory | None = None  # megatron run on meta tensors (inspector/engine)
+    in_flight: int = 0  # FSDP's gathered parameters and unsharded gradients (report/fsdp.py)
 
     @property
     def activation_bytes(self) -> int:
@@ -103,9 +104,9 @@ class StageMemory:
 
     @property
     def buffers(self) -> int:
-        """Return the bytes the run keeps besides the state (persistent buffers, workspaces);
-        0 where the engine did not run (`buffers_counted` says so)."""
-        return self.run.static if self.run is not None else 0
+        """Return the bytes the run keeps besides the state (persistent buffers, workspaces; FSDP's
+        buffers in flight); the run's are 0 where the engine did not run (`buffers_counted`)."""
+        return (self.run.static if self.run is not None else 0) + self.in_flight
 
     @property
     def buffers_counted(self) -> bool:
@@ -350,11 +351,17 @@ def _stage_memory(
 ) -> StageMemory:
     """Return one stage's memory: its chunks' buffers, its most loaded rank, its activations."""
     training, stage, chunks = job.training, built.stage, built.chunks
-    buffers = [buffer for chunk in chunks for buffer in chunk.buffers()]
-    distributed = training.use_distributed_optimizer
-    by_shard = {
-        (data, expert): state_bytes(buffers, distributed, data, expert) for _, data, expert in ranks
-    }
+    in_flight = 0
+    if training.megatron_fsdp or training.torch_fsdp2:
+        from inspector.report.fsdp import fsdp_in_flight, fsdp_state
+
+        layouts = [chunk.fsdp() for chunk in chunks]
+        by_shard = {(d, e): StateBytes(*fsdp_state(layouts, d, e)) for _, d, e in ranks}
+        in_flight = fsdp_in_flight(layouts)
+    else:
+        buffers = [buffer for chunk in chunks for buffer in chunk.buffers()]
+        distributed = training.use_distributed_optimizer
+        by_shard = {(d, e): state_bytes(buffers, distributed, d, e) for _, d, e in ranks}
     rank, data, expert = max(ranks, key=lambda r: (by_shard[r[1:]].total, -r[0]))
     layers = tuple(chunk.layers for chunk in chunks)
     activations = formula_activations(job, built, dims, schedule)
@@ -373,6 +380,7 @@ def _stage_memory(
         state=by_shard[(data, expert)],
         activations=activations,
         flops=flops,
+        in_flight=in_flight,
     )
 
 

@@ -116,11 +116,23 @@ def _distopt_owners(
     from inspector.world.ddp import distopt_owners
     from inspector.world.shards import DistOptSettings
 
-    settings = DistOptSettings.for_job(built.job)
+    job = built.job
+    training = job.training
+    if training.megatron_fsdp and training.sharding_strategy == "no_shard":
+        every = tuple(range(job.layout.dp * job.layout.cp))
+        return [every for _ in records]  # no_shard: every rank updates every parameter
+    settings = DistOptSettings.for_job(job)
     owners: dict[tuple[int, int, str], Owners] = {}
     for chunk in stage.chunks:
         for expert_rank, model in zip(built.expert_ranks, chunk.models):
-            found = distopt_owners(model.module, settings, pipeline_rank=stage.stage, chunk=chunk.chunk)
+            if training.megatron_fsdp or training.torch_fsdp2:  # FSDP's shards (world/fsdp.py)
+                found = {}
+                for bucket in chunk.fsdp_of(model.module).buckets:
+                    found.update(bucket.owners())
+            else:
+                found = distopt_owners(
+                    model.module, settings, pipeline_rank=stage.stage, chunk=chunk.chunk
+                )
             for name, ranks in found.items():
                 owners[(expert_rank, chunk.chunk, name)] = ranks
     return [owners[(r.expert_rank or 0, r.chunk, r.local_name)] for r in records]

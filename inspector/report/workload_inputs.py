@@ -189,6 +189,12 @@ def stage_inputs(built: BuiltJob) -> list[StageInput]:
 def context_for(built: BuiltJob, compute: ComputeRate | ComputeProfile) -> Context:
     """Return the settings every stage's records share, from the Job."""
     job = built.job
+    if job.training.megatron_fsdp or job.training.torch_fsdp2:
+        flag = "--use-megatron-fsdp" if job.training.megatron_fsdp else "--use-torch-fsdp2"
+        raise ConfigError(
+            f"workload does not write {flag}'s per-layer all-gathers and reduce-scatters yet; "
+            "memory and plan model the job"
+        )
     extra = [m for m in job.training.recompute_modules if m != "core_attn"]
     if job.training.recompute == "selective" and extra:
         # workload.py `_recompute` repeats core attention's forward only under selective

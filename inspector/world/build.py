@@ -20,6 +20,7 @@ from inspector.job.layout import RankCoord, check_buildable
 from inspector.records import ParamRecord, StageTree
 
 if TYPE_CHECKING:
+    from inspector.world.fsdp import FsdpLayout
     from inspector.world.shards import BufferLayout
     from inspector.world.stage import StageModel
 
@@ -100,6 +101,32 @@ class BuiltChunk:
         walks = [list(walk_params(m, layout.tp, layout.expert_tp)) for m in self.models]
         return tuple(merge_expert_ranks(walks))
 
+
+    def fsdp(self) -> FsdpLayout:
+        """Return the chunk's Megatron-FSDP buckets (or FSDP2 units) as megatron makes them."""
+        return self.fsdp_of(self.module)
+
+    def fsdp_of(self, module: Any) -> FsdpLayout:
+        """Return FSDP's layout of `module`, one expert-parallel rank's build of this chunk."""
+        from inspector.world.fsdp import fsdp2_layout, fsdp_layout
+        from inspector.world.shards import resolve_bucket_size
+
+        job = self.job
+        layout, training = job.layout, job.training
+        dp_cp = layout.dp * layout.cp
+        if training.torch_fsdp2:
+            return fsdp2_layout(module, dp_cp, job.model.transformer_impl == "local")
+        # Megatron-LM get_model: the default bucket size, None without --overlap-grad-reduce;
+        # MegatronFSDP drops it for chunks after the first (disable_bucketing)
+        size = resolve_bucket_size(
+            training.ddp_bucket_size, overlap_grad_reduce=training.overlap_grad_reduce,
+            dp_cp_size=dp_cp,
+        )  # fmt: skip
+        fp32 = training.fp32_grads if training.fp32_grads is not None else job.model.bf16
+        return fsdp_layout(
+            module, training.sharding_strategy, dp_cp, layout.expert_dp,
+            None if self.chunk > 0 else size, fp32,
+        )  # fmt: skip
 
     def buffers(self) -> tuple[BufferLayout, ...]:
         """Return the chunk's grad buffers as megatron's DDP lays them out for this job."""

@@ -1,0 +1,100 @@
+"""What one rank holds under Megatron-FSDP or PyTorch FSDP2, from the chunks' bucket layouts.
+
+Megatron-FSDP (world/fsdp.py lays out the buckets with megatron's code): per bucket, a rank holds
+  - weights: the model-weight buffer, its shard under optim_grads_params, else the whole padded
+    bucket; with no_shard there is no such buffer and the parameters keep their own storage;
+  - gradients: the main grad buffer (fp32 unless --grad-reduce-in-bf16 on bf16), its shard from
+    optim_grads on, else the whole bucket;
+  - optimizer: the fp32 main-weight buffer (`preserve_fp32_weights`, megatron's default), its
+    shard from optim on, and Adam's two fp32 moments of the parameter elements in that shard
+    (the optimizer's parameters are the shard's pieces, `_init_distributed_params`).
+Buffers in flight (the peak, on top of the state): parameters sharded under optim_grads_params
+are all-gathered one bucket group (a TransformerLayer, or a bucket outside the layers) at a time,
+the next one prefetched (`AllGatherPipeline`, two slots with --fsdp-double-buffer:
+`FixedPoolAllocator(size=2)`); sharded gradients are reduced from an unsharded bucket the
+backward fills, the previous one still being reduce-scattered (`GradReducePipeline`). Counted:
+the largest pair of neighbouring groups' gathered parameters plus the largest pair's gradients.
+
+PyTorch FSDP2 (world/fsdp.py `fsdp2_layout`): every unit's parameters and gradients (in the
+parameters' dtype: megatron passes no mixed-precision policy) are sharded by rows; megatron's
+Float16OptimizerWithFloat16Params keeps an fp32 copy of a 16-bit model's local rows, Adam its two
+moments. In flight: the same pairs, a unit gathered while the next is prefetched (FSDP2 reshards
+after the forward, megatron's default).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+ADAM_MOMENTS = 8  # exp_avg and exp_avg_sq in fp32 (Megatron-LM's default --optimizer adam)
+MASTER_COPY = 4  # the fp32 main-weight buffer's element
+
+SHARDED = {  # ParamAndGradBuffer._init_each_parameter_group_buffers: (weights, main, grads)
+    "fsdp2": (True, True, True),
+    "no_shard": (False, False, False),
+    "optim": (False, True, False),
+    "optim_grads": (False, True, True),
+    "optim_grads_params": (True, True, True),
+}
+
+
+def fsdp_state(
+    layouts: Sequence[Any], dense_index: int, expert_index: int
+) -> tuple[int, int, int]:
+    """Return one rank's (weights, gradients, optimizer) bytes from its chunks' FsdpLayouts."""
+    weights = gradients = optimizer = 0
+    for layout in layouts:
+        if layout.strategy == "fsdp2":
+            for unit in layout.buckets:
+                weights += unit.shard_numel * unit.param_itemsize
+                gradients += unit.shard_numel * unit.grad_itemsize
+                master = MASTER_COPY if unit.param_itemsize < MASTER_COPY else 0
+                optimizer += unit.owned_numel[dense_index] * (master + ADAM_MOMENTS)
+            continue
+        params, main, grads = SHARDED[layout.strategy]
+        for bucket in layout.buckets:
+            whole, shard = bucket.numel, bucket.shard_numel
+            if layout.strategy == "no_shard":
+                weights += bucket.parameters * bucket.param_itemsize
+            else:
+                weights += (shard if params else whole) * bucket.param_itemsize
+            gradients += (shard if grads else whole) * bucket.grad_itemsize
+            index = expert_index if bucket.expert else dense_index
+            updated = bucket.owned_numel[index] if main else bucket.parameters
+            optimizer += (shard if main else whole) * MASTER_COPY + updated * ADAM_MOMENTS
+    return weights, gradients, optimizer
+
+
+def fsdp_in_flight(layouts: Sequence[Any]) -> int:
+    """Return the bytes of gathered parameters and unsharded gradients a rank holds at once."""
+    most = 0
+    for layout in layouts:
+        params, _, grads = SHARDED[layout.strategy]
+        groups = _groups(layout.buckets)
+        weights = [sum(b.numel * b.param_itemsize for b in g) for g in groups] if params else []
+        grad = [sum(b.numel * b.grad_itemsize for b in g) for g in groups] if grads else []
+        most = max(most, _pair(weights) + _pair(grad))
+    return most
+
+
+def _groups(buckets: Iterable[Any]) -> list[list[Any]]:
+    """Return the buckets gathered together, in order: one FSDP unit's, or one bucket alone."""
+    groups: list[list[Any]] = []
+    units: dict[int, list[Any]] = {}
+    for bucket in buckets:
+        if bucket.unit is None:
+            groups.append([bucket])
+        elif bucket.unit in units:
+            units[bucket.unit].append(bucket)
+        else:
+            units[bucket.unit] = [bucket]
+            groups.append(units[bucket.unit])
+    return groups
+
+
+def _pair(sizes: Sequence[int]) -> int:
+    """Return the largest sum of two neighbours (the one in use and the one prefetched)."""
+    if len(sizes) < 2:
+        return sum(sizes)
+    return max(a + b for a, b in zip(sizes, sizes[1:], strict=False))

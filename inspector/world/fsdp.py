@@ -1,0 +1,262 @@
+"""Megatron-FSDP's buffers for one model chunk, laid out by megatron's own code on meta tensors.
+
+Megatron-LM wraps each chunk in `FullyShardedDataParallel` (megatron/core/distributed/fsdp/
+mcore_fsdp_adapter.py) with --use-megatron-fsdp. Building it here would need a CUDA DeviceMesh
+and DTensors, so the two pure functions that decide the layout run instead, on the chunk's meta
+parameters (megatron_fsdp/param_and_grad_buffer.py, megatron-core 0.16.1; custom_fsdp/ in 0.13):
+
+- `_get_parameter_groups(module, BucketingPolicy(...))`: which parameters share a bucket. Under
+  optim_grads_params every TransformerLayer is an FSDP unit (the adapter's `fsdp_unit_modules`),
+  the other parameters are bucketed by the suggested bucket size; buckets split by dtype and
+  expert (`".experts." in name`);
+- `build_data_parallel_buffer_index(shapes, rank, dp, ...)`: where each parameter sits in its
+  bucket and the bucket's padded size (0.16: a multiple of dp x the bucket's row size; 0.13:
+  of lcm(dp, 128); no padding with no_shard). Rank r's shard is `[r*size/dp, (r+1)*size/dp)`
+  (`_get_dp_buffer_shard_bucket_index`).
+
+Simulated (the smallest piece): which of the three buffers each strategy shards, as
+`ParamAndGradBuffer._init_each_parameter_group_buffers` sets `is_*_distributed`, and what the
+optimizer updates: the parameters' pieces inside the rank's shard of the fp32 main-weight buffer
+(`_init_distributed_params`). Dense buckets shard over dp x cp (`pg_collection.dp_cp`), expert
+buckets over the expert data-parallel group (`pg_collection.expt_dp`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+
+@dataclass(frozen=True)
+class FsdpBucket:
+    """One Megatron-FSDP bucket (parameter group): its padded size and its parameters' places."""
+
+    unit: int | None  # the FSDP unit (TransformerLayer) it belongs to, None outside units
+    expert: bool  # sharded over the expert data-parallel group
+    numel: int  # bucket size, padding included
+    dp: int  # ranks sharing it
+    items: tuple[tuple[int, int], ...]  # (start, numel) of each parameter in the bucket
+    param_itemsize: int
+    grad_itemsize: int
+    names: tuple[str, ...] = ()  # the parameters' names, as items
+
+    @property
+    def shard_numel(self) -> int:
+        """Return one rank's shard of the bucket (padding included, equal on every rank)."""
+        return self.numel // self.dp
+
+    def owners(self) -> dict[str, tuple[int, ...]]:
+        """Return each parameter's ranks: those whose shard holds some of its elements."""
+        shard = self.shard_numel
+        return {
+            name: tuple(range(start // shard, (start + size - 1) // shard + 1)) if size else ()
+            for name, (start, size) in zip(self.names, self.items, strict=True)
+        }
+
+    @property
+    def parameters(self) -> int:
+        """Return the parameter elements in the bucket (no padding)."""
+        return sum(size for _, size in self.items)
+
+    @cached_property
+    def owned_numel(self) -> tuple[int, ...]:
+        """Return, per rank, the parameter elements inside its shard (what its optimizer updates)."""
+        shard = self.shard_numel
+        edges = [0] * (self.dp + 1)
+        partial = [0] * self.dp
+        for start, size in self.items:
+            if size == 0:
+                continue
+            end = start + size
+            first, last = start // shard, (end - 1) // shard
+            if first == last:
+                partial[first] += size
+                continue
+            partial[first] += (first + 1) * shard - start
+            partial[last] += end - last * shard
+            if last - first > 1:
+                edges[first + 1] += shard
+                edges[last] -= shard
+        return tuple(a + b for a, b in zip(itertools.accumulate(edges), partial, strict=False))
+
+
+@dataclass(frozen=True)
+class FsdpLayout:
+    """Every bucket of one chunk, in megatron's order, under one sharding strategy."""
+
+    strategy: str  # a --data-parallel-sharding-strategy, or fsdp2 (PyTorch FSDP2)
+    buckets: tuple[FsdpBucket | Fsdp2Unit, ...]
+
+
+def _buffer_module() -> Any:
+    try:
+        from megatron.core.distributed.fsdp.src.megatron_fsdp import param_and_grad_buffer
+    except ImportError:  # megatron-core 0.13/0.14: custom_fsdp
+        from megatron.core.distributed.custom_fsdp import (  # type: ignore[no-redef,unused-ignore]
+            param_and_grad_buffer,
+        )
+    return param_and_grad_buffer
+
+
+def fsdp_layout(
+    module: Any,
+    strategy: str,
+    dp_cp: int,
+    expert_dp: int,
+    bucket_size: int | None,
+    grad_reduce_in_fp32: bool,
+) -> FsdpLayout:
+    """Lay out `module`'s Megatron-FSDP buckets with megatron's own grouping and index.
+
+    Args:
+        module: the chunk's GPTModel on meta tensors (cast to 16 bits as Float16Module does).
+        strategy: --data-parallel-sharding-strategy.
+        dp_cp, expert_dp: the sizes of the dense and expert sharding groups.
+        bucket_size: the suggested bucket size in elements (None: one bucket per group).
+        grad_reduce_in_fp32: gradients in fp32 (else in the parameters' dtype), as
+            `ParamAndGradBuffer` makes its main grad buffer.
+    """
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.transformer.transformer_layer import TransformerLayer
+
+    buffers = _buffer_module()
+    units = [TransformerLayer] if strategy == "optim_grads_params" else []
+    policy = buffers.BucketingPolicy(
+        suggested_bucket_size=bucket_size,
+        fsdp_unit_modules=units,
+        data_parallel_sharding_strategy=strategy,
+    )
+    groups, _, _ = buffers._get_parameter_groups(module, policy, {})
+    names = {p: name for name, p in module.named_parameters()}
+    config = DistributedDataParallelConfig(data_parallel_sharding_strategy=strategy)
+    takes_factor = "chunk_size_factor" in inspect.signature(
+        buffers.build_data_parallel_buffer_index
+    ).parameters
+    sharded = strategy != "no_shard"
+    result = []
+    for bucket_id, group in enumerate(groups):
+        dp = expert_dp if group.is_expert_param else dp_cp
+        extra = {"chunk_size_factor": group.chunk_size_factor} if takes_factor else {}
+        index, bucket, _ = buffers.build_data_parallel_buffer_index(
+            [p.shape for p in group.params], 0, dp, sharded and dp > 1, config,
+            bucket_id=bucket_id, **extra,
+        )  # fmt: skip
+        entries = index.values() if isinstance(index, dict) else index
+        placed = sorted((i.global_data_index, i.size, names[group.params[i.item_id]]) for i in entries)
+        items = tuple((start, size) for start, size, _ in placed)
+        itemsize = group.params[0].dtype.itemsize
+        result.append(
+            FsdpBucket(
+                unit=group.fsdp_unit_id,
+                expert=bool(group.is_expert_param),
+                numel=int(bucket.size),
+                dp=dp,
+                items=items,
+                param_itemsize=itemsize,
+                grad_itemsize=4 if grad_reduce_in_fp32 else itemsize,
+                names=tuple(name for _, _, name in placed),
+            )
+        )
+    return FsdpLayout(strategy, tuple(result))
+
+
+@dataclass(frozen=True)
+class Fsdp2Unit:
+    """One module PyTorch FSDP2 shards (`fully_shard`): its parameters' rows over the ranks.
+
+    FSDP2 splits every parameter along dim 0 into `ceil(rows / dp)`-row chunks, padded so each
+    rank allocates one full chunk (torch/distributed/fsdp/_fully_shard/_fsdp_param.py
+    `_init_sharded_param`: torch.chunk, then `padded_sharded_param_size`); the optimizer sees the
+    unpadded local rows.
+    """
+
+    unit: int | None
+    expert: bool
+    shapes: tuple[tuple[int, int], ...]  # (rows, elements per row) of each parameter
+    dp: int
+    param_itemsize: int
+    grad_itemsize: int
+    names: tuple[str, ...] = ()  # the parameters' names, as shapes
+
+    def owners(self) -> dict[str, tuple[int, ...]]:
+        """Return each parameter's ranks: those holding some of its rows."""
+        return {
+            name: tuple(range(min(self.dp, -(-rows // -(-rows // self.dp)))))
+            for name, (rows, _) in zip(self.names, self.shapes, strict=True)
+        }
+
+    @property
+    def shard_numel(self) -> int:
+        """Return one rank's padded shard of the unit's parameters."""
+        return sum(-(-rows // self.dp) * row for rows, row in self.shapes)
+
+    @property
+    def numel(self) -> int:
+        """Return the unit's elements when gathered (padding included)."""
+        return self.shard_numel * self.dp
+
+    @property
+    def parameters(self) -> int:
+        """Return the unit's parameter elements."""
+        return sum(rows * row for rows, row in self.shapes)
+
+    @cached_property
+    def owned_numel(self) -> tuple[int, ...]:
+        """Return, per rank, its local (unpadded) rows' elements."""
+        owned = [0] * self.dp
+        for rows, row in self.shapes:
+            chunk = -(-rows // self.dp)
+            full, rest = divmod(rows, chunk)
+            for rank in range(min(full, self.dp)):
+                owned[rank] += chunk * row
+            if rest and full < self.dp:
+                owned[full] += rest * row
+        return tuple(owned)
+
+
+def fsdp2_layout(module: Any, dp_cp: int, local_spec: bool) -> FsdpLayout:
+    """Group `module`'s parameters by the module megatron's TorchFullyShardedDataParallel shards.
+
+    megatron/core/distributed/torch_fully_sharded_data_parallel.py calls `fully_shard` on every
+    TransformerLayer, LanguageModelEmbedding, RotaryEmbedding and (not with the local spec)
+    tensor_parallel.ColumnParallelLinear, then on the root: a parameter belongs to its innermost
+    such module. Units are in module order; the root's own parameters come first.
+    """
+    from megatron.core import tensor_parallel
+    from megatron.core.models.common.embeddings.language_model_embedding import (
+        LanguageModelEmbedding,
+    )
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+    from megatron.core.transformer.transformer_layer import TransformerLayer
+
+    kinds: tuple[type, ...] = (TransformerLayer, LanguageModelEmbedding, RotaryEmbedding)
+    if not local_spec:
+        kinds += (tensor_parallel.ColumnParallelLinear,)
+    owner: dict[str, int | None] = {}
+    units: list[int | None] = [None]
+    for name, sub in module.named_modules():
+        if name and isinstance(sub, kinds):
+            units.append(len(units) - 1)
+            for pname, _ in module.get_submodule(name).named_parameters():
+                owner[f"{name}.{pname}"] = units[-1]
+    shapes: dict[int | None, list[tuple[int, int]]] = {unit: [] for unit in units}
+    names: dict[int | None, list[str]] = {unit: [] for unit in units}
+    itemsize = 2
+    for name, param in module.named_parameters():
+        rows = param.shape[0] if param.dim() else 1
+        shapes[owner.get(name)].append((rows, param.numel() // max(rows, 1)))
+        names[owner.get(name)].append(name)
+        itemsize = param.dtype.itemsize
+    return FsdpLayout(
+        "fsdp2",
+        tuple(
+            Fsdp2Unit(
+                unit, False, tuple(shapes[unit]), dp_cp, itemsize, itemsize, tuple(names[unit])
+            )
+            for unit in units
+            if shapes[unit]
+        ),
+    )
