@@ -40,6 +40,11 @@ def refused_argument(flag: str, value: str | None, where: str) -> Refused | None
     return Refused(REFUSED[flag].group, where, shown, "not modelled", REFUSED[flag].reason)
 
 
+def refused_flags(refused: Iterable[Refused]) -> set[str]:
+    """Return the flags of refused arguments, for validate_args' rules that read them."""
+    return {item.argument.split()[0] for item in refused}
+
+
 def validate_args_refusals(flags: Iterable[str], where: str,
                            args: Mapping[str, Any] | None = None) -> tuple[Refused, ...]:  # fmt: skip
     """Return validate_args' refusals of argument combinations among the flags a job passes
@@ -57,7 +62,33 @@ def validate_args_refusals(flags: Iterable[str], where: str,
                              "refused by Megatron-LM",
                              "validate_args: '--no-position-embedding is deprecated, use "
                              "--position-embedding-type'"))  # fmt: skip
+    found += _fp8_param_gather_refusals(given, where, args or {})
     return tuple(found)
+
+
+def _fp8_param_gather_refusals(given: set[str], where: str,
+                               args: Mapping[str, Any]) -> list[Refused]:  # fmt: skip
+    """Megatron-LM's own stops for `--fp8-param-gather` (which this tool does not model either):
+    megatron-core's TransformerConfig.__post_init__ needs fp8 for `fp8_param` (which
+    core_transformer_config_from_args copies from it), and validate_args a sharding optimizer."""
+    if "--fp8-param-gather" not in given:
+        return []
+    found = []
+    if not args.get("fp8_format"):
+        found.append(Refused(ALL_GROUPS, where, "--fp8-param-gather without --fp8-format",
+                             "refused by Megatron-LM",
+                             "megatron-core's TransformerConfig: 'fp8_param must be used "
+                             "together with fp8 mode.'"))  # fmt: skip
+    if not any(args.get(name) for name in _FP8_PARAM_OPTIMIZERS):
+        found.append(Refused(ALL_GROUPS, where, "--fp8-param-gather without "
+                             "--use-distributed-optimizer", "refused by Megatron-LM",
+                             "validate_args: '--fp8-param-gather only supported with distributed "
+                             "optimizer, torch fsdp2, megatron fsdp, or inference mode'"))  # fmt: skip
+    return found
+
+
+# validate_args: the arguments that let --fp8-param-gather train
+_FP8_PARAM_OPTIMIZERS = ("use_distributed_optimizer", "use_torch_fsdp2", "use_megatron_fsdp")
 
 
 def raise_refusals(refused: Sequence[Refused], groups: tuple[str, ...]) -> None:
