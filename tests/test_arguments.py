@@ -246,3 +246,30 @@ def test_tables_are_disjoint():
     assert not modelled & set(REFUSED)
     assert not modelled & set(IGNORED)
     assert not set(REFUSED) & set(IGNORED)
+
+
+def test_fp8_param_gather_under_fsdp2_is_turned_off_as_validate_args_does(cli, tmp_path):
+    # Megatron-LM validate_args, --use-torch-fsdp2 with Transformer Engine >= 2.0: it sets
+    # fp8_param_gather = False with a warning (before its own check), so the job is --fp8-format's
+    fsdp2 = ("--transformer-impl transformer_engine --fp8-format hybrid --use-torch-fsdp2 "
+             "--untie-embeddings-and-output-weights --no-gradient-accumulation-fusion")  # fmt: skip
+    (tmp_path / "with").mkdir()
+    (tmp_path / "without").mkdir()
+    with_flag = script(tmp_path / "with", f"{fsdp2} --fp8-param-gather")
+    without = script(tmp_path / "without", fsdp2)
+    result = cli("memory", "--from-script", with_flag)
+    assert result.code == 0, result.err
+    assert "--fp8-param-gather is turned off under --use-torch-fsdp2" in result.err
+    plain = cli("memory", "--from-script", without)
+    assert "--fp8-param-gather" not in plain.err
+    assert result.out.replace(with_flag, without) == plain.out
+
+
+def test_fp8_param_gather_under_fsdp2_in_a_config_file(cli, tmp_path):
+    path = tmp_path / "args.yaml"
+    path.write_text("num-layers: 2\nhidden-size: 64\nnum-attention-heads: 4\nseq-length: 32\n"
+                    "vocab-size: 1000\nmicro-batch-size: 1\nbf16: true\nuse-torch-fsdp2: true\n"
+                    "fp8-param-gather: true\n")  # fmt: skip
+    result = cli("params", "--config", str(path))
+    assert result.code == 0, result.err
+    assert "--fp8-param-gather is turned off under --use-torch-fsdp2" in result.err

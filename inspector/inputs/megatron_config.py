@@ -25,6 +25,7 @@ from inspector.inputs.launch import is_launch
 from inspector.inputs.missing import Needs
 from inspector.inputs.refusals import (
     Refused,
+    fsdp2_drops_fp8_param_gather,
     refused_argument,
     refused_flags,
     validate_args_refusals,
@@ -85,7 +86,9 @@ def _functional_test(data: dict[str, Any], path: str) -> ScriptArgs:
     parsed = split_arguments(words, Needs(ctx, path), ctx, raw)
     flags = {BY_NAME[name].flag for name in parsed.args} | set(parsed.ignored)
     flags |= refused_flags(parsed.refused)
-    refused = parsed.refused + validate_args_refusals(flags, path, parsed.args)
+    refused, dropped = fsdp2_drops_fp8_param_gather(
+        parsed.refused + validate_args_refusals(flags, path, parsed.args), parsed.args)
+    notes += dropped
     args, ignored, tokenizer_notes, problem = apply_tokenizer(
         dict(parsed.args), parsed.ignored, raw, path)  # fmt: skip
     return ScriptArgs(args, ignored, notes=(*notes, *tokenizer_notes), vocab_problem=problem,
@@ -125,8 +128,10 @@ def _plain(data: dict[str, Any], path: str) -> ScriptArgs:
                           f"{', '.join(unknown)}")  # fmt: skip
     flags = {BY_NAME[name].flag for name in args} | set(ignored) | refused_flags(refused)
     refused += validate_args_refusals(flags, path, args)
+    kept_refused, dropped = fsdp2_drops_fp8_param_gather(refused, args)
     args, kept, notes, problem = apply_tokenizer(args, tuple(ignored), raw, path)
-    return ScriptArgs(args, kept, notes=notes, vocab_problem=problem, refused=tuple(refused))
+    return ScriptArgs(args, kept, notes=(*dropped, *notes), vocab_problem=problem,
+                      refused=kept_refused)  # fmt: skip
 
 
 def _once(spelled: dict[str, str], name: str, key: str, path: str) -> None:

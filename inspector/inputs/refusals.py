@@ -74,7 +74,9 @@ def _fp8_param_gather_refusals(given: set[str], where: str,
     if "--fp8-param-gather" not in given:
         return []
     found = []
-    if not args.get("fp8_format"):
+    # under FSDP2 validate_args has turned it off (fsdp2_drops_fp8_param_gather) before the
+    # TransformerConfig is made
+    if not args.get("fp8_format") and not args.get("use_torch_fsdp2"):
         found.append(Refused(ALL_GROUPS, where, "--fp8-param-gather without --fp8-format",
                              "refused by Megatron-LM",
                              "megatron-core's TransformerConfig: 'fp8_param must be used "
@@ -89,6 +91,21 @@ def _fp8_param_gather_refusals(given: set[str], where: str,
 
 # validate_args: the arguments that let --fp8-param-gather train
 _FP8_PARAM_OPTIMIZERS = ("use_distributed_optimizer", "use_torch_fsdp2", "use_megatron_fsdp")
+
+
+def fsdp2_drops_fp8_param_gather(refused: Sequence[Refused], args: Mapping[str, Any],
+                                 ) -> tuple[tuple[Refused, ...], tuple[str, ...]]:  # fmt: skip
+    """Return the refusals and notes once validate_args has turned `--fp8-param-gather` off:
+    under --use-torch-fsdp2 with Transformer Engine 2.0 or later (the stand-in is 2.11) it sets
+    args.fp8_param_gather = False with a warning, so the job is --fp8-format's alone."""
+    kept = tuple(item for item in refused if item.argument.split()[0] != "--fp8-param-gather")
+    if not args.get("use_torch_fsdp2") or len(kept) == len(refused):
+        return tuple(refused), ()
+    return kept, (
+        "--fp8-param-gather is turned off under --use-torch-fsdp2, as Megatron-LM's validate_args "
+        "does with Transformer Engine 2.0 or later ('FSDP2 FP8 param gather is not supported yet "
+        "in TE 2.0, will fallback to bf16 all_gather instead'): the parameters stay 16-bit",
+    )
 
 
 def raise_refusals(refused: Sequence[Refused], groups: tuple[str, ...]) -> None:
