@@ -158,7 +158,7 @@ def script(tmp_path: Path, extra: str) -> str:
          "--torch-fsdp2-no-reshard-after-forward is not modelled: FSDP2 keeping the gathered "
          "parameters from the forward to the backward (ZeRO-2) is not modelled; --use-torch-fsdp2 "
          "alone (resharding after the forward) is"),
-        ("--fp8-param-gather",
+        ("--fp8-format hybrid --use-distributed-optimizer --fp8-param-gather",
          "--fp8-param-gather is not modelled: Transformer Engine's fp8/fp4 parameters (and fp4 "
          "recipes) keep quantized weights this tool does not count; --fp8-format with "
          "--fp8-recipe is modelled, drop this argument to see it"),
@@ -174,9 +174,39 @@ def test_script_refusals(cli, tmp_path, extra, message):
 
 def test_training_refusal_leaves_params_alone(cli, tmp_path):
     # fp8 parameters change what training holds, not the parameters: params still answers
-    path = script(tmp_path, "--fp8-param-gather")
+    path = script(tmp_path, "--transformer-impl transformer_engine --fp8-format hybrid "
+                  "--use-distributed-optimizer --fp8-param-gather")
     result = cli("params", "--from-script", path)
     assert result.code == 0, result.err
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        # megatron-core TransformerConfig.__post_init__ (fp8_param from core_transformer_config_from_args)
+        ("--use-distributed-optimizer --fp8-param-gather",
+         "--fp8-param-gather without --fp8-format is refused by Megatron-LM: megatron-core's "
+         "TransformerConfig: 'fp8_param must be used together with fp8 mode.'"),
+        # Megatron-LM validate_args
+        ("--fp8-format hybrid --fp8-param-gather",
+         "--fp8-param-gather without --use-distributed-optimizer is refused by Megatron-LM: "
+         "validate_args: '--fp8-param-gather only supported with distributed optimizer, torch "
+         "fsdp2, megatron fsdp, or inference mode'"),
+    ],
+)  # fmt: skip
+def test_fp8_param_gather_megatron_lm_stops_even_params(cli, tmp_path, extra, message):
+    # Megatron-LM would not start: even `params`, which the fp8 parameters leave alone, stops
+    path = script(tmp_path, extra)
+    result = cli("params", "--from-script", path)
+    assert (result.code, result.err) == (2, f"Error: {path} line 1: {message}\n")
+
+
+def test_fp8_param_gather_passes_megatron_lm_with_a_sharding_optimizer(cli, tmp_path):
+    for sharding in ("--use-distributed-optimizer", "--use-torch-fsdp2 --untie-embeddings-and-output-weights"):
+        path = script(tmp_path, f"--transformer-impl transformer_engine --fp8-format hybrid "
+                      f"{sharding} --fp8-param-gather")
+        result = cli("params", "--from-script", path)
+        assert result.code == 0, result.err
 
 
 def test_script_lists_only_harmless_arguments_as_ignored(cli, tmp_path):
@@ -216,3 +246,30 @@ def test_tables_are_disjoint():
     assert not modelled & set(REFUSED)
     assert not modelled & set(IGNORED)
     assert not set(REFUSED) & set(IGNORED)
+
+
+def test_fp8_param_gather_under_fsdp2_is_turned_off_as_validate_args_does(cli, tmp_path):
+    # Megatron-LM validate_args, --use-torch-fsdp2 with Transformer Engine >= 2.0: it sets
+    # fp8_param_gather = False with a warning (before its own check), so the job is --fp8-format's
+    fsdp2 = ("--transformer-impl transformer_engine --fp8-format hybrid --use-torch-fsdp2 "
+             "--untie-embeddings-and-output-weights --no-gradient-accumulation-fusion")  # fmt: skip
+    (tmp_path / "with").mkdir()
+    (tmp_path / "without").mkdir()
+    with_flag = script(tmp_path / "with", f"{fsdp2} --fp8-param-gather")
+    without = script(tmp_path / "without", fsdp2)
+    result = cli("memory", "--from-script", with_flag)
+    assert result.code == 0, result.err
+    assert "--fp8-param-gather is turned off under --use-torch-fsdp2" in result.err
+    plain = cli("memory", "--from-script", without)
+    assert "--fp8-param-gather" not in plain.err
+    assert result.out.replace(with_flag, without) == plain.out
+
+
+def test_fp8_param_gather_under_fsdp2_in_a_config_file(cli, tmp_path):
+    path = tmp_path / "args.yaml"
+    path.write_text("num-layers: 2\nhidden-size: 64\nnum-attention-heads: 4\nseq-length: 32\n"
+                    "vocab-size: 1000\nmicro-batch-size: 1\nbf16: true\nuse-torch-fsdp2: true\n"
+                    "fp8-param-gather: true\n")  # fmt: skip
+    result = cli("params", "--config", str(path))
+    assert result.code == 0, result.err
+    assert "--fp8-param-gather is turned off under --use-torch-fsdp2" in result.err

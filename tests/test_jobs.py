@@ -98,7 +98,8 @@ def test_rl_training_builds_but_memory_is_refused(cli, tmp_path):
 
 def test_every_refused_flag_in_one_message(cli, tmp_path):
     # one run names them all: the two fp8 flags share their reason, FSDP has its own
-    path = write(tmp_path, f"python pretrain_gpt.py {SMALL} --fp8-format hybrid --fp8-param-gather "
+    path = write(tmp_path, f"python pretrain_gpt.py {SMALL} --fp8-format hybrid --use-distributed-optimizer "
+                 "--fp8-param-gather "
                  "--fp4-param-gather --torch-fsdp2-no-reshard-after-forward --cpu-offloading\n")  # fmt: skip
     result = cli("memory", "--from-script", path)
     fp8 = ("Transformer Engine's fp8/fp4 parameters (and fp4 recipes) keep quantized weights this "
@@ -217,8 +218,8 @@ def test_functional_test_config(tmp_path):
 
 def test_functional_test_config_lists_every_refusal(cli, tmp_path):
     path = tmp_path / "model_config.yaml"
-    path.write_text(FUNCTIONAL_TEST.replace("  --bf16: true\n", "  --bf16: true\n  --fp8-param-gather: "
-                                            "true\n  --checkpoint-activations: true\n"))  # fmt: skip
+    path.write_text(FUNCTIONAL_TEST.replace("  --bf16: true\n", "  --bf16: true\n  --fp8-format: hybrid\n"
+                                            "  --fp8-param-gather: true\n  --checkpoint-activations: true\n"))  # fmt: skip
     result = cli("memory", "--config", str(path))
     assert result.err.startswith(
         f"Error: {path}: --fp8-param-gather is not modelled: Transformer Engine's "

@@ -23,7 +23,13 @@ from inspector.inputs.arguments import BY_NAME
 from inspector.inputs.bash.context import Context
 from inspector.inputs.launch import is_launch
 from inspector.inputs.missing import Needs
-from inspector.inputs.refusals import Refused, refused_argument, validate_args_refusals
+from inspector.inputs.refusals import (
+    Refused,
+    fsdp2_drops_fp8_param_gather,
+    refused_argument,
+    refused_flags,
+    validate_args_refusals,
+)
 from inspector.inputs.sources import ScriptArgs, convert, parse_config, split_arguments
 from inspector.inputs.tokenizers import TOKENIZER_FLAGS, apply_tokenizer
 from inspector.inputs.unmodelled import IGNORED, REFUSED, RENAMED
@@ -79,7 +85,10 @@ def _functional_test(data: dict[str, Any], path: str) -> ScriptArgs:
     ctx = Context(path, {}, is_launch)
     parsed = split_arguments(words, Needs(ctx, path), ctx, raw)
     flags = {BY_NAME[name].flag for name in parsed.args} | set(parsed.ignored)
-    refused = parsed.refused + validate_args_refusals(flags, path, parsed.args)
+    flags |= refused_flags(parsed.refused)
+    refused, dropped = fsdp2_drops_fp8_param_gather(
+        parsed.refused + validate_args_refusals(flags, path, parsed.args), parsed.args)
+    notes += dropped
     args, ignored, tokenizer_notes, problem = apply_tokenizer(
         dict(parsed.args), parsed.ignored, raw, path)  # fmt: skip
     return ScriptArgs(args, ignored, notes=(*notes, *tokenizer_notes), vocab_problem=problem,
@@ -117,10 +126,12 @@ def _plain(data: dict[str, Any], path: str) -> ScriptArgs:
     if unknown:
         raise ConfigError(f"{path}: unknown argument{'s' if len(unknown) > 1 else ''} "
                           f"{', '.join(unknown)}")  # fmt: skip
-    flags = {BY_NAME[name].flag for name in args} | set(ignored)
+    flags = {BY_NAME[name].flag for name in args} | set(ignored) | refused_flags(refused)
     refused += validate_args_refusals(flags, path, args)
+    kept_refused, dropped = fsdp2_drops_fp8_param_gather(refused, args)
     args, kept, notes, problem = apply_tokenizer(args, tuple(ignored), raw, path)
-    return ScriptArgs(args, kept, notes=notes, vocab_problem=problem, refused=tuple(refused))
+    return ScriptArgs(args, kept, notes=(*dropped, *notes), vocab_problem=problem,
+                      refused=kept_refused)  # fmt: skip
 
 
 def _once(spelled: dict[str, str], name: str, key: str, path: str) -> None:

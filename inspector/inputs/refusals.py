@@ -40,6 +40,11 @@ def refused_argument(flag: str, value: str | None, where: str) -> Refused | None
     return Refused(REFUSED[flag].group, where, shown, "not modelled", REFUSED[flag].reason)
 
 
+def refused_flags(refused: Iterable[Refused]) -> set[str]:
+    """Return the flags of refused arguments, for validate_args' rules that read them."""
+    return {item.argument.split()[0] for item in refused}
+
+
 def validate_args_refusals(flags: Iterable[str], where: str,
                            args: Mapping[str, Any] | None = None) -> tuple[Refused, ...]:  # fmt: skip
     """Return validate_args' refusals of argument combinations among the flags a job passes
@@ -57,7 +62,50 @@ def validate_args_refusals(flags: Iterable[str], where: str,
                              "refused by Megatron-LM",
                              "validate_args: '--no-position-embedding is deprecated, use "
                              "--position-embedding-type'"))  # fmt: skip
+    found += _fp8_param_gather_refusals(given, where, args or {})
     return tuple(found)
+
+
+def _fp8_param_gather_refusals(given: set[str], where: str,
+                               args: Mapping[str, Any]) -> list[Refused]:  # fmt: skip
+    """Megatron-LM's own stops for `--fp8-param-gather` (which this tool does not model either):
+    megatron-core's TransformerConfig.__post_init__ needs fp8 for `fp8_param` (which
+    core_transformer_config_from_args copies from it), and validate_args a sharding optimizer."""
+    if "--fp8-param-gather" not in given:
+        return []
+    found = []
+    # under FSDP2 validate_args has turned it off (fsdp2_drops_fp8_param_gather) before the
+    # TransformerConfig is made
+    if not args.get("fp8_format") and not args.get("use_torch_fsdp2"):
+        found.append(Refused(ALL_GROUPS, where, "--fp8-param-gather without --fp8-format",
+                             "refused by Megatron-LM",
+                             "megatron-core's TransformerConfig: 'fp8_param must be used "
+                             "together with fp8 mode.'"))  # fmt: skip
+    if not any(args.get(name) for name in _FP8_PARAM_OPTIMIZERS):
+        found.append(Refused(ALL_GROUPS, where, "--fp8-param-gather without "
+                             "--use-distributed-optimizer", "refused by Megatron-LM",
+                             "validate_args: '--fp8-param-gather only supported with distributed "
+                             "optimizer, torch fsdp2, megatron fsdp, or inference mode'"))  # fmt: skip
+    return found
+
+
+# validate_args: the arguments that let --fp8-param-gather train
+_FP8_PARAM_OPTIMIZERS = ("use_distributed_optimizer", "use_torch_fsdp2", "use_megatron_fsdp")
+
+
+def fsdp2_drops_fp8_param_gather(refused: Sequence[Refused], args: Mapping[str, Any],
+                                 ) -> tuple[tuple[Refused, ...], tuple[str, ...]]:  # fmt: skip
+    """Return the refusals and notes once validate_args has turned `--fp8-param-gather` off:
+    under --use-torch-fsdp2 with Transformer Engine 2.0 or later (the stand-in is 2.11) it sets
+    args.fp8_param_gather = False with a warning, so the job is --fp8-format's alone."""
+    kept = tuple(item for item in refused if item.argument.split()[0] != "--fp8-param-gather")
+    if not args.get("use_torch_fsdp2") or len(kept) == len(refused):
+        return tuple(refused), ()
+    return kept, (
+        "--fp8-param-gather is turned off under --use-torch-fsdp2, as Megatron-LM's validate_args "
+        "does with Transformer Engine 2.0 or later ('FSDP2 FP8 param gather is not supported yet "
+        "in TE 2.0, will fallback to bf16 all_gather instead'): the parameters stay 16-bit",
+    )
 
 
 def raise_refusals(refused: Sequence[Refused], groups: tuple[str, ...]) -> None:

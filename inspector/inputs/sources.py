@@ -25,7 +25,13 @@ from inspector.inputs.launch import (
     world_of,
 )
 from inspector.inputs.missing import NO_FLAG, WORLD, Needs, raise_missing
-from inspector.inputs.refusals import Refused, refusals_message, refused_argument
+from inspector.inputs.refusals import (
+    Refused,
+    fsdp2_drops_fp8_param_gather,
+    refusals_message,
+    refused_argument,
+    refused_flags,
+)
 from inspector.inputs.safe_parse import parse_json, parse_yaml
 from inspector.inputs.tokenizers import TOKENIZER_FLAGS, apply_tokenizer
 from inspector.inputs.unmodelled import IGNORED, REFUSED, RENAMED
@@ -101,13 +107,13 @@ def parse_launch_script(text: str, origin: str, settings: Mapping[str, str] | No
     raw: dict[str, str] = {}
     parsed = split_arguments(program_arguments(launch.argv), needs, launch.ctx, raw)
     args, ignored = dict(parsed.args), parsed.ignored
-    flags = {BY_NAME[name].flag for name in args} | set(parsed.ignored)
+    flags = {BY_NAME[name].flag for name in args} | set(parsed.ignored) | refused_flags(parsed.refused)
     program, refused = program_checks(launch.argv, launch.ctx.show, flags, where, args)
-    refused += parsed.refused
+    refused, dropped = fsdp2_drops_fp8_param_gather((*refused, *parsed.refused), args)
     own = f"{origin} line "  # the script's own lines: "line 12: ..." under "Note from SCRIPT"
     read = (note.replace(own, "line ", 1) if note.startswith(own) else note
             for note in launch.ctx.notes)  # fmt: skip
-    notes: tuple[str, ...] = (*read, *program)
+    notes: tuple[str, ...] = (*read, *program, *dropped)
     if "--tokenizer-type" in raw:
         raw = {flag: needs.need(value, flag, "vocab_size") or launch.ctx.show(value)
                for flag, value in raw.items()}  # fmt: skip
