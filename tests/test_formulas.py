@@ -29,7 +29,7 @@ EVERYTHING = ModelConfig(
     moe_ffn_hidden_size=48, moe_shared_expert_intermediate_size=80, moe_layer_freq=(0, 1, 1, 1),
     multi_latent_attention=True, transformer_impl="transformer_engine", q_lora_rank=24,
     kv_lora_rank=16, qk_head_dim=8, qk_pos_emb_head_dim=4, v_head_dim=12,
-    position_embedding_type="rope", mtp_num_layers=1,
+    position_embedding_type="rope", mtp_num_layers=1, fp8_format="hybrid",
 )  # fmt: skip
 # What the job, not the architecture, gives ModelDims (the kernels: formulas/ops.py).
 JOB_FIELDS = {"seq_length", "vocab_size", "activation_bytes", "attention_dropout", "hidden_dropout",
@@ -50,7 +50,7 @@ def test_model_dims_come_from_the_transformer_config_fields() -> None:
         moe_layer_freq=(0, 1, 1, 1), activation_bytes=2, multi_latent_attention=True,
         q_lora_rank=24, kv_lora_rank=16, qk_head_dim=8, qk_pos_emb_head_dim=4, v_head_dim=12,
         mtp_num_layers=1, qk_layernorm=True, attention_dropout=True, hidden_dropout=False,
-        rotary=True, flash_attention=False, fused_kernels=True,
+        rotary=True, flash_attention=False, fused_kernels=True, fp8="hybrid",
     )  # fmt: skip
 
 
