@@ -144,8 +144,10 @@ def run_job(job: Job, stages: Sequence[Any]) -> JobRuns:
 def not_runnable(job: Job) -> str | None:
     """Return why the engine cannot run the job yet, or None when it can."""
     reason = None
-    if job.model.transformer_impl == "transformer_engine" and job.layout.cp > 1:
-        reason = "Transformer Engine's context-parallel attention is not run yet"
+    model = job.model
+    if model.transformer_impl == "transformer_engine" and job.layout.cp > 1:
+        if not (model.bf16 or model.fp16):  # TE's cp attention: fused/flash only (16-bit)
+            reason = "Transformer Engine has no 32-bit context-parallel attention to run"
     if reason is not None and job.model.fp8_format is not None:  # the closed forms know no fp8
         reason += " (16-bit activations; fp8 weight copies and fp8 saved inputs not counted)"
     return reason
