@@ -520,3 +520,17 @@ def test_a_small_moe_job_on_tensor_and_expert_parallel_ranks_runs_through_the_en
     report = _json("memory", "--format", "json", *ENGINE, *extra)
     assert [s["activations"]["source"] for s in report["stages"]] == ["engine", "engine"]
     assert all(s["static"] > s["weights"] + s["gradients"] + s["optimizer"] for s in report["stages"])
+
+
+def test_an_engine_run_does_not_depend_on_the_runs_before_it_in_the_process() -> None:
+    """megatron keeps its MTP loss-logging values per process (MTPLossLoggingHelper.tracker,
+    allocated by the first forward): every run starts without them, as `memory` in a new
+    process does, so `plan`, which measures plan after plan in one process, agrees with it."""
+    mtp = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+           "--seq-length", "32", "--vocab-size", "1000", "--micro-batch-size", "2",
+           "--global-batch-size", "4", "--bf16", "--position-embedding-type", "rope",
+           "--mtp-num-layers", "1"]  # fmt: skip
+    first = _json("memory", "--format", "json", *mtp)
+    assert first == _json("memory", "--format", "json", *mtp)
+    kept = [size for where, size in first["stages"][0]["buffers"]["persistent"] if where == "model"]
+    assert 512 in kept  # the tracker's [mtp layers] fp32 values, in one 512-byte block
