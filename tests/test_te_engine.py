@@ -141,6 +141,84 @@ def test_grouped_linear_saves_each_gemms_input_view_and_weights():
     assert [g.shape for g in grads] == [x.shape, weights[0].shape, weights[1].shape]
 
 
+@pytest.mark.parametrize("rank", [0, 1])
+def test_p2p_context_parallel_attention_keeps_tes_ring_buffers(rank):
+    """context_parallel.py `AttnFuncWithCPAndKVP2P.forward` (v2.11), cp 2, causal, bf16: the
+    packed KV (1543) and one received KV buffer (1554); per step an output, fp32 statistics
+    [b, h, rows, 1] and an rng state, rows = s on the diagonal and the lower triangle (step
+    i <= rank), s / 2 on the upper triangle (1615-1690); step 1 clones step 0's statistics
+    (1729); the merged output (105-115). Saved (1956-1967): q, the last KV buffer, out, the
+    merged statistics, two rng states; the rest goes when the forward returns."""
+    import torch
+
+    from inspector.engine.allocator import Tracker, rounded
+
+    f = _functions()
+    heads, groups, d, s = 4, 2, 16, 8
+    q, k, v = _meta(s, B, heads, d), _meta(s, B, groups, d), _meta(s, B, groups, d)
+    tracker = Tracker()
+    with tracker:
+        out = f.P2PAttnFunction.apply(q, k, v, (2, rank, True))
+    kv = rounded(2 * s * B * groups * d * 2)
+    full, stats = rounded(s * B * heads * d * 2), rounded(B * heads * s * 4)
+    half = (rounded(s // 2 * B * heads * d * 2), rounded(B * heads * s // 2 * 4))
+    step1 = (full, stats) if rank == 1 else half
+    rng = rounded(16)
+    allocations = [kv, kv, full, stats, rng, step1[0], step1[1], rng, stats, full]
+    assert [e.bytes for e in tracker.events if e.bytes > 0] == allocations
+    assert tracker.peak == sum(allocations)
+    assert tracker.allocated == kv + full + stats + 2 * rng  # what backward keeps
+    bf16, f32 = torch.bfloat16, torch.float32
+    assert _saved(out) == [
+        None, None, None, ((s, B, heads, d), bf16), ((2 * s * B * groups * d,), bf16),
+        ((s, B, heads, d), bf16), ((B, heads, s), f32), *[None] * 6,
+        ((2,), torch.int64), ((2,), torch.int64), None, None,
+    ]  # fmt: skip
+    assert out.grad_fn.saved_tensors[3] is q  # q itself, no copy
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.empty_like(out))
+    assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
+    # dk and dv are views of one [2, KV] ring buffer (context_parallel.py 2644-2650)
+    assert dk.untyped_storage().nbytes() == 2 * 2 * s * B * groups * d * 2
+
+
+def test_te_attention_runs_the_ring_on_the_cp_rank():
+    """DotProductAttention under a cp group of 2 runs the p2p ring; fp32 has no TE backend."""
+    import torch
+
+    from inspector.world.setup import megatron
+
+    megatron()
+    from transformer_engine.pytorch import DotProductAttention
+
+    attention = DotProductAttention(4, 16, cp_group=object())
+    q = _meta(8, B, 4, 16)
+    with patch_cp_size(2):
+        out = attention(q, q, q, None, attn_mask_type="causal")
+        assert out.shape == (8, B, 64)
+        ring = out.grad_fn.next_functions[0][0]
+        assert type(ring).__name__.startswith("P2PAttnFunction")
+        with pytest.raises(NotImplementedError, match="fp16/bf16"):
+            attention(*(_meta(8, B, 4, 16, dtype=torch.float32) for _ in range(3)), None)
+
+
+def patch_cp_size(size):
+    from unittest import mock
+
+    from inspector.world.te import attention
+
+    stack = mock.patch.object(attention, "_size", lambda group: size)
+    return _both(stack, mock.patch.object(attention, "_rank", lambda group: 0))
+
+
+def _both(first, second):
+    import contextlib
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(first)
+    stack.enter_context(second)
+    return stack
+
+
 @pytest.mark.parametrize("dtype_name", ["bfloat16", "float32"])
 def test_attention_backend_follows_tes_choice_by_dtype(dtype_name):
     """TE's get_attention_backend runs fused/flash attention only in fp16/bf16: bf16 keeps the

@@ -18,6 +18,9 @@ torch or megatron choose by device:
 - apex's FusedLayerNorm (megatron/core/fusions/fused_layer_norm.py) runs as torch's layer_norm,
   which saves the same tensors for backward (input, and fp32 mean and rstd per row; apex's
   FusedLayerNormAffineFunction and FastLayerNormFN: input, mean, invvar);
+- a host tensor asked in page-locked memory (`pin_memory=True`: megatron's rope_utils
+  `get_pos_emb_on_this_cp_rank` under context parallelism) is made in ordinary host memory: it
+  takes no GPU memory either way, and this CPU build has no pinned allocator;
 - megatron's CUDA RNG tracker forks nothing and RNG states are host tensors, as on a GPU
   (CUDA generator states are kept by the host, not in GPU memory);
 - Transformer Engine's kernels run as the stand-in's autograd Functions (world/te/functions.py),
@@ -45,6 +48,8 @@ class _CudaKernels(TorchFunctionMode):
         kwargs = dict(kwargs or {})
         if _is_cuda(kwargs.get("device")):
             kwargs["device"] = "meta"
+        if kwargs.get("pin_memory"):  # page-locked host memory: no GPU memory, and no CUDA here
+            kwargs["pin_memory"] = False
         if func in _DROPOUTS:
             return _dropout(*args, **kwargs)
         if func in _RMS_NORMS:

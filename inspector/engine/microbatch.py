@@ -138,6 +138,8 @@ def _inputs(job: Job, gpt: Any) -> dict[str, Any]:
 
     A stage holding MTP layers gets the whole batch, tokens and position ids included
     (Megatron-LM's `get_batch_on_this_tp_rank(..., mtp_on_this_rank)`, training/utils.py).
+    Under context parallelism megatron-core's `get_batch_on_this_cp_rank` then keeps this
+    rank's two chunks of every tensor's sequence (a copy: `index_select`).
     """
     s, b = job.model.seq_length, job.schedule().micro_batch_size
     batch: dict[str, Any] = {
@@ -151,6 +153,10 @@ def _inputs(job: Job, gpt: Any) -> dict[str, Any]:
     if gpt.post_process:
         batch["labels"] = torch.empty(b, s, dtype=torch.long, device="cuda")
         batch["loss_mask"] = torch.empty(b, s, dtype=torch.float32, device="cuda")
+    if job.layout.cp > 1:  # pretrain_gpt.get_batch: this cp rank's two chunks of the sequence
+        from megatron.core.utils import get_batch_on_this_cp_rank
+
+        batch = get_batch_on_this_cp_rank(batch)
     return batch
 
 

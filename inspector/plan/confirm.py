@@ -1,11 +1,12 @@
 """Confirm the plans a search prints with `memory`'s own computation, where it differs.
 
 The search prices activations by the closed forms (formulas/activations.py). `memory` uses the
-same closed forms except where megatron's engine runs the job (inspector/engine: a local-spec
-dense model, `engine.memory.not_runnable`), and the engine's peak lies above them (temporaries,
-kept buffers). There each printed plan is measured as `memory` measures it (world/build.build,
-report/memory.measure): its stages take the engine's peak above the state, and a plan that
-does not fit is dropped for the next one, so that `memory` confirms every plan `plan` prints.
+same closed forms except where megatron's engine runs the job (inspector/engine: every job
+`engine.memory.not_runnable` lets through, Transformer Engine's context parallelism included),
+and the engine's peak lies above them (temporaries, kept buffers). There each printed plan is
+measured as `memory` measures it (world/build.build, report/memory.measure): its stages take
+the engine's peak above the state, and a plan that does not fit is dropped for the next one,
+so that `memory` confirms every plan `plan` prints.
 """
 
 from __future__ import annotations

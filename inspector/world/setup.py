@@ -233,8 +233,14 @@ def disable_embedding_group() -> None:
 
 
 def fresh_te_process() -> None:
-    """Forget what the Transformer Engine stand-in keeps per process (its placeholder weight
-    gradients), as a new process starts without them: each engine run makes its own."""
+    """Forget what the Transformer Engine stand-in and megatron keep per process (TE's
+    placeholder weight gradients; megatron's MTP loss-logging tracker, whose per-layer values
+    `MTPLossLoggingHelper.save_loss_to_tracker` allocates once, multi_token_prediction.py), as
+    a new process starts without them: each engine run makes its own, whatever ran before it
+    in this process (a plan confirming several plans)."""
+    from megatron.core.transformer import multi_token_prediction
+
     from inspector.world.te.state import reset_dummy_wgrads
 
     reset_dummy_wgrads()
+    multi_token_prediction.MTPLossLoggingHelper.tracker.clear()

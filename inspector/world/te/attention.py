@@ -5,7 +5,8 @@ Mirrors transformer_engine 2.11.0 `pytorch/attention/dot_product_attention/dot_p
 (`backends.py`: UnfusedDotProductAttention 206-245, FlashAttention 623-660, FusedAttention
 1641-1700; `softmax.py` FusedScaleMaskSoftmax 144). None holds a parameter, except the learnable
 softmax offset. `forward` runs the fused (cuDNN) backend's memory contract
-(`functions.FusedAttnFunction`).
+(`functions.FusedAttnFunction`), under context parallelism TE's p2p ring
+(`functions.P2PAttnFunction`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import torch
 
 from inspector.world.te._base import TransformerEngineBaseModule, empty, world_size
-from inspector.world.te.functions import FusedAttnFunction
+from inspector.world.te.functions import FusedAttnFunction, P2PAttnFunction
 
 
 def _fused_backend(dtype: torch.dtype) -> bool:
@@ -34,6 +35,14 @@ def _size(group: Any) -> int:
     if not torch.distributed.is_initialized():
         return 1
     return int(torch.distributed.get_world_size(group=group))
+
+
+def _rank(group: Any) -> int:
+    """Return this rank's index in a process group (0 without torch.distributed)."""
+    if not torch.distributed.is_initialized():
+        return 0
+    return int(torch.distributed.get_rank(group=group))
+
 
 # TE's AttnTypes (pytorch/constants.py).
 ATTN_TYPES = ("self", "cross")
@@ -198,13 +207,14 @@ class DotProductAttention(TransformerEngineBaseModule):
         (`get_qkv_layout`: sbhd_sbhd_sbhd), else it copies them contiguous.
         """
         qkv_format = qkv_format or self.qkv_format
-        if qkv_format not in ("sbhd", "bshd") or (
-            self.cp_group is not None and _size(self.cp_group) > 1
-        ):
+        if qkv_format not in ("sbhd", "bshd"):
             raise NotImplementedError(
-                "the simulated Transformer Engine runs attention in the sbhd and bshd formats "
-                "without context parallelism only"
+                "the simulated Transformer Engine runs attention in the sbhd and bshd formats only"
             )
+        cp_size = _size(self.cp_group) if self.cp_group is not None else 1
+        if cp_size > 1:
+            mask = kwargs.get("attn_mask_type", self.attn_mask_type)
+            return self._context_parallel(query_layer, key_layer, value_layer, qkv_format, mask)
         if not _fused_backend(query_layer.dtype):
             return self._unfused(query_layer, key_layer, value_layer, qkv_format)
         q, k, v = (
@@ -212,6 +222,23 @@ class DotProductAttention(TransformerEngineBaseModule):
             for t in (query_layer, key_layer, value_layer)
         )
         out: torch.Tensor = FusedAttnFunction.apply(q, k, v, qkv_format)
+        return out.view(out.shape[0], out.shape[1], -1)
+
+    def _context_parallel(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qkv_format: str, mask: str
+    ) -> torch.Tensor:
+        """FusedAttention.forward under context parallelism (backends.py 1868-1910, v2.11): q, k,
+        v made contiguous, then `attn_forward_func_with_cp` (context_parallel.py 3890-4110) runs
+        the p2p ring, `functions.P2PAttnFunction`. TE has no context-parallel unfused attention
+        (`get_attention_backend` disables it), so 32-bit inputs leave no backend: TE raises."""
+        if not _fused_backend(q.dtype) or self.cp_comm_type != "p2p":
+            raise NotImplementedError(
+                "the simulated Transformer Engine runs context-parallel attention in fp16/bf16 "
+                "with cp_comm_type p2p only"
+            )
+        q, k, v = (t.contiguous() for t in (q, k, v))
+        ring = (_size(self.cp_group), _rank(self.cp_group), "causal" in mask)
+        out: torch.Tensor = P2PAttnFunction.apply(q, k, v, ring, qkv_format)
         return out.view(out.shape[0], out.shape[1], -1)
 
     def _unfused(
