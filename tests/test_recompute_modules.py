@@ -222,15 +222,34 @@ def test_plan_refuses_modules_it_would_drop(cli, flags):
     assert "plan prices selective recomputation of core_attn only" in result.err
 
 
-def test_workload_refuses_modules_it_would_not_repeat(cli):
-    """workload adds core attention's forward to the backward under selective recomputation, and
-    nothing for other modules: their recomputed GEMMs would be missing, so it says so."""
-    result = cli("workload", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads",
-                 "4", "--seq-length", "32", "--vocab-size", "1000", "--micro-batch-size", "1",
-                 "--global-batch-size", "8", "--bf16", "--disable-bias-linear",
-                 "--recompute-granularity", "selective", "--recompute-modules", "mlp", "--stage", "0", "--gpu", "h100")  # fmt: skip
+WORKLOAD = ("workload", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+            "--seq-length", "32", "--vocab-size", "1000", "--micro-batch-size", "1",
+            "--global-batch-size", "8", "--bf16", "--disable-bias-linear",
+            "--recompute-granularity", "selective", "--stage", "0")  # fmt: skip
+
+
+def test_workload_times_the_mlp_it_recomputes(cli):
+    """workload adds each module's recomputed GEMMs (tests/test_workload.py): the MLP records'
+    backward grows, the attention records' does not (core_attn not asked)."""
+    from inspector.report.simai import parse_workload
+
+    runs = {m: cli(*WORKLOAD, "--recompute-modules", m, "--gpu", "h100") for m in ("core_attn", "mlp")}
+    assert all(r.code == 0 for r in runs.values())
+    core, mlp = (parse_workload(r.out)[1] for r in runs.values())
+    grew = {a.name for a, b in zip(core, mlp, strict=True) if b.ig_compute > a.ig_compute}
+    assert grew == {"mlp_layer"}
+
+
+def test_workload_refuses_modules_it_cannot_time(cli, tmp_path):
+    """A measured profile holds the norms inside attention's time: layernorm's recomputation
+    cannot be told apart, so workload says so instead of leaving it out."""
+    from tests.test_workload import PROFILE
+
+    profile = tmp_path / "profile.txt"
+    profile.write_text(PROFILE)
+    result = cli(*WORKLOAD, "--recompute-modules", "layernorm", "--compute-profile", str(profile))
     assert result.code == 2
-    assert result.err.startswith("Error: --recompute-modules mlp: workload times selective")
+    assert result.err.startswith("Error: --recompute-modules layernorm: workload cannot time")
 
 
 def test_memory_names_the_modules_beyond_megatrons_default(cli):

@@ -128,9 +128,14 @@ def test_recompute_modules_add_the_products_megatron_runs_again(flags, modules, 
 def test_shared_experts_recompute_adds_the_shared_mlp_products():
     """moe_layer.py shared_experts_compute checkpoints the shared expert MLP: its fc1 and fc2 run
     again (megatron-core lists shared_experts from 0.14)."""
-    job = _job(**_EXPERTS, **ONE, moe_shared_expert_intermediate_size=64,
-               recompute_granularity="selective", recompute_modules="shared_experts")  # fmt: skip
+    flags = {**_EXPERTS, **ONE, "moe_shared_expert_intermediate_size": 64,
+             "recompute_granularity": "selective"}  # fmt: skip
+    job = _job(**flags, recompute_modules="shared_experts")
     total, _, again = _priced(job)
     tokens = job.dims().seq_length * job.schedule().micro_batch_size
     assert again == 2 * tokens * job.dims().hidden_size * 64 * 3  # fc1 (2 x 64, SwiGLU) and fc2
     assert sum(_recorded_gemm_flops(job).values()) == total + again
+    # with moe too, the recomputed MoE layer checkpoints its shared experts again: both add up
+    both = _job(**flags, recompute_modules="moe shared_experts")
+    moe = _priced(_job(**flags, recompute_modules="moe"))[2]
+    assert sum(_recorded_gemm_flops(both).values()) == total + moe + again
