@@ -148,6 +148,32 @@ def test_engine_stops_saving_the_shared_expert_inner_tensors_under_shared_expert
 MLA_ROPE_EXPERIMENTAL = megatron_core_version() < (0, 16)
 
 
+def _formula_drop(args: dict, modules: str) -> float:
+    """Return the closed forms' saving (formulas/activations.py) over the job's stage-0 layers."""
+    from inspector.formulas.activations import layer_activations
+
+    job = make_job({**args, "recompute_granularity": "selective", "recompute_modules": modules})
+    dims, b = job.dims(), job.schedule().micro_batch_size
+
+    def held(*asked: str) -> float:
+        return sum(layer_activations(dims, job.layout, i, b, "selective", False, asked).total
+                   for i in range(LAYERS))  # fmt: skip
+
+    return held() - held(*job.training.recompute_modules)
+
+
+@pytest.mark.parametrize(
+    ("args", "module"),
+    [({**ENGINE, "ffn_hidden_size": 256}, "mlp"), ({**ENGINE, "swiglu": True}, "mlp"),
+     pytest.param({**ENGINE, **MOE, "moe_shared_expert_intermediate_size": 64}, "shared_experts",
+                  marks=pytest.mark.skipif(megatron_core_version() < (0, 14), reason="0.14+"))],
+)  # fmt: skip
+def test_closed_forms_count_the_saving_the_engine_measures(args, module):
+    """The closed forms drop a dense MLP's inner terms under mlp and the shared expert's under
+    shared_experts: exactly what the engine stops holding."""
+    assert _formula_drop(args, module) == _drop(args, module) > 0
+
+
 def test_fused_mla_rope_is_experimental_before_megatron_core_0_16():
     from megatron.core.fusions import fused_mla_yarn_rope_apply as rope
 
