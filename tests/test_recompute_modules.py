@@ -235,17 +235,44 @@ def test_the_formula_fallback_refuses_modules_it_does_not_count(cli):
     assert result.code == 2 and result.err.startswith("Error: --recompute-modules mlp is measured by the engine only")
 
 
-@pytest.mark.parametrize("flags", [["--recompute-modules", "core_attn mlp"], ["--moe-layer-recompute"]])
+PLAN = ("plan", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+        "--seq-length", "32", "--vocab-size", "1000", "--bf16", "--disable-bias-linear",
+        "--gpus", "4", "--global-batch-size", "8", "--recompute-granularity", "selective")  # fmt: skip
+
+
+@pytest.mark.parametrize("flags", [["--recompute-modules", "core_attn layernorm"], ["--moe-layer-recompute"]])
 def test_plan_refuses_modules_it_would_drop(cli, flags):
-    """plan prices selective recomputation as core_attn only: a plan without the asked modules
-    would be a different job, so it says so instead of planning one."""
-    result = cli("plan", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
-                 "--seq-length", "32", "--vocab-size", "1000", "--bf16", "--disable-bias-linear",
-                 "--gpus", "4", "--global-batch-size", "8", "--recompute-granularity", "selective",
-                 *flags)  # fmt: skip
+    """plan's closed forms count the saving of core_attn, mlp and shared_experts only: a plan
+    without the asked modules would be a different job, so it says so instead of planning one."""
+    result = cli(*PLAN, *flags)
     assert result.code == 2
     assert result.err.startswith("Error: --recompute-modules ")
-    assert "plan prices selective recomputation of core_attn only" in result.err
+    assert "plan prices selective recomputation of core_attn, mlp, shared_experts only" in result.err
+
+
+def test_plan_with_mlp_recomputation_is_confirmed_by_memory(cli):
+    """A plan recomputing the MLP prints the flag, holds less than core_attn alone, and `memory`
+    with its pasted flags (the engine's run) reports the peak the plan printed."""
+    import json
+
+    def best(modules: str) -> dict:
+        found = cli(*PLAN, "--recompute-modules", modules, "--top", "1", "--format", "json",
+                    "--no-cache", "--tp", "2", "--pp", "1")  # fmt: skip
+        assert found.code == 0, found.err
+        return json.loads(found.out)["plans"][0]
+
+    mlp, core = best("core_attn mlp"), best("core_attn")
+    assert "--recompute-modules core_attn mlp" in mlp["flags"]
+    assert not any(f.startswith("--recompute-modules") for f in core["flags"])
+    assert mlp["peak_bytes"] < core["peak_bytes"]
+    assert mlp["time_shares"]["compute"] > core["time_shares"]["compute"]
+    assert mlp["time_shares"]["tensor"] > core["time_shares"]["tensor"]  # fc2's all-reduce again
+    flags = [word for flag in mlp["flags"] for word in flag.split(" ", 1)]
+    flags = [f for f in flags if f != "--overlap-param-gather"]
+    memory = cli("memory", *PLAN[1:13], *flags, "--dp", str(mlp["layout"]["dp"]), "--format", "json")
+    assert memory.code == 0, memory.err
+    stages = json.loads(memory.out)["stages"]
+    assert [s.get("total_bytes", s.get("total")) for s in stages] == [s["total"] for s in mlp["stages"]]
 
 
 WORKLOAD = ("workload", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
