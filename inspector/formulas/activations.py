@@ -23,8 +23,10 @@ reduce exactly to the table. Assumptions, all the paper's unless said otherwise:
     as megatron-core's `SwiGLUFunction` and the fc2 linear save them, so 6sbf instead of 4sbf;
   - flash attention (our extension): the 5as^2b score terms vanish and the kernel keeps its
     fp32 softmax statistics, 4asb bytes per layer (Q, K, V and the output are already counted);
-  - selective recomputation recomputes core attention only (megatron-core's default
-    `recompute_modules=["core_attn"]`), which removes exactly the 5as^2b (or flash) terms;
+  - selective recomputation of core attention (megatron-core's default
+    `recompute_modules=["core_attn"]`) removes exactly the 5as^2b (or flash) terms; of `mlp`
+    (our extension) a dense MLP's terms split by t, of `shared_experts` the shared expert's
+    (`layer_activations`; other modules are not counted);
   - full recomputation follows `--recompute-method` / `--recompute-num-layers` (default uniform,
     1): a checkpointed group keeps its input (2sbh, split by t under sequence parallelism), the
     layers `block` leaves alone keep everything, and backward rebuilds one group at a time,

@@ -291,11 +291,8 @@ def _layer_time(
     dims: ModelDims, lay: Layout, net: Network, rate: float, mbs: int, recompute: str, i: int,
     modules: tuple[str, ...] = ("core_attn",),
 ) -> tuple[float, float, float, float]:
-    """Return one layer's compute, TP, exposed CP and EP seconds for one micro-batch.
-
-    Selective recomputation repeats the forward of `modules` (formulas/ops.py RECOMPUTED; the
-    plan takes core_attn, mlp and shared_experts, plan/request.py).
-    """
+    """Return one layer's compute, TP, exposed CP and EP seconds for one micro-batch; selective
+    recomputation repeats the forward of `modules` (formulas/ops.py RECOMPUTED)."""
     act = dims.activation_bytes
     tokens = dims.seq_length * mbs / lay.cp
     f = layer_flops(dims, i, mbs)
