@@ -148,6 +148,32 @@ def test_engine_stops_saving_the_shared_expert_inner_tensors_under_shared_expert
 MLA_ROPE_EXPERIMENTAL = megatron_core_version() < (0, 16)
 
 
+def _formula_drop(args: dict, modules: str) -> float:
+    """Return the closed forms' saving (formulas/activations.py) over the job's stage-0 layers."""
+    from inspector.formulas.activations import layer_activations
+
+    job = make_job({**args, "recompute_granularity": "selective", "recompute_modules": modules})
+    dims, b = job.dims(), job.schedule().micro_batch_size
+
+    def held(*asked: str) -> float:
+        return sum(layer_activations(dims, job.layout, i, b, "selective", False, asked).total
+                   for i in range(LAYERS))  # fmt: skip
+
+    return held() - held(*job.training.recompute_modules)
+
+
+@pytest.mark.parametrize(
+    ("args", "module"),
+    [({**ENGINE, "ffn_hidden_size": 256}, "mlp"), ({**ENGINE, "swiglu": True}, "mlp"),
+     pytest.param({**ENGINE, **MOE, "moe_shared_expert_intermediate_size": 64}, "shared_experts",
+                  marks=pytest.mark.skipif(megatron_core_version() < (0, 14), reason="0.14+"))],
+)  # fmt: skip
+def test_closed_forms_count_the_saving_the_engine_measures(args, module):
+    """The closed forms drop a dense MLP's inner terms under mlp and the shared expert's under
+    shared_experts: exactly what the engine stops holding."""
+    assert _formula_drop(args, module) == _drop(args, module) > 0
+
+
 def test_fused_mla_rope_is_experimental_before_megatron_core_0_16():
     from megatron.core.fusions import fused_mla_yarn_rope_apply as rope
 
@@ -213,28 +239,74 @@ def test_the_formula_fallback_refuses_modules_it_does_not_count(cli, monkeypatch
     assert result.code == 2 and result.err.startswith("Error: --recompute-modules mlp is measured by the engine only")
 
 
-@pytest.mark.parametrize("flags", [["--recompute-modules", "core_attn mlp"], ["--moe-layer-recompute"]])
+PLAN = ("plan", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+        "--seq-length", "32", "--vocab-size", "1000", "--bf16", "--disable-bias-linear",
+        "--gpus", "4", "--global-batch-size", "8", "--recompute-granularity", "selective")  # fmt: skip
+
+
+@pytest.mark.parametrize("flags", [["--recompute-modules", "core_attn layernorm"], ["--moe-layer-recompute"]])
 def test_plan_refuses_modules_it_would_drop(cli, flags):
-    """plan prices selective recomputation as core_attn only: a plan without the asked modules
-    would be a different job, so it says so instead of planning one."""
-    result = cli("plan", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
-                 "--seq-length", "32", "--vocab-size", "1000", "--bf16", "--disable-bias-linear",
-                 "--gpus", "4", "--global-batch-size", "8", "--recompute-granularity", "selective",
-                 *flags)  # fmt: skip
+    """plan's closed forms count the saving of core_attn, mlp and shared_experts only: a plan
+    without the asked modules would be a different job, so it says so instead of planning one."""
+    result = cli(*PLAN, *flags)
     assert result.code == 2
     assert result.err.startswith("Error: --recompute-modules ")
-    assert "plan prices selective recomputation of core_attn only" in result.err
+    assert "plan prices selective recomputation of core_attn, mlp, shared_experts only" in result.err
 
 
-def test_workload_refuses_modules_it_would_not_repeat(cli):
-    """workload adds core attention's forward to the backward under selective recomputation, and
-    nothing for other modules: their recomputed GEMMs would be missing, so it says so."""
-    result = cli("workload", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads",
-                 "4", "--seq-length", "32", "--vocab-size", "1000", "--micro-batch-size", "1",
-                 "--global-batch-size", "8", "--bf16", "--disable-bias-linear",
-                 "--recompute-granularity", "selective", "--recompute-modules", "mlp", "--stage", "0", "--gpu", "h100")  # fmt: skip
+def test_plan_with_mlp_recomputation_is_confirmed_by_memory(cli):
+    """A plan recomputing the MLP prints the flag, holds less than core_attn alone, and `memory`
+    with its pasted flags (the engine's run) reports the peak the plan printed."""
+    import json
+
+    def best(modules: str) -> dict:
+        found = cli(*PLAN, "--recompute-modules", modules, "--top", "1", "--format", "json",
+                    "--no-cache", "--tp", "2", "--pp", "1")  # fmt: skip
+        assert found.code == 0, found.err
+        return json.loads(found.out)["plans"][0]
+
+    mlp, core = best("core_attn mlp"), best("core_attn")
+    assert "--recompute-modules core_attn mlp" in mlp["flags"]
+    assert not any(f.startswith("--recompute-modules") for f in core["flags"])
+    assert mlp["peak_bytes"] < core["peak_bytes"]
+    assert mlp["time_shares"]["compute"] > core["time_shares"]["compute"]
+    assert mlp["time_shares"]["tensor"] > core["time_shares"]["tensor"]  # fc2's all-reduce again
+    flags = [word for flag in mlp["flags"] for word in flag.split(" ", 1)]
+    flags = [f for f in flags if f != "--overlap-param-gather"]
+    memory = cli("memory", *PLAN[1:13], *flags, "--dp", str(mlp["layout"]["dp"]), "--format", "json")
+    assert memory.code == 0, memory.err
+    stages = json.loads(memory.out)["stages"]
+    assert [s.get("total_bytes", s.get("total")) for s in stages] == [s["total"] for s in mlp["stages"]]
+
+
+WORKLOAD = ("workload", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+            "--seq-length", "32", "--vocab-size", "1000", "--micro-batch-size", "1",
+            "--global-batch-size", "8", "--bf16", "--disable-bias-linear",
+            "--recompute-granularity", "selective", "--stage", "0")  # fmt: skip
+
+
+def test_workload_times_the_mlp_it_recomputes(cli):
+    """workload adds each module's recomputed GEMMs (tests/test_workload.py): the MLP records'
+    backward grows, the attention records' does not (core_attn not asked)."""
+    from inspector.report.simai import parse_workload
+
+    runs = {m: cli(*WORKLOAD, "--recompute-modules", m, "--gpu", "h100") for m in ("core_attn", "mlp")}
+    assert all(r.code == 0 for r in runs.values())
+    core, mlp = (parse_workload(r.out)[1] for r in runs.values())
+    grew = {a.name for a, b in zip(core, mlp, strict=True) if b.ig_compute > a.ig_compute}
+    assert grew == {"mlp_layer"}
+
+
+def test_workload_refuses_modules_it_cannot_time(cli, tmp_path):
+    """A measured profile holds the norms inside attention's time: layernorm's recomputation
+    cannot be told apart, so workload says so instead of leaving it out."""
+    from tests.test_workload import PROFILE
+
+    profile = tmp_path / "profile.txt"
+    profile.write_text(PROFILE)
+    result = cli(*WORKLOAD, "--recompute-modules", "layernorm", "--compute-profile", str(profile))
     assert result.code == 2
-    assert result.err.startswith("Error: --recompute-modules mlp: workload times selective")
+    assert result.err.startswith("Error: --recompute-modules layernorm: workload cannot time")
 
 
 def test_memory_names_the_modules_beyond_megatrons_default(cli):

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from inspector.inputs.versions import megatron_core_version
 from tests.test_engine import _MOE, _MOE_TP1, _job
 
 
@@ -46,7 +47,7 @@ def _recorded_gemm_flops(job: Any) -> dict[str, int]:
 
 def _priced(job: Any) -> tuple[int, int, int]:
     """Return formulas/ops.py's GEMM FLOPs: a layer and the output (forward + backward), the
-    layer's forward, and its core attention's forward (what selective recomputation repeats)."""
+    layer's forward, and what selective recomputation of the job's modules repeats."""
     from inspector.formulas.kernels import Gemm
     from inspector.formulas.ops import Shard, layer_ops, output_ops
 
@@ -61,7 +62,8 @@ def _priced(job: Any) -> tuple[int, int, int]:
         return sum(op.flops for op in ops if isinstance(op, Gemm))
 
     total = sum(gemms(p.forward) + gemms(p.backward) for p in (layer, output))
-    return total, gemms(layer.forward), gemms(layer.core)
+    again = gemms(layer.recomputed(job.training.recompute_modules))
+    return total, gemms(layer.forward), again
 
 
 ONE = {"num_layers": 1, "pipeline_model_parallel_size": 1}
@@ -92,3 +94,48 @@ def test_recomputation_adds_the_forward_it_repeats(granularity, repeated):
     total, forward, core = _priced(job)
     again = (forward, core)[repeated - 1]
     assert sum(_recorded_gemm_flops(job).values()) == total + again
+
+
+_ONE_RANK = {"data_parallel_size": 1}
+_EXPERTS = {**_MOE_TP1, **_ONE_RANK}
+MODULES = {
+    "mlp": ({"disable_bias_linear": True}, "mlp", True),
+    "core_attn-mlp": ({"disable_bias_linear": True, "swiglu": True}, "core_attn mlp", True),
+    "layernorm": ({}, "layernorm", False),
+    "moe": (_EXPERTS, "moe", True),
+    "moe-ep2-sp": ({**_MOE, "data_parallel_size": 2, "expert_model_parallel_size": 2}, "moe", True),
+    "moe_act": ({**_EXPERTS, "moe_grouped_gemm": True}, "moe_act", False),
+    "mlp-on-moe": (_EXPERTS, "mlp", False),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("flags", "modules", "gemms"), MODULES.values(), ids=MODULES.keys())
+def test_recompute_modules_add_the_products_megatron_runs_again(flags, modules, gemms):
+    """Each --recompute-modules module re-runs its forward before its backward (formulas/ops.py
+    RECOMPUTED): mlp the dense MLP's fc1 and fc2, moe the router, experts and shared experts;
+    layernorm and moe_act re-run no product, and mlp nothing on an MoE layer (megatron checkpoints
+    a dense layer's MLP only)."""
+    job = _job(**{**flags, **ONE}, recompute_granularity="selective", recompute_modules=modules)
+    total, _, again = _priced(job)
+    assert (again > 0) == gemms
+    recorded = sum(_recorded_gemm_flops(job).values())
+    assert recorded - sum(_recorded_gemm_flops(_job(**{**flags, **ONE})).values()) == again
+    if not flags.get("moe_grouped_gemm"):  # the grouped-GEMM stand-in dispatches no aten product
+        assert recorded == total + again
+
+
+@pytest.mark.skipif(megatron_core_version() < (0, 14), reason="shared_experts from 0.14")
+def test_shared_experts_recompute_adds_the_shared_mlp_products():
+    """moe_layer.py shared_experts_compute checkpoints the shared expert MLP: its fc1 and fc2 run
+    again (megatron-core lists shared_experts from 0.14)."""
+    flags = {**_EXPERTS, **ONE, "moe_shared_expert_intermediate_size": 64,
+             "recompute_granularity": "selective"}  # fmt: skip
+    job = _job(**flags, recompute_modules="shared_experts")
+    total, _, again = _priced(job)
+    tokens = job.dims().seq_length * job.schedule().micro_batch_size
+    assert again == 2 * tokens * job.dims().hidden_size * 64 * 3  # fc1 (2 x 64, SwiGLU) and fc2
+    assert sum(_recorded_gemm_flops(job).values()) == total + again
+    # with moe too, the recomputed MoE layer checkpoints its shared experts again: both add up
+    both = _job(**flags, recompute_modules="moe shared_experts")
+    moe = _priced(_job(**flags, recompute_modules="moe"))[2]
+    assert sum(_recorded_gemm_flops(both).values()) == total + moe + again

@@ -408,6 +408,48 @@ def test_recomputation_adds_to_the_input_gradient(mode: str) -> None:
     assert again.fwd_compute == plain.fwd_compute and again.wg_compute == plain.wg_compute
 
 
+def _selective(job: Context, *modules: str) -> Context:
+    settings = Settings(2, 2, 8, recompute="selective", recompute_modules=modules)
+    return Context(job.dims, job.par, settings, job.compute)
+
+
+def _by_name(records: list[Record]) -> dict[str, Record]:
+    return {r.name: r for r in records}
+
+
+def test_mlp_recomputation_adds_the_mlp_forward_only() -> None:
+    """--recompute-modules mlp re-runs fc1 and fc2 (tests/test_time_ops.py records megatron's
+    products): each MLP record's backward grows by its forward; attention, without core_attn,
+    and layernorm, which re-runs no GEMM, add nothing."""
+    plain = _by_name(checked_records(small_job(), SMALL_STAGES[0]))
+    mlp = _by_name(checked_records(_selective(small_job(), "mlp", "layernorm"), SMALL_STAGES[0]))
+    for name in ("mlp_column", "mlp_row"):
+        assert mlp[name].fwd_compute > 0
+        assert mlp[name].ig_compute == plain[name].ig_compute + plain[name].fwd_compute
+        assert mlp[name].wg_compute == plain[name].wg_compute
+    assert mlp["attention_column"] == plain["attention_column"]
+
+
+SHARED_DIMS = ModelDims(2, 64, 4, 128, 256, num_experts=4, moe_router_topk=2,
+                        moe_shared_expert_intermediate_size=128)  # fmt: skip
+
+
+@pytest.mark.parametrize(("modules", "experts", "shared"),
+                         [(("moe",), 1, 1), (("shared_experts",), 0, 1),
+                          (("moe", "shared_experts"), 1, 2), (("mlp",), 0, 0)])  # fmt: skip
+def test_moe_recomputation_repeats_the_experts_and_shared_experts(modules, experts, shared) -> None:
+    """moe re-runs the whole MoE layer, shared experts included; shared_experts the shared MLP,
+    once more inside a recomputed MoE layer (both: twice, as megatron's products show in
+    tests/test_time_ops.py); mlp leaves an MoE layer alone."""
+    base = Context(SHARED_DIMS, Layout(tp=1, pp=1, dp=2), Settings(2, 2, 8), ComputeRate(100.0, 0.5))
+    stage = StageInput(0, ((0, 1),), True, True)
+    plain, again = (checked_records(job, stage) for job in (base, _selective(base, *modules)))
+    for before, after in zip(plain, again, strict=True):
+        times = {"mlp_moelayer": experts, "shared_mlp_layer": shared}.get(before.name, 0)
+        assert after.ig_compute == before.ig_compute + times * before.fwd_compute
+    assert any(r.name == "shared_mlp_layer" and r.fwd_compute for r in plain)
+
+
 PROFILE = """train_iter:10
 Emb:
     time_gpu_avg: 799

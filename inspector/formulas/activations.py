@@ -23,8 +23,10 @@ reduce exactly to the table. Assumptions, all the paper's unless said otherwise:
     as megatron-core's `SwiGLUFunction` and the fc2 linear save them, so 6sbf instead of 4sbf;
   - flash attention (our extension): the 5as^2b score terms vanish and the kernel keeps its
     fp32 softmax statistics, 4asb bytes per layer (Q, K, V and the output are already counted);
-  - selective recomputation recomputes core attention only (megatron-core's default
-    `recompute_modules=["core_attn"]`), which removes exactly the 5as^2b (or flash) terms;
+  - selective recomputation of core attention (megatron-core's default
+    `recompute_modules=["core_attn"]`) removes exactly the 5as^2b (or flash) terms; of `mlp`
+    (our extension) a dense MLP's terms split by t, of `shared_experts` the shared expert's
+    (`layer_activations`; other modules are not counted);
   - full recomputation follows `--recompute-method` / `--recompute-num-layers` (default uniform,
     1): a checkpointed group keeps its input (2sbh, split by t under sequence parallelism), the
     layers `block` leaves alone keep everything, and backward rebuilds one group at a time,
@@ -176,6 +178,7 @@ def layer_activations(
     micro_batch_size: int,
     recompute: Recompute = "none",
     flash_attention: bool = False,
+    modules: Sequence[str] = ("core_attn",),
 ) -> LayerActivations:
     """Return the bytes 0-based global `layer` keeps per micro-batch on one rank.
 
@@ -184,8 +187,13 @@ def layer_activations(
         par: tensor, context, expert sizes and sequence parallelism.
         layer: global layer index, which decides dense or MoE MLP.
         micro_batch_size: b.
-        recompute: "none", "selective" (core attention) or "full" (layer input only).
+        recompute: "none", "selective" (`modules`) or "full" (layer input only).
         flash_attention: the core attention never materialises the s x s scores.
+        modules: --recompute-modules under selective recomputation, of which these formulas
+            count core_attn (the score terms go), mlp (a dense layer's MLP keeps its input
+            only: the terms split by t go) and shared_experts (the shared expert's terms go);
+            the callers refuse the others (tests/test_recompute_modules.py checks each saving
+            against the engine's measured drop).
     """
     check_activation_inputs(dims, par, recompute, flash_attention)
     sb = _tokens(dims, par, micro_batch_size)
@@ -196,11 +204,16 @@ def layer_activations(
     norms = (
         2 * dims.activation_bytes * sb * dims.hidden_size / par.sp_divisor
     )  # two norm inputs, 4sbh
-    core = 0.0 if recompute == "selective" else _core_attention(dims, par, sb, flash_attention)
+    asked = modules if recompute == "selective" else ()
+    core = 0.0 if "core_attn" in asked else _core_attention(dims, par, sb, flash_attention)
     if dims.is_moe_layer(layer):
         mlp = _moe_mlp(dims, par, sb)
+        if "shared_experts" in asked:  # moe_layer.py: checkpoint(self.shared_experts)
+            mlp -= _dense_mlp(dims, par, sb, dims.shared_expert_ffn) - _dense_mlp(dims, par, sb, 0)
     else:
-        mlp = _dense_mlp(dims, par, sb, dims.ffn)
+        # transformer_layer.py _forward_mlp: tensor_parallel.checkpoint(self.mlp) keeps fc1's input
+        ffn = 0 if "mlp" in asked else dims.ffn
+        mlp = _dense_mlp(dims, par, sb, ffn)
     attention = _mla_attention(dims, par, sb) if dims.multi_latent_attention else None
     return LayerActivations(
         norms, attention if attention is not None else _attention(dims, par, sb), core, mlp, 0.0

@@ -61,11 +61,37 @@ class Shard:
 
 @dataclass(frozen=True)
 class LayerOps:
-    """A layer's kernels: forward, backward, and the forward selective recomputation repeats."""
+    """A layer's kernels: forward, backward, and the forward selective recomputation repeats.
+
+    `core`: core attention's forward (the default `--recompute-modules core_attn`); `modules`:
+    each recompute module this layer has and the forward kernels it runs again (`RECOMPUTED`).
+    """
 
     forward: tuple[Op, ...]
     backward: tuple[Op, ...]
     core: tuple[Op, ...]
+    modules: tuple[tuple[str, tuple[Op, ...]], ...] = ()
+
+    def recomputed(self, modules: tuple[str, ...]) -> tuple[Op, ...]:
+        """Return the forward kernels selective recomputation of `modules` runs again."""
+        regions = dict(self.modules)
+        return tuple(op for name in modules for op in regions.get(name, ()))
+
+
+# What each --recompute-modules name runs again before its backward, in megatron-core 0.16 (a
+# module this layer lacks runs nothing: `mlp` on an MoE layer, `moe` on a dense one):
+#   core_attn: attention.py `_checkpointed_attention_forward`, core attention (tensor_parallel
+#     checkpoint);
+#   layernorm: transformer_layer.py CheckpointWithoutOutput of input_layernorm and
+#     pre_mlp_layernorm (no GEMM);
+#   mlp: transformer_layer.py `_forward_mlp`, tensor_parallel.checkpoint(self.mlp) of a dense
+#     layer (`recompute_mlp` only `if not self.is_moe_layer`);
+#   moe: moe_layer.py MoELayer.forward, tensor_parallel.checkpoint(custom_forward): router,
+#     permutation, experts, un-permutation and shared experts;
+#   moe_act: moe/experts.py CheckpointWithoutOutput of the experts' activation (no GEMM);
+#   shared_experts: moe_layer.py `shared_experts_compute`, checkpoint(self.shared_experts).
+# mla_up_proj is not priced: the MLA projections are one linear here (the callers refuse it).
+RECOMPUTED: tuple[str, ...] = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "shared_experts")
 
 
 def linear(
@@ -222,16 +248,28 @@ def layer_ops(dims: ModelDims, z: Shard, moe: bool) -> LayerOps:
     elements, act = local * dims.hidden_size, dims.activation_bytes
     p = _Pass(dims.fused_kernels, dims.fp8 is not None)
     _residual(p, dims, "input norm", elements, act)
+    norms = p.forward[-1:]
     core = _core_attention(dims, z, dims.flash_attention, dims.fused_kernels)
     _attention(p, dims, z, tokens, core)
     _residual(p, dims, "attention bias-dropout-add", elements, act)
     _residual(p, dims, "pre-MLP norm", elements, act)
+    norms += p.forward[-1:]
+    start = len(p.forward)
     if moe:
         _moe(p, dims, z, tokens, local)
     else:
         _dense_mlp(p, dims, tokens, dims.ffn // z.tp, "MLP")
+    mlp = tuple(p.forward[start:])
     _residual(p, dims, "MLP bias-dropout-add", elements, act)
-    return LayerOps(tuple(p.forward), tuple(reversed(p.backward)), tuple(core.forward))
+    modules: dict[str, tuple[Op, ...]] = {"core_attn": tuple(core.forward), "layernorm": tuple(norms)}
+    if moe:
+        modules["moe"] = mlp
+        modules["moe_act"] = tuple(op for op in mlp if op.name == "expert activation")
+        modules["shared_experts"] = tuple(op for op in mlp if op.name.startswith("shared expert"))
+    else:
+        modules["mlp"] = mlp
+    return LayerOps(tuple(p.forward), tuple(reversed(p.backward)), tuple(core.forward),
+                    tuple(modules.items()))
 
 
 def output_ops(dims: ModelDims, z: Shard) -> LayerOps:
@@ -252,16 +290,18 @@ def output_ops(dims: ModelDims, z: Shard) -> LayerOps:
     return LayerOps(tuple(p.forward), tuple(reversed(p.backward)), ())
 
 
-def layer_seconds(ops: LayerOps, device: Device, recompute: str) -> float:
+def layer_seconds(
+    ops: LayerOps, device: Device, recompute: str, modules: tuple[str, ...] = ("core_attn",)
+) -> float:
     """Return a layer's seconds for one micro-batch under megatron's recomputation.
 
     `full`: the checkpointed layer's forward runs again before its backward
-    (tensor_parallel/random.py CheckpointFunction); `selective`: only core attention's
-    (megatron-core's default `--recompute-modules core_attn`).
+    (tensor_parallel/random.py CheckpointFunction); `selective`: the forward kernels of
+    `modules` (`--recompute-modules`, default core_attn; LayerOps.recomputed).
     """
     seconds = ops_seconds(ops.forward, device) + ops_seconds(ops.backward, device)
     if recompute == "full":
         return seconds + ops_seconds(ops.forward, device)
     if recompute == "selective":
-        return seconds + ops_seconds(ops.core, device)
+        return seconds + ops_seconds(ops.recomputed(modules), device)
     return seconds

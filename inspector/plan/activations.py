@@ -41,8 +41,11 @@ def live_points(stage: int, pp: int, m: int, v: int) -> tuple[tuple[int, ...], .
 
 
 @caches.memo(maxsize=65536)
-def layer_bytes(dims: ModelDims, par: Layout, i: int, mbs: int, recompute: str, flash: bool) -> float:
-    return layer_activations(dims, par, i, mbs, recompute, flash).total  # type: ignore[arg-type]
+def layer_bytes(
+    dims: ModelDims, par: Layout, i: int, mbs: int, recompute: str, flash: bool,
+    modules: tuple[str, ...] = ("core_attn",),
+) -> float:
+    return layer_activations(dims, par, i, mbs, recompute, flash, modules).total  # type: ignore[arg-type]
 
 
 @caches.memo(maxsize=256)
@@ -53,7 +56,7 @@ def first_of_kind(dims: ModelDims) -> dict[bool, int]:
 
 def _chunk_bytes(
     dims: ModelDims, par: Layout, groups: list[tuple[Sequence[int], Recompute]], mbs: int,
-    flash: bool,
+    flash: bool, modules: tuple[str, ...] = ("core_attn",),
 ) -> float:
     """Return one micro-batch's bytes of a chunk's layer groups (activations.recompute_plan):
     a checkpointed group keeps its first layer's input, any other layer its own activations;
@@ -65,7 +68,7 @@ def _chunk_bytes(
             counts[key] = counts.get(key, 0) + 1
     first = first_of_kind(dims)
     return sum(
-        n * layer_bytes(dims, par, first[kind], mbs, mode, flash)
+        n * layer_bytes(dims, par, first[kind], mbs, mode, flash, modules)
         for (mode, kind), n in counts.items()
     )
 
@@ -73,15 +76,17 @@ def _chunk_bytes(
 def stage_activation_bytes(
     dims: ModelDims, par: Layout, stage: int, chunks: Sequence[Sequence[int]], mbs: int, m: int,
     recompute: str, flash: bool, method: str = "uniform", num_layers: int = 1,
+    modules: tuple[str, ...] = ("core_attn",),
 ) -> tuple[int, tuple[int, ...]]:
     """Return activations.stage_activations' peak (rounded up) and in-flight counts, fast.
 
-    `method`, `num_layers`: --recompute-method and --recompute-num-layers with full recompute.
+    `method`, `num_layers`: --recompute-method and --recompute-num-layers with full recompute;
+    `modules`: --recompute-modules with selective recomputation.
     """
     v = len(chunks)
     mode = cast(Recompute, recompute)
     plan = recompute_plan(stage, chunks, mode, method, num_layers)
-    per = [_chunk_bytes(dims, par, groups, mbs, flash) for groups in plan]
+    per = [_chunk_bytes(dims, par, groups, mbs, flash, modules) for groups in plan]
     if stage == 0:
         per[0] += embedding_activations(dims, par, mbs).total
     if stage == par.pp - 1:  # the output layer and loss, and the MTP block beside them

@@ -13,6 +13,8 @@ Each term and its source (symbols of inspector/job/dims.py; m micro-batches, v v
     reduce-scatter with sequence parallelism, all-reduce pairs without; Korthikanti et al. 2022,
     Section 4.2.2, equal volumes) of s b h / c activation elements, each priced alpha + bytes x
     (t - 1) / t / bandwidth (ring, Thakur et al. 2005); not overlapped (Megatron-LM's default);
+    full recomputation repeats the forward's 4, `--recompute-modules mlp` (shared_experts) the
+    MLP's (shared expert's) 2;
   - context parallel: ring attention (Liu et al. 2023; Transformer Engine's P2P implementation,
     see `ring_attention`) passes K and V blocks c - 1 times forward and K, V and their
     gradients c - 1 times backward, each transfer overlapped with one step's attention kernel:
@@ -40,7 +42,7 @@ from dataclasses import dataclass, replace
 from typing import cast
 
 from inspector.formulas.activations import mtp_recompute, recompute_plan
-from inspector.formulas.flops import layer_flops, logit_flops, mtp_flops
+from inspector.formulas.flops import LayerFlops, layer_flops, logit_flops, mtp_flops
 from inspector.formulas.kernels import Device, device_of, ops_seconds
 from inspector.formulas.ops import LayerOps, Shard, layer_ops, layer_seconds, linear, output_ops
 from inspector.formulas.optimizer import OptimizerStep, optimizer_ops
@@ -156,6 +158,7 @@ def stage_work(
     has_output: bool,
     recompute_method: str = "uniform",
     recompute_num_layers: int = 1,
+    recompute_modules: tuple[str, ...] = ("core_attn",),
 ) -> StageTime:
     """Return a rank's time per micro-batch (compute, TP, CP, EP, P2P), its state's left at 0.
 
@@ -171,7 +174,8 @@ def stage_work(
             kinds.setdefault((how, dims.is_moe_layer(i)), []).append(i)
     total = [0.0, 0.0, 0.0, 0.0]  # compute, tensor, context, expert
     for (how, _), members in kinds.items():
-        _add(total, _layer_time(dims, lay, net, rate, mbs, how, members[0]), len(members))
+        _add(total, _layer_time(dims, lay, net, rate, mbs, how, members[0], recompute_modules),
+             len(members))
     if has_output:
         _add_output(total, dims, lay, net, rate, mbs, mtp_recompute(mode, recompute_method))
     tokens = dims.seq_length * mbs / lay.cp
@@ -284,27 +288,34 @@ def optimizer_seconds(
 
 @caches.memo(maxsize=4096)
 def _layer_time(
-    dims: ModelDims, lay: Layout, net: Network, rate: float, mbs: int, recompute: str, i: int
+    dims: ModelDims, lay: Layout, net: Network, rate: float, mbs: int, recompute: str, i: int,
+    modules: tuple[str, ...] = ("core_attn",),
 ) -> tuple[float, float, float, float]:
-    """Return one layer's compute, TP, exposed CP and EP seconds for one micro-batch."""
+    """Return one layer's compute, TP, exposed CP and EP seconds for one micro-batch; selective
+    recomputation repeats the forward of `modules` (formulas/ops.py RECOMPUTED)."""
     act = dims.activation_bytes
     tokens = dims.seq_length * mbs / lay.cp
     f = layer_flops(dims, i, mbs)
+    moe = dims.is_moe_layer(i)
     if recompute == "full":
         extra = f.total / 3
     else:
-        extra = f.core_attention / 3 if recompute == "selective" else 0
-    moe = dims.is_moe_layer(i)
+        extra = _recomputed_flops(dims, f, moe, modules) if recompute == "selective" else 0
     shard = _shard(lay, mbs)
     compute = compute_seconds(
-        f.total + extra, lambda d: layer_seconds(_layer_kernels(dims, shard, moe), d, recompute),
+        f.total + extra,
+        lambda d: layer_seconds(_layer_kernels(dims, shard, moe), d, recompute, modules),
         lay, net, rate,
     )
     collectives = 12 if recompute == "full" else 8
+    if recompute == "selective":  # a recomputed MLP re-runs fc1's gather and fc2's reduction
+        mlps = ("mlp",) if not moe else ("shared_experts",) if dims.shared_expert_ffn else ()
+        collectives += 2 * sum(m in modules for m in mlps)  # its 2 of the forward's 4
     tensor = _collective(collectives, tokens * dims.hidden_size, act, lay.tp, net.link(lay.tp))
     context = expert = 0.0
     if lay.cp > 1:
-        forwards = 2 if recompute in ("full", "selective") else 1  # both recompute core attention
+        again = recompute == "full" or (recompute == "selective" and "core_attn" in modules)
+        forwards = 2 if again else 1
         attention = compute_seconds(  # forward and backward: 3 forwards, ring_attention's convention
             f.core_attention, lambda d: 3 * ops_seconds(_layer_kernels(dims, shard, moe).core, d),
             lay, net, rate,
@@ -314,6 +325,19 @@ def _layer_time(
         routed = tokens * dims.moe_router_topk * dims.hidden_size / lay.tp
         expert = _collective(4, routed, act, lay.ep, net.link(lay.ep * lay.expert_tp))
     return compute, tensor, context, expert
+
+
+def _recomputed_flops(dims: ModelDims, f: LayerFlops, moe: bool, modules: tuple[str, ...]) -> float:
+    """Return the forward FLOPs selective recomputation of `modules` repeats (a third of each
+    part's forward and backward): core attention, a dense layer's MLP, an MoE layer's shared
+    experts (their share of `f.mlp`, flops.py's width k f_e + f_s)."""
+    extra = f.core_attention / 3 if "core_attn" in modules else 0.0
+    if not moe and "mlp" in modules:
+        extra += f.mlp / 3
+    if moe and "shared_experts" in modules and dims.shared_expert_ffn:
+        width = dims.expert_ffn * dims.moe_router_topk + dims.shared_expert_ffn
+        extra += f.mlp * dims.shared_expert_ffn / width / 3
+    return extra
 
 
 @caches.memo(maxsize=1024)

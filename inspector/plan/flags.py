@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from inspector.job.job import Job, Training
+from inspector.job.recompute_modules import DEFAULT_MODULES
 from inspector.plan.split import Split
 
 
@@ -63,6 +64,8 @@ def _recompute_flags(training: Training) -> list[str]:
     if training.recompute == "none":
         return []
     out = [f"--recompute-granularity {training.recompute}"]
+    if training.recompute == "selective" and training.recompute_modules != DEFAULT_MODULES:
+        out.append(f"--recompute-modules {' '.join(training.recompute_modules)}")
     if training.recompute == "full":
         out += [f"--recompute-method {training.recompute_method}",
                 f"--recompute-num-layers {training.recompute_num_layers}"]

@@ -264,7 +264,7 @@ def price_memory(job: Job, split: Split) -> tuple[Placed, tuple[StagePlan, ...]]
     par = activation_layout(pairs_of, lay.pp)
     acts = _ACT.setdefault(
         (dims, par, schedule.micro_batch_size, m if v > 1 else None, training.recompute,
-         training.flash_attention), {},
+         training.flash_attention, training.recompute_modules), {},
     )
     stages = []
     for s, layers in enumerate(stages_of.placed):
@@ -276,7 +276,7 @@ def price_memory(job: Job, split: Split) -> tuple[Placed, tuple[StagePlan, ...]]
             granularity, method, n = recipe
             acts[key] = stage_activation_bytes(
                 dims, par, s, layers, schedule.micro_batch_size, m, granularity,
-                training.flash_attention, method, n,
+                training.flash_attention, method, n, training.recompute_modules,
             )
         act, flight = acts[key]
         stages.append(StagePlan(s, layers, state.total, state.weights, state.gradients,
@@ -298,7 +298,7 @@ def timed(
     step_setup = OptimizerStep(dims.activation_bytes, 4, dims.fused_kernels, job.model.fp16)
     scope = _TIME.setdefault(
         (dims, pair_layout(lay), lay.pp, net, req.efficiency, mbs, training.recompute,
-         distributed), {},
+         distributed, training.recompute_modules), {},
     )
     times = []
     for st in stages:
@@ -309,7 +309,7 @@ def timed(
             granularity, method, n = recipe
             scope[work] = stage_work(
                 dims, lay, net, req.efficiency, mbs, granularity, placed[st.stage], has_output,
-                method, n,
+                method, n, training.recompute_modules,
             )
         key = (*work, st.gradients, st.weights, st.state, step_setup)
         if key not in scope:
@@ -323,9 +323,10 @@ def timed(
                 req.gpu)
 
 
-# (dims, activation sizes, mbs, m where interleaved, recompute, flash) -> stage -> (bytes, flight)
+# (dims, activation sizes, mbs, m where interleaved, recompute, flash, modules) -> stage ->
+# (bytes, flight)
 _ACT: dict[tuple[Any, ...], dict[tuple[Any, ...], tuple[int, tuple[int, ...]]]] = caches.table()
-# (dims, ranks, pp, network, efficiency, mbs, recompute, distopt) -> (signature, output?) -> the
+# (dims, ranks, pp, network, efficiency, mbs, recompute, distopt, modules) -> (signature, output?) -> the
 # stage's work per micro-batch, and (signature, output?, gradients, weights, state) -> its time
 _TIME: dict[tuple[Any, ...], dict[tuple[Any, ...], StageTime]] = caches.table()
 

@@ -92,14 +92,19 @@ FIXED = {
 }
 
 
+# --recompute-modules whose saving the plan's closed forms count (formulas/activations.py) and
+# whose recomputed forward its time prices (formulas/ops.py); a plan dropping others would be a
+# different job
+PLANNED_MODULES: tuple[str, ...] = ("core_attn", "mlp", "shared_experts")
+
+
 def _check_recompute_modules(modules: tuple[str, ...]) -> None:
-    """Refuse recompute modules the plan would drop: it prices selective recomputation as
-    megatron's default (core_attn) only, so a plan for others would be a different job."""
-    extra = [m for m in modules if m != "core_attn"]
+    """Refuse recompute modules the plan would drop (PLANNED_MODULES)."""
+    extra = [m for m in modules if m not in PLANNED_MODULES]
     if extra:
         raise ConfigError(
             f"--recompute-modules {' '.join(extra)}: plan prices selective recomputation of "
-            "core_attn only (megatron's default); `memory` measures these modules for a fixed layout"
+            f"{', '.join(PLANNED_MODULES)} only; `memory` measures these modules for a fixed layout"
         )
 
 
@@ -119,6 +124,7 @@ def make_request(args: dict[str, Any], flags: PlanFlags) -> Request:
         attention_dropout=asked.attention_dropout,
         hidden_dropout=asked.hidden_dropout,
         unfused=asked.unfused,
+        recompute_modules=asked.recompute_modules,
     )
     model = make_model_config(args)
     _check_sizes(model, flags.gpus)

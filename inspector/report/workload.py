@@ -67,10 +67,20 @@ def _gemm(job: Context, flops: float, te: bool = True) -> _Phases:
     return _Phases(t, t, t)
 
 
-def _recompute(job: Context, phases: _Phases, core: int) -> _Phases:
-    """Add recomputation to the input-grad phase: the core attention, or the whole forward."""
+def _recompute(
+    job: Context, phases: _Phases, core: int = 0, modules: tuple[str, ...] = ()
+) -> _Phases:
+    """Add recomputation to the input-grad phase: the whole forward (full), or under selective
+    the core attention's (`core`, core_attn) and the record's forward once for each of its
+    `modules` among --recompute-modules (formulas/ops.py RECOMPUTED: mlp, moe, shared_experts;
+    layernorm and moe_act re-run no GEMM). Shared experts under both moe and shared_experts run
+    twice more: the MoE layer's recomputed forward checkpoints them again."""
     mode = job.training.recompute
-    extra = phases.fwd if mode == "full" else core if mode == "selective" else 0
+    extra = phases.fwd if mode == "full" else 0
+    if mode == "selective":
+        asked = job.training.recompute_modules
+        extra = core if "core_attn" in asked else 0
+        extra += phases.fwd * sum(m in asked for m in modules)
     return _Phases(phases.fwd, phases.ig + extra, phases.wg)
 
 
@@ -136,7 +146,7 @@ def _attention(job: Context, layer: int, prefix: str = "") -> list[Record]:
         core_fwd = job.compute.flash
         first = out = _Phases(half, half, half)
     first = _recompute(job, first, core_fwd)
-    out = _recompute(job, out, 0)
+    out = _recompute(job, out)
     records = _tp_pair(job, prefix + "attention", 1, first, out, _attention_column(job))
     if par.cp > 1:
         # K and V of the whole sequence for this rank's g/t groups: megatron's all-gather
@@ -163,7 +173,11 @@ def _kv_width(dims: ModelDims) -> int:
 
 
 def _dense_mlp(job: Context, layer: int, prefix: str = "", ffn: int | None = None) -> list[Record]:
-    """Return the column/row records of a dense (or shared-expert) MLP."""
+    """Return the column/row records of a dense (or shared-expert) MLP.
+
+    Recomputed under `mlp` (a dense layer's), or `shared_experts` and `moe` (the shared experts
+    inside the checkpointed MoE layer).
+    """
     dims = job.dims
     split = job.par.tp * job.par.cp
     if isinstance(job.compute, ComputeRate):
@@ -175,7 +189,9 @@ def _dense_mlp(job: Context, layer: int, prefix: str = "", ffn: int | None = Non
     else:
         half = job.compute.mlp // 2
         fc1 = fc2 = _Phases(half, half, half)
-    return _tp_pair(job, prefix + "mlp", 1, _recompute(job, fc1, 0), _recompute(job, fc2, 0))
+    modules = ("mlp",) if ffn is None else ("moe", "shared_experts")
+    fc1, fc2 = _recompute(job, fc1, modules=modules), _recompute(job, fc2, modules=modules)
+    return _tp_pair(job, prefix + "mlp", 1, fc1, fc2)
 
 
 def _moe_mlp(job: Context, layer: int, prefix: str = "") -> list[Record]:
@@ -201,7 +217,7 @@ def _moe_mlp(job: Context, layer: int, prefix: str = "") -> list[Record]:
         experts = _gemm(job, total * (dims.gated_multiplier + 1) / (par.tp * par.cp))
     else:
         experts = _Phases(job.compute.mlp, job.compute.mlp, job.compute.mlp)
-    experts = _recompute(job, experts, 0)
+    experts = _recompute(job, experts, modules=("moe",))
     name = prefix + "mlp_moelayer"
     group = tokens_gather_group(par)
     pre = NONE if group is None else "ALLGATHER" + group

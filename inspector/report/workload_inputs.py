@@ -66,6 +66,10 @@ class StageInput:
         return tuple(layer for chunk in self.chunks for layer in chunk)
 
 
+# --recompute-modules that re-run no GEMM: the FLOPs-priced records add nothing for them
+NOT_GEMMS: tuple[str, ...] = ("layernorm", "moe_act")
+
+
 @dataclass(frozen=True)
 class Settings:
     """Megatron-LM training flags that change what travels or how long compute takes."""
@@ -75,6 +79,7 @@ class Settings:
     world_size: int
     distributed_optimizer: bool = True
     recompute: str = "none"  # --recompute-granularity: none, selective, full
+    recompute_modules: tuple[str, ...] = ("core_attn",)  # --recompute-modules under selective
     learned_positions: bool = True  # --position-embedding-type learned_absolute
 
     def __post_init__(self) -> None:
@@ -195,12 +200,16 @@ def context_for(built: BuiltJob, compute: ComputeRate | ComputeProfile) -> Conte
             f"workload does not write {flag}'s per-layer all-gathers and reduce-scatters yet; "
             "memory and plan model the job"
         )
-    extra = [m for m in job.training.recompute_modules if m != "core_attn"]
-    if job.training.recompute == "selective" and extra:
-        # workload.py `_recompute` repeats core attention's forward only under selective
+    modules = job.training.recompute_modules if job.training.recompute == "selective" else ()
+    unpriced = [m for m in modules if m == "mla_up_proj" or (
+        m in NOT_GEMMS and isinstance(compute, ComputeProfile))]
+    if unpriced:
+        # workload.py `_recompute`: mla_up_proj's projections are not apart from MLA's other
+        # linears, and a profile's sections hold the norms and the expert activation inside
+        # attention's and the MLP's measured times
         raise ConfigError(
-            f"--recompute-modules {' '.join(extra)}: workload times selective recomputation of "
-            "core_attn only (megatron's default); `memory` measures these modules"
+            f"--recompute-modules {' '.join(unpriced)}: workload cannot time this module's "
+            "recomputation (docs/limits.md); `memory` measures it"
         )
     schedule = job.schedule()
     settings = Settings(
@@ -209,6 +218,7 @@ def context_for(built: BuiltJob, compute: ComputeRate | ComputeProfile) -> Conte
         world_size=job.layout.world_size,
         distributed_optimizer=job.training.use_distributed_optimizer,
         recompute=job.training.recompute,
+        recompute_modules=modules,
         learned_positions=job.model.position_embedding_type == "learned_absolute",
     )
     return Context(job.dims(), job.layout, settings, compute)
