@@ -238,7 +238,7 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         "recompute_modules",
         str,
         "Selective recomputation's modules (default core_attn): any of core_attn, mlp, moe, moe_act, "
-        "layernorm, mla_up_proj, shared_experts (space- or comma-separated; measured: core_attn, mlp).",
+        "layernorm, mla_up_proj, shared_experts (space- or comma-separated).",
         many=True,
     ),
     _training("moe_layer_recompute", bool, "Megatron-LM's alias for --recompute-modules ... moe."),
