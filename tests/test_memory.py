@@ -530,13 +530,11 @@ def test_an_engine_run_does_not_depend_on_the_runs_before_it_in_the_process() ->
            "--seq-length", "32", "--vocab-size", "1000", "--micro-batch-size", "2",
            "--global-batch-size", "4", "--bf16", "--position-embedding-type", "rope",
            "--mtp-num-layers", "1"]  # fmt: skip
-    from inspector.inputs.versions import megatron_core_version
-
-    if megatron_core_version() < (0, 14):  # 0.13's MTP block divides mtp_loss_scaling_factor,
-        result = run_cli("memory", *mtp)  # which this tool leaves None there
-        assert result.code == 2 and "in mtp: unsupported operand type(s) for /" in result.err
-        return
     first = _json("memory", "--format", "json", *mtp)
     assert first == _json("memory", "--format", "json", *mtp)
     kept = [size for where, size in first["stages"][0]["buffers"]["persistent"] if where == "model"]
-    assert 512 in kept  # the tracker's [mtp layers] fp32 values, in one 512-byte block
+    from inspector.inputs.versions import megatron_core_version
+
+    # the tracker's [mtp layers] fp32 values, in one 512-byte block (megatron-core 0.13 keeps
+    # none on the GPU)
+    assert (512 in kept) == (megatron_core_version() >= (0, 14))

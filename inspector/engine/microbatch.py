@@ -86,6 +86,10 @@ def runtime_config(job: Job) -> dict[str, Any]:
         gradient_accumulation_fusion=te and on["gradient_accumulation_fusion"],
         deallocate_pipeline_outputs=True,
     )
+    if model.mtp_num_layers:
+        # Megatron-LM's --mtp-loss-scaling-factor default (arguments.py: 0.1), which
+        # core_transformer_config_from_args copies (megatron-core 0.13's own default is None)
+        fields["mtp_loss_scaling_factor"] = 0.1
     if model.num_experts is not None:
         fields.update(
             moe_token_dispatcher_type=training.moe_token_dispatcher_type,
