@@ -1,9 +1,11 @@
-"""The engine against the GPU: predicted vs measured memory of every probed rank in shared/gpu/.
+"""The engine against the GPU: predicted vs measured memory of every probed rank.
 
     .venv/bin/python bench/gpu_memory.py [PATH/TO/shared/gpu]
 
-For each run of memory-h200.json (Megatron-LM's pretrain_gpt.py on an H200, one process per
-rank): the static memory after an iteration (weights, grads and optimizer state from megatron's
+Two sets of runs, each Megatron-LM's pretrain_gpt.py with one process per rank: shared/gpu's
+memory-h200.json (its launch scripts in shared/gpu/jobs, on an H200) and this repository's
+bench/gpu-h100/memory-h100.json (the launch scripts in bench/gpu_jobs, run by shared/gpu's harness
+on an H100; bench/RESULTS.md says how). For each run that finished: the static memory after an iteration (weights, grads and optimizer state from megatron's
 DDP buffers for the rank's shard, plus what the engine finds persisting and the cuBLAS
 workspaces) against `memory_allocated` after step 3, and the peak (static plus the engine's
 schedule peak) against `max_memory_allocated`. `make bench` appends the table to RESULTS.md.
@@ -16,10 +18,12 @@ import json
 import sys
 from pathlib import Path
 
-GPU = Path(__file__).resolve().parent.parent.parent / "shared" / "gpu"
+HERE = Path(__file__).resolve().parent
+GPU = HERE.parent.parent / "shared" / "gpu"
+H100 = (HERE / "gpu-h100" / "memory-h100.json", HERE / "gpu_jobs")
 
 
-def rows(gpu: Path) -> list[str]:
+def rows(records: Path, jobs: Path) -> list[str]:
     """Return one markdown row per probed rank."""
     from inspector.engine.memory import run_memory
     from inspector.inputs.resolve import Sources, merge_sources
@@ -28,8 +32,10 @@ def rows(gpu: Path) -> list[str]:
     from inspector.world.build import View, build
 
     out = []
-    for run in json.loads((gpu / "memory-h200.json").read_text())["runs"]:
-        script = str(gpu / "jobs" / f"{run['job']}.sh")
+    for run in json.loads(records.read_text())["runs"]:
+        if run["rc"] != 0:
+            continue
+        script = str(jobs / f"{run['job']}.sh")
         job = make_job(merge_sources(Sources(script=script), ("model", "layout", "training")).args)
         layout = job.layout
         stage = run["rank"] // (layout.tp * layout.cp * layout.dp)
@@ -48,15 +54,19 @@ def rows(gpu: Path) -> list[str]:
 
 
 def table(gpu: Path = GPU) -> str:
-    """Return the comparison as markdown."""
+    """Return the comparisons as markdown: the H200 runs (where shared/gpu is), the H100 runs."""
     head = [
-        "Memory, the engine against the H200 (shared/gpu/memory-h200.json, bench/gpu_memory.py):",
-        "",
         "| job | rank | stage | static predicted GiB | static measured GiB | ratio "
         "| peak predicted GiB | peak measured GiB | ratio | moment of the peak |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    return "\n".join(head + rows(gpu)) + "\n"
+    out = []
+    if (gpu / "memory-h200.json").exists():
+        out += ["Memory, the engine against the H200 (shared/gpu/memory-h200.json, bench/gpu_memory.py):",
+                "", *head, *rows(gpu / "memory-h200.json", gpu / "jobs"), ""]  # fmt: skip
+    out += ["Memory, the engine against the H100 (bench/gpu-h100/memory-h100.json, bench/gpu_memory.py):",
+            "", *head, *rows(*H100)]  # fmt: skip
+    return "\n".join(out) + "\n"
 
 
 def _gib(n: int) -> str:

@@ -160,10 +160,10 @@ def main() -> None:
 
 
 def _gpu_memory() -> str:
-    """Return the engine's memory against the GPU runs of shared/gpu (bench/gpu_memory.py)."""
-    from gpu_memory import GPU, table
+    """Return the engine's memory against the GPU runs (bench/gpu_memory.py)."""
+    from gpu_memory import table
 
-    return "\n" + table() if (GPU / "memory-h200.json").exists() else ""
+    return "\n" + table()
 
 
 def _plan_rates(cold: list[Summary]) -> list[str]:
