@@ -285,7 +285,8 @@ def checkpoint_sizes(gpt: Any) -> dict[tuple[str, tuple[int, ...]], int]:
     from megatron.core.dist_checkpointing.dict_utils import nested_values
     from megatron.core.dist_checkpointing.mapping import ShardedTensor, apply_factories
 
-    state = gpt.sharded_state_dict(metadata=_checkpoint_metadata(gpt))
+    with _unchecked_mtp_output_tie(gpt):
+        state = gpt.sharded_state_dict(metadata=_checkpoint_metadata(gpt))
     apply_factories(state)
     # Persistent buffers (the router's `expert_bias` with --moe-router-enable-expert-bias) are
     # checkpointed too, but are not parameters: leave them out.
@@ -298,6 +299,28 @@ def checkpoint_sizes(gpt: Any) -> dict[tuple[str, tuple[int, ...]], int]:
                 entry.global_shape[prepend:]
             )
     return sizes
+
+
+@contextlib.contextmanager
+def _unchecked_mtp_output_tie(gpt: Any) -> Iterator[None]:
+    """Skip the one assert megatron's checkpoint map fails on for a tied-embedding MTP stage.
+
+    With tied embeddings, a multi-token-prediction stage after the first (--mtp-num-layers with
+    --pp > 1) gets an output-layer weight from gpt_model.py (`skip_weight_param_allocation` only
+    where `pre_process`) that its forward never uses, and language_module.py's
+    `tie_embeddings_and_output_weights_state_dict` asserts that weight absent, then returns
+    without changing the map. Megatron-LM trains such a job (the assert runs only when it saves a
+    distributed checkpoint), so the map is read as megatron builds it, without the assert.
+    """
+    untied = not gpt.share_embeddings_and_output_weights or gpt.pre_process
+    if untied or not getattr(gpt, "mtp_process", False) or gpt.output_layer.weight is None:
+        yield
+        return
+    gpt.tie_embeddings_and_output_weights_state_dict = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        del gpt.tie_embeddings_and_output_weights_state_dict
 
 
 def _checkpoint_metadata(gpt: Any) -> dict[str, Any] | None:
