@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.composition import assert_composed_equals_whole
+
 GPU = Path(__file__).resolve().parents[2] / "shared" / "gpu"
 
 
@@ -162,20 +164,7 @@ def test_engine_matches_every_probed_gpu_rank(records, jobs):
 )
 def test_composed_stage_equals_every_layer_run(flags):
     """One layer of each kind stands for the rest: event for event, peak and persistent alike."""
-    from inspector.engine.memory import chunk_shapes, run_memory
-    from inspector.engine.stage import trace_chunks
-    from inspector.world.build import View, build
-
-    job = _job(**flags)
-    cache = {}
-    for stage in range(job.layout.pp):
-        shapes = chunk_shapes(build(job, View((stage,)), expert_ranks=(0,)).stages[0])
-        whole = trace_chunks(job, stage, shapes, whole=True)
-        composed = trace_chunks(job, stage, shapes, cache)
-        assert [(t.forward, t.backward) for t in composed] == [
-            (t.forward, t.backward) for t in whole
-        ]
-        assert run_memory(job, stage, shapes, cache) == run_memory(job, stage, shapes, whole=True)
+    cache = assert_composed_equals_whole(_job(**flags), persistent=False)
     # the small chunks have at most 3 layers: the first, one middle one, the last
     assert all(len(kinds) <= 3 for _, _, kinds in cache)
 
@@ -216,20 +205,7 @@ _MOE = dict(
 )
 def test_composed_moe_stage_equals_every_layer_run(flags):
     """An MoE layer is its own kind: one of each kind stands for the rest, buffers included."""
-    from inspector.engine.memory import chunk_shapes, run_memory
-    from inspector.engine.stage import trace_chunks
-    from inspector.world.build import View, build
-
-    job = _job(**_MOE, **flags)
-    cache = {}
-    for stage in range(job.layout.pp):
-        shapes = chunk_shapes(build(job, View((stage,)), expert_ranks=(0,)).stages[0])
-        whole = trace_chunks(job, stage, shapes, whole=True)
-        composed = trace_chunks(job, stage, shapes, cache)
-        assert [(t.forward, t.backward, t.persistent) for t in composed] == [
-            (t.forward, t.backward, t.persistent) for t in whole
-        ]
-        assert run_memory(job, stage, shapes, cache) == run_memory(job, stage, shapes, whole=True)
+    cache = assert_composed_equals_whole(_job(**_MOE, **flags))
     kinds = {kind for _, _, small in cache for kind in small}
     assert kinds == {True, False} if "moe_layer_freq" in flags else kinds == {True}
 

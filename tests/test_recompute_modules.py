@@ -7,6 +7,7 @@ import pytest
 from inspector.errors import ConfigError
 from inspector.inputs.versions import megatron_core_version
 from inspector.job.job import make_job
+from tests.composition import assert_composed_equals_whole
 
 BASE = dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=1000,
             micro_batch_size=1, bf16=True, transformer_impl="local")  # fmt: skip
@@ -332,17 +333,6 @@ def test_memory_names_the_modules_beyond_megatrons_default(cli):
 def test_one_layer_of_each_kind_stands_for_the_rest_under_module_recomputation(flags):
     """`memory` composes a stage from one layer of each kind (engine/stage.py): the checkpoints'
     frees and restores (storage resizes included) must compose event for event."""
-    from inspector.engine.memory import chunk_shapes
-    from inspector.engine.stage import trace_chunks
-    from inspector.world.build import View, build
-
     job = make_job({**ENGINE, "num_layers": 6, "pipeline_model_parallel_size": 2,
                     "recompute_granularity": "selective", **flags})  # fmt: skip
-    cache: dict = {}
-    for stage in range(2):
-        shapes = chunk_shapes(build(job, View((stage,)), expert_ranks=(0,)).stages[0])
-        whole = trace_chunks(job, stage, shapes, whole=True)
-        composed = trace_chunks(job, stage, shapes, cache)
-        assert [(t.forward, t.backward, t.persistent) for t in composed] == [
-            (t.forward, t.backward, t.persistent) for t in whole
-        ]
+    assert_composed_equals_whole(job)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.composition import assert_composed_equals_whole
 from tests.test_engine import _MOE, _MOE_TP1
 
 S, B, H, OUT, TP = 8, 2, 64, 96, 2  # sequence, micro-batch, in and out features, tp
@@ -328,20 +329,7 @@ def _job(**flags):
 )
 def test_te_composed_stage_equals_every_layer_run(flags):
     """One layer of each kind stands for the rest in a TE job too, event for event."""
-    from inspector.engine.memory import chunk_shapes, run_memory
-    from inspector.engine.stage import trace_chunks
-    from inspector.world.build import View, build
-
-    job = _job(**flags)
-    cache: dict = {}
-    for stage in range(job.layout.pp):
-        shapes = chunk_shapes(build(job, View((stage,)), expert_ranks=(0,)).stages[0])
-        whole = trace_chunks(job, stage, shapes, whole=True)
-        composed = trace_chunks(job, stage, shapes, cache)
-        assert [(t.forward, t.backward) for t in composed] == [
-            (t.forward, t.backward) for t in whole
-        ]
-        assert run_memory(job, stage, shapes, cache) == run_memory(job, stage, shapes, whole=True)
+    assert_composed_equals_whole(_job(**flags), persistent=False)
 
 
 @pytest.mark.parametrize(
@@ -357,25 +345,18 @@ def test_te_composed_stage_equals_every_layer_run(flags):
 )
 def test_te_composed_moe_stage_equals_every_layer_run(flags):
     """A TE MoE layer is its own kind too: one of each kind stands for the rest, buffers included."""
-    from inspector.engine.memory import chunk_shapes, run_memory
+    from inspector.engine.memory import chunk_shapes
     from inspector.engine.stage import trace_chunks
     from inspector.errors import ConfigError
     from inspector.world.build import View, build
 
     job = _job(**_MOE, **flags)
-    cache: dict = {}
-    for stage in range(job.layout.pp):
-        shapes = chunk_shapes(build(job, View((stage,)), expert_ranks=(0,)).stages[0])
-        if "multi_latent_attention" in flags and _mla_rope_is_experimental():
-            with pytest.raises(ConfigError, match="only under Megatron-LM's --enable-experimental"):
-                trace_chunks(job, stage, shapes, whole=True)
-            return
-        whole = trace_chunks(job, stage, shapes, whole=True)
-        composed = trace_chunks(job, stage, shapes, cache)
-        assert [(t.forward, t.backward, t.persistent) for t in composed] == [
-            (t.forward, t.backward, t.persistent) for t in whole
-        ]
-        assert run_memory(job, stage, shapes, cache) == run_memory(job, stage, shapes, whole=True)
+    if "multi_latent_attention" in flags and _mla_rope_is_experimental():
+        shapes = chunk_shapes(build(job, View((0,)), expert_ranks=(0,)).stages[0])
+        with pytest.raises(ConfigError, match="only under Megatron-LM's --enable-experimental"):
+            trace_chunks(job, 0, shapes, whole=True)
+        return
+    cache = assert_composed_equals_whole(job)
     kinds = {kind for _, _, small in cache for kind in small}
     assert kinds == {True, False} if "moe_layer_freq" in flags else kinds == {True}
 
