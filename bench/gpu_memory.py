@@ -16,22 +16,22 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 GPU = HERE.parent.parent / "shared" / "gpu"
 H100 = (HERE / "gpu-h100" / "memory-h100.json", HERE / "gpu_jobs")
 
 
-def rows(records: Path, jobs: Path) -> list[str]:
-    """Return one markdown row per probed rank."""
-    from inspector.engine.memory import run_memory
+def probed_ranks(records: Path, jobs: Path) -> Iterator[tuple[dict[str, Any], Any, int, Any]]:
+    """Yield each finished run's record, its job (read from its launch script), the pipeline
+    stage of its probed rank, and that stage built (world/build.py's BuiltJob)."""
     from inspector.inputs.resolve import Sources, merge_sources
     from inspector.job.job import make_job
-    from inspector.report.memory import state_bytes
     from inspector.world.build import View, build
 
-    out = []
     for run in json.loads(records.read_text())["runs"]:
         if run["rc"] != 0:
             continue
@@ -39,7 +39,16 @@ def rows(records: Path, jobs: Path) -> list[str]:
         job = make_job(merge_sources(Sources(script=script), ("model", "layout", "training")).args)
         layout = job.layout
         stage = run["rank"] // (layout.tp * layout.cp * layout.dp)
-        built = build(job, View((stage,)), expert_ranks=(0,))
+        yield run, job, stage, build(job, View((stage,)), expert_ranks=(0,))
+
+
+def rows(records: Path, jobs: Path) -> list[str]:
+    """Return one markdown row per probed rank."""
+    from inspector.engine.memory import run_memory
+    from inspector.report.memory import state_bytes
+
+    out = []
+    for run, job, stage, built in probed_ranks(records, jobs):
         buffers = [b for chunk in built.chunks for b in chunk.buffers()]
         state = state_bytes(buffers, job.training.use_distributed_optimizer, 0, 0).total
         engine = run_memory(job, stage)

@@ -124,6 +124,7 @@ def test_a_job_whose_peak_is_the_optimizer_step_names_it(fused):
 
 
 GPU = __import__("pathlib").Path(__file__).resolve().parents[2] / "shared" / "gpu"
+BENCH = __import__("pathlib").Path(__file__).resolve().parents[1] / "bench"
 
 
 @pytest.mark.skipif(not (GPU / "memory-h200.json").exists(), reason="shared/gpu not present")
@@ -131,20 +132,17 @@ def test_probed_gpu_ranks_moments_are_the_state_report_memory_counts():
     """The static memory after an iteration (measured on the H200 after step 3) holds the moments
     the first step made: they are report/memory.py's ADAM_MOMENTS per updated element, so the
     static ratios of bench/gpu_memory.py still hold with the step run."""
-    import json
+    import sys
 
     from inspector.engine.optimizer import stage_step
     from inspector.formulas.optimizer import ADAM_MOMENTS
-    from inspector.inputs.resolve import Sources, merge_sources
-    from inspector.job.job import make_job
-    from inspector.world.build import View, build
 
-    for run in json.loads((GPU / "memory-h200.json").read_text())["runs"]:
-        script = str(GPU / "jobs" / f"{run['job']}.sh")
-        job = make_job(merge_sources(Sources(script=script), ("model", "layout", "training")).args)
-        layout = job.layout
-        stage = run["rank"] // (layout.tp * layout.cp * layout.dp)
-        built = build(job, View((stage,)), expert_ranks=(0,))
+    sys.path.insert(0, str(BENCH))
+    from gpu_memory import probed_ranks
+
+    probed = list(probed_ranks(GPU / "memory-h200.json", GPU / "jobs"))
+    assert len(probed) >= 5  # every H200 run finished
+    for run, job, stage, built in probed:
         buffers = [b for chunk in built.chunks for b in chunk.buffers()]
         distributed = job.training.use_distributed_optimizer
         updated = sum(b.owned_numel[0] if distributed else b.numel for b in buffers)
