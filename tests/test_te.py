@@ -29,7 +29,7 @@ from inspector.job.model import ModelConfig  # noqa: E402
 from inspector.world import config as world_config  # noqa: E402
 from inspector.world import setup as world_setup  # noqa: E402
 from inspector.world import stage as world  # noqa: E402
-from inspector.world.te import attention, linear, norm  # noqa: E402
+from inspector.world.te import attention, grouped_linear, linear, norm  # noqa: E402
 from inspector.world.te.cuda import simulated_cuda  # noqa: E402
 
 BF16 = torch.bfloat16
@@ -151,15 +151,15 @@ def test_layernorm_linear_registers_the_norm_first() -> None:
 
 def test_grouped_linear_has_one_weight_per_gemm() -> None:
     # grouped_linear.py 668-700: weight{i} (and bias{i} only with bias) for each GEMM.
-    layer = linear.GroupedLinear(3, 64, 32, params_dtype=BF16, device="cpu")
+    layer = grouped_linear.GroupedLinear(3, 64, 32, params_dtype=BF16, device="cpu")
     assert _names(layer) == ["weight0", "bias0", "weight1", "bias1", "weight2", "bias2"]
     assert layer.weight1.shape == (32, 64) and layer.weight1.dtype == BF16
-    no_bias = linear.GroupedLinear(2, 64, 32, bias=False, parallel_mode="row", device="cpu")
+    no_bias = grouped_linear.GroupedLinear(2, 64, 32, bias=False, parallel_mode="row", device="cpu")
     assert _names(no_bias) == ["weight0", "weight1"] and no_bias.bias1.numel() == 0
     assert _tp_attrs(no_bias.weight0) == (True, 1, 1)
     # grouped_linear.py 650-654: TE refuses bias with tp > 1.
     with pytest.raises(ValueError, match="doesn't support bias when TP > 1"):
-        linear.GroupedLinear(2, 64, 32, tp_size=2, parallel_mode="column", device="cpu")
+        grouped_linear.GroupedLinear(2, 64, 32, tp_size=2, parallel_mode="column", device="cpu")
 
 
 def test_norms_register_like_te_and_print_bare() -> None:

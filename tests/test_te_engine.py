@@ -26,6 +26,15 @@ def _functions():
     return functions
 
 
+def _attention_functions():
+    from inspector.world import te
+
+    te.install()
+    from inspector.world.te import attention_functions
+
+    return attention_functions
+
+
 def _meta(*shape, grad=True, dtype=None):
     import torch
 
@@ -96,7 +105,7 @@ def test_fused_attention_saves_qkv_out_and_softmax_stats_not_probabilities():
     sbhd without padding), aux_ctx_tensors = [softmax stats fp32 [b, h, s, 1], rng_state]."""
     import torch
 
-    f = _functions()
+    f = _attention_functions()
     heads, groups, d = 4, 2, 16
     q, k, v = _meta(S, B, heads, d), _meta(S, B, groups, d), _meta(S, B, groups, d)
     out = f.FusedAttnFunction.apply(q, k, v)
@@ -115,7 +124,7 @@ def test_fused_rope_saves_only_the_frequencies():
     """rope.py `FusedRoPEFunc.forward` 152: save_for_backward(freqs, cu_seqlens, start_positions)."""
     import torch
 
-    f = _functions()
+    f = _attention_functions()
     t = _meta(S, B, 4, 16)
     freqs = torch.empty(S, 1, 1, 16, device="meta")
     out = f.apply_rotary_pos_emb(t, freqs, fused=True)
@@ -154,7 +163,7 @@ def test_p2p_context_parallel_attention_keeps_tes_ring_buffers(rank):
 
     from inspector.engine.allocator import Tracker, rounded
 
-    f = _functions()
+    f = _attention_functions()
     heads, groups, d, s = 4, 2, 16, 8
     q, k, v = _meta(s, B, heads, d), _meta(s, B, groups, d), _meta(s, B, groups, d)
     tracker = Tracker()

@@ -23,7 +23,7 @@ torch or megatron choose by device:
   takes no GPU memory either way, and this CPU build has no pinned allocator;
 - megatron's CUDA RNG tracker forks nothing and RNG states are host tensors, as on a GPU
   (CUDA generator states are kept by the host, not in GPU memory);
-- Transformer Engine's kernels run as the stand-in's autograd Functions (world/te/functions.py),
+- Transformer Engine's kernels run as the stand-in's autograd Functions (world/te/*functions.py),
   and its kept placeholder weight gradients (`get_dummy_wgrad`) start afresh in each run, as in
   a new process, so every trace holds the ones it makes (persistent buffers).
 """

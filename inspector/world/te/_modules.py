@@ -20,8 +20,9 @@ from inspector.world.te import (
     VERSION,
     _base,
     attention,
+    attention_functions,
     fp8_functions,
-    functions,
+    grouped_linear,
     linear,
     norm,
     state,
@@ -46,7 +47,7 @@ _FP8 = {
 _MODULES = {
     "Linear": linear.Linear,
     "LayerNormLinear": linear.LayerNormLinear,
-    "GroupedLinear": linear.GroupedLinear,
+    "GroupedLinear": grouped_linear.GroupedLinear,
     "LayerNorm": norm.LayerNorm,
     "RMSNorm": norm.RMSNorm,
     "DotProductAttention": attention.DotProductAttention,
@@ -87,7 +88,7 @@ _LAYOUT: dict[str, tuple[bool, dict[str, Any]]] = {
     ".pytorch.attention": (True, {"DotProductAttention": attention.DotProductAttention}),
     ".pytorch.attention.rope": (
         False,
-        {"apply_rotary_pos_emb": functions.apply_rotary_pos_emb},
+        {"apply_rotary_pos_emb": attention_functions.apply_rotary_pos_emb},
     ),
     ".pytorch.ops": (True, {"FusibleOperation": state.FusibleOperation, **state.OPS}),
     ".pytorch.router": (

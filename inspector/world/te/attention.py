@@ -5,8 +5,8 @@ Mirrors transformer_engine 2.11.0 `pytorch/attention/dot_product_attention/dot_p
 (`backends.py`: UnfusedDotProductAttention 206-245, FlashAttention 623-660, FusedAttention
 1641-1700; `softmax.py` FusedScaleMaskSoftmax 144). None holds a parameter, except the learnable
 softmax offset. `forward` runs the fused (cuDNN) backend's memory contract
-(`functions.FusedAttnFunction`), under context parallelism TE's p2p ring
-(`functions.P2PAttnFunction`).
+(`attention_functions.FusedAttnFunction`), under context parallelism TE's p2p ring
+(`attention_functions.P2PAttnFunction`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from inspector.world.te._base import TransformerEngineBaseModule, empty, world_size
-from inspector.world.te.functions import FusedAttnFunction, P2PAttnFunction
+from inspector.world.te.attention_functions import FusedAttnFunction, P2PAttnFunction
 
 
 def _fused_backend(dtype: torch.dtype) -> bool:
@@ -229,8 +229,9 @@ class DotProductAttention(TransformerEngineBaseModule):
     ) -> torch.Tensor:
         """FusedAttention.forward under context parallelism (backends.py 1868-1910, v2.11): q, k,
         v made contiguous, then `attn_forward_func_with_cp` (context_parallel.py 3890-4110) runs
-        the p2p ring, `functions.P2PAttnFunction`. TE has no context-parallel unfused attention
-        (`get_attention_backend` disables it), so 32-bit inputs leave no backend: TE raises."""
+        the p2p ring, `attention_functions.P2PAttnFunction`. TE has no context-parallel unfused
+        attention (`get_attention_backend` disables it), so 32-bit inputs leave no backend: TE
+        raises."""
         if not _fused_backend(q.dtype) or self.cp_comm_type != "p2p":
             raise NotImplementedError(
                 "the simulated Transformer Engine runs context-parallel attention in fp16/bf16 "
