@@ -1,0 +1,108 @@
+"""The commands that inspect no single job's ranks: diff (two params tables), models (the
+presets) and plan (the layout search). Registered after commands.py's, so `--help` lists them last.
+
+A command's signature is its typer option list, so these functions run past the usual ~40 lines;
+their bodies stay a few calls (resolve the job, call the core, render).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import typer
+
+from inspector.cli.app import app, emit, format_option, gpu_option, model_options, output_option
+from inspector.cli.help import PanelCommand
+from inspector.job.hardware import DEFAULT_GPU
+from inspector.report.formats import DiffFormat, PlanFormat
+
+
+@app.command(cls=PanelCommand)
+def diff(
+    old: str = typer.Argument(
+        ..., help="The old params table (semicolon or json), or - for stdin.", metavar="OLD"
+    ),
+    new: str = typer.Argument(
+        ..., help="The new params table (semicolon or json), or - for stdin.", metavar="NEW"
+    ),
+    fmt: Any = format_option(DiffFormat.text, "text, markdown (a PR comment) or json."),
+) -> None:
+    """Compare two params tables: exit 0 when they are equal, 1 when they differ."""
+    from inspector.render.diff import render_diff
+    from inspector.report.diff import diff_files
+
+    result = diff_files(old, new)
+    sys.stdout.write(render_diff(result, fmt, old, new))
+    raise typer.Exit(0 if result.equal else 1)
+
+
+@app.command(cls=PanelCommand)
+def models() -> None:
+    """List the model presets with their sizes and sources."""
+    from inspector.render.models import render_presets
+
+    sys.stdout.write(render_presets())
+
+
+@app.command(cls=PanelCommand)
+@model_options("model", "layout", "training")
+def plan(
+    args: dict[str, Any],
+    use_cache: bool,
+    label: str | None,
+    gpus: int = typer.Option(..., "--gpus", help="GPUs in the cluster."),
+    gpu_memory: float | None = typer.Option(
+        None, "--gpu-memory", help="GiB per GPU (default: the --gpu type's)."
+    ),
+    gpu: str = gpu_option(DEFAULT_GPU),
+    gpus_per_node: int | None = typer.Option(
+        None, "--gpus-per-node", help="GPUs per NVLink domain (default: the type's)."
+    ),
+    gpu_tflops: float | None = typer.Option(
+        None, "--gpu-tflops", help="16-bit peak TFLOP/s (default: the type's)."
+    ),
+    intra_bandwidth: float | None = typer.Option(
+        None, "--intra-node-bandwidth", help="NVLink GB/s per GPU, each way."
+    ),
+    inter_bandwidth: float | None = typer.Option(
+        None, "--inter-node-bandwidth", help="InfiniBand GB/s per GPU, each way."
+    ),
+    efficiency: float | None = typer.Option(
+        None, "--efficiency",
+        help="Use this fraction of peak, not kernel tables.",
+    ),
+    top: int = typer.Option(5, "--top", help="How many plans to list."),
+    explain: bool = typer.Option(False, "--explain", help="Say why plan 1 wins."),
+    svg: str | None = typer.Option(None, "--svg", help="Draw plan 1's schedule.", metavar="FILE"),
+    fmt: Any = format_option(PlanFormat.text, "text (tables, flags) or json."),
+    output: str | None = output_option(),
+) -> None:
+    """Rank a model's parallel layouts on N GPUs by step time, with their flags."""
+    from inspector.plan import search as core
+    from inspector.plan.request import PlanFlags, make_request
+    from inspector.render import plan as render
+
+    flags = PlanFlags(gpus, gpu, gpu_memory, gpus_per_node, gpu_tflops, intra_bandwidth,
+                      inter_bandwidth, efficiency, top)
+    request = make_request(args, flags)
+    if svg is not None:
+        from inspector.output import check_target
+
+        check_target(svg, "--svg")  # before the search: a bad --svg costs nothing
+    progress = core.progress_line()
+    result = core.search(request, progress)
+    if progress is not None:  # the search's speed, on the terminal only (stdout stays identical)
+        rate = result.evaluated / max(result.seconds, 1e-9)
+        sys.stderr.write(f"\rplan: {result.evaluated} candidates in {result.seconds:.2f} s "
+                         f"({rate:.0f} per second)\n")
+    text = render.render_plan(result, request.memory, fmt.value if hasattr(fmt, "value") else fmt, explain)
+    if fmt == PlanFormat.text:
+        from inspector.render.job import plan_lines, with_job
+
+        text = with_job(plan_lines(request, label), text)
+    if svg is not None and result.plans:
+        from inspector.output import write_atomic
+
+        write_atomic(svg, render.render_svg(result.plans[0]), "--svg")
+    emit(text, output)
