@@ -83,7 +83,8 @@ def test_padded_vocab_size_must_split_over_tensor_parallel_ranks(tmp_path, cli):
 
 
 def test_padded_vocab_size_on_the_command_line():
-    from inspector.job.model import ModelConfig, make_model_config
+    from inspector.job.model import ModelConfig
+    from inspector.job.model_args import make_model_config
 
     assert make_model_config({"vocab_size": 1000, "padded_vocab_size": 1000}).embedding_rows(8) == 1000
     assert ModelConfig(vocab_size=1000).embedding_rows(8) == 1024

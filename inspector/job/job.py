@@ -17,7 +17,8 @@ from inspector.job.checks import check_at_least_one, check_at_most
 from inspector.job.dims import ModelDims, num_microbatches
 from inspector.job.fsdp import fsdp_rules
 from inspector.job.layout import Layout, make_layout, validate_layout
-from inspector.job.model import ModelConfig, make_model_config, validate_model
+from inspector.job.model import ModelConfig
+from inspector.job.model_args import make_model_config, validate_model
 from inspector.job.recompute_modules import DEFAULT_MODULES, check_modules, parse_modules
 
 MAX_CAPACITY_FACTOR = 1024.0  # beyond it no expert drops a token anyway

@@ -12,7 +12,8 @@ from inspector.job.build_limits import expert_cap
 from inspector.job.checks import check_built_layers
 from inspector.job.hardware import DEFAULT_EFFICIENCY, DEFAULT_GPU, Gpu, get_gpu, with_overrides
 from inspector.job.job import Training, make_training
-from inspector.job.model import ModelConfig, make_model_config
+from inspector.job.model import ModelConfig
+from inspector.job.model_args import make_model_config
 from inspector.plan import caches
 from inspector.plan.split import PIN_FLAGS
 

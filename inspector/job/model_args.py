@@ -1,0 +1,199 @@
+"""Megatron-LM arguments into a validated ModelConfig (model.py): each refusal names the flag.
+
+The checks follow Megatron-LM's `validate_args` (`megatron/training/arguments.py`) and the
+asserts megatron-core's model classes make, as each cites.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from inspector.errors import ConfigError
+from inspector.inputs.arguments import BY_NAME
+from inspector.job import fp8
+from inspector.job.checks import MAX_SIZE, check_at_least_one, check_heads, check_query_groups
+from inspector.job.model import MODEL_FIELDS, ModelConfig
+from inspector.job.moe_pattern import parse_moe_layer_freq
+
+
+def make_model_config(args: Mapping[str, Any]) -> ModelConfig:
+    """Build a ModelConfig from Megatron-LM arguments (unknown names are a programming error)."""
+    values = {name: value for name, value in args.items() if name in MODEL_FIELDS}
+    if values.get("moe_layer_freq") is not None:
+        values["moe_layer_freq"] = parse_moe_layer_freq(values["moe_layer_freq"])
+    else:
+        values.pop("moe_layer_freq", None)
+    for name in ("moe_router_score_function", "fp8_recipe", "fp8_amax_history_len"):
+        if values.get(name) is None:
+            values.pop(name, None)
+    config = ModelConfig(**values)
+    validate_model(config)
+    return config
+
+
+def _flag(name: str) -> str:
+    return BY_NAME[name].flag if name in BY_NAME else "--" + name.replace("_", "-")
+
+
+def _require_positive(config: ModelConfig) -> None:
+    for name in (
+        "num_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "seq_length",
+        "vocab_size",
+        "make_vocab_size_divisible_by",
+        "padded_vocab_size",
+        "moe_router_topk",
+        "ffn_hidden_size",
+        "num_query_groups",
+        "kv_channels",
+        "max_position_embeddings",
+        "num_experts",
+        "moe_ffn_hidden_size",
+        "moe_shared_expert_intermediate_size",
+    ):
+        value = getattr(config, name)
+        if value is not None and not 1 <= value <= MAX_SIZE:  # the flag's name only for errors
+            check_at_least_one(_flag(name), value)
+
+
+def validate_model(config: ModelConfig) -> None:
+    """Raise ConfigError for an architecture megatron would reject or silently change."""
+    _require_positive(config)
+    heads, hidden = config.num_attention_heads, config.hidden_size
+    check_heads(hidden, heads, config.kv_channels)
+    if config.num_query_groups is not None and not config.group_query_attention:
+        raise ConfigError(
+            f"--num-query-groups {config.num_query_groups} has no effect without "
+            "--group-query-attention (Megatron-LM ignores it); pass both or neither"
+        )
+    check_query_groups(heads, config.query_groups)
+    if config.ffn_size < 1:
+        raise ConfigError(
+            f"--swiglu with --hidden-size {hidden} gives an MLP size of int(4 * {hidden} * 2 / 3 / 64) "
+            f"* 64 = {config.ffn_size} (Megatron-LM's rule); pass --ffn-hidden-size"
+        )
+    if config.bf16 and config.fp16:
+        raise ConfigError("--bf16 and --fp16 are mutually exclusive; pass one of them")
+    if (
+        config.position_embedding_type == "learned_absolute"
+        and config.max_positions < config.seq_length
+    ):
+        raise ConfigError(
+            f"--max-position-embeddings {config.max_positions} is smaller than --seq-length "
+            f"{config.seq_length}: learned positions need one row per token"
+        )
+    _validate_moe(config)
+    _validate_moe_layer_freq(config)
+    _validate_mla(config)
+    _validate_mtp(config)
+    _validate_backend(config)
+    fp8.validate_fp8(
+        config.fp8_format, config.fp8_recipe, config.fp8_amax_history_len,
+        config.transformer_impl,
+    )
+
+
+def _validate_moe(config: ModelConfig) -> None:
+    experts = config.num_experts
+    moe_only = (
+        "moe_ffn_hidden_size",
+        "moe_shared_expert_intermediate_size",
+        "moe_shared_expert_gate",
+        "moe_grouped_gemm",
+        "moe_router_enable_expert_bias",
+    )
+    if experts is None:
+        if config.moe_layer_freq != 1:
+            raise ConfigError("--moe-layer-freq needs --num-experts")
+        if config.moe_router_score_function != "softmax":
+            raise ConfigError("--moe-router-score-function needs --num-experts")
+        for name in moe_only:
+            if getattr(config, name):
+                raise ConfigError(f"{_flag(name)} needs --num-experts")
+        return
+    if config.moe_shared_expert_gate and not config.moe_shared_expert_intermediate_size:
+        raise ConfigError(
+            "--moe-shared-expert-gate needs --moe-shared-expert-intermediate-size (it gates the "
+            "shared experts)"
+        )
+    if config.moe_grouped_gemm and not config.disable_bias_linear:
+        raise ConfigError(
+            "--moe-grouped-gemm needs --disable-bias-linear (megatron-core's GroupedMLP has no biases)"
+        )
+    if config.moe_router_topk > experts:
+        raise ConfigError(
+            f"--moe-router-topk {config.moe_router_topk} is larger than --num-experts {experts}"
+        )
+
+
+_MLA_ONLY = (
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_head_dim",
+    "qk_pos_emb_head_dim",
+    "v_head_dim",
+    "rotary_scaling_factor",
+    "mscale",
+    "mscale_all_dim",
+)
+
+
+def _validate_moe_layer_freq(config: ModelConfig) -> None:
+    pattern = config.moe_layer_freq
+    if isinstance(pattern, int):
+        check_at_least_one("--moe-layer-freq", pattern)
+        return
+    if len(pattern) != config.num_layers:
+        raise ConfigError(
+            f"--moe-layer-freq lists {len(pattern)} layers but --num-layers is {config.num_layers}"
+        )
+    if any(value not in (0, 1) for value in pattern):
+        raise ConfigError("--moe-layer-freq lists must hold only 0 (dense) and 1 (MoE) per layer")
+
+
+def _validate_mla(config: ModelConfig) -> None:
+    if not config.multi_latent_attention:
+        for name in _MLA_ONLY:
+            if getattr(config, name) is not None:
+                raise ConfigError(f"{_flag(name)} needs --multi-latent-attention")
+        if config.rope_type == "yarn":
+            raise ConfigError(
+                "--rope-type yarn needs --multi-latent-attention (Megatron-LM's other attention "
+                "takes rope only)"
+            )
+        return
+    for name in ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"):
+        check_at_least_one(_flag(name), getattr(config, name))
+    if config.transformer_impl != "transformer_engine":
+        raise ConfigError(
+            "--multi-latent-attention needs --transformer-impl transformer_engine (megatron-core's "
+            "local attention cannot build MLA)"
+        )
+    if config.group_query_attention:
+        raise ConfigError(
+            "--multi-latent-attention and --group-query-attention are mutually exclusive "
+            "(Megatron-LM refuses both)"
+        )
+
+
+def _validate_mtp(config: ModelConfig) -> None:
+    if config.mtp_num_layers is None:
+        return
+    check_at_least_one("--mtp-num-layers", config.mtp_num_layers)
+    if config.position_embedding_type == "learned_absolute":
+        raise ConfigError(
+            "--mtp-num-layers needs --position-embedding-type rope or none (Megatron-LM's "
+            "multi-token prediction does not support learned_absolute)"
+        )
+
+
+def _validate_backend(config: ModelConfig) -> None:
+    if config.apex and config.normalization != "LayerNorm":
+        raise ConfigError(
+            f"--apex with --normalization {config.normalization} cannot build: megatron-core's "
+            "final_layernorm would be apex FusedLayerNorm, which supports LayerNorm only "
+            "(NVIDIA/Megatron-LM#1658); drop --apex to get the torch norms megatron uses for RMSNorm"
+        )
