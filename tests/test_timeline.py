@@ -208,7 +208,7 @@ def test_the_timelines_highest_point_is_the_schedules_peak(pp, stage, m, chunks)
 
 
 def test_past_the_caps_is_refused_and_nothing_written(tmp_path: Path, monkeypatch) -> None:
-    from inspector.report import memory
+    from inspector.report import memory_outputs as memory
 
     svg, snap = tmp_path / "t.svg", tmp_path / "s.pickle"
     monkeypatch.setattr(memory, "MAX_PASSES", 8)  # the stages run 2 x 4 passes and the step

@@ -202,7 +202,7 @@ def memory(
     """Print each stage's weights, gradients, optimizer, activations and FLOPs."""
     files = {flag: path for flag, path in (("--timeline", timeline), ("--snapshot", snapshot)) if path}
     if walkthrough:
-        from inspector.report.memory import check_walkthrough_flags
+        from inspector.report.memory_outputs import check_walkthrough_flags
 
         check_walkthrough_flags(gpu=gpu, gpu_memory=gpu_memory, gpu_tflops=gpu_tflops, mfu=mfu,
                                 **{flag.strip("-"): path for flag, path in files.items()})
@@ -215,6 +215,7 @@ def memory(
     def produce() -> str:
         from inspector.render import memory as render
         from inspector.report import memory as core
+        from inspector.report import memory_outputs as outputs
 
         job = resolve_job(args)
         job.schedule()  # --micro-batch-size is required, and the batches must divide
@@ -224,8 +225,8 @@ def memory(
             from inspector.render.walkthrough import render_walkthroughs
 
             return render_walkthroughs(job, job_walkthroughs(job, ulysses_degree), fmt)
-        core.check_ulysses(ulysses_degree)
-        core.check_engine_outputs(job, tuple(files))
+        outputs.check_ulysses(ulysses_degree)
+        outputs.check_engine_outputs(job, tuple(files))
         from inspector.world.build import build, select_view
 
         with Progress() as progress:
@@ -257,7 +258,7 @@ def memory(
 def _write_engine_files(report: Any, timeline: str | None, snapshot: str | None) -> None:
     """Write --timeline's SVG and --snapshot's pickle from the engine's run, atomically."""
     from inspector.output import write_atomic
-    from inspector.report.memory import engine_passes
+    from inspector.report.memory_outputs import engine_passes
 
     flags = ("--timeline",) * bool(timeline) + ("--snapshot",) * bool(snapshot)
     passes = engine_passes(report, flags)  # checked before either file is written

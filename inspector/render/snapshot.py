@@ -35,7 +35,7 @@ ALIGN = 2 << 20  # the allocations start on a 2 MiB boundary (kLargeBuffer) afte
 
 def render_snapshot(report: MemoryReport, passes: dict[int, tuple[MemoryPass, ...]]) -> bytes:
     """Return the pickled snapshot of every stage (one device each), given each stage's passes
-    (report.memory.engine_passes)."""
+    (report.memory_outputs.engine_passes)."""
     return pickle.dumps(snapshot(report, passes), protocol=4)
 
 

@@ -37,7 +37,7 @@ YScale = Callable[[float], str]  # bytes -> the y coordinate, printed
 
 def render_timeline(report: MemoryReport, passes: dict[int, tuple[MemoryPass, ...]]) -> str:
     """Return the SVG of every stage's iteration, given each stage's passes
-    (report.memory.engine_passes; a stage without passes is left out)."""
+    (report.memory_outputs.engine_passes; a stage without passes is left out)."""
     stages = [s for s in report.stages if s.run is not None and passes.get(s.stage)]
     panel = PANEL_TOP + PLOT_HEIGHT + PANEL_BOTTOM
     height = LEGEND_HEIGHT + panel * len(stages)
