@@ -19,25 +19,22 @@ from typing import Protocol
 
 from inspector.errors import InputError
 from inspector.inputs.bash.arith import evaluate_arith
+from inspector.inputs.bash.assign import Assignments
 from inspector.inputs.bash.conditions import evaluate_test
 from inspector.inputs.bash.context import Context, Unknown, describe_unknown
-from inspector.inputs.bash.expand import Expansion
 from inspector.inputs.bash.parser import read_commands
 from inspector.inputs.bash.patterns import Glob, ere
 from inspector.inputs.bash.runtime import (
     MAX_DEPTH,
-    MAX_ELEMENTS,
     MAX_LOOPS,
     MAX_RUN_DEPTH,
     MAX_SCRIPT,
     MAX_STEPS,
-    MAX_VALUE,
     Break,
     Exit,
     Return,
     Value,
     WorkExceeded,
-    as_array,
 )
 from inspector.inputs.bash.syntax import (
     AndOr,
@@ -56,7 +53,6 @@ from inspector.inputs.bash.syntax import (
     Simple,
     While,
     Word,
-    part_types,
 )
 from inspector.inputs.bash.words import parse_fragment
 
@@ -72,7 +68,7 @@ class Commands(Protocol):
     def output(self, shell: Shell, script: str) -> str | None: ...
 
 
-class Shell(Expansion):
+class Shell(Assignments):
     """One bash process: its variables, exports, functions and positional parameters."""
 
     def __init__(self, ctx: Context, commands: Commands, origin: str, positional: list[str],
@@ -319,49 +315,6 @@ class Shell(Expansion):
         status = self.commands.run(self, argv, node, prefix, arrays, bash_argv)
         return self.check(status, f"`{_brief(self.ctx.show(' '.join(argv)))}`")
 
-    def do_assign(self, assign: Assign, local: bool = False) -> None:
-        self.line = assign.line or self.line
-        if local:
-            self.make_local(assign.name)
-        if assign.array is not None:
-            elements = [v for w in assign.array for v in self.expand_fields(w)]
-            old = self.vars.get(assign.name) if assign.append else None
-            base = as_array(old) if old is not None else {}
-            start = max(base) + 1 if base else 0
-            base.update({start + i: v for i, v in enumerate(elements)})
-            if len(base) > MAX_ELEMENTS or sum(len(v) for v in base.values()) > MAX_VALUE:
-                raise self.fail(f"the array {assign.name} grows past {MAX_ELEMENTS} elements "
-                                f"or {MAX_VALUE} characters")  # fmt: skip
-            self.vars[assign.name] = base
-            return
-        assert assign.value is not None
-        value = self.expand_string(assign.value)
-        if self.ctx.bash_value(value) is None and CmdSub in part_types(assign.value):
-            given = self.ctx.settings.get(assign.name)
-            value = given if given is not None else self._command_output(assign, value)
-        if assign.index is not None:
-            array = as_array(self.vars.get(assign.name, {}))
-            index = self.index_of(assign.index)
-            array[index] = (array.get(index, "") + value) if assign.append else value
-            if len(array[index]) > MAX_VALUE or len(array) > MAX_VALUE:
-                raise self.fail(f"the array {assign.name} grows past {MAX_VALUE} characters")
-            self.vars[assign.name] = array
-        elif assign.append:
-            old = self.vars.get(assign.name)
-            before = old.get(0, "") if isinstance(old, dict) else (old or "")
-            self.assign(assign.name, before + value)
-        else:
-            self.assign(assign.name, value)
-
-    def _command_output(self, assign: Assign, value: str) -> str:
-        unknown = self.ctx.unknown_in(value)
-        assert unknown is not None
-        return self.ctx.mark(
-            Unknown(f"${assign.name}",
-                    f"set on line {self.line} from {unknown.text}, which the reader never runs",
-                    assign.name)  # fmt: skip
-        )
-
     def command_substitution(self, part: CmdSub) -> str:
         output = self.commands.output(self, part.script)
         if output is not None:
@@ -369,25 +322,6 @@ class Shell(Expansion):
         self.ctx.note(f"{self.where()}: {part.text} is not run; it stands as a placeholder, "
                       "which only a path or a port may hold")  # fmt: skip
         return self.ctx.mark(Unknown(part.text, "which the reader never runs", None))
-
-    def assign(self, name: str, value: str) -> None:
-        if name == "IFS":
-            raise self.fail("the script changes IFS; the reader splits words on blanks only")
-        if len(value) > MAX_VALUE:
-            raise self.fail(f"{name} grows past {MAX_VALUE} characters")
-        self.ctx.copied.spend(len(value))
-        old = self.vars.get(name)
-        if isinstance(old, dict):
-            old[0] = value
-        else:
-            self.vars[name] = value
-
-    def assign_array(self, name: str, elements: dict[int, str]) -> None:
-        self.vars[name] = elements
-
-    def make_local(self, name: str) -> None:
-        if self.locals and name not in self.locals[-1]:
-            self.locals[-1][name] = self.vars.get(name)
 
     def index_of(self, text: str) -> int:
         word = parse_fragment(text, self.source_stack[-1], self.line)
