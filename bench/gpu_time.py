@@ -373,7 +373,8 @@ def estimate(path: str | None, jobs: list[str]) -> None:
             transformer_impl="local",
         )
         args = merge_sources(Sources(flags=flags, apex=False), ("model", "layout", "training")).args
-        req = make_request(args, PlanFlags(1, gpu="h200", top=1))
+        gpu = "h100" if "H100" in r.get("device", "") else "h200"  # the GPU that measured it
+        req = make_request(args, PlanFlags(1, gpu=gpu, top=1))
         # flash attention as the job ran it; memory unbounded: the GPU showed what fits
         req = replace(req, flash_attention=r["attn"] != "local", memory=1 << 40)
         plan = search(req).plans[0]
