@@ -222,3 +222,102 @@ def test_tokenizer_hf_include_special_tokens_lives_from_0_16_to_0_17():
     assert "--tokenizer-hf-include-special-tokens" in IGNORED
     note = argument_unknown_note("--tokenizer-hf-include-special-tokens")
     assert (note is None) == ((0, 16) <= VERSION < (0, 18))
+
+
+# examples/post_training/modelopt/eagle3.sh: conf/arguments.sh reads the model's conf by name ($1),
+# then the EAGLE-3 conversion runs only where its checkpoint folder is missing, then finetune.py
+# trains from that checkpoint
+EAGLE_ARGUMENTS = """\
+set -e
+MLM_MODEL_CFG=${1}
+if [ -z $1 ]; then
+    printf "give a model name\\n"
+    exit 1
+fi
+if [ -z ${MLM_WORK_DIR} ]; then
+    export MLM_WORK_DIR=/tmp/workspace
+fi
+if [ -z ${TP} ]; then
+    TP=1
+fi
+LAUNCH_SCRIPT="torchrun --nproc_per_node=${TP}"
+source "${SCRIPT_DIR}/conf/${MLM_MODEL_CFG}.sh"
+"""
+EAGLE_CONF = f"""\
+TOKENIZER_MODEL=my-org/my-model
+MODEL_ARGS=" {SMALL} --vocab-size 1000 --tokenizer-type NullTokenizer "
+"""
+EAGLE_LAUNCH = """\
+SCRIPT_DIR="$(dirname "$(readlink -f "$0")")"
+source "${{SCRIPT_DIR}}/conf/arguments.sh"
+CONVERT_ARGS="{convert}"
+if [ -z ${{MLM_MODEL_SAVE}} ]; then
+    MLM_MODEL_SAVE=${{MLM_WORK_DIR}}/${{MLM_MODEL_CFG}}-Draft
+fi
+{guard}
+${{LAUNCH_SCRIPT}} ${{SCRIPT_DIR}}/finetune.py ${{MODEL_ARGS}} \\
+    --tensor-model-parallel-size ${{TP}} --tokenizer-model ${{TOKENIZER_MODEL}} \\
+    --load ${{MLM_MODEL_SAVE}} --save ${{MLM_MODEL_SAVE}} --finetune
+"""
+CONVERT = ("${LAUNCH_SCRIPT} ${SCRIPT_DIR}/convert_model.py ${MODEL_ARGS} "
+           "--tensor-model-parallel-size ${TP} --save ${MLM_MODEL_SAVE} ${CONVERT_ARGS}")  # fmt: skip
+GUARDS = {
+    "if": f"if [[ ! -d ${{MLM_MODEL_SAVE}} ]]; then\n    {CONVERT}\nfi",
+    "else": f"if [ -d ${{MLM_MODEL_SAVE}} ]; then\n    echo found\nelse\n    {CONVERT}\nfi",
+    "or": f"[ -d ${{MLM_MODEL_SAVE}} ] || {CONVERT}",
+    "none": CONVERT,  # run every time: two launches, the conversion first
+}
+
+
+def _eagle(tmp_path: Path, guard: str, convert: str = "--algorithm eagle3") -> Path:
+    folder = tmp_path / "examples" / "post_training" / "modelopt"
+    (folder / "conf" / "org").mkdir(parents=True)
+    (folder / "conf" / "arguments.sh").write_text(EAGLE_ARGUMENTS)
+    (folder / "conf" / "org" / "small.sh").write_text(EAGLE_CONF)
+    launch = folder / "eagle3.sh"
+    launch.write_text(EAGLE_LAUNCH.format(convert=convert, guard=GUARDS[guard]))
+    return launch
+
+
+@pytest.mark.parametrize("guard", ["if", "else", "or", "none"])
+def test_eagle3_draft_training_is_refused(tmp_path, cli, guard):
+    path = _eagle(tmp_path, guard)
+    result = cli("params", "--from-script", str(path), "--set", "1=org/small")
+    assert (result.code, result.out) == (2, "")  # one error, no table
+    line = {"if": 8, "else": 10, "or": 7, "none": 7}[guard]
+    assert result.err == (
+        f"Error: {path} line {line}: the script converts its model for speculative decoding "
+        "(convert_model.py --algorithm eagle3): ModelOpt's finetune.py then trains the draft "
+        "module that conversion adds (its architecture is ModelOpt's) on a frozen base model; "
+        "this tool builds and trains the GPTModel of the arguments only, and does not model the "
+        "draft module or frozen parameters\n"
+    )
+
+
+@pytest.mark.parametrize("convert", ["", "--algorithm None", "--algorithm=None"])
+def test_a_conversion_without_a_draft_module_leaves_the_finetune_read(tmp_path, cli, convert):
+    # the same script, converting without a speculative algorithm: finetune.py trains GPTModel
+    path = _eagle(tmp_path, "if", convert)
+    result = cli("params", "--from-script", str(path), "--set", "1=org/small")
+    assert result.code == 0, result.err
+    assert "embedding.word_embeddings.weight;VocabParallelEmbedding();(1024, 64);" in result.out
+    assert "took `-d /tmp/workspace/org/small-Draft` as true" in result.err
+
+
+def test_a_skipped_branch_changes_nothing_but_its_launches(tmp_path):
+    # the branch a file test skips is read for its launches only: its assignments, notes, exits
+    # and unset values stay out of the reading
+    path = tmp_path / "s.sh"
+    path.write_text(
+        "if [ ! -f /data/index ]; then\n  LAYERS=8; echo $NEVER_SET; exit 1\nfi\n"
+        f"[ -e /data/index ] || LAYERS=6\npython pretrain_gpt.py {SMALL.replace('2', '${LAYERS:-2}', 1)} "
+        "--vocab-size 1000\n"
+    )  # fmt: skip
+    script = parse_launch_script(path.read_text(), str(path))
+    assert script.args["num_layers"] == 2
+    assert [n.split(": ", 1)[1] for n in script.notes if "took" in n] == [
+        "took `-f /data/index` as true (the reader assumes /data/index is a file on the job's "
+        "machine)",
+        "took `-e /data/index` as true (the reader assumes /data/index exists on the job's "
+        "machine)",
+    ]

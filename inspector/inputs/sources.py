@@ -17,7 +17,7 @@ from inspector.errors import ConfigError, InputError
 from inspector.inputs.arguments import BY_NAME, ArgSpec
 from inspector.inputs.bash.context import Command, Context
 from inspector.inputs.bash.interpreter import interpret
-from inspector.inputs.entry_points import program_checks
+from inspector.inputs.entry_points import program_checks, refuse_speculative
 from inspector.inputs.launch import (
     World,
     is_launch,
@@ -143,6 +143,8 @@ def interpret_launch(
     the model and layout need of it (Needs gathers the values the script leaves unset)."""
     ctx = Context(origin, dict(settings or {}), is_launch)
     interpret(ctx, text)
+    refuse_speculative([(c.argv, f"{c.origin} line {c.line}") for c in (*ctx.commands, *ctx.skipped)],
+                       ctx.show)  # fmt: skip
     command = _the_launch(ctx, origin)
     where = f"{command.origin} line {command.line}"
     needs = Needs(ctx, where)
