@@ -321,3 +321,41 @@ def test_a_skipped_branch_changes_nothing_but_its_launches(tmp_path):
         "took `-e /data/index` as true (the reader assumes /data/index exists on the job's "
         "machine)",
     ]
+
+
+def test_sft_tokenizer_reports_the_hugging_face_tokenizer_length(tmp_path, cli):
+    # examples/post_training/modelopt/train.sh: --sft --tokenizer-type SFTTokenizer, whose
+    # vocab_size is len() of the Hugging Face tokenizer, as HuggingFaceTokenizer's
+    path = tmp_path / "train.sh"
+    path.write_text(f"torchrun --nproc_per_node=1 pretrain_gpt.py {SMALL} --sft "
+                    "--tokenizer-type SFTTokenizer "
+                    "--tokenizer-model nvidia/Llama-3.1-70B-Instruct-FP8\n")  # fmt: skip
+    result = cli("params", "--from-script", str(path))
+    assert result.code == 0, result.err
+    assert "VocabParallelEmbedding();(128256, 64);" in result.out  # 128256 = 1002 x 128
+    assert ("SFTTokenizer nvidia/Llama-3.1-70B-Instruct-FP8: 128256 tokens (Llama 3.1's "
+            "tokenizer: 128000 BPE + 256 special tokens)") in result.err  # fmt: skip
+    unknown = vocabulary("SFTTokenizer", "my-org/my-model", None, None, "s")
+    assert unknown.size is None and "give --vocab-size" in unknown.problem
+
+
+def test_flex_token_dispatcher_is_refused_by_name(tmp_path, cli):
+    # examples/megatron_fsdp's DeepSeek-V3 script: Megatron-LM accepts `flex` (DeepEP/HybridEP);
+    # its buffers are not counted, so memory stops by name, and the parameters are still read
+    moe = "--num-experts 4 --moe-router-topk 2 --expert-model-parallel-size 2"
+    path = tmp_path / "s.sh"
+    path.write_text(f"torchrun --nproc_per_node=2 pretrain_gpt.py {SMALL} --vocab-size 1000 {moe} "
+                    "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep "
+                    "--fp4-format e2m1\n")  # fmt: skip
+    memory = cli("memory", "--from-script", str(path))
+    assert memory.code == 2
+    assert memory.err.endswith(
+        f"Error: {path} line 1: --moe-token-dispatcher-type flex is not modelled: the flex "
+        "dispatcher (DeepEP's or HybridEP's fused all-to-all, --moe-flex-dispatcher-backend) "
+        "keeps buffers of its own, which this tool does not count; allgather and alltoall are "
+        "modelled; --fp4-format e2m1 is not modelled: Transformer Engine's fp8/fp4 parameters "
+        "(and fp4 recipes) keep quantized weights this tool does not count; --fp8-format with "
+        "--fp8-recipe is modelled, drop this argument to see it\n"
+    )  # every refusal in one message
+    params = cli("params", "--from-script", str(path))
+    assert params.code == 0, params.err

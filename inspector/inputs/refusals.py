@@ -14,7 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from inspector.errors import ConfigError
-from inspector.inputs.unmodelled import MEGATRON_LM_REFUSES, REFUSED, refusal_message
+from inspector.inputs.unmodelled import (
+    MEGATRON_LM_REFUSES,
+    REFUSED,
+    REFUSED_VALUES,
+    refusal_message,
+)
 
 ALL_GROUPS = "all"  # a Refused.group that stops every command
 
@@ -38,6 +43,14 @@ def refused_argument(flag: str, value: str | None, where: str) -> Refused | None
     if refusal_message(flag, value) is None:
         return None
     return Refused(REFUSED[flag].group, where, shown, "not modelled", REFUSED[flag].reason)
+
+
+def refused_value(flag: str, value: str | None, where: str) -> Refused | None:
+    """Return why a modelled argument's value is refused (unmodelled.REFUSED_VALUES), or None."""
+    refusal = REFUSED_VALUES.get(flag, {}).get(value or "")
+    if refusal is None:
+        return None
+    return Refused(refusal.group, where, f"{flag} {value}", "not modelled", refusal.reason)
 
 
 def refused_flags(refused: Iterable[Refused]) -> set[str]:

@@ -31,6 +31,7 @@ from inspector.inputs.refusals import (
     refusals_message,
     refused_argument,
     refused_flags,
+    refused_value,
 )
 from inspector.inputs.safe_parse import parse_json, parse_yaml
 from inspector.inputs.tokenizers import TOKENIZER_FLAGS, apply_tokenizer
@@ -230,6 +231,10 @@ def split_arguments(words: list[str], needs: Needs, ctx: Context,
             if flag in TOKENIZER_FLAGS and value is not None:
                 raw[flag] = value
             skipped.add(flag, value, where)
+            continue
+        refusal = refused_value(spec.flag, value, where)
+        if refusal is not None:
+            skipped.refused.append(refusal)
             continue
         _take_modelled(spec, value, needs, args)
     return skipped.script_args(args)
