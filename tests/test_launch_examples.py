@@ -359,3 +359,69 @@ def test_flex_token_dispatcher_is_refused_by_name(tmp_path, cli):
     )  # every refusal in one message
     params = cli("params", "--from-script", str(path))
     assert params.code == 0, params.err
+
+
+# examples/gptoss/02_train.sh: its mock-data default is NullTokenizer with --vocab-size 128256, so
+# nothing about the tokenizer stops it; gpt-oss's own layers do, each named in one error
+GPT_OSS = """\
+TOKENIZER_ARG="MOCK"
+while [[ $# -gt 0 ]]; do
+    case $1 in
+        --tokenizer) TOKENIZER_ARG="$2"; shift 2 ;;
+        *) echo "Unknown option: $1"; exit 1 ;;
+    esac
+done
+PRETRAIN_SCRIPT_PATH="pretrain_gpt.py"
+MODEL_ARGS=(
+    {small}
+    --quick-geglu --glu-linear-offset 1.0 --activation-func-clamp-value 7.0
+    --softmax-type learnable --window-size 127,0 --window-attn-skip-freq 2 --enable-gpt-oss
+)
+DATA_ARGS_LIST=()
+if [[ "$TOKENIZER_ARG" == "MOCK" ]]; then
+    DATA_ARGS_LIST+=("--mock-data" "--tokenizer-type NullTokenizer" "--vocab-size 128256")
+else
+    DATA_ARGS_LIST+=("--tokenizer-type HuggingFaceTokenizer" "--tokenizer-model $TOKENIZER_ARG")
+fi
+if [ ! -f "$PRETRAIN_SCRIPT_PATH" ]; then
+    echo "Error: pretrain_gpt.py not found"
+    exit 1
+fi
+python -m torch.distributed.run --nproc_per_node 1 ${{PRETRAIN_SCRIPT_PATH}} ${{MODEL_ARGS[@]}} \\
+    ${{DATA_ARGS_LIST[@]}}
+"""
+GPT_OSS_REFUSED = (
+    "--quick-geglu is not modelled: a gated MLP with its own activation is not modelled; "
+    "--swiglu is; --softmax-type learnable is not modelled: learnable/off-by-one softmax adds "
+    "per-head parameters that are not modelled; --window-size 127,0 is not modelled: "
+    "sliding-window attention changes attention FLOPs and scores, which the formulas count for "
+    "full causal attention"
+)
+
+
+def test_gpt_oss_is_refused_for_its_layers_not_its_tokenizer(tmp_path, cli):
+    path = tmp_path / "02_train.sh"
+    path.write_text(GPT_OSS.format(small=SMALL))
+    result = cli("params", "--from-script", str(path))
+    assert (result.code, result.out) == (2, "")
+    assert result.err.endswith(f"Error: {path} line 24: {GPT_OSS_REFUSED}\n")
+    assert "vocabulary" not in result.err and "Not recognised" not in result.err
+
+
+def test_a_refused_model_and_an_unknown_vocabulary_in_one_error(tmp_path, cli):
+    # the script's --tokenizer option names a tokenizer this tool does not know: both the
+    # refused layers and the missing vocabulary are named at once
+    path = tmp_path / "02_train.sh"
+    path.write_text(GPT_OSS.format(small=SMALL))
+    result = cli("params", "--from-script", str(path), "--set", "1=--tokenizer",
+                 "--set", "2=my-org/my-tokenizer")  # fmt: skip
+    assert result.code == 2
+    assert result.err.endswith(
+        f"Error: {path} line 24: {GPT_OSS_REFUSED}; {path} line 24: the vocabulary of "
+        "--tokenizer-type HuggingFaceTokenizer --tokenizer-model my-org/my-tokenizer is not known "
+        "here (no such file on this machine, nor a tokenizer this tool knows); give --vocab-size\n"
+    )
+    # --vocab-size answers the vocabulary; the layers stay refused
+    given = cli("params", "--from-script", str(path), "--set", "1=--tokenizer",
+                "--set", "2=my-org/my-tokenizer", "--vocab-size", "1000")  # fmt: skip
+    assert given.err.endswith(f"Error: {path} line 24: {GPT_OSS_REFUSED}\n")

@@ -13,7 +13,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from inspector.errors import ConfigError
 from inspector.inputs.unmodelled import (
     MEGATRON_LM_REFUSES,
     REFUSED,
@@ -119,13 +118,6 @@ def fsdp2_drops_fp8_param_gather(refused: Sequence[Refused], args: Mapping[str, 
         "does with Transformer Engine 2.0 or later ('FSDP2 FP8 param gather is not supported yet "
         "in TE 2.0, will fallback to bf16 all_gather instead'): the parameters stay 16-bit",
     )
-
-
-def raise_refusals(refused: Sequence[Refused], groups: tuple[str, ...]) -> None:
-    """Raise one ConfigError naming every refused argument that a command of `groups` reads."""
-    message = refusals_message(refused, groups)
-    if message:
-        raise ConfigError(message)
 
 
 def refusals_message(refused: Sequence[Refused], groups: tuple[str, ...]) -> str:
