@@ -342,7 +342,7 @@ def test_sft_tokenizer_reports_the_hugging_face_tokenizer_length(tmp_path, cli):
 def test_flex_token_dispatcher_is_refused_by_name(tmp_path, cli):
     # examples/megatron_fsdp's DeepSeek-V3 script: Megatron-LM accepts `flex` (DeepEP/HybridEP);
     # its buffers are not counted, so memory stops by name, and the parameters are still read
-    moe = "--num-experts 4 --moe-router-topk 2 --expert-model-parallel-size 2"
+    moe = "--num-experts 4 --moe-router-topk 2 --expert-model-parallel-size 2 --disable-bias-linear"
     path = tmp_path / "s.sh"
     path.write_text(f"torchrun --nproc_per_node=2 pretrain_gpt.py {SMALL} --vocab-size 1000 {moe} "
                     "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep "
