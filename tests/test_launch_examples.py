@@ -425,3 +425,25 @@ def test_a_refused_model_and_an_unknown_vocabulary_in_one_error(tmp_path, cli):
     given = cli("params", "--from-script", str(path), "--set", "1=--tokenizer",
                 "--set", "2=my-org/my-tokenizer", "--vocab-size", "1000")  # fmt: skip
     assert given.err.endswith(f"Error: {path} line 24: {GPT_OSS_REFUSED}\n")
+
+
+@pytest.mark.parametrize("dispatcher", ["", "--moe-token-dispatcher-type alltoall"])
+def test_deepep_without_the_flex_dispatcher_is_refused_as_megatron_core_refuses_it(
+        tmp_path, cli, dispatcher):  # fmt: skip
+    moe = "--num-experts 4 --moe-router-topk 2 --disable-bias-linear"
+    path = tmp_path / "s.sh"
+    path.write_text(f"python pretrain_gpt.py {SMALL} --vocab-size 1000 {moe} {dispatcher} "
+                    "--moe-enable-deepep\n")  # fmt: skip
+    result = cli("params", "--from-script", str(path))
+    assert result.code == 2
+    assert result.err.endswith(
+        f"Error: {path} line 1: --moe-enable-deepep without --moe-token-dispatcher-type flex is "
+        "refused by Megatron-LM: megatron-core's TransformerConfig: 'DeepEP backend is only "
+        "supported with flex token dispatcher.'\n"
+    )
+    # with flex, DeepEP is what Megatron-LM runs: only `memory` stops, on the dispatcher
+    path.write_text(f"python pretrain_gpt.py {SMALL} --vocab-size 1000 {moe} "
+                    "--moe-token-dispatcher-type flex --moe-enable-deepep\n")  # fmt: skip
+    assert cli("params", "--from-script", str(path)).code == 0
+    memory = cli("memory", "--from-script", str(path))
+    assert memory.code == 2 and "--moe-token-dispatcher-type flex is not modelled" in memory.err

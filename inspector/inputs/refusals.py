@@ -74,6 +74,14 @@ def validate_args_refusals(flags: Iterable[str], where: str,
                              "refused by Megatron-LM",
                              "validate_args: '--no-position-embedding is deprecated, use "
                              "--position-embedding-type'"))  # fmt: skip
+    # megatron-core TransformerConfig.__post_init__ (0.13-0.20): DeepEP needs the flex dispatcher
+    # (a flex dispatcher is refused by value, so it is given but not among the modelled values)
+    flex = "--moe-token-dispatcher-type" in given and not (args or {}).get("moe_token_dispatcher_type")
+    if "--moe-enable-deepep" in given and not flex:
+        found.append(Refused(ALL_GROUPS, where, "--moe-enable-deepep without "
+                             "--moe-token-dispatcher-type flex", "refused by Megatron-LM",
+                             "megatron-core's TransformerConfig: 'DeepEP backend is only supported "
+                             "with flex token dispatcher.'"))  # fmt: skip
     found += _fp8_param_gather_refusals(given, where, args or {})
     return tuple(found)
 
