@@ -447,3 +447,18 @@ def test_deepep_without_the_flex_dispatcher_is_refused_as_megatron_core_refuses_
     assert cli("params", "--from-script", str(path)).code == 0
     memory = cli("memory", "--from-script", str(path))
     assert memory.code == 2 and "--moe-token-dispatcher-type flex is not modelled" in memory.err
+
+
+def test_combining_checkpoints_is_named_as_a_conversion(tmp_path, cli):
+    # examples/multimodal/combine_lm_vision_checkpoints.sh: its arguments are checkpoint paths
+    # (`--input $2/...`), which used to be asked for as values the model needs
+    path = tmp_path / "combine.sh"
+    path.write_text("python examples/multimodal/combine_state_dicts.py --input $1/a.pt $2/b.pt "
+                    "--prefixes language_model vision_model --output $3/c.pt\n")  # fmt: skip
+    result = cli("params", "--from-script", str(path))
+    assert (result.code, result.out) == (2, "")
+    assert result.err.endswith(
+        f"Error: {path} line 1: the script runs examples/multimodal/combine_state_dicts.py, which "
+        "converts, exports, quantizes or prunes a checkpoint, not training; this tool reads GPT "
+        "training (pretrain_gpt.py) only\n"
+    )

@@ -83,6 +83,7 @@ NOT_GPT_TRAINING: dict[str, str] = {
     "modelopt/validate.py": _INFERENCE,
     "modelopt/offline_feature_extract.py": _INFERENCE,
     "checkpoint/convert.py": _CONVERSION,
+    "multimodal/combine_state_dicts.py": _CONVERSION,
     "modelopt/convert_model.py": _CONVERSION,
     "modelopt/export.py": _CONVERSION,
     "modelopt/quantize.py": _CONVERSION,
