@@ -66,19 +66,24 @@ DEFAULT_JOBS = [
     "h4096-l8-a32-s2048-b2-m4-sdpa",
     "h4096-l4-a32-s4096-b1-m4-sdpa",
 ]
-JOB = re.compile(r"h(\d+)-l(\d+)-a(\d+)-s(\d+)-b(\d+)-m(\d+)-(local|sdpa|te)$")
+JOB = re.compile(r"h(\d+)-l(\d+)-a(\d+)-s(\d+)-b(\d+)-m(\d+)-(local|sdpa|te)(?:-e(\d+)k(\d+)f(\d+))?$")
+MOE_JOBS = ["h2048-l4-a16-s4096-b1-m4-sdpa-e8k2f8192", "h2048-l4-a16-s4096-b2-m4-sdpa-e32k4f1024"]
 
 
 def parse_job(name: str) -> dict[str, Any]:
-    """Return a job's shape from its name, e.g. h4096-l8-a32-s2048-b1-m4-local."""
+    """Return a job's shape from its name, e.g. h4096-l8-a32-s2048-b1-m4-local; an MoE job ends in
+    -e<experts>k<top-k>f<expert ffn>, e.g. h2048-l4-a16-s4096-b1-m4-sdpa-e8k2f8192."""
     match = JOB.match(name)
     if not match:
         raise SystemExit(
             f"bad job {name!r}: want h<hidden>-l<layers>-a<heads>-s<seq>-b<mbs>-m<micro-batches>-<local|sdpa|te>"
+            "[-e<experts>k<topk>f<expert ffn>]"
         )
     h, layers, heads, seq, b, m = (int(x) for x in match.groups()[:6])
+    experts, topk, ffn = (int(x) if x else 0 for x in match.groups()[7:])
     return dict(
-        name=name, hidden=h, layers=layers, heads=heads, seq=seq, mbs=b, m=m, attn=match.group(7)
+        name=name, hidden=h, layers=layers, heads=heads, seq=seq, mbs=b, m=m, attn=match.group(7),
+        experts=experts, topk=topk, expert_ffn=ffn,
     )
 
 
@@ -151,12 +156,20 @@ def run_job(job: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
 
     seq, b, m = job["seq"], job["mbs"], job["m"]
     torch.cuda.reset_peak_memory_stats()
+    # an MoE job: megatron's torch experts (SequentialMLP, no grouped GEMM without TE), the
+    # all-to-all dispatcher at ep 1, aux-loss balancing; no linear biases (megatron-core 0.13 builds
+    # no MoE with them)
+    moe = dict(num_moe_experts=job["experts"], moe_router_topk=job["topk"],
+               moe_ffn_hidden_size=job["expert_ffn"], moe_token_dispatcher_type="alltoall",
+               moe_router_load_balancing_type="aux_loss", moe_aux_loss_coeff=1e-2,
+               ) if job.get("experts") else {}  # fmt: skip
     config = TransformerConfig(
+        **moe,
         num_layers=job["layers"],
         hidden_size=job["hidden"],
         num_attention_heads=job["heads"],
         normalization="LayerNorm",
-        add_bias_linear=True,
+        add_bias_linear=not moe,
         params_dtype=torch.bfloat16,
         pipeline_dtype=torch.bfloat16,
         bf16=True,
@@ -171,7 +184,9 @@ def run_job(job: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
 
         spec = get_gpt_layer_with_transformer_engine_spec()
     else:
-        spec = get_gpt_layer_local_spec(normalization="LayerNorm")
+        spec = get_gpt_layer_local_spec(
+            num_experts=job.get("experts") or None, moe_grouped_gemm=False, normalization="LayerNorm"
+        )
         if job["attn"] == "sdpa":
             spec.submodules.self_attention.submodules.core_attention = sdpa_attention_class()
     gpt = GPTModel(
@@ -276,7 +291,8 @@ def run_job(job: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         totals.append(f + o)
     out = {
         "job": job["name"],
-        **{k: job[k] for k in ("hidden", "layers", "heads", "seq", "mbs", "m", "attn")},
+        **{k: job[k] for k in ("hidden", "layers", "heads", "seq", "mbs", "m", "attn", "experts",
+                               "topk", "expert_ffn")},  # fmt: skip
         "softmax_in_fp32": args.softmax_in_fp32,
         "parameters": params,
         "iteration_s": statistics.median(totals),
@@ -310,6 +326,12 @@ def measure(args: argparse.Namespace) -> None:
 
     parallel_state.initialize_model_parallel(1, 1)
     model_parallel_cuda_manual_seed(1234)
+    # megatron-core 0.16.1's router names te_general_gemm only when Transformer Engine imports
+    # (shared/gpu's memprobe.py does the same)
+    import megatron.core.transformer.moe.moe_utils as moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
     env = {
         "megatron_core": megatron.core.__version__,
         "torch": torch.__version__,
@@ -372,8 +394,13 @@ def estimate(path: str | None, jobs: list[str]) -> None:
             recompute_granularity="none",
             transformer_impl="local",
         )
+        if r.get("experts"):
+            flags.update(num_experts=r["experts"], moe_router_topk=r["topk"],
+                         moe_ffn_hidden_size=r["expert_ffn"], moe_token_dispatcher_type="alltoall",
+                         disable_bias_linear=True)  # fmt: skip
         args = merge_sources(Sources(flags=flags, apex=False), ("model", "layout", "training")).args
-        req = make_request(args, PlanFlags(1, gpu="h200", top=1))
+        gpu = "h100" if "H100" in r.get("device", "") else "h200"  # the GPU that measured it
+        req = make_request(args, PlanFlags(1, gpu=gpu, top=1))
         # flash attention as the job ran it; memory unbounded: the GPU showed what fits
         req = replace(req, flash_attention=r["attn"] != "local", memory=1 << 40)
         plan = search(req).plans[0]
@@ -381,6 +408,8 @@ def estimate(path: str | None, jobs: list[str]) -> None:
         flops = iteration_flops(plan.job.dims(), r["mbs"] * r["m"])
         assert flops == plan.flops, (flops, plan.flops)
         shape = f"h{r['hidden']} L{r['layers']} s{r['seq']} b{r['mbs']} x {r['m']} micro-batches"
+        if r.get("experts"):
+            shape += f", {r['experts']} experts top-{r['topk']} ffn {r['expert_ffn']}"
         est = f"{plan.time.seconds:.4f} ({shares['compute']:.4f}, {shares['optimizer']:.4f})"
         if "iteration_s" not in r:
             print(f"| {shape} | {r['attn']} | not measured | {est} | | | | |")

@@ -165,3 +165,18 @@ def test_the_plan_prices_kernels_unless_given_an_efficiency() -> None:
         times[efficiency] = search(replace(req, fixed=fixed)).plans[0].time.shares()["compute"]
     assert times[0.325] == pytest.approx(2 * times[0.65])  # the flat model: FLOPs / rate
     assert times[None] != pytest.approx(times[0.65])
+
+
+def test_a_gpu_with_its_own_table_reads_it() -> None:
+    """--gpu h100 reads the H100's measurements (bench/gpu_kernels.py), not the H200's scaled."""
+    from inspector.job.hardware import GPUS
+
+    h100 = kernels.device_of(GPUS["h100"])
+    assert (h100.table, kernels.device_of(GPUS["b200"]).table) == ("h100", "h200")
+    rows = json.loads(kernels.TABLES["h100"].read_text())
+    assert rows[0]["name"] == "NVIDIA H100 80GB HBM3"
+    cell = [r for r in rows if r["kind"] == "flash_attention" and (r["seq"], r["heads_per_rank"]) == (2048, 4)]
+    op = Attention("a", 2048, 4, 1e12, False)
+    assert op_seconds(op, h100) == pytest.approx(1 / (sum(r["fwd_tflops"] for r in cell) / len(cell)))
+    norm = next(r for r in rows if r["kind"] == "memory_bound" and r["op"] == "add" and r["tokens"] == 8192)
+    assert op_seconds(Memory("add", "add", 8192 * 8192, 6), h100) == pytest.approx(norm["seconds"])

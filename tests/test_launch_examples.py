@@ -223,3 +223,243 @@ def test_tokenizer_hf_include_special_tokens_lives_from_0_16_to_0_17():
     assert "--tokenizer-hf-include-special-tokens" in IGNORED
     note = argument_unknown_note("--tokenizer-hf-include-special-tokens")
     assert (note is None) == ((0, 16) <= VERSION < (0, 18))
+
+
+# examples/post_training/modelopt/eagle3.sh: conf/arguments.sh reads the model's conf by name ($1),
+# then the EAGLE-3 conversion runs only where its checkpoint folder is missing, then finetune.py
+# trains from that checkpoint
+EAGLE_ARGUMENTS = """\
+set -e
+MLM_MODEL_CFG=${1}
+if [ -z $1 ]; then
+    printf "give a model name\\n"
+    exit 1
+fi
+if [ -z ${MLM_WORK_DIR} ]; then
+    export MLM_WORK_DIR=/tmp/workspace
+fi
+if [ -z ${TP} ]; then
+    TP=1
+fi
+LAUNCH_SCRIPT="torchrun --nproc_per_node=${TP}"
+source "${SCRIPT_DIR}/conf/${MLM_MODEL_CFG}.sh"
+"""
+EAGLE_CONF = f"""\
+TOKENIZER_MODEL=my-org/my-model
+MODEL_ARGS=" {SMALL} --vocab-size 1000 --tokenizer-type NullTokenizer "
+"""
+EAGLE_LAUNCH = """\
+SCRIPT_DIR="$(dirname "$(readlink -f "$0")")"
+source "${{SCRIPT_DIR}}/conf/arguments.sh"
+CONVERT_ARGS="{convert}"
+if [ -z ${{MLM_MODEL_SAVE}} ]; then
+    MLM_MODEL_SAVE=${{MLM_WORK_DIR}}/${{MLM_MODEL_CFG}}-Draft
+fi
+{guard}
+${{LAUNCH_SCRIPT}} ${{SCRIPT_DIR}}/finetune.py ${{MODEL_ARGS}} \\
+    --tensor-model-parallel-size ${{TP}} --tokenizer-model ${{TOKENIZER_MODEL}} \\
+    --load ${{MLM_MODEL_SAVE}} --save ${{MLM_MODEL_SAVE}} --finetune
+"""
+CONVERT = ("${LAUNCH_SCRIPT} ${SCRIPT_DIR}/convert_model.py ${MODEL_ARGS} "
+           "--tensor-model-parallel-size ${TP} --save ${MLM_MODEL_SAVE} ${CONVERT_ARGS}")  # fmt: skip
+GUARDS = {
+    "if": f"if [[ ! -d ${{MLM_MODEL_SAVE}} ]]; then\n    {CONVERT}\nfi",
+    "else": f"if [ -d ${{MLM_MODEL_SAVE}} ]; then\n    echo found\nelse\n    {CONVERT}\nfi",
+    "or": f"[ -d ${{MLM_MODEL_SAVE}} ] || {CONVERT}",
+    "none": CONVERT,  # run every time: two launches, the conversion first
+}
+
+
+def _eagle(tmp_path: Path, guard: str, convert: str = "--algorithm eagle3") -> Path:
+    folder = tmp_path / "examples" / "post_training" / "modelopt"
+    (folder / "conf" / "org").mkdir(parents=True)
+    (folder / "conf" / "arguments.sh").write_text(EAGLE_ARGUMENTS)
+    (folder / "conf" / "org" / "small.sh").write_text(EAGLE_CONF)
+    launch = folder / "eagle3.sh"
+    launch.write_text(EAGLE_LAUNCH.format(convert=convert, guard=GUARDS[guard]))
+    return launch
+
+
+@pytest.mark.parametrize("guard", ["if", "else", "or", "none"])
+def test_eagle3_draft_training_is_refused(tmp_path, cli, guard):
+    path = _eagle(tmp_path, guard)
+    result = cli("params", "--from-script", str(path), "--set", "1=org/small")
+    assert (result.code, result.out) == (2, "")  # one error, no table
+    line = {"if": 8, "else": 10, "or": 7, "none": 7}[guard]
+    assert result.err == (
+        f"Error: {path} line {line}: the script converts its model for speculative decoding "
+        "(convert_model.py --algorithm eagle3): ModelOpt's finetune.py then trains the draft "
+        "module that conversion adds (its architecture is ModelOpt's) on a frozen base model; "
+        "this tool builds and trains the GPTModel of the arguments only, and does not model the "
+        "draft module or frozen parameters\n"
+    )
+
+
+@pytest.mark.parametrize("convert", ["", "--algorithm None", "--algorithm=None"])
+def test_a_conversion_without_a_draft_module_leaves_the_finetune_read(tmp_path, cli, convert):
+    # the same script, converting without a speculative algorithm: finetune.py trains GPTModel
+    path = _eagle(tmp_path, "if", convert)
+    result = cli("params", "--from-script", str(path), "--set", "1=org/small")
+    assert result.code == 0, result.err
+    assert "embedding.word_embeddings.weight;VocabParallelEmbedding();(1024, 64);" in result.out
+    assert "took `-d /tmp/workspace/org/small-Draft` as true" in result.err
+
+
+def test_a_skipped_branch_changes_nothing_but_its_launches(tmp_path):
+    # the branch a file test skips is read for its launches only: its assignments, notes, exits
+    # and unset values stay out of the reading
+    path = tmp_path / "s.sh"
+    path.write_text(
+        "if [ ! -f /data/index ]; then\n  LAYERS=8; echo $NEVER_SET; exit 1\nfi\n"
+        f"[ -e /data/index ] || LAYERS=6\npython pretrain_gpt.py {SMALL.replace('2', '${LAYERS:-2}', 1)} "
+        "--vocab-size 1000\n"
+    )  # fmt: skip
+    script = parse_launch_script(path.read_text(), str(path))
+    assert script.args["num_layers"] == 2
+    assert [n.split(": ", 1)[1] for n in script.notes if "took" in n] == [
+        "took `-f /data/index` as true (the reader assumes /data/index is a file on the job's "
+        "machine)",
+        "took `-e /data/index` as true (the reader assumes /data/index exists on the job's "
+        "machine)",
+    ]
+
+
+def test_sft_tokenizer_reports_the_hugging_face_tokenizer_length(tmp_path, cli):
+    # examples/post_training/modelopt/train.sh: --sft --tokenizer-type SFTTokenizer, whose
+    # vocab_size is len() of the Hugging Face tokenizer, as HuggingFaceTokenizer's
+    path = tmp_path / "train.sh"
+    path.write_text(f"torchrun --nproc_per_node=1 pretrain_gpt.py {SMALL} --sft "
+                    "--tokenizer-type SFTTokenizer "
+                    "--tokenizer-model nvidia/Llama-3.1-70B-Instruct-FP8\n")  # fmt: skip
+    result = cli("params", "--from-script", str(path))
+    assert result.code == 0, result.err
+    assert "VocabParallelEmbedding();(128256, 64);" in result.out  # 128256 = 1002 x 128
+    assert ("SFTTokenizer nvidia/Llama-3.1-70B-Instruct-FP8: 128256 tokens (Llama 3.1's "
+            "tokenizer: 128000 BPE + 256 special tokens)") in result.err  # fmt: skip
+    unknown = vocabulary("SFTTokenizer", "my-org/my-model", None, None, "s")
+    assert unknown.size is None and "give --vocab-size" in unknown.problem
+
+
+def test_flex_token_dispatcher_is_refused_by_name(tmp_path, cli):
+    # examples/megatron_fsdp's DeepSeek-V3 script: Megatron-LM accepts `flex` (DeepEP/HybridEP);
+    # its buffers are not counted, so memory stops by name, and the parameters are still read
+    moe = "--num-experts 4 --moe-router-topk 2 --expert-model-parallel-size 2 --disable-bias-linear"
+    path = tmp_path / "s.sh"
+    path.write_text(f"torchrun --nproc_per_node=2 pretrain_gpt.py {SMALL} --vocab-size 1000 {moe} "
+                    "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep "
+                    "--fp4-format e2m1\n")  # fmt: skip
+    memory = cli("memory", "--from-script", str(path))
+    assert memory.code == 2
+    assert memory.err.endswith(
+        f"Error: {path} line 1: --moe-token-dispatcher-type flex is not modelled: the flex "
+        "dispatcher (DeepEP's or HybridEP's fused all-to-all, --moe-flex-dispatcher-backend) "
+        "keeps buffers of its own, which this tool does not count; allgather and alltoall are "
+        "modelled; --fp4-format e2m1 is not modelled: Transformer Engine's fp8/fp4 parameters "
+        "(and fp4 recipes) keep quantized weights this tool does not count; --fp8-format with "
+        "--fp8-recipe is modelled, drop this argument to see it\n"
+    )  # every refusal in one message
+    params = cli("params", "--from-script", str(path))
+    assert params.code == 0, params.err
+
+
+# examples/gptoss/02_train.sh: its mock-data default is NullTokenizer with --vocab-size 128256, so
+# nothing about the tokenizer stops it; gpt-oss's own layers do, each named in one error
+GPT_OSS = """\
+TOKENIZER_ARG="MOCK"
+while [[ $# -gt 0 ]]; do
+    case $1 in
+        --tokenizer) TOKENIZER_ARG="$2"; shift 2 ;;
+        *) echo "Unknown option: $1"; exit 1 ;;
+    esac
+done
+PRETRAIN_SCRIPT_PATH="pretrain_gpt.py"
+MODEL_ARGS=(
+    {small}
+    --quick-geglu --glu-linear-offset 1.0 --activation-func-clamp-value 7.0
+    --softmax-type learnable --window-size 127,0 --window-attn-skip-freq 2 --enable-gpt-oss
+)
+DATA_ARGS_LIST=()
+if [[ "$TOKENIZER_ARG" == "MOCK" ]]; then
+    DATA_ARGS_LIST+=("--mock-data" "--tokenizer-type NullTokenizer" "--vocab-size 128256")
+else
+    DATA_ARGS_LIST+=("--tokenizer-type HuggingFaceTokenizer" "--tokenizer-model $TOKENIZER_ARG")
+fi
+if [ ! -f "$PRETRAIN_SCRIPT_PATH" ]; then
+    echo "Error: pretrain_gpt.py not found"
+    exit 1
+fi
+python -m torch.distributed.run --nproc_per_node 1 ${{PRETRAIN_SCRIPT_PATH}} ${{MODEL_ARGS[@]}} \\
+    ${{DATA_ARGS_LIST[@]}}
+"""
+GPT_OSS_REFUSED = (
+    "--quick-geglu is not modelled: a gated MLP with its own activation is not modelled; "
+    "--swiglu is; --softmax-type learnable is not modelled: learnable/off-by-one softmax adds "
+    "per-head parameters that are not modelled; --window-size 127,0 is not modelled: "
+    "sliding-window attention changes attention FLOPs and scores, which the formulas count for "
+    "full causal attention"
+)
+
+
+def test_gpt_oss_is_refused_for_its_layers_not_its_tokenizer(tmp_path, cli):
+    path = tmp_path / "02_train.sh"
+    path.write_text(GPT_OSS.format(small=SMALL))
+    result = cli("params", "--from-script", str(path))
+    assert (result.code, result.out) == (2, "")
+    assert result.err.endswith(f"Error: {path} line 24: {GPT_OSS_REFUSED}\n")
+    assert "vocabulary" not in result.err and "Not recognised" not in result.err
+
+
+def test_a_refused_model_and_an_unknown_vocabulary_in_one_error(tmp_path, cli):
+    # the script's --tokenizer option names a tokenizer this tool does not know: both the
+    # refused layers and the missing vocabulary are named at once
+    path = tmp_path / "02_train.sh"
+    path.write_text(GPT_OSS.format(small=SMALL))
+    result = cli("params", "--from-script", str(path), "--set", "1=--tokenizer",
+                 "--set", "2=my-org/my-tokenizer")  # fmt: skip
+    assert result.code == 2
+    assert result.err.endswith(
+        f"Error: {path} line 24: {GPT_OSS_REFUSED}; {path} line 24: the vocabulary of "
+        "--tokenizer-type HuggingFaceTokenizer --tokenizer-model my-org/my-tokenizer is not known "
+        "here (no such file on this machine, nor a tokenizer this tool knows); give --vocab-size\n"
+    )
+    # --vocab-size answers the vocabulary; the layers stay refused
+    given = cli("params", "--from-script", str(path), "--set", "1=--tokenizer",
+                "--set", "2=my-org/my-tokenizer", "--vocab-size", "1000")  # fmt: skip
+    assert given.err.endswith(f"Error: {path} line 24: {GPT_OSS_REFUSED}\n")
+
+
+@pytest.mark.parametrize("dispatcher", ["", "--moe-token-dispatcher-type alltoall"])
+def test_deepep_without_the_flex_dispatcher_is_refused_as_megatron_core_refuses_it(
+        tmp_path, cli, dispatcher):  # fmt: skip
+    moe = "--num-experts 4 --moe-router-topk 2 --disable-bias-linear"
+    path = tmp_path / "s.sh"
+    path.write_text(f"python pretrain_gpt.py {SMALL} --vocab-size 1000 {moe} {dispatcher} "
+                    "--moe-enable-deepep\n")  # fmt: skip
+    result = cli("params", "--from-script", str(path))
+    assert result.code == 2
+    assert result.err.endswith(
+        f"Error: {path} line 1: --moe-enable-deepep without --moe-token-dispatcher-type flex is "
+        "refused by Megatron-LM: megatron-core's TransformerConfig: 'DeepEP backend is only "
+        "supported with flex token dispatcher.'\n"
+    )
+    # with flex, DeepEP is what Megatron-LM runs: only `memory` stops, on the dispatcher
+    path.write_text(f"python pretrain_gpt.py {SMALL} --vocab-size 1000 {moe} "
+                    "--moe-token-dispatcher-type flex --moe-enable-deepep\n")  # fmt: skip
+    assert cli("params", "--from-script", str(path)).code == 0
+    memory = cli("memory", "--from-script", str(path))
+    assert memory.code == 2 and "--moe-token-dispatcher-type flex is not modelled" in memory.err
+
+
+def test_combining_checkpoints_is_named_as_a_conversion(tmp_path, cli):
+    # examples/multimodal/combine_lm_vision_checkpoints.sh: its arguments are checkpoint paths
+    # (`--input $2/...`), which used to be asked for as values the model needs
+    path = tmp_path / "combine.sh"
+    path.write_text("python examples/multimodal/combine_state_dicts.py --input $1/a.pt $2/b.pt "
+                    "--prefixes language_model vision_model --output $3/c.pt\n")  # fmt: skip
+    result = cli("params", "--from-script", str(path))
+    assert (result.code, result.out) == (2, "")
+    assert result.err.endswith(
+        f"Error: {path} line 1: the script runs examples/multimodal/combine_state_dicts.py, which "
+        "converts, exports, quantizes or prunes a checkpoint, not training; this tool reads GPT "
+        "training (pretrain_gpt.py) only\n"
+    )

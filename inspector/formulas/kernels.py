@@ -1,7 +1,15 @@
-"""One kernel's seconds on a GPU, from throughput measured on an H200 (kernels-h200.json).
+"""One kernel's seconds on a GPU, from throughput measured on an H200 and on an H100.
 
-The table beside this module is shared/gpu/kernels-h200.json unchanged: one NVIDIA H200 (132 SMs,
-torch 2.11, CUDA 13.0), bf16. How each kind of op is priced from it:
+Two tables beside this module, measured at the same shapes, each read as it was written:
+  - kernels-h200.json: shared/gpu/kernels-h200.json unchanged, one NVIDIA H200 (132 SMs, torch
+    2.11, CUDA 13.0), bf16;
+  - kernels-h100.json: bench/gpu_kernels.py re-measuring every row of the H200 table on one
+    NVIDIA H100 80GB HBM3 (132 SMs, torch 2.11, CUDA 13.0; bench/RESULTS.md), in bf16, and every
+    GEMM again in fp8 (`gemm_fp8` / `expert_gemm_fp8` rows: cuBLASLt's fp8 GEMM through
+    torch._scaled_mm with per-tensor scales, as Transformer Engine runs delayed and tensorwise
+    scaling on Hopper; E4M3 forward, E5M2 x E4M3 gradients).
+A GPU with its own table (`--gpu h100`, `--gpu h200`) reads it; any other GPU reads the H200 table
+scaled (below). How each kind of op is priced from a table:
   - GEMM (m, n, k), in the table's orientation convention (forward: m tokens, k in, n out;
     data gradient: m tokens, k out, n in; weight gradient: m in, k tokens, n out): the fraction
     of peak reached, as a function of log2(m n k) per orientation: the measured rows (Llama 3
@@ -9,6 +17,9 @@ torch 2.11, CUDA 13.0), bf16. How each kind of op is priced from it:
     between bin centres, clamped at the ends. An expert's GEMM (64-4096 tokens) reads its own
     curve built the same way from the table's expert rows. Roofline: never faster than moving
     its operands and result (m k + k n + m n elements) at the measured copy bandwidth.
+  - fp8 GEMMs (Transformer Engine's linears under --fp8-format): the fraction of the GPU's dense
+    fp8 peak that the H100's fp8 rows reach, by the same curves (the H100 is the only fp8
+    measurement; on another GPU the same fraction of its own fp8 peak is assumed).
   - Flash attention, forward and backward (causal, head dim 128): TFLOP/s bilinear in
     (log2 sequence, log2 heads x micro-batch) over the measured grid (2k-16k, 4-32 heads; the
     two grouped-query settings measured averaged), clamped to the grid. FLOPs as the table
@@ -16,10 +27,11 @@ torch 2.11, CUDA 13.0), bf16. How each kind of op is priced from it:
   - Memory-bound ops (copy, add, rms_norm, swiglu): bytes per second of the op's class, linear in
     log2(bytes moved) between the measured sizes, clamped. Bytes as the table counts them: copy
     and rms_norm 2 tensors, add and swiglu 3.
-Other GPUs: compute-bound time scales by the H200's dense 16-bit peak over the GPU's, memory-bound
-time by the H200's HBM bandwidth over the GPU's (`Device`, `device_of` a job/hardware.py record);
-the H200's figures are its record there: 989 TFLOP/s dense BF16 (NVIDIA H200 datasheet, the H100
-SXM's), HBM3e 4.8 TB/s (same datasheet).
+Other GPUs (and a --gpu-tflops override): compute-bound time scales by the table GPU's dense
+16-bit peak over the GPU's, memory-bound time by the table GPU's HBM bandwidth over the GPU's
+(`Device`, `device_of` a job/hardware.py record); both measured GPUs' figures are their records
+there: 989 TFLOP/s dense BF16 and 1,979 dense FP8 each, HBM3e 4.8 TB/s (H200), HBM3 3.35 TB/s
+(H100), from NVIDIA's datasheets.
 """
 
 from __future__ import annotations
@@ -35,9 +47,9 @@ from typing import Any, Literal
 
 from inspector.job.hardware import GPUS, Gpu
 
-TABLE = Path(__file__).with_name("kernels-h200.json")
-H200_TFLOPS = GPUS["h200"].tflops_16bit  # the GPU the table was measured on: dense BF16
-H200_HBM = GPUS["h200"].hbm  # HBM3e bytes per second
+TABLES = {name: Path(__file__).with_name(f"kernels-{name}.json") for name in ("h200", "h100")}
+TABLE = TABLES["h200"]  # the table GPUs without their own are scaled from
+FP8_TABLE = "h100"  # the one table with fp8 GEMM rows
 ELEMENT = 2  # bytes of a bf16 element, as the table measured
 ATTENTION_BACKWARD = 2.5  # flash backward FLOPs over forward, as the table counts them
 
@@ -48,36 +60,30 @@ Curve = tuple[tuple[float, ...], tuple[float, ...]]  # (x ascending, y)
 
 @dataclass(frozen=True)
 class Device:
-    """A GPU as the kernel model sees it: dense 16-bit peak (TFLOP/s) and HBM (bytes/s)."""
+    """A GPU as the kernel model sees it: dense 16-bit peak (TFLOP/s), HBM (bytes/s), dense fp8
+    peak (None: fp8 GEMMs priced as 16-bit ones) and the measured table it reads."""
 
     tflops: float
     hbm: float
-    tflops_fp8: float | None = None  # dense fp8 peak; None: fp8 GEMMs priced at the 16-bit one
-
-    def gemm_scale(self, fp8: bool) -> float:
-        """Return how much longer a GEMM takes than the same one in bf16 on the H200.
-
-        An fp8 GEMM reaches the fraction of the fp8 peak that the measured bf16 GEMM of the same
-        shape reaches of the bf16 peak: the table measured bf16 only (docs/how-time-is-computed.md).
-        """
-        if fp8 and self.tflops_fp8:
-            return H200_TFLOPS / self.tflops_fp8
-        return self.compute_scale
+    tflops_fp8: float | None = None
+    table: str = "h200"
 
     @property
     def compute_scale(self) -> float:
-        """Return how much longer a compute-bound kernel takes than on the H200."""
-        return H200_TFLOPS / self.tflops
+        """Return how much longer a compute-bound kernel takes than on the table's GPU."""
+        return GPUS[self.table].tflops_16bit / self.tflops
 
     @property
     def memory_scale(self) -> float:
-        """Return how much longer a memory-bound kernel takes than on the H200."""
-        return H200_HBM / self.hbm
+        """Return how much longer a memory-bound kernel takes than on the table's GPU."""
+        return GPUS[self.table].hbm / self.hbm
 
 
 def device_of(gpu: Gpu) -> Device:
-    """Return a GPU of job/hardware.py (with the user's --gpu-tflops) as the kernel model sees it."""
-    return Device(gpu.tflops_16bit, gpu.hbm, gpu.tflops_fp8)
+    """Return a GPU of job/hardware.py (with the user's --gpu-tflops) as the kernel model sees it:
+    reading its own measured table where there is one, the H200's otherwise."""
+    table = gpu.name if gpu.name in TABLES else "h200"
+    return Device(gpu.tflops_16bit, gpu.hbm, gpu.tflops_fp8, table)
 
 
 @dataclass(frozen=True)
@@ -128,8 +134,8 @@ Op = Gemm | Attention | Memory
 
 
 @cache
-def _rows() -> tuple[dict[str, Any], ...]:
-    with TABLE.open() as f:
+def _rows(table: str = "h200") -> tuple[dict[str, Any], ...]:
+    with TABLES[table].open() as f:
         return tuple(json.load(f))
 
 
@@ -159,39 +165,44 @@ def _interpolate(curve: Curve, x: float) -> float:
 
 
 @cache
-def gemm_curve(orient: Orient) -> Curve:
-    """Return the fraction of peak by log2(m n k) for one orientation (or the expert rows)."""
+def gemm_curve(orient: Orient, table: str = "h200", fp8: bool = False) -> Curve:
+    """Return the fraction of peak by log2(m n k) for one orientation (or the expert rows):
+    of the table GPU's dense 16-bit peak, or with `fp8` of its dense fp8 peak (fp8 rows)."""
+    peak = GPUS[table].tflops_fp8 if fp8 else GPUS[table].tflops_16bit
+    assert peak is not None
+    suffix = "_fp8" if fp8 else ""
     if orient == "expert":
         # one expert's up projection (n = 2 x expert ffn, gated) over `tokens` tokens
-        points = [(math.log2(r["tokens"] * r["hidden"] * 2 * r["expert_ffn"]),
-                   r["tflops"] / H200_TFLOPS) for r in _rows() if r["kind"] == "expert_gemm"]
+        points = [(math.log2(r["tokens"] * r["hidden"] * 2 * r["expert_ffn"]), r["tflops"] / peak)
+                  for r in _rows(table) if r["kind"] == "expert_gemm" + suffix]  # fmt: skip
     else:
-        points = [(math.log2(r["m"] * r["n"] * r["k"]), r["tflops"] / H200_TFLOPS)
-                  for r in _rows() if r["kind"] == "gemm" and r["orient"] == orient]
+        points = [(math.log2(r["m"] * r["n"] * r["k"]), r["tflops"] / peak)
+                  for r in _rows(table) if r["kind"] == "gemm" + suffix and r["orient"] == orient]
     return _binned(points)
 
 
 @cache
-def memory_curve(cls: MemoryClass) -> Curve:
+def memory_curve(cls: MemoryClass, table: str = "h200") -> Curve:
     """Return bytes per second by log2(bytes moved) for one class of memory-bound op."""
     return _binned(
         (math.log2(r["gbytes_per_s"] * 1e9 * r["seconds"]), r["gbytes_per_s"] * 1e9)
-        for r in _rows() if r["kind"] == "memory_bound" and r["op"] == cls
+        for r in _rows(table) if r["kind"] == "memory_bound" and r["op"] == cls
     )
 
 
 @cache
-def attention_grid(backward: bool) -> tuple[tuple[int, ...], tuple[int, ...], dict[tuple[int, int], float]]:
+def attention_grid(backward: bool, table: str = "h200",
+                   ) -> tuple[tuple[int, ...], tuple[int, ...], dict[tuple[int, int], float]]:  # fmt: skip
     """Return (sequences, heads, TFLOP/s by (sequence, heads)), grouped-query settings averaged."""
     key = "bwd_tflops" if backward else "fwd_tflops"
     cells: dict[tuple[int, int], list[float]] = {}
-    for r in _rows():
+    for r in _rows(table):
         if r["kind"] == "flash_attention":
             cells.setdefault((r["seq"], r["heads_per_rank"]), []).append(r[key])
-    table = {cell: sum(v) / len(v) for cell, v in cells.items()}
-    seqs = tuple(sorted({c[0] for c in table}))
-    heads = tuple(sorted({c[1] for c in table}))
-    return seqs, heads, table
+    grid = {cell: sum(v) / len(v) for cell, v in cells.items()}
+    seqs = tuple(sorted({c[0] for c in grid}))
+    heads = tuple(sorted({c[1] for c in grid}))
+    return seqs, heads, grid
 
 
 def _bracket(values: Sequence[int], x: float) -> tuple[int, int, float]:
@@ -202,34 +213,39 @@ def _bracket(values: Sequence[int], x: float) -> tuple[int, int, float]:
     return lo, hi, (lx - math.log2(lo)) / (math.log2(hi) - math.log2(lo))
 
 
-def attention_tflops(seq: int, heads: int, backward: bool) -> float:
-    """Return the H200's measured flash attention TFLOP/s, bilinear in log space, clamped."""
-    seqs, counts, table = attention_grid(backward)
+def attention_tflops(seq: int, heads: int, backward: bool, table: str = "h200") -> float:
+    """Return a table's measured flash attention TFLOP/s, bilinear in log space, clamped."""
+    seqs, counts, grid = attention_grid(backward, table)
     s0, s1, ws = _bracket(seqs, seq)
     h0, h1, wh = _bracket(counts, heads)
-    low = table[s0, h0] * (1 - wh) + table[s0, h1] * wh
-    high = table[s1, h0] * (1 - wh) + table[s1, h1] * wh
+    low = grid[s0, h0] * (1 - wh) + grid[s0, h1] * wh
+    high = grid[s1, h0] * (1 - wh) + grid[s1, h1] * wh
     return low * (1 - ws) + high * ws
 
 
 def op_seconds(op: Op, device: Device) -> float:
     """Return one op's seconds on `device`."""
+    table = device.table
     if isinstance(op, Memory):
         if op.elements == 0:
             return 0.0
-        rate = _interpolate(memory_curve(op.cls), math.log2(op.bytes))
+        rate = _interpolate(memory_curve(op.cls, table), math.log2(op.bytes))
         return op.bytes / rate * device.memory_scale
     if isinstance(op, Attention):
-        rate = attention_tflops(op.seq, op.heads, op.backward) * 1e12
+        rate = attention_tflops(op.seq, op.heads, op.backward, table) * 1e12
         return op.flops / rate * device.compute_scale
     if op.flops == 0:
         return 0.0
-    volume = op.batch * op.m * op.n * op.k
-    efficiency = _interpolate(gemm_curve(op.orient), math.log2(volume))
-    compute = op.flops / (H200_TFLOPS * 1e12 * efficiency) * device.gemm_scale(op.fp8)
+    log_volume = math.log2(op.batch * op.m * op.n * op.k)
+    if op.fp8 and device.tflops_fp8:
+        efficiency = _interpolate(gemm_curve(op.orient, FP8_TABLE, True), log_volume)
+        compute = op.flops / (device.tflops_fp8 * 1e12 * efficiency)
+    else:
+        efficiency = _interpolate(gemm_curve(op.orient, table), log_volume)
+        compute = op.flops / (GPUS[table].tflops_16bit * 1e12 * efficiency) * device.compute_scale
     operand = 1 if op.fp8 else ELEMENT  # fp8 operands, output in 16 bits
     moved = op.batch * ((op.m * op.k + op.k * op.n) * operand + op.m * op.n * ELEMENT)
-    copy = _interpolate(memory_curve("copy"), math.log2(moved))
+    copy = _interpolate(memory_curve("copy", table), math.log2(moved))
     return max(compute, moved / copy * device.memory_scale)
 
 

@@ -83,6 +83,7 @@ NOT_GPT_TRAINING: dict[str, str] = {
     "modelopt/validate.py": _INFERENCE,
     "modelopt/offline_feature_extract.py": _INFERENCE,
     "checkpoint/convert.py": _CONVERSION,
+    "multimodal/combine_state_dicts.py": _CONVERSION,
     "modelopt/convert_model.py": _CONVERSION,
     "modelopt/export.py": _CONVERSION,
     "modelopt/quantize.py": _CONVERSION,
@@ -115,6 +116,47 @@ def entry_point(program: str, where: str) -> EntryPoint:
         note=f"{posixpath.basename(path)} is not a Megatron-LM program this tool knows; its "
         "arguments are read as pretrain_gpt.py reads them"
     )
+
+
+# ModelOpt's convert_model.py (examples/post_training/modelopt) with `--algorithm eagle3` (its
+# choices: eagle3, None) runs mtsp.convert with EAGLE3_DEFAULT_CFG and saves the model with an
+# EAGLE-3 draft module; finetune.py then restores that module from --load (load_modelopt_state in
+# megatron/post_training/model_builder.py) and trains it on the frozen base model ("base model is
+# frozen and the draft model is attached as a transformation", speculative.md). eagle3.sh runs the
+# conversion only where its checkpoint folder is missing.
+SPECULATIVE_CONVERSION = "convert_model.py"
+
+
+def refuse_speculative(launches: Sequence[tuple[Sequence[str], str]],
+                       show: Callable[[str], str]) -> None:  # fmt: skip
+    """Raise InputError when a launch (argv, where) converts the model for speculative decoding:
+    what is trained is then a draft module on a frozen base, not the GPTModel of the arguments."""
+    for argv, where in launches:
+        words = [show(word) for word in argv]
+        program = next((w for index, w in enumerate(words) if index and w.endswith(".py")), "")
+        if posixpath.basename(program) != SPECULATIVE_CONVERSION:
+            continue
+        algorithm = _value_of(words, "--algorithm")
+        if algorithm in (None, "None"):
+            continue
+        raise InputError(
+            f"{where}: the script converts its model for speculative decoding "
+            f"({posixpath.basename(program)} --algorithm {algorithm}): ModelOpt's finetune.py "
+            "then trains the draft module that conversion adds (its architecture is ModelOpt's) "
+            "on a frozen base model; this tool builds and trains the GPTModel of the arguments "
+            "only, and does not model the draft module or frozen parameters"
+        )
+
+
+def _value_of(words: Sequence[str], flag: str) -> str | None:
+    """The last value a flag is given (`--flag VALUE` or `--flag=VALUE`), as argparse keeps it."""
+    found = None
+    for index, word in enumerate(words):
+        if word == flag and index + 1 < len(words):
+            found = words[index + 1]
+        elif word.startswith(flag + "="):
+            found = word[len(flag) + 1:]
+    return found
 
 
 def _ends_with(path: str, suffix: str) -> bool:

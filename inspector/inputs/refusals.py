@@ -13,8 +13,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from inspector.errors import ConfigError
-from inspector.inputs.unmodelled import MEGATRON_LM_REFUSES, REFUSED, refusal_message
+from inspector.inputs.unmodelled import (
+    MEGATRON_LM_REFUSES,
+    REFUSED,
+    REFUSED_VALUES,
+    refusal_message,
+)
 
 ALL_GROUPS = "all"  # a Refused.group that stops every command
 
@@ -40,6 +44,14 @@ def refused_argument(flag: str, value: str | None, where: str) -> Refused | None
     return Refused(REFUSED[flag].group, where, shown, "not modelled", REFUSED[flag].reason)
 
 
+def refused_value(flag: str, value: str | None, where: str) -> Refused | None:
+    """Return why a modelled argument's value is refused (unmodelled.REFUSED_VALUES), or None."""
+    refusal = REFUSED_VALUES.get(flag, {}).get(value or "")
+    if refusal is None:
+        return None
+    return Refused(refusal.group, where, f"{flag} {value}", "not modelled", refusal.reason)
+
+
 def refused_flags(refused: Iterable[Refused]) -> set[str]:
     """Return the flags of refused arguments, for validate_args' rules that read them."""
     return {item.argument.split()[0] for item in refused}
@@ -62,6 +74,14 @@ def validate_args_refusals(flags: Iterable[str], where: str,
                              "refused by Megatron-LM",
                              "validate_args: '--no-position-embedding is deprecated, use "
                              "--position-embedding-type'"))  # fmt: skip
+    # megatron-core TransformerConfig.__post_init__ (0.13-0.20): DeepEP needs the flex dispatcher
+    # (a flex dispatcher is refused by value, so it is given but not among the modelled values)
+    flex = "--moe-token-dispatcher-type" in given and not (args or {}).get("moe_token_dispatcher_type")
+    if "--moe-enable-deepep" in given and not flex:
+        found.append(Refused(ALL_GROUPS, where, "--moe-enable-deepep without "
+                             "--moe-token-dispatcher-type flex", "refused by Megatron-LM",
+                             "megatron-core's TransformerConfig: 'DeepEP backend is only supported "
+                             "with flex token dispatcher.'"))  # fmt: skip
     found += _fp8_param_gather_refusals(given, where, args or {})
     return tuple(found)
 
@@ -106,13 +126,6 @@ def fsdp2_drops_fp8_param_gather(refused: Sequence[Refused], args: Mapping[str, 
         "does with Transformer Engine 2.0 or later ('FSDP2 FP8 param gather is not supported yet "
         "in TE 2.0, will fallback to bf16 all_gather instead'): the parameters stay 16-bit",
     )
-
-
-def raise_refusals(refused: Sequence[Refused], groups: tuple[str, ...]) -> None:
-    """Raise one ConfigError naming every refused argument that a command of `groups` reads."""
-    message = refusals_message(refused, groups)
-    if message:
-        raise ConfigError(message)
 
 
 def refusals_message(refused: Sequence[Refused], groups: tuple[str, ...]) -> str:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from inspector.errors import ConfigError
 from inspector.inputs.arguments import BY_NAME
-from inspector.inputs.refusals import raise_refusals
+from inspector.inputs.refusals import refusals_message
 from inspector.inputs.versions import unknown_argument_notes
 
 if TYPE_CHECKING:
@@ -102,8 +102,12 @@ def _source_layers(
 def _file_layer(parsed: ScriptArgs, origin: str, sources: Sources, groups: tuple[str, ...],
                 notes: list[str]) -> dict[str, Any]:  # fmt: skip
     """Return the arguments a config file or launch script sets, after its refusals (one error
-    naming them all) and its notes (what is ignored, not recognised, derived)."""
-    raise_refusals(parsed.refused, groups)
+    naming them all, with the tokenizer's vocabulary where it is not known) and its notes (what
+    is ignored, not recognised, derived)."""
+    problem = parsed.vocab_problem if sources.flags.get("vocab_size") is None else ""
+    refused = refusals_message(parsed.refused, groups)
+    if refused:
+        raise ConfigError(f"{refused}; {problem}" if problem else refused)
     if parsed.ignored:
         notes.append(f"Ignored from {origin}: {' '.join(parsed.ignored)}")
     if parsed.unrecognised:
@@ -115,8 +119,8 @@ def _file_layer(parsed: ScriptArgs, origin: str, sources: Sources, groups: tuple
     used = (*(BY_NAME[name].flag for name in parsed.args if name in BY_NAME), *parsed.ignored,
             *(item.argument.split()[0] for item in parsed.refused))  # fmt: skip
     notes.extend(f"Note from {origin}: {note}" for note in unknown_argument_notes(used))
-    if parsed.vocab_problem and sources.flags.get("vocab_size") is None:
-        raise ConfigError(parsed.vocab_problem)
+    if problem:
+        raise ConfigError(problem)
     return _megatron_lm_defaults(parsed.args)
 
 

@@ -17,7 +17,7 @@ from inspector.errors import ConfigError, InputError
 from inspector.inputs.arguments import BY_NAME, ArgSpec
 from inspector.inputs.bash.context import Command, Context
 from inspector.inputs.bash.interpreter import interpret
-from inspector.inputs.entry_points import program_checks
+from inspector.inputs.entry_points import program_checks, refuse_speculative
 from inspector.inputs.launch import (
     World,
     is_launch,
@@ -31,6 +31,7 @@ from inspector.inputs.refusals import (
     refusals_message,
     refused_argument,
     refused_flags,
+    refused_value,
 )
 from inspector.inputs.safe_parse import parse_json, parse_yaml
 from inspector.inputs.tokenizers import TOKENIZER_FLAGS, apply_tokenizer
@@ -143,6 +144,8 @@ def interpret_launch(
     the model and layout need of it (Needs gathers the values the script leaves unset)."""
     ctx = Context(origin, dict(settings or {}), is_launch)
     interpret(ctx, text)
+    refuse_speculative([(c.argv, f"{c.origin} line {c.line}") for c in (*ctx.commands, *ctx.skipped)],
+                       ctx.show)  # fmt: skip
     command = _the_launch(ctx, origin)
     where = f"{command.origin} line {command.line}"
     needs = Needs(ctx, where)
@@ -228,6 +231,10 @@ def split_arguments(words: list[str], needs: Needs, ctx: Context,
             if flag in TOKENIZER_FLAGS and value is not None:
                 raw[flag] = value
             skipped.add(flag, value, where)
+            continue
+        refusal = refused_value(spec.flag, value, where)
+        if refusal is not None:
+            skipped.refused.append(refusal)
             continue
         _take_modelled(spec, value, needs, args)
     return skipped.script_args(args)

@@ -42,6 +42,11 @@ KNOWN_TOKENIZERS: dict[str, tuple[int, str]] = {
 }
 
 
+# Tokenizer types whose vocab_size is len() of the Hugging Face tokenizer `--tokenizer-model` names:
+# _HuggingFaceTokenizer, and SFTTokenizer (Megatron-LM's sft_tokenizer.py since megatron-core 0.13:
+# `self._vocab_size = len(tokenizer)` of transformers.AutoTokenizer.from_pretrained).
+HUB_TOKENIZERS = ("HuggingFaceTokenizer", "SFTTokenizer")
+
 TOKENIZER_FLAGS = ("--tokenizer-type", "--tokenizer-model", "--vocab-file")
 
 
@@ -74,7 +79,7 @@ def vocabulary(tokenizer_type: str, model: str | None, vocab_size: int | None,
         name = model or "(no --tokenizer-model)"
         if model is not None and os.path.exists(model):
             found = _read_local(model)
-        elif model is not None and tokenizer_type == "HuggingFaceTokenizer":
+        elif model is not None and tokenizer_type in HUB_TOKENIZERS:
             found = next((v for k, v in KNOWN_TOKENIZERS.items() if model.startswith(k)), None)
     if found is not None:
         size, source = found

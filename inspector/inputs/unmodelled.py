@@ -331,6 +331,17 @@ RENAMED: dict[str, tuple[str, object]] = {
 }
 
 
+# Values of modelled arguments that this tool does not model (Megatron-LM accepts them).
+REFUSED_VALUES: dict[str, dict[str, Refusal]] = {
+    # megatron-core's MoEFlexTokenDispatcher (token_dispatcher.py): DeepEP's or HybridEP's fused
+    # all-to-all (--moe-flex-dispatcher-backend), with communication buffers of its own
+    "--moe-token-dispatcher-type": {"flex": Refusal(
+        "training", "the flex dispatcher (DeepEP's or HybridEP's fused all-to-all, "
+        "--moe-flex-dispatcher-backend) keeps buffers of its own, which this tool does not "
+        "count; allgather and alltoall are modelled")},  # fmt: skip
+}
+
+
 def refusal_message(flag: str, value: str | None) -> str | None:
     """Return the error for a refused argument with this value, or None when it is harmless."""
     refusal = REFUSED.get(flag)

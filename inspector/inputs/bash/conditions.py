@@ -88,6 +88,7 @@ class _Test:
         if first in _EXISTS and second is not None:
             self.pos += 2
             path = self.shell.ctx.show(second)
+            self.shell.ctx.assumed += 1
             self.shell.ctx.note(f"{self.shell.where()}: took `{first} {path}` as true (the reader "
                                 f"assumes {path} {_EXISTS[first]} on the job's machine)")
             return True

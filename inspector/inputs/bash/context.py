@@ -70,6 +70,11 @@ class Context:
     notes: list[str] = field(default_factory=list)  # assumptions made, for stderr
     unset_read: dict[str, str] = field(default_factory=dict)  # --set name -> where read as empty
     taint: list[Unknown] | None = None  # unknowns read while an `$(( ))` is evaluated
+    assumed: int = 0  # file tests taken as true so far (conditions.py)
+    # The launches of branches that a file test taken as true skipped: what the script runs
+    # where the file is missing (a conversion before training, say). Shell.skipped fills it.
+    skipped: list[Command] = field(default_factory=list)
+    dry: bool = False  # a skipped branch is being read for its launches
     steps: int = 0  # simple commands run
     depth: int = 0  # compound commands, functions and sourced texts running inside one another
 

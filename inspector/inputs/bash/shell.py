@@ -142,10 +142,13 @@ class Shell(Assignments):
         return status
 
     def _run_andor(self, node: AndOr) -> int:
+        assumed = self.ctx.assumed
         status = self.tested(node.first)
         for number, (op, item) in enumerate(node.rest, 1):
             if (op == "&&") == (status == 0):
                 status = self.run(item) if number == len(node.rest) else self.tested(item)
+            elif self.ctx.assumed > assumed:  # `[ -d DIR ] || python convert.py ...`
+                self.skipped(item)
         return status
 
     def _run_pipeline(self, node: Pipeline) -> int:
@@ -210,10 +213,38 @@ class Shell(Assignments):
         return 0
 
     def _run_if(self, node: If) -> int:
-        for cond, body in node.clauses:
+        for number, (cond, body) in enumerate(node.clauses):
+            assumed = self.ctx.assumed
             if self.condition(cond) == 0:
+                if self.ctx.assumed > assumed:  # `if [ -d DIR ]; then ...; else convert; fi`
+                    for _, other in node.clauses[number + 1:]:
+                        self.skipped(other)
+                    if node.otherwise:
+                        self.skipped(node.otherwise)
                 return self.run(body)
+            if self.ctx.assumed > assumed:  # `if [[ ! -d DIR ]]; then convert; fi`
+                self.skipped(body)
         return self.run(node.otherwise) if node.otherwise else 0
+
+    def skipped(self, body: Node) -> None:
+        """Record in ctx.skipped the launches of a branch that a file test taken as true
+        skipped: what the script runs where the file is missing. The branch runs in a subshell
+        with the launches set aside; nothing else it does is kept, and where it fails it simply
+        stops. Branches inside it are not read again (each branch at most once more)."""
+        ctx = self.ctx
+        if ctx.dry:
+            return
+        kept = (ctx.commands, list(ctx.notes), dict(ctx.unset_read), ctx.ended, ctx.taint)
+        ctx.commands, ctx.dry = [], True
+        try:
+            self._subshell(body)
+        except InputError:
+            pass
+        finally:
+            ctx.skipped.extend(ctx.commands)
+            ctx.commands, notes, ctx.unset_read, ctx.ended, ctx.taint = kept
+            ctx.notes[:] = notes
+            ctx.dry = False
 
     def condition(self, cond: Seq) -> int:
         return self.tested(cond)
