@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from inspector.job.hardware import GPUS
 from inspector.job.layout import Layout
 from inspector.plan.network import Network, expert_alltoall, expert_peers_on_node
+from tests.conftest import run_cli
 
 # Qwen3-30B-A3B's dispatch on one rank: s b k h / t = 4096 x 1 x 8 x 2048 / 1 bf16 elements
 ELEMENTS, NBYTES = 4096 * 8 * 2048, 2
@@ -90,3 +92,22 @@ def test_peers_on_a_node_are_those_of_megatrons_expert_groups(tp, cp, dp, pp, ep
     counts = {n for group in generator.get_ranks("ep")
               for n in Counter(rank // node for rank in group).values()}
     assert expert_peers_on_node(ep, etp, world, node) == tuple(sorted(counts))
+
+
+QWEN = ("plan --model qwen3-30b-a3b --num-layers 2 --gpus 16 --global-batch-size 16 --seq-length 4096 "
+        "--micro-batch-size 1 --tp 1 --pp 1 --cp 1 --ep 16 --expert-tensor-parallel-size 1 --bf16 "
+        "--moe-grouped-gemm --moe-token-dispatcher-type alltoall --recompute-granularity none "
+        "--gpu h100 --format json").split()  # fmt: skip
+
+
+@pytest.mark.parametrize(("node", "one"), [
+    (8, 10e-6 + BYTES * 8 / 16 / 50e9),  # two nodes: the InfiniBand half
+    (16, 5e-6 + BYTES * 15 / 16 / 450e9),  # one node of 16: all NVLink
+])
+def test_plan_charges_each_moe_layer_four_exchanges_at_the_hand_price(node, one) -> None:
+    # one micro-batch per rank (16 / dp 16), 2 MoE layers, 4 all-to-alls each, s k h = the
+    # Qwen3-30B dispatch above; before, --gpus-per-node 8 charged 2 x 4 x 2.5265824 ms
+    result = run_cli(*QWEN, "--gpus-per-node", str(node))
+    assert result.code == 0, result.err
+    plan = json.loads(result.out)["plans"][0]
+    assert plan["time_shares"]["expert"] == pytest.approx(2 * 4 * one, rel=1e-9)
