@@ -20,7 +20,10 @@ Each term and its source (symbols of inspector/job/dims.py; m micro-batches, v v
     gradients c - 1 times backward, each transfer overlapped with one step's attention kernel:
     only what a step's transfer takes beyond its kernel is exposed, step by step;
   - expert parallel: 4 all-to-alls (dispatch, combine; forward and backward) of s b k h / (c t)
-    elements x (ep - 1) / ep per MoE layer;
+    elements per MoE layer, each priced per link class (plan/network.py `expert_alltoall`, NCCL's
+    grouped sends): a rank with g group members on its node sends (g - 1) / ep of them over NVLink
+    and (ep - g) / ep over InfiniBand at the same time, the all-to-all taking its slowest rank's
+    longer class (megatron's expert rank order says g);
   - pipeline: a point-to-point send per chunk boundary and micro-batch, forward and backward;
     stage time t_s per micro-batch; iteration m max_s t_s + (sum_s t_s - max_s t_s) / v, the
     1F1B / interleaved critical path (Narayanan et al. 2021, Section 2.2: bubble (p - 1) / (v m)
@@ -47,24 +50,10 @@ from inspector.formulas.kernels import Device, device_of, ops_seconds
 from inspector.formulas.ops import LayerOps, Shard, layer_ops, layer_seconds, linear, output_ops
 from inspector.formulas.optimizer import OptimizerStep, optimizer_ops
 from inspector.job.dims import ModelDims
-from inspector.job.hardware import Gpu
 from inspector.job.job import Recompute
 from inspector.job.layout import Layout
 from inspector.plan import caches
-
-
-@dataclass(frozen=True)
-class Network:
-    """Where the groups of a layout run: NVLink inside a node, InfiniBand across nodes."""
-
-    gpu: Gpu
-    gpus_per_node: int
-
-    def link(self, span: int) -> tuple[float, float]:
-        """Return (alpha, bandwidth) for a group whose ranks span `span` consecutive ranks."""
-        if span <= self.gpus_per_node:
-            return self.gpu.alpha_intra, self.gpu.intra
-        return self.gpu.alpha_inter, self.gpu.inter
+from inspector.plan.network import Network, expert_alltoall
 
 
 @dataclass(frozen=True)
@@ -323,7 +312,7 @@ def _layer_time(
         context = ring_attention(dims, lay, net, tokens, attention, forwards)
     if moe and lay.ep > 1:
         routed = tokens * dims.moe_router_topk * dims.hidden_size / lay.tp
-        expert = _collective(4, routed, act, lay.ep, net.link(lay.ep * lay.expert_tp))
+        expert = expert_alltoall(4, routed, act, lay, net)
     return compute, tensor, context, expert
 
 

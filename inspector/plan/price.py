@@ -24,9 +24,10 @@ from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
 from inspector.plan import caches
 from inspector.plan.activations import activation_layout, stage_activation_bytes
-from inspector.plan.cost import Network, StageTime, StepTime, stage_work, step_time, with_state
+from inspector.plan.cost import StageTime, StepTime, stage_work, step_time, with_state
 from inspector.plan.flags import megatron_flags
 from inspector.plan.memory import ChunkShape, stage_state
+from inspector.plan.network import Network
 from inspector.plan.pieces import piece_key
 from inspector.plan.request import Request
 from inspector.plan.split import Split, chunk_layers

@@ -1,0 +1,79 @@
+"""Where a layout's groups run, and the expert-parallel all-to-all priced over the links it uses.
+
+A group whose ranks span at most one node (the GPU's NVLink domain, `--gpus-per-node`) talks over
+NVLink, otherwise over InfiniBand (`Network.link`). The MoE token exchange is priced per link class
+instead (`expert_alltoall`): megatron's all-to-all dispatcher calls `torch.distributed.
+all_to_all_single` with split sizes (tensor_parallel/mappings.py `_AllToAll`), which PyTorch runs as
+one NCCL group of a send and a receive per peer (torch/csrc/cuda/nccl.cpp
+`all2all_single_unequal_split`); NCCL lets the calls of a group progress independently (NCCL user
+guide, "Point-to-point communication": all-to-all as grouped ncclSend/ncclRecv) and schedules them
+as rounds over node and local-rank offsets (src/init.cc `p2pSchedule`), spread over its p2p
+channels (src/enqueue.cc `scheduleP2pTasksToPlan`), so the sends to peers on the same node go over
+NVLink while those to other nodes go over InfiniBand, at the same time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+from inspector.job.hardware import Gpu
+from inspector.job.layout import Layout
+from inspector.plan import caches
+
+
+@dataclass(frozen=True)
+class Network:
+    """Where the groups of a layout run: NVLink inside a node, InfiniBand across nodes."""
+
+    gpu: Gpu
+    gpus_per_node: int
+
+    def link(self, span: int) -> tuple[float, float]:
+        """Return (alpha, bandwidth) for a group whose ranks span `span` consecutive ranks."""
+        if span <= self.gpus_per_node:
+            return self.gpu.alpha_intra, self.gpu.intra
+        return self.gpu.alpha_inter, self.gpu.inter
+
+
+@caches.memo(maxsize=1024)
+def expert_peers_on_node(ep: int, expert_tp: int, world: int, gpus_per_node: int) -> tuple[int, ...]:
+    """Return how many members of an expert-parallel group share a node with a member, over
+    every group and node (the member itself counted): the distinct counts, ascending.
+
+    megatron-core's expert RankGenerator (parallel_state.py, order "tp-cp-ep-dp-pp" with cp 1)
+    numbers a rank etp_index + etp (ep_index + ep (edp_index + edp pp_index)): an ep group is
+    ep ranks at stride etp in a block of etp x ep consecutive ranks, and node n holds ranks
+    n x gpus_per_node to (n + 1) x gpus_per_node - 1. The pattern repeats every
+    lcm(etp x ep, gpus_per_node) ranks, so the blocks of that span give every count.
+    """
+    block = expert_tp * ep
+    span = min(world, math.lcm(block, gpus_per_node))
+    counts: set[int] = set()
+    for start in range(0, span, block):
+        for offset in range(expert_tp):
+            members = (start + offset + expert_tp * j for j in range(ep))
+            counts.update(Counter(rank // gpus_per_node for rank in members).values())
+    return tuple(sorted(counts))
+
+
+def expert_alltoall(count: int, elements: float, nbytes: int, lay: Layout, net: Network) -> float:
+    """Return `count` expert-parallel all-to-alls of `elements` per rank (bytes of `nbytes` each).
+
+    A rank whose group has g members on its node sends (g - 1) / ep of its elements over NVLink
+    and (ep - g) / ep over InfiniBand at once (module docstring): it takes the longer of
+    alpha_intra + bytes (g - 1) / ep / intra and alpha_inter + bytes (ep - g) / ep / inter (a
+    class it does not use costs nothing), and the all-to-all the longest of its ranks'. A group
+    inside one node is then alpha + bytes (ep - 1) / ep over NVLink, the ring formula.
+    """
+    ep = lay.ep
+    if ep <= 1 or count == 0:
+        return 0.0
+    gpu, data = net.gpu, elements * nbytes
+    slowest = 0.0
+    for g in expert_peers_on_node(ep, lay.expert_tp, lay.world_size, net.gpus_per_node):
+        intra = gpu.alpha_intra + data * (g - 1) / ep / gpu.intra if g > 1 else 0.0
+        inter = gpu.alpha_inter + data * (ep - g) / ep / gpu.inter if g < ep else 0.0
+        slowest = max(slowest, intra, inter)
+    return count * slowest
