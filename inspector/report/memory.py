@@ -227,7 +227,7 @@ def state_bytes(
     """
     weights = gradients = optimizer = 0
     for buffer in buffers:
-        weights += buffer.numel * buffer.param_dtype.itemsize
+        weights += buffer.numel * buffer.param_dtype.itemsize + buffer.kept
         gradients += buffer.numel * buffer.grad_dtype.itemsize
         index = expert_index if buffer.expert else dense_index
         updated = buffer.owned_numel[index] if distributed else buffer.numel
