@@ -189,3 +189,37 @@ def test_plan_keeps_the_distributed_optimizer_and_matches_memory(cli):
     assert memory.code == 0, memory.err
     built = json.loads(memory.out)["stages"]
     assert [s["total"] for s in plans[0]["stages"]] == [s["total"] for s in built]
+
+
+def test_after_the_step_megatron_keeps_or_drops_the_transposes_as_its_version_does():
+    """megatron-core 0.16 passes `manual_post_all_gather_processing=True` to TE's cast (its
+    fp8_utils.py imports TE's post_all_gather_processing) and remakes each transpose after the
+    all-gather, so they stay; 0.13 lets the cast drop them (`_reset_caches`), to be made again by
+    the next forward. The static count keeps them: the forward's peak holds them either way."""
+    import sys
+    from pathlib import Path
+
+    import megatron.core
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_optimizer_step import _job
+
+    from inspector.engine.microbatch import runtime_config
+    from inspector.engine.optimizer import run_step
+    from inspector.engine.stage import _ddp as ddp_wrapped
+    from inspector.world.stage import stage_world
+    from inspector.world.te.float8_tensor import Float8Tensor
+
+    job = _job(transformer_impl="transformer_engine", use_distributed_optimizer=True,
+               fp8_format="hybrid", fp8_recipe="tensorwise", swiglu=True, fp8_param_gather=True)
+    with stage_world(job.model, job.layout, 0, checkpoint=False, runtime=runtime_config(job)) as chunks:
+        ddps = [ddp_wrapped(job, chunk.module, 0, i) for i, chunk in enumerate(chunks)]
+        run_step(job, ddps, True)
+        weights = [p for c in chunks for p in c.module.parameters() if isinstance(p, Float8Tensor)]
+    from megatron.core import fp8_utils
+
+    manual = hasattr(fp8_utils, "post_all_gather_processing")  # 0.16.1 has it, 0.13.1 not
+    version = tuple(int(part) for part in megatron.core.__version__.split(".")[:2])
+    assert manual == (version >= (0, 16)) or version not in ((0, 13), (0, 16))
+    assert len(weights) == 8
+    assert [w._transpose is not None for w in weights] == [manual] * 8, megatron.core.__version__
