@@ -223,3 +223,17 @@ def test_after_the_step_megatron_keeps_or_drops_the_transposes_as_its_version_do
     assert manual == (version >= (0, 16)) or version not in ((0, 13), (0, 16))
     assert len(weights) == 8
     assert [w._transpose is not None for w in weights] == [manual] * 8, megatron.core.__version__
+
+
+def test_workload_gathers_fp8_parameters_in_one_byte(cli, tmp_path):
+    """The distributed optimizer all-gathers megatron's param buffers: the uint8 one moves one
+    byte per Transformer Engine weight element, the 16-bit one two per other parameter."""
+    gathered = []
+    for flags in ([], ["--fp8-param-gather"]):
+        out = tmp_path / str(len(flags))
+        result = cli("workload", *SMALL, "--fp8-recipe", "tensorwise", "--gpu", "h100", "-o",
+                     str(out), *flags)  # fmt: skip
+        assert result.code == 0, result.err
+        rows = [line.split("\t") for f in sorted(out.rglob("*.txt")) for line in f.read_text().splitlines()]
+        gathered.append(sum(int(row[10]) for row in rows if row[0] == "grad_gather"))
+    assert gathered[0] - gathered[1] == sum(TE_WEIGHTS)
