@@ -23,6 +23,7 @@ Block-scaled and MXFP8 parameters (`Float8BlockwiseQTensor`, `MXFP8Tensor`) are 
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import torch
@@ -70,14 +71,6 @@ class Float8Tensor(QuantizedTensor):
         if columnwise_usage:
             self._create_transpose()
 
-    def get_high_precision_init_val(self) -> torch.Tensor | None:
-        """The bf16 initial values kept on the host (module/base.py 1283-1300)."""
-        return self._high_precision_init_val
-
-    def clear_high_precision_init_val(self) -> None:
-        """Drop the host copy (module/base.py 1283-1300)."""
-        self._high_precision_init_val = None
-
     def kept_tensors(self) -> tuple[torch.Tensor, ...]:
         """Return what TE keeps beside the parameter's data: the transpose and the scale."""
         return tuple(t for t in (self._transpose, self._scale_inv) if t is not None)
@@ -108,13 +101,24 @@ def quantize_weight(param: torch.Tensor, recipe: str, preserve: bool) -> Float8T
     tensor._transpose = None
     tensor._scale_inv = torch.empty((1,), dtype=torch.float32, device="meta")
     tensor._recipe = recipe
-    tensor._high_precision_init_val = (
-        torch.empty(param.shape, dtype=param.dtype, device="meta") if preserve else None
-    )
+    tensor._high_precision_init_val = None
+    if preserve:  # base.py 1283-1300: the 16-bit initial values on the host, and two methods
+        tensor._high_precision_init_val = torch.empty(param.shape, dtype=param.dtype, device="meta")
+        for name, method in (("get_high_precision_init_val", _get_init_val),
+                             ("clear_high_precision_init_val", _clear_init_val)):  # fmt: skip
+            setattr(tensor, name, types.MethodType(method, tensor))
     if torch.is_grad_enabled():  # quantizer.set_usage(columnwise=torch.is_grad_enabled())
         tensor._create_transpose()
     tensor._is_param = True  # torch.nn.Parameter of a custom tensor: isinstance holds
     return tensor
+
+
+def _get_init_val(self: Float8Tensor) -> torch.Tensor | None:
+    return self._high_precision_init_val
+
+
+def _clear_init_val(self: Float8Tensor) -> None:
+    self._high_precision_init_val = None
 
 
 def replace_raw_data(tensor: Any, new_raw_data: torch.Tensor) -> None:
@@ -134,27 +138,32 @@ def cast_master_weights_to_fp8(
     """utils.py 54-155: cast each rank's fp32 main shard into the fp8 weights' data.
 
     Allocated as TE allocates: each main shard cast to the weight's 16-bit dtype (kept in the
-    parameter lists until the call returns), a packed fp32 amax per weight (and per-weight scales
-    for delayed scaling, 226), the cast written in place into `_data`; without
-    `manual_post_all_gather_processing` the transposes are dropped (`_reset_caches`).
+    parameter lists until the call returns), an int overflow flag and a packed fp32 amax per
+    weight (and packed scales for delayed scaling), the cast written in place into `_data`;
+    without `manual_post_all_gather_processing` the transposes are dropped (`_reset_caches`).
     """
     if fsdp_shard_model_weights is not None:
         raise NotImplementedError("fp8 parameters under FSDP are not simulated")
-    copies = [
+    copies = [  # utils.py 118-127: kept in the per-recipe lists until the call returns
         None if master is None else master.to(weight.dtype)
         for weight, master in zip(model_weights, master_weights, strict=True)
     ]
-    packed = torch.zeros(len(model_weights), dtype=torch.float32, device="cuda")
-    scales = None
-    if any(weight._get_quantizer() == "delayed" for weight in model_weights):
-        scales = torch.empty(len(model_weights), dtype=torch.float32, device="cuda")
+    delayed = any(weight._get_quantizer() == "delayed" for weight in model_weights)
+    work: list[torch.Tensor] = []
+    if not delayed:  # current scaling (243-350): overflow flag and packed amaxes first
+        work += [torch.zeros(1, dtype=torch.int, device="cuda"),
+                 torch.zeros(len(model_weights), dtype=torch.float32, device="cuda")]  # fmt: skip
     for weight, copy, start in zip(model_weights, copies, start_offsets, strict=True):
         if not manual_post_all_gather_processing:
             weight._reset_caches()
         if copy is not None:
             fragment = weight._data.view(-1)[start : start + copy.numel()]
-            fragment.copy_(copy.view(-1))  # update_quantized: in place
-    del copies, packed, scales
+            fragment.copy_(copy.view(-1))  # quantizer.update_quantized: in place
+    if delayed:  # delayed scaling (158-240): overflow flag, packed amaxes and scales after
+        work += [torch.zeros(1, dtype=torch.int, device="cuda"),
+                 torch.empty(len(model_weights), dtype=torch.float32, device="cuda"),
+                 torch.empty(len(model_weights), dtype=torch.float32, device="cuda")]  # fmt: skip
+    del copies, work
 
 
 def post_all_gather_processing(model_weights: Any) -> None:
