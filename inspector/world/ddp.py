@@ -94,11 +94,11 @@ def _params_left_untouched(model: torch.nn.Module) -> Iterator[None]:
     finally:
         for param, data in saved.items():
             param.data = data
-        for param, data in raw.items():
-            param._data = data
             for attr in ("main_grad", "grad_added_to_main_grad"):
                 if hasattr(param, attr):
                     delattr(param, attr)
+        for param, data in raw.items():
+            param._data = data
 
 
 @contextmanager
