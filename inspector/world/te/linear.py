@@ -35,8 +35,10 @@ def fp8_recipe_name() -> str | None:
 
 def fp8_param_operand(weight: Float8Tensor, columnwise: bool) -> quantize.Quantized:
     """Return an fp8 parameter as the GEMM's weight: TE uses it as it is, no workspace
-    (linear.py 290-300: `weightmat = weight`, `update_usage(columnwise_usage=...)`), the
-    transpose kept on the parameter made where backward needs it."""
+    (linear.py 252-278: `get_weight_workspace` returns the quantized weight itself). Its
+    transpose, kept on the parameter, is made here where backward needs it if missing (TE makes
+    it in backward, linear.py 695 `update_usage(columnwise_usage=True)`; with megatron-core 0.16
+    it is never missing: post_all_gather_processing remakes it)."""
     weight.update_usage(rowwise_usage=True, columnwise_usage=columnwise)
     rows, cols = weight.shape
     transpose = (weight._transpose,) if columnwise and weight._transpose is not None else ()
