@@ -158,10 +158,6 @@ def script(tmp_path: Path, extra: str) -> str:
          "--torch-fsdp2-no-reshard-after-forward is not modelled: FSDP2 keeping the gathered "
          "parameters from the forward to the backward (ZeRO-2) is not modelled; --use-torch-fsdp2 "
          "alone (resharding after the forward) is"),
-        ("--fp8-format hybrid --use-distributed-optimizer --fp8-param-gather",
-         "--fp8-param-gather is not modelled: Transformer Engine's fp8/fp4 parameters (and fp4 "
-         "recipes) keep quantized weights this tool does not count; --fp8-format with "
-         "--fp8-recipe is modelled, drop this argument to see it"),
         ("--softmax-type learnable",
          "--softmax-type learnable is not modelled: learnable/off-by-one softmax adds per-head "
          "parameters that are not modelled"),
@@ -172,8 +168,8 @@ def test_script_refusals(cli, tmp_path, extra, message):
     assert (result.code, result.err) == (2, f"Error: {script(tmp_path, extra)} line 1: {message}\n")
 
 
-def test_training_refusal_leaves_params_alone(cli, tmp_path):
-    # fp8 parameters change what training holds, not the parameters: params still answers
+def test_fp8_parameters_leave_params_alone(cli, tmp_path):
+    # fp8 parameters change what training holds, not the parameters: params answers
     path = script(tmp_path, "--transformer-impl transformer_engine --fp8-format hybrid "
                   "--use-distributed-optimizer --fp8-param-gather")
     result = cli("params", "--from-script", path)

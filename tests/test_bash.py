@@ -123,10 +123,8 @@ def test_megatron_shaped_llama_fp8_arguments():
     assert parsed.args["vocab_size"] == 128256 + null_tokenizer_adds_eod()
     assert parsed.args["num_layers"] == 32 and parsed.args["use_distributed_optimizer"] is True
     assert "--tokenizer-type" not in parsed.ignored
-    # fp8 parameters change what training holds: refused for memory/workload; --fp8-format is
-    # modelled (tests/test_fp8.py)
-    assert {refusal.group for refusal in parsed.refused} == {"training"}
-    assert [refusal.argument for refusal in parsed.refused] == ["--fp8-param-gather"]
+    # --fp8-format and fp8 parameters are modelled (tests/test_fp8.py, tests/test_fp8_params.py)
+    assert not parsed.refused and parsed.args["fp8_param_gather"] is True
     assert parsed.args["fp8_format"] == "hybrid" and parsed.args["fp8_amax_history_len"] == 1024
 
 

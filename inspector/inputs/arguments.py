@@ -94,6 +94,12 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         choices=("delayed", "tensorwise", "blockwise", "mxfp8"),
     ),
     _model("fp8_amax_history_len", int, "Delayed scaling's amax history per module (default 1)."),
+    _model(
+        "fp8_param_gather",
+        bool,
+        "Keep Transformer Engine's weights in fp8 and all-gather them in fp8 (needs "
+        "--use-distributed-optimizer).",
+    ),
     _model("num_experts", int, "Number of MoE experts per layer (MoE on every layer)."),
     _model("moe_router_topk", int, "Experts each token is routed to."),
     _model("moe_ffn_hidden_size", int, "Hidden size of each expert's MLP."),

@@ -9,7 +9,7 @@ argument's group.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,7 +88,7 @@ def validate_args_refusals(flags: Iterable[str], where: str,
 
 def _fp8_param_gather_refusals(given: set[str], where: str,
                                args: Mapping[str, Any]) -> list[Refused]:  # fmt: skip
-    """Megatron-LM's own stops for `--fp8-param-gather` (which this tool does not model either):
+    """Megatron-LM's own stops for `--fp8-param-gather`:
     megatron-core's TransformerConfig.__post_init__ needs fp8 for `fp8_param` (which
     core_transformer_config_from_args copies from it), and validate_args a sharding optimizer."""
     if "--fp8-param-gather" not in given:
@@ -113,14 +113,16 @@ def _fp8_param_gather_refusals(given: set[str], where: str,
 _FP8_PARAM_OPTIMIZERS = ("use_distributed_optimizer", "use_torch_fsdp2", "use_megatron_fsdp")
 
 
-def fsdp2_drops_fp8_param_gather(refused: Sequence[Refused], args: Mapping[str, Any],
+def fsdp2_drops_fp8_param_gather(refused: Sequence[Refused], args: MutableMapping[str, Any],
                                  ) -> tuple[tuple[Refused, ...], tuple[str, ...]]:  # fmt: skip
     """Return the refusals and notes once validate_args has turned `--fp8-param-gather` off:
     under --use-torch-fsdp2 with Transformer Engine 2.0 or later (the stand-in is 2.11) it sets
-    args.fp8_param_gather = False with a warning, so the job is --fp8-format's alone."""
-    kept = tuple(item for item in refused if item.argument.split()[0] != "--fp8-param-gather")
-    if not args.get("use_torch_fsdp2") or len(kept) == len(refused):
+    args.fp8_param_gather = False with a warning, so the job is --fp8-format's alone (`args` is
+    changed in place, as validate_args changes Megatron-LM's)."""
+    if not args.get("use_torch_fsdp2") or not args.get("fp8_param_gather"):
         return tuple(refused), ()
+    args["fp8_param_gather"] = False
+    kept = tuple(item for item in refused if item.argument.split()[0] != "--fp8-param-gather")
     return kept, (
         "--fp8-param-gather is turned off under --use-torch-fsdp2, as Megatron-LM's validate_args "
         "does with Transformer Engine 2.0 or later ('FSDP2 FP8 param gather is not supported yet "

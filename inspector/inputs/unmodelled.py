@@ -22,8 +22,9 @@ class Refusal:
 
 
 _FP8 = (
-    "Transformer Engine's fp8/fp4 parameters (and fp4 recipes) keep quantized weights this tool "
-    "does not count; --fp8-format with --fp8-recipe is modelled, drop this argument to see it"
+    "Transformer Engine's fp4 parameters and recipes (and mxfp8 parameters in the grad buffer) "
+    "keep quantized weights this tool does not count; --fp8-format with --fp8-recipe and "
+    "--fp8-param-gather are modelled"
 )
 _FP8_PART = (
     "fp8 for only part of the model (16-bit weight gradients, 16-bit first/last layers, fp8 "
@@ -42,7 +43,6 @@ _QUANTIZERS = "ModelOpt's quantizers (fake-quantized weights and inputs) are not
 _FROZEN = "frozen parameters hold no gradients or optimizer state, which this tool does not model"
 
 REFUSED: dict[str, Refusal] = {
-    "--fp8-param-gather": Refusal("training", _FP8),
     "--fp4-format": Refusal("training", _FP8),
     "--fp4-param-gather": Refusal("training", _FP8),
     "--reuse-grad-buf-for-mxfp8-param-ag": Refusal("training", _FP8),

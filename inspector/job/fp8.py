@@ -19,6 +19,14 @@ FP8_FORMATS = ("e4m3", "hybrid")
 FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
 DEFAULT_RECIPE = "delayed"  # TransformerConfig.fp8_recipe
 DEFAULT_AMAX_HISTORY_LEN = 1  # TransformerConfig.fp8_amax_history_len
+# --fp8-param-gather: the recipes whose weights Transformer Engine keeps as a Float8Tensor
+# (world/te/float8_tensor.py); the others' tensor classes (TE pytorch/tensor/) are not simulated
+PARAM_GATHER_RECIPES = ("delayed", "tensorwise")
+_PARAM_CLASSES = {
+    "blockwise": "Float8BlockwiseQTensor (float8_blockwise_tensor.py)",
+    "mxfp8": "MXFP8Tensor (mxfp8_tensor.py), outside megatron's param buffer "
+    "(param_and_grad_buffer.py shares the grad buffer for their all-gather)",
+}
 
 
 def validate_fp8(
@@ -26,6 +34,7 @@ def validate_fp8(
     recipe: str,
     amax_history_len: int,
     transformer_impl: str,
+    param_gather: bool = False,
 ) -> None:
     """Raise ConfigError for fp8 settings megatron rejects or this tool cannot build as described."""
     if fp8_format is None:
@@ -54,10 +63,25 @@ def validate_fp8(
             "Transformer Engine's layers compute in fp8 (megatron-core's local layers ignore it "
             "and would train in 16 bits)"
         )
+    if param_gather and recipe not in PARAM_GATHER_RECIPES:
+        raise ConfigError(
+            f"--fp8-param-gather with --fp8-recipe {recipe} is not modelled: Transformer Engine "
+            f"then keeps its weights as {_PARAM_CLASSES[recipe]}, which this tool does not "
+            f"simulate; fp8 parameters are modelled with --fp8-recipe "
+            f"{' or '.join(PARAM_GATHER_RECIPES)} (Float8Tensor)"
+        )
 
 
-def fp8_fields(fp8_format: str | None, recipe: str, amax_history_len: int) -> dict[str, Any]:
-    """Return TransformerConfig's fp8 fields as core_transformer_config_from_args copies them."""
+def fp8_fields(
+    fp8_format: str | None, recipe: str, amax_history_len: int, param_gather: bool = False
+) -> dict[str, Any]:
+    """Return TransformerConfig's fp8 fields as core_transformer_config_from_args copies them
+    (Megatron-LM argument_utils.py: `fp8_param = args.fp8_param_gather`)."""
     if fp8_format is None:
         return {}
-    return dict(fp8=fp8_format, fp8_recipe=recipe, fp8_amax_history_len=amax_history_len)
+    fields: dict[str, Any] = dict(
+        fp8=fp8_format, fp8_recipe=recipe, fp8_amax_history_len=amax_history_len
+    )
+    if param_gather:
+        fields["fp8_param"] = True
+    return fields

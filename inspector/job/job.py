@@ -218,6 +218,7 @@ def _megatron_training_rules(args: Mapping[str, Any], values: dict[str, Any]) ->
         raise ConfigError(
             "--optimizer sgd is not modelled: optimizer state is counted for Adam (two fp32 moments)"
         )
+    _check_fp8_param_gather(args)
     if args.get("overlap_param_gather"):
         if not (args.get("use_distributed_optimizer") or args.get("use_megatron_fsdp")):
             raise ConfigError(
@@ -230,6 +231,32 @@ def _megatron_training_rules(args: Mapping[str, Any], values: dict[str, Any]) ->
                 "--overlap-param-gather needs --overlap-grad-reduce (Megatron-LM: \"Must use "
                 "--overlap-param-gather with --overlap-grad-reduce\")"
             )
+
+
+def _check_fp8_param_gather(args: Mapping[str, Any]) -> None:
+    """Reject --fp8-param-gather where Megatron-LM does (validate_args, megatron-core's
+    TransformerConfig), and under Megatron-FSDP and FSDP2, which this tool does not model with it
+    (a launch script's FSDP2 has it turned off already, as validate_args does)."""
+    if not args.get("fp8_param_gather"):
+        return
+    if not args.get("fp8_format"):
+        raise ConfigError(
+            "--fp8-param-gather needs --fp8-format (megatron-core's TransformerConfig: "
+            "'fp8_param must be used together with fp8 mode.')"
+        )
+    if args.get("use_megatron_fsdp") or args.get("use_torch_fsdp2"):
+        flag = "--use-megatron-fsdp" if args.get("use_megatron_fsdp") else "--use-torch-fsdp2"
+        raise ConfigError(
+            f"--fp8-param-gather with {flag} is not modelled: FSDP keeps fp8 weights in its "
+            "own sharded buffers (Megatron-LM turns it off under FSDP2 with Transformer Engine "
+            "2.0 or later); it is modelled with --use-distributed-optimizer"
+        )
+    if not args.get("use_distributed_optimizer"):
+        raise ConfigError(
+            "--fp8-param-gather needs --use-distributed-optimizer (Megatron-LM's validate_args: "
+            "'--fp8-param-gather only supported with distributed optimizer, torch fsdp2, "
+            "megatron fsdp, or inference mode')"
+        )
 
 
 def _flash_attention(args: Mapping[str, Any]) -> bool:

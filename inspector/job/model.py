@@ -52,6 +52,7 @@ class ModelConfig:
     fp8_format: str | None = None
     fp8_recipe: str = fp8.DEFAULT_RECIPE
     fp8_amax_history_len: int = fp8.DEFAULT_AMAX_HISTORY_LEN
+    fp8_param_gather: bool = False  # TE's fp8 parameters (TransformerConfig.fp8_param)
     # None: simulate apex where megatron can use it (LayerNorm models); see docs/how-it-works.md, "apex".
     apex: bool | None = None
     # Multi-latent attention (None: Megatron-LM's default, see `mla_args`).
@@ -159,7 +160,11 @@ class ModelConfig:
         )
         if self.swiglu:
             fields["gated_linear_unit"] = True
-        fields.update(fp8.fp8_fields(self.fp8_format, self.fp8_recipe, self.fp8_amax_history_len))
+        fields.update(
+            fp8.fp8_fields(
+                self.fp8_format, self.fp8_recipe, self.fp8_amax_history_len, self.fp8_param_gather
+            )
+        )
         fields.update(self._moe_fields())
         if self.mtp_num_layers is not None:
             fields["mtp_num_layers"] = self.mtp_num_layers

@@ -30,7 +30,7 @@ def buffer_groups(runs: Sequence[Run]) -> tuple[Group, ...]:
     """Return the runs of each buffer: one per (expert, dtype), dense buffers first."""
     grouped: dict[tuple[bool, Any], list[Run]] = {}
     for run in runs:
-        grouped.setdefault((run[0].expert, run[0].dtype), []).append(run)
+        grouped.setdefault((run[0].expert, run[0].buffer_dtype), []).append(run)
     return tuple(
         (key, joined([members])) for key, members in sorted(grouped.items(), key=lambda kv: kv[0][0])
     )
@@ -84,7 +84,7 @@ def place(
 
 def buffer_layout(
     spans: Spans, buckets: Buckets, expert: bool, dtype: Any, grad_dtype: Any,
-    distributed: bool, dp: int,
+    distributed: bool, dp: int, kept: int = 0,
 ) -> BufferLayout:
     """Return one placed buffer as a BufferLayout, each rank's optimizer shard counted."""
     numel = buckets[-1][1]
@@ -104,6 +104,7 @@ def buffer_layout(
         numel_unpadded=sum(b[2] for b in buckets),
         buckets=tuple(BucketLayout(o, e - o, u) for o, e, u in buckets),
         owned_numel=owned,
+        kept=kept,
     )
 
 

@@ -207,13 +207,14 @@ def _add_output(
 
 def with_state(
     work: StageTime, lay: Layout, net: Network, dp_bytes: tuple[int, int], state_bytes: int,
-    sharding: bool | str, step: OptimizerStep,
+    sharding: bool | str, step: OptimizerStep, grad_bytes: int | None = None,
 ) -> StageTime:
     """Return `work` with the rank's exposed data-parallel and optimizer time for its state.
 
     `dp_bytes`: the rank's (gradient, weight) bytes; `state_bytes`: those plus its optimizer state;
     `sharding`: the distributed optimizer on or off, or a Megatron-FSDP strategy;
-    `step`: the optimizer's set-up (its `grad_bytes` is read from `dp_bytes` here).
+    `step`: the optimizer's set-up (its `grad_bytes` is read from `dp_bytes` here, unless
+    `grad_bytes` gives it: with fp8 parameters the weights are not all of one element size).
     """
     compute = work.compute
     grads, params = dp_bytes
@@ -229,7 +230,7 @@ def with_state(
         data = max(0.0, rs - backward) + max(0.0, ag - compute / 3)
     else:
         data = max(0.0, _collective(2, grads, 1, d, dp_link) - backward)
-    optimizer = optimizer_seconds(net, dp_bytes, state_bytes, step)
+    optimizer = optimizer_seconds(net, dp_bytes, state_bytes, step, grad_bytes)
     return StageTime(
         work.compute, work.tensor, work.context, work.expert, work.p2p, data, optimizer, fsdp
     )
@@ -264,13 +265,15 @@ def fsdp_seconds(
 
 
 def optimizer_seconds(
-    net: Network, dp_bytes: tuple[int, int], state_bytes: int, step: OptimizerStep
+    net: Network, dp_bytes: tuple[int, int], state_bytes: int, step: OptimizerStep,
+    grad_bytes: int | None = None,
 ) -> float:
     """Return the rank's optimizer step: formulas/optimizer.py's passes over the elements it
     updates (its optimizer bytes over the state an element keeps), on the network's GPU."""
     grads, params = dp_bytes
     updated = (state_bytes - grads - params) // step.state_per_element
-    grad_bytes = grads * step.param_bytes // params if params else step.grad_bytes
+    if grad_bytes is None:
+        grad_bytes = grads * step.param_bytes // params if params else step.grad_bytes
     ops = optimizer_ops(updated, replace(step, grad_bytes=grad_bytes))
     return ops_seconds(ops, device_of(net.gpu))
 

@@ -57,7 +57,7 @@ def fsdp_stage_state(
         bucket = max(40_000_000, 1_000_000 * lay.dp * lay.cp)
         first = min(sum(groups[0]), 2 * bucket)
         gathered = max([first, *(sum(each) for each in groups[1:])]) * gsize
-    return FsdpState(totals[0], totals[1], totals[2], gathered)
+    return FsdpState(totals[0], totals[1], totals[2], gathered=gathered)
 
 
 def _bytes(strategy: str, numel: int, d: int, psize: int, gsize: int) -> tuple[int, int, int]:

@@ -62,7 +62,10 @@ def _chunk_buffers(
             buckets = [(0, pad(end, math.lcm(dp, 128)) if distributed else end, end)]
         else:
             spans, buckets = place(runs, distributed, dp, bucket_size)
-        buffers.append(buffer_layout(spans, buckets, expert, dtype, grad_dtype, distributed, dp))
+        kept = sum(param.kept * count for param, count in runs)
+        buffers.append(
+            buffer_layout(spans, buckets, expert, dtype, grad_dtype, distributed, dp, kept)
+        )
     return tuple(buffers)
 
 

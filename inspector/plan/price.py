@@ -46,6 +46,8 @@ class StagePlan:
     activations: int
     in_flight: tuple[int, ...]
     gathered: int = 0  # FSDP's gathered parameters and unsharded gradients (report/fsdp.py)
+    kept: int = 0  # of the weights, Transformer Engine's transposes of fp8 parameters
+    elements: int = 0  # the rank's grad buffer elements (0: not counted, FSDP)
 
     @property
     def total(self) -> int:
@@ -281,7 +283,8 @@ def price_memory(job: Job, split: Split) -> tuple[Placed, tuple[StagePlan, ...]]
             )
         act, flight = acts[key]
         stages.append(StagePlan(s, layers, state.total, state.weights, state.gradients,
-                                state.optimizer, act, flight, getattr(state, "gathered", 0)))
+                                state.optimizer, act, flight, getattr(state, "gathered", 0),
+                                getattr(state, "kept", 0), getattr(state, "elements", 0)))
     return stages_of.placed, tuple(stages)
 
 
@@ -312,11 +315,14 @@ def timed(
                 dims, lay, net, req.efficiency, mbs, granularity, placed[st.stage], has_output,
                 method, n, training.recompute_modules,
             )
-        key = (*work, st.gradients, st.weights, st.state, step_setup)
+        key = (*work, st.gradients, st.weights, st.kept, st.elements, st.state, step_setup)
         if key not in scope:
+            # the all-gather moves the param buffers (fp8 ones 1 byte an element), not TE's
+            # transposes; an element's gradient bytes from the buffers
+            grad_bytes = st.gradients // st.elements if st.elements else None
             scope[key] = with_state(
-                scope[work], lay, net, (st.gradients, st.weights), st.state, distributed,
-                step_setup,
+                scope[work], lay, net, (st.gradients, st.weights - st.kept), st.state - st.kept,
+                distributed, step_setup, grad_bytes,
             )
         times.append(scope[key])
     step = step_time(times, schedule.num_microbatches, lay.chunks)

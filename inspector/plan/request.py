@@ -118,6 +118,11 @@ def make_request(args: dict[str, Any], flags: PlanFlags) -> Request:
     gpu = _plan_gpu(flags)
     fixed = {short: args[name] for name, short in FIXED.items() if args.get(name) is not None}
     fixed.update(pinned(args))
+    if args.get("fp8_param_gather") and args.get("use_distributed_optimizer") is None:
+        # Megatron-LM gathers fp8 parameters only through a sharding optimizer: the plan keeps the
+        # distributed optimizer on (with dp 1 too, where it shards nothing)
+        fixed["distopt"] = True
+        args = {**args, "use_distributed_optimizer": True}
     asked = make_training(args)  # Megatron-LM's rules for the flags a plan keeps as given
     _check_recompute_modules(asked.recompute_modules)
     training = Training(

@@ -24,6 +24,8 @@ def _model(label: str | None, model: ModelConfig) -> str:
     precision = PRECISION[model.dtype_name]
     if model.fp8_format is not None:
         precision += f" with fp8 {model.fp8_format} ({model.fp8_recipe} scaling)"
+        if model.fp8_param_gather:
+            precision += " and fp8 parameters"
     return f"{label or DEFAULT_MODEL} ({sizes}), {precision}, sequence {model.seq_length}"
 
 

@@ -131,8 +131,11 @@ def _context(report: MemoryReport) -> list[str]:
     recompute: str = t.recompute
     if recompute == "selective" and t.recompute_modules != ("core_attn",):
         recompute += f" ({', '.join(t.recompute_modules)})"  # megatron's default goes unsaid
+    params = f"{model.dtype_name} parameters"
+    if model.fp8_param_gather:  # Transformer Engine's linear weights (report: fp8 parameters)
+        params += " (Transformer Engine's linear weights in fp8)"
     lines = [  # the batch and sequence are on the job line above (render/job.py)
-        f"Precision: {model.dtype_name} parameters, {optimizer}; "
+        f"Precision: {params}, {optimizer}; "
         f"recompute {recompute}, flash attention {'on' if t.flash_attention else 'off'}.",
     ]
     gathered = max(s.in_flight for s in report.stages)

@@ -73,6 +73,9 @@ class StateBytes:
     weights: int
     gradients: int
     optimizer: int
+    # of the weights, what Transformer Engine keeps beside fp8 parameters (never gathered)
+    kept: int = 0
+    elements: int = 0  # the buffers' elements (padding included); 0 where not counted
 
     @property
     def total(self) -> int:
@@ -227,12 +230,13 @@ def state_bytes(
     """
     weights = gradients = optimizer = 0
     for buffer in buffers:
-        weights += buffer.numel * buffer.param_dtype.itemsize
+        weights += buffer.numel * buffer.param_dtype.itemsize + buffer.kept
         gradients += buffer.numel * buffer.grad_dtype.itemsize
         index = expert_index if buffer.expert else dense_index
         updated = buffer.owned_numel[index] if distributed else buffer.numel
         optimizer += updated * optimizer_bytes_per_element(buffer)
-    return StateBytes(weights, gradients, optimizer)
+    kept = sum(buffer.kept for buffer in buffers)
+    return StateBytes(weights, gradients, optimizer, kept, sum(b.numel for b in buffers))
 
 
 def measure(built: BuiltJob, hardware: Hardware) -> MemoryReport:

@@ -28,6 +28,7 @@ from inspector.world.shards import (
     owned_numel,
     resolve_bucket_size,
 )
+from inspector.world.te.float8_tensor import kept_bytes
 
 
 class StandInGroup:
@@ -86,6 +87,8 @@ def cuda_current_device_on_meta() -> Iterator[None]:
 def _params_left_untouched(model: torch.nn.Module) -> Iterator[None]:
     """Undo what megatron's DDP does to the parameters (re-pointed .data, main_grad)."""
     saved = {p: p.data for p in model.parameters()}
+    # an fp8 parameter's bytes are its `_data`, which DDP re-points (TE's replace_raw_data)
+    raw = {p: p._data for p in model.parameters() if hasattr(p, "_data")}
     try:
         yield
     finally:
@@ -94,6 +97,8 @@ def _params_left_untouched(model: torch.nn.Module) -> Iterator[None]:
             for attr in ("main_grad", "grad_added_to_main_grad"):
                 if hasattr(param, attr):
                     delattr(param, attr)
+        for param, data in raw.items():
+            param._data = data
 
 
 @contextmanager
@@ -232,6 +237,7 @@ def _layout_buffer(
         owned_numel=(
             owned_numel(shards, dp_size) if sharded else (buffer.numel_unpadded,) * dp_size
         ),
+        kept=sum(kept_bytes(param) for param in buffer.param_index_map),
     )
     return layout, shards
 

@@ -27,6 +27,18 @@ class Param:
     dtype: Any  # torch.dtype
     expert: bool  # allreduce=False: an expert-parallel buffer
     shared_embedding: bool
+    fp8: bool = False  # a Transformer Engine fp8 parameter (--fp8-param-gather)
+    kept: int = 0  # bytes Transformer Engine keeps beside it (te/float8_tensor.py kept_bytes)
+
+    @property
+    def buffer_dtype(self) -> Any:
+        """Return the dtype of DDP's param buffer holding it: uint8 for an fp8 parameter
+        (distributed_data_parallel.py: "it is necessary to use torch.uint8, not the fake dtype")."""
+        if not self.fp8:
+            return self.dtype
+        import torch
+
+        return torch.uint8
 
 
 Named = tuple[tuple[str, Param], ...]  # megatron's parameter names, and their Params, in order
@@ -119,13 +131,18 @@ def _grad_dtype(param_dtype: Any, fp32_grads: bool | None) -> Any:
 
 def _params_of(module: Any) -> list[tuple[str, Param]]:
     """Return (name, Param) for every parameter with a gradient, in named_parameters() order."""
+    from megatron.core.fp8_utils import is_float8tensor
+
+    from inspector.world.te.float8_tensor import kept_bytes
+
     out = []
     for name, p in module.named_parameters():
         if not p.requires_grad:
             continue
         expert = not getattr(p, "allreduce", True)
         shared = bool(getattr(p, "shared_embedding", False))
-        out.append((name, Param(p.numel(), p.dtype, expert, shared)))
+        fp8 = is_float8tensor(p)
+        out.append((name, Param(p.numel(), p.dtype, expert, shared, fp8, kept_bytes(p))))
     return out
 
 

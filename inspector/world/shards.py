@@ -107,6 +107,9 @@ class BufferLayout:
     numel_unpadded: int
     buckets: tuple[BucketLayout, ...]
     owned_numel: tuple[int, ...]
+    # bytes Transformer Engine keeps beside the buffer's fp8 parameters (transposes, scales;
+    # te/float8_tensor.py), on every rank: 0 without --fp8-param-gather
+    kept: int = 0
 
     @property
     def shard_numel(self) -> int:

@@ -11,7 +11,11 @@ from typing import Any
 
 import torch
 
-from inspector.world.te.state import FP8GlobalStateManager
+from inspector.world.te.state import FP8GlobalStateManager, recipe_name
+
+# TE's tex.FP8FwdTensors.GEMM1_WEIGHT: the fp8_meta_index TE registers a GEMM weight with
+# (linear.py 1205, layernorm_linear.py; grouped_linear.py adds 3 per GEMM)
+FP8_WEIGHT_INDEX = 1
 
 # TE's GemmParallelModes (pytorch/constants.py): the values `parallel_mode` may take.
 GEMM_PARALLEL_MODES = ("row", "column", None)
@@ -116,11 +120,24 @@ class TransformerEngineBaseModule(torch.nn.Module):
             self.param_init_meta[name] = kwargs
 
     def reset_parameters(self, defer_init: bool | None = False) -> None:
-        """Do what TE's base reset does to shapes and names: nothing (base.py 1210-1240).
+        """Do what TE's base reset does to shapes and names (base.py 1210-1300).
 
-        TE materialises and initialises values here; on meta there are none, and the
-        parallel attributes are set by each subclass after this call, as in TE.
+        TE materialises and initialises values here; on meta there are none. Under
+        `quantized_model_init` each GEMM weight (one registered with an `fp8_meta_index`)
+        becomes a Float8Tensor parameter (float8_tensor.py). The parallel attributes are set
+        by each subclass after this call, as in TE.
         """
+        if defer_init or not self.primary_weights_in_fp8:
+            return
+        from inspector.world.te.float8_tensor import quantize_weight
+
+        recipe = recipe_name(FP8GlobalStateManager.get_fp8_recipe())
+        for name, param in list(self.named_parameters(recurse=False)):
+            if self.param_init_meta[name].get("fp8_meta_index") is None:
+                continue
+            preserve = bool(self.__dict__["preserve_high_precision_init_val"])
+            quantized: Any = quantize_weight(param, recipe, preserve)
+            torch.nn.Module.register_parameter(self, name, quantized)
 
     def set_tensor_parallel_group(self, tp_group: Any) -> None:
         """Set the tensor-parallel group (base.py 946-958)."""

@@ -21,6 +21,7 @@ from inspector.world.te import (
     _base,
     attention,
     attention_functions,
+    float8_tensor,
     fp8_functions,
     grouped_linear,
     linear,
@@ -42,6 +43,7 @@ _FP8 = {
     "FP8GlobalStateManager": state.FP8GlobalStateManager,
     "fp8_autocast": state.fp8_autocast,
     "fp8_model_init": state.fp8_model_init,
+    "quantized_model_init": state.quantized_model_init,
     **{name: getattr(state, name) for name in _RECIPES},
 }
 _MODULES = {
@@ -62,7 +64,8 @@ _LAYOUT: dict[str, tuple[bool, dict[str, Any]]] = {
     ".common.recipe": (False, {name: getattr(state, name) for name in _RECIPES}),
     ".pytorch": (
         True,
-        {**_MODULES, "fp8_autocast": state.fp8_autocast, "fp8_model_init": state.fp8_model_init},
+        {**_MODULES, "fp8_autocast": state.fp8_autocast, "fp8_model_init": state.fp8_model_init,
+         "quantized_model_init": state.quantized_model_init},
     ),
     ".pytorch.fp8": (False, _FP8),
     ".pytorch.quantization": (False, _FP8),
@@ -85,6 +88,15 @@ _LAYOUT: dict[str, tuple[bool, dict[str, Any]]] = {
         },
     ),
     ".pytorch.tensor": (True, {"QuantizedTensor": state.QuantizedTensor}),
+    ".pytorch.tensor.float8_tensor": (False, {"Float8Tensor": float8_tensor.Float8Tensor}),
+    ".pytorch.tensor.utils": (
+        False,
+        {
+            "replace_raw_data": float8_tensor.replace_raw_data,
+            "cast_master_weights_to_fp8": float8_tensor.cast_master_weights_to_fp8,
+            "post_all_gather_processing": float8_tensor.post_all_gather_processing,
+        },
+    ),
     ".pytorch.attention": (True, {"DotProductAttention": attention.DotProductAttention}),
     ".pytorch.attention.rope": (
         False,

@@ -12,6 +12,7 @@ import torch
 
 from inspector.world.te import fp8_functions, functions, quantize
 from inspector.world.te._base import (
+    FP8_WEIGHT_INDEX,
     GEMM_PARALLEL_MODES,
     TransformerEngineBaseModule,
     divide,
@@ -20,7 +21,8 @@ from inspector.world.te._base import (
     set_tensor_model_parallel_attributes,
     world_size,
 )
-from inspector.world.te.linear import contiguous_input, fp8_recipe_name
+from inspector.world.te.float8_tensor import Float8Tensor
+from inspector.world.te.linear import contiguous_input, fp8_param_operand, fp8_recipe_name
 from inspector.world.te.state import FP8GlobalStateManager
 
 
@@ -98,6 +100,7 @@ class GroupedLinear(TransformerEngineBaseModule):
                 torch.nn.Parameter(empty(self.out_features, self.in_features, dtype=params_dtype)),
                 init_fn=init_method,
                 get_rng_state_tracker=get_rng_state_tracker,
+                fp8_meta_index=FP8_WEIGHT_INDEX + 3 * i,  # grouped_linear.py: 3 fwd tensors per GEMM
             )
             if self.use_bias:
                 self.register_parameter(
@@ -119,6 +122,9 @@ class GroupedLinear(TransformerEngineBaseModule):
         cache: dict[str, quantize.Quantized] = self.__dict__.setdefault("_fp8_workspaces", {})
         out = []
         for i, weight in enumerate(weights):
+            if isinstance(weight, Float8Tensor):
+                out.append(fp8_param_operand(weight, inp.requires_grad))
+                continue
             workspace = cache.get(f"weight{i}")
             if workspace is None or is_first_microbatch is None or (
                 inp.requires_grad and not workspace.columnwise

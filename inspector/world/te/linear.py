@@ -12,6 +12,7 @@ import torch
 
 from inspector.world.te import fp8_functions, functions, quantize
 from inspector.world.te._base import (
+    FP8_WEIGHT_INDEX,
     GEMM_PARALLEL_MODES,
     TransformerEngineBaseModule,
     divide,
@@ -20,7 +21,8 @@ from inspector.world.te._base import (
     set_tensor_model_parallel_attributes,
     world_size,
 )
-from inspector.world.te.state import FP8GlobalStateManager
+from inspector.world.te.float8_tensor import Float8Tensor
+from inspector.world.te.state import FP8GlobalStateManager, recipe_name
 
 
 def fp8_recipe_name() -> str | None:
@@ -28,12 +30,19 @@ def fp8_recipe_name() -> str | None:
     `init_fp8_metadata`: `self.fp8 = FP8GlobalStateManager.is_fp8_enabled()`)."""
     if not FP8GlobalStateManager.is_fp8_enabled():
         return None
-    recipe = FP8GlobalStateManager.get_fp8_recipe()
-    for name, test in (("delayed", recipe.delayed), ("tensorwise", recipe.float8_current_scaling),
-                       ("blockwise", recipe.float8_block_scaling), ("mxfp8", recipe.mxfp8)):  # fmt: skip
-        if test():
-            return name
-    raise NotImplementedError(f"Transformer Engine's {type(recipe).__name__} is not simulated")
+    return recipe_name(FP8GlobalStateManager.get_fp8_recipe())
+
+
+def fp8_param_operand(weight: Float8Tensor, columnwise: bool) -> quantize.Quantized:
+    """Return an fp8 parameter as the GEMM's weight: TE uses it as it is, no workspace
+    (linear.py 252-278: `get_weight_workspace` returns the quantized weight itself). Its
+    transpose, kept on the parameter, is made here where backward needs it if missing (TE makes
+    it in backward, linear.py 695 `update_usage(columnwise_usage=True)`; with megatron-core 0.16
+    it is never missing: post_all_gather_processing remakes it)."""
+    weight.update_usage(rowwise_usage=True, columnwise_usage=columnwise)
+    rows, cols = weight.shape
+    transpose = (weight._transpose,) if columnwise and weight._transpose is not None else ()
+    return quantize.Quantized(rows, cols, (weight._data,), transpose, (weight._scale_inv,))
 
 
 class _ParallelLinear(TransformerEngineBaseModule):
@@ -78,6 +87,7 @@ class _ParallelLinear(TransformerEngineBaseModule):
             torch.nn.Parameter(empty(self.out_features, self.in_features, dtype=params_dtype)),
             init_fn=init_method,
             get_rng_state_tracker=get_rng_state_tracker,
+            fp8_meta_index=FP8_WEIGHT_INDEX,
         )
         if self.use_bias:
             self.register_parameter(
@@ -128,6 +138,8 @@ class _ParallelLinear(TransformerEngineBaseModule):
             history = getattr(FP8GlobalStateManager.get_fp8_recipe(), "amax_history_len", 1)
             self.__dict__["fp8_recipe_state"] = quantize.recipe_state(recipe, 1, history)
             self.__dict__["fp8_meta_tensors_initialized"] = True
+        if isinstance(weight, Float8Tensor):
+            return fp8_param_operand(weight, inp.requires_grad)
         cache: dict[str, quantize.Quantized] = self.__dict__.setdefault("_fp8_workspaces", {})
         workspace = cache.get("weight")
         # linear.py 256-263: column-wise data where backward needs dgrad, also in the no-grad

@@ -1,7 +1,8 @@
 """The stand-in's global state and helpers: fp8 state manager, recipes, RNG tracker, stubs.
 
 Mirrors transformer_engine 2.11.0: `pytorch/quantization.py` (FP8GlobalStateManager 234-460,
-`fp8_model_init` 672, `fp8_autocast` 766), `common/recipe/__init__.py` (Format 23, Recipe 86,
+`fp8_model_init` 672, `quantized_model_init`, `fp8_autocast` 766),
+`common/recipe/__init__.py` (Format 23, Recipe 86,
 DelayedScaling 121-222 and the other recipes), `pytorch/distributed.py` (CudaRNGStatesTracker
 776-886). Only what megatron-core touches while importing, building and running; `fp8_autocast`
 sets the global state TE's modules read (world/te/quantize.py holds what fp8 allocates).
@@ -133,6 +134,15 @@ class CustomRecipe(Recipe):
     fp8_mha: bool = False
 
 
+def recipe_name(recipe: Recipe) -> str:
+    """Return the name --fp8-recipe gives `recipe` (megatron fp8_utils.py `get_fp8_recipe`)."""
+    for name, test in (("delayed", recipe.delayed), ("tensorwise", recipe.float8_current_scaling),
+                       ("blockwise", recipe.float8_block_scaling), ("mxfp8", recipe.mxfp8)):  # fmt: skip
+        if test():
+            return name
+    raise NotImplementedError(f"Transformer Engine's {type(recipe).__name__} is not simulated")
+
+
 class FP8GlobalStateManager:
     """TE's global fp8 state (quantization.py 234-460): set by `fp8_autocast`, read by modules."""
 
@@ -240,11 +250,29 @@ def checkpoint(function: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 @contextlib.contextmanager
-def fp8_model_init(enabled: bool = True, *args: Any, **kwargs: Any) -> Iterator[None]:
-    """TE's fp8 parameter context (quantization.py 672); fp8 parameters are not simulated."""
-    if enabled:
-        raise NotImplementedError("fp8 parameters are not simulated")
-    yield
+def quantized_model_init(
+    enabled: bool = True, recipe: Recipe | None = None, preserve_high_precision_init_val: bool = False
+) -> Iterator[None]:
+    """TE's fp8 parameter context (quantization.py `quantized_model_init`, v2.11): the modules
+    built inside keep their GEMM weights quantized (float8_tensor.py here); restored on exit."""
+    cls = FP8GlobalStateManager
+    saved = (cls.FP8_PARAMETERS, cls.FP8_RECIPE, cls.HIGH_PRECISION_INIT_VAL)
+    cls.FP8_PARAMETERS = enabled
+    cls.FP8_RECIPE = DelayedScaling() if recipe is None else recipe
+    cls.HIGH_PRECISION_INIT_VAL = preserve_high_precision_init_val
+    try:
+        yield
+    finally:
+        cls.FP8_PARAMETERS, cls.FP8_RECIPE, cls.HIGH_PRECISION_INIT_VAL = saved
+
+
+@contextlib.contextmanager
+def fp8_model_init(
+    enabled: bool = True, recipe: Recipe | None = None, preserve_high_precision_init_val: bool = False
+) -> Iterator[None]:
+    """TE's deprecated name for `quantized_model_init` (quantization.py 672-700, v2.11)."""
+    with quantized_model_init(enabled, recipe, preserve_high_precision_init_val):
+        yield
 
 
 @contextlib.contextmanager
@@ -296,9 +324,10 @@ def get_all_rng_states() -> dict[str, Any]:
 
 
 class QuantizedTensor(torch.Tensor):
-    """Base of TE's quantized tensors (pytorch/tensor/quantized_tensor.py); never instantiated.
+    """Base of TE's quantized tensors (pytorch/tensor/quantized_tensor.py).
 
-    megatron only tests `isinstance(param, QuantizedTensor)`, which is always False here.
+    megatron tests `isinstance(param, QuantizedTensor)` (fp8_utils.py `is_float8tensor`): only
+    fp8 parameters (float8_tensor.py, under `quantized_model_init`) are one here.
     """
 
 

@@ -1,0 +1,176 @@
+"""fp8 parameters: TE's `Float8Tensor` as a weight, and the helpers megatron calls on it (TE 2.11).
+
+Under `quantized_model_init` (`fp8_model_init`, quantization.py 672-720) TE's modules quantize
+each GEMM weight in `reset_parameters` (module/base.py 1210-1300): the weight quantizer, with
+usage row-wise and column-wise (`torch.is_grad_enabled()` at build), turns the bf16 weight into a
+`Float8Tensor` parameter (pytorch/tensor/float8_tensor.py, `Float8Quantizer.make_empty` 111-150
+for delayed scaling, `Float8CurrentScalingQuantizer` for tensorwise), which holds:
+- `_data`: uint8 [out, in], the row-wise fp8 values (megatron's DDP later points it into its
+  uint8 param buffer, `replace_raw_data`);
+- `_transpose`: uint8 [in, out], the column-wise copy Hopper's TN-only fp8 GEMMs read
+  (`is_non_tn_fp8_gemm_supported()` is False before Blackwell), kept beside the parameter;
+- `_scale_inv`: fp32 [1].
+Its nominal dtype stays the 16-bit one (TE's "fake dtype"), so megatron's DistributedOptimizer
+sees a bf16 parameter whose fp32 main copy it makes. With `preserve_high_precision_init_val` the
+bf16 initial values are kept on the host until the optimizer has made its main copy.
+
+The stand-in is a plain tensor subclass on meta (subclass propagation off): megatron only tests
+`isinstance(param, QuantizedTensor)` and calls the helpers below. `pytorch/tensor/utils.py`
+(replace_raw_data 25-50, cast_master_weights_to_fp8 54-155 with the delayed 158-240 and current
+scaling 243-350 paths, post_all_gather_processing 602-624) allocate what TE allocates.
+Block-scaled and MXFP8 parameters (`Float8BlockwiseQTensor`, `MXFP8Tensor`) are not simulated.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import torch
+
+from inspector.world.te.state import QuantizedTensor
+
+PARAM_RECIPES = ("delayed", "tensorwise")  # the recipes whose weights are Float8Tensors
+
+
+class Float8Tensor(QuantizedTensor):
+    """A TE Float8Tensor parameter: nominally 16-bit, its bytes in `_data`, `_transpose`,
+    `_scale_inv` (float8_tensor.py)."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]  # plain results
+
+    _data: torch.Tensor
+    _transpose: torch.Tensor | None
+    _scale_inv: torch.Tensor
+    _recipe: str
+    _high_precision_init_val: torch.Tensor | None
+    _is_param: bool
+
+    def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Return the values in `dtype` (default the nominal one): a new tensor."""
+        return torch.empty(self.shape, dtype=dtype or self.dtype, device=self.device)
+
+    def _get_quantizer(self) -> str:
+        return self._recipe
+
+    def _create_transpose(self) -> None:
+        """float8_tensor.py `_create_transpose`: `tex.fp8_transpose(data, out=self._transpose)`,
+        into the kept transpose when there is one."""
+        if self._transpose is None:
+            self._transpose = torch.empty(
+                (self.shape[1], self.shape[0]), dtype=torch.uint8, device=self._data.device
+            )
+
+    def _reset_caches(self) -> None:
+        """float8_tensor.py `_reset_caches`: forget the transpose."""
+        self._transpose = None
+
+    def update_usage(self, rowwise_usage: bool | None = None,
+                     columnwise_usage: bool | None = None) -> None:  # fmt: skip
+        """float8_tensor.py `update_usage`: make the transpose where column-wise use needs it."""
+        if columnwise_usage:
+            self._create_transpose()
+
+    def kept_tensors(self) -> tuple[torch.Tensor, ...]:
+        """Return what TE keeps beside the parameter's data: the transpose and the scale."""
+        return tuple(t for t in (self._transpose, self._scale_inv) if t is not None)
+
+
+ALLOCATOR_BLOCK = 512  # c10/cuda/CUDACachingAllocator.cpp kMinBlockSize: each request rounded up
+
+
+def kept_bytes(param: object) -> int:
+    """Return the GPU bytes TE keeps beside an fp8 parameter's data (its transpose and
+    scale_inv, each its own allocation), 0 for any other parameter."""
+    if not isinstance(param, Float8Tensor):
+        return 0
+    block = ALLOCATOR_BLOCK
+    return sum(-(-t.numel() * t.element_size() // block) * block for t in param.kept_tensors())
+
+
+def quantize_weight(param: torch.Tensor, recipe: str, preserve: bool) -> Float8Tensor:
+    """Return `param` as TE's weight quantizer makes it under quantized_model_init (base.py
+    1250-1275): a Float8Tensor parameter with data, transpose (column-wise usage, Hopper) and
+    scale_inv. It is marked a parameter as torch marks a custom tensor (`_is_param`)."""
+    if recipe not in PARAM_RECIPES:
+        raise NotImplementedError(f"fp8 parameters with the {recipe} recipe are not simulated")
+    nominal = torch.empty(param.shape, dtype=param.dtype, device="meta")
+    tensor = torch.Tensor._make_subclass(Float8Tensor, nominal, True)
+    rows, cols = param.shape
+    tensor._data = torch.empty((rows, cols), dtype=torch.uint8, device="meta")
+    tensor._transpose = None
+    tensor._scale_inv = torch.empty((1,), dtype=torch.float32, device="meta")
+    tensor._recipe = recipe
+    tensor._high_precision_init_val = None
+    if preserve:  # base.py 1283-1300: the 16-bit initial values on the host, and two methods
+        tensor._high_precision_init_val = torch.empty(param.shape, dtype=param.dtype, device="meta")
+        for name, method in (("get_high_precision_init_val", _get_init_val),
+                             ("clear_high_precision_init_val", _clear_init_val)):  # fmt: skip
+            setattr(tensor, name, types.MethodType(method, tensor))
+    if torch.is_grad_enabled():  # quantizer.set_usage(columnwise=torch.is_grad_enabled())
+        tensor._create_transpose()
+    tensor._is_param = True  # torch.nn.Parameter of a custom tensor: isinstance holds
+    return tensor
+
+
+def _get_init_val(self: Float8Tensor) -> torch.Tensor | None:
+    return self._high_precision_init_val
+
+
+def _clear_init_val(self: Float8Tensor) -> None:
+    self._high_precision_init_val = None
+
+
+def replace_raw_data(tensor: Any, new_raw_data: torch.Tensor) -> None:
+    """utils.py 25-50: point a Float8Tensor's `_data` at `new_raw_data` (after copying)."""
+    if not isinstance(tensor, Float8Tensor):
+        raise ValueError(f"replace_raw_data for {type(tensor)} is not supported yet")
+    if tensor._data.dtype != new_raw_data.dtype:
+        raise AssertionError("The data types of raw data don't match")
+    new_raw_data.detach().copy_(tensor._data)
+    tensor._data = new_raw_data
+
+
+def cast_master_weights_to_fp8(
+    model_weights: list[Any], master_weights: list[Any], start_offsets: list[Any], group: Any,
+    fsdp_shard_model_weights: Any = None, manual_post_all_gather_processing: bool = False,
+) -> None:  # fmt: skip
+    """utils.py 54-155: cast each rank's fp32 main shard into the fp8 weights' data.
+
+    Allocated as TE allocates: each main shard cast to the weight's 16-bit dtype (kept in the
+    parameter lists until the call returns), an int overflow flag and a packed fp32 amax per
+    weight (and packed scales for delayed scaling), the cast written in place into `_data`;
+    without `manual_post_all_gather_processing` the transposes are dropped (`_reset_caches`).
+    """
+    if fsdp_shard_model_weights is not None:
+        raise NotImplementedError("fp8 parameters under FSDP are not simulated")
+    copies = [  # utils.py 118-127: kept in the per-recipe lists until the call returns
+        None if master is None else master.to(weight.dtype)
+        for weight, master in zip(model_weights, master_weights, strict=True)
+    ]
+    delayed = any(weight._get_quantizer() == "delayed" for weight in model_weights)
+    work: list[torch.Tensor] = []
+    if not delayed:  # current scaling (243-350): overflow flag and packed amaxes first
+        work += [torch.zeros(1, dtype=torch.int, device="cuda"),
+                 torch.zeros(len(model_weights), dtype=torch.float32, device="cuda")]  # fmt: skip
+    for weight, copy, start in zip(model_weights, copies, start_offsets, strict=True):
+        if not manual_post_all_gather_processing:
+            weight._reset_caches()
+        if copy is not None:
+            fragment = weight._data.view(-1)[start : start + copy.numel()]
+            fragment.copy_(copy.view(-1))  # quantizer.update_quantized: in place
+    if delayed:  # delayed scaling (158-240): overflow flag, packed amaxes and scales after
+        work += [torch.zeros(1, dtype=torch.int, device="cuda"),
+                 torch.empty(len(model_weights), dtype=torch.float32, device="cuda"),
+                 torch.empty(len(model_weights), dtype=torch.float32, device="cuda")]  # fmt: skip
+    del copies, work
+
+
+def post_all_gather_processing(model_weights: Any) -> None:
+    """utils.py 602-624: after the all-gather, remake each Float8Tensor's transpose (Hopper)."""
+    weights = model_weights if isinstance(model_weights, list) else [model_weights]
+    for weight in weights:
+        if isinstance(weight, Float8Tensor):
+            weight._create_transpose()
+        elif isinstance(weight, QuantizedTensor):
+            raise ValueError(f"post_processing for {type(weight)} is not supported")
