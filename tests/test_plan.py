@@ -561,3 +561,32 @@ def test_block_step_time_lies_between_none_and_full(vpp: int) -> None:
     times.append(_priced(req, lay, split, "full").time.seconds)
     assert times == sorted(set(times)), times
     assert _priced(req, lay, split, "full", "block", longest).time.seconds == times[-1]
+
+
+def test_when_the_closed_forms_fit_nothing_megatrons_engine_has_the_last_word(monkeypatch) -> None:
+    """The search screens candidates by the closed forms; where megatron's engine runs the job and
+    measures the least-memory candidate within the budget (DeepSeek-V3 with fp8 parameters: 80.8
+    GiB by the closed forms, 78.2 measured), that plan is shown; otherwise the reported least
+    peak is the engine's, as `memory` would print it."""
+    from dataclasses import replace
+
+    import inspector.plan.search as search_module
+
+    req = _block_request(0.5, tensor_model_parallel_size=2, pipeline_model_parallel_size=2,
+                         micro_batch_size=1, recompute_granularity="none")  # fmt: skip
+    real = search_module.measured
+    calls = []
+
+    def engine(plan, under=False):
+        calls.append(plan)
+        out = real(plan)
+        return replace(out, stages=tuple(replace(s, activations=0) for s in out.stages)) if under else out
+
+    monkeypatch.setattr(search_module, "measured", engine)
+    none = search_module.search(req)
+    assert not none.plans and len(calls) == 1
+    assert none.smallest_peak == real(calls[0]).peak  # memory's peak, not the closed forms'
+    budget = max(s.state for s in calls[0].stages) + 1  # what the state alone needs
+    monkeypatch.setattr(search_module, "measured", lambda plan: engine(plan, under=True))
+    shown = search_module.search(replace(req, memory=budget))
+    assert [p.peak for p in shown.plans] == [budget - 1]

@@ -23,7 +23,7 @@ from inspector.errors import ConfigError
 from inspector.job.job import Job
 from inspector.job.layout import Layout
 from inspector.plan.candidates import Recipe, capped_split, first_fit, recipes
-from inspector.plan.confirm import confirmed, measured
+from inspector.plan.confirm import confirmed, engine_runs, measured
 from inspector.plan.layouts import distopts, layout_for, layouts, splits, vpp_choices
 from inspector.plan.price import Plan, price_memory, timed
 from inspector.plan.request import Request
@@ -134,6 +134,13 @@ def search(req: Request, progress: Callable[[int, int], None] | None = None) -> 
     shown = confirmed(feasible, req.memory, req.top)
     if feasible and not shown:  # memory's own peak: every plan the closed forms fit is over
         smallest = measured(feasible[0])
+    elif not feasible and smallest is not None and engine_runs(smallest):
+        # the closed forms fit nothing; megatron's engine may measure less than they estimate
+        # (an fp8-parameter job, say): the least-memory candidate is shown if `memory` fits it,
+        # and otherwise the message quotes `memory`'s peak, not the closed forms'
+        smallest = measured(smallest)
+        if smallest.peak <= req.memory:
+            shown = [smallest]
     return SearchResult(
         shown,
         tally.evaluated,
