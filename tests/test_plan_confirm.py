@@ -44,7 +44,7 @@ SEARCHES = {
 def test_engine_alone_measures_what_memory_measures(name: str) -> None:
     flags, gpus = SEARCHES[name]
     args = merge_sources(Sources(flags=flags), ("model", "layout", "training")).args
-    result = search(make_request(args, PlanFlags(gpus, top=3)))
+    result = search(make_request(args, PlanFlags(gpus, top=2)))
     assert result.plans
     for plan in result.plans:
         assert confirm.engine_runs(plan) and confirm.engine_shapes(plan) is not None
