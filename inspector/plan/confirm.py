@@ -35,14 +35,14 @@ def measured(plan: Plan) -> Plan:
     shapes = engine_shapes(plan)
     if shapes is None:
         return _measured_as_memory(plan)
-    from inspector.engine.memory import Steps, run_memory
-    from inspector.engine.stage import Cache
+    from inspector.engine.memory import StageShapes, run_job
 
-    cache: Cache = {}
-    steps: Steps = {}
+    engine = run_job(plan.job, [StageShapes(s.stage, c) for s, c in zip(plan.stages, shapes, strict=True)])
+    if engine.not_run is not None:  # `memory` answers by the closed forms then
+        return _measured_as_memory(plan)
     stages = []
-    for printed, chunks in zip(plan.stages, shapes, strict=True):
-        run = run_memory(plan.job, printed.stage, chunks, cache, steps=steps)
+    for printed in plan.stages:
+        run = engine.runs[printed.stage]
         stages.append(replace(printed, activations=run.static + run.peak.bytes))
     return replace(plan, stages=tuple(stages))
 
