@@ -159,8 +159,12 @@ def test_engine_matches_every_probed_gpu_rank(records, jobs):
              attention_dropout=0.1),  # uneven, with dropout masks
         dict(num_layers=6, recompute_granularity="full", recompute_method="uniform",
              recompute_num_layers=1, swiglu=True, normalization="RMSNorm"),
+        # Llama 3 405B's split: chunks of the embedding alone and of the loss alone run whole,
+        # beside composed chunks of their stage
+        dict(num_layers=6, num_virtual_stages_per_pipeline_rank=4,
+             account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True),
     ],  # fmt: skip
-    ids=["dense", "vpp", "uneven", "recompute"],
+    ids=["dense", "vpp", "uneven", "recompute", "embedding-alone"],
 )
 def test_composed_stage_equals_every_layer_run(flags):
     """One layer of each kind stands for the rest: event for event, peak and persistent alike."""

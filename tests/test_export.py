@@ -163,10 +163,15 @@ def _kill_at_random_moments(tmp_path: Path, signum: int, write: str, exports: st
             [sys.executable, "-c", WRITER.format(exports=exports, write=write)],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=Path(__file__).parent.parent,
         )  # fmt: skip
-        assert process.stdout is not None and process.stdout.readline() == b"ready\n"
-        time.sleep(rng.uniform(0.0, 0.15))
-        process.send_signal(signum)
-        process.wait(timeout=30)
+        try:
+            assert process.stdout is not None and process.stdout.readline() == b"ready\n"
+            time.sleep(rng.uniform(0.0, 0.15))
+            process.send_signal(signum)
+            process.wait(timeout=30)
+        finally:  # a writer the signal did not stop must not loop on through the rest of the suite
+            if process.poll() is None:
+                process.kill()
+                process.wait()
         yield
 
 

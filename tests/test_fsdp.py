@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from typing import Any
@@ -17,6 +18,7 @@ FSDP2 = "--use-torch-fsdp2 --no-gradient-accumulation-fusion".split()
 STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
 
 
+@functools.cache  # the same job asked by several tests (every strategy at dp 4) runs once
 def memory(*args: str) -> dict[str, Any]:
     result = run_cli("memory", *TINY, "--format", "json", *args)
     assert result.code == 0, result.err

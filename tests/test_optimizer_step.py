@@ -201,3 +201,32 @@ def test_eager_step_allocates_as_torchs_own(monkeypatch):
     monkeypatch.setattr(optimizer, "_eager_step", lambda inner: None)
     own, _ = _step(job)
     assert eager == own and len(own.events) > 20
+
+
+def test_objects_gathered_as_torchs_fake_backend_gathers_them():
+    """The optimizer's all_gather_object stand-in returns what torch's own returns on the fake
+    backend (each rank's object a fresh copy of this rank's), and leaves torch's in place after."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from inspector.engine.optimizer import _objects_gathered
+
+    real = dist.all_gather_object
+    obj = [((("wd_mult", 0.0),), False), (None, True)]
+    ours = not dist.is_initialized()  # a fake world of our own, unless one is up
+    if ours:
+        dist.init_process_group("fake", store=FakeStore(), rank=3, world_size=6)
+    try:
+        assert dist.get_backend() == "fake"
+        size = dist.get_world_size()
+        expected: list = [None] * size
+        dist.all_gather_object(expected, obj)
+        got: list = [None] * size
+        with _objects_gathered():
+            dist.all_gather_object(got, obj)
+        assert got == expected == [obj] * size
+        assert len({id(o) for o in got}) == size and all(o is not obj for o in got)
+    finally:
+        if ours:
+            dist.destroy_process_group()
+    assert dist.all_gather_object is real

@@ -402,7 +402,7 @@ def test_the_plan_keeps_the_given_dropout_and_gradient_dtype() -> None:
     # --grad-reduce-in-bf16 halves the gradient buffer (megatron's DDP: grad dtype = param dtype),
     # dropout 0 drops the masks; both come back among the flags to paste.
     base = ("--num-layers", "4", "--gpus", "2", "--global-batch-size", "4", "--bf16",
-            "--gpu-memory", "2", "--pp", "2", "--micro-batch-size", "1")
+            "--gpu-memory", "2", "--pp", "2", "--micro-batch-size", "1", "--top", "1")
     fp32 = _plan(*base)["plans"][0]
     bf16 = _plan(*base, "--grad-reduce-in-bf16", "--attention-dropout", "0",
                  "--hidden-dropout", "0")["plans"][0]

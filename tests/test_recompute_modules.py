@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from inspector.errors import ConfigError
@@ -80,8 +82,13 @@ def _held(args: dict, **flags) -> int:
     from inspector.world.build import View, build
 
     job = make_job({**args, **flags})
-    shapes = chunk_shapes(build(job, View((0,)), expert_ranks=(0,)).stages[0])
-    return trace_chunks(job, 0, shapes, whole=True)[0].held
+    if job not in _HELD:  # a job several tests ask about (the baselines, mlp's) runs once
+        shapes = chunk_shapes(build(job, View((0,)), expert_ranks=(0,)).stages[0])
+        _HELD[job] = trace_chunks(job, 0, shapes, whole=True)[0].held
+    return _HELD[job]
+
+
+_HELD: dict[Any, int] = {}
 
 
 def _drop(args: dict, modules: str) -> int:

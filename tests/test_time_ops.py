@@ -6,6 +6,7 @@ matrix products (and the output layer's), forward and backward, against every `m
 from __future__ import annotations
 
 import collections
+import functools
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from inspector.inputs.versions import megatron_core_version
 from tests.test_engine import _MOE, _MOE_TP1, _job
 
 
+@functools.cache  # a job asked again (the recompute tests' baselines are CASES' jobs) runs once
 def _recorded_gemm_flops(job: Any) -> dict[str, int]:
     """Run one micro-batch of the job's first stage; return 2 m n k per kind of product."""
     import torch

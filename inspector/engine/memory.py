@@ -126,8 +126,18 @@ class JobRuns:
     not_run: str | None = None  # why not (the activations then come from the formulas)
 
 
+@dataclass(frozen=True)
+class StageShapes:
+    """A stage's chunks as megatron would build them, known without building it (a plan's split:
+    plan/confirm.py)."""
+
+    stage: int
+    shapes: tuple[ChunkShape, ...]
+
+
 def run_job(job: Job, stages: Sequence[Any]) -> JobRuns:
-    """Run every built stage (world.build.BuiltStage) a micro-batch, sharing the small chunks."""
+    """Run every stage a micro-batch, sharing the small chunks: built stages
+    (world.build.BuiltStage) or their shapes alone (`StageShapes`)."""
     reason = not_runnable(job)
     if reason is not None:
         return JobRuns({}, reason)
@@ -135,7 +145,13 @@ def run_job(job: Job, stages: Sequence[Any]) -> JobRuns:
     steps: Steps = {}
     return JobRuns(
         {
-            built.stage: run_memory(job, built.stage, chunk_shapes(built), cache, steps=steps)
+            built.stage: run_memory(
+                job,
+                built.stage,
+                built.shapes if isinstance(built, StageShapes) else chunk_shapes(built),
+                cache,
+                steps=steps,
+            )
             for built in stages
         }
     )

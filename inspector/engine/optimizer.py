@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import pickle
 import types
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -81,7 +82,7 @@ def run_step(job: Job, ddps: Sequence[Any], fused: bool) -> StepRun:
     """Build megatron's optimizer over `ddps` (the stage's chunks in DDP) and run two steps."""
     from megatron.core.optimizer import get_megatron_optimizer
 
-    with _kernels(fused), _on_gpu() as answers, _clip_named() as clip:
+    with _kernels(fused), _on_gpu() as answers, _clip_named() as clip, _objects_gathered():
         optimizer = get_megatron_optimizer(
             optimizer_config(job), list(ddps), use_gloo_process_groups=False
         )
@@ -256,6 +257,35 @@ def _on_gpu() -> Iterator[_Answers]:
     answers = _Answers()
     with cuda_current_device_on_meta(), cuda_on_meta(), answers:
         yield answers
+
+
+@contextlib.contextmanager
+def _objects_gathered() -> Iterator[None]:
+    """Gather objects over the simulated world as torch does on its fake backend, in one pickle.
+
+    megatron's `_get_param_groups` all-gathers each rank's parameter-group keys over the whole
+    world (optimizer/__init__.py). On the fake backend every rank's object is this rank's:
+    FakeProcessGroup::allgather copies the input into every output
+    (torch/csrc/distributed/c10d/FakeProcessGroup.hpp), and all_gather_object unpickles each
+    output (distributed_c10d.py `_tensor_to_object`). Done here without a tensor per rank: the
+    same objects, unpickled afresh for each rank; any other backend gets torch's own.
+    """
+    dist = torch.distributed
+    real = dist.all_gather_object
+
+    def gather(object_list: list[Any], obj: Any, group: Any = None) -> None:
+        if dist.get_backend(group) != "fake":
+            return real(object_list, obj, group)
+        data = pickle.dumps(obj)
+        for index in range(dist.get_world_size(group)):
+            object_list[index] = pickle.loads(data)  # our own bytes, just made
+        return None
+
+    dist.all_gather_object = gather
+    try:
+        yield
+    finally:
+        dist.all_gather_object = real
 
 
 @contextlib.contextmanager

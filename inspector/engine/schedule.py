@@ -54,13 +54,12 @@ def iteration_peak(
     if num_microbatches > max(REPLAYED, 4 * group):
         num_microbatches = 4 * group
     best = Peak(0, 0, 0, "")
+    tops = [(_top(trace.backward), _top(trace.forward)) for trace in traces]  # once per chunk
     for ran in replay_passes(traces, stage, pp, num_microbatches, group_size):
-        trace = traces[ran.chunk]
-        top = _top(trace.forward if ran.forward else trace.backward)
-        label = pass_label(ran.forward, ran.mb, ran.chunk, chunks)
-        candidate = Peak(ran.held + top.allocated, ran.held, ran.in_flight, f"{label}: {top.where}")
-        if candidate.bytes > best.bytes:
-            best = candidate
+        top = tops[ran.chunk][ran.forward]
+        if ran.held + top.allocated > best.bytes:
+            label = pass_label(ran.forward, ran.mb, ran.chunk, chunks)
+            best = Peak(ran.held + top.allocated, ran.held, ran.in_flight, f"{label}: {top.where}")
     top = _top(step)
     return Peak(top.allocated, 0, 0, top.where) if top.allocated > best.bytes else best
 

@@ -53,13 +53,18 @@ def trace_chunks(
     layer of the stage instead (the tests' reference).
     """
     cache = {} if cache is None else cache
-    if whole or any(_whole(job, shape) for shape in shapes):
+    if whole or any(_whole(job, shape) for shape in shapes if shape.layers):
         traces = trace_stage(job, stage)
         return tuple(
             compose(trace, len(shape.layers), range(len(shape.layers)), shape.layers)
             for trace, shape in zip(traces, shapes, strict=True)
         )
-    return tuple(_composed(job, shape, cache) for shape in shapes)
+    empty = [k for k, shape in enumerate(shapes) if _whole(job, shape)]  # no layer to stand for
+    run = dict(zip(empty, trace_stage(job, stage, empty), strict=True)) if empty else {}
+    return tuple(
+        compose(run[k], 0, (), ()) if k in run else _composed(job, shape, cache)
+        for k, shape in enumerate(shapes)
+    )
 
 
 def _whole(job: Job, shape: ChunkShape) -> bool:
@@ -116,9 +121,9 @@ def _small_trace(job: Job, embedding: bool, output: bool, kinds: tuple[bool, ...
         return run_microbatch(job, _ddp(small, gpt, stage, 0), gpt, job.schedule().num_microbatches)
 
 
-def trace_stage(job: Job, stage: int) -> tuple[Trace, ...]:
+def trace_stage(job: Job, stage: int, chunks: Sequence[int] | None = None) -> tuple[Trace, ...]:
     """Return one micro-batch's trace for each chunk of `stage` (expert-parallel rank 0), every
-    layer run.
+    layer run; only the `chunks` given (their indices), when given.
 
     The stage is built afresh with the job's runtime settings (the structural builds other
     commands share are never run), wrapped in megatron's DDP as Megatron-LM's get_model does.
@@ -128,12 +133,13 @@ def trace_stage(job: Job, stage: int) -> tuple[Trace, ...]:
     schedule = job.schedule()
     runtime = runtime_config(job)
     world = stage_world(job.model, job.layout, stage, checkpoint=False, runtime=runtime)
-    with moe_build(job), world as chunks:
+    with moe_build(job), world as built:
         return tuple(
             run_microbatch(
                 job, _ddp(job, chunk.module, stage, index), chunk.module, schedule.num_microbatches
             )
-            for index, chunk in enumerate(chunks)
+            for index, chunk in enumerate(built)
+            if chunks is None or index in chunks
         )
 
 

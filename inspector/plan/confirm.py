@@ -4,17 +4,22 @@ The search prices activations by the closed forms (formulas/activations.py). `me
 same closed forms except where megatron's engine runs the job (inspector/engine: every job
 `engine.memory.not_runnable` lets through, Transformer Engine's context parallelism included),
 and the engine's peak lies above them (temporaries, kept buffers). There each printed plan is
-measured as `memory` measures it (world/build.build, report/memory.measure): its stages take
-the engine's peak above the state, and a plan that does not fit is dropped for the next one,
-so that `memory` confirms every plan `plan` prints.
+measured as `memory` measures it: its stages take the engine's peak above the state, and a plan
+that does not fit is dropped for the next one, so that `memory` confirms every plan `plan`
+prints. The engine runs on the chunk shapes of the plan's split without building the stages
+(`engine_shapes`; tests/test_plan_confirm.py compares it with `memory`'s whole computation).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from inspector.plan.price import Plan
+
+if TYPE_CHECKING:
+    from inspector.engine.stage import ChunkShape
 
 
 def engine_runs(plan: Plan) -> bool:
@@ -27,6 +32,56 @@ def engine_runs(plan: Plan) -> bool:
 def measured(plan: Plan) -> Plan:
     """Return the plan with each stage's activations as `memory` measures them (the peak above
     the state, megatron's kept buffers included: report/memory.StageMemory.total)."""
+    shapes = engine_shapes(plan)
+    if shapes is None:
+        return _measured_as_memory(plan)
+    from inspector.engine.memory import StageShapes, run_job
+
+    engine = run_job(plan.job, [StageShapes(s.stage, c) for s, c in zip(plan.stages, shapes, strict=True)])
+    if engine.not_run is not None:  # `memory` answers by the closed forms then
+        return _measured_as_memory(plan)
+    stages = []
+    for printed in plan.stages:
+        run = engine.runs[printed.stage]
+        stages.append(replace(printed, activations=run.static + run.peak.bytes))
+    return replace(plan, stages=tuple(stages))
+
+
+def engine_shapes(plan: Plan) -> list[tuple[ChunkShape, ...]] | None:
+    """Return what megatron puts on each chunk of each stage of the plan, from its printed split,
+    or None where `memory`'s whole computation is needed.
+
+    `memory` builds every stage (world/build.build) for two things: the state, which the plan's
+    stages already hold exactly (tests/test_plan.py: the composed state equals `memory`'s,
+    stage by stage), and the chunks' shapes, which are the plan's split: the embedding on the
+    first chunk of stage 0, the output layer, loss and MTP block on the last chunk of the last
+    stage (megatron asserts a layout string's embedding and loss there too). Left to `memory`:
+    FSDP (its buffers in flight come from the build) and an MTP block in a layout string (which
+    may place it elsewhere).
+    """
+    job = plan.job
+    training = job.training
+    if training.megatron_fsdp or training.torch_fsdp2:
+        return None
+    from inspector.engine.stage import ChunkShape
+
+    mtp = job.model.mtp_num_layers or 0
+    if mtp and job.layout.pipeline_model_parallel_layout is not None:
+        return None
+    last = job.layout.pp - 1
+    out = []
+    for printed in plan.stages:
+        chunks = []
+        for k, layers in enumerate(printed.layers):
+            output = printed.stage == last and k == len(printed.layers) - 1
+            chunks.append(ChunkShape(tuple(layers), printed.stage == 0 and k == 0, output,
+                                     mtp if output else 0))  # fmt: skip
+        out.append(tuple(chunks))
+    return out
+
+
+def _measured_as_memory(plan: Plan) -> Plan:
+    """Return `measured`'s answer as `memory` computes it: every stage built, then measured."""
     from inspector.report.memory import Hardware, measure
     from inspector.world.build import build, select_view
 

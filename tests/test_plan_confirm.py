@@ -1,0 +1,53 @@
+"""`plan` confirms its printed plans by megatron's engine alone, as `memory` would measure them.
+
+plan/confirm.py runs the engine on the chunk shapes the plan's split gives, without building the
+stages: each plan's activations must equal those of `memory`'s whole computation (every stage
+built by megatron, its state sized, then the engine run on the built chunks).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from inspector.inputs.resolve import Sources, merge_sources
+from inspector.plan import confirm
+from inspector.plan.request import PlanFlags, make_request
+from inspector.plan.search import search
+
+SEARCHES = {
+    # the 405B's split (embedding and loss alone on their chunks: stages traced whole), at tp 1-2
+    "interleaved, embedding alone": (
+        dict(num_layers=6, hidden_size=256, num_attention_heads=8, seq_length=512,
+             max_position_embeddings=512, global_batch_size=8, bf16=True,
+             pipeline_model_parallel_size=4, num_virtual_stages_per_pipeline_rank=2,
+             account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True),
+        8,
+    ),
+    # an uneven interleaved split: the plan pastes it as a layout string
+    "layout string": (
+        dict(num_layers=5, hidden_size=256, num_attention_heads=8, seq_length=512,
+             max_position_embeddings=512, global_batch_size=8, bf16=True,
+             pipeline_model_parallel_size=2, num_virtual_stages_per_pipeline_rank=2),
+        4,
+    ),
+    # Transformer Engine, context parallelism searched, MoE: small traces shared between stages
+    "te moe": (
+        dict(num_layers=4, hidden_size=256, num_attention_heads=8, seq_length=1024,
+             max_position_embeddings=1024, global_batch_size=16, bf16=True, num_experts=4,
+             disable_bias_linear=True, transformer_impl="transformer_engine"),
+        8,
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(SEARCHES))
+def test_engine_alone_measures_what_memory_measures(name: str) -> None:
+    flags, gpus = SEARCHES[name]
+    args = merge_sources(Sources(flags=flags), ("model", "layout", "training")).args
+    result = search(make_request(args, PlanFlags(gpus, top=2)))
+    assert result.plans
+    for plan in result.plans:
+        assert confirm.engine_runs(plan) and confirm.engine_shapes(plan) is not None
+        fast = confirm.measured(plan)
+        whole = confirm._measured_as_memory(plan)
+        assert fast.stages == whole.stages, plan.job.layout
