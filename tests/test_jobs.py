@@ -97,17 +97,17 @@ def test_rl_training_builds_but_memory_is_refused(cli, tmp_path):
 
 
 def test_every_refused_flag_in_one_message(cli, tmp_path):
-    # one run names them all: the two fp8 flags share their reason, FSDP has its own
+    # one run names them all (--fp8-param-gather, modelled, is not among them)
     path = write(tmp_path, f"python pretrain_gpt.py {SMALL} --fp8-format hybrid --use-distributed-optimizer "
                  "--fp8-param-gather "
                  "--fp4-param-gather --torch-fsdp2-no-reshard-after-forward --cpu-offloading\n")  # fmt: skip
     result = cli("memory", "--from-script", path)
-    fp8 = ("Transformer Engine's fp8/fp4 parameters (and fp4 recipes) keep quantized weights this "
-           "tool does not count; --fp8-format with --fp8-recipe is modelled, drop this argument "
-           "to see it")  # fmt: skip
+    fp4 = ("Transformer Engine's fp4 parameters and recipes (and mxfp8 parameters in the grad "
+           "buffer) keep quantized weights this tool does not count; --fp8-format with "
+           "--fp8-recipe and --fp8-param-gather are modelled")  # fmt: skip
     assert result.err == (
-        f"Error: {path} line 1: --fp8-param-gather and --fp4-param-gather are not modelled: "
-        f"{fp8}; --torch-fsdp2-no-reshard-after-forward is not modelled: FSDP2 keeping the "
+        f"Error: {path} line 1: --fp4-param-gather is not modelled: "
+        f"{fp4}; --torch-fsdp2-no-reshard-after-forward is not modelled: FSDP2 keeping the "
         "gathered parameters from the forward to the backward (ZeRO-2) is not modelled; "
         "--use-torch-fsdp2 alone (resharding after the forward) is; --cpu-offloading is not modelled: "
         "activation offloading to the CPU is not modelled\n"
@@ -219,10 +219,10 @@ def test_functional_test_config(tmp_path):
 def test_functional_test_config_lists_every_refusal(cli, tmp_path):
     path = tmp_path / "model_config.yaml"
     path.write_text(FUNCTIONAL_TEST.replace("  --bf16: true\n", "  --bf16: true\n  --fp8-format: hybrid\n"
-                                            "  --fp8-param-gather: true\n  --checkpoint-activations: true\n"))  # fmt: skip
+                                            "  --fp4-param-gather: true\n  --checkpoint-activations: true\n"))  # fmt: skip
     result = cli("memory", "--config", str(path))
     assert result.err.startswith(
-        f"Error: {path}: --fp8-param-gather is not modelled: Transformer Engine's "
+        f"Error: {path}: --fp4-param-gather is not modelled: Transformer Engine's "
     )
     assert result.err.endswith("; --checkpoint-activations is refused by Megatron-LM: "
                                "validate_args: '--checkpoint-activations is no longer valid, use "

@@ -354,9 +354,9 @@ def test_flex_token_dispatcher_is_refused_by_name(tmp_path, cli):
         f"Error: {path} line 1: --moe-token-dispatcher-type flex is not modelled: the flex "
         "dispatcher (DeepEP's or HybridEP's fused all-to-all, --moe-flex-dispatcher-backend) "
         "keeps buffers of its own, which this tool does not count; allgather and alltoall are "
-        "modelled; --fp4-format e2m1 is not modelled: Transformer Engine's fp8/fp4 parameters "
-        "(and fp4 recipes) keep quantized weights this tool does not count; --fp8-format with "
-        "--fp8-recipe is modelled, drop this argument to see it\n"
+        "modelled; --fp4-format e2m1 is not modelled: Transformer Engine's fp4 parameters and "
+        "recipes (and mxfp8 parameters in the grad buffer) keep quantized weights this tool does "
+        "not count; --fp8-format with --fp8-recipe and --fp8-param-gather are modelled\n"
     )  # every refusal in one message
     params = cli("params", "--from-script", str(path))
     assert params.code == 0, params.err

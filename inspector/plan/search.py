@@ -106,6 +106,23 @@ class _Tally:
             self.progress(self.evaluated, len(self.feasible))
 
 
+def _shown(feasible: list[Plan], smallest: Plan | None, req: Request) -> tuple[list[Plan], Plan | None]:
+    """Return the plans to print, fastest first, and the least-memory candidate, each as `memory`
+    measures it where megatron's engine runs the job (confirm.py)."""
+    feasible.sort(key=lambda p: (p.time.seconds, p.peak))
+    shown = confirmed(feasible, req.memory, req.top)
+    if feasible and not shown:  # memory's own peak: every plan the closed forms fit is over
+        smallest = measured(feasible[0])
+    elif not feasible and smallest is not None and engine_runs(smallest):
+        # the closed forms fit nothing; megatron's engine may measure less than they estimate
+        # (an fp8-parameter job, say): the least-memory candidate is shown if `memory` fits it,
+        # and otherwise the message quotes `memory`'s peak, not the closed forms'
+        smallest = measured(smallest)
+        if smallest.peak <= req.memory:
+            shown = [smallest]
+    return shown, smallest
+
+
 def search(req: Request, progress: Callable[[int, int], None] | None = None) -> SearchResult:
     """Return the feasible plans, fastest first (at most `req.top`).
 
@@ -129,18 +146,7 @@ def search(req: Request, progress: Callable[[int, int], None] | None = None) -> 
             "must equal the GPUs, dp must divide the global batch, tp must divide the heads and "
             "query groups)"
         )
-    feasible, smallest = tally.feasible, tally.smallest
-    feasible.sort(key=lambda p: (p.time.seconds, p.peak))
-    shown = confirmed(feasible, req.memory, req.top)
-    if feasible and not shown:  # memory's own peak: every plan the closed forms fit is over
-        smallest = measured(feasible[0])
-    elif not feasible and smallest is not None and engine_runs(smallest):
-        # the closed forms fit nothing; megatron's engine may measure less than they estimate
-        # (an fp8-parameter job, say): the least-memory candidate is shown if `memory` fits it,
-        # and otherwise the message quotes `memory`'s peak, not the closed forms'
-        smallest = measured(smallest)
-        if smallest.peak <= req.memory:
-            shown = [smallest]
+    shown, smallest = _shown(tally.feasible, tally.smallest, req)
     return SearchResult(
         shown,
         tally.evaluated,
