@@ -51,3 +51,23 @@ def test_engine_alone_measures_what_memory_measures(name: str) -> None:
         fast = confirm.measured(plan)
         whole = confirm._measured_as_memory(plan)
         assert fast.stages == whole.stages, plan.job.layout
+
+
+def test_fsdp_plans_print_the_peak_memory_measures() -> None:
+    # Megatron-FSDP plans are measured by `memory`'s whole computation, whose stage totals hold
+    # the gathered parameters and gradients in flight: the printed peak is that total, once.
+    from inspector.report.memory import Hardware, measure
+    from inspector.world.build import build, select_view
+
+    flags = dict(num_layers=4, hidden_size=256, num_attention_heads=8, seq_length=512,
+                 max_position_embeddings=512, global_batch_size=8, bf16=True,
+                 use_megatron_fsdp=True, use_distributed_optimizer=True, ckpt_format="fsdp_dtensor",
+                 data_parallel_sharding_strategy="optim_grads_params")  # fmt: skip
+    args = merge_sources(Sources(flags=flags), ("model", "layout", "training")).args
+    result = search(make_request(args, PlanFlags(4, top=2)))
+    assert result.plans
+    for plan in result.plans:
+        assert confirm.engine_shapes(plan) is None  # FSDP: memory's whole computation
+        report = measure(build(plan.job, select_view(plan.job), expert_ranks=(0,)), Hardware())
+        assert any(s.in_flight for s in report.stages)
+        assert [s.total for s in plan.stages] == [s.total for s in report.stages]

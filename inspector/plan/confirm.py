@@ -87,8 +87,8 @@ def _measured_as_memory(plan: Plan) -> Plan:
 
     job = plan.job
     report = measure(build(job, select_view(job), expert_ranks=(0,)), Hardware())
-    stages = tuple(
-        replace(printed, activations=built.total - printed.state)
+    stages = tuple(  # FSDP's buffers in flight are `memory`'s own there, not the plan's `gathered`
+        replace(printed, activations=built.total - printed.state - printed.gathered)
         for printed, built in zip(plan.stages, report.stages, strict=True)
     )
     return replace(plan, stages=stages)
