@@ -61,6 +61,37 @@ def test_non_gpt_programs_are_refused_by_name(tmp_path, program, what):
     )
 
 
+@pytest.mark.parametrize(
+    ("launch", "program", "what"),
+    [
+        # Megatron-LM's examples/mimo/scripts: torch's launcher as a module, the program as one
+        ("uv run --extra ssm python -m torch.distributed.run --standalone --nproc-per-node 8 "
+         "-m examples.mimo.pretrain_mimo", "examples/mimo/pretrain_mimo.py",
+         "builds a multimodal model (a vision or audio encoder beside the language model)"),
+        # examples/inference/run_offline_inference.sh: torchrun's -m
+        ("torchrun --nproc-per-node 8 -m examples.inference.offline_inference",
+         "examples/inference/offline_inference.py", "runs inference or text generation, not training"),
+        ("python -m tools.run_text_generation_server", "tools/run_text_generation_server.py",
+         "runs inference or text generation, not training"),
+    ],
+)  # fmt: skip
+def test_module_programs_are_refused_by_name(launch, program, what):
+    # they used to stop with "no training command": the module was not seen as the program
+    with pytest.raises(InputError) as error:
+        parse_launch_script(f"{launch} {SMALL}\n", "s.sh")
+    assert str(error.value) == (
+        f"s.sh line 1: the script runs {program}, which {what}; this tool reads GPT training "
+        "(pretrain_gpt.py) only"
+    )
+
+
+def test_a_module_program_that_trains_gpt_is_read():
+    for launch in ("torchrun --nproc-per-node 8 -m pretrain_gpt",
+                   "python -m torch.distributed.run --nproc-per-node 8 --module pretrain_gpt"):  # fmt: skip
+        parsed = parse_launch_script(f"{launch} {SMALL}\n", "s.sh")
+        assert parsed.args["num_layers"] == 2 and parsed.notes == ()
+
+
 def test_non_gpt_program_is_an_error_on_the_command_line(cli, tmp_path):
     path = write(tmp_path, f"python pretrain_bert.py {SMALL}\n")
     result = cli("params", "--from-script", path)

@@ -31,6 +31,25 @@ def is_launch(argv: Sequence[str]) -> bool:
     return bool(argv) and _is_program(argv[0]) and program_index(argv) is not None
 
 
+def module_as_file(argv: Sequence[str]) -> Sequence[str]:
+    """Return a launch that runs its program as a module (`python -m pkg.mod`, torchrun's
+    `-m`/`--module pkg.mod`: "interpret the launch script as a Python module", as Megatron-LM's
+    MIMO and inference examples run `-m examples.mimo.pretrain_mimo`) with the module spelled as
+    its file, pkg/mod.py, so that it is read, or refused by name, as a `.py` program is; any
+    other command unchanged."""
+    if not argv or not _is_program(argv[0]) or any(w.endswith(".py") for w in argv[1:]):
+        return argv
+    for index in range(1, len(argv) - 1):
+        word, module = argv[index], argv[index + 1]
+        if word == "-c":
+            return argv
+        if word in ("-m", "--module") and re.fullmatch(r"[A-Za-z_][\w.]*", module):
+            if module in _TORCHRUN_MODULES:
+                continue
+            return [*argv[:index], module.replace(".", "/") + ".py", *argv[index + 2 :]]
+    return argv
+
+
 def program_index(argv: Sequence[str]) -> int | None:
     """Where the launched `.py` program stands in a launch command, or None where the command runs
     something else: `python -c CODE` runs CODE and `python -m MODULE` runs MODULE (the words after

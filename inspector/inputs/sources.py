@@ -21,6 +21,7 @@ from inspector.inputs.entry_points import program_checks, refuse_speculative
 from inspector.inputs.launch import (
     World,
     is_launch,
+    module_as_file,
     program_arguments,
     world_of,
 )
@@ -142,7 +143,7 @@ def interpret_launch(
 ) -> tuple[_Launch, World, Needs]:
     """Interpret a script as bash would; return its one training launch, its world, and what
     the model and layout need of it (Needs gathers the values the script leaves unset)."""
-    ctx = Context(origin, dict(settings or {}), is_launch)
+    ctx = Context(origin, dict(settings or {}), is_launch, program_of=module_as_file)
     interpret(ctx, text)
     refuse_speculative([(c.argv, f"{c.origin} line {c.line}") for c in (*ctx.commands, *ctx.skipped)],
                        ctx.show)  # fmt: skip

@@ -106,6 +106,7 @@ def _external(shell: Shell, argv: list[str], prefix: dict[str, str],
     if shell_index is not None:
         return _child_shell(shell, words, shell_index, env, outer + ((tuple(argv),) if shell_index
                                                                     else ()))  # fmt: skip
+    words = list(shell.ctx.program_of(words))
     if shell.ctx.is_launch(words):
         visible = {k: v for k, v in shell.vars.items() if k in shell.exported and isinstance(v, str)}
         visible.update(env)

@@ -62,6 +62,8 @@ class Context:
     # Which commands are the launches to record (the reader of launch scripts supplies it); every
     # other external command is skipped as if it succeeded.
     is_launch: Callable[[Sequence[str]], bool] = lambda argv: False
+    # A command as the launch reader spells it (a module program as its file), before is_launch.
+    program_of: Callable[[Sequence[str]], Sequence[str]] = lambda argv: argv
     unknowns: list[Unknown] = field(default_factory=list)
     commands: list[Command] = field(default_factory=list)
     matching: Budget = field(default_factory=lambda: Budget(MAX_MATCHING, _MATCHING))
