@@ -325,6 +325,14 @@ def workload(
 
     options = dict(stage=stage, gpu=gpu, gpu_tflops=gpu_tflops, mfu=mfu, profile=profile, fmt=fmt)
     files: dict[str, str] = json.loads(cache.cached("workload", args, options, use_cache, produce))
+    if args.get("overlap_moe_expert_parallel_comm"):
+        from inspector.output import write_stderr
+
+        write_stderr(
+            "Note: SimAI runs a layer's records one after another: the all-to-alls that "
+            "--overlap-moe-expert-parallel-comm hides behind another micro-batch's compute are "
+            "written as they are sent, not overlapped (`plan` prices the overlap)\n"
+        )
     if output is None:
         from inspector.report.workload_index import file_name
 

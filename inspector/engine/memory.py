@@ -11,6 +11,7 @@ from inspector.engine.optimizer import StepRun, stage_step
 from inspector.engine.schedule import Peak, iteration_peak
 from inspector.engine.stage import Cache, ChunkShape, trace_chunks
 from inspector.engine.timeline import Replay
+from inspector.job.ep_overlap import extra_warmup
 from inspector.job.job import Job
 from inspector.world.te.state import DUMMY_WGRAD
 
@@ -69,10 +70,13 @@ def run_memory(
         steps[key] = stage_step(job, stage)
     step = steps[key]
     schedule = job.schedule()
-    peak = iteration_peak(traces, stage, job.layout.pp, schedule.num_microbatches, step=step.events)
+    extra = extra_warmup(job.training)
+    peak = iteration_peak(
+        traces, stage, job.layout.pp, schedule.num_microbatches, step=step.events, extra=extra
+    )
     workspaces = CUBLAS_WORKSPACE_SM90 * GEMM_THREADS
     phases = (("optimizer step", step.events),)  # its events' labels start "optimizer step: "
-    replay = Replay(traces, stage, job.layout.pp, schedule.num_microbatches, phases)
+    replay = Replay(traces, stage, job.layout.pp, schedule.num_microbatches, phases, extra)
     return RunMemory(_persistent(traces), workspaces, peak, step.state, replay)
 
 

@@ -40,6 +40,7 @@ def iteration_peak(
     num_microbatches: int,
     group_size: int | None = None,
     step: tuple[Event, ...] = (),
+    extra: int = 0,
 ) -> Peak:
     """Return the peak over one iteration of `stage`, whose chunks ran `traces` and whose
     optimizer step (after the last backward, nothing in flight) ran `step`.
@@ -55,7 +56,7 @@ def iteration_peak(
         num_microbatches = 4 * group
     best = Peak(0, 0, 0, "")
     tops = [(_top(trace.backward), _top(trace.forward)) for trace in traces]  # once per chunk
-    for ran in replay_passes(traces, stage, pp, num_microbatches, group_size):
+    for ran in replay_passes(traces, stage, pp, num_microbatches, group_size, extra):
         top = tops[ran.chunk][ran.forward]
         if ran.held + top.allocated > best.bytes:
             label = pass_label(ran.forward, ran.mb, ran.chunk, chunks)
@@ -80,6 +81,7 @@ def replay_passes(
     pp: int,
     num_microbatches: int,
     group_size: int | None = None,
+    extra: int = 0,
 ) -> Iterator[Pass]:
     """Yield the passes of one iteration of `stage` in megatron's order (`schedule_passes`),
     each over what the micro-batches then in flight hold (their chunk's `Trace.held`)."""
@@ -87,7 +89,7 @@ def replay_passes(
     counts = [0] * chunks  # micro-batches started, per chunk
     flight: list[list[int]] = [[] for _ in range(chunks)]
     held = 0
-    for forward, chunk in schedule_passes(stage, pp, num_microbatches, chunks, group_size):
+    for forward, chunk in schedule_passes(stage, pp, num_microbatches, chunks, group_size, extra):
         if forward:
             mb = counts[chunk]
             counts[chunk] += 1

@@ -114,7 +114,10 @@ def _small_trace(job: Job, embedding: bool, output: bool, kinds: tuple[bool, ...
         tp=lay.tp, pp=pp, dp=lay.dp, cp=lay.cp, ep=lay.ep, etp=lay.etp,
         sequence_parallel=lay.sequence_parallel,
     )  # fmt: skip
-    small = replace(job, model=model, layout=layout)
+    # one micro-batch's run: the all-to-all overlap merges passes of the schedule (replayed
+    # by schedule.py), so the small job, whose pipeline has no virtual stages, runs without it
+    training = replace(job.training, ep_overlap=False, delay_wgrad=False)
+    small = replace(job, model=model, layout=layout, training=training)
     world = stage_world(model, layout, stage, checkpoint=False, runtime=runtime_config(job))
     with moe_build(job), world as chunks:
         gpt = chunks[0].module

@@ -30,6 +30,7 @@ class Replay:
     pp: int
     num_microbatches: int
     phases: tuple[Phase, ...] = ()  # after the last backward, nothing in flight (optimizer step)
+    extra: int = 0  # warm-up forwards the MoE all-to-all overlap adds (job/ep_overlap.py)
 
     @property
     def count(self) -> int:
@@ -39,7 +40,8 @@ class Replay:
     def passes(self) -> tuple[MemoryPass, ...]:
         """Return the iteration's passes in order (`iteration_timeline`)."""
         return iteration_timeline(
-            self.traces, self.stage, self.pp, self.num_microbatches, phases=self.phases
+            self.traces, self.stage, self.pp, self.num_microbatches, phases=self.phases,
+            extra=self.extra,
         )
 
 
@@ -50,6 +52,7 @@ def iteration_timeline(
     num_microbatches: int,
     group_size: int | None = None,
     phases: Sequence[Phase] = (),
+    extra: int = 0,
 ) -> tuple[MemoryPass, ...]:
     """Return every pass of one iteration of `stage`, whose chunks ran `traces`, in order.
 
@@ -60,7 +63,7 @@ def iteration_timeline(
     steps = [(_steps(t.forward), _steps(t.backward)) for t in traces]  # shared by all passes
     passes: list[MemoryPass] = []
     held = 0
-    for ran in replay_passes(traces, stage, pp, num_microbatches, group_size):
+    for ran in replay_passes(traces, stage, pp, num_microbatches, group_size, extra):
         label = pass_label(ran.forward, ran.mb, ran.chunk, chunks)
         own = steps[ran.chunk][0 if ran.forward else 1]
         passes.append(MemoryPass(label, (ran.chunk, ran.mb), ran.held, own))

@@ -292,6 +292,7 @@ def stage_activations(
     mtp_chunks: Sequence[int] = (),
     recompute_method: str = "uniform",
     recompute_num_layers: int = 1,
+    extra: int = 0,
 ) -> StageActivations:
     """Return the peak activation bytes of pipeline `stage` on one rank.
 
@@ -311,7 +312,7 @@ def stage_activations(
     if any(mtp_chunks):
         mtp = mtp_activations(dims, par, b, mtp_recompute(recompute, recompute_method), flash)
         output = tuple(x + (mtp if n else 0.0) for x, n in zip(output, mtp_chunks, strict=True))
-    points = live_microbatches(stage, par.pp, num_microbatches, par.chunks, group_size)
+    points = live_microbatches(stage, par.pp, num_microbatches, par.chunks, group_size, extra)
     peak = max(points, key=lambda pt: sum(_weigh(pt, x) for x in (layers, embedding, output)))
     rebuilt = recompute_buffer(plan, lambda i: layer_activations(dims, par, i, b, "none", flash).total)
     layer_bytes, embedding_bytes, output_bytes = (_weigh(peak, x) for x in (layers, embedding, output))

@@ -276,6 +276,16 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         choices=("allgather", "alltoall"),
     ),
     _training(
+        "overlap_moe_expert_parallel_comm",
+        bool,
+        "Hide the MoE all-to-all behind another micro-batch's compute (megatron's combined 1F1B).",
+    ),
+    _training(
+        "delay_wgrad_compute",
+        bool,
+        "With the all-to-all overlap: expert weight gradients after the dispatch backward starts.",
+    ),
+    _training(
         "moe_expert_capacity_factor",
         float,
         "MoE expert capacity: each expert keeps at most ceil(tokens x topk / experts x factor).",

@@ -30,6 +30,8 @@ def null_tokenizer_adds_eod() -> bool:
 # tags core_v0.16.1, core_v0.17.1, core_v0.18.2, core_v0.19.0 and main (0.20); 0.13-0.15 by the
 # argument's `add_argument` line at core_v0.13.1, core_v0.14.0, core_v0.15.3.
 ARGUMENT_VERSIONS: dict[str, tuple[tuple[int, int], tuple[int, int] | None]] = {
+    # megatron-core's TransformerConfig grew overlap_moe_expert_parallel_comm in 0.14 (core_v0.14.0)
+    "--overlap-moe-expert-parallel-comm": ((0, 14), None),
     "--inference-dynamic-batching-prefix-caching": ((0, 17), None),
     "--inference-text-gen-server-logging": ((0, 17), None),
     "--num-speculative-tokens": ((0, 17), None),

@@ -205,17 +205,20 @@ def _check_interleaved(pp: int, num_microbatches: int, group_size: int) -> None:
         )
 
 
-def warmup_steps(stage: int, pp: int, num_microbatches: int, chunks: int, group: int) -> int:
+def warmup_steps(
+    stage: int, pp: int, num_microbatches: int, chunks: int, group: int, extra: int = 0
+) -> int:
     """Return megatron-core's warm-up forward steps for `stage`, before 1F1B starts.
 
     `get_pp_rank_microbatches` in `pipeline_parallel/schedules.py`: p - s - 1 without
-    interleaving; 2 (p - s - 1) + (v - 1) * group with v chunks; at most m * v.
+    interleaving; 2 (p - s - 1) + (v - 1) * group with v chunks; `extra` more under the MoE
+    all-to-all overlap (job/ep_overlap.py); at most m * v.
     """
     if chunks == 1:
         steps = pp - stage - 1
     else:
         steps = 2 * (pp - stage - 1) + (chunks - 1) * group
-    return min(steps, num_microbatches * chunks)
+    return min(steps + extra, num_microbatches * chunks)
 
 
 def live_microbatches(
@@ -224,8 +227,10 @@ def live_microbatches(
     num_microbatches: int,
     chunks: int = 1,
     group_size: int | None = None,
+    extra: int = 0,
 ) -> list[tuple[int, ...]]:
-    """Return, after every forward step of `stage`, the micro-batches alive in each chunk.
+    """Return, after every forward step of `stage`, the micro-batches alive in each chunk
+    (`extra` warm-up forwards: `warmup_steps`).
 
     Replays megatron-core's 1F1B schedule (`forward_backward_pipelining_without_interleaving`)
     or, with `chunks` > 1, its interleaved one (`forward_backward_pipelining_with_interleaving`,
@@ -241,7 +246,7 @@ def live_microbatches(
     group = group_size or pp
     if chunks > 1:
         _check_interleaved(pp, num_microbatches, group)
-    warmup = warmup_steps(stage, pp, num_microbatches, chunks, group)
+    warmup = warmup_steps(stage, pp, num_microbatches, chunks, group, extra)
     order = _schedule_table(_periods_kept(num_microbatches, chunks, group, warmup), chunks, group)
     live = [0] * chunks
     points: list[tuple[int, ...]] = []
@@ -274,6 +279,7 @@ def microbatches_in_flight(
     num_microbatches: int,
     chunks: int = 1,
     group_size: int | None = None,
+    extra: int = 0,
 ) -> int:
     """Return the most micro-batch passes whose activations `stage` holds at once.
 
@@ -283,7 +289,8 @@ def microbatches_in_flight(
     and Megatron-LM's `interleaved_schedule_memory_penalty`.
     """
     return max(
-        sum(point) for point in live_microbatches(stage, pp, num_microbatches, chunks, group_size)
+        sum(point)
+        for point in live_microbatches(stage, pp, num_microbatches, chunks, group_size, extra)
     )
 
 
@@ -293,6 +300,7 @@ def schedule_passes(
     num_microbatches: int,
     chunks: int = 1,
     group_size: int | None = None,
+    extra: int = 0,
 ) -> list[tuple[bool, int]]:
     """Return (forward?, chunk) for every pass `stage` runs in one iteration, in megatron's order.
 
@@ -303,7 +311,7 @@ def schedule_passes(
     if chunks > 1:
         _check_interleaved(pp, num_microbatches, group)
     order = _schedule_table(num_microbatches, chunks, group)
-    warmup = warmup_steps(stage, pp, num_microbatches, chunks, group)
+    warmup = warmup_steps(stage, pp, num_microbatches, chunks, group, extra)
     passes: list[tuple[bool, int]] = []
     for step, chunk in enumerate(order):
         passes.append((True, chunk))

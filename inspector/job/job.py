@@ -15,6 +15,7 @@ from typing import Any, Literal, cast, get_args
 from inspector.errors import ConfigError
 from inspector.job.checks import check_at_least_one, check_at_most
 from inspector.job.dims import ModelDims, num_microbatches
+from inspector.job.ep_overlap import check_ep_overlap
 from inspector.job.fsdp import fsdp_rules
 from inspector.job.layout import Layout, make_layout, validate_layout
 from inspector.job.model import ModelConfig
@@ -57,6 +58,9 @@ class Training:
     moe_token_dispatcher_type: str = "allgather"  # Megatron-LM's default
     moe_expert_capacity_factor: float | None = None  # None: dropless
     moe_pad_expert_input_to_capacity: bool = False
+    # --overlap-moe-expert-parallel-comm, --delay-wgrad-compute (job/ep_overlap.py)
+    ep_overlap: bool = False
+    delay_wgrad: bool = False
     # Megatron-LM's fusions the job turns off (`--no-bias-gelu-fusion` gives "bias_gelu_fusion")
     unfused: tuple[str, ...] = ()
 
@@ -119,6 +123,7 @@ class Job:
         if self.training.recompute == "selective":
             _check_fp8_recompute(self.model, self.training.recompute_modules)
             check_modules(self.training.recompute_modules, self.model)
+        check_ep_overlap(self.model, self.layout, self.training)
         if self.training.flash_attention and self.model.dtype_name == "float32":
             raise ConfigError(
                 "--use-flash-attn needs --bf16 or --fp16: flash attention kernels have no fp32 path"
@@ -164,6 +169,8 @@ TRAINING_ARGS = {
     "moe_token_dispatcher_type": "moe_token_dispatcher_type",
     "moe_expert_capacity_factor": "moe_expert_capacity_factor",
     "moe_pad_expert_input_to_capacity": "moe_pad_expert_input_to_capacity",
+    "overlap_moe_expert_parallel_comm": "ep_overlap",
+    "delay_wgrad_compute": "delay_wgrad",
 }
 
 # Megatron-LM's fusion switches, by their `args` names: each has a `--no-` flag that turns it off.
@@ -179,7 +186,7 @@ def make_training(args: Mapping[str, Any]) -> Training:
         values.pop("moe_token_dispatcher_type", None)
     for flag in ("flash_attention", "use_distributed_optimizer", "overlap_grad_reduce",
                  "moe_pad_expert_input_to_capacity", "megatron_fsdp", "fsdp_double_buffer",
-                 "torch_fsdp2"):  # fmt: skip
+                 "torch_fsdp2", "ep_overlap", "delay_wgrad"):  # fmt: skip
         values[flag] = bool(values.get(flag))
     values["fp32_grads"] = values.get("fp32_grads") or None
     values["unfused"] = tuple(name for name in FUSIONS if args.get("no_" + name))

@@ -28,13 +28,13 @@ from inspector.plan import caches
 
 
 @caches.memo(maxsize=65536)
-def live_points(stage: int, pp: int, m: int, v: int) -> tuple[tuple[int, ...], ...]:
+def live_points(stage: int, pp: int, m: int, v: int, extra: int = 0) -> tuple[tuple[int, ...], ...]:
     """Return the schedule's in-flight points that no other point covers chunk by chunk.
 
     With every chunk's bytes positive, the peak lies on one of them (a covered point holds less).
     """
     frontier: list[tuple[int, ...]] = []
-    for point in sorted(set(live_microbatches(stage, pp, m, v)), key=sum, reverse=True):
+    for point in sorted(set(live_microbatches(stage, pp, m, v, extra=extra)), key=sum, reverse=True):
         if not any(all(a >= b for a, b in zip(f, point, strict=True)) for f in frontier):
             frontier.append(point)
     return tuple(sorted(frontier))
@@ -76,12 +76,13 @@ def _chunk_bytes(
 def stage_activation_bytes(
     dims: ModelDims, par: Layout, stage: int, chunks: Sequence[Sequence[int]], mbs: int, m: int,
     recompute: str, flash: bool, method: str = "uniform", num_layers: int = 1,
-    modules: tuple[str, ...] = ("core_attn",),
+    modules: tuple[str, ...] = ("core_attn",), extra: int = 0,
 ) -> tuple[int, tuple[int, ...]]:
     """Return activations.stage_activations' peak (rounded up) and in-flight counts, fast.
 
     `method`, `num_layers`: --recompute-method and --recompute-num-layers with full recompute;
-    `modules`: --recompute-modules with selective recomputation.
+    `modules`: --recompute-modules with selective recomputation; `extra`: warm-up forwards the
+    MoE all-to-all overlap adds (job/ep_overlap.py).
     """
     v = len(chunks)
     mode = cast(Recompute, recompute)
@@ -93,9 +94,9 @@ def stage_activation_bytes(
         per[-1] += output_activations(dims, par, mbs).total
         per[-1] += mtp_activations(dims, par, mbs, mtp_recompute(mode, method), flash)
     if v == 1:  # 1F1B: the peak is min(p - s, m) micro-batches (formulas.microbatches_in_flight)
-        best: tuple[int, ...] = (min(par.pp - stage, m),)
+        best: tuple[int, ...] = (min(par.pp - stage + extra, m),)
     else:
-        points = live_points(stage, par.pp, m, v)
+        points = live_points(stage, par.pp, m, v, extra)
         best = max(points, key=lambda pt: sum(n * x for n, x in zip(pt, per, strict=True)))
     total = sum(n * x for n, x in zip(best, per, strict=True))
     first = first_of_kind(dims)

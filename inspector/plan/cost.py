@@ -23,7 +23,9 @@ Each term and its source (symbols of inspector/job/dims.py; m micro-batches, v v
     elements per MoE layer, each priced per link class (plan/network.py `expert_alltoall`, NCCL's
     grouped sends): a rank with g group members on its node sends (g - 1) / ep of them over NVLink
     and (ep - g) / ep over InfiniBand at the same time, the all-to-all taking its slowest rank's
-    longer class (megatron's expert rank order says g);
+    longer class (megatron's expert rank order says g); under
+    --overlap-moe-expert-parallel-comm a merged pass exposes only what its layer pair takes
+    beyond its compute (plan/overlap.py: megatron's combined 1F1B replayed on two streams);
   - pipeline: a point-to-point send per chunk boundary and micro-batch, forward and backward;
     stage time t_s per micro-batch; iteration m max_s t_s + (sum_s t_s - max_s t_s) / v, the
     1F1B / interleaved critical path (Narayanan et al. 2021, Section 2.2: bubble (p - 1) / (v m)
@@ -54,6 +56,7 @@ from inspector.job.job import Recompute
 from inspector.job.layout import Layout
 from inspector.plan import caches
 from inspector.plan.network import Network, expert_alltoall
+from inspector.plan.overlap import merged_pair
 
 
 @dataclass(frozen=True)
@@ -148,12 +151,14 @@ def stage_work(
     recompute_method: str = "uniform",
     recompute_num_layers: int = 1,
     recompute_modules: tuple[str, ...] = ("core_attn",),
+    overlap: tuple[float, bool] = (0.0, False),
 ) -> StageTime:
     """Return a rank's time per micro-batch (compute, TP, CP, EP, P2P), its state's left at 0.
 
     With full recomputation, `recompute_method` / `recompute_num_layers` say which layers repeat
-    their forward (activations.recompute_plan: `block` N, the first N of each chunk).
-    """
+    their forward (activations.recompute_plan: `block` N, the first N of each chunk). `overlap`:
+    under --overlap-moe-expert-parallel-comm the share of passes run merged and
+    --delay-wgrad-compute (overlap.merged_share), else (0.0, False)."""
     rate = compute_rate(net, efficiency)
     mode = cast(Recompute, recompute)
     plan = recompute_plan(0, chunk_layers, mode, recompute_method, recompute_num_layers)
@@ -162,9 +167,10 @@ def stage_work(
         for i in group:
             kinds.setdefault((how, dims.is_moe_layer(i)), []).append(i)
     total = [0.0, 0.0, 0.0, 0.0]  # compute, tensor, context, expert
-    for (how, _), members in kinds.items():
-        _add(total, _layer_time(dims, lay, net, rate, mbs, how, members[0], recompute_modules),
-             len(members))
+    for (how, moe), members in kinds.items():
+        shares = overlap if moe else (0.0, False)
+        _add(total, _layer_time(dims, lay, net, rate, mbs, how, members[0], recompute_modules,
+                                *shares), len(members))  # fmt: skip
     if has_output:
         _add_output(total, dims, lay, net, rate, mbs, mtp_recompute(mode, recompute_method))
     tokens = dims.seq_length * mbs / lay.cp
@@ -281,18 +287,15 @@ def optimizer_seconds(
 @caches.memo(maxsize=4096)
 def _layer_time(
     dims: ModelDims, lay: Layout, net: Network, rate: float, mbs: int, recompute: str, i: int,
-    modules: tuple[str, ...] = ("core_attn",),
+    modules: tuple[str, ...] = ("core_attn",), merged: float = 0.0, delay_wgrad: bool = False,
 ) -> tuple[float, float, float, float]:
     """Return one layer's compute, TP, exposed CP and EP seconds for one micro-batch; selective
-    recomputation repeats the forward of `modules` (formulas/ops.py RECOMPUTED)."""
-    act = dims.activation_bytes
-    tokens = dims.seq_length * mbs / lay.cp
-    f = layer_flops(dims, i, mbs)
-    moe = dims.is_moe_layer(i)
-    if recompute == "full":
-        extra = f.total / 3
-    else:
-        extra = _recomputed_flops(dims, f, moe, modules) if recompute == "selective" else 0
+    recomputation repeats the forward of `modules` (formulas/ops.py RECOMPUTED); `merged`: the
+    share of passes run as merged pairs under the MoE all-to-all overlap (plan/overlap.py)."""
+    act, tokens = dims.activation_bytes, dims.seq_length * mbs / lay.cp
+    f, moe = layer_flops(dims, i, mbs), dims.is_moe_layer(i)
+    extra = f.total / 3 if recompute == "full" else (
+        _recomputed_flops(dims, f, moe, modules) if recompute == "selective" else 0)
     shard = _shard(lay, mbs)
     compute = compute_seconds(
         f.total + extra,
@@ -316,6 +319,11 @@ def _layer_time(
     if moe and lay.ep > 1:
         routed = tokens * dims.moe_router_topk * dims.hidden_size / lay.tp
         expert = expert_alltoall(4, routed, act, lay, net)
+        if merged:  # a merged pair exposes what it takes beyond the layer's compute
+            ops = _layer_kernels(dims, shard, True)
+            pair = merged_pair(ops, device_of(net.gpu), recompute, modules, (compute, tensor),
+                               expert / 4, delay_wgrad, bool(rate))  # fmt: skip
+            expert = merged * max(0.0, pair - compute - tensor) + (1 - merged) * expert
     return compute, tensor, context, expert
 
 

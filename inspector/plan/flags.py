@@ -19,6 +19,12 @@ def megatron_flags(job: Job, split: Split) -> list[str]:
     out += [f"--no-{name.replace('_', '-')}" for name in training.unfused]
     if training.flash_attention:
         out.append("--use-flash-attn")
+    if job.model.num_experts is not None and training.moe_token_dispatcher_type != "allgather":
+        out.append(f"--moe-token-dispatcher-type {training.moe_token_dispatcher_type}")
+    if training.ep_overlap:
+        out.append("--overlap-moe-expert-parallel-comm")
+    if training.delay_wgrad:
+        out.append("--delay-wgrad-compute")
     if training.megatron_fsdp:
         out += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {training.sharding_strategy}",
                 "--use-distributed-optimizer", "--ckpt-format fsdp_dtensor"]  # fmt: skip

@@ -18,6 +18,7 @@ from typing import Any
 from inspector.formulas.flops import iteration_flops
 from inspector.formulas.optimizer import OptimizerStep
 from inspector.job.dims import ModelDims
+from inspector.job.ep_overlap import extra_warmup
 from inspector.job.hardware import Gpu
 from inspector.job.job import Job, Training
 from inspector.job.layout import Layout
@@ -28,6 +29,7 @@ from inspector.plan.cost import StageTime, StepTime, stage_work, step_time, with
 from inspector.plan.flags import megatron_flags
 from inspector.plan.memory import ChunkShape, stage_state
 from inspector.plan.network import Network
+from inspector.plan.overlap import merged_share
 from inspector.plan.pieces import piece_key
 from inspector.plan.request import Request
 from inspector.plan.split import Split, chunk_layers
@@ -267,7 +269,7 @@ def price_memory(job: Job, split: Split) -> tuple[Placed, tuple[StagePlan, ...]]
     par = activation_layout(pairs_of, lay.pp)
     acts = _ACT.setdefault(
         (dims, par, schedule.micro_batch_size, m if v > 1 else None, training.recompute,
-         training.flash_attention, training.recompute_modules), {},
+         training.flash_attention, training.recompute_modules, training.ep_overlap), {},
     )
     stages = []
     for s, layers in enumerate(stages_of.placed):
@@ -280,12 +282,22 @@ def price_memory(job: Job, split: Split) -> tuple[Placed, tuple[StagePlan, ...]]
             acts[key] = stage_activation_bytes(
                 dims, par, s, layers, schedule.micro_batch_size, m, granularity,
                 training.flash_attention, method, n, training.recompute_modules,
+                extra_warmup(training),
             )
         act, flight = acts[key]
         stages.append(StagePlan(s, layers, state.total, state.weights, state.gradients,
                                 state.optimizer, act, flight, getattr(state, "gathered", 0),
                                 getattr(state, "kept", 0), getattr(state, "elements", 0)))
     return stages_of.placed, tuple(stages)
+
+
+def _overlap(job: Job, stage: int) -> tuple[float, bool]:
+    """Return cost.stage_work's `overlap` for the stage: merged share, delayed weight grads."""
+    training, lay = job.training, job.layout
+    if not training.ep_overlap:
+        return 0.0, False
+    share = merged_share(stage, lay.pp, job.schedule().num_microbatches, lay.chunks)
+    return share, training.delay_wgrad
 
 
 def timed(
@@ -307,13 +319,13 @@ def timed(
     times = []
     for st in stages:
         has_output = st.stage == lay.pp - 1
-        recipe = _recompute(training, placed[st.stage])
-        work = (signatures[st.stage], has_output, recipe)
+        recipe, overlap = _recompute(training, placed[st.stage]), _overlap(job, st.stage)
+        work = (signatures[st.stage], has_output, recipe, overlap)
         if work not in scope:
             granularity, method, n = recipe
             scope[work] = stage_work(
                 dims, lay, net, req.efficiency, mbs, granularity, placed[st.stage], has_output,
-                method, n, training.recompute_modules,
+                method, n, training.recompute_modules, overlap,
             )
         key = (*work, st.gradients, st.weights, st.kept, st.elements, st.state, step_setup)
         if key not in scope:

@@ -131,8 +131,12 @@ def make_request(args: dict[str, Any], flags: PlanFlags) -> Request:
         hidden_dropout=asked.hidden_dropout,
         unfused=asked.unfused,
         recompute_modules=asked.recompute_modules,
+        moe_token_dispatcher_type=asked.moe_token_dispatcher_type,
+        ep_overlap=asked.ep_overlap,
+        delay_wgrad=asked.delay_wgrad,
     )
     model = make_model_config(args)
+    _check_overlap(model, training)
     _check_sizes(model, flags.gpus)
     _check_expert_tp(model, fixed)
     return Request(
@@ -141,6 +145,21 @@ def make_request(args: dict[str, Any], flags: PlanFlags) -> Request:
         efficiency=flags.efficiency, fixed=fixed,
         top=flags.top, training=training, flash_attention=_flash(args),
     )
+
+
+def _check_overlap(model: Any, training: Training) -> None:
+    """Raise ConfigError where no candidate could run the MoE all-to-all overlap whatever its
+    layout (job/ep_overlap.py checks each candidate's: expert parallelism, a virtual pipeline)."""
+    if not training.ep_overlap:
+        return
+    if model.num_experts is None:
+        raise ConfigError("--overlap-moe-expert-parallel-comm needs an MoE model (--num-experts): "
+                          "it overlaps the experts' all-to-all")  # fmt: skip
+    if training.moe_token_dispatcher_type not in ("alltoall", "flex"):
+        raise ConfigError(
+            "--overlap-moe-expert-parallel-comm needs --moe-token-dispatcher-type alltoall or "
+            f"flex, not {training.moe_token_dispatcher_type} (megatron-core's TransformerConfig)"
+        )
 
 
 # Megatron-LM's on/off arguments -> what `plan` keeps as given (absent: searched)

@@ -1,0 +1,135 @@
+"""The MoE all-to-all hidden behind another micro-batch's compute (`--overlap-moe-expert-parallel-comm`).
+
+megatron-core's combined 1F1B runs the forward of one micro-batch and the backward of another
+together, layer pair by layer pair (models/common/model_chunk_schedule_plan.py,
+TransformerLayerSchedulePlan.run), on two CUDA streams, each node waiting for the one before it
+in its own micro-batch:
+
+    comm stream: combine_bwd | dispatch_fwd -> dispatch_bwd | combine_fwd
+    comp stream: attn_fwd    | mlp_bwd -> mlp_bwd_dw -> mlp_fwd | attn_bwd (-> attn_bwd_dw)
+
+What each node runs (models/gpt/fine_grained_callables.py): `attn` the input norm, attention,
+its bias-dropout-add, the pre-MLP norm, the router, the shared experts and the permutation
+before the dispatch; `moe_dispatch` the all-to-all; `mlp` the experts; `moe_combine` the
+all-to-all, the un-permutation and the MLP's bias-dropout-add, on the communication stream.
+With `--delay-wgrad-compute` the weight gradients run apart (`backward_dw`), after the node's
+data gradient, so the next communication need not wait for them.
+
+`pair_seconds` replays that issue order with those dependencies over a run of identical layer
+pairs and returns the steady time of one pair; `merged_share` is the share of a stage's chunk
+passes megatron runs merged (every 1F1B step; the warm-up forwards and cool-down backwards run
+alone). Each node's time comes from the planner's kernels (formulas/ops.py) and network.py's
+all-to-all; tensor-parallel collectives are part of the compute stream's nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inspector.formulas.kernels import Device, Op, ops_seconds
+from inspector.formulas.ops import LayerOps, layer_seconds
+from inspector.job.dims import warmup_steps
+
+MLP_NODE = ("expert fc1", "expert activation", "expert fc2")
+COMBINE_NODE = ("unpermute", "MLP bias-dropout-add")
+_SUFFIXES = (" backward", " dgrad", " wgrad", " fp8 cast", " main_grad.add_")
+PAIRS = 8  # layer pairs replayed to reach the steady state (a pair's time is exact past 2)
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """Seconds of one layer's nodes on one rank for one micro-batch."""
+
+    attn_f: float
+    mlp_f: float
+    combine_f: float  # its compute only: the all-to-all is `alltoall`
+    attn_b: float
+    attn_dw: float
+    mlp_b: float
+    mlp_dw: float
+    combine_b: float
+    alltoall: float  # one dispatch or combine exchange
+
+
+def _base(name: str) -> str:
+    for suffix in _SUFFIXES:
+        if name.endswith(suffix):
+            return _base(name[: -len(suffix)])
+    return name
+
+
+def _node(op: Op) -> str:
+    base = _base(op.name)
+    return "mlp" if base in MLP_NODE else "combine" if base in COMBINE_NODE else "attn"
+
+
+def layer_nodes(
+    ops: LayerOps, device: Device, recomputed: tuple[Op, ...], alltoall: float, tensor: float,
+    delay_wgrad: bool, scale: float = 1.0,
+) -> Nodes:
+    """Return an MoE layer's nodes: its kernels (times `scale`) split as megatron's callables
+    split them, the forward repeats of selective recomputation in their node's backward, `tensor`
+    (the layer's TP collectives, forward and backward) half in the attention's nodes, half in
+    the experts'."""
+    sums = dict.fromkeys(("attn_f", "mlp_f", "combine_f", "attn_b", "attn_dw", "mlp_b",
+                          "mlp_dw", "combine_b"), 0.0)  # fmt: skip
+    for op in ops.forward:
+        sums[_node(op) + "_f"] += ops_seconds((op,), device)
+    for op in (*ops.backward, *recomputed):
+        node = _node(op)
+        weight = op.name.endswith((" wgrad", " main_grad.add_"))
+        key = f"{node}_dw" if delay_wgrad and weight and node != "combine" else f"{node}_b"
+        sums[key] += ops_seconds((op,), device)
+    sums = {key: value * scale for key, value in sums.items()}
+    sums["attn_f"] += tensor / 4
+    sums["attn_b"] += tensor / 4
+    sums["mlp_f"] += tensor / 4
+    sums["mlp_b"] += tensor / 4
+    return Nodes(**sums, alltoall=alltoall)
+
+
+def _chain(t: Nodes, pairs: int) -> float:
+    """Return when `pairs` merged layer pairs end, run in megatron's issue order."""
+    comp = comm = f_ready = b_ready = 0.0
+    a = t.alltoall
+    for _ in range(pairs):
+        combine_b = max(comm, b_ready) + a + t.combine_b
+        attn_f = max(comp, f_ready) + t.attn_f
+        mlp_b = max(attn_f, combine_b) + t.mlp_b
+        dispatch_f = max(combine_b, attn_f) + a
+        mlp_dw = mlp_b + t.mlp_dw
+        dispatch_b = max(dispatch_f, mlp_b) + a
+        mlp_f = max(mlp_dw, dispatch_f) + t.mlp_f
+        combine_f = max(dispatch_b, mlp_f) + a + t.combine_f
+        attn_b = max(mlp_f, dispatch_b) + t.attn_b
+        comp, comm = attn_b + t.attn_dw, combine_f
+        f_ready, b_ready = combine_f, attn_b
+    return max(comp, comm)
+
+
+def pair_seconds(t: Nodes) -> float:
+    """Return the steady time of one merged pair: a layer's forward beside another micro-batch's
+    backward of a layer of the same kind."""
+    return (_chain(t, 2 * PAIRS) - _chain(t, PAIRS)) / PAIRS
+
+
+def merged_share(stage: int, pp: int, num_microbatches: int, chunks: int) -> float:
+    """Return the share of the stage's chunk passes that run merged: the 1F1B steps past the
+    warm-up (`warmup_steps` with the overlap's extra forward) of m v forward steps."""
+    steps = num_microbatches * chunks
+    warmup = warmup_steps(stage, pp, num_microbatches, chunks, pp, extra=1)
+    return (steps - warmup) / steps
+
+
+def merged_pair(
+    ops: LayerOps, device: Device, recompute: str, modules: tuple[str, ...],
+    times: tuple[float, float], alltoall: float, delay_wgrad: bool, flops_priced: bool,
+) -> float:
+    """Return a merged pair's seconds for an MoE layer whose forward and backward take `times`
+    (compute, TP); priced by FLOPs (`--efficiency`), each node keeps its kernels' share of the
+    compute."""
+    compute, tensor = times
+    again = ops.recomputed(modules) if recompute == "selective" else ()
+    kernels = layer_seconds(ops, device, recompute, modules)
+    scale = compute / kernels if flops_priced and kernels else 1.0
+    return pair_seconds(layer_nodes(ops, device, again, alltoall, tensor, delay_wgrad, scale))

@@ -1,0 +1,160 @@
+"""The MoE all-to-all overlap (`--overlap-moe-expert-parallel-comm`, `--delay-wgrad-compute`):
+megatron's rules, the extra warm-up micro-batch, and the merged layer pairs plan prices."""
+
+from __future__ import annotations
+
+import pytest
+
+from inspector.errors import ConfigError
+from inspector.inputs.resolve import Sources, merge_sources
+from inspector.job.dims import microbatches_in_flight, schedule_passes, warmup_steps
+from inspector.job.job import make_job
+from inspector.plan.overlap import Nodes, merged_share, pair_seconds
+from inspector.plan.request import PlanFlags, make_request
+from inspector.plan.search import search
+
+MOE = dict(num_layers=4, hidden_size=256, num_attention_heads=8, seq_length=512,
+           max_position_embeddings=512, vocab_size=1000, num_experts=8, moe_router_topk=2,
+           disable_bias_linear=True, bf16=True, micro_batch_size=1,
+           moe_token_dispatcher_type="alltoall", expert_model_parallel_size=2,
+           data_parallel_size=2, global_batch_size=8)  # fmt: skip
+
+
+def _job(**flags):
+    args = merge_sources(Sources(flags={**MOE, **flags}), ("model", "layout", "training")).args
+    return make_job(args)
+
+
+def test_a_pair_is_its_compute_when_the_all_to_all_hides():
+    # comp stream: attn_f 1, mlp_b 2, mlp_f 1, attn_b 2; each exchange far shorter than the
+    # compute it runs beside: the pair takes the compute stream's 6 s
+    t = Nodes(attn_f=1, mlp_f=1, combine_f=0, attn_b=2, attn_dw=0, mlp_b=2, mlp_dw=0,
+              combine_b=0, alltoall=0.01)  # fmt: skip
+    assert pair_seconds(t) == pytest.approx(6.0)
+
+
+def test_a_pair_is_its_four_exchanges_when_they_dominate():
+    t = Nodes(attn_f=0.1, mlp_f=0.1, combine_f=0, attn_b=0.2, attn_dw=0, mlp_b=0.2, mlp_dw=0,
+              combine_b=0, alltoall=1.0)  # fmt: skip
+    assert pair_seconds(t) == pytest.approx(4.0)
+
+
+def test_delayed_weight_gradients_let_the_dispatch_backward_start_earlier():
+    # the dispatch backward waits for mlp_b; with --delay-wgrad-compute the MLP's weight
+    # gradients (1 s of its 2) run after it is issued, beside it
+    whole = Nodes(attn_f=1, mlp_f=1, combine_f=0, attn_b=1, attn_dw=0, mlp_b=2, mlp_dw=0,
+                  combine_b=0, alltoall=1.5)  # fmt: skip
+    split = Nodes(attn_f=1, mlp_f=1, combine_f=0, attn_b=1, attn_dw=0, mlp_b=1, mlp_dw=1,
+                  combine_b=0, alltoall=1.5)  # fmt: skip
+    # by hand, one steady pair (megatron's order, model_chunk_schedule_plan.py run()):
+    # without: combine_b 1.5 | attn_f 1, mlp_b 2 (from 1.5: to 3.5) | dispatch_f 1.5-3.0,
+    # dispatch_b 3.5-5.0, mlp_f 3.5-4.5, combine_f 5.0-6.5, attn_b 5.0-6.0 -> 6.5 with the next
+    # pair's combine_b waiting on attn_b (6.0) and attn_f on combine_f (6.5)
+    assert pair_seconds(whole) == pytest.approx(6.5)
+    assert pair_seconds(split) < pair_seconds(whole)
+
+
+def test_merged_share_counts_megatrons_warm_up():
+    # no pipeline: the first forward alone, then forward i + 1 beside backward i
+    assert merged_share(0, 1, 4, 1) == pytest.approx(3 / 4)
+    # interleaved, p 2, v 2, m 4: stage 0 warms up 2 (p - 1) + (v - 1) p + 1 = 5 of 8 steps
+    assert warmup_steps(0, 2, 4, 2, 2, extra=1) == 5
+    assert merged_share(0, 2, 4, 2) == pytest.approx(3 / 8)
+    assert merged_share(1, 2, 4, 2) == pytest.approx(5 / 8)
+
+
+def test_the_overlap_holds_one_more_micro_batch():
+    # schedules.py get_pp_rank_microbatches: "one extra micro-batch forward step before the 1f1b
+    # stages"; without a pipeline the combined schedule holds two micro-batches
+    assert microbatches_in_flight(0, 1, 4) == 1
+    assert microbatches_in_flight(0, 1, 4, extra=1) == 2
+    assert microbatches_in_flight(0, 2, 4, 2) + 1 == microbatches_in_flight(0, 2, 4, 2, extra=1)
+    passes = schedule_passes(0, 1, 3, extra=1)
+    assert passes == [(True, 0), (True, 0), (False, 0), (True, 0), (False, 0), (False, 0)]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (dict(expert_model_parallel_size=1, data_parallel_size=1),
+         "--overlap-moe-expert-parallel-comm needs expert parallelism (--expert-model-parallel-size "
+         "above 1) (megatron-core's TransformerConfig)"),
+        (dict(moe_token_dispatcher_type="allgather"),
+         "--overlap-moe-expert-parallel-comm needs --moe-token-dispatcher-type alltoall or flex, "
+         "not allgather (megatron-core's TransformerConfig)"),
+        (dict(pipeline_model_parallel_size=2),
+         "--overlap-moe-expert-parallel-comm with --pp 2 needs a virtual pipeline "
+         "(--num-virtual-stages-per-pipeline-rank): 'virtual_pipeline_model_parallel_size must be "
+         "specified when pipeline_model_parallel_size > 1' (megatron-core's TransformerConfig)"),
+        (dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1),
+         "--overlap-moe-expert-parallel-comm does not run with --recompute-granularity full "
+         "(megatron-core's TransformerConfig)"),
+        (dict(bf16=False), "--overlap-moe-expert-parallel-comm needs --bf16 or --fp16 "
+         "(megatron-core's TransformerConfig)"),
+    ],
+)  # fmt: skip
+def test_megatron_refuses_these_overlaps(flags, message):
+    with pytest.raises(ConfigError) as error:
+        _job(overlap_moe_expert_parallel_comm=True, **flags)
+    assert str(error.value) == message
+
+
+def test_delayed_weight_gradients_need_the_overlap_and_transformer_engine():
+    with pytest.raises(ConfigError, match="needs --overlap-moe-expert-parallel-comm"):
+        _job(delay_wgrad_compute=True, transformer_impl="transformer_engine")
+    with pytest.raises(ConfigError, match="needs --transformer-impl transformer_engine"):
+        _job(delay_wgrad_compute=True, overlap_moe_expert_parallel_comm=True,
+             transformer_impl="local")  # fmt: skip
+
+
+def test_memory_holds_the_extra_micro_batch(cli):
+    args = ["--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "8",
+            "--seq-length", "512", "--vocab-size", "1000", "--num-experts", "8", "--bf16",
+            "--disable-bias-linear", "--moe-token-dispatcher-type", "alltoall", "--ep", "2",
+            "--dp", "2", "--micro-batch-size", "1", "--global-batch-size", "8",
+            "--transformer-impl", "local", "--format", "json"]  # fmt: skip
+    import json
+
+    plain = json.loads(cli("memory", *args).out)["stages"][0]
+    result = cli("memory", *args, "--overlap-moe-expert-parallel-comm")
+    assert result.code == 0, result.err
+    merged = json.loads(result.out)["stages"][0]
+    assert merged["activations"]["in_flight"] == [2] and plain["activations"]["in_flight"] == [1]
+    assert merged["total"] > plain["total"]
+
+
+def _plan(**extra):
+    flags = {**MOE, "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
+             "context_parallel_size": 1, "recompute_granularity": "none", "global_batch_size": 64,
+             **extra}  # fmt: skip
+    flags.pop("data_parallel_size")
+    args = merge_sources(Sources(flags=flags), ("model", "layout", "training")).args
+    return search(make_request(args, PlanFlags(16, gpu="h100", top=1, gpus_per_node=8))).plans[0]
+
+
+def test_plan_hides_the_all_to_all_it_overlaps():
+    # ep 2 over 16 ranks of 8 per node: every exchange inside a node; the merged passes take
+    # what their pair takes beyond the compute, the first forward and last backward all of it
+    exposed, hidden = _plan(), _plan(overlap_moe_expert_parallel_comm=True)
+    assert exposed.job.layout == hidden.job.layout
+    assert hidden.time.shares()["expert"] < exposed.time.shares()["expert"]
+    assert hidden.time.shares()["compute"] == pytest.approx(exposed.time.shares()["compute"])
+    assert max(s.activations for s in hidden.stages) > max(s.activations for s in exposed.stages)
+    from inspector.plan.flags import megatron_flags
+
+    pasted = megatron_flags(hidden.job, hidden.split)
+    assert "--overlap-moe-expert-parallel-comm" in pasted
+    assert "--moe-token-dispatcher-type alltoall" in pasted
+
+
+def test_workload_says_simai_does_not_overlap(cli):
+    args = ["--num-layers", "2", "--hidden-size", "256", "--num-attention-heads", "8",
+            "--seq-length", "512", "--vocab-size", "1000", "--num-experts", "8", "--bf16",
+            "--disable-bias-linear", "--moe-token-dispatcher-type", "alltoall", "--ep", "2",
+            "--dp", "2", "--micro-batch-size", "1", "--global-batch-size", "8", "--gpu", "h100",
+            "--transformer-impl", "local", "--stage", "0"]  # fmt: skip
+    plain = cli("workload", *args)
+    result = cli("workload", *args, "--overlap-moe-expert-parallel-comm")
+    assert result.code == 0 and result.out == plain.out
+    assert "--overlap-moe-expert-parallel-comm hides behind" in result.err
+    assert "overlap" not in plain.err
