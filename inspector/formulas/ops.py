@@ -13,7 +13,9 @@ parallel size t, context parallel c, expert parallel e (expert tensor parallel u
   - core attention: flash (one forward and one backward kernel), or megatron's unfused
     DotProductAttention: baddbmm Q K^T into [b a/t, s/c, s], scale-mask-softmax (megatron's fused
     kernel with apex or Transformer Engine, else FusedScaleMaskSoftmax.forward_torch_softmax: to
-    fp32, masked_fill_, softmax, back to 16-bit), attention dropout, bmm with V;
+    fp32, masked_fill_, softmax, back to 16-bit), attention dropout, bmm with V, the context's
+    permute copy; tests/test_ops_dispatch.py checks the softmax's bytes against megatron's
+    dispatch under FakeTensorMode;
   - memory-bound ops priced by the bytes each reads and writes (forward; backward reads the
     saved input and the output gradient and writes the input gradient);
   - without apex or Transformer Engine (`fused_kernels` off: Megatron-LM then needs
