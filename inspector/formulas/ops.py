@@ -13,7 +13,9 @@ parallel size t, context parallel c, expert parallel e (expert tensor parallel u
   - core attention: flash (one forward and one backward kernel), or megatron's unfused
     DotProductAttention: baddbmm Q K^T into [b a/t, s/c, s], scale-mask-softmax (megatron's fused
     kernel with apex or Transformer Engine, else FusedScaleMaskSoftmax.forward_torch_softmax: to
-    fp32, masked_fill_, softmax, back to 16-bit), attention dropout, bmm with V;
+    fp32, masked_fill_, softmax, back to 16-bit), attention dropout, bmm with V, the context's
+    permute copy; tests/test_ops_dispatch.py checks the softmax's bytes against megatron's
+    dispatch under FakeTensorMode;
   - memory-bound ops priced by the bytes each reads and writes (forward; backward reads the
     saved input and the output gradient and writes the input gradient);
   - without apex or Transformer Engine (`fused_kernels` off: Megatron-LM then needs
@@ -154,17 +156,38 @@ def _unfused_attention(p: _Pass, dims: ModelDims, heads: int, sq: int, fused: bo
     scores = Gemm("Q K^T", sq, s, d, "fwd", heads)
     p.forward.append(scores)
     p.backward += [Gemm("dQ", sq, d, s, "dgrad", heads), Gemm("dK", s, d, sq, "wgrad", heads)]
+    # torch's autograd formula of baddbmm(alpha=softmax_scale): maybe_multiply(grad.bmm(..), alpha)
+    # for each of Q and K, an elementwise multiply after the GEMM (read 2, write 2 bytes)
+    p.backward.append(Memory("dQ, dK times alpha", "copy", heads * (sq + s) * d, 2 * act))
     elements = heads * sq * s
     if fused:  # one kernel reads and writes 16-bit scores
         p.memory("scale-mask-softmax", "copy", elements, 2 * act, 3 * act)
-    else:  # .float(), masked_fill_, softmax, back to 16-bit (forward_torch_softmax)
-        cast = act + FP32
-        p.memory("softmax in fp32", "copy", elements, 2 * cast + 3 * FP32 + MASK,
-                 2 * cast + 5 * FP32 + MASK)
+    else:
+        _torch_softmax(p, sq, s, elements, act)
     if dims.attention_dropout:
         p.memory("attention dropout", "copy", elements, 2 * act + MASK, 2 * act + MASK)
     p.forward.append(Gemm("P V", sq, d, s, "fwd", heads))
     p.backward += [Gemm("dP", sq, s, d, "dgrad", heads), Gemm("dV", s, d, sq, "wgrad", heads)]
+    # dot_product_attention.py: context.permute(2, 0, 1, 3).contiguous(), [b, np, sq, hn] to
+    # [sq, b, np, hn]: one copy (its backward is a view: the bmm reads the strided gradient)
+    p.forward.append(Memory("context permute", "copy", heads * sq * d, 2 * act))
+
+
+def _torch_softmax(p: _Pass, sq: int, s: int, elements: int, act: int) -> None:
+    """Add FusedScaleMaskSoftmax.forward_torch_softmax, the path without a fused kernel.
+
+    fusions/fused_softmax.py: the causal mask made anew each call (transformer/utils.py
+    get_default_causal_mask: torch.ones fp32 (write 4), triu (4 + 4), .bool() (4 + 1), on
+    [sq, sk] once, not per head); then per score: .float() (2 + 4), masked_fill_ in place
+    (attention_mask_func: reads 4 + 1 mask, writes 4), softmax (4 + 4), back to 16-bit (4 + 2).
+    Backward: the cast's gradient (2 + 4), _softmax_backward_data (4 + 4 + 4), masked_fill's
+    gradient (4 + 1 + 4), the .float()'s gradient (4 + 2). No scale multiply: DotProductAttention
+    scales in the baddbmm (alpha) and passes scale=None unless query-key layer scaling.
+    """
+    cast = act + FP32
+    p.forward.append(Memory("causal mask", "copy", sq * s, 3 * FP32 + FP32 + 1 + FP32))
+    p.memory("softmax in fp32", "copy", elements, 2 * cast + 4 * FP32 + MASK,
+             2 * cast + 5 * FP32 + MASK)
 
 
 def _core_attention(dims: ModelDims, z: Shard, flash: bool, fused: bool) -> _Pass:
@@ -197,6 +220,12 @@ def _attention(p: _Pass, dims: ModelDims, z: Shard, tokens: int, core: _Pass) ->
         return
     heads, groups = dims.num_attention_heads // t, max(dims.query_groups // t, 1)
     p.linear("QKV", tokens, h, (heads + 2 * groups) * d)
+    if not dims.fused_kernels:  # no Transformer Engine (apex alone: the same torch.split)
+        # attention.py get_query_key_value_tensors: torch.split of the QKV output (Transformer
+        # Engine's SplitAlongDim where installed); its backward is one torch.cat of the three
+        # gradients into the QKV gradient (read 2, write 2 bytes per element)
+        p.backward.append(Memory("QKV split backward (cat)", "copy",
+                                 tokens * (heads + 2 * groups) * d, 2 * dims.activation_bytes))
     if dims.rotary:
         p.memory("rotary Q, K", "copy", tokens * (heads + groups) * d,
                  2 * dims.activation_bytes, 2 * dims.activation_bytes)
