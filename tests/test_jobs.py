@@ -305,3 +305,21 @@ def test_hybrid_layer_pattern_and_mamba_sizes_are_refused(cli, tmp_path):
         "--mamba-num-heads 128 are not modelled: this tool builds megatron-core's GPTModel; "
         "hybrid (Mamba) models are not modelled\n"
     )
+
+
+def test_functional_test_config_refuses_the_flex_dispatcher_by_name(cli, tmp_path):
+    # Megatron-LM's MoE functional tests set the flex dispatcher with DeepEP in MODEL_ARGS; --config
+    # stops on it by name exactly as a launch script does, and `params` still reads the model
+    moe = ("  --num-experts: 4\n  --moe-router-topk: 2\n  --expert-model-parallel-size: 2\n"
+           "  --expert-tensor-parallel-size: 1\n  --moe-token-dispatcher-type: flex\n"
+           "  --moe-enable-deepep: true\n")  # fmt: skip
+    path = tmp_path / "model_config.yaml"
+    path.write_text(FUNCTIONAL_TEST.replace("  --bf16: true\n", "  --bf16: true\n" + moe))
+    memory = cli("memory", "--config", str(path))
+    assert memory.code == 2
+    assert memory.err.startswith(f"Error: {path}: --moe-token-dispatcher-type flex is not "
+                                 "modelled: the flex dispatcher (DeepEP's or HybridEP's fused "
+                                 "all-to-all")  # fmt: skip
+    assert "Traceback" not in memory.err and "--moe-enable-deepep without" not in memory.err
+    params = cli("params", "--config", str(path))
+    assert params.code == 0, params.err

@@ -463,3 +463,27 @@ def test_combining_checkpoints_is_named_as_a_conversion(tmp_path, cli):
         "converts, exports, quantizes or prunes a checkpoint, not training; this tool reads GPT "
         "training (pretrain_gpt.py) only\n"
     )
+
+
+# Hub tokenizers of Megatron-LM's GPT examples whose size this tool does not carry (DeepSeek-V3's,
+# Nemotron's, gpt-oss's): never sized from a guess; --vocab-size from the script is used, and
+# without it the error asks for it by name
+@pytest.mark.parametrize("hub_id", ["deepseek-ai/DeepSeek-V3", "nvidia/NVIDIA-Nemotron-Nano-9B-v2",
+                                    "openai/gpt-oss-20b"])  # fmt: skip
+def test_an_unknown_hub_tokenizer_asks_for_the_vocabulary_size(tmp_path, cli, hub_id):
+    path = tmp_path / "s.sh"
+    launch = (f"torchrun --nproc_per_node=1 pretrain_gpt.py {SMALL} "
+              f"--tokenizer-type HuggingFaceTokenizer --tokenizer-model {hub_id}")  # fmt: skip
+    path.write_text(launch + "\n")
+    missing = cli("params", "--from-script", str(path))
+    assert missing.code == 2
+    assert missing.err.endswith(
+        f"Error: {path} line 1: the vocabulary of --tokenizer-type HuggingFaceTokenizer "
+        f"--tokenizer-model {hub_id} is not known here (no such file on this machine, nor a "
+        "tokenizer this tool knows); give --vocab-size\n"
+    )
+    path.write_text(launch + " --vocab-size 1000\n")
+    given = cli("params", "--from-script", str(path))
+    assert given.code == 0, given.err
+    assert "VocabParallelEmbedding();(1024, 64);" in given.out  # 1000 padded to a multiple of 128
+    assert f"HuggingFaceTokenizer {hub_id} cannot be read here; --vocab-size 1000" in given.err
