@@ -158,3 +158,35 @@ def test_workload_says_simai_does_not_overlap(cli):
     assert result.code == 0 and result.out == plain.out
     assert "--overlap-moe-expert-parallel-comm hides behind" in result.err
     assert "overlap" not in plain.err
+
+
+class _Group:  # what get_pp_rank_microbatches asks of the pipeline group
+    def __init__(self, size: int, rank: int) -> None:
+        self._size, self._rank = size, rank
+
+    def size(self) -> int:
+        return self._size
+
+    def rank(self) -> int:
+        return self._rank
+
+
+@pytest.mark.parametrize(("pp", "chunks", "m"), [(2, 2, 8), (4, 2, 16), (8, 4, 32), (4, 3, 2)])
+def test_warm_up_under_the_overlap_is_megatrons(pp, chunks, m):
+    import inspect
+    import types
+
+    from megatron.core.pipeline_parallel import schedules
+
+    if "overlap_moe_expert_parallel_comm" not in inspect.signature(
+        schedules.get_pp_rank_microbatches
+    ).parameters:  # megatron-core 0.13 has no combined 1F1B (the flag came in 0.14)
+        pytest.skip("no --overlap-moe-expert-parallel-comm in this megatron-core")
+    for rank in range(pp):
+        comm = types.SimpleNamespace(pp_group=_Group(pp, rank),
+                                     virtual_pipeline_model_parallel_size=chunks)  # fmt: skip
+        total, _, warmup, remaining = schedules.get_pp_rank_microbatches(
+            m, chunks, pp, overlap_moe_expert_parallel_comm=True, p2p_communicator=comm
+        )
+        assert warmup_steps(rank, pp, m, chunks, pp, extra=1) == warmup
+        assert merged_share(rank, pp, m, chunks) == pytest.approx(remaining / total)
