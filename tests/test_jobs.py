@@ -323,3 +323,34 @@ def test_functional_test_config_refuses_the_flex_dispatcher_by_name(cli, tmp_pat
     assert "Traceback" not in memory.err and "--moe-enable-deepep without" not in memory.err
     params = cli("params", "--config", str(path))
     assert params.code == 0, params.err
+
+
+@pytest.mark.parametrize(
+    ("env", "layout", "noted"),
+    [
+        ("", "--tensor-model-parallel-size 2", "the launch does not set it"),
+        ("export CUDA_DEVICE_MAX_CONNECTIONS=8\n", "--context-parallel-size 2", "the launch sets '8'"),
+        ("export CUDA_DEVICE_MAX_CONNECTIONS=1\n", "--tensor-model-parallel-size 2", None),
+        ("", "", None),  # tp = cp = 1: no check
+        ("CUDA_DEVICE_MAX_CONNECTIONS=1 ", "--tensor-model-parallel-size 2", None),  # the command's own
+        ("", "--tensor-model-parallel-size 2 --use-torch-fsdp2 --no-gradient-accumulation-fusion "
+         "--untie-embeddings-and-output-weights", None),  # FSDP: Megatron-LM only warns
+    ],
+)  # fmt: skip
+def test_megatron_lms_cuda_device_max_connections_check_is_noted(env, layout, noted):
+    # Megatron-LM's validate_args asserts it on GPUs before Blackwell (core_v0.13.1-core_v0.16.1)
+    launch = "torchrun --nproc-per-node 8 pretrain_gpt.py"
+    if env.startswith("CUDA"):
+        launch, env = env + launch, ""
+    parsed = parse_launch_script(f"{env}{launch} {SMALL} {layout}\n", "s.sh")
+    found = [n for n in parsed.notes if "CUDA_DEVICE_MAX_CONNECTIONS" in n]
+    if noted is None:
+        assert found == []
+    else:
+        line = 2 if env else 1
+        assert found == [
+            f"line {line}: on GPUs before Blackwell (H100, A100) Megatron-LM stops here: tp or cp "
+            f"above 1 needs CUDA_DEVICE_MAX_CONNECTIONS=1 and {noted} (validate_args: 'Using tensor "
+            "model parallelism or context parallelism require setting the environment variable "
+            "CUDA_DEVICE_MAX_CONNECTIONS to 1'); on B200 and GB200 it runs"
+        ]

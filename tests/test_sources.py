@@ -166,7 +166,7 @@ def test_data_parallel_comes_from_the_launchers_world(cli):
     assert (wrong.code, wrong.out) == (2, "")
     assert wrong.err == (
         "Error: --dp 2 contradicts the script's world: 16 GPUs (torchrun --nproc_per_node 8 --nnodes 2 "
-        f"({path} line 58)) / (--tp 2 x --pp 2 x --cp 1) = 4 data-parallel ranks\n"
+        f"({path} line 60)) / (--tp 2 x --pp 2 x --cp 1) = 4 data-parallel ranks\n"
     )
 
 

@@ -115,7 +115,8 @@ def parse_launch_script(text: str, origin: str, settings: Mapping[str, str] | No
     own = f"{origin} line "  # the script's own lines: "line 12: ..." under "Note from SCRIPT"
     read = (note.replace(own, "line ", 1) if note.startswith(own) else note
             for note in launch.ctx.notes)  # fmt: skip
-    notes: tuple[str, ...] = (*read, *program, *dropped)
+    connections = connections_note(launch, args, where.replace(own, "line ", 1))
+    notes: tuple[str, ...] = (*read, *program, *dropped, *((connections,) if connections else ()))
     if "--tokenizer-type" in raw:
         raw = {flag: needs.need(value, flag, "vocab_size") or launch.ctx.show(value)
                for flag, value in raw.items()}  # fmt: skip
@@ -136,6 +137,34 @@ class _Launch:
     origin: str
     line: int
     ctx: Context
+    env: Mapping[str, str] = field(default_factory=dict)  # what the launched command sees
+
+
+# Megatron-LM's validate_args (core_v0.13.1 to core_v0.16.1, the same text): with tp or cp above 1
+# on GPUs before Blackwell, unless FSDP or the MoE all-to-all overlap (which only warn),
+# `assert os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS') == "1"`.
+_CONNECTIONS = ("Using tensor model parallelism or context parallelism require setting the "
+                "environment variable CUDA_DEVICE_MAX_CONNECTIONS to 1")  # fmt: skip
+
+
+def connections_note(launch: _Launch, args: Mapping[str, Any], where: str) -> str | None:
+    """Return a note where Megatron-LM would stop on a GPU before Blackwell because the launch
+    does not set CUDA_DEVICE_MAX_CONNECTIONS=1 (None where it sets it, or the check is off)."""
+    if (args.get("tensor_model_parallel_size") or 1) <= 1 and (
+            args.get("context_parallel_size") or 1) <= 1:  # fmt: skip
+        return None
+    if any(args.get(name) for name in ("use_megatron_fsdp", "use_torch_fsdp2",
+                                       "overlap_moe_expert_parallel_comm")):  # fmt: skip
+        return None
+    value = launch.env.get("CUDA_DEVICE_MAX_CONNECTIONS")
+    if value is not None:
+        value = launch.ctx.bash_value(value)
+        if value is None or value == "1":  # a value only the job's machine knows: no claim
+            return None
+    given = "does not set it" if value is None else f"sets {value!r}"
+    return (f"{where}: on GPUs before Blackwell (H100, A100) Megatron-LM stops here: tp or cp above "
+            f"1 needs CUDA_DEVICE_MAX_CONNECTIONS=1 and the launch {given} (validate_args: "
+            f"'{_CONNECTIONS}'); on B200 and GB200 it runs")
 
 
 def interpret_launch(
@@ -153,7 +182,7 @@ def interpret_launch(
     world = world_of(command.argv, dict(command.env), where, needs.for_key(WORLD), command.batch,
                      command.outer)
     observed = tuple(_as_bash(ctx, word) for word in command.observed if not ctx.is_unset(word))
-    launch = _Launch(command.argv, observed, command.origin, command.line, ctx)
+    launch = _Launch(command.argv, observed, command.origin, command.line, ctx, dict(command.env))
     return launch, world, needs
 
 
