@@ -24,6 +24,14 @@
   and megatron's modules, classes, functions: `gc.freeze()`): ~2 full collections would otherwise
   rescan them, ~0.1-0.2 s each. Nothing frozen is garbage; collection itself stays on.
 - The Transformer Engine stand-in (inspector.world.te) is installed before megatron-core is imported.
+- After the import, three of torch's Python helpers that its meta kernels, Python references and
+  decompositions call on every elementwise op, matmul shape check or dropout (the engine's trace)
+  answer plain Python values without sympy (~0.25 s to import): type promotion
+  (`torch._prims_common.elementwise_dtypes`, `_promotion`), `torch.sym_not` (`_sym_not`), and
+  torch.fx.experimental.symbolic_shapes, whose functions those kernels import by name
+  (`_SymbolicShapes`, in sys.modules until something needs the real module, then torch's). Each
+  answer is torch's for those values (tests/test_fastimport.py compares them); anything symbolic
+  goes to torch's own function.
 
 While a stage is built (`meta_cat()`, entered by setup.simulated_rank), two kinds of call on meta
 tensors are answered directly, because torch's meta kernels for them are Python references whose
