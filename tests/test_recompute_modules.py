@@ -367,3 +367,47 @@ def test_mla_up_proj_with_sequence_parallel_qk_layernorm_is_within_a_block_per_l
     engine's drop (a per-row statistic the closed forms do not count)."""
     args = {**ENGINE, **MLA, "sequence_parallel": True, "qk_layernorm": True}
     assert _drop(args, "mla_up_proj") - _formula_drop(args, "mla_up_proj") == LAYERS * BLOCK
+
+
+MLA_FLAGS = ("--multi-latent-attention", "--q-lora-rank", "32", "--kv-lora-rank", "16",
+             "--qk-head-dim", "16", "--qk-pos-emb-head-dim", "8", "--v-head-dim", "16",
+             "--normalization", "RMSNorm", "--position-embedding-type", "rope",
+             "--transformer-impl", "transformer_engine")  # fmt: skip
+
+
+@pytest.mark.skipif(MLA_ROPE_EXPERIMENTAL, reason="the fused MLA RoPE is experimental here")
+def test_plan_with_mla_up_proj_recomputation_is_confirmed_by_memory(cli):
+    """plan accepts mla_up_proj: its plan holds less and computes more than core_attn alone, and
+    `memory` with the printed flags (the engine's run) reports the peak the plan printed."""
+    import json
+
+    def best(modules: str) -> dict:
+        found = cli(*PLAN, *MLA_FLAGS, "--recompute-modules", modules, "--top", "1", "--format",
+                    "json", "--no-cache", "--tp", "2", "--pp", "1")  # fmt: skip
+        assert found.code == 0, found.err
+        return json.loads(found.out)["plans"][0]
+
+    up, core = best("core_attn mla_up_proj"), best("core_attn")
+    assert "--recompute-modules core_attn mla_up_proj" in up["flags"]
+    assert up["peak_bytes"] < core["peak_bytes"]
+    assert up["time_shares"]["compute"] > core["time_shares"]["compute"]
+    flags = [word for flag in up["flags"] for word in flag.split(" ", 1)]
+    flags = [f for f in flags if f != "--overlap-param-gather"]
+    memory = cli("memory", *PLAN[1:13], *MLA_FLAGS, *flags, "--dp", str(up["layout"]["dp"]),
+                 "--format", "json")  # fmt: skip
+    assert memory.code == 0, memory.err
+    stages = json.loads(memory.out)["stages"]
+    assert [s.get("total_bytes", s.get("total")) for s in stages] == [s["total"] for s in up["stages"]]
+
+
+def test_workload_times_the_mla_up_projections_it_recomputes(cli):
+    """workload adds the up projections' forward to attention's input-gradient phase."""
+    from inspector.report.simai import parse_workload
+
+    runs = {m: cli(*WORKLOAD, *MLA_FLAGS, "--recompute-modules", m, "--gpu", "h100",
+                   "--seq-length", "4096")  # the up projections' nanoseconds above rounding
+            for m in ("core_attn", "core_attn mla_up_proj")}  # fmt: skip
+    assert all(r.code == 0 for r in runs.values()), [r.err for r in runs.values()]
+    core, up = (parse_workload(r.out)[1] for r in runs.values())
+    grew = {a.name for a, b in zip(core, up, strict=True) if b.ig_compute > a.ig_compute}
+    assert grew == {"attention_layer"}

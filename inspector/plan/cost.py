@@ -306,8 +306,7 @@ def _layer_time(
         collectives += 2 * sum(m in modules for m in mlps)  # its 2 of the forward's 4
     tensor = _collective(collectives, tokens * dims.hidden_size, act, lay.tp, net.link(lay.tp))
     if recompute == "selective" and "mla_up_proj" in modules and lay.sequence_parallel:
-        latents = (dims.q_lora_rank or dims.hidden_size) + dims.kv_lora_rank  # gathered again
-        tensor += _collective(1, tokens * latents, act, lay.tp, net.link(lay.tp))
+        tensor += _collective(1, tokens * _latents(dims), act, lay.tp, net.link(lay.tp))
     context = expert = 0.0
     if lay.cp > 1:
         again = recompute == "full" or (recompute == "selective" and "core_attn" in modules)
@@ -321,6 +320,11 @@ def _layer_time(
         routed = tokens * dims.moe_router_topk * dims.hidden_size / lay.tp
         expert = expert_alltoall(4, routed, act, lay, net)
     return compute, tensor, context, expert
+
+
+def _latents(dims: ModelDims) -> int:
+    """Return the width MLA's up projections gather: q's latent (h without one) and kv's."""
+    return (dims.q_lora_rank or dims.hidden_size) + dims.kv_lora_rank
 
 
 def _recomputed_flops(
