@@ -254,12 +254,12 @@ PLAN = ("plan", "--num-layers", "2", "--hidden-size", "64", "--num-attention-hea
 
 @pytest.mark.parametrize("flags", [["--recompute-modules", "core_attn layernorm"], ["--moe-layer-recompute"]])
 def test_plan_refuses_modules_it_would_drop(cli, flags):
-    """plan's closed forms count the saving of core_attn, mlp and shared_experts only: a plan
+    """plan's closed forms count the saving of core_attn, mla_up_proj, mlp and shared_experts only: a plan
     without the asked modules would be a different job, so it says so instead of planning one."""
     result = cli(*PLAN, *flags)
     assert result.code == 2
     assert result.err.startswith("Error: --recompute-modules ")
-    assert "plan prices selective recomputation of core_attn, mlp, shared_experts only" in result.err
+    assert "plan prices selective recomputation of core_attn, mla_up_proj, mlp, shared_experts only" in result.err
 
 
 def test_plan_with_mlp_recomputation_is_confirmed_by_memory(cli):
@@ -343,3 +343,71 @@ def test_one_layer_of_each_kind_stands_for_the_rest_under_module_recomputation(f
     job = make_job({**ENGINE, "num_layers": 6, "pipeline_model_parallel_size": 2,
                     "recompute_granularity": "selective", **flags})  # fmt: skip
     assert_composed_equals_whole(job)
+
+
+_MLA_CASES = {"latents": {}, "sequence-parallel": {"sequence_parallel": True},
+              "qk-layernorm": {"qk_layernorm": True}, "no-q-latent": {"q_lora_rank": None},
+              "tp1": {"tensor_model_parallel_size": 1, "data_parallel_size": 4}}  # fmt: skip
+
+
+@pytest.mark.skipif(MLA_ROPE_EXPERIMENTAL, reason="the fused MLA RoPE is experimental here")
+@pytest.mark.parametrize("flags", _MLA_CASES.values(), ids=_MLA_CASES.keys())
+def test_closed_forms_count_the_mla_up_proj_saving_the_engine_measures(flags):
+    """activations.py `_mla_attention(up_proj=True)`: Q, K, V go, the checkpoint's inputs stay
+    (the RoPE key keeps kv_down's whole output; gathered under sequence parallelism; with
+    --qk-layernorm the latent norms' outputs go too): exactly the engine's drop."""
+    args = {**ENGINE, **MLA, **flags}
+    assert _formula_drop(args, "mla_up_proj") == _drop(args, "mla_up_proj") > 0
+
+
+@pytest.mark.skipif(MLA_ROPE_EXPERIMENTAL, reason="the fused MLA RoPE is experimental here")
+def test_mla_up_proj_with_sequence_parallel_qk_layernorm_is_within_a_block_per_layer():
+    """Sequence parallelism with --qk-layernorm: the closed form (norm outputs on the rank's
+    rows gone, the gathered RoPE key kept) is one 512-byte allocator block per layer short of the
+    engine's drop (a per-row statistic the closed forms do not count)."""
+    args = {**ENGINE, **MLA, "sequence_parallel": True, "qk_layernorm": True}
+    assert _drop(args, "mla_up_proj") - _formula_drop(args, "mla_up_proj") == LAYERS * BLOCK
+
+
+MLA_FLAGS = ("--multi-latent-attention", "--q-lora-rank", "32", "--kv-lora-rank", "16",
+             "--qk-head-dim", "16", "--qk-pos-emb-head-dim", "8", "--v-head-dim", "16",
+             "--normalization", "RMSNorm", "--position-embedding-type", "rope",
+             "--transformer-impl", "transformer_engine")  # fmt: skip
+
+
+@pytest.mark.skipif(MLA_ROPE_EXPERIMENTAL, reason="the fused MLA RoPE is experimental here")
+def test_plan_with_mla_up_proj_recomputation_is_confirmed_by_memory(cli):
+    """plan accepts mla_up_proj: its plan holds less and computes more than core_attn alone, and
+    `memory` with the printed flags (the engine's run) reports the peak the plan printed."""
+    import json
+
+    def best(modules: str) -> dict:
+        found = cli(*PLAN, *MLA_FLAGS, "--recompute-modules", modules, "--top", "1", "--format",
+                    "json", "--no-cache", "--tp", "2", "--pp", "1")  # fmt: skip
+        assert found.code == 0, found.err
+        return json.loads(found.out)["plans"][0]
+
+    up, core = best("core_attn mla_up_proj"), best("core_attn")
+    assert "--recompute-modules core_attn mla_up_proj" in up["flags"]
+    assert up["peak_bytes"] < core["peak_bytes"]
+    assert up["time_shares"]["compute"] > core["time_shares"]["compute"]
+    flags = [word for flag in up["flags"] for word in flag.split(" ", 1)]
+    flags = [f for f in flags if f != "--overlap-param-gather"]
+    memory = cli("memory", *PLAN[1:13], *MLA_FLAGS, *flags, "--dp", str(up["layout"]["dp"]),
+                 "--format", "json")  # fmt: skip
+    assert memory.code == 0, memory.err
+    stages = json.loads(memory.out)["stages"]
+    assert [s.get("total_bytes", s.get("total")) for s in stages] == [s["total"] for s in up["stages"]]
+
+
+def test_workload_times_the_mla_up_projections_it_recomputes(cli):
+    """workload adds the up projections' forward to attention's input-gradient phase."""
+    from inspector.report.simai import parse_workload
+
+    runs = {m: cli(*WORKLOAD, *MLA_FLAGS, "--recompute-modules", m, "--gpu", "h100",
+                   "--seq-length", "4096")  # the up projections' nanoseconds above rounding
+            for m in ("core_attn", "core_attn mla_up_proj")}  # fmt: skip
+    assert all(r.code == 0 for r in runs.values()), [r.err for r in runs.values()]
+    core, up = (parse_workload(r.out)[1] for r in runs.values())
+    grew = {a.name for a, b in zip(core, up, strict=True) if b.ig_compute > a.ig_compute}
+    assert grew == {"attention_layer"}

@@ -141,3 +141,57 @@ def test_shared_experts_recompute_adds_the_shared_mlp_products():
     both = _job(**flags, recompute_modules="moe shared_experts")
     moe = _priced(_job(**flags, recompute_modules="moe"))[2]
     assert sum(_recorded_gemm_flops(both).values()) == total + moe + again
+
+
+_MLA = {"multi_latent_attention": True, "q_lora_rank": 32, "kv_lora_rank": 16, "qk_head_dim": 16,
+        "qk_pos_emb_head_dim": 8, "v_head_dim": 16, "normalization": "RMSNorm",
+        "position_embedding_type": "rope", "disable_bias_linear": True,
+        "transformer_impl": "transformer_engine", **ONE}  # fmt: skip
+
+
+def _te_forward_gemms(job: Any) -> list[tuple[int, int, int]]:
+    """Run one micro-batch; return (rows, out, in) of every Transformer Engine forward GEMM (the
+    stand-in allocates their outputs: no aten product to count)."""
+    from unittest import mock
+
+    from inspector.engine.stage import trace_stage
+    from inspector.world.setup import megatron
+    from inspector.world.te import functions
+
+    calls: list[tuple[int, int, int]] = []
+    real = functions._forward_gemm
+
+    def spy(ln_out: Any, weight: Any, setup: Any) -> Any:
+        rows = ln_out.shape[0] * (setup.tp_size if setup.gathers_input else 1)
+        calls.append((rows, weight.shape[0], weight.shape[1]))
+        return real(ln_out, weight, setup)
+
+    megatron()
+    with mock.patch.object(functions, "_forward_gemm", spy):
+        trace_stage(job, 0)
+    return calls
+
+
+@pytest.mark.parametrize("flags", [{}, {"sequence_parallel": True}, {"q_lora_rank": None}],
+                         ids=["latents", "sequence-parallel", "no-q-latent"])
+def test_mla_projections_are_the_gemms_megatron_runs_and_mla_up_proj_repeats_the_up_ones(flags):
+    """formulas/ops.py splits multi-latent attention as MLASelfAttention runs it: the duplicated
+    down projections on the rank's rows (s b / t with sequence parallelism), the column-parallel
+    up projections on all rows, the row-parallel output; `--recompute-modules mla_up_proj` runs
+    the two up projections' forward again (CheckpointWithoutOutput, `recompute_up_proj`)."""
+    from inspector.formulas.kernels import Gemm
+    from inspector.formulas.ops import Shard, layer_ops
+
+    job = _job(**{**_MLA, **flags})
+    lay = job.layout
+    shard = Shard(tp=lay.tp, sequence_parallel=lay.sequence_parallel,
+                  micro_batch=job.schedule().micro_batch_size)  # fmt: skip
+    ops = layer_ops(job.dims(), shard, False)
+    priced = sorted((op.m, op.n, op.k) for op in ops.forward
+                    if isinstance(op, Gemm) and op.name not in ("Q K^T", "P V"))  # fmt: skip
+    assert sorted(_te_forward_gemms(job)) == priced and len(priced) == 7 - (flags == {"q_lora_rank": None})
+    asked = _job(**{**_MLA, **flags}, recompute_granularity="selective", recompute_modules="mla_up_proj")
+    again = [(op.m, op.n, op.k) for op in ops.recomputed(("mla_up_proj",)) if isinstance(op, Gemm)]
+    recorded = collections.Counter(_te_forward_gemms(asked))
+    recorded.subtract(collections.Counter(priced))
+    assert sorted(recorded.elements()) == sorted(again) and len(again) == 2

@@ -25,8 +25,9 @@ reduce exactly to the table. Assumptions, all the paper's unless said otherwise:
     fp32 softmax statistics, 4asb bytes per layer (Q, K, V and the output are already counted);
   - selective recomputation of core attention (megatron-core's default
     `recompute_modules=["core_attn"]`) removes exactly the 5as^2b (or flash) terms; of `mlp`
-    (our extension) a dense MLP's terms split by t, of `shared_experts` the shared expert's
-    (`layer_activations`; other modules are not counted);
+    (our extension) a dense MLP's terms split by t, of `shared_experts` the shared expert's, of
+    `mla_up_proj` multi-latent attention's Q, K and V (`layer_activations`; other modules are
+    not counted);
   - full recomputation follows `--recompute-method` / `--recompute-num-layers` (default uniform,
     1): a checkpointed group keeps its input (2sbh, split by t under sequence parallelism), the
     layers `block` leaves alone keep everything, and backward rebuilds one group at a time,
@@ -108,7 +109,7 @@ def _attention(dims: ModelDims, par: Layout, sb: float) -> float:
     return outside / par.sp_divisor + inside / par.tp
 
 
-def _mla_attention(dims: ModelDims, par: Layout, sb: float) -> float:
+def _mla_attention(dims: ModelDims, par: Layout, sb: float, up_proj: bool = False) -> float:
     """Return multi-latent attention's bytes besides the scores (our extension, Section 4.1's method).
 
     Every tensor a backward GEMM or norm reads is counted once, in the paper's way:
@@ -119,6 +120,15 @@ def _mla_attention(dims: ModelDims, par: Layout, sb: float) -> float:
         --qk-layernorm the latent norms' inputs, as much again;
       - split by t: Q and K, n (c + r) wide each (the RoPE part is joined to every head), V n v
         wide, and the output projection's input n v wide.
+
+    `up_proj` (--recompute-modules mla_up_proj; multi_latent_attention.py CheckpointWithoutOutput
+    around `qkv_up_proj_and_rope_apply`, its output freed once core attention has run): Q, K
+    and V go, and the checkpoint keeps its inputs instead of what the up projections saved: the
+    RoPE key k_pos_emb, sb r, holds linear_kv_down_proj's whole output (kv_lora + r wide, a view
+    of it) where the kv up projection kept its own kv_lora-wide copy; with sequence parallelism
+    over t > 1 k_pos_emb is gathered to a tensor of its own (s b r) beside the local output.
+    With --qk-layernorm (TE's LayerNormLinear up projections) the norms' inputs already held
+    that output, and their outputs (the latents' width, on the rank's rows) go too.
     """
     n, b = dims.num_attention_heads, dims.activation_bytes
     c, r, v = dims.qk_head_dim, dims.qk_pos_emb_head_dim, dims.v_head_dim
@@ -126,6 +136,14 @@ def _mla_attention(dims: ModelDims, par: Layout, sb: float) -> float:
     latent_width = (dims.q_lora_rank or 0) + dims.kv_lora_rank
     latents = b * sb * latent_width * (2 if dims.qk_layernorm else 1)
     inside = b * sb * n * (2 * (c + r) + 2 * v)
+    if up_proj:
+        inside = b * sb * n * v  # the output projection's input only
+        gathered = par.sequence_parallel and par.tp > 1
+        if dims.qk_layernorm:  # the norms' outputs go; their inputs held kv_down's output already
+            latents -= b * sb * latent_width / par.sp_divisor
+            latents += b * sb * r * gathered
+        else:
+            latents += b * sb * r * (1 + (1 / par.tp if gathered else 0))
     return outside / par.sp_divisor + latents + inside / par.tp
 
 
@@ -191,7 +209,8 @@ def layer_activations(
         flash_attention: the core attention never materialises the s x s scores.
         modules: --recompute-modules under selective recomputation, of which these formulas
             count core_attn (the score terms go), mlp (a dense layer's MLP keeps its input
-            only: the terms split by t go) and shared_experts (the shared expert's terms go);
+            only: the terms split by t go), shared_experts (the shared expert's terms go) and
+            mla_up_proj (Q, K and V go, `_mla_attention`);
             the callers refuse the others (tests/test_recompute_modules.py checks each saving
             against the engine's measured drop).
     """
@@ -214,7 +233,10 @@ def layer_activations(
         # transformer_layer.py _forward_mlp: tensor_parallel.checkpoint(self.mlp) keeps fc1's input
         ffn = 0 if "mlp" in asked else dims.ffn
         mlp = _dense_mlp(dims, par, sb, ffn)
-    attention = _mla_attention(dims, par, sb) if dims.multi_latent_attention else None
+    attention = (
+        _mla_attention(dims, par, sb, "mla_up_proj" in asked) if dims.multi_latent_attention
+        else None
+    )
     return LayerActivations(
         norms, attention if attention is not None else _attention(dims, par, sb), core, mlp, 0.0
     )

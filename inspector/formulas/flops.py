@@ -88,6 +88,18 @@ def mla_attention_flops(dims: ModelDims, tokens: int) -> tuple[int, int]:
     return GEMM_FACTOR * tokens * projections, 3 * tokens * s * n * (c + r + v)
 
 
+def mla_up_flops(dims: ModelDims, tokens: int) -> int:
+    """Return multi-latent attention's up projections' FLOPs over `tokens`, forward and backward.
+
+    The q_lora (h without a query latent) x n (c + r) and kv_lora x n (c + v) terms of
+    `mla_attention_flops`: what `--recompute-modules mla_up_proj` runs again (a third of it).
+    """
+    n, c = dims.num_attention_heads, dims.qk_head_dim
+    q = dims.q_lora_rank or dims.hidden_size
+    width = q * (c + dims.qk_pos_emb_head_dim) + dims.kv_lora_rank * (c + dims.v_head_dim)
+    return GEMM_FACTOR * tokens * n * width
+
+
 def mtp_flops(dims: ModelDims, num_sequences: int) -> int:
     """Return the FLOPs of the multi-token-prediction layers over `num_sequences` sequences.
 

@@ -22,8 +22,15 @@ parallel size t, context parallel c, expert parallel e (expert tensor parallel u
     --no-gradient-accumulation-fusion) each weight gradient is a 16-bit tensor that DDP's hook
     adds into the fp32 main_grad (distributed/distributed_data_parallel.py, `main_grad.add_`);
     with them the weight-gradient GEMM accumulates into main_grad itself.
-Multi-latent attention's projections are one linear of the same FLOPs (mla_attention_flops) over
-t ranks. The output layer and loss: `output_ops` (vocab_parallel_cross_entropy's passes).
+Multi-latent attention (megatron-core multi_latent_attention.py, MLASelfAttention, TE spec): the
+down projections h -> q_lora and h -> kv_lora + r are duplicated on every TP rank (TELinear
+`parallel_mode="duplicated"`) and run on the rank's local rows (T / t with sequence parallelism,
+else all T); the latent norms (with --qk-layernorm) on the same rows; the column-parallel up
+projections q_lora -> n (c + r) / t (or h -> n (c + r) / t without a query latent) and
+kv_lora -> n (c + v) / t on all T; RoPE on the rotary parts of Q and K; core attention; the
+row-parallel output n v / t -> h. Their GEMM FLOPs are Megatron-LM's (mla_attention_flops, less
+the latent norms' "+ 1" terms). The output layer and loss: `output_ops`
+(vocab_parallel_cross_entropy's passes).
 Not memoised here: the planner keeps them in caches plan/caches.py owns (plan/cost.py).
 """
 
@@ -31,7 +38,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from inspector.formulas.flops import mla_attention_flops
 from inspector.formulas.kernels import (
     ATTENTION_BACKWARD,
     Attention,
@@ -92,8 +98,11 @@ class LayerOps:
 #     permutation, experts, un-permutation and shared experts;
 #   moe_act: moe/experts.py CheckpointWithoutOutput of the experts' activation (no GEMM);
 #   shared_experts: moe_layer.py `shared_experts_compute`, checkpoint(self.shared_experts).
-# mla_up_proj is not priced: the MLA projections are one linear here (the callers refuse it).
-RECOMPUTED: tuple[str, ...] = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "shared_experts")
+#   mla_up_proj: multi_latent_attention.py `get_query_key_value_tensors`, CheckpointWithoutOutput
+#     of `qkv_up_proj_and_rope_apply`: the q and kv up projections and RoPE (not the down
+#     projections, not the latent norms).
+RECOMPUTED: tuple[str, ...] = (
+    "core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "moe_act", "shared_experts")
 
 
 def linear(
@@ -209,15 +218,38 @@ def _core_attention(dims: ModelDims, z: Shard, flash: bool, fused: bool) -> _Pas
     return p
 
 
+def _mla(p: _Pass, dims: ModelDims, z: Shard, tokens: int, local: int, core: _Pass) -> tuple[Op, ...]:
+    """Add multi-latent attention's projections, norms, RoPE, core attention and output.
+
+    Returns the forward kernels `--recompute-modules mla_up_proj` runs again: the up
+    projections and RoPE (`qkv_up_proj_and_rope_apply`).
+    """
+    h, t, act = dims.hidden_size, z.tp, dims.activation_bytes
+    n = max(1, dims.num_attention_heads // t)
+    c, r, v = dims.qk_head_dim, dims.qk_pos_emb_head_dim, dims.v_head_dim
+    q, k = dims.q_lora_rank, dims.kv_lora_rank
+    if q is not None:
+        p.linear("q down projection", local, h, q)
+    p.linear("kv down projection", local, h, k + r)
+    if dims.qk_layernorm:
+        if q is not None:
+            p.memory("q latent norm", "rms_norm", local * q, 2 * act, 3 * act)
+        p.memory("kv latent norm", "rms_norm", local * k, 2 * act, 3 * act)
+    start = len(p.forward)
+    p.linear("q up projection", tokens, q if q is not None else h, n * (c + r))
+    p.linear("kv up projection", tokens, k, n * (c + v))
+    if dims.rotary:
+        p.memory("rotary Q, K", "copy", tokens * (n + 1) * r, 2 * act, 2 * act)
+    up = tuple(p.forward[start:])
+    p.forward += core.forward
+    p.backward += core.backward
+    p.linear("attention output", tokens, n * v, h)
+    return up
+
+
 def _attention(p: _Pass, dims: ModelDims, z: Shard, tokens: int, core: _Pass) -> None:
     """Add the QKV projection, rotary embedding, core attention and output projection."""
     h, d, t = dims.hidden_size, dims.head_dim, z.tp
-    if dims.multi_latent_attention:  # down and up projections: their FLOPs as one linear
-        projections, _ = mla_attention_flops(dims, 1)
-        p.linear("MLA projections", tokens, h, max(1, projections // 6 // h // t))
-        p.forward += core.forward
-        p.backward += core.backward
-        return
     heads, groups = dims.num_attention_heads // t, max(dims.query_groups // t, 1)
     p.linear("QKV", tokens, h, (heads + 2 * groups) * d)
     if not dims.fused_kernels:  # no Transformer Engine (apex alone: the same torch.split)
@@ -279,7 +311,11 @@ def layer_ops(dims: ModelDims, z: Shard, moe: bool) -> LayerOps:
     _residual(p, dims, "input norm", elements, act)
     norms = p.forward[-1:]
     core = _core_attention(dims, z, dims.flash_attention, dims.fused_kernels)
-    _attention(p, dims, z, tokens, core)
+    up: tuple[Op, ...] = ()
+    if dims.multi_latent_attention:
+        up = _mla(p, dims, z, tokens, local, core)
+    else:
+        _attention(p, dims, z, tokens, core)
     _residual(p, dims, "attention bias-dropout-add", elements, act)
     _residual(p, dims, "pre-MLP norm", elements, act)
     norms += p.forward[-1:]
@@ -291,6 +327,8 @@ def layer_ops(dims: ModelDims, z: Shard, moe: bool) -> LayerOps:
     mlp = tuple(p.forward[start:])
     _residual(p, dims, "MLP bias-dropout-add", elements, act)
     modules: dict[str, tuple[Op, ...]] = {"core_attn": tuple(core.forward), "layernorm": tuple(norms)}
+    if up:
+        modules["mla_up_proj"] = up
     if moe:
         modules["moe"] = mlp
         modules["moe_act"] = tuple(op for op in mlp if op.name == "expert activation")

@@ -7,14 +7,15 @@ Each term and its source (symbols of inspector/job/dims.py; m micro-batches, v v
     (formulas/kernels.py), plus the forward recomputation repeats (full: each checkpointed
     layer's, all of them or, with `--recompute-method block` N, the first N of each chunk;
     selective: core attention's). With `--efficiency` instead: Megatron-LM's FLOPs (flops.py)
-    split over tp x cp ranks at `peak x efficiency`, recomputation adding a third of what it
-    repeats. Both in `compute_seconds`;
+    split over tp x cp ranks at `peak x efficiency`, recomputation adding a third of what it repeats
+    (`compute_seconds`);
   - tensor parallel: per layer and micro-batch 4 collectives forward and 4 backward (all-gather /
     reduce-scatter with sequence parallelism, all-reduce pairs without; Korthikanti et al. 2022,
     Section 4.2.2, equal volumes) of s b h / c activation elements, each priced alpha + bytes x
     (t - 1) / t / bandwidth (ring, Thakur et al. 2005); not overlapped (Megatron-LM's default);
     full recomputation repeats the forward's 4, `--recompute-modules mlp` (shared_experts) the
-    MLP's (shared expert's) 2;
+    MLP's (shared expert's) 2, `mla_up_proj` with sequence parallelism one gather of the latents
+    the up projections read (q_lora + kv_lora wide);
   - context parallel: ring attention (Liu et al. 2023; Transformer Engine's P2P implementation,
     see `ring_attention`) passes K and V blocks c - 1 times forward and K, V and their
     gradients c - 1 times backward, each transfer overlapped with one step's attention kernel:
@@ -47,7 +48,7 @@ from dataclasses import dataclass, replace
 from typing import cast
 
 from inspector.formulas.activations import mtp_recompute, recompute_plan
-from inspector.formulas.flops import LayerFlops, layer_flops, logit_flops, mtp_flops
+from inspector.formulas.flops import LayerFlops, layer_flops, logit_flops, mla_up_flops, mtp_flops
 from inspector.formulas.kernels import Device, device_of, ops_seconds
 from inspector.formulas.ops import LayerOps, Shard, layer_ops, layer_seconds, linear, output_ops
 from inspector.formulas.optimizer import OptimizerStep, optimizer_ops
@@ -295,7 +296,7 @@ def _layer_time(
     act, tokens = dims.activation_bytes, dims.seq_length * mbs / lay.cp
     f, moe = layer_flops(dims, i, mbs), dims.is_moe_layer(i)
     extra = f.total / 3 if recompute == "full" else (
-        _recomputed_flops(dims, f, moe, modules) if recompute == "selective" else 0)
+        _recomputed_flops(dims, f, moe, modules, mbs) if recompute == "selective" else 0)
     shard = _shard(lay, mbs)
     compute = compute_seconds(
         f.total + extra,
@@ -307,10 +308,12 @@ def _layer_time(
         mlps = ("mlp",) if not moe else ("shared_experts",) if dims.shared_expert_ffn else ()
         collectives += 2 * sum(m in modules for m in mlps)  # its 2 of the forward's 4
     tensor = _collective(collectives, tokens * dims.hidden_size, act, lay.tp, net.link(lay.tp))
+    if recompute == "selective" and "mla_up_proj" in modules and lay.sequence_parallel:
+        latents = (dims.q_lora_rank or dims.hidden_size) + dims.kv_lora_rank  # q's and kv's
+        tensor += _collective(1, tokens * latents, act, lay.tp, net.link(lay.tp))
     context = expert = 0.0
     if lay.cp > 1:
-        again = recompute == "full" or (recompute == "selective" and "core_attn" in modules)
-        forwards = 2 if again else 1
+        forwards = 2 if recompute == "full" or (recompute == "selective" and "core_attn" in modules) else 1
         attention = compute_seconds(  # forward and backward: 3 forwards, ring_attention's convention
             f.core_attention, lambda d: 3 * ops_seconds(_layer_kernels(dims, shard, moe).core, d),
             lay, net, rate,
@@ -327,11 +330,15 @@ def _layer_time(
     return compute, tensor, context, expert
 
 
-def _recomputed_flops(dims: ModelDims, f: LayerFlops, moe: bool, modules: tuple[str, ...]) -> float:
+def _recomputed_flops(dims: ModelDims, f: LayerFlops, moe: bool, modules: tuple[str, ...],
+                      mbs: int = 1) -> float:  # fmt: skip
     """Return the forward FLOPs selective recomputation of `modules` repeats (a third of each
     part's forward and backward): core attention, a dense layer's MLP, an MoE layer's shared
-    experts (their share of `f.mlp`, flops.py's width k f_e + f_s)."""
+    experts (their share of `f.mlp`, flops.py's width k f_e + f_s), MLA's up projections
+    (`mla_up_proj`, over the micro-batch's `mbs` sequences)."""
     extra = f.core_attention / 3 if "core_attn" in modules else 0.0
+    if dims.multi_latent_attention and "mla_up_proj" in modules:
+        extra += mla_up_flops(dims, dims.seq_length * mbs) / 3
     if not moe and "mlp" in modules:
         extra += f.mlp / 3
     if moe and "shared_experts" in modules and dims.shared_expert_ffn:

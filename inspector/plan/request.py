@@ -96,7 +96,7 @@ FIXED = {
 # --recompute-modules whose saving the plan's closed forms count (formulas/activations.py) and
 # whose recomputed forward its time prices (formulas/ops.py); a plan dropping others would be a
 # different job
-PLANNED_MODULES: tuple[str, ...] = ("core_attn", "mlp", "shared_experts")
+PLANNED_MODULES: tuple[str, ...] = ("core_attn", "mla_up_proj", "mlp", "shared_experts")
 
 
 def _check_recompute_modules(modules: tuple[str, ...]) -> None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from inspector.errors import ConfigError
-from inspector.formulas.flops import GEMM_FACTOR, layer_flops, logit_flops
+from inspector.formulas.flops import GEMM_FACTOR, layer_flops, logit_flops, mla_up_flops
 from inspector.job.dims import ModelDims
 from inspector.report.simai import NONE, Header, Record, render_workload
 from inspector.report.simai_groups import (
@@ -82,6 +82,13 @@ def _recompute(
         extra = core if "core_attn" in asked else 0
         extra += phases.fwd * sum(m in asked for m in modules)
     return _Phases(phases.fwd, phases.ig + extra, phases.wg)
+
+
+def _recomputes_up_proj(job: Context) -> bool:
+    """Return whether `--recompute-modules mla_up_proj` checkpoints this MLA layer's up
+    projections (multi_latent_attention.py `recompute_up_proj`)."""
+    return (job.dims.multi_latent_attention and job.training.recompute == "selective"
+            and "mla_up_proj" in job.training.recompute_modules)
 
 
 def _tp_pair(
@@ -146,6 +153,10 @@ def _attention(job: Context, layer: int, prefix: str = "") -> list[Record]:
         core_fwd = job.compute.flash
         first = out = _Phases(half, half, half)
     first = _recompute(job, first, core_fwd)
+    if _recomputes_up_proj(job):  # the up projections' forward runs again (ComputeRate only)
+        tokens = job.training.micro_batch_size * dims.seq_length
+        up = _gemm(job, mla_up_flops(dims, tokens) / split)
+        first = _Phases(first.fwd, first.ig + up.fwd, first.wg)
     out = _recompute(job, out)
     records = _tp_pair(job, prefix + "attention", 1, first, out, _attention_column(job))
     if par.cp > 1:

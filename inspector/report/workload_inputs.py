@@ -201,12 +201,11 @@ def context_for(built: BuiltJob, compute: ComputeRate | ComputeProfile) -> Conte
             "memory and plan model the job"
         )
     modules = job.training.recompute_modules if job.training.recompute == "selective" else ()
-    unpriced = [m for m in modules if m == "mla_up_proj" or (
-        m in NOT_GEMMS and isinstance(compute, ComputeProfile))]
+    unpriced = [m for m in modules if (m in NOT_GEMMS or m == "mla_up_proj")
+                and isinstance(compute, ComputeProfile)]
     if unpriced:
-        # workload.py `_recompute`: mla_up_proj's projections are not apart from MLA's other
-        # linears, and a profile's sections hold the norms and the expert activation inside
-        # attention's and the MLP's measured times
+        # workload.py `_recompute`: a profile's sections hold the norms, the expert activation
+        # and MLA's up projections inside attention's and the MLP's measured times
         raise ConfigError(
             f"--recompute-modules {' '.join(unpriced)}: workload cannot time this module's "
             "recomputation (docs/limits.md); `memory` measures it"
