@@ -120,8 +120,7 @@ def compute_rate(net: Network, efficiency: float | None) -> float:
     it is not given: the compute term then prices each kernel from the measured tables.
 
     Every dtype is priced at the dense 16-bit peak (a float32 plan too; job/hardware.py holds
-    the other precisions' peaks).
-    """
+    the other precisions' peaks)."""
     return net.gpu.tflops_16bit * 1e12 * efficiency if efficiency else 0.0
 
 
@@ -298,11 +297,8 @@ def _layer_time(
     extra = f.total / 3 if recompute == "full" else (
         _recomputed_flops(dims, f, moe, modules, mbs) if recompute == "selective" else 0)
     shard = _shard(lay, mbs)
-    compute = compute_seconds(
-        f.total + extra,
-        lambda d: layer_seconds(_layer_kernels(dims, shard, moe), d, recompute, modules),
-        lay, net, rate,
-    )
+    compute = compute_seconds(f.total + extra, lambda d: layer_seconds(
+        _layer_kernels(dims, shard, moe), d, recompute, modules), lay, net, rate)  # fmt: skip
     collectives = 12 if recompute == "full" else 8
     if recompute == "selective":  # a recomputed MLP re-runs fc1's gather and fc2's reduction
         mlps = ("mlp",) if not moe else ("shared_experts",) if dims.shared_expert_ffn else ()
@@ -323,9 +319,8 @@ def _layer_time(
         routed = tokens * dims.moe_router_topk * dims.hidden_size / lay.tp
         expert = expert_alltoall(4, routed, act, lay, net)
         if merged:  # a merged pair exposes what it takes beyond the layer's compute
-            ops = _layer_kernels(dims, shard, True)
-            pair = merged_pair(ops, device_of(net.gpu), recompute, modules, (compute, tensor),
-                               expert / 4, delay_wgrad, bool(rate))  # fmt: skip
+            pair = merged_pair(_layer_kernels(dims, shard, True), device_of(net.gpu), recompute,
+                               modules, (compute, tensor), expert / 4, delay_wgrad, bool(rate))
             expert = merged * max(0.0, pair - compute - tensor) + (1 - merged) * expert
     return compute, tensor, context, expert
 
