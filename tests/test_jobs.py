@@ -53,8 +53,13 @@ def write(tmp_path: Path, text: str) -> str:
 )
 def test_non_gpt_programs_are_refused_by_name(tmp_path, program, what):
     # each of these would otherwise come out as a plausible GPT table
+    _assert_refused(f"torchrun --nproc-per-node 8 {program}", program, what)
+
+
+def _assert_refused(launch: str, program: str, what: str) -> None:
+    """Assert the launch stops with the entry-point error naming `program`."""
     with pytest.raises(InputError) as error:
-        parse_launch_script(f"torchrun --nproc-per-node 8 {program} {SMALL}\n", "s.sh")
+        parse_launch_script(f"{launch} {SMALL}\n", "s.sh")
     assert str(error.value) == (
         f"s.sh line 1: the script runs {program}, which {what}; this tool reads GPT training "
         "(pretrain_gpt.py) only"
@@ -77,12 +82,7 @@ def test_non_gpt_programs_are_refused_by_name(tmp_path, program, what):
 )  # fmt: skip
 def test_module_programs_are_refused_by_name(launch, program, what):
     # they used to stop with "no training command": the module was not seen as the program
-    with pytest.raises(InputError) as error:
-        parse_launch_script(f"{launch} {SMALL}\n", "s.sh")
-    assert str(error.value) == (
-        f"s.sh line 1: the script runs {program}, which {what}; this tool reads GPT training "
-        "(pretrain_gpt.py) only"
-    )
+    _assert_refused(launch, program, what)
 
 
 def test_a_module_program_that_trains_gpt_is_read():
