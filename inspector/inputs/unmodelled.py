@@ -118,8 +118,6 @@ REFUSED: dict[str, Refusal] = {
     "--cpu-offloading-num-layers": Refusal(
         "training", "activation offloading to the CPU is not modelled", ("0",)),
     "--optimizer-cpu-offload": Refusal("training", "optimizer state on the CPU is not modelled"),
-    "--use-precision-aware-optimizer": Refusal(
-        "training", "optimizer state in reduced precision is not modelled"),
     "--fp32-residual-connection": Refusal(
         "training", "an fp32 residual stream changes activations, which are counted in 16 bits"),
     "--fp16-lm-cross-entropy": Refusal(
@@ -219,8 +217,7 @@ IGNORED_BECAUSE: dict[str, str] = {
     ),
     "only with a refused argument": (
         "--fp4-recipe --keep-fp8-transpose-cache --enable-full-sharding-in-hsdp "
-        "--main-grads-dtype --main-params-dtype "
-        "--exp-avg-dtype --exp-avg-sq-dtype --optimizer-offload-fraction "
+        "--optimizer-offload-fraction "
         "--use-torch-optimizer-for-cpu-offload --overlap-cpu-optimizer-d2h-h2d --no-pin-cpu-grads "
         "--no-pin-cpu-params"
     ),

@@ -20,6 +20,7 @@ from inspector.job.fsdp import fsdp_rules
 from inspector.job.layout import Layout, make_layout, validate_layout
 from inspector.job.model import ModelConfig
 from inspector.job.model_args import make_model_config, validate_model
+from inspector.job.optimizer_precision import OptimizerPrecision, make_precision
 from inspector.job.recompute_modules import DEFAULT_MODULES, check_modules, parse_modules
 
 MAX_CAPACITY_FACTOR = 1024.0  # beyond it no expert drops a token anyway
@@ -63,6 +64,8 @@ class Training:
     delay_wgrad: bool = False
     # Megatron-LM's fusions the job turns off (`--no-bias-gelu-fusion` gives "bias_gelu_fusion")
     unfused: tuple[str, ...] = ()
+    # --use-precision-aware-optimizer and its dtypes (job/optimizer_precision.py)
+    optimizer_precision: OptimizerPrecision = field(default_factory=OptimizerPrecision)
 
     def __post_init__(self) -> None:
         """Reject counts below one and unknown recomputation modes."""
@@ -211,8 +214,12 @@ def _megatron_training_rules(args: Mapping[str, Any], values: dict[str, Any]) ->
         )
     values["recompute_method"] = method or "uniform"
     values["recompute_num_layers"] = 1 if layers is None else layers
-    if args.get("grad_reduce_in_bf16") and args.get("bf16"):
-        # validate_args: "if args.grad_reduce_in_bf16: args.accumulate_allreduce_grads_in_fp32 = False"
+    values["optimizer_precision"] = precision = make_precision(args)
+    if args.get("bf16") and (
+        args.get("grad_reduce_in_bf16") or precision.main_grads_dtype != "fp32"
+    ):
+        # validate_args: "if args.grad_reduce_in_bf16: args.accumulate_allreduce_grads_in_fp32 =
+        # False", and it sets it True only "elif ... args.main_grads_dtype == torch.float32"
         values["fp32_grads"] = False
     for name in ("attention_dropout", "hidden_dropout"):
         if args.get(name) is not None:

@@ -30,6 +30,7 @@ def megatron_flags(job: Job, split: Split) -> list[str]:
                 "--use-distributed-optimizer", "--ckpt-format fsdp_dtensor"]  # fmt: skip
     elif training.use_distributed_optimizer:
         out += ["--use-distributed-optimizer", "--overlap-param-gather"]
+    out += _optimizer_precision_flags(training)
     out.append("--overlap-grad-reduce")
     return out
 
@@ -94,3 +95,15 @@ def _dropout_flags(training: Training) -> list[str]:
         for name in ("attention_dropout", "hidden_dropout")
         if getattr(training, name) != getattr(defaults, name)
     ]
+
+
+def _optimizer_precision_flags(training: Training) -> list[str]:
+    """Return --use-precision-aware-optimizer and its dtypes that are not Megatron-LM's fp32."""
+    precision = training.optimizer_precision
+    if not precision.precision_aware:
+        return []
+    out = ["--use-precision-aware-optimizer"]
+    for name in ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"):
+        if getattr(precision, name) != "fp32":
+            out.append(f"--{name.replace('_', '-')} {getattr(precision, name)}")
+    return out

@@ -33,6 +33,7 @@ from inspector.plan.overlap import merged_share
 from inspector.plan.pieces import piece_key
 from inspector.plan.request import Request
 from inspector.plan.split import Split, chunk_layers
+from inspector.report.memory import job_optimizer_bytes
 
 
 @dataclass(frozen=True)
@@ -311,7 +312,9 @@ def timed(
     mbs, distributed = schedule.micro_batch_size, sharding_of(training)
     signatures = _stages_of(job.model, dims, split, lay.pp, lay.chunks).signature_keys
     # grad_bytes: read from each stage's buffers by cost.optimizer_seconds
-    step_setup = OptimizerStep(dims.activation_bytes, 4, dims.fused_kernels, job.model.fp16)
+    each = job_optimizer_bytes(job)  # --use-precision-aware-optimizer: TE's FusedAdam
+    fused = dims.fused_kernels or each.precision.precision_aware
+    step_setup = OptimizerStep(dims.activation_bytes, 4, fused, job.model.fp16, each)
     scope = _TIME.setdefault(
         (dims, pair_layout(lay), lay.pp, net, req.efficiency, mbs, training.recompute,
          distributed, training.recompute_modules), {},

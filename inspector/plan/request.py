@@ -118,9 +118,12 @@ def make_request(args: dict[str, Any], flags: PlanFlags) -> Request:
     gpu = _plan_gpu(flags)
     fixed = {short: args[name] for name, short in FIXED.items() if args.get(name) is not None}
     fixed.update(pinned(args))
-    if args.get("fp8_param_gather") and args.get("use_distributed_optimizer") is None:
-        # Megatron-LM gathers fp8 parameters only through a sharding optimizer: the plan keeps the
-        # distributed optimizer on (with dp 1 too, where it shards nothing)
+    if (args.get("fp8_param_gather") or args.get("use_precision_aware_optimizer")) and args.get(
+        "use_distributed_optimizer"
+    ) is None:
+        # Megatron-LM gathers fp8 parameters, and megatron-core keeps reduced-precision optimizer
+        # state, only through a sharding optimizer: the plan keeps the distributed optimizer on
+        # (with dp 1 too, where it shards nothing)
         fixed["distopt"] = True
         args = {**args, "use_distributed_optimizer": True}
     asked = make_training(args)  # Megatron-LM's rules for the flags a plan keeps as given
@@ -130,6 +133,7 @@ def make_request(args: dict[str, Any], flags: PlanFlags) -> Request:
         attention_dropout=asked.attention_dropout,
         hidden_dropout=asked.hidden_dropout,
         unfused=asked.unfused,
+        optimizer_precision=asked.optimizer_precision,
         recompute_modules=asked.recompute_modules,
         moe_token_dispatcher_type=asked.moe_token_dispatcher_type,
         ep_overlap=asked.ep_overlap,
