@@ -7,6 +7,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from inspector.job.optimizer_precision import REMAINDER
 from inspector.report.formats import MemoryFormat
 from inspector.report.memory import GIB, MemoryReport, StageMemory
 
@@ -120,6 +121,29 @@ def _summary(report: MemoryReport) -> list[str]:
     return lines
 
 
+def _precision_aware(report: MemoryReport) -> str:
+    """Return what --use-precision-aware-optimizer keeps, in words ("" without it)."""
+    precision, model = report.training.optimizer_precision, report.model
+    if not precision.precision_aware:
+        return ""
+    each = precision.for_model(model.bf16, model.fp8_format, model.fp8_recipe)
+    if not each.te_master:
+        master = "megatron's fp32 master weights"
+    elif model.bf16 and each.master(2) == REMAINDER:
+        master = "fp32 master weights kept as 16-bit remainders of the bf16 weights"
+    else:
+        master = f"{precision.main_params_dtype} master weights"
+    fp32_grads = report.training.fp32_grads
+    grads = "bf16" if model.bf16 and fp32_grads is False else "fp32"
+    if model.fp16 and not fp32_grads:
+        grads = "fp16"
+    return (
+        f" with the precision-aware optimizer (Transformer Engine's FusedAdam: exp_avg "
+        f"{precision.exp_avg_dtype}, exp_avg_sq {precision.exp_avg_sq_dtype}, {master}, "
+        f"{grads} main gradients)"
+    )
+
+
 def _context(report: MemoryReport) -> list[str]:
     """Return the lines that say what was assumed: precision, batch, schedule."""
     t, b, layout, model = report.training, report.schedule, report.layout, report.model
@@ -128,6 +152,7 @@ def _context(report: MemoryReport) -> list[str]:
         optimizer = f"Megatron-FSDP {t.sharding_strategy}"
     elif t.torch_fsdp2:
         optimizer = "PyTorch FSDP2, Adam"
+    optimizer += _precision_aware(report)
     recompute: str = t.recompute
     if recompute == "selective" and t.recompute_modules != ("core_attn",):
         recompute += f" ({', '.join(t.recompute_modules)})"  # megatron's default goes unsaid
