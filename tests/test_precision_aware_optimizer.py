@@ -1,0 +1,244 @@
+"""--use-precision-aware-optimizer: its dtypes' bytes per parameter, its checks, the engine's step.
+
+Hand arithmetic (megatron-core 0.16.1 optimizer_config.py, optimizer/__init__.py,
+distrib_optimizer.py; Transformer Engine 2.11 optimizers/fused_adam.py): each element a rank's
+distributed optimizer updates holds exp_avg and exp_avg_sq in their dtypes (fp32 4 bytes, bf16 and
+fp16 2, fp8 2: the Float8Tensor's data and transpose) and a master weight: megatron's fp32 one
+without the flag (and with an fp8 recipe other than delayed and fp32 main params), else
+FusedAdam's: the 16-bit remainder of a bf16 weight (store_param_remainders) with fp32 main params,
+2 bytes in fp16.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+SMALL = ("--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
+         "--vocab-size 1000 --micro-batch-size 1 --bf16 --dp 2 "
+         "--use-distributed-optimizer").split()  # fmt: skip
+AWARE = ("--use-precision-aware-optimizer",)
+
+
+def _stage(cli, *extra: str) -> dict:
+    result = cli("memory", *SMALL, *extra, "--format", "json")
+    assert result.code == 0, result.err
+    return json.loads(result.out)["stages"][0]
+
+
+def _updated(cli) -> int:
+    """Return the elements rank 0 updates: Megatron-LM's default Adam holds 12 bytes of each."""
+    optimizer = _stage(cli)["optimizer"]
+    assert optimizer % 12 == 0
+    return optimizer // 12
+
+
+# (exp_avg, exp_avg_sq, main params) -> bytes per updated element, by hand
+BY_HAND = {
+    ("fp32", "fp32", "fp32"): 4 + 4 + 2,  # the master as a 16-bit remainder
+    ("bf16", "bf16", "fp32"): 2 + 2 + 2,
+    ("fp16", "bf16", "fp32"): 2 + 2 + 2,
+    ("fp8", "fp8", "fp32"): 2 + 2 + 2,  # fp8: data and its transpose
+    ("bf16", "fp32", "fp16"): 2 + 4 + 2,
+    ("fp32", "fp32", "fp16"): 4 + 4 + 2,
+}
+
+
+@pytest.mark.parametrize(("m", "v", "master"), list(BY_HAND))
+def test_optimizer_bytes_per_parameter(cli, m, v, master):
+    flags = ("--exp-avg-dtype", m, "--exp-avg-sq-dtype", v, "--main-params-dtype", master)
+    stage = _stage(cli, *AWARE, *flags)
+    assert stage["optimizer"] == _updated(cli) * BY_HAND[(m, v, master)]
+
+
+def test_every_dtype_combination_by_hand():
+    """The job's bytes per element for all 32 combinations, bf16 and fp16 weights."""
+    from inspector.job.optimizer_precision import CHOICES, OptimizerPrecision
+
+    size = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 2}
+    for m in CHOICES["exp_avg_dtype"]:
+        for v in CHOICES["exp_avg_sq_dtype"]:
+            for master in CHOICES["main_params_dtype"]:
+                precision = OptimizerPrecision(True, "fp32", master, m, v)
+                bf16 = precision.for_model(True, None, "delayed")
+                fp16 = precision.for_model(False, None, "delayed")
+                assert bf16.per_element(2) == size[m] + size[v] + 2
+                # fp16 weights: no remainders (TE keeps them for bf16 weights only)
+                assert fp16.per_element(2) == size[m] + size[v] + size[master]
+                # an fp32 parameter still gets FusedAdam's master copy (initialize_state)
+                assert bf16.per_element(4) == size[m] + size[v] + size[master]
+
+
+def test_bf16_main_grads_halve_the_gradients(cli):
+    """--main-grads-dtype bf16 leaves Megatron-LM's --accumulate-allreduce-grads-in-fp32 off."""
+    fp32 = _stage(cli, *AWARE)
+    bf16 = _stage(cli, *AWARE, "--main-grads-dtype", "bf16")
+    assert fp32["gradients"] == 2 * bf16["gradients"] == 2 * fp32["weights"]  # bf16 weights
+
+
+def test_a_non_delayed_fp8_recipe_keeps_megatrons_fp32_master(cli):
+    """use_precision_aware_optimizer_no_fp8_or_ds_fp8 is False for tensorwise scaling with fp32
+    main params: megatron keeps its fp32 master, FusedAdam only the moments (12 -> 8 bytes)."""
+    fp8 = ("--transformer-impl", "transformer_engine", "--fp8-format", "hybrid")
+    default = _stage(cli, *fp8, "--fp8-recipe", "tensorwise")
+    moments = ("--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16")
+    tensorwise = _stage(cli, *fp8, "--fp8-recipe", "tensorwise", *AWARE, *moments)
+    delayed = _stage(cli, *fp8, "--fp8-recipe", "delayed", *AWARE, *moments)
+    assert default["optimizer"] % 12 == 0
+    updated = default["optimizer"] // 12
+    assert tensorwise["optimizer"] == updated * (4 + 2 + 2)
+    assert delayed["optimizer"] == updated * (2 + 2 + 2)
+
+
+def _job(**flags):
+    from inspector.job.job import make_job
+
+    args = dict(
+        num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=1000,
+        tensor_model_parallel_size=2, data_parallel_size=2, micro_batch_size=2,
+        global_batch_size=8, bf16=True, use_distributed_optimizer=True,
+        use_precision_aware_optimizer=True, transformer_impl="local", normalization="RMSNorm",
+    )  # fmt: skip
+    return make_job({**args, **flags})
+
+
+def _shards(job):
+    """Return rank 0's updated elements and its parameter tensors with a shard (distopt)."""
+    from inspector.world.build import View, build
+
+    built = build(job, View((0,)), expert_ranks=(0,))
+    buffers = [b for chunk in built.chunks for b in chunk.buffers()]
+    tensors = sum(1 for chunk in built.chunks for _ in chunk.module.parameters())
+    return sum(b.owned_numel[0] for b in buffers), tensors
+
+
+@pytest.mark.parametrize(
+    ("flags", "per_element", "reduced"),
+    [
+        (dict(), 4 + 4 + 2, 0),  # fp32 moments, the master as int16 remainders: no scale
+        (dict(exp_avg_dtype="bf16", exp_avg_sq_dtype="bf16"), 2 + 2 + 2, 2),
+        (dict(exp_avg_dtype="fp8", main_params_dtype="fp16"), 2 + 4 + 2, 2),
+    ],
+)
+def test_the_first_step_makes_fusedadams_state(flags, per_element, reduced):
+    """The engine's first step makes all of FusedAdam's state (moments and master): the bytes
+    report/memory.py counts, plus at most the allocator's rounding and small tensors per
+    parameter tensor (a scale per reduced state; fp8: scale, amax, scale_inv)."""
+    from inspector.engine.optimizer import stage_step
+
+    job = _job(**flags)
+    updated, tensors = _shards(job)
+    state = stage_step(job, 0).state
+    assert 0 <= state - per_element * updated <= (3 + 4 * reduced) * 512 * tensors
+
+
+def test_bf16_moments_are_unscaled_into_fp32_for_the_step():
+    """fused_adam.py `step`: each bf16 moment of the group is copied into an fp32 temporary
+    (`get_unscaled_state`), all alive until the group's kernel ran: the step's peak is 8 bytes
+    per updated element of the largest group, where without the flag nothing is allocated."""
+    from inspector.engine.optimizer import stage_step
+
+    job = _job(exp_avg_dtype="bf16", exp_avg_sq_dtype="bf16")
+    updated, tensors = _shards(job)
+    run = stage_step(job, 0)
+    peak = max(run.events, key=lambda e: e.allocated)
+    assert peak.where.startswith("optimizer step: FusedAdam")
+    # the weight-decay group is all but the norms: at least the 2-d weights' share
+    assert 0.9 * 8 * updated <= peak.allocated <= 8 * updated + 2 * 512 * tensors + 1024
+    assert run.events[-1].allocated == 0
+    plain = stage_step(_job(), 0)
+    assert max(e.allocated for e in plain.events) <= 3 * 512
+
+
+def test_no_main_grad_copy_when_fusedadam_keeps_the_master():
+    """distrib_optimizer.py `_copy_model_grads_to_main_grads`: the grad buffer's shard becomes
+    `decoupled_grad` (no `main_grad.float()`), even with bf16 main grads."""
+    from inspector.engine.optimizer import stage_step
+
+    run = stage_step(_job(main_grads_dtype="bf16"), 0)
+    assert not any("main_grad.float()" in e.where and e.allocated > 3 * 512 for e in run.events)
+
+
+ERRORS = {
+    # OptimizerConfig asserts fp32 without the flag
+    "--exp-avg-dtype bf16": "Error: --exp-avg-dtype bf16 needs --use-precision-aware-optimizer "
+    "(megatron-core OptimizerConfig: \"exp_avg_dtype can only be fp32 when not using "
+    "precision-aware optimizer\")",
+    "--main-grads-dtype bf16": "Error: --main-grads-dtype bf16 needs --use-precision-aware-optimizer",
+    # OptimizerConfig: only with the distributed optimizer
+    "--use-precision-aware-optimizer --no-use-distributed-optimizer": "Error: "
+    "--use-precision-aware-optimizer needs --use-distributed-optimizer (megatron-core "
+    "OptimizerConfig: \"--use-precision-aware-optimizer only supported with distributed "
+    "optimizer\")",
+    # validate_args: bf16 main grads contradict fp32 accumulation
+    "--use-precision-aware-optimizer --main-grads-dtype bf16 --accumulate-allreduce-grads-in-fp32":
+    "Error: --main-grads-dtype bf16 contradicts --accumulate-allreduce-grads-in-fp32",
+    # Megatron-FSDP's own sharded state is not modelled in reduced precision
+    "--use-precision-aware-optimizer --use-megatron-fsdp --ckpt-format fsdp_dtensor": "Error: "
+    "--use-precision-aware-optimizer with --use-megatron-fsdp is not modelled",
+    # Megatron-LM's argparse choices
+    "--use-precision-aware-optimizer --main-params-dtype bf16": "Error: --main-params-dtype",
+}
+
+
+@pytest.mark.parametrize("flags", list(ERRORS))
+def test_megatrons_rules_are_errors(cli, flags):
+    result = cli("memory", *SMALL, *flags.split())
+    assert result.code == 2 and result.err.startswith(ERRORS[flags]), result.err
+    assert "Traceback" not in result.err
+
+
+def test_plan_keeps_the_distributed_optimizer_and_prints_the_flags(cli):
+    """plan: the flag pins the distributed optimizer (a plan without it would be refused by
+    megatron) and the plan's flags carry the dtypes."""
+    result = cli(
+        "plan", "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
+        "--seq-length", "32", "--vocab-size", "1000", "--bf16", "--gpus", "4",
+        "--global-batch-size", "8", "--gpu", "h100", "--use-precision-aware-optimizer",
+        "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16", "--main-grads-dtype", "bf16",
+        "--format", "json",
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    plans = json.loads(result.out)["plans"]
+    assert plans
+    for plan in plans:
+        flags = " ".join(plan["flags"])
+        assert "--use-distributed-optimizer" in flags
+        assert ("--use-precision-aware-optimizer --main-grads-dtype bf16 --exp-avg-dtype bf16 "
+                "--exp-avg-sq-dtype bf16") in flags  # fmt: skip
+
+
+def test_plans_composed_state_equals_memory():
+    """The planner composes a stage's state from pieces (plan/memory.py) with the same bytes per
+    element as `memory`."""
+    from tests.test_plan import _assert_composed_equals_memory
+    from tests.test_plan import _job as plan_job
+
+    job = plan_job(
+        num_layers=4, pp=2, dp=4, bf16=True, use_precision_aware_optimizer=True,
+        exp_avg_dtype="bf16", exp_avg_sq_dtype="fp8", main_grads_dtype="bf16",
+    )  # fmt: skip
+    _assert_composed_equals_memory(job, "precision-aware")
+
+
+def test_the_steps_passes_over_memory_by_hand():
+    """formulas/optimizer.py prices TE's FusedAdam step: bf16 moments, the master as remainders,
+    bf16 grads read as they are (no main_grad.float() copy, nothing copied back to the weight)."""
+    from inspector.formulas.optimizer import OptimizerStep, passes
+    from inspector.job.optimizer_precision import OptimizerPrecision
+
+    each = OptimizerPrecision(True, "bf16", "fp32", "bf16", "bf16").for_model(True, None, "delayed")
+    step = OptimizerStep(2, 2, True, False, each)
+    assert step.state_per_element == 6
+    got = dict(passes(step))
+    assert got == {
+        "grad norm": 2,
+        "clip multi_tensor_scale": 4,
+        "FusedAdam unscale exp_avg": 2 + 4,  # bf16 read, fp32 written
+        "FusedAdam unscale exp_avg_sq": 2 + 4,
+        # read g (2), p (2), m, v (fp32 temporaries), the remainder (2); write p, m, v, remainder
+        "FusedAdam multi_tensor_adam": 2 + 2 * 2 + 4 * 4 + 2 * 2,
+        "FusedAdam rescale exp_avg": 4 + 2 + 2 + 2,  # .bfloat16(), then copy_
+        "FusedAdam rescale exp_avg_sq": 4 + 2 + 2 + 2,
+    }
