@@ -242,3 +242,34 @@ def test_the_steps_passes_over_memory_by_hand():
         "FusedAdam rescale exp_avg": 4 + 2 + 2 + 2,  # .bfloat16(), then copy_
         "FusedAdam rescale exp_avg_sq": 4 + 2 + 2 + 2,
     }
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "tensorwise", "blockwise", "mxfp8"])
+@pytest.mark.parametrize("master", ["fp32", "fp16"])
+def test_megatrons_own_rule_for_who_keeps_the_master(recipe, master):
+    """The installed megatron-core's OptimizerConfig (0.13.1 and 0.16.1 alike: both know the
+    flag, the four dtypes and store_param_remainders, and Megatron-LM core_v0.13.1 parses the
+    same flags with the same choices) decides `use_precision_aware_optimizer_no_fp8_or_ds_fp8`
+    as job/optimizer_precision.py does."""
+    import torch
+
+    from inspector.engine.optimizer import _te_optimizers
+    from inspector.job.optimizer_precision import OptimizerPrecision
+    from inspector.world.fastimport import import_megatron
+
+    def names():
+        from megatron.core.optimizer import OptimizerConfig
+
+        return OptimizerConfig
+
+    OptimizerConfig = import_megatron(names)  # noqa: N806 (megatron's class)
+
+    dtype = {"fp32": torch.float32, "fp16": torch.float16}[master]
+    with _te_optimizers():
+        config = OptimizerConfig(
+            bf16=True, use_distributed_optimizer=True, use_precision_aware_optimizer=True,
+            main_params_dtype=dtype, fp8_recipe=recipe,
+        )  # fmt: skip
+    ours = OptimizerPrecision(True, main_params_dtype=master).te_master("hybrid", recipe)
+    assert config.use_precision_aware_optimizer_no_fp8_or_ds_fp8 == ours
+    assert config.store_param_remainders  # Transformer Engine 2.11 (the stand-in's version)
