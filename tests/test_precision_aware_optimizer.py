@@ -21,10 +21,27 @@ SMALL = ("--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 3
 AWARE = ("--use-precision-aware-optimizer",)
 
 
-def _stage(cli, *extra: str) -> dict:
+def _report(cli, *extra: str) -> dict:
     result = cli("memory", *SMALL, *extra, "--format", "json")
     assert result.code == 0, result.err
-    return json.loads(result.out)["stages"][0]
+    return json.loads(result.out)
+
+
+def _stage(cli, *extra: str) -> dict:
+    return _report(cli, *extra)["stages"][0]
+
+
+def test_the_report_says_what_the_optimizer_keeps(cli):
+    flags = ("--exp-avg-dtype", "bf16", "--main-grads-dtype", "bf16")
+    training = _report(cli, *AWARE, *flags)["training"]
+    assert training["use_precision_aware_optimizer"] is True
+    assert (training["exp_avg_dtype"], training["exp_avg_sq_dtype"]) == ("bf16", "fp32")
+    assert training["main_grads_dtype"] == "bf16" and training["main_params_dtype"] == "fp32"
+    assert "use_precision_aware_optimizer" not in _report(cli)["training"]
+    text = cli("memory", *SMALL, *AWARE, *flags).out
+    assert ("distributed optimizer with the precision-aware optimizer (Transformer Engine's "
+            "FusedAdam: exp_avg bf16, exp_avg_sq fp32, fp32 master weights kept as 16-bit "
+            "remainders of the bf16 weights, bf16 main gradients)") in text  # fmt: skip
 
 
 def _updated(cli) -> int:

@@ -355,6 +355,16 @@ def _fsdp_json(t: Any) -> dict[str, Any]:
     return {"use_torch_fsdp2": True} if t.torch_fsdp2 else {}
 
 
+def _precision_json(t: Any) -> dict[str, Any]:
+    """Return --use-precision-aware-optimizer and its dtypes, as Megatron-LM names them."""
+    precision = t.optimizer_precision
+    if not precision.precision_aware:
+        return {}
+    names = ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")
+    return {"use_precision_aware_optimizer": True,
+            **{name: getattr(precision, name) for name in names}}  # fmt: skip
+
+
 def report_json(report: MemoryReport) -> dict[str, Any]:
     """Return every number of the report, bytes and FLOPs, as a json-ready dict."""
     t, b, hw = report.training, report.schedule, report.hardware
@@ -369,6 +379,7 @@ def report_json(report: MemoryReport) -> dict[str, Any]:
             "use_distributed_optimizer": t.use_distributed_optimizer,
             "accumulate_allreduce_grads_in_fp32": t.fp32_grads,
             **_fsdp_json(t),
+            **_precision_json(t),
         },
         "hardware": {"gpu_memory": hw.memory, "gpu_tflops": hw.tflops, "mfu": hw.mfu},
         "world_size": report.layout.world_size,
