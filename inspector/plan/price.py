@@ -301,6 +301,14 @@ def _overlap(job: Job, stage: int) -> tuple[float, bool]:
     return share, training.delay_wgrad
 
 
+def _step_setup(job: Job, dims: ModelDims) -> OptimizerStep:
+    """Return what the optimizer step runs on (--use-precision-aware-optimizer: always
+    Transformer Engine's FusedAdam, which megatron-core requires for it)."""
+    each = job_optimizer_bytes(job)
+    fused = dims.fused_kernels or each.precision.precision_aware
+    return OptimizerStep(dims.activation_bytes, 4, fused, job.model.fp16, each)
+
+
 def timed(
     job: Job, split: Split, req: Request, placed: Placed, stages: tuple[StagePlan, ...]
 ) -> Plan:
@@ -312,9 +320,7 @@ def timed(
     mbs, distributed = schedule.micro_batch_size, sharding_of(training)
     signatures = _stages_of(job.model, dims, split, lay.pp, lay.chunks).signature_keys
     # grad_bytes: read from each stage's buffers by cost.optimizer_seconds
-    each = job_optimizer_bytes(job)  # --use-precision-aware-optimizer: TE's FusedAdam
-    fused = dims.fused_kernels or each.precision.precision_aware
-    step_setup = OptimizerStep(dims.activation_bytes, 4, fused, job.model.fp16, each)
+    step_setup = _step_setup(job, dims)
     scope = _TIME.setdefault(
         (dims, pair_layout(lay), lay.pp, net, req.efficiency, mbs, training.recompute,
          distributed, training.recompute_modules), {},
