@@ -152,6 +152,15 @@ def _check_aware(args: Mapping[str, Any], dtypes: Mapping[str, str]) -> None:
                 "FSDP's sharded optimizer state is counted in fp32; it is modelled with "
                 "--use-distributed-optimizer"
             )
+    te_master = dtypes["main_params_dtype"] != "fp32" or (args.get("fp8_recipe") or "delayed") == (
+        "delayed"
+    )
+    if args.get("fp16") and te_master and not args.get("accumulate_allreduce_grads_in_fp32"):
+        raise ConfigError(
+            "--use-precision-aware-optimizer with --fp16 needs --accumulate-allreduce-grads-in-fp32: "
+            "FusedAdam reads the grad buffer's fp16 gradients, and megatron-core's "
+            "clip_grad_by_total_norm_fp32 (--clip-grad 1.0 by default) asserts they are fp32 or bf16"
+        )
     if (
         args.get("bf16")
         and args.get("accumulate_allreduce_grads_in_fp32")
