@@ -298,3 +298,43 @@ def test_megatrons_own_rule_for_who_keeps_the_master(recipe, master):
     ours = OptimizerPrecision(True, main_params_dtype=master).te_master("hybrid", recipe)
     assert config.use_precision_aware_optimizer_no_fp8_or_ds_fp8 == ours
     assert config.store_param_remainders  # Transformer Engine 2.11 (the stand-in's version)
+
+
+# transformer_engine/pytorch/optimizers/fused_adam.py (TE 2.11) `FusedAdam.__init__`, in order
+TE_FUSED_ADAM_ARGUMENTS = (
+    "params", "lr", "betas", "eps", "weight_decay", "amsgrad", "bias_correction", "adam_w_mode",
+    "capturable", "master_weights", "master_weight_dtype", "exp_avg_dtype", "exp_avg_sq_dtype",
+    "use_decoupled_grad", "store_param_remainders", "set_grad_none",
+)
+
+
+def test_the_stand_in_takes_tes_arguments_and_is_in_place_only_for_the_step():
+    """The stand-in's constructor is TE's (megatron-core's OptimizerConfig inspects four of its
+    names); `transformer_engine.pytorch.optimizers` exists only while the optimizer is made."""
+    import inspect
+    import sys
+
+    from inspector.engine.optimizer import _te_optimizers
+    from inspector.world.te.optimizers import FusedAdam
+
+    assert tuple(inspect.signature(FusedAdam).parameters) == TE_FUSED_ADAM_ARGUMENTS
+    name = "transformer_engine.pytorch.optimizers"
+    assert name not in sys.modules
+    with _te_optimizers():
+        assert sys.modules[name].FusedAdam is FusedAdam
+    assert name not in sys.modules
+
+
+def test_an_fp8_state_is_tes_float8tensor_with_its_transpose():
+    """float8_tensor.py `Float8Quantizer.make_empty` (row-wise and column-wise usage by default):
+    uint8 data and transpose of the parameter's elements, an fp32 scale_inv; the quantizer's
+    fp32 scale and amax (fused_adam.py `_initialize_state`)."""
+    import torch
+
+    from inspector.world.te.optimizers import Fp8State
+
+    state = Fp8State(torch.Size([6, 4]), torch.device("meta"))
+    assert (state._data.dtype, tuple(state._data.shape)) == (torch.uint8, (6, 4))
+    assert (state._transpose.dtype, tuple(state._transpose.shape)) == (torch.uint8, (4, 6))
+    assert [t.numel() for t in (state._scale_inv, state.scale, state.amax)] == [1, 1, 1]
+    assert state.float().dtype == torch.float32 and tuple(state.float().shape) == (6, 4)
