@@ -338,3 +338,31 @@ def test_an_fp8_state_is_tes_float8tensor_with_its_transpose():
     assert (state._transpose.dtype, tuple(state._transpose.shape)) == (torch.uint8, (4, 6))
     assert [t.numel() for t in (state._scale_inv, state.scale, state.amax)] == [1, 1, 1]
     assert state.float().dtype == torch.float32 and tuple(state.float().shape) == (6, 4)
+
+
+@pytest.mark.parametrize(("recipe", "master"), [("delayed", 2), ("tensorwise", 4)])
+def test_fp8_parameters_state_as_the_engine_makes_it(recipe, master):
+    """--fp8-param-gather: the fp8 weights' buffer holds 1-byte elements, yet FusedAdam sees a
+    Float8Tensor of dtype bf16 and keeps its master as a 16-bit remainder (delayed scaling);
+    with tensorwise scaling megatron keeps its fp32 master (made with the optimizer, before the
+    first step) and FusedAdam the bf16 moments alone."""
+    from inspector.engine.optimizer import stage_step
+    from inspector.report.memory import job_optimizer_bytes
+    from inspector.world.build import View, build
+
+    job = _job(
+        num_layers=2, hidden_size=256, seq_length=64, transformer_impl="transformer_engine",
+        normalization="LayerNorm", tensor_model_parallel_size=1, fp8_format="hybrid",
+        fp8_recipe=recipe, fp8_param_gather=True, exp_avg_dtype="bf16", exp_avg_sq_dtype="bf16",
+    )  # fmt: skip
+    built = build(job, View((0,)), expert_ranks=(0,))
+    buffers = [b for chunk in built.chunks for b in chunk.buffers()]
+    fp8 = sum(b.owned_numel[0] for b in buffers if b.param_dtype.itemsize == 1)
+    assert fp8 > 0
+    each = job_optimizer_bytes(job)
+    assert each.per_element(1) == master + 2 + 2
+    updated = sum(b.owned_numel[0] for b in buffers)
+    tensors = sum(1 for chunk in built.chunks for _ in chunk.module.parameters())
+    made = (master if recipe == "delayed" else 0) + 2 + 2  # what the first step allocates
+    state = stage_step(job, 0).state
+    assert 0 <= state - made * updated <= 3 * 512 * tensors

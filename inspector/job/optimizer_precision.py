@@ -70,13 +70,14 @@ class OptimizerPrecision:
     def master(self, param_bytes: int, bf16: bool, te_master: bool) -> int:
         """Return the master weight's bytes per element of a parameter of `param_bytes`.
 
-        Megatron's own (fp32, 16-bit parameters only), or FusedAdam's: `initialize_state` makes
-        one for every parameter it updates, fp32 ones included, an int16 remainder for bf16 ones.
+        Megatron's own (fp32, 16-bit and fp8 parameters only), or FusedAdam's: `initialize_state`
+        makes one for every parameter it updates, fp32 ones included, an int16 remainder for
+        bf16 ones, fp8 ones among them (a Float8Tensor's dtype is the model's: bf16).
         """
         if not te_master:
             return FP32 if param_bytes != FP32 else 0
         if self.store_param_remainders and self.main_params_dtype == "fp32" and bf16 and (
-            param_bytes == 2
+            param_bytes != FP32
         ):
             return REMAINDER
         return STATE_BYTES[self.main_params_dtype]
