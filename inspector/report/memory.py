@@ -12,7 +12,9 @@ for `params`, then wrapped in megatron-core's own DistributedDataParallel on the
     distributed optimizer (megatron's Float16OptimizerWithFloat16Params), or only the elements
     in the rank's shard of each bucket (DistributedOptimizer's `shard_fp32_from_float16_groups`,
     padding excluded). That is Megatron-LM's 18 bytes per parameter, and 6 + 12/d with it
-    (`theoretical_memory_usage.py`), but counted on the real parameters and shards.
+    (`theoretical_memory_usage.py`), but counted on the real parameters and shards. With
+    --use-precision-aware-optimizer the moments and master weight are in the flags' dtypes
+    (job/optimizer_precision.py: Transformer Engine's FusedAdam), e.g. 6 bytes with bf16 moments.
 Ranks of a stage hold the same parameter shapes; with the distributed optimizer their shards
 differ (the last ones hold the padding), so each stage reports its most loaded rank.
 
