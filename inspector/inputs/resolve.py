@@ -62,8 +62,31 @@ def merge_sources(sources: Sources, groups: tuple[str, ...]) -> Resolved:
                 "Note: --sequence-parallel is turned off because --tp is 1, as Megatron-LM does "
                 "(\"Disabling sequence parallelism because tensor model parallelism is disabled\")"
             )
+    if "training" in groups:
+        notes.extend(local_spec_attention_note(merged))
     args = {k: v for k, v in merged.items() if k not in BY_NAME or BY_NAME[k].group in groups}
     return Resolved(args, tuple(notes))
+
+
+def local_spec_attention_note(merged: dict[str, Any]) -> list[str]:
+    """Return a note when flash attention is asked for without Transformer Engine.
+
+    megatron-core's local layer spec (gpt_layer_specs.py get_gpt_layer_local_spec) runs its own
+    unfused DotProductAttention, and no megatron-core model reads --use-flash-attn (Megatron-LM
+    core_v0.13.1 to core_v0.16.1: only megatron/legacy/model/transformer.py does), so megatron
+    stores the s x s scores whatever the flag says.
+    """
+    backend = merged.get("attention_backend")
+    asked = "--use-flash-attn" if merged.get("use_flash_attn") else (
+        f"--attention-backend {backend}" if backend in ("flash", "fused") else None)
+    if asked is None or merged.get("transformer_impl") == "transformer_engine":
+        return []
+    return [
+        f"Note: {asked} does not change megatron-core's local layer spec, whose "
+        "DotProductAttention is unfused (Megatron-LM reads --use-flash-attn only for "
+        "--use-legacy-models): the s x s attention scores are stored, as megatron stores them; "
+        "flash attention needs --transformer-impl transformer_engine"
+    ]
 
 
 def _source_layers(

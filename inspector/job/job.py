@@ -276,12 +276,17 @@ def _check_fp8_param_gather(args: Mapping[str, Any]) -> None:
 def _flash_attention(args: Mapping[str, Any]) -> bool:
     """Return whether attention keeps no s x s scores, from --use-flash-attn and the backend.
 
+    Without Transformer Engine never: megatron-core's local layer spec (gpt_layer_specs.py
+    get_gpt_layer_local_spec) runs its own unfused DotProductAttention whatever the flags say.
+
     --use-flash-attn wins; then --attention-backend: flash and fused never store the scores,
     unfused and local do, and auto (Megatron-LM's default, which config files and launch scripts
     get) lets Transformer Engine pick flash/fused attention in 16 bits, and unfused otherwise
     (fp32, or the local spec, whose DotProductAttention is unfused).
     """
     backend = args.get("attention_backend")
+    if args.get("transformer_impl") != "transformer_engine":
+        return False  # the local spec's DotProductAttention (see local_spec_attention_note)
     if args.get("use_flash_attn"):
         if backend in ("unfused", "local"):
             raise ConfigError(

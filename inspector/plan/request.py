@@ -73,6 +73,8 @@ class Request:
     @property
     def flash(self) -> bool:
         """Return whether the candidates run flash attention."""
+        if self.model.transformer_impl != "transformer_engine":
+            return False  # the local spec's attention is unfused (job.py _flash_attention)
         if self.flash_attention is None:
             return self.model.dtype_name != "float32"
         return self.flash_attention
