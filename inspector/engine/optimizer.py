@@ -24,7 +24,10 @@ ModelDims `fused_kernels` notion of formulas/optimizer.py), else torch.optim.Ada
 - FusedAdam (transformer_engine/pytorch/optimizers/fused_adam.py, apex/optimizers/fused_adam.py)
   is its smallest stand-in: the moments made on the first step, then one in-place
   `multi_tensor_adam` per group (allocating nothing), and TE's/apex's multi_tensor_l2norm and
-  multi_tensor_scale likewise: a 1-element norm, an in-place scale.
+  multi_tensor_scale likewise: a 1-element norm, an in-place scale;
+- with --use-precision-aware-optimizer, Transformer Engine's FusedAdam (world/te/optimizers.py,
+  what megatron-core requires for the flag): its state in the flag's dtypes, made on the first
+  step, and the fp32 temporaries its step makes for every state held in a reduced dtype.
 
 The first step makes Adam's moments (lazily: `exp_avg`, `exp_avg_sq`); they are state memory,
 counted by report/memory.py, and returned here to be checked. The second step is the steady one;
