@@ -17,8 +17,8 @@ it would send to itself.
 
 DeepEP's own buffers are allocated outside PyTorch (csrc/deep_ep.cpp `Buffer::Buffer`: the NVLink
 buffer with `cudaMalloc` and shared by CUDA IPC, the RDMA buffer with `nvshmem_malloc`, a 32 MiB
-workspace with `cudaMalloc`): `Buffer.outside_bytes` counts them; PyTorch's allocator never sees
-them.
+workspace with `cudaMalloc`): PyTorch's allocator never sees them; inspector/engine/memory.py
+`outside_allocator` counts them from the sizes megatron asks this Buffer for.
 
 No DeepEP code is copied here; the constants and formulas cite DeepEP's source (github.com/
 deepseek-ai/DeepEP, main branch of 2025).
@@ -147,13 +147,6 @@ class Buffer:
         self.num_nvl_bytes = num_nvl_bytes
         self.num_rdma_bytes = num_rdma_bytes
         self.low_latency_mode = low_latency_mode
-
-    @property
-    def outside_bytes(self) -> int:
-        """GPU memory this buffer holds outside PyTorch's allocator (csrc/deep_ep.cpp
-        `Buffer::Buffer`): the NVLink buffer with its metadata, the workspace, the RDMA buffer."""
-        nvl = self.num_nvl_bytes + NVL_METADATA_BYTES if self.num_nvl_bytes > 0 else 0
-        return nvl + NUM_WORKSPACE_BYTES + self.num_rdma_bytes
 
     @staticmethod
     def set_num_sms(new_num_sms: int) -> None:
