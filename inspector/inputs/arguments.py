@@ -278,8 +278,9 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
     _training(
         "moe_flex_dispatcher_backend",
         str,
-        "The flex dispatcher's backend (megatron-core 0.14+; default deepep).",
-        choices=("deepep", "hybridep"),
+        "The flex dispatcher's backend (megatron-core 0.14+; deepep, the default; HybridEP's "
+        "buffers are not counted).",
+        choices=("deepep",),
     ),
     _training("moe_enable_deepep", bool, "DeepEP for the flex dispatcher (older Megatron-LM's flag)."),
     _training("moe_deepep_num_sms", int, "SMs DeepEP's kernels use (default 20; sizes its buffer)."),

@@ -1,0 +1,216 @@
+"""The flex token dispatcher (DeepEP) in `memory`: megatron's MoEFlexTokenDispatcher runs on the
+DeepEP stand-in (inspector/world/deep_ep.py), and DeepEP's buffers outside PyTorch's allocator are
+counted from the sizes megatron asks for."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import megatron.core
+import pytest
+
+from tests.conftest import run_cli
+from tests.test_engine import _MOE_TP1, _job
+
+VERSION = tuple(int(p) for p in megatron.core.__version__.split(".")[:2])
+MIB = 1 << 20
+
+# a small Mixtral: 8 experts, top-2, hidden 256
+TINY = ("--model", "mixtral-8x7b", "--num-layers", "2", "--hidden-size", "256",
+        "--ffn-hidden-size", "512", "--num-attention-heads", "8", "--num-query-groups", "8",
+        "--seq-length", "128", "--max-position-embeddings", "128", "--bf16",
+        "--micro-batch-size", "1")  # fmt: skip
+
+
+def _nvl_hint(hidden_bytes: int, ranks: int, recv: int, sms: int = 20) -> int:
+    """DeepEP csrc/config.hpp get_nvl_buffer_size_hint, written out for one NVLink domain or more."""
+    channels, nvl, rdma = sms // 2, min(ranks, 8), max(ranks // 8, 1)
+    queue = channels * nvl * recv
+    # counters; tokens; SourceMeta (8 B); 128 int64 top-k indices; 128 fp32 weights; 128 fp32 scales
+    raw = channels * nvl * (2 * rdma + 3) * 4 + queue * (hidden_bytes + 8 + 1024 + 512 + 512)
+    return -(-raw // 128) * 128
+
+
+def test_deepep_buffer_hints_match_hand_arithmetic():
+    from inspector.world.deep_ep import Buffer
+
+    Buffer.set_num_sms(20)
+    # ep 2, hidden 64 in bf16 (128 bytes a token): 10 channels x 2 ranks x 256 tokens queued,
+    # 2,184 bytes each, + 400 bytes of counters = 11,182,480, rounded up to 128: 11,182,592
+    for config in (Buffer.get_dispatch_config(2), Buffer.get_combine_config(2)):
+        assert config.get_nvl_buffer_size_hint(128, 2) == 11_182_592 == _nvl_hint(128, 2, 256)
+        assert config.get_rdma_buffer_size_hint(128, 2) == 0  # one NVLink domain: no RDMA
+    # ep 16 (two NVLink domains), DeepSeek-V3's hidden 7168 in bf16 (14,336 bytes)
+    dispatch, combine = Buffer.get_dispatch_config(16), Buffer.get_combine_config(16)
+    assert dispatch.get_nvl_buffer_size_hint(14336, 16) == 377_673_984 == _nvl_hint(14336, 16, 288)
+    # RDMA: the receive queue 128 rounded up to the send chunk (dispatch 20, combine 28): 140;
+    # 10 channels x 2 RDMA ranks x 140 tokens x 2 (send and receive) x (14,336 + 8 + 1,024 + 512
+    # + 512 + 16) bytes + 2,880 bytes of counters + 1 MiB "to be safe" = 92,936,256 -> 92,936,320
+    assert dispatch.num_max_rdma_chunked_recv_tokens == combine.num_max_rdma_chunked_recv_tokens == 140
+    assert dispatch.get_rdma_buffer_size_hint(14336, 16) == 92_936_320
+    assert combine.get_rdma_buffer_size_hint(14336, 16) == 92_936_320
+
+
+def test_the_run_asks_deepep_for_the_buffer_memory_counts():
+    """megatron's get_buffer, called in the forward, sizes the Buffer `outside_allocator` reports."""
+    from megatron.core.transformer.moe import fused_a2a
+
+    from inspector.engine.memory import run_memory
+
+    fused_a2a._buffer = None
+    job = _job(**_MOE_TP1, num_layers=2, pipeline_model_parallel_size=1, data_parallel_size=4,
+               expert_model_parallel_size=4, moe_token_dispatcher_type="flex")  # fmt: skip
+    run = run_memory(job, 0)
+    made = fused_a2a._buffer  # the one megatron made while the MoE layers ran
+    assert made is not None and made.group_size == 4
+    assert (made.num_nvl_bytes, made.num_rdma_bytes) == (_nvl_hint(128, 4, 256), 0)
+    nvl = made.num_nvl_bytes + 8 * 4 + 2 * 8 * 8  # + barrier signals and two pointer arrays
+    assert run.outside == (("DeepEP NVLink buffer", nvl), ("DeepEP workspace", 32 * MIB))
+    assert run.static == sum(s for _, s in run.persistent) + run.workspaces + nvl + 32 * MIB
+
+
+def _events(disp: str):
+    from inspector.engine.stage import trace_stage
+
+    job = _job(**_MOE_TP1, num_layers=1, pipeline_model_parallel_size=1, data_parallel_size=2,
+               expert_model_parallel_size=2, moe_token_dispatcher_type=disp)  # fmt: skip
+    trace = trace_stage(job, 0)[0]
+    return [(e.bytes, e.where) for e in trace.forward + trace.backward]
+
+
+def test_activations_differ_from_alltoall_only_in_the_dispatcher():
+    """Attention, norms, loss and the experts' GEMMs allocate alike. Where megatron's code differs,
+    the trace differs: the token exchange (DeepEP's layout, received tokens and handle, the
+    multihot map megatron's _DeepepManager builds, what the manager keeps between micro-batches:
+    its indices, probs and map, per layer), and the experts' weighted activation, whose probs
+    are fp32 under DeepEP (token_dispatcher.py `_DeepepManager.dispatch`: "DeepEP only supports
+    float32 probs", `.float()`) and in the router's 16-bit dtype under alltoall."""
+    alltoall, flex = _events("alltoall"), _events("flex")
+
+    def outside_dispatcher(events):
+        return [e for e in events if not e[1].startswith("decoder.layers.0.mlp")]
+
+    def gemms(events):
+        return [e for e in events if ".mlp.experts." in e[1] and ".linear_fc" in e[1]]
+
+    def activation(events):
+        return [e for e in events if "WeightedSwiGLU" in e[1]]
+
+    assert outside_dispatcher(flex) == outside_dispatcher(alltoall)
+    assert gemms(flex) == gemms(alltoall) and gemms(flex)
+    # fp32 probs: the activation's products with them are fp32, twice the bf16 ones
+    assert max(b for b, _ in activation(flex)) == 2 * max(b for b, _ in activation(alltoall))
+    dispatcher = [w for _, w in flex if w.startswith("decoder.layers.0.mlp")]
+    assert any("FusedDispatchBackward" in w for w in dispatcher)
+    assert any("FusedCombineBackward" in w for w in dispatcher)
+    assert flex != alltoall
+
+
+def test_deepep_receives_what_a_balanced_router_sends(monkeypatch):
+    """ep 4, 8 experts, top-2 over 64 tokens: token t picks experts 2t and 2t + 1 (mod 8), and rank
+    r holds experts 2r and 2r + 1, so 16 of each rank's 64 tokens go to rank r, once each though
+    both their experts are there (DeepEP sends a token to a rank once): 4 x 16 = 64 rows
+    received, and each local expert gets all 64 of them."""
+    from inspector.world import deep_ep
+
+    received = []
+    real = deep_ep.Buffer.dispatch
+
+    def recorded(self, x, *args, **kwargs):
+        out = real(self, x, *args, **kwargs)
+        if kwargs.get("handle") is None:
+            received.append((x.shape[0], out[0].shape[0], out[3]))
+        return out
+
+    monkeypatch.setattr(deep_ep.Buffer, "dispatch", recorded)
+    from inspector.engine.memory import run_memory
+
+    job = _job(**{**_MOE_TP1, "num_experts": 8}, num_layers=1, pipeline_model_parallel_size=1,
+               data_parallel_size=4, expert_model_parallel_size=4,
+               moe_token_dispatcher_type="flex")  # fmt: skip
+    run_memory(job, 0)
+    assert received and all(r == (64, 64, [64, 64]) for r in received)
+
+
+def test_memory_of_a_small_mixtral_with_flex_runs_and_reports_deepep_outside_torch():
+    for ep in ("2", "4"):
+        result = run_cli("memory", *TINY, "--ep", ep, "--dp", ep, "--global-batch-size", ep,
+                         "--moe-token-dispatcher-type", "flex", "--format", "json")  # fmt: skip
+        assert result.code == 0, result.err
+        stage = json.loads(result.out)["stages"][0]
+        outside = dict(stage["buffers"]["outside_allocator"])
+        nvl = _nvl_hint(512, int(ep), 256) + 160  # hidden 256 in bf16: 512 bytes a token
+        assert outside == {"DeepEP NVLink buffer": nvl, "DeepEP workspace": 32 * MIB}
+        buffers = stage["buffers"]
+        assert buffers["total"] == (sum(s for _, s in buffers["persistent"])
+                                    + buffers["workspaces"] + nvl + 32 * MIB)  # fmt: skip
+    text = run_cli("memory", *TINY, "--ep", "2", "--dp", "2", "--global-batch-size", "2",
+                   "--moe-token-dispatcher-type", "flex")  # fmt: skip
+    assert "flex dispatcher" in text.out
+    assert "Stage 0: outside PyTorch's allocator 0.04 GiB (DeepEP NVLink buffer 0.01 GiB, " \
+        "DeepEP workspace 0.03 GiB): in buffers and the total, not in what " \
+        "torch.cuda.max_memory_allocated reports" in text.out  # fmt: skip
+
+
+def test_no_deepep_buffer_without_the_flex_dispatcher():
+    result = run_cli("memory", *TINY, "--ep", "2", "--dp", "2", "--global-batch-size", "2",
+                     "--moe-token-dispatcher-type", "alltoall", "--format", "json")  # fmt: skip
+    assert result.code == 0, result.err
+    assert "outside_allocator" not in json.loads(result.out)["stages"][0]["buffers"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "error"),
+    [
+        (("--ep", "1", "--dp", "2"),
+         "Error: --moe-token-dispatcher-type flex needs expert parallelism: --etp 1 x --ep 1 = 1 "
+         "(megatron-core's MoEFlexTokenDispatcher: 'Flex token dispatcher requires TPxEP > 1')\n"),
+        (("--num-experts", "12", "--ep", "6", "--dp", "6"),
+         "Error: --moe-token-dispatcher-type flex: DeepEP has no configuration for --etp 1 x --ep "
+         "6 = 6 ranks (deep_ep Buffer.get_dispatch_config knows 2, 4, 8, 16, 24, 32, 64, 128, "
+         "144, 160)\n"),
+        (("--ep", "2", "--dp", "2", "--moe-expert-capacity-factor", "1",
+          "--moe-pad-expert-input-to-capacity"),
+         "Error: --moe-pad-expert-input-to-capacity does not run with the flex dispatcher's "
+         "DeepEP backend (megatron-core's TransformerConfig: 'Flex token dispatcher with deepep "
+         "backend does not support moe_pad_expert_input_to_capacity')\n"),
+        (("--ep", "2", "--dp", "2", "--moe-deepep-num-sms", "21"),
+         "Error: --moe-deepep-num-sms 21 must be even (DeepEP's Buffer.set_num_sms: 'The SM "
+         "count must be even')\n"),
+    ],
+    ids=["no-ep", "ep6", "pad", "odd-sms"],
+)
+def test_megatron_and_deepep_rules_are_errors(flags, error):
+    result = run_cli("memory", *TINY, "--global-batch-size", "12",
+                     "--moe-token-dispatcher-type", "flex", *flags)  # fmt: skip
+    assert (result.code, result.err) == (2, error)
+
+
+def test_hybridep_is_refused(tmp_path):
+    """HybridEP's buffers are not counted: the command line offers deepep alone, and a launch
+    script's hybridep stops `memory` by name (tests/test_launch_examples.py has the message)."""
+    args = (*TINY, "--ep", "2", "--dp", "2", "--global-batch-size", "2",
+            "--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "hybridep")
+    memory = run_cli("memory", *args)
+    assert memory.code == 2 and memory.err == (
+        "Error: --moe-flex-dispatcher-backend 'hybridep' is not one of: deepep\n")
+
+
+def test_which_megatron_core_knows_the_flex_backend_flag():
+    """0.13 has DeepEP alone, switched on by moe_enable_deepep (its flex dispatcher asserts it);
+    0.14+ names the backend, deepep or hybridep. The engine gives each what it takes."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from inspector.engine.microbatch import _flex_fields
+    from inspector.job.job import Training
+
+    names = {f.name for f in dataclasses.fields(TransformerConfig)}
+    fields = _flex_fields(Training(micro_batch_size=1, global_batch_size=1,
+                                   moe_token_dispatcher_type="flex"))  # fmt: skip
+    if VERSION >= (0, 14):
+        assert "moe_flex_dispatcher_backend" in names
+        assert fields == {"moe_deepep_num_sms": 20, "moe_flex_dispatcher_backend": "deepep"}
+    else:
+        assert VERSION == (0, 13) and "moe_flex_dispatcher_backend" not in names
+        assert fields == {"moe_deepep_num_sms": 20, "moe_enable_deepep": True}
