@@ -70,6 +70,29 @@ def test_the_run_asks_deepep_for_the_buffer_memory_counts():
     assert run.static == sum(s for _, s in run.persistent) + run.workspaces + nvl + 32 * MIB
 
 
+def test_composed_flex_stages_equal_every_layer_run():
+    """One layer of each kind stands for the rest under flex too (pp 2, MoE every other layer):
+    the dispatcher's per-layer kept metadata included."""
+    from tests.composition import assert_composed_equals_whole
+
+    job = _job(**_MOE_TP1, num_layers=6, moe_layer_freq=2, data_parallel_size=2,
+               expert_model_parallel_size=2, moe_token_dispatcher_type="flex")  # fmt: skip
+    cache = assert_composed_equals_whole(job)
+    assert {kind for _, _, small in cache for kind in small} == {True, False}
+
+
+def test_a_stage_without_moe_layers_holds_no_deepep_buffer():
+    from inspector.engine.memory import outside_allocator
+    from inspector.engine.stage import ChunkShape
+
+    job = _job(**_MOE_TP1, num_layers=2, data_parallel_size=2, expert_model_parallel_size=2,
+               moe_token_dispatcher_type="flex", moe_layer_freq=[0, 1])  # fmt: skip
+    dense, moe = ChunkShape((0,), True, False, 0), ChunkShape((1,), False, True, 0)
+    assert outside_allocator(job, [dense]) == ()
+    assert [what for what, _ in outside_allocator(job, [moe])] == [
+        "DeepEP NVLink buffer", "DeepEP workspace"]
+
+
 def _events(disp: str):
     from inspector.engine.stage import trace_stage
 
