@@ -156,6 +156,36 @@ def test_deepep_receives_what_a_balanced_router_sends(monkeypatch):
     assert received and all(r == (64, 64, [64, 64]) for r in received)
 
 
+def test_over_two_nvlink_domains_deepep_returns_its_internode_handle(monkeypatch):
+    """ep 16 (two nodes of 8), 16 experts, top-2, 64 tokens: token t picks experts 2t and 2t + 1
+    (mod 16). Rank 0 holds expert 0: 8 tokens of each rank's 64, 128 received. Node 0 holds
+    experts 0-7: 32 tokens of each rank go there, received over RDMA from the same GPU of each of
+    the 2 nodes: the NVLink send head has 64 rows (csrc/deep_ep.cpp `internode_dispatch`)."""
+    import torch
+
+    from inspector.engine.memory import run_memory
+    from inspector.world import deep_ep
+
+    handles = []
+    real = deep_ep.Buffer.dispatch
+
+    def recorded(self, x, *args, **kwargs):
+        out = real(self, x, *args, **kwargs)
+        if kwargs.get("handle") is None:
+            handles.append((out[0].shape[0], [tuple(t.shape) for t in out[4]], out[4][7].dtype))
+        return out
+
+    monkeypatch.setattr(deep_ep.Buffer, "dispatch", recorded)
+    job = _job(**{**_MOE_TP1, "num_experts": 16}, num_layers=1, pipeline_model_parallel_size=1,
+               data_parallel_size=16, global_batch_size=32, expert_model_parallel_size=16,
+               moe_token_dispatcher_type="flex")  # fmt: skip
+    run = run_memory(job, 0)
+    shapes = [(64, 16), (2, 10), (16, 10), (2, 10), (2,), (16, 10), (16,), (128, 8), (64, 2), (64, 8)]
+    assert handles and all(h == (128, shapes, torch.uint8) for h in handles)
+    assert [what for what, _ in run.outside] == [
+        "DeepEP NVLink buffer", "DeepEP RDMA buffer", "DeepEP workspace"]
+
+
 def test_memory_of_a_small_mixtral_with_flex_runs_and_reports_deepep_outside_torch():
     for ep in ("2", "4"):
         result = run_cli("memory", *TINY, "--ep", ep, "--dp", ep, "--global-batch-size", ep,

@@ -7,7 +7,8 @@ megatron/core/transformer/moe/fused_a2a.py imports `deep_ep.Buffer` and `deep_ep
 num_rdma_bytes)`, `Buffer.set_num_sms`, `get_dispatch_layout`, `dispatch` and `combine` (the
 intranode path, and the cached-handle path the backward takes). Each returns what DeepEP returns
 (deep_ep/buffer.py, csrc/deep_ep.cpp `Buffer::intranode_dispatch` / `intranode_combine` /
-`get_dispatch_layout`): the same shapes and dtypes, allocated on the meta device.
+`get_dispatch_layout`; `internode_dispatch` / `internode_combine` when the group spans more
+than one NVLink domain of 8 GPUs): the same shapes and dtypes, allocated on the meta device.
 
 Which tokens go where is data: the stand-in reads the expert indices' values from the table the
 engine keeps beside its meta tensors (`host_values`, set by inspector/engine/moe.py while a
@@ -173,10 +174,13 @@ class Buffer:
                             previous_event: Any = None, async_finish: bool = False,
                             allocate_on_comm_stream: bool = False) -> tuple[Any, ...]:  # fmt: skip
         """csrc/deep_ep.cpp `Buffer::get_dispatch_layout`: tokens per rank [ranks] int32, per
-        RDMA rank (None inside one NVLink domain), per expert [experts] int32, and
-        `is_token_in_rank` [tokens, ranks] bool."""
+        RDMA rank [ranks / 8] int32 (None inside one NVLink domain), per expert [experts] int32,
+        and `is_token_in_rank` [tokens, ranks] bool."""
         tokens, ranks, device = topk_idx.shape[0], self.group_size, topk_idx.device
         per_rank = torch.empty(ranks, dtype=torch.int32, device=device)
+        per_rdma = None
+        if self._rdma_ranks > 1:
+            per_rdma = torch.empty(self._rdma_ranks, dtype=torch.int32, device=device)
         per_expert = torch.empty(num_experts, dtype=torch.int32, device=device)
         in_rank = torch.empty(tokens, ranks, dtype=torch.bool, device=device)
         idx = _values(topk_idx)
@@ -185,9 +189,17 @@ class Buffer:
             hit = torch.stack([(owner == r).any(dim=1) for r in range(ranks)], dim=1)
             counts = torch.bincount(idx[idx >= 0], minlength=num_experts)
             _set(per_rank, hit.sum(dim=0).int())
+            if per_rdma is not None:
+                node = hit.view(tokens, self._rdma_ranks, NUM_MAX_NVL_PEERS).any(dim=2)
+                _set(per_rdma, node.sum(dim=0).int())
             _set(per_expert, counts.int())
             _set(in_rank, hit)
-        return per_rank, None, per_expert, in_rank, EventOverlap(EventHandle())
+        return per_rank, per_rdma, per_expert, in_rank, EventOverlap(EventHandle())
+
+    @property
+    def _rdma_ranks(self) -> int:
+        """NVLink domains the group spans (csrc/deep_ep.cpp: `num_rdma_ranks`)."""
+        return max(self.group_size // NUM_MAX_NVL_PEERS, 1)
 
     def dispatch(self, x: torch.Tensor, handle: tuple[Any, ...] | None = None,
                  num_tokens_per_rank: Any = None, num_tokens_per_rdma_rank: Any = None,
@@ -200,10 +212,11 @@ class Buffer:
         top-k indices (int64, local expert or -1) and weights (float32), the received count per
         local expert (a Python list), and the handle: rank prefix matrix [ranks, ranks], channel
         prefix matrices [ranks, channels] (int32), source indices [received] int32,
-        `is_token_in_rank`, send head [tokens, ranks] int32. With a handle (the combine's
-        backward), only the tokens."""
+        `is_token_in_rank`, send head [tokens, ranks] int32. Over more than one NVLink domain
+        (`Buffer::internode_dispatch`) the handle is internode's, below. With a handle (the
+        combine's backward), only the tokens."""
         if handle is not None:
-            received = handle[3].shape[0]
+            received = (handle[7] if self._rdma_ranks > 1 else handle[3]).shape[0]
             return x.new_empty(received, x.shape[1]), None, None, None, None, EventOverlap()
         ranks, device = self.group_size, x.device
         channels = (config or self.get_dispatch_config(ranks)).num_sms // 2
@@ -229,6 +242,10 @@ class Buffer:
         per_expert = torch.bincount(local_idx[local_idx >= 0], minlength=local) * ranks
         if expert_alignment > 1:
             per_expert = (per_expert + expert_alignment - 1) // expert_alignment * expert_alignment
+        if self._rdma_ranks > 1:
+            handle = self._internode_handle(x, received, num_tokens_per_rdma_rank,
+                                            is_token_in_rank, channels)  # fmt: skip
+            return recv_x, recv_idx, recv_weights, per_expert.tolist(), handle, EventOverlap()
         handle = (
             torch.empty(ranks, ranks, dtype=torch.int32, device=device),  # rank_prefix_matrix
             torch.empty(ranks, channels, dtype=torch.int32, device=device),  # channel_prefix_matrix
@@ -239,13 +256,43 @@ class Buffer:
         )
         return recv_x, recv_idx, recv_weights, per_expert.tolist(), handle, EventOverlap()
 
+    def _internode_handle(self, x: torch.Tensor, received: int, per_rdma: Any, in_rank: Any,
+                          channels: int) -> tuple[Any, ...]:  # fmt: skip
+        """csrc/deep_ep.cpp `Buffer::internode_dispatch`'s handle: `is_token_in_rank`, the RDMA
+        and global channel prefix matrices [rdma ranks | ranks, channels] int32 (sent and
+        received), their rank prefix sums [rdma ranks | ranks] int32, the source metadata
+        [received, 8] bytes, the RDMA send head [tokens, rdma ranks] and the NVLink send head
+        [tokens received over RDMA, 8] int32. Over RDMA this GPU receives, from the same GPU of
+        each node, the tokens bound for any GPU of its node (balanced: alike from each)."""
+        rdma, ranks, device = self._rdma_ranks, self.group_size, x.device
+        sent = _values(per_rdma)
+        assert sent is not None
+        rdma_received = int(sent[self.rank // NUM_MAX_NVL_PEERS]) * rdma
+
+        def int32(*shape: int) -> torch.Tensor:
+            return torch.empty(*shape, dtype=torch.int32, device=device)
+
+        return (
+            in_rank,
+            int32(rdma, channels),  # rdma_channel_prefix_matrix
+            int32(ranks, channels),  # gbl_channel_prefix_matrix
+            int32(rdma, channels),  # recv_rdma_channel_prefix_matrix
+            int32(rdma),  # recv_rdma_rank_prefix_sum
+            int32(ranks, channels),  # recv_gbl_channel_prefix_matrix
+            int32(ranks),  # recv_gbl_rank_prefix_sum
+            torch.empty(received, SOURCE_META_BYTES, dtype=torch.uint8, device=device),  # recv_src_meta
+            int32(x.shape[0], rdma),  # send_rdma_head
+            int32(rdma_received, NUM_MAX_NVL_PEERS),  # send_nvl_head
+        )
+
     def combine(self, x: torch.Tensor, handle: tuple[Any, ...], topk_weights: Any = None,
                 config: Any = None, previous_event: Any = None, async_finish: bool = False,
                 allocate_on_comm_stream: bool = False) -> tuple[Any, ...]:  # fmt: skip
         """deep_ep/buffer.py `Buffer.combine`, intranode (csrc/deep_ep.cpp
         `Buffer::intranode_combine`): the reduced tokens [tokens, hidden] (tokens: the send
-        head's rows) and, when given, the reduced top-k weights [tokens, topk] float32."""
-        tokens = handle[5].shape[0]
+        head's rows; internode, `is_combined_token_in_rank`'s) and, when given, the reduced top-k
+        weights [tokens, topk] float32."""
+        tokens = (handle[0] if self._rdma_ranks > 1 else handle[5]).shape[0]
         out = x.new_empty(tokens, x.shape[1])
         weights = None
         if topk_weights is not None:
