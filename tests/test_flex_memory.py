@@ -52,6 +52,72 @@ def test_deepep_buffer_hints_match_hand_arithmetic():
     assert combine.get_rdma_buffer_size_hint(14336, 16) == 92_936_320
 
 
+class _Table:
+    """A host-value table as the engine keeps one (engine/moe.py `_HostValues.get` / `set`)."""
+
+    def __init__(self) -> None:
+        self.values: dict[int, object] = {}
+
+    def get(self, tensor):
+        return self.values.get(id(tensor))
+
+    def set(self, tensor, values):
+        self.values[id(tensor)] = values
+
+
+def test_the_deepep_stand_in_returns_deepep_s_shapes_and_dtypes(monkeypatch):
+    """deep_ep/buffer.py's docstrings and csrc/deep_ep.cpp's intranode allocations: 6 tokens,
+    top-2 of 8 experts over 4 ranks (2 experts each), hidden 16 in bf16, rank 1."""
+    import torch
+
+    from inspector.world import deep_ep
+
+    table = _Table()
+    monkeypatch.setattr(deep_ep, "host_values", table)
+    group = type("G", (), {"rank": lambda self: 1, "size": lambda self: 4})()
+    buffer = deep_ep.Buffer(group, 1024, 0)
+    idx = torch.empty(6, 2, dtype=torch.int64, device="meta")
+    table.set(idx, torch.tensor([[0, 2], [2, 3], [4, 5], [6, 7], [1, 3], [0, 1]]))
+    per_rank, per_rdma, per_expert, in_rank, _ = buffer.get_dispatch_layout(idx, 8)
+    assert (per_rank.dtype, per_rank.shape, per_expert.dtype, per_expert.shape) == (
+        torch.int32, (4,), torch.int32, (8,))
+    assert per_rdma is None and (in_rank.dtype, in_rank.shape) == (torch.bool, (6, 4))
+    assert table.get(per_rank).tolist() == [3, 3, 1, 1]  # rank 1 (experts 2, 3): tokens 0, 1, 4
+    weights = torch.empty(6, 2, dtype=torch.float32, device="meta")
+    table.set(weights, torch.full((6, 2), 0.5))
+    x = torch.empty(6, 16, dtype=torch.bfloat16, device="meta")
+    recv_x, recv_idx, recv_w, counts, handle, _ = buffer.dispatch(
+        x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+        num_tokens_per_expert=per_expert, topk_idx=idx, topk_weights=weights)  # fmt: skip
+    # every rank sends rank 1 its tokens 0, 1, 4: 12 rows; local experts 0 (global 2), 1 (3)
+    assert (recv_x.shape, recv_x.dtype) == ((12, 16), torch.bfloat16)
+    assert (recv_idx.dtype, recv_w.dtype, recv_idx.shape) == (torch.int64, torch.float32, (12, 2))
+    assert table.get(recv_idx)[:3].tolist() == [[-1, 0], [0, 1], [-1, 1]]
+    assert table.get(recv_w)[:3].tolist() == [[0.0, 0.5], [0.5, 0.5], [0.0, 0.5]]
+    assert counts == [8, 8]  # experts 2 and 3: two of the three tokens each, from 4 ranks
+    assert [tuple(t.shape) for t in handle] == [(4, 4), (4, 10), (4, 10), (12,), (6, 4), (6, 4)]
+    combined, combined_w, _ = buffer.combine(recv_x, handle, topk_weights=recv_w)
+    assert (combined.shape, combined_w.shape, combined_w.dtype) == ((6, 16), (6, 2), torch.float32)
+    again = buffer.dispatch(combined, handle=handle)[0]  # the combine's backward
+    assert again.shape == (12, 16)
+
+
+def test_fp32_hidden_states_double_deepep_s_token_bytes():
+    """fused_a2a.py get_hidden_bytes: hidden x max(element size, 2)."""
+    from inspector.engine.memory import outside_allocator
+    from inspector.engine.stage import ChunkShape
+
+    shape = ChunkShape((0,), True, True, 0)
+    sizes = {}
+    for dtype in ("bf16", "fp32"):
+        flags = {"bf16": dtype == "bf16"}
+        job = _job(**{**_MOE_TP1, **flags}, num_layers=1, pipeline_model_parallel_size=1,
+                   data_parallel_size=2, expert_model_parallel_size=2,
+                   moe_token_dispatcher_type="flex")  # fmt: skip
+        sizes[dtype] = dict(outside_allocator(job, [shape]))["DeepEP NVLink buffer"] - 160
+    assert sizes == {"bf16": _nvl_hint(128, 2, 256), "fp32": _nvl_hint(256, 2, 256)}
+
+
 def test_the_run_asks_deepep_for_the_buffer_memory_counts():
     """megatron's get_buffer, called in the forward, sizes the Buffer `outside_allocator` reports."""
     from megatron.core.transformer.moe import fused_a2a
