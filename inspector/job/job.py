@@ -74,6 +74,7 @@ class Training:
         check_at_least_one("--micro-batch-size", self.micro_batch_size)
         check_at_least_one("--global-batch-size", self.global_batch_size)
         check_at_least_one("--recompute-num-layers", self.recompute_num_layers)
+        check_at_least_one("--moe-deepep-num-sms", self.moe_deepep_num_sms)
         for flag, p in (("--attention-dropout", self.attention_dropout),
                         ("--hidden-dropout", self.hidden_dropout)):  # fmt: skip
             if not 0 <= p < 1:
