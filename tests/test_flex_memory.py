@@ -333,3 +333,18 @@ def test_which_megatron_core_knows_the_flex_backend_flag():
     else:
         assert VERSION == (0, 13) and "moe_flex_dispatcher_backend" not in names
         assert fields == {"moe_deepep_num_sms": 20, "moe_enable_deepep": True}
+
+
+def test_the_flex_group_is_expert_tensor_times_expert_parallel():
+    """tp 2, etp 2, ep 2: the dispatcher's group has 4 ranks (token_dispatcher.py `tp_ep_group`),
+    each token sent to both expert-tensor-parallel ranks of its experts; DeepEP's buffer is sized
+    for 4 ranks."""
+    from inspector.engine.memory import run_memory
+    from tests.test_engine import _MOE
+
+    job = _job(**_MOE, num_layers=2, pipeline_model_parallel_size=1, tensor_model_parallel_size=2,
+               expert_tensor_parallel_size=2, data_parallel_size=2, expert_model_parallel_size=2,
+               moe_token_dispatcher_type="flex")  # fmt: skip
+    run = run_memory(job, 0)
+    assert run.outside == (("DeepEP NVLink buffer", _nvl_hint(128, 4, 256) + 160),
+                           ("DeepEP workspace", 32 * MIB))  # fmt: skip
