@@ -16,6 +16,7 @@ from inspector.errors import ConfigError
 from inspector.job.checks import check_at_least_one, check_at_most
 from inspector.job.dims import ModelDims, num_microbatches
 from inspector.job.ep_overlap import check_ep_overlap
+from inspector.job.flex import check_flex
 from inspector.job.fsdp import fsdp_rules
 from inspector.job.layout import Layout, make_layout, validate_layout
 from inspector.job.model import ModelConfig
@@ -59,6 +60,10 @@ class Training:
     moe_token_dispatcher_type: str = "allgather"  # Megatron-LM's default
     moe_expert_capacity_factor: float | None = None  # None: dropless
     moe_pad_expert_input_to_capacity: bool = False
+    # the flex dispatcher's backend and DeepEP's SMs (job/flex.py)
+    moe_flex_backend: str = "deepep"  # megatron-core's default
+    moe_enable_deepep: bool = False
+    moe_deepep_num_sms: int = 20  # megatron-core's default
     # --overlap-moe-expert-parallel-comm, --delay-wgrad-compute (job/ep_overlap.py)
     ep_overlap: bool = False
     delay_wgrad: bool = False
@@ -72,6 +77,7 @@ class Training:
         check_at_least_one("--micro-batch-size", self.micro_batch_size)
         check_at_least_one("--global-batch-size", self.global_batch_size)
         check_at_least_one("--recompute-num-layers", self.recompute_num_layers)
+        check_at_least_one("--moe-deepep-num-sms", self.moe_deepep_num_sms)
         for flag, p in (("--attention-dropout", self.attention_dropout),
                         ("--hidden-dropout", self.hidden_dropout)):  # fmt: skip
             if not 0 <= p < 1:
@@ -127,6 +133,7 @@ class Job:
             _check_fp8_recompute(self.model, self.training.recompute_modules)
             check_modules(self.training.recompute_modules, self.model)
         check_ep_overlap(self.model, self.layout, self.training)
+        check_flex(self.model, self.layout, self.training)
         if self.training.flash_attention and self.model.dtype_name == "float32":
             raise ConfigError(
                 "--use-flash-attn needs --bf16 or --fp16: flash attention kernels have no fp32 path"
@@ -172,6 +179,9 @@ TRAINING_ARGS = {
     "moe_token_dispatcher_type": "moe_token_dispatcher_type",
     "moe_expert_capacity_factor": "moe_expert_capacity_factor",
     "moe_pad_expert_input_to_capacity": "moe_pad_expert_input_to_capacity",
+    "moe_flex_dispatcher_backend": "moe_flex_backend",
+    "moe_enable_deepep": "moe_enable_deepep",
+    "moe_deepep_num_sms": "moe_deepep_num_sms",
     "overlap_moe_expert_parallel_comm": "ep_overlap",
     "delay_wgrad_compute": "delay_wgrad",
 }
@@ -185,11 +195,12 @@ def make_training(args: Mapping[str, Any]) -> Training:
     """Build the Training record from Megatron-LM arguments (absent: Megatron-LM's defaults)."""
     values = {field: args[name] for name, field in TRAINING_ARGS.items() if name in args}
     values["recompute"] = cast(Recompute, values.get("recompute") or "none")
-    if values.get("moe_token_dispatcher_type") is None:
-        values.pop("moe_token_dispatcher_type", None)
+    for name in ("moe_token_dispatcher_type", "moe_flex_backend", "moe_deepep_num_sms"):
+        if values.get(name) is None:
+            values.pop(name, None)
     for flag in ("flash_attention", "use_distributed_optimizer", "overlap_grad_reduce",
                  "moe_pad_expert_input_to_capacity", "megatron_fsdp", "fsdp_double_buffer",
-                 "torch_fsdp2", "ep_overlap", "delay_wgrad"):  # fmt: skip
+                 "torch_fsdp2", "ep_overlap", "delay_wgrad", "moe_enable_deepep"):  # fmt: skip
         values[flag] = bool(values.get(flag))
     values["fp32_grads"] = values.get("fp32_grads") or None
     values["unfused"] = tuple(name for name in FUSIONS if args.get("no_" + name))

@@ -214,13 +214,25 @@ def _routing(report: MemoryReport) -> str:
 
 
 def _moments(report: MemoryReport) -> list[str]:
-    """Return one line per stage naming the moment of its peak (runs only)."""
-    return [
-        f"Stage {s.stage}: static {_size(report, s.static)} (state and buffers), peak "
-        f"{_size(report, s.total)} at the {s.run.peak.moment}."
-        for s in report.stages
-        if s.run is not None
-    ]
+    """Return one line per stage naming the moment of its peak (runs only), and one for what
+    it holds outside PyTorch's allocator, where it holds any."""
+    lines = []
+    for s in report.stages:
+        if s.run is None:
+            continue
+        lines.append(
+            f"Stage {s.stage}: static {_size(report, s.static)} (state and buffers), peak "
+            f"{_size(report, s.total)} at the {s.run.peak.moment}."
+        )
+        if s.run.outside:
+            parts = ", ".join(f"{what} {_size(report, size)}" for what, size in s.run.outside)
+            lines.append(
+                f"Stage {s.stage}: outside PyTorch's allocator {_size(report, s.run.outside_bytes)}"
+                f" ({parts}): in buffers and the total, not in what "
+                f"torch.cuda.max_memory_allocated reports "
+                f"({_size(report, s.total - s.run.outside_bytes)})."
+            )
+    return lines
 
 
 NOT_COUNTED = "not counted"  # the buffers where the engine did not run (json: null)
@@ -322,9 +334,12 @@ def _buffers_json(s: StageMemory) -> dict[str, Any] | None:
     if s.run is None:
         return {"fsdp_in_flight": s.in_flight, "total": s.buffers} if s.in_flight else None
     fsdp = {"fsdp_in_flight": s.in_flight} if s.in_flight else {}
+    outside = {"outside_allocator": [[what, size] for what, size in s.run.outside]} \
+        if s.run.outside else {}  # fmt: skip
     return {
         "persistent": [[where, size] for where, size in s.run.persistent],
         "workspaces": s.run.workspaces,
+        **outside,
         **fsdp,
         "total": s.buffers,
     }
