@@ -284,9 +284,17 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
     _training(
         "moe_token_dispatcher_type",
         str,
-        "MoE token dispatcher (Megatron-LM's default: allgather).",
-        choices=("allgather", "alltoall"),
+        "MoE token dispatcher (Megatron-LM's default: allgather; flex: DeepEP's or HybridEP's "
+        "fused all-to-all, priced by `plan`).",
+        choices=("allgather", "alltoall", "flex"),
     ),
+    _training(
+        "moe_flex_dispatcher_backend",
+        str,
+        "The flex dispatcher's kernels (megatron-core 0.16 and later; default deepep).",
+        choices=("deepep", "hybridep"),
+    ),
+    _training("moe_enable_deepep", bool, "Older Megatron-LM's switch for the flex dispatcher's DeepEP."),
     _training(
         "overlap_moe_expert_parallel_comm",
         bool,

@@ -192,7 +192,7 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--moe-router-num-groups --moe-router-group-topk --moe-router-topk-scaling-factor "
         "--moe-router-bias-update-rate "
         "--moe-router-force-load-balancing --moe-aux-loss-coeff --moe-z-loss-coeff "
-        "--moe-input-jitter-eps --moe-enable-deepep --moe-deepep-num-sms "
+        "--moe-input-jitter-eps --moe-deepep-num-sms "
         "--moe-permute-fusion --moe-router-fusion --moe-router-dtype "
         "--moe-token-drop-policy --moe-shared-expert-overlap --moe-per-layer-logging "
         "--moe-apply-probs-on-input --moe-router-padding-for-fp8"

@@ -57,6 +57,8 @@ class Training:
     recompute_modules: tuple[str, ...] = DEFAULT_MODULES
     # MoE token routing, as megatron-core's TransformerConfig takes it (the engine runs it)
     moe_token_dispatcher_type: str = "allgather"  # Megatron-LM's default
+    # the flex dispatcher's kernels (megatron-core TransformerConfig.moe_flex_dispatcher_backend)
+    moe_flex_dispatcher_backend: str = "deepep"
     moe_expert_capacity_factor: float | None = None  # None: dropless
     moe_pad_expert_input_to_capacity: bool = False
     # --overlap-moe-expert-parallel-comm, --delay-wgrad-compute (job/ep_overlap.py)
@@ -170,6 +172,7 @@ TRAINING_ARGS = {
     "overlap_grad_reduce": "overlap_grad_reduce",
     "ddp_bucket_size": "ddp_bucket_size",
     "moe_token_dispatcher_type": "moe_token_dispatcher_type",
+    "moe_flex_dispatcher_backend": "moe_flex_dispatcher_backend",
     "moe_expert_capacity_factor": "moe_expert_capacity_factor",
     "moe_pad_expert_input_to_capacity": "moe_pad_expert_input_to_capacity",
     "overlap_moe_expert_parallel_comm": "ep_overlap",
@@ -185,8 +188,9 @@ def make_training(args: Mapping[str, Any]) -> Training:
     """Build the Training record from Megatron-LM arguments (absent: Megatron-LM's defaults)."""
     values = {field: args[name] for name, field in TRAINING_ARGS.items() if name in args}
     values["recompute"] = cast(Recompute, values.get("recompute") or "none")
-    if values.get("moe_token_dispatcher_type") is None:
-        values.pop("moe_token_dispatcher_type", None)
+    for name in ("moe_token_dispatcher_type", "moe_flex_dispatcher_backend"):
+        if values.get(name) is None:
+            values.pop(name, None)
     for flag in ("flash_attention", "use_distributed_optimizer", "overlap_grad_reduce",
                  "moe_pad_expert_input_to_capacity", "megatron_fsdp", "fsdp_double_buffer",
                  "torch_fsdp2", "ep_overlap", "delay_wgrad"):  # fmt: skip
