@@ -250,3 +250,55 @@ def test_installed_megatron_knows_the_backend_flag_from_0_16() -> None:
         assert fields["moe_flex_dispatcher_backend"].default == "deepep"
         assert fields["moe_deepep_num_sms"].default == 20  # flex.py's docstring cites both
         assert fields["moe_hybridep_num_sms"].default == 16
+
+
+def test_a_refused_value_given_as_a_flag_stops_other_commands_but_not_plan(monkeypatch) -> None:
+    # a value unmodelled.REFUSED_VALUES refuses stops a command reading its group when given on
+    # the command line, as in a launch script; plan accepts the flex dispatcher, which it prices
+    from inspector.errors import ConfigError
+    from inspector.inputs import resolve
+    from inspector.inputs.unmodelled import Refusal
+
+    refused = {"--moe-token-dispatcher-type": {"flex": Refusal("training", "why")}}
+    monkeypatch.setattr(resolve, "REFUSED_VALUES", refused)
+    flags = {"moe_token_dispatcher_type": "flex"}
+    with pytest.raises(ConfigError, match=r"^--moe-token-dispatcher-type flex is not modelled: why$"):
+        resolve.merge_sources(resolve.Sources(flags=flags), ("model", "training"))
+    resolve.merge_sources(resolve.Sources(flags=flags), ("model", "layout"))  # not its group
+    accepted = ("--moe-token-dispatcher-type flex",)
+    args = resolve.merge_sources(resolve.Sources(flags=flags), ("model", "training"), accepted).args
+    assert args["moe_token_dispatcher_type"] == "flex"
+
+
+# ---- workload: SimAI's records of the flex dispatcher ----
+
+
+def test_workload_writes_the_flex_exchange_as_the_bytes_it_moves() -> None:
+    from inspector.job.dims import ModelDims
+    from inspector.report.simai import parse_workload
+    from inspector.report.workload import render_stage
+    from inspector.report.workload_inputs import (
+        BufferInput,
+        ComputeRate,
+        Context,
+        Settings,
+        StageInput,
+    )
+
+    # 4 experts top-2 over ep 2 (2 a rank): an ep rank is missed with C(2, 2) / C(4, 2) = 1/6;
+    # expert tp is tp (2), so a token reaches 2 x 2 x 5/6 of the 4 flex ranks: this rank's 128/2
+    # sequence-parallel tokens x 64 channels x 2 bytes x 10/3 = 27,307 bytes per exchange, where
+    # the all-to-all dispatcher sends 2 top-k copies (16,384) and gathers them over expert tp
+    dims = ModelDims(2, 64, 4, 128, 256, num_experts=4, moe_router_topk=2)
+    par = Layout(tp=2, pp=1, ep=2, dp=4, sequence_parallel=True)
+    stage = StageInput(0, ((0, 1),), True, True,
+                       buffers=(BufferInput(13312, 2, 4), BufferInput(33024, 2, 4, expert=True)))
+    flex = Context(dims, par, Settings(1, 2, 8, flex=True), ComputeRate(100.0, 0.5))
+    alltoall = Context(dims, par, Settings(1, 2, 8), ComputeRate(100.0, 0.5))
+    moe = [r for r in parse_workload(render_stage(flex, stage))[1] if r.name == "mlp_moelayer"]
+    old = [r for r in parse_workload(render_stage(alltoall, stage))[1] if r.name == "mlp_moelayer"]
+    assert len(moe) == 2 * 2 * 3 and len(old) == 2 * 2 * 5  # dispatch, experts, combine
+    assert (moe[0].fwd_comm, moe[0].fwd_bytes) == ("ALLTOALL_EP", round(64 * 64 * 2 * 10 / 3))
+    assert (moe[0].ig_comm, moe[0].ig_bytes) == ("ALLTOALL_EP", 27307)
+    assert moe[2] == moe[0] and old[1].fwd_bytes == 64 * 2 * 64 * 2
+    assert moe[1].fwd_compute == old[3].fwd_compute  # the experts' GEMMs are the same

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from inspector.errors import ConfigError
 from inspector.inputs.arguments import BY_NAME
 from inspector.inputs.refusals import refusals_message
+from inspector.inputs.unmodelled import REFUSED_VALUES
 from inspector.inputs.versions import unknown_argument_notes
 
 if TYPE_CHECKING:
@@ -42,8 +43,12 @@ class Resolved:
     notes: tuple[str, ...]  # for stderr, e.g. what a launch script set that is not modelled
 
 
-def merge_sources(sources: Sources, groups: tuple[str, ...]) -> Resolved:
-    """Merge preset, config file, launch script and flags (later ones winning) for `groups`."""
+def merge_sources(sources: Sources, groups: tuple[str, ...], accepted: tuple[str, ...] = ()) -> Resolved:
+    """Merge preset, config file, launch script and flags (later ones winning) for `groups`.
+
+    `accepted`: refused values (unmodelled.REFUSED_VALUES, as "--flag value") the command models
+    itself when given as flags (plan prices the flex dispatcher)."""
+    _check_flag_values(sources.flags, groups, accepted)
     notes: list[str] = []
     layers, world = _source_layers(sources, groups, notes)
     merged: dict[str, Any] = {}
@@ -87,6 +92,18 @@ def local_spec_attention_note(merged: dict[str, Any]) -> list[str]:
         "--use-legacy-models): the s x s attention scores are stored, as megatron stores them; "
         "flash attention needs --transformer-impl transformer_engine"
     ]
+
+
+def _check_flag_values(flags: dict[str, Any], groups: tuple[str, ...], accepted: tuple[str, ...]) -> None:
+    """Raise ConfigError for a flag whose value a command of `groups` does not model, as a launch
+    script's would be (refusals.refused_value)."""
+    for name, value in flags.items():
+        spec = BY_NAME.get(name)
+        refusal = None if spec is None else REFUSED_VALUES.get(spec.flag, {}).get(str(value))
+        if spec is None or refusal is None or refusal.group not in groups:
+            continue
+        if f"{spec.flag} {value}" not in accepted:
+            raise ConfigError(f"{spec.flag} {value} is not modelled: {refusal.reason}")
 
 
 def _source_layers(
