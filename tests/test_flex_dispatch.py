@@ -302,3 +302,12 @@ def test_workload_writes_the_flex_exchange_as_the_bytes_it_moves() -> None:
     assert (moe[0].ig_comm, moe[0].ig_bytes) == ("ALLTOALL_EP", 27307)
     assert moe[2] == moe[0] and old[1].fwd_bytes == 64 * 2 * 64 * 2
     assert moe[1].fwd_compute == old[3].fwd_compute  # the experts' GEMMs are the same
+
+
+def test_a_script_on_older_megatron_is_told_the_backend_flag_is_unknown() -> None:
+    from inspector.inputs import versions
+
+    note = versions.argument_unknown_note("--moe-flex-dispatcher-backend")
+    assert (note is None) == (versions.megatron_core_version() >= BACKEND_SINCE)
+    if note is not None:
+        assert "added in 0.16" in note
