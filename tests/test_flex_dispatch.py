@@ -311,3 +311,18 @@ def test_a_script_on_older_megatron_is_told_the_backend_flag_is_unknown() -> Non
     assert (note is None) == (versions.megatron_core_version() >= BACKEND_SINCE)
     if note is not None:
         assert "added in 0.16" in note
+
+
+def test_the_search_skips_layouts_with_one_expert_rank() -> None:
+    # tp 1 pinned: ep 1 leaves the flex dispatcher one rank (megatron asserts TPxEP > 1)
+    base = ("plan --model qwen3-30b-a3b --num-layers 2 --gpus 4 --global-batch-size 8 --seq-length 1024 "
+            "--micro-batch-size 1 --tp 1 --pp 1 --cp 1 --bf16 --moe-grouped-gemm --gpu h100 "
+            "--gpu-memory 200 --top 50 --format json").split()  # fmt: skip
+    old = [] if megatron_version() >= BACKEND_SINCE else ["--moe-enable-deepep"]
+    seen = {}
+    for dispatcher in ("alltoall", "flex"):
+        extra = old if dispatcher == "flex" else []
+        result = run_cli(*base, "--moe-token-dispatcher-type", dispatcher, *extra)
+        assert result.code == 0, result.err
+        seen[dispatcher] = {p["layout"]["ep"] for p in json.loads(result.out)["plans"]}
+    assert seen["alltoall"] == {1, 2, 4} and seen["flex"] == {2, 4}
