@@ -326,3 +326,24 @@ def test_the_search_skips_layouts_with_one_expert_rank() -> None:
         assert result.code == 0, result.err
         seen[dispatcher] = {p["layout"]["ep"] for p in json.loads(result.out)["plans"]}
     assert seen["alltoall"] == {1, 2, 4} and seen["flex"] == {2, 4}
+
+
+def test_plan_reads_the_flex_dispatcher_from_a_launch_script(tmp_path) -> None:
+    # the script's value is refused where a command does not model it (unmodelled.REFUSED_VALUES,
+    # as `memory`); plan models it, so the job it plans is the script's own
+    new = megatron_version() >= BACKEND_SINCE
+    backend = "--moe-flex-dispatcher-backend hybridep" if new else "--moe-enable-deepep"
+    script = tmp_path / "train.sh"
+    script.write_text(
+        "python pretrain_gpt.py --num-layers 2 --hidden-size 2048 --num-attention-heads 32 "
+        "--group-query-attention --num-query-groups 4 --kv-channels 128 --ffn-hidden-size 6144 "
+        "--num-experts 128 --moe-router-topk 8 --moe-ffn-hidden-size 768 --moe-grouped-gemm "
+        "--seq-length 1024 --max-position-embeddings 4096 --vocab-size 151936 --normalization "
+        "RMSNorm --swiglu --disable-bias-linear --position-embedding-type rope --bf16 "
+        "--micro-batch-size 1 --global-batch-size 16 --tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 "
+        f"--context-parallel-size 1 --expert-model-parallel-size 16 --moe-token-dispatcher-type flex {backend}\n")
+    result = run_cli("plan", "--from-script", str(script), "--gpus", "16", "--gpu", "h100", "--format", "json")
+    assert result.code == 0, result.err
+    flags = " ".join(json.loads(result.out)["plans"][0]["flags"])
+    assert "--moe-token-dispatcher-type flex" in flags
+    assert ("--moe-flex-dispatcher-backend hybridep" if new else "--moe-enable-deepep") in flags
