@@ -347,3 +347,27 @@ def test_plan_reads_the_flex_dispatcher_from_a_launch_script(tmp_path) -> None:
     flags = " ".join(json.loads(result.out)["plans"][0]["flags"])
     assert "--moe-token-dispatcher-type flex" in flags
     assert ("--moe-flex-dispatcher-backend hybridep" if new else "--moe-enable-deepep") in flags
+
+
+def test_the_all_to_all_overlap_replays_the_flex_exchange(monkeypatch) -> None:
+    # under --overlap-moe-expert-parallel-comm each merged pair's four exchanges are the flex
+    # dispatcher's own (one exchange: QWEN_EXCHANGE), not the all-to-all's
+    from inspector.plan import caches, cost
+
+    seen: list[float] = []
+    real = cost.merged_pair
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(args[5])  # the `alltoall` argument: one exchange's seconds
+        return real(*args, **kwargs)
+
+    caches.clear()
+    monkeypatch.setattr(cost, "merged_pair", spy)
+    new = megatron_version() >= BACKEND_SINCE
+    backend = ["--moe-flex-dispatcher-backend", "deepep"] if new else ["--moe-enable-deepep"]
+    args = [a if a != "16" or QWEN[i - 1] != "--global-batch-size" else "64" for i, a in enumerate(QWEN)]
+    result = run_cli(*args, "--moe-token-dispatcher-type", "flex", *backend,  # 4 micro-batches
+                     "--overlap-moe-expert-parallel-comm", "--transformer-impl", "transformer_engine")  # fmt: skip
+    caches.clear()
+    assert result.code == 0, result.err
+    assert seen and all(s == pytest.approx(QWEN_EXCHANGE, rel=1e-12) for s in seen)
