@@ -284,15 +284,16 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
     _training(
         "moe_token_dispatcher_type",
         str,
-        "MoE token dispatcher (Megatron-LM's default: allgather; flex: DeepEP's fused all-to-all).",
+        "MoE token dispatcher (Megatron-LM's default: allgather; flex: DeepEP's or HybridEP's "
+        "fused all-to-all, priced by `plan`).",
         choices=("allgather", "alltoall", "flex"),
     ),
     _training(
         "moe_flex_dispatcher_backend",
         str,
-        "The flex dispatcher's backend (megatron-core 0.14+; deepep, the default; HybridEP's "
-        "buffers are not counted).",
-        choices=("deepep",),
+        "The flex dispatcher's kernels (megatron-core 0.16 and later; default deepep; `memory` "
+        "counts DeepEP's buffers, not HybridEP's: `plan` alone takes hybridep).",
+        choices=("deepep", "hybridep"),
     ),
     _training("moe_enable_deepep", bool, "DeepEP for the flex dispatcher (older Megatron-LM's flag)."),
     _training("moe_deepep_num_sms", int, "SMs DeepEP's kernels use (default 20; sizes its buffer)."),

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from inspector.errors import ConfigError
 from inspector.inputs.arguments import BY_NAME
 from inspector.inputs.refusals import refusals_message
+from inspector.inputs.unmodelled import REFUSED_VALUES
 from inspector.inputs.versions import unknown_argument_notes
 
 if TYPE_CHECKING:
@@ -42,10 +43,14 @@ class Resolved:
     notes: tuple[str, ...]  # for stderr, e.g. what a launch script set that is not modelled
 
 
-def merge_sources(sources: Sources, groups: tuple[str, ...]) -> Resolved:
-    """Merge preset, config file, launch script and flags (later ones winning) for `groups`."""
+def merge_sources(sources: Sources, groups: tuple[str, ...], accepted: tuple[str, ...] = ()) -> Resolved:
+    """Merge preset, config file, launch script and flags (later ones winning) for `groups`.
+
+    `accepted`: refused values (unmodelled.REFUSED_VALUES, as "--flag value") the command models
+    itself when given as flags (plan prices the flex dispatcher)."""
+    _check_flag_values(sources.flags, groups, accepted)
     notes: list[str] = []
-    layers, world = _source_layers(sources, groups, notes)
+    layers, world = _source_layers(sources, groups, notes, accepted)
     merged: dict[str, Any] = {}
     for layer in layers:
         merged.update(layer)
@@ -89,8 +94,20 @@ def local_spec_attention_note(merged: dict[str, Any]) -> list[str]:
     ]
 
 
+def _check_flag_values(flags: dict[str, Any], groups: tuple[str, ...], accepted: tuple[str, ...]) -> None:
+    """Raise ConfigError for a flag whose value a command of `groups` does not model, as a launch
+    script's would be (refusals.refused_value)."""
+    for name, value in flags.items():
+        spec = BY_NAME.get(name)
+        refusal = None if spec is None else REFUSED_VALUES.get(spec.flag, {}).get(str(value))
+        if spec is None or refusal is None or refusal.group not in groups:
+            continue
+        if f"{spec.flag} {value}" not in accepted:
+            raise ConfigError(f"{spec.flag} {value} is not modelled: {refusal.reason}")
+
+
 def _source_layers(
-    sources: Sources, groups: tuple[str, ...], notes: list[str]
+    sources: Sources, groups: tuple[str, ...], notes: list[str], accepted: tuple[str, ...] = ()
 ) -> tuple[list[dict[str, Any]], tuple[int | None, str]]:
     """Return the argument layers, the lowest first, and the launch script's world size."""
     layers: list[dict[str, Any]] = []
@@ -103,18 +120,18 @@ def _source_layers(
         from inspector.inputs.hf import read_hf_config
 
         hf = read_hf_config(sources.hf_config)
-        layers.append(_file_layer(hf, sources.hf_config, sources, groups, notes))
+        layers.append(_file_layer(hf, sources.hf_config, sources, groups, notes, accepted))
     if sources.config_file is not None:
         from inspector.inputs.megatron_config import read_config
 
         config = read_config(sources.config_file)
-        layers.append(_file_layer(config, sources.config_file, sources, groups, notes))
+        layers.append(_file_layer(config, sources.config_file, sources, groups, notes, accepted))
     if sources.script is not None:
         from inspector.inputs.sources import read_launch_script
 
         given = {name for name, value in sources.flags.items() if value is not None}
         parsed = read_launch_script(sources.script, parse_settings(sources.settings), given)
-        layers.append(_file_layer(parsed, sources.script, sources, groups, notes))
+        layers.append(_file_layer(parsed, sources.script, sources, groups, notes, accepted))
         world = (parsed.world_size, parsed.world_origin)
     layers.append({name: value for name, value in sources.flags.items() if value is not None})
     if sources.apex is not None:
@@ -123,12 +140,14 @@ def _source_layers(
 
 
 def _file_layer(parsed: ScriptArgs, origin: str, sources: Sources, groups: tuple[str, ...],
-                notes: list[str]) -> dict[str, Any]:  # fmt: skip
+                notes: list[str], accepted: tuple[str, ...] = ()) -> dict[str, Any]:  # fmt: skip
     """Return the arguments a config file or launch script sets, after its refusals (one error
     naming them all, with the tokenizer's vocabulary where it is not known) and its notes (what
-    is ignored, not recognised, derived)."""
+    is ignored, not recognised, derived); a refused value the command models (`accepted`) is
+    taken as set."""
     problem = parsed.vocab_problem if sources.flags.get("vocab_size") is None else ""
-    refused = refusals_message(parsed.refused, groups)
+    taken = [item for item in parsed.refused if item.argument in accepted]
+    refused = refusals_message([item for item in parsed.refused if item not in taken], groups)
     if refused:
         raise ConfigError(f"{refused}; {problem}" if problem else refused)
     if parsed.ignored:
@@ -144,7 +163,11 @@ def _file_layer(parsed: ScriptArgs, origin: str, sources: Sources, groups: tuple
     notes.extend(f"Note from {origin}: {note}" for note in unknown_argument_notes(used))
     if problem:
         raise ConfigError(problem)
-    return _megatron_lm_defaults(parsed.args)
+    args = _megatron_lm_defaults(parsed.args)
+    for item in taken:  # a refused value is a string value of a modelled argument
+        flag, value = item.argument.split(" ", 1)
+        args[next(spec.name for spec in BY_NAME.values() if spec.flag == flag)] = value
+    return args
 
 
 def _megatron_lm_defaults(args: dict[str, Any]) -> dict[str, Any]:

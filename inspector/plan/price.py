@@ -321,9 +321,10 @@ def timed(
     signatures = _stages_of(job.model, dims, split, lay.pp, lay.chunks).signature_keys
     # grad_bytes: read from each stage's buffers by cost.optimizer_seconds
     step_setup = _step_setup(job, dims)
+    flex = training.moe_token_dispatcher_type == "flex"
     scope = _TIME.setdefault(
         (dims, pair_layout(lay), lay.pp, net, req.efficiency, mbs, training.recompute,
-         distributed, training.recompute_modules), {},
+         distributed, training.recompute_modules, flex), {},
     )
     times = []
     for st in stages:
@@ -334,7 +335,7 @@ def timed(
             granularity, method, n = recipe
             scope[work] = stage_work(
                 dims, lay, net, req.efficiency, mbs, granularity, placed[st.stage], has_output,
-                method, n, training.recompute_modules, overlap,
+                method, n, training.recompute_modules, overlap, flex,
             )
         key = (*work, st.gradients, st.weights, st.kept, st.elements, st.state, step_setup)
         if key not in scope:
@@ -354,7 +355,8 @@ def timed(
 # (dims, activation sizes, mbs, m where interleaved, recompute, flash, modules) -> stage ->
 # (bytes, flight)
 _ACT: dict[tuple[Any, ...], dict[tuple[Any, ...], tuple[int, tuple[int, ...]]]] = caches.table()
-# (dims, ranks, pp, network, efficiency, mbs, recompute, distopt, modules) -> (signature, output?) -> the
+# (dims, ranks, pp, network, efficiency, mbs, recompute, distopt, modules, flex dispatcher) ->
+# (signature, output?) -> the
 # stage's work per micro-batch, and (signature, output?, gradients, weights, state) -> its time
 _TIME: dict[tuple[Any, ...], dict[tuple[Any, ...], StageTime]] = caches.table()
 
