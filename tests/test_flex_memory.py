@@ -307,13 +307,15 @@ def test_megatron_and_deepep_rules_are_errors(flags, error):
 
 
 def test_hybridep_is_refused(tmp_path):
-    """HybridEP's buffers are not counted: the command line offers deepep alone, and a launch
-    script's hybridep stops `memory` by name (tests/test_launch_examples.py has the message)."""
+    """HybridEP's buffers are not counted: hybridep stops `memory` by name, from the command line
+    as from a launch script (tests/test_launch_examples.py); `plan` prices it (test_flex_dispatch)."""
     args = (*TINY, "--ep", "2", "--dp", "2", "--global-batch-size", "2",
             "--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "hybridep")
     memory = run_cli("memory", *args)
     assert memory.code == 2 and memory.err == (
-        "Error: --moe-flex-dispatcher-backend 'hybridep' is not one of: deepep\n")
+        "Error: --moe-flex-dispatcher-backend hybridep is not modelled: HybridEP's buffers "
+        "(allocated outside PyTorch by its own kernels) are not counted; the deepep backend is "
+        "modelled\n")
 
 
 def test_which_megatron_core_knows_the_flex_backend_flag():
