@@ -16,28 +16,24 @@ Each term and its source (symbols of inspector/job/dims.py; m micro-batches, v v
     full recomputation repeats the forward's 4, `--recompute-modules mlp` (shared_experts) the
     MLP's (shared expert's) 2, `mla_up_proj` with sequence parallelism one gather of the latents
     the up projections read (q_lora + kv_lora wide);
-  - context parallel: ring attention (Liu et al. 2023; Transformer Engine's P2P implementation,
-    see `ring_attention`) passes K and V blocks c - 1 times forward and K, V and their
-    gradients c - 1 times backward, each transfer overlapped with one step's attention kernel:
-    only what a step's transfer takes beyond its kernel is exposed, step by step;
-  - expert parallel: 4 all-to-alls (dispatch, combine; forward and backward) of s b k h / (c t)
-    elements per MoE layer, each priced per link class (plan/network.py `expert_alltoall`, NCCL's
-    grouped sends): a rank with g group members on its node sends (g - 1) / ep of them over NVLink
-    and (ep - g) / ep over InfiniBand at the same time, the all-to-all taking its slowest rank's
-    longer class (megatron's expert rank order says g); the flex dispatcher's (DeepEP, HybridEP)
-    by the bytes its kernels carry: each token once per remote node over InfiniBand, forwarded
-    over NVLink inside each node (plan/flex.py `flex_exchange`); under
-    --overlap-moe-expert-parallel-comm a merged pass exposes only what its layer pair takes
-    beyond its compute (plan/overlap.py: megatron's combined 1F1B replayed on two streams);
+  - context parallel: ring attention (Liu et al. 2023; TE's P2P implementation, `ring_attention`)
+    passes K and V blocks c - 1 times forward and K, V and their gradients c - 1 times backward,
+    each transfer overlapped with one step's attention kernel: only the excess is exposed;
+  - expert parallel: 4 exchanges (dispatch, combine; forward and backward) per MoE layer: the
+    all-to-all of s b k h / (c t) elements priced per link class (plan/network.py
+    `expert_alltoall`: NVLink and InfiniBand shares at once, the slower class wins), the flex
+    dispatcher's (DeepEP, HybridEP) by the copies each link carries (plan/flex.py
+    `flex_exchange`: a token once per remote node over InfiniBand); under
+    --overlap-moe-expert-parallel-comm a merged pass exposes what its layer pair takes beyond
+    its compute (plan/overlap.py: megatron's combined 1F1B replayed on two streams);
   - pipeline: a point-to-point send per chunk boundary and micro-batch, forward and backward;
     stage time t_s per micro-batch; iteration m max_s t_s + (sum_s t_s - max_s t_s) / v, the
     1F1B / interleaved critical path (Narayanan et al. 2021, Section 2.2: bubble (p - 1) / (v m)
     for equal stages; Alpa, Zheng et al. 2022, eq. 2, for unequal ones);
   - data parallel: gradient reduce-scatter and parameter all-gather (distributed optimizer) or
     all-reduce of the stage's real DDP buffers, over dp x cp ranks; --overlap-grad-reduce hides it
-    behind the last micro-batch's backward, --overlap-param-gather behind the first forward
-    (Megatron-LM's overlap, which the plan's flags turn on): only the excess is exposed;
-    Megatron-FSDP's per-micro-batch gathers and reduce-scatters (`fsdp_seconds`) likewise;
+    behind the last micro-batch's backward, --overlap-param-gather behind the first forward (the
+    plan's flags turn both on): only the excess is exposed; Megatron-FSDP's (`fsdp_seconds`) too;
   - optimizer step: the passes over memory megatron's mixed-precision optimizer and its inner Adam
     make over the elements the rank updates (formulas/optimizer.py: TE or apex FusedAdam with the
     job's fused kernels, torch's foreach AdamW without them), each at the measured copy bandwidth.
@@ -120,10 +116,8 @@ def _collective(count: float, elements: float, nbytes: int, ranks: int, link: tu
 
 def compute_rate(net: Network, efficiency: float | None) -> float:
     """Return the FLOP/s --efficiency prices every FLOP at (the 16-bit peak x it), or 0.0 when
-    it is not given: the compute term then prices each kernel from the measured tables.
-
-    Every dtype is priced at the dense 16-bit peak (a float32 plan too; job/hardware.py holds
-    the other precisions' peaks)."""
+    it is not given: the compute term then prices each kernel from the measured tables. Every
+    dtype is priced at the dense 16-bit peak (a float32 plan too; job/hardware.py has the rest)."""
     return net.gpu.tflops_16bit * 1e12 * efficiency if efficiency else 0.0
 
 
@@ -162,8 +156,7 @@ def stage_work(
     With full recomputation, `recompute_method` / `recompute_num_layers` say which layers repeat
     their forward (activations.recompute_plan: `block` N, the first N of each chunk). `overlap`:
     under --overlap-moe-expert-parallel-comm the share of passes run merged and
-    --delay-wgrad-compute (overlap.merged_share), else (0.0, False); `flex`: the MoE exchange
-    runs the flex dispatcher's kernels (plan/flex.py), not the all-to-all."""
+    --delay-wgrad-compute (overlap.merged_share), else (0.0, False); `flex`: the flex dispatcher."""
     rate = compute_rate(net, efficiency)
     mode = cast(Recompute, recompute)
     plan = recompute_plan(0, chunk_layers, mode, recompute_method, recompute_num_layers)
@@ -297,8 +290,8 @@ def _layer_time(
 ) -> tuple[float, float, float, float]:
     """Return one layer's compute, TP, exposed CP and EP seconds for one micro-batch; selective
     recomputation repeats the forward of `modules` (formulas/ops.py RECOMPUTED); `merged`: the
-    share of passes run as merged pairs under the MoE all-to-all overlap (plan/overlap.py);
-    `flex`: the exchange is the flex dispatcher's (plan/flex.py `flex_exchange`)."""
+    share of passes run merged under the MoE all-to-all overlap (plan/overlap.py); `flex`: the
+    exchange is the flex dispatcher's (plan/flex.py `flex_exchange`)."""
     act, tokens = dims.activation_bytes, dims.seq_length * mbs / lay.cp
     f, moe = layer_flops(dims, i, mbs), dims.is_moe_layer(i)
     extra = f.total / 3 if recompute == "full" else (

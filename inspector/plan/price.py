@@ -337,19 +337,25 @@ def timed(
                 dims, lay, net, req.efficiency, mbs, granularity, placed[st.stage], has_output,
                 method, n, training.recompute_modules, overlap, flex,
             )
-        key = (*work, st.gradients, st.weights, st.kept, st.elements, st.state, step_setup)
-        if key not in scope:
-            # the all-gather moves the param buffers (fp8 ones 1 byte an element), not TE's
-            # transposes; an element's gradient bytes from the buffers
-            grad_bytes = st.gradients // st.elements if st.elements else None
-            scope[key] = with_state(
-                scope[work], lay, net, (st.gradients, st.weights - st.kept), st.state - st.kept,
-                distributed, step_setup, grad_bytes,
-            )
-        times.append(scope[key])
+        times.append(_stage_time(scope, work, st, lay, net, distributed, step_setup))
     step = step_time(times, schedule.num_microbatches, lay.chunks)
     return Plan(job, split, stages, step, _iteration_flops(dims, schedule.global_batch_size),
                 req.gpu)
+
+
+def _stage_time(scope: dict[Any, Any], work: tuple[Any, ...], st: StagePlan, lay: Layout,
+                net: Network, distributed: Any, step_setup: Any) -> Any:  # fmt: skip
+    """Return a stage's time: its passes (`scope[work]`) with its state's communication and step."""
+    key = (*work, st.gradients, st.weights, st.kept, st.elements, st.state, step_setup)
+    if key not in scope:
+        # the all-gather moves the param buffers (fp8 ones 1 byte an element), not TE's
+        # transposes; an element's gradient bytes from the buffers
+        grad_bytes = st.gradients // st.elements if st.elements else None
+        scope[key] = with_state(
+            scope[work], lay, net, (st.gradients, st.weights - st.kept), st.state - st.kept,
+            distributed, step_setup, grad_bytes,
+        )
+    return scope[key]
 
 
 # (dims, activation sizes, mbs, m where interleaved, recompute, flash, modules) -> stage ->

@@ -130,20 +130,7 @@ def make_request(args: dict[str, Any], flags: PlanFlags) -> Request:
         fixed["distopt"] = True
         args = {**args, "use_distributed_optimizer": True}
     backend = flex_backend(args)  # megatron's rules for the flex dispatcher's flags
-    asked = make_training(args)  # Megatron-LM's rules for the flags a plan keeps as given
-    _check_recompute_modules(asked.recompute_modules)
-    training = Training(
-        fp32_grads=asked.fp32_grads,
-        attention_dropout=asked.attention_dropout,
-        hidden_dropout=asked.hidden_dropout,
-        unfused=asked.unfused,
-        optimizer_precision=asked.optimizer_precision,
-        recompute_modules=asked.recompute_modules,
-        moe_token_dispatcher_type=asked.moe_token_dispatcher_type,
-        moe_flex_backend=backend or asked.moe_flex_backend,
-        ep_overlap=asked.ep_overlap,
-        delay_wgrad=asked.delay_wgrad,
-    )
+    training = _kept_training(args, backend)
     model = make_model_config(args)
     _check_overlap(model, training)
     _check_sizes(model, flags.gpus)
@@ -157,6 +144,24 @@ def make_request(args: dict[str, Any], flags: PlanFlags) -> Request:
         memory=round(gpu.memory_gib * (1 << 30)), global_batch_size=batch,
         efficiency=flags.efficiency, fixed=fixed,
         top=flags.top, training=training, flash_attention=_flash(args),
+    )
+
+
+def _kept_training(args: dict[str, Any], backend: str | None) -> Training:
+    """Return the training settings a plan keeps as given, after Megatron-LM's rules for them."""
+    asked = make_training(args)
+    _check_recompute_modules(asked.recompute_modules)
+    return Training(
+        fp32_grads=asked.fp32_grads,
+        attention_dropout=asked.attention_dropout,
+        hidden_dropout=asked.hidden_dropout,
+        unfused=asked.unfused,
+        optimizer_precision=asked.optimizer_precision,
+        recompute_modules=asked.recompute_modules,
+        moe_token_dispatcher_type=asked.moe_token_dispatcher_type,
+        moe_flex_backend=backend or asked.moe_flex_backend,
+        ep_overlap=asked.ep_overlap,
+        delay_wgrad=asked.delay_wgrad,
     )
 
 
