@@ -54,8 +54,8 @@ from inspector.job.dims import ModelDims
 from inspector.job.job import Recompute
 from inspector.job.layout import Layout
 from inspector.plan import caches
-from inspector.plan.flex import flex_exchange
-from inspector.plan.network import Network, expert_alltoall
+from inspector.plan.flex import moe_exchange
+from inspector.plan.network import Network
 from inspector.plan.overlap import merged_pair
 
 
@@ -152,11 +152,10 @@ def stage_work(
     flex: bool = False,
 ) -> StageTime:
     """Return a rank's time per micro-batch (compute, TP, CP, EP, P2P), its state's left at 0.
-
     With full recomputation, `recompute_method` / `recompute_num_layers` say which layers repeat
     their forward (activations.recompute_plan: `block` N, the first N of each chunk). `overlap`:
-    under --overlap-moe-expert-parallel-comm the share of passes run merged and
-    --delay-wgrad-compute (overlap.merged_share), else (0.0, False); `flex`: the flex dispatcher."""
+    under --overlap-moe-expert-parallel-comm the merged share and --delay-wgrad-compute
+    (overlap.merged_share), else (0.0, False); `flex`: the flex dispatcher."""
     rate = compute_rate(net, efficiency)
     mode = cast(Recompute, recompute)
     plan = recompute_plan(0, chunk_layers, mode, recompute_method, recompute_num_layers)
@@ -307,7 +306,7 @@ def _layer_time(
     if recompute == "selective" and "mla_up_proj" in modules and lay.sequence_parallel:
         latents = (dims.q_lora_rank or dims.hidden_size) + dims.kv_lora_rank  # q's and kv's
         tensor += _collective(1, tokens * latents, act, lay.tp, net.link(lay.tp))
-    context = expert = 0.0
+    context = 0.0
     if lay.cp > 1:
         forwards = 2 if recompute == "full" or (recompute == "selective" and "core_attn" in modules) else 1
         attention = compute_seconds(  # forward and backward: 3 forwards, ring_attention's convention
@@ -315,11 +314,7 @@ def _layer_time(
             lay, net, rate,
         )
         context = ring_attention(dims, lay, net, tokens, attention, forwards)
-    if moe and flex:  # the rank's tokens (s b / (c t) with sequence parallelism), each once per rank
-        expert = flex_exchange(4, dims, tokens / lay.tp, lay, net)
-    elif moe and lay.ep > 1:
-        routed = tokens * dims.moe_router_topk * dims.hidden_size / lay.tp
-        expert = expert_alltoall(4, routed, act, lay, net)
+    expert = moe_exchange(dims, lay, net, tokens, flex) if moe else 0.0
     if expert:
         if merged:  # a merged pair exposes what it takes beyond the layer's compute
             pair = merged_pair(_layer_kernels(dims, shard, True), device_of(net.gpu), recompute,

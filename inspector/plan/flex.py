@@ -44,7 +44,7 @@ from inspector.job.dims import ModelDims
 from inspector.job.job import Job
 from inspector.job.layout import Layout
 from inspector.plan import caches
-from inspector.plan.network import Network, expert_peers_on_node
+from inspector.plan.network import Network, expert_alltoall, expert_peers_on_node
 
 # megatron-core's first version whose TransformerConfig has `moe_flex_dispatcher_backend`
 # (core_v0.16.0 transformer_config.py; 0.13-0.15 run DeepEP only, behind `moe_enable_deepep`)
@@ -201,3 +201,14 @@ def as_built(job: Job) -> Job:
     if job.training.moe_token_dispatcher_type != "flex":
         return job
     return replace(job, training=replace(job.training, moe_token_dispatcher_type="alltoall"))
+
+
+def moe_exchange(dims: ModelDims, lay: Layout, net: Network, tokens: float, flex: bool) -> float:
+    """Return an MoE layer's 4 token exchanges (dispatch, combine; forward and backward) for one
+    micro-batch (`tokens`: s b / c): the flex dispatcher's, or the all-to-all's (network.py)."""
+    if flex:  # the rank's tokens (s b / (c t) with sequence parallelism), each once per rank
+        return flex_exchange(4, dims, tokens / lay.tp, lay, net)
+    if lay.ep == 1:
+        return 0.0
+    routed = tokens * dims.moe_router_topk * dims.hidden_size / lay.tp
+    return expert_alltoall(4, routed, dims.activation_bytes, lay, net)
