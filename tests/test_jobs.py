@@ -354,3 +354,49 @@ def test_megatron_lms_cuda_device_max_connections_check_is_noted(env, layout, no
             "model parallelism or context parallelism require setting the environment variable "
             "CUDA_DEVICE_MAX_CONNECTIONS to 1'); on B200 and GB200 it runs"
         ]
+
+
+def test_functional_test_config_splits_a_bracketed_string(tmp_path):
+    # Megatron-LM's runner strips the brackets of "[a b]" and passes each word as an argument
+    # (_run_training.sh), so a quoted list of recompute modules is the flag and its modules
+    from inspector.inputs.megatron_config import read_config
+
+    path = tmp_path / "model_config.yaml"
+    path.write_text(FUNCTIONAL_TEST.replace(
+        "  --bf16: true\n", '  --bf16: true\n  --recompute-granularity: selective\n'
+        '  --recompute-modules: "[layernorm mlp]"\n  --moe-layer-freq: ([0]*1+[1]*3)\n'))  # fmt: skip
+    parsed = read_config(str(path))
+    assert parsed.args["recompute_modules"] == "layernorm mlp"  # as a script's two words give it
+    # a value in parentheses stays one word (the runner quotes it)
+    assert parsed.args["moe_layer_freq"] == "([0]*1+[1]*3)"
+
+
+def test_functional_test_config_runs_on_the_runners_eight_gpus(cli, tmp_path):
+    # Megatron-LM's runner starts the test on 1 node x 8 GPUs unless told otherwise
+    # (_run_training.sh GPUS_PER_NODE=8, NUM_NODES=1): tp 2 x pp 2 leaves dp 2, which the
+    # experts (ep 4) need; --dp gives another world
+    path = tmp_path / "model_config.yaml"
+    path.write_text(FUNCTIONAL_TEST.replace("  --bf16: true\n", "  --bf16: true\n  --num-experts: 4\n"
+                                            "  --expert-model-parallel-size: 4\n  --expert-tensor-parallel-size: 1\n"))  # fmt: skip
+    result = cli("memory", "--config", str(path))
+    assert result.code == 0, result.err
+    assert "tp 2 x pp 2 x dp 2 = 8 GPUs, ep 4" in result.out
+    assert (f"Note from {path}: the world is 8 GPUs: Megatron-LM's functional-test runner, 1 node "
+            "x 8 GPUs by default (_run_training.sh); --dp gives another\n") in result.err  # fmt: skip
+    result = cli("memory", "--config", str(path), "--dp", "4")
+    assert result.code == 0, result.err
+    assert "tp 2 x pp 2 x dp 4 = 16 GPUs, ep 4" in result.out
+    assert "the world is 8 GPUs" not in result.err
+
+
+def test_functional_test_config_refuses_activation_offloading(cli, tmp_path):
+    # megatron-core's fine-grained activation offloading moves the listed modules' activations
+    # to the CPU: what a GPU holds changes, so it is refused by name, not "not recognised"
+    path = tmp_path / "model_config.yaml"
+    path.write_text(FUNCTIONAL_TEST.replace(
+        "  --bf16: true\n", '  --bf16: true\n  --fine-grained-activation-offloading: true\n'
+        '  --offload-modules: "[core_attn attn_proj]"\n'))  # fmt: skip
+    result = cli("memory", "--config", str(path))
+    assert result.code == 2
+    assert result.err == (f"Error: {path}: --fine-grained-activation-offloading is not modelled: "
+                          "activation offloading to the CPU (--offload-modules) is not modelled\n")  # fmt: skip

@@ -86,6 +86,10 @@ def _source_layers(
 
         config = read_config(sources.config_file)
         layers.append(_file_layer(config, sources.config_file, sources, groups, notes))
+        if config.world_size is not None and sources.flags.get("data_parallel_size") is None:
+            world = (config.world_size, config.world_origin)  # a launch script's world wins
+            notes.append(f"Note from {sources.config_file}: the world is {config.world_size} "
+                         f"GPUs: {config.world_origin}")  # fmt: skip
     if sources.script is not None:
         from inspector.inputs.sources import read_launch_script
 

@@ -108,6 +108,8 @@ REFUSED: dict[str, Refusal] = {
         "training", "ModelOpt's local attention (megatron-core DotProductAttention, which stores "
         "the attention scores) in place of Transformer Engine's is not modelled"),  # fmt: skip
     "--vocab-extra-ids": Refusal("model", "extra ids change the vocabulary; pass --vocab-size"),
+    "--fine-grained-activation-offloading": Refusal(  # TransformerConfig, megatron-core 0.16
+        "training", "activation offloading to the CPU (--offload-modules) is not modelled"),
     "--moe-use-legacy-grouped-gemm": Refusal(
         "model", "the legacy GroupedMLP under Transformer Engine is not modelled"),
     "--moe-extended-tp": Refusal("layout", "removed from Megatron-LM; use "
