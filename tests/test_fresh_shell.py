@@ -141,6 +141,20 @@ def test_a_guard_on_an_unset_variable_names_it():
     )
 
 
+@pytest.mark.parametrize("test", ["[ -z $1 ]", "test -z ${1}"])
+def test_a_guard_on_an_unquoted_positional_parameter_names_it(test):
+    # ModelOpt's conf/arguments.sh: `if [ -z $1 ]; then ... exit 1; fi`. The unquoted unset word
+    # vanishes, as in bash (`[ -z ]` is true), yet it decided the guard: named with its --set
+    text = f"if {test}; then echo 'name the model'; exit 1; fi\npython pretrain_gpt.py --num-layers 2\n"
+    with pytest.raises(InputError) as error:
+        parse_launch_script(text, "s.sh")
+    assert str(error.value).endswith(
+        "the script stops before any: s.sh line 1: `exit 1`; unset on the way: $1 (s.sh line 1); "
+        "give it with --set 1=VALUE"
+    )
+    assert parse_launch_script(text, "s.sh", {"1": "m"}).args == {"num_layers": 2}
+
+
 @pytest.mark.parametrize(
     "text, args",
     [

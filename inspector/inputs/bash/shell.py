@@ -341,6 +341,11 @@ class Shell(Assignments):
             return 0
         # the launch keeps unset values (a flag's value the model may need); bash drops them
         argv = [text for text, _ in fields]
+        if argv[0] in ("[", "test"):  # `[ -z $1 ]`: the vanished word still decides the test
+            for text, _ in (field for field in fields if field[1]):
+                for unknown in self.ctx.held(text):
+                    if unknown.hint is not None:
+                        self._read_unset(unknown.text, unknown.hint)
         bash_argv = [text for text, vanishes in fields if not vanishes]
         prefix = {a.name: self.expand_string(a.value) for a in node.assigns if a.value}
         status = self.commands.run(self, argv, node, prefix, arrays, bash_argv)
