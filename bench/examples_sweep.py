@@ -7,6 +7,8 @@ script fetches nothing and writes nothing into it. Each case runs `inspect-model
 CHECKOUT as the working folder (Megatron-LM's scripts are run from the repository root):
 
 - every `examples/**/*.sh`, `*.slurm`, `*.sbatch`, as written (`--from-script examples/...`);
+  ModelOpt's scripts with their positional model name (`--set 1=Qwen/Qwen3-8B`, README's example),
+  sc21's from their own folder (they source `` `pwd` ``/CONFIG.sh);
 - every ModelOpt config `examples/post_training/modelopt/conf/ORG/NAME.sh` through `finetune.sh`,
   given its name as the positional argument the script asks for (`--set 1=ORG/NAME`);
 - every `examples/rl/model_configs/*.sh` sourced before the `torchrun ... train_rl.py` command of
@@ -33,6 +35,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 TOOL = HERE.parent / ".venv" / "bin" / "inspect-model"
 ENTRY_POINT = "this tool reads GPT training"
+MODELOPT_MODEL = "Qwen/Qwen3-8B"  # README's example name, given as the scripts' $1
 RL_SETS = ["CHECKPOINT=/checkpoint", "RUN_DIR=/run", "WANDB_PROJECT=project", "WANDB_EXP_NAME=exp"]
 FAMILIES = (
     "gpt3", "llama", "mixtral", "megatron_fsdp", "academic_paper_scripts/sc21",
@@ -45,6 +48,7 @@ class Case:
     family: str
     label: str
     argv: list[str]
+    folder: str = ""  # the working folder, under the checkout (its root when empty)
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,13 @@ def script_cases(root: Path) -> list[Case]:
         rel = path.relative_to(root).as_posix()
         if "/modelopt/conf/" in rel or "/rl/model_configs/" in rel:
             continue  # sourced by their launchers: cases of their own below
-        cases.append(Case(family_of(rel), rel, ["--from-script", rel]))
+        family = family_of(rel)
+        if family == "academic_paper_scripts/sc21":  # they source `pwd`/CONFIG.sh: run from there
+            cases.append(Case(family, rel, ["--from-script", path.name], str(path.parent)))
+        elif family == "post_training/modelopt":  # the model name is their positional argument
+            cases.append(Case(family, rel, ["--from-script", rel, "--set", f"1={MODELOPT_MODEL}"]))
+        else:
+            cases.append(Case(family, rel, ["--from-script", rel]))
     return cases
 
 
@@ -123,11 +133,11 @@ def config_cases(root: Path, every: int) -> list[Case]:
     return cases
 
 
-def run_case(tool: str, root: Path, case: Case, timeout: int) -> Outcome:
+def run_case(tool: str, command: str, root: Path, case: Case, timeout: int) -> Outcome:
     """Run one case from the checkout's root and classify what it printed."""
     try:
-        done = subprocess.run([tool, "memory", *case.argv], cwd=root, capture_output=True,
-                              text=True, timeout=timeout)  # fmt: skip
+        done = subprocess.run([tool, command, *case.argv], cwd=root / case.folder,
+                              capture_output=True, text=True, timeout=timeout)  # fmt: skip
     except subprocess.TimeoutExpired:
         return Outcome(case, "traceback", f"timed out after {timeout} s")
     errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
@@ -162,6 +172,7 @@ def main() -> None:
     parser.add_argument("checkout", type=Path)
     parser.add_argument("--tool", default=str(TOOL))
     parser.add_argument("--timeout", type=int, default=300)
+    parser.add_argument("--command", default="memory", help="memory (default) or params")
     parser.add_argument("--all-configs", action="store_true")
     parser.add_argument("--only", default="", help="run the cases whose label matches this regex")
     parser.add_argument("--verbose", action="store_true")
@@ -173,7 +184,7 @@ def main() -> None:
         cases = [c for c in cases if re.search(args.only, c.label)]
         outcomes = []
         for case in cases:
-            outcome = run_case(args.tool, root, case, args.timeout)
+            outcome = run_case(args.tool, args.command, root, case, args.timeout)
             outcomes.append(outcome)
             detail = f"  {outcome.line}" if args.verbose and outcome.line else ""
             print(f"{outcome.kind:12} {case.family:28} {case.label}{detail}", flush=True)

@@ -141,7 +141,7 @@ def test_a_guard_on_an_unset_variable_names_it():
     )
 
 
-@pytest.mark.parametrize("test", ["[ -z $1 ]", "test -z ${1}"])
+@pytest.mark.parametrize("test", ["[ -z $1 ]", "test -z ${1}"])  # fmt: skip
 def test_a_guard_on_an_unquoted_positional_parameter_names_it(test):
     # ModelOpt's conf/arguments.sh: `if [ -z $1 ]; then ... exit 1; fi`. The unquoted unset word
     # vanishes, as in bash (`[ -z ]` is true), yet it decided the guard: named with its --set
@@ -153,6 +153,16 @@ def test_a_guard_on_an_unquoted_positional_parameter_names_it(test):
         "give it with --set 1=VALUE"
     )
     assert parse_launch_script(text, "s.sh", {"1": "m"}).args == {"num_layers": 2}
+
+
+def test_an_unquoted_guard_on_a_named_variable_names_it():
+    # ModelOpt's generate.sh: `if [ -z ${MLM_MODEL_CKPT} ]; then ... exit 1; fi`
+    text = ("if [ -z ${CKPT} ]; then echo 'set CKPT'; exit 1; fi\n"
+            "python pretrain_gpt.py --num-layers 2 --load $CKPT\n")  # fmt: skip
+    with pytest.raises(InputError) as error:
+        parse_launch_script(text, "s.sh")
+    assert str(error.value).endswith("unset on the way: $CKPT (s.sh line 1); give it with --set "
+                                     "CKPT=VALUE")  # fmt: skip
 
 
 @pytest.mark.parametrize(
