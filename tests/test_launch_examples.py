@@ -135,8 +135,14 @@ def test_unset_values_alone_when_nothing_is_refused(tmp_path):
         parse_launch_script(Path(path).read_text(), path)
     assert str(error.value) == (
         f"{path} line 2: --tokenizer-model is ${{TOKENIZER_MODEL}}, which the script never sets; "
-        "give it with --set TOKENIZER_MODEL=VALUE"
+        "give it with --set TOKENIZER_MODEL=VALUE; the tokenizer's vocabulary is then read from "
+        "that file where it is on this machine (or from a tokenizer this tool knows); "
+        "--vocab-size gives it otherwise"
     )
+    # --vocab-size alone is enough: the tokenizer's file is then not needed (Mixtral's example
+    # leaves --tokenizer-model to its $2)
+    args = parse_launch_script(Path(path).read_text(), path, given={"vocab_size"}).args
+    assert args["num_layers"] == 2
 
 
 def test_use_checkpoint_args_is_refused(tmp_path, cli):
