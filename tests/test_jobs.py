@@ -400,3 +400,30 @@ def test_functional_test_config_refuses_activation_offloading(cli, tmp_path):
     assert result.code == 2
     assert result.err == (f"Error: {path}: --fine-grained-activation-offloading is not modelled: "
                           "activation offloading to the CPU (--offload-modules) is not modelled\n")  # fmt: skip
+
+
+def test_functional_test_config_in_inference_mode_names_its_program(cli, tmp_path):
+    # MODE: inference makes Megatron-LM's runner start an inference program (its recipes'
+    # TRAINING_SCRIPT_PATH under examples/inference/), not pretrain_gpt.py: no table
+    path = tmp_path / "model_config.yaml"
+    path.write_text("MODE: inference\n" + FUNCTIONAL_TEST)
+    result = cli("params", "--config", str(path))
+    assert result.code == 2 and result.out == ""
+    assert result.err == (f"Error: {path}: MODE: inference: Megatron-LM's test runner runs it with "
+                          "an inference program (examples/inference/), which runs inference or "
+                          "text generation, not training; this tool reads GPT training "
+                          "(pretrain_gpt.py) only\n")  # fmt: skip
+
+
+def test_functional_test_config_in_rl_mode_is_train_rl(cli, tmp_path):
+    # MODE: rl runs train_rl.py: its model is read (params), its inference engine is not counted
+    path = tmp_path / "model_config.yaml"
+    path.write_text("MODE: rl\n" + FUNCTIONAL_TEST)
+    result = cli("params", "--config", str(path))
+    assert result.code == 0, result.err
+    assert (f"Note from {path}: train_rl.py trains GPTModel (gpt_builders.py) as pretrain_gpt.py "
+            "does") in result.err  # fmt: skip
+    result = cli("memory", "--config", str(path))
+    assert result.code == 2
+    assert result.err.startswith(f"Error: {path}: MODE: rl (train_rl.py) is not modelled: "
+                                 "train_rl.py also runs megatron's inference engine")  # fmt: skip

@@ -23,6 +23,7 @@ from typing import Any
 from inspector.errors import ConfigError, InputError
 from inspector.inputs.arguments import BY_NAME
 from inspector.inputs.bash.context import Context
+from inspector.inputs.entry_points import NOT_GPT_TRAINING, EntryPoint, entry_point
 from inspector.inputs.launch import is_launch
 from inspector.inputs.missing import Needs
 from inspector.inputs.refusals import (
@@ -69,6 +70,7 @@ def read_config(path: str) -> ScriptArgs:
 def _functional_test(data: dict[str, Any], path: str) -> ScriptArgs:
     """Read Megatron-LM's functional-test form: MODEL_ARGS as the runner passes them."""
     model_args = data["MODEL_ARGS"]
+    program = _runner_program(data, path)
     if not isinstance(model_args, dict):
         raise InputError(f"{path}: MODEL_ARGS must map --flag to value, not "
                          f"{type(model_args).__name__}")  # fmt: skip
@@ -101,11 +103,31 @@ def _functional_test(data: dict[str, Any], path: str) -> ScriptArgs:
     refused, dropped = fsdp2_drops_fp8_param_gather(
         parsed.refused + validate_args_refusals(flags, path, parsed.args), parsed.args)
     notes += dropped
+    if program.note:
+        notes.append(program.note)
+    if program.training_refusal:  # train_rl.py: its inference engine's memory is not counted
+        refused = (Refused("training", path, "MODE: rl (train_rl.py)", "not modelled",
+                           program.training_refusal), *refused)  # fmt: skip
     args, ignored, tokenizer_notes, problem = apply_tokenizer(
         dict(parsed.args), parsed.ignored, raw, path)  # fmt: skip
     return ScriptArgs(args, ignored, notes=(*notes, *tokenizer_notes), vocab_problem=problem,
                       refused=refused, unrecognised=parsed.unrecognised,
                       world_size=RUNNER_GPUS, world_origin=RUNNER_WORLD)  # fmt: skip
+
+
+def _runner_program(data: dict[str, Any], path: str) -> EntryPoint:
+    """Return the program Megatron-LM's runner starts for the file's MODE, or raise InputError
+    where it is not GPT training (run_ci_test.sh: MODE, default pretraining; the recipes'
+    TRAINING_SCRIPT_PATH: pretrain_gpt.py, train_rl.py for MODE rl, an inference program under
+    examples/inference/ for MODE inference)."""
+    mode = str(data.get("MODE", "pretraining"))
+    if mode == "inference":
+        raise InputError(
+            f"{path}: MODE: inference: Megatron-LM's test runner runs it with an inference "
+            f"program (examples/inference/), which {NOT_GPT_TRAINING['gpt_static_inference.py']}; "
+            "this tool reads GPT training (pretrain_gpt.py) only"
+        )
+    return entry_point("train_rl.py" if mode == "rl" else "pretrain_gpt.py", path)
 
 
 def _plain(data: dict[str, Any], path: str) -> ScriptArgs:
