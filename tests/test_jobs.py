@@ -427,3 +427,42 @@ def test_functional_test_config_in_rl_mode_is_train_rl(cli, tmp_path):
     assert result.code == 2
     assert result.err.startswith(f"Error: {path}: MODE: rl (train_rl.py) is not modelled: "
                                  "train_rl.py also runs megatron's inference engine")  # fmt: skip
+
+
+SINKHORN = """\
+MODEL_ARGS:
+  --num-layers: 2
+  --hidden-size: 64
+  --num-attention-heads: 4
+  --seq-length: 128
+  --max-position-embeddings: 128
+  --micro-batch-size: 1
+  --tokenizer-type: NullTokenizer
+  --vocab-size: 1000
+  --num-experts: 4
+  --moe-router-topk: 1
+  --moe-router-load-balancing-type: {balancing}
+  --disable-bias-linear: true
+  --bf16: true
+"""
+
+
+@pytest.mark.parametrize("balancing", ["sinkhorn", "aux_loss\n  --moe-router-pre-softmax: true"])
+def test_functional_test_config_routes_top_1(cli, tmp_path, balancing):
+    # 24 of Megatron-LM's 65 MoE functional tests route top-1 with sinkhorn balancing: megatron-core
+    # accepts top-1 only with sinkhorn or --moe-router-pre-softmax (TransformerConfig), so both are
+    # passed to it; the router's sinkhorn runs on meta tensors (one turn of its loop)
+    path = tmp_path / "model_config.yaml"
+    path.write_text(SINKHORN.format(balancing=balancing))
+    result = cli("memory", "--config", str(path))
+    assert result.code == 0, result.err
+    assert "every expert gets tokens x 1 / 4 of each rank's tokens" in result.err + result.out
+
+
+def test_top_1_routing_needs_what_megatron_core_needs(cli, tmp_path):
+    # neither sinkhorn nor pre-softmax: megatron-core's own check stops it, as in Megatron-LM
+    path = tmp_path / "model_config.yaml"
+    path.write_text(SINKHORN.format(balancing="aux_loss"))
+    result = cli("params", "--config", str(path))
+    assert result.code == 2
+    assert "Please use --moe-router-pre-softmax when topk is 1." in result.err
