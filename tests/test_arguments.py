@@ -95,11 +95,22 @@ def test_auto_backend_in_fp32_stores_scores(cli):
 
 
 def test_use_flash_attn_contradicts_unfused(cli):
-    result = cli("memory", *SMALL, "--use-flash-attn", "--attention-backend", "unfused")
+    result = cli("memory", *SMALL, "--transformer-impl", "transformer_engine", "--use-flash-attn",
+                 "--attention-backend", "unfused")  # fmt: skip
     assert result.err == (
         "Error: --use-flash-attn contradicts --attention-backend unfused (which stores the "
         "s x s attention scores); pass one of them\n"
     )
+
+
+@pytest.mark.parametrize("asked", [("--use-flash-attn",), ("--attention-backend", "flash")])
+def test_the_local_spec_stores_the_scores_whatever_flash_flag_is_given(cli, asked):
+    # megatron-core's local spec runs its own unfused DotProductAttention; no megatron-core
+    # model reads --use-flash-attn (only Megatron-LM's legacy model does)
+    result = cli("memory", *SMALL, *asked, "--format", "json")
+    assert json.loads(result.out)["training"]["use_flash_attn"] is False
+    assert result.err.startswith(f"Note: {' '.join(asked)} does not change megatron-core's local layer spec")
+    assert layers(cli, *asked) == layers(cli, "--attention-backend", "unfused")
 
 
 def test_grad_reduce_in_bf16_halves_gradients(cli):

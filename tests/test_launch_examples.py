@@ -346,9 +346,10 @@ def test_sft_tokenizer_reports_the_hugging_face_tokenizer_length(tmp_path, cli):
     assert unknown.size is None and "give --vocab-size" in unknown.problem
 
 
-def test_flex_token_dispatcher_is_refused_by_name(tmp_path, cli):
+def test_flex_token_dispatcher_with_hybridep_is_refused_by_name(tmp_path, cli):
     # examples/megatron_fsdp's DeepSeek-V3 script: Megatron-LM accepts `flex` (DeepEP/HybridEP);
-    # its buffers are not counted, so memory stops by name, and the parameters are still read
+    # DeepEP is modelled (tests/test_flex_memory.py), HybridEP's buffers are not counted, so
+    # memory stops on the backend by name, and the parameters are still read
     moe = "--num-experts 4 --moe-router-topk 2 --expert-model-parallel-size 2 --disable-bias-linear"
     path = tmp_path / "s.sh"
     path.write_text(f"torchrun --nproc_per_node=2 pretrain_gpt.py {SMALL} --vocab-size 1000 {moe} "
@@ -357,10 +358,9 @@ def test_flex_token_dispatcher_is_refused_by_name(tmp_path, cli):
     memory = cli("memory", "--from-script", str(path))
     assert memory.code == 2
     assert memory.err.endswith(
-        f"Error: {path} line 1: --moe-token-dispatcher-type flex is not modelled: the flex "
-        "dispatcher (DeepEP's or HybridEP's fused all-to-all, --moe-flex-dispatcher-backend) "
-        "keeps buffers of its own, which this tool does not count; allgather and alltoall are "
-        "modelled; --fp4-format e2m1 is not modelled: Transformer Engine's fp4 parameters and "
+        f"Error: {path} line 1: --moe-flex-dispatcher-backend hybridep is not modelled: "
+        "HybridEP's buffers (allocated outside PyTorch by its own kernels) are not counted; the "
+        "deepep backend is modelled; --fp4-format e2m1 is not modelled: Transformer Engine's fp4 parameters and "
         "recipes (and mxfp8 parameters in the grad buffer) keep quantized weights this tool does "
         "not count; --fp8-format with --fp8-recipe and --fp8-param-gather are modelled\n"
     )  # every refusal in one message
@@ -448,12 +448,15 @@ def test_deepep_without_the_flex_dispatcher_is_refused_as_megatron_core_refuses_
         "refused by Megatron-LM: megatron-core's TransformerConfig: 'DeepEP backend is only "
         "supported with flex token dispatcher.'\n"
     )
-    # with flex, DeepEP is what Megatron-LM runs: only `memory` stops, on the dispatcher
+    # with flex, DeepEP is what Megatron-LM runs, and megatron-core's own rule stops it: the flex
+    # dispatcher needs expert parallelism (this script has none)
     path.write_text(f"python pretrain_gpt.py {SMALL} --vocab-size 1000 {moe} "
                     "--moe-token-dispatcher-type flex --moe-enable-deepep\n")  # fmt: skip
-    assert cli("params", "--from-script", str(path)).code == 0
     memory = cli("memory", "--from-script", str(path))
-    assert memory.code == 2 and "--moe-token-dispatcher-type flex is not modelled" in memory.err
+    assert memory.code == 2 and memory.err.endswith(
+        "--moe-token-dispatcher-type flex needs expert parallelism: --etp 1 x --ep 1 = 1 "
+        "(megatron-core's MoEFlexTokenDispatcher: 'Flex token dispatcher requires TPxEP > 1')\n")
+    assert "Traceback" not in memory.err
 
 
 def test_combining_checkpoints_is_named_as_a_conversion(tmp_path, cli):

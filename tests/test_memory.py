@@ -392,7 +392,7 @@ def test_walkthrough_text_names_the_modes() -> None:
         ),
         # flash attention kernels are 16-bit
         (
-            ["--micro-batch-size", "1", "--use-flash-attn"],
+            ["--micro-batch-size", "1", "--transformer-impl", "transformer_engine", "--use-flash-attn"],
             "--use-flash-attn needs --bf16 or --fp16: flash attention kernels have no fp32 path",
         ),
         # the interleaved schedule needs at least pp micro-batches

@@ -59,8 +59,10 @@ LAYOUTS = {
 }
 
 
+# Transformer Engine: flash attention (megatron-core's local spec stores the s x s scores)
 BLOCK = ("--num-layers", "8", "--seq-length", "4096", "--max-position-embeddings", "4096",
-         "--gpus", "4", "--global-batch-size", "8", "--bf16", "--gpu-memory", "2.1", "--pp", "2")
+         "--gpus", "4", "--global-batch-size", "8", "--bf16", "--gpu-memory", "2.1", "--pp", "2",
+         "--transformer-impl", "transformer_engine")
 
 
 def _job(preset: str | None = None, **flags):
@@ -433,7 +435,7 @@ def _block_request(memory_gib: float | None = None, **flags):
     from inspector.plan.request import PlanFlags, make_request
 
     flags = dict(num_layers=8, seq_length=4096, max_position_embeddings=4096, bf16=True,
-                 global_batch_size=8, **flags)
+                 global_batch_size=8, transformer_impl="transformer_engine", **flags)
     args = merge_sources(Sources(flags=flags), ("model", "layout", "training")).args
     return make_request(args, PlanFlags(4, gpu_memory=memory_gib))
 
@@ -451,7 +453,7 @@ def test_block_recompute_is_found_and_beats_full_recompute() -> None:
     # BLOCK's winner: its layout and split miss 2.1 GiB without recomputation (and with
     # selective), and fit with megatron's block recomputation of one layer per chunk, which is
     # faster than checkpointing every layer; `memory` confirms its bytes (the pasted-flags test).
-    # By the closed forms: megatron's engine, which `memory` runs for this local-spec model,
+    # By the closed forms: megatron's engine, which `memory` runs for this model,
     # needs more than 2.1 GiB there (plan/confirm.py drops such plans).
     with formulas_only():
         plan = _plan(*BLOCK, "--top", "1")["plans"][0]
@@ -536,7 +538,7 @@ def test_planner_block_activations_equal_stage_activations(split, pp, flags) -> 
         schedule = job.schedule()
         for st in stages:
             ref = stage_activations(job.dims(), job.layout, st.stage, placed[st.stage],
-                                    1, schedule.num_microbatches, "full", True,
+                                    1, schedule.num_microbatches, "full", req.flash,
                                     recompute_method="block", recompute_num_layers=n)
             assert (st.activations, st.in_flight) == (math.ceil(ref.total), ref.in_flight), (n, st.stage)
         seen.add(tuple(st.activations for st in stages))

@@ -144,8 +144,12 @@ def test_flash_attention_can_be_off(off: tuple[str, ...]) -> None:
     found = plans("--gpus", "8", "--global-batch-size", "64", "--bf16", *off,
                   "--top", "20")["plans"]
     assert found and not any("--use-flash-attn" in p["flags"] for p in found)
-    on = plans("--gpus", "8", "--global-batch-size", "64", "--bf16", "--top", "1")["plans"]
+    te = ("--transformer-impl", "transformer_engine")
+    on = plans("--gpus", "8", "--global-batch-size", "64", "--bf16", *te, "--top", "1")["plans"]
     assert "--use-flash-attn" in on[0]["flags"]
+    # megatron-core's local spec has only its unfused attention: no plan of it asks for flash
+    local = plans("--gpus", "8", "--global-batch-size", "64", "--bf16", "--top", "20")["plans"]
+    assert local and not any("--use-flash-attn" in p["flags"] for p in local)
 
 
 # `memory` confirms every plan `plan` prints: (plan's own flags, the model's flags)

@@ -47,11 +47,11 @@ SEARCHES = [
     # MoE with a dense first layer, MTP, expert scaling and layout strings
     ("--model", "deepseek-v3", "--num-layers", "4", "--moe-layer-freq", "[0,1,1,1]",
      "--num-experts", "8", "--moe-router-topk", "2", "--gpus", "8", "--global-batch-size", "16",
-     "--seq-length", "1024", "--bf16", "--gpu-memory", "40", "--pp", "2", "--top", "20",
+     "--seq-length", "1024", "--bf16", "--gpu-memory", "40", "--pp", "2", "--top", "5",
      "--no-rope-fusion"),  # megatron-core 0.13 runs MLA's fused RoPE only as experimental
     # block recomputation, capped splits, every pipeline size
     ("--num-layers", "8", "--seq-length", "4096", "--max-position-embeddings", "4096", "--bf16",
-     "--gpus", "4", "--global-batch-size", "8", "--gpu-memory", "2.1", "--top", "50"),
+     "--gpus", "4", "--global-batch-size", "8", "--gpu-memory", "2.1", "--top", "5"),
 ]
 
 

@@ -165,8 +165,11 @@ def _source_options() -> list[inspect.Parameter]:
     ]
 
 
-def model_options(*groups: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Give a command the model-selection options and the argument `groups` it reads.
+def model_options(
+    *groups: str, accepted: tuple[str, ...] = ()
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a command the model-selection options and the argument `groups` it reads
+    (`accepted`: refused values it models itself, resolve.merge_sources).
 
     The command receives them merged (resolve.py) as `args`; what the user should know about
     the merge (e.g. what a launch script set that is not modelled) goes to stderr first. A
@@ -194,7 +197,7 @@ def model_options(*groups: str) -> Callable[[Callable[..., Any]], Callable[..., 
             named = {k: kwargs.pop(k) for k in sources}
             settings = tuple(kwargs.pop("settings") or ())
             use_cache = not kwargs.pop("no_cache")
-            resolved = merge_sources(Sources(flags=flags, settings=settings, **named), wanted)
+            resolved = merge_sources(Sources(flags=flags, settings=settings, **named), wanted, accepted)
             for note in resolved.notes:
                 write_stderr(f"{note}\n")
             if "label" in inspect.signature(func).parameters:  # the model's name for the job line

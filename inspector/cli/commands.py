@@ -333,6 +333,15 @@ def workload(
             "--overlap-moe-expert-parallel-comm hides behind another micro-batch's compute are "
             "written as they are sent, not overlapped (`plan` prices the overlap)\n"
         )
+    if args.get("moe_token_dispatcher_type") == "flex":
+        from inspector.output import write_stderr
+
+        write_stderr(
+            "Note: SimAI has no collective that sends a token once per node and forwards it "
+            "over NVLink (DeepEP's and HybridEP's kernels): the flex dispatcher's exchanges are "
+            "written as ALLTOALL_EP of the bytes it moves, each token once per rank holding one "
+            "of its experts (`plan` prices the per-node forwarding)\n"
+        )
     if output is None:
         from inspector.report.workload_index import file_name
 

@@ -33,11 +33,20 @@ class RunMemory:
     optimizer_state: int = 0  # bytes the first optimizer step made (Adam's moments): state memory
     # the iteration pass by pass, made when asked (memory --timeline, --snapshot: timeline.py)
     replay: Replay | None = field(default=None, repr=False, compare=False)
+    # GPU memory held outside PyTorch's caching allocator (what, bytes): DeepEP's buffers
+    # (`outside_allocator`); torch.cuda.max_memory_allocated never sees them
+    outside: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def outside_bytes(self) -> int:
+        """Return the bytes held outside PyTorch's allocator."""
+        return sum(size for _, size in self.outside)
 
     @property
     def static(self) -> int:
-        """Return the bytes the run adds to the state for good: persistent plus workspaces."""
-        return sum(size for _, size in self.persistent) + self.workspaces
+        """Return the bytes the run adds to the state for good: persistent plus workspaces, and
+        what is held outside PyTorch's allocator."""
+        return sum(size for _, size in self.persistent) + self.workspaces + self.outside_bytes
 
 
 Steps = dict[Hashable, StepRun]  # a job's optimizer steps by `step_key`
@@ -77,7 +86,59 @@ def run_memory(
     workspaces = CUBLAS_WORKSPACE_SM90 * GEMM_THREADS
     phases = (("optimizer step", step.events),)  # its events' labels start "optimizer step: "
     replay = Replay(traces, stage, job.layout.pp, schedule.num_microbatches, phases, extra)
-    return RunMemory(_persistent(traces), workspaces, peak, step.state, replay)
+    outside = outside_allocator(job, shapes)
+    return RunMemory(_persistent(traces), workspaces, peak, step.state, replay, outside)
+
+
+class _Group:
+    """What DeepEP's Buffer and megatron's `get_buffer` ask of a process group: its size."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+
+    def size(self) -> int:
+        return self._size
+
+    def rank(self) -> int:
+        return 0
+
+
+def outside_allocator(job: Job, shapes: Sequence[ChunkShape]) -> tuple[tuple[str, int], ...]:
+    """Return the GPU memory a rank of the stage holds outside PyTorch's allocator: DeepEP's
+    buffers under the flex dispatcher, on a stage with an MoE layer (an MTP layer of an MoE
+    model is one).
+
+    megatron-core keeps one DeepEP Buffer per process (moe/fused_a2a.py `get_buffer`), sized by
+    the largest of DeepEP's dispatch and combine hints for the flex group (expert tensor x expert
+    parallel ranks) and the hidden bytes `get_hidden_bytes` gives the layer's input (hidden x 2
+    bytes, 4 in fp32). megatron's own `get_buffer` runs here, on the DeepEP stand-in
+    (world/deep_ep.py), with DeepEP's SMs set as megatron sets them (`set_deepep_num_sms`).
+    """
+    model, training = job.model, job.training
+    if training.moe_token_dispatcher_type != "flex" or model.num_experts is None:
+        return ()
+    if not any(shape.mtp or any(map(model.is_moe_layer, shape.layers)) for shape in shapes):
+        return ()
+    import torch
+    from megatron.core.transformer.moe import fused_a2a
+
+    from inspector.job.flex import flex_group_size
+    from inspector.world.deep_ep import NUM_WORKSPACE_BYTES, NVL_METADATA_BYTES
+
+    fused_a2a.set_deepep_num_sms(training.moe_deepep_num_sms)
+    dtype = torch.float32 if model.dtype_name == "float32" else torch.bfloat16
+    hidden = torch.empty(1, model.hidden_size, dtype=dtype, device="meta")
+    saved = fused_a2a._buffer
+    fused_a2a._buffer = None
+    try:
+        buffer = fused_a2a.get_buffer(_Group(flex_group_size(job.layout)),
+                                      fused_a2a.get_hidden_bytes(hidden))  # fmt: skip
+    finally:
+        fused_a2a._buffer = saved
+    nvl = buffer.num_nvl_bytes + NVL_METADATA_BYTES if buffer.num_nvl_bytes else 0
+    held = (("DeepEP NVLink buffer", nvl), ("DeepEP RDMA buffer", buffer.num_rdma_bytes),
+            ("DeepEP workspace", NUM_WORKSPACE_BYTES))  # fmt: skip
+    return tuple((what, size) for what, size in held if size)
 
 
 def _persistent(traces: Sequence[Trace]) -> tuple[tuple[str, int], ...]:

@@ -96,12 +96,30 @@ def runtime_config(job: Job) -> dict[str, Any]:
             moe_expert_capacity_factor=training.moe_expert_capacity_factor,
             moe_pad_expert_input_to_capacity=training.moe_pad_expert_input_to_capacity,
         )
+        if training.moe_token_dispatcher_type == "flex":
+            fields.update(_flex_fields(training))
     if training.recompute != "none":
         fields["recompute_granularity"] = training.recompute
         fields["recompute_modules"] = list(training.recompute_modules)
     if training.recompute == "full":
         fields["recompute_method"] = training.recompute_method
         fields["recompute_num_layers"] = training.recompute_num_layers
+    return fields
+
+
+def _flex_fields(training: Any) -> dict[str, Any]:
+    """The flex dispatcher's TransformerConfig fields: megatron-core 0.14+ names the backend
+    (`moe_flex_dispatcher_backend`); 0.13 knows DeepEP alone, by `moe_enable_deepep`."""
+    import dataclasses
+
+    from inspector.world.setup import megatron
+
+    names = {f.name for f in dataclasses.fields(megatron().TransformerConfig)}
+    fields: dict[str, Any] = dict(moe_deepep_num_sms=training.moe_deepep_num_sms)
+    if "moe_flex_dispatcher_backend" in names:
+        fields["moe_flex_dispatcher_backend"] = training.moe_flex_backend
+    else:
+        fields["moe_enable_deepep"] = True
     return fields
 
 

@@ -83,6 +83,10 @@ class _HostValues(TorchDispatchMode):
             return self.values[args[0]].item()
         if func is aten.masked_select.default:
             return self._masked_select(*args)
+        if func is aten.index.Tensor and _bool_index(args[1]):
+            return self._bool_index(*args)
+        if func is aten.repeat_interleave.Tensor:
+            return self._repeat_interleave(args[0], kwargs.get("output_size"))
         if func is torch.ops.c10d._allgather_base_.default:
             return self._all_gather(func, args, kwargs)
         out = func(*args, **kwargs)
@@ -130,6 +134,37 @@ class _HostValues(TorchDispatchMode):
                 self.values[out] = torch.masked_select(self.values[input], self.values[mask])
         return out
 
+    def _bool_index(self, input: torch.Tensor, indices: list[Any]) -> torch.Tensor:
+        """`input[mask]` with a bool mask over its leading dimensions: one row per True."""
+        mask = indices[0]
+        if mask not in self.values:
+            raise NotImplementedError("indexing by a mask without values (not the routing)")
+        with _disable_current_modes():
+            count = int(self.values[mask].sum())
+        out = input.new_empty(count, *input.shape[mask.dim():])
+        if input in self.values:
+            with _disable_current_modes():
+                self.values[out] = self.values[input][self.values[mask]]
+        return out
+
+    def _repeat_interleave(self, repeats: torch.Tensor, output_size: int | None) -> torch.Tensor:
+        """`repeat_interleave(repeats)`: index i repeated repeats[i] times (sum(repeats) long)."""
+        if repeats not in self.values:
+            raise NotImplementedError("repeat_interleave by counts without values")
+        with _disable_current_modes():
+            host = torch.repeat_interleave(self.values[repeats])
+        out = torch.empty(host.shape[0], dtype=torch.long, device=repeats.device)
+        self.values[out] = host
+        return out
+
+    def get(self, tensor: torch.Tensor) -> torch.Tensor | None:
+        """The host values beside `tensor`, if known (the DeepEP stand-in reads them)."""
+        return self.values.get(tensor)
+
+    def set(self, tensor: torch.Tensor, values: torch.Tensor) -> None:
+        """Keep `values` on the host beside `tensor` (the DeepEP stand-in's outputs)."""
+        self.values[tensor] = values
+
     def _all_gather(self, func: Any, args: Any, kwargs: Any) -> Any:
         """Every rank routes alike (balanced): the gather holds group-size copies of the input."""
         out = func(*args, **kwargs)
@@ -139,6 +174,12 @@ class _HostValues(TorchDispatchMode):
                 copies = output.numel() // max(input.numel(), 1)  # the group's size
                 self.values[output] = torch.cat([self.values[input]] * copies)
         return out
+
+
+def _bool_index(indices: Any) -> bool:
+    """True for `x[mask]`: one bool index over the leading dimensions, nothing else."""
+    return (len(indices) == 1 and isinstance(indices[0], torch.Tensor)
+            and indices[0].dtype == torch.bool)  # fmt: skip
 
 
 def _to_host(kwargs: dict[str, Any]) -> bool:
@@ -154,13 +195,17 @@ def _routed(values: _HostValues, routing: Any) -> Any:
         tokens, experts = routing_map.shape
         config = self.config
         with _disable_current_modes():  # host values, no GPU memory
-            values.values[routing_map] = balanced_map(
+            balanced = balanced_map(
                 tokens,
                 experts,
                 config.moe_router_topk,
                 config.moe_expert_capacity_factor,
                 config.moe_pad_expert_input_to_capacity,
             )
+            values.values[routing_map] = balanced
+            # the probs: equal weights on the picked experts, zero elsewhere (the flex
+            # dispatcher's DeepEP manager takes their top-k as the expert indices)
+            values.values[probs] = balanced.to(probs.dtype) / config.moe_router_topk
         return probs, routing_map
 
     return routed
@@ -178,6 +223,21 @@ def _sinkhorn(cost: torch.Tensor, tol: float = 0.0001) -> torch.Tensor:
     d0 = (1 / d0.size(0)) * 1 / (torch.sum(d1 * cost, 1) + eps)
     d1 = (1 / d1.size(0)) * 1 / (torch.sum(d0.unsqueeze(1) * cost, 0) + eps)
     return d1 * cost * d0.unsqueeze(1)
+
+
+def _multihot(values: _HostValues, to_multihot: Any) -> Any:
+    """Wrap _DeepepManager._indices_to_multihot: run it, then give its map and probs the values
+    the same function computes from the received indices' and weights' host values."""
+
+    def multihot(self: Any, indices: torch.Tensor, probs: torch.Tensor) -> Any:
+        routing_map, multihot_probs = to_multihot(self, indices, probs)
+        if indices in values.values and probs in values.values:
+            with _disable_current_modes():
+                host_map, host_probs = to_multihot(self, values.values[indices], values.values[probs])
+            values.values[routing_map], values.values[multihot_probs] = host_map, host_probs
+        return routing_map, multihot_probs
+
+    return multihot
 
 
 def _to_cpu(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -> Any:
@@ -255,10 +315,15 @@ def balanced_routing() -> Iterator[None]:
     """
     from megatron.core.transformer.moe import grouped_gemm_util, router, token_dispatcher
 
+    from inspector.world import deep_ep
+
     values = _HostValues()
+    deepep = token_dispatcher._DeepepManager
     patches: list[tuple[Any, str, Any]] = [
         (router.TopKRouter, "routing", _routed(values, router.TopKRouter.routing)),
         (router, "sinkhorn", _sinkhorn),
+        (deepep, "_indices_to_multihot", _multihot(values, deepep._indices_to_multihot)),
+        (deep_ep, "host_values", values),
         (token_dispatcher, "maybe_move_tensor_to_cpu", _to_cpu),
         (torch.cuda, "current_stream", lambda *args: _STREAM),
         (torch.cuda, "stream", lambda *args: contextlib.nullcontext()),

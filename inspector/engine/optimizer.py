@@ -24,7 +24,10 @@ ModelDims `fused_kernels` notion of formulas/optimizer.py), else torch.optim.Ada
 - FusedAdam (transformer_engine/pytorch/optimizers/fused_adam.py, apex/optimizers/fused_adam.py)
   is its smallest stand-in: the moments made on the first step, then one in-place
   `multi_tensor_adam` per group (allocating nothing), and TE's/apex's multi_tensor_l2norm and
-  multi_tensor_scale likewise: a 1-element norm, an in-place scale.
+  multi_tensor_scale likewise: a 1-element norm, an in-place scale;
+- with --use-precision-aware-optimizer, Transformer Engine's FusedAdam (world/te/optimizers.py,
+  what megatron-core requires for the flag): its state in the flag's dtypes, made on the first
+  step, and the fp32 temporaries its step makes for every state held in a reduced dtype.
 
 The first step makes Adam's moments (lazily: `exp_avg`, `exp_avg_sq`); they are state memory,
 counted by report/memory.py, and returned here to be checked. The second step is the steady one;
@@ -67,6 +70,13 @@ def optimizer_config(job: Job) -> Any:
     """Return megatron's OptimizerConfig as Megatron-LM's training.py builds it from the flags."""
     from megatron.core.optimizer import OptimizerConfig
 
+    precision = job.training.optimizer_precision
+    aware: dict[str, Any] = {}
+    if precision.precision_aware:  # Megatron-LM's validate_args `dtype_map`: fp8 is torch.uint8
+        dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+                  "fp8": torch.uint8}  # fmt: skip
+        aware = {name: dtypes[getattr(precision, name)] for name in PRECISION_FIELDS}
+        aware.update(use_precision_aware_optimizer=True, fp8_recipe=job.model.fp8_recipe)
     return OptimizerConfig(
         optimizer="adam",
         lr=1.0e-4,
@@ -75,14 +85,23 @@ def optimizer_config(job: Job) -> Any:
         bf16=job.model.bf16,
         fp16=job.model.fp16,
         use_distributed_optimizer=job.training.use_distributed_optimizer,
+        **aware,
     )
 
 
+PRECISION_FIELDS = ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")
+
+
 def run_step(job: Job, ddps: Sequence[Any], fused: bool) -> StepRun:
-    """Build megatron's optimizer over `ddps` (the stage's chunks in DDP) and run two steps."""
+    """Build megatron's optimizer over `ddps` (the stage's chunks in DDP) and run two steps.
+
+    With --use-precision-aware-optimizer the inner optimizer is Transformer Engine's FusedAdam
+    (world/te/optimizers.py), which megatron-core requires for it, whatever `fused` says."""
     from megatron.core.optimizer import get_megatron_optimizer
 
-    with _kernels(fused), _on_gpu() as answers, _clip_named() as clip, _objects_gathered():
+    aware = job.training.optimizer_precision.precision_aware
+    kernels = _te_optimizers() if aware else _kernels(fused)
+    with kernels, _on_gpu() as answers, _clip_named() as clip, _objects_gathered():
         optimizer = get_megatron_optimizer(
             optimizer_config(job), list(ddps), use_gloo_process_groups=False
         )
@@ -209,7 +228,8 @@ def _labelled(optimizer: Any, tracker: Tracker) -> None:
         # ChainedOptimizer (dense and expert parameters: MoE) asserts on `.optimizer`: ask parts only
         inner = None if part is optimizer else getattr(part, "optimizer", None)
         if inner is not None:
-            adam = "adamw" if isinstance(inner, torch.optim.Optimizer) else "FusedAdam"
+            fused = isinstance(inner, FusedAdam) or type(inner).__name__ == "FusedAdam"
+            adam = "adamw" if isinstance(inner, torch.optim.Optimizer) and not fused else "FusedAdam"
             inner.step = _named(inner.step, adam, tracker)
 
 
@@ -289,13 +309,38 @@ def _objects_gathered() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _kernels(fused: bool) -> Iterator[None]:
+def _te_optimizers() -> Iterator[None]:
+    """Give megatron Transformer Engine's FusedAdam (world/te/optimizers.py) and kernels, and
+    put `transformer_engine.pytorch.optimizers` in place, which megatron-core's OptimizerConfig
+    imports to check FusedAdam's arguments (optimizer_config.py `__post_init__`)."""
+    import sys
+    import types
+
+    from inspector.world.te import optimizers
+
+    name = "transformer_engine.pytorch.optimizers"
+    module = types.ModuleType(name, "Simulated Transformer Engine optimizers (inspector.world.te)")
+    module.FusedAdam = optimizers.FusedAdam  # type: ignore[attr-defined]
+    saved = sys.modules.get(name)
+    sys.modules[name] = module
+    try:
+        with _kernels(True, optimizers.FusedAdam):
+            yield
+    finally:
+        if saved is None:
+            sys.modules.pop(name, None)
+        else:
+            sys.modules[name] = saved
+
+
+@contextlib.contextmanager
+def _kernels(fused: bool, fused_adam: Any = None) -> Iterator[None]:
     """Give megatron the inner optimizer and multi-tensor kernels the job's set-up has (what
     optimizer/__init__.py, distrib_optimizer.py and clip_grads.py import at their top)."""
     from megatron.core import optimizer as package
     from megatron.core.optimizer import clip_grads, distrib_optimizer
 
-    adam: Any = FusedAdam if fused else torch.optim.AdamW
+    adam: Any = (fused_adam or FusedAdam) if fused else torch.optim.AdamW
     stand_ins: list[tuple[Any, str, Any]] = [
         (package, "Adam", adam),
         (package, "USING_PYTORCH_OPTIMIZER", not fused),

@@ -44,6 +44,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from inspector.formulas.kernels import Memory
+from inspector.job.optimizer_precision import OptimizerBytes
 
 FP32 = 4
 ADAM_MOMENTS = 2 * FP32  # exp_avg and exp_avg_sq (report/memory.py's ADAM_MOMENTS)
@@ -60,6 +61,12 @@ FOREACH_ADAMW: tuple[tuple[str, int], ...] = (
     ("adamw _foreach_addcdiv_ params", 4 * FP32),  # read p, m, denominator; write p
 )
 FUSED_ADAM = ("FusedAdam multi_tensor_adam", 7 * FP32)  # read p, g, m, v; write p, m, v
+# fused_adam.py, a state held in a reduced dtype, bytes per element: `get_unscaled_state`
+# (`.float()`: read it, write fp32; fp16 also `mul_` by its scale, fp8 reads its row-wise data)
+UNSCALE = {"bf16": 2 + FP32, "fp16": 2 + FP32 + 2 * FP32, "fp8": 1 + FP32}
+# `_apply_scale`: bf16 `copy_(unscaled.bfloat16())`; fp16 `aminmax`, `mul_`, `copy_`; fp8
+# `aminmax`, then `copy_` quantizes into the data and its transpose
+RESCALE = {"bf16": FP32 + 2 + 2 * 2, "fp16": FP32 + 2 * FP32 + FP32 + 2, "fp8": 2 * FP32 + 2}
 
 
 @dataclass(frozen=True)
@@ -70,15 +77,19 @@ class OptimizerStep:
     grad_bytes: int  # an element of megatron's grad buffer (main_grad)
     fused: bool  # Transformer Engine's or apex's FusedAdam, else torch's foreach AdamW
     loss_scaling: bool = False  # fp16's dynamic grad scaler
+    # the state's dtypes (--use-precision-aware-optimizer: job/optimizer_precision.py)
+    optimizer: OptimizerBytes = OptimizerBytes()
 
     @property
     def state_per_element(self) -> int:
-        """Return the optimizer-state bytes of an updated element: moments and fp32 master."""
-        return ADAM_MOMENTS + (FP32 if self.param_bytes != FP32 else 0)
+        """Return the optimizer-state bytes of an updated element: moments and master weight."""
+        return self.optimizer.per_element(self.param_bytes)
 
 
 def passes(step: OptimizerStep) -> tuple[tuple[str, int], ...]:
     """Return the step's passes over memory: (name, bytes moved per updated element)."""
+    if step.optimizer.precision.precision_aware:
+        return _precision_aware(step)
     out: list[tuple[str, int]] = []
     sixteen_bit = step.param_bytes != FP32
     if sixteen_bit and step.grad_bytes != FP32:
@@ -101,3 +112,42 @@ def passes(step: OptimizerStep) -> tuple[tuple[str, int], ...]:
 def optimizer_ops(updated: int, step: OptimizerStep) -> tuple[Memory, ...]:
     """Return the step's passes over `updated` elements as memory-bound kernels (kernels.py)."""
     return tuple(Memory(name, "copy", updated, moved) for name, moved in passes(step))
+
+
+def _precision_aware(step: OptimizerStep) -> tuple[tuple[str, int], ...]:
+    """Return the passes with --use-precision-aware-optimizer: Transformer Engine's FusedAdam
+    (fused_adam.py `step`, TE 2.11) over the state in its dtypes.
+
+    Where FusedAdam keeps the master weights, megatron hands it the grad buffer's shard as
+    `decoupled_grad` (distrib_optimizer.py `_copy_model_grads_to_main_grads`: no copy) and copies
+    nothing back (`_copy_main_params_to_model_params` returns): the kernel writes the weight.
+    Else megatron's fp32 master is FusedAdam's parameter, as without the flag. Each state not in
+    fp32 is unscaled into an fp32 temporary (`get_unscaled_state`: `.float()`, and `mul_` by its
+    scale for fp16), the kernel runs on the temporaries, and `_apply_scale` writes them back
+    (bf16: `.bfloat16()` then `copy_`; fp16: `aminmax`, `mul_`, `copy_`; fp8: `aminmax`, `copy_`).
+    """
+    each, te = step.optimizer, step.optimizer.te_master
+    precision = each.precision
+    grad = step.grad_bytes if te else FP32
+    out: list[tuple[str, int]] = []
+    if not te and step.param_bytes != FP32 and step.grad_bytes != FP32:
+        out.append(("main_grad.float() copy", step.grad_bytes + FP32))
+    if step.loss_scaling:
+        out.append(("unscale and inf check", 2 * grad))
+    out += [("grad norm", grad), ("clip multi_tensor_scale", 2 * grad)]
+    reduced = [(name, dtype) for name, dtype in (
+        ("exp_avg", precision.exp_avg_dtype), ("exp_avg_sq", precision.exp_avg_sq_dtype),
+        ("master_param", precision.main_params_dtype if te else "fp32"),
+    ) if dtype != "fp32"]  # fmt: skip
+    master = each.master(step.param_bytes) if te else 0
+    for name, dtype in reduced:
+        out.append((f"FusedAdam unscale {name}", UNSCALE[dtype]))
+    weight = step.param_bytes if te else FP32  # the weight, or megatron's fp32 master
+    held = (master if precision.main_params_dtype == "fp32" else FP32) if te else 0
+    # read g, p, m, v (and the master); write p, m, v (and the master)
+    out.append(("FusedAdam multi_tensor_adam", grad + 2 * weight + 4 * FP32 + 2 * held))
+    for name, dtype in reduced:
+        out.append((f"FusedAdam rescale {name}", RESCALE[dtype]))
+    if not te and step.param_bytes != FP32:
+        out.append(("main param to 16-bit weight copy_", FP32 + step.param_bytes))
+    return tuple(out)

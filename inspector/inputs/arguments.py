@@ -279,13 +279,35 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
     _training("attention_dropout", float, "Attention dropout (0: no mask stored; default 0.1)."),
     _training("hidden_dropout", float, "Hidden dropout (0: no masks stored; default 0.1)."),
     _training("optimizer", str, "Optimizer (Adam only: its two fp32 moments).", choices=("adam", "sgd")),
+    _training(
+        "use_precision_aware_optimizer", bool,
+        "Adam's state in Transformer Engine's FusedAdam in the dtypes below (distributed optimizer).",
+    ),
+    _training("main_grads_dtype", str, "With the precision-aware optimizer: gradients in bf16 or fp32.",
+              choices=("fp32", "bf16")),
+    _training("main_params_dtype", str, "With the precision-aware optimizer: master weights' dtype.",
+              choices=("fp32", "fp16")),
+    _training("exp_avg_dtype", str, "With the precision-aware optimizer: Adam's first moment.",
+              choices=("fp32", "fp16", "bf16", "fp8")),
+    _training("exp_avg_sq_dtype", str, "With the precision-aware optimizer: Adam's second moment.",
+              choices=("fp32", "fp16", "bf16", "fp8")),
     _training("overlap_param_gather", bool, "Overlap the parameter all-gather (distributed optimizer)."),
     _training(
         "moe_token_dispatcher_type",
         str,
-        "MoE token dispatcher (Megatron-LM's default: allgather).",
-        choices=("allgather", "alltoall"),
+        "MoE token dispatcher (Megatron-LM's default: allgather; flex: DeepEP's or HybridEP's "
+        "fused all-to-all, priced by `plan`).",
+        choices=("allgather", "alltoall", "flex"),
     ),
+    _training(
+        "moe_flex_dispatcher_backend",
+        str,
+        "The flex dispatcher's kernels (megatron-core 0.16 and later; default deepep; `memory` "
+        "counts DeepEP's buffers, not HybridEP's: `plan` alone takes hybridep).",
+        choices=("deepep", "hybridep"),
+    ),
+    _training("moe_enable_deepep", bool, "DeepEP for the flex dispatcher (older Megatron-LM's flag)."),
+    _training("moe_deepep_num_sms", int, "SMs DeepEP's kernels use (default 20; sizes its buffer)."),
     _training(
         "overlap_moe_expert_parallel_comm",
         bool,

@@ -75,8 +75,8 @@ def validate_args_refusals(flags: Iterable[str], where: str,
                              "validate_args: '--no-position-embedding is deprecated, use "
                              "--position-embedding-type'"))  # fmt: skip
     # megatron-core TransformerConfig.__post_init__ (0.13-0.20): DeepEP needs the flex dispatcher
-    # (a flex dispatcher is refused by value, so it is given but not among the modelled values)
-    flex = "--moe-token-dispatcher-type" in given and not (args or {}).get("moe_token_dispatcher_type")
+    flex = (args.get("moe_token_dispatcher_type") == "flex" if args is not None
+            else "--moe-token-dispatcher-type" in given)  # fmt: skip
     if "--moe-enable-deepep" in given and not flex:
         found.append(Refused(ALL_GROUPS, where, "--moe-enable-deepep without "
                              "--moe-token-dispatcher-type flex", "refused by Megatron-LM",

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from inspector.errors import ConfigError
 from inspector.inputs.arguments import BY_NAME
 from inspector.inputs.refusals import refusals_message
+from inspector.inputs.unmodelled import REFUSED_VALUES
 from inspector.inputs.versions import unknown_argument_notes
 
 if TYPE_CHECKING:
@@ -42,10 +43,14 @@ class Resolved:
     notes: tuple[str, ...]  # for stderr, e.g. what a launch script set that is not modelled
 
 
-def merge_sources(sources: Sources, groups: tuple[str, ...]) -> Resolved:
-    """Merge preset, config file, launch script and flags (later ones winning) for `groups`."""
+def merge_sources(sources: Sources, groups: tuple[str, ...], accepted: tuple[str, ...] = ()) -> Resolved:
+    """Merge preset, config file, launch script and flags (later ones winning) for `groups`.
+
+    `accepted`: refused values (unmodelled.REFUSED_VALUES, as "--flag value") the command models
+    itself when given as flags (plan prices the flex dispatcher)."""
+    _check_flag_values(sources.flags, groups, accepted)
     notes: list[str] = []
-    layers, world = _source_layers(sources, groups, notes)
+    layers, world = _source_layers(sources, groups, notes, accepted)
     merged: dict[str, Any] = {}
     for layer in layers:
         merged.update(layer)
@@ -64,6 +69,8 @@ def merge_sources(sources: Sources, groups: tuple[str, ...]) -> Resolved:
                 "Note: --sequence-parallel is turned off because --tp is 1, as Megatron-LM does "
                 "(\"Disabling sequence parallelism because tensor model parallelism is disabled\")"
             )
+    if "training" in groups:
+        notes.extend(local_spec_attention_note(merged))
     args = {k: v for k, v in merged.items() if k not in BY_NAME or BY_NAME[k].group in groups}
     return Resolved(args, tuple(notes))
 
@@ -87,8 +94,41 @@ def _check_required(merged: dict[str, Any], sources: Sources) -> None:
         )
 
 
+def local_spec_attention_note(merged: dict[str, Any]) -> list[str]:
+    """Return a note when flash attention is asked for without Transformer Engine.
+
+    megatron-core's local layer spec (gpt_layer_specs.py get_gpt_layer_local_spec) runs its own
+    unfused DotProductAttention, and no megatron-core model reads --use-flash-attn (Megatron-LM
+    core_v0.13.1 to core_v0.16.1: only megatron/legacy/model/transformer.py does), so megatron
+    stores the s x s scores whatever the flag says.
+    """
+    backend = merged.get("attention_backend")
+    asked = "--use-flash-attn" if merged.get("use_flash_attn") else (
+        f"--attention-backend {backend}" if backend in ("flash", "fused") else None)
+    if asked is None or merged.get("transformer_impl") == "transformer_engine":
+        return []
+    return [
+        f"Note: {asked} does not change megatron-core's local layer spec, whose "
+        "DotProductAttention is unfused (Megatron-LM reads --use-flash-attn only for "
+        "--use-legacy-models): the s x s attention scores are stored, as megatron stores them; "
+        "flash attention needs --transformer-impl transformer_engine"
+    ]
+
+
+def _check_flag_values(flags: dict[str, Any], groups: tuple[str, ...], accepted: tuple[str, ...]) -> None:
+    """Raise ConfigError for a flag whose value a command of `groups` does not model, as a launch
+    script's would be (refusals.refused_value)."""
+    for name, value in flags.items():
+        spec = BY_NAME.get(name)
+        refusal = None if spec is None else REFUSED_VALUES.get(spec.flag, {}).get(str(value))
+        if spec is None or refusal is None or refusal.group not in groups:
+            continue
+        if f"{spec.flag} {value}" not in accepted:
+            raise ConfigError(f"{spec.flag} {value} is not modelled: {refusal.reason}")
+
+
 def _source_layers(
-    sources: Sources, groups: tuple[str, ...], notes: list[str]
+    sources: Sources, groups: tuple[str, ...], notes: list[str], accepted: tuple[str, ...] = ()
 ) -> tuple[list[dict[str, Any]], tuple[int | None, str]]:
     """Return the argument layers, the lowest first, and the launch script's world size."""
     layers: list[dict[str, Any]] = []
@@ -101,12 +141,12 @@ def _source_layers(
         from inspector.inputs.hf import read_hf_config
 
         hf = read_hf_config(sources.hf_config)
-        layers.append(_file_layer(hf, sources.hf_config, sources, groups, notes))
+        layers.append(_file_layer(hf, sources.hf_config, sources, groups, notes, accepted))
     if sources.config_file is not None:
         from inspector.inputs.megatron_config import read_config
 
         config = read_config(sources.config_file)
-        layers.append(_file_layer(config, sources.config_file, sources, groups, notes))
+        layers.append(_file_layer(config, sources.config_file, sources, groups, notes, accepted))
         if config.world_size is not None and sources.flags.get("data_parallel_size") is None:
             world = (config.world_size, config.world_origin)  # a launch script's world wins
             notes.append(f"Note from {sources.config_file}: the world is {config.world_size} "
@@ -116,7 +156,7 @@ def _source_layers(
 
         given = {name for name, value in sources.flags.items() if value is not None}
         parsed = read_launch_script(sources.script, parse_settings(sources.settings), given)
-        layers.append(_file_layer(parsed, sources.script, sources, groups, notes))
+        layers.append(_file_layer(parsed, sources.script, sources, groups, notes, accepted))
         world = (parsed.world_size, parsed.world_origin)
     layers.append({name: value for name, value in sources.flags.items() if value is not None})
     if sources.apex is not None:
@@ -125,12 +165,14 @@ def _source_layers(
 
 
 def _file_layer(parsed: ScriptArgs, origin: str, sources: Sources, groups: tuple[str, ...],
-                notes: list[str]) -> dict[str, Any]:  # fmt: skip
+                notes: list[str], accepted: tuple[str, ...] = ()) -> dict[str, Any]:  # fmt: skip
     """Return the arguments a config file or launch script sets, after its refusals (one error
     naming them all, with the tokenizer's vocabulary where it is not known) and its notes (what
-    is ignored, not recognised, derived)."""
+    is ignored, not recognised, derived); a refused value the command models (`accepted`) is
+    taken as set."""
     problem = parsed.vocab_problem if sources.flags.get("vocab_size") is None else ""
-    refused = refusals_message(parsed.refused, groups)
+    taken = [item for item in parsed.refused if item.argument in accepted]
+    refused = refusals_message([item for item in parsed.refused if item not in taken], groups)
     if refused:
         raise ConfigError(f"{refused}; {problem}" if problem else refused)
     if parsed.ignored:
@@ -146,7 +188,11 @@ def _file_layer(parsed: ScriptArgs, origin: str, sources: Sources, groups: tuple
     notes.extend(f"Note from {origin}: {note}" for note in unknown_argument_notes(used))
     if problem:
         raise ConfigError(problem)
-    return _megatron_lm_defaults(parsed.args)
+    args = _megatron_lm_defaults(parsed.args)
+    for item in taken:  # a refused value is a string value of a modelled argument
+        flag, value = item.argument.split(" ", 1)
+        args[next(spec.name for spec in BY_NAME.values() if spec.flag == flag)] = value
+    return args
 
 
 def _megatron_lm_defaults(args: dict[str, Any]) -> dict[str, Any]:

@@ -120,8 +120,6 @@ REFUSED: dict[str, Refusal] = {
     "--cpu-offloading-num-layers": Refusal(
         "training", "activation offloading to the CPU is not modelled", ("0",)),
     "--optimizer-cpu-offload": Refusal("training", "optimizer state on the CPU is not modelled"),
-    "--use-precision-aware-optimizer": Refusal(
-        "training", "optimizer state in reduced precision is not modelled"),
     "--fp32-residual-connection": Refusal(
         "training", "an fp32 residual stream changes activations, which are counted in 16 bits"),
     "--fp16-lm-cross-entropy": Refusal(
@@ -195,7 +193,7 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--moe-router-num-groups --moe-router-group-topk --moe-router-topk-scaling-factor "
         "--moe-router-bias-update-rate "
         "--moe-router-force-load-balancing --moe-aux-loss-coeff --moe-z-loss-coeff "
-        "--moe-input-jitter-eps --moe-enable-deepep --moe-deepep-num-sms "
+        "--moe-input-jitter-eps "
         "--moe-permute-fusion --moe-router-fusion --moe-router-dtype "
         "--moe-token-drop-policy --moe-shared-expert-overlap --moe-per-layer-logging "
         "--moe-apply-probs-on-input --moe-router-padding-for-fp8"
@@ -220,8 +218,7 @@ IGNORED_BECAUSE: dict[str, str] = {
     ),
     "only with a refused argument": (
         "--fp4-recipe --keep-fp8-transpose-cache --enable-full-sharding-in-hsdp "
-        "--main-grads-dtype --main-params-dtype "
-        "--exp-avg-dtype --exp-avg-sq-dtype --optimizer-offload-fraction "
+        "--optimizer-offload-fraction "
         "--use-torch-optimizer-for-cpu-offload --overlap-cpu-optimizer-d2h-h2d --no-pin-cpu-grads "
         "--no-pin-cpu-params"
     ),
@@ -333,12 +330,11 @@ RENAMED: dict[str, tuple[str, object]] = {
 
 # Values of modelled arguments that this tool does not model (Megatron-LM accepts them).
 REFUSED_VALUES: dict[str, dict[str, Refusal]] = {
-    # megatron-core's MoEFlexTokenDispatcher (token_dispatcher.py): DeepEP's or HybridEP's fused
-    # all-to-all (--moe-flex-dispatcher-backend), with communication buffers of its own
-    "--moe-token-dispatcher-type": {"flex": Refusal(
-        "training", "the flex dispatcher (DeepEP's or HybridEP's fused all-to-all, "
-        "--moe-flex-dispatcher-backend) keeps buffers of its own, which this tool does not "
-        "count; allgather and alltoall are modelled")},  # fmt: skip
+    # megatron-core's MoEFlexTokenDispatcher with HybridEP (token_dispatcher.py _HybridEPManager):
+    # its buffer (deep_ep.HybridEPBuffer) is sized by csrc/hybrid_ep, not simulated here
+    "--moe-flex-dispatcher-backend": {"hybridep": Refusal(
+        "training", "HybridEP's buffers (allocated outside PyTorch by its own kernels) are not "
+        "counted; the deepep backend is modelled")},  # fmt: skip
 }
 
 

@@ -32,6 +32,8 @@ def null_tokenizer_adds_eod() -> bool:
 ARGUMENT_VERSIONS: dict[str, tuple[tuple[int, int], tuple[int, int] | None]] = {
     # megatron-core's TransformerConfig grew overlap_moe_expert_parallel_comm in 0.14 (core_v0.14.0)
     "--overlap-moe-expert-parallel-comm": ((0, 14), None),
+    # TransformerConfig.moe_flex_dispatcher_backend (HybridEP beside DeepEP) from core_v0.16.0
+    "--moe-flex-dispatcher-backend": ((0, 16), None),
     "--inference-dynamic-batching-prefix-caching": ((0, 17), None),
     "--inference-text-gen-server-logging": ((0, 17), None),
     "--num-speculative-tokens": ((0, 17), None),

@@ -16,10 +16,12 @@ from inspector.errors import ConfigError
 from inspector.job.checks import check_at_least_one, check_at_most
 from inspector.job.dims import ModelDims, num_microbatches
 from inspector.job.ep_overlap import check_ep_overlap
+from inspector.job.flex import check_flex
 from inspector.job.fsdp import fsdp_rules
 from inspector.job.layout import Layout, make_layout, validate_layout
 from inspector.job.model import ModelConfig
 from inspector.job.model_args import make_model_config, validate_model
+from inspector.job.optimizer_precision import OptimizerPrecision, make_precision
 from inspector.job.recompute_modules import DEFAULT_MODULES, check_modules, parse_modules
 
 MAX_CAPACITY_FACTOR = 1024.0  # beyond it no expert drops a token anyway
@@ -58,17 +60,24 @@ class Training:
     moe_token_dispatcher_type: str = "allgather"  # Megatron-LM's default
     moe_expert_capacity_factor: float | None = None  # None: dropless
     moe_pad_expert_input_to_capacity: bool = False
+    # the flex dispatcher's backend and DeepEP's SMs (job/flex.py)
+    moe_flex_backend: str = "deepep"  # megatron-core's default
+    moe_enable_deepep: bool = False
+    moe_deepep_num_sms: int = 20  # megatron-core's default
     # --overlap-moe-expert-parallel-comm, --delay-wgrad-compute (job/ep_overlap.py)
     ep_overlap: bool = False
     delay_wgrad: bool = False
     # Megatron-LM's fusions the job turns off (`--no-bias-gelu-fusion` gives "bias_gelu_fusion")
     unfused: tuple[str, ...] = ()
+    # --use-precision-aware-optimizer and its dtypes (job/optimizer_precision.py)
+    optimizer_precision: OptimizerPrecision = field(default_factory=OptimizerPrecision)
 
     def __post_init__(self) -> None:
         """Reject counts below one and unknown recomputation modes."""
         check_at_least_one("--micro-batch-size", self.micro_batch_size)
         check_at_least_one("--global-batch-size", self.global_batch_size)
         check_at_least_one("--recompute-num-layers", self.recompute_num_layers)
+        check_at_least_one("--moe-deepep-num-sms", self.moe_deepep_num_sms)
         for flag, p in (("--attention-dropout", self.attention_dropout),
                         ("--hidden-dropout", self.hidden_dropout)):  # fmt: skip
             if not 0 <= p < 1:
@@ -124,6 +133,7 @@ class Job:
             _check_fp8_recompute(self.model, self.training.recompute_modules)
             check_modules(self.training.recompute_modules, self.model)
         check_ep_overlap(self.model, self.layout, self.training)
+        check_flex(self.model, self.layout, self.training)
         if self.training.flash_attention and self.model.dtype_name == "float32":
             raise ConfigError(
                 "--use-flash-attn needs --bf16 or --fp16: flash attention kernels have no fp32 path"
@@ -169,6 +179,9 @@ TRAINING_ARGS = {
     "moe_token_dispatcher_type": "moe_token_dispatcher_type",
     "moe_expert_capacity_factor": "moe_expert_capacity_factor",
     "moe_pad_expert_input_to_capacity": "moe_pad_expert_input_to_capacity",
+    "moe_flex_dispatcher_backend": "moe_flex_backend",
+    "moe_enable_deepep": "moe_enable_deepep",
+    "moe_deepep_num_sms": "moe_deepep_num_sms",
     "overlap_moe_expert_parallel_comm": "ep_overlap",
     "delay_wgrad_compute": "delay_wgrad",
 }
@@ -182,11 +195,12 @@ def make_training(args: Mapping[str, Any]) -> Training:
     """Build the Training record from Megatron-LM arguments (absent: Megatron-LM's defaults)."""
     values = {field: args[name] for name, field in TRAINING_ARGS.items() if name in args}
     values["recompute"] = cast(Recompute, values.get("recompute") or "none")
-    if values.get("moe_token_dispatcher_type") is None:
-        values.pop("moe_token_dispatcher_type", None)
+    for name in ("moe_token_dispatcher_type", "moe_flex_backend", "moe_deepep_num_sms"):
+        if values.get(name) is None:
+            values.pop(name, None)
     for flag in ("flash_attention", "use_distributed_optimizer", "overlap_grad_reduce",
                  "moe_pad_expert_input_to_capacity", "megatron_fsdp", "fsdp_double_buffer",
-                 "torch_fsdp2", "ep_overlap", "delay_wgrad"):  # fmt: skip
+                 "torch_fsdp2", "ep_overlap", "delay_wgrad", "moe_enable_deepep"):  # fmt: skip
         values[flag] = bool(values.get(flag))
     values["fp32_grads"] = values.get("fp32_grads") or None
     values["unfused"] = tuple(name for name in FUSIONS if args.get("no_" + name))
@@ -211,8 +225,12 @@ def _megatron_training_rules(args: Mapping[str, Any], values: dict[str, Any]) ->
         )
     values["recompute_method"] = method or "uniform"
     values["recompute_num_layers"] = 1 if layers is None else layers
-    if args.get("grad_reduce_in_bf16") and args.get("bf16"):
-        # validate_args: "if args.grad_reduce_in_bf16: args.accumulate_allreduce_grads_in_fp32 = False"
+    values["optimizer_precision"] = precision = make_precision(args)
+    if args.get("bf16") and (
+        args.get("grad_reduce_in_bf16") or precision.main_grads_dtype != "fp32"
+    ):
+        # validate_args: "if args.grad_reduce_in_bf16: args.accumulate_allreduce_grads_in_fp32 =
+        # False", and it sets it True only "elif ... args.main_grads_dtype == torch.float32"
         values["fp32_grads"] = False
     for name in ("attention_dropout", "hidden_dropout"):
         if args.get(name) is not None:
@@ -269,12 +287,17 @@ def _check_fp8_param_gather(args: Mapping[str, Any]) -> None:
 def _flash_attention(args: Mapping[str, Any]) -> bool:
     """Return whether attention keeps no s x s scores, from --use-flash-attn and the backend.
 
+    Without Transformer Engine never: megatron-core's local layer spec (gpt_layer_specs.py
+    get_gpt_layer_local_spec) runs its own unfused DotProductAttention whatever the flags say.
+
     --use-flash-attn wins; then --attention-backend: flash and fused never store the scores,
     unfused and local do, and auto (Megatron-LM's default, which config files and launch scripts
     get) lets Transformer Engine pick flash/fused attention in 16 bits, and unfused otherwise
     (fp32, or the local spec, whose DotProductAttention is unfused).
     """
     backend = args.get("attention_backend")
+    if args.get("transformer_impl") != "transformer_engine":
+        return False  # the local spec's DotProductAttention (see local_spec_attention_note)
     if args.get("use_flash_attn"):
         if backend in ("unfused", "local"):
             raise ConfigError(

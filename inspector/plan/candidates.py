@@ -140,6 +140,9 @@ def candidate_job(
         _REFUSED[key] = _layout_refused(req.model, lay)
     if _REFUSED[key]:  # Job would raise the same, whatever the training
         return None
+    flex = req.training.moe_token_dispatcher_type == "flex" and req.model.num_experts is not None
+    if flex and lay.ep * lay.expert_tp <= 1:
+        return None  # megatron's flex dispatcher asserts TPxEP > 1 (plan/flex.py check_flex_layout)
     asked = (*key, req.training, req.global_batch_size, mbs, recompute, distopt, flash, method,
              num_layers)
     if asked not in _JOBS:  # capped_split and _first_fit ask for some of the same

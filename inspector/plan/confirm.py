@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from inspector.plan.flex import as_built
 from inspector.plan.price import Plan
 
 if TYPE_CHECKING:
@@ -26,7 +27,7 @@ def engine_runs(plan: Plan) -> bool:
     """Return whether `memory` runs megatron's engine for the plan's job (else: closed forms)."""
     from inspector.engine.memory import not_runnable
 
-    return not_runnable(plan.job) is None
+    return not_runnable(as_built(plan.job)) is None
 
 
 def measured(plan: Plan) -> Plan:
@@ -37,7 +38,8 @@ def measured(plan: Plan) -> Plan:
         return _measured_as_memory(plan)
     from inspector.engine.memory import StageShapes, run_job
 
-    engine = run_job(plan.job, [StageShapes(s.stage, c) for s, c in zip(plan.stages, shapes, strict=True)])
+    stage_shapes = [StageShapes(s.stage, c) for s, c in zip(plan.stages, shapes, strict=True)]
+    engine = run_job(as_built(plan.job), stage_shapes)
     if engine.not_run is not None:  # `memory` answers by the closed forms then
         return _measured_as_memory(plan)
     stages = []
@@ -85,7 +87,7 @@ def _measured_as_memory(plan: Plan) -> Plan:
     from inspector.report.memory import Hardware, measure
     from inspector.world.build import build, select_view
 
-    job = plan.job
+    job = as_built(plan.job)
     report = measure(build(job, select_view(job), expert_ranks=(0,)), Hardware())
     stages = tuple(  # FSDP's buffers in flight are `memory`'s own there, not the plan's `gathered`
         replace(printed, activations=built.total - printed.state - printed.gathered)

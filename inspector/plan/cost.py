@@ -24,7 +24,9 @@ Each term and its source (symbols of inspector/job/dims.py; m micro-batches, v v
     elements per MoE layer, each priced per link class (plan/network.py `expert_alltoall`, NCCL's
     grouped sends): a rank with g group members on its node sends (g - 1) / ep of them over NVLink
     and (ep - g) / ep over InfiniBand at the same time, the all-to-all taking its slowest rank's
-    longer class (megatron's expert rank order says g); under
+    longer class (megatron's expert rank order says g); the flex dispatcher's (DeepEP, HybridEP)
+    by the bytes its kernels carry: each token once per remote node over InfiniBand, forwarded
+    over NVLink inside each node (plan/flex.py `flex_exchange`); under
     --overlap-moe-expert-parallel-comm a merged pass exposes only what its layer pair takes
     beyond its compute (plan/overlap.py: megatron's combined 1F1B replayed on two streams);
   - pipeline: a point-to-point send per chunk boundary and micro-batch, forward and backward;
@@ -56,6 +58,7 @@ from inspector.job.dims import ModelDims
 from inspector.job.job import Recompute
 from inspector.job.layout import Layout
 from inspector.plan import caches
+from inspector.plan.flex import flex_exchange
 from inspector.plan.network import Network, expert_alltoall
 from inspector.plan.overlap import merged_pair
 
@@ -152,13 +155,15 @@ def stage_work(
     recompute_num_layers: int = 1,
     recompute_modules: tuple[str, ...] = ("core_attn",),
     overlap: tuple[float, bool] = (0.0, False),
+    flex: bool = False,
 ) -> StageTime:
     """Return a rank's time per micro-batch (compute, TP, CP, EP, P2P), its state's left at 0.
 
     With full recomputation, `recompute_method` / `recompute_num_layers` say which layers repeat
     their forward (activations.recompute_plan: `block` N, the first N of each chunk). `overlap`:
     under --overlap-moe-expert-parallel-comm the share of passes run merged and
-    --delay-wgrad-compute (overlap.merged_share), else (0.0, False)."""
+    --delay-wgrad-compute (overlap.merged_share), else (0.0, False); `flex`: the MoE exchange
+    runs the flex dispatcher's kernels (plan/flex.py), not the all-to-all."""
     rate = compute_rate(net, efficiency)
     mode = cast(Recompute, recompute)
     plan = recompute_plan(0, chunk_layers, mode, recompute_method, recompute_num_layers)
@@ -170,7 +175,7 @@ def stage_work(
     for (how, moe), members in kinds.items():
         shares = overlap if moe else (0.0, False)
         _add(total, _layer_time(dims, lay, net, rate, mbs, how, members[0], recompute_modules,
-                                *shares), len(members))  # fmt: skip
+                                *shares, flex), len(members))  # fmt: skip
     if has_output:
         _add_output(total, dims, lay, net, rate, mbs, mtp_recompute(mode, recompute_method))
     tokens = dims.seq_length * mbs / lay.cp
@@ -288,10 +293,12 @@ def optimizer_seconds(
 def _layer_time(
     dims: ModelDims, lay: Layout, net: Network, rate: float, mbs: int, recompute: str, i: int,
     modules: tuple[str, ...] = ("core_attn",), merged: float = 0.0, delay_wgrad: bool = False,
+    flex: bool = False,
 ) -> tuple[float, float, float, float]:
     """Return one layer's compute, TP, exposed CP and EP seconds for one micro-batch; selective
     recomputation repeats the forward of `modules` (formulas/ops.py RECOMPUTED); `merged`: the
-    share of passes run as merged pairs under the MoE all-to-all overlap (plan/overlap.py)."""
+    share of passes run as merged pairs under the MoE all-to-all overlap (plan/overlap.py);
+    `flex`: the exchange is the flex dispatcher's (plan/flex.py `flex_exchange`)."""
     act, tokens = dims.activation_bytes, dims.seq_length * mbs / lay.cp
     f, moe = layer_flops(dims, i, mbs), dims.is_moe_layer(i)
     extra = f.total / 3 if recompute == "full" else (
@@ -315,9 +322,12 @@ def _layer_time(
             lay, net, rate,
         )
         context = ring_attention(dims, lay, net, tokens, attention, forwards)
-    if moe and lay.ep > 1:
+    if moe and flex:  # the rank's tokens (s b / (c t) with sequence parallelism), each once per rank
+        expert = flex_exchange(4, dims, tokens / lay.tp, lay, net)
+    elif moe and lay.ep > 1:
         routed = tokens * dims.moe_router_topk * dims.hidden_size / lay.tp
         expert = expert_alltoall(4, routed, act, lay, net)
+    if expert:
         if merged:  # a merged pair exposes what it takes beyond the layer's compute
             pair = merged_pair(_layer_kernels(dims, shard, True), device_of(net.gpu), recompute,
                                modules, (compute, tensor), expert / 4, delay_wgrad, bool(rate))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from inspector.job.job import Job, Training
 from inspector.job.recompute_modules import DEFAULT_MODULES
+from inspector.plan.flex import BACKEND_SINCE, megatron_version
 from inspector.plan.split import Split
 
 
@@ -21,6 +22,9 @@ def megatron_flags(job: Job, split: Split) -> list[str]:
         out.append("--use-flash-attn")
     if job.model.num_experts is not None and training.moe_token_dispatcher_type != "allgather":
         out.append(f"--moe-token-dispatcher-type {training.moe_token_dispatcher_type}")
+        if training.moe_token_dispatcher_type == "flex":  # plan/flex.py: the backend's spelling
+            out.append(f"--moe-flex-dispatcher-backend {training.moe_flex_backend}"
+                       if megatron_version() >= BACKEND_SINCE else "--moe-enable-deepep")
     if training.ep_overlap:
         out.append("--overlap-moe-expert-parallel-comm")
     if training.delay_wgrad:
@@ -30,6 +34,7 @@ def megatron_flags(job: Job, split: Split) -> list[str]:
                 "--use-distributed-optimizer", "--ckpt-format fsdp_dtensor"]  # fmt: skip
     elif training.use_distributed_optimizer:
         out += ["--use-distributed-optimizer", "--overlap-param-gather"]
+    out += _optimizer_precision_flags(training)
     out.append("--overlap-grad-reduce")
     return out
 
@@ -94,3 +99,15 @@ def _dropout_flags(training: Training) -> list[str]:
         for name in ("attention_dropout", "hidden_dropout")
         if getattr(training, name) != getattr(defaults, name)
     ]
+
+
+def _optimizer_precision_flags(training: Training) -> list[str]:
+    """Return --use-precision-aware-optimizer and its dtypes that are not Megatron-LM's fp32."""
+    precision = training.optimizer_precision
+    if not precision.precision_aware:
+        return []
+    out = ["--use-precision-aware-optimizer"]
+    for name in ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"):
+        if getattr(precision, name) != "fp32":
+            out.append(f"--{name.replace('_', '-')} {getattr(precision, name)}")
+    return out

@@ -18,11 +18,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from inspector.job.job import Job
+from inspector.job.optimizer_precision import OptimizerBytes
 from inspector.plan import caches
 from inspector.plan.buffers import Group, Spans, buffer_groups, buffer_layout, pad, place
 from inspector.plan.fsdp import fsdp_stage_state
 from inspector.plan.pieces import Pieces, Run, chunk_runs, pieces_for
-from inspector.report.memory import StateBytes, optimizer_bytes_per_element, state_bytes
+from inspector.report.memory import (
+    StateBytes,
+    job_optimizer_bytes,
+    optimizer_bytes_per_element,
+    state_bytes,
+)
 from inspector.world.shards import BufferLayout, resolve_bucket_size
 
 
@@ -122,13 +128,16 @@ def stage_state(
         for index, shape in enumerate(chunks)
     ]
     buffers = [buffer for key in keys for buffer in _chunk_buffers(*key)]
-    best = most_loaded(buffers, distributed, shard_pairs, [_chunk_optimizer(*key) for key in keys])
+    each = job_optimizer_bytes(job)
+    optimizer = [_chunk_optimizer(*key, each) for key in keys]
+    best = most_loaded(buffers, distributed, shard_pairs, optimizer, each)
     return best, sum(_chunk_runs(id(pieces), shape, lay.pp)[1] for shape in chunks)
 
 
 def most_loaded(
     buffers: Sequence[BufferLayout], distributed: bool, shard_pairs: Sequence[tuple[int, int]],
     optimizer: Sequence[tuple[tuple[int, ...], tuple[int, ...]]],
+    each: OptimizerBytes | None = None,
 ) -> StateBytes:
     """Return memory.state_bytes of the first rank in `shard_pairs` holding the most bytes.
 
@@ -138,14 +147,18 @@ def most_loaded(
     rank's buffers again.
     """
     if not distributed:  # every rank holds the same bytes
-        return state_bytes(buffers, distributed, *shard_pairs[0])
+        return state_bytes(buffers, distributed, *shard_pairs[0], *_bytes(each))
     dense = _summed([chunk[0] for chunk in optimizer])
     expert = _summed([chunk[1] for chunk in optimizer])
     best = max(
         range(len(shard_pairs)),
         key=lambda k: dense.get(shard_pairs[k][0], 0) + expert.get(shard_pairs[k][1], 0),
     )
-    return state_bytes(buffers, distributed, *shard_pairs[best])
+    return state_bytes(buffers, distributed, *shard_pairs[best], *_bytes(each))
+
+
+def _bytes(each: OptimizerBytes | None) -> tuple[OptimizerBytes, ...]:
+    return () if each is None else (each,)
 
 
 def _summed(rows: Sequence[tuple[int, ...]]) -> dict[int, int]:
@@ -162,21 +175,26 @@ def _chunk_optimizer(
     dp_size: int,
     expert_dp_size: int,
     bucket_size: int | None,
+    each: OptimizerBytes,
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Return per data index, and per expert data index, the optimizer bytes of its shards of
     the chunk's dense (expert) buffers; empty where the chunk has none."""
     buffers = _chunk_buffers(
         pieces_id, shape, pp, distributed, dp_size, expert_dp_size, bucket_size
     )
-    return _optimizer_elements(buffers, expert=False), _optimizer_elements(buffers, expert=True)
+    return (
+        _optimizer_elements(buffers, False, each), _optimizer_elements(buffers, True, each)
+    )
 
 
-def _optimizer_elements(buffers: Sequence[BufferLayout], expert: bool) -> tuple[int, ...]:
+def _optimizer_elements(
+    buffers: Sequence[BufferLayout], expert: bool, optimizer: OptimizerBytes
+) -> tuple[int, ...]:
     """Return per data index the optimizer bytes of its shards of the dense (or expert) buffers."""
     rows = []
     for buffer in buffers:
         if buffer.expert == expert:
-            each = optimizer_bytes_per_element(buffer)
+            each = optimizer_bytes_per_element(buffer, optimizer)
             rows.append([owned * each for owned in buffer.owned_numel])
     return tuple(map(sum, zip(*rows, strict=True)))
 

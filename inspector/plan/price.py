@@ -33,6 +33,7 @@ from inspector.plan.overlap import merged_share
 from inspector.plan.pieces import piece_key
 from inspector.plan.request import Request
 from inspector.plan.split import Split, chunk_layers
+from inspector.report.memory import job_optimizer_bytes
 
 
 @dataclass(frozen=True)
@@ -300,6 +301,14 @@ def _overlap(job: Job, stage: int) -> tuple[float, bool]:
     return share, training.delay_wgrad
 
 
+def _step_setup(job: Job, dims: ModelDims) -> OptimizerStep:
+    """Return what the optimizer step runs on (--use-precision-aware-optimizer: always
+    Transformer Engine's FusedAdam, which megatron-core requires for it)."""
+    each = job_optimizer_bytes(job)
+    fused = dims.fused_kernels or each.precision.precision_aware
+    return OptimizerStep(dims.activation_bytes, 4, fused, job.model.fp16, each)
+
+
 def timed(
     job: Job, split: Split, req: Request, placed: Placed, stages: tuple[StagePlan, ...]
 ) -> Plan:
@@ -311,10 +320,11 @@ def timed(
     mbs, distributed = schedule.micro_batch_size, sharding_of(training)
     signatures = _stages_of(job.model, dims, split, lay.pp, lay.chunks).signature_keys
     # grad_bytes: read from each stage's buffers by cost.optimizer_seconds
-    step_setup = OptimizerStep(dims.activation_bytes, 4, dims.fused_kernels, job.model.fp16)
+    step_setup = _step_setup(job, dims)
+    flex = training.moe_token_dispatcher_type == "flex"
     scope = _TIME.setdefault(
         (dims, pair_layout(lay), lay.pp, net, req.efficiency, mbs, training.recompute,
-         distributed, training.recompute_modules), {},
+         distributed, training.recompute_modules, flex), {},
     )
     times = []
     for st in stages:
@@ -325,7 +335,7 @@ def timed(
             granularity, method, n = recipe
             scope[work] = stage_work(
                 dims, lay, net, req.efficiency, mbs, granularity, placed[st.stage], has_output,
-                method, n, training.recompute_modules, overlap,
+                method, n, training.recompute_modules, overlap, flex,
             )
         key = (*work, st.gradients, st.weights, st.kept, st.elements, st.state, step_setup)
         if key not in scope:
@@ -345,7 +355,8 @@ def timed(
 # (dims, activation sizes, mbs, m where interleaved, recompute, flash, modules) -> stage ->
 # (bytes, flight)
 _ACT: dict[tuple[Any, ...], dict[tuple[Any, ...], tuple[int, tuple[int, ...]]]] = caches.table()
-# (dims, ranks, pp, network, efficiency, mbs, recompute, distopt, modules) -> (signature, output?) -> the
+# (dims, ranks, pp, network, efficiency, mbs, recompute, distopt, modules, flex dispatcher) ->
+# (signature, output?) -> the
 # stage's work per micro-batch, and (signature, output?, gradients, weights, state) -> its time
 _TIME: dict[tuple[Any, ...], dict[tuple[Any, ...], StageTime]] = caches.table()
 

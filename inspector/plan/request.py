@@ -15,6 +15,7 @@ from inspector.job.job import Training, make_training
 from inspector.job.model import ModelConfig
 from inspector.job.model_args import make_model_config
 from inspector.plan import caches
+from inspector.plan.flex import check_flex_layout, flex_backend
 from inspector.plan.split import PIN_FLAGS
 
 
@@ -73,6 +74,8 @@ class Request:
     @property
     def flash(self) -> bool:
         """Return whether the candidates run flash attention."""
+        if self.model.transformer_impl != "transformer_engine":
+            return False  # the local spec's attention is unfused (job.py _flash_attention)
         if self.flash_attention is None:
             return self.model.dtype_name != "float32"
         return self.flash_attention
@@ -118,11 +121,15 @@ def make_request(args: dict[str, Any], flags: PlanFlags) -> Request:
     gpu = _plan_gpu(flags)
     fixed = {short: args[name] for name, short in FIXED.items() if args.get(name) is not None}
     fixed.update(pinned(args))
-    if args.get("fp8_param_gather") and args.get("use_distributed_optimizer") is None:
-        # Megatron-LM gathers fp8 parameters only through a sharding optimizer: the plan keeps the
-        # distributed optimizer on (with dp 1 too, where it shards nothing)
+    if (args.get("fp8_param_gather") or args.get("use_precision_aware_optimizer")) and args.get(
+        "use_distributed_optimizer"
+    ) is None:
+        # Megatron-LM gathers fp8 parameters, and megatron-core keeps reduced-precision optimizer
+        # state, only through a sharding optimizer: the plan keeps the distributed optimizer on
+        # (with dp 1 too, where it shards nothing)
         fixed["distopt"] = True
         args = {**args, "use_distributed_optimizer": True}
+    backend = flex_backend(args)  # megatron's rules for the flex dispatcher's flags
     asked = make_training(args)  # Megatron-LM's rules for the flags a plan keeps as given
     _check_recompute_modules(asked.recompute_modules)
     training = Training(
@@ -130,8 +137,10 @@ def make_request(args: dict[str, Any], flags: PlanFlags) -> Request:
         attention_dropout=asked.attention_dropout,
         hidden_dropout=asked.hidden_dropout,
         unfused=asked.unfused,
+        optimizer_precision=asked.optimizer_precision,
         recompute_modules=asked.recompute_modules,
         moe_token_dispatcher_type=asked.moe_token_dispatcher_type,
+        moe_flex_backend=backend or asked.moe_flex_backend,
         ep_overlap=asked.ep_overlap,
         delay_wgrad=asked.delay_wgrad,
     )
@@ -139,6 +148,10 @@ def make_request(args: dict[str, Any], flags: PlanFlags) -> Request:
     _check_overlap(model, training)
     _check_sizes(model, flags.gpus)
     _check_expert_tp(model, fixed)
+    if backend is not None and model.num_experts is not None and "ep" in fixed:
+        etp = fixed.get("etp", fixed.get("tp"))  # megatron: expert tp defaults to tp
+        if etp is not None:
+            check_flex_layout(fixed["ep"], etp)
     return Request(
         model=model, gpus=flags.gpus, gpu=gpu,
         memory=round(gpu.memory_gib * (1 << 30)), global_batch_size=batch,

@@ -7,6 +7,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from inspector.job.optimizer_precision import REMAINDER
 from inspector.report.formats import MemoryFormat
 from inspector.report.memory import GIB, MemoryReport, StageMemory
 
@@ -120,6 +121,29 @@ def _summary(report: MemoryReport) -> list[str]:
     return lines
 
 
+def _precision_aware(report: MemoryReport) -> str:
+    """Return what --use-precision-aware-optimizer keeps, in words ("" without it)."""
+    precision, model = report.training.optimizer_precision, report.model
+    if not precision.precision_aware:
+        return ""
+    each = precision.for_model(model.bf16, model.fp8_format, model.fp8_recipe)
+    if not each.te_master:
+        master = "megatron's fp32 master weights"
+    elif model.bf16 and each.master(2) == REMAINDER:
+        master = "fp32 master weights kept as 16-bit remainders of the bf16 weights"
+    else:
+        master = f"{precision.main_params_dtype} master weights"
+    fp32_grads = report.training.fp32_grads
+    grads = "bf16" if model.bf16 and fp32_grads is False else "fp32"
+    if model.fp16 and not fp32_grads:
+        grads = "fp16"
+    return (
+        f" with the precision-aware optimizer (Transformer Engine's FusedAdam: exp_avg "
+        f"{precision.exp_avg_dtype}, exp_avg_sq {precision.exp_avg_sq_dtype}, {master}, "
+        f"{grads} main gradients)"
+    )
+
+
 def _context(report: MemoryReport) -> list[str]:
     """Return the lines that say what was assumed: precision, batch, schedule."""
     t, b, layout, model = report.training, report.schedule, report.layout, report.model
@@ -128,6 +152,7 @@ def _context(report: MemoryReport) -> list[str]:
         optimizer = f"Megatron-FSDP {t.sharding_strategy}"
     elif t.torch_fsdp2:
         optimizer = "PyTorch FSDP2, Adam"
+    optimizer += _precision_aware(report)
     recompute: str = t.recompute
     if recompute == "selective" and t.recompute_modules != ("core_attn",):
         recompute += f" ({', '.join(t.recompute_modules)})"  # megatron's default goes unsaid
@@ -189,13 +214,25 @@ def _routing(report: MemoryReport) -> str:
 
 
 def _moments(report: MemoryReport) -> list[str]:
-    """Return one line per stage naming the moment of its peak (runs only)."""
-    return [
-        f"Stage {s.stage}: static {_size(report, s.static)} (state and buffers), peak "
-        f"{_size(report, s.total)} at the {s.run.peak.moment}."
-        for s in report.stages
-        if s.run is not None
-    ]
+    """Return one line per stage naming the moment of its peak (runs only), and one for what
+    it holds outside PyTorch's allocator, where it holds any."""
+    lines = []
+    for s in report.stages:
+        if s.run is None:
+            continue
+        lines.append(
+            f"Stage {s.stage}: static {_size(report, s.static)} (state and buffers), peak "
+            f"{_size(report, s.total)} at the {s.run.peak.moment}."
+        )
+        if s.run.outside:
+            parts = ", ".join(f"{what} {_size(report, size)}" for what, size in s.run.outside)
+            lines.append(
+                f"Stage {s.stage}: outside PyTorch's allocator {_size(report, s.run.outside_bytes)}"
+                f" ({parts}): in buffers and the total, not in what "
+                f"torch.cuda.max_memory_allocated reports "
+                f"({_size(report, s.total - s.run.outside_bytes)})."
+            )
+    return lines
 
 
 NOT_COUNTED = "not counted"  # the buffers where the engine did not run (json: null)
@@ -297,9 +334,12 @@ def _buffers_json(s: StageMemory) -> dict[str, Any] | None:
     if s.run is None:
         return {"fsdp_in_flight": s.in_flight, "total": s.buffers} if s.in_flight else None
     fsdp = {"fsdp_in_flight": s.in_flight} if s.in_flight else {}
+    outside = {"outside_allocator": [[what, size] for what, size in s.run.outside]} \
+        if s.run.outside else {}  # fmt: skip
     return {
         "persistent": [[where, size] for where, size in s.run.persistent],
         "workspaces": s.run.workspaces,
+        **outside,
         **fsdp,
         "total": s.buffers,
     }
@@ -330,6 +370,16 @@ def _fsdp_json(t: Any) -> dict[str, Any]:
     return {"use_torch_fsdp2": True} if t.torch_fsdp2 else {}
 
 
+def _precision_json(t: Any) -> dict[str, Any]:
+    """Return --use-precision-aware-optimizer and its dtypes, as Megatron-LM names them."""
+    precision = t.optimizer_precision
+    if not precision.precision_aware:
+        return {}
+    names = ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")
+    return {"use_precision_aware_optimizer": True,
+            **{name: getattr(precision, name) for name in names}}  # fmt: skip
+
+
 def report_json(report: MemoryReport) -> dict[str, Any]:
     """Return every number of the report, bytes and FLOPs, as a json-ready dict."""
     t, b, hw = report.training, report.schedule, report.hardware
@@ -344,6 +394,7 @@ def report_json(report: MemoryReport) -> dict[str, Any]:
             "use_distributed_optimizer": t.use_distributed_optimizer,
             "accumulate_allreduce_grads_in_fp32": t.fp32_grads,
             **_fsdp_json(t),
+            **_precision_json(t),
         },
         "hardware": {"gpu_memory": hw.memory, "gpu_tflops": hw.tflops, "mfu": hw.mfu},
         "world_size": report.layout.world_size,

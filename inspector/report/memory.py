@@ -12,7 +12,9 @@ for `params`, then wrapped in megatron-core's own DistributedDataParallel on the
     distributed optimizer (megatron's Float16OptimizerWithFloat16Params), or only the elements
     in the rank's shard of each bucket (DistributedOptimizer's `shard_fp32_from_float16_groups`,
     padding excluded). That is Megatron-LM's 18 bytes per parameter, and 6 + 12/d with it
-    (`theoretical_memory_usage.py`), but counted on the real parameters and shards.
+    (`theoretical_memory_usage.py`), but counted on the real parameters and shards. With
+    --use-precision-aware-optimizer the moments and master weight are in the flags' dtypes
+    (job/optimizer_precision.py: Transformer Engine's FusedAdam), e.g. 6 bytes with bf16 moments.
 Ranks of a stage hold the same parameter shapes; with the distributed optimizer their shards
 differ (the last ones hold the padding), so each stage reports its most loaded rank.
 
@@ -47,6 +49,7 @@ from inspector.job.hardware import check_positive, get_gpu
 from inspector.job.job import Job, Schedule, Training
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
+from inspector.job.optimizer_precision import OptimizerBytes
 
 if TYPE_CHECKING:
     from inspector.engine.memory import RunMemory
@@ -54,6 +57,7 @@ if TYPE_CHECKING:
 
 ADAM_MOMENTS = 8  # exp_avg and exp_avg_sq, fp32 (Megatron-LM's default --optimizer adam)
 MASTER_COPY = 4  # fp32 master weight of a 16-bit parameter
+DEFAULT_ADAM = OptimizerBytes()  # Megatron-LM's default Adam: fp32 master and moments
 GIB = 1 << 30
 
 
@@ -211,15 +215,24 @@ def make_hardware(
     return Hardware(memory, gpu_tflops, 1.0 if mfu is None else mfu)
 
 
-def optimizer_bytes_per_element(buffer: Any) -> int:
+def optimizer_bytes_per_element(buffer: Any, optimizer: OptimizerBytes = DEFAULT_ADAM) -> int:
     """Return the optimizer bytes of one element a rank updates: Adam's moments, and the fp32
-    master copy of a 16-bit parameter."""
-    master = MASTER_COPY if str(buffer.param_dtype) != "torch.float32" else 0
-    return master + ADAM_MOMENTS
+    master copy of a 16-bit parameter (or, with the precision-aware optimizer, the dtypes of
+    job/optimizer_precision.py)."""
+    return optimizer.per_element(buffer.param_dtype.itemsize)
+
+
+def job_optimizer_bytes(job: Job) -> OptimizerBytes:
+    """Return the job's optimizer bytes per updated element, by parameter size."""
+    model = job.model
+    return job.training.optimizer_precision.for_model(
+        model.bf16, model.fp8_format, model.fp8_recipe
+    )
 
 
 def state_bytes(
-    buffers: Sequence[Any], distributed: bool, dense_index: int, expert_index: int
+    buffers: Sequence[Any], distributed: bool, dense_index: int, expert_index: int,
+    optimizer: OptimizerBytes = DEFAULT_ADAM,
 ) -> StateBytes:
     """Return one rank's state bytes from its chunks' megatron grad buffers (distopt.BufferLayout).
 
@@ -228,15 +241,15 @@ def state_bytes(
     the dense and expert buffers. Without the distributed optimizer megatron asserts that a buffer
     has no padding, so `numel` counts the parameters themselves.
     """
-    weights = gradients = optimizer = 0
+    weights = gradients = held = 0
     for buffer in buffers:
         weights += buffer.numel * buffer.param_dtype.itemsize + buffer.kept
         gradients += buffer.numel * buffer.grad_dtype.itemsize
         index = expert_index if buffer.expert else dense_index
         updated = buffer.owned_numel[index] if distributed else buffer.numel
-        optimizer += updated * optimizer_bytes_per_element(buffer)
+        held += updated * optimizer_bytes_per_element(buffer, optimizer)
     kept = sum(buffer.kept for buffer in buffers)
-    return StateBytes(weights, gradients, optimizer, kept, sum(b.numel for b in buffers))
+    return StateBytes(weights, gradients, held, kept, sum(b.numel for b in buffers))
 
 
 def measure(built: BuiltJob, hardware: Hardware) -> MemoryReport:
@@ -297,7 +310,8 @@ def _stage_memory(
     else:
         buffers = [buffer for chunk in chunks for buffer in chunk.buffers()]
         distributed = training.use_distributed_optimizer
-        by_shard = {(d, e): state_bytes(buffers, distributed, d, e) for _, d, e in ranks}
+        each = job_optimizer_bytes(job)
+        by_shard = {(d, e): state_bytes(buffers, distributed, d, e, each) for _, d, e in ranks}
     rank, data, expert = max(ranks, key=lambda r: (by_shard[r[1:]].total, -r[0]))
     layers = tuple(chunk.layers for chunk in chunks)
     activations = formula_activations(job, built, dims, schedule)

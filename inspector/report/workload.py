@@ -26,6 +26,7 @@ collective buffer (SIMAI-NOTES.md), i.e. the full (s/c, b, h) tensor.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import comb
 
 from inspector.errors import ConfigError
 from inspector.formulas.flops import GEMM_FACTOR, layer_flops, logit_flops, mla_up_flops
@@ -217,6 +218,8 @@ def _moe_mlp(job: Context, layer: int, prefix: str = "") -> list[Record]:
     ep, etp = par.ep, par.expert_tp
     local = job.tokens // (par.tp if par.sequence_parallel else 1)
     a2a = local * dims.moe_router_topk * dims.hidden_size * dims.activation_bytes
+    if job.training.flex:
+        return _flex_mlp(job, layer, local, prefix)
     counts = TOKENS_PER_EXPERT_BYTES * (dims.num_experts or 0) * etp * ep
     ep_comm = "ALLTOALL_EP" if ep > 1 else NONE
     gather, scatter = ("ALLGATHER", "REDUCESCATTER") if etp > 1 else (NONE, NONE)
@@ -238,6 +241,44 @@ def _moe_mlp(job: Context, layer: int, prefix: str = "") -> list[Record]:
         Record(name, 0, gather, etp_size, 0, scatter, etp_size),
         Record(name, experts.fwd, scatter, etp_size, experts.ig, gather, etp_size, experts.wg),
         Record(name, 0, ep_comm, a2a_size, 0, ep_comm, a2a_size),
+    ]
+    if dims.shared_expert_ffn:
+        records += _dense_mlp(job, layer, prefix + "shared_", dims.shared_expert_ffn)
+    return records
+
+
+def flex_token_bytes(job: Context, local: int) -> int:
+    """Return the bytes a rank's flex dispatch (or combine) moves: each of its `local` tokens once
+    per expert-tp x ep rank holding one of its top-k experts (DeepEP's `is_token_in_rank`; the
+    rank itself counted, as an all-to-all's size counts its own share), under balanced routing:
+    etp ep (1 - C(E - E/ep, k) / C(E, k)) copies (plan/flex.py `token_copies`)."""
+    dims, par = job.dims, job.par
+    experts, k = dims.num_experts or 0, dims.moe_router_topk
+    hit = 1 - comb(experts - experts // par.ep, k) / comb(experts, k)
+    return round(local * dims.hidden_size * dims.activation_bytes * par.expert_tp * par.ep * hit)
+
+
+def _flex_mlp(job: Context, layer: int, local: int, prefix: str) -> list[Record]:
+    """Return the flex dispatcher's records (MoEFlexTokenDispatcher): the dispatch, the experts,
+    the combine. SimAI has no collective that sends a token once per node and forwards it inside
+    (DeepEP's and HybridEP's kernels), so each exchange is an ALLTOALL_EP of the bytes the
+    dispatcher moves (`flex_token_bytes`), with no token-count gather or expert-tp collectives:
+    the flex group already spans expert tp x ep."""
+    dims, par = job.dims, job.par
+    size = flex_token_bytes(job, local) if par.ep * par.expert_tp > 1 else 0
+    comm = "ALLTOALL_EP" if size else NONE
+    if isinstance(job.compute, ComputeRate):
+        width = dims.expert_ffn * dims.moe_router_topk
+        total = GEMM_FACTOR * job.tokens * par.cp * dims.hidden_size * width
+        experts = _gemm(job, total * (dims.gated_multiplier + 1) / (par.tp * par.cp))
+    else:
+        experts = _Phases(job.compute.mlp, job.compute.mlp, job.compute.mlp)
+    experts = _recompute(job, experts, modules=("moe",))
+    name = prefix + "mlp_moelayer"
+    records = [
+        Record(name, 0, comm, size, 0, comm, size),
+        Record(name, experts.fwd, NONE, 0, experts.ig, NONE, 0, experts.wg),
+        Record(name, 0, comm, size, 0, comm, size),
     ]
     if dims.shared_expert_ffn:
         records += _dense_mlp(job, layer, prefix + "shared_", dims.shared_expert_ffn)

@@ -81,6 +81,7 @@ class Settings:
     recompute: str = "none"  # --recompute-granularity: none, selective, full
     recompute_modules: tuple[str, ...] = ("core_attn",)  # --recompute-modules under selective
     learned_positions: bool = True  # --position-embedding-type learned_absolute
+    flex: bool = False  # --moe-token-dispatcher-type flex (DeepEP's or HybridEP's kernels)
 
     def __post_init__(self) -> None:
         """Reject values no workload can use."""
@@ -219,6 +220,7 @@ def context_for(built: BuiltJob, compute: ComputeRate | ComputeProfile) -> Conte
         recompute=job.training.recompute,
         recompute_modules=modules,
         learned_positions=job.model.position_embedding_type == "learned_absolute",
+        flex=job.training.moe_token_dispatcher_type == "flex",
     )
     return Context(job.dims(), job.layout, settings, compute)
 

@@ -1,0 +1,203 @@
+"""The flex token dispatcher (`--moe-token-dispatcher-type flex`): megatron's rules for it, and
+its exchange priced by the bytes each link class carries.
+
+megatron-core's MoEFlexTokenDispatcher (transformer/moe/token_dispatcher.py, 0.16.1) hands a
+rank's tokens to fused dispatch and combine kernels over one group of expert-tp x ep ranks
+(`tp_ep_group`): DeepEP's (`_DeepepManager`, fused_a2a.py `fused_dispatch` / `fused_combine`)
+or HybridEP's (`_HybridEPManager`, `hybrid_ep_dispatch` / `hybrid_ep_combine`), chosen by
+`--moe-flex-dispatcher-backend` (0.16; before it `--moe-enable-deepep`, DeepEP only). Each
+backward is the other direction (FusedDispatch.backward runs `buffer.combine`,
+FusedCombine.backward `buffer.dispatch`): four exchanges per MoE layer and micro-batch, as the
+all-to-all dispatcher's.
+
+What travels (DeepEP's README, "Normal kernels with NVLink and RDMA forwarding", and
+csrc/kernels/internode.cu): a token is sent ONCE to each rank that holds one of its experts
+(`is_token_in_rank`), not once per expert; across nodes it crosses InfiniBand once per
+destination node (to the GPU of the same local index there, `num_tokens_per_rdma_rank`) and is
+forwarded inside that node over NVLink to the GPUs that need it; the combine reduces a node's
+partial outputs before they cross back, so it carries the same bytes. A token record over RDMA
+is `get_num_bytes_per_rdma_token`: the hidden state, a SourceMeta of 8 bytes, top-k indices and
+weights of 4 bytes each, aligned to 16 bytes. HybridEP's hierarchical design (DeepEP hybrid-ep
+branch, docs: "Inter-node Communication: RDMA ... Intra-node Communication: NVLink") is priced
+the same way. The hidden states travel in bf16 (fp16) as the layer holds them: megatron-core
+0.16.1 never asks for fp8 dispatch (fused_a2a.py: `get_hidden_bytes` of the tensor it passes;
+`init_hybrid_ep_buffer`: "HybridEP dispatcher does not support fp8 dispatch now").
+
+Under balanced routing (the plan's assumption; `--moe-router-force-load-balancing` draws random
+logits, moe_utils.py `apply_random_logits`) a token's top-k is a uniform k-subset of the E
+experts, placed in ep-rank order, E/ep per rank. Not modelled: the SMs the kernels occupy
+(megatron's defaults `--moe-deepep-num-sms` 20, `--moe-hybridep-num-sms` 16 of the H100's 132,
+transformer_config.py), which the compute beside an overlapped exchange would lose (the NCCL
+all-to-all's are not modelled either), and node-limited routing (`--moe-router-num-groups`,
+`--moe-router-group-topk`, not read by the plan; `expected_remote_nodes` takes them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from math import comb, prod
+from typing import Any
+
+from inspector.errors import ConfigError
+from inspector.job.dims import ModelDims
+from inspector.job.job import Job
+from inspector.job.layout import Layout
+from inspector.plan import caches
+from inspector.plan.network import Network, expert_peers_on_node
+
+# megatron-core's first version whose TransformerConfig has `moe_flex_dispatcher_backend`
+# (core_v0.16.0 transformer_config.py; 0.13-0.15 run DeepEP only, behind `moe_enable_deepep`)
+BACKEND_SINCE = (0, 16)
+SOURCE_META_BYTES = 8  # internode.cu SourceMeta: src_rdma_rank, is_token_in_nvl_rank_bits
+TOPK_ENTRY_BYTES = 4 + 4  # an int index and a float weight per top-k entry
+
+
+@caches.memo(maxsize=None)
+def megatron_version() -> tuple[int, int]:
+    """Return the installed megatron-core's (major, minor), read from its package metadata."""
+    from importlib import metadata
+
+    try:
+        text = metadata.version("megatron-core")
+    except metadata.PackageNotFoundError:
+        return (0, 16)
+    major, minor = (int("".join(c for c in part if c.isdigit()) or 0) for part in text.split(".")[:2])
+    return major, minor
+
+
+def flex_backend(args: Mapping[str, Any], version: tuple[int, int] | None = None) -> str | None:
+    """Return the backend the flex dispatcher runs (None: another dispatcher), raising megatron's
+    refusals of the flags as `Error:` lines.
+
+    megatron-core 0.16.1 transformer_config.py `__post_init__` (the `moe_enable_deepep` and flex
+    blocks) and MoEFlexTokenDispatcher.__init__; 0.13.1-0.15.3 the same class's asserts.
+    """
+    version = version or megatron_version()
+    dispatcher = args.get("moe_token_dispatcher_type") or "allgather"
+    backend, deepep = args.get("moe_flex_dispatcher_backend"), bool(args.get("moe_enable_deepep"))
+    dotted = f"{version[0]}.{version[1]}"
+    if deepep and dispatcher != "flex":
+        raise ConfigError(f"--moe-enable-deepep needs --moe-token-dispatcher-type flex, not "
+                          f"{dispatcher} (megatron-core's TransformerConfig: 'DeepEP backend is "
+                          "only supported with flex token dispatcher.')")  # fmt: skip
+    if backend is not None and version < BACKEND_SINCE:
+        raise ConfigError(f"--moe-flex-dispatcher-backend is not an argument of Megatron-LM "
+                          f"{dotted} (the installed megatron-core; added in 0.16): its flex "
+                          "dispatcher runs DeepEP, with --moe-enable-deepep")  # fmt: skip
+    if dispatcher != "flex":
+        return None
+    if version < BACKEND_SINCE and not deepep:
+        raise ConfigError(f"--moe-token-dispatcher-type flex needs --moe-enable-deepep in "
+                          f"megatron-core {dotted} (MoEFlexTokenDispatcher: 'DeepEP is not "
+                          "enabled. Please set --moe-enable-deepep to use DeepEP backend.')")  # fmt: skip
+    if deepep and backend == "hybridep":
+        raise ConfigError("--moe-enable-deepep with --moe-flex-dispatcher-backend hybridep: "
+                          "megatron-core's TransformerConfig allows one ('Only one backend is "
+                          "supported for flex token dispatcher.')")  # fmt: skip
+    chosen = "deepep" if deepep else backend or "deepep"
+    if args.get("moe_pad_expert_input_to_capacity") and (chosen == "deepep" or version < BACKEND_SINCE):
+        raise ConfigError(f"--moe-pad-expert-input-to-capacity with the flex dispatcher's "
+                          f"{'DeepEP' if chosen == 'deepep' else 'kernels'}: megatron-core's "
+                          "TransformerConfig refuses it ('Flex token dispatcher with deepep "
+                          "backend does not support moe_pad_expert_input_to_capacity')")  # fmt: skip
+    return chosen
+
+
+def check_flex_layout(ep: int, etp: int) -> None:
+    """Raise ConfigError where a pinned layout has one expert-tp x ep rank: the dispatcher asserts
+    'Flex token dispatcher requires TPxEP > 1' (MoEFlexTokenDispatcher.__init__)."""
+    if ep * etp <= 1:
+        raise ConfigError(f"--moe-token-dispatcher-type flex needs --expert-model-parallel-size x "
+                          f"--expert-tensor-parallel-size above 1 ({ep} x {etp} = {ep * etp}): "
+                          "megatron-core's flex dispatcher asserts 'Flex token dispatcher "
+                          "requires TPxEP > 1'")  # fmt: skip
+
+
+def missed(experts: float, held: float, topk: int) -> float:
+    """Return the chance that none of a uniform top-k of `experts` falls in `held` of them:
+    C(E - h, k) / C(E, k) as a product, so that `held` may be a fraction of an even spread."""
+    return prod((experts - held - i) / (experts - i) for i in range(topk))
+
+
+def expected_remote_nodes(experts: int, topk: int, nodes: int, groups: int = 0,
+                          group_topk: int = 0) -> float:  # fmt: skip
+    """Return the expected number of nodes other than the sender's that a token's top-k hit.
+
+    `experts` are spread evenly over `nodes` (megatron places experts in ep-rank order, a node
+    holding consecutive ep ranks). Without node-limited routing each node is missed with
+    probability C(E - E/nodes, k) / C(E, k). With `--moe-router-num-groups G` and
+    `--moe-router-group-topk M` (G a multiple of nodes, so a node holds h = G/nodes whole
+    groups of g = E/G experts), a token's M groups are a uniform M-subset and its k experts a
+    uniform k-subset of their M g experts: the node is hit unless it holds j of them
+    (hypergeometric C(h, j) C(G - h, M - j) / C(G, M)) and all k fall outside:
+    C((M - j) g, k) / C(M g, k).
+    """
+    per_node = experts // nodes
+    if not groups:
+        return (nodes - 1) * (1 - comb(experts - per_node, topk) / comb(experts, topk))
+    held, size = groups // nodes, experts // groups
+    hit = 0.0
+    for j in range(1, min(held, group_topk) + 1):
+        chosen = comb(held, j) * comb(groups - held, group_topk - j) / comb(groups, group_topk)
+        hit += chosen * (1 - comb((group_topk - j) * size, topk) / comb(group_topk * size, topk))
+    return (nodes - 1) * hit
+
+
+def token_copies(experts: int, topk: int, ep: int, expert_tp: int, on_node: int) -> tuple[float, float]:
+    """Return the expected (InfiniBand, NVLink) copies of one token a dispatch sends, per token.
+
+    The group has r = expert_tp x ep ranks, `on_node` of them on each node it spans (n = r /
+    on_node nodes, E/n experts each). A rank is hit when one of its E/ep experts is (p = 1 -
+    C(E - E/ep, k) / C(E, k); its expert-tp partners hold the same experts). InfiniBand: one copy
+    per remote node hit. NVLink: on every node each hit rank but the one the token enters by
+    (the sender itself on its own node, the same local index on the others) gets a copy: (r - n) p.
+    """
+    ranks = expert_tp * ep
+    nodes = ranks / on_node
+    node_hit = 1 - missed(experts, experts / nodes, topk)
+    rank_hit = 1 - missed(experts, experts / ep, topk)
+    return (nodes - 1) * node_hit, (ranks - nodes) * rank_hit
+
+
+def token_record_bytes(hidden: int, element_bytes: int, topk: int) -> int:
+    """Return DeepEP's bytes for one token record (internode.cu `get_num_bytes_per_rdma_token`):
+    the hidden state at max(element size, 2) bytes (fused_a2a.py `get_hidden_bytes`), its
+    SourceMeta and its top-k indices and weights, aligned to 16 bytes."""
+    raw = hidden * max(element_bytes, 2) + SOURCE_META_BYTES + topk * TOPK_ENTRY_BYTES
+    return -(-raw // 16) * 16
+
+
+def flex_exchange(count: int, dims: ModelDims, tokens: float, lay: Layout, net: Network) -> float:
+    """Return `count` flex exchanges (a dispatch or a combine) of a rank's `tokens` tokens.
+
+    A rank sends its InfiniBand copies through its NIC while the NVLink forwarding runs (DeepEP
+    pipelines the two in chunks): an exchange takes the longer of alpha_inter + bytes over
+    InfiniBand and alpha_intra + bytes over NVLink, for the rank whose node holds the fewest
+    members of its group (megatron's expert rank order: the expert-tp x ep group is consecutive
+    ranks, `expert_peers_on_node` with expert tp 1).
+    """
+    ranks = lay.expert_tp * lay.ep
+    experts, topk = dims.num_experts or 0, dims.moe_router_topk
+    if ranks <= 1 or count == 0 or not experts:
+        return 0.0
+    gpu = net.gpu
+    record = tokens * token_record_bytes(dims.hidden_size, dims.activation_bytes, topk * lay.expert_tp)
+    slowest = 0.0
+    for on_node in expert_peers_on_node(ranks, 1, lay.world_size, net.gpus_per_node):
+        inter, intra = token_copies(experts, topk, lay.ep, lay.expert_tp, on_node)
+        seconds = max(gpu.alpha_inter + record * inter / gpu.inter if inter > 0 else 0.0,
+                      gpu.alpha_intra + record * intra / gpu.intra if intra > 0 else 0.0)  # fmt: skip
+        slowest = max(slowest, seconds)
+    return count * slowest
+
+
+def as_built(job: Job) -> Job:
+    """Return the job megatron is asked to build and run for the plan's memory: the flex
+    dispatcher's job with the all-to-all dispatcher in its place. Neither dispatcher holds
+    parameters (token_dispatcher.py), so the state is the same; the engine runs the all-to-all's
+    permutation where DeepEP's kernels would run, and DeepEP's and HybridEP's communication
+    buffers (allocated outside PyTorch's allocator, fused_a2a.py `get_buffer`) are not counted."""
+    if job.training.moe_token_dispatcher_type != "flex":
+        return job
+    return replace(job, training=replace(job.training, moe_token_dispatcher_type="alltoall"))
