@@ -141,6 +141,52 @@ def test_a_guard_on_an_unset_variable_names_it():
     )
 
 
+@pytest.mark.parametrize("test", ["[ -z $1 ]", "test -z ${1}"])  # fmt: skip
+def test_a_guard_on_an_unquoted_positional_parameter_names_it(test):
+    # ModelOpt's conf/arguments.sh: `if [ -z $1 ]; then ... exit 1; fi`. The unquoted unset word
+    # vanishes, as in bash (`[ -z ]` is true), yet it decided the guard: named with its --set
+    text = f"if {test}; then echo 'name the model'; exit 1; fi\npython pretrain_gpt.py --num-layers 2\n"
+    with pytest.raises(InputError) as error:
+        parse_launch_script(text, "s.sh")
+    assert str(error.value).endswith(
+        "the script stops before any: s.sh line 1: `exit 1`; unset on the way: $1 (s.sh line 1); "
+        "give it with --set 1=VALUE"
+    )
+    assert parse_launch_script(text, "s.sh", {"1": "m"}).args == {"num_layers": 2}
+
+
+def test_the_guard_that_exits_names_its_own_unset_values():
+    # ModelOpt's generate.sh: conf/arguments.sh first reads a dozen unset variables it gives
+    # defaults (`if [ -z ${TP} ]; then TP=1; fi`); the guard that exits names only what it read
+    text = ("if [ -z ${TP} ]; then TP=1; fi\n[ -z \"$EP\" ] && EP=1\n"
+            "if [ -z ${CKPT} ]; then echo 'set CKPT'; exit 1; fi\n"
+            "python pretrain_gpt.py --num-layers 2\n")  # fmt: skip
+    with pytest.raises(InputError) as error:
+        parse_launch_script(text, "s.sh")
+    assert str(error.value).endswith("`exit 1`; unset on the way: $CKPT (s.sh line 3); give it "
+                                     "with --set CKPT=VALUE")  # fmt: skip
+    # with `[ -z $CKPT ] && exit 1` too; a bare `exit` names every unset value read
+    text = text.replace("if [ -z ${CKPT} ]; then echo 'set CKPT'; exit 1; fi", "[ -z $CKPT ] && exit 1")
+    with pytest.raises(InputError) as error:
+        parse_launch_script(text, "s.sh")
+    assert str(error.value).endswith("unset on the way: $CKPT (s.sh line 3); give it with --set CKPT=VALUE")
+    text = text.replace("[ -z $CKPT ] && exit 1", "exit 1")
+    with pytest.raises(InputError) as error:
+        parse_launch_script(text, "s.sh")
+    assert str(error.value).endswith("unset on the way: $TP (s.sh line 1), $EP (s.sh line 2); give "
+                                     "them with --set TP=VALUE --set EP=VALUE")  # fmt: skip
+
+
+def test_an_unquoted_guard_on_a_named_variable_names_it():
+    # ModelOpt's generate.sh: `if [ -z ${MLM_MODEL_CKPT} ]; then ... exit 1; fi`
+    text = ("if [ -z ${CKPT} ]; then echo 'set CKPT'; exit 1; fi\n"
+            "python pretrain_gpt.py --num-layers 2 --load $CKPT\n")  # fmt: skip
+    with pytest.raises(InputError) as error:
+        parse_launch_script(text, "s.sh")
+    assert str(error.value).endswith("unset on the way: $CKPT (s.sh line 1); give it with --set "
+                                     "CKPT=VALUE")  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "text, args",
     [

@@ -352,3 +352,115 @@ def test_megatron_lms_cuda_device_max_connections_check_is_noted(env, layout, no
             "model parallelism or context parallelism require setting the environment variable "
             "CUDA_DEVICE_MAX_CONNECTIONS to 1'); on B200 and GB200 it runs"
         ]
+
+
+def test_functional_test_config_splits_a_bracketed_string(tmp_path):
+    # Megatron-LM's runner strips the brackets of "[a b]" and passes each word as an argument
+    # (_run_training.sh), so a quoted list of recompute modules is the flag and its modules
+    from inspector.inputs.megatron_config import read_config
+
+    path = tmp_path / "model_config.yaml"
+    path.write_text(FUNCTIONAL_TEST.replace(
+        "  --bf16: true\n", '  --bf16: true\n  --recompute-granularity: selective\n'
+        '  --recompute-modules: "[layernorm mlp]"\n  --moe-layer-freq: ([0]*1+[1]*3)\n'))  # fmt: skip
+    parsed = read_config(str(path))
+    assert parsed.args["recompute_modules"] == "layernorm mlp"  # as a script's two words give it
+    # a value in parentheses stays one word (the runner quotes it)
+    assert parsed.args["moe_layer_freq"] == "([0]*1+[1]*3)"
+
+
+def test_functional_test_config_runs_on_the_runners_eight_gpus(cli, tmp_path):
+    # Megatron-LM's runner starts the test on 1 node x 8 GPUs unless told otherwise
+    # (_run_training.sh GPUS_PER_NODE=8, NUM_NODES=1): tp 2 x pp 2 leaves dp 2, which the
+    # experts (ep 4) need; --dp gives another world
+    path = tmp_path / "model_config.yaml"
+    path.write_text(FUNCTIONAL_TEST.replace("  --bf16: true\n", "  --bf16: true\n  --num-experts: 4\n"
+                                            "  --expert-model-parallel-size: 4\n  --expert-tensor-parallel-size: 1\n"))  # fmt: skip
+    result = cli("memory", "--config", str(path))
+    assert result.code == 0, result.err
+    assert "tp 2 x pp 2 x dp 2 = 8 GPUs, ep 4" in result.out
+    assert (f"Note from {path}: the world is 8 GPUs: Megatron-LM's functional-test runner, 1 node "
+            "x 8 GPUs by default (_run_training.sh); --dp gives another\n") in result.err  # fmt: skip
+    result = cli("memory", "--config", str(path), "--dp", "4")
+    assert result.code == 0, result.err
+    assert "tp 2 x pp 2 x dp 4 = 16 GPUs, ep 4" in result.out
+    assert "the world is 8 GPUs" not in result.err
+
+
+def test_functional_test_config_refuses_activation_offloading(cli, tmp_path):
+    # megatron-core's fine-grained activation offloading moves the listed modules' activations
+    # to the CPU: what a GPU holds changes, so it is refused by name, not "not recognised"
+    path = tmp_path / "model_config.yaml"
+    path.write_text(FUNCTIONAL_TEST.replace(
+        "  --bf16: true\n", '  --bf16: true\n  --fine-grained-activation-offloading: true\n'
+        '  --offload-modules: "[core_attn attn_proj]"\n'))  # fmt: skip
+    result = cli("memory", "--config", str(path))
+    assert result.code == 2
+    assert result.err == (f"Error: {path}: --fine-grained-activation-offloading is not modelled: "
+                          "activation offloading to the CPU (--offload-modules) is not modelled\n")  # fmt: skip
+
+
+def test_functional_test_config_in_inference_mode_names_its_program(cli, tmp_path):
+    # MODE: inference makes Megatron-LM's runner start an inference program (its recipes'
+    # TRAINING_SCRIPT_PATH under examples/inference/), not pretrain_gpt.py: no table
+    path = tmp_path / "model_config.yaml"
+    path.write_text("MODE: inference\n" + FUNCTIONAL_TEST)
+    result = cli("params", "--config", str(path))
+    assert result.code == 2 and result.out == ""
+    assert result.err == (f"Error: {path}: MODE: inference: Megatron-LM's test runner runs it with "
+                          "an inference program (examples/inference/), which runs inference or "
+                          "text generation, not training; this tool reads GPT training "
+                          "(pretrain_gpt.py) only\n")  # fmt: skip
+
+
+def test_functional_test_config_in_rl_mode_is_train_rl(cli, tmp_path):
+    # MODE: rl runs train_rl.py: its model is read (params), its inference engine is not counted
+    path = tmp_path / "model_config.yaml"
+    path.write_text("MODE: rl\n" + FUNCTIONAL_TEST)
+    result = cli("params", "--config", str(path))
+    assert result.code == 0, result.err
+    assert (f"Note from {path}: train_rl.py trains GPTModel (gpt_builders.py) as pretrain_gpt.py "
+            "does") in result.err  # fmt: skip
+    result = cli("memory", "--config", str(path))
+    assert result.code == 2
+    assert result.err.startswith(f"Error: {path}: MODE: rl (train_rl.py) is not modelled: "
+                                 "train_rl.py also runs megatron's inference engine")  # fmt: skip
+
+
+SINKHORN = """\
+MODEL_ARGS:
+  --num-layers: 2
+  --hidden-size: 64
+  --num-attention-heads: 4
+  --seq-length: 128
+  --max-position-embeddings: 128
+  --micro-batch-size: 1
+  --tokenizer-type: NullTokenizer
+  --vocab-size: 1000
+  --num-experts: 4
+  --moe-router-topk: 1
+  --moe-router-load-balancing-type: {balancing}
+  --disable-bias-linear: true
+  --bf16: true
+"""
+
+
+@pytest.mark.parametrize("balancing", ["sinkhorn", "aux_loss\n  --moe-router-pre-softmax: true"])
+def test_functional_test_config_routes_top_1(cli, tmp_path, balancing):
+    # 24 of Megatron-LM's 65 MoE functional tests route top-1 with sinkhorn balancing: megatron-core
+    # accepts top-1 only with sinkhorn or --moe-router-pre-softmax (TransformerConfig), so both are
+    # passed to it; the router's sinkhorn runs on meta tensors (one turn of its loop)
+    path = tmp_path / "model_config.yaml"
+    path.write_text(SINKHORN.format(balancing=balancing))
+    result = cli("memory", "--config", str(path))
+    assert result.code == 0, result.err
+    assert "every expert gets tokens x 1 / 4 of each rank's tokens" in result.err + result.out
+
+
+def test_top_1_routing_needs_what_megatron_core_needs(cli, tmp_path):
+    # neither sinkhorn nor pre-softmax: megatron-core's own check stops it, as in Megatron-LM
+    path = tmp_path / "model_config.yaml"
+    path.write_text(SINKHORN.format(balancing="aux_loss"))
+    result = cli("params", "--config", str(path))
+    assert result.code == 2
+    assert "Please use --moe-router-pre-softmax when topk is 1." in result.err

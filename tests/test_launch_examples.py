@@ -135,8 +135,14 @@ def test_unset_values_alone_when_nothing_is_refused(tmp_path):
         parse_launch_script(Path(path).read_text(), path)
     assert str(error.value) == (
         f"{path} line 2: --tokenizer-model is ${{TOKENIZER_MODEL}}, which the script never sets; "
-        "give it with --set TOKENIZER_MODEL=VALUE"
+        "give it with --set TOKENIZER_MODEL=VALUE; the tokenizer's vocabulary is then read from "
+        "that file where it is on this machine (or from a tokenizer this tool knows); "
+        "--vocab-size gives it otherwise"
     )
+    # --vocab-size alone is enough: the tokenizer's file is then not needed (Mixtral's example
+    # leaves --tokenizer-model to its $2)
+    args = parse_launch_script(Path(path).read_text(), path, given={"vocab_size"}).args
+    assert args["num_layers"] == 2
 
 
 def test_use_checkpoint_args_is_refused(tmp_path, cli):
@@ -490,3 +496,22 @@ def test_an_unknown_hub_tokenizer_asks_for_the_vocabulary_size(tmp_path, cli, hu
     assert given.code == 0, given.err
     assert "VocabParallelEmbedding();(1024, 64);" in given.out  # 1000 padded to a multiple of 128
     assert f"HuggingFaceTokenizer {hub_id} cannot be read here; --vocab-size 1000" in given.err
+
+
+def test_a_launch_that_gives_no_model_is_refused(tmp_path, cli):
+    # sc21's SRUN.sh run alone: `python -u .../pretrain_gpt.py ${MEGATRON_PARAMS}` with the
+    # arguments left to the caller (run_figure_*.sh exports them); Megatron-LM requires a model
+    # (validate_args' required_args), so no default preset's table
+    path = tmp_path / "SRUN.sh"
+    path.write_text('CMD="python -u ${CODE}/pretrain_gpt.py ${PARAMS}"\nsrun -N 1 sh -c "${CMD}"\n')
+    result = cli("params", "--from-script", str(path))
+    assert result.code == 2 and result.out == ""
+    assert result.err.endswith(
+        f"Error: {path} gives no --num-layers, --hidden-size, --num-attention-heads, which "
+        "Megatron-LM requires (validate_args: required_args); give them with their flags (or "
+        "--set the variables that hold them)\n"
+    )
+    result = cli("params", "--from-script", str(path), "--set", "PARAMS=--num-layers 2 "
+                 "--hidden-size 64 --num-attention-heads 4 --seq-length 32 "
+                 "--max-position-embeddings 32")  # fmt: skip
+    assert result.code == 0, result.err

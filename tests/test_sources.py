@@ -55,12 +55,10 @@ def test_mixtral_script_with_defaults_and_srun():
     parsed = read_launch_script(str(SCRIPTS / "mixtral_8x7b.sh"))
     assert parsed.args["expert_model_parallel_size"] == 8  # ${EP:-8}
     assert parsed.args["moe_grouped_gemm"] is True and parsed.args["num_experts"] == 8
+    # passed to megatron-core's TransformerConfig (it decides whether top-1 routing is allowed)
+    assert parsed.args["moe_router_load_balancing_type"] == "aux_loss"
     # --data-path's variable is never set, but we do not model it: ignored, not an error
-    assert parsed.ignored == (
-        "--moe-router-load-balancing-type",
-        "--moe-aux-loss-coeff",
-        "--data-path",
-    )
+    assert parsed.ignored == ("--moe-aux-loss-coeff", "--data-path")
 
 
 def test_unset_variable_is_an_error():

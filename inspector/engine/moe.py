@@ -211,6 +211,20 @@ def _routed(values: _HostValues, routing: Any) -> Any:
     return routed
 
 
+def _sinkhorn(cost: torch.Tensor, tol: float = 0.0001) -> torch.Tensor:
+    """moe_utils.py `sinkhorn` (the router's `--moe-router-load-balancing-type sinkhorn`, under
+    no_grad): its loop turns until the scalings converge (`while error > tol`), which meta tensors
+    cannot tell. One turn, as written there: each turn's tensors replace the last's, so one turn
+    allocates what the loop holds at once."""
+    cost = torch.exp(cost)
+    d0 = torch.ones(cost.size(0), device=cost.device, dtype=cost.dtype)
+    d1 = torch.ones(cost.size(1), device=cost.device, dtype=cost.dtype)
+    eps = 0.00000001
+    d0 = (1 / d0.size(0)) * 1 / (torch.sum(d1 * cost, 1) + eps)
+    d1 = (1 / d1.size(0)) * 1 / (torch.sum(d0.unsqueeze(1) * cost, 0) + eps)
+    return d1 * cost * d0.unsqueeze(1)
+
+
 def _multihot(values: _HostValues, to_multihot: Any) -> Any:
     """Wrap _DeepepManager._indices_to_multihot: run it, then give its map and probs the values
     the same function computes from the received indices' and weights' host values."""
@@ -307,6 +321,7 @@ def balanced_routing() -> Iterator[None]:
     deepep = token_dispatcher._DeepepManager
     patches: list[tuple[Any, str, Any]] = [
         (router.TopKRouter, "routing", _routed(values, router.TopKRouter.routing)),
+        (router, "sinkhorn", _sinkhorn),
         (deepep, "_indices_to_multihot", _multihot(values, deepep._indices_to_multihot)),
         (deep_ep, "host_values", values),
         (token_dispatcher, "maybe_move_tensor_to_cpu", _to_cpu),

@@ -144,6 +144,17 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         bool,
         "Router expert bias (a buffer for aux-loss-free balancing, not a parameter).",
     ),
+    _model(
+        "moe_router_load_balancing_type",
+        str,
+        "Router load balancing (routing is counted balanced; sinkhorn lets --moe-router-topk be 1).",
+        choices=("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"),
+    ),
+    _model(
+        "moe_router_pre_softmax",
+        bool,
+        "Router softmax before the top-k (megatron-core needs it, or sinkhorn, for top-1).",
+    ),
     # Parallel layout.
     _layout("tensor_model_parallel_size", int, "Tensor-parallel size.", aliases=("--tp",)),
     _layout("pipeline_model_parallel_size", int, "Pipeline-parallel size.", aliases=("--pp",)),

@@ -4,8 +4,9 @@ Three forms, told apart by their keys:
 - Megatron-LM's functional-test `model_config.yaml` (tests/functional_tests/test_cases/*/*/): its
   `MODEL_ARGS` map of `--flag: value` is the training command's arguments, turned into words as
   Megatron-LM's runner does (tests/functional_tests/shell_test_utils/_run_training.sh: `true` is the
-  bare flag, `[a, b]` is the flag and its items, anything else the flag and its value); `ENV_VARS`
-  and the runner's other keys (TEST_TYPE, METRICS, ...) are the job's environment, listed as ignored.
+  bare flag, `[a, b]` is the flag and its items, a string in brackets `"[a b]"` the flag and its
+  words, anything else the flag and its value); `ENV_VARS` and the runner's other keys
+  (TEST_TYPE, METRICS, ...) are the job's environment, listed as ignored.
 - a Hugging Face `config.json` (keys `architectures`/`model_type`): inspector.inputs.hf.
 - a plain map of Megatron-LM arguments (`num-layers: 32`, dashes or underscores), typed values.
 Every argument is then modelled, refused or ignored as a launch script's would be, and a tokenizer
@@ -16,11 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from typing import Any
 
 from inspector.errors import ConfigError, InputError
 from inspector.inputs.arguments import BY_NAME
 from inspector.inputs.bash.context import Context
+from inspector.inputs.entry_points import NOT_GPT_TRAINING, EntryPoint, entry_point
 from inspector.inputs.launch import is_launch
 from inspector.inputs.missing import Needs
 from inspector.inputs.refusals import (
@@ -36,6 +39,14 @@ from inspector.inputs.unmodelled import IGNORED, REFUSED, RENAMED
 from inspector.output import read_text
 
 _RUNNER_KEYS = ("ENV_VARS", "MODEL_ARGS")
+# The runner strips the brackets of a value wrapped in [ ] ("[layernorm mlp]") and passes its
+# words unquoted, one argument each (_run_training.sh: `grep -Eq '^\[[^]]+\]$'`, then eval).
+_BRACKETED = re.compile(r"^\[[^]]+\]$")
+# The runner launches `torchrun --nproc_per_node $GPUS_PER_NODE --nnodes $NUM_NODES`, by default
+# 8 GPUs on 1 node (_run_training.sh: GPUS_PER_NODE=${GPUS_PER_NODE:-8}, NUM_NODES=${NUM_NODES:-1}).
+RUNNER_GPUS = 8
+RUNNER_WORLD = ("Megatron-LM's functional-test runner, 1 node x 8 GPUs by default "
+                "(_run_training.sh); --dp gives another")  # fmt: skip
 
 
 def read_config(path: str) -> ScriptArgs:
@@ -59,6 +70,7 @@ def read_config(path: str) -> ScriptArgs:
 def _functional_test(data: dict[str, Any], path: str) -> ScriptArgs:
     """Read Megatron-LM's functional-test form: MODEL_ARGS as the runner passes them."""
     model_args = data["MODEL_ARGS"]
+    program = _runner_program(data, path)
     if not isinstance(model_args, dict):
         raise InputError(f"{path}: MODEL_ARGS must map --flag to value, not "
                          f"{type(model_args).__name__}")  # fmt: skip
@@ -73,6 +85,8 @@ def _functional_test(data: dict[str, Any], path: str) -> ScriptArgs:
                          "argparse refuses for a switch)")  # fmt: skip
         elif isinstance(value, list):
             words += [flag, *(str(item) for item in value)]
+        elif _BRACKETED.match(str(value).strip()):
+            words += [flag, *str(value).strip()[1:-1].split()]
         else:
             words += [flag, str(value)]
     others = [str(k) for k in data if k not in _RUNNER_KEYS]
@@ -89,10 +103,31 @@ def _functional_test(data: dict[str, Any], path: str) -> ScriptArgs:
     refused, dropped = fsdp2_drops_fp8_param_gather(
         parsed.refused + validate_args_refusals(flags, path, parsed.args), parsed.args)
     notes += dropped
+    if program.note:
+        notes.append(program.note)
+    if program.training_refusal:  # train_rl.py: its inference engine's memory is not counted
+        refused = (Refused("training", path, "MODE: rl (train_rl.py)", "not modelled",
+                           program.training_refusal), *refused)  # fmt: skip
     args, ignored, tokenizer_notes, problem = apply_tokenizer(
         dict(parsed.args), parsed.ignored, raw, path)  # fmt: skip
     return ScriptArgs(args, ignored, notes=(*notes, *tokenizer_notes), vocab_problem=problem,
-                      refused=refused, unrecognised=parsed.unrecognised)  # fmt: skip
+                      refused=refused, unrecognised=parsed.unrecognised,
+                      world_size=RUNNER_GPUS, world_origin=RUNNER_WORLD)  # fmt: skip
+
+
+def _runner_program(data: dict[str, Any], path: str) -> EntryPoint:
+    """Return the program Megatron-LM's runner starts for the file's MODE, or raise InputError
+    where it is not GPT training (run_ci_test.sh: MODE, default pretraining; the recipes'
+    TRAINING_SCRIPT_PATH: pretrain_gpt.py, train_rl.py for MODE rl, an inference program under
+    examples/inference/ for MODE inference)."""
+    mode = str(data.get("MODE", "pretraining"))
+    if mode == "inference":
+        raise InputError(
+            f"{path}: MODE: inference: Megatron-LM's test runner runs it with an inference "
+            f"program (examples/inference/), which {NOT_GPT_TRAINING['gpt_static_inference.py']}; "
+            "this tool reads GPT training (pretrain_gpt.py) only"
+        )
+    return entry_point("train_rl.py" if mode == "rl" else "pretrain_gpt.py", path)
 
 
 def _plain(data: dict[str, Any], path: str) -> ScriptArgs:

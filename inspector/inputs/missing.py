@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from inspector.errors import InputError
 from inspector.inputs.bash.context import Context, Unknown, describe_unknown
 
+# a tokenizer value left unset (its key is the vocabulary it decides): what giving it leads to
+_VOCABULARY = ("; the tokenizer's vocabulary is then read from that file where it is on this "
+               "machine (or from a tokenizer this tool knows); --vocab-size gives it otherwise")
 WORLD = "data_parallel_size"  # the key of a launcher's counts: --dp stands in for them
 NO_FLAG = ""  # the key of a value no flag can stand in for (a word that could hold any flag)
 
@@ -50,19 +53,23 @@ class Needs:
 def raise_missing(missing: Collection[Missing], given: Collection[str], refused: str = "") -> None:
     """Raise one InputError naming every missing value that no command-line flag gives, after
     `refused` (the script's refusals that stop every command), so one error names all."""
-    message = missing_message(missing, given)
+    message = missing_message(missing, given, vocabulary_hint=not refused)
     if message is not None:
         raise InputError(f"{refused}; {message}" if refused else message)
 
 
-def missing_message(missing: Collection[Missing], given: Collection[str]) -> str | None:
-    """Return the sentence naming every missing value that no command-line flag gives, or None."""
+def missing_message(missing: Collection[Missing], given: Collection[str],
+                    vocabulary_hint: bool = True) -> str | None:  # fmt: skip
+    """Return the sentence naming every missing value that no command-line flag gives, or None
+    (with what a tokenizer value leads to, unless the model is refused anyway)."""
     left = [item for item in missing if item.key == NO_FLAG or item.key not in given]
     if not left:
         return None
+    tokenizer = vocabulary_hint and any(item.key == "vocab_size" for item in left)
+    vocabulary = _VOCABULARY if tokenizer else ""
     if len(left) == 1:
         item = left[0]
-        return f"{item.where}: {describe_unknown(item.unknown, item.what, item.shown)}"
+        return f"{item.where}: {describe_unknown(item.unknown, item.what, item.shown)}{vocabulary}"
     clauses, hints, by_flag = [], [], []
     one_place = len({item.where for item in left}) == 1
     for item in left:
@@ -82,4 +89,4 @@ def missing_message(missing: Collection[Missing], given: Collection[str]) -> str
                    "own flag instead")  # fmt: skip
     origin = left[0].where if one_place else left[0].where.rsplit(" line ", 1)[0]
     return (f"{origin}: the model and layout need {len(left)} values the script leaves unset: "
-            f"{'; '.join(clauses)}; {'; '.join(how)}")  # fmt: skip
+            f"{'; '.join(clauses)}; {'; '.join(how)}{vocabulary}")  # fmt: skip

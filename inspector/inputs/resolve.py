@@ -54,6 +54,8 @@ def merge_sources(sources: Sources, groups: tuple[str, ...], accepted: tuple[str
     merged: dict[str, Any] = {}
     for layer in layers:
         merged.update(layer)
+    if "model" in groups:
+        _check_required(merged, sources)
     if world[0] is not None:
         merged["data_parallel_size"] = _data_parallel(merged, sources.flags, world[0], world[1])
     elif world[1]:
@@ -71,6 +73,25 @@ def merge_sources(sources: Sources, groups: tuple[str, ...], accepted: tuple[str
         notes.extend(local_spec_attention_note(merged))
     args = {k: v for k, v in merged.items() if k not in BY_NAME or BY_NAME[k].group in groups}
     return Resolved(args, tuple(notes))
+
+
+# Megatron-LM's validate_args: `required_args = ['num_layers', 'hidden_size',
+# 'num_attention_heads', 'max_position_embeddings']`, each `_check_arg_is_not_none`.
+_REQUIRED = ("num_layers", "hidden_size", "num_attention_heads")
+
+
+def _check_required(merged: dict[str, Any], sources: Sources) -> None:
+    """Refuse a launch script or config file that gives no model, as Megatron-LM does, rather
+    than build the default preset's (SRUN.sh's `pretrain_gpt.py ${MEGATRON_PARAMS}` alone)."""
+    origin = sources.script or sources.config_file
+    if origin is None or sources.preset is not None or sources.hf_config is not None:
+        return
+    absent = [BY_NAME[name].flag for name in _REQUIRED if merged.get(name) is None]
+    if absent:
+        raise ConfigError(
+            f"{origin} gives no {', '.join(absent)}, which Megatron-LM requires (validate_args: "
+            "required_args); give them with their flags (or --set the variables that hold them)"
+        )
 
 
 def local_spec_attention_note(merged: dict[str, Any]) -> list[str]:
@@ -126,6 +147,10 @@ def _source_layers(
 
         config = read_config(sources.config_file)
         layers.append(_file_layer(config, sources.config_file, sources, groups, notes, accepted))
+        if config.world_size is not None and sources.flags.get("data_parallel_size") is None:
+            world = (config.world_size, config.world_origin)  # a launch script's world wins
+            notes.append(f"Note from {sources.config_file}: the world is {config.world_size} "
+                         f"GPUs: {config.world_origin}")  # fmt: skip
     if sources.script is not None:
         from inspector.inputs.sources import read_launch_script
 

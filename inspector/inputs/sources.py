@@ -195,11 +195,14 @@ def _as_bash(ctx: Context, word: str) -> str:
 def _the_launch(ctx: Context, origin: str) -> Command:
     if not ctx.commands:
         ended = f"; the script stops before any: {ctx.ended}" if ctx.ended else ""
-        if ctx.ended and ctx.unset_read:
-            found = ", ".join(f"${name} ({where})" for name, where in ctx.unset_read.items())
+        # the test whose branch exits names what decided it; otherwise every unset value read
+        guard = {name: ctx.unset_read[name] for name in ctx.guard if name in ctx.unset_read}
+        unset = guard or ctx.unset_read
+        if ctx.ended and unset:
+            found = ", ".join(f"${name} ({where})" for name, where in unset.items())
             ended += (f"; unset on the way: {found}; give "
-                      f"{'it' if len(ctx.unset_read) == 1 else 'them'} with "
-                      + " ".join(f"--set {name}=VALUE" for name in ctx.unset_read))  # fmt: skip
+                      f"{'it' if len(unset) == 1 else 'them'} with "
+                      + " ".join(f"--set {name}=VALUE" for name in unset))  # fmt: skip
         raise InputError(
             f"{origin}: found no training command (a line running torchrun/python/deepspeed on a "
             f".py file){ended}"

@@ -108,6 +108,8 @@ REFUSED: dict[str, Refusal] = {
         "training", "ModelOpt's local attention (megatron-core DotProductAttention, which stores "
         "the attention scores) in place of Transformer Engine's is not modelled"),  # fmt: skip
     "--vocab-extra-ids": Refusal("model", "extra ids change the vocabulary; pass --vocab-size"),
+    "--fine-grained-activation-offloading": Refusal(  # TransformerConfig, megatron-core 0.16
+        "training", "activation offloading to the CPU (--offload-modules) is not modelled"),
     "--moe-use-legacy-grouped-gemm": Refusal(
         "model", "the legacy GroupedMLP under Transformer Engine is not modelled"),
     "--moe-extended-tp": Refusal("layout", "removed from Megatron-LM; use "
@@ -188,7 +190,6 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--fp8-margin --fp8-interval --fp8-amax-compute-algo"
     ),
     "routing math (balanced routing is counted)": (
-        "--moe-router-load-balancing-type --moe-router-pre-softmax "
         "--moe-router-num-groups --moe-router-group-topk --moe-router-topk-scaling-factor "
         "--moe-router-bias-update-rate "
         "--moe-router-force-load-balancing --moe-aux-loss-coeff --moe-z-loss-coeff "

@@ -69,6 +69,8 @@ class ModelConfig:
     moe_layer_freq: int | tuple[int, ...] = 1
     moe_router_score_function: str = "softmax"
     moe_router_enable_expert_bias: bool = False
+    moe_router_load_balancing_type: str = "aux_loss"  # TransformerConfig's default
+    moe_router_pre_softmax: bool = False
 
     @property
     def ffn_size(self) -> int:
@@ -186,6 +188,8 @@ class ModelConfig:
             moe_layer_freq=self.moe_layer_freq,  # a tuple here; megatron takes a list
             moe_router_score_function=self.moe_router_score_function,
             moe_router_enable_expert_bias=self.moe_router_enable_expert_bias,
+            moe_router_load_balancing_type=self.moe_router_load_balancing_type,
+            moe_router_pre_softmax=self.moe_router_pre_softmax,
         )
         if self.moe_shared_expert_gate:
             fields["moe_shared_expert_gate"] = True

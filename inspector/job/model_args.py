@@ -24,7 +24,8 @@ def make_model_config(args: Mapping[str, Any]) -> ModelConfig:
         values["moe_layer_freq"] = parse_moe_layer_freq(values["moe_layer_freq"])
     else:
         values.pop("moe_layer_freq", None)
-    for name in ("moe_router_score_function", "fp8_recipe", "fp8_amax_history_len"):
+    for name in ("moe_router_score_function", "moe_router_load_balancing_type",
+                 "moe_router_pre_softmax", "fp8_recipe", "fp8_amax_history_len"):  # fmt: skip
         if values.get(name) is None:
             values.pop(name, None)
     config = ModelConfig(**values)

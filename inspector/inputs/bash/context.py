@@ -71,6 +71,10 @@ class Context:
     ended: str = ""  # where and why the script stopped early (`exit`, `set -e`), if it did
     notes: list[str] = field(default_factory=list)  # assumptions made, for stderr
     unset_read: dict[str, str] = field(default_factory=dict)  # --set name -> where read as empty
+    # the unset names read by the test being run (an `if` condition, the left of `&&`/`||`), and
+    # those of the test whose branch is running: where that branch exits, what decided it
+    reading: list[str] | None = None
+    guard: tuple[str, ...] = ()
     taint: list[Unknown] | None = None  # unknowns read while an `$(( ))` is evaluated
     assumed: int = 0  # file tests taken as true so far (conditions.py)
     # The launches of branches that a file test taken as true skipped: what the script runs

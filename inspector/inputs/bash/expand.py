@@ -116,6 +116,8 @@ class Expansion:
         return known
 
     def _read_unset(self, text: str, hint: str) -> None:
+        if self.ctx.reading is not None and hint not in self.ctx.reading:
+            self.ctx.reading.append(hint)
         if hint in self.ctx.unset_read:
             return
         self.ctx.unset_read[hint] = self.where()

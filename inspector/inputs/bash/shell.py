@@ -143,12 +143,32 @@ class Shell(Assignments):
 
     def _run_andor(self, node: AndOr) -> int:
         assumed = self.ctx.assumed
-        status = self.tested(node.first)
+        status, reads = self._test(node.first)
         for number, (op, item) in enumerate(node.rest, 1):
             if (op == "&&") == (status == 0):
-                status = self.run(item) if number == len(node.rest) else self.tested(item)
+                if number == len(node.rest):  # `[ -z $X ] && exit 1`: the test decided the exit
+                    return self._guarded(reads, item)
+                status = self.tested(item)
             elif self.ctx.assumed > assumed:  # `[ -d DIR ] || python convert.py ...`
                 self.skipped(item)
+        return status
+
+    def _test(self, node: Node) -> tuple[int, tuple[str, ...]]:
+        """Run a tested command; return its status and the unset names it read."""
+        outer, self.ctx.reading = self.ctx.reading, []
+        try:
+            status = self.tested(node)
+        finally:
+            reads, self.ctx.reading = self.ctx.reading, outer
+            if outer is not None:
+                outer.extend(name for name in reads if name not in outer)
+        return status, tuple(reads)
+
+    def _guarded(self, reads: tuple[str, ...], node: Node) -> int:
+        """Run the branch a test chose; an `exit` in it keeps ctx.guard, what the test read."""
+        guard, self.ctx.guard = self.ctx.guard, reads or self.ctx.guard
+        status = self.run(node)
+        self.ctx.guard = guard
         return status
 
     def _run_pipeline(self, node: Pipeline) -> int:
@@ -215,13 +235,14 @@ class Shell(Assignments):
     def _run_if(self, node: If) -> int:
         for number, (cond, body) in enumerate(node.clauses):
             assumed = self.ctx.assumed
-            if self.condition(cond) == 0:
+            status, reads = self._test(cond)
+            if status == 0:
                 if self.ctx.assumed > assumed:  # `if [ -d DIR ]; then ...; else convert; fi`
                     for _, other in node.clauses[number + 1:]:
                         self.skipped(other)
                     if node.otherwise:
                         self.skipped(node.otherwise)
-                return self.run(body)
+                return self._guarded(reads, body)
             if self.ctx.assumed > assumed:  # `if [[ ! -d DIR ]]; then convert; fi`
                 self.skipped(body)
         return self.run(node.otherwise) if node.otherwise else 0
@@ -341,6 +362,11 @@ class Shell(Assignments):
             return 0
         # the launch keeps unset values (a flag's value the model may need); bash drops them
         argv = [text for text, _ in fields]
+        if argv[0] in ("[", "test"):  # `[ -z $1 ]`: the vanished word still decides the test
+            for text, _ in (field for field in fields if field[1]):
+                for unknown in self.ctx.held(text):
+                    if unknown.hint is not None:
+                        self._read_unset(unknown.text, unknown.hint)
         bash_argv = [text for text, vanishes in fields if not vanishes]
         prefix = {a.name: self.expand_string(a.value) for a in node.assigns if a.value}
         status = self.commands.run(self, argv, node, prefix, arrays, bash_argv)
