@@ -93,7 +93,9 @@ def _source_layers(
     sources: Sources, groups: tuple[str, ...], notes: list[str]
 ) -> tuple[list[dict[str, Any]], tuple[int | None, str]]:
     """Return the argument layers, the lowest first, and the launch script's world size."""
-    layers: list[dict[str, Any]] = []
+    # Megatron-LM's default backend (arguments.py: --attention-backend default AttnBackend.auto),
+    # for every job: Transformer Engine picks flash/fused attention in 16 bits (job.py)
+    layers: list[dict[str, Any]] = [{"attention_backend": "auto"}]
     world: tuple[int | None, str] = (None, "")
     if sources.preset is not None:
         from inspector.inputs.presets import get_preset
@@ -151,10 +153,10 @@ def _megatron_lm_defaults(args: dict[str, Any]) -> dict[str, Any]:
     """Return a config file's or launch script's arguments with Megatron-LM's own defaults.
 
     A Megatron-LM job that does not name --transformer-impl runs Transformer Engine (Megatron-LM
-    arguments.py: default "transformer_engine"), so the file means it too; likewise
-    --attention-backend auto (fused/flash attention in 16 bits). Flags still win.
+    arguments.py: default "transformer_engine"), so the file means it too. Flags still win.
+    (--attention-backend auto, Megatron-LM's other default here, every job gets: _source_layers.)
     """
-    return {"transformer_impl": "transformer_engine", "attention_backend": "auto", **args}
+    return {"transformer_impl": "transformer_engine", **args}
 
 
 _SETTING = re.compile(r"^([A-Za-z_]\w*|[1-9]\d*)=(.*)$", re.S)
