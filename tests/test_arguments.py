@@ -88,6 +88,38 @@ def test_attention_backend(cli, backend, scores):
         assert got == layers(cli, *te, "--use-flash-attn")
 
 
+TE = ("--transformer-impl", "transformer_engine")
+
+
+def flash_attention(cli, *extra: str) -> bool:
+    result = cli("memory", *SMALL, *extra, "--format", "json")
+    assert result.code == 0, result.err
+    return json.loads(result.out)["training"]["use_flash_attn"]
+
+
+def test_flags_alone_default_to_megatron_lms_auto_backend(cli):
+    # Megatron-LM's --attention-backend default is auto: Transformer Engine picks flash/fused
+    # attention in bf16, so a job given by flags alone stores no s x s scores either
+    assert flash_attention(cli, *TE) is True
+    assert flash_attention(cli, *TE, "--attention-backend", "unfused") is False
+    assert flash_attention(cli, *TE, "--no-use-flash-attn") is False
+    assert flash_attention(cli, *TE, "--no-use-flash-attn", "--attention-backend", "fused") is True
+    assert flash_attention(cli) is False  # the local spec's unfused DotProductAttention
+    assert layers(cli, *TE) == layers(cli, *TE, "--use-flash-attn")
+    # by hand: unfused keeps per layer the bf16 softmax output (2as^2b), dropout mask (as^2b)
+    # and dropout output (2as^2b); flash its fp32 log-sum-exp (4asb) instead
+    unfused = layers(cli, *TE, "--attention-backend", "unfused")
+    assert unfused - layers(cli, *TE) == L * (5 * a * s * s * b - 4 * a * s * b) == 79_872
+
+
+def test_the_default_backend_allows_context_parallelism_under_te(cli):
+    # context parallelism runs only through TE's flash/fused attention, which auto picks in bf16
+    assert flash_attention(cli, *TE, "--cp", "2") is True
+    result = cli("memory", *SMALL, *TE, "--cp", "2", "--attention-backend", "unfused")
+    assert result.code == 2
+    assert result.err.startswith("Error: --context-parallel-size 2 needs --use-flash-attn")
+
+
 def test_auto_backend_in_fp32_stores_scores(cli):
     fp32 = [x for x in SMALL if x != "--bf16"]
     result = cli("memory", *fp32, "--attention-backend", "auto", "--format", "json")
