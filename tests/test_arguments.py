@@ -112,6 +112,30 @@ def test_flags_alone_default_to_megatron_lms_auto_backend(cli):
     assert unfused - layers(cli, *TE) == L * (5 * a * s * s * b - 4 * a * s * b) == 79_872
 
 
+def test_the_engine_runs_the_backend_asked_for(cli):
+    # megatron's engine builds the model with the job's backend (megatron's LanguageModule sets
+    # TE's NVTE_* opt-outs from it): unfused keeps the s x s softmax output per layer, 2as^2b in
+    # bf16, where fused keeps its fp32 log-sum-exp, 4asb (each allocation rounded to 512 bytes)
+    seq = 256
+    args = [str(seq) if flag == "--seq-length" else word
+            for flag, word in zip(("", *SMALL), SMALL)] + list(TE)  # fmt: skip
+
+    def engine(*extra: str) -> int:
+        result = cli("memory", *args, *extra, "--format", "json")
+        assert result.code == 0, result.err
+        stage = json.loads(result.out)["stages"][0]["activations"]
+        assert stage["source"] == "engine"
+        return stage["total"]
+
+    no_dropout = ("--attention-dropout", "0")
+    unfused = ("--attention-backend", "unfused")
+    stored = engine(*no_dropout, *unfused) - engine(*no_dropout)
+    assert abs(stored - L * (2 * a * seq * seq * b - 4 * a * seq * b)) <= L * 512
+    # with dropout, its 1-byte mask and 2-byte dropped copy of the scores, 3as^2b per layer
+    assert engine(*unfused) - engine(*no_dropout, *unfused) == L * 3 * a * seq * seq * b
+    assert engine() == engine(*no_dropout)  # fused attention's dropout keeps no mask
+
+
 def test_the_default_backend_allows_context_parallelism_under_te(cli):
     # context parallelism runs only through TE's flash/fused attention, which auto picks in bf16
     assert flash_attention(cli, *TE, "--cp", "2") is True

@@ -93,9 +93,7 @@ def _source_layers(
     sources: Sources, groups: tuple[str, ...], notes: list[str]
 ) -> tuple[list[dict[str, Any]], tuple[int | None, str]]:
     """Return the argument layers, the lowest first, and the launch script's world size."""
-    # Megatron-LM's default backend (arguments.py: --attention-backend default AttnBackend.auto),
-    # for every job: Transformer Engine picks flash/fused attention in 16 bits (job.py)
-    layers: list[dict[str, Any]] = [{"attention_backend": "auto"}]
+    layers: list[dict[str, Any]] = []
     world: tuple[int | None, str] = (None, "")
     if sources.preset is not None:
         from inspector.inputs.presets import get_preset
@@ -154,7 +152,7 @@ def _megatron_lm_defaults(args: dict[str, Any]) -> dict[str, Any]:
 
     A Megatron-LM job that does not name --transformer-impl runs Transformer Engine (Megatron-LM
     arguments.py: default "transformer_engine"), so the file means it too. Flags still win.
-    (--attention-backend auto, Megatron-LM's other default here, every job gets: _source_layers.)
+    (--attention-backend's default, auto, every job gets where nothing names one: job.py.)
     """
     return {"transformer_impl": "transformer_engine", **args}
 
