@@ -88,6 +88,62 @@ def test_attention_backend(cli, backend, scores):
         assert got == layers(cli, *te, "--use-flash-attn")
 
 
+TE = ("--transformer-impl", "transformer_engine")
+
+
+def flash_attention(cli, *extra: str) -> bool:
+    result = cli("memory", *SMALL, *extra, "--format", "json")
+    assert result.code == 0, result.err
+    return json.loads(result.out)["training"]["use_flash_attn"]
+
+
+def test_flags_alone_default_to_megatron_lms_auto_backend(cli):
+    # Megatron-LM's --attention-backend default is auto: Transformer Engine picks flash/fused
+    # attention in bf16, so a job given by flags alone stores no s x s scores either
+    assert flash_attention(cli, *TE) is True
+    assert flash_attention(cli, *TE, "--attention-backend", "unfused") is False
+    assert flash_attention(cli, *TE, "--no-use-flash-attn") is False
+    assert flash_attention(cli, *TE, "--no-use-flash-attn", "--attention-backend", "fused") is True
+    assert flash_attention(cli) is False  # the local spec's unfused DotProductAttention
+    assert layers(cli, *TE) == layers(cli, *TE, "--use-flash-attn")
+    # by hand: unfused keeps per layer the bf16 softmax output (2as^2b), dropout mask (as^2b)
+    # and dropout output (2as^2b); flash its fp32 log-sum-exp (4asb) instead
+    unfused = layers(cli, *TE, "--attention-backend", "unfused")
+    assert unfused - layers(cli, *TE) == L * (5 * a * s * s * b - 4 * a * s * b) == 79_872
+
+
+def test_the_engine_runs_the_backend_asked_for(cli):
+    # megatron's engine builds the model with the job's backend (megatron's LanguageModule sets
+    # TE's NVTE_* opt-outs from it): unfused keeps the s x s softmax output per layer, 2as^2b in
+    # bf16, where fused keeps its fp32 log-sum-exp, 4asb (each allocation rounded to 512 bytes)
+    seq = 256
+    args = [str(seq) if flag == "--seq-length" else word
+            for flag, word in zip(("", *SMALL), SMALL)] + list(TE)  # fmt: skip
+
+    def engine(*extra: str) -> int:
+        result = cli("memory", *args, *extra, "--format", "json")
+        assert result.code == 0, result.err
+        stage = json.loads(result.out)["stages"][0]["activations"]
+        assert stage["source"] == "engine"
+        return stage["total"]
+
+    no_dropout = ("--attention-dropout", "0")
+    unfused = ("--attention-backend", "unfused")
+    stored = engine(*no_dropout, *unfused) - engine(*no_dropout)
+    assert abs(stored - L * (2 * a * seq * seq * b - 4 * a * seq * b)) <= L * 512
+    # with dropout, its 1-byte mask and 2-byte dropped copy of the scores, 3as^2b per layer
+    assert engine(*unfused) - engine(*no_dropout, *unfused) == L * 3 * a * seq * seq * b
+    assert engine() == engine(*no_dropout)  # fused attention's dropout keeps no mask
+
+
+def test_the_default_backend_allows_context_parallelism_under_te(cli):
+    # context parallelism runs only through TE's flash/fused attention, which auto picks in bf16
+    assert flash_attention(cli, *TE, "--cp", "2") is True
+    result = cli("memory", *SMALL, *TE, "--cp", "2", "--attention-backend", "unfused")
+    assert result.code == 2
+    assert result.err.startswith("Error: --context-parallel-size 2 needs --use-flash-attn")
+
+
 def test_auto_backend_in_fp32_stores_scores(cli):
     fp32 = [x for x in SMALL if x != "--bf16"]
     result = cli("memory", *fp32, "--attention-backend", "auto", "--format", "json")

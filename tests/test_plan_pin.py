@@ -147,6 +147,16 @@ def test_flash_attention_can_be_off(off: tuple[str, ...]) -> None:
     te = ("--transformer-impl", "transformer_engine")
     on = plans("--gpus", "8", "--global-batch-size", "64", "--bf16", *te, "--top", "1")["plans"]
     assert "--use-flash-attn" in on[0]["flags"]
+    # under Transformer Engine Megatron-LM's default backend (auto) runs flash/fused attention
+    # in bf16: a plan without it says --attention-backend unfused, and `memory` reads it so
+    off_te = plans("--gpus", "8", "--global-batch-size", "64", "--bf16", *te, *off,
+                   "--top", "1")["plans"]
+    assert off_te and "--attention-backend unfused" in off_te[0]["flags"]
+    flags = [word for flag in off_te[0]["flags"] for word in shlex.split(flag)]
+    pasted = cli("memory", "--format", "json", "--bf16", *te, *flags,
+                 "--dp", str(off_te[0]["layout"]["dp"]))
+    assert pasted.returncode == 0, pasted.stderr
+    assert json.loads(pasted.stdout)["training"]["use_flash_attn"] is False
     # megatron-core's local spec has only its unfused attention: no plan of it asks for flash
     local = plans("--gpus", "8", "--global-batch-size", "64", "--bf16", "--top", "20")["plans"]
     assert local and not any("--use-flash-attn" in p["flags"] for p in local)

@@ -234,7 +234,7 @@ def engine_gap(job: Job) -> str | None:
     """Return what of the job the engine cannot run, or None.
 
     The command line admits no such job today: TE's context-parallel attention runs only in
-    fp16/bf16 (`--use-flash-attn` is required for it, and needs --bf16 or --fp16); this guards
+    fp16/bf16 (it needs flash/fused attention, the auto backend's choice in 16 bits only); this guards
     a job built otherwise."""
     model = job.model
     if model.transformer_impl == "transformer_engine" and job.layout.cp > 1:

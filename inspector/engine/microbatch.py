@@ -86,6 +86,13 @@ def runtime_config(job: Job) -> dict[str, Any]:
         gradient_accumulation_fusion=te and on["gradient_accumulation_fusion"],
         deallocate_pipeline_outputs=True,
     )
+    if te and not training.flash_attention:
+        # --attention-backend unfused (or auto in fp32, the same): megatron's LanguageModule
+        # (_set_attention_backend) opts TE out of flash and fused attention, NVTE_FLASH_ATTN=0
+        # NVTE_FUSED_ATTN=0, and TE's unfused attention stores the s x s scores (world/te)
+        from megatron.core.transformer.enums import AttnBackend
+
+        fields["attention_backend"] = AttnBackend.unfused
     if model.mtp_num_layers:
         # Megatron-LM's --mtp-loss-scaling-factor default (arguments.py: 0.1), which
         # core_transformer_config_from_args copies (megatron-core 0.13's own default is None)

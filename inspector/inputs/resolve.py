@@ -199,10 +199,10 @@ def _megatron_lm_defaults(args: dict[str, Any]) -> dict[str, Any]:
     """Return a config file's or launch script's arguments with Megatron-LM's own defaults.
 
     A Megatron-LM job that does not name --transformer-impl runs Transformer Engine (Megatron-LM
-    arguments.py: default "transformer_engine"), so the file means it too; likewise
-    --attention-backend auto (fused/flash attention in 16 bits). Flags still win.
+    arguments.py: default "transformer_engine"), so the file means it too. Flags still win.
+    (--attention-backend's default, auto, every job gets where nothing names one: job.py.)
     """
-    return {"transformer_impl": "transformer_engine", "attention_backend": "auto", **args}
+    return {"transformer_impl": "transformer_engine", **args}
 
 
 _SETTING = re.compile(r"^([A-Za-z_]\w*|[1-9]\d*)=(.*)$", re.S)

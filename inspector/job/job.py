@@ -291,11 +291,13 @@ def _flash_attention(args: Mapping[str, Any]) -> bool:
     get_gpt_layer_local_spec) runs its own unfused DotProductAttention whatever the flags say.
 
     --use-flash-attn wins; then --attention-backend: flash and fused never store the scores,
-    unfused and local do, and auto (Megatron-LM's default, which config files and launch scripts
-    get) lets Transformer Engine pick flash/fused attention in 16 bits, and unfused otherwise
-    (fp32, or the local spec, whose DotProductAttention is unfused).
+    unfused and local do, and auto (Megatron-LM's default, arguments.py: AttnBackend.auto, so
+    also where no source names a backend) lets Transformer Engine pick flash/fused attention in
+    16 bits, and unfused otherwise (fp32, or the local spec, whose DotProductAttention is
+    unfused). --no-use-flash-attn (a config file's `false`) turns auto's flash off, as `plan`
+    reads it (plan/request.py _flash).
     """
-    backend = args.get("attention_backend")
+    backend = args.get("attention_backend") or "auto"
     if args.get("transformer_impl") != "transformer_engine":
         return False  # the local spec's DotProductAttention (see local_spec_attention_note)
     if args.get("use_flash_attn"):
@@ -307,7 +309,7 @@ def _flash_attention(args: Mapping[str, Any]) -> bool:
         return True
     if backend in ("flash", "fused"):
         return True
-    if backend == "auto":
+    if backend == "auto" and args.get("use_flash_attn") is not False:
         sixteen_bit = bool(args.get("bf16") or args.get("fp16"))
         return sixteen_bit and args.get("transformer_impl") == "transformer_engine"
     return False

@@ -20,6 +20,9 @@ def megatron_flags(job: Job, split: Split) -> list[str]:
     out += [f"--no-{name.replace('_', '-')}" for name in training.unfused]
     if training.flash_attention:
         out.append("--use-flash-attn")
+    elif job.model.transformer_impl == "transformer_engine" and job.model.dtype_name != "float32":
+        # Megatron-LM's default backend (auto) would pick flash/fused attention here
+        out.append("--attention-backend unfused")
     if job.model.num_experts is not None and training.moe_token_dispatcher_type != "allgather":
         out.append(f"--moe-token-dispatcher-type {training.moe_token_dispatcher_type}")
         if training.moe_token_dispatcher_type == "flex":  # plan/flex.py: the backend's spelling

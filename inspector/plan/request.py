@@ -217,15 +217,16 @@ def pinned(args: dict[str, Any]) -> dict[str, Any]:
 def _flash(args: dict[str, Any]) -> bool | None:
     """Return flash attention as the user fixed it (None: searched as on in 16 bits).
 
-    Megatron-LM's meaning: --use-flash-attn on, --no-use-flash-attn (a config file's `false`) or
-    --attention-backend unfused/local off, flash/fused on; auto leaves it to the plan.
+    As `memory` reads them (job.py _flash_attention): --use-flash-attn or --attention-backend
+    flash/fused on, --attention-backend unfused/local or --no-use-flash-attn (a config file's
+    `false`) off; auto, Megatron-LM's default, leaves it to the plan.
     """
     backend = args.get("attention_backend")
-    if args.get("use_flash_attn") is False:
-        return False
     if args.get("use_flash_attn") or backend in ("flash", "fused"):
         return True
-    return False if backend in ("unfused", "local") else None
+    if args.get("use_flash_attn") is False or backend in ("unfused", "local"):
+        return False
+    return None
 
 
 def divisors(n: int) -> list[int]:

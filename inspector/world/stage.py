@@ -13,6 +13,7 @@ import contextlib
 import io
 import logging
 import math
+import os
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -151,6 +152,7 @@ def _build_chunk(
     post = ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
     with m.torch.device("meta"), _cuda_for(model):
         spec = _layer_spec(m, model, config, vp_stage)
+        _fresh_attention_env()
         gpt = m.GPTModel(
             mtp_block_spec=_mtp_block_spec(m, model, config, vp_stage),
             config=config,
@@ -169,6 +171,16 @@ def _build_chunk(
     layers = tuple(layer.layer_number for layer in gpt.decoder.layers)
     sizes = checkpoint_sizes(gpt) if checkpoint else {}
     return StageModel(stage, chunk, expert_rank, gpt, layers, pre, post, sizes)
+
+
+def _fresh_attention_env() -> None:
+    """Clear TE's attention opt-outs, as a fresh Megatron-LM process starts: megatron's
+    LanguageModule._set_attention_backend sets NVTE_FLASH_ATTN, NVTE_FUSED_ATTN and
+    NVTE_UNFUSED_ATTN from config.attention_backend and asserts any value already set agrees, so
+    one process building jobs of different backends (and a user's own NVTE_* settings) would
+    fail or leak into the next build; the TE stand-in reads them as TE does (world/te)."""
+    for name in ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN"):
+        os.environ.pop(name, None)
 
 
 def _check_mtp_placed(gpt: Any, layout: Layout, stage: int, chunk: int) -> None:
