@@ -89,7 +89,7 @@ def test_first_and_last_stage_layers_are_kept_as_megatron_splits_them() -> None:
 
 def test_first_stage_layers_with_a_searched_pipeline_size() -> None:
     found = plans("--gpus", "8", "--global-batch-size", "64",
-                  "--decoder-first-pipeline-num-layers", "4", "--top", "20")["plans"]
+                  "--decoder-first-pipeline-num-layers", "4", "--top", "5")["plans"]
     assert found
     for plan in found:
         pp = plan["layout"]["pp"]
@@ -125,40 +125,42 @@ def test_a_pinned_split_megatron_refuses_is_refused_naming_the_flag(
 
 def test_the_distributed_optimizer_can_be_off() -> None:
     found = plans("--gpus", "8", "--global-batch-size", "64", "--no-use-distributed-optimizer",
-                  "--top", "20")["plans"]
+                  "--top", "5")["plans"]
     assert found and not any(p["distributed_optimizer"] for p in found)
     found = plans("--gpus", "8", "--global-batch-size", "64", "--use-distributed-optimizer",
-                  "--top", "20")["plans"]
+                  "--top", "5")["plans"]
     assert found and all(p["distributed_optimizer"] for p in found)
 
 
 def test_sequence_parallelism_can_be_off() -> None:
     found = plans("--gpus", "8", "--global-batch-size", "64", "--tp", "2",
-                  "--no-sequence-parallel", "--top", "20")["plans"]
+                  "--no-sequence-parallel", "--top", "5")["plans"]
     assert found and not any(p["layout"]["sequence_parallel"] for p in found)
     assert not any("--sequence-parallel" in p["flags"] for p in found)
 
 
 @pytest.mark.parametrize("off", [("--no-use-flash-attn",), ("--attention-backend", "unfused")])
 def test_flash_attention_can_be_off(off: tuple[str, ...]) -> None:
-    found = plans("--gpus", "8", "--global-batch-size", "64", "--bf16", *off,
-                  "--top", "20")["plans"]
+    # under Transformer Engine Megatron-LM's default backend (auto) runs flash/fused attention
+    # in bf16: a plan without it says --attention-backend unfused, and `memory` reads it so
+    te = ("--transformer-impl", "transformer_engine")
+    found = plans("--gpus", "8", "--global-batch-size", "64", "--bf16", *te, *off,
+                  "--top", "5")["plans"]
     assert found and not any("--use-flash-attn" in p["flags"] for p in found)
+    assert all("--attention-backend unfused" in p["flags"] for p in found)
+    flags = [word for flag in found[0]["flags"] for word in shlex.split(flag)]
+    pasted = cli("memory", "--format", "json", "--bf16", *te, *flags,
+                 "--dp", str(found[0]["layout"]["dp"]))
+    assert pasted.returncode == 0, pasted.stderr
+    assert json.loads(pasted.stdout)["training"]["use_flash_attn"] is False
+
+
+def test_flash_attention_is_on_under_te_and_never_on_the_local_spec() -> None:
     te = ("--transformer-impl", "transformer_engine")
     on = plans("--gpus", "8", "--global-batch-size", "64", "--bf16", *te, "--top", "1")["plans"]
     assert "--use-flash-attn" in on[0]["flags"]
-    # under Transformer Engine Megatron-LM's default backend (auto) runs flash/fused attention
-    # in bf16: a plan without it says --attention-backend unfused, and `memory` reads it so
-    off_te = plans("--gpus", "8", "--global-batch-size", "64", "--bf16", *te, *off,
-                   "--top", "1")["plans"]
-    assert off_te and "--attention-backend unfused" in off_te[0]["flags"]
-    flags = [word for flag in off_te[0]["flags"] for word in shlex.split(flag)]
-    pasted = cli("memory", "--format", "json", "--bf16", *te, *flags,
-                 "--dp", str(off_te[0]["layout"]["dp"]))
-    assert pasted.returncode == 0, pasted.stderr
-    assert json.loads(pasted.stdout)["training"]["use_flash_attn"] is False
     # megatron-core's local spec has only its unfused attention: no plan of it asks for flash
-    local = plans("--gpus", "8", "--global-batch-size", "64", "--bf16", "--top", "20")["plans"]
+    local = plans("--gpus", "8", "--global-batch-size", "64", "--bf16", "--top", "5")["plans"]
     assert local and not any("--use-flash-attn" in p["flags"] for p in local)
 
 
@@ -240,7 +242,7 @@ def test_expert_tensor_parallel_with_biases_is_refused_naming_the_flag() -> None
 
 def test_layers_per_virtual_stage_are_kept() -> None:
     found = plans("--gpus", "8", "--global-batch-size", "64",
-                  "--num-layers-per-virtual-pipeline-stage", "2", "--top", "20")["plans"]
+                  "--num-layers-per-virtual-pipeline-stage", "2", "--top", "5")["plans"]
     assert found
     for plan in found:  # every chunk 2 layers: vpp = (12 / pp) / 2
         assert set(plan["split"]) == {2} and plan["layout"]["vpp"] * plan["layout"]["pp"] == 6
