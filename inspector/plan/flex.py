@@ -55,7 +55,8 @@ TOPK_ENTRY_BYTES = 4 + 4  # an int index and a float weight per top-k entry
 
 @caches.memo(maxsize=None)
 def megatron_version() -> tuple[int, int]:
-    """Return the installed megatron-core's (major, minor), read from its package metadata."""
+    """Return the installed megatron-core's (major, minor), read from its package metadata (no
+    megatron import); the planner's one reader of it (layouts.py and request.py ask it too)."""
     from importlib import metadata
 
     try:

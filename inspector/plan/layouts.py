@@ -154,13 +154,9 @@ def mtp_in_layouts() -> bool:
     """Return whether the installed megatron-core builds MTP from a layout string (0.14+; 0.13's
     PipelineParallelLayerLayout raises "MTP layer is not supported for flexible pipeline layout").
     Read from the package metadata, which imports no megatron."""
-    from importlib import metadata
+    from inspector.plan.flex import megatron_version
 
-    try:
-        version = metadata.version("megatron-core")
-    except metadata.PackageNotFoundError:
-        return True
-    return tuple(int(x) for x in version.split(".")[:2] if x.isdigit()) >= (0, 14)
+    return megatron_version() >= (0, 14)
 
 
 def splits(req: Request, lay: Layout, v: int, first: float, last: float) -> list[Split]:

@@ -256,13 +256,9 @@ def etp_bias_refused() -> bool:
     """Return whether the installed megatron-core has that assert: 0.16.1 has it, 0.13.1 does
     not; from 0.14 on it is assumed (a layout not offered rather than one megatron refuses).
     Read from the package metadata, which imports no megatron (as layouts.mtp_in_layouts)."""
-    from importlib import metadata
+    from inspector.plan.flex import megatron_version
 
-    try:
-        version = metadata.version("megatron-core")
-    except metadata.PackageNotFoundError:
-        return True
-    return tuple(int(x) for x in version.split(".")[:2] if x.isdigit()) >= (0, 14)
+    return megatron_version() >= (0, 14)
 
 
 def _check_expert_tp(model: ModelConfig, fixed: dict[str, Any]) -> None:
