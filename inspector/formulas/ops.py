@@ -119,11 +119,14 @@ def linear(
 class _Pass:
     """Forward and backward op lists being filled side by side."""
 
-    def __init__(self, fused: bool = True, fp8: bool = False) -> None:
+    def __init__(self, fused: bool = True, fp8: bool = False, amax: bool = False,
+                 norm_fused: frozenset[str] = frozenset()) -> None:  # fmt: skip
         self.forward: list[Op] = []
         self.backward: list[Op] = []
         self.fused = fused
         self.fp8 = fp8  # Transformer Engine's linears in fp8 (megatron's router stays 16-bit)
+        self.amax = amax  # current scaling (`tensorwise`): an amax pass before each cast
+        self.norm_fused = norm_fused  # linears whose norm kernel computes the input's amax
 
     def linear(self, name: str, tokens: int, fan_in: int, fan_out: int, expert: bool = False,
                count: int = 1) -> None:
@@ -132,12 +135,17 @@ class _Pass:
         Under fp8 the GEMMs run at the fp8 peak (kernels.py) and Transformer Engine first casts
         the input (forward) and the output gradient (backward) to fp8 with its transpose: a pass
         reading 2 bytes and writing 1 + 1 per element (TE's cast_transpose, one per GEMM input).
+        With current scaling the cast's amax is computed first (`_amax`).
         """
         fp8 = self.fp8 and name != "router"
         forward, *backward = linear(name, tokens, fan_in, fan_out, expert, fp8)
         if fp8:
+            if self.amax and name not in self.norm_fused:
+                self.forward.append(_amax(name, count * tokens * fan_in))
             self.forward.append(Memory(name + " fp8 cast", "copy", count * tokens * fan_in, 4))
             self.backward.append(Memory(name + " fp8 cast", "copy", count * tokens * fan_out, 4))
+            if self.amax:
+                self.backward.append(_amax(name, count * tokens * fan_out))
         self.forward += [forward] * count
         self.backward += backward * count
         if not self.fused:  # fp32 main_grad += 16-bit grad: read 4 + 2, write 4 bytes
@@ -148,6 +156,29 @@ class _Pass:
         """Add a memory-bound op moving `forward` / `backward` bytes per element."""
         self.forward.append(Memory(name, cls, elements, forward))  # type: ignore[arg-type]
         self.backward.append(Memory(name + " backward", cls, elements, backward))  # type: ignore[arg-type]
+
+
+def _amax(name: str, elements: int) -> Memory:
+    """Return the amax pass Transformer Engine's current scaling makes before a cast to fp8.
+
+    TE pytorch/csrc/quantizer.cpp `Float8CurrentScalingQuantizer::quantize_impl`: with
+    `compute_amax` it runs `nvte_compute_amax_with_config` over the 16-bit input (reads 2 bytes
+    an element), then the scale, then the cast (`nvte_quantize_v2`). `quantize_with_amax` skips
+    it where the kernel before computed the amax: TE's LayerNorm/RMSNorm forward
+    (extensions/normalization.cpp, `FUSED_NORM_AMAX_FP8`), i.e. a LayerNormLinear's input.
+    Priced at the copy rate for the bytes read.
+    """
+    return Memory(name + " fp8 amax", "copy", elements, 2)
+
+
+def _norm_fused(dims: ModelDims) -> frozenset[str]:
+    """Return the linears megatron-core's Transformer Engine spec builds as
+    TELayerNormColumnParallelLinear (gpt_layer_specs.py: the QKV and a dense layer's fc1; MLA's
+    up projections with --qk-layernorm), whose input's amax the norm kernel computes."""
+    names = {"QKV", "MLP fc1"}
+    if dims.multi_latent_attention and dims.qk_layernorm:
+        names |= {"q up projection", "kv up projection"}
+    return frozenset(names)
 
 
 def _residual(p: _Pass, dims: ModelDims, name: str, elements: int, act: int) -> None:
@@ -252,6 +283,9 @@ def _attention(p: _Pass, dims: ModelDims, z: Shard, tokens: int, core: _Pass) ->
     h, d, t = dims.hidden_size, dims.head_dim, z.tp
     heads, groups = dims.num_attention_heads // t, max(dims.query_groups // t, 1)
     p.linear("QKV", tokens, h, (heads + 2 * groups) * d)
+    if dims.qk_layernorm:  # attention.py: q_layernorm(query), k_layernorm(key), per head
+        p.memory("QK norm", "rms_norm", tokens * (heads + groups) * d,
+                 2 * dims.activation_bytes, 3 * dims.activation_bytes)
     if not dims.fused_kernels:  # no Transformer Engine (apex alone: the same torch.split)
         # attention.py get_query_key_value_tensors: torch.split of the QKV output (Transformer
         # Engine's SplitAlongDim where installed); its backward is one torch.cat of the three
@@ -307,7 +341,8 @@ def layer_ops(dims: ModelDims, z: Shard, moe: bool) -> LayerOps:
     tokens = dims.seq_length * z.micro_batch // z.cp
     local = tokens // z.tp if z.sequence_parallel else tokens  # the norms' and residuals' rows
     elements, act = local * dims.hidden_size, dims.activation_bytes
-    p = _Pass(dims.fused_kernels, dims.fp8 is not None)
+    p = _Pass(dims.fused_kernels, dims.fp8 is not None, dims.fp8_recipe == "tensorwise",
+              _norm_fused(dims))
     _residual(p, dims, "input norm", elements, act)
     norms = p.forward[-1:]
     core = _core_attention(dims, z, dims.flash_attention, dims.fused_kernels)

@@ -32,7 +32,7 @@ from inspector.job.dims import warmup_steps
 
 MLP_NODE = ("expert fc1", "expert activation", "expert fc2")
 COMBINE_NODE = ("unpermute", "MLP bias-dropout-add")
-_SUFFIXES = (" backward", " dgrad", " wgrad", " fp8 cast", " main_grad.add_")
+_SUFFIXES = (" backward", " dgrad", " wgrad", " fp8 cast", " fp8 amax", " main_grad.add_")
 PAIRS = 8  # layer pairs replayed to reach the steady state (a pair's time is exact past 2)
 
 

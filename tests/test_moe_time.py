@@ -1,0 +1,62 @@
+"""What an MoE recipe's step runs that the time model once left out (bench/RESULTS.md, "What the
+MoE step leaves unpriced"): Qwen3's per-head Q and K norms, Transformer Engine's amax pass under
+current scaling, and the streaming multiprocessors a fused dispatch kernel takes from the
+compute it overlaps. Each term is computed here by hand from its source's arithmetic.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from inspector.formulas.kernels import Memory, device_of, op_seconds
+from inspector.formulas.ops import Shard, layer_ops
+from inspector.job.dims import ModelDims
+from inspector.job.hardware import GPUS
+
+SEQ, HIDDEN, HEADS, GROUPS, HEAD = 512, 256, 8, 2, 32
+
+
+def _dims(**extra: object) -> ModelDims:
+    return ModelDims(2, HIDDEN, HEADS, SEQ, 1024, num_query_groups=GROUPS, swiglu=True,
+                     flash_attention=True, **extra)  # type: ignore[arg-type]  # fmt: skip
+
+
+def _named(ops, name: str) -> list[Memory]:
+    return [op for op in ops if isinstance(op, Memory) and op.name == name]
+
+
+def test_qk_layernorm_normalises_each_query_and_key_head():
+    # megatron-core attention.py: query = q_layernorm(query), key = k_layernorm(key), on the
+    # rank's heads (a / t query heads, g / t key heads) of head size d, for every token
+    z = Shard(tp=2, micro_batch=2)
+    tokens = SEQ * 2
+    ops = layer_ops(_dims(qk_layernorm=True), z, False)
+    (forward,) = _named(ops.forward, "QK norm")
+    (backward,) = _named(ops.backward, "QK norm backward")
+    assert forward.elements == tokens * (HEADS // 2 + GROUPS // 2) * HEAD == 163_840
+    assert (forward.cls, forward.bytes_per_element, backward.bytes_per_element) == ("rms_norm", 4, 6)
+    assert not _named(layer_ops(_dims(), z, False).forward, "QK norm")
+
+
+def test_current_scaling_reads_each_fp8_input_once_more_for_its_amax():
+    z = Shard(micro_batch=1)
+    delayed = layer_ops(_dims(fp8="hybrid", fp8_recipe="delayed"), z, False)
+    current = layer_ops(_dims(fp8="hybrid", fp8_recipe="tensorwise"), z, False)
+    assert not [op for op in delayed.forward + delayed.backward if op.name.endswith("amax")]
+    forward = {op.name: op for op in current.forward if op.name.endswith("fp8 amax")}
+    backward = {op.name: op for op in current.backward if op.name.endswith("fp8 amax")}
+    # TE's LayerNormLinear (QKV, a dense fc1) gets the amax from its norm kernel: no pass
+    assert sorted(forward) == ["MLP fc2 fp8 amax", "attention output fp8 amax"]
+    assert sorted(backward) == ["MLP fc1 fp8 amax", "MLP fc2 fp8 amax", "QKV fp8 amax",
+                                "attention output fp8 amax"]  # fmt: skip
+    ffn = 4 * HIDDEN  # ModelDims' default f = 4h
+    assert forward["MLP fc2 fp8 amax"].elements == SEQ * ffn  # fc2 reads the f-wide activation
+    assert backward["QKV fp8 amax"].elements == SEQ * (HEADS + 2 * GROUPS) * HEAD
+    assert {op.bytes_per_element for op in (*forward.values(), *backward.values())} == {2}
+    # each pass costs its 2 bytes an element at the copy rate: the layers differ by exactly those
+    h100 = device_of(GPUS["h100"])
+    extra = sum(op_seconds(op, h100) for op in (*forward.values(), *backward.values()))
+    gap = sum(op_seconds(op, h100) for op in current.forward + current.backward) - sum(
+        op_seconds(op, h100) for op in delayed.forward + delayed.backward)
+    assert gap == pytest.approx(extra)
+    assert extra > 0
