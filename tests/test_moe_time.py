@@ -60,3 +60,34 @@ def test_current_scaling_reads_each_fp8_input_once_more_for_its_amax():
         op_seconds(op, h100) for op in delayed.forward + delayed.backward)
     assert gap == pytest.approx(extra)
     assert extra > 0
+
+
+def test_an_exchange_kernel_slows_the_compute_beside_it_by_its_share_of_the_sms():
+    from inspector.plan.overlap import Nodes, pair_seconds
+
+    # compute-bound pair (tests/test_moe_overlap.py: 6 s of compute, exchanges of 0.01 s): each
+    # of the four exchanges runs beside one compute node, which does 0.01 (1 - f) s of work in
+    # those 0.01 s instead of 0.01: the pair grows by 4 x 0.01 x f
+    kw = dict(attn_f=1, mlp_f=1, combine_f=0, attn_b=2, attn_dw=0, mlp_b=2, mlp_dw=0, combine_b=0)
+    assert pair_seconds(Nodes(**kw, alltoall=0.01, taken=0.5)) == pytest.approx(6.02)
+    assert pair_seconds(Nodes(**kw, alltoall=0.01, taken=0.0)) == pytest.approx(6.0)
+    # exchange-bound pair: the slowed compute still hides behind the four 1 s exchanges
+    small = dict(attn_f=0.1, mlp_f=0.1, combine_f=0, attn_b=0.2, attn_dw=0, mlp_b=0.2, mlp_dw=0,
+                 combine_b=0)  # fmt: skip
+    assert pair_seconds(Nodes(**small, alltoall=1.0, taken=0.5)) == pytest.approx(4.0)
+
+
+def test_the_exchange_holds_the_dispatchers_sms_of_the_gpus():
+    from dataclasses import replace
+
+    from inspector.job.job import Training
+    from inspector.plan.flex import exchange_sm_share
+
+    h100 = GPUS["h100"]
+    flex = Training(moe_token_dispatcher_type="flex")
+    # megatron-core's defaults: DeepEP 20 SMs (--moe-deepep-num-sms), HybridEP 16; H100: 132
+    assert exchange_sm_share(flex, h100) == pytest.approx(20 / 132)
+    assert exchange_sm_share(replace(flex, moe_deepep_num_sms=24), h100) == pytest.approx(24 / 132)
+    assert exchange_sm_share(replace(flex, moe_flex_backend="hybridep"), h100) == pytest.approx(16 / 132)
+    assert exchange_sm_share(replace(flex, moe_token_dispatcher_type="alltoall"), h100) == 0.0
+    assert exchange_sm_share(flex, GPUS["b200"]) == 0.0  # no cited SM count

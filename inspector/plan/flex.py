@@ -41,7 +41,8 @@ from typing import Any
 
 from inspector.errors import ConfigError
 from inspector.job.dims import ModelDims
-from inspector.job.job import Job
+from inspector.job.hardware import Gpu
+from inspector.job.job import Job, Training
 from inspector.job.layout import Layout
 from inspector.plan import caches
 from inspector.plan.network import Network, expert_alltoall, expert_peers_on_node
@@ -213,3 +214,25 @@ def moe_exchange(dims: ModelDims, lay: Layout, net: Network, tokens: float, flex
         return 0.0
     routed = tokens * dims.moe_router_topk * dims.hidden_size / lay.tp
     return expert_alltoall(4, routed, dims.activation_bytes, lay, net)
+
+
+# megatron-core 0.16.1 transformer_config.py: `moe_hybridep_num_sms: int = 16` (HybridEP's SMs;
+# Megatron-LM's arguments do not set it); DeepEP's is the job's --moe-deepep-num-sms (default 20)
+HYBRIDEP_NUM_SMS = 16
+
+
+def exchange_sm_share(training: Training, gpu: Gpu) -> float:
+    """Return the share of the GPU's SMs a flex exchange kernel holds while it runs, which the
+    compute beside it (--overlap-moe-expert-parallel-comm) cannot use.
+
+    DeepEP's normal kernels run on `Buffer.set_num_sms(moe_deepep_num_sms)` SMs (fused_a2a.py
+    `set_deepep_num_sms`; DeepEP's README: "they support SM (Streaming Multiprocessors) number
+    control"), HybridEP's on `moe_hybridep_num_sms` (token_dispatcher.py `num_sms_dispatch_api`,
+    `num_sms_combine_api`). The compute beside runs on the rest, at that share of its speed.
+    0 for the all-to-all dispatcher (NCCL's kernels take `p2pnChannels` SMs, which NCCL's
+    topology search sets at run time: not priced) and for a GPU without a cited SM count.
+    """
+    if training.moe_token_dispatcher_type != "flex" or not gpu.sms:
+        return 0.0
+    deepep = training.moe_enable_deepep or training.moe_flex_backend == "deepep"
+    return (training.moe_deepep_num_sms if deepep else HYBRIDEP_NUM_SMS) / gpu.sms
