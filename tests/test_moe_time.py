@@ -91,3 +91,33 @@ def test_the_exchange_holds_the_dispatchers_sms_of_the_gpus():
     assert exchange_sm_share(replace(flex, moe_flex_backend="hybridep"), h100) == pytest.approx(16 / 132)
     assert exchange_sm_share(replace(flex, moe_token_dispatcher_type="alltoall"), h100) == 0.0
     assert exchange_sm_share(flex, GPUS["b200"]) == 0.0  # no cited SM count
+
+
+def test_the_all_to_all_dispatcher_sorts_received_tokens_by_local_expert_and_back():
+    # token_dispatcher.py MoEAlltoAllTokenDispatcher: with 2+ local experts, sort_chunks_by_idxs
+    # after the exchange and before the combine, each a copy (read 2, write 2 bytes) of the
+    # tokens the rank's experts receive: T k e / E for each of E / e experts, T k = 1,024 rows of h
+    moe = dict(num_experts=8, moe_router_topk=2)
+    z = Shard(ep=2, micro_batch=1)
+    ops = layer_ops(_dims(**moe, moe_sorts_chunks=True), z, True)
+    for name in ("sort chunks", "unsort chunks"):
+        (forward,) = _named(ops.forward, name)
+        (backward,) = _named(ops.backward, name + " backward")
+        assert forward.elements == backward.elements == SEQ * 2 * HIDDEN
+        assert forward.bytes_per_element == backward.bytes_per_element == 4
+    assert not _named(layer_ops(_dims(**moe), z, True).forward, "sort chunks")  # flex
+    one = Shard(ep=8, micro_batch=1)  # one local expert: nothing to sort
+    assert not _named(layer_ops(_dims(**moe, moe_sorts_chunks=True), one, True).forward, "sort chunks")
+
+
+def test_job_dims_sort_only_under_the_all_to_all_dispatcher():
+    from inspector.inputs.resolve import Sources, merge_sources
+    from inspector.job.job import make_job
+
+    flags = dict(num_layers=2, hidden_size=256, num_attention_heads=8, seq_length=512,
+                 max_position_embeddings=512, vocab_size=1000, num_experts=8, moe_router_topk=2,
+                 bf16=True, micro_batch_size=1, expert_model_parallel_size=2, data_parallel_size=2)  # fmt: skip
+    for dispatcher, sorts in (("alltoall", True), ("allgather", False)):
+        args = merge_sources(Sources(flags={**flags, "moe_token_dispatcher_type": dispatcher}),
+                             ("model", "layout", "training")).args  # fmt: skip
+        assert make_job(args).dims().moe_sorts_chunks is sorts

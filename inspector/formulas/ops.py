@@ -312,7 +312,15 @@ def _dense_mlp(p: _Pass, dims: ModelDims, tokens: int, ffn: int, name: str) -> N
 
 
 def _moe(p: _Pass, dims: ModelDims, z: Shard, tokens: int, local: int) -> None:
-    """Add the router, permutation, local experts and shared experts of an MoE layer."""
+    """Add the router, permutation, local experts and shared experts of an MoE layer.
+
+    megatron-core 0.16.1's all-to-all dispatcher (MoEAlltoAllTokenDispatcher) receives its
+    tokens grouped by source rank: with more than one local expert it sorts them by expert
+    after the exchange and back before the combine (`sort_chunks_by_idxs`, TE's fused
+    `moe_sort_chunks_by_index` with --moe-permute-fusion), each a copy of the received tokens;
+    the backward runs the opposite copy. The flex dispatcher permutes once, where they arrive
+    (priced as the permutation).
+    """
     h, act, experts = dims.hidden_size, dims.activation_bytes, dims.num_experts or 1
     k = dims.moe_router_topk
     p.linear("router", local, h, experts)
@@ -321,10 +329,15 @@ def _moe(p: _Pass, dims: ModelDims, z: Shard, tokens: int, local: int) -> None:
     ffn = dims.expert_ffn // z.etp
     routed = max(1, tokens * k * z.ep * z.etp // (experts * z.tp))
     count = max(1, experts // z.ep)
+    sort = dims.moe_sorts_chunks and count > 1
+    if sort:  # token_dispatcher.py dispatch_postprocess: sort_chunks_by_idxs (a gather)
+        p.memory("sort chunks", "copy", routed * count * h, 2 * act, 2 * act)
     p.linear("expert fc1", routed, h, dims.gated_multiplier * ffn, True, count)
     cls, fwd, bwd = ("swiglu", 3, 5) if dims.swiglu else ("copy", 2, 3)
     p.memory("expert activation", cls, routed * ffn * count, fwd * act, bwd * act)
     p.linear("expert fc2", routed, ffn, h, True, count)
+    if sort:  # combine_preprocess: the reverse sort_chunks_by_idxs
+        p.memory("unsort chunks", "copy", routed * count * h, 2 * act, 2 * act)
     p.memory("unpermute", "add", local * k * h, 2 * act, 2 * act)
     if dims.shared_expert_ffn:
         _dense_mlp(p, dims, tokens, dims.shared_expert_ffn // z.tp, "shared expert")

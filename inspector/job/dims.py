@@ -68,6 +68,7 @@ class ModelDims:
     fused_kernels: bool = True  # megatron's fused scale-mask-softmax (apex or Transformer Engine)
     fp8: str | None = None  # --fp8-format: Transformer Engine's linears multiply in fp8
     fp8_recipe: str = "delayed"  # --fp8-recipe (TransformerConfig's default): how TE scales
+    moe_sorts_chunks: bool = False  # the all-to-all dispatcher sorts tokens by local expert
 
     @classmethod
     def from_fields(
@@ -81,6 +82,7 @@ class ModelDims:
         rotary: bool,
         flash_attention: bool,
         fused_kernels: bool,
+        moe_sorts_chunks: bool = False,
     ) -> ModelDims:
         """Return the dims of a model given as TransformerConfig fields (`transformer_fields`).
 
@@ -101,6 +103,7 @@ class ModelDims:
             rotary=rotary,
             flash_attention=flash_attention,
             fused_kernels=fused_kernels,
+            moe_sorts_chunks=moe_sorts_chunks,
         )
 
     def __post_init__(self) -> None:

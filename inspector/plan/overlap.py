@@ -10,7 +10,9 @@ in its own micro-batch:
 
 What each node runs (models/gpt/fine_grained_callables.py): `attn` the input norm, attention,
 its bias-dropout-add, the pre-MLP norm, the router, the shared experts and the permutation
-before the dispatch; `moe_dispatch` the all-to-all; `mlp` the experts; `moe_combine` the
+before the dispatch; `moe_dispatch` the all-to-all; `mlp` the experts (moe_layer.py
+`routed_experts_compute`: with the all-to-all dispatcher's sort of the received tokens by local
+expert and back, `dispatch_postprocess` / `combine_preprocess`); `moe_combine` the
 all-to-all, the un-permutation and the MLP's bias-dropout-add, on the communication stream.
 With `--delay-wgrad-compute` the weight gradients run apart (`backward_dw`), after the node's
 data gradient, so the next communication need not wait for them.
@@ -30,7 +32,7 @@ from inspector.formulas.kernels import Device, Op, ops_seconds
 from inspector.formulas.ops import LayerOps, layer_seconds
 from inspector.job.dims import warmup_steps
 
-MLP_NODE = ("expert fc1", "expert activation", "expert fc2")
+MLP_NODE = ("sort chunks", "expert fc1", "expert activation", "expert fc2", "unsort chunks")
 COMBINE_NODE = ("unpermute", "MLP bias-dropout-add")
 _SUFFIXES = (" backward", " dgrad", " wgrad", " fp8 cast", " fp8 amax", " main_grad.add_")
 PAIRS = 8  # layer pairs replayed to reach the steady state (a pair's time is exact past 2)
