@@ -121,3 +121,17 @@ def test_job_dims_sort_only_under_the_all_to_all_dispatcher():
         args = merge_sources(Sources(flags={**flags, "moe_token_dispatcher_type": dispatcher}),
                              ("model", "layout", "training")).args  # fmt: skip
         assert make_job(args).dims().moe_sorts_chunks is sorts
+
+
+def test_fp8_experts_pad_their_input_and_unpad_their_output():
+    # experts.py TEGroupedMLP under fp8: Fp8Padding (TE fused_multi_row_padding) of the T k rows
+    # of h its experts receive, Fp8Unpadding of their output; backward the opposite copies
+    z = Shard(ep=2, micro_batch=1)
+    moe = dict(num_experts=8, moe_router_topk=2)
+    ops = layer_ops(_dims(**moe, fp8="hybrid"), z, True)
+    for name in ("expert fp8 padding", "expert fp8 unpadding"):
+        (forward,) = _named(ops.forward, name)
+        (backward,) = _named(ops.backward, name + " backward")
+        assert forward.elements == backward.elements == SEQ * 2 * HIDDEN
+        assert forward.bytes_per_element == backward.bytes_per_element == 4
+    assert not _named(layer_ops(_dims(**moe), z, True).forward, "expert fp8 padding")

@@ -319,7 +319,12 @@ def _moe(p: _Pass, dims: ModelDims, z: Shard, tokens: int, local: int) -> None:
     after the exchange and back before the combine (`sort_chunks_by_idxs`, TE's fused
     `moe_sort_chunks_by_index` with --moe-permute-fusion), each a copy of the received tokens;
     the backward runs the opposite copy. The flex dispatcher permutes once, where they arrive
-    (priced as the permutation).
+    (priced as the permutation). Under fp8 megatron-core's TEGroupedMLP (experts.py, without
+    --moe-router-padding-for-quantization) pads each expert's rows to a multiple of 16 with
+    Transformer Engine's Fp8Padding and unpads the output (fp8_padding.py: a copy each, unless
+    every count is already aligned; the plan's equal shares are an average, and uneven routing,
+    forced balancing's random logits included, leaves some count unaligned); the backward runs
+    the opposite copies.
     """
     h, act, experts = dims.hidden_size, dims.activation_bytes, dims.num_experts or 1
     k = dims.moe_router_topk
@@ -329,15 +334,19 @@ def _moe(p: _Pass, dims: ModelDims, z: Shard, tokens: int, local: int) -> None:
     ffn = dims.expert_ffn // z.etp
     routed = max(1, tokens * k * z.ep * z.etp // (experts * z.tp))
     count = max(1, experts // z.ep)
-    sort = dims.moe_sorts_chunks and count > 1
+    sort, rows = dims.moe_sorts_chunks and count > 1, routed * count * h
     if sort:  # token_dispatcher.py dispatch_postprocess: sort_chunks_by_idxs (a gather)
-        p.memory("sort chunks", "copy", routed * count * h, 2 * act, 2 * act)
+        p.memory("sort chunks", "copy", rows, 2 * act, 2 * act)
+    if p.fp8:  # experts.py TEGroupedMLP: Fp8Padding of the input (TE fused_multi_row_padding)
+        p.memory("expert fp8 padding", "copy", rows, 2 * act, 2 * act)
     p.linear("expert fc1", routed, h, dims.gated_multiplier * ffn, True, count)
     cls, fwd, bwd = ("swiglu", 3, 5) if dims.swiglu else ("copy", 2, 3)
     p.memory("expert activation", cls, routed * ffn * count, fwd * act, bwd * act)
     p.linear("expert fc2", routed, ffn, h, True, count)
+    if p.fp8:  # Fp8Unpadding of the output
+        p.memory("expert fp8 unpadding", "copy", rows, 2 * act, 2 * act)
     if sort:  # combine_preprocess: the reverse sort_chunks_by_idxs
-        p.memory("unsort chunks", "copy", routed * count * h, 2 * act, 2 * act)
+        p.memory("unsort chunks", "copy", rows, 2 * act, 2 * act)
     p.memory("unpermute", "add", local * k * h, 2 * act, 2 * act)
     if dims.shared_expert_ffn:
         _dense_mlp(p, dims, tokens, dims.shared_expert_ffn // z.tp, "shared expert")

@@ -32,7 +32,8 @@ from inspector.formulas.kernels import Device, Op, ops_seconds
 from inspector.formulas.ops import LayerOps, layer_seconds
 from inspector.job.dims import warmup_steps
 
-MLP_NODE = ("sort chunks", "expert fc1", "expert activation", "expert fc2", "unsort chunks")
+MLP_NODE = ("sort chunks", "expert fp8 padding", "expert fc1", "expert activation", "expert fc2",
+            "expert fp8 unpadding", "unsort chunks")
 COMBINE_NODE = ("unpermute", "MLP bias-dropout-add")
 _SUFFIXES = (" backward", " dgrad", " wgrad", " fp8 cast", " fp8 amax", " main_grad.add_")
 PAIRS = 8  # layer pairs replayed to reach the steady state (a pair's time is exact past 2)
