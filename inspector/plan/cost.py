@@ -25,7 +25,8 @@ Each term and its source (symbols of inspector/job/dims.py; m micro-batches, v v
     dispatcher's (DeepEP, HybridEP) by the copies each link carries (plan/flex.py
     `flex_exchange`: a token once per remote node over InfiniBand); under
     --overlap-moe-expert-parallel-comm a merged pass exposes what its layer pair takes beyond
-    its compute (plan/overlap.py: megatron's combined 1F1B replayed on two streams);
+    its compute (plan/overlap.py: megatron's combined 1F1B replayed on two streams, a flex
+    exchange's SMs taken from the compute beside it);
   - pipeline: a point-to-point send per chunk boundary and micro-batch, forward and backward;
     stage time t_s per micro-batch; iteration m max_s t_s + (sum_s t_s - max_s t_s) / v, the
     1F1B / interleaved critical path (Narayanan et al. 2021, Section 2.2: bubble (p - 1) / (v m)

@@ -25,11 +25,12 @@ the same way. The hidden states travel in bf16 (fp16) as the layer holds them: m
 
 Under balanced routing (the plan's assumption; `--moe-router-force-load-balancing` draws random
 logits, moe_utils.py `apply_random_logits`) a token's top-k is a uniform k-subset of the E
-experts, placed in ep-rank order, E/ep per rank. Not modelled: the SMs the kernels occupy
-(megatron's defaults `--moe-deepep-num-sms` 20, `--moe-hybridep-num-sms` 16 of the H100's 132,
-transformer_config.py), which the compute beside an overlapped exchange would lose (the NCCL
-all-to-all's are not modelled either), and node-limited routing (`--moe-router-num-groups`,
-`--moe-router-group-topk`, not read by the plan; `expected_remote_nodes` takes them).
+experts, placed in ep-rank order, E/ep per rank. The SMs the kernels occupy (megatron's defaults
+`--moe-deepep-num-sms` 20, `moe_hybridep_num_sms` 16 of the H100's 132, transformer_config.py)
+are taken from the compute beside an overlapped exchange (`exchange_sm_share`, overlap.py; the
+NCCL all-to-all's are not modelled). Not modelled: node-limited routing
+(`--moe-router-num-groups`, `--moe-router-group-topk`, not read by the plan;
+`expected_remote_nodes` takes them).
 """
 
 from __future__ import annotations
