@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from inspector.formulas.fp8_ops import amax_pass, norm_fused_linears
 from inspector.formulas.kernels import (
     ATTENTION_BACKWARD,
     Attention,
@@ -135,17 +136,17 @@ class _Pass:
         Under fp8 the GEMMs run at the fp8 peak (kernels.py) and Transformer Engine first casts
         the input (forward) and the output gradient (backward) to fp8 with its transpose: a pass
         reading 2 bytes and writing 1 + 1 per element (TE's cast_transpose, one per GEMM input).
-        With current scaling the cast's amax is computed first (`_amax`).
+        With current scaling the cast's amax is computed first (fp8_ops.amax_pass).
         """
         fp8 = self.fp8 and name != "router"
         forward, *backward = linear(name, tokens, fan_in, fan_out, expert, fp8)
         if fp8:
             if self.amax and name not in self.norm_fused:
-                self.forward.append(_amax(name, count * tokens * fan_in))
+                self.forward.append(amax_pass(name, count * tokens * fan_in))
             self.forward.append(Memory(name + " fp8 cast", "copy", count * tokens * fan_in, 4))
             self.backward.append(Memory(name + " fp8 cast", "copy", count * tokens * fan_out, 4))
             if self.amax:
-                self.backward.append(_amax(name, count * tokens * fan_out))
+                self.backward.append(amax_pass(name, count * tokens * fan_out))
         self.forward += [forward] * count
         self.backward += backward * count
         if not self.fused:  # fp32 main_grad += 16-bit grad: read 4 + 2, write 4 bytes
@@ -156,29 +157,6 @@ class _Pass:
         """Add a memory-bound op moving `forward` / `backward` bytes per element."""
         self.forward.append(Memory(name, cls, elements, forward))  # type: ignore[arg-type]
         self.backward.append(Memory(name + " backward", cls, elements, backward))  # type: ignore[arg-type]
-
-
-def _amax(name: str, elements: int) -> Memory:
-    """Return the amax pass Transformer Engine's current scaling makes before a cast to fp8.
-
-    TE pytorch/csrc/quantizer.cpp `Float8CurrentScalingQuantizer::quantize_impl`: with
-    `compute_amax` it runs `nvte_compute_amax_with_config` over the 16-bit input (reads 2 bytes
-    an element), then the scale, then the cast (`nvte_quantize_v2`). `quantize_with_amax` skips
-    it where the kernel before computed the amax: TE's LayerNorm/RMSNorm forward
-    (extensions/normalization.cpp, `FUSED_NORM_AMAX_FP8`), i.e. a LayerNormLinear's input.
-    Priced at the copy rate for the bytes read.
-    """
-    return Memory(name + " fp8 amax", "copy", elements, 2)
-
-
-def _norm_fused(dims: ModelDims) -> frozenset[str]:
-    """Return the linears megatron-core's Transformer Engine spec builds as
-    TELayerNormColumnParallelLinear (gpt_layer_specs.py: the QKV and a dense layer's fc1; MLA's
-    up projections with --qk-layernorm), whose input's amax the norm kernel computes."""
-    names = {"QKV", "MLP fc1"}
-    if dims.multi_latent_attention and dims.qk_layernorm:
-        names |= {"q up projection", "kv up projection"}
-    return frozenset(names)
 
 
 def _residual(p: _Pass, dims: ModelDims, name: str, elements: int, act: int) -> None:
@@ -314,17 +292,8 @@ def _dense_mlp(p: _Pass, dims: ModelDims, tokens: int, ffn: int, name: str) -> N
 def _moe(p: _Pass, dims: ModelDims, z: Shard, tokens: int, local: int) -> None:
     """Add the router, permutation, local experts and shared experts of an MoE layer.
 
-    megatron-core 0.16.1's all-to-all dispatcher (MoEAlltoAllTokenDispatcher) receives its
-    tokens grouped by source rank: with more than one local expert it sorts them by expert
-    after the exchange and back before the combine (`sort_chunks_by_idxs`, TE's fused
-    `moe_sort_chunks_by_index` with --moe-permute-fusion), each a copy of the received tokens;
-    the backward runs the opposite copy. The flex dispatcher permutes once, where they arrive
-    (priced as the permutation). Under fp8 megatron-core's TEGroupedMLP (experts.py, without
-    --moe-router-padding-for-quantization) pads each expert's rows to a multiple of 16 with
-    Transformer Engine's Fp8Padding and unpads the output (fp8_padding.py: a copy each, unless
-    every count is already aligned; the plan's equal shares are an average, and uneven routing,
-    forced balancing's random logits included, leaves some count unaligned); the backward runs
-    the opposite copies.
+    The all-to-all dispatcher (token_dispatcher.py) sorts received tokens by local expert and
+    back (`sort_chunks_by_idxs`, 2+ local experts); fp8 experts pad and unpad (fp8_ops.py).
     """
     h, act, experts = dims.hidden_size, dims.activation_bytes, dims.num_experts or 1
     k = dims.moe_router_topk
@@ -364,7 +333,7 @@ def layer_ops(dims: ModelDims, z: Shard, moe: bool) -> LayerOps:
     local = tokens // z.tp if z.sequence_parallel else tokens  # the norms' and residuals' rows
     elements, act = local * dims.hidden_size, dims.activation_bytes
     p = _Pass(dims.fused_kernels, dims.fp8 is not None, dims.fp8_recipe == "tensorwise",
-              _norm_fused(dims))
+              norm_fused_linears(dims))
     _residual(p, dims, "input norm", elements, act)
     norms = p.forward[-1:]
     core = _core_attention(dims, z, dims.flash_attention, dims.fused_kernels)
