@@ -96,16 +96,20 @@ def _measured_as_memory(plan: Plan) -> Plan:
     return replace(plan, stages=stages)
 
 
-def confirmed(ranked: Iterable[Plan], budget: int, top: int) -> list[Plan]:
+def confirmed(ranked: Iterable[Plan], budget: int, top: int) -> tuple[list[Plan], Plan | None]:
     """Return the first `top` ranked plans that fit `budget` bytes as `memory` measures them
-    (every one when `top` is 0), in the ranking's order."""
+    (every one when `top` is 0), in the ranking's order; and of the plans measured over the
+    budget, the one `memory` finds the least memory for (None when none was)."""
     out: list[Plan] = []
+    least: Plan | None = None
     for plan in ranked:
         if top and len(out) == top:
             break
         if engine_runs(plan):
             plan = measured(plan)
             if plan.peak > budget:
+                if least is None or plan.peak < least.peak:
+                    least = plan
                 continue
         out.append(plan)
-    return out
+    return out, least
