@@ -45,7 +45,7 @@ def measured(plan: Plan) -> Plan:
     stages = []
     for printed in plan.stages:
         run = engine.runs[printed.stage]
-        stages.append(replace(printed, activations=run.static + run.peak.bytes))
+        stages.append(replace(printed, activations=run.static + run.peak.bytes, outside=run.outside))
     return replace(plan, stages=tuple(stages))
 
 
@@ -90,7 +90,8 @@ def _measured_as_memory(plan: Plan) -> Plan:
     job = as_built(plan.job)
     report = measure(build(job, select_view(job), expert_ranks=(0,)), Hardware())
     stages = tuple(  # FSDP's buffers in flight are `memory`'s own there, not the plan's `gathered`
-        replace(printed, activations=built.total - printed.state - printed.gathered)
+        replace(printed, activations=built.total - printed.state - printed.gathered,
+                outside=built.run.outside if built.run is not None else ())
         for printed, built in zip(plan.stages, report.stages, strict=True)
     )
     return replace(plan, stages=stages)
