@@ -8,6 +8,8 @@ measured as `memory` measures it: its stages take the engine's peak above the st
 that does not fit is dropped for the next one, so that `memory` confirms every plan `plan`
 prints. The engine runs on the chunk shapes of the plan's split without building the stages
 (`engine_shapes`; tests/test_plan_confirm.py compares it with `memory`'s whole computation).
+A DeepEP job runs as built (flex.as_built), DeepEP's buffers outside PyTorch's allocator among
+each stage's activations and kept by name (`StagePlan.outside`); HybridEP's as the all-to-all's.
 """
 
 from __future__ import annotations
