@@ -229,7 +229,7 @@ def test_flex_with_one_expert_rank_is_refused() -> None:
                      *([] if megatron_version() >= BACKEND_SINCE else ["--moe-enable-deepep"]))  # fmt: skip
     assert result.code == 2
     assert result.err == (  # the words `memory` prints (tests/test_flex_memory.py): job/flex.py
-        "Error: --moe-token-dispatcher-type flex needs expert parallelism: --etp 1 x --ep 1 = 1 "
+        "Error: --moe-token-dispatcher-type flex needs expert parallelism: --expert-tensor-parallel-size 1 x --ep 1 = 1 "
         "(megatron-core's MoEFlexTokenDispatcher: 'Flex token dispatcher requires TPxEP > 1')\n")
 
 

@@ -299,10 +299,10 @@ def test_no_deepep_buffer_without_the_flex_dispatcher():
     ("flags", "error"),
     [
         (("--ep", "1", "--dp", "2"),
-         "Error: --moe-token-dispatcher-type flex needs expert parallelism: --etp 1 x --ep 1 = 1 "
+         "Error: --moe-token-dispatcher-type flex needs expert parallelism: --expert-tensor-parallel-size 1 x --ep 1 = 1 "
          "(megatron-core's MoEFlexTokenDispatcher: 'Flex token dispatcher requires TPxEP > 1')\n"),
         (("--num-experts", "12", "--ep", "6", "--dp", "6"),
-         "Error: --moe-token-dispatcher-type flex: DeepEP has no configuration for --etp 1 x --ep "
+         "Error: --moe-token-dispatcher-type flex: DeepEP has no configuration for --expert-tensor-parallel-size 1 x --ep "
          "6 = 6 ranks (deep_ep Buffer.get_dispatch_config knows 2, 4, 8, 16, 24, 32, 64, 128, "
          "144, 160)\n"),
         (("--ep", "2", "--dp", "2", "--moe-expert-capacity-factor", "1",

@@ -91,15 +91,15 @@ def check_flex_group(ep: int, expert_tp: int, backend: str) -> None:
     size = expert_tp * ep
     if size <= 1:
         raise ConfigError(
-            f"--moe-token-dispatcher-type flex needs expert parallelism: --etp {expert_tp} x "
-            f"--ep {ep} = {size} (megatron-core's MoEFlexTokenDispatcher: 'Flex token "
-            "dispatcher requires TPxEP > 1')"
+            "--moe-token-dispatcher-type flex needs expert parallelism: "
+            f"--expert-tensor-parallel-size {expert_tp} x --ep {ep} = {size} "
+            "(megatron-core's MoEFlexTokenDispatcher: 'Flex token dispatcher requires TPxEP > 1')"
         )
     if backend == "deepep" and size not in DEEPEP_GROUP_SIZES:
         raise ConfigError(
-            f"--moe-token-dispatcher-type flex: DeepEP has no configuration for --etp "
-            f"{expert_tp} x --ep {ep} = {size} ranks (deep_ep Buffer.get_dispatch_config "
-            f"knows {', '.join(map(str, DEEPEP_GROUP_SIZES))})"
+            "--moe-token-dispatcher-type flex: DeepEP has no configuration for "
+            f"--expert-tensor-parallel-size {expert_tp} x --ep {ep} = {size} ranks "
+            f"(deep_ep Buffer.get_dispatch_config knows {', '.join(map(str, DEEPEP_GROUP_SIZES))})"
         )
 
 
