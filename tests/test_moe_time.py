@@ -80,6 +80,7 @@ def test_an_exchange_kernel_slows_the_compute_beside_it_by_its_share_of_the_sms(
 def test_the_exchange_holds_the_dispatchers_sms_of_the_gpus():
     from dataclasses import replace
 
+    from inspector.job.flex import BACKEND_SINCE, megatron_version
     from inspector.job.job import Training
     from inspector.plan.flex import exchange_sm_share
 
@@ -88,7 +89,8 @@ def test_the_exchange_holds_the_dispatchers_sms_of_the_gpus():
     # megatron-core's defaults: DeepEP 20 SMs (--moe-deepep-num-sms), HybridEP 16; H100: 132
     assert exchange_sm_share(flex, h100) == pytest.approx(20 / 132)
     assert exchange_sm_share(replace(flex, moe_deepep_num_sms=24), h100) == pytest.approx(24 / 132)
-    assert exchange_sm_share(replace(flex, moe_flex_backend="hybridep"), h100) == pytest.approx(16 / 132)
+    hybridep = 16 if megatron_version() >= BACKEND_SINCE else 20  # before 0.16: DeepEP only
+    assert exchange_sm_share(replace(flex, moe_flex_backend="hybridep"), h100) == pytest.approx(hybridep / 132)
     assert exchange_sm_share(replace(flex, moe_token_dispatcher_type="alltoall"), h100) == 0.0
     assert exchange_sm_share(flex, GPUS["b200"]) == 0.0  # no cited SM count
 

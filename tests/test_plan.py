@@ -592,3 +592,30 @@ def test_when_the_closed_forms_fit_nothing_megatrons_engine_has_the_last_word(mo
     monkeypatch.setattr(search_module, "measured", lambda plan: engine(plan, under=True))
     shown = search_module.search(replace(req, memory=budget))
     assert [p.peak for p in shown.plans] == [budget - 1]
+
+
+def test_when_megatrons_engine_refuses_every_plan_the_least_it_measured_is_quoted(monkeypatch) -> None:
+    """Every plan the closed forms fit measures over the budget in megatron's engine: the
+    message quotes the least of those measured peaks (and that plan), not the fastest plan's."""
+    from dataclasses import replace
+
+    import inspector.plan.confirm as confirm_module
+    import inspector.plan.search as search_module
+
+    req = _block_request(8.0)
+    seen = []
+
+    def over(plan):  # each plan measures a different amount over the budget, slowest least
+        extra = req.memory + 2**40 // (1 + len(seen))
+        out = replace(plan, stages=tuple(replace(s, activations=s.activations + extra)
+                                         for s in plan.stages))  # fmt: skip
+        seen.append(out)
+        return out
+
+    monkeypatch.setattr(confirm_module, "measured", over)
+    monkeypatch.setattr(confirm_module, "engine_runs", lambda plan: True)
+    result = search_module.search(req)
+    assert not result.plans and len(seen) > 1
+    least = min(seen, key=lambda p: p.peak)
+    assert result.smallest_peak == least.peak < seen[0].peak
+    assert result.smallest is least

@@ -8,6 +8,8 @@ measured as `memory` measures it: its stages take the engine's peak above the st
 that does not fit is dropped for the next one, so that `memory` confirms every plan `plan`
 prints. The engine runs on the chunk shapes of the plan's split without building the stages
 (`engine_shapes`; tests/test_plan_confirm.py compares it with `memory`'s whole computation).
+A DeepEP job runs as built (flex.as_built), DeepEP's buffers outside PyTorch's allocator among
+each stage's activations and kept by name (`StagePlan.outside`); HybridEP's as the all-to-all's.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def measured(plan: Plan) -> Plan:
     stages = []
     for printed in plan.stages:
         run = engine.runs[printed.stage]
-        stages.append(replace(printed, activations=run.static + run.peak.bytes))
+        stages.append(replace(printed, activations=run.static + run.peak.bytes, outside=run.outside))
     return replace(plan, stages=tuple(stages))
 
 
@@ -90,22 +92,27 @@ def _measured_as_memory(plan: Plan) -> Plan:
     job = as_built(plan.job)
     report = measure(build(job, select_view(job), expert_ranks=(0,)), Hardware())
     stages = tuple(  # FSDP's buffers in flight are `memory`'s own there, not the plan's `gathered`
-        replace(printed, activations=built.total - printed.state - printed.gathered)
+        replace(printed, activations=built.total - printed.state - printed.gathered,
+                outside=built.run.outside if built.run is not None else ())
         for printed, built in zip(plan.stages, report.stages, strict=True)
     )
     return replace(plan, stages=stages)
 
 
-def confirmed(ranked: Iterable[Plan], budget: int, top: int) -> list[Plan]:
+def confirmed(ranked: Iterable[Plan], budget: int, top: int) -> tuple[list[Plan], Plan | None]:
     """Return the first `top` ranked plans that fit `budget` bytes as `memory` measures them
-    (every one when `top` is 0), in the ranking's order."""
+    (every one when `top` is 0), in the ranking's order; and of the plans measured over the
+    budget, the one `memory` finds the least memory for (None when none was)."""
     out: list[Plan] = []
+    least: Plan | None = None
     for plan in ranked:
         if top and len(out) == top:
             break
         if engine_runs(plan):
             plan = measured(plan)
             if plan.peak > budget:
+                if least is None or plan.peak < least.peak:
+                    least = plan
                 continue
         out.append(plan)
-    return out
+    return out, least

@@ -110,9 +110,9 @@ def _shown(feasible: list[Plan], smallest: Plan | None, req: Request) -> tuple[l
     """Return the plans to print, fastest first, and the least-memory candidate, each as `memory`
     measures it where megatron's engine runs the job (confirm.py)."""
     feasible.sort(key=lambda p: (p.time.seconds, p.peak))
-    shown = confirmed(feasible, req.memory, req.top)
-    if feasible and not shown:  # memory's own peak: every plan the closed forms fit is over
-        smallest = measured(feasible[0])
+    shown, least = confirmed(feasible, req.memory, req.top)
+    if feasible and not shown:  # memory's own peaks: every plan the closed forms fit is over
+        smallest = least
     elif not feasible and smallest is not None and engine_runs(smallest):
         # the closed forms fit nothing; megatron's engine may measure less than they estimate
         # (an fp8-parameter job, say): the least-memory candidate is shown if `memory` fits it,
