@@ -31,6 +31,7 @@ from inspector.inputs.refusals import (
     fsdp2_drops_fp8_param_gather,
     refused_argument,
     refused_flags,
+    refused_value,
     validate_args_refusals,
 )
 from inspector.inputs.sources import ScriptArgs, convert, parse_config, split_arguments
@@ -146,7 +147,11 @@ def _plain(data: dict[str, Any], path: str) -> ScriptArgs:
             name, meaning = RENAMED[flag]
             value = value if meaning is None else meaning
         if name in BY_NAME:
-            args[name] = convert(BY_NAME[name], value, path)
+            unmodelled = refused_value(BY_NAME[name].flag, str(value), path)
+            if unmodelled is not None:
+                refused.append(unmodelled)
+            else:
+                args[name] = convert(BY_NAME[name], value, path)
             continue
         shown = None if value is True else str(value)
         refusal = refused_argument(flag, shown, path)

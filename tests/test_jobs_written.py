@@ -1,0 +1,83 @@
+"""Jobs as written, the last gaps of Megatron-LM's examples and functional-test configs (issue #27):
+optimizers of newer Megatron-LM versions, the tp-pp-dp rank order, YAML merge and duplicate keys,
+tokenizer vocabularies, and the reader's precedence of a config file's transformer_impl.
+
+Files here are written in the shapes of Megatron-LM's tests/functional_tests/test_cases/*/
+model_config.yaml and examples/ scripts, not copied from them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import megatron.core
+
+VERSION = tuple(int(p) for p in megatron.core.__version__.split(".")[:2])
+MUON_KNOWN = VERSION >= (0, 16)  # Megatron-LM's --optimizer choices gained muon in core_v0.16.0
+
+MODEL_ARGS = """\
+ENV_VARS:
+  CUDA_DEVICE_MAX_CONNECTIONS: 1
+MODEL_ARGS:
+  --num-layers: 2
+  --hidden-size: 64
+  --num-attention-heads: 4
+  --seq-length: 32
+  --max-position-embeddings: 32
+  --vocab-size: 1000
+  --micro-batch-size: 1
+  --global-batch-size: 8
+  --bf16: true
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "model_config.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_muon_is_megatron_cores_own_from_0_16():
+    # the version fact the refusal states, checked against the installed megatron-core itself
+    found = importlib.util.find_spec("megatron.core.optimizer.muon") is not None
+    assert found == MUON_KNOWN
+
+
+def test_muon_is_refused_by_name_with_every_other_refusal(tmp_path, cli):
+    # was: "--optimizer 'muon' is not one of: adam, sgd" (argparse's words for a choice that
+    # megatron-core 0.16's Megatron-LM has); the muon hyper-parameters are ignored with it
+    path = write(tmp_path, MODEL_ARGS + "  --optimizer: muon\n  --muon-momentum: 0.9\n"
+                 "  --muon-scale-mode: spectral\n  --cpu-offloading: true\n")  # fmt: skip
+    result = cli("memory", "--config", path)
+    assert result.code == 2
+    version = f"{VERSION[0]}.{VERSION[1]}"
+    fact = f"--optimizer muon is a choice of Megatron-LM 0.16+; this tool builds with megatron-core {version}"
+    muon = (f"--optimizer muon is not modelled: this optimizer's state is not counted (adam's and "
+            f"sgd's are) ({fact})" if MUON_KNOWN else
+            f"--optimizer muon is refused by Megatron-LM: {fact}, whose Megatron-LM stops with "
+            "'invalid choice'")  # fmt: skip
+    offload = "--cpu-offloading is not modelled: activation offloading to the CPU is not modelled"
+    assert result.err.splitlines()[-1] == f"Error: {path}: {muon}; {offload}", result.err
+
+
+def test_muon_leaves_params_alone_where_megatron_lm_knows_it(tmp_path, cli):
+    # the optimizer is a training argument: parameters do not depend on it
+    path = write(tmp_path, MODEL_ARGS + "  --optimizer: muon\n")
+    result = cli("params", "--config", path, "--format", "json")
+    assert (result.code == 0) == MUON_KNOWN, result.err
+
+
+def test_muon_in_a_plain_config_and_a_script(tmp_path, cli):
+    plain = write(tmp_path, "num-layers: 2\nhidden-size: 64\nnum-attention-heads: 4\n"
+                  "seq-length: 32\nmax-position-embeddings: 32\nvocab-size: 1000\n"
+                  "optimizer: dist_muon\n", "plain.yaml")  # fmt: skip
+    script = write(tmp_path, "torchrun --nproc-per-node 1 pretrain_gpt.py --num-layers 2 "
+                   "--hidden-size 64 --num-attention-heads 4 --seq-length 32 "
+                   "--max-position-embeddings 32 --vocab-size 1000 --optimizer lion\n",
+                   "train.sh")  # fmt: skip
+    for argv, shown in ((("--config", plain), "--optimizer dist_muon"),
+                        (("--from-script", script), "--optimizer lion")):  # fmt: skip
+        result = cli("memory", *argv)
+        assert result.code == 2
+        assert shown in result.err and "not one of" not in result.err, result.err
