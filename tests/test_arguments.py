@@ -71,9 +71,21 @@ def test_uniform_needs_whole_groups(cli):
 
 
 def test_recompute_method_needs_full(cli):
-    result = cli("memory", *SMALL, "--recompute-method", "block")
+    result = cli("memory", *SMALL, "--recompute-granularity", "selective", "--recompute-method",
+                 "block")  # fmt: skip
     assert result.code == 2
     assert result.err.startswith("Error: --recompute-method needs --recompute-granularity full")
+
+
+def test_recompute_layers_without_a_granularity_recompute_nothing(cli):
+    # megatron-core's TransformerConfig checks recompute_method/num_layers only under a
+    # granularity, and validate_args only under selective: Megatron-LM runs the job (Megatron-LM's
+    # functional test gpt3_mcore_reruns_resume_check_grads passes --recompute-num-layers 1 alone)
+    plain = cli("memory", *SMALL, "--format", "json")
+    given = cli("memory", *SMALL, "--recompute-num-layers", "1", "--recompute-method", "block",
+                "--format", "json")  # fmt: skip
+    assert given.code == 0, given.err
+    assert given.out == plain.out
 
 
 @pytest.mark.parametrize(

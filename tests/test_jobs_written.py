@@ -81,3 +81,62 @@ def test_muon_in_a_plain_config_and_a_script(tmp_path, cli):
         result = cli("memory", *argv)
         assert result.code == 2
         assert shown in result.err and "not one of" not in result.err, result.err
+
+
+MERGED = """\
+ENV_VARS:
+  CUDA_DEVICE_MAX_CONNECTIONS: 1
+BASE_MODEL_ARGS: &BASE_MODEL_ARGS
+  --num-layers: 2
+  --hidden-size: 64
+  --num-attention-heads: 4
+  --seq-length: 32
+  --max-position-embeddings: 32
+  --vocab-size: 1000
+  --micro-batch-size: 4
+  --timing-log-level: 0
+MODEL_ARGS:
+  <<: *BASE_MODEL_ARGS
+  --micro-batch-size: 1
+  --global-batch-size: 8
+  --timing-log-level: 1
+  --hidden-size: 128
+MODEL_ARGS_2:
+  <<: *BASE_MODEL_ARGS
+  --micro-batch-size: 2
+"""
+
+
+def test_yaml_merge_keys_as_yq_explodes_them(tmp_path, cli):
+    # the runner reads MODEL_ARGS through `yq 'explode(.)'`: the merged map's keys, then
+    # MODEL_ARGS' own keys over them (was: "could not determine a constructor for the tag
+    # 'tag:yaml.org,2002:merge'")
+    path = write(tmp_path, MERGED)
+    merged = cli("params", "--config", path, "--format", "json")
+    assert merged.code == 0, merged.err
+    written = cli("params", *"--num-layers 2 --hidden-size 128 --num-attention-heads 4 "
+                  "--seq-length 32 --max-position-embeddings 32 --vocab-size 1000 "
+                  "--transformer-impl transformer_engine --dp 8".split(), "--format", "json")  # fmt: skip
+    assert merged.out == written.out  # hidden 128 (MODEL_ARGS' own), the rest from the base
+
+
+def test_a_key_given_twice_in_model_args_keeps_the_last(tmp_path, cli):
+    # yq's to_entries passes both entries; Megatron-LM's argparse keeps the last
+    text = MODEL_ARGS + "  --hidden-size: 128\n"
+    path = write(tmp_path, text)
+    result = cli("params", "--config", path, "--format", "json")
+    assert result.code == 0, result.err
+    assert (f"Note from {path}: line 13: --hidden-size is given again (first on line 5); the last "
+            "value, 128, is taken, as Megatron-LM's argparse takes the last of the runner's "
+            "arguments") in result.err  # fmt: skip
+    again = cli("params", "--config", write(tmp_path, MODEL_ARGS.replace(
+        "--hidden-size: 64", "--hidden-size: 128"), "once.yaml"), "--format", "json")  # fmt: skip
+    assert result.out == again.out
+
+
+def test_a_key_given_twice_elsewhere_is_still_refused(tmp_path, cli):
+    # a plain argument map has no runner to say which value wins
+    path = write(tmp_path, "num-layers: 2\nhidden-size: 64\nhidden-size: 128\n", "plain.yaml")
+    result = cli("params", "--config", path)
+    assert result.code == 2
+    assert result.err == f"Error: {path} line 3: the key 'hidden-size' appears twice (first on line 2)\n"

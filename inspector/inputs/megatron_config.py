@@ -34,6 +34,7 @@ from inspector.inputs.refusals import (
     refused_value,
     validate_args_refusals,
 )
+from inspector.inputs.safe_parse import Repeated
 from inspector.inputs.sources import ScriptArgs, convert, parse_config, split_arguments
 from inspector.inputs.tokenizers import TOKENIZER_FLAGS, apply_tokenizer
 from inspector.inputs.unmodelled import IGNORED, REFUSED, RENAMED
@@ -52,7 +53,12 @@ RUNNER_WORLD = ("Megatron-LM's functional-test runner, 1 node x 8 GPUs by defaul
 
 def read_config(path: str) -> ScriptArgs:
     """Read a config file of any of the three forms into Megatron-LM arguments."""
-    data = parse_config(read_text(path), path)
+    repeated: list[Repeated] = []
+    data = parse_config(read_text(path), path, repeated)
+    if repeated and not (isinstance(data, dict) and "MODEL_ARGS" in data):
+        first = repeated[0]  # only the test runner's form reads a repeated key (the last one)
+        raise InputError(f"{path} line {first.line}: the key {first.key!r} appears twice (first "
+                         f"on line {first.first_line})")  # fmt: skip
     if not isinstance(data, dict):
         raise InputError(
             f"{path} must hold a mapping of Megatron-LM arguments, not {type(data).__name__}"
@@ -64,7 +70,13 @@ def read_config(path: str) -> ScriptArgs:
         found = "read as a Hugging Face config.json (it has architectures/model_type)"
         return dataclasses.replace(mapped, notes=(found, *mapped.notes))
     if "MODEL_ARGS" in data:
-        return _functional_test(data, path)
+        read = _functional_test(data, path)
+        # yq's to_entries gives the runner every entry; argparse (or export) keeps the last
+        twice = tuple(f"line {item.line}: {item.key} is given again (first on line "
+                      f"{item.first_line}); the last value, {item.value}, is taken, as "
+                      "Megatron-LM's argparse takes the last of the runner's arguments"
+                      for item in repeated)  # fmt: skip
+        return dataclasses.replace(read, notes=(*twice, *read.notes))
     return _plain(data, path)
 
 

@@ -34,7 +34,7 @@ from inspector.inputs.refusals import (
     refused_flags,
     refused_value,
 )
-from inspector.inputs.safe_parse import parse_json, parse_yaml
+from inspector.inputs.safe_parse import Repeated, parse_json, parse_yaml
 from inspector.inputs.tokenizers import TOKENIZER_FLAGS, apply_tokenizer
 from inspector.inputs.unmodelled import IGNORED, REFUSED, RENAMED
 from inspector.output import read_text
@@ -78,11 +78,12 @@ def convert(spec: ArgSpec, raw: Any, origin: str) -> Any:
     return value
 
 
-def parse_config(text: str, path: str) -> Any:
+def parse_config(text: str, path: str, repeated: list[Repeated] | None = None) -> Any:
+    """Return a config file's data; `repeated`: see safe_parse.parse_yaml (YAML only)."""
     if path.endswith(".json"):
         return parse_json(text, path)
     if path.endswith((".yaml", ".yml")):
-        return parse_yaml(text, path) or {}
+        return parse_yaml(text, path, repeated) or {}
     raise InputError(f"{path}: --config takes a .yaml, .yml or .json file")
 
 

@@ -216,7 +216,9 @@ def _megatron_training_rules(args: Mapping[str, Any], values: dict[str, Any]) ->
         values["recompute"] = "selective"
     values["recompute"], values["recompute_modules"] = parse_modules(args, values["recompute"])
     method, layers = args.get("recompute_method"), args.get("recompute_num_layers")
-    if values["recompute"] != "full" and (method is not None or layers is not None):
+    # validate_args refuses a method under selective recomputation, TransformerConfig a number
+    # of layers; without --recompute-granularity neither reads them (nothing is recomputed)
+    if values["recompute"] == "selective" and (method is not None or layers is not None):
         flag = "--recompute-method" if method is not None else "--recompute-num-layers"
         raise ConfigError(
             f"{flag} needs --recompute-granularity full (megatron-core TransformerConfig: "
