@@ -153,7 +153,19 @@ def test_the_default_backend_allows_context_parallelism_under_te(cli):
     assert flash_attention(cli, *TE, "--cp", "2") is True
     result = cli("memory", *SMALL, *TE, "--cp", "2", "--attention-backend", "unfused")
     assert result.code == 2
-    assert result.err.startswith("Error: --context-parallel-size 2 needs --use-flash-attn")
+    # the error names the argument that turns flash attention off (it said --use-flash-attn)
+    assert result.err == (
+        "Error: --context-parallel-size 2 needs flash or fused attention, which "
+        "--attention-backend unfused turns off: megatron runs context parallelism only through "
+        "Transformer Engine's flash/fused attention\n"
+    )
+    fp32 = [x for x in SMALL if x != "--bf16"]
+    result = cli("memory", *fp32, *TE, "--cp", "2")
+    assert "which --attention-backend auto in fp32 (Transformer Engine picks unfused attention " \
+        "without --bf16 or --fp16) turns off" in result.err, result.err
+    result = cli("memory", *SMALL, "--transformer-impl", "local", "--cp", "2")
+    assert result.err.startswith("Error: --context-parallel-size 2 needs --transformer-impl "
+                                 "transformer_engine"), result.err  # fmt: skip
 
 
 def test_auto_backend_in_fp32_stores_scores(cli):

@@ -9,6 +9,7 @@ model_config.yaml and examples/ scripts, not copied from them.
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import megatron.core
@@ -140,3 +141,27 @@ def test_a_key_given_twice_elsewhere_is_still_refused(tmp_path, cli):
     result = cli("params", "--config", path)
     assert result.code == 2
     assert result.err == f"Error: {path} line 3: the key 'hidden-size' appears twice (first on line 2)\n"
+
+
+def test_a_config_files_transformer_impl_holds_under_a_script_that_names_none(tmp_path, cli):
+    # resolve's order is preset < config < script < flags; Megatron-LM's default (Transformer
+    # Engine) lies under the files, so a script that does not name --transformer-impl keeps the
+    # config file's `local` (it turned it back to transformer_engine)
+    config = write(tmp_path, "transformer-impl: local\n", "impl.yaml")
+    script = write(tmp_path, "torchrun --nproc-per-node 1 pretrain_gpt.py --num-layers 2 "
+                   "--hidden-size 64 --num-attention-heads 4 --seq-length 32 "
+                   "--max-position-embeddings 32 --vocab-size 1000 --bf16\n", "train.sh")  # fmt: skip
+
+    def impl(*argv: str) -> str:
+        result = cli("params", *argv, "--format", "json")
+        assert result.code == 0, result.err
+        return json.loads(result.out)["header"]["config"]["transformer_impl"]
+
+    assert impl("--config", config, "--from-script", script) == "local"
+    assert impl("--from-script", script) == "transformer_engine"  # Megatron-LM's default
+    assert impl("--config", config, "--from-script", script, "--transformer-impl",
+                "transformer_engine") == "transformer_engine"  # flags win  # fmt: skip
+    named = write(tmp_path, script_text := Path(script).read_text().replace(
+        "--bf16", "--bf16 --transformer-impl transformer_engine"), "named.sh")  # fmt: skip
+    assert "transformer_engine" in script_text
+    assert impl("--config", config, "--from-script", named) == "transformer_engine"
