@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import megatron.core
+import pytest
 
 VERSION = tuple(int(p) for p in megatron.core.__version__.split(".")[:2])
 MUON_KNOWN = VERSION >= (0, 16)  # Megatron-LM's --optimizer choices gained muon in core_v0.16.0
@@ -165,3 +166,53 @@ def test_a_config_files_transformer_impl_holds_under_a_script_that_names_none(tm
         "--bf16", "--bf16 --transformer-impl transformer_engine"), "named.sh")  # fmt: skip
     assert "transformer_engine" in script_text
     assert impl("--config", config, "--from-script", named) == "transformer_engine"
+
+
+def test_tp_pp_dp_mapping_places_ranks_as_megatron_does(tmp_path, cli):
+    # was refused; Megatron-LM's initialize.py passes order "tp-cp-ep-pp-dp" to megatron-core's
+    # initialize_model_parallel (tests/test_topology.py checks every rank against it)
+    flags = "--tp 2 --pp 2 --dp 2 --use-tp-pp-dp-mapping".split()
+    table = cli("topology", *flags, "--format", "table")
+    assert table.code == 0, table.err
+    rows = [line.split()[:3] for line in table.out.splitlines()[2:]]
+    # rank, pipe, data: stages first (ranks 0-1 stage 0, 2-3 stage 1), then data replicas
+    assert [row[:3] for row in rows[:5]] == [["0", "0", "0"], ["1", "0", "0"], ["2", "1", "0"],
+                                              ["3", "1", "0"], ["4", "0", "1"]]  # fmt: skip
+    path = write(tmp_path, MODEL_ARGS.replace("--bf16: true", "--bf16: true\n"
+                 "  --pipeline-model-parallel-size: 2\n  --tensor-model-parallel-size: 2\n"
+                 "  --transformer-impl: transformer_engine\n"
+                 "  --use-tp-pp-dp-mapping: true"))  # fmt: skip
+    mapped = cli("memory", "--config", path)
+    assert mapped.code == 0, mapped.err
+    assert "ranks in tp-pp-dp order" in mapped.out
+    assert "Worst: stage 1 (rank 2)" in mapped.out  # stage 1's first rank is 2, not 4
+    assert "not modelled" not in mapped.err
+
+
+def test_tp_pp_dp_mapping_refusals(tmp_path, cli):
+    # megatron asserts the attention and expert data-parallel sizes agree when pp is not last:
+    # tp 2 x cp 2 x dp 2 x pp 2 = 16 ranks, experts (ep 1 x etp 2 x pp 2) leave 4 data replicas
+    result = cli("topology", *"--tp 2 --pp 2 --dp 2 --cp 2 --use-tp-pp-dp-mapping".split())
+    assert result.code == 2
+    assert result.err.startswith("Error: --use-tp-pp-dp-mapping with --pp 2 needs the same "
+                                 "data-parallel size for attention (2) and experts (4: ")  # fmt: skip
+    model = ("--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
+             "--max-position-embeddings 32 --vocab-size 1000 --micro-batch-size 1 "
+             "--global-batch-size 8").split()  # fmt: skip
+    plan = cli("plan", *model, "--gpus", "8", "--use-tp-pp-dp-mapping")
+    assert plan.code == 2 and "plan does not search --use-tp-pp-dp-mapping" in plan.err, plan.err
+    out = str(tmp_path / "w.txt")
+    workload = cli("workload", *model, "--pp", "2", "--dp", "2", "--use-tp-pp-dp-mapping", "--gpu-tflops", "500",
+                   "-o", out)  # fmt: skip
+    assert workload.code == 2, workload.err
+    assert "workload cannot write --use-tp-pp-dp-mapping for SimAI" in workload.err
+
+
+def test_megatron_refuses_the_mapping_where_the_tool_does():
+    # the refusal above is megatron-core's own assertion
+    from inspector.job.layout import Layout
+    from tests.test_topology import megatron_view
+
+    layout = Layout(tp=2, pp=2, dp=2, cp=2, use_tp_pp_dp_mapping=True)
+    with pytest.raises(AssertionError, match="data parallel size of the attention and moe layers"):
+        megatron_view(layout, 0)

@@ -194,6 +194,10 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         negatable=True,
     ),
     _layout(
+        "use_tp_pp_dp_mapping", bool,
+        "Megatron-LM's tp-pp-dp rank order (pipeline stages before data-parallel replicas).",
+    ),
+    _layout(
         "use_distributed_optimizer", bool, "Shard optimizer state over data-parallel ranks.",
         negatable=True,
     ),

@@ -57,8 +57,6 @@ REFUSED: dict[str, Refusal] = {
     "--num-distributed-optimizer-instances": Refusal(
         "layout", "several distributed-optimizer instances shard over part of the data-parallel "
         "group, which this tool does not model", ("1",)),  # fmt: skip
-    "--use-tp-pp-dp-mapping": Refusal(
-        "layout", "it changes megatron's rank order (tp-pp-dp), which this tool does not model"),
     "--use-legacy-models": Refusal("model", "this tool builds megatron-core (mcore) models only"),
     "--spec": Refusal("model", "a custom layer spec module cannot be imported here"),
     # megatron/training/checkpointing.py load_args_from_checkpoint: num_layers, hidden_size, ...
