@@ -55,8 +55,8 @@ def test_muon_is_refused_by_name_with_every_other_refusal(tmp_path, cli):
     assert result.code == 2
     version = f"{VERSION[0]}.{VERSION[1]}"
     fact = f"--optimizer muon is a choice of Megatron-LM 0.16+; this tool builds with megatron-core {version}"
-    muon = (f"--optimizer muon is not modelled: this optimizer's state is not counted (adam's and "
-            f"sgd's are) ({fact})" if MUON_KNOWN else
+    muon = (f"--optimizer muon is not modelled: this optimizer's state is not counted (Adam's two "
+            f"fp32 moments are) ({fact})" if MUON_KNOWN else
             f"--optimizer muon is refused by Megatron-LM: {fact}, whose Megatron-LM stops with "
             "'invalid choice'")  # fmt: skip
     offload = "--cpu-offloading is not modelled: activation offloading to the CPU is not modelled"
@@ -68,6 +68,16 @@ def test_muon_leaves_params_alone_where_megatron_lm_knows_it(tmp_path, cli):
     path = write(tmp_path, MODEL_ARGS + "  --optimizer: muon\n")
     result = cli("params", "--config", path, "--format", "json")
     assert (result.code == 0) == MUON_KNOWN, result.err
+
+
+def test_muon_given_as_a_flag(cli):
+    # the same refusal on the command line (it was click's "not one of: adam, sgd")
+    result = cli("memory", "--micro-batch-size", "1", "--optimizer", "adaptive_muon")
+    assert result.code == 2
+    known = VERSION >= (0, 18)
+    verb = "is not modelled" if known else "is refused by Megatron-LM"
+    assert result.err.startswith(f"Error: --optimizer adaptive_muon {verb}: "), result.err
+    assert "--optimizer adaptive_muon is a choice of Megatron-LM 0.18+" in result.err
 
 
 def test_muon_in_a_plain_config_and_a_script(tmp_path, cli):

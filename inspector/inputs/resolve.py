@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from inspector.errors import ConfigError
 from inspector.inputs.arguments import BY_NAME
-from inspector.inputs.refusals import refusals_message
-from inspector.inputs.unmodelled import REFUSED_VALUES
+from inspector.inputs.refusals import ALL_GROUPS, refusals_message, refused_value
 from inspector.inputs.versions import unknown_argument_notes
 
 if TYPE_CHECKING:
@@ -120,11 +119,11 @@ def _check_flag_values(flags: dict[str, Any], groups: tuple[str, ...], accepted:
     script's would be (refusals.refused_value)."""
     for name, value in flags.items():
         spec = BY_NAME.get(name)
-        refusal = None if spec is None else REFUSED_VALUES.get(spec.flag, {}).get(str(value))
-        if spec is None or refusal is None or refusal.group not in groups:
+        refusal = None if spec is None else refused_value(spec.flag, str(value), "")
+        if refusal is None or (refusal.group != ALL_GROUPS and refusal.group not in groups):
             continue
-        if f"{spec.flag} {value}" not in accepted:
-            raise ConfigError(f"{spec.flag} {value} is not modelled: {refusal.reason}")
+        if refusal.argument not in accepted:
+            raise ConfigError(f"{refusal.argument} is {refusal.verb}: {refusal.reason}")
 
 
 def _source_layers(

@@ -40,7 +40,7 @@ _QK_L2 = (
     "--qk-layernorm's norms) is not modelled"
 )
 _QUANTIZERS = "ModelOpt's quantizers (fake-quantized weights and inputs) are not counted"
-_OPTIMIZER = "this optimizer's state is not counted (adam's and sgd's are)"
+_OPTIMIZER = "this optimizer's state is not counted (Adam's two fp32 moments are)"
 _FROZEN = "frozen parameters hold no gradients or optimizer state, which this tool does not model"
 
 REFUSED: dict[str, Refusal] = {
