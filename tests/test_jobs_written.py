@@ -227,3 +227,67 @@ def test_megatron_refuses_the_mapping_where_the_tool_does():
     layout = Layout(tp=2, pp=2, dp=2, cp=2, use_tp_pp_dp_mapping=True)
     with pytest.raises(AssertionError, match="data parallel size of the attention and moe layers"):
         megatron_view(layout, 0)
+
+
+GUARD = """\
+#!/bin/bash
+if [[ -z "$CHECKPOINT" ]]; then
+    echo "Error: --checkpoint is required" >&2
+    exit 1
+fi
+"""
+
+
+def _first_error(cli, path: str) -> str:
+    result = cli("memory", "--from-script", path)
+    assert result.code == 2
+    return result.err.splitlines()[-1]
+
+
+def test_a_guard_before_a_non_gpt_launch_names_the_program(tmp_path, cli):
+    # examples/inference/run_offline_inference.sh's shape: a guard exits on the caller's value,
+    # then torchrun runs an inference module; no --set makes it GPT training
+    path = write(tmp_path, GUARD + "torchrun --nproc-per-node 8 \\\n    -m examples.inference."
+                 "offline_inference --load \"$CHECKPOINT\" --num-layers 2\n", "s.sh")  # fmt: skip
+    assert _first_error(cli, path) == (
+        f"Error: {path} line 6: the script runs examples/inference/offline_inference.py, which "
+        "runs inference or text generation, not training; this tool reads GPT training "
+        "(pretrain_gpt.py) only (read from the script as written; it stops before that line: "
+        f"{path} line 4: `exit 1`)"
+    )
+
+
+def test_a_guard_before_a_gpt_launch_still_asks_for_the_value(tmp_path, cli):
+    path = write(tmp_path, GUARD + "torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 2\n",
+                 "s.sh")  # fmt: skip
+    error = _first_error(cli, path)
+    assert "found no training command" in error and "--set CHECKPOINT=VALUE" in error, error
+
+
+def test_modelopt_script_folder_program(tmp_path, cli):
+    # ModelOpt's generate.sh: `${LAUNCH_SCRIPT} ${SCRIPT_DIR}/generate.py`, SCRIPT_DIR its folder
+    folder = tmp_path / "examples/post_training/modelopt"
+    folder.mkdir(parents=True)
+    path = folder / "generate.sh"
+    path.write_text('SCRIPT_DIR="$(dirname "$(readlink -f "$0")")"\n'
+                    'if [ -z ${MLM_MODEL_CKPT} ]; then\n    exit 1\nfi\n'
+                    '${LAUNCH_SCRIPT} ${SCRIPT_DIR}/generate.py \\\n    --load ${MLM_MODEL_CKPT}\n')
+    error = _first_error(cli, str(path))
+    assert "/examples/post_training/modelopt/generate.py, which runs inference" in error, error
+
+
+def test_placeholders_bash_cannot_parse_before_or_after_a_non_gpt_launch(tmp_path, cli):
+    # examples/academic_paper_scripts/msdp: `<PATH>` placeholders, a syntax error to bash
+    before = write(tmp_path, "OUT=<PATH_OF_OUTPUT>\npython -m torch.distributed.launch "
+                   "./tasks/msdp/main.py --num-layers 2\n", "before.sh")  # fmt: skip
+    error = _first_error(cli, before)
+    assert error.startswith(f"Error: {before} line 2: the script runs ./tasks/msdp/main.py, "
+                            "which runs inference"), error  # fmt: skip
+    assert "a redirection `>` has no target" in error
+    after = write(tmp_path, "python -m torch.distributed.launch ./tasks/msdp/main.py "
+                  "--num-layers 2\nnlg-eval --hypothesis=<PATH>\n", "after.sh")  # fmt: skip
+    assert _first_error(cli, after) == (
+        f"Error: {after} line 1: the script runs ./tasks/msdp/main.py, which runs inference or "
+        "text generation, not training; this tool reads GPT training (pretrain_gpt.py) only")
+    gpt = write(tmp_path, "OUT=<PATH_OF_OUTPUT>\npython pretrain_gpt.py --num-layers 2\n", "g.sh")
+    assert "a redirection `>` has no target" in _first_error(cli, gpt)  # bash's own stop
