@@ -291,3 +291,17 @@ def test_placeholders_bash_cannot_parse_before_or_after_a_non_gpt_launch(tmp_pat
         "text generation, not training; this tool reads GPT training (pretrain_gpt.py) only")
     gpt = write(tmp_path, "OUT=<PATH_OF_OUTPUT>\npython pretrain_gpt.py --num-layers 2\n", "g.sh")
     assert "a redirection `>` has no target" in _first_error(cli, gpt)  # bash's own stop
+
+
+def test_deepseek_v3_tokenizer_vocabulary():
+    # the ModelOpt conf (deepseek-ai/DeepSeek-R1) and megatron_fsdp DeepSeek-V3 scripts name it;
+    # 128000 BPE entries + 815 added tokens (ids 128000-128814), under config.json's 129280 rows
+    from inspector.inputs.tokenizers import vocabulary
+
+    for name in ("deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-V3-Base", "deepseek-ai/DeepSeek-R1"):
+        vocab = vocabulary("HuggingFaceTokenizer", name, None, None, "s.sh")
+        assert vocab.size == 128000 + 815 < 129280, name
+    # matched whole: R1's distillation into Llama has Llama 3's tokenizer, not known by this row
+    other = vocabulary("HuggingFaceTokenizer", "deepseek-ai/DeepSeek-R1-Distill-Llama-8B", None,
+                       None, "s.sh")  # fmt: skip
+    assert other.size is None and "give --vocab-size" in other.problem
