@@ -305,3 +305,15 @@ def test_deepseek_v3_tokenizer_vocabulary():
     other = vocabulary("HuggingFaceTokenizer", "deepseek-ai/DeepSeek-R1-Distill-Llama-8B", None,
                        None, "s.sh")  # fmt: skip
     assert other.size is None and "give --vocab-size" in other.problem
+
+
+def test_empty_model_args_gives_no_model(tmp_path, cli):
+    # `MODEL_ARGS:` alone (a functional test driven by its own script): the runner passes no
+    # arguments, and Megatron-LM's validate_args requires the model's (it said "not NoneType")
+    path = write(tmp_path, "ENV_VARS:\n  CUDA_DEVICE_MAX_CONNECTIONS: 1\nMODEL_ARGS:\nTEST_TYPE: regular\n")
+    result = cli("memory", "--config", path)
+    assert result.code == 2
+    assert result.err.splitlines()[-1] == (
+        f"Error: {path} gives no --num-layers, --hidden-size, --num-attention-heads, which "
+        "Megatron-LM requires (validate_args: required_args); give them with their flags (or "
+        "--set the variables that hold them)")

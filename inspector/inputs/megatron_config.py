@@ -83,6 +83,8 @@ def read_config(path: str) -> ScriptArgs:
 def _functional_test(data: dict[str, Any], path: str) -> ScriptArgs:
     """Read Megatron-LM's functional-test form: MODEL_ARGS as the runner passes them."""
     model_args = data["MODEL_ARGS"]
+    if model_args is None:  # `MODEL_ARGS:` alone: the runner passes no arguments at all
+        model_args = {}
     program = _runner_program(data, path)
     if not isinstance(model_args, dict):
         raise InputError(f"{path}: MODEL_ARGS must map --flag to value, not "
