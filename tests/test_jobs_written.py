@@ -188,6 +188,8 @@ def test_tp_pp_dp_mapping_places_ranks_as_megatron_does(tmp_path, cli):
     # rank, pipe, data: stages first (ranks 0-1 stage 0, 2-3 stage 1), then data replicas
     assert [row[:3] for row in rows[:5]] == [["0", "0", "0"], ["1", "0", "0"], ["2", "1", "0"],
                                               ["3", "1", "0"], ["4", "0", "1"]]  # fmt: skip
+    view = cli("params", *flags, "--rank", "2", "--format", "table")
+    assert "Rank 2 holds stage 1:" in view.out, view.out  # stage 0 in the default order
     path = write(tmp_path, MODEL_ARGS.replace("--bf16: true", "--bf16: true\n"
                  "  --pipeline-model-parallel-size: 2\n  --tensor-model-parallel-size: 2\n"
                  "  --transformer-impl: transformer_engine\n"
