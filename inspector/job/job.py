@@ -135,14 +135,6 @@ class Job:
             check_modules(self.training.recompute_modules, self.model)
         check_ep_overlap(self.model, self.layout, self.training)
         check_flex(self.model, self.layout, self.training)
-        if self.layout.cp > 1 and self.training.scores_cause:
-            # Transformer Engine's DotProductAttention: "Context parallelism is only implemented
-            # with Flash Attention and Fused Attention!"
-            raise ConfigError(
-                f"--context-parallel-size {self.layout.cp} needs flash or fused attention, which "
-                f"{self.training.scores_cause} turns off: megatron runs context parallelism only "
-                "through Transformer Engine's flash/fused attention"
-            )
         if self.training.flash_attention and self.model.dtype_name == "float32":
             raise ConfigError(
                 "--use-flash-attn needs --bf16 or --fp16: flash attention kernels have no fp32 path"
@@ -160,6 +152,14 @@ class Job:
     def dims(self) -> ModelDims:
         """Return the formulas' view of the model: its sizes with Megatron-LM's defaults applied."""
         model, training = self.model, self.training
+        if self.layout.cp > 1 and training.scores_cause:
+            # Transformer Engine's DotProductAttention: "Context parallelism is only implemented
+            # with Flash Attention and Fused Attention!" (a forward's check: a build passes)
+            raise ConfigError(
+                f"--context-parallel-size {self.layout.cp} needs flash or fused attention, which "
+                f"{training.scores_cause} turns off: megatron runs context parallelism only "
+                "through Transformer Engine's flash/fused attention"
+            )
         return ModelDims.from_fields(
             model.transformer_fields(),
             seq_length=model.seq_length,
