@@ -71,9 +71,21 @@ def test_uniform_needs_whole_groups(cli):
 
 
 def test_recompute_method_needs_full(cli):
-    result = cli("memory", *SMALL, "--recompute-method", "block")
+    result = cli("memory", *SMALL, "--recompute-granularity", "selective", "--recompute-method",
+                 "block")  # fmt: skip
     assert result.code == 2
     assert result.err.startswith("Error: --recompute-method needs --recompute-granularity full")
+
+
+def test_recompute_layers_without_a_granularity_recompute_nothing(cli):
+    # megatron-core's TransformerConfig checks recompute_method/num_layers only under a
+    # granularity, and validate_args only under selective: Megatron-LM runs the job (Megatron-LM's
+    # functional test gpt3_mcore_reruns_resume_check_grads passes --recompute-num-layers 1 alone)
+    plain = cli("memory", *SMALL, "--format", "json")
+    given = cli("memory", *SMALL, "--recompute-num-layers", "1", "--recompute-method", "block",
+                "--format", "json")  # fmt: skip
+    assert given.code == 0, given.err
+    assert given.out == plain.out
 
 
 @pytest.mark.parametrize(
@@ -141,7 +153,19 @@ def test_the_default_backend_allows_context_parallelism_under_te(cli):
     assert flash_attention(cli, *TE, "--cp", "2") is True
     result = cli("memory", *SMALL, *TE, "--cp", "2", "--attention-backend", "unfused")
     assert result.code == 2
-    assert result.err.startswith("Error: --context-parallel-size 2 needs --use-flash-attn")
+    # the error names the argument that turns flash attention off (it said --use-flash-attn)
+    assert result.err == (
+        "Error: --context-parallel-size 2 needs flash or fused attention, which "
+        "--attention-backend unfused turns off: megatron runs context parallelism only through "
+        "Transformer Engine's flash/fused attention\n"
+    )
+    fp32 = [x for x in SMALL if x != "--bf16"]
+    result = cli("memory", *fp32, *TE, "--cp", "2")
+    assert "which --attention-backend auto in fp32 (Transformer Engine picks unfused attention " \
+        "without --bf16 or --fp16) turns off" in result.err, result.err
+    result = cli("memory", *SMALL, "--transformer-impl", "local", "--cp", "2")
+    assert result.err.startswith("Error: --context-parallel-size 2 needs --transformer-impl "
+                                 "transformer_engine"), result.err  # fmt: skip
 
 
 def test_auto_backend_in_fp32_stores_scores(cli):

@@ -266,11 +266,11 @@ def test_a_refused_value_given_as_a_flag_stops_other_commands_but_not_plan(monke
     # a value unmodelled.REFUSED_VALUES refuses stops a command reading its group when given on
     # the command line, as in a launch script; plan accepts the flex dispatcher, which it prices
     from inspector.errors import ConfigError
-    from inspector.inputs import resolve
+    from inspector.inputs import refusals, resolve
     from inspector.inputs.unmodelled import Refusal
 
     refused = {"--moe-token-dispatcher-type": {"flex": Refusal("training", "why")}}
-    monkeypatch.setattr(resolve, "REFUSED_VALUES", refused)
+    monkeypatch.setattr(refusals, "REFUSED_VALUES", refused)
     flags = {"moe_token_dispatcher_type": "flex"}
     with pytest.raises(ConfigError, match=r"^--moe-token-dispatcher-type flex is not modelled: why$"):
         resolve.merge_sources(resolve.Sources(flags=flags), ("model", "training"))

@@ -36,7 +36,9 @@ def megatron_view(layout: Layout, rank: int) -> dict:
             pipeline_model_parallel_size=layout.pp,
             context_parallel_size=layout.cp,
             expert_model_parallel_size=layout.ep,
+            expert_tensor_parallel_size=layout.etp,
             create_gloo_process_groups=False,
+            order=layout.rank_order,  # Megatron-LM's initialize.py: tp-cp-ep-pp-dp with the mapping
         )
         ranks = m.dist.get_process_group_ranks
         return {
@@ -52,13 +54,25 @@ def megatron_view(layout: Layout, rank: int) -> dict:
             "expert_group": tuple(ranks(ps.get_expert_model_parallel_group()))
             if layout.ep > 1
             else None,
+            "expert_data": ps.get_expert_data_parallel_rank() if layout.ep > 1 else 0,
         }
     finally:
         ps.destroy_model_parallel()
         m.dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("layout", SHAPES, ids=str)
+# Megatron-LM's --use-tp-pp-dp-mapping: initialize_model_parallel(order="tp-cp-ep-pp-dp")
+MAPPED = [
+    Layout(tp=2, pp=2, dp=2, use_tp_pp_dp_mapping=True),
+    Layout(tp=1, pp=4, dp=2, use_tp_pp_dp_mapping=True),
+    Layout(tp=2, pp=2, dp=2, cp=2, etp=4, use_tp_pp_dp_mapping=True),
+    Layout(tp=1, pp=2, dp=2, cp=2, ep=2, use_tp_pp_dp_mapping=True),
+    Layout(tp=2, pp=2, dp=2, ep=2, etp=1, use_tp_pp_dp_mapping=True),
+    Layout(tp=1, pp=1, dp=4, ep=2, use_tp_pp_dp_mapping=True),
+]
+
+
+@pytest.mark.parametrize("layout", SHAPES + MAPPED, ids=str)
 def test_coords_match_parallel_state(layout):
     coords = ranks.rank_coords(layout)
     assert [c.rank for c in coords] == list(range(layout.world_size))
@@ -68,7 +82,7 @@ def test_coords_match_parallel_state(layout):
         assert got == expected, f"rank {c.rank}"
 
 
-@pytest.mark.parametrize("layout", SHAPES, ids=str)
+@pytest.mark.parametrize("layout", SHAPES + MAPPED, ids=str)
 def test_group_structure(layout):
     coords = ranks.rank_coords(layout)
     by_rank = {c.rank: c for c in coords}

@@ -74,8 +74,9 @@ def check_activation_inputs(
         )
     if par.cp > 1 and not flash_attention:
         raise ConfigError(
-            f"--context-parallel-size {par.cp} needs --use-flash-attn: megatron runs context "
-            "parallelism only through Transformer Engine's flash/fused attention"
+            f"--context-parallel-size {par.cp} needs flash or fused attention (Transformer "
+            "Engine in bf16 or fp16 with --attention-backend auto, flash or fused): megatron runs "
+            "context parallelism only through Transformer Engine's flash/fused attention"
         )
     if dims.num_experts is not None and par.tp > 1 and not par.sequence_parallel:
         raise ConfigError(

@@ -194,6 +194,10 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         negatable=True,
     ),
     _layout(
+        "use_tp_pp_dp_mapping", bool,
+        "Megatron-LM's tp-pp-dp rank order (pipeline stages before data-parallel replicas).",
+    ),
+    _layout(
         "use_distributed_optimizer", bool, "Shard optimizer state over data-parallel ranks.",
         negatable=True,
     ),
@@ -278,7 +282,10 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
     ),
     _training("attention_dropout", float, "Attention dropout (0: no mask stored; default 0.1)."),
     _training("hidden_dropout", float, "Hidden dropout (0: no masks stored; default 0.1)."),
-    _training("optimizer", str, "Optimizer (Adam only: its two fp32 moments).", choices=("adam", "sgd")),
+    # Megatron-LM's choices (muon and dist_muon from 0.16, lion 0.17, soap and adaptive_muon 0.18):
+    # all but adam are refused by name (unmodelled.REFUSED_VALUES)
+    _training("optimizer", str, "Optimizer (Adam only: its two fp32 moments).",
+              choices=("adam", "sgd", "muon", "dist_muon", "lion", "soap", "adaptive_muon")),
     _training(
         "use_precision_aware_optimizer", bool,
         "Adam's state in Transformer Engine's FusedAdam in the dtypes below (distributed optimizer).",

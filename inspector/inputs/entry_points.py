@@ -93,6 +93,7 @@ NOT_GPT_TRAINING: dict[str, str] = {
     "01_convert_from_hf.py": _CONVERSION,
     "03_convert_to_hf.py": _CONVERSION,
     "preprocess_data.py": "preprocesses data, not training",
+    "msdp/preprocessing.py": "preprocesses data, not training",  # Megatron-LM tasks/msdp
 }
 
 

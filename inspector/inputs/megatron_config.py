@@ -31,8 +31,10 @@ from inspector.inputs.refusals import (
     fsdp2_drops_fp8_param_gather,
     refused_argument,
     refused_flags,
+    refused_value,
     validate_args_refusals,
 )
+from inspector.inputs.safe_parse import Repeated
 from inspector.inputs.sources import ScriptArgs, convert, parse_config, split_arguments
 from inspector.inputs.tokenizers import TOKENIZER_FLAGS, apply_tokenizer
 from inspector.inputs.unmodelled import IGNORED, REFUSED, RENAMED
@@ -51,7 +53,12 @@ RUNNER_WORLD = ("Megatron-LM's functional-test runner, 1 node x 8 GPUs by defaul
 
 def read_config(path: str) -> ScriptArgs:
     """Read a config file of any of the three forms into Megatron-LM arguments."""
-    data = parse_config(read_text(path), path)
+    repeated: list[Repeated] = []
+    data = parse_config(read_text(path), path, repeated)
+    if repeated and not (isinstance(data, dict) and "MODEL_ARGS" in data):
+        first = repeated[0]  # only the test runner's form reads a repeated key (the last one)
+        raise InputError(f"{path} line {first.line}: the key {first.key!r} appears twice (first "
+                         f"on line {first.first_line})")  # fmt: skip
     if not isinstance(data, dict):
         raise InputError(
             f"{path} must hold a mapping of Megatron-LM arguments, not {type(data).__name__}"
@@ -63,13 +70,21 @@ def read_config(path: str) -> ScriptArgs:
         found = "read as a Hugging Face config.json (it has architectures/model_type)"
         return dataclasses.replace(mapped, notes=(found, *mapped.notes))
     if "MODEL_ARGS" in data:
-        return _functional_test(data, path)
+        read = _functional_test(data, path)
+        # yq's to_entries gives the runner every entry; argparse (or export) keeps the last
+        twice = tuple(f"line {item.line}: {item.key} is given again (first on line "
+                      f"{item.first_line}); the last value, {item.value}, is taken, as "
+                      "Megatron-LM's argparse takes the last of the runner's arguments"
+                      for item in repeated)  # fmt: skip
+        return dataclasses.replace(read, notes=(*twice, *read.notes))
     return _plain(data, path)
 
 
 def _functional_test(data: dict[str, Any], path: str) -> ScriptArgs:
     """Read Megatron-LM's functional-test form: MODEL_ARGS as the runner passes them."""
     model_args = data["MODEL_ARGS"]
+    if model_args is None:  # `MODEL_ARGS:` alone: the runner passes no arguments at all
+        model_args = {}
     program = _runner_program(data, path)
     if not isinstance(model_args, dict):
         raise InputError(f"{path}: MODEL_ARGS must map --flag to value, not "
@@ -146,7 +161,11 @@ def _plain(data: dict[str, Any], path: str) -> ScriptArgs:
             name, meaning = RENAMED[flag]
             value = value if meaning is None else meaning
         if name in BY_NAME:
-            args[name] = convert(BY_NAME[name], value, path)
+            unmodelled = refused_value(BY_NAME[name].flag, str(value), path)
+            if unmodelled is not None:
+                refused.append(unmodelled)
+            else:
+                args[name] = convert(BY_NAME[name], value, path)
             continue
         shown = None if value is True else str(value)
         refusal = refused_argument(flag, shown, path)

@@ -19,6 +19,7 @@ from inspector.inputs.unmodelled import (
     REFUSED_VALUES,
     refusal_message,
 )
+from inspector.inputs.versions import choice_version_fact
 
 ALL_GROUPS = "all"  # a Refused.group that stops every command
 
@@ -49,7 +50,12 @@ def refused_value(flag: str, value: str | None, where: str) -> Refused | None:
     refusal = REFUSED_VALUES.get(flag, {}).get(value or "")
     if refusal is None:
         return None
-    return Refused(refusal.group, where, f"{flag} {value}", "not modelled", refusal.reason)
+    known = choice_version_fact(flag, value or "")
+    if known is not None and not known[1]:  # argparse's 'invalid choice' in this Megatron-LM
+        return Refused(ALL_GROUPS, where, f"{flag} {value}", "refused by Megatron-LM",
+                       f"{known[0]}, whose Megatron-LM stops with 'invalid choice'")  # fmt: skip
+    reason = refusal.reason if known is None else f"{refusal.reason} ({known[0]})"
+    return Refused(refusal.group, where, f"{flag} {value}", "not modelled", reason)
 
 
 def refused_flags(refused: Iterable[Refused]) -> set[str]:

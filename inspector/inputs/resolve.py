@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from inspector.errors import ConfigError
 from inspector.inputs.arguments import BY_NAME
-from inspector.inputs.refusals import refusals_message
-from inspector.inputs.unmodelled import REFUSED_VALUES
+from inspector.inputs.refusals import ALL_GROUPS, refusals_message, refused_value
 from inspector.inputs.versions import unknown_argument_notes
 
 if TYPE_CHECKING:
@@ -120,11 +119,11 @@ def _check_flag_values(flags: dict[str, Any], groups: tuple[str, ...], accepted:
     script's would be (refusals.refused_value)."""
     for name, value in flags.items():
         spec = BY_NAME.get(name)
-        refusal = None if spec is None else REFUSED_VALUES.get(spec.flag, {}).get(str(value))
-        if spec is None or refusal is None or refusal.group not in groups:
+        refusal = None if spec is None else refused_value(spec.flag, str(value), "")
+        if refusal is None or (refusal.group != ALL_GROUPS and refusal.group not in groups):
             continue
-        if f"{spec.flag} {value}" not in accepted:
-            raise ConfigError(f"{spec.flag} {value} is not modelled: {refusal.reason}")
+        if refusal.argument not in accepted:
+            raise ConfigError(f"{refusal.argument} is {refusal.verb}: {refusal.reason}")
 
 
 def _source_layers(
@@ -158,6 +157,10 @@ def _source_layers(
         parsed = read_launch_script(sources.script, parse_settings(sources.settings), given)
         layers.append(_file_layer(parsed, sources.script, sources, groups, notes, accepted))
         world = (parsed.world_size, parsed.world_origin)
+    files = (sources.hf_config, sources.config_file, sources.script)
+    if any(file is not None for file in files):
+        # under the first file's layer: a later file that does not name it keeps an earlier's
+        layers.insert(1 if sources.preset is not None else 0, MEGATRON_LM_DEFAULTS)
     layers.append({name: value for name, value in sources.flags.items() if value is not None})
     if sources.apex is not None:
         layers.append({"apex": sources.apex})
@@ -188,21 +191,19 @@ def _file_layer(parsed: ScriptArgs, origin: str, sources: Sources, groups: tuple
     notes.extend(f"Note from {origin}: {note}" for note in unknown_argument_notes(used))
     if problem:
         raise ConfigError(problem)
-    args = _megatron_lm_defaults(parsed.args)
+    args = dict(parsed.args)
     for item in taken:  # a refused value is a string value of a modelled argument
         flag, value = item.argument.split(" ", 1)
         args[next(spec.name for spec in BY_NAME.values() if spec.flag == flag)] = value
     return args
 
 
-def _megatron_lm_defaults(args: dict[str, Any]) -> dict[str, Any]:
-    """Return a config file's or launch script's arguments with Megatron-LM's own defaults.
-
-    A Megatron-LM job that does not name --transformer-impl runs Transformer Engine (Megatron-LM
-    arguments.py: default "transformer_engine"), so the file means it too. Flags still win.
-    (--attention-backend's default, auto, every job gets where nothing names one: job.py.)
-    """
-    return {"transformer_impl": "transformer_engine", **args}
+# A Megatron-LM job that does not name --transformer-impl runs Transformer Engine (Megatron-LM
+# arguments.py: default "transformer_engine"), so a config file or launch script means it too: a
+# layer under the files' own (a config file's `transformer_impl: local` holds when the launch
+# script after it names none), over a preset's. (--attention-backend's default, auto, every job
+# gets where nothing names one: job.py.)
+MEGATRON_LM_DEFAULTS: dict[str, Any] = {"transformer_impl": "transformer_engine"}
 
 
 _SETTING = re.compile(r"^([A-Za-z_]\w*|[1-9]\d*)=(.*)$", re.S)

@@ -12,12 +12,16 @@ the caps documented in docs/limits.md:
 - keys that are plain values (a string, a number), never a list or a mapping;
 - numbers Python reads (at most 4,300 digits).
 
-Repeated keys are refused too (both parsers would keep the last one silently).
+Repeated keys are refused too (both parsers would keep the last one silently), unless the caller
+asks for them (`repeated`): Megatron-LM's functional-test runner passes every entry of MODEL_ARGS to
+argparse, which keeps the last. YAML merge keys (`<<: *BASE`) are merged as the YAML 1.1 merge
+type and yq's `explode` merge them: the mapping's own keys win over the merged ones.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from inspector.errors import InputError
@@ -37,13 +41,16 @@ def parse_json(text: str, source: str) -> Any:
         raise InputError(f"{source}: not valid JSON here ({_first_words(exc)})") from None
 
 
-def parse_yaml(text: str, source: str) -> Any:
-    """Return the YAML document in text (None where empty), or raise InputError naming source."""
+def parse_yaml(text: str, source: str, repeated: list[Repeated] | None = None) -> Any:
+    """Return the YAML document in text (None where empty), or raise InputError naming source.
+
+    `repeated`: where given, a key repeated with another value is appended to it (the last value
+    kept) instead of refused."""
     import yaml
 
     try:
         _check_yaml_size(text, source)
-        return yaml.load(text, Loader=_loader(source))  # noqa: S506 - a SafeLoader
+        return yaml.load(text, Loader=_loader(source, repeated))  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
@@ -131,28 +138,48 @@ def _unique_pairs(source: str) -> Any:
     return hook
 
 
-def _loader(source: str) -> Any:
-    """A yaml SafeLoader that refuses a repeated key, or a key that is a list or a mapping."""
+@dataclass(frozen=True)
+class Repeated:
+    """A key given twice with different values: the last one is kept."""
+
+    key: str
+    first_line: int
+    line: int
+    value: Any  # the value kept
+
+
+def _loader(source: str, repeated: list[Repeated] | None = None) -> Any:
+    """A yaml SafeLoader that refuses a repeated key (or records it in `repeated`), or a key
+    that is a list or a mapping; merge keys are merged first, the mapping's own keys winning."""
     import yaml
 
     class CheckedLoader(yaml.SafeLoader):
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-            seen: dict[Any, tuple[int, Any]] = {}
-            for key_node, value_node in node.value:
+            own = sum(key.tag != "tag:yaml.org,2002:merge" for key, _ in node.value)
+            self.flatten_mapping(node)  # SafeConstructor's merge: the merged pairs first
+            merged = len(node.value) - own
+            seen: dict[Any, tuple[int, Any, bool]] = {}  # key -> line, value, merged
+            for index, (key_node, value_node) in enumerate(node.value):
                 line = key_node.start_mark.line + 1
                 if not isinstance(key_node, yaml.ScalarNode):
                     kind = "list" if isinstance(key_node, yaml.SequenceNode) else "mapping"
                     raise InputError(f"{source} line {line}: a key is a {kind}, not a name")
                 key = self.construct_object(key_node, deep=deep)
                 value = self.construct_object(value_node, deep=True)
-                # a key repeated with the same value (Megatron-LM's own test configs have some)
-                # means one thing; with another value it is refused, never last-one-wins
-                if key in seen and seen[key][1] != value:
-                    raise InputError(
-                        f"{source} line {line}: the key {key!r} appears twice (first on line "
-                        f"{seen[key][0]})"
-                    )
-                seen.setdefault(key, (line, value))
+                before = seen.get(key)
+                # the mapping's own key overrides a merged one, as merge keys mean; a key
+                # repeated with the same value (Megatron-LM's test configs have some) means one
+                # thing; with another value it is refused, never last-one-wins, unless asked
+                if before is None or before[2] or index < merged:
+                    seen[key] = (line, value, index < merged)
+                elif before[1] != value:
+                    if repeated is None:
+                        raise InputError(
+                            f"{source} line {line}: the key {key!r} appears twice (first on line "
+                            f"{before[0]})"
+                        )
+                    repeated.append(Repeated(str(key), before[0], line, value))
+                    seen[key] = (before[0], value, False)
             return super().construct_mapping(node, deep=deep)
 
     return CheckedLoader

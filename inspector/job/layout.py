@@ -55,6 +55,9 @@ class Layout:
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
     pipeline_model_parallel_layout: str | None = None
+    # Megatron-LM's --use-tp-pp-dp-mapping (training/initialize.py): initialize_model_parallel's
+    # order "tp-cp-ep-pp-dp" in place of the default "tp-cp-ep-dp-pp"
+    use_tp_pp_dp_mapping: bool = False
 
     def __post_init__(self) -> None:
         """Reject sizes below one (the flags' own words)."""
@@ -68,6 +71,11 @@ class Layout:
             ("--num-virtual-stages-per-pipeline-rank", self.vpp),
         ):
             check_at_least_one(flag, value)
+
+    @property
+    def rank_order(self) -> str:
+        """Return the order megatron's initialize_model_parallel lays the ranks out in."""
+        return "tp-cp-ep-pp-dp" if self.use_tp_pp_dp_mapping else "tp-cp-ep-dp-pp"
 
     @property
     def world_size(self) -> int:
@@ -152,6 +160,16 @@ def validate_rank_map(layout: Layout, num_experts: int | None) -> None:
     if layout.ep > 1 and num_experts is None:
         raise ConfigError(f"--expert-model-parallel-size {layout.ep} needs --num-experts")
     check_expert_groups(layout.ep, layout.expert_tp, layout.tp, layout.cp, layout.dp)
+    if layout.use_tp_pp_dp_mapping and layout.pp > 1 and layout.expert_dp != layout.dp:
+        # megatron-core parallel_state.initialize_model_parallel, for an order not ending in pp
+        raise ConfigError(
+            f"--use-tp-pp-dp-mapping with --pp {layout.pp} needs the same data-parallel size for "
+            f"attention ({layout.dp}) and experts ({layout.expert_dp}: --tp {layout.tp} x "
+            f"--context-parallel-size {layout.cp} x --dp {layout.dp} / (--expert-model-parallel-"
+            f"size {layout.ep} x --expert-tensor-parallel-size {layout.expert_tp})), as megatron "
+            "asserts: \"When not using pp-last rank ordering, the data parallel size of the "
+            "attention and moe layers must be the same\""
+        )
 
 
 def rank_map_layout(args: Mapping[str, Any]) -> Layout:

@@ -191,6 +191,11 @@ def pinned(args: dict[str, Any]) -> dict[str, Any]:
     fixed: dict[str, Any] = {
         short: bool(args[name]) for name, short in SWITCHES.items() if args.get(name) is not None
     }
+    if args.get("use_tp_pp_dp_mapping"):
+        raise ConfigError(
+            "plan does not search --use-tp-pp-dp-mapping jobs: it prices megatron's default rank "
+            "order (tp-cp-ep-dp-pp); `memory` and `topology` read the tp-pp-dp order"
+        )
     if args.get("use_torch_fsdp2"):
         raise ConfigError(
             "plan does not search --use-torch-fsdp2 jobs; `memory` measures one, and plan tries "

@@ -39,6 +39,8 @@ def _layout(layout: Layout) -> str:
         words += f", {layout.vpp} virtual stages per pipeline rank"
     if layout.sequence_parallel:
         words += ", sequence parallel"
+    if layout.use_tp_pp_dp_mapping:
+        words += ", ranks in tp-pp-dp order"
     return words
 
 

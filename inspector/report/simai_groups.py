@@ -62,6 +62,12 @@ def context_group(par: Layout) -> str:
 
 def check_groups(dims: ModelDims, par: Layout) -> None:
     """Raise ConfigError for a layout whose collectives SimAI would run on the wrong ranks."""
+    if par.use_tp_pp_dp_mapping and par.pp > 1 and par.dp > 1:
+        raise ConfigError(
+            "workload cannot write --use-tp-pp-dp-mapping for SimAI: the workload file gives "
+            "group sizes only, and SimAI places the ranks itself, not in megatron's tp-pp-dp "
+            "order (pipeline stages before data-parallel replicas)"
+        )
     if par.cp > 1 and par.tp == 1 and context_group(par) == "":
         raise ConfigError(
             f"workload cannot write --context-parallel-size {par.cp} with --tp 1 and --dp "

@@ -1,9 +1,11 @@
 """Rank coordinates: where each global rank sits in megatron's parallel layout, and its groups.
 
 Up to RANK_GENERATOR_LIMIT ranks the coordinates come from megatron's own RankGenerator, the code
-`initialize_model_parallel` builds its groups with (tests check both agree rank by rank). Larger
-worlds use the same layout computed directly: megatron's default order "tp-cp-ep-dp-pp" is a mixed
-radix, tensor fastest (tests check it equals RankGenerator).
+`initialize_model_parallel` builds its groups with (tests check both agree rank by rank), in the
+job's order (Layout.rank_order: Megatron-LM's --use-tp-pp-dp-mapping puts pipeline stages before
+data-parallel replicas). Larger worlds use the same layout computed directly: megatron's default
+order "tp-cp-ep-dp-pp" is a mixed radix, tensor fastest (tests check it equals RankGenerator); the
+tp-pp-dp order is refused there.
 """
 
 from __future__ import annotations
@@ -49,13 +51,25 @@ def rank_coords(layout: Layout) -> list[RankCoord]:
     """
     if layout.world_size <= RANK_GENERATOR_LIMIT:
         return _coords_from_rank_generator(layout)
+    _check_direct(layout)
     return _coords_by_order(layout)
+
+
+def _check_direct(layout: Layout) -> None:
+    """Raise ConfigError where a world too large for RankGenerator is not in the default order,
+    the only one computed directly."""
+    if layout.use_tp_pp_dp_mapping:
+        raise ConfigError(
+            f"--use-tp-pp-dp-mapping is modelled up to {RANK_GENERATOR_LIMIT} ranks (megatron's "
+            f"RankGenerator lays them out); this world has {layout.world_size}"
+        )
 
 
 def rank_positions(layout: Layout) -> list[tuple[int, int, int, int]]:
     """Return every rank's (pipe, data, context, model), the topology line's coordinates, in rank order."""
     if layout.world_size <= RANK_GENERATOR_LIMIT:
         return [(c.pipe, c.data, c.context, c.model) for c in rank_coords(layout)]
+    _check_direct(layout)
     tp, cp, dp = layout.tp, layout.cp, layout.dp
     stage_size = tp * cp * dp
     return [
@@ -68,6 +82,7 @@ def rank_shard_indices(layout: Layout) -> list[tuple[int, int, int]]:
     """Return every rank's (pipe, data, expert data): which optimizer shards it holds."""
     if layout.world_size <= RANK_GENERATOR_LIMIT:
         return [(c.pipe, c.data, c.expert_data) for c in rank_coords(layout)]
+    _check_direct(layout)
     return [
         (pipe, data, _expert_data_index(layout, rank))
         for rank, (pipe, data, _, _) in enumerate(rank_positions(layout))
@@ -85,6 +100,8 @@ def stage_shard_pairs(layout: Layout) -> tuple[tuple[int, int], ...]:
     """
     if layout.ep == 1:
         return tuple((data, 0) for data in range(layout.dp))
+    if layout.use_tp_pp_dp_mapping:  # megatron's RankGenerator in that order
+        return tuple(sorted({(c.data, c.expert_data) for c in rank_coords(layout) if c.pipe == 0}))
     dense, expert = layout.tp * layout.cp, layout.expert_tp * layout.ep
     stage = dense * layout.dp
     edges = set(range(0, stage, dense)) | set(range(0, stage, expert))
@@ -101,7 +118,7 @@ def _expert_data_index(layout: Layout, rank: int) -> int:
 def _coords_from_rank_generator(layout: Layout) -> list[RankCoord]:
     ps = megatron().parallel_state
     gen = ps.RankGenerator(
-        tp=layout.tp, ep=1, dp=layout.dp, pp=layout.pp, cp=layout.cp, order="tp-cp-ep-dp-pp"
+        tp=layout.tp, ep=1, dp=layout.dp, pp=layout.pp, cp=layout.cp, order=layout.rank_order
     )
     world = layout.world_size
     groups = {token: _group_of(gen.get_ranks(token), world) for token in ("tp", "pp", "dp", "cp")}
@@ -109,7 +126,7 @@ def _coords_from_rank_generator(layout: Layout) -> list[RankCoord]:
     if layout.ep > 1:
         expert_gen = ps.RankGenerator(
             tp=layout.expert_tp, ep=layout.ep, dp=layout.expert_dp, pp=layout.pp, cp=1,
-            order="tp-cp-ep-dp-pp",
+            order=layout.rank_order,
         )  # fmt: skip
         expert_groups = _group_of(expert_gen.get_ranks("ep"), world)
         expert_data = _group_of(expert_gen.get_ranks("dp"), world)
