@@ -100,3 +100,24 @@ def test_fsdp_plans_print_the_peak_memory_measures() -> None:
         report = measure(build(plan.job, select_view(plan.job), expert_ranks=(0,)), Hardware())
         assert any(s.in_flight for s in report.stages)
         assert [s.total for s in plan.stages] == [s.total for s in report.stages]
+
+
+def test_the_engine_runs_an_fsdp_job_alike_under_every_strategy() -> None:
+    # confirm.measured runs megatron's engine once per layout for every FSDP strategy a search
+    # tries (confirm._ENGINE): the strategy's buffers are FSDP's own (`_fsdp_held`), and the
+    # engine must measure the rest the same under each
+    from inspector.engine.memory import run_job
+    from inspector.job.job import make_job
+    from inspector.world.build import build, select_view
+
+    runs = []
+    for strategy in ("optim", "optim_grads", "optim_grads_params"):
+        job = make_job(dict(
+            num_layers=4, hidden_size=256, num_attention_heads=8, seq_length=512,
+            max_position_embeddings=512, global_batch_size=8, micro_batch_size=1, bf16=True,
+            pipeline_model_parallel_size=2, data_parallel_size=2, **FSDP,
+            data_parallel_sharding_strategy=strategy,
+        ))  # fmt: skip
+        runs.append(run_job(job, build(job, select_view(job), expert_ranks=(0,)).stages))
+    assert runs[0].not_run is None and len(runs[0].runs) == 2
+    assert runs[0] == runs[1] == runs[2]

@@ -15,14 +15,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from inspector.plan import caches
 from inspector.plan.flex import as_built
 from inspector.plan.price import Plan
 
 if TYPE_CHECKING:
+    from inspector.engine.memory import JobRuns
     from inspector.engine.stage import ChunkShape
     from inspector.job.job import Job
+
+
+# megatron's engine runs an FSDP job as the same job without FSDP (inspector/engine reads no
+# strategy: its buffers are `_fsdp_held`'s), and a search tries each layout under every strategy:
+# the engine's runs by job less its strategy, and chunk shapes
+_ENGINE: dict[tuple[Any, ...], JobRuns] = caches.table()
 
 
 def engine_runs(plan: Plan) -> bool:
@@ -41,11 +49,16 @@ def measured(plan: Plan) -> Plan:
     from inspector.engine.memory import StageShapes, run_job
 
     job = as_built(plan.job)
-    stage_shapes = [StageShapes(s.stage, c) for s, c in zip(plan.stages, shapes, strict=True)]
-    engine = run_job(job, stage_shapes)
+    fsdp = job.training.megatron_fsdp or job.training.torch_fsdp2
+    key = (replace(job, training=replace(job.training, sharding_strategy="")), tuple(shapes))
+    engine = _ENGINE.get(key) if fsdp else None
+    if engine is None:
+        stage_shapes = [StageShapes(s.stage, c) for s, c in zip(plan.stages, shapes, strict=True)]
+        engine = run_job(job, stage_shapes)
+        if fsdp:
+            _ENGINE[key] = engine
     if engine.not_run is not None:  # `memory` answers by the closed forms then
         return _measured_as_memory(plan)
-    fsdp = job.training.megatron_fsdp or job.training.torch_fsdp2
     held = _fsdp_held(job, shapes) if fsdp else None
     stages = []
     for printed in plan.stages:
