@@ -219,3 +219,21 @@ def test_command_summaries_are_whole_sentences(cli):
     assert "..." not in text
     for command in HELP_COMMANDS:
         assert re.search(rf"\b{command} [A-Z][^.]+\.", " ".join(text.split())), command
+
+
+def test_a_megatron_list_flag_takes_the_words_that_follow_it(cli) -> None:
+    """Megatron-LM declares --recompute-modules nargs='*': `--recompute-modules core_attn mlp` is
+    one value of two modules there, and so it is here (plan prints it that way)."""
+    from inspector.cli.entry import _join_many
+
+    assert _join_many(["memory", "--recompute-modules", "core_attn", "mlp", "--bf16", "--", "x"]) == [
+        "memory", "--recompute-modules", "core_attn mlp", "--bf16", "--", "x"]  # fmt: skip
+    assert _join_many(["--recompute-modules", "--bf16"]) == ["--recompute-modules", "--bf16"]
+    tiny = ["memory", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+            "--seq-length", "128", "--vocab-size", "1000", "--micro-batch-size", "1", "--bf16",
+            "--disable-bias-linear",
+            "--recompute-granularity", "selective", "--recompute-modules"]  # fmt: skip
+    spaced, commas = cli(*tiny, "core_attn", "mlp"), cli(*tiny, "core_attn,mlp")
+    assert spaced.code == 0, spaced.err
+    assert "recompute selective (core_attn, mlp)" in spaced.out
+    assert spaced.out == commas.out

@@ -11,16 +11,10 @@ from math import comb
 
 import pytest
 
+from inspector.job.flex import BACKEND_SINCE, flex_backend, megatron_version
 from inspector.job.hardware import GPUS
 from inspector.job.layout import Layout
-from inspector.plan.flex import (
-    BACKEND_SINCE,
-    expected_remote_nodes,
-    flex_backend,
-    megatron_version,
-    token_copies,
-    token_record_bytes,
-)
+from inspector.plan.flex import expected_remote_nodes, token_copies, token_record_bytes
 from tests.conftest import run_cli
 
 # ---- what a token costs on each link class: against enumeration of every top-k ----
@@ -154,8 +148,20 @@ def test_plan_prices_the_hybridep_exchange_at_the_hand_price() -> None:
     plan, before = json.loads(flex.out)["plans"][0], json.loads(alltoall.out)["plans"][0]
     assert plan["time_shares"]["expert"] == pytest.approx(2 * 4 * QWEN_EXCHANGE, rel=1e-9)
     assert before["time_shares"]["expert"] == pytest.approx(2 * 4 * (10e-6 + 4096 * 8 * 2048 * 2 / 2 / 50e9), rel=1e-9)
-    assert plan["time_shares"]["compute"] == before["time_shares"]["compute"]
-    assert plan["peak_bytes"] == before["peak_bytes"]  # the same weights: the dispatcher holds none
+    # the all-to-all dispatcher alone sorts the received T k rows by local expert and back
+    # (token_dispatcher.py sort_chunks_by_idxs): 2 layers x 4 copies of 4096 x 8 x 2048 elements
+    from inspector.formulas.kernels import Memory, device_of, op_seconds
+    from inspector.job.hardware import GPUS
+
+    sort = op_seconds(Memory("sort", "copy", 4096 * 8 * 2048, 4), device_of(GPUS["h100"]))
+    gap = before["time_shares"]["compute"] - plan["time_shares"]["compute"]
+    assert gap == pytest.approx(2 * 4 * sort, rel=1e-6)
+    if new:  # HybridEP's job is confirmed as the all-to-all's: the same weights, buffers not counted
+        assert plan["peak_bytes"] == before["peak_bytes"]
+        assert "outside_allocator" not in plan["stages"][0]
+    else:  # DeepEP (0.13-0.15's one backend) is confirmed as built, its buffers counted
+        names = [what for what, _ in plan["stages"][0]["outside_allocator"]]
+        assert names == ["DeepEP NVLink buffer", "DeepEP RDMA buffer", "DeepEP workspace"]
     flags = " ".join(plan["flags"])
     assert "--moe-token-dispatcher-type flex" in flags
     if new:
@@ -198,15 +204,20 @@ def test_backend_as_megatron_chooses_it(args, version, backend) -> None:
     ({"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": "deepep"}, OLD,
      "--moe-flex-dispatcher-backend is not an argument of Megatron-LM 0.13 (the installed "
      "megatron-core; added in 0.16): its flex dispatcher runs DeepEP, with --moe-enable-deepep"),
-    # 0.13-0.15 MoEFlexTokenDispatcher asserts moe_enable_deepep
-    ({"moe_token_dispatcher_type": "flex"}, OLD,
+    # 0.13-0.15 MoEFlexTokenDispatcher (built for an MoE model) asserts moe_enable_deepep
+    ({"moe_token_dispatcher_type": "flex", "num_experts": 8}, OLD,
      "--moe-token-dispatcher-type flex needs --moe-enable-deepep in megatron-core 0.13 "
      "(MoEFlexTokenDispatcher: 'DeepEP is not enabled. Please set --moe-enable-deepep to use "
      "DeepEP backend.')"),
-    # DeepEP does not pad to capacity (0.16: the deepep backend; 0.13: any flex)
+    # DeepEP does not pad to capacity (0.16: the deepep backend; 0.13: any flex, in other words)
     ({"moe_token_dispatcher_type": "flex", "moe_pad_expert_input_to_capacity": True}, NEW,
-     "--moe-pad-expert-input-to-capacity with the flex dispatcher's DeepEP: megatron-core's "
-     "TransformerConfig refuses it ('Flex token dispatcher with deepep backend does not support "
+     "--moe-pad-expert-input-to-capacity does not run with the flex dispatcher's DeepEP backend "
+     "(megatron-core's TransformerConfig: 'Flex token dispatcher with deepep backend does not "
+     "support moe_pad_expert_input_to_capacity')"),
+    ({"moe_token_dispatcher_type": "flex", "moe_enable_deepep": True,
+      "moe_pad_expert_input_to_capacity": True}, OLD,
+     "--moe-pad-expert-input-to-capacity does not run with the flex dispatcher's DeepEP backend "
+     "(megatron-core's TransformerConfig: 'Flex token dispatcher does not support "
      "moe_pad_expert_input_to_capacity')"),
 ])
 def test_megatrons_refusals(args, version, message) -> None:
@@ -224,10 +235,9 @@ def test_flex_with_one_expert_rank_is_refused() -> None:
                      "flex", "--gpus-per-node", "8",
                      *([] if megatron_version() >= BACKEND_SINCE else ["--moe-enable-deepep"]))  # fmt: skip
     assert result.code == 2
-    assert result.err == (
-        "Error: --moe-token-dispatcher-type flex needs --expert-model-parallel-size x "
-        "--expert-tensor-parallel-size above 1 (1 x 1 = 1): megatron-core's flex dispatcher "
-        "asserts 'Flex token dispatcher requires TPxEP > 1'\n")
+    assert result.err == (  # the words `memory` prints (tests/test_flex_memory.py): job/flex.py
+        "Error: --moe-token-dispatcher-type flex needs expert parallelism: --expert-tensor-parallel-size 1 x --ep 1 = 1 "
+        "(megatron-core's MoEFlexTokenDispatcher: 'Flex token dispatcher requires TPxEP > 1')\n")
 
 
 def test_deepep_without_flex_is_refused_on_the_command_line() -> None:

@@ -11,10 +11,26 @@ import megatron.core
 import pytest
 
 from tests.conftest import run_cli
-from tests.test_engine import _MOE_TP1, _job
+from tests.test_engine import _MOE_TP1
+from tests.test_engine import _job as _engine_job
 
 VERSION = tuple(int(p) for p in megatron.core.__version__.split(".")[:2])
 MIB = 1 << 20
+# megatron-core before 0.16 runs the flex dispatcher with DeepEP only, and only with
+# --moe-enable-deepep (MoEFlexTokenDispatcher asserts it; job/flex.py): the flag is added there
+OLD_DEEPEP = () if VERSION >= (0, 16) else ("--moe-enable-deepep",)
+FLEX = ("--moe-token-dispatcher-type", "flex", *OLD_DEEPEP)
+# TransformerConfig's refusal of padding to capacity: 0.16 names the deepep backend
+PAD_QUOTE = ("Flex token dispatcher with deepep backend does not support "
+             "moe_pad_expert_input_to_capacity" if VERSION >= (0, 16) else
+             "Flex token dispatcher does not support moe_pad_expert_input_to_capacity")  # fmt: skip
+
+
+def _job(**flags):
+    """tests/test_engine.py's job, with --moe-enable-deepep under flex where megatron-core needs it."""
+    if flags.get("moe_token_dispatcher_type") == "flex" and OLD_DEEPEP:
+        flags["moe_enable_deepep"] = True
+    return _engine_job(**flags)
 
 # a small Mixtral: 8 experts, top-2, hidden 256
 TINY = ("--model", "mixtral-8x7b", "--num-layers", "2", "--hidden-size", "256",
@@ -255,7 +271,7 @@ def test_over_two_nvlink_domains_deepep_returns_its_internode_handle(monkeypatch
 def test_memory_of_a_small_mixtral_with_flex_runs_and_reports_deepep_outside_torch():
     for ep in ("2", "4"):
         result = run_cli("memory", *TINY, "--ep", ep, "--dp", ep, "--global-batch-size", ep,
-                         "--moe-token-dispatcher-type", "flex", "--format", "json")  # fmt: skip
+                         *FLEX, "--format", "json")  # fmt: skip
         assert result.code == 0, result.err
         stage = json.loads(result.out)["stages"][0]
         outside = dict(stage["buffers"]["outside_allocator"])
@@ -265,7 +281,7 @@ def test_memory_of_a_small_mixtral_with_flex_runs_and_reports_deepep_outside_tor
         assert buffers["total"] == (sum(s for _, s in buffers["persistent"])
                                     + buffers["workspaces"] + nvl + 32 * MIB)  # fmt: skip
     text = run_cli("memory", *TINY, "--ep", "2", "--dp", "2", "--global-batch-size", "2",
-                   "--moe-token-dispatcher-type", "flex")  # fmt: skip
+                   *FLEX)  # fmt: skip
     assert "flex dispatcher" in text.out
     assert "Stage 0: outside PyTorch's allocator 0.04 GiB (DeepEP NVLink buffer 0.01 GiB, " \
         "DeepEP workspace 0.03 GiB): in buffers and the total, not in what " \
@@ -283,17 +299,16 @@ def test_no_deepep_buffer_without_the_flex_dispatcher():
     ("flags", "error"),
     [
         (("--ep", "1", "--dp", "2"),
-         "Error: --moe-token-dispatcher-type flex needs expert parallelism: --etp 1 x --ep 1 = 1 "
+         "Error: --moe-token-dispatcher-type flex needs expert parallelism: --expert-tensor-parallel-size 1 x --ep 1 = 1 "
          "(megatron-core's MoEFlexTokenDispatcher: 'Flex token dispatcher requires TPxEP > 1')\n"),
         (("--num-experts", "12", "--ep", "6", "--dp", "6"),
-         "Error: --moe-token-dispatcher-type flex: DeepEP has no configuration for --etp 1 x --ep "
+         "Error: --moe-token-dispatcher-type flex: DeepEP has no configuration for --expert-tensor-parallel-size 1 x --ep "
          "6 = 6 ranks (deep_ep Buffer.get_dispatch_config knows 2, 4, 8, 16, 24, 32, 64, 128, "
          "144, 160)\n"),
         (("--ep", "2", "--dp", "2", "--moe-expert-capacity-factor", "1",
           "--moe-pad-expert-input-to-capacity"),
          "Error: --moe-pad-expert-input-to-capacity does not run with the flex dispatcher's "
-         "DeepEP backend (megatron-core's TransformerConfig: 'Flex token dispatcher with deepep "
-         "backend does not support moe_pad_expert_input_to_capacity')\n"),
+         f"DeepEP backend (megatron-core's TransformerConfig: '{PAD_QUOTE}')\n"),
         (("--ep", "2", "--dp", "2", "--moe-deepep-num-sms", "21"),
          "Error: --moe-deepep-num-sms 21 must be even (DeepEP's Buffer.set_num_sms: 'The SM "
          "count must be even')\n"),
@@ -302,7 +317,7 @@ def test_no_deepep_buffer_without_the_flex_dispatcher():
 )
 def test_megatron_and_deepep_rules_are_errors(flags, error):
     result = run_cli("memory", *TINY, "--global-batch-size", "12",
-                     "--moe-token-dispatcher-type", "flex", *flags)  # fmt: skip
+                     *FLEX, *flags)  # fmt: skip
     assert (result.code, result.err) == (2, error)
 
 
@@ -319,8 +334,8 @@ def test_hybridep_is_refused(tmp_path):
 
 
 def test_which_megatron_core_knows_the_flex_backend_flag():
-    """0.13 has DeepEP alone, switched on by moe_enable_deepep (its flex dispatcher asserts it);
-    0.14+ names the backend, deepep or hybridep. The engine gives each what it takes."""
+    """0.13-0.15 have DeepEP alone, switched on by moe_enable_deepep (their flex dispatcher asserts
+    it); 0.16+ names the backend, deepep or hybridep. The engine gives each what it takes."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     from inspector.engine.microbatch import _flex_fields
@@ -329,7 +344,7 @@ def test_which_megatron_core_knows_the_flex_backend_flag():
     names = {f.name for f in dataclasses.fields(TransformerConfig)}
     fields = _flex_fields(Training(micro_batch_size=1, global_batch_size=1,
                                    moe_token_dispatcher_type="flex"))  # fmt: skip
-    if VERSION >= (0, 14):
+    if VERSION >= (0, 16):
         assert "moe_flex_dispatcher_backend" in names
         assert fields == {"moe_deepep_num_sms": 20, "moe_flex_dispatcher_backend": "deepep"}
     else:

@@ -454,7 +454,7 @@ def test_deepep_without_the_flex_dispatcher_is_refused_as_megatron_core_refuses_
                     "--moe-token-dispatcher-type flex --moe-enable-deepep\n")  # fmt: skip
     memory = cli("memory", "--from-script", str(path))
     assert memory.code == 2 and memory.err.endswith(
-        "--moe-token-dispatcher-type flex needs expert parallelism: --etp 1 x --ep 1 = 1 "
+        "--moe-token-dispatcher-type flex needs expert parallelism: --expert-tensor-parallel-size 1 x --ep 1 = 1 "
         "(megatron-core's MoEFlexTokenDispatcher: 'Flex token dispatcher requires TPxEP > 1')\n")
     assert "Traceback" not in memory.err
 

@@ -47,6 +47,7 @@ def _run(argv: list[str] | None) -> int:
 
     guard_streams()  # UTF-8 stdout; a failed write is an Error:, a closed pipe a quiet exit 141
     args, _STATE["debug"] = _take_debug(sys.argv[1:] if argv is None else argv)
+    args = _join_many(args)
     command = finite_floats(typer.main.get_command(app))
     try:
         result = command.main(args=args, prog_name="inspect-model", standalone_mode=False)
@@ -79,6 +80,29 @@ def _take_debug(argv: list[str]) -> tuple[list[str], bool]:
     end = argv.index("--") if "--" in argv else len(argv)
     kept = [arg for arg in argv[:end] if arg != "--debug"] + argv[end:]
     return kept, len(kept) != len(argv)
+
+
+def _join_many(argv: list[str]) -> list[str]:
+    """Join the words after a flag Megatron-LM declares nargs='*' (`--recompute-modules
+    mla_up_proj mlp`) into its one value, as Megatron-LM's argparse reads them (up to the next
+    word starting with `-`, before any `--`)."""
+    from inspector.inputs.arguments import ARGUMENTS
+
+    many = {spec.flag for spec in ARGUMENTS if spec.many}
+    end = argv.index("--") if "--" in argv else len(argv)
+    out: list[str] = []
+    index = 0
+    while index < end:
+        out.append(argv[index])
+        index += 1
+        if out[-1] in many:
+            words = []
+            while index < end and not argv[index].startswith("-"):
+                words.append(argv[index])
+                index += 1
+            if words:
+                out.append(" ".join(words))
+    return out + argv[end:]
 
 
 def _fail(message: str, code: int = 2) -> int:

@@ -115,8 +115,8 @@ def runtime_config(job: Job) -> dict[str, Any]:
 
 
 def _flex_fields(training: Any) -> dict[str, Any]:
-    """The flex dispatcher's TransformerConfig fields: megatron-core 0.14+ names the backend
-    (`moe_flex_dispatcher_backend`); 0.13 knows DeepEP alone, by `moe_enable_deepep`."""
+    """The flex dispatcher's TransformerConfig fields: megatron-core 0.16+ names the backend
+    (`moe_flex_dispatcher_backend`); 0.13-0.15 know DeepEP alone, by `moe_enable_deepep`."""
     import dataclasses
 
     from inspector.world.setup import megatron

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from inspector.formulas.fp8_ops import amax_pass, norm_fused_linears
 from inspector.formulas.kernels import (
     ATTENTION_BACKWARD,
     Attention,
@@ -119,11 +120,14 @@ def linear(
 class _Pass:
     """Forward and backward op lists being filled side by side."""
 
-    def __init__(self, fused: bool = True, fp8: bool = False) -> None:
+    def __init__(self, fused: bool = True, fp8: bool = False, amax: bool = False,
+                 norm_fused: frozenset[str] = frozenset()) -> None:  # fmt: skip
         self.forward: list[Op] = []
         self.backward: list[Op] = []
         self.fused = fused
         self.fp8 = fp8  # Transformer Engine's linears in fp8 (megatron's router stays 16-bit)
+        self.amax = amax  # current scaling (`tensorwise`): an amax pass before each cast
+        self.norm_fused = norm_fused  # linears whose norm kernel computes the input's amax
 
     def linear(self, name: str, tokens: int, fan_in: int, fan_out: int, expert: bool = False,
                count: int = 1) -> None:
@@ -132,12 +136,17 @@ class _Pass:
         Under fp8 the GEMMs run at the fp8 peak (kernels.py) and Transformer Engine first casts
         the input (forward) and the output gradient (backward) to fp8 with its transpose: a pass
         reading 2 bytes and writing 1 + 1 per element (TE's cast_transpose, one per GEMM input).
+        With current scaling the cast's amax is computed first (fp8_ops.amax_pass).
         """
         fp8 = self.fp8 and name != "router"
         forward, *backward = linear(name, tokens, fan_in, fan_out, expert, fp8)
         if fp8:
+            if self.amax and name not in self.norm_fused:
+                self.forward.append(amax_pass(name, count * tokens * fan_in))
             self.forward.append(Memory(name + " fp8 cast", "copy", count * tokens * fan_in, 4))
             self.backward.append(Memory(name + " fp8 cast", "copy", count * tokens * fan_out, 4))
+            if self.amax:
+                self.backward.append(amax_pass(name, count * tokens * fan_out))
         self.forward += [forward] * count
         self.backward += backward * count
         if not self.fused:  # fp32 main_grad += 16-bit grad: read 4 + 2, write 4 bytes
@@ -252,6 +261,9 @@ def _attention(p: _Pass, dims: ModelDims, z: Shard, tokens: int, core: _Pass) ->
     h, d, t = dims.hidden_size, dims.head_dim, z.tp
     heads, groups = dims.num_attention_heads // t, max(dims.query_groups // t, 1)
     p.linear("QKV", tokens, h, (heads + 2 * groups) * d)
+    if dims.qk_layernorm:  # attention.py: q_layernorm(query), k_layernorm(key), per head
+        p.memory("QK norm", "rms_norm", tokens * (heads + groups) * d,
+                 2 * dims.activation_bytes, 3 * dims.activation_bytes)
     if not dims.fused_kernels:  # no Transformer Engine (apex alone: the same torch.split)
         # attention.py get_query_key_value_tensors: torch.split of the QKV output (Transformer
         # Engine's SplitAlongDim where installed); its backward is one torch.cat of the three
@@ -278,7 +290,11 @@ def _dense_mlp(p: _Pass, dims: ModelDims, tokens: int, ffn: int, name: str) -> N
 
 
 def _moe(p: _Pass, dims: ModelDims, z: Shard, tokens: int, local: int) -> None:
-    """Add the router, permutation, local experts and shared experts of an MoE layer."""
+    """Add the router, permutation, local experts and shared experts of an MoE layer.
+
+    The all-to-all dispatcher (token_dispatcher.py) sorts received tokens by local expert and
+    back (`sort_chunks_by_idxs`, 2+ local experts); fp8 experts pad and unpad (fp8_ops.py).
+    """
     h, act, experts = dims.hidden_size, dims.activation_bytes, dims.num_experts or 1
     k = dims.moe_router_topk
     p.linear("router", local, h, experts)
@@ -287,10 +303,19 @@ def _moe(p: _Pass, dims: ModelDims, z: Shard, tokens: int, local: int) -> None:
     ffn = dims.expert_ffn // z.etp
     routed = max(1, tokens * k * z.ep * z.etp // (experts * z.tp))
     count = max(1, experts // z.ep)
+    sort, rows = dims.moe_sorts_chunks and count > 1, routed * count * h
+    if sort:  # token_dispatcher.py dispatch_postprocess: sort_chunks_by_idxs (a gather)
+        p.memory("sort chunks", "copy", rows, 2 * act, 2 * act)
+    if p.fp8:  # experts.py TEGroupedMLP: Fp8Padding of the input (TE fused_multi_row_padding)
+        p.memory("expert fp8 padding", "copy", rows, 2 * act, 2 * act)
     p.linear("expert fc1", routed, h, dims.gated_multiplier * ffn, True, count)
     cls, fwd, bwd = ("swiglu", 3, 5) if dims.swiglu else ("copy", 2, 3)
     p.memory("expert activation", cls, routed * ffn * count, fwd * act, bwd * act)
     p.linear("expert fc2", routed, ffn, h, True, count)
+    if p.fp8:  # Fp8Unpadding of the output
+        p.memory("expert fp8 unpadding", "copy", rows, 2 * act, 2 * act)
+    if sort:  # combine_preprocess: the reverse sort_chunks_by_idxs
+        p.memory("unsort chunks", "copy", rows, 2 * act, 2 * act)
     p.memory("unpermute", "add", local * k * h, 2 * act, 2 * act)
     if dims.shared_expert_ffn:
         _dense_mlp(p, dims, tokens, dims.shared_expert_ffn // z.tp, "shared expert")
@@ -307,7 +332,8 @@ def layer_ops(dims: ModelDims, z: Shard, moe: bool) -> LayerOps:
     tokens = dims.seq_length * z.micro_batch // z.cp
     local = tokens // z.tp if z.sequence_parallel else tokens  # the norms' and residuals' rows
     elements, act = local * dims.hidden_size, dims.activation_bytes
-    p = _Pass(dims.fused_kernels, dims.fp8 is not None)
+    p = _Pass(dims.fused_kernels, dims.fp8 is not None, dims.fp8_recipe == "tensorwise",
+              norm_fused_linears(dims))
     _residual(p, dims, "input norm", elements, act)
     norms = p.forward[-1:]
     core = _core_attention(dims, z, dims.flash_attention, dims.fused_kernels)

@@ -307,7 +307,11 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         choices=("deepep", "hybridep"),
     ),
     _training("moe_enable_deepep", bool, "DeepEP for the flex dispatcher (older Megatron-LM's flag)."),
-    _training("moe_deepep_num_sms", int, "SMs DeepEP's kernels use (default 20; sizes its buffer)."),
+    _training(
+        "moe_deepep_num_sms",
+        int,
+        "SMs DeepEP's kernels use (default 20; sizes its buffer; plan: overlapped compute loses them).",
+    ),
     _training(
         "overlap_moe_expert_parallel_comm",
         bool,

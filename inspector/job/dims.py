@@ -59,7 +59,7 @@ class ModelDims:
     qk_pos_emb_head_dim: int = 64
     v_head_dim: int = 128
     mtp_num_layers: int = 0
-    qk_layernorm: bool = False  # read with MLA only: the two latent norms
+    qk_layernorm: bool = False  # MLA: the two latent norms; otherwise the per-head Q and K norms
     attention_dropout: bool = True  # --attention-dropout > 0: its mask and output are stored
     hidden_dropout: bool = True  # --hidden-dropout > 0: masks after attention, MLP, embedding
     # What the step-time model's kernels depend on (formulas/ops.py):
@@ -67,6 +67,8 @@ class ModelDims:
     flash_attention: bool = False  # flash attention, else megatron's unfused DotProductAttention
     fused_kernels: bool = True  # megatron's fused scale-mask-softmax (apex or Transformer Engine)
     fp8: str | None = None  # --fp8-format: Transformer Engine's linears multiply in fp8
+    fp8_recipe: str = "delayed"  # --fp8-recipe (TransformerConfig's default): how TE scales
+    moe_sorts_chunks: bool = False  # the all-to-all dispatcher sorts tokens by local expert
 
     @classmethod
     def from_fields(
@@ -80,6 +82,7 @@ class ModelDims:
         rotary: bool,
         flash_attention: bool,
         fused_kernels: bool,
+        moe_sorts_chunks: bool = False,
     ) -> ModelDims:
         """Return the dims of a model given as TransformerConfig fields (`transformer_fields`).
 
@@ -100,6 +103,7 @@ class ModelDims:
             rotary=rotary,
             flash_attention=flash_attention,
             fused_kernels=fused_kernels,
+            moe_sorts_chunks=moe_sorts_chunks,
         )
 
     def __post_init__(self) -> None:

@@ -31,6 +31,7 @@ class Gpu:
     alpha_intra: float = 5e-6
     alpha_inter: float = 10e-6
     tflops_fp4: float | None = None  # dense FP4 tensor-core peak, for the record: nothing prices it
+    sms: int | None = None  # streaming multiprocessors; None: no cited count (plan/flex.py)
 
     def peak_tflops(self, dtype_name: str) -> float:
         """Return the dense peak TFLOP/s for a model of this dtype (bfloat16, float16, float32)."""
@@ -42,14 +43,18 @@ GPUS = {
     # sparsity), 1,979 dense FP8 (3,958 with sparsity), 67 FP32; 80 GB HBM3 at 3.35 TB/s,
     # NVLink 900 GB/s (450 each way); DGX H100: 8 GPUs, 8 x 400 Gb/s ConnectX-7 InfiniBand, one
     # per GPU (50 GB/s).
-    "h100": Gpu("h100", 989.0, 67.0, 1979.0, 80, 3.35e12, 450e9, 50e9),
+    # NVIDIA H100 Tensor Core GPU Architecture whitepaper: the SXM5 H100 has 132 SMs (as the
+    # measured H100 of formulas/kernels-h100.json reported).
+    "h100": Gpu("h100", 989.0, 67.0, 1979.0, 80, 3.35e12, 450e9, 50e9, sms=132),
     # NVIDIA H200 datasheet (SXM): 989 TFLOP/s dense BF16 and FP16, 1,979 dense FP8, 67 FP32;
     # 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s; DGX H200: 8 GPUs, 400 Gb/s InfiniBand per GPU.
-    "h200": Gpu("h200", 989.0, 67.0, 1979.0, 141, 4.8e12, 450e9, 50e9),
+    # 132 SMs: the measured H200 of formulas/kernels-h200.json (shared/gpu/) reported them.
+    "h200": Gpu("h200", 989.0, 67.0, 1979.0, 141, 4.8e12, 450e9, 50e9, sms=132),
     # NVIDIA A100 datasheet (SXM 80GB): 312 TFLOP/s dense BF16 and FP16 (624 with sparsity), no
     # FP8, 19.5 FP32; HBM2e at 2,039 GB/s, NVLink 600 GB/s (300 each way); DGX A100 / Selene
     # (Narayanan et al. 2021): 8 GPUs, 8 x 200 Gb/s HDR InfiniBand per node, one per GPU (25 GB/s).
-    "a100-80gb": Gpu("a100-80gb", 312.0, 19.5, None, 80, 2.039e12, 300e9, 25e9),
+    # NVIDIA A100 Tensor Core GPU Architecture whitepaper: the A100 has 108 SMs.
+    "a100-80gb": Gpu("a100-80gb", 312.0, 19.5, None, 80, 2.039e12, 300e9, 25e9, sms=108),
     # NVIDIA HGX B200 (1,000 W) specifications, per 8 GPUs: 36 PFLOP/s FP16/BF16 and 72 FP8 with
     # sparsity (2,250 and 4,500 dense per GPU), 600 TFLOP/s FP32 (75 per GPU), NVLink 5 at
     # 1.8 TB/s per GPU (900 GB/s each way); DGX B200 datasheet: 1,440 GB HBM3e (180 per GPU) at

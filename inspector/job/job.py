@@ -161,6 +161,7 @@ class Job:
             or model.multi_latent_attention,
             flash_attention=training.flash_attention,
             fused_kernels=model.use_apex or model.transformer_impl == "transformer_engine",
+            moe_sorts_chunks=training.moe_token_dispatcher_type == "alltoall",
         )
 
 

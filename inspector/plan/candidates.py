@@ -142,7 +142,7 @@ def candidate_job(
         return None
     flex = req.training.moe_token_dispatcher_type == "flex" and req.model.num_experts is not None
     if flex and lay.ep * lay.expert_tp <= 1:
-        return None  # megatron's flex dispatcher asserts TPxEP > 1 (plan/flex.py check_flex_layout)
+        return None  # megatron's flex dispatcher asserts TPxEP > 1 (job/flex.py check_flex_group)
     asked = (*key, req.training, req.global_batch_size, mbs, recompute, distopt, flash, method,
              num_layers)
     if asked not in _JOBS:  # capped_split and _first_fit ask for some of the same

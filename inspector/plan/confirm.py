@@ -9,6 +9,8 @@ that does not fit is dropped for the next one, so that `memory` confirms every p
 prints. The engine runs on the chunk shapes of the plan's split without building the stages
 (`engine_shapes`; tests/test_plan_confirm.py compares it with `memory`'s whole computation);
 Megatron-FSDP's state and buffers in flight come from one built stage of each kind (`_fsdp_held`).
+A DeepEP job runs as built (flex.as_built), DeepEP's buffers outside PyTorch's allocator among
+each stage's activations and kept by name (`StagePlan.outside`); HybridEP's as the all-to-all's.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ def measured(plan: Plan) -> Plan:
         above = run.static + run.peak.bytes
         if held is not None:  # `memory`'s FSDP state and buffers in flight, not the plan's
             above += held[printed.stage] - printed.state - printed.gathered
-        stages.append(replace(printed, activations=above))
+        stages.append(replace(printed, activations=above, outside=run.outside))
     return replace(plan, stages=tuple(stages))
 
 
@@ -138,7 +140,8 @@ def _measured_as_memory(plan: Plan) -> Plan:
     job = as_built(plan.job)
     report = measure(build(job, select_view(job), expert_ranks=(0,)), Hardware())
     stages = tuple(  # FSDP's buffers in flight are `memory`'s own there, not the plan's `gathered`
-        replace(printed, activations=built.total - printed.state - printed.gathered)
+        replace(printed, activations=built.total - printed.state - printed.gathered,
+                outside=built.run.outside if built.run is not None else ())
         for printed, built in zip(plan.stages, report.stages, strict=True)
     )
     return replace(plan, stages=stages)

@@ -25,7 +25,8 @@ Each term and its source (symbols of inspector/job/dims.py; m micro-batches, v v
     dispatcher's (DeepEP, HybridEP) by the copies each link carries (plan/flex.py
     `flex_exchange`: a token once per remote node over InfiniBand); under
     --overlap-moe-expert-parallel-comm a merged pass exposes what its layer pair takes beyond
-    its compute (plan/overlap.py: megatron's combined 1F1B replayed on two streams);
+    its compute (plan/overlap.py: megatron's combined 1F1B replayed on two streams, a flex
+    exchange's SMs taken from the compute beside it);
   - pipeline: a point-to-point send per chunk boundary and micro-batch, forward and backward;
     stage time t_s per micro-batch; iteration m max_s t_s + (sum_s t_s - max_s t_s) / v, the
     1F1B / interleaved critical path (Narayanan et al. 2021, Section 2.2: bubble (p - 1) / (v m)
@@ -148,14 +149,14 @@ def stage_work(
     recompute_method: str = "uniform",
     recompute_num_layers: int = 1,
     recompute_modules: tuple[str, ...] = ("core_attn",),
-    overlap: tuple[float, bool] = (0.0, False),
+    overlap: tuple[float, bool, float] = (0.0, False, 0.0),
     flex: bool = False,
 ) -> StageTime:
     """Return a rank's time per micro-batch (compute, TP, CP, EP, P2P), its state's left at 0.
     With full recomputation, `recompute_method` / `recompute_num_layers` say which layers repeat
     their forward (activations.recompute_plan: `block` N, the first N of each chunk). `overlap`:
-    under --overlap-moe-expert-parallel-comm the merged share and --delay-wgrad-compute
-    (overlap.merged_share), else (0.0, False); `flex`: the flex dispatcher."""
+    under --overlap-moe-expert-parallel-comm the merged share, --delay-wgrad-compute, the SMs'
+    share the exchange holds (overlap.py), else (0.0, False, 0.0); `flex`: flex dispatcher."""
     rate = compute_rate(net, efficiency)
     mode = cast(Recompute, recompute)
     plan = recompute_plan(0, chunk_layers, mode, recompute_method, recompute_num_layers)
@@ -165,7 +166,7 @@ def stage_work(
             kinds.setdefault((how, dims.is_moe_layer(i)), []).append(i)
     total = [0.0, 0.0, 0.0, 0.0]  # compute, tensor, context, expert
     for (how, moe), members in kinds.items():
-        shares = overlap if moe else (0.0, False)
+        shares = overlap if moe else (0.0, False, 0.0)
         _add(total, _layer_time(dims, lay, net, rate, mbs, how, members[0], recompute_modules,
                                 *shares, flex), len(members))  # fmt: skip
     if has_output:
@@ -285,12 +286,13 @@ def optimizer_seconds(
 def _layer_time(
     dims: ModelDims, lay: Layout, net: Network, rate: float, mbs: int, recompute: str, i: int,
     modules: tuple[str, ...] = ("core_attn",), merged: float = 0.0, delay_wgrad: bool = False,
-    flex: bool = False,
+    taken: float = 0.0, flex: bool = False,
 ) -> tuple[float, float, float, float]:
     """Return one layer's compute, TP, exposed CP and EP seconds for one micro-batch; selective
     recomputation repeats the forward of `modules` (formulas/ops.py RECOMPUTED); `merged`: the
     share of passes run merged under the MoE all-to-all overlap (plan/overlap.py); `flex`: the
-    exchange is the flex dispatcher's (plan/flex.py `flex_exchange`)."""
+    exchange is the flex dispatcher's (plan/flex.py `flex_exchange`); `taken`: the share of the
+    SMs its kernels hold beside a merged pair's compute (plan/flex.py `exchange_sm_share`)."""
     act, tokens = dims.activation_bytes, dims.seq_length * mbs / lay.cp
     f, moe = layer_flops(dims, i, mbs), dims.is_moe_layer(i)
     extra = f.total / 3 if recompute == "full" else (
@@ -318,7 +320,7 @@ def _layer_time(
     if expert:
         if merged:  # a merged pair exposes what it takes beyond the layer's compute
             pair = merged_pair(_layer_kernels(dims, shard, True), device_of(net.gpu), recompute,
-                               modules, (compute, tensor), expert / 4, delay_wgrad, bool(rate))
+                               modules, (compute, tensor), expert / 4, delay_wgrad, bool(rate), taken)
             expert = merged * max(0.0, pair - compute - tensor) + (1 - merged) * expert
     return compute, tensor, context, expert
 

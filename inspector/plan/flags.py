@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from inspector.job.flex import BACKEND_SINCE, megatron_version
 from inspector.job.job import Job, Training
 from inspector.job.recompute_modules import DEFAULT_MODULES
-from inspector.plan.flex import BACKEND_SINCE, megatron_version
 from inspector.plan.split import Split
 
 
@@ -25,7 +25,7 @@ def megatron_flags(job: Job, split: Split) -> list[str]:
         out.append("--attention-backend unfused")
     if job.model.num_experts is not None and training.moe_token_dispatcher_type != "allgather":
         out.append(f"--moe-token-dispatcher-type {training.moe_token_dispatcher_type}")
-        if training.moe_token_dispatcher_type == "flex":  # plan/flex.py: the backend's spelling
+        if training.moe_token_dispatcher_type == "flex":  # job/flex.py: the backend's spelling
             out.append(f"--moe-flex-dispatcher-backend {training.moe_flex_backend}"
                        if megatron_version() >= BACKEND_SINCE else "--moe-enable-deepep")
     if training.ep_overlap:

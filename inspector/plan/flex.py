@@ -1,5 +1,5 @@
-"""The flex token dispatcher (`--moe-token-dispatcher-type flex`): megatron's rules for it, and
-its exchange priced by the bytes each link class carries.
+"""The flex token dispatcher (`--moe-token-dispatcher-type flex`): its exchange priced by the bytes
+each link class carries, and the job `plan` confirms (megatron's rules for it: job/flex.py).
 
 megatron-core's MoEFlexTokenDispatcher (transformer/moe/token_dispatcher.py, 0.16.1) hands a
 rank's tokens to fused dispatch and combine kernels over one group of expert-tp x ep ranks
@@ -25,94 +25,28 @@ the same way. The hidden states travel in bf16 (fp16) as the layer holds them: m
 
 Under balanced routing (the plan's assumption; `--moe-router-force-load-balancing` draws random
 logits, moe_utils.py `apply_random_logits`) a token's top-k is a uniform k-subset of the E
-experts, placed in ep-rank order, E/ep per rank. Not modelled: the SMs the kernels occupy
-(megatron's defaults `--moe-deepep-num-sms` 20, `--moe-hybridep-num-sms` 16 of the H100's 132,
-transformer_config.py), which the compute beside an overlapped exchange would lose (the NCCL
-all-to-all's are not modelled either), and node-limited routing (`--moe-router-num-groups`,
-`--moe-router-group-topk`, not read by the plan; `expected_remote_nodes` takes them).
+experts, placed in ep-rank order, E/ep per rank. The SMs the kernels occupy (megatron's defaults
+`--moe-deepep-num-sms` 20, `moe_hybridep_num_sms` 16 of the H100's 132, transformer_config.py)
+are taken from the compute beside an overlapped exchange (`exchange_sm_share`, overlap.py; the
+NCCL all-to-all's are not modelled). Not modelled: node-limited routing
+(`--moe-router-num-groups`, `--moe-router-group-topk`, not read by the plan;
+`expected_remote_nodes` takes them).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import replace
 from math import comb, prod
-from typing import Any
 
-from inspector.errors import ConfigError
 from inspector.job.dims import ModelDims
-from inspector.job.job import Job
+from inspector.job.flex import runs_deepep
+from inspector.job.hardware import Gpu
+from inspector.job.job import Job, Training
 from inspector.job.layout import Layout
-from inspector.plan import caches
 from inspector.plan.network import Network, expert_alltoall, expert_peers_on_node
 
-# megatron-core's first version whose TransformerConfig has `moe_flex_dispatcher_backend`
-# (core_v0.16.0 transformer_config.py; 0.13-0.15 run DeepEP only, behind `moe_enable_deepep`)
-BACKEND_SINCE = (0, 16)
 SOURCE_META_BYTES = 8  # internode.cu SourceMeta: src_rdma_rank, is_token_in_nvl_rank_bits
 TOPK_ENTRY_BYTES = 4 + 4  # an int index and a float weight per top-k entry
-
-
-@caches.memo(maxsize=None)
-def megatron_version() -> tuple[int, int]:
-    """Return the installed megatron-core's (major, minor), read from its package metadata (no
-    megatron import); the planner's one reader of it (layouts.py and request.py ask it too)."""
-    from importlib import metadata
-
-    try:
-        text = metadata.version("megatron-core")
-    except metadata.PackageNotFoundError:
-        return (0, 16)
-    major, minor = (int("".join(c for c in part if c.isdigit()) or 0) for part in text.split(".")[:2])
-    return major, minor
-
-
-def flex_backend(args: Mapping[str, Any], version: tuple[int, int] | None = None) -> str | None:
-    """Return the backend the flex dispatcher runs (None: another dispatcher), raising megatron's
-    refusals of the flags as `Error:` lines.
-
-    megatron-core 0.16.1 transformer_config.py `__post_init__` (the `moe_enable_deepep` and flex
-    blocks) and MoEFlexTokenDispatcher.__init__; 0.13.1-0.15.3 the same class's asserts.
-    """
-    version = version or megatron_version()
-    dispatcher = args.get("moe_token_dispatcher_type") or "allgather"
-    backend, deepep = args.get("moe_flex_dispatcher_backend"), bool(args.get("moe_enable_deepep"))
-    dotted = f"{version[0]}.{version[1]}"
-    if deepep and dispatcher != "flex":
-        raise ConfigError(f"--moe-enable-deepep needs --moe-token-dispatcher-type flex, not "
-                          f"{dispatcher} (megatron-core's TransformerConfig: 'DeepEP backend is "
-                          "only supported with flex token dispatcher.')")  # fmt: skip
-    if backend is not None and version < BACKEND_SINCE:
-        raise ConfigError(f"--moe-flex-dispatcher-backend is not an argument of Megatron-LM "
-                          f"{dotted} (the installed megatron-core; added in 0.16): its flex "
-                          "dispatcher runs DeepEP, with --moe-enable-deepep")  # fmt: skip
-    if dispatcher != "flex":
-        return None
-    if version < BACKEND_SINCE and not deepep:
-        raise ConfigError(f"--moe-token-dispatcher-type flex needs --moe-enable-deepep in "
-                          f"megatron-core {dotted} (MoEFlexTokenDispatcher: 'DeepEP is not "
-                          "enabled. Please set --moe-enable-deepep to use DeepEP backend.')")  # fmt: skip
-    if deepep and backend == "hybridep":
-        raise ConfigError("--moe-enable-deepep with --moe-flex-dispatcher-backend hybridep: "
-                          "megatron-core's TransformerConfig allows one ('Only one backend is "
-                          "supported for flex token dispatcher.')")  # fmt: skip
-    chosen = "deepep" if deepep else backend or "deepep"
-    if args.get("moe_pad_expert_input_to_capacity") and (chosen == "deepep" or version < BACKEND_SINCE):
-        raise ConfigError(f"--moe-pad-expert-input-to-capacity with the flex dispatcher's "
-                          f"{'DeepEP' if chosen == 'deepep' else 'kernels'}: megatron-core's "
-                          "TransformerConfig refuses it ('Flex token dispatcher with deepep "
-                          "backend does not support moe_pad_expert_input_to_capacity')")  # fmt: skip
-    return chosen
-
-
-def check_flex_layout(ep: int, etp: int) -> None:
-    """Raise ConfigError where a pinned layout has one expert-tp x ep rank: the dispatcher asserts
-    'Flex token dispatcher requires TPxEP > 1' (MoEFlexTokenDispatcher.__init__)."""
-    if ep * etp <= 1:
-        raise ConfigError(f"--moe-token-dispatcher-type flex needs --expert-model-parallel-size x "
-                          f"--expert-tensor-parallel-size above 1 ({ep} x {etp} = {ep * etp}): "
-                          "megatron-core's flex dispatcher asserts 'Flex token dispatcher "
-                          "requires TPxEP > 1'")  # fmt: skip
 
 
 def missed(experts: float, held: float, topk: int) -> float:
@@ -194,12 +128,13 @@ def flex_exchange(count: int, dims: ModelDims, tokens: float, lay: Layout, net: 
 
 
 def as_built(job: Job) -> Job:
-    """Return the job megatron is asked to build and run for the plan's memory: the flex
-    dispatcher's job with the all-to-all dispatcher in its place. Neither dispatcher holds
-    parameters (token_dispatcher.py), so the state is the same; the engine runs the all-to-all's
-    permutation where DeepEP's kernels would run, and DeepEP's and HybridEP's communication
-    buffers (allocated outside PyTorch's allocator, fused_a2a.py `get_buffer`) are not counted."""
-    if job.training.moe_token_dispatcher_type != "flex":
+    """Return the job megatron is asked to build and run for the plan's memory: DeepEP's as it is
+    (`memory` runs it on world/deep_ep.py's stand-in and counts DeepEP's buffers outside PyTorch's
+    allocator, engine/memory.py `outside_allocator`); HybridEP's with the all-to-all dispatcher in
+    its place. Neither dispatcher holds parameters (token_dispatcher.py), so the state is the same;
+    the engine runs the all-to-all's permutation where HybridEP's kernels would run, and HybridEP's
+    buffers (sized in its own kernels, which `memory` refuses) are not counted."""
+    if job.training.moe_token_dispatcher_type != "flex" or runs_deepep(job.training):
         return job
     return replace(job, training=replace(job.training, moe_token_dispatcher_type="alltoall"))
 
@@ -213,3 +148,25 @@ def moe_exchange(dims: ModelDims, lay: Layout, net: Network, tokens: float, flex
         return 0.0
     routed = tokens * dims.moe_router_topk * dims.hidden_size / lay.tp
     return expert_alltoall(4, routed, dims.activation_bytes, lay, net)
+
+
+# megatron-core 0.16.1 transformer_config.py: `moe_hybridep_num_sms: int = 16` (HybridEP's SMs;
+# Megatron-LM's arguments do not set it); DeepEP's is the job's --moe-deepep-num-sms (default 20)
+HYBRIDEP_NUM_SMS = 16
+
+
+def exchange_sm_share(training: Training, gpu: Gpu) -> float:
+    """Return the share of the GPU's SMs a flex exchange kernel holds while it runs, which the
+    compute beside it (--overlap-moe-expert-parallel-comm) cannot use.
+
+    DeepEP's normal kernels run on `Buffer.set_num_sms(moe_deepep_num_sms)` SMs (fused_a2a.py
+    `set_deepep_num_sms`; DeepEP's README: "they support SM (Streaming Multiprocessors) number
+    control"), HybridEP's on `moe_hybridep_num_sms` (token_dispatcher.py `num_sms_dispatch_api`,
+    `num_sms_combine_api`). The compute beside runs on the rest, at that share of its speed.
+    0 for the all-to-all dispatcher (NCCL's kernels take `p2pnChannels` SMs, which NCCL's
+    topology search sets at run time: not priced) and for a GPU without a cited SM count.
+    """
+    if training.moe_token_dispatcher_type != "flex" or not gpu.sms:
+        return 0.0
+    sms = training.moe_deepep_num_sms if runs_deepep(training) else HYBRIDEP_NUM_SMS
+    return sms / gpu.sms

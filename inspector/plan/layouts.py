@@ -154,7 +154,7 @@ def mtp_in_layouts() -> bool:
     """Return whether the installed megatron-core builds MTP from a layout string (0.14+; 0.13's
     PipelineParallelLayerLayout raises "MTP layer is not supported for flexible pipeline layout").
     Read from the package metadata, which imports no megatron."""
-    from inspector.plan.flex import megatron_version
+    from inspector.job.flex import megatron_version
 
     return megatron_version() >= (0, 14)
 

@@ -10,7 +10,9 @@ in its own micro-batch:
 
 What each node runs (models/gpt/fine_grained_callables.py): `attn` the input norm, attention,
 its bias-dropout-add, the pre-MLP norm, the router, the shared experts and the permutation
-before the dispatch; `moe_dispatch` the all-to-all; `mlp` the experts; `moe_combine` the
+before the dispatch; `moe_dispatch` the all-to-all; `mlp` the experts (moe_layer.py
+`routed_experts_compute`: with the all-to-all dispatcher's sort of the received tokens by local
+expert and back, `dispatch_postprocess` / `combine_preprocess`); `moe_combine` the
 all-to-all, the un-permutation and the MLP's bias-dropout-add, on the communication stream.
 With `--delay-wgrad-compute` the weight gradients run apart (`backward_dw`), after the node's
 data gradient, so the next communication need not wait for them.
@@ -30,9 +32,10 @@ from inspector.formulas.kernels import Device, Op, ops_seconds
 from inspector.formulas.ops import LayerOps, layer_seconds
 from inspector.job.dims import warmup_steps
 
-MLP_NODE = ("expert fc1", "expert activation", "expert fc2")
+MLP_NODE = ("sort chunks", "expert fp8 padding", "expert fc1", "expert activation", "expert fc2",
+            "expert fp8 unpadding", "unsort chunks")
 COMBINE_NODE = ("unpermute", "MLP bias-dropout-add")
-_SUFFIXES = (" backward", " dgrad", " wgrad", " fp8 cast", " main_grad.add_")
+_SUFFIXES = (" backward", " dgrad", " wgrad", " fp8 cast", " fp8 amax", " main_grad.add_")
 PAIRS = 8  # layer pairs replayed to reach the steady state (a pair's time is exact past 2)
 
 
@@ -49,6 +52,7 @@ class Nodes:
     mlp_dw: float
     combine_b: float
     alltoall: float  # one dispatch or combine exchange
+    taken: float = 0.0  # the share of the GPU's SMs an exchange kernel holds while it runs
 
 
 def _base(name: str) -> str:
@@ -65,7 +69,7 @@ def _node(op: Op) -> str:
 
 def layer_nodes(
     ops: LayerOps, device: Device, recomputed: tuple[Op, ...], alltoall: float, tensor: float,
-    delay_wgrad: bool, scale: float = 1.0,
+    delay_wgrad: bool, scale: float = 1.0, taken: float = 0.0,
 ) -> Nodes:
     """Return an MoE layer's nodes: its kernels (times `scale`) split as megatron's callables
     split them, the forward repeats of selective recomputation in their node's backward, `tensor`
@@ -85,25 +89,53 @@ def layer_nodes(
     sums["attn_b"] += tensor / 4
     sums["mlp_f"] += tensor / 4
     sums["mlp_b"] += tensor / 4
-    return Nodes(**sums, alltoall=alltoall)
+    return Nodes(**sums, alltoall=alltoall, taken=taken)
+
+
+def _run(start: float, work: float, busy: list[tuple[float, float]], taken: float) -> float:
+    """Return when `work` seconds of whole-GPU compute started at `start` end, running at
+    1 - `taken` of its speed while an exchange kernel of `busy` (start, end) holds its SMs."""
+    t, left = start, work
+    for b0, b1 in busy:
+        if left <= 0 or b1 <= t:
+            continue
+        if t < b0:
+            step = min(left, b0 - t)
+            t, left = t + step, left - step
+        if left > 0 and t < b1:
+            room = (b1 - max(t, b0)) * (1 - taken)
+            t, left = (t + left / (1 - taken), 0.0) if left <= room else (b1, left - room)
+    return t + left
 
 
 def _chain(t: Nodes, pairs: int) -> float:
-    """Return when `pairs` merged layer pairs end, run in megatron's issue order."""
+    """Return when `pairs` merged layer pairs end, run in megatron's issue order (each
+    exchange's interval computed before the compute beside it, which runs slowed by the SMs
+    the exchange kernel holds, `t.taken`)."""
     comp = comm = f_ready = b_ready = 0.0
-    a = t.alltoall
+    a, busy = t.alltoall, [(0.0, 0.0)]
+
+    def exchange(start: float) -> float:
+        busy.append((start, start + a))
+        del busy[:-4]
+        return start + a
+
+    dw_start = None  # the last pair's attention weight gradients, run beside the next exchange
     for _ in range(pairs):
-        combine_b = max(comm, b_ready) + a + t.combine_b
-        attn_f = max(comp, f_ready) + t.attn_f
-        mlp_b = max(attn_f, combine_b) + t.mlp_b
-        dispatch_f = max(combine_b, attn_f) + a
-        mlp_dw = mlp_b + t.mlp_dw
-        dispatch_b = max(dispatch_f, mlp_b) + a
-        mlp_f = max(mlp_dw, dispatch_f) + t.mlp_f
-        combine_f = max(dispatch_b, mlp_f) + a + t.combine_f
-        attn_b = max(mlp_f, dispatch_b) + t.attn_b
-        comp, comm = attn_b + t.attn_dw, combine_f
-        f_ready, b_ready = combine_f, attn_b
+        combine_b = exchange(max(comm, b_ready)) + t.combine_b
+        if dw_start is not None:
+            comp = _run(dw_start, t.attn_dw, busy, t.taken)
+        attn_f = _run(max(comp, f_ready), t.attn_f, busy, t.taken)
+        dispatch_f = exchange(max(combine_b, attn_f))
+        mlp_b = _run(max(attn_f, combine_b), t.mlp_b, busy, t.taken)
+        dispatch_b = exchange(max(dispatch_f, mlp_b))
+        mlp_dw = _run(mlp_b, t.mlp_dw, busy, t.taken)
+        mlp_f = _run(max(mlp_dw, dispatch_f), t.mlp_f, busy, t.taken)
+        combine_f = exchange(max(dispatch_b, mlp_f)) + t.combine_f
+        attn_b = _run(max(mlp_f, dispatch_b), t.attn_b, busy, t.taken)
+        dw_start = attn_b
+        comm, f_ready, b_ready = combine_f, combine_f, attn_b
+    comp = _run(dw_start or 0.0, t.attn_dw, busy, t.taken)
     return max(comp, comm)
 
 
@@ -124,12 +156,13 @@ def merged_share(stage: int, pp: int, num_microbatches: int, chunks: int) -> flo
 def merged_pair(
     ops: LayerOps, device: Device, recompute: str, modules: tuple[str, ...],
     times: tuple[float, float], alltoall: float, delay_wgrad: bool, flops_priced: bool,
+    taken: float = 0.0,
 ) -> float:
     """Return a merged pair's seconds for an MoE layer whose forward and backward take `times`
     (compute, TP); priced by FLOPs (`--efficiency`), each node keeps its kernels' share of the
-    compute."""
+    compute; `taken`: the share of the SMs the exchange kernels hold (flex.exchange_sm_share)."""
     compute, tensor = times
     again = ops.recomputed(modules) if recompute == "selective" else ()
     kernels = layer_seconds(ops, device, recompute, modules)
     scale = compute / kernels if flops_priced and kernels else 1.0
-    return pair_seconds(layer_nodes(ops, device, again, alltoall, tensor, delay_wgrad, scale))
+    return pair_seconds(layer_nodes(ops, device, again, alltoall, tensor, delay_wgrad, scale, taken))

@@ -27,6 +27,7 @@ from inspector.plan import caches
 from inspector.plan.activations import activation_layout, stage_activation_bytes
 from inspector.plan.cost import StageTime, StepTime, stage_work, step_time, with_state
 from inspector.plan.flags import megatron_flags
+from inspector.plan.flex import exchange_sm_share
 from inspector.plan.memory import ChunkShape, stage_state
 from inspector.plan.network import Network
 from inspector.plan.overlap import merged_share
@@ -51,6 +52,9 @@ class StagePlan:
     gathered: int = 0  # FSDP's gathered parameters and unsharded gradients (report/fsdp.py)
     kept: int = 0  # of the weights, Transformer Engine's transposes of fp8 parameters
     elements: int = 0  # the rank's grad buffer elements (0: not counted, FSDP)
+    # of the activations, what the GPU holds outside PyTorch's allocator (what, bytes): DeepEP's
+    # buffers, where megatron's engine confirmed the plan (engine/memory.py `outside_allocator`)
+    outside: tuple[tuple[str, int], ...] = ()
 
     @property
     def total(self) -> int:
@@ -137,7 +141,7 @@ def job_dims(job: Job) -> ModelDims:
     """Return job.dims(), once per what it reads: the model, tp (vocab padding), dropout on/off."""
     training = job.training
     key = (model_token(job.model), job.layout.tp, training.attention_dropout > 0,
-           training.hidden_dropout > 0, training.flash_attention)
+           training.hidden_dropout > 0, training.flash_attention, training.moe_token_dispatcher_type)
     if key not in _DIMS:
         _DIMS[key] = job.dims()
     return _DIMS[key]
@@ -292,13 +296,14 @@ def price_memory(job: Job, split: Split) -> tuple[Placed, tuple[StagePlan, ...]]
     return stages_of.placed, tuple(stages)
 
 
-def _overlap(job: Job, stage: int) -> tuple[float, bool]:
-    """Return cost.stage_work's `overlap` for the stage: merged share, delayed weight grads."""
+def _overlap(job: Job, stage: int, gpu: Gpu) -> tuple[float, bool, float]:
+    """Return cost.stage_work's `overlap` for the stage: merged share, delayed weight grads,
+    the share of the GPU's SMs the exchange kernels hold (flex.exchange_sm_share)."""
     training, lay = job.training, job.layout
     if not training.ep_overlap:
-        return 0.0, False
+        return 0.0, False, 0.0
     share = merged_share(stage, lay.pp, job.schedule().num_microbatches, lay.chunks)
-    return share, training.delay_wgrad
+    return share, training.delay_wgrad, exchange_sm_share(training, gpu)
 
 
 def _step_setup(job: Job, dims: ModelDims) -> OptimizerStep:
@@ -329,7 +334,7 @@ def timed(
     times = []
     for st in stages:
         has_output = st.stage == lay.pp - 1
-        recipe, overlap = _recompute(training, placed[st.stage]), _overlap(job, st.stage)
+        recipe, overlap = _recompute(training, placed[st.stage]), _overlap(job, st.stage, req.gpu)
         work = (signatures[st.stage], has_output, recipe, overlap)
         if work not in scope:
             granularity, method, n = recipe

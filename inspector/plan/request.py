@@ -10,12 +10,12 @@ from typing import Any
 from inspector.errors import ConfigError
 from inspector.job.build_limits import expert_cap
 from inspector.job.checks import check_built_layers
+from inspector.job.flex import check_flex_group, flex_backend
 from inspector.job.hardware import DEFAULT_EFFICIENCY, DEFAULT_GPU, Gpu, get_gpu, with_overrides
 from inspector.job.job import Training, make_training
 from inspector.job.model import ModelConfig
 from inspector.job.model_args import make_model_config
 from inspector.plan import caches
-from inspector.plan.flex import check_flex_layout, flex_backend
 from inspector.plan.split import PIN_FLAGS
 
 
@@ -138,7 +138,7 @@ def make_request(args: dict[str, Any], flags: PlanFlags) -> Request:
     if backend is not None and model.num_experts is not None and "ep" in fixed:
         etp = fixed.get("etp", fixed.get("tp"))  # megatron: expert tp defaults to tp
         if etp is not None:
-            check_flex_layout(fixed["ep"], etp)
+            check_flex_group(fixed["ep"], etp, backend)
     return Request(
         model=model, gpus=flags.gpus, gpu=gpu,
         memory=round(gpu.memory_gib * (1 << 30)), global_batch_size=batch,
@@ -160,6 +160,7 @@ def _kept_training(args: dict[str, Any], backend: str | None) -> Training:
         recompute_modules=asked.recompute_modules,
         moe_token_dispatcher_type=asked.moe_token_dispatcher_type,
         moe_flex_backend=backend or asked.moe_flex_backend,
+        moe_enable_deepep=asked.moe_enable_deepep,
         ep_overlap=asked.ep_overlap,
         delay_wgrad=asked.delay_wgrad,
     )
@@ -256,7 +257,7 @@ def etp_bias_refused() -> bool:
     """Return whether the installed megatron-core has that assert: 0.16.1 has it, 0.13.1 does
     not; from 0.14 on it is assumed (a layout not offered rather than one megatron refuses).
     Read from the package metadata, which imports no megatron (as layouts.mtp_in_layouts)."""
-    from inspector.plan.flex import megatron_version
+    from inspector.job.flex import megatron_version
 
     return megatron_version() >= (0, 14)
 

@@ -7,7 +7,7 @@ from tabulate import tabulate
 from inspector.job.hardware import DEFAULT_GPU, GPUS
 
 HEADERS = ["`--gpu`", "dense 16-bit TFLOP/s", "dense FP8", "dense FP4", "FP32", "memory", "HBM",
-           "NVLink, each way", "InfiniBand per GPU", "GPUs per node"]
+           "NVLink, each way", "InfiniBand per GPU", "GPUs per node", "SMs"]
 
 
 def render_gpus() -> str:
@@ -24,6 +24,7 @@ def render_gpus() -> str:
             f"{gpu.intra / 1e9:g} GB/s",
             f"{gpu.inter / 1e9:g} GB/s",
             str(gpu.gpus_per_node),
+            "-" if gpu.sms is None else str(gpu.sms),
         ]
         for gpu in GPUS.values()
     ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from tabulate import tabulate
@@ -225,14 +226,20 @@ def _moments(report: MemoryReport) -> list[str]:
             f"{_size(report, s.total)} at the {s.run.peak.moment}."
         )
         if s.run.outside:
-            parts = ", ".join(f"{what} {_size(report, size)}" for what, size in s.run.outside)
-            lines.append(
-                f"Stage {s.stage}: outside PyTorch's allocator {_size(report, s.run.outside_bytes)}"
-                f" ({parts}): in buffers and the total, not in what "
-                f"torch.cuda.max_memory_allocated reports "
-                f"({_size(report, s.total - s.run.outside_bytes)})."
-            )
+            lines.append(outside_line(f"Stage {s.stage}", s.run.outside, lambda v: _size(report, v),
+                                      "buffers and the total", s.total))  # fmt: skip
     return lines
+
+
+def outside_line(label: str, outside: tuple[tuple[str, int], ...], size: Callable[[int], str],
+                 counted_in: str, total: int) -> str:  # fmt: skip
+    """Return the line naming what a stage holds outside PyTorch's allocator (DeepEP's buffers),
+    where its `total` counts them, and what torch.cuda.max_memory_allocated would say without
+    them; `memory` and `plan` print it alike."""
+    held = sum(b for _, b in outside)
+    parts = ", ".join(f"{what} {size(b)}" for what, b in outside)
+    return (f"{label}: outside PyTorch's allocator {size(held)} ({parts}): in {counted_in}, not "
+            f"in what torch.cuda.max_memory_allocated reports ({size(total - held)}).")
 
 
 NOT_COUNTED = "not counted"  # the buffers where the engine did not run (json: null)

@@ -9,6 +9,7 @@ from tabulate import tabulate
 
 from inspector.plan.price import Plan
 from inspector.plan.search import SearchResult
+from inspector.render.memory import outside_line
 
 GIB = 1 << 30
 
@@ -75,6 +76,7 @@ def render_plan(result: SearchResult, memory: int, fmt: str, explain: bool = Fal
     best = result.plans[0]
     lines = [
         tabulate(rows, headers=headers, disable_numparse=True),
+        *_outside(best),
         "",
         "Megatron-LM flags of plan 1:",
         "  " + " \\\n  ".join(best.flags()),
@@ -85,6 +87,18 @@ def render_plan(result: SearchResult, memory: int, fmt: str, explain: bool = Fal
     if explain:
         lines += ["", explain_plan(result, memory)]
     return "\n".join(lines) + "\n"
+
+
+def _outside(plan: Plan) -> list[str]:
+    """Return the line naming what plan 1's fullest stage holds outside PyTorch's allocator
+    (DeepEP's buffers, in its activations and the peak), as `memory` prints it; none where it holds
+    nothing there."""
+    worst = max(plan.stages, key=lambda s: s.total)
+    if not worst.outside:
+        return []
+    label = f"Plan 1, stage {worst.stage} (its peak)"
+    return [outside_line(label, worst.outside, lambda v: f"{v / GIB:,.2f} GiB",
+                         "the activations and the peak", worst.total)]  # fmt: skip
 
 
 def _none_fits(result: SearchResult, memory: int) -> str:
@@ -279,6 +293,8 @@ def _plan_json(p: Plan) -> dict[str, Any]:
                 "weights": s.weights, "gradients": s.gradients,
                 "optimizer": s.optimizer, "activations": s.activations,
                 "total": s.total, "in_flight": list(s.in_flight),
+                **({"outside_allocator": [[what, size] for what, size in s.outside]}
+                   if s.outside else {}),  # fmt: skip
             }
             for s in p.stages
         ],
