@@ -39,6 +39,36 @@ SEARCHES = {
     ),
 }  # fmt: skip
 
+FSDP = dict(use_megatron_fsdp=True, use_distributed_optimizer=True, ckpt_format="fsdp_dtensor")
+# Megatron-FSDP (megatron asks for the distributed optimizer with it, so always on): the state and
+# the buffers in flight come from one built stage of each kind, the chunks' bucket layouts by
+# megatron's FSDP code (report/fsdp.py); each strategy shards another set of buffers
+SEARCHES |= {
+    # the embedding and loss alone, two middle stages alike (built once); the first chunk of
+    # each stage bucketed by the bucket size, the others one bucket
+    "fsdp optim, interleaved": (
+        dict(SEARCHES["interleaved, embedding alone"][0], **FSDP,
+             data_parallel_sharding_strategy="optim"),
+        8,
+    ),
+    "fsdp optim_grads, layout string": (
+        dict(SEARCHES["layout string"][0], **FSDP, data_parallel_sharding_strategy="optim_grads"),
+        4,
+    ),
+    # expert buckets sharded over the expert data-parallel group, every layer an FSDP unit
+    "fsdp optim_grads_params, te moe": (
+        dict(SEARCHES["te moe"][0], **FSDP, data_parallel_sharding_strategy="optim_grads_params"),
+        8,
+    ),
+    # the strategy searched (optim_grads and optim_grads_params), context parallelism too
+    "fsdp searched, pp 2": (
+        dict(num_layers=4, hidden_size=256, num_attention_heads=8, seq_length=1024,
+             max_position_embeddings=1024, global_batch_size=8, bf16=True,
+             pipeline_model_parallel_size=2, **FSDP),
+        8,
+    ),
+}  # fmt: skip
+
 
 @pytest.mark.parametrize("name", list(SEARCHES))
 def test_engine_alone_measures_what_memory_measures(name: str) -> None:
@@ -54,8 +84,8 @@ def test_engine_alone_measures_what_memory_measures(name: str) -> None:
 
 
 def test_fsdp_plans_print_the_peak_memory_measures() -> None:
-    # Megatron-FSDP plans are measured by `memory`'s whole computation, whose stage totals hold
-    # the gathered parameters and gradients in flight: the printed peak is that total, once.
+    # Megatron-FSDP plans print `memory`'s stage totals, which hold the gathered parameters and
+    # gradients in flight: the printed peak is that total, once (`memory` run here on its own).
     from inspector.report.memory import Hardware, measure
     from inspector.world.build import build, select_view
 
@@ -67,7 +97,27 @@ def test_fsdp_plans_print_the_peak_memory_measures() -> None:
     result = search(make_request(args, PlanFlags(4, top=2)))
     assert result.plans
     for plan in result.plans:
-        assert confirm.engine_shapes(plan) is None  # FSDP: memory's whole computation
         report = measure(build(plan.job, select_view(plan.job), expert_ranks=(0,)), Hardware())
         assert any(s.in_flight for s in report.stages)
         assert [s.total for s in plan.stages] == [s.total for s in report.stages]
+
+
+def test_the_engine_runs_an_fsdp_job_alike_under_every_strategy() -> None:
+    # confirm.measured runs megatron's engine once per layout for every FSDP strategy a search
+    # tries (confirm._ENGINE): the strategy's buffers are FSDP's own (`_fsdp_held`), and the
+    # engine must measure the rest the same under each
+    from inspector.engine.memory import run_job
+    from inspector.job.job import make_job
+    from inspector.world.build import build, select_view
+
+    runs = []
+    for strategy in ("optim", "optim_grads", "optim_grads_params"):
+        job = make_job(dict(
+            num_layers=4, hidden_size=256, num_attention_heads=8, seq_length=512,
+            max_position_embeddings=512, global_batch_size=8, micro_batch_size=1, bf16=True,
+            pipeline_model_parallel_size=2, data_parallel_size=2, **FSDP,
+            data_parallel_sharding_strategy=strategy,
+        ))  # fmt: skip
+        runs.append(run_job(job, build(job, select_view(job), expert_ranks=(0,)).stages))
+    assert runs[0].not_run is None and len(runs[0].runs) == 2
+    assert runs[0] == runs[1] == runs[2]

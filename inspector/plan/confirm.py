@@ -7,22 +7,32 @@ and the engine's peak lies above them (temporaries, kept buffers). There each pr
 measured as `memory` measures it: its stages take the engine's peak above the state, and a plan
 that does not fit is dropped for the next one, so that `memory` confirms every plan `plan`
 prints. The engine runs on the chunk shapes of the plan's split without building the stages
-(`engine_shapes`; tests/test_plan_confirm.py compares it with `memory`'s whole computation).
+(`engine_shapes`; tests/test_plan_confirm.py compares it with `memory`'s whole computation);
+Megatron-FSDP's state and buffers in flight come from one built stage of each kind (`_fsdp_held`).
 A DeepEP job runs as built (flex.as_built), DeepEP's buffers outside PyTorch's allocator among
 each stage's activations and kept by name (`StagePlan.outside`); HybridEP's as the all-to-all's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from inspector.plan import caches
 from inspector.plan.flex import as_built
 from inspector.plan.price import Plan
 
 if TYPE_CHECKING:
+    from inspector.engine.memory import JobRuns
     from inspector.engine.stage import ChunkShape
+    from inspector.job.job import Job
+
+
+# megatron's engine runs an FSDP job as the same job without FSDP (inspector/engine reads no
+# strategy: its buffers are `_fsdp_held`'s), and a search tries each layout under every strategy:
+# the engine's runs by job less its strategy, and chunk shapes
+_ENGINE: dict[tuple[Any, ...], JobRuns] = caches.table()
 
 
 def engine_runs(plan: Plan) -> bool:
@@ -40,14 +50,25 @@ def measured(plan: Plan) -> Plan:
         return _measured_as_memory(plan)
     from inspector.engine.memory import StageShapes, run_job
 
-    stage_shapes = [StageShapes(s.stage, c) for s, c in zip(plan.stages, shapes, strict=True)]
-    engine = run_job(as_built(plan.job), stage_shapes)
+    job = as_built(plan.job)
+    fsdp = job.training.megatron_fsdp or job.training.torch_fsdp2
+    key = (replace(job, training=replace(job.training, sharding_strategy="")), tuple(shapes))
+    engine = _ENGINE.get(key) if fsdp else None
+    if engine is None:
+        stage_shapes = [StageShapes(s.stage, c) for s, c in zip(plan.stages, shapes, strict=True)]
+        engine = run_job(job, stage_shapes)
+        if fsdp:
+            _ENGINE[key] = engine
     if engine.not_run is not None:  # `memory` answers by the closed forms then
         return _measured_as_memory(plan)
+    held = _fsdp_held(job, shapes) if fsdp else None
     stages = []
     for printed in plan.stages:
         run = engine.runs[printed.stage]
-        stages.append(replace(printed, activations=run.static + run.peak.bytes, outside=run.outside))
+        above = run.static + run.peak.bytes
+        if held is not None:  # `memory`'s FSDP state and buffers in flight, not the plan's
+            above += held[printed.stage] - printed.state - printed.gathered
+        stages.append(replace(printed, activations=above, outside=run.outside))
     return replace(plan, stages=tuple(stages))
 
 
@@ -59,14 +80,12 @@ def engine_shapes(plan: Plan) -> list[tuple[ChunkShape, ...]] | None:
     stages already hold exactly (tests/test_plan.py: the composed state equals `memory`'s,
     stage by stage), and the chunks' shapes, which are the plan's split: the embedding on the
     first chunk of stage 0, the output layer, loss and MTP block on the last chunk of the last
-    stage (megatron asserts a layout string's embedding and loss there too). Left to `memory`:
-    FSDP (its buffers in flight come from the build) and an MTP block in a layout string (which
-    may place it elsewhere).
+    stage (megatron asserts a layout string's embedding and loss there too). FSDP's state (the
+    plan's leaves out megatron's bucket padding) and buffers in flight come from one built stage
+    of each kind (`_fsdp_held`). Left to `memory`: an MTP block in a layout string (which may
+    place it elsewhere).
     """
     job = plan.job
-    training = job.training
-    if training.megatron_fsdp or training.torch_fsdp2:
-        return None
     from inspector.engine.stage import ChunkShape
 
     mtp = job.model.mtp_num_layers or 0
@@ -82,6 +101,35 @@ def engine_shapes(plan: Plan) -> list[tuple[ChunkShape, ...]] | None:
                                      mtp if output else 0))  # fmt: skip
         out.append(tuple(chunks))
     return out
+
+
+def _fsdp_held(job: Job, shapes: Sequence[tuple[ChunkShape, ...]]) -> list[int]:
+    """Return each stage's FSDP bytes as `memory` counts them: its most loaded rank's state and
+    the gathered buffers in flight (report/memory.py `_stage_memory`).
+
+    Both come from the chunks' bucket layouts, which depend only on what each chunk holds (its
+    layers' kinds, embedding, output layer, MTP block) and its place in the stage: stages alike
+    share them, so one stage of each kind is built (the middle stages of a pipeline are one).
+    Every stage's ranks hold the same (data, expert data) shard pairs (ranks.stage_shard_pairs).
+    """
+    from inspector.report.fsdp import fsdp_in_flight, fsdp_state
+    from inspector.world.build import View, build
+    from inspector.world.ranks import stage_shard_pairs
+
+    moe = job.model.is_moe_layer
+    kinds = [
+        tuple((tuple(map(moe, c.layers)), c.embedding, c.output, c.mtp) for c in chunks)
+        for chunks in shapes
+    ]
+    first = {kind: stage for stage, kind in reversed(list(enumerate(kinds)))}
+    built = build(job, View(tuple(sorted(first.values()))), expert_ranks=(0,))
+    pairs = stage_shard_pairs(job.layout)
+    held = {}
+    for stage in built.stages:
+        layouts = [chunk.fsdp() for chunk in stage.chunks]
+        state = max(sum(fsdp_state(layouts, data, expert)) for data, expert in pairs)
+        held[kinds[stage.stage]] = state + fsdp_in_flight(layouts)
+    return [held[kind] for kind in kinds]
 
 
 def _measured_as_memory(plan: Plan) -> Plan:
