@@ -5,9 +5,9 @@ the exit code (2 unless stated), stderr is exactly one line starting `Error: ` (
 where the case gives it), stdout is empty, no traceback, and every file in the folder is
 byte-for-byte, mode-for-mode as it was (nothing half-written, no temporary file left).
 
-Cost: a case that fails before any build takes a Python start-up (~0.2 s). Cases that need a
-built table (`-o`, `--check`, stdout failures) run against a result cache warmed once for the
-module, so they too skip torch. Cases run in a small thread pool; the module takes well under a
+Cost: most cases take a fork of one warm process (~30 ms; see FORKER). Cases that need a built
+table (`-o`, `--check`, stdout failures) run against a result cache warmed once for the module,
+so they skip the build. Cases run in a small thread pool; the module takes well under a
 minute on two busy cores. Cases whose fix lies outside output/cache/tables are strict xfails
 that name the issue's category, so they flip to failures (remove the mark) once fixed.
 """
@@ -574,15 +574,26 @@ def _run_alone(c: Case, folder: Path, warm: Warm) -> Outcome:
 
 # One process imports the CLI once, then forks a child per case: the child sets up its working
 # folder, environment and standard streams as a fresh `python -m inspector` would have them
-# and calls the console script's entry point, inspector.cli.main. That saves ~0.2 s of
-# start-up per case; cases about start-up itself (stream encodings, closed descriptors,
-# resource limits, a deleted folder) run as processes of their own.
+# and calls the console script's entry point, inspector.cli.main. The parent has imported
+# megatron-core and the modules most cases reach, and built the click command, so a child pays
+# only its own case (~30 ms; a fresh process ~0.2 s to fail on a flag, ~1.5 s to build a model);
+# cases about start-up itself (stream encodings, closed descriptors, resource limits, a deleted
+# folder) run as processes of their own.
 FORKER = r"""
 import json, os, sys
 from inspector import cli
 from inspector.cli import cache
 cache._source_hash()
-import inspector.world.stage  # torch and megatron-core, so that a child that builds starts warm
+from inspector.world.setup import megatron
+megatron()  # torch and megatron-core imported (~1.4 s), so that a child that builds starts warm
+import importlib
+for name in ("output", "guard", "render.params", "render.diff", "render.tree", "render.memory",
+             "report.params", "report.diff", "report.memory", "inputs.resolve", "world.build"):
+    importlib.import_module("inspector." + name)  # what most children import, imported here once
+from inspector.cli import entry
+import gc
+entry._command()  # typer's click command, built once here as each child would build it
+gc.freeze()  # a child's collections skip the objects above: their pages stay shared, not copied
 codes = []
 for job in json.load(sys.stdin):
     pid = os.fork()

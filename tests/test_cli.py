@@ -237,3 +237,36 @@ def test_a_megatron_list_flag_takes_the_words_that_follow_it(cli) -> None:
     assert spaced.code == 0, spaced.err
     assert "recompute selective (core_attn, mlp)" in spaced.out
     assert spaced.out == commas.out
+
+
+# Each line runs after the one before in one process: options given, then left to their defaults
+# (--gpu-memory's finite-float type, --debug's traceback, --tp), help, version, click's errors.
+IN_TURN = [
+    ("params", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--tp", "2",
+     "--vocab-size", "1000", "--format", "json"),
+    ("params", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+     "--vocab-size", "1000", "--format", "json"),
+    ("memory", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+     "--micro-batch-size", "1", "--gpu-memory", "nan"),
+    ("--debug", "params", "--num-layers", "2", "--hidden-size", "4", "--num-attention-heads", "1",
+     "--swiglu", "--ffn-hidden-size", "8", "--num-experts", "2", "--moe-router-topk", "1"),
+    ("params", "--num-layers", "2", "--hidden-size", "4", "--num-attention-heads", "1",
+     "--swiglu", "--ffn-hidden-size", "8", "--num-experts", "2", "--moe-router-topk", "1"),
+    ("params", "--help"), ("--version",), ("params", "--no-such-flag"), ("tree", "--tp", "x"),
+]  # fmt: skip
+
+
+def test_one_command_serves_every_call_as_a_fresh_one_would(cli):
+    # the entry point builds typer's click command once per process (cli/entry.py): each answer,
+    # in turn, is byte for byte the one a command built for that call alone gives
+    from inspector.cli import entry
+
+    shared = [cli(*argv) for argv in IN_TURN]
+    assert entry._command() is entry._command()
+    fresh = []
+    for argv in IN_TURN:
+        entry._command.cache_clear()
+        fresh.append(cli(*argv))
+    assert [r.code for r in shared] == [0, 0, 2, 2, 2, 0, 0, 2, 2]
+    assert shared == fresh
+    assert "Traceback" in shared[3].err and "Traceback" not in shared[4].err

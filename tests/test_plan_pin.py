@@ -1,43 +1,44 @@
 """`plan` keeps what the user pinned (issue 30): the layer split's flags as Megatron-LM means them,
 the distributed optimizer, sequence parallelism and flash attention on or off; and `memory`
-confirms every plan `plan` prints (same fit verdict, same state bytes). Through the real CLI, in
-subprocesses whose timeout fails the test."""
+confirms every plan `plan` prints (same fit verdict, same state bytes). Through the CLI's entry
+point in this process (tests/conftest.run_cli); every `plan` starts from empty planner caches, as
+a new process does (tests/test_cli.py and tests/test_bad_input.py hold the process boundary)."""
 
 from __future__ import annotations
 
 import json
 import shlex
-import subprocess
-import sys
 from typing import Any
 
 import pytest
 
 from inspector.inputs.versions import megatron_core_version
 from inspector.plan.request import etp_bias_refused
+from tests.conftest import Result, run_cli
 
-TIMEOUT = 300  # seconds, on two shared cores
 GIB = 1 << 30
 
 
-def cli(command: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "inspector", command, "--no-cache", *args],
-        capture_output=True, text=True, timeout=TIMEOUT, check=False,
-    )
+def cli(command: str, *args: str) -> Result:
+    if command == "plan":
+        from inspector.plan import caches
+
+        caches.clear()  # nothing from an earlier search: the planner as a new process has it
+    return run_cli(command, "--no-cache", *args)
 
 
 def plans(*args: str) -> dict[str, Any]:
     result = cli("plan", "--format", "json", *args)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)  # type: ignore[no-any-return]
+    assert result.code == 0, result.err
+    return json.loads(result.out)  # type: ignore[no-any-return]
 
 
 def refused(*args: str) -> str:
     result = cli("plan", *args)
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error: ") and "Traceback" not in result.stderr
+    assert result.code == 2, result.err
+    lines = result.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and "Traceback" not in result.err
+    assert result.out == ""
     return lines[0]
 
 
@@ -151,8 +152,8 @@ def test_flash_attention_can_be_off(off: tuple[str, ...]) -> None:
     flags = [word for flag in found[0]["flags"] for word in shlex.split(flag)]
     pasted = cli("memory", "--format", "json", "--bf16", *te, *flags,
                  "--dp", str(found[0]["layout"]["dp"]))
-    assert pasted.returncode == 0, pasted.stderr
-    assert json.loads(pasted.stdout)["training"]["use_flash_attn"] is False
+    assert pasted.code == 0, pasted.err
+    assert json.loads(pasted.out)["training"]["use_flash_attn"] is False
 
 
 def test_flash_attention_is_on_under_te_and_never_on_the_local_spec() -> None:
@@ -215,8 +216,8 @@ def test_memory_confirms_every_printed_plan(own: tuple[str, ...], model: tuple[s
         flags = [word for flag in plan["flags"] for word in shlex.split(flag)]
         result = cli("memory", "--format", "json", *model, *flags,
                      "--dp", str(plan["layout"]["dp"]), "--gpu-memory", str(budget / GIB))
-        assert result.returncode == 0, (plan["flags"], result.stderr)
-        confirmed = json.loads(result.stdout)["stages"]
+        assert result.code == 0, (plan["flags"], result.err)
+        confirmed = json.loads(result.out)["stages"]
         assert len(confirmed) == len(plan["stages"])
         for printed, built in zip(plan["stages"], confirmed, strict=True):
             for field in ("weights", "gradients", "optimizer"):

@@ -1,7 +1,9 @@
 """Sizes that ran for minutes or ended in a traceback (issue #30, unbounded work and int() limits).
 
-Each case runs the real command line in a process of its own, bounded by a subprocess timeout
-that fails the test: one `Error:` line naming the flag or file and exit 2, or the right answer.
+Each case of unbounded work runs the real command line in a process of its own, bounded by a
+subprocess timeout that fails the test: one `Error:` line naming the flag or file and exit 2, or
+the right answer. Long numbers in a table (int()'s limit: an answer or a traceback, at once) run
+through the CLI's entry point in this process (tests/conftest.run_cli).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import run_cli
 
 TINY = ["--num-layers", "1", "--hidden-size", "64", "--num-attention-heads", "4",
         "--vocab-size", "100", "--seq-length", "16"]  # fmt: skip
@@ -72,7 +76,7 @@ def test_experts_within_the_cap_build():
 
 @pytest.fixture(scope="module")
 def table(tmp_path_factory) -> tuple[Path, str]:
-    text = _run("params", *TINY).stdout
+    text = run_cli("params", *TINY, "--no-cache").out
     assert text.startswith("{ProcessCoord(")
     return tmp_path_factory.mktemp("tables"), text
 
@@ -101,9 +105,10 @@ def test_long_numbers_in_a_params_table(table, name):
     path = folder / name
     path.write_text(content)
     (folder / "same.csv").write_text(text)
-    for argv in (["diff", str(folder / "same.csv"), str(path)], ["params", *TINY, "--check", str(path)]):
-        result = _run(*argv)
+    for argv in (["diff", str(folder / "same.csv"), str(path)],
+                 ["params", *TINY, "--no-cache", "--check", str(path)]):
+        result = run_cli(*argv)
         if message:
-            assert (result.returncode, result.stderr) == (2, f"Error: {path}{message}\n")
+            assert (result.code, result.err) == (2, f"Error: {path}{message}\n")
         else:
-            assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+            assert result.code == 1 and "Traceback" not in result.err, result.err

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 import sys
+from functools import cache
+from typing import Any
 
 import typer
 
@@ -48,7 +50,7 @@ def _run(argv: list[str] | None) -> int:
     guard_streams()  # UTF-8 stdout; a failed write is an Error:, a closed pipe a quiet exit 141
     args, _STATE["debug"] = _take_debug(sys.argv[1:] if argv is None else argv)
     args = _join_many(args)
-    command = finite_floats(typer.main.get_command(app))
+    command = _command()
     try:
         result = command.main(args=args, prog_name="inspect-model", standalone_mode=False)
     except click_errors.NoSuchOption as exc:
@@ -73,6 +75,13 @@ def _run(argv: list[str] | None) -> int:
     except FidelityError as exc:
         return _fail(f"internal check failed, this is a bug in inspect-model: {exc}", exc.exit_code)
     return result if isinstance(result, int) else 0
+
+
+@cache
+def _command() -> Any:
+    """Return the app as click's command, built once per process: typer builds it anew from the
+    options' annotations on every call (~17 ms, most of a small `params` run in this process)."""
+    return finite_floats(typer.main.get_command(app))
 
 
 def _take_debug(argv: list[str]) -> tuple[list[str], bool]:
