@@ -212,7 +212,7 @@ def test_bad_recompute_mode() -> None:
 
 def test_context_parallel_needs_flash_attention() -> None:
     # Megatron runs context parallelism only through Transformer Engine's fused attention.
-    with pytest.raises(ConfigError, match="--use-flash-attn"):
+    with pytest.raises(ConfigError, match="--context-parallel-size 2 needs flash or fused attention"):
         layer_activations(GPT3, Layout(cp=2), 0, 1)
 
 

@@ -474,10 +474,10 @@ def test_combining_checkpoints_is_named_as_a_conversion(tmp_path, cli):
     )
 
 
-# Hub tokenizers of Megatron-LM's GPT examples whose size this tool does not carry (DeepSeek-V3's,
+# Hub tokenizers of Megatron-LM's GPT examples whose size this tool does not carry (DeepSeek-V2-Lite's,
 # Nemotron's, gpt-oss's): never sized from a guess; --vocab-size from the script is used, and
 # without it the error asks for it by name
-@pytest.mark.parametrize("hub_id", ["deepseek-ai/DeepSeek-V3", "nvidia/NVIDIA-Nemotron-Nano-9B-v2",
+@pytest.mark.parametrize("hub_id", ["deepseek-ai/DeepSeek-V2-Lite", "nvidia/NVIDIA-Nemotron-Nano-9B-v2",
                                     "openai/gpt-oss-20b"])  # fmt: skip
 def test_an_unknown_hub_tokenizer_asks_for_the_vocabulary_size(tmp_path, cli, hub_id):
     path = tmp_path / "s.sh"
