@@ -192,9 +192,9 @@ def _file_layer(parsed: ScriptArgs, origin: str, sources: Sources, groups: tuple
     if problem:
         raise ConfigError(problem)
     args = dict(parsed.args)
-    for item in taken:  # a refused value is a string value of a modelled argument
+    for item in taken:  # a refused value is a string value of a modelled argument (its spec.flag)
         flag, value = item.argument.split(" ", 1)
-        args[next(spec.name for spec in BY_NAME.values() if spec.flag == flag)] = value
+        args[flag[2:].replace("-", "_")] = value
     return args
 
 

@@ -323,8 +323,7 @@ def _flash_attention(args: Mapping[str, Any]) -> bool:
     if backend in ("flash", "fused"):
         return True
     if backend == "auto" and args.get("use_flash_attn") is not False:
-        sixteen_bit = bool(args.get("bf16") or args.get("fp16"))
-        return sixteen_bit and args.get("transformer_impl") == "transformer_engine"
+        return bool(args.get("bf16") or args.get("fp16"))  # Transformer Engine's choice in 16 bits
     return False
 
 
