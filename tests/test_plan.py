@@ -622,3 +622,40 @@ def test_when_megatrons_engine_refuses_every_plan_the_least_it_measured_is_quote
     least = min(seen, key=lambda p: p.peak)
     assert result.smallest_peak == least.peak < seen[0].peak
     assert result.smallest is least
+
+
+@pytest.mark.parametrize(
+    ("shape", "implementation", "expected"),
+    [
+        # a shape given by flags runs megatron-core's local spec here; Megatron-LM's default is
+        # Transformer Engine, so the pasted flags must say local
+        ((), (), ["--transformer-impl local"]),
+        (("--num-experts", "4", "--disable-bias-linear"),
+         ("--transformer-impl", "transformer_engine", "--moe-grouped-gemm", "--fp8-format",
+          "hybrid", "--fp8-recipe", "tensorwise", "--fp8-amax-history-len", "16"),
+         ["--moe-grouped-gemm", "--fp8-format hybrid", "--fp8-recipe tensorwise",
+          "--fp8-amax-history-len 16"]),
+    ],
+    ids=["local", "te fp8 moe"],
+)
+def test_the_printed_flags_in_a_launch_script_build_the_planned_job(tmp_path, shape, implementation,
+                                                                     expected) -> None:  # fmt: skip
+    # the model's shape is the user's to paste; how it runs (spec, grouped GEMM, fp8) the plan says
+    shape = ("--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "8",
+             "--seq-length", "512", "--max-position-embeddings", "512", "--vocab-size", "1024",
+             "--bf16", *shape)  # fmt: skip
+    with formulas_only():
+        plan = _plan(*shape, *implementation, "--gpus", "4", "--global-batch-size", "8", "--top", "1")
+    plan = plan["plans"][0]
+    for flag in expected:
+        assert flag in plan["flags"]
+    # Megatron-LM reads the script: its defaults (Transformer Engine) under what it names
+    script = tmp_path / "train.sh"
+    words = [w for f in plan["flags"] for w in shlex.split(f)]
+    script.write_text("torchrun --nproc-per-node 4 pretrain_gpt.py "
+                      + " ".join(shlex.quote(w) for w in (*shape, *words)) + "\n")
+    with formulas_only():
+        planned = run_cli("params", *shape, *implementation, "--format", "json")
+        scripted = run_cli("params", "--from-script", str(script), "--format", "json")
+    assert planned.code == 0 and scripted.code == 0, scripted.err
+    assert json.loads(scripted.out)["header"]["config"] == json.loads(planned.out)["header"]["config"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from inspector.job import fp8
 from inspector.job.flex import BACKEND_SINCE, megatron_version
 from inspector.job.job import Job, Training
 from inspector.job.recompute_modules import DEFAULT_MODULES
@@ -9,14 +10,15 @@ from inspector.plan.split import Split
 
 
 def megatron_flags(job: Job, split: Split) -> list[str]:
-    """Return the launch-script flags of a plan: parallel sizes, split, batch, recompute, dtype."""
+    """Return the launch-script flags of a plan: parallel sizes, split, batch, recompute, dtype,
+    and the model's own flags where Megatron-LM's default would build a different job."""
     training = job.training
     out = _parallel_flags(job) + _split_flags(job)
     out += [
         f"--micro-batch-size {training.micro_batch_size}",
         f"--global-batch-size {training.global_batch_size}",
     ]
-    out += _recompute_flags(training) + _dtype_flags(job) + _dropout_flags(training)
+    out += _recompute_flags(training) + _dtype_flags(job) + _model_flags(job) + _dropout_flags(training)
     out += [f"--no-{name.replace('_', '-')}" for name in training.unfused]
     if training.flash_attention:
         out.append("--use-flash-attn")
@@ -93,6 +95,24 @@ def _dtype_flags(job: Job) -> list[str]:
     if dtype == "float16":
         return ["--fp16"] + (["--accumulate-allreduce-grads-in-fp32"] if fp32_grads else [])
     return []
+
+
+def _model_flags(job: Job) -> list[str]:
+    """Return the model's implementation flags the priced job needs in Megatron-LM's words: its
+    default is Transformer Engine (`--transformer-impl`), grouped GEMM off, no fp8 (TransformerConfig's
+    `fp8_recipe` delayed and `fp8_amax_history_len` 1 unless given)."""
+    model = job.model
+    out = ["--transformer-impl local"] if model.transformer_impl == "local" else []
+    if model.num_experts is not None and model.moe_grouped_gemm:
+        out.append("--moe-grouped-gemm")
+    if model.fp8_format is None:
+        return out
+    out += [f"--fp8-format {model.fp8_format}", f"--fp8-recipe {model.fp8_recipe}"]
+    if model.fp8_amax_history_len != fp8.DEFAULT_AMAX_HISTORY_LEN:
+        out.append(f"--fp8-amax-history-len {model.fp8_amax_history_len}")
+    if model.fp8_param_gather:
+        out.append("--fp8-param-gather")
+    return out
 
 
 def _dropout_flags(training: Training) -> list[str]:
