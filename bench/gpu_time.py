@@ -359,15 +359,29 @@ def measure(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
+def _flash_request_class() -> type:
+    from inspector.plan.request import Request
+
+    class FlashRequest(Request):
+        """A request whose local-spec candidates run flash attention (the `sdpa` jobs)."""
+
+        @property
+        def flash(self) -> bool:
+            return True
+
+    return FlashRequest
+
+
 def estimate(path: str | None, jobs: list[str]) -> None:
     """Print the planner's estimate of each job, beside its measurement in `path` if given."""
-    from dataclasses import replace
+    from dataclasses import fields, replace
 
     from inspector.formulas.flops import iteration_flops
     from inspector.inputs.resolve import Sources, merge_sources
     from inspector.plan.request import PlanFlags, make_request
     from inspector.plan.search import search
 
+    _FlashRequest = _flash_request_class()
     if path:
         with open(path) as f:
             results = [r for r in json.load(f) if "error" not in r]
@@ -401,8 +415,12 @@ def estimate(path: str | None, jobs: list[str]) -> None:
         args = merge_sources(Sources(flags=flags, apex=False), ("model", "layout", "training")).args
         gpu = "h100" if "H100" in r.get("device", "") else "h200"  # the GPU that measured it
         req = make_request(args, PlanFlags(1, gpu=gpu, top=1))
-        # flash attention as the job ran it; memory unbounded: the GPU showed what fits
-        req = replace(req, flash_attention=r["attn"] != "local", memory=1 << 40)
+        # memory unbounded: the GPU showed what fits
+        req = replace(req, memory=1 << 40)
+        if r["attn"] != "local":
+            # flash attention as the job ran it: torch's SDPA swapped into the local spec, which
+            # Megatron-LM itself runs unfused (Request.flash is False for the local spec)
+            req = _FlashRequest(**{f.name: getattr(req, f.name) for f in fields(req)})
         plan = search(req).plans[0]
         shares = plan.time.shares()
         flops = iteration_flops(plan.job.dims(), r["mbs"] * r["m"])

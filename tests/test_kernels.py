@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -180,3 +181,15 @@ def test_a_gpu_with_its_own_table_reads_it() -> None:
     assert op_seconds(op, h100) == pytest.approx(1 / (sum(r["fwd_tflops"] for r in cell) / len(cell)))
     norm = next(r for r in rows if r["kind"] == "memory_bound" and r["op"] == "add" and r["tokens"] == 8192)
     assert op_seconds(Memory("add", "add", 8192 * 8192, 6), h100) == pytest.approx(norm["seconds"])
+
+
+def test_the_single_gpu_benchmark_prices_its_sdpa_jobs_with_flash_attention(capsys, monkeypatch) -> None:
+    # bench/gpu_time.py's `sdpa` jobs swap torch's SDPA into the local spec, which Megatron-LM runs
+    # unfused: its estimate must still price them as flash attention (the s x s scores' passes gone)
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
+    import gpu_time
+
+    gpu_time.estimate(None, ["h1024-l2-a8-s2048-b1-m2-local", "h1024-l2-a8-s2048-b1-m2-sdpa"])
+    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines()[2:]]
+    local, sdpa = (float(row[3].split()[0]) for row in rows)
+    assert sdpa < 0.9 * local
