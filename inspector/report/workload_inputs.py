@@ -197,12 +197,9 @@ def context_for(built: BuiltJob, compute: ComputeRate | ComputeProfile) -> Conte
     job = built.job
     if job.training.megatron_fsdp or job.training.torch_fsdp2:
         flag = "--use-megatron-fsdp" if job.training.megatron_fsdp else "--use-torch-fsdp2"
-        # SimAI's Workload.cc gives a record's forward and input-gradient collectives the tensor
-        # or expert parallel group only; data parallel is the weight-gradient column's alone
         raise ConfigError(
-            f"workload cannot write {flag}'s per-layer all-gathers: SimAI's workload format runs "
-            "a forward collective over the tensor or expert parallel group only, never over data "
-            "parallel ranks; memory and plan model the job"
+            f"workload does not write {flag}'s per-layer all-gathers and reduce-scatters yet; "
+            "memory and plan model the job"
         )
     modules = job.training.recompute_modules if job.training.recompute == "selective" else ()
     unpriced = [m for m in modules if (m in NOT_GEMMS or m == "mla_up_proj")
