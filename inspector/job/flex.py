@@ -21,6 +21,7 @@ from typing import Any
 
 from inspector.errors import ConfigError
 from inspector.inputs.versions import megatron_core_version
+from inspector.job.hybrid_ep import check_hybridep
 
 # megatron-core's first version whose TransformerConfig has `moe_flex_dispatcher_backend`
 # (core_v0.16.0 transformer_config.py; 0.13-0.15 run DeepEP only, behind `moe_enable_deepep`)
@@ -119,11 +120,14 @@ def job_arguments(model: Any, training: Any, version: tuple[int, int] | None = N
 
 
 def check_flex(model: Any, layout: Any, training: Any, version: tuple[int, int] | None = None) -> None:
-    """Raise ConfigError where megatron-core (0.13-0.16) or DeepEP refuse the job's flex dispatcher."""
+    """Raise ConfigError where megatron-core (0.13-0.16), DeepEP or HybridEP (job/hybrid_ep.py)
+    refuse the job's flex dispatcher."""
     backend = flex_backend(job_arguments(model, training, version), version)
     if backend is None or model.num_experts is None:
         return  # megatron builds no dispatcher without experts
     check_flex_group(layout.ep, layout.expert_tp, backend)
+    if backend == "hybridep":
+        check_hybridep(model, layout, training.micro_batch_size)
     if training.moe_deepep_num_sms % 2:
         raise ConfigError(
             f"--moe-deepep-num-sms {training.moe_deepep_num_sms} must be even (DeepEP's "
@@ -136,3 +140,8 @@ def runs_deepep(training: Any) -> bool:
     return training.moe_token_dispatcher_type == "flex" and (
         training.moe_enable_deepep or training.moe_flex_backend == "deepep"
         or megatron_version() < BACKEND_SINCE)  # fmt: skip
+
+
+def runs_hybridep(training: Any) -> bool:
+    """Return whether a checked job's flex dispatcher runs HybridEP (megatron-core 0.16+)."""
+    return training.moe_token_dispatcher_type == "flex" and not runs_deepep(training)

@@ -318,7 +318,8 @@ NAME = "deep_ep"
 def install() -> None:
     """Put the stand-in into sys.modules as `deep_ep` (and `deep_ep.utils`), before megatron-core's
     fused_a2a.py is imported; idempotent. HybridEP's buffer (`deep_ep.HybridEPBuffer`) is not
-    offered: megatron-core then refuses `--moe-flex-dispatcher-backend hybridep` itself."""
+    offered: the engine runs the all-to-all dispatcher in HybridEP's place (engine/microbatch.py)
+    and sizes HybridEP's buffers by job/hybrid_ep.py."""
     if NAME in sys.modules:
         return
     package = types.ModuleType(NAME)
