@@ -34,7 +34,6 @@ import torch
 from inspector.engine.allocator import Event, Tracker
 from inspector.engine.cuda import cuda_on_meta
 from inspector.errors import ConfigError
-from inspector.job.flex import runs_hybridep
 from inspector.job.job import FUSIONS, Job
 from inspector.world.te.state import placeholders_named
 
@@ -100,11 +99,6 @@ def runtime_config(job: Job) -> dict[str, Any]:
         fields["mtp_loss_scaling_factor"] = 0.1
     if model.num_experts is not None:
         dispatcher = training.moe_token_dispatcher_type
-        if dispatcher == "flex" and runs_hybridep(training):
-            # HybridEP's kernels (deep_ep.HybridEPBuffer) have no stand-in: the all-to-all
-            # dispatcher's permutation runs in their place (neither holds parameters) and
-            # HybridEP's own buffers are counted outside the allocator (memory.outside_allocator)
-            dispatcher = "alltoall"
         fields.update(
             moe_token_dispatcher_type=dispatcher,
             moe_expert_capacity_factor=training.moe_expert_capacity_factor,

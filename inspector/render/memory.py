@@ -208,10 +208,8 @@ def _routing(report: MemoryReport) -> str:
         ", padded to capacity" if t.moe_pad_expert_input_to_capacity else ""
     )
     dispatcher = f"{t.moe_token_dispatcher_type} dispatcher"
-    if runs_hybridep(t):
-        dispatcher = ("flex dispatcher with HybridEP, whose kernels have no stand-in: the "
-                      "alltoall dispatcher's permutation runs in their place, HybridEP's own "
-                      "buffers are counted outside PyTorch's allocator")  # fmt: skip
+    if t.moe_token_dispatcher_type == "flex":
+        dispatcher += " (HybridEP)" if runs_hybridep(t) else " (DeepEP)"
     return (
         f"Note: MoE routing is balanced: every expert gets tokens x {model.moe_router_topk} / "
         f"{model.num_experts} of each rank's tokens (what Megatron-LM's "
