@@ -169,3 +169,14 @@ def test_before_016_the_backend_flag_is_refused() -> None:
                          *(("--gpus", "4", "--gpu", "h100") if command == "plan" else ()))  # fmt: skip
         assert result.code == 2
         assert "--moe-flex-dispatcher-backend is not an argument of Megatron-LM" in result.err
+
+
+@needs_016
+def test_plan_refuses_what_hybridep_refuses_before_searching() -> None:
+    # the same words as memory's: a fixed group HybridEP cannot lay over 8-GPU nodes, 32-bit
+    plan = ("plan", *TINY, "--gpus", "12", "--global-batch-size", "12", "--tp", "1", "--pp", "1",
+            "--gpu", "h100", *HYBRIDEP)  # fmt: skip
+    group = run_cli(*plan, "--ep", "12", "--num-experts", "24")
+    assert group.code == 2 and "HybridEP needs the group to fill whole nodes" in group.err, group.err
+    fp32 = run_cli(*[a for a in plan if a != "--bf16"], "--ep", "4")
+    assert fp32.code == 2 and "hybridep needs 16-bit activations" in fp32.err, fp32.err

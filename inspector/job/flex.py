@@ -21,7 +21,7 @@ from typing import Any
 
 from inspector.errors import ConfigError
 from inspector.inputs.versions import megatron_core_version
-from inspector.job.hybrid_ep import check_hybridep
+from inspector.job.hybrid_ep import check_hybridep, check_hybridep_group
 
 # megatron-core's first version whose TransformerConfig has `moe_flex_dispatcher_backend`
 # (core_v0.16.0 transformer_config.py; 0.13-0.15 run DeepEP only, behind `moe_enable_deepep`)
@@ -87,8 +87,8 @@ def flex_backend(args: Mapping[str, Any], version: tuple[int, int] | None = None
 
 def check_flex_group(ep: int, expert_tp: int, backend: str) -> None:
     """Raise ConfigError where the flex dispatcher cannot run over expert_tp x ep ranks: one rank
-    (MoEFlexTokenDispatcher asserts 'Flex token dispatcher requires TPxEP > 1', 0.13-0.16), or
-    a group size DeepEP has no configuration for."""
+    (MoEFlexTokenDispatcher asserts 'Flex token dispatcher requires TPxEP > 1', 0.13-0.16), a
+    group size DeepEP has no configuration for, or one HybridEP cannot lay over nodes."""
     size = expert_tp * ep
     if size <= 1:
         raise ConfigError(
@@ -102,6 +102,8 @@ def check_flex_group(ep: int, expert_tp: int, backend: str) -> None:
             f"--expert-tensor-parallel-size {expert_tp} x --ep {ep} = {size} ranks "
             f"(deep_ep Buffer.get_dispatch_config knows {', '.join(map(str, DEEPEP_GROUP_SIZES))})"
         )
+    if backend == "hybridep":
+        check_hybridep_group(ep, expert_tp)
 
 
 def job_arguments(model: Any, training: Any, version: tuple[int, int] | None = None) -> dict[str, Any]:

@@ -151,25 +151,44 @@ def hybridep_buffers(s: HybridEPShape) -> tuple[tuple[str, int], ...]:
     return tuple((what, size) for what, size in held if size)
 
 
-def check_hybridep(model: Any, layout: Any, micro_batch_size: int | None) -> None:
-    """Raise ConfigError where HybridEP refuses the group megatron gives it (its Python asserts,
-    `BufferConfig::is_valid`, `allocate_buffer`'s and internode.cu's asserts) or where its combine
-    cannot take the layer's activations."""
+def check_hybridep_dtype(model: Any) -> None:
+    """Raise ConfigError where the layer's activations are not 16-bit: HybridEP's combine cannot
+    take them."""
     if not (model.bf16 or model.fp16):
         raise ConfigError(
             "--moe-flex-dispatcher-backend hybridep needs 16-bit activations (--bf16 or --fp16): "
             "HybridEP sends tokens as 2-byte words and its combine asserts a 2-byte element "
             "(csrc/hybrid_ep/hybrid_ep.cu `combine_with_unpermute`)"
         )
-    group, ranks = layout.expert_tp * layout.ep, min(layout.expert_tp * layout.ep, RANKS_PER_NVLINK_DOMAIN)
-    where = (f"--expert-tensor-parallel-size {layout.expert_tp} x --ep {layout.ep} = {group} "
-             f"ranks, {ranks} a node of {RANKS_PER_NVLINK_DOMAIN} GPUs")  # fmt: skip
+
+
+def _where(ep: int, expert_tp: int) -> str:
+    group = expert_tp * ep
+    ranks = min(group, RANKS_PER_NVLINK_DOMAIN)
+    return (f"--expert-tensor-parallel-size {expert_tp} x --ep {ep} = {group} ranks, {ranks} a "
+            f"node of {RANKS_PER_NVLINK_DOMAIN} GPUs")  # fmt: skip
+
+
+def check_hybridep_group(ep: int, expert_tp: int) -> None:
+    """Raise ConfigError where the group's ranks do not lie on nodes as HybridEP needs: whole
+    nodes of it, or within one (hybrid_ep_buffer.py asserts the group divides by the ranks it
+    finds on a node; megatron's expert group is consecutive ranks)."""
+    group = expert_tp * ep
+    ranks = min(group, RANKS_PER_NVLINK_DOMAIN)
     if group % ranks or RANKS_PER_NVLINK_DOMAIN % ranks:
-        raise ConfigError(f"--moe-flex-dispatcher-backend hybridep: {where}: HybridEP needs the "
-                          "group to fill whole nodes or lie within one (hybrid_ep_buffer.py: "
-                          "'The number of ranks ... should be divisible by the number of ranks "
-                          "per node')")  # fmt: skip
+        raise ConfigError(f"--moe-flex-dispatcher-backend hybridep: {_where(ep, expert_tp)}: "
+                          "HybridEP needs the group to fill whole nodes or lie within one "
+                          "(hybrid_ep_buffer.py: 'The number of ranks ... should be divisible by "
+                          "the number of ranks per node')")  # fmt: skip
+
+
+def check_hybridep(model: Any, layout: Any, micro_batch_size: int | None) -> None:
+    """Raise ConfigError where HybridEP refuses the job megatron gives it (its group is checked
+    with the flex dispatcher's, job/flex.py `check_flex_group`): its dtype,
+    `BufferConfig::is_valid`, `allocate_buffer`'s and internode.cu's asserts."""
+    check_hybridep_dtype(model)
     s = hybridep_shape(model, layout, micro_batch_size or 1)
+    ranks, group = s.ranks_per_node, s.ranks_per_node * s.nodes
     bad = []
     if s.hidden % 16:
         bad.append(f"--hidden-size {s.hidden} % 16 = {s.hidden % 16}")
@@ -185,6 +204,6 @@ def check_hybridep(model: Any, layout: Any, micro_batch_size: int | None) -> Non
         bad.append(f"3 x {s.tokens} tokens a rank + 1 = {3 * s.tokens + 1} queue entries, "
                    f"HybridEP's limit {MAX_SEND_ENTRIES - 1} over more than one node")  # fmt: skip
     if bad:
-        raise ConfigError(f"--moe-flex-dispatcher-backend hybridep: {where}: HybridEP refuses "
-                          f"{'; '.join(bad)} (csrc/hybrid_ep/config.cuh `BufferConfig::is_valid`, "
-                          "hybrid_ep.cu, internode.cu)")  # fmt: skip
+        raise ConfigError(f"--moe-flex-dispatcher-backend hybridep: {_where(layout.ep, layout.expert_tp)}: "
+                          f"HybridEP refuses {'; '.join(bad)} (csrc/hybrid_ep/config.cuh "
+                          "`BufferConfig::is_valid`, hybrid_ep.cu, internode.cu)")  # fmt: skip
