@@ -318,16 +318,13 @@ NAME = "deep_ep"
 def install() -> None:
     """Put the stand-in into sys.modules as `deep_ep` (and `deep_ep.utils`), before megatron-core's
     fused_a2a.py is imported; idempotent. HybridEP's buffer (`deep_ep.HybridEPBuffer`) is
-    world/hybrid_ep.py's stand-in."""
+    world/hybrid_ep.py's stand-in, which its own `install` adds to this package."""
     if NAME in sys.modules:
         return
     package = types.ModuleType(NAME)
     utils = types.ModuleType(NAME + ".utils")
     package.Buffer = Buffer  # type: ignore[attr-defined]
     package.Config = Config  # type: ignore[attr-defined]
-    from inspector.world.hybrid_ep import HybridEPBuffer
-
-    package.HybridEPBuffer = HybridEPBuffer  # type: ignore[attr-defined]
     package.utils = utils  # type: ignore[attr-defined]
     package.__stand_in__ = True  # type: ignore[attr-defined]
     utils.EventHandle = EventHandle  # type: ignore[attr-defined]

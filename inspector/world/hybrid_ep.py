@@ -26,6 +26,7 @@ No HybridEP code is copied here; each shape cites the source above.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,3 +130,10 @@ class HybridEPBuffer:
             out_probs = torch.empty(tokens, self.local_experts * self.group_size,
                                     dtype=torch.float32, device=hidden.device)  # fmt: skip
         return out, out_probs
+
+
+def install() -> None:
+    """Offer the stand-in as `deep_ep.HybridEPBuffer` (deep_ep.py's `install` first), before
+    megatron-core's fused_a2a.py is imported: it sets `HAVE_HYBRIDEP` at its own import."""
+    deep_ep.install()
+    sys.modules[deep_ep.NAME].HybridEPBuffer = HybridEPBuffer  # type: ignore[attr-defined]
