@@ -165,7 +165,7 @@ def test_hybrideps_refusals(flags, message) -> None:
 def test_before_016_the_backend_flag_is_refused() -> None:
     # Megatron-LM 0.13-0.15 has no --moe-flex-dispatcher-backend: every command stops on it
     for command in ("memory", "plan"):
-        result = run_cli(command, *TINY, "--ep", "2", "--dp", "2", *HYBRIDEP,
+        result = run_cli(command, *TINY, "--ep", "2", "--dp", "2", "--global-batch-size", "2", *HYBRIDEP,
                          *(("--gpus", "4", "--gpu", "h100") if command == "plan" else ()))  # fmt: skip
         assert result.code == 2
         assert "--moe-flex-dispatcher-backend is not an argument of Megatron-LM" in result.err
