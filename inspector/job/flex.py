@@ -6,7 +6,9 @@ by the installed megatron-core's rules. The one home of them: a Job checks itsel
 MoEFlexTokenDispatcher (transformer/moe/token_dispatcher.py) exchanges tokens over one group of
 expert-tensor-parallel x expert-parallel ranks with DeepEP's fused kernels (the `deepep`
 backend, `--moe-flex-dispatcher-backend`, or `--moe-enable-deepep` in Megatron-LM before 0.16) or
-HybridEP's. DeepEP's `Buffer.get_dispatch_config` knows only some group sizes (deep_ep/buffer.py).
+HybridEP's. DeepEP's `Buffer.get_dispatch_config` knows only some group sizes (deep_ep/buffer.py);
+HybridEP's own refusals and buffers live in job/hybrid_ep.py, which `check_flex` and
+`check_flex_group` call for that backend.
 
 Where the versions differ (megatron-core core_v0.13.1, core_v0.14.0, core_v0.15.3 against
 core_v0.16.0-0.16.1): before 0.16 TransformerConfig has no `moe_flex_dispatcher_backend` (nor
