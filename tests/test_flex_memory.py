@@ -321,18 +321,6 @@ def test_megatron_and_deepep_rules_are_errors(flags, error):
     assert (result.code, result.err) == (2, error)
 
 
-def test_hybridep_is_refused(tmp_path):
-    """HybridEP's buffers are not counted: hybridep stops `memory` by name, from the command line
-    as from a launch script (tests/test_launch_examples.py); `plan` prices it (test_flex_dispatch)."""
-    args = (*TINY, "--ep", "2", "--dp", "2", "--global-batch-size", "2",
-            "--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "hybridep")
-    memory = run_cli("memory", *args)
-    assert memory.code == 2 and memory.err == (
-        "Error: --moe-flex-dispatcher-backend hybridep is not modelled: HybridEP's buffers "
-        "(allocated outside PyTorch by its own kernels) are not counted; the deepep backend is "
-        "modelled\n")
-
-
 def test_which_megatron_core_knows_the_flex_backend_flag():
     """0.13-0.15 have DeepEP alone, switched on by moe_enable_deepep (their flex dispatcher asserts
     it); 0.16+ names the backend, deepep or hybridep. The engine gives each what it takes."""

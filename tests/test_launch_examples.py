@@ -346,10 +346,10 @@ def test_sft_tokenizer_reports_the_hugging_face_tokenizer_length(tmp_path, cli):
     assert unknown.size is None and "give --vocab-size" in unknown.problem
 
 
-def test_flex_token_dispatcher_with_hybridep_is_refused_by_name(tmp_path, cli):
+def test_flex_token_dispatcher_with_hybridep_is_read(tmp_path, cli):
     # examples/megatron_fsdp's DeepSeek-V3 script: Megatron-LM accepts `flex` (DeepEP/HybridEP);
-    # DeepEP is modelled (tests/test_flex_memory.py), HybridEP's buffers are not counted, so
-    # memory stops on the backend by name, and the parameters are still read
+    # both are modelled (tests/test_flex_memory.py, tests/test_hybrid_ep.py): memory stops on the
+    # fp4 format alone, and the parameters are still read
     moe = "--num-experts 4 --moe-router-topk 2 --expert-model-parallel-size 2 --disable-bias-linear"
     path = tmp_path / "s.sh"
     path.write_text(f"torchrun --nproc_per_node=2 pretrain_gpt.py {SMALL} --vocab-size 1000 {moe} "
@@ -358,12 +358,10 @@ def test_flex_token_dispatcher_with_hybridep_is_refused_by_name(tmp_path, cli):
     memory = cli("memory", "--from-script", str(path))
     assert memory.code == 2
     assert memory.err.endswith(
-        f"Error: {path} line 1: --moe-flex-dispatcher-backend hybridep is not modelled: "
-        "HybridEP's buffers (allocated outside PyTorch by its own kernels) are not counted; the "
-        "deepep backend is modelled; --fp4-format e2m1 is not modelled: Transformer Engine's fp4 parameters and "
+        f"Error: {path} line 1: --fp4-format e2m1 is not modelled: Transformer Engine's fp4 parameters and "
         "recipes (and mxfp8 parameters in the grad buffer) keep quantized weights this tool does "
         "not count; --fp8-format with --fp8-recipe and --fp8-param-gather are modelled\n"
-    )  # every refusal in one message
+    )
     params = cli("params", "--from-script", str(path))
     assert params.code == 0, params.err
 

@@ -46,7 +46,7 @@ def models() -> None:
 
 
 @app.command(cls=PanelCommand)
-@model_options("model", "layout", "training", accepted=("--moe-flex-dispatcher-backend hybridep",))
+@model_options("model", "layout", "training")
 def plan(
     args: dict[str, Any],
     use_cache: bool,

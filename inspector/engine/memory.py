@@ -113,12 +113,20 @@ def outside_allocator(job: Job, shapes: Sequence[ChunkShape]) -> tuple[tuple[str
     parallel ranks) and the hidden bytes `get_hidden_bytes` gives the layer's input (hidden x 2
     bytes, 4 in fp32). megatron's own `get_buffer` runs here, on the DeepEP stand-in
     (world/deep_ep.py), with DeepEP's SMs set as megatron sets them (`set_deepep_num_sms`).
+    HybridEP's buffers (one `HybridEPBuffer` per process, fused_a2a.py `init_hybrid_ep_buffer`)
+    are sized from the arguments megatron passes it, by job/hybrid_ep.py.
     """
     model, training = job.model, job.training
     if training.moe_token_dispatcher_type != "flex" or model.num_experts is None:
         return ()
     if not any(shape.mtp or any(map(model.is_moe_layer, shape.layers)) for shape in shapes):
         return ()
+    from inspector.job.flex import runs_hybridep
+
+    if runs_hybridep(training):
+        from inspector.job.hybrid_ep import hybridep_buffers, hybridep_shape
+
+        return hybridep_buffers(hybridep_shape(model, job.layout, job.schedule().micro_batch_size))
     import torch
     from megatron.core.transformer.moe import fused_a2a
 

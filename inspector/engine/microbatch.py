@@ -98,12 +98,13 @@ def runtime_config(job: Job) -> dict[str, Any]:
         # core_transformer_config_from_args copies (megatron-core 0.13's own default is None)
         fields["mtp_loss_scaling_factor"] = 0.1
     if model.num_experts is not None:
+        dispatcher = training.moe_token_dispatcher_type
         fields.update(
-            moe_token_dispatcher_type=training.moe_token_dispatcher_type,
+            moe_token_dispatcher_type=dispatcher,
             moe_expert_capacity_factor=training.moe_expert_capacity_factor,
             moe_pad_expert_input_to_capacity=training.moe_pad_expert_input_to_capacity,
         )
-        if training.moe_token_dispatcher_type == "flex":
+        if dispatcher == "flex":
             fields.update(_flex_fields(training))
     if training.recompute != "none":
         fields["recompute_granularity"] = training.recompute

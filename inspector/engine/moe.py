@@ -313,7 +313,7 @@ def balanced_routing() -> Iterator[None]:
 
     Enter it inside the allocator's Tracker: the host values it computes are no GPU memory.
     """
-    from megatron.core.transformer.moe import grouped_gemm_util, router, token_dispatcher
+    from megatron.core.transformer.moe import fused_a2a, grouped_gemm_util, router, token_dispatcher
 
     from inspector.world import deep_ep
 
@@ -330,6 +330,8 @@ def balanced_routing() -> Iterator[None]:
         (torch.Tensor, "record_stream", lambda *args: None),
         (grouped_gemm_util, "ops", SimpleNamespace(gmm=_gmm)),
     ]
+    if hasattr(fused_a2a, "_hybrid_ep_buffer"):  # 0.16+: HybridEP's buffer, made per job here
+        patches.append((fused_a2a, "_hybrid_ep_buffer", None))
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
     for owner, name, value in patches:
         setattr(owner, name, value)

@@ -310,7 +310,7 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         "moe_flex_dispatcher_backend",
         str,
         "The flex dispatcher's kernels (megatron-core 0.16 and later; default deepep; `memory` "
-        "counts DeepEP's buffers, not HybridEP's: `plan` alone takes hybridep).",
+        "counts each one's buffers outside PyTorch's allocator).",
         choices=("deepep", "hybridep"),
     ),
     _training("moe_enable_deepep", bool, "DeepEP for the flex dispatcher (older Megatron-LM's flag)."),

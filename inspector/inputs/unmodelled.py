@@ -334,11 +334,6 @@ RENAMED: dict[str, tuple[str, object]] = {
 
 # Values of modelled arguments that this tool does not model (Megatron-LM accepts them).
 REFUSED_VALUES: dict[str, dict[str, Refusal]] = {
-    # megatron-core's MoEFlexTokenDispatcher with HybridEP (token_dispatcher.py _HybridEPManager):
-    # its buffer (deep_ep.HybridEPBuffer) is sized by csrc/hybrid_ep, not simulated here
-    "--moe-flex-dispatcher-backend": {"hybridep": Refusal(
-        "training", "HybridEP's buffers (allocated outside PyTorch by its own kernels) are not "
-        "counted; the deepep backend is modelled")},  # fmt: skip
     # megatron-core's optimizer/__init__.py: Muon (emerging_optimizers' orthogonalised momentum on
     # the linear weights, Adam on the rest), Lion, SOAP; versions.CHOICE_VERSIONS has when each came
     "--optimizer": {name: Refusal("training", _OPTIMIZER) for name in (

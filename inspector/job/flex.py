@@ -6,7 +6,9 @@ by the installed megatron-core's rules. The one home of them: a Job checks itsel
 MoEFlexTokenDispatcher (transformer/moe/token_dispatcher.py) exchanges tokens over one group of
 expert-tensor-parallel x expert-parallel ranks with DeepEP's fused kernels (the `deepep`
 backend, `--moe-flex-dispatcher-backend`, or `--moe-enable-deepep` in Megatron-LM before 0.16) or
-HybridEP's. DeepEP's `Buffer.get_dispatch_config` knows only some group sizes (deep_ep/buffer.py).
+HybridEP's. DeepEP's `Buffer.get_dispatch_config` knows only some group sizes (deep_ep/buffer.py);
+HybridEP's own refusals and buffers live in job/hybrid_ep.py, which `check_flex` and
+`check_flex_group` call for that backend.
 
 Where the versions differ (megatron-core core_v0.13.1, core_v0.14.0, core_v0.15.3 against
 core_v0.16.0-0.16.1): before 0.16 TransformerConfig has no `moe_flex_dispatcher_backend` (nor
@@ -21,6 +23,7 @@ from typing import Any
 
 from inspector.errors import ConfigError
 from inspector.inputs.versions import megatron_core_version
+from inspector.job.hybrid_ep import check_hybridep, check_hybridep_group
 
 # megatron-core's first version whose TransformerConfig has `moe_flex_dispatcher_backend`
 # (core_v0.16.0 transformer_config.py; 0.13-0.15 run DeepEP only, behind `moe_enable_deepep`)
@@ -86,8 +89,8 @@ def flex_backend(args: Mapping[str, Any], version: tuple[int, int] | None = None
 
 def check_flex_group(ep: int, expert_tp: int, backend: str) -> None:
     """Raise ConfigError where the flex dispatcher cannot run over expert_tp x ep ranks: one rank
-    (MoEFlexTokenDispatcher asserts 'Flex token dispatcher requires TPxEP > 1', 0.13-0.16), or
-    a group size DeepEP has no configuration for."""
+    (MoEFlexTokenDispatcher asserts 'Flex token dispatcher requires TPxEP > 1', 0.13-0.16), a
+    group size DeepEP has no configuration for, or one HybridEP cannot lay over nodes."""
     size = expert_tp * ep
     if size <= 1:
         raise ConfigError(
@@ -101,6 +104,8 @@ def check_flex_group(ep: int, expert_tp: int, backend: str) -> None:
             f"--expert-tensor-parallel-size {expert_tp} x --ep {ep} = {size} ranks "
             f"(deep_ep Buffer.get_dispatch_config knows {', '.join(map(str, DEEPEP_GROUP_SIZES))})"
         )
+    if backend == "hybridep":
+        check_hybridep_group(ep, expert_tp)
 
 
 def job_arguments(model: Any, training: Any, version: tuple[int, int] | None = None) -> dict[str, Any]:
@@ -119,11 +124,14 @@ def job_arguments(model: Any, training: Any, version: tuple[int, int] | None = N
 
 
 def check_flex(model: Any, layout: Any, training: Any, version: tuple[int, int] | None = None) -> None:
-    """Raise ConfigError where megatron-core (0.13-0.16) or DeepEP refuse the job's flex dispatcher."""
+    """Raise ConfigError where megatron-core (0.13-0.16), DeepEP or HybridEP (job/hybrid_ep.py)
+    refuse the job's flex dispatcher."""
     backend = flex_backend(job_arguments(model, training, version), version)
     if backend is None or model.num_experts is None:
         return  # megatron builds no dispatcher without experts
     check_flex_group(layout.ep, layout.expert_tp, backend)
+    if backend == "hybridep":
+        check_hybridep(model, layout, training.micro_batch_size)
     if training.moe_deepep_num_sms % 2:
         raise ConfigError(
             f"--moe-deepep-num-sms {training.moe_deepep_num_sms} must be even (DeepEP's "
@@ -136,3 +144,8 @@ def runs_deepep(training: Any) -> bool:
     return training.moe_token_dispatcher_type == "flex" and (
         training.moe_enable_deepep or training.moe_flex_backend == "deepep"
         or megatron_version() < BACKEND_SINCE)  # fmt: skip
+
+
+def runs_hybridep(training: Any) -> bool:
+    """Return whether a checked job's flex dispatcher runs HybridEP (megatron-core 0.16+)."""
+    return training.moe_token_dispatcher_type == "flex" and not runs_deepep(training)

@@ -9,8 +9,8 @@ that does not fit is dropped for the next one, so that `memory` confirms every p
 prints. The engine runs on the chunk shapes of the plan's split without building the stages
 (`engine_shapes`; tests/test_plan_confirm.py compares it with `memory`'s whole computation);
 Megatron-FSDP's state and buffers in flight come from one built stage of each kind (`_fsdp_held`).
-A DeepEP job runs as built (flex.as_built), DeepEP's buffers outside PyTorch's allocator among
-each stage's activations and kept by name (`StagePlan.outside`); HybridEP's as the all-to-all's.
+A flex job runs as `memory` runs it, the buffers DeepEP or HybridEP hold outside PyTorch's
+allocator among each stage's activations and kept by name (`StagePlan.outside`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from inspector.plan import caches
-from inspector.plan.flex import as_built
 from inspector.plan.price import Plan
 
 if TYPE_CHECKING:
@@ -39,7 +38,7 @@ def engine_runs(plan: Plan) -> bool:
     """Return whether `memory` runs megatron's engine for the plan's job (else: closed forms)."""
     from inspector.engine.memory import not_runnable
 
-    return not_runnable(as_built(plan.job)) is None
+    return not_runnable(plan.job) is None
 
 
 def measured(plan: Plan) -> Plan:
@@ -50,7 +49,7 @@ def measured(plan: Plan) -> Plan:
         return _measured_as_memory(plan)
     from inspector.engine.memory import StageShapes, run_job
 
-    job = as_built(plan.job)
+    job = plan.job
     fsdp = job.training.megatron_fsdp or job.training.torch_fsdp2
     key = (replace(job, training=replace(job.training, sharding_strategy="")), tuple(shapes))
     engine = _ENGINE.get(key) if fsdp else None
@@ -137,7 +136,7 @@ def _measured_as_memory(plan: Plan) -> Plan:
     from inspector.report.memory import Hardware, measure
     from inspector.world.build import build, select_view
 
-    job = as_built(plan.job)
+    job = plan.job
     report = measure(build(job, select_view(job), expert_ranks=(0,)), Hardware())
     stages = tuple(  # FSDP's buffers in flight are `memory`'s own there, not the plan's `gathered`
         replace(printed, activations=built.total - printed.state - printed.gathered,

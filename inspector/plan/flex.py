@@ -1,5 +1,5 @@
 """The flex token dispatcher (`--moe-token-dispatcher-type flex`): its exchange priced by the bytes
-each link class carries, and the job `plan` confirms (megatron's rules for it: job/flex.py).
+each link class carries (megatron's rules for it: job/flex.py; HybridEP's buffers: job/hybrid_ep.py).
 
 megatron-core's MoEFlexTokenDispatcher (transformer/moe/token_dispatcher.py, 0.16.1) hands a
 rank's tokens to fused dispatch and combine kernels over one group of expert-tp x ep ranks
@@ -35,13 +35,13 @@ NCCL all-to-all's are not modelled). Not modelled: node-limited routing
 
 from __future__ import annotations
 
-from dataclasses import replace
 from math import comb, prod
 
 from inspector.job.dims import ModelDims
 from inspector.job.flex import runs_deepep
 from inspector.job.hardware import Gpu
-from inspector.job.job import Job, Training
+from inspector.job.hybrid_ep import HYBRIDEP_NUM_SMS
+from inspector.job.job import Training
 from inspector.job.layout import Layout
 from inspector.plan.network import Network, expert_alltoall, expert_peers_on_node
 
@@ -127,18 +127,6 @@ def flex_exchange(count: int, dims: ModelDims, tokens: float, lay: Layout, net: 
     return count * slowest
 
 
-def as_built(job: Job) -> Job:
-    """Return the job megatron is asked to build and run for the plan's memory: DeepEP's as it is
-    (`memory` runs it on world/deep_ep.py's stand-in and counts DeepEP's buffers outside PyTorch's
-    allocator, engine/memory.py `outside_allocator`); HybridEP's with the all-to-all dispatcher in
-    its place. Neither dispatcher holds parameters (token_dispatcher.py), so the state is the same;
-    the engine runs the all-to-all's permutation where HybridEP's kernels would run, and HybridEP's
-    buffers (sized in its own kernels, which `memory` refuses) are not counted."""
-    if job.training.moe_token_dispatcher_type != "flex" or runs_deepep(job.training):
-        return job
-    return replace(job, training=replace(job.training, moe_token_dispatcher_type="alltoall"))
-
-
 def moe_exchange(dims: ModelDims, lay: Layout, net: Network, tokens: float, flex: bool) -> float:
     """Return an MoE layer's 4 token exchanges (dispatch, combine; forward and backward) for one
     micro-batch (`tokens`: s b / c): the flex dispatcher's, or the all-to-all's (network.py)."""
@@ -148,11 +136,6 @@ def moe_exchange(dims: ModelDims, lay: Layout, net: Network, tokens: float, flex
         return 0.0
     routed = tokens * dims.moe_router_topk * dims.hidden_size / lay.tp
     return expert_alltoall(4, routed, dims.activation_bytes, lay, net)
-
-
-# megatron-core 0.16.1 transformer_config.py: `moe_hybridep_num_sms: int = 16` (HybridEP's SMs;
-# Megatron-LM's arguments do not set it); DeepEP's is the job's --moe-deepep-num-sms (default 20)
-HYBRIDEP_NUM_SMS = 16
 
 
 def exchange_sm_share(training: Training, gpu: Gpu) -> float:

@@ -20,7 +20,6 @@ from typing import Any
 
 from inspector.job.job import Job
 from inspector.plan import caches
-from inspector.plan.flex import as_built
 from inspector.world.pieces import Built, Named, Param, build_pieces
 
 Run = tuple[Param, int]  # a parameter, and how many equal ones stand side by side from it
@@ -67,7 +66,7 @@ def pieces_for(job: Job) -> Pieces:
             built, built_local = _SCALABLE[family]
             _PIECES[key] = as_pieces(built, (built_local, local, ep > 1))
         else:
-            built = build_pieces(as_built(job))
+            built = build_pieces(job)
             if local is not None and scalable(built, local, ep > 1):
                 _SCALABLE[family] = (built, local)
             _PIECES[key] = as_pieces(built)

@@ -12,6 +12,7 @@ from inspector.job.build_limits import expert_cap
 from inspector.job.checks import check_built_layers
 from inspector.job.flex import check_flex_group, flex_backend
 from inspector.job.hardware import DEFAULT_EFFICIENCY, DEFAULT_GPU, Gpu, get_gpu, with_overrides
+from inspector.job.hybrid_ep import check_hybridep_dtype
 from inspector.job.job import Training, make_training
 from inspector.job.model import ModelConfig
 from inspector.job.model_args import make_model_config
@@ -135,6 +136,8 @@ def make_request(args: dict[str, Any], flags: PlanFlags) -> Request:
     _check_overlap(model, training)
     _check_sizes(model, flags.gpus)
     _check_expert_tp(model, fixed)
+    if backend == "hybridep" and model.num_experts is not None:
+        check_hybridep_dtype(model)  # every candidate's: the model's dtype is fixed
     if backend is not None and model.num_experts is not None and "ep" in fixed:
         etp = fixed.get("etp", fixed.get("tp"))  # megatron: expert tp defaults to tp
         if etp is not None:

@@ -8,6 +8,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from inspector.job.flex import runs_hybridep
 from inspector.job.optimizer_precision import REMAINDER
 from inspector.report.formats import MemoryFormat
 from inspector.report.memory import GIB, MemoryReport, StageMemory
@@ -206,11 +207,13 @@ def _routing(report: MemoryReport) -> str:
     dropping = "dropless" if capacity is None else f"capacity factor {capacity:g}" + (
         ", padded to capacity" if t.moe_pad_expert_input_to_capacity else ""
     )
+    dispatcher = f"{t.moe_token_dispatcher_type} dispatcher"
+    if t.moe_token_dispatcher_type == "flex":
+        dispatcher += " (HybridEP)" if runs_hybridep(t) else " (DeepEP)"
     return (
         f"Note: MoE routing is balanced: every expert gets tokens x {model.moe_router_topk} / "
         f"{model.num_experts} of each rank's tokens (what Megatron-LM's "
-        f"--moe-router-force-load-balancing gives on average); {t.moe_token_dispatcher_type} "
-        f"dispatcher, {dropping}."
+        f"--moe-router-force-load-balancing gives on average); {dispatcher}, {dropping}."
     )
 
 
@@ -233,7 +236,8 @@ def _moments(report: MemoryReport) -> list[str]:
 
 def outside_line(label: str, outside: tuple[tuple[str, int], ...], size: Callable[[int], str],
                  counted_in: str, total: int) -> str:  # fmt: skip
-    """Return the line naming what a stage holds outside PyTorch's allocator (DeepEP's buffers),
+    """Return the line naming what a stage holds outside PyTorch's allocator (DeepEP's or
+    HybridEP's buffers),
     where its `total` counts them, and what torch.cuda.max_memory_allocated would say without
     them; `memory` and `plan` print it alike."""
     held = sum(b for _, b in outside)

@@ -317,8 +317,8 @@ NAME = "deep_ep"
 
 def install() -> None:
     """Put the stand-in into sys.modules as `deep_ep` (and `deep_ep.utils`), before megatron-core's
-    fused_a2a.py is imported; idempotent. HybridEP's buffer (`deep_ep.HybridEPBuffer`) is not
-    offered: megatron-core then refuses `--moe-flex-dispatcher-backend hybridep` itself."""
+    fused_a2a.py is imported; idempotent. HybridEP's buffer (`deep_ep.HybridEPBuffer`) is
+    world/hybrid_ep.py's stand-in, which its own `install` adds to this package."""
     if NAME in sys.modules:
         return
     package = types.ModuleType(NAME)

@@ -336,10 +336,10 @@ def _install_transformer_engine_standin() -> None:
     megatron-core decides whether Transformer Engine is there when it is first imported: the
     stand-in goes in first, so a real TE on this machine (working or broken) is never loaded.
     """
-    from inspector.world import deep_ep, te
+    from inspector.world import hybrid_ep, te
 
     te.install()
-    deep_ep.install()  # megatron-core's fused_a2a.py imports it at its own import
+    hybrid_ep.install()  # DeepEP's stand-in and HybridEP's: fused_a2a.py imports them at its import
 
 
 def _import(names: Callable[[], Any]) -> Any:
