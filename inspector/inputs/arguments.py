@@ -155,6 +155,16 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         bool,
         "Router softmax before the top-k (megatron-core needs it, or sinkhorn, for top-1).",
     ),
+    _model(
+        "moe_router_num_groups",
+        int,
+        "Node-limited routing: experts in this many equal groups of consecutive experts.",
+    ),
+    _model(
+        "moe_router_group_topk",
+        int,
+        "Node-limited routing: groups each token picks its top-k experts from (needs the above).",
+    ),
     # Parallel layout.
     _layout("tensor_model_parallel_size", int, "Tensor-parallel size.", aliases=("--tp",)),
     _layout("pipeline_model_parallel_size", int, "Pipeline-parallel size.", aliases=("--pp",)),

@@ -189,7 +189,7 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--fp8-margin --fp8-interval --fp8-amax-compute-algo"
     ),
     "routing math (balanced routing is counted)": (
-        "--moe-router-num-groups --moe-router-group-topk --moe-router-topk-scaling-factor "
+        "--moe-router-topk-scaling-factor "
         "--moe-router-bias-update-rate "
         "--moe-router-force-load-balancing --moe-aux-loss-coeff --moe-z-loss-coeff "
         "--moe-input-jitter-eps "

@@ -50,6 +50,9 @@ class ModelDims:
     moe_ffn_hidden_size: int | None = None
     moe_shared_expert_intermediate_size: int | None = None
     moe_layer_freq: int | tuple[int, ...] = 1
+    # node-limited routing: a token's top-k among the experts of its top group_topk of num_groups
+    moe_router_num_groups: int | None = None
+    moe_router_group_topk: int | None = None
     activation_bytes: int = 2  # bytes per activation element: 2 in bf16/fp16, 4 in fp32
     # Multi-latent attention (Megatron-LM's MLA arguments) and multi-token prediction.
     multi_latent_attention: bool = False
