@@ -4,9 +4,16 @@ routing (`--moe-router-num-groups`, `--moe-router-group-topk`) and the router's 
 
 from __future__ import annotations
 
+from fractions import Fraction
+from itertools import combinations
+from math import comb
+
 import pytest
 
 from inspector.inputs.presets import PRESETS
+from inspector.job.dims import ModelDims
+from inspector.job.hardware import GPUS
+from inspector.plan.flex import block_hit, expected_remote_nodes, sender_copies, token_copies
 
 SMALL = "--hidden-size 64 --num-attention-heads 4 --seq-length 64 --vocab-size 1000 --num-layers 2".split()
 MOE = SMALL + "--num-experts 8 --moe-ffn-hidden-size 32 --disable-bias-linear".split()
@@ -59,3 +66,100 @@ def test_deepseek_v3_preset_routes_within_4_of_8_groups() -> None:
     # --moe-router-num-groups 8; Megatron-Bridge maps n_group/topk_group to them
     args = PRESETS["deepseek-v3"].args
     assert (args["moe_router_num_groups"], args["moe_router_group_topk"]) == (8, 4)
+
+
+# ---- node-limited routing in the flex dispatcher's price (plan/flex.py) ----
+
+
+def _routes(experts: int, topk: int, groups: int, group_topk: int):
+    """Every (top-k, weight) a balanced group-limited router gives: a uniform M-subset of the
+    groups of E/G consecutive experts (moe_utils.py group_limited_topk's view(num_groups, -1)),
+    then a uniform k-subset of their experts."""
+    size = experts // groups
+    for chosen in combinations(range(groups), group_topk):
+        pool = [g * size + i for g in chosen for i in range(size)]
+        picks = list(combinations(pool, topk))
+        for pick in picks:
+            yield pick, Fraction(1, comb(groups, group_topk) * len(picks))
+
+
+def _brute_senders(experts, topk, ep, etp, on_node, groups, group_topk):
+    """Each sender (node s, local index i) of the expert-tp x ep group, over every route: rank r
+    holds ep index r // etp's experts; an InfiniBand copy per other node hit, an NVLink copy per
+    hit rank that is not at local index i (the sender itself, or a node's RDMA receiver)."""
+    ranks, per_ep = ep * etp, experts // ep
+    routes = list(_routes(experts, topk, groups, group_topk))
+    found = set()
+    for sender in range(ranks):
+        s, i = divmod(sender, on_node)
+        inter = intra = Fraction(0)
+        for pick, weight in routes:
+            hit_ep = {e // per_ep for e in pick}
+            hit = [r for r in range(ranks) if r // etp in hit_ep]
+            inter += weight * len({r // on_node for r in hit} - {s})
+            intra += weight * sum(1 for r in hit if r % on_node != i)
+        found.add((round(float(inter), 12), round(float(intra), 12)))
+    return tuple(sorted(found))
+
+
+@pytest.mark.parametrize(("experts", "topk", "ep", "etp", "on_node", "groups", "group_topk"), [
+    (8, 2, 4, 1, 2, 2, 1),  # a group a node: the token stays on one node
+    (16, 3, 8, 1, 2, 4, 2),  # a group a node, 2 of 4 nodes
+    (12, 2, 6, 1, 2, 2, 1),  # 3 nodes, 2 groups: the middle node holds half of each group
+    (12, 3, 6, 1, 2, 4, 2),  # 4 groups of 3 over 3 nodes of 4: groups straddle nodes
+    (8, 2, 4, 2, 4, 4, 2),  # expert tp 2: both ranks of an expert get the token
+    (8, 2, 8, 1, 4, 8, 2),  # device-limited: a group a rank
+])  # fmt: skip
+def test_sender_copies_match_enumeration(experts, topk, ep, etp, on_node, groups, group_topk):
+    want = _brute_senders(experts, topk, ep, etp, on_node, groups, group_topk)
+    got = sender_copies(experts, topk, ep, etp, on_node, groups, group_topk)
+    assert len(got) == len(want)
+    for (gi, ga), (wi, wa) in zip(got, want, strict=True):
+        assert (gi, ga) == (pytest.approx(wi, abs=1e-12), pytest.approx(wa, abs=1e-12))
+
+
+def test_straddled_groups_make_senders_differ():
+    # 2 groups of 6 over 3 nodes of 4 experts: a token of group 0 reaches node 0 and maybe
+    # node 1; node 1 is hit by either group. A sender on node 1 sends fewer InfiniBand copies.
+    got = sender_copies(12, 2, 6, 1, 2, 2, 1)
+    assert len(got) == 2 and got[0][0] < got[1][0]
+    # node 0: hit iff group 0 (1/2) and not both picks in experts 4-5: 1/2 x (1 - 1/15)
+    node0 = Fraction(1, 2) * (1 - Fraction(1, 15))
+    node1 = Fraction(1, 2) * (1 - Fraction(comb(4, 2), comb(6, 2))) * 2
+    assert block_hit(12, 2, 2, 1, 0, 4) == pytest.approx(float(node0), rel=1e-12)
+    assert block_hit(12, 2, 2, 1, 4, 8) == pytest.approx(float(node1), rel=1e-12)
+    # a sender on node 0 (or 2): nodes 1 and 2, node 2 holding what node 0 does, mirrored
+    assert got[1][0] == pytest.approx(float(node0 + node1), rel=1e-12)
+
+
+def test_whole_groups_agree_with_expected_remote_nodes():
+    # DeepSeek-V3 at ep 64 over 8 nodes: 8 groups of 32 experts, one a node; top-8 of 4 groups
+    ((inter, _),) = sender_copies(256, 8, 64, 1, 8, 8, 4)
+    assert inter == pytest.approx(expected_remote_nodes(256, 8, 8, 8, 4), rel=1e-12)
+    # a token reaches at most its 4 groups' nodes (the sender's own among them half the time:
+    # C(7, 3) / C(8, 4)); unlimited, 7 x (1 - C(224, 8) / C(256, 8)) = 4.63 of the 7 others
+    assert inter < 4 < token_copies(256, 8, 64, 1, 8)[0]
+    # every group open (M = G) is the unlimited price
+    assert sender_copies(256, 8, 64, 1, 8, 8, 8)[0] == pytest.approx(token_copies(256, 8, 64, 1, 8))
+
+
+def test_all_to_all_dispatcher_moves_the_same_bytes_under_node_limits():
+    # the all-to-all sends each of a token's k copies to its expert's rank: what each rank (and
+    # so each node) receives is k x P(expert picked); under group-limited balanced routing every
+    # expert is still picked with chance k / E (enumerated), so network.py's price is unchanged
+    experts, topk, groups, group_topk = 12, 3, 4, 2
+    marginal = [Fraction(0)] * experts
+    for pick, weight in _routes(experts, topk, groups, group_topk):
+        for e in pick:
+            marginal[e] += weight
+    assert marginal == [Fraction(topk, experts)] * experts
+    from inspector.job.layout import Layout
+    from inspector.plan.flex import moe_exchange
+    from inspector.plan.network import Network
+
+    free = ModelDims(2, 256, 8, 512, 1024, num_experts=12, moe_router_topk=3)
+    limited = ModelDims(2, 256, 8, 512, 1024, num_experts=12, moe_router_topk=3,
+                        moe_router_num_groups=4, moe_router_group_topk=2)  # fmt: skip
+    net, lay = Network(GPUS["h100"], 2), Layout(dp=6, ep=6)
+    assert moe_exchange(limited, lay, net, 512, False) == moe_exchange(free, lay, net, 512, False) > 0
+    assert moe_exchange(limited, lay, net, 512, True) < moe_exchange(free, lay, net, 512, True)
