@@ -8,12 +8,16 @@ from fractions import Fraction
 from itertools import combinations
 from math import comb
 
+import megatron.core
 import pytest
 
 from inspector.inputs.presets import PRESETS
 from inspector.job.dims import ModelDims
 from inspector.job.hardware import GPUS
 from inspector.plan.flex import block_hit, expected_remote_nodes, sender_copies, token_copies
+from tests.conftest import run_cli
+
+VERSION = tuple(int(p) for p in megatron.core.__version__.split(".")[:2])
 
 SMALL = "--hidden-size 64 --num-attention-heads 4 --seq-length 64 --vocab-size 1000 --num-layers 2".split()
 MOE = SMALL + "--num-experts 8 --moe-ffn-hidden-size 32 --disable-bias-linear".split()
@@ -163,3 +167,81 @@ def test_all_to_all_dispatcher_moves_the_same_bytes_under_node_limits():
     net, lay = Network(GPUS["h100"], 2), Layout(dp=6, ep=6)
     assert moe_exchange(limited, lay, net, 512, False) == moe_exchange(free, lay, net, 512, False) > 0
     assert moe_exchange(limited, lay, net, 512, True) < moe_exchange(free, lay, net, 512, True)
+
+
+# ---- the router's padding for fp8 in `memory`: megatron's own padding on the routing's values ----
+
+TINY = ("memory", "--no-cache", "--model", "mixtral-8x7b", "--num-layers", "2", "--hidden-size",
+        "256", "--ffn-hidden-size", "512", "--num-attention-heads", "8", "--num-query-groups", "8",
+        "--seq-length", "120", "--max-position-embeddings", "128", "--bf16",
+        "--micro-batch-size", "1", "--ep", "2", "--dp", "2", "--global-batch-size", "2",
+        "--transformer-impl", "transformer_engine", "--fp8-format", "hybrid", "--moe-grouped-gemm")  # fmt: skip
+OLD_DEEPEP = () if VERSION >= (0, 16) else ("--moe-enable-deepep",)
+
+
+def _expert_rows(monkeypatch, *flags: str) -> list[list[int]]:
+    """Run `memory` and return the rows per local expert that TE's Fp8Padding (experts.py
+    TEGroupedMLP, fp8) is handed, one list per call."""
+    from inspector.world.te import fp8_functions
+
+    seen: list[list[int]] = []
+    forward = fp8_functions.Fp8Padding.forward
+
+    def spy(self, inp, m_splits):
+        seen.append(list(m_splits))
+        return forward(self, inp, m_splits)
+
+    monkeypatch.setattr(fp8_functions.Fp8Padding, "forward", spy)
+    result = run_cli(*TINY, *flags)
+    assert result.code == 0, result.err
+    return seen
+
+
+@pytest.mark.parametrize("dispatcher", ["alltoall", "flex"])
+def test_router_padding_hands_the_experts_aligned_rows(monkeypatch, dispatcher: str) -> None:
+    # 120 tokens a rank, top-2 of 8 experts: 30 a rank for each expert, 60 for each of a rank's 4
+    # experts from the 2 ranks; TE pads them to 64 itself (a copy) ...
+    chosen = ("--moe-token-dispatcher-type", dispatcher, *(OLD_DEEPEP if dispatcher == "flex" else ()))
+    plain = _expert_rows(monkeypatch, *chosen)
+    assert plain and {tuple(rows) for rows in plain} == {(60, 60, 60, 60)}
+    # ... unless the dispatcher pads the routing map: the all-to-all's sender pads each
+    # expert's 30 to 32 (token_dispatcher.py MoEAlltoAllTokenDispatcher.dispatch_preprocess,
+    # moe_utils.py pad_routing_map), DeepEP's receiver its 60 to 64 (_DeepepManager
+    # ._pad_routing_map): 64 rows either way, already aligned, so Fp8Padding copies nothing
+    padded = _expert_rows(monkeypatch, *chosen, "--moe-router-padding-for-fp8")
+    assert padded and {tuple(rows) for rows in padded} == {(64, 64, 64, 64)}
+
+
+# megatron-core's TransformerConfig names the field it has: 0.16 turns the fp8 flag into
+# moe_router_padding_for_quantization before checking; 0.13-0.15 know moe_router_padding_for_fp8
+PAD_FIELD = "moe_router_padding_for_quantization" if VERSION >= (0, 16) else "moe_router_padding_for_fp8"
+PAD_FP8 = ("fp8/fp4 must be specified when moe_router_padding_for_quantization is True."
+           if VERSION >= (0, 16) else "fp8 must be specified when moe_router_padding_for_fp8 is True.")  # fmt: skip
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ("--moe-token-dispatcher-type alltoall", "--moe-router-padding-for-fp8 needs --fp8-format "
+     f"(megatron-core's TransformerConfig: '{PAD_FP8}')"),
+    ("--fp8-format hybrid --transformer-impl transformer_engine", "--moe-router-padding-for-fp8 "
+     "needs --moe-token-dispatcher-type alltoall or flex, not allgather (megatron-core's "
+     f"TransformerConfig: 'allgather and alltoall_seq dispatcher does not support {PAD_FIELD}.')"),
+])  # fmt: skip
+def test_router_padding_refusals(cli, extra: str, message: str) -> None:
+    result = cli("memory", *MOE, "--bf16", "--moe-router-padding-for-fp8", *extra.split())
+    assert (result.code, result.err) == (2, f"Error: {message}\n")
+
+
+def test_router_padding_needs_experts(cli) -> None:
+    result = cli("memory", *SMALL, "--moe-router-padding-for-fp8")
+    assert (result.code, result.err) == (
+        2, "Error: --moe-router-padding-for-fp8 needs --num-experts (it pads the experts' token counts)\n")
+
+
+def test_router_padding_for_quantization_is_0_16s_name(cli) -> None:
+    flags = ("--bf16", "--fp8-format", "hybrid", "--transformer-impl", "transformer_engine",
+             "--moe-token-dispatcher-type", "alltoall", "--moe-router-padding-for-quantization")  # fmt: skip
+    result = cli("memory", *MOE, *flags, "--micro-batch-size", "1")
+    if VERSION >= (0, 16):
+        assert result.code == 0, result.err
+    else:
+        assert result.code == 2 and "--moe-router-padding-for-quantization" in result.err

@@ -345,6 +345,17 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         "MoE expert capacity: each expert keeps at most ceil(tokens x topk / experts x factor).",
     ),
     _training(
+        "moe_router_padding_for_fp8",
+        bool,
+        "With fp8: the dispatcher pads each expert's token count to 16 (mxfp8: 32) rows, so "
+        "Transformer Engine copies no padding (alltoall or flex dispatcher).",
+    ),
+    _training(
+        "moe_router_padding_for_quantization",
+        bool,
+        "Megatron-LM 0.16's name for --moe-router-padding-for-fp8.",
+    ),
+    _training(
         "moe_pad_expert_input_to_capacity",
         bool,
         "Pad every expert's input to its capacity (needs --moe-expert-capacity-factor).",

@@ -195,7 +195,7 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--moe-input-jitter-eps "
         "--moe-permute-fusion --moe-router-fusion --moe-router-dtype "
         "--moe-token-drop-policy --moe-shared-expert-overlap --moe-per-layer-logging "
-        "--moe-apply-probs-on-input --moe-router-padding-for-fp8"
+        "--moe-apply-probs-on-input"
     ),
     "communication scheduling (buffers not counted)": (
         "--no-overlap-p2p-communication --overlap-p2p-communication-warmup-flush "
