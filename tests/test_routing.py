@@ -245,3 +245,109 @@ def test_router_padding_for_quantization_is_0_16s_name(cli) -> None:
         assert result.code == 0, result.err
     else:
         assert result.code == 2 and "--moe-router-padding-for-quantization" in result.err
+
+
+# ---- the router's padding for fp8 in `plan`'s step time (formulas/ops.py, fp8_ops.py) ----
+
+SEQ, HIDDEN = 512, 256
+
+
+def _moe_dims(**extra: object) -> ModelDims:
+    return ModelDims(2, HIDDEN, 8, SEQ, 1024, num_query_groups=2, swiglu=True, flash_attention=True,
+                     num_experts=8, moe_router_topk=2, fp8="hybrid", **extra)  # type: ignore[arg-type]  # fmt: skip
+
+
+def _ops(dims: ModelDims):
+    from inspector.formulas.ops import Shard, layer_ops
+
+    return layer_ops(dims, Shard(ep=2, micro_batch=1), True).forward
+
+
+def _gemm_rows(ops, name: str) -> int:
+    from inspector.formulas.kernels import Gemm
+
+    rows = {op.m for op in ops if isinstance(op, Gemm) and op.name == name}  # one GEMM an expert
+    assert len(rows) == 1
+    return rows.pop()
+
+
+def _copy_elements(ops, name: str) -> int:
+    from inspector.formulas.kernels import Memory
+
+    (copy,) = [op for op in ops if isinstance(op, Memory) and op.name == name]
+    return copy.elements
+
+
+def test_router_padding_replaces_te_copies_with_padded_rows():
+    # 512 tokens a rank, top-2 of 8 experts, ep 2: a rank sends 512 x 2 / 8 = 128 rows to each
+    # expert; an expert receives 2 x 128 = 256 (4 local experts)
+    te = _ops(_moe_dims())
+    assert _gemm_rows(te, "expert fc1") == 256
+    assert _copy_elements(te, "expert fp8 padding") == 4 * 256 * HIDDEN
+    assert _copy_elements(te, "permute") == 512 * 2 * HIDDEN
+    # the all-to-all's sender pads each of its 8 counts: 128 + 15 / 2 = 135.5 rows expected (a
+    # remainder uniform in 0..15 under uneven routing), so an expert gets 2 x 135.5 = 271 rows
+    # and the rank permutes and sends 8 x 135.5 = 1,084; Transformer Engine copies nothing
+    source = _ops(_moe_dims(moe_row_padding="source"))
+    assert _gemm_rows(source, "expert fc1") == 271
+    assert _copy_elements(source, "permute") == _copy_elements(source, "unpermute") == 1084 * HIDDEN
+    assert not [op for op in source if "fp8 padding" in op.name or "fp8 unpadding" in op.name]
+    # DeepEP's receiver (or HybridEP's kernel) pads the 256 an expert received: 263.5 -> 264
+    destination = _ops(_moe_dims(moe_row_padding="destination"))
+    assert _gemm_rows(destination, "expert fc1") == 264
+    assert _copy_elements(destination, "permute") == 512 * 2 * HIDDEN
+    assert not [op for op in destination if "fp8 padding" in op.name]
+    # mxfp8 aligns to 32: 128 + 31 / 2 = 143.5 a sender
+    assert _gemm_rows(_ops(_moe_dims(moe_row_padding="source", fp8_recipe="mxfp8")), "expert fc1") == 287
+
+
+def test_padded_rows_never_fall_below_the_next_multiple():
+    from inspector.formulas.fp8_ops import padded_rows
+
+    assert padded_rows(128, 16) == 135.5  # the remainder's mean
+    assert padded_rows(2, 16) == 16  # a small count still fills a whole 16
+    assert padded_rows(0.5, 32) == 32
+
+
+@pytest.mark.parametrize(("flags", "padding"), [
+    ({"moe_token_dispatcher_type": "alltoall"}, ""),
+    ({"moe_token_dispatcher_type": "alltoall", "moe_router_padding_for_fp8": True}, "source"),
+    ({"moe_token_dispatcher_type": "flex", "moe_router_padding_for_fp8": True}, "destination"),
+    ({"moe_token_dispatcher_type": "flex"}, ""),  # DeepEP without the flag: TE pads
+])  # fmt: skip
+def test_who_pads_follows_the_dispatcher(flags: dict, padding: str):
+    from inspector.inputs.resolve import Sources, merge_sources
+    from inspector.job.job import make_job
+
+    base = dict(num_layers=2, hidden_size=256, num_attention_heads=8, seq_length=128,
+                max_position_embeddings=128, vocab_size=1000, num_experts=8, moe_router_topk=2,
+                bf16=True, micro_batch_size=1, expert_model_parallel_size=2, data_parallel_size=2,
+                fp8_format="hybrid", transformer_impl="transformer_engine", moe_grouped_gemm=True,
+                disable_bias_linear=True, **flags)  # fmt: skip
+    if flags["moe_token_dispatcher_type"] == "flex" and VERSION < (0, 16):
+        base["moe_enable_deepep"] = True
+    args = merge_sources(Sources(flags=base), ("model", "layout", "training")).args
+    assert make_job(args).dims().moe_row_padding == padding
+
+
+@pytest.mark.skipif(VERSION < (0, 16), reason="HybridEP is megatron-core 0.16's")
+def test_hybridep_pads_in_its_dispatch_under_fp8():
+    # token_dispatcher.py _HybridEPManager.dispatch: `if self.config.fp8 or self.config.fp4:
+    # self.pad_multiple = get_align_size_for_quantization(self.config)`, passed to
+    # hybrid_ep_dispatch (fused_a2a.py: "Alignment multiple required for FP8 GEMM"), flag or not
+    from inspector.job.job import Training, _row_padding
+
+    hybrid = Training(moe_token_dispatcher_type="flex", moe_flex_backend="hybridep")
+    assert _row_padding(hybrid) == "destination"
+
+
+def test_sender_padding_rows_travel_in_the_all_to_all():
+    from inspector.job.layout import Layout
+    from inspector.plan.flex import moe_exchange
+    from inspector.plan.network import Network, expert_alltoall
+
+    net, lay = Network(GPUS["h100"], 1), Layout(dp=2, ep=2)  # one GPU a node: all InfiniBand
+    plain, padded = _moe_dims(), _moe_dims(moe_row_padding="source")
+    assert moe_exchange(plain, lay, net, SEQ, False) == expert_alltoall(4, SEQ * 2 * HIDDEN, 2, lay, net)
+    # 8 experts x 135.5 padded rows instead of 512 x 2
+    assert moe_exchange(padded, lay, net, SEQ, False) == expert_alltoall(4, 1084 * HIDDEN, 2, lay, net)

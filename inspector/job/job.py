@@ -17,7 +17,7 @@ from inspector.inputs.versions import megatron_core_version
 from inspector.job.checks import check_at_least_one, check_at_most
 from inspector.job.dims import ModelDims, num_microbatches
 from inspector.job.ep_overlap import check_ep_overlap
-from inspector.job.flex import check_flex
+from inspector.job.flex import check_flex, runs_deepep
 from inspector.job.fsdp import fsdp_rules
 from inspector.job.layout import Layout, make_layout, validate_layout
 from inspector.job.model import ModelConfig
@@ -174,7 +174,21 @@ class Job:
             flash_attention=training.flash_attention,
             fused_kernels=model.use_apex or model.transformer_impl == "transformer_engine",
             moe_sorts_chunks=training.moe_token_dispatcher_type == "alltoall",
+            moe_row_padding=_row_padding(training),
         )
+
+
+def _row_padding(training: Training) -> str:
+    """Return who pads fp8 experts' rows to the alignment, "" for Transformer Engine's Fp8Padding
+    (ModelDims.moe_row_padding): HybridEP's dispatch under fp8 always (token_dispatcher.py
+    _HybridEPManager: `pad_multiple` whenever config.fp8); with --moe-router-padding-for-fp8 the
+    all-to-all's sender or DeepEP's receiver."""
+    flex = training.moe_token_dispatcher_type == "flex"
+    if flex and not runs_deepep(training):
+        return "destination"
+    if training.moe_router_padding:
+        return "destination" if flex else "source"
+    return ""
 
 
 TRAINING_ARGS = {

@@ -45,6 +45,7 @@ from __future__ import annotations
 from dataclasses import replace
 from math import comb, prod
 
+from inspector.formulas.fp8_ops import expert_padding
 from inspector.job.dims import ModelDims
 from inspector.job.flex import runs_deepep
 from inspector.job.hardware import Gpu
@@ -220,6 +221,11 @@ def moe_exchange(dims: ModelDims, lay: Layout, net: Network, tokens: float, flex
     if lay.ep == 1:
         return 0.0
     routed = tokens * dims.moe_router_topk * dims.hidden_size / lay.tp
+    if dims.fp8 and dims.moe_row_padding == "source":  # --moe-router-padding-for-fp8: the
+        # sender's padding rows travel too (formulas/fp8_ops.py expert_padding)
+        routed = dims.hidden_size * expert_padding(
+            dims, int(tokens), dims.num_experts or 1, lay.ep, lay.expert_tp, lay.tp,
+            dims.moe_router_topk)[1]  # fmt: skip
     return expert_alltoall(4, routed, dims.activation_bytes, lay, net)
 
 
