@@ -355,3 +355,24 @@ def test_sender_padding_rows_travel_in_the_all_to_all():
     assert moe_exchange(plain, lay, net, SEQ, False) == expert_alltoall(4, SEQ * 2 * HIDDEN, 2, lay, net)
     # 8 experts x 135.5 padded rows instead of 512 x 2
     assert moe_exchange(padded, lay, net, SEQ, False) == expert_alltoall(4, 1084 * HIDDEN, 2, lay, net)
+
+
+def test_workload_flex_bytes_count_the_ranks_a_limited_token_reaches():
+    # report/workload.py writes a flex exchange as the bytes it moves: each token once per rank
+    # holding one of its experts (the sender's own share counted). 12 experts, top-3, 4 groups
+    # of 3, top-2 groups, ep 6 (2 experts a rank, so groups straddle ranks): enumerated
+    from types import SimpleNamespace
+
+    from inspector.job.layout import Layout
+    from inspector.report.workload import flex_token_bytes
+
+    experts, topk, ep = 12, 3, 6
+    reached = sum((w * len({e // 2 for e in pick}) for pick, w in _routes(experts, topk, 4, 2)),
+                  Fraction(0))  # fmt: skip
+    dims = ModelDims(2, 256, 8, 512, 1024, num_experts=12, moe_router_topk=3,
+                     moe_router_num_groups=4, moe_router_group_topk=2)  # fmt: skip
+    job = SimpleNamespace(dims=dims, par=Layout(dp=ep, ep=ep))
+    assert flex_token_bytes(job, 100) == round(100 * 256 * 2 * float(reached))  # bf16
+    free = SimpleNamespace(dims=ModelDims(2, 256, 8, 512, 1024, num_experts=12, moe_router_topk=3),
+                           par=Layout(dp=ep, ep=ep))  # fmt: skip
+    assert flex_token_bytes(job, 100) < flex_token_bytes(free, 100)

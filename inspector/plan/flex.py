@@ -45,6 +45,7 @@ from __future__ import annotations
 from dataclasses import replace
 from math import comb, prod
 
+from inspector.formulas import routing
 from inspector.formulas.fp8_ops import expert_padding
 from inspector.job.dims import ModelDims
 from inspector.job.flex import runs_deepep
@@ -106,33 +107,8 @@ def token_copies(experts: int, topk: int, ep: int, expert_tp: int, on_node: int)
 
 @caches.memo(maxsize=65536)
 def block_hit(experts: int, topk: int, groups: int, group_topk: int, lo: int, hi: int) -> float:
-    """Return the chance that a token's top-k picks one of experts lo..hi-1 under node-limited
-    routing: groups of g = E/G consecutive experts, a uniform M-subset of groups, a uniform
-    k-subset of its M g experts (G = M = 1: every expert open).
-
-    The block overlaps F whole groups and at most two partial ones (counts c): the token misses
-    it when its groups hold j of the whole ones and a subset Q of the partial ones
-    (C(F, j) C(G - F - |P|, M - j - |Q|) / C(G, M)) and its k experts avoid the
-    j g + sum(c in Q) of the block there: C(M g - j g - sum(Q), k) / C(M g, k).
-    """
-    size = experts // groups
-    whole, partial = 0, []
-    for group in range(lo // size, -(-hi // size)):
-        overlap = min(hi, (group + 1) * size) - max(lo, group * size)
-        if overlap == size:
-            whole += 1
-        elif overlap > 0:
-            partial.append(overlap)
-    rest, pool, choices = groups - whole - len(partial), group_topk * size, comb(groups, group_topk)
-    miss = 0.0
-    for mask in range(1 << len(partial)):
-        taken = [c for i, c in enumerate(partial) if mask >> i & 1]
-        for j in range(min(whole, group_topk - len(taken)) + 1):
-            ways = comb(whole, j) * comb(rest, group_topk - j - len(taken))
-            if ways:
-                left = pool - j * size - sum(taken)
-                miss += ways / choices * comb(left, topk) / comb(pool, topk)
-    return 1 - miss
+    """Return formulas/routing.py's chance that a token reaches experts lo..hi-1, once a block."""
+    return routing.block_hit(experts, topk, groups, group_topk, lo, hi)
 
 
 def sender_copies(experts: int, topk: int, ep: int, expert_tp: int, on_node: int, groups: int = 0,
