@@ -171,10 +171,10 @@ def test_all_to_all_dispatcher_moves_the_same_bytes_under_node_limits():
 
 # ---- the router's padding for fp8 in `memory`: megatron's own padding on the routing's values ----
 
-TINY = ("memory", "--no-cache", "--model", "mixtral-8x7b", "--num-layers", "2", "--hidden-size",
-        "256", "--ffn-hidden-size", "512", "--num-attention-heads", "8", "--num-query-groups", "8",
-        "--seq-length", "120", "--max-position-embeddings", "128", "--bf16",
-        "--micro-batch-size", "1", "--ep", "2", "--dp", "2", "--global-batch-size", "2",
+SMALL_MIXTRAL = ("--model", "mixtral-8x7b", "--num-layers", "2", "--hidden-size", "256",
+                 "--ffn-hidden-size", "512", "--num-attention-heads", "8", "--num-query-groups", "8",
+                 "--seq-length", "120", "--max-position-embeddings", "128", "--bf16")  # fmt: skip
+TINY = ("memory", "--no-cache", *SMALL_MIXTRAL, "--micro-batch-size", "1", "--ep", "2", "--dp", "2", "--global-batch-size", "2",
         "--transformer-impl", "transformer_engine", "--fp8-format", "hybrid", "--moe-grouped-gemm")  # fmt: skip
 OLD_DEEPEP = () if VERSION >= (0, 16) else ("--moe-enable-deepep",)
 
@@ -376,3 +376,17 @@ def test_workload_flex_bytes_count_the_ranks_a_limited_token_reaches():
     free = SimpleNamespace(dims=ModelDims(2, 256, 8, 512, 1024, num_experts=12, moe_router_topk=3),
                            par=Layout(dp=ep, ep=ep))  # fmt: skip
     assert flex_token_bytes(job, 100) < flex_token_bytes(free, 100)
+
+
+def test_plan_keeps_the_router_padding_and_prints_it():
+    import json
+
+    result = run_cli("plan", *SMALL_MIXTRAL, "--gpus", "4", "--global-batch-size", "8",
+                     "--fp8-format", "hybrid", "--transformer-impl", "transformer_engine",
+                     "--moe-grouped-gemm", "--moe-token-dispatcher-type", "alltoall", "--ep", "2",
+                     "--moe-router-padding-for-fp8", "--top", "1", "--format", "json")  # fmt: skip
+    assert result.code == 0, result.err
+    flags = json.loads(result.out)["plans"][0]["flags"]
+    # 0.16 warns that --moe-router-padding-for-fp8 is going away: the plan writes the new name
+    name = "--moe-router-padding-for-quantization" if VERSION >= (0, 16) else "--moe-router-padding-for-fp8"
+    assert name in flags
