@@ -390,3 +390,21 @@ def test_plan_keeps_the_router_padding_and_prints_it():
     # 0.16 warns that --moe-router-padding-for-fp8 is going away: the plan writes the new name
     name = "--moe-router-padding-for-quantization" if VERSION >= (0, 16) else "--moe-router-padding-for-fp8"
     assert name in flags
+
+
+def test_workload_all_to_all_carries_the_senders_padding_rows():
+    # report/workload.py's ALLTOALL_EP size: a rank's 512 x 2 copies of h at 2 bytes, or with the
+    # router padding the 8 x 135.5 -> 1,084 rows each sender's padded counts hold (as plan's)
+    from inspector.job.layout import Layout
+    from inspector.report.workload import _moe_mlp
+    from inspector.report.workload_inputs import Context, Settings
+
+    def a2a(dims: ModelDims) -> int:
+        context = Context(dims, Layout(dp=2, ep=2), Settings(1, 1, 2))
+        record = _moe_mlp(context, 0)[1]  # the dispatch (AICB's order)
+        assert record.fwd_comm == "ALLTOALL_EP"
+        return record.fwd_bytes
+
+    assert a2a(_moe_dims()) == 512 * 2 * HIDDEN * 2
+    assert a2a(_moe_dims(moe_row_padding="source")) == 1084 * HIDDEN * 2
+    assert a2a(_moe_dims(moe_row_padding="destination")) == 512 * 2 * HIDDEN * 2

@@ -25,11 +25,13 @@ collective buffer (SIMAI-NOTES.md), i.e. the full (s/c, b, h) tensor.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from math import comb
 
 from inspector.errors import ConfigError
 from inspector.formulas.flops import GEMM_FACTOR, layer_flops, logit_flops, mla_up_flops
+from inspector.formulas.fp8_ops import expert_padding
 from inspector.formulas.routing import block_hit
 from inspector.job.dims import ModelDims
 from inspector.report.simai import NONE, Header, Record, render_workload
@@ -219,6 +221,11 @@ def _moe_mlp(job: Context, layer: int, prefix: str = "") -> list[Record]:
     ep, etp = par.ep, par.expert_tp
     local = job.tokens // (par.tp if par.sequence_parallel else 1)
     a2a = local * dims.moe_router_topk * dims.hidden_size * dims.activation_bytes
+    if dims.fp8 and dims.moe_row_padding == "source":  # --moe-router-padding-for-fp8: the
+        # sender's padding rows travel too (formulas/fp8_ops.py expert_padding)
+        rows = expert_padding(dims, local, dims.num_experts or 1, par.ep, par.expert_tp, 1,
+                              dims.moe_router_topk)[1]  # fmt: skip
+        a2a = math.ceil(rows) * dims.hidden_size * dims.activation_bytes
     if job.training.flex:
         return _flex_mlp(job, layer, local, prefix)
     counts = TOKENS_PER_EXPERT_BYTES * (dims.num_experts or 0) * etp * ep
