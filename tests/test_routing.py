@@ -408,3 +408,25 @@ def test_workload_all_to_all_carries_the_senders_padding_rows():
     assert a2a(_moe_dims()) == 512 * 2 * HIDDEN * 2
     assert a2a(_moe_dims(moe_row_padding="source")) == 1084 * HIDDEN * 2
     assert a2a(_moe_dims(moe_row_padding="destination")) == 512 * 2 * HIDDEN * 2
+
+
+def test_memory_runs_megatrons_group_limited_top_k(monkeypatch):
+    # the router runs moe_utils.py group_limited_topk on meta tensors (its temporaries counted)
+    from inspector.world.setup import megatron
+
+    megatron()
+    from megatron.core.transformer.moe import moe_utils
+
+    calls: list[tuple[int, int]] = []
+    limited = moe_utils.group_limited_topk
+
+    def spy(*args, **kwargs):
+        calls.append((kwargs["num_groups"], kwargs["group_topk"]))
+        return limited(*args, **kwargs)
+
+    monkeypatch.setattr(moe_utils, "group_limited_topk", spy)
+    result = run_cli("memory", "--no-cache", *MOE, "--bf16", "--micro-batch-size", "1", "--ep", "2",
+                     "--dp", "2", "--moe-token-dispatcher-type", "alltoall",
+                     "--moe-router-num-groups", "4", "--moe-router-group-topk", "2")  # fmt: skip
+    assert result.code == 0, result.err
+    assert calls and set(calls) == {(4, 2)}
