@@ -164,6 +164,7 @@ def _kept_training(args: dict[str, Any], backend: str | None) -> Training:
         moe_token_dispatcher_type=asked.moe_token_dispatcher_type,
         moe_flex_backend=backend or asked.moe_flex_backend,
         moe_enable_deepep=asked.moe_enable_deepep,
+        moe_router_padding=asked.moe_router_padding,
         ep_overlap=asked.ep_overlap,
         delay_wgrad=asked.delay_wgrad,
     )
