@@ -40,6 +40,11 @@ from inspector.report.simai_groups import (
     simai_dp,
     tokens_gather_group,
 )
+from inspector.report.workload_fsdp import (
+    fsdp_layer_records,
+    fsdp_microbatch_end,
+    fsdp_step_records,
+)
 from inspector.report.workload_inputs import ComputeProfile, ComputeRate, Context, StageInput
 
 CROSS_ENTROPY_ALLREDUCES = 3  # max logit, target logit, sum of exp: fp32 (s, b) each
@@ -356,6 +361,8 @@ def _mtp(job: Context, depth: int) -> list[Record]:
 
 def _data_parallel(job: Context, stage: StageInput) -> list[Record]:
     """Return the once-per-iteration gradient and parameter collectives of the stage's buffers."""
+    if job.training.sharding is not None:
+        return fsdp_step_records(job, stage, _step(job))
     records: list[Record] = []
     dense = "" if simai_dp(job.par) > 1 else None
     for expert, (gather_name, reduce_name), suffix in (
@@ -390,12 +397,13 @@ def microbatch_records(job: Context, stage: StageInput) -> list[Record]:
     records = [_embedding(job)] if stage.has_embedding else []
     for chunk in stage.chunks:
         for layer in chunk:
-            records += layer_records(job, layer)
+            before, after = fsdp_layer_records(job, stage, layer)
+            records += before + layer_records(job, layer) + after
     if stage.has_output:
         records += _output(job)
         for depth in range(stage.mtp_layers):
             records += _mtp(job, depth)
-    return records
+    return records + fsdp_microbatch_end(job, stage)
 
 
 def stage_records(job: Context, stage: StageInput) -> list[Record]:
