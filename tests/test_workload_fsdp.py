@@ -9,6 +9,8 @@ collective's group is sized as SimAI-Analytical sizes it (test_simai_groups.sima
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from inspector.report.simai import NONE, Header, Record, parse_workload
@@ -24,7 +26,13 @@ NOTE = ("Note: SimAI runs Megatron-FSDP's parameter all-gathers and gradient red
         "the backward (docs/simai.md)\n")  # fmt: skip
 
 
-def pad(elements: int, multiple: int) -> int:
+def pad(elements: int, row: int, dp: int = 4) -> int:
+    """Return a bucket's padded elements: megatron-core 0.16 pads to a multiple of dp x its
+    longest row, 0.13 (custom_fsdp) to a multiple of lcm(dp, 128) (test_fsdp.py checks both)."""
+    from megatron.core import __version__
+
+    old = tuple(int(p) for p in __version__.split(".")[:2]) < (0, 16)
+    multiple = math.lcm(dp, 128) if old else dp * row
     return -(-elements // multiple) * multiple
 
 
@@ -61,7 +69,7 @@ def test_no_shard_all_reduces_the_unpadded_gradients_once():
 
 def test_optim_gathers_and_reduce_scatters_once():
     header, records = workload("--dp", "4", "--data-parallel-sharding-strategy", "optim")
-    whole = pad(P, 4 * F)  # one bucket (no --overlap-grad-reduce), fc2's rows the longest
+    whole = pad(P, F)  # one bucket (no --overlap-grad-reduce), fc2's rows the longest
     assert data_parallel(header, records) == [
         ("grad_gather", "ALLGATHER", 2 * whole),
         ("grad_param_comm", "REDUCESCATTER", 4 * whole),
@@ -70,7 +78,7 @@ def test_optim_gathers_and_reduce_scatters_once():
 
 def test_optim_grads_reduce_scatters_every_micro_batch():
     header, records = workload("--dp", "4", "--data-parallel-sharding-strategy", "optim_grads")
-    whole = pad(P, 4 * F)
+    whole = pad(P, F)
     assert data_parallel(header, records) == [
         ("grad_gather", "ALLGATHER", 2 * whole),
         *[("fsdp_grad_reduce", "REDUCESCATTER", 4 * whole)] * GA,
@@ -80,11 +88,11 @@ def test_optim_grads_reduce_scatters_every_micro_batch():
 def test_optim_grads_params_gathers_each_layer_twice_per_micro_batch():
     header, records = workload("--dp", "4", "--data-parallel-sharding-strategy",
                                "optim_grads_params")  # fmt: skip
-    unit = pad(LAYER_N, 4 * F)
+    unit = pad(LAYER_N, F)
     layer = [("fsdp_param_gather", "ALLGATHER", 2 * unit),
              ("fsdp_param_regather", "ALLGATHER", 2 * unit),
              ("fsdp_grad_reduce", "REDUCESCATTER", 4 * unit)]  # fmt: skip
-    outside = pad(OUTSIDE, 4 * H)  # gathered once per step, kept until the step
+    outside = pad(OUTSIDE, H)  # gathered once per step, kept until the step
     block = [*layer, *layer, ("fsdp_grad_reduce", "REDUCESCATTER", 4 * outside)]
     assert data_parallel(header, records) == [("grad_gather", "ALLGATHER", 2 * outside),
                                               *block * GA]  # fmt: skip
@@ -113,7 +121,8 @@ def test_expert_buckets_run_on_the_expert_data_parallel_group():
     header, records = workload("--dp", "4", "--num-experts", "4", "--ep", "2",
                                "--disable-bias-linear", "--data-parallel-sharding-strategy",
                                "optim_grads_params")  # fmt: skip
-    experts = 2 * 2 * H * F  # a multiple of 2 x F: no padding
+    experts = pad(2 * 2 * H * F, F, dp=2)  # a multiple of 2 x F (and of 128): no padding
+    assert experts == 2 * 2 * H * F
     moe = [r for r in data_parallel(header, records) if r[0].startswith("moe_")]
     layer = [("moe_fsdp_param_gather", "ALLGATHER_DP_EP", 2 * experts),
              ("moe_fsdp_param_regather", "ALLGATHER_DP_EP", 2 * experts),
