@@ -137,13 +137,30 @@ def test_one_data_parallel_rank_writes_no_collective():
     assert data_parallel(header, records) == []
 
 
-def test_refusals_name_the_flags():
-    # torch FSDP2 is not written; an expert layout no SimAI group matches stays refused
+def test_torch_fsdp2_gathers_and_reduces_every_unit_every_micro_batch():
+    # megatron's TorchFullyShardedDataParallel: `no_sync` does nothing (data_parallel_base.py),
+    # so FSDP2 reduce-scatters every backward, and reshards after every forward
+    # (reshard_after_forward=True); gradients in the parameters' dtype (no mixed-precision
+    # policy). Units with the local spec: each layer, the embedding, the root (final LayerNorm
+    # and the untied output layer). Every row count divides by 4: no padding.
     result = run_cli("workload", *TINY, *FSDP2, "--untie-embeddings-and-output-weights", "--dp",
-                     "2", "--gpu-tflops", "100", "--stage", "0")  # fmt: skip
-    assert (result.code, result.err) == (2, "Error: workload does not write --use-torch-fsdp2's "
-                                         "per-module all-gathers and reduce-scatters yet; memory "
-                                         "models the job\n")  # fmt: skip
+                     "4", "--global-batch-size", "8", "--gpu-tflops", "100", "--stage", "0")  # fmt: skip
+    assert result.code == 0, result.err
+    assert result.err == NOTE.replace("Megatron-FSDP", "FSDP2")
+    header, records = parse_workload(result.out)
+
+    def unit(elements: int) -> list[tuple[str, str, int]]:
+        return [("fsdp_param_gather", "ALLGATHER", 2 * elements),
+                ("fsdp_param_regather", "ALLGATHER", 2 * elements),
+                ("fsdp_grad_reduce", "REDUCESCATTER", 2 * elements)]  # fmt: skip
+
+    block = [*unit(LAYER_N), *unit(LAYER_N), *unit(2 * H + V * H), *unit(V * H + S * H)]
+    assert data_parallel(header, records) == block * GA
+    assert simai_size(header, "ALLGATHER", "wg") == 4
+
+
+def test_refusals_name_the_flags():
+    # an expert layout no SimAI group matches stays refused
     result = run_cli("workload", *JOB, "--num-experts", "4", "--disable-bias-linear", "--tp", "2",
                      "--sequence-parallel", "--ep", "4", "--dp", "4",
                      "--expert-tensor-parallel-size", "1", "--global-batch-size", "16",

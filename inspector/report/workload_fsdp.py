@@ -41,6 +41,7 @@ from inspector.report.workload_inputs import Context, FsdpBucketInput, StageInpu
 
 GATHERED_EACH_STEP = ("optim", "optim_grads")  # every bucket; optim_grads_params: outside units
 REDUCED_EACH_STEP = {"no_shard": "ALLREDUCE", "optim": "REDUCESCATTER"}  # on the last micro-batch
+PER_UNIT = ("optim_grads_params", "fsdp2")  # units gathered twice, reduced once per micro-batch
 
 
 def _group(job: Context, expert: bool) -> str | None:
@@ -75,7 +76,7 @@ def fsdp_step_records(job: Context, stage: StageInput, step: int) -> list[Record
     """
     strategy = job.training.sharding
     once = [b for b in stage.fsdp if strategy in GATHERED_EACH_STEP or b.unit is None]
-    if strategy == "no_shard":
+    if strategy in ("no_shard", "fsdp2"):
         once = []
     reduce = REDUCED_EACH_STEP.get(str(strategy))
     records = []
@@ -112,7 +113,7 @@ def fsdp_layer_records(
     Before: its unit's parameter all-gather for the forward; after: the all-gather again for the
     backward, then the gradient reduce-scatter.
     """
-    if job.training.sharding != "optim_grads_params":
+    if job.training.sharding not in PER_UNIT:
         return [], []
     unit = [b for b in stage.fsdp if b.unit is not None and b.layer == layer]
     before = _records(job, "fsdp_param_gather", "ALLGATHER", unit, grads=False)
@@ -125,13 +126,15 @@ def fsdp_microbatch_end(job: Context, stage: StageInput) -> list[Record]:
     """Return the per-micro-batch records of the buckets outside the layers' units.
 
     optim_grads: every bucket's gradient reduce-scatter; optim_grads_params: those of the buckets
-    outside units, and an MTP layer's unit (gathered twice, reduce-scattered).
+    outside units, and an MTP layer's unit (gathered twice, reduce-scattered); FSDP2: each unit
+    outside the layers (the root's parameters, the embedding, the output layer), gathered twice
+    and reduce-scattered.
     """
     strategy = job.training.sharding
-    if strategy not in ("optim_grads", "optim_grads_params"):
+    if strategy not in ("optim_grads", *PER_UNIT):
         return []
     records = []
-    if strategy == "optim_grads_params":
+    if strategy in PER_UNIT:
         mtp = sorted({b.unit for b in stage.fsdp if b.unit is not None and b.layer is None})
         for unit in mtp:
             buckets = [b for b in stage.fsdp if b.unit == unit]

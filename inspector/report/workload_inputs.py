@@ -104,7 +104,7 @@ class Settings:
     recompute_modules: tuple[str, ...] = ("core_attn",)  # --recompute-modules under selective
     learned_positions: bool = True  # --position-embedding-type learned_absolute
     flex: bool = False  # --moe-token-dispatcher-type flex (DeepEP's or HybridEP's kernels)
-    sharding: str | None = None  # --data-parallel-sharding-strategy under --use-megatron-fsdp
+    sharding: str | None = None  # a Megatron-FSDP --data-parallel-sharding-strategy, or fsdp2
 
     def __post_init__(self) -> None:
         """Reject values no workload can use."""
@@ -197,7 +197,7 @@ class Context:
 def stage_inputs(built: BuiltJob) -> list[StageInput]:
     """Return what megatron placed on each built stage, with its real DDP (or FSDP) buffers."""
     inputs = []
-    fsdp = built.job.training.megatron_fsdp
+    fsdp = built.job.training.megatron_fsdp or built.job.training.torch_fsdp2
     for stage in built.stages:
         buffers = () if fsdp else tuple(
             BufferInput.from_layout(buffer) for chunk in stage.chunks for buffer in chunk.buffers()
@@ -218,17 +218,19 @@ def stage_inputs(built: BuiltJob) -> list[StageInput]:
 
 
 def fsdp_inputs(chunks: Sequence[Any]) -> tuple[FsdpBucketInput, ...]:
-    """Return the Megatron-FSDP buckets of a stage's chunks, each unit tied to its layer.
+    """Return the Megatron-FSDP buckets (FSDP2 units) of a stage's chunks, units tied to layers.
 
     A unit is a TransformerLayer (the adapter's `fsdp_unit_modules`); its parameters are named
     `decoder.layers.I.` with I the layer's place in the chunk (an MTP layer's: `mtp.layers.`).
+    Under FSDP2 every module `fully_shard` wraps is a unit, the root's parameters too.
     """
     result = []
-    units: dict[tuple[int, int], int] = {}
+    units: dict[tuple[int, int | None], int] = {}
     for index, chunk in enumerate(chunks):
-        for bucket in chunk.fsdp().buckets:
+        layout = chunk.fsdp()
+        for bucket in layout.buckets:
             unit = layer = None
-            if bucket.unit is not None:
+            if bucket.unit is not None or layout.strategy == "fsdp2":
                 unit = units.setdefault((index, bucket.unit), len(units))
                 found = LOCAL_LAYER.match(bucket.names[0])
                 layer = chunk.layers[int(found.group(1))] if found else None
@@ -248,11 +250,6 @@ def fsdp_inputs(chunks: Sequence[Any]) -> tuple[FsdpBucketInput, ...]:
 def context_for(built: BuiltJob, compute: ComputeRate | ComputeProfile) -> Context:
     """Return the settings every stage's records share, from the Job."""
     job = built.job
-    if job.training.torch_fsdp2:
-        raise ConfigError(
-            "workload does not write --use-torch-fsdp2's per-module all-gathers and "
-            "reduce-scatters yet; memory models the job"
-        )
     modules = job.training.recompute_modules if job.training.recompute == "selective" else ()
     unpriced = [m for m in modules if (m in NOT_GEMMS or m == "mla_up_proj")
                 and isinstance(compute, ComputeProfile)]
@@ -273,9 +270,16 @@ def context_for(built: BuiltJob, compute: ComputeRate | ComputeProfile) -> Conte
         recompute_modules=modules,
         learned_positions=job.model.position_embedding_type == "learned_absolute",
         flex=job.training.moe_token_dispatcher_type == "flex",
-        sharding=job.training.sharding_strategy if job.training.megatron_fsdp else None,
+        sharding=_sharding(job.training),
     )
     return Context(job.dims(), job.layout, settings, compute)
+
+
+def _sharding(training: Any) -> str | None:
+    """Return the FSDP the job runs: a Megatron-FSDP strategy, `fsdp2` (torch's), None (DDP)."""
+    if training.torch_fsdp2:
+        return "fsdp2"
+    return str(training.sharding_strategy) if training.megatron_fsdp else None
 
 
 def compute_for(
