@@ -1,4 +1,4 @@
-"""Megatron-FSDP's parameter all-gathers and gradient reductions as SimAI workload records.
+"""Megatron-FSDP's (and FSDP2's) parameter all-gathers and gradient reductions as SimAI records.
 
 What megatron-core 0.16.1 runs (distributed/fsdp/src/megatron_fsdp/, with Megatron-LM's schedule:
 `no_sync` around every micro-batch but the last), per bucket of world/fsdp.py's layout, each
@@ -21,6 +21,13 @@ empty (`AllGatherPipeline.reset` in `finish_grad_sync` / `start_param_sync`) and
 pre-hook gathers each (`async_bucket_gather`); only unit buckets are released, after the unit's
 forward (`_post_forward`) and backward (`_post_backward_release_module`), so under
 optim_grads_params a unit is gathered twice per micro-batch and the rest once per step.
+
+PyTorch FSDP2 under megatron (torch_fully_sharded_data_parallel.py, torch 2.13's _fully_shard):
+every `fully_shard` unit, the root's parameters included (megatron passes reshard_after_forward
+True, so the root reshards too), is gathered before its forward and its backward and
+reduce-scattered after its backward in every micro-batch (`no_sync` is data_parallel_base.py's
+no-op); gradients in the parameters' dtype (no mixed-precision policy). world/fsdp.py's
+Fsdp2Unit sizes each unit's gathered buffer (rows padded to a multiple of the ranks).
 
 Where SimAI runs them: in the weight-gradient column. SimAI-Analytical (aliyun/SimAI cef83f9d,
 Layer.cc 576-587) times a forward or input-gradient collective over tp ranks whatever its suffix
