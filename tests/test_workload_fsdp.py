@@ -40,8 +40,9 @@ LAYER_N = sum(rows * row for rows, row in LAYER)  # one TransformerLayer unit
 OUTSIDE = V * H + S * H + 2 * H  # embeddings and the final LayerNorm (the output layer is tied)
 
 
-def workload(*args: str, batch: int = 8) -> tuple[Header, list[Record]]:
-    result = run_cli("workload", *JOB, "--global-batch-size", str(batch), *args, "--stage", "0")
+def workload(*args: str, batch: int = 8, stage: int = 0) -> tuple[Header, list[Record]]:
+    result = run_cli("workload", *JOB, "--global-batch-size", str(batch), *args, "--stage",
+                     str(stage))  # fmt: skip
     assert result.code == 0, result.err
     assert result.err == NOTE
     return parse_workload(result.out)
@@ -181,3 +182,21 @@ def test_every_strategy_keeps_the_compute_records(strategy):
     assert [r for r in fsdp if not r.name.startswith(("fsdp", "grad"))] == [
         r for r in ddp if not r.name.startswith("grad")
     ]
+
+
+def test_each_virtual_chunks_layers_are_gathered_where_they_run():
+    # pp 2 with two chunks per stage: stage 1 runs layers 1 and 3 (one per chunk); each layer's
+    # gather comes right before its records, its regather and reduce-scatter right after
+    header, records = workload("--num-layers", "4", "--dp", "2", "--pp", "2",
+                               "--num-layers-per-virtual-pipeline-stage", "1",
+                               "--data-parallel-sharding-strategy", "optim_grads_params",
+                               stage=1)  # fmt: skip
+    names = [r.name for r in records]
+    gathers = [i for i, name in enumerate(names) if name == "fsdp_param_gather"]
+    assert (header.vpp, len(gathers)) == (2, 2 * header.ga)
+    # the last stage's copy of the tied output weight: its fp32 gradients every micro-batch
+    assert data_parallel(header, records).count(
+        ("fsdp_grad_reduce", "REDUCESCATTER", 4 * V * H)) == header.ga
+    for i in gathers:
+        assert names[i:i + 5] == ["fsdp_param_gather", "attention_layer", "mlp_layer",
+                                  "fsdp_param_regather", "fsdp_grad_reduce"]  # fmt: skip
