@@ -16,6 +16,8 @@ tools keyed on them keep working; notes/simai.md compares the two record by reco
   chunk's layers in order, MTP layers, `final_column` and `cross_entropy1..3` where the stage
   holds the output layer (megatron computes the loss per micro-batch);
   then `optimizer1..4` once (4-byte all-reduces of the optimizer step, as AICB writes them).
+Under Megatron-FSDP or FSDP2 the data-parallel records are FSDP's (workload_fsdp.py): once per
+step under the same names, and per micro-batch around each layer's records and after the block.
 
 Sizes: activations travel as a (s/c, b, h) tensor of `activation_bytes` elements; with
 sequence parallelism megatron gathers/scatters it around each tensor-parallel region, without
