@@ -16,6 +16,8 @@ tools keyed on them keep working; notes/simai.md compares the two record by reco
   chunk's layers in order, MTP layers, `final_column` and `cross_entropy1..3` where the stage
   holds the output layer (megatron computes the loss per micro-batch);
   then `optimizer1..4` once (4-byte all-reduces of the optimizer step, as AICB writes them).
+Under Megatron-FSDP or FSDP2 the data-parallel records are FSDP's (workload_fsdp.py): once per
+step under the same names, and per micro-batch around each layer's records and after the block.
 
 Sizes: activations travel as a (s/c, b, h) tensor of `activation_bytes` elements; with
 sequence parallelism megatron gathers/scatters it around each tensor-parallel region, without
@@ -42,6 +44,11 @@ from inspector.report.simai_groups import (
     pipeline_send,
     simai_dp,
     tokens_gather_group,
+)
+from inspector.report.workload_fsdp import (
+    fsdp_layer_records,
+    fsdp_microbatch_end,
+    fsdp_step_records,
 )
 from inspector.report.workload_inputs import ComputeProfile, ComputeRate, Context, StageInput
 
@@ -370,6 +377,8 @@ def _mtp(job: Context, depth: int) -> list[Record]:
 
 def _data_parallel(job: Context, stage: StageInput) -> list[Record]:
     """Return the once-per-iteration gradient and parameter collectives of the stage's buffers."""
+    if job.training.sharding is not None:
+        return fsdp_step_records(job, stage, _step(job))
     records: list[Record] = []
     dense = "" if simai_dp(job.par) > 1 else None
     for expert, (gather_name, reduce_name), suffix in (
@@ -404,12 +413,13 @@ def microbatch_records(job: Context, stage: StageInput) -> list[Record]:
     records = [_embedding(job)] if stage.has_embedding else []
     for chunk in stage.chunks:
         for layer in chunk:
-            records += layer_records(job, layer)
+            before, after = fsdp_layer_records(job, stage, layer)
+            records += before + layer_records(job, layer) + after
     if stage.has_output:
         records += _output(job)
         for depth in range(stage.mtp_layers):
             records += _mtp(job, depth)
-    return records
+    return records + fsdp_microbatch_end(job, stage)
 
 
 def stage_records(job: Context, stage: StageInput) -> list[Record]:
