@@ -230,6 +230,9 @@ _GROUPED = {
                           **_full("block", 5)), {3, 4}, {3, 2}),  # fmt: skip
     # one stage: embedding and loss on the chunk
     "block-pp1": (dict(num_layers=8, pipeline_model_parallel_size=1, **_full("block", 3)), {4}, {2}),
+    # an MTP layer on the last stage (megatron's block method leaves it alone)
+    "block-mtp": (dict(num_layers=12, position_embedding_type="rope", mtp_num_layers=1,
+                       **_full("block", 2)), {4}, {2}),  # fmt: skip
     # groups of 2 layers checkpointed together: 4 groups a chunk, small chunks of 3 groups
     "uniform": (dict(num_layers=16, **_full("uniform", 2)), {6}, {2}),
     "uniform-vpp": (dict(num_layers=32, num_layers_per_virtual_pipeline_stage=8,
