@@ -357,8 +357,14 @@ _FULL = dict(recompute_granularity="full")
         # MoE and dense layers, recomputed and plain
         dict(num_layers=16, moe_layer_freq=2, recompute_method="block", recompute_num_layers=3,
              **_MOE, **_FULL),
+        # fp8: megatron checkpoints through te_checkpoint, and block counts the layers whose
+        # input needs no gradient out of the N (none here)
+        dict(num_layers=12, fp8_format="hybrid", recompute_method="block", recompute_num_layers=3,
+             **_FULL),
+        dict(num_layers=16, fp8_format="hybrid", recompute_method="uniform",
+             recompute_num_layers=2, **_FULL),
     ],  # fmt: skip
-    ids=["block-rope", "uniform-vpp-sp-dropout", "block-moe-mixed"],
+    ids=["block-rope", "uniform-vpp-sp-dropout", "block-moe-mixed", "block-fp8", "uniform-fp8"],
 )
 def test_te_grouped_full_recompute_composes_equal_to_every_layer_run(flags):
     """Full recomputation by block or by groups composes in a TE job, event for event."""
