@@ -246,10 +246,7 @@ def test_plan_state_is_memorys_within_padding(name):
 
 
 def test_workload_and_plan_say_what_they_do_not_model():
-    result = run_cli("workload", *TINY, *MFSDP, "--dp", "2", "--gpu-tflops", "100", "--stage", "0")
-    assert (result.code, result.err) == (2, "Error: workload does not write --use-megatron-fsdp's "
-                                         "per-layer all-gathers and reduce-scatters yet; memory "
-                                         "and plan model the job\n")  # fmt: skip
+    # workload writes both FSDPs (tests/test_workload_fsdp.py); plan searches Megatron-FSDP
     result = run_cli("plan", *TINY[:-3], "--gpus", "8", "--global-batch-size", "8", *FSDP2,
                      "--untie-embeddings-and-output-weights")  # fmt: skip
     assert (result.code, result.err) == (2, "Error: plan does not search --use-torch-fsdp2 jobs; "

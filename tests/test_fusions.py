@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from inspector.plan.request import etp_bias_refused
+from inspector.job.versions import etp_bias_refused
 from tests.test_engine import _job
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from inspector.inputs.versions import megatron_core_version
-from inspector.plan.request import etp_bias_refused
+from inspector.job.versions import etp_bias_refused
 from tests.conftest import Result, run_cli
 
 GIB = 1 << 30

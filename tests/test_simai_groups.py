@@ -24,13 +24,13 @@ MLA = [*BASE[:2], "--hidden-size", "128", *BASE[4:], "--transformer-impl", "tran
 
 
 def simai_size(header: Header, comm: str, column: str) -> int:
-    """Return the ranks SimAI-Analytical runs `comm` over (Layer.cc 565-582)."""
+    """Return the ranks SimAI-Analytical runs `comm` over (Layer.cc 565-582): the weight-gradient
+    column DP / ep for `_DP_EP`, else DP; the forward and input-gradient columns ep for `_EP`,
+    else tp (`_DP_EP` included)."""
     dp = header.all_gpus // (header.tp * header.pp)
-    if comm.endswith("_DP_EP"):
-        return dp // header.ep
-    if comm.endswith("_EP"):
-        return header.ep
-    return dp if column == "wg" else header.tp
+    if column == "wg":
+        return dp // header.ep if comm.endswith("_DP_EP") else dp
+    return header.ep if comm.endswith("_EP") and not comm.endswith("_DP_EP") else header.tp
 
 
 def collectives(record: Record) -> list[tuple[str, str]]:
@@ -57,15 +57,29 @@ LAYOUTS = {
     "dense-tp2-dp1": [*BASE, "--tp", "2", "--use-distributed-optimizer"],
     "mla-tp2-cp2": [*MLA, "--tp", "2", "--context-parallel-size", "2", "--sequence-parallel"],
     # dp 1, ep 1: SimAI's DP_EP group is all_gpus / (tp pp) = cp ranks, megatron's CP group
-    "cp2-tp1-dp1": [*BASE, "--context-parallel-size", "2", "--transformer-impl", "transformer_engine"],
+    # in SimAI's ns-3 groups; SimAI-Analytical times it over tp = cp = 2 ranks
+    "cp2-tp2-dp1": [*BASE, "--tp", "2", "--context-parallel-size", "2", "--transformer-impl",
+                    "transformer_engine"],  # fmt: skip
 }
 
 
 def test_context_exchange_on_the_group_of_cp_ranks(cli):
-    header, records = stage0(cli, *LAYOUTS["cp2-tp1-dp1"])
+    header, records = stage0(cli, *LAYOUTS["cp2-tp2-dp1"])
     kv = next(r for r in records if r.name == "attention_cp")
     assert (kv.fwd_comm, kv.ig_comm) == ("ALLGATHER_DP_EP", "REDUCESCATTER_DP_EP")
     assert simai_size(header, kv.fwd_comm, "fwd") == 2
+    assert header.all_gpus // (header.tp * header.pp) // header.ep == 2  # ns-3's DP_EP group
+
+
+def test_context_exchange_at_tp1_is_refused_and_other_counts_noted(cli):
+    # SimAI-Analytical sizes a forward collective by tp, so at tp 1 it would time the exchange 0
+    result = cli("workload", *BASE, "--context-parallel-size", "2", "--transformer-impl",
+                 "transformer_engine", "--stage", "0")  # fmt: skip
+    assert result.code == 2 and "--context-parallel-size 2 with --tp 1" in result.err
+    result = cli("workload", *BASE, "--tp", "2", "--context-parallel-size", "4", "--transformer-impl",
+                 "transformer_engine", "--stage", "0")  # fmt: skip
+    assert result.code == 0, result.err
+    assert "over its tensor-parallel group, 2 ranks, where megatron's context-parallel group has 4" in result.err
 
 
 @pytest.mark.parametrize("name", LAYOUTS)
@@ -123,9 +137,9 @@ REFUSED = {
         "group holds --tp 4; use etp 1 or etp = tp (docs/simai.md)"),
     "cp-at-tp1-dp2": ([*BASE, "--context-parallel-size", "2", "--dp", "2", "--transformer-impl",
                        "transformer_engine"],  # fmt: skip
-        "Error: workload cannot write --context-parallel-size 2 with --tp 1 and --dp 2 for SimAI: "
-        "SimAI has no context-parallel group; its DP_EP group stands in only at dp 1 and ep 1, "
-        "its tensor-parallel group has one rank at --tp 1 (SimAI times it 0 and prints inf); "
+        "Error: workload cannot write --context-parallel-size 2 with --tp 1 for SimAI: SimAI has "
+        "no context-parallel group, and SimAI-Analytical times a forward collective over the "
+        "tensor-parallel group's ranks, one at --tp 1 (it times it 0 and prints inf); "
         "docs/simai.md"),
     "pp-comm-too-large": ([*BASE[:2], "--hidden-size", "16384", "--num-attention-heads", "128",
                            "--seq-length", "131072", "--max-position-embeddings", "131072",

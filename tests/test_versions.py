@@ -93,7 +93,7 @@ def test_the_planner_emits_mtp_layout_strings_only_where_megatron_builds_them():
     # 5 layers over pp 2 split only by a layout string ('Etttt|tmL'): 0.13 has no plan with it
     from inspector.errors import ConfigError
     from inspector.inputs.resolve import Sources, merge_sources
-    from inspector.plan.layouts import mtp_in_layouts
+    from inspector.job.versions import mtp_in_layouts
     from inspector.plan.request import PlanFlags, make_request
     from inspector.plan.search import search
 

@@ -106,6 +106,8 @@ def runtime_config(job: Job) -> dict[str, Any]:
         )
         if dispatcher == "flex":
             fields.update(_flex_fields(training))
+        if training.moe_router_padding:
+            fields.update(_padding_field())
     if training.recompute != "none":
         fields["recompute_granularity"] = training.recompute
         fields["recompute_modules"] = list(training.recompute_modules)
@@ -113,6 +115,20 @@ def runtime_config(job: Job) -> dict[str, Any]:
         fields["recompute_method"] = training.recompute_method
         fields["recompute_num_layers"] = training.recompute_num_layers
     return fields
+
+
+def _padding_field() -> dict[str, Any]:
+    """The router padding's TransformerConfig field: 0.16's `moe_router_padding_for_quantization`
+    (its `moe_router_padding_for_fp8` only turns that on, with a deprecation warning); 0.13-0.15
+    know `moe_router_padding_for_fp8` alone."""
+    import dataclasses
+
+    from inspector.world.setup import megatron
+
+    names = {f.name for f in dataclasses.fields(megatron().TransformerConfig)}
+    if "moe_router_padding_for_quantization" in names:
+        return {"moe_router_padding_for_quantization": True}
+    return {"moe_router_padding_for_fp8": True}
 
 
 def _flex_fields(training: Any) -> dict[str, Any]:

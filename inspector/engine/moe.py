@@ -71,9 +71,12 @@ class _HostValues(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.values: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
+        self.scalars: WeakTensorKeyDictionary = WeakTensorKeyDictionary()  # see `_scalar`
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        if func is aten.scalar_tensor.default:
+            return self._scalar(func, args, kwargs)
         tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         if not any(t in self.values for t in tensors):
             return func(*args, **kwargs)
@@ -90,7 +93,7 @@ class _HostValues(TorchDispatchMode):
         if func is torch.ops.c10d._allgather_base_.default:
             return self._all_gather(func, args, kwargs)
         out = func(*args, **kwargs)
-        known = all(t in self.values or not t.is_meta for t in tensors)
+        known = all(t in self.values or t in self.scalars or not t.is_meta for t in tensors)
         outputs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
         if not known:
             for tensor in outputs:  # an in-place op on a tensor whose values we no longer know
@@ -103,12 +106,21 @@ class _HostValues(TorchDispatchMode):
             self.values[tensor] = value
         return out
 
+    def _scalar(self, func: Any, args: Any, kwargs: dict[str, Any]) -> torch.Tensor:
+        """A Python number made a tensor (`routing_map[mask] = 1` in moe_utils.py
+        `pad_routing_map`): an op that reads it with the routing's values keeps its values
+        (kept apart from `values`, so an op of such numbers alone runs as before)."""
+        out: torch.Tensor = func(*args, **kwargs)
+        with _disable_current_modes():
+            self.scalars[out] = func(*self._on_host(args), **self._on_host(kwargs))
+        return out
+
     def _on_host(self, tree: Any) -> Any:
         """Return `tree` with each tensor's host values, and the meta device the host."""
 
         def host(leaf: Any) -> Any:
             if isinstance(leaf, torch.Tensor):
-                return self.values.get(leaf, leaf)
+                return self.values.get(leaf, self.scalars.get(leaf, leaf))
             if isinstance(leaf, torch.device) and leaf.type == "meta":
                 return torch.device("cpu")
             return leaf

@@ -36,9 +36,10 @@ Not memoised here: the planner keeps them in caches plan/caches.py owns (plan/co
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from inspector.formulas.fp8_ops import amax_pass, norm_fused_linears
+from inspector.formulas.fp8_ops import amax_pass, expert_padding, norm_fused_linears
 from inspector.formulas.kernels import (
     ATTENTION_BACKWARD,
     Attention,
@@ -299,24 +300,29 @@ def _moe(p: _Pass, dims: ModelDims, z: Shard, tokens: int, local: int) -> None:
     k = dims.moe_router_topk
     p.linear("router", local, h, experts)
     p.memory("router softmax, top-k", "copy", local * experts, 4 * FP32, 4 * FP32)
-    p.memory("permute", "copy", local * k * h, 2 * act, 2 * act)
     ffn = dims.expert_ffn // z.etp
     routed = max(1, tokens * k * z.ep * z.etp // (experts * z.tp))
-    count = max(1, experts // z.ep)
+    count, sent = max(1, experts // z.ep), local * k
+    te_pads = p.fp8 and not dims.moe_row_padding
+    if p.fp8 and dims.moe_row_padding:  # the dispatcher padded them (fp8_ops.expert_padding)
+        routed, dispatched = expert_padding(dims, tokens, experts, z.ep, z.etp, z.tp, k)
+        if dims.moe_row_padding == "source":  # the sender's padding rows are permuted and sent
+            sent = math.ceil(dispatched)
+    p.memory("permute", "copy", sent * h, 2 * act, 2 * act)
     sort, rows = dims.moe_sorts_chunks and count > 1, routed * count * h
     if sort:  # token_dispatcher.py dispatch_postprocess: sort_chunks_by_idxs (a gather)
         p.memory("sort chunks", "copy", rows, 2 * act, 2 * act)
-    if p.fp8:  # experts.py TEGroupedMLP: Fp8Padding of the input (TE fused_multi_row_padding)
+    if te_pads:  # experts.py TEGroupedMLP: Fp8Padding of the input (TE fused_multi_row_padding)
         p.memory("expert fp8 padding", "copy", rows, 2 * act, 2 * act)
     p.linear("expert fc1", routed, h, dims.gated_multiplier * ffn, True, count)
     cls, fwd, bwd = ("swiglu", 3, 5) if dims.swiglu else ("copy", 2, 3)
     p.memory("expert activation", cls, routed * ffn * count, fwd * act, bwd * act)
     p.linear("expert fc2", routed, ffn, h, True, count)
-    if p.fp8:  # Fp8Unpadding of the output
+    if te_pads:  # Fp8Unpadding of the output
         p.memory("expert fp8 unpadding", "copy", rows, 2 * act, 2 * act)
     if sort:  # combine_preprocess: the reverse sort_chunks_by_idxs
         p.memory("unsort chunks", "copy", rows, 2 * act, 2 * act)
-    p.memory("unpermute", "add", local * k * h, 2 * act, 2 * act)
+    p.memory("unpermute", "add", sent * h, 2 * act, 2 * act)
     if dims.shared_expert_ffn:
         _dense_mlp(p, dims, tokens, dims.shared_expert_ffn // z.tp, "shared expert")
 

@@ -155,6 +155,16 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         bool,
         "Router softmax before the top-k (megatron-core needs it, or sinkhorn, for top-1).",
     ),
+    _model(
+        "moe_router_num_groups",
+        int,
+        "Node-limited routing: experts in this many equal groups of consecutive experts.",
+    ),
+    _model(
+        "moe_router_group_topk",
+        int,
+        "Node-limited routing: groups each token picks its top-k experts from (needs the above).",
+    ),
     # Parallel layout.
     _layout("tensor_model_parallel_size", int, "Tensor-parallel size.", aliases=("--tp",)),
     _layout("pipeline_model_parallel_size", int, "Pipeline-parallel size.", aliases=("--pp",)),
@@ -333,6 +343,17 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         "moe_expert_capacity_factor",
         float,
         "MoE expert capacity: each expert keeps at most ceil(tokens x topk / experts x factor).",
+    ),
+    _training(
+        "moe_router_padding_for_fp8",
+        bool,
+        "With fp8: the dispatcher pads each expert's token count to 16 (mxfp8: 32) rows, so "
+        "Transformer Engine copies no padding (alltoall or flex dispatcher).",
+    ),
+    _training(
+        "moe_router_padding_for_quantization",
+        bool,
+        "Megatron-LM 0.16's name for --moe-router-padding-for-fp8.",
     ),
     _training(
         "moe_pad_expert_input_to_capacity",

@@ -77,6 +77,8 @@ MAPPED: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "num_experts_per_tok": ("moe_router_topk", _INT),
     "moe_intermediate_size": ("moe_ffn_hidden_size", _INT),
     "scoring_func": ("moe_router_score_function", str),
+    "n_group": ("moe_router_num_groups", _INT),
+    "topk_group": ("moe_router_group_topk", _INT),
     "q_lora_rank": ("q_lora_rank", _INT),
     "kv_lora_rank": ("kv_lora_rank", _INT),
     "qk_nope_head_dim": ("qk_head_dim", _INT),
@@ -98,7 +100,7 @@ IGNORED_KEYS: dict[str, str] = {
         "numerics only (same tensors)": "rms_norm_eps initializer_range rope_theta "
         "partial_rotary_factor pretraining_tp attention_softmax_in_fp32 max_window_layers",
         "routing math (balanced routing is counted)": "norm_topk_prob router_aux_loss_coef "
-        "aux_loss_alpha seq_aux topk_method n_group topk_group routed_scaling_factor ep_size "
+        "aux_loss_alpha seq_aux topk_method routed_scaling_factor ep_size "
         "output_router_logits router_jitter_noise",
         "tokens, generation and library settings": "bos_token_id eos_token_id pad_token_id "
         "use_cache transformers_version auto_map _name_or_path",

@@ -145,6 +145,7 @@ _ALL = [
         num_experts=256, moe_layer_freq="([0]*3+[1]*58)", moe_router_topk=8,
         moe_ffn_hidden_size=2048, moe_shared_expert_intermediate_size=2048,
         moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True,
+        moe_router_num_groups=8, moe_router_group_topk=4,  # HF n_group, topk_group; the recipe's
         moe_grouped_gemm=True, mtp_num_layers=1, seq_length=4096, max_position_embeddings=4096,
         vocab_size=129280, make_vocab_size_divisible_by=1280, **_LLAMA,
         transformer_impl="transformer_engine",

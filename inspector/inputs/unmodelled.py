@@ -189,13 +189,13 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--fp8-margin --fp8-interval --fp8-amax-compute-algo"
     ),
     "routing math (balanced routing is counted)": (
-        "--moe-router-num-groups --moe-router-group-topk --moe-router-topk-scaling-factor "
+        "--moe-router-topk-scaling-factor "
         "--moe-router-bias-update-rate "
         "--moe-router-force-load-balancing --moe-aux-loss-coeff --moe-z-loss-coeff "
         "--moe-input-jitter-eps "
         "--moe-permute-fusion --moe-router-fusion --moe-router-dtype "
         "--moe-token-drop-policy --moe-shared-expert-overlap --moe-per-layer-logging "
-        "--moe-apply-probs-on-input --moe-router-padding-for-fp8"
+        "--moe-apply-probs-on-input"
     ),
     "communication scheduling (buffers not counted)": (
         "--no-overlap-p2p-communication --overlap-p2p-communication-warmup-flush "

@@ -34,6 +34,8 @@ ARGUMENT_VERSIONS: dict[str, tuple[tuple[int, int], tuple[int, int] | None]] = {
     "--overlap-moe-expert-parallel-comm": ((0, 14), None),
     # TransformerConfig.moe_flex_dispatcher_backend (HybridEP beside DeepEP) from core_v0.16.0
     "--moe-flex-dispatcher-backend": ((0, 16), None),
+    # TransformerConfig.moe_router_padding_for_quantization (0.16; before it only the fp8 name)
+    "--moe-router-padding-for-quantization": ((0, 16), None),
     "--inference-dynamic-batching-prefix-caching": ((0, 17), None),
     "--inference-text-gen-server-logging": ((0, 17), None),
     "--num-speculative-tokens": ((0, 17), None),

@@ -50,6 +50,9 @@ class ModelDims:
     moe_ffn_hidden_size: int | None = None
     moe_shared_expert_intermediate_size: int | None = None
     moe_layer_freq: int | tuple[int, ...] = 1
+    # node-limited routing: a token's top-k among the experts of its top group_topk of num_groups
+    moe_router_num_groups: int | None = None
+    moe_router_group_topk: int | None = None
     activation_bytes: int = 2  # bytes per activation element: 2 in bf16/fp16, 4 in fp32
     # Multi-latent attention (Megatron-LM's MLA arguments) and multi-token prediction.
     multi_latent_attention: bool = False
@@ -69,6 +72,10 @@ class ModelDims:
     fp8: str | None = None  # --fp8-format: Transformer Engine's linears multiply in fp8
     fp8_recipe: str = "delayed"  # --fp8-recipe (TransformerConfig's default): how TE scales
     moe_sorts_chunks: bool = False  # the all-to-all dispatcher sorts tokens by local expert
+    # who pads fp8 experts' rows (formulas/fp8_ops.py): "" Transformer Engine (copies), "source"
+    # the all-to-all's sender (--moe-router-padding-for-fp8), "destination" DeepEP's receiver
+    # (the same flag) or HybridEP's dispatch kernel (under fp8 always)
+    moe_row_padding: str = ""
 
     @classmethod
     def from_fields(
@@ -83,6 +90,7 @@ class ModelDims:
         flash_attention: bool,
         fused_kernels: bool,
         moe_sorts_chunks: bool = False,
+        moe_row_padding: str = "",
     ) -> ModelDims:
         """Return the dims of a model given as TransformerConfig fields (`transformer_fields`).
 
@@ -104,6 +112,7 @@ class ModelDims:
             flash_attention=flash_attention,
             fused_kernels=fused_kernels,
             moe_sorts_chunks=moe_sorts_chunks,
+            moe_row_padding=moe_row_padding,
         )
 
     def __post_init__(self) -> None:

@@ -22,12 +22,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from inspector.errors import ConfigError
-from inspector.inputs.versions import megatron_core_version
 from inspector.job.hybrid_ep import check_hybridep, check_hybridep_group
+from inspector.job.versions import FLEX_BACKEND_SINCE as BACKEND_SINCE
+from inspector.job.versions import megatron_version
 
-# megatron-core's first version whose TransformerConfig has `moe_flex_dispatcher_backend`
-# (core_v0.16.0 transformer_config.py; 0.13-0.15 run DeepEP only, behind `moe_enable_deepep`)
-BACKEND_SINCE = (0, 16)
 DEFAULT_BACKEND = "deepep"  # TransformerConfig.moe_flex_dispatcher_backend's default (0.16)
 # deep_ep/buffer.py `Buffer.get_dispatch_config` / `get_combine_config`: the group sizes they hold
 DEEPEP_GROUP_SIZES = (2, 4, 8, 16, 24, 32, 64, 128, 144, 160)
@@ -35,12 +33,6 @@ DEEPEP_GROUP_SIZES = (2, 4, 8, 16, 24, 32, 64, 128, 144, 160)
 PAD_REFUSED = {True: "Flex token dispatcher with deepep backend does not support "
                      "moe_pad_expert_input_to_capacity",  # 0.16
                False: "Flex token dispatcher does not support moe_pad_expert_input_to_capacity"}  # fmt: skip
-
-
-def megatron_version() -> tuple[int, int]:
-    """Return the installed megatron-core's (major, minor), as inputs/versions.py reads it once from
-    the package metadata (no megatron import): the rules here ask it, and `plan` asks it here."""
-    return megatron_core_version()
 
 
 def flex_group_size(layout: Any) -> int:

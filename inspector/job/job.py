@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, cast, get_args
 
 from inspector.errors import ConfigError
+from inspector.inputs.versions import megatron_core_version
 from inspector.job.checks import check_at_least_one, check_at_most
 from inspector.job.dims import ModelDims, num_microbatches
 from inspector.job.ep_overlap import check_ep_overlap
-from inspector.job.flex import check_flex
+from inspector.job.flex import check_flex, runs_deepep
 from inspector.job.fsdp import fsdp_rules
 from inspector.job.layout import Layout, make_layout, validate_layout
 from inspector.job.model import ModelConfig
@@ -61,6 +62,8 @@ class Training:
     moe_token_dispatcher_type: str = "allgather"  # Megatron-LM's default
     moe_expert_capacity_factor: float | None = None  # None: dropless
     moe_pad_expert_input_to_capacity: bool = False
+    # --moe-router-padding-for-fp8 / -for-quantization: each expert's count padded to fp8's rows
+    moe_router_padding: bool = False
     # the flex dispatcher's backend and DeepEP's SMs (job/flex.py)
     moe_flex_backend: str = "deepep"  # megatron-core's default
     moe_enable_deepep: bool = False
@@ -171,7 +174,21 @@ class Job:
             flash_attention=training.flash_attention,
             fused_kernels=model.use_apex or model.transformer_impl == "transformer_engine",
             moe_sorts_chunks=training.moe_token_dispatcher_type == "alltoall",
+            moe_row_padding=_row_padding(training),
         )
+
+
+def _row_padding(training: Training) -> str:
+    """Return who pads fp8 experts' rows to the alignment, "" for Transformer Engine's Fp8Padding
+    (ModelDims.moe_row_padding): HybridEP's dispatch under fp8 always (token_dispatcher.py
+    _HybridEPManager: `pad_multiple` whenever config.fp8); with --moe-router-padding-for-fp8 the
+    all-to-all's sender or DeepEP's receiver."""
+    flex = training.moe_token_dispatcher_type == "flex"
+    if flex and not runs_deepep(training):
+        return "destination"
+    if training.moe_router_padding:
+        return "destination" if flex else "source"
+    return ""
 
 
 TRAINING_ARGS = {
@@ -212,6 +229,7 @@ def make_training(args: Mapping[str, Any]) -> Training:
                  "moe_pad_expert_input_to_capacity", "megatron_fsdp", "fsdp_double_buffer",
                  "torch_fsdp2", "ep_overlap", "delay_wgrad", "moe_enable_deepep"):  # fmt: skip
         values[flag] = bool(values.get(flag))
+    values["moe_router_padding"] = router_padding(args)
     values["fp32_grads"] = values.get("fp32_grads") or None
     values["unfused"] = tuple(name for name in FUSIONS if args.get("no_" + name))
     _megatron_training_rules(args, values)
@@ -269,6 +287,40 @@ def _megatron_training_rules(args: Mapping[str, Any], values: dict[str, Any]) ->
                 "--overlap-param-gather needs --overlap-grad-reduce (Megatron-LM: \"Must use "
                 "--overlap-param-gather with --overlap-grad-reduce\")"
             )
+
+
+def router_padding(args: Mapping[str, Any]) -> bool:
+    """Return whether megatron pads each expert's token count for fp8, raising what megatron-core's
+    TransformerConfig.__post_init__ raises of it (0.16.1: --moe-router-padding-for-fp8 turns on
+    moe_router_padding_for_quantization; 0.13.1-0.15.3 name only the fp8 flag)."""
+    given = [name for name in ("moe_router_padding_for_fp8", "moe_router_padding_for_quantization")
+             if args.get(name)]  # fmt: skip
+    if not given:
+        return False
+    flag = "--" + given[0].replace("_", "-")
+    field = ("moe_router_padding_for_quantization" if megatron_core_version() >= (0, 16)
+             else "moe_router_padding_for_fp8")  # fmt: skip
+    if args.get("num_experts") is None:
+        raise ConfigError(f"{flag} needs --num-experts (it pads the experts' token counts)")
+    if not args.get("fp8_format"):
+        raise ConfigError(f"{flag} needs --fp8-format (megatron-core's TransformerConfig: "
+                          f"'{_PAD_NEEDS_FP8[field]}')")  # fmt: skip
+    dispatcher = args.get("moe_token_dispatcher_type") or "allgather"
+    if dispatcher == "allgather":
+        raise ConfigError(
+            f"{flag} needs --moe-token-dispatcher-type alltoall or flex, not allgather "
+            "(megatron-core's TransformerConfig: 'allgather and alltoall_seq dispatcher does not "
+            f"support {field}.')"
+        )
+    return True
+
+
+# TransformerConfig's words, by the field a version names (0.16.1; 0.13.1-0.15.3)
+_PAD_NEEDS_FP8 = {
+    "moe_router_padding_for_quantization": "fp8/fp4 must be specified when "
+    "moe_router_padding_for_quantization is True.",
+    "moe_router_padding_for_fp8": "fp8 must be specified when moe_router_padding_for_fp8 is True.",
+}
 
 
 def _check_fp8_param_gather(args: Mapping[str, Any]) -> None:

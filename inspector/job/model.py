@@ -71,6 +71,9 @@ class ModelConfig:
     moe_router_enable_expert_bias: bool = False
     moe_router_load_balancing_type: str = "aux_loss"  # TransformerConfig's default
     moe_router_pre_softmax: bool = False
+    # node-limited routing (moe_utils.py group_limited_topk); None: every expert open to a token
+    moe_router_num_groups: int | None = None
+    moe_router_group_topk: int | None = None
 
     @property
     def ffn_size(self) -> int:
@@ -193,6 +196,9 @@ class ModelConfig:
         )
         if self.moe_shared_expert_gate:
             fields["moe_shared_expert_gate"] = True
+        for name in ("moe_router_num_groups", "moe_router_group_topk"):
+            if getattr(self, name) is not None:
+                fields[name] = getattr(self, name)
         return fields
 
     def is_moe_layer(self, layer: int) -> bool:

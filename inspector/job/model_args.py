@@ -54,6 +54,8 @@ def _require_positive(config: ModelConfig) -> None:
         "num_experts",
         "moe_ffn_hidden_size",
         "moe_shared_expert_intermediate_size",
+        "moe_router_num_groups",
+        "moe_router_group_topk",
     ):
         value = getattr(config, name)
         if value is not None and not 1 <= value <= MAX_SIZE:  # the flag's name only for errors
@@ -105,6 +107,8 @@ def _validate_moe(config: ModelConfig) -> None:
         "moe_shared_expert_gate",
         "moe_grouped_gemm",
         "moe_router_enable_expert_bias",
+        "moe_router_num_groups",
+        "moe_router_group_topk",
     )
     if experts is None:
         if config.moe_layer_freq != 1:
@@ -127,6 +131,42 @@ def _validate_moe(config: ModelConfig) -> None:
     if config.moe_router_topk > experts:
         raise ConfigError(
             f"--moe-router-topk {config.moe_router_topk} is larger than --num-experts {experts}"
+        )
+    _validate_groups(config, experts)
+
+
+def _validate_groups(config: ModelConfig, experts: int) -> None:
+    """Reject what megatron-core's TransformerConfig.__post_init__ rejects of node-limited
+    routing (0.13.1-0.16.1, the `if self.moe_router_group_topk:` block), and a top-k larger than
+    the picked groups hold, where moe_utils.py `group_limited_topk`'s final torch.topk would
+    pick experts its mask set to -inf (our refusal: megatron runs it)."""
+    groups, picked, topk = config.moe_router_num_groups, config.moe_router_group_topk, config.moe_router_topk
+    if picked is None:
+        return  # megatron reads the groups only with a group top-k (moe_utils.py _compute_topk)
+    if groups is None:
+        raise ConfigError(
+            f"--moe-router-group-topk {picked} needs --moe-router-num-groups (megatron-core's "
+            "TransformerConfig: 'When using group limited routing, moe_router_num_groups must "
+            "be specified.')"
+        )
+    if experts % groups:
+        raise ConfigError(
+            f"--num-experts {experts} is not divisible by --moe-router-num-groups {groups} "
+            f"({experts} % {groups} = {experts % groups}; megatron-core's TransformerConfig "
+            "asserts it)"
+        )
+    if picked > groups:
+        raise ConfigError(
+            f"--moe-router-group-topk {picked} is larger than --moe-router-num-groups {groups} "
+            "(megatron-core's TransformerConfig asserts moe_router_group_topk <= "
+            "moe_router_num_groups)"
+        )
+    if topk > picked * (experts // groups):
+        raise ConfigError(
+            f"--moe-router-topk {topk} is more than the experts of the --moe-router-group-topk "
+            f"{picked} groups a token picks ({picked} x {experts} / {groups} = "
+            f"{picked * (experts // groups)}): megatron's group-limited top-k would pick experts "
+            "outside them, which is not modelled"
         )
 
 

@@ -28,21 +28,31 @@ logits, moe_utils.py `apply_random_logits`) a token's top-k is a uniform k-subse
 experts, placed in ep-rank order, E/ep per rank. The SMs the kernels occupy (megatron's defaults
 `--moe-deepep-num-sms` 20, `moe_hybridep_num_sms` 16 of the H100's 132, transformer_config.py)
 are taken from the compute beside an overlapped exchange (`exchange_sm_share`, overlap.py; the
-NCCL all-to-all's are not modelled). Not modelled: node-limited routing
-(`--moe-router-num-groups`, `--moe-router-group-topk`, not read by the plan;
-`expected_remote_nodes` takes them).
+NCCL all-to-all's are not modelled).
+
+Node-limited routing (`--moe-router-num-groups G --moe-router-group-topk M`, moe_utils.py
+`group_limited_topk`): the E experts form G groups of E/G consecutive experts; a token picks M
+groups, then its top-k among their M E/G experts. Balanced, the M groups are a uniform M-subset
+and the k experts a uniform k-subset of theirs (`block_hit`). A node holds the consecutive experts
+of its ep ranks, so where G is not a multiple of the nodes a group straddles two nodes and the
+nodes differ: each sender is priced on its own (`sender_copies`), the slowest setting the time.
+The all-to-all dispatcher sends each of a token's k copies to its expert's rank; every expert is
+still picked with probability k/E, so its bytes per link class do not change (network.py).
 """
 
 from __future__ import annotations
 
 from math import comb, prod
 
+from inspector.formulas import routing
+from inspector.formulas.fp8_ops import expert_padding
 from inspector.job.dims import ModelDims
 from inspector.job.flex import runs_deepep
 from inspector.job.hardware import Gpu
 from inspector.job.hybrid_ep import HYBRIDEP_NUM_SMS
 from inspector.job.job import Training
 from inspector.job.layout import Layout
+from inspector.plan import caches
 from inspector.plan.network import Network, expert_alltoall, expert_peers_on_node
 
 SOURCE_META_BYTES = 8  # internode.cu SourceMeta: src_rdma_rank, is_token_in_nvl_rank_bits
@@ -95,6 +105,44 @@ def token_copies(experts: int, topk: int, ep: int, expert_tp: int, on_node: int)
     return (nodes - 1) * node_hit, (ranks - nodes) * rank_hit
 
 
+@caches.memo(maxsize=65536)
+def block_hit(experts: int, topk: int, groups: int, group_topk: int, lo: int, hi: int) -> float:
+    """Return formulas/routing.py's chance that a token reaches experts lo..hi-1, once a block."""
+    return routing.block_hit(experts, topk, groups, group_topk, lo, hi)
+
+
+def sender_copies(experts: int, topk: int, ep: int, expert_tp: int, on_node: int, groups: int = 0,
+                  group_topk: int = 0) -> tuple[tuple[float, float], ...]:  # fmt: skip
+    """Return the expected (InfiniBand, NVLink) copies one dispatched token costs, for each
+    distinct sender of the expert-tp x ep group (`on_node` consecutive ranks a node).
+
+    Without node-limited routing every sender is alike (`token_copies`). With it (`groups`,
+    `group_topk`) rank r holds ep index r // expert_tp's E/ep experts and a node its ranks'
+    consecutive experts; a sender at local index i on node s sends one InfiniBand copy to each
+    other node its token hits, and an NVLink copy to each hit rank that is not an entry rank
+    (local index i on every node): sum of P(node hit) over n != s, sum of P(rank hit) less the
+    entry ranks'. Each chance is `block_hit`'s.
+    """
+    if not group_topk:
+        return (token_copies(experts, topk, ep, expert_tp, on_node),)
+    per_ep, ranks = experts // ep, ep * expert_tp
+    nodes = -(-ranks // on_node)
+
+    def block(first: int, last: int) -> float:  # the experts of ranks first..last
+        return block_hit(experts, topk, groups, group_topk,
+                         first // expert_tp * per_ep, (last // expert_tp + 1) * per_ep)  # fmt: skip
+
+    rank_p = [block(r, r) for r in range(ranks)]
+    node_p = [block(n * on_node, min(ranks, (n + 1) * on_node) - 1) for n in range(nodes)]
+    senders = set()
+    for s in range(nodes):
+        for i in range(min(on_node, ranks - s * on_node)):
+            entries = sum(rank_p[n * on_node + i] for n in range(nodes) if n * on_node + i < ranks)
+            inter = sum(node_p) - node_p[s]
+            senders.add((round(inter, 12), round(sum(rank_p) - entries, 12)))
+    return tuple(sorted(senders))
+
+
 def token_record_bytes(hidden: int, element_bytes: int, topk: int) -> int:
     """Return DeepEP's bytes for one token record (internode.cu `get_num_bytes_per_rdma_token`):
     the hidden state at max(element size, 2) bytes (fused_a2a.py `get_hidden_bytes`), its
@@ -120,10 +168,12 @@ def flex_exchange(count: int, dims: ModelDims, tokens: float, lay: Layout, net: 
     record = tokens * token_record_bytes(dims.hidden_size, dims.activation_bytes, topk * lay.expert_tp)
     slowest = 0.0
     for on_node in expert_peers_on_node(ranks, 1, lay.world_size, net.gpus_per_node):
-        inter, intra = token_copies(experts, topk, lay.ep, lay.expert_tp, on_node)
-        seconds = max(gpu.alpha_inter + record * inter / gpu.inter if inter > 0 else 0.0,
-                      gpu.alpha_intra + record * intra / gpu.intra if intra > 0 else 0.0)  # fmt: skip
-        slowest = max(slowest, seconds)
+        for inter, intra in sender_copies(experts, topk, lay.ep, lay.expert_tp, on_node,
+                                          dims.moe_router_num_groups or 0,
+                                          dims.moe_router_group_topk or 0):  # fmt: skip
+            seconds = max(gpu.alpha_inter + record * inter / gpu.inter if inter > 0 else 0.0,
+                          gpu.alpha_intra + record * intra / gpu.intra if intra > 0 else 0.0)  # fmt: skip
+            slowest = max(slowest, seconds)
     return count * slowest
 
 
@@ -135,6 +185,11 @@ def moe_exchange(dims: ModelDims, lay: Layout, net: Network, tokens: float, flex
     if lay.ep == 1:
         return 0.0
     routed = tokens * dims.moe_router_topk * dims.hidden_size / lay.tp
+    if dims.fp8 and dims.moe_row_padding == "source":  # --moe-router-padding-for-fp8: the
+        # sender's padding rows travel too (formulas/fp8_ops.py expert_padding)
+        routed = dims.hidden_size * expert_padding(
+            dims, int(tokens), dims.num_experts or 1, lay.ep, lay.expert_tp, lay.tp,
+            dims.moe_router_topk)[1]  # fmt: skip
     return expert_alltoall(4, routed, dims.activation_bytes, lay, net)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
 from inspector.job.pipeline_layout import expand_layout
+from inspector.job.versions import mtp_in_layouts
 from inspector.plan import caches
 from inspector.plan.request import Request, divisors, expert_biases
 from inspector.plan.split import (
@@ -147,16 +148,6 @@ def _layout_for(
     if "pipeline_model_parallel_layout" in flags:
         values["vpp"] = vpp if vpp > 1 else None
     return replace(lay, **values)
-
-
-@caches.memo(maxsize=None)
-def mtp_in_layouts() -> bool:
-    """Return whether the installed megatron-core builds MTP from a layout string (0.14+; 0.13's
-    PipelineParallelLayerLayout raises "MTP layer is not supported for flexible pipeline layout").
-    Read from the package metadata, which imports no megatron."""
-    from inspector.job.flex import megatron_version
-
-    return megatron_version() >= (0, 14)
 
 
 def splits(req: Request, lay: Layout, v: int, first: float, last: float) -> list[Split]:

@@ -141,7 +141,8 @@ def job_dims(job: Job) -> ModelDims:
     """Return job.dims(), once per what it reads: the model, tp (vocab padding), dropout on/off."""
     training = job.training
     key = (model_token(job.model), job.layout.tp, training.attention_dropout > 0,
-           training.hidden_dropout > 0, training.flash_attention, training.moe_token_dispatcher_type)
+           training.hidden_dropout > 0, training.flash_attention, training.moe_token_dispatcher_type,
+           training.moe_flex_backend, training.moe_router_padding)
     if key not in _DIMS:
         _DIMS[key] = job.dims()
     return _DIMS[key]

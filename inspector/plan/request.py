@@ -16,7 +16,7 @@ from inspector.job.hybrid_ep import check_hybridep_dtype
 from inspector.job.job import Training, make_training
 from inspector.job.model import ModelConfig
 from inspector.job.model_args import make_model_config
-from inspector.plan import caches
+from inspector.job.versions import etp_bias_refused
 from inspector.plan.split import PIN_FLAGS
 
 
@@ -164,6 +164,7 @@ def _kept_training(args: dict[str, Any], backend: str | None) -> Training:
         moe_token_dispatcher_type=asked.moe_token_dispatcher_type,
         moe_flex_backend=backend or asked.moe_flex_backend,
         moe_enable_deepep=asked.moe_enable_deepep,
+        moe_router_padding=asked.moe_router_padding,
         ep_overlap=asked.ep_overlap,
         delay_wgrad=asked.delay_wgrad,
     )
@@ -258,16 +259,6 @@ def expert_biases(model: ModelConfig) -> bool:
     Moe is only supported when ETP==1") when `num_moe_experts` and `add_bias_linear`; an unset
     expert tp is tp there (ModelParallelConfig.__post_init__)."""
     return model.num_experts is not None and not model.disable_bias_linear and etp_bias_refused()
-
-
-@caches.memo(maxsize=None)
-def etp_bias_refused() -> bool:
-    """Return whether the installed megatron-core has that assert: 0.16.1 has it, 0.13.1 does
-    not; from 0.14 on it is assumed (a layout not offered rather than one megatron refuses).
-    Read from the package metadata, which imports no megatron (as layouts.mtp_in_layouts)."""
-    from inspector.job.flex import megatron_version
-
-    return megatron_version() >= (0, 14)
 
 
 def _check_expert_tp(model: ModelConfig, fixed: dict[str, Any]) -> None:

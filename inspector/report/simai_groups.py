@@ -54,8 +54,11 @@ def context_group(par: Layout) -> str:
     """Return the group of the context-parallel K/V exchange (SimAI has no context group).
 
     With dp 1 and ep 1, SimAI's DP_EP group is all_gpus / (tp pp) = cp ranks at stride tp:
-    megatron's context-parallel group exactly. Otherwise the tensor-parallel group stands in
-    (`check_groups` refuses it at tp 1, where it has one rank).
+    megatron's context-parallel group exactly, as SimAI's ns-3 backend builds its groups
+    (MockNcclGroup). Otherwise the tensor-parallel group stands in. SimAI-Analytical sizes
+    every forward and input-gradient collective by tp ranks (ep for `_EP`; Layer.cc 576-579,
+    `_DP_EP` included), so there the exchange runs over tp ranks in both cases: `check_groups`
+    refuses it at tp 1, where that is one rank, and the CLI notes the count otherwise.
     """
     return "_DP_EP" if par.dp == 1 and par.ep == 1 else ""
 
@@ -68,12 +71,12 @@ def check_groups(dims: ModelDims, par: Layout) -> None:
             "group sizes only, and SimAI places the ranks itself, not in megatron's tp-pp-dp "
             "order (pipeline stages before data-parallel replicas)"
         )
-    if par.cp > 1 and par.tp == 1 and context_group(par) == "":
+    if par.cp > 1 and par.tp == 1:
         raise ConfigError(
-            f"workload cannot write --context-parallel-size {par.cp} with --tp 1 and --dp "
-            f"{par.dp} for SimAI: SimAI has no context-parallel group; its DP_EP group stands in "
-            f"only at dp 1 and ep 1, its tensor-parallel group has one rank at --tp 1 (SimAI "
-            "times it 0 and prints inf); docs/simai.md"
+            f"workload cannot write --context-parallel-size {par.cp} with --tp 1 for SimAI: "
+            "SimAI has no context-parallel group, and SimAI-Analytical times a forward "
+            "collective over the tensor-parallel group's ranks, one at --tp 1 (it times it 0 "
+            "and prints inf); docs/simai.md"
         )
     if dims.num_experts is None:
         return

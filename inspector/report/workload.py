@@ -16,6 +16,8 @@ tools keyed on them keep working; notes/simai.md compares the two record by reco
   chunk's layers in order, MTP layers, `final_column` and `cross_entropy1..3` where the stage
   holds the output layer (megatron computes the loss per micro-batch);
   then `optimizer1..4` once (4-byte all-reduces of the optimizer step, as AICB writes them).
+Under Megatron-FSDP or FSDP2 the data-parallel records are FSDP's (workload_fsdp.py): once per
+step under the same names, and per micro-batch around each layer's records and after the block.
 
 Sizes: activations travel as a (s/c, b, h) tensor of `activation_bytes` elements; with
 sequence parallelism megatron gathers/scatters it around each tensor-parallel region, without
@@ -25,11 +27,14 @@ collective buffer (SIMAI-NOTES.md), i.e. the full (s/c, b, h) tensor.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from math import comb
 
 from inspector.errors import ConfigError
 from inspector.formulas.flops import GEMM_FACTOR, layer_flops, logit_flops, mla_up_flops
+from inspector.formulas.fp8_ops import expert_padding
+from inspector.formulas.routing import block_hit
 from inspector.job.dims import ModelDims
 from inspector.report.simai import NONE, Header, Record, render_workload
 from inspector.report.simai_groups import (
@@ -39,6 +44,11 @@ from inspector.report.simai_groups import (
     pipeline_send,
     simai_dp,
     tokens_gather_group,
+)
+from inspector.report.workload_fsdp import (
+    fsdp_layer_records,
+    fsdp_microbatch_end,
+    fsdp_step_records,
 )
 from inspector.report.workload_inputs import ComputeProfile, ComputeRate, Context, StageInput
 
@@ -218,6 +228,11 @@ def _moe_mlp(job: Context, layer: int, prefix: str = "") -> list[Record]:
     ep, etp = par.ep, par.expert_tp
     local = job.tokens // (par.tp if par.sequence_parallel else 1)
     a2a = local * dims.moe_router_topk * dims.hidden_size * dims.activation_bytes
+    if dims.fp8 and dims.moe_row_padding == "source":  # --moe-router-padding-for-fp8: the
+        # sender's padding rows travel too (formulas/fp8_ops.py expert_padding)
+        rows = expert_padding(dims, local, dims.num_experts or 1, par.ep, par.expert_tp, 1,
+                              dims.moe_router_topk)[1]  # fmt: skip
+        a2a = math.ceil(rows) * dims.hidden_size * dims.activation_bytes
     if job.training.flex:
         return _flex_mlp(job, layer, local, prefix)
     counts = TOKENS_PER_EXPERT_BYTES * (dims.num_experts or 0) * etp * ep
@@ -251,10 +266,16 @@ def flex_token_bytes(job: Context, local: int) -> int:
     """Return the bytes a rank's flex dispatch (or combine) moves: each of its `local` tokens once
     per expert-tp x ep rank holding one of its top-k experts (DeepEP's `is_token_in_rank`; the
     rank itself counted, as an all-to-all's size counts its own share), under balanced routing:
-    etp ep (1 - C(E - E/ep, k) / C(E, k)) copies (plan/flex.py `token_copies`)."""
+    etp ep (1 - C(E - E/ep, k) / C(E, k)) copies (plan/flex.py `token_copies`); under
+    node-limited routing etp x the sum of each ep rank's chance (formulas/routing.py)."""
     dims, par = job.dims, job.par
     experts, k = dims.num_experts or 0, dims.moe_router_topk
-    hit = 1 - comb(experts - experts // par.ep, k) / comb(experts, k)
+    per, record = experts // par.ep, local * dims.hidden_size * dims.activation_bytes * par.expert_tp
+    if dims.moe_router_group_topk and dims.moe_router_num_groups:
+        groups, picked = dims.moe_router_num_groups, dims.moe_router_group_topk
+        return round(record * sum(block_hit(experts, k, groups, picked, r * per, (r + 1) * per)
+                                  for r in range(par.ep)))  # fmt: skip
+    hit = 1 - comb(experts - per, k) / comb(experts, k)
     return round(local * dims.hidden_size * dims.activation_bytes * par.expert_tp * par.ep * hit)
 
 
@@ -356,6 +377,8 @@ def _mtp(job: Context, depth: int) -> list[Record]:
 
 def _data_parallel(job: Context, stage: StageInput) -> list[Record]:
     """Return the once-per-iteration gradient and parameter collectives of the stage's buffers."""
+    if job.training.sharding is not None:
+        return fsdp_step_records(job, stage, _step(job))
     records: list[Record] = []
     dense = "" if simai_dp(job.par) > 1 else None
     for expert, (gather_name, reduce_name), suffix in (
@@ -390,12 +413,13 @@ def microbatch_records(job: Context, stage: StageInput) -> list[Record]:
     records = [_embedding(job)] if stage.has_embedding else []
     for chunk in stage.chunks:
         for layer in chunk:
-            records += layer_records(job, layer)
+            before, after = fsdp_layer_records(job, stage, layer)
+            records += before + layer_records(job, layer) + after
     if stage.has_output:
         records += _output(job)
         for depth in range(stage.mtp_layers):
             records += _mtp(job, depth)
-    return records
+    return records + fsdp_microbatch_end(job, stage)
 
 
 def stage_records(job: Context, stage: StageInput) -> list[Record]:

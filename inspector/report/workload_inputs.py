@@ -7,8 +7,10 @@ hand-made stages too.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from inspector.errors import ConfigError, InputError
 from inspector.job.dims import ModelDims
@@ -19,6 +21,7 @@ if TYPE_CHECKING:
     from inspector.world.shards import BufferLayout
 
 RECOMPUTE_MODES = ("none", "selective", "full")
+LOCAL_LAYER = re.compile(r"decoder\.layers\.(\d+)\.")  # a chunk's I-th TransformerLayer
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,24 @@ class BufferInput:
 
 
 @dataclass(frozen=True)
+class FsdpBucketInput:
+    """One Megatron-FSDP bucket of a stage (world/fsdp.py FsdpBucket), as its collectives move it.
+
+    `numel` is megatron's padded bucket (`build_data_parallel_buffer_index`): the whole buffer of
+    its all-gather (parameters) and reduce-scatter or all-reduce (gradients). `unit` numbers the
+    stage's FSDP units (TransformerLayers under optim_grads_params), None outside them; `layer` is
+    the unit's global 0-based transformer layer (None for an MTP layer's unit).
+    """
+
+    numel: int
+    param_bytes: int
+    grad_bytes: int
+    expert: bool = False
+    unit: int | None = None
+    layer: int | None = None
+
+
+@dataclass(frozen=True)
 class StageInput:
     """What megatron placed on one pipeline stage, as the lead's builder reads it off the model.
 
@@ -59,6 +80,7 @@ class StageInput:
     mtp_layers: int = 0
     buffers: tuple[BufferInput, ...] = ()
     parameters: int = 0
+    fsdp: tuple[FsdpBucketInput, ...] = ()  # Megatron-FSDP's buckets, in megatron's order
 
     @property
     def layers(self) -> tuple[int, ...]:
@@ -82,6 +104,7 @@ class Settings:
     recompute_modules: tuple[str, ...] = ("core_attn",)  # --recompute-modules under selective
     learned_positions: bool = True  # --position-embedding-type learned_absolute
     flex: bool = False  # --moe-token-dispatcher-type flex (DeepEP's or HybridEP's kernels)
+    sharding: str | None = None  # a Megatron-FSDP --data-parallel-sharding-strategy, or fsdp2
 
     def __post_init__(self) -> None:
         """Reject values no workload can use."""
@@ -172,10 +195,11 @@ class Context:
 
 
 def stage_inputs(built: BuiltJob) -> list[StageInput]:
-    """Return what megatron placed on each built stage, with its real DDP buffers."""
+    """Return what megatron placed on each built stage, with its real DDP (or FSDP) buffers."""
     inputs = []
+    fsdp = built.job.training.megatron_fsdp or built.job.training.torch_fsdp2
     for stage in built.stages:
-        buffers = tuple(
+        buffers = () if fsdp else tuple(
             BufferInput.from_layout(buffer) for chunk in stage.chunks for buffer in chunk.buffers()
         )
         inputs.append(
@@ -187,20 +211,45 @@ def stage_inputs(built: BuiltJob) -> list[StageInput]:
                 mtp_layers=sum(chunk.mtp_layers for chunk in stage.chunks),
                 buffers=buffers,
                 parameters=stage.parameters,
+                fsdp=fsdp_inputs(stage.chunks) if fsdp else (),
             )
         )
     return inputs
 
 
+def fsdp_inputs(chunks: Sequence[Any]) -> tuple[FsdpBucketInput, ...]:
+    """Return the Megatron-FSDP buckets (FSDP2 units) of a stage's chunks, units tied to layers.
+
+    A unit is a TransformerLayer (the adapter's `fsdp_unit_modules`); its parameters are named
+    `decoder.layers.I.` with I the layer's place in the chunk (an MTP layer's: `mtp.layers.`).
+    Under FSDP2 every module `fully_shard` wraps is a unit, the root's parameters too.
+    """
+    result = []
+    units: dict[tuple[int, int | None], int] = {}
+    for index, chunk in enumerate(chunks):
+        layout = chunk.fsdp()
+        for bucket in layout.buckets:
+            unit = layer = None
+            if bucket.unit is not None or layout.strategy == "fsdp2":
+                unit = units.setdefault((index, bucket.unit), len(units))
+                found = LOCAL_LAYER.match(bucket.names[0])
+                layer = chunk.layers[int(found.group(1))] if found else None
+            result.append(
+                FsdpBucketInput(
+                    numel=bucket.numel,
+                    param_bytes=bucket.param_itemsize,
+                    grad_bytes=bucket.grad_itemsize,
+                    expert=bucket.expert,
+                    unit=unit,
+                    layer=layer,
+                )
+            )
+    return tuple(result)
+
+
 def context_for(built: BuiltJob, compute: ComputeRate | ComputeProfile) -> Context:
     """Return the settings every stage's records share, from the Job."""
     job = built.job
-    if job.training.megatron_fsdp or job.training.torch_fsdp2:
-        flag = "--use-megatron-fsdp" if job.training.megatron_fsdp else "--use-torch-fsdp2"
-        raise ConfigError(
-            f"workload does not write {flag}'s per-layer all-gathers and reduce-scatters yet; "
-            "memory and plan model the job"
-        )
     modules = job.training.recompute_modules if job.training.recompute == "selective" else ()
     unpriced = [m for m in modules if (m in NOT_GEMMS or m == "mla_up_proj")
                 and isinstance(compute, ComputeProfile)]
@@ -221,8 +270,16 @@ def context_for(built: BuiltJob, compute: ComputeRate | ComputeProfile) -> Conte
         recompute_modules=modules,
         learned_positions=job.model.position_embedding_type == "learned_absolute",
         flex=job.training.moe_token_dispatcher_type == "flex",
+        sharding=_sharding(job.training),
     )
     return Context(job.dims(), job.layout, settings, compute)
+
+
+def _sharding(training: Any) -> str | None:
+    """Return the FSDP the job runs: a Megatron-FSDP strategy, `fsdp2` (torch's), None (DDP)."""
+    if training.torch_fsdp2:
+        return "fsdp2"
+    return str(training.sharding_strategy) if training.megatron_fsdp else None
 
 
 def compute_for(

@@ -1,0 +1,30 @@
+"""What the installed megatron-core builds where its versions differ, asked by a Job's checks and by
+`plan` (which reads no inputs): one home, each read from the package metadata (no megatron import,
+inputs/versions.py) and each checked against megatron itself in tests/test_versions.py."""
+
+from __future__ import annotations
+
+from inspector.inputs.versions import megatron_core_version
+
+# megatron-core's first version whose TransformerConfig has `moe_flex_dispatcher_backend`
+# (core_v0.16.0 transformer_config.py; 0.13-0.15 run DeepEP only, behind `moe_enable_deepep`)
+FLEX_BACKEND_SINCE = (0, 16)
+
+
+def megatron_version() -> tuple[int, int]:
+    """Return the installed megatron-core's (major, minor)."""
+    return megatron_core_version()
+
+
+def mtp_in_layouts() -> bool:
+    """Return whether megatron-core builds MTP from a layout string: 0.14 on; 0.13's
+    PipelineParallelLayerLayout raises "MTP layer is not supported for flexible pipeline layout"."""
+    return megatron_version() >= (0, 14)
+
+
+def etp_bias_refused() -> bool:
+    """Return whether megatron-core refuses MoE biases at expert tensor parallel above 1:
+    TransformerConfig.__post_init__ asserts "Bias in Moe is only supported when ETP==1" in 0.16.1,
+    not in 0.13.1; from 0.14 on it is assumed (a layout not offered rather than one megatron
+    refuses)."""
+    return megatron_version() >= (0, 14)
