@@ -170,7 +170,7 @@ def test_composed_stage_equals_every_layer_run(flags):
     """One layer of each kind stands for the rest: event for event, peak and persistent alike."""
     cache = assert_composed_equals_whole(_job(**flags), persistent=False)
     # the small chunks have at most 3 layers: the first, one middle one, the last
-    assert all(len(kinds) <= 3 for _, _, kinds in cache)
+    assert all(len(kinds) <= 3 for _, _, kinds, _ in cache)
 
 
 def test_a_failure_while_running_says_so_not_that_megatron_refused_to_build(monkeypatch):
@@ -210,8 +210,88 @@ _MOE = dict(
 def test_composed_moe_stage_equals_every_layer_run(flags):
     """An MoE layer is its own kind: one of each kind stands for the rest, buffers included."""
     cache = assert_composed_equals_whole(_job(**_MOE, **flags))
-    kinds = {kind for _, _, small in cache for kind in small}
+    kinds = {kind for _, _, small, _ in cache for kind in small}
     assert kinds == {True, False} if "moe_layer_freq" in flags else kinds == {True}
+
+
+def _full(method: str, n: int) -> dict:
+    return dict(recompute_granularity="full", recompute_method=method, recompute_num_layers=n)
+
+
+# (flags, the small chunks' layer counts, the layers each small chunk recomputes)
+_GROUPED = {
+    # 6 layers a chunk, the first 3 recomputed: first, middle, last recomputed and plain layers
+    "block": (dict(num_layers=12, **_full("block", 3)), {4}, {2}),
+    # interleaved: megatron counts the block per chunk (6 layers, the first 2 recomputed)
+    "block-vpp": (dict(num_layers=24, num_layers_per_virtual_pipeline_stage=6,
+                       **_full("block", 2)), {4}, {2}),  # fmt: skip
+    # uneven: 4 layers, all recomputed (N beyond the chunk), then 7, the first 5 recomputed
+    "block-uneven": (dict(num_layers=11, decoder_first_pipeline_num_layers=4,
+                          **_full("block", 5)), {3, 4}, {3, 2}),  # fmt: skip
+    # one stage: embedding and loss on the chunk
+    "block-pp1": (dict(num_layers=8, pipeline_model_parallel_size=1, **_full("block", 3)), {4}, {2}),
+    # an MTP layer on the last stage (megatron's block method leaves it alone)
+    "block-mtp": (dict(num_layers=12, position_embedding_type="rope", mtp_num_layers=1,
+                       **_full("block", 2)), {4}, {2}),  # fmt: skip
+    # groups of 2 layers checkpointed together: 4 groups a chunk, small chunks of 3 groups
+    "uniform": (dict(num_layers=16, **_full("uniform", 2)), {6}, {2}),
+    "uniform-vpp": (dict(num_layers=32, num_layers_per_virtual_pipeline_stage=8,
+                         **_full("uniform", 2)), {6}, {2}),  # fmt: skip
+    # uneven: 2 groups of 3 (the chunk stands for itself), then 4 groups
+    "uniform-uneven": (dict(num_layers=18, decoder_first_pipeline_num_layers=6,
+                            **_full("uniform", 3)), {6, 9}, {3}),  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("name", list(_GROUPED))
+def test_grouped_full_recompute_composes_equal_to_every_layer_run(name):
+    """Full recomputation by block or by groups of N layers (megatron-core
+    TransformerBlock._checkpointed_forward) composes from small chunks, event for event."""
+    flags, sizes, recomputed = _GROUPED[name]
+    cache = assert_composed_equals_whole(_job(swiglu=True, normalization="RMSNorm", **flags),
+                                         persistent=False)  # fmt: skip
+    assert {len(kinds) for _, _, kinds, _ in cache} == sizes
+    assert {n for _, _, _, n in cache} == recomputed
+
+
+def test_the_whole_trace_keeps_a_checkpointed_groups_running_order():
+    """A group's backward recomputes its layers' forwards, then runs their backwards: the whole
+    stage's trace, cut by groups, keeps megatron's order (cut by layer, it moved each layer's
+    recomputation next to its own backward and lost the group's recompute working set)."""
+    from inspector.engine.compose import compose
+    from inspector.engine.memory import chunk_shapes
+    from inspector.engine.stage import trace_chunks, trace_stage
+    from inspector.world.build import View, build
+
+    job = _job(num_layers=8, **_full("uniform", 2))
+    shapes = chunk_shapes(build(job, View((0,)), expert_ranks=(0,)).stages[0])
+    raw = trace_stage(job, 0)[0]
+    whole = trace_chunks(job, 0, shapes, whole=True)[0]
+    assert [e.bytes for e in whole.backward] == [e.bytes for e in raw.backward]
+    by_layer = compose(raw, 4, range(4), range(4))
+    peak = max(e.allocated for e in raw.backward)
+    assert max(e.allocated for e in whole.backward) == peak
+    assert max(e.allocated for e in by_layer.backward) < peak
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        # MoE and dense layers in groups of 2: every group (MoE, dense)
+        dict(num_layers=16, moe_layer_freq=2, **_full("uniform", 2)),
+        # all MoE, alltoall over ep 2: 6 layers a chunk, the first 2 recomputed
+        dict(num_layers=12, expert_model_parallel_size=2, moe_token_dispatcher_type="alltoall",
+             moe_grouped_gemm=True, **_full("block", 2)),
+        # MoE and dense, recomputed and plain: six kinds of layer
+        dict(num_layers=16, moe_layer_freq=2, **_full("block", 3)),
+    ],  # fmt: skip
+    ids=["uniform-mixed", "block-alltoall-ep2", "block-mixed"],
+)
+def test_grouped_full_recompute_composes_moe_stages(flags):
+    """MoE layers in recomputed blocks and checkpointed groups compose too, buffers included."""
+    cache = assert_composed_equals_whole(_job(**_MOE, **flags))
+    layers = 8 if flags["num_layers"] == 16 else 6
+    assert all(len(kinds) < layers for _, _, kinds, _ in cache)
 
 
 _MOE_TP1 = {**_MOE, "sequence_parallel": False, "tensor_model_parallel_size": 1}

@@ -341,6 +341,38 @@ def test_te_composed_stage_equals_every_layer_run(flags):
     assert_composed_equals_whole(_job(**flags), persistent=False)
 
 
+_FULL = dict(recompute_granularity="full")
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        # 6 layers a chunk, the first 3 checkpointed one by one, the rest plain
+        dict(num_layers=12, recompute_method="block", recompute_num_layers=3, swiglu=True,
+             normalization="RMSNorm", position_embedding_type="rope", **_FULL),
+        # interleaved, sequence parallel, dropout: groups of 2 layers checkpointed together
+        dict(num_layers=32, num_layers_per_virtual_pipeline_stage=8, sequence_parallel=True,
+             hidden_dropout=0.1, attention_dropout=0.1, recompute_method="uniform",
+             recompute_num_layers=2, **_FULL),
+        # MoE and dense layers, recomputed and plain
+        dict(num_layers=16, moe_layer_freq=2, recompute_method="block", recompute_num_layers=3,
+             **_MOE, **_FULL),
+        # fp8: megatron checkpoints through te_checkpoint, and block counts the layers whose
+        # input needs no gradient out of the N (none here)
+        dict(num_layers=12, fp8_format="hybrid", recompute_method="block", recompute_num_layers=3,
+             **_FULL),
+        dict(num_layers=16, fp8_format="hybrid", recompute_method="uniform",
+             recompute_num_layers=2, **_FULL),
+    ],  # fmt: skip
+    ids=["block-rope", "uniform-vpp-sp-dropout", "block-moe-mixed", "block-fp8", "uniform-fp8"],
+)
+def test_te_grouped_full_recompute_composes_equal_to_every_layer_run(flags):
+    """Full recomputation by block or by groups composes in a TE job, event for event."""
+    cache = assert_composed_equals_whole(_job(**flags), persistent="num_experts" in flags)
+    layers = 6 if flags["num_layers"] == 12 else 8
+    assert all(len(kinds) < layers for _, _, kinds, _ in cache)
+
+
 @pytest.mark.parametrize(
     "flags",
     [
@@ -366,7 +398,7 @@ def test_te_composed_moe_stage_equals_every_layer_run(flags):
             trace_chunks(job, 0, shapes, whole=True)
         return
     cache = assert_composed_equals_whole(job)
-    kinds = {kind for _, _, small in cache for kind in small}
+    kinds = {kind for _, _, small, _ in cache for kind in small}
     assert kinds == {True, False} if "moe_layer_freq" in flags else kinds == {True}
 
 

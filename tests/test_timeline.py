@@ -238,3 +238,22 @@ def test_many_micro_batches_peak_as_four_groups(monkeypatch, pp, stage, chunks) 
     monkeypatch.setattr(schedule, "REPLAYED", 10**9)
     whole = schedule.iteration_peak(traces, stage, pp, m)
     assert (short.bytes, short.held, short.micro_batches) == (whole.bytes, whole.held, whole.micro_batches)
+
+
+def test_snapshot_pickles_equal_content_alike_however_its_names_were_made() -> None:
+    """pickle stores a string once per object: equal names made apart (a chunk composed from
+    small traces, or run whole) must still give the same bytes."""
+    from inspector.records import MemoryPass
+    from inspector.render.snapshot import _trace
+
+    shared = "layer 3 mlp"
+    made = ["".join(["layer 3 ", word]) for word in ("mlp", "mlp")]
+    assert made[0] is not made[1] and made[0] == shared
+
+    def passes(first: str, second: str) -> list[MemoryPass]:
+        return [MemoryPass("forward of micro-batch 0", (0, 0), 0, ((512, 512, first),)),
+                MemoryPass("backward of micro-batch 0", (0, 0), 0, ((512, 1024, second),))]
+
+    pickled = [pickle.dumps(_trace(passes(*names), 0), protocol=4)
+               for names in ((shared, shared), tuple(made))]  # fmt: skip
+    assert pickled[0] == pickled[1]

@@ -12,6 +12,11 @@ event with the module running, or in backward with the module that made the auto
 The backward runs the same pieces in reverse. A chunk of N layers is then the head, N copies of
 the segment of its layer's kind, and the tail, each event's running total recomputed
 (tests/test_engine.py checks this equals the trace of every layer, event for event).
+
+Where full recomputation checkpoints groups of layers (`--recompute-method uniform` with
+`--recompute-num-layers` N > 1: megatron-core TransformerBlock._checkpointed_forward), the
+backward of a group recomputes its N layers' forwards before running their backwards, so the
+group, not the layer, is the piece: one segment per group of N consecutive layers.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ class Pieces:
     """One phase (forward or backward) of a trace, cut into head, layers and tail."""
 
     head: tuple[Step, ...]
-    layers: tuple[tuple[Step, ...], ...]  # by local layer index
+    layers: tuple[tuple[Step, ...], ...]  # by local layer index (or group of `group` layers)
     tail: tuple[Step, ...]
 
 
@@ -43,13 +48,14 @@ def layer_of(where: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def cut(events: Sequence[Event], layers: int) -> Pieces:
-    """Cut one phase's events into head, each layer's segment and tail.
+def cut(events: Sequence[Event], layers: int, group: int = 1) -> Pieces:
+    """Cut one phase's events into head, each layer's (or group of `group` layers') segment and
+    tail.
 
     An unlabelled event between two layers belongs to the layer before it in running order.
     """
     head: list[Step] = []
-    segments: list[list[Step]] = [[] for _ in range(layers)]
+    segments: list[list[Step]] = [[] for _ in range(layers // group)]
     tail: list[Step] = []
     seen = [i for i, e in enumerate(events) if layer_of(e.where) is not None]
     last = seen[-1] if seen else -1
@@ -62,60 +68,68 @@ def cut(events: Sequence[Event], layers: int) -> Pieces:
         elif index > last:
             tail.append((event.bytes, event.where))
         else:
-            segments[current].append((event.bytes, event.where))
+            segments[current // group].append((event.bytes, event.where))
     return Pieces(tuple(head), tuple(tuple(s) for s in segments), tuple(tail))
 
 
-def compose(trace: Trace, layers: int, picks: Sequence[int], numbers: Sequence[int]) -> Trace:
-    """Return the trace of a chunk whose layer i runs as `trace`'s layer picks[i].
+def compose(
+    trace: Trace, layers: int, picks: Sequence[int], numbers: Sequence[int], group: int = 1
+) -> Trace:
+    """Return the trace of a chunk whose layer (or group of `group` layers) i runs as `trace`'s
+    layer (group) picks[i].
 
     `layers`: how many layers `trace`'s chunk had; `numbers`: each composed layer's 0-based
     global number, for the labels ("layer 17 mlp.linear_fc1").
     """
-    forward, backward = cut(trace.forward, layers), cut(trace.backward, layers)
-    order = list(zip(picks, numbers, strict=True))
+    forward, backward = cut(trace.forward, layers, group), cut(trace.backward, layers, group)
+    order = [(pick, numbers[k * group : (k + 1) * group]) for k, pick in enumerate(picks)]
     steps_f = [
         *forward.head,
-        *(s for pick, n in order for s in _named(forward.layers[pick], pick, n)),
+        *(s for pick, ns in order for s in _named(forward.layers[pick], pick * group, ns)),
         *forward.tail,
     ]
     steps_b = [
         *backward.head,
-        *(s for pick, n in reversed(order) for s in _named(backward.layers[pick], pick, n)),
+        *(s for pick, ns in reversed(order) for s in _named(backward.layers[pick], pick * group, ns)),
         *backward.tail,
     ]
     events_f = _events(steps_f, 0)
     backward_b = _events(steps_b, events_f[-1].allocated if events_f else 0)
-    return Trace(events_f, backward_b, _persistent(trace.persistent, layers, order))
+    return Trace(events_f, backward_b, _persistent(trace.persistent, layers, group, order))
 
 
 def _persistent(
-    kept: Sequence[tuple[str, int]], layers: int, order: Sequence[tuple[int, int]]
+    kept: Sequence[tuple[str, int]],
+    layers: int,
+    group: int,
+    order: Sequence[tuple[int, Sequence[int]]],
 ) -> tuple[tuple[str, int], ...]:
     """Return the chunk's persistent buffers: those outside the layers once, then each layer's
     (an MoE layer's token dispatcher keeps its last routing metadata: token_dispatcher.py)."""
-    by_layer: list[list[tuple[str, int]]] = [[] for _ in range(layers)]
+    by_group: list[list[tuple[str, int]]] = [[] for _ in range(layers // group)]
     outside: list[tuple[str, int]] = []
     for where, size in kept:
         layer = layer_of(where)
-        (outside if layer is None else by_layer[layer]).append((where, size))
+        (outside if layer is None else by_group[layer // group]).append((where, size))
     own = [
-        (_renamed(where, f"decoder.layers.{pick}", n), size)
-        for pick, n in order
-        for where, size in by_layer[pick]
+        (_renamed(where, pick * group, numbers), size)
+        for pick, numbers in order
+        for where, size in by_group[pick]
     ]
     return (*outside, *own)
 
 
-def _named(steps: Sequence[Step], pick: int, number: int) -> list[Step]:
-    prefix = f"decoder.layers.{pick}"
-    return [(size, _renamed(where, prefix, number)) for size, where in steps]
+def _named(steps: Sequence[Step], first: int, numbers: Sequence[int]) -> list[Step]:
+    return [(size, _renamed(where, first, numbers)) for size, where in steps]
 
 
-def _renamed(where: str, prefix: str, number: int) -> str:
-    if not where.startswith(prefix):
+def _renamed(where: str, first: int, numbers: Sequence[int]) -> str:
+    """Return `where` with its layer (`decoder.layers.{first + j}`) named by numbers[j]."""
+    match = _LAYER.match(where)
+    if not match:
         return where
-    rest = where[len(prefix) :]
+    number = numbers[int(match.group(1)) - first]
+    rest = where[match.end() :]
     return f"layer {number}{rest if rest.startswith(':') else ' ' + rest[1:] if rest else ''}"
 
 

@@ -7,10 +7,16 @@ and MTP block if it has them. That chunk sits in a small job with the job's ever
 the pipeline: one stage (embedding and loss), two (one of them) or three (neither: the middle
 one), split evenly, so megatron builds the same modules. Only the chunk's own stage is built.
 
+Full recomputation that groups layers composes too (megatron-core 0.16
+TransformerBlock._checkpointed_forward, per chunk): `--recompute-method uniform` with N > 1
+layers checkpoints groups of N layers, so a group stands for the groups of its kinds (the first
+group, one middle group of each kind, the last); `--recompute-method block` checkpoints the
+chunk's first N layers one by one and runs the rest plainly, so a recomputed layer and a plain
+one are different kinds, and the small chunk checkpoints as many first layers as it holds
+recomputed ones.
+
 Where one layer does not stand for the others, the stage itself is traced, every layer run:
-full recomputation by blocks or of several layers per checkpoint (megatron checkpoints a
-group, or only the first layers of the chunk), an MTP block a layout string places off the last
-stage, a chunk without transformer layers.
+an MTP block a layout string places off the last stage, a chunk without transformer layers.
 """
 
 from __future__ import annotations
@@ -24,7 +30,6 @@ from inspector.engine.compose import compose
 from inspector.engine.microbatch import Trace, run_microbatch, runtime_config
 from inspector.job.job import Job
 from inspector.job.layout import Layout
-from inspector.job.model import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -37,7 +42,11 @@ class ChunkShape:
     mtp: int  # multi-token-prediction layers on the chunk
 
 
-Cache = dict[tuple[bool, bool, tuple[bool, ...]], Trace]
+# a piece of a chunk: its layers' kinds (True: MoE), one layer or a group megatron checkpoints
+# together, and whether `--recompute-method block` recomputes it
+Piece = tuple[tuple[bool, ...], bool]
+# the small chunks' traces by embedding, output, layer kinds and layers the small chunk recomputes
+Cache = dict[tuple[bool, bool, tuple[bool, ...], int], Trace]
 
 
 def trace_chunks(
@@ -54,9 +63,9 @@ def trace_chunks(
     """
     cache = {} if cache is None else cache
     if whole or any(_whole(job, shape) for shape in shapes if shape.layers):
-        traces = trace_stage(job, stage)
+        traces, group = trace_stage(job, stage), _group(job)
         return tuple(
-            compose(trace, len(shape.layers), range(len(shape.layers)), shape.layers)
+            compose(trace, len(shape.layers), range(len(shape.layers) // group), shape.layers, group)
             for trace, shape in zip(traces, shapes, strict=True)
         )
     empty = [k for k, shape in enumerate(shapes) if _whole(job, shape)]  # no layer to stand for
@@ -68,40 +77,60 @@ def trace_chunks(
 
 
 def _whole(job: Job, shape: ChunkShape) -> bool:
-    """Return whether one layer of each kind cannot stand for the chunk's layers."""
-    training = job.training
-    grouped = training.recompute == "full" and (
-        training.recompute_method == "block" or (training.recompute_num_layers or 1) > 1
-    )
+    """Return whether pieces of the chunk's kinds cannot stand for its layers."""
     mtp = shape.mtp and (not shape.output or shape.mtp != job.model.mtp_num_layers)
-    return grouped or bool(mtp) or not shape.layers
+    return bool(mtp) or not shape.layers
 
 
-def _small_layers(model: ModelConfig, shape: ChunkShape) -> tuple[tuple[bool, ...], list[int]]:
-    """Return the small chunk's layer kinds (True: MoE), and which one each chunk layer runs as.
+def _group(job: Job) -> int:
+    """Return how many layers megatron checkpoints together: N with uniform full recomputation."""
+    training = job.training
+    uniform = training.recompute == "full" and training.recompute_method == "uniform"
+    return training.recompute_num_layers if uniform else 1
 
-    A layer's trace holds the frees of what its neighbours made (its input, saved for its
-    backward; the gradient it receives), so the first and last layers stand for themselves and
-    one middle layer of each kind for the layers in between.
+
+def _pieces(job: Job, shape: ChunkShape) -> list[Piece]:
+    """Return the chunk's pieces in order: groups of `_group` layers, and with block
+    recomputation whether each layer is among the chunk's first N (recomputed)."""
+    training, group = job.training, _group(job)
+    block = training.recompute == "full" and training.recompute_method == "block"
+    moe = [job.model.is_moe_layer(layer) for layer in shape.layers]
+    return [
+        (tuple(moe[k : k + group]), block and k < training.recompute_num_layers)
+        for k in range(0, len(moe), group)
+    ]
+
+
+def _small_pieces(pieces: Sequence[Piece]) -> tuple[tuple[Piece, ...], list[int]]:
+    """Return the small chunk's pieces, and which one each chunk piece runs as.
+
+    A piece's trace holds the frees of what its neighbours made (its input, saved for its
+    backward; the gradient it receives), so the first and last pieces stand for themselves and
+    one middle piece of each kind for the pieces in between. Block recomputation's recomputed
+    layers come first in the chunk, so they do in the small chunk.
     """
-    kinds = [model.is_moe_layer(layer) for layer in shape.layers]
-    if len(kinds) <= 2:
-        return tuple(kinds), list(range(len(kinds)))
-    middle = list(dict.fromkeys(kinds[1:-1]))
-    small = (kinds[0], *middle, kinds[-1])
-    return small, [0, *(1 + middle.index(k) for k in kinds[1:-1]), len(small) - 1]
+    if len(pieces) <= 2:
+        return tuple(pieces), list(range(len(pieces)))
+    middle = list(dict.fromkeys(pieces[1:-1]))
+    small = (pieces[0], *middle, pieces[-1])
+    return small, [0, *(1 + middle.index(k) for k in pieces[1:-1]), len(small) - 1]
 
 
 def _composed(job: Job, shape: ChunkShape, cache: Cache) -> Trace:
-    kinds, picks = _small_layers(job.model, shape)
-    key = (shape.embedding, shape.output, kinds)
+    small, picks = _small_pieces(_pieces(job, shape))
+    kinds = tuple(kind for layers, _ in small for kind in layers)
+    recomputed = sum(len(layers) for layers, block in small if block)
+    key = (shape.embedding, shape.output, kinds, recomputed or job.training.recompute_num_layers)
     if key not in cache:
         cache[key] = _small_trace(job, *key)
-    return compose(cache[key], len(kinds), picks, shape.layers)
+    return compose(cache[key], len(kinds), picks, shape.layers, _group(job))
 
 
-def _small_trace(job: Job, embedding: bool, output: bool, kinds: tuple[bool, ...]) -> Trace:
-    """Trace one micro-batch of a chunk megatron builds with these pieces, in a small job."""
+def _small_trace(
+    job: Job, embedding: bool, output: bool, kinds: tuple[bool, ...], recompute_num_layers: int
+) -> Trace:
+    """Trace one micro-batch of a chunk megatron builds with these pieces, in a small job that
+    passes megatron `recompute_num_layers`."""
     from inspector.world.stage import stage_world
 
     pp = 1 if embedding and output else 2 if embedding or output else 3
@@ -116,9 +145,11 @@ def _small_trace(job: Job, embedding: bool, output: bool, kinds: tuple[bool, ...
     )  # fmt: skip
     # one micro-batch's run: the all-to-all overlap merges passes of the schedule (replayed
     # by schedule.py), so the small job, whose pipeline has no virtual stages, runs without it
-    training = replace(job.training, ep_overlap=False, delay_wgrad=False)
+    training = replace(
+        job.training, ep_overlap=False, delay_wgrad=False, recompute_num_layers=recompute_num_layers
+    )
     small = replace(job, model=model, layout=layout, training=training)
-    world = stage_world(model, layout, stage, checkpoint=False, runtime=runtime_config(job))
+    world = stage_world(model, layout, stage, checkpoint=False, runtime=runtime_config(small))
     with moe_build(job), world as chunks:
         gpt = chunks[0].module
         return run_microbatch(job, _ddp(small, gpt, stage, 0), gpt, job.schedule().num_microbatches)

@@ -15,13 +15,16 @@ memory viewer (pytorch.org/memory_viz, `_memory_viz.trace_plot`) opens it:
 
 Addresses are synthetic and deterministic: a first-fit allocator over the segment. The engine
 records a free's size, not its storage, so a free releases the latest live block of its size
-made by the same micro-batch (any pass of it). Pickled with protocol 4: byte-identical run to run.
+made by the same micro-batch (any pass of it). Pickled with protocol 4: byte-identical run to run,
+and for equal content (the frames' names are interned: pickle stores a string once per object,
+so equal names made apart would otherwise pickle apart).
 """
 
 from __future__ import annotations
 
 import bisect
 import pickle
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -78,7 +81,7 @@ def _block(address: int, size: int, state: str, frames: list[dict[str, Any]]) ->
 
 
 def _frame(name: str) -> dict[str, Any]:
-    return {"filename": "megatron-core", "line": 0, "name": name}
+    return {"filename": "megatron-core", "line": 0, "name": sys.intern(name)}
 
 
 def _segment(device: int, base: int, blocks: list[dict[str, Any]], total: int) -> dict[str, Any]:
