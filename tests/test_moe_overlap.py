@@ -190,3 +190,65 @@ def test_warm_up_under_the_overlap_is_megatrons(pp, chunks, m):
         )
         assert warmup_steps(rank, pp, m, chunks, pp, extra=1) == warmup
         assert merged_share(rank, pp, m, chunks) == pytest.approx(remaining / total)
+
+
+def test_an_moe_layer_without_expert_tp_runs_its_tp_collectives_in_the_attention_nodes():
+    # fine_grained_callables.py: the attention node runs attention (its gather and reduction
+    # under SP) and the shared experts (`shared_experts_compute`); with expert TP 1 the experts'
+    # node has no TP collective. With expert TP the dispatcher's gather and reduction of the
+    # received tokens run in the experts' node (`dispatch_postprocess`, `combine_preprocess`).
+    from inspector.formulas.kernels import device_of
+    from inspector.formulas.ops import LayerOps
+    from inspector.job.hardware import GPUS
+    from inspector.plan.overlap import layer_nodes
+
+    empty, h100 = LayerOps((), (), ()), device_of(GPUS["h100"])
+    alone = layer_nodes(empty, h100, (), 1.0, 0.4, True, attn_tensor=1.0)
+    assert (alone.attn_f, alone.attn_b, alone.mlp_f, alone.mlp_b) == pytest.approx((0.2, 0.2, 0, 0))
+    split = layer_nodes(empty, h100, (), 1.0, 0.4, True)
+    assert (split.attn_f, split.attn_b, split.mlp_f, split.mlp_b) == pytest.approx((0.1,) * 4)
+
+
+def test_tp_collectives_in_the_attention_nodes_shorten_an_exchange_bound_pair():
+    # 0.4 s of TP collectives; exchanges of 1 s. By hand, megatron's order
+    # (model_chunk_schedule_plan.py run()), all in the attention's nodes:
+    # combine_b 0-1 | attn_f 0-0.7, mlp_b 1-2, dispatch_f 1-2, dispatch_b 2-3, mlp_dw 2-2.3,
+    # mlp_f 2.3-3.3, combine_f 3.3-4.3, attn_b 3.3-4.5; the next combine_b waits on attn_b: 4.5.
+    # Split half and half: mlp_b 1-2.1, dispatch_b 2.1-3.1, mlp_dw -2.4, mlp_f 2.4-3.5,
+    # combine_f 3.5-4.5, attn_b 3.5-4.6: 4.6.
+    attn = Nodes(attn_f=0.7, mlp_f=1.0, combine_f=0, attn_b=1.2, attn_dw=0, mlp_b=1.0,
+                 mlp_dw=0.3, combine_b=0, alltoall=1.0)  # fmt: skip
+    split = Nodes(attn_f=0.6, mlp_f=1.1, combine_f=0, attn_b=1.1, attn_dw=0, mlp_b=1.1,
+                  mlp_dw=0.3, combine_b=0, alltoall=1.0)  # fmt: skip
+    assert pair_seconds(attn) == pytest.approx(4.5)
+    assert pair_seconds(split) == pytest.approx(4.6)
+
+
+@pytest.mark.parametrize(("moe", "shared", "etp", "forward"), [
+    (False, 0, 1, 4), (True, 0, 1, 2), (True, 128, 1, 4), (True, 0, 2, 4),
+])  # fmt: skip
+def test_an_moe_layer_without_expert_tp_or_shared_experts_runs_attentions_collectives_only(
+    moe, shared, etp, forward
+):
+    # with sequence parallelism a dense layer gathers and reduces around attention and around
+    # the MLP (Korthikanti et al. 2022, 4.2.2), forward and backward; an MoE layer with expert TP
+    # 1 routes and dispatches the sequence-parallel shard as it is (moe_layer.py, the dispatcher's
+    # expert-TP group of size 1), so only attention's remain, unless shared experts (an MLP
+    # sharded over TP: shared_experts.py's gather and reduction) or expert TP bring the others
+    from inspector.job.dims import ModelDims
+    from inspector.job.hardware import GPUS
+    from inspector.job.layout import Layout
+    from inspector.plan import caches
+    from inspector.plan.cost import _layer_time
+    from inspector.plan.network import Network
+
+    experts = dict(num_experts=8, moe_ffn_hidden_size=128, moe_shared_expert_intermediate_size=shared or None)
+    dims = ModelDims(2, 256, 8, 512, 1024, swiglu=True, flash_attention=True,
+                     **(experts if moe else {}))  # type: ignore[arg-type]  # fmt: skip
+    lay = Layout(tp=2, dp=4, ep=2 if etp == 1 else 1, etp=etp, sequence_parallel=True)
+    net = Network(GPUS["h100"], 8)
+    caches.clear()
+    _, tensor, _, _ = _layer_time(dims, lay, net, 0.0, 1, "none", 0)
+    alpha, bandwidth = net.link(2)
+    one = alpha + 512 * 256 * 2 * (2 - 1) / 2 / bandwidth  # s b h elements of 2 bytes, ring of 2
+    assert tensor == pytest.approx(2 * forward * one)  # the backward runs as many

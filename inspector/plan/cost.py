@@ -11,7 +11,9 @@ Each term and its source (symbols of inspector/job/dims.py; m micro-batches, v v
     (`compute_seconds`);
   - tensor parallel: per layer and micro-batch 4 collectives forward and 4 backward (all-gather /
     reduce-scatter with sequence parallelism, all-reduce pairs without; Korthikanti et al. 2022,
-    Section 4.2.2, equal volumes) of s b h / c activation elements, each priced alpha + bytes x
+    Section 4.2.2, equal volumes; an MoE layer with expert TP 1 and no shared experts runs only
+    attention's 2 and 2: its experts read the sequence-parallel shard, moe_layer.py) of s b h / c
+    activation elements, each priced alpha + bytes x
     (t - 1) / t / bandwidth (ring, Thakur et al. 2005); not overlapped (Megatron-LM's default);
     full recomputation repeats the forward's 4, `--recompute-modules mlp` (shared_experts) the
     MLP's (shared expert's) 2, `mla_up_proj` with sequence parallelism one gather of the latents
@@ -300,7 +302,11 @@ def _layer_time(
     shard = _shard(lay, mbs)
     compute = compute_seconds(f.total + extra, lambda d: layer_seconds(
         _layer_kernels(dims, shard, moe), d, recompute, modules), lay, net, rate)  # fmt: skip
-    collectives = 12 if recompute == "full" else 8
+    # forward collectives: attention's gather and reduction, the MLP's unless an MoE layer has
+    # neither shared experts nor expert TP (moe_layer.py: with --expert-tensor-parallel-size 1
+    # the experts read the sequence-parallel shard as it is, no gather over the TP group)
+    forward = 2 + (2 if not moe or dims.shared_expert_ffn or lay.expert_tp > 1 else 0)
+    collectives = forward * (3 if recompute == "full" else 2)
     if recompute == "selective":  # a recomputed MLP re-runs fc1's gather and fc2's reduction
         mlps = ("mlp",) if not moe else ("shared_experts",) if dims.shared_expert_ffn else ()
         collectives += 2 * sum(m in modules for m in mlps)  # its 2 of the forward's 4
@@ -320,7 +326,8 @@ def _layer_time(
     if expert:
         if merged:  # a merged pair exposes what it takes beyond the layer's compute
             pair = merged_pair(_layer_kernels(dims, shard, True), device_of(net.gpu), recompute,
-                               modules, (compute, tensor), expert / 4, delay_wgrad, bool(rate), taken)
+                               modules, (compute, tensor), expert / 4, delay_wgrad, bool(rate), taken,
+                               1.0 if lay.expert_tp == 1 else 0.5)
             expert = merged * max(0.0, pair - compute - tensor) + (1 - merged) * expert
     return compute, tensor, context, expert
 

@@ -21,7 +21,8 @@ data gradient, so the next communication need not wait for them.
 pairs and returns the steady time of one pair; `merged_share` is the share of a stage's chunk
 passes megatron runs merged (every 1F1B step; the warm-up forwards and cool-down backwards run
 alone). Each node's time comes from the planner's kernels (formulas/ops.py) and network.py's
-all-to-all; tensor-parallel collectives are part of the compute stream's nodes.
+all-to-all; tensor-parallel collectives are part of the compute stream's nodes (those of an MoE
+layer with expert TP 1 all in the attention's, `layer_nodes`).
 """
 
 from __future__ import annotations
@@ -69,12 +70,17 @@ def _node(op: Op) -> str:
 
 def layer_nodes(
     ops: LayerOps, device: Device, recomputed: tuple[Op, ...], alltoall: float, tensor: float,
-    delay_wgrad: bool, scale: float = 1.0, taken: float = 0.0,
+    delay_wgrad: bool, scale: float = 1.0, taken: float = 0.0, attn_tensor: float = 0.5,
 ) -> Nodes:
     """Return an MoE layer's nodes: its kernels (times `scale`) split as megatron's callables
     split them, the forward repeats of selective recomputation in their node's backward, `tensor`
-    (the layer's TP collectives, forward and backward) half in the attention's nodes, half in
-    the experts'."""
+    (the layer's TP collectives, forward and backward) `attn_tensor` of it in the attention's
+    nodes, the rest in the experts'. With expert TP 1 every TP collective of the layer is in the
+    attention's nodes (1.0): attention's gather and reduction, and the shared experts', which
+    megatron runs there (fine_grained_callables.py `submodule_attn_forward`:
+    `shared_experts_compute` before the router); with expert TP the dispatcher's gather and
+    reduction of the received tokens run in the experts' node (`dispatch_postprocess`,
+    `combine_preprocess`), half by the plan's count."""
     sums = dict.fromkeys(("attn_f", "mlp_f", "combine_f", "attn_b", "attn_dw", "mlp_b",
                           "mlp_dw", "combine_b"), 0.0)  # fmt: skip
     for op in ops.forward:
@@ -85,10 +91,9 @@ def layer_nodes(
         key = f"{node}_dw" if delay_wgrad and weight and node != "combine" else f"{node}_b"
         sums[key] += ops_seconds((op,), device)
     sums = {key: value * scale for key, value in sums.items()}
-    sums["attn_f"] += tensor / 4
-    sums["attn_b"] += tensor / 4
-    sums["mlp_f"] += tensor / 4
-    sums["mlp_b"] += tensor / 4
+    for node, share in (("attn", attn_tensor), ("mlp", 1 - attn_tensor)):
+        sums[f"{node}_f"] += tensor * share / 2
+        sums[f"{node}_b"] += tensor * share / 2
     return Nodes(**sums, alltoall=alltoall, taken=taken)
 
 
@@ -156,13 +161,15 @@ def merged_share(stage: int, pp: int, num_microbatches: int, chunks: int) -> flo
 def merged_pair(
     ops: LayerOps, device: Device, recompute: str, modules: tuple[str, ...],
     times: tuple[float, float], alltoall: float, delay_wgrad: bool, flops_priced: bool,
-    taken: float = 0.0,
+    taken: float = 0.0, attn_tensor: float = 0.5,
 ) -> float:
     """Return a merged pair's seconds for an MoE layer whose forward and backward take `times`
     (compute, TP); priced by FLOPs (`--efficiency`), each node keeps its kernels' share of the
-    compute; `taken`: the share of the SMs the exchange kernels hold (flex.exchange_sm_share)."""
+    compute; `taken`: the share of the SMs the exchange kernels hold (flex.exchange_sm_share);
+    `attn_tensor`: the share of the TP collectives in the attention's nodes (`layer_nodes`)."""
     compute, tensor = times
     again = ops.recomputed(modules) if recompute == "selective" else ()
     kernels = layer_seconds(ops, device, recompute, modules)
     scale = compute / kernels if flops_priced and kernels else 1.0
-    return pair_seconds(layer_nodes(ops, device, again, alltoall, tensor, delay_wgrad, scale, taken))
+    return pair_seconds(layer_nodes(ops, device, again, alltoall, tensor, delay_wgrad, scale, taken,
+                                    attn_tensor))
