@@ -59,7 +59,7 @@ from inspector.job.layout import Layout
 from inspector.plan import caches
 from inspector.plan.flex import moe_exchange
 from inspector.plan.network import Network
-from inspector.plan.overlap import merged_pair
+from inspector.plan.overlap import merged_times
 
 
 @dataclass(frozen=True)
@@ -151,14 +151,16 @@ def stage_work(
     recompute_method: str = "uniform",
     recompute_num_layers: int = 1,
     recompute_modules: tuple[str, ...] = ("core_attn",),
-    overlap: tuple[float, bool, float] = (0.0, False, 0.0),
+    overlap: tuple[float, bool, float, tuple[tuple[bool, bool, float], ...]] = (0.0, False, 0.0, ()),
     flex: bool = False,
 ) -> StageTime:
     """Return a rank's time per micro-batch (compute, TP, CP, EP, P2P), its state's left at 0.
     With full recomputation, `recompute_method` / `recompute_num_layers` say which layers repeat
     their forward (activations.recompute_plan: `block` N, the first N of each chunk). `overlap`:
     under --overlap-moe-expert-parallel-comm the merged share, --delay-wgrad-compute, the SMs'
-    share the exchange holds (overlap.py), else (0.0, False, 0.0); `flex`: flex dispatcher."""
+    share the exchange holds and the layer passes run alone inside merged steps
+    (overlap.alone_passes: each MoE one costs what it takes alone beyond the half pair its layer
+    is priced at), else (0.0, False, 0.0, ()); `flex`: flex dispatcher."""
     rate = compute_rate(net, efficiency)
     mode = cast(Recompute, recompute)
     plan = recompute_plan(0, chunk_layers, mode, recompute_method, recompute_num_layers)
@@ -168,9 +170,16 @@ def stage_work(
             kinds.setdefault((how, dims.is_moe_layer(i)), []).append(i)
     total = [0.0, 0.0, 0.0, 0.0]  # compute, tensor, context, expert
     for (how, moe), members in kinds.items():
-        shares = overlap if moe else (0.0, False, 0.0)
+        shares = overlap[:3] if moe else (0.0, False, 0.0)
         _add(total, _layer_time(dims, lay, net, rate, mbs, how, members[0], recompute_modules,
                                 *shares, flex), len(members))  # fmt: skip
+    moe_kind = next(((how, members[0]) for (how, moe), members in kinds.items() if moe), None)
+    for moe, forward, passes in overlap[3]:
+        if moe and moe_kind:  # a dense layer's passes are priced unmerged already
+            args = (dims, lay, net, rate, mbs, *moe_kind, recompute_modules)
+            compute, tensor, _, _ = _layer_time(*args, 0.0, False, 0.0, flex)
+            pair, alone_f, alone_b = _pair_times(*args, overlap[1], overlap[2], flex)
+            total[3] += passes * ((alone_f if forward else alone_b) - max(pair, compute + tensor) / 2)
     if has_output:
         _add_output(total, dims, lay, net, rate, mbs, mtp_recompute(mode, recompute_method))
     tokens = dims.seq_length * mbs / lay.cp
@@ -323,13 +332,24 @@ def _layer_time(
         )
         context = ring_attention(dims, lay, net, tokens, attention, forwards)
     expert = moe_exchange(dims, lay, net, tokens, flex) if moe else 0.0
-    if expert:
-        if merged:  # a merged pair exposes what it takes beyond the layer's compute
-            pair = merged_pair(_layer_kernels(dims, shard, True), device_of(net.gpu), recompute,
-                               modules, (compute, tensor), expert / 4, delay_wgrad, bool(rate), taken,
-                               1.0 if lay.expert_tp == 1 else 0.5)
-            expert = merged * max(0.0, pair - compute - tensor) + (1 - merged) * expert
+    if expert and merged:  # a merged pair exposes what it takes beyond the layer's compute
+        pair = _pair_times(dims, lay, net, rate, mbs, recompute, i, modules, delay_wgrad, taken, flex)[0]
+        expert = merged * max(0.0, pair - compute - tensor) + (1 - merged) * expert
     return compute, tensor, context, expert
+
+
+@caches.memo(maxsize=4096)
+def _pair_times(
+    dims: ModelDims, lay: Layout, net: Network, rate: float, mbs: int, recompute: str, i: int,
+    modules: tuple[str, ...], delay_wgrad: bool, taken: float, flex: bool,
+) -> tuple[float, float, float]:
+    """Return MoE layer `i`'s merged pair under the all-to-all overlap, and its forward and its
+    backward run alone (plan/overlap.py `merged_times`), for one micro-batch."""
+    compute, tensor, _, expert = _layer_time(dims, lay, net, rate, mbs, recompute, i, modules,
+                                             0.0, False, 0.0, flex)  # fmt: skip
+    return merged_times(_layer_kernels(dims, _shard(lay, mbs), True), device_of(net.gpu), recompute,
+                        modules, (compute, tensor), expert / 4, delay_wgrad, bool(rate), taken,
+                        1.0 if lay.expert_tp == 1 else 0.5)  # fmt: skip
 
 
 def _recomputed_flops(dims: ModelDims, f: LayerFlops, moe: bool, modules: tuple[str, ...],
