@@ -306,7 +306,7 @@ def test_plan_prices_a_layer_alone_beyond_the_half_pair_it_was_given(monkeypatch
                              overlap=(0.5, True, 0.0, alone))  # fmt: skip
     args = (dims, lay, net, 0.0, 1, "none", 0, ("core_attn",))
     compute, tensor, _, _ = cost._layer_time(*args, 0.0, False, 0.0, False)
-    pair, forward, backward = cost._pair_times(*args, True, 0.0, False)
+    pair, forward, backward, _ = cost._pair_times(*args, True, 0.0, False)
     half = max(pair, compute + tensor) / 2
     assert forward > half and backward > half
     assert uneven.expert - even.expert == pytest.approx(0.25 * (forward - half) + 0.25 * (backward - half))

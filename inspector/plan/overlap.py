@@ -20,7 +20,8 @@ data gradient, so the next communication need not wait for them.
 `pair_seconds` replays that issue order with those dependencies over a run of identical layer
 pairs and returns the steady time of one pair; `merged_share` is the share of a stage's chunk
 passes megatron runs merged (every 1F1B step; the warm-up forwards and cool-down backwards run
-alone). Each node's time comes from the planner's kernels (formulas/ops.py) and network.py's
+alone; within a merged step, the layers of the longer chunk beyond the shorter's run alone too,
+`alone_passes`). Each node's time comes from the planner's kernels (formulas/ops.py) and network.py's
 all-to-all; tensor-parallel collectives are part of the compute stream's nodes (those of an MoE
 layer with expert TP 1 all in the attention's, `layer_nodes`).
 """
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 
 from inspector.formulas.kernels import Device, Op, ops_seconds
 from inspector.formulas.ops import LayerOps, layer_seconds
-from inspector.job.dims import schedule_passes, warmup_steps
+from inspector.job.dims import ModelDims, schedule_passes, warmup_steps
 from inspector.plan import caches
 
 MLP_NODE = ("sort chunks", "expert fp8 padding", "expert fc1", "expert activation", "expert fc2",
@@ -234,3 +235,15 @@ def alone_passes(
         for is_moe in chunks[b][: len(chunks[b]) - both]:
             out[(is_moe, False)] += steps
     return tuple((moe, fwd, n / num_microbatches) for (moe, fwd), n in sorted(out.items()))
+
+
+def stage_alone(
+    dims: ModelDims, stage: int, pp: int, num_microbatches: int, chunk_layers: Sequence[Sequence[int]]
+) -> tuple[tuple[bool, bool, float], ...]:
+    """Return `alone_passes` for the stage's chunks of global layer indices; megatron builds the
+    MTP layers into the last stage's last chunk (`TransformerModelChunkSchedulePlan`
+    `_build_layer_schedule_plan`): they pair as layers, priced with the output layer as before."""
+    chunks = [[dims.is_moe_layer(i) for i in chunk] for chunk in chunk_layers]
+    if stage == pp - 1 and dims.mtp_num_layers and chunks:
+        chunks[-1] += [False] * dims.mtp_num_layers
+    return alone_passes(stage, pp, num_microbatches, chunks) if pp > 1 else ()

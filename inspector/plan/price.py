@@ -30,7 +30,7 @@ from inspector.plan.flags import megatron_flags
 from inspector.plan.flex import exchange_sm_share
 from inspector.plan.memory import ChunkShape, stage_state
 from inspector.plan.network import Network
-from inspector.plan.overlap import alone_passes, merged_share
+from inspector.plan.overlap import merged_share, stage_alone
 from inspector.plan.pieces import piece_key
 from inspector.plan.request import Request
 from inspector.plan.split import Split, chunk_layers
@@ -302,17 +302,11 @@ def _overlap(
 ) -> tuple[float, bool, float, tuple[tuple[bool, bool, float], ...]]:
     """Return cost.stage_work's `overlap` for the stage: merged share, delayed weight grads,
     the share of the GPU's SMs the exchange kernels hold (flex.exchange_sm_share), the layer
-    passes run alone inside merged steps (overlap.alone_passes; megatron builds the MTP layers
-    into the last chunk's list, `TransformerModelChunkSchedulePlan._build_layer_schedule_plan`:
-    they pair as layers, priced with the output as before)."""
-    training, lay = job.training, job.layout
+    passes run alone inside merged steps (overlap.stage_alone)."""
+    training, lay, m = job.training, job.layout, job.schedule().num_microbatches
     if not training.ep_overlap:
         return 0.0, False, 0.0, ()
-    m = job.schedule().num_microbatches
-    chunks = [[dims.is_moe_layer(i) for i in chunk] for chunk in chunk_layers]
-    if stage == lay.pp - 1 and dims.mtp_num_layers:
-        chunks[-1] += [False] * dims.mtp_num_layers
-    alone = alone_passes(stage, lay.pp, m, chunks) if lay.pp > 1 else ()
+    alone = stage_alone(dims, stage, lay.pp, m, chunk_layers)
     share = merged_share(stage, lay.pp, m, lay.chunks)
     return share, training.delay_wgrad, exchange_sm_share(training, gpu), alone
 
