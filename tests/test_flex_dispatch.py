@@ -369,14 +369,14 @@ def test_the_all_to_all_overlap_replays_the_flex_exchange(monkeypatch) -> None:
     from inspector.plan import caches, cost
 
     seen: list[float] = []
-    real = cost.merged_pair
+    real = cost.merged_times
 
     def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
         seen.append(args[5])  # the `alltoall` argument: one exchange's seconds
         return real(*args, **kwargs)
 
     caches.clear()
-    monkeypatch.setattr(cost, "merged_pair", spy)
+    monkeypatch.setattr(cost, "merged_times", spy)
     new = megatron_version() >= BACKEND_SINCE
     backend = ["--moe-flex-dispatcher-backend", "deepep"] if new else ["--moe-enable-deepep"]
     args = [a if a != "16" or QWEN[i - 1] != "--global-batch-size" else "64" for i, a in enumerate(QWEN)]

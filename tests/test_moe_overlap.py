@@ -190,3 +190,124 @@ def test_warm_up_under_the_overlap_is_megatrons(pp, chunks, m):
         )
         assert warmup_steps(rank, pp, m, chunks, pp, extra=1) == warmup
         assert merged_share(rank, pp, m, chunks) == pytest.approx(remaining / total)
+
+
+def test_an_moe_layer_without_expert_tp_runs_its_tp_collectives_in_the_attention_nodes():
+    # fine_grained_callables.py: the attention node runs attention (its gather and reduction
+    # under SP) and the shared experts (`shared_experts_compute`); with expert TP 1 the experts'
+    # node has no TP collective. With expert TP the dispatcher's gather and reduction of the
+    # received tokens run in the experts' node (`dispatch_postprocess`, `combine_preprocess`).
+    from inspector.formulas.kernels import device_of
+    from inspector.formulas.ops import LayerOps
+    from inspector.job.hardware import GPUS
+    from inspector.plan.overlap import layer_nodes
+
+    empty, h100 = LayerOps((), (), ()), device_of(GPUS["h100"])
+    alone = layer_nodes(empty, h100, (), 1.0, 0.4, True, attn_tensor=1.0)
+    assert (alone.attn_f, alone.attn_b, alone.mlp_f, alone.mlp_b) == pytest.approx((0.2, 0.2, 0, 0))
+    split = layer_nodes(empty, h100, (), 1.0, 0.4, True)
+    assert (split.attn_f, split.attn_b, split.mlp_f, split.mlp_b) == pytest.approx((0.1,) * 4)
+
+
+def test_tp_collectives_in_the_attention_nodes_shorten_an_exchange_bound_pair():
+    # 0.4 s of TP collectives; exchanges of 1 s. By hand, megatron's order
+    # (model_chunk_schedule_plan.py run()), all in the attention's nodes:
+    # combine_b 0-1 | attn_f 0-0.7, mlp_b 1-2, dispatch_f 1-2, dispatch_b 2-3, mlp_dw 2-2.3,
+    # mlp_f 2.3-3.3, combine_f 3.3-4.3, attn_b 3.3-4.5; the next combine_b waits on attn_b: 4.5.
+    # Split half and half: mlp_b 1-2.1, dispatch_b 2.1-3.1, mlp_dw -2.4, mlp_f 2.4-3.5,
+    # combine_f 3.5-4.5, attn_b 3.5-4.6: 4.6.
+    attn = Nodes(attn_f=0.7, mlp_f=1.0, combine_f=0, attn_b=1.2, attn_dw=0, mlp_b=1.0,
+                 mlp_dw=0.3, combine_b=0, alltoall=1.0)  # fmt: skip
+    split = Nodes(attn_f=0.6, mlp_f=1.1, combine_f=0, attn_b=1.1, attn_dw=0, mlp_b=1.1,
+                  mlp_dw=0.3, combine_b=0, alltoall=1.0)  # fmt: skip
+    assert pair_seconds(attn) == pytest.approx(4.5)
+    assert pair_seconds(split) == pytest.approx(4.6)
+
+
+@pytest.mark.parametrize(("moe", "shared", "etp", "forward"), [
+    (False, 0, 1, 4), (True, 0, 1, 2), (True, 128, 1, 4), (True, 0, 2, 4),
+])  # fmt: skip
+def test_an_moe_layer_without_expert_tp_or_shared_experts_runs_attentions_collectives_only(
+    moe, shared, etp, forward
+):
+    # with sequence parallelism a dense layer gathers and reduces around attention and around
+    # the MLP (Korthikanti et al. 2022, 4.2.2), forward and backward; an MoE layer with expert TP
+    # 1 routes and dispatches the sequence-parallel shard as it is (moe_layer.py, the dispatcher's
+    # expert-TP group of size 1), so only attention's remain, unless shared experts (an MLP
+    # sharded over TP: shared_experts.py's gather and reduction) or expert TP bring the others
+    from inspector.job.dims import ModelDims
+    from inspector.job.hardware import GPUS
+    from inspector.job.layout import Layout
+    from inspector.plan import caches
+    from inspector.plan.cost import _layer_time
+    from inspector.plan.network import Network
+
+    experts = dict(num_experts=8, moe_ffn_hidden_size=128, moe_shared_expert_intermediate_size=shared or None)
+    dims = ModelDims(2, 256, 8, 512, 1024, swiglu=True, flash_attention=True,
+                     **(experts if moe else {}))  # type: ignore[arg-type]  # fmt: skip
+    lay = Layout(tp=2, dp=4, ep=2 if etp == 1 else 1, etp=etp, sequence_parallel=True)
+    net = Network(GPUS["h100"], 8)
+    caches.clear()
+    _, tensor, _, _ = _layer_time(dims, lay, net, 0.0, 1, "none", 0)
+    alpha, bandwidth = net.link(2)
+    one = alpha + 512 * 256 * 2 * (2 - 1) / 2 / bandwidth  # s b h elements of 2 bytes, ring of 2
+    assert tensor == pytest.approx(2 * forward * one)  # the backward runs as many
+
+
+def test_a_layer_run_alone_waits_for_each_node_before_it():
+    # model_chunk_schedule_plan.py run() with one side None: forward attn 1, dispatch 2,
+    # experts 1.5, combine 2 + 0.25 -> 6.75; backward: combine 2 + 0.5, experts 2 (to 4.5),
+    # dispatch 4.5-6.5 beside the experts' weight gradients (1, on the compute stream),
+    # attention 1.5 after both (8.0), its weight gradients 0.5 -> 8.5
+    from inspector.plan.overlap import alone_seconds
+
+    t = Nodes(attn_f=1, mlp_f=1.5, combine_f=0.25, attn_b=1.5, attn_dw=0.5, mlp_b=2, mlp_dw=1,
+              combine_b=0.5, alltoall=2)  # fmt: skip
+    assert alone_seconds(t) == pytest.approx((6.75, 8.5))
+
+
+def test_uneven_chunks_leave_layers_alone_in_merged_steps():
+    # interleaved, p 2, v 2, m 4, stage 1: the table runs chunks 0 0 1 1 | 0 0 1 1 (groups of
+    # p); warm-up 2 (p - s - 1) + (v - 1) p + 1 = 3 forwards, then forward step k + 3 beside
+    # backward step k (its chunk v - 1 - table[k]): (1, 1), (0, 1), (0, 0), (1, 0), (1, 1).
+    # Chunk 0 holds 3 MoE layers, chunk 1 two: (0, 1) runs 2 pairs and chunk 0's last
+    # forward alone; (1, 0) 2 pairs and chunk 0's first backward alone: 1 of each over 4
+    # micro-batches. Even chunks leave none; no virtual pipeline, none.
+    from inspector.plan.overlap import alone_passes
+
+    uneven = [[True] * 3, [True] * 2]
+    assert alone_passes(1, 2, 4, uneven) == ((True, False, 0.25), (True, True, 0.25))
+    assert alone_passes(1, 2, 4, [[True] * 2, [True] * 2]) == ()
+    assert alone_passes(1, 2, 4, [[True] * 3]) == ()
+    # a dense first layer in the forward chunk's rest is reported as dense
+    assert alone_passes(1, 2, 4, [[True, True, False], [True] * 2]) == (
+        (False, True, 0.25), (True, False, 0.25))
+
+
+def test_plan_prices_a_layer_alone_beyond_the_half_pair_it_was_given(monkeypatch):
+    # cost.stage_work: each MoE pass run alone adds what it takes alone beyond half of the
+    # merged pair its layer is priced at; the stage's expert term moves by exactly that
+    from inspector.job.dims import ModelDims
+    from inspector.job.hardware import GPUS
+    from inspector.job.layout import Layout
+    from inspector.plan import caches, cost
+    from inspector.plan.network import Network
+
+    dims = ModelDims(5, 256, 8, 512, 1024, swiglu=True, flash_attention=True, num_experts=8,
+                     moe_ffn_hidden_size=128)  # type: ignore[arg-type]  # fmt: skip
+    lay = Layout(tp=1, pp=2, vpp=2, dp=4, ep=4)
+    net = Network(GPUS["h100"], 2)
+    caches.clear()
+    chunks = [[0, 1, 2], [3, 4]]
+    even = cost.stage_work(dims, lay, net, None, 1, "none", chunks, False,
+                           overlap=(0.5, True, 0.0, ()))  # fmt: skip
+    alone = ((True, False, 0.25), (True, True, 0.25))
+    uneven = cost.stage_work(dims, lay, net, None, 1, "none", chunks, False,
+                             overlap=(0.5, True, 0.0, alone))  # fmt: skip
+    args = (dims, lay, net, 0.0, 1, "none", 0, ("core_attn",))
+    compute, tensor, _, _ = cost._layer_time(*args, 0.0, False, 0.0, False)
+    pair, forward, backward, _ = cost._pair_times(*args, True, 0.0, False)
+    half = max(pair, compute + tensor) / 2
+    assert forward > half and backward > half
+    assert uneven.expert - even.expert == pytest.approx(0.25 * (forward - half) + 0.25 * (backward - half))
+    assert uneven.compute == even.compute

@@ -11,8 +11,9 @@ Each term and its source (symbols of inspector/job/dims.py; m micro-batches, v v
     (`compute_seconds`);
   - tensor parallel: per layer and micro-batch 4 collectives forward and 4 backward (all-gather /
     reduce-scatter with sequence parallelism, all-reduce pairs without; Korthikanti et al. 2022,
-    Section 4.2.2, equal volumes) of s b h / c activation elements, each priced alpha + bytes x
-    (t - 1) / t / bandwidth (ring, Thakur et al. 2005); not overlapped (Megatron-LM's default);
+    Section 4.2.2, equal volumes; an MoE layer with expert TP 1 and no shared experts runs
+    attention's 2 and 2 only: moe_layer.py) of s b h / c activation elements, each priced alpha +
+    bytes x (t - 1) / t / bandwidth (ring, Thakur et al. 2005); not overlapped (Megatron's default);
     full recomputation repeats the forward's 4, `--recompute-modules mlp` (shared_experts) the
     MLP's (shared expert's) 2, `mla_up_proj` with sequence parallelism one gather of the latents
     the up projections read (q_lora + kv_lora wide);
@@ -55,9 +56,13 @@ from inspector.job.dims import ModelDims
 from inspector.job.job import Recompute
 from inspector.job.layout import Layout
 from inspector.plan import caches
+from inspector.plan.context import ring_attention
 from inspector.plan.flex import moe_exchange
 from inspector.plan.network import Network
-from inspector.plan.overlap import merged_pair
+from inspector.plan.overlap import merged_times
+
+# merged share, delayed weight grads, the SMs' share an exchange holds (overlap.py), passes alone
+Overlap = tuple[float, bool, float, tuple[tuple[bool, bool, float], ...]]
 
 
 @dataclass(frozen=True)
@@ -149,14 +154,13 @@ def stage_work(
     recompute_method: str = "uniform",
     recompute_num_layers: int = 1,
     recompute_modules: tuple[str, ...] = ("core_attn",),
-    overlap: tuple[float, bool, float] = (0.0, False, 0.0),
+    overlap: Overlap = (0.0, False, 0.0, ()),
     flex: bool = False,
 ) -> StageTime:
     """Return a rank's time per micro-batch (compute, TP, CP, EP, P2P), its state's left at 0.
     With full recomputation, `recompute_method` / `recompute_num_layers` say which layers repeat
-    their forward (activations.recompute_plan: `block` N, the first N of each chunk). `overlap`:
-    under --overlap-moe-expert-parallel-comm the merged share, --delay-wgrad-compute, the SMs'
-    share the exchange holds (overlap.py), else (0.0, False, 0.0); `flex`: flex dispatcher."""
+    their forward (activations.recompute_plan: `block` N, the first N of each chunk); `overlap`
+    under --overlap-moe-expert-parallel-comm; `flex`: the flex dispatcher."""
     rate = compute_rate(net, efficiency)
     mode = cast(Recompute, recompute)
     plan = recompute_plan(0, chunk_layers, mode, recompute_method, recompute_num_layers)
@@ -166,9 +170,10 @@ def stage_work(
             kinds.setdefault((how, dims.is_moe_layer(i)), []).append(i)
     total = [0.0, 0.0, 0.0, 0.0]  # compute, tensor, context, expert
     for (how, moe), members in kinds.items():
-        shares = overlap if moe else (0.0, False, 0.0)
+        shares = overlap[:3] if moe else (0.0, False, 0.0)
         _add(total, _layer_time(dims, lay, net, rate, mbs, how, members[0], recompute_modules,
                                 *shares, flex), len(members))  # fmt: skip
+    total[3] += _alone(dims, lay, net, rate, mbs, kinds, recompute_modules, overlap, flex)
     if has_output:
         _add_output(total, dims, lay, net, rate, mbs, mtp_recompute(mode, recompute_method))
     tokens = dims.seq_length * mbs / lay.cp
@@ -177,6 +182,20 @@ def stage_work(
     p2p = 2 * len(chunk_layers) * (alpha + boundary / bw) if lay.pp > 1 else 0.0
     compute, tensor, context, expert = total
     return StageTime(compute, tensor, context, expert, p2p, 0.0, 0.0)
+
+
+def _alone(dims: ModelDims, lay: Layout, net: Network, rate: float, mbs: int,
+           kinds: dict[tuple[Recompute, bool], list[int]], modules: tuple[str, ...], overlap: Overlap,
+           flex: bool) -> float:  # fmt: skip
+    """Return what MoE passes alone inside merged steps (overlap.alone_passes) take beyond the
+    half pair each was priced at; `kinds`: the stage's layers by (recompute, MoE)."""
+    kind = next(((how, members[0]) for (how, moe), members in kinds.items() if moe), None)
+    if kind is None or not overlap[3]:
+        return 0.0
+    args = (dims, lay, net, rate, mbs, *kind, modules)
+    pair, alone_f, alone_b, busy = _pair_times(*args, overlap[1], overlap[2], flex)
+    return sum(passes * ((alone_f if forward else alone_b) - max(pair, busy) / 2)
+               for moe, forward, passes in overlap[3] if moe)  # dense passes are unmerged already
 
 
 def _add(total: list[float], terms: Sequence[float], times: int) -> None:
@@ -300,7 +319,9 @@ def _layer_time(
     shard = _shard(lay, mbs)
     compute = compute_seconds(f.total + extra, lambda d: layer_seconds(
         _layer_kernels(dims, shard, moe), d, recompute, modules), lay, net, rate)  # fmt: skip
-    collectives = 12 if recompute == "full" else 8
+    # attention's 2 forward, the MLP's unless an MoE layer has neither shared experts nor expert TP
+    forward = 2 + (2 if not moe or dims.shared_expert_ffn or lay.expert_tp > 1 else 0)
+    collectives = forward * (3 if recompute == "full" else 2)
     if recompute == "selective":  # a recomputed MLP re-runs fc1's gather and fc2's reduction
         mlps = ("mlp",) if not moe else ("shared_experts",) if dims.shared_expert_ffn else ()
         collectives += 2 * sum(m in modules for m in mlps)  # its 2 of the forward's 4
@@ -317,12 +338,22 @@ def _layer_time(
         )
         context = ring_attention(dims, lay, net, tokens, attention, forwards)
     expert = moe_exchange(dims, lay, net, tokens, flex) if moe else 0.0
-    if expert:
-        if merged:  # a merged pair exposes what it takes beyond the layer's compute
-            pair = merged_pair(_layer_kernels(dims, shard, True), device_of(net.gpu), recompute,
-                               modules, (compute, tensor), expert / 4, delay_wgrad, bool(rate), taken)
-            expert = merged * max(0.0, pair - compute - tensor) + (1 - merged) * expert
+    if expert and merged:  # a merged pair exposes what it takes beyond the layer's compute
+        pair = _pair_times(dims, lay, net, rate, mbs, recompute, i, modules, delay_wgrad, taken, flex)[0]
+        expert = merged * max(0.0, pair - compute - tensor) + (1 - merged) * expert
     return compute, tensor, context, expert
+
+
+@caches.memo(maxsize=4096)
+def _pair_times(
+    dims: ModelDims, lay: Layout, net: Network, rate: float, mbs: int, recompute: str, i: int,
+    modules: tuple[str, ...], delay_wgrad: bool, taken: float, flex: bool,
+) -> tuple[float, float, float, float]:
+    """Return MoE layer `i`'s merged pair, forward and backward alone (`merged_times`), compute + TP."""
+    compute, tensor, _, expert = _layer_time(dims, lay, net, rate, mbs, recompute, i, modules, flex=flex)
+    return *merged_times(_layer_kernels(dims, _shard(lay, mbs), True), device_of(net.gpu), recompute,
+                         modules, (compute, tensor), expert / 4, delay_wgrad, bool(rate), taken,
+                         1.0 if lay.expert_tp == 1 else 0.5), compute + tensor  # fmt: skip
 
 
 def _recomputed_flops(dims: ModelDims, f: LayerFlops, moe: bool, modules: tuple[str, ...],
@@ -357,33 +388,6 @@ def _output_kernels(dims: ModelDims, shard: Shard) -> LayerOps:
 def _shard(lay: Layout, mbs: int) -> Shard:
     """Return how a rank of `lay` cuts a layer (formulas/ops.py)."""
     return Shard(lay.tp, lay.cp, lay.ep, lay.expert_tp, lay.sequence_parallel, mbs)
-
-
-def ring_attention(
-    dims: ModelDims, lay: Layout, net: Network, tokens: float, attention: float, forwards: int
-) -> float:
-    """Return the exposed seconds of ring attention's K/V exchange, one layer and micro-batch.
-
-    Megatron-core's context parallelism runs Transformer Engine's `AttnFuncWithCPAndKVP2P`
-    (`cp_comm_type` "p2p", the default; transformer_engine/pytorch/attention/dot_product_attention/
-    context_parallel.py): the sequence is cut in 2c chunks, each rank holding two (causal load
-    balance), and attention runs in c steps. At each of the first c - 1 steps a rank sends the
-    K and V block it holds to the next rank of the ring and receives the previous rank's, while
-    its kernel computes attention on the block in hand: only what a transfer takes beyond one
-    step's kernel (1/c of the rank's core attention) is exposed. Backward circulates K, V and
-    their gradients (twice the bytes) against the backward kernels (two thirds of the core
-    attention FLOPs, Megatron-LM's 3x GEMM accounting). A K or V block is (s/c) b (g/t) d
-    elements. The ring's hops cross nodes as soon as t x c ranks span more than a node
-    (megatron orders tp, cp, dp, pp: the cp group strides over t ranks), and a ring step waits
-    for its slowest hop. `forwards`: 2 when recomputation repeats the forward.
-    """
-    c = lay.cp
-    block = 2 * tokens * max(dims.query_groups // lay.tp, 1) * dims.head_dim * dims.activation_bytes
-    alpha, bandwidth = net.link(lay.tp * lay.cp)
-    step_forward = attention / 3 / c
-    forward = (c - 1) * max(0.0, alpha + block / bandwidth - step_forward)
-    backward = (c - 1) * max(0.0, alpha + 2 * block / bandwidth - 2 * step_forward)
-    return forwards * forward + backward
 
 
 def step_time(stages: Sequence[StageTime], num_microbatches: int, chunks: int) -> StepTime:

@@ -20,17 +20,22 @@ data gradient, so the next communication need not wait for them.
 `pair_seconds` replays that issue order with those dependencies over a run of identical layer
 pairs and returns the steady time of one pair; `merged_share` is the share of a stage's chunk
 passes megatron runs merged (every 1F1B step; the warm-up forwards and cool-down backwards run
-alone). Each node's time comes from the planner's kernels (formulas/ops.py) and network.py's
-all-to-all; tensor-parallel collectives are part of the compute stream's nodes.
+alone; within a merged step, the layers of the longer chunk beyond the shorter's run alone too,
+`alone_passes`). Each node's time comes from the planner's kernels (formulas/ops.py) and network.py's
+all-to-all; tensor-parallel collectives are part of the compute stream's nodes (those of an MoE
+layer with expert TP 1 all in the attention's, `layer_nodes`).
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from inspector.formulas.kernels import Device, Op, ops_seconds
 from inspector.formulas.ops import LayerOps, layer_seconds
-from inspector.job.dims import warmup_steps
+from inspector.job.dims import ModelDims, schedule_passes, warmup_steps
+from inspector.plan import caches
 
 MLP_NODE = ("sort chunks", "expert fp8 padding", "expert fc1", "expert activation", "expert fc2",
             "expert fp8 unpadding", "unsort chunks")
@@ -69,12 +74,17 @@ def _node(op: Op) -> str:
 
 def layer_nodes(
     ops: LayerOps, device: Device, recomputed: tuple[Op, ...], alltoall: float, tensor: float,
-    delay_wgrad: bool, scale: float = 1.0, taken: float = 0.0,
+    delay_wgrad: bool, scale: float = 1.0, taken: float = 0.0, attn_tensor: float = 0.5,
 ) -> Nodes:
     """Return an MoE layer's nodes: its kernels (times `scale`) split as megatron's callables
     split them, the forward repeats of selective recomputation in their node's backward, `tensor`
-    (the layer's TP collectives, forward and backward) half in the attention's nodes, half in
-    the experts'."""
+    (the layer's TP collectives, forward and backward) `attn_tensor` of it in the attention's
+    nodes, the rest in the experts'. With expert TP 1 every TP collective of the layer is in the
+    attention's nodes (1.0): attention's gather and reduction, and the shared experts', which
+    megatron runs there (fine_grained_callables.py `submodule_attn_forward`:
+    `shared_experts_compute` before the router); with expert TP the dispatcher's gather and
+    reduction of the received tokens run in the experts' node (`dispatch_postprocess`,
+    `combine_preprocess`), half by the plan's count."""
     sums = dict.fromkeys(("attn_f", "mlp_f", "combine_f", "attn_b", "attn_dw", "mlp_b",
                           "mlp_dw", "combine_b"), 0.0)  # fmt: skip
     for op in ops.forward:
@@ -85,10 +95,9 @@ def layer_nodes(
         key = f"{node}_dw" if delay_wgrad and weight and node != "combine" else f"{node}_b"
         sums[key] += ops_seconds((op,), device)
     sums = {key: value * scale for key, value in sums.items()}
-    sums["attn_f"] += tensor / 4
-    sums["attn_b"] += tensor / 4
-    sums["mlp_f"] += tensor / 4
-    sums["mlp_b"] += tensor / 4
+    for node, share in (("attn", attn_tensor), ("mlp", 1 - attn_tensor)):
+        sums[f"{node}_f"] += tensor * share / 2
+        sums[f"{node}_b"] += tensor * share / 2
     return Nodes(**sums, alltoall=alltoall, taken=taken)
 
 
@@ -153,16 +162,88 @@ def merged_share(stage: int, pp: int, num_microbatches: int, chunks: int) -> flo
     return (steps - warmup) / steps
 
 
-def merged_pair(
+def alone_seconds(t: Nodes) -> tuple[float, float]:
+    """Return a layer's forward and its backward run alone (`TransformerLayerSchedulePlan.run`
+    with one side None), each node waiting for the one before it: the forward attention,
+    dispatch, experts, combine; the backward combine, experts, then the experts' weight
+    gradients on the compute stream beside the dispatch, attention, its weight gradients."""
+    forward = t.attn_f + t.alltoall + t.mlp_f + t.alltoall + t.combine_f
+    combine = t.alltoall + t.combine_b
+    mlp = combine + t.mlp_b
+    dispatch = mlp + t.alltoall
+    mlp_dw = _run(mlp, t.mlp_dw, [(mlp, dispatch)], t.taken)
+    return forward, max(mlp_dw, dispatch) + t.attn_b + t.attn_dw
+
+
+def merged_times(
     ops: LayerOps, device: Device, recompute: str, modules: tuple[str, ...],
     times: tuple[float, float], alltoall: float, delay_wgrad: bool, flops_priced: bool,
-    taken: float = 0.0,
-) -> float:
+    taken: float = 0.0, attn_tensor: float = 0.5,
+) -> tuple[float, float, float]:
     """Return a merged pair's seconds for an MoE layer whose forward and backward take `times`
-    (compute, TP); priced by FLOPs (`--efficiency`), each node keeps its kernels' share of the
-    compute; `taken`: the share of the SMs the exchange kernels hold (flex.exchange_sm_share)."""
+    (compute, TP), and its forward and its backward run alone (`alone_seconds`); priced by
+    FLOPs (`--efficiency`), each node keeps its kernels' share of the compute; `taken`: the
+    share of the SMs the exchange kernels hold (flex.exchange_sm_share); `attn_tensor`: the
+    share of the TP collectives in the attention's nodes (`layer_nodes`)."""
     compute, tensor = times
     again = ops.recomputed(modules) if recompute == "selective" else ()
     kernels = layer_seconds(ops, device, recompute, modules)
     scale = compute / kernels if flops_priced and kernels else 1.0
-    return pair_seconds(layer_nodes(ops, device, again, alltoall, tensor, delay_wgrad, scale, taken))
+    nodes = layer_nodes(ops, device, again, alltoall, tensor, delay_wgrad, scale, taken, attn_tensor)
+    return (pair_seconds(nodes), *alone_seconds(nodes))
+
+
+def merged_pair(
+    ops: LayerOps, device: Device, recompute: str, modules: tuple[str, ...],
+    times: tuple[float, float], alltoall: float, delay_wgrad: bool, flops_priced: bool,
+    taken: float = 0.0, attn_tensor: float = 0.5,
+) -> float:
+    """Return `merged_times`' pair."""
+    return merged_times(ops, device, recompute, modules, times, alltoall, delay_wgrad,
+                        flops_priced, taken, attn_tensor)[0]  # fmt: skip
+
+
+@caches.memo(maxsize=1024)
+def _merged_chunks(
+    stage: int, pp: int, num_microbatches: int, chunks: int
+) -> tuple[tuple[tuple[int, int], int], ...]:
+    """Return how many merged steps run each (forward chunk, backward chunk) on the stage:
+    megatron's steady 1F1B steps (schedules.py, forward step k + warm-up beside backward step
+    k; job.dims.schedule_passes with the overlap's extra warm-up forward)."""
+    passes = schedule_passes(stage, pp, num_microbatches, chunks, pp, extra=1)
+    warmup = warmup_steps(stage, pp, num_microbatches, chunks, pp, extra=1)
+    steady = passes[warmup: warmup + 2 * (num_microbatches * chunks - warmup)]
+    counts = Counter((steady[i][1], steady[i + 1][1]) for i in range(0, len(steady), 2))
+    return tuple(sorted(counts.items()))
+
+
+def alone_passes(
+    stage: int, pp: int, num_microbatches: int, chunks: Sequence[Sequence[bool]],
+) -> tuple[tuple[bool, bool, float], ...]:
+    """Return (MoE?, forward?, passes per micro-batch) of the layer passes megatron runs alone
+    inside merged steps: `TransformerModelChunkSchedulePlan.run` pairs min(f, b) layers of the
+    forward chunk's f and the backward chunk's b, then runs the backward chunk's rest alone
+    (its first layers: it pops layers from the end) and the forward chunk's rest (its last).
+    `chunks`: each of the stage's chunks as its layers' MoE flags, in order."""
+    if len(chunks) < 2:
+        return ()
+    out: Counter[tuple[bool, bool]] = Counter()
+    for (f, b), steps in _merged_chunks(stage, pp, num_microbatches, len(chunks)):
+        both = min(len(chunks[f]), len(chunks[b]))
+        for is_moe in chunks[f][both:]:
+            out[(is_moe, True)] += steps
+        for is_moe in chunks[b][: len(chunks[b]) - both]:
+            out[(is_moe, False)] += steps
+    return tuple((moe, fwd, n / num_microbatches) for (moe, fwd), n in sorted(out.items()))
+
+
+def stage_alone(
+    dims: ModelDims, stage: int, pp: int, num_microbatches: int, chunk_layers: Sequence[Sequence[int]]
+) -> tuple[tuple[bool, bool, float], ...]:
+    """Return `alone_passes` for the stage's chunks of global layer indices; megatron builds the
+    MTP layers into the last stage's last chunk (`TransformerModelChunkSchedulePlan`
+    `_build_layer_schedule_plan`): they pair as layers, priced with the output layer as before."""
+    chunks = [[dims.is_moe_layer(i) for i in chunk] for chunk in chunk_layers]
+    if stage == pp - 1 and dims.mtp_num_layers and chunks:
+        chunks[-1] += [False] * dims.mtp_num_layers
+    return alone_passes(stage, pp, num_microbatches, chunks) if pp > 1 else ()

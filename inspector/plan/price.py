@@ -30,7 +30,7 @@ from inspector.plan.flags import megatron_flags
 from inspector.plan.flex import exchange_sm_share
 from inspector.plan.memory import ChunkShape, stage_state
 from inspector.plan.network import Network
-from inspector.plan.overlap import merged_share
+from inspector.plan.overlap import merged_share, stage_alone
 from inspector.plan.pieces import piece_key
 from inspector.plan.request import Request
 from inspector.plan.split import Split, chunk_layers
@@ -297,14 +297,18 @@ def price_memory(job: Job, split: Split) -> tuple[Placed, tuple[StagePlan, ...]]
     return stages_of.placed, tuple(stages)
 
 
-def _overlap(job: Job, stage: int, gpu: Gpu) -> tuple[float, bool, float]:
+def _overlap(
+    job: Job, dims: ModelDims, stage: int, chunk_layers: Sequence[Sequence[int]], gpu: Gpu
+) -> tuple[float, bool, float, tuple[tuple[bool, bool, float], ...]]:
     """Return cost.stage_work's `overlap` for the stage: merged share, delayed weight grads,
-    the share of the GPU's SMs the exchange kernels hold (flex.exchange_sm_share)."""
-    training, lay = job.training, job.layout
+    the share of the GPU's SMs the exchange kernels hold (flex.exchange_sm_share), the layer
+    passes run alone inside merged steps (overlap.stage_alone)."""
+    training, lay, m = job.training, job.layout, job.schedule().num_microbatches
     if not training.ep_overlap:
-        return 0.0, False, 0.0
-    share = merged_share(stage, lay.pp, job.schedule().num_microbatches, lay.chunks)
-    return share, training.delay_wgrad, exchange_sm_share(training, gpu)
+        return 0.0, False, 0.0, ()
+    alone = stage_alone(dims, stage, lay.pp, m, chunk_layers)
+    share = merged_share(stage, lay.pp, m, lay.chunks)
+    return share, training.delay_wgrad, exchange_sm_share(training, gpu), alone
 
 
 def _step_setup(job: Job, dims: ModelDims) -> OptimizerStep:
@@ -335,7 +339,8 @@ def timed(
     times = []
     for st in stages:
         has_output = st.stage == lay.pp - 1
-        recipe, overlap = _recompute(training, placed[st.stage]), _overlap(job, st.stage, req.gpu)
+        recipe = _recompute(training, placed[st.stage])
+        overlap = _overlap(job, dims, st.stage, placed[st.stage], req.gpu)
         work = (signatures[st.stage], has_output, recipe, overlap)
         if work not in scope:
             granularity, method, n = recipe
