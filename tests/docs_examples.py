@@ -77,7 +77,7 @@ def _segments(command: str) -> list[list[str]]:
 def _filter(words: list[str], text: str, folder: Path) -> str:
     """Run one of the few text tools the pages use, on `text` or on the file it names last."""
     tool, *rest = words
-    takes = {"cat": 0, "head": 1, "tail": 1, "sed": 2, "grep": 1}[tool]  # arguments before FILE
+    takes = {"cat": 0, "head": 1, "tail": 1, "sed": 2, "grep": 1, "cut": 2}[tool]  # arguments before FILE
     if len(rest) > takes or tool == "cat":
         text = (folder / rest.pop()).read_text(encoding="utf-8")
     lines = text.splitlines(keepends=True)
@@ -90,6 +90,11 @@ def _filter(words: list[str], text: str, folder: Path) -> str:
         return "".join(lines[int(first) - 1 : int(last)])
     if tool == "grep":
         return "".join(line for line in lines if re.search(rest[0], line))
+    if tool == "cut":  # cut -f LIST on tab-separated fields
+        assert rest[0] == "-f", words
+        fields = [int(field) - 1 for field in rest[1].split(",")]
+        cells = [line.rstrip("\n").split("\t") for line in lines]
+        return "".join("\t".join(row[f] for f in fields if f < len(row)) + "\n" for row in cells)
     return text
 
 
