@@ -296,3 +296,19 @@ def test_recompute_modules_megatron_allows():
     else:
         with pytest.raises(AssertionError, match="Invalid choices for recompute_modules"):
             build(["shared_experts"])
+
+
+def test_version_fields_are_the_installed_transformer_configs():
+    # job/versions.py reads both from the flag table; each must name a field this megatron has
+    # (0.13.1: moe_router_padding_for_fp8 only; 0.16.1: moe_router_padding_for_quantization and
+    # moe_flex_dispatcher_backend)
+    import dataclasses
+
+    from megatron.core.transformer import TransformerConfig
+
+    from inspector.job.versions import FLEX_BACKEND_SINCE, router_padding_field
+
+    fields = {f.name for f in dataclasses.fields(TransformerConfig)}
+    assert router_padding_field() in fields
+    assert ("moe_router_padding_for_quantization" in fields) == (VERSION >= (0, 16))
+    assert ("moe_flex_dispatcher_backend" in fields) == (VERSION >= FLEX_BACKEND_SINCE)

@@ -325,42 +325,11 @@ def workload(
 
     options = dict(stage=stage, gpu=gpu, gpu_tflops=gpu_tflops, mfu=mfu, profile=profile, fmt=fmt)
     files: dict[str, str] = json.loads(cache.cached("workload", args, options, use_cache, produce))
-    if args.get("overlap_moe_expert_parallel_comm"):
-        from inspector.output import write_stderr
+    from inspector.output import write_stderr
+    from inspector.render.workload import workload_notes
 
-        write_stderr(
-            "Note: SimAI runs a layer's records one after another: the all-to-alls that "
-            "--overlap-moe-expert-parallel-comm hides behind another micro-batch's compute are "
-            "written as they are sent, not overlapped (`plan` prices the overlap)\n"
-        )
-    tp, cp = args.get("tensor_model_parallel_size") or 1, args.get("context_parallel_size") or 1
-    if cp > 1 and tp != cp:
-        from inspector.output import write_stderr
-
-        write_stderr(
-            f"Note: SimAI-Analytical times the context-parallel K/V exchange (attention_cp) over "
-            f"its tensor-parallel group, {tp} ranks, where megatron's context-parallel group has "
-            f"{cp} (SimAI has no context-parallel group; docs/simai.md)\n"
-        )
-    if args.get("use_megatron_fsdp") or args.get("use_torch_fsdp2"):
-        from inspector.output import write_stderr
-
-        which = "Megatron-FSDP" if args.get("use_megatron_fsdp") else "FSDP2"
-        write_stderr(
-            f"Note: SimAI runs {which}'s parameter all-gathers and gradient reduce-scatters "
-            "in the weight-gradient column, adds them up and overlaps none of them: megatron "
-            "prefetches the next unit's all-gather behind the current unit's compute and "
-            "reduce-scatters behind the backward (docs/simai.md)\n"
-        )
-    if args.get("moe_token_dispatcher_type") == "flex":
-        from inspector.output import write_stderr
-
-        write_stderr(
-            "Note: SimAI has no collective that sends a token once per node and forwards it "
-            "over NVLink (DeepEP's and HybridEP's kernels): the flex dispatcher's exchanges are "
-            "written as ALLTOALL_EP of the bytes it moves, each token once per rank holding one "
-            "of its experts (`plan` prices the per-node forwarding)\n"
-        )
+    for note in workload_notes(args):
+        write_stderr(note)
     if output is None:
         from inspector.report.workload_index import file_name
 

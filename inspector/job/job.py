@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, cast, get_args
 
 from inspector.errors import ConfigError
-from inspector.inputs.versions import megatron_core_version
 from inspector.job.checks import check_at_least_one, check_at_most
 from inspector.job.dims import ModelDims, num_microbatches
 from inspector.job.ep_overlap import check_ep_overlap
@@ -24,6 +23,7 @@ from inspector.job.model import ModelConfig
 from inspector.job.model_args import make_model_config, validate_model
 from inspector.job.optimizer_precision import OptimizerPrecision, make_precision
 from inspector.job.recompute_modules import DEFAULT_MODULES, check_modules, parse_modules
+from inspector.job.versions import router_padding_field
 
 MAX_CAPACITY_FACTOR = 1024.0  # beyond it no expert drops a token anyway
 
@@ -298,8 +298,7 @@ def router_padding(args: Mapping[str, Any]) -> bool:
     if not given:
         return False
     flag = "--" + given[0].replace("_", "-")
-    field = ("moe_router_padding_for_quantization" if megatron_core_version() >= (0, 16)
-             else "moe_router_padding_for_fp8")  # fmt: skip
+    field = router_padding_field()
     if args.get("num_experts") is None:
         raise ConfigError(f"{flag} needs --num-experts (it pads the experts' token counts)")
     if not args.get("fp8_format"):

@@ -4,16 +4,25 @@ inputs/versions.py) and each checked against megatron itself in tests/test_versi
 
 from __future__ import annotations
 
-from inspector.inputs.versions import megatron_core_version
+from inspector.inputs.versions import ARGUMENT_VERSIONS, megatron_core_version
 
 # megatron-core's first version whose TransformerConfig has `moe_flex_dispatcher_backend`
 # (core_v0.16.0 transformer_config.py; 0.13-0.15 run DeepEP only, behind `moe_enable_deepep`)
-FLEX_BACKEND_SINCE = (0, 16)
+FLEX_BACKEND_SINCE = ARGUMENT_VERSIONS["--moe-flex-dispatcher-backend"][0]
 
 
 def megatron_version() -> tuple[int, int]:
     """Return the installed megatron-core's (major, minor)."""
     return megatron_core_version()
+
+
+def router_padding_field() -> str:
+    """Return the TransformerConfig field the router's fp8 padding sets: from 0.16
+    `moe_router_padding_for_quantization` (--moe-router-padding-for-fp8 turns it on, with a
+    warning that the fp8 name is going away); 0.13-0.15 only `moe_router_padding_for_fp8`."""
+    since = ARGUMENT_VERSIONS["--moe-router-padding-for-quantization"][0]
+    quantization = megatron_version() >= since
+    return "moe_router_padding_for_quantization" if quantization else "moe_router_padding_for_fp8"
 
 
 def mtp_in_layouts() -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from inspector.job import fp8
 from inspector.job.job import Job, Training
 from inspector.job.recompute_modules import DEFAULT_MODULES
-from inspector.job.versions import FLEX_BACKEND_SINCE, megatron_version
+from inspector.job.versions import FLEX_BACKEND_SINCE, megatron_version, router_padding_field
 from inspector.plan.split import Split
 
 
@@ -30,9 +30,8 @@ def megatron_flags(job: Job, split: Split) -> list[str]:
         if training.moe_token_dispatcher_type == "flex":  # job/flex.py: the backend's spelling
             out.append(f"--moe-flex-dispatcher-backend {training.moe_flex_backend}"
                        if megatron_version() >= FLEX_BACKEND_SINCE else "--moe-enable-deepep")
-        if training.moe_router_padding:  # 0.16 warns that the fp8 name is going away
-            out.append("--moe-router-padding-for-quantization" if megatron_version() >= (0, 16)
-                       else "--moe-router-padding-for-fp8")  # fmt: skip
+        if training.moe_router_padding:  # the version's own spelling (job/versions.py)
+            out.append("--" + router_padding_field().replace("_", "-"))
     if training.ep_overlap:
         out.append("--overlap-moe-expert-parallel-comm")
     if training.delay_wgrad:
