@@ -282,11 +282,13 @@ def _copy_elements(ops, name: str) -> int:
     return copy.elements
 
 
-def test_router_padding_replaces_te_copies_with_padded_rows():
+def test_router_padding_replaces_te_copies_with_its_own_padded_rows():
     # 512 tokens a rank, top-2 of 8 experts, ep 2: a rank sends 512 x 2 / 8 = 128 rows to each
     # expert; an expert receives 2 x 128 = 256 (4 local experts)
+    # Transformer Engine's Fp8Padding pads the 256 an expert received (263.5 -> 264) and its
+    # grouped GEMM runs the padded rows
     te = _ops(_moe_dims())
-    assert _gemm_rows(te, "expert fc1") == 256
+    assert _gemm_rows(te, "expert fc1") == _gemm_rows(te, "expert fc2") == 264
     assert _copy_elements(te, "expert fp8 padding") == 4 * 256 * HIDDEN
     assert _copy_elements(te, "permute") == 512 * 2 * HIDDEN
     # the all-to-all's sender pads each of its 8 counts: 128 + 15 / 2 = 135.5 rows expected (a

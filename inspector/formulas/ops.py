@@ -312,8 +312,10 @@ def _moe(p: _Pass, dims: ModelDims, z: Shard, tokens: int, local: int) -> None:
     sort, rows = dims.moe_sorts_chunks and count > 1, routed * count * h
     if sort:  # token_dispatcher.py dispatch_postprocess: sort_chunks_by_idxs (a gather)
         p.memory("sort chunks", "copy", rows, 2 * act, 2 * act)
-    if te_pads:  # experts.py TEGroupedMLP: Fp8Padding of the input (TE fused_multi_row_padding)
+    if te_pads:  # experts.py TEGroupedMLP: Fp8Padding of the input (TE fused_multi_row_padding);
+        # the expert GEMMs then run the padded rows (fp8_ops.py expert_padding, destination)
         p.memory("expert fp8 padding", "copy", rows, 2 * act, 2 * act)
+        routed, _ = expert_padding(dims, tokens, experts, z.ep, z.etp, z.tp, k)
     p.linear("expert fc1", routed, h, dims.gated_multiplier * ffn, True, count)
     cls, fwd, bwd = ("swiglu", 3, 5) if dims.swiglu else ("copy", 2, 3)
     p.memory("expert activation", cls, routed * ffn * count, fwd * act, bwd * act)
