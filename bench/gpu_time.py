@@ -29,7 +29,8 @@ reported. One JSON line per job (`RESULT {...}`), also written to `--out`.
 `--estimate [FILE]` (any machine, no GPU: this tree's inspector) prints, per job, the planner's
 estimate (plan.search with every dimension fixed: --gpus 1, tp = pp = 1, the job's micro-batch,
 global batch b x m, no recomputation, flash attention off for `local` and on otherwise, which
-changes memory, not time) and, with FILE (the JSON above), the measured time, Megatron-LM's FLOPs
+changes memory, not time; the bias-GeLU and bias-dropout-add fusions off, as the jobs' TransformerConfig
+leaves them) and, with FILE (the JSON above), the measured time, Megatron-LM's FLOPs
 over it (inspector.formulas.flops.iteration_flops) and the efficiency against the H100's 989 TFLOP/s, as a
 markdown table.
 
@@ -407,6 +408,10 @@ def estimate(path: str | None, jobs: list[str]) -> None:
             pipeline_model_parallel_size=1,
             recompute_granularity="none",
             transformer_impl="local",
+            # the job's TransformerConfig leaves bias_activation_fusion and bias_dropout_fusion
+            # at megatron-core's defaults (off), where Megatron-LM's flags default them on
+            no_bias_gelu_fusion=True,
+            no_bias_dropout_fusion=True,
         )
         if r.get("experts"):
             flags.update(num_experts=r["experts"], moe_router_topk=r["topk"],

@@ -7,12 +7,13 @@ read and write per attention score must equal what ops.py prices for "softmax in
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from inspector.formulas.kernels import Memory
+from inspector.formulas.kernels import Gemm, Memory
 from inspector.formulas.ops import Shard, layer_ops
 from inspector.job.dims import ModelDims
 
@@ -77,3 +78,88 @@ def test_torch_softmax_bytes_match_megatrons_dispatch() -> None:
     # the gradient the test feeds (grad of probs) is an input of the first backward op, as on the GPU
     assert priced["softmax in fp32 backward"].bytes == sum(b for _, b in backward)
     assert priced["softmax in fp32"].elements == elements
+
+
+GEMMS = ("aten.mm.", "aten.bmm.", "aten.baddbmm.", "aten.addmm.")
+# views and allocations (torch.split of the QKV output, the baddbmm's output buffer): no kernel
+NO_KERNEL = (*VIEWS, "aten.split", "aten.slice", "aten.empty")
+H, HEADS, S, B = 64, 2, 128, 8  # T = s b = 1,024 tokens: more than any bias or norm vector
+
+
+class _LayerRecorder(_Recorder):
+    """Record each aten op with the bytes of its tensors larger than one value per token.
+
+    Left out: the biases, the norms' weights and their fp32 mean and rstd per token (ops.py
+    prices a norm by its rows), so what is summed is what ops.py prices per element.
+    """
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        tensors = [t for t in tree_leaves((args, kwargs, out))
+                   if isinstance(t, torch.Tensor) and t.numel() > S * B]
+        self.ops.append((str(func), sum(t.numel() * t.element_size() for t in tensors)))
+        return out
+
+
+def _local_layer(bias: bool) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """Return the aten ops of one layer of bench/gpu_time.py's `local` jobs, forward and backward.
+
+    get_gpt_layer_local_spec with LayerNorm, GeLU, bf16, dropout 0.1 (megatron-core's defaults),
+    softmax in fp32, the bias fusions off (TransformerConfig's defaults, as the jobs leave them),
+    run on meta tensors with the kernels a GPU picks (engine/cuda.py), fed a [b, a, s, s] mask.
+    """
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from inspector.engine.cuda import cuda_on_meta
+    from inspector.job.layout import Layout
+    from inspector.world.setup import simulated_rank
+
+    with cuda_on_meta(), simulated_rank(Layout(), 0, None):
+        config = TransformerConfig(
+            num_layers=1, hidden_size=H, num_attention_heads=HEADS, normalization="LayerNorm",
+            add_bias_linear=bias, params_dtype=torch.bfloat16, bf16=True,
+            attention_softmax_in_fp32=True, perform_initialization=False)
+        spec = get_gpt_layer_local_spec(normalization="LayerNorm")
+        gpt = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=128,
+                       max_sequence_length=S, position_embedding_type="learned_absolute")
+        layer = gpt.to(device="meta", dtype=torch.bfloat16).decoder.layers[0].train()
+        x = torch.empty(S, B, H, dtype=torch.bfloat16, device="meta", requires_grad=True)
+        mask = torch.empty(B, HEADS, S, S, dtype=torch.bool, device="meta")
+        forward, backward = _LayerRecorder(), _LayerRecorder()
+        with forward:
+            y, _ = layer(x, attention_mask=mask)
+        with backward:
+            y.backward(torch.empty_like(y))
+    return forward.ops, backward.ops
+
+
+def _split(ops: list[tuple[str, int]]) -> tuple[int, int]:
+    """Return (GEMMs, bytes of the memory-bound ops) of recorded aten ops."""
+    ops = [op for op in ops if op[0].startswith("aten.") and not op[0].startswith(NO_KERNEL)]
+    gemms = [op for op in ops if op[0].startswith(GEMMS)]
+    return len(gemms), sum(b for name, b in ops if not name.startswith(GEMMS))
+
+
+def _priced(ops: tuple[object, ...]) -> tuple[int, int]:
+    """Return (GEMMs, bytes of the memory-bound ops) ops.py lists, less the causal mask it builds
+    and DDP's main_grad.add_ (megatron's DistributedDataParallel, not the layer)."""
+    gemms = [op for op in ops if isinstance(op, Gemm)]
+    memory = [op for op in ops if isinstance(op, Memory) and op.name != "causal mask"
+              and not op.name.endswith("main_grad.add_")]
+    return len(gemms), int(sum(op.bytes for op in memory))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_local_layer_matches_megatrons_dispatch(bias: bool) -> None:
+    # a missing or undercounted op (a bias add, a dropout, a residual add, a gradient's sum)
+    # changes the bytes; the fed mask is megatron's, so ops.py's "causal mask" (made when none
+    # is given) is left out of both sides
+    forward, backward = _local_layer(bias)
+    dims = ModelDims(num_layers=1, hidden_size=H, num_attention_heads=HEADS, seq_length=S,
+                     vocab_size=128, fused_kernels=False, flash_attention=False,
+                     add_bias_linear=bias, bias_activation_fusion=False, bias_dropout_fusion=False)
+    ops = layer_ops(dims, Shard(micro_batch=B), moe=False)
+    assert _priced(ops.forward) == _split(forward)
+    assert _priced(ops.backward) == _split(backward)

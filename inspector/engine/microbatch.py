@@ -34,7 +34,7 @@ import torch
 from inspector.engine.allocator import Event, Tracker
 from inspector.engine.cuda import cuda_on_meta
 from inspector.errors import ConfigError
-from inspector.job.job import FUSIONS, Job
+from inspector.job.job import FUSIONS, Job, bias_fusions
 from inspector.world.te.state import placeholders_named
 
 
@@ -68,20 +68,14 @@ def runtime_config(job: Job) -> dict[str, Any]:
     training, model = job.training, job.model
     te = model.transformer_impl == "transformer_engine"
     on = {name: name not in training.unfused for name in FUSIONS}
-    # core_transformer_config_from_args: bias_swiglu_fusion with --swiglu, else bias_gelu_fusion,
-    # which validate_args turns off without linear biases ("Disable bias gelu fusion if we are
-    # disabling bias altogether")
-    if model.swiglu:
-        bias_activation = on["bias_swiglu_fusion"]
-    else:
-        bias_activation = on["bias_gelu_fusion"] and not model.disable_bias_linear
+    bias_activation, bias_dropout = bias_fusions(model, training)
     fields: dict[str, Any] = dict(
         hidden_dropout=training.hidden_dropout,
         attention_dropout=training.attention_dropout,
         attention_softmax_in_fp32=False,
         masked_softmax_fusion=te and on["masked_softmax_fusion"],
         bias_activation_fusion=bias_activation,
-        bias_dropout_fusion=on["bias_dropout_fusion"],
+        bias_dropout_fusion=bias_dropout,
         apply_rope_fusion=te and model.position_embedding_type == "rope" and on["rope_fusion"],
         gradient_accumulation_fusion=te and on["gradient_accumulation_fusion"],
         deallocate_pipeline_outputs=True,

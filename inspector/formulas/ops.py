@@ -160,13 +160,56 @@ class _Pass:
         self.backward.append(Memory(name + " backward", cls, elements, backward))  # type: ignore[arg-type]
 
 
-def _residual(p: _Pass, dims: ModelDims, name: str, elements: int, act: int) -> None:
-    """Add a norm (before) or a bias-dropout-add (after) on the residual stream."""
+def _residual(p: _Pass, dims: ModelDims, name: str, elements: int, act: int, bias: bool = False) -> None:
+    """Add a norm (before) or a bias-dropout-add (after) on the residual stream.
+
+    A norm reads and writes a row (backward: the input, the gradient, the input gradient). The
+    bias-dropout-add (fusions/fused_bias_dropout.py `_bias_dropout_add_func`: x + bias,
+    dropout, residual + x) with --bias-dropout-fusion is one kernel (jit_fuser, torch.compile
+    on torch >= 2.2: megatron/core/jit.py), priced as reading x and the residual and writing
+    the sum and the mask; its backward adds the residual's two gradients (read 4, write 2
+    bytes: the layer's input feeds the norm and the residual) and applies the mask. `bias`: the
+    linear before it returned its bias (skip_bias_add); without the fusion see `_unfused_bda`.
+    """
     if name.endswith("norm"):
         p.memory(name, "rms_norm", elements, 2 * act, 3 * act)
         return
     mask = MASK if dims.hidden_dropout else 0
+    if not dims.bias_dropout_fusion:
+        _unfused_bda(p, name, elements, act, mask, bias)
+        return
     p.memory(name, "add", elements, 3 * act + mask, 3 * act + (2 * act + mask if mask else 0))
+
+
+def _unfused_bda(p: _Pass, name: str, elements: int, act: int, mask: int, bias: bool) -> None:
+    """Add `_bias_dropout_add_func` run eagerly (--no-bias-dropout-fusion), kernel by kernel.
+
+    Forward: `x + bias` (read 2, write 2 bytes per element), F.dropout (ATen native_dropout on
+    CUDA: read 2, write 2 and a bool mask; none when the probability is 0), `residual + out`
+    (read 4, write 2). Backward: native_dropout_backward (read 2 and the mask, write 2), the
+    bias gradient's sum over the tokens (autograd's reduction of the broadcast add: read 2),
+    and the residual's two gradients added (read 4, write 2).
+    """
+    if bias:
+        p.forward.append(Memory(name + " bias add", "add", elements, 2 * act))
+        p.backward.append(Memory(name + " bias gradient", "copy", elements, act))
+    if mask:
+        p.memory(name + " dropout", "copy", elements, 2 * act + mask, 2 * act + mask)
+    p.memory(name + " residual add", "add", elements, 3 * act, 3 * act)
+
+
+def _bias_add(p: _Pass, name: str, elements: int, act: int, forward: bool) -> None:
+    """Add a linear's bias: its add (when `forward`: not fused elsewhere) and its gradient's sum.
+
+    The sum reads the output gradient over the tokens (read 2 bytes per element): the
+    linear's own `grad_output.sum(dim=0)` (tensor_parallel/layers.py
+    LinearWithGradAccumulationAndAsyncCommunication.backward) or autograd's reduction of a
+    broadcast bias (MLP.forward's `intermediate + bias`, or the [s, b, f] bias gradient
+    fusions/fused_bias_gelu.py GeLUFunction.backward returns).
+    """
+    if forward:
+        p.forward.append(Memory(name + " bias add", "add", elements, 2 * act))
+    p.backward.append(Memory(name + " bias gradient", "copy", elements, act))
 
 
 def _unfused_attention(p: _Pass, dims: ModelDims, heads: int, sq: int, fused: bool) -> None:
@@ -262,6 +305,10 @@ def _attention(p: _Pass, dims: ModelDims, z: Shard, tokens: int, core: _Pass) ->
     h, d, t = dims.hidden_size, dims.head_dim, z.tp
     heads, groups = dims.num_attention_heads // t, max(dims.query_groups // t, 1)
     p.linear("QKV", tokens, h, (heads + 2 * groups) * d)
+    if not dims.fused_kernels and (dims.add_bias_linear or dims.add_qkv_bias):
+        # ColumnParallelLinear (skip_bias_add False): torch.matmul, then `output + bias`
+        # (tensor_parallel/layers.py); Transformer Engine adds it in the GEMM
+        _bias_add(p, "QKV", tokens * (heads + 2 * groups) * d, dims.activation_bytes, True)
     if dims.qk_layernorm:  # attention.py: q_layernorm(query), k_layernorm(key), per head
         p.memory("QK norm", "rms_norm", tokens * (heads + groups) * d,
                  2 * dims.activation_bytes, 3 * dims.activation_bytes)
@@ -283,6 +330,10 @@ def _dense_mlp(p: _Pass, dims: ModelDims, tokens: int, ffn: int, name: str) -> N
     """Add fc1, the activation and fc2 of an MLP whose rank holds `ffn` columns."""
     act = dims.activation_bytes
     p.linear(name + " fc1", tokens, dims.hidden_size, dims.gated_multiplier * ffn)
+    if dims.add_bias_linear:  # mlp.py MLP.forward: fc1 returns its bias (skip_bias_add True)
+        # and bias_gelu_impl / bias_swiglu_impl take it, else `intermediate + bias` eagerly
+        _bias_add(p, name + " fc1", tokens * dims.gated_multiplier * ffn, act,
+                  not dims.bias_activation_fusion)
     if dims.swiglu:
         p.memory(name + " SwiGLU", "swiglu", tokens * ffn, 3 * act, 5 * act)
     else:
@@ -350,7 +401,7 @@ def layer_ops(dims: ModelDims, z: Shard, moe: bool) -> LayerOps:
         up = _mla(p, dims, z, tokens, local, core)
     else:
         _attention(p, dims, z, tokens, core)
-    _residual(p, dims, "attention bias-dropout-add", elements, act)
+    _residual(p, dims, "attention bias-dropout-add", elements, act, dims.add_bias_linear)
     _residual(p, dims, "pre-MLP norm", elements, act)
     norms += p.forward[-1:]
     start = len(p.forward)
@@ -359,7 +410,7 @@ def layer_ops(dims: ModelDims, z: Shard, moe: bool) -> LayerOps:
     else:
         _dense_mlp(p, dims, tokens, dims.ffn // z.tp, "MLP")
     mlp = tuple(p.forward[start:])
-    _residual(p, dims, "MLP bias-dropout-add", elements, act)
+    _residual(p, dims, "MLP bias-dropout-add", elements, act, dims.add_bias_linear and not moe)
     modules: dict[str, tuple[Op, ...]] = {"core_attn": tuple(core.forward), "layernorm": tuple(norms)}
     if up:
         modules["mla_up_proj"] = up

@@ -76,6 +76,13 @@ class ModelDims:
     # the all-to-all's sender (--moe-router-padding-for-fp8), "destination" DeepEP's receiver
     # (the same flag) or HybridEP's dispatch kernel (under fp8 always)
     moe_row_padding: str = ""
+    # linear biases (--disable-bias-linear, --add-qkv-bias: TransformerConfig's names) and
+    # Megatron-LM's bias fusions (--no-bias-gelu-fusion / --no-bias-swiglu-fusion,
+    # --no-bias-dropout-fusion), which decide the bias adds' kernels (formulas/ops.py)
+    add_bias_linear: bool = True
+    add_qkv_bias: bool = False
+    bias_activation_fusion: bool = True
+    bias_dropout_fusion: bool = True
 
     @classmethod
     def from_fields(
@@ -91,13 +98,15 @@ class ModelDims:
         fused_kernels: bool,
         moe_sorts_chunks: bool = False,
         moe_row_padding: str = "",
+        bias_fusions: tuple[bool, bool] = (True, True),
     ) -> ModelDims:
         """Return the dims of a model given as TransformerConfig fields (`transformer_fields`).
 
         Every field named here is taken by its name (two by Megatron-LM's argument name, which
         TransformerConfig renamed), so a model field is mapped once, in ModelConfig; what
         TransformerConfig does not hold (sequence, padded vocabulary, dropout, the kernels the
-        step-time model prices: rotary embedding, flash attention, fused softmax) comes from the job.
+        step-time model prices: rotary embedding, flash attention, fused softmax, the bias
+        fusions `bias_fusions` (activation, dropout-add)) comes from the job.
         """
         names = {f.name for f in dataclasses.fields(cls)}
         values = {ARGUMENT_NAMES.get(name, name): value for name, value in fields.items()}
@@ -113,6 +122,8 @@ class ModelDims:
             fused_kernels=fused_kernels,
             moe_sorts_chunks=moe_sorts_chunks,
             moe_row_padding=moe_row_padding,
+            bias_activation_fusion=bias_fusions[0],
+            bias_dropout_fusion=bias_fusions[1],
         )
 
     def __post_init__(self) -> None:

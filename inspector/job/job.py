@@ -175,7 +175,24 @@ class Job:
             fused_kernels=model.use_apex or model.transformer_impl == "transformer_engine",
             moe_sorts_chunks=training.moe_token_dispatcher_type == "alltoall",
             moe_row_padding=_row_padding(training),
+            bias_fusions=bias_fusions(model, training),
         )
+
+
+def bias_fusions(model: ModelConfig, training: Training) -> tuple[bool, bool]:
+    """Return TransformerConfig's bias_activation_fusion and bias_dropout_fusion for the job.
+
+    Megatron-LM core_transformer_config_from_args: bias_swiglu_fusion with --swiglu, else
+    bias_gelu_fusion, which validate_args turns off without linear biases ("Disable bias gelu
+    fusion if we are disabling bias altogether"); bias_dropout_fusion as given. Each is on
+    unless its `--no-` flag (Training.unfused).
+    """
+    on = {name: name not in training.unfused for name in FUSIONS}
+    if model.swiglu:
+        activation = on["bias_swiglu_fusion"]
+    else:
+        activation = on["bias_gelu_fusion"] and not model.disable_bias_linear
+    return activation, on["bias_dropout_fusion"]
 
 
 def _row_padding(training: Training) -> str:
