@@ -18,6 +18,12 @@ parallel size t, context parallel c, expert parallel e (expert tensor parallel u
     dispatch under FakeTensorMode;
   - memory-bound ops priced by the bytes each reads and writes (forward; backward reads the
     saved input and the output gradient and writes the input gradient);
+  - linear biases (bias_ops.py): without Transformer Engine the QKV linear adds its bias after
+    the GEMM; fc1's bias goes to the bias-GeLU (fused or not), the output and fc2 biases to the
+    bias-dropout-adds (one compiled kernel each, or three eager ones with
+    --no-bias-dropout-fusion); each bias gradient is a sum over the tokens.
+    tests/test_ops_dispatch.py checks a local-spec layer's memory-bound bytes and GEMM count
+    against megatron's dispatch, forward and backward;
   - without apex or Transformer Engine (`fused_kernels` off: Megatron-LM then needs
     --no-gradient-accumulation-fusion) each weight gradient is a 16-bit tensor that DDP's hook
     adds into the fp32 main_grad (distributed/distributed_data_parallel.py, `main_grad.add_`);
@@ -39,6 +45,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from inspector.formulas.bias_ops import Kernels, bias_add, unfused_bias_dropout_add
 from inspector.formulas.fp8_ops import amax_pass, expert_padding, norm_fused_linears
 from inspector.formulas.kernels import (
     ATTENTION_BACKWARD,
@@ -154,6 +161,11 @@ class _Pass:
             self.backward.append(Memory(name + " main_grad.add_", "add", count * fan_in * fan_out,
                                         GRAD_ACCUMULATE))
 
+    def extend(self, kernels: Kernels) -> None:
+        """Add forward and backward kernels made elsewhere (bias_ops.py)."""
+        self.forward += kernels[0]
+        self.backward += kernels[1]
+
     def memory(self, name: str, cls: str, elements: int, forward: float, backward: float) -> None:
         """Add a memory-bound op moving `forward` / `backward` bytes per element."""
         self.forward.append(Memory(name, cls, elements, forward))  # type: ignore[arg-type]
@@ -165,51 +177,20 @@ def _residual(p: _Pass, dims: ModelDims, name: str, elements: int, act: int, bia
 
     A norm reads and writes a row (backward: the input, the gradient, the input gradient). The
     bias-dropout-add (fusions/fused_bias_dropout.py `_bias_dropout_add_func`: x + bias,
-    dropout, residual + x) with --bias-dropout-fusion is one kernel (jit_fuser, torch.compile
-    on torch >= 2.2: megatron/core/jit.py), priced as reading x and the residual and writing
-    the sum and the mask; its backward adds the residual's two gradients (read 4, write 2
-    bytes: the layer's input feeds the norm and the residual) and applies the mask. `bias`: the
-    linear before it returned its bias (skip_bias_add); without the fusion see `_unfused_bda`.
+    dropout, residual + x) with --bias-dropout-fusion is one kernel (jit_fuser: torch.compile
+    on torch >= 2.2, megatron/core/jit.py), priced as reading x and the residual and writing
+    the sum and the mask; its backward adds the residual's two gradients and applies the mask.
+    `bias`: the linear before it returned its bias (skip_bias_add); without the fusion
+    bias_ops.unfused_bias_dropout_add.
     """
     if name.endswith("norm"):
         p.memory(name, "rms_norm", elements, 2 * act, 3 * act)
         return
     mask = MASK if dims.hidden_dropout else 0
     if not dims.bias_dropout_fusion:
-        _unfused_bda(p, name, elements, act, mask, bias)
+        p.extend(unfused_bias_dropout_add(name, elements, act, mask, bias))
         return
     p.memory(name, "add", elements, 3 * act + mask, 3 * act + (2 * act + mask if mask else 0))
-
-
-def _unfused_bda(p: _Pass, name: str, elements: int, act: int, mask: int, bias: bool) -> None:
-    """Add `_bias_dropout_add_func` run eagerly (--no-bias-dropout-fusion), kernel by kernel.
-
-    Forward: `x + bias` (read 2, write 2 bytes per element), F.dropout (ATen native_dropout on
-    CUDA: read 2, write 2 and a bool mask; none when the probability is 0), `residual + out`
-    (read 4, write 2). Backward: native_dropout_backward (read 2 and the mask, write 2), the
-    bias gradient's sum over the tokens (autograd's reduction of the broadcast add: read 2),
-    and the residual's two gradients added (read 4, write 2).
-    """
-    if bias:
-        p.forward.append(Memory(name + " bias add", "add", elements, 2 * act))
-        p.backward.append(Memory(name + " bias gradient", "copy", elements, act))
-    if mask:
-        p.memory(name + " dropout", "copy", elements, 2 * act + mask, 2 * act + mask)
-    p.memory(name + " residual add", "add", elements, 3 * act, 3 * act)
-
-
-def _bias_add(p: _Pass, name: str, elements: int, act: int, forward: bool) -> None:
-    """Add a linear's bias: its add (when `forward`: not fused elsewhere) and its gradient's sum.
-
-    The sum reads the output gradient over the tokens (read 2 bytes per element): the
-    linear's own `grad_output.sum(dim=0)` (tensor_parallel/layers.py
-    LinearWithGradAccumulationAndAsyncCommunication.backward) or autograd's reduction of a
-    broadcast bias (MLP.forward's `intermediate + bias`, or the [s, b, f] bias gradient
-    fusions/fused_bias_gelu.py GeLUFunction.backward returns).
-    """
-    if forward:
-        p.forward.append(Memory(name + " bias add", "add", elements, 2 * act))
-    p.backward.append(Memory(name + " bias gradient", "copy", elements, act))
 
 
 def _unfused_attention(p: _Pass, dims: ModelDims, heads: int, sq: int, fused: bool) -> None:
@@ -308,7 +289,7 @@ def _attention(p: _Pass, dims: ModelDims, z: Shard, tokens: int, core: _Pass) ->
     if not dims.fused_kernels and (dims.add_bias_linear or dims.add_qkv_bias):
         # ColumnParallelLinear (skip_bias_add False): torch.matmul, then `output + bias`
         # (tensor_parallel/layers.py); Transformer Engine adds it in the GEMM
-        _bias_add(p, "QKV", tokens * (heads + 2 * groups) * d, dims.activation_bytes, True)
+        p.extend(bias_add("QKV", tokens * (heads + 2 * groups) * d, dims.activation_bytes, True))
     if dims.qk_layernorm:  # attention.py: q_layernorm(query), k_layernorm(key), per head
         p.memory("QK norm", "rms_norm", tokens * (heads + groups) * d,
                  2 * dims.activation_bytes, 3 * dims.activation_bytes)
@@ -332,8 +313,8 @@ def _dense_mlp(p: _Pass, dims: ModelDims, tokens: int, ffn: int, name: str) -> N
     p.linear(name + " fc1", tokens, dims.hidden_size, dims.gated_multiplier * ffn)
     if dims.add_bias_linear:  # mlp.py MLP.forward: fc1 returns its bias (skip_bias_add True)
         # and bias_gelu_impl / bias_swiglu_impl take it, else `intermediate + bias` eagerly
-        _bias_add(p, name + " fc1", tokens * dims.gated_multiplier * ffn, act,
-                  not dims.bias_activation_fusion)
+        p.extend(bias_add(name + " fc1", tokens * dims.gated_multiplier * ffn, act,
+                          not dims.bias_activation_fusion))
     if dims.swiglu:
         p.memory(name + " SwiGLU", "swiglu", tokens * ffn, 3 * act, 5 * act)
     else:
