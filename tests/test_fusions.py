@@ -30,6 +30,19 @@ def test_bias_activation_fusion_follows_megatron_lm(flags, fused):
     assert _config(**flags)["bias_activation_fusion"] is fused
 
 
+@pytest.mark.parametrize("flags", [
+    {}, {"no_bias_gelu_fusion": True}, {"no_bias_dropout_fusion": True},
+    {"disable_bias_linear": True}, {"swiglu": True, "no_bias_swiglu_fusion": True},
+])  # fmt: skip
+def test_step_time_prices_the_fusions_and_biases_the_engine_runs(flags):
+    # formulas/ops.py picks the bias kernels from ModelDims: the same switches as the engine's
+    # TransformerConfig, or plan would price a fused kernel where megatron runs three
+    config, dims = _config(**flags), _job(**flags).dims()
+    assert dims.bias_activation_fusion is config["bias_activation_fusion"]
+    assert dims.bias_dropout_fusion is config["bias_dropout_fusion"]
+    assert dims.add_bias_linear is not flags.get("disable_bias_linear", False)
+
+
 def test_each_switch_turns_off_its_own_fusion_only():
     te = {"transformer_impl": "transformer_engine", "position_embedding_type": "rope"}
     base = _config(**te)
