@@ -74,10 +74,32 @@ def test_torch_softmax_bytes_match_megatrons_dispatch() -> None:
     ops = layer_ops(dims, Shard(), moe=False)
     priced = {op.name: op for op in ops.forward + ops.backward if isinstance(op, Memory)}
     elements = heads * s * s
-    assert priced["softmax in fp32"].bytes == sum(b for _, b in forward)
+    parts = ("softmax casts and mask", "softmax in fp32")
+    assert sum(priced[name].bytes for name in parts) == sum(b for _, b in forward)
     # the gradient the test feeds (grad of probs) is an input of the first backward op, as on the GPU
-    assert priced["softmax in fp32 backward"].bytes == sum(b for _, b in backward)
+    assert sum(priced[name + " backward"].bytes for name in parts) == sum(b for _, b in backward)
+    # the softmax kernels themselves are priced apart (their rows' kernel, test_softmax_rows)
+    assert priced["softmax in fp32"].bytes == dict(forward)["aten._softmax.default"]
+    assert priced["softmax in fp32 backward"].bytes == dict(backward)[
+        "aten._softmax_backward_data.default"]
     assert priced["softmax in fp32"].elements == elements
+
+
+@pytest.mark.parametrize(("s", "kernel"), [(1024, "copy"), (2048, "rms_norm"), (4096, "rms_norm")])
+def test_softmax_rows(s: int, kernel: str) -> None:
+    # torch's softmax runs rows of up to 1,024 fp32 elements in a warp's registers and longer ones a
+    # block a row with block reductions, like the norm kernels (SoftMax.cu host_softmax);
+    # megatron's fused kernel runs a warp a row at every length: elementwise (copy) rate
+    def classes(fused: bool) -> dict[str, str]:
+        dims = ModelDims(num_layers=1, hidden_size=128 * 4, num_attention_heads=4, seq_length=s,
+                         vocab_size=128, fused_kernels=fused, flash_attention=False)
+        ops = layer_ops(dims, Shard(), moe=False)
+        return {op.name: op.cls for op in ops.forward + ops.backward if isinstance(op, Memory)}
+
+    torch_path = classes(False)
+    assert torch_path["softmax in fp32"] == torch_path["softmax in fp32 backward"] == kernel
+    assert torch_path["softmax casts and mask"] == "copy"
+    assert classes(True)["scale-mask-softmax"] == "copy"
 
 
 GEMMS = ("aten.mm.", "aten.bmm.", "aten.baddbmm.", "aten.addmm.")

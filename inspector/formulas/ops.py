@@ -61,6 +61,12 @@ from inspector.job.dims import ModelDims
 
 FP32 = 4
 MASK = 1  # bytes of a bool dropout mask element
+# torch's softmax over rows longer than this (fp32 rows above 4,096 bytes) runs one thread block
+# per row with block-wide reductions (aten/src/ATen/native/cuda/SoftMax.cu host_softmax and
+# host_softmax_backward: cunn_SoftMaxForward / cunn_SoftMaxBackward), as the norm kernels do;
+# shorter rows run in one warp's registers (dispatch_softmax_forward / _backward), as megatron's
+# fused scaled masked softmax does at every length it takes
+WARP_SOFTMAX_ROW = 1024
 GRAD_ACCUMULATE = 4 + 2 + 4  # main_grad.add_(grad): fp32 read, 16-bit read, fp32 write
 
 
@@ -203,7 +209,7 @@ def _unfused_attention(p: _Pass, dims: ModelDims, heads: int, sq: int, fused: bo
     # for each of Q and K, an elementwise multiply after the GEMM (read 2, write 2 bytes)
     p.backward.append(Memory("dQ, dK times alpha", "copy", heads * (sq + s) * d, 2 * act))
     elements = heads * sq * s
-    if fused:  # one kernel reads and writes 16-bit scores
+    if fused:  # one kernel, a warp a row, reads and writes 16-bit scores
         p.memory("scale-mask-softmax", "copy", elements, 2 * act, 3 * act)
     else:
         _torch_softmax(p, sq, s, elements, act)
@@ -229,8 +235,11 @@ def _torch_softmax(p: _Pass, sq: int, s: int, elements: int, act: int) -> None:
     """
     cast = act + FP32
     p.forward.append(Memory("causal mask", "copy", sq * s, 3 * FP32 + FP32 + 1 + FP32))
-    p.memory("softmax in fp32", "copy", elements, 2 * cast + 4 * FP32 + MASK,
-             2 * cast + 5 * FP32 + MASK)
+    p.memory("softmax casts and mask", "copy", elements, 2 * cast + 2 * FP32 + MASK,
+             2 * cast + 2 * FP32 + MASK)
+    # the softmax itself: longer rows at the norm kernels' measured rate (WARP_SOFTMAX_ROW)
+    rows = "copy" if s <= WARP_SOFTMAX_ROW else "rms_norm"
+    p.memory("softmax in fp32", rows, elements, 2 * FP32, 3 * FP32)
 
 
 def _core_attention(dims: ModelDims, z: Shard, flash: bool, fused: bool) -> _Pass:
