@@ -193,3 +193,22 @@ def test_the_single_gpu_benchmark_prices_its_sdpa_jobs_with_flash_attention(caps
     rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines()[2:]]
     local, sdpa = (float(row[3].split()[0]) for row in rows)
     assert sdpa < 0.9 * local
+
+
+def test_a_class_claiming_more_than_hbm_reads_the_copy_rows() -> None:
+    # every memory-bound row moves its counted bytes within its GPU's HBM bandwidth, except the
+    # H200's add rows (two above 4.8 TB/s): they are priced at the copy rows' rate, so an add
+    # of the measured size takes 3/2 of a copy (three tensors against two), as on the H100
+    from inspector.job.hardware import GPUS
+
+    for table in kernels.TABLES:
+        for row in kernels._rows(table):
+            if row["kind"] == "memory_bound" and kernels.credible(row["op"], table):
+                assert row["gbytes_per_s"] * 1e9 <= GPUS[table].hbm, (table, row)
+    assert not kernels.credible("add", "h200")
+    assert all(kernels.credible(cls, "h100") for cls in ("copy", "add", "rms_norm", "swiglu"))
+    device = Device(989, GPUS["h200"].hbm, table="h200")
+    n = 16384 * 16384
+    add = op_seconds(Memory("x", "add", n, 6), device)
+    copy = op_seconds(Memory("x", "copy", n, 4), device)
+    assert add == pytest.approx(1.5 * copy, rel=0.02)
