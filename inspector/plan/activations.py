@@ -32,9 +32,17 @@ def live_points(stage: int, pp: int, m: int, v: int, extra: int = 0) -> tuple[tu
     """Return the schedule's in-flight points that no other point covers chunk by chunk.
 
     With every chunk's bytes positive, the peak lies on one of them (a covered point holds less).
+    Schedules of different stages and sizes often pass through the same points: the frontier
+    is found once per distinct set of points (`_frontier`).
     """
+    return _frontier(tuple(sorted(set(live_microbatches(stage, pp, m, v, extra=extra)))))
+
+
+@caches.memo(maxsize=65536)
+def _frontier(points: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
+    """Return the points (sorted, distinct) that no other point covers chunk by chunk."""
     frontier: list[tuple[int, ...]] = []
-    for point in sorted(set(live_microbatches(stage, pp, m, v, extra=extra)), key=sum, reverse=True):
+    for point in sorted(points, key=sum, reverse=True):
         if not any(all(a >= b for a, b in zip(f, point, strict=True)) for f in frontier):
             frontier.append(point)
     return tuple(sorted(frontier))
