@@ -22,7 +22,7 @@ from inspector.formulas.activations import (
     recompute_plan,
 )
 from inspector.job.dims import ModelDims, live_microbatches
-from inspector.job.job import Recompute
+from inspector.job.job import Recompute, Training
 from inspector.job.layout import Layout
 from inspector.plan import caches
 
@@ -92,7 +92,24 @@ def stage_activation_bytes(
     `modules`: --recompute-modules with selective recomputation; `extra`: warm-up forwards the
     MoE all-to-all overlap adds (job/ep_overlap.py).
     """
-    v = len(chunks)
+    bytes_of = stage_chunk_bytes(dims, par, stage, chunks, mbs, recompute, flash, method,
+                                 num_layers, modules)
+    return stage_peak(bytes_of, stage, par.pp, m, extra)
+
+
+ChunkBytes = tuple[tuple[float, ...], float]  # one micro-batch's bytes per chunk; the rebuild
+
+
+def stage_chunk_bytes(
+    dims: ModelDims, par: Layout, stage: int, chunks: Sequence[Sequence[int]], mbs: int,
+    recompute: str, flash: bool, method: str = "uniform", num_layers: int = 1,
+    modules: tuple[str, ...] = ("core_attn",),
+) -> ChunkBytes:
+    """Return one micro-batch's bytes per chunk and the bytes backward rebuilds at once.
+
+    They depend on the stage's layers, not on its place in the schedule: stages of one shape
+    share them (price.py).
+    """
     mode = cast(Recompute, recompute)
     plan = recompute_plan(stage, chunks, mode, method, num_layers)
     per = [_chunk_bytes(dims, par, groups, mbs, flash, modules) for groups in plan]
@@ -101,18 +118,26 @@ def stage_activation_bytes(
     if stage == par.pp - 1:  # the output layer and loss, and the MTP block beside them
         per[-1] += output_activations(dims, par, mbs).total
         per[-1] += mtp_activations(dims, par, mbs, mtp_recompute(mode, method), flash)
-    if v == 1:  # 1F1B: the peak is min(p - s, m) micro-batches (formulas.microbatches_in_flight)
-        best: tuple[int, ...] = (min(par.pp - stage + extra, m),)
-    else:
-        points = live_points(stage, par.pp, m, v, extra)
-        best = max(points, key=lambda pt: sum(n * x for n, x in zip(pt, per, strict=True)))
-    total = sum(n * x for n, x in zip(best, per, strict=True))
     first = first_of_kind(dims)
 
     def rebuilt(i: int) -> float:  # a layer's bytes without recomputation (one per kind)
         return layer_bytes(dims, par, first[dims.is_moe_layer(i)], mbs, "none", flash)
 
-    total += recompute_buffer(plan, rebuilt)
+    return tuple(per), recompute_buffer(plan, rebuilt)
+
+
+def stage_peak(
+    bytes_of: ChunkBytes, stage: int, pp: int, m: int, extra: int = 0
+) -> tuple[int, tuple[int, ...]]:
+    """Return the stage's activation peak (rounded up) and the micro-batches in flight at it."""
+    per, rebuild = bytes_of
+    if len(per) == 1:  # 1F1B: the peak is min(p - s, m) micro-batches (formulas.microbatches_in_flight)
+        best: tuple[int, ...] = (min(pp - stage + extra, m),)
+    else:
+        points = live_points(stage, pp, m, len(per), extra)
+        best = max(points, key=lambda pt: sum(n * x for n, x in zip(pt, per, strict=True)))
+    total = sum(n * x for n, x in zip(best, per, strict=True))
+    total += rebuild
     return math.ceil(total), best
 
 
@@ -124,3 +149,20 @@ def activation_layout(pairs_of: Layout, pp: int) -> Layout:
     one cache entry.
     """
     return replace(pairs_of, pp=pp, dp=1, ep=1, etp=pairs_of.expert_tp)
+
+
+def recompute_recipe(training: Training, chunks: Sequence[Sequence[int]]) -> tuple[str, str, int]:
+    """Return the stage's (granularity, method, N), one spelling per distinct behaviour.
+
+    Method and N matter with full recomputation only; `block` with N past the stage's longest
+    chunk checkpoints what N = that length does (every layer: as `uniform` 1 but for MTP, which
+    megatron leaves alone under `block`, activations.mtp_recompute).
+    """
+    recompute, method, n = training.recompute, training.recompute_method, training.recompute_num_layers
+    if recompute != "full":
+        return recompute, "uniform", 1
+    if method == "block":
+        return recompute, method, min(n, max(1, max(map(len, chunks), default=0)))
+    return recompute, method, n
+
+

@@ -24,7 +24,13 @@ from inspector.job.job import Job, Training
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
 from inspector.plan import caches
-from inspector.plan.activations import activation_layout, stage_activation_bytes
+from inspector.plan.activations import (
+    ChunkBytes,
+    activation_layout,
+    recompute_recipe,
+    stage_chunk_bytes,
+    stage_peak,
+)
 from inspector.plan.cost import StageTime, StepTime, stage_work, step_time, with_state
 from inspector.plan.flags import megatron_flags
 from inspector.plan.flex import exchange_sm_share
@@ -273,23 +279,25 @@ def price_memory(job: Job, split: Split) -> tuple[Placed, tuple[StagePlan, ...]]
     states = state_scope(job, pairs_of)
     m = schedule.num_microbatches
     par = activation_layout(pairs_of, lay.pp)
+    mbs, flash, modules = schedule.micro_batch_size, training.flash_attention, training.recompute_modules
+    chunk_bytes = _CHUNK_BYTES.setdefault((dims, par, mbs, training.recompute, flash, modules), {})
     acts = _ACT.setdefault(
-        (dims, par, schedule.micro_batch_size, m if v > 1 else None, training.recompute,
-         training.flash_attention, training.recompute_modules, training.ep_overlap), {},
+        (dims, par, mbs, m if v > 1 else None, training.recompute, flash, modules,
+         training.ep_overlap), {},
     )
     stages = []
     for s, layers in enumerate(stages_of.placed):
         state = cached_stage_state(job, s, stages_of.shapes[s], pairs_of, states, stages_of.state_keys[s])
         position = s if v > 1 else min(lay.pp - s, m)  # 1F1B: only min(p - s, m) matters
-        recipe = _recompute(training, layers)
-        key = (s == 0, s == lay.pp - 1, position, stages_of.signature_keys[s], recipe)
+        recipe = recompute_recipe(training, layers)
+        shape = (s == 0, s == lay.pp - 1, stages_of.signature_keys[s], recipe)
+        key = (*shape, position)
         if key not in acts:
-            granularity, method, n = recipe
-            acts[key] = stage_activation_bytes(
-                dims, par, s, layers, schedule.micro_batch_size, m, granularity,
-                training.flash_attention, method, n, training.recompute_modules,
-                extra_warmup(training),
-            )
+            if shape not in chunk_bytes:  # the same at every place in the schedule
+                granularity, method, n = recipe
+                chunk_bytes[shape] = stage_chunk_bytes(dims, par, s, layers, mbs, granularity,
+                                                       flash, method, n, modules)
+            acts[key] = stage_peak(chunk_bytes[shape], s, lay.pp, m, extra_warmup(training))
         act, flight = acts[key]
         stages.append(StagePlan(s, layers, state.total, state.weights, state.gradients,
                                 state.optimizer, act, flight, getattr(state, "gathered", 0),
@@ -339,7 +347,7 @@ def timed(
     times = []
     for st in stages:
         has_output = st.stage == lay.pp - 1
-        recipe = _recompute(training, placed[st.stage])
+        recipe = recompute_recipe(training, placed[st.stage])
         overlap = _overlap(job, dims, st.stage, placed[st.stage], req.gpu)
         work = (signatures[st.stage], has_output, recipe, overlap)
         if work not in scope:
@@ -369,9 +377,12 @@ def _stage_time(scope: dict[Any, Any], work: tuple[Any, ...], st: StagePlan, lay
     return scope[key]
 
 
-# (dims, activation sizes, mbs, m where interleaved, recompute, flash, modules) -> stage ->
-# (bytes, flight)
+# (dims, activation sizes, mbs, m where interleaved, recompute, flash, modules, overlap) ->
+# (first?, last?, signature, recipe, position) -> (bytes, flight)
 _ACT: dict[tuple[Any, ...], dict[tuple[Any, ...], tuple[int, tuple[int, ...]]]] = caches.table()
+# (dims, activation sizes, mbs, recompute, flash, modules) -> (first?, last?, signature, recipe)
+# -> one micro-batch's bytes per chunk, and the rebuild (activations.stage_chunk_bytes)
+_CHUNK_BYTES: dict[tuple[Any, ...], dict[tuple[Any, ...], ChunkBytes]] = caches.table()
 # (dims, ranks, pp, network, efficiency, mbs, recompute, distopt, modules, flex dispatcher) ->
 # (signature, output?) -> the
 # stage's work per micro-batch, and (signature, output?, gradients, weights, state) -> its time
@@ -381,20 +392,3 @@ _TIME: dict[tuple[Any, ...], dict[tuple[Any, ...], StageTime]] = caches.table()
 @caches.memo(maxsize=256)
 def _iteration_flops(dims: ModelDims, global_batch_size: int) -> int:
     return iteration_flops(dims, global_batch_size)
-
-
-def _recompute(training: Training, chunks: Sequence[Sequence[int]]) -> tuple[str, str, int]:
-    """Return the stage's (granularity, method, N), one spelling per distinct behaviour.
-
-    Method and N matter with full recomputation only; `block` with N past the stage's longest
-    chunk checkpoints what N = that length does (every layer: as `uniform` 1 but for MTP, which
-    megatron leaves alone under `block`, activations.mtp_recompute).
-    """
-    recompute, method, n = training.recompute, training.recompute_method, training.recompute_num_layers
-    if recompute != "full":
-        return recompute, "uniform", 1
-    if method == "block":
-        return recompute, method, min(n, max(1, max(map(len, chunks), default=0)))
-    return recompute, method, n
-
-
