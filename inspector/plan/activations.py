@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import replace
+from operator import mul
 from typing import cast
 
 from inspector.formulas.activations import (
@@ -134,9 +135,10 @@ def stage_peak(
     if len(per) == 1:  # 1F1B: the peak is min(p - s, m) micro-batches (formulas.microbatches_in_flight)
         best: tuple[int, ...] = (min(pp - stage + extra, m),)
     else:
-        points = live_points(stage, pp, m, len(per), extra)
-        best = max(points, key=lambda pt: sum(n * x for n, x in zip(pt, per, strict=True)))
-    total = sum(n * x for n, x in zip(best, per, strict=True))
+        points = live_points(stage, pp, m, len(per), extra)  # each holds len(per) counts
+        totals = [sum(map(mul, point, per)) for point in points]
+        best = points[totals.index(max(totals))]  # the first of the most, as max(key=) picks
+    total = sum(map(mul, best, per))
     total += rebuild
     return math.ceil(total), best
 

@@ -150,10 +150,8 @@ def most_loaded(
         return state_bytes(buffers, distributed, *shard_pairs[0], *_bytes(each))
     dense = _summed([chunk[0] for chunk in optimizer])
     expert = _summed([chunk[1] for chunk in optimizer])
-    best = max(
-        range(len(shard_pairs)),
-        key=lambda k: dense.get(shard_pairs[k][0], 0) + expert.get(shard_pairs[k][1], 0),
-    )
+    loads = [dense.get(data, 0) + expert.get(index, 0) for data, index in shard_pairs]
+    best = loads.index(max(loads))  # the first rank holding the most
     return state_bytes(buffers, distributed, *shard_pairs[best], *_bytes(each))
 
 
