@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 from operator import mul
-from typing import cast
+from typing import Any, cast
 
 from inspector.formulas.activations import (
     embedding_activations,
@@ -93,8 +93,8 @@ def stage_activation_bytes(
     `modules`: --recompute-modules with selective recomputation; `extra`: warm-up forwards the
     MoE all-to-all overlap adds (job/ep_overlap.py).
     """
-    bytes_of = stage_chunk_bytes(dims, par, stage, chunks, mbs, recompute, flash, method,
-                                 num_layers, modules)
+    bytes_of = stage_chunk_bytes(dims, par, stage, chunks, mbs, (recompute, method, num_layers),
+                                 flash, modules)
     return stage_peak(bytes_of, stage, par.pp, m, extra)
 
 
@@ -103,28 +103,48 @@ ChunkBytes = tuple[tuple[float, ...], float]  # one micro-batch's bytes per chun
 
 def stage_chunk_bytes(
     dims: ModelDims, par: Layout, stage: int, chunks: Sequence[Sequence[int]], mbs: int,
-    recompute: str, flash: bool, method: str = "uniform", num_layers: int = 1,
-    modules: tuple[str, ...] = ("core_attn",),
+    recipe: tuple[str, str, int], flash: bool, modules: tuple[str, ...] = ("core_attn",),
+    memo: dict[Any, Any] | None = None, keys: Sequence[Any] = (),
 ) -> ChunkBytes:
     """Return one micro-batch's bytes per chunk and the bytes backward rebuilds at once.
 
-    They depend on the stage's layers, not on its place in the schedule: stages of one shape
-    share them (price.py).
+    `recipe`: --recompute-granularity, --recompute-method, --recompute-num-layers. The bytes
+    depend on the stage's layers, not on its place in the schedule: stages of one shape share
+    them (price.py). `memo`: each chunk's own bytes and rebuild by `keys` (one a chunk: what
+    they depend on, its layers' kinds and the recomputation), shared by every stage.
     """
-    mode = cast(Recompute, recompute)
-    plan = recompute_plan(stage, chunks, mode, method, num_layers)
-    per = [_chunk_bytes(dims, par, groups, mbs, flash, modules) for groups in plan]
+    mode, method, num_layers = cast(Recompute, recipe[0]), recipe[1], recipe[2]
+    found: list[tuple[float, float] | None] = (
+        [memo.get(key) for key in keys] if memo is not None and keys else [None] * len(chunks)
+    )
+    known = [each for each in found if each is not None]
+    if len(known) < len(found):  # the plan raises megatron's error where uniform N does not divide
+        plan = recompute_plan(stage, chunks, mode, method, num_layers)
+        known = [each or _own_bytes(dims, par, groups, mbs, flash, modules)
+                 for each, groups in zip(found, plan, strict=True)]
+        if memo is not None and keys:
+            memo.update(zip(keys, known, strict=True))
+    per = [own for own, _ in known]
     if stage == 0:
         per[0] += embedding_activations(dims, par, mbs).total
     if stage == par.pp - 1:  # the output layer and loss, and the MTP block beside them
         per[-1] += output_activations(dims, par, mbs).total
         per[-1] += mtp_activations(dims, par, mbs, mtp_recompute(mode, method), flash)
+    # the most any chunk rebuilds is the most any group does (recompute.recompute_buffer)
+    return tuple(per), max(rebuild for _, rebuild in known)
+
+
+def _own_bytes(
+    dims: ModelDims, par: Layout, groups: list[tuple[Sequence[int], Recompute]], mbs: int,
+    flash: bool, modules: tuple[str, ...],
+) -> tuple[float, float]:
+    """Return a chunk's bytes (`_chunk_bytes`) and what backward rebuilds of it at once."""
     first = first_of_kind(dims)
 
     def rebuilt(i: int) -> float:  # a layer's bytes without recomputation (one per kind)
         return layer_bytes(dims, par, first[dims.is_moe_layer(i)], mbs, "none", flash)
 
-    return tuple(per), recompute_buffer(plan, rebuilt)
+    return _chunk_bytes(dims, par, groups, mbs, flash, modules), recompute_buffer([groups], rebuilt)
 
 
 def stage_peak(

@@ -5,8 +5,9 @@ memory.stage_state (megatron's DDP buffers, composed from small builds), its act
 micro-batches megatron's schedule keeps in flight (activations.py), and its time (cost.stage_work,
 then with_state); the step from cost.step_time. A stage's numbers depend only on its own shape
 (layers per chunk, embedding / output, position in the schedule), never on the other stages, so
-each distinct stage is priced once per process (`_STATE`, `_ACT`, `_TIME`, in caches.py's care):
-a search over thousands of candidates prices a few thousand stages. Nothing here prints.
+each distinct stage is priced once per process (`_STATE`, `_ACT`, `_CHUNK_BYTES`, `_TIME`, in
+caches.py's care): a search over thousands of candidates prices a few thousand stages. Nothing
+here prints.
 """
 
 from __future__ import annotations
@@ -268,19 +269,17 @@ def price_memory(job: Job, split: Split) -> tuple[Placed, tuple[StagePlan, ...]]
     """Return each rank's chunks' layers and its memory: exact state, activation peak.
 
     A stage's state depends on no recomputation setting: the candidates of one layout share it
-    (`_state_scope`).
+    (`state_scope`); its activations, on its place in the schedule only through the peak.
     """
-    lay, training = job.layout, job.training
-    schedule = job.schedule()
-    dims = job_dims(job)
-    v = lay.chunks
+    lay, training, schedule, dims = job.layout, job.training, job.schedule(), job_dims(job)
+    v, m = lay.chunks, schedule.num_microbatches
     stages_of = _stages_of(job.model, dims, split, lay.pp, v)
     pairs_of = pair_layout(lay)
     states = state_scope(job, pairs_of)
-    m = schedule.num_microbatches
     par = activation_layout(pairs_of, lay.pp)
     mbs, flash, modules = schedule.micro_batch_size, training.flash_attention, training.recompute_modules
-    chunk_bytes = _CHUNK_BYTES.setdefault((dims, par, mbs, training.recompute, flash, modules), {})
+    by_stage, by_chunk = _CHUNK_BYTES.setdefault(
+        (dims, par, mbs, training.recompute, flash, modules), ({}, {}))
     acts = _ACT.setdefault(
         (dims, par, mbs, m if v > 1 else None, training.recompute, flash, modules,
          training.ep_overlap), {},
@@ -293,16 +292,17 @@ def price_memory(job: Job, split: Split) -> tuple[Placed, tuple[StagePlan, ...]]
         shape = (s == 0, s == lay.pp - 1, stages_of.signature_keys[s], recipe)
         key = (*shape, position)
         if key not in acts:
-            if shape not in chunk_bytes:  # the same at every place in the schedule
-                granularity, method, n = recipe
-                chunk_bytes[shape] = stage_chunk_bytes(dims, par, s, layers, mbs, granularity,
-                                                       flash, method, n, modules)
-            acts[key] = stage_peak(chunk_bytes[shape], s, lay.pp, m, extra_warmup(training))
+            if shape not in by_stage:  # the same at every place in the schedule
+                by_stage[shape] = stage_chunk_bytes(
+                    dims, par, s, layers, mbs, recipe, flash, modules, by_chunk,
+                    [(each, recipe) for each in stages_of.signatures[s]])
+            acts[key] = stage_peak(by_stage[shape], s, lay.pp, m, extra_warmup(training))
         act, flight = acts[key]
         stages.append(StagePlan(s, layers, state.total, state.weights, state.gradients,
                                 state.optimizer, act, flight, getattr(state, "gathered", 0),
                                 getattr(state, "kept", 0), getattr(state, "elements", 0)))
     return stages_of.placed, tuple(stages)
+
 
 
 def _overlap(
@@ -380,12 +380,13 @@ def _stage_time(scope: dict[Any, Any], work: tuple[Any, ...], st: StagePlan, lay
 # (dims, activation sizes, mbs, m where interleaved, recompute, flash, modules, overlap) ->
 # (first?, last?, signature, recipe, position) -> (bytes, flight)
 _ACT: dict[tuple[Any, ...], dict[tuple[Any, ...], tuple[int, tuple[int, ...]]]] = caches.table()
-# (dims, activation sizes, mbs, recompute, flash, modules) -> (first?, last?, signature, recipe)
-# -> one micro-batch's bytes per chunk, and the rebuild (activations.stage_chunk_bytes)
-_CHUNK_BYTES: dict[tuple[Any, ...], dict[tuple[Any, ...], ChunkBytes]] = caches.table()
+# (dims, activation sizes, mbs, recompute, flash, modules) -> ((first?, last?, signature,
+# recipe) -> a micro-batch's bytes per chunk, and the rebuild (activations.stage_chunk_bytes);
+# (a chunk's signature, recipe) -> its own bytes and rebuild)
+_CHUNK_BYTES: dict[tuple[Any, ...], tuple[dict[Any, ChunkBytes], dict[Any, Any]]] = caches.table()
 # (dims, ranks, pp, network, efficiency, mbs, recompute, distopt, modules, flex dispatcher) ->
-# (signature, output?) -> the
-# stage's work per micro-batch, and (signature, output?, gradients, weights, state) -> its time
+# (signature, output?) -> the stage's work per micro-batch, and (..., gradients, weights, state) ->
+# its time
 _TIME: dict[tuple[Any, ...], dict[tuple[Any, ...], StageTime]] = caches.table()
 
 

@@ -65,8 +65,7 @@ def balance(
         before, row, picks, cap = best[j - 1], best[j], choice[j], caps[j - 1]
         costs = [n + extra for n in range(cap + 1)]
         for i in range(j, layers - (stages - j) + 1):
-            # ties: the least n wins (later stages fuller: earlier stages hold more in flight);
-            # an unreachable i - n (inf) never improves on value_i
+            # ties: the least n (later stages fuller: earlier stages hold more in flight)
             value_i, pick_i = inf, 0
             for n in range(1, min(cap, i - (j - 1)) + 1):
                 cost = costs[n]
