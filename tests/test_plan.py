@@ -201,6 +201,34 @@ def test_stage_activations_read_neither_data_nor_expert_parallel_size() -> None:
                 assert stage_activation_bytes(dims, par, *args) == expected, (dp, ep, etp)
 
 
+def test_stage_chunk_bytes_shared_by_chunk_equal_the_stage_alone() -> None:
+    # price.py shares each chunk's bytes across stages by (layer kinds, recipe): a key that left
+    # out the kinds, or a memo that skipped megatron's uniform-N check, would change a plan.
+    from inspector.errors import ConfigError
+    from inspector.plan.activations import stage_chunk_bytes
+
+    job = _job(
+        preset="deepseek-v3", num_layers=8, moe_layer_freq="[0,1,1,0,1,1,1,1]", num_experts=16,
+        pp=2, dp=4, ep=2, tensor_model_parallel_size=2, sequence_parallel=True, bf16=True,
+        moe_router_topk=2,
+    )
+    dims, lay = job.dims(), job.layout
+    stages = ((0, [[0, 1], [4, 5]]), (1, [[2, 3], [6, 7]]), (1, [[4, 5], [0, 1]]))
+    for recipe in (("none", "uniform", 1), ("full", "block", 1), ("full", "uniform", 2)):
+        memo: dict = {}
+        for stage, chunks in stages:
+            keys = [(tuple(map(dims.is_moe_layer, c)), recipe) for c in chunks]
+            alone = stage_chunk_bytes(dims, lay, stage, chunks, 1, recipe, True)
+            assert stage_chunk_bytes(dims, lay, stage, chunks, 1, recipe, True, memo=memo,
+                                     keys=keys) == alone, (recipe, stage)
+    memo = {}
+    stage_chunk_bytes(dims, lay, 0, [[0, 1]], 1, ("full", "uniform", 2), True, memo=memo,
+                      keys=[((False, True), "u2")])
+    with pytest.raises(ConfigError, match="stage 1 chunk 1"):  # uniform 2 does not divide 3
+        stage_chunk_bytes(dims, lay, 1, [[0, 1], [2, 3, 4]], 1, ("full", "uniform", 2), True,
+                          memo=memo, keys=[((False, True), "u2"), ((True, False, True), "u2")])
+
+
 def _plan(*args: str) -> dict:
     # a test that reads only the first plan asks for one (--top 1): `plan` confirms the plans it
     # prints by megatron's engine in ranked order, so the first is the first of any longer list

@@ -45,3 +45,43 @@ def test_balance_is_valid_and_optimal(layers, stages, first, last, caps) -> None
         return
     assert split in allowed
     assert _cost(split, first, last) == pytest.approx(min(_cost(s, first, last) for s in allowed))
+
+
+def _reference_balance(layers, stages, first, last, caps):
+    """The DP as first written (every n tried, ties to the least n): balance's fast loop must
+    pick the same split, tie for tie."""
+    inf = float("inf")
+    most = min(layers, math.ceil(layers / stages + first + last))
+    caps = tuple(min(c, most) for c in caps) if caps else (most,) * stages
+    best = [[inf] * (layers + 1) for _ in range(stages + 1)]
+    choice = [[0] * (layers + 1) for _ in range(stages + 1)]
+    best[0][0] = 0.0
+    for j in range(1, stages + 1):
+        extra = (first if j == 1 else 0.0) + (last if j == stages else 0.0)
+        for i in range(j, layers - (stages - j) + 1):
+            for n in range(1, min(caps[j - 1], i - (j - 1)) + 1):
+                value = max(best[j - 1][i - n], n + extra)
+                if value < best[j][i] - 1e-12:
+                    best[j][i], choice[j][i] = value, n
+    if best[stages][layers] == inf:
+        return None
+    split, i = [], layers
+    for j in range(stages, 0, -1):
+        split.append(choice[j][i])
+        i -= choice[j][i]
+    return tuple(reversed(split))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_balance_picks_the_reference_dps_split(seed) -> None:
+    # the search's splits (and so its output) depend on which optimal split wins a tie
+    import random
+
+    rng = random.Random(seed)
+    for _ in range(25):
+        stages = rng.randint(1, 12)
+        layers = rng.randint(stages, 40)
+        first, last = round(rng.choice([0.0, rng.uniform(0, 3)]), 2), round(rng.uniform(0, 3), 2)
+        caps = tuple(rng.randint(1, 9) for _ in range(stages)) if rng.random() < 0.6 else None
+        args = (layers, stages, first, last, caps)
+        assert balance.__wrapped__(*args) == _reference_balance(*args), args

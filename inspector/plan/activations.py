@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import cast
+from operator import mul
+from typing import Any, cast
 
 from inspector.formulas.activations import (
     embedding_activations,
@@ -22,7 +23,7 @@ from inspector.formulas.activations import (
     recompute_plan,
 )
 from inspector.job.dims import ModelDims, live_microbatches
-from inspector.job.job import Recompute
+from inspector.job.job import Recompute, Training
 from inspector.job.layout import Layout
 from inspector.plan import caches
 
@@ -32,9 +33,17 @@ def live_points(stage: int, pp: int, m: int, v: int, extra: int = 0) -> tuple[tu
     """Return the schedule's in-flight points that no other point covers chunk by chunk.
 
     With every chunk's bytes positive, the peak lies on one of them (a covered point holds less).
+    Schedules of different stages and sizes often pass through the same points: the frontier
+    is found once per distinct set of points (`_frontier`).
     """
+    return _frontier(tuple(sorted(set(live_microbatches(stage, pp, m, v, extra=extra)))))
+
+
+@caches.memo(maxsize=65536)
+def _frontier(points: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
+    """Return the points (sorted, distinct) that no other point covers chunk by chunk."""
     frontier: list[tuple[int, ...]] = []
-    for point in sorted(set(live_microbatches(stage, pp, m, v, extra=extra)), key=sum, reverse=True):
+    for point in sorted(points, key=sum, reverse=True):
         if not any(all(a >= b for a, b in zip(f, point, strict=True)) for f in frontier):
             frontier.append(point)
     return tuple(sorted(frontier))
@@ -84,27 +93,73 @@ def stage_activation_bytes(
     `modules`: --recompute-modules with selective recomputation; `extra`: warm-up forwards the
     MoE all-to-all overlap adds (job/ep_overlap.py).
     """
-    v = len(chunks)
-    mode = cast(Recompute, recompute)
-    plan = recompute_plan(stage, chunks, mode, method, num_layers)
-    per = [_chunk_bytes(dims, par, groups, mbs, flash, modules) for groups in plan]
+    bytes_of = stage_chunk_bytes(dims, par, stage, chunks, mbs, (recompute, method, num_layers),
+                                 flash, modules)
+    return stage_peak(bytes_of, stage, par.pp, m, extra)
+
+
+ChunkBytes = tuple[tuple[float, ...], float]  # one micro-batch's bytes per chunk; the rebuild
+
+
+def stage_chunk_bytes(
+    dims: ModelDims, par: Layout, stage: int, chunks: Sequence[Sequence[int]], mbs: int,
+    recipe: tuple[str, str, int], flash: bool, modules: tuple[str, ...] = ("core_attn",),
+    memo: dict[Any, Any] | None = None, keys: Sequence[Any] = (),
+) -> ChunkBytes:
+    """Return one micro-batch's bytes per chunk and the bytes backward rebuilds at once.
+
+    `recipe`: --recompute-granularity, --recompute-method, --recompute-num-layers. The bytes
+    depend on the stage's layers, not on its place in the schedule: stages of one shape share
+    them (price.py). `memo`: each chunk's own bytes and rebuild by `keys` (one a chunk: what
+    they depend on, its layers' kinds and the recomputation), shared by every stage.
+    """
+    mode, method, num_layers = cast(Recompute, recipe[0]), recipe[1], recipe[2]
+    found: list[tuple[float, float] | None] = (
+        [memo.get(key) for key in keys] if memo is not None and keys else [None] * len(chunks)
+    )
+    known = [each for each in found if each is not None]
+    if len(known) < len(found):  # the plan raises megatron's error where uniform N does not divide
+        plan = recompute_plan(stage, chunks, mode, method, num_layers)
+        known = [each or _own_bytes(dims, par, groups, mbs, flash, modules)
+                 for each, groups in zip(found, plan, strict=True)]
+        if memo is not None and keys:
+            memo.update(zip(keys, known, strict=True))
+    per = [own for own, _ in known]
     if stage == 0:
         per[0] += embedding_activations(dims, par, mbs).total
     if stage == par.pp - 1:  # the output layer and loss, and the MTP block beside them
         per[-1] += output_activations(dims, par, mbs).total
         per[-1] += mtp_activations(dims, par, mbs, mtp_recompute(mode, method), flash)
-    if v == 1:  # 1F1B: the peak is min(p - s, m) micro-batches (formulas.microbatches_in_flight)
-        best: tuple[int, ...] = (min(par.pp - stage + extra, m),)
-    else:
-        points = live_points(stage, par.pp, m, v, extra)
-        best = max(points, key=lambda pt: sum(n * x for n, x in zip(pt, per, strict=True)))
-    total = sum(n * x for n, x in zip(best, per, strict=True))
+    # the most any chunk rebuilds is the most any group does (recompute.recompute_buffer)
+    return tuple(per), max(rebuild for _, rebuild in known)
+
+
+def _own_bytes(
+    dims: ModelDims, par: Layout, groups: list[tuple[Sequence[int], Recompute]], mbs: int,
+    flash: bool, modules: tuple[str, ...],
+) -> tuple[float, float]:
+    """Return a chunk's bytes (`_chunk_bytes`) and what backward rebuilds of it at once."""
     first = first_of_kind(dims)
 
     def rebuilt(i: int) -> float:  # a layer's bytes without recomputation (one per kind)
         return layer_bytes(dims, par, first[dims.is_moe_layer(i)], mbs, "none", flash)
 
-    total += recompute_buffer(plan, rebuilt)
+    return _chunk_bytes(dims, par, groups, mbs, flash, modules), recompute_buffer([groups], rebuilt)
+
+
+def stage_peak(
+    bytes_of: ChunkBytes, stage: int, pp: int, m: int, extra: int = 0
+) -> tuple[int, tuple[int, ...]]:
+    """Return the stage's activation peak (rounded up) and the micro-batches in flight at it."""
+    per, rebuild = bytes_of
+    if len(per) == 1:  # 1F1B: the peak is min(p - s, m) micro-batches (formulas.microbatches_in_flight)
+        best: tuple[int, ...] = (min(pp - stage + extra, m),)
+    else:
+        points = live_points(stage, pp, m, len(per), extra)  # each holds len(per) counts
+        totals = [sum(map(mul, point, per)) for point in points]
+        best = points[totals.index(max(totals))]  # the first of the most, as max(key=) picks
+    total = sum(map(mul, best, per))
+    total += rebuild
     return math.ceil(total), best
 
 
@@ -116,3 +171,20 @@ def activation_layout(pairs_of: Layout, pp: int) -> Layout:
     one cache entry.
     """
     return replace(pairs_of, pp=pp, dp=1, ep=1, etp=pairs_of.expert_tp)
+
+
+def recompute_recipe(training: Training, chunks: Sequence[Sequence[int]]) -> tuple[str, str, int]:
+    """Return the stage's (granularity, method, N), one spelling per distinct behaviour.
+
+    Method and N matter with full recomputation only; `block` with N past the stage's longest
+    chunk checkpoints what N = that length does (every layer: as `uniform` 1 but for MTP, which
+    megatron leaves alone under `block`, activations.mtp_recompute).
+    """
+    recompute, method, n = training.recompute, training.recompute_method, training.recompute_num_layers
+    if recompute != "full":
+        return recompute, "uniform", 1
+    if method == "block":
+        return recompute, method, min(n, max(1, max(map(len, chunks), default=0)))
+    return recompute, method, n
+
+

@@ -150,10 +150,9 @@ def most_loaded(
         return state_bytes(buffers, distributed, *shard_pairs[0], *_bytes(each))
     dense = _summed([chunk[0] for chunk in optimizer])
     expert = _summed([chunk[1] for chunk in optimizer])
-    best = max(
-        range(len(shard_pairs)),
-        key=lambda k: dense.get(shard_pairs[k][0], 0) + expert.get(shard_pairs[k][1], 0),
-    )
+    nd, ne = len(dense), len(expert)  # an index past a row's end holds nothing there
+    loads = [(dense[d] if d < nd else 0) + (expert[e] if e < ne else 0) for d, e in shard_pairs]
+    best = loads.index(max(loads))  # the first rank holding the most
     return state_bytes(buffers, distributed, *shard_pairs[best], *_bytes(each))
 
 
@@ -161,9 +160,10 @@ def _bytes(each: OptimizerBytes | None) -> tuple[OptimizerBytes, ...]:
     return () if each is None else (each,)
 
 
-def _summed(rows: Sequence[tuple[int, ...]]) -> dict[int, int]:
+def _summed(rows: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
     """Return per index the sum of the rows that are not empty."""
-    return dict(enumerate(map(sum, zip(*(row for row in rows if row), strict=True))))
+    kept = [row for row in rows if row]
+    return kept[0] if len(kept) == 1 else tuple(map(sum, zip(*kept, strict=True)))
 
 
 @caches.memo(maxsize=65536)

@@ -5,8 +5,9 @@ memory.stage_state (megatron's DDP buffers, composed from small builds), its act
 micro-batches megatron's schedule keeps in flight (activations.py), and its time (cost.stage_work,
 then with_state); the step from cost.step_time. A stage's numbers depend only on its own shape
 (layers per chunk, embedding / output, position in the schedule), never on the other stages, so
-each distinct stage is priced once per process (`_STATE`, `_ACT`, `_TIME`, in caches.py's care):
-a search over thousands of candidates prices a few thousand stages. Nothing here prints.
+each distinct stage is priced once per process (`_STATE`, `_ACT`, `_CHUNK_BYTES`, `_TIME`, in
+caches.py's care): a search over thousands of candidates prices a few thousand stages. Nothing
+here prints.
 """
 
 from __future__ import annotations
@@ -24,7 +25,13 @@ from inspector.job.job import Job, Training
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
 from inspector.plan import caches
-from inspector.plan.activations import activation_layout, stage_activation_bytes
+from inspector.plan.activations import (
+    ChunkBytes,
+    activation_layout,
+    recompute_recipe,
+    stage_chunk_bytes,
+    stage_peak,
+)
 from inspector.plan.cost import StageTime, StepTime, stage_work, step_time, with_state
 from inspector.plan.flags import megatron_flags
 from inspector.plan.flex import exchange_sm_share
@@ -262,39 +269,40 @@ def price_memory(job: Job, split: Split) -> tuple[Placed, tuple[StagePlan, ...]]
     """Return each rank's chunks' layers and its memory: exact state, activation peak.
 
     A stage's state depends on no recomputation setting: the candidates of one layout share it
-    (`_state_scope`).
+    (`state_scope`); its activations, on its place in the schedule only through the peak.
     """
-    lay, training = job.layout, job.training
-    schedule = job.schedule()
-    dims = job_dims(job)
-    v = lay.chunks
+    lay, training, schedule, dims = job.layout, job.training, job.schedule(), job_dims(job)
+    v, m = lay.chunks, schedule.num_microbatches
     stages_of = _stages_of(job.model, dims, split, lay.pp, v)
     pairs_of = pair_layout(lay)
     states = state_scope(job, pairs_of)
-    m = schedule.num_microbatches
     par = activation_layout(pairs_of, lay.pp)
+    mbs, flash, modules = schedule.micro_batch_size, training.flash_attention, training.recompute_modules
+    by_stage, by_chunk = _CHUNK_BYTES.setdefault(
+        (dims, par, mbs, training.recompute, flash, modules), ({}, {}))
     acts = _ACT.setdefault(
-        (dims, par, schedule.micro_batch_size, m if v > 1 else None, training.recompute,
-         training.flash_attention, training.recompute_modules, training.ep_overlap), {},
+        (dims, par, mbs, m if v > 1 else None, training.recompute, flash, modules,
+         training.ep_overlap), {},
     )
     stages = []
     for s, layers in enumerate(stages_of.placed):
         state = cached_stage_state(job, s, stages_of.shapes[s], pairs_of, states, stages_of.state_keys[s])
         position = s if v > 1 else min(lay.pp - s, m)  # 1F1B: only min(p - s, m) matters
-        recipe = _recompute(training, layers)
-        key = (s == 0, s == lay.pp - 1, position, stages_of.signature_keys[s], recipe)
+        recipe = recompute_recipe(training, layers)
+        shape = (s == 0, s == lay.pp - 1, stages_of.signature_keys[s], recipe)
+        key = (*shape, position)
         if key not in acts:
-            granularity, method, n = recipe
-            acts[key] = stage_activation_bytes(
-                dims, par, s, layers, schedule.micro_batch_size, m, granularity,
-                training.flash_attention, method, n, training.recompute_modules,
-                extra_warmup(training),
-            )
+            if shape not in by_stage:  # the same at every place in the schedule
+                by_stage[shape] = stage_chunk_bytes(
+                    dims, par, s, layers, mbs, recipe, flash, modules, by_chunk,
+                    [(each, recipe) for each in stages_of.signatures[s]])
+            acts[key] = stage_peak(by_stage[shape], s, lay.pp, m, extra_warmup(training))
         act, flight = acts[key]
         stages.append(StagePlan(s, layers, state.total, state.weights, state.gradients,
                                 state.optimizer, act, flight, getattr(state, "gathered", 0),
                                 getattr(state, "kept", 0), getattr(state, "elements", 0)))
     return stages_of.placed, tuple(stages)
+
 
 
 def _overlap(
@@ -339,7 +347,7 @@ def timed(
     times = []
     for st in stages:
         has_output = st.stage == lay.pp - 1
-        recipe = _recompute(training, placed[st.stage])
+        recipe = recompute_recipe(training, placed[st.stage])
         overlap = _overlap(job, dims, st.stage, placed[st.stage], req.gpu)
         work = (signatures[st.stage], has_output, recipe, overlap)
         if work not in scope:
@@ -369,32 +377,19 @@ def _stage_time(scope: dict[Any, Any], work: tuple[Any, ...], st: StagePlan, lay
     return scope[key]
 
 
-# (dims, activation sizes, mbs, m where interleaved, recompute, flash, modules) -> stage ->
-# (bytes, flight)
+# (dims, activation sizes, mbs, m where interleaved, recompute, flash, modules, overlap) ->
+# (first?, last?, signature, recipe, position) -> (bytes, flight)
 _ACT: dict[tuple[Any, ...], dict[tuple[Any, ...], tuple[int, tuple[int, ...]]]] = caches.table()
+# (dims, activation sizes, mbs, recompute, flash, modules) -> ((first?, last?, signature,
+# recipe) -> a micro-batch's bytes per chunk, and the rebuild (activations.stage_chunk_bytes);
+# (a chunk's signature, recipe) -> its own bytes and rebuild)
+_CHUNK_BYTES: dict[tuple[Any, ...], tuple[dict[Any, ChunkBytes], dict[Any, Any]]] = caches.table()
 # (dims, ranks, pp, network, efficiency, mbs, recompute, distopt, modules, flex dispatcher) ->
-# (signature, output?) -> the
-# stage's work per micro-batch, and (signature, output?, gradients, weights, state) -> its time
+# (signature, output?) -> the stage's work per micro-batch, and (..., gradients, weights, state) ->
+# its time
 _TIME: dict[tuple[Any, ...], dict[tuple[Any, ...], StageTime]] = caches.table()
 
 
 @caches.memo(maxsize=256)
 def _iteration_flops(dims: ModelDims, global_batch_size: int) -> int:
     return iteration_flops(dims, global_batch_size)
-
-
-def _recompute(training: Training, chunks: Sequence[Sequence[int]]) -> tuple[str, str, int]:
-    """Return the stage's (granularity, method, N), one spelling per distinct behaviour.
-
-    Method and N matter with full recomputation only; `block` with N past the stage's longest
-    chunk checkpoints what N = that length does (every layer: as `uniform` 1 but for MTP, which
-    megatron leaves alone under `block`, activations.mtp_recompute).
-    """
-    recompute, method, n = training.recompute, training.recompute_method, training.recompute_num_layers
-    if recompute != "full":
-        return recompute, "uniform", 1
-    if method == "block":
-        return recompute, method, min(n, max(1, max(map(len, chunks), default=0)))
-    return recompute, method, n
-
-

@@ -63,17 +63,17 @@ def balance(
     for j in range(1, stages + 1):
         extra = (first if j == 1 else 0.0) + (last if j == stages else 0.0)
         before, row, picks, cap = best[j - 1], best[j], choice[j], caps[j - 1]
+        costs = [n + extra for n in range(cap + 1)]
         for i in range(j, layers - (stages - j) + 1):
-            value_i, pick_i = row[i], picks[i]
+            # ties: the least n (later stages fuller: earlier stages hold more in flight)
+            value_i, pick_i = inf, 0
             for n in range(1, min(cap, i - (j - 1)) + 1):
-                if n + extra >= value_i - 1e-12:  # this n and every larger one cost no less
+                cost = costs[n]
+                if cost >= value_i - 1e-12:  # this n and every larger one cost no less
                     break
                 prev = before[i - n]
-                if prev == inf:
-                    continue
-                value = max(prev, n + extra)
-                # ties: prefer the later stages fuller (earlier stages hold more in flight)
-                if value < value_i - 1e-12 or (abs(value - value_i) <= 1e-12 and n < pick_i):
+                value = prev if prev > cost else cost
+                if value < value_i - 1e-12:
                     value_i, pick_i = value, n
             row[i], picks[i] = value_i, pick_i
     if best[stages][layers] == inf:
