@@ -304,7 +304,6 @@ def price_memory(job: Job, split: Split) -> tuple[Placed, tuple[StagePlan, ...]]
     return stages_of.placed, tuple(stages)
 
 
-
 def _overlap(
     job: Job, dims: ModelDims, stage: int, chunk_layers: Sequence[Sequence[int]], gpu: Gpu
 ) -> tuple[float, bool, float, tuple[tuple[bool, bool, float], ...]]:
