@@ -44,8 +44,8 @@ def probed_ranks(records: Path, jobs: Path) -> Iterator[tuple[dict[str, Any], An
 
 def rows(records: Path, jobs: Path) -> list[str]:
     """Return one markdown row per probed rank."""
-    from inspector.engine.memory import run_memory
-    from inspector.report.memory import state_bytes
+    from inspector.memory.engine.run import run_memory
+    from inspector.memory.measure import state_bytes
 
     out = []
     for run, job, stage, built in probed_ranks(records, jobs):

@@ -13,8 +13,8 @@ def assert_composed_equals_whole(job: Any, persistent: bool = True) -> dict:
     stage's, whose memory still must agree). Returns the composition cache, whose small chunks
     say which layer kinds stood in.
     """
-    from inspector.engine.memory import chunk_shapes, run_memory
-    from inspector.engine.stage import trace_chunks
+    from inspector.memory.engine.run import chunk_shapes, run_memory
+    from inspector.memory.engine.stage import trace_chunks
     from inspector.world.build import View, build
 
     cache: dict = {}

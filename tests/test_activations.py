@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 
 from inspector.errors import ConfigError
-from inspector.formulas.activations import (
+from inspector.job.dims import ModelDims
+from inspector.job.layout import Layout
+from inspector.memory.closed.activations import (
     embedding_activations,
     layer_activations,
     output_activations,
     stage_activations,
 )
-from inspector.job.dims import ModelDims
-from inspector.job.layout import Layout
 
 # GPT-3 175B as the paper's Table 3 runs it: s = 2048, h = 12288, a = 96, L = 96, t = 8.
 S, H, A, L, V = 2048, 12288, 96, 96, 51200
@@ -248,7 +248,7 @@ def test_block_recompute_leaves_the_mtp_layers_alone() -> None:
     # megatron-core MultiTokenPredictionLayer._checkpointed_forward: `uniform` checkpoints the
     # MTP layer, `block` warns "not supported for MTP yet. Skipping recompute." and keeps all of
     # its activations; the decoder's layers are checkpointed alike (block 2 of a 2-layer chunk).
-    from inspector.formulas.activations import mtp_activations
+    from inspector.memory.closed.activations import mtp_activations
 
     dims = ModelDims(4, 1024, 16, 1024, 32000, mtp_num_layers=1)
     par = Layout(pp=2)

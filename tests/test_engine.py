@@ -25,7 +25,7 @@ def _job(**flags):
 
 
 def test_caching_allocator_rounds_to_512_bytes():
-    from inspector.engine.allocator import rounded
+    from inspector.memory.engine.allocator import rounded
 
     assert [rounded(n) for n in (0, 1, 511, 512, 513, 4096)] == [0, 512, 512, 512, 1024, 4096]
 
@@ -33,7 +33,7 @@ def test_caching_allocator_rounds_to_512_bytes():
 def test_tracker_counts_new_storages_only_and_frees_them():
     import torch
 
-    from inspector.engine.allocator import Tracker
+    from inspector.memory.engine.allocator import Tracker
 
     before = torch.empty(100, device="meta")  # exists before recording: never counted
     tracker = Tracker()
@@ -52,8 +52,8 @@ def test_tracker_counts_new_storages_only_and_frees_them():
 def test_dropout_keeps_a_bool_mask_as_on_cuda():
     import torch
 
-    from inspector.engine.allocator import Tracker
-    from inspector.engine.cuda import cuda_on_meta
+    from inspector.memory.engine.allocator import Tracker
+    from inspector.memory.engine.cuda import cuda_on_meta
 
     x = torch.empty(1024, 1024, dtype=torch.bfloat16, device="meta", requires_grad=True)
     tracker = Tracker()
@@ -67,8 +67,8 @@ def test_dropout_keeps_a_bool_mask_as_on_cuda():
 def test_rms_norm_keeps_no_fp32_copy_as_the_fused_cuda_kernel():
     import torch
 
-    from inspector.engine.allocator import Tracker
-    from inspector.engine.cuda import cuda_on_meta
+    from inspector.memory.engine.allocator import Tracker
+    from inspector.memory.engine.cuda import cuda_on_meta
 
     x = torch.empty(256, 1024, dtype=torch.bfloat16, device="meta", requires_grad=True)
     weight = torch.empty(1024, dtype=torch.bfloat16, device="meta", requires_grad=True)
@@ -94,7 +94,7 @@ def test_schedule_passes_replay_1f1b():
 
 
 def test_run_memory_finds_megatrons_global_buffer_and_is_deterministic():
-    from inspector.engine.memory import run_memory
+    from inspector.memory.engine.run import run_memory
 
     job = _job()
     first, second = run_memory(job, 0), run_memory(job, 0)
@@ -106,7 +106,7 @@ def test_run_memory_finds_megatrons_global_buffer_and_is_deterministic():
 
 
 def test_full_recomputation_lowers_the_peak():
-    from inspector.engine.memory import run_memory
+    from inspector.memory.engine.run import run_memory
 
     plain = run_memory(_job(num_layers=4), 0).peak.bytes
     full = run_memory(
@@ -176,8 +176,8 @@ def test_composed_stage_equals_every_layer_run(flags):
 def test_a_failure_while_running_says_so_not_that_megatron_refused_to_build(monkeypatch):
     import torch
 
-    from inspector.engine.memory import run_memory
     from inspector.errors import ConfigError
+    from inspector.memory.engine.run import run_memory
 
     def broken(*args, **kwargs):
         raise RuntimeError("no kernel for this op")
@@ -258,9 +258,9 @@ def test_the_whole_trace_keeps_a_checkpointed_groups_running_order():
     """A group's backward recomputes its layers' forwards, then runs their backwards: the whole
     stage's trace, cut by groups, keeps megatron's order (cut by layer, it moved each layer's
     recomputation next to its own backward and lost the group's recompute working set)."""
-    from inspector.engine.compose import compose
-    from inspector.engine.memory import chunk_shapes
-    from inspector.engine.stage import trace_chunks, trace_stage
+    from inspector.memory.engine.compose import compose
+    from inspector.memory.engine.run import chunk_shapes
+    from inspector.memory.engine.stage import trace_chunks, trace_stage
     from inspector.world.build import View, build
 
     job = _job(num_layers=8, **_full("uniform", 2))
@@ -302,7 +302,7 @@ def test_alltoall_splits_are_balanced_over_expert_parallel_ranks(ep, tp, etp, mo
     """Each rank sends tokens * topk / ep rows to every expert-parallel rank and receives as many."""
     from megatron.core.transformer.moe import token_dispatcher
 
-    from inspector.engine.memory import run_memory
+    from inspector.memory.engine.run import run_memory
 
     calls = []
     real = token_dispatcher.all_to_all
@@ -328,7 +328,7 @@ def test_capacity_factor_pads_every_expert_to_its_capacity(monkeypatch):
 
     from megatron.core.transformer.moe import token_dispatcher
 
-    from inspector.engine.memory import run_memory
+    from inspector.memory.engine.run import run_memory
 
     sizes = []
     real = token_dispatcher.all_to_all
@@ -355,7 +355,7 @@ def test_routed_experts_hold_what_megatron_saves_for_backward():
     [n, f] linear_fc2 saves for its weight gradient; the experts' outputs [n, h] are freed once
     `torch.cat` has joined them into [tokens * topk, h], which lives until the combine.
     """
-    from inspector.engine.stage import trace_stage
+    from inspector.memory.engine.stage import trace_stage
     from inspector.world.setup import megatron
 
     megatron()
@@ -373,8 +373,8 @@ def test_the_stage_after_a_standalone_mtp_stage_receives_every_sequence():
     stage sends the main hidden states and the MTP layer's, concatenated ([2s, b, h]:
     multi_token_prediction.py), and p2p_communication.py receives at the shape sent: the loss
     stage's input is twice a plain stage's, and megatron's loss runs on it."""
-    from inspector.engine.memory import run_job
     from inspector.errors import ConfigError
+    from inspector.memory.engine.run import run_job
     from inspector.world.build import build, select_view
     from inspector.world.setup import megatron
 

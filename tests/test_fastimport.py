@@ -97,9 +97,9 @@ def test_engine_dispatch_modes_run_unwrapped():
     class says to skip it; the wrapper's first call imports dynamo (torch/utils/_python_dispatch.py)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from inspector.engine.allocator import Tracker
-    from inspector.engine.moe import _HostValues
-    from inspector.engine.optimizer import _GpuTracker
+    from inspector.memory.engine.allocator import Tracker
+    from inspector.memory.engine.moe import _HostValues
+    from inspector.memory.engine.optimizer import _GpuTracker
 
     class Plain(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):

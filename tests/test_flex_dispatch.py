@@ -366,7 +366,8 @@ def test_plan_reads_the_flex_dispatcher_from_a_launch_script(tmp_path) -> None:
 def test_the_all_to_all_overlap_replays_the_flex_exchange(monkeypatch) -> None:
     # under --overlap-moe-expert-parallel-comm each merged pair's four exchanges are the flex
     # dispatcher's own (one exchange: QWEN_EXCHANGE), not the all-to-all's
-    from inspector.plan import caches, cost
+    import inspector.caches as caches
+    from inspector.plan import cost
 
     seen: list[float] = []
     real = cost.merged_times

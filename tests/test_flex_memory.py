@@ -120,8 +120,8 @@ def test_the_deepep_stand_in_returns_deepep_s_shapes_and_dtypes(monkeypatch):
 
 def test_fp32_hidden_states_double_deepep_s_token_bytes():
     """fused_a2a.py get_hidden_bytes: hidden x max(element size, 2)."""
-    from inspector.engine.memory import outside_allocator
-    from inspector.engine.stage import ChunkShape
+    from inspector.memory.engine.run import outside_allocator
+    from inspector.memory.engine.stage import ChunkShape
 
     shape = ChunkShape((0,), True, True, 0)
     sizes = {}
@@ -138,7 +138,7 @@ def test_the_run_asks_deepep_for_the_buffer_memory_counts():
     """megatron's get_buffer, called in the forward, sizes the Buffer `outside_allocator` reports."""
     from megatron.core.transformer.moe import fused_a2a
 
-    from inspector.engine.memory import run_memory
+    from inspector.memory.engine.run import run_memory
 
     fused_a2a._buffer = None
     job = _job(**_MOE_TP1, num_layers=2, pipeline_model_parallel_size=1, data_parallel_size=4,
@@ -164,8 +164,8 @@ def test_composed_flex_stages_equal_every_layer_run():
 
 
 def test_a_stage_without_moe_layers_holds_no_deepep_buffer():
-    from inspector.engine.memory import outside_allocator
-    from inspector.engine.stage import ChunkShape
+    from inspector.memory.engine.run import outside_allocator
+    from inspector.memory.engine.stage import ChunkShape
 
     job = _job(**_MOE_TP1, num_layers=2, data_parallel_size=2, expert_model_parallel_size=2,
                moe_token_dispatcher_type="flex", moe_layer_freq=[0, 1])  # fmt: skip
@@ -176,7 +176,7 @@ def test_a_stage_without_moe_layers_holds_no_deepep_buffer():
 
 
 def _events(disp: str):
-    from inspector.engine.stage import trace_stage
+    from inspector.memory.engine.stage import trace_stage
 
     job = _job(**_MOE_TP1, num_layers=1, pipeline_model_parallel_size=1, data_parallel_size=2,
                expert_model_parallel_size=2, moe_token_dispatcher_type=disp)  # fmt: skip
@@ -229,7 +229,7 @@ def test_deepep_receives_what_a_balanced_router_sends(monkeypatch):
         return out
 
     monkeypatch.setattr(deep_ep.Buffer, "dispatch", recorded)
-    from inspector.engine.memory import run_memory
+    from inspector.memory.engine.run import run_memory
 
     job = _job(**{**_MOE_TP1, "num_experts": 8}, num_layers=1, pipeline_model_parallel_size=1,
                data_parallel_size=4, expert_model_parallel_size=4,
@@ -245,7 +245,7 @@ def test_over_two_nvlink_domains_deepep_returns_its_internode_handle(monkeypatch
     the 2 nodes: the NVLink send head has 64 rows (csrc/deep_ep.cpp `internode_dispatch`)."""
     import torch
 
-    from inspector.engine.memory import run_memory
+    from inspector.memory.engine.run import run_memory
     from inspector.world import deep_ep
 
     handles = []
@@ -326,8 +326,8 @@ def test_which_megatron_core_knows_the_flex_backend_flag():
     it); 0.16+ names the backend, deepep or hybridep. The engine gives each what it takes."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from inspector.engine.microbatch import _flex_fields
     from inspector.job.job import Training
+    from inspector.memory.engine.microbatch import _flex_fields
 
     names = {f.name for f in dataclasses.fields(TransformerConfig)}
     fields = _flex_fields(Training(micro_batch_size=1, global_batch_size=1,
@@ -344,7 +344,7 @@ def test_the_flex_group_is_expert_tensor_times_expert_parallel():
     """tp 2, etp 2, ep 2: the dispatcher's group has 4 ranks (token_dispatcher.py `tp_ep_group`),
     each token sent to both expert-tensor-parallel ranks of its experts; DeepEP's buffer is sized
     for 4 ranks."""
-    from inspector.engine.memory import run_memory
+    from inspector.memory.engine.run import run_memory
     from tests.test_engine import _MOE
 
     job = _job(**_MOE, num_layers=2, pipeline_model_parallel_size=1, tensor_model_parallel_size=2,

@@ -280,7 +280,7 @@ def test_fp8_padding_pads_each_gemms_rows_to_16_or_32_for_mxfp8():
 
 
 def test_fp8_moe_and_context_parallel_run_and_the_closed_forms_leave_fp8_out(cli, monkeypatch):
-    from inspector.engine import memory as engine
+    from inspector.memory.engine import run as engine
 
     engine_line = "megatron's forward, backward and optimizer step run on meta tensors"
     moe = cli("memory", *SMALL, *TE, "--num-experts", "4", "--fp8-format", "hybrid")

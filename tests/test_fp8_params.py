@@ -110,7 +110,7 @@ def test_the_step_casts_each_main_shard_through_a_16_bit_copy():
     sys.path.insert(0, str(Path(__file__).parent))
     from test_optimizer_step import _job, _step
 
-    from inspector.engine.allocator import rounded
+    from inspector.memory.engine.allocator import rounded
 
     flags = dict(transformer_impl="transformer_engine", use_distributed_optimizer=True,
                  fp8_format="hybrid", fp8_recipe="tensorwise", swiglu=True)  # fmt: skip
@@ -204,9 +204,9 @@ def test_after_the_step_megatron_keeps_or_drops_the_transposes_as_its_version_do
     sys.path.insert(0, str(Path(__file__).parent))
     from test_optimizer_step import _job
 
-    from inspector.engine.microbatch import runtime_config
-    from inspector.engine.optimizer import run_step
-    from inspector.engine.stage import _ddp as ddp_wrapped
+    from inspector.memory.engine.microbatch import runtime_config
+    from inspector.memory.engine.optimizer import run_step
+    from inspector.memory.engine.stage import _ddp as ddp_wrapped
     from inspector.world.stage import stage_world
     from inspector.world.te.float8_tensor import Float8Tensor
 

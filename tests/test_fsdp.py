@@ -220,8 +220,8 @@ def test_plan_state_is_memorys_within_padding(name):
     # (megatron's own buckets): equal but for the bucket padding, under dp x F elements per
     # bucket (a rank's shard of it: under F)
     from inspector.job.job import make_job
-    from inspector.plan.memory import ChunkShape, stage_state
-    from inspector.report.fsdp import fsdp_state
+    from inspector.memory.compose.stage_state import ChunkShape, stage_state
+    from inspector.memory.fsdp_buffers import fsdp_state
     from inspector.world.build import build, select_view
     from inspector.world.ranks import rank_shard_indices
 

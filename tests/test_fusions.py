@@ -12,7 +12,7 @@ from tests.test_engine import _job
 
 
 def _config(**flags):
-    from inspector.engine.microbatch import runtime_config
+    from inspector.memory.engine.microbatch import runtime_config
 
     return runtime_config(_job(**flags))
 
@@ -60,7 +60,7 @@ def test_the_unfused_bias_gelu_runs_megatron_s_other_path():
     """The fused bias-GeLU (fused_bias_gelu.py, a TorchScript function) runs op by op on meta
     tensors; the unfused path is MLP.forward's `bias + activation`: fewer allocations, the same
     tensors held for backward (fc2's input and GeLU's input)."""
-    from inspector.engine.stage import trace_stage
+    from inspector.memory.engine.stage import trace_stage
     from inspector.world.setup import megatron
 
     megatron()

@@ -425,7 +425,7 @@ MOMENT = re.compile(
 
 
 def test_engine_static_is_megatrons_buffers_plus_the_runs_persistent_buffers() -> None:
-    from inspector.engine.memory import run_memory
+    from inspector.memory.engine.run import run_memory
     from tests.test_engine import _job
 
     report = _json("memory", "--format", "json", *ENGINE)
@@ -480,7 +480,7 @@ def test_a_te_job_with_context_parallelism_runs_through_the_engine() -> None:
 def test_formulas_answer_where_the_engine_cannot_run(
     extra: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from inspector.engine import memory as engine
+    from inspector.memory.engine import run as engine
 
     why = "Some layer is not run yet"  # every job the engine knows runs: a reason made up here
     monkeypatch.setattr(engine, "not_runnable", lambda job: why)

@@ -235,10 +235,10 @@ def test_an_moe_layer_without_expert_tp_or_shared_experts_runs_attentions_collec
     # 1 routes and dispatches the sequence-parallel shard as it is (moe_layer.py, the dispatcher's
     # expert-TP group of size 1), so only attention's remain, unless shared experts (an MLP
     # sharded over TP: shared_experts.py's gather and reduction) or expert TP bring the others
+    import inspector.caches as caches
     from inspector.job.dims import ModelDims
     from inspector.job.hardware import GPUS
     from inspector.job.layout import Layout
-    from inspector.plan import caches
     from inspector.plan.cost import _layer_time
     from inspector.plan.network import Network
 
@@ -287,10 +287,11 @@ def test_uneven_chunks_leave_layers_alone_in_merged_steps():
 def test_plan_prices_a_layer_alone_beyond_the_half_pair_it_was_given(monkeypatch):
     # cost.stage_work: each MoE pass run alone adds what it takes alone beyond half of the
     # merged pair its layer is priced at; the stage's expert term moves by exactly that
+    import inspector.caches as caches
     from inspector.job.dims import ModelDims
     from inspector.job.hardware import GPUS
     from inspector.job.layout import Layout
-    from inspector.plan import caches, cost
+    from inspector.plan import cost
     from inspector.plan.network import Network
 
     dims = ModelDims(5, 256, 8, 512, 1024, swiglu=True, flash_attention=True, num_experts=8,

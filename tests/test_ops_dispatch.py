@@ -134,8 +134,8 @@ def _local_layer(bias: bool) -> tuple[list[tuple[str, int]], list[tuple[str, int
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from inspector.engine.cuda import cuda_on_meta
     from inspector.job.layout import Layout
+    from inspector.memory.engine.cuda import cuda_on_meta
     from inspector.world.setup import simulated_rank
 
     with cuda_on_meta(), simulated_rank(Layout(), 0, None):

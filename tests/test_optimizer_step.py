@@ -24,9 +24,9 @@ def _job(**flags):
 
 def _step(job, fused=False):
     """Return the step's run and the stage's parameters (stage 0, every layer)."""
-    from inspector.engine.microbatch import runtime_config
-    from inspector.engine.optimizer import run_step
-    from inspector.engine.stage import _ddp as ddp_wrapped  # the engine's DDP wrap
+    from inspector.memory.engine.microbatch import runtime_config
+    from inspector.memory.engine.optimizer import run_step
+    from inspector.memory.engine.stage import _ddp as ddp_wrapped  # the engine's DDP wrap
     from inspector.world.stage import stage_world
 
     runtime = runtime_config(job)
@@ -40,7 +40,7 @@ def _fp32(shapes):
     """Return the caching allocator's bytes for one fp32 tensor of each shape."""
     from math import prod
 
-    from inspector.engine.allocator import rounded
+    from inspector.memory.engine.allocator import rounded
 
     return sum(rounded(4 * prod(shape)) for shape in shapes)
 
@@ -107,7 +107,7 @@ def test_first_step_makes_the_moments_report_memory_counts():
 def test_a_job_whose_peak_is_the_optimizer_step_names_it(fused):
     """Full recomputation, micro-batch 1, a short sequence: few activations, many parameters.
     With LayerNorm the local layers are apex's (job.model.use_apex): FusedAdam, in place."""
-    from inspector.engine.memory import run_memory
+    from inspector.memory.engine.run import run_memory
 
     job = _job(
         hidden_size=256, seq_length=8, micro_batch_size=1, global_batch_size=4,
@@ -134,8 +134,8 @@ def test_probed_gpu_ranks_moments_are_the_state_report_memory_counts():
     static ratios of bench/gpu_memory.py still hold with the step run."""
     import sys
 
-    from inspector.engine.optimizer import stage_step
     from inspector.formulas.optimizer import ADAM_MOMENTS
+    from inspector.memory.engine.optimizer import stage_step
 
     sys.path.insert(0, str(BENCH))
     from gpu_memory import probed_ranks
@@ -154,8 +154,8 @@ def test_probed_gpu_ranks_moments_are_the_state_report_memory_counts():
 def test_a_failure_in_the_step_says_so(monkeypatch):
     import torch
 
-    from inspector.engine.optimizer import stage_step
     from inspector.errors import ConfigError
+    from inspector.memory.engine.optimizer import stage_step
 
     def broken(*args, **kwargs):
         raise RuntimeError("no kernel for this op")
@@ -172,8 +172,8 @@ def test_a_failure_in_the_step_says_so(monkeypatch):
 def test_stages_with_equal_step_keys_run_equal_steps(monkeypatch):
     """run_job runs the optimizer step once per `step_key`: the middle stages of a pipeline
     share one (same pieces, layer kinds, no bucketing); each run alone gives the same events."""
-    from inspector.engine import memory
-    from inspector.engine.optimizer import stage_step
+    from inspector.memory.engine import run as memory
+    from inspector.memory.engine.optimizer import stage_step
     from inspector.world.build import View, build
 
     job = _job(num_layers=8, pipeline_model_parallel_size=4, use_distributed_optimizer=True)
@@ -193,7 +193,7 @@ def test_stages_with_equal_step_keys_run_equal_steps(monkeypatch):
 def test_eager_step_allocates_as_torchs_own(monkeypatch):
     """torch's AdamW step with its own wrappers (which import dynamo) and as the engine runs it
     (`_eager_step`): the same allocations and frees, event for event."""
-    from inspector.engine import optimizer
+    from inspector.memory.engine import optimizer
 
     job = _job()
     assert not job.dims().fused_kernels  # torch's foreach AdamW
@@ -209,7 +209,7 @@ def test_objects_gathered_as_torchs_fake_backend_gathers_them():
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from inspector.engine.optimizer import _objects_gathered
+    from inspector.memory.engine.optimizer import _objects_gathered
 
     real = dist.all_gather_object
     obj = [((("wd_mult", 0.0),), False), (None, True)]

@@ -84,8 +84,8 @@ def test_composed_state_equals_memory_stage_by_stage(name: str) -> None:
 
 
 def _assert_composed_equals_memory(job, name: str) -> None:
+    from inspector.memory.measure import Hardware, measure
     from inspector.plan import memory as pm
-    from inspector.report.memory import Hardware, measure
     from inspector.world.build import build, select_view
     from inspector.world.ranks import rank_shard_indices
 
@@ -140,7 +140,7 @@ SCALED = {  # name: (flags, whether megatron's expert weights come one per local
 def test_pieces_scaled_to_another_expert_size_equal_megatrons_build(name, etp) -> None:
     # The planner builds one expert-parallel size per (tp, expert tp) and scales the runs of
     # per-expert weights to the other sizes; megatron's own build of each size must agree.
-    from inspector.plan import caches
+    import inspector.caches as caches
     from inspector.plan import pieces as pp
     from inspector.world.pieces import build_pieces
 
@@ -163,7 +163,7 @@ def test_pieces_scaled_to_another_expert_size_equal_megatrons_build(name, etp) -
 )
 def test_composed_state_from_scaled_pieces_equals_memory(sizes) -> None:
     # Pieces scaled from another expert-parallel size's build still compose `memory`'s state.
-    from inspector.plan import caches
+    import inspector.caches as caches
     from inspector.plan import pieces as pp
 
     caches.clear()
@@ -184,7 +184,7 @@ def test_stage_activations_read_neither_data_nor_expert_parallel_size() -> None:
     # The planner prices activations once for layouts that differ only in dp or ep.
     from dataclasses import replace
 
-    from inspector.plan.activations import stage_activation_bytes
+    from inspector.memory.compose.stage_activations import stage_activation_bytes
 
     job = _job(
         preset="deepseek-v3", num_layers=4, moe_layer_freq="[0,1,1,1]", num_experts=16, pp=2,
@@ -205,7 +205,7 @@ def test_stage_chunk_bytes_shared_by_chunk_equal_the_stage_alone() -> None:
     # price.py shares each chunk's bytes across stages by (layer kinds, recipe): a key that left
     # out the kinds, or a memo that skipped megatron's uniform-N check, would change a plan.
     from inspector.errors import ConfigError
-    from inspector.plan.activations import stage_chunk_bytes
+    from inspector.memory.compose.stage_activations import stage_chunk_bytes
 
     job = _job(
         preset="deepseek-v3", num_layers=8, moe_layer_freq="[0,1,1,0,1,1,1,1]", num_experts=16,
@@ -449,7 +449,7 @@ def test_the_plan_keeps_the_given_dropout_and_gradient_dtype() -> None:
 @pytest.mark.parametrize("fmt", ["text", "json"])
 def test_plan_output_is_identical_from_run_to_run(fmt: str) -> None:
     # The search's wall time goes to the terminal only (stderr), never into stdout.
-    from inspector.plan import caches
+    import inspector.caches as caches
 
     args = ("plan", "--num-layers", "4", "--gpus", "4", "--global-batch-size", "8", "--format", fmt)
     first = run_cli(*args)
@@ -545,9 +545,9 @@ def test_planner_block_activations_equal_stage_activations(split, pp, flags) -> 
     # the same layout) equal activations.stage_activations, which `memory` reports, for block N.
     import math
 
-    from inspector.formulas.activations import stage_activations
     from inspector.inputs.resolve import Sources, merge_sources
     from inspector.job.layout import Layout
+    from inspector.memory.closed.activations import stage_activations
     from inspector.plan.layouts import layout_for
     from inspector.plan.price import price_memory
     from inspector.plan.request import PlanFlags, make_request

@@ -86,7 +86,7 @@ def test_engine_alone_measures_what_memory_measures(name: str) -> None:
 def test_fsdp_plans_print_the_peak_memory_measures() -> None:
     # Megatron-FSDP plans print `memory`'s stage totals, which hold the gathered parameters and
     # gradients in flight: the printed peak is that total, once (`memory` run here on its own).
-    from inspector.report.memory import Hardware, measure
+    from inspector.memory.measure import Hardware, measure
     from inspector.world.build import build, select_view
 
     flags = dict(num_layers=4, hidden_size=256, num_attention_heads=8, seq_length=512,
@@ -106,8 +106,8 @@ def test_the_engine_runs_an_fsdp_job_alike_under_every_strategy() -> None:
     # confirm.measured runs megatron's engine once per layout for every FSDP strategy a search
     # tries (confirm._ENGINE): the strategy's buffers are FSDP's own (`_fsdp_held`), and the
     # engine must measure the rest the same under each
-    from inspector.engine.memory import run_job
     from inspector.job.job import make_job
+    from inspector.memory.engine.run import run_job
     from inspector.world.build import build, select_view
 
     runs = []

@@ -21,7 +21,7 @@ GIB = 1 << 30
 
 def cli(command: str, *args: str) -> Result:
     if command == "plan":
-        from inspector.plan import caches
+        from inspector import caches
 
         caches.clear()  # nothing from an earlier search: the planner as a new process has it
     return run_cli(command, "--no-cache", *args)

@@ -12,19 +12,21 @@ from tests.conftest import run_cli
 
 PACKAGE = Path(__file__).resolve().parent.parent / "inspector"
 PLAN_FILES = sorted((PACKAGE / "plan").glob("*.py"))
-CHECKED = [*PLAN_FILES, PACKAGE / "render" / "plan.py", PACKAGE / "world" / "pieces.py",
+COMPOSE_FILES = sorted((PACKAGE / "memory" / "compose").glob("*.py"))  # the planner's memory
+CHECKED = [*PLAN_FILES, *COMPOSE_FILES, PACKAGE / "render" / "plan.py", PACKAGE / "world" / "pieces.py",
            PACKAGE / "job" / "hardware.py"]
 
 
 def _plan_modules() -> list[object]:
-    return [importlib.import_module(f"inspector.plan.{path.stem}") for path in PLAN_FILES
-            if path.stem not in ("__init__", "caches")]
+    return [importlib.import_module(f"inspector.{folder}.{path.stem}")
+            for folder, files in (("plan", PLAN_FILES), ("memory.compose", COMPOSE_FILES))
+            for path in files if path.stem != "__init__"]
 
 
 def test_every_planner_cache_is_registered() -> None:
     # A module-level dictionary or memoised function that caches.clear() cannot reach would
     # keep one search's state into the next.
-    from inspector.plan import caches
+    import inspector.caches as caches
 
     modules = _plan_modules()
     tables, functions = caches.registered()
@@ -56,7 +58,7 @@ SEARCHES = [
 
 
 def test_a_search_priced_again_from_empty_caches_is_byte_identical() -> None:
-    from inspector.plan import caches
+    import inspector.caches as caches
 
     def plan(args: tuple[str, ...]) -> str:
         result = run_cli("plan", *args, "--format", "json")

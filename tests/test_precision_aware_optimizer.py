@@ -146,7 +146,7 @@ def test_the_first_step_makes_fusedadams_state(flags, per_element, reduced):
     """The engine's first step makes all of FusedAdam's state (moments and master): the bytes
     report/memory.py counts, plus at most the allocator's rounding and small tensors per
     parameter tensor (a scale per reduced state; fp8: scale, amax, scale_inv)."""
-    from inspector.engine.optimizer import stage_step
+    from inspector.memory.engine.optimizer import stage_step
 
     job = _job(**flags)
     updated, tensors = _shards(job)
@@ -158,7 +158,7 @@ def test_bf16_moments_are_unscaled_into_fp32_for_the_step():
     """fused_adam.py `step`: each bf16 moment of the group is copied into an fp32 temporary
     (`get_unscaled_state`), all alive until the group's kernel ran: the step's peak is 8 bytes
     per updated element of the largest group, where without the flag nothing is allocated."""
-    from inspector.engine.optimizer import stage_step
+    from inspector.memory.engine.optimizer import stage_step
 
     job = _job(exp_avg_dtype="bf16", exp_avg_sq_dtype="bf16")
     updated, tensors = _shards(job)
@@ -175,7 +175,7 @@ def test_bf16_moments_are_unscaled_into_fp32_for_the_step():
 def test_no_main_grad_copy_when_fusedadam_keeps_the_master():
     """distrib_optimizer.py `_copy_model_grads_to_main_grads`: the grad buffer's shard becomes
     `decoupled_grad` (no `main_grad.float()`), even with bf16 main grads."""
-    from inspector.engine.optimizer import stage_step
+    from inspector.memory.engine.optimizer import stage_step
 
     run = stage_step(_job(main_grads_dtype="bf16"), 0)
     assert not any("main_grad.float()" in e.where and e.allocated > 3 * 512 for e in run.events)
@@ -278,8 +278,8 @@ def test_megatrons_own_rule_for_who_keeps_the_master(recipe, master):
     as job/optimizer_precision.py does."""
     import torch
 
-    from inspector.engine.optimizer import _te_optimizers
     from inspector.job.optimizer_precision import OptimizerPrecision
+    from inspector.memory.engine.optimizer import _te_optimizers
     from inspector.world.fastimport import import_megatron
 
     def names():
@@ -314,7 +314,7 @@ def test_the_stand_in_takes_tes_arguments_and_is_in_place_only_for_the_step():
     import inspect
     import sys
 
-    from inspector.engine.optimizer import _te_optimizers
+    from inspector.memory.engine.optimizer import _te_optimizers
     from inspector.world.te.optimizers import FusedAdam
 
     assert tuple(inspect.signature(FusedAdam).parameters) == TE_FUSED_ADAM_ARGUMENTS
@@ -346,8 +346,8 @@ def test_fp8_parameters_state_as_the_engine_makes_it(recipe, master):
     Float8Tensor of dtype bf16 and keeps its master as a 16-bit remainder (delayed scaling);
     with tensorwise scaling megatron keeps its fp32 master (made with the optimizer, before the
     first step) and FusedAdam the bf16 moments alone."""
-    from inspector.engine.optimizer import stage_step
-    from inspector.report.memory import job_optimizer_bytes
+    from inspector.memory.engine.optimizer import stage_step
+    from inspector.memory.measure import job_optimizer_bytes
     from inspector.world.build import View, build
 
     job = _job(

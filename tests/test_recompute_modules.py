@@ -77,8 +77,8 @@ MLA = dict(multi_latent_attention=True, q_lora_rank=32, kv_lora_rank=16, qk_head
 
 def _held(args: dict, **flags) -> int:
     """Return what one micro-batch holds between its forward and backward on stage 0."""
-    from inspector.engine.memory import chunk_shapes
-    from inspector.engine.stage import trace_chunks
+    from inspector.memory.engine.run import chunk_shapes
+    from inspector.memory.engine.stage import trace_chunks
     from inspector.world.build import View, build
 
     job = make_job({**args, **flags})
@@ -158,7 +158,7 @@ MLA_ROPE_EXPERIMENTAL = megatron_core_version() < (0, 16)
 
 def _formula_drop(args: dict, modules: str) -> float:
     """Return the closed forms' saving (formulas/activations.py) over the job's stage-0 layers."""
-    from inspector.formulas.activations import layer_activations
+    from inspector.memory.closed.activations import layer_activations
 
     job = make_job({**args, "recompute_granularity": "selective", "recompute_modules": modules})
     dims, b = job.dims(), job.schedule().micro_batch_size
@@ -211,7 +211,7 @@ def test_mlp_with_biases_is_refused_because_megatron_recurses_on_any_device():
     import torch
     from megatron.core.tensor_parallel.random import checkpoint
 
-    from inspector.engine.cuda import cuda_on_meta
+    from inspector.memory.engine.cuda import cuda_on_meta
 
     weight, bias = torch.nn.Parameter(torch.ones(4, 4)), torch.nn.Parameter(torch.ones(4))
     with cuda_on_meta():
@@ -235,7 +235,7 @@ def test_shared_experts_needs_the_megatron_core_that_lists_it():
 
 
 def test_the_formula_fallback_refuses_modules_it_does_not_count(cli, monkeypatch):
-    from inspector.engine import memory as engine
+    from inspector.memory.engine import run as engine
 
     # a job the engine cannot run (none the command line admits today: made up here)
     monkeypatch.setattr(engine, "engine_gap", lambda job: "Some layer is not run")

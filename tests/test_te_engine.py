@@ -161,7 +161,7 @@ def test_p2p_context_parallel_attention_keeps_tes_ring_buffers(rank):
     merged statistics, two rng states; the rest goes when the forward returns."""
     import torch
 
-    from inspector.engine.allocator import Tracker, rounded
+    from inspector.memory.engine.allocator import Tracker, rounded
 
     f = _attention_functions()
     heads, groups, d, s = 4, 2, 16, 8
@@ -236,8 +236,8 @@ def test_attention_backend_follows_tes_choice_by_dtype(dtype_name):
     output [b, heads, s, s] stays for backward (backends.py 246-560)."""
     import torch
 
-    from inspector.engine.allocator import Tracker, rounded
-    from inspector.engine.cuda import cuda_on_meta
+    from inspector.memory.engine.allocator import Tracker, rounded
+    from inspector.memory.engine.cuda import cuda_on_meta
     from inspector.world.setup import megatron
 
     megatron()  # the stand-in installed, as the engine has it
@@ -259,7 +259,7 @@ def test_attention_backend_follows_tes_choice_by_dtype(dtype_name):
 
 
 def _record(fn):
-    from inspector.engine.allocator import Tracker
+    from inspector.memory.engine.allocator import Tracker
 
     tracker = Tracker()
     with tracker:
@@ -386,9 +386,9 @@ def test_te_grouped_full_recompute_composes_equal_to_every_layer_run(flags):
 )
 def test_te_composed_moe_stage_equals_every_layer_run(flags):
     """A TE MoE layer is its own kind too: one of each kind stands for the rest, buffers included."""
-    from inspector.engine.memory import chunk_shapes
-    from inspector.engine.stage import trace_chunks
     from inspector.errors import ConfigError
+    from inspector.memory.engine.run import chunk_shapes
+    from inspector.memory.engine.stage import trace_chunks
     from inspector.world.build import View, build
 
     job = _job(**_MOE, **flags)
@@ -422,7 +422,7 @@ def test_te_grouped_experts_hold_what_grouped_linear_saves_for_backward():
     output [N, 2f] is saved by the weighted SwiGLU, whose output [N, f] linear_fc2 saves as views;
     linear_fc2's output [N, h] lives until the combine.
     """
-    from inspector.engine.stage import trace_stage
+    from inspector.memory.engine.stage import trace_stage
     from inspector.world.setup import megatron
 
     megatron()
@@ -499,7 +499,7 @@ def test_te_mla_rope_allocates_key_and_value_and_frees_the_kv_up_projection():
     """
     if _mla_rope_is_experimental():
         pytest.skip("megatron-core 0.13 runs the fused MLA RoPE only under --enable-experimental")
-    from inspector.engine.stage import trace_stage
+    from inspector.memory.engine.stage import trace_stage
 
     job = _job(**_MLA, position_embedding_type="rope", num_layers=1, pipeline_model_parallel_size=1,
                tensor_model_parallel_size=1, data_parallel_size=1, global_batch_size=2)  # fmt: skip
@@ -532,7 +532,7 @@ def test_te_mla_memory_runs_in_the_engine(cli):
 
 
 def _held_per_layer(**flags):
-    from inspector.engine.stage import trace_stage
+    from inspector.memory.engine.stage import trace_stage
 
     def held(layers):
         job = _job(num_layers=layers, pipeline_model_parallel_size=1, **flags)
@@ -569,7 +569,7 @@ def test_te_layer_holds_close_to_korthikantis_flash_attention_formula(flags, rop
     megatron()  # megatron-core imported over the stand-in, as the engine has it
     from megatron.core.extensions.transformer_engine import TEDotProductAttention
 
-    from inspector.formulas.activations import layer_activations
+    from inspector.memory.closed.activations import layer_activations
 
     base = dict(hidden_size=256, num_attention_heads=8, seq_length=128,
                 tensor_model_parallel_size=1, data_parallel_size=1, global_batch_size=2)  # fmt: skip
@@ -601,7 +601,7 @@ def test_a_rank_s_chunks_share_te_s_placeholder_weight_gradients():
     (base.py 79-92), so a rank with virtual stages holds each once, not once per chunk: one per
     distinct weight shape of the layers' fused-accumulation linears (QKV, projection, fc1, fc2)
     and of megatron's output layer (tensor_parallel/layers.py calls the same function)."""
-    from inspector.engine.memory import run_job
+    from inspector.memory.engine.run import run_job
     from inspector.world.build import build, select_view
     from inspector.world.setup import megatron
     from inspector.world.te.state import DUMMY_WGRAD

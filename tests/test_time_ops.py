@@ -21,7 +21,7 @@ def _recorded_gemm_flops(job: Any) -> dict[str, int]:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from inspector.engine.stage import trace_stage
+    from inspector.memory.engine.stage import trace_stage
     from inspector.world.setup import megatron
 
     aten = torch.ops.aten
@@ -154,7 +154,7 @@ def _te_forward_gemms(job: Any) -> list[tuple[int, int, int]]:
     stand-in allocates their outputs: no aten product to count)."""
     from unittest import mock
 
-    from inspector.engine.stage import trace_stage
+    from inspector.memory.engine.stage import trace_stage
     from inspector.world.setup import megatron
     from inspector.world.te import functions
 

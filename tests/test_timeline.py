@@ -146,7 +146,7 @@ def test_torchs_memory_viz_reads_the_snapshot(outputs) -> None:
 def test_a_formula_job_is_refused_and_nothing_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from inspector.engine import memory as engine
+    from inspector.memory.engine import run as engine
 
     svg, snap = tmp_path / "t.svg", tmp_path / "s.pickle"
     flags = ["--timeline", str(svg), "--snapshot", str(snap), "--no-cache"]
@@ -170,8 +170,8 @@ def test_a_folder_is_refused_before_the_build(tmp_path: Path) -> None:
 
 def _trace(forward: list[int], backward: list[int]) -> Any:
     """Return a Trace of these allocation sizes (negative: frees), totals counted as the engine does."""
-    from inspector.engine.allocator import Event
-    from inspector.engine.microbatch import Trace
+    from inspector.memory.engine.allocator import Event
+    from inspector.memory.engine.microbatch import Trace
 
     events, total = [], 0
     for phase in (forward, backward):
@@ -188,8 +188,8 @@ def _trace(forward: list[int], backward: list[int]) -> Any:
 def test_the_timelines_highest_point_is_the_schedules_peak(pp, stage, m, chunks) -> None:
     """engine/timeline.py replays what schedule.py's iteration_peak reduces: same highest point,
     in the pass the peak's moment names; every micro-batch's activations freed at the end."""
-    from inspector.engine.schedule import iteration_peak
-    from inspector.engine.timeline import Replay
+    from inspector.memory.engine.schedule import iteration_peak
+    from inspector.memory.engine.timeline import Replay
 
     traces = tuple(_trace([512 * (c + 1), 1024, -1024, 2048], [4096, -4096, -2048, -512 * (c + 1)])
                    for c in range(chunks))
@@ -228,7 +228,7 @@ def test_past_the_caps_is_refused_and_nothing_written(tmp_path: Path, monkeypatc
 def test_many_micro_batches_peak_as_four_groups(monkeypatch, pp, stage, chunks) -> None:
     """Past engine.schedule.REPLAYED micro-batches the replay stops at 4 groups: the same peak
     and held bytes as replaying every one (a billion-sequence plan stays bounded in time)."""
-    from inspector.engine import schedule
+    from inspector.memory.engine import schedule
 
     traces = tuple(_trace([512 * (c + 1), 1024, -1024, 2048], [4096, -4096, -2048, -512 * (c + 1)])
                    for c in range(chunks))

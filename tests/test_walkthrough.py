@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from inspector.errors import ConfigError
-from inspector.formulas.activations import layer_activations
 from inspector.formulas.walkthrough import attention_walkthrough, mlp_walkthrough
 from inspector.formulas.walkthrough_steps import WalkthroughStep, running_allocation
 from inspector.job.dims import ModelDims
 from inspector.job.layout import Layout
+from inspector.memory.closed.activations import layer_activations
 
 # Llama-3.1 405B: H 16384, h 128 heads, g 8 KV groups, d 128; N = 60000 tokens, P = 16 ranks.
 N, HID, HEADS, G, D, P = 60000, 16384, 128, 8, 128, 16

@@ -213,8 +213,8 @@ def memory(
             check_target(path, flag)  # before the build: a bad path costs nothing
 
     def produce() -> str:
+        from inspector.memory import measure as core
         from inspector.render import memory as render
-        from inspector.report import memory as core
         from inspector.report import memory_outputs as outputs
 
         job = resolve_job(args)

@@ -13,14 +13,19 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+import inspector.caches as caches
 from inspector.errors import ConfigError
 from inspector.job.job import Job
 from inspector.job.layout import Layout, validate_layout
 from inspector.job.model import ModelConfig
-from inspector.plan import caches
-from inspector.plan.activations import activation_layout, first_of_kind, layer_bytes, live_points
+from inspector.memory.compose.stage_activations import (
+    activation_layout,
+    first_of_kind,
+    layer_bytes,
+    live_points,
+)
+from inspector.memory.compose.stage_state import ChunkShape
 from inspector.plan.layouts import layout_for
-from inspector.plan.memory import ChunkShape
 from inspector.plan.price import (
     Placed,
     Plan,

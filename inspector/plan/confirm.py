@@ -19,13 +19,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from inspector.plan import caches
+import inspector.caches as caches
 from inspector.plan.price import Plan
 
 if TYPE_CHECKING:
-    from inspector.engine.memory import JobRuns
-    from inspector.engine.stage import ChunkShape
     from inspector.job.job import Job
+    from inspector.memory.engine.run import JobRuns
+    from inspector.memory.engine.stage import ChunkShape
 
 
 # megatron's engine runs an FSDP job as the same job without FSDP (inspector/engine reads no
@@ -36,7 +36,7 @@ _ENGINE: dict[tuple[Any, ...], JobRuns] = caches.table()
 
 def engine_runs(plan: Plan) -> bool:
     """Return whether `memory` runs megatron's engine for the plan's job (else: closed forms)."""
-    from inspector.engine.memory import not_runnable
+    from inspector.memory.engine.run import not_runnable
 
     return not_runnable(plan.job) is None
 
@@ -47,7 +47,7 @@ def measured(plan: Plan) -> Plan:
     shapes = engine_shapes(plan)
     if shapes is None:
         return _measured_as_memory(plan)
-    from inspector.engine.memory import StageShapes, run_job
+    from inspector.memory.engine.run import StageShapes, run_job
 
     job = plan.job
     fsdp = job.training.megatron_fsdp or job.training.torch_fsdp2
@@ -85,7 +85,7 @@ def engine_shapes(plan: Plan) -> list[tuple[ChunkShape, ...]] | None:
     place it elsewhere).
     """
     job = plan.job
-    from inspector.engine.stage import ChunkShape
+    from inspector.memory.engine.stage import ChunkShape
 
     mtp = job.model.mtp_num_layers or 0
     if mtp and job.layout.pipeline_model_parallel_layout is not None:
@@ -111,7 +111,7 @@ def _fsdp_held(job: Job, shapes: Sequence[tuple[ChunkShape, ...]]) -> list[int]:
     share them, so one stage of each kind is built (the middle stages of a pipeline are one).
     Every stage's ranks hold the same (data, expert data) shard pairs (ranks.stage_shard_pairs).
     """
-    from inspector.report.fsdp import fsdp_in_flight, fsdp_state
+    from inspector.memory.fsdp_buffers import fsdp_in_flight, fsdp_state
     from inspector.world.build import View, build
     from inspector.world.ranks import stage_shard_pairs
 
@@ -133,7 +133,7 @@ def _fsdp_held(job: Job, shapes: Sequence[tuple[ChunkShape, ...]]) -> list[int]:
 
 def _measured_as_memory(plan: Plan) -> Plan:
     """Return `measured`'s answer as `memory` computes it: every stage built, then measured."""
-    from inspector.report.memory import Hardware, measure
+    from inspector.memory.measure import Hardware, measure
     from inspector.world.build import build, select_view
 
     job = plan.job

@@ -47,7 +47,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import cast
 
-from inspector.formulas.activations import mtp_recompute, recompute_plan
+import inspector.caches as caches
 from inspector.formulas.flops import LayerFlops, layer_flops, logit_flops, mla_up_flops, mtp_flops
 from inspector.formulas.kernels import Device, device_of, ops_seconds
 from inspector.formulas.ops import LayerOps, Shard, layer_ops, layer_seconds, linear, output_ops
@@ -55,7 +55,7 @@ from inspector.formulas.optimizer import OptimizerStep, optimizer_ops
 from inspector.job.dims import ModelDims
 from inspector.job.job import Recompute
 from inspector.job.layout import Layout
-from inspector.plan import caches
+from inspector.memory.closed.activations import mtp_recompute, recompute_plan
 from inspector.plan.context import ring_attention
 from inspector.plan.flex import moe_exchange
 from inspector.plan.network import Network

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from math import comb, prod
 
+import inspector.caches as caches
 from inspector.formulas import routing
 from inspector.formulas.fp8_ops import expert_padding
 from inspector.job.dims import ModelDims
@@ -52,7 +53,6 @@ from inspector.job.hardware import Gpu
 from inspector.job.hybrid_ep import HYBRIDEP_NUM_SMS
 from inspector.job.job import Training
 from inspector.job.layout import Layout
-from inspector.plan import caches
 from inspector.plan.network import Network, expert_alltoall, expert_peers_on_node
 
 SOURCE_META_BYTES = 8  # internode.cu SourceMeta: src_rdma_rank, is_token_in_nvl_rank_bits

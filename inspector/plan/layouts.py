@@ -13,11 +13,11 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
+import inspector.caches as caches
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
 from inspector.job.pipeline_layout import expand_layout
 from inspector.job.versions import mtp_in_layouts
-from inspector.plan import caches
 from inspector.plan.request import Request, divisors, expert_biases
 from inspector.plan.split import (
     Split,

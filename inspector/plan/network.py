@@ -18,9 +18,9 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
+import inspector.caches as caches
 from inspector.job.hardware import Gpu
 from inspector.job.layout import Layout
-from inspector.plan import caches
 
 
 @dataclass(frozen=True)

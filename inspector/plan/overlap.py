@@ -32,10 +32,10 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import inspector.caches as caches
 from inspector.formulas.kernels import Device, Op, ops_seconds
 from inspector.formulas.ops import LayerOps, layer_seconds
 from inspector.job.dims import ModelDims, schedule_passes, warmup_steps
-from inspector.plan import caches
 
 MLP_NODE = ("sort chunks", "expert fp8 padding", "expert fc1", "expert activation", "expert fc2",
             "expert fp8 unpadding", "unsort chunks")

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import inspector.caches as caches
 from inspector.formulas.flops import iteration_flops
 from inspector.formulas.optimizer import OptimizerStep
 from inspector.job.dims import ModelDims
@@ -24,24 +25,23 @@ from inspector.job.hardware import Gpu
 from inspector.job.job import Job, Training
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
-from inspector.plan import caches
-from inspector.plan.activations import (
+from inspector.memory.compose.pieces import piece_key
+from inspector.memory.compose.stage_activations import (
     ChunkBytes,
     activation_layout,
     recompute_recipe,
     stage_chunk_bytes,
     stage_peak,
 )
+from inspector.memory.compose.stage_state import ChunkShape, stage_state
+from inspector.memory.measure import job_optimizer_bytes
 from inspector.plan.cost import StageTime, StepTime, stage_work, step_time, with_state
 from inspector.plan.flags import megatron_flags
 from inspector.plan.flex import exchange_sm_share
-from inspector.plan.memory import ChunkShape, stage_state
 from inspector.plan.network import Network
 from inspector.plan.overlap import merged_share, stage_alone
-from inspector.plan.pieces import piece_key
 from inspector.plan.request import Request
 from inspector.plan.split import Split, chunk_layers
-from inspector.report.memory import job_optimizer_bytes
 
 
 @dataclass(frozen=True)

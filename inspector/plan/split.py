@@ -15,8 +15,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import inspector.caches as caches
 from inspector.job.pipeline_layout import expand_layout
-from inspector.plan import caches
 
 Split = tuple[int, ...]
 

@@ -10,8 +10,8 @@ from tabulate import tabulate
 
 from inspector.job.flex import runs_hybridep
 from inspector.job.optimizer_precision import REMAINDER
+from inspector.memory.measure import GIB, MemoryReport, StageMemory
 from inspector.report.formats import MemoryFormat
-from inspector.report.memory import GIB, MemoryReport, StageMemory
 
 BAR_WIDTH = 48
 # One shade per component, darkest for what lasts longest; the legend prints under the chart.

@@ -28,8 +28,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from inspector.memory.measure import MemoryReport, StageMemory
 from inspector.records import MemoryPass
-from inspector.report.memory import MemoryReport, StageMemory
 
 BASE = 0x7F0000000000  # where device 0's segment starts: a CUDA-like address, made up
 DEVICE_STRIDE = 1 << 40

@@ -16,8 +16,8 @@ import math
 from collections.abc import Callable, Sequence
 from xml.sax.saxutils import escape
 
+from inspector.memory.measure import GIB, MemoryReport, StageMemory
 from inspector.records import MemoryPass
-from inspector.report.memory import GIB, MemoryReport, StageMemory
 
 WIDTH, LEFT, RIGHT = 960, 70, 20
 PLOT_HEIGHT, PANEL_TOP, PANEL_BOTTOM = 200, 48, 46

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 from inspector.errors import ConfigError
 from inspector.job.job import Job
+from inspector.memory.measure import MemoryReport
 from inspector.records import MemoryPass
-from inspector.report.memory import MemoryReport
 
 
 def check_walkthrough_flags(**hardware: object) -> None:
@@ -31,7 +31,7 @@ MAX_SNAPSHOT_ENTRIES = 2_000_000
 
 def check_engine_outputs(job: Job, flags: Sequence[str], not_run: str | None = None) -> None:
     """Raise ConfigError when --timeline or --snapshot asks for a run the engine does not make."""
-    from inspector.engine.memory import not_runnable
+    from inspector.memory.engine.run import not_runnable
 
     reason = not_run or not_runnable(job)
     if flags and reason is not None:

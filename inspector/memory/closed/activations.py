@@ -47,16 +47,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from inspector.errors import ConfigError
-from inspector.formulas.activation_records import (
+from inspector.job.dims import ModelDims, live_microbatches
+from inspector.job.job import RECOMPUTE_MODES, Recompute
+from inspector.job.layout import Layout
+from inspector.memory.closed.activation_records import (
     EmbeddingActivations,
     LayerActivations,
     OutputActivations,
     StageActivations,
 )
-from inspector.formulas.recompute import mtp_recompute, recompute_buffer, recompute_plan
-from inspector.job.dims import ModelDims, live_microbatches
-from inspector.job.job import RECOMPUTE_MODES, Recompute
-from inspector.job.layout import Layout
+from inspector.memory.closed.recompute import mtp_recompute, recompute_buffer, recompute_plan
 
 MASK = 1  # bytes per dropout-mask element (torch stores a bool)
 FP32 = 4  # bytes per fp32 element (softmax statistics, logits of the loss)

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from inspector.job.job import Job
-from inspector.report.fsdp import ADAM_MOMENTS, MASTER_COPY, SHARDED
-from inspector.report.memory import StateBytes
+from inspector.memory.fsdp_buffers import ADAM_MOMENTS, MASTER_COPY, SHARDED
+from inspector.memory.measure import StateBytes
 
 
 @dataclass(frozen=True)

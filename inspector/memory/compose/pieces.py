@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import inspector.caches as caches
 from inspector.job.job import Job
-from inspector.plan import caches
 from inspector.world.pieces import Built, Named, Param, build_pieces
 
 Run = tuple[Param, int]  # a parameter, and how many equal ones stand side by side from it

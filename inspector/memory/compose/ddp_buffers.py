@@ -18,7 +18,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from inspector.plan.pieces import Run, joined
+from inspector.memory.compose.pieces import Run, joined
 from inspector.world.shards import BucketLayout, BufferLayout, ParamShards, owned_numel
 
 Spans = list[tuple[int, int, int]]  # (start, end, bucket) of parameters side by side

@@ -49,9 +49,9 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from inspector.engine.allocator import Event, Tracker
-from inspector.engine.cuda import cuda_on_meta
 from inspector.job.job import Job
+from inspector.memory.engine.allocator import Event, Tracker
+from inspector.memory.engine.cuda import cuda_on_meta
 
 GRAD_NORM = 2.0  # what a grad norm reads: above --clip-grad 1.0, so the clip runs
 # Megatron-LM arguments.py defaults: --weight-decay 0.01, --clip-grad 1.0, Adam's betas and eps
@@ -121,9 +121,9 @@ def run_step(job: Job, ddps: Sequence[Any], fused: bool) -> StepRun:
 def stage_step(job: Job, stage: int) -> StepRun:
     """Build `stage` (every layer, expert-parallel rank 0), wrap its chunks in megatron's DDP as
     Megatron-LM's get_model does, and run its optimizer step."""
-    from inspector.engine.microbatch import MEGATRON_ERRORS, megatron_failed, runtime_config
-    from inspector.engine.stage import _ddp as ddp_wrapped  # the engine's DDP wrap
-    from inspector.engine.stage import moe_build
+    from inspector.memory.engine.microbatch import MEGATRON_ERRORS, megatron_failed, runtime_config
+    from inspector.memory.engine.stage import _ddp as ddp_wrapped  # the engine's DDP wrap
+    from inspector.memory.engine.stage import moe_build
     from inspector.world.stage import stage_world
 
     runtime = runtime_config(job)

@@ -25,8 +25,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from inspector.engine.allocator import Event
-from inspector.engine.microbatch import Trace
+from inspector.memory.engine.allocator import Event
+from inspector.memory.engine.microbatch import Trace
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)(?=[.:]|$)")
 

@@ -6,13 +6,13 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from inspector.engine.microbatch import GLOBAL_BUFFER, Trace
-from inspector.engine.optimizer import StepRun, stage_step
-from inspector.engine.schedule import Peak, iteration_peak
-from inspector.engine.stage import Cache, ChunkShape, trace_chunks
-from inspector.engine.timeline import Replay
 from inspector.job.ep_overlap import extra_warmup
 from inspector.job.job import Job
+from inspector.memory.engine.microbatch import GLOBAL_BUFFER, Trace
+from inspector.memory.engine.optimizer import StepRun, stage_step
+from inspector.memory.engine.schedule import Peak, iteration_peak
+from inspector.memory.engine.stage import Cache, ChunkShape, trace_chunks
+from inspector.memory.engine.timeline import Replay
 from inspector.world.te.state import DUMMY_WGRAD
 
 # torch's cuBLAS workspace per (handle, stream): aten/src/ATen/cuda/CublasHandlePool.cpp

@@ -35,7 +35,6 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from inspector.errors import ConfigError
-from inspector.formulas.activations import StageActivations, stage_activations
 from inspector.formulas.flops import (
     check_mfu,
     check_peak,
@@ -50,9 +49,10 @@ from inspector.job.job import Job, Schedule, Training
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
 from inspector.job.optimizer_precision import OptimizerBytes
+from inspector.memory.closed.activations import StageActivations, stage_activations
 
 if TYPE_CHECKING:
-    from inspector.engine.memory import RunMemory
+    from inspector.memory.engine.run import RunMemory
     from inspector.world.build import BuiltJob, BuiltStage
 
 ADAM_MOMENTS = 8  # exp_avg and exp_avg_sq, fp32 (Megatron-LM's default --optimizer adam)
@@ -259,7 +259,7 @@ def measure(built: BuiltJob, hardware: Hardware) -> MemoryReport:
         built: every stage of the job, built on expert-parallel rank 0 (build.build).
         hardware: GPU memory, peak TFLOP/s and MFU, for the verdicts.
     """
-    from inspector.engine.memory import run_job
+    from inspector.memory.engine.run import run_job
     from inspector.world.ranks import rank_shard_indices
 
     job = built.job
@@ -302,7 +302,7 @@ def _stage_memory(
     training, stage, chunks = job.training, built.stage, built.chunks
     in_flight = 0
     if training.megatron_fsdp or training.torch_fsdp2:
-        from inspector.report.fsdp import fsdp_in_flight, fsdp_state
+        from inspector.memory.fsdp_buffers import fsdp_in_flight, fsdp_state
 
         layouts = [chunk.fsdp() for chunk in chunks]
         by_shard = {(d, e): StateBytes(*fsdp_state(layouts, d, e)) for _, d, e in ranks}

@@ -31,10 +31,10 @@ from typing import Any
 
 import torch
 
-from inspector.engine.allocator import Event, Tracker
-from inspector.engine.cuda import cuda_on_meta
 from inspector.errors import ConfigError
 from inspector.job.job import FUSIONS, Job, bias_fusions
+from inspector.memory.engine.allocator import Event, Tracker
+from inspector.memory.engine.cuda import cuda_on_meta
 from inspector.world.te.state import placeholders_named
 
 
@@ -168,7 +168,7 @@ def _routing(job: Job) -> contextlib.AbstractContextManager[None]:
     """Return MoE routing on meta tensors (moe.py) for a job with experts, else nothing."""
     if job.model.num_experts is None:
         return contextlib.nullcontext()
-    from inspector.engine.moe import balanced_routing
+    from inspector.memory.engine.moe import balanced_routing
 
     return balanced_routing()
 

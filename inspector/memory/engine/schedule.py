@@ -15,9 +15,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from inspector.engine.allocator import Event
-from inspector.engine.microbatch import Trace
 from inspector.job.dims import schedule_passes
+from inspector.memory.engine.allocator import Event
+from inspector.memory.engine.microbatch import Trace
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,11 @@ from dataclasses import replace
 from operator import mul
 from typing import Any, cast
 
-from inspector.formulas.activations import (
+import inspector.caches as caches
+from inspector.job.dims import ModelDims, live_microbatches
+from inspector.job.job import Recompute, Training
+from inspector.job.layout import Layout
+from inspector.memory.closed.activations import (
     embedding_activations,
     layer_activations,
     mtp_activations,
@@ -22,10 +26,6 @@ from inspector.formulas.activations import (
     recompute_buffer,
     recompute_plan,
 )
-from inspector.job.dims import ModelDims, live_microbatches
-from inspector.job.job import Recompute, Training
-from inspector.job.layout import Layout
-from inspector.plan import caches
 
 
 @caches.memo(maxsize=65536)

@@ -17,13 +17,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import inspector.caches as caches
 from inspector.job.job import Job
 from inspector.job.optimizer_precision import OptimizerBytes
-from inspector.plan import caches
-from inspector.plan.buffers import Group, Spans, buffer_groups, buffer_layout, pad, place
-from inspector.plan.fsdp import fsdp_stage_state
-from inspector.plan.pieces import Pieces, Run, chunk_runs, pieces_for
-from inspector.report.memory import (
+from inspector.memory.compose.ddp_buffers import (
+    Group,
+    Spans,
+    buffer_groups,
+    buffer_layout,
+    pad,
+    place,
+)
+from inspector.memory.compose.fsdp_shards import fsdp_stage_state
+from inspector.memory.compose.pieces import Pieces, Run, chunk_runs, pieces_for
+from inspector.memory.measure import (
     StateBytes,
     job_optimizer_bytes,
     optimizer_bytes_per_element,

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from inspector.engine.allocator import Event
-from inspector.engine.microbatch import Trace
-from inspector.engine.schedule import pass_label, replay_passes
+from inspector.memory.engine.allocator import Event
+from inspector.memory.engine.microbatch import Trace
+from inspector.memory.engine.schedule import pass_label, replay_passes
 from inspector.records import MemoryPass
 
 Steps = tuple[tuple[int, int, str], ...]

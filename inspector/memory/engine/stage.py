@@ -26,10 +26,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from inspector.engine.compose import compose
-from inspector.engine.microbatch import Trace, run_microbatch, runtime_config
 from inspector.job.job import Job
 from inspector.job.layout import Layout
+from inspector.memory.engine.compose import compose
+from inspector.memory.engine.microbatch import Trace, run_microbatch, runtime_config
 
 
 @dataclass(frozen=True)
@@ -181,7 +181,7 @@ def moe_build(job: Job) -> contextlib.AbstractContextManager[None]:
     """Return what megatron needs to build an MoE job's token dispatchers here (moe.py)."""
     if job.model.num_experts is None:
         return contextlib.nullcontext()
-    from inspector.engine.moe import dispatcher_streams
+    from inspector.memory.engine.moe import dispatcher_streams
 
     return dispatcher_streams()
 
