@@ -588,7 +588,7 @@ from inspector.world.setup import megatron
 megatron()  # torch and megatron-core imported (~1.4 s), so that a child that builds starts warm
 import importlib
 for name in ("output", "guard", "render.params", "render.diff", "render.tree", "render.memory",
-             "report.params", "report.diff", "report.memory", "inputs.resolve", "world.build"):
+             "report.params", "report.diff", "memory.measure", "inputs.resolve", "world.build"):
     importlib.import_module("inspector." + name)  # what most children import, imported here once
 from inspector.cli import entry
 import gc

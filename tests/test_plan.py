@@ -85,7 +85,7 @@ def test_composed_state_equals_memory_stage_by_stage(name: str) -> None:
 
 def _assert_composed_equals_memory(job, name: str) -> None:
     from inspector.memory.measure import Hardware, measure
-    from inspector.plan import memory as pm
+    from inspector.memory.compose import stage_state as pm
     from inspector.world.build import build, select_view
     from inspector.world.ranks import rank_shard_indices
 
@@ -141,7 +141,7 @@ def test_pieces_scaled_to_another_expert_size_equal_megatrons_build(name, etp) -
     # The planner builds one expert-parallel size per (tp, expert tp) and scales the runs of
     # per-expert weights to the other sizes; megatron's own build of each size must agree.
     import inspector.caches as caches
-    from inspector.plan import pieces as pp
+    from inspector.memory.compose import pieces as pp
     from inspector.world.pieces import build_pieces
 
     caches.clear()
@@ -164,7 +164,7 @@ def test_pieces_scaled_to_another_expert_size_equal_megatrons_build(name, etp) -
 def test_composed_state_from_scaled_pieces_equals_memory(sizes) -> None:
     # Pieces scaled from another expert-parallel size's build still compose `memory`'s state.
     import inspector.caches as caches
-    from inspector.plan import pieces as pp
+    from inspector.memory.compose import pieces as pp
 
     caches.clear()
     flags = dict(
