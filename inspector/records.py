@@ -57,7 +57,7 @@ class StageTree:
 
 @dataclass(frozen=True)
 class MemoryPass:
-    """One pass of a rank's iteration as the engine replays it (engine/timeline.py).
+    """One pass of a rank's iteration as the engine replays it (memory/engine/timeline.py).
 
     A forward or backward of one micro-batch of one chunk, or a phase after them (the optimizer
     step): the allocator's events while it runs, above the static memory and the activations

@@ -1,5 +1,5 @@
 """The engine tests' composition check: a stage composed from one layer of each kind
-(engine/stage.py) must run as the whole stage does."""
+(memory/engine/stage.py) must run as the whole stage does."""
 
 from __future__ import annotations
 

@@ -69,7 +69,7 @@ def test_deepep_buffer_hints_match_hand_arithmetic():
 
 
 class _Table:
-    """A host-value table as the engine keeps one (engine/moe.py `_HostValues.get` / `set`)."""
+    """A host-value table as the engine keeps one (memory/engine/moe.py `_HostValues.get` / `set`)."""
 
     def __init__(self) -> None:
         self.values: dict[int, object] = {}

@@ -216,7 +216,7 @@ def test_fsdp_time_by_hand():
 
 @pytest.mark.parametrize("name", ["optim_grads", "optim_grads_params"])
 def test_plan_state_is_memorys_within_padding(name):
-    # the planner's composed Megatron-FSDP state (plan/memory.py, from pieces) against memory's
+    # the planner's composed Megatron-FSDP state (memory/compose/stage_state.py, from pieces) against memory's
     # (megatron's own buckets): equal but for the bucket padding, under dp x F elements per
     # bucket (a rank's shard of it: under F)
     from inspector.job.job import make_job

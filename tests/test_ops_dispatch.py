@@ -128,7 +128,7 @@ def _local_layer(bias: bool) -> tuple[list[tuple[str, int]], list[tuple[str, int
 
     get_gpt_layer_local_spec with LayerNorm, GeLU, bf16, dropout 0.1 (megatron-core's defaults),
     softmax in fp32, the bias fusions off (TransformerConfig's defaults, as the jobs leave them),
-    run on meta tensors with the kernels a GPU picks (engine/cuda.py), fed a [b, a, s, s] mask.
+    run on meta tensors with the kernels a GPU picks (memory/engine/cuda.py), fed a [b, a, s, s] mask.
     """
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec

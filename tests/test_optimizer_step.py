@@ -89,7 +89,7 @@ def test_fused_adam_works_in_place():
 
 
 def test_first_step_makes_the_moments_report_memory_counts():
-    """Adam's exp_avg and exp_avg_sq are made lazily on the first step: the state report/memory.py
+    """Adam's exp_avg and exp_avg_sq are made lazily on the first step: the state memory/measure.py
     counts (ADAM_MOMENTS per updated element), up to the allocator's rounding per tensor."""
     from inspector.formulas.optimizer import ADAM_MOMENTS
     from inspector.world.build import View, build
@@ -130,7 +130,7 @@ BENCH = __import__("pathlib").Path(__file__).resolve().parents[1] / "bench"
 @pytest.mark.skipif(not (GPU / "memory-h200.json").exists(), reason="shared/gpu not present")
 def test_probed_gpu_ranks_moments_are_the_state_report_memory_counts():
     """The static memory after an iteration (measured on the H200 after step 3) holds the moments
-    the first step made: they are report/memory.py's ADAM_MOMENTS per updated element, so the
+    the first step made: they are memory/measure.py's ADAM_MOMENTS per updated element, so the
     static ratios of bench/gpu_memory.py still hold with the step run."""
     import sys
 

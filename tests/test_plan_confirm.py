@@ -42,7 +42,7 @@ SEARCHES = {
 FSDP = dict(use_megatron_fsdp=True, use_distributed_optimizer=True, ckpt_format="fsdp_dtensor")
 # Megatron-FSDP (megatron asks for the distributed optimizer with it, so always on): the state and
 # the buffers in flight come from one built stage of each kind, the chunks' bucket layouts by
-# megatron's FSDP code (report/fsdp.py); each strategy shards another set of buffers
+# megatron's FSDP code (memory/fsdp_buffers.py); each strategy shards another set of buffers
 SEARCHES |= {
     # the embedding and loss alone, two middle stages alike (built once); the first chunk of
     # each stage bucketed by the bucket size, the others one bucket

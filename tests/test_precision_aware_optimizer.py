@@ -144,7 +144,7 @@ def _shards(job):
 )
 def test_the_first_step_makes_fusedadams_state(flags, per_element, reduced):
     """The engine's first step makes all of FusedAdam's state (moments and master): the bytes
-    report/memory.py counts, plus at most the allocator's rounding and small tensors per
+    memory/measure.py counts, plus at most the allocator's rounding and small tensors per
     parameter tensor (a scale per reduced state; fp8: scale, amax, scale_inv)."""
     from inspector.memory.engine.optimizer import stage_step
 
@@ -235,7 +235,7 @@ def test_plan_keeps_the_distributed_optimizer_and_prints_the_flags(cli):
 
 
 def test_plans_composed_state_equals_memory():
-    """The planner composes a stage's state from pieces (plan/memory.py) with the same bytes per
+    """The planner composes a stage's state from pieces (memory/compose/stage_state.py) with the same bytes per
     element as `memory`."""
     from tests.test_plan import _assert_composed_equals_memory
     from tests.test_plan import _job as plan_job

@@ -157,7 +157,7 @@ MLA_ROPE_EXPERIMENTAL = megatron_core_version() < (0, 16)
 
 
 def _formula_drop(args: dict, modules: str) -> float:
-    """Return the closed forms' saving (formulas/activations.py) over the job's stage-0 layers."""
+    """Return the closed forms' saving (memory/closed/activations.py) over the job's stage-0 layers."""
     from inspector.memory.closed.activations import layer_activations
 
     job = make_job({**args, "recompute_granularity": "selective", "recompute_modules": modules})
@@ -338,7 +338,7 @@ def test_memory_names_the_modules_beyond_megatrons_default(cli):
     ids=["dense", "moe-mixed"],
 )
 def test_one_layer_of_each_kind_stands_for_the_rest_under_module_recomputation(flags):
-    """`memory` composes a stage from one layer of each kind (engine/stage.py): the checkpoints'
+    """`memory` composes a stage from one layer of each kind (memory/engine/stage.py): the checkpoints'
     frees and restores (storage resizes included) must compose event for event."""
     job = make_job({**ENGINE, "num_layers": 6, "pipeline_model_parallel_size": 2,
                     "recompute_granularity": "selective", **flags})  # fmt: skip

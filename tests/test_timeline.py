@@ -186,7 +186,7 @@ def _trace(forward: list[int], backward: list[int]) -> Any:
 @pytest.mark.parametrize("pp, stage, m, chunks", [(1, 0, 3, 1), (2, 0, 4, 1), (4, 1, 8, 1),
                                                  (4, 3, 8, 1), (2, 0, 4, 2), (2, 1, 6, 3)])
 def test_the_timelines_highest_point_is_the_schedules_peak(pp, stage, m, chunks) -> None:
-    """engine/timeline.py replays what schedule.py's iteration_peak reduces: same highest point,
+    """memory/engine/timeline.py replays what schedule.py's iteration_peak reduces: same highest point,
     in the pass the peak's moment names; every micro-batch's activations freed at the end."""
     from inspector.memory.engine.schedule import iteration_peak
     from inspector.memory.engine.timeline import Replay

@@ -37,7 +37,7 @@ kv_lora -> n (c + v) / t on all T; RoPE on the rotary parts of Q and K; core att
 row-parallel output n v / t -> h. Their GEMM FLOPs are Megatron-LM's (mla_attention_flops, less
 the latent norms' "+ 1" terms). The output layer and loss: `output_ops`
 (vocab_parallel_cross_entropy's passes).
-Not memoised here: the planner keeps them in caches plan/caches.py owns (plan/cost.py).
+Not memoised here: the planner keeps them in caches inspector/caches.py owns (plan/cost.py).
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ foreach AdamW and megatron's local fallbacks. Each pass is a formulas/kernels.py
 priced at the measured copy bandwidth for the bytes it moves (the table's "copy" class: the plain
 streaming rate; its "add" rows imply more than the HBM peak). Kernel launches and the host work of
 the per-tensor loops are not priced. The step's memory (its temporaries) is not a formula: the
-engine runs it (engine/optimizer.py).
+engine runs it (memory/engine/optimizer.py).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from inspector.formulas.kernels import Memory
 from inspector.job.optimizer_precision import OptimizerBytes
 
 FP32 = 4
-ADAM_MOMENTS = 2 * FP32  # exp_avg and exp_avg_sq (report/memory.py's ADAM_MOMENTS)
+ADAM_MOMENTS = 2 * FP32  # exp_avg and exp_avg_sq (memory/measure.py's ADAM_MOMENTS)
 
 # torch's _multi_tensor_adam, decoupled weight decay, not capturable: fp32 bytes per element
 FOREACH_ADAMW: tuple[tuple[str, int], ...] = (

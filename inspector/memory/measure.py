@@ -19,9 +19,9 @@ Ranks of a stage hold the same parameter shapes; with the distributed optimizer 
 differ (the last ones hold the padding), so each stage reports its most loaded rank.
 
 Activations, temporaries and the buffers megatron keeps come from running it: one call into
-the engine (inspector/engine, docs/how-memory-is-computed.md) runs each stage's forward and
+the engine (inspector/memory/engine, docs/how-memory-is-computed.md) runs each stage's forward and
 backward on meta tensors and replays the pipeline schedule into the rank's peak and its moment.
-Where the engine cannot run the job yet (`engine.memory.not_runnable`), the activations come from
+Where the engine cannot run the job yet (`memory.engine.run.not_runnable`), the activations come from
 the closed forms in activations.py (Korthikanti et al. 2022) on the layers megatron placed on the
 stage, times the micro-batches in flight there. FLOPs from Megatron-LM's throughput formula
 (flops.py). Not counted: the CUDA context, NCCL buffers, fragmentation.
@@ -98,8 +98,8 @@ class StageMemory:
     state: StateBytes
     activations: StageActivations  # the closed forms (the answer only where run is None)
     flops: int  # one iteration, all of the stage's ranks together
-    run: RunMemory | None = None  # megatron run on meta tensors (inspector/engine)
-    in_flight: int = 0  # FSDP's gathered parameters and unsharded gradients (report/fsdp.py)
+    run: RunMemory | None = None  # megatron run on meta tensors (inspector/memory/engine)
+    in_flight: int = 0  # FSDP's gathered parameters and unsharded gradients (memory/fsdp_buffers.py)
 
     @property
     def activation_bytes(self) -> int:
@@ -337,7 +337,7 @@ def _stage_memory(
 def formula_activations(
     job: Job, built: BuiltStage, dims: ModelDims | None = None, schedule: Schedule | None = None
 ) -> StageActivations:
-    """Return the stage's peak activations by the closed forms (formulas/activations.py) for its
+    """Return the stage's peak activations by the closed forms (memory/closed/activations.py) for its
     built chunks: the answer where the engine cannot run, a cross-check in tests elsewhere."""
     training, chunks = job.training, built.chunks
     dims = job.dims() if dims is None else dims

@@ -1,8 +1,8 @@
 """Confirm the plans a search prints with `memory`'s own computation, where it differs.
 
-The search prices activations by the closed forms (formulas/activations.py). `memory` uses the
-same closed forms except where megatron's engine runs the job (inspector/engine: every job
-`engine.memory.not_runnable` lets through, Transformer Engine's context parallelism included),
+The search prices activations by the closed forms (memory/closed/activations.py). `memory` uses the
+same closed forms except where megatron's engine runs the job (inspector/memory/engine: every job
+`memory.engine.run.not_runnable` lets through, Transformer Engine's context parallelism included),
 and the engine's peak lies above them (temporaries, kept buffers). There each printed plan is
 measured as `memory` measures it: its stages take the engine's peak above the state, and a plan
 that does not fit is dropped for the next one, so that `memory` confirms every plan `plan`
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from inspector.memory.engine.stage import ChunkShape
 
 
-# megatron's engine runs an FSDP job as the same job without FSDP (inspector/engine reads no
+# megatron's engine runs an FSDP job as the same job without FSDP (inspector/memory/engine reads no
 # strategy: its buffers are `_fsdp_held`'s), and a search tries each layout under every strategy:
 # the engine's runs by job less its strategy, and chunk shapes
 _ENGINE: dict[tuple[Any, ...], JobRuns] = caches.table()
@@ -43,7 +43,7 @@ def engine_runs(plan: Plan) -> bool:
 
 def measured(plan: Plan) -> Plan:
     """Return the plan with each stage's activations as `memory` measures them (the peak above
-    the state, megatron's kept buffers included: report/memory.StageMemory.total)."""
+    the state, megatron's kept buffers included: memory/measure.StageMemory.total)."""
     shapes = engine_shapes(plan)
     if shapes is None:
         return _measured_as_memory(plan)
@@ -104,7 +104,7 @@ def engine_shapes(plan: Plan) -> list[tuple[ChunkShape, ...]] | None:
 
 def _fsdp_held(job: Job, shapes: Sequence[tuple[ChunkShape, ...]]) -> list[int]:
     """Return each stage's FSDP bytes as `memory` counts them: its most loaded rank's state and
-    the gathered buffers in flight (report/memory.py `_stage_memory`).
+    the gathered buffers in flight (memory/measure.py `_stage_memory`).
 
     Both come from the chunks' bucket layouts, which depend only on what each chunk holds (its
     layers' kinds, embedding, output layer, MTP block) and its place in the stage: stages alike

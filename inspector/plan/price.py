@@ -56,11 +56,11 @@ class StagePlan:
     optimizer: int
     activations: int
     in_flight: tuple[int, ...]
-    gathered: int = 0  # FSDP's gathered parameters and unsharded gradients (report/fsdp.py)
+    gathered: int = 0  # FSDP's gathered parameters and unsharded gradients (memory/fsdp_buffers.py)
     kept: int = 0  # of the weights, Transformer Engine's transposes of fp8 parameters
     elements: int = 0  # the rank's grad buffer elements (0: not counted, FSDP)
     # of the activations, what the GPU holds outside PyTorch's allocator (what, bytes): DeepEP's
-    # buffers, where megatron's engine confirmed the plan (engine/memory.py `outside_allocator`)
+    # buffers, where megatron's engine confirmed the plan (memory/engine/run.py `outside_allocator`)
     outside: tuple[tuple[str, int], ...] = ()
 
     @property

@@ -97,7 +97,7 @@ FIXED = {
 }
 
 
-# --recompute-modules whose saving the plan's closed forms count (formulas/activations.py) and
+# --recompute-modules whose saving the plan's closed forms count (memory/closed/activations.py) and
 # whose recomputed forward its time prices (formulas/ops.py); a plan dropping others would be a
 # different job
 PLANNED_MODULES: tuple[str, ...] = ("core_attn", "mla_up_proj", "mlp", "shared_experts")

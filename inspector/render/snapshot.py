@@ -10,7 +10,7 @@ memory viewer (pytorch.org/memory_viz, `_memory_viz.trace_plot`) opens it:
   workspaces) as `active_allocated` blocks the trace never allocates, so the viewer draws them
   from the start, then the free space the iteration's allocations used;
 - `device_traces`: every allocation (`alloc`) and free (`free_requested`, `free_completed`) of
-  the iteration in the schedule's order (engine/timeline.py), with two frames: where megatron
+  the iteration in the schedule's order (memory/engine/timeline.py), with two frames: where megatron
   was (the module, or the autograd node and the module that made it) and the pass.
 
 Addresses are synthetic and deterministic: a first-fit allocator over the segment. The engine

@@ -4,7 +4,7 @@ One file, one panel per pipeline stage (the rank the report shows for it), stack
 bottom: weights, gradients, optimizer state, buffers (persistent buffers and cuBLAS workspaces)
 as flat bands; the activations other micro-batches in flight hold beneath the running pass; and
 the running pass itself (its micro-batch's activations and temporaries). The x axis is the
-iteration's passes in megatron's schedule order (engine/timeline.py), each the same width, the
+iteration's passes in megatron's schedule order (memory/engine/timeline.py), each the same width, the
 pass's events drawn as their highest total per pixel. The peak is marked with the report's
 moment. Only the standard library; every number printed with fixed decimals, so the file is
 byte-identical run to run.

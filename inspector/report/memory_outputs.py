@@ -1,5 +1,5 @@
 """The memory command's checks of flags it cannot honour, and the passes --timeline and
---snapshot draw from a memory report (memory.py), within the caps one file holds.
+--snapshot draw from a memory report (memory/measure.py), within the caps one file holds.
 """
 
 from __future__ import annotations

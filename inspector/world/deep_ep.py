@@ -11,14 +11,14 @@ intranode path, and the cached-handle path the backward takes). Each returns wha
 than one NVLink domain of 8 GPUs): the same shapes and dtypes, allocated on the meta device.
 
 Which tokens go where is data: the stand-in reads the expert indices' values from the table the
-engine keeps beside its meta tensors (`host_values`, set by inspector/engine/moe.py while a
+engine keeps beside its meta tensors (`host_values`, set by inspector/memory/engine/moe.py while a
 balanced routing runs) and gives its outputs values there too, as DeepEP's kernels would compute
 them. Every rank routes alike (balanced), so a rank receives from each of the group's ranks what
 it would send to itself.
 
 DeepEP's own buffers are allocated outside PyTorch (csrc/deep_ep.cpp `Buffer::Buffer`: the NVLink
 buffer with `cudaMalloc` and shared by CUDA IPC, the RDMA buffer with `nvshmem_malloc`, a 32 MiB
-workspace with `cudaMalloc`): PyTorch's allocator never sees them; inspector/engine/memory.py
+workspace with `cudaMalloc`): PyTorch's allocator never sees them; inspector/memory/engine/run.py
 `outside_allocator` counts them from the sizes megatron asks this Buffer for.
 
 No DeepEP code is copied here; the constants and formulas cite DeepEP's source (github.com/
@@ -47,7 +47,7 @@ NVL_METADATA_BYTES = NUM_MAX_NVL_PEERS * 4 + 2 * NUM_MAX_NVL_PEERS * 8
 
 
 class HostValues(Protocol):
-    """The engine's table of host values beside meta tensors (inspector/engine/moe.py)."""
+    """The engine's table of host values beside meta tensors (inspector/memory/engine/moe.py)."""
 
     def get(self, tensor: torch.Tensor) -> torch.Tensor | None: ...
 

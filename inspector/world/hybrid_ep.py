@@ -17,7 +17,7 @@ worst-case tokens, two workspaces; `permute_launcher`: the permuted tokens and p
 host tensors with values.
 
 Which tokens go where is data: the routing map's values come from the engine's table
-(`deep_ep.host_values`, inspector/engine/moe.py); every rank routes alike (balanced), so a rank
+(`deep_ep.host_values`, inspector/memory/engine/moe.py); every rank routes alike (balanced), so a rank
 receives from each rank of the group what that rank's map sends to it. HybridEP's own buffers
 (outside PyTorch's allocator) are sized by inspector/job/hybrid_ep.py; none are made here.
 

@@ -1,6 +1,6 @@
 """The parameters of each piece a pipeline stage can hold, read off two small megatron builds.
 
-The planner (plan/pieces.py) composes any stage of any layout from these pieces: the embedding
+The planner (memory/compose/pieces.py) composes any stage of any layout from these pieces: the embedding
 (first stage), one transformer layer of each kind, and the final norm, output layer and MTP block
 (last stage). A piece's local shapes depend only on (tp, ep, expert-tp, dtype, spec), never on
 pp, dp or cp, so two builds serve every layout of a key: two layers on two pipeline stages, and

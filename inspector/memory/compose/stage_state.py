@@ -4,9 +4,9 @@
 stage holds depend only on which pieces megatron puts there — the embedding (first stage), its
 transformer layers, the final norm and output layer (last stage) — and each piece's local shapes
 depend only on (tp, ep, expert-tp, dtype, spec), never on pp, dp or cp. So the pieces are built
-once per such key (world/pieces.py, scaled to other expert-parallel sizes by plan/pieces.py), and
+once per such key (world/pieces.py, scaled to other expert-parallel sizes by memory/compose/pieces.py), and
 `stage_state` lays out any stage's chunks as megatron's DistributedDataParallel would
-(plan/buffers.py) and prices its most loaded rank with memory.state_bytes, as `memory` does;
+(memory/compose/ddp_buffers.py) and prices its most loaded rank with memory.state_bytes, as `memory` does;
 tests/test_plan.py proves composed = `memory` stage by stage.
 """
 

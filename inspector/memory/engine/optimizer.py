@@ -30,7 +30,7 @@ ModelDims `fused_kernels` notion of formulas/optimizer.py), else torch.optim.Ada
   step, and the fp32 temporaries its step makes for every state held in a reduced dtype.
 
 The first step makes Adam's moments (lazily: `exp_avg`, `exp_avg_sq`); they are state memory,
-counted by report/memory.py, and returned here to be checked. The second step is the steady one;
+counted by memory/measure.py, and returned here to be checked. The second step is the steady one;
 before it, Megatron-LM's `train_step` calls `optimizer.zero_grad()`, which frees the fp32 main
 grads `main_grad.float()` made when the grad buffer is 16-bit (they live from the step to the
 next iteration's start, above the static memory).

@@ -10,7 +10,7 @@ their tensors in place and allocate nothing: they are not called. An fp8 state (
 row-wise data and its column-wise transpose, one byte an element each, and its fp32 scale_inv,
 beside the quantizer's scale and amax.
 
-megatron-core imports it only with --use-precision-aware-optimizer (engine/optimizer.py puts it
+megatron-core imports it only with --use-precision-aware-optimizer (memory/engine/optimizer.py puts it
 in place as `transformer_engine.pytorch.optimizers` while the optimizer is made and stepped);
 without the flag megatron's own fallback runs, as with the rest of TE's optimizers.
 """
