@@ -220,7 +220,7 @@ def test_plan_state_is_memorys_within_padding(name):
     # (megatron's own buckets): equal but for the bucket padding, under dp x F elements per
     # bucket (a rank's shard of it: under F)
     from inspector.job.job import make_job
-    from inspector.memory.compose.stage_state import ChunkShape, stage_state
+    from inspector.memory.compose.stage_state import ChunkKinds, stage_state
     from inspector.memory.fsdp_buffers import fsdp_state
     from inspector.world.build import build, select_view
     from inspector.world.ranks import rank_shard_indices
@@ -234,7 +234,7 @@ def test_plan_state_is_memorys_within_padding(name):
     built = build(job, select_view(job))
     pairs = sorted({(d, e) for p, d, e in rank_shard_indices(job.layout) if p == 0})
     for stage in built.stages:
-        shapes = [ChunkShape.of(job.model, c.layers, c.has_embedding, c.has_output)
+        shapes = [ChunkKinds.of(job.model, c.layers, c.has_embedding, c.has_output)
                   for c in stage.chunks]  # fmt: skip
         plan, _ = stage_state(job, stage.stage, shapes, pairs)
         layouts = [c.fsdp() for c in stage.chunks]

@@ -90,8 +90,8 @@ def test_fused_adam_works_in_place():
 
 def test_first_step_makes_the_moments_report_memory_counts():
     """Adam's exp_avg and exp_avg_sq are made lazily on the first step: the state memory/measure.py
-    counts (ADAM_MOMENTS per updated element), up to the allocator's rounding per tensor."""
-    from inspector.formulas.optimizer import ADAM_MOMENTS
+    counts (job/optimizer_precision.py ADAM_MOMENTS per updated element), up to the allocator's rounding per tensor."""
+    from inspector.job.optimizer_precision import ADAM_MOMENTS
     from inspector.world.build import View, build
 
     for distributed in (False, True):
@@ -130,11 +130,11 @@ BENCH = __import__("pathlib").Path(__file__).resolve().parents[1] / "bench"
 @pytest.mark.skipif(not (GPU / "memory-h200.json").exists(), reason="shared/gpu not present")
 def test_probed_gpu_ranks_moments_are_the_state_report_memory_counts():
     """The static memory after an iteration (measured on the H200 after step 3) holds the moments
-    the first step made: they are memory/measure.py's ADAM_MOMENTS per updated element, so the
+    the first step made: they are ADAM_MOMENTS per updated element (job/optimizer_precision.py), so the
     static ratios of bench/gpu_memory.py still hold with the step run."""
     import sys
 
-    from inspector.formulas.optimizer import ADAM_MOMENTS
+    from inspector.job.optimizer_precision import ADAM_MOMENTS
     from inspector.memory.engine.optimizer import stage_step
 
     sys.path.insert(0, str(BENCH))

@@ -84,8 +84,8 @@ def test_composed_state_equals_memory_stage_by_stage(name: str) -> None:
 
 
 def _assert_composed_equals_memory(job, name: str) -> None:
-    from inspector.memory.measure import Hardware, measure
     from inspector.memory.compose import stage_state as pm
+    from inspector.memory.measure import Hardware, measure
     from inspector.world.build import build, select_view
     from inspector.world.ranks import rank_shard_indices
 
@@ -95,7 +95,7 @@ def _assert_composed_equals_memory(job, name: str) -> None:
     for stage in report.stages:
         n = len(stage.layers)
         shapes = [
-            pm.ChunkShape.of(job.model, c, stage.stage == 0 and k == 0, stage.stage == last and k == n - 1)
+            pm.ChunkKinds.of(job.model, c, stage.stage == 0 and k == 0, stage.stage == last and k == n - 1)
             for k, c in enumerate(stage.layers)
         ]
         state, params = pm.stage_state(job, stage.stage, shapes, pairs)

@@ -239,6 +239,21 @@ def gpu_option(default: str | None, what: str = "") -> Any:
     )
 
 
+def gpu_memory_option(use: str) -> Any:
+    """Return --gpu-memory (GiB), declared here only; `use` says what the command does with it."""
+    return typer.Option(None, "--gpu-memory", help=f"GPU memory in GiB{use}.")
+
+
+def gpu_tflops_option(use: str) -> Any:
+    """Return --gpu-tflops, declared here only; `use` says what the command does with it."""
+    return typer.Option(None, "--gpu-tflops", help=f"Peak TFLOP/s per GPU{use}.")
+
+
+def mfu_option() -> Any:
+    """Return --mfu, declared here only."""
+    return typer.Option(None, "--mfu", help="Fraction of the peak reached (default 1).")
+
+
 def stage_option(help_text: str) -> Any:
     return typer.Option(None, "--stage", help=help_text, rich_help_panel=OUTPUT_HELP)
 

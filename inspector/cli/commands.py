@@ -21,7 +21,10 @@ from inspector.cli.app import (
     app,
     emit,
     format_option,
+    gpu_memory_option,
     gpu_option,
+    gpu_tflops_option,
+    mfu_option,
     model_options,
     output_option,
     rank_option,
@@ -172,15 +175,9 @@ def memory(
     label: str | None,
     fmt: Any = format_option(MemoryFormat.text, "text (bar chart), table, json."),
     gpu: str | None = gpu_option(None, ": GiB, peak"),
-    gpu_memory: float | None = typer.Option(
-        None, "--gpu-memory", help="GPU memory in GiB: say which stages fit."
-    ),
-    gpu_tflops: float | None = typer.Option(
-        None, "--gpu-tflops", help="Peak TFLOP/s per GPU: print the time."
-    ),
-    mfu: float | None = typer.Option(
-        None, "--mfu", help="Fraction of the peak reached (default 1)."
-    ),
+    gpu_memory: float | None = gpu_memory_option(": say which stages fit"),
+    gpu_tflops: float | None = gpu_tflops_option(": print the time"),
+    mfu: float | None = mfu_option(),
     ulysses_degree: int | None = typer.Option(
         None, "--ulysses-degree", help="Add a Ulysses table to the walkthrough."
     ),
@@ -280,10 +277,8 @@ def workload(
     fmt: Any = format_option(WorkloadFormat.simai, "simai: SimAI workload files."),
     stage: int | None = stage_option("Print this stage's file instead."),
     gpu: str | None = gpu_option(None, ": its peak"),
-    gpu_tflops: float | None = typer.Option(
-        None, "--gpu-tflops", help="Peak TFLOP/s per GPU: compute times from FLOPs."
-    ),
-    mfu: float | None = typer.Option(None, "--mfu", help="Fraction of the peak reached (default 1)."),
+    gpu_tflops: float | None = gpu_tflops_option(": compute times from FLOPs"),
+    mfu: float | None = mfu_option(),
     compute_profile: str | None = typer.Option(
         None,
         "--compute-profile",

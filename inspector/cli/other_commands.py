@@ -12,7 +12,16 @@ from typing import Any
 
 import typer
 
-from inspector.cli.app import app, emit, format_option, gpu_option, model_options, output_option
+from inspector.cli.app import (
+    app,
+    emit,
+    format_option,
+    gpu_memory_option,
+    gpu_option,
+    gpu_tflops_option,
+    model_options,
+    output_option,
+)
 from inspector.cli.help import PanelCommand
 from inspector.job.hardware import DEFAULT_GPU
 from inspector.report.formats import DiffFormat, PlanFormat
@@ -52,16 +61,12 @@ def plan(
     use_cache: bool,
     label: str | None,
     gpus: int = typer.Option(..., "--gpus", help="GPUs in the cluster."),
-    gpu_memory: float | None = typer.Option(
-        None, "--gpu-memory", help="GiB per GPU (default: the --gpu type's)."
-    ),
+    gpu_memory: float | None = gpu_memory_option(" (default: the --gpu type's)"),
     gpu: str = gpu_option(DEFAULT_GPU),
     gpus_per_node: int | None = typer.Option(
         None, "--gpus-per-node", help="GPUs per NVLink domain (default: the type's)."
     ),
-    gpu_tflops: float | None = typer.Option(
-        None, "--gpu-tflops", help="16-bit peak TFLOP/s (default: the type's)."
-    ),
+    gpu_tflops: float | None = gpu_tflops_option(" (16-bit; default: the --gpu type's)"),
     intra_bandwidth: float | None = typer.Option(
         None, "--intra-node-bandwidth", help="NVLink GB/s per GPU, each way."
     ),

@@ -44,10 +44,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from inspector.formulas.kernels import Memory
-from inspector.job.optimizer_precision import OptimizerBytes
-
-FP32 = 4
-ADAM_MOMENTS = 2 * FP32  # exp_avg and exp_avg_sq (memory/measure.py's ADAM_MOMENTS)
+from inspector.job.optimizer_precision import FP32, OptimizerBytes
 
 # torch's _multi_tensor_adam, decoupled weight decay, not capturable: fp32 bytes per element
 FOREACH_ADAMW: tuple[tuple[str, int], ...] = (

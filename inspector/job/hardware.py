@@ -75,6 +75,7 @@ GPUS = {
     ),
 }
 DEFAULT_GPU = "h100"
+GIB = 1 << 30  # --gpu-memory is in GiB, as nvidia-smi and torch count
 # plan: None prices each kernel from the measured tables (formulas/kernels.py, scaled to the
 # record's 16-bit peak and HBM); --efficiency F prices every FLOP at F x the 16-bit peak instead
 DEFAULT_EFFICIENCY: float | None = None

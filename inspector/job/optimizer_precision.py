@@ -40,6 +40,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
 # transpose of a Float8Tensor, one byte each)
 STATE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 2}
 FP32 = 4
+# Megatron-LM's default --optimizer adam: the optimizer's constants, defined here only
+ADAM_MOMENTS = 2 * FP32  # exp_avg and exp_avg_sq, fp32
+MASTER_COPY = FP32  # the fp32 master (main) weight of a 16-bit parameter
 REMAINDER = 2  # store_param_remainders: int16, the low 16 bits of the fp32 master of a bf16 param
 
 

@@ -27,8 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-ADAM_MOMENTS = 8  # exp_avg and exp_avg_sq in fp32 (Megatron-LM's default --optimizer adam)
-MASTER_COPY = 4  # the fp32 main-weight buffer's element
+from inspector.job.optimizer_precision import ADAM_MOMENTS, MASTER_COPY
 
 SHARDED = {  # ParamAndGradBuffer._init_each_parameter_group_buffers: (weights, main, grads)
     "fsdp2": (True, True, True),

@@ -44,7 +44,7 @@ from inspector.formulas.flops import (
     stage_flops,
 )
 from inspector.job.dims import ModelDims
-from inspector.job.hardware import check_positive, get_gpu
+from inspector.job.hardware import GIB, check_positive, get_gpu
 from inspector.job.job import Job, Schedule, Training
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
@@ -55,10 +55,7 @@ if TYPE_CHECKING:
     from inspector.memory.engine.run import RunMemory
     from inspector.world.build import BuiltJob, BuiltStage
 
-ADAM_MOMENTS = 8  # exp_avg and exp_avg_sq, fp32 (Megatron-LM's default --optimizer adam)
-MASTER_COPY = 4  # fp32 master weight of a 16-bit parameter
 DEFAULT_ADAM = OptimizerBytes()  # Megatron-LM's default Adam: fp32 master and moments
-GIB = 1 << 30
 
 
 @dataclass(frozen=True)

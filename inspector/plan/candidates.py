@@ -24,7 +24,7 @@ from inspector.memory.compose.stage_activations import (
     layer_bytes,
     live_points,
 )
-from inspector.memory.compose.stage_state import ChunkShape
+from inspector.memory.compose.stage_state import ChunkKinds
 from inspector.plan.layouts import layout_for
 from inspector.plan.price import (
     Placed,
@@ -245,14 +245,14 @@ def _state_terms(job: Job, pairs_of: Layout, kinds: tuple[bool, ...]) -> tuple[i
     output), and the most one more layer of a kind adds: what capped_split's caps need."""
     scope = state_scope(job, pairs_of)
 
-    def state(*shapes: ChunkShape) -> int:
+    def state(*shapes: ChunkKinds) -> int:
         return int(cached_stage_state(job, 1, shapes, pairs_of, scope).total)
 
     k = kinds[0]
-    one = state(ChunkShape((k,), False, False))
-    ends = state(ChunkShape((k,), True, False), ChunkShape((k,), False, True))
+    one = state(ChunkKinds((k,), False, False))
+    ends = state(ChunkKinds((k,), True, False), ChunkKinds((k,), False, True))
     per_layer_state = max(  # the heavier kind where the model mixes MoE and dense layers
-        state(ChunkShape((kind, kind), False, False)) - state(ChunkShape((kind,), False, False))
+        state(ChunkKinds((kind, kind), False, False)) - state(ChunkKinds((kind,), False, False))
         for kind in kinds
     )
     return one, ends, per_layer_state

@@ -33,7 +33,7 @@ from inspector.memory.compose.stage_activations import (
     stage_chunk_bytes,
     stage_peak,
 )
-from inspector.memory.compose.stage_state import ChunkShape, stage_state
+from inspector.memory.compose.stage_state import ChunkKinds, stage_state
 from inspector.memory.measure import job_optimizer_bytes
 from inspector.plan.cost import StageTime, StepTime, stage_work, step_time, with_state
 from inspector.plan.flags import megatron_flags
@@ -176,7 +176,7 @@ def sharding_of(training: Training) -> bool | str:
 
 
 def cached_stage_state(
-    job: Job, stage: int, shapes: tuple[ChunkShape, ...], pairs_of: Layout,
+    job: Job, stage: int, shapes: tuple[ChunkKinds, ...], pairs_of: Layout,
     scope: dict[int, Any] | None = None, key: int | None = None,
 ) -> Any:
     """Return memory.stage_state, computed once per distinct stage (mbs, recompute apart).
@@ -192,7 +192,7 @@ def cached_stage_state(
     return scope[key]
 
 
-_STAGE_NUMBERS: dict[tuple[tuple[ChunkShape, ...], bool], int] = caches.table()  # (shapes, first?)
+_STAGE_NUMBERS: dict[tuple[tuple[ChunkKinds, ...], bool], int] = caches.table()  # (shapes, first?)
 _SIGNATURE_NUMBERS: dict[tuple[Any, ...], int] = caches.table()
 
 
@@ -217,11 +217,11 @@ Placed = tuple[tuple[tuple[int, ...], ...], ...]  # per pipeline rank, each chun
 
 @dataclass(frozen=True)
 class _Stages:
-    """A split's stages: each rank's chunks' layers, ChunkShapes and cost signature, and the
+    """A split's stages: each rank's chunks' layers, ChunkKinds and cost signature, and the
     numbers that stand for (shapes, first stage?) and signatures in cache keys."""
 
     placed: Placed
-    shapes: tuple[tuple[ChunkShape, ...], ...]
+    shapes: tuple[tuple[ChunkKinds, ...], ...]
     signatures: tuple[tuple[Any, ...], ...]
     state_keys: tuple[int, ...]
     signature_keys: tuple[int, ...]
@@ -247,7 +247,7 @@ def _split_stages(model: ModelConfig, dims: ModelDims, split: Split, pp: int, v:
     )
     shapes = tuple(
         tuple(
-            ChunkShape.of(model, c, s == 0 and k == 0, s == pp - 1 and k == v - 1)
+            ChunkKinds.of(model, c, s == 0 and k == 0, s == pp - 1 and k == v - 1)
             for k, c in enumerate(chunks)
         )
         for s, chunks in enumerate(placed)

@@ -9,8 +9,9 @@ from typing import Any
 from tabulate import tabulate
 
 from inspector.job.flex import runs_hybridep
+from inspector.job.hardware import GIB
 from inspector.job.optimizer_precision import REMAINDER
-from inspector.memory.measure import GIB, MemoryReport, StageMemory
+from inspector.memory.measure import MemoryReport, StageMemory
 from inspector.report.formats import MemoryFormat
 
 BAR_WIDTH = 48

@@ -7,11 +7,10 @@ from typing import Any
 
 from tabulate import tabulate
 
+from inspector.job.hardware import GIB
 from inspector.plan.price import Plan
 from inspector.plan.search import SearchResult
 from inspector.render.memory import outside_line
-
-GIB = 1 << 30
 
 
 def _layout(plan: Plan) -> str:

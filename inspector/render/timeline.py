@@ -16,7 +16,8 @@ import math
 from collections.abc import Callable, Sequence
 from xml.sax.saxutils import escape
 
-from inspector.memory.measure import GIB, MemoryReport, StageMemory
+from inspector.job.hardware import GIB
+from inspector.memory.measure import MemoryReport, StageMemory
 from inspector.records import MemoryPass
 
 WIDTH, LEFT, RIGHT = 960, 70, 20

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from inspector.job.job import Job
-from inspector.memory.fsdp_buffers import ADAM_MOMENTS, MASTER_COPY, SHARDED
+from inspector.job.optimizer_precision import ADAM_MOMENTS, MASTER_COPY
+from inspector.memory.fsdp_buffers import SHARDED
 from inspector.memory.measure import StateBytes
 
 

@@ -40,7 +40,7 @@ from inspector.world.shards import BufferLayout, resolve_bucket_size
 
 
 @dataclass(frozen=True)
-class ChunkShape:
+class ChunkKinds:
     """What one chunk holds: its layers' kinds (True: an MoE MLP), in order, and whether the
     embedding / output layer are on it."""
 
@@ -49,7 +49,7 @@ class ChunkShape:
     output: bool
 
     @classmethod
-    def of(cls, model: Any, layers: Sequence[int], embedding: bool, output: bool) -> ChunkShape:
+    def of(cls, model: Any, layers: Sequence[int], embedding: bool, output: bool) -> ChunkKinds:
         """Return the shape of a chunk holding the model's 0-based global `layers`."""
         return cls(tuple(model.is_moe_layer(i) for i in layers), embedding, output)
 
@@ -57,7 +57,7 @@ class ChunkShape:
 @caches.memo(maxsize=65536)
 def _chunk_buffers(
     pieces_id: int,
-    shape: ChunkShape,
+    shape: ChunkKinds,
     pp: int,
     distributed: bool,
     dp_size: int,
@@ -84,14 +84,14 @@ def _chunk_buffers(
 
 @caches.memo(maxsize=65536)
 def _chunk_groups(
-    pieces_id: int, shape: ChunkShape, pp: int
+    pieces_id: int, shape: ChunkKinds, pp: int
 ) -> tuple[Group, ...]:
     return buffer_groups(_chunk_runs(pieces_id, shape, pp)[0])
 
 
 @caches.memo(maxsize=65536)
 def _one_bucket(
-    pieces_id: int, shape: ChunkShape, pp: int, group: int, distributed: bool
+    pieces_id: int, shape: ChunkKinds, pp: int, group: int, distributed: bool
 ) -> tuple[Spans, int]:
     """Return a buffer's spans and its end before padding, where it is one bucket."""
     spans, buckets = place(_chunk_groups(pieces_id, shape, pp)[group][1], distributed, 1, None)
@@ -99,7 +99,7 @@ def _one_bucket(
 
 
 @caches.memo(maxsize=65536)
-def _chunk_runs(pieces_id: int, shape: ChunkShape, pp: int) -> tuple[tuple[Run, ...], int]:
+def _chunk_runs(pieces_id: int, shape: ChunkKinds, pp: int) -> tuple[tuple[Run, ...], int]:
     """Return chunk_runs for a chunk of this shape, and its parameter count."""
     runs = chunk_runs(_BY_ID[pieces_id], shape.layers, shape.embedding, shape.output, pp)
     return runs, sum(param.numel * count for param, count in runs)
@@ -109,7 +109,7 @@ _BY_ID: dict[int, Pieces] = caches.table()
 
 
 def stage_state(
-    job: Job, stage: int, chunks: Sequence[ChunkShape], shard_pairs: Sequence[tuple[int, int]]
+    job: Job, stage: int, chunks: Sequence[ChunkKinds], shard_pairs: Sequence[tuple[int, int]]
 ) -> tuple[StateBytes, int]:
     """Return the most loaded rank's state bytes for one stage, and its parameter count.
 
@@ -176,7 +176,7 @@ def _summed(rows: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
 @caches.memo(maxsize=65536)
 def _chunk_optimizer(
     pieces_id: int,
-    shape: ChunkShape,
+    shape: ChunkKinds,
     pp: int,
     distributed: bool,
     dp_size: int,

@@ -34,7 +34,7 @@ Step = tuple[int, str]  # bytes (negative: a free), where
 
 
 @dataclass(frozen=True)
-class Pieces:
+class PhaseCut:
     """One phase (forward or backward) of a trace, cut into head, layers and tail."""
 
     head: tuple[Step, ...]
@@ -48,7 +48,7 @@ def layer_of(where: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def cut(events: Sequence[Event], layers: int, group: int = 1) -> Pieces:
+def cut(events: Sequence[Event], layers: int, group: int = 1) -> PhaseCut:
     """Cut one phase's events into head, each layer's (or group of `group` layers') segment and
     tail.
 
@@ -69,7 +69,7 @@ def cut(events: Sequence[Event], layers: int, group: int = 1) -> Pieces:
             tail.append((event.bytes, event.where))
         else:
             segments[current // group].append((event.bytes, event.where))
-    return Pieces(tuple(head), tuple(tuple(s) for s in segments), tuple(tail))
+    return PhaseCut(tuple(head), tuple(tuple(s) for s in segments), tuple(tail))
 
 
 def compose(
