@@ -98,7 +98,7 @@ def test_fsdp_plans_print_the_peak_memory_measures() -> None:
     assert result.plans
     for plan in result.plans:
         report = measure(build(plan.job, select_view(plan.job), expert_ranks=(0,)), Hardware())
-        assert any(s.in_flight for s in report.stages)
+        assert any(s.fsdp_in_flight for s in report.stages)
         assert [s.total for s in plan.stages] == [s.total for s in report.stages]
 
 

@@ -249,7 +249,7 @@ def test_meta_405b_in_megatron_core_memory() -> None:
     worst = max(plan.stages, key=lambda s: s.total)  # type: ignore[attr-defined]
     assert worst.stage == 1 and worst.in_flight == (16,) * 8
     assert 63.5 * GIB < worst.activations < 63.6 * GIB
-    assert 5.9 * GIB < worst.gradients < 6.0 * GIB  # bf16: half the fp32 buffer below
+    assert 5.9 * GIB < worst.state.gradients < 6.0 * GIB  # bf16: half the fp32 buffer below
     assert 75.7 * GIB < plan.peak < 75.8 * GIB  # type: ignore[attr-defined]
     # megatron-core's default fp32 gradient buffer does not fit: 81.65 GiB without recompute,
     # and the planner then needs recomputation for Meta's tp, pp and cp: block recomputation of
@@ -257,7 +257,7 @@ def test_meta_405b_in_megatron_core_memory() -> None:
     from inspector.render.plan import recompute_label
 
     fp32 = meta_405b(8, "none", False)
-    assert 11.8 * GIB < max(s.gradients for s in fp32.stages) < 11.9 * GIB  # type: ignore[attr-defined]
+    assert 11.8 * GIB < max(s.state.gradients for s in fp32.stages) < 11.9 * GIB  # type: ignore[attr-defined]
     assert 81.6 * GIB < fp32.peak < 81.7 * GIB  # type: ignore[attr-defined]
     best = best_405b(False, tp=8, pp=16, cp=1)
     assert (best.job.layout.chunks, recompute_label(best)) == (4, "block 1")  # type: ignore[attr-defined, arg-type]

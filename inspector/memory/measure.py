@@ -84,19 +84,28 @@ class StateBytes:
         return self.weights + self.gradients + self.optimizer
 
 
-@dataclass(frozen=True)
-class StageMemory:
-    """One pipeline stage: its most loaded rank's bytes, and the stage's FLOPs."""
+@dataclass(frozen=True, kw_only=True)
+class StageBytes:
+    """One pipeline stage's most loaded rank: the one stage-memory record, which `memory`
+    (StageMemory, from the built job) and `plan` (plan/price.py's StagePlan, composed) extend."""
 
     stage: int
     layers: tuple[tuple[int, ...], ...]  # 0-based global layers of each chunk
+    state: StateBytes
+    # FSDP's gathered parameters and unsharded gradients (memory/fsdp_buffers.py)
+    fsdp_in_flight: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageMemory(StageBytes):
+    """One pipeline stage as `memory` measures it: its most loaded rank's bytes, and the stage's
+    FLOPs."""
+
     rank: int  # the lowest global rank holding the most bytes
     parameters: int  # parameter elements on one rank of the stage
-    state: StateBytes
     activations: StageActivations  # the closed forms (the answer only where run is None)
     flops: int  # one iteration, all of the stage's ranks together
     run: RunMemory | None = None  # megatron run on meta tensors (inspector/memory/engine)
-    in_flight: int = 0  # FSDP's gathered parameters and unsharded gradients (memory/fsdp_buffers.py)
 
     @property
     def activation_bytes(self) -> int:
@@ -109,7 +118,7 @@ class StageMemory:
     def buffers(self) -> int:
         """Return the bytes the run keeps besides the state (persistent buffers, workspaces; FSDP's
         buffers in flight); the run's are 0 where the engine did not run (`buffers_counted`)."""
-        return (self.run.static if self.run is not None else 0) + self.in_flight
+        return (self.run.static if self.run is not None else 0) + self.fsdp_in_flight
 
     @property
     def buffers_counted(self) -> bool:
@@ -327,7 +336,7 @@ def _stage_memory(
         state=by_shard[(data, expert)],
         activations=activations,
         flops=flops,
-        in_flight=in_flight,
+        fsdp_in_flight=in_flight,
     )
 
 

@@ -66,7 +66,7 @@ def measured(plan: Plan) -> Plan:
         run = engine.runs[printed.stage]
         above = run.static + run.peak.bytes
         if held is not None:  # `memory`'s FSDP state and buffers in flight, not the plan's
-            above += held[printed.stage] - printed.state - printed.gathered
+            above += held[printed.stage] - printed.state.total - printed.fsdp_in_flight
         stages.append(replace(printed, activations=above, outside=run.outside))
     return replace(plan, stages=tuple(stages))
 
@@ -139,7 +139,7 @@ def _measured_as_memory(plan: Plan) -> Plan:
     job = plan.job
     report = measure(build(job, select_view(job), expert_ranks=(0,)), Hardware())
     stages = tuple(  # FSDP's buffers in flight are `memory`'s own there, not the plan's `gathered`
-        replace(printed, activations=built.total - printed.state - printed.gathered,
+        replace(printed, activations=built.total - printed.state.total - printed.fsdp_in_flight,
                 outside=built.run.outside if built.run is not None else ())
         for printed, built in zip(plan.stages, report.stages, strict=True)
     )

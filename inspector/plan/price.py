@@ -34,7 +34,7 @@ from inspector.memory.compose.stage_activations import (
     stage_peak,
 )
 from inspector.memory.compose.stage_state import ChunkKinds, stage_state
-from inspector.memory.measure import job_optimizer_bytes
+from inspector.memory.measure import StageBytes, job_optimizer_bytes
 from inspector.plan.cost import StageTime, StepTime, stage_work, step_time, with_state
 from inspector.plan.flags import megatron_flags
 from inspector.plan.flex import exchange_sm_share
@@ -44,21 +44,13 @@ from inspector.plan.request import Request
 from inspector.plan.split import Split, chunk_layers
 
 
-@dataclass(frozen=True)
-class StagePlan:
-    """One pipeline rank of a plan: its layers and its most loaded rank's bytes."""
+@dataclass(frozen=True, kw_only=True)
+class StagePlan(StageBytes):
+    """One pipeline rank of a plan: memory's stage record (layers, its most loaded rank's state
+    composed by memory/compose), and the activations at the micro-batches in flight."""
 
-    stage: int
-    layers: tuple[tuple[int, ...], ...]
-    state: int
-    weights: int
-    gradients: int
-    optimizer: int
     activations: int
-    in_flight: tuple[int, ...]
-    gathered: int = 0  # FSDP's gathered parameters and unsharded gradients (memory/fsdp_buffers.py)
-    kept: int = 0  # of the weights, Transformer Engine's transposes of fp8 parameters
-    elements: int = 0  # the rank's grad buffer elements (0: not counted, FSDP)
+    in_flight: tuple[int, ...]  # micro-batch passes in flight, per chunk
     # of the activations, what the GPU holds outside PyTorch's allocator (what, bytes): DeepEP's
     # buffers, where megatron's engine confirmed the plan (memory/engine/run.py `outside_allocator`)
     outside: tuple[tuple[str, int], ...] = ()
@@ -66,7 +58,7 @@ class StagePlan:
     @property
     def total(self) -> int:
         """Return the rank's bytes."""
-        return self.state + self.activations + self.gathered
+        return self.state.total + self.activations + self.fsdp_in_flight
 
 
 @dataclass(frozen=True)
@@ -298,9 +290,8 @@ def price_memory(job: Job, split: Split) -> tuple[Placed, tuple[StagePlan, ...]]
                     [(each, recipe) for each in stages_of.signatures[s]])
             acts[key] = stage_peak(by_stage[shape], s, lay.pp, m, extra_warmup(training))
         act, flight = acts[key]
-        stages.append(StagePlan(s, layers, state.total, state.weights, state.gradients,
-                                state.optimizer, act, flight, getattr(state, "gathered", 0),
-                                getattr(state, "kept", 0), getattr(state, "elements", 0)))
+        stages.append(StagePlan(stage=s, layers=layers, state=state, activations=act,
+                                in_flight=flight, fsdp_in_flight=getattr(state, "gathered", 0)))
     return stages_of.placed, tuple(stages)
 
 
@@ -364,13 +355,14 @@ def timed(
 def _stage_time(scope: dict[Any, Any], work: tuple[Any, ...], st: StagePlan, lay: Layout,
                 net: Network, distributed: Any, step_setup: Any) -> Any:  # fmt: skip
     """Return a stage's time: its passes (`scope[work]`) with its state's communication and step."""
-    key = (*work, st.gradients, st.weights, st.kept, st.elements, st.state, step_setup)
+    held = st.state
+    key = (*work, held.gradients, held.weights, held.kept, held.elements, held.total, step_setup)
     if key not in scope:
         # the all-gather moves the param buffers (fp8 ones 1 byte an element), not TE's
         # transposes; an element's gradient bytes from the buffers
-        grad_bytes = st.gradients // st.elements if st.elements else None
+        grad_bytes = held.gradients // held.elements if held.elements else None
         scope[key] = with_state(
-            scope[work], lay, net, (st.gradients, st.weights - st.kept), st.state - st.kept,
+            scope[work], lay, net, (held.gradients, held.weights - held.kept), held.total - held.kept,
             distributed, step_setup, grad_bytes,
         )
     return scope[key]

@@ -166,7 +166,7 @@ def _context(report: MemoryReport) -> list[str]:
         f"Precision: {params}, {optimizer}; "
         f"recompute {recompute}, flash attention {'on' if t.flash_attention else 'off'}.",
     ]
-    gathered = max(s.in_flight for s in report.stages)
+    gathered = max(s.fsdp_in_flight for s in report.stages)
     if t.megatron_fsdp or t.torch_fsdp2:
         lines.append(
             f"FSDP: buffers include {_size(report, gathered)} of gathered parameters and "
@@ -344,8 +344,8 @@ def _activations_json(s: StageMemory) -> dict[str, Any]:
 
 def _buffers_json(s: StageMemory) -> dict[str, Any] | None:
     if s.run is None:
-        return {"fsdp_in_flight": s.in_flight, "total": s.buffers} if s.in_flight else None
-    fsdp = {"fsdp_in_flight": s.in_flight} if s.in_flight else {}
+        return {"fsdp_in_flight": s.fsdp_in_flight, "total": s.buffers} if s.fsdp_in_flight else None
+    fsdp = {"fsdp_in_flight": s.fsdp_in_flight} if s.fsdp_in_flight else {}
     outside = {"outside_allocator": [[what, size] for what, size in s.run.outside]} \
         if s.run.outside else {}  # fmt: skip
     return {

@@ -115,12 +115,13 @@ def explain_plan(result: SearchResult, memory: int) -> str:
     """Return why plan 1 won: its binding constraint and what the runner-up loses."""
     best = result.plans[0]
     worst = max(best.stages, key=lambda s: s.total)
+    held = worst.state
     shares = best.time.shares()
     lines = [
         f"Why plan 1: {best.time.seconds:.2f} s per step at {best.tflops_per_gpu:.0f} TFLOP/s per GPU.",
         f"  memory: stage {worst.stage} is the fullest, {worst.total / GIB:.2f} of "
-        f"{memory / GIB:.2f} GiB (weights {worst.weights / GIB:.2f}, grads {worst.gradients / GIB:.2f}, "
-        f"optimizer {worst.optimizer / GIB:.2f}, activations {worst.activations / GIB:.2f} with "
+        f"{memory / GIB:.2f} GiB (weights {held.weights / GIB:.2f}, grads {held.gradients / GIB:.2f}, "
+        f"optimizer {held.optimizer / GIB:.2f}, activations {worst.activations / GIB:.2f} with "
         f"{sum(worst.in_flight)} micro-batch passes in flight)",
         "  time: " + ", ".join(f"{k} {v:.2f} s" for k, v in shares.items() if v > 0),
     ]
@@ -289,8 +290,8 @@ def _plan_json(p: Plan) -> dict[str, Any]:
         "stages": [
             {
                 "stage": s.stage, "layers": [list(c) for c in s.layers],
-                "weights": s.weights, "gradients": s.gradients,
-                "optimizer": s.optimizer, "activations": s.activations,
+                "weights": s.state.weights, "gradients": s.state.gradients,
+                "optimizer": s.state.optimizer, "activations": s.activations,
                 "total": s.total, "in_flight": list(s.in_flight),
                 **({"outside_allocator": [[what, size] for what, size in s.outside]}
                    if s.outside else {}),  # fmt: skip
