@@ -437,7 +437,7 @@ def estimate(path: str | None, jobs: list[str]) -> None:
         if "iteration_s" not in r:
             print(f"| {shape} | {r['attn']} | not measured | {est} | | | | |")
             continue
-        built = plan.stages[0].weights // 2  # bf16 weights: the same model as the GPU built?
+        built = plan.stages[0].state.weights // 2  # bf16 weights: the same model as the GPU built?
         if built != r["parameters"]:
             print(
                 f"<!-- {r['job']}: {r['parameters']:,} parameters on the GPU, {built:,} planned -->"

@@ -150,10 +150,10 @@ def test_plan_prices_the_hybridep_exchange_at_the_hand_price() -> None:
     assert before["time_shares"]["expert"] == pytest.approx(2 * 4 * (10e-6 + 4096 * 8 * 2048 * 2 / 2 / 50e9), rel=1e-9)
     # the all-to-all dispatcher alone sorts the received T k rows by local expert and back
     # (token_dispatcher.py sort_chunks_by_idxs): 2 layers x 4 copies of 4096 x 8 x 2048 elements
-    from inspector.formulas.kernels import Memory, device_of, op_seconds
+    from inspector.formulas.kernels import Memory, op_seconds
     from inspector.job.hardware import GPUS
 
-    sort = op_seconds(Memory("sort", "copy", 4096 * 8 * 2048, 4), device_of(GPUS["h100"]))
+    sort = op_seconds(Memory("sort", "copy", 4096 * 8 * 2048, 4), GPUS["h100"])
     gap = before["time_shares"]["compute"] - plan["time_shares"]["compute"]
     assert gap == pytest.approx(2 * 4 * sort, rel=1e-6)
     if new:  # HybridEP's job is confirmed as built, its buffers counted: the two-node sizes

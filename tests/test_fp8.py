@@ -189,10 +189,10 @@ def test_fp8_gemms_are_priced_from_the_h100s_fp8_measurements():
     import json
 
     from inspector.formulas import kernels
-    from inspector.formulas.kernels import Gemm, device_of, op_seconds
+    from inspector.formulas.kernels import Gemm, op_seconds
     from inspector.job.hardware import GPUS
 
-    h100, b200 = device_of(GPUS["h100"]), device_of(GPUS["b200"])
+    h100, b200 = GPUS["h100"], GPUS["b200"]
     rows = [r for r in json.loads(kernels.TABLES["h100"].read_text()) if r["kind"] == "gemm_fp8"]
     assert len(rows) == 576
     for r in rows[::12]:
@@ -203,7 +203,7 @@ def test_fp8_gemms_are_priced_from_the_h100s_fp8_measurements():
     # measured: fp8 is not twice as fast as bf16 at this size on the H100
     assert 1.4 < op_seconds(bf16, h100) / op_seconds(fp8, h100) < 1.95
     assert op_seconds(fp8, b200) == pytest.approx(op_seconds(fp8, h100) * 1979 / 4500)
-    a100 = device_of(GPUS["a100-80gb"])  # no fp8 tensor cores: priced at the 16-bit peak
+    a100 = GPUS["a100-80gb"]  # no fp8 tensor cores: priced at the 16-bit peak
     assert op_seconds(fp8, a100) == pytest.approx(op_seconds(bf16, a100))
 
 

@@ -11,13 +11,14 @@ import pytest
 
 from inspector.formulas import kernels
 from inspector.formulas.flops import layer_flops, logit_flops
-from inspector.formulas.kernels import Attention, Device, Gemm, Memory, op_seconds, ops_seconds
+from inspector.formulas.kernels import Attention, Gemm, Memory, op_seconds, ops_seconds
 from inspector.formulas.ops import Shard, layer_ops, layer_seconds, output_ops
 from inspector.formulas.walkthrough import attention_walkthrough
 from inspector.job.dims import ModelDims
+from inspector.job.hardware import GPUS
 
-H200 = Device(989.0, 4.8e12)
-A100 = Device(312.0, 2.039e12)
+H200 = replace(GPUS["h200"], tflops_fp8=None)  # 989 TFLOP/s, 4.8 TB/s, its own table
+A100 = GPUS["a100-80gb"]  # 312 TFLOP/s, 2.039 TB/s, scaled from the H200's table
 LLAMA = ModelDims(num_layers=4, hidden_size=4096, num_attention_heads=32, seq_length=4096,
                   vocab_size=128256, ffn_hidden_size=14336, num_query_groups=8, swiglu=True,
                   rotary=True, flash_attention=True)
@@ -172,8 +173,8 @@ def test_a_gpu_with_its_own_table_reads_it() -> None:
     """--gpu h100 reads the H100's measurements (bench/gpu_kernels.py), not the H200's scaled."""
     from inspector.job.hardware import GPUS
 
-    h100 = kernels.device_of(GPUS["h100"])
-    assert (h100.table, kernels.device_of(GPUS["b200"]).table) == ("h100", "h200")
+    h100 = GPUS["h100"]
+    assert (kernels.table_of(h100), kernels.table_of(GPUS["b200"])) == ("h100", "h200")
     rows = json.loads(kernels.TABLES["h100"].read_text())
     assert rows[0]["name"] == "NVIDIA H100 80GB HBM3"
     cell = [r for r in rows if r["kind"] == "flash_attention" and (r["seq"], r["heads_per_rank"]) == (2048, 4)]
@@ -207,7 +208,7 @@ def test_a_class_claiming_more_than_hbm_reads_the_copy_rows() -> None:
                 assert row["gbytes_per_s"] * 1e9 <= GPUS[table].hbm, (table, row)
     assert not kernels.credible("add", "h200")
     assert all(kernels.credible(cls, "h100") for cls in ("copy", "add", "rms_norm", "swiglu"))
-    device = Device(989, GPUS["h200"].hbm, table="h200")
+    device = replace(GPUS["h200"], tflops_fp8=None)
     n = 16384 * 16384
     add = op_seconds(Memory("x", "add", n, 6), device)
     copy = op_seconds(Memory("x", "copy", n, 4), device)

@@ -197,12 +197,11 @@ def test_an_moe_layer_without_expert_tp_runs_its_tp_collectives_in_the_attention
     # under SP) and the shared experts (`shared_experts_compute`); with expert TP 1 the experts'
     # node has no TP collective. With expert TP the dispatcher's gather and reduction of the
     # received tokens run in the experts' node (`dispatch_postprocess`, `combine_preprocess`).
-    from inspector.formulas.kernels import device_of
     from inspector.formulas.ops import LayerOps
     from inspector.job.hardware import GPUS
     from inspector.plan.overlap import layer_nodes
 
-    empty, h100 = LayerOps((), (), ()), device_of(GPUS["h100"])
+    empty, h100 = LayerOps((), (), ()), GPUS["h100"]
     alone = layer_nodes(empty, h100, (), 1.0, 0.4, True, attn_tensor=1.0)
     assert (alone.attn_f, alone.attn_b, alone.mlp_f, alone.mlp_b) == pytest.approx((0.2, 0.2, 0, 0))
     split = layer_nodes(empty, h100, (), 1.0, 0.4, True)

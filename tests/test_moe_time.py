@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from inspector.formulas.kernels import Memory, device_of, op_seconds
+from inspector.formulas.kernels import Memory, op_seconds
 from inspector.formulas.ops import Shard, layer_ops
 from inspector.job.dims import ModelDims
 from inspector.job.hardware import GPUS
@@ -54,7 +54,7 @@ def test_current_scaling_reads_each_fp8_input_once_more_for_its_amax():
     assert backward["QKV fp8 amax"].elements == SEQ * (HEADS + 2 * GROUPS) * HEAD
     assert {op.bytes_per_element for op in (*forward.values(), *backward.values())} == {2}
     # each pass costs its 2 bytes an element at the copy rate: the layers differ by exactly those
-    h100 = device_of(GPUS["h100"])
+    h100 = GPUS["h100"]
     extra = sum(op_seconds(op, h100) for op in (*forward.values(), *backward.values()))
     gap = sum(op_seconds(op, h100) for op in current.forward + current.backward) - sum(
         op_seconds(op, h100) for op in delayed.forward + delayed.backward)

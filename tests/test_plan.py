@@ -619,7 +619,7 @@ def test_when_the_closed_forms_fit_nothing_megatrons_engine_has_the_last_word(mo
     none = search_module.search(req)
     assert not none.plans and len(calls) == 1
     assert none.smallest_peak == real(calls[0]).peak  # memory's peak, not the closed forms'
-    budget = max(s.state for s in calls[0].stages) + 1  # what the state alone needs
+    budget = max(s.state.total for s in calls[0].stages) + 1  # what the state alone needs
     monkeypatch.setattr(search_module, "measured", lambda plan: engine(plan, under=True))
     shown = search_module.search(replace(req, memory=budget))
     assert [p.peak for p in shown.plans] == [budget - 1]

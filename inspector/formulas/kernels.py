@@ -29,9 +29,9 @@ scaled (below). How each kind of op is priced from a table:
     and rms_norm 2 tensors, add and swiglu 3.
 Other GPUs (and a --gpu-tflops override): compute-bound time scales by the table GPU's dense
 16-bit peak over the GPU's, memory-bound time by the table GPU's HBM bandwidth over the GPU's
-(`Device`, `device_of` a job/hardware.py record); both measured GPUs' figures are their records
-there: 989 TFLOP/s dense BF16 and 1,979 dense FP8 each, HBM3e 4.8 TB/s (H200), HBM3 3.35 TB/s
-(H100), from NVIDIA's datasheets.
+(`table_of`, `compute_scale`, `memory_scale` of a job/hardware.py record); both measured GPUs'
+figures are their records there: 989 TFLOP/s dense BF16 and 1,979 dense FP8 each, HBM3e 4.8 TB/s
+(H200), HBM3 3.35 TB/s (H100), from NVIDIA's datasheets.
 """
 
 from __future__ import annotations
@@ -58,32 +58,20 @@ MemoryClass = Literal["copy", "add", "rms_norm", "swiglu"]
 Curve = tuple[tuple[float, ...], tuple[float, ...]]  # (x ascending, y)
 
 
-@dataclass(frozen=True)
-class Device:
-    """A GPU as the kernel model sees it: dense 16-bit peak (TFLOP/s), HBM (bytes/s), dense fp8
-    peak (None: fp8 GEMMs priced as 16-bit ones) and the measured table it reads."""
-
-    tflops: float
-    hbm: float
-    tflops_fp8: float | None = None
-    table: str = "h200"
-
-    @property
-    def compute_scale(self) -> float:
-        """Return how much longer a compute-bound kernel takes than on the table's GPU."""
-        return GPUS[self.table].tflops_16bit / self.tflops
-
-    @property
-    def memory_scale(self) -> float:
-        """Return how much longer a memory-bound kernel takes than on the table's GPU."""
-        return GPUS[self.table].hbm / self.hbm
+def table_of(gpu: Gpu) -> str:
+    """Return the measured table a GPU's kernels are read from: its own where there is one, the
+    H200's otherwise."""
+    return gpu.name if gpu.name in TABLES else "h200"
 
 
-def device_of(gpu: Gpu) -> Device:
-    """Return a GPU of job/hardware.py (with the user's --gpu-tflops) as the kernel model sees it:
-    reading its own measured table where there is one, the H200's otherwise."""
-    table = gpu.name if gpu.name in TABLES else "h200"
-    return Device(gpu.tflops_16bit, gpu.hbm, gpu.tflops_fp8, table)
+def compute_scale(gpu: Gpu) -> float:
+    """Return how much longer a compute-bound kernel takes than on the table's GPU."""
+    return GPUS[table_of(gpu)].tflops_16bit / gpu.tflops_16bit
+
+
+def memory_scale(gpu: Gpu) -> float:
+    """Return how much longer a memory-bound kernel takes than on the table's GPU."""
+    return GPUS[table_of(gpu)].hbm / gpu.hbm
 
 
 @dataclass(frozen=True)
@@ -236,32 +224,32 @@ def attention_tflops(seq: int, heads: int, backward: bool, table: str = "h200") 
     return low * (1 - ws) + high * ws
 
 
-def op_seconds(op: Op, device: Device) -> float:
-    """Return one op's seconds on `device`."""
-    table = device.table
+def op_seconds(op: Op, gpu: Gpu) -> float:
+    """Return one op's seconds on `gpu` (a job/hardware.py record, with the user's overrides)."""
+    table = table_of(gpu)
     if isinstance(op, Memory):
         if op.elements == 0:
             return 0.0
         rate = _interpolate(memory_curve(op.cls, table), math.log2(op.bytes))
-        return op.bytes / rate * device.memory_scale
+        return op.bytes / rate * memory_scale(gpu)
     if isinstance(op, Attention):
         rate = attention_tflops(op.seq, op.heads, op.backward, table) * 1e12
-        return op.flops / rate * device.compute_scale
+        return op.flops / rate * compute_scale(gpu)
     if op.flops == 0:
         return 0.0
     log_volume = math.log2(op.batch * op.m * op.n * op.k)
-    if op.fp8 and device.tflops_fp8:
+    if op.fp8 and gpu.tflops_fp8:
         efficiency = _interpolate(gemm_curve(op.orient, FP8_TABLE, True), log_volume)
-        compute = op.flops / (device.tflops_fp8 * 1e12 * efficiency)
+        compute = op.flops / (gpu.tflops_fp8 * 1e12 * efficiency)
     else:
         efficiency = _interpolate(gemm_curve(op.orient, table), log_volume)
-        compute = op.flops / (GPUS[table].tflops_16bit * 1e12 * efficiency) * device.compute_scale
+        compute = op.flops / (GPUS[table].tflops_16bit * 1e12 * efficiency) * compute_scale(gpu)
     operand = 1 if op.fp8 else ELEMENT  # fp8 operands, output in 16 bits
     moved = op.batch * ((op.m * op.k + op.k * op.n) * operand + op.m * op.n * ELEMENT)
     copy = _interpolate(memory_curve("copy", table), math.log2(moved))
-    return max(compute, moved / copy * device.memory_scale)
+    return max(compute, moved / copy * memory_scale(gpu))
 
 
-def ops_seconds(ops: Iterable[Op], device: Device) -> float:
+def ops_seconds(ops: Iterable[Op], gpu: Gpu) -> float:
     """Return the seconds of ops run one after another."""
-    return sum(op_seconds(op, device) for op in ops)
+    return sum(op_seconds(op, gpu) for op in ops)

@@ -50,7 +50,6 @@ from inspector.formulas.fp8_ops import amax_pass, expert_padding, norm_fused_lin
 from inspector.formulas.kernels import (
     ATTENTION_BACKWARD,
     Attention,
-    Device,
     Gemm,
     Memory,
     Op,
@@ -58,6 +57,7 @@ from inspector.formulas.kernels import (
     ops_seconds,
 )
 from inspector.job.dims import ModelDims
+from inspector.job.hardware import Gpu
 
 FP32 = 4
 MASK = 1  # bytes of a bool dropout mask element
@@ -433,7 +433,7 @@ def output_ops(dims: ModelDims, z: Shard) -> LayerOps:
 
 
 def layer_seconds(
-    ops: LayerOps, device: Device, recompute: str, modules: tuple[str, ...] = ("core_attn",)
+    ops: LayerOps, gpu: Gpu, recompute: str, modules: tuple[str, ...] = ("core_attn",)
 ) -> float:
     """Return a layer's seconds for one micro-batch under megatron's recomputation.
 
@@ -441,9 +441,9 @@ def layer_seconds(
     (tensor_parallel/random.py CheckpointFunction); `selective`: the forward kernels of
     `modules` (`--recompute-modules`, default core_attn; LayerOps.recomputed).
     """
-    seconds = ops_seconds(ops.forward, device) + ops_seconds(ops.backward, device)
+    seconds = ops_seconds(ops.forward, gpu) + ops_seconds(ops.backward, gpu)
     if recompute == "full":
-        return seconds + ops_seconds(ops.forward, device)
+        return seconds + ops_seconds(ops.forward, gpu)
     if recompute == "selective":
-        return seconds + ops_seconds(ops.recomputed(modules), device)
+        return seconds + ops_seconds(ops.recomputed(modules), gpu)
     return seconds

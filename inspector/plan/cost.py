@@ -49,10 +49,11 @@ from typing import cast
 
 import inspector.caches as caches
 from inspector.formulas.flops import LayerFlops, layer_flops, logit_flops, mla_up_flops, mtp_flops
-from inspector.formulas.kernels import Device, device_of, ops_seconds
+from inspector.formulas.kernels import ops_seconds
 from inspector.formulas.ops import LayerOps, Shard, layer_ops, layer_seconds, linear, output_ops
 from inspector.formulas.optimizer import OptimizerStep, optimizer_ops
 from inspector.job.dims import ModelDims
+from inspector.job.hardware import Gpu
 from inspector.job.job import Recompute
 from inspector.job.layout import Layout
 from inspector.memory.closed.activations import mtp_recompute, recompute_plan
@@ -127,9 +128,8 @@ def compute_rate(net: Network, efficiency: float | None) -> float:
     return net.gpu.tflops_16bit * 1e12 * efficiency if efficiency else 0.0
 
 
-def compute_seconds(
-    flops: float, kernels: Callable[[Device], float], lay: Layout, net: Network, rate: float
-) -> float:
+def compute_seconds(flops: float, kernels: Callable[[Gpu], float], lay: Layout, net: Network,
+                    rate: float) -> float:  # fmt: skip
     """Return a rank's seconds for one piece of compute: the compute term of the time model.
 
     By default (`rate` 0) `kernels`' seconds on the GPU (formulas/kernels.py's measured tables
@@ -139,7 +139,7 @@ def compute_seconds(
     """
     if rate:
         return flops / (lay.tp * lay.cp) / rate
-    return kernels(device_of(net.gpu))
+    return kernels(net.gpu)
 
 
 def stage_work(
@@ -211,7 +211,7 @@ def _add_output(
     """Add the output layer and loss, and the MTP block megatron puts beside them."""
     shard = _shard(lay, mbs)
 
-    def output(d: Device) -> float:  # never recomputed
+    def output(d: Gpu) -> float:  # never recomputed
         return layer_seconds(_output_kernels(dims, shard), d, "none")
 
     total[0] += compute_seconds(logit_flops(dims, mbs), output, lay, net, rate)
@@ -298,7 +298,7 @@ def optimizer_seconds(
     if grad_bytes is None:
         grad_bytes = grads * step.param_bytes // params if params else step.grad_bytes
     ops = optimizer_ops(updated, replace(step, grad_bytes=grad_bytes))
-    return ops_seconds(ops, device_of(net.gpu))
+    return ops_seconds(ops, net.gpu)
 
 
 @caches.memo(maxsize=4096)
@@ -351,7 +351,7 @@ def _pair_times(
 ) -> tuple[float, float, float, float]:
     """Return MoE layer `i`'s merged pair, forward and backward alone (`merged_times`), compute + TP."""
     compute, tensor, _, expert = _layer_time(dims, lay, net, rate, mbs, recompute, i, modules, flex=flex)
-    return *merged_times(_layer_kernels(dims, _shard(lay, mbs), True), device_of(net.gpu), recompute,
+    return *merged_times(_layer_kernels(dims, _shard(lay, mbs), True), net.gpu, recompute,
                          modules, (compute, tensor), expert / 4, delay_wgrad, bool(rate), taken,
                          1.0 if lay.expert_tp == 1 else 0.5), compute + tensor  # fmt: skip
 

@@ -33,9 +33,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import inspector.caches as caches
-from inspector.formulas.kernels import Device, Op, ops_seconds
+from inspector.formulas.kernels import Op, ops_seconds
 from inspector.formulas.ops import LayerOps, layer_seconds
 from inspector.job.dims import ModelDims, schedule_passes, warmup_steps
+from inspector.job.hardware import Gpu
 
 MLP_NODE = ("sort chunks", "expert fp8 padding", "expert fc1", "expert activation", "expert fc2",
             "expert fp8 unpadding", "unsort chunks")
@@ -73,7 +74,7 @@ def _node(op: Op) -> str:
 
 
 def layer_nodes(
-    ops: LayerOps, device: Device, recomputed: tuple[Op, ...], alltoall: float, tensor: float,
+    ops: LayerOps, gpu: Gpu, recomputed: tuple[Op, ...], alltoall: float, tensor: float,
     delay_wgrad: bool, scale: float = 1.0, taken: float = 0.0, attn_tensor: float = 0.5,
 ) -> Nodes:
     """Return an MoE layer's nodes: its kernels (times `scale`) split as megatron's callables
@@ -88,12 +89,12 @@ def layer_nodes(
     sums = dict.fromkeys(("attn_f", "mlp_f", "combine_f", "attn_b", "attn_dw", "mlp_b",
                           "mlp_dw", "combine_b"), 0.0)  # fmt: skip
     for op in ops.forward:
-        sums[_node(op) + "_f"] += ops_seconds((op,), device)
+        sums[_node(op) + "_f"] += ops_seconds((op,), gpu)
     for op in (*ops.backward, *recomputed):
         node = _node(op)
         weight = op.name.endswith((" wgrad", " main_grad.add_"))
         key = f"{node}_dw" if delay_wgrad and weight and node != "combine" else f"{node}_b"
-        sums[key] += ops_seconds((op,), device)
+        sums[key] += ops_seconds((op,), gpu)
     sums = {key: value * scale for key, value in sums.items()}
     for node, share in (("attn", attn_tensor), ("mlp", 1 - attn_tensor)):
         sums[f"{node}_f"] += tensor * share / 2
@@ -176,7 +177,7 @@ def alone_seconds(t: Nodes) -> tuple[float, float]:
 
 
 def merged_times(
-    ops: LayerOps, device: Device, recompute: str, modules: tuple[str, ...],
+    ops: LayerOps, gpu: Gpu, recompute: str, modules: tuple[str, ...],
     times: tuple[float, float], alltoall: float, delay_wgrad: bool, flops_priced: bool,
     taken: float = 0.0, attn_tensor: float = 0.5,
 ) -> tuple[float, float, float]:
@@ -187,19 +188,19 @@ def merged_times(
     share of the TP collectives in the attention's nodes (`layer_nodes`)."""
     compute, tensor = times
     again = ops.recomputed(modules) if recompute == "selective" else ()
-    kernels = layer_seconds(ops, device, recompute, modules)
+    kernels = layer_seconds(ops, gpu, recompute, modules)
     scale = compute / kernels if flops_priced and kernels else 1.0
-    nodes = layer_nodes(ops, device, again, alltoall, tensor, delay_wgrad, scale, taken, attn_tensor)
+    nodes = layer_nodes(ops, gpu, again, alltoall, tensor, delay_wgrad, scale, taken, attn_tensor)
     return (pair_seconds(nodes), *alone_seconds(nodes))
 
 
 def merged_pair(
-    ops: LayerOps, device: Device, recompute: str, modules: tuple[str, ...],
+    ops: LayerOps, gpu: Gpu, recompute: str, modules: tuple[str, ...],
     times: tuple[float, float], alltoall: float, delay_wgrad: bool, flops_priced: bool,
     taken: float = 0.0, attn_tensor: float = 0.5,
 ) -> float:
     """Return `merged_times`' pair."""
-    return merged_times(ops, device, recompute, modules, times, alltoall, delay_wgrad,
+    return merged_times(ops, gpu, recompute, modules, times, alltoall, delay_wgrad,
                         flops_priced, taken, attn_tensor)[0]  # fmt: skip
 
 
