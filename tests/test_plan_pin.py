@@ -68,7 +68,7 @@ def test_meta_s_405b_layout_pinned_from_the_command_line_is_reproduced_exactly()
                               "vpp": 8, "sequence_parallel": True}
     for printed, priced in zip(plan["stages"], meta.stages, strict=True):  # type: ignore[attr-defined]
         for field in ("weights", "gradients", "optimizer"):
-            assert printed[field] == getattr(priced, field), field
+            assert printed[field] == getattr(priced.state, field), field
         assert printed["activations"] >= priced.activations  # the engine's peak: above the forms
     assert plan["step_seconds"] == pytest.approx(meta.time.seconds, rel=1e-12)  # type: ignore[attr-defined]
     for flag in ("--num-virtual-stages-per-pipeline-rank 8",
