@@ -66,7 +66,7 @@ def plan(
     gpus_per_node: int | None = typer.Option(
         None, "--gpus-per-node", help="GPUs per NVLink domain (default: the type's)."
     ),
-    gpu_tflops: float | None = gpu_tflops_option(" (16-bit; default: the --gpu type's)"),
+    gpu_tflops: float | None = gpu_tflops_option(", 16-bit (default: --gpu)"),
     intra_bandwidth: float | None = typer.Option(
         None, "--intra-node-bandwidth", help="NVLink GB/s per GPU, each way."
     ),
