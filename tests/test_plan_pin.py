@@ -265,3 +265,19 @@ def test_layers_per_virtual_stage_are_kept() -> None:
     assert "--num-layers-per-virtual-pipeline-stage cannot be combined" in refused(
         "--gpus", "8", "--global-batch-size", "64", "--num-layers-per-virtual-pipeline-stage", "2",
         "--decoder-first-pipeline-num-layers", "2")
+
+
+def test_a_config_file_s_switches_are_pinned_off_where_it_leaves_them_out(tmp_path) -> None:
+    # Megatron-LM runs a config that does not set --sequence-parallel or
+    # --use-distributed-optimizer without them (store_true): plan keeps them off, as the flags'
+    # --no-... would, rather than search them on (the file's tp-4 job priced with sequence
+    # parallelism was 15 GiB under what `memory` gives it)
+    path = tmp_path / "job.yaml"
+    path.write_text("num-layers: 4\nhidden-size: 256\nnum-attention-heads: 8\nseq-length: 128\n"
+                    "max-position-embeddings: 128\nvocab-size: 1000\nbf16: true\n"
+                    "tensor-model-parallel-size: 4\nglobal-batch-size: 16\n")  # fmt: skip
+    found = plans("--config", str(path), "--gpus", "8")["plans"]
+    assert found
+    assert {(p["layout"]["sequence_parallel"], p["distributed_optimizer"]) for p in found} == {(False, False)}
+    on = plans("--config", str(path), "--gpus", "8", "--sequence-parallel")["plans"]
+    assert on and all(p["layout"]["sequence_parallel"] for p in on)

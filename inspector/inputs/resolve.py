@@ -160,7 +160,10 @@ def _source_layers(
     files = (sources.hf_config, sources.config_file, sources.script)
     if any(file is not None for file in files):
         # under the first file's layer: a later file that does not name it keeps an earlier's
-        layers.insert(1 if sources.preset is not None else 0, MEGATRON_LM_DEFAULTS)
+        defaults = MEGATRON_LM_DEFAULTS
+        if sources.config_file is not None or sources.script is not None:
+            defaults = {**defaults, **SWITCHES_OFF}  # a Megatron-LM job's: off unless it says on
+        layers.insert(1 if sources.preset is not None else 0, defaults)
     layers.append({name: value for name, value in sources.flags.items() if value is not None})
     if sources.apex is not None:
         layers.append({"apex": sources.apex})
@@ -204,6 +207,10 @@ def _file_layer(parsed: ScriptArgs, origin: str, sources: Sources, groups: tuple
 # script after it names none), over a preset's. (--attention-backend's default, auto, every job
 # gets where nothing names one: job.py.)
 MEGATRON_LM_DEFAULTS: dict[str, Any] = {"transformer_impl": "transformer_engine"}
+# A Megatron-LM config file or launch script that does not turn these on runs without them
+# (store_true in arguments.py): set, as a flag's `--no-...` would be, so that `plan` keeps them
+# off rather than searching them (plan/request.py SWITCHES).
+SWITCHES_OFF: dict[str, Any] = {"sequence_parallel": False, "use_distributed_optimizer": False}
 
 
 _SETTING = re.compile(r"^([A-Za-z_]\w*|[1-9]\d*)=(.*)$", re.S)
