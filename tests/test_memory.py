@@ -538,3 +538,26 @@ def test_an_engine_run_does_not_depend_on_the_runs_before_it_in_the_process() ->
     # the tracker's [mtp layers] fp32 values, in one 512-byte block (megatron-core 0.13 keeps
     # none on the GPU)
     assert (512 in kept) == (megatron_core_version() >= (0, 14))
+
+
+def test_a_time_at_full_peak_says_so_and_counts_are_singular() -> None:
+    # `memory --gpu h100` printed "at 67 TFLOP/s and MFU 1." (every FLOP at the peak) without
+    # saying so, over "1 sequences" and "1 GPUs"
+    text = run_cli("memory", *SMALL, "--micro-batch-size", "1", "--gpu", "h100").out
+    assert "(1 sequence of 128 tokens, " in text
+    time = next(line for line in text.splitlines() if line.startswith("Time per iteration"))
+    assert " on 1 GPU at " in time and "MFU 1: every FLOP at the GPU's peak" in time
+    given = run_cli("memory", *SMALL, "--micro-batch-size", "1", "--gpu", "h100", "--mfu", "0.4").out
+    assert "and MFU 0.4.\n" in given
+
+
+def test_the_table_format_keeps_the_fits_verdict() -> None:
+    args = ["memory", *SMALL, "--pp", "2", "--micro-batch-size", "1", "--global-batch-size", "2"]
+    stages = _json(*args, "--format", "json")["stages"]
+    between = (stages[0]["total"] + stages[1]["total"]) / 2 / 2**30
+    table = run_cli(*args, "--gpu-memory", str(between), "--format", "table").out
+    header, _, *rows = [line.split() for line in table.splitlines() if line][-4:]
+    assert header[-3:] == ["fits", "spare", "B"]
+    budget = round(between * 2**30)
+    for row, stage in zip(rows, stages, strict=True):
+        assert row[-2:] == ["yes" if stage["total"] <= budget else "NO", f"{budget - stage['total']:,}"]

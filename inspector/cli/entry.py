@@ -44,6 +44,15 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+def _refused(flag: str) -> str | None:
+    """Return why a Megatron-LM flag this tool refuses in a launch script is refused here too
+    (inputs/unmodelled.py), or None for a flag it does not know."""
+    from inspector.inputs.refusals import refused_argument
+
+    refusal = refused_argument(flag, None, "")
+    return None if refusal is None else f"{refusal.argument} is {refusal.verb}: {refusal.reason}"
+
+
 def _run(argv: list[str] | None) -> int:
     from inspector.output import guard_streams
 
@@ -54,6 +63,9 @@ def _run(argv: list[str] | None) -> int:
     try:
         result = command.main(args=args, prog_name="inspect-model", standalone_mode=False)
     except click_errors.NoSuchOption as exc:
+        refused = _refused(exc.option_name)
+        if refused is not None:
+            return _fail(refused)
         close = sorted(exc.possibilities or [])
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
         return _fail(f"no such option: {exc.option_name}{hint}")
