@@ -20,10 +20,22 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
+def _help_all(value: bool) -> None:
+    if value:
+        from inspector.cli.reference import render_reference
+
+        typer.echo(render_reference(markdown=False), nl=False)
+        raise typer.Exit()
+
+
 @app.callback()
 def _root(
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+    help_all: bool = typer.Option(
+        False, "--help-all", callback=_help_all, is_eager=True,
+        help="Show every command's whole help page and exit.",
     ),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks behind errors."),
 ) -> None:

@@ -103,9 +103,7 @@ class PanelCommand(typer.core.TyperCommand):
     def get_params(self, ctx: Any) -> list[Any]:
         """Return the command's parameters, with `--help-all` before `-h` where it has more."""
         params = super().get_params(ctx)
-        if not _takes_megatron_flags(self):
-            return params
-        if self._help_all is None:
+        if self._help_all is None:  # every command: the same page as -h where it has no more
             self._help_all = click.Option(
                 ["--help-all"], is_flag=True, expose_value=False, is_eager=True,
                 callback=_show_all, help="Show every option too.",

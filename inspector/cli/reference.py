@@ -23,8 +23,9 @@ def _help(group_ctx: Any, name: str) -> str:
         return str(command.get_help(ctx))
 
 
-def render_reference() -> str:
-    """Return the reference page: the main help, then every command's whole help page."""
+def render_reference(markdown: bool = True) -> str:
+    """Return the reference page: the main help, then every command's whole help page (plain
+    text for `inspect-model --help-all` when not `markdown`)."""
     from inspector.cli import entry  # noqa: F401  (registers the top-level options)
     from inspector.cli.app import app
 
@@ -45,6 +46,9 @@ def render_reference() -> str:
         ]
         for name in group.commands:  # type: ignore[attr-defined]
             parts += ["", f"## `inspect-model {name}`", "", "```", _help(ctx, name), "```"]
+    if not markdown:
+        parts = [part for part in parts[4:] if part != "```"]
+        parts = [part[4:-1].replace("`", "") if part.startswith("## ") else part for part in parts]
     return "\n".join(parts) + "\n"
 
 
