@@ -20,11 +20,11 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-def _help_all(value: bool) -> None:
-    if value:
-        from inspector.cli.reference import render_reference
+def _help_all(ctx: typer.Context, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        from inspector.cli.help import every_page
 
-        typer.echo(render_reference(markdown=False), nl=False)
+        typer.echo(every_page(ctx), nl=False)
         raise typer.Exit()
 
 

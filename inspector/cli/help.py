@@ -155,3 +155,20 @@ class PanelCommand(typer.core.TyperCommand):
             formatter.write_text(
                 f"`inspect-model {self.name} --help-all` lists every Megatron-LM flag it takes."
             )
+
+
+def command_help(group_ctx: Any, name: str) -> str:
+    """Return a command's whole help page (`--help-all`'s), under the group's context."""
+    command = group_ctx.command.commands[name]
+    with command.make_context(name, [], parent=group_ctx, resilient_parsing=True) as ctx:
+        ctx.meta[HELP_ALL] = True
+        return str(command.get_help(ctx))
+
+
+def every_page(group_ctx: Any) -> str:
+    """Return `inspect-model --help-all`: the main help, then every command's whole page."""
+    parts = [group_ctx.command.get_help(group_ctx)]
+    for name in group_ctx.command.commands:
+        parts += ["", f"inspect-model {name}", "", command_help(group_ctx, name)]
+    return "\n".join(parts) + "\n"
+

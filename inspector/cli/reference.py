@@ -11,21 +11,13 @@ from typing import Any
 
 from typer.main import get_command
 
-from inspector.cli.help import HELP_ALL
+from inspector.cli.help import command_help
 
 WIDTH = 100  # help is wrapped at this width, whatever the terminal
 
 
-def _help(group_ctx: Any, name: str) -> str:
-    command = group_ctx.command.commands[name]
-    with command.make_context(name, [], parent=group_ctx, resilient_parsing=True) as ctx:
-        ctx.meta[HELP_ALL] = True
-        return str(command.get_help(ctx))
-
-
-def render_reference(markdown: bool = True) -> str:
-    """Return the reference page: the main help, then every command's whole help page (plain
-    text for `inspect-model --help-all` when not `markdown`)."""
+def render_reference() -> str:
+    """Return the reference page: the main help, then every command's whole help page."""
     from inspector.cli import entry  # noqa: F401  (registers the top-level options)
     from inspector.cli.app import app
 
@@ -45,10 +37,7 @@ def render_reference(markdown: bool = True) -> str:
             "```",
         ]
         for name in group.commands:  # type: ignore[attr-defined]
-            parts += ["", f"## `inspect-model {name}`", "", "```", _help(ctx, name), "```"]
-    if not markdown:
-        parts = [part for part in parts[4:] if part != "```"]
-        parts = [part[4:-1].replace("`", "") if part.startswith("## ") else part for part in parts]
+            parts += ["", f"## `inspect-model {name}`", "", "```", command_help(ctx, name), "```"]
     return "\n".join(parts) + "\n"
 
 
