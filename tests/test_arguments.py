@@ -12,7 +12,7 @@ from inspector.inputs.arguments import BY_NAME
 from inspector.inputs.unmodelled import IGNORED, REFUSED
 from tests.conftest import formula_activations
 
-SMALL = ("--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
+SMALL = ("--transformer-impl local --num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
          "--vocab-size 1000 --micro-batch-size 1 --bf16").split()  # fmt: skip
 s, b, h, a, L = 32, 1, 64, 4, 4
 

@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import formula_activations, run_cli
 from tests.test_flops import megatron_flops
 
-SMALL = ["--num-layers", "8", "--hidden-size", "256", "--num-attention-heads", "8"]
+SMALL = ["--transformer-impl", "local", "--num-layers", "8", "--hidden-size", "256", "--num-attention-heads", "8"]
 SMALL += ["--seq-length", "128", "--vocab-size", "1000"]
 
 
@@ -252,8 +252,9 @@ def test_activations_follow_table_2(mode: str, sp: bool) -> None:
     # 4 layers of GPT on tp 2, pp 2, 2 micro-batches of 2: stage 0 holds both in flight (1F1B
     # warm-up p - s - 1 = 1), stage 1 one; bf16 activations as the paper assumes.
     s, b, h, a, t, v = 128, 2, 256, 8, 2, 1024
-    args = ["--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "8"]
-    args += ["--seq-length", "128", "--vocab-size", "1000", "--tp", "2", "--pp", "2", "--bf16"]
+    args = ["--transformer-impl", "local", "--num-layers", "4", "--hidden-size", "256"]
+    args += ["--num-attention-heads", "8", "--seq-length", "128", "--vocab-size", "1000"]
+    args += ["--tp", "2", "--pp", "2", "--bf16"]
     args += ["--micro-batch-size", "2", "--global-batch-size", "4"]
     args += ["--recompute-granularity", mode] + (["--sequence-parallel"] if sp else [])
     layer = table2(mode, sp, s, b, h, a, t)
@@ -415,7 +416,8 @@ def test_bad_memory_input(args: list[str], message: str) -> None:
 
 # The engine's numbers: megatron's forward and backward run on meta tensors (inspector/engine),
 # on the small job of tests/test_engine.py.
-ENGINE = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4"]
+ENGINE = ["--transformer-impl", "local", "--num-layers", "2", "--hidden-size", "64"]
+ENGINE += ["--num-attention-heads", "4"]
 ENGINE += ["--seq-length", "32", "--vocab-size", "1000", "--tp", "2", "--pp", "2", "--dp", "2"]
 ENGINE += ["--micro-batch-size", "2", "--global-batch-size", "8", "--bf16"]
 ENGINE += ["--use-distributed-optimizer"]

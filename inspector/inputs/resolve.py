@@ -162,7 +162,7 @@ def _source_layers(
         layers.append(_file_layer(parsed, sources.script, sources, groups, notes, accepted, pending))
         world = (parsed.world_size, parsed.world_origin)
     files = (sources.hf_config, sources.config_file, sources.script)
-    if any(file is not None for file in files):
+    if any(file is not None for file in files) or describes_model(sources):
         # under the first file's layer: a later file that does not name it keeps an earlier's
         defaults = MEGATRON_LM_DEFAULTS
         if sources.config_file is not None or sources.script is not None:
