@@ -12,7 +12,7 @@ from inspector.inputs.arguments import BY_NAME
 from inspector.inputs.unmodelled import IGNORED, REFUSED
 from tests.conftest import formula_activations
 
-SMALL = ("--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
+SMALL = ("--transformer-impl local --num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
          "--vocab-size 1000 --micro-batch-size 1 --bf16").split()  # fmt: skip
 s, b, h, a, L = 32, 1, 64, 4, 4
 
@@ -360,3 +360,31 @@ def test_fp8_param_gather_under_fsdp2_in_a_config_file(cli, tmp_path):
     result = cli("params", "--config", str(path))
     assert result.code == 0, result.err
     assert "--fp8-param-gather is turned off under --use-torch-fsdp2" in result.err
+
+
+@pytest.mark.parametrize("extra", ["--megatron-fsdp-main-grads-dtype bf16",
+                                   "--outer-dp-sharding-strategy optim",
+                                   "--te-precision-config-file precision.yaml"])  # fmt: skip
+def test_memory_flags_megatron_lm_has_stop_the_job_by_name(cli, tmp_path, extra):
+    # Megatron-LM arguments that change what a GPU holds were listed as "Not recognised" and
+    # the job went on without them
+    result = cli("memory", "--from-script", script(tmp_path, extra))
+    assert result.code == 2 and result.out == ""
+    assert f"line 1: {extra} is not modelled: " in result.err.splitlines()[-1]
+
+
+def test_their_default_values_change_nothing(cli, tmp_path):
+    result = cli("params", "--from-script", script(tmp_path, "--megatron-fsdp-main-params-dtype fp32"))
+    assert result.code == 0, result.err
+
+
+@pytest.mark.parametrize(("flag", "error"), [
+    ("--cpu-offloading", "Error: --cpu-offloading is not modelled: activation offloading to the "
+                         "CPU is not modelled"),
+    ("--batch-size", "Error: --batch-size is refused by Megatron-LM: validate_args: '--batch-size "
+                     "argument is no longer valid, use --micro-batch-size instead'"),
+])  # fmt: skip
+def test_a_refused_flag_typed_on_the_command_line_says_why(cli, flag, error):
+    # it said "no such option", as for a flag Megatron-LM does not have
+    result = cli("memory", *SMALL, flag)
+    assert (result.code, result.out, result.err) == (2, "", error + "\n")

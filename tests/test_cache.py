@@ -194,3 +194,16 @@ def test_a_relative_xdg_cache_home_is_ignored(monkeypatch, tmp_path, value):
     monkeypatch.setenv("XDG_CACHE_HOME", value)
     monkeypatch.setenv("HOME", str(tmp_path))
     assert cache.directory() == tmp_path / ".cache" / "inspect-model"
+
+
+def test_the_docs_name_the_commands_that_are_cached():
+    # docs/inputs.md said only tree, topology and params were cached; memory and workload are too
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    code = "".join(path.read_text() for path in (root / "inspector" / "cli").glob("*.py"))
+    cached = re.findall(r'cache\.cached\(\s*"(\w+)"', code)
+    page = (root / "docs" / "inputs.md").read_text()
+    sentence = page.split("**The result cache.**")[1].split(" keep their output")[0]
+    assert sorted(re.findall(r"`(\w+)`", sentence)) == sorted(cached)

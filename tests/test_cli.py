@@ -270,3 +270,15 @@ def test_one_command_serves_every_call_as_a_fresh_one_would(cli):
     assert [r.code for r in shared] == [0, 0, 2, 2, 2, 0, 0, 2, 2]
     assert shared == fresh
     assert "Traceback" in shared[3].err and "Traceback" not in shared[4].err
+
+
+def test_help_all_works_at_the_top_level_and_for_every_command(cli):
+    # it was "no such option" at the top level and for diff and models
+    for command in ("diff", "models"):
+        full = cli(command, "--help-all")
+        assert full.code == 0 and full.out.startswith(f"Usage: inspect-model {command} ")
+    top = cli("--help-all")
+    assert top.code == 0, top.err
+    for command in HELP_COMMANDS:  # each command's whole page, every Megatron-LM flag included
+        assert f"\ninspect-model {command}\n\nUsage: inspect-model {command} " in top.out
+    assert top.out.count("--untie-embeddings-and-output-weights") >= 5

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-SMALL = "--num-layers 8 --hidden-size 64 --num-attention-heads 4 --vocab-size 1000 --seq-length 32".split()
+SMALL = "--transformer-impl local --num-layers 8 --hidden-size 64 --num-attention-heads 4 --vocab-size 1000 --seq-length 32".split()
 PAIRS = {
     "pp2_to_pp4": ("--pp 2 --tp 2", "--pp 4 --tp 2"),
     "tp2_to_tp4": ("--pp 2 --tp 2", "--pp 2 --tp 4"),

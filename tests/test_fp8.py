@@ -142,7 +142,7 @@ def test_fp8_memory_runs_end_to_end_and_holds_each_linears_fp8_weight(cli):
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["--fp8-format", "hybrid"],
+        (["--transformer-impl", "local", "--fp8-format", "hybrid"],
          "--fp8-format hybrid needs --transformer-impl transformer_engine: only Transformer "
          "Engine's layers compute in fp8"),
         ([*TE, "--fp8-recipe", "blockwise"],

@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import run_cli
 
-TINY = ("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --vocab-size 1000 "
+TINY = ("--transformer-impl local --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --vocab-size 1000 "
         "--micro-batch-size 1 --bf16").split()  # fmt: skip
 MFSDP = "--use-megatron-fsdp --use-distributed-optimizer --ckpt-format fsdp_dtensor".split()
 FSDP2 = "--use-torch-fsdp2 --no-gradient-accumulation-fusion".split()

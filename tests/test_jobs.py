@@ -175,6 +175,20 @@ def test_megatron_lm_refusals_stop_every_command(cli, tmp_path, extra, message):
     assert (result.code, result.err) == (2, f"Error: {path} line 1: {message}\n")
 
 
+def test_the_world_size_is_checked_before_validate_args_refusals(cli, tmp_path):
+    # Megatron-LM's gpt3 175B example (examples/gpt3/train_gpt3_175b_distributed.sh, main): one
+    # node of 8 GPUs for tp 8 x pp 16, with --step-batch-size-schedule and --global-batch-size.
+    # validate_args asserts the world size first (arguments.py: `args.world_size %
+    # total_model_size == 0`) and refuses the schedule only later: so must we
+    for world, first in ((4, "--step-batch-size-schedule with --global-batch-size"),
+                         (3, "world size 3")):  # fmt: skip
+        path = write(tmp_path, f"torchrun --nproc_per_node {world} pretrain_gpt.py {SMALL} "
+                     "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
+                     "--global-batch-size 16 --step-batch-size-schedule '0:8 1B:16'\n")  # fmt: skip
+        result = cli("params", "--from-script", path)
+        assert result.code == 2 and first in result.err.splitlines()[-1], result.err
+
+
 def test_step_batch_size_schedule_alone_is_a_schedule(tmp_path):
     parsed = parse_launch_script(
         f"python pretrain_gpt.py {SMALL} --step-batch-size-schedule '0:8 1B:16'\n", "s.sh"

@@ -158,7 +158,7 @@ def test_the_plan_prices_kernels_unless_given_an_efficiency() -> None:
     from inspector.plan.search import search
 
     flags = dict(num_layers=4, hidden_size=4096, num_attention_heads=32, seq_length=4096,
-                 max_position_embeddings=4096, bf16=True, global_batch_size=4)
+                 max_position_embeddings=4096, bf16=True, global_batch_size=4, transformer_impl="local")
     args = merge_sources(Sources(flags=flags), ("model", "layout", "training")).args
     fixed = {"tp": 1, "pp": 1, "mbs": 1, "recompute": "none", "cp": 1}
     times = {}

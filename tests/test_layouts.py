@@ -10,7 +10,7 @@ import pytest
 
 from tests.test_versions import SHARED_EXPERT_GATE
 
-SMALL = "--hidden-size 64 --num-attention-heads 4 --seq-length 32 --vocab-size 1000".split()
+SMALL = "--transformer-impl local --hidden-size 64 --num-attention-heads 4 --seq-length 32 --vocab-size 1000".split()
 # No MoE biases, and sequence parallel wherever experts meet tensor parallelism: megatron-core 0.13
 # refuses both otherwise (tests/test_versions.py records the difference).
 MOE = SMALL + "--num-experts 4 --moe-ffn-hidden-size 32 --disable-bias-linear".split()

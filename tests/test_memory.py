@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import formula_activations, run_cli
 from tests.test_flops import megatron_flops
 
-SMALL = ["--num-layers", "8", "--hidden-size", "256", "--num-attention-heads", "8"]
+SMALL = ["--transformer-impl", "local", "--num-layers", "8", "--hidden-size", "256", "--num-attention-heads", "8"]
 SMALL += ["--seq-length", "128", "--vocab-size", "1000"]
 
 
@@ -252,8 +252,9 @@ def test_activations_follow_table_2(mode: str, sp: bool) -> None:
     # 4 layers of GPT on tp 2, pp 2, 2 micro-batches of 2: stage 0 holds both in flight (1F1B
     # warm-up p - s - 1 = 1), stage 1 one; bf16 activations as the paper assumes.
     s, b, h, a, t, v = 128, 2, 256, 8, 2, 1024
-    args = ["--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "8"]
-    args += ["--seq-length", "128", "--vocab-size", "1000", "--tp", "2", "--pp", "2", "--bf16"]
+    args = ["--transformer-impl", "local", "--num-layers", "4", "--hidden-size", "256"]
+    args += ["--num-attention-heads", "8", "--seq-length", "128", "--vocab-size", "1000"]
+    args += ["--tp", "2", "--pp", "2", "--bf16"]
     args += ["--micro-batch-size", "2", "--global-batch-size", "4"]
     args += ["--recompute-granularity", mode] + (["--sequence-parallel"] if sp else [])
     layer = table2(mode, sp, s, b, h, a, t)
@@ -415,7 +416,8 @@ def test_bad_memory_input(args: list[str], message: str) -> None:
 
 # The engine's numbers: megatron's forward and backward run on meta tensors (inspector/engine),
 # on the small job of tests/test_engine.py.
-ENGINE = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4"]
+ENGINE = ["--transformer-impl", "local", "--num-layers", "2", "--hidden-size", "64"]
+ENGINE += ["--num-attention-heads", "4"]
 ENGINE += ["--seq-length", "32", "--vocab-size", "1000", "--tp", "2", "--pp", "2", "--dp", "2"]
 ENGINE += ["--micro-batch-size", "2", "--global-batch-size", "8", "--bf16"]
 ENGINE += ["--use-distributed-optimizer"]
@@ -538,3 +540,26 @@ def test_an_engine_run_does_not_depend_on_the_runs_before_it_in_the_process() ->
     # the tracker's [mtp layers] fp32 values, in one 512-byte block (megatron-core 0.13 keeps
     # none on the GPU)
     assert (512 in kept) == (megatron_core_version() >= (0, 14))
+
+
+def test_a_time_at_full_peak_says_so_and_counts_are_singular() -> None:
+    # `memory --gpu h100` printed "at 67 TFLOP/s and MFU 1." (every FLOP at the peak) without
+    # saying so, over "1 sequences" and "1 GPUs"
+    text = run_cli("memory", *SMALL, "--micro-batch-size", "1", "--gpu", "h100").out
+    assert "(1 sequence of 128 tokens, " in text
+    time = next(line for line in text.splitlines() if line.startswith("Time per iteration"))
+    assert " on 1 GPU at " in time and "MFU 1: every FLOP at the GPU's peak" in time
+    given = run_cli("memory", *SMALL, "--micro-batch-size", "1", "--gpu", "h100", "--mfu", "0.4").out
+    assert "and MFU 0.4.\n" in given
+
+
+def test_the_table_format_keeps_the_fits_verdict() -> None:
+    args = ["memory", *SMALL, "--pp", "2", "--micro-batch-size", "1", "--global-batch-size", "2"]
+    stages = _json(*args, "--format", "json")["stages"]
+    between = (stages[0]["total"] + stages[1]["total"]) / 2 / 2**30
+    table = run_cli(*args, "--gpu-memory", str(between), "--format", "table").out
+    header, _, *rows = [line.split() for line in table.splitlines() if line][-4:]
+    assert header[-3:] == ["fits", "spare", "B"]
+    budget = round(between * 2**30)
+    for row, stage in zip(rows, stages, strict=True):
+        assert row[-2:] == ["yes" if stage["total"] <= budget else "NO", f"{budget - stage['total']:,}"]

@@ -9,7 +9,9 @@ import pytest
 
 from tests.counting import parameter_count
 
-EXAMPLE = [
+EXAMPLE = [  # the local spec, as the table this project started from shows it
+    "--transformer-impl",
+    "local",
     "--num-layers",
     "8",
     "--hidden-size",

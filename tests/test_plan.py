@@ -129,7 +129,8 @@ SCALED = {  # name: (flags, whether megatron's expert weights come one per local
     ),
     "legacy grouped experts": (  # one weight holding every local expert: built for every ep
         dict(num_layers=2, num_experts=16, moe_grouped_gemm=True, disable_bias_linear=True,
-             hidden_size=256, num_attention_heads=8, moe_ffn_hidden_size=128),
+             hidden_size=256, num_attention_heads=8, moe_ffn_hidden_size=128,
+             transformer_impl="local"),  # megatron-core's local spec: the legacy GroupedMLP
         False,
     ),
 }
@@ -655,9 +656,9 @@ def test_when_megatrons_engine_refuses_every_plan_the_least_it_measured_is_quote
 @pytest.mark.parametrize(
     ("shape", "implementation", "expected"),
     [
-        # a shape given by flags runs megatron-core's local spec here; Megatron-LM's default is
-        # Transformer Engine, so the pasted flags must say local
-        ((), (), ["--transformer-impl local"]),
+        # megatron-core's local spec, asked for; Megatron-LM's default is Transformer Engine, so
+        # the pasted flags must say local
+        ((), ("--transformer-impl", "local"), ["--transformer-impl local"]),
         (("--num-experts", "4", "--disable-bias-linear"),
          ("--transformer-impl", "transformer_engine", "--moe-grouped-gemm", "--fp8-format",
           "hybrid", "--fp8-recipe", "tensorwise", "--fp8-amax-history-len", "16"),

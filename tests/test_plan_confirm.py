@@ -20,14 +20,16 @@ SEARCHES = {
         dict(num_layers=6, hidden_size=256, num_attention_heads=8, seq_length=512,
              max_position_embeddings=512, global_batch_size=8, bf16=True,
              pipeline_model_parallel_size=4, num_virtual_stages_per_pipeline_rank=2,
-             account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True),
+             account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True,
+             transformer_impl="local"),
         8,
     ),
     # an uneven interleaved split: the plan pastes it as a layout string
     "layout string": (
         dict(num_layers=5, hidden_size=256, num_attention_heads=8, seq_length=512,
              max_position_embeddings=512, global_batch_size=8, bf16=True,
-             pipeline_model_parallel_size=2, num_virtual_stages_per_pipeline_rank=2),
+             pipeline_model_parallel_size=2, num_virtual_stages_per_pipeline_rank=2,
+             transformer_impl="local"),
         4,
     ),
     # Transformer Engine, context parallelism searched, MoE: small traces shared between stages

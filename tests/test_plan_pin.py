@@ -77,6 +77,21 @@ def test_meta_s_405b_layout_pinned_from_the_command_line_is_reproduced_exactly()
         assert flag in plan["flags"]
 
 
+def test_a_layout_megatron_measures_too_big_is_retried_with_more_recomputation() -> None:
+    # The closed forms fit vpp 6 with the distributed optimizer and no recomputation; megatron's
+    # engine measures it at 86 GiB, and the same layout recomputing one layer per chunk (block 1)
+    # is the plan, at about half of 80 GiB (it was refused as "No layout fits")
+    found = plans("--gpus", "16384", *META_FLAGS, "--tp", "8", "--pp", "16", "--cp", "1",
+                  "--num-virtual-stages-per-pipeline-rank", "6", "--use-distributed-optimizer",
+                  "--top", "1")["plans"]  # fmt: skip
+    assert len(found) == 1
+    plan = found[0]
+    assert plan["layout"]["vpp"] == 6
+    assert {"--recompute-method block", "--recompute-num-layers 1",
+            "--use-distributed-optimizer"} <= set(plan["flags"])
+    assert max(s["total"] for s in plan["stages"]) < 40 * 2**30
+
+
 def test_first_and_last_stage_layers_are_kept_as_megatron_splits_them() -> None:
     found = plans("--gpus", "8", "--global-batch-size", "64", "--pp", "4",
                   "--decoder-first-pipeline-num-layers", "2",
@@ -250,3 +265,19 @@ def test_layers_per_virtual_stage_are_kept() -> None:
     assert "--num-layers-per-virtual-pipeline-stage cannot be combined" in refused(
         "--gpus", "8", "--global-batch-size", "64", "--num-layers-per-virtual-pipeline-stage", "2",
         "--decoder-first-pipeline-num-layers", "2")
+
+
+def test_a_config_file_s_switches_are_pinned_off_where_it_leaves_them_out(tmp_path) -> None:
+    # Megatron-LM runs a config that does not set --sequence-parallel or
+    # --use-distributed-optimizer without them (store_true): plan keeps them off, as the flags'
+    # --no-... would, rather than search them on (the file's tp-4 job priced with sequence
+    # parallelism was 15 GiB under what `memory` gives it)
+    path = tmp_path / "job.yaml"
+    path.write_text("num-layers: 4\nhidden-size: 256\nnum-attention-heads: 8\nseq-length: 128\n"
+                    "max-position-embeddings: 128\nvocab-size: 1000\nbf16: true\n"
+                    "tensor-model-parallel-size: 4\nglobal-batch-size: 16\n")  # fmt: skip
+    found = plans("--config", str(path), "--gpus", "8")["plans"]
+    assert found
+    assert {(p["layout"]["sequence_parallel"], p["distributed_optimizer"]) for p in found} == {(False, False)}
+    on = plans("--config", str(path), "--gpus", "8", "--sequence-parallel")["plans"]
+    assert on and all(p["layout"]["sequence_parallel"] for p in on)

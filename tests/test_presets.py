@@ -96,3 +96,14 @@ def test_preset_golden(cli, golden, name):
     assert tree.code == 0 and params.code == 0, tree.err + params.err
     golden(f"preset_{name}_tree.txt", tree.out)
     golden(f"preset_{name}_params.csv", params.out)
+
+
+def test_models_shows_each_preset_s_parameter_count_and_source(cli):
+    # its help promises "sizes and sources"; it listed neither counts nor sources
+    out = cli("models").out
+    table, sources = out.split("\nSources:\n")
+    for preset in PRESETS.values():
+        row = next(line.split() for line in table.splitlines() if line.startswith(preset.name + " "))
+        count = float(row[1][:-1]) * (1e9 if row[1].endswith("B") else 1e6)
+        assert abs(count - preset.published_params) <= (0.05e9 if row[1].endswith("B") else 0.5e6)
+        assert f"  {preset.name}: {preset.source}; " in sources

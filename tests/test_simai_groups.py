@@ -155,3 +155,25 @@ def test_refused_with_the_reason(cli, name):
     args, message = REFUSED[name]
     result = cli("workload", *args, "--stage", "0")
     assert (result.code, result.out, result.err) == (2, "", message + "\n")
+
+
+def test_what_simai_s_format_cannot_express_is_noted(cli):
+    # the allgather dispatcher (Megatron-LM's default) got the alltoall dispatcher's records,
+    # SimAI's expert-parallel group at etp 1 < tp spans tp-strided ranks, and fp8 gathers were
+    # written as bf16's, each without a note
+    def notes(*args: str) -> str:
+        result = cli("workload", *args, "--stage", "0")
+        assert result.code == 0, result.err
+        return result.err
+
+    allgather = "Note: megatron's allgather dispatcher (Megatron-LM's default"
+    assert allgather in notes(*LAYOUTS["etp-is-tp"])
+    assert allgather not in notes(*LAYOUTS["etp-is-tp"], "--moe-token-dispatcher-type", "alltoall")
+    strided = "ranks 2 apart, spanning 4 GPUs, where megatron's at --expert-tensor-parallel-size 1 are 2 consecutive ranks"
+    assert strided in notes(*LAYOUTS["etp1-ep-times-etp-is-tp"])
+    assert "ranks 2 apart" not in notes(*LAYOUTS["etp-is-tp"])
+    fp8 = "Transformer Engine's fp8 linears gather their inputs in fp8"
+    dense = [*BASE, "--hidden-size", "256", "--num-attention-heads", "8", "--tp", "2",
+             "--sequence-parallel", "--transformer-impl", "transformer_engine"]  # fmt: skip
+    assert fp8 in notes(*dense, "--fp8-format", "hybrid")
+    assert fp8 not in notes(*dense)

@@ -95,3 +95,27 @@ def test_llama3_70b_recipe_fits_with_sequence_parallelism(cli):
     # the engine: 40.24 GiB on stage 0 (the closed forms said 38.09): TE's attention keeps the
     # fused QKV output whole beside the rotated q and k, and its placeholder weight gradients
     assert 39.5 * 2**30 < worst < 41 * 2**30
+
+
+LLAMA3_8B = ("--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --group-query-attention "
+             "--num-query-groups 8 --ffn-hidden-size 14336 --swiglu --normalization RMSNorm "
+             "--position-embedding-type rope --untie-embeddings-and-output-weights "
+             "--disable-bias-linear --seq-length 8192 --max-position-embeddings 8192 "
+             "--vocab-size 128256").split()  # fmt: skip
+
+
+def test_a_model_given_by_its_flags_is_megatron_lm_s_transformer_engine_job(cli):
+    # Megatron-LM's default --transformer-impl is transformer_engine: Llama 3 8B given by its
+    # flags built megatron-core's local spec (and refused --sequence-parallel with its torch
+    # RMSNorm) where the same job as --model llama3-8b built TE's
+    layout = ["--tp", "2", "--bf16", "--sequence-parallel"]
+    by_flags = cli("params", *LLAMA3_8B, *layout)
+    assert by_flags.code == 0, by_flags.err
+    assert by_flags.out == cli("params", "--model", "llama3-8b", *layout).out
+    assert "TELayerNormColumnParallelLinear" in by_flags.out
+    local = cli("params", *LLAMA3_8B, "--tp", "2", "--bf16", "--transformer-impl", "local").out
+    assert "TELayerNormColumnParallelLinear" not in local and "ColumnParallelLinear" in local
+    # the default model with some of its sizes changed keeps its local spec
+    default = cli("params", "--num-layers", "4", "--hidden-size", "384", "--tp", "2")
+    assert default.code == 0, default.err
+    assert "FusedLayerNorm()" in default.out and "TELayerNorm" not in default.out

@@ -44,7 +44,7 @@ def workload(*args: str, batch: int = 8, stage: int = 0) -> tuple[Header, list[R
     result = run_cli("workload", *JOB, "--global-batch-size", str(batch), *args, "--stage",
                      str(stage))  # fmt: skip
     assert result.code == 0, result.err
-    assert result.err == NOTE
+    assert result.err.startswith(NOTE)  # an MoE job's dispatcher note follows (test_simai_groups)
     return parse_workload(result.out)
 
 

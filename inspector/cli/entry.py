@@ -20,10 +20,22 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
+def _help_all(ctx: typer.Context, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        from inspector.cli.help import every_page
+
+        typer.echo(every_page(ctx), nl=False)
+        raise typer.Exit()
+
+
 @app.callback()
 def _root(
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+    help_all: bool = typer.Option(
+        False, "--help-all", callback=_help_all, is_eager=True,
+        help="Show every command's whole help page and exit.",
     ),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks behind errors."),
 ) -> None:
@@ -44,6 +56,15 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+def _refused(flag: str) -> str | None:
+    """Return why a Megatron-LM flag this tool refuses in a launch script is refused here too
+    (inputs/unmodelled.py), or None for a flag it does not know."""
+    from inspector.inputs.refusals import refused_argument
+
+    refusal = refused_argument(flag, None, "")
+    return None if refusal is None else f"{refusal.argument} is {refusal.verb}: {refusal.reason}"
+
+
 def _run(argv: list[str] | None) -> int:
     from inspector.output import guard_streams
 
@@ -54,6 +75,9 @@ def _run(argv: list[str] | None) -> int:
     try:
         result = command.main(args=args, prog_name="inspect-model", standalone_mode=False)
     except click_errors.NoSuchOption as exc:
+        refused = _refused(exc.option_name)
+        if refused is not None:
+            return _fail(refused)
         close = sorted(exc.possibilities or [])
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
         return _fail(f"no such option: {exc.option_name}{hint}")

@@ -103,9 +103,7 @@ class PanelCommand(typer.core.TyperCommand):
     def get_params(self, ctx: Any) -> list[Any]:
         """Return the command's parameters, with `--help-all` before `-h` where it has more."""
         params = super().get_params(ctx)
-        if not _takes_megatron_flags(self):
-            return params
-        if self._help_all is None:
+        if self._help_all is None:  # every command: the same page as -h where it has no more
             self._help_all = click.Option(
                 ["--help-all"], is_flag=True, expose_value=False, is_eager=True,
                 callback=_show_all, help="Show every option too.",
@@ -157,3 +155,20 @@ class PanelCommand(typer.core.TyperCommand):
             formatter.write_text(
                 f"`inspect-model {self.name} --help-all` lists every Megatron-LM flag it takes."
             )
+
+
+def command_help(group_ctx: Any, name: str) -> str:
+    """Return a command's whole help page (`--help-all`'s), under the group's context."""
+    command = group_ctx.command.commands[name]
+    with command.make_context(name, [], parent=group_ctx, resilient_parsing=True) as ctx:
+        ctx.meta[HELP_ALL] = True
+        return str(command.get_help(ctx))
+
+
+def every_page(group_ctx: Any) -> str:
+    """Return `inspect-model --help-all`: the main help, then every command's whole page."""
+    parts = [group_ctx.command.get_help(group_ctx)]
+    for name in group_ctx.command.commands:
+        parts += ["", f"inspect-model {name}", "", command_help(group_ctx, name)]
+    return "\n".join(parts) + "\n"
+

@@ -11,16 +11,9 @@ from typing import Any
 
 from typer.main import get_command
 
-from inspector.cli.help import HELP_ALL
+from inspector.cli.help import command_help
 
 WIDTH = 100  # help is wrapped at this width, whatever the terminal
-
-
-def _help(group_ctx: Any, name: str) -> str:
-    command = group_ctx.command.commands[name]
-    with command.make_context(name, [], parent=group_ctx, resilient_parsing=True) as ctx:
-        ctx.meta[HELP_ALL] = True
-        return str(command.get_help(ctx))
 
 
 def render_reference() -> str:
@@ -44,7 +37,7 @@ def render_reference() -> str:
             "```",
         ]
         for name in group.commands:  # type: ignore[attr-defined]
-            parts += ["", f"## `inspect-model {name}`", "", "```", _help(ctx, name), "```"]
+            parts += ["", f"## `inspect-model {name}`", "", "```", command_help(ctx, name), "```"]
     return "\n".join(parts) + "\n"
 
 

@@ -49,7 +49,8 @@ def merge_sources(sources: Sources, groups: tuple[str, ...], accepted: tuple[str
     itself when given as flags (plan prices the flex dispatcher)."""
     _check_flag_values(sources.flags, groups, accepted)
     notes: list[str] = []
-    layers, world = _source_layers(sources, groups, notes, accepted)
+    pending: list[str] = []  # validate_args' refusals: Megatron-LM checks the world size first
+    layers, world = _source_layers(sources, groups, notes, accepted, pending)
     merged: dict[str, Any] = {}
     for layer in layers:
         merged.update(layer)
@@ -59,6 +60,8 @@ def merge_sources(sources: Sources, groups: tuple[str, ...], accepted: tuple[str
         merged["data_parallel_size"] = _data_parallel(merged, sources.flags, world[0], world[1])
     elif world[1]:
         notes.append(f"Note from {sources.script}: the world size is not known ({world[1]}); --dp says it")
+    if pending:
+        raise ConfigError(pending[0])
     if merged.get("sequence_parallel") and int(merged.get("tensor_model_parallel_size") or 1) == 1:
         # Megatron-LM validate_args: "Disabling sequence parallelism because tensor model
         # parallelism is disabled".
@@ -127,7 +130,8 @@ def _check_flag_values(flags: dict[str, Any], groups: tuple[str, ...], accepted:
 
 
 def _source_layers(
-    sources: Sources, groups: tuple[str, ...], notes: list[str], accepted: tuple[str, ...] = ()
+    sources: Sources, groups: tuple[str, ...], notes: list[str], accepted: tuple[str, ...] = (),
+    pending: list[str] | None = None,
 ) -> tuple[list[dict[str, Any]], tuple[int | None, str]]:
     """Return the argument layers, the lowest first, and the launch script's world size."""
     layers: list[dict[str, Any]] = []
@@ -140,12 +144,12 @@ def _source_layers(
         from inspector.inputs.hf import read_hf_config
 
         hf = read_hf_config(sources.hf_config)
-        layers.append(_file_layer(hf, sources.hf_config, sources, groups, notes, accepted))
+        layers.append(_file_layer(hf, sources.hf_config, sources, groups, notes, accepted, pending))
     if sources.config_file is not None:
         from inspector.inputs.megatron_config import read_config
 
         config = read_config(sources.config_file)
-        layers.append(_file_layer(config, sources.config_file, sources, groups, notes, accepted))
+        layers.append(_file_layer(config, sources.config_file, sources, groups, notes, accepted, pending))
         if config.world_size is not None and sources.flags.get("data_parallel_size") is None:
             world = (config.world_size, config.world_origin)  # a launch script's world wins
             notes.append(f"Note from {sources.config_file}: the world is {config.world_size} "
@@ -155,12 +159,15 @@ def _source_layers(
 
         given = {name for name, value in sources.flags.items() if value is not None}
         parsed = read_launch_script(sources.script, parse_settings(sources.settings), given)
-        layers.append(_file_layer(parsed, sources.script, sources, groups, notes, accepted))
+        layers.append(_file_layer(parsed, sources.script, sources, groups, notes, accepted, pending))
         world = (parsed.world_size, parsed.world_origin)
     files = (sources.hf_config, sources.config_file, sources.script)
-    if any(file is not None for file in files):
+    if any(file is not None for file in files) or describes_model(sources):
         # under the first file's layer: a later file that does not name it keeps an earlier's
-        layers.insert(1 if sources.preset is not None else 0, MEGATRON_LM_DEFAULTS)
+        defaults = MEGATRON_LM_DEFAULTS
+        if sources.config_file is not None or sources.script is not None:
+            defaults = {**defaults, **SWITCHES_OFF}  # a Megatron-LM job's: off unless it says on
+        layers.insert(1 if sources.preset is not None else 0, defaults)
     layers.append({name: value for name, value in sources.flags.items() if value is not None})
     if sources.apex is not None:
         layers.append({"apex": sources.apex})
@@ -168,15 +175,22 @@ def _source_layers(
 
 
 def _file_layer(parsed: ScriptArgs, origin: str, sources: Sources, groups: tuple[str, ...],
-                notes: list[str], accepted: tuple[str, ...] = ()) -> dict[str, Any]:  # fmt: skip
+                notes: list[str], accepted: tuple[str, ...] = (),
+                pending: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
     """Return the arguments a config file or launch script sets, after its refusals (one error
     naming them all, with the tokenizer's vocabulary where it is not known) and its notes (what
     is ignored, not recognised, derived); a refused value the command models (`accepted`) is
-    taken as set."""
+    taken as set. Where only validate_args refuses the job, the error goes to `pending`:
+    Megatron-LM's validate_args checks the world size before anything else (`merge_sources`)."""
     problem = parsed.vocab_problem if sources.flags.get("vocab_size") is None else ""
     taken = [item for item in parsed.refused if item.argument in accepted]
-    refused = refusals_message([item for item in parsed.refused if item not in taken], groups)
-    if refused:
+    kept = [item for item in parsed.refused if item not in taken]
+    refused = refusals_message(kept, groups)
+    later = pending is not None and all(item.reason.startswith("validate_args") for item in kept)
+    if refused and later:
+        pending.append(f"{refused}; {problem}" if problem else refused)  # type: ignore[union-attr]
+        problem = ""
+    elif refused:
         raise ConfigError(f"{refused}; {problem}" if problem else refused)
     if parsed.ignored:
         notes.append(f"Ignored from {origin}: {' '.join(parsed.ignored)}")
@@ -204,6 +218,20 @@ def _file_layer(parsed: ScriptArgs, origin: str, sources: Sources, groups: tuple
 # script after it names none), over a preset's. (--attention-backend's default, auto, every job
 # gets where nothing names one: job.py.)
 MEGATRON_LM_DEFAULTS: dict[str, Any] = {"transformer_impl": "transformer_engine"}
+# A Megatron-LM config file or launch script that does not turn these on runs without them
+# (store_true in arguments.py): set, as a flag's `--no-...` would be, so that `plan` keeps them
+# off rather than searching them (plan/request.py SWITCHES).
+SWITCHES_OFF: dict[str, Any] = {"sequence_parallel": False, "use_distributed_optimizer": False}
+
+
+def describes_model(sources: Sources) -> bool:
+    """Return whether the command line alone gives a model as Megatron-LM requires one (every
+    argument of validate_args' required_args that we read: layers, hidden size, heads).
+
+    That model runs Megatron-LM's default spec, Transformer Engine, as a launch script's does;
+    flags that change only some of the default model's sizes keep its local spec (SPEC.md)."""
+    given = {name for name, value in sources.flags.items() if value is not None}
+    return sources.preset is None and set(_REQUIRED) <= given
 
 
 _SETTING = re.compile(r"^([A-Za-z_]\w*|[1-9]\d*)=(.*)$", re.S)

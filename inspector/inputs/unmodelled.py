@@ -41,6 +41,11 @@ _QK_L2 = (
 )
 _QUANTIZERS = "ModelOpt's quantizers (fake-quantized weights and inputs) are not counted"
 _OPTIMIZER = "this optimizer's state is not counted (Adam's two fp32 moments are)"
+_MFSDP_DTYPE = (
+    "Megatron-FSDP's buffer dtypes other than the default are not modelled (the buffers are "
+    "counted as megatron-core 0.16 allocates them)"
+)
+_MFSDP_POOL = "Megatron-FSDP's double-buffer allocator options are not modelled"
 _FROZEN = "frozen parameters hold no gradients or optimizer state, which this tool does not model"
 
 REFUSED: dict[str, Refusal] = {
@@ -133,6 +138,30 @@ REFUSED: dict[str, Refusal] = {
     "--external-cuda-graph": Refusal("training", "CUDA graphs' static memory pools are not counted"),
     "--cuda-graph-impl": Refusal(
         "training", "CUDA graphs' static memory pools are not counted", ("none",)),
+    # Megatron-LM main (megatron/training/arguments.py, after core_v0.19.0): Megatron-FSDP's
+    # buffer dtypes and allocators; its default values are the buffers megatron-core 0.16 holds
+    "--megatron-fsdp-main-grads-dtype": Refusal("layout", _MFSDP_DTYPE, ("auto",)),
+    "--megatron-fsdp-main-params-dtype": Refusal("layout", _MFSDP_DTYPE, ("fp32",)),
+    "--megatron-fsdp-grad-comm-dtype": Refusal("layout", _MFSDP_DTYPE, ("auto",)),
+    "--megatron-fsdp-max-pool-double-buffer": Refusal("layout", _MFSDP_POOL),
+    "--fsdp-db-use-persist-buf-on-alloc-fail": Refusal("layout", _MFSDP_POOL),
+    "--megatron-fsdp-enable-fine-grained-param-gather": Refusal(
+        "layout", "Megatron-FSDP's fine-grained parameter gather changes the gathered buffers, "
+        "which are counted per FSDP unit"),  # fmt: skip
+    # core_v0.16.1 arguments.py: HSDP's outer sharding of the optimizer state
+    "--outer-dp-sharding-strategy": Refusal(
+        "layout", "optimizer state sharded over the outer data-parallel group (HSDP) is not "
+        "modelled", ("no_shard",)),  # fmt: skip
+    "--ddp-param-name-patterns-for-fp32-local-accumulation": Refusal(
+        "layout", "fp32 local gradient accumulation buffers for some parameters are not counted"),
+    "--te-precision-config-file": Refusal(
+        "training", "per-module precision overrides are not modelled; --fp8-format applies to "
+        "every Transformer Engine linear"),  # fmt: skip
+    "--kitchen-config-file": Refusal("training", _QUANTIZERS),
+    "--kitchen-recipe-number": Refusal("training", _QUANTIZERS),
+    "--output-logit-dtype": Refusal(
+        "training", "the output layer's logits dtype is not modelled (they are counted as "
+        "megatron-core 0.16 computes them)"),  # fmt: skip
     "--freeze-all-layers": Refusal(
         "training", "frozen parameters hold no gradients or optimizer state, and Megatron-LM then "
         "turns off --use-distributed-optimizer, which this tool does not model"),  # fmt: skip

@@ -135,6 +135,43 @@ def _fewest_checkpointed(
     return best
 
 
+def more_recompute(req: Request, plan: Plan, recomputes: list[Recipe]) -> Plan | None:
+    """Return the plan's setting with the next recomputation after its own that the closed forms
+    fit (block N counted up one at a time), priced; None when none is left.
+
+    `memory` may measure a plan above the closed forms (megatron's engine: confirm.py); the same
+    layout with more recomputation is then the next candidate, as `first_fit` would have taken it.
+    """
+    job, split = plan.job, plan.split
+    training, lay = job.training, job.layout
+    most = max(len(c) for chunks in chunk_layers(split, lay.pp, lay.chunks) for c in chunks)
+    order: list[Recipe] = []
+    for recipe in recomputes:
+        if recipe[1:] != ("block", 0):
+            order.append(recipe)
+            continue
+        fixed_block = req.fixed.get("recompute_method") == "block"
+        order += [("full", "block", n) for n in range(1, most)]
+        order.append(("full", "block", most) if fixed_block else ("full", "uniform", 1))
+    own = (training.recompute, training.recompute_method, training.recompute_num_layers)
+    if training.recompute != "full":
+        own = (training.recompute, "uniform", 1)
+    later = order[order.index(own) + 1:] if own in order else []
+    distopt = training.sharding_strategy if training.megatron_fsdp else training.use_distributed_optimizer
+    for granularity, method, n in later:
+        found = candidate_job(req, lay, job.schedule().micro_batch_size, granularity, distopt,
+                              training.flash_attention, method, n)
+        if found is None:
+            continue
+        try:
+            placed, stages = price_memory(found, split)
+        except ConfigError:
+            continue
+        if max(st.total for st in stages) <= req.memory:
+            return timed(found, split, req, placed, stages)
+    return None
+
+
 def candidate_job(
     req: Request, lay: Layout, mbs: int, recompute: str, distopt: bool | str, flash: bool,
     method: str = "uniform", num_layers: int = 1,

@@ -15,7 +15,8 @@ allocator among each stage's activations and kept by name (`StagePlan.outside`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import heapq
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -146,20 +147,33 @@ def _measured_as_memory(plan: Plan) -> Plan:
     return replace(plan, stages=stages)
 
 
-def confirmed(ranked: Iterable[Plan], budget: int, top: int) -> tuple[list[Plan], Plan | None]:
+def confirmed(
+    ranked: Iterable[Plan], budget: int, top: int,
+    retry: Callable[[Plan], Plan | None] = lambda plan: None,
+) -> tuple[list[Plan], Plan | None]:
     """Return the first `top` ranked plans that fit `budget` bytes as `memory` measures them
-    (every one when `top` is 0), in the ranking's order; and of the plans measured over the
-    budget, the one `memory` finds the least memory for (None when none was)."""
+    (every one when `top` is 0), fastest first; and of the plans measured over the budget, the
+    one `memory` finds the least memory for (None when none was).
+
+    A plan measured over the budget gives way to `retry(plan)` (its layout with more
+    recomputation, candidates.more_recompute), ranked by its own step time among the rest.
+    """
     out: list[Plan] = []
     least: Plan | None = None
-    for plan in ranked:
-        if top and len(out) == top:
-            break
+    queue = [(p.time.seconds, p.peak, i, p) for i, p in enumerate(ranked)]
+    heapq.heapify(queue)
+    count = len(queue)
+    while queue and not (top and len(out) == top):
+        plan = heapq.heappop(queue)[3]
         if engine_runs(plan):
             plan = measured(plan)
             if plan.peak > budget:
                 if least is None or plan.peak < least.peak:
                     least = plan
+                more = retry(plan)
+                if more is not None:
+                    heapq.heappush(queue, (more.time.seconds, more.peak, count, more))
+                    count += 1
                 continue
         out.append(plan)
     return out, least

@@ -22,7 +22,7 @@ from typing import Any
 from inspector.errors import ConfigError
 from inspector.job.job import Job
 from inspector.job.layout import Layout
-from inspector.plan.candidates import Recipe, capped_split, first_fit, recipes
+from inspector.plan.candidates import Recipe, capped_split, first_fit, more_recompute, recipes
 from inspector.plan.confirm import confirmed, engine_runs, measured
 from inspector.plan.layouts import distopts, layout_for, layouts, splits, vpp_choices
 from inspector.plan.price import Plan, price_memory, timed
@@ -110,7 +110,9 @@ def _shown(feasible: list[Plan], smallest: Plan | None, req: Request) -> tuple[l
     """Return the plans to print, fastest first, and the least-memory candidate, each as `memory`
     measures it where megatron's engine runs the job (confirm.py)."""
     feasible.sort(key=lambda p: (p.time.seconds, p.peak))
-    shown, least = confirmed(feasible, req.memory, req.top)
+    recomputes = recipes(req)
+    shown, least = confirmed(feasible, req.memory, req.top,
+                             lambda plan: more_recompute(req, plan, recomputes))
     if feasible and not shown:  # memory's own peaks: every plan the closed forms fit is over
         smallest = least
     elif not feasible and smallest is not None and engine_runs(smallest):

@@ -32,7 +32,7 @@ def _model(label: str | None, model: ModelConfig) -> str:
 def _layout(layout: Layout) -> str:
     sizes = [("tp", layout.tp), ("pp", layout.pp), ("dp", layout.dp), ("cp", layout.cp)]
     words = " x ".join(f"{name} {size}" for name, size in sizes if size > 1 or name != "cp")
-    words += f" = {_count(layout.world_size, 'GPU', 'GPUs')}"
+    words += f" = {counted(layout.world_size, 'GPU', 'GPUs')}"
     if layout.ep > 1:
         words += f", ep {layout.ep}"
     if layout.vpp:
@@ -44,14 +44,15 @@ def _layout(layout: Layout) -> str:
     return words
 
 
-def _count(number: int, one: str, many: str) -> str:
+def counted(number: int, one: str, many: str) -> str:
+    """Return `number` with the noun in its singular or plural ("1 GPU", "8 GPUs")."""
     return f"{number} {one if number == 1 else many}"
 
 
 def _batch(schedule: Schedule, dp: int) -> str:
     return (
         f"global batch {schedule.global_batch_size} = micro-batch {schedule.micro_batch_size} x "
-        f"{_count(schedule.num_microbatches, 'micro-batch', 'micro-batches')} x dp {dp}"
+        f"{counted(schedule.num_microbatches, 'micro-batch', 'micro-batches')} x dp {dp}"
     )
 
 
@@ -99,7 +100,7 @@ def plan_lines(request: Request, label: str | None) -> list[str]:
     gpu = request.gpu
     fixed = ", ".join(name if value is True else f"{name} {value}" for name, value in request.fixed.items())
     searched = (
-        f"layout searched on {_count(request.gpus, 'GPU', 'GPUs')} (--gpu {gpu.name}, "
+        f"layout searched on {counted(request.gpus, 'GPU', 'GPUs')} (--gpu {gpu.name}, "
         f"{request.memory / 2**30:g} GiB each)"
     )
     line = (

@@ -12,6 +12,7 @@ from inspector.job.flex import runs_hybridep
 from inspector.job.hardware import GIB
 from inspector.job.optimizer_precision import REMAINDER
 from inspector.memory.measure import MemoryReport, StageMemory
+from inspector.render.job import counted
 from inspector.report.formats import MemoryFormat
 
 BAR_WIDTH = 48
@@ -112,14 +113,19 @@ def _summary(report: MemoryReport) -> list[str]:
             lines.append(f"Every stage fits in --gpu-memory {gib(memory)} GiB.")
     lines.append(
         f"FLOPs per iteration: {flops(report.iteration_flops)} "
-        f"({report.schedule.global_batch_size} sequences of {report.model.seq_length} tokens, "
+        f"({counted(report.schedule.global_batch_size, 'sequence', 'sequences')} of "
+        f"{report.model.seq_length} tokens, "
         "Megatron-LM's throughput formula)."
     )
     seconds = report.seconds
     if seconds is not None:
+        mfu = report.hardware.mfu
         lines.append(
-            f"Time per iteration: {_seconds(seconds)} on {report.layout.world_size} GPUs at "
-            f"{report.hardware.tflops:g} TFLOP/s and MFU {report.hardware.mfu:g}."
+            f"Time per iteration: {_seconds(seconds)} on "
+            f"{counted(report.layout.world_size, 'GPU', 'GPUs')} at "
+            f"{report.hardware.tflops:g} TFLOP/s and MFU {mfu:g}"
+            + (": every FLOP at the GPU's peak, a bound no job reaches (--mfu sets the fraction "
+               "reached; `plan` prices each kernel from measured tables)." if mfu == 1 else ".")
         )
     return lines
 
@@ -312,8 +318,13 @@ def render_text(report: MemoryReport) -> str:
 
 def render_table(report: MemoryReport) -> str:
     """Return the per-stage table with exact byte counts."""
-    rows = _stage_rows(report, exact=True)
-    return tabulate(rows, headers=_headers("B"), disable_numparse=True) + "\n"
+    rows, headers = _stage_rows(report, exact=True), _headers("B")
+    if report.hardware.memory is not None:  # the verdict of the text report's chart, exact
+        headers += ["fits", "spare B"]
+        for row, stage in zip(rows, report.stages, strict=True):
+            spare = report.spare(stage) or 0
+            row += ["yes" if spare >= 0 else "NO", f"{spare:,}"]
+    return tabulate(rows, headers=headers, disable_numparse=True) + "\n"
 
 
 def _number(value: float) -> int | float:
