@@ -24,6 +24,7 @@ from inspector.errors import ConfigError, FidelityError
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
 from inspector.world.config import transformer_config
+from inspector.world.hybrid import build_hybrid_model
 from inspector.world.setup import (
     megatron,
     simulate_apex,
@@ -151,8 +152,11 @@ def _build_chunk(
     pre = ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
     post = ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
     with m.torch.device("meta"), _cuda_for(model):
-        spec = _layer_spec(m, model, config, vp_stage)
         _fresh_attention_env()
+        if model.hybrid:
+            return _finish_chunk(model, config, build_hybrid_model(model, config, layout, pre, post),
+                                 stage, chunk, expert_rank, checkpoint)  # fmt: skip
+        spec = _layer_spec(m, model, config, vp_stage)
         gpt = m.GPTModel(
             mtp_block_spec=_mtp_block_spec(m, model, config, vp_stage),
             config=config,
@@ -166,11 +170,25 @@ def _build_chunk(
             vp_stage=vp_stage,
         )
     _check_mtp_placed(gpt, layout, stage, chunk)
+    return _finish_chunk(model, config, gpt, stage, chunk, expert_rank, checkpoint)
+
+
+def _finish_chunk(
+    model: ModelConfig,
+    config: Any,
+    gpt: Any,
+    stage: int,
+    chunk: int,
+    expert_rank: int,
+    checkpoint: bool,
+) -> StageModel:
+    """Cast the built model as Megatron-LM does and record what the stage holds."""
     if model.bf16 or model.fp16:
         gpt = _cast_like_megatron_lm(config, gpt)
     layers = tuple(layer.layer_number for layer in gpt.decoder.layers)
     sizes = checkpoint_sizes(gpt) if checkpoint else {}
-    return StageModel(stage, chunk, expert_rank, gpt, layers, pre, post, sizes)
+    return StageModel(stage, chunk, expert_rank, gpt, layers, gpt.pre_process, gpt.post_process,
+                      sizes)  # fmt: skip
 
 
 def _fresh_attention_env() -> None:
@@ -268,7 +286,7 @@ def _mtp_block_spec(
 
 def _cuda_for(model: ModelConfig) -> contextlib.AbstractContextManager[None]:
     """Answer megatron's CUDA queries while it builds Transformer Engine modules (on meta)."""
-    if model.transformer_impl == "transformer_engine":
+    if model.transformer_impl == "transformer_engine" or model.hybrid:
         from inspector.world.te.cuda import simulated_cuda
 
         return simulated_cuda()

@@ -103,10 +103,20 @@ def _duplicated(owner: Any, is_expert: bool) -> bool:
     return te_linear and not is_expert
 
 
+def _partition_dim(param: Any) -> int:
+    """Return the axis a tensor-parallel parameter is split along.
+
+    megatron's MambaMixer marks conv1d, dt_bias, A_log, D and its gated norm's weight
+    `tensor_model_parallel` without a `partition_dim`; its sharded_state_dict splits each along
+    axis 0 (ssm/mamba_mixer.py `sharded_state_dict`, `ExtendedRMSNorm.sharded_state_dict`).
+    """
+    return int(getattr(param, "partition_dim", 0))
+
+
 def _global_shape(param: Any, size: int, sharded: bool) -> tuple[int, ...]:
     shape = list(param.shape)
     if sharded:
-        shape[param.partition_dim] *= size
+        shape[_partition_dim(param)] *= size
     return tuple(shape)
 
 
@@ -139,7 +149,7 @@ def walk_params(stage: StageModel, tp: int, etp: int) -> Iterator[ParamRecord]:
             global_shape=_global_shape(param, etp if is_expert else tp, sharded),
             dtype=str(param.dtype).removeprefix("torch."),
             tensor_parallel=sharded,
-            partition_dim=param.partition_dim if sharded else None,
+            partition_dim=_partition_dim(param) if sharded else None,
             tied=tied,
             embedding=name in EMBEDDING_PARAMS or tied,
             layer=int(match.group(1)) if match else None,
