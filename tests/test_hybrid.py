@@ -1,0 +1,115 @@
+"""Hybrid (Mamba) models: megatron-core's MambaModel built from Megatron-LM's hybrid flags."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+
+import pytest
+
+from tests.counting import parameter_count
+
+SMALL = ("--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "8",
+         "--normalization", "RMSNorm", "--disable-bias-linear", "--vocab-size", "1000")  # fmt: skip
+
+
+def _params(cli, *args: str) -> list[dict]:
+    result = cli("params", "--format", "json", *args)
+    assert result.code == 0, result.err
+    return json.loads(result.out)["parameters"]
+
+
+def test_attention_and_mlp_pattern_builds_gpt_parameters(cli):
+    # `*-` twice: megatron's MambaStack builds attention-only and MLP-only layers; GPTModel (the
+    # same Transformer Engine modules) holds each pair in one layer. Same tensors, same shapes.
+    hybrid = _params(cli, *SMALL, "--hybrid-override-pattern", "*-*-")
+    gpt = _params(cli, *SMALL, "--num-layers", "2", "--transformer-impl", "transformer_engine")
+
+    def gpt_name(name: str) -> str:
+        match = re.match(r"decoder\.layers\.(\d+)\.(.*)", name)
+        if match:
+            return f"decoder.layers.{int(match.group(1)) // 2}.{match.group(2)}"
+        return name.replace("decoder.final_norm.", "decoder.final_layernorm.")
+
+    mapped = sorted((gpt_name(r["name"]), tuple(r["shape"])) for r in hybrid)
+    assert mapped == sorted((r["name"], tuple(r["shape"])) for r in gpt)
+
+
+def test_gpt_job_stays_gpt(cli):
+    result = cli("tree", *SMALL)
+    assert result.code == 0 and result.out.startswith("Module: GPTModel\n")
+
+
+def test_mamba_layers_hand_count_with_tp_and_stages(cli):
+    # hidden 256: d_inner 512, 8 heads of 64, 8 groups of state 128; tp 2 halves heads and groups
+    rows = _params(cli, *SMALL, "--hybrid-override-pattern", "M*M-", "--tp", "2", "--pp", "2")
+    shapes = {r["name"]: (r["stage"], tuple(r["shape"])) for r in rows}
+    conv = 512 // 2 + 2 * (8 // 2) * 128  # x, B, C of this rank: 1280 channels
+    assert shapes["decoder.layers.0.mixer.in_proj.weight"] == (0, (conv + 256 + 4, 256))
+    assert shapes["decoder.layers.0.mixer.conv1d.weight"] == (0, (conv, 1, 4))
+    assert shapes["decoder.layers.2.mixer.A_log"] == (1, (4,))
+    assert shapes["decoder.layers.2.mixer.norm.weight"] == (1, (256,))
+    assert shapes["decoder.layers.3.mlp.linear_fc2.weight"][0] == 1
+    assert "decoder.layers.1.self_attention.linear_qkv.weight" in shapes
+    args = {"num_layers": 4, "hidden_size": 256, "num_attention_heads": 8, "vocab_size": 1000,
+            "normalization": "RMSNorm", "disable_bias_linear": True,
+            "hybrid_override_pattern": "M*M-", "seq_length": 1024}  # fmt: skip
+    total = sum(math.prod(r["global_shape"]) for r in rows if not r["tied"])
+    assert total == parameter_count(args, tp=2)
+
+
+def test_triton_stand_in_leaves_with_the_import(cli):
+    _params(cli, *SMALL, "--hybrid-override-pattern", "M*M-")
+    assert "triton" not in sys.modules  # megatron's other `import triton` still find none
+
+
+def test_gated_norm_registers_like_mamba_ssm():
+    import torch
+
+    from inspector.world.setup import megatron
+
+    megatron()
+    from mamba_ssm.ops.triton.layernorm_gated import RMSNorm
+
+    norm = RMSNorm(12, group_size=4, norm_before_gate=False, device="meta")
+    assert [name for name, _ in norm.named_parameters()] == ["weight"]
+    assert norm.weight.shape == (12,) and norm.bias is None and norm.group_size == 4
+    assert RMSNorm(3).weight.eq(torch.ones(3)).all()
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        # a symbol megatron-core 0.16's allocate_layers does not know
+        (("--hybrid-override-pattern", "M*G-"), "--hybrid-override-pattern M*G-: G is not a layer "
+         "symbol of this megatron-core (M Mamba, * attention, - MLP, E MoE)"),
+        # one symbol per layer
+        (("--hybrid-override-pattern", "M*"), "--hybrid-override-pattern has 2 layers but "
+         "--num-layers is 4; megatron-core needs one symbol per layer"),
+        # MoE layers need experts
+        (("--hybrid-override-pattern", "M*ME"), "--hybrid-override-pattern has MoE layers (E): "
+         "they need --num-experts"),
+        # MambaMixer asserts heads divide by tp: 8 heads on 16 ranks
+        (("--hybrid-override-pattern", "M*M-", "--tp", "16", "--num-attention-heads", "16"),
+         "Mamba heads 8 is not divisible by --tp 16 (8 % 16 = 8)"),
+        # megatron's mamba_stack_spec is Transformer Engine's
+        (("--hybrid-override-pattern", "M*M-", "--transformer-impl", "local"),
+         "--transformer-impl local cannot build a hybrid model"),
+        # MambaStack asserts no virtual pipeline
+        (("--hybrid-override-pattern", "M*M-", "--pp", "2",
+          "--num-layers-per-virtual-pipeline-stage", "1"), "a hybrid model cannot be interleaved"),
+    ],
+)
+def test_bad_hybrid_arguments(cli, args, error):
+    result = cli("params", *SMALL, *args)
+    assert result.code == 2 and result.err.startswith(f"Error: {error}"), result.err
+
+
+@pytest.mark.parametrize("command", ["memory", "plan", "workload"])
+def test_commands_that_run_the_model_refuse_by_name(cli, command):
+    extra = ("--gpus", "8") if command == "plan" else ()
+    result = cli(command, *SMALL, "--hybrid-override-pattern", "M*M-", *extra)
+    assert result.code == 2
+    assert "memory, plan and workload do not run hybrid (Mamba) models yet" in result.err
