@@ -301,9 +301,9 @@ def test_hybrid_layer_pattern_and_mamba_sizes_are_refused(cli, tmp_path):
                  "--mamba-head-dim 64 --mamba-num-heads 128\n")  # fmt: skip
     result = cli("params", "--from-script", path)
     assert result.err == (
-        f"Error: {path} line 1: --hybrid-layer-pattern M-M*, --mamba-head-dim 64 and "
-        "--mamba-num-heads 128 are not modelled: this tool builds megatron-core's GPTModel; "
-        "hybrid (Mamba) models are not modelled\n"
+        f"Error: {path} line 1: --hybrid-layer-pattern M-M* is not modelled: this tool builds "
+        "hybrid models from megatron-core 0.16's arguments (--hybrid-override-pattern, "
+        "--mamba-*); megatron-core 0.18+'s are not modelled yet\n"
     )
 
 

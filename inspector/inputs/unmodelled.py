@@ -90,7 +90,8 @@ REFUSED: dict[str, Refusal] = {
     # ModelOpt's arguments (megatron/post_training/arguments.py), read by its finetune.py
     "--export-qk-l2-norm": Refusal("model", _QK_L2),
     "--export-model-type": Refusal(
-        "model", "ModelOpt's export of a model other than GPTModel is not modelled", ("GPTModel",)),
+        "model", "ModelOpt's export of a model other than GPTModel or MambaModel is not modelled",
+        ("GPTModel", "MambaModel")),  # fmt: skip
     "--export-kd-teacher-load": Refusal(
         "model", "ModelOpt's distillation holds a teacher model beside the one trained, which "
         "this tool does not build"),  # fmt: skip
