@@ -18,9 +18,9 @@ from inspector.job.dims import ModelDims, num_microbatches
 from inspector.job.ep_overlap import check_ep_overlap
 from inspector.job.flex import check_flex, runs_deepep
 from inspector.job.fsdp import fsdp_rules
+from inspector.job.hybrid_model import validate_hybrid
 from inspector.job.layout import Layout, make_layout, validate_layout
 from inspector.job.model import ModelConfig
-from inspector.job.hybrid_model import validate_hybrid
 from inspector.job.model_args import make_model_config, validate_model
 from inspector.job.optimizer_precision import OptimizerPrecision, make_precision
 from inspector.job.recompute_modules import DEFAULT_MODULES, check_modules, parse_modules

@@ -56,11 +56,11 @@ def _rng_forks_nothing() -> Iterator[None]:
     from megatron.core.tensor_parallel import random
 
     fork = random.CudaRNGStatesTracker.fork
-    random.CudaRNGStatesTracker.fork = _no_fork  # type: ignore[method-assign]
+    random.CudaRNGStatesTracker.fork = _no_fork
     try:
         yield
     finally:
-        random.CudaRNGStatesTracker.fork = fork  # type: ignore[method-assign]
+        random.CudaRNGStatesTracker.fork = fork
 
 
 @contextlib.contextmanager
