@@ -103,6 +103,17 @@ def _duplicated(owner: Any, is_expert: bool) -> bool:
     return te_linear and not is_expert
 
 
+def _tensor_parallel(param: Any, owner: Any) -> bool:
+    """Return whether megatron splits this parameter over the tensor-parallel ranks.
+
+    Mamba's gated norm holds this rank's slice of d_inner on every megatron-core version
+    (`ExtendedRMSNorm.sharded_state_dict`: axis 0), but only 0.16+ marks its weight
+    `tensor_model_parallel` (ssm/mamba_mixer.py `setattr(self.norm.weight, ...)`).
+    """
+    marked = bool(getattr(param, "tensor_model_parallel", False))
+    return marked or type(owner).__name__ == "ExtendedRMSNorm"
+
+
 def _partition_dim(param: Any) -> int:
     """Return the axis a tensor-parallel parameter is split along.
 
@@ -129,9 +140,7 @@ def walk_params(stage: StageModel, tp: int, etp: int) -> Iterator[ParamRecord]:
         expert = _LOCAL_EXPERT.search(name) or _TE_GROUPED_EXPERT.search(name)
         is_expert = _EXPERTS in name
         owner = _owner(stage.module, local_name)
-        sharded = bool(getattr(param, "tensor_model_parallel", False)) and not _duplicated(
-            owner, is_expert
-        )
+        sharded = _tensor_parallel(param, owner) and not _duplicated(owner, is_expert)
         # The last stage's copy of the word embeddings: the tied output layer, or the embedding
         # that multi-token prediction keeps on a stage without the embedding (language_module.py
         # `setup_embeddings_and_output_layer`).
