@@ -48,7 +48,11 @@ def test_mamba_layers_hand_count_with_tp_and_stages(cli):
     shapes = {r["name"]: (r["stage"], tuple(r["shape"])) for r in rows}
     conv = 512 // 2 + 2 * (8 // 2) * 128  # x, B, C of this rank: 1280 channels
     assert shapes["decoder.layers.0.mixer.in_proj.weight"] == (0, (conv + 256 + 4, 256))
-    assert shapes["decoder.layers.0.mixer.conv1d.weight"] == (0, (conv, 1, 4))
+    # megatron-core 0.19 keeps the convolution's weight as the mixer's own `conv1d_weight`
+    conv1d = shapes.get("decoder.layers.0.mixer.conv1d.weight") or shapes.get(
+        "decoder.layers.0.mixer.conv1d_weight"
+    )
+    assert conv1d == (0, (conv, 1, 4))
     assert shapes["decoder.layers.2.mixer.A_log"] == (1, (4,))
     assert shapes["decoder.layers.2.mixer.norm.weight"] == (1, (256,))
     assert shapes["decoder.layers.3.mlp.linear_fc2.weight"][0] == 1
@@ -62,7 +66,9 @@ def test_mamba_layers_hand_count_with_tp_and_stages(cli):
 
 def test_triton_stand_in_leaves_with_the_import(cli):
     _params(cli, *SMALL, "--hybrid-override-pattern", "M*M-")
-    assert "triton" not in sys.modules  # megatron's other `import triton` still find none
+    # megatron's other `import triton` still find none (or the real one, where it is installed)
+    triton = sys.modules.get("triton")
+    assert triton is None or getattr(triton, "__file__", None) is not None
 
 
 def test_gated_norm_registers_like_mamba_ssm():
