@@ -119,3 +119,38 @@ def test_commands_that_run_the_model_refuse_by_name(cli, command):
     result = cli(command, *SMALL, "--hybrid-override-pattern", "M*M-", *extra)
     assert result.code == 2
     assert "memory, plan and workload do not run hybrid (Mamba) models yet" in result.err
+
+
+# Megatron-LM's examples/mamba/train.sh (core_v0.16.1), its model arguments as written: ratios,
+# no pattern, the layer spec pretrain_mamba.py needs
+MAMBA_EXAMPLE = (
+    "torchrun --nproc_per_node 8 ../../pretrain_mamba.py --tensor-model-parallel-size 1 "
+    "--sequence-parallel --pipeline-model-parallel-size 1 --use-distributed-optimizer "
+    "--untie-embeddings-and-output-weights --position-embedding-type none --num-layers 48 "
+    "--hidden-size 1024 --num-attention-heads 16 --group-query-attention --num-query-groups 8 "
+    "--hybrid-attention-ratio 0.08 --hybrid-mlp-ratio 0.5 --seq-length 4096 "
+    "--max-position-embeddings 4096 --micro-batch-size 4 --global-batch-size 32 "
+    "--disable-bias-linear --normalization RMSNorm --bf16 --use-mcore-models {spec} "
+    "--vocab-size 32000\n"
+)
+SPEC = "--spec megatron.core.models.mamba.mamba_layer_specs mamba_stack_spec"
+
+
+def test_pretrain_mamba_example_is_read_as_written(cli, tmp_path):
+    path = tmp_path / "train.sh"
+    path.write_text(MAMBA_EXAMPLE.format(spec=SPEC))
+    result = cli("tree", "--from-script", str(path))
+    assert result.code == 0, result.err
+    assert result.out.startswith("Module: MambaModel\n")
+    # megatron's allocate_layers: 48 layers, round(0.08 x 48) = 4 attention, 24 MLP, 20 Mamba
+    kinds = re.findall(r"Submodule: \d+ \((\w+)\)", result.out)
+    assert (kinds.count("TransformerLayer"), kinds.count("MLPLayer"), kinds.count("MambaLayer")) == (
+        4, 24, 20)  # fmt: skip
+
+
+def test_pretrain_mamba_needs_its_spec(cli, tmp_path):
+    # mamba_builders.py: "You must provide a valid Mamba layer spec via --spec"
+    path = tmp_path / "train.sh"
+    path.write_text(MAMBA_EXAMPLE.format(spec=""))
+    result = cli("tree", "--from-script", str(path))
+    assert result.code == 2 and "pretrain_mamba.py needs --spec" in result.err, result.err

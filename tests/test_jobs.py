@@ -38,8 +38,8 @@ def write(tmp_path: Path, text: str) -> str:
             "examples/multimodal/train.py",
             "builds a multimodal model (a vision or audio encoder beside the language model)",
         ),  # fmt: skip
-        ("pretrain_mamba.py", "builds a Mamba/hybrid model (MambaModel)"),
-        ("pretrain_hybrid.py", "builds a Mamba/hybrid model (MambaModel)"),
+        ("pretrain_hybrid.py",
+         "builds a hybrid model as megatron-core 0.18+ does (HybridModel), not modelled yet"),
         ("tools/run_text_generation_server.py", "runs inference or text generation, not training"),
         (
             "examples/inference/advanced/gpt_dynamic_inference.py",
