@@ -154,3 +154,42 @@ def test_pretrain_mamba_needs_its_spec(cli, tmp_path):
     path.write_text(MAMBA_EXAMPLE.format(spec=""))
     result = cli("tree", "--from-script", str(path))
     assert result.code == 2 and "pretrain_mamba.py needs --spec" in result.err, result.err
+
+
+# Nemotron-H 8B's Hugging Face config.json as its keys are spelled (NemotronHForCausalLM)
+NEMOTRON_H_8B = {
+    "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "attention_bias": False,
+    "attention_head_dim": 128, "chunk_size": 128, "conv_kernel": 4, "expand": 2,
+    "hidden_act": "relu2", "hidden_size": 4096,
+    "hybrid_override_pattern": "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-",
+    "intermediate_size": 21504, "layer_norm_epsilon": 1e-05, "mamba_head_dim": 64,
+    "mamba_num_heads": 128, "mamba_proj_bias": False, "max_position_embeddings": 8192,
+    "mlp_bias": False, "n_groups": 8, "num_attention_heads": 32, "num_hidden_layers": 52,
+    "num_key_value_heads": 8, "residual_in_fp32": False, "ssm_state_size": 128,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_bias": False,
+    "use_conv_bias": True, "vocab_size": 131072,
+}  # fmt: skip
+
+
+def test_nemotron_h_hf_config_builds_its_pattern(cli, tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(NEMOTRON_H_8B))
+    rows = _params(cli, "--hf-config", str(path))
+    assert sum(1 for r in rows if r["name"].endswith("mixer.A_log")) == 24  # 24 M in the pattern
+    args = {"num_layers": 52, "hidden_size": 4096, "num_attention_heads": 32,
+            "group_query_attention": True, "num_query_groups": 8, "kv_channels": 128,
+            "ffn_hidden_size": 21504, "vocab_size": 131072, "normalization": "RMSNorm",
+            "disable_bias_linear": True, "position_embedding_type": "none",
+            "untie_embeddings_and_output_weights": True, "mamba_num_heads": 128,
+            "hybrid_override_pattern": NEMOTRON_H_8B["hybrid_override_pattern"]}  # fmt: skip
+    assert sum(math.prod(r["global_shape"]) for r in rows) == parameter_count(args)
+
+
+def test_nemotron_h_hf_config_other_convolution_is_refused(cli, tmp_path):
+    # megatron-core's MambaMixer convolves over 4 positions whatever the config says
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**NEMOTRON_H_8B, "conv_kernel": 3}))
+    result = cli("params", "--hf-config", str(path))
+    assert result.code == 2
+    assert "\"conv_kernel\": 3 is not modelled: megatron-core's MambaMixer builds conv_kernel 4" in (
+        result.err)  # fmt: skip
