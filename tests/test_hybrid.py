@@ -113,12 +113,63 @@ def test_bad_hybrid_arguments(cli, args, error):
     assert result.code == 2 and result.err.startswith(f"Error: {error}"), result.err
 
 
-@pytest.mark.parametrize("command", ["memory", "plan", "workload"])
-def test_commands_that_run_the_model_refuse_by_name(cli, command):
-    extra = ("--gpus", "8") if command == "plan" else ()
-    result = cli(command, *SMALL, "--hybrid-override-pattern", "M*M-", *extra)
-    assert result.code == 2
-    assert "memory, plan and workload do not run hybrid (Mamba) models yet" in result.err
+@pytest.mark.parametrize("command", ["plan", "workload"])
+def test_commands_that_price_layers_refuse_by_name(cli, command, tmp_path):
+    extra = ("--gpus", "8", "--global-batch-size", "8") if command == "plan" else (
+        "-o", str(tmp_path / "out"), "--gpu", "h100")  # fmt: skip
+    result = cli(command, *SMALL, "--hybrid-override-pattern", "M*M-", "--micro-batch-size", "1",
+                 *extra)  # fmt: skip
+    assert result.code == 2, result.err
+    assert f"{command} does not price hybrid (Mamba) models yet" in result.err
+
+
+def test_memory_runs_mamba_layers_and_counts_megatron_lm_hybrid_flops(cli):
+    result = cli("memory", *SMALL, "--hybrid-override-pattern", "M*M-", "--is-hybrid-model",
+                 "--bf16", "--seq-length", "512", "--micro-batch-size", "1", "--format", "json")
+    assert result.code == 0, result.err
+    report = json.loads(result.out)
+    # Megatron-LM training.py hybrid_flops, by hand: B 1, s 512, h 256, 8 heads, vocab 1024
+    # (1000 padded to 128), ffn 1024, Mamba d_in 512, 8 groups of state 128, 8 heads
+    tokens, h = 512, 256
+    mamba = (2 * tokens * h * (2 * 512 + 2 * 8 * 128 + 8) + 7 * tokens * 512 * 128
+             + 2 * tokens * 512 * h)  # fmt: skip
+    attention = 4 * tokens * h * 1 * (h + h + 512 / 2)
+    mlp = 4 * 4 * tokens * h**2
+    logits = 2 * tokens * h * 1024
+    assert report["iteration_flops"] == round(3 * (2 * mamba + attention + mlp + logits))
+    activations = report["stages"][0]["activations"]
+    assert activations["source"] == "engine", activations  # megatron's own forward and backward
+    assert "MambaSplitConv1dScanCombinedFn" in activations["moment"]
+
+
+def test_split_scan_saves_what_the_kernel_saves():
+    # ssd_combined.py MambaSplitConv1dScanCombinedFn.forward: save_for_backward(zxbcdt,
+    # conv1d_weight, conv1d_bias, out_x, A, D, dt_bias, ...) with out_x the ungated (b, s, h, p)
+    import torch
+
+    from inspector.world.ssm.kernels import LayerNormFn, mamba_split_conv1d_scan_combined
+
+    b, s, h, p, g, n = 2, 256, 8, 64, 2, 16
+    meta = {"device": "meta"}
+    zxbcdt = torch.empty(b, s, 2 * h * p + 2 * g * n + h, dtype=torch.bfloat16, requires_grad=True,
+                         **meta)  # fmt: skip
+    weight = torch.empty(h * p + 2 * g * n, 4, dtype=torch.bfloat16, requires_grad=True, **meta)
+    bias = torch.empty(h * p + 2 * g * n, dtype=torch.bfloat16, requires_grad=True, **meta)
+    heads = [torch.empty(h, requires_grad=True, **meta) for _ in range(3)]  # dt_bias, A, D
+    out = mamba_split_conv1d_scan_combined(zxbcdt, weight, bias, *heads, chunk_size=128,
+                                           headdim=p, ngroups=g)  # fmt: skip
+    assert out.shape == (b, s, h * p) and out.dtype == torch.bfloat16
+    saved = [tuple(t.shape) for t in out.grad_fn.saved_tensors]
+    assert saved == [(b, s, 2 * h * p + 2 * g * n + h), (h * p + 2 * g * n, 4), (h * p + 2 * g * n,),
+                     (b, s, h, p), (h,), (h,), (h,)]  # fmt: skip
+    # layernorm_gated.py LayerNormFn: saves x (rows, d), weight, and an fp32 rstd per row and group
+    weight_norm = torch.empty(h * p, dtype=torch.bfloat16, requires_grad=True, **meta)
+    y = LayerNormFn.apply(out, weight_norm, h * p // g)
+    saved = [(tuple(t.shape), t.dtype) for t in y.grad_fn.saved_tensors]
+    assert saved == [((b * s, h * p), torch.bfloat16), ((h * p,), torch.bfloat16),
+                     ((g * b * s,), torch.float32)]  # fmt: skip
+    y.sum().backward()
+    assert zxbcdt.grad.shape == zxbcdt.shape and weight.grad.dtype == torch.bfloat16
 
 
 # Megatron-LM's examples/mamba/train.sh (core_v0.16.1), its model arguments as written: ratios,

@@ -79,7 +79,8 @@ def trace_chunks(
 def _whole(job: Job, shape: ChunkShape) -> bool:
     """Return whether pieces of the chunk's kinds cannot stand for its layers."""
     mtp = shape.mtp and (not shape.output or shape.mtp != job.model.mtp_num_layers)
-    return bool(mtp) or not shape.layers
+    # a hybrid stack's layers are of several kinds in the pattern's order: every one runs
+    return bool(mtp) or not shape.layers or job.model.hybrid
 
 
 def _group(job: Job) -> int:

@@ -73,7 +73,6 @@ def merge_sources(sources: Sources, groups: tuple[str, ...], accepted: tuple[str
                 "(\"Disabling sequence parallelism because tensor model parallelism is disabled\")"
             )
     if "training" in groups:
-        _refuse_hybrid(merged)
         notes.extend(local_spec_attention_note(merged))
     args = {k: v for k, v in merged.items() if k not in BY_NAME or BY_NAME[k].group in groups}
     return Resolved(args, tuple(notes))
@@ -82,17 +81,6 @@ def merge_sources(sources: Sources, groups: tuple[str, ...], accepted: tuple[str
 # The arguments that make megatron-core build a hybrid (Mamba) model (job/model.py `hybrid`)
 _HYBRID_ARGS = ("hybrid_override_pattern", "hybrid_attention_ratio", "hybrid_mlp_ratio",
                 "is_hybrid_model")  # fmt: skip
-
-
-def _refuse_hybrid(merged: dict[str, Any]) -> None:
-    """Refuse a hybrid model in memory, plan and workload: its Mamba mixers' kernels
-    (mamba_ssm, causal_conv1d) are not simulated yet, and no closed form stands in for them."""
-    given = [BY_NAME[name].flag for name in _HYBRID_ARGS if merged.get(name)]
-    if given:
-        raise ConfigError(
-            f"{', '.join(given)}: memory, plan and workload do not run hybrid (Mamba) models yet "
-            "(their Mamba kernels are not simulated); tree, params and diff build them"
-        )
 
 
 # Megatron-LM's validate_args: `required_args = ['num_layers', 'hidden_size',

@@ -75,3 +75,12 @@ def _validate_mamba_sizes(config: ModelConfig, tp: int) -> None:
             f"Mamba heads {heads} are not divisible by --mamba-num-groups {groups} "
             f"({heads} % {groups} = {heads % groups})"
         )
+
+
+def refuse_hybrid(model: ModelConfig, command: str) -> None:
+    """Refuse a hybrid model in a command that prices layers by transformer formulas."""
+    if model.hybrid:
+        raise ConfigError(
+            f"{command} does not price hybrid (Mamba) models yet: its step-time model knows "
+            "transformer layers only; tree, params, diff and memory build and run them"
+        )

@@ -50,6 +50,9 @@ class StageModel:
     # megatron's checkpoint view of the same module: (key, offsets along prepended axes) -> the
     # unsharded element count of that one tensor (sharded_state_dict's global shape).
     checkpoint: dict[tuple[str, tuple[int, ...]], int]
+    # a hybrid stack's layer kinds in local order (megatron's MambaStack.layer_type_list: M, *, -,
+    # E); empty for a GPTModel
+    symbols: tuple[str, ...] = ()
 
 
 def _stage_rank(layout: Layout, stage: int, expert_rank: int) -> int:
@@ -187,8 +190,9 @@ def _finish_chunk(
         gpt = _cast_like_megatron_lm(config, gpt)
     layers = tuple(layer.layer_number for layer in gpt.decoder.layers)
     sizes = checkpoint_sizes(gpt) if checkpoint else {}
+    symbols = tuple(getattr(gpt.decoder, "layer_type_list", ()))
     return StageModel(stage, chunk, expert_rank, gpt, layers, gpt.pre_process, gpt.post_process,
-                      sizes)  # fmt: skip
+                      sizes, symbols)  # fmt: skip
 
 
 def _fresh_attention_env() -> None:

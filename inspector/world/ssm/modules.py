@@ -10,8 +10,8 @@ megatron-core 0.16.1 ssm/mamba_mixer.py imports, each in its own `try`:
 Upstream sources: state-spaces/mamba (mamba_ssm/ops/triton/layernorm_gated.py, ssd_combined.py)
 and Dao-AILab/causal-conv1d (causal_conv1d/causal_conv1d_interface.py).
 
-The kernels are not run by anything this tool does yet: each raises, naming itself, so that no
-run can silently skip one.
+The training path's kernels run on meta tensors (kernels.py); the others (inference, the
+non-memory-efficient path) raise, naming themselves, so that no run can silently skip one.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ def _rms_norm_gated() -> type:
     `eps`, `group_size` and `norm_before_gate` kept as attributes.
     """
     import torch
+
+    from inspector.world.ssm import kernels
 
     class RMSNorm(torch.nn.Module):
         def __init__(
@@ -51,8 +53,20 @@ def _rms_norm_gated() -> type:
         def reset_parameters(self) -> None:
             torch.nn.init.ones_(self.weight)
 
+        def forward(self, x: Any, z: Any = None) -> Any:
+            """`rmsnorm_fn` (layernorm_gated.py 433-437); megatron's mixer passes no z."""
+            if z is not None:
+                raise NotImplementedError("the gated RMSNorm with z is not simulated")
+            return kernels.LayerNormFn.apply(x, self.weight, self.group_size)
+
     RMSNorm.__module__ = "mamba_ssm.ops.triton.layernorm_gated"
     return RMSNorm
+
+
+def _split_conv1d_scan() -> Any:
+    from inspector.world.ssm.kernels import mamba_split_conv1d_scan_combined
+
+    return mamba_split_conv1d_scan_combined
 
 
 def _not_simulated(name: str) -> Any:
@@ -87,9 +101,7 @@ def build(mamba_version: str, conv1d_version: str) -> dict[str, types.ModuleType
         ),
         ssd: _module(ssd, False, {
             "mamba_chunk_scan_combined": _not_simulated(f"{ssd}.mamba_chunk_scan_combined"),
-            "mamba_split_conv1d_scan_combined": _not_simulated(
-                f"{ssd}.mamba_split_conv1d_scan_combined"
-            ),
+            "mamba_split_conv1d_scan_combined": _split_conv1d_scan(),
         }),
         "mamba_ssm.ops.triton.selective_state_update": _module(
             "mamba_ssm.ops.triton.selective_state_update", False,
