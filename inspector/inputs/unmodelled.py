@@ -75,6 +75,10 @@ REFUSED: dict[str, Refusal] = {
     "--heterogeneous-layers-config-path": Refusal("model", "heterogeneous layers are not modelled"),
     "--heterogeneous-layers-config-encoded-json": Refusal(
         "model", "heterogeneous layers are not modelled"),
+    # TransformerConfig.use_mamba_mem_eff_path False: MambaMixer's `_ssm_prefill` in training
+    "--disable-mamba-mem-eff-path": Refusal(
+        "training", "Mamba's non-memory-efficient path (causal_conv1d and the chunked scan as "
+        "separate kernels) is not simulated"),  # fmt: skip
     # megatron-core 0.18+'s name for the layer pattern (Megatron-LM's --hybrid-layer-pattern)
     "--hybrid-layer-pattern": Refusal("model", _HYBRID),
     "--quick-geglu": Refusal("model", "a gated MLP with its own activation is not modelled; "

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from inspector.errors import ConfigError
 from inspector.job.model import ModelConfig
+from inspector.job.versions import hybrid_moe_layers
 
-# megatron-core 0.13-0.17 ssm/mamba_hybrid_layer_allocation.py `Symbols`: Mamba, attention, MLP,
-# MoE (0.18+ add gated delta net, DSA and stage/MTP separators, not modelled yet)
+# megatron-core ssm/mamba_hybrid_layer_allocation.py `Symbols`: Mamba, attention, MLP, and from
+# 0.16 MoE (0.18+ add gated delta net, DSA and stage/MTP separators, not modelled yet)
 LAYER_SYMBOLS = {"M": "Mamba", "*": "attention", "-": "MLP", "E": "MoE"}
 
 
@@ -35,9 +36,10 @@ def validate_hybrid(config: ModelConfig, tp: int = 1) -> None:
 
 
 def _validate_pattern(pattern: str, config: ModelConfig) -> None:
-    unknown = sorted({symbol for symbol in pattern if symbol not in LAYER_SYMBOLS})
+    symbols = {s: kind for s, kind in LAYER_SYMBOLS.items() if s != "E" or hybrid_moe_layers()}
+    unknown = sorted({symbol for symbol in pattern if symbol not in symbols})
     if unknown:
-        known = ", ".join(f"{s} {kind}" for s, kind in LAYER_SYMBOLS.items())
+        known = ", ".join(f"{s} {kind}" for s, kind in symbols.items())
         raise ConfigError(
             f"--hybrid-override-pattern {pattern}: {' '.join(unknown)} is not a layer symbol of "
             f"this megatron-core ({known})"

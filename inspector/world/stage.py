@@ -190,9 +190,21 @@ def _finish_chunk(
         gpt = _cast_like_megatron_lm(config, gpt)
     layers = tuple(layer.layer_number for layer in gpt.decoder.layers)
     sizes = checkpoint_sizes(gpt) if checkpoint else {}
-    symbols = tuple(getattr(gpt.decoder, "layer_type_list", ()))
+    symbols = tuple(_symbol(layer) for layer in gpt.decoder.layers) if model.hybrid else ()
     return StageModel(stage, chunk, expert_rank, gpt, layers, gpt.pre_process, gpt.post_process,
                       sizes, symbols)  # fmt: skip
+
+
+def _symbol(layer: Any) -> str:
+    """Return a hybrid stack's layer kind as its pattern writes it, from the module megatron built
+    (MambaStack keeps its `layer_type_list` only from megatron-core 0.16)."""
+    kind = type(layer).__name__
+    if kind == "MambaLayer":
+        return "M"
+    if kind == "MLPLayer":
+        return "-"
+    mlp = type(getattr(layer, "mlp", None)).__name__
+    return "E" if mlp == "MoELayer" else "*"
 
 
 def _fresh_attention_env() -> None:
