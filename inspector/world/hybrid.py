@@ -22,26 +22,42 @@ from inspector.world.ssm.triton_import import import_mamba_mixer
 def build_hybrid_model(
     model: ModelConfig, config: Any, layout: Layout, pre: bool, post: bool
 ) -> Any:
-    """Return megatron's hybrid model for one stage (inside the stage's simulated rank, on meta)."""
+    """Return megatron's hybrid model for one stage (inside the stage's simulated rank, on meta).
+
+    megatron-core 0.18+ builds HybridModel (Megatron-LM's hybrid_builders.py `hybrid_builder`,
+    which pretrain_mamba.py runs too, with `hybrid_layer_pattern`: validate_args forwards
+    --hybrid-override-pattern to it); 0.13-0.17 MambaModel (mamba_builders.py).
+    """
     import_mamba_mixer()
-    from megatron.core.models.mamba import MambaModel
     from megatron.core.models.mamba.mamba_layer_specs import mamba_stack_spec
 
+    common = dict(
+        config=config,
+        vocab_size=model.embedding_rows(layout.tp),
+        max_sequence_length=model.max_positions,
+        pre_process=pre,
+        post_process=post,
+        parallel_output=True,
+        share_embeddings_and_output_weights=not model.untie_embeddings_and_output_weights,
+        position_embedding_type=model.position_embedding_type,
+    )
     with _rng_forks_nothing():
-        return MambaModel(
-            config=config,
-            mamba_stack_spec=mamba_stack_spec,
-            vocab_size=model.embedding_rows(layout.tp),
-            max_sequence_length=model.max_positions,
-            pre_process=pre,
-            hybrid_attention_ratio=model.hybrid_attention_ratio or 0.0,
-            hybrid_mlp_ratio=model.hybrid_mlp_ratio or 0.0,
-            hybrid_override_pattern=model.hybrid_override_pattern,
-            post_process=post,
-            parallel_output=True,
-            share_embeddings_and_output_weights=not model.untie_embeddings_and_output_weights,
-            position_embedding_type=model.position_embedding_type,
-        )
+        try:
+            from megatron.core.models.hybrid.hybrid_model import HybridModel
+        except ImportError:  # megatron-core 0.13-0.17
+            from megatron.core.models.mamba import MambaModel
+
+            return MambaModel(
+                mamba_stack_spec=mamba_stack_spec,
+                hybrid_attention_ratio=model.hybrid_attention_ratio or 0.0,
+                hybrid_mlp_ratio=model.hybrid_mlp_ratio or 0.0,
+                hybrid_override_pattern=model.hybrid_override_pattern,
+                **common,
+            )
+        ratios = {name: getattr(model, name) for name in ("hybrid_attention_ratio", "hybrid_mlp_ratio")
+                  if getattr(model, name)}  # fmt: skip
+        return HybridModel(hybrid_stack_spec=mamba_stack_spec,
+                           hybrid_layer_pattern=model.hybrid_override_pattern, **ratios, **common)
 
 
 @contextlib.contextmanager
