@@ -247,3 +247,11 @@ def test_nemotron_h_hf_config_other_convolution_is_refused(cli, tmp_path):
     assert result.code == 2
     assert "\"conv_kernel\": 3 is not modelled: megatron-core's MambaMixer builds conv_kernel 4" in (
         result.err)  # fmt: skip
+
+
+def test_job_line_says_the_stack(cli):
+    result = cli("params", *SMALL, "--hybrid-override-pattern", "M*M-", "--format", "table")
+    assert result.code == 0, result.err
+    assert result.out.startswith(
+        "Job: gpt2-small (4 layers, hidden 256, hybrid: 2 Mamba, 1 attention, 1 MLP), fp32,"
+    ), result.out.splitlines()[0]
