@@ -22,10 +22,6 @@ def validate_hybrid(config: ModelConfig, tp: int = 1) -> None:
     pattern = config.hybrid_override_pattern
     if pattern is not None:
         _validate_pattern(pattern, config)
-    for name in ("hybrid_attention_ratio", "hybrid_mlp_ratio"):
-        value = getattr(config, name)
-        if value is not None and not 0.0 <= value <= 1.0:
-            raise ConfigError(f"--{name.replace('_', '-')} {value} is not in [0.0, 1.0]")
     if config.transformer_impl != "transformer_engine":
         raise ConfigError(
             f"--transformer-impl {config.transformer_impl} cannot build a hybrid model: "
@@ -33,6 +29,15 @@ def validate_hybrid(config: ModelConfig, tp: int = 1) -> None:
             "Transformer Engine modules; drop --transformer-impl"
         )
     _validate_mamba_sizes(config, tp)
+
+
+def check_ratios(config: ModelConfig) -> None:
+    """Raise ConfigError for a hybrid ratio outside [0, 1] (Megatron-LM's help: "in the range
+    [0.0, 1.0]"; allocate_layers asserts it), hybrid or not."""
+    for name in ("hybrid_attention_ratio", "hybrid_mlp_ratio"):
+        value = getattr(config, name)
+        if value is not None and not 0.0 <= value <= 1.0:
+            raise ConfigError(f"--{name.replace('_', '-')} {value} is not in [0.0, 1.0]")
 
 
 def _validate_pattern(pattern: str, config: ModelConfig) -> None:
