@@ -16,7 +16,8 @@ one are different kinds, and the small chunk checkpoints as many first layers as
 recomputed ones.
 
 Where one layer does not stand for the others, the stage itself is traced, every layer run:
-an MTP block a layout string places off the last stage, a chunk without transformer layers.
+an MTP block a layout string places off the last stage, a chunk without transformer layers, a
+hybrid (Mamba) stack, whose layers follow its pattern.
 """
 
 from __future__ import annotations
