@@ -255,3 +255,23 @@ def test_job_line_says_the_stack(cli):
     assert result.out.startswith(
         "Job: gpt2-small (4 layers, hidden 256, hybrid: 2 Mamba, 1 attention, 1 MLP), fp32,"
     ), result.out.splitlines()[0]
+
+
+def test_pretrain_gpt_with_a_hybrid_pattern_is_refused(cli, tmp_path):
+    # gpt_builders.py builds GPTModel whatever the hybrid arguments say: never a hybrid table
+    path = tmp_path / "train.sh"
+    path.write_text(MAMBA_EXAMPLE.format(spec="").replace("pretrain_mamba.py", "pretrain_gpt.py"))
+    result = cli("params", "--from-script", str(path))
+    assert result.code == 2
+    assert "pretrain_gpt.py builds GPTModel whatever --hybrid-attention-ratio, " in result.err
+
+
+def test_train_rl_builds_hybrid_with_is_hybrid_model(cli, tmp_path):
+    # train_rl.py `_model_builder`: mamba_builder when --is-hybrid-model, else gpt_builder
+    script = MAMBA_EXAMPLE.format(spec=SPEC).replace("../../pretrain_mamba.py", "train_rl.py")
+    path = tmp_path / "train.sh"
+    path.write_text(script)
+    assert "train_rl.py builds GPTModel whatever" in cli("tree", "--from-script", str(path)).err
+    path.write_text(script.replace("--bf16", "--bf16 --is-hybrid-model"))
+    result = cli("tree", "--from-script", str(path))
+    assert result.code == 0 and "(MambaLayer)" in result.out, result.err

@@ -197,8 +197,8 @@ def test_spec_is_named_with_both_its_words(tmp_path):
          "--export-kd-teacher-load /ckpt/teacher is not modelled: ModelOpt's distillation holds a "
          "teacher model beside the one trained, which this tool does not build"),
         ("--export-model-type HybridModel",
-         "--export-model-type HybridModel is not modelled: ModelOpt's export of a model other "
-         "than GPTModel or MambaModel is not modelled"),
+         "--export-model-type HybridModel is not modelled: ModelOpt's builder for a model "
+         "other than GPTModel (its own MambaModel layer spec) is not modelled"),
         ("--no-position-embedding",
          "--no-position-embedding without rope is refused by Megatron-LM: validate_args: "
          "'--no-position-embedding is deprecated, use --position-embedding-type'"),

@@ -28,6 +28,8 @@ class EntryPoint:
     training_refusal: str = ""
     # Megatron-LM arguments the program itself implies (pretrain_mamba.py: a hybrid model)
     implied: Mapping[str, Any] = field(default_factory=dict)
+    # the flag with which the program builds a hybrid model instead (train_rl.py)
+    hybrid_with: str = ""
 
 
 # Programs that build GPTModel from Megatron-LM's arguments and train it.
@@ -40,6 +42,8 @@ GPT_TRAINING: dict[str, EntryPoint] = {
             "and CUDA graphs (--inference-max-requests, --inference-max-seq-length, "
             "--inference-dynamic-batching-buffer-size-gb) this tool does not count"
         ),
+        # train_rl.py `_model_builder`: mamba_builder when args.is_hybrid_model
+        hybrid_with="--is-hybrid-model",
     ),
     # mamba_builders.py `mamba_builder` (core_v0.16.1): MambaModel from the same arguments, with
     # the layer stack spec --spec names (required: "You must provide a valid Mamba layer spec")
@@ -158,6 +162,11 @@ def refuse_speculative(launches: Sequence[tuple[Sequence[str], str]],
         )
 
 
+# the arguments that describe a hybrid stack (inputs/arguments.py), which only hybrid builders read
+_HYBRID_FLAGS = frozenset({"--hybrid-override-pattern", "--hybrid-attention-ratio",
+                           "--hybrid-mlp-ratio", "--is-hybrid-model"})  # fmt: skip
+
+
 def _value_of(words: Sequence[str], flag: str) -> str | None:
     """The last value a flag is given (`--flag VALUE` or `--flag=VALUE`), as argparse keeps it."""
     found = None
@@ -181,12 +190,19 @@ def program_checks(argv: Sequence[str], show: Callable[[str], str], flags: Colle
     program = show(next(word for index, word in enumerate(argv) if index and word.endswith(".py")))
     entry = entry_point(program, where)
     refused = validate_args_refusals(flags, where, args)
-    if entry.implied:
+    hybrid = sorted(flag for flag in flags if flag in _HYBRID_FLAGS)
+    builds_hybrid = bool(entry.implied) or bool(entry.hybrid_with and entry.hybrid_with in flags)
+    if hybrid and not builds_hybrid:
+        # gpt_builders.py builds GPTModel whatever they say: Megatron-LM would train a GPT
+        raise InputError(f"{where}: {posixpath.basename(program)} builds GPTModel whatever "
+                         f"{', '.join(hybrid)} say (gpt_builders.py); Megatron-LM builds hybrid "
+                         "models with pretrain_mamba.py")  # fmt: skip
+    if builds_hybrid:
         if "--spec" not in flags:
             raise InputError(f"{where}: {posixpath.basename(program)} needs --spec (Megatron-LM: "
                              "'You must provide a valid Mamba layer spec via --spec')")  # fmt: skip
         if isinstance(args, dict):
-            args.update(entry.implied)
+            args.update(entry.implied)  # (none for train_rl.py: its flag says it)
     if entry.training_refusal:
         name = posixpath.basename(program)
         refused = (Refused("training", where, name, "not modelled", entry.training_refusal),

@@ -93,9 +93,10 @@ REFUSED: dict[str, Refusal] = {
     "--qk-l2-norm": Refusal("model", _QK_L2),
     # ModelOpt's arguments (megatron/post_training/arguments.py), read by its finetune.py
     "--export-qk-l2-norm": Refusal("model", _QK_L2),
+    # megatron/post_training/model_builder.py: MambaModel gets ModelOpt's own layer spec
     "--export-model-type": Refusal(
-        "model", "ModelOpt's export of a model other than GPTModel or MambaModel is not modelled",
-        ("GPTModel", "MambaModel")),  # fmt: skip
+        "model", "ModelOpt's builder for a model other than GPTModel (its own MambaModel layer "
+        "spec) is not modelled", ("GPTModel",)),  # fmt: skip
     "--export-kd-teacher-load": Refusal(
         "model", "ModelOpt's distillation holds a teacher model beside the one trained, which "
         "this tool does not build"),  # fmt: skip
