@@ -96,8 +96,10 @@ class MambaSplitConv1dScanCombinedFn(torch.autograd.Function):
         del chunk_states, final_states
         dout_x = torch.empty_like(out_x)  # ssd_chunk_scan.py 1386 (_chunk_scan_bwd_dz)
         dstates = _empty(zxbcdt, b, nc, h, p, dstate, dtype=f32)  # 1433
-        passed = (_empty(zxbcdt, b, nc, h, p * dstate) for _ in range(2))  # state_passing 241-243
-        dstates, states = passed
+        # _state_passing_bwd (ssd_state_passing.py 241, 243): dstates and the states converted
+        # to x's dtype replace the fp32 ones
+        dstates = _empty(zxbcdt, b, nc, h, p * dstate)
+        states = _empty(zxbcdt, b, nc, h, p * dstate)
         splits = _splits(b, nc, h, ngroups)
         db = _empty(zxbcdt, b, s, splits, ngroups, dstate, dtype=f32).sum(2)  # chunk_state 940
         states_x = _empty(zxbcdt, b, nc, h, p, dstate)  # states.to(x.dtype)
