@@ -51,7 +51,7 @@ NEEDS312 = $(filter-out 0.13% 0.14% 0.15% 0.16%,$(1))
 INSTALL = .venv-megatron-$*/bin/python -m pip install --quiet --find-links $(TORCH_WHEELS) \
 	'megatron-core==$*' $$(case $* in 0.13*|0.14*|0.15*) echo 'numpy<2';; esac) -e '.[test]'
 INSTALL312 = .venv-megatron-$*/bin/python -m pip install --quiet 'megatron-core==$*' \
-	'typer>=0.15,<0.22' 'tabulate>=0.9' 'pyyaml>=6' pytest setuptools hypothesis ruff mypy \
+	'typer>=0.15,<0.22' 'tabulate>=0.9' 'pyyaml>=6' 'einops>=0.8' pytest setuptools hypothesis ruff mypy \
 	types-tabulate types-PyYAML && .venv-megatron-$*/bin/python -m pip install --quiet --no-deps -e .
 
 test-matrix:

@@ -41,12 +41,18 @@ def parameter_count(a: Mapping[str, Any], tp: int = 1) -> int:
     moe_layer = 0
     if a.get("num_experts"):
         e = a["num_experts"]
-        moe_layer = e * h + bias * e + e * mlp(a["moe_ffn_hidden_size"])
+        # --moe-ffn-hidden-size defaults to --ffn-hidden-size (Megatron-LM arguments.py)
+        moe_layer = e * h + bias * e + e * mlp(a.get("moe_ffn_hidden_size") or a["ffn_hidden_size"])
         if a.get("moe_shared_expert_intermediate_size"):
             moe_layer += mlp(a["moe_shared_expert_intermediate_size"])
             moe_layer += h if a.get("moe_shared_expert_gate") else 0  # gate weight [1, h]
-    pattern = moe_pattern(a)
-    per_layer = [2 * norm + attention + (moe_layer if moe else dense_layer) for moe in pattern]
+    if a.get("hybrid_override_pattern"):
+        kinds = {"M": norm + _mamba2_mixer(a, h), "*": norm + attention,
+                 "-": norm + dense_layer, "E": norm + moe_layer}  # fmt: skip
+        per_layer = [kinds[symbol] for symbol in a["hybrid_override_pattern"]]
+    else:
+        pattern = moe_pattern(a)
+        per_layer = [2 * norm + attention + (moe_layer if moe else dense_layer) for moe in pattern]
     total = vocab * h + sum(per_layer) + norm
     # Multi-token prediction: per depth, enorm, hnorm, eh_proj (2h -> h), a transformer layer like
     # the decoder's last, and a final norm; the embedding and output layer are shared.
@@ -89,3 +95,20 @@ def _mla_attention(a: Mapping[str, Any], h: int, heads: int) -> int:
         query = h * heads * (qk + rope)
     key_value = h * (kv_lora + rope) + norms * kv_lora + kv_lora * heads * (qk + v)
     return query + key_value + heads * v * h
+
+
+def _mamba2_mixer(a: Mapping[str, Any], h: int) -> int:
+    """Return a Mamba-2 mixer's parameters (Dao & Gu 2024, Transformers are SSMs, Section 7 and
+    Figure 6; Megatron-LM's argument defaults: state 128, head 64, 8 groups, heads 2h / head).
+
+    One input projection h -> (z, x, B, C, dt): 2 d_inner + 2 groups x state + heads; a depthwise
+    causal convolution of width 4 with bias over (x, B, C); per head dt bias, A and D; a gated
+    RMSNorm over d_inner; an output projection d_inner -> h. No linear biases.
+    """
+    head_dim, state = a.get("mamba_head_dim") or 64, a.get("mamba_state_dim") or 128
+    groups = a.get("mamba_num_groups") or 8
+    heads = a.get("mamba_num_heads") or 2 * h // head_dim
+    inner = heads * head_dim
+    conv_channels = inner + 2 * groups * state
+    return (h * (2 * inner + 2 * groups * state + heads) + conv_channels * (4 + 1)
+            + 3 * heads + inner + inner * h)  # fmt: skip

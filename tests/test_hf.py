@@ -95,7 +95,8 @@ def test_unknown_keys_are_listed(tmp_path):
         ({"model_type": "phi3", "architectures": ["Phi3ForCausalLM"]},
          "Phi3ForCausalLM (model_type 'phi3') is not an architecture this tool maps; it maps "
          "Llama (llama), Mistral (mistral), Mixtral (mixtral), Qwen2 (qwen2), Qwen3 (qwen3), "
-         "Qwen3-MoE (qwen3_moe), DeepSeek-V3 (deepseek_v3), as Megatron-Bridge does"),
+         "Qwen3-MoE (qwen3_moe), DeepSeek-V3 (deepseek_v3), Nemotron-H (nemotron_h), as "
+         "Megatron-Bridge does"),
     ],
 )  # fmt: skip
 def test_architectures_refused_by_name(tmp_path, changes, message):

@@ -38,8 +38,8 @@ def write(tmp_path: Path, text: str) -> str:
             "examples/multimodal/train.py",
             "builds a multimodal model (a vision or audio encoder beside the language model)",
         ),  # fmt: skip
-        ("pretrain_mamba.py", "builds a Mamba/hybrid model (MambaModel)"),
-        ("pretrain_hybrid.py", "builds a Mamba/hybrid model (MambaModel)"),
+        ("pretrain_hybrid.py",
+         "builds a hybrid model as megatron-core 0.18+ does (HybridModel), not modelled yet"),
         ("tools/run_text_generation_server.py", "runs inference or text generation, not training"),
         (
             "examples/inference/advanced/gpt_dynamic_inference.py",
@@ -315,9 +315,9 @@ def test_hybrid_layer_pattern_and_mamba_sizes_are_refused(cli, tmp_path):
                  "--mamba-head-dim 64 --mamba-num-heads 128\n")  # fmt: skip
     result = cli("params", "--from-script", path)
     assert result.err == (
-        f"Error: {path} line 1: --hybrid-layer-pattern M-M*, --mamba-head-dim 64 and "
-        "--mamba-num-heads 128 are not modelled: this tool builds megatron-core's GPTModel; "
-        "hybrid (Mamba) models are not modelled\n"
+        f"Error: {path} line 1: --hybrid-layer-pattern M-M* is not modelled: this tool builds "
+        "hybrid models from megatron-core 0.16's arguments (--hybrid-override-pattern, "
+        "--mamba-*); megatron-core 0.18+'s are not modelled yet\n"
     )
 
 

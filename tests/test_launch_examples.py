@@ -122,8 +122,9 @@ def test_a_refused_model_and_its_unset_values_in_one_error(tmp_path):
     with pytest.raises(InputError) as error:
         parse_launch_script(Path(path).read_text(), path)
     assert str(error.value) == (
-        f"{path} line 2: --hybrid-layer-pattern M*M- and --mamba-head-dim 64 are not modelled: "
-        "this tool builds megatron-core's GPTModel; hybrid (Mamba) models are not modelled; "
+        f"{path} line 2: --hybrid-layer-pattern M*M- is not modelled: this tool builds hybrid "
+        "models from megatron-core 0.16's arguments (--hybrid-override-pattern, --mamba-*); "
+        "megatron-core 0.18+'s are not modelled yet; "
         f"{path} line 2: --tokenizer-model is ${{TOKENIZER_MODEL}}, which the script never sets; "
         "give it with --set TOKENIZER_MODEL=VALUE"
     )
@@ -196,8 +197,8 @@ def test_spec_is_named_with_both_its_words(tmp_path):
          "--export-kd-teacher-load /ckpt/teacher is not modelled: ModelOpt's distillation holds a "
          "teacher model beside the one trained, which this tool does not build"),
         ("--export-model-type HybridModel",
-         "--export-model-type HybridModel is not modelled: this tool builds megatron-core's "
-         "GPTModel; hybrid (Mamba) models are not modelled"),
+         "--export-model-type HybridModel is not modelled: ModelOpt's builder for a model "
+         "other than GPTModel (its own MambaModel layer spec) is not modelled"),
         ("--no-position-embedding",
          "--no-position-embedding without rope is refused by Megatron-LM: validate_args: "
          "'--no-position-embedding is deprecated, use --position-embedding-type'"),

@@ -9,6 +9,7 @@ import pytest
 
 from inspector.errors import ConfigError
 from inspector.inputs.presets import PRESETS, get_preset
+from inspector.job.versions import hybrid_moe_layers
 from tests.counting import parameter_count
 from tests.test_versions import SHARED_EXPERT_GATE
 
@@ -27,6 +28,8 @@ def _buildable(name: str) -> list:
     """Skip presets the installed megatron-core cannot build (tests/test_versions.py asserts why)."""
     if PRESETS[name].args.get("moe_shared_expert_gate") and not SHARED_EXPERT_GATE:
         return [pytest.mark.skip(reason="shared-expert gate needs megatron-core 0.16")]
+    if "E" in PRESETS[name].args.get("hybrid_override_pattern", "") and not hybrid_moe_layers():
+        return [pytest.mark.skip(reason="hybrid MoE layers need megatron-core 0.16")]
     return []
 
 

@@ -165,6 +165,19 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         int,
         "Node-limited routing: groups each token picks its top-k experts from (needs the above).",
     ),
+    # Hybrid models (Megatron-LM's pretrain_mamba.py: megatron-core's MambaModel / HybridModel).
+    _model(
+        "hybrid_override_pattern",
+        str,
+        "Hybrid layer pattern, one symbol a layer: M Mamba, * attention, - MLP, E MoE.",
+    ),
+    _model("hybrid_attention_ratio", float, "Hybrid: share of attention layers (no pattern)."),
+    _model("hybrid_mlp_ratio", float, "Hybrid: share of MLP layers (no pattern)."),
+    _model("is_hybrid_model", bool, "A hybrid (Mamba) model, built as pretrain_mamba.py builds it."),
+    _model("mamba_state_dim", int, "Mamba: SSM state size (default 128)."),
+    _model("mamba_head_dim", int, "Mamba: head size (default 64)."),
+    _model("mamba_num_groups", int, "Mamba: groups of B/C projections (default 8)."),
+    _model("mamba_num_heads", int, "Mamba: heads (default 2 x hidden / head size)."),
     # Parallel layout.
     _layout("tensor_model_parallel_size", int, "Tensor-parallel size.", aliases=("--tp",)),
     _layout("pipeline_model_parallel_size", int, "Pipeline-parallel size.", aliases=("--pp",)),

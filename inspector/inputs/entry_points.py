@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from inspector.errors import InputError
@@ -25,6 +26,10 @@ class EntryPoint:
 
     note: str = ""
     training_refusal: str = ""
+    # Megatron-LM arguments the program itself implies (pretrain_mamba.py: a hybrid model)
+    implied: Mapping[str, Any] = field(default_factory=dict)
+    # the flag with which the program builds a hybrid model instead (train_rl.py)
+    hybrid_with: str = ""
 
 
 # Programs that build GPTModel from Megatron-LM's arguments and train it.
@@ -37,6 +42,15 @@ GPT_TRAINING: dict[str, EntryPoint] = {
             "and CUDA graphs (--inference-max-requests, --inference-max-seq-length, "
             "--inference-dynamic-batching-buffer-size-gb) this tool does not count"
         ),
+        # train_rl.py `_model_builder`: mamba_builder when args.is_hybrid_model
+        hybrid_with="--is-hybrid-model",
+    ),
+    # mamba_builders.py `mamba_builder` (core_v0.16.1): MambaModel from the same arguments, with
+    # the layer stack spec --spec names (required: "You must provide a valid Mamba layer spec")
+    "pretrain_mamba.py": EntryPoint(
+        note="pretrain_mamba.py builds megatron-core's MambaModel (mamba_builders.py) from "
+        "Megatron-LM's hybrid arguments (docs/hybrid-models.md)",
+        implied=MappingProxyType({"is_hybrid_model": True}),
     ),
     "post_training/modelopt/finetune.py": EntryPoint(
         note="ModelOpt's finetune.py builds GPTModel through modelopt_gpt_hybrid_builder from "
@@ -47,7 +61,7 @@ GPT_TRAINING: dict[str, EntryPoint] = {
 
 _MULTIMODAL = "builds a multimodal model (a vision or audio encoder beside the language model)"
 _VISION = "builds a vision transformer"
-_HYBRID = "builds a Mamba/hybrid model (MambaModel)"
+_HYBRID = "builds a hybrid model as megatron-core 0.18+ does (HybridModel), not modelled yet"
 _INFERENCE = "runs inference or text generation, not training"
 _CONVERSION = "converts, exports, quantizes or prunes a checkpoint, not training"
 
@@ -64,7 +78,6 @@ NOT_GPT_TRAINING: dict[str, str] = {
     "pretrain_vision_inpaint.py": _VISION,
     "pretrain_ict.py": "builds a biencoder (ICT)",
     "pretrain_retro.py": "builds RETRO (a retrieval-augmented model)",
-    "pretrain_mamba.py": _HYBRID,
     "pretrain_hybrid.py": _HYBRID,
     "run_text_generation_server.py": _INFERENCE,
     "run_hybrid_text_generation_server.py": _INFERENCE,
@@ -149,6 +162,11 @@ def refuse_speculative(launches: Sequence[tuple[Sequence[str], str]],
         )
 
 
+# the arguments that describe a hybrid stack (inputs/arguments.py), which only hybrid builders read
+_HYBRID_FLAGS = frozenset({"--hybrid-override-pattern", "--hybrid-attention-ratio",
+                           "--hybrid-mlp-ratio", "--is-hybrid-model"})  # fmt: skip
+
+
 def _value_of(words: Sequence[str], flag: str) -> str | None:
     """The last value a flag is given (`--flag VALUE` or `--flag=VALUE`), as argparse keeps it."""
     found = None
@@ -172,6 +190,19 @@ def program_checks(argv: Sequence[str], show: Callable[[str], str], flags: Colle
     program = show(next(word for index, word in enumerate(argv) if index and word.endswith(".py")))
     entry = entry_point(program, where)
     refused = validate_args_refusals(flags, where, args)
+    hybrid = sorted(flag for flag in flags if flag in _HYBRID_FLAGS)
+    builds_hybrid = bool(entry.implied) or bool(entry.hybrid_with and entry.hybrid_with in flags)
+    if hybrid and not builds_hybrid:
+        # gpt_builders.py builds GPTModel whatever they say: Megatron-LM would train a GPT
+        raise InputError(f"{where}: {posixpath.basename(program)} builds GPTModel whatever "
+                         f"{', '.join(hybrid)} say (gpt_builders.py); Megatron-LM builds hybrid "
+                         "models with pretrain_mamba.py")  # fmt: skip
+    if builds_hybrid:
+        if "--spec" not in flags:
+            raise InputError(f"{where}: {posixpath.basename(program)} needs --spec (Megatron-LM: "
+                             "'You must provide a valid Mamba layer spec via --spec')")  # fmt: skip
+        if isinstance(args, dict):
+            args.update(entry.implied)  # (none for train_rl.py: its flag says it)
     if entry.training_refusal:
         name = posixpath.basename(program)
         refused = (Refused("training", where, name, "not modelled", entry.training_refusal),

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inspector.errors import InputError
+from inspector.inputs import hf_hybrid
 from inspector.inputs.refusals import Refused
 from inspector.inputs.sources import ScriptArgs, parse_config
 from inspector.output import read_text
@@ -48,6 +49,7 @@ FAMILIES: dict[str, Family] = {
         "untie_embeddings_and_output_weights": True, "moe_grouped_gemm": True,
         "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
         "make_vocab_size_divisible_by": 1280}),  # fmt: skip
+    "nemotron_h": Family("Nemotron-H", "nemotronh/nemotron_h_bridge.py", hf_hybrid.FIXED),
 }
 
 # Architectures Megatron-Bridge maps that this tool's layer specs cannot build, and why.
@@ -107,7 +109,7 @@ IGNORED_KEYS: dict[str, str] = {
         "the checkpoint's storage format (training holds the torch_dtype)": "quantization_config",
     }.items()
     for key in keys.split()
-}
+} | hf_hybrid.IGNORED
 
 
 def read_hf_config(path: str) -> ScriptArgs:
@@ -131,7 +133,8 @@ def read_hf_mapping(data: dict[str, Any], path: str) -> ScriptArgs:
     for rule in _RULES:
         refused += rule(data, args, path)
     ignored = tuple(key for key in data if key in IGNORED_KEYS)
-    unknown = [k for k in data if k not in MAPPED and k not in RULED and k not in IGNORED_KEYS]
+    known = (MAPPED, RULED, IGNORED_KEYS, hf_hybrid.MAPPED, hf_hybrid.FIXED_BY_MEGATRON, ("use_bias",))
+    unknown = [k for k in data if not any(k in table for table in known)]
     notes = [f"{family.name} mapped as Megatron-Bridge's {family.bridge} maps it; --seq-length is "
              f"max_position_embeddings ({args.get('seq_length')}), as there: give --seq-length "
              "for the length you train"]  # fmt: skip
@@ -184,7 +187,7 @@ def _activation_and_window(data: dict[str, Any], args: dict[str, Any], path: str
     """SwiGLU only; no sliding window; RoPE scaling as numerics, or YaRN for MLA."""
     refused: list[Refused] = []
     act = data.get("hidden_act", "silu")
-    if act != "silu":
+    if act != "silu" and not (act == "relu2" and data.get("model_type") == "nemotron_h"):
         refused += _refuse(path, "hidden_act", act, "a gated MLP with another activation is not "
                            "modelled; --swiglu (silu) is")  # fmt: skip
     window = data.get("sliding_window")
@@ -224,4 +227,4 @@ def _experts(data: dict[str, Any], args: dict[str, Any], path: str) -> list[Refu
     return refused
 
 
-_RULES = (_attention, _activation_and_window, _experts)
+_RULES = (_attention, _activation_and_window, _experts, hf_hybrid.hybrid_rule)

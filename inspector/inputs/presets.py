@@ -174,6 +174,26 @@ _ALL = [
         seq_length=4096, max_position_embeddings=40960, vocab_size=151936, **_LLAMA,
         transformer_impl="transformer_engine",
     ),
+    _preset(
+        "nemotron-3-nano-30b-a3b",
+        "hybrid: 52 layers (23 Mamba-2, 23 MoE, 6 attention), hidden 2688, 128 experts top-6 "
+        "+ shared",
+        "NVIDIA 2025, Nemotron 3 Nano; flags as Megatron-LM's examples/post_training/modelopt/conf/"
+        "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.sh (core_v0.16.1); vocab 131072 (HF "
+        "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16 config.json)",
+        31.6e9, "HF nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16 model card: 31.6B total parameters",
+        num_layers=52, hidden_size=2688, num_attention_heads=32, group_query_attention=True,
+        num_query_groups=2, kv_channels=128, ffn_hidden_size=1856,
+        hybrid_override_pattern="MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
+        is_hybrid_model=True, mamba_num_heads=64, mamba_head_dim=64,
+        num_experts=128, moe_router_topk=6, moe_shared_expert_intermediate_size=3712,
+        moe_grouped_gemm=True, moe_router_score_function="sigmoid",
+        moe_router_enable_expert_bias=True, moe_router_load_balancing_type="seq_aux_loss",
+        normalization="RMSNorm", position_embedding_type="none",
+        untie_embeddings_and_output_weights=True, disable_bias_linear=True,
+        seq_length=8192, max_position_embeddings=8192, vocab_size=131072,
+        make_vocab_size_divisible_by=1, transformer_impl="transformer_engine",
+    ),
 ]  # fmt: skip
 
 PRESETS: dict[str, Preset] = {preset.name: preset for preset in _ALL}

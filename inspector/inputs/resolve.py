@@ -56,6 +56,10 @@ def merge_sources(sources: Sources, groups: tuple[str, ...], accepted: tuple[str
         merged.update(layer)
     if "model" in groups:
         _check_required(merged, sources)
+    if any(merged.get(name) for name in _HYBRID_ARGS):
+        # pretrain_mamba.py builds megatron's mamba_stack_spec, of Transformer Engine modules,
+        # whatever the default model's local spec would be
+        merged.setdefault("transformer_impl", "transformer_engine")
     if world[0] is not None:
         merged["data_parallel_size"] = _data_parallel(merged, sources.flags, world[0], world[1])
     elif world[1]:
@@ -75,6 +79,11 @@ def merge_sources(sources: Sources, groups: tuple[str, ...], accepted: tuple[str
         notes.extend(local_spec_attention_note(merged))
     args = {k: v for k, v in merged.items() if k not in BY_NAME or BY_NAME[k].group in groups}
     return Resolved(args, tuple(notes))
+
+
+# The arguments that make megatron-core build a hybrid (Mamba) model (job/model.py `hybrid`)
+_HYBRID_ARGS = ("hybrid_override_pattern", "hybrid_attention_ratio", "hybrid_mlp_ratio",
+                "is_hybrid_model")  # fmt: skip
 
 
 # Megatron-LM's validate_args: `required_args = ['num_layers', 'hidden_size',

@@ -34,7 +34,12 @@ _FSDP = (
     "FSDP2 keeping the gathered parameters from the forward to the backward (ZeRO-2) is not "
     "modelled; --use-torch-fsdp2 alone (resharding after the forward) is"
 )
-_HYBRID = "this tool builds megatron-core's GPTModel; hybrid (Mamba) models are not modelled"
+_HYBRID = (
+    "this tool builds hybrid models from megatron-core 0.16's arguments "
+    "(--hybrid-override-pattern, --mamba-*); megatron-core 0.18+'s are not modelled yet"
+)
+# the layer spec Megatron-LM's examples/mamba/train.sh gives pretrain_mamba.py: what is built
+MAMBA_STACK_SPEC = "megatron.core.models.mamba.mamba_layer_specs mamba_stack_spec"
 _QK_L2 = (
     "Llama 4's L2 norm of queries and keys (megatron-core L2Norm, no weights, in place of "
     "--qk-layernorm's norms) is not modelled"
@@ -63,7 +68,8 @@ REFUSED: dict[str, Refusal] = {
         "layout", "several distributed-optimizer instances shard over part of the data-parallel "
         "group, which this tool does not model", ("1",)),  # fmt: skip
     "--use-legacy-models": Refusal("model", "this tool builds megatron-core (mcore) models only"),
-    "--spec": Refusal("model", "a custom layer spec module cannot be imported here"),
+    "--spec": Refusal("model", "a custom layer spec module cannot be imported here",
+                      (MAMBA_STACK_SPEC,)),  # fmt: skip
     # megatron/training/checkpointing.py load_args_from_checkpoint: num_layers, hidden_size, ...
     # from the checkpoint's args, most with force=True (over the script's own values)
     "--use-checkpoint-args": Refusal(
@@ -74,16 +80,12 @@ REFUSED: dict[str, Refusal] = {
     "--heterogeneous-layers-config-path": Refusal("model", "heterogeneous layers are not modelled"),
     "--heterogeneous-layers-config-encoded-json": Refusal(
         "model", "heterogeneous layers are not modelled"),
-    "--is-hybrid-model": Refusal("model", _HYBRID),
-    "--hybrid-override-pattern": Refusal("model", _HYBRID),
-    "--hybrid-attention-ratio": Refusal("model", _HYBRID),
-    "--hybrid-mlp-ratio": Refusal("model", _HYBRID),
-    # newer Megatron-LM's name for the layer pattern, and the Mamba mixer's sizes
+    # TransformerConfig.use_mamba_mem_eff_path False: MambaMixer's `_ssm_prefill` in training
+    "--disable-mamba-mem-eff-path": Refusal(
+        "training", "Mamba's non-memory-efficient path (causal_conv1d and the chunked scan as "
+        "separate kernels) is not simulated"),  # fmt: skip
+    # megatron-core 0.18+'s name for the layer pattern (Megatron-LM's --hybrid-layer-pattern)
     "--hybrid-layer-pattern": Refusal("model", _HYBRID),
-    "--mamba-head-dim": Refusal("model", _HYBRID),
-    "--mamba-num-heads": Refusal("model", _HYBRID),
-    "--mamba-num-groups": Refusal("model", _HYBRID),
-    "--mamba-state-dim": Refusal("model", _HYBRID),
     "--quick-geglu": Refusal("model", "a gated MLP with its own activation is not modelled; "
                              "--swiglu is"),  # fmt: skip
     "--softmax-type": Refusal(
@@ -96,7 +98,10 @@ REFUSED: dict[str, Refusal] = {
     "--qk-l2-norm": Refusal("model", _QK_L2),
     # ModelOpt's arguments (megatron/post_training/arguments.py), read by its finetune.py
     "--export-qk-l2-norm": Refusal("model", _QK_L2),
-    "--export-model-type": Refusal("model", _HYBRID, ("GPTModel",)),
+    # megatron/post_training/model_builder.py: MambaModel gets ModelOpt's own layer spec
+    "--export-model-type": Refusal(
+        "model", "ModelOpt's builder for a model other than GPTModel (its own MambaModel layer "
+        "spec) is not modelled", ("GPTModel",)),  # fmt: skip
     "--export-kd-teacher-load": Refusal(
         "model", "ModelOpt's distillation holds a teacher model beside the one trained, which "
         "this tool does not build"),  # fmt: skip

@@ -18,6 +18,7 @@ from inspector.job.dims import ModelDims, num_microbatches
 from inspector.job.ep_overlap import check_ep_overlap
 from inspector.job.flex import check_flex, runs_deepep
 from inspector.job.fsdp import fsdp_rules
+from inspector.job.hybrid_model import validate_hybrid
 from inspector.job.layout import Layout, make_layout, validate_layout
 from inspector.job.model import ModelConfig
 from inspector.job.model_args import make_model_config, validate_model
@@ -133,6 +134,13 @@ class Job:
         """Reject a job megatron would refuse or silently change."""
         validate_model(self.model)
         validate_layout(self.model, self.layout)
+        if self.model.hybrid:
+            validate_hybrid(self.model, self.layout.tp)
+            if self.layout.vpp is not None:
+                raise ConfigError(
+                    "a hybrid model cannot be interleaved: megatron-core's MambaStack refuses "
+                    "virtual pipeline stages (mamba_block.py _select_layers_for_pipeline_parallel)"
+                )
         if self.training.recompute == "selective":
             _check_fp8_recompute(self.model, self.training.recompute_modules)
             check_modules(self.training.recompute_modules, self.model)

@@ -74,6 +74,23 @@ class ModelConfig:
     # node-limited routing (moe_utils.py group_limited_topk); None: every expert open to a token
     moe_router_num_groups: int | None = None
     moe_router_group_topk: int | None = None
+    # Hybrid models (megatron-core's MambaModel, HybridModel from 0.18): the layer pattern or the
+    # ratios Megatron-LM's pretrain_mamba.py passes, and the Mamba mixers' sizes (None: megatron's
+    # TransformerConfig defaults). Left out of `to_args` while unset (HYBRID_FIELDS).
+    hybrid_override_pattern: str | None = None
+    hybrid_attention_ratio: float | None = None
+    hybrid_mlp_ratio: float | None = None
+    is_hybrid_model: bool = False
+    mamba_state_dim: int | None = None
+    mamba_head_dim: int | None = None
+    mamba_num_groups: int | None = None
+    mamba_num_heads: int | None = None
+
+    @property
+    def hybrid(self) -> bool:
+        """Return whether megatron builds this model as a hybrid (MambaModel / HybridModel)."""
+        ratios = (self.hybrid_attention_ratio or 0.0) + (self.hybrid_mlp_ratio or 0.0)
+        return self.is_hybrid_model or self.hybrid_override_pattern is not None or ratios > 0
 
     @property
     def ffn_size(self) -> int:
@@ -173,6 +190,9 @@ class ModelConfig:
         fields.update(self._moe_fields())
         if self.mtp_num_layers is not None:
             fields["mtp_num_layers"] = self.mtp_num_layers
+        for name in HYBRID_FIELDS:
+            if name.startswith(("mamba_", "is_")) and getattr(self, name):
+                fields[name] = getattr(self, name)
         if self.multi_latent_attention:
             # --multi-latent-attention picks MLATransformerConfig, which takes the MLA arguments.
             fields.update(multi_latent_attention=True, **self.mla_args())
@@ -226,12 +246,17 @@ class ModelConfig:
 
     def to_args(self) -> dict[str, Any]:
         """Return the fields as Megatron-LM arguments (for headers and caches); --padded-vocab-size
-        only where it is given, so a job without it reads as before."""
+        and the hybrid fields only where they are given, so a job without them reads as before."""
+        optional = ("padded_vocab_size", *HYBRID_FIELDS)
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.name != "padded_vocab_size" or self.padded_vocab_size is not None}  # fmt: skip
+                if f.name not in optional or getattr(self, f.name)}  # fmt: skip
 
 
 MODEL_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelConfig))
+HYBRID_FIELDS = (
+    "hybrid_override_pattern", "hybrid_attention_ratio", "hybrid_mlp_ratio", "is_hybrid_model",
+    "mamba_state_dim", "mamba_head_dim", "mamba_num_groups", "mamba_num_heads",
+)
 
 
 def _default(value: Any, default: Any) -> Any:

@@ -13,6 +13,7 @@ from inspector.errors import ConfigError
 from inspector.inputs.arguments import BY_NAME
 from inspector.job import fp8
 from inspector.job.checks import MAX_SIZE, check_at_least_one, check_heads, check_query_groups
+from inspector.job.hybrid_model import check_ratios
 from inspector.job.model import MODEL_FIELDS, ModelConfig
 from inspector.job.moe_pattern import parse_moe_layer_freq
 
@@ -56,6 +57,10 @@ def _require_positive(config: ModelConfig) -> None:
         "moe_shared_expert_intermediate_size",
         "moe_router_num_groups",
         "moe_router_group_topk",
+        "mamba_state_dim",
+        "mamba_head_dim",
+        "mamba_num_groups",
+        "mamba_num_heads",
     ):
         value = getattr(config, name)
         if value is not None and not 1 <= value <= MAX_SIZE:  # the flag's name only for errors
@@ -88,6 +93,7 @@ def validate_model(config: ModelConfig) -> None:
             f"--max-position-embeddings {config.max_positions} is smaller than --seq-length "
             f"{config.seq_length}: learned positions need one row per token"
         )
+    check_ratios(config)
     _validate_moe(config)
     _validate_moe_layer_freq(config)
     _validate_mla(config)

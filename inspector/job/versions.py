@@ -37,3 +37,9 @@ def etp_bias_refused() -> bool:
     not in 0.13.1; from 0.14 on it is assumed (a layout not offered rather than one megatron
     refuses)."""
     return megatron_version() >= (0, 14)
+
+
+def hybrid_moe_layers() -> bool:
+    """Return whether megatron-core's hybrid layer pattern has MoE layers (`E`): 0.16 on
+    (ssm/mamba_hybrid_layer_allocation.py `Symbols.VALID`; core_v0.13.1-0.15.0: M, *, - only)."""
+    return megatron_version() >= (0, 16)

@@ -43,6 +43,7 @@ from inspector.formulas.flops import (
     seconds_for,
     stage_flops,
 )
+from inspector.formulas.hybrid_flops import hybrid_stage_flops
 from inspector.job.dims import ModelDims
 from inspector.job.hardware import GIB, check_positive, get_gpu
 from inspector.job.job import Job, Schedule, Training
@@ -292,7 +293,8 @@ def measure(built: BuiltJob, hardware: Hardware) -> MemoryReport:
         schedule=schedule,
         hardware=hardware,
         stages=stages,
-        iteration_flops=iteration_flops(dims, schedule.global_batch_size),
+        iteration_flops=sum(s.flops for s in stages) if job.model.is_hybrid_model
+        else iteration_flops(dims, schedule.global_batch_size),
         not_run=engine.not_run,
     )
 
@@ -328,6 +330,10 @@ def _stage_memory(
         any(chunk.has_output for chunk in chunks),
         has_mtp=any(chunk.mtp_layers for chunk in chunks),
     )
+    if job.model.is_hybrid_model:  # Megatron-LM's hybrid branch of its FLOPs formula
+        symbols = (symbol for chunk in chunks for symbol in chunk.models[0].symbols)
+        flops = round(hybrid_stage_flops(job.model, dims, symbols, schedule.global_batch_size,
+                                         any(chunk.has_output for chunk in chunks)))  # fmt: skip
     return StageMemory(
         stage=stage,
         layers=layers,

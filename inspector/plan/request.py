@@ -13,6 +13,7 @@ from inspector.job.checks import check_built_layers
 from inspector.job.flex import check_flex_group, flex_backend
 from inspector.job.hardware import DEFAULT_EFFICIENCY, DEFAULT_GPU, Gpu, get_gpu, with_overrides
 from inspector.job.hybrid_ep import check_hybridep_dtype
+from inspector.job.hybrid_model import refuse_hybrid
 from inspector.job.job import Training, make_training
 from inspector.job.model import ModelConfig
 from inspector.job.model_args import make_model_config
@@ -133,6 +134,7 @@ def make_request(args: dict[str, Any], flags: PlanFlags) -> Request:
     backend = flex_backend(args)  # megatron's rules for the flex dispatcher's flags
     training = _kept_training(args, backend)
     model = make_model_config(args)
+    refuse_hybrid(model, "plan")
     _check_overlap(model, training)
     _check_sizes(model, flags.gpus)
     _check_expert_tp(model, fixed)

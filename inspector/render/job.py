@@ -21,12 +21,27 @@ def _model(label: str | None, model: ModelConfig) -> str:
     sizes = f"{model.num_layers} layers, hidden {model.hidden_size}"
     if model.num_experts:
         sizes += f", {model.num_experts} experts"
+    if model.hybrid:
+        sizes += f", {_hybrid(model)}"
     precision = PRECISION[model.dtype_name]
     if model.fp8_format is not None:
         precision += f" with fp8 {model.fp8_format} ({model.fp8_recipe} scaling)"
         if model.fp8_param_gather:
             precision += " and fp8 parameters"
     return f"{label or DEFAULT_MODEL} ({sizes}), {precision}, sequence {model.seq_length}"
+
+
+def _hybrid(model: ModelConfig) -> str:
+    """Say what a hybrid stack holds: its pattern's layer counts, or the ratios megatron spreads."""
+    pattern = model.hybrid_override_pattern
+    if pattern is not None:
+        names = (("M", "Mamba"), ("*", "attention"), ("-", "MLP"), ("E", "MoE"))
+        return "hybrid: " + ", ".join(f"{pattern.count(s)} {name}" for s, name in names
+                                      if s in pattern)  # fmt: skip
+    attention, mlp = model.hybrid_attention_ratio or 0.0, model.hybrid_mlp_ratio or 0.0
+    if attention or mlp:
+        return f"hybrid: attention ratio {attention:g}, MLP ratio {mlp:g}"
+    return "hybrid: all Mamba"
 
 
 def _layout(layout: Layout) -> str:

@@ -23,7 +23,8 @@
 - The garbage collector's full collections skip what exists before and after the import (torch's
   and megatron's modules, classes, functions: `gc.freeze()`): ~2 full collections would otherwise
   rescan them, ~0.1-0.2 s each. Nothing frozen is garbage; collection itself stays on.
-- The Transformer Engine stand-in (inspector.world.te) is installed before megatron-core is imported.
+- The Transformer Engine stand-in (inspector.world.te), and mamba_ssm's and causal_conv1d's
+  (inspector.world.ssm), are installed before megatron-core is imported.
 - After the import, three of torch's Python helpers that its meta kernels, Python references and
   decompositions call on every elementwise op, matmul shape check or dropout (the engine's trace)
   answer plain Python values without sympy (~0.25 s to import): type promotion
@@ -336,10 +337,11 @@ def _install_transformer_engine_standin() -> None:
     megatron-core decides whether Transformer Engine is there when it is first imported: the
     stand-in goes in first, so a real TE on this machine (working or broken) is never loaded.
     """
-    from inspector.world import hybrid_ep, te
+    from inspector.world import hybrid_ep, ssm, te
 
     te.install()
     hybrid_ep.install()  # DeepEP's stand-in and HybridEP's: fused_a2a.py imports them at its import
+    ssm.install()  # mamba_ssm and causal_conv1d: ssm/mamba_mixer.py decides HAVE_MAMBA_SSM at import
 
 
 def _import(names: Callable[[], Any]) -> Any:

@@ -24,6 +24,7 @@ from inspector.errors import ConfigError, FidelityError
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
 from inspector.world.config import transformer_config
+from inspector.world.hybrid import build_hybrid_model
 from inspector.world.setup import (
     megatron,
     simulate_apex,
@@ -49,6 +50,9 @@ class StageModel:
     # megatron's checkpoint view of the same module: (key, offsets along prepended axes) -> the
     # unsharded element count of that one tensor (sharded_state_dict's global shape).
     checkpoint: dict[tuple[str, tuple[int, ...]], int]
+    # a hybrid stack's layer kinds in local order (megatron's MambaStack.layer_type_list: M, *, -,
+    # E); empty for a GPTModel
+    symbols: tuple[str, ...] = ()
 
 
 def _stage_rank(layout: Layout, stage: int, expert_rank: int) -> int:
@@ -151,8 +155,11 @@ def _build_chunk(
     pre = ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
     post = ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
     with m.torch.device("meta"), _cuda_for(model):
-        spec = _layer_spec(m, model, config, vp_stage)
         _fresh_attention_env()
+        if model.hybrid:
+            return _finish_chunk(model, config, build_hybrid_model(model, config, layout, pre, post),
+                                 stage, chunk, expert_rank, checkpoint)  # fmt: skip
+        spec = _layer_spec(m, model, config, vp_stage)
         gpt = m.GPTModel(
             mtp_block_spec=_mtp_block_spec(m, model, config, vp_stage),
             config=config,
@@ -166,11 +173,38 @@ def _build_chunk(
             vp_stage=vp_stage,
         )
     _check_mtp_placed(gpt, layout, stage, chunk)
+    return _finish_chunk(model, config, gpt, stage, chunk, expert_rank, checkpoint)
+
+
+def _finish_chunk(
+    model: ModelConfig,
+    config: Any,
+    gpt: Any,
+    stage: int,
+    chunk: int,
+    expert_rank: int,
+    checkpoint: bool,
+) -> StageModel:
+    """Cast the built model as Megatron-LM does and record what the stage holds."""
     if model.bf16 or model.fp16:
         gpt = _cast_like_megatron_lm(config, gpt)
     layers = tuple(layer.layer_number for layer in gpt.decoder.layers)
     sizes = checkpoint_sizes(gpt) if checkpoint else {}
-    return StageModel(stage, chunk, expert_rank, gpt, layers, pre, post, sizes)
+    symbols = tuple(_symbol(layer) for layer in gpt.decoder.layers) if model.hybrid else ()
+    return StageModel(stage, chunk, expert_rank, gpt, layers, gpt.pre_process, gpt.post_process,
+                      sizes, symbols)  # fmt: skip
+
+
+def _symbol(layer: Any) -> str:
+    """Return a hybrid stack's layer kind as its pattern writes it, from the module megatron built
+    (MambaStack keeps its `layer_type_list` only from megatron-core 0.16)."""
+    kind = type(layer).__name__
+    if kind == "MambaLayer":
+        return "M"
+    if kind == "MLPLayer":
+        return "-"
+    mlp = type(getattr(layer, "mlp", None)).__name__
+    return "E" if mlp == "MoELayer" else "*"
 
 
 def _fresh_attention_env() -> None:
@@ -268,7 +302,7 @@ def _mtp_block_spec(
 
 def _cuda_for(model: ModelConfig) -> contextlib.AbstractContextManager[None]:
     """Answer megatron's CUDA queries while it builds Transformer Engine modules (on meta)."""
-    if model.transformer_impl == "transformer_engine":
+    if model.transformer_impl == "transformer_engine" or model.hybrid:
         from inspector.world.te.cuda import simulated_cuda
 
         return simulated_cuda()

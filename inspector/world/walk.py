@@ -103,10 +103,31 @@ def _duplicated(owner: Any, is_expert: bool) -> bool:
     return te_linear and not is_expert
 
 
+def _tensor_parallel(param: Any, owner: Any) -> bool:
+    """Return whether megatron splits this parameter over the tensor-parallel ranks.
+
+    Mamba's gated norm holds this rank's slice of d_inner on every megatron-core version
+    (`ExtendedRMSNorm.sharded_state_dict`: axis 0), but only 0.16+ marks its weight
+    `tensor_model_parallel` (ssm/mamba_mixer.py `setattr(self.norm.weight, ...)`).
+    """
+    marked = bool(getattr(param, "tensor_model_parallel", False))
+    return marked or type(owner).__name__ == "ExtendedRMSNorm"
+
+
+def _partition_dim(param: Any) -> int:
+    """Return the axis a tensor-parallel parameter is split along.
+
+    megatron's MambaMixer marks conv1d, dt_bias, A_log, D and its gated norm's weight
+    `tensor_model_parallel` without a `partition_dim`; its sharded_state_dict splits each along
+    axis 0 (ssm/mamba_mixer.py `sharded_state_dict`, `ExtendedRMSNorm.sharded_state_dict`).
+    """
+    return int(getattr(param, "partition_dim", 0))
+
+
 def _global_shape(param: Any, size: int, sharded: bool) -> tuple[int, ...]:
     shape = list(param.shape)
     if sharded:
-        shape[param.partition_dim] *= size
+        shape[_partition_dim(param)] *= size
     return tuple(shape)
 
 
@@ -119,9 +140,7 @@ def walk_params(stage: StageModel, tp: int, etp: int) -> Iterator[ParamRecord]:
         expert = _LOCAL_EXPERT.search(name) or _TE_GROUPED_EXPERT.search(name)
         is_expert = _EXPERTS in name
         owner = _owner(stage.module, local_name)
-        sharded = bool(getattr(param, "tensor_model_parallel", False)) and not _duplicated(
-            owner, is_expert
-        )
+        sharded = _tensor_parallel(param, owner) and not _duplicated(owner, is_expert)
         # The last stage's copy of the word embeddings: the tied output layer, or the embedding
         # that multi-token prediction keeps on a stage without the embedding (language_module.py
         # `setup_embeddings_and_output_layer`).
@@ -139,7 +158,7 @@ def walk_params(stage: StageModel, tp: int, etp: int) -> Iterator[ParamRecord]:
             global_shape=_global_shape(param, etp if is_expert else tp, sharded),
             dtype=str(param.dtype).removeprefix("torch."),
             tensor_parallel=sharded,
-            partition_dim=param.partition_dim if sharded else None,
+            partition_dim=_partition_dim(param) if sharded else None,
             tied=tied,
             embedding=name in EMBEDDING_PARAMS or tied,
             layer=int(match.group(1)) if match else None,

@@ -16,7 +16,8 @@ one are different kinds, and the small chunk checkpoints as many first layers as
 recomputed ones.
 
 Where one layer does not stand for the others, the stage itself is traced, every layer run:
-an MTP block a layout string places off the last stage, a chunk without transformer layers.
+an MTP block a layout string places off the last stage, a chunk without transformer layers, a
+hybrid (Mamba) stack, whose layers follow its pattern.
 """
 
 from __future__ import annotations
@@ -79,7 +80,8 @@ def trace_chunks(
 def _whole(job: Job, shape: ChunkShape) -> bool:
     """Return whether pieces of the chunk's kinds cannot stand for its layers."""
     mtp = shape.mtp and (not shape.output or shape.mtp != job.model.mtp_num_layers)
-    return bool(mtp) or not shape.layers
+    # a hybrid stack's layers are of several kinds in the pattern's order: every one runs
+    return bool(mtp) or not shape.layers or job.model.hybrid
 
 
 def _group(job: Job) -> int:

@@ -1,0 +1,93 @@
+"""Checks of a hybrid (Mamba) model's arguments, before megatron-core builds it.
+
+megatron-core's MambaStack turns `--hybrid-override-pattern` into layers with
+ssm/mamba_hybrid_layer_allocation.py `allocate_layers` (one symbol a layer: `Symbols.VALID`) and
+MambaMixer asserts its sizes divide (ssm/mamba_mixer.py `__init__`); these checks say the same in
+one sentence naming the flag, before anything is built.
+"""
+
+from __future__ import annotations
+
+from inspector.errors import ConfigError
+from inspector.job.model import ModelConfig
+from inspector.job.versions import hybrid_moe_layers
+
+# megatron-core ssm/mamba_hybrid_layer_allocation.py `Symbols`: Mamba, attention, MLP, and from
+# 0.16 MoE (0.18+ add gated delta net, DSA and stage/MTP separators, not modelled yet)
+LAYER_SYMBOLS = {"M": "Mamba", "*": "attention", "-": "MLP", "E": "MoE"}
+
+
+def validate_hybrid(config: ModelConfig, tp: int = 1) -> None:
+    """Raise ConfigError for hybrid arguments megatron would refuse (tp: the tensor-parallel size)."""
+    pattern = config.hybrid_override_pattern
+    if pattern is not None:
+        _validate_pattern(pattern, config)
+    if config.transformer_impl != "transformer_engine":
+        raise ConfigError(
+            f"--transformer-impl {config.transformer_impl} cannot build a hybrid model: "
+            "megatron-core's mamba_stack_spec (the --spec pretrain_mamba.py is given) is made of "
+            "Transformer Engine modules; drop --transformer-impl"
+        )
+    _validate_mamba_sizes(config, tp)
+
+
+def check_ratios(config: ModelConfig) -> None:
+    """Raise ConfigError for a hybrid ratio outside [0, 1] (Megatron-LM's help: "in the range
+    [0.0, 1.0]"; allocate_layers asserts it), hybrid or not."""
+    for name in ("hybrid_attention_ratio", "hybrid_mlp_ratio"):
+        value = getattr(config, name)
+        if value is not None and not 0.0 <= value <= 1.0:
+            raise ConfigError(f"--{name.replace('_', '-')} {value} is not in [0.0, 1.0]")
+
+
+def _validate_pattern(pattern: str, config: ModelConfig) -> None:
+    symbols = {s: kind for s, kind in LAYER_SYMBOLS.items() if s != "E" or hybrid_moe_layers()}
+    unknown = sorted({symbol for symbol in pattern if symbol not in symbols})
+    if unknown:
+        known = ", ".join(f"{s} {kind}" for s, kind in symbols.items())
+        raise ConfigError(
+            f"--hybrid-override-pattern {pattern}: {' '.join(unknown)} is not a layer symbol of "
+            f"this megatron-core ({known})"
+        )
+    if len(pattern) != config.num_layers:
+        raise ConfigError(
+            f"--hybrid-override-pattern has {len(pattern)} layers but --num-layers is "
+            f"{config.num_layers}; megatron-core needs one symbol per layer"
+        )
+    if "E" in pattern and config.num_experts is None:
+        raise ConfigError("--hybrid-override-pattern has MoE layers (E): they need --num-experts")
+
+
+def _validate_mamba_sizes(config: ModelConfig, tp: int) -> None:
+    """MambaMixer's asserts (ssm/mamba_mixer.py): heads and groups divide by tp, heads by groups."""
+    head_dim = config.mamba_head_dim or 64  # TransformerConfig's defaults
+    groups = config.mamba_num_groups or 8
+    heads = config.mamba_num_heads
+    if heads is None:
+        inner = 2 * config.hidden_size  # MambaMixer's d_inner = expand (2) x d_model
+        if inner % head_dim:
+            raise ConfigError(
+                f"2 x --hidden-size {config.hidden_size} = {inner} is not divisible by "
+                f"--mamba-head-dim {head_dim} ({inner} % {head_dim} = {inner % head_dim}); "
+                "pass --mamba-num-heads"
+            )
+        heads = inner // head_dim
+    for what, value in (("Mamba heads", heads), ("--mamba-num-groups", groups)):
+        if value % tp:
+            raise ConfigError(
+                f"{what} {value} is not divisible by --tp {tp} ({value} % {tp} = {value % tp})"
+            )
+    if heads % groups:
+        raise ConfigError(
+            f"Mamba heads {heads} are not divisible by --mamba-num-groups {groups} "
+            f"({heads} % {groups} = {heads % groups})"
+        )
+
+
+def refuse_hybrid(model: ModelConfig, command: str) -> None:
+    """Refuse a hybrid model in a command that prices layers by transformer formulas."""
+    if model.hybrid:
+        raise ConfigError(
+            f"{command} does not price hybrid (Mamba) models yet: its step-time model knows "
+            "transformer layers only; tree, params, diff and memory build and run them"
+        )

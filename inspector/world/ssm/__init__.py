@@ -1,0 +1,45 @@
+"""Stand-ins for the CUDA packages megatron-core's Mamba layers import: mamba_ssm and causal_conv1d.
+
+Neither package installs without CUDA, and megatron-core's `MambaMixer` (ssm/mamba_mixer.py)
+refuses to build without them (`HAVE_MAMBA_SSM`, decided when the module is imported). `install()`
+puts small modules into `sys.modules` under the names megatron imports, before megatron-core is
+imported, so megatron's own MambaMixer, MambaLayer and MambaStack build for real on top of them.
+Only what megatron imports is offered; `modules.py` says, per name, which upstream file it
+mirrors. Importing this package imports nothing but the standard library.
+"""
+
+from __future__ import annotations
+
+import sys
+
+# The releases mirrored: megatron-core 0.16.1's `dev` extra pins mamba-ssm~=2.2 and
+# causal-conv1d~=1.5 (Megatron-LM pyproject.toml at core_v0.16.1).
+MAMBA_SSM_VERSION = "2.2.4"
+CAUSAL_CONV1D_VERSION = "1.5.0.post8"
+
+__all__ = ["install", "installed"]
+
+
+def installed() -> bool:
+    """Return True if the stand-in is what `import mamba_ssm` gives."""
+    module = sys.modules.get("mamba_ssm")
+    return module is not None and getattr(module, "__stand_in__", False)
+
+
+def install() -> None:
+    """Put the stand-ins into sys.modules as `mamba_ssm` and `causal_conv1d`; idempotent.
+
+    Raises RuntimeError if a real mamba_ssm is already imported: it cannot be replaced under
+    megatron-core's feet.
+    """
+    if installed():
+        return
+    if "mamba_ssm" in sys.modules or "causal_conv1d" in sys.modules:
+        raise RuntimeError(
+            "a real mamba_ssm or causal_conv1d is already imported; the simulated ones must be "
+            "installed before megatron-core is imported"
+        )
+    from inspector.world.ssm import modules
+
+    for name, module in modules.build(MAMBA_SSM_VERSION, CAUSAL_CONV1D_VERSION).items():
+        sys.modules[name] = module
