@@ -182,7 +182,7 @@ OLD_DEEPEP = () if VERSION >= (0, 16) else ("--moe-enable-deepep",)
 def _expert_rows(monkeypatch, *flags: str) -> list[list[int]]:
     """Run `memory` and return the rows per local expert that TE's Fp8Padding (experts.py
     TEGroupedMLP, fp8) is handed, one list per call."""
-    from inspector.world.te import fp8_functions
+    from inspector.world.te.kernels import fp8_functions
 
     seen: list[list[int]] = []
     forward = fp8_functions.Fp8Padding.forward

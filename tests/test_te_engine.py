@@ -21,7 +21,7 @@ def _functions():
     from inspector.world import te
 
     te.install()
-    from inspector.world.te import functions
+    from inspector.world.te.kernels import functions
 
     return functions
 
@@ -30,7 +30,7 @@ def _attention_functions():
     from inspector.world import te
 
     te.install()
-    from inspector.world.te import attention_functions
+    from inspector.world.te.kernels import attention_functions
 
     return attention_functions
 

@@ -156,7 +156,7 @@ def _te_forward_gemms(job: Any) -> list[tuple[int, int, int]]:
 
     from inspector.engine.stage import trace_stage
     from inspector.world.setup import megatron
-    from inspector.world.te import functions
+    from inspector.world.te.kernels import functions
 
     calls: list[tuple[int, int, int]] = []
     real = functions._forward_gemm
