@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # a fresh interpreter per command: ~28 s of CPU
+
 HEAVY = [
     "torch._dynamo",
     "torch._inductor",

@@ -75,6 +75,7 @@ def _job(preset: str | None = None, **flags):
     return make_job(args)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_composed_state_equals_memory_stage_by_stage(name: str) -> None:
     # The planner's memory is composed from two small builds; `memory` builds the whole job.
@@ -135,6 +136,7 @@ SCALED = {  # name: (flags, whether megatron's expert weights come one per local
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(SCALED))
 @pytest.mark.parametrize("etp", [None, 1])
 def test_pieces_scaled_to_another_expert_size_equal_megatrons_build(name, etp) -> None:
@@ -158,6 +160,7 @@ def test_pieces_scaled_to_another_expert_size_equal_megatrons_build(name, etp) -
             assert pp.scalable_builds() == int(scales)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "sizes", [dict(ep=4), dict(ep=8, expert_tensor_parallel_size=1), dict(ep=1)]
 )
@@ -237,6 +240,7 @@ def _plan(*args: str) -> dict:
     return json.loads(result.out)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args",
     [
@@ -353,6 +357,7 @@ def test_global_batch_is_required() -> None:
     assert "--global-batch-size is required" in result.err
 
 
+@pytest.mark.slow
 def test_text_output_has_table_flags_and_timeline() -> None:
     result = run_cli("plan", "--gpus", "4", "--global-batch-size", "8", "--num-layers", "4",
                      "--explain")
@@ -388,6 +393,7 @@ def test_timeline_replays_megatrons_schedule(vpp: int) -> None:
     assert [k for k, *_ in order[:warm]] == ["F"] * warm and order[warm + 1][0] == "B"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("layers", "extra", "flag"),
     [
@@ -446,6 +452,7 @@ def test_the_plan_keeps_the_given_dropout_and_gradient_dtype() -> None:
     assert not {"--grad-reduce-in-bf16", "--attention-dropout 0.0"} & set(fp32["flags"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["text", "json"])
 def test_plan_output_is_identical_from_run_to_run(fmt: str) -> None:
     # The search's wall time goes to the terminal only (stderr), never into stdout.
@@ -652,6 +659,7 @@ def test_when_megatrons_engine_refuses_every_plan_the_least_it_measured_is_quote
     assert result.smallest is least
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("shape", "implementation", "expected"),
     [

@@ -25,6 +25,8 @@ import pytest
 
 from tests.conftest import formulas_only
 
+pytestmark = pytest.mark.slow  # searches of published runs, each confirmed by the engine: ~53 s of CPU
+
 # params (B), heads, hidden, layers, t, p, GPUs, batch, achieved TFLOP/s per GPU (Table 1)
 TABLE_1 = [
     (1.7, 24, 2304, 24, 1, 1, 32, 512, 137),

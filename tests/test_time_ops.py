@@ -111,6 +111,7 @@ MODULES = {
 }  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("flags", "modules", "gemms"), MODULES.values(), ids=MODULES.keys())
 def test_recompute_modules_add_the_products_megatron_runs_again(flags, modules, gemms):
     """Each --recompute-modules module re-runs its forward before its backward (formulas/ops.py
