@@ -481,7 +481,7 @@ def _priced(req, lay, split, recompute: str, method: str = "uniform", n: int = 1
     from inspector.plan.candidates import candidate_job
     from inspector.plan.price import evaluate
 
-    job = candidate_job(req, lay, 1, recompute, True, req.flash, method, n)
+    job = candidate_job(req, lay, 1, (recompute, method, n), True, req.flash)
     assert job is not None
     return evaluate(job, split, req)
 

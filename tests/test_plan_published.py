@@ -193,7 +193,7 @@ def meta_405b(vpp: int, recompute: str, grad_reduce_in_bf16: bool = True) -> obj
     assert split is not None
     lay = layout_for(Layout(tp=8, pp=16, dp=128, sequence_parallel=True), req.model, split, vpp)  # type: ignore[attr-defined]
     assert lay is not None
-    job = candidate_job(req, lay, 1, recompute, True, True)  # type: ignore[arg-type]
+    job = candidate_job(req, lay, 1, (recompute, "uniform", 1), True, True)  # type: ignore[arg-type]
     assert job is not None
     return evaluate(job, split, req)  # type: ignore[arg-type]
 
