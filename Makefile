@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TORCH_WHEELS ?= /opt/wheels
 TORCH := torch==2.13.0+cpu
 
-.PHONY: setup run test lint bench golden clean test-matrix test-matrix-py312 test-megatron
+.PHONY: setup run test test-fast lint bench golden clean test-matrix test-matrix-py312 test-megatron
 
 setup: $(STAMP)
 
@@ -27,6 +27,10 @@ lint: setup
 
 test: lint
 	$(BIN)/python -m pytest -q
+
+# The tests marked slow left out (tests/README.md): under 2 minutes, for the loop while working.
+test-fast: setup
+	$(BIN)/python -m pytest -m "not slow" -q
 
 # Rewrite fixtures/golden/ from the current output; review `git diff fixtures/golden` like code.
 golden: setup

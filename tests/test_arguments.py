@@ -109,6 +109,7 @@ def flash_attention(cli, *extra: str) -> bool:
     return json.loads(result.out)["training"]["use_flash_attn"]
 
 
+@pytest.mark.slow
 def test_flags_alone_default_to_megatron_lms_auto_backend(cli):
     # Megatron-LM's --attention-backend default is auto: Transformer Engine picks flash/fused
     # attention in bf16, so a job given by flags alone stores no s x s scores either
@@ -124,6 +125,7 @@ def test_flags_alone_default_to_megatron_lms_auto_backend(cli):
     assert unfused - layers(cli, *TE) == L * (5 * a * s * s * b - 4 * a * s * b) == 79_872
 
 
+@pytest.mark.slow
 def test_the_engine_runs_the_backend_asked_for(cli):
     # megatron's engine builds the model with the job's backend (megatron's LanguageModule sets
     # TE's NVTE_* opt-outs from it): unfused keeps the s x s softmax output per layer, 2as^2b in

@@ -30,6 +30,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.slow  # ~300 commands, each in its own process, run by one shared fixture: ~18 s of CPU
+
 SMALL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4"]
 SMALL += ["--vocab-size", "1000"]
 MEMORY = ["memory", *SMALL, "--micro-batch-size", "1"]

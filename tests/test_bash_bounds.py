@@ -87,6 +87,7 @@ def test_a_script_that_sources_itself_stops_at_the_depth_cap(tmp_path):
     assert str(error.value).endswith("sourced files include each other too deeply")
 
 
+@pytest.mark.slow
 def test_a_huge_script_is_read_in_seconds():
     """100,000 assignments (300,000 take about 4 s of CPU): read one command at a time."""
     text = "".join(f"V{i}={i}\n" for i in range(100_000)) + "torchrun t.py --num-layers $V99999\n"

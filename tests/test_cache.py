@@ -73,6 +73,7 @@ def test_any_change_of_versions_misses(what, monkeypatch):
     assert cache.key(*BASE) != before
 
 
+@pytest.mark.slow
 def test_a_hit_does_not_import_torch(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "INSPECT_MODEL_NO_CACHE"}
     env["XDG_CACHE_HOME"] = str(tmp_path)

@@ -36,6 +36,7 @@ def _with_examples() -> list[Path]:
     return [page for page in PAGES if docs_examples.examples(page)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", _with_examples(), ids=lambda p: p.name)
 def test_every_example_prints_what_the_page_shows(cli, page, tmp_path, monkeypatch):
     (tmp_path / "fixtures").symlink_to(ROOT / "fixtures")
@@ -109,6 +110,7 @@ def _code_strings() -> dict[str, str]:
     return strings
 
 
+@pytest.mark.slow
 def test_no_internal_vocabulary(cli):
     for internal in ("as the issue says", "see SPEC.md", "GitHub issue 12", "the spec", "specs",
                      "this session", "a helper", "/work/shared/SPEC.md", "in shared/gpu/"):  # fmt: skip

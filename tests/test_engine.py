@@ -9,6 +9,8 @@ import pytest
 
 from tests.composition import assert_composed_equals_whole
 
+pytestmark = pytest.mark.slow  # megatron's forward and backward on whole stages: ~56 s of CPU (tests/README.md)
+
 GPU = Path(__file__).resolve().parents[2] / "shared" / "gpu"
 
 

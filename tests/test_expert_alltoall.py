@@ -100,6 +100,7 @@ QWEN = ("plan --model qwen3-30b-a3b --num-layers 2 --gpus 16 --global-batch-size
         "--gpu h100 --format json").split()  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("node", "one"), [
     (8, 10e-6 + BYTES * 8 / 16 / 50e9),  # two nodes: the InfiniBand half
     (16, 5e-6 + BYTES * 15 / 16 / 450e9),  # one node of 16: all NVLink

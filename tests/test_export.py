@@ -175,6 +175,7 @@ def _kill_at_random_moments(tmp_path: Path, signum: int, write: str, exports: st
         yield
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
 def test_a_signal_leaves_the_old_or_the_new_export_whole(tmp_path, signum):
     out = tmp_path / "out"
@@ -194,6 +195,7 @@ def test_a_signal_leaves_the_old_or_the_new_export_whole(tmp_path, signum):
         assert sorted(os.listdir(tmp_path)) == ["out"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_leaves_the_old_or_the_new_file_whole(tmp_path, signum):
     target = tmp_path / "t.csv"

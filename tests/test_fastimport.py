@@ -1,4 +1,4 @@
-"""inspector.world.fastimport: building and `memory` import neither DTensor, dynamo, sympy nor DCP.
+"""inspector.world.fastimport and sympy_free: building and `memory` import neither DTensor, dynamo, sympy nor DCP.
 
 Counts, not timings: each command runs in a fresh interpreter, which reports the heavy modules it
 imported. The golden-file tests prove the shortcuts change no shape.
@@ -11,6 +11,8 @@ import subprocess
 import sys
 
 import pytest
+
+pytestmark = pytest.mark.slow  # a fresh interpreter per command: ~28 s of CPU
 
 HEAVY = [
     "torch._dynamo",
@@ -172,7 +174,7 @@ def test_type_promotion_without_sympy_is_torchs():
     import torch
     from torch import _prims_common
 
-    from inspector.world.fastimport import _promotion
+    from inspector.world.sympy_free import _promotion
 
     real = getattr(_prims_common.elementwise_dtypes, "real", _prims_common.elementwise_dtypes)
     fast = _promotion(real)
@@ -202,7 +204,7 @@ def test_type_promotion_without_sympy_is_torchs():
 def test_sym_not_without_sympy_is_torchs():
     import torch
 
-    from inspector.world.fastimport import _sym_not
+    from inspector.world.sympy_free import _sym_not
 
     real = getattr(torch.sym_not, "real", torch.sym_not)
     fast = _sym_not(real)
@@ -216,7 +218,7 @@ def test_symbolic_shapes_stand_in_answers_as_torch():
     hands out as later calls are functions of torch's module; other names are torch's."""
     import torch
 
-    from inspector.world.fastimport import _IMPORTED_UNCALLED, _SymbolicShapes
+    from inspector.world.sympy_free import _IMPORTED_UNCALLED, _SymbolicShapes
 
     stand_in = _SymbolicShapes()
     real = _SymbolicShapes()._real()  # torch's module, whether or not megatron() put one in place

@@ -137,6 +137,7 @@ QWEN = ("plan --model qwen3-30b-a3b --num-layers 2 --gpus 16 --global-batch-size
         "--moe-grouped-gemm --recompute-granularity none --gpu h100 --format json").split()  # fmt: skip
 
 
+@pytest.mark.slow
 def test_plan_prices_the_hybridep_exchange_at_the_hand_price() -> None:
     # one micro-batch per rank, 2 MoE layers x 4 exchanges; the flags reproduce the dispatcher.
     # megatron-core 0.13-0.15 run DeepEP only, behind --moe-enable-deepep (priced the same)
@@ -327,6 +328,7 @@ def test_a_script_on_older_megatron_is_told_the_backend_flag_is_unknown() -> Non
         assert "added in 0.16" in note
 
 
+@pytest.mark.slow
 def test_the_search_skips_layouts_with_one_expert_rank() -> None:
     # tp 1 pinned: ep 1 leaves the flex dispatcher one rank (megatron asserts TPxEP > 1)
     base = ("plan --model qwen3-30b-a3b --num-layers 2 --gpus 4 --global-batch-size 8 --seq-length 1024 "
@@ -363,6 +365,7 @@ def test_plan_reads_the_flex_dispatcher_from_a_launch_script(tmp_path) -> None:
     assert ("--moe-flex-dispatcher-backend hybridep" if new else "--moe-enable-deepep") in flags
 
 
+@pytest.mark.slow
 def test_the_all_to_all_overlap_replays_the_flex_exchange(monkeypatch) -> None:
     # under --overlap-moe-expert-parallel-comm each merged pair's four exchanges are the flex
     # dispatcher's own (one exchange: QWEN_EXCHANGE), not the all-to-all's

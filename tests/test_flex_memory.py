@@ -152,6 +152,7 @@ def test_the_run_asks_deepep_for_the_buffer_memory_counts():
     assert run.static == sum(s for _, s in run.persistent) + run.workspaces + nvl + 32 * MIB
 
 
+@pytest.mark.slow
 def test_composed_flex_stages_equal_every_layer_run():
     """One layer of each kind stands for the rest under flex too (pp 2, MoE every other layer):
     the dispatcher's per-layer kept metadata included."""
@@ -268,6 +269,7 @@ def test_over_two_nvlink_domains_deepep_returns_its_internode_handle(monkeypatch
         "DeepEP NVLink buffer", "DeepEP RDMA buffer", "DeepEP workspace"]
 
 
+@pytest.mark.slow
 def test_memory_of_a_small_mixtral_with_flex_runs_and_reports_deepep_outside_torch():
     for ep in ("2", "4"):
         result = run_cli("memory", *TINY, "--ep", ep, "--dp", ep, "--global-batch-size", ep,

@@ -80,6 +80,7 @@ def test_without_experts_no_dispatcher_asserts() -> None:
                Training(moe_token_dispatcher_type="flex"), NEW)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_the_installed_version_decides_what_memory_and_plan_take() -> None:
     # flex without --moe-enable-deepep: megatron-core 0.16 runs DeepEP by default, 0.13-0.15 stop
     memory = run_cli("memory", *TINY, "--ep", "2", "--dp", "2", "--global-batch-size", "2",
@@ -145,6 +146,7 @@ def _nvl_bytes(hidden_bytes: int, ranks: int, recv: int, sms: int = 20) -> int:
     return -(-raw // 128) * 128 + 8 * 4 + 2 * 8 * 8
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("pp", "ep"), [(1, 4), (2, 2)])
 def test_plan_prints_the_peak_memory_measures_for_a_deepep_job(pp: int, ep: int) -> None:
     dp = 4 // pp

@@ -2,7 +2,7 @@
 
 The byte counts are written by hand from TE 2.11's quantizers (float8_tensor.py `make_empty`,
 mxfp8_tensor.py `make_empty`, float8_blockwise_tensor.py `get_scale_shape`) and the recipe state
-(module/base.py `set_meta_tensor`), independently of inspector/world/te/quantize.py.
+(module/base.py `set_meta_tensor`), independently of inspector/world/te/kernels/quantize.py.
 """
 
 from __future__ import annotations

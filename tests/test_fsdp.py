@@ -254,6 +254,7 @@ def test_workload_and_plan_say_what_they_do_not_model():
                                          "(--use-megatron-fsdp) beside the distributed optimizer\n")  # fmt: skip
 
 
+@pytest.mark.slow
 def test_plan_searches_megatron_fsdp_strategies_when_asked():
     # --use-megatron-fsdp without a strategy: plan tries optim_grads and optim_grads_params;
     # every plan's flags name its strategy. Five plans each (both strategies rank in the first

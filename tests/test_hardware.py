@@ -54,6 +54,7 @@ def test_each_figure_matches_its_datasheet() -> None:
     assert [g.tflops_fp4 for g in (h100, h200, a100)] == [None, None, None]
 
 
+@pytest.mark.slow
 def test_gb200_is_a_b200_at_its_figures_on_a_72_gpu_nvlink_domain() -> None:
     # plan reads the 16-bit peak, HBM, memory, links and GPUs per node: give b200 gb200's by hand
     job = ("plan", "--num-layers", "2", "--gpus", "144", "--global-batch-size", "144")

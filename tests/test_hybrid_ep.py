@@ -125,6 +125,7 @@ def test_the_stand_in_dispatches_what_hybridep_returns(monkeypatch) -> None:
     assert again[0].shape == (30, 64)  # the combine's backward: the same tokens, by the handle
 
 
+@pytest.mark.slow
 @needs_016
 def test_composed_hybridep_stages_equal_every_layer_run() -> None:
     """One layer of each kind stands for the rest under HybridEP too (its handle per layer)."""

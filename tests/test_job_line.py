@@ -12,6 +12,7 @@ SMALL = ["--num-layers", "4", "--hidden-size", "128", "--num-attention-heads", "
          "--seq-length", "256", "--vocab-size", "1000"]  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "extra",
     [

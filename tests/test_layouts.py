@@ -113,6 +113,7 @@ LAYOUTS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", LAYOUTS + ["--num-layers 6 --pp 2 --tp 2 --dense"])
 def test_every_layer_and_expert_once(cli, args):
     dense = "--dense" in args

@@ -50,6 +50,7 @@ def _run(argv: list[str], stderr: object = subprocess.PIPE) -> subprocess.Comple
     )  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", CASES)
 def test_refused_in_seconds_naming_the_flag(name):
     argv, message = CASES[name]
@@ -57,6 +58,7 @@ def test_refused_in_seconds_naming_the_flag(name):
     assert (result.returncode, result.stdout, result.stderr) == (2, "", message + "\n")
 
 
+@pytest.mark.slow
 def test_a_note_to_a_full_stderr_does_not_change_the_exit_status():
     # issue #30: a Note: that cannot be written left bytes that Python's exit flush failed on
     # (exit 120); the note is dropped and the answer stands.

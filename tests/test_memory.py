@@ -188,6 +188,7 @@ LAYOUTS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", LAYOUTS)
 def test_state_bytes_equal_the_params_rows(args: list[str]) -> None:
     report = _json("memory", "--format", "json", "--micro-batch-size", "1", *args)
@@ -284,6 +285,7 @@ def test_fp32_training_has_4_byte_activations() -> None:
     assert fp32 == 2 * bf16["layers"] == 8 * 4 * 128 * 256  # 8 layer inputs, 4 bytes each
 
 
+@pytest.mark.slow
 def test_flops_equal_megatron_lms_formula() -> None:
     args = [*SMALL, "--pp", "2", "--tp", "2", "--dp", "2", "--micro-batch-size", "2"]
     report = _json("memory", "--format", "json", *args, "--global-batch-size", "8")
@@ -501,6 +503,7 @@ def test_formulas_answer_where_the_engine_cannot_run(
         assert len(rows) == 2 and all("not counted" in row for row in rows), out
 
 
+@pytest.mark.slow
 def test_mixtral_runs_through_the_engine_with_balanced_routing() -> None:
     """An MoE job's activations come from megatron running, and the report says how it routed."""
     args = ["memory", "--model", "mixtral-8x7b", "--transformer-impl", "local", "--bf16",

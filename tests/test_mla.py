@@ -114,6 +114,7 @@ def test_mtp_sits_on_the_last_stage_with_global_expert_numbers(cli):
     assert sum(math.prod(r["global_shape"]) for r in rows if not r["tied"]) == parameter_count(args)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not MTP_IN_A_MIDDLE_CHUNK, reason="0.13-0.15 cannot (test_versions.py)")
 def test_deepseek_v3_at_a_megatron_recipe_layout(cli):
     # 1024 GPUs, pp 16 x ep 64 (Megatron-LM docs/user-guide/features/pipeline_parallel_layout.md)

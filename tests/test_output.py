@@ -51,6 +51,7 @@ def test_missing_folder_is_an_input_error(cli, tmp_path):
     assert result.code == 2 and result.err.startswith("Error: -o ")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("delay", [1.0, 3.5])
 def test_killed_process_leaves_old_or_complete_file(cli, tmp_path, delay):
     target = tmp_path / "table.csv"

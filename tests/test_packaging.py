@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # builds and unpacks the wheel: ~4 s of CPU, and pip
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "inspector"
 NOT_SHIPPED = {"README.md"}  # notes for readers of the code; nothing opens them at run time

@@ -75,6 +75,7 @@ def _job(preset: str | None = None, **flags):
     return make_job(args)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_composed_state_equals_memory_stage_by_stage(name: str) -> None:
     # The planner's memory is composed from two small builds; `memory` builds the whole job.
@@ -136,6 +137,7 @@ SCALED = {  # name: (flags, whether megatron's expert weights come one per local
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(SCALED))
 @pytest.mark.parametrize("etp", [None, 1])
 def test_pieces_scaled_to_another_expert_size_equal_megatrons_build(name, etp) -> None:
@@ -159,6 +161,7 @@ def test_pieces_scaled_to_another_expert_size_equal_megatrons_build(name, etp) -
             assert pp.scalable_builds() == int(scales)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "sizes", [dict(ep=4), dict(ep=8, expert_tensor_parallel_size=1), dict(ep=1)]
 )
@@ -238,6 +241,7 @@ def _plan(*args: str) -> dict:
     return json.loads(result.out)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args",
     [
@@ -354,6 +358,7 @@ def test_global_batch_is_required() -> None:
     assert "--global-batch-size is required" in result.err
 
 
+@pytest.mark.slow
 def test_text_output_has_table_flags_and_timeline() -> None:
     result = run_cli("plan", "--gpus", "4", "--global-batch-size", "8", "--num-layers", "4",
                      "--explain")
@@ -389,6 +394,7 @@ def test_timeline_replays_megatrons_schedule(vpp: int) -> None:
     assert [k for k, *_ in order[:warm]] == ["F"] * warm and order[warm + 1][0] == "B"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("layers", "extra", "flag"),
     [
@@ -447,6 +453,7 @@ def test_the_plan_keeps_the_given_dropout_and_gradient_dtype() -> None:
     assert not {"--grad-reduce-in-bf16", "--attention-dropout 0.0"} & set(fp32["flags"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["text", "json"])
 def test_plan_output_is_identical_from_run_to_run(fmt: str) -> None:
     # The search's wall time goes to the terminal only (stderr), never into stdout.
@@ -475,7 +482,7 @@ def _priced(req, lay, split, recompute: str, method: str = "uniform", n: int = 1
     from inspector.plan.candidates import candidate_job
     from inspector.plan.price import evaluate
 
-    job = candidate_job(req, lay, 1, recompute, True, req.flash, method, n)
+    job = candidate_job(req, lay, 1, (recompute, method, n), True, req.flash)
     assert job is not None
     return evaluate(job, split, req)
 
@@ -653,6 +660,7 @@ def test_when_megatrons_engine_refuses_every_plan_the_least_it_measured_is_quote
     assert result.smallest is least
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("shape", "implementation", "expected"),
     [

@@ -14,6 +14,8 @@ from inspector.plan import confirm
 from inspector.plan.request import PlanFlags, make_request
 from inspector.plan.search import search
 
+pytestmark = pytest.mark.slow  # searches confirmed by the engine: ~12 s of CPU
+
 SEARCHES = {
     # the 405B's split (embedding and loss alone on their chunks: stages traced whole), at tp 1-2
     "interleaved, embedding alone": (

@@ -47,6 +47,7 @@ def test_global_batch_in_scientific_notation_is_refused_as_argparse_would() -> N
     one_error(run_plan("--gpus", "8", "--global-batch-size", "1e9"), "--global-batch-size", "1e9")
 
 
+@pytest.mark.slow
 def test_a_billion_sequences_per_step_is_planned_without_drawing_them() -> None:
     result = run_plan("--gpus", "8", "--global-batch-size", "1000000000", "--top", "1")
     assert result.returncode == 0, result.stderr

@@ -16,6 +16,8 @@ from inspector.inputs.versions import megatron_core_version
 from inspector.job.versions import etp_bias_refused
 from tests.conftest import Result, run_cli
 
+pytestmark = pytest.mark.slow  # plans confirmed by `memory`: ~49 s of CPU
+
 GIB = 1 << 30
 
 

@@ -57,6 +57,7 @@ SEARCHES = [
 ]
 
 
+@pytest.mark.slow
 def test_a_search_priced_again_from_empty_caches_is_byte_identical() -> None:
     import inspector.caches as caches
 

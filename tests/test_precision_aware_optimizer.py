@@ -62,6 +62,7 @@ BY_HAND = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("m", "v", "master"), list(BY_HAND))
 def test_optimizer_bytes_per_parameter(cli, m, v, master):
     flags = ("--exp-avg-dtype", m, "--exp-avg-sq-dtype", v, "--main-params-dtype", master)
@@ -214,6 +215,7 @@ def test_megatrons_rules_are_errors(cli, flags):
     assert "Traceback" not in result.err
 
 
+@pytest.mark.slow
 def test_plan_keeps_the_distributed_optimizer_and_prints_the_flags(cli):
     """plan: the flag pins the distributed optimizer (a plan without it would be refused by
     megatron) and the plan's flags carry the dtypes."""

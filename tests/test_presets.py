@@ -33,6 +33,7 @@ def _buildable(name: str) -> list:
     return []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [pytest.param(n, marks=_buildable(n)) for n in PRESETS])
 def test_tool_builds_the_counted_model(cli, name):
     result = cli("params", "--model", name, "--format", "json")
@@ -91,6 +92,7 @@ PRESET_LAYOUTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [pytest.param(n, marks=_buildable(n)) for n in PRESET_LAYOUTS])
 def test_preset_golden(cli, golden, name):
     layout = PRESET_LAYOUTS[name].split()

@@ -8,6 +8,8 @@ import pty
 import subprocess
 import sys
 
+import pytest
+
 from inspector.cli import Progress
 
 
@@ -51,6 +53,7 @@ def test_a_pipe_gets_nothing():
     assert stream.getvalue() == ""
 
 
+@pytest.mark.slow
 def test_real_terminal_shows_progress_and_erases_it(tmp_path):
     # A real run with stderr on a pseudo-terminal; the line shows at once (delay 0), since a
     # small build can finish inside the usual second.

@@ -10,10 +10,13 @@ import math
 import os
 import re
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.counting import parameter_count
+
+pytestmark = pytest.mark.slow  # hypothesis over random jobs: ~22 s of CPU
 
 settings.register_profile(
     "ci", max_examples=300, deadline=None, suppress_health_check=list(HealthCheck)

@@ -327,6 +327,7 @@ def test_memory_names_the_modules_beyond_megatrons_default(cli):
     assert default.code == 0 and "recompute selective, flash" in default.out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "flags",
     [

@@ -182,7 +182,7 @@ OLD_DEEPEP = () if VERSION >= (0, 16) else ("--moe-enable-deepep",)
 def _expert_rows(monkeypatch, *flags: str) -> list[list[int]]:
     """Run `memory` and return the rows per local expert that TE's Fp8Padding (experts.py
     TEGroupedMLP, fp8) is handed, one list per call."""
-    from inspector.world.te import fp8_functions
+    from inspector.world.te.kernels import fp8_functions
 
     seen: list[list[int]] = []
     forward = fp8_functions.Fp8Padding.forward
@@ -360,13 +360,13 @@ def test_sender_padding_rows_travel_in_the_all_to_all():
 
 
 def test_workload_flex_bytes_count_the_ranks_a_limited_token_reaches():
-    # report/workload.py writes a flex exchange as the bytes it moves: each token once per rank
+    # report/workload_layers.py writes a flex exchange as the bytes it moves: each token once per rank
     # holding one of its experts (the sender's own share counted). 12 experts, top-3, 4 groups
     # of 3, top-2 groups, ep 6 (2 experts a rank, so groups straddle ranks): enumerated
     from types import SimpleNamespace
 
     from inspector.job.layout import Layout
-    from inspector.report.workload import flex_token_bytes
+    from inspector.report.workload_layers import flex_token_bytes
 
     experts, topk, ep = 12, 3, 6
     reached = sum((w * len({e // 2 for e in pick}) for pick, w in _routes(experts, topk, 4, 2)),
@@ -395,11 +395,11 @@ def test_plan_keeps_the_router_padding_and_prints_it():
 
 
 def test_workload_all_to_all_carries_the_senders_padding_rows():
-    # report/workload.py's ALLTOALL_EP size: a rank's 512 x 2 copies of h at 2 bytes, or with the
+    # report/workload_layers.py's ALLTOALL_EP size: a rank's 512 x 2 copies of h at 2 bytes, or with the
     # router padding the 8 x 135.5 -> 1,084 rows each sender's padded counts hold (as plan's)
     from inspector.job.layout import Layout
-    from inspector.report.workload import _moe_mlp
     from inspector.report.workload_inputs import Context, Settings
+    from inspector.report.workload_layers import _moe_mlp
 
     def a2a(dims: ModelDims) -> int:
         context = Context(dims, Layout(dp=2, ep=2), Settings(1, 1, 2))

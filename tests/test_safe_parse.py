@@ -40,6 +40,7 @@ def _run(tmp_path, *argv: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", FILES)
 def test_config_files_beyond_pythons_limits(tmp_path, name):
     text, message = FILES[name]
@@ -48,6 +49,7 @@ def test_config_files_beyond_pythons_limits(tmp_path, name):
     assert (result.returncode, result.stdout, result.stderr) == (2, "", message + "\n")
 
 
+@pytest.mark.slow
 def test_aliases_within_the_caps_still_read(tmp_path):
     (tmp_path / "ok.yaml").write_text("num-layers: &n 4\nnum-attention-heads: *n\nhidden-size: 64\n")
     result = _run(tmp_path, "params", "--config", "ok.yaml", "--vocab-size", "1000")

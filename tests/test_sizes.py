@@ -49,6 +49,7 @@ CAPS = {
 }  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", CAPS)
 def test_capped_in_seconds_naming_the_flags(name):
     argv, message = CAPS[name]
@@ -56,16 +57,19 @@ def test_capped_in_seconds_naming_the_flags(name):
     assert (result.returncode, result.stdout, result.stderr) == (2, "", message + "\n")
 
 
+@pytest.mark.slow
 def test_topology_line_maps_a_million_ranks():
     result = _run("topology", "--dp", "1048576")
     assert result.returncode == 0 and result.stdout.count("ProcessCoord(") == 1048576
 
 
+@pytest.mark.slow
 def test_topology_table_within_the_cap_is_printed():
     result = _run("topology", "--dp", "64", "--tp", "2", "--format", "table")
     assert result.returncode == 0 and len(result.stdout.splitlines()) == 2 + 128
 
 
+@pytest.mark.slow
 def test_experts_within_the_cap_build():
     # 64 experts x 2 MoE layers = 128 sequential experts: builds
     # no biases: megatron-core 0.13 refuses biases in MoE layers

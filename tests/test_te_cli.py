@@ -83,6 +83,7 @@ def test_context_parallel_builds_and_memory_divides_by_it(cli):
     assert b["flops_per_rank"] == pytest.approx(a["flops_per_rank"])  # dp 2 vs cp 2: same split
 
 
+@pytest.mark.slow
 def test_llama3_70b_recipe_fits_with_sequence_parallelism(cli):
     """The issue's standard recipe: about 40 GiB per GPU with sequence parallelism."""
     args = ("--model llama3-70b --tp 8 --pp 4 --dp 8 --micro-batch-size 1 --seq-length 8192 --bf16 "

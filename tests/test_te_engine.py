@@ -21,7 +21,7 @@ def _functions():
     from inspector.world import te
 
     te.install()
-    from inspector.world.te import functions
+    from inspector.world.te.kernels import functions
 
     return functions
 
@@ -30,7 +30,7 @@ def _attention_functions():
     from inspector.world import te
 
     te.install()
-    from inspector.world.te import attention_functions
+    from inspector.world.te.kernels import attention_functions
 
     return attention_functions
 
@@ -326,6 +326,7 @@ def _job(**flags):
     return small_job(**{"transformer_impl": "transformer_engine", **flags})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "flags",
     [
@@ -344,6 +345,7 @@ def test_te_composed_stage_equals_every_layer_run(flags):
 _FULL = dict(recompute_granularity="full")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "flags",
     [
@@ -373,6 +375,7 @@ def test_te_grouped_full_recompute_composes_equal_to_every_layer_run(flags):
     assert all(len(kinds) < layers for _, _, kinds, _ in cache)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "flags",
     [

@@ -111,6 +111,7 @@ MODULES = {
 }  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("flags", "modules", "gemms"), MODULES.values(), ids=MODULES.keys())
 def test_recompute_modules_add_the_products_megatron_runs_again(flags, modules, gemms):
     """Each --recompute-modules module re-runs its forward before its backward (formulas/ops.py
@@ -156,7 +157,7 @@ def _te_forward_gemms(job: Any) -> list[tuple[int, int, int]]:
 
     from inspector.memory.engine.stage import trace_stage
     from inspector.world.setup import megatron
-    from inspector.world.te import functions
+    from inspector.world.te.kernels import functions
 
     calls: list[tuple[int, int, int]] = []
     real = functions._forward_gemm

@@ -77,6 +77,7 @@ def _flat(d: str) -> tuple[float, float]:
     return y0, y1
 
 
+@pytest.mark.slow
 def test_outputs_are_byte_identical_run_to_run(outputs, tmp_path: Path) -> None:
     (_, svg1, snap1), (_, svg2, snap2) = outputs["runs"]
     assert svg1 == svg2 and snap1 == snap2

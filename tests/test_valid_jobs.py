@@ -58,6 +58,7 @@ def test_workload_with_dp_cp_not_dividing_the_buffer(cli, tmp_path, flags):
     assert sorted(p.name for p in out.iterdir()) == ["index.csv", "stage000.txt"]
 
 
+@pytest.mark.slow
 def test_deepseek_v3_builds_under_context_parallelism(cli):
     stage = _stage(cli, *DEEPSEEK, "--context-parallel-size", "2", "--dp", "4")
     flat = _stage(cli, *DEEPSEEK, "--dp", "8")

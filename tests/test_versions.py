@@ -89,6 +89,7 @@ def test_shared_expert_gate_from_0_16(cli):
         )
 
 
+@pytest.mark.slow
 def test_the_planner_emits_mtp_layout_strings_only_where_megatron_builds_them():
     # 5 layers over pp 2 split only by a layout string ('Etttt|tmL'): 0.13 has no plan with it
     from inspector.errors import ConfigError
@@ -159,6 +160,7 @@ def test_layout_grammar_is_megatrons(layout):
         assert ours == theirs
 
 
+@pytest.mark.slow
 def test_mtp_in_a_middle_virtual_chunk(cli):
     """DeepSeek-V3's recipe layout puts the MTP on stage 14, chunk 1, and the loss on stage 15.
 

@@ -7,7 +7,7 @@ and `memory`'s assumption) the M groups are a uniform M-subset and the k experts
 k-subset of theirs. A rank holds consecutive experts (E/ep, in ep-rank order) and a node its
 ranks', so the chance that a token reaches a rank or a node is the chance it picks one of a block
 of consecutive experts (`block_hit`); plan/flex.py prices the flex dispatcher's copies and
-report/workload.py its bytes from it.
+report/workload_layers.py its bytes from it.
 """
 
 from __future__ import annotations

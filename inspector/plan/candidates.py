@@ -79,8 +79,7 @@ def first_fit(
 
     def price(recipe: Recipe) -> Priced | None:
         nonlocal tried, least
-        granularity, method, n = recipe
-        job = candidate_job(req, lay, mbs, granularity, distopt, flash, method, n)
+        job = candidate_job(req, lay, mbs, recipe, distopt, flash)
         if job is None:
             return None
         try:
@@ -173,10 +172,10 @@ def more_recompute(req: Request, plan: Plan, recomputes: list[Recipe]) -> Plan |
 
 
 def candidate_job(
-    req: Request, lay: Layout, mbs: int, recompute: str, distopt: bool | str, flash: bool,
-    method: str = "uniform", num_layers: int = 1,
+    req: Request, lay: Layout, mbs: int, recipe: Recipe, distopt: bool | str, flash: bool
 ) -> Job | None:
-    """Return the candidate's Job, or None where megatron's rules (job.py) refuse it."""
+    """Return the candidate's Job, or None where megatron's rules (job.py) refuse it; `recipe`:
+    its recomputation (granularity, method, N)."""
     key = (model_token(req.model), lay)
     if key not in _REFUSED:
         _REFUSED[key] = _layout_refused(req.model, lay)
@@ -185,10 +184,9 @@ def candidate_job(
     flex = req.training.moe_token_dispatcher_type == "flex" and req.model.num_experts is not None
     if flex and lay.ep * lay.expert_tp <= 1:
         return None  # megatron's flex dispatcher asserts TPxEP > 1 (job/flex.py check_flex_group)
-    asked = (*key, req.training, req.global_batch_size, mbs, recompute, distopt, flash, method,
-             num_layers)
+    asked = (*key, req.training, req.global_batch_size, mbs, recipe, distopt, flash)
     if asked not in _JOBS:  # capped_split and _first_fit ask for some of the same
-        _JOBS[asked] = _new_job(req, lay, mbs, recompute, distopt, flash, method, num_layers)
+        _JOBS[asked] = _new_job(req, lay, mbs, recipe, distopt, flash)
     return _JOBS[asked]
 
 
@@ -196,9 +194,9 @@ _JOBS: dict[tuple[Any, ...], Job | None] = caches.table()
 
 
 def _new_job(
-    req: Request, lay: Layout, mbs: int, recompute: str, distopt: bool | str, flash: bool,
-    method: str, num_layers: int,
+    req: Request, lay: Layout, mbs: int, recipe: Recipe, distopt: bool | str, flash: bool
 ) -> Job | None:
+    recompute, method, num_layers = recipe
     training = replace(
         req.training,
         micro_batch_size=mbs,
@@ -250,7 +248,7 @@ def capped_split(
     if base.pp == 1 or not splits or {"split", "pin", "layers_per_chunk"} & req.fixed.keys():
         return None
     lay = layout_for(base, req.model, splits[0], v)
-    job = candidate_job(req, lay, mbs, "none", distopt, flash) if lay else None
+    job = candidate_job(req, lay, mbs, RECOMPUTES[0], distopt, flash) if lay else None
     if job is None:
         return None
     pp, m, dims = base.pp, job.schedule().num_microbatches, job_dims(job)

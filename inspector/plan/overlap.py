@@ -194,16 +194,6 @@ def merged_times(
     return (pair_seconds(nodes), *alone_seconds(nodes))
 
 
-def merged_pair(
-    ops: LayerOps, gpu: Gpu, recompute: str, modules: tuple[str, ...],
-    times: tuple[float, float], alltoall: float, delay_wgrad: bool, flops_priced: bool,
-    taken: float = 0.0, attn_tensor: float = 0.5,
-) -> float:
-    """Return `merged_times`' pair."""
-    return merged_times(ops, gpu, recompute, modules, times, alltoall, delay_wgrad,
-                        flops_priced, taken, attn_tensor)[0]  # fmt: skip
-
-
 @caches.memo(maxsize=1024)
 def _merged_chunks(
     stage: int, pp: int, num_microbatches: int, chunks: int

@@ -256,7 +256,7 @@ def context_for(built: BuiltJob, compute: ComputeRate | ComputeProfile) -> Conte
     unpriced = [m for m in modules if (m in NOT_GEMMS or m == "mla_up_proj")
                 and isinstance(compute, ComputeProfile)]
     if unpriced:
-        # workload.py `_recompute`: a profile's sections hold the norms, the expert activation
+        # workload_layers.py `_recompute`: a profile's sections hold the norms, the expert activation
         # and MLA's up projections inside attention's and the MLP's measured times
         raise ConfigError(
             f"--recompute-modules {' '.join(unpriced)}: workload cannot time this module's "

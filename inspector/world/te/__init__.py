@@ -6,7 +6,7 @@ MoE, MLA and context-parallel code are written against it. `install()` puts a sm
 megatron-core's own TE wrappers (`TELayerNormColumnParallelLinear`, `TEDotProductAttention`,
 `TENorm`, `TEGroupedMLP`, ...) run for real on top of it. The stand-in classes register their
 parameters exactly as TE 2.11.0 does (each cites the TE source it mirrors); their forwards (on
-meta tensors, in the engine) allocate and save what TE's kernels do (`functions.py`).
+meta tensors, in the engine) allocate and save what TE's kernels do (`kernels/`).
 
 Nothing here is importable as `transformer_engine` until `install()` is called: the stand-in lives
 under `inspector.world.te`, not on sys.path, and importing this package imports nothing but the standard

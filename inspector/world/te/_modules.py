@@ -20,14 +20,13 @@ from inspector.world.te import (
     VERSION,
     _base,
     attention,
-    attention_functions,
     float8_tensor,
-    fp8_functions,
     grouped_linear,
     linear,
     norm,
     state,
 )
+from inspector.world.te.kernels import attention_functions, fp8_functions
 
 _RECIPES = (
     "Format",

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from inspector.world.te._base import TransformerEngineBaseModule, empty, world_size
-from inspector.world.te.attention_functions import FusedAttnFunction, P2PAttnFunction
+from inspector.world.te.kernels.attention_functions import FusedAttnFunction, P2PAttnFunction
 
 
 def _fused_backend(dtype: torch.dtype) -> bool:

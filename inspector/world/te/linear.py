@@ -10,7 +10,6 @@ from typing import Any
 
 import torch
 
-from inspector.world.te import fp8_functions, functions, quantize
 from inspector.world.te._base import (
     FP8_WEIGHT_INDEX,
     GEMM_PARALLEL_MODES,
@@ -22,6 +21,7 @@ from inspector.world.te._base import (
     world_size,
 )
 from inspector.world.te.float8_tensor import Float8Tensor
+from inspector.world.te.kernels import fp8_functions, functions, quantize
 from inspector.world.te.state import FP8GlobalStateManager, recipe_name
 
 

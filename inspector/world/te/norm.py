@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from inspector.world.te._base import empty, mark_sequence_parallel
-from inspector.world.te.functions import NormFunction
+from inspector.world.te.kernels.functions import NormFunction
 
 
 def _normalized_shape(normalized_shape: Any, hidden_size: int | None) -> tuple[int, ...]:

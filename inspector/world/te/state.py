@@ -5,7 +5,7 @@ Mirrors transformer_engine 2.11.0: `pytorch/quantization.py` (FP8GlobalStateMana
 `common/recipe/__init__.py` (Format 23, Recipe 86,
 DelayedScaling 121-222 and the other recipes), `pytorch/distributed.py` (CudaRNGStatesTracker
 776-886). Only what megatron-core touches while importing, building and running; `fp8_autocast`
-sets the global state TE's modules read (world/te/quantize.py holds what fp8 allocates).
+sets the global state TE's modules read (world/te/kernels/quantize.py holds what fp8 allocates).
 """
 
 from __future__ import annotations

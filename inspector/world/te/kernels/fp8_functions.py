@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from inspector.world.te import quantize as q
-from inspector.world.te.functions import (
+from inspector.world.te.kernels import quantize as q
+from inspector.world.te.kernels.functions import (
     GemmSetup,
     _dgrad,
     _gemm_out,
@@ -184,7 +184,7 @@ class Fp8GroupedLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> Any:
-        from inspector.world.te.functions import _grouped_wgrad
+        from inspector.world.te.kernels.functions import _grouped_wgrad
 
         n = len(ctx.m_splits)
         rest = ctx.saved_tensors[ctx.n_saved :]
