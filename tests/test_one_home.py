@@ -22,7 +22,8 @@ RECORDS = (
     "Gpu", "Hardware", "OptimizerBytes", "OptimizerPrecision", "OptimizerStep",
 )  # fmt: skip
 # Class names that two unrelated modules still share (each mirrors a different upstream name).
-KNOWN_SHARED_CLASSES = {"Context", "Param", "FusedAdam"}
+# RMSNorm: the TE stand-in's and mamba_ssm's gated one, each named as upstream names it
+KNOWN_SHARED_CLASSES = {"Context", "Param", "FusedAdam", "RMSNorm"}
 CONSTANTS = ("ADAM_MOMENTS", "MASTER_COPY", "REMAINDER", "GIB", "DEFAULT_GPU", "GPUS", "DEFAULT_ADAM")
 # A GPU's figures: only the --gpu record (job/hardware.py Gpu) holds them.
 GPU_FIGURES = {"hbm", "tflops_16bit", "tflops_fp8", "memory_gib"}

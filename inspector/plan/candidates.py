@@ -157,9 +157,9 @@ def more_recompute(req: Request, plan: Plan, recomputes: list[Recipe]) -> Plan |
         own = (training.recompute, "uniform", 1)
     later = order[order.index(own) + 1:] if own in order else []
     distopt = training.sharding_strategy if training.megatron_fsdp else training.use_distributed_optimizer
-    for granularity, method, n in later:
-        found = candidate_job(req, lay, job.schedule().micro_batch_size, granularity, distopt,
-                              training.flash_attention, method, n)
+    for recipe in later:
+        found = candidate_job(req, lay, job.schedule().micro_batch_size, recipe, distopt,
+                              training.flash_attention)
         if found is None:
             continue
         try:
