@@ -22,9 +22,12 @@ from inspector.cli.app import (
     emit,
     format_option,
     gpu_option,
+    kernels_gpu,
+    kernels_option,
     model_options,
     output_option,
     rank_option,
+    read_kernels,
     resolve_job,
     stage_option,
 )
@@ -197,9 +200,11 @@ def memory(
         None, "--snapshot", help="Write PyTorch's memory snapshot (pickle).", metavar="FILE",
         rich_help_panel=OUTPUT_HELP,
     ),
+    kernels: str | None = kernels_option(),
     output: str | None = output_option(),
 ) -> None:
     """Print each stage's weights, gradients, optimizer, activations and FLOPs."""
+    table = read_kernels(kernels)
     files = {flag: path for flag, path in (("--timeline", timeline), ("--snapshot", snapshot)) if path}
     if walkthrough:
         from inspector.report.memory_outputs import check_walkthrough_flags
@@ -235,6 +240,8 @@ def memory(
         if files:
             _write_engine_files(report, timeline, snapshot)
         text = render.render_memory(report, fmt)
+        if table is not None:  # the step as plan prices it, from the user's measured kernels
+            text = _with_step_time(text, fmt, job, args, kernels_gpu(gpu, table), table)
         if fmt == MemoryFormat.json:  # every number, the job's included, in its own fields
             return text
         from inspector.render.job import job_lines, with_job
@@ -251,8 +258,21 @@ def memory(
         walkthrough=walkthrough,
         label=label,
     )
+    if table is not None:
+        options["kernels"] = table.digest
     # the files come from the run itself: a cached text would skip writing them
     emit(cache.cached("memory", args, options, use_cache and not files, produce), output)
+
+
+def _with_step_time(text: str, fmt: Any, job: Any, args: dict[str, Any], gpu: str, table: Any) -> str:
+    """Return memory's output with the step time plan's model gives the job on --kernels."""
+    from inspector.plan.check import predicted_seconds
+    from inspector.plan.request import PlanFlags
+    from inspector.render.check import with_step_time
+
+    batch = {"global_batch_size": job.schedule().global_batch_size}
+    seconds = predicted_seconds(job, {**args, **batch}, PlanFlags(job.layout.world_size, gpu, kernels=table))
+    return with_step_time(text, fmt == MemoryFormat.json, seconds, gpu, table.source)
 
 
 def _write_engine_files(report: Any, timeline: str | None, snapshot: str | None) -> None:
