@@ -242,8 +242,8 @@ def gpu_option(default: str | None, what: str = "") -> Any:
 def kernels_option() -> Any:
     """Return the --kernels option: a kernel table measured by `inspect-model calibrate`."""
     return typer.Option(
-        None, "--kernels", help="Kernel table from `calibrate` (default: built-in).",
-        metavar="FILE",
+        None, "--kernels", help="Kernel times measured by `calibrate` (default: built-in).",
+        metavar="FILE", rich_help_panel=SOURCE_HELP,
     )
 
 

@@ -317,8 +317,8 @@ def _layer_time(
     extra = f.total / 3 if recompute == "full" else (
         _recomputed_flops(dims, f, moe, modules, mbs) if recompute == "selective" else 0)
     shard = _shard(lay, mbs)
-    compute = compute_seconds(f.total + extra, lambda d: layer_seconds(
-        _layer_kernels(dims, shard, moe), d, recompute, modules), lay, net, rate)  # fmt: skip
+    compute = compute_seconds(f.total + extra, lambda d: _kernel_seconds(
+        dims, shard, moe, d, recompute, modules), lay, net, rate)  # fmt: skip
     # attention's 2 forward, the MLP's unless an MoE layer has neither shared experts nor expert TP
     forward = 2 + (2 if not moe or dims.shared_expert_ffn or lay.expert_tp > 1 else 0)
     collectives = forward * (3 if recompute == "full" else 2)
@@ -377,6 +377,14 @@ def _recomputed_flops(dims: ModelDims, f: LayerFlops, moe: bool, modules: tuple[
 def _layer_kernels(dims: ModelDims, shard: Shard, moe: bool) -> LayerOps:
     """Return formulas/ops.py's kernels of one layer on one rank (layers of a kind share them)."""
     return layer_ops(dims, shard, moe)
+
+
+@caches.memo(maxsize=4096)
+def _kernel_seconds(dims: ModelDims, shard: Shard, moe: bool, device: Device, recompute: str,
+                    modules: tuple[str, ...]) -> float:  # fmt: skip
+    """Return one layer's kernel seconds on one rank (formulas/ops.py `layer_seconds`): layers of
+    a kind, and layouts that cut a layer alike, share them (an MoE layer sums hundreds of kernels)."""
+    return layer_seconds(_layer_kernels(dims, shard, moe), device, recompute, modules)
 
 
 @caches.memo(maxsize=256)
