@@ -182,3 +182,31 @@ def test_calibrate_checks_its_output_before_measuring(cli, tmp_path: Path) -> No
     result = cli("calibrate", "--device", "cpu", "--gpu", "h100", "--like", str(SAMPLE), "-o",
                  str(tmp_path))  # fmt: skip
     assert result.code == 2 and result.err.startswith("Error: ") and str(tmp_path) in result.err
+
+
+SMALL_JOB = ("--num-layers", "2", "--hidden-size", "256", "--num-attention-heads", "4",
+             "--seq-length", "512", "--micro-batch-size", "1", "--bf16")  # fmt: skip
+
+
+def test_workload_takes_its_compute_times_from_the_kernels(cli) -> None:
+    from inspector.job.job import make_job
+    from inspector.report.workload_inputs import kernel_rate
+
+    table = parse_table(SAMPLE.read_text(), str(SAMPLE))
+    job = make_job({"num_layers": 2, "hidden_size": 256, "num_attention_heads": 4, "seq_length": 512,
+                    "micro_batch_size": 1, "bf16": True})  # fmt: skip
+    rate = kernel_rate(job, replace(GPUS["h200"], kernels=table))
+    builtin = kernel_rate(job, GPUS["h200"])
+    # a fraction of the peak, and the sample's rows are not the whole table's curves
+    assert 0 < rate.mfu < 1 and rate.mfu != builtin.mfu and rate.gpu_tflops == 989.0
+    ours = cli("workload", *SMALL_JOB, "--stage", "0", "--kernels", str(SAMPLE))
+    assert ours.code == 0, ours.err
+    same = cli("workload", *SMALL_JOB, "--stage", "0", "--gpu-tflops", "989", "--mfu", repr(rate.mfu))
+    assert ours.out == same.out
+
+
+def test_workload_kernels_exclude_the_other_compute_sources(cli) -> None:
+    result = cli("workload", *SMALL_JOB, "--stage", "0", "--kernels", str(SAMPLE), "--mfu", "0.4")
+    assert result.code == 2
+    assert result.err == ("Error: --kernels gives the compute times; --gpu-tflops, --mfu and "
+                          "--compute-profile give them another way: pass one\n")  # fmt: skip

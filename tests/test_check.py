@@ -129,3 +129,23 @@ def test_check_refuses_a_rank_the_job_does_not_have(cli, tmp_path: Path) -> None
 def test_check_refuses_a_warmup_below_zero(cli) -> None:
     result = cli("check", str(LOG), "--warmup", "-1")
     assert result.code == 2 and result.err == "Error: --warmup must be at least 0, got -1\n"
+
+
+def test_memory_with_kernels_prints_the_step_check_predicts(cli) -> None:
+    # the same job, the same table: memory's step line and check's prediction are one number
+    import json
+
+    table = str(LOGS.parent / "kernels" / "h200-sample.json")
+    memory = cli("memory", "--from-script", str(SCRIPT), "--kernels", table)
+    assert memory.code == 0, memory.err
+    last = memory.out.splitlines()[-1]
+    assert last.startswith("Step time: ") and last.endswith(f"s per iteration on h200, as plan "
+                                                            f"prices the job from --kernels {table}.")  # fmt: skip
+    checked = cli("check", str(LOG), "--from-script", str(SCRIPT), "--kernels", table, "--format", "json")
+    assert checked.code == 0, checked.err
+    predicted = json.loads(checked.out)["iteration_time"]["predicted"]
+    assert last == f"Step time: {predicted:,.3f} s per iteration on h200, as plan prices the job from --kernels {table}."
+    # the sample has the H200 table's rows at its shapes only: not the built-in table's answer
+    builtin = json.loads(cli("check", str(LOG), "--from-script", str(SCRIPT), "--gpu", "h200",
+                             "--format", "json").out)["iteration_time"]["predicted"]  # fmt: skip
+    assert builtin != predicted

@@ -311,10 +311,16 @@ def workload(
         metavar="FILE",
         rich_help_panel=SOURCE_HELP,
     ),
+    kernels: str | None = kernels_option(),
     output: str | None = output_option("Write the folder DIR atomically.", "DIR"),
 ) -> None:
     """Write SimAI network-simulator workloads: a file per stage and an index."""
     import json
+
+    table = read_kernels(kernels)
+    if table is not None and (gpu_tflops, mfu, compute_profile) != (None, None, None):
+        raise ConfigError("--kernels gives the compute times; --gpu-tflops, --mfu and "
+                          "--compute-profile give them another way: pass one")  # fmt: skip
 
     if (output is None) == (stage is None):
         raise ConfigError("workload writes every stage into -o DIR, or one stage with --stage S; pass one")
@@ -335,15 +341,25 @@ def workload(
         from inspector.world.build import build, select_view
 
         job = resolve_job(args)
-        compute = compute_for(
-            gpu_tflops, mfu, profile, gpu, job.model.dtype_name, job.model.fp8_format is not None
-        )
+        if table is not None:
+            from dataclasses import replace
+
+            from inspector.job.hardware import get_gpu
+            from inspector.report.workload_inputs import kernel_rate
+
+            compute: Any = kernel_rate(job, replace(get_gpu(kernels_gpu(gpu, table)), kernels=table))
+        else:
+            compute = compute_for(
+                gpu_tflops, mfu, profile, gpu, job.model.dtype_name, job.model.fp8_format is not None
+            )
         with Progress() as progress:
             built = build(job, select_view(job, stage), expert_ranks=(0,), progress=progress)
         files = workload_files(context_for(built, compute), stage_inputs(built))
         return json.dumps(files, allow_nan=False)
 
     options = dict(stage=stage, gpu=gpu, gpu_tflops=gpu_tflops, mfu=mfu, profile=profile, fmt=fmt)
+    if table is not None:
+        options["kernels"] = table.digest
     files: dict[str, str] = json.loads(cache.cached("workload", args, options, use_cache, produce))
     from inspector.output import write_stderr
     from inspector.render.workload import workload_notes
