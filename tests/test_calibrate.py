@@ -210,3 +210,19 @@ def test_workload_kernels_exclude_the_other_compute_sources(cli) -> None:
     assert result.code == 2
     assert result.err == ("Error: --kernels gives the compute times; --gpu-tflops, --mfu and "
                           "--compute-profile give them another way: pass one\n")  # fmt: skip
+
+
+def test_plan_never_prints_one_layout_twice(cli) -> None:
+    # expert tensor parallel 1 and 2 (= tp, megatron's default) are two layouts of one tp2 ep2
+    # job; the table named both `tp2 pp1 dp4 ep2 mbs4` before the expert tp was shown
+    moe = ("--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length",
+           "32", "--vocab-size", "1000", "--num-experts", "4", "--moe-ffn-hidden-size", "32",
+           "--disable-bias-linear")  # fmt: skip
+    result = cli("plan", *moe, "--gpus", "8", "--global-batch-size", "16", "--bf16", "--tp", "2",
+                 "--ep", "2", "--pp", "1", "--micro-batch-size", "4", "--use-distributed-optimizer",
+                 "--format", "text")  # fmt: skip
+    assert result.code == 0, result.err
+    rows = [line for line in result.out.splitlines() if line[:1].isdigit()]
+    labels = [row.split("  ")[2].strip() for row in rows]  # `#`, spaces, the layout column
+    assert sorted(labels) == ["tp2 pp1 dp4 ep2 etp1 mbs4", "tp2 pp1 dp4 ep2 mbs4"], rows
+    assert len(set(rows)) == len(rows)

@@ -212,7 +212,7 @@ def _add_output(
     shard = _shard(lay, mbs)
 
     def output(d: Device) -> float:  # never recomputed
-        return layer_seconds(_output_kernels(dims, shard), d, "none")
+        return _output_seconds(dims, shard, d)
 
     total[0] += compute_seconds(logit_flops(dims, mbs), output, lay, net, rate)
     if dims.mtp_num_layers:
@@ -297,8 +297,14 @@ def optimizer_seconds(
     updated = (state_bytes - grads - params) // step.state_per_element
     if grad_bytes is None:
         grad_bytes = grads * step.param_bytes // params if params else step.grad_bytes
-    ops = optimizer_ops(updated, replace(step, grad_bytes=grad_bytes))
-    return ops_seconds(ops, device_of(net.gpu))
+    return _optimizer_seconds(updated, replace(step, grad_bytes=grad_bytes), device_of(net.gpu))
+
+
+@caches.memo(maxsize=65536)
+def _optimizer_seconds(updated: int, step: OptimizerStep, device: Device) -> float:
+    """Return formulas/optimizer.py's passes over `updated` elements on `device` (ranks of many
+    candidates update alike)."""
+    return ops_seconds(optimizer_ops(updated, step), device)
 
 
 @caches.memo(maxsize=4096)
@@ -333,7 +339,7 @@ def _layer_time(
     if lay.cp > 1:
         forwards = 2 if recompute == "full" or (recompute == "selective" and "core_attn" in modules) else 1
         attention = compute_seconds(  # forward and backward: 3 forwards, ring_attention's convention
-            f.core_attention, lambda d: 3 * ops_seconds(_layer_kernels(dims, shard, moe).core, d),
+            f.core_attention, lambda d: 3 * _core_seconds(dims, shard, moe, d),
             lay, net, rate,
         )
         context = ring_attention(dims, lay, net, tokens, attention, forwards)
@@ -385,6 +391,18 @@ def _kernel_seconds(dims: ModelDims, shard: Shard, moe: bool, device: Device, re
     """Return one layer's kernel seconds on one rank (formulas/ops.py `layer_seconds`): layers of
     a kind, and layouts that cut a layer alike, share them (an MoE layer sums hundreds of kernels)."""
     return layer_seconds(_layer_kernels(dims, shard, moe), device, recompute, modules)
+
+
+@caches.memo(maxsize=4096)
+def _core_seconds(dims: ModelDims, shard: Shard, moe: bool, device: Device) -> float:
+    """Return core attention's forward kernel seconds on one rank (formulas/ops.py LayerOps.core)."""
+    return ops_seconds(_layer_kernels(dims, shard, moe).core, device)
+
+
+@caches.memo(maxsize=4096)
+def _output_seconds(dims: ModelDims, shard: Shard, device: Device) -> float:
+    """Return the final norm, output layer and loss kernel seconds on one rank, never recomputed."""
+    return layer_seconds(_output_kernels(dims, shard), device, "none")
 
 
 @caches.memo(maxsize=256)
