@@ -222,6 +222,7 @@ def _bracket(values: Sequence[int], x: float) -> tuple[int, int, float]:
     return lo, hi, (lx - math.log2(lo)) / (math.log2(hi) - math.log2(lo))
 
 
+@cache
 def attention_tflops(seq: int, heads: int, backward: bool, table: str | KernelTable = "h200") -> float:
     """Return a table's measured flash attention TFLOP/s, bilinear in log space, clamped."""
     seqs, counts, grid = attention_grid(backward, table)
