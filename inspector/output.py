@@ -223,6 +223,33 @@ def read_text(path: str) -> str:
         raise InputError(f"{shown} cannot be read ({reason_of(exc)})") from None
 
 
+def read_head(path: str, limit: int) -> tuple[str, bool]:
+    """Return at most `limit` bytes of a file (`-`: standard input) as text, and whether there
+    was more: a log that never ends (a FIFO, a file still growing) is read that far and no
+    further. Bytes that are not UTF-8 read as U+FFFD; raise InputError naming a file that
+    cannot be read."""
+    shown = "- (standard input)" if path == STDIO else shown_path(path)
+    try:
+        if path == STDIO:
+            if sys.stdin is None:
+                raise InputError("- (standard input) is closed")
+            data = sys.stdin.buffer.read(limit + 1)
+        else:
+            info = os.stat(path)
+            if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode):
+                raise InputError(f"{shown} is a device, not a file")
+            with open(path, "rb") as stream:
+                data = stream.read(limit + 1)
+    except FileNotFoundError:
+        raise InputError(f"{shown} does not exist") from None
+    except IsADirectoryError:
+        raise InputError(f"{shown} is a folder, not a file") from None
+    except OSError as exc:
+        raise InputError(f"{shown} cannot be read ({reason_of(exc)})") from None
+    text = data[:limit].decode("utf-8", errors="replace").replace("\r\n", "\n")
+    return _without_bom(text), len(data) > limit
+
+
 def _without_bom(text: str) -> str:
     return text[1:] if text.startswith("\ufeff") else text
 

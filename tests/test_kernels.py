@@ -203,7 +203,7 @@ def test_a_class_claiming_more_than_hbm_reads_the_copy_rows() -> None:
     from inspector.job.hardware import GPUS
 
     for table in kernels.TABLES:
-        for row in kernels._rows(table):
+        for row in kernels.table_rows(table):
             if row["kind"] == "memory_bound" and kernels.credible(row["op"], table):
                 assert row["gbytes_per_s"] * 1e9 <= GPUS[table].hbm, (table, row)
     assert not kernels.credible("add", "h200")

@@ -44,14 +44,16 @@ LAYERS: dict[str, set[str]] = {
                "memory.engine"},
     "plan": {"errors", "caches", "job", "formulas", "world", "memory", "memory.closed",
              "memory.compose", "memory.engine"},
+    # measure: kernel micro-benchmarks on this machine's GPU (calibrate), torch's own kernels
+    "measure": {"errors", "job", "formulas"},
     "render": {"records", "inputs", "job", "formulas", "report", "plan", "memory", "memory.closed",
                "memory.engine"},
     "cli": {"", "errors", "records", "output", "export", "inputs", "job", "formulas", "world",
-            "report", "plan", "render", "memory", "memory.engine"},
+            "report", "plan", "render", "memory", "memory.engine", "measure"},
     "__main__": {"cli"},
 }
 # Only these folders may import torch or megatron (the simulated world runs megatron-core's code).
-TORCH_FOLDERS = {"world", "world.te", "memory.engine"}
+TORCH_FOLDERS = {"world", "world.te", "memory.engine", "measure"}
 
 # Import cycles between modules of one folder that are still to be broken; each is listed so that
 # no new one can appear unnoticed.
@@ -224,7 +226,7 @@ def test_only_the_cli_imports_typer_and_click() -> None:
     users = {name for name, imports in modules().items() if imports & {"typer", "click"}}
     assert users == {
         "inspector.cli.app", "inspector.cli.commands", "inspector.cli.entry", "inspector.cli.help",
-        "inspector.cli.other_commands",
+        "inspector.cli.other_commands", "inspector.cli.measure_commands",
     }  # fmt: skip
 
 

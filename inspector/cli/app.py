@@ -254,6 +254,42 @@ def mfu_option() -> Any:
     return typer.Option(None, "--mfu", help="Fraction of the peak reached (default 1).")
 
 
+def kernels_option() -> Any:
+    """Return the --kernels option: a kernel table measured by `inspect-model calibrate`."""
+    return typer.Option(
+        None, "--kernels", help="Kernel times measured by `calibrate` (default: built-in).",
+        metavar="FILE", rich_help_panel=SOURCE_HELP,
+    )
+
+
+def read_kernels(path: str | None) -> Any:
+    """Return the --kernels FILE's table, checked (None without the flag)."""
+    if path is None:
+        return None
+    from inspector.errors import InputError
+    from inspector.job.kernel_table import MAX_TABLE_BYTES, parse_table
+    from inspector.output import read_head
+
+    try:
+        text, cut = read_head(path, MAX_TABLE_BYTES)
+    except InputError as exc:
+        raise InputError(f"--kernels {exc}") from None
+    if cut:
+        raise InputError(f"--kernels {path} is over {MAX_TABLE_BYTES:,} bytes; a kernel table "
+                         "from calibrate is about 250,000")  # fmt: skip
+    return parse_table(text, path)
+
+
+def kernels_gpu(gpu: str | None, table: Any) -> str:
+    """Return --gpu as given, else the --kernels table's GPU type, else the default type."""
+    from inspector.job.hardware import DEFAULT_GPU
+    from inspector.job.kernel_table import table_gpu
+
+    if gpu is not None:
+        return gpu
+    return DEFAULT_GPU if table is None else table_gpu(table)
+
+
 def stage_option(help_text: str) -> Any:
     return typer.Option(None, "--stage", help=help_text, rich_help_panel=OUTPUT_HELP)
 
@@ -275,7 +311,9 @@ class Progress:
     captured streams. Use as a context manager; the line is erased at the end.
     """
 
-    def __init__(self, stream: Any = None, delay: float | None = None) -> None:
+    BUILDS = "building with megatron-core: {done} of {total} stage builds"
+
+    def __init__(self, stream: Any = None, delay: float | None = None, what: str = BUILDS) -> None:
         import time
 
         if delay is None:  # INSPECT_MODEL_PROGRESS_DELAY: seconds before it shows (tests use 0)
@@ -284,6 +322,7 @@ class Progress:
             except ValueError:
                 delay = 1.0
         self.stream = sys.stderr if stream is None else stream
+        self.what = what
         self.clock = time.monotonic
         self.start, self.delay, self.shown = self.clock(), delay, False
         try:
@@ -295,7 +334,7 @@ class Progress:
         if not self.enabled or (not self.shown and self.clock() - self.start < self.delay):
             return
         self.shown = True
-        self._write(f"\rbuilding with megatron-core: {done} of {total} stage builds\x1b[K")
+        self._write("\r" + self.what.format(done=done, total=total) + "\x1b[K")
 
     def _write(self, text: str) -> None:
         try:

@@ -24,10 +24,13 @@ from inspector.cli.app import (
     gpu_memory_option,
     gpu_option,
     gpu_tflops_option,
+    kernels_gpu,
+    kernels_option,
     mfu_option,
     model_options,
     output_option,
     rank_option,
+    read_kernels,
     resolve_job,
     stage_option,
 )
@@ -194,9 +197,11 @@ def memory(
         None, "--snapshot", help="Write PyTorch's memory snapshot (pickle).", metavar="FILE",
         rich_help_panel=OUTPUT_HELP,
     ),
+    kernels: str | None = kernels_option(),
     output: str | None = output_option(),
 ) -> None:
     """Print each stage's weights, gradients, optimizer, activations and FLOPs."""
+    table = read_kernels(kernels)
     files = {flag: path for flag, path in (("--timeline", timeline), ("--snapshot", snapshot)) if path}
     if walkthrough:
         from inspector.report.memory_outputs import check_walkthrough_flags
@@ -232,6 +237,8 @@ def memory(
         if files:
             _write_engine_files(report, timeline, snapshot)
         text = render.render_memory(report, fmt)
+        if table is not None:  # the step as plan prices it, from the user's measured kernels
+            text = _with_step_time(text, fmt, job, args, kernels_gpu(gpu, table), table)
         if fmt == MemoryFormat.json:  # every number, the job's included, in its own fields
             return text
         from inspector.render.job import job_lines, with_job
@@ -248,8 +255,21 @@ def memory(
         walkthrough=walkthrough,
         label=label,
     )
+    if table is not None:
+        options["kernels"] = table.digest
     # the files come from the run itself: a cached text would skip writing them
     emit(cache.cached("memory", args, options, use_cache and not files, produce), output)
+
+
+def _with_step_time(text: str, fmt: Any, job: Any, args: dict[str, Any], gpu: str, table: Any) -> str:
+    """Return memory's output with the step time plan's model gives the job on --kernels."""
+    from inspector.plan.check import predicted_seconds
+    from inspector.plan.request import PlanFlags
+    from inspector.render.check import with_step_time
+
+    batch = {"global_batch_size": job.schedule().global_batch_size}
+    seconds = predicted_seconds(job, {**args, **batch}, PlanFlags(job.layout.world_size, gpu, kernels=table))
+    return with_step_time(text, fmt == MemoryFormat.json, seconds, gpu, table.source)
 
 
 def _write_engine_files(report: Any, timeline: str | None, snapshot: str | None) -> None:
@@ -286,10 +306,16 @@ def workload(
         metavar="FILE",
         rich_help_panel=SOURCE_HELP,
     ),
+    kernels: str | None = kernels_option(),
     output: str | None = output_option("Write the folder DIR atomically.", "DIR"),
 ) -> None:
     """Write SimAI network-simulator workloads: a file per stage and an index."""
     import json
+
+    table = read_kernels(kernels)
+    if table is not None and (gpu_tflops, mfu, compute_profile) != (None, None, None):
+        raise ConfigError("--kernels gives the compute times; --gpu-tflops, --mfu and "
+                          "--compute-profile give them another way: pass one")  # fmt: skip
 
     if (output is None) == (stage is None):
         raise ConfigError("workload writes every stage into -o DIR, or one stage with --stage S; pass one")
@@ -310,15 +336,25 @@ def workload(
         from inspector.world.build import build, select_view
 
         job = resolve_job(args)
-        compute = compute_for(
-            gpu_tflops, mfu, profile, gpu, job.model.dtype_name, job.model.fp8_format is not None
-        )
+        if table is not None:
+            from dataclasses import replace
+
+            from inspector.job.hardware import get_gpu
+            from inspector.report.workload_inputs import kernel_rate
+
+            compute: Any = kernel_rate(job, replace(get_gpu(kernels_gpu(gpu, table)), kernels=table))
+        else:
+            compute = compute_for(
+                gpu_tflops, mfu, profile, gpu, job.model.dtype_name, job.model.fp8_format is not None
+            )
         with Progress() as progress:
             built = build(job, select_view(job, stage), expert_ranks=(0,), progress=progress)
         files = workload_files(context_for(built, compute), stage_inputs(built))
         return json.dumps(files, allow_nan=False)
 
     options = dict(stage=stage, gpu=gpu, gpu_tflops=gpu_tflops, mfu=mfu, profile=profile, fmt=fmt)
+    if table is not None:
+        options["kernels"] = table.digest
     files: dict[str, str] = json.loads(cache.cached("workload", args, options, use_cache, produce))
     from inspector.output import write_stderr
     from inspector.render.workload import workload_notes

@@ -38,9 +38,10 @@ COMMON_BY_COMMAND = {
     "memory": TRAINING_COMMON,
     "workload": TRAINING_COMMON,
     "plan": ("--bf16", "--seq-length", "--global-batch-size", "--micro-batch-size"),
+    "check": TRAINING_COMMON,
 }
 # Input options `-h` leaves to `--help-all`.
-RARE_INPUTS = ("--no-cache", "--apex")
+RARE_INPUTS = ("--no-cache", "--apex", "--kernels")
 EXAMPLES = {
     "tree": (
         "inspect-model tree --model llama3-8b --pp 4 --stage 3",
@@ -74,6 +75,15 @@ EXAMPLES = {
         "inspect-model diff old.csv new.csv --format markdown > comment.md",
     ),
     "models": ("inspect-model models", "inspect-model params --model llama3-8b --format table"),
+    "calibrate": (
+        "inspect-model calibrate -o kernels-mygpu.json",
+        "inspect-model plan --model llama3-8b --gpus 64 --global-batch-size 256 --bf16 "
+        "--kernels kernels-mygpu.json",
+    ),
+    "check": (
+        "inspect-model check train.log --from-script train.sh --gpu h100",
+        "inspect-model check train.log --from-script train.sh --kernels kernels-mygpu.json",
+    ),
 }
 
 

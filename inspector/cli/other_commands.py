@@ -19,8 +19,11 @@ from inspector.cli.app import (
     gpu_memory_option,
     gpu_option,
     gpu_tflops_option,
+    kernels_gpu,
+    kernels_option,
     model_options,
     output_option,
+    read_kernels,
 )
 from inspector.cli.help import PanelCommand
 from inspector.job.hardware import DEFAULT_GPU
@@ -62,7 +65,7 @@ def plan(
     label: str | None,
     gpus: int = typer.Option(..., "--gpus", help="GPUs in the cluster."),
     gpu_memory: float | None = gpu_memory_option(" (default: the --gpu type's)"),
-    gpu: str = gpu_option(DEFAULT_GPU),
+    gpu: str | None = gpu_option(None, f", default the --kernels table's, else {DEFAULT_GPU}"),
     gpus_per_node: int | None = typer.Option(
         None, "--gpus-per-node", help="GPUs per NVLink domain (default: the type's)."
     ),
@@ -77,6 +80,7 @@ def plan(
         None, "--efficiency",
         help="Use this fraction of peak, not kernel tables.",
     ),
+    kernels: str | None = kernels_option(),
     top: int = typer.Option(5, "--top", help="How many plans to list."),
     explain: bool = typer.Option(False, "--explain", help="Say why plan 1 wins."),
     svg: str | None = typer.Option(None, "--svg", help="Draw plan 1's schedule.", metavar="FILE"),
@@ -88,8 +92,9 @@ def plan(
     from inspector.plan.request import PlanFlags, make_request
     from inspector.render import plan as render
 
-    flags = PlanFlags(gpus, gpu, gpu_memory, gpus_per_node, gpu_tflops, intra_bandwidth,
-                      inter_bandwidth, efficiency, top)
+    table = read_kernels(kernels)
+    flags = PlanFlags(gpus, kernels_gpu(gpu, table), gpu_memory, gpus_per_node, gpu_tflops,
+                      intra_bandwidth, inter_bandwidth, efficiency, top, table)
     request = make_request(args, flags)
     if svg is not None:
         from inspector.output import check_target

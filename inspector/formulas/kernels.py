@@ -36,18 +36,17 @@ figures are their records there: 989 TFLOP/s dense BF16 and 1,979 dense FP8 each
 
 from __future__ import annotations
 
-import json
 import math
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from inspector.job.hardware import GPUS, Gpu
+from inspector.job.hardware import Gpu, KernelTable
+from inspector.job.kernel_table import BUILT_IN, fp8_rows_complete, reference_gpu, table_rows
 
-TABLES = {name: Path(__file__).with_name(f"kernels-{name}.json") for name in ("h200", "h100")}
+TABLES = BUILT_IN
 TABLE = TABLES["h200"]  # the table GPUs without their own are scaled from
 FP8_TABLE = "h100"  # the one table with fp8 GEMM rows
 ELEMENT = 2  # bytes of a bf16 element, as the table measured
@@ -58,20 +57,22 @@ MemoryClass = Literal["copy", "add", "rms_norm", "swiglu"]
 Curve = tuple[tuple[float, ...], tuple[float, ...]]  # (x ascending, y)
 
 
-def table_of(gpu: Gpu) -> str:
-    """Return the measured table a GPU's kernels are read from: its own where there is one, the
-    H200's otherwise."""
+def table_of(gpu: Gpu) -> str | KernelTable:
+    """Return the measured table a GPU's kernels are read from: the user's --kernels table, else
+    its own where there is one, the H200's otherwise."""
+    if gpu.kernels is not None:
+        return gpu.kernels
     return gpu.name if gpu.name in TABLES else "h200"
 
 
 def compute_scale(gpu: Gpu) -> float:
     """Return how much longer a compute-bound kernel takes than on the table's GPU."""
-    return GPUS[table_of(gpu)].tflops_16bit / gpu.tflops_16bit
+    return reference_gpu(table_of(gpu)).tflops_16bit / gpu.tflops_16bit
 
 
 def memory_scale(gpu: Gpu) -> float:
     """Return how much longer a memory-bound kernel takes than on the table's GPU."""
-    return GPUS[table_of(gpu)].hbm / gpu.hbm
+    return reference_gpu(table_of(gpu)).hbm / gpu.hbm
 
 
 @dataclass(frozen=True)
@@ -121,12 +122,6 @@ class Memory:
 Op = Gemm | Attention | Memory
 
 
-@cache
-def _rows(table: str = "h200") -> tuple[dict[str, Any], ...]:
-    with TABLES[table].open() as f:
-        return tuple(json.load(f))
-
-
 def _binned(points: Iterable[tuple[float, float]]) -> Curve:
     """Return (mean x, mean y) per one-wide bin of x, ascending."""
     bins: dict[int, list[tuple[float, float]]] = {}
@@ -153,51 +148,51 @@ def _interpolate(curve: Curve, x: float) -> float:
 
 
 @cache
-def gemm_curve(orient: Orient, table: str = "h200", fp8: bool = False) -> Curve:
+def gemm_curve(orient: Orient, table: str | KernelTable = "h200", fp8: bool = False) -> Curve:
     """Return the fraction of peak by log2(m n k) for one orientation (or the expert rows):
     of the table GPU's dense 16-bit peak, or with `fp8` of its dense fp8 peak (fp8 rows)."""
-    peak = GPUS[table].tflops_fp8 if fp8 else GPUS[table].tflops_16bit
+    peak = reference_gpu(table).tflops_fp8 if fp8 else reference_gpu(table).tflops_16bit
     assert peak is not None
     suffix = "_fp8" if fp8 else ""
     if orient == "expert":
         # one expert's up projection (n = 2 x expert ffn, gated) over `tokens` tokens
         points = [(math.log2(r["tokens"] * r["hidden"] * 2 * r["expert_ffn"]), r["tflops"] / peak)
-                  for r in _rows(table) if r["kind"] == "expert_gemm" + suffix]  # fmt: skip
+                  for r in table_rows(table) if r["kind"] == "expert_gemm" + suffix]  # fmt: skip
     else:
         points = [(math.log2(r["m"] * r["n"] * r["k"]), r["tflops"] / peak)
-                  for r in _rows(table) if r["kind"] == "gemm" + suffix and r["orient"] == orient]
+                  for r in table_rows(table) if r["kind"] == "gemm" + suffix and r["orient"] == orient]
     return _binned(points)
 
 
 @cache
-def memory_curve(cls: MemoryClass, table: str = "h200") -> Curve:
+def memory_curve(cls: MemoryClass, table: str | KernelTable = "h200") -> Curve:
     """Return bytes per second by log2(bytes moved) for one class of memory-bound op; a class
     whose rows claim more than the GPU's HBM bandwidth reads the copy rows (`credible`)."""
     if not credible(cls, table):
         cls = "copy"
     return _binned(
         (math.log2(r["gbytes_per_s"] * 1e9 * r["seconds"]), r["gbytes_per_s"] * 1e9)
-        for r in _rows(table) if r["kind"] == "memory_bound" and r["op"] == cls
+        for r in table_rows(table) if r["kind"] == "memory_bound" and r["op"] == cls
     )
 
 
-def credible(cls: MemoryClass, table: str) -> bool:
+def credible(cls: MemoryClass, table: str | KernelTable) -> bool:
     """Return whether every row of a memory-bound class moves its counted bytes within the table
     GPU's HBM bandwidth (job/hardware.py, NVIDIA's datasheet). The H200's `add` rows do not: two
     claim 5.5 and 6.0 TB/s counting two reads and a write, against 4.8, and all three took their
     size's `copy` time; the H100's, re-measured by bench/gpu_kernels.py at the same shapes, move
     0.98-1.09 times the copy rows' bytes per second. Such a class is priced at the copy rate."""
-    rows = [r for r in _rows(table) if r["kind"] == "memory_bound" and r["op"] == cls]
-    return all(r["gbytes_per_s"] * 1e9 <= GPUS[table].hbm for r in rows)
+    rows = [r for r in table_rows(table) if r["kind"] == "memory_bound" and r["op"] == cls]
+    return all(r["gbytes_per_s"] * 1e9 <= reference_gpu(table).hbm for r in rows)
 
 
 @cache
-def attention_grid(backward: bool, table: str = "h200",
+def attention_grid(backward: bool, table: str | KernelTable = "h200",
                    ) -> tuple[tuple[int, ...], tuple[int, ...], dict[tuple[int, int], float]]:  # fmt: skip
     """Return (sequences, heads, TFLOP/s by (sequence, heads)), grouped-query settings averaged."""
     key = "bwd_tflops" if backward else "fwd_tflops"
     cells: dict[tuple[int, int], list[float]] = {}
-    for r in _rows(table):
+    for r in table_rows(table):
         if r["kind"] == "flash_attention":
             cells.setdefault((r["seq"], r["heads_per_rank"]), []).append(r[key])
     grid = {cell: sum(v) / len(v) for cell, v in cells.items()}
@@ -214,7 +209,8 @@ def _bracket(values: Sequence[int], x: float) -> tuple[int, int, float]:
     return lo, hi, (lx - math.log2(lo)) / (math.log2(hi) - math.log2(lo))
 
 
-def attention_tflops(seq: int, heads: int, backward: bool, table: str = "h200") -> float:
+@cache
+def attention_tflops(seq: int, heads: int, backward: bool, table: str | KernelTable = "h200") -> float:
     """Return a table's measured flash attention TFLOP/s, bilinear in log space, clamped."""
     seqs, counts, grid = attention_grid(backward, table)
     s0, s1, ws = _bracket(seqs, seq)
@@ -239,11 +235,12 @@ def op_seconds(op: Op, gpu: Gpu) -> float:
         return 0.0
     log_volume = math.log2(op.batch * op.m * op.n * op.k)
     if op.fp8 and gpu.tflops_fp8:
-        efficiency = _interpolate(gemm_curve(op.orient, FP8_TABLE, True), log_volume)
+        fp8_table = table if fp8_rows_complete(table) else FP8_TABLE
+        efficiency = _interpolate(gemm_curve(op.orient, fp8_table, True), log_volume)
         compute = op.flops / (gpu.tflops_fp8 * 1e12 * efficiency)
     else:
         efficiency = _interpolate(gemm_curve(op.orient, table), log_volume)
-        compute = op.flops / (GPUS[table].tflops_16bit * 1e12 * efficiency) * compute_scale(gpu)
+        compute = op.flops / (reference_gpu(table).tflops_16bit * 1e12 * efficiency) * compute_scale(gpu)
     operand = 1 if op.fp8 else ELEMENT  # fp8 operands, output in 16 bits
     moved = op.batch * ((op.m * op.k + op.k * op.n) * operand + op.m * op.n * ELEMENT)
     copy = _interpolate(memory_curve("copy", table), math.log2(moved))

@@ -9,10 +9,22 @@ tests/test_hardware.py; `--gpu`'s choices and docs/hardware.md's table follow fr
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 from inspector.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class KernelTable:
+    """A kernel table the user measured on their GPU (`--kernels FILE`, written by `inspect-model
+    calibrate`; job/kernel_table.py reads and checks it): equal to another when its text is."""
+
+    source: str  # `--kernels FILE`, as errors and notes name it
+    digest: str  # sha256 of the file's text
+    rows: tuple[dict[str, Any], ...] = dataclasses.field(compare=False, hash=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -32,6 +44,7 @@ class Gpu:
     alpha_inter: float = 10e-6
     tflops_fp4: float | None = None  # dense FP4 tensor-core peak, for the record: nothing prices it
     sms: int | None = None  # streaming multiprocessors; None: no cited count (plan/flex.py)
+    kernels: KernelTable | None = None  # --kernels FILE; None: the built-in tables
 
     def peak_tflops(self, dtype_name: str) -> float:
         """Return the dense peak TFLOP/s for a model of this dtype (bfloat16, float16, float32)."""

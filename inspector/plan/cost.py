@@ -50,8 +50,8 @@ from typing import cast
 import inspector.caches as caches
 from inspector.formulas.flops import LayerFlops, layer_flops, logit_flops, mla_up_flops, mtp_flops
 from inspector.formulas.kernels import ops_seconds
-from inspector.formulas.ops import LayerOps, Shard, layer_ops, layer_seconds, linear, output_ops
-from inspector.formulas.optimizer import OptimizerStep, optimizer_ops
+from inspector.formulas.ops import Shard, linear
+from inspector.formulas.optimizer import OptimizerStep
 from inspector.job.dims import ModelDims
 from inspector.job.hardware import Gpu
 from inspector.job.job import Recompute
@@ -59,6 +59,13 @@ from inspector.job.layout import Layout
 from inspector.memory.closed.activations import mtp_recompute, recompute_plan
 from inspector.plan.context import ring_attention
 from inspector.plan.flex import moe_exchange
+from inspector.plan.kernel_seconds import (
+    core_seconds,
+    kernel_seconds,
+    layer_kernels,
+    optimizer_step_seconds,
+    output_seconds,
+)
 from inspector.plan.network import Network
 from inspector.plan.overlap import merged_times
 
@@ -212,7 +219,7 @@ def _add_output(
     shard = _shard(lay, mbs)
 
     def output(d: Gpu) -> float:  # never recomputed
-        return layer_seconds(_output_kernels(dims, shard), d, "none")
+        return output_seconds(dims, shard, d)
 
     total[0] += compute_seconds(logit_flops(dims, mbs), output, lay, net, rate)
     if dims.mtp_num_layers:
@@ -297,8 +304,7 @@ def optimizer_seconds(
     updated = (state_bytes - grads - params) // step.state_per_element
     if grad_bytes is None:
         grad_bytes = grads * step.param_bytes // params if params else step.grad_bytes
-    ops = optimizer_ops(updated, replace(step, grad_bytes=grad_bytes))
-    return ops_seconds(ops, net.gpu)
+    return optimizer_step_seconds(updated, replace(step, grad_bytes=grad_bytes), net.gpu)
 
 
 @caches.memo(maxsize=4096)
@@ -317,8 +323,8 @@ def _layer_time(
     extra = f.total / 3 if recompute == "full" else (
         _recomputed_flops(dims, f, moe, modules, mbs) if recompute == "selective" else 0)
     shard = _shard(lay, mbs)
-    compute = compute_seconds(f.total + extra, lambda d: layer_seconds(
-        _layer_kernels(dims, shard, moe), d, recompute, modules), lay, net, rate)  # fmt: skip
+    compute = compute_seconds(f.total + extra, lambda d: kernel_seconds(
+        dims, shard, moe, d, recompute, modules), lay, net, rate)  # fmt: skip
     # attention's 2 forward, the MLP's unless an MoE layer has neither shared experts nor expert TP
     forward = 2 + (2 if not moe or dims.shared_expert_ffn or lay.expert_tp > 1 else 0)
     collectives = forward * (3 if recompute == "full" else 2)
@@ -333,7 +339,7 @@ def _layer_time(
     if lay.cp > 1:
         forwards = 2 if recompute == "full" or (recompute == "selective" and "core_attn" in modules) else 1
         attention = compute_seconds(  # forward and backward: 3 forwards, ring_attention's convention
-            f.core_attention, lambda d: 3 * ops_seconds(_layer_kernels(dims, shard, moe).core, d),
+            f.core_attention, lambda d: 3 * core_seconds(dims, shard, moe, d),
             lay, net, rate,
         )
         context = ring_attention(dims, lay, net, tokens, attention, forwards)
@@ -351,7 +357,7 @@ def _pair_times(
 ) -> tuple[float, float, float, float]:
     """Return MoE layer `i`'s merged pair, forward and backward alone (`merged_times`), compute + TP."""
     compute, tensor, _, expert = _layer_time(dims, lay, net, rate, mbs, recompute, i, modules, flex=flex)
-    return *merged_times(_layer_kernels(dims, _shard(lay, mbs), True), net.gpu, recompute,
+    return *merged_times(layer_kernels(dims, _shard(lay, mbs), True), net.gpu, recompute,
                          modules, (compute, tensor), expert / 4, delay_wgrad, bool(rate), taken,
                          1.0 if lay.expert_tp == 1 else 0.5), compute + tensor  # fmt: skip
 
@@ -371,18 +377,6 @@ def _recomputed_flops(dims: ModelDims, f: LayerFlops, moe: bool, modules: tuple[
         width = dims.expert_ffn * dims.moe_router_topk + dims.shared_expert_ffn
         extra += f.mlp * dims.shared_expert_ffn / width / 3
     return extra
-
-
-@caches.memo(maxsize=1024)
-def _layer_kernels(dims: ModelDims, shard: Shard, moe: bool) -> LayerOps:
-    """Return formulas/ops.py's kernels of one layer on one rank (layers of a kind share them)."""
-    return layer_ops(dims, shard, moe)
-
-
-@caches.memo(maxsize=256)
-def _output_kernels(dims: ModelDims, shard: Shard) -> LayerOps:
-    """Return formulas/ops.py's final norm, output layer and loss on one rank."""
-    return output_ops(dims, shard)
 
 
 def _shard(lay: Layout, mbs: int) -> Shard:

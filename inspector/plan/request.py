@@ -11,7 +11,14 @@ from inspector.errors import ConfigError
 from inspector.job.build_limits import expert_cap
 from inspector.job.checks import check_built_layers
 from inspector.job.flex import check_flex_group, flex_backend
-from inspector.job.hardware import DEFAULT_EFFICIENCY, DEFAULT_GPU, Gpu, get_gpu, with_overrides
+from inspector.job.hardware import (
+    DEFAULT_EFFICIENCY,
+    DEFAULT_GPU,
+    Gpu,
+    KernelTable,
+    get_gpu,
+    with_overrides,
+)
 from inspector.job.hybrid_ep import check_hybridep_dtype
 from inspector.job.hybrid_model import refuse_hybrid
 from inspector.job.job import Training, make_training
@@ -34,6 +41,7 @@ class PlanFlags:
     inter_node_bandwidth: float | None = None
     efficiency: float | None = DEFAULT_EFFICIENCY  # None: the measured kernel tables
     top: int = 5
+    kernels: KernelTable | None = None  # --kernels FILE: the user's measured kernel table
 
 
 @dataclass(frozen=True)
@@ -314,4 +322,9 @@ def _plan_gpu(flags: PlanFlags) -> Gpu:
     )
     if flags.gpus_per_node is not None:
         gpu = replace(gpu, gpus_per_node=flags.gpus_per_node)
+    if flags.kernels is not None:
+        if flags.efficiency is not None:
+            raise ConfigError("--efficiency prices every FLOP at one fraction of the peak; "
+                              "--kernels prices each kernel from a measured table: pass one")
+        gpu = replace(gpu, kernels=flags.kernels)
     return gpu

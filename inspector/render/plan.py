@@ -20,6 +20,8 @@ def _layout(plan: Plan) -> str:
         parts.append(f"cp{lay.cp}")
     if lay.ep > 1:
         parts.append(f"ep{lay.ep}")
+    if plan.job.model.num_experts and lay.expert_tp != lay.tp:  # megatron's default: etp = tp
+        parts.append(f"etp{lay.expert_tp}")
     if lay.chunks > 1:
         parts.append(f"vpp{lay.chunks}")
     parts.append(f"mbs{tr.micro_batch_size}")

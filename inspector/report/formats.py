@@ -59,3 +59,10 @@ class PlanFormat(str, Enum):
 
     text = "text"
     json = "json"
+
+
+class CheckFormat(str, Enum):
+    """`check --format`: the log beside the prediction for people, or JSON."""
+
+    text = "text"
+    json = "json"

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from inspector.errors import ConfigError, InputError
 from inspector.job.dims import ModelDims
+from inspector.job.hardware import Gpu
 from inspector.job.hybrid_model import refuse_hybrid
 from inspector.job.layout import Layout
 
@@ -319,3 +320,21 @@ def compute_for(
     if mfu is not None:
         check_mfu(mfu)
     return ComputeRate(peak, 1.0 if mfu is None else mfu, fp8_peak)
+
+
+def kernel_rate(job: Any, gpu: Gpu) -> ComputeRate:
+    """Return compute times at the efficiency a kernel table gives the job's layers (--kernels):
+    their kernel seconds on one rank (formulas/ops.py, recomputation aside: the records add it
+    from FLOPs) against Megatron-LM's FLOPs over tp x cp ranks at the GPU's 16-bit peak, as plan
+    --efficiency prices a layer. Every record's FLOPs then take the time the table gives them on
+    average over the model's layers."""
+    from inspector.formulas.flops import layer_flops
+    from inspector.formulas.ops import Shard, layer_ops, layer_seconds
+
+    dims, lay, mbs = job.dims(), job.layout, job.schedule().micro_batch_size
+    shard = Shard(lay.tp, lay.cp, lay.ep, lay.expert_tp, lay.sequence_parallel, mbs)
+    flops = seconds = 0.0
+    for layer in range(dims.num_layers):
+        flops += layer_flops(dims, layer, mbs).total / (lay.tp * lay.cp)
+        seconds += layer_seconds(layer_ops(dims, shard, dims.is_moe_layer(layer)), gpu, "none")
+    return ComputeRate(gpu.tflops_16bit, flops / (gpu.tflops_16bit * 1e12) / seconds)

@@ -1,0 +1,56 @@
+"""The kernel seconds of cost.py's compute terms, each priced once per process.
+
+A layer's kernels (formulas/ops.py) depend on the model, how a rank cuts the layer (`Shard`: tp,
+cp, ep, expert tp, sequence parallel, micro-batch size) and whether it is an MoE layer; their
+seconds on a GPU (formulas/kernels.py) on the device besides. A search prices thousands of
+layouts that share a few hundred such cuts, and an MoE layer sums hundreds of kernels (each
+expert's GEMMs), so each sum is kept here (in caches.py's care) instead of being added up again
+for every layout and layer. Same numbers, computed once.
+"""
+
+from __future__ import annotations
+
+import inspector.caches as caches
+from inspector.formulas.kernels import ops_seconds
+from inspector.formulas.ops import LayerOps, Shard, layer_ops, layer_seconds, output_ops
+from inspector.formulas.optimizer import OptimizerStep, optimizer_ops
+from inspector.job.dims import ModelDims
+from inspector.job.hardware import Gpu
+
+
+@caches.memo(maxsize=1024)
+def layer_kernels(dims: ModelDims, shard: Shard, moe: bool) -> LayerOps:
+    """Return formulas/ops.py's kernels of one layer on one rank (layers of a kind share them)."""
+    return layer_ops(dims, shard, moe)
+
+
+@caches.memo(maxsize=256)
+def output_kernels(dims: ModelDims, shard: Shard) -> LayerOps:
+    """Return formulas/ops.py's final norm, output layer and loss on one rank."""
+    return output_ops(dims, shard)
+
+
+@caches.memo(maxsize=4096)
+def kernel_seconds(dims: ModelDims, shard: Shard, moe: bool, device: Gpu, recompute: str,
+                   modules: tuple[str, ...]) -> float:  # fmt: skip
+    """Return one layer's seconds for one micro-batch on one rank (formulas/ops.py
+    `layer_seconds`, under megatron's recomputation of `modules`)."""
+    return layer_seconds(layer_kernels(dims, shard, moe), device, recompute, modules)
+
+
+@caches.memo(maxsize=4096)
+def core_seconds(dims: ModelDims, shard: Shard, moe: bool, device: Gpu) -> float:
+    """Return core attention's forward seconds on one rank (formulas/ops.py LayerOps.core)."""
+    return ops_seconds(layer_kernels(dims, shard, moe).core, device)
+
+
+@caches.memo(maxsize=4096)
+def output_seconds(dims: ModelDims, shard: Shard, device: Gpu) -> float:
+    """Return the final norm, output layer and loss seconds on one rank, never recomputed."""
+    return layer_seconds(output_kernels(dims, shard), device, "none")
+
+
+@caches.memo(maxsize=65536)
+def optimizer_step_seconds(updated: int, step: OptimizerStep, device: Gpu) -> float:
+    """Return formulas/optimizer.py's passes over `updated` elements on `device`."""
+    return ops_seconds(optimizer_ops(updated, step), device)
