@@ -1,4 +1,4 @@
-"""`check LOG`: a Megatron-LM training log (report/training_log.py) beside the prediction for the
+"""`check LOG`: a Megatron-LM training log (inputs/training_log.py) beside the prediction for the
 same job (plan/check.py), on the example log of docs/calibrate-and-check.md."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from inspector.errors import InputError
+from inspector.inputs.training_log import parse_training_log
 from inspector.output import read_head
-from inspector.report.training_log import parse_training_log
 
 LOGS = Path(__file__).resolve().parent.parent / "fixtures" / "logs"
 LOG = LOGS / "j7_gpt_dropout.log"
@@ -127,8 +127,8 @@ def test_check_refuses_a_rank_the_job_does_not_have(cli, tmp_path: Path) -> None
 
 
 def test_check_refuses_a_warmup_below_zero(cli) -> None:
-    result = cli("check", str(LOG), "--warmup", "-1")
-    assert result.code == 2 and result.err == "Error: --warmup must be at least 0, got -1\n"
+    result = cli("check", str(LOG), "--skip-iterations", "-1")
+    assert result.code == 2 and result.err == "Error: --skip-iterations must be at least 0, got -1\n"
 
 
 def test_memory_with_kernels_prints_the_step_check_predicts(cli) -> None:

@@ -42,7 +42,7 @@ LAYERS: dict[str, set[str]] = {
     "memory.compose": {"errors", "caches", "job", "world", "memory", "memory.closed"},
     "report": {"errors", "records", "output", "job", "formulas", "world", "memory",
                "memory.engine"},
-    "plan": {"errors", "caches", "job", "formulas", "world", "memory", "memory.closed",
+    "plan": {"errors", "inputs", "caches", "job", "formulas", "world", "memory", "memory.closed",
              "memory.compose", "memory.engine"},
     # measure: kernel micro-benchmarks on this machine's GPU (calibrate), torch's own kernels
     "measure": {"errors", "job", "formulas"},

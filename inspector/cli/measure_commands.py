@@ -92,19 +92,21 @@ def check(
     log: str = typer.Argument(..., help="Megatron-LM's training log (- for stdin).", metavar="LOG"),
     gpu: str | None = gpu_option(None, f", default the --kernels table's, else {DEFAULT_GPU}"),
     kernels: str | None = kernels_option(),
-    warmup: int = typer.Option(3, "--warmup", help="Leave out iterations 1..N of the times."),
+    warmup: int = typer.Option(
+        3, "--skip-iterations", help="Leave out iterations 1..N of the times (warm-up)."
+    ),
     fmt: Any = format_option(CheckFormat.text, "text or json."),
     output: str | None = output_option(),
 ) -> None:
     """Put a Megatron-LM training log beside the prediction for the same job."""
+    from inspector.inputs.training_log import parse_training_log
     from inspector.output import read_head
     from inspector.plan import check as core
     from inspector.plan.request import PlanFlags
     from inspector.render import check as render
-    from inspector.report.training_log import parse_training_log
 
     if warmup < 0:
-        raise ConfigError(f"--warmup must be at least 0, got {warmup}")
+        raise ConfigError(f"--skip-iterations must be at least 0, got {warmup}")
     table = read_kernels(kernels)
     gpu = kernels_gpu(gpu, table)
     text, cut = read_head(log, LOG_LIMIT)
@@ -113,7 +115,7 @@ def check(
     schedule = job.schedule()  # --micro-batch-size is required, and the batches must divide
     memory: tuple[Any, ...] = ()
     if parsed.memory:
-        from inspector.report.memory import make_hardware, measure
+        from inspector.memory.measure import make_hardware, measure
         from inspector.world.build import build, select_view
 
         with Progress() as progress:

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from inspector.errors import InputError
+from inspector.inputs.training_log import TrainingLog
 from inspector.job.job import Job
+from inspector.memory.measure import MemoryReport
 from inspector.plan.price import evaluate
 from inspector.plan.request import PlanFlags, make_request
 from inspector.plan.split import pinned_split
-from inspector.report.memory import MemoryReport
-from inspector.report.training_log import TrainingLog
 
 
 @dataclass(frozen=True)

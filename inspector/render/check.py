@@ -31,8 +31,8 @@ def _time_line(result: CheckResult, gpu: str) -> str:
     if row is None:
         if not result.log.iterations:
             return "Iteration time: the log has no `elapsed time per iteration (ms)` line."
-        return (f"Iteration time: every logged iteration is within the warm-up (--warmup "
-                f"{result.warmup}); pass a smaller --warmup.")  # fmt: skip
+        return (f"Iteration time: every logged iteration is within the warm-up (--skip-iterations "
+                f"{result.warmup}); pass a smaller --skip-iterations.")  # fmt: skip
     return (
         f"Iteration time: measured {row.measured * 1000:,.1f} ms (median of {result.times_used} "
         f"logged after iteration {result.warmup}), predicted {row.predicted * 1000:,.1f} ms on "
