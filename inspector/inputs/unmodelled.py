@@ -133,6 +133,10 @@ REFUSED: dict[str, Refusal] = {
     "--external-cuda-graph": Refusal("training", "CUDA graphs' static memory pools are not counted"),
     "--cuda-graph-impl": Refusal(
         "training", "CUDA graphs' static memory pools are not counted", ("none",)),
+    # Megatron-LM's paged stash of MoE activations (TransformerConfig.moe_paged_stash, 0.18+)
+    "--moe-paged-stash": Refusal(
+        "training", "MoE paged stash (expert activations kept in pre-allocated paged buffers) is "
+        "not modelled"),  # fmt: skip
     "--freeze-all-layers": Refusal(
         "training", "frozen parameters hold no gradients or optimizer state, and Megatron-LM then "
         "turns off --use-distributed-optimizer, which this tool does not model"),  # fmt: skip
@@ -223,6 +227,8 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--muon-use-syrk --lion-beta1 --lion-beta2 "
         "--fp4-recipe --keep-fp8-transpose-cache --enable-full-sharding-in-hsdp "
         "--optimizer-offload-fraction "
+        # --cuda-graph-impl's scope and --fine-grained-activation-offloading's modules
+        "--cuda-graph-scope --offload-modules "
         "--use-torch-optimizer-for-cpu-offload --overlap-cpu-optimizer-d2h-h2d --no-pin-cpu-grads "
         "--no-pin-cpu-params"
     ),
