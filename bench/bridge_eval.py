@@ -48,6 +48,9 @@ class Opaque:
 
     name: str
 
+    def __getitem__(self, key: Any) -> Opaque:  # an Enum's member by name: CudaGraphScope["attn"]
+        return Opaque(f"{self.name}.{key}")
+
 
 _BINOPS: dict[type, Any] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
@@ -87,7 +90,10 @@ class Evaluator:
 
     def block(self, body: list[ast.stmt], scope: dict[str, Any], module: str) -> None:
         for node in body:
-            self.stmt(node, scope, module)
+            try:
+                self.stmt(node, scope, module)
+            except (TypeError, AttributeError) as error:  # a value from outside Bridge used as data
+                raise Unreadable(f"{module} line {node.lineno}: {error}") from None
 
     def stmt(self, node: ast.stmt, scope: dict[str, Any], module: str) -> None:
         if isinstance(node, ast.Assign):

@@ -224,7 +224,10 @@ def _not_arguments(cfg: Record) -> list[str]:
     if isinstance(cfg.fields.get("peft"), Record):
         found.append("PEFT: LoRA adapters on a frozen base (Bridge's peft) are not a Megatron-LM job")
     dataset = _section(cfg, "dataset")
-    specs = dataset.fields.get("packed_sequence_specs")
-    if isinstance(specs, Record) and (specs.fields.get("packed_sequence_size") or 0) > 0:
+    # GPTSFTDatasetConfig: offline packing (enable_offline_packing, offline_packing_specs) or
+    # the older packed_sequence_specs
+    specs = dataset.fields.get("offline_packing_specs") or dataset.fields.get("packed_sequence_specs")
+    packed = isinstance(specs, Record) and (specs.fields.get("packed_sequence_size") or 0) > 0
+    if packed and dataset.fields.get("enable_offline_packing", True):
         found.append("packed sequences (THD): several sequences in one, with their own attention masks")
     return found

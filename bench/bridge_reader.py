@@ -255,7 +255,7 @@ class Reader(Evaluator):
             return self._builtin(target.name, args, kwargs)
         if isinstance(target, Opaque):  # outside Bridge: a class keeps its arguments only
             last = target.name.split(".")[-1]
-            if last[:1].isupper():
+            if last[:1].isupper() and not args:  # a config class: its keyword arguments
                 return Record(last, (), dict(kwargs))
             return Opaque(f"{target.name}()")
         raise Unreadable(f"call of {dotted}")

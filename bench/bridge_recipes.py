@@ -157,6 +157,21 @@ def _one(reader: Reader, family: str, gpu: str, module: str, function: str, run:
     return done(*check(preset, args, gpus // per_replica, run, folder, function))
 
 
+def show(checkout: Path, name: str) -> str:
+    """Return one recipe's preset, GPUs and Megatron-LM arguments, as the bench gives them."""
+    src = checkout / "src"
+    reader = Reader(src, _megatron_core())
+    for _family, _gpu, module, function in recipes(src, None):
+        if function == name:
+            cfg = reader.apply(reader.lookup(module, function), [], {}, function)
+            match = _NAME.search(function)
+            gpus = int(match.group(1)) if match else 0
+            preset, args, refusals = recipe_args(cfg, gpus)
+            return json.dumps({"preset": preset, "gpus": gpus, "refusals": refusals,
+                               "arguments": args}, indent=1, sort_keys=True)  # fmt: skip
+    raise SystemExit(f"no recipe {name}")
+
+
 def render(outcomes: list[Outcome]) -> str:
     """The coverage table per family and GPU, the totals, and the causes by count."""
     groups: dict[tuple[str, str], collections.Counter[str]] = collections.defaultdict(
@@ -194,7 +209,11 @@ def main() -> None:
     parser.add_argument("--family", action="append", help="only this family (repeatable)")
     parser.add_argument("--all-families", action="store_true", help="keep vision/video models")
     parser.add_argument("--list", action="store_true", help="print every recipe's outcome too")
+    parser.add_argument("--show", metavar="RECIPE", help="print one recipe's preset and arguments")
     options = parser.parse_args()
+    if options.show:
+        print(show(options.checkout, options.show))
+        return
     families = tuple(options.family) if options.family else None
     outcomes = run_all(options.checkout, options.run, families)
     if not options.all_families:
