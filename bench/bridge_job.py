@@ -68,6 +68,11 @@ def recipe_args(cfg: Record, gpus: int) -> tuple[str | None, dict[str, Any], lis
     for name, flag in _RENAMED_MODEL.items():
         _put(args, flag, model.fields.get(name))
     _layout(args, model)
+    if args.get("cuda_graph_impl") == "full_iteration":
+        # newer megatron-core's spelling of megatron-core 0.16's `local` with scope full_iteration
+        # (Bridge's _benchmark_common: "mcore may auto-promote cuda_graph_impl ... to
+        # full_iteration")
+        args["cuda_graph_impl"], args["cuda_graph_scope"] = "local", ["full_iteration"]
     if args.get("cuda_graph_impl") == "none":
         args.pop("cuda_graph_impl")
         args.pop("cuda_graph_scope", None)

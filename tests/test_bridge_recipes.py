@@ -104,7 +104,7 @@ _FILES = {
         def llama3_70b_pretrain_64gpu_h100_bf16_config():
             cfg = llama3_70b_pretrain_64gpu_h100_fp8cs_config()
             cfg.mixed_precision.fp8 = None
-            _common(cfg, graphs="transformer_engine")
+            _common(cfg, graphs="local")
             return cfg
 
         def llama3_70b_pretrain_8gpu_h100_bf16_config():
@@ -156,7 +156,7 @@ def test_the_coverage_names_each_cause(bridge: Path) -> None:
     outcomes = {o.name: o for o in bridge_recipes.run_all(bridge, run=False, families=None)}
     assert outcomes["llama3_70b_pretrain_64gpu_h100_fp8cs_config"].status == "modelled"
     graphs = outcomes["llama3_70b_pretrain_64gpu_h100_bf16_config"]
-    assert (graphs.status, graphs.cause) == ("refused", "--cuda-graph-impl transformer_engine")
+    assert (graphs.status, graphs.cause) == ("refused", "--cuda-graph-impl local")
     kimi = outcomes["llama3_70b_pretrain_8gpu_h100_bf16_config"]
     assert kimi.status == "refused" and kimi.cause == "model"
     text = bridge_recipes.render(list(outcomes.values()))

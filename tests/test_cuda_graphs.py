@@ -65,3 +65,89 @@ def test_a_pipeline_captures_every_micro_batch_and_reuses_finished_ones(stage, i
     assert got.graphs == 2 * 8
     assert got.buffers == 2 * in_flight * 2 + 1
     assert got.bytes == 2 * in_flight * (HIDDEN_BYTES + MASK_BYTES) + ROPE_BYTES
+
+
+def _events(*steps):
+    from inspector.engine.allocator import Event
+
+    total, out = 0, []
+    for size, where, *origin in steps:
+        total += size
+        out.append(Event(size, total, where, *origin))
+    return tuple(out)
+
+
+def test_a_free_returns_to_the_pool_its_block_came_from():
+    from inspector.engine.cuda_graphs import split_trace
+    from inspector.engine.microbatch import Trace
+
+    # forward: the embedding's output (normal pool), a layer's two blocks (the graph's pool), the
+    # layer frees the embedding's block: a normal-pool free though it happens inside the layer
+    forward = _events((100, "embedding"), (10, "decoder.layers.0.self_attention.linear_qkv"),
+                      (20, "decoder.layers.0.mlp"), (-100, "decoder.layers.0.mlp", "embedding"))
+    backward = _events((5, "layer 3 mlp: SwiGLUFunctionBackward"),
+                       (-20, "layer 3 mlp: SwiGLUFunctionBackward", "decoder.layers.0.mlp"))  # fmt: skip
+    pool, rest = split_trace(Trace(forward, backward, ()), ())
+    assert [e.bytes for e in pool.forward] == [10, 20] and pool.held == 30
+    assert [e.bytes for e in rest.forward] == [100, -100] and rest.held == 0
+    assert [e.allocated for e in pool.backward] == [35, 15]
+
+
+def test_an_attention_scope_keeps_the_mlp_and_its_residual_add_outside_the_pool():
+    from inspector.engine.cuda_graphs import pool_of
+
+    # TransformerLayer._te_cuda_graph_capture: attn graphs _forward_attention, which ends with
+    # the attention's bias-dropout-add (the layer's own op after self_attention); the MLP's add
+    # follows the MLP. In the backward the adds run before the part they close.
+    forward = _events((1, "decoder.layers.0.self_attention.linear_qkv"), (2, "decoder.layers.0"),
+                      (3, "decoder.layers.0.mlp.linear_fc1"), (4, "decoder.layers.0"))  # fmt: skip
+    assert pool_of(forward, ("attn",), False) == [True, True, False, False]
+    assert pool_of(forward, ("mlp",), False) == [False, False, True, True]
+    backward = _events((4, "decoder.layers.0: NativeDropoutBackward0"),
+                       (3, "decoder.layers.0.mlp.linear_fc1: LinearFunctionBackward"),
+                       (2, "decoder.layers.0: NativeDropoutBackward0"),
+                       (1, "decoder.layers.0.self_attention.linear_qkv: LayerNormLinearFunctionBackward"))  # fmt: skip
+    assert pool_of(backward, ("attn",), True) == [False, False, True, True]
+
+
+def test_memory_keeps_the_graphs_inputs_grad_outputs_and_pool_beside_the_step():
+    from inspector.engine.memory import run_memory
+
+    job = _job(pipeline_model_parallel_size=2, cuda_graph_impl="transformer_engine")
+    eager = run_memory(_job(pipeline_model_parallel_size=2), 0)
+    graphed = run_memory(job, 0)
+    kept = dict(graphed.persistent)
+    inputs = next(size for what, size in kept.items() if what.startswith("CUDA graphs' static inputs"))
+    assert inputs == 2 * 2 * (HIDDEN_BYTES + MASK_BYTES) + ROPE_BYTES
+    # TE graph.py: one empty_like of the layers' output (a bf16 hidden state) for every graph
+    assert kept["CUDA graphs' static grad outputs"] == HIDDEN_BYTES
+    pool = next(size for what, size in kept.items() if what.startswith("CUDA graphs' memory pool"))
+    assert 0 < pool < eager.peak.bytes
+    # the graphs' pool and the rest never share blocks: never below the eager iteration
+    assert graphed.static + graphed.peak.bytes >= eager.static + eager.peak.bytes + inputs
+    assert "CUDA graphs' memory pool" in graphed.peak.moment and "layer 1" in graphed.peak.moment
+
+
+@pytest.mark.parametrize(
+    ("flags", "error"),
+    [
+        (["--cuda-graph-impl", "local"], "Error: --cuda-graph-impl local is not modelled: "
+         "megatron-core's own CUDA graphs (CudaGraphManager) and their memory pools are not "
+         "counted; transformer_engine's per-layer graphs are"),
+        (["--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope", "full_iteration"],
+         "Error: --cuda-graph-scope full_iteration is not modelled: full-iteration graphs (one "
+         "graph of every micro-batch's forward and backward, megatron-core full_cuda_graph.py) "
+         "are not modelled; per-layer graphs are"),
+        # megatron-core TransformerConfig.__post_init__
+        (["--cuda-graph-impl", "transformer_engine", "--recompute-granularity", "full",
+          "--recompute-method", "uniform"],
+         "Error: --recompute-granularity full with --cuda-graph-impl: megatron-core refuses it "
+         "('full recompute is only supported with full iteration CUDA graph.')"),
+    ],
+)  # fmt: skip
+def test_graphs_memory_does_not_model_are_refused_by_name(flags, error):
+    from tests.conftest import run_cli
+
+    result = run_cli("memory", "--model", "llama3-8b", "--micro-batch-size", "1", "--bf16",
+                     "--no-cache", *flags)  # fmt: skip
+    assert (result.code, result.err.strip(), result.out) == (2, error, "")

@@ -26,11 +26,15 @@ stays refused by `memory` (inspector/inputs/unmodelled.py) until it is.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from inspector.engine.allocator import rounded
+from inspector.engine.allocator import Event, rounded
+from inspector.engine.microbatch import Trace
+from inspector.engine.schedule import Peak, iteration_peak
 from inspector.job.job import Job
 
 
@@ -42,6 +46,7 @@ class StaticInputs:
     buffers: int  # distinct tensors among their inputs (reused ones counted once)
     bytes: int  # what those tensors take on the GPU (the caching allocator's blocks)
     order: tuple[int, ...]  # the capture order megatron gives TE (chunk+1 forward, -(chunk+1))
+    grad_output_bytes: int = 0  # one hidden-state output's gradient in the model's dtype
 
 
 def capture_order(pp: int, rank: int, chunks: int, num_microbatches: int,
@@ -91,7 +96,14 @@ def static_inputs(job: Job, stage: int, scope: tuple[str, ...] = ()) -> StaticIn
         for tensor in _tensors((args, kwargs)):
             storage = tensor.untyped_storage()
             storages[storage._cdata] = rounded(storage.nbytes())
-        return StaticInputs(len(args), len(storages), sum(storages.values()), tuple(order))
+        output = rounded(args[0][0].numel() * _element_size(job)) if args else 0
+        return StaticInputs(len(args), len(storages), sum(storages.values()), tuple(order), output)
+
+
+def _element_size(job: Job) -> int:
+    import torch
+
+    return torch.empty((), dtype=getattr(torch, job.model.dtype_name)).element_size()
 
 
 def _sample_arguments(chunks: list[Any], job: Job, microbatches: int, order: list[int],
@@ -128,3 +140,119 @@ def _tensors(tree: Any) -> list[Any]:
     from torch.utils import _pytree as pytree
 
     return [leaf for leaf in pytree.tree_leaves(tree) if isinstance(leaf, torch.Tensor)]
+
+
+# A layer's label, as allocator.Tracker writes it ("decoder.layers.3.mlp.linear_fc1", in backward
+# "decoder.layers.3.mlp: SwiGLUFunctionBackward") or compose.py renames it ("layer 17 mlp..."),
+# and an MTP block's layer ("mtp.layers.0.transformer_layer..."): the part inside the layer
+_IN_LAYER = re.compile(
+    r"^(?:decoder\.layers\.\d+|layer \d+|mtp\.layers\.\d+\.transformer_layer)(?:[. ]([^:]*))?(?::|$)"
+)
+# TransformerLayer._get_submodules_under_cudagraphs: the submodules each scope word graphs
+_ATTENTION = ("input_layernorm", "self_attention", "pre_cross_attn_layernorm", "cross_attention")
+_MLP = ("pre_mlp_layernorm", "mlp")
+_ROUTER = ("pre_mlp_layernorm", "mlp.router", "mlp.shared_experts")
+MODELLED_SCOPES = ("attn", "mlp", "moe", "moe_router")
+
+
+def _part(rest: str) -> str | None:
+    """Return which part of a layer a label inside it names: attention, router, mlp, or None
+    for the layer's own ops (residual adds, bias-dropout-add)."""
+    if rest.startswith(_ATTENTION):
+        return "attn"
+    if rest.startswith(_ROUTER[1:]):
+        return "router"
+    if rest.startswith(_MLP):
+        return "mlp"
+    return None
+
+
+def _graphed_part(part: str, scope: tuple[str, ...]) -> bool:
+    """Return whether a layer's part runs inside its graph (TransformerLayer.
+    _te_cuda_graph_capture: _forward_attention with attn, _forward_mlp with mlp/moe, the router
+    alone with moe_router). mlp and moe graph their layer kind's MLP: a layer's events carry no
+    kind, and megatron only graphs the MLP of the kind each word names (_layer_is_graphable)."""
+    if not scope:
+        return True
+    if part == "attn":
+        return "attn" in scope
+    if part == "router":
+        return bool({"moe_router", "moe", "mlp"} & set(scope))
+    return bool({"mlp", "moe"} & set(scope))
+
+
+def pool_of(events: Sequence[Event], scope: tuple[str, ...], backward: bool) -> list[bool]:
+    """Return, for each event of a pass, whether its block is in the graphs' pool: allocated while
+    a graphed part of a layer ran (a free: its allocation's label, allocator.Event.origin).
+
+    A layer's own ops (its bias-dropout-adds) belong to the part they follow in the forward
+    (`_forward_attention` ends with the attention's, `_forward_mlp` with the MLP's), so in the
+    backward to the part that runs after them."""
+    labels = [event.origin if event.bytes < 0 and event.origin else event.where for event in events]
+    inside = [_IN_LAYER.match(label) for label in labels]
+    parts: list[str | None] = [None if m is None else _part(m.group(1) or "") for m in inside]
+    order = range(len(events) - 1, -1, -1) if backward else range(len(events))
+    current: str | None = None
+    for index in order:
+        if inside[index] is None:
+            current = None
+        elif parts[index] is None:
+            parts[index] = current or "attn"
+        else:
+            current = parts[index]
+    return [m is not None and _graphed_part(part or "attn", scope)
+            for m, part in zip(inside, parts)]  # fmt: skip
+
+
+def split_trace(trace: Trace, scope: tuple[str, ...]) -> tuple[Trace, Trace]:
+    """Return (the graphs' pool's part, the rest) of a micro-batch's trace, running totals
+    recomputed for each: the two pools' blocks never serve each other (notes/cuda-graphs.md)."""
+    pooled = pool_of(trace.forward, scope, False), pool_of(trace.backward, scope, True)
+    halves = []
+    for keep in (True, False):
+        phases = []
+        total = 0
+        for events, flags in zip((trace.forward, trace.backward), pooled):
+            out = []
+            for event, flag in zip(events, flags):
+                if flag == keep:
+                    total += event.bytes
+                    out.append(Event(event.bytes, total, event.where, event.origin))
+            phases.append(tuple(out))
+        halves.append(Trace(phases[0], phases[1], trace.persistent if not keep else ()))
+    return halves[0], halves[1]
+
+
+def graphed_peak(job: Job, stage: int, traces: Sequence[Trace], step: Sequence[Event],
+                 extra: int = 0) -> tuple[Peak, tuple[tuple[str, int], ...]]:  # fmt: skip
+    """Return a stage's peak above static with Transformer Engine's per-layer graphs, and what
+    the graphs keep for good (static inputs, static grad outputs, their memory pool).
+
+    Megatron-LM runs `--cuda-graph-warmup-steps` iterations eagerly, then captures: the GPU's
+    high-water mark is the higher of the eager iteration (today's engine peak) and the graphed
+    one, where the pool's high-water mark (the graphed parts' live blocks over the capture
+    order, which is the schedule's) is held beside the rest of the step's own peak."""
+    schedule = job.schedule()
+    scope, pp, count = job.training.cuda_graph_scope, job.layout.pp, schedule.num_microbatches
+    eager = iteration_peak(tuple(traces), stage, pp, count, step=tuple(step), extra=extra)
+    halves = [split_trace(trace, scope) for trace in traces]
+    pool = iteration_peak(tuple(h[0] for h in halves), stage, pp, count, extra=extra)
+    rest = iteration_peak(tuple(h[1] for h in halves), stage, pp, count, step=tuple(step),
+                          extra=extra)  # fmt: skip
+    inputs = static_inputs(job, stage, scope)
+    kept = (
+        (f"CUDA graphs' static inputs ({inputs.buffers} tensors for {inputs.graphs} graphs)",
+         inputs.bytes),
+        # TE graph.py: one `empty_like` per output signature (static_grad_outputs_dict): the
+        # layers' hidden-state output
+        ("CUDA graphs' static grad outputs", inputs.grad_output_bytes),
+        (f"CUDA graphs' memory pool (high-water mark at the capture of the {pool.moment})",
+         pool.bytes),
+    )  # fmt: skip
+    held = sum(size for _, size in kept)
+    if eager.bytes > held + rest.bytes:
+        moment = f"a warm-up iteration before the graphs are captured (eager): {eager.moment}"
+        return Peak(eager.bytes - held, eager.held, eager.micro_batches, moment), kept
+    moment = (f"{rest.moment}, beside the CUDA graphs' memory pool, which reached its size at the "
+              f"graph of the {pool.moment}")  # fmt: skip
+    return Peak(rest.bytes, rest.held, rest.micro_batches, moment), kept

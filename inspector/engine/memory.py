@@ -80,14 +80,20 @@ def run_memory(
     step = steps[key]
     schedule = job.schedule()
     extra = extra_warmup(job.training)
-    peak = iteration_peak(
-        traces, stage, job.layout.pp, schedule.num_microbatches, step=step.events, extra=extra
-    )
+    kept: tuple[tuple[str, int], ...] = ()
+    if job.training.cuda_graph_impl == "transformer_engine":
+        from inspector.engine.cuda_graphs import graphed_peak
+
+        peak, kept = graphed_peak(job, stage, traces, step.events, extra)
+    else:
+        peak = iteration_peak(
+            traces, stage, job.layout.pp, schedule.num_microbatches, step=step.events, extra=extra
+        )
     workspaces = CUBLAS_WORKSPACE_SM90 * GEMM_THREADS
     phases = (("optimizer step", step.events),)  # its events' labels start "optimizer step: "
     replay = Replay(traces, stage, job.layout.pp, schedule.num_microbatches, phases, extra)
     outside = outside_allocator(job, shapes)
-    return RunMemory(_persistent(traces), workspaces, peak, step.state, replay, outside)
+    return RunMemory(_persistent(traces) + kept, workspaces, peak, step.state, replay, outside)
 
 
 class _Group:
