@@ -19,9 +19,15 @@ megatron-core's TECudaGraphHelper (transformer/cuda_graphs.py, 0.16.1):
 
 `static_inputs` runs megatron's own `_get_sample_arguments` and order functions on a stage the
 tool builds (meta tensors, engine/cuda.py) and counts the distinct storages the samples hold.
-What the captured graphs themselves keep (TE's private graph memory pool: the graphed layers'
-activations, which the rest of the step cannot reuse) is not here yet: `--cuda-graph-impl`
-stays refused by `memory` (inspector/inputs/unmodelled.py) until it is.
+
+TE's make_graphed_callables (transformer_engine/pytorch/graph.py, `_order` given) captures every
+forward and backward graph into ONE private pool in that order: a forward's saved activations and
+outputs stay in the pool until its backward is captured, then return to it. So the pool's size is
+the high-water mark of the graphed parts' live blocks over the schedule, and the rest of the step
+cannot use those blocks, nor the graphs the rest's (`split_trace`, `graphed_peak`). A stand-in
+of the eager trace: its blocks are given to the pool they were allocated in; the copy of a
+graphed layer's input into its static input is not replayed (the caller's tensor a layer saves
+is counted until that layer's backward, as eagerly). notes/cuda-graphs.md has the sources.
 """
 
 from __future__ import annotations
