@@ -50,6 +50,7 @@ _SAME_DDP = ("use_distributed_optimizer overlap_grad_reduce overlap_param_gather
 _SAME_OPTIMIZER = ("optimizer use_precision_aware_optimizer optimizer_cpu_offload").split()
 _DTYPES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16",
            "torch.uint8": "fp8"}  # fmt: skip
+_FP8_SWITCHES = ("fp8_param_gather", "fp8_dot_product_attention", "fp8_multi_head_attention")
 _LAYOUT_WORDS = {"embedding": "E", "decoder": "t", "mtp": "m", "loss": "L"}
 # megatron-core's DistributedDataParallelConfig data_parallel_sharding_strategy -> Megatron-LM
 _FSDP_STRATEGY = ("no_shard", "optim", "optim_grads", "optim_grads_params")
@@ -145,22 +146,13 @@ def _precision(args: dict[str, Any], mp: Record) -> None:
         args["bf16"] = True
     if f.get("fp16"):
         args["fp16"] = True
-    if f.get("fp8"):
-        args["fp8_format"] = f["fp8"]
-        _put(args, "fp8_recipe", f.get("fp8_recipe"))
-        if f.get("fp8_param_gather"):
-            args["fp8_param_gather"] = True
-        if f.get("fp8_dot_product_attention"):
-            args["fp8_dot_product_attention"] = True
-        if f.get("fp8_multi_head_attention"):
-            args["fp8_multi_head_attention"] = True
-        if f.get("fp8_wgrad") is False:
-            args["no_fp8_wgrad"] = True
-    if f.get("fp4"):
-        args["fp4_format"] = f["fp4"]
-        _put(args, "fp4_recipe", f.get("fp4_recipe"))
-        if f.get("fp4_param_gather"):
-            args["fp4_param_gather"] = True
+    for kind, switches in (("fp8", _FP8_SWITCHES), ("fp4", ("fp4_param_gather",))):
+        if f.get(kind):
+            args[f"{kind}_format"] = f[kind]
+            _put(args, f"{kind}_recipe", f.get(f"{kind}_recipe"))
+            args.update({name: True for name in switches if f.get(name)})
+    if f.get("fp8") and f.get("fp8_wgrad") is False:
+        args["no_fp8_wgrad"] = True
     if f.get("first_last_layers_bf16") and (f.get("fp8") or f.get("fp4")):
         args["first_last_layers_bf16"] = True
     if f.get("reuse_grad_buf_for_mxfp8_param_ag"):
