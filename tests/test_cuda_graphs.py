@@ -151,3 +151,24 @@ def test_graphs_memory_does_not_model_are_refused_by_name(flags, error):
     result = run_cli("memory", "--model", "llama3-8b", "--micro-batch-size", "1", "--bf16",
                      "--no-cache", *flags)  # fmt: skip
     assert (result.code, result.err.strip(), result.out) == (2, error, "")
+
+
+def test_the_timeline_draws_the_graphs_pool_as_its_own_band(tmp_path):
+    from inspector.engine.memory import run_memory
+    from tests.conftest import run_cli
+
+    job = _job(pipeline_model_parallel_size=2, cuda_graph_impl="transformer_engine")
+    run = run_memory(job, 0)
+    # the passes drawn are the rest of the step (the graphed parts live in the pool, a band):
+    # their highest point is the peak the report gives when the graphed state is the higher
+    highest = max(p.held + max((s[1] for s in p.steps), default=0) for p in run.replay.passes())
+    assert highest == run.peak.bytes
+    flags = ["memory", "--num-layers", "4", "--hidden-size", str(HIDDEN), "--num-attention-heads",
+             "4", "--seq-length", str(SEQ), "--max-position-embeddings", str(SEQ), "--vocab-size",
+             "1000", "--pp", "2", "--micro-batch-size", "1", "--global-batch-size", "8", "--bf16",
+             "--transformer-impl", "transformer_engine", "--position-embedding-type", "rope",
+             "--normalization", "RMSNorm", "--swiglu", "--disable-bias-linear", "--no-cache"]  # fmt: skip
+    for graphs, bands in (([], 0), (["--cuda-graph-impl", "transformer_engine"], 2)):
+        svg = tmp_path / f"t{bands}.svg"
+        assert run_cli(*flags, *graphs, "--timeline", str(svg)).code == 0
+        assert svg.read_text().count('data-band="graphs"') == bands

@@ -158,7 +158,8 @@ _IN_LAYER = re.compile(
 _ATTENTION = ("input_layernorm", "self_attention", "pre_cross_attn_layernorm", "cross_attention")
 _MLP = ("pre_mlp_layernorm", "mlp")
 _ROUTER = ("pre_mlp_layernorm", "mlp.router", "mlp.shared_experts")
-MODELLED_SCOPES = ("attn", "mlp", "moe", "moe_router")
+# what the graphs keep, as RunMemory.persistent names it (the timeline draws it as its own band)
+GRAPHS = "CUDA graphs' "
 
 
 def _part(rest: str) -> str | None:
@@ -229,10 +230,11 @@ def split_trace(trace: Trace, scope: tuple[str, ...]) -> tuple[Trace, Trace]:
     return halves[0], halves[1]
 
 
-def graphed_peak(job: Job, stage: int, traces: Sequence[Trace], step: Sequence[Event],
-                 extra: int = 0) -> tuple[Peak, tuple[tuple[str, int], ...]]:  # fmt: skip
-    """Return a stage's peak above static with Transformer Engine's per-layer graphs, and what
-    the graphs keep for good (static inputs, static grad outputs, their memory pool).
+def graphed_peak(job: Job, stage: int, traces: Sequence[Trace], step: Sequence[Event], extra: int = 0,
+                 ) -> tuple[Peak, tuple[tuple[str, int], ...], tuple[Trace, ...]]:  # fmt: skip
+    """Return a stage's peak above static with Transformer Engine's per-layer graphs, what the
+    graphs keep for good (static inputs, static grad outputs, their memory pool) and the traces
+    of the rest of the step (the graphed parts taken out: they live in the pool).
 
     Megatron-LM runs `--cuda-graph-warmup-steps` iterations eagerly, then captures: the GPU's
     high-water mark is the higher of the eager iteration (today's engine peak) and the graphed
@@ -247,18 +249,18 @@ def graphed_peak(job: Job, stage: int, traces: Sequence[Trace], step: Sequence[E
                           extra=extra)  # fmt: skip
     inputs = static_inputs(job, stage, scope)
     kept = (
-        (f"CUDA graphs' static inputs ({inputs.buffers} tensors for {inputs.graphs} graphs)",
+        (f"{GRAPHS}static inputs ({inputs.buffers} tensors for {inputs.graphs} graphs)",
          inputs.bytes),
         # TE graph.py: one `empty_like` per output signature (static_grad_outputs_dict): the
         # layers' hidden-state output
-        ("CUDA graphs' static grad outputs", inputs.grad_output_bytes),
-        (f"CUDA graphs' memory pool (high-water mark at the capture of the {pool.moment})",
-         pool.bytes),
+        (f"{GRAPHS}static grad outputs", inputs.grad_output_bytes),
+        (f"{GRAPHS}memory pool (high-water mark at the capture of the {pool.moment})", pool.bytes),
     )  # fmt: skip
     held = sum(size for _, size in kept)
+    others = tuple(h[1] for h in halves)
     if eager.bytes > held + rest.bytes:
         moment = f"a warm-up iteration before the graphs are captured (eager): {eager.moment}"
-        return Peak(eager.bytes - held, eager.held, eager.micro_batches, moment), kept
+        return Peak(eager.bytes - held, eager.held, eager.micro_batches, moment), kept, others
     moment = (f"{rest.moment}, beside the CUDA graphs' memory pool, which reached its size at the "
               f"graph of the {pool.moment}")  # fmt: skip
-    return Peak(rest.bytes, rest.held, rest.micro_batches, moment), kept
+    return Peak(rest.bytes, rest.held, rest.micro_batches, moment), kept, others

@@ -43,6 +43,13 @@ class RunMemory:
         return sum(size for _, size in self.outside)
 
     @property
+    def graph_buffers(self) -> int:
+        """Return the bytes CUDA graphs keep (engine/cuda_graphs.py), among the persistent ones."""
+        from inspector.engine.cuda_graphs import GRAPHS
+
+        return sum(size for where, size in self.persistent if where.startswith(GRAPHS))
+
+    @property
     def static(self) -> int:
         """Return the bytes the run adds to the state for good: persistent plus workspaces, and
         what is held outside PyTorch's allocator."""
@@ -84,7 +91,7 @@ def run_memory(
     if job.training.cuda_graph_impl == "transformer_engine":
         from inspector.engine.cuda_graphs import graphed_peak
 
-        peak, kept = graphed_peak(job, stage, traces, step.events, extra)
+        peak, kept, traces = graphed_peak(job, stage, traces, step.events, extra)
     else:
         peak = iteration_peak(
             traces, stage, job.layout.pp, schedule.num_microbatches, step=step.events, extra=extra
