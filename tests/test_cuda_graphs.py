@@ -172,3 +172,13 @@ def test_the_timeline_draws_the_graphs_pool_as_its_own_band(tmp_path):
         svg = tmp_path / f"t{bands}.svg"
         assert run_cli(*flags, *graphs, "--timeline", str(svg)).code == 0
         assert svg.read_text().count('data-band="graphs"') == bands
+
+
+def test_before_megatron_core_0_16_the_graphs_are_refused(monkeypatch):
+    from inspector.errors import ConfigError
+    from inspector.job import cuda_graphs
+
+    # megatron-core 0.13's transformer/cuda_graphs.py has no TECudaGraphHelper._get_sample_arguments
+    monkeypatch.setattr(cuda_graphs, "megatron_core_version", lambda: (0, 15))
+    with pytest.raises(ConfigError, match=r"modelled with megatron-core 0.16 or later \(the installed 0.15"):
+        _job(cuda_graph_impl="transformer_engine")

@@ -116,12 +116,15 @@ def _sample_arguments(chunks: list[Any], job: Job, microbatches: int, order: lis
                       scope: tuple[str, ...]) -> tuple[list[Any], list[Any]]:  # fmt: skip
     """Run megatron's TECudaGraphHelper._get_sample_arguments on the built chunks, with the
     graphable layers its __init__ would pick (`_layer_is_graphable`)."""
+    from megatron.core.transformer import enums
     from megatron.core.transformer.cuda_graphs import TECudaGraphHelper, _layer_is_graphable
-    from megatron.core.transformer.enums import CudaGraphScope
 
     config = chunks[0].config
-    saved = config.cuda_graph_scope
-    config.cuda_graph_scope = [CudaGraphScope[word] for word in scope]
+    # megatron-core 0.19 renamed the scope `cuda_graph_modules` (enums.CudaGraphModule)
+    field = "cuda_graph_modules" if hasattr(config, "cuda_graph_modules") else "cuda_graph_scope"
+    kind = enums.CudaGraphModule if field == "cuda_graph_modules" else enums.CudaGraphScope
+    saved = getattr(config, field)
+    setattr(config, field, [kind[word] for word in scope])
     try:
         callables: list[list[Any]] = []
         for chunk in chunks:
@@ -138,7 +141,7 @@ def _sample_arguments(chunks: list[Any], job: Job, microbatches: int, order: lis
         )  # fmt: skip
         return TECudaGraphHelper._get_sample_arguments(helper, order)
     finally:
-        config.cuda_graph_scope = saved
+        setattr(config, field, saved)
 
 
 def _tensors(tree: Any) -> list[Any]:

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from inspector.errors import ConfigError
+from inspector.inputs.versions import megatron_core_version
 
 # megatron-core's CudaGraphScope (transformer/enums.py), "full" its deprecated empty scope
 SCOPES = ("full", "full_iteration", "attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba")
@@ -47,6 +48,11 @@ def check_cuda_graphs(impl: str, scope: tuple[str, ...], recompute: str, num_exp
     """Refuse what megatron-core's TransformerConfig refuses, and the scopes not modelled."""
     if impl == "none":  # the scope acts only with an implementation
         return
+    installed = megatron_core_version()
+    if installed < (0, 16):
+        raise ConfigError(f"--cuda-graph-impl {impl} is modelled with megatron-core 0.16 or later "
+                          f"(the installed {installed[0]}.{installed[1]} has no TECudaGraphHelper "
+                          "sample buffers to run)")  # fmt: skip
     for word in scope:
         if word in _UNMODELLED:
             raise ConfigError(f"--cuda-graph-scope {word} is not modelled: {_UNMODELLED[word]}")
