@@ -182,3 +182,15 @@ def test_before_megatron_core_0_16_the_graphs_are_refused(monkeypatch):
     monkeypatch.setattr(cuda_graphs, "megatron_core_version", lambda: (0, 15))
     with pytest.raises(ConfigError, match=r"modelled with megatron-core 0.16 or later \(the installed 0.15"):
         _job(cuda_graph_impl="transformer_engine")
+
+
+def test_the_moe_overlaps_capture_order_is_refused_by_name():
+    from inspector.errors import ConfigError
+
+    # transformer/cuda_graphs.py _get_cuda_graph_input_data: with the MoE all-to-all overlap the
+    # order is get_overlap_moe_expert_parallel_comm_order's, one layer a chunk
+    moe = dict(num_experts=4, moe_router_topk=2, expert_model_parallel_size=2, data_parallel_size=2,
+               moe_token_dispatcher_type="alltoall", moe_grouped_gemm=True,
+               overlap_moe_expert_parallel_comm=True, cuda_graph_impl="transformer_engine")  # fmt: skip
+    with pytest.raises(ConfigError, match="with --overlap-moe-expert-parallel-comm is not modelled"):
+        _job(**moe)

@@ -44,7 +44,7 @@ def parse_scope(args: Mapping[str, Any]) -> tuple[str, ...]:
 
 
 def check_cuda_graphs(impl: str, scope: tuple[str, ...], recompute: str, num_experts: int | None,
-                      every_layer_moe: bool) -> None:  # fmt: skip
+                      every_layer_moe: bool, ep_overlap: bool = False) -> None:  # fmt: skip
     """Refuse what megatron-core's TransformerConfig refuses, and the scopes not modelled."""
     if impl == "none":  # the scope acts only with an implementation
         return
@@ -67,6 +67,11 @@ def check_cuda_graphs(impl: str, scope: tuple[str, ...], recompute: str, num_exp
         raise ConfigError("--cuda-graph-scope moe is not modelled: megatron-core graphs the MoE "
                           "layer only with drop-and-pad routing, whose padded buffers the graph "
                           "keeps")  # fmt: skip
+    if ep_overlap:
+        raise ConfigError("--cuda-graph-impl with --overlap-moe-expert-parallel-comm is not "
+                          "modelled: megatron captures each layer's graphs in the overlap's order "
+                          "(transformer/cuda_graphs.py get_overlap_moe_expert_parallel_comm_order), "
+                          "with weight-gradient graphs under --delay-wgrad-compute")  # fmt: skip
     if recompute == "full":
         raise ConfigError("--recompute-granularity full with --cuda-graph-impl: megatron-core "
                           "refuses it ('full recompute is only supported with full iteration "

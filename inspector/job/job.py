@@ -145,7 +145,8 @@ class Job:
         model, training = self.model, self.training
         every_moe = all(model.is_moe_layer(i) for i in range(model.num_layers))
         check_cuda_graphs(training.cuda_graph_impl, training.cuda_graph_scope, training.recompute,
-                          model.num_experts, bool(model.num_experts) and every_moe)  # fmt: skip
+                          model.num_experts, bool(model.num_experts) and every_moe,
+                          training.ep_overlap)  # fmt: skip
         if self.training.flash_attention and self.model.dtype_name == "float32":
             raise ConfigError(
                 "--use-flash-attn needs --bf16 or --fp16: flash attention kernels have no fp32 path"
