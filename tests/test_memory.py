@@ -416,7 +416,7 @@ def test_bad_memory_input(args: list[str], message: str) -> None:
     assert (result.code, result.out, result.err) == (2, "", f"Error: {message}\n")
 
 
-# The engine's numbers: megatron's forward and backward run on meta tensors (inspector/engine),
+# The engine's numbers: megatron's forward and backward run on meta tensors (inspector/memory/engine),
 # on the small job of tests/test_engine.py.
 ENGINE = ["--transformer-impl", "local", "--num-layers", "2", "--hidden-size", "64"]
 ENGINE += ["--num-attention-heads", "4"]

@@ -292,6 +292,20 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         "Megatron-LM's attention backend (auto: fused/flash under Transformer Engine in 16 bits).",
         choices=("auto", "flash", "fused", "unfused", "local"),
     ),
+    _training(
+        "cuda_graph_impl",
+        str,
+        "CUDA graphs: transformer_engine (per layer; `memory` counts their static inputs and "
+        "memory pool) or none; local is not modelled.",
+        choices=("none", "local", "transformer_engine"),
+    ),
+    _training(
+        "cuda_graph_scope",
+        str,
+        "What each layer's graph covers (default the whole layer): attn, mlp (moe, moe_router, "
+        "moe_preprocess and full_iteration are not modelled).",
+        many=True,
+    ),
     _training("grad_reduce_in_bf16", bool, "bf16 models: gradients in bf16, not fp32."),
     # Megatron-LM's fusion switches (store_false flags): they change what the engine's run saves
     _training("no_bias_gelu_fusion", bool, "Bias and GeLU as separate kernels, not fused."),

@@ -139,10 +139,17 @@ REFUSED: dict[str, Refusal] = {
     "--ddp-num-buckets": Refusal("layout", "pass --ddp-bucket-size (buckets decide the padding)"),
     "--ddp-pad-buckets-for-high-nccl-busbw": Refusal(
         "layout", "bucket padding for NCCL bus bandwidth is not modelled"),
-    "--enable-cuda-graph": Refusal("training", "CUDA graphs' static memory pools are not counted"),
-    "--external-cuda-graph": Refusal("training", "CUDA graphs' static memory pools are not counted"),
-    "--cuda-graph-impl": Refusal(
-        "training", "CUDA graphs' static memory pools are not counted", ("none",)),
+    # megatron-core TransformerConfig.__post_init__ turns them into --cuda-graph-impl local and
+    # transformer_engine
+    "--enable-cuda-graph": Refusal(
+        "training", "megatron-core runs it as --cuda-graph-impl local, whose graphs "
+        "(CudaGraphManager) are not counted"),  # fmt: skip
+    "--external-cuda-graph": Refusal(
+        "training", "megatron-core runs it as --cuda-graph-impl transformer_engine: pass that"),
+    # Megatron-LM's paged stash of MoE activations (TransformerConfig.moe_paged_stash, 0.18+)
+    "--moe-paged-stash": Refusal(
+        "training", "MoE paged stash (expert activations kept in pre-allocated paged buffers) is "
+        "not modelled"),  # fmt: skip
     # Megatron-LM main (megatron/training/arguments.py, after core_v0.19.0): Megatron-FSDP's
     # buffer dtypes and allocators; its default values are the buffers megatron-core 0.16 holds
     "--megatron-fsdp-main-grads-dtype": Refusal("layout", _MFSDP_DTYPE, ("auto",)),
@@ -257,6 +264,8 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--muon-use-syrk --lion-beta1 --lion-beta2 "
         "--fp4-recipe --keep-fp8-transpose-cache --enable-full-sharding-in-hsdp "
         "--optimizer-offload-fraction "
+        # --fine-grained-activation-offloading's modules
+        "--offload-modules "
         "--use-torch-optimizer-for-cpu-offload --overlap-cpu-optimizer-d2h-h2d --no-pin-cpu-grads "
         "--no-pin-cpu-params"
     ),
@@ -372,6 +381,11 @@ REFUSED_VALUES: dict[str, dict[str, Refusal]] = {
     # the linear weights, Adam on the rest), Lion, SOAP; versions.CHOICE_VERSIONS has when each came
     "--optimizer": {name: Refusal("training", _OPTIMIZER) for name in (
         "muon", "dist_muon", "lion", "soap", "adaptive_muon")},  # fmt: skip
+    # megatron-core's CudaGraphManager (transformer/cuda_graphs.py): graphs recorded lazily in the
+    # first iterations, a memory pool per micro-batch under a pipeline
+    "--cuda-graph-impl": {"local": Refusal(
+        "training", "megatron-core's own CUDA graphs (CudaGraphManager) and their memory pools "
+        "are not counted; transformer_engine's per-layer graphs are")},  # fmt: skip
 }
 
 

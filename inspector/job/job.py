@@ -14,6 +14,7 @@ from typing import Any, Literal, cast, get_args
 
 from inspector.errors import ConfigError
 from inspector.job.checks import check_at_least_one, check_at_most
+from inspector.job.cuda_graphs import check_cuda_graphs, parse_scope
 from inspector.job.dims import ModelDims, num_microbatches
 from inspector.job.ep_overlap import check_ep_overlap
 from inspector.job.flex import check_flex, runs_deepep
@@ -76,6 +77,9 @@ class Training:
     unfused: tuple[str, ...] = ()
     # --use-precision-aware-optimizer and its dtypes (job/optimizer_precision.py)
     optimizer_precision: OptimizerPrecision = field(default_factory=OptimizerPrecision)
+    # --cuda-graph-impl and --cuda-graph-scope (job/cuda_graphs.py; () is the whole layer)
+    cuda_graph_impl: str = "none"
+    cuda_graph_scope: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         """Reject counts below one and unknown recomputation modes."""
@@ -146,6 +150,11 @@ class Job:
             check_modules(self.training.recompute_modules, self.model)
         check_ep_overlap(self.model, self.layout, self.training)
         check_flex(self.model, self.layout, self.training)
+        model, training = self.model, self.training
+        every_moe = all(model.is_moe_layer(i) for i in range(model.num_layers))
+        check_cuda_graphs(training.cuda_graph_impl, training.cuda_graph_scope, training.recompute,
+                          model.num_experts, bool(model.num_experts) and every_moe,
+                          training.ep_overlap)  # fmt: skip
         if self.training.flash_attention and self.model.dtype_name == "float32":
             raise ConfigError(
                 "--use-flash-attn needs --bf16 or --fp16: flash attention kernels have no fp32 path"
@@ -236,6 +245,7 @@ TRAINING_ARGS = {
     "moe_deepep_num_sms": "moe_deepep_num_sms",
     "overlap_moe_expert_parallel_comm": "ep_overlap",
     "delay_wgrad_compute": "delay_wgrad",
+    "cuda_graph_impl": "cuda_graph_impl",
 }
 
 # Megatron-LM's fusion switches, by their `args` names: each has a `--no-` flag that turns it off.
@@ -255,6 +265,8 @@ def make_training(args: Mapping[str, Any]) -> Training:
                  "torch_fsdp2", "ep_overlap", "delay_wgrad", "moe_enable_deepep"):  # fmt: skip
         values[flag] = bool(values.get(flag))
     values["moe_router_padding"] = router_padding(args)
+    values["cuda_graph_impl"] = values.get("cuda_graph_impl") or "none"
+    values["cuda_graph_scope"] = parse_scope(args)
     values["fp32_grads"] = values.get("fp32_grads") or None
     values["unfused"] = tuple(name for name in FUSIONS if args.get("no_" + name))
     _megatron_training_rules(args, values)

@@ -125,6 +125,11 @@ def _check_recompute_modules(modules: tuple[str, ...]) -> None:
 def make_request(args: dict[str, Any], flags: PlanFlags) -> Request:
     """Check the plan flags and return the search request (`args`: Megatron-LM's arguments)."""
     _check_counts(flags)
+    if args.get("cuda_graph_impl") not in (None, "none"):
+        # the search prices each layout's memory without the graphs' pool (memory/engine/cuda_graphs.py)
+        raise ConfigError(f"--cuda-graph-impl {args['cuda_graph_impl']} is not modelled by plan: "
+                          "its memory composition has no CUDA graphs' pool; `memory` counts "
+                          "them for one layout")  # fmt: skip
     batch = args.get("global_batch_size")
     if not batch:
         raise ConfigError("--global-batch-size is required: the plan splits it over data parallel")

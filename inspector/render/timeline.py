@@ -32,6 +32,9 @@ BANDS = (
     ("activations", "#59a14f", "activations of micro-batches in flight"),
     ("transient", "#edc948", "the running pass"),
 )
+# drawn above the buffers, in a job with CUDA graphs only (memory/engine/cuda_graphs.py): their memory
+# pool and static buffers, which the passes above cannot use
+GRAPH_BAND = ("graphs", "#b07aa1", "CUDA graphs' pool and static buffers")
 STEPS = (1, 2, 5)
 YScale = Callable[[float], str]  # bytes -> the y coordinate, printed
 
@@ -47,7 +50,7 @@ def render_timeline(report: MemoryReport, passes: dict[int, tuple[MemoryPass, ..
         f'viewBox="0 0 {WIDTH} {height}" font-family="sans-serif" font-size="11">',
         "<title>inspect-model memory --timeline: each stage's memory over one iteration</title>",
         '<rect width="100%" height="100%" fill="white"/>',
-        *_legend(),
+        *_legend(any(s.run is not None and s.run.graph_buffers for s in stages)),
     ]
     for index, stage in enumerate(stages):
         out.extend(_panel(stage, passes[stage.stage], LEGEND_HEIGHT + index * panel))
@@ -55,9 +58,9 @@ def render_timeline(report: MemoryReport, passes: dict[int, tuple[MemoryPass, ..
     return "\n".join(out) + "\n"
 
 
-def _legend() -> list[str]:
+def _legend(graphs: bool) -> list[str]:
     out, x = [], LEFT
-    for _, colour, text in BANDS:
+    for _, colour, text in (*BANDS[:4], GRAPH_BAND, *BANDS[4:]) if graphs else BANDS:
         out.append(f'<rect x="{x}" y="10" width="12" height="12" fill="{colour}"/>')
         out.append(f'<text x="{x + 16}" y="20">{escape(text)}</text>')
         x += 28 + 6 * len(text)
@@ -66,7 +69,8 @@ def _legend() -> list[str]:
 
 def _panel(stage: StageMemory, passes: Sequence[MemoryPass], top: int) -> list[str]:
     state = stage.state
-    static = (state.weights, state.gradients, state.optimizer, stage.buffers)
+    graphs = stage.run.graph_buffers if stage.run is not None else 0
+    static = (state.weights, state.gradients, state.optimizer, stage.buffers - graphs, graphs)
     base = sum(static)
     peak_pass, peak_step, peak_bytes = _highest(passes)
     scale = _scale(max(base + peak_bytes, stage.total))
@@ -81,7 +85,9 @@ def _panel(stage: StageMemory, passes: Sequence[MemoryPass], top: int) -> list[s
     )
     out.extend(_axis(plot_top, scale, y))
     low = 0
-    for (name, colour, text), size in zip(BANDS, static, strict=False):
+    for (name, colour, text), size in zip((*BANDS[:4], GRAPH_BAND), static, strict=True):
+        if name == GRAPH_BAND[0] and not size:
+            continue
         out.append(_band(name, colour, text, f"M{LEFT},{y(low)}H{WIDTH - RIGHT}V{y(low + size)}H{LEFT}Z"))
         low += size
     out.append(_band(*BANDS[4], _held_path(passes, base, width, y)))

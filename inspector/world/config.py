@@ -23,7 +23,7 @@ def transformer_config(
     The model's fields come from ModelConfig.transformer_fields (the one map of the model into
     megatron's names); this adds the layout, torch's dtypes and activation, and meta-device set-up.
     `runtime`: fields that change only how the model runs (dropout, recomputation, fusions), for
-    the engine (inspector/engine), which runs it; a structural build leaves megatron's defaults.
+    the engine (inspector/memory/engine), which runs it; a structural build leaves megatron's defaults.
     """
     m = megatron()
     fields = model.transformer_fields()

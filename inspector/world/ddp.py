@@ -168,7 +168,7 @@ def wrap_in_megatron_ddp(
         pipeline_rank: the stage; megatron's DDP buckets only on stage 0.
         chunk: the virtual-pipeline chunk; Megatron-LM buckets only chunk 0.
         running: keep the parameters in DDP's buffers, with `main_grad` and DDP's hooks, for a
-            model that will run (inspector/engine); otherwise they are left as found.
+            model that will run (inspector/memory/engine); otherwise they are left as found.
 
     Returns the DistributedDataParallel: its `buffers` and `expert_parallel_buffers` are the
     layout.

@@ -88,7 +88,7 @@ def stage_world(
     """Build one stage's chunks and keep its simulated rank set up while the block runs.
 
     `runtime` holds TransformerConfig fields for a model that will run (config.py): the
-    engine (inspector/engine) runs megatron's forward and backward inside the block.
+    engine (inspector/memory/engine) runs megatron's forward and backward inside the block.
     """
     m = megatron()
     vpp = layout.vpp

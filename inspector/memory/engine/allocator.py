@@ -57,6 +57,9 @@ class Event:
     bytes: int
     allocated: int  # memory_allocated after the event, relative to the start of the recording
     where: str
+    # a free's: where its block was allocated (the pool it returns to, engine/cuda_graphs.py);
+    # not compared: a composed trace names it from its own pieces (compose.py)
+    origin: str = field(default="", compare=False)
 
 
 @dataclass
@@ -124,7 +127,7 @@ class Tracker(TorchDispatchMode):
         key = storage._cdata
         if storage.device.type != "meta":
             return
-        old, _ = self.live.pop(key, (0, 0))
+        old, made = self.live.pop(key, (0, 0))
         size = rounded(storage.nbytes())
         if size:
             self.live[key] = (size, len(self.events))
@@ -133,18 +136,18 @@ class Tracker(TorchDispatchMode):
                 self.watched.add(key)
                 weakref.finalize(storage, self._free, key)
         if old:
-            self._record(-old)
+            self._record(-old, self.events[made].where)
 
     def _free(self, key: int) -> None:
         self.watched.discard(key)
-        size, _ = self.live.pop(key, (0, 0))
+        size, made = self.live.pop(key, (0, 0))
         if size:
-            self._record(-size)
+            self._record(-size, self.events[made].where)
 
-    def _record(self, size: int) -> None:
+    def _record(self, size: int, origin: str = "") -> None:
         self.allocated += size
         self.peak = max(self.peak, self.allocated)
-        self.events.append(Event(size, self.allocated, self._location()))
+        self.events.append(Event(size, self.allocated, self._location(), origin))
 
     def _location(self) -> str:
         """Return where megatron is: the module running, else the creator of the backward node."""

@@ -30,7 +30,7 @@ from inspector.memory.engine.microbatch import Trace
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)(?=[.:]|$)")
 
-Step = tuple[int, str]  # bytes (negative: a free), where
+Step = tuple[int, str, str]  # bytes (negative: a free), where, a free's allocation (allocator.Event)
 
 
 @dataclass(frozen=True)
@@ -63,12 +63,13 @@ def cut(events: Sequence[Event], layers: int, group: int = 1) -> PhaseCut:
     for index, event in enumerate(events):
         layer = layer_of(event.where)
         current = layer if layer is not None else current
+        step = (event.bytes, event.where, event.origin)
         if current is None:
-            head.append((event.bytes, event.where))
+            head.append(step)
         elif index > last:
-            tail.append((event.bytes, event.where))
+            tail.append(step)
         else:
-            segments[current // group].append((event.bytes, event.where))
+            segments[current // group].append(step)
     return PhaseCut(tuple(head), tuple(tuple(s) for s in segments), tuple(tail))
 
 
@@ -84,14 +85,14 @@ def compose(
     forward, backward = cut(trace.forward, layers, group), cut(trace.backward, layers, group)
     order = [(pick, numbers[k * group : (k + 1) * group]) for k, pick in enumerate(picks)]
     steps_f = [
-        *forward.head,
+        *_edge(forward.head, layers, numbers),
         *(s for pick, ns in order for s in _named(forward.layers[pick], pick * group, ns)),
-        *forward.tail,
+        *_edge(forward.tail, layers, numbers),
     ]
     steps_b = [
-        *backward.head,
+        *_edge(backward.head, layers, numbers),
         *(s for pick, ns in reversed(order) for s in _named(backward.layers[pick], pick * group, ns)),
-        *backward.tail,
+        *_edge(backward.tail, layers, numbers),
     ]
     events_f = _events(steps_f, 0)
     backward_b = _events(steps_b, events_f[-1].allocated if events_f else 0)
@@ -119,23 +120,41 @@ def _persistent(
     return (*outside, *own)
 
 
+def _edge(steps: Sequence[Step], layers: int, numbers: Sequence[int]) -> list[Step]:
+    """Return head or tail steps with a free's origin in a layer named as composed: the small
+    chunk's first layers are the chunk's first, its last the chunk's last."""
+    out = []
+    for size, where, origin in steps:
+        match = _LAYER.match(origin)
+        if match:
+            j = int(match.group(1))
+            k = j if j < layers - 1 or layers == 1 else len(numbers) - (layers - j)
+            origin = _renamed(origin, j, [numbers[k]])
+        out.append((size, where, origin))
+    return out
+
+
 def _named(steps: Sequence[Step], first: int, numbers: Sequence[int]) -> list[Step]:
-    return [(size, _renamed(where, first, numbers)) for size, where in steps]
+    return [(size, _renamed(where, first, numbers), _renamed(origin, first, numbers))
+            for size, where, origin in steps]  # fmt: skip
 
 
 def _renamed(where: str, first: int, numbers: Sequence[int]) -> str:
-    """Return `where` with its layer (`decoder.layers.{first + j}`) named by numbers[j]."""
+    """Return `where` with its layer (`decoder.layers.{first + j}`) named by numbers[j]; a free's
+    origin in another piece's layer (j out of range) by its distance from this piece, as a
+    chunk's layers are consecutive."""
     match = _LAYER.match(where)
     if not match:
         return where
-    number = numbers[int(match.group(1)) - first]
+    j = int(match.group(1)) - first
+    number = numbers[j] if 0 <= j < len(numbers) else numbers[0] + j
     rest = where[match.end() :]
     return f"layer {number}{rest if rest.startswith(':') else ' ' + rest[1:] if rest else ''}"
 
 
 def _events(steps: Sequence[Step], total: int) -> tuple[Event, ...]:
     out = []
-    for size, where in steps:
+    for size, where, origin in steps:
         total += size
-        out.append(Event(size, total, where))
+        out.append(Event(size, total, where, origin))
     return tuple(out)

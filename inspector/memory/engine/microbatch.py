@@ -304,7 +304,7 @@ def _steady(events: list[Event], persistent: dict[int, int]) -> list[Event]:
         if index in persistent:
             kept += event.bytes
             continue
-        steady.append(Event(event.bytes, event.allocated - kept, event.where))
+        steady.append(Event(event.bytes, event.allocated - kept, event.where, event.origin))
     return steady
 
 

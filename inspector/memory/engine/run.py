@@ -43,6 +43,13 @@ class RunMemory:
         return sum(size for _, size in self.outside)
 
     @property
+    def graph_buffers(self) -> int:
+        """Return the bytes CUDA graphs keep (engine/cuda_graphs.py), among the persistent ones."""
+        from inspector.memory.engine.cuda_graphs import GRAPHS
+
+        return sum(size for where, size in self.persistent if where.startswith(GRAPHS))
+
+    @property
     def static(self) -> int:
         """Return the bytes the run adds to the state for good: persistent plus workspaces, and
         what is held outside PyTorch's allocator."""
@@ -80,14 +87,20 @@ def run_memory(
     step = steps[key]
     schedule = job.schedule()
     extra = extra_warmup(job.training)
-    peak = iteration_peak(
-        traces, stage, job.layout.pp, schedule.num_microbatches, step=step.events, extra=extra
-    )
+    kept: tuple[tuple[str, int], ...] = ()
+    if job.training.cuda_graph_impl == "transformer_engine":
+        from inspector.memory.engine.cuda_graphs import graphed_peak
+
+        peak, kept, traces = graphed_peak(job, stage, traces, step.events, extra)
+    else:
+        peak = iteration_peak(
+            traces, stage, job.layout.pp, schedule.num_microbatches, step=step.events, extra=extra
+        )
     workspaces = CUBLAS_WORKSPACE_SM90 * GEMM_THREADS
     phases = (("optimizer step", step.events),)  # its events' labels start "optimizer step: "
     replay = Replay(traces, stage, job.layout.pp, schedule.num_microbatches, phases, extra)
     outside = outside_allocator(job, shapes)
-    return RunMemory(_persistent(traces), workspaces, peak, step.state, replay, outside)
+    return RunMemory(_persistent(traces) + kept, workspaces, peak, step.state, replay, outside)
 
 
 class _Group:

@@ -1,0 +1,230 @@
+"""One Megatron-Bridge recipe's ConfigContainer (bridge_reader.Record) as Megatron-LM's arguments.
+
+Bridge's config fields carry megatron-core's names (TransformerConfig, DistributedDataParallelConfig,
+OptimizerConfig), which are Megatron-LM's argument names for the most part; where they differ the
+table below says how Megatron-LM spells it (megatron/training/arguments.py) and where Bridge
+applies it (src/megatron/bridge/training/...). What no Megatron-LM argument expresses (LoRA
+adapters, packed sequences, a model the tool has no preset for) is returned as a refusal of the
+bench's own, with its reason.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bridge_eval import Opaque, Record
+
+# Hugging Face ids Bridge's recipes load (AutoBridge.from_hf_pretrained) -> the tool's preset
+PRESETS = {
+    "meta-llama/Meta-Llama-3-8B": "llama3-8b",
+    "meta-llama/Meta-Llama-3-70B": "llama3-70b",
+    "meta-llama/Meta-Llama-3.1-405B": "llama3.1-405b",
+    "deepseek-ai/DeepSeek-V3": "deepseek-v3",
+    "Qwen/Qwen3-30B-A3B": "qwen3-30b-a3b",
+    "Qwen/Qwen3-235B-A22B": "qwen3-235b-a22b",
+}
+
+# model (TransformerConfig) fields whose name is Megatron-LM's argument's
+_SAME_MODEL = (
+    "tensor_model_parallel_size pipeline_model_parallel_size context_parallel_size "
+    "expert_model_parallel_size expert_tensor_parallel_size sequence_parallel seq_length "
+    "account_for_embedding_in_pipeline_split account_for_loss_in_pipeline_split "
+    "recompute_granularity recompute_method recompute_num_layers recompute_modules "
+    "transformer_impl moe_token_dispatcher_type moe_flex_dispatcher_backend moe_grouped_gemm "
+    "moe_router_padding_for_fp8 moe_router_padding_for_quantization moe_expert_capacity_factor "
+    "moe_pad_expert_input_to_capacity mtp_num_layers cuda_graph_impl cuda_graph_scope "
+    "fine_grained_activation_offloading offload_modules cpu_offloading cpu_offloading_num_layers "
+    "moe_paged_stash external_cuda_graph num_layers hidden_size ffn_hidden_size "
+    "num_attention_heads num_query_groups kv_channels vocab_size moe_layer_recompute "
+    "delay_wgrad_compute overlap_moe_expert_parallel_comm hybrid_layer_pattern "
+    "hybrid_override_pattern is_hybrid_model"
+).split()
+# Bridge's name -> Megatron-LM's (arguments.py; validate_args copies them onto the config)
+_RENAMED_MODEL = {
+    "virtual_pipeline_model_parallel_size": "num_virtual_stages_per_pipeline_rank",
+    "num_layers_in_first_pipeline_stage": "decoder_first_pipeline_num_layers",
+    "num_layers_in_last_pipeline_stage": "decoder_last_pipeline_num_layers",
+}
+_SAME_DDP = ("use_distributed_optimizer overlap_grad_reduce overlap_param_gather use_megatron_fsdp "
+             "fsdp_double_buffer num_distributed_optimizer_instances").split()  # fmt: skip
+_SAME_OPTIMIZER = ("optimizer use_precision_aware_optimizer optimizer_cpu_offload").split()
+_DTYPES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16",
+           "torch.uint8": "fp8"}  # fmt: skip
+_FP8_SWITCHES = ("fp8_param_gather", "fp8_dot_product_attention", "fp8_multi_head_attention")
+_LAYOUT_WORDS = {"embedding": "E", "decoder": "t", "mtp": "m", "loss": "L"}
+# megatron-core's DistributedDataParallelConfig data_parallel_sharding_strategy -> Megatron-LM
+_FSDP_STRATEGY = ("no_shard", "optim", "optim_grads", "optim_grads_params")
+
+
+def recipe_args(cfg: Record, gpus: int) -> tuple[str | None, dict[str, Any], list[str]]:
+    """Return (preset, Megatron-LM arguments, the bench's refusals) for a recipe on `gpus` GPUs."""
+    model = _section(cfg, "model")
+    refusals: list[str] = []
+    preset = PRESETS.get(model.fields.get("hf_id") or "")
+    if preset is None:
+        refusals.append("model: " + _model_name(model))
+    args: dict[str, Any] = {}
+    for name in _SAME_MODEL:
+        _put(args, name, model.fields.get(name))
+    for name, flag in _RENAMED_MODEL.items():
+        _put(args, flag, model.fields.get(name))
+    _layout(args, model)
+    if args.get("cuda_graph_impl") == "full_iteration":
+        # newer megatron-core's spelling of megatron-core 0.16's `local` with scope full_iteration
+        # (Bridge's _benchmark_common: "mcore may auto-promote cuda_graph_impl ... to
+        # full_iteration")
+        args["cuda_graph_impl"], args["cuda_graph_scope"] = "local", ["full_iteration"]
+    if args.get("cuda_graph_impl") == "none":
+        args.pop("cuda_graph_impl")
+        args.pop("cuda_graph_scope", None)
+    elif not args.get("cuda_graph_scope"):
+        args.pop("cuda_graph_scope", None)
+    if not args.get("fine_grained_activation_offloading"):
+        args.pop("offload_modules", None)
+    # models/gpt_provider.py provide(): `padded_vocab_size = calculate_padded_vocab_size(vocab,
+    # make_vocab_size_divisible_by, tp) if self.should_pad_vocab else self.vocab_size`
+    if model.fields.get("should_pad_vocab"):
+        _put(args, "make_vocab_size_divisible_by", model.fields.get("make_vocab_size_divisible_by"))
+    else:
+        args["make_vocab_size_divisible_by"] = 1
+    if model.fields.get("apply_rope_fusion") is False:
+        args["no_rope_fusion"] = True
+    if model.fields.get("attention_backend") not in (None, "auto"):
+        args["attention_backend"] = str(model.fields["attention_backend"]).split(".")[-1]
+    _precision(args, _section(cfg, "mixed_precision"))
+    _ddp(args, _section(cfg, "ddp"), _section(cfg, "mixed_precision"))
+    _optimizer(args, _section(cfg, "optimizer"))
+    _comm_overlap(args, cfg.fields.get("comm_overlap"), gpus)
+    _put(args, "ckpt_format", _section(cfg, "checkpoint").fields.get("ckpt_format"))
+    train = _section(cfg, "train")
+    _put(args, "micro_batch_size", train.fields.get("micro_batch_size"))
+    _put(args, "global_batch_size", train.fields.get("global_batch_size"))
+    if "seq_length" not in args:
+        _put(args, "seq_length", _section(cfg, "dataset").fields.get("seq_length"))
+    refusals += _not_arguments(cfg)
+    return preset, args, refusals
+
+
+def _section(cfg: Record, name: str) -> Record:
+    value = cfg.fields.get(name)
+    return value if isinstance(value, Record) else Record(name)
+
+
+def _put(args: dict[str, Any], name: str, value: Any) -> None:
+    if value is None or value is False:  # Megatron-LM's switches are off by default
+        return
+    if isinstance(value, Opaque):
+        value = _DTYPES.get(value.name, value.name.split(".")[-1])
+    if isinstance(value, list) and not value:
+        return
+    if isinstance(value, list):
+        value = [str(v).split(".")[-1] for v in value]
+    args[name] = value
+
+
+def _model_name(model: Record) -> str:
+    if model.fields.get("hf_id"):
+        return f"{model.fields['hf_id']} has no preset here (Megatron-Bridge loads its HF config)"
+    return f"{model.kind} is not a model this tool builds"
+
+
+def _layout(args: dict[str, Any], model: Record) -> None:
+    """Bridge's list-of-stages layout in Megatron-LM's string form (pipeline_parallel_layout.py)."""
+    layout = model.fields.get("pipeline_model_parallel_layout")
+    if isinstance(layout, list):
+        layout = "|".join("".join(_LAYOUT_WORDS[w] for w in stage) for stage in layout)
+    if layout:
+        args["pipeline_model_parallel_layout"] = layout
+        # the layout gives the virtual size (Megatron-LM validate_args derives it from the layout)
+        args.pop("num_virtual_stages_per_pipeline_rank", None)
+
+
+def _precision(args: dict[str, Any], mp: Record) -> None:
+    """Bridge's MixedPrecisionConfig, applied to the model config (training/mixed_precision.py)."""
+    f = mp.fields
+    if f.get("bf16"):
+        args["bf16"] = True
+    if f.get("fp16"):
+        args["fp16"] = True
+    for kind, switches in (("fp8", _FP8_SWITCHES), ("fp4", ("fp4_param_gather",))):
+        if f.get(kind):
+            args[f"{kind}_format"] = f[kind]
+            _put(args, f"{kind}_recipe", f.get(f"{kind}_recipe"))
+            args.update({name: True for name in switches if f.get(name)})
+    if f.get("fp8") and f.get("fp8_wgrad") is False:
+        args["no_fp8_wgrad"] = True
+    if f.get("first_last_layers_bf16") and (f.get("fp8") or f.get("fp4")):
+        args["first_last_layers_bf16"] = True
+    if f.get("reuse_grad_buf_for_mxfp8_param_ag"):
+        args["reuse_grad_buf_for_mxfp8_param_ag"] = True
+
+
+def _ddp(args: dict[str, Any], ddp: Record, mp: Record) -> None:
+    for name in _SAME_DDP:
+        _put(args, name, ddp.fields.get(name))
+    if args.get("num_distributed_optimizer_instances") == 1:
+        args.pop("num_distributed_optimizer_instances")
+    _put(args, "ddp_bucket_size", ddp.fields.get("bucket_size"))
+    if ddp.fields.get("use_megatron_fsdp"):
+        strategy = ddp.fields.get("data_parallel_sharding_strategy")
+        if strategy in _FSDP_STRATEGY:
+            args["data_parallel_sharding_strategy"] = strategy
+    # Bridge's `grad_reduce_in_fp32` (ddp and mixed precision, the latter applied last,
+    # mixed_precision.py update_config_with_precision_overrides) is Megatron-LM's
+    # --accumulate-allreduce-grads-in-fp32; False with bf16 is --grad-reduce-in-bf16
+    fp32 = mp.fields.get("grad_reduce_in_fp32", ddp.fields.get("grad_reduce_in_fp32"))
+    if fp32 is False and args.get("bf16"):
+        args["grad_reduce_in_bf16"] = True
+
+
+def _optimizer(args: dict[str, Any], opt: Record) -> None:
+    for name in _SAME_OPTIMIZER:
+        _put(args, name, opt.fields.get(name))
+    if args.get("optimizer") in (False, None):
+        args.pop("optimizer", None)
+    if not args.get("optimizer_cpu_offload"):
+        args.pop("optimizer_cpu_offload", None)
+    if opt.fields.get("use_precision_aware_optimizer"):
+        for name in ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"):
+            _put(args, name, opt.fields.get(name))
+
+
+def _comm_overlap(args: dict[str, Any], overlap: Any, gpus: int) -> None:
+    """CommOverlapConfig.setup (training/comm_overlap.py): with the distributed optimizer, DDP's
+    overlap_grad_reduce and overlap_param_gather become `data_parallel_size > 1`
+    (_get_optimizer_overlap_cfgs), then the recipe's own CommOverlapConfig values win."""
+    if not isinstance(overlap, Record):
+        return
+    f = overlap.fields
+    if args.get("use_distributed_optimizer"):
+        replica = 1
+        for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                     "context_parallel_size"):  # fmt: skip
+            replica *= int(args.get(name) or 1)
+        for name in ("overlap_grad_reduce", "overlap_param_gather"):
+            args[name] = gpus // replica > 1
+    if f.get("tp_comm_overlap") and int(args.get("tensor_model_parallel_size") or 1) > 1:
+        args["tp_comm_overlap"] = True
+    for name in ("overlap_moe_expert_parallel_comm", "delay_wgrad_compute", "overlap_grad_reduce",
+                 "overlap_param_gather"):  # fmt: skip
+        if f.get(name) is not None:
+            args[name] = f[name]
+    for name in ("overlap_moe_expert_parallel_comm", "delay_wgrad_compute", "overlap_grad_reduce",
+                 "overlap_param_gather"):  # fmt: skip
+        if args.get(name) is False:
+            args.pop(name)
+
+
+def _not_arguments(cfg: Record) -> list[str]:
+    """What the recipe trains that no Megatron-LM argument says (the bench's own refusals)."""
+    found = []
+    if isinstance(cfg.fields.get("peft"), Record):
+        found.append("PEFT: LoRA adapters on a frozen base (Bridge's peft) are not a Megatron-LM job")
+    dataset = _section(cfg, "dataset")
+    # GPTSFTDatasetConfig: offline packing (enable_offline_packing, offline_packing_specs) or
+    # the older packed_sequence_specs
+    specs = dataset.fields.get("offline_packing_specs") or dataset.fields.get("packed_sequence_specs")
+    packed = isinstance(specs, Record) and (specs.fields.get("packed_sequence_size") or 0) > 0
+    if packed and dataset.fields.get("enable_offline_packing", True):
+        found.append("packed sequences (THD): several sequences in one, with their own attention masks")
+    return found

@@ -1,0 +1,78 @@
+"""`--cuda-graph-impl` and `--cuda-graph-scope`: the CUDA graphs a job captures, checked as
+megatron-core's TransformerConfig checks them (transformer/transformer_config.py __post_init__,
+0.16.1).
+
+Transformer Engine's per-layer graphs (`transformer_engine`) are modelled by `memory`
+(memory/engine/cuda_graphs.py): their static inputs and their memory pool. megatron's own
+CudaGraphManager (`local`, refused in inputs/unmodelled.py) and full-iteration graphs are not.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from inspector.errors import ConfigError
+from inspector.inputs.versions import megatron_core_version
+
+# megatron-core's CudaGraphScope (transformer/enums.py), "full" its deprecated empty scope
+SCOPES = ("full", "full_iteration", "attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba")
+# what a scope word graphs that `memory` cannot separate, or another graph than a layer's
+_UNMODELLED = {
+    "full_iteration": "full-iteration graphs (one graph of every micro-batch's forward and "
+    "backward, megatron-core full_cuda_graph.py) are not modelled; per-layer graphs are",
+    "moe_preprocess": "the MoE dispatcher's preprocessing inside the router's graph is not "
+    "told apart from the rest of the MoE layer; attn and mlp are modelled",
+    "mamba": "Mamba layers' graphs are not modelled (this tool builds GPT models)",
+    "moe_router": "the router graph's further outputs (probabilities, routing map) and their "
+    "static gradients are not counted; attn and mlp are modelled",
+}
+
+
+def parse_scope(args: Mapping[str, Any]) -> tuple[str, ...]:
+    """Return the scope words (empty: the whole layer, as megatron-core turns "full" into [])."""
+    raw = args.get("cuda_graph_scope")
+    if raw is None:
+        return ()
+    words = raw if isinstance(raw, (list, tuple)) else re.split(r"[\s,]+", str(raw).strip())
+    scope = tuple(str(w) for w in words if str(w))
+    unknown = [w for w in scope if w not in SCOPES]
+    if unknown:
+        raise ConfigError(f"--cuda-graph-scope {' '.join(unknown)} is not one of: {', '.join(SCOPES)}")
+    return tuple(w for w in scope if w != "full")
+
+
+def check_cuda_graphs(impl: str, scope: tuple[str, ...], recompute: str, num_experts: int | None,
+                      every_layer_moe: bool, ep_overlap: bool = False) -> None:  # fmt: skip
+    """Refuse what megatron-core's TransformerConfig refuses, and the scopes not modelled."""
+    if impl == "none":  # the scope acts only with an implementation
+        return
+    installed = megatron_core_version()
+    if installed < (0, 16):
+        raise ConfigError(f"--cuda-graph-impl {impl} is modelled with megatron-core 0.16 or later "
+                          f"(the installed {installed[0]}.{installed[1]} has no TECudaGraphHelper "
+                          "sample buffers to run)")  # fmt: skip
+    for word in scope:
+        if word in _UNMODELLED:
+            raise ConfigError(f"--cuda-graph-scope {word} is not modelled: {_UNMODELLED[word]}")
+    if "moe" in scope and not num_experts:
+        raise ConfigError("--cuda-graph-scope moe needs MoE layers (megatron-core: 'moe cuda "
+                          "graph is only supported for MoE.')")  # fmt: skip
+    if "mlp" in scope and every_layer_moe:
+        raise ConfigError("--cuda-graph-scope mlp needs dense layers (megatron-core: 'mlp cuda "
+                          "graph is only supported for dense layers, but not found in the "
+                          "model.')")  # fmt: skip
+    if "moe" in scope:
+        raise ConfigError("--cuda-graph-scope moe is not modelled: megatron-core graphs the MoE "
+                          "layer only with drop-and-pad routing, whose padded buffers the graph "
+                          "keeps")  # fmt: skip
+    if ep_overlap:
+        raise ConfigError("--cuda-graph-impl with --overlap-moe-expert-parallel-comm is not "
+                          "modelled: megatron captures each layer's graphs in the overlap's order "
+                          "(transformer/cuda_graphs.py get_overlap_moe_expert_parallel_comm_order), "
+                          "with weight-gradient graphs under --delay-wgrad-compute")  # fmt: skip
+    if recompute == "full":
+        raise ConfigError("--recompute-granularity full with --cuda-graph-impl: megatron-core "
+                          "refuses it ('full recompute is only supported with full iteration "
+                          "CUDA graph.')")  # fmt: skip

@@ -1,0 +1,269 @@
+"""Transformer Engine's per-layer CUDA graphs (`--cuda-graph-impl transformer_engine`): their
+capture order and the static inputs megatron makes for them, from megatron-core's own code.
+
+Megatron-LM captures the graphs once, after `--cuda-graph-warmup-steps` eager iterations, with
+megatron-core's TECudaGraphHelper (transformer/cuda_graphs.py, 0.16.1):
+
+- `create_cudagraphs` captures one graph per (graphable layer, micro-batch) with TE's
+  make_graphed_callables; without a pipeline (and without the MoE all-to-all overlap) one
+  micro-batch is captured, else every micro-batch of the iteration (`_get_cuda_graph_input_data`:
+  `self.num_microbatches = 1` / `get_num_microbatches()`);
+- the capture follows the schedule's order (`convert_schedule_table_to_order` of
+  pipeline_parallel/schedules.py's `get_pp_rank_microbatches` and `get_schedule_table`): chunk
+  c's forward is c+1, its backward -(c+1);
+- each (layer, micro-batch) gets static inputs (`_get_sample_arguments`): the layer's
+  `get_layer_static_inputs` (hidden states, and the attention mask where attention is in the
+  graph's scope) and the rope table (one per sequence length, cached); a forward whose
+  signature matches a sample whose backward has run reuses that sample's tensors, so the
+  buffers are what the order holds in flight. They live as long as the graphs.
+
+`static_inputs` runs megatron's own `_get_sample_arguments` and order functions on a stage the
+tool builds (meta tensors, engine/cuda.py) and counts the distinct storages the samples hold.
+
+TE's make_graphed_callables (transformer_engine/pytorch/graph.py, `_order` given) captures every
+forward and backward graph into ONE private pool in that order: a forward's saved activations and
+outputs stay in the pool until its backward is captured, then return to it. So the pool's size is
+the high-water mark of the graphed parts' live blocks over the schedule, and the rest of the step
+cannot use those blocks, nor the graphs the rest's (`split_trace`, `graphed_peak`). A stand-in
+of the eager trace: its blocks are given to the pool they were allocated in; the copy of a
+graphed layer's input into its static input is not replayed (the caller's tensor a layer saves
+is counted until that layer's backward, as eagerly). notes/cuda-graphs.md has the sources.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+from inspector.job.job import Job
+from inspector.memory.engine.allocator import Event, rounded
+from inspector.memory.engine.microbatch import Trace
+from inspector.memory.engine.schedule import Peak, iteration_peak
+
+
+@dataclass(frozen=True)
+class StaticInputs:
+    """The static inputs of one stage's per-layer graphs."""
+
+    graphs: int  # (layer, micro-batch) pairs captured
+    buffers: int  # distinct tensors among their inputs (reused ones counted once)
+    bytes: int  # what those tensors take on the GPU (the caching allocator's blocks)
+    order: tuple[int, ...]  # the capture order megatron gives TE (chunk+1 forward, -(chunk+1))
+    grad_output_bytes: int = 0  # one hidden-state output's gradient in the model's dtype
+
+
+def capture_order(pp: int, rank: int, chunks: int, num_microbatches: int,
+                  group_size: int | None = None) -> list[int]:  # fmt: skip
+    """Return the order megatron gives make_graphed_callables (`_get_cuda_graph_input_data`)."""
+    from megatron.core.pipeline_parallel.schedules import (
+        get_pp_rank_microbatches,
+        get_schedule_table,
+    )
+    from megatron.core.transformer.cuda_graphs import convert_schedule_table_to_order
+
+    group = group_size or pp
+    # the p2p communicator is read for its pipeline group's size and rank and the virtual size
+    # (get_pp_rank_microbatches), as parallel_state would give them on that rank
+    p2p = SimpleNamespace(
+        pp_group=SimpleNamespace(size=lambda: pp, rank=lambda: rank),
+        virtual_pipeline_model_parallel_size=chunks if chunks > 1 else None,
+    )
+    _, _, warmup, _ = get_pp_rank_microbatches(num_microbatches, chunks, group, False,
+                                               p2p_communicator=p2p)  # fmt: skip
+    table = get_schedule_table(num_microbatches, chunks, group)
+    return list(convert_schedule_table_to_order(warmup, chunks, table))
+
+
+def captured_microbatches(job: Job) -> int:
+    """Return the micro-batches megatron captures per layer (`_get_cuda_graph_input_data`)."""
+    if job.layout.pp == 1 and not job.training.ep_overlap:
+        return 1
+    return job.schedule().num_microbatches
+
+
+def static_inputs(job: Job, stage: int, scope: tuple[str, ...] = ()) -> StaticInputs:
+    """Return the static inputs megatron makes for `stage`'s graphs (`scope`: the
+    `--cuda-graph-scope` words; empty is the whole layer)."""
+    from inspector.memory.engine.cuda import cuda_on_meta
+    from inspector.memory.engine.microbatch import runtime_config
+    from inspector.world.stage import stage_world
+
+    world = stage_world(job.model, job.layout, stage, checkpoint=False, runtime=runtime_config(job))
+    with world as built, cuda_on_meta():
+        chunks = [chunk.module for chunk in built]
+        microbatches = captured_microbatches(job)
+        # megatron's default micro-batch group, the pipeline size (the tool refuses another)
+        order = capture_order(job.layout.pp, stage, len(chunks), microbatches)
+        args, kwargs = _sample_arguments(chunks, job, microbatches, order, scope)
+        storages: dict[int, int] = {}
+        for tensor in _tensors((args, kwargs)):
+            storage = tensor.untyped_storage()
+            storages[storage._cdata] = rounded(storage.nbytes())
+        output = rounded(args[0][0].numel() * _element_size(job)) if args else 0
+        return StaticInputs(len(args), len(storages), sum(storages.values()), tuple(order), output)
+
+
+def _element_size(job: Job) -> int:
+    import torch
+
+    return torch.empty((), dtype=getattr(torch, job.model.dtype_name)).element_size()
+
+
+def _sample_arguments(chunks: list[Any], job: Job, microbatches: int, order: list[int],
+                      scope: tuple[str, ...]) -> tuple[list[Any], list[Any]]:  # fmt: skip
+    """Run megatron's TECudaGraphHelper._get_sample_arguments on the built chunks, with the
+    graphable layers its __init__ would pick (`_layer_is_graphable`)."""
+    from megatron.core.transformer import enums
+    from megatron.core.transformer.cuda_graphs import TECudaGraphHelper, _layer_is_graphable
+
+    config = chunks[0].config
+    # megatron-core 0.19 renamed the scope `cuda_graph_modules` (enums.CudaGraphModule)
+    field = "cuda_graph_modules" if hasattr(config, "cuda_graph_modules") else "cuda_graph_scope"
+    kind = enums.CudaGraphModule if field == "cuda_graph_modules" else enums.CudaGraphScope
+    saved = getattr(config, field)
+    setattr(config, field, [kind[word] for word in scope])
+    try:
+        callables: list[list[Any]] = []
+        for chunk in chunks:
+            layers = list(chunk.decoder.layers)
+            if getattr(chunk, "mtp", None) is not None:
+                layers += [m.transformer_layer for m in chunk.mtp.layers]
+            callables.append([layer for layer in layers if _layer_is_graphable(layer, config)])
+        helper = SimpleNamespace(
+            num_model_chunks=len(chunks), num_microbatches=microbatches, config=config,
+            seq_length=job.model.seq_length, micro_batch_size=job.training.micro_batch_size,
+            callables_per_chunk=callables, num_layers_per_chunk=[len(c) for c in callables],
+            flattened_callables=[layer for chunk in callables for layer in chunk],
+            chunks_with_decoder=chunks,
+        )  # fmt: skip
+        return TECudaGraphHelper._get_sample_arguments(helper, order)
+    finally:
+        setattr(config, field, saved)
+
+
+def _tensors(tree: Any) -> list[Any]:
+    import torch
+    from torch.utils import _pytree as pytree
+
+    return [leaf for leaf in pytree.tree_leaves(tree) if isinstance(leaf, torch.Tensor)]
+
+
+# A layer's label, as allocator.Tracker writes it ("decoder.layers.3.mlp.linear_fc1", in backward
+# "decoder.layers.3.mlp: SwiGLUFunctionBackward") or compose.py renames it ("layer 17 mlp..."),
+# and an MTP block's layer ("mtp.layers.0.transformer_layer..."): the part inside the layer
+_IN_LAYER = re.compile(
+    r"^(?:decoder\.layers\.\d+|layer \d+|mtp\.layers\.\d+\.transformer_layer)(?:[. ]([^:]*))?(?::|$)"
+)
+# TransformerLayer._get_submodules_under_cudagraphs: the submodules each scope word graphs
+_ATTENTION = ("input_layernorm", "self_attention", "pre_cross_attn_layernorm", "cross_attention")
+_MLP = ("pre_mlp_layernorm", "mlp")
+_ROUTER = ("pre_mlp_layernorm", "mlp.router", "mlp.shared_experts")
+# what the graphs keep, as RunMemory.persistent names it (the timeline draws it as its own band)
+GRAPHS = "CUDA graphs' "
+
+
+def _part(rest: str) -> str | None:
+    """Return which part of a layer a label inside it names: attention, router, mlp, or None
+    for the layer's own ops (residual adds, bias-dropout-add)."""
+    if rest.startswith(_ATTENTION):
+        return "attn"
+    if rest.startswith(_ROUTER[1:]):
+        return "router"
+    if rest.startswith(_MLP):
+        return "mlp"
+    return None
+
+
+def _graphed_part(part: str, scope: tuple[str, ...]) -> bool:
+    """Return whether a layer's part runs inside its graph (TransformerLayer.
+    _te_cuda_graph_capture: _forward_attention with attn, _forward_mlp with mlp/moe, the router
+    alone with moe_router). mlp and moe graph their layer kind's MLP: a layer's events carry no
+    kind, and megatron only graphs the MLP of the kind each word names (_layer_is_graphable)."""
+    if not scope:
+        return True
+    if part == "attn":
+        return "attn" in scope
+    if part == "router":
+        return bool({"moe_router", "moe", "mlp"} & set(scope))
+    return bool({"mlp", "moe"} & set(scope))
+
+
+def pool_of(events: Sequence[Event], scope: tuple[str, ...], backward: bool) -> list[bool]:
+    """Return, for each event of a pass, whether its block is in the graphs' pool: allocated while
+    a graphed part of a layer ran (a free: its allocation's label, allocator.Event.origin).
+
+    A layer's own ops (its bias-dropout-adds) belong to the part they follow in the forward
+    (`_forward_attention` ends with the attention's, `_forward_mlp` with the MLP's), so in the
+    backward to the part that runs after them."""
+    labels = [event.origin if event.bytes < 0 and event.origin else event.where for event in events]
+    inside = [_IN_LAYER.match(label) for label in labels]
+    parts: list[str | None] = [None if m is None else _part(m.group(1) or "") for m in inside]
+    order = range(len(events) - 1, -1, -1) if backward else range(len(events))
+    current: str | None = None
+    for index in order:
+        if inside[index] is None:
+            current = None
+        elif parts[index] is None:
+            parts[index] = current or "attn"
+        else:
+            current = parts[index]
+    return [m is not None and _graphed_part(part or "attn", scope)
+            for m, part in zip(inside, parts)]  # fmt: skip
+
+
+def split_trace(trace: Trace, scope: tuple[str, ...]) -> tuple[Trace, Trace]:
+    """Return (the graphs' pool's part, the rest) of a micro-batch's trace, running totals
+    recomputed for each: the two pools' blocks never serve each other (notes/cuda-graphs.md)."""
+    pooled = pool_of(trace.forward, scope, False), pool_of(trace.backward, scope, True)
+    halves = []
+    for keep in (True, False):
+        phases = []
+        total = 0
+        for events, flags in zip((trace.forward, trace.backward), pooled):
+            out = []
+            for event, flag in zip(events, flags):
+                if flag == keep:
+                    total += event.bytes
+                    out.append(Event(event.bytes, total, event.where, event.origin))
+            phases.append(tuple(out))
+        halves.append(Trace(phases[0], phases[1], trace.persistent if not keep else ()))
+    return halves[0], halves[1]
+
+
+def graphed_peak(job: Job, stage: int, traces: Sequence[Trace], step: Sequence[Event], extra: int = 0,
+                 ) -> tuple[Peak, tuple[tuple[str, int], ...], tuple[Trace, ...]]:  # fmt: skip
+    """Return a stage's peak above static with Transformer Engine's per-layer graphs, what the
+    graphs keep for good (static inputs, static grad outputs, their memory pool) and the traces
+    of the rest of the step (the graphed parts taken out: they live in the pool).
+
+    Megatron-LM runs `--cuda-graph-warmup-steps` iterations eagerly, then captures: the GPU's
+    high-water mark is the higher of the eager iteration (today's engine peak) and the graphed
+    one, where the pool's high-water mark (the graphed parts' live blocks over the capture
+    order, which is the schedule's) is held beside the rest of the step's own peak."""
+    schedule = job.schedule()
+    scope, pp, count = job.training.cuda_graph_scope, job.layout.pp, schedule.num_microbatches
+    eager = iteration_peak(tuple(traces), stage, pp, count, step=tuple(step), extra=extra)
+    halves = [split_trace(trace, scope) for trace in traces]
+    pool = iteration_peak(tuple(h[0] for h in halves), stage, pp, count, extra=extra)
+    rest = iteration_peak(tuple(h[1] for h in halves), stage, pp, count, step=tuple(step),
+                          extra=extra)  # fmt: skip
+    inputs = static_inputs(job, stage, scope)
+    kept = (
+        (f"{GRAPHS}static inputs ({inputs.buffers} tensors for {inputs.graphs} graphs)",
+         inputs.bytes),
+        # TE graph.py: one `empty_like` per output signature (static_grad_outputs_dict): the
+        # layers' hidden-state output
+        (f"{GRAPHS}static grad outputs", inputs.grad_output_bytes),
+        (f"{GRAPHS}memory pool (high-water mark at the capture of the {pool.moment})", pool.bytes),
+    )  # fmt: skip
+    held = sum(size for _, size in kept)
+    others = tuple(h[1] for h in halves)
+    if eager.bytes > held + rest.bytes:
+        moment = f"a warm-up iteration before the graphs are captured (eager): {eager.moment}"
+        return Peak(eager.bytes - held, eager.held, eager.micro_batches, moment), kept, others
+    moment = (f"{rest.moment}, beside the CUDA graphs' memory pool, which reached its size at the "
+              f"graph of the {pool.moment}")  # fmt: skip
+    return Peak(rest.bytes, rest.held, rest.micro_batches, moment), kept, others

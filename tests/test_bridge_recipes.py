@@ -1,0 +1,164 @@
+"""bench/bridge_recipes.py: a Megatron-Bridge recipe read from its source into Megatron-LM's job.
+
+The Bridge tree here is a small one written for the test, in the forms Bridge's recipes take
+(a perf recipe over a base recipe, dataclass defaults, `@register`ed mixed-precision recipes,
+AutoBridge.from_hf_pretrained, CommOverlapConfig); nothing of Bridge itself is needed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from textwrap import dedent
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+_FILES = {
+    "training/config.py": """
+        from dataclasses import dataclass, field
+        @dataclass
+        class TrainingConfig:
+            global_batch_size: int = 32
+            micro_batch_size: int = 2
+        @dataclass
+        class DDPConfig:
+            use_distributed_optimizer: bool = False
+            overlap_grad_reduce: bool = False
+            overlap_param_gather: bool = False
+            grad_reduce_in_fp32: bool = True
+        @dataclass
+        class ConfigContainer:
+            model: object = None
+            train: TrainingConfig = field(default_factory=TrainingConfig)
+            ddp: DDPConfig = field(default_factory=DDPConfig)
+            mixed_precision: object = None
+            comm_overlap: object = None
+            peft: object = None
+    """,
+    "training/mixed_precision.py": """
+        import torch
+        from dataclasses import dataclass
+        MIXED_PRECISION_RECIPES = {}
+        def register(func):
+            MIXED_PRECISION_RECIPES[func.__name__] = func
+            return func
+        @dataclass
+        class MixedPrecisionConfig:
+            bf16: bool = False
+            fp8: str = None
+            fp8_recipe: str = "tensorwise"
+            fp8_param_gather: bool = False
+            grad_reduce_in_fp32: bool = True
+        @register
+        def bf16_with_fp8_current_scaling_mixed():
+            return MixedPrecisionConfig(bf16=True, fp8="hybrid", fp8_param_gather=True)
+        def get_mixed_precision_config(name):
+            return MIXED_PRECISION_RECIPES[name.replace("-", "_")]()
+    """,
+    "training/comm_overlap.py": """
+        from dataclasses import dataclass
+        @dataclass
+        class CommOverlapConfig:
+            tp_comm_overlap: bool = None
+            overlap_grad_reduce: bool = None
+            overlap_param_gather: bool = None
+    """,
+    "recipes/llama.py": """
+        from megatron.bridge.models import AutoBridge
+        from megatron.bridge.training.config import ConfigContainer
+        SEQ = 8192
+        def llama3_70b_pretrain_config():
+            cfg = ConfigContainer()
+            cfg.model = AutoBridge.from_hf_pretrained("meta-llama/Meta-Llama-3-70B").get_model_config()
+            cfg.model.seq_length = SEQ
+            cfg.model.cuda_graph_impl = "none"
+            cfg.ddp.use_distributed_optimizer = True
+            return cfg
+    """,
+    "perf_recipes/llama/h100/llama3.py": """
+        from megatron.bridge.models import AutoBridge
+        from megatron.bridge.recipes.llama import llama3_70b_pretrain_config
+        from megatron.bridge.training.comm_overlap import CommOverlapConfig
+        from megatron.bridge.training.mixed_precision import get_mixed_precision_config
+
+        def _common(cfg, graphs=None):
+            if graphs is not None:
+                cfg.model.cuda_graph_impl = graphs
+            if not isinstance(cfg.mixed_precision, str):
+                cfg.mixed_precision.grad_reduce_in_fp32 = False
+
+        def llama3_70b_pretrain_64gpu_h100_fp8cs_config():
+            cfg = llama3_70b_pretrain_config()
+            cfg.mixed_precision = get_mixed_precision_config("bf16-with-fp8-current-scaling-mixed")
+            cfg.model.tensor_model_parallel_size = 4
+            cfg.model.pipeline_model_parallel_size = 4
+            cfg.model.virtual_pipeline_model_parallel_size = 5
+            cfg.model.sequence_parallel = True
+            cfg.train.global_batch_size = 256
+            cfg.train.micro_batch_size = 1
+            cfg.comm_overlap = CommOverlapConfig(tp_comm_overlap=True)
+            _common(cfg)
+            return cfg
+
+        def llama3_70b_pretrain_64gpu_h100_bf16_config():
+            cfg = llama3_70b_pretrain_64gpu_h100_fp8cs_config()
+            cfg.mixed_precision.fp8 = None
+            _common(cfg, graphs="local")
+            return cfg
+
+        def llama3_70b_pretrain_8gpu_h100_bf16_config():
+            cfg = llama3_70b_pretrain_config()
+            cfg.model = AutoBridge.from_hf_pretrained("moonshotai/Kimi-K2-Instruct").get_model_config()
+            return cfg
+    """,
+}
+
+
+@pytest.fixture()
+def bridge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "src/megatron/bridge"
+    for name, text in _FILES.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(dedent(text))
+    (root / "models").mkdir()
+    (root / "models/__init__.py").write_text("from megatron.bridge.models.auto import AutoBridge\n")
+    (root / "models/auto.py").write_text("class AutoBridge:\n    pass\n")
+    (root / "recipes/__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(BENCH))
+    return tmp_path
+
+
+def test_a_recipe_becomes_megatron_lm_arguments(bridge: Path) -> None:
+    import bridge_recipes
+
+    args = bridge_recipes.json.loads(bridge_recipes.show(bridge, "llama3_70b_pretrain_64gpu_h100_fp8cs_config"))
+    assert args["preset"] == "llama3-70b" and args["gpus"] == 64 and args["refusals"] == []
+    got = args["arguments"]
+    # the base recipe's fields, then the perf recipe's; the mixed-precision recipe by its
+    # hyphenated name; grad_reduce_in_fp32 False with bf16 is --grad-reduce-in-bf16
+    assert got["seq_length"] == 8192 and got["tensor_model_parallel_size"] == 4
+    assert got["num_virtual_stages_per_pipeline_rank"] == 5 and got["sequence_parallel"] is True
+    assert (got["fp8_format"], got["fp8_recipe"], got["fp8_param_gather"]) == ("hybrid", "tensorwise", True)
+    assert got["grad_reduce_in_bf16"] is True and got["global_batch_size"] == 256
+    # CommOverlapConfig.setup: dp = 64 / (4 x 4) = 4 > 1 turns both DDP overlaps on
+    assert got["overlap_grad_reduce"] is True and got["overlap_param_gather"] is True
+    assert got["tp_comm_overlap"] is True
+    # Bridge pads the vocabulary only with should_pad_vocab (not set: its default False)
+    assert got["make_vocab_size_divisible_by"] == 1
+    assert "cuda_graph_impl" not in got  # "none"
+
+
+def test_the_coverage_names_each_cause(bridge: Path) -> None:
+    import bridge_recipes
+
+    outcomes = {o.name: o for o in bridge_recipes.run_all(bridge, run=False, families=None)}
+    assert outcomes["llama3_70b_pretrain_64gpu_h100_fp8cs_config"].status == "modelled"
+    graphs = outcomes["llama3_70b_pretrain_64gpu_h100_bf16_config"]
+    assert (graphs.status, graphs.cause) == ("refused", "--cuda-graph-impl local")
+    kimi = outcomes["llama3_70b_pretrain_8gpu_h100_bf16_config"]
+    assert kimi.status == "refused" and kimi.cause == "model"
+    text = bridge_recipes.render(list(outcomes.values()))
+    assert "| llama | h100 | 3 | 1 | 2 | 0 | 0 |" in text
+    assert "Fully modelled: 1 of 3 (33%)." in text

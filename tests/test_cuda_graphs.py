@@ -1,0 +1,197 @@
+"""memory/engine/cuda_graphs.py: Transformer Engine per-layer graphs' capture order and static inputs,
+from megatron-core's own TECudaGraphHelper, against hand counts from its source."""
+
+from __future__ import annotations
+
+import pytest
+
+SEQ, HIDDEN, HEAD = 256, 128, 32  # 4 heads of 32
+
+
+def _job(**flags):
+    from inspector.job.job import make_job
+
+    args = dict(
+        num_layers=4, hidden_size=HIDDEN, num_attention_heads=4, seq_length=SEQ,
+        max_position_embeddings=SEQ, vocab_size=1000, data_parallel_size=1, micro_batch_size=1,
+        global_batch_size=8, bf16=True, transformer_impl="transformer_engine",
+        position_embedding_type="rope", normalization="RMSNorm", swiglu=True,
+        disable_bias_linear=True,
+    )  # fmt: skip
+    return make_job({**args, **flags})
+
+
+# per (layer, micro-batch) sample (TransformerLayer.get_layer_static_inputs): hidden states
+# [s, b, h] in bf16 (megatron makes them bf16 whatever the job's dtype) and, with attention in
+# the scope, the causal mask [b, 1, s, s] of bools; one rope table [s, 1, 1, d] in fp32 for all
+HIDDEN_BYTES = SEQ * 1 * HIDDEN * 2
+MASK_BYTES = SEQ * SEQ
+ROPE_BYTES = SEQ * HEAD * 4
+
+
+def test_the_capture_order_is_megatrons_docstring_example():
+    from inspector.memory.engine.cuda_graphs import capture_order
+
+    # transformer/cuda_graphs.py convert_schedule_table_to_order: PP2, 5 micro-batches, VP2,
+    # groups of 3, 5 warm-up forwards (rank 0: (2 - 0 - 1) * 2 + (2 - 1) * 3)
+    assert capture_order(2, 0, 2, 5, group_size=3) == [
+        1, 1, 1, 2, 2, 2, -2, 1, -2, 1, -2, 2, -1, 2, -1, -1, -2, -2, -1, -1]  # fmt: skip
+
+
+def test_without_a_pipeline_one_micro_batch_is_captured_per_layer():
+    from inspector.memory.engine.cuda_graphs import static_inputs
+
+    got = static_inputs(_job(pipeline_model_parallel_size=1), 0)
+    assert (got.graphs, got.order) == (4, (1, -1))
+    assert got.buffers == 4 * 2 + 1
+    assert got.bytes == 4 * (HIDDEN_BYTES + MASK_BYTES) + ROPE_BYTES
+
+
+def test_an_mlp_scope_takes_no_mask_and_no_rope():
+    from inspector.memory.engine.cuda_graphs import static_inputs
+
+    got = static_inputs(_job(pipeline_model_parallel_size=1), 0, ("mlp",))
+    assert (got.buffers, got.bytes) == (4, 4 * HIDDEN_BYTES)
+
+
+@pytest.mark.parametrize(("stage", "in_flight"), [(0, 2), (1, 1)])
+def test_a_pipeline_captures_every_micro_batch_and_reuses_finished_ones(stage, in_flight):
+    from inspector.memory.engine.cuda_graphs import static_inputs
+
+    # pp 2, 8 micro-batches, 2 layers a stage: every (layer, micro-batch) is captured, but a
+    # forward reuses the samples of a micro-batch whose backward ran, so the buffers are the
+    # 1F1B schedule's micro-batches in flight (stage 0: one warm-up forward, 2; stage 1: 1)
+    got = static_inputs(_job(pipeline_model_parallel_size=2), stage)
+    assert got.graphs == 2 * 8
+    assert got.buffers == 2 * in_flight * 2 + 1
+    assert got.bytes == 2 * in_flight * (HIDDEN_BYTES + MASK_BYTES) + ROPE_BYTES
+
+
+def _events(*steps):
+    from inspector.memory.engine.allocator import Event
+
+    total, out = 0, []
+    for size, where, *origin in steps:
+        total += size
+        out.append(Event(size, total, where, *origin))
+    return tuple(out)
+
+
+def test_a_free_returns_to_the_pool_its_block_came_from():
+    from inspector.memory.engine.cuda_graphs import split_trace
+    from inspector.memory.engine.microbatch import Trace
+
+    # forward: the embedding's output (normal pool), a layer's two blocks (the graph's pool), the
+    # layer frees the embedding's block: a normal-pool free though it happens inside the layer
+    forward = _events((100, "embedding"), (10, "decoder.layers.0.self_attention.linear_qkv"),
+                      (20, "decoder.layers.0.mlp"), (-100, "decoder.layers.0.mlp", "embedding"))
+    backward = _events((5, "layer 3 mlp: SwiGLUFunctionBackward"),
+                       (-20, "layer 3 mlp: SwiGLUFunctionBackward", "decoder.layers.0.mlp"))  # fmt: skip
+    pool, rest = split_trace(Trace(forward, backward, ()), ())
+    assert [e.bytes for e in pool.forward] == [10, 20] and pool.held == 30
+    assert [e.bytes for e in rest.forward] == [100, -100] and rest.held == 0
+    assert [e.allocated for e in pool.backward] == [35, 15]
+
+
+def test_an_attention_scope_keeps_the_mlp_and_its_residual_add_outside_the_pool():
+    from inspector.memory.engine.cuda_graphs import pool_of
+
+    # TransformerLayer._te_cuda_graph_capture: attn graphs _forward_attention, which ends with
+    # the attention's bias-dropout-add (the layer's own op after self_attention); the MLP's add
+    # follows the MLP. In the backward the adds run before the part they close.
+    forward = _events((1, "decoder.layers.0.self_attention.linear_qkv"), (2, "decoder.layers.0"),
+                      (3, "decoder.layers.0.mlp.linear_fc1"), (4, "decoder.layers.0"))  # fmt: skip
+    assert pool_of(forward, ("attn",), False) == [True, True, False, False]
+    assert pool_of(forward, ("mlp",), False) == [False, False, True, True]
+    backward = _events((4, "decoder.layers.0: NativeDropoutBackward0"),
+                       (3, "decoder.layers.0.mlp.linear_fc1: LinearFunctionBackward"),
+                       (2, "decoder.layers.0: NativeDropoutBackward0"),
+                       (1, "decoder.layers.0.self_attention.linear_qkv: LayerNormLinearFunctionBackward"))  # fmt: skip
+    assert pool_of(backward, ("attn",), True) == [False, False, True, True]
+
+
+def test_memory_keeps_the_graphs_inputs_grad_outputs_and_pool_beside_the_step():
+    from inspector.memory.engine.memory import run_memory
+
+    job = _job(pipeline_model_parallel_size=2, cuda_graph_impl="transformer_engine")
+    eager = run_memory(_job(pipeline_model_parallel_size=2), 0)
+    graphed = run_memory(job, 0)
+    kept = dict(graphed.persistent)
+    inputs = next(size for what, size in kept.items() if what.startswith("CUDA graphs' static inputs"))
+    assert inputs == 2 * 2 * (HIDDEN_BYTES + MASK_BYTES) + ROPE_BYTES
+    # TE graph.py: one empty_like of the layers' output (a bf16 hidden state) for every graph
+    assert kept["CUDA graphs' static grad outputs"] == HIDDEN_BYTES
+    pool = next(size for what, size in kept.items() if what.startswith("CUDA graphs' memory pool"))
+    assert 0 < pool < eager.peak.bytes
+    # the graphs' pool and the rest never share blocks: never below the eager iteration
+    assert graphed.static + graphed.peak.bytes >= eager.static + eager.peak.bytes + inputs
+    assert "CUDA graphs' memory pool" in graphed.peak.moment and "layer 1" in graphed.peak.moment
+
+
+@pytest.mark.parametrize(
+    ("flags", "error"),
+    [
+        (["--cuda-graph-impl", "local"], "Error: --cuda-graph-impl local is not modelled: "
+         "megatron-core's own CUDA graphs (CudaGraphManager) and their memory pools are not "
+         "counted; transformer_engine's per-layer graphs are"),
+        (["--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope", "full_iteration"],
+         "Error: --cuda-graph-scope full_iteration is not modelled: full-iteration graphs (one "
+         "graph of every micro-batch's forward and backward, megatron-core full_cuda_graph.py) "
+         "are not modelled; per-layer graphs are"),
+        # megatron-core TransformerConfig.__post_init__
+        (["--cuda-graph-impl", "transformer_engine", "--recompute-granularity", "full",
+          "--recompute-method", "uniform"],
+         "Error: --recompute-granularity full with --cuda-graph-impl: megatron-core refuses it "
+         "('full recompute is only supported with full iteration CUDA graph.')"),
+    ],
+)  # fmt: skip
+def test_graphs_memory_does_not_model_are_refused_by_name(flags, error):
+    from tests.conftest import run_cli
+
+    result = run_cli("memory", "--model", "llama3-8b", "--micro-batch-size", "1", "--bf16",
+                     "--no-cache", *flags)  # fmt: skip
+    assert (result.code, result.err.strip(), result.out) == (2, error, "")
+
+
+def test_the_timeline_draws_the_graphs_pool_as_its_own_band(tmp_path):
+    from inspector.memory.engine.memory import run_memory
+
+    from tests.conftest import run_cli
+
+    job = _job(pipeline_model_parallel_size=2, cuda_graph_impl="transformer_engine")
+    run = run_memory(job, 0)
+    # the passes drawn are the rest of the step (the graphed parts live in the pool, a band):
+    # their highest point is the peak the report gives when the graphed state is the higher
+    highest = max(p.held + max((s[1] for s in p.steps), default=0) for p in run.replay.passes())
+    assert highest == run.peak.bytes
+    flags = ["memory", "--num-layers", "4", "--hidden-size", str(HIDDEN), "--num-attention-heads",
+             "4", "--seq-length", str(SEQ), "--max-position-embeddings", str(SEQ), "--vocab-size",
+             "1000", "--pp", "2", "--micro-batch-size", "1", "--global-batch-size", "8", "--bf16",
+             "--transformer-impl", "transformer_engine", "--position-embedding-type", "rope",
+             "--normalization", "RMSNorm", "--swiglu", "--disable-bias-linear", "--no-cache"]  # fmt: skip
+    for graphs, bands in (([], 0), (["--cuda-graph-impl", "transformer_engine"], 2)):
+        svg = tmp_path / f"t{bands}.svg"
+        assert run_cli(*flags, *graphs, "--timeline", str(svg)).code == 0
+        assert svg.read_text().count('data-band="graphs"') == bands
+
+
+def test_before_megatron_core_0_16_the_graphs_are_refused(monkeypatch):
+    from inspector.errors import ConfigError
+    from inspector.job import cuda_graphs
+
+    # megatron-core 0.13's transformer/cuda_graphs.py has no TECudaGraphHelper._get_sample_arguments
+    monkeypatch.setattr(cuda_graphs, "megatron_core_version", lambda: (0, 15))
+    with pytest.raises(ConfigError, match=r"modelled with megatron-core 0.16 or later \(the installed 0.15"):
+        _job(cuda_graph_impl="transformer_engine")
+
+
+def test_the_moe_overlaps_capture_order_is_refused_by_name():
+    from inspector.errors import ConfigError
+
+    # transformer/cuda_graphs.py _get_cuda_graph_input_data: with the MoE all-to-all overlap the
+    # order is get_overlap_moe_expert_parallel_comm_order's, one layer a chunk
+    moe = dict(num_experts=4, moe_router_topk=2, expert_model_parallel_size=2, data_parallel_size=2,
+               moe_token_dispatcher_type="alltoall", moe_grouped_gemm=True,
+               overlap_moe_expert_parallel_comm=True, cuda_graph_impl="transformer_engine")  # fmt: skip
+    with pytest.raises(ConfigError, match="with --overlap-moe-expert-parallel-comm is not modelled"):
+        _job(**moe)
