@@ -111,7 +111,7 @@ def test_an_attention_scope_keeps_the_mlp_and_its_residual_add_outside_the_pool(
 
 
 def test_memory_keeps_the_graphs_inputs_grad_outputs_and_pool_beside_the_step():
-    from inspector.memory.engine.memory import run_memory
+    from inspector.memory.engine.run import run_memory
 
     job = _job(pipeline_model_parallel_size=2, cuda_graph_impl="transformer_engine")
     eager = run_memory(_job(pipeline_model_parallel_size=2), 0)
@@ -154,7 +154,7 @@ def test_graphs_memory_does_not_model_are_refused_by_name(flags, error):
 
 
 def test_the_timeline_draws_the_graphs_pool_as_its_own_band(tmp_path):
-    from inspector.memory.engine.memory import run_memory
+    from inspector.memory.engine.run import run_memory
 
     from tests.conftest import run_cli
 
