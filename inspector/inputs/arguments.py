@@ -289,8 +289,8 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
     _training(
         "cuda_graph_scope",
         str,
-        "What each layer's graph covers (default the whole layer): attn, mlp (moe, moe_router, "
-        "moe_preprocess and full_iteration are not modelled).",
+        "What each layer's graph covers (default the whole layer): attn, mlp, moe_router, "
+        "moe_preprocess (moe and full_iteration are not modelled).",
         many=True,
     ),
     _training("grad_reduce_in_bf16", bool, "bf16 models: gradients in bf16, not fp32."),

@@ -3,8 +3,8 @@ megatron-core's TransformerConfig checks them (transformer/transformer_config.py
 0.16.1).
 
 Transformer Engine's per-layer graphs (`transformer_engine`) are modelled by `memory`
-(engine/cuda_graphs.py): their static inputs and their memory pool. megatron's own
-CudaGraphManager (`local`, refused in inputs/unmodelled.py) and full-iteration graphs are not.
+(engine/cuda_graphs.py): their static inputs and their memory pool, whole layers or the scopes
+attn, mlp, moe_router and moe_preprocess. megatron's own CudaGraphManager (`local`, refused in inputs/unmodelled.py) and full-iteration graphs are not.
 """
 
 from __future__ import annotations
@@ -22,11 +22,7 @@ SCOPES = ("full", "full_iteration", "attn", "mlp", "moe", "moe_router", "moe_pre
 _UNMODELLED = {
     "full_iteration": "full-iteration graphs (one graph of every micro-batch's forward and "
     "backward, megatron-core full_cuda_graph.py) are not modelled; per-layer graphs are",
-    "moe_preprocess": "the MoE dispatcher's preprocessing inside the router's graph is not "
-    "told apart from the rest of the MoE layer; attn and mlp are modelled",
     "mamba": "Mamba layers' graphs are not modelled (this tool builds GPT models)",
-    "moe_router": "the router graph's further outputs (probabilities, routing map) and their "
-    "static gradients are not counted; attn and mlp are modelled",
 }
 
 
@@ -56,6 +52,13 @@ def check_cuda_graphs(impl: str, scope: tuple[str, ...], recompute: str, num_exp
     for word in scope:
         if word in _UNMODELLED:
             raise ConfigError(f"--cuda-graph-scope {word} is not modelled: {_UNMODELLED[word]}")
+    if "moe_preprocess" in scope and "moe_router" not in scope:
+        raise ConfigError("--cuda-graph-scope moe_preprocess needs moe_router (megatron-core: "
+                          "'moe_preprocess cuda graph is only supported with moe_router cuda "
+                          "graph.')")  # fmt: skip
+    if "moe_router" in scope and not num_experts:
+        raise ConfigError("--cuda-graph-scope moe_router needs MoE layers (megatron-core: 'moe "
+                          "cuda graph is only supported for MoE.')")  # fmt: skip
     if "moe" in scope and not num_experts:
         raise ConfigError("--cuda-graph-scope moe needs MoE layers (megatron-core: 'moe cuda "
                           "graph is only supported for MoE.')")  # fmt: skip
