@@ -291,11 +291,11 @@ def preprocess_named(job: Job, enter: Any, leave: Any, names: dict[Any, str]) ->
         finally:
             leave()
 
-    MoELayer.preprocess = named  # type: ignore[method-assign]
+    MoELayer.preprocess = named
     try:
         yield
     finally:
-        MoELayer.preprocess = original  # type: ignore[method-assign]
+        MoELayer.preprocess = original
 
 
 def split_trace(trace: Trace, scope: tuple[str, ...]) -> tuple[Trace, Trace]:

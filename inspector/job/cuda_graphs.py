@@ -4,7 +4,8 @@ megatron-core's TransformerConfig checks them (transformer/transformer_config.py
 
 Transformer Engine's per-layer graphs (`transformer_engine`) are modelled by `memory`
 (engine/cuda_graphs.py): their static inputs and their memory pool, whole layers or the scopes
-attn, mlp, moe_router and moe_preprocess. megatron's own CudaGraphManager (`local`, refused in inputs/unmodelled.py) and full-iteration graphs are not.
+attn, mlp, moe_router and moe_preprocess. megatron's own CudaGraphManager (`local`, refused in
+inputs/unmodelled.py) and full-iteration graphs are not.
 """
 
 from __future__ import annotations
