@@ -259,6 +259,9 @@ def test_memory_runs_the_router_graphs_and_pools_more_with_each_step():
         ({"cuda_graph_scope": ["moe_preprocess"], **MOE}, "moe_preprocess needs moe_router"),
         ({"cuda_graph_scope": ["moe_router"], "cuda_graph_impl": "transformer_engine"},
          "moe_router needs MoE layers"),
+        # megatron-core: the alltoall preprocess with a capacity factor copies to the host
+        ({"cuda_graph_scope": ["moe_router", "moe_preprocess"], "moe_expert_capacity_factor": 1.0,
+          **MOE}, "DtoH copies and synchronizations in the preprocess step"),
     ],
 )  # fmt: skip
 def test_megatron_cores_router_scope_checks(flags, error):

@@ -41,7 +41,8 @@ def parse_scope(args: Mapping[str, Any]) -> tuple[str, ...]:
 
 
 def check_cuda_graphs(impl: str, scope: tuple[str, ...], recompute: str, num_experts: int | None,
-                      every_layer_moe: bool, ep_overlap: bool = False) -> None:  # fmt: skip
+                      every_layer_moe: bool, ep_overlap: bool = False,
+                      syncs: bool = False) -> None:  # fmt: skip
     """Refuse what megatron-core's TransformerConfig refuses, and the scopes not modelled."""
     if impl == "none":  # the scope acts only with an implementation
         return
@@ -57,6 +58,11 @@ def check_cuda_graphs(impl: str, scope: tuple[str, ...], recompute: str, num_exp
         raise ConfigError("--cuda-graph-scope moe_preprocess needs moe_router (megatron-core: "
                           "'moe_preprocess cuda graph is only supported with moe_router cuda "
                           "graph.')")  # fmt: skip
+    if "moe_preprocess" in scope and syncs:
+        raise ConfigError("--cuda-graph-scope moe_preprocess with the alltoall dispatcher and "
+                          "--moe-expert-capacity-factor or router padding for fp8: megatron-core "
+                          "refuses it ('moe_preprocess cuda graph is not supported when there are "
+                          "DtoH copies and synchronizations in the preprocess step.')")  # fmt: skip
     if "moe_router" in scope and not num_experts:
         raise ConfigError("--cuda-graph-scope moe_router needs MoE layers (megatron-core: 'moe "
                           "cuda graph is only supported for MoE.')")  # fmt: skip
@@ -80,3 +86,14 @@ def check_cuda_graphs(impl: str, scope: tuple[str, ...], recompute: str, num_exp
         raise ConfigError("--recompute-granularity full with --cuda-graph-impl: megatron-core "
                           "refuses it ('full recompute is only supported with full iteration "
                           "CUDA graph.')")  # fmt: skip
+
+
+def preprocess_syncs(training: Any) -> bool:
+    """Return whether the MoE preprocessing copies to the host (megatron-core TransformerConfig:
+    alltoall with a capacity factor or router padding for fp8, unless padded to capacity)."""
+    factor = training.moe_expert_capacity_factor
+    return (
+        (factor is None or not training.moe_pad_expert_input_to_capacity)
+        and training.moe_token_dispatcher_type == "alltoall"
+        and (factor is not None or training.moe_router_padding)
+    )
