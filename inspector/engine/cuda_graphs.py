@@ -40,6 +40,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from inspector.engine.allocator import Event, rounded
+from inspector.engine.graph_steps import PREPROCESS
 from inspector.engine.microbatch import Trace, _routing
 from inspector.engine.schedule import Peak, iteration_peak
 from inspector.job.job import Job
@@ -202,9 +203,6 @@ _IN_LAYER = re.compile(
 # TransformerLayer._get_submodules_under_cudagraphs: the submodules each scope word graphs
 _ATTENTION = ("input_layernorm", "self_attention", "pre_cross_attn_layernorm", "cross_attention")
 _ROUTER = ("mlp.router", "mlp.shared_experts")  # with moe_router, beside pre_mlp_layernorm
-# MoELayer.preprocess (the dispatcher's dispatch_preprocess) is a method, not a module: the
-# engine's run names it (`preprocess_named`) where moe_preprocess graphs it
-PREPROCESS = "preprocess"
 # what the graphs keep, as RunMemory.persistent names it (the timeline draws it as its own band)
 GRAPHS = "CUDA graphs' "
 
@@ -266,36 +264,6 @@ def pool_of(events: Sequence[Event], scope: tuple[str, ...], backward: bool) -> 
             current = parts[index]
     return [m is not None and _graphed_part(part or "attn", scope, m.group(1) in moe)
             for m, part in zip(inside, parts)]  # fmt: skip
-
-
-@contextlib.contextmanager
-def preprocess_named(job: Job, enter: Any, leave: Any, names: dict[Any, str]) -> Iterator[None]:
-    """Name what MoELayer.preprocess allocates `<layer>.mlp.preprocess` (`enter`/`leave`: the
-    tracker's) where moe_preprocess puts it in the graphs: it is a method of the MoE layer, whose
-    other steps (dispatch, experts, combine) stay outside."""
-    training = job.training
-    if (
-        training.cuda_graph_impl != "transformer_engine"
-        or "moe_preprocess" not in training.cuda_graph_scope
-    ):
-        yield
-        return
-    from megatron.core.transformer.moe.moe_layer import MoELayer
-
-    original = MoELayer.preprocess
-
-    def named(self: Any, *args: Any, **kwargs: Any) -> Any:
-        enter(f"{names[self]}.{PREPROCESS}")
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            leave()
-
-    MoELayer.preprocess = named
-    try:
-        yield
-    finally:
-        MoELayer.preprocess = original
 
 
 def split_trace(trace: Trace, scope: tuple[str, ...]) -> tuple[Trace, Trace]:

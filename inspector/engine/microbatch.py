@@ -165,8 +165,8 @@ def run_microbatch(job: Job, ddp: Any, gpt: Any, num_microbatches: int) -> Trace
 
 
 def _graphed_steps_named(job: Job, tracker: Tracker, where: _where) -> Any:
-    """Name the MoE steps a CUDA graph takes that are no module (engine/cuda_graphs.py)."""
-    from inspector.engine.cuda_graphs import preprocess_named
+    """Name the MoE steps a CUDA graph takes that are no module (engine/graph_steps.py)."""
+    from inspector.engine.graph_steps import preprocess_named
 
     return preprocess_named(job, tracker.enter, tracker.leave, where.names)
 
