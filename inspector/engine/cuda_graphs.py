@@ -169,11 +169,16 @@ def _grad_output_bytes(job: Job, callables: list[list[Any]], microbatches: int, 
     from megatron.core.transformer import cuda_graphs
 
     signatures: dict[Any, int] = {}
+    seen: set[Any] = set()
     first = 0  # a chunk's samples: its layers' for micro-batch 0 first (graph.py's indexing)
     with _routing(job):  # megatron's router on meta tensors (engine/moe.py)
         for layers in callables:
             for number, layer in enumerate(layers):
                 index = first + number
+                kind = (type(layer.mlp), *((tuple(a.shape), a.dtype) for a in _tensors(args[index])))
+                if kind in seen:  # a layer of the same kind and inputs: the same outputs
+                    continue
+                seen.add(kind)
                 cuda_graphs._set_capture_start()
                 try:
                     outputs = layer._te_cuda_graph_capture(*args[index], **kwargs[index])
