@@ -222,24 +222,27 @@ def test_the_router_scope_pools_the_moe_layers_norm_router_and_preprocessing():
 
 
 @pytest.mark.parametrize(
-    ("scope", "grad_outputs"),
+    ("scope", "grad_outputs", "freq"),
     [
         # router graph outputs (moe_utils.py get_early_return_outputs, transformer_layer.py
         # _forward_mlp): the norm's output [s, b, h], probabilities [s*b, experts] (the input's
         # bf16: no --moe-router-dtype), the routing map (bools, no grad), the residual [s, b, h]
-        (("attn", "moe_router"), 2 * HIDDEN_BYTES + SEQ * EXPERTS * 2),
+        (("attn", "moe_router"), 2 * HIDDEN_BYTES + SEQ * EXPERTS * 2, 1),
         # with preprocess (alltoall dispatch_preprocess permutes): tokens [s*b*topk, h], their
         # probabilities [s*b*topk], the dispatcher's attributes (ints, no grad), the residual
         (("attn", "moe_router", "moe_preprocess"),
-         SEQ * TOPK * HIDDEN * 2 + SEQ * TOPK * 2 + HIDDEN_BYTES),
+         SEQ * TOPK * HIDDEN * 2 + SEQ * TOPK * 2 + HIDDEN_BYTES, 1),
+        # a dense first layer: its attention graph's one hidden state is a signature of its own
+        (("attn", "moe_router"), HIDDEN_BYTES + 2 * HIDDEN_BYTES + SEQ * EXPERTS * 2, [0, 1, 1, 1]),
     ],
 )  # fmt: skip
-def test_the_router_graphs_static_grad_outputs_are_te_s_one_set_per_signature(scope, grad_outputs):
+def test_the_router_graphs_static_grad_outputs_are_te_s_one_set_per_signature(scope, grad_outputs,
+                                                                              freq):  # fmt: skip
     from inspector.engine.cuda_graphs import static_inputs
 
     # TE graph.py static_grad_outputs_dict: empty_like of each output needing a gradient, one
-    # set for every graph whose outputs have the same shapes (all four layers are MoE layers)
-    job = _job(**MOE, cuda_graph_scope=list(scope))
+    # set for every graph whose outputs have the same shapes
+    job = _job(**MOE, cuda_graph_scope=list(scope), moe_layer_freq=freq)
     assert static_inputs(job, 0, scope).grad_output_bytes == grad_outputs
 
 
