@@ -132,12 +132,13 @@ def test_memory_keeps_the_graphs_inputs_grad_outputs_and_pool_beside_the_step():
     ("flags", "error"),
     [
         (["--cuda-graph-impl", "local"], "Error: --cuda-graph-impl local is not modelled: "
-         "megatron-core's own CUDA graphs (CudaGraphManager) and their memory pools are not "
-         "counted; transformer_engine's per-layer graphs are"),
+         "megatron-core's own per-layer CUDA graphs (CudaGraphManager) and their memory pools "
+         "are not counted; transformer_engine's per-layer graphs and --cuda-graph-scope "
+         "full_iteration are"),
         (["--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope", "full_iteration"],
-         "Error: --cuda-graph-scope full_iteration is not modelled: full-iteration graphs (one "
-         "graph of every micro-batch's forward and backward, megatron-core full_cuda_graph.py) "
-         "are not modelled; per-layer graphs are"),
+         "Error: --cuda-graph-scope full_iteration with --cuda-graph-impl transformer_engine: "
+         "megatron-core refuses it ('To use full iteration cuda graph, please use "
+         "cuda_graph_impl=local instead of cuda_graph_impl=transformer_engine.')"),
         # megatron-core TransformerConfig.__post_init__
         (["--cuda-graph-impl", "transformer_engine", "--recompute-granularity", "full",
           "--recompute-method", "uniform"],

@@ -347,11 +347,6 @@ REFUSED_VALUES: dict[str, dict[str, Refusal]] = {
     # the linear weights, Adam on the rest), Lion, SOAP; versions.CHOICE_VERSIONS has when each came
     "--optimizer": {name: Refusal("training", _OPTIMIZER) for name in (
         "muon", "dist_muon", "lion", "soap", "adaptive_muon")},  # fmt: skip
-    # megatron-core's CudaGraphManager (transformer/cuda_graphs.py): graphs recorded lazily in the
-    # first iterations, a memory pool per micro-batch under a pipeline
-    "--cuda-graph-impl": {"local": Refusal(
-        "training", "megatron-core's own CUDA graphs (CudaGraphManager) and their memory pools "
-        "are not counted; transformer_engine's per-layer graphs are")},  # fmt: skip
 }
 
 

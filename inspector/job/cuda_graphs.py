@@ -21,8 +21,6 @@ from inspector.inputs.versions import megatron_core_version
 SCOPES = ("full", "full_iteration", "attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba")
 # what a scope word graphs that `memory` cannot separate, or another graph than a layer's
 _UNMODELLED = {
-    "full_iteration": "full-iteration graphs (one graph of every micro-batch's forward and "
-    "backward, megatron-core full_cuda_graph.py) are not modelled; per-layer graphs are",
     "mamba": "Mamba layers' graphs are not modelled (this tool builds GPT models)",
 }
 
@@ -51,6 +49,20 @@ def check_cuda_graphs(impl: str, scope: tuple[str, ...], recompute: str, num_exp
         raise ConfigError(f"--cuda-graph-impl {impl} is modelled with megatron-core 0.16 or later "
                           f"(the installed {installed[0]}.{installed[1]} has no TECudaGraphHelper "
                           "sample buffers to run)")  # fmt: skip
+    if impl == "local" and "full_iteration" not in scope:
+        raise ConfigError("--cuda-graph-impl local is not modelled: megatron-core's own per-layer "
+                          "CUDA graphs (CudaGraphManager) and their memory pools are not counted; "
+                          "transformer_engine's per-layer graphs and --cuda-graph-scope "
+                          "full_iteration are")  # fmt: skip
+    if impl == "local" and scope != ("full_iteration",):
+        raise ConfigError(f"--cuda-graph-scope {' '.join(scope)} is not modelled: with "
+                          "full_iteration the whole forward and backward is one graph; pass "
+                          "full_iteration alone")  # fmt: skip
+    if impl == "transformer_engine" and "full_iteration" in scope:
+        raise ConfigError("--cuda-graph-scope full_iteration with --cuda-graph-impl "
+                          "transformer_engine: megatron-core refuses it ('To use full iteration "
+                          "cuda graph, please use cuda_graph_impl=local instead of "
+                          "cuda_graph_impl=transformer_engine.')")  # fmt: skip
     for word in scope:
         if word in _UNMODELLED:
             raise ConfigError(f"--cuda-graph-scope {word} is not modelled: {_UNMODELLED[word]}")
@@ -77,12 +89,12 @@ def check_cuda_graphs(impl: str, scope: tuple[str, ...], recompute: str, num_exp
         raise ConfigError("--cuda-graph-scope moe is not modelled: megatron-core graphs the MoE "
                           "layer only with drop-and-pad routing, whose padded buffers the graph "
                           "keeps")  # fmt: skip
-    if ep_overlap:
+    if ep_overlap and impl == "transformer_engine":
         raise ConfigError("--cuda-graph-impl with --overlap-moe-expert-parallel-comm is not "
                           "modelled: megatron captures each layer's graphs in the overlap's order "
                           "(transformer/cuda_graphs.py get_overlap_moe_expert_parallel_comm_order), "
                           "with weight-gradient graphs under --delay-wgrad-compute")  # fmt: skip
-    if recompute == "full":
+    if recompute == "full" and scope != ("full_iteration",):
         raise ConfigError("--recompute-granularity full with --cuda-graph-impl: megatron-core "
                           "refuses it ('full recompute is only supported with full iteration "
                           "CUDA graph.')")  # fmt: skip
