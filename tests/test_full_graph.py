@@ -65,3 +65,15 @@ def test_other_local_graphs_are_refused(flags, error):
 
     with pytest.raises(ConfigError, match=error):
         _job(**flags)
+
+
+@pytest.mark.parametrize(("scope", "refused"), [(None, True), (["attn"], True),
+                                                ("full_iteration", False)])  # fmt: skip
+def test_a_scripts_local_graphs_are_refused_beside_its_other_refusals(scope, refused):
+    from inspector.inputs.refusals import validate_args_refusals
+
+    # a script's refusals are gathered so one error names them all: local's per-layer graphs
+    # (CudaGraphManager) are one of them, local with full_iteration is not
+    args = {"cuda_graph_impl": "local", "cuda_graph_scope": scope}
+    found = validate_args_refusals(["--cuda-graph-impl"], "train.sh", args)
+    assert [r.argument for r in found] == (["--cuda-graph-impl local"] if refused else [])

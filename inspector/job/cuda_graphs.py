@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from inspector.errors import ConfigError
+from inspector.inputs.unmodelled import LOCAL_GRAPHS
 from inspector.inputs.versions import megatron_core_version
 
 # megatron-core's CudaGraphScope (transformer/enums.py), "full" its deprecated empty scope
@@ -50,10 +51,7 @@ def check_cuda_graphs(impl: str, scope: tuple[str, ...], recompute: str, num_exp
                           f"(the installed {installed[0]}.{installed[1]} has no TECudaGraphHelper "
                           "sample buffers to run)")  # fmt: skip
     if impl == "local" and "full_iteration" not in scope:
-        raise ConfigError("--cuda-graph-impl local is not modelled: megatron-core's own per-layer "
-                          "CUDA graphs (CudaGraphManager) and their memory pools are not counted; "
-                          "transformer_engine's per-layer graphs and --cuda-graph-scope "
-                          "full_iteration are")  # fmt: skip
+        raise ConfigError(f"--cuda-graph-impl local is not modelled: {LOCAL_GRAPHS.reason}")
     if impl == "local" and scope != ("full_iteration",):
         raise ConfigError(f"--cuda-graph-scope {' '.join(scope)} is not modelled: with "
                           "full_iteration the whole forward and backward is one graph; pass "
