@@ -48,12 +48,13 @@ def batch_bytes(job: Job) -> int:
 def static_batches(job: Job, stage: int) -> int:
     """Return the static batch buffers a rank of `stage` keeps (tensor-parallel rank 0).
 
-    Megatron-LM builds the data iterator on the first and last pipeline stages only
-    (pretrain_gpt.py `is_dataset_built_on_rank`), one per model chunk with a virtual pipeline
-    (training.py); `data_read` copies every micro-batch of each iterator."""
-    if stage not in (0, job.layout.pp - 1):
-        return 0
-    iterators = job.layout.vpp or 1
+    Megatron-LM builds a data iterator per model chunk (training.py) where the chunk is the
+    first or the last virtual pipeline stage (pretrain_gpt.py `is_dataset_built_on_rank`:
+    `is_first_or_last_pipeline_stage(vp_stage)`, tensor-parallel rank 0), None elsewhere;
+    `data_read` copies every micro-batch of each iterator."""
+    last, chunks = job.layout.pp - 1, job.layout.vpp or 1
+    iterators = sum(1 for chunk in range(chunks)
+                    if (stage, chunk) in ((0, 0), (last, chunks - 1)))  # fmt: skip
     return iterators * job.schedule().num_microbatches * batch_bytes(job)
 
 
