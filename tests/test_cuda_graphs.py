@@ -132,12 +132,13 @@ def test_memory_keeps_the_graphs_inputs_grad_outputs_and_pool_beside_the_step():
     ("flags", "error"),
     [
         (["--cuda-graph-impl", "local"], "Error: --cuda-graph-impl local is not modelled: "
-         "megatron-core's own CUDA graphs (CudaGraphManager) and their memory pools are not "
-         "counted; transformer_engine's per-layer graphs are"),
+         "megatron-core's own per-layer CUDA graphs (CudaGraphManager) and their memory pools "
+         "are not counted; transformer_engine's per-layer graphs and --cuda-graph-scope "
+         "full_iteration are"),
         (["--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope", "full_iteration"],
-         "Error: --cuda-graph-scope full_iteration is not modelled: full-iteration graphs (one "
-         "graph of every micro-batch's forward and backward, megatron-core full_cuda_graph.py) "
-         "are not modelled; per-layer graphs are"),
+         "Error: --cuda-graph-scope full_iteration with --cuda-graph-impl transformer_engine: "
+         "megatron-core refuses it ('To use full iteration cuda graph, please use "
+         "cuda_graph_impl=local instead of cuda_graph_impl=transformer_engine.')"),
         # megatron-core TransformerConfig.__post_init__
         (["--cuda-graph-impl", "transformer_engine", "--recompute-granularity", "full",
           "--recompute-method", "uniform"],
@@ -155,7 +156,6 @@ def test_graphs_memory_does_not_model_are_refused_by_name(flags, error):
 
 def test_the_timeline_draws_the_graphs_pool_as_its_own_band(tmp_path):
     from inspector.memory.engine.run import run_memory
-
     from tests.conftest import run_cli
 
     job = _job(pipeline_model_parallel_size=2, cuda_graph_impl="transformer_engine")
@@ -195,3 +195,81 @@ def test_the_moe_overlaps_capture_order_is_refused_by_name():
                overlap_moe_expert_parallel_comm=True, cuda_graph_impl="transformer_engine")  # fmt: skip
     with pytest.raises(ConfigError, match="with --overlap-moe-expert-parallel-comm is not modelled"):
         _job(**moe)
+
+
+# a MoE model of the same sizes: 4 experts, top 2, all-to-all over ep 2 (every layer MoE)
+EXPERTS, TOPK = 4, 2
+MOE = dict(num_experts=EXPERTS, moe_router_topk=TOPK, expert_model_parallel_size=2,
+           data_parallel_size=2, moe_token_dispatcher_type="alltoall", moe_grouped_gemm=True,
+           no_rope_fusion=True, cuda_graph_impl="transformer_engine")  # fmt: skip
+
+
+def test_the_router_scope_pools_the_moe_layers_norm_router_and_preprocessing():
+    from inspector.memory.engine.cuda_graphs import pool_of
+
+    # TransformerLayer._get_submodules_under_cudagraphs (moe_router: pre_mlp_layernorm, router,
+    # shared experts); moe_utils.py returns early after route (or preprocess with
+    # moe_preprocess); the dispatch and experts (the MoE layer's own ops) stay outside. Layer 1
+    # is dense: its pre_mlp_layernorm is outside (moe_router graphs MoE layers only).
+    forward = _events((1, "decoder.layers.0.pre_mlp_layernorm"), (2, "decoder.layers.0.mlp.router"),
+                      (3, "decoder.layers.0.mlp.preprocess"), (4, "decoder.layers.0.mlp"),
+                      (5, "decoder.layers.0.mlp.experts"), (6, "decoder.layers.0"),
+                      (7, "decoder.layers.1.pre_mlp_layernorm"), (8, "decoder.layers.1.mlp"))  # fmt: skip
+    router = [True, True, False, False, False, False, False, False]
+    assert pool_of(forward, ("moe_router",), False) == router
+    assert pool_of(forward, ("moe_router", "moe_preprocess"), False) == [True] * 3 + [False] * 5
+    # mlp graphs the dense layer's MLP only (megatron-core: mlp for dense layers, moe for MoE)
+    assert pool_of(forward, ("mlp",), False) == [False] * 6 + [True, True]
+
+
+@pytest.mark.parametrize(
+    ("scope", "grad_outputs", "freq"),
+    [
+        # router graph outputs (moe_utils.py get_early_return_outputs, transformer_layer.py
+        # _forward_mlp): the norm's output [s, b, h], probabilities [s*b, experts] (the input's
+        # bf16: no --moe-router-dtype), the routing map (bools, no grad), the residual [s, b, h]
+        (("attn", "moe_router"), 2 * HIDDEN_BYTES + SEQ * EXPERTS * 2, 1),
+        # with preprocess (alltoall dispatch_preprocess permutes): tokens [s*b*topk, h], their
+        # probabilities [s*b*topk], the dispatcher's attributes (ints, no grad), the residual
+        (("attn", "moe_router", "moe_preprocess"),
+         SEQ * TOPK * HIDDEN * 2 + SEQ * TOPK * 2 + HIDDEN_BYTES, 1),
+        # a dense first layer: its attention graph's one hidden state is a signature of its own
+        (("attn", "moe_router"), HIDDEN_BYTES + 2 * HIDDEN_BYTES + SEQ * EXPERTS * 2, [0, 1, 1, 1]),
+    ],
+)  # fmt: skip
+def test_the_router_graphs_static_grad_outputs_are_te_s_one_set_per_signature(scope, grad_outputs,
+                                                                              freq):  # fmt: skip
+    from inspector.memory.engine.cuda_graphs import static_inputs
+
+    # TE graph.py static_grad_outputs_dict: empty_like of each output needing a gradient, one
+    # set for every graph whose outputs have the same shapes
+    job = _job(**MOE, cuda_graph_scope=list(scope), moe_layer_freq=freq)
+    assert static_inputs(job, 0, scope).grad_output_bytes == grad_outputs
+
+
+def test_memory_runs_the_router_graphs_and_pools_more_with_each_step():
+    from inspector.memory.engine.run import run_memory
+
+    pools = []
+    for scope in (["attn"], ["attn", "moe_router"], ["attn", "moe_router", "moe_preprocess"]):
+        run = run_memory(_job(**MOE, pipeline_model_parallel_size=2, cuda_graph_scope=scope), 0)
+        pools.append(next(size for what, size in run.persistent if "memory pool" in what))
+    assert pools[0] < pools[1] < pools[2]
+
+
+@pytest.mark.parametrize(
+    ("flags", "error"),
+    [
+        ({"cuda_graph_scope": ["moe_preprocess"], **MOE}, "moe_preprocess needs moe_router"),
+        ({"cuda_graph_scope": ["moe_router"], "cuda_graph_impl": "transformer_engine"},
+         "moe_router needs MoE layers"),
+        # megatron-core: the alltoall preprocess with a capacity factor copies to the host
+        ({"cuda_graph_scope": ["moe_router", "moe_preprocess"], "moe_expert_capacity_factor": 1.0,
+          **MOE}, "DtoH copies and synchronizations in the preprocess step"),
+    ],
+)  # fmt: skip
+def test_megatron_cores_router_scope_checks(flags, error):
+    from inspector.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=error):
+        _job(**flags)

@@ -296,14 +296,15 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         "cuda_graph_impl",
         str,
         "CUDA graphs: transformer_engine (per layer; `memory` counts their static inputs and "
-        "memory pool) or none; local is not modelled.",
+        "memory pool), local (with --cuda-graph-scope full_iteration only) or none.",
         choices=("none", "local", "transformer_engine"),
     ),
     _training(
         "cuda_graph_scope",
         str,
-        "What each layer's graph covers (default the whole layer): attn, mlp (moe, moe_router, "
-        "moe_preprocess and full_iteration are not modelled).",
+        "What each layer's graph covers (default the whole layer): attn, mlp, moe_router, "
+        "moe_preprocess; full_iteration (with local): one graph of the whole forward and "
+        "backward (moe and mamba are not modelled).",
         many=True,
     ),
     _training("grad_reduce_in_bf16", bool, "bf16 models: gradients in bf16, not fp32."),

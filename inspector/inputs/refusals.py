@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inspector.inputs.unmodelled import (
+    LOCAL_GRAPHS,
     MEGATRON_LM_REFUSES,
     REFUSED,
     REFUSED_VALUES,
@@ -89,7 +90,20 @@ def validate_args_refusals(flags: Iterable[str], where: str,
                              "megatron-core's TransformerConfig: 'DeepEP backend is only supported "
                              "with flex token dispatcher.'"))  # fmt: skip
     found += _fp8_param_gather_refusals(given, where, args or {})
+    found += _local_graph_refusals(where, args or {})
     return tuple(found)
+
+
+def _local_graph_refusals(where: str, args: Mapping[str, Any]) -> list[Refused]:
+    """`--cuda-graph-impl local` is modelled with `--cuda-graph-scope full_iteration` only."""
+    if args.get("cuda_graph_impl") != "local":
+        return []
+    raw = args.get("cuda_graph_scope") or ()
+    words = raw if isinstance(raw, (list, tuple)) else str(raw).replace(",", " ").split()
+    if "full_iteration" in words:
+        return []
+    return [Refused(LOCAL_GRAPHS.group, where, "--cuda-graph-impl local", "not modelled",
+                    LOCAL_GRAPHS.reason)]  # fmt: skip
 
 
 def _fp8_param_gather_refusals(given: set[str], where: str,

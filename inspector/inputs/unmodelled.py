@@ -376,16 +376,19 @@ RENAMED: dict[str, tuple[str, object]] = {
 
 
 # Values of modelled arguments that this tool does not model (Megatron-LM accepts them).
+# megatron-core's CudaGraphManager (transformer/cuda_graphs.py): graphs recorded lazily in the
+# first iterations, a memory pool per micro-batch under a pipeline; `local` with the scope
+# full_iteration is megatron-core's FullCudaGraphWrapper instead, which is modelled
+LOCAL_GRAPHS = Refusal(
+    "training", "megatron-core's own per-layer CUDA graphs (CudaGraphManager) and their memory "
+    "pools are not counted; transformer_engine's per-layer graphs and --cuda-graph-scope "
+    "full_iteration are")  # fmt: skip
+
 REFUSED_VALUES: dict[str, dict[str, Refusal]] = {
     # megatron-core's optimizer/__init__.py: Muon (emerging_optimizers' orthogonalised momentum on
     # the linear weights, Adam on the rest), Lion, SOAP; versions.CHOICE_VERSIONS has when each came
     "--optimizer": {name: Refusal("training", _OPTIMIZER) for name in (
         "muon", "dist_muon", "lion", "soap", "adaptive_muon")},  # fmt: skip
-    # megatron-core's CudaGraphManager (transformer/cuda_graphs.py): graphs recorded lazily in the
-    # first iterations, a memory pool per micro-batch under a pipeline
-    "--cuda-graph-impl": {"local": Refusal(
-        "training", "megatron-core's own CUDA graphs (CudaGraphManager) and their memory pools "
-        "are not counted; transformer_engine's per-layer graphs are")},  # fmt: skip
 }
 
 

@@ -3,8 +3,9 @@ megatron-core's TransformerConfig checks them (transformer/transformer_config.py
 0.16.1).
 
 Transformer Engine's per-layer graphs (`transformer_engine`) are modelled by `memory`
-(memory/engine/cuda_graphs.py): their static inputs and their memory pool. megatron's own
-CudaGraphManager (`local`, refused in inputs/unmodelled.py) and full-iteration graphs are not.
+(memory/engine/cuda_graphs.py): their static inputs and their memory pool, whole layers or the scopes
+attn, mlp, moe_router and moe_preprocess. megatron's own CudaGraphManager (`local`, refused in
+inputs/unmodelled.py) and full-iteration graphs are not.
 """
 
 from __future__ import annotations
@@ -14,19 +15,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from inspector.errors import ConfigError
+from inspector.inputs.unmodelled import LOCAL_GRAPHS
 from inspector.inputs.versions import megatron_core_version
 
 # megatron-core's CudaGraphScope (transformer/enums.py), "full" its deprecated empty scope
 SCOPES = ("full", "full_iteration", "attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba")
 # what a scope word graphs that `memory` cannot separate, or another graph than a layer's
 _UNMODELLED = {
-    "full_iteration": "full-iteration graphs (one graph of every micro-batch's forward and "
-    "backward, megatron-core full_cuda_graph.py) are not modelled; per-layer graphs are",
-    "moe_preprocess": "the MoE dispatcher's preprocessing inside the router's graph is not "
-    "told apart from the rest of the MoE layer; attn and mlp are modelled",
     "mamba": "Mamba layers' graphs are not modelled (this tool builds GPT models)",
-    "moe_router": "the router graph's further outputs (probabilities, routing map) and their "
-    "static gradients are not counted; attn and mlp are modelled",
 }
 
 
@@ -44,7 +40,8 @@ def parse_scope(args: Mapping[str, Any]) -> tuple[str, ...]:
 
 
 def check_cuda_graphs(impl: str, scope: tuple[str, ...], recompute: str, num_experts: int | None,
-                      every_layer_moe: bool, ep_overlap: bool = False) -> None:  # fmt: skip
+                      every_layer_moe: bool, ep_overlap: bool = False,
+                      syncs: bool = False) -> None:  # fmt: skip
     """Refuse what megatron-core's TransformerConfig refuses, and the scopes not modelled."""
     if impl == "none":  # the scope acts only with an implementation
         return
@@ -53,9 +50,32 @@ def check_cuda_graphs(impl: str, scope: tuple[str, ...], recompute: str, num_exp
         raise ConfigError(f"--cuda-graph-impl {impl} is modelled with megatron-core 0.16 or later "
                           f"(the installed {installed[0]}.{installed[1]} has no TECudaGraphHelper "
                           "sample buffers to run)")  # fmt: skip
+    if impl == "local" and "full_iteration" not in scope:
+        raise ConfigError(f"--cuda-graph-impl local is not modelled: {LOCAL_GRAPHS.reason}")
+    if impl == "local" and scope != ("full_iteration",):
+        raise ConfigError(f"--cuda-graph-scope {' '.join(scope)} is not modelled: with "
+                          "full_iteration the whole forward and backward is one graph; pass "
+                          "full_iteration alone")  # fmt: skip
+    if impl == "transformer_engine" and "full_iteration" in scope:
+        raise ConfigError("--cuda-graph-scope full_iteration with --cuda-graph-impl "
+                          "transformer_engine: megatron-core refuses it ('To use full iteration "
+                          "cuda graph, please use cuda_graph_impl=local instead of "
+                          "cuda_graph_impl=transformer_engine.')")  # fmt: skip
     for word in scope:
         if word in _UNMODELLED:
             raise ConfigError(f"--cuda-graph-scope {word} is not modelled: {_UNMODELLED[word]}")
+    if "moe_preprocess" in scope and "moe_router" not in scope:
+        raise ConfigError("--cuda-graph-scope moe_preprocess needs moe_router (megatron-core: "
+                          "'moe_preprocess cuda graph is only supported with moe_router cuda "
+                          "graph.')")  # fmt: skip
+    if "moe_preprocess" in scope and syncs:
+        raise ConfigError("--cuda-graph-scope moe_preprocess with the alltoall dispatcher and "
+                          "--moe-expert-capacity-factor or router padding for fp8: megatron-core "
+                          "refuses it ('moe_preprocess cuda graph is not supported when there are "
+                          "DtoH copies and synchronizations in the preprocess step.')")  # fmt: skip
+    if "moe_router" in scope and not num_experts:
+        raise ConfigError("--cuda-graph-scope moe_router needs MoE layers (megatron-core: 'moe "
+                          "cuda graph is only supported for MoE.')")  # fmt: skip
     if "moe" in scope and not num_experts:
         raise ConfigError("--cuda-graph-scope moe needs MoE layers (megatron-core: 'moe cuda "
                           "graph is only supported for MoE.')")  # fmt: skip
@@ -67,12 +87,23 @@ def check_cuda_graphs(impl: str, scope: tuple[str, ...], recompute: str, num_exp
         raise ConfigError("--cuda-graph-scope moe is not modelled: megatron-core graphs the MoE "
                           "layer only with drop-and-pad routing, whose padded buffers the graph "
                           "keeps")  # fmt: skip
-    if ep_overlap:
+    if ep_overlap and impl == "transformer_engine":
         raise ConfigError("--cuda-graph-impl with --overlap-moe-expert-parallel-comm is not "
                           "modelled: megatron captures each layer's graphs in the overlap's order "
                           "(transformer/cuda_graphs.py get_overlap_moe_expert_parallel_comm_order), "
                           "with weight-gradient graphs under --delay-wgrad-compute")  # fmt: skip
-    if recompute == "full":
+    if recompute == "full" and scope != ("full_iteration",):
         raise ConfigError("--recompute-granularity full with --cuda-graph-impl: megatron-core "
                           "refuses it ('full recompute is only supported with full iteration "
                           "CUDA graph.')")  # fmt: skip
+
+
+def preprocess_syncs(training: Any) -> bool:
+    """Return whether the MoE preprocessing copies to the host (megatron-core TransformerConfig:
+    alltoall with a capacity factor or router padding for fp8, unless padded to capacity)."""
+    factor = training.moe_expert_capacity_factor
+    return (
+        (factor is None or not training.moe_pad_expert_input_to_capacity)
+        and training.moe_token_dispatcher_type == "alltoall"
+        and (factor is not None or training.moe_router_padding)
+    )

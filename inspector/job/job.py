@@ -14,7 +14,7 @@ from typing import Any, Literal, cast, get_args
 
 from inspector.errors import ConfigError
 from inspector.job.checks import check_at_least_one, check_at_most
-from inspector.job.cuda_graphs import check_cuda_graphs, parse_scope
+from inspector.job.cuda_graphs import check_cuda_graphs, parse_scope, preprocess_syncs
 from inspector.job.dims import ModelDims, num_microbatches
 from inspector.job.ep_overlap import check_ep_overlap
 from inspector.job.flex import check_flex, runs_deepep
@@ -154,7 +154,7 @@ class Job:
         every_moe = all(model.is_moe_layer(i) for i in range(model.num_layers))
         check_cuda_graphs(training.cuda_graph_impl, training.cuda_graph_scope, training.recompute,
                           model.num_experts, bool(model.num_experts) and every_moe,
-                          training.ep_overlap)  # fmt: skip
+                          training.ep_overlap, preprocess_syncs(training))  # fmt: skip
         if self.training.flash_attention and self.model.dtype_name == "float32":
             raise ConfigError(
                 "--use-flash-attn needs --bf16 or --fp16: flash attention kernels have no fp32 path"

@@ -32,15 +32,17 @@ is counted until that layer's backward, as eagerly). notes/cuda-graphs.md has th
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
 from inspector.job.job import Job
 from inspector.memory.engine.allocator import Event, rounded
-from inspector.memory.engine.microbatch import Trace
+from inspector.memory.engine.graph_steps import PREPROCESS
+from inspector.memory.engine.microbatch import Trace, _routing
 from inspector.memory.engine.schedule import Peak, iteration_peak
 
 
@@ -97,51 +99,97 @@ def static_inputs(job: Job, stage: int, scope: tuple[str, ...] = ()) -> StaticIn
         microbatches = captured_microbatches(job)
         # megatron's default micro-batch group, the pipeline size (the tool refuses another)
         order = capture_order(job.layout.pp, stage, len(chunks), microbatches)
-        args, kwargs = _sample_arguments(chunks, job, microbatches, order, scope)
+        with _graphs_configured(chunks[0].config, scope):
+            callables = _graphable(chunks)
+            args, kwargs = _sample_arguments(chunks, callables, job, microbatches, order)
+            output = _grad_output_bytes(job, callables, microbatches, args, kwargs)
         storages: dict[int, int] = {}
         for tensor in _tensors((args, kwargs)):
             storage = tensor.untyped_storage()
             storages[storage._cdata] = rounded(storage.nbytes())
-        output = rounded(args[0][0].numel() * _element_size(job)) if args else 0
         return StaticInputs(len(args), len(storages), sum(storages.values()), tuple(order), output)
 
 
-def _element_size(job: Job) -> int:
-    import torch
-
-    return torch.empty((), dtype=getattr(torch, job.model.dtype_name)).element_size()
-
-
-def _sample_arguments(chunks: list[Any], job: Job, microbatches: int, order: list[int],
-                      scope: tuple[str, ...]) -> tuple[list[Any], list[Any]]:  # fmt: skip
-    """Run megatron's TECudaGraphHelper._get_sample_arguments on the built chunks, with the
-    graphable layers its __init__ would pick (`_layer_is_graphable`)."""
+@contextlib.contextmanager
+def _graphs_configured(config: Any, scope: tuple[str, ...]) -> Iterator[None]:
+    """Give the built chunks' config the job's graphs (the tool builds without them): the
+    implementation and the scope as megatron-core's enum."""
     from megatron.core.transformer import enums
-    from megatron.core.transformer.cuda_graphs import TECudaGraphHelper, _layer_is_graphable
 
-    config = chunks[0].config
     # megatron-core 0.19 renamed the scope `cuda_graph_modules` (enums.CudaGraphModule)
     field = "cuda_graph_modules" if hasattr(config, "cuda_graph_modules") else "cuda_graph_scope"
     kind = enums.CudaGraphModule if field == "cuda_graph_modules" else enums.CudaGraphScope
-    saved = getattr(config, field)
+    saved = getattr(config, field), config.cuda_graph_impl
     setattr(config, field, [kind[word] for word in scope])
+    config.cuda_graph_impl = "transformer_engine"
     try:
-        callables: list[list[Any]] = []
-        for chunk in chunks:
-            layers = list(chunk.decoder.layers)
-            if getattr(chunk, "mtp", None) is not None:
-                layers += [m.transformer_layer for m in chunk.mtp.layers]
-            callables.append([layer for layer in layers if _layer_is_graphable(layer, config)])
-        helper = SimpleNamespace(
-            num_model_chunks=len(chunks), num_microbatches=microbatches, config=config,
-            seq_length=job.model.seq_length, micro_batch_size=job.training.micro_batch_size,
-            callables_per_chunk=callables, num_layers_per_chunk=[len(c) for c in callables],
-            flattened_callables=[layer for chunk in callables for layer in chunk],
-            chunks_with_decoder=chunks,
-        )  # fmt: skip
-        return TECudaGraphHelper._get_sample_arguments(helper, order)
+        yield
     finally:
-        setattr(config, field, saved)
+        setattr(config, field, saved[0])
+        config.cuda_graph_impl = saved[1]
+
+
+def _graphable(chunks: list[Any]) -> list[list[Any]]:
+    """Return each chunk's layers TECudaGraphHelper.__init__ graphs (`_layer_is_graphable`)."""
+    from megatron.core.transformer.cuda_graphs import _layer_is_graphable
+
+    callables: list[list[Any]] = []
+    for chunk in chunks:
+        layers = list(chunk.decoder.layers)
+        if getattr(chunk, "mtp", None) is not None:
+            layers += [m.transformer_layer for m in chunk.mtp.layers]
+        callables.append([layer for layer in layers if _layer_is_graphable(layer, chunk.config)])
+    return callables
+
+
+def _sample_arguments(chunks: list[Any], callables: list[list[Any]], job: Job, microbatches: int,
+                      order: list[int]) -> tuple[list[Any], list[Any]]:  # fmt: skip
+    """Run megatron's TECudaGraphHelper._get_sample_arguments on the built chunks."""
+    from megatron.core.transformer.cuda_graphs import TECudaGraphHelper
+
+    helper = SimpleNamespace(
+        num_model_chunks=len(chunks), num_microbatches=microbatches, config=chunks[0].config,
+        seq_length=job.model.seq_length, micro_batch_size=job.training.micro_batch_size,
+        callables_per_chunk=callables, num_layers_per_chunk=[len(c) for c in callables],
+        flattened_callables=[layer for chunk in callables for layer in chunk],
+        chunks_with_decoder=chunks,
+    )  # fmt: skip
+    return TECudaGraphHelper._get_sample_arguments(helper, order)
+
+
+def _grad_output_bytes(job: Job, callables: list[list[Any]], microbatches: int, args: list[Any],
+                       kwargs: list[Any]) -> int:  # fmt: skip
+    """Return the static grad outputs TE makes (graph.py, `static_grad_outputs_dict`): one
+    `empty_like` per output that requires grad, one set per signature of those outputs.
+
+    A graph's outputs are its layer's `_te_cuda_graph_capture` on its first sample, run as
+    megatron captures it (`is_graph_capturing()`): the hidden states for a whole layer, and with
+    moe_router the router's outputs (the norm's output, probabilities, routing map, residual;
+    with moe_preprocess the dispatcher's preprocessed tokens and attributes)."""
+    from megatron.core.transformer import cuda_graphs
+
+    signatures: dict[Any, int] = {}
+    seen: set[Any] = set()
+    first = 0  # a chunk's samples: its layers' for micro-batch 0 first (graph.py's indexing)
+    with _routing(job):  # megatron's router on meta tensors (engine/moe.py)
+        for layers in callables:
+            for number, layer in enumerate(layers):
+                index = first + number
+                kind = (type(layer.mlp), *((tuple(a.shape), a.dtype) for a in _tensors(args[index])))
+                if kind in seen:  # a layer of the same kind and inputs: the same outputs
+                    continue
+                seen.add(kind)
+                cuda_graphs._set_capture_start()
+                try:
+                    outputs = layer._te_cuda_graph_capture(*args[index], **kwargs[index])
+                finally:
+                    cuda_graphs._set_capture_end()
+                grads = [o for o in outputs if o.requires_grad]
+                key = tuple((tuple(o.shape), o.dtype) for o in grads)
+                signatures[key] = sum(rounded(o.numel() * o.element_size()) for o in grads)
+                del outputs, grads
+            first += len(layers) * microbatches
+    return sum(signatures.values())
 
 
 def _tensors(tree: Any) -> list[Any]:
@@ -153,42 +201,50 @@ def _tensors(tree: Any) -> list[Any]:
 
 # A layer's label, as allocator.Tracker writes it ("decoder.layers.3.mlp.linear_fc1", in backward
 # "decoder.layers.3.mlp: SwiGLUFunctionBackward") or compose.py renames it ("layer 17 mlp..."),
-# and an MTP block's layer ("mtp.layers.0.transformer_layer..."): the part inside the layer
+# and an MTP block's layer ("mtp.layers.0.transformer_layer..."): the layer, the part inside it
 _IN_LAYER = re.compile(
-    r"^(?:decoder\.layers\.\d+|layer \d+|mtp\.layers\.\d+\.transformer_layer)(?:[. ]([^:]*))?(?::|$)"
+    r"^(decoder\.layers\.\d+|layer \d+|mtp\.layers\.\d+\.transformer_layer)(?:[. ]([^:]*))?(?::|$)"
 )
 # TransformerLayer._get_submodules_under_cudagraphs: the submodules each scope word graphs
 _ATTENTION = ("input_layernorm", "self_attention", "pre_cross_attn_layernorm", "cross_attention")
-_MLP = ("pre_mlp_layernorm", "mlp")
-_ROUTER = ("pre_mlp_layernorm", "mlp.router", "mlp.shared_experts")
+_ROUTER = ("mlp.router", "mlp.shared_experts")  # with moe_router, beside pre_mlp_layernorm
 # what the graphs keep, as RunMemory.persistent names it (the timeline draws it as its own band)
 GRAPHS = "CUDA graphs' "
 
 
 def _part(rest: str) -> str | None:
-    """Return which part of a layer a label inside it names: attention, router, mlp, or None
-    for the layer's own ops (residual adds, bias-dropout-add)."""
+    """Return which part of a layer a label inside it names: attention, the MLP's norm, the
+    router, the dispatcher's preprocessing, the MLP, or None for the layer's own ops (residual
+    adds, bias-dropout-add)."""
     if rest.startswith(_ATTENTION):
         return "attn"
-    if rest.startswith(_ROUTER[1:]):
+    if rest.startswith(f"mlp.{PREPROCESS}"):
+        return "preprocess"
+    if rest.startswith(_ROUTER):
         return "router"
-    if rest.startswith(_MLP):
+    if rest.startswith("pre_mlp_layernorm"):
+        return "norm"
+    if rest.startswith("mlp"):
         return "mlp"
     return None
 
 
-def _graphed_part(part: str, scope: tuple[str, ...]) -> bool:
-    """Return whether a layer's part runs inside its graph (TransformerLayer.
-    _te_cuda_graph_capture: _forward_attention with attn, _forward_mlp with mlp/moe, the router
-    alone with moe_router). mlp and moe graph their layer kind's MLP: a layer's events carry no
-    kind, and megatron only graphs the MLP of the kind each word names (_layer_is_graphable)."""
+def _graphed_part(part: str, scope: tuple[str, ...], moe: bool) -> bool:
+    """Return whether a part of a layer (`moe`: a MoE layer's) runs inside its graph
+    (TransformerLayer._te_cuda_graph_capture: _forward_attention with attn, _forward_mlp with
+    mlp for a dense layer and moe for a MoE layer; with moe_router the MLP's norm and the router
+    (MoELayer.route, shared experts), with moe_preprocess the preprocessing too, the MoE layer
+    returning early: moe_utils.py maybe_skip_or_early_return_by_cudagraph)."""
     if not scope:
         return True
     if part == "attn":
         return "attn" in scope
-    if part == "router":
-        return bool({"moe_router", "moe", "mlp"} & set(scope))
-    return bool({"mlp", "moe"} & set(scope))
+    whole = "moe" in scope if moe else "mlp" in scope
+    if part == "router" or (part == "norm" and moe):
+        return whole or "moe_router" in scope
+    if part == "preprocess":
+        return whole or "moe_preprocess" in scope
+    return whole
 
 
 def pool_of(events: Sequence[Event], scope: tuple[str, ...], backward: bool) -> list[bool]:
@@ -197,10 +253,11 @@ def pool_of(events: Sequence[Event], scope: tuple[str, ...], backward: bool) -> 
 
     A layer's own ops (its bias-dropout-adds) belong to the part they follow in the forward
     (`_forward_attention` ends with the attention's, `_forward_mlp` with the MLP's), so in the
-    backward to the part that runs after them."""
+    backward to the part that runs after them. A layer whose router runs is a MoE layer."""
     labels = [event.origin if event.bytes < 0 and event.origin else event.where for event in events]
     inside = [_IN_LAYER.match(label) for label in labels]
-    parts: list[str | None] = [None if m is None else _part(m.group(1) or "") for m in inside]
+    parts: list[str | None] = [None if m is None else _part(m.group(2) or "") for m in inside]
+    moe = {m.group(1) for m, part in zip(inside, parts) if m is not None and part == "router"}
     order = range(len(events) - 1, -1, -1) if backward else range(len(events))
     current: str | None = None
     for index in order:
@@ -210,7 +267,7 @@ def pool_of(events: Sequence[Event], scope: tuple[str, ...], backward: bool) -> 
             parts[index] = current or "attn"
         else:
             current = parts[index]
-    return [m is not None and _graphed_part(part or "attn", scope)
+    return [m is not None and _graphed_part(part or "attn", scope, m.group(1) in moe)
             for m, part in zip(inside, parts)]  # fmt: skip
 
 

@@ -147,7 +147,7 @@ def run_microbatch(job: Job, ddp: Any, gpt: Any, num_microbatches: int) -> Trace
     where = _where(tracker, gpt)
     with cuda_on_meta(), _failures(tracker, where), where, _global_buffer_named(tracker), \
             placeholders_named(functools.partial(_named, tracker)):
-        with tracker, _routing(job):
+        with tracker, _routing(job), _graphed_steps_named(job, tracker, where):
             start = tracker.mark()
             state = _forward(job, ddp, gpt, num_microbatches, tracker)
             middle = tracker.mark()
@@ -162,6 +162,13 @@ def run_microbatch(job: Job, ddp: Any, gpt: Any, num_microbatches: int) -> Trace
         backward=tuple(steady[split:]),
         persistent=tuple((events[i].where, size) for i, size in sorted(persistent.items())),
     )
+
+
+def _graphed_steps_named(job: Job, tracker: Tracker, where: _where) -> Any:
+    """Name the MoE steps a CUDA graph takes that are no module (engine/graph_steps.py)."""
+    from inspector.memory.engine.graph_steps import preprocess_named
+
+    return preprocess_named(job, tracker.enter, tracker.leave, where.names)
 
 
 def _routing(job: Job) -> contextlib.AbstractContextManager[None]:

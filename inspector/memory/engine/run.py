@@ -92,6 +92,10 @@ def run_memory(
         from inspector.memory.engine.cuda_graphs import graphed_peak
 
         peak, kept, traces = graphed_peak(job, stage, traces, step.events, extra)
+    elif job.training.cuda_graph_impl == "local":  # full_iteration (job/cuda_graphs.py)
+        from inspector.memory.engine.full_graph import full_iteration_peak
+
+        peak, kept, traces = full_iteration_peak(job, stage, traces, step.events, extra)
     else:
         peak = iteration_peak(
             traces, stage, job.layout.pp, schedule.num_microbatches, step=step.events, extra=extra
