@@ -21,6 +21,9 @@ MTP_IN_LAYOUT = VERSION >= (0, 14)
 MTP_IN_A_MIDDLE_CHUNK = VERSION >= (0, 16)  # an 'm' in a virtual chunk away from the loss
 GROUPED_MLP = VERSION < (0, 17)  # 0.17 removed the legacy GroupedMLP (moe/experts.py)
 NULL_TOKENIZER_EOD = VERSION < (0, 18)  # NullTokenizer's vocab_size counts an extra EOD token
+# GPTModel._postprocess keeps the MTP head's logits alive while the main logits are made in
+# 0.14-0.16; 0.13 and 0.17+ (process_mtp_loss, multi_token_prediction.py) free them before
+MTP_LOGITS_HELD = (0, 14) <= VERSION < (0, 17)
 
 
 def test_supported_version():
@@ -312,3 +315,27 @@ def test_version_fields_are_the_installed_transformer_configs():
     assert router_padding_field() in fields
     assert ("moe_router_padding_for_quantization" in fields) == (VERSION >= (0, 16))
     assert ("moe_flex_dispatcher_backend" in fields) == (VERSION >= FLEX_BACKEND_SINCE)
+
+
+def test_mtp_logits_are_freed_before_the_main_logits_except_on_0_14_to_0_16():
+    # The MTP head's bf16 logits [s, b, vocab / tp] are a local of GPTModel._postprocess in
+    # 0.14-0.16, alive while the main logits are made; 0.17 moved the MTP loss into
+    # multi_token_prediction.py `process_mtp_loss`, which frees them on return. The k2_mtp GPU
+    # run (0.16.1) holds them: tests/test_engine.py expects the other versions 2-3% under it.
+    from inspector.engine.stage import trace_stage
+    from inspector.job.job import make_job
+
+    job = make_job(dict(num_layers=1, hidden_size=64, num_attention_heads=4, seq_length=32,
+                        vocab_size=4096, position_embedding_type="rope", mtp_num_layers=1,
+                        untie_embeddings_and_output_weights=True, micro_batch_size=2,
+                        global_batch_size=2, bf16=True, transformer_impl="local"))  # fmt: skip
+    (trace,) = trace_stage(job, 0)
+    logits = 32 * 2 * 4096 * 2  # [s, b, vocab] in bf16
+    live = held = 0
+    for event in trace.forward:
+        if abs(event.bytes) == logits and "output_layer" in event.where:
+            live += 1
+            held = max(held, live)
+        elif event.bytes == -logits:
+            live -= 1
+    assert held == (2 if MTP_LOGITS_HELD else 1)

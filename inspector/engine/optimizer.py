@@ -398,7 +398,10 @@ class FusedAdam(torch.optim.Optimizer):
 
     def __init__(self, params: Any, lr: float = 1e-3, weight_decay: float = 0.0,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 adam_w_mode: bool = True) -> None:  # fmt: skip
+                 adam_w_mode: bool = True, capturable: bool = False) -> None:  # fmt: skip
+        # megatron-core 0.19 passes `capturable` (OptimizerConfig.optimizer_cuda_graph) always
+        if capturable:
+            raise RuntimeError("FusedAdam's capturable mode is not simulated")
         super().__init__(params, dict(lr=lr, weight_decay=weight_decay, betas=betas, eps=eps))
 
     @torch.no_grad()
