@@ -24,6 +24,13 @@ NULL_TOKENIZER_EOD = VERSION < (0, 18)  # NullTokenizer's vocab_size counts an e
 # GPTModel._postprocess keeps the MTP head's logits alive while the main logits are made in
 # 0.14-0.16; 0.13 and 0.17+ (process_mtp_loss, multi_token_prediction.py) free them before
 MTP_LOGITS_HELD = (0, 14) <= VERSION < (0, 17)
+# clip_grads.py get_grad_norm_fp32 makes `total_norm = torch.zeros(1)` before the l2 norm from
+# 0.19 (before: the kernel's result is the norm), and MixedPrecisionOptimizer.clip_grad_norm
+# asks for separate grad-norm groups (`_compute_grad_norms_by_group`)
+GRAD_NORM_MADE_FIRST = VERSION >= (0, 19)
+# MultiTokenPredictionLayer's transformer layer: `transformer_layer` to 0.16, `mtp_model_layer`
+# from 0.17 (tests/test_te.py and tests/test_mla.py read the parameter names)
+MTP_INNER = "mtp_model_layer" if VERSION >= (0, 17) else "transformer_layer"
 
 
 def test_supported_version():
@@ -339,3 +346,15 @@ def test_mtp_logits_are_freed_before_the_main_logits_except_on_0_14_to_0_16():
         elif event.bytes == -logits:
             live -= 1
     assert held == (2 if MTP_LOGITS_HELD else 1)
+
+
+def test_the_grad_norm_is_made_before_the_kernel_from_0_19():
+    import inspect
+
+    from megatron.core.optimizer import clip_grads, optimizer
+
+    source = inspect.getsource(clip_grads.get_grad_norm_fp32)
+    first = "total_norm = torch.zeros(1, dtype=torch.float, device='cuda')"
+    assert (first in source.split("l2_norm_impl")[0]) == GRAD_NORM_MADE_FIRST
+    groups = hasattr(optimizer.MixedPrecisionOptimizer, "_compute_grad_norms_by_group")
+    assert groups == GRAD_NORM_MADE_FIRST

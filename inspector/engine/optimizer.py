@@ -237,6 +237,7 @@ _PASSES = (
     ("_copy_model_grads_to_main_grads", "main_grad.float()"),
     ("_unscale_main_grads_and_check_for_nan", "unscale"),
     ("get_grad_norm", "grad norm"),
+    ("_compute_grad_norms_by_group", "grad norm by group"),  # megatron-core 0.19+
     ("_copy_main_params_to_model_params", "main params to weights"),
 )
 
