@@ -358,3 +358,21 @@ def test_the_grad_norm_is_made_before_the_kernel_from_0_19():
     assert (first in source.split("l2_norm_impl")[0]) == GRAD_NORM_MADE_FIRST
     groups = hasattr(optimizer.MixedPrecisionOptimizer, "_compute_grad_norms_by_group")
     assert groups == GRAD_NORM_MADE_FIRST
+
+
+@pytest.mark.parametrize("impl", ["local", "transformer_engine"])
+def test_expert_weights_go_to_the_expert_buffer_at_ep_1_from_0_19(impl):
+    # allreduce=False (DDP's expert buffer, reduced over expert data parallel): 0.13-0.18 only
+    # with ep > 1; 0.19 also when --expert-tensor-parallel-size differs from --tp
+    from inspector.job.job import make_job
+    from inspector.job.versions import experts_flagged_without_ep
+    from inspector.world.pieces import build_pieces
+
+    job = make_job(dict(num_layers=1, hidden_size=64, num_attention_heads=4, seq_length=32,
+                        vocab_size=1000, num_experts=4, moe_ffn_hidden_size=32,
+                        disable_bias_linear=True, tensor_model_parallel_size=2,
+                        sequence_parallel=True, expert_tensor_parallel_size=1,
+                        data_parallel_size=2, transformer_impl=impl))  # fmt: skip
+    flags = {p.expert for named in build_pieces(job).parts() for _, p in named}
+    assert flags == ({False, True} if experts_flagged_without_ep() else {False})
+    assert experts_flagged_without_ep() == (VERSION >= (0, 19))

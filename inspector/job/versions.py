@@ -37,3 +37,11 @@ def etp_bias_refused() -> bool:
     not in 0.13.1; from 0.14 on it is assumed (a layout not offered rather than one megatron
     refuses)."""
     return megatron_version() >= (0, 14)
+
+
+def experts_flagged_without_ep() -> bool:
+    """Return whether megatron-core marks expert weights for the expert data-parallel buffer
+    (allreduce=False) when --expert-tensor-parallel-size differs from --tp, even at ep 1: 0.19 on
+    (tensor_parallel/layers.py and extensions/transformer_engine.py `use_expert_pgs`); before,
+    only with expert parallelism (`not (is_expert and self.expert_parallel)`)."""
+    return megatron_version() >= (0, 19)
