@@ -6,6 +6,8 @@ recorded here rather than in comments.
 
 from __future__ import annotations
 
+import re
+
 import megatron.core
 import pytest
 
@@ -28,6 +30,16 @@ MTP_LOGITS_HELD = (0, 14) <= VERSION < (0, 17)
 # 0.19 (before: the kernel's result is the norm), and MixedPrecisionOptimizer.clip_grad_norm
 # asks for separate grad-norm groups (`_compute_grad_norms_by_group`)
 GRAD_NORM_MADE_FIRST = VERSION >= (0, 19)
+# megatron's ColumnParallelLinear / RowParallelLinear print `bias=False` always to 0.16 (they test
+# `self.bias is True`), and whether the layer has a bias from 0.17 (`self.bias is not None`);
+# golden files hold the 0.16 text (tests/conftest.py compares through `as_printed_by_0_16`)
+LINEAR_REPR_SHOWS_BIAS = VERSION >= (0, 17)
+_LINEAR_REPR = re.compile(r"(?<!\w)((?:Column|Row)ParallelLinear\(in_features=\d+, out_features=\d+, )bias=True")
+
+
+def as_printed_by_0_16(text: str) -> str:
+    """Return output as megatron-core 0.16 prints it: the linears' reprs with `bias=False`."""
+    return _LINEAR_REPR.sub(r"\1bias=False", text) if LINEAR_REPR_SHOWS_BIAS else text
 # MultiTokenPredictionLayer's transformer layer: `transformer_layer` to 0.16, `mtp_model_layer`
 # from 0.17 (tests/test_te.py and tests/test_mla.py read the parameter names)
 MTP_INNER = "mtp_model_layer" if VERSION >= (0, 17) else "transformer_layer"
@@ -376,3 +388,14 @@ def test_expert_weights_go_to_the_expert_buffer_at_ep_1_from_0_19(impl):
     flags = {p.expert for named in build_pieces(job).parts() for _, p in named}
     assert flags == ({False, True} if experts_flagged_without_ep() else {False})
     assert experts_flagged_without_ep() == (VERSION >= (0, 19))
+
+
+def test_linear_reprs_show_the_bias_from_0_17(cli):
+    result = cli("params", *SMALL, "--untie-embeddings-and-output-weights")
+    assert result.code == 0, result.err
+    rows = [row.split(";") for row in result.out.splitlines()[2:] if not row.startswith("#")]
+    modules = {row[0]: row[1] for row in rows}
+    qkv = modules["decoder.layers.0.self_attention.linear_qkv.bias"]
+    assert qkv == f"ColumnParallelLinear(in_features=64, out_features=192, bias={LINEAR_REPR_SHOWS_BIAS}, TP=1)"
+    assert "bias=False" in modules["output_layer.weight"]  # no bias: False on every version
+    assert as_printed_by_0_16(qkv) == "ColumnParallelLinear(in_features=64, out_features=192, bias=False, TP=1)"
