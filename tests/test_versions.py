@@ -37,6 +37,19 @@ LINEAR_REPR_SHOWS_BIAS = VERSION >= (0, 17)
 _LINEAR_REPR = re.compile(r"(?<!\w)((?:Column|Row)ParallelLinear\(in_features=\d+, out_features=\d+, )bias=True")
 
 
+# SelfAttention registers IdentityOp q_layernorm / k_layernorm without --qk-layernorm up to 0.17
+# (the spec's IdentityOp is built); from 0.18 (attention.py `q_norm_cls = k_norm_cls = None`) it
+# holds None, and no submodule shows in the tree
+QK_NORM_IDENTITY = VERSION < (0, 18)
+_QK_IDENTITY = re.compile(r"^( *)Submodule: [qk]_layernorm \(IdentityOp\)\n\1  Module: IdentityOp\n", re.M)
+
+
+def as_built_by_installed(golden: str) -> str:
+    """Return a golden file (0.16's modules) as the installed megatron-core builds them: without
+    the q/k norms' IdentityOps from 0.18."""
+    return golden if QK_NORM_IDENTITY else _QK_IDENTITY.sub("", golden)
+
+
 def as_printed_by_0_16(text: str) -> str:
     """Return output as megatron-core 0.16 prints it: the linears' reprs with `bias=False`."""
     return _LINEAR_REPR.sub(r"\1bias=False", text) if LINEAR_REPR_SHOWS_BIAS else text
@@ -399,3 +412,10 @@ def test_linear_reprs_show_the_bias_from_0_17(cli):
     assert qkv == f"ColumnParallelLinear(in_features=64, out_features=192, bias={LINEAR_REPR_SHOWS_BIAS}, TP=1)"
     assert "bias=False" in modules["output_layer.weight"]  # no bias: False on every version
     assert as_printed_by_0_16(qkv) == "ColumnParallelLinear(in_features=64, out_features=192, bias=False, TP=1)"
+
+
+def test_attention_holds_identity_qk_norms_up_to_0_17(cli):
+    result = cli("tree", *SMALL)
+    assert result.code == 0, result.err
+    assert ("Submodule: q_layernorm (IdentityOp)" in result.out) == QK_NORM_IDENTITY
+    assert as_built_by_installed(result.out) == result.out  # nothing left to strip
