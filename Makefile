@@ -43,20 +43,17 @@ bench: setup
 # 0.13-0.15 want numpy<2. Golden files are shared: outputs are identical on every version.
 MATRIX ?= 0.13.1 0.14.0 0.15.3 0.16.1
 # megatron-core 0.17+ needs Python 3.12, for which no CPU torch lies on disk: those venvs take
-# PyPI's torch (a CUDA build, ~3 GB of downloads, ~6 GB venv; docs/contributing.md), so they are
-# opt-in (`make test-megatron V=0.19.2`, `make test-matrix-py312`) and never part of `make test`.
+# PyPI's torch (a CUDA build, ~1.4 GB of downloads, ~5 GB venv; docs/contributing.md), so `make
+# test` and `make run` never build one; `.ci/run` builds 0.19.2's (`make test-megatron V=0.19.2`).
 # Python 3.12: pyenv's when there is one (its shim answers only where 3.12 is selected), else PATH's.
 PYTHON312 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) python3.12)
 MATRIX312 ?= 0.17.1 0.18.2 0.19.2
 TORCH312 := torch==2.13.0
 NEEDS312 = $(filter-out 0.13% 0.14% 0.15% 0.16%,$(1))
-# pyproject admits the versions the whole suite passes on (<0.17): a 0.17+ venv takes the
-# package without its dependency check, and the dependencies by hand
+# torch is installed first (the CPU wheel on disk, or PyPI's for Python 3.12), so the package's
+# `torch>=2.4` never asks for another one
 INSTALL = .venv-megatron-$*/bin/python -m pip install --quiet --find-links $(TORCH_WHEELS) \
 	'megatron-core==$*' $$(case $* in 0.13*|0.14*|0.15*) echo 'numpy<2';; esac) -e '.[test]'
-INSTALL312 = .venv-megatron-$*/bin/python -m pip install --quiet 'megatron-core==$*' \
-	'typer>=0.15,<0.22' 'tabulate>=0.9' 'pyyaml>=6' 'einops>=0.8' pytest setuptools hypothesis ruff mypy \
-	types-tabulate types-PyYAML && .venv-megatron-$*/bin/python -m pip install --quiet --no-deps -e .
 
 test-matrix:
 	@for v in $(MATRIX); do $(MAKE) --no-print-directory test-megatron V=$$v || exit 1; done
@@ -71,7 +68,7 @@ test-megatron: .venv-megatron-$(V)/.installed
 	$(if $(call NEEDS312,$*),$(PYTHON312),$(PYTHON)) -m venv .venv-megatron-$*
 	.venv-megatron-$*/bin/python -m pip install --quiet --find-links $(TORCH_WHEELS) \
 		'$(if $(call NEEDS312,$*),$(TORCH312),$(TORCH))'
-	$(if $(call NEEDS312,$*),$(INSTALL312),$(INSTALL))
+	$(INSTALL)
 	touch $@
 
 clean:

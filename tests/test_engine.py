@@ -134,8 +134,9 @@ def test_engine_matches_every_probed_gpu_rank(records, jobs):
     if not records.exists():
         pytest.skip("shared/gpu not present")
     sys.path.insert(0, str(BENCH))
-    import megatron.core
     from gpu_memory import rows
+
+    from tests.test_versions import MTP_LOGITS_HELD
 
     runs = [run for run in json.loads(records.read_text())["runs"] if run["rc"] == 0]
     table = rows(records, jobs)
@@ -144,9 +145,10 @@ def test_engine_matches_every_probed_gpu_rank(records, jobs):
         cells = [c.strip() for c in row.strip("|").split("|")]
         static_ratio, peak_ratio = float(cells[5]), float(cells[8])
         assert abs(static_ratio - 1) <= 0.01, row
-        if cells[0] == "k2_mtp" and megatron.core.__version__ < "0.14":
-            # the GPU ran megatron-core 0.16.1; 0.13's multi-token prediction holds about
-            # 0.52 GiB less at the loss, so its prediction is under the 0.16.1 measurement
+        if cells[0] == "k2_mtp" and not MTP_LOGITS_HELD:
+            # the GPU ran megatron-core 0.16.1; 0.13's and 0.17+'s multi-token prediction hold
+            # about 0.5 GiB less at the loss (tests/test_versions.py), so their prediction is
+            # under the 0.16.1 measurement
             assert 0.97 <= peak_ratio < 0.98, row
             continue
         assert 0.98 <= peak_ratio <= 1.03, row
@@ -309,8 +311,8 @@ def test_alltoall_splits_are_balanced_over_expert_parallel_ranks(ep, tp, etp, mo
     calls = []
     real = token_dispatcher.all_to_all
 
-    def recorded(group, input, output_split_sizes=None, input_split_sizes=None):
-        out = real(group, input, output_split_sizes, input_split_sizes)
+    def recorded(group, input, output_split_sizes=None, input_split_sizes=None, **kwargs):
+        out = real(group, input, output_split_sizes, input_split_sizes, **kwargs)  # 0.19: use_nccl_stream
         calls.append((list(output_split_sizes), list(input_split_sizes), input.shape[0], out.shape[0]))
         return out
 
@@ -336,7 +338,7 @@ def test_capacity_factor_pads_every_expert_to_its_capacity(monkeypatch):
     real = token_dispatcher.all_to_all
     monkeypatch.setattr(
         token_dispatcher, "all_to_all",
-        lambda g, x, o=None, i=None: sizes.append(x.shape[0]) or real(g, x, o, i),
+        lambda g, x, o=None, i=None, **kw: sizes.append(x.shape[0]) or real(g, x, o, i, **kw),
     )  # fmt: skip
     job = _job(**_MOE_TP1, num_layers=1, pipeline_model_parallel_size=1,
                data_parallel_size=2, expert_model_parallel_size=2,

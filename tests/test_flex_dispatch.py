@@ -263,8 +263,12 @@ def test_installed_megatron_knows_the_backend_flag_from_0_16() -> None:
     assert "moe_enable_deepep" in fields
     if installed >= BACKEND_SINCE:
         assert fields["moe_flex_dispatcher_backend"].default == "deepep"
+    if BACKEND_SINCE <= installed < (0, 19):
         assert fields["moe_deepep_num_sms"].default == 20  # flex.py's docstring cites both
         assert fields["moe_hybridep_num_sms"].default == 16
+    elif installed >= (0, 19):  # both deprecated, routed into one count, None: each backend's own
+        assert fields["moe_deepep_num_sms"].default is None
+        assert fields["moe_flex_dispatcher_num_sms"].default is None
 
 
 def test_a_refused_value_given_as_a_flag_stops_other_commands_but_not_plan(monkeypatch) -> None:

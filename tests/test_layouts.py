@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from tests.test_versions import SHARED_EXPERT_GATE
+from tests.test_versions import GROUPED_MLP, SHARED_EXPERT_GATE
 
 SMALL = "--transformer-impl local --hidden-size 64 --num-attention-heads 4 --seq-length 32 --vocab-size 1000".split()
 # No MoE biases, and sequence parallel wherever experts meet tensor parallelism: megatron-core 0.13
@@ -197,7 +197,8 @@ def test_json_attributes_are_megatrons(cli):
                                     "--decoder-last-pipeline-num-layers 3", *SMALL)),
         ("layout_string.csv", flags("--num-layers 7 --pp 4 --pipeline-model-parallel-layout Et|tt|tt|ttL", *SMALL)),
         ("layout_moe_ep2.csv", flags("--num-layers 2 --pp 2 --dp 2 --ep 2", *MOE)),
-        ("layout_moe_grouped.csv", flags("--num-layers 2 --dp 2 --ep 2 --moe-grouped-gemm", *MOE)),
+        pytest.param("layout_moe_grouped.csv", flags("--num-layers 2 --dp 2 --ep 2 --moe-grouped-gemm", *MOE),
+                     marks=pytest.mark.skipif(not GROUPED_MLP, reason="0.17+ build SequentialMLP (test_versions)")),
         ("layout_moe_etp.json", flags("--num-layers 2 --tp 2 --dp 2 --ep 2 --expert-tensor-parallel-size 1 "
                                       "--sequence-parallel --format json", *MOE)),
         ("layout_sequence_parallel.csv", flags("--num-layers 2 --tp 2 --sequence-parallel", *SMALL)),

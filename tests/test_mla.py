@@ -12,7 +12,7 @@ from inspector.formulas.flops import iteration_flops
 from inspector.job.dims import ModelDims
 from inspector.job.moe_pattern import parse_moe_layer_freq
 from tests.counting import parameter_count
-from tests.test_versions import MTP_IN_A_MIDDLE_CHUNK
+from tests.test_versions import MTP_IN_A_MIDDLE_CHUNK, MTP_INNER
 
 TINY = dict(
     num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=1000,
@@ -122,7 +122,7 @@ def test_deepseek_v3_at_a_megatron_recipe_layout(cli):
               "--pipeline-model-parallel-layout", "Et*3|(tt|)*29,m|L"]  # fmt: skip
     table = cli("params", "--model", "deepseek-v3", *layout, "--stage", "14", "--format", "table")
     assert table.code == 0, table.err
-    assert "mtp.layers.0.transformer_layer.mlp.experts.linear_fc1.weight255" in table.out
+    assert f"mtp.layers.0.{MTP_INNER}.mlp.experts.linear_fc1.weight255" in table.out
     memory = cli("memory", "--model", "deepseek-v3", *layout, "--micro-batch-size", "1",
                  "--bf16", "--use-distributed-optimizer", "--global-batch-size", "1024",
                  "--use-flash-attn", "--recompute-granularity", "selective")  # fmt: skip

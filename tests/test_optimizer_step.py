@@ -84,8 +84,11 @@ def test_bf16_grads_add_the_fp32_main_grads_which_live_through_the_step():
 def test_fused_adam_works_in_place():
     """TE's/apex's FusedAdam, multi_tensor_l2norm and multi_tensor_scale: one fp32 norm element
     and the int overflow flag (clip_grads.py `dummy_overflow_buf`), nothing per parameter."""
+    from tests.test_versions import GRAD_NORM_MADE_FIRST
+
     run, _ = _step(_job(), fused=True)
-    assert _peak(run).allocated <= 3 * 512
+    # 0.19's get_grad_norm_fp32 makes its 1-element result before the norm kernel runs
+    assert _peak(run).allocated <= (4 if GRAD_NORM_MADE_FIRST else 3) * 512
 
 
 def test_first_step_makes_the_moments_report_memory_counts():

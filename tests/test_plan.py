@@ -8,7 +8,7 @@ import shlex
 import pytest
 
 from tests.conftest import formulas_only, run_cli
-from tests.test_versions import MTP_IN_LAYOUT, SHARED_EXPERT_GATE
+from tests.test_versions import GROUPED_MLP, MTP_IN_LAYOUT, SHARED_EXPERT_GATE
 
 LAYOUTS = {
     "dense tp2 distopt": dict(num_layers=8, pp=2, dp=4, tp=2, bf16=True),
@@ -132,7 +132,7 @@ SCALED = {  # name: (flags, whether megatron's expert weights come one per local
         dict(num_layers=2, num_experts=16, moe_grouped_gemm=True, disable_bias_linear=True,
              hidden_size=256, num_attention_heads=8, moe_ffn_hidden_size=128,
              transformer_impl="local"),  # megatron-core's local spec: the legacy GroupedMLP
-        False,
+        not GROUPED_MLP,  # 0.17+ builds SequentialMLP there: a weight per expert
     ),
 }
 

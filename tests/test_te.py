@@ -579,11 +579,12 @@ def test_multi_token_prediction_builds_with_te_layers() -> None:
     gpt = build(model, Layout(), mtp_num_layers=1)
     mtp = {n: tuple(p.shape) for n, p in gpt.named_parameters() if n.startswith("mtp.")}
     h = model.hidden_size
+    from tests.test_versions import MTP_INNER
+
     inner = {
-        f"mtp.layers.0.transformer_layer.{name}": shape
+        f"mtp.layers.0.{MTP_INNER}.{name}": shape
         for name, shape in _expected_dense_layer(model, tp=1).items()
     }
-    # The MTP layer's own names vary by version (transformer_layer; Megatron-LM later renamed it).
     assert mtp == {
         "mtp.layers.0.enorm.weight": (h,),
         "mtp.layers.0.hnorm.weight": (h,),

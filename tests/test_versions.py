@@ -6,6 +6,8 @@ recorded here rather than in comments.
 
 from __future__ import annotations
 
+import re
+
 import megatron.core
 import pytest
 
@@ -21,6 +23,39 @@ MTP_IN_LAYOUT = VERSION >= (0, 14)
 MTP_IN_A_MIDDLE_CHUNK = VERSION >= (0, 16)  # an 'm' in a virtual chunk away from the loss
 GROUPED_MLP = VERSION < (0, 17)  # 0.17 removed the legacy GroupedMLP (moe/experts.py)
 NULL_TOKENIZER_EOD = VERSION < (0, 18)  # NullTokenizer's vocab_size counts an extra EOD token
+# GPTModel._postprocess keeps the MTP head's logits alive while the main logits are made in
+# 0.14-0.16; 0.13 and 0.17+ (process_mtp_loss, multi_token_prediction.py) free them before
+MTP_LOGITS_HELD = (0, 14) <= VERSION < (0, 17)
+# clip_grads.py get_grad_norm_fp32 makes `total_norm = torch.zeros(1)` before the l2 norm from
+# 0.19 (before: the kernel's result is the norm), and MixedPrecisionOptimizer.clip_grad_norm
+# asks for separate grad-norm groups (`_compute_grad_norms_by_group`)
+GRAD_NORM_MADE_FIRST = VERSION >= (0, 19)
+# megatron's ColumnParallelLinear / RowParallelLinear print `bias=False` always to 0.16 (they test
+# `self.bias is True`), and whether the layer has a bias from 0.17 (`self.bias is not None`);
+# golden files hold the 0.16 text (tests/conftest.py compares through `as_printed_by_0_16`)
+LINEAR_REPR_SHOWS_BIAS = VERSION >= (0, 17)
+_LINEAR_REPR = re.compile(r"(?<!\w)((?:Column|Row)ParallelLinear\(in_features=\d+, out_features=\d+, )bias=True")
+
+
+# SelfAttention registers IdentityOp q_layernorm / k_layernorm without --qk-layernorm up to 0.17
+# (the spec's IdentityOp is built); from 0.18 (attention.py `q_norm_cls = k_norm_cls = None`) it
+# holds None, and no submodule shows in the tree
+QK_NORM_IDENTITY = VERSION < (0, 18)
+_QK_IDENTITY = re.compile(r"^( *)Submodule: [qk]_layernorm \(IdentityOp\)\n\1  Module: IdentityOp\n", re.M)
+
+
+def as_built_by_installed(golden: str) -> str:
+    """Return a golden file (0.16's modules) as the installed megatron-core builds them: without
+    the q/k norms' IdentityOps from 0.18."""
+    return golden if QK_NORM_IDENTITY else _QK_IDENTITY.sub("", golden)
+
+
+def as_printed_by_0_16(text: str) -> str:
+    """Return output as megatron-core 0.16 prints it: the linears' reprs with `bias=False`."""
+    return _LINEAR_REPR.sub(r"\1bias=False", text) if LINEAR_REPR_SHOWS_BIAS else text
+# MultiTokenPredictionLayer's transformer layer: `transformer_layer` to 0.16, `mtp_model_layer`
+# from 0.17 (tests/test_te.py and tests/test_mla.py read the parameter names)
+MTP_INNER = "mtp_model_layer" if VERSION >= (0, 17) else "transformer_layer"
 
 
 def test_supported_version():
@@ -314,3 +349,76 @@ def test_version_fields_are_the_installed_transformer_configs():
     assert router_padding_field() in fields
     assert ("moe_router_padding_for_quantization" in fields) == (VERSION >= (0, 16))
     assert ("moe_flex_dispatcher_backend" in fields) == (VERSION >= FLEX_BACKEND_SINCE)
+
+
+def test_mtp_logits_are_freed_before_the_main_logits_except_on_0_14_to_0_16():
+    # The MTP head's bf16 logits [s, b, vocab / tp] are a local of GPTModel._postprocess in
+    # 0.14-0.16, alive while the main logits are made; 0.17 moved the MTP loss into
+    # multi_token_prediction.py `process_mtp_loss`, which frees them on return. The k2_mtp GPU
+    # run (0.16.1) holds them: tests/test_engine.py expects the other versions 2-3% under it.
+    from inspector.engine.stage import trace_stage
+
+    from inspector.job.job import make_job
+
+    job = make_job(dict(num_layers=1, hidden_size=64, num_attention_heads=4, seq_length=32,
+                        vocab_size=4096, position_embedding_type="rope", mtp_num_layers=1,
+                        untie_embeddings_and_output_weights=True, micro_batch_size=2,
+                        global_batch_size=2, bf16=True, transformer_impl="local"))  # fmt: skip
+    (trace,) = trace_stage(job, 0)
+    logits = 32 * 2 * 4096 * 2  # [s, b, vocab] in bf16
+    live = held = 0
+    for event in trace.forward:
+        if abs(event.bytes) == logits and "output_layer" in event.where:
+            live += 1
+            held = max(held, live)
+        elif event.bytes == -logits:
+            live -= 1
+    assert held == (2 if MTP_LOGITS_HELD else 1)
+
+
+def test_the_grad_norm_is_made_before_the_kernel_from_0_19():
+    import inspect
+
+    from megatron.core.optimizer import clip_grads, optimizer
+
+    source = inspect.getsource(clip_grads.get_grad_norm_fp32)
+    first = "total_norm = torch.zeros(1, dtype=torch.float, device='cuda')"
+    assert (first in source.split("l2_norm_impl")[0]) == GRAD_NORM_MADE_FIRST
+    groups = hasattr(optimizer.MixedPrecisionOptimizer, "_compute_grad_norms_by_group")
+    assert groups == GRAD_NORM_MADE_FIRST
+
+
+@pytest.mark.parametrize("impl", ["local", "transformer_engine"])
+def test_expert_weights_go_to_the_expert_buffer_at_ep_1_from_0_19(impl):
+    # allreduce=False (DDP's expert buffer, reduced over expert data parallel): 0.13-0.18 only
+    # with ep > 1; 0.19 also when --expert-tensor-parallel-size differs from --tp
+    from inspector.job.job import make_job
+    from inspector.job.versions import experts_flagged_without_ep
+    from inspector.world.pieces import build_pieces
+
+    job = make_job(dict(num_layers=1, hidden_size=64, num_attention_heads=4, seq_length=32,
+                        vocab_size=1000, num_experts=4, moe_ffn_hidden_size=32,
+                        disable_bias_linear=True, tensor_model_parallel_size=2,
+                        sequence_parallel=True, expert_tensor_parallel_size=1,
+                        data_parallel_size=2, transformer_impl=impl))  # fmt: skip
+    flags = {p.expert for named in build_pieces(job).parts() for _, p in named}
+    assert flags == ({False, True} if experts_flagged_without_ep() else {False})
+    assert experts_flagged_without_ep() == (VERSION >= (0, 19))
+
+
+def test_linear_reprs_show_the_bias_from_0_17(cli):
+    result = cli("params", *SMALL, "--untie-embeddings-and-output-weights")
+    assert result.code == 0, result.err
+    rows = [row.split(";") for row in result.out.splitlines()[2:] if not row.startswith("#")]
+    modules = {row[0]: row[1] for row in rows}
+    qkv = modules["decoder.layers.0.self_attention.linear_qkv.bias"]
+    assert qkv == f"ColumnParallelLinear(in_features=64, out_features=192, bias={LINEAR_REPR_SHOWS_BIAS}, TP=1)"
+    assert "bias=False" in modules["output_layer.weight"]  # no bias: False on every version
+    assert as_printed_by_0_16(qkv) == "ColumnParallelLinear(in_features=64, out_features=192, bias=False, TP=1)"
+
+
+def test_attention_holds_identity_qk_norms_up_to_0_17(cli):
+    result = cli("tree", *SMALL)
+    assert result.code == 0, result.err
+    assert ("Submodule: q_layernorm (IdentityOp)" in result.out) == QK_NORM_IDENTITY
+    assert as_built_by_installed(result.out) == result.out  # nothing left to strip

@@ -43,3 +43,11 @@ def hybrid_moe_layers() -> bool:
     """Return whether megatron-core's hybrid layer pattern has MoE layers (`E`): 0.16 on
     (ssm/mamba_hybrid_layer_allocation.py `Symbols.VALID`; core_v0.13.1-0.15.0: M, *, - only)."""
     return megatron_version() >= (0, 16)
+
+
+def experts_flagged_without_ep() -> bool:
+    """Return whether megatron-core marks expert weights for the expert data-parallel buffer
+    (allreduce=False) when --expert-tensor-parallel-size differs from --tp, even at ep 1: 0.19 on
+    (tensor_parallel/layers.py and extensions/transformer_engine.py `use_expert_pgs`); before,
+    only with expert parallelism (`not (is_expert and self.expert_parallel)`)."""
+    return megatron_version() >= (0, 19)

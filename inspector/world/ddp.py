@@ -204,6 +204,9 @@ def _ddp_config(config: Any, settings: DistOptSettings) -> Any:
             dp_cp_size=settings.dp_cp_size,
         ),
         pad_buckets_for_high_nccl_busbw=settings.pad_buckets_for_high_nccl_busbw,
+        # Megatron-LM's get_model copies --fp8-param-gather in; 0.17+ DistributedOptimizer casts
+        # the fp8 weights' main shards only when it is set (0.13-0.16 ask each parameter)
+        fp8_param_gather=bool(getattr(config, "fp8_param", False)),
     )
 
 

@@ -3,7 +3,8 @@
 world/pieces.py builds a model twice per (model, tp, ep, expert-tp, SP, grad dtype) and reads
 each piece's parameters off megatron's modules. Two expert-parallel sizes differ only in how many
 experts a rank holds, megatron's num_moe_experts // ep (MoELayer), and in the expert-parallel flag
-(allreduce=False) that the experts' weights carry when ep > 1: where megatron's names show those
+(allreduce=False) that the experts' weights carry when ep > 1 (megatron-core 0.19: or when
+expert tp differs from tp): where megatron's names show those
 weights per local expert (SequentialMLP's `local_experts.{i}.`, TEGroupedMLP's `weight{i}`), the
 pieces built for one ep serve every other with those weights repeated for the new count
 (`scalable`; tests check them equal to megatron's own builds). `chunk_runs` joins the pieces of
@@ -20,6 +21,7 @@ from typing import Any
 
 import inspector.caches as caches
 from inspector.job.job import Job
+from inspector.job.versions import experts_flagged_without_ep
 from inspector.world.pieces import Built, Named, Param, build_pieces
 
 Run = tuple[Param, int]  # a parameter, and how many equal ones stand side by side from it
@@ -62,12 +64,13 @@ def pieces_for(job: Job) -> Pieces:
         experts, ep = job.model.num_experts, job.layout.ep
         local = None if experts is None else experts // ep  # megatron's num_local_experts
         family = key[:2] + key[3:]
+        parallel = ep > 1 or (experts_flagged_without_ep() and job.layout.expert_tp != job.layout.tp)
         if local is not None and family in _SCALABLE:
             built, built_local = _SCALABLE[family]
-            _PIECES[key] = as_pieces(built, (built_local, local, ep > 1))
+            _PIECES[key] = as_pieces(built, (built_local, local, parallel))
         else:
             built = build_pieces(job)
-            if local is not None and scalable(built, local, ep > 1):
+            if local is not None and scalable(built, local, parallel):
                 _SCALABLE[family] = (built, local)
             _PIECES[key] = as_pieces(built)
     return _PIECES[key]
@@ -174,7 +177,7 @@ def scalable(built: Built, local: int, parallel: bool) -> bool:
 
     Every block of copies must name `local` alike experts (local > 1, where megatron's two
     orders differ); the expert-parallel flag (megatron's allreduce=False) must be on exactly the
-    copies, and only with expert parallelism; and the build must come back at `local`.
+    copies, and only where megatron sets it (`parallel`); and the build must come back at `local`.
     """
     blocks = [(copies, block) for named in built.parts() for copies, block in _expert_blocks(named)]
     return (

@@ -201,9 +201,19 @@ def _inputs(job: Job, gpt: Any) -> dict[str, Any]:
         batch["labels"] = torch.empty(b, s, dtype=torch.long, device="cuda")
         batch["loss_mask"] = torch.empty(b, s, dtype=torch.float32, device="cuda")
     if job.layout.cp > 1:  # pretrain_gpt.get_batch: this cp rank's two chunks of the sequence
+        import inspect
+
         from megatron.core.utils import get_batch_on_this_cp_rank
 
-        batch = get_batch_on_this_cp_rank(batch)
+        # 0.19 takes the group and whether context parallelism is hybrid, as pretrain_gpt.py
+        # (core_v0.19.0) passes them; before, it read the group from parallel_state
+        if "is_hybrid_cp" in inspect.signature(get_batch_on_this_cp_rank).parameters:
+            from megatron.core import parallel_state
+
+            group = parallel_state.get_context_parallel_group()
+            batch = get_batch_on_this_cp_rank(batch, is_hybrid_cp=False, cp_group=group)
+        else:
+            batch = get_batch_on_this_cp_rank(batch)
     return batch
 
 

@@ -325,7 +325,7 @@ def balanced_routing() -> Iterator[None]:
 
     Enter it inside the allocator's Tracker: the host values it computes are no GPU memory.
     """
-    from megatron.core.transformer.moe import fused_a2a, grouped_gemm_util, router, token_dispatcher
+    from megatron.core.transformer.moe import fused_a2a, router, token_dispatcher
 
     from inspector.world import deep_ep
 
@@ -340,8 +340,13 @@ def balanced_routing() -> Iterator[None]:
         (torch.cuda, "current_stream", lambda *args: _STREAM),
         (torch.cuda, "stream", lambda *args: contextlib.nullcontext()),
         (torch.Tensor, "record_stream", lambda *args: None),
-        (grouped_gemm_util, "ops", SimpleNamespace(gmm=_gmm)),
     ]
+    try:  # the legacy GroupedMLP's kernels; megatron-core 0.17 removed it with GroupedMLP
+        from megatron.core.transformer.moe import grouped_gemm_util
+    except ImportError:
+        pass
+    else:
+        patches.append((grouped_gemm_util, "ops", SimpleNamespace(gmm=_gmm)))
     if hasattr(fused_a2a, "_hybrid_ep_buffer"):  # 0.16+: HybridEP's buffer, made per job here
         patches.append((fused_a2a, "_hybrid_ep_buffer", None))
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]

@@ -237,6 +237,7 @@ _PASSES = (
     ("_copy_model_grads_to_main_grads", "main_grad.float()"),
     ("_unscale_main_grads_and_check_for_nan", "unscale"),
     ("get_grad_norm", "grad norm"),
+    ("_compute_grad_norms_by_group", "grad norm by group"),  # megatron-core 0.19+
     ("_copy_main_params_to_model_params", "main params to weights"),
 )
 
@@ -398,7 +399,10 @@ class FusedAdam(torch.optim.Optimizer):
 
     def __init__(self, params: Any, lr: float = 1e-3, weight_decay: float = 0.0,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 adam_w_mode: bool = True) -> None:  # fmt: skip
+                 adam_w_mode: bool = True, capturable: bool = False) -> None:  # fmt: skip
+        # megatron-core 0.19 passes `capturable` (OptimizerConfig.optimizer_cuda_graph) always
+        if capturable:
+            raise RuntimeError("FusedAdam's capturable mode is not simulated")
         super().__init__(params, dict(lr=lr, weight_decay=weight_decay, betas=betas, eps=eps))
 
     @torch.no_grad()

@@ -66,9 +66,28 @@ def simulated_cuda() -> Iterator[None]:
     torch.tensor = unpinned_tensor
     torch.Tensor.cuda = lambda self, *args, **kwargs: self.to("meta")  # type: ignore[method-assign]
     try:
-        yield
+        with _cuda_factories_on_meta():
+            yield
     finally:
         torch.cuda.current_device = current_device
         torch.cuda.Stream = stream  # type: ignore[misc]
         torch.tensor = tensor
         torch.Tensor.cuda = to_cuda  # type: ignore[method-assign]
+
+
+def _cuda_factories_on_meta() -> Any:
+    """Return a mode sending `device="cuda"` to meta: megatron-core 0.19's HybridEP dispatcher
+    makes `torch.zeros(1, device='cuda')` when it is built (token_dispatcher.py `over_budget`)."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    class Mode(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = dict(kwargs or {})
+            device = kwargs.get("device")
+            if isinstance(device, torch.device | str) and str(device).startswith("cuda"):
+                kwargs["device"] = "meta"
+            return func(*args, **kwargs)
+
+    return Mode()
+
