@@ -407,7 +407,7 @@ def test_expert_weights_go_to_the_expert_buffer_at_ep_1_from_0_19(impl):
 
 
 def test_linear_reprs_show_the_bias_from_0_17(cli):
-    result = cli("params", *SMALL, "--untie-embeddings-and-output-weights")
+    result = cli("params", *SMALL, "--untie-embeddings-and-output-weights", "--transformer-impl", "local")
     assert result.code == 0, result.err
     rows = [row.split(";") for row in result.out.splitlines()[2:] if not row.startswith("#")]
     modules = {row[0]: row[1] for row in rows}
@@ -418,7 +418,7 @@ def test_linear_reprs_show_the_bias_from_0_17(cli):
 
 
 def test_attention_holds_identity_qk_norms_up_to_0_17(cli):
-    result = cli("tree", *SMALL)
+    result = cli("tree", *SMALL, "--transformer-impl", "local")
     assert result.code == 0, result.err
     assert ("Submodule: q_layernorm (IdentityOp)" in result.out) == QK_NORM_IDENTITY
     assert as_built_by_installed(result.out) == result.out  # nothing left to strip
