@@ -91,7 +91,7 @@ def formulas_only() -> Iterator[None]:
     `memory` answers by the closed forms (its answer where the engine cannot run a job)."""
     from unittest import mock
 
-    from inspector.engine import memory as engine
+    from inspector.memory.engine import run as engine
 
     def nothing(job: Any, stages: Any) -> Any:
         return engine.JobRuns({}, "not run in this test")
@@ -110,8 +110,8 @@ def formula_activations(*args: str) -> list[dict[str, Any]]:
     """
     from unittest import mock
 
-    from inspector.engine import memory as engine
-    from inspector.report.memory import formula_activations as formulas
+    from inspector.memory.engine import run as engine
+    from inspector.memory.measure import formula_activations as formulas
 
     seen: list[tuple[Any, tuple[Any, ...]]] = []
 
