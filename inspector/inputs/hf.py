@@ -4,9 +4,9 @@ as Megatron-Bridge maps it (NVIDIA-NeMo/Megatron-Bridge, src/megatron/bridge/mod
 The common keys follow MegatronModelBridge.CONFIG_MAPPING (conversion/model_bridge.py); each family
 adds what its bridge sets (llama/llama_bridge.py, mistral/mistral_bridge.py, qwen/qwen2_bridge.py,
 qwen/qwen3_bridge.py, qwen/qwen3_moe_bridge.py, deepseek/deepseek_v3_bridge.py, and mixtral/
-mixtral_bridge.py as of commit 1ee926b34). Keys that change nothing a GPU holds are listed as
-ignored; keys this tool does not know are listed in a note; a value that would build another
-model (a sliding window, a non-SwiGLU activation) is refused. The file is local: nothing downloads.
+mixtral_bridge.py as of commit 1ee926b34; kimi/kimi_bridge.py as of 384dc10f5). Keys that change
+nothing a GPU holds are listed as ignored; keys this tool does not know are listed in a note; a
+value that would build another model (a sliding window, a non-SwiGLU activation) is refused. The file is local: nothing downloads.
 docs/bring-your-job.md holds the table.
 """
 
@@ -23,6 +23,12 @@ from inspector.output import read_text
 
 _LLAMA_LIKE = {"normalization": "RMSNorm", "swiglu": True, "position_embedding_type": "rope",
                "disable_bias_linear": True, "hidden_dropout": 0.0}  # fmt: skip
+
+
+_DEEPSEEK_V3 = {**_LLAMA_LIKE, "qk_layernorm": True, "multi_latent_attention": True,
+                "untie_embeddings_and_output_weights": True, "moe_grouped_gemm": True,
+                "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
+                "make_vocab_size_divisible_by": 1280}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -43,11 +49,10 @@ FAMILIES: dict[str, Family] = {
     "qwen3": Family("Qwen3", "qwen/qwen3_bridge.py", {**_LLAMA_LIKE, "qk_layernorm": True}),
     "qwen3_moe": Family("Qwen3-MoE", "qwen/qwen3_moe_bridge.py",
                         {**_LLAMA_LIKE, "qk_layernorm": True, "moe_grouped_gemm": True}),  # fmt: skip
-    "deepseek_v3": Family("DeepSeek-V3", "deepseek/deepseek_v3_bridge.py", {
-        **_LLAMA_LIKE, "qk_layernorm": True, "multi_latent_attention": True,
-        "untie_embeddings_and_output_weights": True, "moe_grouped_gemm": True,
-        "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
-        "make_vocab_size_divisible_by": 1280}),  # fmt: skip
+    "deepseek_v3": Family("DeepSeek-V3", "deepseek/deepseek_v3_bridge.py", _DEEPSEEK_V3),
+    # Kimi-K2's config.json says DeepseekV3ForCausalLM with model_type kimi_k2; its bridge sets
+    # what DeepSeek-V3's does (scoring_func sigmoid comes from the file, through MAPPED)
+    "kimi_k2": Family("Kimi-K2", "kimi/kimi_bridge.py", _DEEPSEEK_V3),
 }
 
 # Architectures Megatron-Bridge maps that this tool's layer specs cannot build, and why.

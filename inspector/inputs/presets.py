@@ -176,6 +176,28 @@ _ALL = [
     ),
 ]  # fmt: skip
 
+# Kimi-K2, gpt-oss: a block of their own.
+_ALL += [
+    _preset(
+        "kimi-k2",
+        "61 layers (1 dense), hidden 7168, 64 heads, MLA, 384 experts top-8 + 1 shared, vocab 163840",
+        "Moonshot AI 2025, Kimi K2: Open Agentic Intelligence, arXiv:2507.20534 (HF "
+        "moonshotai/Kimi-K2-Instruct config.json, DeepSeek-V3's architecture); flags as "
+        "Megatron-Bridge's kimi/kimi_bridge.py sets them",
+        1026.5e9, "HF moonshotai/Kimi-K2-Instruct: 1026.5B parameters (model card: 1T total)",
+        num_layers=61, hidden_size=7168, num_attention_heads=64, ffn_hidden_size=18432,
+        multi_latent_attention=True, q_lora_rank=1536, kv_lora_rank=512, qk_head_dim=128,
+        qk_pos_emb_head_dim=64, v_head_dim=128, qk_layernorm=True, rotary_scaling_factor=32.0,
+        mscale=1.0, mscale_all_dim=1.0,
+        num_experts=384, moe_layer_freq="([0]*1+[1]*60)", moe_router_topk=8,
+        moe_ffn_hidden_size=2048, moe_shared_expert_intermediate_size=2048,
+        moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True,
+        moe_router_num_groups=1, moe_router_group_topk=1, moe_grouped_gemm=True,
+        seq_length=4096, max_position_embeddings=131072, vocab_size=163840,
+        make_vocab_size_divisible_by=1280, **_LLAMA, transformer_impl="transformer_engine",
+    ),
+]  # fmt: skip
+
 PRESETS: dict[str, Preset] = {preset.name: preset for preset in _ALL}
 DEFAULT = "gpt2-small"
 
