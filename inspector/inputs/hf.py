@@ -6,8 +6,8 @@ adds what its bridge sets (llama/llama_bridge.py, mistral/mistral_bridge.py, qwe
 qwen/qwen3_bridge.py, qwen/qwen3_moe_bridge.py, deepseek/deepseek_v3_bridge.py, and mixtral/
 mixtral_bridge.py as of commit 1ee926b34; kimi/kimi_bridge.py as of 384dc10f5). Keys that change
 nothing a GPU holds are listed as ignored; keys this tool does not know are listed in a note; a
-value that would build another model (a sliding window, a non-SwiGLU activation) is refused. The file is local: nothing downloads.
-docs/bring-your-job.md holds the table.
+value that would build another model (a sliding window, a non-SwiGLU activation) is refused. The
+file is local: nothing downloads. docs/bring-your-job.md holds the table.
 """
 
 from __future__ import annotations
