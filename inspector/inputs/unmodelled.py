@@ -79,14 +79,6 @@ REFUSED: dict[str, Refusal] = {
     "--mamba-num-heads": Refusal("model", _HYBRID),
     "--mamba-num-groups": Refusal("model", _HYBRID),
     "--mamba-state-dim": Refusal("model", _HYBRID),
-    "--quick-geglu": Refusal("model", "a gated MLP with its own activation is not modelled; "
-                             "--swiglu is"),  # fmt: skip
-    "--softmax-type": Refusal(
-        "model", "learnable/off-by-one softmax adds per-head parameters that are not modelled",
-        ("vanilla",)),  # fmt: skip
-    "--window-size": Refusal(
-        "model", "sliding-window attention changes attention FLOPs and scores, which the formulas "
-        "count for full causal attention"),  # fmt: skip
     # megatron-core gpt_layer_specs: `L2Norm if qk_l2_norm else (qk_norm if qk_layernorm ...)`
     "--qk-l2-norm": Refusal("model", _QK_L2),
     # ModelOpt's arguments (megatron/post_training/arguments.py), read by its finetune.py
@@ -171,9 +163,11 @@ MEGATRON_LM_REFUSES: dict[str, str] = {
 IGNORED_BECAUSE: dict[str, str] = {
     "numerics only (same tensors)": (
         "--norm-epsilon --apply-layernorm-1p --apply-residual-connection-post-layernorm "
-        "--openai-gelu --squared-relu --onnx-safe --activation-func-clamp-value --glu-linear-offset "
+        "--openai-gelu --squared-relu --onnx-safe "
         "--rotary-base --rotary-percent --rotary-interleaved --rotary-seq-len-interpolation-factor "
-        "--use-rope-scaling --rope-scaling-factor --no-rope-freq "
+        "--use-rope-scaling --rope-scaling-factor --no-rope-freq --yarn-original-max-position-embeddings "
+        "--yarn-beta-fast --yarn-beta-slow --yarn-correction-range-round-to-int "
+        "--no-yarn-correction-range-round-to-int "
         "--apply-query-key-layer-scaling --attention-softmax-in-fp32 "
         # with rope only: validate_args refuses it otherwise (inspector.inputs.refusals)
         "--no-position-embedding "

@@ -39,7 +39,10 @@ def transformer_config(
         # Megatron-LM `core_transformer_config_from_args`: --multi-latent-attention picks
         # MLATransformerConfig and copies the MLA arguments into it.
         return MLATransformerConfig(**kwargs)
-    return m.TransformerConfig(**kwargs)
+    config = m.TransformerConfig(**kwargs)
+    for name, value in model.yarn_attributes().items():
+        setattr(config, name, value)  # attributes, not fields: GPTModel reads them by getattr
+    return config
 
 
 def _torch_fields(torch: Any, model: ModelConfig) -> dict[str, Any]:
@@ -60,6 +63,11 @@ def _torch_fields(torch: Any, model: ModelConfig) -> dict[str, Any]:
     if model.swiglu:
         # Megatron-LM arguments.py: --swiglu sets a gated linear unit with SiLU.
         fields["activation_func"] = torch.nn.functional.silu
+    elif model.quick_geglu:
+        # Megatron-LM arguments.py: --quick-geglu sets a gated linear unit with quick_gelu.
+        from megatron.core.fusions.fused_bias_geglu import quick_gelu
+
+        fields["activation_func"] = quick_gelu
     return fields
 
 
