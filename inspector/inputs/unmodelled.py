@@ -95,9 +95,6 @@ REFUSED: dict[str, Refusal] = {
     "--export-kv-cache-quant": Refusal("training", _QUANTIZERS, ("none",)),
     "--qad-train-target": Refusal("training", _FROZEN),
     "--freeze-base-for-mtp": Refusal("training", _FROZEN),
-    "--export-force-local-attention": Refusal(
-        "training", "ModelOpt's local attention (megatron-core DotProductAttention, which stores "
-        "the attention scores) in place of Transformer Engine's is not modelled"),  # fmt: skip
     "--vocab-extra-ids": Refusal("model", "extra ids change the vocabulary; pass --vocab-size"),
     "--fine-grained-activation-offloading": Refusal(  # TransformerConfig, megatron-core 0.16
         "training", "activation offloading to the CPU (--offload-modules) is not modelled"),
@@ -292,7 +289,9 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--finetune-hf-dataset --finetune-data-split --finetune-data-files --export-te-mcore-model "
         "--export-default-te-spec --export-legacy-megatron --modelopt-enabled "
         "--export-kd-teacher-model-config --export-kd-teacher-ckpt-format --export-kd-cfg "
-        "--export-moe-apply-probs-on-input --enable-gpt-oss --trust-remote-code"
+        "--export-moe-apply-probs-on-input --enable-gpt-oss --trust-remote-code "
+        # read only by ModelOpt's model provider; refusals.py refuses it where that builds
+        "--export-force-local-attention"
     ),
     "logging, profiling, fault tolerance": (
         "--log-interval --log-params-norm --log-num-zeros-in-grad --log-throughput --log-progress "
