@@ -190,7 +190,7 @@ _GPT_OSS = dict(
 _ALL += [
     _preset(
         "kimi-k2",
-        "61 layers (1 dense), hidden 7168, 64 heads, MLA, 384 experts top-8 + 1 shared, vocab 163840",
+        "61 layers (1 dense), hidden 7168, 64 heads, MLA, 384 experts top-8 + 1 shared",
         "Moonshot AI 2025, Kimi K2: Open Agentic Intelligence, arXiv:2507.20534 (HF "
         "moonshotai/Kimi-K2-Instruct config.json, DeepSeek-V3's architecture); flags as "
         "Megatron-Bridge's kimi/kimi_bridge.py sets them",
@@ -208,8 +208,7 @@ _ALL += [
     ),
     _preset(
         "gpt-oss-20b",
-        "24 layers, hidden 2880, 64 heads (8 KV groups, head 64), 32 experts top-4, sinks, "
-        "window 128 on every other layer",
+        "24 layers, hidden 2880, 64 heads (8 KV groups), 32 experts top-4, sinks, window 128",
         "OpenAI 2025, gpt-oss-120b & gpt-oss-20b Model Card, arXiv:2508.10925 (HF "
         "openai/gpt-oss-20b config.json); flags as Megatron-LM's examples/gptoss/02_train.sh "
         "and Megatron-Bridge's gpt_oss/gpt_oss_bridge.py set them",
@@ -218,8 +217,7 @@ _ALL += [
     ),
     _preset(
         "gpt-oss-120b",
-        "36 layers, hidden 2880, 64 heads (8 KV groups, head 64), 128 experts top-4, sinks, "
-        "window 128 on every other layer",
+        "36 layers, hidden 2880, 64 heads (8 KV groups), 128 experts top-4, sinks, window 128",
         "OpenAI 2025, gpt-oss-120b & gpt-oss-20b Model Card, arXiv:2508.10925 (HF "
         "openai/gpt-oss-120b config.json); flags as Megatron-LM's examples/gptoss/02_train.sh "
         "and Megatron-Bridge's gpt_oss/gpt_oss_bridge.py set them",
