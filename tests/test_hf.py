@@ -92,6 +92,10 @@ def test_unknown_keys_are_listed(tmp_path):
         ({"model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"]},
          "Gemma2ForCausalLM (model_type gemma2) is not modelled: Gemma 2's sliding-window layers, "
          "logit soft-capping and extra norms are not modelled"),
+        ({"model_type": "deepseek_v32", "architectures": ["DeepseekV32ForCausalLM"]},
+         "DeepseekV32ForCausalLM (model_type deepseek_v32) is not modelled: DeepSeek-V3.2's "
+         "sparse attention (megatron-core 0.16's experimental attention variant dsa, with its "
+         "indexer) is not modelled"),
         ({"model_type": "phi3", "architectures": ["Phi3ForCausalLM"]},
          "Phi3ForCausalLM (model_type 'phi3') is not an architecture this tool maps; it maps "
          "Llama (llama), Mistral (mistral), Mixtral (mixtral), Qwen2 (qwen2), Qwen3 (qwen3), "

@@ -70,6 +70,8 @@ NOT_MODELLED: dict[str, str] = {
     "gemma": "Gemma's gated tanh-GELU MLP and zero-centred norms are not modelled (only --swiglu)",
     "gemma2": "Gemma 2's sliding-window layers, logit soft-capping and extra norms are not modelled",
     "gemma3": "Gemma 3's sliding-window layers and extra norms are not modelled",
+    "deepseek_v32": "DeepSeek-V3.2's sparse attention (megatron-core 0.16's experimental "
+    "attention variant dsa, with its indexer) is not modelled",
 }
 
 _INT = int

@@ -39,6 +39,10 @@ _QK_L2 = (
     "Llama 4's L2 norm of queries and keys (megatron-core L2Norm, no weights, in place of "
     "--qk-layernorm's norms) is not modelled"
 )
+_DSA = (
+    "megatron-core's experimental attention variants (dsa: DeepSeek-V3.2's sparse attention and "
+    "its indexer, megatron-core 0.16+; gated_delta_net) are not modelled"
+)
 _QUANTIZERS = "ModelOpt's quantizers (fake-quantized weights and inputs) are not counted"
 _OPTIMIZER = "this optimizer's state is not counted (Adam's two fp32 moments are)"
 _FROZEN = "frozen parameters hold no gradients or optimizer state, which this tool does not model"
@@ -95,6 +99,15 @@ REFUSED: dict[str, Refusal] = {
     "--export-kv-cache-quant": Refusal("training", _QUANTIZERS, ("none",)),
     "--qad-train-target": Refusal("training", _FROZEN),
     "--freeze-base-for-mtp": Refusal("training", _FROZEN),
+    # TransformerConfig fields (megatron-core 0.16.1 transformer_config.py 250-268), which
+    # Megatron-LM reads as arguments; megatron-core builds DeepSeek-V3.2's sparse attention
+    # (transformer/experimental_attention_variant/dsa.py), whose indexer this tool does not run
+    "--experimental-attention-variant": Refusal("model", _DSA),
+    "--dsa-indexer-n-heads": Refusal("model", _DSA),
+    "--dsa-indexer-head-dim": Refusal("model", _DSA),
+    "--dsa-indexer-topk": Refusal("model", _DSA),
+    "--dsa-indexer-loss-coeff": Refusal("model", _DSA),
+    "--dsa-indexer-use-sparse-loss": Refusal("model", _DSA),
     "--vocab-extra-ids": Refusal("model", "extra ids change the vocabulary; pass --vocab-size"),
     "--fine-grained-activation-offloading": Refusal(  # TransformerConfig, megatron-core 0.16
         "training", "activation offloading to the CPU (--offload-modules) is not modelled"),
