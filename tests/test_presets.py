@@ -10,7 +10,7 @@ import pytest
 from inspector.errors import ConfigError
 from inspector.inputs.presets import PRESETS, get_preset
 from tests.counting import parameter_count
-from tests.test_versions import SHARED_EXPERT_GATE
+from tests.test_versions import GPT_OSS, SHARED_EXPERT_GATE
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
@@ -27,6 +27,8 @@ def _buildable(name: str) -> list:
     """Skip presets the installed megatron-core cannot build (tests/test_versions.py asserts why)."""
     if PRESETS[name].args.get("moe_shared_expert_gate") and not SHARED_EXPERT_GATE:
         return [pytest.mark.skip(reason="shared-expert gate needs megatron-core 0.16")]
+    if PRESETS[name].args.get("quick_geglu") and not GPT_OSS:
+        return [pytest.mark.skip(reason="gpt-oss's layers need megatron-core 0.15")]
     return []
 
 

@@ -15,6 +15,7 @@ VERSION = tuple(int(p) for p in megatron.core.__version__.split(".")[:2])
 SMALL = "--hidden-size 64 --num-attention-heads 4 --seq-length 32 --vocab-size 1000 --num-layers 2".split()
 MOE = SMALL + "--num-experts 4 --moe-ffn-hidden-size 32".split()
 SHARED_EXPERT_GATE = VERSION >= (0, 16)  # TransformerConfig.moe_shared_expert_gate
+GPT_OSS = VERSION >= (0, 15)  # TransformerConfig.softmax_type, glu_linear_offset, ...; quick_gelu
 # 0.13.1 refuses "m" in --pipeline-model-parallel-layout ("MTP layer is not supported for flexible
 # pipeline layout"); 0.16.1 places it. Checked on 0.13.1 and 0.16.1 only.
 MTP_IN_LAYOUT = VERSION >= (0, 14)
@@ -86,6 +87,19 @@ def test_shared_expert_gate_from_0_16(cli):
             2,
             f"Error: --moe-shared-expert-gate needs megatron-core 0.16 or newer: "
             f"{megatron.core.__version__} builds shared experts without a gate\n",
+        )
+
+
+def test_gpt_oss_from_0_15(cli):
+    # 0.13-0.14 have no quick_gelu, softmax_type, glu_linear_offset, clamp or window skip fields
+    result = cli("tree", "--model", "gpt-oss-20b", "--num-layers", "1")
+    if GPT_OSS:
+        assert result.code == 0, result.err
+    else:
+        assert (result.code, result.err) == (
+            2,
+            f"Error: --quick-geglu needs megatron-core 0.15 or newer: "
+            f"{megatron.core.__version__} has no TransformerConfig.glu_linear_offset\n",
         )
 
 
