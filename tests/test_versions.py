@@ -76,31 +76,27 @@ def test_pipeline_schedule_takes_its_group_from_0_14():
     assert takes == (VERSION >= (0, 14))
 
 
-def test_shared_expert_gate_from_0_16(cli):
-    # 0.13-0.15 build shared experts with gate=False in the layer spec and have no config field
-    # for it, so Qwen1.5-MoE (a gated shared expert) is exact only from 0.16.
-    result = cli("tree", "--model", "qwen1.5-moe-a2.7b", "--num-layers", "1")
-    if SHARED_EXPERT_GATE:
+@pytest.mark.parametrize(
+    "model, builds, refusal",
+    [
+        # 0.13-0.15 build shared experts with gate=False in the layer spec and have no config
+        # field for it, so Qwen1.5-MoE (a gated shared expert) is exact only from 0.16.
+        ("qwen1.5-moe-a2.7b", SHARED_EXPERT_GATE,
+         "--moe-shared-expert-gate needs megatron-core 0.16 or newer: {v} builds shared experts "
+         "without a gate"),
+        # 0.13-0.14 have no quick_gelu, softmax_type, glu_linear_offset, clamp or window skip
+        ("gpt-oss-20b", GPT_OSS,
+         "--quick-geglu needs megatron-core 0.15 or newer: {v} has no "
+         "TransformerConfig.glu_linear_offset"),
+    ],
+)  # fmt: skip
+def test_features_from_the_version_that_builds_them(cli, model, builds, refusal):
+    result = cli("tree", "--model", model, "--num-layers", "1")
+    if builds:
         assert result.code == 0, result.err
     else:
-        assert (result.code, result.err) == (
-            2,
-            f"Error: --moe-shared-expert-gate needs megatron-core 0.16 or newer: "
-            f"{megatron.core.__version__} builds shared experts without a gate\n",
-        )
-
-
-def test_gpt_oss_from_0_15(cli):
-    # 0.13-0.14 have no quick_gelu, softmax_type, glu_linear_offset, clamp or window skip fields
-    result = cli("tree", "--model", "gpt-oss-20b", "--num-layers", "1")
-    if GPT_OSS:
-        assert result.code == 0, result.err
-    else:
-        assert (result.code, result.err) == (
-            2,
-            f"Error: --quick-geglu needs megatron-core 0.15 or newer: "
-            f"{megatron.core.__version__} has no TransformerConfig.glu_linear_offset\n",
-        )
+        message = refusal.format(v=megatron.core.__version__)
+        assert (result.code, result.err) == (2, f"Error: {message}\n")
 
 
 def test_the_planner_emits_mtp_layout_strings_only_where_megatron_builds_them():
