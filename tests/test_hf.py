@@ -133,3 +133,16 @@ def test_not_an_hf_config(tmp_path):
         read_hf_config(str(path))
     assert str(error.value) == (f'{path}: --hf-config takes a Hugging Face config.json (with '
                                 '"architectures" and "model_type")')  # fmt: skip
+
+
+def test_gpt_oss_window_pattern_other_than_the_bridges_is_refused(tmp_path):
+    config = json.loads((HF / "gpt-oss-20b.json").read_text())
+    config["layer_types"] = ["full_attention"] * 24
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    parsed = read_hf_config(str(path))
+    assert [r.argument for r in parsed.refused] == ['"layer_types": ...']
+    # the published file: the bridge's window (sliding_window - 1, 0) on every other layer
+    args = read_hf_config(str(HF / "gpt-oss-20b.json")).args
+    assert (args["window_size"], args["window_attn_skip_freq"]) == ("127,0", 2)
+    assert (args["position_embedding_type"], args["rotary_scaling_factor"]) == ("yarn", 32.0)
