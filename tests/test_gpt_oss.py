@@ -86,3 +86,11 @@ def test_memory_runs_the_preset_and_megatrons_refusal_stays_megatrons(cli):
     result = cli(*base, "--no-bias-dropout-fusion")
     assert result.code == 0, result.err
     assert "megatron's forward, backward and optimizer step run on meta tensors" in result.out
+
+
+def test_yarn_takes_megatron_lms_rope_fusion():
+    # Megatron-LM's --rope-fusion default reaches GPTModel's yarn branch as its rope branch
+    from inspector.memory.engine.microbatch import runtime_config
+
+    assert runtime_config(_job(**GPT_OSS))["apply_rope_fusion"] is True
+    assert runtime_config(_job(**GPT_OSS, no_rope_fusion=True))["apply_rope_fusion"] is False
