@@ -11,7 +11,8 @@ from typing import Any
 def parameter_count(a: Mapping[str, Any], tp: int = 1) -> int:
     """Return the total parameters of a GPT / Llama / MoE model given Megatron-LM arguments.
 
-    Every layer: two norms, QKV (GQA-aware) and output projections, and an MLP — dense, or a
+    Every layer: two norms, QKV (GQA-aware) and output projections (and a learned softmax
+    offset per head with softmax_type learnable), and an MLP — dense, or a
     router (E x h, plus E biases when biases are on) and E expert MLPs plus an optional shared
     expert. Around them: the word embeddings padded to a multiple of 128 x tp, learned positions
     unless RoPE, the final norm, and an output layer when untied.
@@ -23,7 +24,7 @@ def parameter_count(a: Mapping[str, Any], tp: int = 1) -> int:
     vocab = math.ceil(a["vocab_size"] / multiple) * multiple
     bias = not a.get("disable_bias_linear", False)
     qkv_bias = bias or a.get("add_qkv_bias", False)
-    gated = 2 if a.get("swiglu") else 1
+    gated = 2 if a.get("swiglu") or a.get("quick_geglu") else 1
     norm = h if a.get("normalization") == "RMSNorm" else 2 * h
     attention = (
         h * (heads + 2 * groups) * kv + qkv_bias * (heads + 2 * groups) * kv + heads * kv * h + bias * h
@@ -32,6 +33,8 @@ def parameter_count(a: Mapping[str, Any], tp: int = 1) -> int:
         attention = _mla_attention(a, h, heads)
     elif a.get("qk_layernorm"):
         attention += 2 * kv * (norm // h)  # q and k norms over one head
+    if a.get("softmax_type") == "learnable":
+        attention += heads  # one learned softmax offset per head (gpt-oss's attention sinks)
 
     def mlp(ffn: int) -> int:
         return h * ffn * gated + bias * ffn * gated + ffn * h + bias * h

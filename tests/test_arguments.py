@@ -251,9 +251,15 @@ def script(tmp_path: Path, extra: str) -> str:
          "--torch-fsdp2-no-reshard-after-forward is not modelled: FSDP2 keeping the gathered "
          "parameters from the forward to the backward (ZeRO-2) is not modelled; --use-torch-fsdp2 "
          "alone (resharding after the forward) is"),
-        ("--softmax-type learnable",
-         "--softmax-type learnable is not modelled: learnable/off-by-one softmax adds per-head "
-         "parameters that are not modelled"),
+        ("--experimental-attention-variant dsa --dsa-indexer-topk 2048",
+         "--experimental-attention-variant dsa and --dsa-indexer-topk 2048 are not modelled: "
+         "megatron-core's experimental attention variants (dsa: DeepSeek-V3.2's sparse attention "
+         "and its indexer, megatron-core 0.16+; gated_delta_net) are not modelled"),
+        ("--export-force-local-attention --load /ckpt",
+         "--export-force-local-attention is not modelled: ModelOpt's local attention "
+         "(megatron-core DotProductAttention, which stores the attention scores) in place of "
+         "Transformer Engine's is not modelled (ModelOpt's model provider builds it, given a "
+         "ModelOpt checkpoint in --load)"),
     ],
 )  # fmt: skip
 def test_script_refusals(cli, tmp_path, extra, message):
@@ -300,11 +306,11 @@ def test_fp8_param_gather_passes_megatron_lm_with_a_sharding_optimizer(cli, tmp_
 
 def test_script_lists_only_harmless_arguments_as_ignored(cli, tmp_path):
     path = script(tmp_path, "--recompute-activations --attention-dropout 0 --grad-reduce-in-bf16 "
-                  "--lr 3e-4 --save /ckpt --softmax-type vanilla --made-up-flag 3")  # fmt: skip
+                  "--lr 3e-4 --save /ckpt --cpu-offloading-num-layers 0 --made-up-flag 3")  # fmt: skip
     result = cli("memory", "--from-script", path)
     assert result.code == 0, result.err
     lines = result.err.splitlines()
-    assert f"Ignored from {path}: --lr --save --softmax-type" in lines
+    assert f"Ignored from {path}: --lr --save --cpu-offloading-num-layers" in lines
     assert (
         f"Not recognised from {path} (not a Megatron-LM argument this tool knows; check it "
         "changes nothing a GPU holds): --made-up-flag"

@@ -429,7 +429,7 @@ ELSEWHERE_CASES = [
          message="Error: --normalization 'rmsnorm' is not one of: LayerNorm, RMSNorm"),
     case("choice-position-embedding", "tree", "--position-embedding-type", "rop",
          message="Error: --position-embedding-type 'rop' is not one of: learned_absolute, "
-         "rope, none"),
+         "rope, yarn, none"),
     case("choice-transformer-impl", "tree", "--transformer-impl", "fast",
          message="Error: --transformer-impl 'fast' is not one of: local, transformer_engine"),
     case("choice-recompute", *MEMORY, "--recompute-granularity", "bogus",

@@ -28,6 +28,9 @@ PUBLISHED = {
     "qwen3-235b-a22b": 235_093_634_560,  # HF Qwen/Qwen3-235B-A22B: 235B
     "mixtral-8x7b": 46_702_792_704,  # HF mistralai/Mixtral-8x7B-v0.1
     "deepseek-v3": 685_000_000_000,  # HF deepseek-ai/DeepSeek-V3: 671B + 14B MTP module
+    "kimi-k2": 1_026_500_000_000,  # HF moonshotai/Kimi-K2-Instruct: 1026.5B (model card: 1T)
+    "gpt-oss-20b": 20_910_000_000,  # OpenAI gpt-oss model card, arXiv:2508.10925: 20.91B total
+    "gpt-oss-120b": 116_830_000_000,  # the same card: 116.83B total
 }
 
 
@@ -41,7 +44,8 @@ def test_published_count(name):
 @pytest.mark.parametrize(
     "name, preset",
     [("llama3.1-405b", "llama3.1-405b"), ("mixtral-8x7b", "mixtral-8x7b"),
-     ("qwen3-30b-a3b", "qwen3-30b-a3b"), ("deepseek-v3", "deepseek-v3")],
+     ("qwen3-30b-a3b", "qwen3-30b-a3b"), ("deepseek-v3", "deepseek-v3"), ("kimi-k2", "kimi-k2"),
+     ("gpt-oss-20b", "gpt-oss-20b"), ("gpt-oss-120b", "gpt-oss-120b")],
 )  # fmt: skip
 def test_mapping_builds_the_presets_architecture(name, preset):
     # the presets were written from the papers and Megatron-LM's recipes, independently
@@ -88,15 +92,15 @@ def test_unknown_keys_are_listed(tmp_path):
         ({"model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"]},
          "Gemma2ForCausalLM (model_type gemma2) is not modelled: Gemma 2's sliding-window layers, "
          "logit soft-capping and extra norms are not modelled"),
-        ({"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"]},
-         "GptOssForCausalLM (model_type gpt_oss) is not modelled: gpt-oss's attention sinks "
-         "(learnable softmax), sliding-window layers and clamped GELU are not modelled "
-         "(--softmax-type learnable and --window-size are refused)"),
+        ({"model_type": "deepseek_v32", "architectures": ["DeepseekV32ForCausalLM"]},
+         "DeepseekV32ForCausalLM (model_type deepseek_v32) is not modelled: DeepSeek-V3.2's "
+         "sparse attention (megatron-core 0.16's experimental attention variant dsa, with its "
+         "indexer) is not modelled"),
         ({"model_type": "phi3", "architectures": ["Phi3ForCausalLM"]},
          "Phi3ForCausalLM (model_type 'phi3') is not an architecture this tool maps; it maps "
          "Llama (llama), Mistral (mistral), Mixtral (mixtral), Qwen2 (qwen2), Qwen3 (qwen3), "
-         "Qwen3-MoE (qwen3_moe), DeepSeek-V3 (deepseek_v3), Nemotron-H (nemotron_h), as "
-         "Megatron-Bridge does"),
+         "Qwen3-MoE (qwen3_moe), DeepSeek-V3 (deepseek_v3), Kimi-K2 (kimi_k2), gpt-oss (gpt_oss), "
+         "Nemotron-H (nemotron_h), as Megatron-Bridge does"),
     ],
 )  # fmt: skip
 def test_architectures_refused_by_name(tmp_path, changes, message):
@@ -129,3 +133,16 @@ def test_not_an_hf_config(tmp_path):
         read_hf_config(str(path))
     assert str(error.value) == (f'{path}: --hf-config takes a Hugging Face config.json (with '
                                 '"architectures" and "model_type")')  # fmt: skip
+
+
+def test_gpt_oss_window_pattern_other_than_the_bridges_is_refused(tmp_path):
+    config = json.loads((HF / "gpt-oss-20b.json").read_text())
+    config["layer_types"] = ["full_attention"] * 24
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    parsed = read_hf_config(str(path))
+    assert [r.argument for r in parsed.refused] == ['"layer_types": ...']
+    # the published file: the bridge's window (sliding_window - 1, 0) on every other layer
+    args = read_hf_config(str(HF / "gpt-oss-20b.json")).args
+    assert (args["window_size"], args["window_attn_skip_freq"]) == ("127,0", 2)
+    assert (args["position_embedding_type"], args["rotary_scaling_factor"]) == ("yarn", 32.0)

@@ -5,6 +5,7 @@ tokenizer to the caller while naming a model this tool refuses.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import megatron.core
@@ -13,6 +14,7 @@ import pytest
 from inspector.errors import ConfigError, InputError
 from inspector.inputs.sources import parse_launch_script
 from inspector.inputs.tokenizers import vocabulary
+from tests.test_versions import GPT_OSS as GPT_OSS_BUILDS
 
 VERSION = tuple(int(p) for p in megatron.core.__version__.split(".")[:2])
 PADDED_VOCAB_KNOWN = VERSION >= (0, 18)  # training_config.py TokenizerConfig.padded_vocab_size
@@ -367,21 +369,37 @@ def test_flex_token_dispatcher_with_hybridep_is_read(tmp_path, cli):
     assert params.code == 0, params.err
 
 
-# examples/gptoss/02_train.sh: its mock-data default is NullTokenizer with --vocab-size 128256, so
-# nothing about the tokenizer stops it; gpt-oss's own layers do, each named in one error
+# examples/gptoss/02_train.sh (Megatron-LM 0.17+), in its shape: options parsed from the caller,
+# guards on paths, MODEL_ARGS with gpt-oss's layers, MoE with grouped GEMM, fp8 with fp8
+# parameters, the pipeline over every GPU, mock data by default (NullTokenizer, --vocab-size)
 GPT_OSS = """\
+CHECKPOINT_PATH="NO_VALUE_PROVIDED"
 TOKENIZER_ARG="MOCK"
 while [[ $# -gt 0 ]]; do
     case $1 in
+        --checkpoint-path) CHECKPOINT_PATH="$2"; shift 2 ;;
         --tokenizer) TOKENIZER_ARG="$2"; shift 2 ;;
         *) echo "Unknown option: $1"; exit 1 ;;
     esac
 done
+GPUS_PER_NODE=${{GPUS_PER_NODE:-8}}
+NUM_NODES=${{NUM_NODES:-1}}
+WORLD_SIZE=$(($GPUS_PER_NODE*$NUM_NODES))
 PRETRAIN_SCRIPT_PATH="pretrain_gpt.py"
 MODEL_ARGS=(
-    {small}
-    --quick-geglu --glu-linear-offset 1.0 --activation-func-clamp-value 7.0
-    --softmax-type learnable --window-size 127,0 --window-attn-skip-freq 2 --enable-gpt-oss
+    --no-masked-softmax-fusion --transformer-impl transformer_engine --disable-bias-linear
+    --untie-embeddings-and-output-weights --no-rope-fusion --normalization RMSNorm
+    --num-layers 8 --hidden-size 64 --ffn-hidden-size 128 --num-attention-heads 8
+    --group-query-attention --num-query-groups 2 --seq-length 64 --max-position-embeddings 64
+    --use-mcore-models --rotary-percent 1.0 --rope-type rope --position-embedding-type rope
+    --rotary-base 10000 --no-bias-gelu-fusion --export-force-local-attention
+    --no-bias-dropout-fusion --quick-geglu --glu-linear-offset 1.0 --softmax-type learnable
+    --window-attn-skip-freq 2 --activation-func-clamp-value 7.0 --window-size 127,0
+    --enable-gpt-oss
+)
+MOE_ARGS=(
+    --num-experts 4 --moe-router-topk 2 --moe-router-load-balancing-type aux_loss
+    --moe-grouped-gemm --moe-token-dispatcher-type alltoall --moe-ffn-hidden-size 128
 )
 DATA_ARGS_LIST=()
 if [[ "$TOKENIZER_ARG" == "MOCK" ]]; then
@@ -389,48 +407,63 @@ if [[ "$TOKENIZER_ARG" == "MOCK" ]]; then
 else
     DATA_ARGS_LIST+=("--tokenizer-type HuggingFaceTokenizer" "--tokenizer-model $TOKENIZER_ARG")
 fi
+TRAINING_ARGS=(
+    --micro-batch-size 1 --global-batch-size 16 --bf16 --use-flash-attn --recompute-activations
+)
+MODEL_PARALLEL_ARGS=(
+    --tensor-model-parallel-size 1 --pipeline-model-parallel-size ${{WORLD_SIZE}}
+    --expert-model-parallel-size 1 --sequence-parallel --use-distributed-optimizer
+    --fp8-format hybrid --fp8-param-gather
+)
 if [ ! -f "$PRETRAIN_SCRIPT_PATH" ]; then
     echo "Error: pretrain_gpt.py not found"
     exit 1
 fi
-python -m torch.distributed.run --nproc_per_node 1 ${{PRETRAIN_SCRIPT_PATH}} ${{MODEL_ARGS[@]}} \\
-    ${{DATA_ARGS_LIST[@]}}
+python -m torch.distributed.run --nproc_per_node $GPUS_PER_NODE ${{PRETRAIN_SCRIPT_PATH}} \
+    ${{MODEL_ARGS[@]}} ${{MOE_ARGS[@]}} ${{DATA_ARGS_LIST[@]}} ${{TRAINING_ARGS[@]}} \
+    ${{MODEL_PARALLEL_ARGS[@]}}
 """
-GPT_OSS_REFUSED = (
-    "--quick-geglu is not modelled: a gated MLP with its own activation is not modelled; "
-    "--swiglu is; --softmax-type learnable is not modelled: learnable/off-by-one softmax adds "
-    "per-head parameters that are not modelled; --window-size 127,0 is not modelled: "
-    "sliding-window attention changes attention FLOPs and scores, which the formulas count for "
-    "full causal attention"
-)
 
 
-def test_gpt_oss_is_refused_for_its_layers_not_its_tokenizer(tmp_path, cli):
+@pytest.mark.skipif(not GPT_OSS_BUILDS, reason="gpt-oss needs megatron-core 0.15")
+def test_gpt_oss_script_reads_as_written(tmp_path, cli):
+    # its layers are megatron's own (test_gpt_oss.py); --export-force-local-attention acts only
+    # through ModelOpt's model provider, which pretrain_gpt.py uses with a ModelOpt --load only
     path = tmp_path / "02_train.sh"
-    path.write_text(GPT_OSS.format(small=SMALL))
+    path.write_text(GPT_OSS.format())
+    result = cli("params", "--from-script", str(path), "--format", "json")
+    assert result.code == 0, result.err
+    rows = json.loads(result.out)["parameters"]
+    assert sum(r["name"].endswith("core_attention.softmax_offset") for r in rows) == 8
+    assert json.loads(result.out)["header"]["config"]["window_size"] == [127, 0]
+    assert "--export-force-local-attention" in result.err  # ignored, with its reason
+    memory = cli("memory", "--from-script", str(path))
+    assert memory.code == 0, memory.err
+    assert "8 GPUs" in memory.out.splitlines()[0]  # the pipeline over GPUS_PER_NODE
+
+
+@pytest.mark.skipif(not GPT_OSS_BUILDS, reason="gpt-oss needs megatron-core 0.15")
+def test_gpt_oss_local_attention_is_refused_where_modelopt_builds(tmp_path, cli):
+    path = tmp_path / "02_train.sh"
+    path.write_text(GPT_OSS.format().replace("--enable-gpt-oss", "--enable-gpt-oss --load /ckpt"))
     result = cli("params", "--from-script", str(path))
-    assert (result.code, result.out) == (2, "")
-    assert result.err.endswith(f"Error: {path} line 24: {GPT_OSS_REFUSED}\n")
-    assert "vocabulary" not in result.err and "Not recognised" not in result.err
+    assert result.code == 0, result.err  # params: a training refusal leaves it alone
+    memory = cli("memory", "--from-script", str(path))
+    assert memory.code == 2 and "--export-force-local-attention is not modelled" in memory.err
 
 
-def test_a_refused_model_and_an_unknown_vocabulary_in_one_error(tmp_path, cli):
-    # the script's --tokenizer option names a tokenizer this tool does not know: both the
-    # refused layers and the missing vocabulary are named at once
+@pytest.mark.skipif(not GPT_OSS_BUILDS, reason="gpt-oss needs megatron-core 0.15")
+def test_gpt_oss_script_with_an_unknown_tokenizer_names_it(tmp_path, cli):
     path = tmp_path / "02_train.sh"
-    path.write_text(GPT_OSS.format(small=SMALL))
+    path.write_text(GPT_OSS.format())
     result = cli("params", "--from-script", str(path), "--set", "1=--tokenizer",
                  "--set", "2=my-org/my-tokenizer")  # fmt: skip
     assert result.code == 2
-    assert result.err.endswith(
-        f"Error: {path} line 24: {GPT_OSS_REFUSED}; {path} line 24: the vocabulary of "
-        "--tokenizer-type HuggingFaceTokenizer --tokenizer-model my-org/my-tokenizer is not known "
-        "here (no such file on this machine, nor a tokenizer this tool knows); give --vocab-size\n"
-    )
-    # --vocab-size answers the vocabulary; the layers stay refused
+    assert "the vocabulary of --tokenizer-type HuggingFaceTokenizer --tokenizer-model " \
+        "my-org/my-tokenizer is not known here" in result.err
     given = cli("params", "--from-script", str(path), "--set", "1=--tokenizer",
                 "--set", "2=my-org/my-tokenizer", "--vocab-size", "1000")  # fmt: skip
-    assert given.err.endswith(f"Error: {path} line 24: {GPT_OSS_REFUSED}\n")
+    assert given.code == 0, given.err
 
 
 @pytest.mark.parametrize("dispatcher", ["", "--moe-token-dispatcher-type alltoall"])

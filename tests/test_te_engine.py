@@ -120,6 +120,25 @@ def test_fused_attention_saves_qkv_out_and_softmax_stats_not_probabilities():
     assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
 
 
+def test_learnable_softmax_offset_gets_its_gradient_from_the_fused_kernel():
+    """dot_product_attention.py 1404-1408: the offset goes to the kernel as fp32 [1, h, 1, 1];
+    backends.py 1602-1604: `FusedAttnFunc.backward` returns d_softmax_offset (gpt-oss's sinks)."""
+    import torch
+
+    from inspector.world.te import attention
+
+    _attention_functions()
+    heads, d = 4, 16
+    dpa = attention.DotProductAttention(heads, d, softmax_type="learnable")
+    q, k, v = (_meta(S, B, heads, d) for _ in range(3))
+    out = dpa(q, k, v)
+    (grad,) = torch.autograd.grad(out, (dpa.softmax_offset,), torch.empty_like(out))
+    assert (grad.shape, grad.dtype) == ((heads,), dpa.softmax_offset.dtype)
+    unfused = dpa(*(t.float() for t in (q, k, v)))  # fp32: TE's unfused backend, the sink column
+    (grad,) = torch.autograd.grad(unfused, (dpa.softmax_offset,), torch.empty_like(unfused))
+    assert grad.shape == (heads,)
+
+
 def test_fused_rope_saves_only_the_frequencies():
     """rope.py `FusedRoPEFunc.forward` 152: save_for_backward(freqs, cu_seqlens, start_positions)."""
     import torch

@@ -17,6 +17,7 @@ VERSION = tuple(int(p) for p in megatron.core.__version__.split(".")[:2])
 SMALL = "--hidden-size 64 --num-attention-heads 4 --seq-length 32 --vocab-size 1000 --num-layers 2".split()
 MOE = SMALL + "--num-experts 4 --moe-ffn-hidden-size 32".split()
 SHARED_EXPERT_GATE = VERSION >= (0, 16)  # TransformerConfig.moe_shared_expert_gate
+GPT_OSS = VERSION >= (0, 15)  # TransformerConfig.softmax_type, glu_linear_offset, ...; quick_gelu
 # 0.13.1 refuses "m" in --pipeline-model-parallel-layout ("MTP layer is not supported for flexible
 # pipeline layout"); 0.16.1 places it. Checked on 0.13.1 and 0.16.1 only.
 MTP_IN_LAYOUT = VERSION >= (0, 14)
@@ -110,18 +111,27 @@ def test_pipeline_schedule_takes_its_group_from_0_14():
     assert takes == (VERSION >= (0, 14))
 
 
-def test_shared_expert_gate_from_0_16(cli):
-    # 0.13-0.15 build shared experts with gate=False in the layer spec and have no config field
-    # for it, so Qwen1.5-MoE (a gated shared expert) is exact only from 0.16.
-    result = cli("tree", "--model", "qwen1.5-moe-a2.7b", "--num-layers", "1")
-    if SHARED_EXPERT_GATE:
+@pytest.mark.parametrize(
+    "model, builds, refusal",
+    [
+        # 0.13-0.15 build shared experts with gate=False in the layer spec and have no config
+        # field for it, so Qwen1.5-MoE (a gated shared expert) is exact only from 0.16.
+        ("qwen1.5-moe-a2.7b", SHARED_EXPERT_GATE,
+         "--moe-shared-expert-gate needs megatron-core 0.16 or newer: {v} builds shared experts "
+         "without a gate"),
+        # 0.13-0.14 have no quick_gelu, softmax_type, glu_linear_offset, clamp or window skip
+        ("gpt-oss-20b", GPT_OSS,
+         "--quick-geglu needs megatron-core 0.15 or newer: {v} has no "
+         "TransformerConfig.glu_linear_offset"),
+    ],
+)  # fmt: skip
+def test_features_from_the_version_that_builds_them(cli, model, builds, refusal):
+    result = cli("tree", "--model", model, "--num-layers", "1")
+    if builds:
         assert result.code == 0, result.err
     else:
-        assert (result.code, result.err) == (
-            2,
-            f"Error: --moe-shared-expert-gate needs megatron-core 0.16 or newer: "
-            f"{megatron.core.__version__} builds shared experts without a gate\n",
-        )
+        message = refusal.format(v=megatron.core.__version__)
+        assert (result.code, result.err) == (2, f"Error: {message}\n")
 
 
 @pytest.mark.slow

@@ -9,8 +9,11 @@ What the formula counts (symbols of inspector/job/dims.py, B sequences of s toke
   - only matrix multiplications, 2 FLOPs per multiply-add, each GEMM 3 times (forward, backward
     data gradient, backward weight gradient): the factor 3 * 2 = 6;
   - attention projections 6T (h d (a + 2g) + a d h): Q, K, V (GQA-aware) and the output;
-  - core attention 6 B s^2 a d: Q K^T and scores x V, halved for the causal mask;
-  - MLP 6T h f (1 + gates) with gates = 2 for SwiGLU, else 1; an MoE layer uses
+  - core attention 6 B s^2 a d: Q K^T and scores x V, halved for the causal mask (a sliding
+    window's fewer scores too are counted in full, as Megatron-LM counts them);
+  - MLP 6T h f (1 + gates) with gates = 2 for a gated MLP, else 1 (Megatron-LM reads
+    `args.swiglu` only, core_v0.16.1-0.19.0: with --quick-geglu, gpt-oss's gated MLP, its number
+    counts one h -> f GEMM fewer than megatron runs; this counts what megatron runs); an MoE uses
     k * expert f + shared-expert f in place of f (top-k routing, no capacity padding);
   - logits 6T h v; the embedding lookup, norms, softmax, activations and the loss are free.
 It is model FLOPs (MFU's numerator): activation recomputation adds hardware work it ignores.

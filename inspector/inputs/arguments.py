@@ -72,8 +72,8 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
     _model(
         "position_embedding_type",
         str,
-        "Position embedding type.",
-        choices=("learned_absolute", "rope", "none"),
+        "Position embedding type (yarn: Megatron-LM 0.19+'s YaRN RoPE outside MLA, gpt-oss).",
+        choices=("learned_absolute", "rope", "yarn", "none"),
     ),
     _model("untie_embeddings_and_output_weights", bool, "Give the output layer its own weight."),
     _model("disable_bias_linear", bool, "No biases in linear layers."),
@@ -123,10 +123,10 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
     _model("qk_head_dim", int, "MLA: query/key head size without RoPE (default 128)."),
     _model("qk_pos_emb_head_dim", int, "MLA: query/key RoPE head size (default 64)."),
     _model("v_head_dim", int, "MLA: value head size (default 128)."),
-    _model("rotary_scaling_factor", float, "MLA: RoPE scaling factor (default 1.0)."),
+    _model("rotary_scaling_factor", float, "MLA or yarn: RoPE scaling factor (default 1.0)."),
     _model("rope_type", str, "RoPE type (MLA's default: yarn).", choices=("rope", "yarn")),
-    _model("mscale", float, "MLA: YaRN mscale (default 1.0)."),
-    _model("mscale_all_dim", float, "MLA: YaRN mscale for all dimensions (default 0.0)."),
+    _model("mscale", float, "MLA or yarn: YaRN mscale (default 1.0)."),
+    _model("mscale_all_dim", float, "MLA or yarn: YaRN mscale, all dimensions (default 0.0)."),
     _model("mtp_num_layers", int, "Multi-token prediction layers (on the last stage)."),
     _model(
         "moe_layer_freq",
@@ -178,6 +178,24 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
     _model("mamba_head_dim", int, "Mamba: head size (default 64)."),
     _model("mamba_num_groups", int, "Mamba: groups of B/C projections (default 8)."),
     _model("mamba_num_heads", int, "Mamba: heads (default 2 x hidden / head size)."),
+    # gpt-oss's layers (TransformerConfig fields in Megatron-LM, --quick-geglu its own flag).
+    _model("quick_geglu", bool, "A gated MLP with quick-GELU (gpt-oss), in place of --swiglu."),
+    _model("glu_linear_offset", float, "Offset added to the gated MLP's linear half (gpt-oss: 1)."),
+    _model(
+        "activation_func_clamp_value", float, "Clamp of the gated MLP's inputs (gpt-oss: 7)."
+    ),
+    _model(
+        "softmax_type",
+        str,
+        "Attention softmax: learnable adds a learned offset per head (gpt-oss's attention sinks).",
+        choices=("vanilla", "off-by-one", "learnable"),
+    ),
+    _model("window_size", str, "Sliding-window attention (left,right), e.g. 127,0."),
+    _model(
+        "window_attn_skip_freq",
+        str,
+        "With --window-size: every N-th layer full attention, or a 1/0 list per layer (1: window).",
+    ),
     # Parallel layout.
     _layout("tensor_model_parallel_size", int, "Tensor-parallel size.", aliases=("--tp",)),
     _layout("pipeline_model_parallel_size", int, "Pipeline-parallel size.", aliases=("--pp",)),

@@ -4,10 +4,10 @@ as Megatron-Bridge maps it (NVIDIA-NeMo/Megatron-Bridge, src/megatron/bridge/mod
 The common keys follow MegatronModelBridge.CONFIG_MAPPING (conversion/model_bridge.py); each family
 adds what its bridge sets (llama/llama_bridge.py, mistral/mistral_bridge.py, qwen/qwen2_bridge.py,
 qwen/qwen3_bridge.py, qwen/qwen3_moe_bridge.py, deepseek/deepseek_v3_bridge.py, and mixtral/
-mixtral_bridge.py as of commit 1ee926b34). Keys that change nothing a GPU holds are listed as
-ignored; keys this tool does not know are listed in a note; a value that would build another
-model (a sliding window, a non-SwiGLU activation) is refused. The file is local: nothing downloads.
-docs/bring-your-job.md holds the table.
+mixtral_bridge.py as of commit 1ee926b34; kimi/kimi_bridge.py as of 384dc10f5). Keys that change
+nothing a GPU holds are listed as ignored; keys this tool does not know are listed in a note; a
+value that would build another model (a sliding window, a non-SwiGLU activation) is refused. The
+file is local: nothing downloads. docs/bring-your-job.md holds the table.
 """
 
 from __future__ import annotations
@@ -24,6 +24,12 @@ from inspector.output import read_text
 
 _LLAMA_LIKE = {"normalization": "RMSNorm", "swiglu": True, "position_embedding_type": "rope",
                "disable_bias_linear": True, "hidden_dropout": 0.0}  # fmt: skip
+
+
+_DEEPSEEK_V3 = {**_LLAMA_LIKE, "qk_layernorm": True, "multi_latent_attention": True,
+                "untie_embeddings_and_output_weights": True, "moe_grouped_gemm": True,
+                "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
+                "make_vocab_size_divisible_by": 1280}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -44,11 +50,20 @@ FAMILIES: dict[str, Family] = {
     "qwen3": Family("Qwen3", "qwen/qwen3_bridge.py", {**_LLAMA_LIKE, "qk_layernorm": True}),
     "qwen3_moe": Family("Qwen3-MoE", "qwen/qwen3_moe_bridge.py",
                         {**_LLAMA_LIKE, "qk_layernorm": True, "moe_grouped_gemm": True}),  # fmt: skip
-    "deepseek_v3": Family("DeepSeek-V3", "deepseek/deepseek_v3_bridge.py", {
-        **_LLAMA_LIKE, "qk_layernorm": True, "multi_latent_attention": True,
+    "deepseek_v3": Family("DeepSeek-V3", "deepseek/deepseek_v3_bridge.py", _DEEPSEEK_V3),
+    # Kimi-K2's config.json says DeepseekV3ForCausalLM with model_type kimi_k2; its bridge sets
+    # what DeepSeek-V3's does (scoring_func sigmoid comes from the file, through MAPPED)
+    "kimi_k2": Family("Kimi-K2", "kimi/kimi_bridge.py", _DEEPSEEK_V3),
+    # gpt_oss_bridge.py `provider_bridge` (as of 0e4d6ed60): biases everywhere, quick-GELU GLU
+    # clamped at 7 with offset 1, attention sinks, every other layer a window, YaRN positions;
+    # the sliding window, YaRN factor and experts' size from the file (_gpt_oss)
+    "gpt_oss": Family("gpt-oss", "gpt_oss/gpt_oss_bridge.py", {
+        "normalization": "RMSNorm", "quick_geglu": True, "glu_linear_offset": 1.0,
+        "activation_func_clamp_value": 7.0, "softmax_type": "learnable",
+        "window_attn_skip_freq": 2, "position_embedding_type": "yarn",
         "untie_embeddings_and_output_weights": True, "moe_grouped_gemm": True,
-        "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
-        "make_vocab_size_divisible_by": 1280}),  # fmt: skip
+        "moe_router_load_balancing_type": "none", "hidden_dropout": 0.0,
+        "transformer_impl": "transformer_engine"}),  # fmt: skip
     "nemotron_h": Family("Nemotron-H", "nemotronh/nemotron_h_bridge.py", hf_hybrid.FIXED),
 }
 
@@ -57,8 +72,8 @@ NOT_MODELLED: dict[str, str] = {
     "gemma": "Gemma's gated tanh-GELU MLP and zero-centred norms are not modelled (only --swiglu)",
     "gemma2": "Gemma 2's sliding-window layers, logit soft-capping and extra norms are not modelled",
     "gemma3": "Gemma 3's sliding-window layers and extra norms are not modelled",
-    "gpt_oss": "gpt-oss's attention sinks (learnable softmax), sliding-window layers and clamped "
-    "GELU are not modelled (--softmax-type learnable and --window-size are refused)",
+    "deepseek_v32": "DeepSeek-V3.2's sparse attention (megatron-core 0.16's experimental "
+    "attention variant dsa, with its indexer) is not modelled",
 }
 
 _INT = int
@@ -93,7 +108,8 @@ RULED = (
     "architectures model_type num_key_value_heads max_position_embeddings tie_word_embeddings "
     "mlp_bias torch_dtype dtype hidden_act rope_scaling sliding_window use_sliding_window "
     "num_nextn_predict_layers first_k_dense_replace n_shared_experts moe_layer_freq "
-    "decoder_sparse_step mlp_only_layers"
+    "decoder_sparse_step mlp_only_layers layer_types swiglu_limit experts_per_token "
+    "initial_context_length"
 ).split()
 
 IGNORED_KEYS: dict[str, str] = {
@@ -185,6 +201,8 @@ def _attention(data: dict[str, Any], args: dict[str, Any], path: str) -> list[Re
 
 def _activation_and_window(data: dict[str, Any], args: dict[str, Any], path: str) -> list[Refused]:
     """SwiGLU only; no sliding window; RoPE scaling as numerics, or YaRN for MLA."""
+    if data.get("model_type") == "gpt_oss":
+        return _gpt_oss(data, args, path)
     refused: list[Refused] = []
     act = data.get("hidden_act", "silu")
     if act != "silu" and not (act == "relu2" and data.get("model_type") == "nemotron_h"):
@@ -203,6 +221,25 @@ def _activation_and_window(data: dict[str, Any], args: dict[str, Any], path: str
     elif kind == "yarn":
         refused += _refuse(path, "rope_scaling", "yarn", "YaRN positions outside MLA are not "
                            "modelled")  # fmt: skip
+    return refused
+
+
+def _gpt_oss(data: dict[str, Any], args: dict[str, Any], path: str) -> list[Refused]:
+    """gpt-oss's window, clamp, YaRN factor and expert size, as gpt_oss_bridge.py reads them."""
+    refused: list[Refused] = []
+    window = int(data.get("sliding_window") or 128)
+    args["window_size"] = f"{window - 1},0"  # the bridge: (sliding_window - 1, 0)
+    kinds = data.get("layer_types")
+    if kinds is not None and kinds != ["sliding_attention", "full_attention"] * (len(kinds) // 2):
+        refused += _refuse(path, "layer_types", "...", "a window pattern other than the bridge's "
+                           "(every other layer, the first windowed) would build another model")  # fmt: skip
+    limit = data.get("swiglu_limit", 7.0)
+    if limit != args["activation_func_clamp_value"]:
+        refused += _refuse(path, "swiglu_limit", limit, "the bridge clamps at 7.0")
+    scaling = data.get("rope_scaling") or {}
+    args["rotary_scaling_factor"] = float(scaling.get("factor", 32.0))
+    if "intermediate_size" in data:
+        args["moe_ffn_hidden_size"] = int(data["intermediate_size"])
     return refused
 
 

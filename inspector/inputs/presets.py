@@ -196,6 +196,56 @@ _ALL = [
     ),
 ]  # fmt: skip
 
+# Kimi-K2, gpt-oss: a block of their own.
+_GPT_OSS = dict(
+    hidden_size=2880, num_attention_heads=64, group_query_attention=True, num_query_groups=8,
+    kv_channels=64, ffn_hidden_size=2880, moe_ffn_hidden_size=2880, moe_router_topk=4,
+    moe_grouped_gemm=True, moe_router_load_balancing_type="none", normalization="RMSNorm",
+    quick_geglu=True, glu_linear_offset=1.0, activation_func_clamp_value=7.0,
+    softmax_type="learnable", window_size="127,0", window_attn_skip_freq=2,
+    position_embedding_type="yarn", rotary_scaling_factor=32.0,
+    untie_embeddings_and_output_weights=True, seq_length=4096, max_position_embeddings=131072,
+    vocab_size=201088, transformer_impl="transformer_engine",
+)
+_ALL += [
+    _preset(
+        "kimi-k2",
+        "61 layers (1 dense), hidden 7168, 64 heads, MLA, 384 experts top-8 + 1 shared",
+        "Moonshot AI 2025, Kimi K2: Open Agentic Intelligence, arXiv:2507.20534 (HF "
+        "moonshotai/Kimi-K2-Instruct config.json, DeepSeek-V3's architecture); flags as "
+        "Megatron-Bridge's kimi/kimi_bridge.py sets them",
+        1026.5e9, "HF moonshotai/Kimi-K2-Instruct: 1026.5B parameters (model card: 1T total)",
+        num_layers=61, hidden_size=7168, num_attention_heads=64, ffn_hidden_size=18432,
+        multi_latent_attention=True, q_lora_rank=1536, kv_lora_rank=512, qk_head_dim=128,
+        qk_pos_emb_head_dim=64, v_head_dim=128, qk_layernorm=True, rotary_scaling_factor=32.0,
+        mscale=1.0, mscale_all_dim=1.0,
+        num_experts=384, moe_layer_freq="([0]*1+[1]*60)", moe_router_topk=8,
+        moe_ffn_hidden_size=2048, moe_shared_expert_intermediate_size=2048,
+        moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True,
+        moe_router_num_groups=1, moe_router_group_topk=1, moe_grouped_gemm=True,
+        seq_length=4096, max_position_embeddings=131072, vocab_size=163840,
+        make_vocab_size_divisible_by=1280, **_LLAMA, transformer_impl="transformer_engine",
+    ),
+    _preset(
+        "gpt-oss-20b",
+        "24 layers, hidden 2880, 64 heads (8 KV groups), 32 experts top-4, sinks, window 128",
+        "OpenAI 2025, gpt-oss-120b & gpt-oss-20b Model Card, arXiv:2508.10925 (HF "
+        "openai/gpt-oss-20b config.json); flags as Megatron-LM's examples/gptoss/02_train.sh "
+        "and Megatron-Bridge's gpt_oss/gpt_oss_bridge.py set them",
+        20.91e9, "OpenAI, gpt-oss model card (arXiv:2508.10925), Table 1: 20.91B total",
+        num_layers=24, num_experts=32, **_GPT_OSS,
+    ),
+    _preset(
+        "gpt-oss-120b",
+        "36 layers, hidden 2880, 64 heads (8 KV groups), 128 experts top-4, sinks, window 128",
+        "OpenAI 2025, gpt-oss-120b & gpt-oss-20b Model Card, arXiv:2508.10925 (HF "
+        "openai/gpt-oss-120b config.json); flags as Megatron-LM's examples/gptoss/02_train.sh "
+        "and Megatron-Bridge's gpt_oss/gpt_oss_bridge.py set them",
+        116.83e9, "OpenAI, gpt-oss model card (arXiv:2508.10925), Table 1: 116.83B total",
+        num_layers=36, num_experts=128, **_GPT_OSS,
+    ),
+]  # fmt: skip
+
 PRESETS: dict[str, Preset] = {preset.name: preset for preset in _ALL}
 DEFAULT = "gpt2-small"
 

@@ -89,6 +89,15 @@ def validate_args_refusals(flags: Iterable[str], where: str,
                              "--moe-token-dispatcher-type flex", "refused by Megatron-LM",
                              "megatron-core's TransformerConfig: 'DeepEP backend is only supported "
                              "with flex token dispatcher.'"))  # fmt: skip
+    # Megatron-LM training.py `setup_model_and_optimizer` (0.17): ModelOpt's model provider, the
+    # one that reads --export-force-local-attention, builds with a ModelOpt checkpoint in --load
+    # or with --export-kd-teacher-load (ModelOpt's finetune.sh always passes --load)
+    if "--export-force-local-attention" in given and given & {"--load", "--export-kd-teacher-load"}:
+        found.append(Refused("training", where, "--export-force-local-attention", "not modelled",
+                             "ModelOpt's local attention (megatron-core DotProductAttention, which "
+                             "stores the attention scores) in place of Transformer Engine's is not "
+                             "modelled (ModelOpt's model provider builds it, given a ModelOpt "
+                             "checkpoint in --load)"))  # fmt: skip
     found += _fp8_param_gather_refusals(given, where, args or {})
     found += _local_graph_refusals(where, args or {})
     return tuple(found)

@@ -44,6 +44,10 @@ _QK_L2 = (
     "Llama 4's L2 norm of queries and keys (megatron-core L2Norm, no weights, in place of "
     "--qk-layernorm's norms) is not modelled"
 )
+_DSA = (
+    "megatron-core's experimental attention variants (dsa: DeepSeek-V3.2's sparse attention and "
+    "its indexer, megatron-core 0.16+; gated_delta_net) are not modelled"
+)
 _QUANTIZERS = "ModelOpt's quantizers (fake-quantized weights and inputs) are not counted"
 _OPTIMIZER = "this optimizer's state is not counted (Adam's two fp32 moments are)"
 _MFSDP_DTYPE = (
@@ -86,14 +90,6 @@ REFUSED: dict[str, Refusal] = {
         "separate kernels) is not simulated"),  # fmt: skip
     # megatron-core 0.18+'s name for the layer pattern (Megatron-LM's --hybrid-layer-pattern)
     "--hybrid-layer-pattern": Refusal("model", _HYBRID),
-    "--quick-geglu": Refusal("model", "a gated MLP with its own activation is not modelled; "
-                             "--swiglu is"),  # fmt: skip
-    "--softmax-type": Refusal(
-        "model", "learnable/off-by-one softmax adds per-head parameters that are not modelled",
-        ("vanilla",)),  # fmt: skip
-    "--window-size": Refusal(
-        "model", "sliding-window attention changes attention FLOPs and scores, which the formulas "
-        "count for full causal attention"),  # fmt: skip
     # megatron-core gpt_layer_specs: `L2Norm if qk_l2_norm else (qk_norm if qk_layernorm ...)`
     "--qk-l2-norm": Refusal("model", _QK_L2),
     # ModelOpt's arguments (megatron/post_training/arguments.py), read by its finetune.py
@@ -113,9 +109,15 @@ REFUSED: dict[str, Refusal] = {
     "--export-kv-cache-quant": Refusal("training", _QUANTIZERS, ("none",)),
     "--qad-train-target": Refusal("training", _FROZEN),
     "--freeze-base-for-mtp": Refusal("training", _FROZEN),
-    "--export-force-local-attention": Refusal(
-        "training", "ModelOpt's local attention (megatron-core DotProductAttention, which stores "
-        "the attention scores) in place of Transformer Engine's is not modelled"),  # fmt: skip
+    # TransformerConfig fields (megatron-core 0.16.1 transformer_config.py 250-268), which
+    # Megatron-LM reads as arguments; megatron-core builds DeepSeek-V3.2's sparse attention
+    # (transformer/experimental_attention_variant/dsa.py), whose indexer this tool does not run
+    "--experimental-attention-variant": Refusal("model", _DSA),
+    "--dsa-indexer-n-heads": Refusal("model", _DSA),
+    "--dsa-indexer-head-dim": Refusal("model", _DSA),
+    "--dsa-indexer-topk": Refusal("model", _DSA),
+    "--dsa-indexer-loss-coeff": Refusal("model", _DSA),
+    "--dsa-indexer-use-sparse-loss": Refusal("model", _DSA),
     "--vocab-extra-ids": Refusal("model", "extra ids change the vocabulary; pass --vocab-size"),
     "--fine-grained-activation-offloading": Refusal(  # TransformerConfig, megatron-core 0.16
         "training", "activation offloading to the CPU (--offload-modules) is not modelled"),
@@ -212,9 +214,11 @@ MEGATRON_LM_REFUSES: dict[str, str] = {
 IGNORED_BECAUSE: dict[str, str] = {
     "numerics only (same tensors)": (
         "--norm-epsilon --apply-layernorm-1p --apply-residual-connection-post-layernorm "
-        "--openai-gelu --squared-relu --onnx-safe --activation-func-clamp-value --glu-linear-offset "
+        "--openai-gelu --squared-relu --onnx-safe "
         "--rotary-base --rotary-percent --rotary-interleaved --rotary-seq-len-interpolation-factor "
-        "--use-rope-scaling --rope-scaling-factor --no-rope-freq "
+        "--use-rope-scaling --rope-scaling-factor --no-rope-freq --yarn-original-max-position-embeddings "
+        "--yarn-beta-fast --yarn-beta-slow --yarn-correction-range-round-to-int "
+        "--no-yarn-correction-range-round-to-int "
         "--apply-query-key-layer-scaling --attention-softmax-in-fp32 "
         # with rope only: validate_args refuses it otherwise (inspector.inputs.refusals)
         "--no-position-embedding "
@@ -341,7 +345,9 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--finetune-hf-dataset --finetune-data-split --finetune-data-files --export-te-mcore-model "
         "--export-default-te-spec --export-legacy-megatron --modelopt-enabled "
         "--export-kd-teacher-model-config --export-kd-teacher-ckpt-format --export-kd-cfg "
-        "--export-moe-apply-probs-on-input --enable-gpt-oss --trust-remote-code"
+        "--export-moe-apply-probs-on-input --enable-gpt-oss --trust-remote-code "
+        # read only by ModelOpt's model provider; refusals.py refuses it where that builds
+        "--export-force-local-attention"
     ),
     "logging, profiling, fault tolerance": (
         "--log-interval --log-params-norm --log-num-zeros-in-grad --log-throughput --log-progress "

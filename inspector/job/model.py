@@ -91,6 +91,13 @@ class ModelConfig:
         """Return whether megatron builds this model as a hybrid (MambaModel / HybridModel)."""
         ratios = (self.hybrid_attention_ratio or 0.0) + (self.hybrid_mlp_ratio or 0.0)
         return self.is_hybrid_model or self.hybrid_override_pattern is not None or ratios > 0
+    # gpt-oss: quick-GELU gated MLP, attention sinks, sliding-window layers (model_args.py parses)
+    quick_geglu: bool = False
+    glu_linear_offset: float = 0.0
+    activation_func_clamp_value: float | None = None
+    softmax_type: str = "vanilla"
+    window_size: tuple[int, int] | None = None
+    window_attn_skip_freq: int | tuple[int, ...] | None = None
 
     @property
     def ffn_size(self) -> int:
@@ -180,8 +187,9 @@ class ModelConfig:
             bf16=self.bf16,
             fp16=self.fp16,
         )
-        if self.swiglu:
+        if self.swiglu or self.quick_geglu:
             fields["gated_linear_unit"] = True
+        fields.update(self._gpt_oss_fields())
         fields.update(
             fp8.fp8_fields(
                 self.fp8_format, self.fp8_recipe, self.fp8_amax_history_len, self.fp8_param_gather
@@ -196,6 +204,43 @@ class ModelConfig:
         if self.multi_latent_attention:
             # --multi-latent-attention picks MLATransformerConfig, which takes the MLA arguments.
             fields.update(multi_latent_attention=True, **self.mla_args())
+        return fields
+
+    def yarn_attributes(self) -> dict[str, Any]:
+        """Return the `yarn_*` attributes GPTModel's yarn branch reads off its config (none
+        unless --position-embedding-type yarn without MLA), as Megatron-LM 0.19 sets them
+        (argument_utils.py `_apply_yarn_config_from_args`: --rotary-scaling-factor, --mscale,
+        --mscale-all-dim, and the --yarn-* numerics at their defaults)."""
+        if self.position_embedding_type != "yarn" or self.multi_latent_attention:
+            return {}
+        return {
+            "yarn_rotary_scaling_factor": _default(self.rotary_scaling_factor, 1.0),
+            "yarn_original_max_position_embeddings": 4096,
+            "yarn_beta_fast": 32.0,
+            "yarn_beta_slow": 1.0,
+            "yarn_mscale": _default(self.mscale, 1.0),
+            "yarn_mscale_all_dim": _default(self.mscale_all_dim, 0.0),
+            "yarn_correction_range_round_to_int": True,
+        }
+
+    def _gpt_oss_fields(self) -> dict[str, Any]:
+        """Return gpt-oss's TransformerConfig fields where set (older megatron-core lacks them).
+
+        Megatron-LM reads --glu-linear-offset, --activation-func-clamp-value, --softmax-type,
+        --window-size and --window-attn-skip-freq as TransformerConfig's own fields (arguments.py
+        `ArgumentGroupFactory(TransformerConfig)`); --quick-geglu's activation is added with
+        torch's (world/config.py)."""
+        fields: dict[str, Any] = {}
+        if self.glu_linear_offset:
+            fields["glu_linear_offset"] = self.glu_linear_offset
+        if self.activation_func_clamp_value is not None:
+            fields["activation_func_clamp_value"] = self.activation_func_clamp_value
+        if self.softmax_type != "vanilla":
+            fields["softmax_type"] = self.softmax_type
+        if self.window_size is not None:
+            fields["window_size"] = self.window_size
+            freq = self.window_attn_skip_freq
+            fields["window_attn_skip_freq"] = list(freq) if isinstance(freq, tuple) else freq
         return fields
 
     def _moe_fields(self) -> dict[str, Any]:

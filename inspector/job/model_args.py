@@ -25,6 +25,15 @@ def make_model_config(args: Mapping[str, Any]) -> ModelConfig:
         values["moe_layer_freq"] = parse_moe_layer_freq(values["moe_layer_freq"])
     else:
         values.pop("moe_layer_freq", None)
+    if values.get("window_attn_skip_freq") is not None:
+        values["window_attn_skip_freq"] = parse_moe_layer_freq(
+            values["window_attn_skip_freq"], "--window-attn-skip-freq"
+        )
+    if values.get("window_size") is not None:
+        values["window_size"] = parse_window_size(values["window_size"])
+    for name in ("glu_linear_offset", "softmax_type"):
+        if values.get(name) is None:
+            values.pop(name, None)
     for name in ("moe_router_score_function", "moe_router_load_balancing_type",
                  "moe_router_pre_softmax", "fp8_recipe", "fp8_amax_history_len"):  # fmt: skip
         if values.get(name) is None:
@@ -32,6 +41,20 @@ def make_model_config(args: Mapping[str, Any]) -> ModelConfig:
     config = ModelConfig(**values)
     validate_model(config)
     return config
+
+
+def parse_window_size(value: Any) -> tuple[int, int]:
+    """Return --window-size as Megatron-LM's `tuple_type` reads it ("127,0" or "(127,0)"; a
+    config file's list), checked as TE's `check_set_window_size` takes it: two integers >= -1."""
+    text = ",".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
+    try:
+        window = tuple(int(part) for part in text.strip("()").split(","))
+    except ValueError:
+        window = ()
+    if len(window) != 2 or min(window) < -1:
+        raise ConfigError(f"--window-size needs two integers (left,right, -1 for unbounded) such "
+                          f"as 127,0, got {text!r}")  # fmt: skip
+    return window[0], window[1]
 
 
 def _flag(name: str) -> str:
@@ -94,6 +117,7 @@ def validate_model(config: ModelConfig) -> None:
             f"{config.seq_length}: learned positions need one row per token"
         )
     check_ratios(config)
+    _validate_gpt_oss(config)
     _validate_moe(config)
     _validate_moe_layer_freq(config)
     _validate_mla(config)
@@ -130,9 +154,10 @@ def _validate_moe(config: ModelConfig) -> None:
             "--moe-shared-expert-gate needs --moe-shared-expert-intermediate-size (it gates the "
             "shared experts)"
         )
-    if config.moe_grouped_gemm and not config.disable_bias_linear:
+    if config.moe_grouped_gemm and not config.disable_bias_linear and not _te(config):
         raise ConfigError(
-            "--moe-grouped-gemm needs --disable-bias-linear (megatron-core's GroupedMLP has no biases)"
+            "--moe-grouped-gemm needs --disable-bias-linear (megatron-core's GroupedMLP has no "
+            "biases; Transformer Engine's TEGroupedMLP, --transformer-impl transformer_engine, has)"
         )
     if config.moe_router_topk > experts:
         raise ConfigError(
@@ -176,6 +201,27 @@ def _validate_groups(config: ModelConfig, experts: int) -> None:
         )
 
 
+def _te(config: ModelConfig) -> bool:
+    return config.transformer_impl == "transformer_engine"
+
+
+def _validate_gpt_oss(config: ModelConfig) -> None:
+    """Megatron-LM's checks of gpt-oss's arguments (arguments.py `core_transformer_config_from_args`
+    asserts `not args.swiglu` with --quick-geglu) and where they act."""
+    if config.quick_geglu and config.swiglu:
+        raise ConfigError("--quick-geglu and --swiglu are mutually exclusive (Megatron-LM asserts "
+                          "not args.swiglu with --quick-geglu)")  # fmt: skip
+    if config.window_attn_skip_freq is not None and config.window_size is None:
+        raise ConfigError("--window-attn-skip-freq needs --window-size (megatron-core windows no "
+                          "layer without one)")  # fmt: skip
+    freq = config.window_attn_skip_freq
+    if isinstance(freq, int):
+        check_at_least_one("--window-attn-skip-freq", freq)
+    elif freq is not None and len(freq) != config.num_layers:
+        raise ConfigError(f"--window-attn-skip-freq lists {len(freq)} layers but --num-layers is "
+                          f"{config.num_layers}")  # fmt: skip
+
+
 _MLA_ONLY = (
     "q_lora_rank",
     "kv_lora_rank",
@@ -186,6 +232,10 @@ _MLA_ONLY = (
     "mscale",
     "mscale_all_dim",
 )
+
+
+# Megatron-LM 0.19 argument_utils.py `_apply_yarn_config_from_args`: YaRN outside MLA reads these
+_YARN = ("rotary_scaling_factor", "mscale", "mscale_all_dim")
 
 
 def _validate_moe_layer_freq(config: ModelConfig) -> None:
@@ -203,8 +253,9 @@ def _validate_moe_layer_freq(config: ModelConfig) -> None:
 
 def _validate_mla(config: ModelConfig) -> None:
     if not config.multi_latent_attention:
+        yarn = config.position_embedding_type == "yarn"
         for name in _MLA_ONLY:
-            if getattr(config, name) is not None:
+            if getattr(config, name) is not None and not (yarn and name in _YARN):
                 raise ConfigError(f"{_flag(name)} needs --multi-latent-attention")
         if config.rope_type == "yarn":
             raise ConfigError(

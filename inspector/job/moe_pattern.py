@@ -10,15 +10,16 @@ from inspector.errors import ConfigError
 _FREQ_HELP = "an integer or a list expression such as ([0]*3+[1]*58)"
 
 
-def parse_moe_layer_freq(value: Any) -> int | tuple[int, ...]:
-    """Return --moe-layer-freq as Megatron-LM's `moe_freq_type` reads it, without eval.
+def parse_moe_layer_freq(value: Any, flag: str = "--moe-layer-freq") -> int | tuple[int, ...]:
+    """Return --moe-layer-freq (or `flag`, another argument Megatron-LM reads with the same
+    `moe_freq_type`, such as --window-attn-skip-freq) as Megatron-LM reads it, without eval.
 
     Megatron-LM (`arguments.py` `moe_freq_type`) takes an int N or a string; a string holding
     `[` is a Python list expression it evaluates. Here the expression is parsed, and only list
     literals of integers, integers, `+`, `*` and parentheses are evaluated.
     """
     if isinstance(value, bool):
-        raise ConfigError(f"--moe-layer-freq needs {_FREQ_HELP}, got {value!r}")
+        raise ConfigError(f"{flag} needs {_FREQ_HELP}, got {value!r}")
     if isinstance(value, int):
         return value
     text = str(value).strip()
@@ -26,13 +27,13 @@ def parse_moe_layer_freq(value: Any) -> int | tuple[int, ...]:
         try:
             return int(text)
         except ValueError:
-            raise ConfigError(f"--moe-layer-freq needs {_FREQ_HELP}, got {text!r}") from None
+            raise ConfigError(f"{flag} needs {_FREQ_HELP}, got {text!r}") from None
     try:
         result = _eval_pattern(ast.parse(text, mode="eval").body)
     except (SyntaxError, _BadPattern):
-        raise ConfigError(f"--moe-layer-freq needs {_FREQ_HELP}, got {text!r}") from None
+        raise ConfigError(f"{flag} needs {_FREQ_HELP}, got {text!r}") from None
     if not isinstance(result, list):
-        raise ConfigError(f"--moe-layer-freq needs {_FREQ_HELP}, got {text!r}")
+        raise ConfigError(f"{flag} needs {_FREQ_HELP}, got {text!r}")
     return tuple(result)
 
 

@@ -29,6 +29,7 @@ def transformer_config(
     fields = model.transformer_fields()
     if fields.get("moe_shared_expert_gate"):
         _check_shared_expert_gate(m.TransformerConfig)
+    _check_gpt_oss(m.TransformerConfig, model)
     kwargs = {**fields, **_torch_fields(m.torch, model), **_layout_fields(layout, vpp)}
     kwargs.update(runtime or {})
     if isinstance(kwargs.get("moe_layer_freq"), tuple):
@@ -39,7 +40,10 @@ def transformer_config(
         # Megatron-LM `core_transformer_config_from_args`: --multi-latent-attention picks
         # MLATransformerConfig and copies the MLA arguments into it.
         return MLATransformerConfig(**kwargs)
-    return m.TransformerConfig(**kwargs)
+    config = m.TransformerConfig(**kwargs)
+    for name, value in model.yarn_attributes().items():
+        setattr(config, name, value)  # attributes, not fields: GPTModel reads them by getattr
+    return config
 
 
 def _torch_fields(torch: Any, model: ModelConfig) -> dict[str, Any]:
@@ -60,6 +64,11 @@ def _torch_fields(torch: Any, model: ModelConfig) -> dict[str, Any]:
     if model.swiglu:
         # Megatron-LM arguments.py: --swiglu sets a gated linear unit with SiLU.
         fields["activation_func"] = torch.nn.functional.silu
+    elif model.quick_geglu:
+        # Megatron-LM arguments.py: --quick-geglu sets a gated linear unit with quick_gelu.
+        from megatron.core.fusions.fused_bias_geglu import quick_gelu
+
+        fields["activation_func"] = quick_gelu
     return fields
 
 
@@ -89,3 +98,27 @@ def _check_shared_expert_gate(config_class: Any) -> None:
             f"--moe-shared-expert-gate needs megatron-core 0.16 or newer: {__version__} builds "
             "shared experts without a gate"
         )
+
+
+# gpt-oss's arguments and the TransformerConfig field each sets (megatron-core 0.15 added them all)
+_GPT_OSS_FIELDS = {"--quick-geglu": ("quick_geglu", "glu_linear_offset"),
+                   "--glu-linear-offset": ("glu_linear_offset", "glu_linear_offset"),
+                   "--activation-func-clamp-value": ("activation_func_clamp_value",
+                                                     "activation_func_clamp_value"),
+                   "--softmax-type": ("softmax_type", "softmax_type"),
+                   "--window-attn-skip-freq": ("window_attn_skip_freq", "window_attn_skip_freq")}  # fmt: skip
+
+
+def _check_gpt_oss(config_class: Any, model: ModelConfig) -> None:
+    """Raise ConfigError naming the first gpt-oss argument the installed megatron-core lacks."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(config_class)}
+    defaults = ModelConfig()
+    for flag, (attribute, field_name) in _GPT_OSS_FIELDS.items():
+        if getattr(model, attribute) != getattr(defaults, attribute) and field_name not in names:
+            from megatron.core import __version__
+
+            raise ConfigError(f"{flag} needs megatron-core 0.15 or newer: {__version__} has no "
+                              f"TransformerConfig.{field_name}")  # fmt: skip
+

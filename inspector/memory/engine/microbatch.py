@@ -76,7 +76,7 @@ def runtime_config(job: Job) -> dict[str, Any]:
         masked_softmax_fusion=te and on["masked_softmax_fusion"],
         bias_activation_fusion=bias_activation,
         bias_dropout_fusion=bias_dropout,
-        apply_rope_fusion=te and model.position_embedding_type == "rope" and on["rope_fusion"],
+        apply_rope_fusion=te and model.position_embedding_type in ("rope", "yarn") and on["rope_fusion"],
         gradient_accumulation_fusion=te and on["gradient_accumulation_fusion"],
         deallocate_pipeline_outputs=True,
     )

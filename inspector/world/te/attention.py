@@ -221,7 +221,10 @@ class DotProductAttention(TransformerEngineBaseModule):
             t if t.stride(-1) == 1 else t.contiguous()
             for t in (query_layer, key_layer, value_layer)
         )
-        out: torch.Tensor = FusedAttnFunction.apply(q, k, v, qkv_format)
+        # the learned offset as TE passes it to the kernels (dot_product_attention.py 1404-1408)
+        offset = self.softmax_offset
+        offset = None if offset is None else offset.reshape(1, -1, 1, 1).to(torch.float32)
+        out: torch.Tensor = FusedAttnFunction.apply(q, k, v, qkv_format, offset)
         return out.view(out.shape[0], out.shape[1], -1)
 
     def _context_parallel(
@@ -261,7 +264,11 @@ class DotProductAttention(TransformerEngineBaseModule):
         keys = k2.transpose(0, 1).transpose(1, 2)
         scores = torch.baddbmm(scores, q2.transpose(0, 1), keys, beta=0.0, alpha=scale)
         scores = scores.view(b, heads, sq, sk)
+        if self.softmax_offset is not None:  # the sink as a last column, dropped after (481-506)
+            sink = self.softmax_offset.reshape(1, -1, 1, 1).to(scores.dtype)
+            scores = torch.cat([scores, sink.expand(b, -1, sq, -1)], dim=-1)
         probs = torch.nn.functional.softmax(scores, dim=-1)  # masked in place first (utils.py 72)
+        probs = probs[..., :sk]
         probs = self.unfused_attention.attention_dropout(probs)
         v2 = v.reshape(sk, b * heads, -1)
         context = torch.bmm(probs.view(b * heads, sq, sk), v2.transpose(0, 1))

@@ -30,8 +30,16 @@ class FusedAttnFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qkv_format: str = "sbhd"
+        ctx: Any,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        qkv_format: str = "sbhd",
+        softmax_offset: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        # softmax_offset: fp32 [1, heads, 1, 1] for softmax_type off-by-one/learnable (the
+        # attention sinks), an input of fused_attn_fwd; its gradient is backward's d_softmax_offset
+        ctx.offset = None if softmax_offset is None else softmax_offset.shape
         s, b, heads = q.shape[0], q.shape[1], q.shape[2]
         if qkv_format == "bshd":
             s, b = b, s
@@ -47,7 +55,9 @@ class FusedAttnFunction(torch.autograd.Function):
         d_out = d_out.contiguous()
         # fused_attn_bwd (pytorch/csrc/extensions/attention.cpp): dQ, dK, dV like Q, K, V for the
         # separate sbhd_sbhd_sbhd layout megatron's q, k, v take
-        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), None
+        # ... and, with a softmax offset, d_softmax_offset like it (backends.py 1602-1604)
+        offset = ctx.offset and torch.empty(ctx.offset, dtype=torch.float32, device=q.device)
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), None, offset
 
 
 class P2PAttnFunction(torch.autograd.Function):
