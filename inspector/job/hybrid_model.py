@@ -8,6 +8,8 @@ one sentence naming the flag, before anything is built.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from inspector.errors import ConfigError
 from inspector.job.model import ModelConfig
 from inspector.job.versions import hybrid_moe_layers
@@ -58,6 +60,32 @@ def _validate_pattern(pattern: str, config: ModelConfig) -> None:
         raise ConfigError("--hybrid-override-pattern has MoE layers (E): they need --num-experts")
 
 
+@dataclass(frozen=True)
+class MambaShape:
+    """The sizes MambaMixer derives from the config (ssm/mamba_mixer.py `__init__`):
+    TransformerConfig's defaults where unset (state 128, head size 64, 8 groups), d_inner =
+    heads x head size, or expand (2) x h without --mamba-num-heads."""
+
+    d_inner: int
+    heads: int
+    groups: int
+    state: int
+
+    @property
+    def in_width(self) -> int:
+        """Return in_proj's output: z, x (d_inner each), B, C (G N each) and dt (H)."""
+        return 2 * self.d_inner + 2 * self.groups * self.state + self.heads
+
+
+def mamba_shape(config: ModelConfig) -> MambaShape:
+    """Return MambaMixer's sizes for the model (validate_hybrid has checked they divide)."""
+    head_dim = config.mamba_head_dim or 64
+    heads = config.mamba_num_heads
+    d_inner = heads * head_dim if heads else 2 * config.hidden_size
+    return MambaShape(d_inner, heads or d_inner // head_dim, config.mamba_num_groups or 8,
+                      config.mamba_state_dim or 128)  # fmt: skip
+
+
 def _validate_mamba_sizes(config: ModelConfig, tp: int) -> None:
     """MambaMixer's asserts (ssm/mamba_mixer.py): heads and groups divide by tp, heads by groups."""
     head_dim = config.mamba_head_dim or 64  # TransformerConfig's defaults
@@ -89,5 +117,5 @@ def refuse_hybrid(model: ModelConfig, command: str) -> None:
     if model.hybrid:
         raise ConfigError(
             f"{command} does not price hybrid (Mamba) models yet: its step-time model knows "
-            "transformer layers only; tree, params, diff and memory build and run them"
+            "transformer layers only; tree, params, diff, memory and workload build and run them"
         )

@@ -28,7 +28,7 @@ collective buffer (SIMAI-NOTES.md), i.e. the full (s/c, b, h) tensor.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
 from math import comb
 
 from inspector.errors import ConfigError
@@ -50,49 +50,13 @@ from inspector.report.workload_fsdp import (
     fsdp_microbatch_end,
     fsdp_step_records,
 )
+from inspector.report.workload_hybrid import hybrid_context, mamba_records
 from inspector.report.workload_inputs import ComputeProfile, ComputeRate, Context, StageInput
+from inspector.report.workload_tp import _gemm, _Phases, _recompute, _tp_pair
 
 CROSS_ENTROPY_ALLREDUCES = 3  # max logit, target logit, sum of exp: fp32 (s, b) each
 OPTIMIZER_ALLREDUCES = 4  # AICB's optimizer1..4 (generator lines 825-839)
 TOKENS_PER_EXPERT_BYTES = 8  # int64 counts gathered by the all-to-all dispatcher's preprocess
-
-
-@dataclass(frozen=True)
-class _Phases:
-    """Per-rank compute (ns) of one record's forward, input-grad and weight-grad phases."""
-
-    fwd: int = 0
-    ig: int = 0
-    wg: int = 0
-
-
-def _gemm(job: Context, flops: float, te: bool = True) -> _Phases:
-    """Split a GEMM's 6-factor FLOPs (flops.py) evenly: forward, data grad, weight grad.
-
-    `te`: a Transformer Engine linear of the layer, at the fp8 peak in an fp8 job (megatron's
-    output layer and MTP projection are not: `te` False).
-    """
-    if not isinstance(job.compute, ComputeRate):
-        return _Phases()
-    t = job.compute.ns(flops / 3, te and job.dims.fp8 is not None)
-    return _Phases(t, t, t)
-
-
-def _recompute(
-    job: Context, phases: _Phases, core: int = 0, modules: tuple[str, ...] = ()
-) -> _Phases:
-    """Add recomputation to the input-grad phase: the whole forward (full), or under selective
-    the core attention's (`core`, core_attn) and the record's forward once for each of its
-    `modules` among --recompute-modules (formulas/ops.py RECOMPUTED: mlp, moe, shared_experts;
-    layernorm and moe_act re-run no GEMM). Shared experts under both moe and shared_experts run
-    twice more: the MoE layer's recomputed forward checkpoints them again."""
-    mode = job.training.recompute
-    extra = phases.fwd if mode == "full" else 0
-    if mode == "selective":
-        asked = job.training.recompute_modules
-        extra = core if "core_attn" in asked else 0
-        extra += phases.fwd * sum(m in asked for m in modules)
-    return _Phases(phases.fwd, phases.ig + extra, phases.wg)
 
 
 def _recomputes_up_proj(job: Context) -> bool:
@@ -100,30 +64,6 @@ def _recomputes_up_proj(job: Context) -> bool:
     projections (multi_latent_attention.py `recompute_up_proj`)."""
     return (job.dims.multi_latent_attention and job.training.recompute == "selective"
             and "mla_up_proj" in job.training.recompute_modules)
-
-
-def _tp_pair(
-    job: Context, name: str, width: int, first: _Phases, second: _Phases, column: int = 0
-) -> list[Record]:
-    """Return the column/row records of one tensor-parallel region of `width` x activation.
-
-    With sequence parallelism the column gathers its input (backward: reduce-scatter) and the
-    row reduce-scatters its output (backward: all-gather); without it the row all-reduces its
-    output and the column all-reduces its input gradient, in one `NAME_layer` record as AICB.
-    `column`, when given, is the bytes the column gathers (MLA gathers latents, not h).
-    """
-    tp = job.par.tp > 1
-    n = job.activation * width if tp else 0
-    c = (column or n) if tp else 0
-    if not job.par.sequence_parallel:
-        comm = "ALLREDUCE" if tp else NONE
-        fwd, ig, wg = (first.fwd + second.fwd, first.ig + second.ig, first.wg + second.wg)
-        return [Record(f"{name}_layer", fwd, comm, n, ig, comm, c, wg)]
-    gather, scatter = ("ALLGATHER", "REDUCESCATTER") if tp else (NONE, NONE)
-    return [
-        Record(f"{name}_column", first.fwd, gather, c, first.ig, scatter, c, first.wg),
-        Record(f"{name}_row", second.fwd, scatter, n, second.ig, gather, n, second.wg),
-    ]
 
 
 def _attention_column(job: Context) -> int:
@@ -306,10 +246,18 @@ def _flex_mlp(job: Context, layer: int, local: int, prefix: str) -> list[Record]
     return records
 
 
-def layer_records(job: Context, layer: int, prefix: str = "") -> list[Record]:
-    """Return the records of 0-based global transformer `layer` for one micro-batch."""
-    mlp = _moe_mlp if job.dims.is_moe_layer(layer) else _dense_mlp
-    return _attention(job, layer, prefix) + mlp(job, layer, prefix)
+def layer_records(job: Context, layer: int, prefix: str = "", symbol: str = "") -> list[Record]:
+    """Return the records of 0-based global transformer `layer` for one micro-batch; in a
+    hybrid stack (`symbol`: the layer's kind as the pattern writes it) only its one part."""
+    if symbol:
+        job = hybrid_context(job)
+        if symbol == "M" and job.mamba is not None:
+            return mamba_records(job, job.mamba, prefix)
+        parts: tuple[Callable[[Context, int, str], list[Record]], ...] = {
+            "*": (_attention,), "-": (_dense_mlp,), "E": (_moe_mlp,)}[symbol]  # fmt: skip
+    else:
+        parts = (_attention, _moe_mlp if job.dims.is_moe_layer(layer) else _dense_mlp)
+    return [record for part in parts for record in part(job, layer, prefix)]
 
 
 def _embedding(job: Context, name: str = "embedding_layer") -> Record:
@@ -411,10 +359,11 @@ def _step(job: Context) -> int:
 def microbatch_records(job: Context, stage: StageInput) -> list[Record]:
     """Return the records of one micro-batch through `stage`: what its ranks run, in order."""
     records = [_embedding(job)] if stage.has_embedding else []
+    symbols = iter(stage.symbols)
     for chunk in stage.chunks:
         for layer in chunk:
             before, after = fsdp_layer_records(job, stage, layer)
-            records += before + layer_records(job, layer) + after
+            records += before + layer_records(job, layer, symbol=next(symbols, "")) + after
     if stage.has_output:
         records += _output(job)
         for depth in range(stage.mtp_layers):

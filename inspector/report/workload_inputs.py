@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from inspector.errors import ConfigError, InputError
 from inspector.job.dims import ModelDims
-from inspector.job.hybrid_model import refuse_hybrid
+from inspector.job.hybrid_model import MambaShape, mamba_shape
 from inspector.job.layout import Layout
 
 if TYPE_CHECKING:
@@ -82,6 +82,7 @@ class StageInput:
     buffers: tuple[BufferInput, ...] = ()
     parameters: int = 0
     fsdp: tuple[FsdpBucketInput, ...] = ()  # Megatron-FSDP's buckets, in megatron's order
+    symbols: tuple[str, ...] = ()  # a hybrid stack's layer kinds as its pattern writes them
 
     @property
     def layers(self) -> tuple[int, ...]:
@@ -179,6 +180,7 @@ class Context:
     par: Layout
     training: Settings
     compute: ComputeRate | ComputeProfile = field(default_factory=lambda: ComputeRate(1.0, 1.0))
+    mamba: MambaShape | None = None  # a hybrid model's Mamba mixer sizes
 
     @property
     def tokens(self) -> int:
@@ -213,6 +215,7 @@ def stage_inputs(built: BuiltJob) -> list[StageInput]:
                 buffers=buffers,
                 parameters=stage.parameters,
                 fsdp=fsdp_inputs(stage.chunks) if fsdp else (),
+                symbols=tuple(s for chunk in stage.chunks for s in chunk.models[0].symbols),
             )
         )
     return inputs
@@ -251,7 +254,6 @@ def fsdp_inputs(chunks: Sequence[Any]) -> tuple[FsdpBucketInput, ...]:
 def context_for(built: BuiltJob, compute: ComputeRate | ComputeProfile) -> Context:
     """Return the settings every stage's records share, from the Job."""
     job = built.job
-    refuse_hybrid(job.model, "workload")
     modules = job.training.recompute_modules if job.training.recompute == "selective" else ()
     unpriced = [m for m in modules if (m in NOT_GEMMS or m == "mla_up_proj")
                 and isinstance(compute, ComputeProfile)]
@@ -274,7 +276,8 @@ def context_for(built: BuiltJob, compute: ComputeRate | ComputeProfile) -> Conte
         flex=job.training.moe_token_dispatcher_type == "flex",
         sharding=_sharding(job.training),
     )
-    return Context(job.dims(), job.layout, settings, compute)
+    mamba = mamba_shape(job.model) if job.model.hybrid else None
+    return Context(job.dims(), job.layout, settings, compute, mamba)
 
 
 def _sharding(training: Any) -> str | None:
