@@ -12,18 +12,36 @@ from dataclasses import dataclass
 
 from inspector.errors import ConfigError
 from inspector.job.model import ModelConfig
-from inspector.job.versions import hybrid_moe_layers
+from inspector.job.versions import hybrid_moe_layers, hybrid_pattern_separators
 
 # megatron-core ssm/mamba_hybrid_layer_allocation.py `Symbols`: Mamba, attention, MLP, and from
 # 0.16 MoE (0.18+ add gated delta net, DSA and stage/MTP separators, not modelled yet)
 LAYER_SYMBOLS = {"M": "Mamba", "*": "attention", "-": "MLP", "E": "MoE"}
 
 
-def validate_hybrid(config: ModelConfig, tp: int = 1) -> None:
-    """Raise ConfigError for hybrid arguments megatron would refuse (tp: the tensor-parallel size)."""
+PIPE, MTP_SEPARATOR = "|", "/"  # megatron-core 0.18+ hybrid_layer_allocation.py `Symbols`
+
+
+def main_layers(pattern: str) -> str:
+    """Return the decoder's layer symbols of a pattern: before the first `/` (MTP depths follow
+    it), without the `|` stage boundaries (hybrid_layer_allocation.py
+    `get_hybrid_total_layer_count`)."""
+    return pattern.split(MTP_SEPARATOR)[0].replace(PIPE, "")
+
+
+def pipe_segments(pattern: str | None) -> int:
+    """Return the pipeline segments `|` cuts the decoder's pattern into (1 without `|`:
+    `get_hybrid_total_pipeline_segment_count`)."""
+    return (pattern or "").split(MTP_SEPARATOR)[0].count(PIPE) + 1
+
+
+def validate_hybrid(config: ModelConfig, tp: int = 1, pp: int = 1, uneven: bool = False) -> None:
+    """Raise ConfigError for hybrid arguments megatron would refuse (tp, pp: the tensor- and
+    pipeline-parallel sizes; uneven: --decoder-first/last-pipeline-num-layers given)."""
     pattern = config.hybrid_override_pattern
     if pattern is not None:
-        _validate_pattern(pattern, config)
+        _validate_separators(pattern, pp, uneven)
+        _validate_pattern(main_layers(pattern) if hybrid_pattern_separators() else pattern, config)
     if config.transformer_impl != "transformer_engine":
         raise ConfigError(
             f"--transformer-impl {config.transformer_impl} cannot build a hybrid model: "
@@ -40,6 +58,36 @@ def check_ratios(config: ModelConfig) -> None:
         value = getattr(config, name)
         if value is not None and not 0.0 <= value <= 1.0:
             raise ConfigError(f"--{name.replace('_', '-')} {value} is not in [0.0, 1.0]")
+
+
+def _validate_separators(pattern: str, pp: int, uneven: bool) -> None:
+    """Megatron-LM 0.18+'s rules for `|` and `/` (arguments.py `validate_args`, core_v0.19.0):
+    the segments divide among --pp stages, more of them than stages are virtual stages."""
+    if not hybrid_pattern_separators():
+        return  # `|` and `/` are then unknown symbols (_validate_pattern)
+    if MTP_SEPARATOR in pattern:
+        raise ConfigError(
+            f"--hybrid-layer-pattern {pattern}: MTP depths after '/' are not modelled yet; "
+            "drop them (the decoder's layers are)"
+        )
+    segments = pipe_segments(pattern)
+    if segments == 1:
+        return
+    if segments % pp:
+        raise ConfigError(
+            f"--hybrid-layer-pattern has {segments} pipeline segments, not divisible by --pp "
+            f"{pp} ({segments} % {pp} = {segments % pp}); Megatron-LM needs them to divide"
+        )
+    if segments > pp:
+        raise ConfigError(
+            f"--hybrid-layer-pattern has {segments} pipeline segments for --pp {pp}: "
+            f"{segments // pp} virtual stages per pipeline rank are not modelled yet"
+        )
+    if uneven:
+        raise ConfigError(
+            "--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers with '|' in "
+            "--hybrid-layer-pattern: the pattern's segments already place the layers; drop them"
+        )
 
 
 def _validate_pattern(pattern: str, config: ModelConfig) -> None:

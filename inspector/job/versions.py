@@ -43,3 +43,10 @@ def hybrid_moe_layers() -> bool:
     """Return whether megatron-core's hybrid layer pattern has MoE layers (`E`): 0.16 on
     (ssm/mamba_hybrid_layer_allocation.py `Symbols.VALID`; core_v0.13.1-0.15.0: M, *, - only)."""
     return megatron_version() >= (0, 16)
+
+
+def hybrid_pattern_separators() -> bool:
+    """Return whether megatron-core's hybrid layer pattern takes `|` (pipeline stage boundaries)
+    and `/` (MTP depths): 0.18 on (models/hybrid/hybrid_layer_allocation.py `Symbols.PIPE`,
+    `MTP_SEPARATOR`; Megatron-LM's --hybrid-layer-pattern from 0.17, without them there)."""
+    return megatron_version() >= (0, 18)

@@ -1,0 +1,77 @@
+"""Megatron-LM 0.17+'s --hybrid-layer-pattern, with megatron-core 0.18+'s `|` stage boundaries."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import inspector.inputs.hybrid_pattern as hybrid_pattern
+import inspector.job.hybrid_model as hybrid_model
+from inspector.errors import ConfigError
+from inspector.inputs.versions import megatron_core_version
+from inspector.job.hybrid_model import main_layers, pipe_segments
+from inspector.job.model import ModelConfig
+from inspector.job.versions import hybrid_pattern_separators
+from tests.test_hybrid import SMALL
+
+HIDDEN = dict(num_layers=4, hidden_size=256, num_attention_heads=8, vocab_size=1000,
+              transformer_impl="transformer_engine")
+
+
+def test_layer_count_and_segments_as_megatron_counts_them():
+    # hybrid_layer_allocation.py get_hybrid_total_layer_count / _pipeline_segment_count
+    assert main_layers("M*|M-|/MM/MM") == "M*M-"
+    assert pipe_segments("M*|M-|/M|M") == 3
+    assert pipe_segments(None) == 1
+
+
+@pytest.fixture
+def separators(monkeypatch):
+    monkeypatch.setattr(hybrid_model, "hybrid_pattern_separators", lambda: True)
+
+
+@pytest.mark.parametrize(("pattern", "pp", "uneven", "error"), [
+    ("M*|M-|", 2, False, "has 3 pipeline segments, not divisible by --pp 2 (3 % 2 = 1)"),
+    ("M|*|M|-", 2, False, "2 virtual stages per pipeline rank are not modelled yet"),
+    ("M*|M-", 2, True, "--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers"),
+    ("M*M-/M*", 1, False, "MTP depths after '/' are not modelled yet"),
+])  # fmt: skip
+def test_separators_follow_megatron_lm_validate_args(separators, pattern, pp, uneven, error):
+    model = ModelConfig(**HIDDEN, hybrid_override_pattern=pattern)
+    with pytest.raises(ConfigError, match=error.replace("(", r"\(").replace(")", r"\)")
+                       .replace("|", r"\|")):  # fmt: skip
+        hybrid_model.validate_hybrid(model, 1, pp, uneven)
+
+
+def test_one_segment_a_stage_is_accepted(separators):
+    hybrid_model.validate_hybrid(ModelConfig(**HIDDEN, hybrid_override_pattern="M*M|-"), 1, 2)
+
+
+def test_layer_pattern_replaces_num_layers_as_megatron_lm_does(monkeypatch):
+    monkeypatch.setattr(hybrid_pattern, "megatron_core_version", lambda: (0, 19))
+    merged = {"hybrid_layer_pattern": "M*M|-", "num_layers": 8}
+    notes = hybrid_pattern.layer_pattern(merged)
+    assert merged == {"hybrid_override_pattern": "M*M|-", "num_layers": 4}
+    assert notes == ["Note: --hybrid-layer-pattern has 4 layers; --num-layers 8 is ignored, as "
+                     "Megatron-LM ignores it"]  # fmt: skip
+    with pytest.raises(ConfigError, match="cannot both be specified"):
+        hybrid_pattern.layer_pattern({"hybrid_layer_pattern": "M*", "hybrid_override_pattern": "*M"})
+
+
+@pytest.mark.skipif(megatron_core_version() >= (0, 17), reason="Megatron-LM 0.17+ has the flag")
+def test_older_megatron_lm_has_no_layer_pattern(cli):
+    result = cli("params", *SMALL, "--hybrid-layer-pattern", "M*M-")
+    assert result.code == 2
+    assert "--hybrid-layer-pattern is an argument of Megatron-LM 0.17+" in result.err
+
+
+@pytest.mark.skipif(not hybrid_pattern_separators(), reason="megatron-core 0.18+ reads '|'")
+def test_pipe_places_the_layers_of_each_stage(cli):
+    result = cli("params", *SMALL, "--hybrid-layer-pattern", "M*M|-", "--pp", "2",
+                 "--format", "json")  # fmt: skip
+    assert result.code == 0, result.err
+    layers = {(r["stage"], r["name"].split(".")[2]) for r in json.loads(result.out)["parameters"]
+              if r["name"].startswith("decoder.layers.")}  # fmt: skip
+    # HybridModel's select_pipeline_segment: stage 0 the first segment, stage 1 the second
+    assert sorted(layers) == [(0, "0"), (0, "1"), (0, "2"), (1, "3")]
