@@ -1,4 +1,4 @@
-"""Megatron-LM 0.17+'s --hybrid-layer-pattern, with megatron-core 0.18+'s `|` stage boundaries."""
+"""Megatron-LM 0.17+'s --hybrid-layer-pattern, with its `|` stage boundaries."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def test_older_megatron_lm_has_no_layer_pattern(cli):
     assert "--hybrid-layer-pattern is an argument of Megatron-LM 0.17+" in result.err
 
 
-@pytest.mark.skipif(not hybrid_pattern_separators(), reason="megatron-core 0.18+ reads '|'")
+@pytest.mark.skipif(not hybrid_pattern_separators(), reason="megatron-core 0.17+ reads '|'")
 def test_pipe_places_the_layers_of_each_stage(cli):
     result = cli("params", *SMALL, "--hybrid-layer-pattern", "M*M|-", "--pp", "2",
                  "--format", "json")  # fmt: skip

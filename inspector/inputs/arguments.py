@@ -174,7 +174,7 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
     _model(
         "hybrid_layer_pattern",
         str,
-        "Megatron-LM 0.17+'s hybrid pattern (megatron-core 0.18+: '|' ends a pipeline stage).",
+        "Megatron-LM 0.17+'s hybrid pattern (megatron-core 0.17+: '|' ends a pipeline stage).",
     ),
     _model("hybrid_attention_ratio", float, "Hybrid: share of attention layers (no pattern)."),
     _model("hybrid_mlp_ratio", float, "Hybrid: share of MLP layers (no pattern)."),

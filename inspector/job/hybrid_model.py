@@ -12,14 +12,18 @@ from dataclasses import dataclass
 
 from inspector.errors import ConfigError
 from inspector.job.model import ModelConfig
-from inspector.job.versions import hybrid_moe_layers, hybrid_pattern_separators
+from inspector.job.versions import hybrid_moe_layers, hybrid_pattern_separators, megatron_version
 
 # megatron-core ssm/mamba_hybrid_layer_allocation.py `Symbols`: Mamba, attention, MLP, and from
-# 0.16 MoE (0.18+ add gated delta net, DSA and stage/MTP separators, not modelled yet)
+# 0.16 MoE (LATER_SYMBOLS: later ones, not modelled yet)
 LAYER_SYMBOLS = {"M": "Mamba", "*": "attention", "-": "MLP", "E": "MoE"}
+# later megatron-core's `Symbols` this tool does not build yet, and the first version with each
+# (ssm/mamba_hybrid_layer_allocation.py core_v0.17.0; models/hybrid/ core_v0.18.0, core_v0.19.0)
+LATER_SYMBOLS = {"G": ("gated delta net", (0, 17)), "D": ("DeepSeek sparse attention", (0, 18)),
+                 "+": ("multi-latent attention", (0, 19))}  # fmt: skip
 
 
-PIPE, MTP_SEPARATOR = "|", "/"  # megatron-core 0.18+ hybrid_layer_allocation.py `Symbols`
+PIPE, MTP_SEPARATOR = "|", "/"  # megatron-core 0.17+ `Symbols.PIPE`, `MTP_SEPARATOR`
 
 
 def main_layers(pattern: str) -> str:
@@ -61,7 +65,7 @@ def check_ratios(config: ModelConfig) -> None:
 
 
 def _validate_separators(pattern: str, pp: int, uneven: bool) -> None:
-    """Megatron-LM 0.18+'s rules for `|` and `/` (arguments.py `validate_args`, core_v0.19.0):
+    """Megatron-LM 0.17+'s rules for `|` and `/` (arguments.py `validate_args`, core_v0.19.0):
     the segments divide among --pp stages, more of them than stages are virtual stages."""
     if not hybrid_pattern_separators():
         return  # `|` and `/` are then unknown symbols (_validate_pattern)
@@ -93,6 +97,14 @@ def _validate_separators(pattern: str, pp: int, uneven: bool) -> None:
 def _validate_pattern(pattern: str, config: ModelConfig) -> None:
     symbols = {s: kind for s, kind in LAYER_SYMBOLS.items() if s != "E" or hybrid_moe_layers()}
     unknown = sorted({symbol for symbol in pattern if symbol not in symbols})
+    later = [f"{s} ({LATER_SYMBOLS[s][0]}, megatron-core {'.'.join(map(str, LATER_SYMBOLS[s][1]))}+)"
+             for s in unknown if s in LATER_SYMBOLS]  # fmt: skip
+    if later:
+        installed = ".".join(map(str, megatron_version()))
+        raise ConfigError(
+            f"--hybrid-override-pattern {pattern}: {', '.join(later)} layers are not modelled yet "
+            f"(the installed megatron-core is {installed})"
+        )
     if unknown:
         known = ", ".join(f"{s} {kind}" for s, kind in symbols.items())
         raise ConfigError(

@@ -47,6 +47,6 @@ def hybrid_moe_layers() -> bool:
 
 def hybrid_pattern_separators() -> bool:
     """Return whether megatron-core's hybrid layer pattern takes `|` (pipeline stage boundaries)
-    and `/` (MTP depths): 0.18 on (models/hybrid/hybrid_layer_allocation.py `Symbols.PIPE`,
-    `MTP_SEPARATOR`; Megatron-LM's --hybrid-layer-pattern from 0.17, without them there)."""
-    return megatron_version() >= (0, 18)
+    and `/` (MTP depths): 0.17 on (ssm/mamba_hybrid_layer_allocation.py `Symbols.PIPE`,
+    `MTP_SEPARATOR`, `select_pipeline_segment` at core_v0.17.0; models/hybrid/ from 0.18)."""
+    return megatron_version() >= (0, 17)
