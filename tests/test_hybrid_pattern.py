@@ -35,7 +35,6 @@ def separators(monkeypatch):
     ("M*|M-|", 2, False, "has 3 pipeline segments, not divisible by --pp 2 (3 % 2 = 1)"),
     ("M|*|M|-", 2, False, "2 virtual stages per pipeline rank are not modelled yet"),
     ("M*|M-", 2, True, "--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers"),
-    ("M*M-/M*", 1, False, "MTP depths after '/' are not modelled yet"),
 ])  # fmt: skip
 def test_separators_follow_megatron_lm_validate_args(separators, pattern, pp, uneven, error):
     model = ModelConfig(**HIDDEN, hybrid_override_pattern=pattern)
@@ -55,6 +54,11 @@ def test_layer_pattern_replaces_num_layers_as_megatron_lm_does(monkeypatch):
     assert merged == {"hybrid_override_pattern": "M*M|-", "num_layers": 4}
     assert notes == ["Note: --hybrid-layer-pattern has 4 layers; --num-layers 8 is ignored, as "
                      "Megatron-LM ignores it"]  # fmt: skip
+    merged = {"hybrid_layer_pattern": "M*M-/M*/M*", "mtp_num_layers": 1}
+    notes = hybrid_pattern.layer_pattern(merged)
+    assert merged == {"hybrid_override_pattern": "M*M-/M*/M*", "num_layers": 4, "mtp_num_layers": 2}
+    assert notes == ["Note: --hybrid-layer-pattern has 2 MTP depths; --mtp-num-layers 1 is "
+                     "replaced by them, as Megatron-LM replaces it"]  # fmt: skip
     with pytest.raises(ConfigError, match="cannot both be specified"):
         hybrid_pattern.layer_pattern({"hybrid_layer_pattern": "M*", "hybrid_override_pattern": "*M"})
 
@@ -75,3 +79,26 @@ def test_pipe_places_the_layers_of_each_stage(cli):
               if r["name"].startswith("decoder.layers.")}  # fmt: skip
     # HybridModel's select_pipeline_segment: stage 0 the first segment, stage 1 the second
     assert sorted(layers) == [(0, "0"), (0, "1"), (0, "2"), (1, "3")]
+
+
+@pytest.mark.skipif(not hybrid_pattern_separators(), reason="megatron-core 0.17+ reads '/'")
+def test_mtp_depths_build_the_mtp_pattern(cli):
+    result = cli("params", *SMALL, "--hybrid-layer-pattern", "M*M-/M*/M*",
+                 "--position-embedding-type", "rope", "--format", "json")  # fmt: skip
+    assert result.code == 0, result.err
+    names = [r["name"] for r in json.loads(result.out)["parameters"]]
+    # HybridModel's MultiTokenPredictionBlock: one MTP layer a depth, each of the MTP pattern
+    mixers = {n.split(".mtp_model_layer.layers.")[1].split(".")[:2][1] for n in names
+              if ".mtp_model_layer.layers." in n}  # fmt: skip
+    assert {n.split(".")[2] for n in names if n.startswith("mtp.layers.")} == {"0", "1"}
+    assert mixers == {"mixer", "self_attention"}
+
+
+@pytest.mark.skipif(not hybrid_pattern_separators(), reason="megatron-core 0.17+ reads '/'")
+@pytest.mark.parametrize("command", ["memory", "workload"])
+def test_commands_that_run_layers_refuse_hybrid_mtp(cli, command, tmp_path):
+    extra = ("--gpu", "h100", "-o", str(tmp_path / "out")) if command == "workload" else ()
+    result = cli(command, *SMALL, "--hybrid-layer-pattern", "M*M-/M*", "--position-embedding-type",
+                 "rope", "--micro-batch-size", "1", "--global-batch-size", "1", *extra)  # fmt: skip
+    assert result.code == 2
+    assert f"{command} does not run a hybrid model's MTP depths" in result.err

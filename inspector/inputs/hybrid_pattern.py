@@ -4,8 +4,10 @@ Megatron-LM core_v0.19.0 megatron/training/arguments.py (`validate_args`, "Hybri
 --hybrid-override-pattern is the deprecated spelling, copied into --hybrid-layer-pattern (the
 two together stop it), and the pattern's layer count, its symbols before the first `/` without
 the `|` stage boundaries (`get_hybrid_total_layer_count`), replaces --num-layers ("ignoring
---num-layers"). This tool keeps one pattern, under the older name megatron-core 0.16's
-MambaModel takes; HybridModel gets it as `hybrid_layer_pattern`.
+--num-layers"), and the MTP depths after `/` set --mtp-num-layers ("Infer mtp_num_layers from
+unified pattern"; a different value is replaced with a warning). This tool keeps one pattern,
+under the older name megatron-core 0.16's MambaModel takes; HybridModel gets it as
+`hybrid_layer_pattern`.
 """
 
 from __future__ import annotations
@@ -36,10 +38,18 @@ def layer_pattern(merged: dict[str, Any]) -> list[str]:
             "(Megatron-LM's validate_args); --hybrid-override-pattern is the deprecated one"
         )
     merged["hybrid_override_pattern"] = pattern
+    notes = []
+    depths = pattern.count("/")  # "Infer mtp_num_layers from unified pattern"
+    if depths:
+        given = merged.get("mtp_num_layers")
+        merged["mtp_num_layers"] = depths
+        if given is not None and int(given) != depths:
+            notes.append(f"Note: --hybrid-layer-pattern has {depths} MTP depths; --mtp-num-layers "
+                         f"{given} is replaced by them, as Megatron-LM replaces it")  # fmt: skip
     count = len(pattern.split("/")[0].replace("|", ""))
     given = merged.get("num_layers")
     merged["num_layers"] = count
     if given is not None and int(given) != count:
-        return [f"Note: --hybrid-layer-pattern has {count} layers; --num-layers {given} is "
-                "ignored, as Megatron-LM ignores it"]  # fmt: skip
-    return []
+        notes.append(f"Note: --hybrid-layer-pattern has {count} layers; --num-layers {given} is "
+                     "ignored, as Megatron-LM ignores it")  # fmt: skip
+    return notes

@@ -69,11 +69,6 @@ def _validate_separators(pattern: str, pp: int, uneven: bool) -> None:
     the segments divide among --pp stages, more of them than stages are virtual stages."""
     if not hybrid_pattern_separators():
         return  # `|` and `/` are then unknown symbols (_validate_pattern)
-    if MTP_SEPARATOR in pattern:
-        raise ConfigError(
-            f"--hybrid-layer-pattern {pattern}: MTP depths after '/' are not modelled yet; "
-            "drop them (the decoder's layers are)"
-        )
     segments = pipe_segments(pattern)
     if segments == 1:
         return
@@ -178,4 +173,15 @@ def refuse_hybrid(model: ModelConfig, command: str) -> None:
         raise ConfigError(
             f"{command} does not price hybrid (Mamba) models yet: its step-time model knows "
             "transformer layers only; tree, params, diff, memory and workload build and run them"
+        )
+
+
+def refuse_hybrid_mtp(model: ModelConfig, command: str) -> None:
+    """Refuse a hybrid model's MTP depths (`/` in the pattern) in a command that runs or prices
+    layers: megatron builds them (HybridModel's MultiTokenPredictionBlock of the MTP pattern's
+    layers), `tree`, `params` and `diff` show them; their run is not modelled yet."""
+    if model.hybrid and model.mtp_num_layers:
+        raise ConfigError(
+            f"{command} does not run a hybrid model's MTP depths ('/' in --hybrid-layer-pattern) "
+            "yet; tree, params and diff show them"
         )
