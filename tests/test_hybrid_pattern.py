@@ -102,3 +102,17 @@ def test_commands_that_run_layers_refuse_hybrid_mtp(cli, command, tmp_path):
                  "rope", "--micro-batch-size", "1", "--global-batch-size", "1", *extra)  # fmt: skip
     assert result.code == 2
     assert f"{command} does not run a hybrid model's MTP depths" in result.err
+
+
+@pytest.mark.skipif(not hybrid_pattern_separators(), reason="megatron-core 0.17+ reads '|'")
+def test_workload_writes_each_stage_its_segment(cli):
+    names = []
+    for stage in ("0", "1"):
+        result = cli("workload", *SMALL, "--hybrid-layer-pattern", "M*M|-", "--pp", "2",
+                     "--micro-batch-size", "1", "--global-batch-size", "1", "--seq-length", "512",
+                     "--gpu", "h100", "--stage", stage, "--no-cache")  # fmt: skip
+        assert result.code == 0, result.err
+        names.append([line.split("\t")[0] for line in result.out.splitlines()[5:]])
+    assert names == [["embedding_layer", "mamba_layer", "attention_layer", "mamba_layer"],
+                     ["mlp_layer", "final_column", "cross_entropy1", "cross_entropy2",
+                      "cross_entropy3"]]  # fmt: skip
