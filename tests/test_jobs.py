@@ -308,16 +308,15 @@ def test_plain_config_lists_every_unknown_key(tmp_path):
     )
 
 
-def test_hybrid_layer_pattern_and_mamba_sizes_are_refused(cli, tmp_path):
+def test_hybrid_layer_pattern_to_a_gpt_builder_is_refused(cli, tmp_path):
     # ModelOpt's Nemotron-H config shape: newer Megatron-LM's --hybrid-layer-pattern and the
     # Mamba mixer's sizes, with no --is-hybrid-model: a hybrid model, never read as GPT
     path = write(tmp_path, f"torchrun finetune.py {SMALL} --hybrid-layer-pattern M-M* "
                  "--mamba-head-dim 64 --mamba-num-heads 128\n")  # fmt: skip
     result = cli("params", "--from-script", path)
     assert result.err == (
-        f"Error: {path} line 1: --hybrid-layer-pattern M-M* is not modelled: this tool builds "
-        "hybrid models from megatron-core 0.16's arguments (--hybrid-override-pattern, "
-        "--mamba-*); megatron-core 0.18+'s are not modelled yet\n"
+        f"Error: {path} line 1: finetune.py builds GPTModel whatever --hybrid-layer-pattern say "
+        "(gpt_builders.py); Megatron-LM builds hybrid models with pretrain_mamba.py\n"
     )
 
 

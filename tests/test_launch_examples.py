@@ -119,14 +119,13 @@ def _rl(tmp_path: Path, model: str) -> str:
 
 
 def test_a_refused_model_and_its_unset_values_in_one_error(tmp_path):
-    # the tokenizer is left to the caller, and the model is hybrid: both named at once
-    path = _rl(tmp_path, "--hybrid-layer-pattern M*M- --mamba-head-dim 64")
+    # the tokenizer is left to the caller, and the model is refused: both named at once
+    path = _rl(tmp_path, "--quick-geglu")
     with pytest.raises(InputError) as error:
         parse_launch_script(Path(path).read_text(), path)
     assert str(error.value) == (
-        f"{path} line 2: --hybrid-layer-pattern M*M- is not modelled: this tool builds hybrid "
-        "models from megatron-core 0.16's arguments (--hybrid-override-pattern, --mamba-*); "
-        "megatron-core 0.18+'s are not modelled yet; "
+        f"{path} line 2: --quick-geglu is not modelled: a gated MLP with its own activation is "
+        "not modelled; --swiglu is; "
         f"{path} line 2: --tokenizer-model is ${{TOKENIZER_MODEL}}, which the script never sets; "
         "give it with --set TOKENIZER_MODEL=VALUE"
     )

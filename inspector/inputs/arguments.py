@@ -171,6 +171,11 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         str,
         "Hybrid layer pattern, one symbol a layer: M Mamba, * attention, - MLP, E MoE.",
     ),
+    _model(
+        "hybrid_layer_pattern",
+        str,
+        "Megatron-LM 0.17+'s hybrid pattern (megatron-core 0.17+: '|' ends a pipeline stage).",
+    ),
     _model("hybrid_attention_ratio", float, "Hybrid: share of attention layers (no pattern)."),
     _model("hybrid_mlp_ratio", float, "Hybrid: share of MLP layers (no pattern)."),
     _model("is_hybrid_model", bool, "A hybrid (Mamba) model, built as pretrain_mamba.py builds it."),

@@ -163,7 +163,7 @@ def refuse_speculative(launches: Sequence[tuple[Sequence[str], str]],
 
 
 # the arguments that describe a hybrid stack (inputs/arguments.py), which only hybrid builders read
-_HYBRID_FLAGS = frozenset({"--hybrid-override-pattern", "--hybrid-attention-ratio",
+_HYBRID_FLAGS = frozenset({"--hybrid-override-pattern", "--hybrid-layer-pattern", "--hybrid-attention-ratio",
                            "--hybrid-mlp-ratio", "--is-hybrid-model"})  # fmt: skip
 
 

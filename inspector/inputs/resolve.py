@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from inspector.errors import ConfigError
 from inspector.inputs.arguments import BY_NAME
+from inspector.inputs.hybrid_pattern import layer_pattern
 from inspector.inputs.refusals import ALL_GROUPS, refusals_message, refused_value
 from inspector.inputs.versions import unknown_argument_notes
 
@@ -54,6 +55,8 @@ def merge_sources(sources: Sources, groups: tuple[str, ...], accepted: tuple[str
     merged: dict[str, Any] = {}
     for layer in layers:
         merged.update(layer)
+    if merged.get("hybrid_layer_pattern") is not None:
+        notes.extend(layer_pattern(merged))
     if "model" in groups:
         _check_required(merged, sources)
     if any(merged.get(name) for name in _HYBRID_ARGS):

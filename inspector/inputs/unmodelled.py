@@ -34,10 +34,6 @@ _FSDP = (
     "FSDP2 keeping the gathered parameters from the forward to the backward (ZeRO-2) is not "
     "modelled; --use-torch-fsdp2 alone (resharding after the forward) is"
 )
-_HYBRID = (
-    "this tool builds hybrid models from megatron-core 0.16's arguments "
-    "(--hybrid-override-pattern, --mamba-*); megatron-core 0.18+'s are not modelled yet"
-)
 # the layer spec Megatron-LM's examples/mamba/train.sh gives pretrain_mamba.py: what is built
 MAMBA_STACK_SPEC = "megatron.core.models.mamba.mamba_layer_specs mamba_stack_spec"
 _QK_L2 = (
@@ -88,8 +84,6 @@ REFUSED: dict[str, Refusal] = {
     "--disable-mamba-mem-eff-path": Refusal(
         "training", "Mamba's non-memory-efficient path (causal_conv1d and the chunked scan as "
         "separate kernels) is not simulated"),  # fmt: skip
-    # megatron-core 0.18+'s name for the layer pattern (Megatron-LM's --hybrid-layer-pattern)
-    "--hybrid-layer-pattern": Refusal("model", _HYBRID),
     # megatron-core gpt_layer_specs: `L2Norm if qk_l2_norm else (qk_norm if qk_layernorm ...)`
     "--qk-l2-norm": Refusal("model", _QK_L2),
     # ModelOpt's arguments (megatron/post_training/arguments.py), read by its finetune.py

@@ -8,20 +8,44 @@ one sentence naming the flag, before anything is built.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from inspector.errors import ConfigError
 from inspector.job.model import ModelConfig
-from inspector.job.versions import hybrid_moe_layers
+from inspector.job.versions import hybrid_moe_layers, hybrid_pattern_separators, megatron_version
 
 # megatron-core ssm/mamba_hybrid_layer_allocation.py `Symbols`: Mamba, attention, MLP, and from
-# 0.16 MoE (0.18+ add gated delta net, DSA and stage/MTP separators, not modelled yet)
+# 0.16 MoE (LATER_SYMBOLS: later ones, not modelled yet)
 LAYER_SYMBOLS = {"M": "Mamba", "*": "attention", "-": "MLP", "E": "MoE"}
+# later megatron-core's `Symbols` this tool does not build yet, and the first version with each
+# (ssm/mamba_hybrid_layer_allocation.py core_v0.17.0; models/hybrid/ core_v0.18.0, core_v0.19.0)
+LATER_SYMBOLS = {"G": ("gated delta net", (0, 17)), "D": ("DeepSeek sparse attention", (0, 18)),
+                 "+": ("multi-latent attention", (0, 19))}  # fmt: skip
 
 
-def validate_hybrid(config: ModelConfig, tp: int = 1) -> None:
-    """Raise ConfigError for hybrid arguments megatron would refuse (tp: the tensor-parallel size)."""
+PIPE, MTP_SEPARATOR = "|", "/"  # megatron-core 0.17+ `Symbols.PIPE`, `MTP_SEPARATOR`
+
+
+def main_layers(pattern: str) -> str:
+    """Return the decoder's layer symbols of a pattern: before the first `/` (MTP depths follow
+    it), without the `|` stage boundaries (hybrid_layer_allocation.py
+    `get_hybrid_total_layer_count`)."""
+    return pattern.split(MTP_SEPARATOR)[0].replace(PIPE, "")
+
+
+def pipe_segments(pattern: str | None) -> int:
+    """Return the pipeline segments `|` cuts the decoder's pattern into (1 without `|`:
+    `get_hybrid_total_pipeline_segment_count`)."""
+    return (pattern or "").split(MTP_SEPARATOR)[0].count(PIPE) + 1
+
+
+def validate_hybrid(config: ModelConfig, tp: int = 1, pp: int = 1, uneven: bool = False) -> None:
+    """Raise ConfigError for hybrid arguments megatron would refuse (tp, pp: the tensor- and
+    pipeline-parallel sizes; uneven: --decoder-first/last-pipeline-num-layers given)."""
     pattern = config.hybrid_override_pattern
     if pattern is not None:
-        _validate_pattern(pattern, config)
+        _validate_separators(pattern, pp, uneven)
+        _validate_pattern(main_layers(pattern) if hybrid_pattern_separators() else pattern, config)
     if config.transformer_impl != "transformer_engine":
         raise ConfigError(
             f"--transformer-impl {config.transformer_impl} cannot build a hybrid model: "
@@ -40,9 +64,42 @@ def check_ratios(config: ModelConfig) -> None:
             raise ConfigError(f"--{name.replace('_', '-')} {value} is not in [0.0, 1.0]")
 
 
+def _validate_separators(pattern: str, pp: int, uneven: bool) -> None:
+    """Megatron-LM 0.17+'s rules for `|` and `/` (arguments.py `validate_args`, core_v0.19.0):
+    the segments divide among --pp stages, more of them than stages are virtual stages."""
+    if not hybrid_pattern_separators():
+        return  # `|` and `/` are then unknown symbols (_validate_pattern)
+    segments = pipe_segments(pattern)
+    if segments == 1:
+        return
+    if segments % pp:
+        raise ConfigError(
+            f"--hybrid-layer-pattern has {segments} pipeline segments, not divisible by --pp "
+            f"{pp} ({segments} % {pp} = {segments % pp}); Megatron-LM needs them to divide"
+        )
+    if segments > pp:
+        raise ConfigError(
+            f"--hybrid-layer-pattern has {segments} pipeline segments for --pp {pp}: "
+            f"{segments // pp} virtual stages per pipeline rank are not modelled yet"
+        )
+    if uneven:
+        raise ConfigError(
+            "--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers with '|' in "
+            "--hybrid-layer-pattern: the pattern's segments already place the layers; drop them"
+        )
+
+
 def _validate_pattern(pattern: str, config: ModelConfig) -> None:
     symbols = {s: kind for s, kind in LAYER_SYMBOLS.items() if s != "E" or hybrid_moe_layers()}
     unknown = sorted({symbol for symbol in pattern if symbol not in symbols})
+    later = [f"{s} ({LATER_SYMBOLS[s][0]}, megatron-core {'.'.join(map(str, LATER_SYMBOLS[s][1]))}+)"
+             for s in unknown if s in LATER_SYMBOLS]  # fmt: skip
+    if later:
+        installed = ".".join(map(str, megatron_version()))
+        raise ConfigError(
+            f"--hybrid-override-pattern {pattern}: {', '.join(later)} layers are not modelled yet "
+            f"(the installed megatron-core is {installed})"
+        )
     if unknown:
         known = ", ".join(f"{s} {kind}" for s, kind in symbols.items())
         raise ConfigError(
@@ -56,6 +113,32 @@ def _validate_pattern(pattern: str, config: ModelConfig) -> None:
         )
     if "E" in pattern and config.num_experts is None:
         raise ConfigError("--hybrid-override-pattern has MoE layers (E): they need --num-experts")
+
+
+@dataclass(frozen=True)
+class MambaShape:
+    """The sizes MambaMixer derives from the config (ssm/mamba_mixer.py `__init__`):
+    TransformerConfig's defaults where unset (state 128, head size 64, 8 groups), d_inner =
+    heads x head size, or expand (2) x h without --mamba-num-heads."""
+
+    d_inner: int
+    heads: int
+    groups: int
+    state: int
+
+    @property
+    def in_width(self) -> int:
+        """Return in_proj's output: z, x (d_inner each), B, C (G N each) and dt (H)."""
+        return 2 * self.d_inner + 2 * self.groups * self.state + self.heads
+
+
+def mamba_shape(config: ModelConfig) -> MambaShape:
+    """Return MambaMixer's sizes for the model (validate_hybrid has checked they divide)."""
+    head_dim = config.mamba_head_dim or 64
+    heads = config.mamba_num_heads
+    d_inner = heads * head_dim if heads else 2 * config.hidden_size
+    return MambaShape(d_inner, heads or d_inner // head_dim, config.mamba_num_groups or 8,
+                      config.mamba_state_dim or 128)  # fmt: skip
 
 
 def _validate_mamba_sizes(config: ModelConfig, tp: int) -> None:
@@ -89,5 +172,16 @@ def refuse_hybrid(model: ModelConfig, command: str) -> None:
     if model.hybrid:
         raise ConfigError(
             f"{command} does not price hybrid (Mamba) models yet: its step-time model knows "
-            "transformer layers only; tree, params, diff and memory build and run them"
+            "transformer layers only; tree, params, diff, memory and workload build and run them"
+        )
+
+
+def refuse_hybrid_mtp(model: ModelConfig, command: str) -> None:
+    """Refuse a hybrid model's MTP depths (`/` in the pattern) in a command that runs or prices
+    layers: megatron builds them (HybridModel's MultiTokenPredictionBlock of the MTP pattern's
+    layers), `tree`, `params` and `diff` show them; their run is not modelled yet."""
+    if model.hybrid and model.mtp_num_layers:
+        raise ConfigError(
+            f"{command} does not run a hybrid model's MTP depths ('/' in --hybrid-layer-pattern) "
+            "yet; tree, params and diff show them"
         )

@@ -139,7 +139,9 @@ class Job:
         validate_model(self.model)
         validate_layout(self.model, self.layout)
         if self.model.hybrid:
-            validate_hybrid(self.model, self.layout.tp)
+            uneven = (self.layout.decoder_first_pipeline_num_layers is not None
+                      or self.layout.decoder_last_pipeline_num_layers is not None)  # fmt: skip
+            validate_hybrid(self.model, self.layout.tp, self.layout.pp, uneven)
             if self.layout.vpp is not None:
                 raise ConfigError(
                     "a hybrid model cannot be interleaved: megatron-core's MambaStack refuses "

@@ -25,6 +25,7 @@ from inspector.job.checks import (
     check_expert_groups,
     check_ffn_split,
 )
+from inspector.job.hybrid_model import pipe_segments
 from inspector.job.model import ModelConfig
 from inspector.job.pipeline_layout import check_layout_string, expand_layout
 
@@ -265,8 +266,8 @@ def _check_pipeline(model: ModelConfig, layout: Layout) -> None:
         layout.account_for_embedding_in_pipeline_split or layout.account_for_loss_in_pipeline_split
     ):
         _check_accounted(model, layout)
-    else:
-        _check_even(model, layout)
+    elif pipe_segments(model.hybrid_override_pattern) == 1:
+        _check_even(model, layout)  # a hybrid pattern's `|` segments place the layers themselves
 
 
 def _check_virtual(

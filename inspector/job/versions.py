@@ -51,3 +51,10 @@ def experts_flagged_without_ep() -> bool:
     (tensor_parallel/layers.py and extensions/transformer_engine.py `use_expert_pgs`); before,
     only with expert parallelism (`not (is_expert and self.expert_parallel)`)."""
     return megatron_version() >= (0, 19)
+
+
+def hybrid_pattern_separators() -> bool:
+    """Return whether megatron-core's hybrid layer pattern takes `|` (pipeline stage boundaries)
+    and `/` (MTP depths): 0.17 on (ssm/mamba_hybrid_layer_allocation.py `Symbols.PIPE`,
+    `MTP_SEPARATOR`, `select_pipeline_segment` at core_v0.17.0; models/hybrid/ from 0.18)."""
+    return megatron_version() >= (0, 17)

@@ -39,7 +39,8 @@ from inspector.report.workload_fsdp import (
     fsdp_step_records,
 )
 from inspector.report.workload_inputs import ComputeProfile, ComputeRate, Context, StageInput
-from inspector.report.workload_layers import Phases, gemm, layer_records, tp_pair
+from inspector.report.workload_layers import layer_records
+from inspector.report.workload_tp import Phases, gemm, tp_pair
 
 CROSS_ENTROPY_ALLREDUCES = 3  # max logit, target logit, sum of exp: fp32 (s, b) each
 OPTIMIZER_ALLREDUCES = 4  # AICB's optimizer1..4 (generator lines 825-839)
@@ -144,10 +145,11 @@ def _step(job: Context) -> int:
 def microbatch_records(job: Context, stage: StageInput) -> list[Record]:
     """Return the records of one micro-batch through `stage`: what its ranks run, in order."""
     records = [_embedding(job)] if stage.has_embedding else []
+    symbols = iter(stage.symbols)
     for chunk in stage.chunks:
         for layer in chunk:
             before, after = fsdp_layer_records(job, stage, layer)
-            records += before + layer_records(job, layer) + after
+            records += before + layer_records(job, layer, symbol=next(symbols, "")) + after
     if stage.has_output:
         records += _output(job)
         for depth in range(stage.mtp_layers):

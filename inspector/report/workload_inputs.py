@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from inspector.errors import ConfigError, InputError
 from inspector.job.dims import ModelDims
 from inspector.job.hardware import Gpu
-from inspector.job.hybrid_model import refuse_hybrid
+from inspector.job.hybrid_model import MambaShape, mamba_shape, refuse_hybrid_mtp
 from inspector.job.layout import Layout
 
 if TYPE_CHECKING:
@@ -83,6 +83,7 @@ class StageInput:
     buffers: tuple[BufferInput, ...] = ()
     parameters: int = 0
     fsdp: tuple[FsdpBucketInput, ...] = ()  # Megatron-FSDP's buckets, in megatron's order
+    symbols: tuple[str, ...] = ()  # a hybrid stack's layer kinds as its pattern writes them
 
     @property
     def layers(self) -> tuple[int, ...]:
@@ -180,6 +181,7 @@ class Context:
     par: Layout
     training: Settings
     compute: ComputeRate | ComputeProfile = field(default_factory=lambda: ComputeRate(1.0, 1.0))
+    mamba: MambaShape | None = None  # a hybrid model's Mamba mixer sizes
 
     @property
     def tokens(self) -> int:
@@ -214,6 +216,7 @@ def stage_inputs(built: BuiltJob) -> list[StageInput]:
                 buffers=buffers,
                 parameters=stage.parameters,
                 fsdp=fsdp_inputs(stage.chunks) if fsdp else (),
+                symbols=tuple(s for chunk in stage.chunks for s in chunk.models[0].symbols),
             )
         )
     return inputs
@@ -252,12 +255,12 @@ def fsdp_inputs(chunks: Sequence[Any]) -> tuple[FsdpBucketInput, ...]:
 def context_for(built: BuiltJob, compute: ComputeRate | ComputeProfile) -> Context:
     """Return the settings every stage's records share, from the Job."""
     job = built.job
-    refuse_hybrid(job.model, "workload")
+    refuse_hybrid_mtp(job.model, "workload")
     modules = job.training.recompute_modules if job.training.recompute == "selective" else ()
     unpriced = [m for m in modules if (m in NOT_GEMMS or m == "mla_up_proj")
                 and isinstance(compute, ComputeProfile)]
     if unpriced:
-        # workload_layers.py `_recompute`: a profile's sections hold the norms, the expert activation
+        # workload_tp.py `recompute`: a profile's sections hold the norms, the expert activation
         # and MLA's up projections inside attention's and the MLP's measured times
         raise ConfigError(
             f"--recompute-modules {' '.join(unpriced)}: workload cannot time this module's "
@@ -275,7 +278,8 @@ def context_for(built: BuiltJob, compute: ComputeRate | ComputeProfile) -> Conte
         flex=job.training.moe_token_dispatcher_type == "flex",
         sharding=_sharding(job.training),
     )
-    return Context(job.dims(), job.layout, settings, compute)
+    mamba = mamba_shape(job.model) if job.model.hybrid else None
+    return Context(job.dims(), job.layout, settings, compute, mamba)
 
 
 def _sharding(training: Any) -> str | None:

@@ -16,7 +16,7 @@ collective buffer (SIMAI-NOTES.md), i.e. the full (s/c, b, h) tensor.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
 from math import comb
 
 from inspector.formulas.flops import GEMM_FACTOR, layer_flops, mla_up_flops
@@ -25,47 +25,11 @@ from inspector.formulas.routing import block_hit
 from inspector.job.dims import ModelDims
 from inspector.report.simai import NONE, Record
 from inspector.report.simai_groups import context_group, tokens_gather_group
+from inspector.report.workload_hybrid import hybrid_context, mamba_records
 from inspector.report.workload_inputs import ComputeRate, Context
+from inspector.report.workload_tp import Phases, gemm, recompute, tp_pair
 
 TOKENS_PER_EXPERT_BYTES = 8  # int64 counts gathered by the all-to-all dispatcher's preprocess
-
-
-@dataclass(frozen=True)
-class Phases:
-    """Per-rank compute (ns) of one record's forward, input-grad and weight-grad phases."""
-
-    fwd: int = 0
-    ig: int = 0
-    wg: int = 0
-
-
-def gemm(job: Context, flops: float, te: bool = True) -> Phases:
-    """Split a GEMM's 6-factor FLOPs (flops.py) evenly: forward, data grad, weight grad.
-
-    `te`: a Transformer Engine linear of the layer, at the fp8 peak in an fp8 job (megatron's
-    output layer and MTP projection are not: `te` False).
-    """
-    if not isinstance(job.compute, ComputeRate):
-        return Phases()
-    t = job.compute.ns(flops / 3, te and job.dims.fp8 is not None)
-    return Phases(t, t, t)
-
-
-def _recompute(
-    job: Context, phases: Phases, core: int = 0, modules: tuple[str, ...] = ()
-) -> Phases:
-    """Add recomputation to the input-grad phase: the whole forward (full), or under selective
-    the core attention's (`core`, core_attn) and the record's forward once for each of its
-    `modules` among --recompute-modules (formulas/ops.py RECOMPUTED: mlp, moe, shared_experts;
-    layernorm and moe_act re-run no GEMM). Shared experts under both moe and shared_experts run
-    twice more: the MoE layer's recomputed forward checkpoints them again."""
-    mode = job.training.recompute
-    extra = phases.fwd if mode == "full" else 0
-    if mode == "selective":
-        asked = job.training.recompute_modules
-        extra = core if "core_attn" in asked else 0
-        extra += phases.fwd * sum(m in asked for m in modules)
-    return Phases(phases.fwd, phases.ig + extra, phases.wg)
 
 
 def _recomputes_up_proj(job: Context) -> bool:
@@ -73,30 +37,6 @@ def _recomputes_up_proj(job: Context) -> bool:
     projections (multi_latent_attention.py `recompute_up_proj`)."""
     return (job.dims.multi_latent_attention and job.training.recompute == "selective"
             and "mla_up_proj" in job.training.recompute_modules)
-
-
-def tp_pair(
-    job: Context, name: str, width: int, first: Phases, second: Phases, column: int = 0
-) -> list[Record]:
-    """Return the column/row records of one tensor-parallel region of `width` x activation.
-
-    With sequence parallelism the column gathers its input (backward: reduce-scatter) and the
-    row reduce-scatters its output (backward: all-gather); without it the row all-reduces its
-    output and the column all-reduces its input gradient, in one `NAME_layer` record as AICB.
-    `column`, when given, is the bytes the column gathers (MLA gathers latents, not h).
-    """
-    tp = job.par.tp > 1
-    n = job.activation * width if tp else 0
-    c = (column or n) if tp else 0
-    if not job.par.sequence_parallel:
-        comm = "ALLREDUCE" if tp else NONE
-        fwd, ig, wg = (first.fwd + second.fwd, first.ig + second.ig, first.wg + second.wg)
-        return [Record(f"{name}_layer", fwd, comm, n, ig, comm, c, wg)]
-    gather, scatter = ("ALLGATHER", "REDUCESCATTER") if tp else (NONE, NONE)
-    return [
-        Record(f"{name}_column", first.fwd, gather, c, first.ig, scatter, c, first.wg),
-        Record(f"{name}_row", second.fwd, scatter, n, second.ig, gather, n, second.wg),
-    ]
 
 
 def _attention_column(job: Context) -> int:
@@ -136,12 +76,12 @@ def _attention(job: Context, layer: int, prefix: str = "") -> list[Record]:
         half = job.compute.attention // 2
         core_fwd = job.compute.flash
         first = out = Phases(half, half, half)
-    first = _recompute(job, first, core_fwd)
+    first = recompute(job, first, core_fwd)
     if _recomputes_up_proj(job):  # the up projections' forward runs again (ComputeRate only)
         tokens = job.training.micro_batch_size * dims.seq_length
         up = gemm(job, mla_up_flops(dims, tokens) / split)
         first = Phases(first.fwd, first.ig + up.fwd, first.wg)
-    out = _recompute(job, out)
+    out = recompute(job, out)
     records = tp_pair(job, prefix + "attention", 1, first, out, _attention_column(job))
     if par.cp > 1:
         # K and V of the whole sequence for this rank's g/t groups: megatron's all-gather
@@ -185,7 +125,7 @@ def _dense_mlp(job: Context, layer: int, prefix: str = "", ffn: int | None = Non
         half = job.compute.mlp // 2
         fc1 = fc2 = Phases(half, half, half)
     modules = ("mlp",) if ffn is None else ("moe", "shared_experts")
-    fc1, fc2 = _recompute(job, fc1, modules=modules), _recompute(job, fc2, modules=modules)
+    fc1, fc2 = recompute(job, fc1, modules=modules), recompute(job, fc2, modules=modules)
     return tp_pair(job, prefix + "mlp", 1, fc1, fc2)
 
 
@@ -219,7 +159,7 @@ def _moe_mlp(job: Context, layer: int, prefix: str = "") -> list[Record]:
         experts = gemm(job, total * (dims.gated_multiplier + 1) / (par.tp * par.cp))
     else:
         experts = Phases(job.compute.mlp, job.compute.mlp, job.compute.mlp)
-    experts = _recompute(job, experts, modules=("moe",))
+    experts = recompute(job, experts, modules=("moe",))
     name = prefix + "mlp_moelayer"
     group = tokens_gather_group(par)
     pre = NONE if group is None else "ALLGATHER" + group
@@ -267,7 +207,7 @@ def _flex_mlp(job: Context, layer: int, local: int, prefix: str) -> list[Record]
         experts = gemm(job, total * (dims.gated_multiplier + 1) / (par.tp * par.cp))
     else:
         experts = Phases(job.compute.mlp, job.compute.mlp, job.compute.mlp)
-    experts = _recompute(job, experts, modules=("moe",))
+    experts = recompute(job, experts, modules=("moe",))
     name = prefix + "mlp_moelayer"
     records = [
         Record(name, 0, comm, size, 0, comm, size),
@@ -279,7 +219,15 @@ def _flex_mlp(job: Context, layer: int, local: int, prefix: str) -> list[Record]
     return records
 
 
-def layer_records(job: Context, layer: int, prefix: str = "") -> list[Record]:
-    """Return the records of 0-based global transformer `layer` for one micro-batch."""
-    mlp = _moe_mlp if job.dims.is_moe_layer(layer) else _dense_mlp
-    return _attention(job, layer, prefix) + mlp(job, layer, prefix)
+def layer_records(job: Context, layer: int, prefix: str = "", symbol: str = "") -> list[Record]:
+    """Return the records of 0-based global transformer `layer` for one micro-batch; in a
+    hybrid stack (`symbol`: the layer's kind as the pattern writes it) only its one part."""
+    if symbol:
+        job = hybrid_context(job)
+        if symbol == "M" and job.mamba is not None:
+            return mamba_records(job, job.mamba, prefix)
+        parts: tuple[Callable[[Context, int, str], list[Record]], ...] = {
+            "*": (_attention,), "-": (_dense_mlp,), "E": (_moe_mlp,)}[symbol]  # fmt: skip
+    else:
+        parts = (_attention, _moe_mlp if job.dims.is_moe_layer(layer) else _dense_mlp)
+    return [record for part in parts for record in part(job, layer, prefix)]
