@@ -54,6 +54,8 @@ class Training:
     ddp_bucket_size: int | None = None
     recompute_method: str = "uniform"  # with full recomputation: uniform or block
     recompute_num_layers: int = 1
+    # --microbatch-group-size-per-virtual-pipeline-stage (None: megatron's default, --pp)
+    microbatch_group_size: int | None = None
     attention_dropout: float = 0.1  # Megatron-LM's defaults
     hidden_dropout: float = 0.1
     # --recompute-modules under selective recomputation (job/recompute_modules.py)
@@ -81,6 +83,8 @@ class Training:
         check_at_least_one("--micro-batch-size", self.micro_batch_size)
         check_at_least_one("--global-batch-size", self.global_batch_size)
         check_at_least_one("--recompute-num-layers", self.recompute_num_layers)
+        check_at_least_one("--microbatch-group-size-per-virtual-pipeline-stage",
+                           self.microbatch_group_size)  # fmt: skip
         check_at_least_one("--moe-deepep-num-sms", self.moe_deepep_num_sms)
         for flag, p in (("--attention-dropout", self.attention_dropout),
                         ("--hidden-dropout", self.hidden_dropout)):  # fmt: skip
@@ -228,6 +232,7 @@ TRAINING_ARGS = {
     "moe_deepep_num_sms": "moe_deepep_num_sms",
     "overlap_moe_expert_parallel_comm": "ep_overlap",
     "delay_wgrad_compute": "delay_wgrad",
+    "microbatch_group_size_per_virtual_pipeline_stage": "microbatch_group_size",
 }
 
 # Megatron-LM's fusion switches, by their `args` names: each has a `--no-` flag that turns it off.
