@@ -113,8 +113,9 @@ def test_the_logging_rank_is_the_last_and_its_world_comes_from_the_recipe(checko
     assert predicted.layout == "tp1 pp2 dp2 mbs1"
     # the last rank is on the last stage: the one `memory --stage 1` reports, whose peak (output
     # layer and loss) is not stage 0's
-    from inspector.cli import app
     from typer.testing import CliRunner
+
+    from inspector.cli import app
 
     config = str(case.folder / "model_config.yaml")
     result = CliRunner().invoke(app, ["memory", "--config", config, "--dp", "2", "--format", "json"])
@@ -145,3 +146,11 @@ def test_table_and_summary(checkout: Path) -> None:
     assert (found["gpt_family"], found["modelled"], found["peak_under_5"]) == (1, 1, 0)
     assert found["peak_within"] == 0 and found["static_within"] == 1
     assert found["step_mae"] == pytest.approx(0.2)
+
+
+def test_a_config_s_own_gpus_per_node_wins_over_the_recipe() -> None:
+    # run_ci_test.sh exports MODEL_ENV_VARS.MODEL_ARGS.GPUS_PER_NODE before launching MODEL_ARGS
+    per_run = {"MODEL_ENV_VARS": {"MODEL_ARGS": {"GPUS_PER_NODE": 1}, "MODEL_ARGS_2": {"GPUS_PER_NODE": 2}}}
+    assert ci_goldens.runner_gpus(per_run, 8) == 1
+    assert ci_goldens.runner_gpus({"ENV_VARS": {"GPUS_PER_NODE": 4}}, 8) == 4
+    assert ci_goldens.runner_gpus({"ENV_VARS": {"NCCL_ALGO": "Ring"}}, 8) == 8
