@@ -408,3 +408,16 @@ def test_microbatch_group_size_sets_the_micro_batches_in_flight():
     grouped = run_memory(_job(**flags, microbatch_group_size_per_virtual_pipeline_stage=4), 0).peak
     assert grouped.micro_batches > plain.micro_batches
     assert grouped.bytes > plain.bytes
+
+
+def test_transformer_engine_keeps_its_own_cublas_workspaces():
+    # TE 2.20 cpp_extensions/gemm.py get_cublas_workspace: 32 MiB + 1 KiB on Hopper for its GEMMs,
+    # and one per compute stream (4) more for grouped GEMMs; megatron's local spec runs torch's only
+    from inspector.engine.memory import te_workspaces
+
+    te = dict(transformer_impl="transformer_engine")
+    moe = dict(num_experts=4, moe_router_topk=2, disable_bias_linear=True, **te)
+    assert te_workspaces(_job()) == 0
+    assert te_workspaces(_job(**te)) == 32 * 2**20 + 1024
+    assert te_workspaces(_job(**moe)) == 32 * 2**20 + 1024  # SequentialMLP: plain GEMMs
+    assert te_workspaces(_job(**moe, moe_grouped_gemm=True)) == 5 * (32 * 2**20 + 1024)
