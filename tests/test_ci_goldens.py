@@ -144,6 +144,7 @@ def test_table_and_summary(checkout: Path) -> None:
                         "| 101.00 / 100.00 | +1.0% | 1.200 / 1.000 | +20.0% |  |")  # fmt: skip
     found = ci_goldens.summary(rows)
     assert (found["gpt_family"], found["modelled"], found["peak_under_5"]) == (1, 1, 0)
+    assert found["world_unknown"] == 0
     assert found["peak_within"] == 0 and found["static_within"] == 1
     assert found["step_mae"] == pytest.approx(0.2)
 
@@ -154,3 +155,10 @@ def test_a_config_s_own_gpus_per_node_wins_over_the_recipe() -> None:
     assert ci_goldens.runner_gpus(per_run, 8) == 1
     assert ci_goldens.runner_gpus({"ENV_VARS": {"GPUS_PER_NODE": 4}}, 8) == 4
     assert ci_goldens.runner_gpus({"ENV_VARS": {"NCCL_ALGO": "Ring"}}, 8) == 8
+
+
+def test_a_release_test_no_recipe_lists_has_an_unknown_world(tmp_path: Path) -> None:
+    release = ci_goldens.Case("gpt", "gpt3_15b_8t_release", tmp_path, 1, 8, listed=False)
+    assert release.world_unknown
+    assert not ci_goldens.Case("gpt", "gpt3_15b_8t_release", tmp_path, 1, 8).world_unknown
+    assert not ci_goldens.Case("gpt", "tiny_frozen_resume", tmp_path, 1, 8, listed=False).world_unknown
