@@ -150,7 +150,7 @@ def main() -> None:
             f"{warm_cells} | {summary.code} | {case.target} |"
         )
     lines += _plan_rates(cold)
-    text = "\n".join(lines) + "\n" + _gpu_memory()
+    text = "\n".join(lines) + "\n" + _gpu_memory() + _ci_goldens()
     sys.stdout.write(text)
     # The notes under the table (from the first "## " heading on) are written by hand: keep them.
     path = HERE / "RESULTS.md"
@@ -164,6 +164,17 @@ def _gpu_memory() -> str:
     from gpu_memory import table
 
     return "\n" + table()
+
+
+def _ci_goldens() -> str:
+    """Return Megatron-LM's functional tests against their H100 golden values (bench/ci_goldens.py),
+    where a checkout is at hand (BENCH_MEGATRON_LM, default /work/mlm)."""
+    from ci_goldens import report
+
+    root = Path(os.environ.get("BENCH_MEGATRON_LM", "/work/mlm"))
+    if not (root / "tests" / "functional_tests").is_dir():
+        return f"\nMegatron-LM's functional tests: no checkout at {root} (BENCH_MEGATRON_LM).\n"
+    return "\n" + report(root)
 
 
 def _plan_rates(cold: list[Summary]) -> list[str]:

@@ -399,3 +399,29 @@ def test_the_stage_after_a_standalone_mtp_stage_receives_every_sequence():
     plain = s * b * h * 2  # bf16
     assert received[1] == received[2] == [plain]
     assert received[3] == [2 * plain]
+
+
+def test_microbatch_group_size_sets_the_micro_batches_in_flight():
+    # megatron-core's interleaved schedule warms up with (chunks - 1) x group forwards more on
+    # stage 0 (schedules.py get_pp_rank_microbatches), so a group of 4 holds more in flight than
+    # the default group, --pp 2
+    from inspector.memory.engine.run import run_memory
+
+    flags = dict(num_layers=4, num_virtual_stages_per_pipeline_rank=2, global_batch_size=32)
+    plain = run_memory(_job(**flags), 0).peak
+    grouped = run_memory(_job(**flags, microbatch_group_size_per_virtual_pipeline_stage=4), 0).peak
+    assert grouped.micro_batches > plain.micro_batches
+    assert grouped.bytes > plain.bytes
+
+
+def test_transformer_engine_keeps_its_own_cublas_workspaces():
+    # TE 2.20 cpp_extensions/gemm.py get_cublas_workspace: 32 MiB + 1 KiB on Hopper for its GEMMs,
+    # and one per compute stream (4) more for grouped GEMMs; megatron's local spec runs torch's only
+    from inspector.memory.engine.run import te_workspaces
+
+    te = dict(transformer_impl="transformer_engine")
+    moe = dict(num_experts=4, moe_router_topk=2, disable_bias_linear=True, **te)
+    assert te_workspaces(_job()) == 0
+    assert te_workspaces(_job(**te)) == 32 * 2**20 + 1024
+    assert te_workspaces(_job(**moe)) == 32 * 2**20 + 1024  # SequentialMLP: plain GEMMs
+    assert te_workspaces(_job(**moe, moe_grouped_gemm=True)) == 5 * (32 * 2**20 + 1024)

@@ -279,10 +279,23 @@ def test_config_tokenizer_is_honoured_not_gpt2(cli, tmp_path):
     # a tokenizer whose vocabulary cannot be known here asks for --vocab-size, never GPT-2's
     path = tmp_path / "model_config.yaml"
     path.write_text("MODEL_ARGS:\n  --num-layers: 2\n  --tokenizer-type: GPTSentencePieceTokenizer"
-                    "\n  --tokenizer-model: ${DATA_PATH}/utils/nemotron_2_256k.model\n")  # fmt: skip
+                    "\n  --tokenizer-model: ${DATA_PATH}/utils/private_32k.model\n")  # fmt: skip
     result = cli("params", "--config", str(path))
     assert result.code == 2
     assert "is not known here" in result.err and "give --vocab-size" in result.err
+
+
+def test_nemotron_256k_sentencepiece_is_known_by_name():
+    # Megatron-LM's functional tests train with ${DATA_PATH}/utils/nemotron_2_256k.model, a file
+    # not on this machine: its 256,000 pieces come from the Nemotron-4 report, by file name
+    from inspector.inputs.tokenizers import vocabulary
+
+    found = vocabulary("GPTSentencePieceTokenizer", "${DATA_PATH}/utils/nemotron_2_256k.model",
+                       None, None, "model_config.yaml")  # fmt: skip
+    assert (found.size, found.problem) == (256000, "")
+    # SentencePieceTokenizer adds its special tokens to the pieces: not known by name
+    other = vocabulary("SentencePieceTokenizer", "/data/nemotron_2_256k.model", None, None, "x")
+    assert other.size is None and "give --vocab-size" in other.problem
 
 
 def test_plain_config_classifies_every_argument(cli, tmp_path):

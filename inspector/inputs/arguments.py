@@ -301,6 +301,8 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         choices=("uniform", "block"),
     ),
     _training("recompute_num_layers", int, "N for --recompute-method (default 1 with full)."),
+    _training("microbatch_group_size_per_virtual_pipeline_stage", int,
+              "Micro-batches per group of the interleaved schedule (default --pp)."),
     _training(
         "recompute_modules",
         str,

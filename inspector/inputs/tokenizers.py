@@ -53,6 +53,16 @@ KNOWN_EXACT: dict[str, tuple[int, str]] = {
     "deepseek-ai/DeepSeek-R1": _DEEPSEEK_V3,
 }
 
+# Sentencepiece model files known by name (their basename), for the tokenizer types whose
+# vocab_size is the model's piece count: GPTSentencePieceTokenizer (Megatron-LM's
+# _GPTSentencePieceTokenizer keeps the pieces and adds no special tokens) and Llama2Tokenizer.
+# nemotron_2_256k.model is the Nemotron-4 tokenizer, 256,000 pieces (Nemotron-4 15B Technical
+# Report, arXiv:2402.16819, section 2.1; megatron/training/training.py's hybrid FLOPs count
+# defaults to vocab_size=256000 for the Nemotron models trained with it).
+SENTENCEPIECE_TYPES = ("GPTSentencePieceTokenizer", "Llama2Tokenizer")
+KNOWN_MODEL_FILES: dict[str, tuple[int, str]] = {
+    "nemotron_2_256k.model": (256000, "the Nemotron-4 tokenizer: 256,000 sentencepiece pieces"),
+}
 
 # Tokenizer types whose vocab_size is len() of the Hugging Face tokenizer `--tokenizer-model` names:
 # _HuggingFaceTokenizer, and SFTTokenizer (Megatron-LM's sft_tokenizer.py since megatron-core 0.13:
@@ -91,6 +101,8 @@ def vocabulary(tokenizer_type: str, model: str | None, vocab_size: int | None,
         name = model or "(no --tokenizer-model)"
         if model is not None and os.path.exists(model):
             found = _read_local(model)
+        elif model is not None and tokenizer_type in SENTENCEPIECE_TYPES:
+            found = KNOWN_MODEL_FILES.get(os.path.basename(model))
         elif model is not None and tokenizer_type in HUB_TOKENIZERS:
             found = KNOWN_EXACT.get(model) or next(
                 (v for k, v in KNOWN_TOKENIZERS.items() if model.startswith(k)), None)

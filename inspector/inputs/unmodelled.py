@@ -129,9 +129,6 @@ REFUSED: dict[str, Refusal] = {
         "training", "an fp32 residual stream changes activations, which are counted in 16 bits"),
     "--fp16-lm-cross-entropy": Refusal(
         "training", "16-bit logits of the loss are not modelled (they are counted in fp32)"),
-    "--microbatch-group-size-per-virtual-pipeline-stage": Refusal(
-        "training", "a micro-batch group other than --pp changes the interleaved schedule's "
-        "in-flight micro-batches, which are replayed with the default group"),  # fmt: skip
     "--ddp-num-buckets": Refusal("layout", "pass --ddp-bucket-size (buckets decide the padding)"),
     "--ddp-pad-buckets-for-high-nccl-busbw": Refusal(
         "layout", "bucket padding for NCCL bus bandwidth is not modelled"),

@@ -39,9 +39,16 @@ def pipe_segments(pattern: str | None) -> int:
     return (pattern or "").split(MTP_SEPARATOR)[0].count(PIPE) + 1
 
 
-def validate_hybrid(config: ModelConfig, tp: int = 1, pp: int = 1, uneven: bool = False) -> None:
-    """Raise ConfigError for hybrid arguments megatron would refuse (tp, pp: the tensor- and
-    pipeline-parallel sizes; uneven: --decoder-first/last-pipeline-num-layers given)."""
+def validate_hybrid(
+    config: ModelConfig, tp: int = 1, pp: int = 1, uneven: bool = False, vpp: int | None = None
+) -> None:
+    """Raise ConfigError for hybrid arguments megatron would refuse (tp, pp, vpp: the tensor-,
+    pipeline- and virtual-pipeline sizes; uneven: --decoder-first/last-pipeline-num-layers given)."""
+    if vpp is not None:
+        raise ConfigError(
+            "a hybrid model cannot be interleaved: megatron-core's MambaStack refuses "
+            "virtual pipeline stages (mamba_block.py _select_layers_for_pipeline_parallel)"
+        )
     pattern = config.hybrid_override_pattern
     if pattern is not None:
         _validate_separators(pattern, pp, uneven)

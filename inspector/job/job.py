@@ -56,6 +56,8 @@ class Training:
     ddp_bucket_size: int | None = None
     recompute_method: str = "uniform"  # with full recomputation: uniform or block
     recompute_num_layers: int = 1
+    # --microbatch-group-size-per-virtual-pipeline-stage (None: megatron's default, --pp)
+    microbatch_group_size: int | None = None
     attention_dropout: float = 0.1  # Megatron-LM's defaults
     hidden_dropout: float = 0.1
     # --recompute-modules under selective recomputation (job/recompute_modules.py)
@@ -86,6 +88,8 @@ class Training:
         check_at_least_one("--micro-batch-size", self.micro_batch_size)
         check_at_least_one("--global-batch-size", self.global_batch_size)
         check_at_least_one("--recompute-num-layers", self.recompute_num_layers)
+        check_at_least_one("--microbatch-group-size-per-virtual-pipeline-stage",
+                           self.microbatch_group_size)  # fmt: skip
         check_at_least_one("--moe-deepep-num-sms", self.moe_deepep_num_sms)
         for flag, p in (("--attention-dropout", self.attention_dropout),
                         ("--hidden-dropout", self.hidden_dropout)):  # fmt: skip
@@ -141,12 +145,7 @@ class Job:
         if self.model.hybrid:
             uneven = (self.layout.decoder_first_pipeline_num_layers is not None
                       or self.layout.decoder_last_pipeline_num_layers is not None)  # fmt: skip
-            validate_hybrid(self.model, self.layout.tp, self.layout.pp, uneven)
-            if self.layout.vpp is not None:
-                raise ConfigError(
-                    "a hybrid model cannot be interleaved: megatron-core's MambaStack refuses "
-                    "virtual pipeline stages (mamba_block.py _select_layers_for_pipeline_parallel)"
-                )
+            validate_hybrid(self.model, self.layout.tp, self.layout.pp, uneven, self.layout.vpp)
         if self.training.recompute == "selective":
             _check_fp8_recompute(self.model, self.training.recompute_modules)
             check_modules(self.training.recompute_modules, self.model)
@@ -248,6 +247,7 @@ TRAINING_ARGS = {
     "overlap_moe_expert_parallel_comm": "ep_overlap",
     "delay_wgrad_compute": "delay_wgrad",
     "cuda_graph_impl": "cuda_graph_impl",
+    "microbatch_group_size_per_virtual_pipeline_stage": "microbatch_group_size",
 }
 
 # Megatron-LM's fusion switches, by their `args` names: each has a `--no-` flag that turns it off.

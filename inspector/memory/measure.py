@@ -368,5 +368,6 @@ def formula_activations(
         mtp_chunks=tuple(chunk.mtp_layers for chunk in chunks),
         recompute_method=training.recompute_method,
         recompute_num_layers=training.recompute_num_layers,
+        group_size=training.microbatch_group_size,
         extra=1 if training.ep_overlap else 0,  # job/ep_overlap.py
     )

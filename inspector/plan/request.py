@@ -215,6 +215,11 @@ def pinned(args: dict[str, Any]) -> dict[str, Any]:
             "plan does not search --use-tp-pp-dp-mapping jobs: it prices megatron's default rank "
             "order (tp-cp-ep-dp-pp); `memory` and `topology` read the tp-pp-dp order"
         )
+    if args.get("microbatch_group_size_per_virtual_pipeline_stage") is not None:
+        raise ConfigError(
+            "plan prices megatron's default micro-batch group (--pp micro-batches per virtual "
+            "stage); `memory` replays --microbatch-group-size-per-virtual-pipeline-stage"
+        )
     if args.get("use_torch_fsdp2"):
         raise ConfigError(
             "plan does not search --use-torch-fsdp2 jobs; `memory` measures one, and plan tries "

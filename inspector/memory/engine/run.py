@@ -6,6 +6,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from inspector.errors import ConfigError
 from inspector.job.ep_overlap import extra_warmup
 from inspector.job.job import Job
 from inspector.memory.engine.microbatch import GLOBAL_BUFFER, Trace
@@ -21,6 +22,13 @@ from inspector.world.te.state import DUMMY_WGRAD
 # thread runs the forward's GEMMs and the autograd engine's device thread the backward's.
 CUBLAS_WORKSPACE_SM90 = 4096 * 8 * 1024
 GEMM_THREADS = 2
+# Transformer Engine's own cuBLAS workspaces, made by its first GEMMs and kept for the process
+# (transformer_engine/pytorch/cpp_extensions/gemm.py, TE 2.20: `get_cublas_workspace`, an
+# lru_cache): `get_cublas_workspace_size_bytes()` is 32 MiB + 1 KiB on Hopper (major >= 9);
+# grouped GEMMs (`general_grouped_gemm`) take one per compute stream, `get_num_cublas_streams()`
+# = 4 (common/util/multi_stream.cpp `num_compute_streams`).
+TE_WORKSPACE_SM90 = 32 * 1024 * 1024 + 1024
+TE_GROUPED_STREAMS = 4
 
 
 @dataclass(frozen=True)
@@ -87,7 +95,12 @@ def run_memory(
     step = steps[key]
     schedule = job.schedule()
     extra = extra_warmup(job.training)
+    group = job.training.microbatch_group_size
     kept: tuple[tuple[str, int], ...] = ()
+    if job.training.cuda_graph_impl != "none" and group is not None:
+        raise ConfigError("--microbatch-group-size-per-virtual-pipeline-stage with "
+                          f"--cuda-graph-impl {job.training.cuda_graph_impl}: the graphs' capture "
+                          "order under micro-batch groups is not modelled")  # fmt: skip
     if job.training.cuda_graph_impl == "transformer_engine":
         from inspector.memory.engine.cuda_graphs import graphed_peak
 
@@ -97,12 +110,11 @@ def run_memory(
 
         peak, kept, traces = full_iteration_peak(job, stage, traces, step.events, extra)
     else:
-        peak = iteration_peak(
-            traces, stage, job.layout.pp, schedule.num_microbatches, step=step.events, extra=extra
-        )
-    workspaces = CUBLAS_WORKSPACE_SM90 * GEMM_THREADS
+        peak = iteration_peak(traces, stage, job.layout.pp, schedule.num_microbatches, group,
+                              step=step.events, extra=extra)  # fmt: skip
+    workspaces = CUBLAS_WORKSPACE_SM90 * GEMM_THREADS + te_workspaces(job)
     phases = (("optimizer step", step.events),)  # its events' labels start "optimizer step: "
-    replay = Replay(traces, stage, job.layout.pp, schedule.num_microbatches, phases, extra)
+    replay = Replay(traces, stage, job.layout.pp, schedule.num_microbatches, phases, extra, group)
     outside = outside_allocator(job, shapes)
     return RunMemory(_persistent(traces) + kept, workspaces, peak, step.state, replay, outside)
 
@@ -164,6 +176,15 @@ def outside_allocator(job: Job, shapes: Sequence[ChunkShape]) -> tuple[tuple[str
     held = (("DeepEP NVLink buffer", nvl), ("DeepEP RDMA buffer", buffer.num_rdma_bytes),
             ("DeepEP workspace", NUM_WORKSPACE_BYTES))  # fmt: skip
     return tuple((what, size) for what, size in held if size)
+
+
+def te_workspaces(job: Job) -> int:
+    """Return the bytes of Transformer Engine's cuBLAS workspaces the job's GEMMs make."""
+    model = job.model
+    if model.transformer_impl != "transformer_engine":
+        return 0
+    grouped = bool(model.num_experts) and model.moe_grouped_gemm  # TEGroupedMLP's GroupedLinear
+    return TE_WORKSPACE_SM90 * (1 + (TE_GROUPED_STREAMS if grouped else 0))
 
 
 def _persistent(traces: Sequence[Trace]) -> tuple[tuple[str, int], ...]:

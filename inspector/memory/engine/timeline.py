@@ -31,6 +31,7 @@ class Replay:
     num_microbatches: int
     phases: tuple[Phase, ...] = ()  # after the last backward, nothing in flight (optimizer step)
     extra: int = 0  # warm-up forwards the MoE all-to-all overlap adds (job/ep_overlap.py)
+    group_size: int | None = None  # --microbatch-group-size-per-virtual-pipeline-stage
 
     @property
     def count(self) -> int:
@@ -40,8 +41,8 @@ class Replay:
     def passes(self) -> tuple[MemoryPass, ...]:
         """Return the iteration's passes in order (`iteration_timeline`)."""
         return iteration_timeline(
-            self.traces, self.stage, self.pp, self.num_microbatches, phases=self.phases,
-            extra=self.extra,
+            self.traces, self.stage, self.pp, self.num_microbatches, self.group_size,
+            phases=self.phases, extra=self.extra,
         )
 
 

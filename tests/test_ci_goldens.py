@@ -1,0 +1,164 @@
+"""bench/ci_goldens.py on a fake Megatron-LM checkout written here, in the shapes it reads."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+sys.path.insert(0, str(BENCH))
+import ci_goldens  # noqa: E402
+
+# A small GPT as Megatron-LM's functional tests write one: MODEL_ARGS as the runner passes them
+# (`true` is the bare flag), ENV_VARS and the runner's own keys beside them.
+CONFIG = """\
+ENV_VARS:
+  CUDA_DEVICE_MAX_CONNECTIONS: 1
+  NCCL_ALGO: Ring
+MODEL_ARGS:
+  --num-layers: 4
+  --hidden-size: 256
+  --num-attention-heads: 4
+  --seq-length: 512
+  --max-position-embeddings: 512
+  --micro-batch-size: 1
+  --global-batch-size: 8
+  --tensor-model-parallel-size: 1
+  --pipeline-model-parallel-size: 2
+  --use-distributed-optimizer: true
+  --transformer-impl: transformer_engine
+  --tokenizer-type: NullTokenizer
+  --vocab-size: 8191
+  --bf16: true
+  --log-memory-to-tensorboard: true
+TEST_TYPE: regular
+"""
+# One product listing the case: 1 node x 4 GPUs, so dp = 4 / (tp 1 x pp 2) = 2.
+RECIPE = """\
+type: basic
+spec:
+  model: gpt
+  nodes: 1
+  gpus: 4
+products:
+  - test_case: [tiny_gpt]
+    products:
+      - environment: [dev]
+        platforms: [dgx_h100]
+"""
+STEPS = 8
+
+
+def _series(values: dict[int, float | str]) -> dict:
+    return {"start_step": 1, "end_step": STEPS, "step_interval": 1,
+            "values": {str(k): v for k, v in values.items()}}  # fmt: skip
+
+
+def _golden() -> dict:
+    times = {1: 9.0, 2: "nan", 3: 5.0, 4: 0.30, 5: 0.20, 6: "nan", 7: 0.40, 8: 0.25}
+    return {
+        "mem-allocated-bytes": _series({s: 1000 + s for s in range(1, STEPS + 1)}),
+        "mem-max-allocated-bytes": _series({s: 5000 + 10 * s for s in range(1, STEPS + 1)}),
+        "iteration-time": _series(times),
+    }
+
+
+@pytest.fixture
+def checkout(tmp_path: Path) -> Path:
+    cases = tmp_path / ci_goldens.CASES
+    gpt = cases / "gpt" / "tiny_gpt"
+    gpt.mkdir(parents=True)
+    (gpt / "model_config.yaml").write_text(CONFIG)
+    (gpt / ci_goldens.GOLDEN).write_text(json.dumps(_golden()))
+    # another platform's file: never opened (it is not even JSON)
+    (gpt / "golden_values_dev_dgx_gb200.json").write_text("not to be read")
+    (gpt / "golden_values_dev_dgx_a100.json").write_text("not to be read")
+    bert = cases / "bert" / "tiny_bert"  # not pretrain_gpt.py: a row, never predicted
+    bert.mkdir(parents=True)
+    (bert / "model_config.yaml").write_text(CONFIG)
+    (bert / ci_goldens.GOLDEN).write_text(json.dumps(_golden()))
+    a100_only = cases / "gpt" / "a100_only"  # no H100 file: no case
+    a100_only.mkdir(parents=True)
+    (a100_only / "golden_values_dev_dgx_a100.json").write_text("not to be read")
+    recipes = tmp_path / ci_goldens.RECIPES
+    recipes.mkdir(parents=True)
+    (recipes / "gpt.yaml").write_text(RECIPE)
+    return tmp_path
+
+
+def test_discover_reads_h100_cases_and_their_recipe_world(checkout: Path) -> None:
+    cases = ci_goldens.discover(checkout)
+    assert [(c.model, c.name, c.world, c.gpt_family) for c in cases] == [
+        ("bert", "tiny_bert", 8, False),  # no recipe lists it: the runner's 1 x 8
+        ("gpt", "tiny_gpt", 4, True),  # recipes/h100/gpt.yaml: 1 node x 4 GPUs
+    ]
+
+
+def test_golden_takes_the_last_iteration_and_the_median_past_warmup(checkout: Path) -> None:
+    found = ci_goldens.read_golden(checkout / ci_goldens.CASES / "gpt/tiny_gpt" / ci_goldens.GOLDEN)
+    assert (found.allocated, found.peak) == (1000 + STEPS, 5000 + 10 * STEPS)
+    # nan dropped, steps 1..3 are warm-up: 0.30, 0.20, 0.40, 0.25 -> median 0.275
+    assert found.step == pytest.approx(0.275)
+
+
+@pytest.mark.slow
+def test_the_logging_rank_is_the_last_and_its_world_comes_from_the_recipe(checkout: Path) -> None:
+    case = next(c for c in ci_goldens.discover(checkout) if c.gpt_family)
+    assert ci_goldens.data_parallel(case) == 2  # 4 GPUs / (tp 1 x pp 2)
+    predicted = ci_goldens.predict(case)
+    assert predicted.refusal == "", predicted.refusal
+    assert predicted.layout == "tp1 pp2 dp2 mbs1"
+    # the last rank is on the last stage: the one `memory --stage 1` reports, whose peak (output
+    # layer and loss) is not stage 0's
+    from typer.testing import CliRunner
+
+    from inspector.cli import app
+
+    config = str(case.folder / "model_config.yaml")
+    result = CliRunner().invoke(app, ["memory", "--config", config, "--dp", "2", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    stages = json.loads(result.stdout[result.stdout.index("{"):])["stages"]
+    peaks = [s["activations"]["total"] for s in stages]
+    assert peaks[0] != peaks[1]
+    assert predicted.peak - predicted.static == peaks[1]
+    # the state is the last rank's own optimizer shard; the table's is the stage's most loaded
+    assert 0 < stages[1]["static"] - predicted.static < stages[1]["static"] / 100 or \
+        predicted.static == stages[1]["static"]
+    assert predicted.step is not None and predicted.step > 0
+
+
+def test_table_and_summary(checkout: Path) -> None:
+    cases = ci_goldens.discover(checkout)
+    measured = ci_goldens.Measured(allocated=100 * 2**30, peak=200 * 2**30, step=1.0)
+    rows = [
+        ci_goldens.Row(cases[0], measured, ci_goldens.Predicted(refusal="not a GPT-family job")),
+        ci_goldens.Row(cases[1], measured, ci_goldens.Predicted(
+            "tp1 pp2 dp2 mbs1", static=101 * 2**30, peak=190 * 2**30, step=1.2)),
+    ]
+    table = ci_goldens.render_table(rows).splitlines()
+    assert table[2].startswith("| bert/tiny_bert | 8 | - |") and "not a GPT-family job" in table[2]
+    assert table[3] == ("| gpt/tiny_gpt | 4 | tp1 pp2 dp2 mbs1 | 190.00 / 200.00 | -5.0% "
+                        "| 101.00 / 100.00 | +1.0% | 1.200 / 1.000 | +20.0% |  |")  # fmt: skip
+    found = ci_goldens.summary(rows)
+    assert (found["gpt_family"], found["modelled"], found["peak_under_5"]) == (1, 1, 0)
+    assert found["world_unknown"] == 0
+    assert found["peak_within"] == 0 and found["static_within"] == 1
+    assert found["step_mae"] == pytest.approx(0.2)
+
+
+def test_a_config_s_own_gpus_per_node_wins_over_the_recipe() -> None:
+    # run_ci_test.sh exports MODEL_ENV_VARS.MODEL_ARGS.GPUS_PER_NODE before launching MODEL_ARGS
+    per_run = {"MODEL_ENV_VARS": {"MODEL_ARGS": {"GPUS_PER_NODE": 1}, "MODEL_ARGS_2": {"GPUS_PER_NODE": 2}}}
+    assert ci_goldens.runner_gpus(per_run, 8) == 1
+    assert ci_goldens.runner_gpus({"ENV_VARS": {"GPUS_PER_NODE": 4}}, 8) == 4
+    assert ci_goldens.runner_gpus({"ENV_VARS": {"NCCL_ALGO": "Ring"}}, 8) == 8
+
+
+def test_a_release_test_no_recipe_lists_has_an_unknown_world(tmp_path: Path) -> None:
+    release = ci_goldens.Case("gpt", "gpt3_15b_8t_release", tmp_path, 1, 8, listed=False)
+    assert release.world_unknown
+    assert not ci_goldens.Case("gpt", "gpt3_15b_8t_release", tmp_path, 1, 8).world_unknown
+    assert not ci_goldens.Case("gpt", "tiny_frozen_resume", tmp_path, 1, 8, listed=False).world_unknown
