@@ -188,6 +188,10 @@ def _keep_mode(target: str) -> tuple[int, tuple[int, int] | None]:
     return stat.S_IMODE(info.st_mode), (info.st_uid, info.st_gid)
 
 
+MAX_INPUT_BYTES = 64 << 20  # a file read in: configs, scripts, tables, tokenizers (docs/limits.md)
+IDLE_SECONDS = 10.0  # a pipe or fifo that sends nothing for this long is refused, never waited on
+
+
 def read_text(path: str) -> str:
     """Return a file's text (`-` is standard input), or raise InputError naming it.
 
@@ -195,32 +199,78 @@ def read_text(path: str) -> str:
     table checked out with CRLF line endings, or saved by an editor that adds a BOM, reads as
     the same table.
     """
+    shown = "- (standard input)" if path == STDIO else shown_path(path)
+    data = read_bytes(path)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        where = "" if path == STDIO else f"byte {exc.start}: "
+        raise InputError(f"{shown} is not UTF-8 text ({where}{exc.reason})") from None
+    return _without_bom(text.replace("\r\n", "\n").replace("\r", "\n"))
+
+
+def read_bytes(path: str, limit: int = MAX_INPUT_BYTES) -> bytes:
+    """Return a file's bytes (`-` is standard input), or raise InputError naming it, within
+    bounds: at most `limit` bytes (an endless file is refused, not read into memory), and a pipe
+    or fifo that sends nothing for IDLE_SECONDS is refused (a fifo nobody writes would otherwise
+    wait forever). A device is refused; a fifo is opened without waiting for its writer."""
+    shown = "- (standard input)" if path == STDIO else shown_path(path)
     if path == STDIO:
         if sys.stdin is None:
             raise InputError("- (standard input) is closed")
         try:
-            return _without_bom(sys.stdin.read())
-        except UnicodeDecodeError as exc:
-            raise InputError(f"- (standard input) is not UTF-8 text ({exc.reason})") from None
-        except OSError as exc:
-            raise InputError(f"- (standard input) cannot be read ({reason_of(exc)})") from None
-    shown = shown_path(path)
+            fd = sys.stdin.fileno()
+        except (OSError, ValueError, AttributeError):  # replaced by a non-file stream
+            return str(sys.stdin.read(limit + 1)).encode("utf-8", "surrogateescape")[: limit + 1]
+        return _read_fd(fd, shown, limit, os.isatty(fd))
     try:
-        info = os.stat(path)
-        if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode):
-            raise InputError(f"{shown} is a device, not a file")
-        with open(path, encoding="utf-8") as stream:
-            return _without_bom(stream.read())
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         raise InputError(f"{shown} does not exist") from None
     except IsADirectoryError:
         raise InputError(f"{shown} is a folder, not a file") from None
-    except UnicodeDecodeError as exc:
-        raise InputError(
-            f"{shown} is not UTF-8 text (byte {exc.start}: {exc.reason})"
-        ) from None
     except OSError as exc:
         raise InputError(f"{shown} cannot be read ({reason_of(exc)})") from None
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise InputError(f"{shown} is a folder, not a file")
+        if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode):
+            raise InputError(f"{shown} is a device, not a file")
+        if stat.S_ISREG(info.st_mode) and info.st_size > limit:
+            raise InputError(f"{shown} is {info.st_size:,} bytes; files read in are at most "
+                             f"{limit:,} bytes (docs/limits.md)")  # fmt: skip
+        return _read_fd(fd, shown, limit, False)
+    finally:
+        os.close(fd)
+
+
+def _read_fd(fd: int, shown: str, limit: int, terminal: bool) -> bytes:
+    """Read fd to its end, at most limit bytes, waiting at most IDLE_SECONDS for each chunk
+    (a terminal waits for its user)."""
+    import select
+
+    chunks: list[bytes] = []
+    total = 0
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    while True:
+        if not terminal and not poller.poll(int(IDLE_SECONDS * 1000)):
+            raise InputError(f"{shown} sent nothing for {IDLE_SECONDS:g} seconds (a pipe or fifo "
+                             "that nothing writes to?)")  # fmt: skip
+        try:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - total))
+        except BlockingIOError:
+            continue
+        except OSError as exc:
+            raise InputError(f"{shown} cannot be read ({reason_of(exc)})") from None
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        total += len(chunk)
+        if total > limit:
+            raise InputError(f"{shown} holds more than {limit:,} bytes; files read in are at "
+                             "most that (docs/limits.md)")  # fmt: skip
 
 
 def _without_bom(text: str) -> str:

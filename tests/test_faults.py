@@ -71,3 +71,74 @@ def test_hf_value_of_the_wrong_type_or_missing_is_an_error_naming_the_key(
     path = hf_config(tmp_path, **changes)
     line = error_line(run("params", "--hf-config", str(path), cwd=tmp_path))
     assert str(path) in line and words in line
+
+
+# --- inputs that never end: a fifo nobody writes, an endless pipe, a huge or sparse file -------
+
+
+@pytest.fixture
+def quick_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    from inspector import output
+
+    monkeypatch.setattr(output, "IDLE_SECONDS", 0.3)
+
+
+def test_a_fifo_nobody_writes_is_refused_not_waited_on(tmp_path: Path, quick_idle: None) -> None:
+    from inspector.errors import InputError
+    from inspector.output import read_text
+
+    os.mkfifo(tmp_path / "pipe.yaml")
+    with pytest.raises(InputError, match=r"pipe.yaml sent nothing for 0.3 seconds"):
+        read_text(str(tmp_path / "pipe.yaml"))
+
+
+def test_a_fifo_as_tokenizer_model_is_refused_not_waited_on(
+    tmp_path: Path, quick_idle: None
+) -> None:
+    from inspector.errors import InputError
+    from inspector.inputs.tokenizers import vocabulary
+
+    os.mkfifo(tmp_path / "tokenizer.json")
+    with pytest.raises(InputError, match=r"tokenizer.json sent nothing"):
+        vocabulary("HuggingFaceTokenizer", str(tmp_path / "tokenizer.json"), None, None, "x")
+
+
+def test_a_fifo_that_is_written_is_read(tmp_path: Path) -> None:
+    import threading
+
+    from inspector.output import read_text
+
+    path = tmp_path / "pipe.yaml"
+    os.mkfifo(path)
+    writer = threading.Thread(target=lambda: path.write_text("num-layers: 2\r\n"))
+    writer.start()
+    assert read_text(str(path)) == "num-layers: 2\n"
+    writer.join()
+
+
+def test_an_endless_pipe_as_config_is_refused_within_bounded_memory(tmp_path: Path) -> None:
+    command = (f"ulimit -v 4000000; exec {sys.executable} -m inspector params --config <(yes "
+               "'num-layers: 2')")  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "INSPECT_MODEL_NO_CACHE": "1"}
+    result = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=120)  # fmt: skip
+    assert "holds more than 67,108,864 bytes" in error_line(result)
+
+
+def test_a_huge_sparse_file_is_refused_by_its_size(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    with open(path, "wb") as stream:
+        stream.truncate(1 << 40)  # a terabyte of holes: reading it would never end
+    line = error_line(run("params", "--hf-config", str(path), cwd=tmp_path, timeout=60))
+    assert line == (f"Error: {path} is 1,099,511,627,776 bytes; files read in are at most "
+                    "67,108,864 bytes (docs/limits.md)")  # fmt: skip
+
+
+def test_a_malformed_tokenizer_json_is_an_error_not_a_guess(tmp_path: Path) -> None:
+    from inspector.errors import InputError
+    from inspector.inputs.tokenizers import vocabulary
+
+    path = tmp_path / "tokenizer.json"
+    path.write_text("[" * 5000)
+    with pytest.raises(InputError, match=r"nested more than 64 levels"):
+        vocabulary("HuggingFaceTokenizer", str(path), None, None, "x")
