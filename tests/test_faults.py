@@ -142,3 +142,52 @@ def test_a_malformed_tokenizer_json_is_an_error_not_a_guess(tmp_path: Path) -> N
     path.write_text("[" * 5000)
     with pytest.raises(InputError, match=r"nested more than 64 levels"):
         vocabulary("HuggingFaceTokenizer", str(path), None, None, "x")
+
+
+# --- one command's outputs: checked together, written all or nothing -------------------------
+
+MEMORY = ["memory", *SMALL, "--micro-batch-size", "1"]
+
+
+def snapshot_of(folder: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(folder.iterdir())}
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([*MEMORY, "--timeline", "a.out", "--snapshot", "a.out"],
+     "Error: --snapshot a.out and --timeline a.out name the same file; give each its own"),
+    ([*MEMORY, "--timeline", "a.out", "-o", "./a.out"],
+     "Error: -o ./a.out and --timeline a.out name the same file; give each its own"),
+    ([*MEMORY, "--snapshot", "link", "-o", "a.out"],
+     "Error: -o a.out and --snapshot link name the same file; give each its own"),
+    (["plan", *SMALL, "--gpus", "8", "--global-batch-size", "8", "--svg", "a.out", "-o", "a.out"],
+     "Error: -o a.out and --svg a.out name the same file; give each its own"),
+])  # fmt: skip
+def test_two_outputs_given_one_path_are_refused_before_any_work(
+    argv: list[str], message: str, tmp_path: Path
+) -> None:
+    (tmp_path / "a.out").write_text("old\n")
+    (tmp_path / "link").symlink_to("a.out")
+    before = snapshot_of(tmp_path)
+    assert error_line(run(*argv, cwd=tmp_path)) == message
+    assert snapshot_of(tmp_path) == before
+
+
+def test_a_later_output_that_fails_leaves_the_earlier_ones_unwritten(tmp_path: Path) -> None:
+    for name in ("t.svg", "s.pickle", "m.txt"):
+        (tmp_path / name).write_text("old\n")
+    before = snapshot_of(tmp_path)
+    # 20 KiB per file: the SVG (about 9 KB) fits, the snapshot (about 32 KB) does not
+    command = (f"ulimit -f 20; exec {sys.executable} -m inspector {' '.join(MEMORY)} --timeline "
+               "t.svg --snapshot s.pickle -o m.txt")  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "INSPECT_MODEL_NO_CACHE": "1"}
+    result = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=300)  # fmt: skip
+    assert error_line(result).startswith("Error: --snapshot s.pickle: cannot write: ")
+    assert snapshot_of(tmp_path) == before
+
+
+def test_memory_checks_its_o_before_the_build(tmp_path: Path) -> None:
+    line = error_line(run(*MEMORY, "--timeline", "t.svg", "-o", "missing/m.txt", cwd=tmp_path))
+    assert line == f"Error: -o missing/m.txt: folder {tmp_path}/missing does not exist"
+    assert not (tmp_path / "t.svg").exists()

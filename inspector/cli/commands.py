@@ -19,6 +19,7 @@ from inspector.cli.app import (
     Choice,
     Progress,
     app,
+    check_outputs,
     emit,
     format_option,
     gpu_option,
@@ -206,11 +207,8 @@ def memory(
 
         check_walkthrough_flags(gpu=gpu, gpu_memory=gpu_memory, gpu_tflops=gpu_tflops, mfu=mfu,
                                 **{flag.strip("-"): path for flag, path in files.items()})
-    if files:
-        from inspector.output import check_target
-
-        for flag, path in files.items():
-            check_target(path, flag)  # before the build: a bad path costs nothing
+    check_outputs(output, files)  # before the build: a bad path costs nothing
+    written: list[tuple[str, str, str | bytes]] = []  # --timeline's and --snapshot's files
 
     def produce() -> str:
         from inspector.render import memory as render
@@ -233,7 +231,7 @@ def memory(
             built = build(job, select_view(job), expert_ranks=(0,), progress=progress)
         report = core.measure(built, hardware)
         if files:
-            _write_engine_files(report, timeline, snapshot)
+            written.extend(_engine_files(report, timeline, snapshot))
         text = render.render_memory(report, fmt)
         if fmt == MemoryFormat.json:  # every number, the job's included, in its own fields
             return text
@@ -252,24 +250,28 @@ def memory(
         label=label,
     )
     # the files come from the run itself: a cached text would skip writing them
-    emit(cache.cached("memory", args, options, use_cache and not files, produce), output)
+    emit(cache.cached("memory", args, options, use_cache and not files, produce), output, written)
 
 
-def _write_engine_files(report: Any, timeline: str | None, snapshot: str | None) -> None:
-    """Write --timeline's SVG and --snapshot's pickle from the engine's run, atomically."""
-    from inspector.output import write_atomic
+def _engine_files(
+    report: Any, timeline: str | None, snapshot: str | None
+) -> list[tuple[str, str, str | bytes]]:
+    """Return --timeline's SVG and --snapshot's pickle from the engine's run, for emit to write
+    with -o's text, all or nothing."""
     from inspector.report.memory_outputs import engine_passes
 
     flags = ("--timeline",) * bool(timeline) + ("--snapshot",) * bool(snapshot)
-    passes = engine_passes(report, flags)  # checked before either file is written
+    passes = engine_passes(report, flags)  # checked before either file is made
+    made: list[tuple[str, str, str | bytes]] = []
     if timeline:
         from inspector.render.timeline import render_timeline
 
-        write_atomic(timeline, render_timeline(report, passes), "--timeline")
+        made.append(("--timeline", timeline, render_timeline(report, passes)))
     if snapshot:
         from inspector.render.snapshot import render_snapshot
 
-        write_atomic(snapshot, render_snapshot(report, passes), "--snapshot")
+        made.append(("--snapshot", snapshot, render_snapshot(report, passes)))
+    return made
 
 
 @app.command(cls=PanelCommand)
@@ -325,7 +327,7 @@ def workload(
 
     options = dict(stage=stage, gpu=gpu, gpu_tflops=gpu_tflops, mfu=mfu, profile=profile, fmt=fmt)
     files: dict[str, str] = json.loads(cache.cached("workload", args, options, use_cache, produce))
-    from inspector.output import write_stderr
+    from inspector.cli.streams import write_stderr
     from inspector.render.workload import workload_notes
 
     for note in workload_notes(args):

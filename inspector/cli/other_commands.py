@@ -12,7 +12,15 @@ from typing import Any
 
 import typer
 
-from inspector.cli.app import app, emit, format_option, gpu_option, model_options, output_option
+from inspector.cli.app import (
+    app,
+    check_outputs,
+    emit,
+    format_option,
+    gpu_option,
+    model_options,
+    output_option,
+)
 from inspector.cli.help import PanelCommand
 from inspector.job.hardware import DEFAULT_GPU
 from inspector.report.formats import DiffFormat, PlanFormat
@@ -86,10 +94,7 @@ def plan(
     flags = PlanFlags(gpus, gpu, gpu_memory, gpus_per_node, gpu_tflops, intra_bandwidth,
                       inter_bandwidth, efficiency, top)
     request = make_request(args, flags)
-    if svg is not None:
-        from inspector.output import check_target
-
-        check_target(svg, "--svg")  # before the search: a bad --svg costs nothing
+    check_outputs(output, {"--svg": svg} if svg is not None else {})  # before the search
     progress = core.progress_line()
     result = core.search(request, progress)
     if progress is not None:  # the search's speed, on the terminal only (stdout stays identical)
@@ -101,8 +106,5 @@ def plan(
         from inspector.render.job import plan_lines, with_job
 
         text = with_job(plan_lines(request, label), text)
-    if svg is not None and result.plans:
-        from inspector.output import write_atomic
-
-        write_atomic(svg, render.render_svg(result.plans[0]), "--svg")
-    emit(text, output)
+    files = [("--svg", svg, render.render_svg(result.plans[0]))] if svg and result.plans else []
+    emit(text, output, files)
