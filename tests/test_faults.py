@@ -191,3 +191,48 @@ def test_memory_checks_its_o_before_the_build(tmp_path: Path) -> None:
     line = error_line(run(*MEMORY, "--timeline", "t.svg", "-o", "missing/m.txt", cwd=tmp_path))
     assert line == f"Error: -o missing/m.txt: folder {tmp_path}/missing does not exist"
     assert not (tmp_path / "t.svg").exists()
+
+
+# --- signals held over a write while other threads run (torch's workers) ---------------------
+
+HELD_WITH_A_THREAD = """
+import os, signal, sys, threading, time
+from inspector import guard
+threading.Thread(target=threading.Event().wait, daemon=True).start()  # signals not blocked there
+with guard.write_guard():
+    os.kill(os.getpid(), getattr(signal, sys.argv[1]))  # to the process: any thread may take it
+    for _ in range(200):
+        time.sleep(0.001)  # points where Python runs a handler the other thread's signal set
+    print("block finished", flush=True)
+print("after the block", flush=True)
+"""
+
+
+@pytest.mark.parametrize("name, code", [("SIGTERM", -15), ("SIGHUP", -1), ("SIGINT", -2)])
+def test_a_signal_taken_by_another_thread_waits_for_the_write(name: str, code: int) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-c", HELD_WITH_A_THREAD, name], env=env,
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert result.stdout == "block finished\n"
+    assert result.returncode == code
+    assert (name != "SIGINT") == ("KeyboardInterrupt" not in result.stderr)
+
+
+def test_a_signal_during_the_staged_files_leaves_every_target_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from inspector import output
+
+    for name in ("a", "b"):
+        (tmp_path / name).write_text("old\n")
+    calls = []
+
+    def interrupted(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 2:  # the second file's fsync: the first is staged already
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "fsync", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        output.write_files([("-o", str(tmp_path / "a"), "new\n"), ("--svg", str(tmp_path / "b"), b"new\n")])
+    assert snapshot_of(tmp_path) == {"a": b"old\n", "b": b"old\n"}
