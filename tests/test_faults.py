@@ -236,3 +236,37 @@ def test_a_signal_during_the_staged_files_leaves_every_target_as_it_was(
     with pytest.raises(KeyboardInterrupt):
         output.write_files([("-o", str(tmp_path / "a"), "new\n"), ("--svg", str(tmp_path / "b"), b"new\n")])
     assert snapshot_of(tmp_path) == {"a": b"old\n", "b": b"old\n"}
+
+
+# --- a cache entry written over, its checksum made to match ----------------------------------
+
+
+def test_a_poisoned_workload_entry_is_a_miss_never_a_path_outside_the_folder(tmp_path: Path) -> None:
+    from inspector.cli import cache
+
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "INSPECT_MODEL_NO_CACHE": "0"}
+    argv = ["workload", *SMALL, "--micro-batch-size", "1", "--global-batch-size", "8", "--gpu", "h100"]
+
+    def workload(out: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "inspector", *argv, "-o", out], cwd=tmp_path,
+                              env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+
+    assert workload("first").returncode == 0
+    (entry,) = (tmp_path / "cache" / "inspect-model").glob("*.txt")
+    poisoned = {"index.csv": "file\n../evil.sh\n", "../evil.sh": "echo owned\n"}
+    entry.write_bytes(cache.encode(json.dumps(poisoned), entry.stem))
+    result = workload("second")
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "evil.sh").exists()
+    assert snapshot_of(tmp_path / "second") == snapshot_of(tmp_path / "first")
+
+
+@pytest.mark.parametrize("name", ["../evil", "/tmp/evil", "", ".", "sub/x"])
+def test_an_export_never_writes_a_name_outside_its_folder(name: str, tmp_path: Path) -> None:
+    from inspector.errors import OutputError
+    from inspector.export import write_export
+
+    with pytest.raises(OutputError, match="not a file name in the folder; nothing was written"):
+        write_export(str(tmp_path / "out"), {"index.csv": "file\n", name: "x\n"})
+    assert list(tmp_path.iterdir()) == []

@@ -274,6 +274,20 @@ def _engine_files(
     return made
 
 
+def _workload_files_valid(text: str) -> bool:
+    """Whether a cached workload is what produce makes: JSON, file name -> text, plain names."""
+    import json
+
+    from inspector.export import plain_name
+
+    try:
+        files = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(files, dict) and "index.csv" in files and all(
+        plain_name(name) and isinstance(body, str) for name, body in files.items())  # fmt: skip
+
+
 @app.command(cls=PanelCommand)
 @model_options("model", "layout", "training")
 def workload(
@@ -326,7 +340,8 @@ def workload(
         return json.dumps(files, allow_nan=False)
 
     options = dict(stage=stage, gpu=gpu, gpu_tflops=gpu_tflops, mfu=mfu, profile=profile, fmt=fmt)
-    files: dict[str, str] = json.loads(cache.cached("workload", args, options, use_cache, produce))
+    text = cache.cached("workload", args, options, use_cache, produce, _workload_files_valid)
+    files: dict[str, str] = json.loads(text)
     from inspector.cli.streams import write_stderr
     from inspector.render.workload import workload_notes
 
