@@ -270,3 +270,35 @@ def test_an_export_never_writes_a_name_outside_its_folder(name: str, tmp_path: P
     with pytest.raises(OutputError, match="not a file name in the folder; nothing was written"):
         write_export(str(tmp_path / "out"), {"index.csv": "file\n", name: "x\n"})
     assert list(tmp_path.iterdir()) == []
+
+
+# --- words Megatron-LM's argparse refuses, never dropped ----------------------------------------
+
+SCRIPT = ("#!/bin/bash\ntorchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 2 --hidden-size 64 "
+          "--num-attention-heads 4 --vocab-size 1000 --seq-length 128 --max-position-embeddings 128 "
+          "--micro-batch-size 1 --transformer-impl local {}\n")  # fmt: skip
+
+
+@pytest.mark.parametrize("words, message", [
+    ("--swiglu=true", "--swiglu is a switch and takes no value; Megatron-LM's argparse refuses "
+     "--swiglu=true"),
+    ("--bf16=", "--bf16 is a switch and takes no value; Megatron-LM's argparse refuses --bf16="),
+    ("--tensor-model-parallel-size 2 4", "'4' follows --tensor-model-parallel-size 2, which takes "
+     "no further value (Megatron-LM's argparse refuses it as an unrecognised argument)"),
+    ("--swiglu on", "'on' follows --swiglu, which takes no further value"),
+    ("--seq-length=128 256", "'256' follows --seq-length 128, which takes no further value"),
+    ("--tensor-model-parallel-size=2=3", "--tensor-model-parallel-size needs int value, got '2=3'"),
+])  # fmt: skip
+def test_a_word_argparse_refuses_is_an_error_not_dropped(
+    words: str, message: str, tmp_path: Path
+) -> None:
+    (tmp_path / "train.sh").write_text(SCRIPT.format(words))
+    line = error_line(run("topology", "--from-script", "train.sh", cwd=tmp_path))
+    assert line.startswith("Error: train.sh line 2: ") and message in line
+
+
+def test_a_yaml_list_for_a_one_value_flag_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "model_config.yaml").write_text(
+        "MODEL_ARGS:\n  --num-layers: [2, 4]\n  --hidden-size: 64\n  --num-attention-heads: 4\n")
+    line = error_line(run("topology", "--config", "model_config.yaml", cwd=tmp_path))
+    assert "'4' follows --num-layers 2, which takes no further value" in line
