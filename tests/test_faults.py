@@ -302,3 +302,20 @@ def test_a_yaml_list_for_a_one_value_flag_is_an_error(tmp_path: Path) -> None:
         "MODEL_ARGS:\n  --num-layers: [2, 4]\n  --hidden-size: 64\n  --num-attention-heads: 4\n")
     line = error_line(run("topology", "--config", "model_config.yaml", cwd=tmp_path))
     assert "'4' follows --num-layers 2, which takes no further value" in line
+
+
+# --- megatron-core's own refusals name the flags to change ------------------------------------
+
+
+def test_a_megatron_refusal_names_the_flags_behind_the_fields_it_names() -> None:
+    from inspector.errors import ConfigError
+    from inspector.world.stage import _megatron_errors
+
+    message = ("num_attention_heads (5) must be a multiple of tensor_model_parallel_size (2); "
+               "self.config.num_moe_experts and gated_linear_unit too")  # fmt: skip
+    with pytest.raises(ConfigError) as caught, _megatron_errors(0):
+        raise AssertionError(message)
+    assert str(caught.value) == (
+        f"megatron-core refused to build stage 0: {message} (the flags it names: "
+        "--num-attention-heads, --tensor-model-parallel-size, --num-experts, --swiglu; --debug "
+        "shows its traceback)")
