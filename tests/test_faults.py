@@ -319,3 +319,18 @@ def test_a_megatron_refusal_names_the_flags_behind_the_fields_it_names() -> None
         f"megatron-core refused to build stage 0: {message} (the flags it names: "
         "--num-attention-heads, --tensor-model-parallel-size, --num-experts, --swiglu; --debug "
         "shows its traceback)")
+
+
+# --- extreme scales: an Error: within bounded time and memory ----------------------------------
+
+
+def test_a_billion_micro_batches_is_refused_not_written(tmp_path: Path) -> None:
+    argv = ["workload", *SMALL, "--micro-batch-size", "1", "--gpu", "h100", "--stage", "0",
+            "--global-batch-size", "1000000000"]  # fmt: skip
+    command = f"ulimit -v 6000000; exec {sys.executable} -m inspector {' '.join(argv)}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "INSPECT_MODEL_NO_CACHE": "1"}
+    result = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=120)  # fmt: skip
+    assert error_line(result).startswith(
+        "Error: workload: 1,000,000,000 micro-batches x 9 records each is more than the "
+        "2,000,000 records a stage's file holds here")

@@ -36,7 +36,7 @@ from inspector.formulas.flops import GEMM_FACTOR, layer_flops, logit_flops, mla_
 from inspector.formulas.fp8_ops import expert_padding
 from inspector.formulas.routing import block_hit
 from inspector.job.dims import ModelDims
-from inspector.report.simai import NONE, Header, Record, render_workload
+from inspector.report.simai import NONE, Header, Record, per_microbatch, render_workload
 from inspector.report.simai_groups import (
     check_groups,
     context_group,
@@ -432,7 +432,7 @@ def stage_records(job: Context, stage: StageInput) -> list[Record]:
         Record(f"optimizer{i + 1}", 0, "ALLREDUCE", 4, 0, NONE, 0, 0)
         for i in range(OPTIMIZER_ALLREDUCES if job.par.tp > 1 else 0)
     ]
-    return _data_parallel(job, stage) + block * job.training.num_microbatches + optimizer
+    return _data_parallel(job, stage) + per_microbatch(block, job.training.num_microbatches) + optimizer
 
 
 def stage_header(job: Context) -> Header:
