@@ -334,3 +334,24 @@ def test_a_billion_micro_batches_is_refused_not_written(tmp_path: Path) -> None:
     assert error_line(result).startswith(
         "Error: workload: 1,000,000,000 micro-batches x 9 records each is more than the "
         "2,000,000 records a stage's file holds here")
+
+
+# --- YAML: nesting that aliases hide ----------------------------------------------------------
+
+
+def test_aliases_nesting_an_anchor_inside_another_count_as_nested(tmp_path: Path) -> None:
+    # each anchor 50 levels deep holds the one before: 40 of them are 2,000 levels once expanded
+    lines = [f"k{i}: &a{i} " + "[" * 50 + (f"*a{i - 1}" if i else "1") + "]" * 50 for i in range(40)]
+    (tmp_path / "deep.yaml").write_text("\n".join([*lines, "num-layers: *a39"]) + "\n")
+    line = error_line(run("params", "--config", "deep.yaml", cwd=tmp_path))
+    assert line == "Error: deep.yaml: nested more than 64 levels deep once its aliases are expanded"
+
+
+def test_an_alias_within_the_depth_is_read(tmp_path: Path) -> None:
+    from inspector.inputs.safe_parse import parse_yaml
+
+    text = "a: &a " + "[" * 30 + "1" + "]" * 30 + "\nb: " + "[" * 33 + "*a" + "]" * 33 + "\n"
+    data = parse_yaml(text, "ok.yaml")
+    assert data["b"][0] is not None
+    with pytest.raises(Exception, match="once its aliases are expanded"):
+        parse_yaml(text.replace("[" * 33, "[" * 34).replace("]" * 33, "]" * 34), "deep.yaml")
