@@ -355,3 +355,11 @@ def test_an_alias_within_the_depth_is_read(tmp_path: Path) -> None:
     assert data["b"][0] is not None
     with pytest.raises(Exception, match="once its aliases are expanded"):
         parse_yaml(text.replace("[" * 33, "[" * 34).replace("]" * 33, "]" * 34), "deep.yaml")
+
+
+def test_a_sourced_file_is_read_within_bounds(tmp_path: Path) -> None:
+    with open(tmp_path / "common.sh", "wb") as stream:
+        stream.truncate(1 << 40)  # a terabyte of holes
+    (tmp_path / "train.sh").write_text("#!/bin/bash\nsource common.sh\n" + SCRIPT.format("").split("\n", 1)[1])
+    line = error_line(run("topology", "--from-script", "train.sh", cwd=tmp_path))
+    assert "common.sh is 1,099,511,627,776 bytes; files read in are at most 67,108,864" in line
