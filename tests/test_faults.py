@@ -60,6 +60,8 @@ HF_CASES = {
     "missing-layers": ({"num_hidden_layers": ...}, '"num_hidden_layers" is missing'),
     "null-hidden": ({"hidden_size": None}, '"hidden_size" is missing'),
     "missing-ffn": ({"intermediate_size": ...}, "--ffn-hidden-size"),
+    "dense-past-layers": ({"first_k_dense_replace": 40}, '"first_k_dense_replace" 40 is more than '
+                          '"num_hidden_layers" 32'),
 }
 
 

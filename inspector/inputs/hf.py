@@ -245,6 +245,9 @@ def _experts(data: dict[str, Any], args: dict[str, Any], path: str) -> list[Refu
     if data.get("model_type") == "mixtral":
         args["moe_ffn_hidden_size"] = data["intermediate_size"]
     dense = value_of(data, "first_k_dense_replace", int, path, 0)
+    if dense > data["num_hidden_layers"]:
+        raise InputError(f'{path}: "first_k_dense_replace" {dense} is more than '
+                         f'"num_hidden_layers" {data["num_hidden_layers"]}')  # fmt: skip
     if dense:
         args["moe_layer_freq"] = f"([0]*{dense}+[1]*{data['num_hidden_layers'] - dense})"
     shared_experts = value_of(data, "n_shared_experts", int, path, 0)
