@@ -12,15 +12,7 @@ from typing import Any
 
 import typer
 
-from inspector.cli.app import (
-    app,
-    check_outputs,
-    emit,
-    format_option,
-    gpu_option,
-    model_options,
-    output_option,
-)
+from inspector.cli.app import app, emit, format_option, gpu_option, model_options, output_option
 from inspector.cli.help import PanelCommand
 from inspector.job.hardware import DEFAULT_GPU
 from inspector.report.formats import DiffFormat, PlanFormat
@@ -94,6 +86,8 @@ def plan(
     flags = PlanFlags(gpus, gpu, gpu_memory, gpus_per_node, gpu_tflops, intra_bandwidth,
                       inter_bandwidth, efficiency, top)
     request = make_request(args, flags)
+    from inspector.cli.app import check_outputs
+
     check_outputs(output, {"--svg": svg} if svg is not None else {})  # before the search
     progress = core.progress_line()
     result = core.search(request, progress)
