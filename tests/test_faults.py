@@ -365,3 +365,11 @@ def test_a_sourced_file_is_read_within_bounds(tmp_path: Path) -> None:
     (tmp_path / "train.sh").write_text("#!/bin/bash\nsource common.sh\n" + SCRIPT.format("").split("\n", 1)[1])
     line = error_line(run("topology", "--from-script", "train.sh", cwd=tmp_path))
     assert "common.sh is 1,099,511,627,776 bytes; files read in are at most 67,108,864" in line
+
+
+@pytest.mark.parametrize("value", [".inf", "-.inf"])
+def test_an_infinite_count_in_a_config_is_an_error(value: str, tmp_path: Path) -> None:
+    (tmp_path / "c.yaml").write_text(f"num-layers: {value}\nhidden-size: 64\n")
+    line = error_line(run("params", "--config", "c.yaml", cwd=tmp_path))
+    shown = "inf" if value == ".inf" else "-inf"
+    assert line == f"Error: c.yaml: --num-layers needs int value, got {shown}"

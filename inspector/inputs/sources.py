@@ -69,7 +69,7 @@ def convert(spec: ArgSpec, raw: Any, origin: str) -> Any:
         raw = " ".join(str(item) for item in raw)  # a config file's list for an nargs='*' flag
     try:
         value = spec.type(raw) if not isinstance(raw, bool) else None
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: int(.inf)
         value = None
     if value is None or (spec.type is int and isinstance(raw, float) and raw != int(raw)):
         raise ConfigError(f"{origin}: {spec.flag} needs {spec.type.__name__} value, got {raw!r}")
