@@ -49,6 +49,11 @@ def write_export(path: str, files: dict[str, str], index: str = "index.csv") -> 
     """Write `files` (name -> text; `index` lists the others in a `file` column) into folder path."""
     shown = shown_path(path)
     target = check_export_target(path)
+    strays = sorted(name for name in files if not plain_name(name))
+    if strays or index not in files:
+        stray = f"a file named {strays[0]!r}" if strays else f"no {index}"
+        raise OutputError(f"-o {shown}: the export holds {stray}, not a file name in the folder; "
+                          "nothing was written (a damaged result cache? run with --no-cache)")  # fmt: skip
     try:
         new = not os.path.isdir(target)
         existing = {} if new else _existing_entries(target)
@@ -69,6 +74,12 @@ def write_export(path: str, files: dict[str, str], index: str = "index.csv") -> 
         _write_in_place(target, files, own, index)
     except OSError as exc:
         raise OutputError(f"-o {shown}: cannot write: {reason_of(exc)}") from None
+
+
+def plain_name(name: object) -> bool:
+    """Return whether name is a file name inside a folder: no folder part, not . or .., no NUL."""
+    return (isinstance(name, str) and name not in ("", ".", "..") and "/" not in name
+            and os.sep not in name and "\0" not in name)  # fmt: skip
 
 
 def check_export_target(path: str) -> str:
@@ -115,7 +126,7 @@ def _previous_export(
         return set()
     column = rows[0].index("file")
     listed = {row[column] for row in rows[1:] if len(row) > column}
-    return {name} | {n for n in listed if n in existing and os.sep not in n and n not in (".", "..")}
+    return {name} | {n for n in listed if n in existing and plain_name(n)}
 
 
 def _can_exchange(target: str, keep: list[str]) -> bool:

@@ -33,18 +33,30 @@ def write_guard() -> Iterator[None]:
     write at once (SIGTERM and SIGHUP as an exception, SIGINT as KeyboardInterrupt), and the
     cleanup runs held. Either way the process then ends as the signal asks. SIGKILL cannot be
     held: remove_stale_temporaries() removes what it left, at the next write in that folder.
+
+    On the main thread the signals are held by handlers of Python's own, which note a signal and
+    return: a signal mask is one thread's, and the kernel hands a process's signal to any thread
+    that does not block it (torch's worker threads), whose C handler then has the main thread run
+    Python's handler all the same. Elsewhere (no handler can be set) the thread's mask holds them.
     """
+    import threading
+
     _depth[0] += 1
     try:
-        with _signals_interrupt(), signals_held():
-            yield
+        if threading.current_thread() is threading.main_thread():
+            with _deferred():
+                yield
+        else:
+            with signals_held():
+                yield
     finally:
         _depth[0] -= 1
 
 
 @contextlib.contextmanager
 def signals_held() -> Iterator[None]:
-    """Hold SIGINT, SIGTERM and SIGHUP for the block: one that arrives is delivered after it."""
+    """Hold SIGINT, SIGTERM and SIGHUP on this thread for the block: one that arrives is
+    delivered after it."""
     if not hasattr(signal, "pthread_sigmask"):
         yield
         return
@@ -57,11 +69,24 @@ def signals_held() -> Iterator[None]:
 
 @contextlib.contextmanager
 def signals_released() -> Iterator[None]:
-    """Inside write_guard(), let the signals through for the block (a slow write).
+    """Inside write_guard(), let the signals through for the block (a slow write); one that
+    arrived while they were held is delivered as the block starts.
 
     Not inside a write_guard() within another: the outer one holds them over several writes.
     """
-    if not hasattr(signal, "pthread_sigmask") or _depth[0] != 1:
+    if _depth[0] != 1:
+        yield
+        return
+    if _state.handling:
+        _state.released = True
+        try:
+            if _state.pending:
+                _raise(_state.pending[0])
+            yield
+        finally:
+            _state.released = False
+        return
+    if not hasattr(signal, "pthread_sigmask"):
         yield
         return
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _held())
@@ -79,36 +104,55 @@ class _Interrupted(BaseException):
         self.signum = signum
 
 
+class _State:
+    handling = False  # _deferred()'s handlers are set
+    released = False  # inside signals_released(): a signal interrupts at once
+    pending: list[int] = []  # noqa: RUF012 - signals noted while held, in order
+
+
+_state = _State()
+
+
+def _raise(signum: int) -> None:
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise _Interrupted(signum)
+
+
 @contextlib.contextmanager
-def _signals_interrupt() -> Iterator[None]:
-    """Turn SIGTERM and SIGHUP into an exception for the block, then die of the signal.
-
-    The exception lets the write clean up its temporary file; afterwards the process ends
-    exactly as the signal would have ended it. SIGINT is already KeyboardInterrupt.
-    """
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
+def _deferred() -> Iterator[None]:
+    """Hold the signals with handlers that note them (main thread), then deliver the first as
+    the signal asks: SIGINT as KeyboardInterrupt, SIGTERM and SIGHUP by dying of them, after
+    the block's own cleanup has run."""
+    if _state.handling:  # inside another: the outer block holds them, and delivers them
         yield
         return
-    wanted = [signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
+    wanted = sorted(_held())
 
-    def interrupt(signum: int, frame: Any) -> None:
-        raise _Interrupted(signum)
+    def note(signum: int, frame: Any) -> None:
+        if _state.released:
+            _raise(signum)
+        _state.pending.append(signum)
 
-    previous = {signum: signal.signal(signum, interrupt) for signum in wanted}
+    previous = {signum: signal.signal(signum, note) for signum in wanted}
+    _state.handling, _state.pending = True, []
+    interrupted: int | None = None
     try:
         yield
     except _Interrupted as exc:
+        interrupted = exc.signum
+    finally:
+        _state.handling, _state.released = False, False
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-        signal.signal(exc.signum, signal.SIG_DFL)
-        os.kill(os.getpid(), exc.signum)
-        raise SystemExit(128 + exc.signum) from None  # not reached where the signal kills
-    finally:
-        for signum, handler in previous.items():
-            if signal.getsignal(signum) is interrupt:
-                signal.signal(signum, handler)
+    first: int | None = interrupted if interrupted is not None else next(iter(_state.pending), None)
+    _state.pending = []
+    if first is None:
+        return
+    if previous.get(first) is signal.SIG_DFL:
+        os.kill(os.getpid(), first)
+        raise SystemExit(128 + first)  # not reached where the signal kills
+    signal.raise_signal(first)  # the caller's handler: Python's KeyboardInterrupt, or ignored
 
 
 def remove_stale_temporaries(folder: str) -> None:

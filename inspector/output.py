@@ -16,11 +16,7 @@
   new file gets the mode the umask gives (0666 & ~umask), as `> FILE` would. A read-only
   existing file is refused, as `> FILE` refuses it. A hard link is broken by the rename.
 
-Streams: stdout always carries UTF-8 (the output is byte-identical everywhere, whatever the
-locale or PYTHONIOENCODING); stderr keeps the locale's encoding and backslash-escapes what it
-cannot show. A write to stdout that fails (`> /dev/full`, `>&-`) is `Error:` and exit 2; a
-closed pipe (`| head -1`) ends the run quietly with exit 141 (128 + SIGPIPE), as a Unix tool
-killed by SIGPIPE reports it.
+Standard output and error themselves are guarded by inspector/cli/streams.py.
 """
 
 from __future__ import annotations
@@ -30,8 +26,7 @@ import errno
 import os
 import stat
 import sys
-from collections.abc import Iterator
-from typing import Any, TextIO, cast
+from collections.abc import Iterator, Sequence
 
 from inspector.errors import InputError, OutputError
 from inspector.guard import (
@@ -42,7 +37,6 @@ from inspector.guard import (
 )
 
 STDIO = "-"
-BROKEN_PIPE_EXIT = 128 + 13  # as a shell reports a process killed by SIGPIPE
 _KINDS = {
     stat.S_ISCHR: "a character device",
     stat.S_ISBLK: "a block device",
@@ -67,12 +61,42 @@ def write_atomic(path: str, text: str | bytes, flag: str = "-o") -> None:
     Either the whole new file appears or the old one stays as it was; no temporary file is
     left behind, also when the run is interrupted during the write.
     """
-    target = check_target(path, flag)
-    if target == os.devnull:
-        return
+    write_files([(flag, path, text)])
+
+
+def write_files(outputs: Sequence[tuple[str, str, str | bytes]]) -> None:
+    """Write one command's files (flag, path, text) all or nothing, or raise OutputError.
+
+    Every target is checked (check_targets: two flags naming one file are refused) and every
+    file staged beside its target before the first is renamed into place, so a failure (a full
+    disk, a signal) leaves every target as it was; the renames run with signals held.
+    """
+    targets = check_targets([(flag, path) for flag, path, _ in outputs])
+    for target in targets:
+        remove_stale_temporaries(os.path.dirname(target))
+    staged: list[tuple[str, str, str, str]] = []  # flag, path, temporary, target
+    with write_guard():
+        try:
+            for (flag, path, text), target in zip(outputs, targets, strict=True):
+                if target != os.devnull:
+                    data = text if isinstance(text, bytes) else text.encode("utf-8", "surrogateescape")
+                    with _named(flag, path, target):
+                        staged.append((flag, path, stage_file(target, data), target))
+            for flag, path, temporary, target in staged:
+                with _named(flag, path, target):
+                    os.replace(temporary, target)
+        except BaseException:
+            for _, _, temporary, _ in staged:
+                with contextlib.suppress(OSError):
+                    os.unlink(temporary)
+            raise
+
+
+@contextlib.contextmanager
+def _named(flag: str, path: str, target: str) -> Iterator[None]:
+    """Turn an OSError writing `flag path` into OutputError saying so."""
     try:
-        data = text if isinstance(text, bytes) else text.encode("utf-8", "surrogateescape")
-        replace_file(target, data)
+        yield
     except _CannotCreate as exc:
         folder = os.path.dirname(target)
         raise OutputError(
@@ -81,6 +105,22 @@ def write_atomic(path: str, text: str | bytes, flag: str = "-o") -> None:
     except OSError as exc:
         via = "" if os.path.abspath(path) == target else f" (the target of the link, {target})"
         raise OutputError(f"{flag} {shown_path(path)}: cannot write{via}: {reason_of(exc)}") from None
+
+
+def check_targets(outputs: Sequence[tuple[str, str]]) -> list[str]:
+    """Return the real paths that the flags' files replace, or raise OutputError: each as
+    check_target, and no two naming one file (the second would overwrite the first)."""
+    targets: list[str] = []
+    seen: dict[str, tuple[str, str]] = {}
+    for flag, path in outputs:
+        target = check_target(path, flag)
+        if target in seen and target != os.devnull:
+            other, other_path = seen[target]
+            raise OutputError(f"{flag} {shown_path(path)} and {other} {shown_path(other_path)} "
+                              "name the same file; give each its own")  # fmt: skip
+        seen[target] = (flag, path)
+        targets.append(target)
+    return targets
 
 
 def check_target(path: str, flag: str = "-o") -> str:
@@ -149,32 +189,44 @@ class _CannotCreate(OSError):
 
 def replace_file(target: str, data: bytes) -> None:
     """Write data to a temporary file beside target and rename it over target (raises OSError)."""
-    import tempfile  # here, not at the top: it costs every run's start-up a few milliseconds
-
-    mode, owner = _keep_mode(target)
-    folder = os.path.dirname(target)
-    remove_stale_temporaries(folder)
+    remove_stale_temporaries(os.path.dirname(target))
     with write_guard():
+        temporary = stage_file(target, data)
         try:
-            handle, temporary = tempfile.mkstemp(
-                prefix=f"{TEMPORARY_PREFIX}{os.getpid()}-", suffix=".tmp", dir=folder
-            )
-        except OSError as exc:
-            raise _CannotCreate(exc.errno, exc.strerror, exc.filename) from exc
-        try:
-            with signals_released(), os.fdopen(handle, "wb") as stream:
-                stream.write(data)
-                stream.flush()
-                os.fchmod(stream.fileno(), mode)
-                if owner is not None:
-                    with contextlib.suppress(OSError):
-                        os.fchown(stream.fileno(), *owner)
-                os.fsync(stream.fileno())
             os.replace(temporary, target)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(temporary)
             raise
+
+
+def stage_file(target: str, data: bytes) -> str:
+    """Return a temporary file beside target holding data, with the mode (and owner) target
+    keeps, for the caller to rename over target inside its write_guard() (raises OSError, the
+    temporary removed; _CannotCreate where none can be made)."""
+    import tempfile  # here, not at the top: it costs every run's start-up a few milliseconds
+
+    mode, owner = _keep_mode(target)
+    try:
+        handle, temporary = tempfile.mkstemp(
+            prefix=f"{TEMPORARY_PREFIX}{os.getpid()}-", suffix=".tmp", dir=os.path.dirname(target)
+        )
+    except OSError as exc:
+        raise _CannotCreate(exc.errno, exc.strerror, exc.filename) from exc
+    try:
+        with signals_released(), os.fdopen(handle, "wb") as stream:
+            stream.write(data)
+            stream.flush()
+            os.fchmod(stream.fileno(), mode)
+            if owner is not None:
+                with contextlib.suppress(OSError):
+                    os.fchown(stream.fileno(), *owner)
+            os.fsync(stream.fileno())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    return temporary
 
 
 def _keep_mode(target: str) -> tuple[int, tuple[int, int] | None]:
@@ -188,6 +240,10 @@ def _keep_mode(target: str) -> tuple[int, tuple[int, int] | None]:
     return stat.S_IMODE(info.st_mode), (info.st_uid, info.st_gid)
 
 
+MAX_INPUT_BYTES = 64 << 20  # a file read in: configs, scripts, tables, tokenizers (docs/limits.md)
+IDLE_SECONDS = 10.0  # a pipe or fifo that sends nothing for this long is refused, never waited on
+
+
 def read_text(path: str) -> str:
     """Return a file's text (`-` is standard input), or raise InputError naming it.
 
@@ -195,32 +251,78 @@ def read_text(path: str) -> str:
     table checked out with CRLF line endings, or saved by an editor that adds a BOM, reads as
     the same table.
     """
+    shown = "- (standard input)" if path == STDIO else shown_path(path)
+    data = read_bytes(path)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        where = "" if path == STDIO else f"byte {exc.start}: "
+        raise InputError(f"{shown} is not UTF-8 text ({where}{exc.reason})") from None
+    return _without_bom(text.replace("\r\n", "\n").replace("\r", "\n"))
+
+
+def read_bytes(path: str, limit: int = MAX_INPUT_BYTES) -> bytes:
+    """Return a file's bytes (`-` is standard input), or raise InputError naming it, within
+    bounds: at most `limit` bytes (an endless file is refused, not read into memory), and a pipe
+    or fifo that sends nothing for IDLE_SECONDS is refused (a fifo nobody writes would otherwise
+    wait forever). A device is refused; a fifo is opened without waiting for its writer."""
+    shown = "- (standard input)" if path == STDIO else shown_path(path)
     if path == STDIO:
         if sys.stdin is None:
             raise InputError("- (standard input) is closed")
         try:
-            return _without_bom(sys.stdin.read())
-        except UnicodeDecodeError as exc:
-            raise InputError(f"- (standard input) is not UTF-8 text ({exc.reason})") from None
-        except OSError as exc:
-            raise InputError(f"- (standard input) cannot be read ({reason_of(exc)})") from None
-    shown = shown_path(path)
+            fd = sys.stdin.fileno()
+        except (OSError, ValueError, AttributeError):  # replaced by a non-file stream
+            return str(sys.stdin.read(limit + 1)).encode("utf-8", "surrogateescape")[: limit + 1]
+        return _read_fd(fd, shown, limit, os.isatty(fd))
     try:
-        info = os.stat(path)
-        if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode):
-            raise InputError(f"{shown} is a device, not a file")
-        with open(path, encoding="utf-8") as stream:
-            return _without_bom(stream.read())
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         raise InputError(f"{shown} does not exist") from None
     except IsADirectoryError:
         raise InputError(f"{shown} is a folder, not a file") from None
-    except UnicodeDecodeError as exc:
-        raise InputError(
-            f"{shown} is not UTF-8 text (byte {exc.start}: {exc.reason})"
-        ) from None
     except OSError as exc:
         raise InputError(f"{shown} cannot be read ({reason_of(exc)})") from None
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise InputError(f"{shown} is a folder, not a file")
+        if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode):
+            raise InputError(f"{shown} is a device, not a file")
+        if stat.S_ISREG(info.st_mode) and info.st_size > limit:
+            raise InputError(f"{shown} is {info.st_size:,} bytes; files read in are at most "
+                             f"{limit:,} bytes (docs/limits.md)")  # fmt: skip
+        return _read_fd(fd, shown, limit, False)
+    finally:
+        os.close(fd)
+
+
+def _read_fd(fd: int, shown: str, limit: int, terminal: bool) -> bytes:
+    """Read fd to its end, at most limit bytes, waiting at most IDLE_SECONDS for each chunk
+    (a terminal waits for its user)."""
+    import select
+
+    chunks: list[bytes] = []
+    total = 0
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    while True:
+        if not terminal and not poller.poll(int(IDLE_SECONDS * 1000)):
+            raise InputError(f"{shown} sent nothing for {IDLE_SECONDS:g} seconds (a pipe or fifo "
+                             "that nothing writes to?)")  # fmt: skip
+        try:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - total))
+        except BlockingIOError:
+            continue
+        except OSError as exc:
+            raise InputError(f"{shown} cannot be read ({reason_of(exc)})") from None
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        total += len(chunk)
+        if total > limit:
+            raise InputError(f"{shown} holds more than {limit:,} bytes; files read in are at "
+                             "most that (docs/limits.md)")  # fmt: skip
 
 
 def read_head(path: str, limit: int) -> tuple[str, bool]:
@@ -270,110 +372,3 @@ def reason_of(exc: OSError) -> str:
 
 
 # --- standard streams ---------------------------------------------------------------------
-
-
-class _GuardedStdout:
-    """Standard output that reports a failed write as OutputError, and a closed pipe quietly.
-
-    Every write is flushed at once, so a failure surfaces in the command that wrote, never at
-    interpreter exit as an 'Exception ignored' message.
-    """
-
-    def __init__(self, stream: TextIO | None) -> None:
-        self._stream = stream
-
-    def write(self, text: str) -> int:
-        with _stdout_errors():
-            if self._stream is None:
-                raise OSError(errno.EBADF, "it is closed")
-            self._stream.flush()
-            data = memoryview(text.encode("utf-8", "surrogateescape"))
-            fd = self._stream.fileno()
-            while data:  # os.write, because io's buffers drop a short write's error (EFBIG)
-                data = data[os.write(fd, data) :]
-        return len(text)
-
-    def flush(self) -> None:
-        if self._stream is not None:
-            with _stdout_errors():
-                self._stream.flush()
-
-    def __getattr__(self, name: str) -> Any:
-        if self._stream is None:
-            raise AttributeError(name)
-        return getattr(self._stream, name)
-
-
-@contextlib.contextmanager
-def _stdout_errors() -> Iterator[None]:
-    try:
-        yield
-    except BrokenPipeError:
-        # The reader has gone (`| head -1`): print nothing more. Point fd 1 at /dev/null so
-        # that the interpreter's last flush cannot fail, then end as SIGPIPE would.
-        with contextlib.suppress(OSError):
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.__stdout__.fileno() if sys.__stdout__ else 1)
-            os.close(devnull)
-        raise SystemExit(BROKEN_PIPE_EXIT) from None
-    except OSError as exc:
-        raise OutputError(f"cannot write to standard output ({reason_of(exc)})") from None
-
-
-def guard_streams() -> None:
-    """Make the process's real stdio safe to use: call once at the start of the CLI.
-
-    Closed descriptors 0-2 are pointed at /dev/null (so a file opened later cannot take their
-    number), stdout is switched to UTF-8 and guarded, and stderr escapes what its encoding
-    cannot show. Streams that are not the real ones (tests capture them) are left alone.
-    """
-    for fd in (0, 1, 2):
-        _reopen_if_closed(fd)
-    if isinstance(sys.stdout, _GuardedStdout):
-        return
-    stdout = sys.stdout
-    if stdout is None or stdout is sys.__stdout__:
-        if stdout is not None and hasattr(stdout, "reconfigure"):
-            with contextlib.suppress(OSError, ValueError):
-                stdout.reconfigure(encoding="utf-8", errors="surrogateescape")
-        sys.stdout = cast(TextIO, _GuardedStdout(stdout))
-    if sys.stderr is not None and sys.stderr is sys.__stderr__:
-        with contextlib.suppress(AttributeError, OSError, ValueError):
-            sys.stderr.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
-
-
-def _reopen_if_closed(fd: int) -> None:
-    try:
-        os.fstat(fd)
-    except OSError:
-        with contextlib.suppress(OSError):
-            opened = os.open(os.devnull, os.O_RDWR)
-            if opened != fd:
-                os.dup2(opened, fd)
-                os.close(opened)
-
-
-def write_error(message: str) -> None:
-    """Print `Error: message` on stderr (where stderr is closed, say nothing)."""
-    with contextlib.suppress(OSError, ValueError, SystemExit, OutputError):
-        sys.stdout.flush()
-    write_stderr(f"Error: {message}\n")
-
-
-def write_stderr(text: str) -> None:
-    """Write a note or an error on stderr; where it cannot be written (`2>/dev/full`), drop it.
-
-    A failed write leaves its bytes in the stream's buffer, and Python's own flush at exit would
-    fail again and turn the exit status into 120: stderr is pointed at /dev/null instead.
-    """
-    if sys.stderr is None:
-        return
-    try:
-        sys.stderr.write(text)
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        with contextlib.suppress(OSError, ValueError):
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stderr.fileno())
-            os.close(devnull)
-            sys.stderr.flush()

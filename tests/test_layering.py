@@ -27,7 +27,7 @@ LAYERS: dict[str, set[str]] = {
     "guard": set(),  # signals held and stale temporaries removed around a write
     "output": {"errors", "guard"},
     "export": {"errors", "output", "guard"},  # -o DIR: a folder of files written whole, beside output's -o FILE
-    "inputs.bash": {"errors"},
+    "inputs.bash": {"errors", "output"},  # output: files read within bounds (`source`)
     "inputs": {"errors", "output", "inputs.bash"},
     "job": {"errors", "inputs"},
     "formulas": {"errors", "job"},

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from inspector import output
+from inspector.cli import streams
 from inspector.errors import OutputError
 from inspector.world import stage as world
 
@@ -219,7 +220,7 @@ def test_ctrl_c_in_the_cli_exits_130_quietly_without_a_temporary(tmp_path):
 # --- standard output (issue #16 category 2) -----------------------------------------------
 
 WRITE_STDOUT = (
-    "import sys; from inspector import output; output.guard_streams();"
+    "import sys; from inspector import output; from inspector.cli import streams; streams.guard_streams();"
     "output.write_output(None, sys.argv[1] * int(sys.argv[2]))"
 )
 
@@ -232,7 +233,7 @@ def test_closed_pipe_ends_quietly_with_141():
     )
     assert process.stdout is not None and process.stdout.readline() == b"line\n"
     process.stdout.close()  # as `| head -1` does
-    assert process.wait(timeout=60) == output.BROKEN_PIPE_EXIT
+    assert process.wait(timeout=60) == streams.BROKEN_PIPE_EXIT
     assert process.stderr is not None and process.stderr.read() == b""
 
 

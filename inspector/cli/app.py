@@ -10,7 +10,7 @@ import importlib
 import inspect
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from enum import Enum
 from typing import Any
 
@@ -189,8 +189,8 @@ def model_options(
 
         @functools.wraps(func)
         def wrapper(**kwargs: Any) -> Any:
+            from inspector.cli.streams import write_stderr
             from inspector.inputs.resolve import Sources, merge_sources
-            from inspector.output import write_stderr
 
             flags = {spec.name: kwargs.pop(spec.name) for spec in specs}
             sources = ("preset", "config_file", "hf_config", "script", "apex")
@@ -298,10 +298,26 @@ def rank_option(help_text: str) -> Any:
     return typer.Option(None, "--rank", help=help_text, rich_help_panel=OUTPUT_HELP)
 
 
-def emit(text: str, output: str | None = None) -> None:
-    from inspector.output import write_output
+def emit(text: str, output: str | None = None, files: Sequence[tuple[str, str, str | bytes]] = ()) -> None:
+    """Print text (or write it to -o FILE) with the command's other files (flag, path, data):
+    every file written together, all or nothing (inspector.output.write_files), stdout last."""
+    from inspector.output import STDIO, write_files, write_output
 
-    write_output(output, text)
+    to_stdout = output is None or output == STDIO
+    written = [*files, *([] if to_stdout else [("-o", str(output), text)])]
+    if written:
+        write_files(written)
+    if to_stdout:
+        write_output(None, text)
+
+
+def check_outputs(output: str | None, files: dict[str, str]) -> None:
+    """Check -o FILE and the command's other files (flag -> path) before any work: each can be
+    written, and no two name one file."""
+    from inspector.output import STDIO, check_targets
+
+    pairs = list(files.items()) + ([] if output is None or output == STDIO else [("-o", output)])
+    check_targets(pairs)
 
 
 class Progress:

@@ -11,6 +11,8 @@ Each entry starts with a header line carrying the sha256 and byte length of the 
 and the entry's own key, checked on every load (the header first, against the file's size): an
 entry cut short, overwritten, re-encoded or copied over another key's is a miss, never an
 answer, and the fresh result replaces it. Entries are written atomically (temporary file, rename).
+An entry is text: nothing in it is unpickled or run. One whose checksum was made to match is still
+only printed, except `workload`'s, whose file names are checked before they are trusted (`valid`).
 """
 
 from __future__ import annotations
@@ -157,13 +159,17 @@ def cached(
     options: dict[str, Any],
     use_cache: bool,
     produce: Callable[[], str],
+    valid: Callable[[str], bool] = lambda text: True,
 ) -> str:
-    """Return a command's output from the cache, or produce (and store) it."""
+    """Return a command's output from the cache, or produce (and store) it.
+
+    `valid`: whether an entry's text is one produce could have made; another (an entry written
+    over by someone who fixed its checksum) is a miss, never trusted."""
     if not (use_cache and enabled()):
         return produce()
     entry = key(command, args, options)
     hit = load(entry)
-    if hit is not None:
+    if hit is not None and valid(hit):
         return hit
     text = produce()
     store(entry, text)

@@ -19,6 +19,7 @@ from inspector.cli.app import (
     Choice,
     Progress,
     app,
+    check_outputs,
     emit,
     format_option,
     gpu_memory_option,
@@ -208,11 +209,8 @@ def memory(
 
         check_walkthrough_flags(gpu=gpu, gpu_memory=gpu_memory, gpu_tflops=gpu_tflops, mfu=mfu,
                                 **{flag.strip("-"): path for flag, path in files.items()})
-    if files:
-        from inspector.output import check_target
-
-        for flag, path in files.items():
-            check_target(path, flag)  # before the build: a bad path costs nothing
+    check_outputs(output, files)  # before the build: a bad path costs nothing
+    written: list[tuple[str, str, str | bytes]] = []  # --timeline's and --snapshot's files
 
     def produce() -> str:
         from inspector.memory import measure as core
@@ -235,7 +233,7 @@ def memory(
             built = build(job, select_view(job), expert_ranks=(0,), progress=progress)
         report = core.measure(built, hardware)
         if files:
-            _write_engine_files(report, timeline, snapshot)
+            written.extend(_engine_files(report, timeline, snapshot))
         text = render.render_memory(report, fmt)
         if table is not None:  # the step as plan prices it, from the user's measured kernels
             text = _with_step_time(text, fmt, job, args, kernels_gpu(gpu, table), table)
@@ -258,7 +256,7 @@ def memory(
     if table is not None:
         options["kernels"] = table.digest
     # the files come from the run itself: a cached text would skip writing them
-    emit(cache.cached("memory", args, options, use_cache and not files, produce), output)
+    emit(cache.cached("memory", args, options, use_cache and not files, produce), output, written)
 
 
 def _with_step_time(text: str, fmt: Any, job: Any, args: dict[str, Any], gpu: str, table: Any) -> str:
@@ -272,21 +270,39 @@ def _with_step_time(text: str, fmt: Any, job: Any, args: dict[str, Any], gpu: st
     return with_step_time(text, fmt == MemoryFormat.json, seconds, gpu, table.source)
 
 
-def _write_engine_files(report: Any, timeline: str | None, snapshot: str | None) -> None:
-    """Write --timeline's SVG and --snapshot's pickle from the engine's run, atomically."""
-    from inspector.output import write_atomic
+def _engine_files(
+    report: Any, timeline: str | None, snapshot: str | None
+) -> list[tuple[str, str, str | bytes]]:
+    """Return --timeline's SVG and --snapshot's pickle from the engine's run, for emit to write
+    with -o's text, all or nothing."""
     from inspector.report.memory_outputs import engine_passes
 
     flags = ("--timeline",) * bool(timeline) + ("--snapshot",) * bool(snapshot)
-    passes = engine_passes(report, flags)  # checked before either file is written
+    passes = engine_passes(report, flags)  # checked before either file is made
+    made: list[tuple[str, str, str | bytes]] = []
     if timeline:
         from inspector.render.timeline import render_timeline
 
-        write_atomic(timeline, render_timeline(report, passes), "--timeline")
+        made.append(("--timeline", timeline, render_timeline(report, passes)))
     if snapshot:
         from inspector.render.snapshot import render_snapshot
 
-        write_atomic(snapshot, render_snapshot(report, passes), "--snapshot")
+        made.append(("--snapshot", snapshot, render_snapshot(report, passes)))
+    return made
+
+
+def _workload_files_valid(text: str) -> bool:
+    """Whether a cached workload is what produce makes: JSON, file name -> text, plain names."""
+    import json
+
+    from inspector.export import plain_name
+
+    try:
+        files = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(files, dict) and "index.csv" in files and all(
+        plain_name(name) and isinstance(body, str) for name, body in files.items())  # fmt: skip
 
 
 @app.command(cls=PanelCommand)
@@ -355,8 +371,9 @@ def workload(
     options = dict(stage=stage, gpu=gpu, gpu_tflops=gpu_tflops, mfu=mfu, profile=profile, fmt=fmt)
     if table is not None:
         options["kernels"] = table.digest
-    files: dict[str, str] = json.loads(cache.cached("workload", args, options, use_cache, produce))
-    from inspector.output import write_stderr
+    text = cache.cached("workload", args, options, use_cache, produce, _workload_files_valid)
+    files: dict[str, str] = json.loads(text)
+    from inspector.cli.streams import write_stderr
     from inspector.render.workload import workload_notes
 
     for note in workload_notes(args):

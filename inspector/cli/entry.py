@@ -66,7 +66,7 @@ def _refused(flag: str) -> str | None:
 
 
 def _run(argv: list[str] | None) -> int:
-    from inspector.output import guard_streams
+    from inspector.cli.streams import guard_streams
 
     guard_streams()  # UTF-8 stdout; a failed write is an Error:, a closed pipe a quiet exit 141
     args, _STATE["debug"] = _take_debug(sys.argv[1:] if argv is None else argv)
@@ -139,8 +139,8 @@ def _join_many(argv: list[str]) -> list[str]:
 
 
 def _fail(message: str, code: int = 2) -> int:
+    from inspector.cli.streams import write_error
     from inspector.errors import one_line
-    from inspector.output import write_error
 
     write_error(one_line(message))
     return code

@@ -96,10 +96,9 @@ def plan(
     flags = PlanFlags(gpus, kernels_gpu(gpu, table), gpu_memory, gpus_per_node, gpu_tflops,
                       intra_bandwidth, inter_bandwidth, efficiency, top, table)
     request = make_request(args, flags)
-    if svg is not None:
-        from inspector.output import check_target
+    from inspector.cli.app import check_outputs
 
-        check_target(svg, "--svg")  # before the search: a bad --svg costs nothing
+    check_outputs(output, {"--svg": svg} if svg is not None else {})  # before the search
     progress = core.progress_line()
     result = core.search(request, progress)
     if progress is not None:  # the search's speed, on the terminal only (stdout stays identical)
@@ -111,8 +110,5 @@ def plan(
         from inspector.render.job import plan_lines, with_job
 
         text = with_job(plan_lines(request, label), text)
-    if svg is not None and result.plans:
-        from inspector.output import write_atomic
-
-        write_atomic(svg, render.render_svg(result.plans[0]), "--svg")
-    emit(text, output)
+    files = [("--svg", svg, render.render_svg(result.plans[0]))] if svg and result.plans else []
+    emit(text, output, files)

@@ -12,12 +12,12 @@ file is local: nothing downloads. docs/bring-your-job.md holds the table.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from inspector.errors import InputError
 from inspector.inputs import hf_hybrid
+from inspector.inputs.hf_values import value_of
 from inspector.inputs.refusals import Refused
 from inspector.inputs.sources import ScriptArgs, parse_config
 from inspector.output import read_text
@@ -77,8 +77,8 @@ NOT_MODELLED: dict[str, str] = {
 }
 
 _INT = int
-# HF key -> (Megatron-LM argument, conversion): MegatronModelBridge.CONFIG_MAPPING, as arguments.
-MAPPED: dict[str, tuple[str, Callable[[Any], Any]]] = {
+# HF key -> (Megatron-LM argument, JSON type): MegatronModelBridge.CONFIG_MAPPING, as arguments.
+MAPPED: dict[str, tuple[str, type]] = {
     "num_hidden_layers": ("num_layers", _INT),
     "hidden_size": ("hidden_size", _INT),
     "intermediate_size": ("ffn_hidden_size", _INT),
@@ -103,6 +103,11 @@ MAPPED: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "v_head_dim": ("v_head_dim", _INT),
 }
 
+# Keys every config.json of these families holds; one missing would leave the model to a default
+# of somebody else's, so it is an error naming the key (transformers' LlamaConfig would take its
+# own 7B's 32 layers silently).
+REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size",
+            "intermediate_size")  # fmt: skip
 # Keys read by a rule of their own (below), not by MAPPED.
 RULED = (
     "architectures model_type num_key_value_heads max_position_embeddings tie_word_embeddings "
@@ -140,11 +145,16 @@ def read_hf_config(path: str) -> ScriptArgs:
 def read_hf_mapping(data: dict[str, Any], path: str) -> ScriptArgs:
     """Map a Hugging Face config's keys to Megatron-LM arguments, as Megatron-Bridge does."""
     family = _family(data, path)
+    missing = [key for key in REQUIRED if data.get(key) is None]
+    if missing:
+        flag = "--" + MAPPED[missing[0]][0].replace("_", "-")
+        raise InputError(f'{path}: "{missing[0]}" is missing (or null); every {family.name} '
+                         f"config.json gives it (Megatron-LM's {flag})")  # fmt: skip
     args: dict[str, Any] = dict(family.fixed)
     for key, (name, kind) in MAPPED.items():
-        taken = name in args or name in _ruled_names(family)
-        if key in data and data[key] is not None and not taken:
-            args[name] = kind(data[key])
+        value = value_of(data, key, kind, path)
+        if value is not None and not (name in args or name in _ruled_names(family)):
+            args[name] = value
     refused: list[Refused] = []
     for rule in _RULES:
         refused += rule(data, args, path)
@@ -161,8 +171,8 @@ def read_hf_mapping(data: dict[str, Any], path: str) -> ScriptArgs:
 
 
 def _family(data: dict[str, Any], path: str) -> Family:
-    model_type = str(data.get("model_type", ""))
-    shown = ", ".join(map(str, data.get("architectures") or [])) or model_type
+    model_type = value_of(data, "model_type", str, path, "")
+    shown = ", ".join(map(str, value_of(data, "architectures", list, path, []))) or model_type
     if model_type in FAMILIES:
         return FAMILIES[model_type]
     if model_type in NOT_MODELLED:
@@ -184,16 +194,19 @@ def _refuse(path: str, key: str, value: Any, reason: str) -> list[Refused]:
 
 def _attention(data: dict[str, Any], args: dict[str, Any], path: str) -> list[Refused]:
     """Key/value heads, positions, tied embeddings, biases, precision."""
-    heads, groups = data.get("num_attention_heads"), data.get("num_key_value_heads")
+    heads = data["num_attention_heads"]
+    groups = value_of(data, "num_key_value_heads", int, path)
     if groups is not None and groups != heads and not args.get("multi_latent_attention"):
-        args.update(group_query_attention=True, num_query_groups=int(groups))
-    if "max_position_embeddings" in data:
-        args["seq_length"] = args["max_position_embeddings"] = int(data["max_position_embeddings"])
+        args.update(group_query_attention=True, num_query_groups=groups)
+    positions = value_of(data, "max_position_embeddings", int, path)
+    if positions is not None:
+        args["seq_length"] = args["max_position_embeddings"] = positions
+    tied = value_of(data, "tie_word_embeddings", bool, path, True)
     if "untie_embeddings_and_output_weights" not in args:
-        args["untie_embeddings_and_output_weights"] = not data.get("tie_word_embeddings", True)
-    if data.get("mlp_bias"):
+        args["untie_embeddings_and_output_weights"] = not tied
+    if value_of(data, "mlp_bias", bool, path, False):
         args["disable_bias_linear"] = False
-    dtype = data.get("torch_dtype", data.get("dtype"))
+    dtype = value_of(data, "torch_dtype", str, path) or value_of(data, "dtype", str, path)
     if dtype in ("bfloat16", "float16"):
         args["bf16" if dtype == "bfloat16" else "fp16"] = True
     return []
@@ -204,20 +217,20 @@ def _activation_and_window(data: dict[str, Any], args: dict[str, Any], path: str
     if data.get("model_type") == "gpt_oss":
         return _gpt_oss(data, args, path)
     refused: list[Refused] = []
-    act = data.get("hidden_act", "silu")
+    act = value_of(data, "hidden_act", str, path, "silu")
     if act != "silu" and not (act == "relu2" and data.get("model_type") == "nemotron_h"):
         refused += _refuse(path, "hidden_act", act, "a gated MLP with another activation is not "
                            "modelled; --swiglu (silu) is")  # fmt: skip
-    window = data.get("sliding_window")
-    if window is not None and data.get("use_sliding_window", True):
+    window = value_of(data, "sliding_window", int, path)
+    if window is not None and value_of(data, "use_sliding_window", bool, path, True):
         refused += _refuse(path, "sliding_window", window, "sliding-window attention changes "
                            "attention FLOPs and scores (--window-size is refused)")  # fmt: skip
-    scaling = data.get("rope_scaling") or {}
-    kind = scaling.get("type") or scaling.get("rope_type")
+    scaling = value_of(data, "rope_scaling", dict, path, {})
+    kind = value_of(scaling, "type", str, path) or value_of(scaling, "rope_type", str, path)
     if kind == "yarn" and args.get("multi_latent_attention"):
-        args["rotary_scaling_factor"] = float(scaling.get("factor", 40.0))
-        args["mscale"] = float(scaling.get("mscale", 1.0))
-        args["mscale_all_dim"] = float(scaling.get("mscale_all_dim", 0.0))
+        args["rotary_scaling_factor"] = value_of(scaling, "factor", float, path, 40.0)
+        args["mscale"] = value_of(scaling, "mscale", float, path, 1.0)
+        args["mscale_all_dim"] = value_of(scaling, "mscale_all_dim", float, path, 0.0)
     elif kind == "yarn":
         refused += _refuse(path, "rope_scaling", "yarn", "YaRN positions outside MLA are not "
                            "modelled")  # fmt: skip
@@ -227,34 +240,41 @@ def _activation_and_window(data: dict[str, Any], args: dict[str, Any], path: str
 def _gpt_oss(data: dict[str, Any], args: dict[str, Any], path: str) -> list[Refused]:
     """gpt-oss's window, clamp, YaRN factor and expert size, as gpt_oss_bridge.py reads them."""
     refused: list[Refused] = []
-    window = int(data.get("sliding_window") or 128)
+    window = value_of(data, "sliding_window", int, path, 128)
     args["window_size"] = f"{window - 1},0"  # the bridge: (sliding_window - 1, 0)
-    kinds = data.get("layer_types")
+    kinds = value_of(data, "layer_types", list, path)
     if kinds is not None and kinds != ["sliding_attention", "full_attention"] * (len(kinds) // 2):
         refused += _refuse(path, "layer_types", "...", "a window pattern other than the bridge's "
                            "(every other layer, the first windowed) would build another model")  # fmt: skip
-    limit = data.get("swiglu_limit", 7.0)
+    limit = value_of(data, "swiglu_limit", float, path, 7.0)
     if limit != args["activation_func_clamp_value"]:
         refused += _refuse(path, "swiglu_limit", limit, "the bridge clamps at 7.0")
-    scaling = data.get("rope_scaling") or {}
-    args["rotary_scaling_factor"] = float(scaling.get("factor", 32.0))
+    scaling = value_of(data, "rope_scaling", dict, path, {})
+    args["rotary_scaling_factor"] = value_of(scaling, "factor", float, path, 32.0)
     if "intermediate_size" in data:
-        args["moe_ffn_hidden_size"] = int(data["intermediate_size"])
+        args["moe_ffn_hidden_size"] = value_of(data, "intermediate_size", int, path)
     return refused
 
 
 def _experts(data: dict[str, Any], args: dict[str, Any], path: str) -> list[Refused]:
     """Mixtral's expert size, DeepSeek's dense layers, shared experts and MTP; Qwen3-MoE's layout."""
     if data.get("model_type") == "mixtral":
-        args["moe_ffn_hidden_size"] = int(data["intermediate_size"])
-    dense = int(data.get("first_k_dense_replace") or 0)
-    if dense and "num_hidden_layers" in data:
-        args["moe_layer_freq"] = f"([0]*{dense}+[1]*{int(data['num_hidden_layers']) - dense})"
-    if data.get("n_shared_experts"):
-        shared = int(data["moe_intermediate_size"]) * int(data["n_shared_experts"])
-        args["moe_shared_expert_intermediate_size"] = shared
-    if data.get("num_nextn_predict_layers"):
-        args["mtp_num_layers"] = int(data["num_nextn_predict_layers"])
+        args["moe_ffn_hidden_size"] = data["intermediate_size"]
+    dense = value_of(data, "first_k_dense_replace", int, path, 0)
+    if dense > data["num_hidden_layers"]:
+        raise InputError(f'{path}: "first_k_dense_replace" {dense} is more than '
+                         f'"num_hidden_layers" {data["num_hidden_layers"]}')  # fmt: skip
+    if dense:
+        args["moe_layer_freq"] = f"([0]*{dense}+[1]*{data['num_hidden_layers'] - dense})"
+    shared_experts = value_of(data, "n_shared_experts", int, path, 0)
+    if shared_experts:
+        if data.get("moe_intermediate_size") is None:
+            raise InputError(f'{path}: "n_shared_experts" needs "moe_intermediate_size" (the '
+                             "size of each expert), and it is missing")  # fmt: skip
+        args["moe_shared_expert_intermediate_size"] = args["moe_ffn_hidden_size"] * shared_experts
+    mtp = value_of(data, "num_nextn_predict_layers", int, path, 0)
+    if mtp:
+        args["mtp_num_layers"] = mtp
     refused: list[Refused] = []
     for key, default in (("moe_layer_freq", 1), ("decoder_sparse_step", 1), ("mlp_only_layers", [])):
         if data.get(key, default) != default:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from inspector.inputs.hf_values import value_of
 from inspector.inputs.refusals import Refused
 
 # provider_bridge: position_embedding_type "none", is_hybrid_model True; Megatron-Bridge's
@@ -58,8 +59,8 @@ def hybrid_rule(data: dict[str, Any], args: dict[str, Any], path: str) -> list[R
         return []
     for key, (name, kind) in MAPPED.items():
         if data.get(key) is not None:
-            args[name] = kind(data[key])
-    if data.get("use_bias"):
+            args[name] = value_of(data, key, kind, path)
+    if value_of(data, "use_bias", bool, path, False):
         args["disable_bias_linear"] = False
     if args.get("num_experts"):
         args.update(MOE_FIXED)
@@ -68,7 +69,7 @@ def hybrid_rule(data: dict[str, Any], args: dict[str, Any], path: str) -> list[R
         if key in data and data[key] != value:
             refused.append(Refused("model", path, f'"{key}": {data[key]}', "not modelled",
                                    f"megatron-core's MambaMixer builds {key} {value}"))  # fmt: skip
-    if data.get("residual_in_fp32"):
+    if value_of(data, "residual_in_fp32", bool, path, False):
         refused.append(Refused("model", path, '"residual_in_fp32": true', "not modelled",
                                "an fp32 residual stream (--fp32-residual-connection) is not "
                                "modelled"))  # fmt: skip

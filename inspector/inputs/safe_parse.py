@@ -92,33 +92,39 @@ def _check_yaml_size(text: str, source: str) -> None:
     """Refuse YAML nested deeper than MAX_DEPTH or worth more than MAX_NODES values.
 
     PyYAML's parser is a state machine (no recursion), so its events are walked here before the
-    recursive constructor runs; an alias counts as the values of the node it names.
+    recursive constructor runs; an alias counts as the values of the node it names, and as its
+    depth where it stands (an alias inside an alias's nesting nests deeper still).
     """
     import yaml
 
-    sizes: dict[str, int] = {}
-    stack: list[tuple[str | None, int]] = [(None, 0)]
+    sizes: dict[str, tuple[int, int]] = {}  # anchor -> values, levels of nesting
+    stack: list[list[Any]] = [[None, 0, 0]]  # anchor, values, deepest child's levels
     for event in yaml.parse(text, Loader=yaml.SafeLoader):
         if isinstance(event, yaml.AliasEvent):
-            count = sizes.get(event.anchor or "", 1)
+            count, levels = sizes.get(event.anchor or "", (1, 0))
         elif isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
-            stack.append((event.anchor, 1))
+            stack.append([event.anchor, 1, 0])
             if len(stack) - 1 > MAX_DEPTH:
                 raise InputError(f"{source}: nested more than {MAX_DEPTH} levels deep")
             continue
         elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
-            anchor, count = stack.pop()
+            anchor, count, levels = stack.pop()
+            levels += 1
             if anchor:
-                sizes[anchor] = count
+                sizes[anchor] = (count, levels)
         elif isinstance(event, yaml.ScalarEvent):
-            count = 1
+            count, levels = 1, 0
             if event.anchor:
-                sizes[event.anchor] = 1
+                sizes[event.anchor] = (1, 0)
         else:
             continue
-        anchor, total = stack[-1]
-        stack[-1] = (anchor, total + count)
-        if total + count > MAX_NODES:
+        if len(stack) - 1 + levels > MAX_DEPTH:
+            raise InputError(f"{source}: nested more than {MAX_DEPTH} levels deep once its "
+                             "aliases are expanded")  # fmt: skip
+        parent = stack[-1]
+        parent[1] += count
+        parent[2] = max(parent[2], levels)
+        if parent[1] > MAX_NODES:
             raise InputError(
                 f"{source}: more than {MAX_NODES:,} values once its aliases are expanded"
             )

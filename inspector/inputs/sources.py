@@ -69,7 +69,7 @@ def convert(spec: ArgSpec, raw: Any, origin: str) -> Any:
         raw = " ".join(str(item) for item in raw)  # a config file's list for an nargs='*' flag
     try:
         value = spec.type(raw) if not isinstance(raw, bool) else None
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: int(.inf)
         value = None
     if value is None or (spec.type is int and isinstance(raw, float) and raw != int(raw)):
         raise ConfigError(f"{origin}: {spec.flag} needs {spec.type.__name__} value, got {raw!r}")
@@ -301,14 +301,19 @@ def split_arguments(words: list[str], needs: Needs, ctx: Context,
     args: dict[str, Any] = {}
     skipped = _Unmodelled()
     index = 0
+    after = ""  # the modelled flag (and its one value) just read: a plain word next is refused
     while index < len(words):
         word = words[index]
         index += 1
         if ctx.unknown_in(word) and not word.startswith("--") and not ctx.is_unset(word):
             needs.need(word, "an argument of the training command", NO_FLAG)
+        elif after and word and not word.startswith("-") and not ctx.is_unset(word):
+            raise ConfigError(f"{where}: {word!r} follows {after}, which takes no further value "
+                              "(Megatron-LM's argparse refuses it as an unrecognised argument)")  # fmt: skip
+        after = ""
         if not word.startswith("--"):
             continue
-        flag, _, inline = word.partition("=")
+        flag, equals, inline = word.partition("=")
         if needs.need(flag, "an argument of the training command", NO_FLAG) is None:
             continue
         name = flag[2:].replace("-", "_")
@@ -320,11 +325,16 @@ def split_arguments(words: list[str], needs: Needs, ctx: Context,
         many = spec.many if spec is not None else flag in _UNMODELLED_MANY
         while many and not inline and _looks_like_value(words, index):
             value, index = f"{value} {words[index]}", index + 1  # nargs='*': the words that follow
+        switch = spec is not None and spec.type is bool
         if spec is None and flag in RENAMED:
             name, meaning = RENAMED[flag]
             spec, value = BY_NAME[name], (value if meaning is None else str(meaning))
+            switch = meaning is not None or spec.type is bool
             if meaning is not None and takes_value and not inline:
                 index -= 1  # a switch: the next word is not its value
+        if switch and equals:
+            raise ConfigError(f"{where}: {flag} is a switch and takes no value; Megatron-LM's "
+                              f"argparse refuses {word}")  # fmt: skip
         if spec is None:
             if flag in TOKENIZER_FLAGS and value is not None:
                 raw[flag] = value
@@ -335,6 +345,8 @@ def split_arguments(words: list[str], needs: Needs, ctx: Context,
             skipped.refused.append(refusal)
             continue
         _take_modelled(spec, value, needs, args)
+        if not spec.many:
+            after = flag if switch else f"{flag} {value}"
     return skipped.script_args(args)
 
 

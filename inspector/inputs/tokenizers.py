@@ -9,12 +9,13 @@ up to megatron-core 0.17 and `--vocab-size` from 0.18 (inspector.inputs.versions
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Any
 
+from inspector.inputs.safe_parse import parse_json
 from inspector.inputs.versions import null_tokenizer_adds_eod
+from inspector.output import read_bytes, read_text
 
 # Hub names -> (size Megatron-LM's tokenizer reports, where the number comes from).
 KNOWN_TOKENIZERS: dict[str, tuple[int, str]] = {
@@ -166,34 +167,25 @@ def _read_local(path: str) -> tuple[int, str] | None:
 
 
 def _count_json(path: str) -> tuple[int, str] | None:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except (OSError, ValueError):
-        return None
+    data = parse_json(read_text(path), path)  # bounded: a fifo, a device, a huge file refused
     return (len(data), f"{len(data)} entries in {path}") if isinstance(data, dict) else None
 
 
 def _count_tokenizer_json(path: str) -> tuple[int, str] | None:
     """len(tokenizer) of a Hugging Face fast tokenizer: model vocabulary + added tokens not in it."""
+    data = parse_json(read_text(path), path)
     try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
         vocab = data["model"]["vocab"]
         pieces = {p[0] if isinstance(p, list) else p for p in vocab}
         added = [t["content"] for t in data.get("added_tokens", []) if t["content"] not in pieces]
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
+    except (KeyError, TypeError, IndexError, AttributeError):
         return None
     return len(pieces) + len(added), f"{len(pieces)} in the model + {len(added)} added, {path}"
 
 
 def _count_sentencepiece(path: str) -> tuple[int, str] | None:
     """Count the pieces of a sentencepiece ModelProto (field 1, `repeated SentencePiece pieces`)."""
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read()
-    except OSError:
-        return None
+    data = read_bytes(path)
     count, position = 0, 0
     try:
         while position < len(data):

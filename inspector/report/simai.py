@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from inspector.errors import InputError
+from inspector.errors import ConfigError, InputError
 
 POLICY = "HYBRID_TRANSFORMER_FWD_IN_BCKWD"
 NONE = "NONE"
@@ -106,6 +106,22 @@ HEADER_KEYS = {
     "checkpoint_initiates:": "",
     "pp_comm:": "pp_comm",
 }
+
+
+MAX_RECORDS = 2_000_000  # one stage's file: about 100 MB, a minute to check (docs/limits.md)
+
+
+def per_microbatch(block: list[Record], microbatches: int) -> list[Record]:
+    """Return a micro-batch's records once per micro-batch, as SimAI's file lists them, or raise
+    ConfigError past MAX_RECORDS (a billion micro-batches would be a file of terabytes)."""
+    if len(block) * microbatches > MAX_RECORDS:
+        raise ConfigError(
+            f"workload: {microbatches:,} micro-batches x {len(block):,} records each is more than "
+            f"the {MAX_RECORDS:,} records a stage's file holds here; SimAI's file lists every "
+            "micro-batch: fewer micro-batches (--global-batch-size / (--micro-batch-size x dp)) "
+            "answer (docs/limits.md)"
+        )
+    return block * microbatches
 
 
 def render_workload(header: Header, records: list[Record]) -> str:

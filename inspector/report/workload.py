@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from inspector.errors import ConfigError
 from inspector.formulas.flops import GEMM_FACTOR, logit_flops
-from inspector.report.simai import NONE, Header, Record, render_workload
+from inspector.report.simai import NONE, Header, Record, per_microbatch, render_workload
 from inspector.report.simai_groups import (
     check_groups,
     expert_grad_group,
@@ -167,7 +167,7 @@ def stage_records(job: Context, stage: StageInput) -> list[Record]:
         Record(f"optimizer{i + 1}", 0, "ALLREDUCE", 4, 0, NONE, 0, 0)
         for i in range(OPTIMIZER_ALLREDUCES if job.par.tp > 1 else 0)
     ]
-    return _data_parallel(job, stage) + block * job.training.num_microbatches + optimizer
+    return _data_parallel(job, stage) + per_microbatch(block, job.training.num_microbatches) + optimizer
 
 
 def stage_header(job: Context) -> Header:

@@ -9,6 +9,26 @@ from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
 from inspector.world.setup import megatron, parallel_sizes
 
+# TransformerConfig fields set from a Megatron-LM flag of another name (Megatron-LM
+# core_transformer_config_from_args; ModelConfig.transformer_fields); the others share the name.
+_FIELD_FLAGS = {"num_moe_experts": "--num-experts", "gated_linear_unit": "--swiglu",
+                "add_bias_linear": "--disable-bias-linear", "fp8": "--fp8-format",
+                "layernorm_zero_centered_gamma": "--apply-layernorm-1p"}  # fmt: skip
+
+
+def flags_named(reason: str) -> list[str]:
+    """Return the Megatron-LM flags behind the TransformerConfig fields a megatron-core message
+    names (`num_attention_heads` -> --num-attention-heads), each once, in order."""
+    import dataclasses
+    import re
+
+    from megatron.core.transformer.transformer_config import MLATransformerConfig
+
+    fields = {field.name for field in dataclasses.fields(MLATransformerConfig)}
+    words = re.findall(r"[A-Za-z_][A-Za-z0-9_]*", reason)
+    named = [w for w in words if w in fields and ("_" in w or w in _FIELD_FLAGS)]
+    return [_FIELD_FLAGS.get(name, "--" + name.replace("_", "-")) for name in dict.fromkeys(named)]
+
 
 def _no_values(tensor: Any) -> Any:
     """Initialise nothing: a meta tensor holds no values."""

@@ -23,7 +23,7 @@ from typing import Any
 from inspector.errors import ConfigError, FidelityError
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
-from inspector.world.config import transformer_config
+from inspector.world.config import flags_named, transformer_config
 from inspector.world.hybrid import build_hybrid_model
 from inspector.world.setup import (
     megatron,
@@ -134,9 +134,10 @@ def _megatron_errors(stage: int) -> Iterator[SimpleNamespace]:
         if net.built:
             raise
         reason = " ".join(str(exc).split()) or type(exc).__name__
-        raise ConfigError(
-            f"megatron-core refused to build stage {stage}: {reason} (--debug shows its traceback)"
-        ) from exc
+        flags = flags_named(reason)
+        change = f"the flags it names: {', '.join(flags)}; " if flags else ""
+        raise ConfigError(f"megatron-core refused to build stage {stage}: {reason} ({change}--debug "
+                          "shows its traceback)") from exc  # fmt: skip
 
 
 def _build_chunk(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 
+from inspector.errors import InputError
 from inspector.inputs.bash.conditions import evaluate_test
 from inspector.inputs.bash.context import Unknown, script_dir
 from inspector.inputs.bash.parser import split_assignment
@@ -14,6 +15,7 @@ from inspector.inputs.bash.runtime import MAX_DEPTH, Break, Exit, Return
 from inspector.inputs.bash.shell import Shell
 from inspector.inputs.bash.syntax import Assign, Simple
 from inspector.inputs.bash.words import parse_fragment
+from inspector.output import read_text
 
 
 def resolve_file(shell: Shell, name: str, what: str) -> str:
@@ -29,10 +31,10 @@ def resolve_file(shell: Shell, name: str, what: str) -> str:
 
 
 def read_file(shell: Shell, path: str) -> str:
+    """A sourced file's text, read as every input is (inspector.output.read_text: bounded)."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read()
-    except (OSError, UnicodeDecodeError) as exc:
+        return read_text(path)
+    except InputError as exc:
         raise shell.fail(f"cannot read {path} ({exc})") from None
 
 
