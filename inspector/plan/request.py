@@ -124,12 +124,7 @@ def _check_recompute_modules(modules: tuple[str, ...]) -> None:
 
 def make_request(args: dict[str, Any], flags: PlanFlags) -> Request:
     """Check the plan flags and return the search request (`args`: Megatron-LM's arguments)."""
-    _check_counts(flags)
-    if args.get("cuda_graph_impl") not in (None, "none"):
-        # the search prices each layout's memory without the graphs' pool (memory/engine/cuda_graphs.py)
-        raise ConfigError(f"--cuda-graph-impl {args['cuda_graph_impl']} is not modelled by plan: "
-                          "its memory composition has no CUDA graphs' pool; `memory` counts "
-                          "them for one layout")  # fmt: skip
+    _check_counts(flags, args)
     batch = args.get("global_batch_size")
     if not batch:
         raise ConfigError("--global-batch-size is required: the plan splits it over data parallel")
@@ -314,14 +309,19 @@ def _check_sizes(model: ModelConfig, gpus: int) -> None:
         )
 
 
-def _check_counts(flags: PlanFlags) -> None:
-    """Raise ConfigError naming the first count or fraction out of range."""
+def _check_counts(flags: PlanFlags, args: dict[str, Any]) -> None:
+    """Raise ConfigError naming the first count or fraction out of range, or CUDA graphs."""
     for flag, value in (("--gpus", flags.gpus), ("--gpus-per-node", flags.gpus_per_node),
                         ("--top", flags.top)):
         if value is not None and value < 1:
             raise ConfigError(f"{flag} must be at least 1, got {value}")
     if flags.efficiency is not None and not 0 < flags.efficiency <= 1:
         raise ConfigError(f"--efficiency must lie in (0, 1], got {flags.efficiency}")
+    if args.get("cuda_graph_impl") not in (None, "none"):
+        # the search prices each layout's memory without the graphs' pool (memory/engine/cuda_graphs.py)
+        raise ConfigError(f"--cuda-graph-impl {args['cuda_graph_impl']} is not modelled by plan: "
+                          "its memory composition has no CUDA graphs' pool; `memory` counts "
+                          "them for one layout")  # fmt: skip
 
 
 def _plan_gpu(flags: PlanFlags) -> Gpu:
