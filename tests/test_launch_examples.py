@@ -120,12 +120,12 @@ def _rl(tmp_path: Path, model: str) -> str:
 
 def test_a_refused_model_and_its_unset_values_in_one_error(tmp_path):
     # the tokenizer is left to the caller, and the model is refused: both named at once
-    path = _rl(tmp_path, "--quick-geglu")
+    path = _rl(tmp_path, "--qk-l2-norm")
     with pytest.raises(InputError) as error:
         parse_launch_script(Path(path).read_text(), path)
     assert str(error.value) == (
-        f"{path} line 2: --quick-geglu is not modelled: a gated MLP with its own activation is "
-        "not modelled; --swiglu is; "
+        f"{path} line 2: --qk-l2-norm is not modelled: Llama 4's L2 norm of queries and keys "
+        "(megatron-core L2Norm, no weights, in place of --qk-layernorm's norms) is not modelled; "
         f"{path} line 2: --tokenizer-model is ${{TOKENIZER_MODEL}}, which the script never sets; "
         "give it with --set TOKENIZER_MODEL=VALUE"
     )
