@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.test_versions import ALLTOALL_GRAPH_RETURNS_PROBS
+
 SEQ, HIDDEN, HEAD = 256, 128, 32  # 4 heads of 32
 
 
@@ -230,9 +232,11 @@ def test_the_router_scope_pools_the_moe_layers_norm_router_and_preprocessing():
         # bf16: no --moe-router-dtype), the routing map (bools, no grad), the residual [s, b, h]
         (("attn", "moe_router"), 2 * HIDDEN_BYTES + SEQ * EXPERTS * 2, 1),
         # with preprocess (alltoall dispatch_preprocess permutes): tokens [s*b*topk, h], their
-        # probabilities [s*b*topk], the dispatcher's attributes (ints, no grad), the residual
+        # probabilities [s*b*topk], the dispatcher's attributes (ints, no grad; from 0.19 also
+        # the router's probabilities [s*b, experts], which need one), the residual
         (("attn", "moe_router", "moe_preprocess"),
-         SEQ * TOPK * HIDDEN * 2 + SEQ * TOPK * 2 + HIDDEN_BYTES, 1),
+         SEQ * TOPK * HIDDEN * 2 + SEQ * TOPK * 2 + HIDDEN_BYTES
+         + SEQ * EXPERTS * 2 * ALLTOALL_GRAPH_RETURNS_PROBS, 1),
         # a dense first layer: its attention graph's one hidden state is a signature of its own
         (("attn", "moe_router"), HIDDEN_BYTES + 2 * HIDDEN_BYTES + SEQ * EXPERTS * 2, [0, 1, 1, 1]),
     ],

@@ -57,6 +57,10 @@ def as_printed_by_0_16(text: str) -> str:
 # MultiTokenPredictionLayer's transformer layer: `transformer_layer` to 0.16, `mtp_model_layer`
 # from 0.17 (tests/test_te.py and tests/test_mla.py read the parameter names)
 MTP_INNER = "mtp_model_layer" if VERSION >= (0, 17) else "transformer_layer"
+# MoEAlltoAllTokenDispatcher.cudagraph_attrs (token_dispatcher.py), returned by a moe_preprocess
+# CUDA graph: 0.19 adds the router's `probs` [tokens, experts] (kept for combine), an output that
+# needs a gradient. Checked on 0.16.1 (absent) and 0.19.2 (present) only.
+ALLTOALL_GRAPH_RETURNS_PROBS = VERSION >= (0, 19)
 
 
 def test_supported_version():
