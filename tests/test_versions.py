@@ -61,6 +61,10 @@ MTP_INNER = "mtp_model_layer" if VERSION >= (0, 17) else "transformer_layer"
 # CUDA graph: 0.19 adds the router's `probs` [tokens, experts] (kept for combine), an output that
 # needs a gradient. Checked on 0.16.1 (absent) and 0.19.2 (present) only.
 ALLTOALL_GRAPH_RETURNS_PROBS = VERSION >= (0, 19)
+# TEGroupedMLP calls TE's Fp8Padding even when the router already padded each expert's rows
+# (--moe-router-padding-for-fp8) up to 0.16; 0.19 skips it then (moe_utils.py
+# skip_routed_expert_padding). Checked on 0.16.1 and 0.19.2 only.
+EXPERTS_PAD_AFTER_ROUTER_PADS = VERSION < (0, 19)
 
 
 def test_supported_version():
