@@ -65,6 +65,10 @@ ALLTOALL_GRAPH_RETURNS_PROBS = VERSION >= (0, 19)
 # (--moe-router-padding-for-fp8) up to 0.16; 0.19 skips it then (moe_utils.py
 # skip_routed_expert_padding). Checked on 0.16.1 and 0.19.2 only.
 EXPERTS_PAD_AFTER_ROUTER_PADS = VERSION < (0, 19)
+# DeepEP's _DeepepManager keeps its dispatched indices and probs after combine up to 0.16; 0.19
+# drops them there (token_dispatcher.py `_DeepepManager.combine`, "avoid memory leak"), so
+# autograd frees what the dispatch saved of them in backward. Checked on 0.16.1 and 0.19.2 only.
+DEEPEP_KEEPS_DISPATCHED = VERSION < (0, 19)
 
 
 def test_supported_version():
