@@ -378,9 +378,8 @@ def test_mtp_logits_are_freed_before_the_main_logits_except_on_0_14_to_0_16():
     # 0.14-0.16, alive while the main logits are made; 0.17 moved the MTP loss into
     # multi_token_prediction.py `process_mtp_loss`, which frees them on return. The k2_mtp GPU
     # run (0.16.1) holds them: tests/test_engine.py expects the other versions 2-3% under it.
-    from inspector.engine.stage import trace_stage
-
     from inspector.job.job import make_job
+    from inspector.memory.engine.stage import trace_stage
 
     job = make_job(dict(num_layers=1, hidden_size=64, num_attention_heads=4, seq_length=32,
                         vocab_size=4096, position_embedding_type="rope", mtp_num_layers=1,
