@@ -75,7 +75,7 @@ def test_model_flags_are_megatron_spellings(cli):
         ),
         (
             ["params", "--position-embedding-type", "rop"],
-            "Error: --position-embedding-type 'rop' is not one of: learned_absolute, rope, none\n",
+            "Error: --position-embedding-type 'rop' is not one of: learned_absolute, rope, yarn, none\n",
         ),
         (
             ["tree", "--transformer-impl", "fast"],
