@@ -69,6 +69,10 @@ EXPERTS_PAD_AFTER_ROUTER_PADS = VERSION < (0, 19)
 # drops them there (token_dispatcher.py `_DeepepManager.combine`, "avoid memory leak"), so
 # autograd frees what the dispatch saved of them in backward. Checked on 0.16.1 and 0.19.2 only.
 DEEPEP_KEEPS_DISPATCHED = VERSION < (0, 19)
+# --cuda-graph-impl is modelled from 0.16 (TECudaGraphHelper's sample buffers, transformer/
+# cuda_graphs.py `convert_schedule_table_to_order`); before, inspect-model refuses it
+# (tests/test_cuda_graphs.py test_before_megatron_core_0_16_the_graphs_are_refused)
+CUDA_GRAPHS_MODELLED = VERSION >= (0, 16)
 
 
 def test_supported_version():
