@@ -291,13 +291,19 @@ class ModelConfig:
 
     def to_args(self) -> dict[str, Any]:
         """Return the fields as Megatron-LM arguments (for headers and caches); --padded-vocab-size
-        and the hybrid fields only where they are given, so a job without them reads as before."""
+        and the hybrid fields only where they are given, gpt-oss's where they differ from their
+        defaults, so a job without them reads as before."""
         optional = ("padded_vocab_size", *HYBRID_FIELDS)
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.name not in optional or getattr(self, f.name)}  # fmt: skip
+                if (f.name not in optional or getattr(self, f.name))
+                and (f.name not in GPT_OSS_FIELDS or getattr(self, f.name) != f.default)}  # fmt: skip
 
 
 MODEL_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelConfig))
+GPT_OSS_FIELDS = (
+    "quick_geglu", "glu_linear_offset", "activation_func_clamp_value", "softmax_type",
+    "window_size", "window_attn_skip_freq",
+)  # fmt: skip
 HYBRID_FIELDS = (
     "hybrid_override_pattern", "hybrid_attention_ratio", "hybrid_mlp_ratio", "is_hybrid_model",
     "mamba_state_dim", "mamba_head_dim", "mamba_num_groups", "mamba_num_heads",
