@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from tests.test_versions import ALLTOALL_GRAPH_RETURNS_PROBS, CUDA_GRAPHS_MODELLED
+
+needs_graphs = pytest.mark.skipif(not CUDA_GRAPHS_MODELLED, reason="refused before 0.16 (test_versions)")
+
 SEQ, HIDDEN, HEAD = 256, 128, 32  # 4 heads of 32
 
 
@@ -29,6 +33,7 @@ MASK_BYTES = SEQ * SEQ
 ROPE_BYTES = SEQ * HEAD * 4
 
 
+@needs_graphs
 def test_the_capture_order_is_megatrons_docstring_example():
     from inspector.memory.engine.cuda_graphs import capture_order
 
@@ -38,6 +43,7 @@ def test_the_capture_order_is_megatrons_docstring_example():
         1, 1, 1, 2, 2, 2, -2, 1, -2, 1, -2, 2, -1, 2, -1, -1, -2, -2, -1, -1]  # fmt: skip
 
 
+@needs_graphs
 def test_without_a_pipeline_one_micro_batch_is_captured_per_layer():
     from inspector.memory.engine.cuda_graphs import static_inputs
 
@@ -47,6 +53,7 @@ def test_without_a_pipeline_one_micro_batch_is_captured_per_layer():
     assert got.bytes == 4 * (HIDDEN_BYTES + MASK_BYTES) + ROPE_BYTES
 
 
+@needs_graphs
 def test_an_mlp_scope_takes_no_mask_and_no_rope():
     from inspector.memory.engine.cuda_graphs import static_inputs
 
@@ -55,6 +62,7 @@ def test_an_mlp_scope_takes_no_mask_and_no_rope():
 
 
 @pytest.mark.parametrize(("stage", "in_flight"), [(0, 2), (1, 1)])
+@needs_graphs
 def test_a_pipeline_captures_every_micro_batch_and_reuses_finished_ones(stage, in_flight):
     from inspector.memory.engine.cuda_graphs import static_inputs
 
@@ -110,6 +118,7 @@ def test_an_attention_scope_keeps_the_mlp_and_its_residual_add_outside_the_pool(
     assert pool_of(backward, ("attn",), True) == [False, False, True, True]
 
 
+@needs_graphs
 def test_memory_keeps_the_graphs_inputs_grad_outputs_and_pool_beside_the_step():
     from inspector.memory.engine.run import run_memory
 
@@ -146,6 +155,7 @@ def test_memory_keeps_the_graphs_inputs_grad_outputs_and_pool_beside_the_step():
          "('full recompute is only supported with full iteration CUDA graph.')"),
     ],
 )  # fmt: skip
+@needs_graphs
 def test_graphs_memory_does_not_model_are_refused_by_name(flags, error):
     from tests.conftest import run_cli
 
@@ -154,6 +164,7 @@ def test_graphs_memory_does_not_model_are_refused_by_name(flags, error):
     assert (result.code, result.err.strip(), result.out) == (2, error, "")
 
 
+@needs_graphs
 def test_the_timeline_draws_the_graphs_pool_as_its_own_band(tmp_path):
     from inspector.memory.engine.run import run_memory
     from tests.conftest import run_cli
@@ -185,6 +196,7 @@ def test_before_megatron_core_0_16_the_graphs_are_refused(monkeypatch):
         _job(cuda_graph_impl="transformer_engine")
 
 
+@needs_graphs
 def test_the_moe_overlaps_capture_order_is_refused_by_name():
     from inspector.errors import ConfigError
 
@@ -230,13 +242,16 @@ def test_the_router_scope_pools_the_moe_layers_norm_router_and_preprocessing():
         # bf16: no --moe-router-dtype), the routing map (bools, no grad), the residual [s, b, h]
         (("attn", "moe_router"), 2 * HIDDEN_BYTES + SEQ * EXPERTS * 2, 1),
         # with preprocess (alltoall dispatch_preprocess permutes): tokens [s*b*topk, h], their
-        # probabilities [s*b*topk], the dispatcher's attributes (ints, no grad), the residual
+        # probabilities [s*b*topk], the dispatcher's attributes (ints, no grad; from 0.19 also
+        # the router's probabilities [s*b, experts], which need one), the residual
         (("attn", "moe_router", "moe_preprocess"),
-         SEQ * TOPK * HIDDEN * 2 + SEQ * TOPK * 2 + HIDDEN_BYTES, 1),
+         SEQ * TOPK * HIDDEN * 2 + SEQ * TOPK * 2 + HIDDEN_BYTES
+         + SEQ * EXPERTS * 2 * ALLTOALL_GRAPH_RETURNS_PROBS, 1),
         # a dense first layer: its attention graph's one hidden state is a signature of its own
         (("attn", "moe_router"), HIDDEN_BYTES + 2 * HIDDEN_BYTES + SEQ * EXPERTS * 2, [0, 1, 1, 1]),
     ],
 )  # fmt: skip
+@needs_graphs
 def test_the_router_graphs_static_grad_outputs_are_te_s_one_set_per_signature(scope, grad_outputs,
                                                                               freq):  # fmt: skip
     from inspector.memory.engine.cuda_graphs import static_inputs
@@ -247,6 +262,7 @@ def test_the_router_graphs_static_grad_outputs_are_te_s_one_set_per_signature(sc
     assert static_inputs(job, 0, scope).grad_output_bytes == grad_outputs
 
 
+@needs_graphs
 def test_memory_runs_the_router_graphs_and_pools_more_with_each_step():
     from inspector.memory.engine.run import run_memory
 
@@ -268,6 +284,7 @@ def test_memory_runs_the_router_graphs_and_pools_more_with_each_step():
           **MOE}, "DtoH copies and synchronizations in the preprocess step"),
     ],
 )  # fmt: skip
+@needs_graphs
 def test_megatron_cores_router_scope_checks(flags, error):
     from inspector.errors import ConfigError
 

@@ -13,6 +13,7 @@ import pytest
 from tests.conftest import run_cli
 from tests.test_engine import _MOE_TP1
 from tests.test_engine import _job as _engine_job
+from tests.test_versions import DEEPEP_KEEPS_DISPATCHED
 
 VERSION = tuple(int(p) for p in megatron.core.__version__.split(".")[:2])
 MIB = 1 << 20
@@ -203,7 +204,19 @@ def test_activations_differ_from_alltoall_only_in_the_dispatcher():
     def activation(events):
         return [e for e in events if "WeightedSwiGLU" in e[1]]
 
-    assert outside_dispatcher(flex) == outside_dispatcher(alltoall)
+    if DEEPEP_KEEPS_DISPATCHED:
+        assert outside_dispatcher(flex) == outside_dispatcher(alltoall)
+    else:  # 0.19: the manager lets go of its dispatched indices and probs
+        # after combine; autograd frees them in backward, outside any layer
+        def late(events):
+            return [e for e in outside_dispatcher(events) if e[1] == "backward" and e[0] < 0]
+
+        def kept(events):
+            return [e for e in outside_dispatcher(events) if e not in late(events)]
+
+        assert kept(flex) == kept(alltoall)
+        extra = len(late(flex)) - len(late(alltoall))
+        assert extra > 0
     assert gemms(flex) == gemms(alltoall) and gemms(flex)
     # fp32 probs: the activation's products with them are fp32, twice the bf16 ones
     assert max(b for b, _ in activation(flex)) == 2 * max(b for b, _ in activation(alltoall))

@@ -15,6 +15,8 @@ import json
 
 import pytest
 
+from tests.test_versions import GRAD_NORM_MADE_FIRST
+
 SMALL = ("--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
          "--vocab-size 1000 --micro-batch-size 1 --bf16 --dp 2 "
          "--use-distributed-optimizer").split()  # fmt: skip
@@ -170,7 +172,8 @@ def test_bf16_moments_are_unscaled_into_fp32_for_the_step():
     assert 0.9 * 8 * updated <= peak.allocated <= 8 * updated + 2 * 512 * tensors + 1024
     assert run.events[-1].allocated == 0
     plain = stage_step(_job(), 0)
-    assert max(e.allocated for e in plain.events) <= 3 * 512
+    # the grad norm's small tensors only; 0.19 makes its total first (GRAD_NORM_MADE_FIRST)
+    assert max(e.allocated for e in plain.events) <= (3 + GRAD_NORM_MADE_FIRST) * 512
 
 
 def test_no_main_grad_copy_when_fusedadam_keeps_the_master():

@@ -16,6 +16,7 @@ from inspector.job.dims import ModelDims
 from inspector.job.hardware import GPUS
 from inspector.plan.flex import block_hit, expected_remote_nodes, sender_copies, token_copies
 from tests.conftest import run_cli
+from tests.test_versions import EXPERTS_PAD_AFTER_ROUTER_PADS
 
 VERSION = tuple(int(p) for p in megatron.core.__version__.split(".")[:2])
 
@@ -179,19 +180,20 @@ TINY = ("memory", "--no-cache", *SMALL_MIXTRAL, "--micro-batch-size", "1", "--ep
 OLD_DEEPEP = () if VERSION >= (0, 16) else ("--moe-enable-deepep",)
 
 
-def _expert_rows(monkeypatch, *flags: str) -> list[list[int]]:
+def _expert_rows(monkeypatch, *flags: str, spied: type | None = None) -> list[list[int]]:
     """Run `memory` and return the rows per local expert that TE's Fp8Padding (experts.py
-    TEGroupedMLP, fp8) is handed, one list per call."""
+    TEGroupedMLP, fp8), or `spied` (a module taking `m_splits`), is handed, one list per call."""
     from inspector.world.te.kernels import fp8_functions
 
     seen: list[list[int]] = []
-    forward = fp8_functions.Fp8Padding.forward
+    spied = spied or fp8_functions.Fp8Padding
+    forward = spied.forward
 
-    def spy(self, inp, m_splits):
+    def spy(self, inp, m_splits, *args, **kwargs):
         seen.append(list(m_splits))
-        return forward(self, inp, m_splits)
+        return forward(self, inp, m_splits, *args, **kwargs)
 
-    monkeypatch.setattr(fp8_functions.Fp8Padding, "forward", spy)
+    monkeypatch.setattr(spied, "forward", spy)
     result = run_cli(*TINY, *flags)
     assert result.code == 0, result.err
     return seen
@@ -209,7 +211,14 @@ def test_router_padding_hands_the_experts_aligned_rows(monkeypatch, dispatcher: 
     # moe_utils.py pad_routing_map), DeepEP's receiver its 60 to 64 (_DeepepManager
     # ._pad_routing_map): 64 rows either way, already aligned, so Fp8Padding copies nothing
     padded = _expert_rows(monkeypatch, *chosen, "--moe-router-padding-for-fp8")
-    assert padded and {tuple(rows) for rows in padded} == {(64, 64, 64, 64)}
+    if EXPERTS_PAD_AFTER_ROUTER_PADS:
+        assert padded and {tuple(rows) for rows in padded} == {(64, 64, 64, 64)}
+    else:  # 0.19: the experts skip Fp8Padding when the router pads (skip_routed_expert_padding)
+        from inspector.world.te.grouped_linear import GroupedLinear
+
+        assert padded == []
+        grouped = _expert_rows(monkeypatch, *chosen, "--moe-router-padding-for-fp8", spied=GroupedLinear)
+        assert grouped and {tuple(rows) for rows in grouped} == {(64, 64, 64, 64)}
 
 
 # megatron-core's TransformerConfig names the field it has: 0.16 turns the fp8 flag into

@@ -57,6 +57,22 @@ def as_printed_by_0_16(text: str) -> str:
 # MultiTokenPredictionLayer's transformer layer: `transformer_layer` to 0.16, `mtp_model_layer`
 # from 0.17 (tests/test_te.py and tests/test_mla.py read the parameter names)
 MTP_INNER = "mtp_model_layer" if VERSION >= (0, 17) else "transformer_layer"
+# MoEAlltoAllTokenDispatcher.cudagraph_attrs (token_dispatcher.py), returned by a moe_preprocess
+# CUDA graph: 0.19 adds the router's `probs` [tokens, experts] (kept for combine), an output that
+# needs a gradient. Checked on 0.16.1 (absent) and 0.19.2 (present) only.
+ALLTOALL_GRAPH_RETURNS_PROBS = VERSION >= (0, 19)
+# TEGroupedMLP calls TE's Fp8Padding even when the router already padded each expert's rows
+# (--moe-router-padding-for-fp8) up to 0.16; 0.19 skips it then (moe_utils.py
+# skip_routed_expert_padding). Checked on 0.16.1 and 0.19.2 only.
+EXPERTS_PAD_AFTER_ROUTER_PADS = VERSION < (0, 19)
+# DeepEP's _DeepepManager keeps its dispatched indices and probs after combine up to 0.16; 0.19
+# drops them there (token_dispatcher.py `_DeepepManager.combine`, "avoid memory leak"), so
+# autograd frees what the dispatch saved of them in backward. Checked on 0.16.1 and 0.19.2 only.
+DEEPEP_KEEPS_DISPATCHED = VERSION < (0, 19)
+# --cuda-graph-impl is modelled from 0.16 (TECudaGraphHelper's sample buffers, transformer/
+# cuda_graphs.py `convert_schedule_table_to_order`); before, inspect-model refuses it
+# (tests/test_cuda_graphs.py test_before_megatron_core_0_16_the_graphs_are_refused)
+CUDA_GRAPHS_MODELLED = VERSION >= (0, 16)
 
 
 def test_supported_version():

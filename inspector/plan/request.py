@@ -146,18 +146,23 @@ def make_request(args: dict[str, Any], flags: PlanFlags) -> Request:
     _check_overlap(model, training)
     _check_sizes(model, flags.gpus)
     _check_expert_tp(model, fixed)
-    if backend == "hybridep" and model.num_experts is not None:
-        check_hybridep_dtype(model)  # every candidate's: the model's dtype is fixed
-    if backend is not None and model.num_experts is not None and "ep" in fixed:
-        etp = fixed.get("etp", fixed.get("tp"))  # megatron: expert tp defaults to tp
-        if etp is not None:
-            check_flex_group(fixed["ep"], etp, backend)
+    _check_flex(model, backend, fixed)
     return Request(
         model=model, gpus=flags.gpus, gpu=gpu,
         memory=round(gpu.memory_gib * (1 << 30)), global_batch_size=batch,
         efficiency=flags.efficiency, fixed=fixed,
         top=flags.top, training=training, flash_attention=_flash(args),
     )
+
+
+def _check_flex(model: ModelConfig, backend: str | None, fixed: dict[str, Any]) -> None:
+    """Refuse what the flex dispatcher's backend refuses of every candidate (a fixed ep, dtype)."""
+    if backend == "hybridep" and model.num_experts is not None:
+        check_hybridep_dtype(model)  # every candidate's: the model's dtype is fixed
+    if backend is not None and model.num_experts is not None and "ep" in fixed:
+        etp = fixed.get("etp", fixed.get("tp"))  # megatron: expert tp defaults to tp
+        if etp is not None:
+            check_flex_group(fixed["ep"], etp, backend)
 
 
 def _kept_training(args: dict[str, Any], backend: str | None) -> Training:

@@ -11,7 +11,7 @@
   inside `try: ... except ImportError` (HAVE_DTENSOR) and uses it only on tensors that are DTensors,
   which a meta build never makes; it costs ~0.6 s (it pulls in torch.distributed.checkpoint, FSDP
   and sympy). megatron.core.safe_globals (0.14+), which imports it without a fallback, gets a stand-in
-  (`_SafeGlobalsStandIn`). Should a megatron-core still need DTensor, the import is retried with it.
+  (world/import_later.py). Should a megatron-core still need DTensor, the import is retried with it.
 - torch's meta kernels written in Python (torch._refs) and torch.optim's optimizers (the engine's
   optimizer step) are wrapped in `torch._disable_dynamo`, which imports torch._dynamo (~0.5 s, and
   inductor with it) on the first call only to learn how to switch dynamo off. With torch.compile
@@ -19,7 +19,11 @@
   the plain function.
 - megatron.core.transformer.fsdp_dtensor_checkpoint (0.15+), imported by megatron's optimizer
   package for two checkpoint helpers, imports torch.distributed.checkpoint and DTensor without a
-  fallback (~0.3 s); a stand-in (`_CalledLater`) imports it when one of them is first called.
+  fallback (~0.3 s); a stand-in (world/import_later.py) imports it when one of them is first called.
+  The same for megatron.core.dist_checkpointing.serialization (0.19 imports DCP at its top, and
+  megatron.core.utils imports its package at load): its save/load functions import it when called.
+  0.19's megatron_fsdp package (its __init__ imports DTensor) is imported without running its
+  __init__ until a name is asked of it.
 - The garbage collector's full collections skip what exists before and after the import (torch's
   and megatron's modules, classes, functions: `gc.freeze()`): ~2 full collections would otherwise
   rescan them, ~0.1-0.2 s each. Nothing frozen is garbage; collection itself stays on.
@@ -56,6 +60,7 @@ from collections.abc import Callable, Iterator, Sequence
 from types import FunctionType, ModuleType
 from typing import Any
 
+from inspector.world.import_later import FOR_THE_PROCESS, SAFE_GLOBALS
 from inspector.world.sympy_free import defer_symbolic_shapes, promote_without_sympy
 
 # Modules not importable while megatron-core is imported (see the module notes).
@@ -77,89 +82,6 @@ class _Deferred(importlib.abc.MetaPathFinder):
 
 
 _DEFERRED = _Deferred()
-
-
-class _SafeGlobalsStandIn(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Stand in for megatron.core.safe_globals (0.14+), imported by megatron.core's __init__.
-
-    It registers megatron's classes with torch.load's allow-list (only loading checkpoints needs
-    that) and imports megatron's optimizer package to name OptimizerConfig, which imports
-    torch.distributed.checkpoint without a fallback, and so DTensor. Nothing here loads a
-    checkpoint: the stand-in registers nothing.
-    """
-
-    NAME = "megatron.core.safe_globals"
-
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        return importlib.util.spec_from_loader(fullname, self) if fullname == self.NAME else None
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> None:
-        return None
-
-    def exec_module(self, module: ModuleType) -> None:
-        module.SAFE_GLOBALS = []  # type: ignore[attr-defined]
-        module.register_safe_globals = lambda: None  # type: ignore[attr-defined]
-
-
-_SAFE_GLOBALS = _SafeGlobalsStandIn()
-
-
-class _CalledLater(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Stand in for megatron.core.transformer.fsdp_dtensor_checkpoint (0.15+) until it is used.
-
-    megatron's optimizer package imports two of its functions by name (optimizer/__init__.py
-    `get_global_unique_param_name`, distrib_optimizer.py `handle_experts_in_state_dict`), and the
-    module imports torch.distributed.checkpoint, and with it DTensor, without a fallback (~0.3 s).
-    Both functions serve checkpoints only (a parameter-to-group map, expert names in a state dict).
-    The stand-in hands out, for those two names, functions that import the real module when first
-    called and call it; any other name imports the real module at once and is its attribute. So
-    whatever megatron calls runs megatron's own code.
-    """
-
-    NAME = "megatron.core.transformer.fsdp_dtensor_checkpoint"
-    CALLED_LATER = ("get_global_unique_param_name", "handle_experts_in_state_dict")
-
-    def __init__(self) -> None:
-        self.real: ModuleType | None = None
-        self.stepped_aside = False  # the real module is being, or has been, imported
-
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != self.NAME or self.stepped_aside:
-            return None
-        return importlib.util.spec_from_loader(fullname, self)
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> None:
-        return None
-
-    def exec_module(self, module: ModuleType) -> None:
-        vars(module)["__getattr__"] = self._attribute  # PEP 562: names asked of the module
-
-    def _attribute(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        if name not in self.CALLED_LATER:
-            return getattr(self._load(), name)
-
-        def called(*args: Any, **kwargs: Any) -> Any:
-            return getattr(self._load(), name)(*args, **kwargs)
-
-        called.__name__ = called.__qualname__ = name
-        return called
-
-    def _load(self) -> ModuleType:
-        """Import the real module in the stand-in's place (sys.modules, its package's attribute)."""
-        if self.real is None:
-            self.stepped_aside = True
-            sys.modules.pop(self.NAME, None)
-            self.real = importlib.import_module(self.NAME)
-        return self.real
-
-
-_CALLED_LATER = _CalledLater()
 
 
 def _compile_passes_through() -> None:
@@ -345,7 +267,7 @@ def _import(names: Callable[[], Any]) -> Any:
     The deferral ends with the import: a module imported later that wants DTensor gets it (slower,
     still correct); tests/test_fastimport.py checks that building and `memory` import none.
     """
-    finders = (_DEFERRED, _SAFE_GLOBALS)
+    finders = (_DEFERRED, SAFE_GLOBALS)
     sys.meta_path[:0] = finders
     try:
         return names()
@@ -376,8 +298,9 @@ def import_megatron(names: Callable[[], Any]) -> Any:
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     _compile_passes_through()
     _install_transformer_engine_standin()
-    if _CALLED_LATER not in sys.meta_path:
-        sys.meta_path.insert(0, _CALLED_LATER)  # for the process: the optimizer imports it later
+    for later in FOR_THE_PROCESS:
+        if later not in sys.meta_path:
+            sys.meta_path.insert(0, later)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         result = _import(names)

@@ -155,7 +155,7 @@ def _build_chunk(
     vp_stage = chunk if vpp is not None else None
     pre = ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
     post = ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
-    with m.torch.device("meta"), _cuda_for(model):
+    with m.torch.device("meta"), _cuda_for(model, config):
         _fresh_attention_env()
         if model.hybrid:
             return _finish_chunk(model, config, build_hybrid_model(model, config, layout, pre, post),
@@ -301,9 +301,12 @@ def _mtp_block_spec(
     )
 
 
-def _cuda_for(model: ModelConfig) -> contextlib.AbstractContextManager[None]:
-    """Answer megatron's CUDA queries while it builds Transformer Engine modules (on meta)."""
-    if model.transformer_impl == "transformer_engine" or model.hybrid:
+def _cuda_for(model: ModelConfig, config: Any) -> contextlib.AbstractContextManager[None]:
+    """Answer megatron's CUDA queries while it builds Transformer Engine modules (on meta), and
+    HybridEP's dispatcher under either implementation (0.19's `_HybridEPManager` makes a flag
+    tensor on the GPU when it is built: token_dispatcher.py `over_budget`)."""
+    hybridep = getattr(config, "moe_flex_dispatcher_backend", None) == "hybridep"
+    if model.transformer_impl == "transformer_engine" or model.hybrid or hybridep:
         from inspector.world.te.cuda import simulated_cuda
 
         return simulated_cuda()
