@@ -6,6 +6,11 @@ from __future__ import annotations
 import pytest
 
 from tests.test_cuda_graphs import SEQ, _job
+from tests.test_versions import CUDA_GRAPHS_MODELLED
+
+# before 0.16 every CUDA graph is refused by version (test_cuda_graphs.py
+# test_before_megatron_core_0_16_the_graphs_are_refused), full-iteration ones included
+pytestmark = pytest.mark.skipif(not CUDA_GRAPHS_MODELLED, reason="refused before 0.16 (test_versions)")
 
 FULL = dict(cuda_graph_impl="local", cuda_graph_scope=["full_iteration"])
 # GPTDataset.__getitem__ (megatron-core datasets/gpt_dataset.py), micro-batch 1: tokens and labels
