@@ -275,14 +275,8 @@ def read_bytes(path: str, limit: int = MAX_INPUT_BYTES) -> bytes:
         except (OSError, ValueError, AttributeError):  # replaced by a non-file stream
             return str(sys.stdin.read(limit + 1)).encode("utf-8", "surrogateescape")[: limit + 1]
         return _read_fd(fd, shown, limit, os.isatty(fd))
-    try:
+    with _opening(shown):
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except FileNotFoundError:
-        raise InputError(f"{shown} does not exist") from None
-    except IsADirectoryError:
-        raise InputError(f"{shown} is a folder, not a file") from None
-    except OSError as exc:
-        raise InputError(f"{shown} cannot be read ({reason_of(exc)})") from None
     try:
         info = os.fstat(fd)
         if stat.S_ISDIR(info.st_mode):
@@ -295,6 +289,20 @@ def read_bytes(path: str, limit: int = MAX_INPUT_BYTES) -> bytes:
         return _read_fd(fd, shown, limit, False)
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def _opening(shown: str) -> Iterator[None]:
+    """Turn an OS error opening or reading `shown` into InputError naming it (read_bytes,
+    read_head)."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise InputError(f"{shown} does not exist") from None
+    except IsADirectoryError:
+        raise InputError(f"{shown} is a folder, not a file") from None
+    except OSError as exc:
+        raise InputError(f"{shown} cannot be read ({reason_of(exc)})") from None
 
 
 def _read_fd(fd: int, shown: str, limit: int, terminal: bool) -> bytes:
@@ -331,7 +339,7 @@ def read_head(path: str, limit: int) -> tuple[str, bool]:
     further. Bytes that are not UTF-8 read as U+FFFD; raise InputError naming a file that
     cannot be read."""
     shown = "- (standard input)" if path == STDIO else shown_path(path)
-    try:
+    with _opening(shown):
         if path == STDIO:
             if sys.stdin is None:
                 raise InputError("- (standard input) is closed")
@@ -342,12 +350,6 @@ def read_head(path: str, limit: int) -> tuple[str, bool]:
                 raise InputError(f"{shown} is a device, not a file")
             with open(path, "rb") as stream:
                 data = stream.read(limit + 1)
-    except FileNotFoundError:
-        raise InputError(f"{shown} does not exist") from None
-    except IsADirectoryError:
-        raise InputError(f"{shown} is a folder, not a file") from None
-    except OSError as exc:
-        raise InputError(f"{shown} cannot be read ({reason_of(exc)})") from None
     text = data[:limit].decode("utf-8", errors="replace").replace("\r\n", "\n")
     return _without_bom(text), len(data) > limit
 
