@@ -13,6 +13,7 @@ from inspector.errors import ConfigError
 from inspector.inputs.arguments import BY_NAME
 from inspector.job import fp8
 from inspector.job.checks import MAX_SIZE, check_at_least_one, check_heads, check_query_groups
+from inspector.job.dsa import validate_dsa
 from inspector.job.hybrid_model import check_ratios
 from inspector.job.model import MODEL_FIELDS, ModelConfig
 from inspector.job.moe_pattern import parse_moe_layer_freq
@@ -121,6 +122,7 @@ def validate_model(config: ModelConfig) -> None:
     _validate_moe(config)
     _validate_moe_layer_freq(config)
     _validate_mla(config)
+    validate_dsa(config)
     _validate_mtp(config)
     _validate_backend(config)
     fp8.validate_fp8(

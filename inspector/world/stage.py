@@ -24,6 +24,7 @@ from inspector.errors import ConfigError, FidelityError
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
 from inspector.world.config import flags_named, transformer_config
+from inspector.world.dsa import dsa_block_spec, dsa_mtp_layer_spec
 from inspector.world.hybrid import build_hybrid_model
 from inspector.world.setup import (
     megatron,
@@ -255,6 +256,8 @@ def _layer_spec(m: SimpleNamespace, model: ModelConfig, config: Any, vp_stage: i
         from megatron.core.extensions.transformer_engine import TENorm
 
         m.transformer_block.LayerNormImpl = TENorm
+    if model.dsa:
+        return dsa_block_spec(config, vp_stage)
     if model.num_experts is not None:
         return m.gpt_layer_specs.get_gpt_decoder_block_spec(
             config,
@@ -295,7 +298,7 @@ def _mtp_block_spec(
     last = model.num_experts if model.is_moe_layer(model.num_layers - 1) else None
     return m.gpt_layer_specs.get_gpt_mtp_block_spec(
         config,
-        _one_layer_spec(m, model, last),
+        dsa_mtp_layer_spec(config, model) or _one_layer_spec(m, model, last),
         use_transformer_engine=model.transformer_impl == "transformer_engine",
         vp_stage=vp_stage,
     )
