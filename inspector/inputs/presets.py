@@ -151,6 +151,26 @@ _ALL = [
         transformer_impl="transformer_engine",
     ),
     _preset(
+        "deepseek-v3.2",
+        "DeepSeek-V3 with DSA: lightning indexer (64 heads of 128, top-2048) on every MLA layer",
+        "DeepSeek-AI 2025, DeepSeek-V3.2-Exp (HF deepseek-ai/DeepSeek-V3.2-Exp config.json: "
+        "index_n_heads 64, index_head_dim 128, index_topk 2048); megatron-core 0.18+ builds it",
+        685e9, "HF deepseek-ai/DeepSeek-V3.2-Exp model card: 685B params",
+        num_layers=61, hidden_size=7168, num_attention_heads=128, kv_channels=128,
+        ffn_hidden_size=18432, multi_latent_attention=True, q_lora_rank=1536, kv_lora_rank=512,
+        qk_head_dim=128, qk_pos_emb_head_dim=64, v_head_dim=128, qk_layernorm=True,
+        rotary_scaling_factor=40.0, mscale=1.0, mscale_all_dim=1.0,
+        experimental_attention_variant="dsa", dsa_indexer_n_heads=64, dsa_indexer_head_dim=128,
+        dsa_indexer_topk=2048,
+        num_experts=256, moe_layer_freq="([0]*3+[1]*58)", moe_router_topk=8,
+        moe_ffn_hidden_size=2048, moe_shared_expert_intermediate_size=2048,
+        moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True,
+        moe_router_num_groups=8, moe_router_group_topk=4,
+        moe_grouped_gemm=True, mtp_num_layers=1, seq_length=4096, max_position_embeddings=4096,
+        vocab_size=129280, make_vocab_size_divisible_by=1280, **_LLAMA,
+        transformer_impl="transformer_engine",
+    ),
+    _preset(
         "qwen3-30b-a3b",
         "48 layers, hidden 2048, 32 heads (4 KV groups, head 128), 128 experts top-8 (ffn 768)",
         "Qwen team 2025, Qwen3 Technical Report, arXiv:2505.09388 (HF Qwen/Qwen3-30B-A3B "

@@ -89,3 +89,15 @@ def check_dsa_layout(config: ModelConfig, cp: int, rope_fusion: bool) -> None:
         raise ConfigError("--experimental-attention-variant dsa with --position-embedding-type "
                           "rope needs --no-rope-fusion (megatron-core: \"RoPE fusion is not "
                           "supported for DSAttention\")")  # fmt: skip
+
+
+def refuse_dsa(config: ModelConfig, command: str) -> None:
+    """Refuse DSA in a command that prices layers from their records rather than running them:
+    the indexer's own collectives (sequence-parallel gathers of its inputs, the all-reduce of the
+    attention scores its loss sums over the tensor-parallel ranks: dsa.py
+    `compute_dsa_indexer_loss`) have no record there yet."""
+    if config.dsa:
+        raise ConfigError(
+            f"{command} does not export DeepSeek sparse attention's indexer yet (its gathers and "
+            "the all-reduce of its loss's attention scores); tree, params, diff and memory run it"
+        )
