@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from inspector.errors import ConfigError, InputError
 from inspector.job.dims import ModelDims
-from inspector.job.hardware import Gpu
 from inspector.job.dsa import refuse_dsa
+from inspector.job.hardware import Gpu
 from inspector.job.hybrid_model import MambaShape, mamba_shape, refuse_hybrid_mtp
 from inspector.job.layout import Layout
 
