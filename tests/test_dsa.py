@@ -1,0 +1,126 @@
+"""DeepSeek sparse attention (DSA): the fast_hadamard_transform stand-in, which megatron-core
+builds it (0.18+; 0.16-0.17 have the modules, Megatron-LM cannot build them), and DSA jobs."""
+
+from __future__ import annotations
+
+import inspect
+import json
+
+import pytest
+
+from inspector.job.dsa import DSA_BUILT_SINCE, DSA_MODULES_SINCE
+from inspector.job.versions import megatron_version
+
+VERSION = megatron_version()
+builds = pytest.mark.skipif(VERSION < DSA_BUILT_SINCE, reason="megatron-core 0.18+ builds DSA")
+
+# Megatron-LM's functional test gpt3_mcore_te_tp2_pp2_dsa (its model_config.yaml), 2 layers, tp 1
+DSA = ["--num-layers", "2", "--hidden-size", "512", "--num-attention-heads", "8",
+       "--multi-latent-attention", "--q-lora-rank", "192", "--kv-lora-rank", "64",
+       "--qk-head-dim", "16", "--qk-pos-emb-head-dim", "8", "--v-head-dim", "16",
+       "--experimental-attention-variant", "dsa", "--disable-bias-linear",
+       "--dsa-indexer-n-heads", "64", "--dsa-indexer-head-dim", "128", "--dsa-indexer-topk", "2048",
+       "--dsa-indexer-loss-coeff", "0.01", "--transformer-impl", "transformer_engine", "--bf16"]  # fmt: skip
+
+
+def _megatron():
+    from inspector.world.setup import megatron
+
+    return megatron()
+
+
+def _transform():
+    _megatron()  # installs the stand-ins before megatron-core, as every build does
+    import fast_hadamard_transform
+
+    assert fast_hadamard_transform.__stand_in__
+    return fast_hadamard_transform.hadamard_transform
+
+
+@pytest.mark.parametrize("dim", [128, 100])
+def test_hadamard_stand_in_keeps_shape_dtype_and_saves_no_tensor(dim):
+    import torch
+
+    x = torch.empty(16, 2, 4, dim, dtype=torch.bfloat16, device="meta", requires_grad=True)
+    packed = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
+        out = _transform()(x, scale=dim**-0.5)
+    # fast_hadamard_transform.cpp: one empty_like output of x's shape and dtype (a dim not a
+    # multiple of 8 padded, then sliced off); HadamardTransformFn keeps only the scale
+    assert (out.shape, out.dtype) == (x.shape, torch.bfloat16) and packed == []
+    (grad,) = torch.autograd.grad(out, x, torch.empty_like(out))
+    assert grad.shape == x.shape and grad.dtype == torch.bfloat16
+
+
+def test_hadamard_stand_in_refuses_what_the_kernel_refuses():
+    import torch
+
+    with pytest.raises(TypeError, match="fp32, fp16 or bf16"):
+        _transform()(torch.empty(4, 8, dtype=torch.int32, device="meta"))
+    with pytest.raises(ValueError, match="at most 32768"):
+        _transform()(torch.empty(2, 32769, device="meta"))
+
+
+@pytest.mark.skipif(VERSION < DSA_MODULES_SINCE, reason="megatron-core 0.16 added dsa.py")
+def test_megatrons_rotate_activation_runs_on_the_stand_in():
+    import torch
+
+    _megatron()
+    from megatron.core.transformer.experimental_attention_variant import dsa
+
+    q = torch.empty(32, 1, 64, 128, dtype=torch.bfloat16, device="meta")
+    assert dsa.rotate_activation(q).shape == q.shape
+
+
+def test_megatron_builds_dsa_from_its_specs_only_from_0_18():
+    # the version facts job/dsa.py refuses by: 0.13-0.15 have no dsa.py; 0.16-0.17's
+    # get_experimental_attention_variant_module_spec knows gated_delta_net alone
+    _megatron()
+    try:
+        from megatron.core.models.gpt import experimental_attention_variant_module_specs as specs
+    except ImportError:
+        assert VERSION < DSA_MODULES_SINCE
+        return
+    source = inspect.getsource(specs.get_experimental_attention_variant_module_spec)
+    assert ('== "dsa"' in source) == (VERSION >= DSA_BUILT_SINCE)
+    assert VERSION >= DSA_MODULES_SINCE
+
+
+@pytest.mark.skipif(VERSION >= DSA_BUILT_SINCE, reason="megatron-core 0.18+ builds DSA")
+def test_dsa_is_refused_by_name_with_the_version(cli):
+    result = cli("params", *DSA)
+    assert result.code == 2 and "--experimental-attention-variant dsa: megatron-core 0." in result.err
+    assert ("gated_delta_net" in result.err) == (VERSION >= DSA_MODULES_SINCE)
+
+
+def test_indexer_flags_need_the_variant(cli):
+    result = cli("params", "--transformer-impl", "transformer_engine", "--dsa-indexer-topk", "8")
+    assert result.code == 2
+    assert result.err == "Error: --dsa-indexer-topk needs --experimental-attention-variant dsa\n"
+
+
+@builds
+def test_indexer_parameters_are_megatrons(cli):
+    result = cli("params", *DSA, "--format", "json")
+    assert result.code == 0, result.err
+    rows = {p["name"]: p for p in json.loads(result.out)["parameters"]}
+    indexer = "decoder.layers.0.self_attention.core_attention.indexer."
+    # DeepSeek-V3.2-Exp inference/model.py `Indexer`: wq_b q_lora -> heads x head, wk h -> head,
+    # k_norm LayerNorm(head), weights_proj h -> heads; duplicated on every tensor-parallel rank
+    assert {k[len(indexer):]: tuple(v["shape"]) for k, v in rows.items() if k.startswith(indexer)} == {
+        "linear_wq_b.weight": (64 * 128, 192), "linear_wk.weight": (128, 512),
+        "k_norm.weight": (128,), "k_norm.bias": (128,), "linear_weights_proj.weight": (64, 512)}
+
+
+@builds
+def test_memory_runs_megatrons_dsa(cli):
+    result = cli("memory", *DSA, "--micro-batch-size", "1", "--seq-length", "512",
+                 "--max-position-embeddings", "512", "--format", "json")  # fmt: skip
+    assert result.code == 0, result.err
+    assert "DSA" in result.out or "core_attention" in result.out
+
+
+@builds
+def test_workload_refuses_dsa_by_name(cli, tmp_path):
+    result = cli("workload", *DSA, "--micro-batch-size", "1", "--gpu", "h100", "-o", str(tmp_path / "w"))
+    assert result.code == 2 and "does not export DeepSeek sparse attention" in result.err
