@@ -162,6 +162,9 @@ _ALL = [
         rotary_scaling_factor=40.0, mscale=1.0, mscale_all_dim=1.0,
         experimental_attention_variant="dsa", dsa_indexer_n_heads=64, dsa_indexer_head_dim=128,
         dsa_indexer_topk=2048,
+        # megatron's DSAttention refuses fused RoPE; Megatron-Bridge's DeepSeek bridge turns it
+        # off (deepseek/deepseek_v3_bridge.py: apply_rope_fusion False)
+        no_rope_fusion=True,
         num_experts=256, moe_layer_freq="([0]*3+[1]*58)", moe_router_topk=8,
         moe_ffn_hidden_size=2048, moe_shared_expert_intermediate_size=2048,
         moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True,

@@ -75,20 +75,30 @@ def _validate_indexer_rope(config: ModelConfig) -> None:
                           "without RoPE and the RoPE channels")  # fmt: skip
 
 
-def check_dsa_layout(config: ModelConfig, cp: int, rope_fusion: bool) -> None:
-    """Raise ConfigError for DSA with context parallelism or fused RoPE, which megatron refuses
-    or this tool does not model (TransformerConfig.__post_init__: "RoPE fusion is not supported
-    for DSAttention"; 0.18 asserts context_parallel_size 1, 0.19 takes all-gather CP only)."""
-    if not config.dsa:
-        return
-    if cp > 1:
+def check_dsa_layout(config: ModelConfig, cp: int) -> None:
+    """Raise ConfigError for DSA with context parallelism, which megatron refuses or this tool
+    does not model (TransformerConfig.__post_init__: 0.18 asserts context_parallel_size 1, 0.19
+    takes all-gather CP only)."""
+    if config.dsa and cp > 1:
         raise ConfigError(f"--context-parallel-size {cp} with DSA is not modelled (megatron-core "
                           "0.18 refuses it, 0.19 takes --cp-comm-type allgather only)")  # fmt: skip
+
+
+def check_dsa_run(config: ModelConfig, rope_fusion: bool) -> None:
+    """Raise ConfigError for a DSA job megatron refuses to run: fused RoPE (TransformerConfig:
+    "RoPE fusion is not supported for DSAttention"; Megatron-LM keeps --apply-rope-fusion on with
+    --position-embedding-type rope) or parameters other than bf16 (dsa.py `rotate_activation`:
+    "rotate_activation only support bf16 input")."""
+    if not config.dsa:
+        return
     te_rope = config.transformer_impl == "transformer_engine" and rope_fusion
     if te_rope and config.position_embedding_type == "rope":
         raise ConfigError("--experimental-attention-variant dsa with --position-embedding-type "
                           "rope needs --no-rope-fusion (megatron-core: \"RoPE fusion is not "
                           "supported for DSAttention\")")  # fmt: skip
+    if not config.bf16:
+        raise ConfigError("--experimental-attention-variant dsa needs --bf16: megatron's DSA "
+                          "indexer rotates bf16 inputs only (dsa.py rotate_activation)")  # fmt: skip
 
 
 def refuse_dsa(config: ModelConfig, command: str) -> None:

@@ -143,7 +143,7 @@ class Job:
         """Reject a job megatron would refuse or silently change."""
         validate_model(self.model)
         validate_layout(self.model, self.layout)
-        check_dsa_layout(self.model, self.layout.cp, "rope_fusion" not in self.training.unfused)
+        check_dsa_layout(self.model, self.layout.cp)
         if self.model.hybrid:
             uneven = (self.layout.decoder_first_pipeline_num_layers is not None
                       or self.layout.decoder_last_pipeline_num_layers is not None)  # fmt: skip
