@@ -112,12 +112,52 @@ def test_indexer_parameters_are_megatrons(cli):
         "k_norm.weight": (128,), "k_norm.bias": (128,), "linear_weights_proj.weight": (64, 512)}
 
 
-@builds
-def test_memory_runs_megatrons_dsa(cli):
-    result = cli("memory", *DSA, "--micro-batch-size", "1", "--seq-length", "512",
-                 "--max-position-embeddings", "512", "--format", "json")  # fmt: skip
+def _peak(cli, heads: int, seq: int) -> int:
+    result = cli("memory", *DSA, "--dsa-indexer-n-heads", str(heads), "--micro-batch-size", "1",
+                 "--seq-length", str(seq), "--max-position-embeddings", str(seq), "--format", "json")  # fmt: skip
     assert result.code == 0, result.err
-    assert "DSA" in result.out or "core_attention" in result.out
+    activations = json.loads(result.out)["stages"][0]["activations"]
+    assert activations["moment"].endswith("core_attention: FusedDSAIndexerLossBackward")
+    return activations["total"]
+
+
+@builds
+def test_memory_holds_the_indexer_backwards_scores(cli):
+    # The peak is megatron's recomputing indexer backward (dsa.py `bwd_fused_indexer_loss_naive`
+    # at 0.19.2): at `grad_scores * relu_mask.float()` four [s, b, heads, s] tensors live per
+    # indexer head: grad_scores fp32 (4 bytes), relu_mask bool (1), relu_mask.float() (4) and
+    # the product (4), the relu'd fp32 scores deleted just before: 13 bytes per head, query and
+    # key. Halving the heads (64 -> 32) takes 13 x 32 x s^2 off the peak, plus terms linear in s
+    # (the saved q and weights); two sequence lengths separate the two.
+    small, large = 2048, 4096
+    d_small = _peak(cli, 64, small) - _peak(cli, 32, small)
+    d_large = _peak(cli, 64, large) - _peak(cli, 32, large)
+    quadratic = (d_large - 2 * d_small) / (large**2 - 2 * small**2)
+    assert quadratic == 13 * 32
+
+
+@builds
+def test_memory_refuses_what_megatrons_dsa_refuses(cli):
+    fused = cli("memory", *DSA, "--position-embedding-type", "rope", "--micro-batch-size", "1")
+    assert fused.code == 2 and "needs --no-rope-fusion" in fused.err
+    fp32 = [a for a in DSA if a != "--bf16"]
+    result = cli("memory", *fp32, "--micro-batch-size", "1")
+    assert result.code == 2 and result.err == (
+        "Error: --experimental-attention-variant dsa needs --bf16: megatron's DSA indexer rotates "
+        "bf16 inputs only (dsa.py rotate_activation)\n")
+
+
+@pytest.mark.skipif(VERSION < (0, 19), reason="megatron-core 0.19 added DSA's fused kernels")
+def test_the_default_dsa_runs_megatrons_pytorch_path():
+    # megatron-core 0.19's DSA tries TileLang or cuDNN kernels only with --dsa-kernel-backend
+    # (TransformerConfig default "none"; the tool refuses the others): what runs is dsa.py's own
+    _megatron()
+    from types import SimpleNamespace
+
+    from megatron.core.transformer.experimental_attention_variant import dsa_kernels
+
+    config = SimpleNamespace(attention_backend="auto", dsa_kernel_backend="none")
+    assert dsa_kernels.use_fused_dsa_kernels(config) is False
 
 
 @builds
