@@ -163,4 +163,14 @@ def test_the_default_dsa_runs_megatrons_pytorch_path():
 @builds
 def test_workload_refuses_dsa_by_name(cli, tmp_path):
     result = cli("workload", *DSA, "--micro-batch-size", "1", "--gpu", "h100", "-o", str(tmp_path / "w"))
-    assert result.code == 2 and "does not export DeepSeek sparse attention" in result.err
+    assert result.code == 2 and result.err == (
+        "Error: workload does not model DeepSeek sparse attention's indexer yet (its gathers and "
+        "the all-reduce of its loss's attention scores have no records); tree, params, diff and "
+        "memory run it\n")
+
+
+@builds
+def test_plan_refuses_dsa_by_name(cli):
+    result = cli("plan", *DSA, "--gpus", "8", "--gpu", "h100", "--micro-batch-size", "1",
+                 "--global-batch-size", "8")  # fmt: skip
+    assert result.code == 2 and "plan does not model DeepSeek sparse attention" in result.err

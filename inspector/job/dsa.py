@@ -101,13 +101,19 @@ def check_dsa_run(config: ModelConfig, rope_fusion: bool) -> None:
                           "indexer rotates bf16 inputs only (dsa.py rotate_activation)")  # fmt: skip
 
 
+# why a command that prices layers from records rather than running them cannot take DSA yet
+_NOT_PRICED = {
+    # dsa.py: sequence-parallel gathers of the indexer's inputs, the all-reduce of the attention
+    # scores its loss sums over the tensor-parallel ranks (`compute_dsa_indexer_loss`)
+    "workload": "its gathers and the all-reduce of its loss's attention scores have no records",
+    "plan": "the step-time model prices MLA without the indexer",
+}
+
+
 def refuse_dsa(config: ModelConfig, command: str) -> None:
-    """Refuse DSA in a command that prices layers from their records rather than running them:
-    the indexer's own collectives (sequence-parallel gathers of its inputs, the all-reduce of the
-    attention scores its loss sums over the tensor-parallel ranks: dsa.py
-    `compute_dsa_indexer_loss`) have no record there yet."""
+    """Refuse DSA in `workload` or `plan`, which price layers from records, not by running them."""
     if config.dsa:
         raise ConfigError(
-            f"{command} does not export DeepSeek sparse attention's indexer yet (its gathers and "
-            "the all-reduce of its loss's attention scores); tree, params, diff and memory run it"
+            f"{command} does not model DeepSeek sparse attention's indexer yet "
+            f"({_NOT_PRICED[command]}); tree, params, diff and memory run it"
         )
