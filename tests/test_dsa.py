@@ -186,3 +186,61 @@ def test_mtp_layers_take_the_indexer_from_0_19(cli):
     names = [p["name"] for p in json.loads(result.out)["parameters"]]
     mtp = "mtp.layers.0.mtp_model_layer.self_attention.core_attention.indexer.linear_wk.weight"
     assert (mtp in names) == (VERSION >= (0, 19))
+
+
+# HybridModel's D layers (megatron-core 0.18+): Megatron-LM turns MLA and DSA on from the pattern
+HYBRID = [a for a in DSA if a not in ("--multi-latent-attention", "--experimental-attention-variant",
+                                      "dsa")]  # fmt: skip
+HYBRID[HYBRID.index("--num-layers") + 1] = "4"
+
+
+def test_hybrid_d_layers_need_megatron_core_0_18(cli):
+    result = cli("params", *HYBRID, "--hybrid-override-pattern", "MD-D", "--multi-latent-attention")
+    if VERSION >= DSA_BUILT_SINCE:
+        assert result.code == 0, result.err
+        assert result.out.count("core_attention.indexer.linear_wk.weight") == 2
+        assert "hybrid: 1 Mamba, 2 DSA, 1 MLP" in cli("memory", *HYBRID, "--hybrid-override-pattern",
+                                                       "MD-D", "--micro-batch-size", "1").out
+    else:
+        assert result.code == 2 and "D (DeepSeek sparse attention, megatron-core 0.18+) layers are " \
+            "not modelled yet" in result.err
+
+
+@builds
+def test_hybrid_d_layers_refuse_attention_beside_them(cli):
+    result = cli("params", *HYBRID, "--hybrid-override-pattern", "M*-D")
+    assert result.code == 2 and result.err == (
+        "Error: --hybrid-layer-pattern M*-D: megatron-core builds no attention (*) beside DSA (D) "
+        "layers (\"Not supported to have both Attention and MLA/DSA in one model\")\n")
+
+
+@builds
+def test_hybrid_d_layers_run_in_memory_and_count_no_flops(cli):
+    from inspector.formulas.hybrid_flops import hybrid_layer_flops
+    from inspector.job.job import Job
+    from inspector.job.model_args import make_model_config
+
+    # Megatron-LM core_v0.19.0's hybrid FLOPs formula counts no D layer
+    model = make_model_config({"num_layers": 4, "hidden_size": 512, "num_attention_heads": 8,
+                               "hybrid_override_pattern": "MD-D", "q_lora_rank": 192,
+                               "kv_lora_rank": 64, "qk_head_dim": 16, "qk_pos_emb_head_dim": 8,
+                               "v_head_dim": 16, "disable_bias_linear": True, "bf16": True,
+                               "dsa_indexer_n_heads": 64, "dsa_indexer_head_dim": 128,
+                               "dsa_indexer_topk": 2048, "transformer_impl": "transformer_engine"})  # fmt: skip
+    assert model.dsa and model.multi_latent_attention
+    assert hybrid_layer_flops(model, Job(model=model).dims(), "D", 1) == 0
+    result = cli("memory", *HYBRID, "--hybrid-override-pattern", "MD-D", "--micro-batch-size", "1",
+                 "--format", "json")  # fmt: skip
+    assert result.code == 0, result.err
+
+
+@builds
+def test_memory_is_the_same_run_after_run(cli):
+    # megatron keeps DSA's loss scale and loss tracker on its classes (world/dsa.py
+    # fresh_dsa_state): without a fresh start a second run in the process would skip the scale's
+    # allocation, or index a tracker sized for another model's layers
+    args = (*DSA, "--dsa-indexer-loss-coeff", "0.01", "--micro-batch-size", "1", "--format", "json")
+    first = cli("memory", *args)
+    assert first.code == 0 and first.out == cli("memory", *args).out
+    persistent = json.loads(first.out)["stages"][0]["buffers"]["persistent"]
+    assert ["layer 0 self_attention.core_attention", 512] in persistent  # the scale, one scalar

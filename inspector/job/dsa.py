@@ -7,13 +7,14 @@ Megatron-LM reads as arguments. Megatron-LM's gpt_builders.py builds a model wit
 `get_transformer_block_with_experimental_attention_variant_spec`, whose
 `get_experimental_attention_variant_module_spec` knows "dsa" only from 0.18 (core_v0.16.1 and
 core_v0.17.1 build gated_delta_net alone and raise "Invalid experimental attention variant: dsa").
-HybridModel's `D` layer (0.18+) is not modelled yet (job/hybrid_model.py refuses it).
+HybridModel's `D` layers (0.18+) are the same layer in a hybrid pattern (`infer_from_pattern`).
 """
 
 from __future__ import annotations
 
 from inspector.errors import ConfigError
 from inspector.job.checks import check_at_least_one
+from inspector.job.hybrid_model import DSA_SYMBOL
 from inspector.job.model import DSA_FIELDS, ModelConfig
 from inspector.job.versions import megatron_version
 
@@ -30,6 +31,8 @@ def _installed() -> str:
 def validate_dsa(config: ModelConfig) -> None:
     """Raise ConfigError for a DSA model this megatron-core (or Megatron-LM) does not build."""
     if not config.dsa:
+        if DSA_SYMBOL in (config.hybrid_override_pattern or ""):
+            return  # D layers this megatron-core lacks: job/hybrid_model.py names the version
         for name in DSA_FIELDS[1:]:
             if getattr(config, name):
                 flag = "--" + name.replace("_", "-")
@@ -60,9 +63,24 @@ def validate_dsa(config: ModelConfig) -> None:
             "--experimental-attention-variant dsa needs --disable-bias-linear (megatron-core 0.19's "
             "AbsorbedMLASelfAttention requires add_bias_linear False)"
         )
-    if config.hybrid:
-        raise ConfigError("--experimental-attention-variant dsa in a hybrid model is not "
-                          "modelled (HybridModel's D layers neither)")  # fmt: skip
+    pattern = config.hybrid_override_pattern or ""
+    if config.hybrid and DSA_SYMBOL not in pattern:
+        raise ConfigError("--experimental-attention-variant dsa in a hybrid model: its DSA layers "
+                          "are D in --hybrid-layer-pattern (megatron-core 0.18+)")  # fmt: skip
+    if DSA_SYMBOL in pattern and "*" in pattern.split("/")[0]:
+        raise ConfigError(f"--hybrid-layer-pattern {pattern}: megatron-core builds no attention "
+                          "(*) beside DSA (D) layers (\"Not supported to have both Attention and "
+                          "MLA/DSA in one model\")")  # fmt: skip
+
+
+def infer_from_pattern(values: dict[str, object]) -> None:
+    """Turn MLA and DSA on for a hybrid pattern with D layers, as Megatron-LM 0.18+ does
+    (core_v0.19.0 arguments.py `validate_args`: "Infer use of MLA from unified pattern";
+    argument_utils.py `core_transformer_config_from_args`: experimental_attention_variant 'dsa')."""
+    pattern = values.get("hybrid_override_pattern")
+    if isinstance(pattern, str) and DSA_SYMBOL in pattern and megatron_version() >= DSA_BUILT_SINCE:
+        values["multi_latent_attention"] = True
+        values["experimental_attention_variant"] = "dsa"
 
 
 def _validate_indexer_rope(config: ModelConfig) -> None:

@@ -9,6 +9,7 @@ one CUDA package, fast_hadamard_transform, is a stand-in (world/hadamard.py).
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from inspector.job.model import ModelConfig
@@ -36,3 +37,15 @@ def dsa_mtp_layer_spec(config: Any, model: ModelConfig) -> Any:
     from megatron.core.models.gpt import experimental_attention_variant_module_specs as specs
 
     return specs.get_transformer_layer_with_experimental_attention_variant_spec(config=config)[-1]
+
+
+def fresh_dsa_state() -> None:
+    """Clear what megatron's DSA keeps on its classes, as a fresh Megatron-LM process has it:
+    the indexer-loss tracker (`DSAIndexerLossLoggingHelper.tracker`, a tensor of num_layers made
+    at the first save) and the loss scale (`DSAIndexerLossAutoScaler.main_loss_backward_scale`,
+    made at the first backward). One process runs many jobs here: a second one would index the
+    first's tracker and skip the scale's allocation."""
+    dsa = sys.modules.get("megatron.core.transformer.experimental_attention_variant.dsa")
+    if dsa is not None:
+        dsa.DSAIndexerLossLoggingHelper.tracker.clear()
+        dsa.DSAIndexerLossAutoScaler.main_loss_backward_scale = None

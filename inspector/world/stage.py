@@ -24,7 +24,7 @@ from inspector.errors import ConfigError, FidelityError
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
 from inspector.world.config import flags_named, transformer_config
-from inspector.world.dsa import dsa_block_spec, dsa_mtp_layer_spec
+from inspector.world.dsa import dsa_block_spec, dsa_mtp_layer_spec, fresh_dsa_state
 from inspector.world.hybrid import build_hybrid_model
 from inspector.world.setup import (
     megatron,
@@ -98,6 +98,7 @@ def stage_world(
     simulate_grouped_gemm(model.moe_grouped_gemm)
     simulate_grad_accum_fusion(bool(runtime and runtime.get("gradient_accumulation_fusion")))
     simulate_fused_mla_rope()
+    fresh_dsa_state()
     chatter = io.StringIO()  # megatron prints to stdout in places (e.g. 0.13 parsing a layout)
     with (
         warnings.catch_warnings(),
@@ -206,7 +207,8 @@ def _symbol(layer: Any) -> str:
     if kind == "MLPLayer":
         return "-"
     mlp = type(getattr(layer, "mlp", None)).__name__
-    return "E" if mlp == "MoELayer" else "*"
+    core = type(getattr(getattr(layer, "self_attention", None), "core_attention", None)).__name__
+    return "E" if mlp == "MoELayer" else "D" if core == "DSAttention" else "*"
 
 
 def _fresh_attention_env() -> None:
