@@ -203,7 +203,7 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
     ),
     # DeepSeek-V3.2's sparse attention (TransformerConfig fields; megatron-core 0.18+ builds it).
     _model("experimental_attention_variant", str, "dsa: DeepSeek sparse attention on MLA layers.",
-           choices=("dsa",)),  # fmt: skip
+           choices=("dsa", "gated_delta_net")),  # fmt: skip
     _model("dsa_indexer_n_heads", int, "DSA: heads of the lightning indexer."),
     _model("dsa_indexer_head_dim", int, "DSA: head size of the lightning indexer."),
     _model("dsa_indexer_topk", int, "DSA: keys each query attends to."),
