@@ -41,8 +41,8 @@ _QK_L2 = (
     "--qk-layernorm's norms) is not modelled"
 )
 _DSA = (
-    "megatron-core's experimental attention variants (dsa: DeepSeek-V3.2's sparse attention and "
-    "its indexer, megatron-core 0.16+; gated_delta_net) are not modelled"
+    "megatron-core's experimental attention variant dsa (DeepSeek-V3.2's sparse attention and "
+    "its indexer, megatron-core 0.16+) is not modelled"
 )
 _QUANTIZERS = "ModelOpt's quantizers (fake-quantized weights and inputs) are not counted"
 _OPTIMIZER = "this optimizer's state is not counted (Adam's two fp32 moments are)"
@@ -106,7 +106,6 @@ REFUSED: dict[str, Refusal] = {
     # TransformerConfig fields (megatron-core 0.16.1 transformer_config.py 250-268), which
     # Megatron-LM reads as arguments; megatron-core builds DeepSeek-V3.2's sparse attention
     # (transformer/experimental_attention_variant/dsa.py), whose indexer this tool does not run
-    "--experimental-attention-variant": Refusal("model", _DSA),
     "--dsa-indexer-n-heads": Refusal("model", _DSA),
     "--dsa-indexer-head-dim": Refusal("model", _DSA),
     "--dsa-indexer-topk": Refusal("model", _DSA),
