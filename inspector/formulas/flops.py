@@ -65,10 +65,7 @@ def layer_flops(dims: ModelDims, layer: int, num_sequences: int) -> LayerFlops:
     if dims.multi_latent_attention:
         attention, core = mla_attention_flops(dims, tokens)
     if dims.is_gdn_layer(layer):
-        shape = GdnShape(dims.linear_num_key_heads, dims.linear_num_value_heads,
-                         dims.linear_key_head_dim, dims.linear_value_head_dim,
-                         dims.linear_conv_kernel_dim)  # fmt: skip
-        attention, core = GEMM_FACTOR * tokens * gdn_token_flops(h, shape), 0
+        attention, core = GEMM_FACTOR * tokens * gdn_token_flops(h, dims.gdn_shape()), 0
     # `ffn_expansion_factor`: 3 with SwiGLU (two h->f GEMMs and one f->h), else 2.
     expansion = dims.gated_multiplier + 1
     if dims.is_moe_layer(layer):

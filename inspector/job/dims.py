@@ -24,6 +24,7 @@ from typing import Any
 
 from inspector.errors import ConfigError
 from inspector.job.checks import check_at_least_one, check_heads, check_query_groups
+from inspector.job.gdn import GdnShape
 
 
 @dataclass(frozen=True)
@@ -178,6 +179,12 @@ class ModelDims:
     def gated_multiplier(self) -> int:
         """Return how many f-wide projections feed the MLP activation: 2 for SwiGLU, else 1."""
         return 2 if self.swiglu else 1
+
+    def gdn_shape(self) -> GdnShape:
+        """Return the gated delta net's sizes (GatedDeltaNet `__init__`)."""
+        return GdnShape(self.linear_num_key_heads, self.linear_num_value_heads,
+                        self.linear_key_head_dim, self.linear_value_head_dim,
+                        self.linear_conv_kernel_dim)  # fmt: skip
 
     def is_gdn_layer(self, layer: int) -> bool:
         """Return whether 0-based global `layer` is a gated delta net (Megatron-LM's
