@@ -9,10 +9,10 @@ flash-linear-attention's autograd Functions and, on megatron-core 0.16, causal-c
   allocations of fla/ops/utils/cumsum.py, common/chunk_scaled_dot_kkt.py, utils/solve_tril.py,
   gated_delta_rule/wy_fast.py, common/chunk_delta_h.py and common/chunk_o.py it calls);
 - `causal_conv1d` (fla/modules/conv/triton/ops.py `CausalConv1dFunction` 339-397,
-  `causal_conv1d_fwd` 20-78, `causal_conv1d_bwd` 125-219), which megatron-core 0.17+ calls;
+  `causal_conv1d_fwd` 20-78, `causal_conv1d_bwd` 125-219), which megatron-core 0.18+ calls;
 - `causal_conv1d_fn` (Dao-AILab/causal-conv1d 0d2252d causal_conv1d_interface.py `CausalConv1dFn`
   9-96, cpp_functions.py `causal_conv1d_fwd_function` 94-114, `causal_conv1d_bwd_function`
-  117-150), which megatron-core 0.16 calls.
+  117-150), which megatron-core 0.16-0.17 call.
 flash-linear-attention at v0.4.2 (ca910f8; Megatron-LM core_v0.16.1 and core_v0.19.0 pin
 flash-linear-attention~=0.4.0). Each stand-in allocates the outputs and temporaries its source
 allocates, in order (Python's lifetimes: a name rebound frees its old tensor), and saves for

@@ -130,7 +130,7 @@ def build(mamba_version: str, conv1d_version: str) -> dict[str, types.ModuleType
 def build_fla(fla_version: str) -> dict[str, types.ModuleType]:
     """Return flash-linear-attention's stand-in modules: what megatron's GatedDeltaNet imports
     (`fla.modules.l2norm.l2norm`, `fla.ops.gated_delta_rule.chunk_gated_delta_rule`, and from
-    megatron-core 0.17 `fla.modules.convolution.causal_conv1d`)."""
+    megatron-core 0.18 `fla.modules.convolution.causal_conv1d`)."""
     return _attached({
         "fla": _module("fla", True, {"__version__": fla_version}),
         "fla.modules": _module("fla.modules", True, {}),
