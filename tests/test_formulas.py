@@ -31,6 +31,9 @@ EVERYTHING = ModelConfig(
     kv_lora_rank=16, qk_head_dim=8, qk_pos_emb_head_dim=4, v_head_dim=12,
     position_embedding_type="rope", mtp_num_layers=1, fp8_format="hybrid",
     moe_router_num_groups=2, moe_router_group_topk=2,
+    experimental_attention_variant="gated_delta_net", linear_attention_freq=(1, 0, 1, 0),
+    linear_conv_kernel_dim=3, linear_key_head_dim=8, linear_value_head_dim=12,
+    linear_num_key_heads=2, linear_num_value_heads=4, attention_output_gate=True,
 )  # fmt: skip
 # What the job, not the architecture, gives ModelDims (the kernels: formulas/ops.py).
 JOB_FIELDS = {"seq_length", "vocab_size", "activation_bytes", "attention_dropout", "hidden_dropout",
@@ -54,6 +57,9 @@ def test_model_dims_come_from_the_transformer_config_fields() -> None:
         mtp_num_layers=1, qk_layernorm=True, attention_dropout=True, hidden_dropout=False,
         rotary=True, flash_attention=False, fused_kernels=True, fp8="hybrid",
         moe_router_num_groups=2, moe_router_group_topk=2,
+        experimental_attention_variant="gated_delta_net", linear_attention_freq=(1, 0, 1, 0),
+        linear_conv_kernel_dim=3, linear_key_head_dim=8, linear_value_head_dim=12,
+        linear_num_key_heads=2, linear_num_value_heads=4, attention_output_gate=True,
     )  # fmt: skip
 
 
