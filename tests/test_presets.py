@@ -11,6 +11,7 @@ from inspector.errors import ConfigError
 from inspector.inputs.presets import PRESETS, get_preset
 from inspector.job.versions import hybrid_moe_layers
 from tests.counting import parameter_count
+from tests.test_gdn import GDN_IN_GPT
 from tests.test_versions import GPT_OSS, SHARED_EXPERT_GATE
 
 
@@ -32,6 +33,8 @@ def _buildable(name: str) -> list:
         return [pytest.mark.skip(reason="hybrid MoE layers need megatron-core 0.16")]
     if PRESETS[name].args.get("quick_geglu") and not GPT_OSS:
         return [pytest.mark.skip(reason="gpt-oss's layers need megatron-core 0.15")]
+    if PRESETS[name].args.get("experimental_attention_variant") and not GDN_IN_GPT:
+        return [pytest.mark.skip(reason="gated delta net layers need megatron-core 0.16")]
     return []
 
 
