@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from inspector.job.versions import hybrid_moe_layers
+from inspector.job.versions import hybrid_gdn_layers, hybrid_moe_layers
 from tests.counting import parameter_count
 
 SMALL = ("--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "8",
@@ -91,8 +91,9 @@ def test_gated_norm_registers_like_mamba_ssm():
     [
         # a symbol no megatron-core's allocate_layers knows
         (("--hybrid-override-pattern", "M*x-"), "--hybrid-override-pattern M*x-: x is not a layer "
-         "symbol of this megatron-core (M Mamba, * attention, - MLP" + (
-             ", E MoE)" if hybrid_moe_layers() else ")")),
+         "symbol of this megatron-core (M Mamba, * attention, - MLP"
+         + (", E MoE" if hybrid_moe_layers() else "")
+         + (", G gated delta net" if hybrid_gdn_layers() else "") + ")"),
         # one symbol per layer
         (("--hybrid-override-pattern", "M*"), "--hybrid-override-pattern has 2 layers but "
          "--num-layers is 4; megatron-core needs one symbol per layer"),
