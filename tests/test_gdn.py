@@ -370,3 +370,15 @@ def test_gdn_activations_follow_megatrons_forward_of_each_version(cli):
         assert result.code == 0, result.err
         totals.append(json.loads(result.out)["stages"][0]["activations"]["total"])
     assert totals[0] - totals[1] == GDN_EXTRA_ACTIVATIONS[VERSION]
+
+
+@gpt_only
+def test_diff_shows_gdn_layers_split_over_tp(cli, tmp_path):
+    one, two = tmp_path / "tp1.csv", tmp_path / "tp2.csv"
+    assert cli("params", *GPT, "-o", str(one)).code == 0
+    assert cli("params", *GPT, "--tp", "2", "-o", str(two)).code == 0
+    result = cli("diff", str(one), str(two))
+    assert result.code == 1  # the tables differ
+    assert ("decoder.layers.*.self_attention.in_proj.weight (3 params, layers 0-2): (784, 256) -> "
+            "(392, 256)") in result.out  # fmt: skip
+    assert "conv1d.weight (3 params, layers 0-2): (512, 1, 4) -> (256, 1, 4)" in result.out
