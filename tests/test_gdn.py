@@ -382,3 +382,26 @@ def test_diff_shows_gdn_layers_split_over_tp(cli, tmp_path):
     assert ("decoder.layers.*.self_attention.in_proj.weight (3 params, layers 0-2): (784, 256) -> "
             "(392, 256)") in result.out  # fmt: skip
     assert "conv1d.weight (3 params, layers 0-2): (512, 1, 4) -> (256, 1, 4)" in result.out
+
+
+@hybrid_only
+def test_hybrid_g_layers_run_and_count_megatron_lm_hybrid_flops(cli):
+    result = cli("memory", *HYBRID, "--is-hybrid-model", "--bf16", "--micro-batch-size", "1",
+                 "--format", "json")  # fmt: skip
+    assert result.code == 0, result.err
+    report = json.loads(result.out)
+    assert report["stages"][0]["activations"]["source"] == "engine"
+    # Megatron-LM training.py hybrid_flops (core_v0.19.0), forward x 3, by hand: 128 tokens, h 256
+    # `gdn_layer_flops` 2 T (in proj + conv + rule + out proj) for each G, `attn_layer_flops`
+    # 4 T h (h + h g/a + s/2), `mlp_layer_flops` 4 (f/h) 1.5 T h^2 (SwiGLU), logits 2 T h v
+    tokens, h = 128, 256
+    gdn = 2 * tokens * (256 * 784 + 4 * 512 + 8 * 32**2 * 4 + 256 * 256)
+    attention = 4 * tokens * h * (h + h + 128 / 2)
+    mlp = 4 * (640 / h) * 1.5 * tokens * h**2
+    logits = 2 * tokens * h * 1024
+    assert report["iteration_flops"] == round(3 * (2 * gdn + attention + mlp + logits))
+    workload = cli("workload", *HYBRID, "--tp", "2", "--bf16", "--micro-batch-size", "1",
+                   "--stage", "0", "--gpu", "h100")  # fmt: skip
+    assert workload.code == 0, workload.err
+    names = [line.split("\t")[0] for line in workload.out.splitlines()[2:]]
+    assert names.count("gdn_layer") == 2 and names.count("attention_layer") == 1
