@@ -184,17 +184,9 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
     _model("mamba_num_groups", int, "Mamba: groups of B/C projections (default 8)."),
     _model("mamba_num_heads", int, "Mamba: heads (default 2 x hidden / head size)."),
     # Gated delta net (TransformerConfig fields in Megatron-LM; --linear-attention-freq its own).
-    _model(
-        "experimental_attention_variant",
-        str,
-        "gated_delta_net: GPTModel's gated delta net (linear attention) layers, megatron-core 0.16+.",
-        choices=("gated_delta_net",),
-    ),
-    _model(
-        "linear_attention_freq",
-        str,
-        "GDN: every N-th layer standard attention, or a 1/0 list per layer (1: gated delta net).",
-    ),
+    _model("experimental_attention_variant", str, "gated_delta_net: GPTModel's gated delta net "
+           "(linear attention) layers, megatron-core 0.16+.", choices=("gated_delta_net",)),
+    _model("linear_attention_freq", str, "GDN: every N-th layer attention, or a 1/0 list (1: GDN)."),
     _model("linear_conv_kernel_dim", int, "GDN: causal convolution width (default 4)."),
     _model("linear_key_head_dim", int, "GDN: query and key head size (default 128)."),
     _model("linear_value_head_dim", int, "GDN: value and gate head size (default 128)."),
