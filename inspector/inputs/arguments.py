@@ -183,6 +183,14 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
     _model("mamba_head_dim", int, "Mamba: head size (default 64)."),
     _model("mamba_num_groups", int, "Mamba: groups of B/C projections (default 8)."),
     _model("mamba_num_heads", int, "Mamba: heads (default 2 x hidden / head size)."),
+    # Gated delta net (TransformerConfig fields in Megatron-LM; --linear-attention-freq its own).
+    _model("linear_attention_freq", str, "GDN: every N-th layer attention, or a 1/0 list (1: GDN)."),
+    _model("linear_conv_kernel_dim", int, "GDN: causal convolution width (default 4)."),
+    _model("linear_key_head_dim", int, "GDN: query and key head size (default 128)."),
+    _model("linear_value_head_dim", int, "GDN: value and gate head size (default 128)."),
+    _model("linear_num_key_heads", int, "GDN: query and key heads (default 16)."),
+    _model("linear_num_value_heads", int, "GDN: value and gate heads (default 32)."),
+    _model("attention_output_gate", bool, "Gate the attention output per head (Qwen3-Next)."),
     # gpt-oss's layers (TransformerConfig fields in Megatron-LM, --quick-geglu its own flag).
     _model("quick_geglu", bool, "A gated MLP with quick-GELU (gpt-oss), in place of --swiglu."),
     _model("glu_linear_offset", float, "Offset added to the gated MLP's linear half (gpt-oss: 1)."),
@@ -202,8 +210,9 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         "With --window-size: every N-th layer full attention, or a 1/0 list per layer (1: window).",
     ),
     # DeepSeek-V3.2's sparse attention (TransformerConfig fields; megatron-core 0.18+ builds it).
-    _model("experimental_attention_variant", str, "dsa: DeepSeek sparse attention on MLA layers.",
-           choices=("dsa", "gated_delta_net")),  # fmt: skip
+    _model("experimental_attention_variant", str, "dsa: DeepSeek sparse attention on MLA layers "
+           "(megatron-core 0.18+); gated_delta_net: GPTModel's gated delta net (linear attention) "
+           "layers (0.16+).", choices=("dsa", "gated_delta_net")),  # fmt: skip
     _model("dsa_indexer_n_heads", int, "DSA: heads of the lightning indexer."),
     _model("dsa_indexer_head_dim", int, "DSA: head size of the lightning indexer."),
     _model("dsa_indexer_topk", int, "DSA: keys each query attends to."),

@@ -20,6 +20,7 @@ from inspector.job.dsa import check_dsa_layout
 from inspector.job.ep_overlap import check_ep_overlap
 from inspector.job.flex import check_flex, runs_deepep
 from inspector.job.fsdp import fsdp_rules
+from inspector.job.gdn import validate_gdn
 from inspector.job.hybrid_model import validate_hybrid
 from inspector.job.layout import Layout, make_layout, validate_layout
 from inspector.job.model import ModelConfig
@@ -148,6 +149,7 @@ class Job:
             uneven = (self.layout.decoder_first_pipeline_num_layers is not None
                       or self.layout.decoder_last_pipeline_num_layers is not None)  # fmt: skip
             validate_hybrid(self.model, self.layout.tp, self.layout.pp, uneven, self.layout.vpp)
+        validate_gdn(self.model, self.layout.tp, self.layout.cp)
         if self.training.recompute == "selective":
             _check_fp8_recompute(self.model, self.training.recompute_modules)
             check_modules(self.training.recompute_modules, self.model)

@@ -58,3 +58,10 @@ def hybrid_pattern_separators() -> bool:
     and `/` (MTP depths): 0.17 on (ssm/mamba_hybrid_layer_allocation.py `Symbols.PIPE`,
     `MTP_SEPARATOR`, `select_pipeline_segment` at core_v0.17.0; models/hybrid/ from 0.18)."""
     return megatron_version() >= (0, 17)
+
+
+def hybrid_gdn_layers() -> bool:
+    """Return whether megatron-core's hybrid layer pattern has gated delta net layers (`G`): 0.17
+    on (ssm/mamba_hybrid_layer_allocation.py `Symbols.GDN` and MambaStack's `gdn_layer`
+    at core_v0.17.0; HybridStack's from 0.18)."""
+    return megatron_version() >= (0, 17)
