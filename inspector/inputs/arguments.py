@@ -248,6 +248,10 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         negatable=True,
     ),
     _layout(
+        "num_distributed_optimizer_instances", int,
+        "Distributed-optimizer instances: state sharded over dp / N ranks, all-reduced across them.",
+    ),
+    _layout(
         "use_megatron_fsdp", bool,
         "Megatron-FSDP: shard what --data-parallel-sharding-strategy names over data-parallel ranks.",
     ),

@@ -64,9 +64,6 @@ REFUSED: dict[str, Refusal] = {
     "--fp8-dot-product-attention": Refusal("training", _FP8_PART),
     "--fp8-multi-head-attention": Refusal("training", _FP8_PART),
     "--torch-fsdp2-no-reshard-after-forward": Refusal("layout", _FSDP),
-    "--num-distributed-optimizer-instances": Refusal(
-        "layout", "several distributed-optimizer instances shard over part of the data-parallel "
-        "group, which this tool does not model", ("1",)),  # fmt: skip
     "--use-legacy-models": Refusal("model", "this tool builds megatron-core (mcore) models only"),
     "--spec": Refusal("model", "a custom layer spec module cannot be imported here",
                       (MAMBA_STACK_SPEC,)),  # fmt: skip

@@ -254,7 +254,8 @@ def state_bytes(
         weights += buffer.numel * buffer.param_dtype.itemsize + buffer.kept
         gradients += buffer.numel * buffer.grad_dtype.itemsize
         index = expert_index if buffer.expert else dense_index
-        updated = buffer.owned_numel[index] if distributed else buffer.numel
+        # with N optimizer instances a rank shards among dp / N: its index there is index % (dp / N)
+        updated = buffer.owned_numel[index % len(buffer.owned_numel)] if distributed else buffer.numel
         held += updated * optimizer_bytes_per_element(buffer, optimizer)
     kept = sum(buffer.kept for buffer in buffers)
     return StateBytes(weights, gradients, held, kept, sum(b.numel for b in buffers))
