@@ -19,6 +19,8 @@ class Refusal:
     group: str  # the argument group (inspector.inputs.arguments) whose commands it would change
     reason: str
     harmless: tuple[str, ...] = ()
+    # modelled on the megatron-core releases from the first to before the second (a value)
+    modelled: tuple[tuple[int, int], tuple[int, int]] | None = None
 
 
 _FP8 = (
@@ -46,6 +48,10 @@ _DSA = (
 )
 _QUANTIZERS = "ModelOpt's quantizers (fake-quantized weights and inputs) are not counted"
 _OPTIMIZER = "this optimizer's state is not counted (Adam's two fp32 moments are)"
+_MUON_LATER = (
+    "megatron-core 0.17+ builds Muon through its emerging-optimizers registry and layer-wise "
+    "parameter layout, which this tool does not run yet (megatron-core 0.16's Muon is modelled)"
+)
 _MFSDP_DTYPE = (
     "Megatron-FSDP's buffer dtypes other than the default are not modelled (the buffers are "
     "counted as megatron-core 0.16 allocates them)"
@@ -380,9 +386,14 @@ LOCAL_GRAPHS = Refusal(
 
 REFUSED_VALUES: dict[str, dict[str, Refusal]] = {
     # megatron-core's optimizer/__init__.py: Muon (emerging_optimizers' orthogonalised momentum on
-    # the linear weights, Adam on the rest), Lion, SOAP; versions.CHOICE_VERSIONS has when each came
-    "--optimizer": {name: Refusal("training", _OPTIMIZER) for name in (
-        "muon", "dist_muon", "lion", "soap", "adaptive_muon")},  # fmt: skip
+    # the linear weights, Adam on the rest), Lion, SOAP; versions.CHOICE_VERSIONS has when each came.
+    # Muon is modelled as megatron-core 0.16 builds it (optimizer/muon.py, layer_wise_optimizer.py);
+    # 0.17+ moved it into optimizer/emerging_optimizers.py with a layer-wise parameter layout
+    "--optimizer": {
+        **{name: Refusal("training", _OPTIMIZER) for name in ("lion", "soap", "adaptive_muon")},
+        **{name: Refusal("training", _MUON_LATER, modelled=((0, 16), (0, 17)))
+           for name in ("muon", "dist_muon")},
+    },  # fmt: skip
 }
 
 

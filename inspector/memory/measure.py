@@ -51,6 +51,7 @@ from inspector.job.job import Job, Schedule, Training
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
 from inspector.job.optimizer_precision import OptimizerBytes
+from inspector.job.optimizers import MUON
 from inspector.memory.closed.activations import StageActivations, stage_activations
 
 if TYPE_CHECKING:
@@ -323,6 +324,13 @@ def _stage_memory(
         distributed = training.use_distributed_optimizer
         each = job_optimizer_bytes(job)
         by_shard = {(d, e): state_bytes(buffers, distributed, d, e, each) for _, d, e in ranks}
+        if training.optimizer in MUON:  # megatron's Muon: whole matrices per rank (engine/muon.py)
+            from inspector.memory.engine.muon import stage_muon
+
+            params = stage_muon(job, stage)
+            by_shard = {shard: replace(held, optimizer=sum(
+                p.optimizer_bytes for p in params if p.owned_by(*shard)))
+                for shard, held in by_shard.items()}  # fmt: skip
     rank, data, expert = max(ranks, key=lambda r: (by_shard[r[1:]].total, -r[0]))
     layers = tuple(chunk.layers for chunk in chunks)
     activations = formula_activations(job, built, dims, schedule)
