@@ -28,6 +28,9 @@ import torch
 
 from inspector.job.job import Job
 
+# the parameters Megatron-LM #2163 asks about: the largest, dealt last (a chunk's local names)
+LARGEST = ("embedding.word_embeddings.weight", "output_layer.weight")
+
 
 @dataclass(frozen=True)
 class MuonParam:
