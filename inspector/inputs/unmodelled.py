@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from inspector.inputs.versions import MUON_RELEASES
+
 
 @dataclass(frozen=True)
 class Refusal:
@@ -391,7 +393,7 @@ REFUSED_VALUES: dict[str, dict[str, Refusal]] = {
     # 0.17+ moved it into optimizer/emerging_optimizers.py with a layer-wise parameter layout
     "--optimizer": {
         **{name: Refusal("training", _OPTIMIZER) for name in ("lion", "soap", "adaptive_muon")},
-        **{name: Refusal("training", _MUON_LATER, modelled=((0, 16), (0, 17)))
+        **{name: Refusal("training", _MUON_LATER, modelled=MUON_RELEASES)  # engine/muon.py
            for name in ("muon", "dist_muon")},
     },  # fmt: skip
 }

@@ -330,7 +330,8 @@ def _stage_memory(
         each = job_optimizer_bytes(job)
         by_shard = {(d, e): state_bytes(buffers, distributed, d, e, each) for _, d, e in ranks}
         if training.optimizer in MUON:  # megatron's Muon: whole matrices per rank (engine/muon.py)
-            from inspector.memory.engine.muon import LARGEST, stage_muon
+            from inspector.memory.engine.muon import LARGEST
+            from inspector.memory.engine.muon_stage import stage_muon
 
             params = stage_muon(job, stage)
             by_shard = {shard: replace(held, optimizer=sum(

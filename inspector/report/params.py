@@ -180,7 +180,7 @@ def _json_header(built: BuiltJob, line: str | None) -> dict[str, Any]:
 def _muon_owners(built: BuiltJob, stage: BuiltStage, records: list[ParamRecord]) -> list[Owners]:
     """Return each row's owners under megatron's Muon (memory/engine/muon.py): with dist_muon the
     one rank its layer-wise optimizer gives the whole parameter, else every rank."""
-    from inspector.memory.engine.muon import stage_muon
+    from inspector.memory.engine.muon_stage import stage_muon
 
     layout = built.job.layout
     found = {(p.chunk, p.name): p for p in stage_muon(built.job, stage.stage)}

@@ -26,7 +26,9 @@ from typing import Any
 
 import torch
 
+from inspector.errors import ConfigError
 from inspector.job.job import Job
+from inspector.job.versions import megatron_version, muon_modelled
 
 # the parameters Megatron-LM #2163 asks about: the largest, dealt last (a chunk's local names)
 LARGEST = ("embedding.word_embeddings.weight", "output_layer.weight")
@@ -63,11 +65,16 @@ def muon_config(job: Job, config: Any) -> Any:
     return config
 
 
-def build_muon(job: Job, ddps: Sequence[Any], dense_index: int = 0, expert_index: int = 0) -> Any:
-    """Build megatron's Muon over `ddps` for the rank at these data-parallel positions."""
+def build_muon(job: Job, ddps: Sequence[Any], config: Any, dense_index: int = 0,
+               expert_index: int = 0) -> Any:  # fmt: skip
+    """Build megatron's Muon over `ddps` for the rank at these data-parallel positions, from the
+    OptimizerConfig Megatron-LM makes (engine/optimizer.py `optimizer_config`)."""
+    if not muon_modelled():  # inputs/unmodelled.py refuses it before a job is made
+        version = ".".join(map(str, megatron_version()))
+        raise ConfigError(f"--optimizer {job.training.optimizer} is modelled as megatron-core 0.16 "
+                          f"builds it; this tool builds with megatron-core {version}")
     from megatron.core.process_groups_config import ProcessGroupCollection
 
-    from inspector.memory.engine.optimizer import optimizer_config
     from inspector.world.ddp import StandInGroup
     from inspector.world.emerging import install
 
@@ -79,7 +86,7 @@ def build_muon(job: Job, ddps: Sequence[Any], dense_index: int = 0, expert_index
     groups.dp_cp = StandInGroup(layout.dp * layout.cp, dense_index)
     groups.expt_dp = StandInGroup(layout.expert_dp, expert_index)
     return get_megatron_muon_optimizer(
-        muon_config(job, optimizer_config(job)), list(ddps), use_gloo_process_groups=False,
+        muon_config(job, config), list(ddps), use_gloo_process_groups=False,
         layer_wise_distributed_optimizer=job.training.optimizer == "dist_muon",
         pg_collection=groups,
     )  # fmt: skip
@@ -121,8 +128,8 @@ def muon_taken() -> Iterator[set[int]]:
 
     def recording(self: Any, optimizers: Any) -> Any:
         for part in optimizers:
-            if isinstance(_inner(part), TensorParallelMuon):
-                taken.update(id(p) for p in _model_params(part))
+            if isinstance(inner(part), TensorParallelMuon):
+                taken.update(id(p) for p in model_params(part))
         return real(self, optimizers)
 
     owner.shard_params = recording
@@ -132,42 +139,18 @@ def muon_taken() -> Iterator[set[int]]:
         owner.shard_params = real
 
 
-def _inner(part: Any) -> Any:
+def inner(part: Any) -> Any:
     return getattr(part, "optimizer", part)
 
 
-def _model_params(part: Any) -> list[Any]:
+def model_params(part: Any) -> list[Any]:
     """Return the model's parameters a wrapped optimizer updates (its fp16 groups, or its own)."""
     groups = getattr(part, "float16_groups", None)
     if groups is not None:
         return [p for group in groups for p in group] + [
             p for group in getattr(part, "fp32_from_fp32_groups", []) for p in group
         ]
-    return [p for group in _inner(part).param_groups for p in group["params"]]
-
-
-def stage_muon(job: Job, stage: int) -> tuple[MuonParam, ...]:
-    """Build `stage` (expert-parallel rank 0) in DDP as the engine does and return its Muon
-    parameters with their owners."""
-    from inspector.memory.engine.microbatch import MEGATRON_ERRORS, megatron_failed, runtime_config
-    from inspector.memory.engine.optimizer import optimizer_world
-    from inspector.memory.engine.stage import _ddp as ddp_wrapped
-    from inspector.memory.engine.stage import moe_build
-    from inspector.world.stage import stage_world
-
-    world = stage_world(job.model, job.layout, stage, checkpoint=False, runtime=runtime_config(job))
-    with moe_build(job), world as chunks:
-        ddps = [ddp_wrapped(job, chunk.module, stage, index) for index, chunk in enumerate(chunks)]
-        try:
-            with optimizer_world(job, job.dims().fused_kernels), muon_taken() as taken:
-                optimizer = build_muon(job, ddps)
-            if not hasattr(optimizer, "dp_cp_params_list"):  # not layer-wise: every part whole
-                taken = {id(p) for part in optimizer.chained_optimizers
-                         if type(_inner(part)).__name__ == "TensorParallelMuon"
-                         for p in _model_params(part)}  # fmt: skip
-            return muon_params(job, ddps, optimizer, taken)
-        except MEGATRON_ERRORS as exc:
-            raise megatron_failed(f"megatron's Muon on stage {stage}", exc) from exc
+    return [p for group in inner(part).param_groups for p in group["params"]]
 
 
 @contextlib.contextmanager

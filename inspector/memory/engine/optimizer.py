@@ -132,7 +132,7 @@ def build_optimizer(job: Job, ddps: Sequence[Any]) -> Any:
     from inspector.memory.engine.muon import build_muon
 
     if job.training.optimizer in MUON:
-        return build_muon(job, ddps)
+        return build_muon(job, ddps, optimizer_config(job))
     return get_megatron_optimizer(optimizer_config(job), list(ddps), use_gloo_process_groups=False)
 
 
