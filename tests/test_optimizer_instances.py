@@ -63,3 +63,18 @@ def test_what_megatron_refuses(cli, flags, said):
                  "--micro-batch-size", "1", *flags)  # fmt: skip
     assert result.code == 2
     assert result.err.strip() == f"Error: {said}", result.err
+
+
+@pytest.mark.parametrize("command", [
+    ("plan", "--gpus", "8", "--global-batch-size", "8"),
+    ("workload", "--dp", "8", "--micro-batch-size", "1", "--gpu-tflops", "989", "--stage", "0"),
+])  # fmt: skip
+def test_plan_and_workload_say_they_do_not_price_instances(cli, command):
+    # plan searches (and workload writes the collectives of) one instance: never silently
+    result = cli(*command, "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads",
+                 "4", "--vocab-size", "1000", "--seq-length", "32", "--max-position-embeddings",
+                 "32", "--bf16", "--use-distributed-optimizer",
+                 "--num-distributed-optimizer-instances", "2")  # fmt: skip
+    assert result.code == 2
+    assert "--num-distributed-optimizer-instances" in result.err.splitlines()[-1], result.err
+    assert result.err.startswith(f"Error: {command[0]} "), result.err

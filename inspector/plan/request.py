@@ -225,6 +225,12 @@ def pinned(args: dict[str, Any]) -> dict[str, Any]:
             "plan does not search --use-torch-fsdp2 jobs; `memory` measures one, and plan tries "
             "Megatron-FSDP (--use-megatron-fsdp) beside the distributed optimizer"
         )
+    instances = args.get("num_distributed_optimizer_instances") or 1
+    if (args.get("optimizer") or "adam") != "adam" or instances > 1:
+        raise ConfigError(
+            "plan searches Adam with one distributed-optimizer instance; `memory` and `params` "
+            "measure --optimizer muon / dist_muon and --num-distributed-optimizer-instances"
+        )
     if args.get("use_megatron_fsdp"):  # a strategy as given, else searched (layouts.distopts)
         fixed["distopt"] = args.get("data_parallel_sharding_strategy") or "fsdp"
     pin = {
