@@ -146,15 +146,17 @@ def install() -> None:
         return
     except ImportError:
         pass
-    package = types.ModuleType(NAME, __doc__)
-    optimizers = types.ModuleType(NAME + ".orthogonalized_optimizers")
-    utils = types.ModuleType(NAME + ".orthogonalized_optimizers.muon_utils")
-    optimizers.OrthogonalizedOptimizer = OrthogonalizedOptimizer  # type: ignore[attr-defined]
-    optimizers.get_muon_scale_factor = get_muon_scale_factor  # type: ignore[attr-defined]
-    utils.newton_schulz = newton_schulz  # type: ignore[attr-defined]
-    utils.newton_schulz_tp = newton_schulz_tp  # type: ignore[attr-defined]
-    package.orthogonalized_optimizers = optimizers  # type: ignore[attr-defined]
-    optimizers.muon_utils = utils  # type: ignore[attr-defined]
-    sys.modules[NAME] = package
-    sys.modules[optimizers.__name__] = optimizers
-    sys.modules[utils.__name__] = utils
+    utils = _module("orthogonalized_optimizers.muon_utils", newton_schulz=newton_schulz,
+                    newton_schulz_tp=newton_schulz_tp)  # fmt: skip
+    optimizers = _module("orthogonalized_optimizers", OrthogonalizedOptimizer=OrthogonalizedOptimizer,
+                         get_muon_scale_factor=get_muon_scale_factor, muon_utils=utils)  # fmt: skip
+    _module("", orthogonalized_optimizers=optimizers)
+
+
+def _module(name: str, **members: Any) -> types.ModuleType:
+    """Put one module of the stand-in package (`name` under it; "" the package) in sys.modules."""
+    full = f"{NAME}.{name}" if name else NAME
+    module = types.ModuleType(full, __doc__ if not name else None)
+    module.__dict__.update(members)
+    sys.modules[full] = module
+    return module
