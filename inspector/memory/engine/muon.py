@@ -111,6 +111,18 @@ def muon_params(job: Job, ddps: Sequence[Any], optimizer: Any, muon: set[int]) -
     return tuple(found)
 
 
+def heaviest_index(optimizer: Any, taken: set[int]) -> int:
+    """Return the data-parallel rank whose layer-wise share holds the most optimizer bytes (the
+    first of equals; 0 where megatron does not deal: plain muon, one data-parallel rank)."""
+    lists = getattr(optimizer, "dp_cp_params_list", None)
+    if not lists:
+        return 0
+    loads = [sum(MuonParam(0, "", p.numel(), id(p) in taken, False, None,
+                           p.dtype in (torch.bfloat16, torch.float16)).optimizer_bytes
+                 for p in params) for params in lists]  # fmt: skip
+    return loads.index(max(loads))
+
+
 @contextlib.contextmanager
 def muon_taken() -> Iterator[set[int]]:
     """Record the ids of the parameters megatron gives TensorParallelMuon, whether or not the

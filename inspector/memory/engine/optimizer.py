@@ -129,10 +129,13 @@ def build_optimizer(job: Job, ddps: Sequence[Any]) -> Any:
     """Build megatron's optimizer for the job over the chunks in DDP (Adam, or Muon: muon.py)."""
     from megatron.core.optimizer import get_megatron_optimizer
 
-    from inspector.memory.engine.muon import build_muon
+    from inspector.memory.engine.muon import build_muon, heaviest_index, muon_taken
 
-    if job.training.optimizer in MUON:
-        return build_muon(job, ddps, optimizer_config(job))
+    if job.training.optimizer in MUON:  # the step of the rank `memory` reports: the most loaded
+        with muon_taken() as taken:
+            optimizer = build_muon(job, ddps, optimizer_config(job))
+        index = heaviest_index(optimizer, taken)
+        return build_muon(job, ddps, optimizer_config(job), index) if index else optimizer
     return get_megatron_optimizer(optimizer_config(job), list(ddps), use_gloo_process_groups=False)
 
 
