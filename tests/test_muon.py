@@ -197,3 +197,15 @@ def test_orthogonalized_step_keeps_one_fp32_momentum_per_matrix():
     bias.grad = torch.ones(4)
     with pytest.raises(ValueError, match="does not support 1D parameters"):
         OrthogonalizedOptimizer([bias], lr=0.1, momentum_beta=0.9).step()
+
+
+@needs_muon
+def test_expert_matrices_are_dealt_over_the_expert_data_parallel_ranks(cli):
+    # layer_wise_optimizer.py: groups with is_expert_parallel go to the expert data-parallel deal;
+    # dp 4 with ep 2 leaves 4 / 2 = 2 expert data-parallel ranks
+    rows = _params(cli, "--dp", "4", "--num-experts", "4", "--ep", "2", "--moe-ffn-hidden-size",
+                   "128", "--swiglu", "--disable-bias-linear", "--optimizer", "dist_muon")  # fmt: skip
+    experts = [r for r in rows if r["expert"] is not None]
+    dense = [r for r in rows if r["expert"] is None]
+    assert experts and {o for r in experts for o in r["partitioning_ranks"]} == {0, 1}
+    assert {o for r in dense for o in r["partitioning_ranks"]} == {0, 1, 2, 3}
