@@ -265,6 +265,10 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         negatable=True,
     ),
     _layout(
+        "num_distributed_optimizer_instances", int,
+        "Distributed-optimizer instances: state sharded over dp / N ranks, all-reduced across them.",
+    ),
+    _layout(
         "use_megatron_fsdp", bool,
         "Megatron-FSDP: shard what --data-parallel-sharding-strategy names over data-parallel ranks.",
     ),
@@ -363,9 +367,11 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
     _training("attention_dropout", float, "Attention dropout (0: no mask stored; default 0.1)."),
     _training("hidden_dropout", float, "Hidden dropout (0: no masks stored; default 0.1)."),
     # Megatron-LM's choices (muon and dist_muon from 0.16, lion 0.17, soap and adaptive_muon 0.18):
-    # all but adam are refused by name (unmodelled.REFUSED_VALUES)
-    _training("optimizer", str, "Optimizer (Adam only: its two fp32 moments).",
-              choices=("adam", "sgd", "muon", "dist_muon", "lion", "soap", "adaptive_muon")),
+    # adam, and muon / dist_muon on megatron-core 0.16, are modelled, the others refused by name
+    # (unmodelled.REFUSED_VALUES); a layout argument, as dist_muon decides who owns what (params)
+    _layout("optimizer", str, "Optimizer: adam; muon, dist_muon (Muon on 2-D weights, Adam on the "
+            "rest; dist_muon gives each whole matrix to one data-parallel rank).",
+            choices=("adam", "sgd", "muon", "dist_muon", "lion", "soap", "adaptive_muon")),
     _training(
         "use_precision_aware_optimizer", bool,
         "Adam's state in Transformer Engine's FusedAdam in the dtypes below (distributed optimizer).",

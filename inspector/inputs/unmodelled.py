@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from inspector.inputs.versions import MUON_RELEASES
+
 
 @dataclass(frozen=True)
 class Refusal:
@@ -19,6 +21,8 @@ class Refusal:
     group: str  # the argument group (inspector.inputs.arguments) whose commands it would change
     reason: str
     harmless: tuple[str, ...] = ()
+    # modelled on the megatron-core releases from the first to before the second (a value)
+    modelled: tuple[tuple[int, int], tuple[int, int]] | None = None
 
 
 _FP8 = (
@@ -50,6 +54,10 @@ _DSA_KERNELS = (
 )
 _QUANTIZERS = "ModelOpt's quantizers (fake-quantized weights and inputs) are not counted"
 _OPTIMIZER = "this optimizer's state is not counted (Adam's two fp32 moments are)"
+_MUON_LATER = (
+    "megatron-core 0.17+ builds Muon through its emerging-optimizers registry and layer-wise "
+    "parameter layout, which this tool does not run yet (megatron-core 0.16's Muon is modelled)"
+)
 _MFSDP_DTYPE = (
     "Megatron-FSDP's buffer dtypes other than the default are not modelled (the buffers are "
     "counted as megatron-core 0.16 allocates them)"
@@ -68,9 +76,6 @@ REFUSED: dict[str, Refusal] = {
     "--fp8-dot-product-attention": Refusal("training", _FP8_PART),
     "--fp8-multi-head-attention": Refusal("training", _FP8_PART),
     "--torch-fsdp2-no-reshard-after-forward": Refusal("layout", _FSDP),
-    "--num-distributed-optimizer-instances": Refusal(
-        "layout", "several distributed-optimizer instances shard over part of the data-parallel "
-        "group, which this tool does not model", ("1",)),  # fmt: skip
     "--use-legacy-models": Refusal("model", "this tool builds megatron-core (mcore) models only"),
     "--spec": Refusal("model", "a custom layer spec module cannot be imported here",
                       (MAMBA_STACK_SPEC,)),  # fmt: skip
@@ -390,9 +395,14 @@ LOCAL_GRAPHS = Refusal(
 
 REFUSED_VALUES: dict[str, dict[str, Refusal]] = {
     # megatron-core's optimizer/__init__.py: Muon (emerging_optimizers' orthogonalised momentum on
-    # the linear weights, Adam on the rest), Lion, SOAP; versions.CHOICE_VERSIONS has when each came
-    "--optimizer": {name: Refusal("training", _OPTIMIZER) for name in (
-        "muon", "dist_muon", "lion", "soap", "adaptive_muon")},  # fmt: skip
+    # the linear weights, Adam on the rest), Lion, SOAP; versions.CHOICE_VERSIONS has when each came.
+    # Muon is modelled as megatron-core 0.16 builds it (optimizer/muon.py, layer_wise_optimizer.py);
+    # 0.17+ moved it into optimizer/emerging_optimizers.py with a layer-wise parameter layout
+    "--optimizer": {
+        **{name: Refusal("training", _OPTIMIZER) for name in ("lion", "soap", "adaptive_muon")},
+        **{name: Refusal("training", _MUON_LATER, modelled=MUON_RELEASES)  # engine/muon.py
+           for name in ("muon", "dist_muon")},
+    },  # fmt: skip
 }
 
 

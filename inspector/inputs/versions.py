@@ -86,6 +86,11 @@ CHOICE_VERSIONS: dict[tuple[str, str], tuple[int, int]] = {
 }
 
 
+# the megatron-core releases whose Muon this tool runs: 0.16's optimizer/muon.py (0.17 moved it into
+# optimizer/emerging_optimizers.py with a registry and a layer-wise parameter layout)
+MUON_RELEASES = ((0, 16), (0, 17))
+
+
 def choice_version_fact(flag: str, value: str) -> tuple[str, bool] | None:
     """Return the version fact of a choice some Megatron-LM versions lack ("muon is a choice of
     Megatron-LM 0.16+; this tool builds with megatron-core 0.16"), and whether the installed

@@ -127,6 +127,7 @@ def _cpu_rng_state(*args: Any, **kwargs: Any) -> torch.Tensor:
 @contextlib.contextmanager
 def cuda_on_meta() -> Iterator[None]:
     """Run megatron's CUDA code on meta tensors (see the module docstring) inside the block."""
+    from inspector.world.ddp import cuda_streams_on_meta
     from inspector.world.setup import fresh_te_process, megatron
 
     # megatron imported as the world prepares it (world/fastimport.py): its fused functions'
@@ -149,7 +150,7 @@ def cuda_on_meta() -> Iterator[None]:
     for owner, name, value in patches:
         setattr(owner, name, value)
     try:
-        with _CudaKernels():
+        with _CudaKernels(), cuda_streams_on_meta():
             yield
     finally:
         for owner, name, value in saved:
