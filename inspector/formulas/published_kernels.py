@@ -34,8 +34,9 @@ Figures (dense peaks from job/hardware.py's records; the H100 table's own best r
     so their GEMMs read the B200's / GB200's ranges, and memory-bound kernels the B200's measured
     copy up to their own HBM ratio (7.7 TB/s for B300). Their exponential units are doubled
     (10.7 against 5 tera-exponentials/s, Verda, "NVIDIA GB300 NVL72: GPU Architecture &
-    Performance"), which lifts the attention forward's bound: no attention kernel is measured on them, so attention ranges from the B200's
-    measured speed-up to the BF16 peak over the H100 table's attention (2250 / 625 = 3.6x, every
+    Performance"), which lifts the attention forward's bound: no attention kernel is measured on
+    them, so attention ranges from the B200's measured speed-up to the BF16 peak over the H100
+    table's attention (2250 / 625 = 3.6x, every
     FLOP at the tensor-core peak).
   - NVFP4 GEMMs (up to 2.3x the FP8 GEMMs, the blog above): for the record; no command prices FP4.
   - Collectives: NVLink and InfiniBand at their datasheet bandwidths, as on every GPU type: no
