@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -69,14 +70,14 @@ def test_gb200_is_a_b200_at_its_figures_on_a_72_gpu_nvlink_domain() -> None:
     # the same Blackwell GPU: at the slow end of the published ranges (what ranks the plans) its
     # kernels run as the B200's measured ones, whatever the peak; plan reads memory, links and
     # GPUs per node from the record
-    job = ("plan", "--num-layers", "2", "--gpus", "144", "--global-batch-size", "144")
+    job = ("plan", "--num-layers", "2", "--gpus", "144", "--global-batch-size", "144", "--format", "json")
     named = run_cli(*job, "--gpu", "gb200")
     by_hand = run_cli(*job, "--gpu", "b200", "--gpu-memory", "186", "--gpus-per-node", "72")
     assert named.code == by_hand.code == 0
-    slow = [line.split("Not measured")[0] for line in named.out.splitlines()]
-    assert slow == [line.split("Not measured")[0]
-                    for line in by_hand.out.replace("--gpu b200,", "--gpu gb200,").splitlines()]
-    assert named.out != by_hand.out  # the fast end: gb200's higher peak
+    gb200, b200 = json.loads(named.out), json.loads(by_hand.out)
+    for key in ("layout", "step_seconds", "peak_bytes"):
+        assert [p[key] for p in gb200["plans"]] == [p[key] for p in b200["plans"]], key
+    assert gb200["step_seconds_fast_end"] != b200["step_seconds_fast_end"]  # gb200's higher peak
     assert named.out != run_cli(*job, "--gpu", "b200").out  # the figures change the plan
 
 
@@ -101,7 +102,7 @@ def test_overrides_change_one_figure_each() -> None:
         ("--gpus-per-node", "0", "--gpus-per-node must be at least 1, got 0"),
         ("--top", "0", "--top must be at least 1, got 0"),
         ("--efficiency", "0", "--efficiency must lie in (0, 1], got 0.0"),
-        ("--gpu", "tpu", "unknown --gpu 'tpu'; choose one of: h100, h200, a100-80gb, b200, gb200"),
+        ("--gpu", "tpu", "unknown --gpu 'tpu'; choose one of: h100, h200, a100-80gb, b200, gb200, b300, gb300"),
     ],
 )
 def test_plan_hardware_errors_name_the_flag_typed(flag: str, value: str, message: str) -> None:
@@ -113,7 +114,7 @@ def test_plan_hardware_errors_name_the_flag_typed(flag: str, value: str, message
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("--gpu", "tpu"), "unknown --gpu 'tpu'; choose one of: h100, h200, a100-80gb, b200, gb200"),
+        (("--gpu", "tpu"), "unknown --gpu 'tpu'; choose one of: h100, h200, a100-80gb, b200, gb200, b300, gb300"),
         (("--gpu", "h100", "--gpu-memory", "0"),
          "--gpu-memory must be a finite number of GiB greater than 0, got 0.0"),
         (("--gpu", "h100", "--attention-walkthrough"),
