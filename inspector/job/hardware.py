@@ -39,7 +39,7 @@ class Gpu:
     hbm: float  # HBM bandwidth, bytes/s
     intra: float  # NVLink, one direction
     inter: float  # InfiniBand, one direction, per GPU
-    gpus_per_node: int = 8  # the NVLink domain of the vendor's reference node
+    gpus_per_node: int = 8  # the NVLink domain of the vendor's reference node (BOARD_GPUS)
     alpha_intra: float = 5e-6
     alpha_inter: float = 10e-6
     tflops_fp4: float | None = None  # dense FP4 tensor-core peak, for the record: nothing prices it
@@ -109,6 +109,7 @@ GPUS = {
 }
 DEFAULT_GPU = "h100"
 GIB = 1 << 30  # --gpu-memory is in GiB, as nvidia-smi and torch count
+BOARD_GPUS = 8  # the HGX / DGX boards' NVLink domain: a plan's job line names any other placement
 # plan: None prices each kernel from the measured tables (formulas/kernels.py, scaled to the
 # record's 16-bit peak and HBM); --efficiency F prices every FLOP at F x the 16-bit peak instead
 DEFAULT_EFFICIENCY: float | None = None
