@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.conftest import run_cli
+
+pytestmark = pytest.mark.slow  # plan searches
 
 # Qwen3-30B-A3B's 128 experts over ep 64 on 128 GB200s: a 72-GPU domain holds one expert-parallel
 # group and 8 ranks of the next, so every group reaches across racks; 64-GPU domains hold one each

@@ -60,6 +60,7 @@ def test_every_kind_of_kernel_reads_its_own_figure() -> None:
     assert kernels.table_of(GPUS["gb300"]) == "h100"
 
 
+@pytest.mark.slow
 def test_plan_on_a_blackwell_gpu_shows_the_range_it_ranks_by_the_slow_end() -> None:
     text = run_cli(*PLAN, "--gpu", "b200")
     assert text.code == 0, text.err
