@@ -251,11 +251,7 @@ def gpu_tflops_option(use: str) -> Any:
 
 def nvlink_domain_option() -> Any:
     """`--gpus-per-node`: the NVLink domain that consecutive ranks fill, megatron's placement."""
-    return typer.Option(
-        None, "--gpus-per-node",
-        help="GPUs per NVLink domain, filled by consecutive ranks (default: the type's; "
-             "64 for NVL72 racks used 16 trays at a time).",
-    )  # fmt: skip
+    return typer.Option(None, "--gpus-per-node", help="GPUs per NVLink domain (default: the type's).")
 
 
 def mfu_option() -> Any:

@@ -66,7 +66,7 @@ def plan(
     label: str | None,
     gpus: int = typer.Option(..., "--gpus", help="GPUs in the cluster."),
     gpu_memory: float | None = gpu_memory_option(" (default: the --gpu type's)"),
-    gpu: str | None = gpu_option(None, f", default the --kernels table's, else {DEFAULT_GPU}"),
+    gpu: str | None = gpu_option(None, f"; default: --kernels' GPU, else {DEFAULT_GPU}"),
     gpus_per_node: int | None = nvlink_domain_option(),
     gpu_tflops: float | None = gpu_tflops_option(", 16-bit (default: --gpu)"),
     intra_bandwidth: float | None = typer.Option(
