@@ -97,7 +97,17 @@ def _mla_attention(a: Mapping[str, Any], h: int, heads: int) -> int:
     else:
         query = h * heads * (qk + rope)
     key_value = h * (kv_lora + rope) + norms * kv_lora + kv_lora * heads * (qk + v)
-    return query + key_value + heads * v * h
+    return query + key_value + heads * v * h + _dsa_indexer(a, h, q_lora or h)
+
+
+def _dsa_indexer(a: Mapping[str, Any], h: int, q_lora: int) -> int:
+    """Return DeepSeek-V3.2's lightning indexer (DeepSeek-V3.2-Exp inference/model.py `Indexer`):
+    query heads x head from the query latent, one key head from h with a LayerNorm (weight and
+    bias), and one weight per head from h; none without --experimental-attention-variant dsa."""
+    if a.get("experimental_attention_variant") != "dsa":
+        return 0
+    n, d = a["dsa_indexer_n_heads"], a["dsa_indexer_head_dim"]
+    return q_lora * n * d + h * d + 2 * d + h * n
 
 
 def _mamba2_mixer(a: Mapping[str, Any], h: int) -> int:

@@ -93,7 +93,8 @@ def test_gated_norm_registers_like_mamba_ssm():
         # a symbol no megatron-core's allocate_layers knows
         (("--hybrid-override-pattern", "M*x-"), "--hybrid-override-pattern M*x-: x is not a layer "
          "symbol of this megatron-core (M Mamba, * attention, - MLP" + (
-             ", E MoE)" if hybrid_moe_layers() else ")")),
+             ", E MoE" if hybrid_moe_layers() else "") + (
+             ", D DeepSeek sparse attention)" if megatron_core_version() >= (0, 18) else ")")),
         # gated delta net: a symbol of later megatron-core, named with the version that has it
         (("--hybrid-override-pattern", "M*G-"), "--hybrid-override-pattern M*G-: G (gated delta "
          "net, megatron-core 0.17+) layers are not modelled yet (the installed megatron-core is "

@@ -29,6 +29,10 @@ def hybrid_layer_flops(model: ModelConfig, dims: ModelDims, symbol: str, sequenc
         forward = 4 * tokens * h * p * (h + h * (dims.query_groups / heads) + s / 2)
     elif symbol == "-":
         forward = 4 * (dims.ffn / h) * scale * tokens * h**2
+    elif symbol == "D":
+        # core_v0.19.0 training.py counts each layer kind but DSA's (`itemgetter(Symbols.MAMBA,
+        # Symbols.GDN, Symbols.ATTENTION, Symbols.MLP, Symbols.MOE)`): D layers add nothing
+        forward = 0.0
     elif symbol == "E":
         routed = 4 * tokens * h * dims.expert_ffn * dims.moe_router_topk * scale
         forward = routed + 4 * tokens * h * dims.shared_expert_ffn * scale

@@ -201,6 +201,14 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         str,
         "With --window-size: every N-th layer full attention, or a 1/0 list per layer (1: window).",
     ),
+    # DeepSeek-V3.2's sparse attention (TransformerConfig fields; megatron-core 0.18+ builds it).
+    _model("experimental_attention_variant", str, "dsa: DeepSeek sparse attention on MLA layers.",
+           choices=("dsa", "gated_delta_net")),  # fmt: skip
+    _model("dsa_indexer_n_heads", int, "DSA: heads of the lightning indexer."),
+    _model("dsa_indexer_head_dim", int, "DSA: head size of the lightning indexer."),
+    _model("dsa_indexer_topk", int, "DSA: keys each query attends to."),
+    _model("dsa_indexer_loss_coeff", float, "DSA: weight of the indexer's KL loss."),
+    _model("dsa_indexer_use_sparse_loss", bool, "DSA: the indexer loss over the top-k keys only."),
     # Parallel layout.
     _layout("tensor_model_parallel_size", int, "Tensor-parallel size.", aliases=("--tp",)),
     _layout("pipeline_model_parallel_size", int, "Pipeline-parallel size.", aliases=("--pp",)),

@@ -41,8 +41,12 @@ _QK_L2 = (
     "--qk-layernorm's norms) is not modelled"
 )
 _DSA = (
-    "megatron-core's experimental attention variants (dsa: DeepSeek-V3.2's sparse attention and "
-    "its indexer, megatron-core 0.16+; gated_delta_net) are not modelled"
+    "this variant of DeepSeek sparse attention's indexer (megatron-core 0.19: top-k shared "
+    "across layers, GLM-5's indexer without rotation or ReLU) is not modelled; DeepSeek-V3.2's is"
+)
+_DSA_KERNELS = (
+    "DSA's fused TileLang and cuDNN kernels are not simulated; megatron's own PyTorch path "
+    "(--dsa-kernel-backend none) is"
 )
 _QUANTIZERS = "ModelOpt's quantizers (fake-quantized weights and inputs) are not counted"
 _OPTIMIZER = "this optimizer's state is not counted (Adam's two fp32 moments are)"
@@ -103,15 +107,18 @@ REFUSED: dict[str, Refusal] = {
     "--export-kv-cache-quant": Refusal("training", _QUANTIZERS, ("none",)),
     "--qad-train-target": Refusal("training", _FROZEN),
     "--freeze-base-for-mtp": Refusal("training", _FROZEN),
-    # TransformerConfig fields (megatron-core 0.16.1 transformer_config.py 250-268), which
-    # Megatron-LM reads as arguments; megatron-core builds DeepSeek-V3.2's sparse attention
-    # (transformer/experimental_attention_variant/dsa.py), whose indexer this tool does not run
-    "--experimental-attention-variant": Refusal("model", _DSA),
-    "--dsa-indexer-n-heads": Refusal("model", _DSA),
-    "--dsa-indexer-head-dim": Refusal("model", _DSA),
-    "--dsa-indexer-topk": Refusal("model", _DSA),
-    "--dsa-indexer-loss-coeff": Refusal("model", _DSA),
-    "--dsa-indexer-use-sparse-loss": Refusal("model", _DSA),
+    # megatron-core 0.19's further DSA fields (transformer_config.py 312-343 at 0.19.2), read by
+    # Megatron-LM as arguments: indexer top-k shared across layers, fused kernels, GLM-5's indexer
+    "--dsa-indexer-topk-freq": Refusal("model", _DSA, ("1",)),
+    "--dsa-indexer-skip-topk-offset": Refusal("model", _DSA, ("0",)),
+    "--dsa-kernel-backend": Refusal("training", _DSA_KERNELS, ("none",)),
+    "--dsa-indexer-rope-interleaved": Refusal("model", _DSA),
+    "--no-dsa-indexer-rotate-activation": Refusal("model", _DSA),
+    "--disable-dsa-indexer-rotate-activation": Refusal("model", _DSA),
+    "--no-dsa-indexer-scoring-relu": Refusal("model", _DSA),
+    "--disable-dsa-indexer-scoring-relu": Refusal("model", _DSA),
+    "--dsa-indexer-k-norm-epsilon": Refusal("model", _DSA),
+    "--dsa-indexer-k-norm-fp32": Refusal("model", _DSA),
     "--vocab-extra-ids": Refusal("model", "extra ids change the vocabulary; pass --vocab-size"),
     "--fine-grained-activation-offloading": Refusal(  # TransformerConfig, megatron-core 0.16
         "training", "activation offloading to the CPU (--offload-modules) is not modelled"),

@@ -21,6 +21,7 @@ LAYER_SYMBOLS = {"M": "Mamba", "*": "attention", "-": "MLP", "E": "MoE"}
 # (ssm/mamba_hybrid_layer_allocation.py core_v0.17.0; models/hybrid/ core_v0.18.0, core_v0.19.0)
 LATER_SYMBOLS = {"G": ("gated delta net", (0, 17)), "D": ("DeepSeek sparse attention", (0, 18)),
                  "+": ("multi-latent attention", (0, 19))}  # fmt: skip
+DSA_SYMBOL = "D"  # built where the installed megatron-core has it (job/dsa.py)
 
 
 PIPE, MTP_SEPARATOR = "|", "/"  # megatron-core 0.17+ `Symbols.PIPE`, `MTP_SEPARATOR`
@@ -98,6 +99,8 @@ def _validate_separators(pattern: str, pp: int, uneven: bool) -> None:
 
 def _validate_pattern(pattern: str, config: ModelConfig) -> None:
     symbols = {s: kind for s, kind in LAYER_SYMBOLS.items() if s != "E" or hybrid_moe_layers()}
+    if megatron_version() >= LATER_SYMBOLS[DSA_SYMBOL][1]:
+        symbols[DSA_SYMBOL] = LATER_SYMBOLS[DSA_SYMBOL][0]
     unknown = sorted({symbol for symbol in pattern if symbol not in symbols})
     later = [f"{s} ({LATER_SYMBOLS[s][0]}, megatron-core {'.'.join(map(str, LATER_SYMBOLS[s][1]))}+)"
              for s in unknown if s in LATER_SYMBOLS]  # fmt: skip

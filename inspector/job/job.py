@@ -16,6 +16,7 @@ from inspector.errors import ConfigError
 from inspector.job.checks import check_at_least_one, check_at_most
 from inspector.job.cuda_graphs import check_cuda_graphs, parse_scope, preprocess_syncs
 from inspector.job.dims import ModelDims, num_microbatches
+from inspector.job.dsa import check_dsa_layout
 from inspector.job.ep_overlap import check_ep_overlap
 from inspector.job.flex import check_flex, runs_deepep
 from inspector.job.fsdp import fsdp_rules
@@ -142,6 +143,7 @@ class Job:
         """Reject a job megatron would refuse or silently change."""
         validate_model(self.model)
         validate_layout(self.model, self.layout)
+        check_dsa_layout(self.model, self.layout.cp)
         if self.model.hybrid:
             uneven = (self.layout.decoder_first_pipeline_num_layers is not None
                       or self.layout.decoder_last_pipeline_num_layers is not None)  # fmt: skip

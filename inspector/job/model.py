@@ -85,6 +85,19 @@ class ModelConfig:
     mamba_head_dim: int | None = None
     mamba_num_groups: int | None = None
     mamba_num_heads: int | None = None
+    # DeepSeek-V3.2's sparse attention on MLA layers (TransformerConfig's DSA fields; megatron-core
+    # 0.18+ builds it). Left out of `to_args` while unset (DSA_FIELDS).
+    experimental_attention_variant: str | None = None
+    dsa_indexer_n_heads: int | None = None
+    dsa_indexer_head_dim: int | None = None
+    dsa_indexer_topk: int | None = None
+    dsa_indexer_loss_coeff: float | None = None
+    dsa_indexer_use_sparse_loss: bool = False
+
+    @property
+    def dsa(self) -> bool:
+        """Return whether the attention layers are DeepSeek sparse attention (DSA)."""
+        return self.experimental_attention_variant == "dsa"
 
     @property
     def hybrid(self) -> bool:
@@ -204,6 +217,7 @@ class ModelConfig:
         if self.multi_latent_attention:
             # --multi-latent-attention picks MLATransformerConfig, which takes the MLA arguments.
             fields.update(multi_latent_attention=True, **self.mla_args())
+        fields.update({name: getattr(self, name) for name in DSA_FIELDS if getattr(self, name)})
         return fields
 
     def yarn_attributes(self) -> dict[str, Any]:
@@ -293,7 +307,7 @@ class ModelConfig:
         """Return the fields as Megatron-LM arguments (for headers and caches); --padded-vocab-size
         and the hybrid fields only where they are given, gpt-oss's layer fields only away from
         their defaults, so a job without them reads as before."""
-        optional = ("padded_vocab_size", *HYBRID_FIELDS)
+        optional = ("padded_vocab_size", *HYBRID_FIELDS, *DSA_FIELDS)
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                 if (f.name not in optional or getattr(self, f.name))
                 and (f.name not in GPT_OSS_FIELDS or getattr(self, f.name) != f.default)}  # fmt: skip
@@ -303,6 +317,10 @@ MODEL_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelConfig))
 HYBRID_FIELDS = (
     "hybrid_override_pattern", "hybrid_attention_ratio", "hybrid_mlp_ratio", "is_hybrid_model",
     "mamba_state_dim", "mamba_head_dim", "mamba_num_groups", "mamba_num_heads",
+)
+DSA_FIELDS = (
+    "experimental_attention_variant", "dsa_indexer_n_heads", "dsa_indexer_head_dim",
+    "dsa_indexer_topk", "dsa_indexer_loss_coeff", "dsa_indexer_use_sparse_loss",
 )
 GPT_OSS_FIELDS = (
     "quick_geglu", "glu_linear_offset", "activation_func_clamp_value", "softmax_type",

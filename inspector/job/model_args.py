@@ -13,6 +13,7 @@ from inspector.errors import ConfigError
 from inspector.inputs.arguments import BY_NAME
 from inspector.job import fp8
 from inspector.job.checks import MAX_SIZE, check_at_least_one, check_heads, check_query_groups
+from inspector.job.dsa import infer_from_pattern, validate_dsa
 from inspector.job.hybrid_model import check_ratios
 from inspector.job.model import MODEL_FIELDS, ModelConfig
 from inspector.job.moe_pattern import parse_moe_layer_freq
@@ -38,6 +39,7 @@ def make_model_config(args: Mapping[str, Any]) -> ModelConfig:
                  "moe_router_pre_softmax", "fp8_recipe", "fp8_amax_history_len"):  # fmt: skip
         if values.get(name) is None:
             values.pop(name, None)
+    infer_from_pattern(values)
     config = ModelConfig(**values)
     validate_model(config)
     return config
@@ -121,6 +123,7 @@ def validate_model(config: ModelConfig) -> None:
     _validate_moe(config)
     _validate_moe_layer_freq(config)
     _validate_mla(config)
+    validate_dsa(config)
     _validate_mtp(config)
     _validate_backend(config)
     fp8.validate_fp8(

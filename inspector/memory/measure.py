@@ -45,6 +45,7 @@ from inspector.formulas.flops import (
 )
 from inspector.formulas.hybrid_flops import hybrid_stage_flops
 from inspector.job.dims import ModelDims
+from inspector.job.dsa import check_dsa_run
 from inspector.job.hardware import GIB, check_positive, get_gpu
 from inspector.job.hybrid_model import refuse_hybrid_mtp
 from inspector.job.job import Job, Schedule, Training
@@ -272,6 +273,7 @@ def measure(built: BuiltJob, hardware: Hardware) -> MemoryReport:
 
     job = built.job
     refuse_hybrid_mtp(job.model, "memory")
+    check_dsa_run(job.model, "rope_fusion" not in job.training.unfused)
     schedule = job.schedule()
     ranks_of: list[list[tuple[int, int, int]]] = [[] for _ in range(job.layout.pp)]
     for rank, (pipe, data, expert) in enumerate(rank_shard_indices(job.layout)):
