@@ -246,14 +246,16 @@ class StageShapes:
     shapes: tuple[ChunkShape, ...]
 
 
-def run_job(job: Job, stages: Sequence[Any]) -> JobRuns:
+def run_job(job: Job, stages: Sequence[Any], cache: Cache | None = None,
+            steps: Steps | None = None) -> JobRuns:  # fmt: skip
     """Run every stage a micro-batch, sharing the small chunks: built stages
-    (world.build.BuiltStage) or their shapes alone (`StageShapes`)."""
+    (world.build.BuiltStage) or their shapes alone (`StageShapes`). `cache` and `steps`: the
+    small chunks' traces and the optimizer steps of other runs that share them (plan/confirm.py)."""
     reason = not_runnable(job)
     if reason is not None:
         return JobRuns({}, reason)
-    cache: Cache = {}
-    steps: Steps = {}
+    cache = {} if cache is None else cache
+    steps = {} if steps is None else steps
     return JobRuns(
         {
             built.stage: run_memory(
