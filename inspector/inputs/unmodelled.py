@@ -164,6 +164,10 @@ REFUSED: dict[str, Refusal] = {
         "every Transformer Engine linear"),  # fmt: skip
     "--kitchen-config-file": Refusal("training", _QUANTIZERS),
     "--kitchen-recipe-number": Refusal("training", _QUANTIZERS),
+    # megatron-core language_module.py: "te" runs Transformer Engine's Triton cross entropy
+    "--cross-entropy-fusion-impl": Refusal(
+        "training", "Transformer Engine's cross entropy kernels are not modelled (native is: "
+        "megatron's torch.compile'd fused_cross_entropy.py)", ("native",)),  # fmt: skip
     "--output-logit-dtype": Refusal(
         "training", "the output layer's logits dtype is not modelled (they are counted as "
         "megatron-core 0.16 computes them)"),  # fmt: skip
@@ -217,8 +221,7 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--data-parallel-random-init --loss-scale --initial-loss-scale --min-loss-scale "
         "--loss-scale-window --hysteresis --disable-bf16-reduced-precision-matmul "
         "--deterministic-mode --calculate-per-token-loss "
-        "--cross-entropy-loss-fusion --cross-entropy-fusion-impl "
-        "--no-persist-layer-norm --use-te-activation-func "
+                "--no-persist-layer-norm --use-te-activation-func "
         "--use-fused-weighted-squared-relu --no-gradient-reduce-div-fusion --te-rng-tracker "
         "--use-mcore-models --transformer-impl-fallback --use-cpu-initialization "
         "--init-model-with-meta-device --no-clone-scatter-output-in-embedding "
@@ -235,10 +238,10 @@ IGNORED_BECAUSE: dict[str, str] = {
     ),
     "communication scheduling (buffers not counted)": (
         "--no-overlap-p2p-communication --overlap-p2p-communication-warmup-flush "
-        "--defer-embedding-wgrad-compute --wgrad-deferral-limit --no-align-grad-reduce "
+        "--no-align-grad-reduce "
         "--no-align-param-gather --overlap-param-gather-with-optimizer-step "
         "--ddp-average-in-collective --ddp-reduce-scatter-with-fp32-accumulation "
-        "--no-scatter-gather-tensors-in-pipeline --use-ring-exchange-p2p --tp-comm-overlap "
+        "--no-scatter-gather-tensors-in-pipeline --use-ring-exchange-p2p "
         "--tp-comm-overlap-cfg --disable-tp-comm-overlap-ag --disable-tp-comm-overlap-rs "
         "--tp-comm-overlap-rs-dgrad --disable-tp-comm-bulk-dgrad --disable-tp-comm-bulk-wgrad "
         "--tp-comm-bootstrap-backend --disable-tp-comm-split-ag --disable-tp-comm-split-rs "

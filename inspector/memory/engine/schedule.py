@@ -84,7 +84,8 @@ def replay_passes(
     extra: int = 0,
 ) -> Iterator[Pass]:
     """Yield the passes of one iteration of `stage` in megatron's order (`schedule_passes`),
-    each over what the micro-batches then in flight hold (their chunk's `Trace.held`)."""
+    each over what the micro-batches then in flight hold (their chunk's `Trace.held`) and what
+    the output layer keeps of finished ones for its deferred weight gradient (`Trace.deferred`)."""
     chunks = len(traces)
     counts = [0] * chunks  # micro-batches started, per chunk
     flight: list[list[int]] = [[] for _ in range(chunks)]
@@ -100,6 +101,8 @@ def replay_passes(
             mb = flight[chunk].pop(0)
             held -= traces[chunk].held
             yield Pass(False, chunk, mb, held, _in_flight(flight) + 1)
+            kept, limit = traces[chunk].deferred  # until the drain, after the last backward
+            held += kept if limit == 0 or mb < limit else 0
 
 
 def pass_label(forward: bool, mb: int, chunk: int, chunks: int) -> str:
