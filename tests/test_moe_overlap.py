@@ -355,3 +355,16 @@ def test_memory_runs_the_overlaps_forward_with_the_backward_not_after_it():
     whole = trace.held + _top(trace.forward).allocated
     plain = run_memory(_job(transformer_impl="local"), 0).peak.bytes
     assert plain < run.peak.bytes < whole
+
+
+@pytest.mark.parametrize(("m", "paired"), [(1, 0), (3, 2)])
+def test_only_an_older_micro_batchs_backward_runs_with_a_forward(m, paired):
+    # combined_1f1b_schedule_for_no_pipelining: the first forward alone, the last backward alone
+    from inspector.memory.engine.allocator import Event
+    from inspector.memory.engine.microbatch import Trace
+    from inspector.memory.engine.schedule import replay_passes
+
+    trace = Trace((Event(1, 1, "x"),), (Event(-1, 0, "x"),), ())
+    passes = list(replay_passes((trace,), 0, 1, m, extra=1))
+    assert sum(p.paired is not None for p in passes) == paired
+    assert [p.paired for p in passes if p.paired] == [(0, i) for i in range(paired)]

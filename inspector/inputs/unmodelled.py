@@ -145,9 +145,12 @@ REFUSED: dict[str, Refusal] = {
         "not modelled"),  # fmt: skip
     # Megatron-LM main (megatron/training/arguments.py, after core_v0.19.0): Megatron-FSDP's
     # buffer dtypes and allocators; its default values are the buffers megatron-core 0.16 holds
-    "--megatron-fsdp-main-grads-dtype": Refusal("layout", _MFSDP_DTYPE, ("auto",)),
+    # fp32 main gradients reduced in fp32 are what megatron-core 0.16's Megatron-FSDP allocates
+    # for a 16-bit model (its ParamAndGradBuffer: fp32 unless --grad-reduce-in-bf16): Megatron-LM
+    # main's functional tests ask for them by these values
+    "--megatron-fsdp-main-grads-dtype": Refusal("layout", _MFSDP_DTYPE, ("auto", "fp32")),
     "--megatron-fsdp-main-params-dtype": Refusal("layout", _MFSDP_DTYPE, ("fp32",)),
-    "--megatron-fsdp-grad-comm-dtype": Refusal("layout", _MFSDP_DTYPE, ("auto",)),
+    "--megatron-fsdp-grad-comm-dtype": Refusal("layout", _MFSDP_DTYPE, ("auto", "fp32")),
     "--megatron-fsdp-max-pool-double-buffer": Refusal("layout", _MFSDP_POOL),
     "--fsdp-db-use-persist-buf-on-alloc-fail": Refusal("layout", _MFSDP_POOL),
     "--megatron-fsdp-enable-fine-grained-param-gather": Refusal(

@@ -110,8 +110,8 @@ def replay_passes(
             mb = counts[chunk]
             counts[chunk] += 1
             paired = None
-            if extra and index < len(order) and not order[index][0]:  # a 1F1B step: combined
-                back = order[index][1]
+            back = order[index][1] if index < len(order) and not order[index][0] else None
+            if extra and back is not None and flight[back]:  # a 1F1B step of older micro-batches
                 index += 1
                 paired = (back, flight[back].pop(0))
                 held -= traces[back].held
