@@ -371,6 +371,16 @@ IGNORED: dict[str, str] = {
     flag: reason for reason, flags in IGNORED_BECAUSE.items() for flag in flags.split()
 }
 
+# Ignored arguments that change what a command does not count: a note says what (inputs/resolve).
+IGNORED_NOTES: dict[str, str] = {
+    # Megatron-LM validate_args: deterministic_mode sets NCCL_ALGO to a fixed ring/tree and
+    # Transformer Engine's NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 picks deterministic attention
+    # backward kernels; the tensors (memory) are the same
+    "--deterministic-mode": "--deterministic-mode changes no memory; `plan`'s step time prices "
+    "the default kernels, not the deterministic ones it selects (Transformer Engine's "
+    "deterministic attention backward, a fixed NCCL algorithm), whose cost is not modelled",
+}
+
 # Megatron-LM spellings that mean one of the modelled arguments: flag -> (name, value).
 RENAMED: dict[str, tuple[str, object]] = {
     "--use-rotary-position-embeddings": ("position_embedding_type", "rope"),  # validate_args
