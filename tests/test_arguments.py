@@ -401,9 +401,6 @@ def test_a_refused_flag_typed_on_the_command_line_says_why(cli, flag, error):
 def test_deterministic_mode_says_what_plan_does_not_price(cli, tmp_path):
     # Megatron-LM's --deterministic-mode: deterministic TE attention backward, a fixed NCCL
     # algorithm (megatron/training/determinism.py); the same tensors, other kernels
-    path = tmp_path / "job.yaml"
-    path.write_text("num-layers: 2\nhidden-size: 64\nnum-attention-heads: 4\nseq-length: 32\n"
-                    "vocab-size: 1000\nmicro-batch-size: 1\nbf16: true\ndeterministic-mode: true\n")  # fmt: skip
-    result = cli("params", "--config", str(path))
+    result = cli("params", "--from-script", script(tmp_path, "--deterministic-mode"))
     assert result.code == 0, result.err
     assert "--deterministic-mode changes no memory; `plan`'s step time prices the default " in result.err
