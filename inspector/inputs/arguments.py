@@ -416,6 +416,29 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         "With the all-to-all overlap: expert weight gradients after the dispatch backward starts.",
     ),
     _training(
+        "cross_entropy_loss_fusion",
+        bool,
+        "megatron's fused cross entropy (torch.compile'd; its backward holds one more fp32 copy "
+        "of the logits).",
+    ),
+    _training(
+        "defer_embedding_wgrad_compute",
+        bool,
+        "With --pp: the output layer's weight gradients wait for the pipeline's drain, keeping "
+        "each micro-batch's input and logits gradient until then.",
+    ),
+    _training(
+        "wgrad_deferral_limit",
+        int,
+        "Micro-batches whose output-layer weight gradient is deferred (default 0: all).",
+    ),
+    _training(
+        "tp_comm_overlap",
+        bool,
+        "Transformer Engine's userbuffers overlap tensor-parallel communication with GEMMs "
+        "(their cuBLAS workspace: 3 more; the buffers are outside PyTorch's allocator).",
+    ),
+    _training(
         "moe_expert_capacity_factor",
         float,
         "MoE expert capacity: each expert keeps at most ceil(tokens x topk / experts x factor).",

@@ -157,9 +157,12 @@ REFUSED: dict[str, Refusal] = {
         "not modelled"),  # fmt: skip
     # Megatron-LM main (megatron/training/arguments.py, after core_v0.19.0): Megatron-FSDP's
     # buffer dtypes and allocators; its default values are the buffers megatron-core 0.16 holds
-    "--megatron-fsdp-main-grads-dtype": Refusal("layout", _MFSDP_DTYPE, ("auto",)),
+    # fp32 main gradients reduced in fp32 are what megatron-core 0.16's Megatron-FSDP allocates
+    # for a 16-bit model (its ParamAndGradBuffer: fp32 unless --grad-reduce-in-bf16): Megatron-LM
+    # main's functional tests ask for them by these values
+    "--megatron-fsdp-main-grads-dtype": Refusal("layout", _MFSDP_DTYPE, ("auto", "fp32")),
     "--megatron-fsdp-main-params-dtype": Refusal("layout", _MFSDP_DTYPE, ("fp32",)),
-    "--megatron-fsdp-grad-comm-dtype": Refusal("layout", _MFSDP_DTYPE, ("auto",)),
+    "--megatron-fsdp-grad-comm-dtype": Refusal("layout", _MFSDP_DTYPE, ("auto", "fp32")),
     "--megatron-fsdp-max-pool-double-buffer": Refusal("layout", _MFSDP_POOL),
     "--fsdp-db-use-persist-buf-on-alloc-fail": Refusal("layout", _MFSDP_POOL),
     "--megatron-fsdp-enable-fine-grained-param-gather": Refusal(
@@ -176,6 +179,10 @@ REFUSED: dict[str, Refusal] = {
         "every Transformer Engine linear"),  # fmt: skip
     "--kitchen-config-file": Refusal("training", _QUANTIZERS),
     "--kitchen-recipe-number": Refusal("training", _QUANTIZERS),
+    # megatron-core language_module.py: "te" runs Transformer Engine's Triton cross entropy
+    "--cross-entropy-fusion-impl": Refusal(
+        "training", "Transformer Engine's cross entropy kernels are not modelled (native is: "
+        "megatron's torch.compile'd fused_cross_entropy.py)", ("native",)),  # fmt: skip
     "--output-logit-dtype": Refusal(
         "training", "the output layer's logits dtype is not modelled (they are counted as "
         "megatron-core 0.16 computes them)"),  # fmt: skip
@@ -229,8 +236,7 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--data-parallel-random-init --loss-scale --initial-loss-scale --min-loss-scale "
         "--loss-scale-window --hysteresis --disable-bf16-reduced-precision-matmul "
         "--deterministic-mode --calculate-per-token-loss "
-        "--cross-entropy-loss-fusion --cross-entropy-fusion-impl "
-        "--no-persist-layer-norm --use-te-activation-func "
+                "--no-persist-layer-norm --use-te-activation-func "
         "--use-fused-weighted-squared-relu --no-gradient-reduce-div-fusion --te-rng-tracker "
         "--use-mcore-models --transformer-impl-fallback --use-cpu-initialization "
         "--init-model-with-meta-device --no-clone-scatter-output-in-embedding "
@@ -247,10 +253,10 @@ IGNORED_BECAUSE: dict[str, str] = {
     ),
     "communication scheduling (buffers not counted)": (
         "--no-overlap-p2p-communication --overlap-p2p-communication-warmup-flush "
-        "--defer-embedding-wgrad-compute --wgrad-deferral-limit --no-align-grad-reduce "
+        "--no-align-grad-reduce "
         "--no-align-param-gather --overlap-param-gather-with-optimizer-step "
         "--ddp-average-in-collective --ddp-reduce-scatter-with-fp32-accumulation "
-        "--no-scatter-gather-tensors-in-pipeline --use-ring-exchange-p2p --tp-comm-overlap "
+        "--no-scatter-gather-tensors-in-pipeline --use-ring-exchange-p2p "
         "--tp-comm-overlap-cfg --disable-tp-comm-overlap-ag --disable-tp-comm-overlap-rs "
         "--tp-comm-overlap-rs-dgrad --disable-tp-comm-bulk-dgrad --disable-tp-comm-bulk-wgrad "
         "--tp-comm-bootstrap-backend --disable-tp-comm-split-ag --disable-tp-comm-split-rs "
@@ -375,6 +381,16 @@ IGNORED_BECAUSE: dict[str, str] = {
 
 IGNORED: dict[str, str] = {
     flag: reason for reason, flags in IGNORED_BECAUSE.items() for flag in flags.split()
+}
+
+# Ignored arguments that change what a command does not count: a note says what (inputs/resolve).
+IGNORED_NOTES: dict[str, str] = {
+    # Megatron-LM validate_args: deterministic_mode sets NCCL_ALGO to a fixed ring/tree and
+    # Transformer Engine's NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 picks deterministic attention
+    # backward kernels; the tensors (memory) are the same
+    "--deterministic-mode": "--deterministic-mode changes no memory; `plan`'s step time prices "
+    "the default kernels, not the deterministic ones it selects (Transformer Engine's "
+    "deterministic attention backward, a fixed NCCL algorithm), whose cost is not modelled",
 }
 
 # Megatron-LM spellings that mean one of the modelled arguments: flag -> (name, value).
