@@ -305,9 +305,10 @@ def _opening(shown: str) -> Iterator[None]:
         raise InputError(f"{shown} cannot be read ({reason_of(exc)})") from None
 
 
-def _read_fd(fd: int, shown: str, limit: int, terminal: bool) -> bytes:
+def _read_fd(fd: int, shown: str, limit: int, terminal: bool, head: bool = False) -> bytes:
     """Read fd to its end, at most limit bytes, waiting at most IDLE_SECONDS for each chunk
-    (a terminal waits for its user)."""
+    (a terminal waits for its user); `head`: return the first limit + 1 bytes instead of
+    refusing more."""
     import select
 
     chunks: list[bytes] = []
@@ -328,6 +329,8 @@ def _read_fd(fd: int, shown: str, limit: int, terminal: bool) -> bytes:
             return b"".join(chunks)
         chunks.append(chunk)
         total += len(chunk)
+        if total > limit and head:
+            return b"".join(chunks)
         if total > limit:
             raise InputError(f"{shown} holds more than {limit:,} bytes; files read in are at "
                              "most that (docs/limits.md)")  # fmt: skip
@@ -336,7 +339,7 @@ def _read_fd(fd: int, shown: str, limit: int, terminal: bool) -> bytes:
 def read_head(path: str, limit: int) -> tuple[str, bool]:
     """Return at most `limit` bytes of a file (`-`: standard input) as text, and whether there
     was more: a log that never ends (a FIFO, a file still growing) is read that far and no
-    further. Bytes that are not UTF-8 read as U+FFFD; raise InputError naming a file that
+    further; a fifo that sends nothing for IDLE_SECONDS is refused by name. Bytes that are not UTF-8 read as U+FFFD; raise InputError naming a file that
     cannot be read."""
     shown = "- (standard input)" if path == STDIO else shown_path(path)
     with _opening(shown):
@@ -344,12 +347,17 @@ def read_head(path: str, limit: int) -> tuple[str, bool]:
             if sys.stdin is None:
                 raise InputError("- (standard input) is closed")
             data = sys.stdin.buffer.read(limit + 1)
-        else:
-            info = os.stat(path)
-            if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode):
-                raise InputError(f"{shown} is a device, not a file")
-            with open(path, "rb") as stream:
-                data = stream.read(limit + 1)
+        else:  # opened without waiting for a fifo's writer, read as read_bytes reads
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                info = os.fstat(fd)
+                if stat.S_ISDIR(info.st_mode):
+                    raise InputError(f"{shown} is a folder, not a file")
+                if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode):
+                    raise InputError(f"{shown} is a device, not a file")
+                data = _read_fd(fd, shown, limit, False, head=True)
+            finally:
+                os.close(fd)
     text = data[:limit].decode("utf-8", errors="replace").replace("\r\n", "\n")
     return _without_bom(text), len(data) > limit
 

@@ -373,3 +373,20 @@ def test_an_infinite_count_in_a_config_is_an_error(value: str, tmp_path: Path) -
     line = error_line(run("params", "--config", "c.yaml", cwd=tmp_path))
     shown = "inf" if value == ".inf" else "-inf"
     assert line == f"Error: c.yaml: --num-layers needs int value, got {shown}"
+
+
+def test_a_fifo_nobody_writes_as_a_log_is_refused_not_waited_on(tmp_path: Path, quick_idle: None) -> None:
+    # read_head (check's log, --kernels) opened a fifo with open(), which waits for a writer
+    # forever; it is now read as read_bytes reads, and one that sends nothing is refused by name
+    from inspector.errors import InputError
+    from inspector.output import read_head
+
+    os.mkfifo(tmp_path / "train.log")
+    with pytest.raises(InputError, match=r"train.log sent nothing for 0.3 seconds"):
+        read_head(str(tmp_path / "train.log"), 1000)
+
+
+def test_check_on_a_fifo_nobody_writes_answers_in_bounded_time(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "train.log")
+    line = error_line(run("check", "train.log", cwd=tmp_path, timeout=60))
+    assert line.startswith("Error: train.log sent nothing for")
