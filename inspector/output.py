@@ -339,8 +339,8 @@ def _read_fd(fd: int, shown: str, limit: int, terminal: bool, head: bool = False
 def read_head(path: str, limit: int) -> tuple[str, bool]:
     """Return at most `limit` bytes of a file (`-`: standard input) as text, and whether there
     was more: a log that never ends (a FIFO, a file still growing) is read that far and no
-    further; a fifo that sends nothing for IDLE_SECONDS is refused by name. Bytes that are not UTF-8 read as U+FFFD; raise InputError naming a file that
-    cannot be read."""
+    further; a fifo that sends nothing for IDLE_SECONDS is refused by name. Bytes that are not
+    UTF-8 read as U+FFFD; raise InputError naming a file that cannot be read."""
     shown = "- (standard input)" if path == STDIO else shown_path(path)
     with _opening(shown):
         if path == STDIO:

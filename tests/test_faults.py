@@ -257,7 +257,8 @@ def test_a_poisoned_workload_entry_is_a_miss_never_a_path_outside_the_folder(tmp
     assert workload("first").returncode == 0
     (entry,) = (tmp_path / "cache" / "inspect-model").glob("*.txt")
     poisoned = {"index.csv": "file\n../evil.sh\n", "../evil.sh": "echo owned\n"}
-    entry.write_bytes(cache.encode(json.dumps(poisoned), entry.stem))
+    secret = (entry.parent / cache.SECRET).read_bytes()  # the poisoner could read the secret
+    entry.write_bytes(cache.encode(json.dumps(poisoned), entry.stem, secret))
     result = workload("second")
     assert result.returncode == 0, result.stderr
     assert not (tmp_path / "evil.sh").exists()
