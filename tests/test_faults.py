@@ -265,6 +265,24 @@ def test_a_poisoned_workload_entry_is_a_miss_never_a_path_outside_the_folder(tmp
     assert snapshot_of(tmp_path / "second") == snapshot_of(tmp_path / "first")
 
 
+def test_a_workload_stage_entry_without_the_stage_file_is_a_miss_not_a_key_error(tmp_path: Path) -> None:
+    # an entry whose MAC matches (written by someone holding the secret) but that lacks the asked
+    # stage's file used to end in KeyError: 'stage001.txt'; it is now a miss and rebuilt
+    from inspector.cli import cache
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "XDG_CACHE_HOME": str(tmp_path / "cache"),
+           "INSPECT_MODEL_NO_CACHE": "0"}  # fmt: skip
+    argv = [sys.executable, "-m", "inspector", "workload", *SMALL, "--pp", "2", "--stage", "1",
+            "--micro-batch-size", "1", "--gpu", "h100"]  # fmt: skip
+    first = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    (entry,) = (tmp_path / "cache" / "inspect-model").glob("*.txt")
+    secret = (entry.parent / cache.SECRET).read_bytes()
+    entry.write_bytes(cache.encode(json.dumps({"index.csv": "file\n"}), entry.stem, secret))
+    again = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert (again.returncode, again.stdout) == (0, first.stdout), again.stderr[-2000:]
+
+
 @pytest.mark.parametrize("name", ["../evil", "/tmp/evil", "", ".", "sub/x"])
 def test_an_export_never_writes_a_name_outside_its_folder(name: str, tmp_path: Path) -> None:
     from inspector.errors import OutputError
