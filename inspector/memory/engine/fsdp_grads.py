@@ -22,6 +22,8 @@ the answer: the largest amount of unsharded gradient buckets and shards alive at
 from __future__ import annotations
 
 import contextlib
+import importlib
+import inspect
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -45,6 +47,9 @@ def gradient_buckets_peak(layout: Any, sharded: bool) -> int:
     from inspector.world.fsdp import buffer_module
 
     buffers = buffer_module()
+    # megatron's _free_storage asks torch.distributed._functional_collectives, which nothing
+    # else may have imported yet (megatron-core 0.13's build)
+    importlib.import_module("torch.distributed._functional_collectives")
     config = DistributedDataParallelConfig(data_parallel_sharding_strategy=layout.strategy)
     with cuda_on_meta(), _no_streams_or_collectives(buffers):
         groups = [_group(buffers, config, i, b, sharded) for i, b in enumerate(layout.buckets)]
@@ -54,6 +59,7 @@ def gradient_buckets_peak(layout: Any, sharded: bool) -> int:
             param_to_name={p: f"{i}.{j}" for i, g in enumerate(groups) for j, p in enumerate(g.params)},
             bucket_to_bucket_group={i: list(group) for i, group in enumerate(layout.groups)},
             dist_index=SimpleNamespace(use_hybrid_fsdp=False),
+            mp_policy=getattr(buffers, "MixedPrecisionPolicy", lambda: None)(),  # 0.19: defaults
         )  # fmt: skip
         pipeline = buffers.GradReducePipeline(stub, rs_stream=None)
         with Tracker() as tracker:
@@ -68,26 +74,28 @@ def gradient_buckets_peak(layout: Any, sharded: bool) -> int:
 
 
 def _group(buffers: Any, config: Any, bucket_id: int, bucket: Any, sharded: bool) -> Any:
-    """Return a ParameterGroup-like record holding megatron's main grad buffer for `bucket`."""
+    """Return megatron's ParameterGroup holding the main grad buffer for `bucket`, made by megatron's DataParallelBuffer on the bucket's index (rank 0 of its `dp` ranks)."""
     dtype = torch.float32 if bucket.grad_itemsize == 4 else torch.bfloat16
     items, index, shard = bucket.index
     params = [torch.nn.Parameter(torch.empty(size, device="meta")) for _, size in bucket.items]
-    gbuf = buffers.DataParallelBuffer.__new__(buffers.DataParallelBuffer)
+    made = buffers.DataParallelBuffer
+    given = dict(item_index_map=items, bucket_index=index, shard_bucket_index=shard)
+    takes = inspect.signature(made.__init__).parameters
     sharded = sharded and bucket.dp > 1
-    gbuf.__dict__.update(
-        ddp_config=config, params=params, is_data_distributed=sharded, bucket_id=bucket_id,
-        dtype=dtype, device=torch.device("meta"), data_parallel_group=None, dp_rank=0,
-        dp_world_size=bucket.dp, temporary_bucket_allocator=buffers.TemporaryBucketAllocator(),
-        is_transpose_buffer=False, gradient_scaling_factor=None,
-        mem_alloc_context=contextlib.nullcontext, item_index_map=items, bucket_index=index,
-        shard_bucket_index=shard, data_size=shard.size if sharded else index.size,
-        param_idx={p: i for i, p in enumerate(params)},
-    )  # fmt: skip
-    gbuf.data = torch.empty(gbuf.data_size, dtype=dtype, device="meta")  # the persistent buffer
-    return SimpleNamespace(
-        params=params, main_grad_buffer=gbuf, hsdp_gbuf=None, requires_grad=True,
-        fsdp_unit_id=bucket.unit,
-    )  # fmt: skip
+    group = SimpleNamespace(rank=lambda: 0, size=lambda: bucket.dp)  # rank 0 of its dp (0.13 asks)
+    with mock.patch.object(torch.distributed, "get_rank", lambda *args, **kwargs: 0), \
+            mock.patch.object(torch.distributed, "get_world_size", lambda *a, **k: bucket.dp):
+        gbuf = made(
+            config, params, sharded, bucket_id, dtype=dtype, device=torch.device("meta"),
+            data_parallel_group=group, temporary_bucket_allocator=buffers.TemporaryBucketAllocator(),
+            **{name: value for name, value in given.items() if name in takes},
+        )  # fmt: skip
+    gbuf.__dict__.update(given)  # megatron-core 0.13 builds its own: the layout's is the same
+    if getattr(gbuf, "data", None) is None:  # 0.13 allocated it in __init__
+        gbuf.init_data(torch.empty(gbuf.data_size, dtype=dtype, device="meta"))  # persistent
+    return buffers.ParameterGroup(
+        params, requires_grad=True, fsdp_unit_id=bucket.unit, main_grad_buffer=gbuf
+    )
 
 
 class _Stream:
@@ -114,7 +122,7 @@ def _no_streams_or_collectives(buffers: Any) -> Iterator[None]:
             (torch.cuda, "stream", lambda *args, **kwargs: contextlib.nullcontext()),
             (torch.distributed, "reduce_scatter_tensor", lambda *args, **kwargs: None),
             (torch.distributed, "all_reduce", lambda *args, **kwargs: None),
-            (buffers, "_coalescing_manager", lambda *args, **kwargs: contextlib.nullcontext()),
+            (buffers, "_coalescing_manager", lambda *args, **kwargs: contextlib.nullcontext(stream)),
         ):
             stack.enter_context(mock.patch.object(owner, name, value))
         yield
