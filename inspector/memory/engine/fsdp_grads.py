@@ -74,7 +74,8 @@ def gradient_buckets_peak(layout: Any, sharded: bool) -> int:
 
 
 def _group(buffers: Any, config: Any, bucket_id: int, bucket: Any, sharded: bool) -> Any:
-    """Return megatron's ParameterGroup holding the main grad buffer for `bucket`, made by megatron's DataParallelBuffer on the bucket's index (rank 0 of its `dp` ranks)."""
+    """Return megatron's ParameterGroup holding the main grad buffer for `bucket`, made by
+    megatron's DataParallelBuffer on the bucket's index (rank 0 of its `dp` ranks)."""
     dtype = torch.float32 if bucket.grad_itemsize == 4 else torch.bfloat16
     items, index, shard = bucket.index
     params = [torch.nn.Parameter(torch.empty(size, device="meta")) for _, size in bucket.items]
