@@ -309,6 +309,24 @@ SCRIPT = ("#!/bin/bash\ntorchrun --nproc_per_node 8 pretrain_gpt.py --num-layers
     ("--swiglu on", "'on' follows --swiglu, which takes no further value"),
     ("--seq-length=128 256", "'256' follows --seq-length 128, which takes no further value"),
     ("--tensor-model-parallel-size=2=3", "--tensor-model-parallel-size needs int value, got '2=3'"),
+    # issue #46: values of arguments the tool ignores, checked as Megatron-LM 0.16.1's argparse
+    # checks them (inputs/ignored_values.py, read off its own parser)
+    ("--log-interval abc", "--log-interval needs int value, got 'abc' (Megatron-LM's argparse "
+     "refuses it: invalid int value)"),
+    ("--lr 1e-4x", "--lr needs float value, got '1e-4x'"),
+    ("--lr-decay-style cosin", "--lr-decay-style 'cosin' is not one of: constant, linear, cosine"),
+    ("--empty-unused-memory-level 3", "--empty-unused-memory-level '3' is not one of: 0, 1, 2"),
+    ('--tokenizer-type ""', "--tokenizer-type '' is not one of: BertWordPieceLowerCase"),
+    ("--rampup-batch-size 16 16 x", "--rampup-batch-size needs int value, got 'x'"),
+    ("--log-interval", "--log-interval needs a value (Megatron-LM's argparse: expected one argument)"),
+    ("--tokenizer-model --bf16", "--tokenizer-model needs a value"),
+    ("--mock-data 1", "'1' follows --mock-data, which takes no further value"),
+    ("--mock-data=1", "--mock-data is a switch and takes no value"),
+    ("--log-interval 10 20", "'20' follows --log-interval 10, which takes no further value"),
+    # Megatron-LM's parser has allow_abbrev=False: an abbreviation is not the flag it begins
+    ("--seq-len 128", "--seq-len is not a Megatron-LM argument but the start of --seq-length; "
+     "Megatron-LM's parser takes no abbreviations (allow_abbrev=False)"),
+    ("--log-inter 10", "--log-inter is not a Megatron-LM argument but the start of --log-interval"),
 ])  # fmt: skip
 def test_a_word_argparse_refuses_is_an_error_not_dropped(
     words: str, message: str, tmp_path: Path
@@ -340,6 +358,35 @@ def test_a_megatron_refusal_names_the_flags_behind_the_fields_it_names() -> None
         f"megatron-core refused to build stage 0: {message} (the flags it names: "
         "--num-attention-heads, --tensor-model-parallel-size, --num-experts, --swiglu; --debug "
         "shows its traceback)")
+
+
+@pytest.mark.parametrize("message, flags", [
+    ("Bias in Moe is only supported when ETP==1", "--expert-tensor-parallel-size, --disable-bias-linear"),
+    ("Currently GroupedMLP for MoE only supports bf16.", "--moe-grouped-gemm, --bf16"),
+    ("Flex token dispatcher requires TPxEP > 1",
+     "--moe-token-dispatcher-type, --tensor-model-parallel-size, --expert-model-parallel-size"),
+    ("full recompute is only supported with full iteration CUDA graph.",
+     "--recompute-granularity, --cuda-graph-scope"),
+])  # fmt: skip
+def test_a_megatron_refusal_that_names_no_field_names_the_flags_behind_it(message: str, flags: str) -> None:
+    # issue #46: megatron-core asserts that name no TransformerConfig field reached the user with
+    # no flag to change
+    from inspector.errors import ConfigError
+    from inspector.world.stage import _megatron_errors
+
+    with pytest.raises(ConfigError) as caught, _megatron_errors(0):
+        raise AssertionError(message)
+    assert f"(the flags it names: {flags}; --debug shows its traceback)" in str(caught.value)
+
+
+def test_a_refusal_without_field_names_reaches_the_command_line_with_its_flags(tmp_path: Path) -> None:
+    argv = ["tree", "--num-layers", "2", "--num-experts", "2", "--tp", "2", "--sequence-parallel",
+            "--expert-tensor-parallel-size", "2", "--num-attention-heads", "4", "--hidden-size", "64",
+            "--transformer-impl", "transformer_engine"]  # fmt: skip
+    assert error_line(run(*argv, cwd=tmp_path)) == (
+        "Error: megatron-core refused to build stage 0: Bias in Moe is only supported when ETP==1 "
+        "(the flags it names: --expert-tensor-parallel-size, --disable-bias-linear; --debug shows "
+        "its traceback)")
 
 
 # --- extreme scales: an Error: within bounded time and memory ----------------------------------

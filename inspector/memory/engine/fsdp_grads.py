@@ -32,7 +32,7 @@ from unittest import mock
 import torch
 
 from inspector.memory.engine.allocator import Tracker
-from inspector.memory.engine.cuda import cuda_on_meta
+from inspector.memory.engine.cuda import NoStream, cuda_on_meta
 
 
 def gradient_buckets_peak(layout: Any, sharded: bool) -> int:
@@ -99,24 +99,10 @@ def _group(buffers: Any, config: Any, bucket_id: int, bucket: Any, sharded: bool
     )
 
 
-class _Stream:
-    """A CUDA stream or event as the queue uses it: nothing to wait for."""
-
-    def wait_stream(self, other: Any) -> None:
-        """Wait for nothing."""
-
-    def record_event(self) -> _Stream:
-        """Return an event that is already complete."""
-        return self
-
-    def wait(self) -> None:
-        """Return at once: the collective is done."""
-
-
 @contextlib.contextmanager
 def _no_streams_or_collectives(buffers: Any) -> Iterator[None]:
     """Run the queue's streams, events and collectives as no-ops that allocate nothing."""
-    stream = _Stream()
+    stream = NoStream()
     with contextlib.ExitStack() as stack:
         for owner, name, value in (
             (torch.cuda, "current_stream", lambda *args, **kwargs: stream),
