@@ -275,6 +275,11 @@ def read_bytes(path: str, limit: int = MAX_INPUT_BYTES) -> bytes:
         except (OSError, ValueError, AttributeError):  # replaced by a non-file stream
             return str(sys.stdin.read(limit + 1)).encode("utf-8", "surrogateescape")[: limit + 1]
         return _read_fd(fd, shown, limit, os.isatty(fd))
+    return _read_path(path, shown, limit)
+
+
+def _read_path(path: str, shown: str, limit: int, head: bool = False) -> bytes:
+    """Read a named file as read_bytes does (`head`: its first limit + 1 bytes, as read_head)."""
     with _opening(shown):
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
@@ -283,10 +288,10 @@ def read_bytes(path: str, limit: int = MAX_INPUT_BYTES) -> bytes:
             raise InputError(f"{shown} is a folder, not a file")
         if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode):
             raise InputError(f"{shown} is a device, not a file")
-        if stat.S_ISREG(info.st_mode) and info.st_size > limit:
+        if not head and stat.S_ISREG(info.st_mode) and info.st_size > limit:
             raise InputError(f"{shown} is {info.st_size:,} bytes; files read in are at most "
                              f"{limit:,} bytes (docs/limits.md)")  # fmt: skip
-        return _read_fd(fd, shown, limit, False)
+        return _read_fd(fd, shown, limit, False, head)
     finally:
         os.close(fd)
 
@@ -348,16 +353,7 @@ def read_head(path: str, limit: int) -> tuple[str, bool]:
                 raise InputError("- (standard input) is closed")
             data = sys.stdin.buffer.read(limit + 1)
         else:  # opened without waiting for a fifo's writer, read as read_bytes reads
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-            try:
-                info = os.fstat(fd)
-                if stat.S_ISDIR(info.st_mode):
-                    raise InputError(f"{shown} is a folder, not a file")
-                if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode):
-                    raise InputError(f"{shown} is a device, not a file")
-                data = _read_fd(fd, shown, limit, False, head=True)
-            finally:
-                os.close(fd)
+            data = _read_path(path, shown, limit, head=True)
     text = data[:limit].decode("utf-8", errors="replace").replace("\r\n", "\n")
     return _without_bom(text), len(data) > limit
 
