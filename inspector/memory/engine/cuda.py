@@ -119,6 +119,24 @@ def _cpu_rng_state(*args: Any, **kwargs: Any) -> torch.Tensor:
     return torch.zeros(16, dtype=torch.uint8)
 
 
+class NoStream:
+    """A CUDA stream or event as megatron's dispatchers and FSDP queues use them: ordering only,
+    no memory (one stream runs everything here, and every event is already complete)."""
+
+    def wait_stream(self, *args: Any) -> None:
+        """Order nothing."""
+
+    def record_event(self, *args: Any) -> NoStream:
+        """Return an event that is already complete."""
+        return self
+
+    def synchronize(self) -> None:
+        """Wait for nothing."""
+
+    def wait(self, *args: Any) -> None:
+        """Return at once: the work it stands for is done."""
+
+
 @contextlib.contextmanager
 def cuda_on_meta() -> Iterator[None]:
     """Run megatron's CUDA code on meta tensors (see the module docstring) inside the block."""
@@ -149,20 +167,3 @@ def cuda_on_meta() -> Iterator[None]:
         for owner, name, value in saved:
             setattr(owner, name, value)
 
-
-class NoStream:
-    """A CUDA stream or event as megatron's dispatchers and FSDP queues use them: ordering only,
-    no memory (one stream runs everything here, and every event is already complete)."""
-
-    def wait_stream(self, *args: Any) -> None:
-        """Order nothing."""
-
-    def record_event(self, *args: Any) -> NoStream:
-        """Return an event that is already complete."""
-        return self
-
-    def synchronize(self) -> None:
-        """Wait for nothing."""
-
-    def wait(self, *args: Any) -> None:
-        """Return at once: the work it stands for is done."""
