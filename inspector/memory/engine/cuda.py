@@ -166,4 +166,3 @@ def cuda_on_meta() -> Iterator[None]:
     finally:
         for owner, name, value in saved:
             setattr(owner, name, value)
-
