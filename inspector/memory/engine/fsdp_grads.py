@@ -32,7 +32,8 @@ from unittest import mock
 import torch
 
 from inspector.memory.engine.allocator import Tracker
-from inspector.memory.engine.cuda import NoStream, cuda_on_meta
+from inspector.memory.engine.cuda import cuda_on_meta
+from inspector.world.ddp import META_STREAM
 
 
 def gradient_buckets_peak(layout: Any, sharded: bool) -> int:
@@ -102,7 +103,7 @@ def _group(buffers: Any, config: Any, bucket_id: int, bucket: Any, sharded: bool
 @contextlib.contextmanager
 def _no_streams_or_collectives(buffers: Any) -> Iterator[None]:
     """Run the queue's streams, events and collectives as no-ops that allocate nothing."""
-    stream = NoStream()
+    stream = META_STREAM
     with contextlib.ExitStack() as stack:
         for owner, name, value in (
             (torch.cuda, "current_stream", lambda *args, **kwargs: stream),

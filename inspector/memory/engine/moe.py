@@ -36,7 +36,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from inspector.memory.engine.cuda import NoStream
+from inspector.world.ddp import META_STREAM
 
 aten = torch.ops.aten
 
@@ -262,7 +262,7 @@ def _to_cpu(tensor: Any, as_numpy: bool = False, record_stream: bool = False) ->
     return tensor
 
 
-_STREAM = NoStream()
+_STREAM = META_STREAM  # dispatchers' streams and events: world/ddp.py's stand-in
 
 
 class _GroupedGemm(torch.autograd.Function):
