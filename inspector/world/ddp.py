@@ -97,6 +97,9 @@ class MetaStream:
     def synchronize(self) -> None:
         """Wait for nothing."""
 
+    def wait(self, *args: Any) -> None:
+        """Return at once: the event is complete (Megatron-FSDP's reduce queue waits on it)."""
+
 
 META_STREAM = MetaStream()
 
