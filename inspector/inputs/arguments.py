@@ -100,6 +100,12 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         "Keep Transformer Engine's weights in fp8 and all-gather them in fp8 (needs "
         "--use-distributed-optimizer).",
     ),
+    _model(
+        "reuse_grad_buf_for_mxfp8_param_ag",
+        bool,
+        "With --fp8-recipe mxfp8 --fp8-param-gather: all-gather the weights through the grad "
+        "buffer (no param buffer).",
+    ),
     _model("num_experts", int, "Number of MoE experts per layer (MoE on every layer)."),
     _model("moe_router_topk", int, "Experts each token is routed to."),
     _model("moe_ffn_hidden_size", int, "Hidden size of each expert's MLP."),

@@ -22,9 +22,9 @@ class Refusal:
 
 
 _FP8 = (
-    "Transformer Engine's fp4 parameters and recipes (and mxfp8 parameters in the grad buffer) "
-    "keep quantized weights this tool does not count; --fp8-format with --fp8-recipe and "
-    "--fp8-param-gather are modelled"
+    "Transformer Engine's fp4 parameters and recipes keep quantized weights this tool does not "
+    "count; --fp8-format with --fp8-recipe, --fp8-param-gather and "
+    "--reuse-grad-buf-for-mxfp8-param-ag are modelled"
 )
 _FP8_PART = (
     "fp8 for only part of the model (16-bit weight gradients, 16-bit first/last layers, fp8 "
@@ -56,7 +56,6 @@ _FROZEN = "frozen parameters hold no gradients or optimizer state, which this to
 REFUSED: dict[str, Refusal] = {
     "--fp4-format": Refusal("training", _FP8),
     "--fp4-param-gather": Refusal("training", _FP8),
-    "--reuse-grad-buf-for-mxfp8-param-ag": Refusal("training", _FP8),
     "--no-fp8-wgrad": Refusal("training", _FP8_PART),
     "--first-last-layers-bf16": Refusal("training", _FP8_PART),
     "--num-layers-at-start-in-bf16": Refusal("training", _FP8_PART),

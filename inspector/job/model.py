@@ -53,6 +53,8 @@ class ModelConfig:
     fp8_recipe: str = fp8.DEFAULT_RECIPE
     fp8_amax_history_len: int = fp8.DEFAULT_AMAX_HISTORY_LEN
     fp8_param_gather: bool = False  # TE's fp8 parameters (TransformerConfig.fp8_param)
+    # MXFP8 weights all-gathered through the grad buffer (DDP and OptimizerConfig's flag)
+    reuse_grad_buf_for_mxfp8_param_ag: bool = False
     # None: simulate apex where megatron can use it (LayerNorm models); see docs/how-it-works.md, "apex".
     apex: bool | None = None
     # Multi-latent attention (None: Megatron-LM's default, see `mla_args`).

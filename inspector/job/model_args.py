@@ -125,7 +125,7 @@ def validate_model(config: ModelConfig) -> None:
     _validate_backend(config)
     fp8.validate_fp8(
         config.fp8_format, config.fp8_recipe, config.fp8_amax_history_len,
-        config.transformer_impl, config.fp8_param_gather,
+        config.transformer_impl, config.fp8_param_gather, config.reuse_grad_buf_for_mxfp8_param_ag,
     )
 
 
