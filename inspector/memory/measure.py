@@ -88,7 +88,7 @@ class StateBytes:
         return self.weights + self.gradients + self.optimizer
 
     @property
-    def gathered(self) -> int:
+    def all_gather_bytes(self) -> int:
         """Return the bytes the parameter all-gather moves: the param buffers, not what TE
         keeps beside them; an MXFP8 buffer's bf16 view of its grad buffer instead."""
         return self.weights - self.kept + self.shared_view

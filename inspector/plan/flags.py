@@ -114,6 +114,8 @@ def _model_flags(job: Job) -> list[str]:
         out.append(f"--fp8-amax-history-len {model.fp8_amax_history_len}")
     if model.fp8_param_gather:
         out.append("--fp8-param-gather")
+    if model.reuse_grad_buf_for_mxfp8_param_ag:
+        out.append("--reuse-grad-buf-for-mxfp8-param-ag")
     return out
 
 
