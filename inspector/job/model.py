@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from inspector.job import fp8
+from inspector.job import fp4, fp8
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,13 @@ class ModelConfig:
     fp8_param_gather: bool = False  # TE's fp8 parameters (TransformerConfig.fp8_param)
     # MXFP8 weights all-gathered through the grad buffer (DDP and OptimizerConfig's flag)
     reuse_grad_buf_for_mxfp8_param_ag: bool = False
+    # NVFP4 through Transformer Engine (inspector/job/fp4.py); None: no fp4
+    fp4_format: str | None = None
+    fp4_recipe: str = fp4.FP4_RECIPES[0]
+    # the first and last layers in 16 bits under fp8 or fp4 (TransformerConfig's fields)
+    first_last_layers_bf16: bool = False
+    num_layers_at_start_in_bf16: int = fp4.DEFAULT_BF16_LAYERS
+    num_layers_at_end_in_bf16: int = fp4.DEFAULT_BF16_LAYERS
     # None: simulate apex where megatron can use it (LayerNorm models); see docs/how-it-works.md, "apex".
     apex: bool | None = None
     # Multi-latent attention (None: Megatron-LM's default, see `mla_args`).
@@ -197,6 +204,10 @@ class ModelConfig:
                 self.fp8_format, self.fp8_recipe, self.fp8_amax_history_len, self.fp8_param_gather
             )
         )
+        fields.update(fp4.fp4_fields(self.fp4_format, self.fp4_recipe, (
+            self.first_last_layers_bf16, self.num_layers_at_start_in_bf16,
+            self.num_layers_at_end_in_bf16,
+        )))  # fmt: skip
         fields.update(self._moe_fields())
         if self.mtp_num_layers is not None:
             fields["mtp_num_layers"] = self.mtp_num_layers

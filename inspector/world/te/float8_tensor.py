@@ -91,6 +91,17 @@ def kept_bytes(param: object) -> int:
     return sum(-(-t.numel() * t.element_size() // block) * block for t in kept())
 
 
+def stored_bytes(param: object) -> int | None:
+    """Return the bytes of the tensors a quantized parameter stores (its data and what
+    `kept_bytes` counts, unrounded), None for any other parameter."""
+    if not isinstance(param, QuantizedTensor):
+        return None
+    quantized: Any = param
+    own = getattr(quantized, "_data", None)  # a Float8Tensor's data; an MXFP8Tensor keeps all
+    tensors = (*((own,) if own is not None else ()), *quantized.kept_tensors())
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def quantize_weight(param: torch.Tensor, recipe: str, preserve: bool) -> Float8Tensor:
     """Return `param` as TE's weight quantizer makes it under quantized_model_init (base.py
     1250-1275): a Float8Tensor parameter with data, transpose (column-wise usage, Hopper) and
