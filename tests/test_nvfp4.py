@@ -16,6 +16,10 @@ import json
 
 import pytest
 
+from inspector.job.versions import FP4_SINCE, megatron_version
+
+# megatron-core 0.13's TransformerConfig has no fp4: the tests that build it need 0.16+
+NEEDS_FP4 = pytest.mark.skipif(megatron_version() < FP4_SINCE, reason="megatron-core lacks fp4")
 SMALL = ("--num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 256 --vocab-size "
          "1000 --micro-batch-size 1 --bf16 --swiglu --normalization RMSNorm --disable-bias-linear "
          "--position-embedding-type rope --transformer-impl transformer_engine "
@@ -60,6 +64,7 @@ def _static(cli, *flags):
     return json.loads(result.out)["stages"][0]["static"]
 
 
+@NEEDS_FP4
 def test_each_fp4_layer_keeps_its_nvfp4_weights_and_the_first_and_last_keep_none(cli):
     """TE keeps each GEMM's quantized weight for the run (`_fp8_workspaces`, base.py 1376-1395):
     every layer under fp4, only the middle two with --first-last-layers-bf16 (megatron's
@@ -89,11 +94,13 @@ def test_each_fp4_layer_keeps_its_nvfp4_weights_and_the_first_and_last_keep_none
          "Error: --fp4-format e2m1 with --fp8-format hybrid"),
     ],
 )  # fmt: skip
+@NEEDS_FP4
 def test_fp4_settings_megatron_refuses_are_refused(cli, flags, message):
     result = cli("memory", *SMALL, *flags)
     assert result.code == 2 and result.err.startswith(message), result.err
 
 
+@NEEDS_FP4
 def test_fp4_needs_transformer_engine(cli):
     flags = [f for f in SMALL if f not in ("--transformer-impl", "transformer_engine")]
     result = cli("memory", *flags, "--transformer-impl", "local", "--fp4-format", "e2m1")
@@ -112,6 +119,7 @@ def test_fp4_parameters_are_refused_by_name_with_megatrons_reason(cli, tmp_path)
     assert "replace_raw_data" in result.err
 
 
+@NEEDS_FP4
 def test_plan_prices_fp4_memory_as_memory_does_and_says_its_gemms_are_bf16(cli):
     import shlex
 
@@ -129,3 +137,20 @@ def test_plan_prices_fp4_memory_as_memory_does_and_says_its_gemms_are_bf16(cli):
     assert [s["total"] for s in plan["stages"]] == [s["total"] for s in json.loads(memory.out)["stages"]]
     text = cli("plan", "--gpus", "2", "--tp", "1", "--cp", "1", *model, "--top", "1", "--gpu", "b200")
     assert "hold no NVFP4 GEMMs: plan prices Transformer Engine's GEMMs at bf16 speed" in text.out
+
+
+@pytest.mark.skipif(megatron_version() >= FP4_SINCE, reason="this megatron-core has fp4")
+def test_fp4_is_refused_before_megatron_core_has_it(cli):
+    result = cli("memory", *SMALL, "--fp4-format", "e2m1")
+    assert result.code == 2 and result.err.startswith("Error: --fp4-format e2m1 needs megatron-core 0.16")
+
+
+def test_fp4_since_is_what_the_installed_megatron_core_has():
+    """job/versions.py FP4_SINCE against megatron itself: TransformerConfig has `fp4` exactly
+    from it on (0.13.1 no, 0.16.1 and 0.19.2 yes)."""
+    import dataclasses
+
+    from megatron.core.transformer import TransformerConfig
+
+    names = {f.name for f in dataclasses.fields(TransformerConfig)}
+    assert ("fp4" in names) == (megatron_version() >= FP4_SINCE)

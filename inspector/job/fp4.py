@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from inspector.errors import ConfigError
+from inspector.job.versions import FP4_SINCE, megatron_version
 
 FP4_FORMATS = ("e2m1",)  # TransformerConfig.fp4: Literal['e2m1']
 FP4_RECIPES = ("nvfp4",)  # enums.py Fp4Recipe, less `custom` (a user's quantizer factory)
@@ -30,6 +31,11 @@ def validate_fp4(
             raise ConfigError(f"--fp4-recipe {recipe} has no effect without --fp4-format; pass "
                               "--fp4-format e2m1, or drop it")  # fmt: skip
         return
+    installed = megatron_version()
+    if installed < FP4_SINCE:
+        raise ConfigError(f"--fp4-format {fp4_format} needs megatron-core {FP4_SINCE[0]}."
+                          f"{FP4_SINCE[1]} or later (megatron-core {installed[0]}.{installed[1]}'s "
+                          "TransformerConfig has no fp4)")  # fmt: skip
     if fp4_format not in FP4_FORMATS:
         raise ConfigError(f"--fp4-format {fp4_format!r} is not one of: {', '.join(FP4_FORMATS)}")
     if recipe not in FP4_RECIPES:

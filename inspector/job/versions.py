@@ -58,3 +58,8 @@ def hybrid_pattern_separators() -> bool:
     and `/` (MTP depths): 0.17 on (ssm/mamba_hybrid_layer_allocation.py `Symbols.PIPE`,
     `MTP_SEPARATOR`, `select_pipeline_segment` at core_v0.17.0; models/hybrid/ from 0.18)."""
     return megatron_version() >= (0, 17)
+
+
+# megatron-core's first version checked to have TransformerConfig.fp4 (--fp4-format) and
+# fp4_utils.py: 0.16 (core_v0.16.1 has both; core_v0.13.1 neither; 0.14-0.15 not checked)
+FP4_SINCE = (0, 16)
