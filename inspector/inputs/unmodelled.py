@@ -32,7 +32,8 @@ _FP4_PARAMS = (
     "which this tool does not simulate; --fp4-format without it is modelled"
 )
 _FP8_PART = (
-    "fp8 for only part of the model (16-bit weight gradients, fp8 attention) is not modelled; "
+    "fp8 for only part of the model (16-bit weight gradients, fp8 multi-head attention) is not "
+    "modelled; "
     "--fp8-format runs every Transformer Engine linear in fp8 (but the layers "
     "--first-last-layers-bf16 keeps in 16 bits)"
 )
@@ -62,7 +63,6 @@ _FROZEN = "frozen parameters hold no gradients or optimizer state, which this to
 REFUSED: dict[str, Refusal] = {
     "--fp4-param-gather": Refusal("training", _FP4_PARAMS),
     "--no-fp8-wgrad": Refusal("training", _FP8_PART),
-    "--fp8-dot-product-attention": Refusal("training", _FP8_PART),
     "--fp8-multi-head-attention": Refusal("training", _FP8_PART),
     "--torch-fsdp2-no-reshard-after-forward": Refusal("layout", _FSDP),
     "--num-distributed-optimizer-instances": Refusal(

@@ -53,6 +53,8 @@ class ModelConfig:
     fp8_recipe: str = fp8.DEFAULT_RECIPE
     fp8_amax_history_len: int = fp8.DEFAULT_AMAX_HISTORY_LEN
     fp8_param_gather: bool = False  # TE's fp8 parameters (TransformerConfig.fp8_param)
+    # attention in fp8 (job/fp8_attention.py), TransformerConfig's field
+    fp8_dot_product_attention: bool = False
     # MXFP8 weights all-gathered through the grad buffer (DDP and OptimizerConfig's flag)
     reuse_grad_buf_for_mxfp8_param_ag: bool = False
     # NVFP4 through Transformer Engine (inspector/job/fp4.py); None: no fp4
@@ -204,6 +206,8 @@ class ModelConfig:
                 self.fp8_format, self.fp8_recipe, self.fp8_amax_history_len, self.fp8_param_gather
             )
         )
+        if self.fp8_dot_product_attention:
+            fields["fp8_dot_product_attention"] = True
         fields.update(fp4.fp4_fields(self.fp4_format, self.fp4_recipe, (
             self.first_last_layers_bf16, self.num_layers_at_start_in_bf16,
             self.num_layers_at_end_in_bf16,

@@ -13,6 +13,7 @@ from inspector.errors import ConfigError
 from inspector.inputs.arguments import BY_NAME
 from inspector.job import fp4, fp8
 from inspector.job.checks import MAX_SIZE, check_at_least_one, check_heads, check_query_groups
+from inspector.job.fp8_attention import check_fp8_attention
 from inspector.job.hybrid_model import check_ratios
 from inspector.job.model import MODEL_FIELDS, ModelConfig
 from inspector.job.moe_pattern import parse_moe_layer_freq
@@ -130,6 +131,7 @@ def validate_model(config: ModelConfig) -> None:
     )
     fp4.validate_fp4(config.fp4_format, config.fp4_recipe, config.fp8_format,
                      config.transformer_impl)
+    check_fp8_attention(config.fp8_format, config.fp8_recipe, config.fp8_dot_product_attention)
 
 
 def _validate_moe(config: ModelConfig) -> None:

@@ -130,6 +130,8 @@ def _model_flags(job: Job) -> list[str]:
         out.append("--fp8-param-gather")
     if model.reuse_grad_buf_for_mxfp8_param_ag:
         out.append("--reuse-grad-buf-for-mxfp8-param-ag")
+    if model.fp8_dot_product_attention:
+        out.append("--fp8-dot-product-attention")
     return out
 
 
