@@ -122,12 +122,13 @@ def test_the_job_line_and_the_plan_name_fp8_attention(cli):
 
 
 def test_fp8_dpa_since_is_what_the_installed_megatron_core_passes():
-    """job/fp8_attention.py's versions against megatron's own get_fp8_recipe source."""
+    """job/fp8_attention.py's versions against megatron's own fp8_utils source (get_fp8_recipe;
+    0.13 builds the recipe inside get_fp8_context)."""
     import inspect
 
     from megatron.core import fp8_utils
 
-    source = inspect.getsource(fp8_utils.get_fp8_recipe)
+    source = inspect.getsource(getattr(fp8_utils, "get_fp8_recipe", fp8_utils.get_fp8_context))
     current = source[source.index("Float8CurrentScaling("):].split(")", 1)[0]
     mx = source[source.index("MXFP8BlockScaling("):].split(")", 1)[0]
     version = megatron_version()
