@@ -309,17 +309,23 @@ class ModelConfig:
     def to_args(self) -> dict[str, Any]:
         """Return the fields as Megatron-LM arguments (for headers and caches); --padded-vocab-size
         and the hybrid fields only where they are given, gpt-oss's layer fields only away from
-        their defaults, so a job without them reads as before."""
+        their defaults (and the low-precision ones of job/fp4.py and job/fp8_attention.py), so a
+        job without them reads as before."""
         optional = ("padded_vocab_size", *HYBRID_FIELDS)
+        when_set = (*GPT_OSS_FIELDS, *LOW_PRECISION_FIELDS)
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                 if (f.name not in optional or getattr(self, f.name))
-                and (f.name not in GPT_OSS_FIELDS or getattr(self, f.name) != f.default)}  # fmt: skip
+                and (f.name not in when_set or getattr(self, f.name) != f.default)}  # fmt: skip
 
 
 MODEL_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelConfig))
 HYBRID_FIELDS = (
     "hybrid_override_pattern", "hybrid_attention_ratio", "hybrid_mlp_ratio", "is_hybrid_model",
     "mamba_state_dim", "mamba_head_dim", "mamba_num_groups", "mamba_num_heads",
+)
+LOW_PRECISION_FIELDS = (
+    "fp8_dot_product_attention", "reuse_grad_buf_for_mxfp8_param_ag", "fp4_format", "fp4_recipe",
+    "first_last_layers_bf16", "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16",
 )
 GPT_OSS_FIELDS = (
     "quick_geglu", "glu_linear_offset", "activation_func_clamp_value", "softmax_type",
