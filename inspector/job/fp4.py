@@ -50,6 +50,15 @@ def validate_fp4(
                           "only Transformer Engine's layers compute in fp4")  # fmt: skip
 
 
+def check_bf16_layers(num_layers: int, start: int, end: int) -> None:
+    """Refuse a negative or too large count of 16-bit layers (TransformerConfig.__post_init__
+    checks 0 <= count <= layers per pipeline stage, 988-1016, under fp8 only)."""
+    for flag, count in (("--num-layers-at-start-in-bf16", start),
+                        ("--num-layers-at-end-in-bf16", end)):  # fmt: skip
+        if not 0 <= count <= num_layers:
+            raise ConfigError(f"{flag} {count} must lie between 0 and --num-layers {num_layers}")
+
+
 def fp4_fields(
     fp4_format: str | None, recipe: str, bf16_layers: tuple[bool, int, int]
 ) -> dict[str, Any]:

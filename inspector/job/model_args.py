@@ -132,6 +132,8 @@ def validate_model(config: ModelConfig) -> None:
     fp4.validate_fp4(config.fp4_format, config.fp4_recipe, config.fp8_format,
                      config.transformer_impl)
     check_fp8_attention(config.fp8_format, config.fp8_recipe, config.fp8_dot_product_attention)
+    fp4.check_bf16_layers(config.num_layers, config.num_layers_at_start_in_bf16,
+                          config.num_layers_at_end_in_bf16)
 
 
 def _validate_moe(config: ModelConfig) -> None:
