@@ -112,13 +112,13 @@ def test_megatron_core_0_18_hands_mxfp8_the_flag_and_te_2_11_refuses_it(cli):
 def test_the_job_line_and_the_plan_name_fp8_attention(cli):
     text = cli("memory", *SMALL, "--fp8-dot-product-attention")  # delayed scaling
     assert text.code == 0 and "attention in fp8" in text.out.splitlines()[0]
-    model = ["--model", "llama3-8b", "--num-layers", "2", "--seq-length", "1024", "--bf16",
-             "--global-batch-size", "8", "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise",
-             "--fp8-dot-product-attention"]  # fmt: skip
-    result = cli("plan", "--format", "json", "--gpus", "2", "--tp", "1", "--cp", "1", *model,
-                 "--top", "1")  # fmt: skip
-    assert result.code == 0, result.err
-    assert "--fp8-dot-product-attention" in json.loads(result.out)["plans"][0]["flags"]
+    from inspector.job.job import make_job
+    from inspector.plan.flags import megatron_flags
+    job = make_job(dict(num_layers=2, hidden_size=256, num_attention_heads=8, seq_length=256,
+                        vocab_size=1000, transformer_impl="transformer_engine", bf16=True,
+                        fp8_format="hybrid", fp8_dot_product_attention=True,
+                        micro_batch_size=1))  # fmt: skip
+    assert "--fp8-dot-product-attention" in megatron_flags(job, (2,))
 
 
 def test_fp8_dpa_since_is_what_the_installed_megatron_core_passes():

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from inspector.world.te.kernels.attention_functions import begin_fused
+
 
 def _quantized(shape: Any, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """An fp8 tensor as a Float8Quantizer makes it row-wise: uint8 data, fp32 scale_inv [1]."""
@@ -47,24 +49,14 @@ class FP8FusedAttnFunction(torch.autograd.Function):
     """FusedAttnFunc with fp8 (see the module docstring); `delayed`: the recipe's scaling."""
 
     @staticmethod
-    def forward(
-        ctx: Any,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        qkv_format: str,
-        softmax_offset: torch.Tensor | None,
-        delayed: bool,
-    ) -> torch.Tensor:
-        ctx.offset = None if softmax_offset is None else softmax_offset.shape
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qkv_format: str,
+                softmax_offset: torch.Tensor | None, delayed: bool) -> torch.Tensor:  # fmt: skip
+        stats_shape = begin_fused(ctx, q, qkv_format, softmax_offset)
         ctx.delayed, ctx.shapes, ctx.dtype = delayed, (q.shape, k.shape, v.shape), q.dtype
-        s, b, heads = q.shape[0], q.shape[1], q.shape[2]
-        if qkv_format == "bshd":
-            s, b = b, s
         data, scale_inv, _ = _combine_and_quantize(q, k, v)
         o_shape = (*q.shape[:3], v.shape[3])
         rng_state = torch.empty((2,), dtype=torch.int64, device=q.device)
-        stats = [torch.empty((b, heads, s, 1), dtype=torch.float32, device=q.device)
+        stats = [torch.empty(stats_shape, dtype=torch.float32, device=q.device)
                  for _ in ("M", "ZInv")]  # fmt: skip
         if delayed:
             out_fp8, out_scale = _quantized(o_shape, q.device)
