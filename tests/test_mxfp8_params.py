@@ -187,3 +187,19 @@ def test_plan_prices_mxfp8_parameters_as_memory_measures_them(cli):
     assert memory.code == 0, memory.err
     built = json.loads(memory.out)["stages"]
     assert [s["total"] for s in plans[0]["stages"]] == [s["total"] for s in built]
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "mxfp8"])
+def test_the_params_table_counts_what_each_quantized_weight_stores(cli, recipe):
+    """The `# stage` line's bytes: 2 per 16-bit parameter; a Float8Tensor's data and transpose
+    (1 byte each an element) and fp32 scale_inv; an MXFP8Tensor's four tensors (make_empty)."""
+    flags = [f for f in SMALL if f not in ("--micro-batch-size", "1")]
+    extra = MXFP8 if recipe == "mxfp8" else ["--fp8-recipe", "tensorwise", "--fp8-param-gather"]
+    result = cli("params", *flags, *extra)
+    assert result.code == 0, result.err
+    line = next(x for x in result.out.splitlines() if x.startswith("# stage 0"))
+    params, size = (int(w) for w in line.replace(",", "").split()[-4::2])
+    n = sum(r * c for r, c in TE_WEIGHT_SHAPES)
+    stored = (sum(_mxfp8_bytes(r, c) for r, c in TE_WEIGHT_SHAPES) if recipe == "mxfp8"
+              else 2 * n + 4 * len(TE_WEIGHT_SHAPES))  # fmt: skip
+    assert size == 2 * (params - n) + stored
