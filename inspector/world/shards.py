@@ -177,6 +177,7 @@ class DistOptSettings:
     pad_buckets_for_high_nccl_busbw: bool = False
     grad_reduce_in_fp32: bool | None = None
     use_distributed_optimizer: bool = True
+    instances: int = 1  # --num-distributed-optimizer-instances: shards over dp_cp / instances
     reuse_grad_buf_for_mxfp8_param_ag: bool = False
 
     def __post_init__(self) -> None:
@@ -200,6 +201,7 @@ class DistOptSettings:
             bucket_size=training.ddp_bucket_size,
             overlap_grad_reduce=training.overlap_grad_reduce,
             context_parallel_size=layout.cp,
+            instances=layout.num_distributed_optimizer_instances,
             reuse_grad_buf_for_mxfp8_param_ag=job.model.reuse_grad_buf_for_mxfp8_param_ag,
             **flags,
         )
