@@ -1,0 +1,162 @@
+"""Megatron's fine-grained activation offloading, run on meta tensors: GPU bytes and host bytes.
+
+megatron-core 0.16's `--fine-grained-activation-offloading` (pipeline_parallel/
+fine_grained_activation_offload.py, `PipelineOffloadManager`, `ChunkOffloadHandler`) is run as it
+is: its saved-tensor hooks take each tensor a marked module (`--offload-modules`) saves for
+backward, its group commit copies the group to the host and drops the GPU tensor, and the group
+start of the backward copies it back into a new GPU tensor, one group ahead (`bulk_reload`, and
+`pre_reload_last_layer` for the next chunk's last group). The allocator model (allocator.py)
+sees the GPU side as a GPU would: the frees after the copy out, the allocations of the reload.
+
+What only a GPU runs is answered here, each piece the smallest that lets megatron's code run:
+- streams and events order nothing (one stream runs everything here, world/te/cuda.py), so a
+  copy is done when it is issued; `torch.cuda.stream(...)` switches nothing; `record_stream`
+  and the NVTX ranges do nothing;
+- a pinned host buffer (`torch.empty(..., device="cpu", pin_memory=True)`, made by the manager's
+  `GPUTensorPool` or, for `expert_fc1` and `moe_act`, by `ChunkOffloadHandler.offload`) is a meta
+  tensor the GPU allocator never sees, counted in `HostBytes`: the bytes asked for, and the
+  bytes pinned, rounded up to a power of two as torch's pinned-memory allocator does
+  (aten/src/ATen/core/CachingHostAllocator.h `allocate`: `c10::llvm::PowerOf2Ceil(size)`);
+  megatron's pool keeps its buffers for the next group of that shape, so they stay pinned;
+- Transformer Engine's `cpu_offload.CPUOffloadEnabled`, the flag the manager sets around its
+  hooks (megatron's extensions/transformer_engine.py imports TE's `cpu_offload` module), is a
+  namespace holding that flag when the stand-in Transformer Engine has no such module.
+
+megatron-core 0.13 has no such module: `supported()` says so by version.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+
+from inspector.world.te.cuda import SimulatedStream
+
+MODULE = "megatron.core.pipeline_parallel.fine_grained_activation_offload"
+
+
+def supported() -> bool:
+    """Return True if the installed megatron-core has fine-grained activation offloading."""
+    import importlib.util
+
+    return importlib.util.find_spec(MODULE) is not None
+
+
+def pinned(nbytes: int) -> int:
+    """Return the bytes torch's pinned-memory allocator reserves for a request (power of two)."""
+    return 0 if nbytes <= 0 else 1 << (nbytes - 1).bit_length()
+
+
+@dataclass
+class HostBytes:
+    """The pinned host buffers megatron's offloading holds: live and at their peak."""
+
+    live: int = 0  # bytes asked for, alive now
+    peak: int = 0
+    pinned_live: int = 0  # as the pinned allocator reserves them
+    pinned_peak: int = 0
+    buffers: int = 0  # host buffers made
+
+    def add(self, tensor: torch.Tensor) -> None:
+        """Count a new host buffer until its storage dies."""
+        storage = tensor.untyped_storage()
+        nbytes = storage.nbytes()
+        self.buffers += 1
+        self.live += nbytes
+        self.pinned_live += pinned(nbytes)
+        self.peak = max(self.peak, self.live)
+        self.pinned_peak = max(self.pinned_peak, self.pinned_live)
+        weakref.finalize(storage, self._free, nbytes)
+
+    def _free(self, nbytes: int) -> None:
+        self.live -= nbytes
+        self.pinned_live -= pinned(nbytes)
+
+
+class _Stream(SimulatedStream):
+    """A stream that orders nothing, with the event calls the offload manager makes."""
+
+    def wait_event(self, *args: Any) -> None:
+        """Wait for nothing: the copy is done when it is issued."""
+
+
+class _Event:
+    """A CUDA event that is always complete (the manager records and waits on them)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def record(self, *args: Any) -> None:
+        """Record nothing."""
+
+    def wait(self, *args: Any) -> None:
+        """Wait for nothing."""
+
+    def synchronize(self) -> None:
+        """Wait for nothing."""
+
+    def query(self) -> bool:
+        """Say the work before it is done."""
+        return True
+
+
+_CURRENT = _Stream()
+
+
+@contextlib.contextmanager
+def offloading_on_meta(host: HostBytes) -> Iterator[None]:
+    """Let megatron's offload manager run on meta; count its pinned host buffers in `host`."""
+    empty = torch.empty
+
+    def host_or_device_empty(*args: Any, **kwargs: Any) -> Any:
+        device = kwargs.get("device")
+        if kwargs.get("pin_memory") and torch.device(device if device is not None else "cpu").type == "cpu":
+            kwargs.update(device="meta", pin_memory=False)
+            with _disable_current_modes():  # the GPU allocator model never sees a host buffer
+                tensor = empty(*args, **kwargs)
+            host.add(tensor)
+            return tensor
+        return empty(*args, **kwargs)
+
+    saved = {
+        (torch.cuda, "Stream"): _Stream,
+        (torch.cuda, "Event"): _Event,
+        (torch.cuda, "stream"): lambda stream=None: contextlib.nullcontext(),
+        (torch.cuda, "current_stream"): lambda device=None: _CURRENT,
+        (torch.cuda.nvtx, "range_push"): lambda *args, **kwargs: None,
+        (torch.cuda.nvtx, "range_pop"): lambda *args, **kwargs: None,
+        (torch.Tensor, "record_stream"): lambda self, stream: None,
+        (torch, "empty"): host_or_device_empty,
+    }
+    before = {key: getattr(*key) for key in saved}
+    flag = _te_cpu_offload_flag()
+    try:
+        for (owner, name), value in saved.items():
+            setattr(owner, name, value)
+        with flag:
+            yield
+    finally:
+        for (owner, name), value in before.items():
+            setattr(owner, name, value)
+
+
+@contextlib.contextmanager
+def _te_cpu_offload_flag() -> Iterator[None]:
+    """Give megatron a TE `cpu_offload` module holding `CPUOffloadEnabled` if it has none."""
+    import megatron.core.extensions.transformer_engine as te_ext
+
+    if getattr(te_ext, "cpu_offload", None) is not None:
+        yield
+        return
+    te_ext.cpu_offload = types.SimpleNamespace(CPUOffloadEnabled=False)
+    try:
+        yield
+    finally:
+        te_ext.cpu_offload = None

@@ -1,0 +1,85 @@
+"""Fine-grained activation offloading: megatron's own offload manager run on meta tensors."""
+
+from __future__ import annotations
+
+MIB = 1 << 20
+
+
+def _run(offload: bool, layers: int = 3):
+    """Run `layers` offloaded groups forward (h -> gelu(h @ w)) and backward, as a layer does."""
+    import torch
+    from megatron.core.pipeline_parallel.fine_grained_activation_offload import (
+        FineGrainedActivationOffloadingInterface as off,
+    )
+    from megatron.core.pipeline_parallel.fine_grained_activation_offload import (
+        PipelineOffloadManager,
+    )
+
+    from inspector.memory.engine.allocator import Tracker
+    from inspector.memory.engine.offload import HostBytes, offloading_on_meta
+
+    host, tracker = HostBytes(), Tracker()
+    w = torch.empty(256, 256, device="meta", requires_grad=True)
+    x0 = torch.empty(1024, 256, device="meta", requires_grad=True)  # 1 MiB in fp32
+    with offloading_on_meta(host):
+        off.reset_instance()
+        off.mark_not_offloadable(w)  # as GPTModel.preprocess_for_fine_grained_offloading does
+        with tracker:
+            off.init_chunk_handler(None, None, 1024)
+            x = x0
+            for _ in range(layers):
+                with off(offload, x, "mlp_norm") as h:
+                    y = torch.nn.functional.gelu(h @ w)
+                x = off.group_commit(y, "mlp_norm") if offload else y
+            del h, y  # a layer's locals die with its forward
+            held, tracker.forward_events = tracker.allocated, len(tracker.events)
+            x.sum().backward()
+        manager = PipelineOffloadManager.get_instance()
+        offloaded = [g.total_offload_bytes for c in manager._cached_chunks_forward for g in c.offload_groups]
+        pooled = host.live  # before the manager, and its pool, go
+        off.reset_instance()
+    return held, tracker, host, offloaded, pooled
+
+
+def test_offloaded_activations_leave_the_gpu_and_the_host_holds_them():
+    plain_held, plain, no_host, _, _ = _run(False)
+    held, tracker, host, offloaded, pooled = _run(True)
+    # without offloading each layer keeps its output and gelu's input: 2 MiB a layer
+    assert plain_held == 6 * MIB and no_host.peak == 0
+    # with it only the last output stays on the GPU: the rest went to pinned host buffers
+    assert held == 1 * MIB
+    # each group copies out its input and gelu's input (the weight is marked not offloadable)
+    assert offloaded == [2 * MIB] * 3
+    assert host.peak == sum(offloaded) and host.buffers == 6
+    # megatron's pool keeps its pinned buffers after the reload, for the next iteration
+    assert pooled == host.peak and host.live == 0
+    assert tracker.peak < plain.peak
+
+
+def test_reloaded_activations_come_back_to_the_gpu_in_backward():
+    def reloads(tracker):
+        return sum(1 for e in tracker.events[tracker.forward_events :] if e.bytes == MIB)
+
+    _, plain, _, _, _ = _run(False)
+    _, tracker, host, offloaded, _ = _run(True)
+    # each of the 6 offloaded 1 MiB tensors is copied back into a new GPU tensor in backward
+    assert reloads(tracker) - reloads(plain) == host.buffers == 6
+    assert tracker.allocated == 0  # and freed once its gradient is made
+
+
+def test_pinned_host_buffers_round_up_to_a_power_of_two():
+    from inspector.memory.engine.offload import pinned
+
+    assert [pinned(n) for n in (0, 1, 512, 513, 3 * MIB)] == [0, 1, 512, 1024, 4 * MIB]
+
+
+def test_the_stand_ins_are_put_back():
+    import torch
+
+    from inspector.memory.engine.offload import HostBytes, offloading_on_meta, supported
+
+    before = (torch.cuda.Stream, torch.cuda.Event, torch.empty, torch.Tensor.record_stream)
+    with offloading_on_meta(HostBytes()):
+        assert torch.cuda.Stream is not before[0]
+    assert (torch.cuda.Stream, torch.cuda.Event, torch.empty, torch.Tensor.record_stream) == before
+    assert supported()  # megatron-core 0.16.1 has pipeline_parallel/fine_grained_activation_offload.py
