@@ -18,6 +18,9 @@ What only a GPU runs is answered here, each piece the smallest that lets megatro
   bytes pinned, rounded up to a power of two as torch's pinned-memory allocator does
   (aten/src/ATen/core/CachingHostAllocator.h `allocate`: `c10::llvm::PowerOf2Ceil(size)`);
   megatron's pool keeps its buffers for the next group of that shape, so they stay pinned;
+- megatron-core 0.19 manages only tensors on a CUDA device (`ChunkOffloadHandler.
+  _can_manage_tensor_for_offload`, fine_grained_activation_offload.py ~950 at 0.19.2): here the
+  GPU's tensors are meta, so that test takes meta for CUDA and is otherwise megatron's;
 - Transformer Engine's `cpu_offload.CPUOffloadEnabled`, the flag the manager sets around its
   hooks (megatron's extensions/transformer_engine.py imports TE's `cpu_offload` module), is a
   namespace holding that flag when the stand-in Transformer Engine has no such module.
@@ -135,16 +138,47 @@ def offloading_on_meta(host: HostBytes) -> Iterator[None]:
         (torch.Tensor, "record_stream"): lambda self, stream: None,
         (torch, "empty"): host_or_device_empty,
     }
-    before = {key: getattr(*key) for key in saved}
+    handler = _chunk_handler()
+    if hasattr(handler, "_can_manage_tensor_for_offload"):  # megatron-core 0.19
+        saved[(handler, "_can_manage_tensor_for_offload")] = staticmethod(_manageable)
     flag = _te_cpu_offload_flag()
-    try:
+    with contextlib.ExitStack() as stack:
         for (owner, name), value in saved.items():
-            setattr(owner, name, value)
-        with flag:
-            yield
+            stack.enter_context(_replaced(owner, name, value))
+        stack.enter_context(flag)
+        yield
+
+
+@contextlib.contextmanager
+def _replaced(owner: Any, name: str, value: Any) -> Iterator[None]:
+    """Set `owner.name` to `value` for the block, then put back exactly what was there."""
+    own = vars(owner)
+    had, before = name in own, own.get(name)
+    setattr(owner, name, value)
+    try:
+        yield
     finally:
-        for (owner, name), value in before.items():
-            setattr(owner, name, value)
+        if had:
+            setattr(owner, name, before)
+        else:
+            delattr(owner, name)
+
+
+def _chunk_handler() -> Any:
+    import importlib
+
+    return importlib.import_module(MODULE).ChunkOffloadHandler
+
+
+def _manageable(tensor: torch.Tensor) -> bool:
+    """megatron-core 0.19.2's `_can_manage_tensor_for_offload`, meta standing for CUDA."""
+    stray = (torch._subclasses.fake_tensor.FakeTensor,
+             torch._subclasses.functional_tensor.FunctionalTensor)  # fmt: skip
+    return (
+        not isinstance(tensor, torch.nn.Parameter)
+        and not isinstance(tensor, stray)
+        and tensor.device.type in ("cuda", "meta")
+    )
 
 
 @contextlib.contextmanager
