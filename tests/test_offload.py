@@ -97,3 +97,66 @@ def test_the_stand_ins_are_put_back():
         assert torch.cuda.Stream is not before[0] and "record_stream" in vars(torch.Tensor)
     assert (torch.cuda.Stream, torch.cuda.Event, torch.empty, dict(vars(torch.Tensor))) == before
     assert supported()  # megatron-core 0.16.1 has pipeline_parallel/fine_grained_activation_offload.py
+
+
+def _gpt_trace(modules: tuple[str, ...], impl: str = "local"):
+    """One micro-batch of a 2-layer GPT stage as the engine runs it, with megatron's offloading
+    of `modules` switched on in its TransformerConfig (the CLI still refuses the flag)."""
+    from megatron.core.pipeline_parallel.fine_grained_activation_offload import (
+        PipelineOffloadManager,
+    )
+
+    from inspector.job.job import make_job
+    from inspector.memory.engine import stage
+    from inspector.memory.engine.offload import HostBytes, offloading_on_meta
+
+    job = make_job(dict(
+        num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=1000,
+        pipeline_model_parallel_size=1, tensor_model_parallel_size=1, data_parallel_size=1,
+        micro_batch_size=2, global_batch_size=8, bf16=True, transformer_impl=impl,
+    ))  # fmt: skip
+    host = HostBytes()
+    config, run = stage.runtime_config, stage.run_microbatch
+
+    def offloading_config(job):
+        fields = config(job)
+        if modules:  # every saved tensor is big enough: Megatron-LM's default is 1M elements
+            fields.update(fine_grained_activation_offloading=True, offload_modules=list(modules),
+                          min_offloaded_tensor_size=0)  # fmt: skip
+        return fields
+
+    def offloaded_run(*args, **kwargs):
+        with offloading_on_meta(host):
+            PipelineOffloadManager.reset_instance()
+            return run(*args, **kwargs)
+
+    stage.runtime_config, stage.run_microbatch = offloading_config, offloaded_run
+    try:
+        (trace,) = stage.trace_stage(job, 0)
+    finally:
+        stage.runtime_config, stage.run_microbatch = config, run
+    return trace, host
+
+
+def test_a_gpt_layers_offloaded_norm_inputs_leave_the_gpu_block_for_block():
+    from inspector.memory.engine.allocator import rounded
+
+    plain, no_host = _gpt_trace(())
+    trace, host = _gpt_trace(("attn_norm", "mlp_norm"))
+    assert no_host.buffers == 0
+    # each norm saves its input (s x b x h in bf16: 32 x 2 x 64 x 2 bytes) and its fp32 mean and
+    # rstd per token: 3 tensors, 2 norms, 2 layers
+    assert sorted(host.sizes) == [256] * 8 + [8192] * 4
+    # and the GPU holds exactly those blocks less between forward and backward
+    assert plain.held - trace.held == sum(rounded(size) for size in host.sizes)
+    # they come back for the backward: its peak is lower by no more than what left
+    assert max(e.allocated for e in trace.backward) <= max(e.allocated for e in plain.backward)
+
+
+def test_under_transformer_engine_the_norms_are_fused_and_attention_is_offloaded():
+    plain, _ = _gpt_trace((), "transformer_engine")
+    normed, norm_host = _gpt_trace(("attn_norm", "mlp_norm"), "transformer_engine")
+    # TE fuses each norm into the next linear (input_layernorm is an IdentityOp): nothing to offload
+    assert norm_host.buffers == 0 and normed.held == plain.held
+    trace, host = _gpt_trace(("qkv_linear", "core_attn", "attn_proj"), "transformer_engine")
+    assert host.peak > 0 and trace.held < plain.held

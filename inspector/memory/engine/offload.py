@@ -34,7 +34,7 @@ import contextlib
 import types
 import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -65,18 +65,23 @@ class HostBytes:
     peak: int = 0
     pinned_live: int = 0  # as the pinned allocator reserves them
     pinned_peak: int = 0
-    buffers: int = 0  # host buffers made
+    sizes: list[int] = field(default_factory=list)  # each host buffer made, in bytes
 
     def add(self, tensor: torch.Tensor) -> None:
         """Count a new host buffer until its storage dies."""
         storage = tensor.untyped_storage()
         nbytes = storage.nbytes()
-        self.buffers += 1
+        self.sizes.append(nbytes)
         self.live += nbytes
         self.pinned_live += pinned(nbytes)
         self.peak = max(self.peak, self.live)
         self.pinned_peak = max(self.pinned_peak, self.pinned_live)
         weakref.finalize(storage, self._free, nbytes)
+
+    @property
+    def buffers(self) -> int:
+        """Return how many host buffers were made."""
+        return len(self.sizes)
 
     def _free(self, nbytes: int) -> None:
         self.live -= nbytes

@@ -137,6 +137,10 @@ class LinearFunction(torch.autograd.Function):
         saved = inputmat if weight.requires_grad else None  # backward_needs_input
         ctx.save_for_backward(saved, weight, weight, bias)
         ctx.setup, ctx.inp_shape, ctx.use_bias = setup, inp.shape, bias.numel() > 0
+        # under saved-tensor hooks (activation offloading) torch unpacks a Parameter as a plain
+        # Tensor, so TE keeps the weight object for its main_grad (linear.py, `cpu_offloading`:
+        # `ctx.weight_object = weight`, "Torch rips off the Parameter wrapper")
+        ctx.weight_object = weight
         ctx.requires_dgrad, ctx.requires_wgrad = inp.requires_grad, weight.requires_grad
         return out.view(-1, *inp.shape[1:-1], weight.shape[0])
 
@@ -148,7 +152,7 @@ class LinearFunction(torch.autograd.Function):
         gathered = ctx.requires_wgrad and setup.gathers_input  # backward_input_needs_gather
         total = gather_along_first_dim(inputmat, setup.tp_size) if gathered else inputmat
         gemm_out, dgrad = _dgrad(ctx, grad, weight)
-        wgrad, grad_bias = _weight_grads(ctx, weight, bias, grad)
+        wgrad, grad_bias = _weight_grads(ctx, ctx.weight_object, bias, grad)
         if gathered:
             clear_tensor_data(total)
         if setup.scatters_output:
@@ -188,6 +192,7 @@ class LayerNormLinearFunction(torch.autograd.Function):
         saved_ln_out = ln_out if weight.requires_grad else None
         ctx.save_for_backward(inputmat, weight, weight, bias, ln_weight, saved_ln_out, mu, rsigma)
         ctx.setup, ctx.inp_shape, ctx.use_bias = setup, inp.shape, bias.numel() > 0
+        ctx.weight_object = weight  # layernorm_linear.py, as LinearFunction's
         ctx.requires_dgrad, ctx.requires_wgrad = inp.requires_grad, weight.requires_grad
         ctx.has_ln_bias = ln_bias is not None
         return out.view(-1, *inp.shape[1:-1], weight.shape[0])
@@ -200,7 +205,7 @@ class LayerNormLinearFunction(torch.autograd.Function):
         gathered = ctx.requires_wgrad and setup.gathers_input  # ln_out_needs_gather
         total = gather_along_first_dim(ln_out, setup.tp_size) if gathered else ln_out
         gemm_out, dgrad = _dgrad(ctx, grad, weight)
-        wgrad, grad_bias = _weight_grads(ctx, weight, bias, grad)
+        wgrad, grad_bias = _weight_grads(ctx, ctx.weight_object, bias, grad)
         clear_tensor_data(ln_out)
         if gathered:
             clear_tensor_data(total)
@@ -264,6 +269,7 @@ class GroupedLinearFunction(torch.autograd.Function):
         if not weights[0].requires_grad:
             inputmats = [None] * n
         ctx.save_for_backward(*inputmats, *weights, *weights, *biases)
+        ctx.weight_objects = weights  # grouped_linear.py under cpu_offloading, as Linear's
         ctx.m_splits, ctx.inp_shape, ctx.fuse = m_splits, inp.shape, fuse_wgrad
         ctx.use_bias = biases[0].numel() > 0
         ctx.requires_dgrad, ctx.requires_wgrad = inp.requires_grad, weights[0].requires_grad
@@ -283,7 +289,7 @@ class GroupedLinearFunction(torch.autograd.Function):
             dgrad = torch.empty((grad.shape[0], weights[0].shape[1]), dtype=grad.dtype, device=grad.device)
         wgrads: list[Any] = [None] * n
         if ctx.requires_wgrad:
-            wgrads = [_grouped_wgrad(weight, ctx.fuse, grad) for weight in weights]
+            wgrads = [_grouped_wgrad(weight, ctx.fuse, grad) for weight in ctx.weight_objects]
         dgrad = None if dgrad is None else dgrad.view(ctx.inp_shape)
         return (dgrad, None, None, *wgrads, *(grad_biases if ctx.use_bias else [None] * len(biases)))
 
