@@ -137,6 +137,38 @@ def test_memory_keeps_the_graphs_inputs_grad_outputs_and_pool_beside_the_step():
     assert "CUDA graphs' memory pool" in graphed.peak.moment and "layer 1" in graphed.peak.moment
 
 
+@needs_graphs
+def test_once_captured_the_pool_is_reserved_not_allocated():
+    """TE graph.py (`_reuse_graph_input_output_buffers`) frees a forward graph's outputs and saved
+    tensors when its backward is captured: PyTorch keeps the blocks reserved for the pool, and
+    torch.cuda.memory_allocated (Megatron-LM's mem-allocated-bytes) no longer counts them, so its
+    peak is the pool's high-water mark at the capture or the rest of the step's, not their sum."""
+    from inspector.memory.engine.run import run_memory
+
+    graphed = run_memory(_job(pipeline_model_parallel_size=2, cuda_graph_impl="transformer_engine"), 0)
+    kept = dict(graphed.persistent)
+    pool = next(size for what, size in kept.items() if what.startswith("CUDA graphs' memory pool"))
+    assert graphed.graph_pool == pool > 0
+    # static inputs and grad outputs stay allocated (the normal pool); the pool does not
+    assert graphed.static - graphed.graph_pool == sum(
+        size for what, size in graphed.persistent if not what.startswith("CUDA graphs' memory pool")
+    ) + graphed.workspaces
+    assert graphed.allocated_peak == max(graphed.peak.bytes, pool)
+    assert graphed.allocated_peak < graphed.peak.bytes + pool  # what the GPU holds is more
+    eager = run_memory(_job(pipeline_model_parallel_size=2), 0)
+    assert eager.graph_pool == 0 and eager.allocated_peak is None
+
+
+def test_an_eager_iteration_allocates_what_it_holds():
+    from inspector.memory.engine.cuda_graphs import allocated_peak
+    from inspector.memory.engine.schedule import Peak
+
+    peak = Peak(100, 0, 1, "somewhere")
+    assert allocated_peak(peak, 300, eager=True) == 400  # before capture: all in the normal pool
+    assert allocated_peak(peak, 300, eager=False) == 300  # the capture's high-water mark
+    assert allocated_peak(peak, 50, eager=False) == 100  # the rest of the step's peak
+
+
 @pytest.mark.parametrize(
     ("flags", "error"),
     [
