@@ -322,3 +322,18 @@ def test_megatron_cores_router_scope_checks(flags, error):
 
     with pytest.raises(ConfigError, match=error):
         _job(**flags)
+
+
+def test_megatron_lms_newer_spelling_of_the_scope_is_read(tmp_path):
+    """Megatron-LM's arguments.py (with megatron-core 0.19.2) names the scope --cuda-graph-modules
+    (nargs='*'); its functional tests spell it so (the attn_cudagraph case): dropped, the tool
+    would graph whole layers."""
+    from inspector.inputs.megatron_config import read_config
+    from inspector.inputs.sources import read_launch_script
+    from tests.test_arguments import script
+
+    path = script(tmp_path, "--cuda-graph-impl transformer_engine --cuda-graph-modules attn mlp --lr 1")
+    assert read_launch_script(path).args["cuda_graph_scope"] == "attn mlp"
+    config = tmp_path / "model_config.yaml"
+    config.write_text("MODEL_ARGS:\n  --cuda-graph-impl: transformer_engine\n  --cuda-graph-modules: attn\n")
+    assert read_config(str(config)).args["cuda_graph_scope"] == "attn"
