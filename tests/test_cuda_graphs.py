@@ -159,6 +159,21 @@ def test_once_captured_the_pool_is_reserved_not_allocated():
     assert eager.graph_pool == 0 and eager.allocated_peak is None
 
 
+@needs_graphs
+def test_without_warm_up_steps_the_graphs_are_captured_before_adams_moments_exist():
+    """training.py captures at `iteration - start_iteration == cuda_graph_warmup_steps`: with 0,
+    before the first train_step, so no eager iteration and no optimizer moments at the capture."""
+    from inspector.memory.engine.run import run_memory
+
+    flags = dict(pipeline_model_parallel_size=2, cuda_graph_impl="transformer_engine")
+    warm, cold = run_memory(_job(**flags), 0), run_memory(_job(**flags, cuda_graph_warmup_steps=0), 0)
+    assert _job(**flags).training.cuda_graph_warmup_steps == 3  # TransformerConfig's default
+    assert cold.optimizer_state == warm.optimizer_state > 0
+    assert cold.graph_pool == warm.graph_pool
+    assert cold.allocated_peak == max(cold.peak.bytes, cold.graph_pool - cold.optimizer_state)
+    assert "eager" not in cold.peak.moment
+
+
 def test_an_eager_iteration_allocates_what_it_holds():
     from inspector.memory.engine.cuda_graphs import allocated_peak
     from inspector.memory.engine.schedule import Peak

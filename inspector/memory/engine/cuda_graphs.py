@@ -308,6 +308,7 @@ def allocated_peak(peak: Peak, pool: int, eager: bool) -> int:
 
 
 def graphed_peak(job: Job, stage: int, traces: Sequence[Trace], step: Sequence[Event], extra: int = 0,
+                 moments: int = 0,
                  ) -> tuple[Peak, tuple[tuple[str, int], ...], tuple[Trace, ...], int]:  # fmt: skip
     """Return a stage's peak above static with Transformer Engine's per-layer graphs, what the
     graphs keep for good (static inputs, static grad outputs, their memory pool) and the traces
@@ -317,7 +318,9 @@ def graphed_peak(job: Job, stage: int, traces: Sequence[Trace], step: Sequence[E
     high-water mark is the higher of the eager iteration (today's engine peak) and the graphed
     one, where the pool's high-water mark (the graphed parts' live blocks over the capture
     order, which is the schedule's) is held beside the rest of the step's own peak. Last, the
-    peak as PyTorch counts allocations (`allocated_peak`)."""
+    peak as PyTorch counts allocations (`allocated_peak`). With `--cuda-graph-warmup-steps 0`
+    no eager iteration runs (training.py captures at the first iteration) and the capture comes
+    before the first optimizer step, before its `moments` (the bytes it makes) exist."""
     schedule = job.schedule()
     scope, pp, count = job.training.cuda_graph_scope, job.layout.pp, schedule.num_microbatches
     eager = iteration_peak(tuple(traces), stage, pp, count, step=tuple(step), extra=extra)
@@ -336,11 +339,12 @@ def graphed_peak(job: Job, stage: int, traces: Sequence[Trace], step: Sequence[E
     )  # fmt: skip
     held = sum(size for _, size in kept)
     others = tuple(h[1] for h in halves)
-    if eager.bytes > held + rest.bytes:
+    warm = job.training.cuda_graph_warmup_steps > 0
+    if warm and eager.bytes > held + rest.bytes:
         moment = f"a warm-up iteration before the graphs are captured (eager): {eager.moment}"
         peak = Peak(eager.bytes - held, eager.held, eager.micro_batches, moment)
         return peak, kept, others, allocated_peak(peak, pool.bytes, True)
     moment = (f"{rest.moment}, beside the CUDA graphs' memory pool, which reached its size at the "
               f"graph of the {pool.moment}")  # fmt: skip
     peak = Peak(rest.bytes, rest.held, rest.micro_batches, moment)
-    return peak, kept, others, allocated_peak(peak, pool.bytes, False)
+    return peak, kept, others, allocated_peak(peak, pool.bytes - (0 if warm else moments), False)

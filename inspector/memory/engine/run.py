@@ -124,7 +124,8 @@ def run_memory(
     if job.training.cuda_graph_impl == "transformer_engine":
         from inspector.memory.engine.cuda_graphs import graphed_peak
 
-        peak, kept, traces, allocated = graphed_peak(job, stage, traces, step.events, extra)
+        peak, kept, traces, allocated = graphed_peak(job, stage, traces, step.events, extra,
+                                                     step.state)
     elif job.training.cuda_graph_impl == "local":  # full_iteration (job/cuda_graphs.py)
         from inspector.memory.engine.full_graph import full_iteration_peak
 
