@@ -352,3 +352,15 @@ def test_megatron_lms_newer_spelling_of_the_scope_is_read(tmp_path):
     config = tmp_path / "model_config.yaml"
     config.write_text("MODEL_ARGS:\n  --cuda-graph-impl: transformer_engine\n  --cuda-graph-modules: attn\n")
     assert read_config(str(config)).args["cuda_graph_scope"] == "attn"
+
+
+@needs_graphs
+def test_memory_names_what_torch_cuda_reports_beside_the_pool(cli):
+    result = cli("memory", "--num-layers", "4", "--hidden-size", str(HIDDEN), "--num-attention-heads", "4",
+                 "--seq-length", str(SEQ), "--max-position-embeddings", str(SEQ), "--vocab-size", "1000",
+                 "--micro-batch-size", "1", "--global-batch-size", "8", "--bf16", "--pp", "2",
+                 "--transformer-impl", "transformer_engine", "--cuda-graph-impl", "transformer_engine",
+                 "--no-cache")  # fmt: skip
+    assert result.code == 0, result.err
+    [line] = [line for line in result.out.splitlines() if line.startswith("Stage 0: the CUDA graphs'")]
+    assert "is reserved, not allocated, once captured: torch.cuda.memory_allocated reports" in line

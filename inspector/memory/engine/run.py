@@ -76,6 +76,14 @@ class RunMemory:
 
         return sum(size for where, size in self.persistent if where.startswith(POOL))
 
+    def torch_reports(self, static: int) -> tuple[int, int]:
+        """Return what torch.cuda.memory_allocated (after the step) and max_memory_allocated
+        report for a rank holding `static` with this run's peak above it: neither sees what is
+        outside PyTorch's allocator, nor a captured CUDA graphs' pool (reserved, not allocated)."""
+        allocated = static - self.outside_bytes - self.graph_pool
+        above = self.peak.bytes if self.allocated_peak is None else self.allocated_peak
+        return allocated, allocated + above
+
     @property
     def static(self) -> int:
         """Return the bytes the run adds to the state for good: persistent plus workspaces, and
