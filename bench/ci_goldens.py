@@ -256,8 +256,10 @@ def _predict(case: Case) -> Predicted:
     # Megatron-FSDP's gathered parameters and unsharded gradients are released by the end of the
     # iteration (the buckets resharded after each unit's backward, its gradients reduce-scattered),
     # when mem-allocated-bytes is logged: held in flight, not static
-    static = state.total + stage.buffers - stage.run.outside_bytes - stage.fsdp_in_flight
-    peak = static + stage.fsdp_in_flight + stage.activation_bytes
+    # (and neither what is outside PyTorch's allocator nor a captured CUDA graphs' pool, reserved
+    # but not allocated: RunMemory.torch_reports)
+    static, peak = stage.run.torch_reports(state.total + stage.buffers - stage.fsdp_in_flight)
+    peak += stage.fsdp_in_flight
     step, bound, note = plan_step(args, layout.world_size)
     return Predicted(label, static, peak, step, bound, step_note=note)
 

@@ -137,6 +137,53 @@ def test_memory_keeps_the_graphs_inputs_grad_outputs_and_pool_beside_the_step():
     assert "CUDA graphs' memory pool" in graphed.peak.moment and "layer 1" in graphed.peak.moment
 
 
+@needs_graphs
+def test_once_captured_the_pool_is_reserved_not_allocated():
+    """TE graph.py (`_reuse_graph_input_output_buffers`) frees a forward graph's outputs and saved
+    tensors when its backward is captured: PyTorch keeps the blocks reserved for the pool, and
+    torch.cuda.memory_allocated (Megatron-LM's mem-allocated-bytes) no longer counts them, so its
+    peak is the pool's high-water mark at the capture or the rest of the step's, not their sum."""
+    from inspector.memory.engine.run import run_memory
+
+    graphed = run_memory(_job(pipeline_model_parallel_size=2, cuda_graph_impl="transformer_engine"), 0)
+    kept = dict(graphed.persistent)
+    pool = next(size for what, size in kept.items() if what.startswith("CUDA graphs' memory pool"))
+    assert graphed.graph_pool == pool > 0
+    # static inputs and grad outputs stay allocated (the normal pool); the pool does not
+    assert graphed.static - graphed.graph_pool == sum(
+        size for what, size in graphed.persistent if not what.startswith("CUDA graphs' memory pool")
+    ) + graphed.workspaces
+    assert graphed.allocated_peak == max(graphed.peak.bytes, pool)
+    assert graphed.allocated_peak < graphed.peak.bytes + pool  # what the GPU holds is more
+    eager = run_memory(_job(pipeline_model_parallel_size=2), 0)
+    assert eager.graph_pool == 0 and eager.allocated_peak is None
+
+
+@needs_graphs
+def test_without_warm_up_steps_the_graphs_are_captured_before_adams_moments_exist():
+    """training.py captures at `iteration - start_iteration == cuda_graph_warmup_steps`: with 0,
+    before the first train_step, so no eager iteration and no optimizer moments at the capture."""
+    from inspector.memory.engine.run import run_memory
+
+    flags = dict(pipeline_model_parallel_size=2, cuda_graph_impl="transformer_engine")
+    warm, cold = run_memory(_job(**flags), 0), run_memory(_job(**flags, cuda_graph_warmup_steps=0), 0)
+    assert _job(**flags).training.cuda_graph_warmup_steps == 3  # TransformerConfig's default
+    assert cold.optimizer_state == warm.optimizer_state > 0
+    assert cold.graph_pool == warm.graph_pool
+    assert cold.allocated_peak == max(cold.peak.bytes, cold.graph_pool - cold.optimizer_state)
+    assert "eager" not in cold.peak.moment
+
+
+def test_an_eager_iteration_allocates_what_it_holds():
+    from inspector.memory.engine.cuda_graphs import allocated_peak
+    from inspector.memory.engine.schedule import Peak
+
+    peak = Peak(100, 0, 1, "somewhere")
+    assert allocated_peak(peak, 300, eager=True) == 400  # before capture: all in the normal pool
+    assert allocated_peak(peak, 300, eager=False) == 300  # the capture's high-water mark
+    assert allocated_peak(peak, 50, eager=False) == 100  # the rest of the step's peak
+
+
 @pytest.mark.parametrize(
     ("flags", "error"),
     [
@@ -290,3 +337,30 @@ def test_megatron_cores_router_scope_checks(flags, error):
 
     with pytest.raises(ConfigError, match=error):
         _job(**flags)
+
+
+def test_megatron_lms_newer_spelling_of_the_scope_is_read(tmp_path):
+    """Megatron-LM's arguments.py (with megatron-core 0.19.2) names the scope --cuda-graph-modules
+    (nargs='*'); its functional tests spell it so (the attn_cudagraph case): dropped, the tool
+    would graph whole layers."""
+    from inspector.inputs.megatron_config import read_config
+    from inspector.inputs.sources import read_launch_script
+    from tests.test_arguments import script
+
+    path = script(tmp_path, "--cuda-graph-impl transformer_engine --cuda-graph-modules attn mlp --lr 1")
+    assert read_launch_script(path).args["cuda_graph_scope"] == "attn mlp"
+    config = tmp_path / "model_config.yaml"
+    config.write_text("MODEL_ARGS:\n  --cuda-graph-impl: transformer_engine\n  --cuda-graph-modules: attn\n")
+    assert read_config(str(config)).args["cuda_graph_scope"] == "attn"
+
+
+@needs_graphs
+def test_memory_names_what_torch_cuda_reports_beside_the_pool(cli):
+    result = cli("memory", "--num-layers", "4", "--hidden-size", str(HIDDEN), "--num-attention-heads", "4",
+                 "--seq-length", str(SEQ), "--max-position-embeddings", str(SEQ), "--vocab-size", "1000",
+                 "--micro-batch-size", "1", "--global-batch-size", "8", "--bf16", "--pp", "2",
+                 "--transformer-impl", "transformer_engine", "--cuda-graph-impl", "transformer_engine",
+                 "--no-cache")  # fmt: skip
+    assert result.code == 0, result.err
+    [line] = [line for line in result.out.splitlines() if line.startswith("Stage 0: the CUDA graphs'")]
+    assert "is reserved, not allocated, once captured: torch.cuda.memory_allocated reports" in line

@@ -361,6 +361,12 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         choices=("none", "local", "transformer_engine"),
     ),
     _training(
+        "cuda_graph_warmup_steps",
+        int,
+        "Eager iterations before the graphs are captured (default 3); 0 captures them before the "
+        "first optimizer step, before Adam's moments exist.",
+    ),
+    _training(
         "cuda_graph_scope",
         str,
         "What each layer's graph covers (default the whole layer): attn, mlp, moe_router, "

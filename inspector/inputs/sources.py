@@ -331,7 +331,8 @@ def split_arguments(words: list[str], needs: Needs, ctx: Context,
         value = inline if inline else (words[index] if takes_value and index < len(words) else None)
         if takes_value and not inline:
             index += 1
-        many = spec.many if spec is not None else flag in _UNMODELLED_MANY | ignored_values.MANY
+        named = BY_NAME[RENAMED[flag][0]] if spec is None and flag in RENAMED else spec
+        many = named.many if named is not None else flag in _UNMODELLED_MANY | ignored_values.MANY
         while many and not inline and _looks_like_value(words, index):
             value, index = f"{value} {words[index]}", index + 1  # nargs='*': the words that follow
         switch = spec is not None and spec.type is bool or typed and ignored_values.switch(flag)

@@ -398,6 +398,10 @@ IGNORED_NOTES: dict[str, str] = {
 RENAMED: dict[str, tuple[str, object]] = {
     "--use-rotary-position-embeddings": ("position_embedding_type", "rope"),  # validate_args
     "--encoder-seq-length": ("seq_length", None),  # validate_args: seq_length = encoder_seq_length
+    # Megatron-LM after megatron-core 0.16 (arguments.py, 0.19.2): --cuda-graph-modules names what
+    # --cuda-graph-scope did, which stays as its deprecated spelling (TransformerConfig's
+    # cuda_graph_modules, enums.CudaGraphModule)
+    "--cuda-graph-modules": ("cuda_graph_scope", None),
 }
 
 

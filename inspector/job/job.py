@@ -92,6 +92,7 @@ class Training:
     # --cuda-graph-impl and --cuda-graph-scope (job/cuda_graphs.py; () is the whole layer)
     cuda_graph_impl: str = "none"
     cuda_graph_scope: tuple[str, ...] = ()
+    cuda_graph_warmup_steps: int = 3  # megatron-core's TransformerConfig default
 
     def __post_init__(self) -> None:
         """Reject counts below one and unknown recomputation modes."""
@@ -252,6 +253,7 @@ TRAINING_ARGS = {
     "wgrad_deferral_limit": "wgrad_deferral_limit",
     "tp_comm_overlap": "tp_comm_overlap",
     "cuda_graph_impl": "cuda_graph_impl",
+    "cuda_graph_warmup_steps": "cuda_graph_warmup_steps",
     "microbatch_group_size_per_virtual_pipeline_stage": "microbatch_group_size",
 }
 
@@ -265,7 +267,7 @@ def make_training(args: Mapping[str, Any]) -> Training:
     values = {field: args[name] for name, field in TRAINING_ARGS.items() if name in args}
     values["recompute"] = cast(Recompute, values.get("recompute") or "none")
     for name in ("moe_token_dispatcher_type", "moe_flex_backend", "moe_deepep_num_sms",
-                 "wgrad_deferral_limit"):  # fmt: skip
+                 "wgrad_deferral_limit", "cuda_graph_warmup_steps"):  # fmt: skip
         if values.get(name) is None:
             values.pop(name, None)
     for flag in ("flash_attention", "use_distributed_optimizer", "overlap_grad_reduce",

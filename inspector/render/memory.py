@@ -228,7 +228,7 @@ def _routing(report: MemoryReport) -> str:
 
 def _moments(report: MemoryReport) -> list[str]:
     """Return one line per stage naming the moment of its peak (runs only), and one for what
-    it holds outside PyTorch's allocator, where it holds any."""
+    it holds outside PyTorch's allocator or in CUDA graphs' pools, where it holds any."""
     lines = []
     for s in report.stages:
         if s.run is None:
@@ -242,15 +242,19 @@ def _moments(report: MemoryReport) -> list[str]:
         if s.run.outside:
             lines.append(outside_line(f"Stage {s.stage}", s.run.outside, lambda v: _size(report, v),
                                       "buffers and the total", s.total))  # fmt: skip
+        if s.run.graph_pool:  # engine/cuda_graphs.py allocated_peak
+            now, top = (_size(report, v) for v in s.run.torch_reports(s.static))
+            lines.append(f"Stage {s.stage}: the CUDA graphs' memory pool {_size(report, s.run.graph_pool)}"
+                         " is reserved, not allocated, once captured: torch.cuda.memory_allocated "
+                         f"reports {now} after the step, max_memory_allocated {top}.")  # fmt: skip
     return lines
 
 
 def outside_line(label: str, outside: tuple[tuple[str, int], ...], size: Callable[[int], str],
                  counted_in: str, total: int) -> str:  # fmt: skip
     """Return the line naming what a stage holds outside PyTorch's allocator (DeepEP's or
-    HybridEP's buffers),
-    where its `total` counts them, and what torch.cuda.max_memory_allocated would say without
-    them; `memory` and `plan` print it alike."""
+    HybridEP's buffers), where its `total` counts them, and what torch.cuda.max_memory_allocated
+    would say without them; `memory` and `plan` print it alike."""
     held = sum(b for _, b in outside)
     parts = ", ".join(f"{what} {size(b)}" for what, b in outside)
     return (f"{label}: outside PyTorch's allocator {size(held)} ({parts}): in {counted_in}, not "

@@ -210,6 +210,9 @@ _ATTENTION = ("input_layernorm", "self_attention", "pre_cross_attn_layernorm", "
 _ROUTER = ("mlp.router", "mlp.shared_experts")  # with moe_router, beside pre_mlp_layernorm
 # what the graphs keep, as RunMemory.persistent names it (the timeline draws it as its own band)
 GRAPHS = "CUDA graphs' "
+# the label of a graphs' memory pool among them: once captured, its blocks are free to the caching
+# allocator (reserved for the graphs, not allocated: see `allocated_peak`)
+POOL = f"{GRAPHS}memory pool"
 
 
 def _part(rest: str) -> str | None:
@@ -290,8 +293,23 @@ def split_trace(trace: Trace, scope: tuple[str, ...]) -> tuple[Trace, Trace]:
     return halves[0], halves[1]
 
 
+def allocated_peak(peak: Peak, pool: int, eager: bool) -> int:
+    """Return the peak above the allocated static memory (static less the graphs' pool) as
+    `torch.cuda.max_memory_allocated` sees it, what Megatron-LM logs as mem-max-allocated-bytes.
+
+    A graph's blocks are allocated during its capture and freed when the capture no longer needs
+    them (TE graph.py, `_reuse_graph_input_output_buffers`: "we just deallocate them" by
+    `make_weak_ref`; torch.cuda.graph frees the full iteration's temporaries the same way):
+    PyTorch's caching allocator keeps them reserved for the private pool, not allocated. So the
+    allocated bytes reach the pool's high-water mark while the graphs are captured, and later
+    replays allocate nothing (the rest of the step's peak alone); an eager iteration before the
+    capture allocates everything, the pool's part included."""
+    return peak.bytes + pool if eager else max(peak.bytes, pool)
+
+
 def graphed_peak(job: Job, stage: int, traces: Sequence[Trace], step: Sequence[Event], extra: int = 0,
-                 ) -> tuple[Peak, tuple[tuple[str, int], ...], tuple[Trace, ...]]:  # fmt: skip
+                 moments: int = 0,
+                 ) -> tuple[Peak, tuple[tuple[str, int], ...], tuple[Trace, ...], int]:  # fmt: skip
     """Return a stage's peak above static with Transformer Engine's per-layer graphs, what the
     graphs keep for good (static inputs, static grad outputs, their memory pool) and the traces
     of the rest of the step (the graphed parts taken out: they live in the pool).
@@ -299,7 +317,10 @@ def graphed_peak(job: Job, stage: int, traces: Sequence[Trace], step: Sequence[E
     Megatron-LM runs `--cuda-graph-warmup-steps` iterations eagerly, then captures: the GPU's
     high-water mark is the higher of the eager iteration (today's engine peak) and the graphed
     one, where the pool's high-water mark (the graphed parts' live blocks over the capture
-    order, which is the schedule's) is held beside the rest of the step's own peak."""
+    order, which is the schedule's) is held beside the rest of the step's own peak. Last, the
+    peak as PyTorch counts allocations (`allocated_peak`). With `--cuda-graph-warmup-steps 0`
+    no eager iteration runs (training.py captures at the first iteration) and the capture comes
+    before the first optimizer step, before its `moments` (the bytes it makes) exist."""
     schedule = job.schedule()
     scope, pp, count = job.training.cuda_graph_scope, job.layout.pp, schedule.num_microbatches
     eager = iteration_peak(tuple(traces), stage, pp, count, step=tuple(step), extra=extra)
@@ -314,13 +335,16 @@ def graphed_peak(job: Job, stage: int, traces: Sequence[Trace], step: Sequence[E
         # TE graph.py: one `empty_like` per output signature (static_grad_outputs_dict): the
         # layers' hidden-state output
         (f"{GRAPHS}static grad outputs", inputs.grad_output_bytes),
-        (f"{GRAPHS}memory pool (high-water mark at the capture of the {pool.moment})", pool.bytes),
+        (f"{POOL} (high-water mark at the capture of the {pool.moment})", pool.bytes),
     )  # fmt: skip
     held = sum(size for _, size in kept)
     others = tuple(h[1] for h in halves)
-    if eager.bytes > held + rest.bytes:
+    warm = job.training.cuda_graph_warmup_steps > 0
+    if warm and eager.bytes > held + rest.bytes:
         moment = f"a warm-up iteration before the graphs are captured (eager): {eager.moment}"
-        return Peak(eager.bytes - held, eager.held, eager.micro_batches, moment), kept, others
+        peak = Peak(eager.bytes - held, eager.held, eager.micro_batches, moment)
+        return peak, kept, others, allocated_peak(peak, pool.bytes, True)
     moment = (f"{rest.moment}, beside the CUDA graphs' memory pool, which reached its size at the "
               f"graph of the {pool.moment}")  # fmt: skip
-    return Peak(rest.bytes, rest.held, rest.micro_batches, moment), kept, others
+    peak = Peak(rest.bytes, rest.held, rest.micro_batches, moment)
+    return peak, kept, others, allocated_peak(peak, pool.bytes - (0 if warm else moments), False)

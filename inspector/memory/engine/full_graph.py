@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 from inspector.job.job import Job
 from inspector.memory.engine.allocator import Event, rounded
-from inspector.memory.engine.cuda_graphs import GRAPHS
+from inspector.memory.engine.cuda_graphs import GRAPHS, POOL, allocated_peak
 from inspector.memory.engine.microbatch import Trace
 from inspector.memory.engine.schedule import Peak, iteration_peak
 
@@ -75,10 +75,11 @@ def _without_inputs(trace: Trace) -> Trace:
 
 def full_iteration_peak(
     job: Job, stage: int, traces: Sequence[Trace], step: Sequence[Event], extra: int = 0
-) -> tuple[Peak, tuple[tuple[str, int], ...], tuple[Trace, ...]]:
+) -> tuple[Peak, tuple[tuple[str, int], ...], tuple[Trace, ...], int]:
     """Return a stage's peak above static with a full-iteration graph, what it keeps (the
-    static batches, the graph's pool) and the traces of the rest of the step (none: every
-    forward and backward runs in the pool)."""
+    static batches, the graph's pool), the traces of the rest of the step (none: every
+    forward and backward runs in the pool) and the peak as PyTorch counts allocations
+    (cuda_graphs.py `allocated_peak`)."""
     pp, count = job.layout.pp, job.schedule().num_microbatches
     graphed = tuple(_without_inputs(trace) for trace in traces)
     eager = iteration_peak(graphed, stage, pp, count, step=tuple(step), extra=extra)
@@ -86,13 +87,15 @@ def full_iteration_peak(
     batches = static_batches(job, stage)
     kept = (
         (f"{GRAPHS}static inputs ({count} micro-batches' batches)", batches),
-        (f"{GRAPHS}memory pool (the full iteration's graph, high-water mark at the {pool.moment})",
+        (f"{POOL} (the full iteration's graph, high-water mark at the {pool.moment})",
          pool.bytes),
     )  # fmt: skip
     rest = tuple(Trace((), (), trace.persistent) for trace in traces)
     top = max(step, key=lambda event: event.allocated, default=Event(0, 0, "optimizer step"))
     if eager.bytes > pool.bytes + top.allocated:  # the static batches are there in both
         moment = f"a warm-up iteration before the graph is captured (eager): {eager.moment}"
-        return Peak(eager.bytes - pool.bytes, eager.held, eager.micro_batches, moment), kept, rest
+        peak = Peak(eager.bytes - pool.bytes, eager.held, eager.micro_batches, moment)
+        return peak, kept, rest, allocated_peak(peak, pool.bytes, True)
     moment = f"{top.where}, beside the full-iteration CUDA graph's memory pool"
-    return Peak(top.allocated, 0, 0, moment), kept, rest
+    peak = Peak(top.allocated, 0, 0, moment)
+    return peak, kept, rest, allocated_peak(peak, pool.bytes, False)

@@ -51,6 +51,9 @@ class RunMemory:
     # GPU memory held outside PyTorch's caching allocator (what, bytes): DeepEP's buffers
     # (`outside_allocator`); torch.cuda.max_memory_allocated never sees them
     outside: tuple[tuple[str, int], ...] = ()
+    # CUDA graphs: the peak above `static - graph_pool` as torch.cuda.max_memory_allocated sees it
+    # (engine/cuda_graphs.py `allocated_peak`); None without graphs (then static + peak)
+    allocated_peak: int | None = None
 
     @property
     def outside_bytes(self) -> int:
@@ -63,6 +66,23 @@ class RunMemory:
         from inspector.memory.engine.cuda_graphs import GRAPHS
 
         return sum(size for where, size in self.persistent if where.startswith(GRAPHS))
+
+    @property
+    def graph_pool(self) -> int:
+        """Return the bytes of the CUDA graphs' memory pools, among the persistent ones: reserved
+        by PyTorch's caching allocator once captured, not allocated (torch.cuda.memory_allocated,
+        Megatron-LM's mem-allocated-bytes, never counts them then)."""
+        from inspector.memory.engine.cuda_graphs import POOL
+
+        return sum(size for where, size in self.persistent if where.startswith(POOL))
+
+    def torch_reports(self, static: int) -> tuple[int, int]:
+        """Return what torch.cuda.memory_allocated (after the step) and max_memory_allocated
+        report for a rank holding `static` with this run's peak above it: neither sees what is
+        outside PyTorch's allocator, nor a captured CUDA graphs' pool (reserved, not allocated)."""
+        allocated = static - self.outside_bytes - self.graph_pool
+        above = self.peak.bytes if self.allocated_peak is None else self.allocated_peak
+        return allocated, allocated + above
 
     @property
     def static(self) -> int:
@@ -104,6 +124,7 @@ def run_memory(
     extra = extra_warmup(job.training)
     group = job.training.microbatch_group_size
     kept: tuple[tuple[str, int], ...] = ()
+    allocated: int | None = None
     if job.training.cuda_graph_impl != "none" and group is not None:
         raise ConfigError("--microbatch-group-size-per-virtual-pipeline-stage with "
                           f"--cuda-graph-impl {job.training.cuda_graph_impl}: the graphs' capture "
@@ -111,11 +132,12 @@ def run_memory(
     if job.training.cuda_graph_impl == "transformer_engine":
         from inspector.memory.engine.cuda_graphs import graphed_peak
 
-        peak, kept, traces = graphed_peak(job, stage, traces, step.events, extra)
+        peak, kept, traces, allocated = graphed_peak(job, stage, traces, step.events, extra,
+                                                     step.state)
     elif job.training.cuda_graph_impl == "local":  # full_iteration (job/cuda_graphs.py)
         from inspector.memory.engine.full_graph import full_iteration_peak
 
-        peak, kept, traces = full_iteration_peak(job, stage, traces, step.events, extra)
+        peak, kept, traces, allocated = full_iteration_peak(job, stage, traces, step.events, extra)
     else:
         peak = iteration_peak(traces, stage, job.layout.pp, schedule.num_microbatches, group,
                               step=step.events, extra=extra)  # fmt: skip
@@ -123,7 +145,8 @@ def run_memory(
     phases = (("optimizer step", step.events),)  # its events' labels start "optimizer step: "
     replay = Replay(traces, stage, job.layout.pp, schedule.num_microbatches, phases, extra, group)
     outside = outside_allocator(job, shapes)
-    return RunMemory(_persistent(traces) + kept, workspaces, peak, step.state, replay, outside)
+    return RunMemory(_persistent(traces) + kept, workspaces, peak, step.state, replay, outside,
+                     allocated)
 
 
 class _Group:
