@@ -293,7 +293,7 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--tokenizer-metadata --tiktoken-pattern --tiktoken-num-special-tokens "
         "--tokenizer-hf-include-special-tokens "
         "--tiktoken-special-tokens --legacy-tokenizer --sample-rate --mask-prob --short-seq-prob "
-        "--decoder-seq-length --retriever-seq-length --sft --sft-tokenizer-prompt-format "
+        "--decoder-seq-length --retriever-seq-length --sft-tokenizer-prompt-format "
         "--disable-msc"
     ),
     "inference and RL (pretrain_gpt.py builds no inference engine; train_rl.py's is refused)": (

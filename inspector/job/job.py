@@ -25,6 +25,7 @@ from inspector.job.layout import Layout, make_layout, validate_layout
 from inspector.job.model import ModelConfig
 from inspector.job.model_args import make_model_config, validate_model
 from inspector.job.optimizer_precision import OptimizerPrecision, make_precision
+from inspector.job.packing import check_packing, packed_document_length
 from inspector.job.recompute_modules import DEFAULT_MODULES, check_modules, parse_modules
 from inspector.job.versions import router_padding_field
 
@@ -83,6 +84,7 @@ class Training:
     # --cuda-graph-impl and --cuda-graph-scope (job/cuda_graphs.py; () is the whole layer)
     cuda_graph_impl: str = "none"
     cuda_graph_scope: tuple[str, ...] = ()
+    packed_document_length: int | None = None  # --sft: packed sequences (job/packing.py)
 
     def __post_init__(self) -> None:
         """Reject counts below one and unknown recomputation modes."""
@@ -153,6 +155,8 @@ class Job:
             check_modules(self.training.recompute_modules, self.model)
         check_ep_overlap(self.model, self.layout, self.training)
         check_flex(self.model, self.layout, self.training)
+        check_packing(self.training.packed_document_length, self.training.micro_batch_size,
+                      self.layout.cp)  # fmt: skip
         model, training = self.model, self.training
         every_moe = all(model.is_moe_layer(i) for i in range(model.num_layers))
         check_cuda_graphs(training.cuda_graph_impl, training.cuda_graph_scope, training.recompute,
@@ -271,6 +275,7 @@ def make_training(args: Mapping[str, Any]) -> Training:
     values["moe_router_padding"] = router_padding(args)
     values["cuda_graph_impl"] = values.get("cuda_graph_impl") or "none"
     values["cuda_graph_scope"] = parse_scope(args)
+    values["packed_document_length"] = packed_document_length(args)
     values["fp32_grads"] = values.get("fp32_grads") or None
     values["unfused"] = tuple(name for name in FUSIONS if args.get("no_" + name))
     _megatron_training_rules(args, values)

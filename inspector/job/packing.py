@@ -1,0 +1,74 @@
+"""Packed sequences (Megatron-LM's `--sft`): several documents in one sequence, each its own.
+
+Megatron-LM's SFT dataset (megatron/training/datasets/sft_dataset.py) packs conversations into
+sequences of --seq-length and hands each micro-batch's `cu_seqlens` and `max_seqlen` to
+`pretrain_gpt.get_batch`, which builds megatron-core's `PackedSeqParams` with
+`get_thd_batch_on_this_cp_rank` (core/utils.py): attention and RoPE then run per document in
+Transformer Engine's `thd` format. Megatron-Bridge's fine-tuning recipes do the same with
+`packed_sequence_specs`. How long the documents are is the data's, not an argument's:
+`--packed-document-length` says it (the tool's own flag; default one document per sequence).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from inspector.errors import ConfigError
+from inspector.job.checks import check_at_least_one
+
+
+def packed_document_length(args: Mapping[str, Any]) -> int | None:
+    """Return the packed documents' length in tokens, or None for unpacked (causal) sequences."""
+    length = args.get("packed_document_length")
+    if not args.get("sft"):
+        if length is not None:
+            raise ConfigError(
+                f"--packed-document-length {length} needs --sft (packed sequences)"
+            )
+        return None
+    check_at_least_one("--packed-document-length", length)
+    seq_length = args.get("seq_length")
+    if length is None:
+        return seq_length
+    if seq_length is not None and length > seq_length:
+        raise ConfigError(
+            f"--packed-document-length {length} is longer than --seq-length {seq_length}: a "
+            "document is packed into one sequence"
+        )
+    return int(length)
+
+
+def check_packing(document_length: int | None, micro_batch_size: int | None, cp: int) -> None:
+    """Reject what megatron cannot run on packed sequences, or the simulation does not model."""
+    if document_length is None:
+        return
+    if (micro_batch_size or 1) > 1:
+        # transformer/attention.py squeezes the batch dimension of thd q, k, v (`query.squeeze(1)`)
+        raise ConfigError(
+            f"--sft packs a micro-batch into one sequence: --micro-batch-size {micro_batch_size} "
+            "must be 1 (megatron's thd attention squeezes the batch dimension)"
+        )
+    if cp > 1:
+        raise ConfigError(
+            f"--sft with --context-parallel-size {cp} is not modelled (Transformer Engine's thd "
+            "partitioning, thd_get_partitioned_indices, and its thd context-parallel ring)"
+        )
+
+
+def document_lengths(seq_length: int, document_length: int) -> list[int]:
+    """Return one packed sequence's documents: as many of `document_length` as fit, then the
+    rest in a last, shorter one."""
+    length = min(document_length, seq_length)
+    full, rest = divmod(seq_length, length)
+    return [length] * full + ([rest] if rest else [])
+
+
+def attention_share(seq_length: int, document_length: int | None) -> float:
+    """Return the causal attention's cost per document over one s x s causal sequence's:
+    sum of the documents' squares over s^2 (Megatron-LM training.py counts attention FLOPs of
+    packed sequences as sum_i(L_i^2), `update_seqlen_stats_from_cu_seqlens`)."""
+    if document_length is None:
+        return 1.0
+    squares = sum(length * length for length in document_lengths(seq_length, document_length))
+    return squares / (seq_length * seq_length)
