@@ -24,6 +24,7 @@ from typing import Any
 
 from inspector.errors import ConfigError
 from inspector.job.checks import check_at_least_one, check_heads, check_query_groups
+from inspector.job.packing import attention_squares
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ class ModelDims:
     add_qkv_bias: bool = False
     bias_activation_fusion: bool = True
     bias_dropout_fusion: bool = True
+    document_length: int | None = None  # --sft: packed documents' length (job/packing.py)
 
     @classmethod
     def from_fields(
@@ -99,6 +101,7 @@ class ModelDims:
         moe_sorts_chunks: bool = False,
         moe_row_padding: str = "",
         bias_fusions: tuple[bool, bool] = (True, True),
+        document_length: int | None = None,
     ) -> ModelDims:
         """Return the dims of a model given as TransformerConfig fields (`transformer_fields`).
 
@@ -124,7 +127,13 @@ class ModelDims:
             moe_row_padding=moe_row_padding,
             bias_activation_fusion=bias_fusions[0],
             bias_dropout_fusion=bias_fusions[1],
+            document_length=document_length,
         )
+
+    def attention_squares(self) -> int:
+        """Return what a sequence's causal attention costs in token pairs (times a half): s^2,
+        or packed the sum of its documents' squares (job/packing.py)."""
+        return attention_squares(self.seq_length, self.document_length)
 
     def __post_init__(self) -> None:
         """Reject dimensions that no formula can use (the checks config.py makes of a model)."""

@@ -155,9 +155,9 @@ class Job:
             check_modules(self.training.recompute_modules, self.model)
         check_ep_overlap(self.model, self.layout, self.training)
         check_flex(self.model, self.layout, self.training)
-        check_packing(self.training.packed_document_length, self.training.micro_batch_size,
-                      self.layout.cp)  # fmt: skip
         model, training = self.model, self.training
+        check_packing(training.packed_document_length, training.micro_batch_size, self.layout.cp,
+                      training.flash_attention)  # fmt: skip
         every_moe = all(model.is_moe_layer(i) for i in range(model.num_layers))
         check_cuda_graphs(training.cuda_graph_impl, training.cuda_graph_scope, training.recompute,
                           model.num_experts, bool(model.num_experts) and every_moe,
@@ -200,6 +200,7 @@ class Job:
             moe_sorts_chunks=training.moe_token_dispatcher_type == "alltoall",
             moe_row_padding=_row_padding(training),
             bias_fusions=bias_fusions(model, training),
+            document_length=training.packed_document_length,
         )
 
 

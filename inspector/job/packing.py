@@ -39,10 +39,18 @@ def packed_document_length(args: Mapping[str, Any]) -> int | None:
     return int(length)
 
 
-def check_packing(document_length: int | None, micro_batch_size: int | None, cp: int) -> None:
+def check_packing(
+    document_length: int | None, micro_batch_size: int | None, cp: int, flash: bool
+) -> None:
     """Reject what megatron cannot run on packed sequences, or the simulation does not model."""
     if document_length is None:
         return
+    if not flash:
+        # TEDotProductAttention.forward: "thd format uses flash attention with cuDNN kernel"
+        raise ConfigError(
+            "--sft (packed sequences) needs Transformer Engine's fused or flash attention in "
+            "bf16 or fp16: megatron's thd format has no unfused path"
+        )
     if (micro_batch_size or 1) > 1:
         # transformer/attention.py squeezes the batch dimension of thd q, k, v (`query.squeeze(1)`)
         raise ConfigError(
@@ -64,11 +72,11 @@ def document_lengths(seq_length: int, document_length: int) -> list[int]:
     return [length] * full + ([rest] if rest else [])
 
 
-def attention_share(seq_length: int, document_length: int | None) -> float:
-    """Return the causal attention's cost per document over one s x s causal sequence's:
-    sum of the documents' squares over s^2 (Megatron-LM training.py counts attention FLOPs of
-    packed sequences as sum_i(L_i^2), `update_seqlen_stats_from_cu_seqlens`)."""
+def attention_squares(seq_length: int, document_length: int | None) -> int:
+    """Return the sum of the squared lengths of what one sequence's causal attention spans: s^2,
+    or packed the documents' (Megatron-LM's `num_floating_point_operations` counts packed
+    sequences' core attention with sum_i(L_i^2), not batch x s^2: training.py
+    `update_seqlen_stats_from_cu_seqlens`, after core_v0.16)."""
     if document_length is None:
-        return 1.0
-    squares = sum(length * length for length in document_lengths(seq_length, document_length))
-    return squares / (seq_length * seq_length)
+        return seq_length * seq_length
+    return sum(length * length for length in document_lengths(seq_length, document_length))
