@@ -53,10 +53,10 @@ def test_thd_fused_rope_saves_the_frequencies_and_cu_seqlens():
     from inspector.world import te
 
     te.install()
-    from inspector.world.te.kernels import attention_functions as f
+    from transformer_engine.pytorch.attention.rope import apply_rotary_pos_emb
 
     t, freqs = _meta(T, HEADS, D), torch.empty(12, 1, 1, D, device="meta")
-    out = f.apply_rotary_pos_emb(t, freqs, tensor_format="thd", fused=True, cu_seqlens=_cu(20, 12))
+    out = apply_rotary_pos_emb(t, freqs, tensor_format="thd", fused=True, cu_seqlens=_cu(20, 12))
     assert out.shape == t.shape
     assert _saved(out) == [((12, 1, 1, D), torch.float32), ((3,), torch.int32), None]
 

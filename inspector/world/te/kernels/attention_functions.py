@@ -12,8 +12,6 @@ from typing import Any
 
 import torch
 
-from inspector.world.te.kernels.thd import ThdRoPEFunction
-
 
 class FusedAttnFunction(torch.autograd.Function):
     """TE `FusedAttnFunc` (pytorch/attention/dot_product_attention/backends.py 1086-1610, v2.11),
@@ -167,9 +165,6 @@ def apply_rotary_pos_emb(
     start_positions: Any = None,
 ) -> torch.Tensor:
     """TE's `apply_rotary_pos_emb` (pytorch/attention/rope.py, v2.11) for megatron's fused path."""
-    if fused and tensor_format == "thd" and cu_seqlens is not None and cp_size == 1:  # thd.py
-        thd: torch.Tensor = ThdRoPEFunction.apply(t, freqs, cu_seqlens)
-        return thd
     if not fused or tensor_format != "sbhd" or cu_seqlens is not None:
         raise NotImplementedError(
             "the simulated Transformer Engine runs only the fused sbhd RoPE megatron calls"

@@ -24,24 +24,18 @@ from typing import Any
 
 import torch
 
+from inspector.world.te.kernels import attention_functions
+from inspector.world.te.kernels.attention_functions import FusedAttnFunction
+
 
 class ThdFusedAttnFunction(torch.autograd.Function):
     """TE `FusedAttnFunc` in the thd format: what forward allocates and saves, backward's grads."""
 
-    # prepare_for_saving, backends.py 1322-1333, in this order
-    SAVED = (
-        "q", "k", "v", "out", "cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded",
-        "cu_seqlens_kv_padded", "softmax_stats", "rng_state",
-    )  # fmt: skip
+    SAVED = FusedAttnFunction.SAVED  # prepare_for_saving, backends.py 1322-1333: the same slots
 
     @staticmethod
-    def forward(
-        ctx: Any,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        cu_seqlens: tuple[torch.Tensor, ...],
-    ) -> torch.Tensor:
+    def forward(ctx: Any, *inputs: Any) -> torch.Tensor:
+        q, k, v, cu_seqlens = inputs  # cu_seqlens: q, kv, q padded, kv padded
         t, heads = q.shape[0], q.shape[1]
         out = torch.empty((t, heads, v.shape[2]), dtype=q.dtype, device=q.device)
         stats = torch.empty((t, heads, 1), dtype=torch.float32, device=q.device)
@@ -51,10 +45,9 @@ class ThdFusedAttnFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, d_out: torch.Tensor) -> Any:
-        q, k, v, *_ = ctx.saved_tensors
-        d_out = d_out.contiguous()
-        # fused_attn_bwd: dQ, dK, dV like Q, K, V (thd_thd_thd layout)
-        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), None
+        # fused_attn_bwd: dQ, dK, dV like Q, K, V (thd_thd_thd layout); d_out arrives contiguous
+        # (megatron's reshape of the output to [t, 1, h])
+        return (*(torch.empty_like(t) for t in ctx.saved_tensors[:3]), None)
 
 
 def thd_attention(
@@ -91,3 +84,17 @@ class ThdRoPEFunction(torch.autograd.Function):
     def backward(ctx: Any, grad_output: torch.Tensor) -> Any:
         grad = torch.empty(grad_output.shape, dtype=grad_output.dtype, device=grad_output.device)
         return grad, None, None
+
+
+def apply_rotary_pos_emb(
+    t: torch.Tensor, freqs: torch.Tensor, tensor_format: str = "sbhd", **kwargs: Any
+) -> torch.Tensor:
+    """TE's `apply_rotary_pos_emb` (rope.py, v2.11): thd with cu_seqlens (megatron's
+    `fused_apply_rotary_pos_emb_thd`, no context parallelism) here, the rest as
+    attention_functions runs it."""
+    lens = kwargs.get("cu_seqlens")
+    if kwargs.get("fused") and tensor_format == "thd" and lens is not None:
+        if kwargs.get("cp_size", 1) == 1:
+            out: torch.Tensor = ThdRoPEFunction.apply(t, freqs, lens)
+            return out
+    return attention_functions.apply_rotary_pos_emb(t, freqs, tensor_format, **kwargs)
