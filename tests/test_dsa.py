@@ -91,15 +91,6 @@ def test_dsa_is_refused_by_name_with_the_version(cli):
     result = cli("params", *DSA)
     assert result.code == 2 and "--experimental-attention-variant dsa: megatron-core 0." in result.err
     assert ("gated_delta_net" in result.err) == (VERSION >= DSA_MODULES_SINCE)
-
-
-def test_gated_delta_net_variant_is_refused_by_name(cli):
-    result = cli("params", "--experimental-attention-variant", "gated_delta_net")
-    assert result.code == 2 and result.err == (
-        "Error: --experimental-attention-variant gated_delta_net (Qwen3-Next's gated delta net "
-        "layers) is not modelled; dsa is\n")
-
-
 def test_indexer_flags_need_the_variant(cli):
     result = cli("params", "--transformer-impl", "transformer_engine", "--dsa-indexer-topk", "8")
     assert result.code == 2

@@ -202,7 +202,8 @@ def test_fp8_gemms_are_priced_from_the_h100s_fp8_measurements():
     fp8 = Gemm("fc1", 8192, 8192, 8192, "fwd", fp8=True)
     # measured: fp8 is not twice as fast as bf16 at this size on the H100
     assert 1.4 < op_seconds(bf16, h100) / op_seconds(fp8, h100) < 1.95
-    assert op_seconds(fp8, b200) == pytest.approx(op_seconds(fp8, h100) * 1979 / 4500)
+    # Blackwell's fp8 GEMMs: 2.0x the H100's, as NVIDIA's cuBLAS 12.9 measured (not 4500 / 1979)
+    assert op_seconds(fp8, b200) == pytest.approx(op_seconds(fp8, h100) / 2.0)
     a100 = GPUS["a100-80gb"]  # no fp8 tensor cores: priced at the 16-bit peak
     assert op_seconds(fp8, a100) == pytest.approx(op_seconds(bf16, a100))
 

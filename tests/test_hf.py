@@ -33,6 +33,8 @@ PUBLISHED = {
     "kimi-k2": 1_026_500_000_000,  # HF moonshotai/Kimi-K2-Instruct: 1026.5B (model card: 1T)
     "gpt-oss-20b": 20_910_000_000,  # OpenAI gpt-oss model card, arXiv:2508.10925: 20.91B total
     "gpt-oss-120b": 116_830_000_000,  # the same card: 116.83B total
+    # HF Qwen/Qwen3-Next-80B-A3B-Instruct model card: 80B in total (79.67B counted, -0.41%)
+    "qwen3-next-80b-a3b": 80_000_000_000,
 }
 
 
@@ -48,7 +50,8 @@ def test_published_count(name):
     [("llama3.1-405b", "llama3.1-405b"), ("mixtral-8x7b", "mixtral-8x7b"),
      ("qwen3-30b-a3b", "qwen3-30b-a3b"), ("deepseek-v3", "deepseek-v3"), ("deepseek-v3.2", "deepseek-v3.2"),
      ("kimi-k2", "kimi-k2"),
-     ("gpt-oss-20b", "gpt-oss-20b"), ("gpt-oss-120b", "gpt-oss-120b")],
+     ("gpt-oss-20b", "gpt-oss-20b"), ("gpt-oss-120b", "gpt-oss-120b"),
+     ("qwen3-next-80b-a3b", "qwen3-next-80b-a3b")],
 )  # fmt: skip
 def test_mapping_builds_the_presets_architecture(name, preset):
     # the presets were written from the papers and Megatron-LM's recipes, independently
@@ -104,7 +107,7 @@ def test_unknown_keys_are_listed(tmp_path):
          "Llama (llama), Mistral (mistral), Mixtral (mixtral), Qwen2 (qwen2), Qwen3 (qwen3), "
          "Qwen3-MoE (qwen3_moe), DeepSeek-V3 (deepseek_v3), Kimi-K2 (kimi_k2), DeepSeek-V3.2 "
          "(deepseek_v32), gpt-oss (gpt_oss), "
-         "Nemotron-H (nemotron_h), as Megatron-Bridge does"),
+         "Nemotron-H (nemotron_h), Qwen3-Next (qwen3_next), as Megatron-Bridge does"),
     ],
 )  # fmt: skip
 def test_architectures_refused_by_name(tmp_path, changes, message):

@@ -12,6 +12,7 @@ from inspector.inputs.presets import PRESETS, get_preset
 from inspector.job.dsa import DSA_BUILT_SINCE
 from inspector.job.versions import hybrid_moe_layers, megatron_version
 from tests.counting import parameter_count
+from tests.test_gdn import GDN_IN_GPT
 from tests.test_versions import GPT_OSS, SHARED_EXPERT_GATE
 
 VERSION = megatron_version()
@@ -37,6 +38,8 @@ def _buildable(name: str) -> list:
         return [pytest.mark.skip(reason="DSA needs megatron-core 0.18 (tests/test_dsa.py)")]
     if PRESETS[name].args.get("quick_geglu") and not GPT_OSS:
         return [pytest.mark.skip(reason="gpt-oss's layers need megatron-core 0.15")]
+    if PRESETS[name].args.get("experimental_attention_variant") and not GDN_IN_GPT:
+        return [pytest.mark.skip(reason="gated delta net layers need megatron-core 0.16")]
     return []
 
 

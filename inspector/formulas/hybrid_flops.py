@@ -2,7 +2,8 @@
 
 Source: `num_floating_point_operations` in `megatron/training/training.py`, tag core_v0.16.1,
 its hybrid branch (taken with `--is-hybrid-model`): `attn_layer_flops`, `mlp_layer_flops`,
-`moe_layer_flops`, `mamba_layer_flops` and the logits, forward FLOPs times 3 (`hybrid_flops`).
+`moe_layer_flops`, `mamba_layer_flops` (from core_v0.17.0 `gdn_layer_flops` too) and the
+logits, forward FLOPs times 3 (`hybrid_flops`).
 Written per layer so that a stage sums its own layers; for the whole model it is Megatron-LM's
 number. A Mamba layer counts its in and out projections (with d_in = 2 h, as there, whatever
 --mamba-num-heads says) and 7 B s d_in N for the scan.
@@ -12,7 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from inspector.formulas.flops import gdn_token_flops
 from inspector.job.dims import ModelDims
+from inspector.job.gdn import gdn_shape
 from inspector.job.model import ModelConfig
 
 PASSES = 3  # `flops_fwd * 3`: forward, and a backward of twice its work
@@ -33,6 +36,8 @@ def hybrid_layer_flops(model: ModelConfig, dims: ModelDims, symbol: str, sequenc
         # core_v0.19.0 training.py counts each layer kind but DSA's (`itemgetter(Symbols.MAMBA,
         # Symbols.GDN, Symbols.ATTENTION, Symbols.MLP, Symbols.MOE)`): D layers add nothing
         forward = 0.0
+    elif symbol == "G":  # `gdn_layer_flops` (core_v0.17.0-0.19.0), 2 FLOPs a multiply-add
+        forward = 2 * tokens * gdn_token_flops(h, gdn_shape(model))
     elif symbol == "E":
         routed = 4 * tokens * h * dims.expert_ffn * dims.moe_router_topk * scale
         forward = routed + 4 * tokens * h * dims.shared_expert_ffn * scale

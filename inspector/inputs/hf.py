@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inspector.errors import InputError
-from inspector.inputs import hf_hybrid
+from inspector.inputs import hf_gdn, hf_hybrid
 from inspector.inputs.hf_values import value_of
 from inspector.inputs.refusals import Refused
 from inspector.inputs.sources import ScriptArgs, parse_config
@@ -72,6 +72,7 @@ FAMILIES: dict[str, Family] = {
         "moe_router_load_balancing_type": "none", "hidden_dropout": 0.0,
         "transformer_impl": "transformer_engine"}),  # fmt: skip
     "nemotron_h": Family("Nemotron-H", "nemotronh/nemotron_h_bridge.py", hf_hybrid.FIXED),
+    "qwen3_next": Family("Qwen3-Next", "qwen/qwen3_next_bridge.py", hf_gdn.FIXED),
 }
 
 # Architectures Megatron-Bridge maps that this tool's layer specs cannot build, and why.
@@ -170,7 +171,8 @@ def read_hf_mapping(data: dict[str, Any], path: str) -> ScriptArgs:
     for rule in _RULES:
         refused += rule(data, args, path)
     ignored = tuple(key for key in data if key in IGNORED_KEYS)
-    known = (MAPPED, RULED, IGNORED_KEYS, hf_hybrid.MAPPED, hf_hybrid.FIXED_BY_MEGATRON, ("use_bias",))
+    known = (MAPPED, RULED, IGNORED_KEYS, hf_hybrid.MAPPED, hf_hybrid.FIXED_BY_MEGATRON, ("use_bias",),
+             hf_gdn.MAPPED, hf_gdn.PATTERN_KEYS)  # fmt: skip
     unknown = [k for k in data if not any(k in table for table in known)]
     notes = [f"{family.name} mapped as Megatron-Bridge's {family.bridge} maps it; --seq-length is "
              f"max_position_embeddings ({args.get('seq_length')}), as there: give --seq-length "
@@ -295,4 +297,4 @@ def _experts(data: dict[str, Any], args: dict[str, Any], path: str) -> list[Refu
     return refused
 
 
-_RULES = (_attention, _activation_and_window, _experts, hf_hybrid.hybrid_rule)
+_RULES = (_attention, _activation_and_window, _experts, hf_hybrid.hybrid_rule, hf_gdn.gdn_rule)

@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from inspector.errors import ConfigError
+from inspector.inputs.presets_gdn import GDN_PRESETS
 
 
 @dataclass(frozen=True)
@@ -263,6 +264,9 @@ _ALL += [
         num_layers=36, num_experts=128, **_GPT_OSS,
     ),
 ]  # fmt: skip
+
+_ALL += [_preset(name, summary, source, count, count_source, **args)
+         for name, summary, source, count, count_source, args in GDN_PRESETS]  # fmt: skip
 
 PRESETS: dict[str, Preset] = {preset.name: preset for preset in _ALL}
 DEFAULT = "gpt2-small"

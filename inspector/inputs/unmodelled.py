@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from inspector.inputs.versions import MUON_RELEASES
+
 
 @dataclass(frozen=True)
 class Refusal:
@@ -19,6 +21,8 @@ class Refusal:
     group: str  # the argument group (inspector.inputs.arguments) whose commands it would change
     reason: str
     harmless: tuple[str, ...] = ()
+    # modelled on the megatron-core releases from the first to before the second (a value)
+    modelled: tuple[tuple[int, int], tuple[int, int]] | None = None
 
 
 _FP8 = (
@@ -50,6 +54,10 @@ _DSA_KERNELS = (
 )
 _QUANTIZERS = "ModelOpt's quantizers (fake-quantized weights and inputs) are not counted"
 _OPTIMIZER = "this optimizer's state is not counted (Adam's two fp32 moments are)"
+_MUON_LATER = (
+    "megatron-core 0.17+ builds Muon through its emerging-optimizers registry and layer-wise "
+    "parameter layout, which this tool does not run yet (megatron-core 0.16's Muon is modelled)"
+)
 _MFSDP_DTYPE = (
     "Megatron-FSDP's buffer dtypes other than the default are not modelled (the buffers are "
     "counted as megatron-core 0.16 allocates them)"
@@ -68,9 +76,6 @@ REFUSED: dict[str, Refusal] = {
     "--fp8-dot-product-attention": Refusal("training", _FP8_PART),
     "--fp8-multi-head-attention": Refusal("training", _FP8_PART),
     "--torch-fsdp2-no-reshard-after-forward": Refusal("layout", _FSDP),
-    "--num-distributed-optimizer-instances": Refusal(
-        "layout", "several distributed-optimizer instances shard over part of the data-parallel "
-        "group, which this tool does not model", ("1",)),  # fmt: skip
     "--use-legacy-models": Refusal("model", "this tool builds megatron-core (mcore) models only"),
     "--spec": Refusal("model", "a custom layer spec module cannot be imported here",
                       (MAMBA_STACK_SPEC,)),  # fmt: skip
@@ -154,9 +159,12 @@ REFUSED: dict[str, Refusal] = {
         "step by schedules.py); megatron-core 0.16.1 has none"),  # fmt: skip
     # Megatron-LM main (megatron/training/arguments.py, after core_v0.19.0): Megatron-FSDP's
     # buffer dtypes and allocators; its default values are the buffers megatron-core 0.16 holds
-    "--megatron-fsdp-main-grads-dtype": Refusal("layout", _MFSDP_DTYPE, ("auto",)),
+    # fp32 main gradients reduced in fp32 are what megatron-core 0.16's Megatron-FSDP allocates
+    # for a 16-bit model (its ParamAndGradBuffer: fp32 unless --grad-reduce-in-bf16): Megatron-LM
+    # main's functional tests ask for them by these values
+    "--megatron-fsdp-main-grads-dtype": Refusal("layout", _MFSDP_DTYPE, ("auto", "fp32")),
     "--megatron-fsdp-main-params-dtype": Refusal("layout", _MFSDP_DTYPE, ("fp32",)),
-    "--megatron-fsdp-grad-comm-dtype": Refusal("layout", _MFSDP_DTYPE, ("auto",)),
+    "--megatron-fsdp-grad-comm-dtype": Refusal("layout", _MFSDP_DTYPE, ("auto", "fp32")),
     "--megatron-fsdp-max-pool-double-buffer": Refusal("layout", _MFSDP_POOL),
     "--fsdp-db-use-persist-buf-on-alloc-fail": Refusal("layout", _MFSDP_POOL),
     "--megatron-fsdp-enable-fine-grained-param-gather": Refusal(
@@ -173,6 +181,10 @@ REFUSED: dict[str, Refusal] = {
         "every Transformer Engine linear"),  # fmt: skip
     "--kitchen-config-file": Refusal("training", _QUANTIZERS),
     "--kitchen-recipe-number": Refusal("training", _QUANTIZERS),
+    # megatron-core language_module.py: "te" runs Transformer Engine's Triton cross entropy
+    "--cross-entropy-fusion-impl": Refusal(
+        "training", "Transformer Engine's cross entropy kernels are not modelled (native is: "
+        "megatron's torch.compile'd fused_cross_entropy.py)", ("native",)),  # fmt: skip
     "--output-logit-dtype": Refusal(
         "training", "the output layer's logits dtype is not modelled (they are counted as "
         "megatron-core 0.16 computes them)"),  # fmt: skip
@@ -226,8 +238,7 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--data-parallel-random-init --loss-scale --initial-loss-scale --min-loss-scale "
         "--loss-scale-window --hysteresis --disable-bf16-reduced-precision-matmul "
         "--deterministic-mode --calculate-per-token-loss "
-        "--cross-entropy-loss-fusion --cross-entropy-fusion-impl "
-        "--no-persist-layer-norm --use-te-activation-func "
+                "--no-persist-layer-norm --use-te-activation-func "
         "--use-fused-weighted-squared-relu --no-gradient-reduce-div-fusion --te-rng-tracker "
         "--use-mcore-models --transformer-impl-fallback --use-cpu-initialization "
         "--init-model-with-meta-device --no-clone-scatter-output-in-embedding "
@@ -244,10 +255,10 @@ IGNORED_BECAUSE: dict[str, str] = {
     ),
     "communication scheduling (buffers not counted)": (
         "--no-overlap-p2p-communication --overlap-p2p-communication-warmup-flush "
-        "--defer-embedding-wgrad-compute --wgrad-deferral-limit --no-align-grad-reduce "
+        "--no-align-grad-reduce "
         "--no-align-param-gather --overlap-param-gather-with-optimizer-step "
         "--ddp-average-in-collective --ddp-reduce-scatter-with-fp32-accumulation "
-        "--no-scatter-gather-tensors-in-pipeline --use-ring-exchange-p2p --tp-comm-overlap "
+        "--no-scatter-gather-tensors-in-pipeline --use-ring-exchange-p2p "
         "--tp-comm-overlap-cfg --disable-tp-comm-overlap-ag --disable-tp-comm-overlap-rs "
         "--tp-comm-overlap-rs-dgrad --disable-tp-comm-bulk-dgrad --disable-tp-comm-bulk-wgrad "
         "--tp-comm-bootstrap-backend --disable-tp-comm-split-ag --disable-tp-comm-split-rs "
@@ -374,6 +385,16 @@ IGNORED: dict[str, str] = {
     flag: reason for reason, flags in IGNORED_BECAUSE.items() for flag in flags.split()
 }
 
+# Ignored arguments that change what a command does not count: a note says what (inputs/resolve).
+IGNORED_NOTES: dict[str, str] = {
+    # Megatron-LM validate_args: deterministic_mode sets NCCL_ALGO to a fixed ring/tree and
+    # Transformer Engine's NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 picks deterministic attention
+    # backward kernels; the tensors (memory) are the same
+    "--deterministic-mode": "--deterministic-mode changes no memory; `plan`'s step time prices "
+    "the default kernels, not the deterministic ones it selects (Transformer Engine's "
+    "deterministic attention backward, a fixed NCCL algorithm), whose cost is not modelled",
+}
+
 # Megatron-LM spellings that mean one of the modelled arguments: flag -> (name, value).
 RENAMED: dict[str, tuple[str, object]] = {
     "--use-rotary-position-embeddings": ("position_embedding_type", "rope"),  # validate_args
@@ -392,9 +413,14 @@ LOCAL_GRAPHS = Refusal(
 
 REFUSED_VALUES: dict[str, dict[str, Refusal]] = {
     # megatron-core's optimizer/__init__.py: Muon (emerging_optimizers' orthogonalised momentum on
-    # the linear weights, Adam on the rest), Lion, SOAP; versions.CHOICE_VERSIONS has when each came
-    "--optimizer": {name: Refusal("training", _OPTIMIZER) for name in (
-        "muon", "dist_muon", "lion", "soap", "adaptive_muon")},  # fmt: skip
+    # the linear weights, Adam on the rest), Lion, SOAP; versions.CHOICE_VERSIONS has when each came.
+    # Muon is modelled as megatron-core 0.16 builds it (optimizer/muon.py, layer_wise_optimizer.py);
+    # 0.17+ moved it into optimizer/emerging_optimizers.py with a layer-wise parameter layout
+    "--optimizer": {
+        **{name: Refusal("training", _OPTIMIZER) for name in ("lion", "soap", "adaptive_muon")},
+        **{name: Refusal("training", _MUON_LATER, modelled=MUON_RELEASES)  # engine/muon.py
+           for name in ("muon", "dist_muon")},
+    },  # fmt: skip
 }
 
 

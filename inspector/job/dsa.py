@@ -30,9 +30,6 @@ def _installed() -> str:
 
 def validate_dsa(config: ModelConfig) -> None:
     """Raise ConfigError for a DSA model this megatron-core (or Megatron-LM) does not build."""
-    if config.experimental_attention_variant == "gated_delta_net":
-        raise ConfigError("--experimental-attention-variant gated_delta_net (Qwen3-Next's gated "
-                          "delta net layers) is not modelled; dsa is")  # fmt: skip
     if not config.dsa:
         if DSA_SYMBOL in (config.hybrid_override_pattern or ""):
             return  # D layers this megatron-core lacks: job/hybrid_model.py names the version

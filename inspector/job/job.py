@@ -18,15 +18,18 @@ from inspector.job.cuda_graphs import check_cuda_graphs, parse_scope, preprocess
 from inspector.job.dims import ModelDims, num_microbatches
 from inspector.job.dsa import check_dsa_layout
 from inspector.job.ep_overlap import check_ep_overlap
-from inspector.job.flex import check_flex, runs_deepep
+from inspector.job.flex import check_flex, row_padding
 from inspector.job.fsdp import fsdp_rules
+from inspector.job.gdn import validate_gdn
 from inspector.job.hybrid_model import validate_hybrid
 from inspector.job.layout import Layout, make_layout, validate_layout
 from inspector.job.model import ModelConfig
 from inspector.job.model_args import make_model_config, validate_model
 from inspector.job.optimizer_precision import OptimizerPrecision, make_precision
+from inspector.job.optimizers import FLAGS_READ, check_optimizer
 from inspector.job.packing import check_packing, packed_document_length
 from inspector.job.recompute_modules import DEFAULT_MODULES, check_modules, parse_modules
+from inspector.job.tp_overlap import check_tp_comm_overlap
 from inspector.job.versions import router_padding_field
 
 MAX_CAPACITY_FACTOR = 1024.0  # beyond it no expert drops a token anyway
@@ -49,6 +52,7 @@ class Training:
     scores_cause: str = ""  # without flash attention: the argument that keeps it unfused
     fp32_grads: bool | None = None  # --accumulate-allreduce-grads-in-fp32 (None: the default)
     use_distributed_optimizer: bool = False
+    optimizer: str = "adam"  # --optimizer: adam, or muon / dist_muon (job/optimizers.py)
     # --use-megatron-fsdp with its --data-parallel-sharding-strategy, or --use-torch-fsdp2
     megatron_fsdp: bool = False
     sharding_strategy: str = "no_shard"  # Megatron-LM's default
@@ -77,6 +81,11 @@ class Training:
     # --overlap-moe-expert-parallel-comm, --delay-wgrad-compute (job/ep_overlap.py)
     ep_overlap: bool = False
     delay_wgrad: bool = False
+    cross_entropy_loss_fusion: bool = False  # megatron's torch.compile'd fused_cross_entropy.py
+    # the output layer's weight gradients of the first --wgrad-deferral-limit (0: all) deferred
+    defer_embedding_wgrad: bool = False
+    wgrad_deferral_limit: int = 0
+    tp_comm_overlap: bool = False  # --tp-comm-overlap: Transformer Engine's userbuffers
     # Megatron-LM's fusions the job turns off (`--no-bias-gelu-fusion` gives "bias_gelu_fusion")
     unfused: tuple[str, ...] = ()
     # --use-precision-aware-optimizer and its dtypes (job/optimizer_precision.py)
@@ -150,11 +159,13 @@ class Job:
             uneven = (self.layout.decoder_first_pipeline_num_layers is not None
                       or self.layout.decoder_last_pipeline_num_layers is not None)  # fmt: skip
             validate_hybrid(self.model, self.layout.tp, self.layout.pp, uneven, self.layout.vpp)
+        validate_gdn(self.model, self.layout.tp, self.layout.cp)
         if self.training.recompute == "selective":
             _check_fp8_recompute(self.model, self.training.recompute_modules)
             check_modules(self.training.recompute_modules, self.model)
         check_ep_overlap(self.model, self.layout, self.training)
         check_flex(self.model, self.layout, self.training)
+        check_tp_comm_overlap(self.model, self.layout, self.training)
         model, training = self.model, self.training
         check_packing(training.packed_document_length, training.micro_batch_size, self.layout.cp,
                       training.flash_attention)  # fmt: skip
@@ -198,7 +209,7 @@ class Job:
             flash_attention=training.flash_attention,
             fused_kernels=model.use_apex or model.transformer_impl == "transformer_engine",
             moe_sorts_chunks=training.moe_token_dispatcher_type == "alltoall",
-            moe_row_padding=_row_padding(training),
+            moe_row_padding=row_padding(training),
             bias_fusions=bias_fusions(model, training),
             document_length=training.packed_document_length,
         )
@@ -220,19 +231,6 @@ def bias_fusions(model: ModelConfig, training: Training) -> tuple[bool, bool]:
     return activation, on["bias_dropout_fusion"]
 
 
-def _row_padding(training: Training) -> str:
-    """Return who pads fp8 experts' rows to the alignment, "" for Transformer Engine's Fp8Padding
-    (ModelDims.moe_row_padding): HybridEP's dispatch under fp8 always (token_dispatcher.py
-    _HybridEPManager: `pad_multiple` whenever config.fp8); with --moe-router-padding-for-fp8 the
-    all-to-all's sender or DeepEP's receiver."""
-    flex = training.moe_token_dispatcher_type == "flex"
-    if flex and not runs_deepep(training):
-        return "destination"
-    if training.moe_router_padding:
-        return "destination" if flex else "source"
-    return ""
-
-
 TRAINING_ARGS = {
     "micro_batch_size": "micro_batch_size",
     "global_batch_size": "global_batch_size",
@@ -240,6 +238,7 @@ TRAINING_ARGS = {
     "use_flash_attn": "flash_attention",
     "accumulate_allreduce_grads_in_fp32": "fp32_grads",
     "use_distributed_optimizer": "use_distributed_optimizer",
+    "optimizer": "optimizer",
     "use_megatron_fsdp": "megatron_fsdp",
     "fsdp_double_buffer": "fsdp_double_buffer",
     "use_torch_fsdp2": "torch_fsdp2",
@@ -253,6 +252,10 @@ TRAINING_ARGS = {
     "moe_deepep_num_sms": "moe_deepep_num_sms",
     "overlap_moe_expert_parallel_comm": "ep_overlap",
     "delay_wgrad_compute": "delay_wgrad",
+    "cross_entropy_loss_fusion": "cross_entropy_loss_fusion",
+    "defer_embedding_wgrad_compute": "defer_embedding_wgrad",
+    "wgrad_deferral_limit": "wgrad_deferral_limit",
+    "tp_comm_overlap": "tp_comm_overlap",
     "cuda_graph_impl": "cuda_graph_impl",
     "microbatch_group_size_per_virtual_pipeline_stage": "microbatch_group_size",
 }
@@ -266,18 +269,21 @@ def make_training(args: Mapping[str, Any]) -> Training:
     """Build the Training record from Megatron-LM arguments (absent: Megatron-LM's defaults)."""
     values = {field: args[name] for name, field in TRAINING_ARGS.items() if name in args}
     values["recompute"] = cast(Recompute, values.get("recompute") or "none")
-    for name in ("moe_token_dispatcher_type", "moe_flex_backend", "moe_deepep_num_sms"):
+    for name in ("moe_token_dispatcher_type", "moe_flex_backend", "moe_deepep_num_sms",
+                 "wgrad_deferral_limit"):  # fmt: skip
         if values.get(name) is None:
             values.pop(name, None)
     for flag in ("flash_attention", "use_distributed_optimizer", "overlap_grad_reduce",
                  "moe_pad_expert_input_to_capacity", "megatron_fsdp", "fsdp_double_buffer",
-                 "torch_fsdp2", "ep_overlap", "delay_wgrad", "moe_enable_deepep"):  # fmt: skip
+                 "torch_fsdp2", "ep_overlap", "delay_wgrad", "moe_enable_deepep",
+                 "cross_entropy_loss_fusion", "defer_embedding_wgrad", "tp_comm_overlap"):  # fmt: skip
         values[flag] = bool(values.get(flag))
     values["moe_router_padding"] = router_padding(args)
     values["cuda_graph_impl"] = values.get("cuda_graph_impl") or "none"
     values["cuda_graph_scope"] = parse_scope(args)
     values["packed_document_length"] = packed_document_length(args)
     values["fp32_grads"] = values.get("fp32_grads") or None
+    values["optimizer"] = values.get("optimizer") or "adam"
     values["unfused"] = tuple(name for name in FUSIONS if args.get("no_" + name))
     _megatron_training_rules(args, values)
     fsdp_rules(args, values)
@@ -317,23 +323,7 @@ def _megatron_training_rules(args: Mapping[str, Any], values: dict[str, Any]) ->
     factor = values.get("moe_expert_capacity_factor")
     if factor is not None and factor < 0:  # TransformerConfig: a negative factor is dropless
         values["moe_expert_capacity_factor"] = None
-    if args.get("optimizer") == "sgd":
-        raise ConfigError(
-            "--optimizer sgd is not modelled: optimizer state is counted for Adam (two fp32 moments)"
-        )
     _check_fp8_param_gather(args)
-    if args.get("overlap_param_gather"):
-        if not (args.get("use_distributed_optimizer") or args.get("use_megatron_fsdp")):
-            raise ConfigError(
-                "--overlap-param-gather needs --use-distributed-optimizer or --use-megatron-fsdp "
-                "(Megatron-LM: \"--overlap-param-gather only supported with distributed optimizer "
-                "or megatron fsdp\")"
-            )
-        if not args.get("overlap_grad_reduce"):
-            raise ConfigError(
-                "--overlap-param-gather needs --overlap-grad-reduce (Megatron-LM: \"Must use "
-                "--overlap-param-gather with --overlap-grad-reduce\")"
-            )
 
 
 def router_padding(args: Mapping[str, Any]) -> bool:
@@ -455,4 +445,7 @@ def make_job(args: Mapping[str, Any]) -> Job:
     """Turn merged Megatron-LM arguments into a validated Job."""
     model = make_model_config(args)
     layout = make_layout(args, model.num_layers)
-    return Job(model, layout, make_training(args))
+    training = make_training(args)
+    flags = {name: bool(args.get(name)) for name in FLAGS_READ}
+    check_optimizer(training.optimizer, layout, flags)
+    return Job(model, layout, training)

@@ -30,6 +30,10 @@ def make_model_config(args: Mapping[str, Any]) -> ModelConfig:
         values["window_attn_skip_freq"] = parse_moe_layer_freq(
             values["window_attn_skip_freq"], "--window-attn-skip-freq"
         )
+    if values.get("linear_attention_freq") is not None:
+        values["linear_attention_freq"] = parse_moe_layer_freq(
+            values["linear_attention_freq"], "--linear-attention-freq"
+        )
     if values.get("window_size") is not None:
         values["window_size"] = parse_window_size(values["window_size"])
     for name in ("glu_linear_offset", "softmax_type"):
@@ -86,6 +90,11 @@ def _require_positive(config: ModelConfig) -> None:
         "mamba_head_dim",
         "mamba_num_groups",
         "mamba_num_heads",
+        "linear_conv_kernel_dim",
+        "linear_key_head_dim",
+        "linear_value_head_dim",
+        "linear_num_key_heads",
+        "linear_num_value_heads",
     ):
         value = getattr(config, name)
         if value is not None and not 1 <= value <= MAX_SIZE:  # the flag's name only for errors

@@ -8,6 +8,7 @@ naming the flag that changes it. Machine formats (csv, json) keep their own layo
 
 from __future__ import annotations
 
+from inspector.job.hardware import BOARD_GPUS
 from inspector.job.job import Job, Schedule
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
@@ -116,7 +117,7 @@ def plan_lines(request: Request, label: str | None) -> list[str]:
     fixed = ", ".join(name if value is True else f"{name} {value}" for name, value in request.fixed.items())
     searched = (
         f"layout searched on {counted(request.gpus, 'GPU', 'GPUs')} (--gpu {gpu.name}, "
-        f"{request.memory / 2**30:g} GiB each)"
+        f"{request.memory / 2**30:g} GiB each{_placement(request.gpus_per_node)})"
     )
     line = (
         f"Job: {_model(label, request.model)}; {searched}"
@@ -124,6 +125,17 @@ def plan_lines(request: Request, label: str | None) -> list[str]:
         + f"; global batch {request.global_batch_size}."
     )
     return [line, *_precision_note(request.model, "parameters and activations are")]
+
+
+def _placement(domain: int) -> str:
+    """Return where the ranks run, where the NVLink domain is not an 8-GPU board's: megatron's
+    RankGenerator numbers them in the order tp-cp-ep-dp-pp (Megatron-LM's and Megatron-Bridge's
+    default; parallel_state.py `initialize_model_parallel(order=...)`) and a launcher fills each
+    NVLink domain with consecutive ranks."""
+    if domain == BOARD_GPUS:
+        return ""
+    return (f"; ranks in megatron's order tp-cp-ep-dp-pp, {domain} consecutive ranks per NVLink "
+            "domain (--gpus-per-node)")
 
 
 def with_job(lines: list[str], report: str) -> str:

@@ -268,6 +268,12 @@ def context_for(built: BuiltJob, compute: ComputeRate | ComputeProfile) -> Conte
             f"--recompute-modules {' '.join(unpriced)}: workload cannot time this module's "
             "recomputation (docs/limits.md); `memory` measures it"
         )
+    if job.training.optimizer == "dist_muon" or job.layout.num_distributed_optimizer_instances > 1:
+        raise ConfigError(  # their collectives: the layer-wise all-gather, the instances' all-reduce
+            "workload writes the data-parallel collectives of one optimizer instance, Adam's or "
+            "Muon's without dist_muon; `memory` and `params` measure --optimizer dist_muon and "
+            "--num-distributed-optimizer-instances"
+        )
     schedule = job.schedule()
     settings = Settings(
         micro_batch_size=schedule.micro_batch_size,

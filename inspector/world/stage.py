@@ -25,6 +25,7 @@ from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
 from inspector.world.config import flags_named, transformer_config
 from inspector.world.dsa import dsa_block_spec, dsa_mtp_layer_spec, fresh_dsa_state
+from inspector.world.gdn import gdn_block_spec, gdn_building, is_gdn_layer
 from inspector.world.hybrid import build_hybrid_model
 from inspector.world.setup import (
     megatron,
@@ -157,7 +158,7 @@ def _build_chunk(
     vp_stage = chunk if vpp is not None else None
     pre = ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
     post = ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
-    with m.torch.device("meta"), _cuda_for(model, config):
+    with m.torch.device("meta"), _cuda_for(model, config), gdn_building(model):
         _fresh_attention_env()
         if model.hybrid:
             return _finish_chunk(model, config, build_hybrid_model(model, config, layout, pre, post),
@@ -206,6 +207,8 @@ def _symbol(layer: Any) -> str:
         return "M"
     if kind == "MLPLayer":
         return "-"
+    if is_gdn_layer(layer):
+        return "G"
     mlp = type(getattr(layer, "mlp", None)).__name__
     core = type(getattr(getattr(layer, "self_attention", None), "core_attention", None)).__name__
     return "E" if mlp == "MoELayer" else "D" if core == "DSAttention" else "*"
@@ -260,6 +263,8 @@ def _layer_spec(m: SimpleNamespace, model: ModelConfig, config: Any, vp_stage: i
         m.transformer_block.LayerNormImpl = TENorm
     if model.dsa:
         return dsa_block_spec(config, vp_stage)
+    if model.experimental_attention_variant == "gated_delta_net":
+        return gdn_block_spec(config, vp_stage)
     if model.num_experts is not None:
         return m.gpt_layer_specs.get_gpt_decoder_block_spec(
             config,
