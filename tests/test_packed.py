@@ -113,10 +113,18 @@ def test_core_attention_is_priced_per_document():
         # fp32 (the preset without --bf16): megatron's thd format runs in TE's fused or flash only
         (["--sft"], "Error: --sft (packed sequences) needs Transformer Engine's fused "
          "or flash attention in bf16 or fp16: megatron's thd format has no unfused path"),
+        # megatron-core's own stop (GatedDeltaNet.forward)
+        (["--bf16", "--sft", "--model", "qwen3-next-80b-a3b"], "Error: --sft with gated delta net "
+         "layers: megatron-core stops (\"GDN does not support packed sequence for now\")"),
+        # Mamba's packed path runs mamba_ssm kernels with seq_idx, not simulated
+        (["--bf16", "--sft", "--model", "nemotron-3-nano-30b-a3b"], "Error: --sft with a hybrid "
+         "(Mamba) model is not modelled: megatron's Mamba mixer runs packed documents through "
+         "mamba_ssm's kernels with seq_idx, which are not simulated"),
     ],  # fmt: skip
-    ids=["micro-batch", "no-sft", "too-long", "zero", "cp", "fp32"],
+    ids=["micro-batch", "no-sft", "too-long", "zero", "cp", "fp32", "gdn", "mamba"],
 )
 def test_packed_sequences_bad_input(cli, flags, error):
-    result = cli("memory", "--model", "llama3-8b", "--micro-batch-size", "1", *flags)
+    model = [] if "--model" in flags else ["--model", "llama3-8b"]
+    result = cli("memory", *model, "--micro-batch-size", "1", *flags)
     assert result.code == 2
     assert result.err.strip() == error

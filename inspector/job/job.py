@@ -168,7 +168,7 @@ class Job:
         check_tp_comm_overlap(self.model, self.layout, self.training)
         model, training = self.model, self.training
         check_packing(training.packed_document_length, training.micro_batch_size, self.layout.cp,
-                      training.flash_attention)  # fmt: skip
+                      training.flash_attention, (model.gdn, model.hybrid))  # fmt: skip
         every_moe = all(model.is_moe_layer(i) for i in range(model.num_layers))
         check_cuda_graphs(training.cuda_graph_impl, training.cuda_graph_scope, training.recompute,
                           model.num_experts, bool(model.num_experts) and every_moe,

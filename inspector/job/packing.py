@@ -40,11 +40,22 @@ def packed_document_length(args: Mapping[str, Any]) -> int | None:
 
 
 def check_packing(
-    document_length: int | None, micro_batch_size: int | None, cp: int, flash: bool
+    document_length: int | None, micro_batch_size: int | None, cp: int, flash: bool,
+    layers: tuple[bool, bool],
 ) -> None:
-    """Reject what megatron cannot run on packed sequences, or the simulation does not model."""
+    """Reject what megatron cannot run on packed sequences, or the simulation does not model;
+    `layers`: whether the model has gated delta net layers, Mamba layers."""
     if document_length is None:
         return
+    gdn, hybrid = layers
+    if gdn:  # megatron-core's GatedDeltaNet.forward raises it
+        raise ConfigError("--sft with gated delta net layers: megatron-core stops (\"GDN does not "
+                          "support packed sequence for now\")")
+    if hybrid:
+        raise ConfigError(
+            "--sft with a hybrid (Mamba) model is not modelled: megatron's Mamba mixer runs packed "
+            "documents through mamba_ssm's kernels with seq_idx, which are not simulated"
+        )
     if not flash:
         # TEDotProductAttention.forward: "thd format uses flash attention with cuDNN kernel"
         raise ConfigError(
