@@ -128,3 +128,28 @@ def test_packed_sequences_bad_input(cli, flags, error):
     result = cli("memory", *model, "--micro-batch-size", "1", *flags)
     assert result.code == 2
     assert result.err.strip() == error
+
+
+def test_plans_flash_attention_kernel_is_priced_per_document():
+    """formulas/ops.py: the flash kernel's FLOPs (2 b a s^2 d causal) take the documents' squares."""
+    from inspector.formulas.kernels import Attention
+    from inspector.formulas.ops import Shard, layer_ops
+
+    base = dict(num_layers=2, micro_batch_size=1, global_batch_size=1, pipeline_model_parallel_size=1)
+
+    def flash(**extra):
+        ops = layer_ops(_job(**base, **extra).dims(), Shard(), False)
+        return [op.flops for op in ops.forward if isinstance(op, Attention)]
+
+    assert flash(sft=True, packed_document_length=8) == [f / 4 for f in flash()]  # 4 x 8^2 of 32^2
+
+
+def test_plan_keeps_packing_for_every_candidate():
+    """A plan request carries the packing to every candidate job (packing.py refuses mbs > 1, cp > 1)."""
+    from inspector.inputs.resolve import Sources, merge_sources
+    from inspector.plan.request import PlanFlags, make_request
+
+    flags = dict(num_layers=2, global_batch_size=8, bf16=True, sft=True, packed_document_length=100)
+    args = merge_sources(Sources(flags=flags), ("model", "layout", "training")).args
+    req = make_request(args, PlanFlags(8, top=1))
+    assert req.training.packed_document_length == 100
