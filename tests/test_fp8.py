@@ -156,7 +156,7 @@ def test_fp8_flags_are_checked(cli, flags, message):
     assert result.code == 2 and result.err.startswith("Error: ") and message in result.err
 
 
-@pytest.mark.parametrize("flag", ["--no-fp8-wgrad", "--first-last-layers-bf16"])
+@pytest.mark.parametrize("flag", ["--no-fp8-wgrad", "--fp8-multi-head-attention"])
 def test_fp8_variants_not_modelled_are_refused_by_name(cli, tmp_path, flag):
     path = tmp_path / "train.sh"
     path.write_text(f"torchrun pretrain_gpt.py {' '.join(SMALL + TE)} --fp8-format hybrid {flag}\n")

@@ -120,8 +120,12 @@ def test_core_attention_is_priced_per_document():
         (["--bf16", "--sft", "--model", "nemotron-3-nano-30b-a3b"], "Error: --sft with a hybrid "
          "(Mamba) model is not modelled: megatron's Mamba mixer runs packed documents through "
          "mamba_ssm's kernels with seq_idx, which are not simulated"),
+        # TE's fp8 attention has no thd stand-in
+        (["--bf16", "--sft", "--fp8-format", "hybrid", "--fp8-dot-product-attention"],
+         "Error: --sft with --fp8-dot-product-attention is not modelled: Transformer Engine's fp8 "
+         "attention in the thd format is not simulated"),
     ],  # fmt: skip
-    ids=["micro-batch", "no-sft", "too-long", "zero", "cp", "fp32", "gdn", "mamba"],
+    ids=["micro-batch", "no-sft", "too-long", "zero", "cp", "fp32", "gdn", "mamba", "fp8-attention"],
 )
 def test_packed_sequences_bad_input(cli, flags, error):
     model = [] if "--model" in flags else ["--model", "llama3-8b"]

@@ -25,14 +25,21 @@ class Refusal:
     modelled: tuple[tuple[int, int], tuple[int, int]] | None = None
 
 
-_FP8 = (
-    "Transformer Engine's fp4 parameters and recipes (and mxfp8 parameters in the grad buffer) "
-    "keep quantized weights this tool does not count; --fp8-format with --fp8-recipe and "
-    "--fp8-param-gather are modelled"
+# megatron-core 0.16.1's DDP points each quantized weight into its param buffer through TE's
+# replace_raw_data, which TE 2.11 (the newest 0.16.1 accepts) refuses for an NVFP4Tensor
+# (tensor/utils.py 50-51); megatron-core 0.19 gathers packed NVFP4 bytes and casts the main
+# shards with TE's `quantize_master_weights`, which TE 2.11 does not have
+_FP4_PARAMS = (
+    "megatron-core 0.16's DDP points each NVFP4 weight into its param buffer, which Transformer "
+    "Engine 2.11 refuses (tensor/utils.py replace_raw_data: 'not supported yet'), and "
+    "megatron-core 0.19 casts them with Transformer Engine's quantize_master_weights (2.12+), "
+    "which this tool does not simulate; --fp4-format without it is modelled"
 )
 _FP8_PART = (
-    "fp8 for only part of the model (16-bit weight gradients, 16-bit first/last layers, fp8 "
-    "attention) is not modelled; --fp8-format runs every Transformer Engine linear in fp8"
+    "fp8 for only part of the model (16-bit weight gradients, fp8 multi-head attention) is not "
+    "modelled; "
+    "--fp8-format runs every Transformer Engine linear in fp8 (but the layers "
+    "--first-last-layers-bf16 keeps in 16 bits)"
 )
 _FSDP = (
     "FSDP2 keeping the gathered parameters from the forward to the backward (ZeRO-2) is not "
@@ -66,14 +73,8 @@ _MFSDP_POOL = "Megatron-FSDP's double-buffer allocator options are not modelled"
 _FROZEN = "frozen parameters hold no gradients or optimizer state, which this tool does not model"
 
 REFUSED: dict[str, Refusal] = {
-    "--fp4-format": Refusal("training", _FP8),
-    "--fp4-param-gather": Refusal("training", _FP8),
-    "--reuse-grad-buf-for-mxfp8-param-ag": Refusal("training", _FP8),
+    "--fp4-param-gather": Refusal("training", _FP4_PARAMS),
     "--no-fp8-wgrad": Refusal("training", _FP8_PART),
-    "--first-last-layers-bf16": Refusal("training", _FP8_PART),
-    "--num-layers-at-start-in-bf16": Refusal("training", _FP8_PART),
-    "--num-layers-at-end-in-bf16": Refusal("training", _FP8_PART),
-    "--fp8-dot-product-attention": Refusal("training", _FP8_PART),
     "--fp8-multi-head-attention": Refusal("training", _FP8_PART),
     "--torch-fsdp2-no-reshard-after-forward": Refusal("layout", _FSDP),
     "--use-legacy-models": Refusal("model", "this tool builds megatron-core (mcore) models only"),
@@ -277,7 +278,7 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--muon-scale-mode --muon-fp32-matmul-prec --muon-num-ns-steps --muon-tp-mode "
         "--muon-extra-scale-factor --muon-coefficient-type --muon-scalar-optimizer "
         "--muon-use-syrk --lion-beta1 --lion-beta2 "
-        "--fp4-recipe --keep-fp8-transpose-cache --enable-full-sharding-in-hsdp "
+        "--keep-fp8-transpose-cache --enable-full-sharding-in-hsdp "
         "--optimizer-offload-fraction "
         # --fine-grained-activation-offloading's modules
         "--offload-modules "

@@ -41,13 +41,16 @@ def packed_document_length(args: Mapping[str, Any]) -> int | None:
 
 def check_packing(
     document_length: int | None, micro_batch_size: int | None, cp: int, flash: bool,
-    layers: tuple[bool, bool],
+    kinds: tuple[bool, bool, bool],
 ) -> None:
     """Reject what megatron cannot run on packed sequences, or the simulation does not model;
-    `layers`: whether the model has gated delta net layers, Mamba layers."""
+    `kinds`: whether the model has gated delta net layers, Mamba layers, fp8 attention."""
     if document_length is None:
         return
-    gdn, hybrid = layers
+    gdn, hybrid, fp8_attention = kinds
+    if fp8_attention:
+        raise ConfigError("--sft with --fp8-dot-product-attention is not modelled: Transformer "
+                          "Engine's fp8 attention in the thd format is not simulated")
     if gdn:  # megatron-core's GatedDeltaNet.forward raises it
         raise ConfigError("--sft with gated delta net layers: megatron-core stops (\"GDN does not "
                           "support packed sequence for now\")")
