@@ -157,3 +157,13 @@ def test_plan_keeps_packing_for_every_candidate():
     args = merge_sources(Sources(flags=flags), ("model", "layout", "training")).args
     req = make_request(args, PlanFlags(8, top=1))
     assert req.training.packed_document_length == 100
+
+
+def test_memory_says_the_sequences_are_packed(cli):
+    result = cli("memory", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+                 "--seq-length", "32", "--vocab-size", "1000", "--micro-batch-size", "1", "--bf16",
+                 "--transformer-impl", "transformer_engine", "--sft", "--packed-document-length", "8",
+                 "--no-cache")  # fmt: skip
+    assert result.code == 0, result.err
+    assert "sequence 32 packed (--sft) in documents of 8; tp 1" in result.out
+    assert "run on meta tensors, replayed in the pipeline schedule" in result.out
