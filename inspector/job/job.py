@@ -167,9 +167,7 @@ class Job:
         check_flex(self.model, self.layout, self.training)
         check_tp_comm_overlap(self.model, self.layout, self.training)
         model, training = self.model, self.training
-        kinds = (model.gdn, model.hybrid, model.fp8_dot_product_attention)
-        check_packing(training.packed_document_length, training.micro_batch_size, self.layout.cp,
-                      training.flash_attention, kinds)  # fmt: skip
+        check_packing(self)
         every_moe = all(model.is_moe_layer(i) for i in range(model.num_layers))
         check_cuda_graphs(training.cuda_graph_impl, training.cuda_graph_scope, training.recompute,
                           model.num_experts, bool(model.num_experts) and every_moe,

@@ -39,22 +39,20 @@ def packed_document_length(args: Mapping[str, Any]) -> int | None:
     return int(length)
 
 
-def check_packing(
-    document_length: int | None, micro_batch_size: int | None, cp: int, flash: bool,
-    kinds: tuple[bool, bool, bool],
-) -> None:
-    """Reject what megatron cannot run on packed sequences, or the simulation does not model;
-    `kinds`: whether the model has gated delta net layers, Mamba layers, fp8 attention."""
-    if document_length is None:
+def check_packing(job: Any) -> None:
+    """Reject what megatron cannot run on packed sequences, or the simulation does not model, of
+    a Job (job.py, which imports this module: hence `Any`)."""
+    model, training, cp = job.model, job.training, job.layout.cp
+    if training.packed_document_length is None:
         return
-    gdn, hybrid, fp8_attention = kinds
-    if fp8_attention:
+    micro_batch_size, flash = training.micro_batch_size, training.flash_attention
+    if model.fp8_dot_product_attention:
         raise ConfigError("--sft with --fp8-dot-product-attention is not modelled: Transformer "
                           "Engine's fp8 attention in the thd format is not simulated")
-    if gdn:  # megatron-core's GatedDeltaNet.forward raises it
+    if model.gdn:  # megatron-core's GatedDeltaNet.forward raises it
         raise ConfigError("--sft with gated delta net layers: megatron-core stops (\"GDN does not "
                           "support packed sequence for now\")")
-    if hybrid:
+    if model.hybrid:
         raise ConfigError(
             "--sft with a hybrid (Mamba) model is not modelled: megatron's Mamba mixer runs packed "
             "documents through mamba_ssm's kernels with seq_idx, which are not simulated"
