@@ -4,7 +4,7 @@ Bridge's config fields carry megatron-core's names (TransformerConfig, Distribut
 OptimizerConfig), which are Megatron-LM's argument names for the most part; where they differ the
 table below says how Megatron-LM spells it (megatron/training/arguments.py) and where Bridge
 applies it (src/megatron/bridge/training/...). What no Megatron-LM argument expresses (LoRA
-adapters, packed sequences, a model the tool has no preset for) is returned as a refusal of the
+adapters, a model the tool has no preset for) is returned as a refusal of the
 bench's own, with its reason.
 """
 
@@ -107,6 +107,10 @@ def recipe_args(cfg: Record, gpus: int) -> tuple[str | None, dict[str, Any], lis
     if "seq_length" not in args:
         _put(args, "seq_length", _section(cfg, "dataset").fields.get("seq_length"))
     refusals += _not_arguments(cfg)
+    if _packed(cfg):
+        # Bridge's packed sequences: Megatron-LM's --sft (THD, attention per document); the
+        # documents' length is the data's, so one document per sequence (the tool's default)
+        args["sft"] = True
     return preset, args, refusals
 
 
@@ -225,11 +229,13 @@ def _not_arguments(cfg: Record) -> list[str]:
     found = []
     if isinstance(cfg.fields.get("peft"), Record):
         found.append("PEFT: LoRA adapters on a frozen base (Bridge's peft) are not a Megatron-LM job")
+    return found
+
+
+def _packed(cfg: Record) -> bool:
+    """Return whether the recipe trains on packed sequences (GPTSFTDatasetConfig: offline packing,
+    enable_offline_packing and offline_packing_specs, or the older packed_sequence_specs)."""
     dataset = _section(cfg, "dataset")
-    # GPTSFTDatasetConfig: offline packing (enable_offline_packing, offline_packing_specs) or
-    # the older packed_sequence_specs
     specs = dataset.fields.get("offline_packing_specs") or dataset.fields.get("packed_sequence_specs")
     packed = isinstance(specs, Record) and (specs.fields.get("packed_sequence_size") or 0) > 0
-    if packed and dataset.fields.get("enable_offline_packing", True):
-        found.append("packed sequences (THD): several sequences in one, with their own attention masks")
-    return found
+    return bool(packed and dataset.fields.get("enable_offline_packing", True))

@@ -42,7 +42,8 @@ EVERYTHING = ModelConfig(
 # What the job, not the architecture, gives ModelDims (the kernels: formulas/ops.py).
 JOB_FIELDS = {"seq_length", "vocab_size", "activation_bytes", "attention_dropout", "hidden_dropout",
               "rotary", "flash_attention", "fused_kernels", "moe_sorts_chunks",
-              "moe_row_padding", "bias_activation_fusion", "bias_dropout_fusion"}  # fmt: skip
+              "moe_row_padding", "bias_activation_fusion", "bias_dropout_fusion",
+              "document_length"}  # fmt: skip
 
 
 def test_model_dims_come_from_the_transformer_config_fields() -> None:

@@ -19,8 +19,9 @@ What the formula counts (symbols of inspector/job/dims.py, B sequences of s toke
 It is model FLOPs (MFU's numerator): activation recomputation adds hardware work it ignores.
   - multi-latent attention and multi-token prediction: `mla_attention_flops`, `mtp_flops`;
   - gated delta net layers (in place of attention): `gdn_token_flops`;
-Not modelled: latent MoE and packed (THD) sequences, which Megatron-LM's
-function also covers.
+  - packed sequences (--sft): core attention per document, the documents' sum of squares in
+    place of s^2 per sequence, as Megatron-LM's function counts them after core_v0.16.
+Not modelled: latent MoE, which Megatron-LM's function also covers.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def layer_flops(dims: ModelDims, layer: int, num_sequences: int) -> LayerFlops:
     gate = a if dims.attention_output_gate else 0
     attention = GEMM_FACTOR * tokens * (h * d * (a + 2 * g + gate) + a * d * h)
     # "core attention": query_projection_size * s / 2 (causal) * 2 (QK^T and (QK^T)V) per token.
-    core = GEMM_FACTOR * tokens * (a * d) * s
+    # Packed sequences (--sft): s^2 per sequence becomes the documents' sum of squares.
+    core = GEMM_FACTOR * num_sequences * (a * d) * dims.attention_squares()
     if dims.multi_latent_attention:
         attention, core = mla_attention_flops(dims, tokens)
     if dims.is_gdn_layer(layer):
@@ -105,8 +107,10 @@ def mla_attention_flops(dims: ModelDims, tokens: int) -> tuple[int, int]:
     q, k = dims.q_lora_rank, dims.kv_lora_rank
     q_term = h * n * (c + r) if q is None else q * (h + n * (c + r) + 1)
     projections = q_term + k * (h + n * (c + v) + 1) + h * r + n * v * h
-    # 6 * s * n * (c + r + v) / 2, kept exact in integers.
-    return GEMM_FACTOR * tokens * projections, 3 * tokens * s * n * (c + r + v)
+    # 6 * s * n * (c + r + v) / 2, kept exact in integers (packed: s^2 per sequence is the
+    # documents' sum of squares; tokens is a whole number of sequences)
+    core = 3 * tokens * dims.attention_squares() // s * n * (c + r + v)
+    return GEMM_FACTOR * tokens * projections, core
 
 
 def mla_up_flops(dims: ModelDims, tokens: int) -> int:

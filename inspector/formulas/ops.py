@@ -254,7 +254,8 @@ def _core_attention(dims: ModelDims, z: Shard, flash: bool, fused: bool) -> _Pas
         per_head = dims.qk_head_dim + dims.qk_pos_emb_head_dim + dims.v_head_dim
     else:
         per_head = 2 * dims.head_dim
-    flops = heads * sq * dims.seq_length * per_head  # 2 (Q K^T, P V) x 2 / 2 (causal)
+    # 2 (Q K^T, P V) x 2 / 2 (causal); packed (--sft, cp 1): per document, sum of squares
+    flops = heads * sq * dims.attention_squares() // dims.seq_length * per_head
     p.forward.append(Attention("flash attention", sq, heads, flops, False))
     p.backward.append(Attention("flash attention backward", sq, heads,
                                 ATTENTION_BACKWARD * flops, True))

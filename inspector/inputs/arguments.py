@@ -374,6 +374,10 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         "backward (moe and mamba are not modelled).",
         many=True,
     ),
+    _training("sft", bool, "Packed sequences (Megatron-LM's SFT dataset): attention and RoPE per "
+              "document, in Transformer Engine's thd format (--micro-batch-size 1)."),
+    _training("packed_document_length", int, "With --sft: the documents' length in tokens, the rest "
+              "one shorter (the tool's flag; default --seq-length: one document per sequence)."),
     _training("grad_reduce_in_bf16", bool, "bf16 models: gradients in bf16, not fp32."),
     # Megatron-LM's fusion switches (store_false flags): they change what the engine's run saves
     _training("no_bias_gelu_fusion", bool, "Bias and GeLU as separate kernels, not fused."),

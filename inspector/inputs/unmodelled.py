@@ -152,10 +152,12 @@ REFUSED: dict[str, Refusal] = {
         "(CudaGraphManager) are not counted"),  # fmt: skip
     "--external-cuda-graph": Refusal(
         "training", "megatron-core runs it as --cuda-graph-impl transformer_engine: pass that"),
-    # Megatron-LM's paged stash of MoE activations (TransformerConfig.moe_paged_stash, 0.18+)
+    # Megatron-LM's paged stash of MoE activations (TransformerConfig.moe_paged_stash; in
+    # megatron-core 0.19.2, absent from 0.16.1)
     "--moe-paged-stash": Refusal(
-        "training", "MoE paged stash (expert activations kept in pre-allocated paged buffers) is "
-        "not modelled"),  # fmt: skip
+        "training", "megatron-core 0.19's MoE paged stash keeps the routed experts' activations "
+        "for backward in pre-sized paged buffers (transformer/moe/paged_stash.py, reset each "
+        "step by schedules.py); megatron-core 0.16.1 has none"),  # fmt: skip
     # Megatron-LM main (megatron/training/arguments.py, after core_v0.19.0): Megatron-FSDP's
     # buffer dtypes and allocators; its default values are the buffers megatron-core 0.16 holds
     # fp32 main gradients reduced in fp32 are what megatron-core 0.16's Megatron-FSDP allocates
@@ -305,7 +307,7 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--tokenizer-metadata --tiktoken-pattern --tiktoken-num-special-tokens "
         "--tokenizer-hf-include-special-tokens "
         "--tiktoken-special-tokens --legacy-tokenizer --sample-rate --mask-prob --short-seq-prob "
-        "--decoder-seq-length --retriever-seq-length --sft --sft-tokenizer-prompt-format "
+        "--decoder-seq-length --retriever-seq-length --sft-tokenizer-prompt-format "
         "--disable-msc"
     ),
     "inference and RL (pretrain_gpt.py builds no inference engine; train_rl.py's is refused)": (

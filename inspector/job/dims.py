@@ -25,6 +25,7 @@ from typing import Any
 from inspector.errors import ConfigError
 from inspector.job.checks import check_at_least_one, check_heads, check_query_groups
 from inspector.job.gdn import GdnShape
+from inspector.job.packing import attention_squares
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,7 @@ class ModelDims:
     linear_num_key_heads: int = 16
     linear_num_value_heads: int = 32
     attention_output_gate: bool = False  # a gate per query channel in the QKV projection
+    document_length: int | None = None  # --sft: packed documents' length (job/packing.py)
 
     @classmethod
     def from_fields(
@@ -110,6 +112,7 @@ class ModelDims:
         moe_sorts_chunks: bool = False,
         moe_row_padding: str = "",
         bias_fusions: tuple[bool, bool] = (True, True),
+        document_length: int | None = None,
     ) -> ModelDims:
         """Return the dims of a model given as TransformerConfig fields (`transformer_fields`).
 
@@ -135,7 +138,13 @@ class ModelDims:
             moe_row_padding=moe_row_padding,
             bias_activation_fusion=bias_fusions[0],
             bias_dropout_fusion=bias_fusions[1],
+            document_length=document_length,
         )
+
+    def attention_squares(self) -> int:
+        """Return what a sequence's causal attention costs in token pairs (times a half): s^2,
+        or packed the sum of its documents' squares (job/packing.py)."""
+        return attention_squares(self.seq_length, self.document_length)
 
     def __post_init__(self) -> None:
         """Reject dimensions that no formula can use (the checks config.py makes of a model)."""

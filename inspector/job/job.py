@@ -27,6 +27,7 @@ from inspector.job.model import ModelConfig
 from inspector.job.model_args import make_model_config, validate_model
 from inspector.job.optimizer_precision import OptimizerPrecision, make_precision
 from inspector.job.optimizers import FLAGS_READ, check_optimizer
+from inspector.job.packing import check_packing, packed_document_length
 from inspector.job.recompute_modules import DEFAULT_MODULES, check_modules, parse_modules
 from inspector.job.tp_overlap import check_tp_comm_overlap
 from inspector.job.versions import router_padding_field
@@ -65,16 +66,14 @@ class Training:
     microbatch_group_size: int | None = None
     attention_dropout: float = 0.1  # Megatron-LM's defaults
     hidden_dropout: float = 0.1
-    # --recompute-modules under selective recomputation (job/recompute_modules.py)
-    recompute_modules: tuple[str, ...] = DEFAULT_MODULES
+    recompute_modules: tuple[str, ...] = DEFAULT_MODULES  # selective (job/recompute_modules.py)
     # MoE token routing, as megatron-core's TransformerConfig takes it (the engine runs it)
     moe_token_dispatcher_type: str = "allgather"  # Megatron-LM's default
     moe_expert_capacity_factor: float | None = None  # None: dropless
     moe_pad_expert_input_to_capacity: bool = False
     # --moe-router-padding-for-fp8 / -for-quantization: each expert's count padded to fp8's rows
     moe_router_padding: bool = False
-    # the flex dispatcher's backend and DeepEP's SMs (job/flex.py)
-    moe_flex_backend: str = "deepep"  # megatron-core's default
+    moe_flex_backend: str = "deepep"  # the flex dispatcher's backend, DeepEP's SMs (job/flex.py)
     moe_enable_deepep: bool = False
     moe_deepep_num_sms: int = 20  # megatron-core's default
     # --overlap-moe-expert-parallel-comm, --delay-wgrad-compute (job/ep_overlap.py)
@@ -93,6 +92,7 @@ class Training:
     cuda_graph_impl: str = "none"
     cuda_graph_scope: tuple[str, ...] = ()
     cuda_graph_warmup_steps: int = 3  # megatron-core's TransformerConfig default
+    packed_document_length: int | None = None  # --sft: packed sequences (job/packing.py)
 
     def __post_init__(self) -> None:
         """Reject counts below one and unknown recomputation modes."""
@@ -166,6 +166,7 @@ class Job:
         check_flex(self.model, self.layout, self.training)
         check_tp_comm_overlap(self.model, self.layout, self.training)
         model, training = self.model, self.training
+        check_packing(self)
         every_moe = all(model.is_moe_layer(i) for i in range(model.num_layers))
         check_cuda_graphs(training.cuda_graph_impl, training.cuda_graph_scope, training.recompute,
                           model.num_experts, bool(model.num_experts) and every_moe,
@@ -208,6 +209,7 @@ class Job:
             moe_sorts_chunks=training.moe_token_dispatcher_type == "alltoall",
             moe_row_padding=row_padding(training),
             bias_fusions=bias_fusions(model, training),
+            document_length=training.packed_document_length,
         )
 
 
@@ -278,6 +280,7 @@ def make_training(args: Mapping[str, Any]) -> Training:
     values["moe_router_padding"] = router_padding(args)
     values["cuda_graph_impl"] = values.get("cuda_graph_impl") or "none"
     values["cuda_graph_scope"] = parse_scope(args)
+    values["packed_document_length"] = packed_document_length(args)
     values["fp32_grads"] = values.get("fp32_grads") or None
     values["optimizer"] = values.get("optimizer") or "adam"
     values["unfused"] = tuple(name for name in FUSIONS if args.get("no_" + name))

@@ -44,6 +44,8 @@ def megatron_flags(job: Job, split: Split) -> list[str]:
         out += ["--use-distributed-optimizer", "--overlap-param-gather"]
     out += _optimizer_precision_flags(training)
     out.append("--overlap-grad-reduce")
+    if training.packed_document_length is not None:  # packed sequences (the documents' length
+        out.append("--sft")  # is the data's: no Megatron-LM flag)
     return out
 
 

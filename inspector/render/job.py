@@ -40,6 +40,11 @@ def _model(label: str | None, model: ModelConfig) -> str:
     return f"{label or DEFAULT_MODEL} ({sizes}), {precision}, sequence {model.seq_length}"
 
 
+def _packed(document_length: int | None) -> str:
+    """Say that sequences are packed (--sft), and the documents' length."""
+    return "" if document_length is None else f" packed (--sft) in documents of {document_length}"
+
+
 def _hybrid(model: ModelConfig) -> str:
     """Say what a hybrid stack holds: its pattern's layer counts, or the ratios megatron spreads."""
     pattern = model.hybrid_override_pattern
@@ -120,7 +125,8 @@ def _batch_note(job: Job, schedule: Schedule) -> list[str]:
 
 def job_lines(job: Job, label: str | None, schedule: Schedule | None = None) -> list[str]:
     """Return the job line (with the batch when the report has one) and its notes."""
-    line = f"Job: {_model(label, job.model)}; {_layout(job.layout)}"
+    line = f"Job: {_model(label, job.model)}{_packed(job.training.packed_document_length)}; "
+    line += _layout(job.layout)
     if schedule is None:
         return [line + ".", *_precision_note(job.model, "parameters are")]
     line += f"; {_batch(schedule, job.layout.dp)}."
@@ -137,7 +143,8 @@ def plan_lines(request: Request, label: str | None) -> list[str]:
         f"{request.memory / 2**30:g} GiB each{_placement(request.gpus_per_node)})"
     )
     line = (
-        f"Job: {_model(label, request.model)}; {searched}"
+        f"Job: {_model(label, request.model)}{_packed(request.training.packed_document_length)}; "
+        f"{searched}"
         + (f" (fixed: {fixed})" if fixed else "")
         + f"; global batch {request.global_batch_size}."
     )

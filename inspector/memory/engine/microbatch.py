@@ -199,8 +199,9 @@ def _inputs(job: Job, gpt: Any) -> dict[str, Any]:
     rank's two chunks of every tensor's sequence (a copy: `index_select`).
     """
     s, b = job.model.seq_length, job.schedule().micro_batch_size
+    packed = job.training.packed_document_length is not None  # --sft: no mask, cu_seqlens
     batch: dict[str, Any] = {
-        "attention_mask": torch.empty(b, 1, s, s, dtype=torch.bool, device="cuda")
+        "attention_mask": None if packed else torch.empty(b, 1, s, s, dtype=torch.bool, device="cuda")
     }
     if gpt.pre_process or getattr(gpt, "mtp_process", False):
         batch["input_ids"] = torch.empty(b, s, dtype=torch.long, device="cuda")
@@ -210,6 +211,10 @@ def _inputs(job: Job, gpt: Any) -> dict[str, Any]:
     if gpt.post_process:
         batch["labels"] = torch.empty(b, s, dtype=torch.long, device="cuda")
         batch["loss_mask"] = torch.empty(b, s, dtype=torch.float32, device="cuda")
+    if packed:
+        from inspector.memory.engine.packed import packed_batch
+
+        return packed_batch(job, batch)
     if job.layout.cp > 1:  # pretrain_gpt.get_batch: this cp rank's two chunks of the sequence
         import inspect
 

@@ -27,7 +27,7 @@ from inspector.world.te import (
     norm,
     state,
 )
-from inspector.world.te.kernels import attention_functions, fp8_functions
+from inspector.world.te.kernels import fp8_functions, thd
 
 _RECIPES = (
     "Format",
@@ -101,7 +101,7 @@ _LAYOUT: dict[str, tuple[bool, dict[str, Any]]] = {
     ".pytorch.attention": (True, {"DotProductAttention": attention.DotProductAttention}),
     ".pytorch.attention.rope": (
         False,
-        {"apply_rotary_pos_emb": attention_functions.apply_rotary_pos_emb},
+        {"apply_rotary_pos_emb": thd.apply_rotary_pos_emb},  # thd's, else attention_functions
     ),
     ".pytorch.ops": (True, {"FusibleOperation": state.FusibleOperation, **state.OPS}),
     ".pytorch.router": (

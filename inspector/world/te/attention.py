@@ -20,6 +20,7 @@ import torch
 from inspector.world.te._base import TransformerEngineBaseModule, empty, world_size
 from inspector.world.te.kernels.attention_functions import FusedAttnFunction, P2PAttnFunction
 from inspector.world.te.kernels.fp8_attention import FP8FusedAttnFunction
+from inspector.world.te.kernels.thd import thd_attention
 from inspector.world.te.state import FP8GlobalStateManager
 
 
@@ -223,11 +224,14 @@ class DotProductAttention(TransformerEngineBaseModule):
         (`get_qkv_layout`: sbhd_sbhd_sbhd), else it copies them contiguous.
         """
         qkv_format = qkv_format or self.qkv_format
+        cp_size = _size(self.cp_group) if self.cp_group is not None else 1
+        if qkv_format == "thd" and cp_size == 1 and _fused_backend(query_layer.dtype):
+            return thd_attention(query_layer, key_layer, value_layer, kwargs)  # kernels/thd.py
         if qkv_format not in ("sbhd", "bshd"):
             raise NotImplementedError(
-                "the simulated Transformer Engine runs attention in the sbhd and bshd formats only"
+                "the simulated Transformer Engine runs attention in the sbhd and bshd formats, "
+                "and thd (packed sequences) in 16 bits without context parallelism"
             )
-        cp_size = _size(self.cp_group) if self.cp_group is not None else 1
         if cp_size > 1:
             mask = kwargs.get("attn_mask_type", self.attn_mask_type)
             return self._context_parallel(query_layer, key_layer, value_layer, qkv_format, mask)
