@@ -94,6 +94,8 @@ class ModelDims:
     linear_num_key_heads: int = 16
     linear_num_value_heads: int = 32
     attention_output_gate: bool = False  # a gate per query channel in the QKV projection
+    # DSA's indexer loss weight (--dsa-indexer-loss-coeff): above 0 it adds the loss's all-reduce
+    dsa_indexer_loss_coeff: float | None = None
 
     @classmethod
     def from_fields(
