@@ -158,13 +158,88 @@ def test_the_default_dsa_runs_megatrons_pytorch_path():
     assert dsa_kernels.use_fused_dsa_kernels(config) is False
 
 
+TP2 = ("--tp", "2", "--sequence-parallel", "--micro-batch-size", "1", "--seq-length", "256",
+       "--max-position-embeddings", "256")  # fmt: skip
+
+
+def _workload_rows(cli, *flags: str) -> list[list[str]]:
+    result = cli("workload", *DSA, *TP2, *flags, "--gpu", "h100", "--stage", "0")
+    assert result.code == 0, result.err
+    return [line.split("\t") for line in result.out.splitlines()[2:]]
+
+
+def _collectives(row: list[str]) -> tuple[str, int, str, int]:
+    return row[3], int(row[4]), row[6], int(row[7])
+
+
 @builds
-def test_workload_refuses_dsa_by_name(cli, tmp_path):
-    result = cli("workload", *DSA, "--micro-batch-size", "1", "--gpu", "h100", "-o", str(tmp_path / "w"))
-    assert result.code == 2 and result.err == (
-        "Error: workload does not model DeepSeek sparse attention's indexer yet (its gathers and "
-        "the all-reduce of its loss's attention scores have no records); tree, params, diff and "
-        "memory run it\n")
+def test_workload_writes_the_indexers_collectives(cli):
+    rows = _workload_rows(cli)
+    names = [row[0] for row in rows]
+    layer = names[names.index("attention_column"):names.index("attention_row") + 1]
+    assert layer == ["attention_column", "dsa_indexer_gather", "dsa_indexer_loss", "attention_row"]
+    found = {row[0]: _collectives(row) for row in rows}
+    # x (h = 512) and q's latent (192) of all 256 tokens in bf16, forward only (detached inputs);
+    # the loss's (b, s, s) fp32 attention probabilities, forward and the backward's recompute
+    assert found["dsa_indexer_gather"] == ("ALLGATHER", 2 * 256 * (512 + 192), "NONE", 0)
+    assert found["dsa_indexer_loss"] == ("ALLREDUCE", 4 * 256 * 256, "ALLREDUCE", 4 * 256 * 256)
+    # AbsorbedMLA gathers q's and kv's latents and the RoPE key, as MLA does
+    assert found["attention_column"][:2] == ("ALLGATHER", 2 * 256 * (192 + 64 + 8))
+
+
+@builds
+def test_workload_without_the_indexer_loss_has_no_loss_all_reduce(cli):
+    flags = [f for f in DSA if f not in ("--dsa-indexer-loss-coeff", "0.01")]
+    result = cli("workload", *flags, *TP2, "--gpu", "h100", "--stage", "0")
+    assert result.code == 0, result.err
+    assert "dsa_indexer_gather" in result.out and "dsa_indexer_loss" not in result.out
+
+
+def _megatrons_indexer_collectives(cli, monkeypatch) -> list[tuple[str, str, int]]:
+    """Run megatron's DSA forward and backward (`memory`) and record each collective a frame of
+    dsa.py calls: (its dsa.py function, the collective, its whole buffer's bytes)."""
+    import traceback
+
+    import torch
+
+    _megatron()
+    from megatron.core.tensor_parallel import mappings
+
+    calls: list[tuple[str, str, int]] = []
+
+    def caller() -> str | None:
+        frames = [f.name for f in traceback.extract_stack() if f.filename.endswith("/dsa.py")]
+        return frames[-1] if frames else None
+
+    def spy(name: str, real, buffer_of):
+        def call(*args, **kwargs):
+            if (where := caller()) is not None:
+                tensor = buffer_of(args)
+                calls.append((where, name, tensor.numel() * tensor.element_size()))
+            return real(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(mappings, "dist_all_gather_func",
+                        spy("ALLGATHER", mappings.dist_all_gather_func, lambda a: a[0]))  # fmt: skip
+    monkeypatch.setattr(torch.distributed, "all_reduce",
+                        spy("ALLREDUCE", torch.distributed.all_reduce, lambda a: a[0]))  # fmt: skip
+    result = cli("memory", *DSA, *TP2, "--num-layers", "1", "--format", "json")
+    assert result.code == 0, result.err
+    return calls
+
+
+@builds
+def test_the_records_are_the_collectives_megatrons_dsa_runs(cli, monkeypatch):
+    calls = _megatrons_indexer_collectives(cli, monkeypatch)
+    gather, loss = 2 * 256 * (512 + 192), 4 * 256 * 256
+    # the indexer gathers x and qr; the loss all-reduces forward and in its recomputing backward
+    assert sorted(set(calls)) == sorted({
+        ("forward_before_topk", "ALLGATHER", 2 * 256 * 512),
+        ("forward_before_topk", "ALLGATHER", 2 * 256 * 192),
+        ("compute_dsa_indexer_loss", "ALLREDUCE", loss),
+        ("bwd_fused_indexer_loss_naive", "ALLREDUCE", loss)})  # fmt: skip
+    assert sum(b for where, op, b in set(calls) if op == "ALLGATHER") == gather
 
 
 @builds
@@ -242,3 +317,15 @@ def test_memory_is_the_same_run_after_run(cli):
     assert first.code == 0 and first.out == cli("memory", *args).out
     persistent = json.loads(first.out)["stages"][0]["buffers"]["persistent"]
     assert ["layer 0 self_attention.core_attention", 512] in persistent  # the scale, one scalar
+
+
+@builds
+def test_workload_gives_hybrid_d_layers_and_mtp_layers_the_indexer(cli):
+    # each D of a hybrid pattern is a DSA layer; megatron-core 0.19's MTP layers hold the indexer
+    hybrid = cli("workload", *HYBRID, "--hybrid-override-pattern", "MD-D", *TP2, "--gpu", "h100",
+                 "--stage", "0")  # fmt: skip
+    assert hybrid.code == 0, hybrid.err
+    assert hybrid.out.count("\ndsa_indexer_gather\t") == 2
+    mtp = ("--mtp-num-layers", "1", "--position-embedding-type", "none")
+    names = [row[0] for row in _workload_rows(cli, *mtp)]
+    assert names.count("dsa_indexer_gather") == 2 and "mtp1_dsa_indexer_gather" in names

@@ -96,6 +96,8 @@ class ModelDims:
     linear_num_value_heads: int = 32
     attention_output_gate: bool = False  # a gate per query channel in the QKV projection
     document_length: int | None = None  # --sft: packed documents' length (job/packing.py)
+    # DSA's indexer loss weight (--dsa-indexer-loss-coeff): above 0 it adds the loss's all-reduce
+    dsa_indexer_loss_coeff: float | None = None
 
     @classmethod
     def from_fields(

@@ -119,19 +119,23 @@ def check_dsa_run(config: ModelConfig, rope_fusion: bool) -> None:
                           "indexer rotates bf16 inputs only (dsa.py rotate_activation)")  # fmt: skip
 
 
-# why a command that prices layers from records rather than running them cannot take DSA yet
-_NOT_PRICED = {
-    # dsa.py: sequence-parallel gathers of the indexer's inputs, the all-reduce of the attention
-    # scores its loss sums over the tensor-parallel ranks (`compute_dsa_indexer_loss`)
-    "workload": "its gathers and the all-reduce of its loss's attention scores have no records",
-    "plan": "the step-time model prices MLA without the indexer",
-}
+# the megatron-core whose DSA layer `workload` writes (report/workload_dsa.py reads 0.19.2's)
+DSA_WORKLOAD_SINCE = (0, 19)
 
 
 def refuse_dsa(config: ModelConfig, command: str) -> None:
-    """Refuse DSA in `workload` or `plan`, which price layers from records, not by running them."""
-    if config.dsa:
+    """Refuse DSA in `plan` (its step-time model prices MLA without the indexer) and in
+    `workload` before megatron-core 0.19, whose DSA layer report/workload_dsa.py writes."""
+    if not config.dsa:
+        return
+    if command == "plan":
         raise ConfigError(
-            f"{command} does not model DeepSeek sparse attention's indexer yet "
-            f"({_NOT_PRICED[command]}); tree, params, diff and memory run it"
+            "plan does not model DeepSeek sparse attention's indexer yet (the step-time model "
+            "prices MLA without the indexer); tree, params, diff and memory run it"
+        )
+    if megatron_version() < DSA_WORKLOAD_SINCE:
+        raise ConfigError(
+            f"workload writes DeepSeek sparse attention as megatron-core 0.19 builds it "
+            f"(AbsorbedMLASelfAttention, the indexer in the MTP layers too); {_installed()} "
+            "builds it otherwise: tree, params, diff and memory run it"
         )

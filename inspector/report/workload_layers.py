@@ -25,6 +25,7 @@ from inspector.formulas.routing import block_hit
 from inspector.job.dims import ModelDims
 from inspector.report.simai import NONE, Record
 from inspector.report.simai_groups import context_group, tokens_gather_group
+from inspector.report.workload_dsa import dsa_indexer_records
 from inspector.report.workload_gdn import gdn_records
 from inspector.report.workload_hybrid import hybrid_context, mamba_records
 from inspector.report.workload_inputs import ComputeRate, Context
@@ -84,6 +85,8 @@ def _attention(job: Context, layer: int, prefix: str = "") -> list[Record]:
         first = Phases(first.fwd, first.ig + up.fwd, first.wg)
     out = recompute(job, out)
     records = tp_pair(job, prefix + "attention", 1, first, out, _attention_column(job))
+    if dims.experimental_attention_variant == "dsa":  # the indexer runs inside core attention
+        records[1:1] = dsa_indexer_records(job, prefix)
     if par.cp > 1:
         # K and V of the whole sequence for this rank's g/t groups: megatron's all-gather
         # context parallelism (cp_comm_type a2a/p2p move the same volume); backward returns
@@ -228,7 +231,7 @@ def layer_records(job: Context, layer: int, prefix: str = "", symbol: str = "") 
         if symbol == "M" and job.mamba is not None:
             return mamba_records(job, job.mamba, prefix)
         parts: tuple[Callable[[Context, int, str], list[Record]], ...] = {
-            "*": (_attention,), "-": (_dense_mlp,), "E": (_moe_mlp,),
+            "*": (_attention,), "D": (_attention,), "-": (_dense_mlp,), "E": (_moe_mlp,),
             "G": (gdn_records,)}[symbol]  # fmt: skip
     else:
         mixer = gdn_records if job.dims.is_gdn_layer(layer) else _attention
