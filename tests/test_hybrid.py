@@ -277,3 +277,20 @@ def test_train_rl_builds_hybrid_with_is_hybrid_model(cli, tmp_path):
     path.write_text(script.replace("--bf16", "--bf16 --is-hybrid-model"))
     result = cli("tree", "--from-script", str(path))
     assert result.code == 0 and "(MambaLayer)" in result.out, result.err
+
+
+def test_hybrid_stack_spec_is_the_mamba_spec_from_0_18(cli, tmp_path):
+    # pretrain_hybrid.py's functional tests name megatron-core 0.18+'s home of the spec
+    # (models/hybrid/hybrid_layer_specs.py `mamba_stack_spec = hybrid_stack_spec`)
+    path = tmp_path / "train.sh"
+    spec = "--spec megatron.core.models.hybrid.hybrid_layer_specs hybrid_stack_spec"
+    path.write_text(MAMBA_EXAMPLE.format(spec=spec))
+    result = cli("params", "--from-script", str(path))
+    if megatron_core_version() >= (0, 18):
+        assert result.code == 0, result.err
+        import megatron.core.models.hybrid.hybrid_layer_specs as specs
+
+        assert specs.hybrid_stack_spec is specs.mamba_stack_spec
+    else:  # no models/hybrid to import it from
+        assert result.code == 2
+        assert "hybrid_stack_spec is not modelled" in result.err
