@@ -20,26 +20,30 @@ PASSES = 3  # `flops_fwd * 3`: forward, and a backward of twice its work
 
 def hybrid_layer_flops(model: ModelConfig, dims: ModelDims, symbol: str, sequences: int) -> float:
     """Return one layer's FLOPs (forward and backward) over `sequences` sequences."""
+    head_dim = model.mamba_head_dim or 64
+    mamba = (model.mamba_num_groups or 8, model.mamba_state_dim or 128,
+             model.mamba_num_heads or 2 * dims.hidden_size // head_dim)  # fmt: skip
+    return PASSES * forward_flops(dims, symbol, sequences * dims.seq_length, mamba)
+
+
+def forward_flops(dims: ModelDims, symbol: str, tokens: int, mamba: tuple[int, int, int]) -> float:
+    """Return one layer's forward FLOPs over `tokens` tokens; `mamba`: the Mamba layers' groups,
+    state size and heads."""
     h, s = dims.hidden_size, dims.seq_length
-    tokens = sequences * s
     scale = 3.0 / 2.0 if dims.gated_multiplier == 2 else 1.0  # swiglu
     if symbol == "*":
         heads = dims.num_attention_heads
         p = dims.head_dim * heads / h
-        forward = 4 * tokens * h * p * (h + h * (dims.query_groups / heads) + s / 2)
-    elif symbol == "-":
-        forward = 4 * (dims.ffn / h) * scale * tokens * h**2
-    elif symbol == "E":
+        return 4 * tokens * h * p * (h + h * (dims.query_groups / heads) + s / 2)
+    if symbol == "-":
+        return 4 * (dims.ffn / h) * scale * tokens * h**2
+    if symbol == "E":
         routed = 4 * tokens * h * dims.expert_ffn * dims.moe_router_topk * scale
-        forward = routed + 4 * tokens * h * dims.shared_expert_ffn * scale
-    else:  # "M"
-        d_in = 2 * h
-        state, head_dim = model.mamba_state_dim or 128, model.mamba_head_dim or 64
-        groups = model.mamba_num_groups or 8
-        heads = model.mamba_num_heads or d_in // head_dim
-        forward = (2 * tokens * h * (2 * d_in + 2 * groups * state + heads)
-                   + 7 * tokens * d_in * state + 2 * tokens * d_in * h)  # fmt: skip
-    return PASSES * forward
+        return routed + 4 * tokens * h * dims.shared_expert_ffn * scale
+    d_in = 2 * h  # "M"
+    groups, state, heads = mamba
+    return (2 * tokens * h * (2 * d_in + 2 * groups * state + heads)
+            + 7 * tokens * d_in * state + 2 * tokens * d_in * h)  # fmt: skip
 
 
 def hybrid_stage_flops(model: ModelConfig, dims: ModelDims, symbols: Iterable[str],

@@ -83,6 +83,11 @@ class ModelDims:
     add_qkv_bias: bool = False
     bias_activation_fusion: bool = True
     bias_dropout_fusion: bool = True
+    # A hybrid (Mamba) model as `plan` prices it (plan/price.py `job_dims`): each layer's pattern
+    # symbol (M Mamba, * attention, - MLP, E MoE; "" for a GPT model) and MambaMixer's sizes
+    # (job/hybrid_model.py MambaShape)
+    layer_symbols: str = ""
+    mamba: Any = None
 
     @classmethod
     def from_fields(
@@ -168,6 +173,11 @@ class ModelDims:
     def gated_multiplier(self) -> int:
         """Return how many f-wide projections feed the MLP activation: 2 for SwiGLU, else 1."""
         return 2 if self.swiglu else 1
+
+    def layer_kind(self, layer: int) -> bool | str:
+        """Return what a layer's cost depends on: its pattern symbol in a hybrid model, else
+        whether its MLP is MoE (`is_moe_layer`)."""
+        return self.layer_symbols[layer] if self.layer_symbols else self.is_moe_layer(layer)
 
     def is_moe_layer(self, layer: int) -> bool:
         """Return whether 0-based global `layer` has an MoE MLP.

@@ -50,7 +50,7 @@ from typing import cast
 import inspector.caches as caches
 from inspector.formulas.flops import LayerFlops, layer_flops, logit_flops, mla_up_flops, mtp_flops
 from inspector.formulas.kernels import ops_seconds
-from inspector.formulas.ops import Shard, linear
+from inspector.formulas.ops import Shard, layer_seconds, linear
 from inspector.formulas.optimizer import OptimizerStep
 from inspector.job.dims import ModelDims
 from inspector.job.hardware import Gpu
@@ -59,6 +59,7 @@ from inspector.job.layout import Layout
 from inspector.memory.closed.activations import mtp_recompute, recompute_plan
 from inspector.plan.context import ring_attention
 from inspector.plan.flex import moe_exchange
+from inspector.plan.hybrid import core_flops, hybrid_kernels, hybrid_layer_flops
 from inspector.plan.kernel_seconds import (
     core_seconds,
     kernel_seconds,
@@ -171,13 +172,13 @@ def stage_work(
     rate = compute_rate(net, efficiency)
     mode = cast(Recompute, recompute)
     plan = recompute_plan(0, chunk_layers, mode, recompute_method, recompute_num_layers)
-    kinds: dict[tuple[Recompute, bool], list[int]] = {}  # (recomputed or not, MoE) -> layers
+    kinds: dict[tuple[Recompute, bool | str], list[int]] = {}  # (recomputed or not, kind) -> layers
     for group, how in (pair for groups in plan for pair in groups):
         for i in group:
-            kinds.setdefault((how, dims.is_moe_layer(i)), []).append(i)
+            kinds.setdefault((how, dims.layer_kind(i)), []).append(i)
     total = [0.0, 0.0, 0.0, 0.0]  # compute, tensor, context, expert
     for (how, moe), members in kinds.items():
-        shares = overlap[:3] if moe else (0.0, False, 0.0)
+        shares = overlap[:3] if moe is True else (0.0, False, 0.0)
         _add(total, _layer_time(dims, lay, net, rate, mbs, how, members[0], recompute_modules,
                                 *shares, flex), len(members))  # fmt: skip
     total[3] += _alone(dims, lay, net, rate, mbs, kinds, recompute_modules, overlap, flex)
@@ -192,11 +193,11 @@ def stage_work(
 
 
 def _alone(dims: ModelDims, lay: Layout, net: Network, rate: float, mbs: int,
-           kinds: dict[tuple[Recompute, bool], list[int]], modules: tuple[str, ...], overlap: Overlap,
-           flex: bool) -> float:  # fmt: skip
+           kinds: dict[tuple[Recompute, bool | str], list[int]], modules: tuple[str, ...],
+           overlap: Overlap, flex: bool) -> float:  # fmt: skip
     """Return what MoE passes alone inside merged steps (overlap.alone_passes) take beyond the
     half pair each was priced at; `kinds`: the stage's layers by (recompute, MoE)."""
-    kind = next(((how, members[0]) for (how, moe), members in kinds.items() if moe), None)
+    kind = next(((how, members[0]) for (how, moe), members in kinds.items() if moe is True), None)
     if kind is None or not overlap[3]:
         return 0.0
     args = (dims, lay, net, rate, mbs, *kind, modules)
@@ -318,6 +319,8 @@ def _layer_time(
     share of passes run merged under the MoE all-to-all overlap (plan/overlap.py); `flex`: the
     exchange is the flex dispatcher's (plan/flex.py `flex_exchange`); `taken`: the share of the
     SMs its kernels hold beside a merged pair's compute (plan/flex.py `exchange_sm_share`)."""
+    if dims.layer_symbols:  # a hybrid stack's layer, priced by its kind
+        return _hybrid_layer_time(dims, lay, net, rate, mbs, recompute, dims.layer_symbols[i], modules)
     act, tokens = dims.activation_bytes, dims.seq_length * mbs / lay.cp
     f, moe = layer_flops(dims, i, mbs), dims.is_moe_layer(i)
     extra = f.total / 3 if recompute == "full" else (
@@ -348,6 +351,28 @@ def _layer_time(
         pair = _pair_times(dims, lay, net, rate, mbs, recompute, i, modules, delay_wgrad, taken, flex)[0]
         expert = merged * max(0.0, pair - compute - tensor) + (1 - merged) * expert
     return compute, tensor, context, expert
+
+
+def _hybrid_layer_time(
+    dims: ModelDims, lay: Layout, net: Network, rate: float, mbs: int, recompute: str,
+    symbol: str, modules: tuple[str, ...],
+) -> tuple[float, float, float, float]:
+    """Return a hybrid layer's compute, TP, CP (none: plan/hybrid.py keeps cp 1) and EP seconds
+    for one micro-batch: its kind's kernels (plan/hybrid.py), its module's 2 collectives forward
+    and 2 backward (an MoE layer's none with expert TP 1 and no shared experts, as `_layer_time`
+    counts a GPT layer's halves), its experts' exchange."""
+    shard, tokens = _shard(lay, mbs), dims.seq_length * mbs / lay.cp
+    flops = hybrid_layer_flops(dims, symbol, mbs)
+    if recompute == "selective" and "core_attn" in modules:
+        flops += core_flops(dims, symbol, mbs) / 3
+    compute = compute_seconds(flops, lambda d: layer_seconds(
+        hybrid_kernels(dims, shard, symbol), d, recompute, modules), lay, net, rate)  # fmt: skip
+    moe = symbol == "E"
+    collectives = 0 if moe and not (dims.shared_expert_ffn or lay.expert_tp > 1) else 4
+    tensor = _collective(collectives, tokens * dims.hidden_size, dims.activation_bytes, lay.tp,
+                         net.link(lay.tp))  # fmt: skip
+    expert = moe_exchange(dims, lay, net, tokens, False) if moe else 0.0
+    return compute, tensor, 0.0, expert
 
 
 @caches.memo(maxsize=4096)
