@@ -36,11 +36,15 @@ from inspector.errors import ConfigError
 from inspector.formulas.flops import layer_flops
 from inspector.formulas.hybrid_flops import PASSES, forward_flops
 from inspector.formulas.kernels import Gemm, Memory, Op
-from inspector.formulas.ops import LayerOps, Shard, layer_ops, linear
+from inspector.formulas.ops import LayerOps, Shard, layer_ops, layer_seconds, linear
 from inspector.job.dims import ModelDims
 from inspector.job.hybrid_model import PIPE, layer_symbols, main_layers, refuse_hybrid_mtp
+from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
 from inspector.job.versions import hybrid_pattern_separators
+from inspector.plan.flex import moe_exchange
+from inspector.plan.kernel_seconds import compute_seconds
+from inspector.plan.network import Network, collective
 
 SCAN_NOTE = (
     "Mamba layers: the chunked scan of Mamba-2 has no measured kernel here; its matrix "
@@ -113,9 +117,28 @@ def hybrid_layer_flops(dims: ModelDims, symbol: str, sequences: int) -> float:
                                   (shape.groups, shape.state, shape.heads))  # fmt: skip
 
 
-def core_flops(dims: ModelDims, symbol: str, sequences: int) -> float:
-    """Return the core attention's FLOPs of a layer (selective recomputation repeats a third)."""
-    return layer_flops(_gpt_dims(dims, symbol), 0, sequences).core_attention if symbol == "*" else 0
+def hybrid_layer_time(
+    dims: ModelDims, lay: Layout, net: Network, rate: float, mbs: int, recompute: str, i: int,
+    modules: tuple[str, ...], *overlap: Any,
+) -> tuple[float, float, float, float]:
+    """Return hybrid layer i's compute, TP, CP (none: cp 1 here) and EP seconds for one
+    micro-batch, as cost.py's `_layer_time` returns a GPT layer's (`overlap`: its MoE overlap
+    terms, never set for a hybrid model): its kind's kernels, its module's 2 tensor-parallel
+    collectives forward and 2 backward (an MoE layer's none with expert TP 1 and no shared
+    experts, as cost.py counts a GPT layer's halves), its experts' exchange."""
+    symbol = dims.layer_symbols[i]
+    flops = hybrid_layer_flops(dims, symbol, mbs)
+    if recompute == "selective" and "core_attn" in modules and symbol == "*":  # a third again
+        flops += layer_flops(_gpt_dims(dims, symbol), 0, mbs).core_attention / 3
+    shard = Shard(lay.tp, lay.cp, lay.ep, lay.expert_tp, lay.sequence_parallel, mbs)
+    compute = compute_seconds(flops, lambda d: layer_seconds(
+        hybrid_kernels(dims, shard, symbol), d, recompute, modules), lay, net, rate)  # fmt: skip
+    moe = symbol == "E"
+    count = 0 if moe and not (dims.shared_expert_ffn or lay.expert_tp > 1) else 4
+    tokens = dims.seq_length * mbs / lay.cp
+    tensor = collective(count, tokens * dims.hidden_size, dims.activation_bytes, lay.tp,
+                        net.link(lay.tp))  # fmt: skip
+    return compute, tensor, 0.0, moe_exchange(dims, lay, net, tokens, False) if moe else 0.0
 
 
 @caches.memo(maxsize=256)

@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 import inspector.caches as caches
+from inspector.job.hybrid_model import pipe_segments
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
 from inspector.job.pipeline_layout import expand_layout
@@ -79,6 +80,8 @@ def layouts(req: Request) -> Iterator[Layout]:
             if req.gpus % (tp * cp):
                 continue
             pps = [req.fixed["pp"]] if "pp" in req.fixed else divisors(req.gpus // (tp * cp))
+            if pinned_by_pattern(m):  # one stage a `|` segment (plan/hybrid.py)
+                pps = [p for p in pps if p == pipe_segments(m.hybrid_override_pattern)]
             for pp in pps:
                 if pp > m.num_layers or req.gpus % (tp * cp * pp):
                     continue
