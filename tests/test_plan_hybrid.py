@@ -73,7 +73,9 @@ def test_attention_and_mlp_layers_are_a_gpt_layer_cut_in_two() -> None:
     assert names.index("in_proj") < names.index("ssd C B^T") < names.index("out_proj")
 
 
-CASES = [("M*-M*-M-", ("--pp", "2"))]
+CASES = [("M*-M*-M-", ("--pp", "2")),
+         ("M*-M*-M-", ("--pp", "4", "--decoder-first-pipeline-num-layers", "1",
+                       "--decoder-last-pipeline-num-layers", "1"))]  # fmt: skip
 if hybrid_moe_layers():  # E: megatron-core 0.16+
     CASES.append(("ME*-ME*-", ("--num-experts", "4", "--moe-router-topk", "2", "--pp", "2")))
 if hybrid_pattern_separators():  # '|': megatron-core 0.17+
@@ -81,7 +83,7 @@ if hybrid_pattern_separators():  # '|': megatron-core 0.17+
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("pattern, extra", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("pattern, extra", CASES, ids=[f"{c[0]} {' '.join(c[1])}" for c in CASES])
 def test_memory_measures_the_plans_plan_prints(pattern: str, extra: tuple[str, ...]) -> None:
     layers = str(len(pattern.replace("|", "")))
     model = (*MODEL, "--num-layers", layers, "--hybrid-override-pattern", pattern, *extra)
@@ -95,10 +97,12 @@ def test_memory_measures_the_plans_plan_prints(pattern: str, extra: tuple[str, .
         assert {tuple(p["split"]) for p in found["plans"]} == {(6, 2)}
     for plan in found["plans"]:
         flags = [w for f in plan["flags"] for w in shlex.split(f)]
-        kept = list(model)
-        if "--pp" in kept:
-            at = kept.index("--pp")
-            del kept[at : at + 2]
+        given, kept, k = {f for f in flags if f.startswith("--")} | {"--pp"}, [], 0
+        while k < len(model):  # the model's flags the plan's do not say again
+            valued = k + 1 < len(model) and not model[k + 1].startswith("--")
+            if model[k] not in given:
+                kept += model[k : k + 1 + valued]
+            k += 1 + valued
         memory = run_cli("memory", *kept, *flags, "--dp", str(plan["layout"]["dp"]), "--format", "json")
         assert memory.code == 0, memory.err
         totals = [s.get("total_bytes", s.get("total")) for s in json.loads(memory.out)["stages"]]

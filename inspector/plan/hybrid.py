@@ -63,6 +63,9 @@ def check_hybrid_plan(model: ModelConfig, fixed: dict[str, Any], ep_overlap: boo
     refuse_hybrid_mtp(model, "plan")
     layer_symbols(model)  # ratios without a pattern: named there
     virtual = (fixed.get("vpp") or 1) > 1 or "layers_per_chunk" in fixed
+    pin = fixed.get("pin", {})
+    # megatron's stack reads --decoder-first/last-pipeline-num-layers only (0.16 MambaStack)
+    unread = sorted(name for name in pin if not name.startswith("decoder_"))
     reasons = {
         "--recompute-granularity full": fixed.get("recompute") == "full" or "recompute_method" in fixed,
         "--context-parallel-size above 1": (fixed.get("cp") or 1) > 1,
@@ -70,6 +73,7 @@ def check_hybrid_plan(model: ModelConfig, fixed: dict[str, Any], ep_overlap: boo
         "--moe-token-dispatcher-type flex": flex,
         f"--recompute-modules {' '.join(recompute_modules)}": recompute_modules != ("core_attn",),
         "virtual pipeline stages": virtual,
+        **{"--" + name.replace("_", "-"): True for name in unread},
     }
     refused = [name for name, on in reasons.items() if on]
     if refused:

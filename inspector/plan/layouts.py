@@ -161,7 +161,7 @@ def splits(req: Request, lay: Layout, v: int, first: float, last: float) -> list
     found: list[Split] = []
     if "split" in req.fixed:
         return [req.fixed["split"]]
-    if req.model.hybrid:  # megatron's stack splits by its own rules
+    if req.model.hybrid and "pin" not in req.fixed:  # megatron's stack splits by its own rules
         return hybrid_splits(req.model, lay.pp, v)
     if "pin" in req.fixed:
         pinned = pinned_split(req.fixed["pin"], layers, lay.pp, v)
