@@ -121,11 +121,13 @@ def test_bad_hybrid_arguments(cli, args, error):
     assert result.code == 2 and result.err.startswith(f"Error: {error}"), result.err
 
 
-def test_plan_refuses_by_name(cli):
+def test_plan_searches_a_hybrid_model_and_names_its_estimate(cli):
+    # tests/test_plan_hybrid.py checks what it prices; here: the table and the scan's note
     result = cli("plan", *SMALL, "--hybrid-override-pattern", "M*M-", "--micro-batch-size", "1",
-                 "--gpus", "8", "--global-batch-size", "8")  # fmt: skip
-    assert result.code == 2, result.err
-    assert "plan does not price hybrid (Mamba) models yet" in result.err
+                 "--gpus", "8", "--global-batch-size", "8", "--top", "1")  # fmt: skip
+    assert result.code == 0, result.err
+    assert "\n1    tp" in result.out
+    assert "Note: Mamba layers: the chunked scan of Mamba-2 has no measured kernel here" in result.out
 
 
 def test_memory_runs_mamba_layers_and_counts_megatron_lm_hybrid_flops(cli):

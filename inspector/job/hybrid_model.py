@@ -197,15 +197,6 @@ def _validate_mamba_sizes(config: ModelConfig, tp: int) -> None:
         )
 
 
-def refuse_hybrid(model: ModelConfig, command: str) -> None:
-    """Refuse a hybrid model in a command that prices layers by transformer formulas."""
-    if model.hybrid:
-        raise ConfigError(
-            f"{command} does not price hybrid (Mamba) models yet: its step-time model knows "
-            "transformer layers only; tree, params, diff, memory and workload build and run them"
-        )
-
-
 def refuse_hybrid_mtp(model: ModelConfig, command: str) -> None:
     """Refuse a hybrid model's MTP depths (`/` in the pattern) in a command that runs or prices
     layers: megatron builds them (HybridModel's MultiTokenPredictionBlock of the MTP pattern's
