@@ -51,6 +51,7 @@ SCAN_NOTE = (
     "products per chunk are priced as batched GEMMs from the measured GEMM table, an estimate "
     "(docs/hybrid-models.md)"
 )
+PRICED = ("M", "*", "-", "E")  # the layer kinds plan prices (later kinds: G, D, +)
 CHUNK = 128  # MambaMixer's chunk_size (ssm/mamba_mixer.py, core_v0.16.1 and 0.19.2)
 CONV = 4  # MambaMixer's d_conv: the causal convolution's width
 
@@ -61,7 +62,12 @@ def check_hybrid_plan(model: ModelConfig, fixed: dict[str, Any], ep_overlap: boo
     if not model.hybrid:
         return
     refuse_hybrid_mtp(model, "plan")
-    layer_symbols(model)  # ratios without a pattern: named there
+    others = sorted(set(layer_symbols(model)) - set(PRICED))  # ratios without a pattern: named there
+    if others:
+        raise ConfigError(
+            f"plan does not price the {' '.join(others)} layers of --hybrid-override-pattern yet "
+            f"(it prices {', '.join(PRICED)}); memory measures them"
+        )
     virtual = (fixed.get("vpp") or 1) > 1 or "layers_per_chunk" in fixed
     pin = fixed.get("pin", {})
     # megatron's stack reads --decoder-first/last-pipeline-num-layers only (0.16 MambaStack)
