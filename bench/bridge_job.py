@@ -22,6 +22,7 @@ PRESETS = {
     "deepseek-ai/DeepSeek-V3": "deepseek-v3",
     "Qwen/Qwen3-30B-A3B": "qwen3-30b-a3b",
     "Qwen/Qwen3-235B-A22B": "qwen3-235b-a22b",
+    "Qwen/Qwen3-Next-80B-A3B-Instruct": "qwen3-next-80b-a3b",
 }
 
 # model (TransformerConfig) fields whose name is Megatron-LM's argument's
@@ -81,6 +82,10 @@ def recipe_args(cfg: Record, gpus: int) -> tuple[str | None, dict[str, Any], lis
         args.pop("cuda_graph_scope", None)
     if not args.get("fine_grained_activation_offloading"):
         args.pop("offload_modules", None)
+    if args.get("recompute_granularity") != "selective":
+        # a field a recipe keeps from its base recipe after turning recomputation off (Qwen3-Next's
+        # perf recipes): megatron-core reads recompute_modules only under selective recomputation
+        args.pop("recompute_modules", None)
     # models/gpt_provider.py provide(): `padded_vocab_size = calculate_padded_vocab_size(vocab,
     # make_vocab_size_divisible_by, tp) if self.should_pad_vocab else self.vocab_size`
     if model.fields.get("should_pad_vocab"):

@@ -52,7 +52,7 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -266,6 +266,8 @@ def _predict(case: Case) -> Predicted:
         buffers = [b for chunk in built.stages[0].chunks for b in chunk.buffers()]
         state = state_bytes(buffers, training.use_distributed_optimizer, data, expert,
                             job_optimizer_bytes(job))  # fmt: skip
+        if stage.optimizer_by_rank:  # Muon: this rank's whole matrices (memory/engine/muon.py)
+            state = replace(state, optimizer=dict(stage.optimizer_by_rank)[rank])
     static = state.total + stage.buffers - stage.run.outside_bytes
     peak = static + stage.activation_bytes
     step, bound, note = plan_step(args, layout.world_size)

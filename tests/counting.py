@@ -26,9 +26,11 @@ def parameter_count(a: Mapping[str, Any], tp: int = 1) -> int:
     qkv_bias = bias or a.get("add_qkv_bias", False)
     gated = 2 if a.get("swiglu") or a.get("quick_geglu") else 1
     norm = h if a.get("normalization") == "RMSNorm" else 2 * h
+    gate = heads if a.get("attention_output_gate") else 0  # a gate per query channel
     attention = (
-        h * (heads + 2 * groups) * kv + qkv_bias * (heads + 2 * groups) * kv + heads * kv * h + bias * h
-    )
+        h * (heads + 2 * groups + gate) * kv + qkv_bias * (heads + 2 * groups + gate) * kv
+        + heads * kv * h + bias * h
+    )  # fmt: skip
     if a.get("multi_latent_attention"):
         attention = _mla_attention(a, h, heads)
     elif a.get("qk_layernorm"):
@@ -51,11 +53,14 @@ def parameter_count(a: Mapping[str, Any], tp: int = 1) -> int:
             moe_layer += h if a.get("moe_shared_expert_gate") else 0  # gate weight [1, h]
     if a.get("hybrid_override_pattern"):
         kinds = {"M": norm + _mamba2_mixer(a, h), "*": norm + attention,
-                 "-": norm + dense_layer, "E": norm + moe_layer}  # fmt: skip
+                 "-": norm + dense_layer, "E": norm + moe_layer,
+                 "G": norm + _gated_delta_net(a, h)}  # fmt: skip
         per_layer = [kinds[symbol] for symbol in a["hybrid_override_pattern"]]
     else:
         pattern = moe_pattern(a)
-        per_layer = [2 * norm + attention + (moe_layer if moe else dense_layer) for moe in pattern]
+        mixers = [_gated_delta_net(a, h) if gdn else attention for gdn in gdn_pattern(a)]
+        per_layer = [2 * norm + mixer + (moe_layer if moe else dense_layer)
+                     for mixer, moe in zip(mixers, pattern, strict=True)]  # fmt: skip
     total = vocab * h + sum(per_layer) + norm
     # Multi-token prediction: per depth, enorm, hnorm, eh_proj (2h -> h), a transformer layer like
     # the decoder's last, and a final norm; the embedding and output layer are shared.
@@ -82,6 +87,34 @@ def moe_pattern(a: Mapping[str, Any]) -> list[bool]:
     return [i % int(freq) == 0 for i in range(layers)]
 
 
+def gdn_pattern(a: Mapping[str, Any]) -> list[bool]:
+    """Return, per layer, whether it is a gated delta net: --linear-attention-freq N (every N-th
+    layer, i + 1 divisible by N, full attention) or a 1/0 list (1: gated delta net)."""
+    layers = a["num_layers"]
+    if a.get("experimental_attention_variant") != "gated_delta_net":
+        return [False] * layers
+    freq = a["linear_attention_freq"]
+    if isinstance(freq, str) and "[" in freq:
+        return [bool(int(x)) for x in freq.strip("()[]").split(",")]
+    return [(i + 1) % int(freq) != 0 for i in range(layers)]
+
+
+def _gated_delta_net(a: Mapping[str, Any], h: int) -> int:
+    """Return a gated delta net mixer's parameters (Yang, Kautz & Hatamizadeh 2024, Gated Delta
+    Networks; Qwen3-Next's Qwen3NextGatedDeltaNet; TransformerConfig's defaults: 16 query/key
+    heads and 32 value heads of 128, convolution width 4).
+
+    Input projections h -> q, k (n_k d_k each), v, z (n_v d_v each), beta and alpha (n_v each); a
+    depthwise causal convolution without bias over q, k, v; per value head dt bias and A; an
+    RMSNorm over one value head; an output projection n_v d_v -> h. No linear biases.
+    """
+    d_k, d_v = a.get("linear_key_head_dim") or 128, a.get("linear_value_head_dim") or 128
+    n_k, n_v = a.get("linear_num_key_heads") or 16, a.get("linear_num_value_heads") or 32
+    width = a.get("linear_conv_kernel_dim") or 4
+    qk, v = n_k * d_k, n_v * d_v
+    return h * (2 * qk + 2 * v + 2 * n_v) + (2 * qk + v) * width + 2 * n_v + d_v + v * h
+
+
 def _mla_attention(a: Mapping[str, Any], h: int, heads: int) -> int:
     """Return an MLA block's parameters (DeepSeek-V2 paper, Section 2.1.2; Megatron-LM defaults).
 
@@ -97,7 +130,17 @@ def _mla_attention(a: Mapping[str, Any], h: int, heads: int) -> int:
     else:
         query = h * heads * (qk + rope)
     key_value = h * (kv_lora + rope) + norms * kv_lora + kv_lora * heads * (qk + v)
-    return query + key_value + heads * v * h
+    return query + key_value + heads * v * h + _dsa_indexer(a, h, q_lora or h)
+
+
+def _dsa_indexer(a: Mapping[str, Any], h: int, q_lora: int) -> int:
+    """Return DeepSeek-V3.2's lightning indexer (DeepSeek-V3.2-Exp inference/model.py `Indexer`):
+    query heads x head from the query latent, one key head from h with a LayerNorm (weight and
+    bias), and one weight per head from h; none without --experimental-attention-variant dsa."""
+    if a.get("experimental_attention_variant") != "dsa":
+        return 0
+    n, d = a["dsa_indexer_n_heads"], a["dsa_indexer_head_dim"]
+    return q_lora * n * d + h * d + 2 * d + h * n
 
 
 def _mamba2_mixer(a: Mapping[str, Any], h: int) -> int:

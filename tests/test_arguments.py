@@ -251,10 +251,9 @@ def script(tmp_path: Path, extra: str) -> str:
          "--torch-fsdp2-no-reshard-after-forward is not modelled: FSDP2 keeping the gathered "
          "parameters from the forward to the backward (ZeRO-2) is not modelled; --use-torch-fsdp2 "
          "alone (resharding after the forward) is"),
-        ("--experimental-attention-variant dsa --dsa-indexer-topk 2048",
-         "--experimental-attention-variant dsa and --dsa-indexer-topk 2048 are not modelled: "
-         "megatron-core's experimental attention variants (dsa: DeepSeek-V3.2's sparse attention "
-         "and its indexer, megatron-core 0.16+; gated_delta_net) are not modelled"),
+        ("--dsa-kernel-backend tilelang",
+         "--dsa-kernel-backend tilelang is not modelled: DSA's fused TileLang and cuDNN kernels "
+         "are not simulated; megatron's own PyTorch path (--dsa-kernel-backend none) is"),
         ("--export-force-local-attention --load /ckpt",
          "--export-force-local-attention is not modelled: ModelOpt's local attention "
          "(megatron-core DotProductAttention, which stores the attention scores) in place of "

@@ -214,7 +214,7 @@ _MOE = dict(
 def test_composed_moe_stage_equals_every_layer_run(flags):
     """An MoE layer is its own kind: one of each kind stands for the rest, buffers included."""
     cache = assert_composed_equals_whole(_job(**_MOE, **flags))
-    kinds = {kind for _, _, small, _ in cache for kind in small}
+    kinds = {moe for _, _, small, _ in cache for moe, _ in small}  # (MoE, GDN) per layer
     assert kinds == {True, False} if "moe_layer_freq" in flags else kinds == {True}
 
 

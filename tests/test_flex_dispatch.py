@@ -265,7 +265,10 @@ def test_installed_megatron_knows_the_backend_flag_from_0_16() -> None:
         assert fields["moe_flex_dispatcher_backend"].default == "deepep"
     if BACKEND_SINCE <= installed < (0, 19):
         assert fields["moe_deepep_num_sms"].default == 20  # flex.py's docstring cites both
+    if BACKEND_SINCE <= installed < (0, 17):
         assert fields["moe_hybridep_num_sms"].default == 16
+    elif (0, 17) <= installed < (0, 19):  # None: HybridEPBuffer's own count (docs/limits.md)
+        assert fields["moe_hybridep_num_sms"].default is None
     elif installed >= (0, 19):  # both deprecated, routed into one count, None: each backend's own
         assert fields["moe_deepep_num_sms"].default is None
         assert fields["moe_flex_dispatcher_num_sms"].default is None

@@ -206,7 +206,7 @@ def test_activations_differ_from_alltoall_only_in_the_dispatcher():
 
     if DEEPEP_KEEPS_DISPATCHED:
         assert outside_dispatcher(flex) == outside_dispatcher(alltoall)
-    else:  # 0.19: the manager lets go of its dispatched indices and probs
+    else:  # 0.18 on: the manager lets go of its dispatched indices and probs
         # after combine; autograd frees them in backward, outside any layer
         def late(events):
             return [e for e in outside_dispatcher(events) if e[1] == "backward" and e[0] < 0]

@@ -28,9 +28,13 @@ PUBLISHED = {
     "qwen3-235b-a22b": 235_093_634_560,  # HF Qwen/Qwen3-235B-A22B: 235B
     "mixtral-8x7b": 46_702_792_704,  # HF mistralai/Mixtral-8x7B-v0.1
     "deepseek-v3": 685_000_000_000,  # HF deepseek-ai/DeepSeek-V3: 671B + 14B MTP module
+    # HF deepseek-ai/DeepSeek-V3.2-Exp (and DeepSeek-V3.2) model card: 685B params
+    "deepseek-v3.2": 685_000_000_000,
     "kimi-k2": 1_026_500_000_000,  # HF moonshotai/Kimi-K2-Instruct: 1026.5B (model card: 1T)
     "gpt-oss-20b": 20_910_000_000,  # OpenAI gpt-oss model card, arXiv:2508.10925: 20.91B total
     "gpt-oss-120b": 116_830_000_000,  # the same card: 116.83B total
+    # HF Qwen/Qwen3-Next-80B-A3B-Instruct model card: 80B in total (79.67B counted, -0.41%)
+    "qwen3-next-80b-a3b": 80_000_000_000,
 }
 
 
@@ -44,8 +48,10 @@ def test_published_count(name):
 @pytest.mark.parametrize(
     "name, preset",
     [("llama3.1-405b", "llama3.1-405b"), ("mixtral-8x7b", "mixtral-8x7b"),
-     ("qwen3-30b-a3b", "qwen3-30b-a3b"), ("deepseek-v3", "deepseek-v3"), ("kimi-k2", "kimi-k2"),
-     ("gpt-oss-20b", "gpt-oss-20b"), ("gpt-oss-120b", "gpt-oss-120b")],
+     ("qwen3-30b-a3b", "qwen3-30b-a3b"), ("deepseek-v3", "deepseek-v3"), ("deepseek-v3.2", "deepseek-v3.2"),
+     ("kimi-k2", "kimi-k2"),
+     ("gpt-oss-20b", "gpt-oss-20b"), ("gpt-oss-120b", "gpt-oss-120b"),
+     ("qwen3-next-80b-a3b", "qwen3-next-80b-a3b")],
 )  # fmt: skip
 def test_mapping_builds_the_presets_architecture(name, preset):
     # the presets were written from the papers and Megatron-LM's recipes, independently
@@ -92,15 +98,16 @@ def test_unknown_keys_are_listed(tmp_path):
         ({"model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"]},
          "Gemma2ForCausalLM (model_type gemma2) is not modelled: Gemma 2's sliding-window layers, "
          "logit soft-capping and extra norms are not modelled"),
-        ({"model_type": "deepseek_v32", "architectures": ["DeepseekV32ForCausalLM"]},
-         "DeepseekV32ForCausalLM (model_type deepseek_v32) is not modelled: DeepSeek-V3.2's "
-         "sparse attention (megatron-core 0.16's experimental attention variant dsa, with its "
-         "indexer) is not modelled"),
+        ({"model_type": "glm_moe_dsa", "architectures": ["GlmMoeDsaForCausalLM"]},
+         "GlmMoeDsaForCausalLM (model_type glm_moe_dsa) is not modelled: GLM-5's sparse-attention "
+         "indexer (no Hadamard rotation, interleaved RoPE, its own k-norm epsilon, the top-k "
+         "shared across layers) is not modelled; DeepSeek-V3.2's is"),
         ({"model_type": "phi3", "architectures": ["Phi3ForCausalLM"]},
          "Phi3ForCausalLM (model_type 'phi3') is not an architecture this tool maps; it maps "
          "Llama (llama), Mistral (mistral), Mixtral (mixtral), Qwen2 (qwen2), Qwen3 (qwen3), "
-         "Qwen3-MoE (qwen3_moe), DeepSeek-V3 (deepseek_v3), Kimi-K2 (kimi_k2), gpt-oss (gpt_oss), "
-         "Nemotron-H (nemotron_h), as Megatron-Bridge does"),
+         "Qwen3-MoE (qwen3_moe), DeepSeek-V3 (deepseek_v3), Kimi-K2 (kimi_k2), DeepSeek-V3.2 "
+         "(deepseek_v32), gpt-oss (gpt_oss), "
+         "Nemotron-H (nemotron_h), Qwen3-Next (qwen3_next), as Megatron-Bridge does"),
     ],
 )  # fmt: skip
 def test_architectures_refused_by_name(tmp_path, changes, message):

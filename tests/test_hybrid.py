@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from inspector.inputs.versions import megatron_core_version
-from inspector.job.versions import hybrid_moe_layers
+from inspector.job.versions import hybrid_gdn_layers, hybrid_moe_layers
 from tests.counting import parameter_count
 
 SMALL = ("--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "8",
@@ -92,12 +92,10 @@ def test_gated_norm_registers_like_mamba_ssm():
     [
         # a symbol no megatron-core's allocate_layers knows
         (("--hybrid-override-pattern", "M*x-"), "--hybrid-override-pattern M*x-: x is not a layer "
-         "symbol of this megatron-core (M Mamba, * attention, - MLP" + (
-             ", E MoE)" if hybrid_moe_layers() else ")")),
-        # gated delta net: a symbol of later megatron-core, named with the version that has it
-        (("--hybrid-override-pattern", "M*G-"), "--hybrid-override-pattern M*G-: G (gated delta "
-         "net, megatron-core 0.17+) layers are not modelled yet (the installed megatron-core is "
-         + ".".join(map(str, megatron_core_version())) + ")"),
+         "symbol of this megatron-core (M Mamba, * attention, - MLP"
+         + (", E MoE" if hybrid_moe_layers() else "")
+         + (", G gated delta net" if hybrid_gdn_layers() else "")
+         + (", D DeepSeek sparse attention" if megatron_core_version() >= (0, 18) else "") + ")"),
         # one symbol per layer
         (("--hybrid-override-pattern", "M*"), "--hybrid-override-pattern has 2 layers but "
          "--num-layers is 4; megatron-core needs one symbol per layer"),

@@ -9,9 +9,13 @@ import pytest
 
 from inspector.errors import ConfigError
 from inspector.inputs.presets import PRESETS, get_preset
-from inspector.job.versions import hybrid_moe_layers
+from inspector.job.dsa import DSA_BUILT_SINCE
+from inspector.job.versions import hybrid_moe_layers, megatron_version
 from tests.counting import parameter_count
+from tests.test_gdn import GDN_IN_GPT
 from tests.test_versions import GPT_OSS, SHARED_EXPERT_GATE
+
+VERSION = megatron_version()
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
@@ -30,8 +34,12 @@ def _buildable(name: str) -> list:
         return [pytest.mark.skip(reason="shared-expert gate needs megatron-core 0.16")]
     if "E" in PRESETS[name].args.get("hybrid_override_pattern", "") and not hybrid_moe_layers():
         return [pytest.mark.skip(reason="hybrid MoE layers need megatron-core 0.16")]
+    if PRESETS[name].args.get("experimental_attention_variant") and VERSION < DSA_BUILT_SINCE:
+        return [pytest.mark.skip(reason="DSA needs megatron-core 0.18 (tests/test_dsa.py)")]
     if PRESETS[name].args.get("quick_geglu") and not GPT_OSS:
         return [pytest.mark.skip(reason="gpt-oss's layers need megatron-core 0.15")]
+    if PRESETS[name].args.get("experimental_attention_variant") and not GDN_IN_GPT:
+        return [pytest.mark.skip(reason="gated delta net layers need megatron-core 0.16")]
     return []
 
 

@@ -213,7 +213,7 @@ def test_router_padding_hands_the_experts_aligned_rows(monkeypatch, dispatcher: 
     padded = _expert_rows(monkeypatch, *chosen, "--moe-router-padding-for-fp8")
     if EXPERTS_PAD_AFTER_ROUTER_PADS:
         assert padded and {tuple(rows) for rows in padded} == {(64, 64, 64, 64)}
-    else:  # 0.19: the experts skip Fp8Padding when the router pads (skip_routed_expert_padding)
+    else:  # 0.18 on: the experts skip Fp8Padding when the router pads (skip_routed_expert_padding)
         from inspector.world.te.grouped_linear import GroupedLinear
 
         assert padded == []

@@ -34,7 +34,7 @@ GRAD_NORM_MADE_FIRST = VERSION >= (0, 19)
 # megatron's ColumnParallelLinear / RowParallelLinear print `bias=False` always to 0.16 (they test
 # `self.bias is True`), and whether the layer has a bias from 0.17 (`self.bias is not None`);
 # golden files hold the 0.16 text (tests/conftest.py compares through `as_printed_by_0_16`)
-LINEAR_REPR_SHOWS_BIAS = VERSION >= (0, 17)
+LINEAR_REPR_SHOWS_BIAS = VERSION >= (0, 18)
 _LINEAR_REPR = re.compile(r"(?<!\w)((?:Column|Row)ParallelLinear\(in_features=\d+, out_features=\d+, )bias=True")
 
 
@@ -62,13 +62,13 @@ MTP_INNER = "mtp_model_layer" if VERSION >= (0, 17) else "transformer_layer"
 # needs a gradient. Checked on 0.16.1 (absent) and 0.19.2 (present) only.
 ALLTOALL_GRAPH_RETURNS_PROBS = VERSION >= (0, 19)
 # TEGroupedMLP calls TE's Fp8Padding even when the router already padded each expert's rows
-# (--moe-router-padding-for-fp8) up to 0.16; 0.19 skips it then (moe_utils.py
-# skip_routed_expert_padding). Checked on 0.16.1 and 0.19.2 only.
-EXPERTS_PAD_AFTER_ROUTER_PADS = VERSION < (0, 19)
-# DeepEP's _DeepepManager keeps its dispatched indices and probs after combine up to 0.16; 0.19
+# (--moe-router-padding-for-fp8) up to 0.17; 0.18 skips it then (moe_utils.py
+# skip_routed_expert_padding). Checked on 0.16.1, 0.17.1, 0.18.2 and 0.19.2.
+EXPERTS_PAD_AFTER_ROUTER_PADS = VERSION < (0, 18)
+# DeepEP's _DeepepManager keeps its dispatched indices and probs after combine up to 0.17; 0.18
 # drops them there (token_dispatcher.py `_DeepepManager.combine`, "avoid memory leak"), so
-# autograd frees what the dispatch saved of them in backward. Checked on 0.16.1 and 0.19.2 only.
-DEEPEP_KEEPS_DISPATCHED = VERSION < (0, 19)
+# autograd frees what the dispatch saved of them in backward. Checked on 0.16.1 to 0.19.2.
+DEEPEP_KEEPS_DISPATCHED = VERSION < (0, 18)
 # --cuda-graph-impl is modelled from 0.16 (TECudaGraphHelper's sample buffers, transformer/
 # cuda_graphs.py `convert_schedule_table_to_order`); before, inspect-model refuses it
 # (tests/test_cuda_graphs.py test_before_megatron_core_0_16_the_graphs_are_refused)

@@ -18,7 +18,8 @@ What the formula counts (symbols of inspector/job/dims.py, B sequences of s toke
   - logits 6T h v; the embedding lookup, norms, softmax, activations and the loss are free.
 It is model FLOPs (MFU's numerator): activation recomputation adds hardware work it ignores.
   - multi-latent attention and multi-token prediction: `mla_attention_flops`, `mtp_flops`;
-Not modelled: attention output gates, latent MoE and packed (THD) sequences, which Megatron-LM's
+  - gated delta net layers (in place of attention): `gdn_token_flops`;
+Not modelled: latent MoE and packed (THD) sequences, which Megatron-LM's
 function also covers.
 """
 
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 
 from inspector.errors import ConfigError
 from inspector.job.dims import ModelDims
+from inspector.job.gdn import GdnShape
 from inspector.job.layout import Layout
 
 GEMM_FACTOR = 3 * 2  # forward + two backward GEMMs, times 2 FLOPs per multiply-add
@@ -54,12 +56,16 @@ def layer_flops(dims: ModelDims, layer: int, num_sequences: int) -> LayerFlops:
     h, a, g, d = dims.hidden_size, dims.num_attention_heads, dims.query_groups, dims.head_dim
     s = dims.seq_length
     tokens = num_sequences * s
-    # "qkv proj" + "out proj" terms of `standard_self_attn_term`.
-    attention = GEMM_FACTOR * tokens * (h * d * (a + 2 * g) + a * d * h)
+    # "qkv proj" + "out proj" terms of `standard_self_attn_term` (with `gate_projection_size`,
+    # a d, for --attention-output-gate)
+    gate = a if dims.attention_output_gate else 0
+    attention = GEMM_FACTOR * tokens * (h * d * (a + 2 * g + gate) + a * d * h)
     # "core attention": query_projection_size * s / 2 (causal) * 2 (QK^T and (QK^T)V) per token.
     core = GEMM_FACTOR * tokens * (a * d) * s
     if dims.multi_latent_attention:
         attention, core = mla_attention_flops(dims, tokens)
+    if dims.is_gdn_layer(layer):
+        attention, core = GEMM_FACTOR * tokens * gdn_token_flops(h, dims.gdn_shape()), 0
     # `ffn_expansion_factor`: 3 with SwiGLU (two h->f GEMMs and one f->h), else 2.
     expansion = dims.gated_multiplier + 1
     if dims.is_moe_layer(layer):
@@ -68,6 +74,18 @@ def layer_flops(dims: ModelDims, layer: int, num_sequences: int) -> LayerFlops:
         width = dims.ffn
     mlp = GEMM_FACTOR * tokens * h * width * expansion
     return LayerFlops(attention, core, mlp)
+
+
+def gdn_token_flops(h: int, shape: GdnShape) -> int:
+    """Return a gated delta net layer's forward multiply-adds per token.
+
+    Megatron-LM `num_floating_point_operations`, `linear_self_attn_term` (training.py 493-520
+    at core_v0.16.1; `gdn_layer_flops` of its hybrid branch at core_v0.19.0, the same sum): in
+    proj h (2 qk + 2 v + 2 n_v), conv1d w (2 qk + v), the gated delta rule n_v d_v^2 x 4
+    ("KK^T, VK^T, S(a(I-bKK^T)), and SQ") and out proj h v, with qk = n_k d_k, v = n_v d_v.
+    """
+    d_v, n_v = shape.value_dim, shape.value_heads
+    return h * shape.in_width + shape.conv_kernel * shape.conv_width + n_v * d_v**2 * 4 + h * n_v * d_v
 
 
 def mla_attention_flops(dims: ModelDims, tokens: int) -> tuple[int, int]:

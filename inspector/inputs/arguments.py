@@ -183,6 +183,14 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
     _model("mamba_head_dim", int, "Mamba: head size (default 64)."),
     _model("mamba_num_groups", int, "Mamba: groups of B/C projections (default 8)."),
     _model("mamba_num_heads", int, "Mamba: heads (default 2 x hidden / head size)."),
+    # Gated delta net (TransformerConfig fields in Megatron-LM; --linear-attention-freq its own).
+    _model("linear_attention_freq", str, "GDN: every N-th layer attention, or a 1/0 list (1: GDN)."),
+    _model("linear_conv_kernel_dim", int, "GDN: causal convolution width (default 4)."),
+    _model("linear_key_head_dim", int, "GDN: query and key head size (default 128)."),
+    _model("linear_value_head_dim", int, "GDN: value and gate head size (default 128)."),
+    _model("linear_num_key_heads", int, "GDN: query and key heads (default 16)."),
+    _model("linear_num_value_heads", int, "GDN: value and gate heads (default 32)."),
+    _model("attention_output_gate", bool, "Gate the attention output per head (Qwen3-Next)."),
     # gpt-oss's layers (TransformerConfig fields in Megatron-LM, --quick-geglu its own flag).
     _model("quick_geglu", bool, "A gated MLP with quick-GELU (gpt-oss), in place of --swiglu."),
     _model("glu_linear_offset", float, "Offset added to the gated MLP's linear half (gpt-oss: 1)."),
@@ -201,6 +209,15 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         str,
         "With --window-size: every N-th layer full attention, or a 1/0 list per layer (1: window).",
     ),
+    # DeepSeek-V3.2's sparse attention (TransformerConfig fields; megatron-core 0.18+ builds it).
+    _model("experimental_attention_variant", str, "dsa: DeepSeek sparse attention on MLA layers "
+           "(megatron-core 0.18+); gated_delta_net: GPTModel's gated delta net (linear attention) "
+           "layers (0.16+).", choices=("dsa", "gated_delta_net")),  # fmt: skip
+    _model("dsa_indexer_n_heads", int, "DSA: heads of the lightning indexer."),
+    _model("dsa_indexer_head_dim", int, "DSA: head size of the lightning indexer."),
+    _model("dsa_indexer_topk", int, "DSA: keys each query attends to."),
+    _model("dsa_indexer_loss_coeff", float, "DSA: weight of the indexer's KL loss."),
+    _model("dsa_indexer_use_sparse_loss", bool, "DSA: the indexer loss over the top-k keys only."),
     # Parallel layout.
     _layout("tensor_model_parallel_size", int, "Tensor-parallel size.", aliases=("--tp",)),
     _layout("pipeline_model_parallel_size", int, "Pipeline-parallel size.", aliases=("--pp",)),
@@ -246,6 +263,10 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
     _layout(
         "use_distributed_optimizer", bool, "Shard optimizer state over data-parallel ranks.",
         negatable=True,
+    ),
+    _layout(
+        "num_distributed_optimizer_instances", int,
+        "Distributed-optimizer instances: state sharded over dp / N ranks, all-reduced across them.",
     ),
     _layout(
         "use_megatron_fsdp", bool,
@@ -346,9 +367,11 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
     _training("attention_dropout", float, "Attention dropout (0: no mask stored; default 0.1)."),
     _training("hidden_dropout", float, "Hidden dropout (0: no masks stored; default 0.1)."),
     # Megatron-LM's choices (muon and dist_muon from 0.16, lion 0.17, soap and adaptive_muon 0.18):
-    # all but adam are refused by name (unmodelled.REFUSED_VALUES)
-    _training("optimizer", str, "Optimizer (Adam only: its two fp32 moments).",
-              choices=("adam", "sgd", "muon", "dist_muon", "lion", "soap", "adaptive_muon")),
+    # adam, and muon / dist_muon on megatron-core 0.16, are modelled, the others refused by name
+    # (unmodelled.REFUSED_VALUES); a layout argument, as dist_muon decides who owns what (params)
+    _layout("optimizer", str, "Optimizer: adam; muon, dist_muon (Muon on 2-D weights, Adam on the "
+            "rest; dist_muon gives each whole matrix to one data-parallel rank).",
+            choices=("adam", "sgd", "muon", "dist_muon", "lion", "soap", "adaptive_muon")),
     _training(
         "use_precision_aware_optimizer", bool,
         "Adam's state in Transformer Engine's FusedAdam in the dtypes below (distributed optimizer).",

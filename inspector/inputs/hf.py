@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inspector.errors import InputError
-from inspector.inputs import hf_hybrid
+from inspector.inputs import hf_gdn, hf_hybrid
 from inspector.inputs.hf_values import value_of
 from inspector.inputs.refusals import Refused
 from inspector.inputs.sources import ScriptArgs, parse_config
@@ -54,6 +54,13 @@ FAMILIES: dict[str, Family] = {
     # Kimi-K2's config.json says DeepseekV3ForCausalLM with model_type kimi_k2; its bridge sets
     # what DeepSeek-V3's does (scoring_func sigmoid comes from the file, through MAPPED)
     "kimi_k2": Family("Kimi-K2", "kimi/kimi_bridge.py", _DEEPSEEK_V3),
+    # DeepSeek-V3.2: DeepSeek-V3 with the lightning indexer on every MLA layer (config.json's
+    # index_* keys, MAPPED); Megatron-Bridge has no bridge for it (as of 1ee926b34; its GLM-5
+    # bridge, glm_moe_dsa/glm5_bridge.py, sets these three fields from the same keys; RoPE
+    # unfused, as deepseek/deepseek_v3_bridge.py sets it and megatron's DSAttention needs)
+    "deepseek_v32": Family("DeepSeek-V3.2", "glm_moe_dsa/glm5_bridge.py",
+                           {**_DEEPSEEK_V3, "experimental_attention_variant": "dsa",
+                            "no_rope_fusion": True}),  # fmt: skip
     # gpt_oss_bridge.py `provider_bridge` (as of 0e4d6ed60): biases everywhere, quick-GELU GLU
     # clamped at 7 with offset 1, attention sinks, every other layer a window, YaRN positions;
     # the sliding window, YaRN factor and experts' size from the file (_gpt_oss)
@@ -65,6 +72,7 @@ FAMILIES: dict[str, Family] = {
         "moe_router_load_balancing_type": "none", "hidden_dropout": 0.0,
         "transformer_impl": "transformer_engine"}),  # fmt: skip
     "nemotron_h": Family("Nemotron-H", "nemotronh/nemotron_h_bridge.py", hf_hybrid.FIXED),
+    "qwen3_next": Family("Qwen3-Next", "qwen/qwen3_next_bridge.py", hf_gdn.FIXED),
 }
 
 # Architectures Megatron-Bridge maps that this tool's layer specs cannot build, and why.
@@ -72,8 +80,9 @@ NOT_MODELLED: dict[str, str] = {
     "gemma": "Gemma's gated tanh-GELU MLP and zero-centred norms are not modelled (only --swiglu)",
     "gemma2": "Gemma 2's sliding-window layers, logit soft-capping and extra norms are not modelled",
     "gemma3": "Gemma 3's sliding-window layers and extra norms are not modelled",
-    "deepseek_v32": "DeepSeek-V3.2's sparse attention (megatron-core 0.16's experimental "
-    "attention variant dsa, with its indexer) is not modelled",
+    # glm_moe_dsa/glm5_bridge.py: dsa_indexer_rotate_activation False, rope interleaved, ...
+    "glm_moe_dsa": "GLM-5's sparse-attention indexer (no Hadamard rotation, interleaved RoPE, "
+    "its own k-norm epsilon, the top-k shared across layers) is not modelled; DeepSeek-V3.2's is",
 }
 
 _INT = int
@@ -101,6 +110,9 @@ MAPPED: dict[str, tuple[str, type]] = {
     "qk_nope_head_dim": ("qk_head_dim", _INT),
     "qk_rope_head_dim": ("qk_pos_emb_head_dim", _INT),
     "v_head_dim": ("v_head_dim", _INT),
+    "index_n_heads": ("dsa_indexer_n_heads", _INT),
+    "index_head_dim": ("dsa_indexer_head_dim", _INT),
+    "index_topk": ("dsa_indexer_topk", _INT),
 }
 
 # Keys every config.json of these families holds; one missing would leave the model to a default
@@ -159,7 +171,8 @@ def read_hf_mapping(data: dict[str, Any], path: str) -> ScriptArgs:
     for rule in _RULES:
         refused += rule(data, args, path)
     ignored = tuple(key for key in data if key in IGNORED_KEYS)
-    known = (MAPPED, RULED, IGNORED_KEYS, hf_hybrid.MAPPED, hf_hybrid.FIXED_BY_MEGATRON, ("use_bias",))
+    known = (MAPPED, RULED, IGNORED_KEYS, hf_hybrid.MAPPED, hf_hybrid.FIXED_BY_MEGATRON, ("use_bias",),
+             hf_gdn.MAPPED, hf_gdn.PATTERN_KEYS)  # fmt: skip
     unknown = [k for k in data if not any(k in table for table in known)]
     notes = [f"{family.name} mapped as Megatron-Bridge's {family.bridge} maps it; --seq-length is "
              f"max_position_embeddings ({args.get('seq_length')}), as there: give --seq-length "
@@ -284,4 +297,4 @@ def _experts(data: dict[str, Any], args: dict[str, Any], path: str) -> list[Refu
     return refused
 
 
-_RULES = (_attention, _activation_and_window, _experts, hf_hybrid.hybrid_rule)
+_RULES = (_attention, _activation_and_window, _experts, hf_hybrid.hybrid_rule, hf_gdn.gdn_rule)

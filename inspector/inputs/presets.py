@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from inspector.errors import ConfigError
+from inspector.inputs.presets_gdn import GDN_PRESETS
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,21 @@ _LLAMA = dict(
     position_embedding_type="rope",
     untie_embeddings_and_output_weights=True,
     disable_bias_linear=True,
+)
+# DeepSeek-V3's architecture (HF deepseek-ai/DeepSeek-V3 config.json), with the flags of
+# Megatron-LM's DeepSeek-V3 recipe; DeepSeek-V3.2 adds its indexer to it
+_DEEPSEEK_V3 = dict(
+    num_layers=61, hidden_size=7168, num_attention_heads=128, kv_channels=128,
+    ffn_hidden_size=18432, multi_latent_attention=True, q_lora_rank=1536, kv_lora_rank=512,
+    qk_head_dim=128, qk_pos_emb_head_dim=64, v_head_dim=128, qk_layernorm=True,
+    rotary_scaling_factor=40.0, mscale=1.0, mscale_all_dim=1.0,
+    num_experts=256, moe_layer_freq="([0]*3+[1]*58)", moe_router_topk=8,
+    moe_ffn_hidden_size=2048, moe_shared_expert_intermediate_size=2048,
+    moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True,
+    moe_router_num_groups=8, moe_router_group_topk=4,  # HF n_group, topk_group; the recipe's
+    moe_grouped_gemm=True, mtp_num_layers=1, seq_length=4096, max_position_embeddings=4096,
+    vocab_size=129280, make_vocab_size_divisible_by=1280, **_LLAMA,
+    transformer_impl="transformer_engine",
 )
 
 
@@ -138,17 +154,20 @@ _ALL = [
         "deepseek-ai/DeepSeek-V3 config.json); flags as Megatron-LM's DeepSeek-V3 recipe "
         "(docs/discussions/megatron-fsdp-user-guide/example-scripts/sbatch_mfsdp_deepseek_v3.sh)",
         685e9, "HF deepseek-ai/DeepSeek-V3 model card: 685B = 671B main model + 14B MTP module",
-        num_layers=61, hidden_size=7168, num_attention_heads=128, kv_channels=128,
-        ffn_hidden_size=18432, multi_latent_attention=True, q_lora_rank=1536, kv_lora_rank=512,
-        qk_head_dim=128, qk_pos_emb_head_dim=64, v_head_dim=128, qk_layernorm=True,
-        rotary_scaling_factor=40.0, mscale=1.0, mscale_all_dim=1.0,
-        num_experts=256, moe_layer_freq="([0]*3+[1]*58)", moe_router_topk=8,
-        moe_ffn_hidden_size=2048, moe_shared_expert_intermediate_size=2048,
-        moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True,
-        moe_router_num_groups=8, moe_router_group_topk=4,  # HF n_group, topk_group; the recipe's
-        moe_grouped_gemm=True, mtp_num_layers=1, seq_length=4096, max_position_embeddings=4096,
-        vocab_size=129280, make_vocab_size_divisible_by=1280, **_LLAMA,
-        transformer_impl="transformer_engine",
+        **_DEEPSEEK_V3,
+    ),
+    _preset(
+        "deepseek-v3.2",
+        "DeepSeek-V3 with DSA: lightning indexer (64 heads of 128, top-2048) on every MLA layer",
+        "DeepSeek-AI 2025, DeepSeek-V3.2-Exp (HF deepseek-ai/DeepSeek-V3.2-Exp config.json: "
+        "index_n_heads 64, index_head_dim 128, index_topk 2048); megatron-core 0.18+ builds it",
+        685e9, "HF deepseek-ai/DeepSeek-V3.2-Exp model card: 685B params",
+        **_DEEPSEEK_V3,
+        experimental_attention_variant="dsa", dsa_indexer_n_heads=64, dsa_indexer_head_dim=128,
+        dsa_indexer_topk=2048,
+        # megatron's DSAttention refuses fused RoPE; Megatron-Bridge's DeepSeek bridge turns it
+        # off (deepseek/deepseek_v3_bridge.py: apply_rope_fusion False)
+        no_rope_fusion=True,
     ),
     _preset(
         "qwen3-30b-a3b",
@@ -245,6 +264,9 @@ _ALL += [
         num_layers=36, num_experts=128, **_GPT_OSS,
     ),
 ]  # fmt: skip
+
+_ALL += [_preset(name, summary, source, count, count_source, **args)
+         for name, summary, source, count, count_source, args in GDN_PRESETS]  # fmt: skip
 
 PRESETS: dict[str, Preset] = {preset.name: preset for preset in _ALL}
 DEFAULT = "gpt2-small"

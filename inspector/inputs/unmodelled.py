@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from inspector.inputs.versions import megatron_core_version
+from inspector.inputs.versions import MUON_RELEASES, megatron_core_version
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,8 @@ class Refusal:
     group: str  # the argument group (inspector.inputs.arguments) whose commands it would change
     reason: str
     harmless: tuple[str, ...] = ()
+    # modelled on the megatron-core releases from the first to before the second (a value)
+    modelled: tuple[tuple[int, int], tuple[int, int]] | None = None
 
 
 _FP8 = (
@@ -47,11 +49,19 @@ _QK_L2 = (
     "--qk-layernorm's norms) is not modelled"
 )
 _DSA = (
-    "megatron-core's experimental attention variants (dsa: DeepSeek-V3.2's sparse attention and "
-    "its indexer, megatron-core 0.16+; gated_delta_net) are not modelled"
+    "this variant of DeepSeek sparse attention's indexer (megatron-core 0.19: top-k shared "
+    "across layers, GLM-5's indexer without rotation or ReLU) is not modelled; DeepSeek-V3.2's is"
+)
+_DSA_KERNELS = (
+    "DSA's fused TileLang and cuDNN kernels are not simulated; megatron's own PyTorch path "
+    "(--dsa-kernel-backend none) is"
 )
 _QUANTIZERS = "ModelOpt's quantizers (fake-quantized weights and inputs) are not counted"
 _OPTIMIZER = "this optimizer's state is not counted (Adam's two fp32 moments are)"
+_MUON_LATER = (
+    "megatron-core 0.17+ builds Muon through its emerging-optimizers registry and layer-wise "
+    "parameter layout, which this tool does not run yet (megatron-core 0.16's Muon is modelled)"
+)
 _MFSDP_DTYPE = (
     "Megatron-FSDP's buffer dtypes other than the default are not modelled (the buffers are "
     "counted as megatron-core 0.16 allocates them)"
@@ -70,9 +80,6 @@ REFUSED: dict[str, Refusal] = {
     "--fp8-dot-product-attention": Refusal("training", _FP8_PART),
     "--fp8-multi-head-attention": Refusal("training", _FP8_PART),
     "--torch-fsdp2-no-reshard-after-forward": Refusal("layout", _FSDP),
-    "--num-distributed-optimizer-instances": Refusal(
-        "layout", "several distributed-optimizer instances shard over part of the data-parallel "
-        "group, which this tool does not model", ("1",)),  # fmt: skip
     "--use-legacy-models": Refusal("model", "this tool builds megatron-core (mcore) models only"),
     "--spec": Refusal("model", "a custom layer spec module cannot be imported here",
                       (MAMBA_STACK_SPEC, HYBRID_STACK_SPEC)),  # fmt: skip
@@ -109,15 +116,18 @@ REFUSED: dict[str, Refusal] = {
     "--export-kv-cache-quant": Refusal("training", _QUANTIZERS, ("none",)),
     "--qad-train-target": Refusal("training", _FROZEN),
     "--freeze-base-for-mtp": Refusal("training", _FROZEN),
-    # TransformerConfig fields (megatron-core 0.16.1 transformer_config.py 250-268), which
-    # Megatron-LM reads as arguments; megatron-core builds DeepSeek-V3.2's sparse attention
-    # (transformer/experimental_attention_variant/dsa.py), whose indexer this tool does not run
-    "--experimental-attention-variant": Refusal("model", _DSA),
-    "--dsa-indexer-n-heads": Refusal("model", _DSA),
-    "--dsa-indexer-head-dim": Refusal("model", _DSA),
-    "--dsa-indexer-topk": Refusal("model", _DSA),
-    "--dsa-indexer-loss-coeff": Refusal("model", _DSA),
-    "--dsa-indexer-use-sparse-loss": Refusal("model", _DSA),
+    # megatron-core 0.19's further DSA fields (transformer_config.py 312-343 at 0.19.2), read by
+    # Megatron-LM as arguments: indexer top-k shared across layers, fused kernels, GLM-5's indexer
+    "--dsa-indexer-topk-freq": Refusal("model", _DSA, ("1",)),
+    "--dsa-indexer-skip-topk-offset": Refusal("model", _DSA, ("0",)),
+    "--dsa-kernel-backend": Refusal("training", _DSA_KERNELS, ("none",)),
+    "--dsa-indexer-rope-interleaved": Refusal("model", _DSA),
+    "--no-dsa-indexer-rotate-activation": Refusal("model", _DSA),
+    "--disable-dsa-indexer-rotate-activation": Refusal("model", _DSA),
+    "--no-dsa-indexer-scoring-relu": Refusal("model", _DSA),
+    "--disable-dsa-indexer-scoring-relu": Refusal("model", _DSA),
+    "--dsa-indexer-k-norm-epsilon": Refusal("model", _DSA),
+    "--dsa-indexer-k-norm-fp32": Refusal("model", _DSA),
     "--vocab-extra-ids": Refusal("model", "extra ids change the vocabulary; pass --vocab-size"),
     "--fine-grained-activation-offloading": Refusal(  # TransformerConfig, megatron-core 0.16
         "training", "activation offloading to the CPU (--offload-modules) is not modelled"),
@@ -389,9 +399,14 @@ LOCAL_GRAPHS = Refusal(
 
 REFUSED_VALUES: dict[str, dict[str, Refusal]] = {
     # megatron-core's optimizer/__init__.py: Muon (emerging_optimizers' orthogonalised momentum on
-    # the linear weights, Adam on the rest), Lion, SOAP; versions.CHOICE_VERSIONS has when each came
-    "--optimizer": {name: Refusal("training", _OPTIMIZER) for name in (
-        "muon", "dist_muon", "lion", "soap", "adaptive_muon")},  # fmt: skip
+    # the linear weights, Adam on the rest), Lion, SOAP; versions.CHOICE_VERSIONS has when each came.
+    # Muon is modelled as megatron-core 0.16 builds it (optimizer/muon.py, layer_wise_optimizer.py);
+    # 0.17+ moved it into optimizer/emerging_optimizers.py with a layer-wise parameter layout
+    "--optimizer": {
+        **{name: Refusal("training", _OPTIMIZER) for name in ("lion", "soap", "adaptive_muon")},
+        **{name: Refusal("training", _MUON_LATER, modelled=MUON_RELEASES)  # engine/muon.py
+           for name in ("muon", "dist_muon")},
+    },  # fmt: skip
 }
 
 

@@ -45,6 +45,15 @@ ARGUMENT_VERSIONS: dict[str, tuple[tuple[int, int], tuple[int, int] | None]] = {
     "--step-batch-size-schedule": ((0, 18), None),
     # training_config.py TokenizerConfig.padded_vocab_size, parsed from it from core_v0.18.0
     "--padded-vocab-size": ((0, 18), None),
+    # TransformerConfig's gated delta net fields and --linear-attention-freq (core_v0.16.0)
+    "--experimental-attention-variant": ((0, 16), None),
+    "--linear-attention-freq": ((0, 16), None),
+    "--linear-conv-kernel-dim": ((0, 16), None),
+    "--linear-key-head-dim": ((0, 16), None),
+    "--linear-value-head-dim": ((0, 16), None),
+    "--linear-num-key-heads": ((0, 16), None),
+    "--linear-num-value-heads": ((0, 16), None),
+    "--attention-output-gate": ((0, 16), None),
     "--freeze-all-layers": ((0, 19), None),
     "--inference-cuda-graph-max-tokens": ((0, 19), None),
     "--inference-shards": ((0, 19), None),
@@ -75,6 +84,11 @@ CHOICE_VERSIONS: dict[tuple[str, str], tuple[int, int]] = {
     ("--optimizer", "soap"): (0, 18),
     ("--optimizer", "adaptive_muon"): (0, 18),
 }
+
+
+# the megatron-core releases whose Muon this tool runs: 0.16's optimizer/muon.py (0.17 moved it into
+# optimizer/emerging_optimizers.py with a registry and a layer-wise parameter layout)
+MUON_RELEASES = ((0, 16), (0, 17))
 
 
 def choice_version_fact(flag: str, value: str) -> tuple[str, bool] | None:

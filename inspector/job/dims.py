@@ -24,6 +24,7 @@ from typing import Any
 
 from inspector.errors import ConfigError
 from inspector.job.checks import check_at_least_one, check_heads, check_query_groups
+from inspector.job.gdn import GdnShape
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,16 @@ class ModelDims:
     # (job/hybrid_model.py MambaShape)
     layer_symbols: str = ""
     mamba: Any = None
+    # gated delta net layers (--experimental-attention-variant gated_delta_net): which layers
+    # (`linear_attention_freq`) and their sizes, TransformerConfig's defaults
+    experimental_attention_variant: str | None = None
+    linear_attention_freq: int | tuple[int, ...] | None = None
+    linear_conv_kernel_dim: int = 4
+    linear_key_head_dim: int = 128
+    linear_value_head_dim: int = 128
+    linear_num_key_heads: int = 16
+    linear_num_value_heads: int = 32
+    attention_output_gate: bool = False  # a gate per query channel in the QKV projection
 
     @classmethod
     def from_fields(
@@ -178,6 +189,20 @@ class ModelDims:
         """Return what a layer's cost depends on: its pattern symbol in a hybrid model, else
         whether its MLP is MoE (`is_moe_layer`)."""
         return self.layer_symbols[layer] if self.layer_symbols else self.is_moe_layer(layer)
+
+    def gdn_shape(self) -> GdnShape:
+        """Return the gated delta net's sizes (GatedDeltaNet `__init__`)."""
+        return GdnShape(self.linear_num_key_heads, self.linear_num_value_heads,
+                        self.linear_key_head_dim, self.linear_value_head_dim,
+                        self.linear_conv_kernel_dim)  # fmt: skip
+
+    def is_gdn_layer(self, layer: int) -> bool:
+        """Return whether 0-based global `layer` is a gated delta net (Megatron-LM's
+        `linear_attention_pattern`: an int N makes every N-th layer standard attention)."""
+        freq = self.linear_attention_freq
+        if self.experimental_attention_variant != "gated_delta_net" or freq is None:
+            return False
+        return bool(freq[layer]) if isinstance(freq, tuple) else (layer + 1) % freq != 0
 
     def is_moe_layer(self, layer: int) -> bool:
         """Return whether 0-based global `layer` has an MoE MLP.

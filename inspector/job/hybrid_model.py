@@ -12,15 +12,23 @@ from dataclasses import dataclass
 
 from inspector.errors import ConfigError
 from inspector.job.model import ModelConfig
-from inspector.job.versions import hybrid_moe_layers, hybrid_pattern_separators, megatron_version
+from inspector.job.versions import (
+    hybrid_gdn_layers,
+    hybrid_moe_layers,
+    hybrid_pattern_separators,
+    megatron_version,
+)
 
-# megatron-core ssm/mamba_hybrid_layer_allocation.py `Symbols`: Mamba, attention, MLP, and from
-# 0.16 MoE (LATER_SYMBOLS: later ones, not modelled yet)
-LAYER_SYMBOLS = {"M": "Mamba", "*": "attention", "-": "MLP", "E": "MoE"}
+# megatron-core ssm/mamba_hybrid_layer_allocation.py `Symbols`: Mamba, attention, MLP, from 0.16
+# MoE, from 0.17 gated delta net (LATER_SYMBOLS: the versions that have them; D and + not
+# modelled yet)
+LAYER_SYMBOLS = {"M": "Mamba", "*": "attention", "-": "MLP", "E": "MoE", "G": "gated delta net"}
+_SINCE = {"E": hybrid_moe_layers, "G": hybrid_gdn_layers}
 # later megatron-core's `Symbols` this tool does not build yet, and the first version with each
 # (ssm/mamba_hybrid_layer_allocation.py core_v0.17.0; models/hybrid/ core_v0.18.0, core_v0.19.0)
 LATER_SYMBOLS = {"G": ("gated delta net", (0, 17)), "D": ("DeepSeek sparse attention", (0, 18)),
                  "+": ("multi-latent attention", (0, 19))}  # fmt: skip
+DSA_SYMBOL = "D"  # built where the installed megatron-core has it (job/dsa.py)
 
 
 PIPE, MTP_SEPARATOR = "|", "/"  # megatron-core 0.17+ `Symbols.PIPE`, `MTP_SEPARATOR`
@@ -120,12 +128,21 @@ def _validate_separators(pattern: str, pp: int, uneven: bool) -> None:
 
 
 def _validate_pattern(pattern: str, config: ModelConfig) -> None:
-    symbols = {s: kind for s, kind in LAYER_SYMBOLS.items() if s != "E" or hybrid_moe_layers()}
+    symbols = {s: kind for s, kind in LAYER_SYMBOLS.items() if s not in _SINCE or _SINCE[s]()}
+    if megatron_version() >= LATER_SYMBOLS[DSA_SYMBOL][1]:
+        symbols[DSA_SYMBOL] = LATER_SYMBOLS[DSA_SYMBOL][0]
     unknown = sorted({symbol for symbol in pattern if symbol not in symbols})
     later = [f"{s} ({LATER_SYMBOLS[s][0]}, megatron-core {'.'.join(map(str, LATER_SYMBOLS[s][1]))}+)"
              for s in unknown if s in LATER_SYMBOLS]  # fmt: skip
+    installed = ".".join(map(str, megatron_version()))
+    for s in unknown:
+        if s in LATER_SYMBOLS and s in LAYER_SYMBOLS:  # modelled where megatron-core builds it
+            since = ".".join(map(str, LATER_SYMBOLS[s][1]))
+            raise ConfigError(
+                f"--hybrid-override-pattern {pattern}: {s} ({LAYER_SYMBOLS[s]}) layers need "
+                f"megatron-core {since} or newer (the installed megatron-core is {installed})"
+            )
     if later:
-        installed = ".".join(map(str, megatron_version()))
         raise ConfigError(
             f"--hybrid-override-pattern {pattern}: {', '.join(later)} layers are not modelled yet "
             f"(the installed megatron-core is {installed})"
@@ -194,6 +211,17 @@ def _validate_mamba_sizes(config: ModelConfig, tp: int) -> None:
         raise ConfigError(
             f"Mamba heads {heads} are not divisible by --mamba-num-groups {groups} "
             f"({heads} % {groups} = {heads % groups})"
+        )
+
+
+def refuse_gdn(model: ModelConfig, command: str) -> None:
+    """Refuse a GPT model with gated delta net layers in a command that prices layers by
+    transformer formulas (a hybrid pattern's `G` layers: plan/hybrid.py)."""
+    if model.gdn and not model.hybrid:
+        raise ConfigError(
+            f"{command} does not price gated delta net layers yet (--experimental-attention-"
+            "variant gated_delta_net): its step-time model knows transformer layers only; tree, "
+            "params, diff, memory and workload build and run them"
         )
 
 

@@ -16,14 +16,17 @@ from inspector.errors import ConfigError
 from inspector.job.checks import check_at_least_one, check_at_most
 from inspector.job.cuda_graphs import check_cuda_graphs, parse_scope, preprocess_syncs
 from inspector.job.dims import ModelDims, num_microbatches
+from inspector.job.dsa import check_dsa_layout
 from inspector.job.ep_overlap import check_ep_overlap
 from inspector.job.flex import check_flex, runs_deepep
 from inspector.job.fsdp import fsdp_rules
+from inspector.job.gdn import validate_gdn
 from inspector.job.hybrid_model import validate_hybrid
 from inspector.job.layout import Layout, make_layout, validate_layout
 from inspector.job.model import ModelConfig
 from inspector.job.model_args import make_model_config, validate_model
 from inspector.job.optimizer_precision import OptimizerPrecision, make_precision
+from inspector.job.optimizers import FLAGS_READ, check_optimizer
 from inspector.job.recompute_modules import DEFAULT_MODULES, check_modules, parse_modules
 from inspector.job.versions import router_padding_field
 
@@ -47,6 +50,7 @@ class Training:
     scores_cause: str = ""  # without flash attention: the argument that keeps it unfused
     fp32_grads: bool | None = None  # --accumulate-allreduce-grads-in-fp32 (None: the default)
     use_distributed_optimizer: bool = False
+    optimizer: str = "adam"  # --optimizer: adam, or muon / dist_muon (job/optimizers.py)
     # --use-megatron-fsdp with its --data-parallel-sharding-strategy, or --use-torch-fsdp2
     megatron_fsdp: bool = False
     sharding_strategy: str = "no_shard"  # Megatron-LM's default
@@ -142,10 +146,12 @@ class Job:
         """Reject a job megatron would refuse or silently change."""
         validate_model(self.model)
         validate_layout(self.model, self.layout)
+        check_dsa_layout(self.model, self.layout.cp)
         if self.model.hybrid:
             uneven = (self.layout.decoder_first_pipeline_num_layers is not None
                       or self.layout.decoder_last_pipeline_num_layers is not None)  # fmt: skip
             validate_hybrid(self.model, self.layout.tp, self.layout.pp, uneven, self.layout.vpp)
+        validate_gdn(self.model, self.layout.tp, self.layout.cp)
         if self.training.recompute == "selective":
             _check_fp8_recompute(self.model, self.training.recompute_modules)
             check_modules(self.training.recompute_modules, self.model)
@@ -233,6 +239,7 @@ TRAINING_ARGS = {
     "use_flash_attn": "flash_attention",
     "accumulate_allreduce_grads_in_fp32": "fp32_grads",
     "use_distributed_optimizer": "use_distributed_optimizer",
+    "optimizer": "optimizer",
     "use_megatron_fsdp": "megatron_fsdp",
     "fsdp_double_buffer": "fsdp_double_buffer",
     "use_torch_fsdp2": "torch_fsdp2",
@@ -270,6 +277,7 @@ def make_training(args: Mapping[str, Any]) -> Training:
     values["cuda_graph_impl"] = values.get("cuda_graph_impl") or "none"
     values["cuda_graph_scope"] = parse_scope(args)
     values["fp32_grads"] = values.get("fp32_grads") or None
+    values["optimizer"] = values.get("optimizer") or "adam"
     values["unfused"] = tuple(name for name in FUSIONS if args.get("no_" + name))
     _megatron_training_rules(args, values)
     fsdp_rules(args, values)
@@ -309,23 +317,7 @@ def _megatron_training_rules(args: Mapping[str, Any], values: dict[str, Any]) ->
     factor = values.get("moe_expert_capacity_factor")
     if factor is not None and factor < 0:  # TransformerConfig: a negative factor is dropless
         values["moe_expert_capacity_factor"] = None
-    if args.get("optimizer") == "sgd":
-        raise ConfigError(
-            "--optimizer sgd is not modelled: optimizer state is counted for Adam (two fp32 moments)"
-        )
     _check_fp8_param_gather(args)
-    if args.get("overlap_param_gather"):
-        if not (args.get("use_distributed_optimizer") or args.get("use_megatron_fsdp")):
-            raise ConfigError(
-                "--overlap-param-gather needs --use-distributed-optimizer or --use-megatron-fsdp "
-                "(Megatron-LM: \"--overlap-param-gather only supported with distributed optimizer "
-                "or megatron fsdp\")"
-            )
-        if not args.get("overlap_grad_reduce"):
-            raise ConfigError(
-                "--overlap-param-gather needs --overlap-grad-reduce (Megatron-LM: \"Must use "
-                "--overlap-param-gather with --overlap-grad-reduce\")"
-            )
 
 
 def router_padding(args: Mapping[str, Any]) -> bool:
@@ -447,4 +439,7 @@ def make_job(args: Mapping[str, Any]) -> Job:
     """Turn merged Megatron-LM arguments into a validated Job."""
     model = make_model_config(args)
     layout = make_layout(args, model.num_layers)
-    return Job(model, layout, make_training(args))
+    training = make_training(args)
+    flags = {name: bool(args.get(name)) for name in FLAGS_READ}
+    check_optimizer(training.optimizer, layout, flags)
+    return Job(model, layout, training)

@@ -59,6 +59,9 @@ class Layout:
     # Megatron-LM's --use-tp-pp-dp-mapping (training/initialize.py): initialize_model_parallel's
     # order "tp-cp-ep-pp-dp" in place of the default "tp-cp-ep-dp-pp"
     use_tp_pp_dp_mapping: bool = False
+    # --num-distributed-optimizer-instances: parallel_state's partial data-parallel groups, each
+    # dp x cp / N consecutive data-parallel ranks sharding the optimizer (job/optimizers.py)
+    num_distributed_optimizer_instances: int = 1
 
     def __post_init__(self) -> None:
         """Reject sizes below one (the flags' own words)."""
@@ -70,6 +73,7 @@ class Layout:
             ("--expert-model-parallel-size", self.ep),
             ("--expert-tensor-parallel-size", self.etp),
             ("--num-virtual-stages-per-pipeline-rank", self.vpp),
+            ("--num-distributed-optimizer-instances", self.num_distributed_optimizer_instances),
         ):
             check_at_least_one(flag, value)
 

@@ -85,6 +85,20 @@ class ModelConfig:
     mamba_head_dim: int | None = None
     mamba_num_groups: int | None = None
     mamba_num_heads: int | None = None
+    # TransformerConfig's experimental attention variant: "dsa" (DeepSeek-V3.2's sparse attention
+    # on MLA layers, megatron-core 0.18+ builds it) or "gated_delta_net" (below). DSA's fields
+    # are left out of `to_args` while unset (DSA_FIELDS).
+    experimental_attention_variant: str | None = None
+    dsa_indexer_n_heads: int | None = None
+    dsa_indexer_head_dim: int | None = None
+    dsa_indexer_topk: int | None = None
+    dsa_indexer_loss_coeff: float | None = None
+    dsa_indexer_use_sparse_loss: bool = False
+
+    @property
+    def dsa(self) -> bool:
+        """Return whether the attention layers are DeepSeek sparse attention (DSA)."""
+        return self.experimental_attention_variant == "dsa"
 
     @property
     def hybrid(self) -> bool:
@@ -98,6 +112,24 @@ class ModelConfig:
     softmax_type: str = "vanilla"
     window_size: tuple[int, int] | None = None
     window_attn_skip_freq: int | tuple[int, ...] | None = None
+    # Gated delta net (GDN): megatron-core 0.16+'s experimental attention variant gated_delta_net
+    # in GPTModel, `G` layers of a 0.17+ hybrid pattern; the linear-attention sizes (None:
+    # TransformerConfig's defaults, job/gdn.py) and Qwen3-Next's gated attention. Left out of
+    # `to_args` while unset (GDN_FIELDS).
+    linear_attention_freq: int | tuple[int, ...] | None = None
+    linear_conv_kernel_dim: int | None = None
+    linear_key_head_dim: int | None = None
+    linear_value_head_dim: int | None = None
+    linear_num_key_heads: int | None = None
+    linear_num_value_heads: int | None = None
+    attention_output_gate: bool = False
+
+    @property
+    def gdn(self) -> bool:
+        """Return whether megatron builds gated delta net layers: GPTModel's experimental
+        attention variant, or `G` in a hybrid pattern."""
+        pattern = self.hybrid_override_pattern or ""
+        return self.experimental_attention_variant == "gated_delta_net" or "G" in pattern
 
     @property
     def ffn_size(self) -> int:
@@ -201,9 +233,14 @@ class ModelConfig:
         for name in HYBRID_FIELDS:
             if name.startswith(("mamba_", "is_")) and getattr(self, name):
                 fields[name] = getattr(self, name)
+        for name in GDN_FIELDS:
+            value = getattr(self, name)
+            if value:  # a tuple pattern here; megatron takes a list (world/config.py)
+                fields[name] = value
         if self.multi_latent_attention:
             # --multi-latent-attention picks MLATransformerConfig, which takes the MLA arguments.
             fields.update(multi_latent_attention=True, **self.mla_args())
+        fields.update({name: getattr(self, name) for name in DSA_FIELDS if getattr(self, name)})
         return fields
 
     def yarn_attributes(self) -> dict[str, Any]:
@@ -293,7 +330,7 @@ class ModelConfig:
         """Return the fields as Megatron-LM arguments (for headers and caches); --padded-vocab-size
         and the hybrid fields only where they are given, gpt-oss's layer fields only away from
         their defaults, so a job without them reads as before."""
-        optional = ("padded_vocab_size", *HYBRID_FIELDS)
+        optional = ("padded_vocab_size", *HYBRID_FIELDS, *DSA_FIELDS, *GDN_FIELDS)
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                 if (f.name not in optional or getattr(self, f.name))
                 and (f.name not in GPT_OSS_FIELDS or getattr(self, f.name) != f.default)}  # fmt: skip
@@ -303,6 +340,15 @@ MODEL_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelConfig))
 HYBRID_FIELDS = (
     "hybrid_override_pattern", "hybrid_attention_ratio", "hybrid_mlp_ratio", "is_hybrid_model",
     "mamba_state_dim", "mamba_head_dim", "mamba_num_groups", "mamba_num_heads",
+)
+DSA_FIELDS = (
+    "experimental_attention_variant", "dsa_indexer_n_heads", "dsa_indexer_head_dim",
+    "dsa_indexer_topk", "dsa_indexer_loss_coeff", "dsa_indexer_use_sparse_loss",
+)
+GDN_FIELDS = (
+    "linear_attention_freq", "linear_conv_kernel_dim", "linear_key_head_dim",
+    "linear_value_head_dim", "linear_num_key_heads", "linear_num_value_heads",
+    "attention_output_gate",
 )
 GPT_OSS_FIELDS = (
     "quick_geglu", "glu_linear_offset", "activation_func_clamp_value", "softmax_type",

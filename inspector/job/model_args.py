@@ -13,6 +13,7 @@ from inspector.errors import ConfigError
 from inspector.inputs.arguments import BY_NAME
 from inspector.job import fp8
 from inspector.job.checks import MAX_SIZE, check_at_least_one, check_heads, check_query_groups
+from inspector.job.dsa import infer_from_pattern, validate_dsa
 from inspector.job.hybrid_model import check_ratios
 from inspector.job.model import MODEL_FIELDS, ModelConfig
 from inspector.job.moe_pattern import parse_moe_layer_freq
@@ -29,6 +30,10 @@ def make_model_config(args: Mapping[str, Any]) -> ModelConfig:
         values["window_attn_skip_freq"] = parse_moe_layer_freq(
             values["window_attn_skip_freq"], "--window-attn-skip-freq"
         )
+    if values.get("linear_attention_freq") is not None:
+        values["linear_attention_freq"] = parse_moe_layer_freq(
+            values["linear_attention_freq"], "--linear-attention-freq"
+        )
     if values.get("window_size") is not None:
         values["window_size"] = parse_window_size(values["window_size"])
     for name in ("glu_linear_offset", "softmax_type"):
@@ -38,6 +43,7 @@ def make_model_config(args: Mapping[str, Any]) -> ModelConfig:
                  "moe_router_pre_softmax", "fp8_recipe", "fp8_amax_history_len"):  # fmt: skip
         if values.get(name) is None:
             values.pop(name, None)
+    infer_from_pattern(values)
     config = ModelConfig(**values)
     validate_model(config)
     return config
@@ -84,6 +90,11 @@ def _require_positive(config: ModelConfig) -> None:
         "mamba_head_dim",
         "mamba_num_groups",
         "mamba_num_heads",
+        "linear_conv_kernel_dim",
+        "linear_key_head_dim",
+        "linear_value_head_dim",
+        "linear_num_key_heads",
+        "linear_num_value_heads",
     ):
         value = getattr(config, name)
         if value is not None and not 1 <= value <= MAX_SIZE:  # the flag's name only for errors
@@ -121,6 +132,7 @@ def validate_model(config: ModelConfig) -> None:
     _validate_moe(config)
     _validate_moe_layer_freq(config)
     _validate_mla(config)
+    validate_dsa(config)
     _validate_mtp(config)
     _validate_backend(config)
     fp8.validate_fp8(

@@ -4,7 +4,7 @@ inputs/versions.py) and each checked against megatron itself in tests/test_versi
 
 from __future__ import annotations
 
-from inspector.inputs.versions import ARGUMENT_VERSIONS, megatron_core_version
+from inspector.inputs.versions import ARGUMENT_VERSIONS, MUON_RELEASES, megatron_core_version
 
 # megatron-core's first version whose TransformerConfig has `moe_flex_dispatcher_backend`
 # (core_v0.16.0 transformer_config.py; 0.13-0.15 run DeepEP only, behind `moe_enable_deepep`)
@@ -58,3 +58,16 @@ def hybrid_pattern_separators() -> bool:
     and `/` (MTP depths): 0.17 on (ssm/mamba_hybrid_layer_allocation.py `Symbols.PIPE`,
     `MTP_SEPARATOR`, `select_pipeline_segment` at core_v0.17.0; models/hybrid/ from 0.18)."""
     return megatron_version() >= (0, 17)
+
+
+def hybrid_gdn_layers() -> bool:
+    """Return whether megatron-core's hybrid layer pattern has gated delta net layers (`G`): 0.17
+    on (ssm/mamba_hybrid_layer_allocation.py `Symbols.GDN` and MambaStack's `gdn_layer`
+    at core_v0.17.0; HybridStack's from 0.18)."""
+    return megatron_version() >= (0, 17)
+
+
+def muon_modelled() -> bool:
+    """Return whether the installed megatron-core builds Muon as this tool runs it (0.16's
+    optimizer/muon.py and layer_wise_optimizer.py; memory/engine/muon.py)."""
+    return MUON_RELEASES[0] <= megatron_version() < MUON_RELEASES[1]

@@ -45,12 +45,14 @@ from inspector.formulas.flops import (
 )
 from inspector.formulas.hybrid_flops import hybrid_stage_flops
 from inspector.job.dims import ModelDims
+from inspector.job.dsa import check_dsa_run
 from inspector.job.hardware import GIB, check_positive, get_gpu
 from inspector.job.hybrid_model import refuse_hybrid_mtp
 from inspector.job.job import Job, Schedule, Training
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
 from inspector.job.optimizer_precision import OptimizerBytes
+from inspector.job.optimizers import MUON
 from inspector.memory.closed.activations import StageActivations, stage_activations
 
 if TYPE_CHECKING:
@@ -105,6 +107,10 @@ class StageMemory(StageBytes):
 
     rank: int  # the lowest global rank holding the most bytes
     parameters: int  # parameter elements on one rank of the stage
+    # Muon: every rank's optimizer bytes (global rank, bytes), and which rank's optimizer holds
+    # the word embeddings and output layer (local name, data-parallel rank); () otherwise
+    optimizer_by_rank: tuple[tuple[int, int], ...] = ()
+    largest_held_by: tuple[tuple[str, int], ...] = ()
     activations: StageActivations  # the closed forms (the answer only where run is None)
     flops: int  # one iteration, all of the stage's ranks together
     run: RunMemory | None = None  # megatron run on meta tensors (inspector/memory/engine)
@@ -254,7 +260,8 @@ def state_bytes(
         weights += buffer.numel * buffer.param_dtype.itemsize + buffer.kept
         gradients += buffer.numel * buffer.grad_dtype.itemsize
         index = expert_index if buffer.expert else dense_index
-        updated = buffer.owned_numel[index] if distributed else buffer.numel
+        # with N optimizer instances a rank shards among dp / N: its index there is index % (dp / N)
+        updated = buffer.owned_numel[index % len(buffer.owned_numel)] if distributed else buffer.numel
         held += updated * optimizer_bytes_per_element(buffer, optimizer)
     kept = sum(buffer.kept for buffer in buffers)
     return StateBytes(weights, gradients, held, kept, sum(b.numel for b in buffers))
@@ -272,6 +279,7 @@ def measure(built: BuiltJob, hardware: Hardware) -> MemoryReport:
 
     job = built.job
     refuse_hybrid_mtp(job.model, "memory")
+    check_dsa_run(job.model, "rope_fusion" not in job.training.unfused)
     schedule = job.schedule()
     ranks_of: list[list[tuple[int, int, int]]] = [[] for _ in range(job.layout.pp)]
     for rank, (pipe, data, expert) in enumerate(rank_shard_indices(job.layout)):
@@ -311,6 +319,7 @@ def _stage_memory(
     """Return one stage's memory: its chunks' buffers, its most loaded rank, its activations."""
     training, stage, chunks = job.training, built.stage, built.chunks
     in_flight = 0
+    muon: dict[str, Any] = {}
     if training.megatron_fsdp or training.torch_fsdp2:
         from inspector.memory.fsdp_buffers import fsdp_in_flight, fsdp_state
 
@@ -322,6 +331,19 @@ def _stage_memory(
         distributed = training.use_distributed_optimizer
         each = job_optimizer_bytes(job)
         by_shard = {(d, e): state_bytes(buffers, distributed, d, e, each) for _, d, e in ranks}
+        if training.optimizer in MUON:  # megatron's Muon: whole matrices per rank (engine/muon.py)
+            from inspector.memory.engine.muon import LARGEST
+            from inspector.memory.engine.muon_stage import stage_muon
+
+            params = stage_muon(job, stage)
+            by_shard = {shard: replace(held, optimizer=sum(
+                p.optimizer_bytes for p in params if p.owned_by(*shard)))
+                for shard, held in by_shard.items()}  # fmt: skip
+            muon = {
+                "optimizer_by_rank": tuple((r, by_shard[(d, e)].optimizer) for r, d, e in ranks),
+                "largest_held_by": tuple((p.name, p.owner) for p in params
+                                         if p.name in LARGEST and p.owner is not None),
+            }  # fmt: skip
     rank, data, expert = max(ranks, key=lambda r: (by_shard[r[1:]].total, -r[0]))
     layers = tuple(chunk.layers for chunk in chunks)
     activations = formula_activations(job, built, dims, schedule)
@@ -345,6 +367,7 @@ def _stage_memory(
         activations=activations,
         flops=flops,
         fsdp_in_flight=in_flight,
+        **muon,
     )
 
 

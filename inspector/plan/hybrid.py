@@ -34,11 +34,19 @@ from typing import Any
 import inspector.caches as caches
 from inspector.errors import ConfigError
 from inspector.formulas.flops import layer_flops
-from inspector.formulas.hybrid_flops import PASSES, forward_flops
+from inspector.formulas.hybrid_flops import hybrid_layer_flops as layer_flops_of
 from inspector.formulas.kernels import Gemm, Memory, Op
 from inspector.formulas.ops import LayerOps, Shard, layer_ops, layer_seconds, linear
 from inspector.job.dims import ModelDims
-from inspector.job.hybrid_model import PIPE, layer_symbols, main_layers, refuse_hybrid_mtp
+from inspector.job.hybrid_model import (
+    LATER_SYMBOLS,
+    LAYER_SYMBOLS,
+    PIPE,
+    MambaShape,
+    layer_symbols,
+    main_layers,
+    refuse_hybrid_mtp,
+)
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
 from inspector.job.versions import hybrid_pattern_separators
@@ -64,9 +72,10 @@ def check_hybrid_plan(model: ModelConfig, fixed: dict[str, Any], ep_overlap: boo
     refuse_hybrid_mtp(model, "plan")
     others = sorted(set(layer_symbols(model)) - set(PRICED))  # ratios without a pattern: named there
     if others:
+        named = ", ".join(f"{s} ({(LAYER_SYMBOLS.get(s) or LATER_SYMBOLS[s][0])})" for s in others)
         raise ConfigError(
-            f"plan does not price the {' '.join(others)} layers of --hybrid-override-pattern yet "
-            f"(it prices {', '.join(PRICED)}); memory measures them"
+            f"plan does not price the {named} layers of --hybrid-override-pattern yet (it "
+            f"prices {', '.join(PRICED)}); memory measures them where megatron-core builds them"
         )
     virtual = (fixed.get("vpp") or 1) > 1 or "layers_per_chunk" in fixed
     pin = fixed.get("pin", {})
@@ -122,9 +131,14 @@ def hybrid_kernels(dims: ModelDims, shard: Shard, symbol: str) -> LayerOps:
 def hybrid_layer_flops(dims: ModelDims, symbol: str, sequences: int) -> float:
     """Return one layer's FLOPs, forward and backward, over `sequences` sequences, as
     Megatron-LM's hybrid formula counts them (formulas/hybrid_flops.py)."""
-    shape = dims.mamba
-    return PASSES * forward_flops(dims, symbol, sequences * dims.seq_length,
-                                  (shape.groups, shape.state, shape.heads))  # fmt: skip
+    return layer_flops_of(_sizes(dims.mamba), dims, symbol, sequences)
+
+
+@caches.memo(maxsize=64)
+def _sizes(shape: MambaShape) -> ModelConfig:
+    """Return the Mamba sizes as the model arguments Megatron-LM's formula reads."""
+    return ModelConfig(mamba_state_dim=shape.state, mamba_head_dim=shape.d_inner // shape.heads,
+                       mamba_num_groups=shape.groups, mamba_num_heads=shape.heads)  # fmt: skip
 
 
 def hybrid_layer_time(

@@ -20,6 +20,7 @@ from inspector.job.hardware import (
     with_overrides,
 )
 from inspector.job.hybrid_ep import check_hybridep_dtype
+from inspector.job.hybrid_model import refuse_gdn
 from inspector.job.job import Training, make_training
 from inspector.job.model import ModelConfig
 from inspector.job.model_args import make_model_config
@@ -142,6 +143,7 @@ def make_request(args: dict[str, Any], flags: PlanFlags) -> Request:
     backend = flex_backend(args)  # megatron's rules for the flex dispatcher's flags
     training = _kept_training(args, backend)
     model = make_model_config(args)
+    refuse_gdn(model, "plan")
     check_hybrid_plan(model, fixed, training.ep_overlap, training.moe_token_dispatcher_type == "flex",
                       training.recompute_modules)  # fmt: skip
     _check_overlap(model, training)
@@ -205,6 +207,17 @@ def _check_overlap(model: Any, training: Training) -> None:
 SWITCHES = {"use_distributed_optimizer": "distopt", "sequence_parallel": "sp"}
 
 
+def _check_optimizer(args: dict[str, Any]) -> None:
+    """Raise ConfigError for an optimizer the search does not price (it prices Adam, one
+    distributed-optimizer instance)."""
+    instances = args.get("num_distributed_optimizer_instances") or 1
+    if (args.get("optimizer") or "adam") != "adam" or instances > 1:
+        raise ConfigError(
+            "plan searches Adam with one distributed-optimizer instance; `memory` and `params` "
+            "measure --optimizer muon / dist_muon and --num-distributed-optimizer-instances"
+        )
+
+
 def pinned(args: dict[str, Any]) -> dict[str, Any]:
     """Return what the user fixed beyond the sizes: the optimizer and sequence parallelism on or
     off (`--no-...`, a config file's `false`), the layer split's flags, layers per chunk."""
@@ -226,6 +239,7 @@ def pinned(args: dict[str, Any]) -> dict[str, Any]:
             "plan does not search --use-torch-fsdp2 jobs; `memory` measures one, and plan tries "
             "Megatron-FSDP (--use-megatron-fsdp) beside the distributed optimizer"
         )
+    _check_optimizer(args)
     if args.get("use_megatron_fsdp"):  # a strategy as given, else searched (layouts.distopts)
         fixed["distopt"] = args.get("data_parallel_sharding_strategy") or "fsdp"
     pin = {

@@ -35,7 +35,7 @@ def _hybrid(model: ModelConfig) -> str:
     """Say what a hybrid stack holds: its pattern's layer counts, or the ratios megatron spreads."""
     pattern = model.hybrid_override_pattern
     if pattern is not None:
-        names = (("M", "Mamba"), ("*", "attention"), ("-", "MLP"), ("E", "MoE"))
+        names = (("M", "Mamba"), ("*", "attention"), ("D", "DSA"), ("-", "MLP"), ("E", "MoE"))
         return "hybrid: " + ", ".join(f"{pattern.count(s)} {name}" for s, name in names
                                       if s in pattern)  # fmt: skip
     attention, mlp = model.hybrid_attention_ratio or 0.0, model.hybrid_mlp_ratio or 0.0

@@ -12,6 +12,7 @@ from inspector.job.flex import runs_hybridep
 from inspector.job.hardware import GIB
 from inspector.job.optimizer_precision import REMAINDER
 from inspector.memory.measure import MemoryReport, StageMemory
+from inspector.render.by_rank import by_rank_json, by_rank_line
 from inspector.render.job import counted
 from inspector.report.formats import MemoryFormat
 
@@ -235,6 +236,8 @@ def _moments(report: MemoryReport) -> list[str]:
             f"Stage {s.stage}: static {_size(report, s.static)} (state and buffers), peak "
             f"{_size(report, s.total)} at the {s.run.peak.moment}."
         )
+        if s.optimizer_by_rank:
+            lines.append(by_rank_line(s, lambda v: _size(report, v)))
         if s.run.outside:
             lines.append(outside_line(f"Stage {s.stage}", s.run.outside, lambda v: _size(report, v),
                                       "buffers and the total", s.total))  # fmt: skip
@@ -384,6 +387,7 @@ def _stage_json(report: MemoryReport, s: StageMemory) -> dict[str, Any]:
         "fits": report.fits(s),
         "flops": s.flops,
         "flops_per_rank": report.flops_per_rank(s),
+        **by_rank_json(s),
     }
 
 

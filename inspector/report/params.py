@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inspector.job.layout import RankCoord
+from inspector.job.optimizers import MUON
 from inspector.records import ParamRecord
 from inspector.report.formats import Partitioning
 from inspector.report.table import Block, Row, block_comment, topology_line
@@ -121,6 +122,8 @@ def _distopt_owners(
     if training.megatron_fsdp and training.sharding_strategy == "no_shard":
         every = tuple(range(job.layout.dp * job.layout.cp))
         return [every for _ in records]  # no_shard: every rank updates every parameter
+    if training.optimizer in MUON:
+        return _muon_owners(built, stage, records)
     settings = DistOptSettings.for_job(job)
     owners: dict[tuple[int, int, str], Owners] = {}
     for chunk in stage.chunks:
@@ -172,3 +175,18 @@ def _json_header(built: BuiltJob, line: str | None) -> dict[str, Any]:
     config = model.to_args()
     config["padded_vocab_size"] = model.embedding_rows(layout.tp)
     return {"config": config, "topology": topology}
+
+
+def _muon_owners(built: BuiltJob, stage: BuiltStage, records: list[ParamRecord]) -> list[Owners]:
+    """Return each row's owners under megatron's Muon (memory/engine/muon.py): with dist_muon the
+    one rank its layer-wise optimizer gives the whole parameter, else every rank."""
+    from inspector.memory.engine.muon_stage import stage_muon
+
+    layout = built.job.layout
+    found = {(p.chunk, p.name): p for p in stage_muon(built.job, stage.stage)}
+    every = tuple(range(layout.dp * layout.cp)), tuple(range(layout.expert_dp))
+    owners = []
+    for record in records:
+        param = found[(record.chunk, record.local_name)]
+        owners.append(every[param.expert] if param.owner is None else (param.owner,))
+    return owners

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from inspector.errors import ConfigError, InputError
 from inspector.job.dims import ModelDims
+from inspector.job.dsa import refuse_dsa
 from inspector.job.hardware import Gpu
 from inspector.job.hybrid_model import MambaShape, mamba_shape, refuse_hybrid_mtp
 from inspector.job.layout import Layout
@@ -256,6 +257,7 @@ def context_for(built: BuiltJob, compute: ComputeRate | ComputeProfile) -> Conte
     """Return the settings every stage's records share, from the Job."""
     job = built.job
     refuse_hybrid_mtp(job.model, "workload")
+    refuse_dsa(job.model, "workload")
     modules = job.training.recompute_modules if job.training.recompute == "selective" else ()
     unpriced = [m for m in modules if (m in NOT_GEMMS or m == "mla_up_proj")
                 and isinstance(compute, ComputeProfile)]
@@ -265,6 +267,12 @@ def context_for(built: BuiltJob, compute: ComputeRate | ComputeProfile) -> Conte
         raise ConfigError(
             f"--recompute-modules {' '.join(unpriced)}: workload cannot time this module's "
             "recomputation (docs/limits.md); `memory` measures it"
+        )
+    if job.training.optimizer == "dist_muon" or job.layout.num_distributed_optimizer_instances > 1:
+        raise ConfigError(  # their collectives: the layer-wise all-gather, the instances' all-reduce
+            "workload writes the data-parallel collectives of one optimizer instance, Adam's or "
+            "Muon's without dist_muon; `memory` and `params` measure --optimizer dist_muon and "
+            "--num-distributed-optimizer-instances"
         )
     schedule = job.schedule()
     settings = Settings(

@@ -25,6 +25,7 @@ from inspector.formulas.routing import block_hit
 from inspector.job.dims import ModelDims
 from inspector.report.simai import NONE, Record
 from inspector.report.simai_groups import context_group, tokens_gather_group
+from inspector.report.workload_gdn import gdn_records
 from inspector.report.workload_hybrid import hybrid_context, mamba_records
 from inspector.report.workload_inputs import ComputeRate, Context
 from inspector.report.workload_tp import Phases, gemm, recompute, tp_pair
@@ -227,7 +228,9 @@ def layer_records(job: Context, layer: int, prefix: str = "", symbol: str = "") 
         if symbol == "M" and job.mamba is not None:
             return mamba_records(job, job.mamba, prefix)
         parts: tuple[Callable[[Context, int, str], list[Record]], ...] = {
-            "*": (_attention,), "-": (_dense_mlp,), "E": (_moe_mlp,)}[symbol]  # fmt: skip
+            "*": (_attention,), "-": (_dense_mlp,), "E": (_moe_mlp,),
+            "G": (gdn_records,)}[symbol]  # fmt: skip
     else:
-        parts = (_attention, _moe_mlp if job.dims.is_moe_layer(layer) else _dense_mlp)
+        mixer = gdn_records if job.dims.is_gdn_layer(layer) else _attention
+        parts = (mixer, _moe_mlp if job.dims.is_moe_layer(layer) else _dense_mlp)
     return [record for part in parts for record in part(job, layer, prefix)]

@@ -52,8 +52,9 @@ def transformer_config(
     _check_gpt_oss(m.TransformerConfig, model)
     kwargs = {**fields, **_torch_fields(m.torch, model), **_layout_fields(layout, vpp)}
     kwargs.update(runtime or {})
-    if isinstance(kwargs.get("moe_layer_freq"), tuple):
-        kwargs["moe_layer_freq"] = list(kwargs["moe_layer_freq"])  # megatron-core takes a list
+    for name in ("moe_layer_freq", "linear_attention_freq"):
+        if isinstance(kwargs.get(name), tuple):
+            kwargs[name] = list(kwargs[name])  # megatron-core takes a list
     if model.multi_latent_attention:
         from megatron.core.transformer.transformer_config import MLATransformerConfig
 

@@ -83,6 +83,39 @@ def cuda_current_device_on_meta() -> Iterator[None]:
         torch.cuda.current_device = real
 
 
+class MetaStream:
+    """A CUDA stream or event as megatron uses them: ordering only, no memory (one stream runs
+    everything here)."""
+
+    def wait_stream(self, *args: Any) -> None:
+        """Order nothing."""
+
+    def record_event(self, *args: Any) -> MetaStream:
+        """Return an event that is already complete."""
+        return self
+
+    def synchronize(self) -> None:
+        """Wait for nothing."""
+
+
+META_STREAM = MetaStream()
+
+
+@contextmanager
+def cuda_streams_on_meta() -> Iterator[None]:
+    """Give megatron a stream where it makes or waits on one: DDP's communication stream with
+    several distributed-optimizer instances (distributed_data_parallel.py, `torch.cuda.Stream`;
+    param_and_grad_buffer.py `finish_grad_sync`, `torch.cuda.default_stream().wait_stream`)."""
+    saved = torch.cuda.Stream, torch.cuda.default_stream, torch.cuda.stream
+    torch.cuda.Stream = lambda *args, **kwargs: META_STREAM  # type: ignore[assignment,misc]
+    torch.cuda.default_stream = lambda *args, **kwargs: META_STREAM  # type: ignore[assignment]
+    torch.cuda.stream = lambda *args, **kwargs: contextlib.nullcontext()  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.cuda.Stream, torch.cuda.default_stream, torch.cuda.stream = saved  # type: ignore[misc]
+
+
 @contextmanager
 def _params_left_untouched(model: torch.nn.Module) -> Iterator[None]:
     """Undo what megatron's DDP does to the parameters (re-pointed .data, main_grad)."""
@@ -138,14 +171,25 @@ def _stand_in_groups(settings: DistOptSettings, pipeline_rank: int) -> dict[str,
         pp=StandInGroup(pipeline_rank + 1, pipeline_rank),
         ep=StandInGroup(1),
     )
+    if settings.instances > 1:
+        # parallel_state.initialize_model_parallel's partial data-parallel groups: each instance
+        # is dp_cp / N consecutive data-parallel ranks, which shard the optimizer among them
+        instances = settings.instances
+        groups.update(
+            intra_dp_cp=StandInGroup(settings.dp_cp_size // instances),
+            intra_expt_dp=StandInGroup(settings.expert_dp_size // instances),
+            inter_dist_opt=StandInGroup(instances),
+            intra_dist_opt=StandInGroup(settings.dp_cp_size // instances),
+        )
     if "pg_collection" in inspect.signature(DistributedDataParallel.__init__).parameters:
         collection = pgc.ProcessGroupCollection()
         for name, group in groups.items():
             setattr(collection, name, group)
         return {"pg_collection": collection}
     grad, model = pgc.GradCommProcessGroups(), pgc.ModelCommProcessGroups()
-    for name in ("dp", "dp_cp", "expt_dp"):
-        setattr(grad, name, groups[name])
+    for name in ("dp", "dp_cp", "expt_dp", "intra_dp_cp", "intra_expt_dp", "inter_dist_opt"):
+        if name in groups:
+            setattr(grad, name, groups[name])
     for name in ("tp", "pp", "ep"):
         setattr(model, name, groups[name])
     return {"grad_comm_pgs": grad, "model_comm_pgs": model}
@@ -178,7 +222,7 @@ def wrap_in_megatron_ddp(
     config: Any = model.config
     ddp_config = _ddp_config(config, settings)
     groups = _stand_in_groups(settings, pipeline_rank)
-    with one_rank_world(), cuda_current_device_on_meta(), _no_buffer_logging():
+    with one_rank_world(), cuda_current_device_on_meta(), _no_buffer_logging(), cuda_streams_on_meta():
         kept = contextlib.nullcontext() if running else _params_left_untouched(model)
         with kept:
             # Megatron-LM (training.py get_model) disables bucketing for chunks after the first.
@@ -207,6 +251,7 @@ def _ddp_config(config: Any, settings: DistOptSettings) -> Any:
         # Megatron-LM's get_model copies --fp8-param-gather in; 0.17+ DistributedOptimizer casts
         # the fp8 weights' main shards only when it is set (0.13-0.16 ask each parameter)
         fp8_param_gather=bool(getattr(config, "fp8_param", False)),
+        num_distributed_optimizer_instances=settings.instances,
     )
 
 

@@ -254,9 +254,10 @@ def _install_transformer_engine_standin() -> None:
     megatron-core decides whether Transformer Engine is there when it is first imported: the
     stand-in goes in first, so a real TE on this machine (working or broken) is never loaded.
     """
-    from inspector.world import hybrid_ep, ssm, te
+    from inspector.world import hadamard, hybrid_ep, ssm, te
 
     te.install()
+    hadamard.install()  # fast_hadamard_transform: DSA's dsa.py imports it at its import
     hybrid_ep.install()  # DeepEP's stand-in and HybridEP's: fused_a2a.py imports them at its import
     ssm.install()  # mamba_ssm and causal_conv1d: ssm/mamba_mixer.py decides HAVE_MAMBA_SSM at import
 

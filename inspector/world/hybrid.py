@@ -41,7 +41,7 @@ def build_hybrid_model(
         share_embeddings_and_output_weights=not model.untie_embeddings_and_output_weights,
         position_embedding_type=model.position_embedding_type,
     )
-    with _rng_forks_nothing():
+    with rng_forks_nothing():
         try:
             from megatron.core.models.hybrid.hybrid_model import HybridModel
         except ImportError:  # megatron-core 0.13-0.17
@@ -61,13 +61,15 @@ def build_hybrid_model(
 
 
 @contextlib.contextmanager
-def _rng_forks_nothing() -> Iterator[None]:
-    """Let MambaMixer's `get_cuda_rng_tracker().fork()` run while it builds, drawing nothing.
+def rng_forks_nothing() -> Iterator[None]:
+    """Let MambaMixer's (and GatedDeltaNet's) `get_cuda_rng_tracker().fork()` run while it
+    builds, drawing nothing.
 
     MambaMixer draws its conv1d weights, `dt_bias` and `A_log` inside the model-parallel RNG
-    stream (ssm/mamba_mixer.py ~293-338), which Megatron-LM adds before building the model
-    (megatron/training/initialize.py `_set_random_seed` -> `model_parallel_cuda_manual_seed`). On
-    meta nothing is drawn, so the fork switches to no stream at all.
+    stream (ssm/mamba_mixer.py ~293-338; GatedDeltaNet.reset_parameters alike), which
+    Megatron-LM adds before building the model (megatron/training/initialize.py
+    `_set_random_seed` -> `model_parallel_cuda_manual_seed`). On meta nothing is drawn, so the
+    fork switches to no stream at all.
     """
     from megatron.core.tensor_parallel import random
 

@@ -191,12 +191,16 @@ def simulated_rank(layout: Layout, rank: int, vpp: int | None) -> Iterator[Any]:
     from inspector.world.groups import scoped_groups
 
     m = megatron()
-    world = layout.tp * layout.cp * simulated_dp(layout) * layout.pp
+    # N distributed-optimizer instances: N times the data-parallel ranks, so that megatron can
+    # make its partial data-parallel groups (expert ones too) of the smallest size
+    instances = layout.num_distributed_optimizer_instances
+    world = layout.tp * layout.cp * simulated_dp(layout) * instances * layout.pp
+    partial = {"num_distributed_optimizer_instances": instances} if instances > 1 else {}
     m.dist.init_process_group("fake", store=m.FakeStore(), rank=rank, world_size=world)
     try:
         with scoped_groups(m.dist, m.parallel_state):
             m.parallel_state.initialize_model_parallel(
-                **parallel_sizes(layout, vpp), create_gloo_process_groups=False
+                **parallel_sizes(layout, vpp), create_gloo_process_groups=False, **partial
             )
         disable_embedding_group()
         with meta_cat():

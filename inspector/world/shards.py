@@ -172,6 +172,7 @@ class DistOptSettings:
     pad_buckets_for_high_nccl_busbw: bool = False
     grad_reduce_in_fp32: bool | None = None
     use_distributed_optimizer: bool = True
+    instances: int = 1  # --num-distributed-optimizer-instances: shards over dp_cp / instances
 
     def __post_init__(self) -> None:
         sizes = (self.dp_size, self.expert_dp_size, self.context_parallel_size)
@@ -194,6 +195,7 @@ class DistOptSettings:
             bucket_size=training.ddp_bucket_size,
             overlap_grad_reduce=training.overlap_grad_reduce,
             context_parallel_size=layout.cp,
+            instances=layout.num_distributed_optimizer_instances,
             **flags,
         )
 

@@ -24,6 +24,8 @@ from inspector.errors import ConfigError, FidelityError
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
 from inspector.world.config import flags_named, transformer_config
+from inspector.world.dsa import dsa_block_spec, dsa_mtp_layer_spec, fresh_dsa_state
+from inspector.world.gdn import gdn_block_spec, gdn_building, is_gdn_layer
 from inspector.world.hybrid import build_hybrid_model
 from inspector.world.setup import (
     megatron,
@@ -97,6 +99,7 @@ def stage_world(
     simulate_grouped_gemm(model.moe_grouped_gemm)
     simulate_grad_accum_fusion(bool(runtime and runtime.get("gradient_accumulation_fusion")))
     simulate_fused_mla_rope()
+    fresh_dsa_state()
     chatter = io.StringIO()  # megatron prints to stdout in places (e.g. 0.13 parsing a layout)
     with (
         warnings.catch_warnings(),
@@ -155,7 +158,7 @@ def _build_chunk(
     vp_stage = chunk if vpp is not None else None
     pre = ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
     post = ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
-    with m.torch.device("meta"), _cuda_for(model, config):
+    with m.torch.device("meta"), _cuda_for(model, config), gdn_building(model):
         _fresh_attention_env()
         if model.hybrid:
             return _finish_chunk(model, config, build_hybrid_model(model, config, layout, pre, post),
@@ -204,8 +207,11 @@ def _symbol(layer: Any) -> str:
         return "M"
     if kind == "MLPLayer":
         return "-"
+    if is_gdn_layer(layer):
+        return "G"
     mlp = type(getattr(layer, "mlp", None)).__name__
-    return "E" if mlp == "MoELayer" else "*"
+    core = type(getattr(getattr(layer, "self_attention", None), "core_attention", None)).__name__
+    return "E" if mlp == "MoELayer" else "D" if core == "DSAttention" else "*"
 
 
 def _fresh_attention_env() -> None:
@@ -255,6 +261,10 @@ def _layer_spec(m: SimpleNamespace, model: ModelConfig, config: Any, vp_stage: i
         from megatron.core.extensions.transformer_engine import TENorm
 
         m.transformer_block.LayerNormImpl = TENorm
+    if model.dsa:
+        return dsa_block_spec(config, vp_stage)
+    if model.experimental_attention_variant == "gated_delta_net":
+        return gdn_block_spec(config, vp_stage)
     if model.num_experts is not None:
         return m.gpt_layer_specs.get_gpt_decoder_block_spec(
             config,
@@ -295,7 +305,7 @@ def _mtp_block_spec(
     last = model.num_experts if model.is_moe_layer(model.num_layers - 1) else None
     return m.gpt_layer_specs.get_gpt_mtp_block_spec(
         config,
-        _one_layer_spec(m, model, last),
+        dsa_mtp_layer_spec(config, model) or _one_layer_spec(m, model, last),
         use_transformer_engine=model.transformer_impl == "transformer_engine",
         vp_stage=vp_stage,
     )

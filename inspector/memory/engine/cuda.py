@@ -23,6 +23,10 @@ torch or megatron choose by device:
   takes no GPU memory either way, and this CPU build has no pinned allocator;
 - megatron's CUDA RNG tracker forks nothing and RNG states are host tensors, as on a GPU
   (CUDA generator states are kept by the host, not in GPU memory);
+- megatron-core 0.17's `process_mtp_loss` (transformer/multi_token_prediction.py) branches on
+  the rolled loss mask's token count, `num_tokens > 0`, a value a GPU reads back; a training
+  micro-batch has tokens (pretrain_gpt's loss mask is 0 only at EOD tokens), so inside that
+  function a meta scalar's truth answers True; 0.18 made the branch a multiplication;
 - Transformer Engine's kernels run as the stand-in's autograd Functions (world/te/*functions.py),
   and its kept placeholder weight gradients (`get_dummy_wgrad`) start afresh in each run, as in
   a new process, so every trace holds the ones it makes (persistent buffers).
@@ -31,6 +35,7 @@ torch or megatron choose by device:
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -122,6 +127,7 @@ def _cpu_rng_state(*args: Any, **kwargs: Any) -> torch.Tensor:
 @contextlib.contextmanager
 def cuda_on_meta() -> Iterator[None]:
     """Run megatron's CUDA code on meta tensors (see the module docstring) inside the block."""
+    from inspector.world.ddp import cuda_streams_on_meta
     from inspector.world.setup import fresh_te_process, megatron
 
     # megatron imported as the world prepares it (world/fastimport.py): its fused functions'
@@ -138,13 +144,39 @@ def cuda_on_meta() -> Iterator[None]:
         (random, "_get_cuda_rng_state", _cpu_rng_state),
         (random, "_set_cuda_rng_state", lambda *args, **kwargs: None),
     ]
+    patches += _mtp_loss_counted()
     fresh_te_process()
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
     for owner, name, value in patches:
         setattr(owner, name, value)
     try:
-        with _CudaKernels():
+        with _CudaKernels(), cuda_streams_on_meta():
             yield
     finally:
         for owner, name, value in saved:
             setattr(owner, name, value)
+
+
+class _TokensCounted(TorchFunctionMode):
+    """Answer `bool` of a meta scalar True: a count of a training micro-batch's tokens."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is torch.Tensor.__bool__ and args[0].is_meta and args[0].dim() == 0:
+            return True
+        return func(*args, **(kwargs or {}))
+
+
+def _mtp_loss_counted() -> list[tuple[Any, str, Any]]:
+    """Run gpt_model's `process_mtp_loss` (0.17+) with its token-count branch answered."""
+    from megatron.core.models.gpt import gpt_model
+
+    original = getattr(gpt_model, "process_mtp_loss", None)
+    if original is None:  # 0.13-0.16: the MTP loss is computed in GPTModel itself, no branch
+        return []
+
+    @functools.wraps(original)
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        with _TokensCounted():
+            return original(*args, **kwargs)
+
+    return [(gpt_model, "process_mtp_loss", counted)]

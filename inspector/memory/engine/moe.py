@@ -36,6 +36,8 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils.weak import WeakTensorKeyDictionary
 
+from inspector.world.ddp import META_STREAM
+
 aten = torch.ops.aten
 
 
@@ -260,21 +262,7 @@ def _to_cpu(tensor: Any, as_numpy: bool = False, record_stream: bool = False) ->
     return tensor
 
 
-class _Stream:
-    """A CUDA stream or event as megatron's dispatchers use them: ordering only, no memory."""
-
-    def wait_stream(self, *args: Any) -> None:
-        """Order nothing: one stream runs everything here."""
-
-    def record_event(self, *args: Any) -> _Stream:
-        """Return an event that is already complete."""
-        return self
-
-    def synchronize(self) -> None:
-        """Wait for nothing."""
-
-
-_STREAM = _Stream()
+_STREAM = META_STREAM  # dispatchers' streams and events: world/ddp.py's stand-in
 
 
 class _GroupedGemm(torch.autograd.Function):

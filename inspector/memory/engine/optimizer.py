@@ -50,6 +50,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from inspector.job.job import Job
+from inspector.job.optimizers import MUON
 from inspector.memory.engine.allocator import Event, Tracker
 from inspector.memory.engine.cuda import cuda_on_meta
 
@@ -97,14 +98,8 @@ def run_step(job: Job, ddps: Sequence[Any], fused: bool) -> StepRun:
 
     With --use-precision-aware-optimizer the inner optimizer is Transformer Engine's FusedAdam
     (world/te/optimizers.py), which megatron-core requires for it, whatever `fused` says."""
-    from megatron.core.optimizer import get_megatron_optimizer
-
-    aware = job.training.optimizer_precision.precision_aware
-    kernels = _te_optimizers() if aware else _kernels(fused)
-    with kernels, _on_gpu() as answers, _clip_named() as clip, _objects_gathered():
-        optimizer = get_megatron_optimizer(
-            optimizer_config(job), list(ddps), use_gloo_process_groups=False
-        )
+    with optimizer_world(job, fused) as (answers, clip):
+        optimizer = build_optimizer(job, ddps)
         answers.zeros = {id(o.found_inf) for o in _parts(optimizer) if hasattr(o, "found_inf")}
         _foreach(optimizer)
         first = _GpuTracker()
@@ -116,6 +111,32 @@ def run_step(job: Job, ddps: Sequence[Any], fused: bool) -> StepRun:
             _labelled(optimizer, steady)
             optimizer.step()
     return StepRun(tuple(steady.events), first.allocated)
+
+
+@contextlib.contextmanager
+def optimizer_world(job: Job, fused: bool) -> Iterator[tuple[_Answers, _Clip]]:
+    """Give megatron's optimizers, inside the block, the kernels and GPU answers they ask for."""
+    from inspector.memory.engine.muon import stand_in_gathers
+
+    aware = job.training.optimizer_precision.precision_aware
+    kernels = _te_optimizers() if aware else _kernels(fused)
+    with kernels, _on_gpu() as answers, _clip_named() as clip, _objects_gathered():
+        with stand_in_gathers():  # Muon's layer-wise all-gather over the stand-in groups
+            yield answers, clip
+
+
+def build_optimizer(job: Job, ddps: Sequence[Any]) -> Any:
+    """Build megatron's optimizer for the job over the chunks in DDP (Adam, or Muon: muon.py)."""
+    from megatron.core.optimizer import get_megatron_optimizer
+
+    from inspector.memory.engine.muon import build_muon, heaviest_index, muon_taken
+
+    if job.training.optimizer in MUON:  # the step of the rank `memory` reports: the most loaded
+        with muon_taken() as taken:
+            optimizer = build_muon(job, ddps, optimizer_config(job))
+        index = heaviest_index(optimizer, taken)
+        return build_muon(job, ddps, optimizer_config(job), index) if index else optimizer
+    return get_megatron_optimizer(optimizer_config(job), list(ddps), use_gloo_process_groups=False)
 
 
 def stage_step(job: Job, stage: int) -> StepRun:
@@ -230,7 +251,8 @@ def _labelled(optimizer: Any, tracker: Tracker) -> None:
         if inner is not None:
             fused = isinstance(inner, FusedAdam) or type(inner).__name__ == "FusedAdam"
             adam = "adamw" if isinstance(inner, torch.optim.Optimizer) and not fused else "FusedAdam"
-            inner.step = _named(inner.step, adam, tracker)
+            muon = type(inner).__name__ == "TensorParallelMuon"  # muon.py's, Newton-Schulz inside
+            inner.step = _named(inner.step, "muon" if muon else adam, tracker)
 
 
 _PASSES = (
@@ -239,6 +261,7 @@ _PASSES = (
     ("get_grad_norm", "grad norm"),
     ("_compute_grad_norms_by_group", "grad norm by group"),  # megatron-core 0.19+
     ("_copy_main_params_to_model_params", "main params to weights"),
+    ("allgather_params", "layer-wise all-gather"),  # dist_muon: every rank's updated weights
 )
 
 

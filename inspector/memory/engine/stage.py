@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from inspector.job.gdn import gdn_layers
 from inspector.job.job import Job
 from inspector.job.layout import Layout
 from inspector.memory.engine.compose import compose
@@ -43,11 +44,12 @@ class ChunkShape:
     mtp: int  # multi-token-prediction layers on the chunk
 
 
-# a piece of a chunk: its layers' kinds (True: MoE), one layer or a group megatron checkpoints
+# a piece of a chunk: its layers' kinds, one layer or a group megatron checkpoints
 # together, and whether `--recompute-method block` recomputes it
-Piece = tuple[tuple[bool, ...], bool]
+Kind = tuple[bool, bool]  # a layer's (MoE MLP, gated delta net in place of attention)
+Piece = tuple[tuple[Kind, ...], bool]
 # the small chunks' traces by embedding, output, layer kinds and layers the small chunk recomputes
-Cache = dict[tuple[bool, bool, tuple[bool, ...], int], Trace]
+Cache = dict[tuple[bool, bool, tuple[Kind, ...], int], Trace]
 
 
 def trace_chunks(
@@ -96,10 +98,11 @@ def _pieces(job: Job, shape: ChunkShape) -> list[Piece]:
     recomputation whether each layer is among the chunk's first N (recomputed)."""
     training, group = job.training, _group(job)
     block = training.recompute == "full" and training.recompute_method == "block"
-    moe = [job.model.is_moe_layer(layer) for layer in shape.layers]
+    gdn = gdn_layers(job.model)
+    kinds = [(job.model.is_moe_layer(layer), gdn[layer]) for layer in shape.layers]
     return [
-        (tuple(moe[k : k + group]), block and k < training.recompute_num_layers)
-        for k in range(0, len(moe), group)
+        (tuple(kinds[k : k + group]), block and k < training.recompute_num_layers)
+        for k in range(0, len(kinds), group)
     ]
 
 
@@ -129,7 +132,7 @@ def _composed(job: Job, shape: ChunkShape, cache: Cache) -> Trace:
 
 
 def _small_trace(
-    job: Job, embedding: bool, output: bool, kinds: tuple[bool, ...], recompute_num_layers: int
+    job: Job, embedding: bool, output: bool, kinds: tuple[Kind, ...], recompute_num_layers: int
 ) -> Trace:
     """Trace one micro-batch of a chunk megatron builds with these pieces, in a small job that
     passes megatron `recompute_num_layers`."""
@@ -139,7 +142,9 @@ def _small_trace(
     stage = 0 if embedding else pp - 1 if output else 1
     model = replace(job.model, num_layers=pp * len(kinds))
     if model.num_experts is not None:
-        model = replace(model, moe_layer_freq=tuple(int(k) for k in kinds * pp))
+        model = replace(model, moe_layer_freq=tuple(int(moe) for moe, _ in kinds * pp))
+    if model.linear_attention_freq is not None:
+        model = replace(model, linear_attention_freq=tuple(int(gdn) for _, gdn in kinds * pp))
     lay = job.layout
     layout = Layout(
         tp=lay.tp, pp=pp, dp=lay.dp, cp=lay.cp, ep=lay.ep, etp=lay.etp,

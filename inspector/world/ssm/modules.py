@@ -5,13 +5,15 @@ megatron-core 0.16.1 ssm/mamba_mixer.py imports, each in its own `try`:
   subclasses) and `mamba_ssm.ops.triton.ssd_combined.mamba_chunk_scan_combined`,
   `mamba_split_conv1d_scan_combined` (`HAVE_MAMBA_SSM`: without them MambaMixer refuses to build);
 - `mamba_ssm.ops.triton.selective_state_update.selective_state_update` (inference only);
-- `causal_conv1d.causal_conv1d_fn`, `causal_conv1d_update` and
+- `causal_conv1d.causal_conv1d_fn` (which ssm/gated_delta_net.py imports too), `causal_conv1d_update` and
   `causal_conv1d.causal_conv1d_varlen.causal_conv1d_varlen_states`.
 Upstream sources: state-spaces/mamba (mamba_ssm/ops/triton/layernorm_gated.py, ssd_combined.py)
 and Dao-AILab/causal-conv1d (causal_conv1d/causal_conv1d_interface.py).
 
-The training path's kernels run on meta tensors (kernels.py); the others (inference, the
-non-memory-efficient path) raise, naming themselves, so that no run can silently skip one.
+`build_fla` gives flash-linear-attention's (fla-org/flash-linear-attention) for the gated
+delta net. The training path's kernels run on meta tensors (kernels.py, fla_kernels.py); the
+others (inference, the non-memory-efficient path) raise, naming themselves, so that no run can
+silently skip one.
 """
 
 from __future__ import annotations
@@ -63,6 +65,12 @@ def _rms_norm_gated() -> type:
     return RMSNorm
 
 
+def _fla_kernel(name: str) -> Any:
+    from inspector.world.ssm import fla_kernels
+
+    return getattr(fla_kernels, name)
+
+
 def _split_conv1d_scan() -> Any:
     from inspector.world.ssm.kernels import mamba_split_conv1d_scan_combined
 
@@ -109,13 +117,33 @@ def build(mamba_version: str, conv1d_version: str) -> dict[str, types.ModuleType
         ),
         "causal_conv1d": _module("causal_conv1d", True, {
             "__version__": conv1d_version,
-            "causal_conv1d_fn": _not_simulated("causal_conv1d.causal_conv1d_fn"),
+            "causal_conv1d_fn": _fla_kernel("causal_conv1d_fn"),
             "causal_conv1d_update": _not_simulated("causal_conv1d.causal_conv1d_update"),
         }),
         "causal_conv1d.causal_conv1d_varlen": _module("causal_conv1d.causal_conv1d_varlen", False, {
             "causal_conv1d_varlen_states": _not_simulated("causal_conv1d_varlen_states"),
         }),
     }
+    return _attached(modules)
+
+
+def build_fla(fla_version: str) -> dict[str, types.ModuleType]:
+    """Return flash-linear-attention's stand-in modules: what megatron's GatedDeltaNet imports
+    (`fla.modules.l2norm.l2norm`, `fla.ops.gated_delta_rule.chunk_gated_delta_rule`, and from
+    megatron-core 0.18 `fla.modules.convolution.causal_conv1d`)."""
+    return _attached({
+        "fla": _module("fla", True, {"__version__": fla_version}),
+        "fla.modules": _module("fla.modules", True, {}),
+        "fla.modules.l2norm": _module("fla.modules.l2norm", False, {"l2norm": _fla_kernel("l2norm")}),
+        "fla.modules.convolution": _module("fla.modules.convolution", False, {
+            "causal_conv1d": _fla_kernel("causal_conv1d")}),
+        "fla.ops": _module("fla.ops", True, {}),
+        "fla.ops.gated_delta_rule": _module("fla.ops.gated_delta_rule", True, {
+            "chunk_gated_delta_rule": _fla_kernel("chunk_gated_delta_rule")}),
+    })  # fmt: skip
+
+
+def _attached(modules: dict[str, types.ModuleType]) -> dict[str, types.ModuleType]:
     for name, module in modules.items():
         parent, _, child = name.rpartition(".")
         if parent:

@@ -1,0 +1,137 @@
+"""DeepSeek sparse attention (DSA) jobs: which megatron-core builds them, and what it refuses.
+
+megatron-core 0.16 added DSA's modules (transformer/experimental_attention_variant/dsa.py) and
+TransformerConfig's `experimental_attention_variant` and `dsa_indexer_*` fields, which
+Megatron-LM reads as arguments. Megatron-LM's gpt_builders.py builds a model with
+--experimental-attention-variant through megatron's
+`get_transformer_block_with_experimental_attention_variant_spec`, whose
+`get_experimental_attention_variant_module_spec` knows "dsa" only from 0.18 (core_v0.16.1 and
+core_v0.17.1 build gated_delta_net alone and raise "Invalid experimental attention variant: dsa").
+HybridModel's `D` layers (0.18+) are the same layer in a hybrid pattern (`infer_from_pattern`).
+"""
+
+from __future__ import annotations
+
+from inspector.errors import ConfigError
+from inspector.job.checks import check_at_least_one
+from inspector.job.hybrid_model import DSA_SYMBOL
+from inspector.job.model import DSA_FIELDS, ModelConfig
+from inspector.job.versions import megatron_version
+
+# first megatron-core with DSA's modules, and first whose layer specs build them from a config
+DSA_MODULES_SINCE = (0, 16)
+DSA_BUILT_SINCE = (0, 18)
+
+
+def _installed() -> str:
+    major, minor = megatron_version()
+    return f"megatron-core {major}.{minor}"
+
+
+def validate_dsa(config: ModelConfig) -> None:
+    """Raise ConfigError for a DSA model this megatron-core (or Megatron-LM) does not build."""
+    if not config.dsa:
+        if DSA_SYMBOL in (config.hybrid_override_pattern or ""):
+            return  # D layers this megatron-core lacks: job/hybrid_model.py names the version
+        for name in DSA_FIELDS[1:]:
+            if getattr(config, name):
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(f"{flag} needs --experimental-attention-variant dsa")
+        return
+    if megatron_version() < DSA_MODULES_SINCE:
+        raise ConfigError(f"--experimental-attention-variant dsa: {_installed()} has no DeepSeek "
+                          "sparse attention (megatron-core 0.16 added it, 0.18 builds it)")  # fmt: skip
+    if megatron_version() < DSA_BUILT_SINCE:
+        raise ConfigError(
+            f"--experimental-attention-variant dsa: {_installed()} has DSA's modules but its "
+            "get_experimental_attention_variant_module_spec builds only gated_delta_net, so "
+            "Megatron-LM stops (\"Invalid experimental attention variant: dsa\"); megatron-core "
+            "0.18 and later build it"
+        )
+    for name in ("dsa_indexer_n_heads", "dsa_indexer_head_dim", "dsa_indexer_topk"):
+        value = getattr(config, name)
+        if value is None:
+            raise ConfigError(f"--experimental-attention-variant dsa needs --{name.replace('_', '-')}"
+                              " (DSAIndexer's size; megatron-core has no default)")  # fmt: skip
+        check_at_least_one("--" + name.replace("_", "-"), value)
+    if not config.multi_latent_attention:
+        raise ConfigError("--experimental-attention-variant dsa needs --multi-latent-attention "
+                          "(megatron-core: \"Currently only MLA supports sparse attention\")")  # fmt: skip
+    _validate_indexer_rope(config)
+    if not config.disable_bias_linear:
+        raise ConfigError(
+            "--experimental-attention-variant dsa needs --disable-bias-linear (megatron-core 0.19's "
+            "AbsorbedMLASelfAttention requires add_bias_linear False)"
+        )
+    pattern = config.hybrid_override_pattern or ""
+    if config.hybrid and DSA_SYMBOL not in pattern:
+        raise ConfigError("--experimental-attention-variant dsa in a hybrid model: its DSA layers "
+                          "are D in --hybrid-layer-pattern (megatron-core 0.18+)")  # fmt: skip
+    if DSA_SYMBOL in pattern and "*" in pattern.split("/")[0]:
+        raise ConfigError(f"--hybrid-layer-pattern {pattern}: megatron-core builds no attention "
+                          "(*) beside DSA (D) layers (\"Not supported to have both Attention and "
+                          "MLA/DSA in one model\")")  # fmt: skip
+
+
+def infer_from_pattern(values: dict[str, object]) -> None:
+    """Turn MLA and DSA on for a hybrid pattern with D layers, as Megatron-LM 0.18+ does
+    (core_v0.19.0 arguments.py `validate_args`: "Infer use of MLA from unified pattern";
+    argument_utils.py `core_transformer_config_from_args`: experimental_attention_variant 'dsa')."""
+    pattern = values.get("hybrid_override_pattern")
+    if isinstance(pattern, str) and DSA_SYMBOL in pattern and megatron_version() >= DSA_BUILT_SINCE:
+        values["multi_latent_attention"] = True
+        values["experimental_attention_variant"] = "dsa"
+
+
+def _validate_indexer_rope(config: ModelConfig) -> None:
+    """DSAIndexer splits each head into a part without RoPE and `qk_pos_emb_head_dim` with it."""
+    rope = config.mla_args()["qk_pos_emb_head_dim"]
+    head = config.dsa_indexer_head_dim or 0
+    if head < rope:
+        raise ConfigError(f"--dsa-indexer-head-dim {head} is smaller than --qk-pos-emb-head-dim "
+                          f"{rope}: DSAIndexer splits each head into {head} - {rope} channels "
+                          "without RoPE and the RoPE channels")  # fmt: skip
+
+
+def check_dsa_layout(config: ModelConfig, cp: int) -> None:
+    """Raise ConfigError for DSA with context parallelism, which megatron refuses or this tool
+    does not model (TransformerConfig.__post_init__: 0.18 asserts context_parallel_size 1, 0.19
+    takes all-gather CP only)."""
+    if config.dsa and cp > 1:
+        raise ConfigError(f"--context-parallel-size {cp} with DSA is not modelled (megatron-core "
+                          "0.18 refuses it, 0.19 takes --cp-comm-type allgather only)")  # fmt: skip
+
+
+def check_dsa_run(config: ModelConfig, rope_fusion: bool) -> None:
+    """Raise ConfigError for a DSA job megatron refuses to run: fused RoPE (TransformerConfig:
+    "RoPE fusion is not supported for DSAttention"; Megatron-LM keeps --apply-rope-fusion on with
+    --position-embedding-type rope) or parameters other than bf16 (dsa.py `rotate_activation`:
+    "rotate_activation only support bf16 input")."""
+    if not config.dsa:
+        return
+    te_rope = config.transformer_impl == "transformer_engine" and rope_fusion
+    if te_rope and config.position_embedding_type == "rope":
+        raise ConfigError("--experimental-attention-variant dsa with --position-embedding-type "
+                          "rope needs --no-rope-fusion (megatron-core: \"RoPE fusion is not "
+                          "supported for DSAttention\")")  # fmt: skip
+    if not config.bf16:
+        raise ConfigError("--experimental-attention-variant dsa needs --bf16: megatron's DSA "
+                          "indexer rotates bf16 inputs only (dsa.py rotate_activation)")  # fmt: skip
+
+
+# why a command that prices layers from records rather than running them cannot take DSA yet
+_NOT_PRICED = {
+    # dsa.py: sequence-parallel gathers of the indexer's inputs, the all-reduce of the attention
+    # scores its loss sums over the tensor-parallel ranks (`compute_dsa_indexer_loss`)
+    "workload": "its gathers and the all-reduce of its loss's attention scores have no records",
+    "plan": "the step-time model prices MLA without the indexer",
+}
+
+
+def refuse_dsa(config: ModelConfig, command: str) -> None:
+    """Refuse DSA in `workload` or `plan`, which price layers from records, not by running them."""
+    if config.dsa:
+        raise ConfigError(
+            f"{command} does not model DeepSeek sparse attention's indexer yet "
+            f"({_NOT_PRICED[command]}); tree, params, diff and memory run it"
+        )

@@ -1,0 +1,92 @@
+"""Which optimizer a job trains with, and what Megatron-LM and megatron-core refuse of it.
+
+Adam (the default) shards over the data-parallel group with --use-distributed-optimizer, or over
+dp / N ranks with --num-distributed-optimizer-instances N; Muon (megatron-core 0.16's
+`optimizer/muon.py`: orthogonalised momentum on the 2-D weights, Adam on everything else) keeps
+whole matrices, each on one data-parallel rank with `dist_muon` (`LayerWiseDistributedOptimizer`).
+"""
+
+from __future__ import annotations
+
+from inspector.errors import ConfigError
+from inspector.job.layout import Layout
+
+MUON = ("muon", "dist_muon")  # Megatron-LM's --optimizer choices built by get_megatron_muon_optimizer
+# the Megatron-LM arguments (switches) the optimizer's checks read
+FLAGS_READ = ("use_distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather", "fp16",
+              "use_megatron_fsdp", "use_torch_fsdp2")  # fmt: skip
+
+
+def check_optimizer(optimizer: str, layout: Layout, flags: dict[str, bool]) -> None:
+    """Raise ConfigError for what Megatron-LM refuses of the optimizer's flags (`flags`: the
+    switches of FLAGS_READ, as the job sets them)."""
+    if flags.get("overlap_param_gather"):
+        if not (flags.get("use_distributed_optimizer") or flags.get("use_megatron_fsdp")):
+            raise ConfigError(
+                "--overlap-param-gather needs --use-distributed-optimizer or --use-megatron-fsdp "
+                "(Megatron-LM: \"--overlap-param-gather only supported with distributed optimizer "
+                "or megatron fsdp\")"
+            )
+        if not flags.get("overlap_grad_reduce"):
+            raise ConfigError(
+                "--overlap-param-gather needs --overlap-grad-reduce (Megatron-LM: \"Must use "
+                "--overlap-param-gather with --overlap-grad-reduce\")"
+            )
+    if optimizer == "sgd":
+        raise ConfigError(
+            "--optimizer sgd is not modelled: optimizer state is counted for Adam (two fp32 moments)"
+        )
+    if optimizer in MUON:
+        _check_muon(optimizer, flags)
+    _check_instances(layout, flags)
+
+
+def _check_muon(optimizer: str, flags: dict[str, bool]) -> None:
+    # Megatron-LM core_v0.16 arguments.py validate_args, "Muon optimizer check"; muon.py
+    # get_megatron_muon_optimizer: "muon with fp16 is not supported."
+    said = {
+        "overlap_grad_reduce": ("--overlap-grad-reduce", "does not support overlap grad reduce"),
+        "overlap_param_gather": ("--overlap-param-gather", "does not support overlap param gather"),
+        "use_distributed_optimizer": ("--use-distributed-optimizer",
+                                      "does not support distributed optimizer"),
+        "use_torch_fsdp2": ("--use-torch-fsdp2", "does not support Torch-FSDP2"),
+        "use_megatron_fsdp": ("--use-megatron-fsdp", "does not support Megatron-FSDP"),
+    }  # fmt: skip
+    for name, (flag, words) in said.items():
+        if flags.get(name):
+            raise ConfigError(
+                f"--optimizer {optimizer} with {flag} is refused by Megatron-LM 0.16 (validate_args: "
+                f"\"Muon optimizer {words} for now.\"); --optimizer dist_muon shards it layer-wise"
+            )
+    if flags.get("fp16"):
+        raise ConfigError(
+            f"--optimizer {optimizer} with --fp16 is refused by megatron-core (muon.py: \"muon with "
+            "fp16 is not supported.\"); use --bf16"
+        )
+
+
+def _check_instances(layout: Layout, flags: dict[str, bool]) -> None:
+    flag, instances = "--num-distributed-optimizer-instances", layout.num_distributed_optimizer_instances
+    if instances == 1:
+        return
+    if not flags.get("use_distributed_optimizer"):
+        raise ConfigError(
+            f"{flag} {instances} needs --use-distributed-optimizer (megatron-core "
+            "DistributedDataParallel: \"Partial DistOpt cannot be used without DistOpt\")"
+        )
+    if flags.get("use_megatron_fsdp"):
+        raise ConfigError(f"{flag} {instances} with --use-megatron-fsdp (HSDP) is not modelled")
+    dp_cp = layout.dp * layout.cp
+    if dp_cp % instances:
+        raise ConfigError(
+            f"{flag} {instances} does not divide the data-parallel size with context parallel "
+            f"({layout.dp} x {layout.cp} = {dp_cp}; {dp_cp} % {instances} = {dp_cp % instances}; "
+            "parallel_state: \"Data parallel size should be divisible by partial DistOpt shard "
+            "factor\")"
+        )
+    if layout.expert_dp % instances:
+        raise ConfigError(
+            f"{flag} {instances} does not divide the expert data-parallel size ({layout.expert_dp} "
+            f"% {instances} = {layout.expert_dp % instances}; parallel_state: \"Expert data "
+            "parallel size should be divisible by partial DistOpt shard factor\")"
+        )
