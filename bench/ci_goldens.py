@@ -21,7 +21,7 @@ For every case with that file:
   `mem-max-allocated-bytes` from `torch.cuda.memory_stats()` there, never reset: the peak of
   every iteration so far;
 - predicted: that rank's static memory (weights, gradients, optimizer state of its own shard, the
-  buffers megatron keeps) against `mem-allocated-bytes` at the last iteration, and its peak
+  buffers megatron keeps; not Megatron-FSDP's gathered buckets, released by then) against `mem-allocated-bytes` at the last iteration, and its peak
   against `mem-max-allocated-bytes` at the last iteration (the optimizer state exists after the
   first step); memory held outside PyTorch's allocator (DeepEP's buffers) is left out of both, as
   `memory_stats` never sees it;
@@ -268,8 +268,11 @@ def _predict(case: Case) -> Predicted:
                             job_optimizer_bytes(job))  # fmt: skip
         if stage.optimizer_by_rank:  # Muon: this rank's whole matrices (memory/engine/muon.py)
             state = replace(state, optimizer=dict(stage.optimizer_by_rank)[rank])
-    static = state.total + stage.buffers - stage.run.outside_bytes
-    peak = static + stage.activation_bytes
+    # Megatron-FSDP's gathered parameters and unsharded gradients are released by the end of the
+    # iteration (the buckets resharded after each unit's backward, its gradients reduce-scattered),
+    # when mem-allocated-bytes is logged: held in flight, not static
+    static = state.total + stage.buffers - stage.run.outside_bytes - stage.fsdp_in_flight
+    peak = static + stage.fsdp_in_flight + stage.activation_bytes
     step, bound, note = plan_step(args, layout.world_size)
     return Predicted(label, static, peak, step, bound, step_note=note)
 

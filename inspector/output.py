@@ -275,6 +275,11 @@ def read_bytes(path: str, limit: int = MAX_INPUT_BYTES) -> bytes:
         except (OSError, ValueError, AttributeError):  # replaced by a non-file stream
             return str(sys.stdin.read(limit + 1)).encode("utf-8", "surrogateescape")[: limit + 1]
         return _read_fd(fd, shown, limit, os.isatty(fd))
+    return _read_path(path, shown, limit)
+
+
+def _read_path(path: str, shown: str, limit: int, head: bool = False) -> bytes:
+    """Read a named file as read_bytes does (`head`: its first limit + 1 bytes, as read_head)."""
     with _opening(shown):
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
@@ -283,10 +288,10 @@ def read_bytes(path: str, limit: int = MAX_INPUT_BYTES) -> bytes:
             raise InputError(f"{shown} is a folder, not a file")
         if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode):
             raise InputError(f"{shown} is a device, not a file")
-        if stat.S_ISREG(info.st_mode) and info.st_size > limit:
+        if not head and stat.S_ISREG(info.st_mode) and info.st_size > limit:
             raise InputError(f"{shown} is {info.st_size:,} bytes; files read in are at most "
                              f"{limit:,} bytes (docs/limits.md)")  # fmt: skip
-        return _read_fd(fd, shown, limit, False)
+        return _read_fd(fd, shown, limit, False, head)
     finally:
         os.close(fd)
 
@@ -305,9 +310,10 @@ def _opening(shown: str) -> Iterator[None]:
         raise InputError(f"{shown} cannot be read ({reason_of(exc)})") from None
 
 
-def _read_fd(fd: int, shown: str, limit: int, terminal: bool) -> bytes:
+def _read_fd(fd: int, shown: str, limit: int, terminal: bool, head: bool = False) -> bytes:
     """Read fd to its end, at most limit bytes, waiting at most IDLE_SECONDS for each chunk
-    (a terminal waits for its user)."""
+    (a terminal waits for its user); `head`: return the first limit + 1 bytes instead of
+    refusing more."""
     import select
 
     chunks: list[bytes] = []
@@ -328,6 +334,8 @@ def _read_fd(fd: int, shown: str, limit: int, terminal: bool) -> bytes:
             return b"".join(chunks)
         chunks.append(chunk)
         total += len(chunk)
+        if total > limit and head:
+            return b"".join(chunks)
         if total > limit:
             raise InputError(f"{shown} holds more than {limit:,} bytes; files read in are at "
                              "most that (docs/limits.md)")  # fmt: skip
@@ -336,20 +344,16 @@ def _read_fd(fd: int, shown: str, limit: int, terminal: bool) -> bytes:
 def read_head(path: str, limit: int) -> tuple[str, bool]:
     """Return at most `limit` bytes of a file (`-`: standard input) as text, and whether there
     was more: a log that never ends (a FIFO, a file still growing) is read that far and no
-    further. Bytes that are not UTF-8 read as U+FFFD; raise InputError naming a file that
-    cannot be read."""
+    further; a fifo that sends nothing for IDLE_SECONDS is refused by name. Bytes that are not
+    UTF-8 read as U+FFFD; raise InputError naming a file that cannot be read."""
     shown = "- (standard input)" if path == STDIO else shown_path(path)
     with _opening(shown):
         if path == STDIO:
             if sys.stdin is None:
                 raise InputError("- (standard input) is closed")
             data = sys.stdin.buffer.read(limit + 1)
-        else:
-            info = os.stat(path)
-            if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode):
-                raise InputError(f"{shown} is a device, not a file")
-            with open(path, "rb") as stream:
-                data = stream.read(limit + 1)
+        else:  # opened without waiting for a fifo's writer, read as read_bytes reads
+            data = _read_path(path, shown, limit, head=True)
     text = data[:limit].decode("utf-8", errors="replace").replace("\r\n", "\n")
     return _without_bom(text), len(data) > limit
 

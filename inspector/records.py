@@ -35,6 +35,9 @@ class ParamRecord:
     layer: int | None  # 0-based global layer number, None outside the transformer layers
     expert: int | None  # global expert number
     expert_rank: int | None  # expert-parallel rank holding it (None for non-expert parameters)
+    # a Transformer Engine quantized weight (fp8 / MXFP8 parameters): the bytes of the tensors it
+    # stores (data, transposes, scales; world/te/float8_tensor.py `stored_bytes`), else None
+    stored: int | None = None
 
     @property
     def numel(self) -> int:

@@ -97,7 +97,7 @@ def formulas_only() -> Iterator[None]:
 
     from inspector.memory.engine import run as engine
 
-    def nothing(job: Any, stages: Any) -> Any:
+    def nothing(job: Any, stages: Any, *shared: Any) -> Any:  # shared: the search's caches
         return engine.JobRuns({}, "not run in this test")
 
     with mock.patch.object(engine, "run_job", nothing):

@@ -395,3 +395,11 @@ def test_a_refused_flag_typed_on_the_command_line_says_why(cli, flag, error):
     # it said "no such option", as for a flag Megatron-LM does not have
     result = cli("memory", *SMALL, flag)
     assert (result.code, result.out, result.err) == (2, "", error + "\n")
+
+
+def test_deterministic_mode_says_what_plan_does_not_price(cli, tmp_path):
+    # Megatron-LM's --deterministic-mode: deterministic TE attention backward, a fixed NCCL
+    # algorithm (megatron/training/determinism.py); the same tensors, other kernels
+    result = cli("params", "--from-script", script(tmp_path, "--deterministic-mode"))
+    assert result.code == 0, result.err
+    assert "--deterministic-mode changes no memory; `plan`'s step time prices the default " in result.err

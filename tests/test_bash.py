@@ -130,7 +130,7 @@ def test_megatron_shaped_llama_fp8_arguments():
 
 def test_issue_examples():
     arrays = """A=( --num-layers 4 --hidden-size 256 --num-attention-heads 4 )
-A+=( --vocab-size 1000 --tp 2 )
+A+=( --vocab-size 1000 --tensor-model-parallel-size 2 )
 B=( "--seq-length 512" )
 torchrun pretrain_gpt.py ${A[@]} ${B[@]}
 """

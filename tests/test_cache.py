@@ -23,7 +23,7 @@ def cache_on(tmp_path, monkeypatch):
 
 def test_hit_gives_the_same_text_without_building(cli, cache_on, monkeypatch):
     cold = cli("params", *SMALL)
-    assert cold.code == 0 and len(list(cache_on.iterdir())) == 1
+    assert cold.code == 0 and len(list(cache_on.glob("*.txt"))) == 1
 
     def no_building(*args, **kwargs):
         raise AssertionError("a cache hit must not build")
@@ -36,7 +36,7 @@ def test_hit_gives_the_same_text_without_building(cli, cache_on, monkeypatch):
 
 def test_errors_are_not_cached(cli, cache_on):
     assert cli("params", *SMALL, "--tp", "3").code == 2
-    assert not cache_on.exists() or list(cache_on.iterdir()) == []
+    assert not cache_on.exists() or list(cache_on.glob("*.txt")) == []
 
 
 BASE = ("params", {"num_layers": 2}, {"stage": None, "rank": None, "fmt": "csv"})
@@ -99,7 +99,7 @@ TEXT = "{ProcessCoord(pipe=0, data=0, model=0): 0}\nname;module;shape\n█ bars 
 
 def test_entry_round_trips():
     assert cache.decode(cache.encode(TEXT)) == TEXT
-    assert cache.encode(TEXT).startswith(b"inspect-model cache 2 sha256=")
+    assert cache.encode(TEXT).startswith(b"inspect-model cache 3 mac=")
 
 
 def _damage(kind: str, raw: bytes) -> bytes:
@@ -116,8 +116,8 @@ def _damage(kind: str, raw: bytes) -> bytes:
         "no-header": body,
         "old-format": TEXT.encode(),
         "wrong-length": header.replace(b"length=", b"length=1") + b"\n" + body,
-        "wrong-sha": header.replace(b"sha256=", b"sha256=0") + b"\n" + body,
-        "other-version": header.replace(b"cache 2", b"cache 1") + b"\n" + body,
+        "wrong-sha": header.replace(b"mac=", b"mac=0") + b"\n" + body,
+        "other-version": header.replace(b"cache 3", b"cache 2") + b"\n" + body,
         "extra-field": header + b" more=1\n" + body,
     }[kind]
 
@@ -136,16 +136,17 @@ def test_damaged_entry_is_not_decoded(kind):
 @pytest.mark.parametrize("kind", DAMAGE)
 def test_damaged_entry_is_a_miss_and_is_replaced(cli, cache_on, kind):
     cold = cli("params", *SMALL)
-    (entry,) = cache_on.iterdir()
+    (entry,) = cache_on.glob("*.txt")
     entry.write_bytes(_damage(kind, entry.read_bytes()))
     again = cli("params", *SMALL)
     assert (again.code, again.out) == (0, cold.out)
-    assert cache.decode(entry.read_bytes(), entry.stem) == cold.out  # the fresh result replaced it
+    secret = (cache_on / cache.SECRET).read_bytes()
+    assert cache.decode(entry.read_bytes(), entry.stem, secret) == cold.out  # replaced
 
 
 def test_entry_that_is_a_folder_or_fifo_is_a_miss(cli, cache_on):
     cold = cli("params", *SMALL)
-    (entry,) = cache_on.iterdir()
+    (entry,) = cache_on.glob("*.txt")
     entry.unlink()
     os.mkfifo(entry)  # reading it would block forever
     assert cli("params", *SMALL).out == cold.out
@@ -164,7 +165,35 @@ def test_cache_folder_that_is_a_file_is_skipped(cli, cache_on):
 
 def test_entry_write_leaves_no_temporary(cli, cache_on):
     cli("params", *SMALL)
-    assert [p.name for p in cache_on.iterdir()] == [f"{p.stem}.txt" for p in cache_on.iterdir()]
+    names = sorted(p.name for p in cache_on.iterdir())
+    assert names == sorted([cache.SECRET, *(f"{p.stem}.txt" for p in cache_on.glob("*.txt"))])
+
+
+def test_an_entry_edited_with_its_checksum_recomputed_is_a_miss(cli, cache_on):
+    # issue #46: a sha256 anyone can recompute let an edited entry be printed as the answer; the
+    # header's MAC needs the secret beside the entries, so an edit is a miss and is rebuilt
+    cold = cli("params", *SMALL)
+    (entry,) = cache_on.glob("*.txt")
+    edited = cold.out.replace("decoder.layers", "decoder.lawyers")
+    entry.write_bytes(cache.encode(edited, entry.stem, b"not the secret"))
+    again = cli("params", *SMALL)
+    assert (again.code, again.out) == (0, cold.out)
+
+
+@pytest.mark.parametrize("damage", ["short", "folder", "empty"])
+def test_a_damaged_secret_is_replaced_and_every_entry_rebuilt(cli, cache_on, damage):
+    cold = cli("params", *SMALL)
+    secret = cache_on / cache.SECRET
+    assert secret.stat().st_mode & 0o777 == 0o600 and len(secret.read_bytes()) == 32
+    secret.unlink()
+    if damage == "folder":
+        secret.mkdir()
+    else:
+        secret.write_bytes(b"abc" if damage == "short" else b"")
+    again = cli("params", *SMALL)
+    assert (again.code, again.out) == (0, cold.out)
+    if damage != "folder":  # a folder in its place cannot be replaced: the cache is not used
+        assert len(secret.read_bytes()) == 32
 
 
 def test_an_entry_copied_over_another_commands_is_a_miss(cli, cache_on):
@@ -172,7 +201,7 @@ def test_an_entry_copied_over_another_commands_is_a_miss(cli, cache_on):
     # this one (whole and with a valid checksum), is never served as this command's output.
     params = cli("params", *SMALL)
     tree = cli("tree", *SMALL)
-    entries = sorted(cache_on.iterdir(), key=lambda p: p.stat().st_mtime_ns)
+    entries = sorted(cache_on.glob("*.txt"), key=lambda p: p.stat().st_mtime_ns)
     assert len(entries) == 2
     entries[0].write_bytes(entries[1].read_bytes())  # tree's entry under params' key
     again = cli("params", *SMALL)
@@ -182,7 +211,7 @@ def test_an_entry_copied_over_another_commands_is_a_miss(cli, cache_on):
 def test_a_huge_damaged_entry_is_a_miss_without_reading_it(cli, cache_on):
     # issue #30: a 6 GiB sparse entry was read whole (MemoryError) before its header was checked.
     cold = cli("params", *SMALL)
-    (entry,) = cache_on.iterdir()
+    (entry,) = cache_on.glob("*.txt")
     with open(entry, "r+b") as stream:
         stream.truncate(6 << 30)
     assert cli("params", *SMALL).out == cold.out

@@ -126,7 +126,7 @@ def _sample() -> list[dict]:
         # a GPU type the tool has no datasheet for
         (lambda rows: [{**rows[0], "gpu": "l40s"}] + rows[1:],
          ": the device row names no known --gpu type (\"gpu\": 'l40s'; one of: h100, h200, "
-         "a100-80gb, b200, gb200)"),
+         "a100-80gb, b200, gb200, b300, gb300)"),
         # a rate that is no rate
         (lambda rows: rows[:1] + [{**rows[1], "tflops": -3}] + rows[2:],
          ": row 1 (gemm) needs tflops > 0, got -3"),

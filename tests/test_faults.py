@@ -257,11 +257,30 @@ def test_a_poisoned_workload_entry_is_a_miss_never_a_path_outside_the_folder(tmp
     assert workload("first").returncode == 0
     (entry,) = (tmp_path / "cache" / "inspect-model").glob("*.txt")
     poisoned = {"index.csv": "file\n../evil.sh\n", "../evil.sh": "echo owned\n"}
-    entry.write_bytes(cache.encode(json.dumps(poisoned), entry.stem))
+    secret = (entry.parent / cache.SECRET).read_bytes()  # the poisoner could read the secret
+    entry.write_bytes(cache.encode(json.dumps(poisoned), entry.stem, secret))
     result = workload("second")
     assert result.returncode == 0, result.stderr
     assert not (tmp_path / "evil.sh").exists()
     assert snapshot_of(tmp_path / "second") == snapshot_of(tmp_path / "first")
+
+
+def test_a_workload_stage_entry_without_the_stage_file_is_a_miss_not_a_key_error(tmp_path: Path) -> None:
+    # an entry whose MAC matches (written by someone holding the secret) but that lacks the asked
+    # stage's file used to end in KeyError: 'stage001.txt'; it is now a miss and rebuilt
+    from inspector.cli import cache
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "XDG_CACHE_HOME": str(tmp_path / "cache"),
+           "INSPECT_MODEL_NO_CACHE": "0"}  # fmt: skip
+    argv = [sys.executable, "-m", "inspector", "workload", *SMALL, "--pp", "2", "--stage", "1",
+            "--micro-batch-size", "1", "--gpu", "h100"]  # fmt: skip
+    first = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    (entry,) = (tmp_path / "cache" / "inspect-model").glob("*.txt")
+    secret = (entry.parent / cache.SECRET).read_bytes()
+    entry.write_bytes(cache.encode(json.dumps({"index.csv": "file\n"}), entry.stem, secret))
+    again = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert (again.returncode, again.stdout) == (0, first.stdout), again.stderr[-2000:]
 
 
 @pytest.mark.parametrize("name", ["../evil", "/tmp/evil", "", ".", "sub/x"])
@@ -290,6 +309,24 @@ SCRIPT = ("#!/bin/bash\ntorchrun --nproc_per_node 8 pretrain_gpt.py --num-layers
     ("--swiglu on", "'on' follows --swiglu, which takes no further value"),
     ("--seq-length=128 256", "'256' follows --seq-length 128, which takes no further value"),
     ("--tensor-model-parallel-size=2=3", "--tensor-model-parallel-size needs int value, got '2=3'"),
+    # issue #46: values of arguments the tool ignores, checked as Megatron-LM 0.16.1's argparse
+    # checks them (inputs/ignored_values.py, read off its own parser)
+    ("--log-interval abc", "--log-interval needs int value, got 'abc' (Megatron-LM's argparse "
+     "refuses it: invalid int value)"),
+    ("--lr 1e-4x", "--lr needs float value, got '1e-4x'"),
+    ("--lr-decay-style cosin", "--lr-decay-style 'cosin' is not one of: constant, linear, cosine"),
+    ("--empty-unused-memory-level 3", "--empty-unused-memory-level '3' is not one of: 0, 1, 2"),
+    ('--tokenizer-type ""', "--tokenizer-type '' is not one of: BertWordPieceLowerCase"),
+    ("--rampup-batch-size 16 16 x", "--rampup-batch-size needs int value, got 'x'"),
+    ("--log-interval", "--log-interval needs a value (Megatron-LM's argparse: expected one argument)"),
+    ("--tokenizer-model --bf16", "--tokenizer-model needs a value"),
+    ("--mock-data 1", "'1' follows --mock-data, which takes no further value"),
+    ("--mock-data=1", "--mock-data is a switch and takes no value"),
+    ("--log-interval 10 20", "'20' follows --log-interval 10, which takes no further value"),
+    # Megatron-LM's parser has allow_abbrev=False: an abbreviation is not the flag it begins
+    ("--seq-len 128", "--seq-len is not a Megatron-LM argument but the start of --seq-length; "
+     "Megatron-LM's parser takes no abbreviations (allow_abbrev=False)"),
+    ("--log-inter 10", "--log-inter is not a Megatron-LM argument but the start of --log-interval"),
 ])  # fmt: skip
 def test_a_word_argparse_refuses_is_an_error_not_dropped(
     words: str, message: str, tmp_path: Path
@@ -321,6 +358,35 @@ def test_a_megatron_refusal_names_the_flags_behind_the_fields_it_names() -> None
         f"megatron-core refused to build stage 0: {message} (the flags it names: "
         "--num-attention-heads, --tensor-model-parallel-size, --num-experts, --swiglu; --debug "
         "shows its traceback)")
+
+
+@pytest.mark.parametrize("message, flags", [
+    ("Bias in Moe is only supported when ETP==1", "--expert-tensor-parallel-size, --disable-bias-linear"),
+    ("Currently GroupedMLP for MoE only supports bf16.", "--moe-grouped-gemm, --bf16"),
+    ("Flex token dispatcher requires TPxEP > 1",
+     "--moe-token-dispatcher-type, --tensor-model-parallel-size, --expert-model-parallel-size"),
+    ("full recompute is only supported with full iteration CUDA graph.",
+     "--recompute-granularity, --cuda-graph-scope"),
+])  # fmt: skip
+def test_a_megatron_refusal_that_names_no_field_names_the_flags_behind_it(message: str, flags: str) -> None:
+    # issue #46: megatron-core asserts that name no TransformerConfig field reached the user with
+    # no flag to change
+    from inspector.errors import ConfigError
+    from inspector.world.stage import _megatron_errors
+
+    with pytest.raises(ConfigError) as caught, _megatron_errors(0):
+        raise AssertionError(message)
+    assert f"(the flags it names: {flags}; --debug shows its traceback)" in str(caught.value)
+
+
+def test_a_refusal_without_field_names_reaches_the_command_line_with_its_flags(tmp_path: Path) -> None:
+    argv = ["tree", "--num-layers", "2", "--num-experts", "2", "--tp", "2", "--sequence-parallel",
+            "--expert-tensor-parallel-size", "2", "--num-attention-heads", "4", "--hidden-size", "64",
+            "--transformer-impl", "transformer_engine"]  # fmt: skip
+    assert error_line(run(*argv, cwd=tmp_path)) == (
+        "Error: megatron-core refused to build stage 0: Bias in Moe is only supported when ETP==1 "
+        "(the flags it names: --expert-tensor-parallel-size, --disable-bias-linear; --debug shows "
+        "its traceback)")
 
 
 # --- extreme scales: an Error: within bounded time and memory ----------------------------------
@@ -373,3 +439,20 @@ def test_an_infinite_count_in_a_config_is_an_error(value: str, tmp_path: Path) -
     line = error_line(run("params", "--config", "c.yaml", cwd=tmp_path))
     shown = "inf" if value == ".inf" else "-inf"
     assert line == f"Error: c.yaml: --num-layers needs int value, got {shown}"
+
+
+def test_a_fifo_nobody_writes_as_a_log_is_refused_not_waited_on(tmp_path: Path, quick_idle: None) -> None:
+    # read_head (check's log, --kernels) opened a fifo with open(), which waits for a writer
+    # forever; it is now read as read_bytes reads, and one that sends nothing is refused by name
+    from inspector.errors import InputError
+    from inspector.output import read_head
+
+    os.mkfifo(tmp_path / "train.log")
+    with pytest.raises(InputError, match=r"train.log sent nothing for 0.3 seconds"):
+        read_head(str(tmp_path / "train.log"), 1000)
+
+
+def test_check_on_a_fifo_nobody_writes_answers_in_bounded_time(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "train.log")
+    line = error_line(run("check", "train.log", cwd=tmp_path, timeout=60))
+    assert line.startswith("Error: train.log sent nothing for")

@@ -156,7 +156,7 @@ def test_fp8_flags_are_checked(cli, flags, message):
     assert result.code == 2 and result.err.startswith("Error: ") and message in result.err
 
 
-@pytest.mark.parametrize("flag", ["--no-fp8-wgrad", "--first-last-layers-bf16"])
+@pytest.mark.parametrize("flag", ["--no-fp8-wgrad", "--fp8-multi-head-attention"])
 def test_fp8_variants_not_modelled_are_refused_by_name(cli, tmp_path, flag):
     path = tmp_path / "train.sh"
     path.write_text(f"torchrun pretrain_gpt.py {' '.join(SMALL + TE)} --fp8-format hybrid {flag}\n")
@@ -202,7 +202,8 @@ def test_fp8_gemms_are_priced_from_the_h100s_fp8_measurements():
     fp8 = Gemm("fc1", 8192, 8192, 8192, "fwd", fp8=True)
     # measured: fp8 is not twice as fast as bf16 at this size on the H100
     assert 1.4 < op_seconds(bf16, h100) / op_seconds(fp8, h100) < 1.95
-    assert op_seconds(fp8, b200) == pytest.approx(op_seconds(fp8, h100) * 1979 / 4500)
+    # Blackwell's fp8 GEMMs: 2.0x the H100's, as NVIDIA's cuBLAS 12.9 measured (not 4500 / 1979)
+    assert op_seconds(fp8, b200) == pytest.approx(op_seconds(fp8, h100) / 2.0)
     a100 = GPUS["a100-80gb"]  # no fp8 tensor cores: priced at the 16-bit peak
     assert op_seconds(fp8, a100) == pytest.approx(op_seconds(bf16, a100))
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from inspector.inputs.versions import megatron_core_version
 from tests.conftest import run_cli
 
 TINY = ("--transformer-impl local --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --vocab-size 1000 "
@@ -79,11 +80,34 @@ def test_strategies_shard_more_and_more():
 
 def test_sharded_gradients_need_an_unsharded_bucket_in_flight():
     # without --overlap-grad-reduce megatron makes one bucket of all non-layer parameters; from
-    # optim_grads on, the backward fills an unsharded fp32 bucket before reduce-scattering it
+    # optim_grads on, the backward fills an unsharded fp32 bucket before reduce-scattering it;
+    # optim reduce-scatters its persistent buffer into a fresh shard (torch.empty_like) up to
+    # megatron-core 0.18; 0.19 reduce-scatters it in place (version fact)
     flight = {name: strategy(name)["buffers"].get("fsdp_in_flight", 0) for name in STRATEGIES}
-    assert flight["no_shard"] == flight["optim"] == 0
-    assert 4 * P <= flight["optim_grads"] < 4 * (P + 4 * F)
+    assert flight["no_shard"] == 0
+    if megatron_core_version() >= (0, 19):
+        assert flight["optim"] == 0
+    else:
+        assert P <= flight["optim"] < P + 4 * F  # one fp32 shard of the single bucket: 4 P / dp
+    assert 4 * P <= flight["optim_grads"] < 4 * (P + 4 * F) + P + 4 * F
     assert flight["optim_grads_params"] > 0
+
+
+def test_zero2_keeps_every_gradient_bucket_of_a_small_model_above_zero1():
+    # NVIDIA/Megatron-LM#6314: with --overlap-grad-reduce and small buckets, megatron's
+    # GradReducePipeline frees a reduce-scattered bucket only once its queue holds more than
+    # suggested_RS_queue_capacity (at least 1e9) elements, so all of TINY's unsharded fp32
+    # gradient buckets (about 4 P bytes) are alive at the end of the backward, on top of the
+    # optim_grads shard (P bytes at dp 4); optim keeps its 4 P persistent buffer and allocates
+    # one shard per reduce-scatter. ZeRO-2 peaks above ZeRO-1. (Two neighbouring 20,000-element
+    # buckets, the earlier count, are under P / 2 bytes and put ZeRO-2 below ZeRO-1.)
+    extra = ("--overlap-grad-reduce", "--ddp-bucket-size", "20000")
+    zero1, zero2 = strategy("optim", 4, *extra), strategy("optim_grads", 4, *extra)
+    flight = zero2["buffers"]["fsdp_in_flight"]
+    assert 4 * P <= flight < 4 * (P + 9 * 4 * F) + 4 * 20000  # nine padded buckets and a shard
+    assert zero1["buffers"].get("fsdp_in_flight", 0) < 4 * 20000  # a bucket's shard at a time
+    assert zero2["gradients"] + flight > zero1["gradients"]
+    assert zero2["total"] > zero1["total"]
 
 
 def test_fsdp2_shards_rows_as_torch_pads_them():

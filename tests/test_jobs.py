@@ -133,9 +133,11 @@ def test_every_refused_flag_in_one_message(cli, tmp_path):
                  "--fp8-param-gather "
                  "--fp4-param-gather --torch-fsdp2-no-reshard-after-forward --cpu-offloading\n")  # fmt: skip
     result = cli("memory", "--from-script", path)
-    fp4 = ("Transformer Engine's fp4 parameters and recipes (and mxfp8 parameters in the grad "
-           "buffer) keep quantized weights this tool does not count; --fp8-format with "
-           "--fp8-recipe and --fp8-param-gather are modelled")  # fmt: skip
+    fp4 = ("megatron-core 0.16's DDP points each NVFP4 weight into its param buffer, which "
+           "Transformer Engine 2.11 refuses (tensor/utils.py replace_raw_data: 'not supported "
+           "yet'), and megatron-core 0.19 casts them with Transformer Engine's "
+           "quantize_master_weights (2.12+), which this tool does not simulate; --fp4-format "
+           "without it is modelled")  # fmt: skip
     assert result.err == (
         f"Error: {path} line 1: --fp4-param-gather is not modelled: "
         f"{fp4}; --torch-fsdp2-no-reshard-after-forward is not modelled: FSDP2 keeping the "
@@ -267,7 +269,7 @@ def test_functional_test_config_lists_every_refusal(cli, tmp_path):
                                             "  --fp4-param-gather: true\n  --checkpoint-activations: true\n"))  # fmt: skip
     result = cli("memory", "--config", str(path))
     assert result.err.startswith(
-        f"Error: {path}: --fp4-param-gather is not modelled: Transformer Engine's "
+        f"Error: {path}: --fp4-param-gather is not modelled: megatron-core 0.16's DDP "
     )
     assert result.err.endswith("; --checkpoint-activations is refused by Megatron-LM: "
                                "validate_args: '--checkpoint-activations is no longer valid, use "

@@ -351,18 +351,17 @@ def test_sft_tokenizer_reports_the_hugging_face_tokenizer_length(tmp_path, cli):
 def test_flex_token_dispatcher_with_hybridep_is_read(tmp_path, cli):
     # examples/megatron_fsdp's DeepSeek-V3 script: Megatron-LM accepts `flex` (DeepEP/HybridEP);
     # both are modelled (tests/test_flex_memory.py, tests/test_hybrid_ep.py): memory stops on the
-    # fp4 format alone, and the parameters are still read
+    # fp4 parameters alone, and the parameters are still read
     moe = "--num-experts 4 --moe-router-topk 2 --expert-model-parallel-size 2 --disable-bias-linear"
     path = tmp_path / "s.sh"
     path.write_text(f"torchrun --nproc_per_node=2 pretrain_gpt.py {SMALL} --vocab-size 1000 {moe} "
                     "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep "
-                    "--fp4-format e2m1\n")  # fmt: skip
+                    "--fp4-param-gather\n")  # fmt: skip
     memory = cli("memory", "--from-script", str(path))
     assert memory.code == 2
-    assert memory.err.endswith(
-        f"Error: {path} line 1: --fp4-format e2m1 is not modelled: Transformer Engine's fp4 parameters and "
-        "recipes (and mxfp8 parameters in the grad buffer) keep quantized weights this tool does "
-        "not count; --fp8-format with --fp8-recipe and --fp8-param-gather are modelled\n"
+    assert memory.err.startswith(
+        f"Error: {path} line 1: --fp4-param-gather is not modelled: megatron-core 0.16's DDP "
+        "points each NVFP4 weight into its param buffer"
     )
     params = cli("params", "--from-script", str(path))
     assert params.code == 0, params.err

@@ -311,3 +311,60 @@ def test_plan_prices_a_layer_alone_beyond_the_half_pair_it_was_given(monkeypatch
     assert forward > half and backward > half
     assert uneven.expert - even.expert == pytest.approx(0.25 * (forward - half) + 0.25 * (backward - half))
     assert uneven.compute == even.compute
+
+
+def test_a_combined_step_runs_forward_and_backward_layer_by_layer():
+    # model_chunk_schedule_plan.py TransformerModelChunkSchedulePlan.run: the forward's
+    # pre-process and the backward's post-process, forward layer i with backward layer L-1-i,
+    # then the forward's post-process and the backward's pre-process
+    from inspector.memory.engine.allocator import Event
+    from inspector.memory.engine.microbatch import Trace
+    from inspector.memory.engine.schedule import combined
+
+    def events(*steps):
+        total, out = 0, []
+        for size, where in steps:
+            total += size
+            out.append(Event(size, total, where))
+        return tuple(out)
+
+    forward = events((1, "embedding"), (10, "layer 0 mlp"), (10, "layer 1 mlp"), (5, "loss"))
+    backward = events((1, "embedding"), (10, "layer 0"), (10, "layer 1"), (5, "loss"),
+                      (-5, "loss: Backward"), (-10, "layer 1 mlp: Backward"),
+                      (-10, "layer 0 mlp: Backward"), (-1, "embedding: Backward"))  # fmt: skip
+    step = combined(Trace(forward, (), ()), Trace(backward[:4], backward[4:], ()))
+    assert [e.where for e in step] == [
+        "embedding", "loss: Backward", "layer 0 mlp", "layer 1 mlp: Backward", "layer 1 mlp",
+        "layer 0 mlp: Backward", "loss", "embedding: Backward"]  # fmt: skip
+    # over the 26 the backward's micro-batch holds: at most one layer more at any point
+    assert [e.allocated for e in step] == [27, 22, 32, 22, 32, 22, 27, 26]
+
+
+def test_memory_runs_the_overlaps_forward_with_the_backward_not_after_it():
+    # combined_1f1b_schedule_for_no_pipelining: the first forward alone, then each forward
+    # together with the previous micro-batch's backward; holding the older micro-batch whole
+    # beneath the forward would count one micro-batch more than megatron keeps
+    from inspector.memory.engine.run import run_memory
+    from inspector.memory.engine.schedule import _top
+
+    job = _job(overlap_moe_expert_parallel_comm=True, transformer_impl="local")
+    run = run_memory(job, 0)
+    assert "with the backward of micro-batch" in run.peak.moment
+    assert run.peak.micro_batches == 2
+    [trace] = run.replay.traces
+    whole = trace.held + _top(trace.forward).allocated
+    plain = run_memory(_job(transformer_impl="local"), 0).peak.bytes
+    assert plain < run.peak.bytes < whole
+
+
+@pytest.mark.parametrize(("m", "paired"), [(1, 0), (3, 2)])
+def test_only_an_older_micro_batchs_backward_runs_with_a_forward(m, paired):
+    # combined_1f1b_schedule_for_no_pipelining: the first forward alone, the last backward alone
+    from inspector.memory.engine.allocator import Event
+    from inspector.memory.engine.microbatch import Trace
+    from inspector.memory.engine.schedule import replay_passes
+
+    trace = Trace((Event(1, 1, "x"),), (Event(-1, 0, "x"),), ())
+    passes = list(replay_passes((trace,), 0, 1, m, extra=1))
+    assert sum(p.paired is not None for p in passes) == paired
+    assert [p.paired for p in passes if p.paired] == [(0, i) for i in range(paired)]

@@ -91,8 +91,11 @@ def test_the_exchange_holds_the_dispatchers_sms_of_the_gpus():
     assert exchange_sm_share(replace(flex, moe_deepep_num_sms=24), h100) == pytest.approx(24 / 132)
     hybridep = 16 if megatron_version() >= BACKEND_SINCE else 20  # before 0.16: DeepEP only
     assert exchange_sm_share(replace(flex, moe_flex_backend="hybridep"), h100) == pytest.approx(hybridep / 132)
-    assert exchange_sm_share(replace(flex, moe_token_dispatcher_type="alltoall"), h100) == 0.0
-    assert exchange_sm_share(flex, GPUS["b200"]) == 0.0  # no cited SM count
+    # the all-to-all dispatcher: NCCL's send/receive kernel, a thread block per p2p channel (32
+    # on NVSwitch nodes, NCCL's init log); the allgather dispatcher never runs beside compute
+    assert exchange_sm_share(replace(flex, moe_token_dispatcher_type="alltoall"), h100) == pytest.approx(32 / 132)
+    assert exchange_sm_share(replace(flex, moe_token_dispatcher_type="allgather"), h100) == 0.0
+    assert exchange_sm_share(flex, GPUS["gb200"]) == 0.0  # no cited SM count
 
 
 def test_the_all_to_all_dispatcher_sorts_received_tokens_by_local_expert_and_back():

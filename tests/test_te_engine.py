@@ -420,7 +420,7 @@ def test_te_composed_moe_stage_equals_every_layer_run(flags):
             trace_chunks(job, 0, shapes, whole=True)
         return
     cache = assert_composed_equals_whole(job)
-    kinds = {kind for _, _, small, _ in cache for kind in small}
+    kinds = {moe for _, _, small, _ in cache for moe, _ in small}  # (MoE, GDN) per layer
     assert kinds == {True, False} if "moe_layer_freq" in flags else kinds == {True}
 
 

@@ -249,6 +249,11 @@ def gpu_tflops_option(use: str) -> Any:
     return typer.Option(None, "--gpu-tflops", help=f"Peak TFLOP/s per GPU{use}.")
 
 
+def nvlink_domain_option() -> Any:
+    """`--gpus-per-node`: the NVLink domain that consecutive ranks fill, megatron's placement."""
+    return typer.Option(None, "--gpus-per-node", help="GPUs per NVLink domain (default: the type's).")
+
+
 def mfu_option() -> Any:
     """Return --mfu, declared here only."""
     return typer.Option(None, "--mfu", help="Fraction of the peak reached (default 1).")

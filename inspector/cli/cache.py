@@ -7,17 +7,21 @@ version and a hash of its own source files, and the installed megatron-core and 
 ($XDG_CACHE_HOME/inspect-model, else ~/.cache/inspect-model); `--no-cache` bypasses it and
 INSPECT_MODEL_NO_CACHE=1 turns it off.
 
-Each entry starts with a header line carrying the sha256 and byte length of the text after it
-and the entry's own key, checked on every load (the header first, against the file's size): an
-entry cut short, overwritten, re-encoded or copied over another key's is a miss, never an
-answer, and the fresh result replaces it. Entries are written atomically (temporary file, rename).
-An entry is text: nothing in it is unpickled or run. One whose checksum was made to match is still
-only printed, except `workload`'s, whose file names are checked before they are trusted (`valid`).
+Each entry starts with a header line carrying an HMAC-SHA256 of the entry's key and the text
+after it, under a random secret kept beside the entries (`secret.key`, made on first use, mode
+0600), and the text's byte length, checked on every load (the header first, against the file's
+size): an entry cut short, overwritten, edited (its checksum recomputed without the secret),
+re-encoded or copied over another key's is a miss, never an answer, and the fresh result replaces
+it. A damaged secret is replaced, which makes every entry a miss. Entries are written atomically
+(temporary file, rename). An entry is text: nothing in it is unpickled or run; `workload`'s file
+names are checked before they are trusted (`valid`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import hmac
 import json
 import os
 import stat
@@ -79,15 +83,49 @@ def key(command: str, args: dict[str, Any], options: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-FORMAT = "inspect-model cache 2"
-MAX_HEADER = 256  # bytes: the format, a sha256, a length and a key fit in well under this
+FORMAT = "inspect-model cache 3"
+MAX_HEADER = 256  # bytes: the format, a MAC, a length and a key fit in well under this
+SECRET = "secret.key"
+SECRET_BYTES = 32
 
 
-def encode(text: str, entry: str = "") -> bytes:
-    """Return an entry's bytes: a header line with the text's sha256, length and key, then it."""
+def _secret() -> bytes | None:
+    """Return the cache's secret, made (or remade, if damaged) on first use; None if the cache
+    folder cannot hold one (the cache is then not used)."""
+    path = directory() / SECRET
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb", buffering=0) as stream:
+            if stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
+                secret = stream.read(SECRET_BYTES + 1)
+                if len(secret) == SECRET_BYTES:
+                    return secret
+    except OSError:
+        pass
+    secret = os.urandom(SECRET_BYTES)
+    temporary = path.with_name(f".{SECRET}.{os.getpid()}")
+    try:
+        directory().mkdir(parents=True, exist_ok=True)
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as stream:
+            stream.write(secret)
+        os.replace(temporary, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        return None
+    return secret
+
+
+def _mac(secret: bytes, entry: str, data: bytes) -> str:
+    return hmac.new(secret, entry.encode("ascii", "replace") + b"\n" + data, "sha256").hexdigest()
+
+
+def encode(text: str, entry: str = "", secret: bytes = b"") -> bytes:
+    """Return an entry's bytes: a header line with the MAC of its key and text, the text's
+    length and the key, then the text."""
     data = text.encode("utf-8", "surrogateescape")
-    digest = hashlib.sha256(data).hexdigest()
-    header = f"{FORMAT} sha256={digest} length={len(data)} key={entry}\n"
+    header = f"{FORMAT} mac={_mac(secret, entry, data)} length={len(data)} key={entry}\n"
     return header.encode("ascii") + data
 
 
@@ -97,20 +135,20 @@ def _header_fields(header: bytes) -> dict[str, str] | None:
     if " ".join(fields[:3]) != FORMAT or len(fields) != 6:
         return None
     pairs = dict(field.partition("=")[::2] for field in fields[3:])
-    return pairs if sorted(pairs) == ["key", "length", "sha256"] else None
+    return pairs if sorted(pairs) == ["key", "length", "mac"] else None
 
 
-def decode(raw: bytes, entry: str = "") -> str | None:
+def decode(raw: bytes, entry: str = "", secret: bytes = b"") -> str | None:
     """Return the text of an entry's bytes, or None unless the header vouches for every byte.
 
-    An entry cut short, padded, overwritten with garbage, re-encoded, empty or copied from
-    another key (another command's output) is a miss.
+    An entry cut short, padded, overwritten with garbage, edited, re-encoded, empty or copied
+    from another key (another command's output) is a miss.
     """
     header, newline, data = raw.partition(b"\n")
     fields = _header_fields(header) if newline else None
     if fields is None or fields["key"] != entry or fields["length"] != str(len(data)):
         return None
-    if fields["sha256"] != hashlib.sha256(data).hexdigest():
+    if not hmac.compare_digest(fields["mac"], _mac(secret, entry, data)):
         return None
     return data.decode("utf-8", "surrogateescape")
 
@@ -119,7 +157,7 @@ def _path(entry: str) -> Path:
     return directory() / f"{entry}.txt"
 
 
-def load(entry: str) -> str | None:
+def load(entry: str, secret: bytes) -> str | None:
     """Return a cached output, or None (a miss) when absent, unreadable or damaged.
 
     The header is read and checked against the file's size before the rest is read, so a
@@ -139,16 +177,16 @@ def load(entry: str) -> str | None:
             raw = header + stream.read(info.st_size - len(header))
     except OSError:
         return None
-    return decode(raw, entry)
+    return decode(raw, entry, secret)
 
 
-def store(entry: str, text: str) -> None:
+def store(entry: str, text: str, secret: bytes) -> None:
     """Save an output (replacing a damaged entry); a cache that cannot be written is skipped."""
     from inspector.output import replace_file
 
     try:
         directory().mkdir(parents=True, exist_ok=True)
-        replace_file(str(_path(entry)), encode(text, entry))
+        replace_file(str(_path(entry)), encode(text, entry, secret))
     except OSError:
         pass
 
@@ -165,12 +203,13 @@ def cached(
 
     `valid`: whether an entry's text is one produce could have made; another (an entry written
     over by someone who fixed its checksum) is a miss, never trusted."""
-    if not (use_cache and enabled()):
+    secret = _secret() if use_cache and enabled() else None
+    if secret is None:
         return produce()
     entry = key(command, args, options)
-    hit = load(entry)
+    hit = load(entry, secret)
     if hit is not None and valid(hit):
         return hit
     text = produce()
-    store(entry, text)
+    store(entry, text, secret)
     return text

@@ -291,17 +291,20 @@ def _engine_files(
     return made
 
 
-def _workload_files_valid(text: str) -> bool:
-    """Whether a cached workload is what produce makes: JSON, file name -> text, plain names."""
+def _workload_files_valid(text: str, stage: int | None) -> bool:
+    """Whether a cached workload is what produce makes: JSON, file name -> text, plain names,
+    the index and the asked stage's file among them."""
     import json
 
     from inspector.export import plain_name
+    from inspector.report.workload_index import file_name
 
     try:
         files = json.loads(text)
     except ValueError:
         return False
-    return isinstance(files, dict) and "index.csv" in files and all(
+    needed = ("index.csv", file_name(stage or 0))
+    return isinstance(files, dict) and all(name in files for name in needed) and all(
         plain_name(name) and isinstance(body, str) for name, body in files.items())  # fmt: skip
 
 
@@ -371,7 +374,8 @@ def workload(
     options = dict(stage=stage, gpu=gpu, gpu_tflops=gpu_tflops, mfu=mfu, profile=profile, fmt=fmt)
     if table is not None:
         options["kernels"] = table.digest
-    text = cache.cached("workload", args, options, use_cache, produce, _workload_files_valid)
+    text = cache.cached("workload", args, options, use_cache, produce,
+                        lambda text: _workload_files_valid(text, stage))  # fmt: skip
     files: dict[str, str] = json.loads(text)
     from inspector.cli.streams import write_stderr
     from inspector.render.workload import workload_notes

@@ -41,7 +41,7 @@ COMMON_BY_COMMAND = {
     "check": TRAINING_COMMON,
 }
 # Input options `-h` leaves to `--help-all`.
-RARE_INPUTS = ("--no-cache", "--apex", "--kernels")
+RARE_INPUTS = ("--no-cache", "--apex", "--kernels", "--set")  # --set: with --from-script only
 EXAMPLES = {
     "tree": (
         "inspect-model tree --model llama3-8b --pp 4 --stage 3",

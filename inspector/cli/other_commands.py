@@ -22,6 +22,7 @@ from inspector.cli.app import (
     kernels_gpu,
     kernels_option,
     model_options,
+    nvlink_domain_option,
     output_option,
     read_kernels,
 )
@@ -65,10 +66,8 @@ def plan(
     label: str | None,
     gpus: int = typer.Option(..., "--gpus", help="GPUs in the cluster."),
     gpu_memory: float | None = gpu_memory_option(" (default: the --gpu type's)"),
-    gpu: str | None = gpu_option(None, f", default the --kernels table's, else {DEFAULT_GPU}"),
-    gpus_per_node: int | None = typer.Option(
-        None, "--gpus-per-node", help="GPUs per NVLink domain (default: the type's)."
-    ),
+    gpu: str | None = gpu_option(None, f"; default: --kernels' GPU, else {DEFAULT_GPU}"),
+    gpus_per_node: int | None = nvlink_domain_option(),
     gpu_tflops: float | None = gpu_tflops_option(", 16-bit (default: --gpu)"),
     intra_bandwidth: float | None = typer.Option(
         None, "--intra-node-bandwidth", help="NVLink GB/s per GPU, each way."

@@ -8,8 +8,10 @@ Two tables beside this module, measured at the same shapes, each read as it was 
     GEMM again in fp8 (`gemm_fp8` / `expert_gemm_fp8` rows: cuBLASLt's fp8 GEMM through
     torch._scaled_mm with per-tensor scales, as Transformer Engine runs delayed and tensorwise
     scaling on Hopper; E4M3 forward, E5M2 x E4M3 gradients).
-A GPU with its own table (`--gpu h100`, `--gpu h200`) reads it; any other GPU reads the H200 table
-scaled (below). How each kind of op is priced from a table:
+A GPU with its own table (`--gpu h100`, `--gpu h200`) reads it; a Blackwell GPU (b200, gb200,
+b300, gb300) reads the H100 table, each kind of kernel sped up by a published kernel-level
+measurement or the range the sources imply (formulas/published_kernels.py); any other GPU (A100)
+reads the H200 table scaled (below). How each kind of op is priced from a table:
   - GEMM (m, n, k), in the table's orientation convention (forward: m tokens, k in, n out;
     data gradient: m tokens, k out, n in; weight gradient: m in, k tokens, n out): the fraction
     of peak reached, as a function of log2(m n k) per orientation: the measured rows (Llama 3
@@ -43,7 +45,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Literal
 
-from inspector.job.hardware import Gpu, KernelTable
+from inspector.formulas.published_kernels import PUBLISHED, Kind, speedup
+from inspector.job.hardware import GPUS, Gpu, KernelTable
 from inspector.job.kernel_table import BUILT_IN, fp8_rows_complete, reference_gpu, table_rows
 
 TABLES = BUILT_IN
@@ -51,27 +54,48 @@ TABLE = TABLES["h200"]  # the table GPUs without their own are scaled from
 FP8_TABLE = "h100"  # the one table with fp8 GEMM rows
 ELEMENT = 2  # bytes of a bf16 element, as the table measured
 ATTENTION_BACKWARD = 2.5  # flash backward FLOPs over forward, as the table counts them
+H100_FP8 = 1979.0  # the fp8 table's GPU's dense fp8 peak (job/hardware.py's h100 record)
 
 Orient = Literal["fwd", "dgrad", "wgrad", "expert"]
 MemoryClass = Literal["copy", "add", "rms_norm", "swiglu"]
 Curve = tuple[tuple[float, ...], tuple[float, ...]]  # (x ascending, y)
 
 
+def published(gpu: Gpu) -> bool:
+    """Return whether a GPU's kernels are priced from published measurements (a Blackwell type
+    without the user's --kernels table)."""
+    return gpu.kernels is None and gpu.name in PUBLISHED
+
+
 def table_of(gpu: Gpu) -> str | KernelTable:
     """Return the measured table a GPU's kernels are read from: the user's --kernels table, else
-    its own where there is one, the H200's otherwise."""
+    its own where there is one, the H100's for a Blackwell type, the H200's otherwise."""
     if gpu.kernels is not None:
         return gpu.kernels
-    return gpu.name if gpu.name in TABLES else "h200"
+    if gpu.name in TABLES:
+        return gpu.name
+    return FP8_TABLE if gpu.name in PUBLISHED else "h200"
 
 
-def compute_scale(gpu: Gpu) -> float:
-    """Return how much longer a compute-bound kernel takes than on the table's GPU."""
+def _faster(gpu: Gpu, kind: Kind) -> float:
+    """Return a Blackwell GPU's published speed-up over the H100 table for `kind`, at the end of
+    its range the record asks for."""
+    return speedup(gpu.name, kind, gpu.published_end)
+
+
+def compute_scale(gpu: Gpu, kind: Kind = "gemm") -> float:
+    """Return how much longer a compute-bound kernel takes than on the table's GPU: by the
+    published speed-up of its kind (a --gpu-tflops override scaling it by the record's 16-bit
+    peak over the given one), or by the dense 16-bit peaks."""
+    if published(gpu):
+        return GPUS[gpu.name].tflops_16bit / gpu.tflops_16bit / _faster(gpu, kind)
     return reference_gpu(table_of(gpu)).tflops_16bit / gpu.tflops_16bit
 
 
 def memory_scale(gpu: Gpu) -> float:
     """Return how much longer a memory-bound kernel takes than on the table's GPU."""
+    if published(gpu):
+        return 1 / _faster(gpu, "memory")
     return reference_gpu(table_of(gpu)).hbm / gpu.hbm
 
 
@@ -230,14 +254,17 @@ def op_seconds(op: Op, gpu: Gpu) -> float:
         return op.bytes / rate * memory_scale(gpu)
     if isinstance(op, Attention):
         rate = attention_tflops(op.seq, op.heads, op.backward, table) * 1e12
-        return op.flops / rate * compute_scale(gpu)
+        return op.flops / rate * compute_scale(gpu, "attention")
     if op.flops == 0:
         return 0.0
     log_volume = math.log2(op.batch * op.m * op.n * op.k)
     if op.fp8 and gpu.tflops_fp8:
         fp8_table = table if fp8_rows_complete(table) else FP8_TABLE
         efficiency = _interpolate(gemm_curve(op.orient, fp8_table, True), log_volume)
-        compute = op.flops / (gpu.tflops_fp8 * 1e12 * efficiency)
+        if published(gpu):  # the H100's fp8 GEMM sped up as published
+            compute = op.flops / (H100_FP8 * 1e12 * efficiency * _faster(gpu, "gemm_fp8"))
+        else:
+            compute = op.flops / (gpu.tflops_fp8 * 1e12 * efficiency)
     else:
         efficiency = _interpolate(gemm_curve(op.orient, table), log_volume)
         compute = op.flops / (reference_gpu(table).tflops_16bit * 1e12 * efficiency) * compute_scale(gpu)

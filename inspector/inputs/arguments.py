@@ -100,6 +100,21 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         "Keep Transformer Engine's weights in fp8 and all-gather them in fp8 (needs "
         "--use-distributed-optimizer).",
     ),
+    _model("fp8_dot_product_attention", bool, "Attention in fp8 (Transformer Engine's fused "
+           "attention, delayed or tensorwise recipes)."),  # fmt: skip
+    _model("fp4_format", str, "NVFP4 through Transformer Engine (Blackwell).", choices=("e2m1",)),
+    _model("fp4_recipe", str, "FP4 recipe with --fp4-format (default nvfp4).",
+           choices=("nvfp4", "custom")),  # fmt: skip
+    _model("first_last_layers_bf16", bool, "Keep the first and last layers in bf16 under "
+           "--fp8-format or --fp4-format."),  # fmt: skip
+    _model("num_layers_at_start_in_bf16", int, "Layers kept in bf16 at the start (default 1)."),
+    _model("num_layers_at_end_in_bf16", int, "Layers kept in bf16 at the end (default 1)."),
+    _model(
+        "reuse_grad_buf_for_mxfp8_param_ag",
+        bool,
+        "With --fp8-recipe mxfp8 --fp8-param-gather: all-gather the weights through the grad "
+        "buffer (no param buffer).",
+    ),
     _model("num_experts", int, "Number of MoE experts per layer (MoE on every layer)."),
     _model("moe_router_topk", int, "Experts each token is routed to."),
     _model("moe_ffn_hidden_size", int, "Hidden size of each expert's MLP."),
@@ -414,6 +429,29 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         "delay_wgrad_compute",
         bool,
         "With the all-to-all overlap: expert weight gradients after the dispatch backward starts.",
+    ),
+    _training(
+        "cross_entropy_loss_fusion",
+        bool,
+        "megatron's fused cross entropy (torch.compile'd; its backward holds one more fp32 copy "
+        "of the logits).",
+    ),
+    _training(
+        "defer_embedding_wgrad_compute",
+        bool,
+        "With --pp: the output layer's weight gradients wait for the pipeline's drain, keeping "
+        "each micro-batch's input and logits gradient until then.",
+    ),
+    _training(
+        "wgrad_deferral_limit",
+        int,
+        "Micro-batches whose output-layer weight gradient is deferred (default 0: all).",
+    ),
+    _training(
+        "tp_comm_overlap",
+        bool,
+        "Transformer Engine's userbuffers overlap tensor-parallel communication with GEMMs "
+        "(their cuBLAS workspace: 3 more; the buffers are outside PyTorch's allocator).",
     ),
     _training(
         "moe_expert_capacity_factor",

@@ -16,6 +16,7 @@ from inspector.errors import ConfigError
 from inspector.inputs.arguments import BY_NAME
 from inspector.inputs.hybrid_pattern import layer_pattern
 from inspector.inputs.refusals import ALL_GROUPS, refusals_message, refused_value
+from inspector.inputs.unmodelled import IGNORED_NOTES
 from inspector.inputs.versions import unknown_argument_notes
 
 if TYPE_CHECKING:
@@ -206,6 +207,8 @@ def _file_layer(parsed: ScriptArgs, origin: str, sources: Sources, groups: tuple
         raise ConfigError(f"{refused}; {problem}" if problem else refused)
     if parsed.ignored:
         notes.append(f"Ignored from {origin}: {' '.join(parsed.ignored)}")
+        notes.extend(f"Note from {origin}: {IGNORED_NOTES[flag]}" for flag in parsed.ignored
+                     if flag in IGNORED_NOTES)  # fmt: skip
     if parsed.unrecognised:
         notes.append(
             f"Not recognised from {origin} (not a Megatron-LM argument this tool "

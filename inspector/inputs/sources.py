@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inspector.errors import ConfigError, InputError
+from inspector.inputs import ignored_values
 from inspector.inputs.arguments import BY_NAME, ArgSpec
 from inspector.inputs.bash.context import Command, Context
 from inspector.inputs.bash.interpreter import interpret
@@ -110,7 +111,11 @@ def parse_launch_script(text: str, origin: str, settings: Mapping[str, str] | No
     launch, world, needs = interpret_launch(text, origin, settings)
     where = f"{launch.origin} line {launch.line}"
     raw: dict[str, str] = {}
-    parsed = split_arguments(program_arguments(launch.argv), needs, launch.ctx, raw)
+    try:
+        parsed = split_arguments(program_arguments(launch.argv), needs, launch.ctx, raw)
+    except ConfigError:  # a word its argparse refuses: a program not GPT training says so first
+        program_checks(launch.argv, launch.ctx.show, (), where)
+        raise
     args, ignored = dict(parsed.args), parsed.ignored
     flags = {BY_NAME[name].flag for name in args} | set(parsed.ignored) | refused_flags(parsed.refused)
     program, refused = program_checks(launch.argv, launch.ctx.show, flags, where, args)
@@ -318,14 +323,18 @@ def split_arguments(words: list[str], needs: Needs, ctx: Context,
             continue
         name = flag[2:].replace("-", "_")
         spec = BY_NAME.get(name)
-        takes_value = spec.type is not bool if spec else _looks_like_value(words, index)
+        typed = spec is None and flag in IGNORED and flag not in RENAMED  # argparse's own kind
+        if spec is not None:
+            takes_value = spec.type is not bool
+        else:
+            takes_value = not (typed and ignored_values.switch(flag)) and _looks_like_value(words, index)
         value = inline if inline else (words[index] if takes_value and index < len(words) else None)
         if takes_value and not inline:
             index += 1
-        many = spec.many if spec is not None else flag in _UNMODELLED_MANY
+        many = spec.many if spec is not None else flag in _UNMODELLED_MANY | ignored_values.MANY
         while many and not inline and _looks_like_value(words, index):
             value, index = f"{value} {words[index]}", index + 1  # nargs='*': the words that follow
-        switch = spec is not None and spec.type is bool
+        switch = spec is not None and spec.type is bool or typed and ignored_values.switch(flag)
         if spec is None and flag in RENAMED:
             name, meaning = RENAMED[flag]
             spec, value = BY_NAME[name], (value if meaning is None else str(meaning))
@@ -336,6 +345,11 @@ def split_arguments(words: list[str], needs: Needs, ctx: Context,
             raise ConfigError(f"{where}: {flag} is a switch and takes no value; Megatron-LM's "
                               f"argparse refuses {word}")  # fmt: skip
         if spec is None:
+            _refuse_abbreviation(flag, where)
+            if typed and not switch and not (value and ctx.unknown_in(value)):
+                ignored_values.check_value(flag, value, where)
+            if typed and (switch or ignored_values.checked(flag)):
+                after = flag if switch else f"{flag} {value}"
             if flag in TOKENIZER_FLAGS and value is not None:
                 raw[flag] = value
             skipped.add(flag, value, where)
@@ -348,6 +362,23 @@ def split_arguments(words: list[str], needs: Needs, ctx: Context,
         if not spec.many:
             after = flag if switch else f"{flag} {value}"
     return skipped.script_args(args)
+
+
+def _refuse_abbreviation(flag: str, where: str) -> None:
+    """Refuse a flag that only begins a Megatron-LM argument: Megatron-LM's parser is built with
+    allow_abbrev=False (megatron/training/arguments.py parse_args), so it stops on it."""
+    if len(flag) < 4 or flag in IGNORED or flag in REFUSED or flag in RENAMED:
+        return
+    if flag in ignored_values.OTHER_ARGUMENTS:
+        return
+    known = sorted({spec.flag for spec in BY_NAME.values()} | IGNORED.keys() | REFUSED.keys()
+                   | ignored_values.OTHER_ARGUMENTS)  # fmt: skip
+    meant = [name for name in known if name.startswith(flag)]
+    if meant:
+        shown = ", ".join(meant[:3]) + (", ..." if len(meant) > 3 else "")
+        raise ConfigError(f"{where}: {flag} is not a Megatron-LM argument but the start of {shown}; "
+                          "Megatron-LM's parser takes no abbreviations (allow_abbrev=False) and "
+                          "stops on it as an unrecognised argument; spell it out")  # fmt: skip
 
 
 def _take_modelled(spec: ArgSpec, value: str | None, needs: Needs, args: dict[str, Any]) -> None:

@@ -25,14 +25,21 @@ class Refusal:
     modelled: tuple[tuple[int, int], tuple[int, int]] | None = None
 
 
-_FP8 = (
-    "Transformer Engine's fp4 parameters and recipes (and mxfp8 parameters in the grad buffer) "
-    "keep quantized weights this tool does not count; --fp8-format with --fp8-recipe and "
-    "--fp8-param-gather are modelled"
+# megatron-core 0.16.1's DDP points each quantized weight into its param buffer through TE's
+# replace_raw_data, which TE 2.11 (the newest 0.16.1 accepts) refuses for an NVFP4Tensor
+# (tensor/utils.py 50-51); megatron-core 0.19 gathers packed NVFP4 bytes and casts the main
+# shards with TE's `quantize_master_weights`, which TE 2.11 does not have
+_FP4_PARAMS = (
+    "megatron-core 0.16's DDP points each NVFP4 weight into its param buffer, which Transformer "
+    "Engine 2.11 refuses (tensor/utils.py replace_raw_data: 'not supported yet'), and "
+    "megatron-core 0.19 casts them with Transformer Engine's quantize_master_weights (2.12+), "
+    "which this tool does not simulate; --fp4-format without it is modelled"
 )
 _FP8_PART = (
-    "fp8 for only part of the model (16-bit weight gradients, 16-bit first/last layers, fp8 "
-    "attention) is not modelled; --fp8-format runs every Transformer Engine linear in fp8"
+    "fp8 for only part of the model (16-bit weight gradients, fp8 multi-head attention) is not "
+    "modelled; "
+    "--fp8-format runs every Transformer Engine linear in fp8 (but the layers "
+    "--first-last-layers-bf16 keeps in 16 bits)"
 )
 _FSDP = (
     "FSDP2 keeping the gathered parameters from the forward to the backward (ZeRO-2) is not "
@@ -70,14 +77,8 @@ _MFSDP_POOL = "Megatron-FSDP's double-buffer allocator options are not modelled"
 _FROZEN = "frozen parameters hold no gradients or optimizer state, which this tool does not model"
 
 REFUSED: dict[str, Refusal] = {
-    "--fp4-format": Refusal("training", _FP8),
-    "--fp4-param-gather": Refusal("training", _FP8),
-    "--reuse-grad-buf-for-mxfp8-param-ag": Refusal("training", _FP8),
+    "--fp4-param-gather": Refusal("training", _FP4_PARAMS),
     "--no-fp8-wgrad": Refusal("training", _FP8_PART),
-    "--first-last-layers-bf16": Refusal("training", _FP8_PART),
-    "--num-layers-at-start-in-bf16": Refusal("training", _FP8_PART),
-    "--num-layers-at-end-in-bf16": Refusal("training", _FP8_PART),
-    "--fp8-dot-product-attention": Refusal("training", _FP8_PART),
     "--fp8-multi-head-attention": Refusal("training", _FP8_PART),
     "--torch-fsdp2-no-reshard-after-forward": Refusal("layout", _FSDP),
     "--use-legacy-models": Refusal("model", "this tool builds megatron-core (mcore) models only"),
@@ -161,9 +162,12 @@ REFUSED: dict[str, Refusal] = {
         "not modelled"),  # fmt: skip
     # Megatron-LM main (megatron/training/arguments.py, after core_v0.19.0): Megatron-FSDP's
     # buffer dtypes and allocators; its default values are the buffers megatron-core 0.16 holds
-    "--megatron-fsdp-main-grads-dtype": Refusal("layout", _MFSDP_DTYPE, ("auto",)),
+    # fp32 main gradients reduced in fp32 are what megatron-core 0.16's Megatron-FSDP allocates
+    # for a 16-bit model (its ParamAndGradBuffer: fp32 unless --grad-reduce-in-bf16): Megatron-LM
+    # main's functional tests ask for them by these values
+    "--megatron-fsdp-main-grads-dtype": Refusal("layout", _MFSDP_DTYPE, ("auto", "fp32")),
     "--megatron-fsdp-main-params-dtype": Refusal("layout", _MFSDP_DTYPE, ("fp32",)),
-    "--megatron-fsdp-grad-comm-dtype": Refusal("layout", _MFSDP_DTYPE, ("auto",)),
+    "--megatron-fsdp-grad-comm-dtype": Refusal("layout", _MFSDP_DTYPE, ("auto", "fp32")),
     "--megatron-fsdp-max-pool-double-buffer": Refusal("layout", _MFSDP_POOL),
     "--fsdp-db-use-persist-buf-on-alloc-fail": Refusal("layout", _MFSDP_POOL),
     "--megatron-fsdp-enable-fine-grained-param-gather": Refusal(
@@ -180,6 +184,10 @@ REFUSED: dict[str, Refusal] = {
         "every Transformer Engine linear"),  # fmt: skip
     "--kitchen-config-file": Refusal("training", _QUANTIZERS),
     "--kitchen-recipe-number": Refusal("training", _QUANTIZERS),
+    # megatron-core language_module.py: "te" runs Transformer Engine's Triton cross entropy
+    "--cross-entropy-fusion-impl": Refusal(
+        "training", "Transformer Engine's cross entropy kernels are not modelled (native is: "
+        "megatron's torch.compile'd fused_cross_entropy.py)", ("native",)),  # fmt: skip
     "--output-logit-dtype": Refusal(
         "training", "the output layer's logits dtype is not modelled (they are counted as "
         "megatron-core 0.16 computes them)"),  # fmt: skip
@@ -233,8 +241,7 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--data-parallel-random-init --loss-scale --initial-loss-scale --min-loss-scale "
         "--loss-scale-window --hysteresis --disable-bf16-reduced-precision-matmul "
         "--deterministic-mode --calculate-per-token-loss "
-        "--cross-entropy-loss-fusion --cross-entropy-fusion-impl "
-        "--no-persist-layer-norm --use-te-activation-func "
+                "--no-persist-layer-norm --use-te-activation-func "
         "--use-fused-weighted-squared-relu --no-gradient-reduce-div-fusion --te-rng-tracker "
         "--use-mcore-models --transformer-impl-fallback --use-cpu-initialization "
         "--init-model-with-meta-device --no-clone-scatter-output-in-embedding "
@@ -251,10 +258,10 @@ IGNORED_BECAUSE: dict[str, str] = {
     ),
     "communication scheduling (buffers not counted)": (
         "--no-overlap-p2p-communication --overlap-p2p-communication-warmup-flush "
-        "--defer-embedding-wgrad-compute --wgrad-deferral-limit --no-align-grad-reduce "
+        "--no-align-grad-reduce "
         "--no-align-param-gather --overlap-param-gather-with-optimizer-step "
         "--ddp-average-in-collective --ddp-reduce-scatter-with-fp32-accumulation "
-        "--no-scatter-gather-tensors-in-pipeline --use-ring-exchange-p2p --tp-comm-overlap "
+        "--no-scatter-gather-tensors-in-pipeline --use-ring-exchange-p2p "
         "--tp-comm-overlap-cfg --disable-tp-comm-overlap-ag --disable-tp-comm-overlap-rs "
         "--tp-comm-overlap-rs-dgrad --disable-tp-comm-bulk-dgrad --disable-tp-comm-bulk-wgrad "
         "--tp-comm-bootstrap-backend --disable-tp-comm-split-ag --disable-tp-comm-split-rs "
@@ -273,7 +280,7 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--muon-scale-mode --muon-fp32-matmul-prec --muon-num-ns-steps --muon-tp-mode "
         "--muon-extra-scale-factor --muon-coefficient-type --muon-scalar-optimizer "
         "--muon-use-syrk --lion-beta1 --lion-beta2 "
-        "--fp4-recipe --keep-fp8-transpose-cache --enable-full-sharding-in-hsdp "
+        "--keep-fp8-transpose-cache --enable-full-sharding-in-hsdp "
         "--optimizer-offload-fraction "
         # --fine-grained-activation-offloading's modules
         "--offload-modules "
@@ -379,6 +386,16 @@ IGNORED_BECAUSE: dict[str, str] = {
 
 IGNORED: dict[str, str] = {
     flag: reason for reason, flags in IGNORED_BECAUSE.items() for flag in flags.split()
+}
+
+# Ignored arguments that change what a command does not count: a note says what (inputs/resolve).
+IGNORED_NOTES: dict[str, str] = {
+    # Megatron-LM validate_args: deterministic_mode sets NCCL_ALGO to a fixed ring/tree and
+    # Transformer Engine's NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 picks deterministic attention
+    # backward kernels; the tensors (memory) are the same
+    "--deterministic-mode": "--deterministic-mode changes no memory; `plan`'s step time prices "
+    "the default kernels, not the deterministic ones it selects (Transformer Engine's "
+    "deterministic attention backward, a fixed NCCL algorithm), whose cost is not modelled",
 }
 
 # Megatron-LM spellings that mean one of the modelled arguments: flag -> (name, value).

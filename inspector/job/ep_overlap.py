@@ -8,7 +8,8 @@ the two independent in every 1F1B step, the interleaved schedule runs one more w
 (pipeline_parallel/schedules.py `get_pp_rank_microbatches`: "we schedule one extra micro-batch
 forward step before the 1f1b stages"), and without a pipeline the combined schedule runs the
 first forward alone, then each forward with the previous micro-batch's backward
-(`combined_1f1b_schedule_for_no_pipelining`): one micro-batch more in flight either way.
+(`combined_1f1b_schedule_for_no_pipelining`): one micro-batch more in flight either way. Each
+1F1B step then runs the two passes together, layer by layer: memory/engine/schedule.py `combined`.
 """
 
 from __future__ import annotations

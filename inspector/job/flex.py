@@ -141,3 +141,15 @@ def runs_deepep(training: Any) -> bool:
 def runs_hybridep(training: Any) -> bool:
     """Return whether a checked job's flex dispatcher runs HybridEP (megatron-core 0.16+)."""
     return training.moe_token_dispatcher_type == "flex" and not runs_deepep(training)
+
+
+def row_padding(training: Any) -> str:
+    """Return who pads fp8 experts' rows to the alignment, "" for Transformer Engine's Fp8Padding
+    (ModelDims.moe_row_padding): HybridEP's dispatch under fp8 always (token_dispatcher.py
+    _HybridEPManager: `pad_multiple` whenever config.fp8); with --moe-router-padding-for-fp8 the
+    all-to-all's sender or DeepEP's receiver."""
+    if runs_hybridep(training):
+        return "destination"
+    if training.moe_router_padding:
+        return "destination" if training.moe_token_dispatcher_type == "flex" else "source"
+    return ""

@@ -20,13 +20,10 @@ FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
 DEFAULT_RECIPE = "delayed"  # TransformerConfig.fp8_recipe
 DEFAULT_AMAX_HISTORY_LEN = 1  # TransformerConfig.fp8_amax_history_len
 # --fp8-param-gather: the recipes whose weights Transformer Engine keeps as a Float8Tensor
-# (world/te/float8_tensor.py); the others' tensor classes (TE pytorch/tensor/) are not simulated
-PARAM_GATHER_RECIPES = ("delayed", "tensorwise")
-_PARAM_CLASSES = {
-    "blockwise": "Float8BlockwiseQTensor (float8_blockwise_tensor.py)",
-    "mxfp8": "MXFP8Tensor (mxfp8_tensor.py), outside megatron's param buffer "
-    "(param_and_grad_buffer.py shares the grad buffer for their all-gather)",
-}
+# (world/te/float8_tensor.py) or an MXFP8Tensor (world/te/mxfp8_tensor.py); blockwise's
+# Float8BlockwiseQTensor (TE float8_blockwise_tensor.py) is not simulated
+PARAM_GATHER_RECIPES = ("delayed", "tensorwise", "mxfp8")
+_REUSE = "--reuse-grad-buf-for-mxfp8-param-ag"
 
 
 def validate_fp8(
@@ -35,8 +32,10 @@ def validate_fp8(
     amax_history_len: int,
     transformer_impl: str,
     param_gather: bool = False,
+    reuse_grad_buf: bool = False,
 ) -> None:
     """Raise ConfigError for fp8 settings megatron rejects or this tool cannot build as described."""
+    _check_mxfp8_params(recipe, param_gather, reuse_grad_buf)
     if fp8_format is None:
         for flag, value, default in (
             ("--fp8-recipe", recipe, DEFAULT_RECIPE),
@@ -66,9 +65,31 @@ def validate_fp8(
     if param_gather and recipe not in PARAM_GATHER_RECIPES:
         raise ConfigError(
             f"--fp8-param-gather with --fp8-recipe {recipe} is not modelled: Transformer Engine "
-            f"then keeps its weights as {_PARAM_CLASSES[recipe]}, which this tool does not "
-            f"simulate; fp8 parameters are modelled with --fp8-recipe "
-            f"{' or '.join(PARAM_GATHER_RECIPES)} (Float8Tensor)"
+            "then keeps its weights as Float8BlockwiseQTensor (float8_blockwise_tensor.py), "
+            "which this tool does not simulate; fp8 parameters are modelled with --fp8-recipe "
+            f"{', '.join(PARAM_GATHER_RECIPES)}"
+        )
+
+
+def _check_mxfp8_params(recipe: str, param_gather: bool, reuse_grad_buf: bool) -> None:
+    """Refuse what megatron-core refuses of MXFP8 weights and the grad buffer's reuse."""
+    if reuse_grad_buf and not param_gather:
+        raise ConfigError(
+            f"{_REUSE} needs --fp8-param-gather (megatron-core's DistributedDataParallelConfig: "
+            "'Reuse grad buffer only when keeping params in MXFP8.')"
+        )
+    if reuse_grad_buf and recipe != "mxfp8":
+        raise ConfigError(
+            f"{_REUSE} needs --fp8-recipe mxfp8, not {recipe} (megatron-core's "
+            "DistributedDataParallelConfig: 'Should be set to True only when fp8_recipe is mxfp8 "
+            "and fp8_param_gather is True'; a Float8Tensor would then never be refreshed)"
+        )
+    if param_gather and recipe == "mxfp8" and not reuse_grad_buf:
+        raise ConfigError(
+            f"--fp8-param-gather with --fp8-recipe mxfp8 needs {_REUSE}: without it megatron's "
+            "DDP points each MXFP8 weight into its param buffer, which Transformer Engine refuses "
+            "(tensor/utils.py replace_raw_data: 'replace_raw_data for MXFP8Tensor is not "
+            "supported yet')"
         )
 
 

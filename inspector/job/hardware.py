@@ -39,12 +39,15 @@ class Gpu:
     hbm: float  # HBM bandwidth, bytes/s
     intra: float  # NVLink, one direction
     inter: float  # InfiniBand, one direction, per GPU
-    gpus_per_node: int = 8  # the NVLink domain of the vendor's reference node
+    gpus_per_node: int = 8  # the NVLink domain of the vendor's reference node (BOARD_GPUS)
     alpha_intra: float = 5e-6
     alpha_inter: float = 10e-6
     tflops_fp4: float | None = None  # dense FP4 tensor-core peak, for the record: nothing prices it
     sms: int | None = None  # streaming multiprocessors; None: no cited count (plan/flex.py)
     kernels: KernelTable | None = None  # --kernels FILE; None: the built-in tables
+    # which end of a published kernel range prices a GPU without a measured table
+    # (formulas/published_kernels.py): "slow" ranks the plans, "fast" is shown beside them
+    published_end: str = "slow"
 
     def peak_tflops(self, dtype_name: str) -> float:
         """Return the dense peak TFLOP/s for a model of this dtype (bfloat16, float16, float32)."""
@@ -73,7 +76,8 @@ GPUS = {
     # 1.8 TB/s per GPU (900 GB/s each way); DGX B200 datasheet: 1,440 GB HBM3e (180 per GPU) at
     # 64 TB/s (8 TB/s per GPU), 8 x 400 Gb/s ConnectX-7 InfiniBand, one per GPU (50 GB/s).
     # FP4: 144 PFLOP/s with sparsity per 8 GPUs (9,000 dense per GPU).
-    "b200": Gpu("b200", 2250.0, 75.0, 4500.0, 180, 8e12, 900e9, 50e9, tflops_fp4=9000.0),
+    # Chips and Cheese, "Nvidia's B200: Keeping the CUDA Juggernaut Rolling": 148 SMs enabled.
+    "b200": Gpu("b200", 2250.0, 75.0, 4500.0, 180, 8e12, 900e9, 50e9, tflops_fp4=9000.0, sms=148),
     # NVIDIA GB200 NVL72 specifications (https://www.nvidia.com/en-us/data-center/gb200-nvl72/),
     # rack of 72 GPUs and, in the second column, one GB200 superchip of 2 GPUs. NVFP4 "1,440 |
     # 720 PFLOPS" (footnote: sparse | dense), so 10,000 dense per GPU; FP8/FP6 720 PFLOPS and
@@ -86,9 +90,26 @@ GPUS = {
     "gb200": Gpu(
         "gb200", 2500.0, 80.0, 5000.0, 186, 8e12, 900e9, 50e9, gpus_per_node=72, tflops_fp4=10000.0
     ),
+    # NVIDIA HGX B300 specifications, per 8 GPUs: FP16/BF16 36 PFLOP/s and FP8 72 with sparsity
+    # (2,250 and 4,500 dense per GPU), FP4 144 | 108 PFLOP/s sparse | dense (13,500 dense per
+    # GPU), FP32 600 TFLOP/s (75 per GPU), NVLink 5 at 1.8 TB/s per GPU (900 GB/s each way),
+    # networking 1.6 TB/s: one 800 Gb/s ConnectX-8 per GPU (100 GB/s each way). Per GPU (Verda,
+    # "NVIDIA GB300 NVL72: GPU Architecture & Performance", NVIDIA's per-GPU figures): 270 GB
+    # HBM3e at 7.7 TB/s. NVIDIA, "Inside NVIDIA Blackwell Ultra" (technical blog): 160 SMs.
+    "b300": Gpu("b300", 2250.0, 75.0, 4500.0, 270, 7.7e12, 900e9, 100e9, tflops_fp4=13500.0,
+                sms=160),
+    # NVIDIA GB300 NVL72 specifications, rack of 72 GPUs: FP4 1,440 | 1,080 PFLOP/s sparse | dense
+    # (15,000 dense per GPU), FP8/FP6 720 and FP16/BF16 360 PFLOP/s sparse (5,000 and 2,500 dense
+    # per GPU), FP32 6 PFLOP/s (Verda's per-GPU table: 80 TFLOP/s), 20 TB HBM3e at 576 TB/s (279
+    # GB and 8 TB/s per GPU), NVLink 130 TB/s (1.8 TB/s per GPU, 900 GB/s each way) in one domain
+    # of 72 GPUs, 72 ConnectX-8 SuperNICs at 800 Gb/s (100 GB/s each way per GPU); 160 SMs
+    # (Blackwell Ultra, as b300).
+    "gb300": Gpu("gb300", 2500.0, 80.0, 5000.0, 279, 8e12, 900e9, 100e9, gpus_per_node=72,
+                 tflops_fp4=15000.0, sms=160),
 }
 DEFAULT_GPU = "h100"
 GIB = 1 << 30  # --gpu-memory is in GiB, as nvidia-smi and torch count
+BOARD_GPUS = 8  # the HGX / DGX boards' NVLink domain: a plan's job line names any other placement
 # plan: None prices each kernel from the measured tables (formulas/kernels.py, scaled to the
 # record's 16-bit peak and HBM); --efficiency F prices every FLOP at F x the 16-bit peak instead
 DEFAULT_EFFICIENCY: float | None = None

@@ -18,7 +18,7 @@ from inspector.job.cuda_graphs import check_cuda_graphs, parse_scope, preprocess
 from inspector.job.dims import ModelDims, num_microbatches
 from inspector.job.dsa import check_dsa_layout
 from inspector.job.ep_overlap import check_ep_overlap
-from inspector.job.flex import check_flex, runs_deepep
+from inspector.job.flex import check_flex, row_padding
 from inspector.job.fsdp import fsdp_rules
 from inspector.job.gdn import validate_gdn
 from inspector.job.hybrid_model import validate_hybrid
@@ -28,6 +28,7 @@ from inspector.job.model_args import make_model_config, validate_model
 from inspector.job.optimizer_precision import OptimizerPrecision, make_precision
 from inspector.job.optimizers import FLAGS_READ, check_optimizer
 from inspector.job.recompute_modules import DEFAULT_MODULES, check_modules, parse_modules
+from inspector.job.tp_overlap import check_tp_comm_overlap
 from inspector.job.versions import router_padding_field
 
 MAX_CAPACITY_FACTOR = 1024.0  # beyond it no expert drops a token anyway
@@ -79,6 +80,11 @@ class Training:
     # --overlap-moe-expert-parallel-comm, --delay-wgrad-compute (job/ep_overlap.py)
     ep_overlap: bool = False
     delay_wgrad: bool = False
+    cross_entropy_loss_fusion: bool = False  # megatron's torch.compile'd fused_cross_entropy.py
+    # the output layer's weight gradients of the first --wgrad-deferral-limit (0: all) deferred
+    defer_embedding_wgrad: bool = False
+    wgrad_deferral_limit: int = 0
+    tp_comm_overlap: bool = False  # --tp-comm-overlap: Transformer Engine's userbuffers
     # Megatron-LM's fusions the job turns off (`--no-bias-gelu-fusion` gives "bias_gelu_fusion")
     unfused: tuple[str, ...] = ()
     # --use-precision-aware-optimizer and its dtypes (job/optimizer_precision.py)
@@ -157,6 +163,7 @@ class Job:
             check_modules(self.training.recompute_modules, self.model)
         check_ep_overlap(self.model, self.layout, self.training)
         check_flex(self.model, self.layout, self.training)
+        check_tp_comm_overlap(self.model, self.layout, self.training)
         model, training = self.model, self.training
         every_moe = all(model.is_moe_layer(i) for i in range(model.num_layers))
         check_cuda_graphs(training.cuda_graph_impl, training.cuda_graph_scope, training.recompute,
@@ -198,7 +205,7 @@ class Job:
             flash_attention=training.flash_attention,
             fused_kernels=model.use_apex or model.transformer_impl == "transformer_engine",
             moe_sorts_chunks=training.moe_token_dispatcher_type == "alltoall",
-            moe_row_padding=_row_padding(training),
+            moe_row_padding=row_padding(training),
             bias_fusions=bias_fusions(model, training),
         )
 
@@ -217,19 +224,6 @@ def bias_fusions(model: ModelConfig, training: Training) -> tuple[bool, bool]:
     else:
         activation = on["bias_gelu_fusion"] and not model.disable_bias_linear
     return activation, on["bias_dropout_fusion"]
-
-
-def _row_padding(training: Training) -> str:
-    """Return who pads fp8 experts' rows to the alignment, "" for Transformer Engine's Fp8Padding
-    (ModelDims.moe_row_padding): HybridEP's dispatch under fp8 always (token_dispatcher.py
-    _HybridEPManager: `pad_multiple` whenever config.fp8); with --moe-router-padding-for-fp8 the
-    all-to-all's sender or DeepEP's receiver."""
-    flex = training.moe_token_dispatcher_type == "flex"
-    if flex and not runs_deepep(training):
-        return "destination"
-    if training.moe_router_padding:
-        return "destination" if flex else "source"
-    return ""
 
 
 TRAINING_ARGS = {
@@ -253,6 +247,10 @@ TRAINING_ARGS = {
     "moe_deepep_num_sms": "moe_deepep_num_sms",
     "overlap_moe_expert_parallel_comm": "ep_overlap",
     "delay_wgrad_compute": "delay_wgrad",
+    "cross_entropy_loss_fusion": "cross_entropy_loss_fusion",
+    "defer_embedding_wgrad_compute": "defer_embedding_wgrad",
+    "wgrad_deferral_limit": "wgrad_deferral_limit",
+    "tp_comm_overlap": "tp_comm_overlap",
     "cuda_graph_impl": "cuda_graph_impl",
     "microbatch_group_size_per_virtual_pipeline_stage": "microbatch_group_size",
 }
@@ -266,12 +264,14 @@ def make_training(args: Mapping[str, Any]) -> Training:
     """Build the Training record from Megatron-LM arguments (absent: Megatron-LM's defaults)."""
     values = {field: args[name] for name, field in TRAINING_ARGS.items() if name in args}
     values["recompute"] = cast(Recompute, values.get("recompute") or "none")
-    for name in ("moe_token_dispatcher_type", "moe_flex_backend", "moe_deepep_num_sms"):
+    for name in ("moe_token_dispatcher_type", "moe_flex_backend", "moe_deepep_num_sms",
+                 "wgrad_deferral_limit"):  # fmt: skip
         if values.get(name) is None:
             values.pop(name, None)
     for flag in ("flash_attention", "use_distributed_optimizer", "overlap_grad_reduce",
                  "moe_pad_expert_input_to_capacity", "megatron_fsdp", "fsdp_double_buffer",
-                 "torch_fsdp2", "ep_overlap", "delay_wgrad", "moe_enable_deepep"):  # fmt: skip
+                 "torch_fsdp2", "ep_overlap", "delay_wgrad", "moe_enable_deepep",
+                 "cross_entropy_loss_fusion", "defer_embedding_wgrad", "tp_comm_overlap"):  # fmt: skip
         values[flag] = bool(values.get(flag))
     values["moe_router_padding"] = router_padding(args)
     values["cuda_graph_impl"] = values.get("cuda_graph_impl") or "none"

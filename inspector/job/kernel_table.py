@@ -32,7 +32,8 @@ MEMORY_TENSORS = {"copy": 2, "rms_norm": 2, "add": 3, "swiglu": 3}  # tensors ea
 ORIENTS = ("fwd", "dgrad", "wgrad")
 MAX_TABLE_BYTES = 16 * 2**20  # a calibrated table is about 250 kB
 # a CUDA device name's words -> the --gpu type (job/hardware.py) whose datasheet describes it
-NAMED = (("GB200", "gb200"), ("B200", "b200"), ("H200", "h200"), ("H100", "h100"), ("A100", "a100-80gb"))
+NAMED = (("GB300", "gb300"), ("B300", "b300"), ("GB200", "gb200"), ("B200", "b200"), ("H200", "h200"),
+         ("H100", "h100"), ("A100", "a100-80gb"))
 
 Row = dict[str, Any]
 _NUMBERS = {

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from inspector.job import fp8
+from inspector.job import fp4, fp8
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,17 @@ class ModelConfig:
     fp8_recipe: str = fp8.DEFAULT_RECIPE
     fp8_amax_history_len: int = fp8.DEFAULT_AMAX_HISTORY_LEN
     fp8_param_gather: bool = False  # TE's fp8 parameters (TransformerConfig.fp8_param)
+    # attention in fp8 (job/fp8_attention.py), TransformerConfig's field
+    fp8_dot_product_attention: bool = False
+    # MXFP8 weights all-gathered through the grad buffer (DDP and OptimizerConfig's flag)
+    reuse_grad_buf_for_mxfp8_param_ag: bool = False
+    # NVFP4 through Transformer Engine (inspector/job/fp4.py); None: no fp4
+    fp4_format: str | None = None
+    fp4_recipe: str = fp4.FP4_RECIPES[0]
+    # the first and last layers in 16 bits under fp8 or fp4 (TransformerConfig's fields)
+    first_last_layers_bf16: bool = False
+    num_layers_at_start_in_bf16: int = fp4.DEFAULT_BF16_LAYERS
+    num_layers_at_end_in_bf16: int = fp4.DEFAULT_BF16_LAYERS
     # None: simulate apex where megatron can use it (LayerNorm models); see docs/how-it-works.md, "apex".
     apex: bool | None = None
     # Multi-latent attention (None: Megatron-LM's default, see `mla_args`).
@@ -227,6 +238,12 @@ class ModelConfig:
                 self.fp8_format, self.fp8_recipe, self.fp8_amax_history_len, self.fp8_param_gather
             )
         )
+        if self.fp8_dot_product_attention:
+            fields["fp8_dot_product_attention"] = True
+        fields.update(fp4.fp4_fields(self.fp4_format, self.fp4_recipe, (
+            self.first_last_layers_bf16, self.num_layers_at_start_in_bf16,
+            self.num_layers_at_end_in_bf16,
+        )))  # fmt: skip
         fields.update(self._moe_fields())
         if self.mtp_num_layers is not None:
             fields["mtp_num_layers"] = self.mtp_num_layers
@@ -329,17 +346,23 @@ class ModelConfig:
     def to_args(self) -> dict[str, Any]:
         """Return the fields as Megatron-LM arguments (for headers and caches); --padded-vocab-size
         and the hybrid fields only where they are given, gpt-oss's layer fields only away from
-        their defaults, so a job without them reads as before."""
+        their defaults (and the low-precision ones of job/fp4.py and job/fp8_attention.py), so a
+        job without them reads as before."""
         optional = ("padded_vocab_size", *HYBRID_FIELDS, *DSA_FIELDS, *GDN_FIELDS)
+        when_set = (*GPT_OSS_FIELDS, *LOW_PRECISION_FIELDS)
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                 if (f.name not in optional or getattr(self, f.name))
-                and (f.name not in GPT_OSS_FIELDS or getattr(self, f.name) != f.default)}  # fmt: skip
+                and (f.name not in when_set or getattr(self, f.name) != f.default)}  # fmt: skip
 
 
 MODEL_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelConfig))
 HYBRID_FIELDS = (
     "hybrid_override_pattern", "hybrid_attention_ratio", "hybrid_mlp_ratio", "is_hybrid_model",
     "mamba_state_dim", "mamba_head_dim", "mamba_num_groups", "mamba_num_heads",
+)
+LOW_PRECISION_FIELDS = (
+    "fp8_dot_product_attention", "reuse_grad_buf_for_mxfp8_param_ag", "fp4_format", "fp4_recipe",
+    "first_last_layers_bf16", "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16",
 )
 DSA_FIELDS = (
     "experimental_attention_variant", "dsa_indexer_n_heads", "dsa_indexer_head_dim",

@@ -11,9 +11,10 @@ from typing import Any
 
 from inspector.errors import ConfigError
 from inspector.inputs.arguments import BY_NAME
-from inspector.job import fp8
+from inspector.job import fp4, fp8
 from inspector.job.checks import MAX_SIZE, check_at_least_one, check_heads, check_query_groups
 from inspector.job.dsa import infer_from_pattern, validate_dsa
+from inspector.job.fp8_attention import check_fp8_attention
 from inspector.job.hybrid_model import check_ratios
 from inspector.job.model import MODEL_FIELDS, ModelConfig
 from inspector.job.moe_pattern import parse_moe_layer_freq
@@ -40,7 +41,8 @@ def make_model_config(args: Mapping[str, Any]) -> ModelConfig:
         if values.get(name) is None:
             values.pop(name, None)
     for name in ("moe_router_score_function", "moe_router_load_balancing_type",
-                 "moe_router_pre_softmax", "fp8_recipe", "fp8_amax_history_len"):  # fmt: skip
+                 "moe_router_pre_softmax", "fp8_recipe", "fp8_amax_history_len", "fp4_recipe",
+                 "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):  # fmt: skip
         if values.get(name) is None:
             values.pop(name, None)
     infer_from_pattern(values)
@@ -137,8 +139,13 @@ def validate_model(config: ModelConfig) -> None:
     _validate_backend(config)
     fp8.validate_fp8(
         config.fp8_format, config.fp8_recipe, config.fp8_amax_history_len,
-        config.transformer_impl, config.fp8_param_gather,
+        config.transformer_impl, config.fp8_param_gather, config.reuse_grad_buf_for_mxfp8_param_ag,
     )
+    fp4.validate_fp4(config.fp4_format, config.fp4_recipe, config.fp8_format,
+                     config.transformer_impl)
+    check_fp8_attention(config.fp8_format, config.fp8_recipe, config.fp8_dot_product_attention)
+    fp4.check_bf16_layers(config.num_layers, config.num_layers_at_start_in_bf16,
+                          config.num_layers_at_end_in_bf16)
 
 
 def _validate_moe(config: ModelConfig) -> None:

@@ -71,3 +71,8 @@ def muon_modelled() -> bool:
     """Return whether the installed megatron-core builds Muon as this tool runs it (0.16's
     optimizer/muon.py and layer_wise_optimizer.py; memory/engine/muon.py)."""
     return MUON_RELEASES[0] <= megatron_version() < MUON_RELEASES[1]
+
+
+# megatron-core's first version checked to have TransformerConfig.fp4 (--fp4-format) and
+# fp4_utils.py: 0.16 (core_v0.16.1 has both; core_v0.13.1 neither; 0.14-0.15 not checked)
+FP4_SINCE = (0, 16)

@@ -11,9 +11,9 @@ Megatron-FSDP (world/fsdp.py lays out the buckets with megatron's code): per buc
 Buffers in flight (the peak, on top of the state): parameters sharded under optim_grads_params
 are all-gathered one bucket group (a TransformerLayer, or a bucket outside the layers) at a time,
 the next one prefetched (`AllGatherPipeline`, two slots with --fsdp-double-buffer:
-`FixedPoolAllocator(size=2)`); sharded gradients are reduced from an unsharded bucket the
-backward fills, the previous one still being reduce-scattered (`GradReducePipeline`). Counted:
-the largest pair of neighbouring groups' gathered parameters plus the largest pair's gradients.
+`FixedPoolAllocator(size=2)`): the largest pair of neighbouring groups' gathered parameters.
+Gradients: the unsharded buckets the backward fills and megatron's reduce-scatter queue keeps
+(`GradReducePipeline`, run by engine/fsdp_grads.py), at their most at once; added to the pair.
 
 PyTorch FSDP2 (world/fsdp.py `fsdp2_layout`): every unit's parameters and gradients (in the
 parameters' dtype: megatron passes no mixed-precision policy) are sharded by rows; megatron's
@@ -28,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from inspector.job.optimizer_precision import ADAM_MOMENTS, MASTER_COPY
+from inspector.memory.engine.fsdp_grads import gradient_buckets_peak
 
 SHARDED = {  # ParamAndGradBuffer._init_each_parameter_group_buffers: (weights, main, grads)
     "fsdp2": (True, True, True),
@@ -72,8 +73,11 @@ def fsdp_in_flight(layouts: Sequence[Any]) -> int:
         params, _, grads = SHARDED[layout.strategy]
         groups = _groups(layout.buckets)
         weights = [sum(b.numel * b.param_itemsize for b in g) for g in groups] if params else []
-        grad = [sum(b.numel * b.grad_itemsize for b in g) for g in groups] if grads else []
-        most = max(most, _pair(weights) + _pair(grad))
+        if layout.strategy == "fsdp2":
+            grad = _pair([sum(b.numel * b.grad_itemsize for b in g) for g in groups])
+        else:
+            grad = gradient_buckets_peak(layout, grads)
+        most = max(most, _pair(weights) + grad)
     return most
 
 

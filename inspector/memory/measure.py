@@ -81,11 +81,19 @@ class StateBytes:
     # of the weights, what Transformer Engine keeps beside fp8 parameters (never gathered)
     kept: int = 0
     elements: int = 0  # the buffers' elements (padding included); 0 where not counted
+    # the bf16 param views inside grad buffers shared with MXFP8 weights (BufferLayout.shared)
+    shared_view: int = 0
 
     @property
     def total(self) -> int:
         """Return the rank's state bytes."""
         return self.weights + self.gradients + self.optimizer
+
+    @property
+    def all_gather_bytes(self) -> int:
+        """Return the bytes the parameter all-gather moves: the param buffers, not what TE
+        keeps beside them; an MXFP8 buffer's bf16 view of its grad buffer instead."""
+        return self.weights - self.kept + self.shared_view
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -255,16 +263,20 @@ def state_bytes(
     the dense and expert buffers. Without the distributed optimizer megatron asserts that a buffer
     has no padding, so `numel` counts the parameters themselves.
     """
-    weights = gradients = held = 0
+    weights = gradients = held = view = 0
     for buffer in buffers:
-        weights += buffer.numel * buffer.param_dtype.itemsize + buffer.kept
+        # an MXFP8 buffer's param_data is a bf16 view of its grad buffer (`shared`): numel
+        # bf16 elements (param_and_grad_buffer.py 786-792), no bytes of its own
+        own = 0 if buffer.shared else buffer.numel * buffer.param_dtype.itemsize
+        view += 2 * buffer.numel if buffer.shared else 0
+        weights += own + buffer.kept
         gradients += buffer.numel * buffer.grad_dtype.itemsize
         index = expert_index if buffer.expert else dense_index
         # with N optimizer instances a rank shards among dp / N: its index there is index % (dp / N)
         updated = buffer.owned_numel[index % len(buffer.owned_numel)] if distributed else buffer.numel
         held += updated * optimizer_bytes_per_element(buffer, optimizer)
     kept = sum(buffer.kept for buffer in buffers)
-    return StateBytes(weights, gradients, held, kept, sum(b.numel for b in buffers))
+    return StateBytes(weights, gradients, held, kept, sum(b.numel for b in buffers), view)
 
 
 def measure(built: BuiltJob, hardware: Hardware) -> MemoryReport:

@@ -25,14 +25,21 @@ from inspector.plan.price import Plan
 
 if TYPE_CHECKING:
     from inspector.job.job import Job
-    from inspector.memory.engine.run import JobRuns
-    from inspector.memory.engine.stage import ChunkShape
+    from inspector.memory.engine.run import JobRuns, Steps
+    from inspector.memory.engine.stage import Cache, ChunkShape
 
 
 # megatron's engine runs an FSDP job as the same job without FSDP (inspector/memory/engine reads no
 # strategy: its buffers are `_fsdp_held`'s), and a search tries each layout under every strategy:
 # the engine's runs by job less its strategy, and chunk shapes
 _ENGINE: dict[tuple[Any, ...], JobRuns] = caches.table()
+# what one engine run shares with another of the plans a search measures (a layout tried again
+# with more recomputation, another micro-batch size): the small chunks' traces, whose own key
+# holds the layers a small chunk recomputes (memory/engine/stage.py `_composed`), by the job less
+# its --recompute-num-layers; the optimizer steps, which see the parameters only, by the job less
+# its recomputation and micro-batch size
+_TRACES: dict[Any, Cache] = caches.table()
+_STEPS: dict[Any, Steps] = caches.table()
 
 
 def engine_runs(plan: Plan) -> bool:
@@ -56,7 +63,7 @@ def measured(plan: Plan) -> Plan:
     engine = _ENGINE.get(key) if fsdp else None
     if engine is None:
         stage_shapes = [StageShapes(s.stage, c) for s, c in zip(plan.stages, shapes, strict=True)]
-        engine = run_job(job, stage_shapes)
+        engine = run_job(job, stage_shapes, *_shared(job))
         if fsdp:
             _ENGINE[key] = engine
     if engine.not_run is not None:  # `memory` answers by the closed forms then
@@ -70,6 +77,16 @@ def measured(plan: Plan) -> Plan:
             above += held[printed.stage] - printed.state.total - printed.fsdp_in_flight
         stages.append(replace(printed, activations=above, outside=run.outside))
     return replace(plan, stages=tuple(stages))
+
+
+def _shared(job: Job) -> tuple[Cache, Steps]:
+    """Return the small chunks' traces and the optimizer steps `job`'s engine run shares with
+    the other runs of the search (`_TRACES`, `_STEPS`)."""
+    training = job.training
+    traces = replace(job, training=replace(training, recompute_num_layers=1))
+    steps = replace(job, training=replace(training, recompute="none", recompute_method="uniform",
+                                          recompute_num_layers=1, micro_batch_size=None))  # fmt: skip
+    return _TRACES.setdefault(traces, {}), _STEPS.setdefault(steps, {})
 
 
 def engine_shapes(plan: Plan) -> list[tuple[ChunkShape, ...]] | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from inspector.job import fp8
 from inspector.job.job import Job, Training
+from inspector.job.model import ModelConfig
 from inspector.job.recompute_modules import DEFAULT_MODULES
 from inspector.job.versions import FLEX_BACKEND_SINCE, megatron_version, router_padding_field
 from inspector.plan.split import Split
@@ -99,6 +100,18 @@ def _dtype_flags(job: Job) -> list[str]:
     return []
 
 
+def _low_precision_flags(model: ModelConfig) -> list[str]:
+    """Return NVFP4's and the 16-bit first and last layers' flags (job/fp4.py)."""
+    out = []
+    if model.fp4_format is not None:
+        out += [f"--fp4-format {model.fp4_format}", f"--fp4-recipe {model.fp4_recipe}"]
+    if model.first_last_layers_bf16:
+        out += ["--first-last-layers-bf16",
+                f"--num-layers-at-start-in-bf16 {model.num_layers_at_start_in_bf16}",
+                f"--num-layers-at-end-in-bf16 {model.num_layers_at_end_in_bf16}"]  # fmt: skip
+    return out
+
+
 def _model_flags(job: Job) -> list[str]:
     """Return the model's implementation flags the priced job needs in Megatron-LM's words: its
     default is Transformer Engine (`--transformer-impl`), grouped GEMM off, no fp8 (TransformerConfig's
@@ -107,6 +120,7 @@ def _model_flags(job: Job) -> list[str]:
     out = ["--transformer-impl local"] if model.transformer_impl == "local" else []
     if model.num_experts is not None and model.moe_grouped_gemm:
         out.append("--moe-grouped-gemm")
+    out += _low_precision_flags(model)
     if model.fp8_format is None:
         return out
     out += [f"--fp8-format {model.fp8_format}", f"--fp8-recipe {model.fp8_recipe}"]
@@ -114,6 +128,10 @@ def _model_flags(job: Job) -> list[str]:
         out.append(f"--fp8-amax-history-len {model.fp8_amax_history_len}")
     if model.fp8_param_gather:
         out.append("--fp8-param-gather")
+    if model.reuse_grad_buf_for_mxfp8_param_ag:
+        out.append("--reuse-grad-buf-for-mxfp8-param-ag")
+    if model.fp8_dot_product_attention:
+        out.append("--fp8-dot-product-attention")
     return out
 
 

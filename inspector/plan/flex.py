@@ -57,6 +57,10 @@ from inspector.plan.network import Network, expert_alltoall, expert_peers_on_nod
 
 SOURCE_META_BYTES = 8  # internode.cu SourceMeta: src_rdma_rank, is_token_in_nvl_rank_bits
 TOPK_ENTRY_BYTES = 4 + 4  # an int index and a float weight per top-k entry
+# NCCL's p2p channels, each a thread block of its send/receive kernel (`comm->p2pnChannels`,
+# src/init.cc), as NCCL's init log reports them on NVSwitch nodes, H100 and GB200 NVL72 alike:
+# "32 p2p channels, 32 p2p channels per peer"
+NCCL_P2P_CHANNELS = 32
 
 
 def missed(experts: float, held: float, topk: int) -> float:
@@ -194,17 +198,22 @@ def moe_exchange(dims: ModelDims, lay: Layout, net: Network, tokens: float, flex
 
 
 def exchange_sm_share(training: Training, gpu: Gpu) -> float:
-    """Return the share of the GPU's SMs a flex exchange kernel holds while it runs, which the
+    """Return the share of the GPU's SMs an exchange kernel holds while it runs, which the
     compute beside it (--overlap-moe-expert-parallel-comm) cannot use.
 
     DeepEP's normal kernels run on `Buffer.set_num_sms(moe_deepep_num_sms)` SMs (fused_a2a.py
     `set_deepep_num_sms`; DeepEP's README: "they support SM (Streaming Multiprocessors) number
     control"), HybridEP's on `moe_hybridep_num_sms` (token_dispatcher.py `num_sms_dispatch_api`,
-    `num_sms_combine_api`). The compute beside runs on the rest, at that share of its speed.
-    0 for the all-to-all dispatcher (NCCL's kernels take `p2pnChannels` SMs, which NCCL's
-    topology search sets at run time: not priced) and for a GPU without a cited SM count.
+    `num_sms_combine_api`). The all-to-all dispatcher's `all_to_all_single` is NCCL's grouped
+    sends and receives, one thread block (one SM) per p2p channel (`NCCL_P2P_CHANNELS`). The
+    compute beside runs on the rest, at that share of its speed. 0 for the allgather dispatcher
+    (megatron refuses the overlap with it) and for a GPU without a cited SM count.
     """
-    if training.moe_token_dispatcher_type != "flex" or not gpu.sms:
+    if not gpu.sms:
+        return 0.0
+    if training.moe_token_dispatcher_type == "alltoall":
+        return min(NCCL_P2P_CHANNELS, gpu.sms) / gpu.sms
+    if training.moe_token_dispatcher_type != "flex":
         return 0.0
     sms = training.moe_deepep_num_sms if runs_deepep(training) else HYBRIDEP_NUM_SMS
     return sms / gpu.sms

@@ -364,13 +364,14 @@ def _stage_time(scope: dict[Any, Any], work: tuple[Any, ...], st: StagePlan, lay
                 net: Network, distributed: Any, step_setup: Any) -> Any:  # fmt: skip
     """Return a stage's time: its passes (`scope[work]`) with its state's communication and step."""
     held = st.state
-    key = (*work, held.gradients, held.weights, held.kept, held.elements, held.total, step_setup)
+    key = (*work, held.gradients, held.all_gather_bytes, held.kept, held.elements, held.total,
+           step_setup)
     if key not in scope:
         # the all-gather moves the param buffers (fp8 ones 1 byte an element), not TE's
         # transposes; an element's gradient bytes from the buffers
         grad_bytes = held.gradients // held.elements if held.elements else None
         scope[key] = with_state(
-            scope[work], lay, net, (held.gradients, held.weights - held.kept), held.total - held.kept,
+            scope[work], lay, net, (held.gradients, held.all_gather_bytes), held.total - held.kept,
             distributed, step_setup, grad_bytes,
         )
     return scope[key]

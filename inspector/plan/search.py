@@ -16,10 +16,12 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from inspector.errors import ConfigError
+from inspector.formulas.kernels import published
+from inspector.formulas.published_kernels import unmeasured
 from inspector.job.job import Job
 from inspector.job.layout import Layout
 from inspector.plan.candidates import Recipe, capped_split, first_fit, more_recompute, recipes
@@ -40,6 +42,10 @@ class SearchResult:
     seconds: float
     smallest_peak: int | None  # the least memory any candidate needed (when none fits)
     smallest: Plan | None
+    # a GPU priced from published kernel figures with a range (formulas/published_kernels.py):
+    # the kinds of kernel not measured, and each plan's step seconds at the fast end
+    unmeasured: tuple[str, ...] = ()
+    fast_seconds: tuple[float, ...] = ()
 
 
 def extras(job: Job) -> tuple[float, float]:
@@ -152,13 +158,23 @@ def search(req: Request, progress: Callable[[int, int], None] | None = None) -> 
             "query groups)"
         )
     shown, smallest = _shown(tally.feasible, tally.smallest, req)
+    unknown = unmeasured(req.gpu.name) if published(req.gpu) and req.efficiency is None else ()
     return SearchResult(
         shown,
         tally.evaluated,
         time.perf_counter() - start,
         None if shown else (smallest.peak if smallest else None),
         smallest,
+        unknown,
+        tuple(fast_end(plan, req) for plan in shown) if unknown else (),
     )
+
+
+def fast_end(plan: Plan, req: Request) -> float:
+    """Return a plan's step seconds at the fast end of its GPU's published kernel ranges (the
+    plans rank by the slow end)."""
+    fast = replace(req, gpu=replace(req.gpu, published_end="fast"))
+    return timed(plan.job, plan.split, fast, price_memory(plan.job, plan.split)[0], plan.stages).time.seconds
 
 
 def progress_line(stream: Any = None) -> Callable[[int, int], None] | None:

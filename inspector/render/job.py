@@ -8,6 +8,8 @@ naming the flag that changes it. Machine formats (csv, json) keep their own layo
 
 from __future__ import annotations
 
+from inspector.job.fp8_attention import fp8_attention, fp8_attention_note
+from inspector.job.hardware import BOARD_GPUS
 from inspector.job.job import Job, Schedule
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
@@ -28,6 +30,13 @@ def _model(label: str | None, model: ModelConfig) -> str:
         precision += f" with fp8 {model.fp8_format} ({model.fp8_recipe} scaling)"
         if model.fp8_param_gather:
             precision += " and fp8 parameters"
+        if fp8_attention(model.fp8_format, model.fp8_recipe, model.fp8_dot_product_attention):
+            precision += ", attention in fp8"
+    if model.fp4_format is not None:
+        precision += f" with fp4 {model.fp4_format} ({model.fp4_recipe} scaling)"
+    if model.first_last_layers_bf16:
+        precision += (f", first {model.num_layers_at_start_in_bf16} and last "
+                      f"{model.num_layers_at_end_in_bf16} layers in bf16")  # fmt: skip
     return f"{label or DEFAULT_MODEL} ({sizes}), {precision}, sequence {model.seq_length}"
 
 
@@ -72,6 +81,15 @@ def _batch(schedule: Schedule, dp: int) -> str:
 
 
 def _precision_note(model: ModelConfig, what: str) -> list[str]:
+    unused = fp8_attention_note(model.fp8_format, model.fp8_recipe, model.fp8_dot_product_attention)
+    if unused is not None:
+        return ["Note: " + unused]
+    if model.fp4_format is not None:
+        return [
+            "Note: --fp4-format runs on Blackwell GPUs only; its buffers are counted as "
+            "Transformer Engine 2.11 allocates them (NVFP4BlockScaling), but plan's kernel tables "
+            "hold no NVFP4 GEMMs: plan prices Transformer Engine's GEMMs at bf16 speed."
+        ]
     if model.fp8_format is not None and model.fp8_recipe == "mxfp8":
         return [
             "Note: --fp8-recipe mxfp8 runs on Blackwell GPUs only (Megatron-LM: 'mxfp8' for "
@@ -116,7 +134,7 @@ def plan_lines(request: Request, label: str | None) -> list[str]:
     fixed = ", ".join(name if value is True else f"{name} {value}" for name, value in request.fixed.items())
     searched = (
         f"layout searched on {counted(request.gpus, 'GPU', 'GPUs')} (--gpu {gpu.name}, "
-        f"{request.memory / 2**30:g} GiB each)"
+        f"{request.memory / 2**30:g} GiB each{_placement(request.gpus_per_node)})"
     )
     line = (
         f"Job: {_model(label, request.model)}; {searched}"
@@ -124,6 +142,17 @@ def plan_lines(request: Request, label: str | None) -> list[str]:
         + f"; global batch {request.global_batch_size}."
     )
     return [line, *_precision_note(request.model, "parameters and activations are")]
+
+
+def _placement(domain: int) -> str:
+    """Return where the ranks run, where the NVLink domain is not an 8-GPU board's: megatron's
+    RankGenerator numbers them in the order tp-cp-ep-dp-pp (Megatron-LM's and Megatron-Bridge's
+    default; parallel_state.py `initialize_model_parallel(order=...)`) and a launcher fills each
+    NVLink domain with consecutive ranks."""
+    if domain == BOARD_GPUS:
+        return ""
+    return (f"; ranks in megatron's order tp-cp-ep-dp-pp, {domain} consecutive ranks per NVLink "
+            "domain (--gpus-per-node)")
 
 
 def with_job(lines: list[str], report: str) -> str:

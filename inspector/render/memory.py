@@ -176,8 +176,9 @@ def _context(report: MemoryReport) -> list[str]:
     gathered = max(s.fsdp_in_flight for s in report.stages)
     if t.megatron_fsdp or t.torch_fsdp2:
         lines.append(
-            f"FSDP: buffers include {_size(report, gathered)} of gathered parameters and "
-            "unsharded gradients in flight (two neighbouring layers' worth)."
+            f"FSDP: buffers include {_size(report, gathered)} in flight: gathered parameters (two "
+            "neighbouring layers) and the unsharded gradient buckets megatron's reduce-scatter "
+            "queue holds at once."
         )
     lines.append(_source(report))
     if report.not_run is None and model.num_experts is not None:

@@ -79,6 +79,7 @@ def render_plan(result: SearchResult, memory: int, fmt: str, explain: bool = Fal
     lines = [
         tabulate(rows, headers=headers, disable_numparse=True),
         *_outside(best),
+        *_range(result),
         *([f"Note: {SCAN_NOTE}."] if best.job.model.hybrid else []),
         "",
         "Megatron-LM flags of plan 1:",
@@ -102,6 +103,17 @@ def _outside(plan: Plan) -> list[str]:
     label = f"Plan 1, stage {worst.stage} (its peak)"
     return [outside_line(label, worst.outside, lambda v: f"{v / GIB:,.2f} GiB",
                          "the activations and the peak", worst.total)]  # fmt: skip
+
+
+def _range(result: SearchResult) -> list[str]:
+    """Return the line saying which kernels no published measurement fixes on the GPU and the
+    step times at the fast end of the range they imply; none where every kind is measured."""
+    if not result.unmeasured:
+        return []
+    gpu = result.plans[0].gpu.name
+    fast = ", ".join(f"{s:.2f}" for s in result.fast_seconds)
+    return [f"Not measured on {gpu} ({', '.join(result.unmeasured)}; docs/how-time-is-computed.md): "
+            f"step s is the slow end of the range the published figures imply; at the fast end: {fast} s."]
 
 
 def _none_fits(result: SearchResult, memory: int) -> str:
@@ -273,6 +285,8 @@ def _json(result: SearchResult, memory: int) -> dict[str, Any]:
         "evaluated": result.evaluated,
         "smallest_peak_bytes": result.smallest_peak,
         "plans": [_plan_json(p) for p in result.plans],
+        **({"unmeasured_kernels": list(result.unmeasured),
+            "step_seconds_fast_end": list(result.fast_seconds)} if result.unmeasured else {}),
     }
 
 

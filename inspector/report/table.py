@@ -198,7 +198,9 @@ class Block:
 
 
 def row_bytes(record: ParamRecord) -> int:
-    """Return the bytes one rank holds for this parameter."""
+    """Return the bytes one rank holds for this parameter (a quantized weight's own tensors)."""
+    if record.stored is not None:
+        return record.stored
     return record.numel * ELEMENT_BYTES[record.dtype]
 
 

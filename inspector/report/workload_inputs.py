@@ -44,7 +44,8 @@ class BufferInput:
         """Return the input for one of megatron's grad buffers (numel with padding, dtypes)."""
         return cls(
             numel=layout.numel,
-            param_bytes=layout.param_dtype.itemsize,
+            # MXFP8 weights are gathered as bf16 through the grad buffer (BufferLayout.shared)
+            param_bytes=2 if layout.shared else layout.param_dtype.itemsize,
             grad_bytes=layout.grad_dtype.itemsize,
             expert=layout.expert,
         )

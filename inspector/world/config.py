@@ -15,10 +15,57 @@ _FIELD_FLAGS = {"num_moe_experts": "--num-experts", "gated_linear_unit": "--swig
                 "add_bias_linear": "--disable-bias-linear", "fp8": "--fp8-format",
                 "layernorm_zero_centered_gamma": "--apply-layernorm-1p"}  # fmt: skip
 
+# megatron-core refusals that name no field (megatron-core 0.16.1: transformer_config.py
+# __post_init__, model_parallel_config.py, moe/experts.py, moe/router.py, moe/token_dispatcher.py,
+# transformer_block.py): the Megatron-LM flags that set what they check
+_MESSAGE_FLAGS = (
+    ("Bias in Moe is only supported when ETP==1", "--expert-tensor-parallel-size --disable-bias-linear"),
+    ("Cannot use sequence parallelism without tensor parallelism",
+     "--sequence-parallel --tensor-model-parallel-size"),
+    ("Currently GroupedMLP for MoE only supports bf16", "--moe-grouped-gemm --bf16"),
+    ("Activation function must be silu or gelu when using GroupedMLP", "--moe-grouped-gemm --swiglu"),
+    ("fp4 and fp8 cannot be used simultaneously", "--fp4-format --fp8-format"),
+    ("Delayed scaling does not support first / last layer in BF16",
+     "--fp8-recipe --first-last-layers-bf16"),
+    ("Delayed scaling does not support moe_act and layernorm recompute", "--fp8-recipe --recompute-modules"),
+    ("Storing activation input in FP8 is supported only for SwiGLU", "--swiglu"),
+    ("DeepEP backend is only supported with flex token dispatcher",
+     "--moe-token-dispatcher-type --moe-enable-deepep"),
+    ("Only one backend is supported for flex token dispatcher", "--moe-flex-dispatcher-backend"),
+    ("Flex token dispatcher requires TPxEP > 1",
+     "--moe-token-dispatcher-type --tensor-model-parallel-size --expert-model-parallel-size"),
+    ("Shared expert overlap is not supported in Flex Token Dispatcher",
+     "--moe-shared-expert-overlap --moe-token-dispatcher-type"),
+    ("Sinkhorn routing does not support aux loss", "--moe-router-load-balancing-type --moe-aux-loss-coeff"),
+    ("full scope cannot be used with other scopes", "--cuda-graph-scope"),
+    ("moe_preprocess cuda graph is only supported with moe_router cuda graph", "--cuda-graph-scope"),
+    ("moe cuda graph is only supported for MoE", "--cuda-graph-scope --num-experts"),
+    ("mlp cuda graph is only supported for dense layers", "--cuda-graph-scope"),
+    ("moe cuda graph is only supported with drop-padding MoE",
+     "--cuda-graph-scope --moe-expert-capacity-factor --moe-pad-expert-input-to-capacity"),
+    ("full recompute is only supported with full iteration CUDA graph",
+     "--recompute-granularity --cuda-graph-scope"),
+    ("attention dropout is not supported with graphed attention recomputation",
+     "--attention-dropout --cuda-graph-scope --recompute-modules"),
+    ("hidden dropout is not supported with graphed MLP/MoE recomputation",
+     "--hidden-dropout --cuda-graph-scope --recompute-modules"),
+    ("moe recompute is not supported with moe_router CUDA graph", "--recompute-modules --cuda-graph-scope"),
+    ("Output gate is not supported for MLA", "--attention-output-gate --multi-latent-attention"),
+    ("Unsupported communication type for context parallelism", "--cp-comm-type"),
+    ("With uneven pipelineing the left over layers must be divisible by left over stages",
+     "--num-layers --pipeline-model-parallel-size --decoder-first-pipeline-num-layers "
+     "--decoder-last-pipeline-num-layers"),
+    ("Not enough layers in the first virtual pipeline stage",
+     "--decoder-first-pipeline-num-layers --num-virtual-stages-per-pipeline-rank"),
+    ("Not enough layers in the last virtual pipeline stage",
+     "--decoder-last-pipeline-num-layers --num-virtual-stages-per-pipeline-rank"),
+)  # fmt: skip
+
 
 def flags_named(reason: str) -> list[str]:
     """Return the Megatron-LM flags behind the TransformerConfig fields a megatron-core message
-    names (`num_attention_heads` -> --num-attention-heads), each once, in order."""
+    names (`num_attention_heads` -> --num-attention-heads), then those behind a known refusal
+    that names none (_MESSAGE_FLAGS), each once, in order."""
     import dataclasses
     import re
 
@@ -27,7 +74,9 @@ def flags_named(reason: str) -> list[str]:
     fields = {field.name for field in dataclasses.fields(MLATransformerConfig)}
     words = re.findall(r"[A-Za-z_][A-Za-z0-9_]*", reason)
     named = [w for w in words if w in fields and ("_" in w or w in _FIELD_FLAGS)]
-    return [_FIELD_FLAGS.get(name, "--" + name.replace("_", "-")) for name in dict.fromkeys(named)]
+    flags = [_FIELD_FLAGS.get(name, "--" + name.replace("_", "-")) for name in named]
+    flags += [flag for text, given in _MESSAGE_FLAGS if text in reason for flag in given.split()]
+    return list(dict.fromkeys(flags))
 
 
 def _no_values(tensor: Any) -> Any:

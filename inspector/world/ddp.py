@@ -97,6 +97,9 @@ class MetaStream:
     def synchronize(self) -> None:
         """Wait for nothing."""
 
+    def wait(self, *args: Any) -> None:
+        """Return at once: the event is complete (Megatron-FSDP's reduce queue waits on it)."""
+
 
 META_STREAM = MetaStream()
 
@@ -252,6 +255,7 @@ def _ddp_config(config: Any, settings: DistOptSettings) -> Any:
         # the fp8 weights' main shards only when it is set (0.13-0.16 ask each parameter)
         fp8_param_gather=bool(getattr(config, "fp8_param", False)),
         num_distributed_optimizer_instances=settings.instances,
+        reuse_grad_buf_for_mxfp8_param_ag=settings.reuse_grad_buf_for_mxfp8_param_ag,
     )
 
 
@@ -286,6 +290,7 @@ def _layout_buffer(
             owned_numel(shards, dp_size) if sharded else (buffer.numel_unpadded,) * dp_size
         ),
         kept=sum(kept_bytes(param) for param in buffer.param_index_map),
+        shared=hasattr(buffer, "shared_buffer"),  # set only for MXFP8 weights (779-793)
     )
     return layout, shards
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -42,6 +42,8 @@ class FsdpBucket:
     param_itemsize: int
     grad_itemsize: int
     names: tuple[str, ...] = ()  # the parameters' names, as items
+    # megatron's (item_index_map, bucket_index, shard_bucket_index) of the bucket, for its rank 0
+    index: Any = field(default=None, compare=False, repr=False)
 
     @property
     def shard_numel(self) -> int:
@@ -89,9 +91,12 @@ class FsdpLayout:
 
     strategy: str  # a --data-parallel-sharding-strategy, or fsdp2 (PyTorch FSDP2)
     buckets: tuple[FsdpBucket | Fsdp2Unit, ...]
+    groups: tuple[tuple[int, ...], ...] = ()  # each bucket's reduce-scatter group (bucket ids)
+    backward: tuple[tuple[int, int], ...] = ()  # (bucket, item) as the backward makes gradients
+    capacity: int = 0  # MegatronFSDP's suggested_RS_queue_capacity, in elements
 
 
-def _buffer_module() -> Any:
+def buffer_module() -> Any:
     try:
         from megatron.core.distributed.fsdp.src.megatron_fsdp import param_and_grad_buffer
     except ImportError:  # megatron-core 0.13/0.14: custom_fsdp
@@ -122,14 +127,14 @@ def fsdp_layout(
     from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.transformer.transformer_layer import TransformerLayer
 
-    buffers = _buffer_module()
+    buffers = buffer_module()
     units = [TransformerLayer] if strategy == "optim_grads_params" else []
     policy = buffers.BucketingPolicy(
         suggested_bucket_size=bucket_size,
         fsdp_unit_modules=units,
         data_parallel_sharding_strategy=strategy,
     )
-    groups, _, _ = buffers._get_parameter_groups(module, policy, {})
+    groups, param_group, bucket_group = buffers._get_parameter_groups(module, policy, {})
     names = {p: name for name, p in module.named_parameters()}
     config = DistributedDataParallelConfig(data_parallel_sharding_strategy=strategy)
     takes_factor = "chunk_size_factor" in inspect.signature(
@@ -140,7 +145,7 @@ def fsdp_layout(
     for bucket_id, group in enumerate(groups):
         dp = expert_dp if group.is_expert_param else dp_cp
         extra = {"chunk_size_factor": group.chunk_size_factor} if takes_factor else {}
-        index, bucket, _ = buffers.build_data_parallel_buffer_index(
+        index, bucket, shard_index = buffers.build_data_parallel_buffer_index(
             [p.shape for p in group.params], 0, dp, sharded and dp > 1, config,
             bucket_id=bucket_id, **extra,
         )  # fmt: skip
@@ -158,9 +163,31 @@ def fsdp_layout(
                 param_itemsize=itemsize,
                 grad_itemsize=4 if grad_reduce_in_fp32 else itemsize,
                 names=tuple(name for _, _, name in placed),
+                index=(index, bucket, shard_index),
             )
         )
-    return FsdpLayout(strategy, tuple(result))
+    # the backward makes gradients from the last parameter to the first (each parameter's
+    # post-accumulate-grad hook, or TE's fused wgrad asking for its main_grad)
+    item = {id(p): i for group in groups for i, p in enumerate(group.params)}
+    backward = tuple((param_group[p], item[id(p)]) for p in reversed(list(module.parameters())))
+    return FsdpLayout(
+        strategy, tuple(result), tuple(tuple(bucket_group[i]) for i in range(len(groups))),
+        backward, _queue_capacity(module, units, bucket_size),
+    )  # fmt: skip
+
+
+def _queue_capacity(module: Any, units: list[Any], bucket_size: int | None) -> int:
+    """Return MegatronFSDP's suggested_RS_queue_capacity with Megatron-LM's default (no
+    suggested_communication_unit_size): twice a unit's mean elements under units, else the
+    bucket size, else 1e9, and at least 1e9 (megatron_fsdp.py, MegatronFSDP.__init__)."""
+    kinds = tuple(units)
+    sizes = [sum(p.numel() for p in m.parameters()) for m in module.modules()
+             if kinds and isinstance(m, kinds)]  # fmt: skip
+    if sizes:
+        suggested = sum(sizes) // len(sizes) * 2
+    else:
+        suggested = bucket_size if bucket_size is not None else 1_000_000_000
+    return max(1_000_000_000, suggested)
 
 
 @dataclass(frozen=True)

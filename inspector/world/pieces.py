@@ -29,6 +29,7 @@ class Param:
     shared_embedding: bool
     fp8: bool = False  # a Transformer Engine fp8 parameter (--fp8-param-gather)
     kept: int = 0  # bytes Transformer Engine keeps beside it (te/float8_tensor.py kept_bytes)
+    mxfp8: bool = False  # an MXFP8Tensor (te/mxfp8_tensor.py): its buffer shares the grad buffer
 
     @property
     def buffer_dtype(self) -> Any:
@@ -169,7 +170,7 @@ def _grad_dtype(param_dtype: Any, fp32_grads: bool | None) -> Any:
 
 def _params_of(module: Any) -> list[tuple[str, Param]]:
     """Return (name, Param) for every parameter with a gradient, in named_parameters() order."""
-    from megatron.core.fp8_utils import is_float8tensor
+    from megatron.core.fp8_utils import is_float8tensor, is_mxfp8tensor
 
     from inspector.world.te.float8_tensor import kept_bytes
 
@@ -180,7 +181,8 @@ def _params_of(module: Any) -> list[tuple[str, Param]]:
         expert = not getattr(p, "allreduce", True)
         shared = bool(getattr(p, "shared_embedding", False))
         fp8 = is_float8tensor(p)
-        out.append((name, Param(p.numel(), p.dtype, expert, shared, fp8, kept_bytes(p))))
+        mx = is_mxfp8tensor(p)
+        out.append((name, Param(p.numel(), p.dtype, expert, shared, fp8, kept_bytes(p), mx)))
     return out
 
 

@@ -110,6 +110,9 @@ class BufferLayout:
     # bytes Transformer Engine keeps beside the buffer's fp8 parameters (transposes, scales;
     # te/float8_tensor.py), on every rank: 0 without --fp8-param-gather
     kept: int = 0
+    # MXFP8 weights under the distributed optimizer: the param buffer is a bf16 view of the grad
+    # buffer (param_and_grad_buffer.py 779-793 `shared_buffer`), so it adds no bytes
+    shared: bool = False
 
     @property
     def shard_numel(self) -> int:
@@ -162,6 +165,8 @@ class DistOptSettings:
             on for bf16 models); sets only the grad dtype, never the layout.
         use_distributed_optimizer: off gives the plain DDP buffers (no padding, no param buffer)
             that `inspect-model memory` sizes without --use-distributed-optimizer.
+        reuse_grad_buf_for_mxfp8_param_ag: --reuse-grad-buf-for-mxfp8-param-ag (MXFP8 weights
+            all-gathered through the grad buffer).
     """
 
     dp_size: int
@@ -173,6 +178,7 @@ class DistOptSettings:
     grad_reduce_in_fp32: bool | None = None
     use_distributed_optimizer: bool = True
     instances: int = 1  # --num-distributed-optimizer-instances: shards over dp_cp / instances
+    reuse_grad_buf_for_mxfp8_param_ag: bool = False
 
     def __post_init__(self) -> None:
         sizes = (self.dp_size, self.expert_dp_size, self.context_parallel_size)
@@ -196,6 +202,7 @@ class DistOptSettings:
             overlap_grad_reduce=training.overlap_grad_reduce,
             context_parallel_size=layout.cp,
             instances=layout.num_distributed_optimizer_instances,
+            reuse_grad_buf_for_mxfp8_param_ag=job.model.reuse_grad_buf_for_mxfp8_param_ag,
             **flags,
         )
 

@@ -133,6 +133,8 @@ def _global_shape(param: Any, size: int, sharded: bool) -> tuple[int, ...]:
 
 def walk_params(stage: StageModel, tp: int, etp: int) -> Iterator[ParamRecord]:
     """Yield a record per parameter of a stage, in megatron's named_parameters() order."""
+    from inspector.world.te.float8_tensor import stored_bytes
+
     experts = _expert_numbers(stage)
     for local_name, param in stage.module.named_parameters():
         name = global_name(stage, local_name, experts)
@@ -164,5 +166,6 @@ def walk_params(stage: StageModel, tp: int, etp: int) -> Iterator[ParamRecord]:
             layer=int(match.group(1)) if match else None,
             expert=int(expert.group(1)) if expert else None,
             expert_rank=stage.expert_rank if is_expert else None,
+            stored=stored_bytes(param),  # None but for TE's quantized weights
         )
 

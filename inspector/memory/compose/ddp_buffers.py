@@ -84,7 +84,7 @@ def place(
 
 def buffer_layout(
     spans: Spans, buckets: Buckets, expert: bool, dtype: Any, grad_dtype: Any,
-    distributed: bool, dp: int, kept: int = 0,
+    distributed: bool, dp: int, kept: int = 0, shared: bool = False,
 ) -> BufferLayout:
     """Return one placed buffer as a BufferLayout, each rank's optimizer shard counted."""
     numel = buckets[-1][1]
@@ -105,6 +105,7 @@ def buffer_layout(
         buckets=tuple(BucketLayout(o, e - o, u) for o, e, u in buckets),
         owned_numel=owned,
         kept=kept,
+        shared=shared,
     )
 
 

@@ -80,9 +80,10 @@ def _chunk_buffers(
         else:
             spans, buckets = place(runs, distributed, dp, bucket_size)
         kept = sum(param.kept * count for param, count in runs)
-        buffers.append(
-            buffer_layout(spans, buckets, expert, dtype, grad_dtype, distributed, dp, kept)
-        )
+        shared = distributed and any(param.mxfp8 for param, _ in runs)  # (779-793)
+        buffers.append(buffer_layout(
+            spans, buckets, expert, dtype, grad_dtype, distributed, dp, kept, shared
+        ))  # fmt: skip
     return tuple(buffers)
 
 

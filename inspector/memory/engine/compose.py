@@ -96,7 +96,8 @@ def compose(
     ]
     events_f = _events(steps_f, 0)
     backward_b = _events(steps_b, events_f[-1].allocated if events_f else 0)
-    return Trace(events_f, backward_b, _persistent(trace.persistent, layers, group, order))
+    persistent = _persistent(trace.persistent, layers, group, order)
+    return Trace(events_f, backward_b, persistent, trace.deferred)
 
 
 def _persistent(

@@ -27,6 +27,16 @@ torch or megatron choose by device:
   the rolled loss mask's token count, `num_tokens > 0`, a value a GPU reads back; a training
   micro-batch has tokens (pretrain_gpt's loss mask is 0 only at EOD tokens), so inside that
   function a meta scalar's truth answers True; 0.18 made the branch a multiplication;
+- megatron's fused cross entropy (fusions/fused_cross_entropy.py, `jit_fuser` = torch.compile)
+  runs as inductor's code for it allocates: the backward's `calculate_gradients` updates the
+  saved fp32 softmax through a view (`grad_2d[arange_1d, masked_target_1d] -= softmax_update`),
+  then `mul_`s the whole; functionalised, the indexed update is an `index_put` whose result is
+  not the one copied back into the input, so inductor's reinplacing refuses it (torch/_inductor/
+  fx_passes/reinplace.py `can_inplace`: a view of a graph input is reinplaced only when a later
+  `copy_` writes that op's result back) and lowering clones it (lowering.py `index_put`): one
+  more fp32 tensor of the logits' size beside the softmax and the bf16 gradient, freed on return.
+  The forward's functions are reinplaced whole (no new logits-sized buffer: their generated code
+  writes the input in place), so they run as written;
 - Transformer Engine's kernels run as the stand-in's autograd Functions (world/te/*functions.py),
   and its kept placeholder weight gradients (`get_dummy_wgrad`) start afresh in each run, as in
   a new process, so every trace holds the ones it makes (persistent buffers).
@@ -124,6 +134,21 @@ def _cpu_rng_state(*args: Any, **kwargs: Any) -> torch.Tensor:
     return torch.zeros(16, dtype=torch.uint8)
 
 
+def _compiled_gradients(original: Any) -> Any:
+    """megatron's `calculate_gradients` as inductor compiles it (module notes): the indexed
+    update and the scaling on a clone of the softmax, written back into it on return."""
+    original = getattr(original, "__wrapped__", original)  # a nested run wraps it once
+
+    def calculate_gradients(softmax: Any, grad_output: Any, target_mask: Any, target: Any) -> Any:
+        work = softmax.clone()
+        grad_input = original(work, grad_output, target_mask, target)
+        softmax.copy_(work)
+        return grad_input
+
+    calculate_gradients.__wrapped__ = original  # type: ignore[attr-defined]
+    return calculate_gradients
+
+
 @contextlib.contextmanager
 def cuda_on_meta() -> Iterator[None]:
     """Run megatron's CUDA code on meta tensors (see the module docstring) inside the block."""
@@ -133,6 +158,7 @@ def cuda_on_meta() -> Iterator[None]:
     # megatron imported as the world prepares it (world/fastimport.py): its fused functions'
     # torch.compile passes them through, so nothing is compiled inside the allocator model
     megatron()
+    from megatron.core.fusions import fused_cross_entropy
     from megatron.core.fusions.fused_layer_norm import FusedLayerNorm
     from megatron.core.tensor_parallel import random
 
@@ -143,6 +169,8 @@ def cuda_on_meta() -> Iterator[None]:
         (FusedLayerNorm, "forward", _apex_layer_norm),
         (random, "_get_cuda_rng_state", _cpu_rng_state),
         (random, "_set_cuda_rng_state", lambda *args, **kwargs: None),
+        (fused_cross_entropy, "calculate_gradients",
+         _compiled_gradients(fused_cross_entropy.calculate_gradients)),
     ]
     patches += _mtp_loss_counted()
     fresh_te_process()

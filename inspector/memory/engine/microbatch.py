@@ -35,6 +35,7 @@ from inspector.errors import ConfigError
 from inspector.job.job import FUSIONS, Job, bias_fusions
 from inspector.memory.engine.allocator import Event, Tracker
 from inspector.memory.engine.cuda import cuda_on_meta
+from inspector.memory.engine.deferral import drain_deferred
 from inspector.world.te.state import placeholders_named
 
 
@@ -45,6 +46,9 @@ class Trace:
     forward: tuple[Event, ...]  # steady state: persistent buffers taken out
     backward: tuple[Event, ...]
     persistent: tuple[tuple[str, int], ...]  # (where megatron made it, bytes)
+    # --defer-embedding-wgrad-compute: (bytes, limit) the output layer keeps of a micro-batch
+    # after its backward until the pipeline's drain, for the first `limit` (0: all) of them
+    deferred: tuple[int, int] = (0, 0)
 
     @property
     def held(self) -> int:
@@ -79,7 +83,11 @@ def runtime_config(job: Job) -> dict[str, Any]:
         apply_rope_fusion=te and model.position_embedding_type in ("rope", "yarn") and on["rope_fusion"],
         gradient_accumulation_fusion=te and on["gradient_accumulation_fusion"],
         deallocate_pipeline_outputs=True,
+        cross_entropy_loss_fusion=training.cross_entropy_loss_fusion,
     )
+    if training.defer_embedding_wgrad:
+        fields.update(defer_embedding_wgrad_compute=True,
+                      wgrad_deferral_limit=training.wgrad_deferral_limit)  # fmt: skip
     if te and not training.flash_attention:
         # --attention-backend unfused (or auto in fp32, the same): megatron's LanguageModule
         # (_set_attention_backend) opts TE out of flash and fused attention, NVTE_FLASH_ATTN=0
@@ -153,6 +161,7 @@ def run_microbatch(job: Job, ddp: Any, gpt: Any, num_microbatches: int) -> Trace
             middle = tracker.mark()
             _backward(gpt, state, tracker)
             del state
+            deferred = drain_deferred(gpt, tracker)
     persistent = _persistent(tracker)
     events = tracker.events[start:]
     steady = _steady(events, persistent)
@@ -161,6 +170,7 @@ def run_microbatch(job: Job, ddp: Any, gpt: Any, num_microbatches: int) -> Trace
         forward=tuple(steady[:split]),
         backward=tuple(steady[split:]),
         persistent=tuple((events[i].where, size) for i, size in sorted(persistent.items())),
+        deferred=(deferred, gpt.config.wgrad_deferral_limit),
     )
 
 

@@ -86,6 +86,8 @@ def optimizer_config(job: Job) -> Any:
         bf16=job.model.bf16,
         fp16=job.model.fp16,
         use_distributed_optimizer=job.training.use_distributed_optimizer,
+        # the step copies the main shards into the grad buffer's param view (optimizer.py 579)
+        reuse_grad_buf_for_mxfp8_param_ag=job.model.reuse_grad_buf_for_mxfp8_param_ag,
         **aware,
     )
 

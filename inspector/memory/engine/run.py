@@ -29,6 +29,13 @@ GEMM_THREADS = 2
 # = 4 (common/util/multi_stream.cpp `num_compute_streams`).
 TE_WORKSPACE_SM90 = 32 * 1024 * 1024 + 1024
 TE_GROUPED_STREAMS = 4
+# With --tp-comm-overlap every GEMM given a userbuffers communicator takes `get_cublas_workspace(
+# device, ub=True, ...)`, another lru_cache entry: `_NUM_MAX_UB_STREAMS` (3) workspaces in one
+# tensor, for the chunks of the overlapped GEMM (cpp_extensions/gemm.py, TE 2.20; TE 2.0-2.8's
+# module/base.py `initialize_ub`: `get_workspace().repeat(_NUM_MAX_UB_STREAMS)`). The userbuffers
+# themselves are registered with cudaMalloc by TE's C++ (common/comm_gemm_overlap/
+# comm_gemm_overlap.cpp `register_user_buffer_collective`): outside PyTorch's allocator.
+TE_UB_STREAMS = 3
 
 
 @dataclass(frozen=True)
@@ -184,7 +191,8 @@ def te_workspaces(job: Job) -> int:
     if model.transformer_impl != "transformer_engine":
         return 0
     grouped = bool(model.num_experts) and model.moe_grouped_gemm  # TEGroupedMLP's GroupedLinear
-    return TE_WORKSPACE_SM90 * (1 + (TE_GROUPED_STREAMS if grouped else 0))
+    ub = TE_UB_STREAMS if job.training.tp_comm_overlap else 0
+    return TE_WORKSPACE_SM90 * (1 + (TE_GROUPED_STREAMS if grouped else 0) + ub)
 
 
 def _persistent(traces: Sequence[Trace]) -> tuple[tuple[str, int], ...]:
@@ -246,14 +254,16 @@ class StageShapes:
     shapes: tuple[ChunkShape, ...]
 
 
-def run_job(job: Job, stages: Sequence[Any]) -> JobRuns:
+def run_job(job: Job, stages: Sequence[Any], cache: Cache | None = None,
+            steps: Steps | None = None) -> JobRuns:  # fmt: skip
     """Run every stage a micro-batch, sharing the small chunks: built stages
-    (world.build.BuiltStage) or their shapes alone (`StageShapes`)."""
+    (world.build.BuiltStage) or their shapes alone (`StageShapes`). `cache` and `steps`: the
+    small chunks' traces and the optimizer steps of other runs that share them (plan/confirm.py)."""
     reason = not_runnable(job)
     if reason is not None:
         return JobRuns({}, reason)
-    cache: Cache = {}
-    steps: Steps = {}
+    cache = {} if cache is None else cache
+    steps = {} if steps is None else steps
     return JobRuns(
         {
             built.stage: run_memory(

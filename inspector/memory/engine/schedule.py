@@ -6,11 +6,13 @@ forwards and backwards megatron-core's schedule runs on the stage; while a pass 
 activations of the micro-batches still in flight are held beneath it. The rank's peak is the
 highest point of any pass on top of its static memory, and the moment is named. The optimizer
 step (optimizer.py) runs after the last backward, with no micro-batch in flight: its temporaries
-are one more phase.
+are one more phase. Under the MoE all-to-all overlap each 1F1B step runs a forward and a
+backward together, layer by layer (`combined`).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -56,23 +58,32 @@ def iteration_peak(
         num_microbatches = 4 * group
     best = Peak(0, 0, 0, "")
     tops = [(_top(trace.backward), _top(trace.forward)) for trace in traces]  # once per chunk
+    pairs: dict[tuple[int, int], Event] = {}
     for ran in replay_passes(traces, stage, pp, num_microbatches, group_size, extra):
-        top = tops[ran.chunk][ran.forward]
+        if ran.paired is None:
+            top = tops[ran.chunk][ran.forward]
+        else:
+            key = (ran.chunk, ran.paired[0])
+            if key not in pairs:
+                pairs[key] = _top(combined(traces[ran.chunk], traces[ran.paired[0]]))
+            top = pairs[key]
         if ran.held + top.allocated > best.bytes:
-            label = pass_label(ran.forward, ran.mb, ran.chunk, chunks)
+            label = pass_label(ran.forward, ran.mb, ran.chunk, chunks, ran.paired)
             best = Peak(ran.held + top.allocated, ran.held, ran.in_flight, f"{label}: {top.where}")
     top = _top(step)
     return Peak(top.allocated, 0, 0, top.where) if top.allocated > best.bytes else best
 
 
 class Pass(NamedTuple):
-    """One pass of the replay: a micro-batch's forward or backward on one chunk."""
+    """One pass of the replay: a micro-batch's forward or backward on one chunk (under the MoE
+    all-to-all overlap, a forward run together with a backward: `paired`)."""
 
     forward: bool
     chunk: int
     mb: int  # the micro-batch, numbered per chunk
     held: int  # activations the other micro-batches in flight hold beneath it
     in_flight: int  # micro-batches in flight while it runs, itself included
+    paired: tuple[int, int] | None = None  # (chunk, micro-batch) of the backward run with it
 
 
 def replay_passes(
@@ -84,28 +95,102 @@ def replay_passes(
     extra: int = 0,
 ) -> Iterator[Pass]:
     """Yield the passes of one iteration of `stage` in megatron's order (`schedule_passes`),
-    each over what the micro-batches then in flight hold (their chunk's `Trace.held`)."""
+    each over what the micro-batches then in flight hold (their chunk's `Trace.held`) and what
+    the output layer keeps of finished ones for its deferred weight gradient (`Trace.deferred`)."""
     chunks = len(traces)
     counts = [0] * chunks  # micro-batches started, per chunk
     flight: list[list[int]] = [[] for _ in range(chunks)]
     held = 0
-    for forward, chunk in schedule_passes(stage, pp, num_microbatches, chunks, group_size, extra):
+    order = schedule_passes(stage, pp, num_microbatches, chunks, group_size, extra)
+    index = 0
+    while index < len(order):
+        forward, chunk = order[index]
+        index += 1
         if forward:
             mb = counts[chunk]
             counts[chunk] += 1
-            yield Pass(True, chunk, mb, held, _in_flight(flight) + 1)
+            paired = None
+            back = order[index][1] if index < len(order) and not order[index][0] else None
+            if extra and back is not None and flight[back]:  # a 1F1B step of older micro-batches
+                index += 1
+                paired = (back, flight[back].pop(0))
+                held -= traces[back].held
+            yield Pass(True, chunk, mb, held, _in_flight(flight) + 1 + (paired is not None),
+                       paired)  # fmt: skip
             flight[chunk].append(mb)
             held += traces[chunk].held
+            if paired is not None:
+                held += _deferred(traces[paired[0]], paired[1])
         else:
             mb = flight[chunk].pop(0)
             held -= traces[chunk].held
             yield Pass(False, chunk, mb, held, _in_flight(flight) + 1)
+            held += _deferred(traces[chunk], mb)
 
 
-def pass_label(forward: bool, mb: int, chunk: int, chunks: int) -> str:
-    """Return e.g. "backward of micro-batch 3 (chunk 1)" (no chunk without interleaving)."""
+def _deferred(trace: Trace, mb: int) -> int:
+    """Return what the output layer keeps of micro-batch `mb` after its backward, until the
+    drain after the last backward (`Trace.deferred`: the first `limit` micro-batches, 0 all)."""
+    kept, limit = trace.deferred
+    return kept if limit == 0 or mb < limit else 0
+
+
+def combined(forward: Trace, backward: Trace) -> tuple[Event, ...]:
+    """Return one 1F1B step of the MoE all-to-all overlap: a micro-batch's forward and an older
+    one's backward, run layer by layer together, as allocator events over what the backward's
+    micro-batch holds (`Trace.held`).
+
+    megatron-core's `TransformerModelChunkSchedulePlan.run` (models/common/
+    model_chunk_schedule_plan.py): the forward's pre-process (embedding) and the backward's
+    post-process (loss, output layer), then forward layer i with backward layer L-1-i for each
+    i, then the forward's post-process and the backward's pre-process. Within a layer pair
+    (`TransformerLayerSchedulePlan.run`) the forward's attention, dispatch, MLP and combine
+    interleave with the backward's; here the forward layer's events come first, so a pair
+    peaks at most one layer's activations above megatron's order.
+    """
+    f_head, f_layers, f_tail = _by_layer(forward.forward)
+    b_head, b_layers, b_tail = _by_layer(backward.backward)
+    pairs = [e for k in range(max(len(f_layers), len(b_layers)))
+             for part in (f_layers, b_layers) if k < len(part) for e in part[k]]  # fmt: skip
+    total, out = backward.held, []
+    for event in (*f_head, *b_head, *pairs, *f_tail, *b_tail):
+        total += event.bytes
+        out.append(Event(event.bytes, total, event.where, event.origin))
+    return tuple(out)
+
+
+_LAYER = re.compile(r"^(?:layer |decoder\.layers\.)(\d+)")
+
+
+def _by_layer(events: Sequence[Event]) -> tuple[list[Event], list[list[Event]], list[Event]]:
+    """Cut a pass's events into what runs before the first transformer layer, each layer's
+    events in running order (an unlabelled event goes with the layer before it), and what runs
+    after the last (compose.py cuts traces the same way)."""
+    labelled = [i for i, e in enumerate(events) if _LAYER.match(e.where)]
+    if not labelled:
+        return list(events), [], []
+    first, last = labelled[0], labelled[-1]
+    layers: list[list[Event]] = []
+    current = None
+    for event in events[first : last + 1]:
+        match = _LAYER.match(event.where)
+        if match and match.group(1) != current:
+            current = match.group(1)
+            layers.append([])
+        layers[-1].append(event)
+    return list(events[:first]), layers, list(events[last + 1 :])
+
+
+def pass_label(
+    forward: bool, mb: int, chunk: int, chunks: int, paired: tuple[int, int] | None = None
+) -> str:
+    """Return e.g. "backward of micro-batch 3 (chunk 1)" (no chunk without interleaving), or
+    "forward of micro-batch 2 with the backward of micro-batch 1" for a combined step."""
     where = f" (chunk {chunk})" if chunks > 1 else ""
-    return f"{'forward' if forward else 'backward'} of micro-batch {mb}{where}"
+    label = f"{'forward' if forward else 'backward'} of micro-batch {mb}{where}"
+    if paired is not None:
+        label += f" with the {pass_label(False, paired[1], paired[0], chunks)}"
+    return label
 
 
 def _top(events: tuple[Event, ...]) -> Event:

@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from inspector.job.dims import warmup_steps
 from inspector.memory.engine.allocator import Event
 from inspector.memory.engine.microbatch import Trace
-from inspector.memory.engine.schedule import pass_label, replay_passes
+from inspector.memory.engine.schedule import combined, pass_label, replay_passes
 from inspector.records import MemoryPass
 
 Steps = tuple[tuple[int, int, str], ...]
@@ -35,8 +36,16 @@ class Replay:
 
     @property
     def count(self) -> int:
-        """Return how many passes the iteration has (without making them)."""
-        return 2 * self.num_microbatches * len(self.traces) + len(self.phases)
+        """Return how many passes the iteration has (without making them): under the MoE
+        all-to-all overlap each 1F1B step's forward and backward are one pass."""
+        chunks = len(self.traces)
+        forwards = self.num_microbatches * chunks
+        steady = 0
+        if self.extra:
+            group = self.group_size or self.pp
+            steady = forwards - warmup_steps(self.stage, self.pp, self.num_microbatches, chunks,
+                                             group, self.extra)  # fmt: skip
+        return 2 * forwards - steady + len(self.phases)
 
     def passes(self) -> tuple[MemoryPass, ...]:
         """Return the iteration's passes in order (`iteration_timeline`)."""
@@ -65,8 +74,11 @@ def iteration_timeline(
     passes: list[MemoryPass] = []
     held = 0
     for ran in replay_passes(traces, stage, pp, num_microbatches, group_size, extra):
-        label = pass_label(ran.forward, ran.mb, ran.chunk, chunks)
-        own = steps[ran.chunk][0 if ran.forward else 1]
+        label = pass_label(ran.forward, ran.mb, ran.chunk, chunks, ran.paired)
+        if ran.paired is None:
+            own = steps[ran.chunk][0 if ran.forward else 1]
+        else:  # the MoE all-to-all overlap's forward and backward together
+            own = _steps(combined(traces[ran.chunk], traces[ran.paired[0]]))
         passes.append(MemoryPass(label, (ran.chunk, ran.mb), ran.held, own))
         held = ran.held + (traces[ran.chunk].held if ran.forward else 0)
     for index, (label, events) in enumerate(phases):

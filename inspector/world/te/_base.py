@@ -124,19 +124,23 @@ class TransformerEngineBaseModule(torch.nn.Module):
 
         TE materialises and initialises values here; on meta there are none. Under
         `quantized_model_init` each GEMM weight (one registered with an `fp8_meta_index`)
-        becomes a Float8Tensor parameter (float8_tensor.py). The parallel attributes are set
-        by each subclass after this call, as in TE.
+        becomes a Float8Tensor parameter (float8_tensor.py), or an MXFP8Tensor with the MXFP8
+        recipe (mxfp8_tensor.py). The parallel attributes are set by each subclass after this
+        call, as in TE.
         """
         if defer_init or not self.primary_weights_in_fp8:
             return
-        from inspector.world.te.float8_tensor import quantize_weight
+        from inspector.world.te import float8_tensor, mxfp8_tensor
 
         recipe = recipe_name(FP8GlobalStateManager.get_fp8_recipe())
         for name, param in list(self.named_parameters(recurse=False)):
             if self.param_init_meta[name].get("fp8_meta_index") is None:
                 continue
             preserve = bool(self.__dict__["preserve_high_precision_init_val"])
-            quantized: Any = quantize_weight(param, recipe, preserve)
+            quantized: Any = (
+                mxfp8_tensor.quantize_weight(param, preserve) if recipe == "mxfp8"
+                else float8_tensor.quantize_weight(param, recipe, preserve)
+            )  # fmt: skip
             torch.nn.Module.register_parameter(self, name, quantized)
 
     def set_tensor_parallel_group(self, tp_group: Any) -> None:

@@ -23,6 +23,7 @@ from inspector.world.te import (
     float8_tensor,
     grouped_linear,
     linear,
+    mxfp8_tensor,
     norm,
     state,
 )
@@ -88,6 +89,7 @@ _LAYOUT: dict[str, tuple[bool, dict[str, Any]]] = {
     ),
     ".pytorch.tensor": (True, {"QuantizedTensor": state.QuantizedTensor}),
     ".pytorch.tensor.float8_tensor": (False, {"Float8Tensor": float8_tensor.Float8Tensor}),
+    ".pytorch.tensor.mxfp8_tensor": (False, {"MXFP8Tensor": mxfp8_tensor.MXFP8Tensor}),
     ".pytorch.tensor.utils": (
         False,
         {

@@ -19,6 +19,8 @@ import torch
 
 from inspector.world.te._base import TransformerEngineBaseModule, empty, world_size
 from inspector.world.te.kernels.attention_functions import FusedAttnFunction, P2PAttnFunction
+from inspector.world.te.kernels.fp8_attention import FP8FusedAttnFunction
+from inspector.world.te.state import FP8GlobalStateManager
 
 
 def _fused_backend(dtype: torch.dtype) -> bool:
@@ -28,6 +30,20 @@ def _fused_backend(dtype: torch.dtype) -> bool:
     LanguageModule._set_attention_backend); otherwise the unfused backend runs."""
     allowed = os.getenv("NVTE_FUSED_ATTN", "1") != "0" or os.getenv("NVTE_FLASH_ATTN", "1") != "0"
     return allowed and dtype in (torch.float16, torch.bfloat16)
+
+
+def fp8_attention_recipe() -> bool | None:
+    """Return whether TE runs this attention in fp8 with delayed (True) or current (False)
+    scaling, None for 16 bits (dot_product_attention.py 575-680, 1010-1030: fp8 inside
+    fp8_autocast when the recipe's `fp8_dpa` is set; only per-tensor recipes may set it)."""
+    if not FP8GlobalStateManager.is_fp8_enabled():
+        return None
+    recipe = FP8GlobalStateManager.get_fp8_recipe()
+    if not (getattr(recipe, "fp8_dpa", False) or getattr(recipe, "fp8_mha", False)):
+        return None
+    if not (recipe.delayed() or recipe.float8_current_scaling()):
+        raise AssertionError(f"DotProductAttention does not support {type(recipe).__name__} recipe")
+    return recipe.delayed()
 
 
 def _size(group: Any) -> int:
@@ -224,7 +240,11 @@ class DotProductAttention(TransformerEngineBaseModule):
         # the learned offset as TE passes it to the kernels (dot_product_attention.py 1404-1408)
         offset = self.softmax_offset
         offset = None if offset is None else offset.reshape(1, -1, 1, 1).to(torch.float32)
-        out: torch.Tensor = FusedAttnFunction.apply(q, k, v, qkv_format, offset)
+        delayed = fp8_attention_recipe()
+        if delayed is not None:  # the FP8 backend (kernels/fp8_attention.py)
+            out: torch.Tensor = FP8FusedAttnFunction.apply(q, k, v, qkv_format, offset, delayed)
+        else:
+            out = FusedAttnFunction.apply(q, k, v, qkv_format, offset)
         return out.view(out.shape[0], out.shape[1], -1)
 
     def _context_parallel(
@@ -235,10 +255,11 @@ class DotProductAttention(TransformerEngineBaseModule):
         the p2p ring, `attention_functions.P2PAttnFunction`. TE has no context-parallel unfused
         attention (`get_attention_backend` disables it), so 32-bit inputs leave no backend: TE
         raises."""
-        if not _fused_backend(q.dtype) or self.cp_comm_type != "p2p":
+        fp8 = fp8_attention_recipe() is not None
+        if not _fused_backend(q.dtype) or self.cp_comm_type != "p2p" or fp8:
             raise NotImplementedError(
                 "the simulated Transformer Engine runs context-parallel attention in fp16/bf16 "
-                "with cp_comm_type p2p only"
+                "(not fp8) with cp_comm_type p2p only"
             )
         q, k, v = (t.contiguous() for t in (q, k, v))
         ring = (_size(self.cp_group), _rank(self.cp_group), "causal" in mask)

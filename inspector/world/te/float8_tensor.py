@@ -18,7 +18,8 @@ The stand-in is a plain tensor subclass on meta (subclass propagation off): mega
 `isinstance(param, QuantizedTensor)` and calls the helpers below. `pytorch/tensor/utils.py`
 (replace_raw_data 25-50, cast_master_weights_to_fp8 54-155 with the delayed 158-240 and current
 scaling 243-350 paths, post_all_gather_processing 602-624) allocate what TE allocates.
-Block-scaled and MXFP8 parameters (`Float8BlockwiseQTensor`, `MXFP8Tensor`) are not simulated.
+MXFP8 parameters are mxfp8_tensor.py's; block-scaled ones (`Float8BlockwiseQTensor`) are not
+simulated.
 """
 
 from __future__ import annotations
@@ -80,12 +81,25 @@ ALLOCATOR_BLOCK = 512  # c10/cuda/CUDACachingAllocator.cpp kMinBlockSize: each r
 
 
 def kept_bytes(param: object) -> int:
-    """Return the GPU bytes TE keeps beside an fp8 parameter's data (its transpose and
-    scale_inv, each its own allocation), 0 for any other parameter."""
-    if not isinstance(param, Float8Tensor):
+    """Return the GPU bytes TE keeps outside megatron's param buffer for a quantized parameter
+    (a Float8Tensor's transpose and scale_inv; all of an MXFP8Tensor), each tensor its own
+    allocation; 0 for any other parameter."""
+    kept = getattr(param, "kept_tensors", None) if isinstance(param, QuantizedTensor) else None
+    if kept is None:
         return 0
     block = ALLOCATOR_BLOCK
-    return sum(-(-t.numel() * t.element_size() // block) * block for t in param.kept_tensors())
+    return sum(-(-t.numel() * t.element_size() // block) * block for t in kept())
+
+
+def stored_bytes(param: object) -> int | None:
+    """Return the bytes of the tensors a quantized parameter stores (its data and what
+    `kept_bytes` counts, unrounded), None for any other parameter."""
+    if not isinstance(param, QuantizedTensor):
+        return None
+    quantized: Any = param
+    own = getattr(quantized, "_data", None)  # a Float8Tensor's data; an MXFP8Tensor keeps all
+    tensors = (*((own,) if own is not None else ()), *quantized.kept_tensors())
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def quantize_weight(param: torch.Tensor, recipe: str, preserve: bool) -> Float8Tensor:
@@ -101,23 +115,31 @@ def quantize_weight(param: torch.Tensor, recipe: str, preserve: bool) -> Float8T
     tensor._transpose = None
     tensor._scale_inv = torch.empty((1,), dtype=torch.float32, device="meta")
     tensor._recipe = recipe
-    tensor._high_precision_init_val = None
-    if preserve:  # base.py 1283-1300: the 16-bit initial values on the host, and two methods
-        tensor._high_precision_init_val = torch.empty(param.shape, dtype=param.dtype, device="meta")
-        for name, method in (("get_high_precision_init_val", _get_init_val),
-                             ("clear_high_precision_init_val", _clear_init_val)):  # fmt: skip
-            setattr(tensor, name, types.MethodType(method, tensor))
+    keep_init_val(tensor, preserve)
     if torch.is_grad_enabled():  # quantizer.set_usage(columnwise=torch.is_grad_enabled())
         tensor._create_transpose()
     tensor._is_param = True  # torch.nn.Parameter of a custom tensor: isinstance holds
     return tensor
 
 
-def _get_init_val(self: Float8Tensor) -> torch.Tensor | None:
+def keep_init_val(tensor: Any, preserve: bool) -> None:
+    """base.py 1283-1310: with `preserve`, keep the 16-bit initial values on the host and
+    attach the two methods megatron's DistributedOptimizer calls; else none."""
+    tensor._high_precision_init_val = None
+    if preserve:
+        tensor._high_precision_init_val = torch.empty(
+            tensor.shape, dtype=tensor.dtype, device="meta"
+        )
+        for name, method in (("get_high_precision_init_val", _get_init_val),
+                             ("clear_high_precision_init_val", _clear_init_val)):  # fmt: skip
+            setattr(tensor, name, types.MethodType(method, tensor))
+
+
+def _get_init_val(self: Any) -> torch.Tensor | None:
     return self._high_precision_init_val
 
 
-def _clear_init_val(self: Float8Tensor) -> None:
+def _clear_init_val(self: Any) -> None:
     self._high_precision_init_val = None
 
 
@@ -172,5 +194,7 @@ def post_all_gather_processing(model_weights: Any) -> None:
     for weight in weights:
         if isinstance(weight, Float8Tensor):
             weight._create_transpose()
+        elif getattr(weight, "_get_quantizer", lambda: None)() == "mxfp8":
+            pass  # 627-629: "MXFP8 scaling: no need to do anything."
         elif isinstance(weight, QuantizedTensor):
             raise ValueError(f"post_processing for {type(weight)} is not supported")

@@ -20,10 +20,9 @@ from inspector.world.te._base import (
     set_tensor_model_parallel_attributes,
     world_size,
 )
-from inspector.world.te.float8_tensor import Float8Tensor
 from inspector.world.te.kernels import fp8_functions, functions, quantize
 from inspector.world.te.linear import contiguous_input, fp8_param_operand, fp8_recipe_name
-from inspector.world.te.state import FP8GlobalStateManager
+from inspector.world.te.state import FP8GlobalStateManager, QuantizedTensor
 
 
 class GroupedLinear(TransformerEngineBaseModule):
@@ -122,7 +121,7 @@ class GroupedLinear(TransformerEngineBaseModule):
         cache: dict[str, quantize.Quantized] = self.__dict__.setdefault("_fp8_workspaces", {})
         out = []
         for i, weight in enumerate(weights):
-            if isinstance(weight, Float8Tensor):
+            if isinstance(weight, QuantizedTensor):
                 out.append(fp8_param_operand(weight, inp.requires_grad))
                 continue
             workspace = cache.get(f"weight{i}")

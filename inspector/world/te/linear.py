@@ -22,7 +22,8 @@ from inspector.world.te._base import (
 )
 from inspector.world.te.float8_tensor import Float8Tensor
 from inspector.world.te.kernels import fp8_functions, functions, quantize
-from inspector.world.te.state import FP8GlobalStateManager, recipe_name
+from inspector.world.te.mxfp8_tensor import MXFP8Tensor
+from inspector.world.te.state import FP8GlobalStateManager, QuantizedTensor, recipe_name
 
 
 def fp8_recipe_name() -> str | None:
@@ -33,12 +34,16 @@ def fp8_recipe_name() -> str | None:
     return recipe_name(FP8GlobalStateManager.get_fp8_recipe())
 
 
-def fp8_param_operand(weight: Float8Tensor, columnwise: bool) -> quantize.Quantized:
+def fp8_param_operand(weight: QuantizedTensor, columnwise: bool) -> quantize.Quantized:
     """Return an fp8 parameter as the GEMM's weight: TE uses it as it is, no workspace
     (linear.py 252-278: `get_weight_workspace` returns the quantized weight itself). Its
     transpose, kept on the parameter, is made here where backward needs it if missing (TE makes
     it in backward, linear.py 695 `update_usage(columnwise_usage=True)`; with megatron-core 0.16
-    it is never missing: post_all_gather_processing remakes it)."""
+    it is never missing: post_all_gather_processing remakes it). An MXFP8Tensor is its own
+    operand (mxfp8_tensor.py)."""
+    if isinstance(weight, MXFP8Tensor):
+        return weight.operand(columnwise)
+    assert isinstance(weight, Float8Tensor)
     weight.update_usage(rowwise_usage=True, columnwise_usage=columnwise)
     rows, cols = weight.shape
     transpose = (weight._transpose,) if columnwise and weight._transpose is not None else ()
@@ -138,7 +143,7 @@ class _ParallelLinear(TransformerEngineBaseModule):
             history = getattr(FP8GlobalStateManager.get_fp8_recipe(), "amax_history_len", 1)
             self.__dict__["fp8_recipe_state"] = quantize.recipe_state(recipe, 1, history)
             self.__dict__["fp8_meta_tensors_initialized"] = True
-        if isinstance(weight, Float8Tensor):
+        if isinstance(weight, QuantizedTensor):
             return fp8_param_operand(weight, inp.requires_grad)
         cache: dict[str, quantize.Quantized] = self.__dict__.setdefault("_fp8_workspaces", {})
         workspace = cache.get("weight")

@@ -135,9 +135,11 @@ class CustomRecipe(Recipe):
 
 
 def recipe_name(recipe: Recipe) -> str:
-    """Return the name --fp8-recipe gives `recipe` (megatron fp8_utils.py `get_fp8_recipe`)."""
+    """Return the name --fp8-recipe (--fp4-recipe for NVFP4) gives `recipe` (megatron
+    fp8_utils.py `get_fp8_recipe`, fp4_utils.py `get_fp4_recipe`)."""
     for name, test in (("delayed", recipe.delayed), ("tensorwise", recipe.float8_current_scaling),
-                       ("blockwise", recipe.float8_block_scaling), ("mxfp8", recipe.mxfp8)):  # fmt: skip
+                       ("blockwise", recipe.float8_block_scaling), ("mxfp8", recipe.mxfp8),
+                       ("nvfp4", recipe.nvfp4)):  # fmt: skip
         if test():
             return name
     raise NotImplementedError(f"Transformer Engine's {type(recipe).__name__} is not simulated")

@@ -13,6 +13,20 @@ from typing import Any
 import torch
 
 
+def begin_fused(
+    ctx: Any, q: torch.Tensor, qkv_format: str, softmax_offset: torch.Tensor | None
+) -> tuple[int, int, int, int]:
+    """Note the softmax offset's shape on `ctx` and return the softmax statistics' shape, fp32
+    [b, heads, s_q, 1]. softmax_offset: fp32 [1, heads, 1, 1] for softmax_type off-by-one or
+    learnable (the attention sinks), an input of fused_attn_fwd; its gradient is backward's
+    d_softmax_offset."""
+    ctx.offset = None if softmax_offset is None else softmax_offset.shape
+    s, b, heads = q.shape[0], q.shape[1], q.shape[2]
+    if qkv_format == "bshd":
+        s, b = b, s
+    return b, heads, s, 1
+
+
 class FusedAttnFunction(torch.autograd.Function):
     """TE `FusedAttnFunc` (pytorch/attention/dot_product_attention/backends.py 1086-1610, v2.11),
     the cuDNN F16_arbitrary_seqlen path that `get_attention_backend` prefers over flash-attn on
@@ -37,14 +51,9 @@ class FusedAttnFunction(torch.autograd.Function):
         qkv_format: str = "sbhd",
         softmax_offset: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        # softmax_offset: fp32 [1, heads, 1, 1] for softmax_type off-by-one/learnable (the
-        # attention sinks), an input of fused_attn_fwd; its gradient is backward's d_softmax_offset
-        ctx.offset = None if softmax_offset is None else softmax_offset.shape
-        s, b, heads = q.shape[0], q.shape[1], q.shape[2]
-        if qkv_format == "bshd":
-            s, b = b, s
+        stats_shape = begin_fused(ctx, q, qkv_format, softmax_offset)
         out = torch.empty((*q.shape[:3], v.shape[3]), dtype=q.dtype, device=q.device)
-        stats = torch.empty((b, heads, s, 1), dtype=torch.float32, device=q.device)
+        stats = torch.empty(stats_shape, dtype=torch.float32, device=q.device)
         rng_state = torch.empty((2,), dtype=torch.int64, device=q.device)
         ctx.save_for_backward(q, k, v, out, None, None, None, None, stats, rng_state)
         return out

@@ -223,12 +223,14 @@ class PadRowsFunction(torch.autograd.Function):
 
 
 def _align(align_size: int | None) -> int:
-    """TE quantization.py `get_align_size_for_quantization` (118-124): 32 for mxfp8, else 16."""
+    """TE quantization.py `get_align_size_for_quantization` (118-124): 32 for mxfp8, 64 for
+    nvfp4, else 16."""
     if align_size is not None:
         return align_size
     from inspector.world.te.state import FP8GlobalStateManager
 
-    return 32 if FP8GlobalStateManager.get_fp8_recipe().mxfp8() else 16
+    recipe = FP8GlobalStateManager.get_fp8_recipe()
+    return 32 if recipe.mxfp8() else 64 if recipe.nvfp4() else 16
 
 
 class Fp8Padding(torch.nn.Module):

@@ -8,7 +8,14 @@ A quantized tensor is a few plain tensors (TE's `prepare_for_saving` saves exact
   row-wise data [M, K] and column-wise data [K, M], each with fp32 scales per 1x128 block
   (activations, gradients) or 128x128 block (weights, `Float8BlockScaling.w_block_scaling_dim`);
 - mxfp8 (`MXFP8Tensor`, mxfp8_tensor.py `make_empty` 105-150): row-wise and column-wise data
-  [M, K], with one uint8 (E8M0) scale per 32 elements along each direction, padded to 128 x 4.
+  [M, K], with one uint8 (E8M0) scale per 32 elements along each direction, padded to 128 x 4;
+- nvfp4 (`NVFP4Tensor`, nvfp4_tensor.py `make_empty` 284-365, `get_scale_shape` 215-250):
+  row-wise data uint8 [M, K / 2] (two E2M1 values a byte), one uint8 (E4M3) scale per 16
+  elements [round_up(M, 128), round_up(K / 16, 4)] and an fp32 amax [1]; column-wise the same of
+  the transpose: [K, M / 2], scales [round_up(K, 128), round_up(M / 16, 4)], amax [1]. The
+  random Hadamard transform (inputs' and gradients' column-wise use, recipe `fp4_quant_fwd_inp`)
+  is fused into the cast; its 16 x 16 bf16 matrix is made once per device (lru_cache,
+  nvfp4_tensor.py 92-102), 512 bytes, not counted.
 Recipe state (module/base.py `set_meta_tensor` 706-741, quantization.py
 `DelayedScalingRecipeState` 1049-1090): delayed keeps, per module and direction, fp32 `scale`
 [n] and `amax_history` [history, n] for n = 3 (forward: input, weight, output) or 2 (backward:
@@ -26,6 +33,7 @@ import torch
 
 BLOCK = 128  # Float8BlockScaling block_len
 MX_BLOCK = 32  # MXFP8_BLOCK_SCALING_SIZE
+NV_BLOCK = 16  # NVFP4_BLOCK_SCALING_SIZE
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -100,7 +108,21 @@ def quantize(
             (_empty((rows, cols), u8), _empty(row_scale, u8)) if rowwise else (),
             (_empty((rows, cols), u8), _empty(col_scale, u8)) if columnwise else (),
         )
+    if recipe == "nvfp4":
+        return Quantized(
+            rows,
+            cols,
+            _nvfp4(rows, cols) if rowwise else (),
+            _nvfp4(cols, rows) if columnwise else (),
+        )
     raise NotImplementedError(f"fp8 recipe {recipe!r} is not simulated")
+
+
+def _nvfp4(rows: int, cols: int) -> tuple[torch.Tensor, ...]:
+    """One direction of an NVFP4 tensor: packed data, E4M3 scales per 16, the fp32 amax."""
+    scale = (_round_up(rows, 128), _round_up(math.ceil(cols / NV_BLOCK), 4))
+    u8 = torch.uint8
+    return _empty((rows, cols // 2), u8), _empty(scale, u8), _empty((1,), torch.float32)
 
 
 def only_rowwise_all_gather(recipe: str) -> bool:
