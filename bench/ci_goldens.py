@@ -68,6 +68,10 @@ RECIPES = Path("tests/test_utils/recipes/h100")
 # Megatron-LM's pretrain_gpt.py models: the GPT family (the other folders train BERT, T5, hybrid
 # Mamba, multimodal models with programs of their own).
 GPT_FAMILY = ("gpt", "moe", "mixtral")
+# Megatron-LM's hybrid (Mamba) models: pretrain_hybrid.py (megatron-core 0.18+'s HybridModel, the
+# `hybrid` recipes' TRAINING_SCRIPT_PATH), modelled as pretrain_mamba.py builds them; summarised
+# apart from the GPT family
+HYBRID_FAMILY = ("hybrid",)
 RUNNER_WORLD = (1, 8)  # _run_training.sh: NUM_NODES=${NUM_NODES:-1}, GPUS_PER_NODE=${GPUS_PER_NODE:-8}
 WARMUP = 3  # iterations whose time is dropped (cuDNN/cuBLAS autotuning, allocator growth)
 LAUNCH_BOUND = 5e-3  # seconds of GPU work per layer and micro-batch below which the host paces
@@ -101,6 +105,17 @@ class Case:
     def gpt_family(self) -> bool:
         """Return whether it trains a GPT-family model (pretrain_gpt.py; train_rl.py for MODE rl)."""
         return self.model in GPT_FAMILY and self.mode != "inference"
+
+    @property
+    def hybrid(self) -> bool:
+        """Return whether it trains a hybrid (Mamba) model."""
+        return self.model in HYBRID_FAMILY and self.mode != "inference"
+
+    @property
+    def predicted(self) -> bool:
+        """Return whether the tool is asked for it: a GPT-family or hybrid training job on a
+        known world."""
+        return (self.gpt_family or self.hybrid) and not self.world_unknown
 
 
 @dataclass(frozen=True)
@@ -309,8 +324,9 @@ def _plan_args(plan: Any) -> dict[str, Any]:
 
 
 def run_cases(cases: Sequence[Case], jobs: int) -> list[Row]:
-    """Predict every GPT-family case (jobs processes); the others are rows without a prediction."""
-    todo = [c for c in cases if c.gpt_family and not c.world_unknown]
+    """Predict every GPT-family and hybrid case (jobs processes); the others are rows without a
+    prediction."""
+    todo = [c for c in cases if c.predicted]
     measured = {c: read_golden(c.folder / GOLDEN) for c in cases}
     if jobs > 1:
         with ProcessPoolExecutor(jobs) as pool:
@@ -364,17 +380,27 @@ def render_table(rows: Iterable[Row]) -> str:
 
 
 def summary(rows: Sequence[Row]) -> dict[str, Any]:
-    """Return coverage and the error distribution of the GPT-family cases."""
+    """Return coverage and the error distribution of the GPT-family cases, and of the hybrid
+    ones apart (`hybrid`)."""
     family = [r for r in rows if r.case.gpt_family and not r.case.world_unknown]
+    hybrid = [r for r in rows if r.case.hybrid and not r.case.world_unknown]
+    return {
+        "cases": len(rows),
+        "gpt_family": len(family),
+        "world_unknown": sum(r.case.gpt_family and r.case.world_unknown for r in rows),
+        **_errors(family),
+        "hybrid": {"cases": len(hybrid), **_errors(hybrid)},
+    }
+
+
+def _errors(family: Sequence[Row]) -> dict[str, Any]:
+    """Return how many of the rows are modelled and their errors' spread."""
     modelled = [r for r in family if not r.predicted.refusal]
     peaks = [e for r in modelled if (e := error(r.predicted.peak, r.measured.peak)) is not None]
     statics = [e for r in modelled if (e := error(r.predicted.static, r.measured.allocated)) is not None]
     steps = [e for r in modelled if not r.predicted.launch_bound
              and (e := error(r.predicted.step, r.measured.step)) is not None]  # fmt: skip
     return {
-        "cases": len(rows),
-        "gpt_family": len(family),
-        "world_unknown": sum(r.case.gpt_family and r.case.world_unknown for r in rows),
         "modelled": len(modelled),
         "peak": _spread(peaks),
         "peak_within": _share(peaks, lambda e: abs(e) <= PEAK_BAND),
@@ -401,14 +427,15 @@ def _share(errors: Sequence[float], test: Any) -> float | None:
 
 def render_summary(found: dict[str, Any]) -> str:
     """Return the summary as a few sentences of markdown."""
-    def spread(key: str) -> str:
-        s = found[key]
+    def spread(key: str, within: dict[str, Any] = found) -> str:
+        s = within[key]
         if not s["n"]:
             return "none"
         return (f"{s['n']} cases, median {_pct(s['median'])} (median |error| "
                 f"{s['median_abs'] * 100:.1f}%), worst {_pct(s['worst'])}")
 
     share = lambda v: "-" if v is None else f"{v * 100:.0f}%"  # noqa: E731
+    hybrid = found["hybrid"]
     mae = found["step_mae"]
     return "\n".join([
         f"Cases with H100 golden values: {found['cases']}; GPT-family training (pretrain_gpt.py, "
@@ -420,6 +447,9 @@ def render_summary(found: dict[str, Any]) -> str:
         f"- static: {spread('static')}; within 1%: {share(found['static_within'])}.",
         f"- step time (not launch-bound; {found['launch_bound']} launch-bound cases left out): "
         f"{spread('step')}; mean |error| {'-' if mae is None else f'{mae * 100:.1f}%'}.",
+        f"Hybrid (Mamba) training cases (pretrain_hybrid.py): {hybrid['cases']}; modelled: "
+        f"{hybrid['modelled']}; peak: {spread('peak', hybrid)}; static: {spread('static', hybrid)}; "
+        f"step time (not launch-bound): {spread('step', hybrid)}.",
     ]) + "\n"  # fmt: skip
 
 

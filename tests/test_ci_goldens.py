@@ -162,3 +162,19 @@ def test_a_release_test_no_recipe_lists_has_an_unknown_world(tmp_path: Path) -> 
     assert release.world_unknown
     assert not ci_goldens.Case("gpt", "gpt3_15b_8t_release", tmp_path, 1, 8).world_unknown
     assert not ci_goldens.Case("gpt", "tiny_frozen_resume", tmp_path, 1, 8, listed=False).world_unknown
+
+
+def test_hybrid_training_cases_are_predicted_and_summarised_apart(tmp_path: Path) -> None:
+    hybrid = ci_goldens.Case("hybrid", "hybrid_mr_mcore_te_tp1_pp1_cp1", tmp_path, 1, 8)
+    inference = ci_goldens.Case("hybrid", "hybrid_static_inference", tmp_path, 1, 8, "inference")
+    assert hybrid.predicted and not hybrid.gpt_family
+    assert not inference.predicted
+    measured = ci_goldens.Measured(allocated=100 * 2**30, peak=200 * 2**30, step=1.0)
+    rows = [ci_goldens.Row(hybrid, measured, ci_goldens.Predicted(
+        "tp1 pp1 dp8 mbs4", static=99 * 2**30, peak=202 * 2**30))]
+    found = ci_goldens.summary(rows)
+    assert (found["gpt_family"], found["modelled"]) == (0, 0)  # the GPT summary leaves it out
+    assert (found["hybrid"]["cases"], found["hybrid"]["modelled"]) == (1, 1)
+    assert found["hybrid"]["peak"]["median"] == pytest.approx(0.01)
+    assert "Hybrid (Mamba) training cases (pretrain_hybrid.py): 1; modelled: 1; peak: 1 cases, " \
+        "median +1.0%" in ci_goldens.render_summary(found)

@@ -249,12 +249,12 @@ def test_gdn_needs_its_layer_pattern(cli):
 
 def test_plan_refuses_gdn_by_name():
     from inspector.errors import ConfigError
-    from inspector.job.hybrid_model import refuse_hybrid
+    from inspector.job.hybrid_model import refuse_gdn
     from inspector.job.model import ModelConfig
 
     model = ModelConfig(experimental_attention_variant="gated_delta_net", linear_attention_freq=4)
     with pytest.raises(ConfigError, match="plan does not price gated delta net layers yet"):
-        refuse_hybrid(model, "plan")
+        refuse_gdn(model, "plan")
 
 
 def test_hf_config_reads_the_layer_pattern(tmp_path):

@@ -119,11 +119,13 @@ def test_bad_hybrid_arguments(cli, args, error):
     assert result.code == 2 and result.err.startswith(f"Error: {error}"), result.err
 
 
-def test_plan_refuses_by_name(cli):
+def test_plan_searches_a_hybrid_model_and_names_its_estimate(cli):
+    # tests/test_plan_hybrid.py checks what it prices; here: the table and the scan's note
     result = cli("plan", *SMALL, "--hybrid-override-pattern", "M*M-", "--micro-batch-size", "1",
-                 "--gpus", "8", "--global-batch-size", "8")  # fmt: skip
-    assert result.code == 2, result.err
-    assert "plan does not price hybrid (Mamba) models yet" in result.err
+                 "--gpus", "8", "--global-batch-size", "8", "--top", "1")  # fmt: skip
+    assert result.code == 0, result.err
+    assert "\n1    tp" in result.out
+    assert "Note: Mamba layers: the chunked scan of Mamba-2 has no measured kernel here" in result.out
 
 
 def test_memory_runs_mamba_layers_and_counts_megatron_lm_hybrid_flops(cli):
@@ -275,3 +277,20 @@ def test_train_rl_builds_hybrid_with_is_hybrid_model(cli, tmp_path):
     path.write_text(script.replace("--bf16", "--bf16 --is-hybrid-model"))
     result = cli("tree", "--from-script", str(path))
     assert result.code == 0 and "(MambaLayer)" in result.out, result.err
+
+
+def test_hybrid_stack_spec_is_the_mamba_spec_from_0_18(cli, tmp_path):
+    # pretrain_hybrid.py's functional tests name megatron-core 0.18+'s home of the spec
+    # (models/hybrid/hybrid_layer_specs.py `mamba_stack_spec = hybrid_stack_spec`)
+    path = tmp_path / "train.sh"
+    spec = "--spec megatron.core.models.hybrid.hybrid_layer_specs hybrid_stack_spec"
+    path.write_text(MAMBA_EXAMPLE.format(spec=spec))
+    result = cli("params", "--from-script", str(path))
+    if megatron_core_version() >= (0, 18):
+        assert result.code == 0, result.err
+        import megatron.core.models.hybrid.hybrid_layer_specs as specs
+
+        assert specs.hybrid_stack_spec is specs.mamba_stack_spec
+    else:  # no models/hybrid to import it from
+        assert result.code == 2
+        assert "hybrid_stack_spec is not modelled" in result.err

@@ -7,6 +7,7 @@ import shlex
 
 import pytest
 
+from inspector.job.versions import hybrid_moe_layers, hybrid_pattern_separators
 from tests.conftest import formulas_only, run_cli
 from tests.test_versions import GROUPED_MLP, MTP_IN_LAYOUT, SHARED_EXPERT_GATE
 
@@ -57,6 +58,23 @@ LAYOUTS = {
         account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True,
     ),
 }
+# hybrid (Mamba) models: pieces by pattern symbol; MoE layers from megatron-core 0.16, `|` from 0.17
+_HYBRID = dict(hidden_size=256, num_attention_heads=8, normalization="RMSNorm",
+               disable_bias_linear=True, bf16=True, vocab_size=1000)  # fmt: skip
+LAYOUTS["hybrid tp2 sp"] = dict(
+    num_layers=6, hybrid_override_pattern="M*-MM-", pp=2, dp=2, tensor_model_parallel_size=2,
+    sequence_parallel=True,
+    **_HYBRID,
+)
+if hybrid_moe_layers():
+    LAYOUTS["hybrid moe ep2 untied"] = dict(
+        num_layers=6, hybrid_override_pattern="MEM*E-", num_experts=4, pp=2, dp=4, ep=2,
+        untie_embeddings_and_output_weights=True, **_HYBRID,
+    )
+if hybrid_pattern_separators():
+    LAYOUTS["hybrid pinned stages"] = dict(  # '|': 3 layers on stage 0, 1 on stage 1
+        num_layers=4, hybrid_override_pattern="M*M|-", pp=2, dp=2, **_HYBRID,
+    )
 
 
 # Transformer Engine: flash attention (megatron-core's local spec stores the s x s scores)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from inspector.inputs.versions import MUON_RELEASES
+from inspector.inputs.versions import MUON_RELEASES, megatron_core_version
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,10 @@ _FSDP = (
 )
 # the layer spec Megatron-LM's examples/mamba/train.sh gives pretrain_mamba.py: what is built
 MAMBA_STACK_SPEC = "megatron.core.models.mamba.mamba_layer_specs mamba_stack_spec"
+# its home from megatron-core 0.18 (models/hybrid/hybrid_layer_specs.py: `mamba_stack_spec =
+# hybrid_stack_spec`, the same spec), as pretrain_hybrid.py's functional tests name it
+HYBRID_STACK_SPEC = "megatron.core.models.hybrid.hybrid_layer_specs hybrid_stack_spec"
+HYBRID_SPEC_SINCE = (0, 18)
 _QK_L2 = (
     "Llama 4's L2 norm of queries and keys (megatron-core L2Norm, no weights, in place of "
     "--qk-layernorm's norms) is not modelled"
@@ -79,7 +83,7 @@ REFUSED: dict[str, Refusal] = {
     "--torch-fsdp2-no-reshard-after-forward": Refusal("layout", _FSDP),
     "--use-legacy-models": Refusal("model", "this tool builds megatron-core (mcore) models only"),
     "--spec": Refusal("model", "a custom layer spec module cannot be imported here",
-                      (MAMBA_STACK_SPEC,)),  # fmt: skip
+                      (MAMBA_STACK_SPEC, HYBRID_STACK_SPEC)),  # fmt: skip
     # megatron/training/checkpointing.py load_args_from_checkpoint: num_layers, hidden_size, ...
     # from the checkpoint's args, most with force=True (over the script's own values)
     "--use-checkpoint-args": Refusal(
@@ -432,7 +436,8 @@ REFUSED_VALUES: dict[str, dict[str, Refusal]] = {
 def refusal_message(flag: str, value: str | None) -> str | None:
     """Return the error for a refused argument with this value, or None when it is harmless."""
     refusal = REFUSED.get(flag)
-    if refusal is None or (value is not None and value in refusal.harmless):
-        return None
+    if refusal is None or (value is not None and value in refusal.harmless and (
+            value != HYBRID_STACK_SPEC or megatron_core_version() >= HYBRID_SPEC_SINCE)):
+        return None  # before 0.18 megatron-core has no models/hybrid to import the spec from
     shown = f"{flag} {value}" if value is not None else flag
     return f"{shown} is not modelled: {refusal.reason}"

@@ -85,6 +85,11 @@ class ModelDims:
     add_qkv_bias: bool = False
     bias_activation_fusion: bool = True
     bias_dropout_fusion: bool = True
+    # A hybrid (Mamba) model as `plan` prices it (plan/price.py `job_dims`): each layer's pattern
+    # symbol (M Mamba, * attention, - MLP, E MoE; "" for a GPT model) and MambaMixer's sizes
+    # (job/hybrid_model.py MambaShape)
+    layer_symbols: str = ""
+    mamba: Any = None
     # gated delta net layers (--experimental-attention-variant gated_delta_net): which layers
     # (`linear_attention_freq`) and their sizes, TransformerConfig's defaults
     experimental_attention_variant: str | None = None
@@ -190,6 +195,11 @@ class ModelDims:
     def gated_multiplier(self) -> int:
         """Return how many f-wide projections feed the MLP activation: 2 for SwiGLU, else 1."""
         return 2 if self.swiglu else 1
+
+    def layer_kind(self, layer: int) -> bool | str:
+        """Return what a layer's cost depends on: its pattern symbol in a hybrid model, else
+        whether its MLP is MoE (`is_moe_layer`)."""
+        return self.layer_symbols[layer] if self.layer_symbols else self.is_moe_layer(layer)
 
     def gdn_shape(self) -> GdnShape:
         """Return the gated delta net's sizes (GatedDeltaNet `__init__`)."""

@@ -41,6 +41,29 @@ def main_layers(pattern: str) -> str:
     return pattern.split(MTP_SEPARATOR)[0].replace(PIPE, "")
 
 
+def layer_symbols(config: ModelConfig) -> str:
+    """Return each decoder layer's symbol, as megatron's allocation gives them: the pattern's
+    layers, or all Mamba for `--is-hybrid-model` alone (allocate_layers with both ratios 0).
+    Ratios without a pattern are megatron's own arithmetic (`allocate_layers`), not repeated here."""
+    pattern = config.hybrid_override_pattern
+    if pattern is not None:
+        return main_layers(pattern) if hybrid_pattern_separators() else pattern
+    if config.hybrid_attention_ratio or config.hybrid_mlp_ratio:
+        raise ConfigError(
+            "--hybrid-attention-ratio / --hybrid-mlp-ratio without --hybrid-override-pattern: "
+            "plan needs the pattern (memory and params build it as megatron allocates it)"
+        )
+    return "M" * config.num_layers
+
+
+def layer_kinds(config: ModelConfig) -> tuple[bool | str, ...]:
+    """Return each layer's kind as the planner keys its pieces: a GPT layer's is whether its MLP
+    is MoE, a hybrid layer's its pattern symbol (megatron's MambaStack builds one module a layer)."""
+    if config.hybrid:
+        return tuple(layer_symbols(config))
+    return tuple(config.is_moe_layer(i) for i in range(config.num_layers))
+
+
 def pipe_segments(pattern: str | None) -> int:
     """Return the pipeline segments `|` cuts the decoder's pattern into (1 without `|`:
     `get_hybrid_total_pipeline_segment_count`)."""
@@ -191,19 +214,14 @@ def _validate_mamba_sizes(config: ModelConfig, tp: int) -> None:
         )
 
 
-def refuse_hybrid(model: ModelConfig, command: str) -> None:
-    """Refuse a hybrid model, or one with gated delta net layers, in a command that prices
-    layers by transformer formulas."""
+def refuse_gdn(model: ModelConfig, command: str) -> None:
+    """Refuse a GPT model with gated delta net layers in a command that prices layers by
+    transformer formulas (a hybrid pattern's `G` layers: plan/hybrid.py)."""
     if model.gdn and not model.hybrid:
         raise ConfigError(
             f"{command} does not price gated delta net layers yet (--experimental-attention-"
             "variant gated_delta_net): its step-time model knows transformer layers only; tree, "
             "params, diff, memory and workload build and run them"
-        )
-    if model.hybrid:
-        raise ConfigError(
-            f"{command} does not price hybrid (Mamba) models yet: its step-time model knows "
-            "transformer layers only; tree, params, diff, memory and workload build and run them"
         )
 
 

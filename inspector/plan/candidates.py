@@ -62,6 +62,8 @@ def recipes(req: Request) -> list[Recipe]:
     if "recompute" in fixed:
         granularity = fixed["recompute"]
         return [next(r for r in RECOMPUTES if r[0] == granularity)]
+    if req.model.hybrid:  # no full recomputation of a hybrid stack (plan/hybrid.py)
+        return [r for r in RECOMPUTES if r[0] != "full"]
     return list(RECOMPUTES)
 
 
@@ -247,6 +249,8 @@ def capped_split(
     """
     if base.pp == 1 or not splits or {"split", "pin", "layers_per_chunk"} & req.fixed.keys():
         return None
+    if req.model.hybrid:  # megatron's stack splits by its own rules (plan/hybrid.py)
+        return None
     lay = layout_for(base, req.model, splits[0], v)
     job = candidate_job(req, lay, mbs, RECOMPUTES[0], distopt, flash) if lay else None
     if job is None:
@@ -275,7 +279,7 @@ def capped_split(
 _STATE_TERMS: dict[tuple[Any, ...], tuple[int, int, int]] = caches.table()
 
 
-def _state_terms(job: Job, pairs_of: Layout, kinds: tuple[bool, ...]) -> tuple[int, int, int]:
+def _state_terms(job: Job, pairs_of: Layout, kinds: tuple[bool | str, ...]) -> tuple[int, int, int]:
     """Return a rank's state with one layer, with one layer on each end stage (embedding,
     output), and the most one more layer of a kind adds: what capped_split's caps need."""
     scope = state_scope(job, pairs_of)

@@ -43,7 +43,7 @@ Each term and its source (symbols of inspector/job/dims.py; m micro-batches, v v
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import cast
 
@@ -59,14 +59,16 @@ from inspector.job.layout import Layout
 from inspector.memory.closed.activations import mtp_recompute, recompute_plan
 from inspector.plan.context import ring_attention
 from inspector.plan.flex import moe_exchange
+from inspector.plan.hybrid import hybrid_layer_time
 from inspector.plan.kernel_seconds import (
+    compute_seconds,
     core_seconds,
     kernel_seconds,
     layer_kernels,
     optimizer_step_seconds,
     output_seconds,
 )
-from inspector.plan.network import Network
+from inspector.plan.network import Network, collective
 from inspector.plan.overlap import merged_times
 
 # merged share, delayed weight grads, the SMs' share an exchange holds (overlap.py), passes alone
@@ -120,33 +122,11 @@ class StepTime:
         return out
 
 
-def _collective(count: float, elements: float, nbytes: int, ranks: int, link: tuple[float, float]) -> float:
-    """Return `count` ring collectives of `elements` each over `ranks` ranks."""
-    if ranks <= 1 or count == 0:
-        return 0.0
-    alpha, bandwidth = link
-    return count * (alpha + elements * nbytes * (ranks - 1) / ranks / bandwidth)
-
-
 def compute_rate(net: Network, efficiency: float | None) -> float:
     """Return the FLOP/s --efficiency prices every FLOP at (the 16-bit peak x it), or 0.0 when
     it is not given: the compute term then prices each kernel from the measured tables. Every
     dtype is priced at the dense 16-bit peak (a float32 plan too; job/hardware.py has the rest)."""
     return net.gpu.tflops_16bit * 1e12 * efficiency if efficiency else 0.0
-
-
-def compute_seconds(flops: float, kernels: Callable[[Gpu], float], lay: Layout, net: Network,
-                    rate: float) -> float:  # fmt: skip
-    """Return a rank's seconds for one piece of compute: the compute term of the time model.
-
-    By default (`rate` 0) `kernels`' seconds on the GPU (formulas/kernels.py's measured tables
-    scaled to the hardware record's dense 16-bit peak and HBM bandwidth); with --efficiency,
-    Megatron-LM's `flops` split over the layer's tp x cp ranks at `rate` FLOP/s. Every other
-    term is communication.
-    """
-    if rate:
-        return flops / (lay.tp * lay.cp) / rate
-    return kernels(net.gpu)
 
 
 def stage_work(
@@ -171,15 +151,15 @@ def stage_work(
     rate = compute_rate(net, efficiency)
     mode = cast(Recompute, recompute)
     plan = recompute_plan(0, chunk_layers, mode, recompute_method, recompute_num_layers)
-    kinds: dict[tuple[Recompute, bool], list[int]] = {}  # (recomputed or not, MoE) -> layers
+    kinds: dict[tuple[Recompute, bool | str], list[int]] = {}  # (recomputed or not, kind) -> layers
     for group, how in (pair for groups in plan for pair in groups):
         for i in group:
-            kinds.setdefault((how, dims.is_moe_layer(i)), []).append(i)
+            kinds.setdefault((how, dims.layer_kind(i)), []).append(i)
     total = [0.0, 0.0, 0.0, 0.0]  # compute, tensor, context, expert
     for (how, moe), members in kinds.items():
-        shares = overlap[:3] if moe else (0.0, False, 0.0)
-        _add(total, _layer_time(dims, lay, net, rate, mbs, how, members[0], recompute_modules,
-                                *shares, flex), len(members))  # fmt: skip
+        shares = overlap[:3] if moe is True else (0.0, False, 0.0)
+        _add(total, (hybrid_layer_time if dims.layer_symbols else _layer_time)(  # plan/hybrid.py
+            dims, lay, net, rate, mbs, how, members[0], recompute_modules, *shares, flex), len(members))
     total[3] += _alone(dims, lay, net, rate, mbs, kinds, recompute_modules, overlap, flex)
     if has_output:
         _add_output(total, dims, lay, net, rate, mbs, mtp_recompute(mode, recompute_method))
@@ -192,11 +172,11 @@ def stage_work(
 
 
 def _alone(dims: ModelDims, lay: Layout, net: Network, rate: float, mbs: int,
-           kinds: dict[tuple[Recompute, bool], list[int]], modules: tuple[str, ...], overlap: Overlap,
-           flex: bool) -> float:  # fmt: skip
+           kinds: dict[tuple[Recompute, bool | str], list[int]], modules: tuple[str, ...],
+           overlap: Overlap, flex: bool) -> float:  # fmt: skip
     """Return what MoE passes alone inside merged steps (overlap.alone_passes) take beyond the
     half pair each was priced at; `kinds`: the stage's layers by (recompute, MoE)."""
-    kind = next(((how, members[0]) for (how, moe), members in kinds.items() if moe), None)
+    kind = next(((how, members[0]) for (how, moe), members in kinds.items() if moe is True), None)
     if kind is None or not overlap[3]:
         return 0.0
     args = (dims, lay, net, rate, mbs, *kind, modules)
@@ -255,11 +235,11 @@ def with_state(
     if isinstance(sharding, str):
         data, fsdp = fsdp_seconds(sharding, compute, grads, params, d, dp_link)
     elif sharding:
-        rs = _collective(1, grads, 1, d, dp_link)
-        ag = _collective(1, params, 1, d, dp_link)
+        rs = collective(1, grads, 1, d, dp_link)
+        ag = collective(1, params, 1, d, dp_link)
         data = max(0.0, rs - backward) + max(0.0, ag - compute / 3)
     else:
-        data = max(0.0, _collective(2, grads, 1, d, dp_link) - backward)
+        data = max(0.0, collective(2, grads, 1, d, dp_link) - backward)
     optimizer = optimizer_seconds(net, dp_bytes, state_bytes, step, grad_bytes)
     return StageTime(
         work.compute, work.tensor, work.context, work.expert, work.p2p, data, optimizer, fsdp
@@ -283,8 +263,8 @@ def fsdp_seconds(
     backward = compute * 2 / 3
     full_grads = grads * d if strategy in ("optim_grads", "optim_grads_params") else grads
     full_params = params * d if strategy == "optim_grads_params" else params
-    rs = _collective(1, full_grads, 1, d, link)
-    ag = _collective(1, full_params, 1, d, link)
+    rs = collective(1, full_grads, 1, d, link)
+    ag = collective(1, full_params, 1, d, link)
     if strategy == "no_shard":
         return max(0.0, 2 * rs - backward), 0.0
     if strategy == "optim":
@@ -331,10 +311,10 @@ def _layer_time(
     if recompute == "selective":  # a recomputed MLP re-runs fc1's gather and fc2's reduction
         mlps = ("mlp",) if not moe else ("shared_experts",) if dims.shared_expert_ffn else ()
         collectives += 2 * sum(m in modules for m in mlps)  # its 2 of the forward's 4
-    tensor = _collective(collectives, tokens * dims.hidden_size, act, lay.tp, net.link(lay.tp))
+    tensor = collective(collectives, tokens * dims.hidden_size, act, lay.tp, net.link(lay.tp))
     if recompute == "selective" and "mla_up_proj" in modules and lay.sequence_parallel:
         latents = (dims.q_lora_rank or dims.hidden_size) + dims.kv_lora_rank  # q's and kv's
-        tensor += _collective(1, tokens * latents, act, lay.tp, net.link(lay.tp))
+        tensor += collective(1, tokens * latents, act, lay.tp, net.link(lay.tp))
     context = 0.0
     if lay.cp > 1:
         forwards = 2 if recompute == "full" or (recompute == "selective" and "core_attn" in modules) else 1

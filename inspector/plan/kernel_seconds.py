@@ -10,12 +10,30 @@ for every layout and layer. Same numbers, computed once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import inspector.caches as caches
 from inspector.formulas.kernels import ops_seconds
 from inspector.formulas.ops import LayerOps, Shard, layer_ops, layer_seconds, output_ops
 from inspector.formulas.optimizer import OptimizerStep, optimizer_ops
 from inspector.job.dims import ModelDims
 from inspector.job.hardware import Gpu
+from inspector.job.layout import Layout
+from inspector.plan.network import Network
+
+
+def compute_seconds(flops: float, kernels: Callable[[Gpu], float], lay: Layout, net: Network,
+                    rate: float) -> float:  # fmt: skip
+    """Return a rank's seconds for one piece of compute: the compute term of the time model.
+
+    By default (`rate` 0) `kernels`' seconds on the GPU (formulas/kernels.py's measured tables
+    scaled to the hardware record's dense 16-bit peak and HBM bandwidth); with --efficiency,
+    Megatron-LM's `flops` split over the layer's tp x cp ranks at `rate` FLOP/s. Every other
+    term is communication.
+    """
+    if rate:
+        return flops / (lay.tp * lay.cp) / rate
+    return kernels(net.gpu)
 
 
 @caches.memo(maxsize=1024)

@@ -14,10 +14,12 @@ from dataclasses import replace
 from typing import Any
 
 import inspector.caches as caches
+from inspector.job.hybrid_model import pipe_segments
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
 from inspector.job.pipeline_layout import expand_layout
 from inspector.job.versions import mtp_in_layouts
+from inspector.plan.hybrid import hybrid_splits, pinned_by_pattern
 from inspector.plan.request import Request, divisors, expert_biases
 from inspector.plan.split import (
     Split,
@@ -48,8 +50,8 @@ def _cp_choices(req: Request, tp: int) -> list[int]:
     if "cp" in req.fixed:
         return [req.fixed["cp"]]
     m = req.model
-    if m.transformer_impl != "transformer_engine" or not req.flash:
-        return [1]
+    if m.transformer_impl != "transformer_engine" or not req.flash or m.hybrid:
+        return [1]  # a hybrid model: Mamba's context-parallel exchanges are not priced
     return [c for c in _powers(req.gpus // tp) if c == 1 or m.seq_length % (2 * c) == 0][:4]
 
 
@@ -78,6 +80,8 @@ def layouts(req: Request) -> Iterator[Layout]:
             if req.gpus % (tp * cp):
                 continue
             pps = [req.fixed["pp"]] if "pp" in req.fixed else divisors(req.gpus // (tp * cp))
+            if pinned_by_pattern(m):  # one stage a `|` segment (plan/hybrid.py)
+                pps = [p for p in pps if p == pipe_segments(m.hybrid_override_pattern)]
             for pp in pps:
                 if pp > m.num_layers or req.gpus % (tp * cp * pp):
                     continue
@@ -98,7 +102,7 @@ def vpp_choices(req: Request, pp: int, m: int) -> list[int]:
         return pinned
     if "vpp" in req.fixed:
         return [req.fixed["vpp"]]
-    if pp == 1:
+    if pp == 1 or req.model.hybrid:  # a hybrid stack: no virtual stages (plan/hybrid.py)
         return [1]
     out = [1]
     for v in (2, 3, 4, 6, 8):
@@ -130,6 +134,8 @@ def layout_for(
 
     `pin`: the user's own split flags, (name, value) pairs, kept as given.
     """
+    if pinned_by_pattern(model):  # the pattern's `|` place the layers, no flag does
+        return lay
     return _layout_for(lay, model.num_layers, model.mtp_num_layers or 0, split, vpp, pin)
 
 
@@ -155,6 +161,8 @@ def splits(req: Request, lay: Layout, v: int, first: float, last: float) -> list
     found: list[Split] = []
     if "split" in req.fixed:
         return [req.fixed["split"]]
+    if req.model.hybrid and "pin" not in req.fixed:  # megatron's stack splits by its own rules
+        return hybrid_splits(req.model, lay.pp, v)
     if "pin" in req.fixed:
         pinned = pinned_split(req.fixed["pin"], layers, lay.pp, v)
         return [pinned] if pinned is not None else []

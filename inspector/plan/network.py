@@ -23,6 +23,14 @@ from inspector.job.hardware import Gpu
 from inspector.job.layout import Layout
 
 
+def collective(count: float, elements: float, nbytes: int, ranks: int, link: tuple[float, float]) -> float:
+    """Return `count` ring collectives of `elements` each over `ranks` ranks."""
+    if ranks <= 1 or count == 0:
+        return 0.0
+    alpha, bandwidth = link
+    return count * (alpha + elements * nbytes * (ranks - 1) / ranks / bandwidth)
+
+
 @dataclass(frozen=True)
 class Network:
     """Where the groups of a layout run: NVLink inside a node, InfiniBand across nodes."""

@@ -18,10 +18,12 @@ from typing import Any
 
 import inspector.caches as caches
 from inspector.formulas.flops import iteration_flops
+from inspector.formulas.hybrid_flops import hybrid_stage_flops
 from inspector.formulas.optimizer import OptimizerStep
 from inspector.job.dims import ModelDims
 from inspector.job.ep_overlap import extra_warmup
 from inspector.job.hardware import Gpu
+from inspector.job.hybrid_model import layer_symbols, mamba_shape
 from inspector.job.job import Job, Training
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
@@ -144,6 +146,9 @@ def job_dims(job: Job) -> ModelDims:
            training.moe_flex_backend, training.moe_router_padding)
     if key not in _DIMS:
         _DIMS[key] = job.dims()
+        if job.model.hybrid:  # each layer priced by its kind (plan/hybrid.py)
+            _DIMS[key] = replace(_DIMS[key], layer_symbols=layer_symbols(job.model),
+                                 mamba=mamba_shape(job.model))
     return _DIMS[key]
 
 
@@ -196,12 +201,12 @@ def _number(numbers: dict[Any, int], value: Any) -> int:
 def _signature(dims: ModelDims, chunks: Sequence[Sequence[int]]) -> tuple[Any, ...]:
     """Return what a stage's layers cost depends on: counts, or each layer's kind with MoE.
 
-    The formulas read a layer's index only through `dims.is_moe_layer` (activations.py,
+    The formulas read a layer's index only through `dims.layer_kind` (activations.py,
     flops.py, cost.py), and sum a chunk's layers kind by kind in the order kinds appear.
     """
-    if dims.num_experts is None:
+    if dims.num_experts is None and not dims.layer_symbols:
         return tuple(len(c) for c in chunks)
-    return tuple(tuple(dims.is_moe_layer(i) for i in c) for c in chunks)
+    return tuple(tuple(dims.layer_kind(i) for i in c) for c in chunks)
 
 
 Placed = tuple[tuple[tuple[int, ...], ...], ...]  # per pipeline rank, each chunk's layers
@@ -348,8 +353,11 @@ def timed(
             )
         times.append(_stage_time(scope, work, st, lay, net, distributed, step_setup))
     step = step_time(times, schedule.num_microbatches, lay.chunks)
-    return Plan(job, split, stages, step, _iteration_flops(dims, schedule.global_batch_size),
-                req.gpu)
+    flops = _iteration_flops(dims, schedule.global_batch_size)
+    if job.model.is_hybrid_model:  # Megatron-LM's hybrid branch, as `memory` counts it
+        flops = round(hybrid_stage_flops(job.model, dims, dims.layer_symbols,
+                                         schedule.global_batch_size, True))
+    return Plan(job, split, stages, step, flops, req.gpu)
 
 
 def _stage_time(scope: dict[Any, Any], work: tuple[Any, ...], st: StagePlan, lay: Layout,

@@ -49,7 +49,8 @@ Named = tuple[tuple[str, Param], ...]  # megatron's parameter names, and their P
 class Built:
     """Each piece's named parameters, as the small builds gave them.
 
-    `layers` maps a layer's kind (True: an MoE MLP) to its parameters. `output` is the last
+    `layers` maps a layer's kind (True: an MoE MLP; a hybrid layer's pattern symbol) to its
+    parameters. `output` is the last
     stage's final norm, output layer and MTP block with pp > 1, and `output_embedding` the
     embedding megatron also builds there for MTP (empty without MTP); `embedding_alone` and
     `output_alone` the same pieces with pp == 1 (a tied output layer then reuses the embedding's
@@ -58,7 +59,7 @@ class Built:
 
     embedding: Named
     embedding_alone: Named
-    layers: dict[bool, Named]
+    layers: dict[bool | str, Named]
     output_embedding: Named
     output: Named
     output_alone: Named
@@ -73,6 +74,8 @@ class Built:
 def build_pieces(job: Job) -> Built:
     """Build two small models (2 layers on 2 stages, 1 layer on 1 stage) and cut them in pieces."""
     model = job.model
+    if model.hybrid:
+        return _hybrid_pieces(job)
     kinds = {model.is_moe_layer(i) for i in range(model.num_layers)}
     two, one = _small_jobs(job, kinds)
     stage_0, stage_1 = _first_chunks(two)
@@ -88,6 +91,41 @@ def build_pieces(job: Job) -> Built:
         output_alone=alone[2],
         grad_dtype=_grad_dtype(first[1][0][1].dtype, job.training.fp32_grads),
     )
+
+
+def _hybrid_pieces(job: Job) -> Built:
+    """Build a hybrid model's pieces: its layer kinds once on each of two stages (the pattern
+    of each distinct symbol, twice, split evenly by megatron's MambaStack), and once on one."""
+    from inspector.job.hybrid_model import layer_symbols
+
+    kinds = "".join(dict.fromkeys(layer_symbols(job.model)))
+    small = replace(job.model, num_layers=2 * len(kinds), hybrid_override_pattern=kinds * 2,
+                    hybrid_attention_ratio=None, hybrid_mlp_ratio=None, mtp_num_layers=None)
+    lay = job.layout
+    two = Job(small, Layout(tp=lay.tp, pp=2, dp=lay.ep * lay.expert_tp, ep=lay.ep, etp=lay.etp,
+                            sequence_parallel=lay.sequence_parallel), Training(micro_batch_size=1))
+    one = Job(replace(small, num_layers=len(kinds), hybrid_override_pattern=kinds),
+              replace(two.layout, pp=1), two.training)
+    stage_0, stage_1 = _first_chunks(two)
+    first, last = _split(_params_of(stage_0)), _split(_params_of(stage_1))
+    alone = _split(_params_of(_first_chunks(one)[0]))
+    return Built(
+        embedding=first[0],
+        embedding_alone=alone[0],
+        layers=dict(zip(kinds, _by_layer(first[1]), strict=True)),
+        output_embedding=last[0],
+        output=last[2],
+        output_alone=alone[2],
+        grad_dtype=_grad_dtype(first[1][0][1].dtype, job.training.fp32_grads),
+    )
+
+
+def _by_layer(named: Named) -> list[Named]:
+    """Return the decoder's parameters cut layer by layer (`decoder.layers.{i}.`), in order."""
+    out: dict[str, list[tuple[str, Param]]] = {}
+    for item in named:
+        out.setdefault(item[0].split(".")[2], []).append(item)
+    return [tuple(each) for each in out.values()]
 
 
 def _small_jobs(job: Job, kinds: set[bool]) -> tuple[Job, Job]:

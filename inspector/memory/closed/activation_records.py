@@ -16,7 +16,8 @@ class LayerActivations:
     norms: float  # inputs of the two norms (paper: 4sbh)
     attention: float  # QKV input, Q, K, V, projection input, dropout mask (paper: 11sbh)
     core_attention: float  # softmax output, its dropout mask and output (5as^2b), or flash stats
-    mlp: float  # fc1 input, activation input and output, dropout mask (paper: 19sbh)
+    mlp: float  # fc1 input, activation input and output, dropout mask (paper: 19sbh); a hybrid
+    # model's Mamba layer: its mixer's (activations.py `_mamba`)
     checkpoint: float  # full recomputation: the layer input, the only thing kept
 
     @property

@@ -169,6 +169,22 @@ def _dense_mlp(dims: ModelDims, par: Layout, sb: float, ffn: int) -> float:
     return outside / par.sp_divisor + inside / par.tp
 
 
+def _mamba(dims: ModelDims, par: Layout, sb: float) -> float:
+    """Return a Mamba layer's bytes besides its norm's input, as megatron's MambaMixer keeps them
+    (our extension; each tensor what the engine's stand-ins save, world/ssm/kernels.py):
+      - in_proj's normed input 2sbh and its fp32 rstd 4sb (Transformer Engine's LayerNormLinear;
+        the rows of this rank under sequence parallelism), the dropout mask after out_proj sbh;
+      - split by t: in_proj's output zxbcdt, 2sb (2 d_inner + 2 G N + H) wide, saved whole by
+        mamba_split_conv1d_scan_combined (ssd_combined.py 888) with the scan's ungated output
+        out_x; the gated norm's input and output (layernorm_gated.py 360: x saved, and the
+        output out_proj keeps), 2sb d_inner each; the gated norm's fp32 rstd per group 4sbG.
+    Per-head fp32 vectors (A, D, dt_bias: a few hundred bytes) are left out."""
+    shape, b, h = dims.mamba, dims.activation_bytes, dims.hidden_size
+    outside = b * sb * h + FP32 * sb + _hidden_mask(dims) * sb * h
+    inside = b * sb * shape.in_width + 3 * b * sb * shape.d_inner + FP32 * sb * shape.groups
+    return outside / par.sp_divisor + inside / par.tp
+
+
 def _moe_mlp(dims: ModelDims, par: Layout, sb: float) -> float:
     """Return an MoE MLP's bytes under balanced routing (our extension, see module docstring)."""
     h, e, k = dims.hidden_size, par.expert_tp, dims.moe_router_topk
@@ -226,6 +242,12 @@ def layer_activations(
     )  # two norm inputs, 4sbh
     asked = modules if recompute == "selective" else ()
     core = 0.0 if "core_attn" in asked else _core_attention(dims, par, sb, flash_attention)
+    if dims.layer_symbols:  # a hybrid stack's layer: one module, one norm
+        symbol = dims.layer_symbols[layer]
+        parts = {"*": (_attention(dims, par, sb), core, 0.0), "M": (0.0, 0.0, _mamba(dims, par, sb)),
+                 "-": (0.0, 0.0, _dense_mlp(dims, par, sb, 0 if "mlp" in asked else dims.ffn)),
+                 "E": (0.0, 0.0, _moe_mlp(dims, par, sb))}[symbol]  # fmt: skip
+        return LayerActivations(norms / 2, *parts, 0.0)
     if dims.is_moe_layer(layer):
         mlp = _moe_mlp(dims, par, sb)
         if "shared_experts" in asked:  # moe_layer.py: checkpoint(self.shared_experts)

@@ -39,7 +39,7 @@ class Pieces:
 
     embedding: tuple[Run, ...]
     embedding_alone: tuple[Run, ...]
-    layers: dict[bool, tuple[Run, ...]]
+    layers: dict[bool | str, tuple[Run, ...]]  # by layer kind (stage_state.ChunkKinds)
     output_embedding: tuple[Run, ...]
     output: tuple[Run, ...]
     output_alone: tuple[Run, ...]
@@ -193,11 +193,11 @@ def scalable(built: Built, local: int, parallel: bool) -> bool:
 
 
 def chunk_runs(
-    pieces: Pieces, layers: tuple[bool, ...], embedding: bool, output: bool, pp: int
+    pieces: Pieces, layers: tuple[bool | str, ...], embedding: bool, output: bool, pp: int
 ) -> tuple[Run, ...]:
     """Return one chunk's parameters in megatron's order (embedding, layers, final norm/output), as runs.
 
-    `layers`: each layer's kind, in order (True: an MoE MLP).
+    `layers`: each layer's kind, in order (True: an MoE MLP; a hybrid layer's pattern symbol).
     """
     head: tuple[Run, ...] = ()
     tail: tuple[Run, ...] = ()

@@ -58,9 +58,10 @@ def layer_bytes(
 
 
 @caches.memo(maxsize=256)
-def first_of_kind(dims: ModelDims) -> dict[bool, int]:
-    """Return the first layer of each kind (True: MoE); layers of one kind cost the same."""
-    return {dims.is_moe_layer(i): i for i in reversed(range(dims.num_layers))}
+def first_of_kind(dims: ModelDims) -> dict[bool | str, int]:
+    """Return the first layer of each kind (True: MoE; a hybrid layer's symbol,
+    `ModelDims.layer_kind`); layers of one kind cost the same."""
+    return {dims.layer_kind(i): i for i in reversed(range(dims.num_layers))}
 
 
 def _chunk_bytes(
@@ -70,10 +71,10 @@ def _chunk_bytes(
     """Return one micro-batch's bytes of a chunk's layer groups (activations.recompute_plan):
     a checkpointed group keeps its first layer's input, any other layer its own activations;
     layers of one kind and mode cost the same."""
-    counts: dict[tuple[Recompute, bool], int] = {}
+    counts: dict[tuple[Recompute, bool | str], int] = {}
     for group, mode in groups:
         for i in group[:1] if mode == "full" else group:
-            key = (mode, dims.is_moe_layer(i))
+            key = (mode, dims.layer_kind(i))
             counts[key] = counts.get(key, 0) + 1
     first = first_of_kind(dims)
     return sum(
@@ -142,7 +143,7 @@ def _own_bytes(
     first = first_of_kind(dims)
 
     def rebuilt(i: int) -> float:  # a layer's bytes without recomputation (one per kind)
-        return layer_bytes(dims, par, first[dims.is_moe_layer(i)], mbs, "none", flash)
+        return layer_bytes(dims, par, first[dims.layer_kind(i)], mbs, "none", flash)
 
     return _chunk_bytes(dims, par, groups, mbs, flash, modules), recompute_buffer([groups], rebuilt)
 

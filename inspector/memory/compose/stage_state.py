@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import inspector.caches as caches
+from inspector.job.hybrid_model import layer_kinds
 from inspector.job.job import Job
 from inspector.job.optimizer_precision import OptimizerBytes
 from inspector.memory.compose.ddp_buffers import (
@@ -41,16 +42,19 @@ from inspector.world.shards import BufferLayout, resolve_bucket_size
 
 @dataclass(frozen=True)
 class ChunkKinds:
-    """What one chunk holds: its layers' kinds (True: an MoE MLP), in order, and whether the
-    embedding / output layer are on it."""
+    """What one chunk holds: its layers' kinds (True: an MoE MLP; a hybrid layer's pattern
+    symbol), in order, and whether the embedding / output layer are on it."""
 
-    layers: tuple[bool, ...]
+    layers: tuple[bool | str, ...]
     embedding: bool
     output: bool
 
     @classmethod
     def of(cls, model: Any, layers: Sequence[int], embedding: bool, output: bool) -> ChunkKinds:
         """Return the shape of a chunk holding the model's 0-based global `layers`."""
+        if model.hybrid:
+            kinds = layer_kinds(model)
+            return cls(tuple(kinds[i] for i in layers), embedding, output)
         return cls(tuple(model.is_moe_layer(i) for i in layers), embedding, output)
 
 

@@ -1,0 +1,221 @@
+"""`plan` for hybrid (Mamba) models: each layer kind's kernels and FLOPs, and what is searched.
+
+megatron-core's MambaStack (HybridStack from 0.18) builds one module a layer, by the pattern's
+symbol: `*` a TransformerLayer of attention alone, `-` of a dense MLP alone, `E` of an MoE MLP
+alone, `M` a MambaLayer (norm fused into in_proj, MambaMixer, out_proj). The first three run
+exactly the kernels of a GPT layer's attention half or MLP half (formulas/ops.py `layer_ops`,
+cut at its pre-MLP norm: `_half`). A Mamba layer runs (ssm/mamba_mixer.py `_ssm_training`):
+in_proj (Transformer Engine's LayerNormColumnParallelLinear), causal_conv1d over x, B and C,
+Mamba-2's chunked scan (mamba_ssm `mamba_split_conv1d_scan_combined`), the gated RMSNorm and
+out_proj. The scan has no measured kernel in the tables: its matrix products per chunk (Dao &
+Gu 2024, "Transformers are SSMs", arXiv:2405.21060, Section 6: the chunks' C B^T, their states
+B^T X, the diagonal blocks' (C B^T o L) X and the off-diagonal C states, in mamba_ssm's
+ssd_bmm.py, ssd_chunk_state.py and ssd_chunk_scan.py) are priced as batched GEMMs of those
+shapes from the GEMM table, its backward as two such products each, and the state passing
+between chunks and the convolution as memory passes: an estimate (`SCAN_NOTE`, printed with
+every hybrid plan), not a measurement.
+
+Megatron-LM's FLOPs of a layer are `hybrid_flops`' terms (formulas/hybrid_flops.py) for every
+kind. What the search leaves out for hybrid jobs, each refused by name when asked for
+(`check_hybrid_plan`): virtual pipeline stages (megatron-core 0.16's MambaStack refuses them;
+0.17+ needs `|` segments, not modelled yet), full recomputation (megatron-core 0.16's MambaStack
+has no checkpointed forward: `--recompute-granularity full` recomputes nothing there),
+context parallelism (Mamba's all-to-alls between sequence and head splits,
+ssm/mamba_context_parallel.py, are not priced), the MoE all-to-all overlap and the flex
+dispatcher, MTP depths (`/`), and splits megatron's stack does not make (its own rules:
+`hybrid_splits`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import inspector.caches as caches
+from inspector.errors import ConfigError
+from inspector.formulas.flops import layer_flops
+from inspector.formulas.hybrid_flops import hybrid_layer_flops as layer_flops_of
+from inspector.formulas.kernels import Gemm, Memory, Op
+from inspector.formulas.ops import LayerOps, Shard, layer_ops, layer_seconds, linear
+from inspector.job.dims import ModelDims
+from inspector.job.hybrid_model import (
+    LATER_SYMBOLS,
+    LAYER_SYMBOLS,
+    PIPE,
+    MambaShape,
+    layer_symbols,
+    main_layers,
+    refuse_hybrid_mtp,
+)
+from inspector.job.layout import Layout
+from inspector.job.model import ModelConfig
+from inspector.job.versions import hybrid_pattern_separators
+from inspector.plan.flex import moe_exchange
+from inspector.plan.kernel_seconds import compute_seconds
+from inspector.plan.network import Network, collective
+
+SCAN_NOTE = (
+    "Mamba layers: the chunked scan of Mamba-2 has no measured kernel here; its matrix "
+    "products per chunk are priced as batched GEMMs from the measured GEMM table, an estimate "
+    "(docs/hybrid-models.md)"
+)
+PRICED = ("M", "*", "-", "E")  # the layer kinds plan prices (later kinds: G, D, +)
+CHUNK = 128  # MambaMixer's chunk_size (ssm/mamba_mixer.py, core_v0.16.1 and 0.19.2)
+CONV = 4  # MambaMixer's d_conv: the causal convolution's width
+
+
+def check_hybrid_plan(model: ModelConfig, fixed: dict[str, Any], ep_overlap: bool, flex: bool,
+                      recompute_modules: tuple[str, ...]) -> None:  # fmt: skip
+    """Raise ConfigError for what `plan` does not search for a hybrid model (module docstring)."""
+    if not model.hybrid:
+        return
+    refuse_hybrid_mtp(model, "plan")
+    others = sorted(set(layer_symbols(model)) - set(PRICED))  # ratios without a pattern: named there
+    if others:
+        named = ", ".join(f"{s} ({(LAYER_SYMBOLS.get(s) or LATER_SYMBOLS[s][0])})" for s in others)
+        raise ConfigError(
+            f"plan does not price the {named} layers of --hybrid-override-pattern yet (it "
+            f"prices {', '.join(PRICED)}); memory measures them where megatron-core builds them"
+        )
+    virtual = (fixed.get("vpp") or 1) > 1 or "layers_per_chunk" in fixed
+    pin = fixed.get("pin", {})
+    # megatron's stack reads --decoder-first/last-pipeline-num-layers only (0.16 MambaStack)
+    unread = sorted(name for name in pin if not name.startswith("decoder_"))
+    reasons = {
+        "--recompute-granularity full": fixed.get("recompute") == "full" or "recompute_method" in fixed,
+        "--context-parallel-size above 1": (fixed.get("cp") or 1) > 1,
+        "--overlap-moe-expert-parallel-comm": ep_overlap,
+        "--moe-token-dispatcher-type flex": flex,
+        f"--recompute-modules {' '.join(recompute_modules)}": recompute_modules != ("core_attn",),
+        "virtual pipeline stages": virtual,
+        **{"--" + name.replace("_", "-"): True for name in unread},
+    }
+    refused = [name for name, on in reasons.items() if on]
+    if refused:
+        raise ConfigError(
+            f"plan does not search {refused[0]} for a hybrid (Mamba) model yet; memory "
+            "measures such a layout"
+        )
+
+
+def hybrid_splits(model: ModelConfig, pp: int, v: int) -> list[tuple[int, ...]]:
+    """Return the splits megatron's stack makes of a hybrid model at pp: the pattern's `|`
+    segments (megatron-core 0.17+ `select_pipeline_segment`; as many as stages), else the even
+    split (MambaStack `_select_layers_for_pipeline_parallel`: num_layers // pp each)."""
+    pattern = model.hybrid_override_pattern or ""
+    main = pattern.split("/")[0]
+    if v > 1:
+        return []
+    if hybrid_pattern_separators() and PIPE in main:
+        segments = tuple(len(part) for part in main.split(PIPE))
+        return [segments] if len(segments) == pp else []
+    layers = len(main_layers(pattern)) if pattern else model.num_layers
+    return [(layers // pp,) * pp] if layers % pp == 0 else []
+
+
+def pinned_by_pattern(model: ModelConfig) -> bool:
+    """Return whether the pattern's `|` place the layers (megatron then takes no split flags)."""
+    pattern = (model.hybrid_override_pattern or "").split("/")[0]
+    return model.hybrid and hybrid_pattern_separators() and PIPE in pattern
+
+
+@caches.memo(maxsize=1024)
+def hybrid_kernels(dims: ModelDims, shard: Shard, symbol: str) -> LayerOps:
+    """Return one hybrid layer's kernels on one rank for one micro-batch."""
+    if symbol == "M":
+        return _mamba_ops(dims, shard)
+    gpt = layer_ops(_gpt_dims(dims, symbol), shard, symbol == "E")
+    return _half(gpt, symbol == "*")
+
+
+def hybrid_layer_flops(dims: ModelDims, symbol: str, sequences: int) -> float:
+    """Return one layer's FLOPs, forward and backward, over `sequences` sequences, as
+    Megatron-LM's hybrid formula counts them (formulas/hybrid_flops.py)."""
+    return layer_flops_of(_sizes(dims.mamba), dims, symbol, sequences)
+
+
+@caches.memo(maxsize=64)
+def _sizes(shape: MambaShape) -> ModelConfig:
+    """Return the Mamba sizes as the model arguments Megatron-LM's formula reads."""
+    return ModelConfig(mamba_state_dim=shape.state, mamba_head_dim=shape.d_inner // shape.heads,
+                       mamba_num_groups=shape.groups, mamba_num_heads=shape.heads)  # fmt: skip
+
+
+def hybrid_layer_time(
+    dims: ModelDims, lay: Layout, net: Network, rate: float, mbs: int, recompute: str, i: int,
+    modules: tuple[str, ...], *overlap: Any,
+) -> tuple[float, float, float, float]:
+    """Return hybrid layer i's compute, TP, CP (none: cp 1 here) and EP seconds for one
+    micro-batch, as cost.py's `_layer_time` returns a GPT layer's (`overlap`: its MoE overlap
+    terms, never set for a hybrid model): its kind's kernels, its module's 2 tensor-parallel
+    collectives forward and 2 backward (an MoE layer's none with expert TP 1 and no shared
+    experts, as cost.py counts a GPT layer's halves), its experts' exchange."""
+    symbol = dims.layer_symbols[i]
+    flops = hybrid_layer_flops(dims, symbol, mbs)
+    if recompute == "selective" and "core_attn" in modules and symbol == "*":  # a third again
+        flops += layer_flops(_gpt_dims(dims, symbol), 0, mbs).core_attention / 3
+    shard = Shard(lay.tp, lay.cp, lay.ep, lay.expert_tp, lay.sequence_parallel, mbs)
+    compute = compute_seconds(flops, lambda d: layer_seconds(
+        hybrid_kernels(dims, shard, symbol), d, recompute, modules), lay, net, rate)  # fmt: skip
+    moe = symbol == "E"
+    count = 0 if moe and not (dims.shared_expert_ffn or lay.expert_tp > 1) else 4
+    tokens = dims.seq_length * mbs / lay.cp
+    tensor = collective(count, tokens * dims.hidden_size, dims.activation_bytes, lay.tp,
+                        net.link(lay.tp))  # fmt: skip
+    return compute, tensor, 0.0, moe_exchange(dims, lay, net, tokens, False) if moe else 0.0
+
+
+@caches.memo(maxsize=256)
+def _gpt_dims(dims: ModelDims, symbol: str) -> ModelDims:
+    """Return the dims a GPT layer of this kind is priced with: MoE only for `E`."""
+    plain = replace(dims, layer_symbols="", mamba=None)
+    return plain if symbol == "E" else replace(plain, num_experts=None)
+
+
+def _half(ops: LayerOps, attention: bool) -> LayerOps:
+    """Return a GPT layer's attention half (input norm to its bias-dropout-add) or MLP half
+    (pre-MLP norm on): formulas/ops.py `layer_ops` adds them in that order, forward and, kept
+    reversed, backward."""
+    cut_f = next(k for k, op in enumerate(ops.forward) if op.name == "pre-MLP norm")
+    cut_b = next(k for k, op in enumerate(ops.backward) if op.name == "pre-MLP norm backward")
+    if attention:
+        core = dict(ops.modules).get("core_attn", ())
+        return LayerOps(ops.forward[:cut_f], ops.backward[cut_b + 1:], ops.core,
+                        (("core_attn", core),))  # fmt: skip
+    return LayerOps(ops.forward[cut_f:], ops.backward[: cut_b + 1], ())
+
+
+def _mamba_ops(dims: ModelDims, z: Shard) -> LayerOps:
+    """Return a Mamba layer's kernels (module docstring), on one rank for one micro-batch."""
+    shape, act, h = dims.mamba, dims.activation_bytes, dims.hidden_size
+    tokens = dims.seq_length * z.micro_batch // z.cp
+    heads, groups, d = shape.heads // z.tp, shape.groups // z.tp, shape.d_inner // z.tp
+    head_dim, n, chunks = shape.d_inner // shape.heads, shape.state, -(-tokens // CHUNK)
+    fp8 = dims.fp8 is not None
+    residual = _half(layer_ops(_gpt_dims(dims, "-"), z, False), True)  # the norm, the add
+    norm_f, add_f = residual.forward[:1], [op for op in residual.forward if "bias-dropout-add" in op.name]
+    norm_b = residual.backward[-1:]
+    add_b = [op for op in residual.backward if "bias-dropout-add" in op.name]
+    in_proj = linear("in_proj", tokens, h, shape.in_width // z.tp, fp8=fp8)
+    out_proj = linear("out_proj", tokens, d, h, fp8=fp8)
+    conv = tokens * (d + 2 * groups * n)  # x, B and C: the convolution's channels on this rank
+    # the chunk products (ssd_bmm.py C B^T per group; ssd_chunk_state.py B^T X, ssd_chunk_scan.py
+    # (C B^T o L) X and C states per head), as batched GEMMs
+    products = [Gemm("ssd C B^T", CHUNK, CHUNK, n, "fwd", chunks * groups),
+                Gemm("ssd chunk states", n, head_dim, CHUNK, "fwd", chunks * heads),
+                Gemm("ssd diagonal blocks", CHUNK, head_dim, CHUNK, "fwd", chunks * heads),
+                Gemm("ssd off-diagonal blocks", CHUNK, head_dim, n, "fwd", chunks * heads)]
+    states = chunks * heads * head_dim * n  # fp32 states passed from chunk to chunk
+    forward: list[Op] = [
+        *norm_f, in_proj[0],
+        Memory("conv1d", "copy", conv, 2 * act + act * CONV / tokens),
+        *products, Memory("ssd state passing", "copy", states, 8),
+        Memory("gated norm", "rms_norm", tokens * d, 3 * act), out_proj[0], *add_f,
+    ]
+    backward: list[Op] = [
+        *add_b, *out_proj[1:], Memory("gated norm backward", "rms_norm", tokens * d, 5 * act),
+        Memory("ssd state passing backward", "copy", states, 16),
+        *(replace(g, name=g.name + " " + o, orient=o) for g in products for o in ("dgrad", "wgrad")),
+        Memory("conv1d backward", "copy", conv, 3 * act), *in_proj[1:], *norm_b,
+    ]
+    return LayerOps(tuple(forward), tuple(backward), ())

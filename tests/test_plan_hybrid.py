@@ -1,0 +1,134 @@
+"""`plan` for hybrid (Mamba) models: each layer kind's bytes and kernels, the plan `memory` measures."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from inspector.job.versions import hybrid_moe_layers, hybrid_pattern_separators
+from tests.conftest import run_cli
+
+# hidden 512: d_inner 1024, 16 Mamba heads of 64, 8 groups of state 128
+SMALL = dict(hidden_size=512, num_attention_heads=8, seq_length=1024, max_position_embeddings=1024,
+             bf16=True, normalization="RMSNorm", disable_bias_linear=True, vocab_size=1000,
+             ffn_hidden_size=1536, mamba_num_heads=16, micro_batch_size=1, global_batch_size=8,
+             use_distributed_optimizer=True)  # fmt: skip
+MODEL = ("--hidden-size", "512", "--num-attention-heads", "8", "--seq-length", "1024",
+         "--max-position-embeddings", "1024", "--bf16", "--normalization", "RMSNorm",
+         "--disable-bias-linear", "--vocab-size", "1000", "--ffn-hidden-size", "1536",
+         "--mamba-num-heads", "16")  # fmt: skip
+
+
+def _job(pattern: str, **flags):
+    from inspector.inputs.resolve import Sources, merge_sources
+    from inspector.job.job import make_job
+
+    args = {**SMALL, "num_layers": len(pattern.replace("|", "")), "hybrid_override_pattern": pattern,
+            **flags}  # fmt: skip
+    return make_job(merge_sources(Sources(flags=args), ("model", "layout", "training")).args)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flags", [{}, {"tensor_model_parallel_size": 2, "sequence_parallel": True},
+                                   {"tensor_model_parallel_size": 2}])  # fmt: skip
+def test_each_kind_keeps_what_the_engine_measures(flags) -> None:
+    # a layer's bytes kept for backward: the net of its segment of megatron's forward on fake
+    # tensors (every kind's middle copy), against the planner's per-kind forms
+    from inspector.memory.closed.activations import layer_activations
+    from inspector.memory.engine.compose import cut
+    from inspector.memory.engine.stage import trace_stage
+    from inspector.plan.price import job_dims
+
+    pattern = "M*-M*-M*-"
+    job = _job(pattern, **flags)
+    segments = cut(trace_stage(job, 0)[0].forward, len(pattern)).layers
+    dims = job_dims(job)
+    for i in (3, 4, 5):
+        measured = sum(step[0] for step in segments[i])
+        formed = layer_activations(dims, job.layout, i, 1, "none", job.training.flash_attention).total
+        # left out: per-head fp32 vectors (Mamba), the norms' fp32 rstd (attention, MLP): < 5 KiB
+        assert 0 <= measured - formed < 5 * 1024, (pattern[i], measured, formed)
+
+
+def test_attention_and_mlp_layers_are_a_gpt_layer_cut_in_two() -> None:
+    from inspector.formulas.kernels import ops_seconds
+    from inspector.formulas.ops import Shard, layer_ops
+    from inspector.job.hardware import get_gpu
+    from inspector.plan.hybrid import hybrid_kernels
+    from inspector.plan.price import job_dims
+
+    dims = job_dims(_job("M*-"))
+    shard, gpu = Shard(tp=2, sequence_parallel=True, micro_batch=2), get_gpu("h100")
+    gpt = layer_ops(_job("M*-").dims(), shard, False)
+    halves = [hybrid_kernels(dims, shard, symbol) for symbol in "*-"]
+    assert [op.name for half in halves for op in half.forward] == [op.name for op in gpt.forward]
+    assert sorted(op.name for half in halves for op in half.backward) == sorted(
+        op.name for op in gpt.backward)  # fmt: skip
+    both = sum(ops_seconds(h.forward, gpu) + ops_seconds(h.backward, gpu) for h in halves)
+    assert both == pytest.approx(ops_seconds(gpt.forward, gpu) + ops_seconds(gpt.backward, gpu))
+    mamba = hybrid_kernels(dims, shard, "M")
+    names = [op.name for op in mamba.forward]
+    assert names.index("in_proj") < names.index("ssd C B^T") < names.index("out_proj")
+
+
+CASES = [("M*-M*-M-", ("--pp", "2")),
+         ("M*-M*-M-", ("--pp", "4", "--decoder-first-pipeline-num-layers", "1",
+                       "--decoder-last-pipeline-num-layers", "1"))]  # fmt: skip
+if hybrid_moe_layers():  # E: megatron-core 0.16+
+    CASES.append(("ME*-ME*-", ("--num-experts", "4", "--moe-router-topk", "2", "--pp", "2")))
+if hybrid_pattern_separators():  # '|': megatron-core 0.17+
+    CASES.append(("M*M-M*|M-", ()))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pattern, extra", CASES, ids=[f"{c[0]} {' '.join(c[1])}" for c in CASES])
+def test_memory_measures_the_plans_plan_prints(pattern: str, extra: tuple[str, ...]) -> None:
+    layers = str(len(pattern.replace("|", "")))
+    model = (*MODEL, "--num-layers", layers, "--hybrid-override-pattern", pattern, *extra)
+    result = run_cli("plan", *model, "--gpus", "8", "--global-batch-size", "16", "--top", "2",
+                     "--format", "json")  # fmt: skip
+    assert result.code == 0, result.err
+    found = json.loads(result.out)
+    assert found["plans"] and all(
+        "chunked scan of Mamba-2" in note for p in found["plans"] for note in p["notes"])
+    if "|" in pattern:  # the pattern's segments: 6 layers, then 2
+        assert {tuple(p["split"]) for p in found["plans"]} == {(6, 2)}
+    for plan in found["plans"]:
+        flags = [w for f in plan["flags"] for w in shlex.split(f)]
+        given, kept, k = {f for f in flags if f.startswith("--")} | {"--pp"}, [], 0
+        while k < len(model):  # the model's flags the plan's do not say again
+            valued = k + 1 < len(model) and not model[k + 1].startswith("--")
+            if model[k] not in given:
+                kept += model[k : k + 1 + valued]
+            k += 1 + valued
+        memory = run_cli("memory", *kept, *flags, "--dp", str(plan["layout"]["dp"]), "--format", "json")
+        assert memory.code == 0, memory.err
+        totals = [s.get("total_bytes", s.get("total")) for s in json.loads(memory.out)["stages"]]
+        assert totals == [s["total"] for s in plan["stages"]]
+
+
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (("--recompute-granularity", "full"), "plan does not search --recompute-granularity full"),
+        (("--context-parallel-size", "2"), "plan does not search --context-parallel-size above 1"),
+        (("--hybrid-override-pattern", "MGM-"), "G (gated delta net"),
+    ],
+    ids=["full recompute", "context parallel", "gated delta net"],
+)
+def test_what_plan_does_not_search_for_a_hybrid_model_is_named(extra, words) -> None:
+    args = ["--num-layers", "4", "--hybrid-override-pattern", "M*M-"]
+    if extra[0] == "--hybrid-override-pattern":
+        args = args[:2]
+    result = run_cli("plan", *MODEL, *args, *extra, "--gpus", "8", "--global-batch-size", "16")
+    assert result.code == 2 and result.out == ""
+    assert result.err.startswith("Error:") and words in result.err, result.err
+
+
+def test_ratios_without_a_pattern_are_named() -> None:
+    result = run_cli("plan", *MODEL, "--num-layers", "4", "--hybrid-attention-ratio", "0.25",
+                     "--gpus", "8", "--global-batch-size", "16")  # fmt: skip
+    assert result.code == 2
+    assert "without --hybrid-override-pattern: plan needs the pattern" in result.err
