@@ -464,3 +464,33 @@ def test_a_placeholder_to_fill_in_is_a_syntax_error_as_in_bash():
     with pytest.raises(InputError, match=r"s.sh line 1: a redirection `>` has no target, a syntax "
                                          r"error to bash too \(is a placeholder"):  # fmt: skip
         parse_launch_script(text, "s.sh")
+
+
+# issue #46: a word with a quoted part is one word even where it expands to nothing ("$UNSET",
+# ""$UNSET, $UNSET'', ''); an unquoted expansion that is empty is removed. Real bash gives the truth.
+_EMPTY_WORDS = ['""$UNSET', '"$UNSET"', '$UNSET""', "''$UNSET", "$''$UNSET", '"${UNSET}"', "''",
+                '""', '$UNSET', '$EMPTY', '"$EMPTY"', '""$EMPTY', "$EMPTY''", '"${UNSET:-}"',
+                '${UNSET:-""}', '"${UNSET:-$EMPTY}"', "${UNSET:-''}", '${EMPTY:+x}', '"${EMPTY:+x}"',
+                '${UNSET:+""}', '$UNSET$EMPTY', '"$UNSET$EMPTY"', '"$EMPTY"$UNSET', '${UNSET}""${EMPTY}',
+                '"${A[@]}"', '${A[@]}', '"${A[@]}"""', '"${A[*]}"', '""${A[@]}', '"${E[@]}"', '$E',
+                '"$E"', '"${UNSET//a/b}"', '""${UNSET:0:1}', '"$UNSET" "" $UNSET', 'x"$UNSET"']  # fmt: skip
+
+
+@pytest.mark.parametrize("word", _EMPTY_WORDS)
+def test_empty_words_are_kept_or_removed_as_bash_does(word):
+    text = f'EMPTY=""\nA=()\nE=("")\ntorchrun t.py --num-layers 2 --data-path {word}\n'
+    truth = subprocess.run([BASH, "-c", text.replace("torchrun t.py", "printf '[%s]'")],
+                           capture_output=True, text=True, check=True, env={}).stdout  # fmt: skip
+    parsed = parse_launch_script(text, "s.sh")
+    assert "".join(f"[{w}]" for w in parsed.launch[2:]) == truth
+
+
+def test_a_function_gets_the_empty_words_bash_gives_it():
+    # `f "$UNSET"`: $1 is one empty word, which `$1` unquoted removes and `"$1"` keeps
+    text = ('f() { torchrun t.py --num-layers 2 --data-path a $1 "$2" "$@"; }\n'
+            'f "$UNSET" "$UNSET"\n')  # fmt: skip
+    truth = subprocess.run([BASH, "-c", text.replace("torchrun t.py", "printf '[%s]'")],
+                           capture_output=True, text=True, check=True, env={}).stdout  # fmt: skip
+    assert truth == "[--num-layers][2][--data-path][a][][][]"
+    parsed = parse_launch_script(text, "s.sh")
+    assert "".join(f"[{w}]" for w in parsed.launch[2:]) == truth

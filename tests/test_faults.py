@@ -456,3 +456,32 @@ def test_check_on_a_fifo_nobody_writes_answers_in_bounded_time(tmp_path: Path) -
     os.mkfifo(tmp_path / "train.log")
     line = error_line(run("check", "train.log", cwd=tmp_path, timeout=60))
     assert line.startswith("Error: train.log sent nothing for")
+
+
+@pytest.mark.parametrize("words, message", [
+    # issue #46: an empty value is a value (bash passes '' and "$EMPTY" as one word); Megatron-LM's
+    # tokenizers refuse an empty path, so the job is refused, not read with --vocab-size
+    ("--tokenizer-type HuggingFaceTokenizer --tokenizer-model ''",
+     "--tokenizer-model is empty (''), which Megatron-LM's HuggingFaceTokenizer cannot load"),
+    ('--tokenizer-type Llama2Tokenizer --tokenizer-model "$EMPTY"',
+     "--tokenizer-model is empty (''), which Megatron-LM's Llama2Tokenizer cannot load"),
+    ("--tokenizer-type GPT2BPETokenizer --vocab-file ''",
+     "--vocab-file is empty (''), which Megatron-LM's GPT2BPETokenizer cannot load"),
+    # "$UNSET" and ""$UNSET are one empty word too: the flag has a value the script never sets
+    ('--tokenizer-type HuggingFaceTokenizer --tokenizer-model ""$UNSET',
+     "--tokenizer-model is $UNSET, which the script never sets; give it with --set UNSET=VALUE"),
+])  # fmt: skip
+def test_an_empty_tokenizer_file_is_refused_by_its_flag(words: str, message: str, tmp_path: Path) -> None:
+    (tmp_path / "train.sh").write_text("\nEMPTY=''\n".join(SCRIPT.format(words).split("\n", 1)))
+    line = error_line(run("topology", "--from-script", "train.sh", cwd=tmp_path))
+    assert line.startswith("Error: train.sh line 3: ") and message in line
+
+
+def test_an_empty_word_after_a_flag_with_a_value_is_its_value(tmp_path: Path) -> None:
+    # `--data-path "$UNSET" --num-layers 2`: bash passes '' as --data-path's value; before the
+    # fix "$UNSET" vanished and the launch shown lost the word
+    from inspector.inputs.sources import parse_launch_script
+
+    parsed = parse_launch_script('torchrun t.py --data-path "$UNSET" --num-layers 2\n', "s.sh")
+    assert parsed.launch == ("torchrun", "t.py", "--data-path", "", "--num-layers", "2")
+    assert parsed.args["num_layers"] == 2

@@ -310,9 +310,11 @@ def split_arguments(words: list[str], needs: Needs, ctx: Context,
     while index < len(words):
         word = words[index]
         index += 1
-        if ctx.unknown_in(word) and not word.startswith("--") and not ctx.is_unset(word):
+        # '' and "$UNSET" are one empty word (bash passes it), bare $UNSET none: neither a flag
+        empty = ctx.bash_value(word) == ""
+        if ctx.unknown_in(word) and not word.startswith("--") and not empty:
             needs.need(word, "an argument of the training command", NO_FLAG)
-        elif after and word and not word.startswith("-") and not ctx.is_unset(word):
+        elif after and not empty and not word.startswith("-"):
             raise ConfigError(f"{where}: {word!r} follows {after}, which takes no further value "
                               "(Megatron-LM's argparse refuses it as an unrecognised argument)")  # fmt: skip
         after = ""

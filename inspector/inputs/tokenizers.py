@@ -95,7 +95,16 @@ def vocabulary(tokenizer_type: str, model: str | None, vocab_size: int | None,
         return Vocabulary(vocab_size + 1, f"NullTokenizer: --vocab-size {vocab_size} + 1 for its "
                                           "end-of-document token, as Megatron-LM counts it")  # fmt: skip
     found: tuple[int, str] | None = None
-    if tokenizer_type == "GPT2BPETokenizer":
+    gpt2 = tokenizer_type == "GPT2BPETokenizer"
+    flag, given = ("--vocab-file", vocab_file) if gpt2 else ("--tokenizer-model", model)
+    if given == "" and not tokenizer_type.startswith("Bert"):
+        # an empty value is a value (bash passes '' and "$EMPTY" as one word); Megatron-LM's
+        # tokenizers refuse it (sentencepiece_tokenizer.py: `if not tokenizer_path or not
+        # os.path.exists(tokenizer_path): raise ValueError(... is invalid)`; GPT2BPETokenizer
+        # opens its --vocab-file)
+        return Vocabulary(None, problem=f"{where}: {flag} is empty (''), which Megatron-LM's "
+                                        f"{tokenizer_type} cannot load; give its file")  # fmt: skip
+    if gpt2:
         found = _gpt2_vocab(vocab_file)
         name = vocab_file or "(no --vocab-file)"
     else:

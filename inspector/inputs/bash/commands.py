@@ -41,7 +41,7 @@ def run_command(shell: Shell, argv: list[str], node: Simple, prefix: dict[str, s
     if handler is not None:
         return handler(shell, bash_argv)
     if name in shell.functions:
-        return shell.call_function(name, argv[1:])
+        return shell.call_function(name, [shell.ctx.unkept(word) for word in argv[1:]])
     if name in _NO_EFFECT:
         return 0
     if node.stdin is not None and _reads_stdin(argv):

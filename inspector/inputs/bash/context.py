@@ -83,6 +83,7 @@ class Context:
     dry: bool = False  # a skipped branch is being read for its launches
     steps: int = 0  # simple commands run
     depth: int = 0  # compound commands, functions and sourced texts running inside one another
+    kept_mark: str = ""  # marks a word of only unset variables that a quoted part keeps (`kept`)
 
     def mark(self, unknown: Unknown) -> str:
         self.unknowns.append(unknown)
@@ -112,7 +113,19 @@ class Context:
 
     def is_unset(self, text: str) -> bool:
         """Whether a text is only unset variables (bash drops it as an unquoted word)."""
-        return bool(text) and not MARK.sub("", text) and self.bash_value(text) == ""
+        kept = bool(self.kept_mark) and self.kept_mark in text
+        return bool(text) and not kept and not MARK.sub("", text) and self.bash_value(text) == ""
+
+    def kept(self, text: str) -> str:
+        """A word of only unset variables with a quoted part (`"$X"`, `""$X`, `$X''`), which
+        bash keeps as one empty word: marked so that `is_unset` holds no more."""
+        if not self.kept_mark:
+            self.kept_mark = self.mark(Unknown("", "which bash keeps as an empty word", None, ""))
+        return text + self.kept_mark
+
+    def unkept(self, text: str) -> str:
+        """The word without the mark `kept` gave it."""
+        return text.replace(self.kept_mark, "") if self.kept_mark else text
 
     def note(self, message: str) -> None:
         if message not in self.notes:

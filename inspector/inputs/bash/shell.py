@@ -360,8 +360,10 @@ class Shell(Assignments):
             for assign in node.assigns:
                 self.do_assign(assign)
             return 0
-        # the launch keeps unset values (a flag's value the model may need); bash drops them
-        argv = [text for text, _ in fields]
+        # the launch keeps unset values (a flag's value the model may need); bash drops them,
+        # unless a quoted part keeps the word (`"$X"`, `""$X`): one empty word, marked as such
+        argv = [text if vanishes or not self.ctx.is_unset(text) else self.ctx.kept(text)
+                for text, vanishes in fields]  # fmt: skip
         if argv[0] in ("[", "test"):  # `[ -z $1 ]`: the vanished word still decides the test
             for text, _ in (field for field in fields if field[1]):
                 for unknown in self.ctx.held(text):
