@@ -350,10 +350,11 @@ def test_hybridep_pads_in_its_dispatch_under_fp8():
     # token_dispatcher.py _HybridEPManager.dispatch: `if self.config.fp8 or self.config.fp4:
     # self.pad_multiple = get_align_size_for_quantization(self.config)`, passed to
     # hybrid_ep_dispatch (fused_a2a.py: "Alignment multiple required for FP8 GEMM"), flag or not
-    from inspector.job.job import Training, _row_padding
+    from inspector.job.flex import row_padding
+    from inspector.job.job import Training
 
     hybrid = Training(moe_token_dispatcher_type="flex", moe_flex_backend="hybridep")
-    assert _row_padding(hybrid) == "destination"
+    assert row_padding(hybrid) == "destination"
 
 
 def test_sender_padding_rows_travel_in_the_all_to_all():
