@@ -42,6 +42,11 @@ def check_optimizer(optimizer: str, layout: Layout, flags: dict[str, bool]) -> N
 
 
 def _check_muon(optimizer: str, flags: dict[str, bool]) -> None:
+    from inspector.job.versions import muon_registry
+
+    if muon_registry():
+        _check_emerging(optimizer, flags)
+        return
     # Megatron-LM core_v0.16 arguments.py validate_args, "Muon optimizer check"; muon.py
     # get_megatron_muon_optimizer: "muon with fp16 is not supported."
     said = {
@@ -62,6 +67,32 @@ def _check_muon(optimizer: str, flags: dict[str, bool]) -> None:
         raise ConfigError(
             f"--optimizer {optimizer} with --fp16 is refused by megatron-core (muon.py: \"muon with "
             "fp16 is not supported.\"); use --bf16"
+        )
+
+
+def _check_emerging(optimizer: str, flags: dict[str, bool]) -> None:
+    # Megatron-LM core_v0.18.2 / core_v0.19.2 arguments.py validate_args, "emerging optimizer
+    # check": dist_muon becomes muon with the layer-wise optimizer, and so does muon with
+    # --use-distributed-optimizer (which it turns off); FSDP is refused; optimizer/__init__.py
+    # _get_megatron_emerging_optimizer: "emerging optimizer with fp16 is not supported."
+    fsdp = (("use_torch_fsdp2", "--use-torch-fsdp2", "Torch-FSDP2"),
+            ("use_megatron_fsdp", "--use-megatron-fsdp", "Megatron-FSDP"))  # fmt: skip
+    for name, flag, kind in fsdp:
+        if flags.get(name):
+            raise ConfigError(f"--optimizer {optimizer} with {flag} is refused by Megatron-LM "
+                              f"(validate_args: \"Emerging optimizer does not support {kind} for "
+                              "now.\")")  # fmt: skip
+    if flags.get("fp16"):
+        raise ConfigError(
+            f"--optimizer {optimizer} with --fp16 is refused by megatron-core (optimizer/__init__.py: "
+            "\"emerging optimizer with fp16 is not supported.\"); use --bf16"
+        )
+    if optimizer == "muon" and flags.get("use_distributed_optimizer"):
+        raise ConfigError(
+            "--optimizer muon with --use-distributed-optimizer is not modelled on this megatron-core: "
+            "Megatron-LM 0.18+ turns it into the layer-wise distributed optimizer (as dist_muon), "
+            "whose matrices 0.18+ lays out in the DDP buffers beside a distributed Adam; "
+            "--optimizer muon alone is modelled"
         )
 
 

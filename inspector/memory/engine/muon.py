@@ -28,7 +28,7 @@ import torch
 
 from inspector.errors import ConfigError
 from inspector.job.job import Job
-from inspector.job.versions import megatron_version, muon_modelled
+from inspector.job.versions import megatron_version, muon_modelled, muon_registry
 
 # the parameters Megatron-LM #2163 asks about: the largest, dealt last (a chunk's local names)
 LARGEST = ("embedding.word_embeddings.weight", "output_layer.weight")
@@ -69,27 +69,48 @@ def build_muon(job: Job, ddps: Sequence[Any], config: Any, dense_index: int = 0,
                expert_index: int = 0) -> Any:  # fmt: skip
     """Build megatron's Muon over `ddps` for the rank at these data-parallel positions, from the
     OptimizerConfig Megatron-LM makes (engine/optimizer.py `optimizer_config`)."""
-    if not muon_modelled():  # inputs/unmodelled.py refuses it before a job is made
+    layer_wise = job.training.optimizer == "dist_muon"
+    if not muon_modelled(layer_wise):  # inputs/ and job/optimizers.py refuse it before a job is made
         version = ".".join(map(str, megatron_version()))
-        raise ConfigError(f"--optimizer {job.training.optimizer} is modelled as megatron-core 0.16 "
-                          f"builds it; this tool builds with megatron-core {version}")
+        raise ConfigError(f"--optimizer {job.training.optimizer} is not modelled on megatron-core "
+                          f"{version}")
     from megatron.core.process_groups_config import ProcessGroupCollection
 
     from inspector.world.ddp import StandInGroup
     from inspector.world.emerging import install
 
     install()
-    from megatron.core.optimizer.muon import get_megatron_muon_optimizer
-
     layout = job.layout
     groups = ProcessGroupCollection.use_mpu_process_groups()
     groups.dp_cp = StandInGroup(layout.dp * layout.cp, dense_index)
     groups.expt_dp = StandInGroup(layout.expert_dp, expert_index)
+    if muon_registry():
+        return _registry_muon(muon_config(job, config), ddps, groups)
+    from megatron.core.optimizer.muon import get_megatron_muon_optimizer
+
     return get_megatron_muon_optimizer(
         muon_config(job, config), list(ddps), use_gloo_process_groups=False,
         layer_wise_distributed_optimizer=job.training.optimizer == "dist_muon",
         pg_collection=groups,
     )  # fmt: skip
+
+
+def _registry_muon(config: Any, ddps: Sequence[Any], groups: Any) -> Any:
+    """megatron-core 0.18+: Megatron-LM's setup_model_and_optimizer calls get_megatron_optimizer,
+    which hands --optimizer muon to optimizer/__init__.py `_get_megatron_emerging_optimizer`
+    (the registry's TensorParallelMuon on the 2-D weights, `muon_scalar_optimizer` Adam on the
+    rest). It asks the installed package's metadata for emerging-optimizers >= 0.2
+    (HAVE_EMERGING_OPTIMIZERS); the stand-in (world/emerging.py) has none, so the answer is given
+    for the call."""
+    from megatron.core import optimizer as package
+
+    real = package.HAVE_EMERGING_OPTIMIZERS
+    package.HAVE_EMERGING_OPTIMIZERS = True
+    try:
+        return package.get_megatron_optimizer(config, list(ddps), use_gloo_process_groups=False,
+                                              pg_collection=groups)  # fmt: skip
+    finally:
+        package.HAVE_EMERGING_OPTIMIZERS = real
 
 
 def muon_params(job: Job, ddps: Sequence[Any], optimizer: Any, muon: set[int]) -> tuple[MuonParam, ...]:
@@ -132,7 +153,11 @@ def muon_taken() -> Iterator[set[int]]:
 
     install()
     from megatron.core.optimizer import layer_wise_optimizer
-    from megatron.core.optimizer.muon import TensorParallelMuon
+
+    if muon_registry():
+        from megatron.core.optimizer.emerging_optimizers import TensorParallelMuon
+    else:
+        from megatron.core.optimizer.muon import TensorParallelMuon
 
     taken: set[int] = set()
     owner = layer_wise_optimizer.LayerWiseDistributedOptimizer
