@@ -1,5 +1,6 @@
-"""Muon (`--optimizer muon`, `dist_muon`) as megatron-core 0.16 builds it: who owns which whole
-matrix, each rank's optimizer bytes, the Emerging-Optimizers stand-in, and the version refusals.
+"""Muon (`--optimizer muon`, `dist_muon`) as megatron-core 0.16 and 0.18-0.19 build it: who owns
+which whole matrix, each rank's optimizer bytes, the Emerging-Optimizers stand-in, and the version
+refusals. Run with each megatron-core's python (/work/venvs/mc-0.19.2/bin/python -m pytest ...).
 
 The expectations are re-derived from megatron-core 0.16.1's own source, not read from the tool:
 optimizer/muon.py `get_megatron_muon_optimizer` gives TensorParallelMuon every 2-D parameter
@@ -7,6 +8,8 @@ without `is_embedding_or_output_parameter` (set on the word embeddings and the o
 models/common/language_module), Adam the rest; layer_wise_optimizer.py `shard_params` sorts the
 parameters by numel and deals them ping-pong over the data-parallel ranks. Per owned element:
 the fp32 master copy of a bf16 weight (4 bytes) and Muon's momentum (4) or Adam's moments (8).
+megatron-core 0.18.2 / 0.19.2 take the same parameters through optimizer/emerging_optimizers.py's
+`_is_nonlinear_or_embedding` (the same predicate: embedding/output, or not 2-D, go to Adam).
 """
 
 from __future__ import annotations
@@ -16,10 +19,13 @@ import json
 import pytest
 import torch
 
-from inspector.job.versions import megatron_version, muon_modelled
+from inspector.job.versions import megatron_version, muon_modelled, muon_registry
 
 MODELLED = muon_modelled()
-needs_muon = pytest.mark.skipif(not MODELLED, reason="megatron-core 0.16's Muon only")
+LAYER_WISE = muon_modelled(layer_wise=True)
+VERSION = megatron_version()
+needs_muon = pytest.mark.skipif(not MODELLED, reason="megatron-core 0.16's and 0.18-0.19's Muon")
+needs_layer_wise = pytest.mark.skipif(not LAYER_WISE, reason="megatron-core 0.16's dist_muon only")
 MODEL = ("--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
          "--seq-length", "32", "--max-position-embeddings", "32", "--vocab-size", "1000",
          "--bf16")  # fmt: skip
@@ -47,7 +53,7 @@ def _owned_bytes(row: dict) -> int:
     return row["numel"] * (4 + (4 if _muon_taken(row) else 8))
 
 
-@needs_muon
+@needs_layer_wise
 def test_dist_muon_deals_whole_matrices_ping_pong(cli):
     # was: "--optimizer dist_muon is not modelled"
     dp = 4
@@ -63,7 +69,7 @@ def test_dist_muon_deals_whole_matrices_ping_pong(cli):
     assert largest["partitioning_ranks"] == [dealt[-1]]
 
 
-@needs_muon
+@needs_layer_wise
 def test_each_ranks_optimizer_bytes_are_its_matrices(cli):
     dp = 4
     rows = _params(cli, "--dp", str(dp), "--optimizer", "dist_muon")
@@ -78,7 +84,7 @@ def test_each_ranks_optimizer_bytes_are_its_matrices(cli):
                                         owner["partitioning_ranks"][0]}  # fmt: skip
 
 
-@needs_muon
+@needs_layer_wise
 def test_the_imbalance_is_in_the_report(cli):
     # Megatron-LM #2163: the largest matrices are dealt to the last ranks of the deal
     result = cli("memory", *MODEL, "--micro-batch-size", "1", "--dp", "4", "--optimizer", "dist_muon")
@@ -110,7 +116,7 @@ def test_newton_schulz_makes_the_peak_of_a_wide_model(cli):
     assert "peak" in result.out and "at the optimizer step: muon " in result.out, result.out
 
 
-@needs_muon
+@pytest.mark.skipif(not MODELLED or muon_registry(), reason="Megatron-LM 0.16's checks")
 @pytest.mark.parametrize(("flags", "said"), [
     (("--use-distributed-optimizer",), "--optimizer muon with --use-distributed-optimizer is "
      "refused by Megatron-LM 0.16 (validate_args: \"Muon optimizer does not support distributed "
@@ -126,11 +132,58 @@ def test_what_megatron_lm_0_16_refuses_with_muon(cli, flags, said):
     assert result.err.strip() == f"Error: {said}", result.err
 
 
-@pytest.mark.skipif(MODELLED or megatron_version() < (0, 16), reason="0.17+ only")
-def test_later_releases_refuse_muon_by_name(cli):
+@pytest.mark.skipif(LAYER_WISE or VERSION < (0, 16), reason="0.17+ only")
+def test_later_releases_refuse_dist_muon_by_name(cli):
     result = cli("memory", *MODEL, "--micro-batch-size", "1", "--optimizer", "dist_muon")
     assert result.code == 2
-    assert "megatron-core 0.17+ builds Muon through its emerging-optimizers registry" in result.err
+    assert result.err.startswith("Error: --optimizer dist_muon is not modelled: this megatron-core's "
+                                 "Muon is not run by this tool"), result.err  # fmt: skip
+
+
+@pytest.mark.skipif(VERSION != (0, 17), reason="0.17 only")
+def test_megatron_core_0_17_muon_is_refused_by_name(cli):
+    # core_v0.17.1 optimizer/muon.py: a construction of its own, between 0.16's and 0.18's registry
+    result = cli("memory", *MODEL, "--micro-batch-size", "1", "--optimizer", "muon")
+    assert result.code == 2
+    assert "--optimizer muon is not modelled" in result.err, result.err
+
+
+@pytest.mark.skipif(not muon_registry(), reason="Megatron-LM 0.18+'s checks")
+def test_megatron_lm_0_18_makes_muon_with_the_distributed_optimizer_layer_wise(cli):
+    # core_v0.18.2 / core_v0.19.2 arguments.py validate_args, "emerging optimizer check":
+    # --use-distributed-optimizer sets use_layer_wise_distributed_optimizer (0.16 refused it)
+    result = cli("memory", *MODEL, "--micro-batch-size", "1", "--dp", "2", "--optimizer", "muon",
+                 "--use-distributed-optimizer")  # fmt: skip
+    assert result.code == 2
+    assert result.err.startswith("Error: --optimizer muon with --use-distributed-optimizer is not "
+                                 "modelled on this megatron-core: Megatron-LM 0.18+ turns it into "
+                                 "the layer-wise distributed optimizer"), result.err  # fmt: skip
+
+
+@needs_muon
+@pytest.mark.skipif(not muon_registry(), reason="Megatron-LM 0.18+'s checks")
+def test_megatron_lm_0_18_lets_muon_overlap_the_grad_reduce(cli):
+    # 0.16's "Muon optimizer does not support overlap grad reduce for now." is gone in 0.18's
+    # validate_args; DDP's overlap is Adam's, the optimizer state Muon's
+    plain = _memory(cli, "--dp", "2", "--optimizer", "muon")
+    overlapped = _memory(cli, "--dp", "2", "--optimizer", "muon", "--overlap-grad-reduce")
+    assert overlapped["optimizer"] == plain["optimizer"]
+
+
+@needs_muon
+@pytest.mark.skipif(not muon_registry(), reason="megatron-core 0.18+")
+def test_the_registry_builds_tensor_parallel_muon_from_the_stand_in():
+    # optimizer/emerging_optimizers.py subclasses the package's OrthogonalizedOptimizer at import:
+    # the stand-in is in sys.modules before megatron-core is imported (world/fastimport.py)
+    from inspector.world import emerging, setup
+
+    setup.megatron()
+    from megatron.core.optimizer import emerging_optimizers as registry
+
+    assert registry.HAVE_EMERGING_OPTIMIZERS
+    assert issubclass(registry.TensorParallelMuon, emerging.OrthogonalizedOptimizer)
+    assert registry.get_supported_coefficient_types() == tuple(emerging.COEFFICIENT_STEPS)
+    assert set(registry._EMERGING_OPTIMIZERS) == {"muon", "adaptive_muon"}
 
 
 @pytest.mark.skipif(megatron_version() >= (0, 16), reason="before 0.16 only")
@@ -199,7 +252,7 @@ def test_orthogonalized_step_keeps_one_fp32_momentum_per_matrix():
         OrthogonalizedOptimizer([bias], lr=0.1, momentum_beta=0.9).step()
 
 
-@needs_muon
+@needs_layer_wise
 def test_expert_matrices_are_dealt_over_the_expert_data_parallel_ranks(cli):
     # layer_wise_optimizer.py: groups with is_expert_parallel go to the expert data-parallel deal;
     # dp 4 with ep 2 leaves 4 / 2 = 2 expert data-parallel ranks
