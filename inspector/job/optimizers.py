@@ -4,6 +4,8 @@ Adam (the default) shards over the data-parallel group with --use-distributed-op
 dp / N ranks with --num-distributed-optimizer-instances N; Muon (megatron-core 0.16's
 `optimizer/muon.py`: orthogonalised momentum on the 2-D weights, Adam on everything else) keeps
 whole matrices, each on one data-parallel rank with `dist_muon` (`LayerWiseDistributedOptimizer`).
+Megatron-LM 0.18+ checks Muon otherwise (`_check_emerging`): muon with --use-distributed-optimizer
+is the layer-wise optimizer there.
 """
 
 from __future__ import annotations

@@ -11,6 +11,11 @@ one data-parallel rank: sorted by size, dealt ping-pong (0, 1, .., d-1, d-1, ..,
 data x context parallel ranks (expert parameters over the expert data-parallel ranks), so the
 largest, the embedding and the output layer, land on the last ranks dealt (Megatron-LM #2163).
 
+megatron-core 0.18-0.19 build `--optimizer muon` through get_megatron_optimizer instead
+(optimizer/__init__.py `_get_megatron_emerging_optimizer`, the registry of
+optimizer/emerging_optimizers.py; muon.py is a shim): the same TensorParallelMuon on the same
+parameters (`_is_nonlinear_or_embedding`), Adam on the rest, each in megatron's Float16 wrapper.
+
 Here megatron's own function builds it on the stage's chunks in megatron's DDP, in the simulated
 rank's world; the data-parallel groups it shards over are stand-ins of the job's sizes
 (world/ddp.py), and its all-gather of the updated weights (`allgather_params`) allocates its
