@@ -17,10 +17,10 @@ import pytest
 
 VERSION = tuple(int(p) for p in megatron.core.__version__.split(".")[:2])
 MUON_KNOWN = VERSION >= (0, 16)  # Megatron-LM's --optimizer choices gained muon in core_v0.16.0
-# megatron-core 0.16's optimizer/muon.py and 0.18-0.19's emerging-optimizers registry build
-# --optimizer muon here; the layer-wise dist_muon only 0.16's (tests/test_muon.py)
-MUON_MODELLED = (0, 16) <= VERSION < (0, 17) or (0, 18) <= VERSION < (0, 20)
-LAYER_WISE_MODELLED = (0, 16) <= VERSION < (0, 17)
+# megatron-core 0.16-0.17's optimizer/muon.py and 0.18-0.19's emerging-optimizers registry build
+# --optimizer muon here; the layer-wise dist_muon only 0.16-0.17's (tests/test_muon.py)
+MUON_MODELLED = (0, 16) <= VERSION < (0, 20)
+LAYER_WISE_MODELLED = (0, 16) <= VERSION < (0, 18)
 
 MODEL_ARGS = """\
 ENV_VARS:
@@ -61,7 +61,7 @@ def test_muon_is_refused_by_name_with_every_other_refusal(tmp_path, cli):
     version = f"{VERSION[0]}.{VERSION[1]}"
     fact = f"--optimizer muon is a choice of Megatron-LM 0.16+; this tool builds with megatron-core {version}"
     later = ("--optimizer muon is not modelled: this megatron-core's Muon is not run by this tool "
-             "(it runs megatron-core 0.16's and 0.18-0.19's --optimizer muon, and 0.16's layer-wise "
+             "(it runs megatron-core 0.16-0.19's --optimizer muon, and 0.16-0.17's layer-wise "
              "dist_muon; 0.18 lays the layer-wise optimizer's matrices out in the DDP buffers beside "
              f"a distributed Adam) ({fact}); ")  # fmt: skip
     muon = ("" if MUON_MODELLED else later if MUON_KNOWN else

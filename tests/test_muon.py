@@ -24,8 +24,8 @@ from inspector.job.versions import megatron_version, muon_modelled, muon_registr
 MODELLED = muon_modelled()
 LAYER_WISE = muon_modelled(layer_wise=True)
 VERSION = megatron_version()
-needs_muon = pytest.mark.skipif(not MODELLED, reason="megatron-core 0.16's and 0.18-0.19's Muon")
-needs_layer_wise = pytest.mark.skipif(not LAYER_WISE, reason="megatron-core 0.16's dist_muon only")
+needs_muon = pytest.mark.skipif(not MODELLED, reason="megatron-core 0.16-0.19's Muon")
+needs_layer_wise = pytest.mark.skipif(not LAYER_WISE, reason="megatron-core 0.16-0.17's dist_muon")
 MODEL = ("--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
          "--seq-length", "32", "--max-position-embeddings", "32", "--vocab-size", "1000",
          "--bf16")  # fmt: skip
@@ -116,7 +116,7 @@ def test_newton_schulz_makes_the_peak_of_a_wide_model(cli):
     assert "peak" in result.out and "at the optimizer step: muon " in result.out, result.out
 
 
-@pytest.mark.skipif(not MODELLED or muon_registry(), reason="Megatron-LM 0.16's checks")
+@pytest.mark.skipif(VERSION != (0, 16), reason="Megatron-LM 0.16's checks")
 @pytest.mark.parametrize(("flags", "said"), [
     (("--use-distributed-optimizer",), "--optimizer muon with --use-distributed-optimizer is "
      "refused by Megatron-LM 0.16 (validate_args: \"Muon optimizer does not support distributed "
@@ -140,12 +140,24 @@ def test_later_releases_refuse_dist_muon_by_name(cli):
                                  "Muon is not run by this tool"), result.err  # fmt: skip
 
 
-@pytest.mark.skipif(VERSION != (0, 17), reason="0.17 only")
-def test_megatron_core_0_17_muon_is_refused_by_name(cli):
-    # core_v0.17.1 optimizer/muon.py: a construction of its own, between 0.16's and 0.18's registry
-    result = cli("memory", *MODEL, "--micro-batch-size", "1", "--optimizer", "muon")
+@pytest.mark.skipif(VERSION != (0, 17), reason="Megatron-LM 0.17's checks")
+@pytest.mark.parametrize(("optimizer", "flag", "said"), [
+    ("muon", "--overlap-grad-reduce", "--optimizer muon with --overlap-grad-reduce is refused by "
+     "Megatron-LM 0.17 (validate_args: \"Muon optimizer does not support overlap grad reduce. Use "
+     "dist_muon instead.\")"),
+    ("dist_muon", "--overlap-grad-reduce", "--optimizer dist_muon with --overlap-grad-reduce is not "
+     "modelled on megatron-core 0.17 (its layer-wise optimizer's overlapped all-gather)"),
+    ("dist_muon", "--use-distributed-optimizer", "--optimizer dist_muon with "
+     "--use-distributed-optimizer is refused by Megatron-LM 0.17 (validate_args: \"Muon optimizer "
+     "does not support distributed optimizer for now.\"); --optimizer dist_muon shards it "
+     "layer-wise"),
+])  # fmt: skip
+def test_what_megatron_lm_0_17_refuses_with_muon(cli, optimizer, flag, said):
+    # core_v0.17.1 validate_args: the overlaps refused for muon only (0.16: for dist_muon too)
+    result = cli("memory", *MODEL, "--micro-batch-size", "1", "--dp", "2", "--optimizer", optimizer,
+                 flag)  # fmt: skip
     assert result.code == 2
-    assert "--optimizer muon is not modelled" in result.err, result.err
+    assert result.err.strip() == f"Error: {said}", result.err
 
 
 @pytest.mark.skipif(not muon_registry(), reason="Megatron-LM 0.18+'s checks")

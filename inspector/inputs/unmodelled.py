@@ -55,8 +55,8 @@ _DSA_KERNELS = (
 _QUANTIZERS = "ModelOpt's quantizers (fake-quantized weights and inputs) are not counted"
 _OPTIMIZER = "this optimizer's state is not counted (Adam's two fp32 moments are)"
 _MUON_LATER = (
-    "this megatron-core's Muon is not run by this tool (it runs megatron-core 0.16's and 0.18-0.19's "
-    "--optimizer muon, and 0.16's layer-wise dist_muon; 0.18 lays the layer-wise optimizer's "
+    "this megatron-core's Muon is not run by this tool (it runs megatron-core 0.16-0.19's "
+    "--optimizer muon, and 0.16-0.17's layer-wise dist_muon; 0.18 lays the layer-wise optimizer's "
     "matrices out in the DDP buffers beside a distributed Adam)"
 )
 _MFSDP_DTYPE = (

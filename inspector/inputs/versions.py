@@ -86,14 +86,14 @@ CHOICE_VERSIONS: dict[tuple[str, str], tuple[int, int]] = {
 }
 
 
-# the megatron-core releases whose Muon this tool runs, as [first, stop) ranges: 0.16's
+# the megatron-core releases whose Muon this tool runs, as [first, stop) ranges: 0.16-0.17's
 # optimizer/muon.py, and 0.18-0.19's optimizer/emerging_optimizers.py registry (muon.py a shim
-# there); 0.17's own optimizer/muon.py is not run. The layer-wise optimizer (dist_muon; from 0.18
-# also muon with --use-distributed-optimizer) only as 0.16 builds it: 0.18 lays its matrices out in
-# DDP's buffers (layer_wise_optimizer.py compute_full_param_layout) beside a DistributedOptimizer
-# for the other parameters, which this tool does not run yet.
-MUON_RELEASES = (((0, 16), (0, 17)), ((0, 18), (0, 20)))
-LAYER_WISE_RELEASES = (((0, 16), (0, 17)),)
+# there). The layer-wise optimizer (dist_muon; from 0.18 also muon with --use-distributed-optimizer)
+# only as 0.16-0.17 build it: 0.18 lays its matrices out in DDP's buffers (layer_wise_optimizer.py
+# compute_full_param_layout) beside a DistributedOptimizer for the other parameters, which this
+# tool does not run yet.
+MUON_RELEASES = (((0, 16), (0, 20)),)
+LAYER_WISE_RELEASES = (((0, 16), (0, 18)),)
 MUON_REGISTRY_SINCE = (0, 18)  # optimizer/emerging_optimizers.py builds Muon
 
 

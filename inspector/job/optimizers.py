@@ -44,13 +44,16 @@ def check_optimizer(optimizer: str, layout: Layout, flags: dict[str, bool]) -> N
 
 
 def _check_muon(optimizer: str, flags: dict[str, bool]) -> None:
-    from inspector.job.versions import muon_registry
+    from inspector.job.versions import megatron_version, muon_registry
 
     if muon_registry():
         _check_emerging(optimizer, flags)
         return
+    if megatron_version() >= (0, 17):
+        _check_muon_0_17(optimizer, flags)
     # Megatron-LM core_v0.16 arguments.py validate_args, "Muon optimizer check"; muon.py
-    # get_megatron_muon_optimizer: "muon with fp16 is not supported."
+    # get_megatron_muon_optimizer: "muon with fp16 is not supported." (the same in core_v0.17.1
+    # but for the overlaps, _check_muon_0_17)
     said = {
         "overlap_grad_reduce": ("--overlap-grad-reduce", "does not support overlap grad reduce"),
         "overlap_param_gather": ("--overlap-param-gather", "does not support overlap param gather"),
@@ -59,10 +62,11 @@ def _check_muon(optimizer: str, flags: dict[str, bool]) -> None:
         "use_torch_fsdp2": ("--use-torch-fsdp2", "does not support Torch-FSDP2"),
         "use_megatron_fsdp": ("--use-megatron-fsdp", "does not support Megatron-FSDP"),
     }  # fmt: skip
+    release = ".".join(map(str, megatron_version()))
     for name, (flag, words) in said.items():
         if flags.get(name):
             raise ConfigError(
-                f"--optimizer {optimizer} with {flag} is refused by Megatron-LM 0.16 (validate_args: "
+                f"--optimizer {optimizer} with {flag} is refused by Megatron-LM {release} (validate_args: "
                 f"\"Muon optimizer {words} for now.\"); --optimizer dist_muon shards it layer-wise"
             )
     if flags.get("fp16"):
@@ -70,6 +74,23 @@ def _check_muon(optimizer: str, flags: dict[str, bool]) -> None:
             f"--optimizer {optimizer} with --fp16 is refused by megatron-core (muon.py: \"muon with "
             "fp16 is not supported.\"); use --bf16"
         )
+
+
+def _check_muon_0_17(optimizer: str, flags: dict[str, bool]) -> None:
+    # Megatron-LM core_v0.17.1 validate_args refuses the overlaps for muon only: "Muon optimizer
+    # does not support overlap grad reduce. Use dist_muon instead." (and overlap param gather);
+    # dist_muon overlaps its layer-wise all-gather (async_allgather), which is not modelled
+    overlaps = (("overlap_grad_reduce", "--overlap-grad-reduce", "grad reduce"),
+                ("overlap_param_gather", "--overlap-param-gather", "param gather"))  # fmt: skip
+    for name, flag, words in overlaps:
+        if not flags.get(name):
+            continue
+        if optimizer == "muon":
+            raise ConfigError(f"--optimizer muon with {flag} is refused by Megatron-LM 0.17 "
+                              f"(validate_args: \"Muon optimizer does not support overlap {words}. "
+                              "Use dist_muon instead.\")")  # fmt: skip
+        raise ConfigError(f"--optimizer dist_muon with {flag} is not modelled on megatron-core "
+                          "0.17 (its layer-wise optimizer's overlapped all-gather)")  # fmt: skip
 
 
 def _check_emerging(optimizer: str, flags: dict[str, bool]) -> None:

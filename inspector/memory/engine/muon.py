@@ -91,13 +91,32 @@ def build_muon(job: Job, ddps: Sequence[Any], config: Any, dense_index: int = 0,
     groups.expt_dp = StandInGroup(layout.expert_dp, expert_index)
     if muon_registry():
         return _registry_muon(muon_config(job, config), ddps, groups)
-    from megatron.core.optimizer.muon import get_megatron_muon_optimizer
-
-    return get_megatron_muon_optimizer(
+    return muon_module().get_megatron_muon_optimizer(
         muon_config(job, config), list(ddps), use_gloo_process_groups=False,
         layer_wise_distributed_optimizer=job.training.optimizer == "dist_muon",
         pg_collection=groups,
     )  # fmt: skip
+
+
+def muon_module() -> Any:
+    """Return megatron's optimizer/muon.py (0.16-0.17). 0.17's imports, at its import,
+    HAVE_EMERGING_OPTIMIZERS and HAVE_EO_V02 from the optimizer package, which reads them from the
+    installed package's metadata (emerging-optimizers >= 0.1, >= 0.2); the stand-in
+    (world/emerging.py) has none and speaks 0.2's names, so both are answered for that import."""
+    import importlib
+
+    from megatron.core import optimizer as package
+
+    flags = ("HAVE_EMERGING_OPTIMIZERS", "HAVE_EO_V02")
+    real = {name: getattr(package, name) for name in flags if hasattr(package, name)}
+    package.__dict__.update(dict.fromkeys(real, True))
+    try:
+        module = importlib.import_module("megatron.core.optimizer.muon")
+        if not all(getattr(module, name, True) for name in flags):  # imported before, without
+            module = importlib.reload(module)
+    finally:
+        package.__dict__.update(real)
+    return module
 
 
 def _registry_muon(config: Any, ddps: Sequence[Any], groups: Any) -> Any:
@@ -162,7 +181,7 @@ def muon_taken() -> Iterator[set[int]]:
     if muon_registry():
         from megatron.core.optimizer.emerging_optimizers import TensorParallelMuon
     else:
-        from megatron.core.optimizer.muon import TensorParallelMuon
+        TensorParallelMuon = muon_module().TensorParallelMuon
 
     taken: set[int] = set()
     owner = layer_wise_optimizer.LayerWiseDistributedOptimizer
