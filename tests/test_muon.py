@@ -15,6 +15,7 @@ megatron-core 0.18.2 / 0.19.2 take the same parameters through optimizer/emergin
 from __future__ import annotations
 
 import json
+import typing
 
 import pytest
 import torch
@@ -274,3 +275,17 @@ def test_expert_matrices_are_dealt_over_the_expert_data_parallel_ranks(cli):
     dense = [r for r in rows if r["expert"] is None]
     assert experts and {o for r in experts for o in r["partitioning_ranks"]} == {0, 1}
     assert {o for r in dense for o in r["partitioning_ranks"]} == {0, 1, 2, 3}
+
+
+def test_the_stand_in_speaks_the_packages_0_2_names():
+    # megatron-core 0.17.1 muon.py / 0.19.2 emerging_optimizers.py call, with emerging-optimizers
+    # >= 0.2, OrthogonalizedOptimizer.__init__(..., nesterov=...) and newton_schulz_tp(..., tp_mode=...)
+    from inspector.world.emerging import NSCoeffT, OrthogonalizedOptimizer, newton_schulz_tp
+
+    weight = torch.nn.Parameter(torch.zeros(8, 4))
+    optimizer = OrthogonalizedOptimizer([weight], 0.1, 0.9, nesterov=True, weight_decay=0.01,
+                                        weight_decay_method="decoupled")  # fmt: skip
+    assert optimizer.param_groups[0]["use_nesterov"] is True
+    x = torch.zeros(96, 32, device="meta")
+    assert newton_schulz_tp(x, 5, "quintic", None, partition_dim=None, tp_mode="duplicated").shape == x.shape
+    assert typing.get_args(NSCoeffT) == ("simple", "quintic", "polar_express", "aol")
