@@ -386,6 +386,8 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
     _training("exp_avg_sq_dtype", str, "With the precision-aware optimizer: Adam's second moment.",
               choices=("fp32", "fp16", "bf16", "fp8")),
     _training("overlap_param_gather", bool, "Overlap the parameter all-gather (distributed optimizer)."),
+    _layout("no_use_layer_wise_param_layout", bool, "megatron-core 0.18+: dist_muon's legacy "
+              "layer-wise optimizer (whole matrices dealt over the ranks; no DDP layout)."),
     _training(
         "moe_token_dispatcher_type",
         str,

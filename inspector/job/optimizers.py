@@ -16,7 +16,7 @@ from inspector.job.layout import Layout
 MUON = ("muon", "dist_muon")  # Megatron-LM's --optimizer choices built by get_megatron_muon_optimizer
 # the Megatron-LM arguments (switches) the optimizer's checks read
 FLAGS_READ = ("use_distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather", "fp16",
-              "use_megatron_fsdp", "use_torch_fsdp2")  # fmt: skip
+              "use_megatron_fsdp", "use_torch_fsdp2", "no_use_layer_wise_param_layout")  # fmt: skip
 
 
 def check_optimizer(optimizer: str, layout: Layout, flags: dict[str, bool]) -> None:
@@ -110,12 +110,26 @@ def _check_emerging(optimizer: str, flags: dict[str, bool]) -> None:
             f"--optimizer {optimizer} with --fp16 is refused by megatron-core (optimizer/__init__.py: "
             "\"emerging optimizer with fp16 is not supported.\"); use --bf16"
         )
+    if optimizer == "dist_muon" and not flags.get("no_use_layer_wise_param_layout"):
+        raise ConfigError(
+            "--optimizer dist_muon is not modelled on this megatron-core without "
+            "--no-use-layer-wise-param-layout: Megatron-LM 0.18+ lays the layer-wise optimizer's "
+            "matrices out in the DDP buffers beside a distributed Adam by default; its legacy path "
+            "(--no-use-layer-wise-param-layout: whole matrices dealt over the ranks) is modelled"
+        )
+    if optimizer == "dist_muon" and flags.get("use_distributed_optimizer"):
+        raise ConfigError(
+            "--optimizer dist_muon with --use-distributed-optimizer is not modelled on this "
+            "megatron-core (Megatron-LM 0.18+ turns --use-distributed-optimizer off for it; "
+            "--optimizer dist_muon alone is the same job)"
+        )
     if optimizer == "muon" and flags.get("use_distributed_optimizer"):
         raise ConfigError(
             "--optimizer muon with --use-distributed-optimizer is not modelled on this megatron-core: "
             "Megatron-LM 0.18+ turns it into the layer-wise distributed optimizer (as dist_muon), "
             "whose matrices 0.18+ lays out in the DDP buffers beside a distributed Adam; "
-            "--optimizer muon alone is modelled"
+            "--optimizer muon alone, and --optimizer dist_muon --no-use-layer-wise-param-layout "
+            "(its legacy path), are modelled"
         )
 
 

@@ -89,6 +89,9 @@ def build_muon(job: Job, ddps: Sequence[Any], config: Any, dense_index: int = 0,
     groups = ProcessGroupCollection.use_mpu_process_groups()
     groups.dp_cp = StandInGroup(layout.dp * layout.cp, dense_index)
     groups.expt_dp = StandInGroup(layout.expert_dp, expert_index)
+    # one distributed-optimizer instance: the partial data-parallel groups are the whole ones
+    # (parallel_state); 0.19's LayerWiseDistributedOptimizer checks their sizes agree
+    groups.intra_dp_cp, groups.intra_expt_dp = groups.dp_cp, groups.expt_dp
     if muon_registry():
         return _registry_muon(muon_config(job, config), ddps, groups)
     return muon_module().get_megatron_muon_optimizer(
@@ -187,11 +190,11 @@ def muon_taken() -> Iterator[set[int]]:
     owner = layer_wise_optimizer.LayerWiseDistributedOptimizer
     real = owner.shard_params
 
-    def recording(self: Any, optimizers: Any) -> Any:
+    def recording(self: Any, optimizers: Any, *rest: Any) -> Any:  # 0.18+: full_param_layouts
         for part in optimizers:
             if isinstance(inner(part), TensorParallelMuon):
                 taken.update(id(p) for p in model_params(part))
-        return real(self, optimizers)
+        return real(self, optimizers, *rest)
 
     owner.shard_params = recording
     try:
