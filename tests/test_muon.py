@@ -295,3 +295,15 @@ def test_the_stand_in_speaks_the_packages_0_2_names():
     x = torch.zeros(96, 32, device="meta")
     assert newton_schulz_tp(x, 5, "quintic", None, partition_dim=None, tp_mode="duplicated").shape == x.shape
     assert typing.get_args(NSCoeffT) == ("simple", "quintic", "polar_express", "aol")
+
+
+@needs_layer_wise
+@pytest.mark.skipif(not muon_registry(), reason="Megatron-LM 0.18+'s spelling")
+def test_muon_with_the_distributed_optimizer_is_dist_muon_on_its_legacy_path(cli):
+    # core_v0.19.2 validate_args: muon with --use-distributed-optimizer sets
+    # use_layer_wise_distributed_optimizer and turns use_distributed_optimizer off (Megatron-LM's
+    # functional test gpt3_moe_mcore_te_ep8_resume_torch_dist_dist_muon spells it so)
+    spelled = ("--optimizer", "muon", "--use-distributed-optimizer", "--no-use-layer-wise-param-layout")
+    legacy = ("--optimizer", "dist_muon", "--no-use-layer-wise-param-layout")
+    assert _memory(cli, "--dp", "4", *spelled) == _memory(cli, "--dp", "4", *legacy)
+    assert _params(cli, "--dp", "4", *spelled) == _params(cli, "--dp", "4", *legacy)

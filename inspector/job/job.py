@@ -9,7 +9,7 @@ turn those into records. Nothing downstream reads Megatron-LM arguments again.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, cast, get_args
 
 from inspector.errors import ConfigError
@@ -26,7 +26,7 @@ from inspector.job.layout import Layout, make_layout, validate_layout
 from inspector.job.model import ModelConfig
 from inspector.job.model_args import make_model_config, validate_model
 from inspector.job.optimizer_precision import OptimizerPrecision, make_precision
-from inspector.job.optimizers import FLAGS_READ, check_optimizer
+from inspector.job.optimizers import FLAGS_READ, check_optimizer, layer_wise_spelled_muon
 from inspector.job.recompute_modules import DEFAULT_MODULES, check_modules, parse_modules
 from inspector.job.versions import router_padding_field
 
@@ -442,4 +442,8 @@ def make_job(args: Mapping[str, Any]) -> Job:
     training = make_training(args)
     flags = {name: bool(args.get(name)) for name in FLAGS_READ}
     check_optimizer(training.optimizer, layout, flags)
+    if layer_wise_spelled_muon(training.optimizer, flags):
+        # Megatron-LM 0.18+ validate_args: --use-distributed-optimizer with muon is the layer-wise
+        # optimizer, and the distributed optimizer is turned off
+        training = replace(training, optimizer="dist_muon", use_distributed_optimizer=False)
     return Job(model, layout, training)

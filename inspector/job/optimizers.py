@@ -123,6 +123,8 @@ def _check_emerging(optimizer: str, flags: dict[str, bool]) -> None:
             "megatron-core (Megatron-LM 0.18+ turns --use-distributed-optimizer off for it; "
             "--optimizer dist_muon alone is the same job)"
         )
+    if layer_wise_spelled_muon(optimizer, flags):
+        return
     if optimizer == "muon" and flags.get("use_distributed_optimizer"):
         raise ConfigError(
             "--optimizer muon with --use-distributed-optimizer is not modelled on this megatron-core: "
@@ -131,6 +133,16 @@ def _check_emerging(optimizer: str, flags: dict[str, bool]) -> None:
             "--optimizer muon alone, and --optimizer dist_muon --no-use-layer-wise-param-layout "
             "(its legacy path), are modelled"
         )
+
+
+def layer_wise_spelled_muon(optimizer: str, flags: dict[str, bool]) -> bool:
+    """Return whether Megatron-LM 0.18+ makes this muon job dist_muon's legacy path (validate_args:
+    muon with --use-distributed-optimizer is the layer-wise optimizer, the distributed one off;
+    with --no-use-layer-wise-param-layout, training.py builds it as 0.16-0.17 do)."""
+    from inspector.job.versions import muon_registry
+
+    return (optimizer == "muon" and muon_registry() and bool(flags.get("use_distributed_optimizer"))
+            and bool(flags.get("no_use_layer_wise_param_layout")))  # fmt: skip
 
 
 def _check_instances(layout: Layout, flags: dict[str, bool]) -> None:
