@@ -19,8 +19,8 @@ PAGES = docs_examples.pages()
 # versions refuse it (tests/test_versions.py records each version); such examples run on 0.16+.
 NEEDS_0_16 = ",m|"
 MEGATRON = tuple(int(part) for part in version("megatron-core").split(".")[:2])
-# Muon is modelled as megatron-core 0.16 builds it (inspector/memory/engine/muon.py), refused by name
-# on other versions: its examples run on 0.16 only.
+# The layer-wise dist_muon is modelled as megatron-core 0.16-0.17 build it
+# (inspector/memory/engine/muon.py), refused by name on other versions: its examples run there only.
 NEEDS_MUON = "--optimizer dist_muon"
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 # Words for the project's own process, which a user never saw.
@@ -47,7 +47,7 @@ def test_every_example_prints_what_the_page_shows(cli, page, tmp_path, monkeypat
     for example in docs_examples.examples(page):
         if NEEDS_0_16 in example.command and MEGATRON < (0, 16):
             continue
-        if NEEDS_MUON in example.command and not (0, 16) <= MEGATRON < (0, 17):
+        if NEEDS_MUON in example.command and not (0, 16) <= MEGATRON < (0, 18):
             continue
         code, output = docs_examples.run(example, tmp_path, cli)
         docs_examples.check(example, code, output)

@@ -392,7 +392,8 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
     _training("attention_dropout", float, "Attention dropout (0: no mask stored; default 0.1)."),
     _training("hidden_dropout", float, "Hidden dropout (0: no masks stored; default 0.1)."),
     # Megatron-LM's choices (muon and dist_muon from 0.16, lion 0.17, soap and adaptive_muon 0.18):
-    # adam, and muon / dist_muon on megatron-core 0.16, are modelled, the others refused by name
+    # adam, muon / dist_muon on megatron-core 0.16 and muon on 0.18-0.19 are modelled, the others
+    # refused by name
     # (unmodelled.REFUSED_VALUES); a layout argument, as dist_muon decides who owns what (params)
     _layout("optimizer", str, "Optimizer: adam; muon, dist_muon (Muon on 2-D weights, Adam on the "
             "rest; dist_muon gives each whole matrix to one data-parallel rank).",
@@ -410,6 +411,8 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
     _training("exp_avg_sq_dtype", str, "With the precision-aware optimizer: Adam's second moment.",
               choices=("fp32", "fp16", "bf16", "fp8")),
     _training("overlap_param_gather", bool, "Overlap the parameter all-gather (distributed optimizer)."),
+    _layout("no_use_layer_wise_param_layout", bool, "megatron-core 0.18+: dist_muon's legacy "
+              "layer-wise optimizer (whole matrices dealt over the ranks; no DDP layout)."),
     _training(
         "moe_token_dispatcher_type",
         str,

@@ -20,7 +20,7 @@ from inspector.inputs.unmodelled import (
     REFUSED_VALUES,
     refusal_message,
 )
-from inspector.inputs.versions import choice_version_fact, megatron_core_version
+from inspector.inputs.versions import choice_version_fact, megatron_core_version, within
 
 ALL_GROUPS = "all"  # a Refused.group that stops every command
 
@@ -52,7 +52,7 @@ def refused_value(flag: str, value: str | None, where: str) -> Refused | None:
     if refusal is None:
         return None
     known = choice_version_fact(flag, value or "")
-    if refusal.modelled is not None and refusal.modelled[0] <= megatron_core_version() < refusal.modelled[1]:
+    if refusal.modelled is not None and within(refusal.modelled, megatron_core_version()):
         return None
     if known is not None and not known[1]:  # argparse's 'invalid choice' in this Megatron-LM
         return Refused(ALL_GROUPS, where, f"{flag} {value}", "refused by Megatron-LM",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from inspector.inputs.versions import MUON_RELEASES, megatron_core_version
+from inspector.inputs.versions import LAYER_WISE_RELEASES, MUON_RELEASES, megatron_core_version
 
 
 @dataclass(frozen=True)
@@ -21,8 +21,8 @@ class Refusal:
     group: str  # the argument group (inspector.inputs.arguments) whose commands it would change
     reason: str
     harmless: tuple[str, ...] = ()
-    # modelled on the megatron-core releases from the first to before the second (a value)
-    modelled: tuple[tuple[int, int], tuple[int, int]] | None = None
+    # modelled on the megatron-core releases of these [first, stop) ranges (a value)
+    modelled: tuple[tuple[tuple[int, int], tuple[int, int]], ...] | None = None
 
 
 # megatron-core 0.16.1's DDP points each quantized weight into its param buffer through TE's
@@ -66,8 +66,9 @@ _DSA_KERNELS = (
 _QUANTIZERS = "ModelOpt's quantizers (fake-quantized weights and inputs) are not counted"
 _OPTIMIZER = "this optimizer's state is not counted (Adam's two fp32 moments are)"
 _MUON_LATER = (
-    "megatron-core 0.17+ builds Muon through its emerging-optimizers registry and layer-wise "
-    "parameter layout, which this tool does not run yet (megatron-core 0.16's Muon is modelled)"
+    "this megatron-core's Muon is not run by this tool (it runs megatron-core 0.16-0.19's "
+    "--optimizer muon, and 0.16-0.17's layer-wise dist_muon; 0.18 lays the layer-wise optimizer's "
+    "matrices out in the DDP buffers beside a distributed Adam)"
 )
 _MFSDP_DTYPE = (
     "Megatron-FSDP's buffer dtypes other than the default are not modelled (the buffers are "
@@ -427,8 +428,8 @@ REFUSED_VALUES: dict[str, dict[str, Refusal]] = {
     # 0.17+ moved it into optimizer/emerging_optimizers.py with a layer-wise parameter layout
     "--optimizer": {
         **{name: Refusal("training", _OPTIMIZER) for name in ("lion", "soap", "adaptive_muon")},
-        **{name: Refusal("training", _MUON_LATER, modelled=MUON_RELEASES)  # engine/muon.py
-           for name in ("muon", "dist_muon")},
+        "muon": Refusal("training", _MUON_LATER, modelled=MUON_RELEASES),  # engine/muon.py
+        "dist_muon": Refusal("training", _MUON_LATER, modelled=LAYER_WISE_RELEASES),
     },  # fmt: skip
 }
 

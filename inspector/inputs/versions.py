@@ -45,6 +45,8 @@ ARGUMENT_VERSIONS: dict[str, tuple[tuple[int, int], tuple[int, int] | None]] = {
     "--step-batch-size-schedule": ((0, 18), None),
     # training_config.py TokenizerConfig.padded_vocab_size, parsed from it from core_v0.18.0
     "--padded-vocab-size": ((0, 18), None),
+    # arguments.py (core_v0.18.0): the layer-wise optimizer's legacy path, without the DDP layout
+    "--no-use-layer-wise-param-layout": ((0, 18), None),
     # TransformerConfig's gated delta net fields and --linear-attention-freq (core_v0.16.0)
     "--experimental-attention-variant": ((0, 16), None),
     "--linear-attention-freq": ((0, 16), None),
@@ -86,9 +88,21 @@ CHOICE_VERSIONS: dict[tuple[str, str], tuple[int, int]] = {
 }
 
 
-# the megatron-core releases whose Muon this tool runs: 0.16's optimizer/muon.py (0.17 moved it into
-# optimizer/emerging_optimizers.py with a registry and a layer-wise parameter layout)
-MUON_RELEASES = ((0, 16), (0, 17))
+# the megatron-core releases whose Muon this tool runs, as [first, stop) ranges: 0.16-0.17's
+# optimizer/muon.py, and 0.18-0.19's optimizer/emerging_optimizers.py registry (muon.py a shim
+# there). The layer-wise optimizer (dist_muon; from 0.18 also muon with --use-distributed-optimizer)
+# as 0.16-0.17 build it, which 0.18+ keep behind --no-use-layer-wise-param-layout: by default 0.18
+# lays its matrices out in DDP's buffers (layer_wise_optimizer.py compute_full_param_layout) beside
+# a DistributedOptimizer for the other parameters, which this tool does not run yet
+# (job/optimizers.py refuses it by name).
+MUON_RELEASES = (((0, 16), (0, 20)),)
+LAYER_WISE_RELEASES = (((0, 16), (0, 20)),)  # 0.18+: --no-use-layer-wise-param-layout only
+MUON_REGISTRY_SINCE = (0, 18)  # optimizer/emerging_optimizers.py builds Muon
+
+
+def within(ranges: tuple[tuple[tuple[int, int], tuple[int, int]], ...], version: tuple[int, int]) -> bool:
+    """Return whether `version` is in one of the [first, stop) `ranges`."""
+    return any(first <= version < stop for first, stop in ranges)
 
 
 def choice_version_fact(flag: str, value: str) -> tuple[str, bool] | None:

@@ -9,7 +9,7 @@ turn those into records. Nothing downstream reads Megatron-LM arguments again.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, cast, get_args
 
 from inspector.errors import ConfigError
@@ -26,7 +26,7 @@ from inspector.job.layout import Layout, make_layout, validate_layout
 from inspector.job.model import ModelConfig
 from inspector.job.model_args import make_model_config, validate_model
 from inspector.job.optimizer_precision import OptimizerPrecision, make_precision
-from inspector.job.optimizers import FLAGS_READ, check_optimizer
+from inspector.job.optimizers import FLAGS_READ, check_optimizer, layer_wise_spelled_muon
 from inspector.job.packing import check_packing, packed_document_length
 from inspector.job.recompute_modules import DEFAULT_MODULES, check_modules, parse_modules
 from inspector.job.tp_overlap import check_tp_comm_overlap
@@ -62,8 +62,7 @@ class Training:
     ddp_bucket_size: int | None = None
     recompute_method: str = "uniform"  # with full recomputation: uniform or block
     recompute_num_layers: int = 1
-    # --microbatch-group-size-per-virtual-pipeline-stage (None: megatron's default, --pp)
-    microbatch_group_size: int | None = None
+    microbatch_group_size: int | None = None  # --microbatch-group-size-per-virtual-pipeline-stage
     attention_dropout: float = 0.1  # Megatron-LM's defaults
     hidden_dropout: float = 0.1
     recompute_modules: tuple[str, ...] = DEFAULT_MODULES  # selective (job/recompute_modules.py)
@@ -84,8 +83,7 @@ class Training:
     defer_embedding_wgrad: bool = False
     wgrad_deferral_limit: int = 0
     tp_comm_overlap: bool = False  # --tp-comm-overlap: Transformer Engine's userbuffers
-    # Megatron-LM's fusions the job turns off (`--no-bias-gelu-fusion` gives "bias_gelu_fusion")
-    unfused: tuple[str, ...] = ()
+    unfused: tuple[str, ...] = ()  # fusions turned off (--no-bias-gelu-fusion: bias_gelu_fusion)
     # --use-precision-aware-optimizer and its dtypes (job/optimizer_precision.py)
     optimizer_precision: OptimizerPrecision = field(default_factory=OptimizerPrecision)
     # --cuda-graph-impl and --cuda-graph-scope (job/cuda_graphs.py; () is the whole layer)
@@ -447,4 +445,6 @@ def make_job(args: Mapping[str, Any]) -> Job:
     training = make_training(args)
     flags = {name: bool(args.get(name)) for name in FLAGS_READ}
     check_optimizer(training.optimizer, layout, flags)
+    if layer_wise_spelled_muon(training.optimizer, flags):  # 0.18+ validate_args: dist_muon
+        training = replace(training, optimizer="dist_muon", use_distributed_optimizer=False)
     return Job(model, layout, training)

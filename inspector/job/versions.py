@@ -4,7 +4,14 @@ inputs/versions.py) and each checked against megatron itself in tests/test_versi
 
 from __future__ import annotations
 
-from inspector.inputs.versions import ARGUMENT_VERSIONS, MUON_RELEASES, megatron_core_version
+from inspector.inputs.versions import (
+    ARGUMENT_VERSIONS,
+    LAYER_WISE_RELEASES,
+    MUON_REGISTRY_SINCE,
+    MUON_RELEASES,
+    megatron_core_version,
+    within,
+)
 
 # megatron-core's first version whose TransformerConfig has `moe_flex_dispatcher_backend`
 # (core_v0.16.0 transformer_config.py; 0.13-0.15 run DeepEP only, behind `moe_enable_deepep`)
@@ -67,10 +74,16 @@ def hybrid_gdn_layers() -> bool:
     return megatron_version() >= (0, 17)
 
 
-def muon_modelled() -> bool:
-    """Return whether the installed megatron-core builds Muon as this tool runs it (0.16's
-    optimizer/muon.py and layer_wise_optimizer.py; memory/engine/muon.py)."""
-    return MUON_RELEASES[0] <= megatron_version() < MUON_RELEASES[1]
+def muon_modelled(layer_wise: bool = False) -> bool:
+    """Return whether the installed megatron-core builds Muon (`layer_wise`: with megatron's
+    LayerWiseDistributedOptimizer) as this tool runs it (memory/engine/muon.py)."""
+    return within(LAYER_WISE_RELEASES if layer_wise else MUON_RELEASES, megatron_version())
+
+
+def muon_registry() -> bool:
+    """Return whether megatron-core builds Muon through optimizer/emerging_optimizers.py's
+    registry and get_megatron_optimizer (0.18+; 0.16's optimizer/muon.py before)."""
+    return megatron_version() >= MUON_REGISTRY_SINCE
 
 
 # megatron-core's first version checked to have TransformerConfig.fp4 (--fp4-format) and

@@ -1,4 +1,4 @@
-"""An Emerging-Optimizers stand-in: the `emerging_optimizers` megatron-core 0.16's Muon imports.
+"""An Emerging-Optimizers stand-in: the `emerging_optimizers` megatron-core's Muon imports.
 
 megatron/core/optimizer/muon.py (core_v0.16.1) imports, at its top, `OrthogonalizedOptimizer` and
 `get_muon_scale_factor` from `emerging_optimizers.orthogonalized_optimizers` and `newton_schulz_tp`
@@ -18,6 +18,14 @@ meta tensors, each step allocating what the package's allocates:
   default --muon-tp-mode blockwise) is `newton_schulz`, "duplicated" all-gathers the shards first;
 - `get_muon_scale_factor` (orthogonalized_optimizers/muon.py): the update's scale (a number).
 
+megatron-core 0.18+ (optimizer/emerging_optimizers.py, core_v0.19.2) imports, at its import, also
+`registry` (`get_optimizer_name_list`, `get_optimizer_cls`: the package's registered optimizers,
+none here, so megatron's own `muon` and `adaptive_muon` entries are the registry), `AdaptiveMuon`,
+`muon_utils.NSCoeffT`, `scalar_optimizers.Lion` and `soap.SOAP`, and calls
+`OrthogonalizedOptimizer.__init__(params, lr, momentum, nesterov=..., weight_decay_method=...)` and
+`newton_schulz_tp(..., tp_mode=...)` (the package's 0.2 spellings); AdaptiveMuon, Lion and SOAP are
+names only (--optimizer adaptive_muon, lion and soap are refused before megatron runs).
+
 Values are never computed (meta tensors have none). No package code is copied here.
 """
 
@@ -27,7 +35,7 @@ import contextlib
 import sys
 import types
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -35,6 +43,8 @@ NAME = "emerging_optimizers"
 
 # muon_utils.py _COEFFICIENT_SETS: how many (a, b, c) steps each type cycles through
 COEFFICIENT_STEPS = {"simple": 1, "quintic": 5, "polar_express": 8, "aol": 4}
+# muon_utils.py: the coefficient types, as a Literal (megatron 0.18+ reads its members)
+NSCoeffT = Literal["simple", "quintic", "polar_express", "aol"]
 
 
 def get_muon_scale_factor(size_out: int, size_in: int, mode: str = "spectral") -> float:
@@ -70,9 +80,12 @@ def newton_schulz(x: torch.Tensor, steps: int, coefficient_type: str = "quintic"
 
 
 def newton_schulz_tp(x: torch.Tensor, steps: int, coefficient_type: str, tp_group: Any,
-                     partition_dim: int | None = None, mode: str = "duplicated") -> torch.Tensor:  # fmt: skip
+                     partition_dim: int | None = None, mode: str = "duplicated",
+                     tp_mode: str | None = None) -> torch.Tensor:  # fmt: skip
     """muon_utils.py `newton_schulz_tp`: unsharded matrices as they are; "duplicated" gathers
-    the tensor-parallel shards into the whole matrix, orthogonalises it and keeps this rank's."""
+    the tensor-parallel shards into the whole matrix, orthogonalises it and keeps this rank's
+    (`mode` in the package's 0.1, `tp_mode` in its 0.2)."""
+    mode = tp_mode or mode
     if partition_dim is None:
         return newton_schulz(x, steps, coefficient_type)
     if mode != "duplicated":
@@ -99,7 +112,8 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
     def __init__(self, params: Any, lr: float, momentum_beta: float, use_nesterov: bool = False,
                  weight_decay: float = 0.0, weight_decay_method: str = "decoupled",
                  fp32_matmul_prec: str = "medium", scaled_orthogonalize_fn: Any = None,
-                 **kwargs: Any) -> None:  # fmt: skip
+                 nesterov: bool | None = None, **kwargs: Any) -> None:  # fmt: skip
+        use_nesterov = use_nesterov if nesterov is None else nesterov  # the package's 0.2 name
         self.fp32_matmul_prec = fp32_matmul_prec
         defaults = dict(lr=lr, momentum_beta=momentum_beta, use_nesterov=use_nesterov,
                         weight_decay=weight_decay, weight_decay_method=weight_decay_method,
@@ -137,6 +151,39 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
         return self.scaled_orthogonalize_fn(grad)
 
 
+class AdaptiveMuon(OrthogonalizedOptimizer):
+    """orthogonalized_optimizers/adaptive_muon.py: a name megatron 0.18+ subclasses (its
+    TensorParallelAdaptiveMuon); --optimizer adaptive_muon is refused, so it never steps here."""
+
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        raise NotImplementedError("adaptive_muon is not simulated")
+
+
+class _NotSimulated(torch.optim.Optimizer):
+    """Lion (scalar_optimizers) and SOAP (soap): names megatron 0.18+ imports; never built here."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise NotImplementedError(f"{type(self).__name__} is not simulated")
+
+
+class Lion(_NotSimulated):
+    pass
+
+
+class SOAP(_NotSimulated):
+    pass
+
+
+def get_optimizer_name_list() -> list[str]:
+    """registry.py: the names the package registered (none in the stand-in)."""
+    return []
+
+
+def get_optimizer_cls(name: str) -> type:
+    """registry.py: the class registered under `name`."""
+    raise ValueError(f"Optimizer {name} not found in the registry.")
+
+
 def install() -> None:
     """Put the stand-in into sys.modules as `emerging_optimizers` unless the package is there."""
     if NAME in sys.modules:
@@ -147,10 +194,16 @@ def install() -> None:
     except ImportError:
         pass
     utils = _module("orthogonalized_optimizers.muon_utils", newton_schulz=newton_schulz,
-                    newton_schulz_tp=newton_schulz_tp)  # fmt: skip
+                    newton_schulz_tp=newton_schulz_tp, NSCoeffT=NSCoeffT)  # fmt: skip
     optimizers = _module("orthogonalized_optimizers", OrthogonalizedOptimizer=OrthogonalizedOptimizer,
-                         get_muon_scale_factor=get_muon_scale_factor, muon_utils=utils)  # fmt: skip
-    _module("", orthogonalized_optimizers=optimizers)
+                         AdaptiveMuon=AdaptiveMuon, get_muon_scale_factor=get_muon_scale_factor,
+                         muon_utils=utils)  # fmt: skip
+    registry = _module("registry", get_optimizer_name_list=get_optimizer_name_list,
+                       get_optimizer_cls=get_optimizer_cls)  # fmt: skip
+    scalar = _module("scalar_optimizers", Lion=Lion)
+    soap = _module("soap", SOAP=SOAP)
+    _module("", orthogonalized_optimizers=optimizers, registry=registry, scalar_optimizers=scalar,
+            soap=soap)  # fmt: skip
 
 
 def _module(name: str, **members: Any) -> types.ModuleType:

@@ -27,8 +27,9 @@
 - The garbage collector's full collections skip what exists before and after the import (torch's
   and megatron's modules, classes, functions: `gc.freeze()`): ~2 full collections would otherwise
   rescan them, ~0.1-0.2 s each. Nothing frozen is garbage; collection itself stays on.
-- The Transformer Engine stand-in (inspector.world.te), and mamba_ssm's and causal_conv1d's
-  (inspector.world.ssm), are installed before megatron-core is imported.
+- The Transformer Engine stand-in (inspector.world.te), mamba_ssm's and causal_conv1d's
+  (inspector.world.ssm) and Emerging-Optimizers' (inspector.world.emerging) are installed before
+  megatron-core is imported.
 - After the import, three of torch's Python helpers answer plain Python values without sympy
   (world/sympy_free.py).
 
@@ -254,12 +255,14 @@ def _install_transformer_engine_standin() -> None:
     megatron-core decides whether Transformer Engine is there when it is first imported: the
     stand-in goes in first, so a real TE on this machine (working or broken) is never loaded.
     """
-    from inspector.world import hadamard, hybrid_ep, ssm, te
+    from inspector.world import emerging, hadamard, hybrid_ep, ssm, te
 
     te.install()
     hadamard.install()  # fast_hadamard_transform: DSA's dsa.py imports it at its import
     hybrid_ep.install()  # DeepEP's stand-in and HybridEP's: fused_a2a.py imports them at its import
     ssm.install()  # mamba_ssm and causal_conv1d: ssm/mamba_mixer.py decides HAVE_MAMBA_SSM at import
+    # Emerging-Optimizers: 0.18+'s optimizer/emerging_optimizers.py subclasses its classes at import
+    emerging.install()
 
 
 def _import(names: Callable[[], Any]) -> Any:

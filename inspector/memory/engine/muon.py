@@ -11,6 +11,11 @@ one data-parallel rank: sorted by size, dealt ping-pong (0, 1, .., d-1, d-1, ..,
 data x context parallel ranks (expert parameters over the expert data-parallel ranks), so the
 largest, the embedding and the output layer, land on the last ranks dealt (Megatron-LM #2163).
 
+megatron-core 0.18-0.19 build `--optimizer muon` through get_megatron_optimizer instead
+(optimizer/__init__.py `_get_megatron_emerging_optimizer`, the registry of
+optimizer/emerging_optimizers.py; muon.py is a shim): the same TensorParallelMuon on the same
+parameters (`_is_nonlinear_or_embedding`), Adam on the rest, each in megatron's Float16 wrapper.
+
 Here megatron's own function builds it on the stage's chunks in megatron's DDP, in the simulated
 rank's world; the data-parallel groups it shards over are stand-ins of the job's sizes
 (world/ddp.py), and its all-gather of the updated weights (`allgather_params`) allocates its
@@ -28,7 +33,7 @@ import torch
 
 from inspector.errors import ConfigError
 from inspector.job.job import Job
-from inspector.job.versions import megatron_version, muon_modelled
+from inspector.job.versions import megatron_version, muon_modelled, muon_registry
 
 # the parameters Megatron-LM #2163 asks about: the largest, dealt last (a chunk's local names)
 LARGEST = ("embedding.word_embeddings.weight", "output_layer.weight")
@@ -69,27 +74,70 @@ def build_muon(job: Job, ddps: Sequence[Any], config: Any, dense_index: int = 0,
                expert_index: int = 0) -> Any:  # fmt: skip
     """Build megatron's Muon over `ddps` for the rank at these data-parallel positions, from the
     OptimizerConfig Megatron-LM makes (engine/optimizer.py `optimizer_config`)."""
-    if not muon_modelled():  # inputs/unmodelled.py refuses it before a job is made
+    layer_wise = job.training.optimizer == "dist_muon"
+    if not muon_modelled(layer_wise):  # inputs/ and job/optimizers.py refuse it before a job is made
         version = ".".join(map(str, megatron_version()))
-        raise ConfigError(f"--optimizer {job.training.optimizer} is modelled as megatron-core 0.16 "
-                          f"builds it; this tool builds with megatron-core {version}")
+        raise ConfigError(f"--optimizer {job.training.optimizer} is not modelled on megatron-core "
+                          f"{version}")
     from megatron.core.process_groups_config import ProcessGroupCollection
 
     from inspector.world.ddp import StandInGroup
     from inspector.world.emerging import install
 
     install()
-    from megatron.core.optimizer.muon import get_megatron_muon_optimizer
-
     layout = job.layout
     groups = ProcessGroupCollection.use_mpu_process_groups()
     groups.dp_cp = StandInGroup(layout.dp * layout.cp, dense_index)
     groups.expt_dp = StandInGroup(layout.expert_dp, expert_index)
-    return get_megatron_muon_optimizer(
+    # one distributed-optimizer instance: the partial data-parallel groups are the whole ones
+    # (parallel_state); 0.19's LayerWiseDistributedOptimizer checks their sizes agree
+    groups.intra_dp_cp, groups.intra_expt_dp = groups.dp_cp, groups.expt_dp
+    if muon_registry():
+        return _registry_muon(muon_config(job, config), ddps, groups)
+    return muon_module().get_megatron_muon_optimizer(
         muon_config(job, config), list(ddps), use_gloo_process_groups=False,
         layer_wise_distributed_optimizer=job.training.optimizer == "dist_muon",
         pg_collection=groups,
     )  # fmt: skip
+
+
+def muon_module() -> Any:
+    """Return megatron's optimizer/muon.py (0.16-0.17). 0.17's imports, at its import,
+    HAVE_EMERGING_OPTIMIZERS and HAVE_EO_V02 from the optimizer package, which reads them from the
+    installed package's metadata (emerging-optimizers >= 0.1, >= 0.2); the stand-in
+    (world/emerging.py) has none and speaks 0.2's names, so both are answered for that import."""
+    import importlib
+
+    from megatron.core import optimizer as package
+
+    flags = ("HAVE_EMERGING_OPTIMIZERS", "HAVE_EO_V02")
+    real = {name: getattr(package, name) for name in flags if hasattr(package, name)}
+    package.__dict__.update(dict.fromkeys(real, True))
+    try:
+        module = importlib.import_module("megatron.core.optimizer.muon")
+        if not all(getattr(module, name, True) for name in flags):  # imported before, without
+            module = importlib.reload(module)
+    finally:
+        package.__dict__.update(real)
+    return module
+
+
+def _registry_muon(config: Any, ddps: Sequence[Any], groups: Any) -> Any:
+    """megatron-core 0.18+: Megatron-LM's setup_model_and_optimizer calls get_megatron_optimizer,
+    which hands --optimizer muon to optimizer/__init__.py `_get_megatron_emerging_optimizer`
+    (the registry's TensorParallelMuon on the 2-D weights, `muon_scalar_optimizer` Adam on the
+    rest). It asks the installed package's metadata for emerging-optimizers >= 0.2
+    (HAVE_EMERGING_OPTIMIZERS); the stand-in (world/emerging.py) has none, so the answer is given
+    for the call."""
+    from megatron.core import optimizer as package
+
+    real = package.HAVE_EMERGING_OPTIMIZERS
+    package.HAVE_EMERGING_OPTIMIZERS = True
+    try:
+        return package.get_megatron_optimizer(config, list(ddps), use_gloo_process_groups=False,
+                                              pg_collection=groups)  # fmt: skip
+    finally:
+        package.HAVE_EMERGING_OPTIMIZERS = real
 
 
 def muon_params(job: Job, ddps: Sequence[Any], optimizer: Any, muon: set[int]) -> tuple[MuonParam, ...]:
@@ -132,17 +180,21 @@ def muon_taken() -> Iterator[set[int]]:
 
     install()
     from megatron.core.optimizer import layer_wise_optimizer
-    from megatron.core.optimizer.muon import TensorParallelMuon
+
+    if muon_registry():
+        from megatron.core.optimizer.emerging_optimizers import TensorParallelMuon
+    else:
+        TensorParallelMuon = muon_module().TensorParallelMuon
 
     taken: set[int] = set()
     owner = layer_wise_optimizer.LayerWiseDistributedOptimizer
     real = owner.shard_params
 
-    def recording(self: Any, optimizers: Any) -> Any:
+    def recording(self: Any, optimizers: Any, *rest: Any) -> Any:  # 0.18+: full_param_layouts
         for part in optimizers:
             if isinstance(inner(part), TensorParallelMuon):
                 taken.update(id(p) for p in model_params(part))
-        return real(self, optimizers)
+        return real(self, optimizers, *rest)
 
     owner.shard_params = recording
     try:
