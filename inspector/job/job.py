@@ -140,6 +140,9 @@ class Schedule:
     num_microbatches: int  # per pipeline, per iteration
 
 
+_CHECKED: set[tuple[Any, ...]] = set()  # jobs checked (a pure check of hashable settings)
+
+
 @dataclass(frozen=True)
 class Job:
     """A model, its parallel layout and its training settings, checked together."""
@@ -149,7 +152,9 @@ class Job:
     training: Training = field(default_factory=Training)
 
     def __post_init__(self) -> None:
-        """Reject a job megatron would refuse or silently change."""
+        """Reject a job megatron would refuse or silently change (once: a search remakes jobs)."""
+        if (key := (self.model, self.layout, self.training)) in _CHECKED:
+            return
         validate_model(self.model)
         validate_layout(self.model, self.layout)
         check_dsa_layout(self.model, self.layout.cp)
@@ -170,9 +175,9 @@ class Job:
                           model.num_experts, bool(model.num_experts) and every_moe,
                           training.ep_overlap, preprocess_syncs(training))  # fmt: skip
         if self.training.flash_attention and self.model.dtype_name == "float32":
-            raise ConfigError(
-                "--use-flash-attn needs --bf16 or --fp16: flash attention kernels have no fp32 path"
-            )
+            raise ConfigError("--use-flash-attn needs --bf16 or --fp16: flash attention kernels "
+                              "have no fp32 path")  # fmt: skip
+        _CHECKED.add(key)
 
     def schedule(self) -> Schedule:
         """Return the iteration's batches; --micro-batch-size is required for them."""
