@@ -162,7 +162,7 @@ def test_composed_flex_stages_equal_every_layer_run():
     job = _job(**_MOE_TP1, num_layers=6, moe_layer_freq=2, data_parallel_size=2,
                expert_model_parallel_size=2, moe_token_dispatcher_type="flex")  # fmt: skip
     cache = assert_composed_equals_whole(job)
-    assert {kind for _, _, small, _ in cache for kind in small} == {True, False}
+    assert {moe for _, _, small, _ in cache for moe, _ in small} == {True, False}  # (MoE, GDN)
 
 
 def test_a_stage_without_moe_layers_holds_no_deepep_buffer():

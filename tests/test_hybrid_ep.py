@@ -136,7 +136,7 @@ def test_composed_hybridep_stages_equal_every_layer_run() -> None:
                data_parallel_size=2, expert_model_parallel_size=2,
                moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend="hybridep")  # fmt: skip
     cache = assert_composed_equals_whole(job)
-    assert {kind for _, _, small, _ in cache for kind in small} == {True, False}
+    assert {moe for _, _, small, _ in cache for moe, _ in small} == {True, False}  # (MoE, GDN)
 
 
 @needs_016

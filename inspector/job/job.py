@@ -170,9 +170,8 @@ class Job:
                           model.num_experts, bool(model.num_experts) and every_moe,
                           training.ep_overlap, preprocess_syncs(training))  # fmt: skip
         if self.training.flash_attention and self.model.dtype_name == "float32":
-            raise ConfigError(
-                "--use-flash-attn needs --bf16 or --fp16: flash attention kernels have no fp32 path"
-            )
+            raise ConfigError("--use-flash-attn needs --bf16 or --fp16: flash attention kernels "
+                              "have no fp32 path")  # fmt: skip
 
     def schedule(self) -> Schedule:
         """Return the iteration's batches; --micro-batch-size is required for them."""
