@@ -233,6 +233,18 @@ def test_a_key_repeated_with_its_value_is_one_setting(tmp_path):
     assert read_config(str(path)).args["ffn_hidden_size"] == 256
 
 
+def test_the_runners_run_counters_read_as_its_first_run(tmp_path):
+    # Megatron-LM's runner envsubsts its own variables into the file (_run_training.sh); a seed
+    # written ${REPEAT} is 1 on the first run, which argparse then reads as an int
+    path = tmp_path / "model_config.yaml"
+    path.write_text("MODEL_ARGS:\n  --num-layers: 4\n  --hidden-size: 64\n  --seed: ${REPEAT}\n"
+                    "  --log-interval: $RUN_NUMBER\n")  # fmt: skip
+    parsed = read_config(str(path))
+    assert parsed.args["num_layers"] == 4
+    assert "the runner's $REPEAT and $RUN_NUMBER are read as 1 (its first run, which it envsubsts)" \
+        in parsed.notes
+
+
 @pytest.mark.parametrize(
     "name, world, origin",
     [

@@ -47,6 +47,11 @@ _BRACKETED = re.compile(r"^\[[^]]+\]$")
 # The runner launches `torchrun --nproc_per_node $GPUS_PER_NODE --nnodes $NUM_NODES`, by default
 # 8 GPUs on 1 node (_run_training.sh: GPUS_PER_NODE=${GPUS_PER_NODE:-8}, NUM_NODES=${NUM_NODES:-1}).
 RUNNER_GPUS = 8
+# The runner substitutes its own variables into the file before reading it (_run_training.sh:
+# `envsubst` over its environment); of its mandatory ones only the run counters are numbers, both
+# 1 on the first run of the first repeat (run_ci_test.sh `export REPEAT=$i`, RUN_NUMBER=1), which
+# its golden values log first.
+_RUN_COUNTERS = re.compile(r"\$(?:\{(REPEAT|RUN_NUMBER)\}|(REPEAT|RUN_NUMBER)\b)")
 RUNNER_WORLD = ("Megatron-LM's functional-test runner, 1 node x 8 GPUs by default "
                 "(_run_training.sh); --dp gives another")  # fmt: skip
 
@@ -99,11 +104,11 @@ def _functional_test(data: dict[str, Any], path: str) -> ScriptArgs:
             notes.append(f"{flag}: {value} is left out (the runner would pass it as a word, which "
                          "argparse refuses for a switch)")  # fmt: skip
         elif isinstance(value, list):
-            words += [flag, *(str(item) for item in value)]
+            words += [flag, *(_first_run(str(item), notes) for item in value)]
         elif _BRACKETED.match(str(value).strip()):
             words += [flag, *str(value).strip()[1:-1].split()]
         else:
-            words += [flag, str(value)]
+            words += [flag, _first_run(str(value), notes)]
     others = [str(k) for k in data if k not in _RUNNER_KEYS]
     env = data.get("ENV_VARS") or {}
     if env:
@@ -128,6 +133,16 @@ def _functional_test(data: dict[str, Any], path: str) -> ScriptArgs:
     return ScriptArgs(args, ignored, notes=(*notes, *tokenizer_notes), vocab_problem=problem,
                       refused=refused, unrecognised=parsed.unrecognised,
                       world_size=RUNNER_GPUS, world_origin=RUNNER_WORLD)  # fmt: skip
+
+
+def _first_run(value: str, notes: list[str]) -> str:
+    """Return a MODEL_ARGS value with the runner's run counters as its first run sets them."""
+    if not _RUN_COUNTERS.search(value):
+        return value
+    note = "the runner's $REPEAT and $RUN_NUMBER are read as 1 (its first run, which it envsubsts)"
+    if note not in notes:
+        notes.append(note)
+    return _RUN_COUNTERS.sub("1", value)
 
 
 def _runner_program(data: dict[str, Any], path: str) -> EntryPoint:
