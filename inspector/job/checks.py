@@ -22,6 +22,13 @@ def check_at_least_one(flag: str, value: int | None) -> None:
     check_at_most(flag, value)
 
 
+def check_count(flag: str, value: int | None) -> None:
+    """Raise ConfigError for a count (0 allowed) below 0 or larger than this tool can simulate."""
+    if value is not None and value < 0:
+        raise ConfigError(f"{flag} {value} must not be negative")
+    check_at_most(flag, value)
+
+
 def check_at_most(flag: str, value: int | None) -> None:
     """Raise ConfigError when `flag`'s integer is larger than this tool can simulate."""
     if value is not None and value > MAX_SIZE:

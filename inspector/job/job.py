@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, cast, get_args
 
 from inspector.errors import ConfigError
-from inspector.job.checks import check_at_least_one, check_at_most
+from inspector.job.checks import check_at_least_one, check_count
 from inspector.job.cuda_graphs import check_cuda_graphs, parse_scope, preprocess_syncs
 from inspector.job.dims import ModelDims, num_microbatches
 from inspector.job.dsa import check_dsa_layout
@@ -109,9 +109,10 @@ class Training:
                 f"--recompute-granularity {self.recompute!r} is not one of: "
                 f"{', '.join(RECOMPUTE_MODES)}"
             )
-        if self.ddp_bucket_size is not None and self.ddp_bucket_size < 0:
-            raise ConfigError(f"--ddp-bucket-size {self.ddp_bucket_size} must not be negative")
-        check_at_most("--ddp-bucket-size", self.ddp_bucket_size)
+        for flag, count in (("--ddp-bucket-size", self.ddp_bucket_size),
+                            ("--wgrad-deferral-limit", self.wgrad_deferral_limit),
+                            ("--cuda-graph-warmup-steps", self.cuda_graph_warmup_steps)):  # fmt: skip
+            check_count(flag, count)
         self._check_routing()
 
     def _check_routing(self) -> None:
