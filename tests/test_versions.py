@@ -65,6 +65,11 @@ ALLTOALL_GRAPH_RETURNS_PROBS = VERSION >= (0, 19)
 # (--moe-router-padding-for-fp8) up to 0.17; 0.18 skips it then (moe_utils.py
 # skip_routed_expert_padding). Checked on 0.16.1, 0.17.1, 0.18.2 and 0.19.2.
 EXPERTS_PAD_AFTER_ROUTER_PADS = VERSION < (0, 18)
+# megatron-core 0.18's MultiTokenPredictionLayer passes `padding_mask` to its own
+# `_checkpointed_forward`, which does not take it (transformer/multi_token_prediction.py at
+# 0.18.2): megatron itself stops an MTP job under full recomputation; 0.19 takes the argument.
+# Checked on 0.17.1, 0.18.2 and 0.19.2.
+MTP_FULL_RECOMPUTE_FAILS = VERSION == (0, 18)
 # DeepEP's _DeepepManager keeps its dispatched indices and probs after combine up to 0.17; 0.18
 # drops them there (token_dispatcher.py `_DeepepManager.combine`, "avoid memory leak"), so
 # autograd frees what the dispatch saved of them in backward. Checked on 0.16.1 to 0.19.2.
