@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from tests.test_versions import MOE_BIASES
+
 ROOT = Path(__file__).resolve().parent.parent
 HF = ROOT / "fixtures" / "hf"
 SMALL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
@@ -383,10 +385,11 @@ def test_a_refusal_without_field_names_reaches_the_command_line_with_its_flags(t
     argv = ["tree", "--num-layers", "2", "--num-experts", "2", "--tp", "2", "--sequence-parallel",
             "--expert-tensor-parallel-size", "2", "--num-attention-heads", "4", "--hidden-size", "64",
             "--transformer-impl", "transformer_engine"]  # fmt: skip
+    refusal = ("Bias in Moe is only supported when ETP==1 (the flags it names: "
+               "--expert-tensor-parallel-size, --disable-bias-linear" if MOE_BIASES else
+               "Bias is not supported for MoE (the flags it names: --disable-bias-linear")
     assert error_line(run(*argv, cwd=tmp_path)) == (
-        "Error: megatron-core refused to build stage 0: Bias in Moe is only supported when ETP==1 "
-        "(the flags it names: --expert-tensor-parallel-size, --disable-bias-linear; --debug shows "
-        "its traceback)")
+        f"Error: megatron-core refused to build stage 0: {refusal}; --debug shows its traceback)")
 
 
 # --- extreme scales: an Error: within bounded time and memory ----------------------------------

@@ -15,6 +15,7 @@ from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
 from inspector.plan import confirm
 from tests.conftest import run_cli
+from tests.test_versions import VERSION
 
 # an MoE job whose plans need recomputation to fit: the search measures a layout, finds it over,
 # and measures it again with more layers recomputed
@@ -45,4 +46,5 @@ def test_sharing_runs_prints_the_plans_of_unshared_runs(monkeypatch) -> None:
     monkeypatch.setattr(confirm, "_shared", lambda job: ({}, {}))
     alone = run_cli(*MOE)
     assert json.loads(shared.out) == json.loads(alone.out)
-    assert any(p["recompute"] != "none" for p in json.loads(shared.out)["plans"])
+    if VERSION >= (0, 16):  # on 0.13.1 this job's printed plans need no recomputation
+        assert any(p["recompute"] != "none" for p in json.loads(shared.out)["plans"])

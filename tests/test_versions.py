@@ -17,6 +17,9 @@ VERSION = tuple(int(p) for p in megatron.core.__version__.split(".")[:2])
 SMALL = "--hidden-size 64 --num-attention-heads 4 --seq-length 32 --vocab-size 1000 --num-layers 2".split()
 MOE = SMALL + "--num-experts 4 --moe-ffn-hidden-size 32".split()
 SHARED_EXPERT_GATE = VERSION >= (0, 16)  # TransformerConfig.moe_shared_expert_gate
+# MoE layers with biases: megatron-core 0.15 on (0.13-0.14 TransformerConfig: "Bias is not
+# supported for MoE")
+MOE_BIASES = VERSION >= (0, 15)
 GPT_OSS = VERSION >= (0, 15)  # TransformerConfig.softmax_type, glu_linear_offset, ...; quick_gelu
 # 0.13.1 refuses "m" in --pipeline-model-parallel-layout ("MTP layer is not supported for flexible
 # pipeline layout"); 0.16.1 places it. Checked on 0.13.1 and 0.16.1 only.
@@ -452,3 +455,13 @@ def test_attention_holds_identity_qk_norms_up_to_0_17(cli):
     assert result.code == 0, result.err
     assert ("Submodule: q_layernorm (IdentityOp)" in result.out) == QK_NORM_IDENTITY
     assert as_built_by_installed(result.out) == result.out  # nothing left to strip
+
+
+def test_packed_sequences_are_refused_by_name_before_0_16(cli):
+    result = cli("memory", *SMALL, "--micro-batch-size", "1", "--bf16", "--sft")
+    if VERSION >= (0, 16):
+        assert result.code == 0, result.err
+    else:
+        assert (result.code, result.err) == (2, "Error: --sft: packed sequences are modelled as "
+                f"megatron-core 0.16 and later run them; {VERSION[0]}.{VERSION[1]}'s THD path is "
+                "not checked\n")  # fmt: skip

@@ -20,6 +20,7 @@ _FIELD_FLAGS = {"num_moe_experts": "--num-experts", "gated_linear_unit": "--swig
 # transformer_block.py): the Megatron-LM flags that set what they check
 _MESSAGE_FLAGS = (
     ("Bias in Moe is only supported when ETP==1", "--expert-tensor-parallel-size --disable-bias-linear"),
+    ("Bias is not supported for MoE", "--disable-bias-linear"),  # 0.13-0.14: no MoE biases at all
     ("Cannot use sequence parallelism without tensor parallelism",
      "--sequence-parallel --tensor-model-parallel-size"),
     ("Currently GroupedMLP for MoE only supports bf16", "--moe-grouped-gemm --bf16"),
