@@ -97,7 +97,7 @@ def test_moe_biases_are_accepted_from_0_15():
         assert (result.code, result.err) == (
             2,
             "Error: megatron-core refused to build stage 0: Bias is not supported for MoE "
-            "(--debug shows its traceback)\n",
+            "(the flags it names: --disable-bias-linear; --debug shows its traceback)\n",
         )
 
 
