@@ -7,7 +7,11 @@ import shlex
 
 import pytest
 
-from inspector.job.versions import hybrid_moe_layers, hybrid_pattern_separators
+from inspector.job.versions import (
+    hybrid_moe_layers,
+    hybrid_pattern_separators,
+    hybrid_stage_sizes_read,
+)
 from tests.conftest import run_cli
 
 # hidden 512: d_inner 1024, 16 Mamba heads of 64, 8 groups of state 128
@@ -74,7 +78,7 @@ def test_attention_and_mlp_layers_are_a_gpt_layer_cut_in_two() -> None:
 
 
 CASES = [("M*-M*-M-", ("--pp", "2"))]
-if hybrid_moe_layers():  # megatron-core 0.16+'s MambaStack reads the first/last stage sizes
+if hybrid_stage_sizes_read():  # megatron-core's MambaStack reads the first/last stage sizes
     CASES.append(("M*-M*-M-", ("--pp", "4", "--decoder-first-pipeline-num-layers", "1",
                                "--decoder-last-pipeline-num-layers", "1")))  # fmt: skip
 if hybrid_moe_layers():  # E: megatron-core 0.16+

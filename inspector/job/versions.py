@@ -67,6 +67,13 @@ def hybrid_pattern_separators() -> bool:
     return megatron_version() >= (0, 17)
 
 
+def hybrid_stage_sizes_read() -> bool:
+    """Return whether megatron-core's MambaStack reads --decoder-first/last-pipeline-num-layers:
+    0.16 (ssm/mamba_block.py `num_layers_in_first_pipeline_stage`); core_v0.13.1 splits evenly
+    whatever they say (0.14-0.15 not checked)."""
+    return megatron_version() >= (0, 16)
+
+
 def hybrid_gdn_layers() -> bool:
     """Return whether megatron-core's hybrid layer pattern has gated delta net layers (`G`): 0.17
     on (ssm/mamba_hybrid_layer_allocation.py `Symbols.GDN` and MambaStack's `gdn_layer`

@@ -49,7 +49,7 @@ from inspector.job.hybrid_model import (
 )
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
-from inspector.job.versions import hybrid_pattern_separators, megatron_version
+from inspector.job.versions import hybrid_pattern_separators, hybrid_stage_sizes_read
 from inspector.plan.flex import moe_exchange
 from inspector.plan.kernel_seconds import compute_seconds
 from inspector.plan.network import Network, collective
@@ -79,9 +79,8 @@ def check_hybrid_plan(model: ModelConfig, fixed: dict[str, Any], ep_overlap: boo
         )
     virtual = (fixed.get("vpp") or 1) > 1 or "layers_per_chunk" in fixed
     pin = fixed.get("pin", {})
-    # megatron's stack reads --decoder-first/last-pipeline-num-layers only (0.16 MambaStack;
-    # core_v0.13.1's splits evenly whatever they say, 0.14-0.15 not checked)
-    reads_split = megatron_version() >= (0, 16)
+    # megatron's stack reads --decoder-first/last-pipeline-num-layers only, from 0.16
+    reads_split = hybrid_stage_sizes_read()
     unread = sorted(name for name in pin if not (name.startswith("decoder_") and reads_split))
     reasons = {
         "--recompute-granularity full": fixed.get("recompute") == "full" or "recompute_method" in fixed,
