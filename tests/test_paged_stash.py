@@ -93,6 +93,11 @@ def test_only_te_fused_grouped_mlp_opens_the_stash() -> None:
     assert "get_paged_stash_context(" in inspect.getsource(TEGroupedMLP._fused_forward)
     assert "self._with_fused_impl: bool = self.config.use_transformer_engine_op_fuser" in (
         inspect.getsource(TEGroupedMLP.__init__))
+    # and that path needs Transformer Engine 2.14+, newer than the stand-in megatron builds on
+    from inspector.world.te import VERSION
+
+    assert 'is_te_min_version("2.14.0")' in inspect.getsource(TEGroupedMLP._is_fused_impl_supported)
+    assert tuple(int(part) for part in VERSION.split(".")[:2]) < (2, 14)
 
 
 @needs_stash
@@ -133,9 +138,10 @@ _BUDGET, _AVERAGE, _CUDA_ROWS, _HOST_ROWS = 196_608, 131_072, 7_549_760, 6_291_4
 
 def test_the_recorded_sizes_follow_megatrons_arithmetic() -> None:
     # token_dispatcher.py _HybridEPManager.setup_metadata: int(tokens * topk * factor), rounded
-    # up to the mxfp8 alignment (32); experts.py: avg_num_tokens = int(budget // factor)
+    # up to the op fuser's alignment (moe_utils.py get_align_size_for_quantization: 256);
+    # experts.py _fused_forward: avg_num_tokens = int(budget // factor)
     budget = int(_TOKENS * _TOPK * _CAPACITY)
-    assert budget + (-budget % 32) == _BUDGET and int(_BUDGET // _CAPACITY) == _AVERAGE
+    assert budget + (-budget % 256) == _BUDGET and int(_BUDGET // _CAPACITY) == _AVERAGE
     # pp 1: every MoE layer's marked tensors wait for backward, so the capture's peak is the sum
     pages = math.ceil(int(_LAYERS * _AVERAGE * _CUDA) / _PAGE)
     assert pages * _PAGE == _CUDA_ROWS

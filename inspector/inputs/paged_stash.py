@@ -8,24 +8,27 @@ saved-tensor hook pages only the tensors Transformer Engine's fused grouped MLP 
 requires the stash to come with `--moe-expert-rank-capacity-factor` (HybridEP's static receive
 budget, "there is no need to use paged stashing without it"), and that factor with the hybridep
 backend requires the op fuser (transformer_config.py __post_init__, core_v0.18.0 and 0.19.2).
-This tool's Transformer Engine simulates TE's modules, not its fused operations (world/te/state.py
-FusibleOperation), so the stash is refused by name with that reason; with no marked tensor,
-megatron's own stash would allocate no page at all. The sizes it would allocate, for one recipe,
-are in bench/RESULTS.md (section `stash`).
+That grouped MLP needs TE 2.14+'s fused operations (`_is_fused_impl_supported`: `is_te_min_version
+("2.14.0")`, `transformer_engine.pytorch.ops.GroupedLinear`, ScaledSwiGLU); this tool's Transformer
+Engine is 2.11's modules without them (world/te/state.py FusibleOperation), so megatron's own
+build would stop ("Fused GroupedMLP is not supported"), and the stash is refused by name with that
+reason. With no marked tensor megatron's stash would allocate no page at all. The sizes it would
+allocate for one recipe are in bench/RESULTS.md (section `stash`).
 """
 
 from __future__ import annotations
 
 _OP_FUSER = (
-    "Transformer Engine's fused operations (the experts' fused grouped MLP that "
-    "--use-transformer-engine-op-fuser runs, TEGroupedMLP._fused_forward) are not simulated"
+    "the experts' fused grouped MLP it runs (TEGroupedMLP._fused_forward) needs Transformer "
+    "Engine 2.14+'s fused operations (experts.py _is_fused_impl_supported), which this tool does "
+    "not simulate (its Transformer Engine is 2.11's modules)"
 )
 _PAGED_STASH = (
     "megatron-core 0.18+'s MoE paged stash (transformer/moe/paged_stash.py) pages only the expert "
     "activations that Transformer Engine's fused grouped MLP marks for it, which runs only with "
     "--use-transformer-engine-op-fuser (required with HybridEP by --moe-expert-rank-capacity-factor, "
-    "which the stash requires), and Transformer Engine's fused operations are not simulated; "
-    "megatron-core 0.13-0.17 have no paged stash"
+    "which the stash requires), and that fused grouped MLP needs Transformer Engine 2.14+'s fused "
+    "operations, which this tool does not simulate; megatron-core 0.13-0.17 have no paged stash"
 )
 _STASH_SIZE = "sizes megatron-core's MoE paged stash (--moe-paged-stash), which is not modelled"
 
