@@ -66,6 +66,12 @@ class StepRun:
     events: tuple[Event, ...]
     state: int  # bytes the first step allocated and kept (Adam's moments)
 
+    @property
+    def held(self) -> int:
+        """Return the bytes the step leaves allocated (the fp32 main grads `main_grad.float()`
+        makes from a 16-bit grad buffer, until the next `zero_grad`)."""
+        return self.events[-1].allocated if self.events else 0
+
 
 def optimizer_config(job: Job) -> Any:
     """Return megatron's OptimizerConfig as Megatron-LM's training.py builds it from the flags."""

@@ -54,6 +54,11 @@ class RunMemory:
     # CUDA graphs: the peak above `static - graph_pool` as torch.cuda.max_memory_allocated sees it
     # (engine/cuda_graphs.py `allocated_peak`); None without graphs (then static + peak)
     allocated_peak: int | None = None
+    # what the steady optimizer step leaves allocated: the fp32 copies of a 16-bit grad buffer's
+    # main grads (optimizer.py `_copy_model_grads_to_main_grads`, `main_grad.float()`), kept until
+    # the next iteration's `optimizer.zero_grad()` sets them to None; Megatron-LM logs
+    # mem-allocated-bytes between the two (training.py `training_log`, after `train_step`)
+    after_step: int = 0
 
     @property
     def outside_bytes(self) -> int:
@@ -77,12 +82,13 @@ class RunMemory:
         return sum(size for where, size in self.persistent if where.startswith(POOL))
 
     def torch_reports(self, static: int) -> tuple[int, int]:
-        """Return what torch.cuda.memory_allocated (after the step) and max_memory_allocated
-        report for a rank holding `static` with this run's peak above it: neither sees what is
-        outside PyTorch's allocator, nor a captured CUDA graphs' pool (reserved, not allocated)."""
+        """Return what torch.cuda.memory_allocated (after the step: what the step leaves
+        allocated included) and max_memory_allocated report for a rank holding `static` with this
+        run's peak above it: neither sees what is outside PyTorch's allocator, nor a captured CUDA
+        graphs' pool (reserved, not allocated)."""
         allocated = static - self.outside_bytes - self.graph_pool
         above = self.peak.bytes if self.allocated_peak is None else self.allocated_peak
-        return allocated, allocated + above
+        return allocated + self.after_step, allocated + above
 
     @property
     def static(self) -> int:
@@ -146,7 +152,7 @@ def run_memory(
     replay = Replay(traces, stage, job.layout.pp, schedule.num_microbatches, phases, extra, group)
     outside = outside_allocator(job, shapes)
     return RunMemory(_persistent(traces) + kept, workspaces, peak, step.state, replay, outside,
-                     allocated)
+                     allocated, step.held)
 
 
 class _Group:
