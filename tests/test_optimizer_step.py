@@ -260,3 +260,24 @@ def test_fp16_main_grads_are_allocated_when_the_step_is_logged(distributed):
     allocated, peak = run.torch_reports(static)
     assert (allocated, peak) == (static + run.after_step, static + run.peak.bytes)
     assert run_memory(_job(), 0).after_step == 0  # bf16: the fp32 grad buffer is the main grad
+
+
+def test_one_iteration_peaks_at_the_first_step_before_the_moments_exist():
+    """--train-iters 1 (the reruns functional test): the only iteration is the first, whose
+    forward and backward run before any Adam moment exists, and torch's AdamW makes them lazily,
+    group by group (`_init_group` inside the loop over param_groups), so the decay group's
+    `_foreach_sqrt` runs with that group's moments only. Its peak is that sqrt's, not the
+    steady iteration's forward (which sits on top of every moment)."""
+    from inspector.memory.engine.run import run_memory
+
+    steady = run_memory(_job(), 0)
+    first = run_memory(_job(train_iters=1), 0)
+    _, params = _step(_job())
+    decay, rest = (_fp32(group) for group in _groups(params))
+    moments = 2 * (decay + rest)  # exp_avg and exp_avg_sq of the fp32 main params
+    assert first.optimizer_state == moments
+    # the sqrt of each group over the moments made so far, less all of them (static counts them)
+    expected = max(2 * decay + decay, moments + rest) - moments
+    assert first.peak.bytes == expected
+    assert first.peak.moment == "first optimizer step (it makes Adam's moments): _foreach_sqrt"
+    assert steady.peak.bytes > expected and steady.peak.moment.startswith("forward")

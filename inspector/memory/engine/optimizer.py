@@ -65,6 +65,7 @@ class StepRun:
 
     events: tuple[Event, ...]
     state: int  # bytes the first step allocated and kept (Adam's moments)
+    first: tuple[Event, ...] = ()  # the first step's own events (it makes the moments)
 
     @property
     def held(self) -> int:
@@ -118,7 +119,7 @@ def run_step(job: Job, ddps: Sequence[Any], fused: bool) -> StepRun:
         with steady:
             _labelled(optimizer, steady)
             optimizer.step()
-    return StepRun(tuple(steady.events), first.allocated)
+    return StepRun(tuple(steady.events), first.allocated, tuple(first.events))
 
 
 @contextlib.contextmanager

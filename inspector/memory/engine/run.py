@@ -11,7 +11,7 @@ from inspector.job.ep_overlap import extra_warmup
 from inspector.job.job import Job
 from inspector.memory.engine.microbatch import GLOBAL_BUFFER, Trace
 from inspector.memory.engine.optimizer import StepRun, stage_step
-from inspector.memory.engine.schedule import Peak, iteration_peak
+from inspector.memory.engine.schedule import Peak, iteration_peak, top_event
 from inspector.memory.engine.stage import Cache, ChunkShape, trace_chunks
 from inspector.memory.engine.timeline import Replay
 from inspector.world.te.state import DUMMY_WGRAD
@@ -144,6 +144,10 @@ def run_memory(
         from inspector.memory.engine.full_graph import full_iteration_peak
 
         peak, kept, traces, allocated = full_iteration_peak(job, stage, traces, step.events, extra)
+    elif job.training.train_iters == 1:
+        peak = first_iteration_peak(
+            iteration_peak(traces, stage, job.layout.pp, schedule.num_microbatches, group,
+                           extra=extra), step)  # fmt: skip
     else:
         peak = iteration_peak(traces, stage, job.layout.pp, schedule.num_microbatches, group,
                               step=step.events, extra=extra)  # fmt: skip
@@ -153,6 +157,20 @@ def run_memory(
     outside = outside_allocator(job, shapes)
     return RunMemory(_persistent(traces) + kept, workspaces, peak, step.state, replay, outside,
                      allocated, step.held)
+
+
+def first_iteration_peak(passes: Peak, step: StepRun) -> Peak:
+    """Return the peak above static memory of a run whose only iteration is the first
+    (--train-iters 1): its forwards and backwards (`passes`, their peak above static) run before
+    Adam's moments exist, which the first optimizer step makes (torch's and TE's Adam fill
+    `state` lazily: optimizer.py); the higher of those passes and that step, less the moments."""
+    top = top_event(step.first)
+    first = Peak(top.allocated - step.state, 0, 0,
+                 f"first optimizer step (it makes Adam's moments): {top.where}")  # fmt: skip
+    if first.bytes >= passes.bytes - step.state:
+        return first
+    return Peak(passes.bytes - step.state, passes.held, passes.micro_batches,
+                f"{passes.moment} (before the first optimizer step made Adam's moments)")
 
 
 class _Group:
