@@ -121,6 +121,10 @@ def run_memory(
 
         shapes = chunk_shapes(build(job, View((stage,)), expert_ranks=(0,)).stages[0])
     traces = trace_chunks(job, stage, shapes, cache, whole)
+    if job.training.megatron_fsdp:  # its gradient buckets, allocated as the backward goes
+        from inspector.memory.engine.fsdp_grads import fsdp_traces
+
+        traces = fsdp_traces(job, stage, shapes, traces)
     steps = {} if steps is None else steps
     key = step_key(job, stage, shapes)
     if key not in steps:
