@@ -294,7 +294,7 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--use-checkpoint-opt_param-scheduler --decoupled-lr --decoupled-min-lr --weight-decay "
         "--start-weight-decay --end-weight-decay --weight-decay-incr-style --clip-grad "
         "--adam-beta1 --adam-beta2 --adam-eps --sgd-momentum --rampup-batch-size "
-        "--step-batch-size-schedule --decrease-batch-size-if-needed --train-iters --train-samples "
+        "--step-batch-size-schedule --decrease-batch-size-if-needed --train-samples "
         "--exit-interval "
         "--exit-duration-in-mins --exit-signal-handler --train-sync-interval --skip-train "
         "--eval-iters --eval-interval --full-validation --multiple-validation-sets"
