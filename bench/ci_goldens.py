@@ -34,7 +34,9 @@ Transformer Engine layer's forward and backward issue some 200-300 operations (i
 attention, activations, dropouts, the autograd nodes of each), each 10-20 us of CPU time through
 PyTorch's eager dispatch and TE's Python (an estimate, not measured here), so 2-6 ms per layer and
 micro-batch; the GPU time model prices kernels, not the host. Step-time errors are summarised over
-the other cases; the table marks the launch-bound ones.
+the other cases, and over the launch-bound ones apart; the table marks the launch-bound ones. (A
+host model of kernels times a per-kernel cost does not explain them: the time missing is 78-345 us
+per priced kernel against PyTorch's published 5-25 us per operation; docs/how-time-is-computed.md.)
 
 Refusals (the tool's `Error:` line) are rows of their own, with the cause. `make bench` runs this
 when a checkout is at hand (BENCH_MEGATRON_LM, default /work/mlm) and appends its summary to

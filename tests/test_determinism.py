@@ -17,7 +17,7 @@ def _backward(job, *, tp: int = 2, mbs: int = 2) -> dict[str, Memory]:
 
 def test_deterministic_attention_backward_writes_and_reads_the_causal_half_of_dp():
     # cuDNN's deterministic backward on Hopper: a [b, h, s, s] 16-bit dP workspace, written and
-    # read once (cudnn-frontend pull request 398); causal: half the tiles. 4 heads / tp 2 x mbs 2.
+    # read once (NVIDIA/cudnn-frontend#398); causal: half the tiles. 4 heads / tp 2 x mbs 2.
     plain = _backward(_job(**TE))
     deterministic = _backward(_job(**TE, deterministic_mode=True))
     added = set(deterministic) - set(plain)

@@ -8,7 +8,7 @@ TEDotProductAttention refuses deterministic mode unless NVTE_ALLOW_NONDETERMINIS
 sub-backend 1 "workspace optimization path and sm90+: yes") and asks cuDNN for its deterministic
 backward (common/fused_attn/fused_attn_f16_arbitrary_seqlen.cu:
 `sdpa_backward_options.set_deterministic_algorithm(deterministic)`). On Hopper that backward is
-cuDNN's dP-workspace decomposition (cudnn-frontend pull request 398, "SDPA bwd: linear-workspace
+cuDNN's dP-workspace decomposition (NVIDIA/cudnn-frontend#398, "SDPA bwd: linear-workspace
 deterministic path on Hopper (cuDNN 9.25+)": `use_deterministic_algorithm` "always forced the
 dP-workspace decomposition. Its workspace is quadratic in sequence length (b * h * s_q_pad *
 s_kv_pad * 2 bytes)"): the gradients of the scores go out to that workspace and a separate product
@@ -18,7 +18,7 @@ one read of its causal half (the tiles the causal mask keeps, as the flash FLOPs
 bytes an element each way, at the measured copy rate.
 
 Published measurements of deterministic attention backward kernels on an H100 at head dim 128,
-causal, sequence 8192 (flash-attention pull request 1893): FlashAttention-3 non-deterministic 574.7
+causal, sequence 8192 (Dao-AILab/flash-attention#1893): FlashAttention-3 non-deterministic 574.7
 TFLOP/s, deterministic 474.0 (shortest-processing-time schedule) to 361.3 (naive order), 0.63-0.82
 of the default. This price gives 0.65 at the same shape against the H100 table's backward.
 """
