@@ -15,7 +15,10 @@ s_kv_pad * 2 bytes)"): the gradients of the scores go out to that workspace and 
 reads them back for dQ, where the default kernel adds each tile's dQ into an fp32 buffer with
 atomics, in no fixed order. The FLOPs are the same; the workspace's traffic is added: one write and
 one read of its causal half (the tiles the causal mask keeps, as the flash FLOPs count them), 2
-bytes an element each way, at the measured copy rate.
+bytes an element each way, at the measured copy rate. Other GPUs are priced the same, as a stand-in:
+Blackwell's deterministic backward runs a separate dQ kernel instead (NVIDIA/cudnn-frontend#895),
+and before Hopper Transformer Engine drops its fused attention under determinism (flash-attn 2's
+deterministic kernel or the unfused path run instead).
 
 Published measurements of deterministic attention backward kernels on an H100 at head dim 128,
 causal, sequence 8192 (Dao-AILab/flash-attention#1893): FlashAttention-3 non-deterministic 574.7
