@@ -1,5 +1,6 @@
-"""What --deterministic-mode and --no-gradient-accumulation-fusion add to a layer's step time
-(formulas/determinism.py, formulas/ops.py), checked against hand counts."""
+"""What --deterministic-mode, --no-gradient-accumulation-fusion and Transformer Engine's unfused
+attention add to a layer's step time (formulas/determinism.py, te_unfused.py, ops.py), checked
+against hand counts."""
 
 from __future__ import annotations
 
@@ -73,3 +74,16 @@ def test_plan_keeps_deterministic_mode_and_prices_it():
         return plans[0].time.seconds
 
     assert step(deterministic_mode=True) > step()
+
+
+def test_transformer_engines_unfused_attention_rebuilds_the_causal_mask_each_call():
+    # TE's UnfusedDotProductAttention calls get_full_mask every forward: int32 differences,
+    # comparisons, two int64 torch.where, their difference, logical_not: 81 bytes a position,
+    # once per call ([s, s], not per head); megatron's own DotProductAttention does not
+    unfused = dict(seq_length=64, attention_backend="unfused")
+    te = layer_ops(_job(transformer_impl="transformer_engine", **unfused).dims(), Shard(tp=2), False)
+    masks = [op for op in te.forward if op.name == "causal mask (Transformer Engine)"]
+    assert [(op.elements, op.bytes) for op in masks] == [(64 * 64, 64 * 64 * 81)]
+    assert masks[0] in te.core  # inside core attention: recomputed with it
+    local = layer_ops(_job(transformer_impl="local", **unfused).dims(), Shard(tp=2), False)
+    assert not any(op.name == "causal mask (Transformer Engine)" for op in local.forward)

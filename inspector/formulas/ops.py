@@ -14,14 +14,12 @@ parallel size t, context parallel c, expert parallel e (expert tensor parallel u
     --deterministic-mode), or megatron's unfused DotProductAttention: baddbmm Q K^T into [b a/t,
     s/c, s], scale-mask-softmax (the fused kernel with apex or TE, else forward_torch_softmax),
     attention dropout, bmm with V, the context's permute copy (tests/test_ops_dispatch.py);
-  - memory-bound ops priced by the bytes each reads and writes (forward; backward reads the
-    saved input and the output gradient and writes the input gradient);
-  - linear biases (bias_ops.py): without Transformer Engine the QKV linear adds its bias after
-    the GEMM; fc1's bias goes to the bias-GeLU (fused or not), the output and fc2 biases to the
-    bias-dropout-adds (one compiled kernel each, or three eager ones with
-    --no-bias-dropout-fusion); each bias gradient is a sum over the tokens.
-    tests/test_ops_dispatch.py checks a local-spec layer's memory-bound bytes and GEMM count
-    against megatron's dispatch, forward and backward;
+  - memory-bound ops priced by the bytes each reads and writes (backward: the saved input and the
+    output gradient read, the input gradient written); TE's unfused attention: te_unfused.py;
+  - linear biases (bias_ops.py): without TE the QKV linear adds its bias after the GEMM; fc1's
+    bias goes to the bias-GeLU, the output and fc2 biases to the bias-dropout-adds (one compiled
+    kernel each, or eager ones with --no-bias-*-fusion); each bias gradient a sum over tokens
+    (tests/test_ops_dispatch.py: a local-spec layer's bytes and GEMMs against megatron's);
   - with --no-gradient-accumulation-fusion (needed without apex or Transformer Engine) each weight
     gradient is a 16-bit tensor that DDP's hook adds into the fp32 main_grad (distributed_data_
     parallel.py `main_grad.add_`); else the weight-gradient GEMM accumulates into main_grad.
@@ -32,8 +30,7 @@ else all T); the latent norms (with --qk-layernorm) on the same rows; the column
 projections q_lora -> n (c + r) / t (or h -> n (c + r) / t without a query latent) and
 kv_lora -> n (c + v) / t on all T; RoPE on the rotary parts of Q and K; core attention; the
 row-parallel output n v / t -> h. Their GEMM FLOPs are Megatron-LM's (mla_attention_flops, less
-the latent norms' "+ 1" terms). The output layer and loss: `output_ops`
-(vocab_parallel_cross_entropy's passes).
+the latent norms' "+ 1" terms). The output layer and loss: `output_ops`.
 Not memoised here: the planner keeps them in caches inspector/caches.py owns (plan/cost.py).
 """
 
@@ -54,6 +51,7 @@ from inspector.formulas.kernels import (
     Orient,
     ops_seconds,
 )
+from inspector.formulas.te_unfused import full_mask_pass
 from inspector.job.dims import ModelDims
 from inspector.job.hardware import Gpu
 
@@ -207,6 +205,8 @@ def _unfused_attention(p: _Pass, dims: ModelDims, heads: int, sq: int, fused: bo
     # for each of Q and K, an elementwise multiply after the GEMM (read 2, write 2 bytes)
     p.backward.append(Memory("dQ, dK times alpha", "copy", heads * (sq + s) * d, 2 * act))
     elements = heads * sq * s
+    if dims.te_attention:  # Transformer Engine's UnfusedDotProductAttention (te_unfused.py)
+        p.forward.append(full_mask_pass(sq, s))
     if fused:  # one kernel, a warp a row, reads and writes 16-bit scores
         p.memory("scale-mask-softmax", "copy", elements, 2 * act, 3 * act)
     else:

@@ -75,6 +75,7 @@ class ModelDims:
     # --no-gradient-accumulation-fusion); --deterministic-mode's attention backward
     grad_accumulation_fusion: bool = True
     deterministic: bool = False
+    te_attention: bool = False  # core attention is Transformer Engine's (the TE spec)
     fp8: str | None = None  # --fp8-format: Transformer Engine's linears multiply in fp8
     fp8_recipe: str = "delayed"  # --fp8-recipe (TransformerConfig's default): how TE scales
     moe_sorts_chunks: bool = False  # the all-to-all dispatcher sorts tokens by local expert
@@ -126,6 +127,7 @@ class ModelDims:
         document_length: int | None = None,
         grad_accumulation_fusion: bool = True,
         deterministic: bool = False,
+        te_attention: bool = False,
     ) -> ModelDims:
         """Return the dims of a model given as TransformerConfig fields (`transformer_fields`).
 
@@ -154,6 +156,7 @@ class ModelDims:
             document_length=document_length,
             grad_accumulation_fusion=grad_accumulation_fusion,
             deterministic=deterministic,
+            te_attention=te_attention,
         )
 
     @property

@@ -204,6 +204,7 @@ class Job:
             document_length=training.packed_document_length,
             grad_accumulation_fusion="gradient_accumulation_fusion" not in training.unfused,
             deterministic=training.deterministic_mode,
+            te_attention=model.transformer_impl == "transformer_engine",
         )
 
 
