@@ -71,10 +71,8 @@ class ModelDims:
     rotary: bool = False  # rotary embedding on Q and K (--position-embedding-type rope, MLA)
     flash_attention: bool = False  # flash attention, else megatron's unfused DotProductAttention
     fused_kernels: bool = True  # megatron's fused scale-mask-softmax (apex or Transformer Engine)
-    # the weight-gradient GEMMs accumulate into main_grad (with fused kernels, unless
-    # --no-gradient-accumulation-fusion); --deterministic-mode's attention backward
-    grad_accumulation_fusion: bool = True
-    deterministic: bool = False
+    grad_accumulation_fusion: bool = True  # off: --no-gradient-accumulation-fusion (wgrad_fused)
+    deterministic: bool = False  # --deterministic-mode: its attention backward (determinism.py)
     te_attention: bool = False  # core attention is Transformer Engine's (the TE spec)
     fp8: str | None = None  # --fp8-format: Transformer Engine's linears multiply in fp8
     fp8_recipe: str = "delayed"  # --fp8-recipe (TransformerConfig's default): how TE scales
