@@ -178,3 +178,17 @@ def test_hybrid_training_cases_are_predicted_and_summarised_apart(tmp_path: Path
     assert found["hybrid"]["peak"]["median"] == pytest.approx(0.01)
     assert "Hybrid (Mamba) training cases (pretrain_hybrid.py): 1; modelled: 1; peak: 1 cases, " \
         "median +1.0%" in ci_goldens.render_summary(found)
+
+
+def test_launch_bound_step_times_are_summarised_apart(tmp_path: Path) -> None:
+    # the host paces the CI's tiny models: their step-time error is its own line, not the GPU's
+    case = ci_goldens.Case("gpt", "tiny", tmp_path, 1, 8)
+    measured = ci_goldens.Measured(allocated=2**30, peak=2**31, step=1.0)
+    rows = [ci_goldens.Row(case, measured, ci_goldens.Predicted("tp1 pp1 dp8 mbs4", step=step,
+                                                                 launch_bound=bound))
+            for step, bound in ((0.9, False), (0.2, True), (0.4, True))]  # fmt: skip
+    found = ci_goldens.summary(rows)
+    assert found["step"]["n"] == 1 and found["step_mae"] == pytest.approx(0.1)
+    assert found["launch_step"]["n"] == 2 and found["launch_mae"] == pytest.approx(0.7)
+    assert "- step time of the launch-bound cases, apart: 2 cases, median -70.0%" in \
+        ci_goldens.render_summary(found)

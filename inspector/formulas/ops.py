@@ -10,24 +10,19 @@ parallel size t, context parallel c, expert parallel e (expert tensor parallel u
     as a dense MLP); bias-dropout-add. With sequence parallelism the norms and residual adds run
     on T / t tokens, the linears on all T (after the all-gather). Rotary embedding on Q and K.
   - each linear is 3 GEMMs: forward, data gradient, weight gradient (kernels.py's orientations);
-  - core attention: flash (one forward and one backward kernel), or megatron's unfused
-    DotProductAttention: baddbmm Q K^T into [b a/t, s/c, s], scale-mask-softmax (megatron's fused
-    kernel with apex or Transformer Engine, else FusedScaleMaskSoftmax.forward_torch_softmax: to
-    fp32, masked_fill_, softmax, back to 16-bit), attention dropout, bmm with V, the context's
-    permute copy; tests/test_ops_dispatch.py checks the softmax's bytes against megatron's
-    dispatch under FakeTensorMode;
-  - memory-bound ops priced by the bytes each reads and writes (forward; backward reads the
-    saved input and the output gradient and writes the input gradient);
-  - linear biases (bias_ops.py): without Transformer Engine the QKV linear adds its bias after
-    the GEMM; fc1's bias goes to the bias-GeLU (fused or not), the output and fc2 biases to the
-    bias-dropout-adds (one compiled kernel each, or three eager ones with
-    --no-bias-dropout-fusion); each bias gradient is a sum over the tokens.
-    tests/test_ops_dispatch.py checks a local-spec layer's memory-bound bytes and GEMM count
-    against megatron's dispatch, forward and backward;
-  - without apex or Transformer Engine (`fused_kernels` off: Megatron-LM then needs
-    --no-gradient-accumulation-fusion) each weight gradient is a 16-bit tensor that DDP's hook
-    adds into the fp32 main_grad (distributed/distributed_data_parallel.py, `main_grad.add_`);
-    with them the weight-gradient GEMM accumulates into main_grad itself.
+  - core attention: flash (one forward and one backward kernel; determinism.py's workspace under
+    --deterministic-mode), or megatron's unfused DotProductAttention: baddbmm Q K^T into [b a/t,
+    s/c, s], scale-mask-softmax (the fused kernel with apex or TE, else forward_torch_softmax),
+    attention dropout, bmm with V, the context's permute copy (tests/test_ops_dispatch.py);
+  - memory-bound ops priced by the bytes each reads and writes (backward: the saved input and the
+    output gradient read, the input gradient written); TE's unfused attention: te_unfused.py;
+  - linear biases (bias_ops.py): without TE the QKV linear adds its bias after the GEMM; fc1's
+    bias goes to the bias-GeLU, the output and fc2 biases to the bias-dropout-adds (one compiled
+    kernel each, or eager ones with --no-bias-*-fusion); each bias gradient a sum over tokens
+    (tests/test_ops_dispatch.py: a local-spec layer's bytes and GEMMs against megatron's);
+  - with --no-gradient-accumulation-fusion (needed without apex or Transformer Engine) each weight
+    gradient is a 16-bit tensor that DDP's hook adds into the fp32 main_grad (distributed_data_
+    parallel.py `main_grad.add_`); else the weight-gradient GEMM accumulates into main_grad.
 Multi-latent attention (megatron-core multi_latent_attention.py, MLASelfAttention, TE spec): the
 down projections h -> q_lora and h -> kv_lora + r are duplicated on every TP rank (TELinear
 `parallel_mode="duplicated"`) and run on the rank's local rows (T / t with sequence parallelism,
@@ -35,8 +30,7 @@ else all T); the latent norms (with --qk-layernorm) on the same rows; the column
 projections q_lora -> n (c + r) / t (or h -> n (c + r) / t without a query latent) and
 kv_lora -> n (c + v) / t on all T; RoPE on the rotary parts of Q and K; core attention; the
 row-parallel output n v / t -> h. Their GEMM FLOPs are Megatron-LM's (mla_attention_flops, less
-the latent norms' "+ 1" terms). The output layer and loss: `output_ops`
-(vocab_parallel_cross_entropy's passes).
+the latent norms' "+ 1" terms). The output layer and loss: `output_ops`.
 Not memoised here: the planner keeps them in caches inspector/caches.py owns (plan/cost.py).
 """
 
@@ -46,6 +40,7 @@ import math
 from dataclasses import dataclass
 
 from inspector.formulas.bias_ops import Kernels, bias_add, unfused_bias_dropout_add
+from inspector.formulas.determinism import workspace_pass
 from inspector.formulas.fp8_ops import amax_pass, expert_padding, norm_fused_linears
 from inspector.formulas.kernels import (
     ATTENTION_BACKWARD,
@@ -56,6 +51,7 @@ from inspector.formulas.kernels import (
     Orient,
     ops_seconds,
 )
+from inspector.formulas.te_unfused import full_mask_pass
 from inspector.job.dims import ModelDims
 from inspector.job.hardware import Gpu
 
@@ -209,6 +205,8 @@ def _unfused_attention(p: _Pass, dims: ModelDims, heads: int, sq: int, fused: bo
     # for each of Q and K, an elementwise multiply after the GEMM (read 2, write 2 bytes)
     p.backward.append(Memory("dQ, dK times alpha", "copy", heads * (sq + s) * d, 2 * act))
     elements = heads * sq * s
+    if dims.te_attention:  # Transformer Engine's UnfusedDotProductAttention (te_unfused.py)
+        p.forward.append(full_mask_pass(sq, s))
     if fused:  # one kernel, a warp a row, reads and writes 16-bit scores
         p.memory("scale-mask-softmax", "copy", elements, 2 * act, 3 * act)
     else:
@@ -259,6 +257,8 @@ def _core_attention(dims: ModelDims, z: Shard, flash: bool, fused: bool) -> _Pas
     p.forward.append(Attention("flash attention", sq, heads, flops, False))
     p.backward.append(Attention("flash attention backward", sq, heads,
                                 ATTENTION_BACKWARD * flops, True))
+    if dims.deterministic:  # cuDNN's deterministic backward (formulas/determinism.py)
+        p.backward.append(workspace_pass(heads, sq, dims.attention_squares() // dims.seq_length))
     return p
 
 
@@ -382,7 +382,7 @@ def layer_ops(dims: ModelDims, z: Shard, moe: bool) -> LayerOps:
     tokens = dims.seq_length * z.micro_batch // z.cp
     local = tokens // z.tp if z.sequence_parallel else tokens  # the norms' and residuals' rows
     elements, act = local * dims.hidden_size, dims.activation_bytes
-    p = _Pass(dims.fused_kernels, dims.fp8 is not None, dims.fp8_recipe == "tensorwise",
+    p = _Pass(dims.wgrad_fused, dims.fp8 is not None, dims.fp8_recipe == "tensorwise",
               norm_fused_linears(dims))
     _residual(p, dims, "input norm", elements, act)
     norms = p.forward[-1:]
@@ -426,7 +426,7 @@ def output_ops(dims: ModelDims, z: Shard) -> LayerOps:
     tokens = dims.seq_length * z.micro_batch // z.cp
     local = tokens // z.tp if z.sequence_parallel else tokens
     act, vocab = dims.activation_bytes, dims.vocab_size // z.tp
-    p = _Pass(dims.fused_kernels)
+    p = _Pass(dims.wgrad_fused)
     _residual(p, dims, "final norm", local * dims.hidden_size, act)
     p.linear("output layer", tokens, dims.hidden_size, vocab)
     p.memory("cross entropy", "copy", tokens * vocab, act + FP32 + 32, 8 + FP32 + act)

@@ -452,6 +452,12 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         "of the logits).",
     ),
     _training(
+        "deterministic_mode",
+        bool,
+        "Megatron-LM's deterministic kernels (plan: Transformer Engine's deterministic attention "
+        "backward; the tensors are the same).",
+    ),
+    _training(
         "defer_embedding_wgrad_compute",
         bool,
         "With --pp: the output layer's weight gradients wait for the pipeline's drain, keeping "

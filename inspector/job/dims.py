@@ -71,6 +71,9 @@ class ModelDims:
     rotary: bool = False  # rotary embedding on Q and K (--position-embedding-type rope, MLA)
     flash_attention: bool = False  # flash attention, else megatron's unfused DotProductAttention
     fused_kernels: bool = True  # megatron's fused scale-mask-softmax (apex or Transformer Engine)
+    grad_accumulation_fusion: bool = True  # off: --no-gradient-accumulation-fusion (wgrad_fused)
+    deterministic: bool = False  # --deterministic-mode: its attention backward (determinism.py)
+    te_attention: bool = False  # core attention is Transformer Engine's (the TE spec)
     fp8: str | None = None  # --fp8-format: Transformer Engine's linears multiply in fp8
     fp8_recipe: str = "delayed"  # --fp8-recipe (TransformerConfig's default): how TE scales
     moe_sorts_chunks: bool = False  # the all-to-all dispatcher sorts tokens by local expert
@@ -120,6 +123,9 @@ class ModelDims:
         moe_row_padding: str = "",
         bias_fusions: tuple[bool, bool] = (True, True),
         document_length: int | None = None,
+        grad_accumulation_fusion: bool = True,
+        deterministic: bool = False,
+        te_attention: bool = False,
     ) -> ModelDims:
         """Return the dims of a model given as TransformerConfig fields (`transformer_fields`).
 
@@ -146,7 +152,15 @@ class ModelDims:
             bias_activation_fusion=bias_fusions[0],
             bias_dropout_fusion=bias_fusions[1],
             document_length=document_length,
+            grad_accumulation_fusion=grad_accumulation_fusion,
+            deterministic=deterministic,
+            te_attention=te_attention,
         )
+
+    @property
+    def wgrad_fused(self) -> bool:
+        """Return whether weight-gradient GEMMs accumulate into main_grad (no DDP hook add)."""
+        return self.fused_kernels and self.grad_accumulation_fusion
 
     def attention_squares(self) -> int:
         """Return what a sequence's causal attention costs in token pairs (times a half): s^2,

@@ -40,10 +40,7 @@ RECOMPUTE_MODES: tuple[str, ...] = get_args(Recompute)
 
 @dataclass(frozen=True)
 class Training:
-    """The Megatron-LM training arguments: batch, recomputation, attention, optimizer, buffers.
-
-    Precision (--bf16/--fp16) lives on the model, because it sets the parameters' dtype.
-    """
+    """Megatron-LM's training arguments (precision is the model's: it sets the params' dtype)."""
 
     micro_batch_size: int | None = None
     global_batch_size: int | None = None  # None: Megatron-LM's default, micro-batch x dp
@@ -83,6 +80,7 @@ class Training:
     defer_embedding_wgrad: bool = False
     wgrad_deferral_limit: int = 0
     tp_comm_overlap: bool = False  # --tp-comm-overlap: Transformer Engine's userbuffers
+    deterministic_mode: bool = False  # --deterministic-mode (formulas/determinism.py)
     unfused: tuple[str, ...] = ()  # fusions turned off (--no-bias-gelu-fusion: bias_gelu_fusion)
     # --use-precision-aware-optimizer and its dtypes (job/optimizer_precision.py)
     optimizer_precision: OptimizerPrecision = field(default_factory=OptimizerPrecision)
@@ -107,10 +105,8 @@ class Training:
             if not 0 <= p < 1:
                 raise ConfigError(f"{flag} {p} is not a probability in [0, 1)")
         if self.recompute not in RECOMPUTE_MODES:
-            raise ConfigError(
-                f"--recompute-granularity {self.recompute!r} is not one of: "
-                f"{', '.join(RECOMPUTE_MODES)}"
-            )
+            raise ConfigError(f"--recompute-granularity {self.recompute!r} is not one of: "
+                              f"{', '.join(RECOMPUTE_MODES)}")  # fmt: skip
         for flag, count in (("--ddp-bucket-size", self.ddp_bucket_size),
                             ("--wgrad-deferral-limit", self.wgrad_deferral_limit),
                             ("--cuda-graph-warmup-steps", self.cuda_graph_warmup_steps)):  # fmt: skip
@@ -126,11 +122,9 @@ class Training:
                 f"ceil(tokens x topk / experts x factor)) and at most {MAX_CAPACITY_FACTOR}"
             )
         if self.moe_pad_expert_input_to_capacity and factor is None:
-            raise ConfigError(
-                "--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor "
-                "(megatron-core: \"moe_expert_capacity_factor must be set to use "
-                "moe_pad_expert_input_to_capacity\")"
-            )
+            raise ConfigError("--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-"
+                              "factor (megatron-core: \"moe_expert_capacity_factor must be set to "
+                              "use moe_pad_expert_input_to_capacity\")")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -210,6 +204,9 @@ class Job:
             moe_row_padding=row_padding(training),
             bias_fusions=bias_fusions(model, training),
             document_length=training.packed_document_length,
+            grad_accumulation_fusion="gradient_accumulation_fusion" not in training.unfused,
+            deterministic=training.deterministic_mode,
+            te_attention=model.transformer_impl == "transformer_engine",
         )
 
 
@@ -254,6 +251,7 @@ TRAINING_ARGS = {
     "defer_embedding_wgrad_compute": "defer_embedding_wgrad",
     "wgrad_deferral_limit": "wgrad_deferral_limit",
     "tp_comm_overlap": "tp_comm_overlap",
+    "deterministic_mode": "deterministic_mode",
     "cuda_graph_impl": "cuda_graph_impl",
     "cuda_graph_warmup_steps": "cuda_graph_warmup_steps",
     "train_iters": "train_iters",
@@ -276,7 +274,8 @@ def make_training(args: Mapping[str, Any]) -> Training:
     for flag in ("flash_attention", "use_distributed_optimizer", "overlap_grad_reduce",
                  "moe_pad_expert_input_to_capacity", "megatron_fsdp", "fsdp_double_buffer",
                  "torch_fsdp2", "ep_overlap", "delay_wgrad", "moe_enable_deepep",
-                 "cross_entropy_loss_fusion", "defer_embedding_wgrad", "tp_comm_overlap"):  # fmt: skip
+                 "cross_entropy_loss_fusion", "defer_embedding_wgrad", "tp_comm_overlap",
+                 "deterministic_mode"):  # fmt: skip
         values[flag] = bool(values.get(flag))
     values["moe_router_padding"] = router_padding(args)
     values["cuda_graph_impl"] = values.get("cuda_graph_impl") or "none"
