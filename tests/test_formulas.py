@@ -43,7 +43,8 @@ EVERYTHING = ModelConfig(
 JOB_FIELDS = {"seq_length", "vocab_size", "activation_bytes", "attention_dropout", "hidden_dropout",
               "rotary", "flash_attention", "fused_kernels", "moe_sorts_chunks",
               "moe_row_padding", "bias_activation_fusion", "bias_dropout_fusion",
-              "document_length", "layer_symbols", "mamba", "dsa_indexer_loss_coeff"}  # fmt: skip
+              "document_length", "layer_symbols", "mamba", "dsa_indexer_loss_coeff",
+              "grad_accumulation_fusion", "deterministic", "te_attention"}  # fmt: skip
 
 
 def test_model_dims_come_from_the_transformer_config_fields() -> None:
@@ -64,7 +65,7 @@ def test_model_dims_come_from_the_transformer_config_fields() -> None:
         q_lora_rank=24, kv_lora_rank=16, qk_head_dim=8, qk_pos_emb_head_dim=4, v_head_dim=12,
         mtp_num_layers=1, qk_layernorm=True, attention_dropout=True, hidden_dropout=False,
         rotary=True, flash_attention=False, fused_kernels=True, fp8="hybrid",
-        moe_router_num_groups=2, moe_router_group_topk=2, **gdn,
+        moe_router_num_groups=2, moe_router_group_topk=2, te_attention=True, **gdn,
     )  # fmt: skip
 
 
