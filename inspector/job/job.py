@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, cast, get_args
 
 from inspector.errors import ConfigError
+from inspector.job.attention_backend import flash_attention, scores_cause
 from inspector.job.checks import check_at_least_one, check_count
 from inspector.job.cuda_graphs import check_cuda_graphs, parse_scope, preprocess_syncs
 from inspector.job.dims import ModelDims, num_microbatches
@@ -317,8 +318,8 @@ def _megatron_training_rules(args: Mapping[str, Any], values: dict[str, Any]) ->
     for name in ("attention_dropout", "hidden_dropout"):
         if args.get(name) is not None:
             values[name] = float(args[name])
-    values["flash_attention"] = _flash_attention(args)
-    values["scores_cause"] = "" if values["flash_attention"] else _scores_cause(args)
+    values["flash_attention"] = flash_attention(args)
+    values["scores_cause"] = "" if values["flash_attention"] else scores_cause(args)
     factor = values.get("moe_expert_capacity_factor")
     if factor is not None and factor < 0:  # TransformerConfig: a negative factor is dropless
         values["moe_expert_capacity_factor"] = None
@@ -382,51 +383,6 @@ def _check_fp8_param_gather(args: Mapping[str, Any]) -> None:
             "'--fp8-param-gather only supported with distributed optimizer, torch fsdp2, "
             "megatron fsdp, or inference mode')"
         )
-
-
-def _flash_attention(args: Mapping[str, Any]) -> bool:
-    """Return whether attention keeps no s x s scores, from --use-flash-attn and the backend.
-
-    Without Transformer Engine never: megatron-core's local layer spec (gpt_layer_specs.py
-    get_gpt_layer_local_spec) runs its own unfused DotProductAttention whatever the flags say.
-
-    --use-flash-attn wins; then --attention-backend: flash and fused never store the scores,
-    unfused and local do, and auto (Megatron-LM's default, arguments.py: AttnBackend.auto, so
-    also where no source names a backend) lets Transformer Engine pick flash/fused attention in
-    16 bits, and unfused otherwise (fp32, or the local spec, whose DotProductAttention is
-    unfused). --no-use-flash-attn (a config file's `false`) turns auto's flash off, as `plan`
-    reads it (plan/request.py _flash).
-    """
-    backend = args.get("attention_backend") or "auto"
-    if args.get("transformer_impl") != "transformer_engine":
-        return False  # the local spec's DotProductAttention (see local_spec_attention_note)
-    if args.get("use_flash_attn"):
-        if backend in ("unfused", "local"):
-            raise ConfigError(
-                f"--use-flash-attn contradicts --attention-backend {backend} (which stores the "
-                "s x s attention scores); pass one of them"
-            )
-        return True
-    if backend in ("flash", "fused"):
-        return True
-    if backend == "auto" and args.get("use_flash_attn") is not False:
-        return bool(args.get("bf16") or args.get("fp16"))  # Transformer Engine's choice in 16 bits
-    return False
-
-
-def _scores_cause(args: Mapping[str, Any]) -> str:
-    """Return the argument that keeps Transformer Engine's attention unfused (the s x s scores
-    stored), as a user wrote it, for errors that need flash or fused attention (context
-    parallelism); "" under the local spec, whose own error names --transformer-impl."""
-    backend = args.get("attention_backend") or "auto"
-    if args.get("transformer_impl") != "transformer_engine":
-        return ""  # the local spec: layout.check_buildable names --transformer-impl
-    if backend in ("unfused", "local"):
-        return f"--attention-backend {backend}"
-    if args.get("use_flash_attn") is False:
-        return "--no-use-flash-attn (with --attention-backend auto)"
-    return ("--attention-backend auto in fp32 (Transformer Engine picks unfused attention "
-            "without --bf16 or --fp16)")
 
 
 def _check_fp8_recompute(model: ModelConfig, modules: tuple[str, ...]) -> None:

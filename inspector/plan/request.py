@@ -86,7 +86,7 @@ class Request:
     def flash(self) -> bool:
         """Return whether the candidates run flash attention."""
         if self.model.transformer_impl != "transformer_engine":
-            return False  # the local spec's attention is unfused (job.py _flash_attention)
+            return False  # the local spec's attention is unfused (job/attention_backend.py flash_attention)
         if self.flash_attention is None:
             return self.model.dtype_name != "float32"
         return self.flash_attention
@@ -264,7 +264,7 @@ def pinned(args: dict[str, Any]) -> dict[str, Any]:
 def _flash(args: dict[str, Any]) -> bool | None:
     """Return flash attention as the user fixed it (None: searched as on in 16 bits).
 
-    As `memory` reads them (job.py _flash_attention): --use-flash-attn or --attention-backend
+    As `memory` reads them (job/attention_backend.py flash_attention): --use-flash-attn or --attention-backend
     flash/fused on, --attention-backend unfused/local or --no-use-flash-attn (a config file's
     `false`) off; auto, Megatron-LM's default, leaves it to the plan.
     """
