@@ -131,8 +131,6 @@ REFUSED: dict[str, Refusal] = {
     "--dsa-indexer-k-norm-epsilon": Refusal("model", _DSA),
     "--dsa-indexer-k-norm-fp32": Refusal("model", _DSA),
     "--vocab-extra-ids": Refusal("model", "extra ids change the vocabulary; pass --vocab-size"),
-    "--fine-grained-activation-offloading": Refusal(  # TransformerConfig, megatron-core 0.16
-        "training", "activation offloading to the CPU (--offload-modules) is not modelled"),
     "--moe-use-legacy-grouped-gemm": Refusal(
         "model", "the legacy GroupedMLP under Transformer Engine is not modelled"),
     "--moe-extended-tp": Refusal("layout", "removed from Megatron-LM; use "
@@ -285,8 +283,6 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--muon-use-syrk --lion-beta1 --lion-beta2 "
         "--keep-fp8-transpose-cache --enable-full-sharding-in-hsdp "
         "--optimizer-offload-fraction "
-        # --fine-grained-activation-offloading's modules
-        "--offload-modules "
         "--use-torch-optimizer-for-cpu-offload --overlap-cpu-optimizer-d2h-h2d --no-pin-cpu-grads "
         "--no-pin-cpu-params"
     ),

@@ -31,9 +31,11 @@ megatron-core 0.13 has no such module: `supported()` says so by version.
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.util
 import types
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,8 +49,6 @@ MODULE = "megatron.core.pipeline_parallel.fine_grained_activation_offload"
 
 def supported() -> bool:
     """Return True if the installed megatron-core has fine-grained activation offloading."""
-    import importlib.util
-
     return importlib.util.find_spec(MODULE) is not None
 
 
@@ -66,12 +66,15 @@ class HostBytes:
     pinned_live: int = 0  # as the pinned allocator reserves them
     pinned_peak: int = 0
     sizes: list[int] = field(default_factory=list)  # each host buffer made, in bytes
+    made: list[tuple[str, int]] = field(default_factory=list)  # (where megatron made it, bytes)
+    where: Callable[[], str] = lambda: ""  # names the module running (the engine's tracker)
 
     def add(self, tensor: torch.Tensor) -> None:
         """Count a new host buffer until its storage dies."""
         storage = tensor.untyped_storage()
         nbytes = storage.nbytes()
         self.sizes.append(nbytes)
+        self.made.append((self.where(), nbytes))
         self.live += nbytes
         self.pinned_live += pinned(nbytes)
         self.peak = max(self.peak, self.live)
@@ -155,6 +158,25 @@ def offloading_on_meta(host: HostBytes) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def offloaded(config: Any, where: Callable[[], str]) -> Iterator[HostBytes]:
+    """Run a micro-batch as megatron offloads it when `config` (its TransformerConfig) says so:
+    a fresh manager (a first iteration's, which offloads every group; schedule.py replays the
+    later iterations' state across micro-batches), its host buffers counted and named by
+    `where`. Without offloading nothing is replaced."""
+    host = HostBytes(where=where)
+    if not getattr(config, "fine_grained_activation_offloading", False):
+        yield host
+        return
+    manager = importlib.import_module(MODULE).PipelineOffloadManager
+    with offloading_on_meta(host):
+        manager.reset_instance()
+        try:
+            yield host
+        finally:
+            manager.OFFLOAD_MGR = None  # its pool goes with it
+
+
+@contextlib.contextmanager
 def _replaced(owner: Any, name: str, value: Any) -> Iterator[None]:
     """Set `owner.name` to `value` for the block, then put back exactly what was there."""
     own = vars(owner)
@@ -170,8 +192,6 @@ def _replaced(owner: Any, name: str, value: Any) -> Iterator[None]:
 
 
 def _chunk_handler() -> Any:
-    import importlib
-
     return importlib.import_module(MODULE).ChunkOffloadHandler
 
 

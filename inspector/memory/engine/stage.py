@@ -31,7 +31,8 @@ from inspector.job.gdn import gdn_layers
 from inspector.job.job import Job
 from inspector.job.layout import Layout
 from inspector.memory.engine.compose import compose
-from inspector.memory.engine.microbatch import Trace, run_microbatch, runtime_config
+from inspector.memory.engine.microbatch import Trace, run_microbatch
+from inspector.memory.engine.runtime import runtime_config
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,72 @@
+"""Fine-grained activation offloading (`--fine-grained-activation-offloading`), as megatron reads it.
+
+Megatron-LM's arguments (core_v0.16.1 megatron/training/arguments.py): `--offload-modules`
+(nargs='*', default []) names the modules whose inputs go to the CPU, `--min-offloaded-tensor-size`
+(default 1024 * 1024 elements) the smallest saved tensor that goes. megatron-core 0.16
+TransformerConfig.__post_init__ asserts a non-empty list of the seven names below and raises on
+`attn_proj` without `core_attn`; 0.13 has no such offloading (no pipeline_parallel/
+fine_grained_activation_offload.py).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from inspector.errors import ConfigError
+from inspector.inputs.versions import megatron_core_version
+
+# megatron-core 0.16 transformer_config.py, TransformerConfig.__post_init__: allowed_modules
+OFFLOAD_MODULES: tuple[str, ...] = (
+    "attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act",
+)  # fmt: skip
+MIN_OFFLOADED_TENSOR_SIZE = 1024 * 1024  # Megatron-LM's default, in elements
+FIRST_VERSION = (0, 16)
+
+
+@dataclass(frozen=True)
+class Offloading:
+    """What megatron offloads: the modules whose inputs go to pinned host memory, and the
+    smallest tensor (elements) that goes."""
+
+    modules: tuple[str, ...]
+    min_tensor_size: int = MIN_OFFLOADED_TENSOR_SIZE
+
+    def config_fields(self) -> dict[str, Any]:
+        """Return the TransformerConfig fields Megatron-LM sets for it."""
+        return dict(fine_grained_activation_offloading=True, offload_modules=list(self.modules),
+                    min_offloaded_tensor_size=self.min_tensor_size)  # fmt: skip
+
+
+def parse_offloading(args: Mapping[str, Any]) -> Offloading | None:
+    """Return the job's offloading, or None without `--fine-grained-activation-offloading`."""
+    raw, size = args.get("offload_modules"), args.get("min_offloaded_tensor_size")
+    if not args.get("fine_grained_activation_offloading"):
+        # Megatron-LM reads neither without the switch (TransformerConfig: offloading is off)
+        return None
+    installed = megatron_core_version()
+    if installed < FIRST_VERSION:
+        raise ConfigError(
+            f"--fine-grained-activation-offloading needs megatron-core 0.16 or later (the installed "
+            f"{installed[0]}.{installed[1]} has no pipeline_parallel/fine_grained_activation_offload.py)"
+        )
+    modules = tuple(m for m in re.split(r"[\s,\[\]'\"]+", str(raw or "")) if m)
+    if not modules:
+        # TransformerConfig: assert self.offload_modules is not None and len(...) > 0
+        raise ConfigError("--fine-grained-activation-offloading needs --offload-modules (megatron-core's "
+                          "TransformerConfig asserts at least one module)")  # fmt: skip
+    unknown = [m for m in modules if m not in OFFLOAD_MODULES]
+    if unknown:
+        raise ConfigError(
+            f"--offload-modules {' '.join(unknown)} is not one of: {', '.join(OFFLOAD_MODULES)}"
+        )
+    if "attn_proj" in modules and "core_attn" not in modules:
+        raise ConfigError(
+            "--offload-modules attn_proj needs core_attn too (megatron-core: the input of attn_proj "
+            "is the output of core_attn, which is needed in core_attn.backward())"
+        )
+    if size is not None and size < 0:
+        raise ConfigError(f"--min-offloaded-tensor-size {size} is below 0 (elements)")
+    return Offloading(modules, MIN_OFFLOADED_TENSOR_SIZE if size is None else int(size))
