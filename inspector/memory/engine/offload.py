@@ -68,13 +68,14 @@ class HostBytes:
     sizes: list[int] = field(default_factory=list)  # each host buffer made, in bytes
     made: list[tuple[str, int]] = field(default_factory=list)  # (where megatron made it, bytes)
     where: Callable[[], str] = lambda: ""  # names the module running (the engine's tracker)
+    group: str = ""  # the offload group being copied out (megatron's `OffloadTensorGroup._name`)
 
     def add(self, tensor: torch.Tensor) -> None:
         """Count a new host buffer until its storage dies."""
         storage = tensor.untyped_storage()
         nbytes = storage.nbytes()
         self.sizes.append(nbytes)
-        self.made.append((self.where(), nbytes))
+        self.made.append((f"{self.where()}: offload {self.group}", nbytes))
         self.live += nbytes
         self.pinned_live += pinned(nbytes)
         self.peak = max(self.peak, self.live)
@@ -149,6 +150,18 @@ def offloading_on_meta(host: HostBytes) -> Iterator[None]:
     handler = _chunk_handler()
     if hasattr(handler, "_can_manage_tensor_for_offload"):  # megatron-core 0.19
         saved[(handler, "_can_manage_tensor_for_offload")] = staticmethod(_manageable)
+    copy_out = handler.bulk_offload_group
+
+    def named_copy_out(self: Any, *args: Any, **kwargs: Any) -> Any:
+        """megatron's bulk_offload_group, its host buffers named by their group (0.19 passes
+        the group, 0.16 takes the last one queued)."""
+        host.group = (args[0] if args else self._groups_to_offload[-1])._name
+        try:
+            return copy_out(self, *args, **kwargs)
+        finally:
+            host.group = ""
+
+    saved[(handler, "bulk_offload_group")] = named_copy_out
     flag = _te_cpu_offload_flag()
     with contextlib.ExitStack() as stack:
         for (owner, name), value in saved.items():
