@@ -163,3 +163,25 @@ def backward_order(order: Sequence[tuple[bool, int]]) -> list[tuple[int, int]]:
 def steady_offload(traces: Sequence[Trace], order: Sequence[tuple[bool, int]]) -> SteadyOffload:
     """Return the offload manager's state for a replay of `order` (nothing without offloading)."""
     return SteadyOffload(traces, backward_order(order))
+
+
+def host_demand(traces: Sequence[Trace], stage: int, pp: int, num_microbatches: int,
+                group_size: int | None = None, extra: int = 0) -> tuple[int, int]:  # fmt: skip
+    """Return the pinned host memory (bytes asked, bytes pinned) a rank's offloading holds: the
+    most its micro-batches in flight offload at once over the iteration (`SteadyOffload._host`)."""
+    from inspector.job.dims import schedule_passes
+
+    if not any(trace.host for trace in traces):
+        return 0, 0
+    order = schedule_passes(stage, pp, num_microbatches, len(traces), group_size, extra)
+    steady = steady_offload(traces, order)
+    started, ended = [0] * len(traces), [0] * len(traces)  # micro-batches, per chunk
+    for forward, chunk in order:
+        if forward:
+            steady.forward(chunk, started[chunk])
+            started[chunk] += 1
+        else:
+            steady.backward(chunk, ended[chunk])
+            steady.backward_done(chunk, ended[chunk])
+            ended[chunk] += 1
+    return steady.host_peak, steady.pinned_peak
