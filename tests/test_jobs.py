@@ -415,17 +415,16 @@ def test_functional_test_config_runs_on_the_runners_eight_gpus(cli, tmp_path):
     assert "the world is 8 GPUs" not in result.err
 
 
-def test_functional_test_config_refuses_activation_offloading(cli, tmp_path):
-    # megatron-core's fine-grained activation offloading moves the listed modules' activations
-    # to the CPU: what a GPU holds changes, so it is refused by name, not "not recognised"
+def test_functional_test_config_reads_activation_offloading(cli, tmp_path):
+    # megatron-core's fine-grained activation offloading moves the listed modules' saved tensors
+    # to pinned host memory: `memory` runs megatron's offload manager and names the host bytes
     path = tmp_path / "model_config.yaml"
     path.write_text(FUNCTIONAL_TEST.replace(
         "  --bf16: true\n", '  --bf16: true\n  --fine-grained-activation-offloading: true\n'
-        '  --offload-modules: "[core_attn attn_proj]"\n'))  # fmt: skip
+        '  --offload-modules: "[core_attn attn_proj]"\n  --min-offloaded-tensor-size: 0\n'))  # fmt: skip
     result = cli("memory", "--config", str(path))
-    assert result.code == 2
-    assert result.err == (f"Error: {path}: --fine-grained-activation-offloading is not modelled: "
-                          "activation offloading to the CPU (--offload-modules) is not modelled\n")  # fmt: skip
+    assert result.code == 0, result.err
+    assert "offloaded activations take" in result.out and "of pinned host memory" in result.out
 
 
 def test_functional_test_config_in_inference_mode_names_its_program(cli, tmp_path):
