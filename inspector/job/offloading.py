@@ -17,6 +17,7 @@ from typing import Any
 
 from inspector.errors import ConfigError
 from inspector.inputs.versions import megatron_core_version
+from inspector.job.checks import check_count
 
 # megatron-core 0.16 transformer_config.py, TransformerConfig.__post_init__: allowed_modules
 OFFLOAD_MODULES: tuple[str, ...] = (
@@ -43,6 +44,7 @@ class Offloading:
 def parse_offloading(args: Mapping[str, Any]) -> Offloading | None:
     """Return the job's offloading, or None without `--fine-grained-activation-offloading`."""
     raw, size = args.get("offload_modules"), args.get("min_offloaded_tensor_size")
+    check_count("--min-offloaded-tensor-size", size)  # a count of elements
     if not args.get("fine_grained_activation_offloading"):
         # Megatron-LM reads neither without the switch (TransformerConfig: offloading is off)
         return None
@@ -67,6 +69,4 @@ def parse_offloading(args: Mapping[str, Any]) -> Offloading | None:
             "--offload-modules attn_proj needs core_attn too (megatron-core: the input of attn_proj "
             "is the output of core_attn, which is needed in core_attn.backward())"
         )
-    if size is not None and size < 0:
-        raise ConfigError(f"--min-offloaded-tensor-size {size} is below 0 (elements)")
     return Offloading(modules, MIN_OFFLOADED_TENSOR_SIZE if size is None else int(size))
