@@ -37,7 +37,7 @@ _GROUP = re.compile(r"^(?:layer |decoder\.layers\.)(\d+)\b.*: offload (\w+)$")
 
 
 @dataclass(frozen=True)
-class Group:
+class OffloadGroup:
     """One offload group of a chunk's micro-batch: its module name and bytes."""
 
     name: str
@@ -46,21 +46,21 @@ class Group:
     pinned: int  # as torch's pinned-memory allocator reserves them (offload.py `pinned`)
 
 
-def offload_groups(trace: Trace) -> tuple[Group, ...]:
+def offload_groups(trace: Trace) -> tuple[OffloadGroup, ...]:
     """Return the trace's offload groups in commit order (a group: a layer's buffers of a name)."""
-    groups: list[tuple[tuple[str, str], Group]] = []
+    groups: list[tuple[tuple[str, str], OffloadGroup]] = []
     for where, size in trace.host:
         match = _GROUP.match(where)
         key = (match.group(1), match.group(2)) if match else ("", where)
-        add = Group(key[1], rounded(size), size, pinned(size))
+        add = OffloadGroup(key[1], rounded(size), size, pinned(size))
         if groups and groups[-1][0] == key:
             _, old = groups.pop()
-            add = Group(old.name, old.gpu + add.gpu, old.host + add.host, old.pinned + add.pinned)
+            add = OffloadGroup(old.name, old.gpu + add.gpu, old.host + add.host, old.pinned + add.pinned)
         groups.append((key, add))
     return tuple(group for _, group in groups)
 
 
-def _kept(groups: Sequence[Group]) -> set[int]:
+def _kept(groups: Sequence[OffloadGroup]) -> set[int]:
     """Return the indices of the last group of each name (megatron's `find_next_group` is None)."""
     return {max(i for i, g in enumerate(groups) if g.name == name) for name in {g.name for g in groups}}
 
@@ -71,7 +71,7 @@ class SteadyOffload:
 
     traces: Sequence[Trace]
     backward_order: Sequence[tuple[int, int]]  # (chunk, micro-batch) as the backwards run
-    groups: list[tuple[Group, ...]] = field(init=False)
+    groups: list[tuple[OffloadGroup, ...]] = field(init=False)
     position: dict[tuple[int, int], int] = field(init=False)  # in the backward order
     offloading: list[int] = field(init=False)  # positions of the chunks with groups
     started: int = 0  # backwards started: they start in the backward order
@@ -137,7 +137,7 @@ class SteadyOffload:
         self.early[nxt] = self.early.get(nxt, 0) + reloaded
         return reloaded
 
-    def _host(self, groups: Sequence[Group], sign: int) -> None:
+    def _host(self, groups: Sequence[OffloadGroup], sign: int) -> None:
         """Count a micro-batch's host buffers in use (sign 1) or given back to the pool (-1).
 
         The pool keeps its buffers for the iterations after (`GPUTensorPool.reset` marks them
