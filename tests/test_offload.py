@@ -287,3 +287,13 @@ def test_memory_reports_the_host_bytes_and_a_lower_peak(cli):
     # the one micro-batch is the first backward chunk: from the second iteration its last layer's
     # norms stay, and the peak (the logits) is above layer 0's few KiB anyway
     assert after["total"] <= before["total"]
+
+
+def test_fp8_linears_keep_the_weight_object_under_the_offload_hooks(cli):
+    # TE's linears (linear.py, layernorm_linear.py, grouped_linear.py) keep `ctx.weight_object`:
+    # under saved-tensor hooks torch unpacks a Parameter as a plain tensor, without main_grad
+    result = cli(*MEMORY[:-2], "--fp8-format", "hybrid", "--num-experts", "4", "--moe-grouped-gemm",
+                 "--disable-bias-linear", "--fine-grained-activation-offloading", "--offload-modules",
+                 "qkv_linear", "core_attn", "attn_proj", "expert_fc1", "--min-offloaded-tensor-size", "0")  # fmt: skip
+    assert result.code == 0, result.err
+    assert "offloaded activations take" in result.out
