@@ -386,8 +386,9 @@ def test_their_default_values_change_nothing(cli, tmp_path):
 
 
 @pytest.mark.parametrize(("flag", "error"), [
-    ("--cpu-offloading", "Error: --cpu-offloading is not modelled: activation offloading to the "
-                         "CPU is not modelled"),
+    ("--cpu-offloading", "Error: --cpu-offloading is not modelled: Transformer Engine's layer "
+                         "offload (transformer_engine.pytorch.cpu_offload) is not simulated; "
+                         "--fine-grained-activation-offloading is modelled"),
     ("--batch-size", "Error: --batch-size is refused by Megatron-LM: validate_args: '--batch-size "
                      "argument is no longer valid, use --micro-batch-size instead'"),
 ])  # fmt: skip

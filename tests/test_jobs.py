@@ -143,7 +143,8 @@ def test_every_refused_flag_in_one_message(cli, tmp_path):
         f"{fp4}; --torch-fsdp2-no-reshard-after-forward is not modelled: FSDP2 keeping the "
         "gathered parameters from the forward to the backward (ZeRO-2) is not modelled; "
         "--use-torch-fsdp2 alone (resharding after the forward) is; --cpu-offloading is not modelled: "
-        "activation offloading to the CPU is not modelled\n"
+        "Transformer Engine's layer offload (transformer_engine.pytorch.cpu_offload) is not "
+        "simulated; --fine-grained-activation-offloading is modelled\n"
     )
 
 

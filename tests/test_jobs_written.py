@@ -67,7 +67,9 @@ def test_muon_is_refused_by_name_with_every_other_refusal(tmp_path, cli):
     muon = ("" if MUON_MODELLED else later if MUON_KNOWN else
             f"--optimizer muon is refused by Megatron-LM: {fact}, whose Megatron-LM stops with "
             "'invalid choice'; ")  # fmt: skip
-    offload = "--cpu-offloading is not modelled: activation offloading to the CPU is not modelled"
+    offload = ("--cpu-offloading is not modelled: Transformer Engine's layer offload "
+               "(transformer_engine.pytorch.cpu_offload) is not simulated; "
+               "--fine-grained-activation-offloading is modelled")
     assert result.err.splitlines()[-1] == f"Error: {path}: {muon}{offload}", result.err
 
 
