@@ -354,6 +354,9 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
               "qkv_linear, core_attn, attn_proj, mlp_norm, expert_fc1, moe_act.", many=True),
     _training("min_offloaded_tensor_size", int,
               "The smallest saved tensor offloaded, in elements (default 1048576)."),
+    _training("cpu_offloading", bool, "Transformer Engine's layer offload: the saved activations of "
+              "the first --cpu-offloading-num-layers layers go to pinned host memory (one pipeline stage)."),
+    _training("cpu_offloading_num_layers", int, "Layers --cpu-offloading offloads (default 0)."),
     _training(
         "attention_backend",
         str,

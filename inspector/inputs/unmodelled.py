@@ -63,8 +63,6 @@ _DSA_KERNELS = (
     "DSA's fused TileLang and cuDNN kernels are not simulated; megatron's own PyTorch path "
     "(--dsa-kernel-backend none) is"
 )
-_TE_OFFLOAD = ("Transformer Engine's layer offload (transformer_engine.pytorch.cpu_offload) is not "
-               "simulated; --fine-grained-activation-offloading is modelled")
 _QUANTIZERS = "ModelOpt's quantizers (fake-quantized weights and inputs) are not counted"
 _OPTIMIZER = "this optimizer's state is not counted (Adam's two fp32 moments are)"
 _MUON_LATER = (
@@ -139,10 +137,6 @@ REFUSED: dict[str, Refusal] = {
                                  "--expert-tensor-parallel-size"),  # fmt: skip
     "--distribute-saved-activations": Refusal(
         "training", "checkpoints split across tensor-parallel ranks are not modelled"),
-    # megatron-core's TransformerBlock enters TE's get_cpu_offload_context around each layer:
-    # the Transformer Engine stand-in has no cpu_offload module (docs/how-memory-is-computed.md)
-    "--cpu-offloading": Refusal("training", _TE_OFFLOAD),
-    "--cpu-offloading-num-layers": Refusal("training", _TE_OFFLOAD, ("0",)),
     "--optimizer-cpu-offload": Refusal("training", "optimizer state on the CPU is not modelled"),
     "--fp32-residual-connection": Refusal(
         "training", "an fp32 residual stream changes activations, which are counted in 16 bits"),

@@ -235,11 +235,12 @@ def pinned(args: dict[str, Any]) -> dict[str, Any]:
             "plan prices megatron's default micro-batch group (--pp micro-batches per virtual "
             "stage); `memory` replays --microbatch-group-size-per-virtual-pipeline-stage"
         )
-    if args.get("fine_grained_activation_offloading"):
-        raise ConfigError(
-            "plan does not price --fine-grained-activation-offloading: its memory and step time "
-            "know no copies to the host; `memory` measures the offloading on a layout you choose"
-        )
+    for offload in ("fine_grained_activation_offloading", "cpu_offloading"):
+        if args.get(offload):
+            raise ConfigError(
+                f"plan does not price --{offload.replace('_', '-')}: its memory and step time "
+                "know no copies to the host; `memory` measures the offloading on a layout you choose"
+            )
     if args.get("use_torch_fsdp2"):
         raise ConfigError(
             "plan does not search --use-torch-fsdp2 jobs; `memory` measures one, and plan tries "

@@ -75,7 +75,8 @@ class HostBytes:
         storage = tensor.untyped_storage()
         nbytes = storage.nbytes()
         self.sizes.append(nbytes)
-        self.made.append((f"{self.where()}: offload {self.group}", nbytes))
+        made = f"offload {self.group}" if self.group else "cpu offload"  # megatron's, or TE's
+        self.made.append((f"{self.where()}: {made}", nbytes))
         self.live += nbytes
         self.pinned_live += pinned(nbytes)
         self.peak = max(self.peak, self.live)
@@ -125,17 +126,24 @@ _CURRENT = _Stream()
 @contextlib.contextmanager
 def offloading_on_meta(host: HostBytes) -> Iterator[None]:
     """Let megatron's offload manager run on meta; count its pinned host buffers in `host`."""
-    empty = torch.empty
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def pinned_on_meta(make: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        """Make a pinned host buffer a meta tensor the GPU allocator model never sees."""
+        device = kwargs.get("device")
+        if not (kwargs.get("pin_memory") and torch.device(device or "cpu").type == "cpu"):
+            return make(*args, **kwargs)
+        kwargs.update(device="meta", pin_memory=False)
+        with _disable_current_modes():
+            tensor = make(*args, **kwargs)
+        host.add(tensor)
+        return tensor
 
     def host_or_device_empty(*args: Any, **kwargs: Any) -> Any:
-        device = kwargs.get("device")
-        if kwargs.get("pin_memory") and torch.device(device if device is not None else "cpu").type == "cpu":
-            kwargs.update(device="meta", pin_memory=False)
-            with _disable_current_modes():  # the GPU allocator model never sees a host buffer
-                tensor = empty(*args, **kwargs)
-            host.add(tensor)
-            return tensor
-        return empty(*args, **kwargs)
+        return pinned_on_meta(empty, args, kwargs)
+
+    def host_or_device_empty_like(*args: Any, **kwargs: Any) -> Any:  # TE's cpu_offload.py
+        return pinned_on_meta(empty_like, args, kwargs)
 
     saved = {
         (torch.cuda, "Stream"): _Stream,
@@ -146,7 +154,20 @@ def offloading_on_meta(host: HostBytes) -> Iterator[None]:
         (torch.cuda.nvtx, "range_pop"): lambda *args, **kwargs: None,
         (torch.Tensor, "record_stream"): lambda self, stream: None,
         (torch, "empty"): host_or_device_empty,
+        (torch, "empty_like"): host_or_device_empty_like,
     }
+    if supported():  # megatron-core 0.16+: its fine-grained manager
+        _name_groups(host, saved)
+    flag = _te_cpu_offload_flag()
+    with contextlib.ExitStack() as stack:
+        for (owner, name), value in saved.items():
+            stack.enter_context(_replaced(owner, name, value))
+        stack.enter_context(flag)
+        yield
+
+
+def _name_groups(host: HostBytes, saved: dict[tuple[Any, str], Any]) -> None:
+    """Name each host buffer by megatron's offload group that made it; let 0.19 manage meta."""
     handler = _chunk_handler()
     if hasattr(handler, "_can_manage_tensor_for_offload"):  # megatron-core 0.19
         saved[(handler, "_can_manage_tensor_for_offload")] = staticmethod(_manageable)
@@ -162,12 +183,6 @@ def offloading_on_meta(host: HostBytes) -> Iterator[None]:
             host.group = ""
 
     saved[(handler, "bulk_offload_group")] = named_copy_out
-    flag = _te_cpu_offload_flag()
-    with contextlib.ExitStack() as stack:
-        for (owner, name), value in saved.items():
-            stack.enter_context(_replaced(owner, name, value))
-        stack.enter_context(flag)
-        yield
 
 
 @contextlib.contextmanager
@@ -177,6 +192,10 @@ def offloaded(config: Any, where: Callable[[], str]) -> Iterator[HostBytes]:
     later iterations' state across micro-batches), its host buffers counted and named by
     `where`. Without offloading nothing is replaced."""
     host = HostBytes(where=where)
+    if getattr(config, "cpu_offloading", False):  # Transformer Engine's (world/te/cpu_offload.py)
+        with offloading_on_meta(host):
+            yield host
+        return
     if not getattr(config, "fine_grained_activation_offloading", False):
         yield host
         return

@@ -5,7 +5,8 @@ first iteration does: every group is copied out, each reloaded when its backward
 the second iteration the manager holds state across the iteration's chunks (megatron-core 0.16.1
 pipeline_parallel/fine_grained_activation_offload.py), replayed here pass by pass:
 
-- host: the first iteration's demand, every group offloaded, stays pinned in megatron's pool;
+- host: the first iteration's demand (every group offloaded: the most its micro-batches in
+  flight hold at once) stays pinned in megatron's pool, which keeps its buffers (`host_demand`);
 - kept: `post_warmup_callback` marks the last group of each module name in the first backward
   chunk not offloadable, and `should_bulk_offload` keeps the last group of each name of a chunk
   that is itself the next backward chunk (`front_backward_chunk(name)`: the first chunk, in the
@@ -51,7 +52,9 @@ def offload_groups(trace: Trace) -> tuple[OffloadGroup, ...]:
     groups: list[tuple[tuple[str, str], OffloadGroup]] = []
     for where, size in trace.host:
         match = _GROUP.match(where)
-        key = (match.group(1), match.group(2)) if match else ("", where)
+        if match is None:  # Transformer Engine's layer offload: no state across micro-batches
+            continue
+        key = (match.group(1), match.group(2))
         add = OffloadGroup(key[1], rounded(size), size, pinned(size))
         if groups and groups[-1][0] == key:
             _, old = groups.pop()
@@ -79,10 +82,6 @@ class SteadyOffload:
     stacks: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # groups still offloaded
     early: dict[tuple[int, int], int] = field(default_factory=dict)  # GPU bytes held early
     ahead: dict[tuple[int, int], int] = field(default_factory=dict)  # groups not on its stack
-    host_live: int = 0
-    host_peak: int = 0
-    pinned_live: int = 0
-    pinned_peak: int = 0
 
     def __post_init__(self) -> None:
         self.groups = [offload_groups(trace) for trace in self.traces]
@@ -107,7 +106,6 @@ class SteadyOffload:
         self.stacks[key] = [i for i in range(len(groups)) if i not in kept]
         self.ahead[key] = len(kept)
         self.early[key] = sum(groups[i].gpu for i in kept)
-        self._host(groups, 1)
         return self.early[key]
 
     def backward(self, chunk: int, mb: int) -> int:
@@ -117,13 +115,12 @@ class SteadyOffload:
         return self.early.pop(key, 0)
 
     def backward_done(self, chunk: int, mb: int) -> int:
-        """End a backward: release its host buffers, reload the next chunk's top groups early;
+        """End a backward: reload the top groups of the next chunk to run its backward early;
         return the GPU bytes so reloaded."""
         key, groups = (chunk, mb), self.groups[chunk]
         if not groups:
             return 0
         self.stacks.pop(key, None)
-        self._host(groups, -1)
         calls = self.ahead.pop(key, 0)
         following = self._neighbour(self.position[key], after=True)
         if not calls or following is None or self.backward_order[following] not in self.done:
@@ -136,17 +133,6 @@ class SteadyOffload:
         reloaded = sum(self.groups[nxt[0]][i].gpu for i in popped)
         self.early[nxt] = self.early.get(nxt, 0) + reloaded
         return reloaded
-
-    def _host(self, groups: Sequence[OffloadGroup], sign: int) -> None:
-        """Count a micro-batch's host buffers in use (sign 1) or given back to the pool (-1).
-
-        The pool keeps its buffers for the iterations after (`GPUTensorPool.reset` marks them
-        free), and the first iteration offloads every group: its demand, counted here with every
-        group (kept ones too), is what stays pinned."""
-        self.host_live += sign * sum(g.host for g in groups)
-        self.pinned_live += sign * sum(g.pinned for g in groups)
-        self.host_peak = max(self.host_peak, self.host_live)
-        self.pinned_peak = max(self.pinned_peak, self.pinned_live)
 
 
 def backward_order(order: Sequence[tuple[bool, int]]) -> list[tuple[int, int]]:
@@ -168,20 +154,17 @@ def steady_offload(traces: Sequence[Trace], order: Sequence[tuple[bool, int]]) -
 def host_demand(traces: Sequence[Trace], stage: int, pp: int, num_microbatches: int,
                 group_size: int | None = None, extra: int = 0) -> tuple[int, int]:  # fmt: skip
     """Return the pinned host memory (bytes asked, bytes pinned) a rank's offloading holds: the
-    most its micro-batches in flight offload at once over the iteration (`SteadyOffload._host`)."""
+    most its micro-batches in flight offload at once over the iteration. megatron's pool keeps
+    its buffers for the iterations after (`GPUTensorPool.reset` marks them free), as torch's
+    pinned allocator caches Transformer Engine's (`CachingHostAllocator`)."""
     from inspector.job.dims import schedule_passes
 
     if not any(trace.host for trace in traces):
         return 0, 0
-    order = schedule_passes(stage, pp, num_microbatches, len(traces), group_size, extra)
-    steady = steady_offload(traces, order)
-    started, ended = [0] * len(traces), [0] * len(traces)  # micro-batches, per chunk
-    for forward, chunk in order:
-        if forward:
-            steady.forward(chunk, started[chunk])
-            started[chunk] += 1
-        else:
-            steady.backward(chunk, ended[chunk])
-            steady.backward_done(chunk, ended[chunk])
-            ended[chunk] += 1
-    return steady.host_peak, steady.pinned_peak
+    sizes = [(sum(size for _, size in t.host), sum(pinned(size) for _, size in t.host)) for t in traces]
+    live, top = [0, 0], [0, 0]
+    for forward, chunk in schedule_passes(stage, pp, num_microbatches, len(traces), group_size, extra):
+        for k in (0, 1):  # made in its forward, given back (to the pool) after its backward
+            live[k] += sizes[chunk][k] if forward else -sizes[chunk][k]
+            top[k] = max(top[k], live[k])
+    return top[0], top[1]

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from inspector.world.te import cpu_offload
 from inspector.world.te.kernels import quantize as q
 from inspector.world.te.kernels.functions import (
     GemmSetup,
@@ -89,6 +90,8 @@ class Fp8LinearFunction(torch.autograd.Function):
         out = _forward(total, weight, setup, inputmat)
         del total
         saved_in = saved.tensors() if saved is not None else ()
+        if cpu_offload.is_cpu_offload_enabled():  # linear.py 420-431: mark_not_offload
+            cpu_offload.mark_not_offload(weight, *weight_q.tensors(), bias)
         ctx.save_for_backward(*saved_in, *weight_q.tensors(), weight, bias)
         ctx.weight_object = weight  # under offloading hooks, as LinearFunction (functions.py)
         ctx.n_saved_in = len(saved_in)
@@ -177,6 +180,8 @@ class Fp8GroupedLinearFunction(torch.autograd.Function):
         del inputmats
         flat_in = [t for tensors in saved for t in tensors]
         flat_w = [t for w in weights_q for t in w.tensors()]
+        if cpu_offload.is_cpu_offload_enabled():  # grouped_linear.py 218-219
+            cpu_offload.mark_not_offload(*flat_w, *weights)
         ctx.save_for_backward(*flat_in, *flat_w, *weights, *biases)
         ctx.n_saved = len(flat_in) + len(flat_w)
         ctx.weight_objects = weights  # grouped_linear.py under cpu_offloading, as GroupedLinearFunction
