@@ -131,7 +131,7 @@ def test_every_refused_flag_in_one_message(cli, tmp_path):
     # one run names them all (--fp8-param-gather, modelled, is not among them)
     path = write(tmp_path, f"python pretrain_gpt.py {SMALL} --fp8-format hybrid --use-distributed-optimizer "
                  "--fp8-param-gather "
-                 "--fp4-param-gather --torch-fsdp2-no-reshard-after-forward --cpu-offloading\n")  # fmt: skip
+                 "--fp4-param-gather --torch-fsdp2-no-reshard-after-forward --optimizer-cpu-offload\n")  # fmt: skip
     result = cli("memory", "--from-script", path)
     fp4 = ("megatron-core 0.16's DDP points each NVFP4 weight into its param buffer, which "
            "Transformer Engine 2.11 refuses (tensor/utils.py replace_raw_data: 'not supported "
@@ -142,9 +142,8 @@ def test_every_refused_flag_in_one_message(cli, tmp_path):
         f"Error: {path} line 1: --fp4-param-gather is not modelled: "
         f"{fp4}; --torch-fsdp2-no-reshard-after-forward is not modelled: FSDP2 keeping the "
         "gathered parameters from the forward to the backward (ZeRO-2) is not modelled; "
-        "--use-torch-fsdp2 alone (resharding after the forward) is; --cpu-offloading is not modelled: "
-        "Transformer Engine's layer offload (transformer_engine.pytorch.cpu_offload) is not "
-        "simulated; --fine-grained-activation-offloading is modelled\n"
+        "--use-torch-fsdp2 alone (resharding after the forward) is; --optimizer-cpu-offload is not "
+        "modelled: optimizer state on the CPU is not modelled\n"
     )
 
 

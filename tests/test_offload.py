@@ -199,13 +199,15 @@ def test_offloading_flags_megatron_refuses_are_refused(cli, flags, error):
     assert result.err.strip().splitlines()[-1] == error
 
 
-def test_plan_refuses_offloading_by_name(cli):
+@pytest.mark.parametrize("offload", [("--fine-grained-activation-offloading", "--offload-modules", "core_attn"),
+                                     ("--cpu-offloading",)])  # fmt: skip
+def test_plan_refuses_offloading_by_name(cli, offload):
     # plan's memory composition and step time know no copies to the host
     result = cli("plan", "--model", "llama3-8b", "--bf16", "--gpus", "8", "--global-batch-size", "64",
-                 "--fine-grained-activation-offloading", "--offload-modules", "core_attn")  # fmt: skip
+                 *offload)  # fmt: skip
     assert result.code == 2
     assert result.err.strip().splitlines()[-1] == (
-        "Error: plan does not price --fine-grained-activation-offloading: its memory and step time "
+        f"Error: plan does not price {offload[0]}: its memory and step time "
         "know no copies to the host; `memory` measures the offloading on a layout you choose")
 
 
@@ -297,3 +299,62 @@ def test_fp8_linears_keep_the_weight_object_under_the_offload_hooks(cli):
                  "qkv_linear", "core_attn", "attn_proj", "expert_fc1", "--min-offloaded-tensor-size", "0")  # fmt: skip
     assert result.code == 0, result.err
     assert "offloaded activations take" in result.out
+
+
+def test_te_layer_offload_schedule_is_te_2_11s_default():
+    from inspector.world.te.cpu_offload import DefaultOffloadSynchronizer
+
+    # TE 2.11 cpu_offload.py `_init_offload_synchronization_dicts`: layer i < N is offloaded, its
+    # device memory released at the forward of layer L-N+i, its reload started at the backward of
+    # layer L-1-N+i
+    sync = DefaultOffloadSynchronizer(6, 3)
+    assert sync.offloaded == {0: True, 1: True, 2: True, 3: False, 4: False, 5: False}
+    assert sync.finish_offload == {3: [0], 4: [1], 5: [2]}
+    assert sync.start_reload == {2: [0], 3: [1], 4: [2]}
+
+
+TE_LAYERS = ("memory", "--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "4",
+             "--seq-length", "256", "--micro-batch-size", "1", "--bf16",
+             "--transformer-impl", "transformer_engine", "--format", "json")  # fmt: skip
+
+
+def _te_layer_offload(cli, layers: int | None):
+    import json
+
+    flags = () if layers is None else ("--cpu-offloading", "--cpu-offloading-num-layers", str(layers))
+    result = cli(*TE_LAYERS, *flags)
+    assert result.code == 0, result.err
+    (stage,) = json.loads(result.out)["stages"]
+    return stage["total"], stage.get("host_offload", {}).get("bytes", 0)
+
+
+def test_te_layer_offload_moves_the_first_layers_saved_tensors_to_the_host(cli):
+    plain = _te_layer_offload(cli, None)
+    assert _te_layer_offload(cli, 0) == plain  # nothing offloaded
+    one, three = _te_layer_offload(cli, 1), _te_layer_offload(cli, 3)
+    # every layer saves alike: three layers' host buffers are three times one layer's
+    assert one[1] > 0 and three[1] == 3 * one[1]
+    # the peak is the loss's, after the forward: the offloaded layers' device memory is released
+    # by then (at the forward of layer L-N+i); a copied tensor that something else still holds
+    # (one activation-sized tensor a layer here) keeps its device memory, as on a GPU
+    saved = [plain[0] - total for total, _ in (one, three)]
+    assert 0 < saved[0] < one[1] and saved[0] < saved[1] < three[1]
+    assert three[1] - saved[1] < 3 * (one[1] - saved[0])
+
+
+@pytest.mark.parametrize("flags, error", [
+    # TransformerConfig.__post_init__: "Currently there is no support for Pipeline parallelism
+    # with CPU offloading"
+    (("--pp", "2"), "Error: --cpu-offloading needs --pipeline-model-parallel-size 1, got 2 "
+                    "(megatron-core: no support for pipeline parallelism with CPU offloading)"),
+    # "CPU offloading does not work when activation recomputation is enabled"
+    (("--recompute-granularity", "selective"), "Error: --cpu-offloading cannot go with "
+     "--recompute-granularity (megatron-core's TransformerConfig refuses them together)"),
+    # "CPU offloading can be done only for layers less than {num_layers}"
+    (("--cpu-offloading-num-layers", "4"), "Error: --cpu-offloading-num-layers 4 must be below "
+     "--num-layers 4 (megatron-core: CPU offloading can be done only for layers less than it)"),
+])  # fmt: skip
+def test_te_layer_offload_flags_megatron_refuses_are_refused(cli, flags, error):
+    result = cli(*TE_LAYERS, "--cpu-offloading", *flags)
+    assert result.code == 2 and result.out == ""
+    assert result.err.strip().splitlines()[-1] == error

@@ -219,6 +219,16 @@ def _check_optimizer(args: dict[str, Any]) -> None:
         )
 
 
+def _check_offloading(args: dict[str, Any]) -> None:
+    """Raise ConfigError for activation offloading, which the search does not price."""
+    for offload in ("fine_grained_activation_offloading", "cpu_offloading"):
+        if args.get(offload):
+            raise ConfigError(
+                f"plan does not price --{offload.replace('_', '-')}: its memory and step time "
+                "know no copies to the host; `memory` measures the offloading on a layout you choose"
+            )
+
+
 def pinned(args: dict[str, Any]) -> dict[str, Any]:
     """Return what the user fixed beyond the sizes: the optimizer and sequence parallelism on or
     off (`--no-...`, a config file's `false`), the layer split's flags, layers per chunk."""
@@ -235,18 +245,13 @@ def pinned(args: dict[str, Any]) -> dict[str, Any]:
             "plan prices megatron's default micro-batch group (--pp micro-batches per virtual "
             "stage); `memory` replays --microbatch-group-size-per-virtual-pipeline-stage"
         )
-    for offload in ("fine_grained_activation_offloading", "cpu_offloading"):
-        if args.get(offload):
-            raise ConfigError(
-                f"plan does not price --{offload.replace('_', '-')}: its memory and step time "
-                "know no copies to the host; `memory` measures the offloading on a layout you choose"
-            )
     if args.get("use_torch_fsdp2"):
         raise ConfigError(
             "plan does not search --use-torch-fsdp2 jobs; `memory` measures one, and plan tries "
             "Megatron-FSDP (--use-megatron-fsdp) beside the distributed optimizer"
         )
     _check_optimizer(args)
+    _check_offloading(args)
     if args.get("use_megatron_fsdp"):  # a strategy as given, else searched (layouts.distopts)
         fixed["distopt"] = args.get("data_parallel_sharding_strategy") or "fsdp"
     pin = {
