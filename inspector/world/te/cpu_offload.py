@@ -211,9 +211,12 @@ class _CpuOffloadContext(contextlib.ContextDecorator):
 def get_cpu_offload_context(
     enabled: bool = False, num_layers: int | None = 1, model_layers: int = 1,
     offload_activations: bool = True, offload_weights: bool = False, double_buffering: bool = False,
+    retain_pinned_cpu_buffers: bool = False,
 ) -> tuple[Any, Callable[[torch.Tensor], torch.Tensor]]:  # fmt: skip
     """TE 2.11's `get_cpu_offload_context` without manual synchronization (cpu_offload.py
-    632-871): the layers' context and synchronization function, or nothing when disabled."""
+    632-871): the layers' context and synchronization function, or nothing when disabled.
+    `retain_pinned_cpu_buffers` (megatron-core 0.19 passes it) keeps the host buffers for the
+    next iteration: the same pinned bytes, which the engine counts once either way."""
     if not enabled or not offload_activations:  # offload_weights alone: "does not have any effect"
         return contextlib.nullcontext(), lambda x: x
     layers = num_layers or 0
