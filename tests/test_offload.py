@@ -227,6 +227,13 @@ def test_the_groups_are_read_off_the_host_buffers_in_commit_order():
 
     groups = offload_groups(_synthetic())
     assert [(g.name, g.gpu, g.host) for g in groups] == [("a", 1024, 1024), ("b", 2048, 2048)] * 2
+    # an MTP layer's groups count too (its transformer layer runs megatron's offload groups), and
+    # Transformer Engine's layer offload has none (no state across micro-batches)
+    mtp = _synthetic()
+    mtp = type(mtp)(mtp.forward, mtp.backward, (), host=(
+        ("mtp.layers.0.transformer_layer.self_attention: offload core_attn", 512),
+        ("decoder: cpu offload", 4096)))  # fmt: skip
+    assert [(g.name, g.gpu) for g in offload_groups(mtp)] == [("core_attn", 512)]
 
 
 def test_the_first_backward_chunk_keeps_its_last_groups_and_the_next_reloads_early():

@@ -34,7 +34,8 @@ from inspector.memory.engine.allocator import rounded
 from inspector.memory.engine.microbatch import Trace
 from inspector.memory.engine.offload import pinned
 
-_GROUP = re.compile(r"^(?:layer |decoder\.layers\.)(\d+)\b.*: offload (\w+)$")
+# a group: a layer's buffers of one module name (a decoder layer, as composed, or an MTP layer's)
+_GROUP = re.compile(r"^((?:layer |decoder\.layers\.|mtp\.layers\.)\d+)\b.*: offload (\w+)$")
 
 
 @dataclass(frozen=True)
