@@ -195,6 +195,10 @@ MEMORY = ("memory", "--num-layers", "2", "--hidden-size", "64", "--num-attention
 ])  # fmt: skip
 def test_offloading_flags_megatron_refuses_are_refused(cli, flags, error):
     result = cli(*MEMORY, "--fine-grained-activation-offloading", *flags)
+    _refused(result, error)
+
+
+def _refused(result, error: str) -> None:
     assert result.code == 2 and result.out == ""
     assert result.err.strip().splitlines()[-1] == error
 
@@ -362,6 +366,4 @@ def test_te_layer_offload_moves_the_first_layers_saved_tensors_to_the_host(cli):
      "--num-layers 4 (megatron-core: CPU offloading can be done only for layers less than it)"),
 ])  # fmt: skip
 def test_te_layer_offload_flags_megatron_refuses_are_refused(cli, flags, error):
-    result = cli(*TE_LAYERS, "--cpu-offloading", *flags)
-    assert result.code == 2 and result.out == ""
-    assert result.err.strip().splitlines()[-1] == error
+    _refused(cli(*TE_LAYERS, "--cpu-offloading", *flags), error)
