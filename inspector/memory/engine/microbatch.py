@@ -1,7 +1,7 @@
 """One micro-batch through one pipeline stage, as Megatron-LM's training step runs it, recorded.
 
 The stage is built by megatron-core (world/stage.py) with the job's runtime settings
-(`runtime_config`), wrapped in megatron's DistributedDataParallel, and run on meta tensors
+(runtime.py `runtime_config`), wrapped in megatron's DistributedDataParallel, and run on meta tensors
 (cuda.py) under the allocator model (allocator.py):
 
 - inputs as Megatron-LM's `pretrain_gpt.get_batch` puts them on the GPU for this stage (tokens,
