@@ -305,11 +305,11 @@ def test_fp8_param_gather_passes_megatron_lm_with_a_sharding_optimizer(cli, tmp_
 
 def test_script_lists_only_harmless_arguments_as_ignored(cli, tmp_path):
     path = script(tmp_path, "--recompute-activations --attention-dropout 0 --grad-reduce-in-bf16 "
-                  "--lr 3e-4 --save /ckpt --cpu-offloading-num-layers 0 --made-up-flag 3")  # fmt: skip
+                  "--lr 3e-4 --save /ckpt --megatron-fsdp-main-params-dtype fp32 --made-up-flag 3")  # fmt: skip
     result = cli("memory", "--from-script", path)
     assert result.code == 0, result.err
     lines = result.err.splitlines()
-    assert f"Ignored from {path}: --lr --save --cpu-offloading-num-layers" in lines
+    assert f"Ignored from {path}: --lr --save --megatron-fsdp-main-params-dtype" in lines
     assert (
         f"Not recognised from {path} (not a Megatron-LM argument this tool knows; check it "
         "changes nothing a GPU holds): --made-up-flag"
@@ -386,8 +386,8 @@ def test_their_default_values_change_nothing(cli, tmp_path):
 
 
 @pytest.mark.parametrize(("flag", "error"), [
-    ("--cpu-offloading", "Error: --cpu-offloading is not modelled: activation offloading to the "
-                         "CPU is not modelled"),
+    ("--optimizer-cpu-offload", "Error: --optimizer-cpu-offload is not modelled: optimizer state on "
+                                "the CPU is not modelled"),
     ("--batch-size", "Error: --batch-size is refused by Megatron-LM: validate_args: '--batch-size "
                      "argument is no longer valid, use --micro-batch-size instead'"),
 ])  # fmt: skip

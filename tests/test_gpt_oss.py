@@ -90,7 +90,7 @@ def test_memory_runs_the_preset_and_megatrons_refusal_stays_megatrons(cli):
 
 def test_yarn_takes_megatron_lms_rope_fusion():
     # Megatron-LM's --rope-fusion default reaches GPTModel's yarn branch as its rope branch
-    from inspector.memory.engine.microbatch import runtime_config
+    from inspector.memory.engine.runtime import runtime_config
 
     assert runtime_config(_job(**GPT_OSS))["apply_rope_fusion"] is True
     assert runtime_config(_job(**GPT_OSS, no_rope_fusion=True))["apply_rope_fusion"] is False

@@ -131,7 +131,7 @@ def test_every_refused_flag_in_one_message(cli, tmp_path):
     # one run names them all (--fp8-param-gather, modelled, is not among them)
     path = write(tmp_path, f"python pretrain_gpt.py {SMALL} --fp8-format hybrid --use-distributed-optimizer "
                  "--fp8-param-gather "
-                 "--fp4-param-gather --torch-fsdp2-no-reshard-after-forward --cpu-offloading\n")  # fmt: skip
+                 "--fp4-param-gather --torch-fsdp2-no-reshard-after-forward --optimizer-cpu-offload\n")  # fmt: skip
     result = cli("memory", "--from-script", path)
     fp4 = ("megatron-core 0.16's DDP points each NVFP4 weight into its param buffer, which "
            "Transformer Engine 2.11 refuses (tensor/utils.py replace_raw_data: 'not supported "
@@ -142,8 +142,8 @@ def test_every_refused_flag_in_one_message(cli, tmp_path):
         f"Error: {path} line 1: --fp4-param-gather is not modelled: "
         f"{fp4}; --torch-fsdp2-no-reshard-after-forward is not modelled: FSDP2 keeping the "
         "gathered parameters from the forward to the backward (ZeRO-2) is not modelled; "
-        "--use-torch-fsdp2 alone (resharding after the forward) is; --cpu-offloading is not modelled: "
-        "activation offloading to the CPU is not modelled\n"
+        "--use-torch-fsdp2 alone (resharding after the forward) is; --optimizer-cpu-offload is not "
+        "modelled: optimizer state on the CPU is not modelled\n"
     )
 
 
@@ -415,17 +415,16 @@ def test_functional_test_config_runs_on_the_runners_eight_gpus(cli, tmp_path):
     assert "the world is 8 GPUs" not in result.err
 
 
-def test_functional_test_config_refuses_activation_offloading(cli, tmp_path):
-    # megatron-core's fine-grained activation offloading moves the listed modules' activations
-    # to the CPU: what a GPU holds changes, so it is refused by name, not "not recognised"
+def test_functional_test_config_reads_activation_offloading(cli, tmp_path):
+    # megatron-core's fine-grained activation offloading moves the listed modules' saved tensors
+    # to pinned host memory: `memory` runs megatron's offload manager and names the host bytes
     path = tmp_path / "model_config.yaml"
     path.write_text(FUNCTIONAL_TEST.replace(
         "  --bf16: true\n", '  --bf16: true\n  --fine-grained-activation-offloading: true\n'
-        '  --offload-modules: "[core_attn attn_proj]"\n'))  # fmt: skip
+        '  --offload-modules: "[core_attn attn_proj]"\n  --min-offloaded-tensor-size: 0\n'))  # fmt: skip
     result = cli("memory", "--config", str(path))
-    assert result.code == 2
-    assert result.err == (f"Error: {path}: --fine-grained-activation-offloading is not modelled: "
-                          "activation offloading to the CPU (--offload-modules) is not modelled\n")  # fmt: skip
+    assert result.code == 0, result.err
+    assert "offloaded activations take" in result.out and "of pinned host memory" in result.out
 
 
 def test_functional_test_config_in_inference_mode_names_its_program(cli, tmp_path):

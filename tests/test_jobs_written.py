@@ -55,7 +55,7 @@ def test_muon_is_refused_by_name_with_every_other_refusal(tmp_path, cli):
     # megatron-core 0.16's Megatron-LM has); modelled on 0.16 (tests/test_muon.py), so only the
     # other refusal remains there; the muon hyper-parameters are ignored with it
     path = write(tmp_path, MODEL_ARGS + "  --optimizer: muon\n  --muon-momentum: 0.9\n"
-                 "  --muon-scale-mode: spectral\n  --cpu-offloading: true\n")  # fmt: skip
+                 "  --muon-scale-mode: spectral\n  --optimizer-cpu-offload: true\n")  # fmt: skip
     result = cli("memory", "--config", path)
     assert result.code == 2
     version = f"{VERSION[0]}.{VERSION[1]}"
@@ -67,7 +67,7 @@ def test_muon_is_refused_by_name_with_every_other_refusal(tmp_path, cli):
     muon = ("" if MUON_MODELLED else later if MUON_KNOWN else
             f"--optimizer muon is refused by Megatron-LM: {fact}, whose Megatron-LM stops with "
             "'invalid choice'; ")  # fmt: skip
-    offload = "--cpu-offloading is not modelled: activation offloading to the CPU is not modelled"
+    offload = "--optimizer-cpu-offload is not modelled: optimizer state on the CPU is not modelled"
     assert result.err.splitlines()[-1] == f"Error: {path}: {muon}{offload}", result.err
 
 

@@ -107,43 +107,36 @@ def test_the_stand_ins_are_put_back():
     assert supported()  # megatron-core 0.16.1 has pipeline_parallel/fine_grained_activation_offload.py
 
 
-def _gpt_trace(modules: tuple[str, ...], impl: str = "local"):
-    """One micro-batch of a 2-layer GPT stage as the engine runs it, with megatron's offloading
-    of `modules` switched on in its TransformerConfig (the CLI still refuses the flag)."""
-    from megatron.core.pipeline_parallel.fine_grained_activation_offload import (
-        PipelineOffloadManager,
-    )
-
+def _gpt_job(modules: tuple[str, ...], impl: str = "local", **more):
+    """A 2-layer GPT job with megatron's offloading of `modules` (every saved tensor big enough:
+    Megatron-LM's default is 1M elements)."""
     from inspector.job.job import make_job
-    from inspector.memory.engine import stage
-    from inspector.memory.engine.offload import HostBytes, offloading_on_meta
 
-    job = make_job(dict(
+    offloading = dict(fine_grained_activation_offloading=True, offload_modules=" ".join(modules),
+                      min_offloaded_tensor_size=0) if modules else {}  # fmt: skip
+    return make_job({**dict(
         num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=1000,
         pipeline_model_parallel_size=1, tensor_model_parallel_size=1, data_parallel_size=1,
         micro_batch_size=2, global_batch_size=8, bf16=True, transformer_impl=impl,
-    ))  # fmt: skip
-    host = HostBytes()
-    config, run = stage.runtime_config, stage.run_microbatch
+    ), **offloading, **more})  # fmt: skip
 
-    def offloading_config(job):
-        fields = config(job)
-        if modules:  # every saved tensor is big enough: Megatron-LM's default is 1M elements
-            fields.update(fine_grained_activation_offloading=True, offload_modules=list(modules),
-                          min_offloaded_tensor_size=0)  # fmt: skip
-        return fields
 
-    def offloaded_run(*args, **kwargs):
-        with offloading_on_meta(host):
-            PipelineOffloadManager.reset_instance()
-            return run(*args, **kwargs)
+class _Host:
+    """A trace's host buffers as the tests read them."""
 
-    stage.runtime_config, stage.run_microbatch = offloading_config, offloaded_run
-    try:
-        (trace,) = stage.trace_stage(job, 0)
-    finally:
-        stage.runtime_config, stage.run_microbatch = config, run
-    return trace, host
+    def __init__(self, trace):
+        self.sizes = [size for _, size in trace.host]
+        self.buffers = len(self.sizes)
+        self.peak = sum(self.sizes)
+
+
+def _gpt_trace(modules: tuple[str, ...], impl: str = "local"):
+    """One micro-batch of a 2-layer GPT stage as the engine runs it, with megatron's offloading
+    of `modules` switched on by the job's flags."""
+    from inspector.memory.engine import stage
+
+    (trace,) = stage.trace_stage(_gpt_job(modules, impl), 0)
+    return trace, _Host(trace)
 
 
 def test_a_gpt_layers_offloaded_norm_inputs_leave_the_gpu_block_for_block():
@@ -168,3 +161,209 @@ def test_under_transformer_engine_the_norms_are_fused_and_attention_is_offloaded
     assert norm_host.buffers == 0 and normed.held == plain.held
     trace, host = _gpt_trace(("qkv_linear", "core_attn", "attn_proj"), "transformer_engine")
     assert host.peak > 0 and trace.held < plain.held
+
+
+def test_the_flags_reach_megatrons_transformer_config():
+    from inspector.memory.engine.runtime import runtime_config
+
+    job = _gpt_job(("core_attn", "attn_proj"))
+    assert job.training.offloading is not None
+    fields = runtime_config(job)
+    assert fields["fine_grained_activation_offloading"] is True
+    assert fields["offload_modules"] == ["core_attn", "attn_proj"]
+    assert fields["min_offloaded_tensor_size"] == 0
+    # Megatron-LM's default size: 1024 * 1024 elements (arguments.py)
+    default = _gpt_job(()).training.offloading, runtime_config(_gpt_job(("attn_norm",), min_offloaded_tensor_size=None))
+    assert default[0] is None and default[1]["min_offloaded_tensor_size"] == 1024 * 1024
+
+
+MEMORY = ("memory", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+          "--seq-length", "32", "--micro-batch-size", "1", "--bf16", "--transformer-impl", "local")  # fmt: skip
+
+
+@pytest.mark.parametrize("flags, error", [
+    # TransformerConfig.__post_init__: assert self.offload_modules is not None and len(...) > 0
+    ((), "Error: --fine-grained-activation-offloading needs --offload-modules (megatron-core's "
+         "TransformerConfig asserts at least one module)"),
+    # its allowed_modules
+    (("--offload-modules", "mlp"), "Error: --offload-modules mlp is not one of: attn_norm, qkv_linear, "
+                                   "core_attn, attn_proj, mlp_norm, expert_fc1, moe_act"),
+    # ValueError: attn_proj's input is core_attn's output, needed in core_attn.backward()
+    (("--offload-modules", "attn_proj"), "Error: --offload-modules attn_proj needs core_attn too "
+     "(megatron-core: the input of attn_proj is the output of core_attn, which is needed in "
+     "core_attn.backward())"),
+])  # fmt: skip
+def test_offloading_flags_megatron_refuses_are_refused(cli, flags, error):
+    result = cli(*MEMORY, "--fine-grained-activation-offloading", *flags)
+    _refused(result, error)
+
+
+def _refused(result, error: str) -> None:
+    assert result.code == 2 and result.out == ""
+    assert result.err.strip().splitlines()[-1] == error
+
+
+@pytest.mark.parametrize("offload", [("--fine-grained-activation-offloading", "--offload-modules", "core_attn"),
+                                     ("--cpu-offloading",)])  # fmt: skip
+def test_plan_refuses_offloading_by_name(cli, offload):
+    # plan's memory composition and step time know no copies to the host
+    result = cli("plan", "--model", "llama3-8b", "--bf16", "--gpus", "8", "--global-batch-size", "64",
+                 *offload)  # fmt: skip
+    assert result.code == 2
+    assert result.err.strip().splitlines()[-1] == (
+        f"Error: plan does not price {offload[0]}: its memory and step time "
+        "know no copies to the host; `memory` measures the offloading on a layout you choose")
+
+
+def _synthetic(held: int = 4096):
+    """A chunk's trace holding `held` bytes, whose two layers each offload groups a (1 KiB) and b
+    (2 KiB), in that commit order."""
+    from inspector.memory.engine.allocator import Event
+    from inspector.memory.engine.microbatch import Trace
+
+    host = tuple((f"layer {layer} self_attention: offload {name}", size)
+                 for layer in (0, 1) for name, size in (("a", 1024), ("b", 2048)))  # fmt: skip
+    return Trace((Event(held, held, "layer 0"),), (Event(-held, 0, "layer 0"),), (), host=host)
+
+
+def test_the_groups_are_read_off_the_host_buffers_in_commit_order():
+    from inspector.memory.engine.offload_steady import offload_groups
+
+    groups = offload_groups(_synthetic())
+    assert [(g.name, g.gpu, g.host) for g in groups] == [("a", 1024, 1024), ("b", 2048, 2048)] * 2
+    # an MTP layer's groups count too (its transformer layer runs megatron's offload groups), and
+    # Transformer Engine's layer offload has none (no state across micro-batches)
+    mtp = _synthetic()
+    mtp = type(mtp)(mtp.forward, mtp.backward, (), host=(
+        ("mtp.layers.0.transformer_layer.self_attention: offload core_attn", 512),
+        ("decoder: cpu offload", 4096)))  # fmt: skip
+    assert [(g.name, g.gpu) for g in offload_groups(mtp)] == [("core_attn", 512)]
+
+
+def test_the_first_backward_chunk_keeps_its_last_groups_and_the_next_reloads_early():
+    from inspector.memory.engine.schedule import replay_passes
+
+    trace = _synthetic()
+    passes = list(replay_passes((trace,), 0, 2, 4))  # stage 0 of 2: F0 F1 B0 F2 B1 F3 B2 B3
+    order = [("F" if p.forward else "B") + str(p.mb) for p in passes]
+    assert order == ["F0", "F1", "B0", "F2", "B1", "F3", "B2", "B3"]
+    held = {name: p.held for name, p in zip(order, passes)}
+    # micro-batch 0 is the first backward chunk: its layer 1 groups a and b stay (3 KiB)
+    assert held["F1"] == trace.held + 3072
+    # micro-batch 1's forward finds micro-batch 0 ahead in the backward order: it offloads all
+    assert held["B0"] == trace.held
+    # micro-batch 0's backward began 2 groups ahead: at its end it reloads micro-batch 1's top two
+    assert held["F2"] == trace.held + 3072
+    assert held["B1"] == trace.held  # micro-batch 2 offloaded all; 1's early groups are its own
+    assert held["F3"] == trace.held + 3072  # 2 reloaded early at the end of 1, as 1 was
+
+
+def test_a_last_stage_keeps_the_last_groups_of_every_micro_batch():
+    from inspector.memory.engine.offload_steady import backward_order, steady_offload
+
+    trace = _synthetic()
+    order = [(True, 0), (False, 0)] * 3  # 1F1B on the last stage: each is the next backward chunk
+    steady = steady_offload((trace,), order)
+    assert backward_order(order) == [(0, 0), (0, 1), (0, 2)]
+    kept = []
+    for mb in range(3):
+        kept.append(steady.forward(0, mb))
+        steady.backward(0, mb)
+        assert steady.backward_done(0, mb) == 0  # the next has not run its forward
+    assert kept == [3072] * 3
+
+
+def test_host_demand_is_the_first_iterations_most_in_flight():
+    from inspector.memory.engine.offload_steady import host_demand
+
+    trace = _synthetic()
+    # stage 0 of 2 holds at most 2 micro-batches in flight, each 6 KiB on the host
+    assert host_demand((trace,), 0, 2, 4) == (2 * 6144, 2 * 6144)
+    assert host_demand((trace,), 1, 2, 4) == (6144, 6144)
+    plain = _synthetic()
+    assert host_demand((type(plain)(plain.forward, plain.backward, ()),), 0, 2, 4) == (0, 0)
+
+
+def test_memory_reports_the_host_bytes_and_a_lower_peak(cli):
+    plain = cli(*MEMORY, "--format", "json")
+    offloaded = cli(*MEMORY, "--format", "json", "--fine-grained-activation-offloading",
+                    "--offload-modules", "attn_norm", "mlp_norm", "--min-offloaded-tensor-size", "0")  # fmt: skip
+    assert plain.code == 0 and offloaded.code == 0, offloaded.err
+    import json
+
+    (before,), (after,) = json.loads(plain.out)["stages"], json.loads(offloaded.out)["stages"]
+    assert "host_offload" not in before
+    host = after["host_offload"]
+    # one micro-batch in flight: 2 layers x 2 norms x (input 32 x 1 x 64 bf16, fp32 mean and rstd)
+    assert host["bytes"] == 4 * (4096 + 2 * 128)
+    assert host["pinned"] == 4 * (4096 + 2 * 128)  # each a power of two already
+    # the one micro-batch is the first backward chunk: from the second iteration its last layer's
+    # norms stay, and the peak (the logits) is above layer 0's few KiB anyway
+    assert after["total"] <= before["total"]
+
+
+def test_fp8_linears_keep_the_weight_object_under_the_offload_hooks(cli):
+    # TE's linears (linear.py, layernorm_linear.py, grouped_linear.py) keep `ctx.weight_object`:
+    # under saved-tensor hooks torch unpacks a Parameter as a plain tensor, without main_grad
+    result = cli(*MEMORY[:-2], "--fp8-format", "hybrid", "--num-experts", "4", "--moe-grouped-gemm",
+                 "--disable-bias-linear", "--fine-grained-activation-offloading", "--offload-modules",
+                 "qkv_linear", "core_attn", "attn_proj", "expert_fc1", "--min-offloaded-tensor-size", "0")  # fmt: skip
+    assert result.code == 0, result.err
+    assert "offloaded activations take" in result.out
+
+
+def test_te_layer_offload_schedule_is_te_2_11s_default():
+    from inspector.world.te.cpu_offload import DefaultOffloadSynchronizer
+
+    # TE 2.11 cpu_offload.py `_init_offload_synchronization_dicts`: layer i < N is offloaded, its
+    # device memory released at the forward of layer L-N+i, its reload started at the backward of
+    # layer L-1-N+i
+    sync = DefaultOffloadSynchronizer(6, 3)
+    assert sync.offloaded == {0: True, 1: True, 2: True, 3: False, 4: False, 5: False}
+    assert sync.finish_offload == {3: [0], 4: [1], 5: [2]}
+    assert sync.start_reload == {2: [0], 3: [1], 4: [2]}
+
+
+TE_LAYERS = ("memory", "--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "4",
+             "--seq-length", "256", "--micro-batch-size", "1", "--bf16",
+             "--transformer-impl", "transformer_engine", "--format", "json")  # fmt: skip
+
+
+def _te_layer_offload(cli, layers: int | None):
+    import json
+
+    flags = () if layers is None else ("--cpu-offloading", "--cpu-offloading-num-layers", str(layers))
+    result = cli(*TE_LAYERS, *flags)
+    assert result.code == 0, result.err
+    (stage,) = json.loads(result.out)["stages"]
+    return stage["total"], stage.get("host_offload", {}).get("bytes", 0)
+
+
+def test_te_layer_offload_moves_the_first_layers_saved_tensors_to_the_host(cli):
+    plain = _te_layer_offload(cli, None)
+    assert _te_layer_offload(cli, 0) == plain  # nothing offloaded
+    one, three = _te_layer_offload(cli, 1), _te_layer_offload(cli, 3)
+    # every layer saves alike: three layers' host buffers are three times one layer's
+    assert one[1] > 0 and three[1] == 3 * one[1]
+    # the peak is the loss's, after the forward: the offloaded layers' device memory is released
+    # by then (at the forward of layer L-N+i); TE deduplicates by tensor object, so the attention's
+    # output, saved again as the projection's input under another view, is copied twice
+    saved = [plain[0] - total for total, _ in (one, three)]
+    assert 0 < saved[0] < one[1] and saved[0] < saved[1] < three[1]
+    assert three[1] - saved[1] < 3 * (one[1] - saved[0])
+
+
+@pytest.mark.parametrize("flags, error", [
+    # TransformerConfig.__post_init__: "Currently there is no support for Pipeline parallelism
+    # with CPU offloading"
+    (("--pp", "2"), "Error: --cpu-offloading needs --pipeline-model-parallel-size 1, got 2 "
+                    "(megatron-core: no support for pipeline parallelism with CPU offloading)"),
+    # "CPU offloading does not work when activation recomputation is enabled"
+    (("--recompute-granularity", "selective"), "Error: --cpu-offloading cannot go with "
+     "--recompute-granularity (megatron-core's TransformerConfig refuses them together)"),
+    # "CPU offloading can be done only for layers less than {num_layers}"
+    (("--cpu-offloading-num-layers", "4"), "Error: --cpu-offloading-num-layers 4 must be below "
+     "--num-layers 4 (megatron-core: CPU offloading can be done only for layers less than it)"),
+])  # fmt: skip
+def test_te_layer_offload_flags_megatron_refuses_are_refused(cli, flags, error):
+    _refused(cli(*TE_LAYERS, "--cpu-offloading", *flags), error)

@@ -347,6 +347,16 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         many=True,
     ),
     _training("moe_layer_recompute", bool, "Megatron-LM's alias for --recompute-modules ... moe."),
+    _training("fine_grained_activation_offloading", bool,
+              "Copy the inputs of --offload-modules to pinned host memory after their forward and "
+              "back before their backward (megatron-core 0.16+)."),
+    _training("offload_modules", str, "The modules whose inputs are offloaded: any of attn_norm, "
+              "qkv_linear, core_attn, attn_proj, mlp_norm, expert_fc1, moe_act.", many=True),
+    _training("min_offloaded_tensor_size", int,
+              "The smallest saved tensor offloaded, in elements (default 1048576)."),
+    _training("cpu_offloading", bool, "Transformer Engine's layer offload: the saved activations of "
+              "the first --cpu-offloading-num-layers layers go to pinned host memory (one pipeline stage)."),
+    _training("cpu_offloading_num_layers", int, "Layers --cpu-offloading offloads (default 0)."),
     _training(
         "attention_backend",
         str,

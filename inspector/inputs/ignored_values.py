@@ -161,7 +161,7 @@ OTHER_ARGUMENTS = frozenset((
     "--langrl-inference-server-type --linear-attention-freq --linear-conv-kernel-dim "
     "--linear-key-head-dim --linear-num-key-heads --linear-num-value-heads --linear-value-head-dim "
     "--log-device-memory-used --log-max-attention-logit --log-memory-interval --mask-factor "
-    "--mask-type --max-seqlen-per-dp-cp-rank --min-offloaded-tensor-size --mlp-chunks-for-prefill "
+    "--mask-type --max-seqlen-per-dp-cp-rank --mlp-chunks-for-prefill "
     "--model-parallel-size --moe-enable-routing-replay --moe-hybridep-num-sms --moe-latent-size "
     "--moe-pad-experts-for-cuda-graph-inference --mrope-section --mtp-loss-scaling-factor "
     "--mtp-standalone --nccl-all-reduce-for-prefill --no-data-sharding --no-inference-wandb-logging "

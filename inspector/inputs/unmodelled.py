@@ -132,17 +132,12 @@ REFUSED: dict[str, Refusal] = {
     "--dsa-indexer-k-norm-epsilon": Refusal("model", _DSA),
     "--dsa-indexer-k-norm-fp32": Refusal("model", _DSA),
     "--vocab-extra-ids": Refusal("model", "extra ids change the vocabulary; pass --vocab-size"),
-    "--fine-grained-activation-offloading": Refusal(  # TransformerConfig, megatron-core 0.16
-        "training", "activation offloading to the CPU (--offload-modules) is not modelled"),
     "--moe-use-legacy-grouped-gemm": Refusal(
         "model", "the legacy GroupedMLP under Transformer Engine is not modelled"),
     "--moe-extended-tp": Refusal("layout", "removed from Megatron-LM; use "
                                  "--expert-tensor-parallel-size"),  # fmt: skip
     "--distribute-saved-activations": Refusal(
         "training", "checkpoints split across tensor-parallel ranks are not modelled"),
-    "--cpu-offloading": Refusal("training", "activation offloading to the CPU is not modelled"),
-    "--cpu-offloading-num-layers": Refusal(
-        "training", "activation offloading to the CPU is not modelled", ("0",)),
     "--optimizer-cpu-offload": Refusal("training", "optimizer state on the CPU is not modelled"),
     "--fp32-residual-connection": Refusal(
         "training", "an fp32 residual stream changes activations, which are counted in 16 bits"),
@@ -282,8 +277,6 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--muon-use-syrk --lion-beta1 --lion-beta2 "
         "--keep-fp8-transpose-cache --enable-full-sharding-in-hsdp "
         "--optimizer-offload-fraction "
-        # --fine-grained-activation-offloading's modules
-        "--offload-modules "
         "--use-torch-optimizer-for-cpu-offload --overlap-cpu-optimizer-d2h-h2d --no-pin-cpu-grads "
         "--no-pin-cpu-params"
     ),

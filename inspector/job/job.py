@@ -26,6 +26,7 @@ from inspector.job.hybrid_model import validate_hybrid
 from inspector.job.layout import Layout, make_layout, validate_layout
 from inspector.job.model import ModelConfig
 from inspector.job.model_args import make_model_config, validate_model
+from inspector.job.offloading import Offloading, parse_offloading
 from inspector.job.optimizer_precision import OptimizerPrecision, make_precision
 from inspector.job.optimizers import FLAGS_READ, check_optimizer, layer_wise_spelled_muon
 from inspector.job.packing import check_packing, packed_document_length
@@ -91,6 +92,7 @@ class Training:
     cuda_graph_warmup_steps: int = 3  # megatron-core's TransformerConfig default
     packed_document_length: int | None = None  # --sft: packed sequences (job/packing.py)
     train_iters: int | None = None  # --train-iters (None: not given); 1 peaks at the first step
+    offloading: Offloading | None = None  # --fine-grained-activation-offloading (job/offloading.py)
 
     def __post_init__(self) -> None:
         """Reject counts below one and unknown recomputation modes."""
@@ -120,8 +122,7 @@ class Training:
         if factor is not None and not 0 < factor <= MAX_CAPACITY_FACTOR:
             raise ConfigError(
                 f"--moe-expert-capacity-factor {factor} must be above 0 (tokens kept per expert: "
-                f"ceil(tokens x topk / experts x factor)) and at most {MAX_CAPACITY_FACTOR}"
-            )
+                f"ceil(tokens x topk / experts x factor)) and at most {MAX_CAPACITY_FACTOR}")  # fmt: skip
         if self.moe_pad_expert_input_to_capacity and factor is None:
             raise ConfigError("--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-"
                               "factor (megatron-core: \"moe_expert_capacity_factor must be set to "
@@ -282,6 +283,7 @@ def make_training(args: Mapping[str, Any]) -> Training:
     values["cuda_graph_impl"] = values.get("cuda_graph_impl") or "none"
     values["cuda_graph_scope"] = parse_scope(args)
     values["packed_document_length"] = packed_document_length(args)
+    values["offloading"] = parse_offloading(args)
     values["fp32_grads"] = values.get("fp32_grads") or None
     values["optimizer"] = values.get("optimizer") or "adam"
     values["unfused"] = tuple(name for name in FUSIONS if args.get("no_" + name))

@@ -220,6 +220,16 @@ def _check_optimizer(args: dict[str, Any]) -> None:
         )
 
 
+def _check_offloading(args: dict[str, Any]) -> None:
+    """Raise ConfigError for activation offloading, which the search does not price."""
+    for offload in ("fine_grained_activation_offloading", "cpu_offloading"):
+        if args.get(offload):
+            raise ConfigError(
+                f"plan does not price --{offload.replace('_', '-')}: its memory and step time "
+                "know no copies to the host; `memory` measures the offloading on a layout you choose"
+            )
+
+
 def pinned(args: dict[str, Any]) -> dict[str, Any]:
     """Return what the user fixed beyond the sizes: the optimizer and sequence parallelism on or
     off (`--no-...`, a config file's `false`), the layer split's flags, layers per chunk."""
@@ -242,6 +252,7 @@ def pinned(args: dict[str, Any]) -> dict[str, Any]:
             "Megatron-FSDP (--use-megatron-fsdp) beside the distributed optimizer"
         )
     _check_optimizer(args)
+    _check_offloading(args)
     if args.get("use_megatron_fsdp"):  # a strategy as given, else searched (layouts.distopts)
         fixed["distopt"] = args.get("data_parallel_sharding_strategy") or "fsdp"
     pin = {

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any
 
 from tabulate import tabulate
@@ -13,6 +12,7 @@ from inspector.job.hardware import GIB
 from inspector.job.optimizer_precision import REMAINDER
 from inspector.memory.measure import MemoryReport, StageMemory
 from inspector.render.by_rank import by_rank_json, by_rank_line
+from inspector.render.held_elsewhere import host_json, host_line, outside_line
 from inspector.render.job import counted
 from inspector.report.formats import MemoryFormat
 
@@ -246,23 +246,14 @@ def _moments(report: MemoryReport) -> list[str]:
         if s.run.outside:
             lines.append(outside_line(f"Stage {s.stage}", s.run.outside, lambda v: _size(report, v),
                                       "buffers and the total", s.total))  # fmt: skip
+        if s.run.host[0]:  # --fine-grained-activation-offloading (engine/offload_steady.py)
+            lines.append(host_line(f"Stage {s.stage}", s.run.host, lambda v: _size(report, v)))
         if s.run.graph_pool:  # engine/cuda_graphs.py allocated_peak
             now, top = (_size(report, v) for v in s.run.torch_reports(s.static))
             lines.append(f"Stage {s.stage}: the CUDA graphs' memory pool {_size(report, s.run.graph_pool)}"
                          " is reserved, not allocated, once captured: torch.cuda.memory_allocated "
                          f"reports {now} after the step, max_memory_allocated {top}.")  # fmt: skip
     return lines
-
-
-def outside_line(label: str, outside: tuple[tuple[str, int], ...], size: Callable[[int], str],
-                 counted_in: str, total: int) -> str:  # fmt: skip
-    """Return the line naming what a stage holds outside PyTorch's allocator (DeepEP's or
-    HybridEP's buffers), where its `total` counts them, and what torch.cuda.max_memory_allocated
-    would say without them; `memory` and `plan` print it alike."""
-    held = sum(b for _, b in outside)
-    parts = ", ".join(f"{what} {size(b)}" for what, b in outside)
-    return (f"{label}: outside PyTorch's allocator {size(held)} ({parts}): in {counted_in}, not "
-            f"in what torch.cuda.max_memory_allocated reports ({size(total - held)}).")
 
 
 NOT_COUNTED = "not counted"  # the buffers where the engine did not run (json: null)
@@ -390,6 +381,7 @@ def _stage_json(report: MemoryReport, s: StageMemory) -> dict[str, Any]:
         "gradients": s.state.gradients,
         "optimizer": s.state.optimizer,
         "buffers": _buffers_json(s),
+        **host_json(s.run.host if s.run is not None else (0, 0)),
         "static": s.static,
         "activations": _activations_json(s),
         "total": s.total,

@@ -11,7 +11,7 @@ from inspector.job.hardware import GIB
 from inspector.plan.hybrid import SCAN_NOTE
 from inspector.plan.price import Plan
 from inspector.plan.search import SearchResult
-from inspector.render.memory import outside_line
+from inspector.render.held_elsewhere import outside_line
 
 
 def _layout(plan: Plan) -> str:

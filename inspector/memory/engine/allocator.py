@@ -158,7 +158,9 @@ class Tracker(TorchDispatchMode):
         if seq >= _ACCUMULATE_GRAD:  # AccumulateGrad runs right after the node making the grad
             return self.events[-1].where if self.events else self.where
         index = bisect.bisect_right(self.starts, seq) - 1
-        return f"{self.labels[index] if index >= 0 else self.where}: {node.name()}"
+        # a custom Function's ctx may set its own `name` (megatron's offload group commit does)
+        name = node.name() if callable(node.name) else type(node).__name__
+        return f"{self.labels[index] if index >= 0 else self.where}: {name}"
 
     def at(self, label: str) -> None:
         """Name the step that runs next (outside any module)."""

@@ -97,7 +97,8 @@ def compose(
     events_f = _events(steps_f, 0)
     backward_b = _events(steps_b, events_f[-1].allocated if events_f else 0)
     persistent = _persistent(trace.persistent, layers, group, order)
-    return Trace(events_f, backward_b, persistent, trace.deferred)
+    host = _persistent(trace.host, layers, group, order)  # each layer's host buffers, as its own
+    return Trace(events_f, backward_b, persistent, trace.deferred, host)
 
 
 def _persistent(

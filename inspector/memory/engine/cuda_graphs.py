@@ -90,7 +90,7 @@ def static_inputs(job: Job, stage: int, scope: tuple[str, ...] = ()) -> StaticIn
     """Return the static inputs megatron makes for `stage`'s graphs (`scope`: the
     `--cuda-graph-scope` words; empty is the whole layer)."""
     from inspector.memory.engine.cuda import cuda_on_meta
-    from inspector.memory.engine.microbatch import runtime_config
+    from inspector.memory.engine.runtime import runtime_config
     from inspector.world.stage import stage_world
 
     world = stage_world(job.model, job.layout, stage, checkpoint=False, runtime=runtime_config(job))

@@ -18,7 +18,8 @@ from inspector.memory.engine.optimizer import optimizer_config, optimizer_world
 def stage_muon(job: Job, stage: int) -> tuple[MuonParam, ...]:
     """Build `stage` (expert-parallel rank 0) in DDP as the engine does and return its Muon
     parameters with their owners."""
-    from inspector.memory.engine.microbatch import MEGATRON_ERRORS, megatron_failed, runtime_config
+    from inspector.memory.engine.microbatch import MEGATRON_ERRORS, megatron_failed
+    from inspector.memory.engine.runtime import runtime_config
     from inspector.memory.engine.stage import _ddp as ddp_wrapped
     from inspector.memory.engine.stage import moe_build
     from inspector.world.stage import stage_world

@@ -31,9 +31,11 @@ megatron-core 0.13 has no such module: `supported()` says so by version.
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.util
 import types
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,8 +49,6 @@ MODULE = "megatron.core.pipeline_parallel.fine_grained_activation_offload"
 
 def supported() -> bool:
     """Return True if the installed megatron-core has fine-grained activation offloading."""
-    import importlib.util
-
     return importlib.util.find_spec(MODULE) is not None
 
 
@@ -66,12 +66,17 @@ class HostBytes:
     pinned_live: int = 0  # as the pinned allocator reserves them
     pinned_peak: int = 0
     sizes: list[int] = field(default_factory=list)  # each host buffer made, in bytes
+    made: list[tuple[str, int]] = field(default_factory=list)  # (where megatron made it, bytes)
+    where: Callable[[], str] = lambda: ""  # names the module running (the engine's tracker)
+    group: str = ""  # the offload group being copied out (megatron's `OffloadTensorGroup._name`)
 
     def add(self, tensor: torch.Tensor) -> None:
         """Count a new host buffer until its storage dies."""
         storage = tensor.untyped_storage()
         nbytes = storage.nbytes()
         self.sizes.append(nbytes)
+        made = f"offload {self.group}" if self.group else "cpu offload"  # megatron's, or TE's
+        self.made.append((f"{self.where()}: {made}", nbytes))
         self.live += nbytes
         self.pinned_live += pinned(nbytes)
         self.peak = max(self.peak, self.live)
@@ -121,17 +126,24 @@ _CURRENT = _Stream()
 @contextlib.contextmanager
 def offloading_on_meta(host: HostBytes) -> Iterator[None]:
     """Let megatron's offload manager run on meta; count its pinned host buffers in `host`."""
-    empty = torch.empty
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def pinned_on_meta(make: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        """Make a pinned host buffer a meta tensor the GPU allocator model never sees."""
+        device = kwargs.get("device")
+        if not (kwargs.get("pin_memory") and torch.device(device or "cpu").type == "cpu"):
+            return make(*args, **kwargs)
+        kwargs.update(device="meta", pin_memory=False)
+        with _disable_current_modes():
+            tensor = make(*args, **kwargs)
+        host.add(tensor)
+        return tensor
 
     def host_or_device_empty(*args: Any, **kwargs: Any) -> Any:
-        device = kwargs.get("device")
-        if kwargs.get("pin_memory") and torch.device(device if device is not None else "cpu").type == "cpu":
-            kwargs.update(device="meta", pin_memory=False)
-            with _disable_current_modes():  # the GPU allocator model never sees a host buffer
-                tensor = empty(*args, **kwargs)
-            host.add(tensor)
-            return tensor
-        return empty(*args, **kwargs)
+        return pinned_on_meta(empty, args, kwargs)
+
+    def host_or_device_empty_like(*args: Any, **kwargs: Any) -> Any:  # TE's cpu_offload.py
+        return pinned_on_meta(empty_like, args, kwargs)
 
     saved = {
         (torch.cuda, "Stream"): _Stream,
@@ -142,16 +154,58 @@ def offloading_on_meta(host: HostBytes) -> Iterator[None]:
         (torch.cuda.nvtx, "range_pop"): lambda *args, **kwargs: None,
         (torch.Tensor, "record_stream"): lambda self, stream: None,
         (torch, "empty"): host_or_device_empty,
+        (torch, "empty_like"): host_or_device_empty_like,
     }
-    handler = _chunk_handler()
-    if hasattr(handler, "_can_manage_tensor_for_offload"):  # megatron-core 0.19
-        saved[(handler, "_can_manage_tensor_for_offload")] = staticmethod(_manageable)
+    if supported():  # megatron-core 0.16+: its fine-grained manager
+        _name_groups(host, saved)
     flag = _te_cpu_offload_flag()
     with contextlib.ExitStack() as stack:
         for (owner, name), value in saved.items():
             stack.enter_context(_replaced(owner, name, value))
         stack.enter_context(flag)
         yield
+
+
+def _name_groups(host: HostBytes, saved: dict[tuple[Any, str], Any]) -> None:
+    """Name each host buffer by megatron's offload group that made it; let 0.19 manage meta."""
+    handler = _chunk_handler()
+    if hasattr(handler, "_can_manage_tensor_for_offload"):  # megatron-core 0.19
+        saved[(handler, "_can_manage_tensor_for_offload")] = staticmethod(_manageable)
+    copy_out = handler.bulk_offload_group
+
+    def named_copy_out(self: Any, *args: Any, **kwargs: Any) -> Any:
+        """megatron's bulk_offload_group, its host buffers named by their group (0.19 passes
+        the group, 0.16 takes the last one queued)."""
+        host.group = (args[0] if args else self._groups_to_offload[-1])._name
+        try:
+            return copy_out(self, *args, **kwargs)
+        finally:
+            host.group = ""
+
+    saved[(handler, "bulk_offload_group")] = named_copy_out
+
+
+@contextlib.contextmanager
+def offloaded(config: Any, where: Callable[[], str]) -> Iterator[HostBytes]:
+    """Run a micro-batch as megatron offloads it when `config` (its TransformerConfig) says so:
+    a fresh manager (a first iteration's, which offloads every group; schedule.py replays the
+    later iterations' state across micro-batches), its host buffers counted and named by
+    `where`. Without offloading nothing is replaced."""
+    host = HostBytes(where=where)
+    if getattr(config, "cpu_offloading", False):  # Transformer Engine's (world/te/cpu_offload.py)
+        with offloading_on_meta(host):
+            yield host
+        return
+    if not getattr(config, "fine_grained_activation_offloading", False):
+        yield host
+        return
+    manager = importlib.import_module(MODULE).PipelineOffloadManager
+    with offloading_on_meta(host):
+        manager.reset_instance()
+        try:
+            yield host
+        finally:
+            manager.OFFLOAD_MGR = None  # its pool goes with it
 
 
 @contextlib.contextmanager
@@ -170,8 +224,6 @@ def _replaced(owner: Any, name: str, value: Any) -> Iterator[None]:
 
 
 def _chunk_handler() -> Any:
-    import importlib
-
     return importlib.import_module(MODULE).ChunkOffloadHandler
 
 

@@ -151,7 +151,8 @@ def build_optimizer(job: Job, ddps: Sequence[Any]) -> Any:
 def stage_step(job: Job, stage: int) -> StepRun:
     """Build `stage` (every layer, expert-parallel rank 0), wrap its chunks in megatron's DDP as
     Megatron-LM's get_model does, and run its optimizer step."""
-    from inspector.memory.engine.microbatch import MEGATRON_ERRORS, megatron_failed, runtime_config
+    from inspector.memory.engine.microbatch import MEGATRON_ERRORS, megatron_failed
+    from inspector.memory.engine.runtime import runtime_config
     from inspector.memory.engine.stage import _ddp as ddp_wrapped  # the engine's DDP wrap
     from inspector.memory.engine.stage import moe_build
     from inspector.world.stage import stage_world

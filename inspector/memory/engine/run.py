@@ -10,6 +10,7 @@ from inspector.errors import ConfigError
 from inspector.job.ep_overlap import extra_warmup
 from inspector.job.job import Job
 from inspector.memory.engine.microbatch import GLOBAL_BUFFER, Trace
+from inspector.memory.engine.offload_steady import host_demand
 from inspector.memory.engine.optimizer import StepRun, stage_step
 from inspector.memory.engine.schedule import Peak, iteration_peak, top_event
 from inspector.memory.engine.stage import Cache, ChunkShape, trace_chunks
@@ -59,6 +60,9 @@ class RunMemory:
     # the next iteration's `optimizer.zero_grad()` sets them to None; Megatron-LM logs
     # mem-allocated-bytes between the two (training.py `training_log`, after `train_step`)
     after_step: int = 0
+    # --fine-grained-activation-offloading: pinned host memory the offloaded activations take,
+    # (bytes asked, bytes pinned: each buffer a power of two) at the iteration's highest demand
+    host: tuple[int, int] = (0, 0)
 
     @property
     def outside_bytes(self) -> int:
@@ -159,8 +163,9 @@ def run_memory(
     phases = (("optimizer step", step.events),)  # its events' labels start "optimizer step: "
     replay = Replay(traces, stage, job.layout.pp, schedule.num_microbatches, phases, extra, group)
     outside = outside_allocator(job, shapes)
+    host = host_demand(traces, stage, job.layout.pp, schedule.num_microbatches, group, extra)
     return RunMemory(_persistent(traces) + kept, workspaces, peak, step.state, replay, outside,
-                     allocated, step.held)
+                     allocated, step.held, host)
 
 
 def first_iteration_peak(passes: Peak, step: StepRun) -> Peak:

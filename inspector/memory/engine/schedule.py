@@ -20,6 +20,7 @@ from typing import NamedTuple
 from inspector.job.dims import schedule_passes
 from inspector.memory.engine.allocator import Event
 from inspector.memory.engine.microbatch import Trace
+from inspector.memory.engine.offload_steady import steady_offload
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,7 @@ def replay_passes(
     flight: list[list[int]] = [[] for _ in range(chunks)]
     held = 0
     order = schedule_passes(stage, pp, num_microbatches, chunks, group_size, extra)
+    steady = steady_offload(traces, order)
     index = 0
     while index < len(order):
         forward, chunk = order[index]
@@ -114,18 +116,18 @@ def replay_passes(
             if extra and back is not None and flight[back]:  # a 1F1B step of older micro-batches
                 index += 1
                 paired = (back, flight[back].pop(0))
-                held -= traces[back].held
+                held -= traces[back].held + steady.backward(*paired)
             yield Pass(True, chunk, mb, held, _in_flight(flight) + 1 + (paired is not None),
                        paired)  # fmt: skip
             flight[chunk].append(mb)
-            held += traces[chunk].held
+            held += traces[chunk].held + steady.forward(chunk, mb)
             if paired is not None:
-                held += _deferred(traces[paired[0]], paired[1])
+                held += _deferred(traces[paired[0]], paired[1]) + steady.backward_done(*paired)
         else:
             mb = flight[chunk].pop(0)
-            held -= traces[chunk].held
+            held -= traces[chunk].held + steady.backward(chunk, mb)
             yield Pass(False, chunk, mb, held, _in_flight(flight) + 1)
-            held += _deferred(traces[chunk], mb)
+            held += _deferred(traces[chunk], mb) + steady.backward_done(chunk, mb)
 
 
 def _deferred(trace: Trace, mb: int) -> int:

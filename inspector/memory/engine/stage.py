@@ -31,7 +31,8 @@ from inspector.job.gdn import gdn_layers
 from inspector.job.job import Job
 from inspector.job.layout import Layout
 from inspector.memory.engine.compose import compose
-from inspector.memory.engine.microbatch import Trace, run_microbatch, runtime_config
+from inspector.memory.engine.microbatch import Trace, run_microbatch
+from inspector.memory.engine.runtime import runtime_config
 
 
 @dataclass(frozen=True)
@@ -82,8 +83,11 @@ def trace_chunks(
 def _whole(job: Job, shape: ChunkShape) -> bool:
     """Return whether pieces of the chunk's kinds cannot stand for its layers."""
     mtp = shape.mtp and (not shape.output or shape.mtp != job.model.mtp_num_layers)
-    # a hybrid stack's layers are of several kinds in the pattern's order: every one runs
-    return bool(mtp) or not shape.layers or job.model.hybrid
+    # a hybrid stack's layers are of several kinds in the pattern's order, and Transformer
+    # Engine's layer offload treats each layer by its number (world/te/cpu_offload.py): every
+    # one runs
+    offload = job.training.offloading
+    return bool(mtp) or not shape.layers or job.model.hybrid or bool(offload and offload.layers)
 
 
 def _group(job: Job) -> int:

@@ -4,7 +4,7 @@ Only what megatron-core 0.13-0.16 imports unconditionally, or imports in a `try`
 would change what it builds or runs, including TE's fused RoPE (`pytorch.attention.rope`, which
 megatron calls with --apply-rope-fusion, Megatron-LM's default). What is left out raises
 ImportError (ModuleNotFoundError for a missing submodule), so megatron takes its own fallback
-exactly as with a TE lacking it: permutation and cross-entropy kernels, cpu offload, TE's
+exactly as with a TE lacking it: permutation and cross-entropy kernels, TE's
 optimizers, cpp_extensions, the fused-op API (`pytorch.ops`, only with --use-te-op-fuser / TE
 activation ops).
 """
@@ -20,6 +20,7 @@ from inspector.world.te import (
     VERSION,
     _base,
     attention,
+    cpu_offload,
     float8_tensor,
     grouped_linear,
     linear,
@@ -103,6 +104,8 @@ _LAYOUT: dict[str, tuple[bool, dict[str, Any]]] = {
         False,
         {"apply_rotary_pos_emb": thd.apply_rotary_pos_emb},  # thd's, else attention_functions
     ),
+    ".pytorch.cpu_offload": (False, {name: getattr(cpu_offload, name) for name in (
+        "get_cpu_offload_context", "is_cpu_offload_enabled", "mark_not_offload", "start_offload")}),
     ".pytorch.ops": (True, {"FusibleOperation": state.FusibleOperation, **state.OPS}),
     ".pytorch.router": (
         False,

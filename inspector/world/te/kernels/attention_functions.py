@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from inspector.world.te import cpu_offload
+
 
 def begin_fused(
     ctx: Any, q: torch.Tensor, qkv_format: str, softmax_offset: torch.Tensor | None
@@ -52,6 +54,8 @@ class FusedAttnFunction(torch.autograd.Function):
         softmax_offset: torch.Tensor | None = None,
     ) -> torch.Tensor:
         stats_shape = begin_fused(ctx, q, qkv_format, softmax_offset)
+        if cpu_offload.is_cpu_offload_enabled():  # backends.py 1131-1132: q, k, v's base goes
+            cpu_offload.start_offload(q, k, v, offload_base_tensor=True)
         out = torch.empty((*q.shape[:3], v.shape[3]), dtype=q.dtype, device=q.device)
         stats = torch.empty(stats_shape, dtype=torch.float32, device=q.device)
         rng_state = torch.empty((2,), dtype=torch.int64, device=q.device)

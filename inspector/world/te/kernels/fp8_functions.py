@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from inspector.world.te import cpu_offload
 from inspector.world.te.kernels import quantize as q
 from inspector.world.te.kernels.functions import (
     GemmSetup,
@@ -89,7 +90,10 @@ class Fp8LinearFunction(torch.autograd.Function):
         out = _forward(total, weight, setup, inputmat)
         del total
         saved_in = saved.tensors() if saved is not None else ()
+        if cpu_offload.is_cpu_offload_enabled():  # linear.py 420-431: mark_not_offload
+            cpu_offload.mark_not_offload(weight, *weight_q.tensors(), bias)
         ctx.save_for_backward(*saved_in, *weight_q.tensors(), weight, bias)
+        ctx.weight_object = weight  # under offloading hooks, as LinearFunction (functions.py)
         ctx.n_saved_in = len(saved_in)
         ctx.setup, ctx.inp_shape, ctx.use_bias = setup, inp.shape, bias.numel() > 0
         ctx.in_rows, ctx.in_cols = rows, cols
@@ -99,9 +103,9 @@ class Fp8LinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> Any:
         saved = ctx.saved_tensors
-        weight, bias = saved[-2], saved[-1]
+        bias = saved[-1]
         dgrad, wgrad, grad_bias = _backward_gemms(
-            ctx, grad_output, saved[: ctx.n_saved_in], weight, bias
+            ctx, grad_output, saved[: ctx.n_saved_in], ctx.weight_object, bias
         )
         dgrad = None if dgrad is None else dgrad.view(ctx.inp_shape)
         return dgrad, wgrad, grad_bias, None, None
@@ -131,6 +135,7 @@ class Fp8LayerNormLinearFunction(torch.autograd.Function):
             inputmat, *weight_q.tensors(), weight, bias, ln_weight, *saved_ln, mu, rsigma
         )
         ctx.n_saved_ln = len(saved_ln)
+        ctx.weight_object = weight  # layernorm_linear.py, as LinearFunction's
         ctx.setup, ctx.inp_shape, ctx.use_bias = setup, inp.shape, bias.numel() > 0
         ctx.in_rows, ctx.in_cols = rows, cols
         ctx.requires_dgrad, ctx.requires_wgrad = inp.requires_grad, weight.requires_grad
@@ -143,9 +148,9 @@ class Fp8LayerNormLinearFunction(torch.autograd.Function):
         saved = ctx.saved_tensors
         inputmat = saved[0]
         at = 1 + ctx.n_weight_q
-        weight, bias, ln_weight = saved[at], saved[at + 1], saved[at + 2]
+        bias, ln_weight = saved[at + 1], saved[at + 2]
         saved_ln = saved[at + 3 : at + 3 + ctx.n_saved_ln]
-        _, wgrad, grad_bias = _backward_gemms(ctx, grad_output, saved_ln, weight, bias)
+        _, wgrad, grad_bias = _backward_gemms(ctx, grad_output, saved_ln, ctx.weight_object, bias)
         # tex.layernorm_bwd / rmsnorm_bwd (layernorm_linear.py 968-992): dx, dgamma (, dbeta)
         dx = torch.empty_like(inputmat)
         dgamma = torch.empty_like(ln_weight)
@@ -175,8 +180,11 @@ class Fp8GroupedLinearFunction(torch.autograd.Function):
         del inputmats
         flat_in = [t for tensors in saved for t in tensors]
         flat_w = [t for w in weights_q for t in w.tensors()]
+        if cpu_offload.is_cpu_offload_enabled():  # grouped_linear.py 218-219
+            cpu_offload.mark_not_offload(*flat_w, *weights)
         ctx.save_for_backward(*flat_in, *flat_w, *weights, *biases)
         ctx.n_saved = len(flat_in) + len(flat_w)
+        ctx.weight_objects = weights  # grouped_linear.py under cpu_offloading, as GroupedLinearFunction
         ctx.m_splits, ctx.inp_shape, ctx.fuse, ctx.recipe = m_splits, inp.shape, fuse_wgrad, recipe
         ctx.use_bias = biases[0].numel() > 0
         ctx.requires_dgrad, ctx.requires_wgrad = inp.requires_grad, needs_input
@@ -200,7 +208,7 @@ class Fp8GroupedLinearFunction(torch.autograd.Function):
             dgrad = torch.empty(shape, dtype=grad.dtype, device=grad.device).view(ctx.inp_shape)
         wgrads: list[Any] = [None] * n
         if ctx.requires_wgrad:
-            wgrads = [_grouped_wgrad(weight, ctx.fuse, grad) for weight in weights]
+            wgrads = [_grouped_wgrad(weight, ctx.fuse, grad) for weight in ctx.weight_objects]
         del grads_q
         return (dgrad, None, None, None, None, *wgrads,
                 *(grad_biases if ctx.use_bias else [None] * len(biases)))  # fmt: skip

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from inspector.world.te import cpu_offload
 from inspector.world.te.state import get_dummy_wgrad
 
 
@@ -135,6 +136,8 @@ class LinearFunction(torch.autograd.Function):
         inputmat = inp.reshape(-1, inp.shape[-1])
         out = _forward_gemm(inputmat, weight, setup)
         saved = inputmat if weight.requires_grad else None  # backward_needs_input
+        if cpu_offload.is_cpu_offload_enabled():  # linear.py 420-431: mark_not_offload
+            cpu_offload.mark_not_offload(weight, bias)
         ctx.save_for_backward(saved, weight, weight, bias)
         ctx.setup, ctx.inp_shape, ctx.use_bias = setup, inp.shape, bias.numel() > 0
         # under saved-tensor hooks (activation offloading) torch unpacks a Parameter as a plain
