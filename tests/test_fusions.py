@@ -12,7 +12,7 @@ from tests.test_engine import _job
 
 
 def _config(**flags):
-    from inspector.memory.engine.microbatch import runtime_config
+    from inspector.memory.engine.runtime import runtime_config
 
     return runtime_config(_job(**flags))
 
