@@ -29,7 +29,7 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--use-mcore-models --transformer-impl-fallback --use-cpu-initialization "
         "--init-model-with-meta-device --no-clone-scatter-output-in-embedding "
         "--fp8-margin --fp8-interval --fp8-amax-compute-algo "
-        "--batch-invariant-mode --disable-jit-fuser --mrope-section --mtp-loss-scaling-factor "
+        "--batch-invariant-mode --mrope-section --mtp-loss-scaling-factor "
         "--flash-attention-version --moe-mlp-glu-interleave-size "
         "--moe-shared-expert-glu-interleave-size --mtp-detach-heads --mup-attn-scale-power "
         "--mup-base-head-dim --mup-base-hidden-size --mup-embedding-mult --mup-output-mult "
@@ -299,4 +299,8 @@ IGNORED_NOTES: dict[str, str] = {
     "--deterministic-mode": "--deterministic-mode changes no memory; `plan`'s step time prices "
     "the default kernels, not the deterministic ones it selects (Transformer Engine's "
     "deterministic attention backward, a fixed NCCL algorithm), whose cost is not modelled",
+    # Megatron-LM initialize.py: enable_batch_invariant_mode patches aten mm/addmm/log_softmax/mean
+    # and Transformer Engine's kernels with batch-invariant ones (the same tensors)
+    "--batch-invariant-mode": "--batch-invariant-mode changes no memory; `plan`'s step time prices "
+    "the default kernels, not the batch-invariant ones it patches in, whose cost is not modelled",
 }

@@ -31,7 +31,7 @@ SWITCHES = frozenset((
     "--disable-chunked-prefill --disable-ckpt-fully-parallel-save "
     "--disable-ckpt-load-validate-sharding-integrity --disable-clone-scatter-output-in-embedding "
     "--disable-flight-recorder-dump-on-timeout --disable-flight-recorder-extra-dump-on-exec "
-    "--disable-flight-recorder-include-only-active --disable-gloo-process-groups --disable-jit-fuser "
+    "--disable-flight-recorder-include-only-active --disable-gloo-process-groups "
     "--disable-log-loss-scale-to-tensorboard --disable-manual-gc-eval --disable-msc "
     "--disable-straggler-on-startup --disable-stream-ckpt-dequant --disable-strict-fsdp-dtensor-load "
     "--disable-symmetric-registration --disable-tokenizer-sentencepiece-ignore-extra-whitespaces "

@@ -224,6 +224,11 @@ REFUSED: dict[str, Refusal] = {
         "layout", "hybrid context parallelism (packed samples of varying lengths balanced over "
         "the context-parallel ranks) is not modelled"),  # fmt: skip
     "--use-kitchen-attention": Refusal("training", _QUANTIZERS),
+    # megatron/core/jit.py disable_jit_fuser: jit_fuser becomes a no-op, so the fused functions
+    # called outside an autograd.Function (bias_dropout_add, ...) run eagerly, op by op
+    "--disable-jit-fuser": Refusal(
+        "training", "megatron's fused functions run eagerly (each op's saved tensors kept), "
+        "which is not modelled"),  # fmt: skip
     "--fp8-quantizer-factory": Refusal("training", _FACTORY),
     "--fp4-quantizer-factory": Refusal("training", _FACTORY),
     # TransformerConfig.moe_hybridep_num_sms: the SMs HybridEPBuffer is built with (job/hybrid_ep.py)
