@@ -143,6 +143,8 @@ def test_an_argument_that_changes_nothing_reported_is_ignored_with_its_reason(cl
     ("--inprocess-soft-timeout soon", "--inprocess-soft-timeout needs float value, got 'soon'"),
     ("--vision-backbone-type resnet", "--vision-backbone-type 'resnet' is not one of: vit, mit, swin"),
     ("--help", "--help is refused by Megatron-LM: argparse prints pretrain_gpt.py's help and exits"),
+    # a string argument takes one word: argparse refuses the next plain word (it was dropped)
+    ("--save /ckpt extra", "'extra' follows --save /ckpt, which takes no further value"),
 ])  # fmt: skip
 def test_newly_classified_arguments_are_read_as_megatron_lm_reads_them(cli, tmp_path, extra, message):
     path = script(tmp_path, extra)

@@ -313,10 +313,10 @@ INT_CHOICES = frozenset((
 MANY = MANY_INTS | MANY_FLOATS | MANY_STRINGS
 
 
-def checked(flag: str) -> bool:
-    """Return whether `flag` takes one value this module checks (an int, a float, a choice): a
-    word after it is refused as argparse refuses it."""
-    return flag in INTS | FLOATS | CHOICES.keys()
+def one_value(flag: str) -> bool:
+    """Return whether argparse reads exactly one value after `flag` (an int, a float, a choice, a
+    string): a plain word after that value is refused as argparse refuses it."""
+    return flag in INTS | FLOATS | STRINGS | CHOICES.keys()
 
 
 def switch(flag: str) -> bool:

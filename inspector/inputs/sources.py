@@ -355,8 +355,8 @@ def split_arguments(words: list[str], needs: Needs, ctx: Context,
             _refuse_abbreviation(flag, where)
             if typed and not switch and not (value and ctx.unknown_in(value)):
                 ignored_values.check_value(flag, value, where)
-            if typed and (switch or ignored_values.checked(flag)):
-                after = flag if switch else f"{flag} {value}"
+            if typed and (switch or ignored_values.one_value(flag)):
+                after = flag if switch else f"{flag} {ctx.show(value or '')}"
             if flag in TOKENIZER_FLAGS and value is not None:
                 raw[flag] = value
             skipped.add(flag, value, where)
