@@ -2,7 +2,8 @@
 one Megatron-LM itself stops on; and its presence in each Megatron-LM release is a dated fact.
 
 The argument names are facts read off Megatron-LM's own parsers (`add_megatron_arguments` at
-core_v0.13.1 to core_v0.19.0), committed as fixtures/megatron_lm_arguments.txt.
+core_v0.13.1 to core_v0.19.0, and main at d98e8a6, megatron-core 0.20 there), committed as
+fixtures/megatron_lm_arguments.txt.
 """
 
 from __future__ import annotations
@@ -47,14 +48,17 @@ CLASSES = {"modelled": MODELLED, "refused": set(REFUSED), "ignored": set(IGNORED
 
 
 def _version(tag: str) -> tuple[int, int]:
+    if tag == "main":
+        return (0, 20)
     major, minor = tag.removeprefix("core_v").split(".")[:2]
     return int(major), int(minor)
 
 
-def test_the_facts_hold_seven_releases():
-    assert sorted(LISTS, key=_version)[0] == "core_v0.13.1" and len(LISTS) == 7
+def test_the_facts_hold_eight_releases():
+    assert sorted(LISTS, key=_version)[0] == "core_v0.13.1" and len(LISTS) == 8
     assert len(LISTS[BASE]) == 681  # option strings of core_v0.16.1's parser (--help included)
     assert "--num-layers" in LISTS["core_v0.13.1"] and "--use-mup" in LISTS["core_v0.19.0"]
+    assert "--megatron-fsdp-main-grads-dtype" in LISTS["main"]
 
 
 @pytest.mark.parametrize("tag", sorted(LISTS, key=_version))

@@ -33,7 +33,8 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--flash-attention-version --moe-mlp-glu-interleave-size "
         "--moe-shared-expert-glu-interleave-size --mtp-detach-heads --mup-attn-scale-power "
         "--mup-base-head-dim --mup-base-hidden-size --mup-embedding-mult --mup-output-mult "
-        "--mup-width-mult --use-mup --disable-clone-scatter-output-in-embedding"
+        "--mup-width-mult --use-mup --disable-clone-scatter-output-in-embedding "
+        "--batch-invariant-backend"
     ),
     "routing math (balanced routing is counted)": (
         "--moe-router-topk-scaling-factor "
@@ -87,7 +88,11 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--moe-ncclep-static-shape --moe-ncclep-zero-copy --moe-paged-stash-buffer-size-factor-cpu "
         "--moe-paged-stash-buffer-size-factor-cuda --moe-paged-stash-page-size "
         "--logits-load-decode-threads --logits-load-ignore-errors --logits-load-kd-loss-alpha "
-        "--logits-load-msc-prefetch-depth --logits-load-prefetch-factor"
+        "--logits-load-msc-prefetch-depth --logits-load-prefetch-factor "
+        "--mhc-init-gating-factor --mhc-num-residual-streams --mhc-recompute-layer-num "
+        "--mhc-sinkhorn-iterations --gdp-cutedsl-kernel --gdp-num-chunk-states-to-recompute "
+        "--gdp-num-householder --gtp-expert-remat-nccl-ub --gtp-remat-nccl-ub --gtp-remat-opt-in-modules "
+        "--gtp-remat-reduce-scatter-with-fp32-accumulation --moe-combine-bwd-dtype --moe-dispatch-fwd-dtype"
     ),
     "optimizer hyper-parameters and schedules": (
         "--lr --lr-decay-style --lr-wsd-decay-style --lr-decay-iters --lr-decay-samples "
@@ -125,7 +130,8 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--chat-template --enable-msc --null-tokenizer-eod-id --null-tokenizer-pad-id "
         "--tokenizer-hf-no-include-special-tokens --tokenizer-hf-no-use-fast "
         "--disable-tokenizer-sentencepiece-ignore-extra-whitespaces "
-        "--no-tokenizer-sentencepiece-ignore-extra-whitespaces --validation-set-names"
+        "--no-tokenizer-sentencepiece-ignore-extra-whitespaces --validation-set-names "
+        "--use-gigatoken"
     ),
     "inference and RL (pretrain_gpt.py builds no inference engine; train_rl.py's is refused)": (
         "--inference-batch-times-seqlen-threshold --max-tokens-to-oom --use-legacy-static-engine "
@@ -189,7 +195,8 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--rl-generation-batch-size --rl-num-parallel-generation-batches --rl-num-parallel-generations "
         "--no-rl-persist-cuda-graphs --rl-consumption-granularity --rl-inference-parsers "
         "--rl-profile --rl-profile-dir --rl-submission-granularity "
-        "--use-same-sampling-seed-across-dp-ranks"
+        "--use-same-sampling-seed-across-dp-ranks "
+        "--rl-durable-rollout-bank --rl-rollout-bank-dir --rl-rollout-bank-max-bytes"
     ),
     "checkpoints": (
         "--save --save-interval --save-retain-interval --no-save-optim --no-save-rng --load "
@@ -215,7 +222,10 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--disable-stream-ckpt-dequant --no-stream-ckpt-dequant --dist-ckpt-workers "
         "--override-ckpt-iteration --verify-integrity --save-activations-interval "
         "--save-params-interval --save-tokens-per-expert-interval --logits-save-dir "
-        "--logits-save-dtype --logits-save-top-k --logits-save-top-p --logits-save-top-p-min-k"
+        "--logits-save-dtype --logits-save-top-k --logits-save-top-p --logits-save-top-p-min-k "
+        "--ckpt-drop-redundant-extra-state --ckpt-fully-parallel-load-per-rank-objects "
+        "--ckpt-pg-tensors-cache-create --ckpt-pg-tensors-cache-path --disable-save-tokenizer-assets "
+        "--no-save-tokenizer-assets"
     ),
     # megatron/post_training/arguments.py: data, checkpoint key mapping, numerics; the teacher's
     # config only acts with --export-kd-teacher-load (refused)
@@ -265,7 +275,8 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--moe-routing-trace-capture-hidden-states --moe-routing-trace-capture-logits "
         "--moe-routing-trace-dump-weights --moe-routing-trace-max-training-iters "
         "--moe-routing-trace-path --nvtx-ranges --pytorch-profiler-collect-callstack "
-        "--pytorch-profiler-collect-chakra --pytorch-profiler-collect-shapes --record-shapes"
+        "--pytorch-profiler-collect-chakra --pytorch-profiler-collect-shapes --record-shapes "
+        "--otel-enabled --otel-service-name --otel-span-groups"
     ),
     "read only by Megatron-LM's BERT, T5, Retro, retrieval and vision programs (pretrain_gpt.py does not)": (
         "--bert-embedder-type --bert-load --bert-no-binary-head --biencoder-projection-dim "

@@ -1,9 +1,9 @@
 """The values Megatron-LM's argparse takes for the arguments this tool ignores.
 
 Read off Megatron-LM's own parser (megatron/training/arguments.py `add_megatron_arguments`,
-built with `allow_abbrev=False`) at core_v0.16.1, and for the arguments it lacks at core_v0.19.0
-(then core_v0.13.1): its actions' kinds, types and choices for every argument of ignored.IGNORED
-it defines. A script's value for one of them is checked as argparse checks it (a switch takes no
+built with `allow_abbrev=False`) at core_v0.16.1, and for the arguments it lacks at core_v0.19.0,
+main (d98e8a6, 0.20) or core_v0.13.1: its actions' kinds, types and choices for every argument of
+ignored.IGNORED it defines. A script's value for one of them is checked as argparse checks it (a switch takes no
 value, an int must read as int(), a choice must be listed); arguments of other programs
 (ModelOpt's) are not checked.
 """
@@ -21,7 +21,9 @@ SWITCHES = frozenset((
     "--biencoder-shared-query-context-model --cache-mla-latents --calc-ft-timeouts "
     "--calculate-per-token-loss --check-for-large-grads --check-for-spiky-loss "
     "--ckpt-assume-constant-structure --ckpt-convert-update-legacy-dist-opt-format "
-    "--ckpt-fully-parallel-load --ckpt-fully-parallel-save --cpu-offloading-retain-pinned-cpu-buffers "
+    "--ckpt-drop-redundant-extra-state --ckpt-fully-parallel-load "
+    "--ckpt-fully-parallel-load-per-rank-objects --ckpt-fully-parallel-save "
+    "--ckpt-pg-tensors-cache-create --cpu-offloading-retain-pinned-cpu-buffers "
     "--create-all-gather-group --data-parallel-random-init --dataloader-defer-npy-index-mmap "
     "--dataloader-fast-cache-load --ddp-average-in-collective "
     "--ddp-reduce-scatter-with-fp32-accumulation --decode-only-cuda-graphs "
@@ -33,20 +35,23 @@ SWITCHES = frozenset((
     "--disable-flight-recorder-dump-on-timeout --disable-flight-recorder-extra-dump-on-exec "
     "--disable-flight-recorder-include-only-active --disable-gloo-process-groups "
     "--disable-log-loss-scale-to-tensorboard --disable-manual-gc-eval --disable-msc "
-    "--disable-straggler-on-startup --disable-stream-ckpt-dequant --disable-strict-fsdp-dtensor-load "
-    "--disable-symmetric-registration --disable-tokenizer-sentencepiece-ignore-extra-whitespaces "
-    "--disable-tp-comm-bulk-dgrad --disable-tp-comm-bulk-wgrad --disable-tp-comm-overlap-ag "
-    "--disable-tp-comm-overlap-rs --disable-tp-comm-split-ag --disable-tp-comm-split-rs "
+    "--disable-save-tokenizer-assets --disable-straggler-on-startup --disable-stream-ckpt-dequant "
+    "--disable-strict-fsdp-dtensor-load --disable-symmetric-registration "
+    "--disable-tokenizer-sentencepiece-ignore-extra-whitespaces --disable-tp-comm-bulk-dgrad "
+    "--disable-tp-comm-bulk-wgrad --disable-tp-comm-overlap-ag --disable-tp-comm-overlap-rs "
+    "--disable-tp-comm-split-ag --disable-tp-comm-split-rs "
     "--disable-use-tokenizer-model-from-checkpoint-args --dist-ckpt-optim-fully-reshardable "
     "--dist-ckpt-save-pre-mcore-014 --distrib-optim-fully-reshardable-mem-efficient "
     "--enable-chunked-prefill --enable-experimental --enable-ft-package "
     "--enable-full-sharding-in-hsdp --enable-msc --eod-mask-loss --exit-on-missing-checkpoint "
     "--exit-signal-handler --exit-signal-handler-for-dataloader --exit-signal-handler-for-training "
     "--fake-process-group --fim-data --finetune --flash-decode --flight-recorder-include-stack-trace "
-    "--fsdp-manual-registration --full-validation --grpo-filter-groups-with-same-reward "
-    "--high-priority-a2a-comm-stream --inference-cuda-graph-all-prefills "
-    "--inference-disable-ep-consensus --inference-disable-triton-nvls-kernels "
-    "--inference-dynamic-batching --inference-dynamic-batching-prefix-caching "
+    "--fsdp-manual-registration --full-validation --gdp-cutedsl-kernel "
+    "--grpo-filter-groups-with-same-reward --gtp-expert-remat-nccl-ub --gtp-remat-nccl-ub "
+    "--gtp-remat-reduce-scatter-with-fp32-accumulation --high-priority-a2a-comm-stream "
+    "--inference-cuda-graph-all-prefills --inference-disable-ep-consensus "
+    "--inference-disable-triton-nvls-kernels --inference-dynamic-batching "
+    "--inference-dynamic-batching-prefix-caching "
     "--inference-dynamic-batching-track-generated-token-events "
     "--inference-dynamic-batching-track-paused-request-events --inference-fuse-tp-communication "
     "--inference-moe-disable-fused-quant-kernels --inference-rng-tracker "
@@ -64,8 +69,8 @@ SWITCHES = frozenset((
     "--moe-router-fusion --moe-routing-trace-capture-hidden-states --moe-routing-trace-capture-logits "
     "--moe-routing-trace-dump-weights --moe-shared-expert-overlap --moe-use-upcycling "
     "--mtp-detach-heads --mtp-standalone --multiple-validation-sets --muon-nesterov "
-    "--muon-no-split-qkv --muon-use-nesterov --nccl-all-reduce-for-prefill --no-align-grad-reduce "
-    "--no-align-param-gather --no-async-tensor-model-parallel-allreduce "
+    "--muon-no-split-qkv --muon-use-nesterov --muon-use-syrk --nccl-all-reduce-for-prefill "
+    "--no-align-grad-reduce --no-align-param-gather --no-async-tensor-model-parallel-allreduce "
     "--no-barrier-with-level-1-timing --no-check-for-nan-in-loss-and-grad "
     "--no-ckpt-fully-parallel-save --no-ckpt-load-validate-sharding-integrity "
     "--no-clone-scatter-output-in-embedding --no-create-attention-mask-in-dataloader "
@@ -81,28 +86,30 @@ SWITCHES = frozenset((
     "--no-rl-offload-kv-cache-during-training --no-rl-partial-rollouts --no-rl-persist-cuda-graphs "
     "--no-rl-remove-kv-cache-during-training --no-rl-reset-cuda-graphs --no-rl-skip-bos-token "
     "--no-rl-training-cuda-graphs --no-rl-use-sequence-packing --no-rl-verify-model-weights-swap "
-    "--no-save-optim --no-save-rng --no-scatter-gather-tensors-in-pipeline --no-stream-ckpt-dequant "
-    "--no-strict-fsdp-dtensor-load --no-tokenizer-sentencepiece-ignore-extra-whitespaces "
-    "--no-tp-comm-bulk-dgrad --no-tp-comm-bulk-wgrad --no-tp-comm-overlap-ag --no-tp-comm-overlap-rs "
-    "--no-tp-comm-split-ag --no-tp-comm-split-rs --no-use-tokenizer-model-from-checkpoint-args "
+    "--no-save-optim --no-save-rng --no-save-tokenizer-assets --no-scatter-gather-tensors-in-pipeline "
+    "--no-stream-ckpt-dequant --no-strict-fsdp-dtensor-load "
+    "--no-tokenizer-sentencepiece-ignore-extra-whitespaces --no-tp-comm-bulk-dgrad "
+    "--no-tp-comm-bulk-wgrad --no-tp-comm-overlap-ag --no-tp-comm-overlap-rs --no-tp-comm-split-ag "
+    "--no-tp-comm-split-rs --no-use-tokenizer-model-from-checkpoint-args "
     "--no-yarn-correction-range-round-to-int --nvtx-ranges --one-logger-async --openai-gelu "
-    "--output-bert-embeddings --overlap-cpu-optimizer-d2h-h2d "
+    "--otel-enabled --output-bert-embeddings --overlap-cpu-optimizer-d2h-h2d "
     "--overlap-p2p-communication-warmup-flush --overlap-param-gather-with-optimizer-step "
     "--override-opt-param-scheduler --override-opt_param-scheduler --perform-rl-step --profile "
     "--pytorch-profiler-collect-callstack --pytorch-profiler-collect-chakra "
     "--pytorch-profiler-collect-shapes --qk-clip --record-memory-history --record-shapes "
     "--replication --reset-attention-mask --reset-position-ids --retriever-score-scaling "
     "--retro-add-retriever --retro-no-verify-neighbor-count --rl-calculate-intra-group-similarity "
-    "--rl-inference-logprobs-is-correction --rl-offload-inference-model-weights-when-idle "
-    "--rl-offload-kv-cache-during-training --rl-offload-optimizer-during-inference "
-    "--rl-partial-rollouts --rl-persist-cuda-graphs --rl-profile --rl-remove-kv-cache-during-training "
-    "--rl-reset-cuda-graphs --rl-skip-bos-token --rl-training-cuda-graphs --rl-use-sequence-packing "
-    "--rl-verify-model-weights-swap --rotary-interleaved --run-workload-inspector-server --skip-train "
-    "--squared-relu --te-rng-tracker --test-mode --tokenizer-hf-include-special-tokens "
+    "--rl-durable-rollout-bank --rl-inference-logprobs-is-correction "
+    "--rl-offload-inference-model-weights-when-idle --rl-offload-kv-cache-during-training "
+    "--rl-offload-optimizer-during-inference --rl-partial-rollouts --rl-persist-cuda-graphs "
+    "--rl-profile --rl-remove-kv-cache-during-training --rl-reset-cuda-graphs --rl-skip-bos-token "
+    "--rl-training-cuda-graphs --rl-use-sequence-packing --rl-verify-model-weights-swap "
+    "--rotary-interleaved --run-workload-inspector-server --skip-train --squared-relu "
+    "--te-rng-tracker --test-mode --tokenizer-hf-include-special-tokens "
     "--tokenizer-hf-no-include-special-tokens --tokenizer-hf-no-use-fast --tokenizer-hf-use-fast "
     "--tokenizer-sentencepiece-legacy --tp-comm-overlap-rs-dgrad --trust-remote-code "
     "--use-checkpoint-opt-param-scheduler --use-checkpoint-opt_param-scheduler "
-    "--use-cpu-initialization --use-dist-ckpt --use-fused-weighted-squared-relu "
+    "--use-cpu-initialization --use-dist-ckpt --use-fused-weighted-squared-relu --use-gigatoken "
     "--use-legacy-static-engine --use-mcore-models --use-mp-args-from-checkpoint-args --use-mup "
     "--use-nccl-ub --use-one-sent-docs --use-persistent-ckpt-worker --use-pytorch-profiler "
     "--use-ring-exchange-p2p --use-rope-scaling --use-same-sampling-seed-across-dp-ranks --use-sharp "
@@ -121,11 +128,12 @@ INTS = frozenset((
     "--exit-duration-in-mins --exit-interval --fault-injector-delay-start-iteration "
     "--fault-injector-num-ranks --fault-injector-seed --fine-grained-offloading-max-inflight-offloads "
     "--flight-recorder-trace-buffer-size --fp8-interval --fp8-margin --ft-num-warmup-iters "
-    "--gpu-sniff-test-interval --grpo-group-size --grpo-iterations --grpo-prompts-per-step "
-    "--hysteresis --ict-head-size --img-h --img-w --indexer-batch-size --indexer-log-interval "
-    "--inference-batch-times-seqlen-threshold --inference-coordinator-port "
-    "--inference-cuda-graph-max-tokens --inference-dynamic-batching-block-size "
-    "--inference-dynamic-batching-chunk-size --inference-dynamic-batching-cuda-graph-max-tokens "
+    "--gdp-num-chunk-states-to-recompute --gdp-num-householder --gpu-sniff-test-interval "
+    "--grpo-group-size --grpo-iterations --grpo-prompts-per-step --hysteresis --ict-head-size --img-h "
+    "--img-w --indexer-batch-size --indexer-log-interval --inference-batch-times-seqlen-threshold "
+    "--inference-coordinator-port --inference-cuda-graph-max-tokens "
+    "--inference-dynamic-batching-block-size --inference-dynamic-batching-chunk-size "
+    "--inference-dynamic-batching-cuda-graph-max-tokens "
     "--inference-dynamic-batching-cuda-graph-mixed-prefill-count "
     "--inference-dynamic-batching-max-requests --inference-dynamic-batching-max-requests-override "
     "--inference-dynamic-batching-max-tokens --inference-dynamic-batching-max-tokens-override "
@@ -136,7 +144,8 @@ INTS = frozenset((
     "--logits-load-msc-prefetch-depth --logits-load-prefetch-factor --logits-save-top-k "
     "--logits-save-top-p-min-k --lr-decay-iters --lr-decay-samples --lr-warmup-iters "
     "--lr-warmup-samples --lr-wsd-decay-iters --lr-wsd-decay-samples --manual-gc-interval "
-    "--max-seqlen-per-dp-cp-rank --max-tokens-to-oom --min-offloaded-tensor-size "
+    "--max-seqlen-per-dp-cp-rank --max-tokens-to-oom --mhc-num-residual-streams "
+    "--mhc-recompute-layer-num --mhc-sinkhorn-iterations --min-offloaded-tensor-size "
     "--mlp-chunks-for-prefill --moe-mlp-glu-interleave-size --moe-paged-stash-page-size "
     "--moe-routing-trace-max-training-iters --moe-shared-expert-glu-interleave-size "
     "--moe-upcycling-granularity --muon-num-ns-steps --mup-base-hidden-size "
@@ -148,8 +157,9 @@ INTS = frozenset((
     "--retro-encoder-layers --retro-num-neighbors --retro-num-retrieved-chunks --rl-default-top-k "
     "--rl-generation-batch-size --rl-generation-lag --rl-inference-expert-model-parallel-size "
     "--rl-inference-expert-tensor-model-parallel-size --rl-inference-pipeline-model-parallel-size "
-    "--rl-inference-tensor-model-parallel-size --rl-num-parallel-generation-batches "
-    "--rl-num-parallel-generations --rl-parallel-generation-tasks --rl-prompts-per-eval "
+    "--rl-inference-tensor-model-parallel-size --rl-max-inflight-requests "
+    "--rl-num-parallel-generation-batches --rl-num-parallel-generations "
+    "--rl-parallel-generation-tasks --rl-prompts-per-eval --rl-rollout-bank-max-bytes "
     "--rl-sequence-packing-bin-size --rl-sequence-packing-max-sequences-per-bin --rotary-base "
     "--rotary-seq-len-interpolation-factor --save-activations-interval --save-dgrads-interval "
     "--save-interval --save-params-interval --save-retain-interval --save-tokens-per-expert-interval "
@@ -179,8 +189,8 @@ FLOATS = frozenset((
     "--inprocess-progress-watchdog-interval --inprocess-soft-timeout "
     "--inprocess-termination-grace-time --lion-beta1 --lion-beta2 --logits-load-kd-loss-alpha "
     "--logits-save-top-p --loss-scale --loss-scale-window --lr --lr-warmup-fraction --lr-warmup-init "
-    "--mask-factor --mask-prob --mid-level-dataset-surplus --min-loss-scale --min-lr "
-    "--moe-input-jitter-eps --moe-paged-stash-buffer-size-factor-cpu "
+    "--mask-factor --mask-prob --mhc-init-gating-factor --mid-level-dataset-surplus --min-loss-scale "
+    "--min-lr --moe-input-jitter-eps --moe-paged-stash-buffer-size-factor-cpu "
     "--moe-paged-stash-buffer-size-factor-cuda --moe-router-bias-update-rate "
     "--moe-router-force-biased --moe-router-quantile-balancing-ema --moe-router-topk-scaling-factor "
     "--moe-z-loss-coeff --mtp-loss-scaling-factor --muon-extra-scale-factor --muon-momentum "
@@ -196,20 +206,21 @@ FLOATS = frozenset((
 # any other type (str, ...), one value
 STRINGS = frozenset((
     "--app-tag-run-name --app-tag-run-version --bert-load --block-data-path --chat-template "
-    "--ckpt-convert-save --config-logger-dir --data-args-path --data-cache-path --dist-ckpt-format "
-    "--dump-param-to-param-group-map --embedding-path --evidence-data-path --exit-signal "
-    "--fault-injector-fault-probabilities --fault-injector-fault-types --fault-injector-ranks "
-    "--fim-eod-token --fim-middle-token --fim-no-prefix --fim-pad-token --fim-prefix-token "
-    "--fim-split-sample --fim-suffix-token --flight-recorder-dump-path --ict-load --inference-shards "
-    "--langrl-env-config --langrl-inference-server-conversation-template --lazy-mpu-init --load "
-    "--logits-save-dir --memory-snapshot-path --merge-file --moe-routing-trace-path "
-    "--muon-coefficient-type --nccl-communicator-config-path --no-rope-freq "
-    "--non-persistent-global-ckpt-dir --non-persistent-local-ckpt-dir --object-storage-cache-path "
-    "--one-logger-project --one-logger-run-name --onnx-safe --per-dataset-sequences-path "
-    "--per-split-data-args-path --phase-transition-iterations --pretrained-checkpoint "
-    "--result-rejected-tracker-filename --retro-project-dir --rl-profile-dir --save "
-    "--sft-tokenizer-prompt-format --split --step-batch-size-schedule --tensorboard-dir "
-    "--tiktoken-pattern --titles-data-path --tokenizer-metadata --tokenizer-model "
+    "--ckpt-convert-save --ckpt-pg-tensors-cache-path --config-logger-dir --data-args-path "
+    "--data-cache-path --dist-ckpt-format --dump-param-to-param-group-map --embedding-path "
+    "--evidence-data-path --exit-signal --fault-injector-fault-probabilities "
+    "--fault-injector-fault-types --fault-injector-ranks --fim-eod-token --fim-middle-token "
+    "--fim-no-prefix --fim-pad-token --fim-prefix-token --fim-split-sample --fim-suffix-token "
+    "--flight-recorder-dump-path --ict-load --inference-shards --langrl-env-config "
+    "--langrl-inference-server-conversation-template --lazy-mpu-init --load --logits-save-dir "
+    "--memory-snapshot-path --merge-file --moe-routing-trace-path --muon-coefficient-type "
+    "--nccl-communicator-config-path --no-rope-freq --non-persistent-global-ckpt-dir "
+    "--non-persistent-local-ckpt-dir --object-storage-cache-path --one-logger-project "
+    "--one-logger-run-name --onnx-safe --otel-service-name --otel-span-groups "
+    "--per-dataset-sequences-path --per-split-data-args-path --phase-transition-iterations "
+    "--pretrained-checkpoint --result-rejected-tracker-filename --retro-project-dir --rl-profile-dir "
+    "--rl-rollout-bank-dir --save --sft-tokenizer-prompt-format --split --step-batch-size-schedule "
+    "--tensorboard-dir --tiktoken-pattern --titles-data-path --tokenizer-metadata --tokenizer-model "
     "--tp-comm-overlap-cfg --vocab-file --wandb-entity --wandb-exp-name --wandb-project "
     "--wandb-save-dir "
 ).split())
@@ -226,14 +237,15 @@ MANY_FLOATS = frozenset((
 
 # nargs='+' or '*' of strings (their words are not checked)
 MANY_STRINGS = frozenset((
-    "--cp-comm-type --data-path --high-priority-stream-groups --offload-modules "
-    "--rl-inference-parsers --test-data-path --tiktoken-special-tokens --tokenizer-special-tokens "
-    "--train-data-path --valid-data-path --validation-set-names "
+    "--cp-comm-type --data-path --gtp-remat-opt-in-modules --high-priority-stream-groups "
+    "--offload-modules --rl-inference-parsers --test-data-path --tiktoken-special-tokens "
+    "--tokenizer-special-tokens --train-data-path --valid-data-path --validation-set-names "
 ).split())
 
 # choices=... (int choices compared after int(), as argparse converts before it compares)
 CHOICES: dict[str, tuple[str, ...]] = {
     "--async-strategy": ("nvrx", "mcore"),
+    "--batch-invariant-backend": ("te_native", "deepgemm", "triton"),
     "--bert-embedder-type": ("megatron", "huggingface"),
     "--ckpt-convert-format": ("torch", "torch_dist"),
     "--ckpt-fully-parallel-load-exchange-algo": ("broadcast", "gather_rounds", "gather_object"),
@@ -270,6 +282,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "--mamba-inference-conv-states-dtype": ("bf16", "fp16", "fp32"),
     "--mamba-inference-ssm-states-dtype": ("bf16", "fp16", "fp32"),
     "--mask-type": ("random", "row"),
+    "--moe-combine-bwd-dtype": ("bf16", "mxfp8"),
+    "--moe-dispatch-fwd-dtype": ("bf16", "mxfp8"),
     "--moe-router-dtype": ("fp32", "fp64"),
     "--moe-token-drop-policy": ("probs", "position"),
     "--muon-fp32-matmul-prec": ("low", "medium", "high"),

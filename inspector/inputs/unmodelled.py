@@ -285,6 +285,15 @@ REFUSED: dict[str, Refusal] = {
         "training", "attention per document (cu_seqlens) is modelled only under --sft"),
     "--disable-pad-vocab-size": Refusal("model", _NO_PAD),
     "--no-pad-vocab-size": Refusal("model", _NO_PAD),
+    # Megatron-LM main (after core_v0.19.0; 0.20): mHC residual streams, Megatron-FSDP 2,
+    # Transformer Engine's grouped tensors, MTP hidden-state mixing
+    "--enable-mhc-connections": Refusal(
+        "model", "mHC's several residual streams (and their mixing weights) are not modelled"),
+    "--megatron-fsdp-version": Refusal(
+        "layout", "Megatron-FSDP's second implementation is not modelled", ("1",)),
+    "--moe-use-grouped-tensor": Refusal("model", _GROUPED),
+    "--mtp-hsm": Refusal(
+        "training", "hidden-state mixing of the MTP layers' inputs is not modelled"),
     "--logits-load-dir": Refusal(
         "training", "distillation from cached top-k logits (loaded beside each micro-batch) is "
         "not modelled"),  # fmt: skip

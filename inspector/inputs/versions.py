@@ -77,8 +77,8 @@ ARGUMENT_VERSIONS: dict[str, tuple[tuple[int, int], tuple[int, int] | None]] = {
 
 # Megatron-LM's other arguments whose presence differs, by (first version, first version without),
 # read off the same parsers (core_v0.13.1, core_v0.14.0, core_v0.15.3, core_v0.16.1, core_v0.17.1,
-# core_v0.18.2, core_v0.19.0; 0.13 stands for "0.13 or earlier"); tests/test_argument_classes.py
-# checks every span against those parsers' argument lists
+# core_v0.18.2, core_v0.19.0, and main at d98e8a6 as 0.20; 0.13 stands for "0.13 or earlier");
+# tests/test_argument_classes.py checks every span against those parsers' argument lists
 _SPANS: dict[tuple[tuple[int, int], tuple[int, int] | None], str] = {
     ((0, 13), (0, 14)): (
         "--encoder-pipeline-model-parallel-size --encoder-tensor-model-parallel-size "
@@ -246,13 +246,16 @@ _SPANS: dict[tuple[tuple[int, int], tuple[int, int] | None], str] = {
         "--save-tokens-per-expert-interval --start-eval-at-iter --use-grouped-gemm-for-dense-mlp "
         "--use-transformer-engine-op-fuser --validation-set-names"
     ),
+    ((0, 19), (0, 20)): (
+        "--disable-stream-ckpt-dequant --moe-ncclep-static-shape --no-stream-ckpt-dequant"
+    ),
     ((0, 19), None): (
         "--activation-offload-fraction --dataloader-inter-document-masking "
         "--delay-offload-until-cuda-graph --delta-offload-bytes-across-pp-ranks "
         "--disable-dsa-indexer-rotate-activation --disable-dsa-indexer-scoring-relu "
-        "--disable-stream-ckpt-dequant --dsa-indexer-k-norm-epsilon --dsa-indexer-k-norm-fp32 "
-        "--dsa-indexer-rope-interleaved --dsa-indexer-skip-topk-offset --dsa-indexer-topk-freq "
-        "--dsa-kernel-backend --expert-tensor-parallel-num-weight-shards --flash-attention-version "
+        "--dsa-indexer-k-norm-epsilon --dsa-indexer-k-norm-fp32 --dsa-indexer-rope-interleaved "
+        "--dsa-indexer-skip-topk-offset --dsa-indexer-topk-freq --dsa-kernel-backend "
+        "--expert-tensor-parallel-num-weight-shards --flash-attention-version "
         "--fsdp-db-use-persist-buf-on-alloc-fail --inference-dynamic-batching-async-sched-mode "
         "--inference-dynamic-batching-cuda-graph-sizing-distribution "
         "--inference-dynamic-batching-logprobs-mode --logits-load-decode-threads --logits-load-dir "
@@ -260,17 +263,30 @@ _SPANS: dict[tuple[tuple[int, int], tuple[int, int] | None], str] = {
         "--logits-load-prefetch-factor --logits-save-dir --logits-save-dtype --logits-save-top-k "
         "--logits-save-top-p --logits-save-top-p-min-k --mamba-training-ssm-states-dtype "
         "--megatron-fsdp-max-pool-double-buffer --moe-flex-dispatcher-num-sms "
-        "--moe-hybridep-pad-uneven-dispatch-inputs --moe-ncclep-static-shape --moe-ncclep-zero-copy "
+        "--moe-hybridep-pad-uneven-dispatch-inputs --moe-ncclep-zero-copy "
         "--moe-router-quantile-balancing-ema --moe-routing-trace-capture-hidden-states "
         "--moe-routing-trace-capture-logits --moe-routing-trace-dump-weights "
         "--moe-routing-trace-max-training-iters --moe-routing-trace-path "
         "--moe-shared-expert-glu-interleave-size --mtp-detach-heads "
-        "--no-dsa-indexer-rotate-activation --no-dsa-indexer-scoring-relu --no-stream-ckpt-dequant "
+        "--no-dsa-indexer-rotate-activation --no-dsa-indexer-scoring-relu "
         "--no-yarn-correction-range-round-to-int --override-ckpt-iteration "
         "--rl-consumption-granularity --rl-profile --rl-profile-dir --rl-submission-granularity "
         "--tensor-parallel-num-weight-shards --use-grouped-gemm-for-shared-expert "
         "--use-same-sampling-seed-across-dp-ranks --yarn-beta-fast --yarn-beta-slow "
         "--yarn-correction-range-round-to-int --yarn-original-max-position-embeddings"
+    ),
+    ((0, 20), None): (
+        "--batch-invariant-backend --ckpt-drop-redundant-extra-state "
+        "--ckpt-fully-parallel-load-per-rank-objects --ckpt-pg-tensors-cache-create "
+        "--ckpt-pg-tensors-cache-path --disable-save-tokenizer-assets --enable-mhc-connections "
+        "--gdp-cutedsl-kernel --gdp-num-chunk-states-to-recompute --gdp-num-householder "
+        "--gtp-expert-remat-nccl-ub --gtp-remat-nccl-ub --gtp-remat-opt-in-modules "
+        "--gtp-remat-reduce-scatter-with-fp32-accumulation --megatron-fsdp-version "
+        "--mhc-init-gating-factor --mhc-num-residual-streams --mhc-recompute-layer-num "
+        "--mhc-sinkhorn-iterations --moe-combine-bwd-dtype --moe-dispatch-fwd-dtype "
+        "--moe-use-grouped-tensor --mtp-hsm --muon-use-syrk --no-save-tokenizer-assets --otel-enabled "
+        "--otel-service-name --otel-span-groups --output-logit-dtype --rl-durable-rollout-bank "
+        "--rl-rollout-bank-dir --rl-rollout-bank-max-bytes --use-gigatoken"
     ),
 }
 ARGUMENT_VERSIONS.update({flag: span for span, flags in _SPANS.items() for flag in flags.split()})
