@@ -3,9 +3,9 @@
 Read off Megatron-LM's own parser (megatron/training/arguments.py `add_megatron_arguments`,
 built with `allow_abbrev=False`) at core_v0.16.1, and for the arguments it lacks at core_v0.19.0,
 main (d98e8a6, 0.20) or core_v0.13.1: its actions' kinds, types and choices for every argument of
-ignored.IGNORED it defines. A script's value for one of them is checked as argparse checks it (a switch takes no
-value, an int must read as int(), a choice must be listed); arguments of other programs
-(ModelOpt's) are not checked.
+ignored.IGNORED it defines. A script's value for one of them is checked as argparse checks it (a
+switch takes no value, an int must read as int(), a choice must be listed); arguments of other
+programs (ModelOpt's) are not checked.
 """
 
 from __future__ import annotations
