@@ -183,3 +183,11 @@ def test_an_empty_word_where_a_flag_should_be_stops_as_argparse_does(cli, tmp_pa
 def test_an_empty_value_or_a_dropped_word_is_no_stray_word(cli, tmp_path, words):
     result = cli("params", "--from-script", script(tmp_path, words))
     assert result.code == 0, result.err
+
+
+def test_an_empty_word_on_the_command_line_is_named(cli):
+    # click said "Got unexpected extra argument ()"
+    result = cli("params", "--num-layers", "2", "")
+    assert (result.code, result.out) == (2, "")
+    assert result.err == ("Error: argument 4 of the command line (after 2) is an empty word, '', "
+                          "where an option should be; drop it\n")  # fmt: skip
