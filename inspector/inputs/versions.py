@@ -57,6 +57,13 @@ ARGUMENT_VERSIONS: dict[str, tuple[tuple[int, int], tuple[int, int] | None]] = {
     "--linear-num-key-heads": ((0, 16), None),
     "--linear-num-value-heads": ((0, 16), None),
     "--attention-output-gate": ((0, 16), None),
+    # TransformerConfig's MoE paged stash, HybridEP's static budget and TE's fused operations
+    # (core_v0.18.0; none at core_v0.17.0): inputs/paged_stash.py
+    **dict.fromkeys(("--moe-paged-stash", "--moe-paged-stash-page-size",
+                     "--moe-paged-stash-buffer-size-factor-cuda",
+                     "--moe-paged-stash-buffer-size-factor-cpu",
+                     "--moe-expert-rank-capacity-factor", "--use-transformer-engine-op-fuser"),
+                    ((0, 18), None)),  # fmt: skip
     "--freeze-all-layers": ((0, 19), None),
     "--inference-cuda-graph-max-tokens": ((0, 19), None),
     "--inference-shards": ((0, 19), None),
@@ -234,17 +241,14 @@ _SPANS: dict[tuple[tuple[int, int], tuple[int, int] | None], str] = {
         "--high-priority-a2a-comm-stream --inference-cuda-graph-scope "
         "--inference-disable-ep-consensus --inference-dynamic-batching-sampling-backend "
         "--inference-moe-token-dispatcher-type --megatron-fsdp-enable-fine-grained-param-gather "
-        "--mlp-chunks-for-training --moe-expert-rank-capacity-factor "
-        "--moe-hybridep-num-sms-preprocessing --moe-mlp-glu-interleave-size --moe-paged-stash "
-        "--moe-paged-stash-buffer-size-factor-cpu --moe-paged-stash-buffer-size-factor-cuda "
-        "--moe-paged-stash-page-size --moe-single-grouped-bias --moe-single-grouped-weight "
-        "--muon-nesterov --no-ckpt-load-validate-sharding-integrity "
-        "--no-inference-disable-ep-consensus --no-pad-vocab-size "
-        "--no-tokenizer-sentencepiece-ignore-extra-whitespaces --null-tokenizer-eod-id "
-        "--null-tokenizer-pad-id --nvtx-ranges --overlap-dispatch-backward-with-experts-wgrad "
-        "--record-shapes --save-activations-interval --save-params-interval "
-        "--save-tokens-per-expert-interval --start-eval-at-iter --use-grouped-gemm-for-dense-mlp "
-        "--use-transformer-engine-op-fuser --validation-set-names"
+        "--mlp-chunks-for-training --moe-hybridep-num-sms-preprocessing --moe-mlp-glu-interleave-size "
+        "--moe-single-grouped-bias --moe-single-grouped-weight --muon-nesterov "
+        "--no-ckpt-load-validate-sharding-integrity --no-inference-disable-ep-consensus "
+        "--no-pad-vocab-size --no-tokenizer-sentencepiece-ignore-extra-whitespaces "
+        "--null-tokenizer-eod-id --null-tokenizer-pad-id --nvtx-ranges "
+        "--overlap-dispatch-backward-with-experts-wgrad --record-shapes --save-activations-interval "
+        "--save-params-interval --save-tokens-per-expert-interval --start-eval-at-iter "
+        "--use-grouped-gemm-for-dense-mlp --validation-set-names"
     ),
     ((0, 19), (0, 20)): (
         "--disable-stream-ckpt-dequant --moe-ncclep-static-shape --no-stream-ckpt-dequant"
