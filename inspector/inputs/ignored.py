@@ -108,7 +108,7 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--apply-wd-to-qk-layernorm --head-lr-mult --no-weight-decay-cond-type "
         "--override-opt-param-scheduler --use-checkpoint-opt-param-scheduler "
         "--phase-transition-iterations --qk-clip --qk-clip-alpha --qk-clip-threshold "
-        "--start-eval-at-iter"
+        "--start-eval-at-iter --eval-global-batch-size"
     ),
     "data, tokenizer files, paths": (
         "--data-path --split --train-data-path --valid-data-path --test-data-path --data-args-path "

@@ -84,7 +84,7 @@ _HYBRIDEP = (
     "other kernel settings are not modelled"
 )
 _ENCODER = "an encoder's own parallel grid (megatron-core 0.13's encoder-decoder models) is not modelled"
-_EVAL = "evaluation's own batch sizes (their forward-only peak) are not modelled"
+_EVAL = "evaluation's own micro-batch size (its forward-only peak) is not modelled"
 _GTP = "weights sharded further than tensor parallelism (Megatron-LM's GTP) are not modelled"
 _FUSION = "this fused kernel (its own saved tensors) is not modelled"
 _GROUPED = "weights held as Transformer Engine grouped parameters are not modelled"
@@ -243,7 +243,6 @@ REFUSED: dict[str, Refusal] = {
         "training", "the MLP run in chunks along the sequence changes the activations kept, "
         "which is not modelled", ("1",)),  # fmt: skip
     "--eval-micro-batch-size": Refusal("training", _EVAL),
-    "--eval-global-batch-size": Refusal("training", _EVAL),
     "--tensor-parallel-num-weight-shards": Refusal("layout", _GTP),
     "--expert-tensor-parallel-num-weight-shards": Refusal("layout", _GTP),
     "--fp8-output-proj": Refusal(
