@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from inspector.inputs.arguments import BY_NAME
-from inspector.inputs.unmodelled import IGNORED, REFUSED
+from inspector.inputs.ignored import IGNORED
+from inspector.inputs.unmodelled import REFUSED
 from tests.conftest import formula_activations
 
 SMALL = ("--transformer-impl local --num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "

@@ -202,8 +202,8 @@ def test_after_the_step_megatron_keeps_or_drops_the_transposes_as_its_version_do
     sys.path.insert(0, str(Path(__file__).parent))
     from test_optimizer_step import _job
 
-    from inspector.memory.engine.runtime import runtime_config
     from inspector.memory.engine.optimizer import run_step
+    from inspector.memory.engine.runtime import runtime_config
     from inspector.memory.engine.stage import _ddp as ddp_wrapped
     from inspector.world.stage import stage_world
     from inspector.world.te.float8_tensor import Float8Tensor

@@ -17,7 +17,7 @@ from inspector.inputs.tokenizers import vocabulary
 from tests.test_versions import GPT_OSS as GPT_OSS_BUILDS
 
 VERSION = tuple(int(p) for p in megatron.core.__version__.split(".")[:2])
-PADDED_VOCAB_KNOWN = VERSION >= (0, 18)  # training_config.py TokenizerConfig.padded_vocab_size
+PADDED_VOCAB_KNOWN = VERSION >= (0, 14)  # arguments.py --padded-vocab-size (core_v0.14.0)
 SMALL = ("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
          "--max-position-embeddings 32 --micro-batch-size 1 --transformer-impl local")  # fmt: skip
 
@@ -53,7 +53,7 @@ def test_padded_vocab_size_is_the_embedding_rows(tmp_path, cli):
     assert result.code == 0, result.err
     assert "embedding.word_embeddings.weight;VocabParallelEmbedding();(1000, 64);" in result.out
     assert (f"Note from {path}: --padded-vocab-size 1000: the embedding has 1000 rows whatever "
-            "the tokenizer's vocabulary (HuggingFaceTokenizer), as Megatron-LM 0.18+ builds "
+            "the tokenizer's vocabulary (HuggingFaceTokenizer), as Megatron-LM 0.14+ builds "
             "it\n") in result.err  # fmt: skip
     # the same job without it needs the tokenizer's vocabulary, which is not known here
     assert vocabulary("HuggingFaceTokenizer", "my-org/my-model", None, None, "s").size is None
@@ -64,7 +64,7 @@ def test_padded_vocab_size_notes_an_older_megatron_lm(tmp_path, cli):
     result = cli("params", "--from-script", path, "--set", "1=mine")
     assert result.code == 0, result.err
     note = (f"--padded-vocab-size is not an argument of Megatron-LM {VERSION[0]}.{VERSION[1]} "
-            "(the installed megatron-core; added in 0.18)")  # fmt: skip
+            "(the installed megatron-core; added in 0.14)")  # fmt: skip
     assert (note in result.err) == (not PADDED_VOCAB_KNOWN)
 
 
@@ -225,7 +225,7 @@ def test_modelopt_arguments_that_change_nothing_a_gpu_holds(tmp_path, cli):
 
 def test_tokenizer_hf_include_special_tokens_lives_from_0_16_to_0_17():
     # examples/rl's Qwen3-30B-A3B config still passes it; 0.18 folded it into TokenizerConfig
-    from inspector.inputs.unmodelled import IGNORED
+    from inspector.inputs.ignored import IGNORED
     from inspector.inputs.versions import argument_unknown_note
 
     assert "--tokenizer-hf-include-special-tokens" in IGNORED

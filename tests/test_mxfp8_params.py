@@ -111,8 +111,8 @@ def test_megatrons_own_buffer_is_one_allocation():
     import torch
     from test_optimizer_step import _job
 
-    from inspector.memory.engine.runtime import runtime_config
     from inspector.memory.engine.optimizer import run_step
+    from inspector.memory.engine.runtime import runtime_config
     from inspector.memory.engine.stage import _ddp as ddp_wrapped
     from inspector.world.stage import stage_world
     from inspector.world.te.mxfp8_tensor import MXFP8Tensor

@@ -24,8 +24,8 @@ def _job(**flags):
 
 def _step(job, fused=False):
     """Return the step's run and the stage's parameters (stage 0, every layer)."""
-    from inspector.memory.engine.runtime import runtime_config
     from inspector.memory.engine.optimizer import run_step
+    from inspector.memory.engine.runtime import runtime_config
     from inspector.memory.engine.stage import _ddp as ddp_wrapped  # the engine's DDP wrap
     from inspector.world.stage import stage_world
 

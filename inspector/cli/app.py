@@ -19,7 +19,8 @@ import typer
 
 from inspector.cli.help import OUTPUT_HELP, PANELS, SOURCE_HELP
 from inspector.errors import ConfigError
-from inspector.inputs.arguments import ARGUMENTS, ArgSpec
+from inspector.inputs.arguments import ARGUMENTS
+from inspector.inputs.model_arguments import ArgSpec
 
 
 def _click_errors() -> Any:

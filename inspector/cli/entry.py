@@ -85,7 +85,7 @@ def _run(argv: list[str] | None) -> int:
         if type(exc).__name__ == "NoArgsIsHelpError" and exc.ctx is not None:
             typer.echo(exc.ctx.get_help())
             return 0
-        return _fail(exc.format_message())
+        return _fail(_extra_word(exc.format_message(), args))
     except typer.Exit as exc:
         return exc.exit_code
     except typer.Abort:
@@ -99,6 +99,17 @@ def _run(argv: list[str] | None) -> int:
     except FidelityError as exc:
         return _fail(f"internal check failed, this is a bug in inspect-model: {exc}", exc.exit_code)
     return result if isinstance(result, int) else 0
+
+
+def _extra_word(message: str, args: list[str]) -> str:
+    """Name an empty word click found where an option should be ("Got unexpected extra argument
+    ()"): its position and the word before it, as for a launch script's."""
+    if not message.startswith("Got unexpected extra argument") or "" not in args:
+        return message
+    index = args.index("")
+    place = f"after {args[index - 1]}" if index else "first"
+    return (f"argument {index + 1} of the command line ({place}) is an empty word, '', where an "
+            "option should be; drop it")  # fmt: skip
 
 
 @cache

@@ -24,6 +24,7 @@ from inspector.errors import ConfigError, InputError
 from inspector.inputs.arguments import BY_NAME
 from inspector.inputs.bash.context import Context
 from inspector.inputs.entry_points import NOT_GPT_TRAINING, EntryPoint, entry_point
+from inspector.inputs.ignored import IGNORED
 from inspector.inputs.launch import is_launch
 from inspector.inputs.missing import Needs
 from inspector.inputs.refusals import (
@@ -37,7 +38,7 @@ from inspector.inputs.refusals import (
 from inspector.inputs.safe_parse import Repeated
 from inspector.inputs.sources import ScriptArgs, convert, parse_config, split_arguments
 from inspector.inputs.tokenizers import TOKENIZER_FLAGS, apply_tokenizer
-from inspector.inputs.unmodelled import IGNORED, REFUSED, RENAMED
+from inspector.inputs.unmodelled import REFUSED, RENAMED
 from inspector.output import read_text
 
 _RUNNER_KEYS = ("ENV_VARS", "MODEL_ARGS")

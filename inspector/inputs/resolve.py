@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from inspector.errors import ConfigError
 from inspector.inputs.arguments import BY_NAME
 from inspector.inputs.hybrid_pattern import layer_pattern
+from inspector.inputs.ignored import IGNORED_NOTES
 from inspector.inputs.refusals import ALL_GROUPS, refusals_message, refused_value
-from inspector.inputs.unmodelled import IGNORED_NOTES
 from inspector.inputs.versions import unknown_argument_notes
 
 if TYPE_CHECKING:

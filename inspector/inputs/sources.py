@@ -17,10 +17,11 @@ from typing import Any
 
 from inspector.errors import ConfigError, InputError
 from inspector.inputs import ignored_values
-from inspector.inputs.arguments import BY_NAME, ArgSpec
+from inspector.inputs.arguments import BY_NAME
 from inspector.inputs.bash.context import Command, Context
 from inspector.inputs.bash.interpreter import interpret
 from inspector.inputs.entry_points import entry_point, program_checks, refuse_speculative
+from inspector.inputs.ignored import IGNORED
 from inspector.inputs.launch import (
     World,
     is_launch,
@@ -29,6 +30,7 @@ from inspector.inputs.launch import (
     world_of,
 )
 from inspector.inputs.missing import NO_FLAG, WORLD, Needs, raise_missing
+from inspector.inputs.model_arguments import ArgSpec
 from inspector.inputs.refusals import (
     Refused,
     fsdp2_drops_fp8_param_gather,
@@ -39,7 +41,7 @@ from inspector.inputs.refusals import (
 )
 from inspector.inputs.safe_parse import Repeated, parse_json, parse_yaml
 from inspector.inputs.tokenizers import TOKENIZER_FLAGS, apply_tokenizer
-from inspector.inputs.unmodelled import IGNORED, REFUSED, RENAMED
+from inspector.inputs.unmodelled import MEGATRON_LM_REFUSES, REFUSED, RENAMED
 from inspector.output import read_text
 
 
@@ -310,8 +312,10 @@ def split_arguments(words: list[str], needs: Needs, ctx: Context,
     while index < len(words):
         word = words[index]
         index += 1
-        # '' and "$UNSET" are one empty word (bash passes it), bare $UNSET none: neither a flag
+        # '' and "$UNSET" are one empty word (bash passes it), bare $UNSET none (bash drops it)
         empty = ctx.bash_value(word) == ""
+        if empty and not ctx.is_unset(word):
+            _refuse_empty_word(words, index - 1, ctx, where)
         if ctx.unknown_in(word) and not word.startswith("--") and not empty:
             needs.need(word, "an argument of the training command", NO_FLAG)
         elif after and not empty and not word.startswith("-"):
@@ -351,8 +355,8 @@ def split_arguments(words: list[str], needs: Needs, ctx: Context,
             _refuse_abbreviation(flag, where)
             if typed and not switch and not (value and ctx.unknown_in(value)):
                 ignored_values.check_value(flag, value, where)
-            if typed and (switch or ignored_values.checked(flag)):
-                after = flag if switch else f"{flag} {value}"
+            if typed and (switch or ignored_values.one_value(flag)):
+                after = flag if switch else f"{flag} {ctx.show(value or '')}"
             if flag in TOKENIZER_FLAGS and value is not None:
                 raw[flag] = value
             skipped.add(flag, value, where)
@@ -367,15 +371,27 @@ def split_arguments(words: list[str], needs: Needs, ctx: Context,
     return skipped.script_args(args)
 
 
+def _refuse_empty_word(words: list[str], index: int, ctx: Context, where: str) -> None:
+    """Refuse an empty word where a flag should be: Megatron-LM's argparse reads it as a
+    positional argument, which its parser has none of, and stops ("unrecognized arguments: ")."""
+    shown = ctx.show(words[index]) or "''"
+    before = [word for word in words[:index] if not ctx.is_unset(word)]
+    place = f"after {ctx.show(before[-1]) or repr('')}" if before else "first"
+    unset = [unknown for unknown in ctx.held(words[index]) if unknown.hint]
+    how = (f"; {unset[0].text} is a value {unset[0].reason}: give it with --set "
+           f"{unset[0].hint}=VALUE or drop the word") if unset else ""  # fmt: skip
+    raise ConfigError(f"{where}: argument {len(before) + 1} of the training program ({place}) is "
+                      f"an empty word, {shown}, where a flag should be; Megatron-LM's argparse "
+                      f"stops on it as an unrecognised argument{how}")  # fmt: skip
+
+
 def _refuse_abbreviation(flag: str, where: str) -> None:
     """Refuse a flag that only begins a Megatron-LM argument: Megatron-LM's parser is built with
     allow_abbrev=False (megatron/training/arguments.py parse_args), so it stops on it."""
-    if len(flag) < 4 or flag in IGNORED or flag in REFUSED or flag in RENAMED:
+    tables = (IGNORED, REFUSED, RENAMED, MEGATRON_LM_REFUSES)
+    if len(flag) < 4 or any(flag in table for table in tables):
         return
-    if flag in ignored_values.OTHER_ARGUMENTS:
-        return
-    known = sorted({spec.flag for spec in BY_NAME.values()} | IGNORED.keys() | REFUSED.keys()
-                   | ignored_values.OTHER_ARGUMENTS)  # fmt: skip
+    known = sorted({spec.flag for spec in BY_NAME.values()}.union(*tables))
     meant = [name for name in known if name.startswith(flag)]
     if meant:
         shown = ", ".join(meant[:3]) + (", ..." if len(meant) > 3 else "")

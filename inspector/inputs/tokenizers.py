@@ -140,11 +140,11 @@ def apply_tokenizer(args: dict[str, Any], ignored: tuple[str, ...], raw: dict[st
         return args, ignored, (), ""
     rows = args.get("padded_vocab_size")
     if rows is not None:
-        # Megatron-LM 0.18+ pads the tokenizer's vocabulary only "if None"
-        # (megatron/core/tokenizers/utils/build_tokenizer.py, _set_padded_vocab_size)
+        # Megatron-LM 0.14+ pads the tokenizer's vocabulary only "if None" (tokenizer.py
+        # build_tokenizer; from 0.18 megatron/core/tokenizers/utils/build_tokenizer.py)
         kept = tuple(f for f in ignored if f not in ("--tokenizer-type", "--tokenizer-model"))
         note = (f"--padded-vocab-size {rows}: the embedding has {rows} rows whatever the "
-                f"tokenizer's vocabulary ({raw['--tokenizer-type']}), as Megatron-LM 0.18+ "
+                f"tokenizer's vocabulary ({raw['--tokenizer-type']}), as Megatron-LM 0.14+ "
                 "builds it")  # fmt: skip
         return args, kept, (note,), ""
     vocab = vocabulary(raw["--tokenizer-type"], raw.get("--tokenizer-model"),

@@ -1,10 +1,11 @@
-"""Megatron-LM's arguments that this tool does not model: refused, or ignored with a reason.
+"""Megatron-LM's arguments that this tool does not model and refuses by name, with the reason.
 
-Every argument of Megatron-LM's `megatron/training/arguments.py` that changes what a GPU holds or
-computes is either modelled (inspector.inputs.arguments) or refused here with the reason; the ignored ones
-change nothing a GPU holds (paths, logging, data, schedules, learning rate, numerics of the same
-tensors). A script argument in none of the tables is reported as not recognised. This module
-imports nothing heavy.
+Every argument of Megatron-LM's `megatron/training/arguments.py` (megatron-core 0.13 to 0.19) that
+changes what a GPU holds or computes is either modelled (inspector.inputs.arguments) or refused
+here; the others are ignored with their reason (inspector.inputs.ignored).
+tests/test_argument_classes.py walks Megatron-LM's own argument lists and checks each is classified.
+A script argument in none of the tables is reported as not recognised. This module imports nothing
+heavy.
 """
 
 from __future__ import annotations
@@ -77,6 +78,17 @@ _MFSDP_DTYPE = (
 )
 _MFSDP_POOL = "Megatron-FSDP's double-buffer allocator options are not modelled"
 _FROZEN = "frozen parameters hold no gradients or optimizer state, which this tool does not model"
+_FACTORY = "a custom quantizer factory (a Python import) is not run by this tool"
+_HYBRIDEP = (
+    "HybridEP's buffers are counted for megatron-core 0.16's defaults (16 SMs, no fused permute); "
+    "other kernel settings are not modelled"
+)
+_ENCODER = "an encoder's own parallel grid (megatron-core 0.13's encoder-decoder models) is not modelled"
+_EVAL = "evaluation's own micro-batch size (its forward-only peak) is not modelled"
+_GTP = "weights sharded further than tensor parallelism (Megatron-LM's GTP) are not modelled"
+_FUSION = "this fused kernel (its own saved tensors) is not modelled"
+_GROUPED = "weights held as Transformer Engine grouped parameters are not modelled"
+_NO_PAD = "an unpadded vocabulary is not modelled; pass --padded-vocab-size"
 
 REFUSED: dict[str, Refusal] = {
     "--fp4-param-gather": Refusal("training", _FP4_PARAMS),
@@ -189,6 +201,88 @@ REFUSED: dict[str, Refusal] = {
     "--freeze-all-layers": Refusal(
         "training", "frozen parameters hold no gradients or optimizer state, and Megatron-LM then "
         "turns off --use-distributed-optimizer, which this tool does not model"),  # fmt: skip
+    # core_v0.16.1 TransformerConfig.moe_latent_size: the routed experts run on a latent width,
+    # with projections in and out of it (training.py counts their FLOPs)
+    "--moe-latent-size": Refusal(
+        "model", "MoE latent projections (the routed experts on a smaller width, projected in and "
+        "out of it) are not modelled"),  # fmt: skip
+    # TransformerConfig.ep_overlap_early_attn_memory_release: frees attention activations early
+    # under the MoE all-to-all overlap
+    "--ep-overlap-early-attn-memory-release": Refusal(
+        "training", "releasing attention activations early under "
+        "--overlap-moe-expert-parallel-comm changes the peak, which is not modelled"),  # fmt: skip
+    # validate_args/training.py: packed samples of varying lengths balanced over the cp ranks
+    "--hybrid-context-parallel": Refusal(
+        "layout", "hybrid context parallelism (packed samples of varying lengths balanced over "
+        "the context-parallel ranks) is not modelled"),  # fmt: skip
+    "--use-kitchen-attention": Refusal("training", _QUANTIZERS),
+    # megatron/core/jit.py disable_jit_fuser: jit_fuser becomes a no-op, so the fused functions
+    # called outside an autograd.Function (bias_dropout_add, ...) run eagerly, op by op
+    "--disable-jit-fuser": Refusal(
+        "training", "megatron's fused functions run eagerly (each op's saved tensors kept), "
+        "which is not modelled"),  # fmt: skip
+    "--fp8-quantizer-factory": Refusal("training", _FACTORY),
+    "--fp4-quantizer-factory": Refusal("training", _FACTORY),
+    # TransformerConfig.moe_hybridep_num_sms: the SMs HybridEPBuffer is built with (job/hybrid_ep.py)
+    "--moe-hybridep-num-sms": Refusal("training", _HYBRIDEP, ("16",)),
+    "--disable-fp8-wgrad": Refusal("training", _FP8_PART),  # --no-fp8-wgrad's other spelling
+    # megatron-core 0.13: the encoder's own grid (removed in 0.14), which GPT training leaves at 0
+    "--encoder-tensor-model-parallel-size": Refusal("layout", _ENCODER, ("0",)),
+    "--encoder-pipeline-model-parallel-size": Refusal("layout", _ENCODER, ("0",)),
+    "--pipeline-model-parallel-split-rank": Refusal("layout", _ENCODER),
+    "--use-custom-fsdp": Refusal(
+        "layout", "megatron-core 0.13's custom FSDP (Megatron-FSDP's earlier name) is not modelled "
+        "under that name; --use-megatron-fsdp is"),  # fmt: skip
+    # Megatron-LM 0.17-0.19's further arguments that change what a GPU holds
+    "--mlp-chunks-for-training": Refusal(
+        "training", "the MLP run in chunks along the sequence changes the activations kept, "
+        "which is not modelled", ("1",)),  # fmt: skip
+    "--eval-micro-batch-size": Refusal("training", _EVAL),
+    "--tensor-parallel-num-weight-shards": Refusal("layout", _GTP),
+    "--expert-tensor-parallel-num-weight-shards": Refusal("layout", _GTP),
+    "--fp8-output-proj": Refusal(
+        "training", "the output layer under MXFP8 (its input kept in fp8) is not modelled"),
+    "--fused-residual-rmsnorm": Refusal("training", _FUSION),
+    "--mla-down-proj-fusion": Refusal("model", _FUSION),
+    "--mamba-training-ssm-states-dtype": Refusal(
+        "training", "the dtype of Mamba's materialised inter-chunk states is not modelled"),
+    "--moe-flex-dispatcher-num-sms": Refusal("training", _HYBRIDEP),
+    "--moe-hybridep-num-blocks-permute": Refusal("training", _HYBRIDEP),
+    "--moe-hybridep-num-blocks-unpermute": Refusal("training", _HYBRIDEP),
+    "--moe-hybridep-num-sms-preprocessing": Refusal("training", _HYBRIDEP, ("108",)),
+    "--moe-permute-fusion-into-hybridep": Refusal("training", _HYBRIDEP),
+    "--moe-hybridep-pad-uneven-dispatch-inputs": Refusal("training", _HYBRIDEP),
+    "--moe-single-grouped-weight": Refusal("model", _GROUPED),
+    "--moe-single-grouped-bias": Refusal("model", _GROUPED),
+    "--use-grouped-gemm-for-dense-mlp": Refusal("model", _GROUPED),
+    "--use-grouped-gemm-for-shared-expert": Refusal("model", _GROUPED),
+    "--mtp-hybrid-override-pattern": Refusal(
+        "model", "a hybrid layer pattern of its own for the MTP layers is not modelled"),
+    "--mtp-use-repeated-layer": Refusal(
+        "model", "one MTP layer run repeatedly (in place of --mtp-num-layers layers) is not "
+        "modelled"),  # fmt: skip
+    "--optimizer-cuda-graph": Refusal(
+        "training", "a CUDA graph of the optimizer step (its static inputs and memory pool) is "
+        "not counted"),  # fmt: skip
+    "--overlap-dispatch-backward-with-experts-wgrad": Refusal(
+        "training", "expert weight gradients computed later on a side stream change the peak, "
+        "which is not modelled"),  # fmt: skip
+    "--dataloader-inter-document-masking": Refusal(
+        "training", "attention per document (cu_seqlens) is modelled only under --sft"),
+    "--disable-pad-vocab-size": Refusal("model", _NO_PAD),
+    "--no-pad-vocab-size": Refusal("model", _NO_PAD),
+    # Megatron-LM main (after core_v0.19.0; 0.20): mHC residual streams, Megatron-FSDP 2,
+    # Transformer Engine's grouped tensors, MTP hidden-state mixing
+    "--enable-mhc-connections": Refusal(
+        "model", "mHC's several residual streams (and their mixing weights) are not modelled"),
+    "--megatron-fsdp-version": Refusal(
+        "layout", "Megatron-FSDP's second implementation is not modelled", ("1",)),
+    "--moe-use-grouped-tensor": Refusal("model", _GROUPED),
+    "--mtp-hsm": Refusal(
+        "training", "hidden-state mixing of the MTP layers' inputs is not modelled"),
+    "--logits-load-dir": Refusal(
+        "training", "distillation from cached top-k logits (loaded beside each micro-batch) is "
+        "not modelled"),  # fmt: skip
 }
 
 _UNRECOGNISED = "pretrain_gpt.py stops with 'unrecognized arguments'"
@@ -218,171 +312,8 @@ MEGATRON_LM_REFUSES: dict[str, str] = {
     "--distribute-saved-activations in 2022)",
     "--freeze-LM": _MULTIMODAL,
     "--freeze-ViT": _MULTIMODAL,
+    "--help": "argparse prints pretrain_gpt.py's help and exits: nothing trains",
 }
-
-# Arguments that change nothing a GPU holds or computes, by why.
-IGNORED_BECAUSE: dict[str, str] = {
-    "numerics only (same tensors)": (
-        "--norm-epsilon --apply-layernorm-1p --apply-residual-connection-post-layernorm "
-        "--openai-gelu --squared-relu --onnx-safe "
-        "--rotary-base --rotary-percent --rotary-interleaved --rotary-seq-len-interpolation-factor "
-        "--use-rope-scaling --rope-scaling-factor --no-rope-freq --yarn-original-max-position-embeddings "
-        "--yarn-beta-fast --yarn-beta-slow --yarn-correction-range-round-to-int "
-        "--no-yarn-correction-range-round-to-int "
-        "--apply-query-key-layer-scaling --attention-softmax-in-fp32 "
-        # with rope only: validate_args refuses it otherwise (inspector.inputs.refusals)
-        "--no-position-embedding "
-        "--init-method-std --embedding-init-method-std --init-method-xavier-uniform --seed "
-        "--data-parallel-random-init --loss-scale --initial-loss-scale --min-loss-scale "
-        "--loss-scale-window --hysteresis --disable-bf16-reduced-precision-matmul "
-        "--calculate-per-token-loss "
-                "--no-persist-layer-norm --use-te-activation-func "
-        "--use-fused-weighted-squared-relu --no-gradient-reduce-div-fusion --te-rng-tracker "
-        "--use-mcore-models --transformer-impl-fallback --use-cpu-initialization "
-        "--init-model-with-meta-device --no-clone-scatter-output-in-embedding "
-        "--fp8-margin --fp8-interval --fp8-amax-compute-algo"
-    ),
-    "routing math (balanced routing is counted)": (
-        "--moe-router-topk-scaling-factor "
-        "--moe-router-bias-update-rate "
-        "--moe-router-force-load-balancing --moe-aux-loss-coeff --moe-z-loss-coeff "
-        "--moe-input-jitter-eps "
-        "--moe-permute-fusion --moe-router-fusion --moe-router-dtype "
-        "--moe-token-drop-policy --moe-shared-expert-overlap --moe-per-layer-logging "
-        "--moe-apply-probs-on-input"
-    ),
-    "communication scheduling (buffers not counted)": (
-        "--no-overlap-p2p-communication --overlap-p2p-communication-warmup-flush "
-        "--no-align-grad-reduce "
-        "--no-align-param-gather --overlap-param-gather-with-optimizer-step "
-        "--ddp-average-in-collective --ddp-reduce-scatter-with-fp32-accumulation "
-        "--no-scatter-gather-tensors-in-pipeline --use-ring-exchange-p2p "
-        "--tp-comm-overlap-cfg --disable-tp-comm-overlap-ag --disable-tp-comm-overlap-rs "
-        "--tp-comm-overlap-rs-dgrad --disable-tp-comm-bulk-dgrad --disable-tp-comm-bulk-wgrad "
-        "--tp-comm-bootstrap-backend --disable-tp-comm-split-ag --disable-tp-comm-split-rs "
-        "--no-async-tensor-model-parallel-allreduce --cp-comm-type "
-        "--hierarchical-context-parallel-sizes --use-nccl-ub --disable-symmetric-registration "
-        "--use-sharp --sharp-enabled-group --high-priority-stream-groups "
-        "--pipeline-model-parallel-comm-backend --nccl-communicator-config-path "
-        "--distributed-backend --distributed-timeout-minutes "
-        "--distributed-timeout-seconds-after-init --local-rank --lazy-mpu-init "
-        "--disable-gloo-process-groups --empty-unused-memory-level --manual-gc --manual-gc-interval "
-        "--no-manual-gc-eval --suggested-communication-unit-size"
-    ),
-    "only with a refused argument": (
-        # --optimizer muon/lion's hyper-parameters (arguments.py, core_v0.16.1 and main)
-        "--muon-momentum --muon-no-split-qkv --muon-use-nesterov --muon-nesterov "
-        "--muon-scale-mode --muon-fp32-matmul-prec --muon-num-ns-steps --muon-tp-mode "
-        "--muon-extra-scale-factor --muon-coefficient-type --muon-scalar-optimizer "
-        "--muon-use-syrk --lion-beta1 --lion-beta2 "
-        "--keep-fp8-transpose-cache --enable-full-sharding-in-hsdp "
-        "--optimizer-offload-fraction "
-        "--use-torch-optimizer-for-cpu-offload --overlap-cpu-optimizer-d2h-h2d --no-pin-cpu-grads "
-        "--no-pin-cpu-params"
-    ),
-    "optimizer hyper-parameters and schedules": (
-        "--lr --lr-decay-style --lr-wsd-decay-style --lr-decay-iters --lr-decay-samples "
-        "--lr-wsd-decay-samples --lr-wsd-decay-iters --lr-warmup-fraction --lr-warmup-iters "
-        "--lr-warmup-samples --lr-warmup-init --min-lr --override-opt_param-scheduler "
-        "--use-checkpoint-opt_param-scheduler --decoupled-lr --decoupled-min-lr --weight-decay "
-        "--start-weight-decay --end-weight-decay --weight-decay-incr-style --clip-grad "
-        "--adam-beta1 --adam-beta2 --adam-eps --sgd-momentum --rampup-batch-size "
-        "--step-batch-size-schedule --decrease-batch-size-if-needed --train-samples "
-        "--exit-interval "
-        "--exit-duration-in-mins --exit-signal-handler --train-sync-interval --skip-train "
-        "--eval-iters --eval-interval --full-validation --multiple-validation-sets"
-    ),
-    "data, tokenizer files, paths": (
-        "--data-path --split --train-data-path --valid-data-path --test-data-path --data-args-path "
-        "--per-split-data-args-path --data-cache-path --no-mmap-bin-files --mock-data --num-workers "
-        "--reset-position-ids --reset-attention-mask --eod-mask-loss "
-        "--no-create-attention-mask-in-dataloader --num-dataset-builder-threads "
-        "--object-storage-cache-path --mid-level-dataset-surplus --allow-ambiguous-pad-tokens "
-        "--dataloader-type --merge-file --vocab-file --tokenizer-type --tokenizer-model "
-        "--tokenizer-metadata --tiktoken-pattern --tiktoken-num-special-tokens "
-        "--tokenizer-hf-include-special-tokens "
-        "--tiktoken-special-tokens --legacy-tokenizer --sample-rate --mask-prob --short-seq-prob "
-        "--decoder-seq-length --retriever-seq-length --sft-tokenizer-prompt-format "
-        "--disable-msc"
-    ),
-    "inference and RL (pretrain_gpt.py builds no inference engine; train_rl.py's is refused)": (
-        "--inference-batch-times-seqlen-threshold --max-tokens-to-oom --use-legacy-static-engine "
-        "--inference-max-requests --inference-max-seq-length --inference-dynamic-batching "
-        "--inference-dynamic-batching-buffer-size-gb "
-        "--inference-dynamic-batching-paused-buffer-size-gb --inference-dynamic-batching-block-size "
-        "--inference-dynamic-batching-max-requests --inference-dynamic-batching-max-tokens "
-        "--inference-dynamic-batching-num-cuda-graphs --decode-only-cuda-graphs "
-        "--inference-cuda-graph-all-prefills --inference-cuda-graph-max-tokens "
-        "--inference-dynamic-batching-unified-memory-level --enable-chunked-prefill "
-        "--num-speculative-tokens --inference-dynamic-batching-prefix-caching "
-        "--inference-logging-step-interval --inference-text-gen-server-logging "
-        "--inference-wandb-logging --inference-shards --perform-rl-step --rl-prompts-per-eval "
-        "--grpo-prompts-per-step --grpo-group-size --rl-generation-lag --rl-max-inflight-requests "
-        "--grpo-iterations --grpo-clamp-eps-lower --grpo-clamp-eps-upper --grpo-kl-beta "
-        "--grpo-entropy-term-weight --grpo-filter-groups-with-same-reward --langrl-env-config "
-        "--rl-default-temperature --rl-default-top-p --rl-default-top-k "
-        "--rl-offload-optimizer-during-inference --rl-kv-cache-management-mode "
-        "--rl-persist-cuda-graphs --rl-partial-rollouts --rl-inference-logprobs-is-correction "
-        "--rl-importance-sampling-truncation-coef --rl-use-sequence-packing "
-        "--rl-sequence-packing-max-sequences-per-bin --rl-sequence-packing-algo "
-        "--rl-training-cuda-graphs --rl-inference-tensor-model-parallel-size "
-        "--rl-inference-pipeline-model-parallel-size --rl-inference-expert-model-parallel-size "
-        "--rl-inference-expert-tensor-model-parallel-size "
-        "--rl-inference-model-unified-memory-level --rl-offload-inference-model-weights-when-idle"
-    ),
-    "checkpoints": (
-        "--save --save-interval --save-retain-interval --no-save-optim --no-save-rng --load "
-        "--no-load-optim --load-main-params-from-ckpt --no-load-rng --no-strict-fsdp-dtensor-load "
-        "--non-persistent-save-interval --non-persistent-ckpt-type --non-persistent-global-ckpt-dir "
-        "--non-persistent-local-ckpt-dir --non-persistent-local-ckpt-algo --finetune "
-        "--pretrained-checkpoint --ckpt-step --no-initialization "
-        "--use-mp-args-from-checkpoint-args --no-use-tokenizer-model-from-checkpoint-args "
-        "--exit-on-missing-checkpoint --use-dist-ckpt --use-persistent-ckpt-worker "
-        "--auto-detect-ckpt-format --dist-ckpt-format --ckpt-convert-format "
-        "--ckpt-convert-save --ckpt-convert-update-legacy-dist-opt-format "
-        "--ckpt-fully-parallel-save --no-ckpt-fully-parallel-save --async-save "
-        "--ckpt-fully-parallel-load --ckpt-assume-constant-structure --dist-ckpt-strictness "
-        "--dist-ckpt-save-pre-mcore-014 --dist-ckpt-optim-fully-reshardable "
-        "--distrib-optim-fully-reshardable-mem-efficient --replication --replication-jump "
-        "--replication-factor --moe-use-upcycling --moe-upcycling-granularity"
-    ),
-    # megatron/post_training/arguments.py: data, checkpoint key mapping, numerics; the teacher's
-    # config only acts with --export-kd-teacher-load (refused)
-    "ModelOpt's data, checkpoint and numerics options": (
-        "--finetune-hf-dataset --finetune-data-split --finetune-data-files --export-te-mcore-model "
-        "--export-default-te-spec --export-legacy-megatron --modelopt-enabled "
-        "--export-kd-teacher-model-config --export-kd-teacher-ckpt-format --export-kd-cfg "
-        "--export-moe-apply-probs-on-input --enable-gpt-oss --trust-remote-code "
-        # read only by ModelOpt's model provider; refusals.py refuses it where that builds
-        "--export-force-local-attention"
-    ),
-    "logging, profiling, fault tolerance": (
-        "--log-interval --log-params-norm --log-num-zeros-in-grad --log-throughput --log-progress "
-        "--timing-log-level --log-energy --no-barrier-with-level-1-timing --timing-log-option "
-        "--tensorboard-dir --tensorboard-log-interval --tensorboard-queue-size "
-        "--log-timers-to-tensorboard --no-log-loss-scale-to-tensorboard "
-        "--log-validation-ppl-to-tensorboard --log-memory-to-tensorboard "
-        "--log-world-size-to-tensorboard --wandb-project --wandb-entity --wandb-exp-name "
-        "--wandb-save-dir --logging-level --profile --profile-step-start --profile-step-end "
-        "--profile-ranks --use-pytorch-profiler --record-memory-history --memory-snapshot-path "
-        "--no-check-for-nan-in-loss-and-grad --check-for-spiky-loss --check-for-large-grads "
-        "--check-weight-hash-across-dp-replicas-interval --iterations-to-skip "
-        "--result-rejected-tracker-filename --rerun-mode --error-injection-rate "
-        "--error-injection-type --log-straggler --disable-straggler-on-startup "
-        "--straggler-ctrlr-port --straggler-minmax-count --run-workload-inspector-server "
-        "--no-one-logger --one-logger-project --one-logger-run-name --one-logger-async "
-        "--app-tag-run-name --app-tag-run-version --enable-ft-package --calc-ft-timeouts "
-        "--config-logger-dir --adlr-autoresume --adlr-autoresume-interval --inprocess-restart "
-        "--enable-experimental --dump-param-to-param-group-map"
-    ),
-}
-
-IGNORED: dict[str, str] = {
-    flag: reason for reason, flags in IGNORED_BECAUSE.items() for flag in flags.split()
-}
-
-# Ignored arguments that change what a command does not count: a note says what (inputs/resolve).
-IGNORED_NOTES: dict[str, str] = {}
 
 # Megatron-LM spellings that mean one of the modelled arguments: flag -> (name, value).
 RENAMED: dict[str, tuple[str, object]] = {
@@ -392,6 +323,8 @@ RENAMED: dict[str, tuple[str, object]] = {
     # --cuda-graph-scope did, which stays as its deprecated spelling (TransformerConfig's
     # cuda_graph_modules, enums.CudaGraphModule)
     "--cuda-graph-modules": ("cuda_graph_scope", None),
+    # validate_args: num_layers = encoder_num_layers when --num-layers is not given
+    "--encoder-num-layers": ("num_layers", None),
 }
 
 

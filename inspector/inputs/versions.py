@@ -43,8 +43,9 @@ ARGUMENT_VERSIONS: dict[str, tuple[tuple[int, int], tuple[int, int] | None]] = {
     "--rl-persist-cuda-graphs": ((0, 17), None),
     "--inference-cuda-graph-all-prefills": ((0, 18), None),
     "--step-batch-size-schedule": ((0, 18), None),
-    # training_config.py TokenizerConfig.padded_vocab_size, parsed from it from core_v0.18.0
-    "--padded-vocab-size": ((0, 18), None),
+    # arguments.py --padded-vocab-size from core_v0.14.0 (tokenizer.py pads only "if None" there);
+    # 0.18 moved it into training_config.py TokenizerConfig
+    "--padded-vocab-size": ((0, 14), None),
     # arguments.py (core_v0.18.0): the layer-wise optimizer's legacy path, without the DDP layout
     "--no-use-layer-wise-param-layout": ((0, 18), None),
     # TransformerConfig's gated delta net fields and --linear-attention-freq (core_v0.16.0)
@@ -80,6 +81,219 @@ ARGUMENT_VERSIONS: dict[str, tuple[tuple[int, int], tuple[int, int] | None]] = {
     "--tokenizer-hf-include-special-tokens": ((0, 16), (0, 18)),
     "--use-legacy-models": ((0, 13), (0, 18)),
 }
+
+# Megatron-LM's other arguments whose presence differs, by (first version, first version without),
+# read off the same parsers (core_v0.13.1, core_v0.14.0, core_v0.15.3, core_v0.16.1, core_v0.17.1,
+# core_v0.18.2, core_v0.19.0, and main at d98e8a6 as 0.20; 0.13 stands for "0.13 or earlier");
+# tests/test_argument_classes.py checks every span against those parsers' argument lists
+_SPANS: dict[tuple[tuple[int, int], tuple[int, int] | None], str] = {
+    ((0, 13), (0, 14)): (
+        "--encoder-pipeline-model-parallel-size --encoder-tensor-model-parallel-size "
+        "--keep-fp8-transpose-cache-when-using-custom-fsdp --pipeline-model-parallel-split-rank "
+        "--use-custom-fsdp"
+    ),
+    ((0, 13), (0, 15)): (
+        "--inference-dynamic-batching-chunk-size --load-model-opt-format"
+    ),
+    ((0, 13), (0, 16)): (
+        "--inference-dynamic-batching-buffer-guaranteed-fraction "
+        "--inference-dynamic-batching-buffer-overflow-factor "
+        "--inference-dynamic-batching-max-requests-override "
+        "--inference-dynamic-batching-max-tokens-override --kitchen-config-file "
+        "--kitchen-recipe-number --retriever-seq-length --retro-add-retriever --retro-attention-gate "
+        "--retro-cyclic-train-iters --retro-encoder-attention-dropout --retro-encoder-hidden-dropout "
+        "--retro-encoder-layers --retro-no-verify-neighbor-count --retro-num-neighbors "
+        "--retro-num-retrieved-chunks --retro-project-dir"
+    ),
+    ((0, 14), None): (
+        "--cache-mla-latents --embedding-init-method-std --enable-full-sharding-in-hsdp "
+        "--full-validation --inference-dynamic-batching-num-cuda-graphs --keep-fp8-transpose-cache "
+        "--load-main-params-from-ckpt --moe-router-fusion --multiple-validation-sets "
+        "--no-strict-fsdp-dtensor-load --rope-type --save-retain-interval --sharp-enabled-group "
+        "--use-fused-weighted-squared-relu --use-megatron-fsdp"
+    ),
+    ((0, 15), (0, 16)): (
+        "--grpo-default-temperature --grpo-default-top-p --no-rl-calculate-intra-group-similarity "
+        "--rl-calculate-intra-group-similarity --rl-sequence-packing-bin-size"
+    ),
+    ((0, 15), (0, 17)): (
+        "--disable-chunked-prefill --inference-max-batch-size --langrl-external-server "
+        "--langrl-inference-server-conversation-template --langrl-inference-server-type "
+        "--no-langrl-external-server --no-rl-offload-kv-cache-during-training "
+        "--no-rl-remove-kv-cache-during-training --no-rl-reset-cuda-graphs "
+        "--rl-offload-kv-cache-during-training --rl-remove-kv-cache-during-training "
+        "--rl-reset-cuda-graphs"
+    ),
+    ((0, 15), None): (
+        "--activation-func-clamp-value --cuda-graph-impl --decode-only-cuda-graphs "
+        "--disable-symmetric-registration --dist-ckpt-optim-fully-reshardable "
+        "--dist-ckpt-save-pre-mcore-014 --distrib-optim-fully-reshardable-mem-efficient "
+        "--distributed-timeout-seconds-after-init --fp4-format --fp4-param-gather --fp4-recipe "
+        "--glu-linear-offset --grpo-clamp-eps-lower --grpo-clamp-eps-upper --grpo-entropy-term-weight "
+        "--grpo-filter-groups-with-same-reward --grpo-group-size --grpo-iterations --grpo-kl-beta "
+        "--grpo-prompts-per-step --inference-dynamic-batching-block-size "
+        "--inference-dynamic-batching-track-paused-request-events "
+        "--inference-dynamic-batching-unified-memory-level --langrl-env-config "
+        "--moe-pad-experts-for-cuda-graph-inference --no-rl-inference-logprobs-is-correction "
+        "--no-rl-partial-rollouts --override-opt-param-scheduler --perform-rl-step --quick-geglu "
+        "--rl-importance-sampling-truncation-coef --rl-inference-logprobs-is-correction "
+        "--rl-offload-optimizer-during-inference --rl-partial-rollouts --rl-prompts-per-eval "
+        "--rl-sequence-packing-algo --rl-use-sequence-packing --softmax-type --tokenizer-metadata "
+        "--trust-remote-code --use-checkpoint-opt-param-scheduler --use-te-activation-func "
+        "--wandb-entity --window-attn-skip-freq --window-size"
+    ),
+    ((0, 16), (0, 17)): (
+        "--disable-async-tensor-model-parallel-allreduce --disable-ckpt-fully-parallel-save"
+    ),
+    ((0, 16), (0, 18)): (
+        "--inference-dynamic-batching-cuda-graph-max-tokens --muon-use-nesterov "
+        "--tokenizer-hf-use-fast"
+    ),
+    ((0, 16), (0, 19)): (
+        "--rl-parallel-generation-tasks"
+    ),
+    ((0, 16), None): (
+        "--allow-ambiguous-pad-tokens --apply-wd-to-qk-layernorm --batch-invariant-mode "
+        "--cpu-offloading-num-layers --create-all-gather-group --dataloader-defer-npy-index-mmap "
+        "--dataloader-fast-cache-load --ddp-reduce-scatter-with-fp32-accumulation "
+        "--disable-clone-scatter-output-in-embedding --disable-fp8-wgrad --disable-jit-fuser "
+        "--disable-log-loss-scale-to-tensorboard --disable-manual-gc-eval "
+        "--disable-strict-fsdp-dtensor-load --disable-use-tokenizer-model-from-checkpoint-args "
+        "--dsa-indexer-head-dim --dsa-indexer-loss-coeff --dsa-indexer-n-heads --dsa-indexer-topk "
+        "--dsa-indexer-use-sparse-loss --dump-param-to-param-group-map --enable-chunked-prefill "
+        "--ep-overlap-early-attn-memory-release --exit-signal --exit-signal-handler-for-dataloader "
+        "--fake-process-group --fim-data --fim-eod-token --fim-fragment-rate --fim-middle-token "
+        "--fim-no-prefix --fim-pad-token --fim-prefix-token --fim-rate --fim-split-sample "
+        "--fim-spm-rate --fim-suffix-token --fine-grained-activation-offloading "
+        "--fp4-quantizer-factory --fp8-quantizer-factory --fsdp-manual-registration "
+        "--ft-num-warmup-iters --hybrid-context-parallel --inference-coordinator-port "
+        "--inference-dynamic-batching-cuda-graph-mixed-prefill-count "
+        "--inference-dynamic-batching-max-requests --inference-dynamic-batching-max-tokens "
+        "--inference-dynamic-batching-paused-buffer-size-gb --inference-fuse-tp-communication "
+        "--inference-logging-step-interval --inference-wandb-logging --kitchen-attention-backend "
+        "--log-device-memory-used --log-max-attention-logit --log-memory-interval "
+        "--max-seqlen-per-dp-cp-rank --min-offloaded-tensor-size --moe-enable-routing-replay "
+        "--moe-hybridep-num-sms --moe-latent-size --moe-shared-expert-gate --mtp-standalone "
+        "--muon-extra-scale-factor --muon-fp32-matmul-prec --muon-momentum --muon-no-split-qkv "
+        "--muon-num-ns-steps --muon-scale-mode --muon-tp-mode --no-inference-wandb-logging "
+        "--no-rl-offload-inference-model-weights-when-idle --no-rl-skip-bos-token "
+        "--no-rl-training-cuda-graphs --no-rl-use-sequence-packing --no-rl-verify-model-weights-swap "
+        "--no-tp-comm-bulk-dgrad --no-tp-comm-bulk-wgrad --no-tp-comm-overlap-ag "
+        "--no-tp-comm-overlap-rs --no-tp-comm-split-ag --no-tp-comm-split-rs "
+        "--no-weight-decay-cond-type --offload-modules --outer-dp-sharding-strategy "
+        "--per-dataset-sequences-path --phase-transition-iterations --qk-clip --qk-clip-alpha "
+        "--qk-clip-threshold --refit-method --rl-default-temperature --rl-default-top-k "
+        "--rl-default-top-p --rl-inference-expert-model-parallel-size "
+        "--rl-inference-expert-tensor-model-parallel-size --rl-inference-model-unified-memory-level "
+        "--rl-inference-pipeline-model-parallel-size --rl-inference-tensor-model-parallel-size "
+        "--rl-offload-inference-model-weights-when-idle --rl-sequence-packing-max-sequences-per-bin "
+        "--rl-skip-bos-token --rl-training-cuda-graphs --rl-verify-model-weights-swap "
+        "--save-dgrads-interval --save-wgrads-interval --te-precision-config-file "
+        "--tokenizer-sentencepiece-legacy --tokenizer-special-tokens --use-kitchen-attention "
+        "--use-legacy-static-engine"
+    ),
+    ((0, 17), (0, 19)): (
+        "--rl-generation-batch-size --rl-num-parallel-generation-batches "
+        "--rl-num-parallel-generations"
+    ),
+    ((0, 17), None): (
+        "--async-ckpt-cpu-priority --async-ckpt-io-priority --async-strategy "
+        "--ckpt-fully-parallel-load-exchange-algo --ckpt-fully-parallel-load-process-group "
+        "--ckpt-fully-parallel-save-process-group --cpu-offloading-retain-pinned-cpu-buffers "
+        "--ddp-param-name-patterns-for-fp32-local-accumulation --disable-align-grad-reduce "
+        "--disable-flight-recorder-dump-on-timeout --disable-flight-recorder-extra-dump-on-exec "
+        "--disable-flight-recorder-include-only-active --dist-ckpt-workers "
+        "--exit-signal-handler-for-training --flight-recorder-dump-path "
+        "--flight-recorder-include-stack-trace --flight-recorder-trace-buffer-size "
+        "--fused-residual-rmsnorm --hybrid-layer-pattern --inference-disable-triton-nvls-kernels "
+        "--inference-dynamic-batching-mamba-memory-ratio "
+        "--inference-dynamic-batching-prefix-caching-coordinator-policy "
+        "--inference-dynamic-batching-prefix-caching-eviction-policy "
+        "--inference-dynamic-batching-prefix-caching-mamba-gb "
+        "--inference-dynamic-batching-prefix-caching-routing-alpha "
+        "--inference-dynamic-batching-track-generated-token-events --inference-grouped-gemm-backend "
+        "--inference-moe-disable-fused-quant-kernels --inference-use-synchronous-zmq-collectives "
+        "--lion-beta1 --lion-beta2 --mamba-inference-conv-states-dtype "
+        "--mamba-inference-ssm-states-dtype --megatron-fsdp-grad-comm-dtype "
+        "--megatron-fsdp-main-grads-dtype --megatron-fsdp-main-params-dtype --mla-down-proj-fusion "
+        "--moe-hybridep-num-blocks-permute --moe-hybridep-num-blocks-unpermute "
+        "--moe-permute-fusion-into-hybridep --moe-router-force-biased --mtp-hybrid-override-pattern "
+        "--mtp-use-repeated-layer --muon-coefficient-type --muon-scalar-optimizer "
+        "--mup-attn-scale-power --mup-base-head-dim --mup-base-hidden-size --mup-embedding-mult "
+        "--mup-output-mult --mup-width-mult --no-flight-recorder-dump-on-timeout "
+        "--no-flight-recorder-extra-dump-on-exec --no-flight-recorder-include-only-active "
+        "--no-inference-dynamic-batching-prefix-caching --no-inference-text-gen-server-logging "
+        "--no-inference-use-synchronous-zmq-collectives --no-rl-persist-cuda-graphs "
+        "--optimizer-cuda-graph --pytorch-profiler-collect-callstack "
+        "--pytorch-profiler-collect-chakra --pytorch-profiler-collect-shapes --rl-inference-parsers "
+        "--tokenizer-hf-no-include-special-tokens --tokenizer-hf-no-use-fast --use-mup "
+        "--verify-integrity"
+    ),
+    ((0, 18), None): (
+        "--async-ckpt-use-cpu-shm --chat-template --cuda-graph-modules "
+        "--disable-ckpt-load-validate-sharding-integrity --disable-pad-vocab-size "
+        "--disable-tokenizer-sentencepiece-ignore-extra-whitespaces --enable-msc "
+        "--eval-global-batch-size --eval-micro-batch-size --fault-injector-delay-start-iteration "
+        "--fault-injector-fault-delay --fault-injector-fault-probabilities "
+        "--fault-injector-fault-types --fault-injector-mtti-seconds --fault-injector-num-ranks "
+        "--fault-injector-offset-seconds --fault-injector-ranks --fault-injector-seed "
+        "--fine-grained-offloading-max-inflight-offloads --fp8-output-proj --gpu-sniff-test-interval "
+        "--high-priority-a2a-comm-stream --inference-cuda-graph-scope "
+        "--inference-disable-ep-consensus --inference-dynamic-batching-sampling-backend "
+        "--inference-moe-token-dispatcher-type --megatron-fsdp-enable-fine-grained-param-gather "
+        "--mlp-chunks-for-training --moe-hybridep-num-sms-preprocessing --moe-mlp-glu-interleave-size "
+        "--moe-single-grouped-bias --moe-single-grouped-weight --muon-nesterov "
+        "--no-ckpt-load-validate-sharding-integrity --no-inference-disable-ep-consensus "
+        "--no-pad-vocab-size --no-tokenizer-sentencepiece-ignore-extra-whitespaces "
+        "--null-tokenizer-eod-id --null-tokenizer-pad-id --nvtx-ranges "
+        "--overlap-dispatch-backward-with-experts-wgrad --record-shapes --save-activations-interval "
+        "--save-params-interval --save-tokens-per-expert-interval --start-eval-at-iter "
+        "--use-grouped-gemm-for-dense-mlp --validation-set-names"
+    ),
+    ((0, 19), (0, 20)): (
+        "--disable-stream-ckpt-dequant --moe-ncclep-static-shape --no-stream-ckpt-dequant"
+    ),
+    ((0, 19), None): (
+        "--activation-offload-fraction --dataloader-inter-document-masking "
+        "--delay-offload-until-cuda-graph --delta-offload-bytes-across-pp-ranks "
+        "--disable-dsa-indexer-rotate-activation --disable-dsa-indexer-scoring-relu "
+        "--dsa-indexer-k-norm-epsilon --dsa-indexer-k-norm-fp32 --dsa-indexer-rope-interleaved "
+        "--dsa-indexer-skip-topk-offset --dsa-indexer-topk-freq --dsa-kernel-backend "
+        "--expert-tensor-parallel-num-weight-shards --flash-attention-version "
+        "--fsdp-db-use-persist-buf-on-alloc-fail --inference-dynamic-batching-async-sched-mode "
+        "--inference-dynamic-batching-cuda-graph-sizing-distribution "
+        "--inference-dynamic-batching-logprobs-mode --logits-load-decode-threads --logits-load-dir "
+        "--logits-load-ignore-errors --logits-load-kd-loss-alpha --logits-load-msc-prefetch-depth "
+        "--logits-load-prefetch-factor --logits-save-dir --logits-save-dtype --logits-save-top-k "
+        "--logits-save-top-p --logits-save-top-p-min-k --mamba-training-ssm-states-dtype "
+        "--megatron-fsdp-max-pool-double-buffer --moe-flex-dispatcher-num-sms "
+        "--moe-hybridep-pad-uneven-dispatch-inputs --moe-ncclep-zero-copy "
+        "--moe-router-quantile-balancing-ema --moe-routing-trace-capture-hidden-states "
+        "--moe-routing-trace-capture-logits --moe-routing-trace-dump-weights "
+        "--moe-routing-trace-max-training-iters --moe-routing-trace-path "
+        "--moe-shared-expert-glu-interleave-size --mtp-detach-heads "
+        "--no-dsa-indexer-rotate-activation --no-dsa-indexer-scoring-relu "
+        "--no-yarn-correction-range-round-to-int --override-ckpt-iteration "
+        "--rl-consumption-granularity --rl-profile --rl-profile-dir --rl-submission-granularity "
+        "--tensor-parallel-num-weight-shards --use-grouped-gemm-for-shared-expert "
+        "--use-same-sampling-seed-across-dp-ranks --yarn-beta-fast --yarn-beta-slow "
+        "--yarn-correction-range-round-to-int --yarn-original-max-position-embeddings"
+    ),
+    ((0, 20), None): (
+        "--batch-invariant-backend --ckpt-drop-redundant-extra-state "
+        "--ckpt-fully-parallel-load-per-rank-objects --ckpt-pg-tensors-cache-create "
+        "--ckpt-pg-tensors-cache-path --disable-save-tokenizer-assets --enable-mhc-connections "
+        "--gdp-cutedsl-kernel --gdp-num-chunk-states-to-recompute --gdp-num-householder "
+        "--gtp-expert-remat-nccl-ub --gtp-remat-nccl-ub --gtp-remat-opt-in-modules "
+        "--gtp-remat-reduce-scatter-with-fp32-accumulation --megatron-fsdp-version "
+        "--mhc-init-gating-factor --mhc-num-residual-streams --mhc-recompute-layer-num "
+        "--mhc-sinkhorn-iterations --moe-combine-bwd-dtype --moe-dispatch-fwd-dtype "
+        "--moe-use-grouped-tensor --mtp-hsm --muon-use-syrk --no-save-tokenizer-assets --otel-enabled "
+        "--otel-service-name --otel-span-groups --output-logit-dtype --rl-durable-rollout-bank "
+        "--rl-rollout-bank-dir --rl-rollout-bank-max-bytes --use-gigatoken"
+    ),
+}
+ARGUMENT_VERSIONS.update({flag: span for span, flags in _SPANS.items() for flag in flags.split()})
 
 
 # Choices of a modelled argument that differ between megatron-core versions: (flag, value) -> the
