@@ -450,6 +450,12 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         "of the logits).",
     ),
     _training(
+        "deterministic_mode",
+        bool,
+        "megatron's deterministic code paths under torch's deterministic algorithms (MoE token "
+        "routing and unpermutation by index_put_ / index_add_, the embedding by indexing).",
+    ),
+    _training(
         "defer_embedding_wgrad_compute",
         bool,
         "With --pp: the output layer's weight gradients wait for the pipeline's drain, keeping "

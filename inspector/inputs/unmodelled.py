@@ -243,7 +243,7 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--init-method-std --embedding-init-method-std --init-method-xavier-uniform --seed "
         "--data-parallel-random-init --loss-scale --initial-loss-scale --min-loss-scale "
         "--loss-scale-window --hysteresis --disable-bf16-reduced-precision-matmul "
-        "--deterministic-mode --calculate-per-token-loss "
+        "--calculate-per-token-loss "
                 "--no-persist-layer-norm --use-te-activation-func "
         "--use-fused-weighted-squared-relu --no-gradient-reduce-div-fusion --te-rng-tracker "
         "--use-mcore-models --transformer-impl-fallback --use-cpu-initialization "
@@ -392,13 +392,14 @@ IGNORED: dict[str, str] = {
 }
 
 # Ignored arguments that change what a command does not count: a note says what (inputs/resolve).
-IGNORED_NOTES: dict[str, str] = {
-    # Megatron-LM validate_args: deterministic_mode sets NCCL_ALGO to a fixed ring/tree and
+ARGUMENT_NOTES: dict[str, str] = {
+    # Megatron-LM validate_args: deterministic_mode needs NCCL_ALGO set to a fixed ring/tree, and
     # Transformer Engine's NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 picks deterministic attention
-    # backward kernels; the tensors (memory) are the same
-    "--deterministic-mode": "--deterministic-mode changes no memory; `plan`'s step time prices "
-    "the default kernels, not the deterministic ones it selects (Transformer Engine's "
-    "deterministic attention backward, a fixed NCCL algorithm), whose cost is not modelled",
+    # backward kernels; what it changes in memory, megatron's own branches, runs (world/stage.py)
+    "--deterministic-mode": "--deterministic-mode: `memory` runs megatron's deterministic code "
+    "paths; `plan`'s step time prices the default kernels, not the deterministic ones it selects "
+    "(Transformer Engine's deterministic attention backward, a fixed NCCL algorithm), whose cost "
+    "is not modelled",
 }
 
 # Megatron-LM spellings that mean one of the modelled arguments: flag -> (name, value).

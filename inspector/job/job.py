@@ -91,6 +91,8 @@ class Training:
     cuda_graph_scope: tuple[str, ...] = ()
     cuda_graph_warmup_steps: int = 3  # megatron-core's TransformerConfig default
     packed_document_length: int | None = None  # --sft: packed sequences (job/packing.py)
+    # --deterministic-mode: megatron's deterministic code paths, torch's deterministic algorithms
+    deterministic_mode: bool = False
 
     def __post_init__(self) -> None:
         """Reject counts below one and unknown recomputation modes."""
@@ -255,6 +257,7 @@ TRAINING_ARGS = {
     "cuda_graph_impl": "cuda_graph_impl",
     "cuda_graph_warmup_steps": "cuda_graph_warmup_steps",
     "microbatch_group_size_per_virtual_pipeline_stage": "microbatch_group_size",
+    "deterministic_mode": "deterministic_mode",
 }
 
 # Megatron-LM's fusion switches, by their `args` names: each has a `--no-` flag that turns it off.
@@ -273,7 +276,8 @@ def make_training(args: Mapping[str, Any]) -> Training:
     for flag in ("flash_attention", "use_distributed_optimizer", "overlap_grad_reduce",
                  "moe_pad_expert_input_to_capacity", "megatron_fsdp", "fsdp_double_buffer",
                  "torch_fsdp2", "ep_overlap", "delay_wgrad", "moe_enable_deepep",
-                 "cross_entropy_loss_fusion", "defer_embedding_wgrad", "tp_comm_overlap"):  # fmt: skip
+                 "cross_entropy_loss_fusion", "defer_embedding_wgrad", "tp_comm_overlap",
+                 "deterministic_mode"):  # fmt: skip
         values[flag] = bool(values.get(flag))
     values["moe_router_padding"] = router_padding(args)
     values["cuda_graph_impl"] = values.get("cuda_graph_impl") or "none"

@@ -62,12 +62,11 @@ def runtime_config(job: Job) -> dict[str, Any]:
     `core_transformer_config_from_args` copies the dropouts and recomputation; its flag defaults
     give `attention_softmax_in_fp32` False (softmax in the 16-bit type), bias-activation and
     bias-dropout fusion on unless `--no-bias-gelu-fusion`, `--no-bias-swiglu-fusion` or
-    `--no-bias-dropout-fusion` turn them off. The masked-softmax, rope and gradient-accumulation fusions need
-    kernels from apex or Transformer Engine: off for the local spec, as in the GPU runs of
-    shared/gpu/jobs; on for Transformer Engine jobs, as Megatron-LM's flags default them
-    (`--no-masked-softmax-fusion`, `--no-rope-fusion`, `--no-gradient-accumulation-fusion`
-    turn them off; masked softmax is unused by TE's fused attention). MoE
-    jobs take their token dispatcher and expert capacity.
+    `--no-bias-dropout-fusion` turn them off. The masked-softmax, rope and gradient-accumulation
+    fusions need kernels from apex or Transformer Engine: off for the local spec, as in the GPU
+    runs of shared/gpu/jobs; on for Transformer Engine jobs, as Megatron-LM's flags default them
+    (`--no-masked-softmax-fusion`, `--no-rope-fusion`, `--no-gradient-accumulation-fusion` turn
+    them off; masked softmax is unused by TE's fused attention). MoE jobs: dispatcher, capacity.
     """
     training, model = job.training, job.model
     te = model.transformer_impl == "transformer_engine"
@@ -84,6 +83,7 @@ def runtime_config(job: Job) -> dict[str, Any]:
         gradient_accumulation_fusion=te and on["gradient_accumulation_fusion"],
         deallocate_pipeline_outputs=True,
         cross_entropy_loss_fusion=training.cross_entropy_loss_fusion,
+        deterministic_mode=training.deterministic_mode,  # world/stage.py: torch's algorithms too
     )
     if training.defer_embedding_wgrad:
         fields.update(defer_embedding_wgrad_compute=True,
