@@ -399,7 +399,9 @@ def test_a_refused_flag_typed_on_the_command_line_says_why(cli, flag, error):
 
 def test_deterministic_mode_says_what_plan_does_not_price(cli, tmp_path):
     # Megatron-LM's --deterministic-mode: deterministic TE attention backward, a fixed NCCL
-    # algorithm (megatron/training/determinism.py); the same tensors, other kernels
+    # algorithm (megatron/training/determinism.py): other kernels, which plan does not price;
+    # megatron's own deterministic branches run in `memory` (tests/test_routing.py)
     result = cli("params", "--from-script", script(tmp_path, "--deterministic-mode"))
     assert result.code == 0, result.err
-    assert "--deterministic-mode changes no memory; `plan`'s step time prices the default " in result.err
+    assert "--deterministic-mode: `memory` runs megatron's deterministic code paths; `plan`'s step time prices the default " in result.err
+    assert "Ignored from" not in result.err
