@@ -439,14 +439,19 @@ def test_the_routers_te_gemm_takes_tes_workspace_in_a_local_spec_job():
     # workspace (cpp_extensions/gemm.py get_cublas_workspace: 32 MiB + 1 KiB on Hopper).
     # megatron-core 0.13-0.16 define it only when TE still has module.base.get_workspace, which
     # TE 2.11 (the stand-in's release) no longer has: they fall back to torch.mm, torch's
-    # workspace; 0.19 takes TE's own workspace when get_workspace is gone
-    import megatron.core
+    # workspace; 0.19 takes TE's own workspace when get_workspace is gone (`_get_workspace = None`)
+    import inspect
 
     from inspector.memory.engine.run import te_workspaces
+    from inspector.world.setup import megatron
 
-    major_minor = tuple(int(p) for p in megatron.core.__version__.split(".")[:2])
+    megatron()
+    from megatron.core.extensions import transformer_engine
+
+    optional = "_get_workspace = None" in inspect.getsource(transformer_engine)
     local_moe = _job(num_experts=4, moe_router_topk=2, disable_bias_linear=True)
-    assert te_workspaces(local_moe) == (32 * 2**20 + 1024 if major_minor >= (0, 19) else 0)
+    assert te_workspaces(local_moe) == (32 * 2**20 + 1024 if optional else 0)
+    assert te_workspaces(_job()) == 0  # no router: torch's workspaces only
 
 
 def test_the_stand_ins_general_gemm_gives_the_routers_shapes():
