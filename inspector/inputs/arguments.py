@@ -449,12 +449,8 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         "megatron's fused cross entropy (torch.compile'd; its backward holds one more fp32 copy "
         "of the logits).",
     ),
-    _training(
-        "deterministic_mode",
-        bool,
-        "megatron's deterministic code paths under torch's deterministic algorithms (MoE token "
-        "routing and unpermutation by index_put_ / index_add_, the embedding by indexing).",
-    ),
+    _training("deterministic_mode", bool, "megatron's deterministic code paths under torch's "
+              "deterministic algorithms (MoE routing by index_put_, unpermutation by index_add_)."),
     _training(
         "defer_embedding_wgrad_compute",
         bool,
