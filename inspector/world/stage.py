@@ -231,13 +231,15 @@ def _deterministic(on: bool) -> Iterator[None]:
         return
     import torch
 
-    enabled, saved = torch.are_deterministic_algorithms_enabled(), os.environ.get(_NONDETERMINISTIC)
+    enabled, warn = (torch.are_deterministic_algorithms_enabled(),
+                     torch.is_deterministic_algorithms_warn_only_enabled())  # fmt: skip
+    saved = os.environ.get(_NONDETERMINISTIC)
     torch.use_deterministic_algorithms(True)
     os.environ[_NONDETERMINISTIC] = "0"
     try:
         yield
     finally:
-        torch.use_deterministic_algorithms(enabled)
+        torch.use_deterministic_algorithms(enabled, warn_only=warn)
         if saved is None:
             os.environ.pop(_NONDETERMINISTIC, None)
         else:
