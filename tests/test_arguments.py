@@ -405,3 +405,16 @@ def test_deterministic_mode_is_read_not_ignored(cli, tmp_path):
     result = cli("params", "--from-script", script(tmp_path, "--deterministic-mode"))
     assert result.code == 0, result.err
     assert "deterministic" not in result.err
+
+
+@pytest.mark.parametrize(("other", "why"), [
+    ("--use-flash-attn", "Flash attention can not be used in deterministic mode."),
+    ("--cross-entropy-loss-fusion", "Cross Entropy Fusion is currently not deterministic."),
+])  # fmt: skip
+def test_deterministic_mode_refuses_what_validate_args_refuses(cli, other, why):
+    # Megatron-LM validate_args: "if args.deterministic_mode: assert not args.use_flash_attn ...
+    # assert not args.cross_entropy_loss_fusion"
+    result = cli("memory", *SMALL, "--deterministic-mode", other)
+    assert (result.code, result.out) == (2, "")
+    assert result.err.endswith(f"Error: --deterministic-mode with {other}: Megatron-LM's "
+                               f"validate_args refuses it ('{why}')\n")  # after the spec's notes

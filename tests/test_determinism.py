@@ -8,7 +8,9 @@ from inspector.formulas.kernels import Memory
 from inspector.formulas.ops import Shard, layer_ops, output_ops
 from tests.test_engine import _job
 
-TE = dict(transformer_impl="transformer_engine", use_flash_attn=True, seq_length=64)
+# bf16 with --attention-backend auto: Transformer Engine's fused (cuDNN) attention; Megatron-LM refuses
+# --use-flash-attn with --deterministic-mode (tests/test_arguments.py)
+TE = dict(transformer_impl="transformer_engine", bf16=True, seq_length=64)
 
 
 def _backward(job, *, tp: int = 2, mbs: int = 2) -> dict[str, Memory]:

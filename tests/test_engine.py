@@ -431,3 +431,45 @@ def test_transformer_engine_keeps_its_own_cublas_workspaces():
     assert te_workspaces(_job(**te)) == 32 * 2**20 + 1024
     assert te_workspaces(_job(**moe)) == 32 * 2**20 + 1024  # SequentialMLP: plain GEMMs
     assert te_workspaces(_job(**moe, moe_grouped_gemm=True)) == 5 * (32 * 2**20 + 1024)
+
+
+def test_the_routers_te_gemm_takes_tes_workspace_in_a_local_spec_job():
+    # megatron's RouterGatingLinearFunction (moe/moe_utils.py) runs `te_general_gemm` wherever
+    # megatron-core defines it, whatever the layer spec: TE's general_gemm then takes TE's own
+    # workspace (cpp_extensions/gemm.py get_cublas_workspace: 32 MiB + 1 KiB on Hopper).
+    # megatron-core 0.13-0.16 define it only when TE still has module.base.get_workspace, which
+    # TE 2.11 (the stand-in's release) no longer has: they fall back to torch.mm, torch's
+    # workspace; 0.19 takes TE's own workspace when get_workspace is gone (`_get_workspace = None`)
+    import inspect
+
+    from inspector.memory.engine.run import te_workspaces
+    from inspector.world.setup import megatron
+
+    megatron()
+    from megatron.core.extensions import transformer_engine
+
+    optional = "_get_workspace = None" in inspect.getsource(transformer_engine)
+    local_moe = _job(num_experts=4, moe_router_topk=2, disable_bias_linear=True)
+    assert te_workspaces(local_moe) == (32 * 2**20 + 1024 if optional else 0)
+    assert te_workspaces(_job()) == 0  # no router: torch's workspaces only
+
+
+def test_the_stand_ins_general_gemm_gives_the_routers_shapes():
+    # the three calls of RouterGatingLinearFunction (moe_utils.py): forward TN, dgrad NN, wgrad NT
+    import torch
+
+    from inspector.world.setup import megatron
+
+    megatron()
+    from transformer_engine.pytorch.cpp_extensions import general_gemm
+
+    tokens, hidden, experts = 6, 8, 4
+    weight = torch.empty(experts, hidden, dtype=torch.bfloat16, device="meta")
+    inp = torch.empty(tokens, hidden, dtype=torch.bfloat16, device="meta")
+    grad = torch.empty(tokens, experts, dtype=torch.float32, device="meta")
+    logits = general_gemm(weight, inp, torch.float32, layout="TN")[0]
+    assert (logits.shape, logits.dtype) == ((tokens, experts), torch.float32)
+    assert general_gemm(weight.float(), grad, torch.float32, layout="NN", grad=True)[0].shape == (
+        tokens, hidden)
+    assert general_gemm(inp.float(), grad, torch.float32, layout="NT", grad=True)[0].shape == (
+        experts, hidden)

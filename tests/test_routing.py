@@ -4,6 +4,7 @@ routing (`--moe-router-num-groups`, `--moe-router-group-topk`) and the router's 
 
 from __future__ import annotations
 
+import json
 from fractions import Fraction
 from itertools import combinations
 from math import comb
@@ -442,3 +443,35 @@ def test_memory_runs_megatrons_group_limited_top_k(monkeypatch):
                      "--moe-router-num-groups", "4", "--moe-router-group-topk", "2")  # fmt: skip
     assert result.code == 0, result.err
     assert calls and set(calls) == {(4, 2)}
+
+
+def test_deterministic_mode_runs_megatrons_index_add_which_keeps_its_source():
+    # Megatron-LM's validate_args turns on torch.use_deterministic_algorithms for
+    # --deterministic-mode, and moe_utils.py branches on it: `unpermute` adds the experts' output
+    # back with `index_add_` (autograd's IndexAddBackward0 saves the source, the rows of this
+    # rank's experts) where it would `scatter_add_` (which saves the index only), and
+    # `topk_routing_with_score_function` builds its maps by `index_put_` with the token rows
+    # (`arange(num_tokens).unsqueeze(1)`, int64, saved as an index) where it would `scatter`
+    def total(*extra: str) -> int:
+        result = run_cli("memory", "--no-cache", *MOE, "--bf16", "--micro-batch-size", "1",
+                         "--ep", "2", "--dp", "2", "--format", "json", *extra)  # fmt: skip
+        assert result.code == 0, result.err
+        return json.loads(result.out)["stages"][0]["total"]
+
+    import inspect
+
+    from inspector.world.setup import megatron
+
+    megatron()
+    from megatron.core.transformer.moe import moe_utils
+
+    def branches(name: str) -> bool:  # megatron-core 0.13 has neither branch
+        function = getattr(moe_utils, name, None)
+        return function is not None and "are_deterministic_algorithms_enabled" in inspect.getsource(function)
+
+    tokens, hidden, topk, experts, ep, layers = 64, 64, 2, 8, 2, 2  # MOE, Megatron-LM's top-2
+    gathered = tokens * ep  # the allgather dispatcher gathers every EP rank's tokens
+    rows = gathered * topk // experts * (experts // ep)  # balanced routing, this rank's experts
+    source = rows * hidden * 2 if branches("unpermute") else 0  # bf16 expert output
+    token_rows = tokens * 8 if branches("topk_routing_with_score_function") else 0  # int64
+    assert total("--deterministic-mode") - total() == layers * (source + token_rows)

@@ -251,8 +251,9 @@ ARGUMENTS: tuple[ArgSpec, ...] = MODEL_ARGUMENTS + (
     _training(
         "deterministic_mode",
         bool,
-        "Megatron-LM's deterministic kernels (plan: Transformer Engine's deterministic attention "
-        "backward; the tensors are the same).",
+        "megatron's deterministic code paths under torch's deterministic algorithms (memory: MoE "
+        "routing by index_put_, unpermutation by index_add_; plan: Transformer Engine's "
+        "deterministic attention backward).",
     ),
     _training(
         "defer_embedding_wgrad_compute",

@@ -207,8 +207,6 @@ def _file_layer(parsed: ScriptArgs, origin: str, sources: Sources, groups: tuple
         raise ConfigError(f"{refused}; {problem}" if problem else refused)
     if parsed.ignored:
         notes.append(f"Ignored from {origin}: {' '.join(parsed.ignored)}")
-        notes.extend(f"Note from {origin}: {IGNORED_NOTES[flag]}" for flag in parsed.ignored
-                     if flag in IGNORED_NOTES)  # fmt: skip
     if parsed.unrecognised:
         notes.append(
             f"Not recognised from {origin} (not a Megatron-LM argument this tool "
@@ -218,6 +216,8 @@ def _file_layer(parsed: ScriptArgs, origin: str, sources: Sources, groups: tuple
     used = (*(BY_NAME[name].flag for name in parsed.args if name in BY_NAME), *parsed.ignored,
             *(item.argument.split()[0] for item in parsed.refused))  # fmt: skip
     notes.extend(f"Note from {origin}: {note}" for note in unknown_argument_notes(used))
+    notes.extend(f"Note from {origin}: {IGNORED_NOTES[flag]}" for flag in dict.fromkeys(used)
+                 if flag in IGNORED_NOTES)  # fmt: skip
     if problem:
         raise ConfigError(problem)
     args = dict(parsed.args)

@@ -1,6 +1,10 @@
-"""The range checks every record makes of a size or count, each naming the flag the user typed."""
+"""The range checks every record makes of a size or count, each naming the flag the user typed
+(and the few flag combinations Megatron-LM refuses before any size)."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 from inspector.errors import ConfigError
 
@@ -96,3 +100,17 @@ def check_expert_groups(ep: int, etp: int, tp: int, cp: int, dp: int) -> None:
             f"does not divide --tp {tp} x --context-parallel-size {cp} x --dp "
             f"{dp} = {dense} (megatron carves expert groups out of those ranks)"
         )
+
+
+def check_deterministic(args: Mapping[str, Any]) -> None:
+    """Refuse what Megatron-LM's validate_args refuses with --deterministic-mode (0.13-0.19:
+    `assert not args.use_flash_attn`, `assert not args.cross_entropy_loss_fusion`)."""
+    if not args.get("deterministic_mode"):
+        return
+    for name, why in (("use_flash_attn", "Flash attention can not be used in deterministic mode."),
+                      ("cross_entropy_loss_fusion",
+                       "Cross Entropy Fusion is currently not deterministic.")):  # fmt: skip
+        if args.get(name):
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(f"--deterministic-mode with {flag}: Megatron-LM's validate_args "
+                              f"refuses it ('{why}')")  # fmt: skip

@@ -14,7 +14,7 @@ from typing import Any, Literal, cast, get_args
 
 from inspector.errors import ConfigError
 from inspector.job.attention_backend import flash_attention, scores_cause
-from inspector.job.checks import check_at_least_one, check_count
+from inspector.job.checks import check_at_least_one, check_count, check_deterministic
 from inspector.job.cuda_graphs import check_cuda_graphs, parse_scope, preprocess_syncs
 from inspector.job.dims import ModelDims, num_microbatches
 from inspector.job.dsa import check_dsa_layout
@@ -294,6 +294,7 @@ def make_training(args: Mapping[str, Any]) -> Training:
 
 def _megatron_training_rules(args: Mapping[str, Any], values: dict[str, Any]) -> None:
     """Apply Megatron-LM's validate_args to the training arguments beyond the plain ones."""
+    check_deterministic(args)
     if args.get("recompute_activations"):
         # validate_args: "if args.recompute_activations: args.recompute_granularity = 'selective'"
         values["recompute"] = "selective"
@@ -303,17 +304,13 @@ def _megatron_training_rules(args: Mapping[str, Any], values: dict[str, Any]) ->
     # of layers; without --recompute-granularity neither reads them (nothing is recomputed)
     if values["recompute"] == "selective" and (method is not None or layers is not None):
         flag = "--recompute-method" if method is not None else "--recompute-num-layers"
-        raise ConfigError(
-            f"{flag} needs --recompute-granularity full (megatron-core TransformerConfig: "
-            "\"recompute method is not yet supported for selective recomputing granularity\", "
-            "recompute_num_layers must be None otherwise)"
-        )
+        raise ConfigError(f"{flag} needs --recompute-granularity full (megatron-core TransformerConfig: "
+                          "\"recompute method is not yet supported for selective recomputing "
+                          "granularity\", recompute_num_layers must be None otherwise)")  # fmt: skip
     values["recompute_method"] = method or "uniform"
     values["recompute_num_layers"] = 1 if layers is None else layers
     values["optimizer_precision"] = precision = make_precision(args)
-    if args.get("bf16") and (
-        args.get("grad_reduce_in_bf16") or precision.main_grads_dtype != "fp32"
-    ):
+    if args.get("bf16") and (args.get("grad_reduce_in_bf16") or precision.main_grads_dtype != "fp32"):
         # validate_args: "if args.grad_reduce_in_bf16: args.accumulate_allreduce_grads_in_fp32 =
         # False", and it sets it True only "elif ... args.main_grads_dtype == torch.float32"
         values["fp32_grads"] = False

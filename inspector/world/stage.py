@@ -105,6 +105,7 @@ def stage_world(
         warnings.catch_warnings(),
         _quiet_megatron(),
         contextlib.redirect_stdout(chatter),
+        _deterministic(bool(runtime and runtime.get("deterministic_mode"))),
     ):
         warnings.simplefilter("ignore")
         with _megatron_errors(stage) as net, simulated_rank(layout, rank, vpp) as ps:
@@ -212,6 +213,40 @@ def _symbol(layer: Any) -> str:
     mlp = type(getattr(layer, "mlp", None)).__name__
     core = type(getattr(getattr(layer, "self_attention", None), "core_attention", None)).__name__
     return "E" if mlp == "MoELayer" else "D" if core == "DSAttention" else "*"
+
+
+@contextlib.contextmanager
+def _deterministic(on: bool) -> Iterator[None]:
+    """Run the block as a Megatron-LM process with --deterministic-mode runs.
+
+    Megatron-LM's validate_args calls `torch.use_deterministic_algorithms(True)`, and megatron-core
+    branches on it: MoE routing builds its maps by `index_put_` and unpermutation adds tokens back
+    by `index_add_` (whose autograd keeps its source for the backward) where it would `scatter`
+    (transformer/moe/moe_utils.py `topk_routing_with_score_function`, `unpermute`). Its
+    TEDotProductAttention refuses to build unless NVTE_ALLOW_NONDETERMINISTIC_ALGO is 0, the
+    environment such a job runs in (extensions/transformer_engine.py). Both are restored after.
+    """
+    if not on:
+        yield
+        return
+    import torch
+
+    enabled, warn = (torch.are_deterministic_algorithms_enabled(),
+                     torch.is_deterministic_algorithms_warn_only_enabled())  # fmt: skip
+    saved = os.environ.get(_NONDETERMINISTIC)
+    torch.use_deterministic_algorithms(True)
+    os.environ[_NONDETERMINISTIC] = "0"
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(enabled, warn_only=warn)
+        if saved is None:
+            os.environ.pop(_NONDETERMINISTIC, None)
+        else:
+            os.environ[_NONDETERMINISTIC] = saved
+
+
+_NONDETERMINISTIC = "NVTE_ALLOW_NONDETERMINISTIC_ALGO"
 
 
 def _fresh_attention_env() -> None:

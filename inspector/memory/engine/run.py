@@ -242,13 +242,25 @@ def outside_allocator(job: Job, shapes: Sequence[ChunkShape]) -> tuple[tuple[str
 
 
 def te_workspaces(job: Job) -> int:
-    """Return the bytes of Transformer Engine's cuBLAS workspaces the job's GEMMs make."""
+    """Return the bytes of Transformer Engine's cuBLAS workspaces the job's GEMMs make.
+
+    Besides TE's own modules, megatron's MoE router runs its GEMMs through TE where megatron-core
+    has a `te_general_gemm` (moe/moe_utils.py `RouterGatingLinearFunction`, with any layer spec;
+    TE's `general_gemm` takes the same workspace as TE's linears): a local-spec MoE job makes one.
+    """
     model = job.model
     if model.transformer_impl != "transformer_engine":
-        return 0
+        return TE_WORKSPACE_SM90 if model.num_experts and _router_runs_te_gemm() else 0
     grouped = bool(model.num_experts) and model.moe_grouped_gemm  # TEGroupedMLP's GroupedLinear
     ub = TE_UB_STREAMS if job.training.tp_comm_overlap else 0
     return TE_WORKSPACE_SM90 * (1 + (TE_GROUPED_STREAMS if grouped else 0) + ub)
+
+
+def _router_runs_te_gemm() -> bool:
+    """Return whether megatron's router GEMM is TE's here (megatron-core and the TE stand-in)."""
+    from megatron.core.transformer.moe import moe_utils
+
+    return getattr(moe_utils, "te_general_gemm", None) is not None
 
 
 def _persistent(traces: Sequence[Trace]) -> tuple[tuple[str, int], ...]:

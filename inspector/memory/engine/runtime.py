@@ -39,6 +39,7 @@ def runtime_config(job: Job) -> dict[str, Any]:
         gradient_accumulation_fusion=te and on["gradient_accumulation_fusion"],
         deallocate_pipeline_outputs=True,
         cross_entropy_loss_fusion=training.cross_entropy_loss_fusion,
+        deterministic_mode=training.deterministic_mode,  # world/stage.py: torch's algorithms too
     )
     if training.defer_embedding_wgrad:
         fields.update(defer_embedding_wgrad_compute=True,

@@ -5,8 +5,10 @@ would change what it builds or runs, including TE's fused RoPE (`pytorch.attenti
 megatron calls with --apply-rope-fusion, Megatron-LM's default). What is left out raises
 ImportError (ModuleNotFoundError for a missing submodule), so megatron takes its own fallback
 exactly as with a TE lacking it: permutation and cross-entropy kernels, TE's
-optimizers, cpp_extensions, the fused-op API (`pytorch.ops`, only with --use-te-op-fuser / TE
-activation ops).
+optimizers, cpp_extensions but `general_gemm` (megatron's `te_general_gemm`, the MoE router's
+GEMM where megatron-core takes TE's own workspace: 0.19; 0.13-0.16 also import TE's older
+`module.base.get_workspace`, which TE 2.11 no longer has, and use torch's), the fused-op API
+(`pytorch.ops`, only with --use-te-op-fuser / TE activation ops).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from inspector.world.te import (
     norm,
     state,
 )
-from inspector.world.te.kernels import fp8_functions, thd
+from inspector.world.te.kernels import fp8_functions, functions, thd
 
 _RECIPES = (
     "Format",
@@ -88,6 +90,7 @@ _LAYOUT: dict[str, tuple[bool, dict[str, Any]]] = {
             "get_dummy_wgrad": state.get_dummy_wgrad,
         },
     ),
+    ".pytorch.cpp_extensions": (True, {"general_gemm": functions.general_gemm}),
     ".pytorch.tensor": (True, {"QuantizedTensor": state.QuantizedTensor}),
     ".pytorch.tensor.float8_tensor": (False, {"Float8Tensor": float8_tensor.Float8Tensor}),
     ".pytorch.tensor.mxfp8_tensor": (False, {"MXFP8Tensor": mxfp8_tensor.MXFP8Tensor}),

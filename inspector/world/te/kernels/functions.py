@@ -306,3 +306,23 @@ def _grouped_wgrad(weight: torch.Tensor, fuse: bool, like: torch.Tensor) -> Any:
         weight.grad_added_to_main_grad = True
         return get_dummy_wgrad(list(main_grad.shape), weight.dtype)
     return None
+
+
+def general_gemm(
+    A: torch.Tensor, B: torch.Tensor, out_dtype: torch.dtype | None = None, *args: Any,
+    layout: str = "TN", out: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+    grad: bool = False, **kwargs: Any,
+) -> tuple[Any, ...]:
+    """TE cpp_extensions/gemm.py `general_gemm` on 16-bit operands: D = op(B) op(A) in
+    `out_dtype` (default A's), written into `out` when given; returns (D, bias gradient, gelu
+    input, extra output). cuBLAS reads the operands as they are and writes only D, in a workspace
+    that is TE's own (`get_cublas_workspace`, kept for the process: memory/engine/run.py counts
+    it). With `grad` and a bias, the bias gradient (B's column sums) in the bias's dtype."""
+    rows = B.shape[-1] if layout[1] == "T" else B.shape[0]
+    cols = A.shape[-1] if layout[0] == "N" else A.shape[0]
+    if out is None:
+        out = torch.empty((rows, cols), dtype=out_dtype or A.dtype, device=B.device)
+    bias_grad = None
+    if grad and bias is not None:
+        bias_grad = torch.empty(B.shape[-1], dtype=bias.dtype, device=B.device)
+    return out, bias_grad, None, None
