@@ -9,6 +9,7 @@ Engine's recipe, and only Transformer Engine's layers compute in fp8.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from inspector.errors import ConfigError
@@ -106,3 +107,32 @@ def fp8_fields(
     if param_gather:
         fields["fp8_param"] = True
     return fields
+
+
+def check_param_gather(args: Mapping[str, Any]) -> None:
+    """Reject --fp8-param-gather (--fp4-param-gather) where Megatron-LM does (validate_args,
+    megatron-core's TransformerConfig), and under Megatron-FSDP and FSDP2, which this tool does not
+    model with it (a launch script's FSDP2 has it turned off already, as validate_args does)."""
+    for low in ("fp8", "fp4"):
+        if not args.get(f"{low}_param_gather"):
+            continue
+        flag = f"--{low}-param-gather"
+        if not args.get(f"{low}_format"):
+            raise ConfigError(f"{flag} needs --{low}-format (megatron-core's TransformerConfig: "
+                              f"'{low}_param must be used together with {low} mode.')")  # fmt: skip
+        if args.get("use_megatron_fsdp") or args.get("use_torch_fsdp2"):
+            fsdp = "--use-megatron-fsdp" if args.get("use_megatron_fsdp") else "--use-torch-fsdp2"
+            raise ConfigError(
+                f"{flag} with {fsdp} is not modelled: FSDP keeps {low} weights in its "
+                "own sharded buffers (Megatron-LM turns it off under FSDP2 with Transformer Engine "
+                "2.0 or later); it is modelled with --use-distributed-optimizer"
+            )
+        if not args.get("use_distributed_optimizer"):
+            raise ConfigError(
+                f"{flag} needs --use-distributed-optimizer (Megatron-LM's validate_args: "
+                f"'{flag} only supported with distributed optimizer, torch fsdp2, "
+                "megatron fsdp, or inference mode')" if low == "fp8" else
+                f"{flag} without --use-distributed-optimizer is not modelled (megatron-core's "
+                "DDP points NVFP4 weights into its param buffer only under the distributed "
+                "optimizer)"
+            )

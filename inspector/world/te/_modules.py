@@ -25,6 +25,7 @@ from inspector.world.te import (
     linear,
     mxfp8_tensor,
     norm,
+    nvfp4_tensor,
     state,
 )
 from inspector.world.te.kernels import fp8_functions, thd
@@ -90,12 +91,16 @@ _LAYOUT: dict[str, tuple[bool, dict[str, Any]]] = {
     ".pytorch.tensor": (True, {"QuantizedTensor": state.QuantizedTensor}),
     ".pytorch.tensor.float8_tensor": (False, {"Float8Tensor": float8_tensor.Float8Tensor}),
     ".pytorch.tensor.mxfp8_tensor": (False, {"MXFP8Tensor": mxfp8_tensor.MXFP8Tensor}),
+    ".pytorch.tensor.nvfp4_tensor": (False, {"NVFP4Tensor": nvfp4_tensor.NVFP4Tensor}),
     ".pytorch.tensor.utils": (
         False,
         {
             "replace_raw_data": float8_tensor.replace_raw_data,
             "cast_master_weights_to_fp8": float8_tensor.cast_master_weights_to_fp8,
             "post_all_gather_processing": float8_tensor.post_all_gather_processing,
+            # TE 2.14 (tensor/utils.py 74): what megatron-core 0.17+ casts NVFP4 weights with
+            **({"quantize_master_weights": nvfp4_tensor.quantize_master_weights}
+               if float8_tensor.nvfp4_helpers() else {}),  # fmt: skip
         },
     ),
     ".pytorch.attention": (True, {"DotProductAttention": attention.DotProductAttention}),
