@@ -109,13 +109,14 @@ def test_fp4_needs_transformer_engine(cli):
                           "only Transformer Engine's layers compute in fp4\n")  # fmt: skip
 
 
+@pytest.mark.skipif(megatron_version() >= (0, 18), reason="modelled on 0.18+ (test_fp4_params.py)")
 def test_fp4_parameters_are_refused_by_name_with_megatrons_reason(cli, tmp_path):
     path = tmp_path / "train.sh"
     path.write_text(f"torchrun pretrain_gpt.py {' '.join(SMALL)} --fp4-format e2m1 "
                     "--fp4-param-gather\n")  # fmt: skip
     result = cli("memory", "--from-script", str(path))
     assert result.code == 2
-    assert "--fp4-param-gather is not modelled: megatron-core 0.16's DDP" in result.err
+    assert "--fp4-param-gather is not modelled: megatron-core 0.13-0.16's DDP" in result.err
     assert "replace_raw_data" in result.err
 
 

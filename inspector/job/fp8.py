@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from inspector.errors import ConfigError
+from inspector.inputs.unmodelled import refusal_message
 from inspector.job.checks import check_at_least_one, check_at_most
 
 FP8_FORMATS = ("e4m3", "hybrid")
@@ -117,6 +118,9 @@ def check_param_gather(args: Mapping[str, Any]) -> None:
         if not args.get(f"{low}_param_gather"):
             continue
         flag = f"--{low}-param-gather"
+        refused = refusal_message(flag, None)  # --fp4-param-gather before megatron-core 0.18
+        if refused is not None:
+            raise ConfigError(refused)
         if not args.get(f"{low}_format"):
             raise ConfigError(f"{flag} needs --{low}-format (megatron-core's TransformerConfig: "
                               f"'{low}_param must be used together with {low} mode.')")  # fmt: skip

@@ -95,12 +95,12 @@ _LAYOUT: dict[str, tuple[bool, dict[str, Any]]] = {
     ".pytorch.tensor.utils": (
         False,
         {
-            "replace_raw_data": float8_tensor.replace_raw_data,
+            "replace_raw_data": nvfp4_tensor.replace_raw_data,
             "cast_master_weights_to_fp8": float8_tensor.cast_master_weights_to_fp8,
-            "post_all_gather_processing": float8_tensor.post_all_gather_processing,
+            "post_all_gather_processing": nvfp4_tensor.post_all_gather_processing,
             # TE 2.14 (tensor/utils.py 74): what megatron-core 0.17+ casts NVFP4 weights with
             **({"quantize_master_weights": nvfp4_tensor.quantize_master_weights}
-               if float8_tensor.nvfp4_helpers() else {}),  # fmt: skip
+               if nvfp4_tensor.helpers() else {}),  # fmt: skip
         },
     ),
     ".pytorch.attention": (True, {"DotProductAttention": attention.DotProductAttention}),

@@ -147,22 +147,8 @@ def _clear_init_val(self: Any) -> None:
     self._high_precision_init_val = None
 
 
-def nvfp4_helpers() -> bool:
-    """Return whether the TE release mirrored has its NVFP4 parameter helpers (2.14+:
-    `quantize_master_weights`, `replace_raw_data` of an NVFP4Tensor; te/__init__.py VERSION)."""
-    from inspector.world.te import VERSION
-
-    return tuple(int(p) for p in VERSION.split(".")[:2]) >= (2, 14)
-
-
 def replace_raw_data(tensor: Any, new_raw_data: torch.Tensor) -> None:
-    """utils.py 25-50: point a Float8Tensor's `_data` at `new_raw_data` (after copying); from
-    TE 2.14 (58-66) an NVFP4Tensor's packed row-wise data (nvfp4_tensor.py)."""
-    from inspector.world.te import nvfp4_tensor
-
-    if isinstance(tensor, nvfp4_tensor.NVFP4Tensor) and nvfp4_helpers():
-        nvfp4_tensor.replace_rowwise_data(tensor, new_raw_data)
-        return
+    """utils.py 25-50: point a Float8Tensor's `_data` at `new_raw_data` (after copying)."""
     if not isinstance(tensor, Float8Tensor):
         raise ValueError(f"replace_raw_data for {type(tensor)} is not supported yet")
     if tensor._data.dtype != new_raw_data.dtype:
@@ -207,19 +193,12 @@ def cast_master_weights_to_fp8(
 
 
 def post_all_gather_processing(model_weights: Any) -> None:
-    """utils.py 602-624: after the all-gather, remake each Float8Tensor's transpose (Hopper);
-    from TE 2.14 (981-1016) each NVFP4Tensor's column-wise copy, batched."""
-    from inspector.world.te import nvfp4_tensor
-
+    """utils.py 602-624: after the all-gather, remake each Float8Tensor's transpose (Hopper)."""
     weights = model_weights if isinstance(model_weights, list) else [model_weights]
-    nvfp4 = []
     for weight in weights:
         if isinstance(weight, Float8Tensor):
             weight._create_transpose()
         elif getattr(weight, "_get_quantizer", lambda: None)() == "mxfp8":
             pass  # 627-629: "MXFP8 scaling: no need to do anything."
-        elif isinstance(weight, nvfp4_tensor.NVFP4Tensor) and nvfp4_helpers():
-            nvfp4.append(weight)
         elif isinstance(weight, QuantizedTensor):
             raise ValueError(f"post_processing for {type(weight)} is not supported")
-    nvfp4_tensor.make_columnwise(nvfp4)

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from inspector.world.te import float8_tensor
 from inspector.world.te.float8_tensor import keep_init_val
 from inspector.world.te.kernels.quantize import NV_BLOCK, Quantized, quantize
 from inspector.world.te.state import QuantizedTensor
@@ -113,9 +114,20 @@ def quantize_weight(param: torch.Tensor, preserve: bool) -> NVFP4Tensor:
     return tensor
 
 
-def replace_rowwise_data(tensor: NVFP4Tensor, new_raw_data: torch.Tensor) -> None:
-    """tensor/utils.py `replace_raw_data` (v2.14, 27-72), its NVFP4Tensor branch: copy the packed
-    row-wise bytes into `new_raw_data` and keep that instead."""
+def helpers() -> bool:
+    """Return whether the TE release mirrored has its NVFP4 parameter helpers (2.14+:
+    `quantize_master_weights`, `replace_raw_data` of an NVFP4Tensor; te/__init__.py VERSION)."""
+    from inspector.world.te import VERSION
+
+    return tuple(int(p) for p in VERSION.split(".")[:2]) >= (2, 14)
+
+
+def replace_raw_data(tensor: Any, new_raw_data: torch.Tensor) -> None:
+    """tensor/utils.py `replace_raw_data`: float8_tensor.py's, and from TE 2.14 (27-72) its
+    NVFP4Tensor branch (58-66): copy the packed row-wise bytes into `new_raw_data`, keep that."""
+    if not (isinstance(tensor, NVFP4Tensor) and helpers()):
+        float8_tensor.replace_raw_data(tensor, new_raw_data)
+        return
     old = tensor._rowwise_data
     if old is None or old.dtype != new_raw_data.dtype:
         raise ValueError("The data types of raw data don't match")
@@ -160,6 +172,15 @@ def quantize_master_weights(
             fragment = weight._rowwise_data.view(-1)[start // 2 : (start + master.numel() + 1) // 2]
             fragment.copy_(next(sources)[: fragment.numel()])  # nvfp4_multi_tensor_2d_partial_cast
     del converted, work
+
+
+def post_all_gather_processing(model_weights: Any) -> None:
+    """tensor/utils.py `post_all_gather_processing`: float8_tensor.py's for fp8 weights, and
+    from TE 2.14 (981-1016) every NVFP4Tensor's column-wise copy remade, batched."""
+    weights = model_weights if isinstance(model_weights, list) else [model_weights]
+    nvfp4 = [w for w in weights if isinstance(w, NVFP4Tensor) and helpers()]
+    float8_tensor.post_all_gather_processing([w for w in weights if not any(w is n for n in nvfp4)])
+    make_columnwise(nvfp4)
 
 
 def make_columnwise(weights: list[NVFP4Tensor]) -> None:
