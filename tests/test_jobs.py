@@ -267,7 +267,7 @@ def test_functional_test_config_lists_every_refusal(cli, tmp_path):
     result = cli("memory", "--config", str(path))
     fp4 = refusal_message("--fp4-param-gather", None)  # None from megatron-core 0.18 (modelled)
     assert result.err.startswith(f"Error: {path}: {fp4 or '--checkpoint-activations'}")
-    assert result.err.endswith("; --checkpoint-activations is refused by Megatron-LM: "
+    assert result.err.endswith("--checkpoint-activations is refused by Megatron-LM: "
                                "validate_args: '--checkpoint-activations is no longer valid, use "
                                "--recompute-activations, or, for more control, "
                                "--recompute-granularity and --recompute-method'\n")  # fmt: skip
