@@ -180,3 +180,25 @@ def _gathered(cli, folder, *flags) -> int:
             if line.startswith("grad_gather"):
                 return int(line.split()[-2])
     raise AssertionError("no grad_gather record")
+
+
+@NEEDS_FP4_PARAMS
+def test_plan_composes_the_packed_param_buffer_as_memory_measures_it(cli):
+    """plan's composed buffers (memory/compose/ddp_buffers.py `place`, with its packed NVFP4
+    cursor) against megatron's own DDP, bucketed (--overlap-grad-reduce) at dp 2."""
+    import shlex
+
+    model = ["--model", "llama3-8b", "--num-layers", "4", "--seq-length", "1024", "--bf16",
+             "--global-batch-size", "8", "--fp4-format", "e2m1", "--fp4-param-gather"]  # fmt: skip
+    result = cli("plan", "--format", "json", "--gpus", "2", "--tp", "1", "--cp", "1", *model,
+                 "--top", "1", "--gpu", "b200")  # fmt: skip
+    assert result.code == 0, result.err
+    plan = json.loads(result.out)["plans"][0]
+    assert {"--fp4-param-gather", "--use-distributed-optimizer"} <= set(plan["flags"])
+    flags = [word for flag in plan["flags"] for word in shlex.split(flag)]
+    memory = cli("memory", "--format", "json", "--model", "llama3-8b", "--num-layers", "4",
+                 "--seq-length", "1024", *flags, "--dp", str(plan["layout"]["dp"]))  # fmt: skip
+    assert memory.code == 0, memory.err
+    measured = json.loads(memory.out)["stages"]
+    fields = ("weights", "gradients", "optimizer", "total")
+    assert [[s[f] for f in fields] for s in plan["stages"]] == [[s[f] for f in fields] for s in measured]
