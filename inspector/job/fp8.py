@@ -21,10 +21,9 @@ FP8_FORMATS = ("e4m3", "hybrid")
 FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
 DEFAULT_RECIPE = "delayed"  # TransformerConfig.fp8_recipe
 DEFAULT_AMAX_HISTORY_LEN = 1  # TransformerConfig.fp8_amax_history_len
-# --fp8-param-gather: the recipes whose weights Transformer Engine keeps as a Float8Tensor
-# (world/te/float8_tensor.py) or an MXFP8Tensor (world/te/mxfp8_tensor.py); blockwise's
-# Float8BlockwiseQTensor (TE float8_blockwise_tensor.py) is not simulated
-PARAM_GATHER_RECIPES = ("delayed", "tensorwise", "mxfp8")
+# --fp8-param-gather: every recipe's weights are simulated, a Float8Tensor
+# (world/te/float8_tensor.py), an MXFP8Tensor (mxfp8_tensor.py) or, with blockwise, a
+# Float8BlockwiseQTensor (blockwise_tensor.py)
 _REUSE = "--reuse-grad-buf-for-mxfp8-param-ag"
 
 
@@ -63,13 +62,6 @@ def validate_fp8(
             f"--fp8-format {fp8_format} needs --transformer-impl transformer_engine: only "
             "Transformer Engine's layers compute in fp8 (megatron-core's local layers ignore it "
             "and would train in 16 bits)"
-        )
-    if param_gather and recipe not in PARAM_GATHER_RECIPES:
-        raise ConfigError(
-            f"--fp8-param-gather with --fp8-recipe {recipe} is not modelled: Transformer Engine "
-            "then keeps its weights as Float8BlockwiseQTensor (float8_blockwise_tensor.py), "
-            "which this tool does not simulate; fp8 parameters are modelled with --fp8-recipe "
-            f"{', '.join(PARAM_GATHER_RECIPES)}"
         )
 
 

@@ -20,6 +20,7 @@ from inspector.world.te import (
     VERSION,
     _base,
     attention,
+    blockwise_tensor,
     float8_tensor,
     grouped_linear,
     linear,
@@ -27,6 +28,7 @@ from inspector.world.te import (
     norm,
     nvfp4_tensor,
     state,
+    tensor_utils,
 )
 from inspector.world.te.kernels import fp8_functions, thd
 
@@ -92,17 +94,9 @@ _LAYOUT: dict[str, tuple[bool, dict[str, Any]]] = {
     ".pytorch.tensor.float8_tensor": (False, {"Float8Tensor": float8_tensor.Float8Tensor}),
     ".pytorch.tensor.mxfp8_tensor": (False, {"MXFP8Tensor": mxfp8_tensor.MXFP8Tensor}),
     ".pytorch.tensor.nvfp4_tensor": (False, {"NVFP4Tensor": nvfp4_tensor.NVFP4Tensor}),
-    ".pytorch.tensor.utils": (
-        False,
-        {
-            "replace_raw_data": nvfp4_tensor.replace_raw_data,
-            "cast_master_weights_to_fp8": float8_tensor.cast_master_weights_to_fp8,
-            "post_all_gather_processing": nvfp4_tensor.post_all_gather_processing,
-            # TE 2.14 (tensor/utils.py 74): what megatron-core 0.17+ casts NVFP4 weights with
-            **({"quantize_master_weights": nvfp4_tensor.quantize_master_weights}
-               if nvfp4_tensor.helpers() else {}),  # fmt: skip
-        },
-    ),
+    ".pytorch.tensor.float8_blockwise_tensor": (
+        False, {"Float8BlockwiseQTensor": blockwise_tensor.Float8BlockwiseQTensor}),
+    ".pytorch.tensor.utils": (False, tensor_utils.UTILS),
     ".pytorch.attention": (True, {"DotProductAttention": attention.DotProductAttention}),
     ".pytorch.attention.rope": (
         False,

@@ -29,7 +29,6 @@ from typing import Any
 
 import torch
 
-from inspector.world.te import float8_tensor
 from inspector.world.te.float8_tensor import keep_init_val
 from inspector.world.te.kernels.quantize import NV_BLOCK, Quantized, quantize
 from inspector.world.te.state import QuantizedTensor
@@ -122,19 +121,6 @@ def helpers() -> bool:
     return tuple(int(p) for p in VERSION.split(".")[:2]) >= (2, 14)
 
 
-def replace_raw_data(tensor: Any, new_raw_data: torch.Tensor) -> None:
-    """tensor/utils.py `replace_raw_data`: float8_tensor.py's, and from TE 2.14 (27-72) its
-    NVFP4Tensor branch (58-66): copy the packed row-wise bytes into `new_raw_data`, keep that."""
-    if not (isinstance(tensor, NVFP4Tensor) and helpers()):
-        float8_tensor.replace_raw_data(tensor, new_raw_data)
-        return
-    old = tensor._rowwise_data
-    if old is None or old.dtype != new_raw_data.dtype:
-        raise ValueError("The data types of raw data don't match")
-    new_raw_data.detach().copy_(old)
-    tensor._rowwise_data = new_raw_data
-
-
 def quantize_master_weights(
     model_weights: list[Any], master_weights: list[Any], start_offsets: list[Any], group: Any,
     fsdp_shard_model_weights: Any = None, manual_post_all_gather_processing: bool = False,
@@ -172,15 +158,6 @@ def quantize_master_weights(
             fragment = weight._rowwise_data.view(-1)[start // 2 : (start + master.numel() + 1) // 2]
             fragment.copy_(next(sources)[: fragment.numel()])  # nvfp4_multi_tensor_2d_partial_cast
     del converted, work
-
-
-def post_all_gather_processing(model_weights: Any) -> None:
-    """tensor/utils.py `post_all_gather_processing`: float8_tensor.py's for fp8 weights, and
-    from TE 2.14 (981-1016) every NVFP4Tensor's column-wise copy remade, batched."""
-    weights = model_weights if isinstance(model_weights, list) else [model_weights]
-    nvfp4 = [w for w in weights if isinstance(w, NVFP4Tensor) and helpers()]
-    float8_tensor.post_all_gather_processing([w for w in weights if not any(w is n for n in nvfp4)])
-    make_columnwise(nvfp4)
 
 
 def make_columnwise(weights: list[NVFP4Tensor]) -> None:
