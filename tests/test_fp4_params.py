@@ -16,18 +16,23 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import sys
+from pathlib import Path
 
 import pytest
 
 from inspector.inputs.versions import FP4_PARAM_RELEASES, within
 from inspector.job.versions import FP4_SINCE, megatron_version
 
+sys.path.insert(0, str(Path(__file__).parent))
+from test_nvfp4 import SMALL as NVFP4_SMALL  # noqa: E402
+from test_nvfp4 import plan_and_memory  # noqa: E402
+
 MODELLED = within(FP4_PARAM_RELEASES, megatron_version())
 NEEDS_FP4_PARAMS = pytest.mark.skipif(not MODELLED, reason="megatron-core 0.18+ runs fp4 parameters")
-SMALL = ("--num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 256 --vocab-size "
-         "1000 --bf16 --swiglu --normalization RMSNorm --disable-bias-linear "
-         "--position-embedding-type rope --transformer-impl transformer_engine "
-         "--use-distributed-optimizer --dp 2 --fp4-format e2m1").split()  # fmt: skip
+# test_nvfp4.py's 4-layer model (h 256, SwiGLU, dp 2, distributed optimizer) in NVFP4
+SMALL = [*NVFP4_SMALL, "--fp4-format", "e2m1"]
+MODEL_ONLY = [a for i, a in enumerate(SMALL) if "--micro-batch-size" not in SMALL[i - 1 : i + 1]]
 H, F = 256, 640  # hidden; SwiGLU ffn
 LAYER_WEIGHTS = [(3 * H, H), (H, H), (2 * F, H), (H, F)]  # qkv, proj, fc1, fc2 (out, in)
 BLOCK = 512  # the caching allocator's smallest block: each of TE's tensors is rounded to it
@@ -122,7 +127,7 @@ def test_nvfp4_weights_are_gathered_packed_and_the_optimizer_keeps_fp32_main_par
 @NEEDS_FP4_PARAMS
 def test_params_counts_each_nvfp4_weight_as_te_stores_it(cli):
     """The table's bytes: all six of TE's tensors, unrounded (records.ParamRecord.stored)."""
-    result = cli("params", *SMALL, "--fp4-param-gather", "--format", "table")
+    result = cli("params", *MODEL_ONLY, "--fp4-param-gather", "--format", "table")
     assert result.code == 0, result.err
     rows = {line.split()[0]: line.split() for line in result.out.splitlines() if line.strip()}
     proj = rows["decoder.layers.0.self_attention.linear_proj.weight"]
@@ -165,14 +170,14 @@ def test_what_is_not_modelled_with_it_is_refused(cli, flags, message):
 
 
 def _memory(cli, *flags):
-    result = cli("memory", *SMALL, "--micro-batch-size", "1", "--format", "json", *flags)
+    result = cli("memory", *SMALL, "--format", "json", *flags)
     assert result.code == 0, result.err
     return json.loads(result.out)["stages"][0]
 
 
 def _gathered(cli, folder, *flags) -> int:
     """Return the dense parameter all-gather's bytes in the SimAI workload (`grad_gather`)."""
-    result = cli("workload", *SMALL, "--micro-batch-size", "1", "--global-batch-size", "2",
+    result = cli("workload", *SMALL, "--global-batch-size", "2",
                  "--gpu-tflops", "1000", *flags, "-o", str(folder))  # fmt: skip
     assert result.code == 0, result.err
     for path in sorted(folder.iterdir()):
@@ -186,19 +191,7 @@ def _gathered(cli, folder, *flags) -> int:
 def test_plan_composes_the_packed_param_buffer_as_memory_measures_it(cli):
     """plan's composed buffers (memory/compose/ddp_buffers.py `place`, with its packed NVFP4
     cursor) against megatron's own DDP, bucketed (--overlap-grad-reduce) at dp 2."""
-    import shlex
-
-    model = ["--model", "llama3-8b", "--num-layers", "4", "--seq-length", "1024", "--bf16",
-             "--global-batch-size", "8", "--fp4-format", "e2m1", "--fp4-param-gather"]  # fmt: skip
-    result = cli("plan", "--format", "json", "--gpus", "2", "--tp", "1", "--cp", "1", *model,
-                 "--top", "1", "--gpu", "b200")  # fmt: skip
-    assert result.code == 0, result.err
-    plan = json.loads(result.out)["plans"][0]
-    assert {"--fp4-param-gather", "--use-distributed-optimizer"} <= set(plan["flags"])
-    flags = [word for flag in plan["flags"] for word in shlex.split(flag)]
-    memory = cli("memory", "--format", "json", "--model", "llama3-8b", "--num-layers", "4",
-                 "--seq-length", "1024", *flags, "--dp", str(plan["layout"]["dp"]))  # fmt: skip
-    assert memory.code == 0, memory.err
-    measured = json.loads(memory.out)["stages"]
+    plan, measured = plan_and_memory(cli, "--fp4-param-gather")
+    assert "--use-distributed-optimizer" in plan["flags"]
     fields = ("weights", "gradients", "optimizer", "total")
     assert [[s[f] for f in fields] for s in plan["stages"]] == [[s[f] for f in fields] for s in measured]

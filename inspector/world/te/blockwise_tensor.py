@@ -26,29 +26,16 @@ from typing import Any
 
 import torch
 
-from inspector.world.te.float8_tensor import keep_init_val
+from inspector.world.te.float8_tensor import scaled_weight
 from inspector.world.te.kernels.quantize import Quantized, quantize
-from inspector.world.te.state import QuantizedTensor
+from inspector.world.te.state import ScaledWeight
 
 RECIPE = "blockwise"  # state.recipe_name of Float8BlockScaling
 
 
-class Float8BlockwiseQTensor(QuantizedTensor):
+class Float8BlockwiseQTensor(ScaledWeight):
     """A TE Float8BlockwiseQTensor parameter: nominally 16-bit, its bytes in row-wise and
     column-wise uint8 data with fp32 scales per 128 x 128 block."""
-
-    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]  # plain results
-
-    _rowwise_data: torch.Tensor | None
-    _rowwise_scale_inv: torch.Tensor | None
-    _columnwise_data: torch.Tensor | None
-    _columnwise_scale_inv: torch.Tensor | None
-    _high_precision_init_val: torch.Tensor | None
-    _is_param: bool
-
-    def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """Return the values in `dtype` (default the nominal one): a new tensor."""
-        return torch.empty(self.shape, dtype=dtype or self.dtype, device=self.device)
 
     def _get_quantizer(self) -> str:
         return RECIPE
@@ -100,13 +87,7 @@ def quantize_weight(param: torch.Tensor, preserve: bool) -> Float8BlockwiseQTens
     (module/base.py, float8_blockwise_tensor.py `make_empty`), marked a parameter."""
     rows, cols = param.shape
     made = quantize(rows, cols, RECIPE, rowwise=True, columnwise=torch.is_grad_enabled(), weight=True)
-    nominal = torch.empty(param.shape, dtype=param.dtype, device="meta")
-    tensor = torch.Tensor._make_subclass(Float8BlockwiseQTensor, nominal, True)
-    tensor._rowwise_data, tensor._rowwise_scale_inv = made.rowwise
-    tensor._columnwise_data, tensor._columnwise_scale_inv = made.columnwise or (None, None)
-    keep_init_val(tensor, preserve)
-    tensor._is_param = True  # torch.nn.Parameter of a custom tensor: isinstance holds
-    return tensor
+    return scaled_weight(Float8BlockwiseQTensor, param, made, preserve)
 
 
 def cast_master_weights(

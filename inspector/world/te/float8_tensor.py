@@ -126,6 +126,25 @@ def quantize_weight(param: torch.Tensor, recipe: str, preserve: bool) -> Float8T
     return tensor
 
 
+ROWWISE = ("_rowwise_data", "_rowwise_scale_inv")  # a scaled weight's tensors (state.ScaledWeight)
+COLUMNWISE = ("_columnwise_data", "_columnwise_scale_inv")
+
+
+def scaled_weight(cls: type[Any], param: torch.Tensor, made: Any, preserve: bool,
+                  names: tuple[tuple[str, ...], ...] = (ROWWISE, COLUMNWISE)) -> Any:  # fmt: skip
+    """Return a `cls` parameter (a state.ScaledWeight) of `param`'s nominal shape and dtype
+    holding the quantizer's tensors (`made`: kernels/quantize.py Quantized) under `names`, a
+    direction not made None; marked a parameter as torch marks a custom tensor (`_is_param`)."""
+    nominal = torch.empty(param.shape, dtype=param.dtype, device="meta")
+    tensor = torch.Tensor._make_subclass(cls, nominal, True)
+    for attributes, tensors in zip(names, (made.rowwise, made.columnwise), strict=True):
+        for name, value in zip(attributes, tensors or (None,) * len(attributes), strict=True):
+            setattr(tensor, name, value)
+    keep_init_val(tensor, preserve)
+    tensor._is_param = True  # torch.nn.Parameter of a custom tensor: isinstance holds
+    return tensor
+
+
 def keep_init_val(tensor: Any, preserve: bool) -> None:
     """base.py 1283-1310: with `preserve`, keep the 16-bit initial values on the host and
     attach the two methods megatron's DistributedOptimizer calls; else none."""

@@ -29,31 +29,19 @@ from typing import Any
 
 import torch
 
-from inspector.world.te.float8_tensor import keep_init_val
+from inspector.world.te.float8_tensor import scaled_weight
 from inspector.world.te.kernels.quantize import NV_BLOCK, Quantized, quantize
-from inspector.world.te.state import QuantizedTensor
+from inspector.world.te.state import ScaledWeight
 
 RECIPE = "nvfp4"  # state.recipe_name of NVFP4BlockScaling
 
 
-class NVFP4Tensor(QuantizedTensor):
+class NVFP4Tensor(ScaledWeight):
     """A TE NVFP4Tensor parameter: nominally 16-bit, its bytes in packed row-wise and
     column-wise data, E4M3 scales and fp32 amaxes (nvfp4_tensor_storage.py)."""
 
-    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]  # plain results
-
-    _rowwise_data: torch.Tensor | None
-    _rowwise_scale_inv: torch.Tensor | None
     _amax_rowwise: torch.Tensor | None
-    _columnwise_data: torch.Tensor | None
-    _columnwise_scale_inv: torch.Tensor | None
     _amax_columnwise: torch.Tensor | None
-    _high_precision_init_val: torch.Tensor | None
-    _is_param: bool
-
-    def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """Return the values in `dtype` (default the nominal one): a new tensor."""
-        return torch.empty(self.shape, dtype=dtype or self.dtype, device=self.device)
 
     def _get_quantizer(self) -> str:
         return RECIPE
@@ -103,14 +91,7 @@ def quantize_weight(param: torch.Tensor, preserve: bool) -> NVFP4Tensor:
         raise AssertionError(f"Incorrect shape {tuple(param.shape)} for NVFP4. Tensor dims must "
                              f"be divisible by {NV_BLOCK}")  # fmt: skip
     made = quantize(rows, cols, RECIPE, rowwise=True, columnwise=torch.is_grad_enabled())
-    nominal = torch.empty(param.shape, dtype=param.dtype, device="meta")
-    tensor = torch.Tensor._make_subclass(NVFP4Tensor, nominal, True)
-    for names, tensors in ((_ROWWISE, made.rowwise), (_COLUMNWISE, made.columnwise)):
-        for name, value in zip(names, tensors or (None,) * 3, strict=True):
-            setattr(tensor, name, value)
-    keep_init_val(tensor, preserve)
-    tensor._is_param = True  # torch.nn.Parameter of a custom tensor: isinstance holds
-    return tensor
+    return scaled_weight(NVFP4Tensor, param, made, preserve, (_ROWWISE, _COLUMNWISE))
 
 
 def helpers() -> bool:
