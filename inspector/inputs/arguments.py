@@ -94,19 +94,15 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         choices=("delayed", "tensorwise", "blockwise", "mxfp8"),
     ),
     _model("fp8_amax_history_len", int, "Delayed scaling's amax history per module (default 1)."),
-    _model(
-        "fp8_param_gather",
-        bool,
-        "Keep Transformer Engine's weights in fp8 and all-gather them in fp8 (needs "
-        "--use-distributed-optimizer).",
-    ),
+    _model("fp8_param_gather", bool, "Keep Transformer Engine's weights in fp8 and all-gather "
+           "them in fp8 (needs --use-distributed-optimizer)."),  # fmt: skip
     _model("fp8_dot_product_attention", bool, "Attention in fp8 (Transformer Engine's fused "
            "attention, delayed or tensorwise recipes)."),  # fmt: skip
     _model("fp4_format", str, "NVFP4 through Transformer Engine (Blackwell).", choices=("e2m1",)),
     _model("fp4_recipe", str, "FP4 recipe with --fp4-format (default nvfp4).",
            choices=("nvfp4", "custom")),  # fmt: skip
     _model("fp4_param_gather", bool, "Keep Transformer Engine's weights in NVFP4 and all-gather "
-           "them packed (needs --use-distributed-optimizer; megatron-core 0.17+)."),  # fmt: skip
+           "them packed (needs --use-distributed-optimizer; megatron-core 0.18+)."),  # fmt: skip
     _model("first_last_layers_bf16", bool, "Keep the first and last layers in bf16 under "
            "--fp8-format or --fp4-format."),  # fmt: skip
     _model("num_layers_at_start_in_bf16", int, "Layers kept in bf16 at the start (default 1)."),
