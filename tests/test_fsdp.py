@@ -83,14 +83,17 @@ def test_sharded_gradients_need_an_unsharded_bucket_in_flight():
     # optim_grads on, the backward fills an unsharded fp32 bucket before reduce-scattering it;
     # optim reduce-scatters its persistent buffer into a fresh shard (torch.empty_like) up to
     # megatron-core 0.18; 0.19 reduce-scatters it in place (version fact)
+    # (optim_grads' bucket is made in the engine's backward: engine/fsdp_grads.py; below)
     flight = {name: strategy(name)["buffers"].get("fsdp_in_flight", 0) for name in STRATEGIES}
     assert flight["no_shard"] == 0
     if megatron_core_version() >= (0, 19):
         assert flight["optim"] == 0
     else:
         assert P <= flight["optim"] < P + 4 * F  # one fp32 shard of the single bucket: 4 P / dp
-    assert 4 * P <= flight["optim_grads"] < 4 * (P + 4 * F) + P + 4 * F
-    assert flight["optim_grads_params"] > 0
+    zero2 = strategy("optim_grads")
+    assert flight["optim_grads"] == 0 and zero2["activations"]["moment"].startswith("backward")
+    assert 4 * P <= zero2["activations"]["total"]
+    assert flight["optim_grads_params"] > 0  # the gathered parameters
 
 
 def test_zero2_keeps_every_gradient_bucket_of_a_small_model_above_zero1():
@@ -103,10 +106,11 @@ def test_zero2_keeps_every_gradient_bucket_of_a_small_model_above_zero1():
     # buckets, the earlier count, are under P / 2 bytes and put ZeRO-2 below ZeRO-1.)
     extra = ("--overlap-grad-reduce", "--ddp-bucket-size", "20000")
     zero1, zero2 = strategy("optim", 4, *extra), strategy("optim_grads", 4, *extra)
-    flight = zero2["buffers"]["fsdp_in_flight"]
-    assert 4 * P <= flight < 4 * (P + 9 * 4 * F) + 4 * 20000  # nine padded buckets and a shard
+    # the buckets, in the engine's backward now (engine/fsdp_grads.py), with its activations
+    assert zero2["activations"]["moment"].startswith("backward")
+    assert 4 * P <= zero2["activations"]["total"]
     assert zero1["buffers"].get("fsdp_in_flight", 0) < 4 * 20000  # a bucket's shard at a time
-    assert zero2["gradients"] + flight > zero1["gradients"]
+    assert zero2["gradients"] + zero2["activations"]["total"] > zero1["gradients"]
     assert zero2["total"] > zero1["total"]
 
 
@@ -317,3 +321,31 @@ def test_bucket_padding_differs_by_megatron_core_version():
     (bucket,) = chunk.fsdp().buckets
     multiple = math.lcm(3, 128) if version == (0, 13) else 3 * F
     assert bucket.numel == math.ceil(P / multiple) * multiple
+
+
+def test_gradient_buckets_are_made_as_the_backward_reaches_their_parameters():
+    # optim_grads_params: each parameter's post-accumulate-grad hook fetches its unsharded
+    # bucket (megatron_fsdp.py `_grad_acc`); the queue frees nothing before the root's
+    # post-backward `reset` (param_and_grad_buffer.py GradReducePipeline): the buckets grow as
+    # the backward goes from the last parameter to the first and all go at its end, and none
+    # is held in the forward, whose peak sees only the gathered parameters
+    from inspector.job.job import make_job
+    from inspector.memory.engine.fsdp_grads import BUCKETS, gradient_buckets_peak
+    from inspector.memory.engine.run import run_memory
+    from inspector.world.build import build, select_view
+
+    job = make_job(dict(
+        num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=1000,
+        bf16=True, data_parallel_size=4, use_megatron_fsdp=True, use_distributed_optimizer=True,
+        ckpt_format="fsdp_dtensor", data_parallel_sharding_strategy="optim_grads_params",
+        micro_batch_size=1, transformer_impl="local",
+    ))  # fmt: skip
+    (chunk,) = build(job, select_view(job)).chunks
+    (trace,) = run_memory(job, 0).replay.traces
+    made = [e for e in trace.backward if e.where.endswith(BUCKETS)]
+    assert sum(e.bytes for e in made) == gradient_buckets_peak(chunk.fsdp(), True) > 4 * P
+    assert trace.backward[-1].where == f"backward: {BUCKETS} reset"
+    assert trace.backward[-1].bytes == -sum(e.bytes for e in made)
+    assert not any(BUCKETS in e.where for e in trace.forward)
+    order = [e.where.split(":")[0].split(" ")[:2] for e in made]
+    assert order[0] == ["decoder.final_layernorm"] and order[1:3] == [["layer", "1"], ["layer", "0"]]

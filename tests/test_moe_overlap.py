@@ -345,7 +345,7 @@ def test_memory_runs_the_overlaps_forward_with_the_backward_not_after_it():
     # together with the previous micro-batch's backward; holding the older micro-batch whole
     # beneath the forward would count one micro-batch more than megatron keeps
     from inspector.memory.engine.run import run_memory
-    from inspector.memory.engine.schedule import _top
+    from inspector.memory.engine.schedule import top_event as _top
 
     job = _job(overlap_moe_expert_parallel_comm=True, transformer_impl="local")
     run = run_memory(job, 0)

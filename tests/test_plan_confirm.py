@@ -107,15 +107,17 @@ def test_fsdp_plans_print_the_peak_memory_measures() -> None:
 
 
 def test_the_engine_runs_an_fsdp_job_alike_under_every_strategy() -> None:
-    # confirm.measured runs megatron's engine once per layout for every FSDP strategy a search
+    # confirm.measured runs megatron's engine once per layout for the FSDP strategies a search
     # tries (confirm._ENGINE): the strategy's buffers are FSDP's own (`_fsdp_held`), and the
-    # engine must measure the rest the same under each
+    # engine must measure the rest the same under each; the gradient buckets the sharded-gradient
+    # strategies make in the backward (engine/fsdp_grads.py) are the only difference
     from inspector.job.job import make_job
+    from inspector.memory.engine.fsdp_grads import BUCKETS
     from inspector.memory.engine.run import run_job
     from inspector.world.build import build, select_view
 
     runs = []
-    for strategy in ("optim", "optim_grads", "optim_grads_params"):
+    for strategy in ("no_shard", "optim", "optim_grads", "optim_grads_params"):
         job = make_job(dict(
             num_layers=4, hidden_size=256, num_attention_heads=8, seq_length=512,
             max_position_embeddings=512, global_batch_size=8, micro_batch_size=1, bf16=True,
@@ -124,4 +126,15 @@ def test_the_engine_runs_an_fsdp_job_alike_under_every_strategy() -> None:
         ))  # fmt: skip
         runs.append(run_job(job, build(job, select_view(job), expert_ranks=(0,)).stages))
     assert runs[0].not_run is None and len(runs[0].runs) == 2
-    assert runs[0] == runs[1] == runs[2]
+    assert runs[0] == runs[1] != runs[2]
+
+    def without_buckets(run):
+        return [tuple((e.bytes, e.where) for e in trace.backward if BUCKETS not in e.where)
+                for trace in run.replay.traces]  # fmt: skip
+
+    for job_runs in runs[2:]:
+        for stage, run in job_runs.runs.items():
+            plain = runs[0].runs[stage]
+            assert [t.forward for t in run.replay.traces] == [t.forward for t in plain.replay.traces]
+            assert without_buckets(run) == [tuple((e.bytes, e.where) for e in t.backward)
+                                            for t in plain.replay.traces]  # fmt: skip

@@ -31,7 +31,7 @@ def test_llama3_script_matches_the_preset():
     assert parsed.args["bf16"] is True and parsed.args["use_distributed_optimizer"] is True
     # Batch sizes are training arguments `memory` reads; the rest is not modelled.
     assert (parsed.args["micro_batch_size"], parsed.args["global_batch_size"]) == (1, 1024)
-    assert parsed.ignored == ("--rotary-base", "--lr", "--train-iters", "--save", "--load")
+    assert parsed.ignored == ("--rotary-base", "--lr", "--save", "--load")
     # the tokenizer file is not on this machine: the script's --vocab-size stands, with a note
     assert parsed.notes == (
         "HuggingFaceTokenizer /models/llama3/tokenizer.model cannot be read here; --vocab-size "
@@ -146,7 +146,7 @@ def test_from_script_prints_the_same_table_as_flags(cli):
     # the arguments it does not model are listed once, on stderr, with how the vocabulary was found
     path = SCRIPTS / "llama3_8b.sh"
     assert script.err == (
-        f"Ignored from {path}: --rotary-base --lr --train-iters --save --load\n"
+        f"Ignored from {path}: --rotary-base --lr --save --load\n"
         f"Note from {path}: HuggingFaceTokenizer /models/llama3/tokenizer.model cannot be read here; "
         "--vocab-size 128256 from the script is used\n"
     )

@@ -372,6 +372,8 @@ ARGUMENTS: tuple[ArgSpec, ...] = (
         "backward (moe and mamba are not modelled).",
         many=True,
     ),
+    _training("train_iters", int, "Iterations to train; 1: the only iteration is the first, whose "
+              "forward and backward run before the optimizer's first step makes Adam's moments."),
     _training("sft", bool, "Packed sequences (Megatron-LM's SFT dataset): attention and RoPE per "
               "document, in Transformer Engine's thd format (--micro-batch-size 1)."),
     _training("packed_document_length", int, "With --sft: the documents' length in tokens, the rest "

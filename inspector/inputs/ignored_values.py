@@ -82,7 +82,7 @@ INTS = frozenset((
     "--rl-sequence-packing-max-sequences-per-bin --rotary-base --rotary-seq-len-interpolation-factor "
     "--save-interval --save-retain-interval --seed --straggler-ctrlr-port --straggler-minmax-count "
     "--suggested-communication-unit-size --tensorboard-log-interval --tensorboard-queue-size "
-    "--tiktoken-num-special-tokens --train-iters --train-samples --train-sync-interval "
+    "--tiktoken-num-special-tokens --train-samples --train-sync-interval "
     "--wgrad-deferral-limit "
 ).split())
 

@@ -92,6 +92,7 @@ class Training:
     cuda_graph_scope: tuple[str, ...] = ()
     cuda_graph_warmup_steps: int = 3  # megatron-core's TransformerConfig default
     packed_document_length: int | None = None  # --sft: packed sequences (job/packing.py)
+    train_iters: int | None = None  # --train-iters (None: not given); 1 peaks at the first step
 
     def __post_init__(self) -> None:
         """Reject counts below one and unknown recomputation modes."""
@@ -101,6 +102,7 @@ class Training:
         check_at_least_one("--microbatch-group-size-per-virtual-pipeline-stage",
                            self.microbatch_group_size)  # fmt: skip
         check_at_least_one("--moe-deepep-num-sms", self.moe_deepep_num_sms)
+        check_at_least_one("--train-iters", self.train_iters)
         for flag, p in (("--attention-dropout", self.attention_dropout),
                         ("--hidden-dropout", self.hidden_dropout)):  # fmt: skip
             if not 0 <= p < 1:
@@ -255,6 +257,7 @@ TRAINING_ARGS = {
     "tp_comm_overlap": "tp_comm_overlap",
     "cuda_graph_impl": "cuda_graph_impl",
     "cuda_graph_warmup_steps": "cuda_graph_warmup_steps",
+    "train_iters": "train_iters",
     "microbatch_group_size_per_virtual_pipeline_stage": "microbatch_group_size",
 }
 

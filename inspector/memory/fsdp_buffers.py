@@ -29,14 +29,7 @@ from typing import Any
 
 from inspector.job.optimizer_precision import ADAM_MOMENTS, MASTER_COPY
 from inspector.memory.engine.fsdp_grads import gradient_buckets_peak
-
-SHARDED = {  # ParamAndGradBuffer._init_each_parameter_group_buffers: (weights, main, grads)
-    "fsdp2": (True, True, True),
-    "no_shard": (False, False, False),
-    "optim": (False, True, False),
-    "optim_grads": (False, True, True),
-    "optim_grads_params": (True, True, True),
-}
+from inspector.world.fsdp import SHARDED, buckets_each_backward
 
 
 def fsdp_state(
@@ -66,8 +59,12 @@ def fsdp_state(
     return weights, gradients, optimizer
 
 
-def fsdp_in_flight(layouts: Sequence[Any]) -> int:
-    """Return the bytes of gathered parameters and unsharded gradients a rank holds at once."""
+def fsdp_in_flight(layouts: Sequence[Any], gradients: bool = True) -> int:
+    """Return the bytes of gathered parameters and unsharded gradients a rank holds at once.
+
+    `gradients` False leaves out Megatron-FSDP's gradient buckets made in every backward
+    (`buckets_each_backward`): where the engine runs, they are allocated in its backward as the
+    gradients arrive (engine/fsdp_grads.py `with_gradient_buckets`), not beside the forward."""
     most = 0
     for layout in layouts:
         params, _, grads = SHARDED[layout.strategy]
@@ -75,6 +72,8 @@ def fsdp_in_flight(layouts: Sequence[Any]) -> int:
         weights = [sum(b.numel * b.param_itemsize for b in g) for g in groups] if params else []
         if layout.strategy == "fsdp2":
             grad = _pair([sum(b.numel * b.grad_itemsize for b in g) for g in groups])
+        elif not gradients and buckets_each_backward(layout.strategy):
+            grad = 0
         else:
             grad = gradient_buckets_peak(layout, grads)
         most = max(most, _pair(weights) + grad)

@@ -308,7 +308,8 @@ def measure(built: BuiltJob, hardware: Hardware) -> MemoryReport:
             f"--recompute-modules {' '.join(extra)} is measured by the engine only, and it cannot "
             f"run this job yet ({engine.not_run}); the formulas count core_attn alone"
         )
-    stages = tuple(replace(s, run=engine.runs.get(s.stage)) for s in formulas)
+    stages = tuple(_with_run(job, s, engine.runs.get(s.stage), b)
+                   for s, b in zip(formulas, built.stages, strict=True))  # fmt: skip
     return MemoryReport(
         job=job,
         schedule=schedule,
@@ -318,6 +319,18 @@ def measure(built: BuiltJob, hardware: Hardware) -> MemoryReport:
         else iteration_flops(dims, schedule.global_batch_size),
         not_run=engine.not_run,
     )
+
+
+def _with_run(job: Job, memory: StageMemory, run: RunMemory | None,
+              built: BuiltStage) -> StageMemory:  # fmt: skip
+    """Return the stage's memory with megatron's run; Megatron-FSDP's gradient buckets are then
+    in the run's backward (engine/fsdp_grads.py), not among the buffers in flight."""
+    if run is not None and job.training.megatron_fsdp:
+        from inspector.memory.fsdp_buffers import fsdp_in_flight
+
+        gathered = fsdp_in_flight([chunk.fsdp() for chunk in built.chunks], gradients=False)
+        return replace(memory, run=run, fsdp_in_flight=gathered)
+    return replace(memory, run=run)
 
 
 def _stage_memory(

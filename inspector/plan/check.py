@@ -4,8 +4,10 @@ Measured, from the log (inputs/training_log.py): each reporting rank's `max allo
 peak of PyTorch's caching allocator) and `allocated` after its last reported iteration, and the
 median of the logged seconds per iteration after the warm-up. Predicted: the rank's pipeline
 stage as `memory` measures it (megatron's own step on fake tensors: the peak is the stage's
-total, what stays allocated after the step its static bytes, both less what the GPU holds
-outside PyTorch's allocator, which torch.cuda never counts), and the step time of the job as
+total, what stays allocated after the step its static bytes and what the step leaves until the
+next iteration's zero_grad (fp32 copies of 16-bit main grads), both less what the GPU holds
+outside PyTorch's allocator, which torch.cuda never counts, and a captured CUDA graphs' pool:
+RunMemory.torch_reports), and the step time of the job as
 `plan` prices it (price.evaluate, at the layer split megatron makes of the job's flags).
 Nothing here prints.
 """
@@ -77,11 +79,11 @@ def compare_memory(log: TrainingLog, report: MemoryReport) -> tuple[Compared, ..
                 f"({job.layout.world_size}: check the layout flags against the log's job)"
             )
         stage = stages[stage_of[line.rank]]
-        outside = stage.run.outside_bytes if stage.run is not None else 0
-        rows.append(Compared("peak allocated", line.rank, stage.stage, line.max_allocated,
-                             stage.total - outside))  # fmt: skip
+        after, peak = (stage.static, stage.total) if stage.run is None else (
+            stage.run.torch_reports(stage.static))  # fmt: skip
+        rows.append(Compared("peak allocated", line.rank, stage.stage, line.max_allocated, peak))
         rows.append(Compared("allocated after the step", line.rank, stage.stage, line.allocated,
-                             stage.static - outside))  # fmt: skip
+                             after))  # fmt: skip
     return tuple(rows)
 
 

@@ -59,7 +59,12 @@ def measured(plan: Plan) -> Plan:
 
     job = plan.job
     fsdp = job.training.megatron_fsdp or job.training.torch_fsdp2
-    key = (replace(job, training=replace(job.training, sharding_strategy="")), tuple(shapes))
+    # the strategy changes the run only where its gradient buckets are in the backward
+    from inspector.world.fsdp import buckets_each_backward
+
+    strategy = job.training.sharding_strategy
+    strategy = strategy if job.training.megatron_fsdp and buckets_each_backward(strategy) else ""
+    key = (replace(job, training=replace(job.training, sharding_strategy=strategy)), tuple(shapes))
     engine = _ENGINE.get(key) if fsdp else None
     if engine is None:
         stage_shapes = [StageShapes(s.stage, c) for s, c in zip(plan.stages, shapes, strict=True)]
@@ -145,7 +150,8 @@ def _fsdp_held(job: Job, shapes: Sequence[tuple[ChunkShape, ...]]) -> list[int]:
     for stage in built.stages:
         layouts = [chunk.fsdp() for chunk in stage.chunks]
         state = max(sum(fsdp_state(layouts, data, expert)) for data, expert in pairs)
-        held[kinds[stage.stage]] = state + fsdp_in_flight(layouts)
+        # Megatron-FSDP's gradient buckets are in the engine's backward (engine/fsdp_grads.py)
+        held[kinds[stage.stage]] = state + fsdp_in_flight(layouts, not job.training.megatron_fsdp)
     return [held[kind] for kind in kinds]
 
 

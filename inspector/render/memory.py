@@ -175,11 +175,15 @@ def _context(report: MemoryReport) -> list[str]:
     ]
     gathered = max(s.fsdp_in_flight for s in report.stages)
     if t.megatron_fsdp or t.torch_fsdp2:
-        lines.append(
-            f"FSDP: buffers include {_size(report, gathered)} in flight: gathered parameters (two "
-            "neighbouring layers) and the unsharded gradient buckets megatron's reduce-scatter "
-            "queue holds at once."
-        )
+        from inspector.memory.fsdp_buffers import buckets_each_backward
+
+        # with megatron's run, the buckets each backward makes are in it (engine/fsdp_grads.py)
+        in_run = report.not_run is None and t.megatron_fsdp
+        grads = ("; the unsharded gradient buckets are made in the backward, as its gradients "
+                 "arrive" if in_run and buckets_each_backward(t.sharding_strategy) else
+                 " and the unsharded gradient buckets megatron's reduce-scatter queue holds at once")
+        lines.append(f"FSDP: buffers include {_size(report, gathered)} in flight: gathered "
+                     f"parameters (two neighbouring layers){grads}.")  # fmt: skip
     lines.append(_source(report))
     if report.not_run is None and model.num_experts is not None:
         lines.append(_routing(report))

@@ -29,6 +29,20 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+SHARDED = {  # ParamAndGradBuffer._init_each_parameter_group_buffers: (weights, main, grads)
+    "fsdp2": (True, True, True),
+    "no_shard": (False, False, False),
+    "optim": (False, True, False),
+    "optim_grads": (False, True, True),
+    "optim_grads_params": (True, True, True),
+}
+
+
+def buckets_each_backward(strategy: str) -> bool:
+    """Return whether Megatron-FSDP makes its unsharded gradient buckets in every backward and
+    frees them at its end (the main grads sharded: optim_grads, optim_grads_params); under
+    no_shard and optim the buffer is whole and persistent, reduced on the last micro-batch."""
+    return strategy != "fsdp2" and SHARDED[strategy][2]
 
 @dataclass(frozen=True)
 class FsdpBucket:
@@ -94,6 +108,7 @@ class FsdpLayout:
     groups: tuple[tuple[int, ...], ...] = ()  # each bucket's reduce-scatter group (bucket ids)
     backward: tuple[tuple[int, int], ...] = ()  # (bucket, item) as the backward makes gradients
     capacity: int = 0  # MegatronFSDP's suggested_RS_queue_capacity, in elements
+    backward_names: tuple[str, ...] = ()  # the parameters' names, in `backward`'s order
 
 
 def buffer_module() -> Any:
@@ -173,6 +188,7 @@ def fsdp_layout(
     return FsdpLayout(
         strategy, tuple(result), tuple(tuple(bucket_group[i]) for i in range(len(groups))),
         backward, _queue_capacity(module, units, bucket_size),
+        tuple(names[p] for p in reversed(list(module.parameters()))),
     )  # fmt: skip
 
 

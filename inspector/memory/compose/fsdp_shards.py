@@ -4,7 +4,7 @@
 (expert) elements over dp x cp (expert data-parallel) ranks, rounded up, leaving out the padding
 to dp x a bucket's row length, under one row per bucket and rank (`build_data_parallel_buffer_index`);
 `memory`, which confirms each plan shown, counts it (tests/test_fsdp.py bounds the difference).
-Which buffers are sharded is megatron's table (memory/fsdp_buffers.py `SHARDED`). In flight: two
+Which buffers are sharded is megatron's table (world/fsdp.py `SHARDED`). In flight: two
 neighbouring layers' (or the embedding's / output layer's) gathered weights and gradients under
 optim_grads_params (per chunk: a chunk's layers run together); under optim_grads two buckets of
 the plan's bucket size of gradients (Megatron-LM's default with --overlap-grad-reduce, which plans
@@ -20,8 +20,8 @@ from typing import Any
 
 from inspector.job.job import Job
 from inspector.job.optimizer_precision import ADAM_MOMENTS, MASTER_COPY
-from inspector.memory.fsdp_buffers import SHARDED
 from inspector.memory.measure import StateBytes
+from inspector.world.fsdp import SHARDED
 
 
 @dataclass(frozen=True)

@@ -24,15 +24,18 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
-from collections.abc import Iterator
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 from unittest import mock
 
 import torch
 
-from inspector.memory.engine.allocator import Tracker
+from inspector.memory.engine.allocator import Event, Tracker
 from inspector.memory.engine.cuda import cuda_on_meta
+from inspector.memory.engine.microbatch import Trace
 from inspector.world.ddp import META_STREAM
 
 
@@ -43,6 +46,13 @@ def gradient_buckets_peak(layout: Any, sharded: bool) -> int:
         layout: the chunk's FsdpLayout (world/fsdp.py), megatron's buckets and their indices.
         sharded: the strategy shards the main gradients (optim_grads and optim_grads_params).
     """
+    profile = gradient_profile(layout, sharded)
+    return profile[-1] if profile else 0
+
+
+def gradient_profile(layout: Any, sharded: bool) -> tuple[int, ...]:
+    """Return, after each parameter's gradient in the backward's order (`layout.backward`), the
+    most bytes of gradient buckets allocated at once so far (the last: the backward's most)."""
     from megatron.core.distributed import DistributedDataParallelConfig
 
     from inspector.world.fsdp import buffer_module
@@ -63,6 +73,7 @@ def gradient_buckets_peak(layout: Any, sharded: bool) -> int:
             mp_policy=getattr(buffers, "MixedPrecisionPolicy", lambda: None)(),  # 0.19: defaults
         )  # fmt: skip
         pipeline = buffers.GradReducePipeline(stub, rs_stream=None)
+        profile = []
         with Tracker() as tracker:
             for bucket_id, item in layout.backward:
                 group = groups[bucket_id]
@@ -70,8 +81,62 @@ def gradient_buckets_peak(layout: Any, sharded: bool) -> int:
                 pipeline.reduce_gradients(
                     [group.params[item]], suggested_queue_capacity=layout.capacity
                 )
+                profile.append(tracker.peak)
             pipeline.reset()  # the root's post-backward hook
-    return tracker.peak
+    return tuple(profile)
+
+
+BUCKETS = "Megatron-FSDP's unsharded gradient buckets"
+# a backward label's module: a composed layer ("layer 17 mlp.linear_fc1: ..."), a chunk's own
+# ("decoder.layers.3.mlp: ...") or a module outside the layers ("embedding.word_embeddings: ...")
+_MODULE = re.compile(r"^(?:layer (\d+)|decoder\.layers\.(\d+)|([A-Za-z_][\w.]*))[ .:]?")
+
+
+def with_gradient_buckets(trace: Trace, layout: Any, profile: Sequence[int],
+                          layers: Sequence[int]) -> Trace:  # fmt: skip
+    """Return `trace` with Megatron-FSDP's gradient buckets allocated in its backward as the
+    parameters' gradients arrive, and freed at its end (the root's post-backward `reset`).
+
+    A backward step in a module counts every bucket allocated up to that module's last parameter
+    in the backward's order (`profile`, from megatron's own GradReducePipeline); `layers`: the
+    chunk's 0-based global layer numbers, which composed labels use."""
+    last: dict[str, int] = {}
+    for index, name in enumerate(layout.backward_names):
+        parts = name.split(".")
+        for end in range(1, len(parts)):
+            last[".".join(parts[:end])] = index
+    local = {number: k for k, number in enumerate(layers)}
+    events: list[Event] = []
+    held = 0  # the queue frees nothing before the reset (its capacity: at least 1e9 elements)
+    for event in trace.backward:
+        at = _last_parameter(event.where, last, local)
+        if at is not None and profile[at] > held:
+            grow, held = profile[at] - held, profile[at]
+            events.append(Event(grow, event.allocated - event.bytes + held,
+                                f"{event.where}: {BUCKETS}"))  # fmt: skip
+        events.append(Event(event.bytes, event.allocated + held, event.where, event.origin))
+    if held:
+        events.append(Event(-held, events[-1].allocated - held, f"backward: {BUCKETS} reset"))
+    return replace(trace, backward=tuple(events))
+
+
+def _last_parameter(where: str, last: dict[str, int], local: dict[int, int]) -> int | None:
+    """Return the backward index of the last parameter of the module `where` names, if any."""
+    match = _MODULE.match(where)
+    if match is None:
+        return None
+    composed, own, outside = match.groups()
+    if composed is not None:
+        layer = local.get(int(composed))
+        return None if layer is None else last.get(f"decoder.layers.{layer}")
+    if own is not None:
+        return last.get(f"decoder.layers.{own}")
+    module = outside.rstrip(".")
+    while module:
+        if module in last:
+            return last[module]
+        module = module.rpartition(".")[0]
+    return None
 
 
 def _group(buffers: Any, config: Any, bucket_id: int, bucket: Any, sharded: bool) -> Any:
@@ -114,3 +179,21 @@ def _no_streams_or_collectives(buffers: Any) -> Iterator[None]:
         ):
             stack.enter_context(mock.patch.object(owner, name, value))
         yield
+
+
+def fsdp_traces(job: Any, stage: int, shapes: Sequence[Any],
+                traces: Sequence[Trace]) -> tuple[Trace, ...]:  # fmt: skip
+    """Return the chunks' traces with Megatron-FSDP's gradient buckets in their backwards
+    (`with_gradient_buckets`), from the layouts megatron makes of the stage's chunks."""
+    from inspector.world.build import View, build
+    from inspector.world.fsdp import buckets_each_backward
+
+    if not buckets_each_backward(job.training.sharding_strategy):
+        return tuple(traces)
+    built = build(job, View((stage,)), expert_ranks=(0,)).stages[0]
+    out = []
+    for trace, chunk, shape in zip(traces, built.chunks, shapes, strict=True):
+        layout = chunk.fsdp()
+        profile = gradient_profile(layout, True)
+        out.append(with_gradient_buckets(trace, layout, profile, shape.layers))
+    return tuple(out)

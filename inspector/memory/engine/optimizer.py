@@ -65,6 +65,13 @@ class StepRun:
 
     events: tuple[Event, ...]
     state: int  # bytes the first step allocated and kept (Adam's moments)
+    first: tuple[Event, ...] = ()  # the first step's own events (it makes the moments)
+
+    @property
+    def held(self) -> int:
+        """Return the bytes the step leaves allocated (the fp32 main grads `main_grad.float()`
+        makes from a 16-bit grad buffer, until the next `zero_grad`)."""
+        return self.events[-1].allocated if self.events else 0
 
 
 def optimizer_config(job: Job) -> Any:
@@ -112,7 +119,7 @@ def run_step(job: Job, ddps: Sequence[Any], fused: bool) -> StepRun:
         with steady:
             _labelled(optimizer, steady)
             optimizer.step()
-    return StepRun(tuple(steady.events), first.allocated)
+    return StepRun(tuple(steady.events), first.allocated, tuple(first.events))
 
 
 @contextlib.contextmanager

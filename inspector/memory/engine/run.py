@@ -11,7 +11,7 @@ from inspector.job.ep_overlap import extra_warmup
 from inspector.job.job import Job
 from inspector.memory.engine.microbatch import GLOBAL_BUFFER, Trace
 from inspector.memory.engine.optimizer import StepRun, stage_step
-from inspector.memory.engine.schedule import Peak, iteration_peak
+from inspector.memory.engine.schedule import Peak, iteration_peak, top_event
 from inspector.memory.engine.stage import Cache, ChunkShape, trace_chunks
 from inspector.memory.engine.timeline import Replay
 from inspector.world.te.state import DUMMY_WGRAD
@@ -54,6 +54,11 @@ class RunMemory:
     # CUDA graphs: the peak above `static - graph_pool` as torch.cuda.max_memory_allocated sees it
     # (engine/cuda_graphs.py `allocated_peak`); None without graphs (then static + peak)
     allocated_peak: int | None = None
+    # what the steady optimizer step leaves allocated: the fp32 copies of a 16-bit grad buffer's
+    # main grads (optimizer.py `_copy_model_grads_to_main_grads`, `main_grad.float()`), kept until
+    # the next iteration's `optimizer.zero_grad()` sets them to None; Megatron-LM logs
+    # mem-allocated-bytes between the two (training.py `training_log`, after `train_step`)
+    after_step: int = 0
 
     @property
     def outside_bytes(self) -> int:
@@ -77,12 +82,13 @@ class RunMemory:
         return sum(size for where, size in self.persistent if where.startswith(POOL))
 
     def torch_reports(self, static: int) -> tuple[int, int]:
-        """Return what torch.cuda.memory_allocated (after the step) and max_memory_allocated
-        report for a rank holding `static` with this run's peak above it: neither sees what is
-        outside PyTorch's allocator, nor a captured CUDA graphs' pool (reserved, not allocated)."""
+        """Return what torch.cuda.memory_allocated (after the step: what the step leaves
+        allocated included) and max_memory_allocated report for a rank holding `static` with this
+        run's peak above it: neither sees what is outside PyTorch's allocator, nor a captured CUDA
+        graphs' pool (reserved, not allocated)."""
         allocated = static - self.outside_bytes - self.graph_pool
         above = self.peak.bytes if self.allocated_peak is None else self.allocated_peak
-        return allocated, allocated + above
+        return allocated + self.after_step, allocated + above
 
     @property
     def static(self) -> int:
@@ -115,6 +121,10 @@ def run_memory(
 
         shapes = chunk_shapes(build(job, View((stage,)), expert_ranks=(0,)).stages[0])
     traces = trace_chunks(job, stage, shapes, cache, whole)
+    if job.training.megatron_fsdp:  # its gradient buckets, allocated as the backward goes
+        from inspector.memory.engine.fsdp_grads import fsdp_traces
+
+        traces = fsdp_traces(job, stage, shapes, traces)
     steps = {} if steps is None else steps
     key = step_key(job, stage, shapes)
     if key not in steps:
@@ -138,6 +148,10 @@ def run_memory(
         from inspector.memory.engine.full_graph import full_iteration_peak
 
         peak, kept, traces, allocated = full_iteration_peak(job, stage, traces, step.events, extra)
+    elif job.training.train_iters == 1:
+        peak = first_iteration_peak(
+            iteration_peak(traces, stage, job.layout.pp, schedule.num_microbatches, group,
+                           extra=extra), step)  # fmt: skip
     else:
         peak = iteration_peak(traces, stage, job.layout.pp, schedule.num_microbatches, group,
                               step=step.events, extra=extra)  # fmt: skip
@@ -146,7 +160,21 @@ def run_memory(
     replay = Replay(traces, stage, job.layout.pp, schedule.num_microbatches, phases, extra, group)
     outside = outside_allocator(job, shapes)
     return RunMemory(_persistent(traces) + kept, workspaces, peak, step.state, replay, outside,
-                     allocated)
+                     allocated, step.held)
+
+
+def first_iteration_peak(passes: Peak, step: StepRun) -> Peak:
+    """Return the peak above static memory of a run whose only iteration is the first
+    (--train-iters 1): its forwards and backwards (`passes`, their peak above static) run before
+    Adam's moments exist, which the first optimizer step makes (torch's and TE's Adam fill
+    `state` lazily: optimizer.py); the higher of those passes and that step, less the moments."""
+    top = top_event(step.first)
+    first = Peak(top.allocated - step.state, 0, 0,
+                 f"first optimizer step (it makes Adam's moments): {top.where}")  # fmt: skip
+    if first.bytes >= passes.bytes - step.state:
+        return first
+    return Peak(passes.bytes - step.state, passes.held, passes.micro_batches,
+                f"{passes.moment} (before the first optimizer step made Adam's moments)")
 
 
 class _Group:

@@ -57,7 +57,7 @@ def iteration_peak(
     if num_microbatches > max(REPLAYED, 4 * group):
         num_microbatches = 4 * group
     best = Peak(0, 0, 0, "")
-    tops = [(_top(trace.backward), _top(trace.forward)) for trace in traces]  # once per chunk
+    tops = [(top_event(trace.backward), top_event(trace.forward)) for trace in traces]  # once per chunk
     pairs: dict[tuple[int, int], Event] = {}
     for ran in replay_passes(traces, stage, pp, num_microbatches, group_size, extra):
         if ran.paired is None:
@@ -65,12 +65,12 @@ def iteration_peak(
         else:
             key = (ran.chunk, ran.paired[0])
             if key not in pairs:
-                pairs[key] = _top(combined(traces[ran.chunk], traces[ran.paired[0]]))
+                pairs[key] = top_event(combined(traces[ran.chunk], traces[ran.paired[0]]))
             top = pairs[key]
         if ran.held + top.allocated > best.bytes:
             label = pass_label(ran.forward, ran.mb, ran.chunk, chunks, ran.paired)
             best = Peak(ran.held + top.allocated, ran.held, ran.in_flight, f"{label}: {top.where}")
-    top = _top(step)
+    top = top_event(step)
     return Peak(top.allocated, 0, 0, top.where) if top.allocated > best.bytes else best
 
 
@@ -193,7 +193,7 @@ def pass_label(
     return label
 
 
-def _top(events: tuple[Event, ...]) -> Event:
+def top_event(events: tuple[Event, ...]) -> Event:
     """Return the first event at the highest total (an empty pass peaks at 0)."""
     if not events:
         return Event(0, 0, "")
