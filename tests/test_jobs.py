@@ -12,6 +12,7 @@ import pytest
 
 from inspector.errors import InputError
 from inspector.inputs.sources import parse_launch_script
+from inspector.inputs.unmodelled import refusal_message
 from inspector.inputs.versions import null_tokenizer_adds_eod
 
 SMALL = ("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
@@ -133,14 +134,10 @@ def test_every_refused_flag_in_one_message(cli, tmp_path):
                  "--fp8-param-gather "
                  "--fp4-param-gather --torch-fsdp2-no-reshard-after-forward --optimizer-cpu-offload\n")  # fmt: skip
     result = cli("memory", "--from-script", path)
-    fp4 = ("megatron-core 0.16's DDP points each NVFP4 weight into its param buffer, which "
-           "Transformer Engine 2.11 refuses (tensor/utils.py replace_raw_data: 'not supported "
-           "yet'), and megatron-core 0.19 casts them with Transformer Engine's "
-           "quantize_master_weights (2.12+), which this tool does not simulate; --fp4-format "
-           "without it is modelled")  # fmt: skip
+    fp4 = refusal_message("--fp4-param-gather", None)  # None from megatron-core 0.18 (modelled)
     assert result.err == (
-        f"Error: {path} line 1: --fp4-param-gather is not modelled: "
-        f"{fp4}; --torch-fsdp2-no-reshard-after-forward is not modelled: FSDP2 keeping the "
+        f"Error: {path} line 1: {fp4 + '; ' if fp4 else ''}"
+        "--torch-fsdp2-no-reshard-after-forward is not modelled: FSDP2 keeping the "
         "gathered parameters from the forward to the backward (ZeRO-2) is not modelled; "
         "--use-torch-fsdp2 alone (resharding after the forward) is; --optimizer-cpu-offload is not "
         "modelled: optimizer state on the CPU is not modelled\n"
@@ -268,10 +265,9 @@ def test_functional_test_config_lists_every_refusal(cli, tmp_path):
     path.write_text(FUNCTIONAL_TEST.replace("  --bf16: true\n", "  --bf16: true\n  --fp8-format: hybrid\n"
                                             "  --fp4-param-gather: true\n  --checkpoint-activations: true\n"))  # fmt: skip
     result = cli("memory", "--config", str(path))
-    assert result.err.startswith(
-        f"Error: {path}: --fp4-param-gather is not modelled: megatron-core 0.16's DDP "
-    )
-    assert result.err.endswith("; --checkpoint-activations is refused by Megatron-LM: "
+    fp4 = refusal_message("--fp4-param-gather", None)  # None from megatron-core 0.18 (modelled)
+    assert result.err.startswith(f"Error: {path}: {fp4 or '--checkpoint-activations'}")
+    assert result.err.endswith("--checkpoint-activations is refused by Megatron-LM: "
                                "validate_args: '--checkpoint-activations is no longer valid, use "
                                "--recompute-activations, or, for more control, "
                                "--recompute-granularity and --recompute-method'\n")  # fmt: skip

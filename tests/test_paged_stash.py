@@ -93,11 +93,17 @@ def test_only_te_fused_grouped_mlp_opens_the_stash() -> None:
     assert "get_paged_stash_context(" in inspect.getsource(TEGroupedMLP._fused_forward)
     assert "self._with_fused_impl: bool = self.config.use_transformer_engine_op_fuser" in (
         inspect.getsource(TEGroupedMLP.__init__))
-    # and that path needs Transformer Engine 2.14+, newer than the stand-in megatron builds on
-    from inspector.world.te import VERSION
+    # and that path needs Transformer Engine 2.14+'s fused operations, which the stand-in lacks
+    # (it declares 2.14 under megatron-core 0.17+, its ops have no GroupedLinear or ScaledSwiGLU)
+    from inspector.world import te
 
-    assert 'is_te_min_version("2.14.0")' in inspect.getsource(TEGroupedMLP._is_fused_impl_supported)
-    assert tuple(int(part) for part in VERSION.split(".")[:2]) < (2, 14)
+    te.install()
+    import transformer_engine.pytorch.ops as ops
+
+    source = inspect.getsource(TEGroupedMLP._is_fused_impl_supported)
+    assert 'is_te_min_version("2.14.0")' in source
+    assert "import GroupedLinear, ScaledSwiGLU" in source
+    assert not hasattr(ops, "GroupedLinear") and not hasattr(ops, "ScaledSwiGLU")
 
 
 @needs_stash

@@ -99,6 +99,8 @@ MODEL_ARGUMENTS: tuple[ArgSpec, ...] = (
     _model("fp4_format", str, "NVFP4 through Transformer Engine (Blackwell).", choices=("e2m1",)),
     _model("fp4_recipe", str, "FP4 recipe with --fp4-format (default nvfp4).",
            choices=("nvfp4", "custom")),  # fmt: skip
+    _model("fp4_param_gather", bool, "Keep Transformer Engine's weights in NVFP4 and all-gather "
+           "them packed (needs --use-distributed-optimizer; megatron-core 0.18+)."),  # fmt: skip
     _model("first_last_layers_bf16", bool, "Keep the first and last layers in bf16 under "
            "--fp8-format or --fp4-format."),  # fmt: skip
     _model("num_layers_at_start_in_bf16", int, "Layers kept in bf16 at the start (default 1)."),

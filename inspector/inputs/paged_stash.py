@@ -10,7 +10,8 @@ budget, "there is no need to use paged stashing without it"), and that factor wi
 backend requires the op fuser (transformer_config.py __post_init__, core_v0.18.0 and 0.19.2).
 That grouped MLP needs TE 2.14+'s fused operations (`_is_fused_impl_supported`: `is_te_min_version
 ("2.14.0")`, `transformer_engine.pytorch.ops.GroupedLinear`, ScaledSwiGLU); this tool's Transformer
-Engine is 2.11's modules without them (world/te/state.py FusibleOperation), so megatron's own
+Engine has TE's modules without them (world/te/state.py FusibleOperation; it declares 2.14 under
+megatron-core 0.17+, and megatron's check then fails on the missing ops), so megatron's own
 build would stop ("Fused GroupedMLP is not supported"), and the stash is refused by name with that
 reason. With no marked tensor megatron's stash would allocate no page at all. The sizes it would
 allocate for one recipe are in bench/RESULTS.md (section `stash`).
@@ -21,7 +22,7 @@ from __future__ import annotations
 _OP_FUSER = (
     "the experts' fused grouped MLP it runs (TEGroupedMLP._fused_forward) needs Transformer "
     "Engine 2.14+'s fused operations (experts.py _is_fused_impl_supported), which this tool does "
-    "not simulate (its Transformer Engine is 2.11's modules)"
+    "not simulate (its Transformer Engine has TE's modules, not those fused operations)"
 )
 _PAGED_STASH = (
     "megatron-core 0.18+'s MoE paged stash (transformer/moe/paged_stash.py) pages only the expert "

@@ -47,7 +47,10 @@ def refused_argument(flag: str, value: str | None, where: str) -> Refused | None
 
 
 def refused_value(flag: str, value: str | None, where: str) -> Refused | None:
-    """Return why a modelled argument's value is refused (unmodelled.REFUSED_VALUES), or None."""
+    """Return why a modelled argument's value is refused (unmodelled.REFUSED_VALUES), or None;
+    a flag modelled on some megatron-core releases only is refused by name on the others."""
+    if flag in REFUSED and str(value).lower() != "false":
+        return refused_argument(flag, None, where)
     refusal = REFUSED_VALUES.get(flag, {}).get(value or "")
     if refusal is None:
         return None

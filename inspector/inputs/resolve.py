@@ -135,7 +135,9 @@ def _check_flag_values(flags: dict[str, Any], groups: tuple[str, ...], accepted:
     script's would be (refusals.refused_value)."""
     for name, value in flags.items():
         spec = BY_NAME.get(name)
-        refusal = None if spec is None else refused_value(spec.flag, str(value), "")
+        if spec is None or value is None or value is False:  # a flag not given refuses nothing
+            continue
+        refusal = refused_value(spec.flag, str(value), "")
         if refusal is None or (refusal.group != ALL_GROUPS and refusal.group not in groups):
             continue
         if refusal.argument not in accepted:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from inspector.inputs import versions
 from inspector.inputs.paged_stash import PAGED_STASH_REFUSED
 from inspector.inputs.versions import LAYER_WISE_RELEASES, MUON_RELEASES, megatron_core_version
 
@@ -27,20 +28,19 @@ class Refusal:
     modelled: tuple[tuple[tuple[int, int], tuple[int, int]], ...] | None = None
 
 
-# megatron-core 0.16.1's DDP points each quantized weight into its param buffer through TE's
-# replace_raw_data, which TE 2.11 (the newest 0.16.1 accepts) refuses for an NVFP4Tensor
-# (tensor/utils.py 50-51); megatron-core 0.19 gathers packed NVFP4 bytes and casts the main
-# shards with TE's `quantize_master_weights`, which TE 2.11 does not have
+# megatron-core 0.16.1's DDP points each quantized weight at a one-byte-an-element uint8 view
+# through TE's replace_raw_data, which TE 2.11 refuses for an NVFP4Tensor (tensor/utils.py 50-51;
+# TE 2.14's NVFP4 branch copies packed [M, K/2] bytes, no fit for an [M, K] view either)
 _FP4_PARAMS = (
-    "megatron-core 0.16's DDP points each NVFP4 weight into its param buffer, which Transformer "
-    "Engine 2.11 refuses (tensor/utils.py replace_raw_data: 'not supported yet'), and "
-    "megatron-core 0.19 casts them with Transformer Engine's quantize_master_weights (2.12+), "
-    "which this tool does not simulate; --fp4-format without it is modelled"
+    "megatron-core 0.13-0.16's DDP points each NVFP4 weight into a one-byte-per-element param "
+    "buffer through Transformer Engine's replace_raw_data, which Transformer Engine 2.11 (the "
+    "newest megatron-core 0.16 accepts) refuses ('not supported yet'), and its distributed "
+    "optimizer has no NVFP4 cast; megatron-core 0.17 or later runs it with Transformer Engine "
+    "2.14, and from 0.18 it is modelled; --fp4-format without it is modelled"
 )
 _FP8_PART = (
     "fp8 for only part of the model (16-bit weight gradients, fp8 multi-head attention) is not "
-    "modelled; "
-    "--fp8-format runs every Transformer Engine linear in fp8 (but the layers "
+    "modelled; --fp8-format runs every Transformer Engine linear in fp8 (but the layers "
     "--first-last-layers-bf16 keeps in 16 bits)"
 )
 _FSDP = (
@@ -91,7 +91,7 @@ _GROUPED = "weights held as Transformer Engine grouped parameters are not modell
 _NO_PAD = "an unpadded vocabulary is not modelled; pass --padded-vocab-size"
 
 REFUSED: dict[str, Refusal] = {
-    "--fp4-param-gather": Refusal("training", _FP4_PARAMS),
+    "--fp4-param-gather": Refusal("training", _FP4_PARAMS, modelled=versions.FP4_PARAM_RELEASES),
     "--no-fp8-wgrad": Refusal("training", _FP8_PART),
     "--fp8-multi-head-attention": Refusal("training", _FP8_PART),
     "--torch-fsdp2-no-reshard-after-forward": Refusal("layout", _FSDP),
@@ -353,6 +353,8 @@ REFUSED_VALUES: dict[str, dict[str, Refusal]] = {
 def refusal_message(flag: str, value: str | None) -> str | None:
     """Return the error for a refused argument with this value, or None when it is harmless."""
     refusal = REFUSED.get(flag)
+    if refusal is not None and versions.within(refusal.modelled or (), megatron_core_version()):
+        return None  # modelled on this megatron-core (its Megatron-LM argument is modelled too)
     if refusal is None or (value is not None and value in refusal.harmless and (
             value != HYBRID_STACK_SPEC or megatron_core_version() >= HYBRID_SPEC_SINCE)):
         return None  # before 0.18 megatron-core has no models/hybrid to import the spec from

@@ -318,7 +318,13 @@ CHOICE_VERSIONS: dict[tuple[str, str], tuple[int, int]] = {
 # (job/optimizers.py refuses it by name).
 MUON_RELEASES = (((0, 16), (0, 20)),)
 LAYER_WISE_RELEASES = (((0, 16), (0, 20)),)  # 0.18+: --no-use-layer-wise-param-layout only
-MUON_REGISTRY_SINCE = (0, 18)  # optimizer/emerging_optimizers.py builds Muon
+MUON_REGISTRY_SINCE = (0, 18)
+# the megatron-core releases whose --fp4-param-gather this tool runs (DistributedDataParallelConfig's
+# fp4_param_gather, the DistributedOptimizer's NVFP4 cast through Transformer Engine 2.14's
+# quantize_master_weights): 0.18 on, whose DDP lays the packed bytes out in a param buffer of their
+# own (`_compute_nvfp4_packed_layout`); 0.17 runs it with the param buffer's offsets packed and the
+# grad buffer's apart (`nvfp4_unpacked_param_index_map`), not modelled; 0.16 cannot (unmodelled.py)
+FP4_PARAM_RELEASES = (((0, 18), (0, 20)),)  # optimizer/emerging_optimizers.py builds Muon
 
 
 def within(ranges: tuple[tuple[tuple[int, int], tuple[int, int]], ...], version: tuple[int, int]) -> bool:

@@ -7,8 +7,10 @@ alike, `first_last_layers_bf16` with `num_layers_at_start_in_bf16` / `num_layers
 (default 1 each). megatron's fp4_utils.get_fp4_context then enters Transformer Engine's
 `fp8_autocast` with `NVFP4BlockScaling()` around every transformer layer but those first and
 last ones (fp4_utils.py 118-160, fp8_utils.py 510-530 for fp8): which layers compute in 4 bits is
-megatron's own code, run by the engine. `--fp4-param-gather` (NVFP4 weights) is refused by name
-(inputs/unmodelled.py says why).
+megatron's own code, run by the engine. `--fp4-param-gather` (NVFP4 weights, TransformerConfig's
+`fp4_param` and DistributedDataParallelConfig's `fp4_param_gather`) is modelled where megatron-core
+runs it, 0.17 on (with Transformer Engine 2.14, world/te/nvfp4_tensor.py), and refused by name
+before (inputs/unmodelled.py says why).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ def validate_fp4(
     fp4_format: str | None, recipe: str, fp8_format: str | None, transformer_impl: str
 ) -> None:
     """Raise ConfigError for fp4 settings megatron rejects or this tool does not model
-    (`--fp4-param-gather` is refused by name: inputs/unmodelled.py)."""
+    (`--fp4-param-gather` before megatron-core 0.17 is refused by name: inputs/unmodelled.py)."""
     if fp4_format is None:
         if recipe != FP4_RECIPES[0]:
             raise ConfigError(f"--fp4-recipe {recipe} has no effect without --fp4-format; pass "
@@ -60,12 +62,15 @@ def check_bf16_layers(num_layers: int, start: int, end: int) -> None:
 
 
 def fp4_fields(
-    fp4_format: str | None, recipe: str, bf16_layers: tuple[bool, int, int]
+    fp4_format: str | None, recipe: str, param: bool, bf16_layers: tuple[bool, int, int]
 ) -> dict[str, Any]:
-    """Return TransformerConfig's fp4 and 16-bit-layer fields as Megatron-LM copies them."""
+    """Return TransformerConfig's fp4 and 16-bit-layer fields as Megatron-LM copies them
+    (`kw_args['fp4_param'] = args.fp4_param_gather`)."""
     fields: dict[str, Any] = {}
     if fp4_format is not None:
         fields.update(fp4=fp4_format, fp4_recipe=recipe)
+    if param:
+        fields["fp4_param"] = True
     enabled, start, end = bf16_layers
     if enabled:
         fields.update(first_last_layers_bf16=True, num_layers_at_start_in_bf16=start,

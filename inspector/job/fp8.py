@@ -9,9 +9,11 @@ Engine's recipe, and only Transformer Engine's layers compute in fp8.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from inspector.errors import ConfigError
+from inspector.inputs.unmodelled import refusal_message
 from inspector.job.checks import check_at_least_one, check_at_most
 
 FP8_FORMATS = ("e4m3", "hybrid")
@@ -19,10 +21,9 @@ FP8_FORMATS = ("e4m3", "hybrid")
 FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
 DEFAULT_RECIPE = "delayed"  # TransformerConfig.fp8_recipe
 DEFAULT_AMAX_HISTORY_LEN = 1  # TransformerConfig.fp8_amax_history_len
-# --fp8-param-gather: the recipes whose weights Transformer Engine keeps as a Float8Tensor
-# (world/te/float8_tensor.py) or an MXFP8Tensor (world/te/mxfp8_tensor.py); blockwise's
-# Float8BlockwiseQTensor (TE float8_blockwise_tensor.py) is not simulated
-PARAM_GATHER_RECIPES = ("delayed", "tensorwise", "mxfp8")
+# --fp8-param-gather: every recipe's weights are simulated, a Float8Tensor
+# (world/te/float8_tensor.py), an MXFP8Tensor (mxfp8_tensor.py) or, with blockwise, a
+# Float8BlockwiseQTensor (blockwise_tensor.py)
 _REUSE = "--reuse-grad-buf-for-mxfp8-param-ag"
 
 
@@ -62,13 +63,6 @@ def validate_fp8(
             "Transformer Engine's layers compute in fp8 (megatron-core's local layers ignore it "
             "and would train in 16 bits)"
         )
-    if param_gather and recipe not in PARAM_GATHER_RECIPES:
-        raise ConfigError(
-            f"--fp8-param-gather with --fp8-recipe {recipe} is not modelled: Transformer Engine "
-            "then keeps its weights as Float8BlockwiseQTensor (float8_blockwise_tensor.py), "
-            "which this tool does not simulate; fp8 parameters are modelled with --fp8-recipe "
-            f"{', '.join(PARAM_GATHER_RECIPES)}"
-        )
 
 
 def _check_mxfp8_params(recipe: str, param_gather: bool, reuse_grad_buf: bool) -> None:
@@ -106,3 +100,35 @@ def fp8_fields(
     if param_gather:
         fields["fp8_param"] = True
     return fields
+
+
+def check_param_gather(args: Mapping[str, Any]) -> None:
+    """Reject --fp8-param-gather (--fp4-param-gather) where Megatron-LM does (validate_args,
+    megatron-core's TransformerConfig), and under Megatron-FSDP and FSDP2, which this tool does not
+    model with it (a launch script's FSDP2 has it turned off already, as validate_args does)."""
+    for low in ("fp8", "fp4"):
+        if not args.get(f"{low}_param_gather"):
+            continue
+        flag = f"--{low}-param-gather"
+        refused = refusal_message(flag, None)  # --fp4-param-gather before megatron-core 0.18
+        if refused is not None:
+            raise ConfigError(refused)
+        if not args.get(f"{low}_format"):
+            raise ConfigError(f"{flag} needs --{low}-format (megatron-core's TransformerConfig: "
+                              f"'{low}_param must be used together with {low} mode.')")  # fmt: skip
+        if args.get("use_megatron_fsdp") or args.get("use_torch_fsdp2"):
+            fsdp = "--use-megatron-fsdp" if args.get("use_megatron_fsdp") else "--use-torch-fsdp2"
+            raise ConfigError(
+                f"{flag} with {fsdp} is not modelled: FSDP keeps {low} weights in its "
+                "own sharded buffers (Megatron-LM turns it off under FSDP2 with Transformer Engine "
+                "2.0 or later); it is modelled with --use-distributed-optimizer"
+            )
+        if not args.get("use_distributed_optimizer"):
+            raise ConfigError(
+                f"{flag} needs --use-distributed-optimizer (Megatron-LM's validate_args: "
+                f"'{flag} only supported with distributed optimizer, torch fsdp2, "
+                "megatron fsdp, or inference mode')" if low == "fp8" else
+                f"{flag} without --use-distributed-optimizer is not modelled (megatron-core's "
+                "DDP points NVFP4 weights into its param buffer only under the distributed "
+                "optimizer)"
+            )

@@ -29,16 +29,16 @@ def fp8_attention(fp8_format: str | None, recipe: str, flag: bool) -> bool:
 
 
 def check_fp8_attention(fp8_format: str | None, recipe: str, flag: bool) -> None:
-    """Refuse --fp8-dot-product-attention where Transformer Engine 2.11 would assert."""
+    """Refuse --fp8-dot-product-attention where Transformer Engine (2.11, 2.14) would assert."""
     if not flag or fp8_format is None or recipe in PER_TENSOR:
         return
     if recipe == "mxfp8" and megatron_version() >= MXFP8_DPA_SINCE:
         raise ConfigError(
             "--fp8-dot-product-attention with --fp8-recipe mxfp8: megatron-core 0.18+ passes "
-            "fp8_dpa to MXFP8BlockScaling, and Transformer Engine 2.11's DotProductAttention "
-            "asserts 'DotProductAttention does not support MXFP8BlockScaling recipe' "
-            "(dot_product_attention.py 669-673); fp8 attention is modelled with --fp8-recipe "
-            f"{' or '.join(PER_TENSOR)}"
+            "fp8_dpa to MXFP8BlockScaling, and Transformer Engine's DotProductAttention (2.11, "
+            "and 2.14 which this tool follows there) asserts 'DotProductAttention does not "
+            "support MXFP8BlockScaling recipe' (dot_product_attention.py 669-673); fp8 attention "
+            f"is modelled with --fp8-recipe {' or '.join(PER_TENSOR)}"
         )
 
 

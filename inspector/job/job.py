@@ -20,6 +20,7 @@ from inspector.job.dims import ModelDims, num_microbatches
 from inspector.job.dsa import check_dsa_layout
 from inspector.job.ep_overlap import check_ep_overlap
 from inspector.job.flex import check_flex, row_padding
+from inspector.job.fp8 import check_param_gather
 from inspector.job.fsdp import fsdp_rules
 from inspector.job.gdn import validate_gdn
 from inspector.job.hybrid_model import validate_hybrid
@@ -322,7 +323,7 @@ def _megatron_training_rules(args: Mapping[str, Any], values: dict[str, Any]) ->
     factor = values.get("moe_expert_capacity_factor")
     if factor is not None and factor < 0:  # TransformerConfig: a negative factor is dropless
         values["moe_expert_capacity_factor"] = None
-    _check_fp8_param_gather(args)
+    check_param_gather(args)
 
 
 def router_padding(args: Mapping[str, Any]) -> bool:
@@ -358,30 +359,6 @@ _PAD_NEEDS_FP8 = {
 }
 
 
-def _check_fp8_param_gather(args: Mapping[str, Any]) -> None:
-    """Reject --fp8-param-gather where Megatron-LM does (validate_args, megatron-core's
-    TransformerConfig), and under Megatron-FSDP and FSDP2, which this tool does not model with it
-    (a launch script's FSDP2 has it turned off already, as validate_args does)."""
-    if not args.get("fp8_param_gather"):
-        return
-    if not args.get("fp8_format"):
-        raise ConfigError(
-            "--fp8-param-gather needs --fp8-format (megatron-core's TransformerConfig: "
-            "'fp8_param must be used together with fp8 mode.')"
-        )
-    if args.get("use_megatron_fsdp") or args.get("use_torch_fsdp2"):
-        flag = "--use-megatron-fsdp" if args.get("use_megatron_fsdp") else "--use-torch-fsdp2"
-        raise ConfigError(
-            f"--fp8-param-gather with {flag} is not modelled: FSDP keeps fp8 weights in its "
-            "own sharded buffers (Megatron-LM turns it off under FSDP2 with Transformer Engine "
-            "2.0 or later); it is modelled with --use-distributed-optimizer"
-        )
-    if not args.get("use_distributed_optimizer"):
-        raise ConfigError(
-            "--fp8-param-gather needs --use-distributed-optimizer (Megatron-LM's validate_args: "
-            "'--fp8-param-gather only supported with distributed optimizer, torch fsdp2, "
-            "megatron fsdp, or inference mode')"
-        )
 
 
 def _check_fp8_recompute(model: ModelConfig, modules: tuple[str, ...]) -> None:

@@ -60,6 +60,7 @@ class ModelConfig:
     # NVFP4 through Transformer Engine (inspector/job/fp4.py); None: no fp4
     fp4_format: str | None = None
     fp4_recipe: str = fp4.FP4_RECIPES[0]
+    fp4_param_gather: bool = False  # TE's NVFP4 parameters (TransformerConfig.fp4_param)
     # the first and last layers in 16 bits under fp8 or fp4 (TransformerConfig's fields)
     first_last_layers_bf16: bool = False
     num_layers_at_start_in_bf16: int = fp4.DEFAULT_BF16_LAYERS
@@ -240,7 +241,7 @@ class ModelConfig:
         )
         if self.fp8_dot_product_attention:
             fields["fp8_dot_product_attention"] = True
-        fields.update(fp4.fp4_fields(self.fp4_format, self.fp4_recipe, (
+        fields.update(fp4.fp4_fields(self.fp4_format, self.fp4_recipe, self.fp4_param_gather, (
             self.first_last_layers_bf16, self.num_layers_at_start_in_bf16,
             self.num_layers_at_end_in_bf16,
         )))  # fmt: skip
@@ -362,6 +363,7 @@ HYBRID_FIELDS = (
 )
 LOW_PRECISION_FIELDS = (
     "fp8_dot_product_attention", "reuse_grad_buf_for_mxfp8_param_ag", "fp4_format", "fp4_recipe",
+    "fp4_param_gather",
     "first_last_layers_bf16", "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16",
 )
 DSA_FIELDS = (

@@ -267,9 +267,8 @@ def state_bytes(
     for buffer in buffers:
         # an MXFP8 buffer's param_data is a bf16 view of its grad buffer (`shared`): numel
         # bf16 elements (param_and_grad_buffer.py 786-792), no bytes of its own
-        own = 0 if buffer.shared else buffer.numel * buffer.param_dtype.itemsize
         view += 2 * buffer.numel if buffer.shared else 0
-        weights += own + buffer.kept
+        weights += buffer.param_buffer_bytes + buffer.kept
         gradients += buffer.numel * buffer.grad_dtype.itemsize
         index = expert_index if buffer.expert else dense_index
         # with N optimizer instances a rank shards among dp / N: its index there is index % (dp / N)

@@ -107,6 +107,7 @@ def _low_precision_flags(model: ModelConfig) -> list[str]:
     out = []
     if model.fp4_format is not None:
         out += [f"--fp4-format {model.fp4_format}", f"--fp4-recipe {model.fp4_recipe}"]
+        out += ["--fp4-param-gather"] if model.fp4_param_gather else []
     if model.first_last_layers_bf16:
         out += ["--first-last-layers-bf16",
                 f"--num-layers-at-start-in-bf16 {model.num_layers_at_start_in_bf16}",

@@ -132,7 +132,8 @@ def make_request(args: dict[str, Any], flags: PlanFlags) -> Request:
     gpu = _plan_gpu(flags)
     fixed = {short: args[name] for name, short in FIXED.items() if args.get(name) is not None}
     fixed.update(pinned(args))
-    if (args.get("fp8_param_gather") or args.get("use_precision_aware_optimizer")) and args.get(
+    gathered = args.get("fp8_param_gather") or args.get("fp4_param_gather")
+    if (gathered or args.get("use_precision_aware_optimizer")) and args.get(
         "use_distributed_optimizer"
     ) is None:
         # Megatron-LM gathers fp8 parameters, and megatron-core keeps reduced-precision optimizer

@@ -92,13 +92,13 @@ def _precision_note(model: ModelConfig, what: str) -> list[str]:
     if model.fp4_format is not None:
         return [
             "Note: --fp4-format runs on Blackwell GPUs only; its buffers are counted as "
-            "Transformer Engine 2.11 allocates them (NVFP4BlockScaling), but plan's kernel tables "
+            "Transformer Engine allocates them (NVFP4BlockScaling), but plan's kernel tables "
             "hold no NVFP4 GEMMs: plan prices Transformer Engine's GEMMs at bf16 speed."
         ]
     if model.fp8_format is not None and model.fp8_recipe == "mxfp8":
         return [
             "Note: --fp8-recipe mxfp8 runs on Blackwell GPUs only (Megatron-LM: 'mxfp8' for "
-            "Blackwell architecture only); its buffers are counted as Transformer Engine 2.11 "
+            "Blackwell architecture only); its buffers are counted as Transformer Engine "
             "allocates them."
         ]
     if model.dtype_name != "float32":

@@ -120,7 +120,7 @@ def _data_parallel(job: Context, stage: StageInput) -> list[Record]:
         (True, ("moe_grad_norm1", "moe_grad_norm2"), expert_grad_group(job.par)),
     ):
         buffers = [b for b in stage.buffers if b.expert == expert]
-        params = sum(b.numel * b.param_bytes for b in buffers)
+        params = sum(b.gathered_bytes for b in buffers)
         grads = sum(b.numel * b.grad_bytes for b in buffers)
         if not buffers or suffix is None:  # nothing to reduce, or over one rank
             if not expert:  # AICB always writes the dense pair; keep the names, empty

@@ -38,6 +38,12 @@ class BufferInput:
     param_bytes: int  # element size of the parameters (2 for bf16)
     grad_bytes: int  # element size of the gradients (4 with fp32 grad accumulation)
     expert: bool = False
+    param_numel: int | None = None  # NVFP4's packed param buffer (BufferLayout.param_numel)
+
+    @property
+    def gathered_bytes(self) -> int:
+        """Return the bytes of the parameter all-gather: the whole param buffer."""
+        return (self.numel if self.param_numel is None else self.param_numel) * self.param_bytes
 
     @classmethod
     def from_layout(cls, layout: BufferLayout) -> BufferInput:
@@ -48,6 +54,7 @@ class BufferInput:
             param_bytes=2 if layout.shared else layout.param_dtype.itemsize,
             grad_bytes=layout.grad_dtype.itemsize,
             expert=layout.expert,
+            param_numel=layout.param_numel,
         )
 
 

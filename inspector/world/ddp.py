@@ -256,6 +256,9 @@ def _ddp_config(config: Any, settings: DistOptSettings) -> Any:
         fp8_param_gather=bool(getattr(config, "fp8_param", False)),
         num_distributed_optimizer_instances=settings.instances,
         reuse_grad_buf_for_mxfp8_param_ag=settings.reuse_grad_buf_for_mxfp8_param_ag,
+        # Megatron-LM copies --fp4-param-gather in (a field of megatron-core 0.17+, where alone
+        # --fp4-param-gather is modelled): the DistributedOptimizer then casts NVFP4 main shards
+        **({"fp4_param_gather": True} if getattr(config, "fp4_param", False) else {}),
     )
 
 
@@ -291,6 +294,8 @@ def _layout_buffer(
         ),
         kept=sum(kept_bytes(param) for param in buffer.param_index_map),
         shared=hasattr(buffer, "shared_buffer"),  # set only for MXFP8 weights (779-793)
+        # NVFP4 weights' packed param buffer (0.18+ `nvfp4_packed_numel`, set only with them)
+        param_numel=getattr(buffer, "nvfp4_packed_numel", None),
     )
     return layout, shards
 

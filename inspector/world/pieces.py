@@ -30,6 +30,7 @@ class Param:
     fp8: bool = False  # a Transformer Engine fp8 parameter (--fp8-param-gather)
     kept: int = 0  # bytes Transformer Engine keeps beside it (te/float8_tensor.py kept_bytes)
     mxfp8: bool = False  # an MXFP8Tensor (te/mxfp8_tensor.py): its buffer shares the grad buffer
+    nvfp4: bool = False  # an NVFP4Tensor (te/nvfp4_tensor.py): packed in its param buffer
 
     @property
     def buffer_dtype(self) -> Any:
@@ -173,6 +174,7 @@ def _params_of(module: Any) -> list[tuple[str, Param]]:
     from megatron.core.fp8_utils import is_float8tensor, is_mxfp8tensor
 
     from inspector.world.te.float8_tensor import kept_bytes
+    from inspector.world.te.nvfp4_tensor import NVFP4Tensor
 
     out = []
     for name, p in module.named_parameters():
@@ -181,8 +183,8 @@ def _params_of(module: Any) -> list[tuple[str, Param]]:
         expert = not getattr(p, "allreduce", True)
         shared = bool(getattr(p, "shared_embedding", False))
         fp8 = is_float8tensor(p)
-        mx = is_mxfp8tensor(p)
-        out.append((name, Param(p.numel(), p.dtype, expert, shared, fp8, kept_bytes(p), mx)))
+        mx, nv = is_mxfp8tensor(p), isinstance(p, NVFP4Tensor)
+        out.append((name, Param(p.numel(), p.dtype, expert, shared, fp8, kept_bytes(p), mx, nv)))
     return out
 
 

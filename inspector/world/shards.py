@@ -113,6 +113,19 @@ class BufferLayout:
     # MXFP8 weights under the distributed optimizer: the param buffer is a bf16 view of the grad
     # buffer (param_and_grad_buffer.py 779-793 `shared_buffer`), so it adds no bytes
     shared: bool = False
+    # NVFP4 weights (--fp4-param-gather, megatron-core 0.18+): the uint8 param buffer holds two
+    # values a byte, laid out apart from the grad buffer's `numel` (param_and_grad_buffer.py
+    # `_compute_nvfp4_packed_layout`): its elements; None where it has `numel` of them
+    param_numel: int | None = None
+
+    @property
+    def param_buffer_bytes(self) -> int:
+        """Return the bytes of the param buffer megatron allocates (under the distributed
+        optimizer; 0 where it is a view of the grad buffer)."""
+        if self.shared:
+            return 0
+        numel = self.numel if self.param_numel is None else self.param_numel
+        return numel * self.param_dtype.itemsize
 
     @property
     def shard_numel(self) -> int:

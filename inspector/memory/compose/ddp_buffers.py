@@ -42,24 +42,30 @@ def pad(n: int, d: int) -> int:
 
 
 def place(
-    runs: Sequence[Run], distributed: bool, dp: int, bucket_size: int | None
+    runs: Sequence[Run], distributed: bool, dp: int, bucket_size: int | None,
+    packed: list[int] | None = None,
 ) -> tuple[Spans, Buckets]:
     """Reimplement `_ParamAndGradBuffer`'s index arithmetic for one buffer, a run at a time.
 
     Equal parameters start a step (numel, padded to 64 with the distributed optimizer) apart
     until a bucket closes; parameters side by side are kept as one span of elements, which is
-    all the optimizer's shards (`owned_numel`) depend on.
+    all the optimizer's shards (`owned_numel`) depend on. `packed`, where given, receives the
+    padded end of each bucket of the NVFP4 param buffer (0.18+ `_compute_nvfp4_packed_layout`:
+    the same buckets, an NVFP4 weight at half its elements, the same padding).
     """
     divisor = math.lcm(dp, 128)
     spans: Spans = []
     buckets: Buckets = []
-    start = bucket_start = in_bucket = end = 0
+    start = bucket_start = in_bucket = end = cursor = 0  # cursor: in the packed buffer
 
     def close(param_end: int) -> int:
-        nonlocal bucket_start, in_bucket
+        nonlocal bucket_start, in_bucket, cursor
         padded = pad(param_end, divisor) if distributed else param_end
         buckets.append((bucket_start, padded, param_end - bucket_start))
         bucket_start, in_bucket = padded, 0
+        if packed is not None:
+            cursor = pad(cursor, divisor) if distributed else cursor
+            packed.append(cursor)
         return padded
 
     for param, count in reversed(runs):
@@ -74,6 +80,10 @@ def place(
                 take, closes = _placed_before_close(
                     start - bucket_start, param.numel, step, count, bucket_size)
             end = start + (take - 1) * step + param.numel
+            if packed is not None:
+                half = param.numel // 2 if param.nvfp4 else param.numel
+                align = 64 if distributed else 1
+                cursor = pad(cursor, align) + (take - 1) * pad(half, align) + half
             _add_spans(spans, start, take, step, param.numel, len(buckets))
             in_bucket, count = in_bucket + take, count - take
             start = close(end) if closes else end

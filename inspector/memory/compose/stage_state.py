@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import inspector.caches as caches
@@ -73,17 +73,20 @@ def _chunk_buffers(
     buffers = []
     for index, ((expert, dtype), runs) in enumerate(_chunk_groups(pieces_id, shape, pp)):
         dp = expert_dp_size if expert else dp_size
-        if bucket_size is None and not (distributed and any(p.shared_embedding for p, _ in runs)):
+        # NVFP4 weights: their packed param buffer's end (0.18+, under the distributed optimizer)
+        packed: list[int] | None = [] if distributed and any(p.nvfp4 for p, _ in runs) else None
+        if bucket_size is None and packed is None and not (
+                distributed and any(p.shared_embedding for p, _ in runs)):  # fmt: skip
             # one bucket, closed at the end: only its end padding depends on dp
             spans, end = _one_bucket(pieces_id, shape, pp, index, distributed)
             buckets = [(0, pad(end, math.lcm(dp, 128)) if distributed else end, end)]
         else:
-            spans, buckets = place(runs, distributed, dp, bucket_size)
+            spans, buckets = place(runs, distributed, dp, bucket_size, packed)
         kept = sum(param.kept * count for param, count in runs)
         shared = distributed and any(param.mxfp8 for param, _ in runs)  # (779-793)
-        buffers.append(buffer_layout(
+        buffers.append(replace(buffer_layout(
             spans, buckets, expert, dtype, grad_dtype, distributed, dp, kept, shared
-        ))  # fmt: skip
+        ), param_numel=packed[-1] if packed else None))  # fmt: skip
     return tuple(buffers)
 
 

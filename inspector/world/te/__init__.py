@@ -5,8 +5,9 @@ MoE, MLA and context-parallel code are written against it. `install()` puts a sm
 `sys.modules` as `transformer_engine` (and the submodules megatron-core imports), so that
 megatron-core's own TE wrappers (`TELayerNormColumnParallelLinear`, `TEDotProductAttention`,
 `TENorm`, `TEGroupedMLP`, ...) run for real on top of it. The stand-in classes register their
-parameters exactly as TE 2.11.0 does (each cites the TE source it mirrors); their forwards (on
-meta tensors, in the engine) allocate and save what TE's kernels do (`kernels/`).
+parameters exactly as TE 2.11.0 does (each cites the TE source it mirrors; under megatron-core
+0.17+ it reports 2.14.0 and adds what 2.14 added that megatron calls: `VERSION` below); their
+forwards (on meta tensors, in the engine) allocate and save what TE's kernels do (`kernels/`).
 
 Nothing here is importable as `transformer_engine` until `install()` is called: the stand-in lives
 under `inspector.world.te`, not on sys.path, and importing this package imports nothing but the standard
@@ -17,14 +18,33 @@ from __future__ import annotations
 
 import sys
 
-# The TE release mirrored: the newest megatron-core 0.16.1 accepts (its `dev` extra pins
-# transformer-engine>=2.9.0a0,<2.12.0), so every version gate in megatron-core 0.13-0.16 takes the
-# path a current cluster takes (>=2.3 delayed wgrad, >=2.7 fused router, >=2.8 softmax_type,
-# >=2.9 qk-clip, >=2.10 num_splits).
-VERSION = "2.11.0"
+# The TE release mirrored, per megatron-core release: the newest one each accepts, so every
+# version gate megatron checks takes the path a current cluster takes. megatron-core 0.13-0.16:
+# 2.11.0 (0.16.1's `dev` extra pins transformer-engine>=2.9.0a0,<2.12.0; >=2.3 delayed wgrad,
+# >=2.7 fused router, >=2.8 softmax_type, >=2.9 qk-clip, >=2.10 num_splits). 0.17+ pin no TE
+# release and call what TE 2.14 added: `quantize_master_weights` and `replace_raw_data` of an
+# NVFP4Tensor (tensor/utils.py; 2.12 and 2.13 have neither) for --fp4-param-gather, and 0.18+
+# gate features on 2.14 (GroupedLinear's single_grouped_weight, is_te_min_version("2.14.0")).
+TE_RELEASES = (((0, 0), "2.11.0"), ((0, 17), "2.14.0"))  # (first megatron-core, TE) ascending
+
+
+def release_for(megatron: tuple[int, int]) -> str:
+    """Return the TE release the stand-in mirrors under this megatron-core (major, minor)."""
+    return [te for first, te in TE_RELEASES if megatron >= first][-1]
+
+
+def _installed_megatron() -> tuple[int, int]:
+    """Return the installed megatron-core's (major, minor) from its package metadata."""
+    import importlib.metadata
+
+    major, minor = importlib.metadata.version("megatron-core").split(".")[:2]
+    return int(major), int(minor)
+
+
+VERSION = release_for(_installed_megatron())
 NAME = "transformer_engine"
 
-__all__ = ["NAME", "VERSION", "install", "installed"]
+__all__ = ["NAME", "VERSION", "install", "installed", "release_for"]
 
 
 def installed() -> bool:

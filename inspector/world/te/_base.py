@@ -124,13 +124,14 @@ class TransformerEngineBaseModule(torch.nn.Module):
 
         TE materialises and initialises values here; on meta there are none. Under
         `quantized_model_init` each GEMM weight (one registered with an `fp8_meta_index`)
-        becomes a Float8Tensor parameter (float8_tensor.py), or an MXFP8Tensor with the MXFP8
-        recipe (mxfp8_tensor.py). The parallel attributes are set by each subclass after this
-        call, as in TE.
+        becomes a Float8Tensor parameter (float8_tensor.py), an MXFP8Tensor with the MXFP8
+        recipe (mxfp8_tensor.py), a Float8BlockwiseQTensor with block scaling
+        (blockwise_tensor.py), or an NVFP4Tensor with NVFP4 (nvfp4_tensor.py). The parallel
+        attributes are set by each subclass after this call, as in TE.
         """
         if defer_init or not self.primary_weights_in_fp8:
             return
-        from inspector.world.te import float8_tensor, mxfp8_tensor
+        from inspector.world.te import blockwise_tensor, float8_tensor, mxfp8_tensor, nvfp4_tensor
 
         recipe = recipe_name(FP8GlobalStateManager.get_fp8_recipe())
         for name, param in list(self.named_parameters(recurse=False)):
@@ -139,6 +140,9 @@ class TransformerEngineBaseModule(torch.nn.Module):
             preserve = bool(self.__dict__["preserve_high_precision_init_val"])
             quantized: Any = (
                 mxfp8_tensor.quantize_weight(param, preserve) if recipe == "mxfp8"
+                else nvfp4_tensor.quantize_weight(param, preserve) if recipe == nvfp4_tensor.RECIPE
+                else blockwise_tensor.quantize_weight(param, preserve)
+                if recipe == blockwise_tensor.RECIPE
                 else float8_tensor.quantize_weight(param, recipe, preserve)
             )  # fmt: skip
             torch.nn.Module.register_parameter(self, name, quantized)

@@ -22,13 +22,16 @@ from inspector.world.te import (
     VERSION,
     _base,
     attention,
+    blockwise_tensor,
     cpu_offload,
     float8_tensor,
     grouped_linear,
     linear,
     mxfp8_tensor,
     norm,
+    nvfp4_tensor,
     state,
+    tensor_utils,
 )
 from inspector.world.te.kernels import fp8_functions, functions, thd
 
@@ -94,14 +97,10 @@ _LAYOUT: dict[str, tuple[bool, dict[str, Any]]] = {
     ".pytorch.tensor": (True, {"QuantizedTensor": state.QuantizedTensor}),
     ".pytorch.tensor.float8_tensor": (False, {"Float8Tensor": float8_tensor.Float8Tensor}),
     ".pytorch.tensor.mxfp8_tensor": (False, {"MXFP8Tensor": mxfp8_tensor.MXFP8Tensor}),
-    ".pytorch.tensor.utils": (
-        False,
-        {
-            "replace_raw_data": float8_tensor.replace_raw_data,
-            "cast_master_weights_to_fp8": float8_tensor.cast_master_weights_to_fp8,
-            "post_all_gather_processing": float8_tensor.post_all_gather_processing,
-        },
-    ),
+    ".pytorch.tensor.nvfp4_tensor": (False, {"NVFP4Tensor": nvfp4_tensor.NVFP4Tensor}),
+    ".pytorch.tensor.float8_blockwise_tensor": (
+        False, {"Float8BlockwiseQTensor": blockwise_tensor.Float8BlockwiseQTensor}),
+    ".pytorch.tensor.utils": (False, tensor_utils.UTILS),
     ".pytorch.attention": (True, {"DotProductAttention": attention.DotProductAttention}),
     ".pytorch.attention.rope": (
         False,

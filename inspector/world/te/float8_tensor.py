@@ -82,7 +82,8 @@ ALLOCATOR_BLOCK = 512  # c10/cuda/CUDACachingAllocator.cpp kMinBlockSize: each r
 
 def kept_bytes(param: object) -> int:
     """Return the GPU bytes TE keeps outside megatron's param buffer for a quantized parameter
-    (a Float8Tensor's transpose and scale_inv; all of an MXFP8Tensor), each tensor its own
+    (a Float8Tensor's transpose and scale_inv; all of an MXFP8Tensor; all but an NVFP4Tensor's
+    packed row-wise data), each tensor its own
     allocation; 0 for any other parameter."""
     kept = getattr(param, "kept_tensors", None) if isinstance(param, QuantizedTensor) else None
     if kept is None:
@@ -97,7 +98,10 @@ def stored_bytes(param: object) -> int | None:
     if not isinstance(param, QuantizedTensor):
         return None
     quantized: Any = param
-    own = getattr(quantized, "_data", None)  # a Float8Tensor's data; an MXFP8Tensor keeps all
+    # what megatron's buffer holds: a Float8Tensor's data, an NVFP4Tensor's packed row-wise
+    # bytes (nvfp4_tensor.py `buffer_data`); an MXFP8Tensor keeps all
+    buffer_data = getattr(quantized, "buffer_data", None)
+    own = buffer_data() if buffer_data is not None else getattr(quantized, "_data", None)
     tensors = (*((own,) if own is not None else ()), *quantized.kept_tensors())
     return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -118,6 +122,25 @@ def quantize_weight(param: torch.Tensor, recipe: str, preserve: bool) -> Float8T
     keep_init_val(tensor, preserve)
     if torch.is_grad_enabled():  # quantizer.set_usage(columnwise=torch.is_grad_enabled())
         tensor._create_transpose()
+    tensor._is_param = True  # torch.nn.Parameter of a custom tensor: isinstance holds
+    return tensor
+
+
+ROWWISE = ("_rowwise_data", "_rowwise_scale_inv")  # a scaled weight's tensors (state.ScaledWeight)
+COLUMNWISE = ("_columnwise_data", "_columnwise_scale_inv")
+
+
+def scaled_weight(cls: type[Any], param: torch.Tensor, made: Any, preserve: bool,
+                  names: tuple[tuple[str, ...], ...] = (ROWWISE, COLUMNWISE)) -> Any:  # fmt: skip
+    """Return a `cls` parameter (a state.ScaledWeight) of `param`'s nominal shape and dtype
+    holding the quantizer's tensors (`made`: kernels/quantize.py Quantized) under `names`, a
+    direction not made None; marked a parameter as torch marks a custom tensor (`_is_param`)."""
+    nominal = torch.empty(param.shape, dtype=param.dtype, device="meta")
+    tensor = torch.Tensor._make_subclass(cls, nominal, True)
+    for attributes, tensors in zip(names, (made.rowwise, made.columnwise), strict=True):
+        for name, value in zip(attributes, tensors or (None,) * len(attributes), strict=True):
+            setattr(tensor, name, value)
+    keep_init_val(tensor, preserve)
     tensor._is_param = True  # torch.nn.Parameter of a custom tensor: isinstance holds
     return tensor
 

@@ -56,9 +56,13 @@ class GroupedLinear(TransformerEngineBaseModule):
         ub_name: str | None = None,
         delay_wgrad_compute: bool = False,
         save_original_input: bool = False,
+        single_grouped_weight: bool = False,  # TE 2.14 (grouped_linear.py 635-636), which
+        single_grouped_bias: bool = False,  # megatron-core 0.18+ passes there
         name: str | None = None,
     ) -> None:
         super().__init__()
+        if single_grouped_weight or single_grouped_bias:
+            raise NotImplementedError("GroupedLinear's single grouped weight is not simulated")
         params_dtype = torch.get_default_dtype() if params_dtype is None else params_dtype
         self.num_gemms = num_gemms
         self.in_features = in_features

@@ -20,9 +20,11 @@ from inspector.world.te._base import (
     set_tensor_model_parallel_attributes,
     world_size,
 )
+from inspector.world.te.blockwise_tensor import Float8BlockwiseQTensor
 from inspector.world.te.float8_tensor import Float8Tensor
 from inspector.world.te.kernels import fp8_functions, functions, quantize
 from inspector.world.te.mxfp8_tensor import MXFP8Tensor
+from inspector.world.te.nvfp4_tensor import NVFP4Tensor
 from inspector.world.te.state import FP8GlobalStateManager, QuantizedTensor, recipe_name
 
 
@@ -39,9 +41,10 @@ def fp8_param_operand(weight: QuantizedTensor, columnwise: bool) -> quantize.Qua
     (linear.py 252-278: `get_weight_workspace` returns the quantized weight itself). Its
     transpose, kept on the parameter, is made here where backward needs it if missing (TE makes
     it in backward, linear.py 695 `update_usage(columnwise_usage=True)`; with megatron-core 0.16
-    it is never missing: post_all_gather_processing remakes it). An MXFP8Tensor is its own
-    operand (mxfp8_tensor.py)."""
-    if isinstance(weight, MXFP8Tensor):
+    it is never missing: post_all_gather_processing remakes it). An MXFP8Tensor, NVFP4Tensor or
+    Float8BlockwiseQTensor is its own operand (mxfp8_tensor.py, nvfp4_tensor.py,
+    blockwise_tensor.py)."""
+    if isinstance(weight, (MXFP8Tensor, NVFP4Tensor, Float8BlockwiseQTensor)):
         return weight.operand(columnwise)
     assert isinstance(weight, Float8Tensor)
     weight.update_usage(rowwise_usage=True, columnwise_usage=columnwise)

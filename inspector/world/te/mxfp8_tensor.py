@@ -30,27 +30,14 @@ from __future__ import annotations
 
 import torch
 
-from inspector.world.te.float8_tensor import keep_init_val
+from inspector.world.te.float8_tensor import scaled_weight
 from inspector.world.te.kernels.quantize import Quantized, quantize
-from inspector.world.te.state import QuantizedTensor
+from inspector.world.te.state import ScaledWeight
 
 
-class MXFP8Tensor(QuantizedTensor):
+class MXFP8Tensor(ScaledWeight):
     """A TE MXFP8Tensor parameter: nominally 16-bit, its bytes in row-wise and column-wise
     data and E8M0 scales (mxfp8_tensor_storage.py)."""
-
-    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]  # plain results
-
-    _rowwise_data: torch.Tensor | None
-    _rowwise_scale_inv: torch.Tensor | None
-    _columnwise_data: torch.Tensor | None
-    _columnwise_scale_inv: torch.Tensor | None
-    _high_precision_init_val: torch.Tensor | None
-    _is_param: bool
-
-    def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """Return the values in `dtype` (default the nominal one): a new tensor."""
-        return torch.empty(self.shape, dtype=dtype or self.dtype, device=self.device)
 
     def _get_quantizer(self) -> str:
         return "mxfp8"
@@ -93,10 +80,4 @@ def quantize_weight(param: torch.Tensor, preserve: bool) -> MXFP8Tensor:
     (base.py 1240-1310, mxfp8_tensor.py `make_empty` 98-159), marked a parameter."""
     rows, cols = param.shape
     made = quantize(rows, cols, "mxfp8", rowwise=True, columnwise=torch.is_grad_enabled())
-    nominal = torch.empty(param.shape, dtype=param.dtype, device="meta")
-    tensor = torch.Tensor._make_subclass(MXFP8Tensor, nominal, True)
-    tensor._rowwise_data, tensor._rowwise_scale_inv = made.rowwise
-    tensor._columnwise_data, tensor._columnwise_scale_inv = made.columnwise or (None, None)
-    keep_init_val(tensor, preserve)
-    tensor._is_param = True  # torch.nn.Parameter of a custom tensor: isinstance holds
-    return tensor
+    return scaled_weight(MXFP8Tensor, param, made, preserve)

@@ -333,6 +333,26 @@ class QuantizedTensor(torch.Tensor):
     """
 
 
+class ScaledWeight(QuantizedTensor):
+    """What TE's row- and column-wise scaled weights share (MXFP8Tensor, Float8BlockwiseQTensor,
+    NVFP4Tensor; storage/*_tensor_storage.py): a nominal 16-bit meta tensor (subclass
+    propagation off: megatron only tests the class and reads `.data`, `.float()`) whose bytes
+    are the tensors below; `dequantize` makes a new one."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]  # plain results
+
+    _rowwise_data: torch.Tensor | None
+    _rowwise_scale_inv: torch.Tensor | None
+    _columnwise_data: torch.Tensor | None
+    _columnwise_scale_inv: torch.Tensor | None
+    _high_precision_init_val: torch.Tensor | None
+    _is_param: bool
+
+    def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Return the values in `dtype` (default the nominal one): a new tensor."""
+        return torch.empty(self.shape, dtype=dtype or self.dtype, device=self.device)
+
+
 # TE's `_dummy_wgrads` (module/base.py, v2.11): one placeholder per (rows, cols, dtype), kept.
 _DUMMY_WGRADS: dict[tuple[int, int, torch.dtype], torch.Tensor] = {}
 # What names a placeholder's allocation while one is made (the engine's tracker, `naming`)
