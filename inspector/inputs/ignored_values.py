@@ -162,7 +162,7 @@ OTHER_ARGUMENTS = frozenset((
     "--linear-key-head-dim --linear-num-key-heads --linear-num-value-heads --linear-value-head-dim "
     "--log-device-memory-used --log-max-attention-logit --log-memory-interval --mask-factor "
     "--mask-type --max-seqlen-per-dp-cp-rank --min-offloaded-tensor-size --mlp-chunks-for-prefill "
-    "--model-parallel-size --moe-enable-routing-replay --moe-hybridep-num-sms --moe-latent-size "
+    "--model-parallel-size --moe-enable-routing-replay --moe-hybridep-num-sms "
     "--moe-pad-experts-for-cuda-graph-inference --mrope-section --mtp-loss-scaling-factor "
     "--mtp-standalone --nccl-all-reduce-for-prefill --no-data-sharding --no-inference-wandb-logging "
     "--no-langrl-external-server --no-rl-inference-logprobs-is-correction "
