@@ -29,13 +29,13 @@ PRESETS = {
     "zai-org/GLM-5": "glm-5",
     "zai-org/GLM-5.1": "glm-5",
 }
-# Models a recipe builds inline (HybridModelProvider(...), no HF id): the preset whose hybrid
-# layer pattern is the provider's (the architecture fields below then carry the provider's own)
-HYBRID_PRESETS = {
-    "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME": "nemotron-3-nano-30b-a3b",
-    "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-"
-    "M*-M-M-M-M-M*-M-M-M-M-M-": "nemotron-h-56b",
-    "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-": "nemotron-h-8b",
+
+# Training switches Bridge's model bridge sets on the provider (provider_bridge), by preset:
+# gpt_oss/gpt_oss_bridge.py `provider.bias_dropout_fusion = False` (megatron-core's TEGroupedMLP
+# refuses the fusion with gpt-oss's expert biases)
+_BRIDGE_SETS = {
+    "gpt-oss-20b": {"no_bias_dropout_fusion": True},
+    "gpt-oss-120b": {"no_bias_dropout_fusion": True},
 }
 
 # model (TransformerConfig) fields whose name is Megatron-LM's argument's
@@ -79,16 +79,25 @@ def recipe_args(cfg: Record, gpus: int) -> tuple[str | None, dict[str, Any], lis
     model = _section(cfg, "model")
     refusals: list[str] = []
     pattern = _hybrid_pattern(model)
-    preset = PRESETS.get(model.fields.get("hf_id") or "") or HYBRID_PRESETS.get(
-        pattern.split("/")[0] if pattern else "")
+    preset = PRESETS.get(model.fields.get("hf_id") or "") or _hybrid_preset(pattern)
     if preset is None:
         refusals.append("model: " + _model_name(model))
-    args: dict[str, Any] = {}
+    args: dict[str, Any] = dict(_BRIDGE_SETS.get(preset or "", {}))
+    if model.fields.get("bias_dropout_fusion") is False:
+        args["no_bias_dropout_fusion"] = True
+    elif model.fields.get("bias_dropout_fusion"):
+        args.pop("no_bias_dropout_fusion", None)
     for name in _SAME_MODEL:
         _put(args, name, model.fields.get(name))
     for name, flag in _RENAMED_MODEL.items():
         _put(args, flag, model.fields.get(name))
-    if "num_moe_experts" in model.fields and not model.fields["num_moe_experts"]:
+    if preset and args.get("position_embedding_type") == "rope" and \
+            _preset_args(preset).get("position_embedding_type") == "yarn":  # fmt: skip
+        # gpt-oss 20B's perf recipes turn YaRN into plain RoPE: the same tensors (YaRN only
+        # scales RoPE's cos/sin), a numerics-only change, and the preset's YaRN factor then
+        # has no meaning Megatron-LM reads; the preset's YaRN stands
+        args.pop("position_embedding_type")
+    if "hf_id" not in model.fields and not model.fields.get("num_moe_experts"):
         # a dense provider's MoE defaults (NemotronH's sigmoid router, grouped GEMM): megatron-core
         # reads none of them without experts; Megatron-LM refuses some of them as arguments
         for name in [name for name in args if name.startswith("moe_")]:
@@ -189,6 +198,23 @@ def _hybrid_pattern(model: Record) -> str | None:
         copies = max(1, depths) if f.get("mtp_use_repeated_layer") else depths
         pattern = "/".join([pattern.split("/")[0]] + [mtp] * copies)
     return pattern
+
+
+def _preset_args(name: str) -> Any:
+    from inspector.inputs.presets import PRESETS as TOOL_PRESETS
+
+    return TOOL_PRESETS[name].args
+
+
+def _hybrid_preset(pattern: str | None) -> str | None:
+    """The preset of a model a recipe builds inline (HybridModelProvider(...), no HF id): the one
+    whose hybrid layer pattern is the provider's main pattern (its other fields are carried)."""
+    from inspector.inputs.presets import PRESETS as TOOL_PRESETS
+
+    main = (pattern or "").split("/")[0]
+    found = [p.name for p in TOOL_PRESETS.values() if main and
+             p.args.get("hybrid_override_pattern") == main]  # fmt: skip
+    return found[0] if found else None
 
 
 def _vocab_from_tokenizer(model: Record) -> bool:
