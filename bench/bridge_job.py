@@ -28,6 +28,7 @@ PRESETS = {
     "moonshotai/Kimi-K2-Instruct": "kimi-k2",
     "zai-org/GLM-5": "glm-5",
     "zai-org/GLM-5.1": "glm-5",
+    "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16": "nemotron-3-super-120b-a12b",
 }
 
 # Training switches Bridge's model bridge sets on the provider (provider_bridge), by preset:

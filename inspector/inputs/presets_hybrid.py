@@ -46,5 +46,26 @@ HYBRID_PRESETS: list[tuple[str, str, str, float, str, dict[str, Any]]] = [
             "M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-",
         ),
     ),
+    (
+        "nemotron-3-super-120b-a12b",
+        "hybrid: 88 layers (40 Mamba-2, 40 LatentMoE, 8 attention), hidden 4096, 512 experts "
+        "top-22 in latent 1024 + shared (its MTP layer not included)",
+        "NVIDIA 2026, Nemotron 3 Super (HF nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16); flags "
+        "as Megatron-LM's tests/functional_tests/test_cases/nemotron/"
+        "nemotron3_super_release_gb200/model_config.yaml; LatentMoE (--moe-latent-size) is "
+        "refused by name until this tool models it",
+        120.6e9, "NVIDIA, Nemotron 3 Super technical report (research.nvidia.com/labs/nemotron/"
+        "Nemotron-3-Super): 120.6B total parameters, 12.7B active",
+        dict(
+            _HYBRID, num_layers=88, hidden_size=4096, num_attention_heads=32, num_query_groups=2,
+            ffn_hidden_size=2688, mamba_num_heads=128, mamba_state_dim=128,
+            hybrid_override_pattern="MEMEMEM*EMEMEMEM*EMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*"
+            "EMEMEMEMEM*EMEMEMEM*EMEMEMEME",
+            num_experts=512, moe_router_topk=22, moe_latent_size=1024,
+            moe_shared_expert_intermediate_size=5376, moe_grouped_gemm=True,
+            moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True,
+            moe_router_load_balancing_type="seq_aux_loss", make_vocab_size_divisible_by=1,
+        ),
+    ),
 ]  # fmt: skip
 

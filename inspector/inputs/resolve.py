@@ -9,6 +9,7 @@ arguments become a validated Job (job.py) in one call.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +17,7 @@ from inspector.errors import ConfigError
 from inspector.inputs.arguments import BY_NAME
 from inspector.inputs.hybrid_pattern import layer_pattern
 from inspector.inputs.refusals import ALL_GROUPS, refusals_message, refused_value
-from inspector.inputs.unmodelled import IGNORED_NOTES
+from inspector.inputs.unmodelled import IGNORED_NOTES, REFUSED
 from inspector.inputs.versions import unknown_argument_notes
 
 if TYPE_CHECKING:
@@ -142,6 +143,19 @@ def _check_flag_values(flags: dict[str, Any], groups: tuple[str, ...], accepted:
             raise ConfigError(f"{refusal.argument} is {refusal.verb}: {refusal.reason}")
 
 
+def _check_preset(name: str, args: Mapping[str, Any], groups: tuple[str, ...]) -> None:
+    """Raise ConfigError for a preset argument this tool refuses (unmodelled.REFUSED): a published
+    model whose architecture the tool does not build yet is refused by name, never built without."""
+    for key in args:
+        flag = "--" + key.replace("_", "-")
+        refusal = REFUSED.get(flag)
+        if refusal is None or str(args[key]) in refusal.harmless:
+            continue
+        if refusal.group == ALL_GROUPS or refusal.group in groups:
+            raise ConfigError(f"{flag} is not modelled: {refusal.reason} (--model {name} "
+                              f"sets {flag} {args[key]})")  # fmt: skip
+
+
 def _source_layers(
     sources: Sources, groups: tuple[str, ...], notes: list[str], accepted: tuple[str, ...] = (),
     pending: list[str] | None = None,
@@ -152,7 +166,9 @@ def _source_layers(
     if sources.preset is not None:
         from inspector.inputs.presets import get_preset
 
-        layers.append(dict(get_preset(sources.preset).args))
+        preset = get_preset(sources.preset)
+        _check_preset(preset.name, preset.args, groups)
+        layers.append(dict(preset.args))
     if sources.hf_config is not None:
         from inspector.inputs.hf import read_hf_config
 
