@@ -22,7 +22,7 @@ from inspector.inputs.versions import megatron_core_version
 SCOPES = ("full", "full_iteration", "attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba")
 # what a scope word graphs that `memory` cannot separate, or another graph than a layer's
 _UNMODELLED = {
-    "mamba": "Mamba layers' graphs are not modelled (this tool builds GPT models)",
+    "mamba": "Mamba layers' graphs (TE's graphed MambaLayer) are not modelled yet",
 }
 
 
