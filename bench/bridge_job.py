@@ -64,6 +64,12 @@ _RENAMED_MODEL = {
     "num_layers_in_last_pipeline_stage": "decoder_last_pipeline_num_layers",
     "num_moe_experts": "num_experts",
 }
+# megatron-core 0.18+'s fields (Megatron-LM's arguments of the same name) that the paged-stash
+# recipes set beside moe_paged_stash: the tool refuses each by name (inputs/paged_stash.py)
+_SAME_MODEL_018 = (
+    "use_transformer_engine_op_fuser moe_expert_rank_capacity_factor moe_paged_stash_page_size "
+    "moe_paged_stash_buffer_size_factor_cuda moe_paged_stash_buffer_size_factor_cpu"
+).split()
 _SAME_DDP = ("use_distributed_optimizer overlap_grad_reduce overlap_param_gather use_megatron_fsdp "
              "fsdp_double_buffer num_distributed_optimizer_instances").split()  # fmt: skip
 _SAME_OPTIMIZER = ("optimizer use_precision_aware_optimizer optimizer_cpu_offload").split()
@@ -88,7 +94,7 @@ def recipe_args(cfg: Record, gpus: int) -> tuple[str | None, dict[str, Any], lis
         args["no_bias_dropout_fusion"] = True
     elif model.fields.get("bias_dropout_fusion"):
         args.pop("no_bias_dropout_fusion", None)
-    for name in _SAME_MODEL:
+    for name in _SAME_MODEL + _SAME_MODEL_018:
         _put(args, name, model.fields.get(name))
     for name, flag in _RENAMED_MODEL.items():
         _put(args, flag, model.fields.get(name))

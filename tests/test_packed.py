@@ -12,7 +12,7 @@ import pytest
 from tests.test_te_engine import _job, _meta, _saved
 from tests.test_versions import VERSION
 
-# packed sequences are modelled from megatron-core 0.16 (job/packing.py PACKED_CHECKED_SINCE);
+# packed sequences are modelled from megatron-core 0.16 (job/versions.py packed_checked);
 # tests/test_versions.py checks the refusal before
 pytestmark = pytest.mark.skipif(VERSION < (0, 16), reason="--sft is modelled from 0.16")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from inspector.inputs.paged_stash import PAGED_STASH_REFUSED
 from inspector.inputs.versions import LAYER_WISE_RELEASES, MUON_RELEASES, megatron_core_version
 
 
@@ -167,12 +168,8 @@ REFUSED: dict[str, Refusal] = {
         "(CudaGraphManager) are not counted"),  # fmt: skip
     "--external-cuda-graph": Refusal(
         "training", "megatron-core runs it as --cuda-graph-impl transformer_engine: pass that"),
-    # Megatron-LM's paged stash of MoE activations (TransformerConfig.moe_paged_stash; in
-    # megatron-core 0.19.2, absent from 0.16.1)
-    "--moe-paged-stash": Refusal(
-        "training", "megatron-core 0.19's MoE paged stash keeps the routed experts' activations "
-        "for backward in pre-sized paged buffers (transformer/moe/paged_stash.py, reset each "
-        "step by schedules.py); megatron-core 0.16.1 has none"),  # fmt: skip
+    # megatron-core 0.18+'s MoE paged stash and what it needs (inputs/paged_stash.py)
+    **{flag: Refusal(*row) for flag, row in PAGED_STASH_REFUSED.items()},
     # Megatron-LM main (megatron/training/arguments.py, after core_v0.19.0): Megatron-FSDP's
     # buffer dtypes and allocators; its default values are the buffers megatron-core 0.16 holds
     # fp32 main gradients reduced in fp32 are what megatron-core 0.16's Megatron-FSDP allocates

@@ -56,6 +56,13 @@ ARGUMENT_VERSIONS: dict[str, tuple[tuple[int, int], tuple[int, int] | None]] = {
     "--linear-num-key-heads": ((0, 16), None),
     "--linear-num-value-heads": ((0, 16), None),
     "--attention-output-gate": ((0, 16), None),
+    # TransformerConfig's MoE paged stash, HybridEP's static budget and TE's fused operations
+    # (core_v0.18.0; none at core_v0.17.0): inputs/paged_stash.py
+    **dict.fromkeys(("--moe-paged-stash", "--moe-paged-stash-page-size",
+                     "--moe-paged-stash-buffer-size-factor-cuda",
+                     "--moe-paged-stash-buffer-size-factor-cpu",
+                     "--moe-expert-rank-capacity-factor", "--use-transformer-engine-op-fuser"),
+                    ((0, 18), None)),  # fmt: skip
     "--freeze-all-layers": ((0, 19), None),
     "--inference-cuda-graph-max-tokens": ((0, 19), None),
     "--inference-shards": ((0, 19), None),

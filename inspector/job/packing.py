@@ -16,7 +16,7 @@ from typing import Any
 
 from inspector.errors import ConfigError
 from inspector.job.checks import check_at_least_one
-from inspector.job.versions import megatron_version
+from inspector.job.versions import megatron_version, packed_checked
 
 
 def packed_document_length(args: Mapping[str, Any]) -> int | None:
@@ -40,18 +40,14 @@ def packed_document_length(args: Mapping[str, Any]) -> int | None:
     return int(length)
 
 
-# the first megatron-core whose THD path the engine's counts were checked on (core_v0.16.1 and
-# 0.19.2; core_v0.13.1 holds a different rotary and attention split, 0.14-0.15 not checked)
-PACKED_CHECKED_SINCE = (0, 16)
-
-
 def check_packing(job: Any) -> None:
     """Reject what megatron cannot run on packed sequences, or the simulation does not model, of
     a Job (job.py, which imports this module: hence `Any`)."""
     model, training, cp = job.model, job.training, job.layout.cp
     if training.packed_document_length is None:
         return
-    if (installed := megatron_version()) < PACKED_CHECKED_SINCE:
+    if not packed_checked():
+        installed = megatron_version()
         raise ConfigError("--sft: packed sequences are modelled as megatron-core 0.16 and later run "
                           f"them; {installed[0]}.{installed[1]}'s THD path is not checked")  # fmt: skip
     micro_batch_size, flash = training.micro_batch_size, training.flash_attention

@@ -96,3 +96,10 @@ def muon_registry() -> bool:
 # megatron-core's first version checked to have TransformerConfig.fp4 (--fp4-format) and
 # fp4_utils.py: 0.16 (core_v0.16.1 has both; core_v0.13.1 neither; 0.14-0.15 not checked)
 FP4_SINCE = (0, 16)
+
+
+def packed_checked() -> bool:
+    """Return whether packed sequences (--sft) are modelled on the installed megatron-core: the
+    engine's THD counts were checked on core_v0.16.1 and 0.19.2; core_v0.13.1 holds a different
+    rotary and attention split, 0.14-0.15 are not checked."""
+    return megatron_version() >= (0, 16)
