@@ -56,6 +56,12 @@ def merge_sources(sources: Sources, groups: tuple[str, ...], accepted: tuple[str
     layers, world = _source_layers(sources, groups, notes, accepted, pending)
     merged: dict[str, Any] = {}
     for layer in layers:
+        if any(layer.get(name) is not None for name in _PATTERNS):
+            # a later source's hybrid pattern replaces an earlier one's (a preset's
+            # --hybrid-override-pattern under a script's --hybrid-layer-pattern); within one
+            # source both names stop the job, as Megatron-LM's validate_args does
+            for name in _PATTERNS:
+                merged.pop(name, None)
         merged.update(layer)
     if merged.get("hybrid_layer_pattern") is not None:
         notes.extend(layer_pattern(merged))
@@ -86,6 +92,7 @@ def merge_sources(sources: Sources, groups: tuple[str, ...], accepted: tuple[str
     return Resolved(args, tuple(notes))
 
 
+_PATTERNS = ("hybrid_override_pattern", "hybrid_layer_pattern")
 # The arguments that make megatron-core build a hybrid (Mamba) model (job/model.py `hybrid`)
 _HYBRID_ARGS = ("hybrid_override_pattern", "hybrid_attention_ratio", "hybrid_mlp_ratio",
                 "is_hybrid_model")  # fmt: skip
