@@ -104,9 +104,10 @@ def recipe_args(cfg: Record, gpus: int) -> tuple[str | None, dict[str, Any], lis
         # scales RoPE's cos/sin), a numerics-only change, and the preset's YaRN factor then
         # has no meaning Megatron-LM reads; the preset's YaRN stands
         args.pop("position_embedding_type")
-    if "hf_id" not in model.fields and not model.fields.get("num_moe_experts"):
-        # a dense provider's MoE defaults (NemotronH's sigmoid router, grouped GEMM): megatron-core
-        # reads none of them without experts; Megatron-LM refuses some of them as arguments
+    if pattern and "E" not in pattern and not model.fields.get("num_moe_experts"):
+        # a hybrid provider without MoE layers keeps NemotronH's MoE defaults (sigmoid router,
+        # grouped GEMM): megatron-core reads none of them without experts; Megatron-LM refuses
+        # some of them as arguments
         for name in [name for name in args if name.startswith("moe_")]:
             args.pop(name)
     if pattern:
