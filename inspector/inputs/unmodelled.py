@@ -131,16 +131,13 @@ REFUSED: dict[str, Refusal] = {
     "--disable-dsa-indexer-scoring-relu": Refusal("model", _DSA),
     "--dsa-indexer-k-norm-epsilon": Refusal("model", _DSA),
     "--dsa-indexer-k-norm-fp32": Refusal("model", _DSA),
-    # megatron-core 0.16's TransformerConfig.moe_latent_size (Nemotron 3 Super/Ultra's LatentMoE:
-    # MoELayer projects h -> latent before the routed experts and back, moe_layer.py 170-190)
-    "--moe-latent-size": Refusal(
-        "model", "latent MoE (routed experts in a smaller latent space, with the projections "
-        "around them) is not modelled yet"),  # fmt: skip
-    # megatron-core 0.19's TransformerConfig.mtp_use_repeated_layer (absent from 0.16.1): one MTP
-    # layer built and run once per depth (multi_token_prediction.py MultiTokenPredictionBlock)
-    "--mtp-use-repeated-layer": Refusal(
-        "model", "one MTP layer repeated over the MTP depths (megatron-core 0.19) is not "
-        "modelled; megatron-core 0.16.1 has none"),  # fmt: skip
+    # TransformerConfig.moe_latent_size (0.16; moe_layer.py 170-190: h -> latent -> h around the
+    # routed experts) and mtp_use_repeated_layer (0.19: MultiTokenPredictionBlock, one layer)
+    "--moe-latent-size": Refusal("model", "latent MoE (routed experts in a smaller latent space, "
+                                 "with the projections around them) is not modelled yet"),
+    "--mtp-use-repeated-layer": Refusal("model", "one MTP layer repeated over the MTP depths "
+                                        "(megatron-core 0.19) is not modelled; megatron-core "
+                                        "0.16.1 has none"),  # fmt: skip
     "--vocab-extra-ids": Refusal("model", "extra ids change the vocabulary; pass --vocab-size"),
     "--fine-grained-activation-offloading": Refusal(  # TransformerConfig, megatron-core 0.16
         "training", "activation offloading to the CPU (--offload-modules) is not modelled"),
