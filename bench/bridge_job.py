@@ -23,6 +23,20 @@ PRESETS = {
     "Qwen/Qwen3-30B-A3B": "qwen3-30b-a3b",
     "Qwen/Qwen3-235B-A22B": "qwen3-235b-a22b",
     "Qwen/Qwen3-Next-80B-A3B-Instruct": "qwen3-next-80b-a3b",
+    "openai/gpt-oss-20b": "gpt-oss-20b",
+    "openai/gpt-oss-120b": "gpt-oss-120b",
+    "moonshotai/Kimi-K2-Instruct": "kimi-k2",
+    "zai-org/GLM-5": "glm-5",
+    "zai-org/GLM-5.1": "glm-5",
+    "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16": "nemotron-3-super-120b-a12b",
+}
+
+# Training switches Bridge's model bridge sets on the provider (provider_bridge), by preset:
+# gpt_oss/gpt_oss_bridge.py `provider.bias_dropout_fusion = False` (megatron-core's TEGroupedMLP
+# refuses the fusion with gpt-oss's expert biases)
+_BRIDGE_SETS = {
+    "gpt-oss-20b": {"no_bias_dropout_fusion": True},
+    "gpt-oss-120b": {"no_bias_dropout_fusion": True},
 }
 
 # model (TransformerConfig) fields whose name is Megatron-LM's argument's
@@ -37,14 +51,18 @@ _SAME_MODEL = (
     "fine_grained_activation_offloading offload_modules cpu_offloading cpu_offloading_num_layers "
     "moe_paged_stash external_cuda_graph num_layers hidden_size ffn_hidden_size "
     "num_attention_heads num_query_groups kv_channels vocab_size moe_layer_recompute "
-    "delay_wgrad_compute overlap_moe_expert_parallel_comm hybrid_layer_pattern "
-    "hybrid_override_pattern is_hybrid_model"
+    "delay_wgrad_compute overlap_moe_expert_parallel_comm "
+    "is_hybrid_model position_embedding_type moe_ffn_hidden_size moe_shared_expert_intermediate_size "
+    "moe_router_topk moe_router_score_function moe_router_enable_expert_bias moe_router_num_groups "
+    "moe_router_group_topk moe_latent_size mamba_num_heads mamba_head_dim mamba_num_groups "
+    "mamba_state_dim mtp_use_repeated_layer"
 ).split()
 # Bridge's name -> Megatron-LM's (arguments.py; validate_args copies them onto the config)
 _RENAMED_MODEL = {
     "virtual_pipeline_model_parallel_size": "num_virtual_stages_per_pipeline_rank",
     "num_layers_in_first_pipeline_stage": "decoder_first_pipeline_num_layers",
     "num_layers_in_last_pipeline_stage": "decoder_last_pipeline_num_layers",
+    "num_moe_experts": "num_experts",
 }
 # megatron-core 0.18+'s fields (Megatron-LM's arguments of the same name) that the paged-stash
 # recipes set beside moe_paged_stash: the tool refuses each by name (inputs/paged_stash.py)
@@ -67,14 +85,36 @@ def recipe_args(cfg: Record, gpus: int) -> tuple[str | None, dict[str, Any], lis
     """Return (preset, Megatron-LM arguments, the bench's refusals) for a recipe on `gpus` GPUs."""
     model = _section(cfg, "model")
     refusals: list[str] = []
-    preset = PRESETS.get(model.fields.get("hf_id") or "")
+    pattern = _hybrid_pattern(model)
+    preset = PRESETS.get(model.fields.get("hf_id") or "") or _hybrid_preset(pattern)
     if preset is None:
         refusals.append("model: " + _model_name(model))
-    args: dict[str, Any] = {}
+    args: dict[str, Any] = dict(_BRIDGE_SETS.get(preset or "", {}))
+    if model.fields.get("bias_dropout_fusion") is False:
+        args["no_bias_dropout_fusion"] = True
+    elif model.fields.get("bias_dropout_fusion"):
+        args.pop("no_bias_dropout_fusion", None)
     for name in _SAME_MODEL + _SAME_MODEL_018:
         _put(args, name, model.fields.get(name))
     for name, flag in _RENAMED_MODEL.items():
         _put(args, flag, model.fields.get(name))
+    if preset and args.get("position_embedding_type") == "rope" and \
+            _preset_args(preset).get("position_embedding_type") == "yarn":  # fmt: skip
+        # gpt-oss 20B's perf recipes turn YaRN into plain RoPE: the same tensors (YaRN only
+        # scales RoPE's cos/sin), a numerics-only change, and the preset's YaRN factor then
+        # has no meaning Megatron-LM reads; the preset's YaRN stands
+        args.pop("position_embedding_type")
+    if pattern and "E" not in pattern and not model.fields.get("num_moe_experts"):
+        # a hybrid provider without MoE layers keeps NemotronH's MoE defaults (sigmoid router,
+        # grouped GEMM): megatron-core reads none of them without experts; Megatron-LM refuses
+        # some of them as arguments
+        for name in [name for name in args if name.startswith("moe_")]:
+            args.pop(name)
+    if pattern:
+        # the older name where both mean the same string (no MTP depths, no stage boundaries):
+        # megatron-core 0.16's Megatron-LM has only --hybrid-override-pattern
+        plain = "/" not in pattern and "|" not in pattern
+        args["hybrid_override_pattern" if plain else "hybrid_layer_pattern"] = pattern
     _layout(args, model)
     if args.get("cuda_graph_impl") == "full_iteration":
         # newer megatron-core's spelling of megatron-core 0.16's `local` with scope full_iteration
@@ -88,16 +128,26 @@ def recipe_args(cfg: Record, gpus: int) -> tuple[str | None, dict[str, Any], lis
         args.pop("cuda_graph_scope", None)
     if not args.get("fine_grained_activation_offloading"):
         args.pop("offload_modules", None)
+    if not args.get("cpu_offloading"):
+        # TransformerConfig reads cpu_offloading_num_layers only with cpu_offloading (gpt-oss
+        # 20B's perf recipes set 95 with offloading off)
+        args.pop("cpu_offloading_num_layers", None)
+    if args.get("mtp_num_layers") == 0:  # Bridge's "no MTP"; Megatron-LM's is no argument
+        args.pop("mtp_num_layers")
     if args.get("recompute_granularity") != "selective":
         # a field a recipe keeps from its base recipe after turning recomputation off (Qwen3-Next's
         # perf recipes): megatron-core reads recompute_modules only under selective recomputation
         args.pop("recompute_modules", None)
     # models/gpt_provider.py provide(): `padded_vocab_size = calculate_padded_vocab_size(vocab,
     # make_vocab_size_divisible_by, tp) if self.should_pad_vocab else self.vocab_size`
-    if model.fields.get("should_pad_vocab"):
+    if model.fields.get("should_pad_vocab") or _vocab_from_tokenizer(model):
         _put(args, "make_vocab_size_divisible_by", model.fields.get("make_vocab_size_divisible_by"))
     else:
         args["make_vocab_size_divisible_by"] = 1
+    null_vocab = _section(cfg, "tokenizer").fields.get("vocab_size")
+    if _vocab_from_tokenizer(model) and _section(cfg, "tokenizer").fields.get(
+            "tokenizer_type") == "NullTokenizer" and null_vocab:  # fmt: skip
+        args["vocab_size"] = null_vocab
     if model.fields.get("apply_rope_fusion") is False:
         args["no_rope_fusion"] = True
     if model.fields.get("attention_backend") not in (None, "auto"):
@@ -133,7 +183,7 @@ def _put(args: dict[str, Any], name: str, value: Any) -> None:
     if isinstance(value, list) and not value:
         return
     if isinstance(value, list):
-        value = [str(v).split(".")[-1] for v in value]
+        value = [(v.name if isinstance(v, Opaque) else str(v)).split(".")[-1] for v in value]
     args[name] = value
 
 
@@ -141,6 +191,45 @@ def _model_name(model: Record) -> str:
     if model.fields.get("hf_id"):
         return f"{model.fields['hf_id']} has no preset here (Megatron-Bridge loads its HF config)"
     return f"{model.kind} is not a model this tool builds"
+
+
+def _hybrid_pattern(model: Record) -> str | None:
+    """The provider's hybrid pattern as HybridModelProvider.finalize() makes it: the MTP pattern
+    appended once per depth after `/` (at least once with mtp_use_repeated_layer)."""
+    f = model.fields
+    pattern = f.get("hybrid_layer_pattern") or f.get("hybrid_override_pattern")
+    if not isinstance(pattern, str):
+        return None
+    mtp = f.get("mtp_hybrid_override_pattern")
+    if mtp:
+        depths = int(f.get("mtp_num_layers") or 0)
+        copies = max(1, depths) if f.get("mtp_use_repeated_layer") else depths
+        pattern = "/".join([pattern.split("/")[0]] + [mtp] * copies)
+    return pattern
+
+
+def _preset_args(name: str) -> Any:
+    from inspector.inputs.presets import PRESETS as TOOL_PRESETS
+
+    return TOOL_PRESETS[name].args
+
+
+def _hybrid_preset(pattern: str | None) -> str | None:
+    """The preset of a model a recipe builds inline (HybridModelProvider(...), no HF id): the one
+    whose hybrid layer pattern is the provider's main pattern (its other fields are carried)."""
+    from inspector.inputs.presets import PRESETS as TOOL_PRESETS
+
+    main = (pattern or "").split("/")[0]
+    found = [p.name for p in TOOL_PRESETS.values() if main and
+             p.args.get("hybrid_override_pattern") == main]  # fmt: skip
+    return found[0] if found else None
+
+
+def _vocab_from_tokenizer(model: Record) -> bool:
+    """Whether Bridge takes the vocabulary from the tokenizer, padded (training/setup.py
+    `_validate_and_set_vocab_size`: a provider built inline with vocab_size None)."""
+    return "hf_id" not in model.fields and "vocab_size" in model.fields and \
+        model.fields["vocab_size"] is None  # fmt: skip
 
 
 def _layout(args: dict[str, Any], model: Record) -> None:

@@ -47,15 +47,26 @@ def parameter_count(a: Mapping[str, Any], tp: int = 1) -> int:
     if a.get("num_experts"):
         e = a["num_experts"]
         # --moe-ffn-hidden-size defaults to --ffn-hidden-size (Megatron-LM arguments.py)
-        moe_layer = e * h + bias * e + e * mlp(a.get("moe_ffn_hidden_size") or a["ffn_hidden_size"])
+        moe_ffn = a.get("moe_ffn_hidden_size") or a["ffn_hidden_size"]
+        moe_layer = e * h + bias * e + e * mlp(moe_ffn)
+        if a.get("moe_latent_size"):
+            # LatentMoE (megatron-core moe_layer.py): routed experts work in the latent size,
+            # between a down (h -> latent) and an up (latent -> h) projection; router and
+            # shared expert stay in h
+            latent = a["moe_latent_size"]
+            moe_layer += e * (latent - h) * (gated + 1) * moe_ffn + 2 * h * latent
         if a.get("moe_shared_expert_intermediate_size"):
             moe_layer += mlp(a["moe_shared_expert_intermediate_size"])
             moe_layer += h if a.get("moe_shared_expert_gate") else 0  # gate weight [1, h]
-    if a.get("hybrid_override_pattern"):
+    hybrid = a.get("hybrid_override_pattern") or a.get("hybrid_layer_pattern")
+    mtp_depths: list[int] = []
+    if hybrid:
         kinds = {"M": norm + _mamba2_mixer(a, h), "*": norm + attention,
                  "-": norm + dense_layer, "E": norm + moe_layer,
                  "G": norm + _gated_delta_net(a, h)}  # fmt: skip
-        per_layer = [kinds[symbol] for symbol in a["hybrid_override_pattern"]]
+        main, *depths = hybrid.split("/")  # Megatron-LM 0.17+: MTP depths after `/`
+        per_layer = [kinds[symbol] for symbol in main.replace("|", "")]
+        mtp_depths = [sum(kinds[symbol] for symbol in depth) for depth in depths]
     else:
         pattern = moe_pattern(a)
         mixers = [_gated_delta_net(a, h) if gdn else attention for gdn in gdn_pattern(a)]
@@ -64,7 +75,11 @@ def parameter_count(a: Mapping[str, Any], tp: int = 1) -> int:
     total = vocab * h + sum(per_layer) + norm
     # Multi-token prediction: per depth, enorm, hnorm, eh_proj (2h -> h), a transformer layer like
     # the decoder's last, and a final norm; the embedding and output layer are shared.
-    total += (a.get("mtp_num_layers") or 0) * (3 * norm + 2 * h * h + per_layer[-1])
+    # A hybrid model's MTP depth holds its pattern's layers instead.
+    if mtp_depths:
+        total += sum(3 * norm + 2 * h * h + depth for depth in mtp_depths)
+    else:
+        total += (a.get("mtp_num_layers") or 0) * (3 * norm + 2 * h * h + per_layer[-1])
     if a.get("position_embedding_type", "learned_absolute") == "learned_absolute":
         total += (a.get("max_position_embeddings") or a["seq_length"]) * h
     if a.get("untie_embeddings_and_output_weights"):

@@ -12,7 +12,12 @@ from textwrap import dedent
 
 import pytest
 
+from inspector.inputs.presets import PRESETS
+
 BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+PATTERN_56B = PRESETS["nemotron-h-56b"].args["hybrid_override_pattern"]
+PATTERN_NANO = PRESETS["nemotron-3-nano-30b-a3b"].args["hybrid_override_pattern"]
 
 _FILES = {
     "training/config.py": """
@@ -28,8 +33,13 @@ _FILES = {
             overlap_param_gather: bool = False
             grad_reduce_in_fp32: bool = True
         @dataclass
+        class TokenizerConfig:
+            tokenizer_type: str = None
+            vocab_size: int = None
+        @dataclass
         class ConfigContainer:
             model: object = None
+            tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
             train: TrainingConfig = field(default_factory=TrainingConfig)
             ddp: DDPConfig = field(default_factory=DDPConfig)
             mixed_precision: object = None
@@ -109,7 +119,55 @@ _FILES = {
 
         def llama3_70b_pretrain_8gpu_h100_bf16_config():
             cfg = llama3_70b_pretrain_config()
-            cfg.model = AutoBridge.from_hf_pretrained("moonshotai/Kimi-K2-Instruct").get_model_config()
+            cfg.model = AutoBridge.from_hf_pretrained("zai-org/GLM-5.2").get_model_config()
+            return cfg
+    """,
+    "models/hybrid/hybrid_provider.py": """
+        from dataclasses import dataclass
+        @dataclass
+        class HybridModelProvider:
+            hybrid_layer_pattern: str = None
+            num_layers: int = None
+            hidden_size: int = None
+            num_moe_experts: int = None
+            moe_router_score_function: str = "softmax"
+            moe_grouped_gemm: bool = False
+            mtp_num_layers: int = 0
+            mtp_hybrid_override_pattern: str = None
+            mtp_use_repeated_layer: bool = False
+            vocab_size: int = None
+            make_vocab_size_divisible_by: int = 128
+            should_pad_vocab: bool = False
+    """,
+    "perf_recipes/nemotronh/h100/nemotronh.py": f"""
+        from megatron.bridge.models.hybrid.hybrid_provider import HybridModelProvider
+        from megatron.bridge.training.config import ConfigContainer, TokenizerConfig
+        def nemotronh_56b_pretrain_64gpu_h100_bf16_config():
+            cfg = ConfigContainer()
+            cfg.model = HybridModelProvider(hybrid_layer_pattern="{PATTERN_56B}", num_layers=118,
+                hidden_size=8192, moe_router_score_function="sigmoid", moe_grouped_gemm=True)
+            cfg.tokenizer = TokenizerConfig(tokenizer_type="NullTokenizer", vocab_size=32000)
+            cfg.model.tensor_model_parallel_size = 8
+            cfg.train.global_batch_size = 16
+            cfg.train.micro_batch_size = 1
+            return cfg
+        def nemotron_3_5_lightning_pretrain_8gpu_h100_bf16_config():
+            cfg = ConfigContainer()
+            cfg.model = HybridModelProvider(hybrid_layer_pattern="{PATTERN_NANO}", num_layers=52,
+                num_moe_experts=128, moe_grouped_gemm=True)
+            cfg.model.mtp_num_layers = 2
+            cfg.model.mtp_hybrid_override_pattern = "*E"
+            cfg.model.mtp_use_repeated_layer = True
+            return cfg
+    """,
+    "perf_recipes/gpt_oss/h100/gpt_oss.py": """
+        from megatron.bridge.models import AutoBridge
+        from megatron.bridge.training.config import ConfigContainer
+        def gpt_oss_20b_pretrain_8gpu_h100_bf16_config():
+            cfg = ConfigContainer()
+            cfg.model = AutoBridge.from_hf_pretrained("openai/gpt-oss-20b").get_model_config()
+            cfg.model.cpu_offloading_num_layers = 95
+            cfg.model.position_embedding_type = "rope"
             return cfg
     """,
 }
@@ -122,10 +180,11 @@ def bridge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         path = root / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(dedent(text))
-    (root / "models").mkdir()
+    (root / "models").mkdir(exist_ok=True)
     (root / "models/__init__.py").write_text("from megatron.bridge.models.auto import AutoBridge\n")
     (root / "models/auto.py").write_text("class AutoBridge:\n    pass\n")
     (root / "recipes/__init__.py").write_text("")
+    (root / "models/hybrid/__init__.py").write_text("")
     monkeypatch.syspath_prepend(str(BENCH))
     return tmp_path
 
@@ -153,12 +212,63 @@ def test_a_recipe_becomes_megatron_lm_arguments(bridge: Path) -> None:
 def test_the_coverage_names_each_cause(bridge: Path) -> None:
     import bridge_recipes
 
-    outcomes = {o.name: o for o in bridge_recipes.run_all(bridge, run=False, families=None)}
+    outcomes = {o.name: o for o in bridge_recipes.run_all(bridge, run=False, families=("llama",))}
     assert outcomes["llama3_70b_pretrain_64gpu_h100_fp8cs_config"].status == "modelled"
     graphs = outcomes["llama3_70b_pretrain_64gpu_h100_bf16_config"]
     assert (graphs.status, graphs.cause) == ("refused", "--cuda-graph-impl local")
-    kimi = outcomes["llama3_70b_pretrain_8gpu_h100_bf16_config"]
-    assert kimi.status == "refused" and kimi.cause == "model"
+    unmapped = outcomes["llama3_70b_pretrain_8gpu_h100_bf16_config"]  # GLM-5.2: no preset
+    assert unmapped.status == "refused" and unmapped.cause == "model"
     text = bridge_recipes.render(list(outcomes.values()))
     assert "| llama | h100 | 3 | 1 | 2 | 0 | 0 |" in text
     assert "Fully modelled: 1 of 3 (33%)." in text
+
+
+def _show(bridge: Path, name: str) -> dict:
+    import bridge_recipes
+
+    return bridge_recipes.json.loads(bridge_recipes.show(bridge, name))
+
+
+def test_an_inline_hybrid_provider_is_the_preset_of_its_pattern(bridge: Path) -> None:
+    # HybridModelProvider(...) has no HF id: the preset whose pattern it is; a dense provider's
+    # MoE defaults are dropped (megatron-core reads none of them without experts); its vocabulary
+    # is the NullTokenizer's, padded as Bridge pads it (training/setup.py)
+    shown = _show(bridge, "nemotronh_56b_pretrain_64gpu_h100_bf16_config")
+    got = shown["arguments"]
+    assert shown["preset"] == "nemotron-h-56b" and shown["refusals"] == []
+    assert got["hybrid_override_pattern"] == PATTERN_56B and "hybrid_layer_pattern" not in got
+    assert (got["vocab_size"], got["make_vocab_size_divisible_by"]) == (32000, 128)
+    assert not [name for name in got if name.startswith("moe_")]
+
+
+def test_a_hybrid_provider_s_mtp_pattern_is_appended_as_bridge_appends_it(bridge: Path) -> None:
+    # HybridModelProvider.finalize(): the MTP pattern once per depth after `/` (at least once
+    # with the repeated layer); Megatron-LM 0.17+'s --hybrid-layer-pattern takes that string
+    shown = _show(bridge, "nemotron_3_5_lightning_pretrain_8gpu_h100_bf16_config")
+    got = shown["arguments"]
+    assert shown["preset"] == "nemotron-3-nano-30b-a3b"
+    assert got["hybrid_layer_pattern"] == PATTERN_NANO + "/*E/*E"
+    assert got["mtp_num_layers"] == 2 and got["mtp_use_repeated_layer"] is True
+    assert got["num_experts"] == 128
+
+
+def test_gpt_oss_carries_what_its_bridge_sets(bridge: Path) -> None:
+    # gpt_oss_bridge.py turns bias-dropout fusion off (TEGroupedMLP refuses it with expert
+    # biases); offloaded layers without offloading and YaRN -> RoPE change no tensor
+    shown = _show(bridge, "gpt_oss_20b_pretrain_8gpu_h100_bf16_config")
+    got = shown["arguments"]
+    assert shown["preset"] == "gpt-oss-20b" and got["no_bias_dropout_fusion"] is True
+    assert "cpu_offloading_num_layers" not in got and "position_embedding_type" not in got
+
+
+def test_the_new_models_outcomes(bridge: Path) -> None:
+    import bridge_recipes
+
+    outcomes = {o.name: (o.status, o.cause) for o in bridge_recipes.run_all(
+        bridge, run=False, families=("nemotronh", "gpt_oss"))}  # fmt: skip
+    assert outcomes == {
+        "nemotronh_56b_pretrain_64gpu_h100_bf16_config": ("modelled", ""),
+        "nemotron_3_5_lightning_pretrain_8gpu_h100_bf16_config": (
+            "refused", "--mtp-use-repeated-layer"),
+        "gpt_oss_20b_pretrain_8gpu_h100_bf16_config": ("modelled", ""),
+    }

@@ -3,6 +3,8 @@ from megatron-core's own TECudaGraphHelper, against hand counts from its source.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.test_versions import ALLTOALL_GRAPH_RETURNS_PROBS, CUDA_GRAPHS_MODELLED
@@ -364,3 +366,38 @@ def test_memory_names_what_torch_cuda_reports_beside_the_pool(cli):
     assert result.code == 0, result.err
     [line] = [line for line in result.out.splitlines() if line.startswith("Stage 0: the CUDA graphs'")]
     assert "is reserved, not allocated, once captured: torch.cuda.memory_allocated reports" in line
+
+
+def test_a_mamba_scope_pools_the_mamba_layers_whole():
+    from inspector.memory.engine.cuda_graphs import pool_of
+
+    # megatron's _layer_is_graphable: a MambaLayer (norm, mixer, its bias-dropout-add) with
+    # mamba, whole; a hybrid's attention layer (TransformerLayer) with attn. Mamba's events read
+    # as attention's before (it was refused by name)
+    forward = _events((1, "decoder.layers.0.norm"), (2, "decoder.layers.0.mixer.in_proj"),
+                      (3, "decoder.layers.0"), (4, "decoder.layers.1.self_attention.linear_qkv"),
+                      (5, "decoder.layers.1"))  # fmt: skip
+    assert pool_of(forward, ("mamba",), False) == [True, True, True, False, False]
+    assert pool_of(forward, ("attn",), False) == [False, False, False, True, True]
+    backward = _events((5, "decoder.layers.1: NativeDropoutBackward0"),
+                       (4, "layer 1 self_attention: LayerNormLinearFunctionBackward"),
+                       (3, "decoder.layers.0: NativeDropoutBackward0"),
+                       (2, "layer 0 mixer: MambaSplitConv1dScanCombinedFnBackward"))  # fmt: skip
+    assert pool_of(backward, ("mamba",), True) == [False, False, True, True]
+
+
+@needs_graphs
+def test_memory_graphs_a_hybrid_s_mamba_layers(cli):
+    # Megatron-Bridge's Nemotron-H and Nemotron 3 Nano recipes graph their Mamba layers
+    # (--cuda-graph-scope mamba, or attn mamba); the pool fills in a Mamba layer's backward
+    result = cli("memory", "--num-layers", "4", "--hidden-size", str(HIDDEN), "--num-attention-heads", "4",
+                 "--seq-length", str(SEQ), "--max-position-embeddings", str(SEQ), "--vocab-size", "1000",
+                 "--micro-batch-size", "1", "--global-batch-size", "8", "--bf16",
+                 "--hybrid-override-pattern", "M*M-", "--position-embedding-type", "none",
+                 "--mamba-num-groups", "2",
+                 "--normalization", "RMSNorm", "--disable-bias-linear",
+                 "--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope", "mamba",
+                 "--no-cache")  # fmt: skip
+    assert result.code == 0, result.err
+    [line] = [line for line in result.out.splitlines() if "beside the CUDA graphs' memory pool" in line]
+    assert re.search(r"reached its size at the graph of the backward of micro-batch \d+: layer [02] mixer", line), line

@@ -63,6 +63,20 @@ def test_layer_pattern_replaces_num_layers_as_megatron_lm_does(monkeypatch):
         hybrid_pattern.layer_pattern({"hybrid_layer_pattern": "M*", "hybrid_override_pattern": "*M"})
 
 
+def test_a_later_source_s_pattern_replaces_a_preset_s(monkeypatch):
+    # a preset's --hybrid-override-pattern under a script's --hybrid-layer-pattern (Megatron-
+    # Bridge's Nemotron 3.5 Lightning: Nano's pattern with MTP depths): later sources win, as for
+    # every other argument; it stopped with "cannot both be specified"
+    from inspector.inputs.presets import PRESETS
+    from inspector.inputs.resolve import Sources, merge_sources
+
+    monkeypatch.setattr(hybrid_pattern, "megatron_core_version", lambda: (0, 19))
+    nano = PRESETS["nemotron-3-nano-30b-a3b"].args["hybrid_override_pattern"]
+    sources = Sources(preset="nemotron-3-nano-30b-a3b", flags={"hybrid_layer_pattern": nano + "/*E"})
+    args = merge_sources(sources, ("model",)).args
+    assert (args["hybrid_override_pattern"], args["mtp_num_layers"]) == (nano + "/*E", 1)
+
+
 @pytest.mark.skipif(megatron_core_version() >= (0, 17), reason="Megatron-LM 0.17+ has the flag")
 def test_older_megatron_lm_has_no_layer_pattern(cli):
     result = cli("params", *SMALL, "--hybrid-layer-pattern", "M*M-")

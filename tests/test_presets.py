@@ -18,18 +18,51 @@ from tests.test_versions import GPT_OSS, SHARED_EXPERT_GATE
 VERSION = megatron_version()
 
 
+# Published counts stated only to the billion ("This model has 56B model parameters"): the
+# count must round to them
+ROUNDED = {"nemotron-h-8b": 0.5e9, "nemotron-h-56b": 0.5e9}
+
+
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_published_count(name):
     preset = PRESETS[name]
     count = parameter_count(dict(preset.args))
+    if name in ROUNDED:
+        assert abs(count - preset.published_params) < ROUNDED[name], count
+        return
     assert abs(count - preset.published_params) / preset.published_params < 0.005, (
         count,
         preset.published_params,
     )
 
 
+def test_counts_of_the_new_presets():
+    # the tests' formula, written out: Nemotron-H 8B 8,100,852,736 (published "8B"), 56B
+    # 56,324,350,464 ("56B"); Nemotron 3 Super 120,668,687,360 without its MTP layer (120.6B);
+    # GLM-5 743,911,199,232 without its MTP layer (744B)
+    counts = {name: parameter_count(dict(PRESETS[name].args)) for name in (
+        "nemotron-h-8b", "nemotron-h-56b", "nemotron-3-super-120b-a12b", "glm-5")}  # fmt: skip
+    assert counts == {"nemotron-h-8b": 8_100_852_736, "nemotron-h-56b": 56_324_350_464,
+                      "nemotron-3-super-120b-a12b": 120_668_687_360,
+                      "glm-5": 743_911_199_232}  # fmt: skip
+
+
+def test_a_preset_the_tool_cannot_build_is_refused_by_name(cli):
+    # Nemotron 3 Super's LatentMoE: megatron-core 0.16 has it (moe_layer.py fc1/fc2_latent_proj),
+    # this tool does not count it yet; the preset was built without it before
+    result = cli("params", "--model", "nemotron-3-super-120b-a12b")
+    assert (result.code, result.out) == (2, "")
+    assert result.err == (
+        "Error: --moe-latent-size is not modelled: MoE latent projections (the routed experts on "
+        "a smaller width, projected in and out of it) are not modelled (--model "
+        "nemotron-3-super-120b-a12b sets --moe-latent-size 1024)\n"
+    )
+
+
 def _buildable(name: str) -> list:
     """Skip presets the installed megatron-core cannot build (tests/test_versions.py asserts why)."""
+    if PRESETS[name].args.get("moe_latent_size"):
+        return [pytest.mark.skip(reason="LatentMoE is refused by name (test above)")]
     if PRESETS[name].args.get("moe_shared_expert_gate") and not SHARED_EXPERT_GATE:
         return [pytest.mark.skip(reason="shared-expert gate needs megatron-core 0.16")]
     if "E" in PRESETS[name].args.get("hybrid_override_pattern", "") and not hybrid_moe_layers():

@@ -46,6 +46,13 @@ CAPS = {
         "Error: --num-experts 100000 / --expert-model-parallel-size 4 x 1 rank(s) = 25000 experts "
         "x 12 MoE layers = 300,000 TEGroupedMLP experts (a weight each, about 0.5 ms) to build, "
         "more than the 32,768 this tool builds (docs/limits.md)"),
+    # a hybrid model's MoE layers are its pattern's 23 E layers, not all 52 (its Mamba and
+    # attention layers hold no experts)
+    "num-experts-2048-hybrid": (["params", "--model", "nemotron-3-nano-30b-a3b", "--num-experts",
+        "2048"],
+        "Error: --num-experts 2048 experts x 23 MoE layers = 47,104 TEGroupedMLP experts (a "
+        "weight each, about 0.5 ms) to build, more than the 32,768 this tool builds "
+        "(docs/limits.md)"),
 }  # fmt: skip
 
 

@@ -167,8 +167,8 @@ ARGUMENTS: tuple[ArgSpec, ...] = MODEL_ARGUMENTS + (
         "cuda_graph_scope",
         str,
         "What each layer's graph covers (default the whole layer): attn, mlp, moe_router, "
-        "moe_preprocess; full_iteration (with local): one graph of the whole forward and "
-        "backward (moe and mamba are not modelled).",
+        "moe_preprocess, mamba (a hybrid's Mamba layers); full_iteration (with local): one graph "
+        "of the whole forward and backward (moe is not modelled).",
         many=True,
     ),
     _training("train_iters", int, "Iterations to train; 1: the only iteration is the first, whose "

@@ -15,6 +15,7 @@ from typing import Any
 
 from inspector.errors import ConfigError
 from inspector.inputs.presets_gdn import GDN_PRESETS
+from inspector.inputs.presets_hybrid import HYBRID_PRESETS
 
 
 @dataclass(frozen=True)
@@ -170,6 +171,27 @@ _ALL = [
         no_rope_fusion=True,
     ),
     _preset(
+        "glm-5",
+        "78 layers (3 dense), hidden 6144, 64 heads, MLA, DSA indexer (32 heads of 128, "
+        "top-2048), 256 experts top-8 + 1 shared",
+        "Zhipu AI 2026, GLM-5: from Vibe Coding to Agentic Engineering (HF zai-org/GLM-5 "
+        "config.json, glm_moe_dsa); flags as Megatron-Bridge's glm_moe_dsa/glm5_bridge.py sets "
+        "them (its MTP layer off); megatron-core 0.18+ builds it",
+        744e9, "GLM-5 technical report, architecture table: 744B total parameters, 40B activated",
+        num_layers=78, hidden_size=6144, num_attention_heads=64, ffn_hidden_size=12288,
+        multi_latent_attention=True, q_lora_rank=2048, kv_lora_rank=512, qk_head_dim=192,
+        qk_pos_emb_head_dim=64, v_head_dim=256, qk_layernorm=True, rotary_scaling_factor=1.0,
+        mscale=1.0, mscale_all_dim=1.0,
+        num_experts=256, moe_layer_freq="([0]*3+[1]*75)", moe_router_topk=8,
+        moe_ffn_hidden_size=2048, moe_shared_expert_intermediate_size=2048,
+        moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True,
+        moe_router_pre_softmax=True, moe_grouped_gemm=True,
+        experimental_attention_variant="dsa", dsa_indexer_n_heads=32, dsa_indexer_head_dim=128,
+        dsa_indexer_topk=2048, no_rope_fusion=True,  # as deepseek-v3.2: DSAttention refuses it
+        seq_length=4096, max_position_embeddings=202752, vocab_size=154880,
+        make_vocab_size_divisible_by=1280, **_LLAMA, transformer_impl="transformer_engine",
+    ),
+    _preset(
         "qwen3-30b-a3b",
         "48 layers, hidden 2048, 32 heads (4 KV groups, head 128), 128 experts top-8 (ffn 768)",
         "Qwen team 2025, Qwen3 Technical Report, arXiv:2505.09388 (HF Qwen/Qwen3-30B-A3B "
@@ -266,7 +288,7 @@ _ALL += [
 ]  # fmt: skip
 
 _ALL += [_preset(name, summary, source, count, count_source, **args)
-         for name, summary, source, count, count_source, args in GDN_PRESETS]  # fmt: skip
+         for name, summary, source, count, count_source, args in GDN_PRESETS + HYBRID_PRESETS]  # fmt: skip
 
 PRESETS: dict[str, Preset] = {preset.name: preset for preset in _ALL}
 DEFAULT = "gpt2-small"

@@ -9,6 +9,7 @@ arguments become a validated Job (job.py) in one call.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,7 @@ from inspector.inputs.arguments import BY_NAME
 from inspector.inputs.hybrid_pattern import layer_pattern
 from inspector.inputs.ignored import IGNORED_NOTES
 from inspector.inputs.refusals import ALL_GROUPS, refusals_message, refused_value
+from inspector.inputs.unmodelled import REFUSED
 from inspector.inputs.versions import unknown_argument_notes
 
 if TYPE_CHECKING:
@@ -55,6 +57,12 @@ def merge_sources(sources: Sources, groups: tuple[str, ...], accepted: tuple[str
     layers, world = _source_layers(sources, groups, notes, accepted, pending)
     merged: dict[str, Any] = {}
     for layer in layers:
+        if any(layer.get(name) is not None for name in _PATTERNS):
+            # a later source's hybrid pattern replaces an earlier one's (a preset's
+            # --hybrid-override-pattern under a script's --hybrid-layer-pattern); within one
+            # source both names stop the job, as Megatron-LM's validate_args does
+            for name in _PATTERNS:
+                merged.pop(name, None)
         merged.update(layer)
     if merged.get("hybrid_layer_pattern") is not None:
         notes.extend(layer_pattern(merged))
@@ -85,6 +93,7 @@ def merge_sources(sources: Sources, groups: tuple[str, ...], accepted: tuple[str
     return Resolved(args, tuple(notes))
 
 
+_PATTERNS = ("hybrid_override_pattern", "hybrid_layer_pattern")
 # The arguments that make megatron-core build a hybrid (Mamba) model (job/model.py `hybrid`)
 _HYBRID_ARGS = ("hybrid_override_pattern", "hybrid_attention_ratio", "hybrid_mlp_ratio",
                 "is_hybrid_model")  # fmt: skip
@@ -144,6 +153,19 @@ def _check_flag_values(flags: dict[str, Any], groups: tuple[str, ...], accepted:
             raise ConfigError(f"{refusal.argument} is {refusal.verb}: {refusal.reason}")
 
 
+def _check_preset(name: str, args: Mapping[str, Any], groups: tuple[str, ...]) -> None:
+    """Raise ConfigError for a preset argument this tool refuses (unmodelled.REFUSED): a published
+    model whose architecture the tool does not build yet is refused by name, never built without."""
+    for key in args:
+        flag = "--" + key.replace("_", "-")
+        refusal = REFUSED.get(flag)
+        if refusal is None or str(args[key]) in refusal.harmless:
+            continue
+        if refusal.group == ALL_GROUPS or refusal.group in groups:
+            raise ConfigError(f"{flag} is not modelled: {refusal.reason} (--model {name} "
+                              f"sets {flag} {args[key]})")  # fmt: skip
+
+
 def _source_layers(
     sources: Sources, groups: tuple[str, ...], notes: list[str], accepted: tuple[str, ...] = (),
     pending: list[str] | None = None,
@@ -154,7 +176,9 @@ def _source_layers(
     if sources.preset is not None:
         from inspector.inputs.presets import get_preset
 
-        layers.append(dict(get_preset(sources.preset).args))
+        preset = get_preset(sources.preset)
+        _check_preset(preset.name, preset.args, groups)
+        layers.append(dict(preset.args))
     if sources.hf_config is not None:
         from inspector.inputs.hf import read_hf_config
 

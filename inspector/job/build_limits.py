@@ -9,6 +9,7 @@ about 0.03 ms. Each cap keeps a build's experts within about 15 seconds.
 from __future__ import annotations
 
 from inspector.errors import ConfigError
+from inspector.job.hybrid_model import layer_symbols
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
 
@@ -31,7 +32,10 @@ def check_expert_builds(model: ModelConfig, layout: Layout, ep_ranks: int) -> No
     experts than its cap, naming the flags."""
     if model.num_experts is None:
         return
-    moe_layers = sum(model.is_moe_layer(layer) for layer in range(model.num_layers))
+    if model.hybrid and model.hybrid_override_pattern is not None:
+        moe_layers = layer_symbols(model).count("E")  # a hybrid's MoE layers are its E symbols
+    else:
+        moe_layers = sum(model.is_moe_layer(layer) for layer in range(model.num_layers))
     experts = model.num_experts // layout.ep * ep_ranks
     cap, kind = expert_cap(model)
     if experts * moe_layers > cap:

@@ -4,8 +4,9 @@ megatron-core's TransformerConfig checks them (transformer/transformer_config.py
 
 Transformer Engine's per-layer graphs (`transformer_engine`) are modelled by `memory`
 (memory/engine/cuda_graphs.py): their static inputs and their memory pool, whole layers or the scopes
-attn, mlp, moe_router and moe_preprocess. megatron's own CudaGraphManager (`local`, refused in
-inputs/unmodelled.py) and full-iteration graphs are not.
+attn, mlp, moe_router, moe_preprocess and mamba (a hybrid model's Mamba layers, whole).
+megatron's own CudaGraphManager (`local`, refused in inputs/unmodelled.py) and full-iteration
+graphs are not.
 """
 
 from __future__ import annotations
@@ -20,10 +21,6 @@ from inspector.inputs.versions import megatron_core_version
 
 # megatron-core's CudaGraphScope (transformer/enums.py), "full" its deprecated empty scope
 SCOPES = ("full", "full_iteration", "attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba")
-# what a scope word graphs that `memory` cannot separate, or another graph than a layer's
-_UNMODELLED = {
-    "mamba": "Mamba layers' graphs are not modelled (this tool builds GPT models)",
-}
 
 
 def parse_scope(args: Mapping[str, Any]) -> tuple[str, ...]:
@@ -61,9 +58,6 @@ def check_cuda_graphs(impl: str, scope: tuple[str, ...], recompute: str, num_exp
                           "transformer_engine: megatron-core refuses it ('To use full iteration "
                           "cuda graph, please use cuda_graph_impl=local instead of "
                           "cuda_graph_impl=transformer_engine.')")  # fmt: skip
-    for word in scope:
-        if word in _UNMODELLED:
-            raise ConfigError(f"--cuda-graph-scope {word} is not modelled: {_UNMODELLED[word]}")
     if "moe_preprocess" in scope and "moe_router" not in scope:
         raise ConfigError("--cuda-graph-scope moe_preprocess needs moe_router (megatron-core: "
                           "'moe_preprocess cuda graph is only supported with moe_router cuda "

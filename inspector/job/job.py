@@ -338,8 +338,11 @@ def router_padding(args: Mapping[str, Any]) -> bool:
     field = router_padding_field()
     if args.get("num_experts") is None:
         raise ConfigError(f"{flag} needs --num-experts (it pads the experts' token counts)")
-    if not args.get("fp8_format"):
-        raise ConfigError(f"{flag} needs --fp8-format (megatron-core's TransformerConfig: "
+    # 0.16.1's quantization padding takes fp4 too (moe_utils.py get_align_size_for_quantization)
+    fp4 = field == "moe_router_padding_for_quantization" and args.get("fp4_format")
+    if not args.get("fp8_format") and not fp4:
+        formats = "--fp8-format or --fp4-format" if field.endswith("quantization") else "--fp8-format"
+        raise ConfigError(f"{flag} needs {formats} (megatron-core's TransformerConfig: "
                           f"'{_PAD_NEEDS_FP8[field]}')")  # fmt: skip
     dispatcher = args.get("moe_token_dispatcher_type") or "allgather"
     if dispatcher == "allgather":

@@ -175,7 +175,9 @@ def _grad_output_bytes(job: Job, callables: list[list[Any]], microbatches: int, 
         for layers in callables:
             for number, layer in enumerate(layers):
                 index = first + number
-                kind = (type(layer.mlp), *((tuple(a.shape), a.dtype) for a in _tensors(args[index])))
+                # a Mamba layer (a hybrid model's) has no MLP: its own type keys it
+                kind = (type(getattr(layer, "mlp", layer)),
+                        *((tuple(a.shape), a.dtype) for a in _tensors(args[index])))
                 if kind in seen:  # a layer of the same kind and inputs: the same outputs
                     continue
                 seen.add(kind)
@@ -184,6 +186,9 @@ def _grad_output_bytes(job: Job, callables: list[list[Any]], microbatches: int, 
                     outputs = layer._te_cuda_graph_capture(*args[index], **kwargs[index])
                 finally:
                     cuda_graphs._set_capture_end()
+                # GraphableMegatronModule._te_cuda_graph_capture is the layer's forward: one
+                # tensor for a Mamba layer, a tuple for TransformerLayer's
+                outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
                 grads = [o for o in outputs if o.requires_grad]
                 key = tuple((tuple(o.shape), o.dtype) for o in grads)
                 signatures[key] = sum(rounded(o.numel() * o.element_size()) for o in grads)
@@ -208,6 +213,7 @@ _IN_LAYER = re.compile(
 # TransformerLayer._get_submodules_under_cudagraphs: the submodules each scope word graphs
 _ATTENTION = ("input_layernorm", "self_attention", "pre_cross_attn_layernorm", "cross_attention")
 _ROUTER = ("mlp.router", "mlp.shared_experts")  # with moe_router, beside pre_mlp_layernorm
+_MAMBA = ("mixer", "norm")  # MambaLayer: norm, mixer, mamba_bda (graphed whole with mamba)
 # what the graphs keep, as RunMemory.persistent names it (the timeline draws it as its own band)
 GRAPHS = "CUDA graphs' "
 # the label of a graphs' memory pool among them: once captured, its blocks are free to the caching
@@ -217,8 +223,10 @@ POOL = f"{GRAPHS}memory pool"
 
 def _part(rest: str) -> str | None:
     """Return which part of a layer a label inside it names: attention, the MLP's norm, the
-    router, the dispatcher's preprocessing, the MLP, or None for the layer's own ops (residual
-    adds, bias-dropout-add)."""
+    router, the dispatcher's preprocessing, the MLP, a Mamba layer's norm and mixer (MambaLayer's
+    submodules), or None for the layer's own ops (residual adds, bias-dropout-add)."""
+    if rest.startswith(_MAMBA):
+        return "mamba"
     if rest.startswith(_ATTENTION):
         return "attn"
     if rest.startswith(f"mlp.{PREPROCESS}"):
@@ -240,6 +248,8 @@ def _graphed_part(part: str, scope: tuple[str, ...], moe: bool) -> bool:
     returning early: moe_utils.py maybe_skip_or_early_return_by_cudagraph)."""
     if not scope:
         return True
+    if part == "mamba":  # megatron's _layer_is_graphable: a MambaLayer with mamba, whole
+        return "mamba" in scope
     if part == "attn":
         return "attn" in scope
     whole = "moe" in scope if moe else "mlp" in scope
@@ -261,17 +271,25 @@ def pool_of(events: Sequence[Event], scope: tuple[str, ...], backward: bool) -> 
     inside = [_IN_LAYER.match(label) for label in labels]
     parts: list[str | None] = [None if m is None else _part(m.group(2) or "") for m in inside]
     moe = {m.group(1) for m, part in zip(inside, parts) if m is not None and part == "router"}
+    mamba = {_layer(m) for m, part in zip(inside, parts) if m is not None and part == "mamba"}
     order = range(len(events) - 1, -1, -1) if backward else range(len(events))
     current: str | None = None
-    for index in order:
-        if inside[index] is None:
+    for index, m in ((i, inside[i]) for i in order):
+        if m is None:
             current = None
+        elif _layer(m) in mamba:  # a Mamba layer's own ops (its bias-dropout-add): its graph's
+            parts[index] = "mamba"
         elif parts[index] is None:
             parts[index] = current or "attn"
         else:
             current = parts[index]
     return [m is not None and _graphed_part(part or "attn", scope, m.group(1) in moe)
             for m, part in zip(inside, parts)]  # fmt: skip
+
+
+def _layer(match: re.Match[str]) -> str:
+    """The layer a label names, in the backward's spelling (`layer N`) for either spelling."""
+    return re.sub(r"^decoder\.layers\.(\d+)$", r"layer \1", match.group(1))
 
 
 def split_trace(trace: Trace, scope: tuple[str, ...]) -> tuple[Trace, Trace]:

@@ -1,0 +1,71 @@
+"""Presets of NVIDIA's hybrid (Mamba-2 + attention) models: Nemotron-H and Nemotron 3.
+
+presets.py registers them (`--model NAME`); kept here, data only, beside the other families.
+Megatron-Bridge builds them with HybridModelProvider (models/hybrid/hybrid_provider.py): RMSNorm,
+squared-ReLU MLPs (a numerics-only choice here), no position embedding, no linear biases,
+untied output layer. Nemotron-H's vocabulary is its Hugging Face tokenizer's (131072).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_HYBRID = dict(
+    is_hybrid_model=True, normalization="RMSNorm", position_embedding_type="none",
+    untie_embeddings_and_output_weights=True, disable_bias_linear=True, group_query_attention=True,
+    kv_channels=128, mamba_head_dim=64, mamba_num_groups=8, seq_length=8192,
+    max_position_embeddings=8192, vocab_size=131072, make_vocab_size_divisible_by=128,
+    transformer_impl="transformer_engine",
+)
+
+# (name, summary, source, published count, its source, Megatron-LM arguments)
+HYBRID_PRESETS: list[tuple[str, str, str, float, str, dict[str, Any]]] = [
+    (
+        "nemotron-h-8b",
+        "hybrid: 52 layers (24 Mamba-2, 24 MLP, 4 attention), hidden 4096, 32 heads (8 KV groups)",
+        "NVIDIA 2025, Nemotron-H, arXiv:2504.03624 (HF nvidia/Nemotron-H-8B-Base-8K); sizes as "
+        "Megatron-Bridge's recipes/nemotronh/h100/nemotronh.py nemotronh_8b_pretrain builds it",
+        8e9, "HF nvidia/Nemotron-H-8B-Base-8K model card: 8B model parameters (rounded)",
+        dict(
+            _HYBRID, num_layers=52, hidden_size=4096, num_attention_heads=32, num_query_groups=8,
+            ffn_hidden_size=21504, mamba_num_heads=128, mamba_state_dim=128,
+            hybrid_override_pattern="M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-",
+        ),
+    ),
+    (
+        "nemotron-h-56b",
+        "hybrid: 118 layers (54 Mamba-2, 54 MLP, 10 attention), hidden 8192, 64 heads (8 KV "
+        "groups)",
+        "NVIDIA 2025, Nemotron-H, arXiv:2504.03624 (HF nvidia/Nemotron-H-56B-Base-8K); sizes as "
+        "Megatron-Bridge's recipes/nemotronh/h100/nemotronh.py nemotronh_56b_pretrain builds it",
+        56e9, "HF nvidia/Nemotron-H-56B-Base-8K model card: 56B model parameters (rounded)",
+        dict(
+            _HYBRID, num_layers=118, hidden_size=8192, num_attention_heads=64, num_query_groups=8,
+            ffn_hidden_size=32768, mamba_num_heads=256, mamba_state_dim=256,
+            hybrid_override_pattern="M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-"
+            "M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-",
+        ),
+    ),
+    (
+        "nemotron-3-super-120b-a12b",
+        "hybrid: 88 layers (40 Mamba-2, 40 LatentMoE, 8 attention), hidden 4096, 512 experts "
+        "top-22 in latent 1024 + shared (its MTP layer not included)",
+        "NVIDIA 2026, Nemotron 3 Super (HF nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16); flags "
+        "as Megatron-LM's tests/functional_tests/test_cases/nemotron/"
+        "nemotron3_super_release_gb200/model_config.yaml; LatentMoE (--moe-latent-size) is "
+        "refused by name until this tool models it",
+        120.6e9, "NVIDIA, Nemotron 3 Super technical report (research.nvidia.com/labs/nemotron/"
+        "Nemotron-3-Super): 120.6B total parameters, 12.7B active",
+        dict(
+            _HYBRID, num_layers=88, hidden_size=4096, num_attention_heads=32, num_query_groups=2,
+            ffn_hidden_size=2688, mamba_num_heads=128, mamba_state_dim=128,
+            hybrid_override_pattern="MEMEMEM*EMEMEMEM*EMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*"
+            "EMEMEMEMEM*EMEMEMEM*EMEMEMEME",
+            num_experts=512, moe_router_topk=22, moe_latent_size=1024,
+            moe_shared_expert_intermediate_size=5376, moe_grouped_gemm=True,
+            moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True,
+            moe_router_load_balancing_type="seq_aux_loss", make_vocab_size_divisible_by=1,
+        ),
+    ),
+]  # fmt: skip
+
