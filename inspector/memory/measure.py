@@ -47,7 +47,6 @@ from inspector.formulas.hybrid_flops import hybrid_stage_flops
 from inspector.job.dims import ModelDims
 from inspector.job.dsa import check_dsa_run
 from inspector.job.hardware import GIB, check_positive, get_gpu
-from inspector.job.hybrid_model import refuse_hybrid_mtp
 from inspector.job.job import Job, Schedule, Training
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
@@ -290,7 +289,6 @@ def measure(built: BuiltJob, hardware: Hardware) -> MemoryReport:
     from inspector.world.ranks import rank_shard_indices
 
     job = built.job
-    refuse_hybrid_mtp(job.model, "memory")
     check_dsa_run(job.model, "rope_fusion" not in job.training.unfused)
     schedule = job.schedule()
     ranks_of: list[list[tuple[int, int, int]]] = [[] for _ in range(job.layout.pp)]
