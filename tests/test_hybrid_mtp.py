@@ -76,3 +76,34 @@ def test_workload_writes_the_mtp_patterns_layers(cli):
     assert mtp == ["mtp1_embedding", "mtp1_eh_proj_layer", "mtp1_mamba_layer", "mtp1_mlp_layer",
                    "mtp1_final_column", "mtp1_cross_entropy1", "mtp1_cross_entropy2",
                    "mtp1_cross_entropy3"]  # fmt: skip
+
+
+def test_the_deprecated_pattern_flag_builds_the_mtp_depths_too(cli):
+    # Megatron-LM 0.17+ validate_args reads --hybrid-override-pattern as --hybrid-layer-pattern,
+    # MTP depths and all; before, the depths were silently dropped
+    counts = []
+    for flag in ("--hybrid-override-pattern", "--hybrid-layer-pattern"):
+        result = cli("params", *SMALL, flag, "M*M-/M*", "--position-embedding-type", "rope")
+        assert result.code == 0, result.err
+        counts.append(sum(line.startswith("mtp.layers.0.") for line in result.out.splitlines()))
+    assert counts[0] == counts[1] > 0
+
+
+def test_hybrid_flops_count_each_depths_layers_and_logits(cli):
+    import json
+
+    result = cli("memory", *SMALL, "--hybrid-layer-pattern", "M*M-/M*/M*", "--is-hybrid-model",
+                 "--bf16", *MTP, "--seq-length", "512", "--format", "json")  # fmt: skip
+    assert result.code == 0, result.err
+    # Megatron-LM training.py hybrid_flops (core_v0.19.0): get_hybrid_layer_counts counts the MTP
+    # pattern once a depth, the logits `vocab_size * (1 + mtp_num_layers)`; by hand as in
+    # tests/test_hybrid.py (s 512, h 256, 8 heads, vocab 1024, ffn 1024, d_in 512, 8 groups)
+    tokens, h = 512, 256
+    mamba = (2 * tokens * h * (2 * 512 + 2 * 8 * 128 + 8) + 7 * tokens * 512 * 128
+             + 2 * tokens * 512 * h)  # fmt: skip
+    attention = 4 * tokens * h * 1 * (h + h + 512 / 2)
+    mlp = 4 * 4 * tokens * h**2
+    logits = 2 * tokens * h * 1024
+    main = 2 * mamba + attention + mlp
+    depth = mamba + attention
+    assert json.loads(result.out)["iteration_flops"] == round(3 * (main + 2 * depth + 3 * logits))

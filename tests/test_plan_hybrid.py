@@ -85,12 +85,14 @@ if hybrid_moe_layers():  # E: megatron-core 0.16+
     CASES.append(("ME*-ME*-", ("--num-experts", "4", "--moe-router-topk", "2", "--pp", "2")))
 if hybrid_pattern_separators():  # '|': megatron-core 0.17+
     CASES.append(("M*M-M*|M-", ()))
+    # '/': an MTP depth of a Mamba and an attention layer on the last stage (megatron-core 0.17+)
+    CASES.append(("M*M-M*|M-/M*", ("--position-embedding-type", "rope")))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("pattern, extra", CASES, ids=[f"{c[0]} {' '.join(c[1])}" for c in CASES])
 def test_memory_measures_the_plans_plan_prints(pattern: str, extra: tuple[str, ...]) -> None:
-    layers = str(len(pattern.replace("|", "")))
+    layers = str(len(pattern.split("/")[0].replace("|", "")))
     model = (*MODEL, "--num-layers", layers, "--hybrid-override-pattern", pattern, *extra)
     result = run_cli("plan", *model, "--gpus", "8", "--global-batch-size", "16", "--top", "2",
                      "--format", "json")  # fmt: skip

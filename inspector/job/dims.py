@@ -90,6 +90,7 @@ class ModelDims:
     # (job/hybrid_model.py MambaShape)
     layer_symbols: str = ""
     mamba: Any = None
+    mtp_symbols: str = ""  # one MTP depth's layers (the pattern after `/`), as layer_symbols
     # gated delta net layers (--experimental-attention-variant gated_delta_net): which layers
     # (`linear_attention_freq`) and their sizes, TransformerConfig's defaults
     experimental_attention_variant: str | None = None

@@ -41,6 +41,13 @@ def main_layers(pattern: str) -> str:
     return pattern.split(MTP_SEPARATOR)[0].replace(PIPE, "")
 
 
+def mtp_symbols(config: ModelConfig) -> str:
+    """Return one MTP depth's layer symbols: the pattern after its first `/` (megatron's
+    parse_hybrid_pattern requires every depth's to be the same), "" without MTP depths."""
+    parts = (config.hybrid_override_pattern or "").split(MTP_SEPARATOR)
+    return parts[1] if len(parts) > 1 else ""
+
+
 def layer_symbols(config: ModelConfig) -> str:
     """Return each decoder layer's symbol, as megatron's allocation gives them: the pattern's
     layers, or all Mamba for `--is-hybrid-model` alone (allocate_layers with both ratios 0).
@@ -222,15 +229,4 @@ def refuse_gdn(model: ModelConfig, command: str) -> None:
             f"{command} does not price gated delta net layers yet (--experimental-attention-"
             "variant gated_delta_net): its step-time model knows transformer layers only; tree, "
             "params, diff, memory and workload build and run them"
-        )
-
-
-def refuse_hybrid_mtp(model: ModelConfig, command: str) -> None:
-    """Refuse a hybrid model's MTP depths (`/` in the pattern) in a command that runs or prices
-    layers: megatron builds them (HybridModel's MultiTokenPredictionBlock of the MTP pattern's
-    layers), `tree`, `params` and `diff` show them; their run is not modelled yet."""
-    if model.hybrid and model.mtp_num_layers:
-        raise ConfigError(
-            f"{command} does not run a hybrid model's MTP depths ('/' in --hybrid-layer-pattern) "
-            "yet; tree, params and diff show them"
         )

@@ -365,9 +365,10 @@ def _stage_memory(
         has_mtp=any(chunk.mtp_layers for chunk in chunks),
     )
     if job.model.is_hybrid_model:  # Megatron-LM's hybrid branch of its FLOPs formula
-        symbols = (symbol for chunk in chunks for symbol in chunk.models[0].symbols)
-        flops = round(hybrid_stage_flops(job.model, dims, symbols, schedule.global_batch_size,
-                                         any(chunk.has_output for chunk in chunks)))  # fmt: skip
+        symbols = [s for c in chunks for s in c.models[0].symbols + c.models[0].mtp_symbols * c.mtp_layers]
+        # the loss's stage computes the MTP depths' logits too (process_mtp_loss)
+        logits = any(c.has_output for c in chunks) * (1 + (job.model.mtp_num_layers or 0))
+        flops = round(hybrid_stage_flops(job.model, dims, symbols, schedule.global_batch_size, logits))
     return StageMemory(
         stage=stage,
         layers=layers,

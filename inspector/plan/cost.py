@@ -59,7 +59,7 @@ from inspector.job.layout import Layout
 from inspector.memory.closed.activations import mtp_recompute, recompute_plan
 from inspector.plan.context import ring_attention
 from inspector.plan.flex import moe_exchange
-from inspector.plan.hybrid import hybrid_layer_time
+from inspector.plan.hybrid import hybrid_layer_time, mtp_depth_time
 from inspector.plan.kernel_seconds import (
     compute_seconds,
     core_seconds,
@@ -204,7 +204,8 @@ def _add_output(
     total[0] += compute_seconds(logit_flops(dims, mbs), output, lay, net, rate)
     if dims.mtp_num_layers:
         depth, final = dims.mtp_num_layers, dims.num_layers - 1
-        last = _layer_time(dims, lay, net, rate, mbs, mtp_mode, final)
+        last = (mtp_depth_time(dims, lay, net, rate, mbs, mtp_mode) if dims.mtp_symbols
+                else _layer_time(dims, lay, net, rate, mbs, mtp_mode, final))
         own = mtp_flops(dims, mbs) - depth * layer_flops(dims, final, mbs).total
         tokens = dims.seq_length * mbs // lay.cp
         eh_proj = linear("eh_proj", tokens, 2 * dims.hidden_size, dims.hidden_size // lay.tp,

@@ -45,7 +45,6 @@ from inspector.job.hybrid_model import (
     MambaShape,
     layer_symbols,
     main_layers,
-    refuse_hybrid_mtp,
 )
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
@@ -69,7 +68,6 @@ def check_hybrid_plan(model: ModelConfig, fixed: dict[str, Any], ep_overlap: boo
     """Raise ConfigError for what `plan` does not search for a hybrid model (module docstring)."""
     if not model.hybrid:
         return
-    refuse_hybrid_mtp(model, "plan")
     others = sorted(set(layer_symbols(model)) - set(PRICED))  # ratios without a pattern: named there
     if others:
         named = ", ".join(f"{s} ({(LAYER_SYMBOLS.get(s) or LATER_SYMBOLS[s][0])})" for s in others)
@@ -151,7 +149,21 @@ def hybrid_layer_time(
     terms, never set for a hybrid model): its kind's kernels, its module's 2 tensor-parallel
     collectives forward and 2 backward (an MoE layer's none with expert TP 1 and no shared
     experts, as cost.py counts a GPT layer's halves), its experts' exchange."""
-    symbol = dims.layer_symbols[i]
+    return symbol_time(dims, lay, net, rate, mbs, recompute, dims.layer_symbols[i], modules)
+
+
+def mtp_depth_time(dims: ModelDims, lay: Layout, net: Network, rate: float, mbs: int,
+                   recompute: str) -> tuple[float, ...]:  # fmt: skip
+    """Return one MTP depth's layers' seconds, as `hybrid_layer_time` (HybridModel's
+    MultiTokenPredictionLayer runs a HybridStack of the pattern after `/`)."""
+    parts = [symbol_time(dims, lay, net, rate, mbs, recompute, s, ("core_attn",))
+             for s in dims.mtp_symbols]  # fmt: skip
+    return tuple(sum(column) for column in zip(*parts, strict=True))
+
+
+def symbol_time(dims: ModelDims, lay: Layout, net: Network, rate: float, mbs: int, recompute: str,
+                symbol: str, modules: tuple[str, ...]) -> tuple[float, float, float, float]:  # fmt: skip
+    """Return the seconds of one layer of kind `symbol` (`hybrid_layer_time`)."""
     flops = hybrid_layer_flops(dims, symbol, mbs)
     if recompute == "selective" and "core_attn" in modules and symbol == "*":  # a third again
         flops += layer_flops(_gpt_dims(dims, symbol), 0, mbs).core_attention / 3

@@ -99,12 +99,15 @@ def _hybrid_pieces(job: Job) -> Built:
     from inspector.job.hybrid_model import layer_symbols
 
     kinds = "".join(dict.fromkeys(layer_symbols(job.model)))
-    small = replace(job.model, num_layers=2 * len(kinds), hybrid_override_pattern=kinds * 2,
-                    hybrid_attention_ratio=None, hybrid_mlp_ratio=None, mtp_num_layers=None)
+    pattern = job.model.hybrid_override_pattern or ""
+    mtp = pattern[pattern.index("/"):] if "/" in pattern else ""  # the MTP depths, with the loss
+    small = replace(job.model, num_layers=2 * len(kinds), hybrid_override_pattern=kinds * 2 + mtp,
+                    hybrid_attention_ratio=None, hybrid_mlp_ratio=None,
+                    mtp_num_layers=job.model.mtp_num_layers if mtp else None)
     lay = job.layout
     two = Job(small, Layout(tp=lay.tp, pp=2, dp=lay.ep * lay.expert_tp, ep=lay.ep, etp=lay.etp,
                             sequence_parallel=lay.sequence_parallel), Training(micro_batch_size=1))
-    one = Job(replace(small, num_layers=len(kinds), hybrid_override_pattern=kinds),
+    one = Job(replace(small, num_layers=len(kinds), hybrid_override_pattern=kinds + mtp),
               replace(two.layout, pp=1), two.training)
     stage_0, stage_1 = _first_chunks(two)
     first, last = _split(_params_of(stage_0)), _split(_params_of(stage_1))

@@ -45,6 +45,7 @@ reduce exactly to the table. Assumptions, all the paper's unless said otherwise:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from inspector.errors import ConfigError
 from inspector.job.dims import ModelDims, live_microbatches
@@ -279,16 +280,22 @@ def mtp_activations(
     4sbh (the two normed halves side by side), a transformer layer like the decoder's last
     (`layer_activations`, the same recomputation), the final norm's and the output layer's inputs
     2sbh each and the loss's fp32 logits 4sbv/t (paper Section 4.4); the sbh terms split by t
-    under sequence parallelism.
+    under sequence parallelism. A hybrid model's depth holds the MTP pattern's layers instead of
+    the transformer layer (HybridModel's MultiTokenPredictionBlock).
     """
     if not dims.mtp_num_layers:
         return 0.0
     sb = _tokens(dims, par, micro_batch_size)
     h = dims.hidden_size
     hidden = (MASK + 2 * dims.activation_bytes * 5) * sb * h / par.sp_divisor
-    layer = layer_activations(
-        dims, par, dims.num_layers - 1, micro_batch_size, recompute, flash_attention
-    ).total
+    if dims.mtp_symbols:  # a hybrid model's depth: the layers of the pattern after `/`
+        inner = replace(dims, layer_symbols=dims.mtp_symbols)
+        layer = sum(layer_activations(inner, par, k, micro_batch_size, recompute, flash_attention).total
+                    for k in range(len(dims.mtp_symbols)))  # fmt: skip
+    else:
+        layer = layer_activations(
+            dims, par, dims.num_layers - 1, micro_batch_size, recompute, flash_attention
+        ).total
     depth = TOKEN_ID * sb + hidden + layer + FP32 * sb * dims.vocab_size / par.tp
     return dims.mtp_num_layers * depth
 
