@@ -38,6 +38,7 @@ from inspector.formulas.hybrid_flops import hybrid_layer_flops as layer_flops_of
 from inspector.formulas.kernels import Gemm, Memory, Op
 from inspector.formulas.ops import LayerOps, Shard, layer_ops, layer_seconds, linear
 from inspector.job.dims import ModelDims
+from inspector.job.gdn import GdnShape
 from inspector.job.hybrid_model import (
     LATER_SYMBOLS,
     LAYER_SYMBOLS,
@@ -50,6 +51,7 @@ from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
 from inspector.job.versions import hybrid_pattern_separators, hybrid_stage_sizes_read
 from inspector.plan.flex import moe_exchange
+from inspector.plan.gdn_ops import GDN_NOTE, gdn_ops
 from inspector.plan.kernel_seconds import compute_seconds
 from inspector.plan.network import Network, collective
 
@@ -58,9 +60,15 @@ SCAN_NOTE = (
     "products per chunk are priced as batched GEMMs from the measured GEMM table, an estimate "
     "(docs/hybrid-models.md)"
 )
-PRICED = ("M", "*", "-", "E")  # the layer kinds plan prices (later kinds: G, D, +)
+PRICED = ("M", "*", "-", "E", "G")  # the layer kinds plan prices (later kinds: D, +)
 CHUNK = 128  # MambaMixer's chunk_size (ssm/mamba_mixer.py, core_v0.16.1 and 0.19.2)
 CONV = 4  # MambaMixer's d_conv: the causal convolution's width
+
+
+def estimate_notes(model: ModelConfig) -> list[str]:
+    """Return the notes a plan prints for the kernels it estimates: the Mamba scan's (every
+    hybrid plan), the gated delta rule's (GDN layers)."""
+    return [SCAN_NOTE] * model.hybrid + [GDN_NOTE] * model.gdn
 
 
 def check_hybrid_plan(model: ModelConfig, fixed: dict[str, Any], ep_overlap: bool, flex: bool,
@@ -123,6 +131,8 @@ def hybrid_kernels(dims: ModelDims, shard: Shard, symbol: str) -> LayerOps:
     """Return one hybrid layer's kernels on one rank for one micro-batch."""
     if symbol == "M":
         return _mamba_ops(dims, shard)
+    if symbol == "G":
+        return gdn_ops(dims, shard, _residual(dims, shard))
     gpt = layer_ops(_gpt_dims(dims, symbol), shard, symbol == "E")
     return _half(gpt, symbol == "*")
 
@@ -130,14 +140,17 @@ def hybrid_kernels(dims: ModelDims, shard: Shard, symbol: str) -> LayerOps:
 def hybrid_layer_flops(dims: ModelDims, symbol: str, sequences: int) -> float:
     """Return one layer's FLOPs, forward and backward, over `sequences` sequences, as
     Megatron-LM's hybrid formula counts them (formulas/hybrid_flops.py)."""
-    return layer_flops_of(_sizes(dims.mamba), dims, symbol, sequences)
+    return layer_flops_of(_sizes(dims.mamba, dims.gdn_shape()), dims, symbol, sequences)
 
 
 @caches.memo(maxsize=64)
-def _sizes(shape: MambaShape) -> ModelConfig:
-    """Return the Mamba sizes as the model arguments Megatron-LM's formula reads."""
+def _sizes(shape: MambaShape, gdn: GdnShape) -> ModelConfig:
+    """Return the Mamba and GDN sizes as the model arguments Megatron-LM's formula reads."""
     return ModelConfig(mamba_state_dim=shape.state, mamba_head_dim=shape.d_inner // shape.heads,
-                       mamba_num_groups=shape.groups, mamba_num_heads=shape.heads)  # fmt: skip
+                       mamba_num_groups=shape.groups, mamba_num_heads=shape.heads,
+                       linear_num_key_heads=gdn.key_heads, linear_num_value_heads=gdn.value_heads,
+                       linear_key_head_dim=gdn.key_dim, linear_value_head_dim=gdn.value_dim,
+                       linear_conv_kernel_dim=gdn.conv_kernel)  # fmt: skip
 
 
 def hybrid_layer_time(
@@ -198,6 +211,14 @@ def _half(ops: LayerOps, attention: bool) -> LayerOps:
     return LayerOps(ops.forward[cut_f:], ops.backward[: cut_b + 1], ())
 
 
+def _residual(dims: ModelDims, z: Shard) -> tuple[list[Op], list[Op], list[Op], list[Op]]:
+    """Return a layer's input norm and residual add, forward and backward (a GPT layer's)."""
+    residual = _half(layer_ops(_gpt_dims(dims, "-"), z, False), True)
+    add_f = [op for op in residual.forward if "bias-dropout-add" in op.name]
+    add_b = [op for op in residual.backward if "bias-dropout-add" in op.name]
+    return list(residual.forward[:1]), add_f, list(residual.backward[-1:]), add_b
+
+
 def _mamba_ops(dims: ModelDims, z: Shard) -> LayerOps:
     """Return a Mamba layer's kernels (module docstring), on one rank for one micro-batch."""
     shape, act, h = dims.mamba, dims.activation_bytes, dims.hidden_size
@@ -205,10 +226,7 @@ def _mamba_ops(dims: ModelDims, z: Shard) -> LayerOps:
     heads, groups, d = shape.heads // z.tp, shape.groups // z.tp, shape.d_inner // z.tp
     head_dim, n, chunks = shape.d_inner // shape.heads, shape.state, -(-tokens // CHUNK)
     fp8 = dims.fp8 is not None
-    residual = _half(layer_ops(_gpt_dims(dims, "-"), z, False), True)  # the norm, the add
-    norm_f, add_f = residual.forward[:1], [op for op in residual.forward if "bias-dropout-add" in op.name]
-    norm_b = residual.backward[-1:]
-    add_b = [op for op in residual.backward if "bias-dropout-add" in op.name]
+    norm_f, add_f, norm_b, add_b = _residual(dims, z)
     in_proj = linear("in_proj", tokens, h, shape.in_width // z.tp, fp8=fp8)
     out_proj = linear("out_proj", tokens, d, h, fp8=fp8)
     conv = tokens * (d + 2 * groups * n)  # x, B and C: the convolution's channels on this rank
