@@ -115,16 +115,23 @@ if hybrid_gdn_layers():
 def test_memory_measures_the_plans_plan_prints(pattern: str, extra: tuple[str, ...]) -> None:
     layers = str(len(pattern.split("/")[0].replace("|", "")))
     model = (*MODEL, "--num-layers", layers, "--hybrid-override-pattern", pattern, *extra)
+    found = assert_memory_measures_the_plans(model)
+    if "|" in pattern:  # the pattern's segments: 6 layers, then 2
+        assert {tuple(p["split"]) for p in found["plans"]} == {(6, 2)}
+    assert all(any("chunked delta rule" in note for note in p["notes"]) == ("G" in pattern)
+               for p in found["plans"])  # fmt: skip
+
+
+def assert_memory_measures_the_plans(model: tuple[str, ...]) -> dict:
+    """Run plan, then memory with each printed plan's flags: the same bytes, stage by stage."""
     result = run_cli("plan", *model, "--gpus", "8", "--global-batch-size", "16", "--top", "2",
                      "--format", "json")  # fmt: skip
     assert result.code == 0, result.err
     found = json.loads(result.out)
+    hybrid = "--hybrid-override-pattern" in model
     assert found["plans"] and all(
-        any("chunked scan of Mamba-2" in note for note in p["notes"]) for p in found["plans"])
-    assert all(any("chunked delta rule" in note for note in p["notes"]) == ("G" in pattern)
-               for p in found["plans"])  # fmt: skip
-    if "|" in pattern:  # the pattern's segments: 6 layers, then 2
-        assert {tuple(p["split"]) for p in found["plans"]} == {(6, 2)}
+        any("chunked scan of Mamba-2" in note for note in p.get("notes", ())) == hybrid
+        for p in found["plans"])  # fmt: skip
     for plan in found["plans"]:
         flags = [w for f in plan["flags"] for w in shlex.split(f)]
         given, kept, k = {f for f in flags if f.startswith("--")} | {"--pp"}, [], 0
@@ -137,6 +144,7 @@ def test_memory_measures_the_plans_plan_prints(pattern: str, extra: tuple[str, .
         assert memory.code == 0, memory.err
         totals = [s.get("total_bytes", s.get("total")) for s in json.loads(memory.out)["stages"]]
         assert totals == [s["total"] for s in plan["stages"]]
+    return found
 
 
 @pytest.mark.parametrize(

@@ -200,7 +200,11 @@ class ModelDims:
     def layer_kind(self, layer: int) -> bool | str:
         """Return what a layer's cost depends on: its pattern symbol in a hybrid model, else
         whether its MLP is MoE (`is_moe_layer`)."""
-        return self.layer_symbols[layer] if self.layer_symbols else self.is_moe_layer(layer)
+        if self.layer_symbols:
+            return self.layer_symbols[layer]
+        if self.experimental_attention_variant == "gated_delta_net":  # hybrid_model.gpt_kind
+            return ("G" if self.is_gdn_layer(layer) else "*") + ("E" if self.is_moe_layer(layer) else "-")
+        return self.is_moe_layer(layer)
 
     def gdn_shape(self) -> GdnShape:
         """Return the gated delta net's sizes (GatedDeltaNet `__init__`)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from inspector.errors import ConfigError
+from inspector.job.gdn import gdn_layers
 from inspector.job.model import ModelConfig
 from inspector.job.versions import (
     hybrid_gdn_layers,
@@ -65,10 +66,19 @@ def layer_symbols(config: ModelConfig) -> str:
 
 def layer_kinds(config: ModelConfig) -> tuple[bool | str, ...]:
     """Return each layer's kind as the planner keys its pieces: a GPT layer's is whether its MLP
-    is MoE, a hybrid layer's its pattern symbol (megatron's MambaStack builds one module a layer)."""
+    is MoE, a hybrid layer's its pattern symbol (megatron's MambaStack builds one module a layer);
+    with gated delta nets (`--experimental-attention-variant`) its mixer and MLP (`gpt_kind`)."""
     if config.hybrid:
         return tuple(layer_symbols(config))
+    if config.gdn:
+        gdn = gdn_layers(config)
+        return tuple(gpt_kind(gdn[i], config.is_moe_layer(i)) for i in range(config.num_layers))
     return tuple(config.is_moe_layer(i) for i in range(config.num_layers))
+
+
+def gpt_kind(gdn: bool, moe: bool) -> str:
+    """Return a GPT layer's kind when its mixer varies: `G` or `*`, then `E` or `-`."""
+    return ("G" if gdn else "*") + ("E" if moe else "-")
 
 
 def pipe_segments(pattern: str | None) -> int:
@@ -218,15 +228,4 @@ def _validate_mamba_sizes(config: ModelConfig, tp: int) -> None:
         raise ConfigError(
             f"Mamba heads {heads} are not divisible by --mamba-num-groups {groups} "
             f"({heads} % {groups} = {heads % groups})"
-        )
-
-
-def refuse_gdn(model: ModelConfig, command: str) -> None:
-    """Refuse a GPT model with gated delta net layers in a command that prices layers by
-    transformer formulas (a hybrid pattern's `G` layers: plan/hybrid.py)."""
-    if model.gdn and not model.hybrid:
-        raise ConfigError(
-            f"{command} does not price gated delta net layers yet (--experimental-attention-"
-            "variant gated_delta_net): its step-time model knows transformer layers only; tree, "
-            "params, diff, memory and workload build and run them"
         )

@@ -22,8 +22,9 @@ kind. What the search leaves out for hybrid jobs, each refused by name when aske
 has no checkpointed forward: `--recompute-granularity full` recomputes nothing there),
 context parallelism (Mamba's all-to-alls between sequence and head splits,
 ssm/mamba_context_parallel.py, are not priced), the MoE all-to-all overlap and the flex
-dispatcher, MTP depths (`/`), and splits megatron's stack does not make (its own rules:
-`hybrid_splits`).
+dispatcher, and splits megatron's stack does not make (its own rules: `hybrid_splits`). MTP
+depths (`/`) are priced on the last stage as cost.py prices a GPT model's MTP layer, with the
+MTP pattern's layers each by its kind (`mtp_depth_time`); `G` layers by plan/gdn_ops.py.
 """
 
 from __future__ import annotations
@@ -217,6 +218,15 @@ def _residual(dims: ModelDims, z: Shard) -> tuple[list[Op], list[Op], list[Op], 
     add_f = [op for op in residual.forward if "bias-dropout-add" in op.name]
     add_b = [op for op in residual.backward if "bias-dropout-add" in op.name]
     return list(residual.forward[:1]), add_f, list(residual.backward[-1:]), add_b
+
+
+@caches.memo(maxsize=256)
+def gdn_layer_ops(dims: ModelDims, shard: Shard, moe: bool) -> LayerOps:
+    """Return a GPT layer's kernels whose mixer is a gated delta net (`--experimental-attention-
+    variant gated_delta_net`): the GDN's (plan/gdn_ops.py), then the layer's MLP half."""
+    mlp = _half(layer_ops(dims, shard, moe), False)
+    gdn = gdn_ops(dims, shard, _residual(dims, shard))
+    return LayerOps(gdn.forward + mlp.forward, mlp.backward + gdn.backward, ())
 
 
 def _mamba_ops(dims: ModelDims, z: Shard) -> LayerOps:

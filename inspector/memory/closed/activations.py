@@ -282,6 +282,8 @@ def layer_activations(
         _mla_attention(dims, par, sb, "mla_up_proj" in asked) if dims.multi_latent_attention
         else None
     )
+    if dims.is_gdn_layer(layer):  # a gated delta net in place of attention: no core attention
+        attention, core = _gdn(dims, par, sb), 0.0
     return LayerActivations(
         norms, attention if attention is not None else _attention(dims, par, sb), core, mlp, 0.0
     )
