@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from inspector.job.versions import hybrid_pattern_separators
-from tests.test_hybrid import SMALL
+from tests.test_hybrid import SMALL, small_hybrid_flops
 
 pytestmark = pytest.mark.skipif(not hybrid_pattern_separators(),
                                 reason="megatron-core 0.17+ reads '/'")  # fmt: skip
@@ -97,13 +97,8 @@ def test_hybrid_flops_count_each_depths_layers_and_logits(cli):
     assert result.code == 0, result.err
     # Megatron-LM training.py hybrid_flops (core_v0.19.0): get_hybrid_layer_counts counts the MTP
     # pattern once a depth, the logits `vocab_size * (1 + mtp_num_layers)`; by hand as in
-    # tests/test_hybrid.py (s 512, h 256, 8 heads, vocab 1024, ffn 1024, d_in 512, 8 groups)
-    tokens, h = 512, 256
-    mamba = (2 * tokens * h * (2 * 512 + 2 * 8 * 128 + 8) + 7 * tokens * 512 * 128
-             + 2 * tokens * 512 * h)  # fmt: skip
-    attention = 4 * tokens * h * 1 * (h + h + 512 / 2)
-    mlp = 4 * 4 * tokens * h**2
-    logits = 2 * tokens * h * 1024
+    # tests/test_hybrid.py
+    mamba, attention, mlp, logits = small_hybrid_flops()
     main = 2 * mamba + attention + mlp
     depth = mamba + attention
     assert json.loads(result.out)["iteration_flops"] == round(3 * (main + 2 * depth + 3 * logits))
