@@ -247,16 +247,6 @@ def test_gdn_needs_its_layer_pattern(cli):
         "(megatron-core: 'linear_attention_freq must be set for linear gated_delta_net')\n"))  # fmt: skip
 
 
-def test_plan_refuses_gdn_by_name():
-    from inspector.errors import ConfigError
-    from inspector.job.hybrid_model import refuse_gdn
-    from inspector.job.model import ModelConfig
-
-    model = ModelConfig(experimental_attention_variant="gated_delta_net", linear_attention_freq=4)
-    with pytest.raises(ConfigError, match="plan does not price gated delta net layers yet"):
-        refuse_gdn(model, "plan")
-
-
 def test_hf_config_reads_the_layer_pattern(tmp_path):
     from inspector.inputs.hf import read_hf_config
 

@@ -133,18 +133,21 @@ def test_memory_runs_mamba_layers_and_counts_megatron_lm_hybrid_flops(cli):
                  "--bf16", "--seq-length", "512", "--micro-batch-size", "1", "--format", "json")
     assert result.code == 0, result.err
     report = json.loads(result.out)
-    # Megatron-LM training.py hybrid_flops, by hand: B 1, s 512, h 256, 8 heads, vocab 1024
-    # (1000 padded to 128), ffn 1024, Mamba d_in 512, 8 groups of state 128, 8 heads
-    tokens, h = 512, 256
-    mamba = (2 * tokens * h * (2 * 512 + 2 * 8 * 128 + 8) + 7 * tokens * 512 * 128
-             + 2 * tokens * 512 * h)  # fmt: skip
-    attention = 4 * tokens * h * 1 * (h + h + 512 / 2)
-    mlp = 4 * 4 * tokens * h**2
-    logits = 2 * tokens * h * 1024
+    mamba, attention, mlp, logits = small_hybrid_flops()
     assert report["iteration_flops"] == round(3 * (2 * mamba + attention + mlp + logits))
     activations = report["stages"][0]["activations"]
     assert activations["source"] == "engine", activations  # megatron's own forward and backward
     assert "MambaSplitConv1dScanCombinedFn" in activations["moment"]
+
+
+def small_hybrid_flops() -> tuple[float, float, float, float]:
+    """Return Megatron-LM's forward FLOPs (training.py hybrid_flops) of SMALL's Mamba, attention
+    and MLP layers and of its logits, by hand: B 1, s 512, h 256, 8 heads, vocab 1024 (1000
+    padded to 128), ffn 1024, Mamba d_in 512, 8 groups of state 128, 8 heads."""
+    tokens, h = 512, 256
+    mamba = (2 * tokens * h * (2 * 512 + 2 * 8 * 128 + 8) + 7 * tokens * 512 * 128
+             + 2 * tokens * 512 * h)  # fmt: skip
+    return mamba, 4 * tokens * h * 1 * (h + h + 512 / 2), 4 * 4 * tokens * h**2, 2 * tokens * h * 1024
 
 
 def test_split_scan_saves_what_the_kernel_saves():

@@ -108,16 +108,6 @@ def test_mtp_depths_build_the_mtp_pattern(cli):
     assert mixers == {"mixer", "self_attention"}
 
 
-@pytest.mark.skipif(not hybrid_pattern_separators(), reason="megatron-core 0.17+ reads '/'")
-@pytest.mark.parametrize("command", ["memory", "workload"])
-def test_commands_that_run_layers_refuse_hybrid_mtp(cli, command, tmp_path):
-    extra = ("--gpu", "h100", "-o", str(tmp_path / "out")) if command == "workload" else ()
-    result = cli(command, *SMALL, "--hybrid-layer-pattern", "M*M-/M*", "--position-embedding-type",
-                 "rope", "--micro-batch-size", "1", "--global-batch-size", "1", *extra)  # fmt: skip
-    assert result.code == 2
-    assert f"{command} does not run a hybrid model's MTP depths" in result.err
-
-
 @pytest.mark.skipif(not hybrid_pattern_separators(), reason="megatron-core 0.17+ reads '|'")
 def test_workload_writes_each_stage_its_segment(cli):
     names = []

@@ -8,6 +8,7 @@ import shlex
 import pytest
 
 from inspector.job.versions import (
+    hybrid_gdn_layers,
     hybrid_moe_layers,
     hybrid_pattern_separators,
     hybrid_stage_sizes_read,
@@ -38,6 +39,22 @@ def _job(pattern: str, **flags):
 @pytest.mark.parametrize("flags", [{}, {"tensor_model_parallel_size": 2, "sequence_parallel": True},
                                    {"tensor_model_parallel_size": 2}])  # fmt: skip
 def test_each_kind_keeps_what_the_engine_measures(flags) -> None:
+    _check_kinds("M*-M*-M*-", flags, 5 * 1024)
+
+
+GDN_SIZES = dict(swiglu=True, linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=64,
+                 linear_value_head_dim=64)  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hybrid_gdn_layers(), reason="G: megatron-core 0.17+")
+@pytest.mark.parametrize("flags", [{}, {"tensor_model_parallel_size": 2, "sequence_parallel": True}])
+def test_a_gdn_layer_keeps_about_what_the_engine_measures(flags) -> None:
+    # the GDN estimate leaves out the fused gating's small temporaries: 33 bytes a token at tp 1
+    _check_kinds("G-G-G-", {**GDN_SIZES, **flags}, 34 * 1024)
+
+
+def _check_kinds(pattern: str, flags: dict, slack: int) -> None:
     # a layer's bytes kept for backward: the net of its segment of megatron's forward on fake
     # tensors (every kind's middle copy), against the planner's per-kind forms
     from inspector.memory.closed.activations import layer_activations
@@ -45,7 +62,6 @@ def test_each_kind_keeps_what_the_engine_measures(flags) -> None:
     from inspector.memory.engine.stage import trace_stage
     from inspector.plan.price import job_dims
 
-    pattern = "M*-M*-M*-"
     job = _job(pattern, **flags)
     segments = cut(trace_stage(job, 0)[0].forward, len(pattern)).layers
     dims = job_dims(job)
@@ -53,7 +69,7 @@ def test_each_kind_keeps_what_the_engine_measures(flags) -> None:
         measured = sum(step[0] for step in segments[i])
         formed = layer_activations(dims, job.layout, i, 1, "none", job.training.flash_attention).total
         # left out: per-head fp32 vectors (Mamba), the norms' fp32 rstd (attention, MLP): < 5 KiB
-        assert 0 <= measured - formed < 5 * 1024, (pattern[i], measured, formed)
+        assert 0 <= measured - formed < slack, (pattern[i], measured, formed)
 
 
 def test_attention_and_mlp_layers_are_a_gpt_layer_cut_in_two() -> None:
@@ -85,21 +101,37 @@ if hybrid_moe_layers():  # E: megatron-core 0.16+
     CASES.append(("ME*-ME*-", ("--num-experts", "4", "--moe-router-topk", "2", "--pp", "2")))
 if hybrid_pattern_separators():  # '|': megatron-core 0.17+
     CASES.append(("M*M-M*|M-", ()))
+    # '/': an MTP depth of a Mamba and an attention layer on the last stage (megatron-core 0.17+)
+    CASES.append(("M*M-M*|M-/M*", ("--position-embedding-type", "rope")))
+# G: gated delta net layers (megatron-core 0.17+), 4 key heads and 8 value heads of 64
+GDN = ("--swiglu", "--linear-num-key-heads", "4", "--linear-num-value-heads", "8",
+       "--linear-key-head-dim", "64", "--linear-value-head-dim", "64")  # fmt: skip
+if hybrid_gdn_layers():
+    CASES.append(("MG*-MG*-", ("--pp", "2", *GDN)))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("pattern, extra", CASES, ids=[f"{c[0]} {' '.join(c[1])}" for c in CASES])
 def test_memory_measures_the_plans_plan_prints(pattern: str, extra: tuple[str, ...]) -> None:
-    layers = str(len(pattern.replace("|", "")))
+    layers = str(len(pattern.split("/")[0].replace("|", "")))
     model = (*MODEL, "--num-layers", layers, "--hybrid-override-pattern", pattern, *extra)
+    found = assert_memory_measures_the_plans(model)
+    if "|" in pattern:  # the pattern's segments: 6 layers, then 2
+        assert {tuple(p["split"]) for p in found["plans"]} == {(6, 2)}
+    assert all(any("chunked delta rule" in note for note in p["notes"]) == ("G" in pattern)
+               for p in found["plans"])  # fmt: skip
+
+
+def assert_memory_measures_the_plans(model: tuple[str, ...]) -> dict:
+    """Run plan, then memory with each printed plan's flags: the same bytes, stage by stage."""
     result = run_cli("plan", *model, "--gpus", "8", "--global-batch-size", "16", "--top", "2",
                      "--format", "json")  # fmt: skip
     assert result.code == 0, result.err
     found = json.loads(result.out)
+    hybrid = "--hybrid-override-pattern" in model
     assert found["plans"] and all(
-        "chunked scan of Mamba-2" in note for p in found["plans"] for note in p["notes"])
-    if "|" in pattern:  # the pattern's segments: 6 layers, then 2
-        assert {tuple(p["split"]) for p in found["plans"]} == {(6, 2)}
+        any("chunked scan of Mamba-2" in note for note in p.get("notes", ())) == hybrid
+        for p in found["plans"])  # fmt: skip
     for plan in found["plans"]:
         flags = [w for f in plan["flags"] for w in shlex.split(f)]
         given, kept, k = {f for f in flags if f.startswith("--")} | {"--pp"}, [], 0
@@ -112,6 +144,7 @@ def test_memory_measures_the_plans_plan_prints(pattern: str, extra: tuple[str, .
         assert memory.code == 0, memory.err
         totals = [s.get("total_bytes", s.get("total")) for s in json.loads(memory.out)["stages"]]
         assert totals == [s["total"] for s in plan["stages"]]
+    return found
 
 
 @pytest.mark.parametrize(
@@ -119,9 +152,9 @@ def test_memory_measures_the_plans_plan_prints(pattern: str, extra: tuple[str, .
     [
         (("--recompute-granularity", "full"), "plan does not search --recompute-granularity full"),
         (("--context-parallel-size", "2"), "plan does not search --context-parallel-size above 1"),
-        (("--hybrid-override-pattern", "MGM-"), "G (gated delta net"),
+        (("--hybrid-override-pattern", "M+M-"), "+ (multi-latent attention"),
     ],
-    ids=["full recompute", "context parallel", "gated delta net"],
+    ids=["full recompute", "context parallel", "multi-latent attention"],
 )
 def test_what_plan_does_not_search_for_a_hybrid_model_is_named(extra, words) -> None:
     args = ["--num-layers", "4", "--hybrid-override-pattern", "M*M-"]
@@ -137,3 +170,18 @@ def test_ratios_without_a_pattern_are_named() -> None:
                      "--gpus", "8", "--global-batch-size", "16")  # fmt: skip
     assert result.code == 2
     assert "without --hybrid-override-pattern: plan needs the pattern" in result.err
+
+
+@pytest.mark.skipif(not hybrid_gdn_layers(), reason="G: megatron-core 0.17+")
+def test_a_gdn_layer_is_priced_by_its_own_sizes() -> None:
+    from inspector.formulas.ops import Shard
+    from inspector.plan.hybrid import hybrid_kernels, hybrid_layer_flops
+    from inspector.plan.price import job_dims
+
+    dims = job_dims(_job("MG*-", **GDN_SIZES))
+    # Megatron-LM's gdn_layer_flops (training.py core_v0.19.0), by hand: s 1024, h 512, in_proj
+    # 2 x 256 + 2 x 512 + 2 x 8 = 1552 wide, conv over 1024 channels of width 4, 8 value heads of 64
+    forward = 2 * 1024 * (512 * 1552 + 4 * 1024 + 8 * 64**2 * 4 + 512 * 8 * 64)
+    assert hybrid_layer_flops(dims, "G", 1) == 3 * forward
+    names = [op.name for op in hybrid_kernels(dims, Shard(tp=2, micro_batch=1), "G").forward]
+    assert names.index("in_proj") < names.index("delta rule beta K K^T") < names.index("out_proj")

@@ -52,9 +52,9 @@ def hybrid_layer_flops(model: ModelConfig, dims: ModelDims, symbol: str, sequenc
 
 
 def hybrid_stage_flops(model: ModelConfig, dims: ModelDims, symbols: Iterable[str],
-                       sequences: int, has_output_layer: bool) -> float:  # fmt: skip
-    """Return a stage's FLOPs: its layers (megatron's layer symbols) and maybe the logits."""
+                       sequences: int, logits: int) -> float:  # fmt: skip
+    """Return a stage's FLOPs: its layers (megatron's layer symbols, its MTP depths' among them:
+    `get_hybrid_layer_counts` counts them once a depth) and `logits` output-layer passes (1 on
+    the last stage, one more a depth: `vocab_size * (1 + mtp_num_layers)`, core_v0.19.0)."""
     total = sum(hybrid_layer_flops(model, dims, symbol, sequences) for symbol in symbols)
-    if has_output_layer:
-        total += PASSES * 2 * sequences * dims.seq_length * dims.hidden_size * dims.vocab_size
-    return total
+    return total + logits * PASSES * 2 * sequences * dims.seq_length * dims.hidden_size * dims.vocab_size

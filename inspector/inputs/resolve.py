@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 from inspector.errors import ConfigError
 from inspector.inputs.arguments import BY_NAME
-from inspector.inputs.hybrid_pattern import layer_pattern
+from inspector.inputs.hybrid_pattern import FIRST, layer_pattern
 from inspector.inputs.ignored import IGNORED_NOTES
 from inspector.inputs.refusals import ALL_GROUPS, refusals_message, refused_value
 from inspector.inputs.unmodelled import REFUSED
-from inspector.inputs.versions import unknown_argument_notes
+from inspector.inputs.versions import megatron_core_version, unknown_argument_notes
 
 if TYPE_CHECKING:
     from inspector.inputs.sources import ScriptArgs
@@ -64,6 +64,12 @@ def merge_sources(sources: Sources, groups: tuple[str, ...], accepted: tuple[str
             for name in _PATTERNS:
                 merged.pop(name, None)
         merged.update(layer)
+    older = merged.get("hybrid_override_pattern")
+    if older is not None and "/" in str(older) and merged.get("hybrid_layer_pattern") is None:
+        # Megatron-LM 0.17+ reads the deprecated spelling as --hybrid-layer-pattern (its MTP
+        # depths too); before 0.17, '/' is not a layer symbol (job/hybrid_model.py says so)
+        if megatron_core_version() >= FIRST:
+            merged["hybrid_layer_pattern"] = older
     if merged.get("hybrid_layer_pattern") is not None:
         notes.extend(layer_pattern(merged))
     if "model" in groups:

@@ -93,6 +93,7 @@ class ModelDims:
     # (job/hybrid_model.py MambaShape)
     layer_symbols: str = ""
     mamba: Any = None
+    mtp_symbols: str = ""  # one MTP depth's layers (the pattern after `/`), as layer_symbols
     # gated delta net layers (--experimental-attention-variant gated_delta_net): which layers
     # (`linear_attention_freq`) and their sizes, TransformerConfig's defaults
     experimental_attention_variant: str | None = None
@@ -213,7 +214,11 @@ class ModelDims:
     def layer_kind(self, layer: int) -> bool | str:
         """Return what a layer's cost depends on: its pattern symbol in a hybrid model, else
         whether its MLP is MoE (`is_moe_layer`)."""
-        return self.layer_symbols[layer] if self.layer_symbols else self.is_moe_layer(layer)
+        if self.layer_symbols:
+            return self.layer_symbols[layer]
+        if self.experimental_attention_variant == "gated_delta_net":  # hybrid_model.gpt_kind
+            return ("G" if self.is_gdn_layer(layer) else "*") + ("E" if self.is_moe_layer(layer) else "-")
+        return self.is_moe_layer(layer)
 
     def gdn_shape(self) -> GdnShape:
         """Return the gated delta net's sizes (GatedDeltaNet `__init__`)."""

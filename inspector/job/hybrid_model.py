@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from inspector.errors import ConfigError
+from inspector.job.gdn import gdn_layers
 from inspector.job.model import ModelConfig
 from inspector.job.versions import (
     hybrid_gdn_layers,
@@ -41,6 +42,13 @@ def main_layers(pattern: str) -> str:
     return pattern.split(MTP_SEPARATOR)[0].replace(PIPE, "")
 
 
+def mtp_symbols(config: ModelConfig) -> str:
+    """Return one MTP depth's layer symbols: the pattern after its first `/` (megatron's
+    parse_hybrid_pattern requires every depth's to be the same), "" without MTP depths."""
+    parts = (config.hybrid_override_pattern or "").split(MTP_SEPARATOR)
+    return parts[1] if len(parts) > 1 else ""
+
+
 def layer_symbols(config: ModelConfig) -> str:
     """Return each decoder layer's symbol, as megatron's allocation gives them: the pattern's
     layers, or all Mamba for `--is-hybrid-model` alone (allocate_layers with both ratios 0).
@@ -58,10 +66,19 @@ def layer_symbols(config: ModelConfig) -> str:
 
 def layer_kinds(config: ModelConfig) -> tuple[bool | str, ...]:
     """Return each layer's kind as the planner keys its pieces: a GPT layer's is whether its MLP
-    is MoE, a hybrid layer's its pattern symbol (megatron's MambaStack builds one module a layer)."""
+    is MoE, a hybrid layer's its pattern symbol (megatron's MambaStack builds one module a layer);
+    with gated delta nets (`--experimental-attention-variant`) its mixer and MLP (`gpt_kind`)."""
     if config.hybrid:
         return tuple(layer_symbols(config))
+    if config.gdn:
+        gdn = gdn_layers(config)
+        return tuple(gpt_kind(gdn[i], config.is_moe_layer(i)) for i in range(config.num_layers))
     return tuple(config.is_moe_layer(i) for i in range(config.num_layers))
+
+
+def gpt_kind(gdn: bool, moe: bool) -> str:
+    """Return a GPT layer's kind when its mixer varies: `G` or `*`, then `E` or `-`."""
+    return ("G" if gdn else "*") + ("E" if moe else "-")
 
 
 def pipe_segments(pattern: str | None) -> int:
@@ -211,26 +228,4 @@ def _validate_mamba_sizes(config: ModelConfig, tp: int) -> None:
         raise ConfigError(
             f"Mamba heads {heads} are not divisible by --mamba-num-groups {groups} "
             f"({heads} % {groups} = {heads % groups})"
-        )
-
-
-def refuse_gdn(model: ModelConfig, command: str) -> None:
-    """Refuse a GPT model with gated delta net layers in a command that prices layers by
-    transformer formulas (a hybrid pattern's `G` layers: plan/hybrid.py)."""
-    if model.gdn and not model.hybrid:
-        raise ConfigError(
-            f"{command} does not price gated delta net layers yet (--experimental-attention-"
-            "variant gated_delta_net): its step-time model knows transformer layers only; tree, "
-            "params, diff, memory and workload build and run them"
-        )
-
-
-def refuse_hybrid_mtp(model: ModelConfig, command: str) -> None:
-    """Refuse a hybrid model's MTP depths (`/` in the pattern) in a command that runs or prices
-    layers: megatron builds them (HybridModel's MultiTokenPredictionBlock of the MTP pattern's
-    layers), `tree`, `params` and `diff` show them; their run is not modelled yet."""
-    if model.hybrid and model.mtp_num_layers:
-        raise ConfigError(
-            f"{command} does not run a hybrid model's MTP depths ('/' in --hybrid-layer-pattern) "
-            "yet; tree, params and diff show them"
         )

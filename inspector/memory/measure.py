@@ -47,7 +47,6 @@ from inspector.formulas.hybrid_flops import hybrid_stage_flops
 from inspector.job.dims import ModelDims
 from inspector.job.dsa import check_dsa_run
 from inspector.job.hardware import GIB, check_positive, get_gpu
-from inspector.job.hybrid_model import refuse_hybrid_mtp
 from inspector.job.job import Job, Schedule, Training
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
@@ -289,7 +288,6 @@ def measure(built: BuiltJob, hardware: Hardware) -> MemoryReport:
     from inspector.world.ranks import rank_shard_indices
 
     job = built.job
-    refuse_hybrid_mtp(job.model, "memory")
     check_dsa_run(job.model, "rope_fusion" not in job.training.unfused)
     schedule = job.schedule()
     ranks_of: list[list[tuple[int, int, int]]] = [[] for _ in range(job.layout.pp)]
@@ -379,9 +377,10 @@ def _stage_memory(
         has_mtp=any(chunk.mtp_layers for chunk in chunks),
     )
     if job.model.is_hybrid_model:  # Megatron-LM's hybrid branch of its FLOPs formula
-        symbols = (symbol for chunk in chunks for symbol in chunk.models[0].symbols)
-        flops = round(hybrid_stage_flops(job.model, dims, symbols, schedule.global_batch_size,
-                                         any(chunk.has_output for chunk in chunks)))  # fmt: skip
+        symbols = [s for c in chunks for s in c.models[0].symbols + c.models[0].mtp_symbols * c.mtp_layers]
+        # the loss's stage computes the MTP depths' logits too (process_mtp_loss)
+        logits = any(c.has_output for c in chunks) * (1 + (job.model.mtp_num_layers or 0))
+        flops = round(hybrid_stage_flops(job.model, dims, symbols, schedule.global_batch_size, logits))
     return StageMemory(
         stage=stage,
         layers=layers,

@@ -50,7 +50,7 @@ from typing import cast
 import inspector.caches as caches
 from inspector.formulas.flops import LayerFlops, layer_flops, logit_flops, mla_up_flops, mtp_flops
 from inspector.formulas.kernels import ops_seconds
-from inspector.formulas.ops import Shard, linear
+from inspector.formulas.ops import Shard, layer_seconds, linear
 from inspector.formulas.optimizer import OptimizerStep
 from inspector.job.dims import ModelDims
 from inspector.job.hardware import Gpu
@@ -59,7 +59,7 @@ from inspector.job.layout import Layout
 from inspector.memory.closed.activations import mtp_recompute, recompute_plan
 from inspector.plan.context import ring_attention
 from inspector.plan.flex import moe_exchange
-from inspector.plan.hybrid import hybrid_layer_time
+from inspector.plan.hybrid import gdn_layer_ops, hybrid_layer_time, mtp_depth_time
 from inspector.plan.kernel_seconds import (
     compute_seconds,
     core_seconds,
@@ -204,7 +204,8 @@ def _add_output(
     total[0] += compute_seconds(logit_flops(dims, mbs), output, lay, net, rate)
     if dims.mtp_num_layers:
         depth, final = dims.mtp_num_layers, dims.num_layers - 1
-        last = _layer_time(dims, lay, net, rate, mbs, mtp_mode, final)
+        last = (mtp_depth_time(dims, lay, net, rate, mbs, mtp_mode) if dims.mtp_symbols
+                else _layer_time(dims, lay, net, rate, mbs, mtp_mode, final))
         own = mtp_flops(dims, mbs) - depth * layer_flops(dims, final, mbs).total
         tokens = dims.seq_length * mbs // lay.cp
         eh_proj = linear("eh_proj", tokens, 2 * dims.hidden_size, dims.hidden_size // lay.tp,
@@ -303,8 +304,8 @@ def _layer_time(
     extra = f.total / 3 if recompute == "full" else (
         _recomputed_flops(dims, f, moe, modules, mbs) if recompute == "selective" else 0)
     shard = _shard(lay, mbs)
-    compute = compute_seconds(f.total + extra, lambda d: kernel_seconds(
-        dims, shard, moe, d, recompute, modules), lay, net, rate)  # fmt: skip
+    compute = compute_seconds(f.total + extra, lambda d: _kernels(
+        dims, shard, moe, dims.is_gdn_layer(i), d, recompute, modules), lay, net, rate)  # fmt: skip
     # attention's 2 forward, the MLP's unless an MoE layer has neither shared experts nor expert TP
     forward = 2 + (2 if not moe or dims.shared_expert_ffn or lay.expert_tp > 1 else 0)
     collectives = forward * (3 if recompute == "full" else 2)
@@ -328,6 +329,15 @@ def _layer_time(
         pair = _pair_times(dims, lay, net, rate, mbs, recompute, i, modules, delay_wgrad, taken, flex)[0]
         expert = merged * max(0.0, pair - compute - tensor) + (1 - merged) * expert
     return compute, tensor, context, expert
+
+
+def _kernels(dims: ModelDims, shard: Shard, moe: bool, gdn: bool, d: Gpu, recompute: str,
+             modules: tuple[str, ...]) -> float:  # fmt: skip
+    """Return a layer's kernel seconds: a GPT layer's, or with a gated delta net in place of its
+    attention (plan/gdn_ops.py)."""
+    if gdn:
+        return layer_seconds(gdn_layer_ops(dims, shard, moe), d, recompute, modules)
+    return kernel_seconds(dims, shard, moe, d, recompute, modules)
 
 
 @caches.memo(maxsize=4096)

@@ -22,8 +22,9 @@ kind. What the search leaves out for hybrid jobs, each refused by name when aske
 has no checkpointed forward: `--recompute-granularity full` recomputes nothing there),
 context parallelism (Mamba's all-to-alls between sequence and head splits,
 ssm/mamba_context_parallel.py, are not priced), the MoE all-to-all overlap and the flex
-dispatcher, MTP depths (`/`), and splits megatron's stack does not make (its own rules:
-`hybrid_splits`).
+dispatcher, and splits megatron's stack does not make (its own rules: `hybrid_splits`). MTP
+depths (`/`) are priced on the last stage as cost.py prices a GPT model's MTP layer, with the
+MTP pattern's layers each by its kind (`mtp_depth_time`); `G` layers by plan/gdn_ops.py.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from inspector.formulas.hybrid_flops import hybrid_layer_flops as layer_flops_of
 from inspector.formulas.kernels import Gemm, Memory, Op
 from inspector.formulas.ops import LayerOps, Shard, layer_ops, layer_seconds, linear
 from inspector.job.dims import ModelDims
+from inspector.job.gdn import GdnShape
 from inspector.job.hybrid_model import (
     LATER_SYMBOLS,
     LAYER_SYMBOLS,
@@ -45,12 +47,12 @@ from inspector.job.hybrid_model import (
     MambaShape,
     layer_symbols,
     main_layers,
-    refuse_hybrid_mtp,
 )
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
 from inspector.job.versions import hybrid_pattern_separators, hybrid_stage_sizes_read
 from inspector.plan.flex import moe_exchange
+from inspector.plan.gdn_ops import GDN_NOTE, gdn_ops
 from inspector.plan.kernel_seconds import compute_seconds
 from inspector.plan.network import Network, collective
 
@@ -59,9 +61,15 @@ SCAN_NOTE = (
     "products per chunk are priced as batched GEMMs from the measured GEMM table, an estimate "
     "(docs/hybrid-models.md)"
 )
-PRICED = ("M", "*", "-", "E")  # the layer kinds plan prices (later kinds: G, D, +)
+PRICED = ("M", "*", "-", "E", "G")  # the layer kinds plan prices (later kinds: D, +)
 CHUNK = 128  # MambaMixer's chunk_size (ssm/mamba_mixer.py, core_v0.16.1 and 0.19.2)
 CONV = 4  # MambaMixer's d_conv: the causal convolution's width
+
+
+def estimate_notes(model: ModelConfig) -> list[str]:
+    """Return the notes a plan prints for the kernels it estimates: the Mamba scan's (every
+    hybrid plan), the gated delta rule's (GDN layers)."""
+    return [SCAN_NOTE] * model.hybrid + [GDN_NOTE] * model.gdn
 
 
 def check_hybrid_plan(model: ModelConfig, fixed: dict[str, Any], ep_overlap: bool, flex: bool,
@@ -69,7 +77,6 @@ def check_hybrid_plan(model: ModelConfig, fixed: dict[str, Any], ep_overlap: boo
     """Raise ConfigError for what `plan` does not search for a hybrid model (module docstring)."""
     if not model.hybrid:
         return
-    refuse_hybrid_mtp(model, "plan")
     others = sorted(set(layer_symbols(model)) - set(PRICED))  # ratios without a pattern: named there
     if others:
         named = ", ".join(f"{s} ({(LAYER_SYMBOLS.get(s) or LATER_SYMBOLS[s][0])})" for s in others)
@@ -125,6 +132,8 @@ def hybrid_kernels(dims: ModelDims, shard: Shard, symbol: str) -> LayerOps:
     """Return one hybrid layer's kernels on one rank for one micro-batch."""
     if symbol == "M":
         return _mamba_ops(dims, shard)
+    if symbol == "G":
+        return gdn_ops(dims, shard, _residual(dims, shard))
     gpt = layer_ops(_gpt_dims(dims, symbol), shard, symbol == "E")
     return _half(gpt, symbol == "*")
 
@@ -132,14 +141,17 @@ def hybrid_kernels(dims: ModelDims, shard: Shard, symbol: str) -> LayerOps:
 def hybrid_layer_flops(dims: ModelDims, symbol: str, sequences: int) -> float:
     """Return one layer's FLOPs, forward and backward, over `sequences` sequences, as
     Megatron-LM's hybrid formula counts them (formulas/hybrid_flops.py)."""
-    return layer_flops_of(_sizes(dims.mamba), dims, symbol, sequences)
+    return layer_flops_of(_sizes(dims.mamba, dims.gdn_shape()), dims, symbol, sequences)
 
 
 @caches.memo(maxsize=64)
-def _sizes(shape: MambaShape) -> ModelConfig:
-    """Return the Mamba sizes as the model arguments Megatron-LM's formula reads."""
+def _sizes(shape: MambaShape, gdn: GdnShape) -> ModelConfig:
+    """Return the Mamba and GDN sizes as the model arguments Megatron-LM's formula reads."""
     return ModelConfig(mamba_state_dim=shape.state, mamba_head_dim=shape.d_inner // shape.heads,
-                       mamba_num_groups=shape.groups, mamba_num_heads=shape.heads)  # fmt: skip
+                       mamba_num_groups=shape.groups, mamba_num_heads=shape.heads,
+                       linear_num_key_heads=gdn.key_heads, linear_num_value_heads=gdn.value_heads,
+                       linear_key_head_dim=gdn.key_dim, linear_value_head_dim=gdn.value_dim,
+                       linear_conv_kernel_dim=gdn.conv_kernel)  # fmt: skip
 
 
 def hybrid_layer_time(
@@ -151,7 +163,21 @@ def hybrid_layer_time(
     terms, never set for a hybrid model): its kind's kernels, its module's 2 tensor-parallel
     collectives forward and 2 backward (an MoE layer's none with expert TP 1 and no shared
     experts, as cost.py counts a GPT layer's halves), its experts' exchange."""
-    symbol = dims.layer_symbols[i]
+    return symbol_time(dims, lay, net, rate, mbs, recompute, dims.layer_symbols[i], modules)
+
+
+def mtp_depth_time(dims: ModelDims, lay: Layout, net: Network, rate: float, mbs: int,
+                   recompute: str) -> tuple[float, ...]:  # fmt: skip
+    """Return one MTP depth's layers' seconds, as `hybrid_layer_time` (HybridModel's
+    MultiTokenPredictionLayer runs a HybridStack of the pattern after `/`)."""
+    parts = [symbol_time(dims, lay, net, rate, mbs, recompute, s, ("core_attn",))
+             for s in dims.mtp_symbols]  # fmt: skip
+    return tuple(sum(column) for column in zip(*parts, strict=True))
+
+
+def symbol_time(dims: ModelDims, lay: Layout, net: Network, rate: float, mbs: int, recompute: str,
+                symbol: str, modules: tuple[str, ...]) -> tuple[float, float, float, float]:  # fmt: skip
+    """Return the seconds of one layer of kind `symbol` (`hybrid_layer_time`)."""
     flops = hybrid_layer_flops(dims, symbol, mbs)
     if recompute == "selective" and "core_attn" in modules and symbol == "*":  # a third again
         flops += layer_flops(_gpt_dims(dims, symbol), 0, mbs).core_attention / 3
@@ -186,6 +212,23 @@ def _half(ops: LayerOps, attention: bool) -> LayerOps:
     return LayerOps(ops.forward[cut_f:], ops.backward[: cut_b + 1], ())
 
 
+def _residual(dims: ModelDims, z: Shard) -> tuple[list[Op], list[Op], list[Op], list[Op]]:
+    """Return a layer's input norm and residual add, forward and backward (a GPT layer's)."""
+    residual = _half(layer_ops(_gpt_dims(dims, "-"), z, False), True)
+    add_f = [op for op in residual.forward if "bias-dropout-add" in op.name]
+    add_b = [op for op in residual.backward if "bias-dropout-add" in op.name]
+    return list(residual.forward[:1]), add_f, list(residual.backward[-1:]), add_b
+
+
+@caches.memo(maxsize=256)
+def gdn_layer_ops(dims: ModelDims, shard: Shard, moe: bool) -> LayerOps:
+    """Return a GPT layer's kernels whose mixer is a gated delta net (`--experimental-attention-
+    variant gated_delta_net`): the GDN's (plan/gdn_ops.py), then the layer's MLP half."""
+    mlp = _half(layer_ops(dims, shard, moe), False)
+    gdn = gdn_ops(dims, shard, _residual(dims, shard))
+    return LayerOps(gdn.forward + mlp.forward, mlp.backward + gdn.backward, ())
+
+
 def _mamba_ops(dims: ModelDims, z: Shard) -> LayerOps:
     """Return a Mamba layer's kernels (module docstring), on one rank for one micro-batch."""
     shape, act, h = dims.mamba, dims.activation_bytes, dims.hidden_size
@@ -193,10 +236,7 @@ def _mamba_ops(dims: ModelDims, z: Shard) -> LayerOps:
     heads, groups, d = shape.heads // z.tp, shape.groups // z.tp, shape.d_inner // z.tp
     head_dim, n, chunks = shape.d_inner // shape.heads, shape.state, -(-tokens // CHUNK)
     fp8 = dims.fp8 is not None
-    residual = _half(layer_ops(_gpt_dims(dims, "-"), z, False), True)  # the norm, the add
-    norm_f, add_f = residual.forward[:1], [op for op in residual.forward if "bias-dropout-add" in op.name]
-    norm_b = residual.backward[-1:]
-    add_b = [op for op in residual.backward if "bias-dropout-add" in op.name]
+    norm_f, add_f, norm_b, add_b = _residual(dims, z)
     in_proj = linear("in_proj", tokens, h, shape.in_width // z.tp, fp8=fp8)
     out_proj = linear("out_proj", tokens, d, h, fp8=fp8)
     conv = tokens * (d + 2 * groups * n)  # x, B and C: the convolution's channels on this rank

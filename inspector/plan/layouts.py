@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 import inspector.caches as caches
+from inspector.job.gdn import gdn_shape
 from inspector.job.hybrid_model import pipe_segments
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
@@ -36,13 +37,14 @@ def _powers(limit: int) -> list[int]:
 
 
 def _tp_choices(req: Request) -> list[int]:
-    m = req.model
+    m, gdn = req.model, gdn_shape(req.model)
     if "tp" in req.fixed:
         return [req.fixed["tp"]]
     return [
         t for t in _powers(req.gpus_per_node)
         if m.num_attention_heads % t == 0 and m.query_groups % t == 0 and req.gpus % t == 0
         and (m.padded_vocab_size or 0) % t == 0  # a given --padded-vocab-size splits evenly
+        and not (m.gdn and (gdn.key_heads % t or gdn.value_heads % t))  # GatedDeltaNet's heads
     ]
 
 

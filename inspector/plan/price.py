@@ -23,7 +23,7 @@ from inspector.formulas.optimizer import OptimizerStep
 from inspector.job.dims import ModelDims
 from inspector.job.ep_overlap import extra_warmup
 from inspector.job.hardware import Gpu
-from inspector.job.hybrid_model import layer_symbols, mamba_shape
+from inspector.job.hybrid_model import layer_symbols, mamba_shape, mtp_symbols
 from inspector.job.job import Job, Training
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
@@ -149,7 +149,7 @@ def job_dims(job: Job) -> ModelDims:
         _DIMS[key] = job.dims()
         if job.model.hybrid:  # each layer priced by its kind (plan/hybrid.py)
             _DIMS[key] = replace(_DIMS[key], layer_symbols=layer_symbols(job.model),
-                                 mamba=mamba_shape(job.model))
+                                 mamba=mamba_shape(job.model), mtp_symbols=mtp_symbols(job.model))
     return _DIMS[key]
 
 
@@ -356,8 +356,9 @@ def timed(
     step = step_time(times, schedule.num_microbatches, lay.chunks)
     flops = _iteration_flops(dims, schedule.global_batch_size)
     if job.model.is_hybrid_model:  # Megatron-LM's hybrid branch, as `memory` counts it
-        flops = round(hybrid_stage_flops(job.model, dims, dims.layer_symbols,
-                                         schedule.global_batch_size, True))
+        depths = dims.mtp_num_layers if dims.mtp_symbols else 0
+        flops = round(hybrid_stage_flops(job.model, dims, dims.layer_symbols + dims.mtp_symbols * depths,
+                                         schedule.global_batch_size, 1 + depths))
     return Plan(job, split, stages, step, flops, req.gpu)
 
 

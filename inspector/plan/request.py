@@ -20,7 +20,6 @@ from inspector.job.hardware import (
     with_overrides,
 )
 from inspector.job.hybrid_ep import check_hybridep_dtype
-from inspector.job.hybrid_model import refuse_gdn
 from inspector.job.job import Training, make_training
 from inspector.job.model import ModelConfig
 from inspector.job.model_args import make_model_config
@@ -144,7 +143,6 @@ def make_request(args: dict[str, Any], flags: PlanFlags) -> Request:
     backend = flex_backend(args)  # megatron's rules for the flex dispatcher's flags
     training = _kept_training(args, backend)
     model = make_model_config(args)
-    refuse_gdn(model, "plan")
     check_hybrid_plan(model, fixed, training.ep_overlap, training.moe_token_dispatcher_type == "flex",
                       training.recompute_modules)  # fmt: skip
     _check_overlap(model, training)

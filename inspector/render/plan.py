@@ -8,7 +8,7 @@ from typing import Any
 from tabulate import tabulate
 
 from inspector.job.hardware import GIB
-from inspector.plan.hybrid import SCAN_NOTE
+from inspector.plan.hybrid import estimate_notes
 from inspector.plan.price import Plan
 from inspector.plan.search import SearchResult
 from inspector.render.held_elsewhere import outside_line
@@ -80,7 +80,7 @@ def render_plan(result: SearchResult, memory: int, fmt: str, explain: bool = Fal
         tabulate(rows, headers=headers, disable_numparse=True),
         *_outside(best),
         *_range(result),
-        *([f"Note: {SCAN_NOTE}."] if best.job.model.hybrid else []),
+        *(f"Note: {note}." for note in estimate_notes(best.job.model)),
         "",
         "Megatron-LM flags of plan 1:",
         "  " + " \\\n  ".join(best.flags()),
@@ -324,7 +324,7 @@ def _plan_json(p: Plan) -> dict[str, Any]:
         "bound": p.bound(),
         "time_shares": p.time.shares(),
         "flags": p.flags(),
-        **({"notes": [SCAN_NOTE]} if p.job.model.hybrid else {}),
+        **({"notes": estimate_notes(p.job.model)} if estimate_notes(p.job.model) else {}),
     }
 
 

@@ -94,19 +94,17 @@ def _output(job: Context, prefix: str = "") -> list[Record]:
     return [column] + entropy
 
 
-def _mtp(job: Context, depth: int) -> list[Record]:
-    """Return one multi-token-prediction layer: embedding, eh_proj, a layer, output and loss."""
+def _mtp(job: Context, depth: int, symbols: tuple[str, ...] = ()) -> list[Record]:
+    """Return one multi-token-prediction layer: embedding, eh_proj, its layer (a GPT model's:
+    the decoder's last layer spec) or a hybrid model's layers of the MTP pattern (`symbols`,
+    HybridModel's MultiTokenPredictionBlock), output and loss."""
     prefix = f"mtp{depth + 1}_"
-    last = job.dims.num_layers - 1  # MTP layers take the decoder's last layer spec
+    last = job.dims.num_layers - 1
     h = job.dims.hidden_size
     proj = gemm(job, GEMM_FACTOR * job.tokens * 2 * h * h / job.par.tp)  # (2h -> h) on s/c tokens
     eh = tp_pair(job, prefix + "eh_proj", 2, proj, Phases())[:1]
-    return (
-        [_embedding(job, prefix + "embedding")]
-        + eh
-        + layer_records(job, last, prefix)
-        + _output(job, prefix)
-    )
+    layers = [r for s in symbols or ("",) for r in layer_records(job, last, prefix, symbol=s)]
+    return [_embedding(job, prefix + "embedding")] + eh + layers + _output(job, prefix)
 
 
 def _data_parallel(job: Context, stage: StageInput) -> list[Record]:
@@ -153,7 +151,7 @@ def microbatch_records(job: Context, stage: StageInput) -> list[Record]:
     if stage.has_output:
         records += _output(job)
         for depth in range(stage.mtp_layers):
-            records += _mtp(job, depth)
+            records += _mtp(job, depth, stage.mtp_symbols)
     return records + fsdp_microbatch_end(job, stage)
 
 

@@ -16,7 +16,7 @@ from inspector.errors import ConfigError, InputError
 from inspector.job.dims import ModelDims
 from inspector.job.dsa import refuse_dsa
 from inspector.job.hardware import Gpu
-from inspector.job.hybrid_model import MambaShape, mamba_shape, refuse_hybrid_mtp
+from inspector.job.hybrid_model import MambaShape, mamba_shape
 from inspector.job.layout import Layout
 
 if TYPE_CHECKING:
@@ -93,6 +93,7 @@ class StageInput:
     parameters: int = 0
     fsdp: tuple[FsdpBucketInput, ...] = ()  # Megatron-FSDP's buckets, in megatron's order
     symbols: tuple[str, ...] = ()  # a hybrid stack's layer kinds as its pattern writes them
+    mtp_symbols: tuple[str, ...] = ()  # a hybrid MTP depth's layer kinds (the pattern after `/`)
 
     @property
     def layers(self) -> tuple[int, ...]:
@@ -226,6 +227,7 @@ def stage_inputs(built: BuiltJob) -> list[StageInput]:
                 parameters=stage.parameters,
                 fsdp=fsdp_inputs(stage.chunks) if fsdp else (),
                 symbols=tuple(s for chunk in stage.chunks for s in chunk.models[0].symbols),
+                mtp_symbols=next((c.models[0].mtp_symbols for c in stage.chunks if c.mtp_layers), ()),
             )
         )
     return inputs
@@ -264,7 +266,6 @@ def fsdp_inputs(chunks: Sequence[Any]) -> tuple[FsdpBucketInput, ...]:
 def context_for(built: BuiltJob, compute: ComputeRate | ComputeProfile) -> Context:
     """Return the settings every stage's records share, from the Job."""
     job = built.job
-    refuse_hybrid_mtp(job.model, "workload")
     refuse_dsa(job.model, "workload")
     modules = job.training.recompute_modules if job.training.recompute == "selective" else ()
     unpriced = [m for m in modules if (m in NOT_GEMMS or m == "mla_up_proj")

@@ -77,6 +77,8 @@ def build_pieces(job: Job) -> Built:
     model = job.model
     if model.hybrid:
         return _hybrid_pieces(job)
+    if model.gdn:
+        return _gdn_pieces(job)
     kinds = {model.is_moe_layer(i) for i in range(model.num_layers)}
     two, one = _small_jobs(job, kinds)
     stage_0, stage_1 = _first_chunks(two)
@@ -100,25 +102,53 @@ def _hybrid_pieces(job: Job) -> Built:
     from inspector.job.hybrid_model import layer_symbols
 
     kinds = "".join(dict.fromkeys(layer_symbols(job.model)))
-    small = replace(job.model, num_layers=2 * len(kinds), hybrid_override_pattern=kinds * 2,
-                    hybrid_attention_ratio=None, hybrid_mlp_ratio=None, mtp_num_layers=None)
+    pattern = job.model.hybrid_override_pattern or ""
+    mtp = pattern[pattern.index("/"):] if "/" in pattern else ""  # the MTP depths, with the loss
+    small = replace(job.model, num_layers=2 * len(kinds), hybrid_override_pattern=kinds * 2 + mtp,
+                    hybrid_attention_ratio=None, hybrid_mlp_ratio=None,
+                    mtp_num_layers=job.model.mtp_num_layers if mtp else None)
+    one = replace(small, num_layers=len(kinds), hybrid_override_pattern=kinds + mtp)
+    return _kinds_built(job, small, one, list(kinds))
+
+
+def _kinds_built(job: Job, two_stages: ModelConfig, one_stage: ModelConfig, kinds: list[str]) -> Built:
+    """Build `two_stages` (each kind once a stage) on 2 stages and `one_stage` on 1, and cut
+    them in pieces, a layer a kind."""
     lay = job.layout
-    two = Job(small, Layout(tp=lay.tp, pp=2, dp=lay.ep * lay.expert_tp, ep=lay.ep, etp=lay.etp,
-                            sequence_parallel=lay.sequence_parallel), Training(micro_batch_size=1))
-    one = Job(replace(small, num_layers=len(kinds), hybrid_override_pattern=kinds),
-              replace(two.layout, pp=1), two.training)
+    two = Job(two_stages, Layout(tp=lay.tp, pp=2, dp=lay.ep * lay.expert_tp, ep=lay.ep,
+                                 etp=lay.etp, sequence_parallel=lay.sequence_parallel),
+              Training(micro_batch_size=1))  # fmt: skip
+    one = Job(one_stage, replace(two.layout, pp=1), two.training)
     stage_0, stage_1 = _first_chunks(two)
     first, last = _split(_params_of(stage_0)), _split(_params_of(stage_1))
     alone = _split(_params_of(_first_chunks(one)[0]))
     return Built(
         embedding=first[0],
         embedding_alone=alone[0],
-        layers=dict(zip(kinds, _by_layer(first[1]), strict=True)),
+        layers=dict(zip(list[bool | str](kinds), _by_layer(first[1]), strict=True)),
         output_embedding=last[0],
         output=last[2],
         output_alone=alone[2],
         grad_dtype=_grad_dtype(first[1][0][1].dtype, job.training.fp32_grads),
     )
+
+
+def _gdn_pieces(job: Job) -> Built:
+    """Build a GPT model with gated delta nets in pieces: each layer kind (mixer and MLP,
+    `gpt_kind`) once on each of two stages, the model's last layer's kind last (megatron builds
+    the MTP block with the last layer's spec), and once on one stage."""
+    from inspector.job.hybrid_model import layer_kinds
+
+    every = [str(kind) for kind in layer_kinds(job.model)]  # gpt_kind's: "GE", "*-", ...
+    kinds = [k for k in dict.fromkeys(every) if k != every[-1]] + [every[-1]]
+    gdn, moe = tuple(int(k[0] == "G") for k in kinds), tuple(int(k[1] == "E") for k in kinds)
+    experts = job.model.num_experts is not None
+
+    def small_model(times: int) -> ModelConfig:
+        return replace(job.model, num_layers=times * len(kinds), linear_attention_freq=gdn * times,
+                       moe_layer_freq=moe * times if experts else job.model.moe_layer_freq)  # fmt: skip
+
+    return _kinds_built(job, small_model(2), small_model(1), kinds)
 
 
 def _by_layer(named: Named) -> list[Named]:

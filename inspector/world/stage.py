@@ -55,6 +55,8 @@ class StageModel:
     # a hybrid stack's layer kinds in local order (megatron's MambaStack.layer_type_list: M, *, -,
     # E); empty for a GPTModel
     symbols: tuple[str, ...] = ()
+    # a hybrid model's MTP depth's layer kinds (the pattern after `/`), as megatron built them
+    mtp_symbols: tuple[str, ...] = ()
 
 
 def _stage_rank(layout: Layout, stage: int, expert_rank: int) -> int:
@@ -196,8 +198,11 @@ def _finish_chunk(
     layers = tuple(layer.layer_number for layer in gpt.decoder.layers)
     sizes = checkpoint_sizes(gpt) if checkpoint else {}
     symbols = tuple(_symbol(layer) for layer in gpt.decoder.layers) if model.hybrid else ()
+    mtp = getattr(gpt, "mtp", None)  # HybridModel's MultiTokenPredictionBlock: one depth a layer
+    inner = getattr(mtp.layers[0], "mtp_model_layer", None) if mtp is not None else None
+    depth = tuple(_symbol(layer) for layer in inner.layers) if model.hybrid and inner else ()
     return StageModel(stage, chunk, expert_rank, gpt, layers, gpt.pre_process, gpt.post_process,
-                      sizes, symbols)  # fmt: skip
+                      sizes, symbols, depth)  # fmt: skip
 
 
 def _symbol(layer: Any) -> str:

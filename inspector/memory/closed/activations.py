@@ -45,6 +45,7 @@ reduce exactly to the table. Assumptions, all the paper's unless said otherwise:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from inspector.errors import ConfigError
 from inspector.job.dims import ModelDims, live_microbatches
@@ -61,6 +62,7 @@ from inspector.memory.closed.recompute import mtp_recompute, recompute_buffer, r
 MASK = 1  # bytes per dropout-mask element (torch stores a bool)
 FP32 = 4  # bytes per fp32 element (softmax statistics, logits of the loss)
 TOKEN_ID = 8  # bytes per int64 token id
+GDN_CHUNK = 64  # flash-linear-attention's chunk of the gated delta rule (world/ssm/fla_kernels.py)
 
 
 def check_activation_inputs(
@@ -185,6 +187,25 @@ def _mamba(dims: ModelDims, par: Layout, sb: float) -> float:
     return outside / par.sp_divisor + inside / par.tp
 
 
+def _gdn(dims: ModelDims, par: Layout, sb: float) -> float:
+    """Return a gated delta net layer's bytes besides its norm's input, as megatron's
+    GatedDeltaNet and fla's kernels keep them (our extension; world/ssm/fla_kernels.py):
+      - in_proj's normed input 2sbh and fp32 rstd 4sb, the dropout mask after out_proj sbh;
+      - split by t: in_proj's output (q, k, v, z, beta, alpha) 2sb in_width; the causal
+        convolution's input and output, 2sb conv_width each; the L2-normed q and k 2sb 2qk with
+        their fp32 rstd per head; q and k made contiguous at the value heads 2sb 2 n_v d_k; v and
+        the gate z 2sb v each; what chunk_gated_delta_rule saves besides them: the fp32 gate and
+        its chunk cumsum 8sb n_v, beta 2sb n_v and A 2sb n_v 64 (fla's chunk); its output and the
+        gated norm's output 2sb v each, the norm's fp32 rstd per value head.
+    An estimate to within about 1% of the engine (the temporaries of the fused gating left out)."""
+    g, b, h = dims.gdn_shape(), dims.activation_bytes, dims.hidden_size
+    qk, v, nv = g.key_heads * g.key_dim, g.value_heads * g.value_dim, g.value_heads
+    outside = b * sb * h + FP32 * sb + _hidden_mask(dims) * sb * h
+    halves = b * (g.in_width + 2 * g.conv_width + 2 * qk + 2 * nv * g.key_dim + 4 * v + nv * GDN_CHUNK)
+    stats = FP32 * 2 * g.key_heads + 2 * FP32 * nv + b * nv + FP32 * nv
+    return outside / par.sp_divisor + sb * (halves + stats) / par.tp
+
+
 def _moe_mlp(dims: ModelDims, par: Layout, sb: float) -> float:
     """Return an MoE MLP's bytes under balanced routing (our extension, see module docstring)."""
     h, e, k = dims.hidden_size, par.expert_tp, dims.moe_router_topk
@@ -246,7 +267,8 @@ def layer_activations(
         symbol = dims.layer_symbols[layer]
         parts = {"*": (_attention(dims, par, sb), core, 0.0), "M": (0.0, 0.0, _mamba(dims, par, sb)),
                  "-": (0.0, 0.0, _dense_mlp(dims, par, sb, 0 if "mlp" in asked else dims.ffn)),
-                 "E": (0.0, 0.0, _moe_mlp(dims, par, sb))}[symbol]  # fmt: skip
+                 "E": (0.0, 0.0, _moe_mlp(dims, par, sb)),
+                 "G": (0.0, 0.0, _gdn(dims, par, sb))}[symbol]  # fmt: skip
         return LayerActivations(norms / 2, *parts, 0.0)
     if dims.is_moe_layer(layer):
         mlp = _moe_mlp(dims, par, sb)
@@ -260,6 +282,8 @@ def layer_activations(
         _mla_attention(dims, par, sb, "mla_up_proj" in asked) if dims.multi_latent_attention
         else None
     )
+    if dims.is_gdn_layer(layer):  # a gated delta net in place of attention: no core attention
+        attention, core = _gdn(dims, par, sb), 0.0
     return LayerActivations(
         norms, attention if attention is not None else _attention(dims, par, sb), core, mlp, 0.0
     )
@@ -279,16 +303,22 @@ def mtp_activations(
     4sbh (the two normed halves side by side), a transformer layer like the decoder's last
     (`layer_activations`, the same recomputation), the final norm's and the output layer's inputs
     2sbh each and the loss's fp32 logits 4sbv/t (paper Section 4.4); the sbh terms split by t
-    under sequence parallelism.
+    under sequence parallelism. A hybrid model's depth holds the MTP pattern's layers instead of
+    the transformer layer (HybridModel's MultiTokenPredictionBlock).
     """
     if not dims.mtp_num_layers:
         return 0.0
     sb = _tokens(dims, par, micro_batch_size)
     h = dims.hidden_size
     hidden = (MASK + 2 * dims.activation_bytes * 5) * sb * h / par.sp_divisor
-    layer = layer_activations(
-        dims, par, dims.num_layers - 1, micro_batch_size, recompute, flash_attention
-    ).total
+    if dims.mtp_symbols:  # a hybrid model's depth: the layers of the pattern after `/`
+        inner = replace(dims, layer_symbols=dims.mtp_symbols)
+        layer = sum(layer_activations(inner, par, k, micro_batch_size, recompute, flash_attention).total
+                    for k in range(len(dims.mtp_symbols)))  # fmt: skip
+    else:
+        layer = layer_activations(
+            dims, par, dims.num_layers - 1, micro_batch_size, recompute, flash_attention
+        ).total
     depth = TOKEN_ID * sb + hidden + layer + FP32 * sb * dims.vocab_size / par.tp
     return dims.mtp_num_layers * depth
 

@@ -52,7 +52,7 @@ class ChunkKinds:
     @classmethod
     def of(cls, model: Any, layers: Sequence[int], embedding: bool, output: bool) -> ChunkKinds:
         """Return the shape of a chunk holding the model's 0-based global `layers`."""
-        if model.hybrid:
+        if model.hybrid or model.gdn:
             kinds = layer_kinds(model)
             return cls(tuple(kinds[i] for i in layers), embedding, output)
         return cls(tuple(model.is_moe_layer(i) for i in layers), embedding, output)
