@@ -97,3 +97,14 @@ def test_workload_runs_each_depth(cli, tmp_path):
     assert repeated.code == 0, repeated.err
     assert [line for line in repeated.out.splitlines() if line.startswith("mtp3_")]
     assert repeated.out == separate.out
+
+
+@pytest.mark.skipif(not REPEATED, reason="megatron-core before 0.17 has no repeated MTP layer")
+def test_workload_refuses_it_under_megatron_fsdp(cli, tmp_path):
+    # the FSDP hooks of the one layer gather it at every depth: not modelled
+    fsdp = ("--mtp-use-repeated-layer --use-megatron-fsdp --use-distributed-optimizer "
+            "--data-parallel-sharding-strategy optim_grads_params --ckpt-format fsdp_dtensor")
+    result = cli("workload", "--from-script", script(tmp_path, fsdp), "--gpu", "h100", "--stage", "0")
+    assert (result.code, result.out) == (2, "")
+    assert result.err.splitlines()[-1] == (
+        "Error: workload does not run --mtp-use-repeated-layer under FSDP yet")

@@ -265,7 +265,8 @@ def context_for(built: BuiltJob, compute: ComputeRate | ComputeProfile) -> Conte
     """Return the settings every stage's records share, from the Job."""
     job = built.job
     refuse_hybrid_mtp(job.model, "workload")
-    if job.model.mtp_use_repeated_layer and (job.training.megatron_fsdp or job.training.torch_fsdp2):
+    fsdp = job.training.megatron_fsdp or job.training.torch_fsdp2
+    if job.model.mtp_use_repeated_layer and fsdp:
         # workload_fsdp.py gathers each MTP layer's unit once; the FSDP hooks of the one
         # repeated layer run at every depth, not modelled
         raise ConfigError("workload does not run --mtp-use-repeated-layer under FSDP yet")
