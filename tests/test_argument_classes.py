@@ -112,7 +112,6 @@ def script(tmp_path: Path, extra: str) -> str:
     ("--ep-overlap-early-attn-memory-release", "memory"),  # another peak
     ("--hybrid-context-parallel", "topology"),  # other sequence lengths per cp rank
     ("--moe-hybridep-num-sms 32", "memory"),  # HybridEP's buffers for other SMs
-    ("--mtp-use-repeated-layer", "params"),  # Megatron-LM 0.19: one MTP layer's weights
     ("--optimizer-cuda-graph", "memory"),  # Megatron-LM 0.19: the optimizer step's graph pool
     ("--use-custom-fsdp", "topology"),  # Megatron-LM 0.13's Megatron-FSDP
     ("--disable-jit-fuser", "memory"),  # fused functions run op by op

@@ -266,9 +266,13 @@ def test_the_new_models_outcomes(bridge: Path) -> None:
 
     outcomes = {o.name: (o.status, o.cause) for o in bridge_recipes.run_all(
         bridge, run=False, families=("nemotronh", "gpt_oss"))}  # fmt: skip
+    from inspector.inputs.versions import MTP_REPEATED_RELEASES, megatron_core_version, within
+
+    # --mtp-use-repeated-layer: TransformerConfig's field from megatron-core 0.17
+    repeated = within(MTP_REPEATED_RELEASES, megatron_core_version())
     assert outcomes == {
         "nemotronh_56b_pretrain_64gpu_h100_bf16_config": ("modelled", ""),
         "nemotron_3_5_lightning_pretrain_8gpu_h100_bf16_config": (
-            "refused", "--mtp-use-repeated-layer"),
+            ("modelled", "") if repeated else ("refused", "--mtp-use-repeated-layer")),
         "gpt_oss_20b_pretrain_8gpu_h100_bf16_config": ("modelled", ""),
     }

@@ -139,6 +139,8 @@ MODEL_ARGUMENTS: tuple[ArgSpec, ...] = (
     _model("mscale", float, "MLA or yarn: YaRN mscale (default 1.0)."),
     _model("mscale_all_dim", float, "MLA or yarn: YaRN mscale, all dimensions (default 0.0)."),
     _model("mtp_num_layers", int, "Multi-token prediction layers (on the last stage)."),
+    _model("mtp_use_repeated_layer", bool, "One MTP layer run --mtp-num-layers times "
+           "(megatron-core 0.17+)."),  # fmt: skip
     _model(
         "moe_layer_freq",
         str,

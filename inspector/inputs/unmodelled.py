@@ -259,8 +259,8 @@ REFUSED: dict[str, Refusal] = {
     "--mtp-hybrid-override-pattern": Refusal(
         "model", "a hybrid layer pattern of its own for the MTP layers is not modelled"),
     "--mtp-use-repeated-layer": Refusal(
-        "model", "one MTP layer run repeatedly (in place of --mtp-num-layers layers) is not "
-        "modelled"),  # fmt: skip
+        "model", "megatron-core before 0.17 has no repeated MTP layer (TransformerConfig's "
+        "mtp_use_repeated_layer)", modelled=versions.MTP_REPEATED_RELEASES),  # fmt: skip
     "--optimizer-cuda-graph": Refusal(
         "training", "a CUDA graph of the optimizer step (its static inputs and memory pool) is "
         "not counted"),  # fmt: skip

@@ -78,6 +78,7 @@ class ModelConfig:
     mscale: float | None = None
     mscale_all_dim: float | None = None
     mtp_num_layers: int | None = None
+    mtp_use_repeated_layer: bool = False  # one MTP layer run at each depth (TransformerConfig's)
     moe_layer_freq: int | tuple[int, ...] = 1
     moe_router_score_function: str = "softmax"
     moe_router_enable_expert_bias: bool = False
@@ -248,6 +249,8 @@ class ModelConfig:
         fields.update(self._moe_fields())
         if self.mtp_num_layers is not None:
             fields["mtp_num_layers"] = self.mtp_num_layers
+        if self.mtp_use_repeated_layer:
+            fields["mtp_use_repeated_layer"] = True
         for name in HYBRID_FIELDS:
             if name.startswith(("mamba_", "is_")) and getattr(self, name):
                 fields[name] = getattr(self, name)
@@ -350,7 +353,7 @@ class ModelConfig:
         their defaults (and the low-precision ones of job/fp4.py and job/fp8_attention.py), so a
         job without them reads as before."""
         optional = ("padded_vocab_size", *HYBRID_FIELDS, *DSA_FIELDS, *GDN_FIELDS)
-        when_set = (*GPT_OSS_FIELDS, *LOW_PRECISION_FIELDS)
+        when_set = (*GPT_OSS_FIELDS, *LOW_PRECISION_FIELDS, "mtp_use_repeated_layer")
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                 if (f.name not in optional or getattr(self, f.name))
                 and (f.name not in when_set or getattr(self, f.name) != f.default)}  # fmt: skip

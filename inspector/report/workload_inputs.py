@@ -88,7 +88,7 @@ class StageInput:
     chunks: tuple[tuple[int, ...], ...]
     has_embedding: bool
     has_output: bool
-    mtp_layers: int = 0
+    mtp_layers: int = 0  # the MTP depths run (--mtp-use-repeated-layer: one layer, run at each)
     buffers: tuple[BufferInput, ...] = ()
     parameters: int = 0
     fsdp: tuple[FsdpBucketInput, ...] = ()  # Megatron-FSDP's buckets, in megatron's order
@@ -222,7 +222,7 @@ def stage_inputs(built: BuiltJob) -> list[StageInput]:
                 chunks=tuple(chunk.layers for chunk in stage.chunks),
                 has_embedding=any(chunk.has_embedding for chunk in stage.chunks),
                 has_output=any(chunk.has_output for chunk in stage.chunks),
-                mtp_layers=sum(chunk.mtp_layers for chunk in stage.chunks),
+                mtp_layers=sum(chunk.mtp_depths for chunk in stage.chunks),
                 buffers=buffers,
                 parameters=stage.parameters,
                 fsdp=fsdp_inputs(stage.chunks) if fsdp else (),
@@ -266,6 +266,11 @@ def fsdp_inputs(chunks: Sequence[Any]) -> tuple[FsdpBucketInput, ...]:
 def context_for(built: BuiltJob, compute: ComputeRate | ComputeProfile) -> Context:
     """Return the settings every stage's records share, from the Job."""
     job = built.job
+    fsdp = job.training.megatron_fsdp or job.training.torch_fsdp2
+    if job.model.mtp_use_repeated_layer and fsdp:
+        # workload_fsdp.py gathers each MTP layer's unit once; the FSDP hooks of the one
+        # repeated layer run at every depth, not modelled
+        raise ConfigError("workload does not run --mtp-use-repeated-layer under FSDP yet")
     refuse_dsa(job.model, "workload")
     modules = job.training.recompute_modules if job.training.recompute == "selective" else ()
     unpriced = [m for m in modules if (m in NOT_GEMMS or m == "mla_up_proj")

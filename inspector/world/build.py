@@ -92,6 +92,16 @@ class BuiltChunk:
         mtp = getattr(self.module, "mtp", None)
         return len(mtp.layers) if mtp is not None else 0
 
+    @property
+    def mtp_depths(self) -> int:
+        """Return how many multi-token-prediction depths megatron runs on this chunk: one per
+        layer, or --mtp-num-layers of its one layer with --mtp-use-repeated-layer
+        (MultiTokenPredictionBlock.forward, multi_token_prediction.py)."""
+        mtp = getattr(self.module, "mtp", None)
+        if mtp is not None and getattr(mtp, "mtp_use_repeated_layer", False):
+            return int(mtp.config.mtp_num_layers)
+        return self.mtp_layers
+
     @cached_property
     def records(self) -> tuple[ParamRecord, ...]:
         """Return one record per parameter, every expert once, in megatron's order."""
