@@ -45,6 +45,7 @@ class ModelConfig:
     moe_ffn_hidden_size: int | None = None
     moe_shared_expert_intermediate_size: int | None = None
     moe_shared_expert_gate: bool = False
+    moe_latent_size: int | None = None  # LatentMoE's routed-expert width (moe_layer.py)
     moe_grouped_gemm: bool = False
     multi_latent_attention: bool = False
     transformer_impl: str = "local"
@@ -316,6 +317,8 @@ class ModelConfig:
         )
         if self.moe_shared_expert_gate:
             fields["moe_shared_expert_gate"] = True
+        if self.moe_latent_size is not None:
+            fields["moe_latent_size"] = self.moe_latent_size
         for name in ("moe_router_num_groups", "moe_router_group_topk"):
             if getattr(self, name) is not None:
                 fields[name] = getattr(self, name)
