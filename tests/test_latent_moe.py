@@ -55,6 +55,28 @@ def test_memory_runs_megatron_s_latent_forward_and_backward(cli):
     # the experts on the 64-wide latent instead of the 256-wide hidden size: 2 layers x 8 experts
     # x 3 x 128 x (256 - 64) fewer weights, 2 x 2 x 256 x 64 more for the projections
     assert stages[0]["parameters"] == 2_398_720 - 2 * 8 * 3 * 128 * (256 - 64) + 2 * 2 * 256 * 64
+    # Megatron-LM's throughput formula (training.py core_v0.16.1): the routed experts' term on the
+    # latent width plus 2 x latent for the projections; 7,650,410,496 without a latent size;
+    # 6 FLOPs per multiply-add (forward and backward) x 1,024 tokens, top-2, SwiGLU's 3 GEMMs
+    per_layer = 6 * 1024 * ((LATENT - H) * FFN * 2 * 3 + 2 * H * LATENT)
+    assert json.loads(latent.out)["iteration_flops"] == 7_650_410_496 + LAYERS * per_layer
+
+
+def test_hybrid_flops_count_the_latent_experts_as_megatron_lm():
+    from inspector.formulas.hybrid_flops import hybrid_layer_flops
+    from inspector.job.job import Job
+    from inspector.job.model_args import make_model_config
+
+    args = {"num_layers": 2, "hidden_size": H, "num_attention_heads": 4, "num_experts": EXPERTS,
+            "moe_router_topk": 2, "moe_ffn_hidden_size": FFN, "hybrid_override_pattern": "ME",
+            "transformer_impl": "transformer_engine"}
+    plain = make_model_config(args)
+    latent = make_model_config({**args, "moe_latent_size": LATENT})
+    flops = [hybrid_layer_flops(m, Job(model=m).dims(), "E", 1) for m in (plain, latent)]
+    # `moe_layer_flops`, forward x 3: 4 x tokens x (latent instead of h) x ffn x top-k, plus
+    # 4 x tokens x h x latent for the projections; 1,024 tokens (Megatron-LM's default length)
+    tokens = Job(model=plain).dims().seq_length
+    assert flops[1] - flops[0] == 3 * 4 * tokens * ((LATENT - H) * FFN * 2 + H * LATENT)
 
 
 @pytest.mark.parametrize("command", ["plan", "workload"])
