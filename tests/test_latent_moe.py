@@ -62,6 +62,7 @@ def test_memory_runs_megatron_s_latent_forward_and_backward(cli):
     assert json.loads(latent.out)["iteration_flops"] == 7_650_410_496 + LAYERS * per_layer
 
 
+@needs_latent
 def test_hybrid_flops_count_the_latent_experts_as_megatron_lm():
     from inspector.formulas.hybrid_flops import hybrid_layer_flops
     from inspector.job.job import Job
