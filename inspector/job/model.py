@@ -348,11 +348,11 @@ class ModelConfig:
         return int(math.ceil(self.vocab_size / multiple) * multiple)
 
     def to_args(self) -> dict[str, Any]:
-        """Return the fields as Megatron-LM arguments (for headers and caches); --padded-vocab-size
-        and the hybrid fields only where they are given, gpt-oss's layer fields only away from
-        their defaults (and the low-precision ones of job/fp4.py and job/fp8_attention.py), so a
-        job without them reads as before."""
-        optional = ("padded_vocab_size", *HYBRID_FIELDS, *DSA_FIELDS, *GDN_FIELDS)
+        """Return the fields as Megatron-LM arguments (for headers and caches); --padded-vocab-size,
+        --moe-latent-size and the hybrid fields only where they are given, gpt-oss's layer fields
+        only away from their defaults (and the low-precision ones of job/fp4.py and
+        job/fp8_attention.py), so a job without them reads as before."""
+        optional = ("padded_vocab_size", "moe_latent_size", *HYBRID_FIELDS, *DSA_FIELDS, *GDN_FIELDS)
         when_set = (*GPT_OSS_FIELDS, *LOW_PRECISION_FIELDS)
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                 if (f.name not in optional or getattr(self, f.name))
