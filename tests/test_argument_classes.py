@@ -108,7 +108,6 @@ def script(tmp_path: Path, extra: str) -> str:
 
 
 @pytest.mark.parametrize(("extra", "command"), [
-    ("--moe-latent-size 32", "params"),  # experts on a latent width: other shapes
     ("--ep-overlap-early-attn-memory-release", "memory"),  # another peak
     ("--hybrid-context-parallel", "topology"),  # other sequence lengths per cp rank
     ("--moe-hybridep-num-sms 32", "memory"),  # HybridEP's buffers for other SMs

@@ -37,7 +37,7 @@ EVERYTHING = ModelConfig(
     multi_latent_attention=True, transformer_impl="transformer_engine", q_lora_rank=24,
     kv_lora_rank=16, qk_head_dim=8, qk_pos_emb_head_dim=4, v_head_dim=12,
     position_embedding_type="rope", mtp_num_layers=1, fp8_format="hybrid",
-    moe_router_num_groups=2, moe_router_group_topk=2, **GDN,
+    moe_router_num_groups=2, moe_router_group_topk=2, moe_latent_size=16, **GDN,
 )  # fmt: skip
 # What the job, not the architecture, gives ModelDims (the kernels: formulas/ops.py).
 JOB_FIELDS = {"seq_length", "vocab_size", "activation_bytes", "attention_dropout", "hidden_dropout",
@@ -65,7 +65,8 @@ def test_model_dims_come_from_the_transformer_config_fields() -> None:
         q_lora_rank=24, kv_lora_rank=16, qk_head_dim=8, qk_pos_emb_head_dim=4, v_head_dim=12,
         mtp_num_layers=1, qk_layernorm=True, attention_dropout=True, hidden_dropout=False,
         rotary=True, flash_attention=False, fused_kernels=True, fp8="hybrid",
-        moe_router_num_groups=2, moe_router_group_topk=2, te_attention=True, **gdn,
+        moe_router_num_groups=2, moe_router_group_topk=2, te_attention=True, moe_latent_size=16,
+        **gdn,
     )  # fmt: skip
 
 

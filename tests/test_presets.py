@@ -10,7 +10,7 @@ import pytest
 from inspector.errors import ConfigError
 from inspector.inputs.presets import PRESETS, get_preset
 from inspector.job.dsa import DSA_BUILT_SINCE
-from inspector.job.versions import hybrid_moe_layers, megatron_version
+from inspector.job.versions import LATENT_MOE_SINCE, hybrid_moe_layers, megatron_version
 from tests.counting import parameter_count
 from tests.test_gdn import GDN_IN_GPT
 from tests.test_versions import GPT_OSS, SHARED_EXPERT_GATE
@@ -47,22 +47,25 @@ def test_counts_of_the_new_presets():
                       "glm-5": 743_911_199_232}  # fmt: skip
 
 
-def test_a_preset_the_tool_cannot_build_is_refused_by_name(cli):
-    # Nemotron 3 Super's LatentMoE: megatron-core 0.16 has it (moe_layer.py fc1/fc2_latent_proj),
-    # this tool does not count it yet; the preset was built without it before
-    result = cli("params", "--model", "nemotron-3-super-120b-a12b")
-    assert (result.code, result.out) == (2, "")
-    assert result.err == (
-        "Error: --moe-latent-size is not modelled: MoE latent projections (the routed experts on "
-        "a smaller width, projected in and out of it) are not modelled (--model "
-        "nemotron-3-super-120b-a12b sets --moe-latent-size 1024)\n"
-    )
+@pytest.mark.slow
+@pytest.mark.skipif(VERSION < LATENT_MOE_SINCE, reason="LatentMoE needs megatron-core 0.16")
+def test_megatron_builds_nemotron_3_super_at_its_published_size(cli):
+    # Nemotron 3 Super's LatentMoE (moe_layer.py fc1/fc2_latent_proj, experts on the latent
+    # width): megatron's own build counts 120,668,687,360, the formula's count, 0.06% over the
+    # published 120.6B (its MTP layer not included)
+    result = cli("params", "--model", "nemotron-3-super-120b-a12b", "--format", "json")
+    assert result.code == 0, result.err
+    rows = json.loads(result.out)["parameters"]
+    count = sum(math.prod(r["global_shape"]) for r in rows if not r["tied"])
+    assert count == 120_668_687_360 == parameter_count(dict(PRESETS["nemotron-3-super-120b-a12b"].args))
+    assert abs(count - 120.6e9) / 120.6e9 < 0.001
+    assert sum("latent_proj" in r["name"] for r in rows) == 40 * 2  # 40 LatentMoE layers, no bias
 
 
 def _buildable(name: str) -> list:
     """Skip presets the installed megatron-core cannot build (tests/test_versions.py asserts why)."""
     if PRESETS[name].args.get("moe_latent_size"):
-        return [pytest.mark.skip(reason="LatentMoE is refused by name (test above)")]
+        return [pytest.mark.skip(reason="built by the test above (megatron-core 0.16+)")]
     if PRESETS[name].args.get("moe_shared_expert_gate") and not SHARED_EXPERT_GATE:
         return [pytest.mark.skip(reason="shared-expert gate needs megatron-core 0.16")]
     if "E" in PRESETS[name].args.get("hybrid_override_pattern", "") and not hybrid_moe_layers():

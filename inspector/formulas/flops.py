@@ -71,10 +71,15 @@ def layer_flops(dims: ModelDims, layer: int, num_sequences: int) -> LayerFlops:
     # `ffn_expansion_factor`: 3 with SwiGLU (two h->f GEMMs and one f->h), else 2.
     expansion = dims.gated_multiplier + 1
     if dims.is_moe_layer(layer):
-        width = dims.expert_ffn * dims.moe_router_topk + dims.shared_expert_ffn
+        # LatentMoE (--moe-latent-size L): the routed experts run on L instead of h, and the
+        # projections down and up add 2 L h (training.py's "Routed experts run on
+        # moe_latent_size" and "Up proj and down proj", core_v0.16.1)
+        latent = dims.moe_latent_size or h
+        routed = latent * dims.expert_ffn * dims.moe_router_topk * expansion
+        projections = 2 * h * dims.moe_latent_size if dims.moe_latent_size else 0
+        mlp = GEMM_FACTOR * tokens * (routed + projections + h * dims.shared_expert_ffn * expansion)
     else:
-        width = dims.ffn
-    mlp = GEMM_FACTOR * tokens * h * width * expansion
+        mlp = GEMM_FACTOR * tokens * h * dims.ffn * expansion
     return LayerFlops(attention, core, mlp)
 
 

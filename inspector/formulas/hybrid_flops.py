@@ -39,7 +39,11 @@ def hybrid_layer_flops(model: ModelConfig, dims: ModelDims, symbol: str, sequenc
     elif symbol == "G":  # `gdn_layer_flops` (core_v0.17.0-0.19.0), 2 FLOPs a multiply-add
         forward = 2 * tokens * gdn_token_flops(h, gdn_shape(model))
     elif symbol == "E":
-        routed = 4 * tokens * h * dims.expert_ffn * dims.moe_router_topk * scale
+        # `moe_layer_flops`: LatentMoE's routed experts run on moe_latent_size, plus its
+        # projections down and up (4 x tokens x h x latent)
+        latent = dims.moe_latent_size
+        routed = 4 * tokens * (latent or h) * dims.expert_ffn * dims.moe_router_topk * scale
+        routed += 4 * tokens * h * latent if latent else 0
         forward = routed + 4 * tokens * h * dims.shared_expert_ffn * scale
     else:  # "M"
         d_in = 2 * h

@@ -120,6 +120,8 @@ MODEL_ARGUMENTS: tuple[ArgSpec, ...] = (
         bool,
         "Gate the shared experts' output (a learned [1, hidden] weight).",
     ),
+    _model("moe_latent_size", int, "LatentMoE: the routed experts work on this width, between a "
+           "projection down from the hidden size and one back up (megatron-core 0.16+)."),  # fmt: skip
     _model("moe_grouped_gemm", bool, "Experts as one grouped GEMM (GroupedMLP)."),
     _model("multi_latent_attention", bool, "Multi-latent attention (DeepSeek-V2/V3 style)."),
     _model(

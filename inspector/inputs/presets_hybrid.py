@@ -52,8 +52,8 @@ HYBRID_PRESETS: list[tuple[str, str, str, float, str, dict[str, Any]]] = [
         "top-22 in latent 1024 + shared (its MTP layer not included)",
         "NVIDIA 2026, Nemotron 3 Super (HF nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16); flags "
         "as Megatron-LM's tests/functional_tests/test_cases/nemotron/"
-        "nemotron3_super_release_gb200/model_config.yaml; LatentMoE (--moe-latent-size) is "
-        "refused by name until this tool models it",
+        "nemotron3_super_release_gb200/model_config.yaml; LatentMoE (--moe-latent-size, "
+        "megatron-core 0.16+)",
         120.6e9, "NVIDIA, Nemotron 3 Super technical report (research.nvidia.com/labs/nemotron/"
         "Nemotron-3-Super): 120.6B total parameters, 12.7B active",
         dict(

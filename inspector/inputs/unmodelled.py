@@ -201,11 +201,6 @@ REFUSED: dict[str, Refusal] = {
     "--freeze-all-layers": Refusal(
         "training", "frozen parameters hold no gradients or optimizer state, and Megatron-LM then "
         "turns off --use-distributed-optimizer, which this tool does not model"),  # fmt: skip
-    # core_v0.16.1 TransformerConfig.moe_latent_size: the routed experts run on a latent width,
-    # with projections in and out of it (training.py counts their FLOPs)
-    "--moe-latent-size": Refusal(
-        "model", "MoE latent projections (the routed experts on a smaller width, projected in and "
-        "out of it) are not modelled"),  # fmt: skip
     # TransformerConfig.ep_overlap_early_attn_memory_release: frees attention activations early
     # under the MoE all-to-all overlap
     "--ep-overlap-early-attn-memory-release": Refusal(

@@ -64,6 +64,8 @@ ARGUMENT_VERSIONS: dict[str, tuple[tuple[int, int], tuple[int, int] | None]] = {
                      "--moe-paged-stash-buffer-size-factor-cpu",
                      "--moe-expert-rank-capacity-factor", "--use-transformer-engine-op-fuser"),
                     ((0, 18), None)),  # fmt: skip
+    # TransformerConfig.moe_latent_size (LatentMoE, core_v0.16.0 moe_layer.py)
+    "--moe-latent-size": ((0, 16), None),
     "--freeze-all-layers": ((0, 19), None),
     "--inference-cuda-graph-max-tokens": ((0, 19), None),
     "--inference-shards": ((0, 19), None),
@@ -173,7 +175,7 @@ _SPANS: dict[tuple[tuple[int, int], tuple[int, int] | None], str] = {
         "--inference-logging-step-interval --inference-wandb-logging --kitchen-attention-backend "
         "--log-device-memory-used --log-max-attention-logit --log-memory-interval "
         "--max-seqlen-per-dp-cp-rank --min-offloaded-tensor-size --moe-enable-routing-replay "
-        "--moe-hybridep-num-sms --moe-latent-size --moe-shared-expert-gate --mtp-standalone "
+        "--moe-hybridep-num-sms --moe-shared-expert-gate --mtp-standalone "
         "--muon-extra-scale-factor --muon-fp32-matmul-prec --muon-momentum --muon-no-split-qkv "
         "--muon-num-ns-steps --muon-scale-mode --muon-tp-mode --no-inference-wandb-logging "
         "--no-rl-offload-inference-model-weights-when-idle --no-rl-skip-bos-token "

@@ -51,6 +51,7 @@ class ModelDims:
     moe_router_topk: int = 2
     moe_ffn_hidden_size: int | None = None
     moe_shared_expert_intermediate_size: int | None = None
+    moe_latent_size: int | None = None  # LatentMoE: the routed experts' width (moe_layer.py)
     moe_layer_freq: int | tuple[int, ...] = 1
     # node-limited routing: a token's top-k among the experts of its top group_topk of num_groups
     moe_router_num_groups: int | None = None

@@ -45,6 +45,7 @@ class ModelConfig:
     moe_ffn_hidden_size: int | None = None
     moe_shared_expert_intermediate_size: int | None = None
     moe_shared_expert_gate: bool = False
+    moe_latent_size: int | None = None  # LatentMoE's routed-expert width (moe_layer.py)
     moe_grouped_gemm: bool = False
     multi_latent_attention: bool = False
     transformer_impl: str = "local"
@@ -319,6 +320,8 @@ class ModelConfig:
         )
         if self.moe_shared_expert_gate:
             fields["moe_shared_expert_gate"] = True
+        if self.moe_latent_size is not None:
+            fields["moe_latent_size"] = self.moe_latent_size
         for name in ("moe_router_num_groups", "moe_router_group_topk"):
             if getattr(self, name) is not None:
                 fields[name] = getattr(self, name)
@@ -348,11 +351,11 @@ class ModelConfig:
         return int(math.ceil(self.vocab_size / multiple) * multiple)
 
     def to_args(self) -> dict[str, Any]:
-        """Return the fields as Megatron-LM arguments (for headers and caches); --padded-vocab-size
-        and the hybrid fields only where they are given, gpt-oss's layer fields only away from
-        their defaults (and the low-precision ones of job/fp4.py and job/fp8_attention.py), so a
-        job without them reads as before."""
-        optional = ("padded_vocab_size", *HYBRID_FIELDS, *DSA_FIELDS, *GDN_FIELDS)
+        """Return the fields as Megatron-LM arguments (for headers and caches); --padded-vocab-size,
+        --moe-latent-size and the hybrid fields only where they are given, gpt-oss's layer fields
+        only away from their defaults (and the low-precision ones of job/fp4.py and
+        job/fp8_attention.py), so a job without them reads as before."""
+        optional = ("padded_vocab_size", "moe_latent_size", *HYBRID_FIELDS, *DSA_FIELDS, *GDN_FIELDS)
         when_set = (*GPT_OSS_FIELDS, *LOW_PRECISION_FIELDS, "mtp_use_repeated_layer")
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                 if (f.name not in optional or getattr(self, f.name))

@@ -18,6 +18,7 @@ from inspector.job.fp8_attention import check_fp8_attention
 from inspector.job.hybrid_model import check_ratios
 from inspector.job.model import MODEL_FIELDS, ModelConfig
 from inspector.job.moe_pattern import parse_moe_layer_freq
+from inspector.job.versions import LATENT_MOE_SINCE, megatron_version
 
 
 def make_model_config(args: Mapping[str, Any]) -> ModelConfig:
@@ -86,6 +87,7 @@ def _require_positive(config: ModelConfig) -> None:
         "num_experts",
         "moe_ffn_hidden_size",
         "moe_shared_expert_intermediate_size",
+        "moe_latent_size",
         "moe_router_num_groups",
         "moe_router_group_topk",
         "mamba_state_dim",
@@ -154,6 +156,7 @@ def _validate_moe(config: ModelConfig) -> None:
         "moe_ffn_hidden_size",
         "moe_shared_expert_intermediate_size",
         "moe_shared_expert_gate",
+        "moe_latent_size",
         "moe_grouped_gemm",
         "moe_router_enable_expert_bias",
         "moe_router_num_groups",
@@ -168,6 +171,10 @@ def _validate_moe(config: ModelConfig) -> None:
             if getattr(config, name):
                 raise ConfigError(f"{_flag(name)} needs --num-experts")
         return
+    if config.moe_latent_size and megatron_version() < LATENT_MOE_SINCE:
+        version = ".".join(map(str, megatron_version()))
+        raise ConfigError(f"--moe-latent-size needs megatron-core 0.16 or newer (LatentMoE's "
+                          f"projections, moe_layer.py): {version} has no moe_latent_size")  # fmt: skip
     if config.moe_shared_expert_gate and not config.moe_shared_expert_intermediate_size:
         raise ConfigError(
             "--moe-shared-expert-gate needs --moe-shared-expert-intermediate-size (it gates the "
@@ -313,4 +320,15 @@ def _validate_backend(config: ModelConfig) -> None:
             f"--apex with --normalization {config.normalization} cannot build: megatron-core's "
             "final_layernorm would be apex FusedLayerNorm, which supports LayerNorm only "
             "(NVIDIA/Megatron-LM#1658); drop --apex to get the torch norms megatron uses for RMSNorm"
+        )
+
+
+def refuse_latent_moe(config: ModelConfig, command: str) -> None:
+    """Refuse LatentMoE (--moe-latent-size) in a command that prices layers by formulas: megatron
+    builds and runs it (moe_layer.py's fc1/fc2_latent_proj around experts on the latent width, the
+    dispatcher moving latent-wide tokens), `tree`, `params`, `diff` and `memory` measure it."""
+    if config.moe_latent_size:
+        raise ConfigError(
+            f"{command} does not price --moe-latent-size yet (its latent projections and the "
+            "dispatcher's smaller volume); tree, params, diff and memory build and run it"
         )

@@ -16,6 +16,9 @@ from inspector.inputs.versions import (
 # megatron-core's first version whose TransformerConfig has `moe_flex_dispatcher_backend`
 # (core_v0.16.0 transformer_config.py; 0.13-0.15 run DeepEP only, behind `moe_enable_deepep`)
 FLEX_BACKEND_SINCE = ARGUMENT_VERSIONS["--moe-flex-dispatcher-backend"][0]
+# megatron-core's first version whose TransformerConfig has `moe_latent_size` (LatentMoE:
+# core_v0.16.0 moe_layer.py fc1_latent_proj / fc2_latent_proj; none at core_v0.15.3)
+LATENT_MOE_SINCE = ARGUMENT_VERSIONS["--moe-latent-size"][0]
 
 
 def megatron_version() -> tuple[int, int]:

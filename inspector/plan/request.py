@@ -22,7 +22,7 @@ from inspector.job.hardware import (
 from inspector.job.hybrid_ep import check_hybridep_dtype
 from inspector.job.job import Training, make_training
 from inspector.job.model import ModelConfig
-from inspector.job.model_args import make_model_config
+from inspector.job.model_args import make_model_config, refuse_latent_moe
 from inspector.job.versions import etp_bias_refused
 from inspector.plan.hybrid import check_hybrid_plan
 from inspector.plan.split import PIN_FLAGS
@@ -143,6 +143,7 @@ def make_request(args: dict[str, Any], flags: PlanFlags) -> Request:
     backend = flex_backend(args)  # megatron's rules for the flex dispatcher's flags
     training = _kept_training(args, backend)
     model = make_model_config(args)
+    refuse_latent_moe(model, "plan")
     check_hybrid_plan(model, fixed, training.ep_overlap, training.moe_token_dispatcher_type == "flex",
                       training.recompute_modules)  # fmt: skip
     _check_overlap(model, training)

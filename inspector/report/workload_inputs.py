@@ -18,6 +18,7 @@ from inspector.job.dsa import refuse_dsa
 from inspector.job.hardware import Gpu
 from inspector.job.hybrid_model import MambaShape, mamba_shape
 from inspector.job.layout import Layout
+from inspector.job.model_args import refuse_latent_moe
 
 if TYPE_CHECKING:
     from inspector.world.build import BuiltJob
@@ -272,6 +273,7 @@ def context_for(built: BuiltJob, compute: ComputeRate | ComputeProfile) -> Conte
         # repeated layer run at every depth, not modelled
         raise ConfigError("workload does not run --mtp-use-repeated-layer under FSDP yet")
     refuse_dsa(job.model, "workload")
+    refuse_latent_moe(job.model, "workload")
     modules = job.training.recompute_modules if job.training.recompute == "selective" else ()
     unpriced = [m for m in modules if (m in NOT_GEMMS or m == "mla_up_proj")
                 and isinstance(compute, ComputeProfile)]
