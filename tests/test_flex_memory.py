@@ -342,7 +342,7 @@ def test_which_megatron_core_knows_the_flex_backend_flag():
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     from inspector.job.job import Training
-    from inspector.memory.engine.microbatch import _flex_fields
+    from inspector.memory.engine.runtime import _flex_fields
 
     names = {f.name for f in dataclasses.fields(TransformerConfig)}
     fields = _flex_fields(Training(micro_batch_size=1, global_batch_size=1,

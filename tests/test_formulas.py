@@ -21,6 +21,7 @@ from inspector.job.dims import (
 from inspector.job.job import Job, Training
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
+from inspector.job.versions import LATENT_MOE_SINCE, megatron_version
 from tests.test_gdn import GDN_IN_GPT
 
 # the gated delta net's fields (megatron-core 0.16+, tests/test_gdn.py)
@@ -29,6 +30,8 @@ GDN = dict(
     linear_conv_kernel_dim=3, linear_key_head_dim=8, linear_value_head_dim=12,
     linear_num_key_heads=2, linear_num_value_heads=4, attention_output_gate=True,
 )  # fmt: skip
+# --moe-latent-size: megatron-core 0.16+ (0.13-0.15 refuse it by version)
+LATENT = 16 if megatron_version() >= LATENT_MOE_SINCE else None
 # A model that sets every field ModelDims reads to something other than ModelDims' default.
 EVERYTHING = ModelConfig(
     num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=1000,
@@ -37,7 +40,7 @@ EVERYTHING = ModelConfig(
     multi_latent_attention=True, transformer_impl="transformer_engine", q_lora_rank=24,
     kv_lora_rank=16, qk_head_dim=8, qk_pos_emb_head_dim=4, v_head_dim=12,
     position_embedding_type="rope", mtp_num_layers=1, fp8_format="hybrid",
-    moe_router_num_groups=2, moe_router_group_topk=2, moe_latent_size=16, **GDN,
+    moe_router_num_groups=2, moe_router_group_topk=2, moe_latent_size=LATENT, **GDN,
 )  # fmt: skip
 # What the job, not the architecture, gives ModelDims (the kernels: formulas/ops.py).
 JOB_FIELDS = {"seq_length", "vocab_size", "activation_bytes", "attention_dropout", "hidden_dropout",
@@ -50,7 +53,8 @@ JOB_FIELDS = {"seq_length", "vocab_size", "activation_bytes", "attention_dropout
 def test_model_dims_come_from_the_transformer_config_fields() -> None:
     """Job.dims() maps no field by hand: each comes from ModelConfig.transformer_fields by name."""
     names = {ARGUMENT_NAMES.get(name, name) for name in EVERYTHING.transformer_fields()}
-    assert {f.name for f in dataclasses.fields(ModelDims)} - JOB_FIELDS <= names
+    unset = {"moe_latent_size"} if LATENT is None else set()  # a field 0.13-0.15 lack
+    assert {f.name for f in dataclasses.fields(ModelDims)} - JOB_FIELDS - unset <= names
     gdn = GDN if GDN_IN_GPT else {}  # the job refuses GDN before megatron-core 0.16
     model = dataclasses.replace(EVERYTHING, **{**{k: ModelConfig.__dataclass_fields__[k].default
                                                   for k in GDN}, **gdn})  # fmt: skip
@@ -65,7 +69,7 @@ def test_model_dims_come_from_the_transformer_config_fields() -> None:
         q_lora_rank=24, kv_lora_rank=16, qk_head_dim=8, qk_pos_emb_head_dim=4, v_head_dim=12,
         mtp_num_layers=1, qk_layernorm=True, attention_dropout=True, hidden_dropout=False,
         rotary=True, flash_attention=False, fused_kernels=True, fp8="hybrid",
-        moe_router_num_groups=2, moe_router_group_topk=2, te_attention=True, moe_latent_size=16,
+        moe_router_num_groups=2, moe_router_group_topk=2, te_attention=True, moe_latent_size=LATENT,
         **gdn,
     )  # fmt: skip
 

@@ -59,6 +59,10 @@ CAPS = {
 @pytest.mark.slow
 @pytest.mark.parametrize("name", CAPS)
 def test_capped_in_seconds_naming_the_flags(name):
+    from inspector.job.versions import hybrid_moe_layers
+
+    if name.endswith("-hybrid") and not hybrid_moe_layers():
+        pytest.skip("a hybrid pattern's E layers are megatron-core 0.16+ (job/versions.py)")
     argv, message = CAPS[name]
     result = _run(*argv)
     assert (result.returncode, result.stdout, result.stderr) == (2, "", message + "\n")

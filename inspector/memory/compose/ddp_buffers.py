@@ -41,18 +41,12 @@ def pad(n: int, d: int) -> int:
     return -(-n // d) * d
 
 
-def place(
-    runs: Sequence[Run], distributed: bool, dp: int, bucket_size: int | None,
-    packed: list[int] | None = None,
-) -> tuple[Spans, Buckets]:
-    """Reimplement `_ParamAndGradBuffer`'s index arithmetic for one buffer, a run at a time.
-
-    Equal parameters start a step (numel, padded to 64 with the distributed optimizer) apart
-    until a bucket closes; parameters side by side are kept as one span of elements, which is
-    all the optimizer's shards (`owned_numel`) depend on. `packed`, where given, receives the
-    padded end of each bucket of the NVFP4 param buffer (0.18+ `_compute_nvfp4_packed_layout`:
-    the same buckets, an NVFP4 weight at half its elements, the same padding).
-    """
+def place(runs: Sequence[Run], distributed: bool, dp: int, bucket_size: int | None,
+          packed: list[int] | None = None) -> tuple[Spans, Buckets]:  # fmt: skip
+    """Reimplement `_ParamAndGradBuffer`'s index arithmetic for one buffer, a run at a time:
+    equal parameters start a step (numel, padded to 64 with the distributed optimizer) apart
+    until a bucket closes; side by side they are one span (all `owned_numel` depends on).
+    `packed`, where given, gets each bucket's padded end in the NVFP4 buffer (`_packed_end`)."""
     divisor = math.lcm(dp, 128)
     spans: Spans = []
     buckets: Buckets = []
@@ -80,16 +74,22 @@ def place(
                 take, closes = _placed_before_close(
                     start - bucket_start, param.numel, step, count, bucket_size)
             end = start + (take - 1) * step + param.numel
-            if packed is not None:
-                half = param.numel // 2 if param.nvfp4 else param.numel
-                align = 64 if distributed else 1
-                cursor = pad(cursor, align) + (take - 1) * pad(half, align) + half
+            cursor = _packed_end(cursor, param, take, distributed) if packed is not None else 0
             _add_spans(spans, start, take, step, param.numel, len(buckets))
             in_bucket, count = in_bucket + take, count - take
             start = close(end) if closes else end
     if in_bucket:
         close(end)
     return spans, buckets
+
+
+def _packed_end(cursor: int, param: Any, take: int, distributed: bool) -> int:
+    """Return the NVFP4 param buffer's end after `take` more of `param` (megatron-core 0.18+
+    `_compute_nvfp4_packed_layout`: the same buckets, an NVFP4 weight at half its elements, each
+    padded to 64 with the distributed optimizer)."""
+    half = param.numel // 2 if param.nvfp4 else param.numel
+    align = 64 if distributed else 1
+    return pad(cursor, align) + (take - 1) * pad(half, align) + half
 
 
 def buffer_layout(
