@@ -6,8 +6,11 @@ matrix products (and the output layer's), forward and backward, against every `m
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
+import sys
 from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -42,7 +45,23 @@ def _recorded_gemm_flops(job: Any) -> dict[str, int]:
             return func(*args, **(kwargs or {}))
 
     megatron()
-    with Products():
+    # megatron-core 0.19's MoE router multiplies through Transformer Engine's general_gemm
+    # (extensions/transformer_engine.py te_general_gemm, which looks `general_gemm` up when it
+    # runs): cuBLAS's product, which no aten op shows, counted from its operands' shapes
+    te = sys.modules.get("megatron.core.extensions.transformer_engine")
+    original = getattr(te, "general_gemm", None)
+
+    def counted(A, B, *args, layout="TN", **kwargs):  # type: ignore[no-untyped-def]
+        rows = B.shape[-1] if layout[1] == "T" else B.shape[0]
+        cols = A.shape[-1] if layout[0] == "N" else A.shape[0]
+        inner = B.shape[0] if layout[1] == "T" else B.shape[-1]
+        flops["te_general_gemm"] += 2 * rows * cols * inner
+        return original(A, B, *args, layout=layout, **kwargs)
+
+    with contextlib.ExitStack() as stack:
+        if original is not None:
+            stack.enter_context(mock.patch.object(te, "general_gemm", counted))
+        stack.enter_context(Products())
         trace_stage(job, 0)
     return dict(flops)
 
