@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from inspector.job.job import FUSIONS, Job, bias_fusions
+from inspector.job.versions import FLEX_BACKEND_SINCE, megatron_version, router_padding_field
 
 
 def runtime_config(job: Job) -> dict[str, Any]:
@@ -65,7 +66,7 @@ def runtime_config(job: Job) -> dict[str, Any]:
         if dispatcher == "flex":
             fields.update(_flex_fields(training))
         if training.moe_router_padding:
-            fields.update(_padding_field())
+            fields[router_padding_field()] = True  # the version's own spelling
     if training.recompute != "none":
         fields["recompute_granularity"] = training.recompute
         fields["recompute_modules"] = list(training.recompute_modules)
@@ -77,30 +78,11 @@ def runtime_config(job: Job) -> dict[str, Any]:
     return fields
 
 
-def _padding_field() -> dict[str, Any]:
-    """The router padding's TransformerConfig field: 0.16's `moe_router_padding_for_quantization`
-    (its `moe_router_padding_for_fp8` only turns that on, with a deprecation warning); 0.13-0.15
-    know `moe_router_padding_for_fp8` alone."""
-    import dataclasses
-
-    from inspector.world.setup import megatron
-
-    names = {f.name for f in dataclasses.fields(megatron().TransformerConfig)}
-    if "moe_router_padding_for_quantization" in names:
-        return {"moe_router_padding_for_quantization": True}
-    return {"moe_router_padding_for_fp8": True}
-
-
 def _flex_fields(training: Any) -> dict[str, Any]:
     """The flex dispatcher's TransformerConfig fields: megatron-core 0.16+ names the backend
     (`moe_flex_dispatcher_backend`); 0.13-0.15 know DeepEP alone, by `moe_enable_deepep`."""
-    import dataclasses
-
-    from inspector.world.setup import megatron
-
-    names = {f.name for f in dataclasses.fields(megatron().TransformerConfig)}
     fields: dict[str, Any] = dict(moe_deepep_num_sms=training.moe_deepep_num_sms)
-    if "moe_flex_dispatcher_backend" in names:
+    if megatron_version() >= FLEX_BACKEND_SINCE:
         fields["moe_flex_dispatcher_backend"] = training.moe_flex_backend
     else:
         fields["moe_enable_deepep"] = True
