@@ -158,3 +158,20 @@ def test_models_shows_each_preset_s_parameter_count_and_source(cli):
         count = float(row[1][:-1]) * (1e9 if row[1].endswith("B") else 1e6)
         assert abs(count - preset.published_params) <= (0.05e9 if row[1].endswith("B") else 0.5e6)
         assert f"  {preset.name}: {preset.source}; " in sources
+
+
+def test_a_preset_argument_is_refused_only_where_this_megatron_core_does_not_model_it():
+    # resolve._check_preset asks unmodelled.refusal_message, as a script's flags are asked: a flag
+    # modelled on some releases only (--fp4-param-gather: 0.18+) stops a preset elsewhere alone
+    from inspector.errors import ConfigError
+    from inspector.inputs import versions
+    from inspector.inputs.resolve import _check_preset
+
+    args = {"fp4_param_gather": True}
+    if versions.within(versions.FP4_PARAM_RELEASES, versions.megatron_core_version()):
+        _check_preset("p", args, ("model", "training"))
+    else:
+        with pytest.raises(ConfigError, match=r"^--fp4-param-gather is not modelled: .*\(--model p "
+                           r"sets --fp4-param-gather True\)$"):  # fmt: skip
+            _check_preset("p", args, ("model", "training"))
+    _check_preset("p", args, ("model",))  # a training argument stops no model-only command

@@ -18,7 +18,7 @@ from inspector.inputs.arguments import BY_NAME
 from inspector.inputs.hybrid_pattern import FIRST, layer_pattern
 from inspector.inputs.ignored import IGNORED_NOTES
 from inspector.inputs.refusals import ALL_GROUPS, refusals_message, refused_value
-from inspector.inputs.unmodelled import REFUSED
+from inspector.inputs.unmodelled import REFUSED, refusal_message
 from inspector.inputs.versions import megatron_core_version, unknown_argument_notes
 
 if TYPE_CHECKING:
@@ -164,9 +164,9 @@ def _check_preset(name: str, args: Mapping[str, Any], groups: tuple[str, ...]) -
     model whose architecture the tool does not build yet is refused by name, never built without."""
     for key in args:
         flag = "--" + key.replace("_", "-")
-        refusal = REFUSED.get(flag)
-        if refusal is None or str(args[key]) in refusal.harmless:
+        if refusal_message(flag, str(args[key])) is None:  # harmless, or modelled on this release
             continue
+        refusal = REFUSED[flag]
         if refusal.group == ALL_GROUPS or refusal.group in groups:
             raise ConfigError(f"{flag} is not modelled: {refusal.reason} (--model {name} "
                               f"sets {flag} {args[key]})")  # fmt: skip
