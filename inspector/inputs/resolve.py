@@ -65,9 +65,11 @@ def merge_sources(sources: Sources, groups: tuple[str, ...], accepted: tuple[str
                 merged.pop(name, None)
         merged.update(layer)
     older = merged.get("hybrid_override_pattern")
-    if older is not None and "/" in str(older) and merged.get("hybrid_layer_pattern") is None:
+    separators = older is not None and ("/" in str(older) or "|" in str(older))
+    if separators and merged.get("hybrid_layer_pattern") is None:
         # Megatron-LM 0.17+ reads the deprecated spelling as --hybrid-layer-pattern (its MTP
-        # depths too); before 0.17, '/' is not a layer symbol (job/hybrid_model.py says so)
+        # depths and stage boundaries too); before 0.17, '/' and '|' are not layer symbols
+        # (job/hybrid_model.py says so)
         if megatron_core_version() >= FIRST:
             merged["hybrid_layer_pattern"] = older
     if merged.get("hybrid_layer_pattern") is not None:

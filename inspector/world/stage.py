@@ -164,8 +164,8 @@ def _build_chunk(
     with m.torch.device("meta"), _cuda_for(model, config), gdn_building(model):
         _fresh_attention_env()
         if model.hybrid:
-            return _finish_chunk(model, config, build_hybrid_model(model, config, layout, pre, post),
-                                 stage, chunk, expert_rank, checkpoint)  # fmt: skip
+            hybrid = build_hybrid_model(model, config, layout, pre, post, vp_stage)
+            return _finish_chunk(model, config, hybrid, stage, chunk, expert_rank, checkpoint)
         spec = _layer_spec(m, model, config, vp_stage)
         gpt = m.GPTModel(
             mtp_block_spec=_mtp_block_spec(m, model, config, vp_stage),
