@@ -136,6 +136,7 @@ def _one(reader: Reader, family: str, gpu: str, module: str, function: str, run:
     def done(status: str, cause: str) -> Outcome:
         return Outcome(family, gpu, function, status, cause)
 
+    reader.gpu = gpu
     try:
         cfg = reader.apply(reader.lookup(module, function), [], {}, function)
     except Unreadable as error:
@@ -161,8 +162,9 @@ def show(checkout: Path, name: str) -> str:
     """Return one recipe's preset, GPUs and Megatron-LM arguments, as the bench gives them."""
     src = checkout / "src"
     reader = Reader(src, _megatron_core())
-    for _family, _gpu, module, function in recipes(src, None):
+    for _family, gpu, module, function in recipes(src, None):
         if function == name:
+            reader.gpu = gpu
             cfg = reader.apply(reader.lookup(module, function), [], {}, function)
             match = _NAME.search(function)
             gpus = int(match.group(1)) if match else 0
