@@ -101,7 +101,7 @@ def check_expert_groups(ep: int, etp: int, tp: int, cp: int, dp: int, pp: int = 
             f"--expert-model-parallel-size {ep} x --expert-tensor-parallel-size {etp} = {ep * etp} "
             f"does not divide --tp {tp} x --context-parallel-size {cp} x --dp "
             f"{dp} = {dense} (megatron carves expert groups out of those ranks; megatron-core's "
-            f"initialize_model_parallel: 'world_size ({dense * pp}) is not divisible by "
+            f"initialize_model_parallel raises 'world_size ({dense * pp}) is not divisible by "
             f"expert_tensor_model_pipeline_parallel size ({etp * ep * pp})')"
         )
 
