@@ -156,7 +156,7 @@ def recipe_args(cfg: Record, gpus: int) -> tuple[str | None, dict[str, Any], lis
     _ddp(args, _section(cfg, "ddp"), _section(cfg, "mixed_precision"))
     _optimizer(args, _section(cfg, "optimizer"))
     _comm_overlap(args, cfg.fields.get("comm_overlap"), gpus)
-    _put(args, "ckpt_format", _section(cfg, "checkpoint").fields.get("ckpt_format"))
+    _checkpoint(args, _section(cfg, "checkpoint"))
     train = _section(cfg, "train")
     _put(args, "micro_batch_size", train.fields.get("micro_batch_size"))
     _put(args, "global_batch_size", train.fields.get("global_batch_size"))
@@ -317,6 +317,28 @@ def _comm_overlap(args: dict[str, Any], overlap: Any, gpus: int) -> None:
                  "overlap_param_gather"):  # fmt: skip
         if args.get(name) is False:
             args.pop(name)
+    if args.get("overlap_param_gather") and not args.get("overlap_grad_reduce"):
+        # DeepSeek-V3's H100 recipes overlap the param all-gather but not the grad reduce:
+        # megatron-core's DDP runs that (distributed_data_parallel.py registers the forward
+        # pre-hooks on overlap_param_gather alone; param_and_grad_buffer.py asserts nothing of
+        # overlap_grad_reduce for it) and Bridge checks nothing of it; only Megatron-LM's
+        # validate_args refuses it ("Must use --overlap-param-gather with --overlap-grad-reduce").
+        # The tool builds megatron's DDP without overlap_param_gather in every job (it models
+        # when the all-gather runs in neither), so the job without it is the one it models
+        args.pop("overlap_param_gather")
+
+
+def _checkpoint(args: dict[str, Any], checkpoint: Record) -> None:
+    """The checkpoint format, as the job reads it. Bridge asks Megatron-FSDP for fsdp_dtensor only
+    when it saves or loads (training/config.py _validate_and_apply_megatron_fsdp_v1_configs: "if
+    self.checkpoint.save is not None or self.checkpoint.load is not None: assert ckpt_format ==
+    'fsdp_dtensor'"); a perf recipe does neither (_benchmark_common: save and load None), so its
+    format is never read. Megatron-LM's validate_args asks for it always ("Megatron FSDP only
+    supports fsdp_dtensor checkpoint format"): the same job is --ckpt-format fsdp_dtensor."""
+    _put(args, "ckpt_format", checkpoint.fields.get("ckpt_format"))
+    saves = any(checkpoint.fields.get(name) is not None for name in ("save", "load"))
+    if args.get("use_megatron_fsdp") and not saves:
+        args["ckpt_format"] = "fsdp_dtensor"
 
 
 def _not_arguments(cfg: Record) -> list[str]:
