@@ -18,9 +18,8 @@ import pytest
 VERSION = tuple(int(p) for p in megatron.core.__version__.split(".")[:2])
 MUON_KNOWN = VERSION >= (0, 16)  # Megatron-LM's --optimizer choices gained muon in core_v0.16.0
 # megatron-core 0.16-0.17's optimizer/muon.py and 0.18-0.19's emerging-optimizers registry build
-# --optimizer muon here; the layer-wise dist_muon only 0.16-0.17's (tests/test_muon.py)
+# --optimizer muon here, and the layer-wise dist_muon (tests/test_muon.py, test_muon_layout.py)
 MUON_MODELLED = (0, 16) <= VERSION < (0, 20)
-LAYER_WISE_MODELLED = (0, 16) <= VERSION < (0, 18)
 
 MODEL_ARGS = """\
 ENV_VARS:
@@ -98,7 +97,7 @@ def test_muon_in_a_plain_config_and_a_script(tmp_path, cli):
                    "train.sh")  # fmt: skip
     for argv, shown in ((("--config", plain), "--optimizer dist_muon"),
                         (("--from-script", script), "--optimizer lion")):  # fmt: skip
-        if LAYER_WISE_MODELLED and "dist_muon" in shown:
+        if MUON_MODELLED and "dist_muon" in shown:
             continue  # modelled (tests/test_muon.py)
         result = cli("memory", *argv)
         assert result.code == 2
