@@ -276,3 +276,19 @@ def test_the_new_models_outcomes(bridge: Path) -> None:
             ("modelled", "") if repeated else ("refused", "--mtp-use-repeated-layer")),
         "gpt_oss_20b_pretrain_8gpu_h100_bf16_config": ("modelled", ""),
     }
+
+
+@pytest.mark.parametrize("optimizer", ["dist_muon", "adam"])
+def test_bridge_s_dist_muon_is_the_legacy_layer_wise_path(monkeypatch, optimizer) -> None:
+    # Bridge's DDP wrap (Megatron-LM's dist_utils._ddp_wrap) is never asked for the layer-wise
+    # parameter layout, so megatron-core 0.18+ builds its dist_muon on the legacy path
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bridge_job
+    from bridge_eval import Record
+
+    from inspector.inputs.versions import megatron_core_version
+
+    args: dict = {}
+    bridge_job._optimizer(args, Record("OptimizerConfig", fields={"optimizer": optimizer}))
+    legacy = optimizer == "dist_muon" and megatron_core_version() >= (0, 18)
+    assert args == {"optimizer": optimizer} | ({"no_use_layer_wise_param_layout": True} if legacy else {})
