@@ -14,8 +14,6 @@ from typing import Any
 
 from bridge_eval import Opaque, Record
 
-from inspector.inputs.versions import megatron_core_version
-
 # Hugging Face ids Bridge's recipes load (AutoBridge.from_hf_pretrained) -> the tool's preset
 PRESETS = {
     "meta-llama/Meta-Llama-3-8B": "llama3-8b",
@@ -293,6 +291,8 @@ def _optimizer(args: dict[str, Any], opt: Record) -> None:
     # Megatron-LM's dist_utils._ddp_wrap, whose use_layer_wise_distributed_optimizer is False), so
     # megatron-core 0.18+'s get_megatron_optimizer builds dist_muon on its legacy path: Megatron-LM's
     # --no-use-layer-wise-param-layout, an argument of 0.18+
+    from inspector.inputs.versions import megatron_core_version  # the checkout's (main's path)
+
     if args.get("optimizer") == "dist_muon" and megatron_core_version() >= (0, 18):
         args["no_use_layer_wise_param_layout"] = True
     if not args.get("optimizer_cpu_offload"):
