@@ -21,37 +21,17 @@ momentum (4) or Adam's two moments (8).
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 
 from inspector.job.versions import megatron_version, muon_registry
+from tests.test_muon import MODEL, _memory, _muon_taken, _params
 
 needs_layout = pytest.mark.skipif(not muon_registry(), reason="megatron-core 0.18+'s layout")
-MODEL = ("--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
-         "--seq-length", "32", "--max-position-embeddings", "32", "--vocab-size", "1000",
-         "--bf16")  # fmt: skip
 MOE = ("--num-experts", "4", "--ep", "2", "--moe-ffn-hidden-size", "128", "--swiglu",
        "--disable-bias-linear")  # fmt: skip
-
-
-def _params(cli, *flags: str) -> list[dict]:
-    result = cli("params", *MODEL, "--partitioning", "distopt", "--format", "json", *flags)
-    assert result.code == 0, result.err
-    return json.loads(result.out)["parameters"]
-
-
-def _memory(cli, *flags: str) -> dict:
-    result = cli("memory", *MODEL, "--micro-batch-size", "1", "--format", "json", *flags)
-    assert result.code == 0, result.err
-    return json.loads(result.out)["stages"][0]
-
-
-def _matrix(row: dict) -> bool:
-    """layer_wise_optimizer.py is_managed_by_layer_wise_optimizer, from the row."""
-    name = row["name"]
-    return len(row["shape"]) == 2 and "word_embeddings" not in name and "output_layer" not in name
+_matrix = _muon_taken  # the same predicate: layer_wise_optimizer.py is_managed_by_layer_wise_optimizer
 
 
 def _pad(value: int, divisor: int) -> int:
