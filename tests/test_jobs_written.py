@@ -60,9 +60,8 @@ def test_muon_is_refused_by_name_with_every_other_refusal(tmp_path, cli):
     version = f"{VERSION[0]}.{VERSION[1]}"
     fact = f"--optimizer muon is a choice of Megatron-LM 0.16+; this tool builds with megatron-core {version}"
     later = ("--optimizer muon is not modelled: this megatron-core's Muon is not run by this tool "
-             "(it runs megatron-core 0.16-0.19's --optimizer muon, and 0.16-0.17's layer-wise "
-             "dist_muon; 0.18 lays the layer-wise optimizer's matrices out in the DDP buffers beside "
-             f"a distributed Adam) ({fact}); ")  # fmt: skip
+             "(it runs megatron-core 0.16-0.19's --optimizer muon and layer-wise dist_muon) "
+             f"({fact}); ")  # fmt: skip
     muon = ("" if MUON_MODELLED else later if MUON_KNOWN else
             f"--optimizer muon is refused by Megatron-LM: {fact}, whose Megatron-LM stops with "
             "'invalid choice'; ")  # fmt: skip
