@@ -286,6 +286,15 @@ def _optimizer(args: dict[str, Any], opt: Record) -> None:
         _put(args, name, opt.fields.get(name))
     if args.get("optimizer") in (False, None):
         args.pop("optimizer", None)
+    # Bridge wraps the model in DDP without asking for the layer-wise parameter layout
+    # (training/setup.py _build_distributed_model and models/model_provider.py get_model call
+    # Megatron-LM's dist_utils._ddp_wrap, whose use_layer_wise_distributed_optimizer is False), so
+    # megatron-core 0.18+'s get_megatron_optimizer builds dist_muon on its legacy path: Megatron-LM's
+    # --no-use-layer-wise-param-layout, an argument of 0.18+
+    from inspector.inputs.versions import megatron_core_version  # the checkout's (main's path)
+
+    if args.get("optimizer") == "dist_muon" and megatron_core_version() >= (0, 18):
+        args["no_use_layer_wise_param_layout"] = True
     if not args.get("optimizer_cpu_offload"):
         args.pop("optimizer_cpu_offload", None)
     if opt.fields.get("use_precision_aware_optimizer"):

@@ -333,3 +333,19 @@ def test_what_bridge_runs_and_megatron_lm_would_refuse(bridge: Path) -> None:
     assert outcomes["llama3_70b_pretrain_64gpu_b200_gather_config"] == ("modelled", "")
     saves = outcomes["llama3_70b_pretrain_64gpu_b200_saves_config"]
     assert saves[0] == "error" and "fsdp_dtensor" in saves[1]
+
+
+@pytest.mark.parametrize("optimizer", ["dist_muon", "adam"])
+def test_bridge_s_dist_muon_is_the_legacy_layer_wise_path(monkeypatch, optimizer) -> None:
+    # Bridge's DDP wrap (Megatron-LM's dist_utils._ddp_wrap) is never asked for the layer-wise
+    # parameter layout, so megatron-core 0.18+ builds its dist_muon on the legacy path
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bridge_job
+    from bridge_eval import Record
+
+    from inspector.inputs.versions import megatron_core_version
+
+    args: dict = {}
+    bridge_job._optimizer(args, Record("OptimizerConfig", fields={"optimizer": optimizer}))
+    legacy = optimizer == "dist_muon" and megatron_core_version() >= (0, 18)
+    assert args == {"optimizer": optimizer} | ({"no_use_layer_wise_param_layout": True} if legacy else {})

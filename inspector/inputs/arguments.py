@@ -211,7 +211,8 @@ ARGUMENTS: tuple[ArgSpec, ...] = MODEL_ARGUMENTS + (
               choices=("fp32", "fp16", "bf16", "fp8")),
     _training("overlap_param_gather", bool, "Overlap the parameter all-gather (distributed optimizer)."),
     _layout("no_use_layer_wise_param_layout", bool, "megatron-core 0.18+: dist_muon's legacy "
-              "layer-wise optimizer (whole matrices dealt over the ranks; no DDP layout)."),
+              "layer-wise optimizer (whole matrices dealt over the ranks) instead of its layout "
+              "in DDP's buffers."),
     _training(
         "moe_token_dispatcher_type",
         str,

@@ -69,8 +69,7 @@ _QUANTIZERS = "ModelOpt's quantizers (fake-quantized weights and inputs) are not
 _OPTIMIZER = "this optimizer's state is not counted (Adam's two fp32 moments are)"
 _MUON_LATER = (
     "this megatron-core's Muon is not run by this tool (it runs megatron-core 0.16-0.19's "
-    "--optimizer muon, and 0.16-0.17's layer-wise dist_muon; 0.18 lays the layer-wise optimizer's "
-    "matrices out in the DDP buffers beside a distributed Adam)"
+    "--optimizer muon and layer-wise dist_muon)"
 )
 _MFSDP_DTYPE = (
     "Megatron-FSDP's buffer dtypes other than the default are not modelled (the buffers are "
@@ -335,8 +334,9 @@ LOCAL_GRAPHS = Refusal(
 REFUSED_VALUES: dict[str, dict[str, Refusal]] = {
     # megatron-core's optimizer/__init__.py: Muon (emerging_optimizers' orthogonalised momentum on
     # the linear weights, Adam on the rest), Lion, SOAP; versions.CHOICE_VERSIONS has when each came.
-    # Muon is modelled as megatron-core 0.16 builds it (optimizer/muon.py, layer_wise_optimizer.py);
-    # 0.17+ moved it into optimizer/emerging_optimizers.py with a layer-wise parameter layout
+    # Muon is modelled as megatron-core 0.16-0.17 build it (optimizer/muon.py,
+    # layer_wise_optimizer.py) and 0.18-0.19 (optimizer/emerging_optimizers.py, and the layer-wise
+    # optimizer's parameter layout in DDP's buffers, world/ddp.py)
     "--optimizer": {
         **{name: Refusal("training", _OPTIMIZER) for name in ("lion", "soap", "adaptive_muon")},
         "muon": Refusal("training", _MUON_LATER, modelled=MUON_RELEASES),  # engine/muon.py

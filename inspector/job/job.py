@@ -29,7 +29,7 @@ from inspector.job.model import ModelConfig
 from inspector.job.model_args import make_model_config, validate_model
 from inspector.job.offloading import Offloading, parse_offloading
 from inspector.job.optimizer_precision import OptimizerPrecision, make_precision
-from inspector.job.optimizers import FLAGS_READ, check_optimizer, layer_wise_spelled_muon
+from inspector.job.optimizers import FLAGS_READ, check_optimizer, layer_wise
 from inspector.job.packing import check_packing, packed_document_length
 from inspector.job.recompute_modules import DEFAULT_MODULES, check_modules, parse_modules
 from inspector.job.tp_overlap import check_tp_comm_overlap
@@ -53,6 +53,9 @@ class Training:
     fp32_grads: bool | None = None  # --accumulate-allreduce-grads-in-fp32 (None: the default)
     use_distributed_optimizer: bool = False
     optimizer: str = "adam"  # --optimizer: adam, or muon / dist_muon (job/optimizers.py)
+    # dist_muon on megatron-core 0.18+ without --no-use-layer-wise-param-layout: its matrices
+    # shard-aligned in DDP's buffers, the other parameters under a DistributedOptimizer
+    layer_wise_param_layout: bool = False
     # --use-megatron-fsdp with its --data-parallel-sharding-strategy, or --use-torch-fsdp2
     megatron_fsdp: bool = False
     sharding_strategy: str = "no_shard"  # Megatron-LM's default
@@ -382,6 +385,8 @@ def make_job(args: Mapping[str, Any]) -> Job:
     training = make_training(args)
     flags = {name: bool(args.get(name)) for name in FLAGS_READ}
     check_optimizer(training.optimizer, layout, flags)
-    if layer_wise_spelled_muon(training.optimizer, flags):  # 0.18+ validate_args: dist_muon
-        training = replace(training, optimizer="dist_muon", use_distributed_optimizer=False)
+    if layer_wise(training.optimizer, flags):  # 0.18+ validate_args: the layer-wise optimizer
+        layout_on = not flags["no_use_layer_wise_param_layout"]  # Megatron-LM's default: on
+        training = replace(training, optimizer="dist_muon", use_distributed_optimizer=False,
+                           layer_wise_param_layout=layout_on)  # fmt: skip
     return Job(model, layout, training)

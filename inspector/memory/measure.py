@@ -51,7 +51,7 @@ from inspector.job.job import Job, Schedule, Training
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
 from inspector.job.optimizer_precision import OptimizerBytes
-from inspector.job.optimizers import MUON
+from inspector.job.optimizers import MUON, muon_bytes_per_element
 from inspector.memory.closed.activations import StageActivations, stage_activations
 
 if TYPE_CHECKING:
@@ -239,7 +239,9 @@ def make_hardware(
 def optimizer_bytes_per_element(buffer: Any, optimizer: OptimizerBytes = DEFAULT_ADAM) -> int:
     """Return the optimizer bytes of one element a rank updates: Adam's moments, and the fp32
     master copy of a 16-bit parameter (or, with the precision-aware optimizer, the dtypes of
-    job/optimizer_precision.py)."""
+    job/optimizer_precision.py); Muon's for the layer-wise layout's matrices."""
+    if buffer.layer_wise:
+        return muon_bytes_per_element(buffer.param_dtype.itemsize)
     return optimizer.per_element(buffer.param_dtype.itemsize)
 
 
@@ -350,10 +352,12 @@ def _stage_memory(
         in_flight = fsdp_in_flight(layouts)
     else:
         buffers = [buffer for chunk in chunks for buffer in chunk.buffers()]
-        distributed = training.use_distributed_optimizer
+        distributed = training.use_distributed_optimizer or training.layer_wise_param_layout
         each = job_optimizer_bytes(job)
         by_shard = {(d, e): state_bytes(buffers, distributed, d, e, each) for _, d, e in ranks}
-        if training.optimizer in MUON:  # megatron's Muon: whole matrices per rank (engine/muon.py)
+        if training.layer_wise_param_layout:  # each rank's shards of the buffers (world/ddp.py)
+            muon = {"optimizer_by_rank": tuple((r, by_shard[(d, e)].optimizer) for r, d, e in ranks)}
+        elif training.optimizer in MUON:  # megatron's Muon: whole matrices per rank (engine/muon.py)
             from inspector.memory.engine.muon import LARGEST
             from inspector.memory.engine.muon_stage import stage_muon
 

@@ -11,7 +11,7 @@ from inspector.job.flex import runs_hybridep
 from inspector.job.hardware import GIB
 from inspector.job.optimizer_precision import REMAINDER
 from inspector.memory.measure import MemoryReport, StageMemory
-from inspector.render.by_rank import by_rank_json, by_rank_line
+from inspector.render.by_rank import MUON_SAID, by_rank_json, by_rank_line
 from inspector.render.held_elsewhere import host_json, host_line, outside_line
 from inspector.render.job import counted
 from inspector.report.formats import MemoryFormat
@@ -158,6 +158,7 @@ def _context(report: MemoryReport) -> list[str]:
     """Return the lines that say what was assumed: precision, batch, schedule."""
     t, b, layout, model = report.training, report.schedule, report.layout, report.model
     optimizer = "distributed optimizer" if t.use_distributed_optimizer else "Adam"
+    optimizer = MUON_SAID.get((t.optimizer, t.layer_wise_param_layout), optimizer)
     if t.megatron_fsdp:
         optimizer = f"Megatron-FSDP {t.sharding_strategy}"
     elif t.torch_fsdp2:
