@@ -137,7 +137,9 @@ def _graphable(chunks: list[Any]) -> list[list[Any]]:
     for chunk in chunks:
         layers = list(chunk.decoder.layers)
         if getattr(chunk, "mtp", None) is not None:
-            layers += [m.transformer_layer for m in chunk.mtp.layers]
+            # megatron-core 0.19 names an MTP layer's transformer layer `mtp_model_layer`
+            layers += [getattr(m, "mtp_model_layer", None) or m.transformer_layer
+                       for m in chunk.mtp.layers]  # fmt: skip
         callables.append([layer for layer in layers if _layer_is_graphable(layer, chunk.config)])
     return callables
 
