@@ -123,7 +123,10 @@ def recipe_args(cfg: Record, gpus: int) -> tuple[str | None, dict[str, Any], lis
         args["cuda_graph_impl"], args["cuda_graph_scope"] = "local", ["full_iteration"]
     if args.get("cuda_graph_impl") == "none":
         args.pop("cuda_graph_impl")
-        args.pop("cuda_graph_scope", None)
+        if not args.get("external_cuda_graph"):
+            # megatron-core reads external_cuda_graph as cuda_graph_impl transformer_engine,
+            # with the scope (TransformerConfig.__post_init__)
+            args.pop("cuda_graph_scope", None)
     elif not args.get("cuda_graph_scope"):
         args.pop("cuda_graph_scope", None)
     if not args.get("fine_grained_activation_offloading"):

@@ -158,6 +158,11 @@ ARGUMENTS: tuple[ArgSpec, ...] = MODEL_ARGUMENTS + (
         choices=("none", "local", "transformer_engine"),
     ),
     _training(
+        "external_cuda_graph",
+        bool,
+        "Megatron-LM's deprecated spelling of --cuda-graph-impl transformer_engine.",
+    ),
+    _training(
         "cuda_graph_warmup_steps",
         int,
         "Eager iterations before the graphs are captured (default 3); 0 captures them before the "
