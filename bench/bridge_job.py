@@ -10,6 +10,7 @@ bench's own, with its reason.
 
 from __future__ import annotations
 
+import importlib.metadata
 from typing import Any
 
 from bridge_eval import Opaque, Record
@@ -29,6 +30,20 @@ PRESETS = {
     "zai-org/GLM-5": "glm-5",
     "zai-org/GLM-5.1": "glm-5",
     "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16": "nemotron-3-super-120b-a12b",
+}
+
+# Hugging Face ids (by prefix) of models whose layers no megatron-core this tool builds with has:
+# Bridge's bridge names what it needs from megatron-core (deepseek/deepseek_v4_bridge.py, its
+# docstring's "Megatron-Core prerequisites" and provider_bridge: experimental_attention_variant
+# "dsv4_hybrid", enable_hyper_connections, moe_n_hash_layers), none of which megatron-core 0.19.2
+# has (TransformerConfig.experimental_attention_variant is 'gated_delta_net' or 'dsa'; no
+# HyperConnectionModule, no hash router); tests/test_bridge_recipes.py reads megatron-core's source
+NOT_IN_MEGATRON_CORE = {
+    "deepseek-ai/DeepSeek-V4-": (
+        "DeepSeek-V4's compressed sparse attention (DSv4HybridSelfAttention, "
+        "experimental_attention_variant dsv4_hybrid), hyper-connections (HyperConnectionModule) "
+        "and hash-routed MoE layers are not in megatron-core {version}"
+    ),
 }
 
 # Training switches Bridge's model bridge sets on the provider (provider_bridge), by preset:
@@ -88,7 +103,7 @@ def recipe_args(cfg: Record, gpus: int) -> tuple[str | None, dict[str, Any], lis
     pattern = _hybrid_pattern(model)
     preset = PRESETS.get(model.fields.get("hf_id") or "") or _hybrid_preset(pattern)
     if preset is None:
-        refusals.append("model: " + _model_name(model))
+        refusals.append(_model_refusal(model))
     args: dict[str, Any] = dict(_BRIDGE_SETS.get(preset or "", {}))
     if model.fields.get("bias_dropout_fusion") is False:
         args["no_bias_dropout_fusion"] = True
@@ -190,10 +205,17 @@ def _put(args: dict[str, Any], name: str, value: Any) -> None:
     args[name] = value
 
 
-def _model_name(model: Record) -> str:
-    if model.fields.get("hf_id"):
-        return f"{model.fields['hf_id']} has no preset here (Megatron-Bridge loads its HF config)"
-    return f"{model.kind} is not a model this tool builds"
+def _model_refusal(model: Record) -> str:
+    """The refusal of a model without a preset: what megatron-core lacks for it (its cause), or
+    `model` with its name."""
+    hf_id = str(model.fields.get("hf_id") or "")
+    for prefix, missing in NOT_IN_MEGATRON_CORE.items():
+        if hf_id.startswith(prefix):
+            version = importlib.metadata.version("megatron-core")
+            return f"{missing.format(version=version)}: Bridge builds {hf_id} with them"
+    if hf_id:
+        return f"model: {hf_id} has no preset here (Megatron-Bridge loads its HF config)"
+    return f"model: {model.kind} is not a model this tool builds"
 
 
 def _hybrid_pattern(model: Record) -> str | None:

@@ -126,7 +126,12 @@ _FILES = {
 
         def llama3_70b_pretrain_8gpu_h100_bf16_config():
             cfg = llama3_70b_pretrain_config()
-            cfg.model = AutoBridge.from_hf_pretrained("zai-org/GLM-5.2").get_model_config()
+            cfg.model = AutoBridge.from_hf_pretrained("zai-org/GLM-4.5-Air").get_model_config()
+            return cfg
+
+        def llama3_70b_pretrain_16gpu_h100_bf16_config():
+            cfg = llama3_70b_pretrain_config()
+            cfg.model = AutoBridge.from_hf_pretrained("deepseek-ai/DeepSeek-V4-Flash").get_model_config()
             return cfg
     """,
     "models/hybrid/hybrid_provider.py": """
@@ -250,11 +255,34 @@ def test_the_coverage_names_each_cause(bridge: Path) -> None:
     assert outcomes["llama3_70b_pretrain_64gpu_h100_fp8cs_config"].status == "modelled"
     graphs = outcomes["llama3_70b_pretrain_64gpu_h100_bf16_config"]
     assert (graphs.status, graphs.cause) == ("refused", "--cuda-graph-impl local")
-    unmapped = outcomes["llama3_70b_pretrain_8gpu_h100_bf16_config"]  # GLM-5.2: no preset
+    unmapped = outcomes["llama3_70b_pretrain_8gpu_h100_bf16_config"]  # GLM-4.5-Air: no preset
     assert unmapped.status == "refused" and unmapped.cause == "model"
     text = bridge_recipes.render(list(outcomes.values()))
-    assert "| llama | h100 | 3 | 1 | 2 | 0 | 0 |" in text
-    assert "Fully modelled: 1 of 3 (33%)." in text
+    assert "| llama | h100 | 4 | 1 | 3 | 0 | 0 |" in text
+    assert "Fully modelled: 1 of 4 (25%)." in text
+
+
+def test_deepseek_v4_is_refused_by_what_megatron_core_lacks(bridge: Path) -> None:
+    # DeepSeek-V4's bridge builds its layers with megatron-core pieces (deepseek_v4_bridge.py:
+    # experimental_attention_variant "dsv4_hybrid", hyper-connections, hash routing) that the
+    # installed megatron-core lacks: the cause names them and the version, not "model"
+    import dataclasses
+    import importlib.metadata
+
+    import bridge_recipes
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    fields = {field.name: field for field in dataclasses.fields(TransformerConfig)}
+    variant = fields.get("experimental_attention_variant")
+    assert variant is None or "dsv4_hybrid" not in str(variant.type)
+    assert not {"enable_hyper_connections", "moe_n_hash_layers", "csa_compress_ratios"} & set(fields)
+    outcomes = {o.name: o for o in bridge_recipes.run_all(bridge, run=False, families=("llama",))}
+    v4 = outcomes["llama3_70b_pretrain_16gpu_h100_bf16_config"]
+    version = importlib.metadata.version("megatron-core")
+    assert (v4.status, v4.cause) == ("refused", (
+        "DeepSeek-V4's compressed sparse attention (DSv4HybridSelfAttention, "
+        "experimental_attention_variant dsv4_hybrid), hyper-connections (HyperConnectionModule) "
+        f"and hash-routed MoE layers are not in megatron-core {version}"))  # fmt: skip
 
 
 def _show(bridge: Path, name: str) -> dict:
