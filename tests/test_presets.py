@@ -39,27 +39,41 @@ def test_published_count(name):
 def test_counts_of_the_new_presets():
     # the tests' formula, written out: Nemotron-H 8B 8,100,852,736 (published "8B"), 56B
     # 56,324,350,464 ("56B"); Nemotron 3 Super 120,668,687,360 without its MTP layer (120.6B);
-    # GLM-5 743,911,199,232 without its MTP layer (744B)
+    # Nemotron 3 Ultra 549,308,968,960 without its MTP layer (550B); GLM-5 743,911,199,232
+    # without its MTP layer (744B)
     counts = {name: parameter_count(dict(PRESETS[name].args)) for name in (
-        "nemotron-h-8b", "nemotron-h-56b", "nemotron-3-super-120b-a12b", "glm-5")}  # fmt: skip
+        "nemotron-h-8b", "nemotron-h-56b", "nemotron-3-super-120b-a12b",
+        "nemotron-3-ultra-550b-a55b", "glm-5")}  # fmt: skip
     assert counts == {"nemotron-h-8b": 8_100_852_736, "nemotron-h-56b": 56_324_350_464,
                       "nemotron-3-super-120b-a12b": 120_668_687_360,
+                      "nemotron-3-ultra-550b-a55b": 549_308_968_960,
                       "glm-5": 743_911_199_232}  # fmt: skip
+
+
+# LatentMoE presets: megatron's own build's count (the formula's), the published count, and the
+# LatentMoE layers (each one fc1 and one fc2 latent projection, no bias); their MTP layers are not
+# included in either count
+LATENT_MOE_COUNTS = {
+    "nemotron-3-super-120b-a12b": (120_668_687_360, 120.6e9, 40),  # 0.06% over 120.6B
+    "nemotron-3-ultra-550b-a55b": (549_308_968_960, 550e9, 48),  # 0.13% under 550B
+}
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(VERSION < LATENT_MOE_SINCE, reason="LatentMoE needs megatron-core 0.16")
-def test_megatron_builds_nemotron_3_super_at_its_published_size(cli):
-    # Nemotron 3 Super's LatentMoE (moe_layer.py fc1/fc2_latent_proj, experts on the latent
-    # width): megatron's own build counts 120,668,687,360, the formula's count, 0.06% over the
-    # published 120.6B (its MTP layer not included)
-    result = cli("params", "--model", "nemotron-3-super-120b-a12b", "--format", "json")
+@pytest.mark.parametrize("name", LATENT_MOE_COUNTS)
+def test_megatron_builds_the_latent_moe_presets_at_their_published_size(cli, name):
+    # Nemotron 3 Super's and Ultra's LatentMoE (moe_layer.py fc1/fc2_latent_proj, experts on the
+    # latent width): megatron's own build counts what the formula counts, within 0.5% of the
+    # published size
+    built, published, latent_layers = LATENT_MOE_COUNTS[name]
+    result = cli("params", "--model", name, "--format", "json")
     assert result.code == 0, result.err
     rows = json.loads(result.out)["parameters"]
     count = sum(math.prod(r["global_shape"]) for r in rows if not r["tied"])
-    assert count == 120_668_687_360 == parameter_count(dict(PRESETS["nemotron-3-super-120b-a12b"].args))
-    assert abs(count - 120.6e9) / 120.6e9 < 0.001
-    assert sum("latent_proj" in r["name"] for r in rows) == 40 * 2  # 40 LatentMoE layers, no bias
+    assert count == built == parameter_count(dict(PRESETS[name].args))
+    assert abs(count - published) / published < 0.005
+    assert sum("latent_proj" in r["name"] for r in rows) == latent_layers * 2
 
 
 def _buildable(name: str) -> list:

@@ -67,5 +67,29 @@ HYBRID_PRESETS: list[tuple[str, str, str, float, str, dict[str, Any]]] = [
             moe_router_load_balancing_type="seq_aux_loss", make_vocab_size_divisible_by=1,
         ),
     ),
+    (
+        "nemotron-3-ultra-550b-a55b",
+        "hybrid: 108 layers (48 Mamba-2, 48 LatentMoE, 12 attention), hidden 8192, 512 experts "
+        "top-22 in latent 2048 + shared (its MTP layer not included)",
+        "NVIDIA 2026, Nemotron 3 Ultra, arXiv:2606.15007 (HF "
+        "nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16 config.json: 108 layers, hidden 8192, 64 "
+        "heads, 2 KV heads of 128, mamba_num_heads 256, mamba_head_dim 64, ssm_state_size 128, "
+        "n_groups 8, 512 routed experts top-22 of 5120, moe_latent_size 2048, shared expert "
+        "10240, vocab 131072); the pattern as NVIDIA's Nemotron 3 Ultra pretraining script gives "
+        "pretrain_hybrid.py (--hybrid-layer-pattern); LatentMoE (--moe-latent-size, "
+        "megatron-core 0.16+)",
+        550e9, "NVIDIA, Nemotron 3 Ultra technical report (arXiv:2606.15007): 550B total "
+        "parameters, 55B active",
+        dict(
+            _HYBRID, num_layers=108, hidden_size=8192, num_attention_heads=64, num_query_groups=2,
+            ffn_hidden_size=5120, mamba_num_heads=256, mamba_state_dim=128,
+            hybrid_override_pattern="MEMEMEM*EMEMEM*EMEMEMEM*EMEMEMEM*EMEMEM*EMEMEMEM*EMEMEMEM*"
+            "EMEMEM*EMEMEMEM*EMEMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
+            num_experts=512, moe_router_topk=22, moe_latent_size=2048,
+            moe_shared_expert_intermediate_size=10240, moe_grouped_gemm=True,
+            moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True,
+            moe_router_load_balancing_type="seq_aux_loss", make_vocab_size_divisible_by=1,
+        ),
+    ),
 ]  # fmt: skip
 
