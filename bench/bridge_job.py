@@ -29,6 +29,7 @@ PRESETS = {
     "moonshotai/Kimi-K2-Instruct": "kimi-k2",
     "zai-org/GLM-5": "glm-5",
     "zai-org/GLM-5.1": "glm-5",
+    "zai-org/GLM-5.2": "glm-5.2",
     "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16": "nemotron-3-super-120b-a12b",
     "nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16": "nemotron-3-ultra-550b-a55b",
 }

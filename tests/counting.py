@@ -67,11 +67,17 @@ def parameter_count(a: Mapping[str, Any], tp: int = 1) -> int:
         main, *depths = hybrid.split("/")  # Megatron-LM 0.17+: MTP depths after `/`
         per_layer = [kinds[symbol] for symbol in main.replace("|", "")]
         mtp_depths = [sum(kinds[symbol] for symbol in depth) for depth in depths]
+        mtp_layer = per_layer[-1]
     else:
         pattern = moe_pattern(a)
         mixers = [_gated_delta_net(a, h) if gdn else attention for gdn in gdn_pattern(a)]
+        # DSA's top-k shared across layers: a layer that reuses it holds no indexer
+        shared = _dsa_indexer(a, h, a.get("q_lora_rank") or h)
+        mixers = [mixer - shared * _reuses_topk(a, i + 1) for i, mixer in enumerate(mixers)]
         per_layer = [2 * norm + mixer + (moe_layer if moe else dense_layer)
                      for mixer, moe in zip(mixers, pattern, strict=True)]  # fmt: skip
+        # an MTP layer is numbered from 1 again, so it computes its own top-k
+        mtp_layer = per_layer[-1] + shared * _reuses_topk(a, len(per_layer))
     total = vocab * h + sum(per_layer) + norm
     # Multi-token prediction: per depth, enorm, hnorm, eh_proj (2h -> h), a transformer layer like
     # the decoder's last, and a final norm; the embedding and output layer are shared.
@@ -79,7 +85,7 @@ def parameter_count(a: Mapping[str, Any], tp: int = 1) -> int:
     if mtp_depths:
         total += sum(3 * norm + 2 * h * h + depth for depth in mtp_depths)
     else:
-        total += (a.get("mtp_num_layers") or 0) * (3 * norm + 2 * h * h + per_layer[-1])
+        total += (a.get("mtp_num_layers") or 0) * (3 * norm + 2 * h * h + mtp_layer)
     if a.get("position_embedding_type", "learned_absolute") == "learned_absolute":
         total += (a.get("max_position_embeddings") or a["seq_length"]) * h
     if a.get("untie_embeddings_and_output_weights"):
@@ -156,6 +162,15 @@ def _dsa_indexer(a: Mapping[str, Any], h: int, q_lora: int) -> int:
         return 0
     n, d = a["dsa_indexer_n_heads"], a["dsa_indexer_head_dim"]
     return q_lora * n * d + h * d + 2 * d + h * n
+
+
+def _reuses_topk(a: Mapping[str, Any], number: int) -> bool:
+    """Return whether layer `number` (from 1) reuses an earlier layer's top-k (GLM-5.2's
+    IndexShare, Zhipu AI's config keys index_topk_freq and index_skip_topk_offset): past the
+    offset (at least 1), a layer computes its own only every freq-th layer."""
+    freq = a.get("dsa_indexer_topk_freq") or 1
+    offset = max(a.get("dsa_indexer_skip_topk_offset") or 0, 1)
+    return max(number - offset, 0) % freq != 0
 
 
 def _mamba2_mixer(a: Mapping[str, Any], h: int) -> int:

@@ -12,6 +12,7 @@ from inspector.inputs.presets import PRESETS, get_preset
 from inspector.job.dsa import DSA_BUILT_SINCE
 from inspector.job.versions import LATENT_MOE_SINCE, hybrid_moe_layers, megatron_version
 from tests.counting import parameter_count
+from tests.test_dsa_share import SHARES
 from tests.test_gdn import GDN_IN_GPT
 from tests.test_versions import GPT_OSS, SHARED_EXPERT_GATE
 
@@ -40,14 +41,18 @@ def test_counts_of_the_new_presets():
     # the tests' formula, written out: Nemotron-H 8B 8,100,852,736 (published "8B"), 56B
     # 56,324,350,464 ("56B"); Nemotron 3 Super 120,668,687,360 without its MTP layer (120.6B);
     # Nemotron 3 Ultra 549,308,968,960 without its MTP layer (550B); GLM-5 743,911,199,232
-    # without its MTP layer (744B)
+    # without its MTP layer (744B); GLM-5.2 the same less 57 indexers of 9,371,904
     counts = {name: parameter_count(dict(PRESETS[name].args)) for name in (
         "nemotron-h-8b", "nemotron-h-56b", "nemotron-3-super-120b-a12b",
-        "nemotron-3-ultra-550b-a55b", "glm-5")}  # fmt: skip
+        "nemotron-3-ultra-550b-a55b", "glm-5", "glm-5.2")}  # fmt: skip
     assert counts == {"nemotron-h-8b": 8_100_852_736, "nemotron-h-56b": 56_324_350_464,
                       "nemotron-3-super-120b-a12b": 120_668_687_360,
                       "nemotron-3-ultra-550b-a55b": 549_308_968_960,
-                      "glm-5": 743_911_199_232}  # fmt: skip
+                      "glm-5": 743_911_199_232, "glm-5.2": 743_377_000_704}  # fmt: skip
+    # with its MTP layer (an indexer of its own): 753,329,921,024, the Hub's 753B for
+    # zai-org/GLM-5.2
+    with_mtp = parameter_count(dict(PRESETS["glm-5.2"].args, mtp_num_layers=1))
+    assert with_mtp == 753_329_921_024 and round(with_mtp / 1e9) == 753
 
 
 # LatentMoE presets: megatron's own build's count (the formula's), the published count, and the
@@ -86,6 +91,9 @@ def _buildable(name: str) -> list:
         return [pytest.mark.skip(reason="hybrid MoE layers need megatron-core 0.16")]
     if PRESETS[name].args.get("experimental_attention_variant") and VERSION < DSA_BUILT_SINCE:
         return [pytest.mark.skip(reason="DSA needs megatron-core 0.18 (tests/test_dsa.py)")]
+    if PRESETS[name].args.get("dsa_indexer_topk_freq") and not SHARES:
+        return [pytest.mark.skip(reason="DSA's shared top-k needs megatron-core 0.19 "
+                                 "(tests/test_dsa_share.py)")]  # fmt: skip
     if PRESETS[name].args.get("quick_geglu") and not GPT_OSS:
         return [pytest.mark.skip(reason="gpt-oss's layers need megatron-core 0.15")]
     if PRESETS[name].args.get("experimental_attention_variant") and not GDN_IN_GPT:

@@ -233,4 +233,11 @@ MODEL_ARGUMENTS: tuple[ArgSpec, ...] = (
     _model("dsa_indexer_topk", int, "DSA: keys each query attends to."),
     _model("dsa_indexer_loss_coeff", float, "DSA: weight of the indexer's KL loss."),
     _model("dsa_indexer_use_sparse_loss", bool, "DSA: the indexer loss over the top-k keys only."),
+    # megatron-core 0.19's top-k shared across layers (GLM-5.2's IndexShare): a layer whose number
+    # is past the offset by no multiple of the frequency has no indexer and reuses the top-k of
+    # the computing layer before it (experimental_attention_variant/dsa.py is_dsa_skip_topk_layer)
+    _model("dsa_indexer_topk_freq", int, "DSA: one indexer (its top-k computed) every N layers; "
+           "the layers between reuse it (megatron-core 0.19+)."),  # fmt: skip
+    _model("dsa_indexer_skip_topk_offset", int, "DSA: the layers up to this number all compute "
+           "their top-k; sharing starts after it (megatron-core 0.19+)."),  # fmt: skip
 )

@@ -54,6 +54,24 @@ _DEEPSEEK_V3 = dict(
 )
 
 
+# GLM-5's architecture (HF zai-org/GLM-5 config.json, glm_moe_dsa), with the flags Megatron-Bridge's
+# glm_moe_dsa/glm5_bridge.py sets (its MTP layer off); GLM-5.2 shares its indexer's top-k
+_GLM_5 = dict(
+    num_layers=78, hidden_size=6144, num_attention_heads=64, ffn_hidden_size=12288,
+    multi_latent_attention=True, q_lora_rank=2048, kv_lora_rank=512, qk_head_dim=192,
+    qk_pos_emb_head_dim=64, v_head_dim=256, qk_layernorm=True, rotary_scaling_factor=1.0,
+    mscale=1.0, mscale_all_dim=1.0,
+    num_experts=256, moe_layer_freq="([0]*3+[1]*75)", moe_router_topk=8,
+    moe_ffn_hidden_size=2048, moe_shared_expert_intermediate_size=2048,
+    moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True,
+    moe_router_pre_softmax=True, moe_grouped_gemm=True,
+    experimental_attention_variant="dsa", dsa_indexer_n_heads=32, dsa_indexer_head_dim=128,
+    dsa_indexer_topk=2048, no_rope_fusion=True,  # as deepseek-v3.2: DSAttention refuses it
+    seq_length=4096, max_position_embeddings=202752, vocab_size=154880,
+    make_vocab_size_divisible_by=1280, **_LLAMA, transformer_impl="transformer_engine",
+)
+
+
 def _preset(
     name: str, summary: str, source: str, count: float, count_source: str, **args: Any
 ) -> Preset:
@@ -178,18 +196,21 @@ _ALL = [
         "config.json, glm_moe_dsa); flags as Megatron-Bridge's glm_moe_dsa/glm5_bridge.py sets "
         "them (its MTP layer off); megatron-core 0.18+ builds it",
         744e9, "GLM-5 technical report, architecture table: 744B total parameters, 40B activated",
-        num_layers=78, hidden_size=6144, num_attention_heads=64, ffn_hidden_size=12288,
-        multi_latent_attention=True, q_lora_rank=2048, kv_lora_rank=512, qk_head_dim=192,
-        qk_pos_emb_head_dim=64, v_head_dim=256, qk_layernorm=True, rotary_scaling_factor=1.0,
-        mscale=1.0, mscale_all_dim=1.0,
-        num_experts=256, moe_layer_freq="([0]*3+[1]*75)", moe_router_topk=8,
-        moe_ffn_hidden_size=2048, moe_shared_expert_intermediate_size=2048,
-        moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True,
-        moe_router_pre_softmax=True, moe_grouped_gemm=True,
-        experimental_attention_variant="dsa", dsa_indexer_n_heads=32, dsa_indexer_head_dim=128,
-        dsa_indexer_topk=2048, no_rope_fusion=True,  # as deepseek-v3.2: DSAttention refuses it
-        seq_length=4096, max_position_embeddings=202752, vocab_size=154880,
-        make_vocab_size_divisible_by=1280, **_LLAMA, transformer_impl="transformer_engine",
+        **_GLM_5,
+    ),
+    _preset(
+        "glm-5.2",
+        "GLM-5 with IndexShare: the DSA indexer on 21 of 78 layers (1-3, then 7, 11, ..., 75), "
+        "the others reuse its top-k",
+        "Zhipu AI 2026, GLM-5.2 (HF zai-org/GLM-5.2 config.json: GLM-5's sizes, index_topk_freq "
+        "4, index_skip_topk_offset 3; IndexShare, arXiv:2603.12201); flags as Megatron-Bridge's "
+        "glm_moe_dsa/glm5_bridge.py sets them (dsa_indexer_topk_freq, "
+        "dsa_indexer_skip_topk_offset; its MTP layer off); megatron-core 0.19+ builds it",
+        744e9, "GLM-5 technical report, architecture table: 744B total, 40B activated, the "
+        "backbone GLM-5.2 keeps (its 57 shared layers hold no indexer: 0.53B fewer; HF "
+        "zai-org/GLM-5.2 lists 753B, its MTP layer included)",
+        **dict(_GLM_5, max_position_embeddings=1048576),  # its 1M context (RoPE: no tensor)
+        dsa_indexer_topk_freq=4, dsa_indexer_skip_topk_offset=3,
     ),
     _preset(
         "qwen3-30b-a3b",

@@ -58,8 +58,12 @@ _QK_L2 = (
     "--qk-layernorm's norms) is not modelled"
 )
 _DSA = (
-    "this variant of DeepSeek sparse attention's indexer (megatron-core 0.19: top-k shared "
-    "across layers, GLM-5's indexer without rotation or ReLU) is not modelled; DeepSeek-V3.2's is"
+    "this variant of DeepSeek sparse attention's indexer (megatron-core 0.19: GLM-5's indexer "
+    "without rotation or ReLU) is not modelled; DeepSeek-V3.2's is"
+)
+_DSA_SHARE = (
+    "DSA's top-k shared across layers (GLM-5.2's IndexShare) is megatron-core 0.19's "
+    "(TransformerConfig.dsa_indexer_topk_freq); this megatron-core has no such field"
 )
 _DSA_KERNELS = (
     "DSA's fused TileLang and cuDNN kernels are not simulated; megatron's own PyTorch path "
@@ -132,8 +136,10 @@ REFUSED: dict[str, Refusal] = {
     "--freeze-base-for-mtp": Refusal("training", _FROZEN),
     # megatron-core 0.19's further DSA fields (transformer_config.py 312-343 at 0.19.2), read by
     # Megatron-LM as arguments: indexer top-k shared across layers, fused kernels, GLM-5's indexer
-    "--dsa-indexer-topk-freq": Refusal("model", _DSA, ("1",)),
-    "--dsa-indexer-skip-topk-offset": Refusal("model", _DSA, ("0",)),
+    "--dsa-indexer-topk-freq": Refusal("model", _DSA_SHARE, ("1",),
+                                       modelled=versions.DSA_INDEX_SHARE_RELEASES),
+    "--dsa-indexer-skip-topk-offset": Refusal("model", _DSA_SHARE, ("0",),
+                                              modelled=versions.DSA_INDEX_SHARE_RELEASES),
     "--dsa-kernel-backend": Refusal("training", _DSA_KERNELS, ("none",)),
     "--dsa-indexer-rope-interleaved": Refusal("model", _DSA),
     "--no-dsa-indexer-rotate-activation": Refusal("model", _DSA),

@@ -330,6 +330,10 @@ FP4_PARAM_RELEASES = (((0, 18), (0, 20)),)  # optimizer/emerging_optimizers.py b
 # 0.16 has no such field): MultiTokenPredictionBlock builds one MTP layer and runs it
 # --mtp-num-layers times (multi_token_prediction.py), which this tool runs as megatron does
 MTP_REPEATED_RELEASES = (((0, 17), (0, 20)),)
+# the megatron-core releases whose TransformerConfig has DSA's top-k sharing across layers,
+# `dsa_indexer_topk_freq` and `dsa_indexer_skip_topk_offset` (core_v0.19.0 on; Megatron-LM's
+# arguments of the same names): DSAttention builds no indexer on a layer that reuses the top-k
+DSA_INDEX_SHARE_RELEASES = (((0, 19), (0, 20)),)
 
 
 def within(ranges: tuple[tuple[tuple[int, int], tuple[int, int]], ...], version: tuple[int, int]) -> bool:

@@ -108,6 +108,9 @@ class ModelConfig:
     dsa_indexer_topk: int | None = None
     dsa_indexer_loss_coeff: float | None = None
     dsa_indexer_use_sparse_loss: bool = False
+    # megatron-core 0.19's IndexShare (None: TransformerConfig's 1 and 0, no sharing)
+    dsa_indexer_topk_freq: int | None = None
+    dsa_indexer_skip_topk_offset: int | None = None
 
     @property
     def dsa(self) -> bool:
@@ -375,6 +378,7 @@ LOW_PRECISION_FIELDS = (
 DSA_FIELDS = (
     "experimental_attention_variant", "dsa_indexer_n_heads", "dsa_indexer_head_dim",
     "dsa_indexer_topk", "dsa_indexer_loss_coeff", "dsa_indexer_use_sparse_loss",
+    "dsa_indexer_topk_freq", "dsa_indexer_skip_topk_offset",
 )
 GDN_FIELDS = (
     "linear_attention_freq", "linear_conv_kernel_dim", "linear_key_head_dim",
