@@ -17,6 +17,14 @@ _HYBRID = dict(
     max_position_embeddings=8192, vocab_size=131072, make_vocab_size_divisible_by=128,
     transformer_impl="transformer_engine",
 )
+# Nemotron 3 Super's and Ultra's LatentMoE layers: 512 experts top-22, sigmoid routing with expert
+# bias, sequence-level auxiliary loss (as Megatron-Bridge's nemotron_h_bridge.py sets them); the
+# vocabulary unpadded
+_LATENT_MOE = dict(
+    num_experts=512, moe_router_topk=22, moe_grouped_gemm=True, moe_router_score_function="sigmoid",
+    moe_router_enable_expert_bias=True, moe_router_load_balancing_type="seq_aux_loss",
+    make_vocab_size_divisible_by=1,
+)
 
 # (name, summary, source, published count, its source, Megatron-LM arguments)
 HYBRID_PRESETS: list[tuple[str, str, str, float, str, dict[str, Any]]] = [
@@ -61,10 +69,7 @@ HYBRID_PRESETS: list[tuple[str, str, str, float, str, dict[str, Any]]] = [
             ffn_hidden_size=2688, mamba_num_heads=128, mamba_state_dim=128,
             hybrid_override_pattern="MEMEMEM*EMEMEMEM*EMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*"
             "EMEMEMEMEM*EMEMEMEM*EMEMEMEME",
-            num_experts=512, moe_router_topk=22, moe_latent_size=1024,
-            moe_shared_expert_intermediate_size=5376, moe_grouped_gemm=True,
-            moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True,
-            moe_router_load_balancing_type="seq_aux_loss", make_vocab_size_divisible_by=1,
+            **_LATENT_MOE, moe_latent_size=1024, moe_shared_expert_intermediate_size=5376,
         ),
     ),
     (
@@ -85,10 +90,7 @@ HYBRID_PRESETS: list[tuple[str, str, str, float, str, dict[str, Any]]] = [
             ffn_hidden_size=5120, mamba_num_heads=256, mamba_state_dim=128,
             hybrid_override_pattern="MEMEMEM*EMEMEM*EMEMEMEM*EMEMEMEM*EMEMEM*EMEMEMEM*EMEMEMEM*"
             "EMEMEM*EMEMEMEM*EMEMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
-            num_experts=512, moe_router_topk=22, moe_latent_size=2048,
-            moe_shared_expert_intermediate_size=10240, moe_grouped_gemm=True,
-            moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True,
-            moe_router_load_balancing_type="seq_aux_loss", make_vocab_size_divisible_by=1,
+            **_LATENT_MOE, moe_latent_size=2048, moe_shared_expert_intermediate_size=10240,
         ),
     ),
 ]  # fmt: skip
