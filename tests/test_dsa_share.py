@@ -59,3 +59,12 @@ def test_index_share_is_refused_by_the_version_that_added_it(cli):
         "(GLM-5.2's IndexShare) is megatron-core 0.19's (TransformerConfig.dsa_indexer_topk_freq); "
         "this megatron-core has no such field (--model glm-5.2 sets --dsa-indexer-topk-freq 4)\n"
     )
+
+
+@shares
+def test_workload_refuses_the_shared_top_k_by_name(cli):
+    # report/workload_dsa.py writes an indexer's collectives on every DSA layer; the layers that
+    # reuse the top-k have none, so workload stops rather than write them
+    result = cli("workload", *SHARED, "--gpu", "h100", "--stage", "0")
+    assert result.code == 2
+    assert result.err.startswith("Error: workload does not write --dsa-indexer-topk-freq 4 yet")

@@ -133,6 +133,12 @@ def refuse_dsa(config: ModelConfig, command: str) -> None:
             "plan does not model DeepSeek sparse attention's indexer yet (the step-time model "
             "prices MLA without the indexer); tree, params, diff and memory run it"
         )
+    if (config.dsa_indexer_topk_freq or 1) > 1:
+        raise ConfigError(
+            f"workload does not write --dsa-indexer-topk-freq {config.dsa_indexer_topk_freq} yet "
+            "(its records give every DSA layer an indexer; megatron builds none where the top-k "
+            "is reused): tree, params, diff and memory run it"
+        )
     if megatron_version() < DSA_WORKLOAD_SINCE:
         raise ConfigError(
             f"workload writes DeepSeek sparse attention as megatron-core 0.19 builds it "
