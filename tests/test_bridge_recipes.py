@@ -134,6 +134,21 @@ _FILES = {
             cfg.model = AutoBridge.from_hf_pretrained("deepseek-ai/DeepSeek-V4-Flash").get_model_config()
             return cfg
     """,
+    "perf_recipes/glm_moe_dsa/h100/glm5.py": """
+        from megatron.bridge.models import AutoBridge
+        from megatron.bridge.recipes.llama import llama3_70b_pretrain_config
+
+        def glm52_sft_8gpu_h100_bf16_config():
+            cfg = llama3_70b_pretrain_config()
+            cfg.model = AutoBridge.from_hf_pretrained("zai-org/GLM-5.2").get_model_config()
+            return cfg
+
+        def nemotron_3_ultra_pretrain_8gpu_h100_bf16_config():
+            cfg = llama3_70b_pretrain_config()
+            cfg.model = AutoBridge.from_hf_pretrained(
+                "nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16").to_megatron_provider(load_weights=False)
+            return cfg
+    """,
     "models/hybrid/hybrid_provider.py": """
         from dataclasses import dataclass
         @dataclass
@@ -377,3 +392,12 @@ def test_bridge_s_dist_muon_is_the_legacy_layer_wise_path(monkeypatch, optimizer
     bridge_job._optimizer(args, Record("OptimizerConfig", fields={"optimizer": optimizer}))
     legacy = optimizer == "dist_muon" and megatron_core_version() >= (0, 18)
     assert args == {"optimizer": optimizer} | ({"no_use_layer_wise_param_layout": True} if legacy else {})
+
+
+@pytest.mark.parametrize(("recipe", "preset"), [
+    ("glm52_sft_8gpu_h100_bf16_config", "glm-5.2"),
+    ("nemotron_3_ultra_pretrain_8gpu_h100_bf16_config", "nemotron-3-ultra-550b-a55b")])
+def test_glm_5_2_and_nemotron_3_ultra_are_their_presets(bridge: Path, recipe: str, preset: str) -> None:
+    # Bridge loads their HF configs (AutoBridge.from_hf_pretrained): the presets written from them
+    shown = _show(bridge, recipe)
+    assert (shown["preset"], shown["refusals"]) == (preset, [])
