@@ -113,8 +113,8 @@ def _construct(cls: Any, config: Any, rollout: RolloutContext) -> Any:
 
     inference = InferenceConfig(
         block_size_tokens=rollout.block_size_tokens,
-        buffer_size_gb=rollout.buffer_size_gb,  # type: ignore[arg-type]
-        paused_buffer_size_gb=rollout.paused_buffer_size_gb,  # type: ignore[arg-type]
+        buffer_size_gb=rollout.buffer_size_gb,
+        paused_buffer_size_gb=rollout.paused_buffer_size_gb,
         max_requests=rollout.max_requests,
         max_tokens=rollout.max_tokens,
         unified_memory_level=rollout.unified_memory_level,
@@ -131,7 +131,7 @@ def _no_unified_pool() -> Iterator[None]:
 
     saved = [(dynamic_context, "create_unified_mempool", None), (torch.cuda, "use_mem_pool", None)]
     saved = [(owner, name, getattr(owner, name, None)) for owner, name, _ in saved]
-    dynamic_context.create_unified_mempool = lambda *a, **k: None  # type: ignore[attr-defined]
+    dynamic_context.create_unified_mempool = lambda *a, **k: None
     torch.cuda.use_mem_pool = lambda *a, **k: contextlib.nullcontext()  # type: ignore[assignment]
     try:
         yield
