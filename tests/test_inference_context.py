@@ -28,7 +28,8 @@ def config_tp1(config):
 
 @pytest.mark.parametrize("unified", [0, 1])
 def test_the_kv_pool_is_the_buffer_cut_into_blocks_of_every_layer_s_keys_and_values(config, unified):
-    from inspector.memory.engine.inference_context import RolloutContext, context_bytes
+    from inspector.job.rollout import RolloutContext
+    from inspector.memory.engine.inference_context import context_bytes
 
     rollout = RolloutContext(buffer_size_gb=0.01, max_sequence_length=512, unified_memory_level=unified)
     found = context_bytes(config, rollout, Layout(tp=2, dp=2), 0)
@@ -44,7 +45,8 @@ def test_the_kv_pool_is_the_buffer_cut_into_blocks_of_every_layer_s_keys_and_val
 
 
 def test_the_pool_follows_the_buffer_size_and_the_rank_s_query_groups(config):
-    from inspector.memory.engine.inference_context import RolloutContext, context_bytes
+    from inspector.job.rollout import RolloutContext
+    from inspector.memory.engine.inference_context import context_bytes
 
     small = context_bytes(config, RolloutContext(buffer_size_gb=0.01), Layout(tp=2), 0)
     double = context_bytes(config, RolloutContext(buffer_size_gb=0.02), Layout(tp=2), 0)

@@ -19,6 +19,35 @@ def _training(name: str, type_: type, help_: str, **kw: object) -> ArgSpec:
     return ArgSpec(name, type_, help_, "training", **kw)  # type: ignore[arg-type]
 
 
+_KV = "the GRPO rollout engine's KV cache (train_rl.py --perform-rl-step)"
+# train_rl.py's GRPO step (job/rollout.py): the rollout engine's context, as Megatron-LM sizes it
+RL_ARGUMENTS: tuple[ArgSpec, ...] = (
+    _training("perform_rl_step", bool, "train_rl.py's GRPO step: megatron-core's dynamic inference "
+              "engine generates the rollouts; `memory` counts the KV cache it keeps on the GPU "
+              "through the training step."),  # fmt: skip
+    _training("inference_dynamic_batching_buffer_size_gb", float,
+              f"GiB of KV-cache blocks in {_KV} (default 40)."),  # fmt: skip
+    _training("inference_dynamic_batching_paused_buffer_size_gb", float,
+              f"More GiB of blocks in {_KV} with unified memory level 1 (default none)."),  # fmt: skip
+    _training("inference_dynamic_batching_block_size", int,
+              f"Tokens a block holds in {_KV} (default 256)."),  # fmt: skip
+    _training("inference_max_seq_length", int,
+              f"Longest rollout sequence: the block table of {_KV} (default 2560)."),  # fmt: skip
+    _training("inference_dynamic_batching_max_requests", int,
+              f"Requests {_KV} tracks (default: one a block)."),  # fmt: skip
+    _training("inference_dynamic_batching_max_tokens", int,
+              f"Tokens a step of {_KV} tracks (default 16384)."),  # fmt: skip
+    _training("inference_dynamic_batching_unified_memory_level", int,
+              f"1: {_KV} in CUDA unified memory, counted all the same (default 0)."),  # fmt: skip
+    _training("inference_dynamic_batching_num_cuda_graphs", int,
+              "The rollout engine's CUDA graphs (with --cuda-graph-impl local), deleted before "
+              "the training step."),  # fmt: skip
+    _training("rl_kv_cache_management_mode", str,
+              f"Where {_KV} goes for the training step: persist (kept on the GPU, modelled).",
+              choices=("persist", "offload", "recompute")),  # fmt: skip
+)
+
+
 ARGUMENTS: tuple[ArgSpec, ...] = MODEL_ARGUMENTS + (
     # Parallel layout.
     _layout("tensor_model_parallel_size", int, "Tensor-parallel size.", aliases=("--tp",)),
@@ -293,7 +322,7 @@ ARGUMENTS: tuple[ArgSpec, ...] = MODEL_ARGUMENTS + (
         bool,
         "Pad every expert's input to its capacity (needs --moe-expert-capacity-factor).",
     ),
-)
+) + RL_ARGUMENTS
 
 GROUPS = ("model", "layout", "training")
 

@@ -35,24 +35,11 @@ from typing import Any
 import torch
 
 from inspector.job.layout import Layout
+from inspector.job.rollout import RolloutContext
 from inspector.memory.engine.allocator import Tracker
 from inspector.memory.engine.cuda import cuda_on_meta
 from inspector.world.setup import simulated_rank
 from inspector.world.stage import stage_rank
-
-
-@dataclass(frozen=True)
-class RolloutContext:
-    """The dynamic inference context's arguments (Megatron-LM's flags, their defaults)."""
-
-    buffer_size_gb: float = 40.0  # --inference-dynamic-batching-buffer-size-gb
-    paused_buffer_size_gb: float | None = None  # --inference-dynamic-batching-paused-buffer-size-gb
-    block_size_tokens: int = 256  # --inference-dynamic-batching-block-size
-    max_sequence_length: int = 2560  # --inference-max-seq-length
-    max_requests: int | None = None  # --inference-dynamic-batching-max-requests
-    max_tokens: int | None = None  # --inference-dynamic-batching-max-tokens
-    unified_memory_level: int = 0  # --inference-dynamic-batching-unified-memory-level
-    num_cuda_graphs: int | None = None  # --inference-dynamic-batching-num-cuda-graphs (local graphs)
 
 
 @dataclass(frozen=True)
