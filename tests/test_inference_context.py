@@ -32,7 +32,7 @@ def test_the_kv_pool_is_the_buffer_cut_into_blocks_of_every_layer_s_keys_and_val
     from inspector.memory.engine.inference_context import context_bytes
 
     rollout = RolloutContext(buffer_size_gb=0.01, max_sequence_length=512, unified_memory_level=unified)
-    found = context_bytes(config, rollout, Layout(tp=2, dp=2), 0)
+    found = context_bytes(config, rollout, Layout(tp=2, dp=2), 0, 1024)
     # dynamic_context.py: block bytes = dtype x 2 (K, V) x layers x block tokens x query groups
     # per tensor-parallel rank x head dimension; blocks = int(buffer_size_gb * 1024**3) // that
     block = 2 * 2 * 4 * 256 * (2 // 2) * 64
@@ -48,11 +48,29 @@ def test_the_pool_follows_the_buffer_size_and_the_rank_s_query_groups(config):
     from inspector.job.rollout import RolloutContext
     from inspector.memory.engine.inference_context import context_bytes
 
-    small = context_bytes(config, RolloutContext(buffer_size_gb=0.01), Layout(tp=2), 0)
-    double = context_bytes(config, RolloutContext(buffer_size_gb=0.02), Layout(tp=2), 0)
+    small = context_bytes(config, RolloutContext(buffer_size_gb=0.01), Layout(tp=2), 0, 1024)
+    double = context_bytes(config, RolloutContext(buffer_size_gb=0.02), Layout(tp=2), 0, 1024)
     assert (small.blocks, double.blocks) == (int(0.01 * 1024**3) // small.block_bytes,
                                              int(0.02 * 1024**3) // small.block_bytes) == (40, 81)
     assert double.kv_cache == 81 * small.block_bytes
     # tensor-parallel 1: both query groups on the rank, blocks twice the bytes
-    whole = context_bytes(config_tp1(config), RolloutContext(buffer_size_gb=0.01), Layout(), 0)
+    whole = context_bytes(config_tp1(config), RolloutContext(buffer_size_gb=0.01), Layout(), 0, 1024)
     assert whole.block_bytes == 2 * small.block_bytes and whole.blocks == 20
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_the_controller_s_sampling_buffers(config, graphs):
+    from inspector.inputs.versions import megatron_core_version
+    from inspector.job.rollout import RolloutContext
+    from inspector.memory.engine.allocator import rounded
+    from inspector.memory.engine.inference_context import context_bytes
+
+    rollout = RolloutContext(buffer_size_gb=0.01, cuda_graphs=graphs)
+    found = context_bytes(config, rollout, Layout(tp=2), 0, 1024)
+    # dynamic_context.py: max_requests = (blocks - 1) // tp * tp // 4 * 4 = 39 -> 38 -> 36
+    requests = (40 - 1) // 2 * 2 // 4 * 4
+    tokens = rounded(requests * 8)  # text_generation_controller.py `_sampled_tokens_cuda`, int64
+    # megatron-core 0.17+: with CUDA graphs, `_all_logits_cuda` (1, max_requests, vocab) in the
+    # params' dtype (materialize_only_last_token_logits: RL skips the prompt's log-probs)
+    logits = rounded(requests * 1024 * 2) if graphs and megatron_core_version() >= (0, 17) else 0
+    assert found.sampling == tokens + logits

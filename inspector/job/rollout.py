@@ -43,6 +43,7 @@ class RolloutContext:
     max_tokens: int | None = None  # --inference-dynamic-batching-max-tokens
     unified_memory_level: int = 0  # --inference-dynamic-batching-unified-memory-level
     num_cuda_graphs: int | None = None  # --inference-dynamic-batching-num-cuda-graphs (local)
+    cuda_graphs: bool = False  # --cuda-graph-impl local: the engine captures its steps
 
     def __post_init__(self) -> None:
         """Reject what Megatron-LM's argparse or the context would."""
@@ -68,7 +69,7 @@ ROLLOUT_ARGS = {
     "inference_dynamic_batching_unified_memory_level": "unified_memory_level",
     "inference_dynamic_batching_num_cuda_graphs": "num_cuda_graphs",
 }
-assert set(ROLLOUT_ARGS.values()) == {f.name for f in fields(RolloutContext)}
+assert set(ROLLOUT_ARGS.values()) == {f.name for f in fields(RolloutContext)} - {"cuda_graphs"}
 
 
 def make_rollout(args: Mapping[str, Any]) -> RolloutContext | None:
@@ -81,7 +82,7 @@ def make_rollout(args: Mapping[str, Any]) -> RolloutContext | None:
                           "moved off the GPU (offload) or freed (recompute) for the training step; "
                           "persist (the default) keeps it there and is")  # fmt: skip
     values = {field: args[name] for name, field in ROLLOUT_ARGS.items() if args.get(name) is not None}
-    return RolloutContext(**values)
+    return RolloutContext(**values, cuda_graphs=args.get("cuda_graph_impl") == "local")
 
 
 def local_graphs_are_the_engine_s(args: Mapping[str, Any]) -> bool:

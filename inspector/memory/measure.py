@@ -334,8 +334,9 @@ def _rollout_bytes(job: Job, built: BuiltStage) -> int:
         raise ConfigError("--perform-rl-step with a hybrid model is not modelled: its rollout "
                           "context holds Mamba states beside the KV cache")  # fmt: skip
     assert job.training.rollout is not None
-    config = built.chunks[0].module.config
-    return context_bytes(config, job.training.rollout, job.layout, built.stage).total
+    module = built.chunks[0].module
+    return context_bytes(module.config, job.training.rollout, job.layout, built.stage,
+                         module.vocab_size).total
 
 
 def _with_run(job: Job, memory: StageMemory, run: RunMemory | None,

@@ -27,9 +27,11 @@ functional tests' goldens hold the 20 GiB pool).
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -44,24 +46,28 @@ from inspector.world.stage import stage_rank
 
 @dataclass(frozen=True)
 class ContextBytes:
-    """What the context allocated on the GPU: its KV block pool and everything else it made."""
+    """What the rollout engine keeps on the GPU: the context's KV block pool and everything else
+    it made, and the text generation controller's sampling buffers."""
 
     kv_cache: int
     tables: int  # the request and token tables, the attention metadata's buffers
+    sampling: int  # the controller's (0.17+: the CUDA-graphed logits buffer, max_requests x vocab)
     blocks: int
     block_bytes: int
 
     @property
     def total(self) -> int:
-        return self.kv_cache + self.tables
+        return self.kv_cache + self.tables + self.sampling
 
 
-def context_bytes(config: Any, rollout: RolloutContext, layout: Layout, stage: int) -> ContextBytes:
+def context_bytes(config: Any, rollout: RolloutContext, layout: Layout, stage: int,
+                  vocab_size: int) -> ContextBytes:  # fmt: skip
     """Construct megatron-core's DynamicInferenceContext for `config` on meta, as a rank of
     pipeline stage `stage` of `layout` does (0.17+ reads its layers and groups from
-    parallel_state), and count what it allocates."""
+    parallel_state), then the sampling buffers its text generation controller makes for it
+    (`vocab_size`: the model's padded vocabulary), and count what they allocate."""
     rank = stage_rank(layout, stage, 0)
-    with simulated_rank(layout, rank, None), cuda_on_meta(), _no_unified_pool():
+    with simulated_rank(layout, rank, None) as ps, cuda_on_meta(), _no_unified_pool():
         from megatron.core.inference.contexts.dynamic_context import DynamicInferenceContext
 
         with Tracker() as tracker:
@@ -69,11 +75,42 @@ def context_bytes(config: Any, rollout: RolloutContext, layout: Layout, stage: i
         kv = context.memory_buffer
         kv_bytes = kv.numel() * kv.element_size()
         allocator = getattr(context, "kv_block_allocator", None) or context.block_allocator
-        blocks = allocator.total_count
-        block_bytes = context.block_size_bytes
-        total = tracker.allocated
-        del context, kv
-    return ContextBytes(kv_bytes, total - kv_bytes, blocks, block_bytes)
+        blocks, block_bytes = allocator.total_count, context.block_size_bytes
+        with Tracker() as sampling:
+            controller = _sampling_tensors(context, config, rollout, vocab_size, ps)
+        found = ContextBytes(kv_bytes, tracker.allocated - kv_bytes, sampling.allocated, blocks,
+                             block_bytes)  # fmt: skip
+        del context, kv, controller
+    return found
+
+
+def _sampling_tensors(context: Any, config: Any, rollout: RolloutContext, vocab_size: int,
+                      ps: Any) -> Any:  # fmt: skip
+    """Run megatron-core's TextGenerationController._init_dynamic_sampling_tensors, which the
+    controller's constructor calls for a dynamic context, on an instance holding what it reads
+    (the rest of the constructor loads a tokenizer and wraps the model: nothing on the GPU).
+    The model's config says `--cuda-graph-impl local` where the engine graphs (the policy's
+    graphs are turned off for the training step only, job/rollout.py)."""
+    from megatron.core.inference.text_generation_controllers.text_generation_controller import (
+        TextGenerationController,
+    )
+
+    model_config = copy.copy(config)
+    model_config.cuda_graph_impl = "local" if rollout.cuda_graphs else "none"
+    controller = TextGenerationController.__new__(TextGenerationController)
+    controller.model_config = model_config
+    controller.vocab_size = vocab_size
+    controller.num_speculative_tokens = 0  # --num-speculative-tokens is refused by name
+    controller.sampling_rng = torch.Generator()
+    controller.pp_group = ps.get_pipeline_model_parallel_group()
+    controller.inference_wrapped_model = SimpleNamespace(
+        inference_context=context, config=model_config, model=torch.nn.Module(),
+        tp_group=ps.get_tensor_model_parallel_group(),
+        # megatron-core 0.16's InferenceWrapperConfig
+        inference_wrapper_config=SimpleNamespace(params_dtype=config.params_dtype,
+                                                 padded_vocab_size=vocab_size))  # fmt: skip
+    controller._init_dynamic_sampling_tensors()
+    return controller
 
 
 def _construct(cls: Any, config: Any, rollout: RolloutContext) -> Any:
