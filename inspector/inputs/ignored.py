@@ -176,7 +176,7 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--no-inference-use-synchronous-zmq-collectives "
         "--no-inference-dynamic-batching-prefix-caching --no-inference-text-gen-server-logging "
         "--grpo-default-temperature --grpo-default-top-p --rl-calculate-intra-group-similarity "
-        "--no-rl-calculate-intra-group-similarity"
+        "--no-rl-calculate-intra-group-similarity "
         "--rl-generation-batch-size --rl-num-parallel-generation-batches "
         "--rl-num-parallel-generations --no-rl-persist-cuda-graphs --rl-consumption-granularity "
         "--rl-inference-parsers --rl-profile --rl-profile-dir --rl-submission-granularity "

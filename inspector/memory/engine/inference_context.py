@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from inspector.errors import ConfigError
 from inspector.job.layout import Layout
 from inspector.job.rollout import RolloutContext
 from inspector.memory.engine.allocator import Tracker
@@ -71,7 +72,14 @@ def context_bytes(config: Any, rollout: RolloutContext, layout: Layout, stage: i
         from megatron.core.inference.contexts.dynamic_context import DynamicInferenceContext
 
         with Tracker() as tracker:
-            context = _construct(DynamicInferenceContext, config, rollout)
+            try:
+                context = _construct(DynamicInferenceContext, config, rollout)
+            except AssertionError as error:  # megatron's own checks of the arguments
+                raise ConfigError(
+                    f"megatron-core's DynamicInferenceContext refuses the rollout engine's "
+                    f"arguments: '{error}' (--inference-dynamic-batching-buffer-size-gb "
+                    f"{rollout.buffer_size_gb} gives one request a block; set "
+                    "--inference-dynamic-batching-max-requests or -max-tokens)") from None
         kv = context.memory_buffer
         kv_bytes = kv.numel() * kv.element_size()
         allocator = getattr(context, "kv_block_allocator", None) or context.block_allocator
