@@ -27,6 +27,9 @@ from typing import Any
 
 from inspector.errors import ConfigError
 
+# what `memory` says of the rollout engine's bytes (render/memory.py)
+HELD = ("the rollout engine keeps through the training step (megatron-core's dynamic inference "
+        "context: KV cache, tables, sampling); the rollouts' own peak is not counted.")
 # Megatron-LM's --rl-kv-cache-management-mode choices (arguments.py, d98e8a6); persist is modelled
 KV_CACHE_MODES = ("persist", "offload", "recompute")
 
