@@ -130,12 +130,16 @@ def test_the_grpo_step_adds_the_rollout_engine_s_kv_cache(cli, tmp_path):
     path = write(tmp_path, rl + " --perform-rl-step --inference-dynamic-batching-buffer-size-gb "
                  "0.01 --inference-max-seq-length 32\n")  # fmt: skip
     grpo = _static(cli, path)
-    # dynamic_context.py: 2 (K, V) x 2 layers x 256 tokens x 4 heads x 16 x 2 bytes a block,
-    # int(0.01 GiB) // that = 81 blocks; beside them the context's tables and the sampling's
-    block = 2 * 2 * 256 * 4 * 16 * 2
-    assert 81 * block < grpo - plain < 81 * block + 2 * 1024**2
+    # dynamic_context.py: 2 (K, V) x 2 layers x 256 tokens x 4 heads x 16 x 4 bytes (fp32: no
+    # --bf16) a block, int(0.01 GiB) // that = 40 blocks; beside them the context's tables and
+    # the sampling's
+    block = 2 * 2 * 256 * 4 * 16 * 4
+    assert 40 * block < grpo - plain < 40 * block + 2 * 1024**2
     result = cli("memory", "--from-script", path)
     assert "with --perform-rl-step `memory` adds the KV cache" in result.err
+    assert "GRPO: buffers include 10.76 MiB" in result.out  # 10.00 MiB of blocks, and the rest
+    held = json.loads(cli("memory", "--from-script", path, "--format", "json").out)
+    assert held["stages"][0]["buffers"]["rollout"] == grpo - plain
 
 
 def test_the_grpo_step_refuses_what_moves_or_copies_the_policy(cli, tmp_path):
