@@ -6,6 +6,9 @@ import pytest
 
 from inspector.job.layout import Layout
 from inspector.world.setup import megatron
+from tests.test_versions import ROLLOUTS_MODELLED
+
+pytestmark = pytest.mark.skipif(not ROLLOUTS_MODELLED, reason="refused before 0.16 (test_jobs)")
 
 
 @pytest.fixture(scope="module")

@@ -26,10 +26,14 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from inspector.errors import ConfigError
+from inspector.inputs.versions import megatron_core_version
 
 # what `memory` says of the rollout engine's bytes (render/memory.py)
 HELD = ("the rollout engine keeps through the training step (megatron-core's dynamic inference "
         "context: KV cache, tables, sampling); the rollouts' own peak is not counted.")
+# megatron-core 0.16's DynamicInferenceContext keywords, as core_v0.16.1's megatron/rl passes them;
+# 0.17+ takes (model config, InferenceConfig) (memory/engine/inference_context.py)
+ROLLOUTS_SINCE = (0, 16)
 # Megatron-LM's --rl-kv-cache-management-mode choices (arguments.py, d98e8a6); persist is modelled
 KV_CACHE_MODES = ("persist", "offload", "recompute")
 
@@ -79,6 +83,11 @@ def make_rollout(args: Mapping[str, Any]) -> RolloutContext | None:
     """Return the rollout engine's context for --perform-rl-step, None without it."""
     if not args.get("perform_rl_step"):
         return None
+    installed = megatron_core_version()
+    if installed < ROLLOUTS_SINCE:
+        raise ConfigError(f"--perform-rl-step is modelled with megatron-core 0.16 or later (the "
+                          f"installed {installed[0]}.{installed[1]}'s DynamicInferenceContext takes "
+                          "other arguments than Megatron-LM's RL set-up passes it)")  # fmt: skip
     mode = args.get("rl_kv_cache_management_mode") or "persist"
     if mode != "persist":
         raise ConfigError(f"--rl-kv-cache-management-mode {mode} is not modelled: the KV cache "
