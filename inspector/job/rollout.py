@@ -88,6 +88,11 @@ def make_rollout(args: Mapping[str, Any]) -> RolloutContext | None:
         raise ConfigError(f"--perform-rl-step is modelled with megatron-core 0.16 or later (the "
                           f"installed {installed[0]}.{installed[1]}'s DynamicInferenceContext takes "
                           "other arguments than Megatron-LM's RL set-up passes it)")  # fmt: skip
+    cp = int(args.get("context_parallel_size") or 1)
+    if cp > 1:  # training.py L1838-1847: `force_cp1_inference_model`
+        raise ConfigError(f"--perform-rl-step with --context-parallel-size {cp} is not modelled: "
+                          "Megatron-LM builds a second copy of the model without context "
+                          "parallelism for the rollouts")  # fmt: skip
     mode = args.get("rl_kv_cache_management_mode") or "persist"
     if mode != "persist":
         raise ConfigError(f"--rl-kv-cache-management-mode {mode} is not modelled: the KV cache "
