@@ -167,6 +167,8 @@ def test_the_grpo_step_refuses_what_moves_or_copies_the_policy(cli, tmp_path):
     assert result.code == 2
     assert result.err.startswith(f"Error: {path} line 1: --rl-inference-tensor-model-parallel-size "
                                  "2 is not modelled: a second copy of the model")  # fmt: skip
+    result = cli("plan", "--from-script", write(tmp_path, rl + "\n"), "--gpus", "8")
+    assert result.code == 2 and "--perform-rl-step is not modelled by plan" in result.err
     path = write(tmp_path, rl + " --context-parallel-size 2\n")
     result = cli("memory", "--from-script", path)  # training.py: a CP=1 copy for the rollouts
     assert result.code == 2 and "--perform-rl-step with --context-parallel-size 2 is not" in result.err
