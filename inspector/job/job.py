@@ -32,6 +32,7 @@ from inspector.job.optimizer_precision import OptimizerPrecision, make_precision
 from inspector.job.optimizers import FLAGS_READ, check_optimizer, layer_wise
 from inspector.job.packing import check_packing, packed_document_length
 from inspector.job.recompute_modules import DEFAULT_MODULES, check_modules, parse_modules
+from inspector.job.rollout import RolloutContext, local_graphs_are_the_engine_s, make_rollout
 from inspector.job.tp_overlap import check_tp_comm_overlap
 from inspector.job.versions import router_padding_field
 
@@ -97,6 +98,7 @@ class Training:
     packed_document_length: int | None = None  # --sft: packed sequences (job/packing.py)
     train_iters: int | None = None  # --train-iters (None: not given); 1 peaks at the first step
     offloading: Offloading | None = None  # --fine-grained-activation-offloading (job/offloading.py)
+    rollout: RolloutContext | None = None  # --perform-rl-step: the GRPO rollout engine (job/rollout.py)
 
     def __post_init__(self) -> None:
         """Reject counts below one and unknown recomputation modes."""
@@ -288,6 +290,9 @@ def make_training(args: Mapping[str, Any]) -> Training:
     values["cuda_graph_scope"] = parse_scope(args)
     values["packed_document_length"] = packed_document_length(args)
     values["offloading"] = parse_offloading(args)
+    values["rollout"] = make_rollout(args)
+    if local_graphs_are_the_engine_s(args):  # the policy trains without graphs (job/rollout.py)
+        values["cuda_graph_impl"] = "none"
     values["fp32_grads"] = values.get("fp32_grads") or None
     values["optimizer"] = values.get("optimizer") or "adam"
     values["unfused"] = tuple(name for name in FUSIONS if args.get("no_" + name))

@@ -121,6 +121,9 @@ class StageMemory(StageBytes):
     activations: StageActivations  # the closed forms (the answer only where run is None)
     flops: int  # one iteration, all of the stage's ranks together
     run: RunMemory | None = None  # megatron run on meta tensors (inspector/memory/engine)
+    # --perform-rl-step: the rollout engine's context (KV cache, tables) kept on the GPU through
+    # the training step (job/rollout.py, engine/inference_context.py)
+    rollout: int = 0
 
     @property
     def activation_bytes(self) -> int:
@@ -133,7 +136,7 @@ class StageMemory(StageBytes):
     def buffers(self) -> int:
         """Return the bytes the run keeps besides the state (persistent buffers, workspaces; FSDP's
         buffers in flight); the run's are 0 where the engine did not run (`buffers_counted`)."""
-        return (self.run.static if self.run is not None else 0) + self.fsdp_in_flight
+        return (self.run.static if self.run is not None else 0) + self.fsdp_in_flight + self.rollout
 
     @property
     def buffers_counted(self) -> bool:
@@ -310,6 +313,9 @@ def measure(built: BuiltJob, hardware: Hardware) -> MemoryReport:
         )
     stages = tuple(_with_run(job, s, engine.runs.get(s.stage), b)
                    for s, b in zip(formulas, built.stages, strict=True))  # fmt: skip
+    if job.training.rollout is not None:
+        stages = tuple(replace(s, rollout=_rollout_bytes(job, b))
+                       for s, b in zip(stages, built.stages, strict=True))  # fmt: skip
     return MemoryReport(
         job=job,
         schedule=schedule,
@@ -319,6 +325,20 @@ def measure(built: BuiltJob, hardware: Hardware) -> MemoryReport:
         else iteration_flops(dims, schedule.global_batch_size),
         not_run=engine.not_run,
     )
+
+
+def _rollout_bytes(job: Job, built: BuiltStage) -> int:
+    """Return what megatron-core's dynamic inference context allocates on a rank of the stage
+    for the GRPO rollouts, with the stage's own TransformerConfig (job/rollout.py)."""
+    from inspector.memory.engine.inference_context import context_bytes
+
+    if job.model.is_hybrid_model:
+        raise ConfigError("--perform-rl-step with a hybrid model is not modelled: its rollout "
+                          "context holds Mamba states beside the KV cache")  # fmt: skip
+    assert job.training.rollout is not None
+    module = built.chunks[0].module
+    return context_bytes(module.config, job.training.rollout, job.layout, built.stage,
+                         module.vocab_size).total
 
 
 def _with_run(job: Job, memory: StageMemory, run: RunMemory | None,

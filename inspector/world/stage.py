@@ -59,7 +59,7 @@ class StageModel:
     mtp_symbols: tuple[str, ...] = ()
 
 
-def _stage_rank(layout: Layout, stage: int, expert_rank: int) -> int:
+def stage_rank(layout: Layout, stage: int, expert_rank: int) -> int:
     """Return the simulated global rank holding (stage, expert rank) at tp/cp/dp index 0."""
     per_stage = layout.tp * layout.cp * simulated_dp(layout)
     return stage * per_stage + expert_rank * layout.expert_tp
@@ -96,7 +96,7 @@ def stage_world(
     """
     m = megatron()
     vpp = layout.vpp
-    rank = _stage_rank(layout, stage, expert_rank)
+    rank = stage_rank(layout, stage, expert_rank)
     simulate_apex(model.use_apex)
     simulate_grouped_gemm(model.moe_grouped_gemm)
     simulate_grad_accum_fusion(bool(runtime and runtime.get("gradient_accumulation_fusion")))
