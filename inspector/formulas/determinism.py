@@ -60,7 +60,8 @@ def nan_fill(dims: ModelDims, forward: Sequence[Op], backward: Sequence[Op], tok
              local: int, tp: int, moe: bool) -> tuple[Memory, Memory]:
     """Return the NaN fill of a Transformer Engine layer's outputs, forward and backward, for a
     rank's `tokens` rows (`local` of them with sequence parallelism; `tp` ranks share its heads;
-    `moe`: its MLP is an MoE block, whose exchanges are not counted here). tests/test_nan_fill.py
+    `moe`: its MLP is an MoE block, whose exchanges are not counted here; a hybrid model's Mamba
+    and gated-delta-net layers are not priced with it). tests/test_nan_fill.py
     checks it against the bytes of every `empty` the engine's run of megatron's layer allocates,
     less the norms' and attention's statistics (1/hidden of their outputs).
 
