@@ -292,7 +292,7 @@ def _predict(case: Case) -> Predicted:
     # but not allocated: RunMemory.torch_reports)
     static, peak = stage.run.torch_reports(state.total + stage.buffers - stage.fsdp_in_flight)
     peak += stage.fsdp_in_flight
-    step, bound, note = plan_step(args, layout.world_size)
+    step, bound, note = plan_step(args, layout.world_size, nccl_algo(case.folder))
     return Predicted(label, static, peak, step, bound, step_note=note)
 
 
@@ -305,16 +305,23 @@ def layout_label(layout: Any, mbs: int) -> str:
     return " ".join([*parts, f"mbs{mbs}"])
 
 
-def plan_step(args: dict[str, Any], gpus: int) -> tuple[float | None, bool, str]:
+def nccl_algo(folder: Path) -> str | None:
+    """Return the NCCL_ALGO the case's ENV_VARS set (the job's environment), or None."""
+    data = yaml.safe_load((folder / "model_config.yaml").read_text()) or {}
+    value = (data.get("ENV_VARS") or {}).get("NCCL_ALGO")
+    return None if value is None else str(value)
+
+
+def plan_step(args: dict[str, Any], gpus: int, algo: str | None = None) -> tuple[float | None, bool, str]:
     """Return `plan --gpu h100`'s step time of this very layout, whether it is launch-bound, or
-    the plan's reason for none."""
+    the plan's reason for none; `algo`: the job's NCCL_ALGO (NVLink SHARP's all-reduces or not)."""
     from inspector.errors import InspectorError
     from inspector.plan.request import PlanFlags, make_request
     from inspector.plan.search import search
 
     pinned = {"context_parallel_size": 1, "expert_model_parallel_size": 1, **args}
     try:
-        result = search(make_request(pinned, PlanFlags(gpus, "h100", top=1000)))
+        result = search(make_request(pinned, PlanFlags(gpus, "h100", top=1000, nccl_algo=algo)))
     except InspectorError as error:
         return None, False, str(error).splitlines()[0]
     want = _sizes(args)

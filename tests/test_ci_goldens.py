@@ -204,3 +204,12 @@ def test_launch_bound_step_times_are_summarised_apart(tmp_path: Path) -> None:
     assert found["launch_step"]["n"] == 2 and found["launch_mae"] == pytest.approx(0.7)
     assert "- step time of the launch-bound cases, apart: 2 cases, median -70.0%" in \
         ci_goldens.render_summary(found)
+
+
+def test_the_jobs_nccl_algo_is_read_from_its_env_vars(tmp_path):
+    # the 7B deterministic cases set NCCL_ALGO: Ring in ENV_VARS (Megatron-LM's runner exports
+    # them into the job's environment); the plan then prices no NVLink SHARP all-reduce
+    (tmp_path / "model_config.yaml").write_text("ENV_VARS:\n  NCCL_ALGO: Ring\nMODEL_ARGS: {}\n")
+    assert ci_goldens.nccl_algo(tmp_path) == "Ring"
+    (tmp_path / "model_config.yaml").write_text("ENV_VARS:\n  CUDA_DEVICE_MAX_CONNECTIONS: 1\n")
+    assert ci_goldens.nccl_algo(tmp_path) is None

@@ -289,6 +289,18 @@ ARGUMENTS: tuple[ArgSpec, ...] = MODEL_ARGUMENTS + (
         "deterministic attention backward).",
     ),
     _training(
+        "log_params_norm",
+        bool,
+        "Megatron-LM's parameter norm, every iteration (plan: one read of the rank's fp32 "
+        "master weights).",
+    ),
+    _training(
+        "log_num_zeros_in_grad",
+        bool,
+        "The zeros of the gradients counted at every step (plan: one read of the rank's fp32 "
+        "main gradients).",
+    ),
+    _training(
         "defer_embedding_wgrad_compute",
         bool,
         "With --pp: the output layer's weight gradients wait for the pipeline's drain, keeping "

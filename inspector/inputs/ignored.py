@@ -224,7 +224,7 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--export-force-local-attention"
     ),
     "logging, profiling, fault tolerance": (
-        "--log-interval --log-params-norm --log-num-zeros-in-grad --log-throughput --log-progress "
+        "--log-interval --log-throughput --log-progress "
         "--timing-log-level --log-energy --no-barrier-with-level-1-timing --timing-log-option "
         "--tensorboard-dir --tensorboard-log-interval --tensorboard-queue-size "
         "--log-timers-to-tensorboard --no-log-loss-scale-to-tensorboard "

@@ -88,6 +88,10 @@ class Training:
     wgrad_deferral_limit: int = 0
     tp_comm_overlap: bool = False  # --tp-comm-overlap: Transformer Engine's userbuffers
     deterministic_mode: bool = False  # --deterministic-mode (formulas/determinism.py)
+    # --log-params-norm, --log-num-zeros-in-grad: passes over the rank's state each iteration
+    # (formulas/optimizer.py `logged_passes`)
+    log_params_norm: bool = False
+    log_num_zeros_in_grad: bool = False
     unfused: tuple[str, ...] = ()  # fusions turned off (--no-bias-gelu-fusion: bias_gelu_fusion)
     # --use-precision-aware-optimizer and its dtypes (job/optimizer_precision.py)
     optimizer_precision: OptimizerPrecision = field(default_factory=OptimizerPrecision)
@@ -260,6 +264,8 @@ TRAINING_ARGS = {
     "wgrad_deferral_limit": "wgrad_deferral_limit",
     "tp_comm_overlap": "tp_comm_overlap",
     "deterministic_mode": "deterministic_mode",
+    "log_params_norm": "log_params_norm",
+    "log_num_zeros_in_grad": "log_num_zeros_in_grad",
     "cuda_graph_impl": "cuda_graph_impl",
     "cuda_graph_warmup_steps": "cuda_graph_warmup_steps",
     "train_iters": "train_iters",
@@ -283,7 +289,7 @@ def make_training(args: Mapping[str, Any]) -> Training:
                  "moe_pad_expert_input_to_capacity", "megatron_fsdp", "fsdp_double_buffer",
                  "torch_fsdp2", "ep_overlap", "delay_wgrad", "moe_enable_deepep",
                  "cross_entropy_loss_fusion", "defer_embedding_wgrad", "tp_comm_overlap",
-                 "deterministic_mode"):  # fmt: skip
+                 "deterministic_mode", "log_params_norm", "log_num_zeros_in_grad"):  # fmt: skip
         values[flag] = bool(values.get(flag))
     values["moe_router_padding"] = router_padding(args)
     values["cuda_graph_impl"] = values.get("cuda_graph_impl") or "none"
