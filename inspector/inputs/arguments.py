@@ -256,6 +256,12 @@ ARGUMENTS: tuple[ArgSpec, ...] = MODEL_ARGUMENTS + (
         "deterministic attention backward).",
     ),
     _training(
+        "use_transformer_engine_op_fuser",
+        bool,
+        "megatron-core 0.18+: the MoE experts' grouped MLP as Transformer Engine's fused "
+        "operations (fc1, scaled SwiGLU, fc2 in one autograd function).",
+    ),
+    _training(
         "defer_embedding_wgrad_compute",
         bool,
         "With --pp: the output layer's weight gradients wait for the pipeline's drain, keeping "
