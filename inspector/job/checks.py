@@ -130,6 +130,14 @@ def check_op_fuser(args: Mapping[str, Any]) -> None:
                 "Blackwell GPUs, run its CuTe DSL fused grouped MLP (ops/fused/"
                 "forward_grouped_mlp.py), whose saved tensors are not simulated; the op fuser in "
                 "16 bits is modelled")  # fmt: skip
+    etp = args.get("expert_tensor_parallel_size") or args.get("tensor_model_parallel_size") or 1
+    if etp > 1:  # Megatron-LM's validate_args: the experts' tp defaults to --tp
+        raise ConfigError(
+            f"--use-transformer-engine-op-fuser with an expert tensor-parallel size of {etp} "
+            "(--expert-tensor-parallel-size, else --tp): megatron-core's TEGroupedMLP asserts "
+            "'Fused GroupedMLP is not supported for this configuration' (experts.py "
+            "_is_fused_impl_supported: tensor parallelism is not supported); pass "
+            "--expert-tensor-parallel-size 1")  # fmt: skip
     if args.get("delay_wgrad_compute"):
         raise ConfigError(
             "--use-transformer-engine-op-fuser with --delay-wgrad-compute is not modelled: "

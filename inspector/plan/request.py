@@ -185,6 +185,7 @@ def _kept_training(args: dict[str, Any], backend: str | None) -> Training:
         moe_router_padding=asked.moe_router_padding,
         ep_overlap=asked.ep_overlap,
         delay_wgrad=asked.delay_wgrad,
+        op_fuser=asked.op_fuser,  # the experts' Transformer Engine fused operations (world/te/ops.py)
         deterministic_mode=asked.deterministic_mode,
         packed_document_length=asked.packed_document_length,  # --sft: mbs 1, cp 1 (packing.py)
     )

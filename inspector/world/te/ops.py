@@ -51,6 +51,14 @@ class BasicOperation(torch.nn.Module):
     num_extra_inputs: int = 0
     num_extra_outputs: int = 0
 
+    def fuser_forward(self, ctx: Any, x: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
+        """Fill `ctx` (`to_save`, flags) and return the output (op.py `fuser_forward`)."""
+        raise NotImplementedError(type(self).__name__)
+
+    def fuser_backward(self, ctx: Any, dy: torch.Tensor) -> tuple[Any, list[Any], list[Any]]:
+        """Return the input's, the parameters' and the extra inputs' gradients."""
+        raise NotImplementedError(type(self).__name__)
+
 
 class GroupedLinear(BasicOperation):
     """TE 2.14 ops/basic/grouped_linear.py 40-173 (`__init__` 88-173): `weight{i}` of (out, in)
@@ -79,9 +87,10 @@ class GroupedLinear(BasicOperation):
             self.register_parameter(f"bias{i}", _shell(out_features, dtype=dtype) if bias else None)
         self._accumulate_into_main_grad = accumulate_into_main_grad
 
-    def fuser_forward(self, ctx: Any, x: torch.Tensor, split_sizes: torch.Tensor) -> torch.Tensor:
+    def fuser_forward(self, ctx: Any, x: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
         """grouped_linear.py 654-789 in 16 bits: the output, and the input split into views and
         the weights saved (`save_for_backward(split_sizes, *xs, *ws)`, 779)."""
+        (split_sizes,) = extra
         n = self.num_groups
         weights = [getattr(self, f"weight{i}") for i in range(n)]
         if self._accumulate_into_main_grad and getattr(weights[0], "main_grad", None) is None:
@@ -90,7 +99,7 @@ class GroupedLinear(BasicOperation):
         sizes = [int(s) for s in split_sizes.tolist()]
         if len(sizes) != n:
             raise ValueError(f"Expected {n} splits, but got {len(sizes)}.")
-        ws = [_to(w, dtype) for w in weights]
+        ws: list[Any] = [_to(w, dtype) for w in weights]
         xs: list[Any] = list(torch.split(_to(x, dtype), sizes))
         out = torch.empty([*x.shape[:-1], self.out_features], dtype=dtype, device=x.device)
         ctx.input_requires_grad = ctx.requires_grad
@@ -143,16 +152,16 @@ class ScaledSwiGLU(BasicOperation):
         x = x.reshape(-1, shape[-1] // (2 * size), 2, size).transpose(1, 2).contiguous()
         return x.view(shape)
 
-    def fuser_forward(self, ctx: Any, x: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
+    def fuser_forward(self, ctx: Any, x: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
         """swiglu.py 389-443: `tex.swiglu` (half the columns), times the scales; the input and
         the scales in the compute dtype saved."""
         dtype = x.dtype
-        x, scales = _to(x, dtype), _to(extra, dtype)
+        x, scales = _to(x, dtype), _to(extra[0], dtype)
         swiglu_in = self._deinterleave(x)
         swiglu_out = torch.empty([*swiglu_in.shape[:-1], swiglu_in.shape[-1] // 2], dtype=dtype,
                                  device=x.device)  # fmt: skip
         out = swiglu_out * scales.unsqueeze(-1)
-        ctx.extra_input_requires_grad = extra.requires_grad
+        ctx.extra_input_requires_grad = extra[0].requires_grad
         ctx.dtype = dtype
         ctx.to_save = [x, scales]
         return out
@@ -189,7 +198,8 @@ class _OperationFuserFunction(torch.autograd.Function):
         extras = list(tensors[sum(counts) :])
         for tensor in (x, *tensors):
             tensor._do_not_clear = True  # type: ignore[attr-defined]
-        contexts, to_save = [], []
+        contexts: list[tuple[Any, int, int]] = []
+        to_save: list[Any] = []
         for op in ops:
             op_ctx = SimpleNamespace(requires_grad=True)
             x = op.fuser_forward(op_ctx, x, *[extras.pop(0) for _ in range(op.num_extra_inputs)])
