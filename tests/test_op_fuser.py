@@ -191,3 +191,15 @@ def test_op_fuser_combinations_not_modelled_are_refused_by_name(cli, extra, star
                "--dp", "4", "--micro-batch-size", "1", "--use-transformer-engine-op-fuser", *extra)  # fmt: skip
     assert done.code == 2 and done.out == ""
     assert done.err.splitlines()[-1].startswith("Error: " + start), done.err
+
+
+@needs_op_fuser
+def test_a_dense_model_runs_the_same_job_with_the_op_fuser(cli):
+    # megatron-core 0.18-0.19 read use_transformer_engine_op_fuser in TEGroupedMLP (and the MoE
+    # padding) only; Megatron-LM's gpt_builders builds the dense TE spec without use_te_op_fuser
+    flags = ("memory", "--num-layers", "2", "--hidden-size", "256", "--num-attention-heads", "4",
+             "--seq-length", "512", "--micro-batch-size", "1", "--bf16", "--transformer-impl",
+             "transformer_engine")  # fmt: skip
+    plain, fused = cli(*flags), cli(*flags, "--use-transformer-engine-op-fuser")
+    assert plain.code == fused.code == 0, fused.err
+    assert fused.out == plain.out and "run on meta tensors" in plain.out
