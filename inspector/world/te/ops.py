@@ -21,14 +21,7 @@ from typing import Any
 
 import torch
 
-from inspector.world.te.kernels.functions import _grouped_wgrad
-
-
-def clear_tensor_data(*tensors: torch.Tensor | None) -> None:
-    """TE 2.14 utils.py 49-70: free a tensor's storage, but never one marked `_do_not_clear`."""
-    for tensor in tensors:
-        if tensor is not None and not hasattr(tensor, "_do_not_clear"):
-            tensor.data = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
+from inspector.world.te.kernels.functions import clear_tensor_data, grouped_wgrad
 
 
 def _to(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -125,7 +118,7 @@ class GroupedLinear(BasicOperation):
         grad_weights: list[Any] = [None] * n
         if ctx.weight_requires_grad:
             fuse = self._accumulate_into_main_grad
-            grad_weights = [_grouped_wgrad(getattr(self, f"weight{i}"), fuse, dy) for i in range(n)]
+            grad_weights = [grouped_wgrad(getattr(self, f"weight{i}"), fuse, dy) for i in range(n)]
         grad_input = None
         if ctx.input_requires_grad:
             grad_input = torch.empty(
