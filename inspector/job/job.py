@@ -34,9 +34,10 @@ from inspector.job.model import ModelConfig
 from inspector.job.model_args import make_model_config, validate_model
 from inspector.job.offloading import Offloading, parse_offloading
 from inspector.job.optimizer_precision import OptimizerPrecision, make_precision
-from inspector.job.optimizers import FLAGS_READ, check_optimizer, layer_wise_spelled_muon
+from inspector.job.optimizers import FLAGS_READ, check_optimizer, layer_wise
 from inspector.job.packing import check_packing, packed_document_length
 from inspector.job.recompute_modules import DEFAULT_MODULES, check_modules, parse_modules
+from inspector.job.rollout import RolloutContext, local_graphs_are_the_engine_s, make_rollout
 from inspector.job.tp_overlap import check_tp_comm_overlap
 from inspector.job.versions import router_padding_field
 
@@ -58,6 +59,9 @@ class Training:
     fp32_grads: bool | None = None  # --accumulate-allreduce-grads-in-fp32 (None: the default)
     use_distributed_optimizer: bool = False
     optimizer: str = "adam"  # --optimizer: adam, or muon / dist_muon (job/optimizers.py)
+    # dist_muon on megatron-core 0.18+ without --no-use-layer-wise-param-layout: its matrices
+    # shard-aligned in DDP's buffers, the other parameters under a DistributedOptimizer
+    layer_wise_param_layout: bool = False
     # --use-megatron-fsdp with its --data-parallel-sharding-strategy, or --use-torch-fsdp2
     megatron_fsdp: bool = False
     sharding_strategy: str = "no_shard"  # Megatron-LM's default
@@ -90,6 +94,10 @@ class Training:
     wgrad_deferral_limit: int = 0
     tp_comm_overlap: bool = False  # --tp-comm-overlap: Transformer Engine's userbuffers
     deterministic_mode: bool = False  # --deterministic-mode (formulas/determinism.py)
+    # --log-params-norm, --log-num-zeros-in-grad: passes over the rank's state each iteration
+    # (formulas/optimizer.py `logged_passes`)
+    log_params_norm: bool = False
+    log_num_zeros_in_grad: bool = False
     unfused: tuple[str, ...] = ()  # fusions turned off (--no-bias-gelu-fusion: bias_gelu_fusion)
     # --use-precision-aware-optimizer and its dtypes (job/optimizer_precision.py)
     optimizer_precision: OptimizerPrecision = field(default_factory=OptimizerPrecision)
@@ -100,6 +108,7 @@ class Training:
     packed_document_length: int | None = None  # --sft: packed sequences (job/packing.py)
     train_iters: int | None = None  # --train-iters (None: not given); 1 peaks at the first step
     offloading: Offloading | None = None  # --fine-grained-activation-offloading (job/offloading.py)
+    rollout: RolloutContext | None = None  # --perform-rl-step: the GRPO rollout engine (job/rollout.py)
 
     def __post_init__(self) -> None:
         """Reject counts below one and unknown recomputation modes."""
@@ -262,6 +271,8 @@ TRAINING_ARGS = {
     "wgrad_deferral_limit": "wgrad_deferral_limit",
     "tp_comm_overlap": "tp_comm_overlap",
     "deterministic_mode": "deterministic_mode",
+    "log_params_norm": "log_params_norm",
+    "log_num_zeros_in_grad": "log_num_zeros_in_grad",
     "cuda_graph_impl": "cuda_graph_impl",
     "cuda_graph_warmup_steps": "cuda_graph_warmup_steps",
     "train_iters": "train_iters",
@@ -285,13 +296,17 @@ def make_training(args: Mapping[str, Any]) -> Training:
                  "moe_pad_expert_input_to_capacity", "megatron_fsdp", "fsdp_double_buffer",
                  "torch_fsdp2", "ep_overlap", "delay_wgrad", "moe_enable_deepep",
                  "cross_entropy_loss_fusion", "defer_embedding_wgrad", "tp_comm_overlap",
-                 "deterministic_mode", "op_fuser"):  # fmt: skip
+                 "deterministic_mode", "op_fuser", "log_params_norm",
+                 "log_num_zeros_in_grad"):  # fmt: skip
         values[flag] = bool(values.get(flag))
     values["moe_router_padding"] = router_padding(args)
     values["cuda_graph_impl"] = values.get("cuda_graph_impl") or "none"
     values["cuda_graph_scope"] = parse_scope(args)
     values["packed_document_length"] = packed_document_length(args)
     values["offloading"] = parse_offloading(args)
+    values["rollout"] = make_rollout(args)
+    if local_graphs_are_the_engine_s(args):  # the policy trains without graphs (job/rollout.py)
+        values["cuda_graph_impl"] = "none"
     values["fp32_grads"] = values.get("fp32_grads") or None
     values["optimizer"] = values.get("optimizer") or "adam"
     values["unfused"] = tuple(name for name in FUSIONS if args.get("no_" + name))
@@ -390,6 +405,8 @@ def make_job(args: Mapping[str, Any]) -> Job:
     training = make_training(args)
     flags = {name: bool(args.get(name)) for name in FLAGS_READ}
     check_optimizer(training.optimizer, layout, flags)
-    if layer_wise_spelled_muon(training.optimizer, flags):  # 0.18+ validate_args: dist_muon
-        training = replace(training, optimizer="dist_muon", use_distributed_optimizer=False)
+    if layer_wise(training.optimizer, flags):  # 0.18+ validate_args: the layer-wise optimizer
+        layout_on = not flags["no_use_layer_wise_param_layout"]  # Megatron-LM's default: on
+        training = replace(training, optimizer="dist_muon", use_distributed_optimizer=False,
+                           layer_wise_param_layout=layout_on)  # fmt: skip
     return Job(model, layout, training)

@@ -15,6 +15,7 @@ from typing import Any
 
 import inspector.caches as caches
 from inspector.errors import ConfigError
+from inspector.job.flex import one_rank_refused
 from inspector.job.job import Job
 from inspector.job.layout import Layout, validate_layout
 from inspector.job.model import ModelConfig
@@ -184,7 +185,7 @@ def candidate_job(
     if _REFUSED[key]:  # Job would raise the same, whatever the training
         return None
     flex = req.training.moe_token_dispatcher_type == "flex" and req.model.num_experts is not None
-    if flex and lay.ep * lay.expert_tp <= 1:
+    if flex and lay.ep * lay.expert_tp <= 1 and one_rank_refused(req.training.moe_flex_backend):
         return None  # megatron's flex dispatcher asserts TPxEP > 1 (job/flex.py check_flex_group)
     if req.training.op_fuser and req.model.num_experts is not None and lay.expert_tp > 1:
         return None  # megatron's _is_fused_impl_supported: "Tensor parallelism is not supported"
