@@ -125,15 +125,15 @@ def check_op_fuser(args: Mapping[str, Any]) -> None:
     experts' fused operations (world/te/ops.py) run in 16 bits, without delayed weight gradients."""
     if not args.get("use_transformer_engine_op_fuser") or not args.get("num_experts"):
         return  # megatron-core 0.18-0.19 read it in TEGroupedMLP only
-    for name in ("fp8_format", "fp4_format"):
-        if args.get(name):
-            raise ConfigError(
-                f"--use-transformer-engine-op-fuser with --{name.replace('_', '-')} {args[name]} is "
-                "not modelled: Transformer Engine 2.14's fused operations quantize each expert "
-                "GEMM's input (ops/basic/grouped_linear.py split_quantize) and, in MXFP8 on "
-                "Blackwell GPUs, run its CuTe DSL fused grouped MLP (ops/fused/"
-                "forward_grouped_mlp.py), whose saved tensors are not simulated; the op fuser in "
-                "16 bits is modelled")  # fmt: skip
+    quantized = [name for name in ("fp8_format", "fp4_format") if args.get(name)]
+    if quantized:
+        flag = "--" + quantized[0].replace("_", "-")
+        raise ConfigError(
+            f"--use-transformer-engine-op-fuser with {flag} {args[quantized[0]]} is not modelled: "
+            "Transformer Engine 2.14's fused operations quantize each expert GEMM's input "
+            "(ops/basic/grouped_linear.py split_quantize) and, in MXFP8 on Blackwell GPUs, run "
+            "its CuTe DSL fused grouped MLP (ops/fused/forward_grouped_mlp.py), whose saved "
+            "tensors are not simulated; the op fuser in 16 bits is modelled")  # fmt: skip
     etp = args.get("expert_tensor_parallel_size") or args.get("tensor_model_parallel_size") or 1
     if etp > 1:  # Megatron-LM's validate_args: the experts' tp defaults to --tp
         raise ConfigError(
