@@ -289,6 +289,12 @@ ARGUMENTS: tuple[ArgSpec, ...] = MODEL_ARGUMENTS + (
         "deterministic attention backward).",
     ),
     _training(
+        "use_transformer_engine_op_fuser",
+        bool,
+        "megatron-core 0.18+: the MoE experts' grouped MLP as Transformer Engine's fused "
+        "operations (fc1, scaled SwiGLU, fc2 in one autograd function).",
+    ),
+    _training(
         "log_params_norm",
         bool,
         "Megatron-LM's parameter norm, every iteration (plan: one read of the rank's fp32 "

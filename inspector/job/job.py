@@ -14,7 +14,12 @@ from typing import Any, Literal, cast, get_args
 
 from inspector.errors import ConfigError
 from inspector.job.attention_backend import flash_attention, scores_cause
-from inspector.job.checks import check_at_least_one, check_count, check_deterministic
+from inspector.job.checks import (
+    check_at_least_one,
+    check_count,
+    check_deterministic,
+    check_op_fuser,
+)
 from inspector.job.cuda_graphs import check_cuda_graphs, parse_scope, preprocess_syncs
 from inspector.job.dims import ModelDims, num_microbatches
 from inspector.job.dsa import check_dsa_layout
@@ -82,6 +87,7 @@ class Training:
     # --overlap-moe-expert-parallel-comm, --delay-wgrad-compute (job/ep_overlap.py)
     ep_overlap: bool = False
     delay_wgrad: bool = False
+    op_fuser: bool = False  # --use-transformer-engine-op-fuser: the experts' TE fused ops (world/te/ops.py)
     cross_entropy_loss_fusion: bool = False  # megatron's torch.compile'd fused_cross_entropy.py
     # the output layer's weight gradients of the first --wgrad-deferral-limit (0: all) deferred
     defer_embedding_wgrad: bool = False
@@ -259,6 +265,7 @@ TRAINING_ARGS = {
     "moe_deepep_num_sms": "moe_deepep_num_sms",
     "overlap_moe_expert_parallel_comm": "ep_overlap",
     "delay_wgrad_compute": "delay_wgrad",
+    "use_transformer_engine_op_fuser": "op_fuser",
     "cross_entropy_loss_fusion": "cross_entropy_loss_fusion",
     "defer_embedding_wgrad_compute": "defer_embedding_wgrad",
     "wgrad_deferral_limit": "wgrad_deferral_limit",
@@ -289,7 +296,8 @@ def make_training(args: Mapping[str, Any]) -> Training:
                  "moe_pad_expert_input_to_capacity", "megatron_fsdp", "fsdp_double_buffer",
                  "torch_fsdp2", "ep_overlap", "delay_wgrad", "moe_enable_deepep",
                  "cross_entropy_loss_fusion", "defer_embedding_wgrad", "tp_comm_overlap",
-                 "deterministic_mode", "log_params_norm", "log_num_zeros_in_grad"):  # fmt: skip
+                 "deterministic_mode", "op_fuser", "log_params_norm",
+                 "log_num_zeros_in_grad"):  # fmt: skip
         values[flag] = bool(values.get(flag))
     values["moe_router_padding"] = router_padding(args)
     values["cuda_graph_impl"] = values.get("cuda_graph_impl") or "none"
@@ -310,6 +318,7 @@ def make_training(args: Mapping[str, Any]) -> Training:
 def _megatron_training_rules(args: Mapping[str, Any], values: dict[str, Any]) -> None:
     """Apply Megatron-LM's validate_args to the training arguments beyond the plain ones."""
     check_deterministic(args)
+    check_op_fuser(args)
     if args.get("recompute_activations"):
         # validate_args: "if args.recompute_activations: args.recompute_granularity = 'selective'"
         values["recompute"] = "selective"

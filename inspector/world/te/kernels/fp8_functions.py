@@ -192,7 +192,7 @@ class Fp8GroupedLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> Any:
-        from inspector.world.te.kernels.functions import _grouped_wgrad
+        from inspector.world.te.kernels.functions import grouped_wgrad
 
         n = len(ctx.m_splits)
         rest = ctx.saved_tensors[ctx.n_saved :]
@@ -208,7 +208,7 @@ class Fp8GroupedLinearFunction(torch.autograd.Function):
             dgrad = torch.empty(shape, dtype=grad.dtype, device=grad.device).view(ctx.inp_shape)
         wgrads: list[Any] = [None] * n
         if ctx.requires_wgrad:
-            wgrads = [_grouped_wgrad(weight, ctx.fuse, grad) for weight in ctx.weight_objects]
+            wgrads = [grouped_wgrad(weight, ctx.fuse, grad) for weight in ctx.weight_objects]
         del grads_q
         return (dgrad, None, None, None, None, *wgrads,
                 *(grad_biases if ctx.use_bias else [None] * len(biases)))  # fmt: skip

@@ -61,9 +61,10 @@ def reduce_scatter_along_first_dim(tensor: torch.Tensor, tp_size: int) -> torch.
 
 
 def clear_tensor_data(*tensors: torch.Tensor | None) -> None:
-    """TE utils.py `clear_tensor_data`: free a tensor's storage early (`tensor.data = empty`)."""
+    """TE utils.py `clear_tensor_data` (v2.11 37-58, v2.14 49-70): free a tensor's storage early
+    (`tensor.data = empty`), but never one marked `_do_not_clear` (TE's op fuser marks its inputs)."""
     for tensor in tensors:
-        if tensor is not None:
+        if tensor is not None and not hasattr(tensor, "_do_not_clear"):
             tensor.data = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
 
 
@@ -292,12 +293,12 @@ class GroupedLinearFunction(torch.autograd.Function):
             dgrad = torch.empty((grad.shape[0], weights[0].shape[1]), dtype=grad.dtype, device=grad.device)
         wgrads: list[Any] = [None] * n
         if ctx.requires_wgrad:
-            wgrads = [_grouped_wgrad(weight, ctx.fuse, grad) for weight in ctx.weight_objects]
+            wgrads = [grouped_wgrad(weight, ctx.fuse, grad) for weight in ctx.weight_objects]
         dgrad = None if dgrad is None else dgrad.view(ctx.inp_shape)
         return (dgrad, None, None, *wgrads, *(grad_biases if ctx.use_bias else [None] * len(biases)))
 
 
-def _grouped_wgrad(weight: torch.Tensor, fuse: bool, like: torch.Tensor) -> Any:
+def grouped_wgrad(weight: torch.Tensor, fuse: bool, like: torch.Tensor) -> Any:
     """One GEMM's weight gradient (grouped_linear.py 418-426, 480-505 handle_custom_ddp_from_mcore)."""
     if not fuse:
         return torch.empty(weight.shape, dtype=like.dtype, device=like.device)
