@@ -28,8 +28,7 @@ ModelDims `fused_kernels` notion of formulas/optimizer.py), else torch.optim.Ada
 - with --use-precision-aware-optimizer, Transformer Engine's FusedAdam (world/te/optimizers.py,
   what megatron-core requires for the flag): its state in the flag's dtypes, made on the first
   step, and the fp32 temporaries its step makes for every state held in a reduced dtype.
-Under Megatron-FSDP the step runs over the chunks in megatron's DDP all the same: its temporaries
-stand for FSDP's; the state is counted from FSDP's buffers (memory/fsdp_buffers.py).
+Megatron-FSDP's jobs step in DDP too (their state: FSDP's buffers, memory/fsdp_buffers.py).
 
 The first step makes Adam's moments (lazily: `exp_avg`, `exp_avg_sq`); they are state memory,
 counted by memory/measure.py, and returned here to be checked. The second step is the steady one;
@@ -96,8 +95,7 @@ def optimizer_config(job: Job) -> Any:
         bf16=job.model.bf16,
         fp16=job.model.fp16,
         use_distributed_optimizer=job.training.use_distributed_optimizer,
-        # the step copies the main shards into the grad buffer's param view (optimizer.py 579)
-        reuse_grad_buf_for_mxfp8_param_ag=reuses_grad_buf(job),
+        reuse_grad_buf_for_mxfp8_param_ag=reuses_grad_buf(job),  # main shards -> grad buf view
         **aware,
     )
 
