@@ -86,7 +86,7 @@ def fsdp_in_flight(layouts: Sequence[Any], gradients: bool = True) -> int:
             grad = 0
         else:
             grad = gradient_buckets_peak(layout, grads)
-        most = max(most, _pair(weights) + max(transposes, default=0) + grad)
+        most = max(most, _pair(weights, transposes) + grad)
     return most
 
 
@@ -105,8 +105,10 @@ def _groups(buckets: Iterable[Any]) -> list[list[Any]]:
     return groups
 
 
-def _pair(sizes: Sequence[int]) -> int:
-    """Return the largest sum of two neighbours (the one in use and the one prefetched)."""
+def _pair(sizes: Sequence[int], extra: Sequence[int] = ()) -> int:
+    """Return the largest sum of two neighbours (the one in use and the one prefetched), each
+    pair with the larger of its two `extra` (what the group in use adds: a backward transpose)."""
+    more = list(extra) or [0] * len(sizes)
     if len(sizes) < 2:
-        return sum(sizes)
-    return max(a + b for a, b in zip(sizes, sizes[1:], strict=False))
+        return sum(sizes) + sum(more)
+    return max(a + b + max(x, y) for a, b, x, y in zip(sizes, sizes[1:], more, more[1:], strict=False))
