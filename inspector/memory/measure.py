@@ -368,7 +368,8 @@ def _stage_memory(
         from inspector.memory.fsdp_buffers import fsdp_in_flight, fsdp_state
 
         layouts = [chunk.fsdp() for chunk in chunks]
-        by_shard = {(d, e): StateBytes(*fsdp_state(layouts, d, e)) for _, d, e in ranks}
+        moments = job_optimizer_bytes(job).precision.moments()
+        by_shard = {(d, e): StateBytes(*fsdp_state(layouts, d, e, moments)) for _, d, e in ranks}
         in_flight = fsdp_in_flight(layouts)
     else:
         buffers = [buffer for chunk in chunks for buffer in chunk.buffers()]
