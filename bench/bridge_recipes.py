@@ -12,7 +12,8 @@ those arguments, --dp N / (tp x pp x cp)). Each recipe is then
 - modelled: the tool takes the job (its arguments, refusals and Megatron-LM's own checks), and
   with --run, `memory` itself runs to the end;
 - refused: the tool names what it does not model (the cause is the refused argument), or the
-  recipe trains something no Megatron-LM argument says (LoRA, a model without a preset);
+  recipe trains something no Megatron-LM argument says (a model without a preset; LoRA is
+  the tool's --lora-rank);
   packed sequences are Megatron-LM's --sft, one document per sequence;
 - error: the tool stops with an `Error:` about the job (a layout Megatron-LM would refuse);
 - failed: the recipe could not be read, or the tool raised anything else (a traceback: a bug).
