@@ -107,7 +107,7 @@ def test_layernorm_linear_returns_its_norm_output_as_bridge_asks():
     # return_layernorm_output_gathered: peft/utils.py 620-643) on TELayerNormColumnParallelLinear;
     # TE 2.20.2 layernorm_linear.py 283-288 and 619-625 return the norm output, gathered over tp
     # in high precision (s x tp rows), and do not save it for a frozen weight (502)
-    from tests.test_te_engine import B, OUT, S, _functions, _meta, _setup
+    from tests.test_te_engine import OUT, B, S, _functions, _meta, _setup
 
     f = _functions()
     x, frozen, empty = _meta(S, B, H), _meta(OUT, H, grad=False), _meta(0, grad=False)
