@@ -133,3 +133,18 @@ def test_bad_lora_flags_name_the_flag(cli, extra, message):
     result = cli("params", *SMALL, *extra)
     assert (result.code, result.out) == (2, "")
     assert result.err.startswith("Error: ") and message in result.err, result.err
+
+
+def test_frozen_rows_have_no_owner_and_no_preconditioner_and_read_back(cli, tmp_path):
+    # megatron's buffers and optimizer hold no frozen parameter: nobody owns its optimizer work
+    rows = _rows(cli, *LORA, "--dp", "2")
+    frozen = rows["decoder.layers.0.self_attention.linear_qkv.to_wrap.weight"]
+    adapter = rows["decoder.layers.0.self_attention.linear_qkv.adapter.linear_in.weight"]
+    assert (frozen["partitioning_ranks"], frozen["precs"]) == ([], [])
+    assert adapter["partitioning_ranks"] == [0] and adapter["precs"] == [[RANK // TP] * 2, [H, H]]
+    table = tmp_path / "lora.csv"
+    assert cli("params", *SMALL, *LORA, "--dp", "2", "-o", str(table)).code == 0
+    assert "linear_qkv.to_wrap.weight;TELayerNormColumnParallelLinear" in table.read_text()
+    assert f";({QKV // TP}, {H});;[]\n" in table.read_text()
+    again = cli("params", *SMALL, *LORA, "--dp", "2", "--check", str(table))
+    assert again.code == 0, again.err

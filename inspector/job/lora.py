@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from inspector.errors import ConfigError
+from inspector.job.checks import check_at_most
 
 # Bridge's LoRA.target_modules default (lora.py 143-145), and the names it can target here
 LORA_TARGETS: tuple[str, ...] = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
@@ -45,6 +46,7 @@ def lora_values(args: Mapping[str, Any]) -> dict[str, Any]:
         return {}
     if rank < 1:
         raise ConfigError(f"--lora-rank {rank} must be at least 1 (Bridge's LoRA dim)")
+    check_at_most("--lora-rank", rank)
     return {"lora_rank": int(rank), "lora_target_modules": parse_targets(targets)}
 
 

@@ -282,9 +282,12 @@ def state_bytes(
 def frozen_bytes(chunks: Sequence[Any]) -> int:
     """Return the bytes of a stage's parameters that need no gradient: megatron's DDP lays out
     only those that do (distributed_data_parallel.py `if not param.requires_grad: continue`), the
-    others stay the tensors the model built (LoRA's frozen model, world/lora.py)."""
-    return sum(p.numel() * p.element_size() for chunk in chunks
-               for p in chunk.module.parameters() if not p.requires_grad)  # fmt: skip
+    others stay the tensors the model built (LoRA's frozen model, world/lora.py): Transformer
+    Engine's quantized weights the bytes they store (data, transposes, scales)."""
+    from inspector.world.te.float8_tensor import stored_bytes
+
+    frozen = [p for chunk in chunks for p in chunk.module.parameters() if not p.requires_grad]
+    return sum(stored_bytes(p) or p.numel() * p.element_size() for p in frozen)
 
 
 def measure(built: BuiltJob, hardware: Hardware) -> MemoryReport:
