@@ -148,3 +148,10 @@ def test_frozen_rows_have_no_owner_and_no_preconditioner_and_read_back(cli, tmp_
     assert f";({QKV // TP}, {H});;[]\n" in table.read_text()
     again = cli("params", *SMALL, *LORA, "--dp", "2", "--check", str(table))
     assert again.code == 0, again.err
+
+
+def test_plan_refuses_lora_by_name(cli):
+    # the planner composes a stage's memory from trained pieces: no frozen weights in it
+    result = cli("plan", "--gpus", "8", "--global-batch-size", "16", *SMALL[:-3], *LORA)
+    assert (result.code, result.out) == (2, "")
+    assert result.err.startswith("Error: plan does not price --lora-rank")

@@ -153,7 +153,7 @@ class Job:
         validate_model(self.model)
         validate_layout(self.model, self.layout)
         check_dsa_layout(self.model, self.layout.cp)
-        check_lora(self.model, self.layout.tp)
+        check_lora(self.model, self.layout.tp, self.training)
         if self.model.hybrid:
             uneven = (self.layout.decoder_first_pipeline_num_layers is not None
                       or self.layout.decoder_last_pipeline_num_layers is not None)  # fmt: skip

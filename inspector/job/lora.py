@@ -50,12 +50,17 @@ def lora_values(args: Mapping[str, Any]) -> dict[str, Any]:
     return {"lora_rank": int(rank), "lora_target_modules": parse_targets(targets)}
 
 
-def check_lora(model: Any, tp: int) -> None:
+def check_lora(model: Any, tp: int, training: Any) -> None:
     """Raise ConfigError where the adapters cannot be built as Bridge builds them, or are not
-    modelled (a ModelConfig and the tensor-parallel size)."""
+    modelled (a ModelConfig, the tensor-parallel size and the Training, job.py's records)."""
     rank = model.lora_rank
     if rank is None:
         return
+    if training.megatron_fsdp or training.torch_fsdp2 or training.optimizer != "adam":
+        raise ConfigError(
+            "--lora-rank is modelled with megatron's DistributedDataParallel and Adam (the "
+            "recipes' distributed optimizer): a frozen model under FSDP or Muon is not simulated"
+        )
     column = [t for t in model.lora_target_modules if t in COLUMN_TARGETS]
     if column and rank % tp:
         # megatron's ColumnParallelLinear: divide(output_size, world_size) asserts divisibility
