@@ -279,17 +279,6 @@ def state_bytes(
     return StateBytes(weights, gradients, held, kept, sum(b.numel for b in buffers), view, frozen)
 
 
-def frozen_bytes(chunks: Sequence[Any]) -> int:
-    """Return the bytes of a stage's parameters that need no gradient: megatron's DDP lays out
-    only those that do (distributed_data_parallel.py `if not param.requires_grad: continue`), the
-    others stay the tensors the model built (LoRA's frozen model, world/lora.py): Transformer
-    Engine's quantized weights the bytes they store (data, transposes, scales)."""
-    from inspector.world.te.float8_tensor import stored_bytes
-
-    frozen = [p for chunk in chunks for p in chunk.module.parameters() if not p.requires_grad]
-    return sum(stored_bytes(p) or p.numel() * p.element_size() for p in frozen)
-
-
 def measure(built: BuiltJob, hardware: Hardware) -> MemoryReport:
     """Size every built stage's buffers with megatron's DDP and return the report.
 
@@ -365,7 +354,7 @@ def _stage_memory(
         buffers = [buffer for chunk in chunks for buffer in chunk.buffers()]
         distributed = training.use_distributed_optimizer
         each = job_optimizer_bytes(job)
-        frozen = frozen_bytes(chunks)
+        frozen = sum(chunk.frozen_bytes() for chunk in chunks)
         by_shard = {(d, e): state_bytes(buffers, distributed, d, e, each, frozen=frozen)
                     for _, d, e in ranks}  # fmt: skip
         if training.optimizer in MUON:  # megatron's Muon: whole matrices per rank (engine/muon.py)
