@@ -123,7 +123,10 @@ def recipe_args(cfg: Record, gpus: int) -> tuple[str | None, dict[str, Any], lis
         args["cuda_graph_impl"], args["cuda_graph_scope"] = "local", ["full_iteration"]
     if args.get("cuda_graph_impl") == "none":
         args.pop("cuda_graph_impl")
-        args.pop("cuda_graph_scope", None)
+        if not args.get("external_cuda_graph"):
+            # megatron-core reads external_cuda_graph as cuda_graph_impl transformer_engine,
+            # with the scope (TransformerConfig.__post_init__)
+            args.pop("cuda_graph_scope", None)
     elif not args.get("cuda_graph_scope"):
         args.pop("cuda_graph_scope", None)
     if not args.get("fine_grained_activation_offloading"):
@@ -156,7 +159,7 @@ def recipe_args(cfg: Record, gpus: int) -> tuple[str | None, dict[str, Any], lis
     _ddp(args, _section(cfg, "ddp"), _section(cfg, "mixed_precision"))
     _optimizer(args, _section(cfg, "optimizer"))
     _comm_overlap(args, cfg.fields.get("comm_overlap"), gpus)
-    _put(args, "ckpt_format", _section(cfg, "checkpoint").fields.get("ckpt_format"))
+    _checkpoint(args, _section(cfg, "checkpoint"))
     train = _section(cfg, "train")
     _put(args, "micro_batch_size", train.fields.get("micro_batch_size"))
     _put(args, "global_batch_size", train.fields.get("global_batch_size"))
@@ -286,6 +289,15 @@ def _optimizer(args: dict[str, Any], opt: Record) -> None:
         _put(args, name, opt.fields.get(name))
     if args.get("optimizer") in (False, None):
         args.pop("optimizer", None)
+    # Bridge wraps the model in DDP without asking for the layer-wise parameter layout
+    # (training/setup.py _build_distributed_model and models/model_provider.py get_model call
+    # Megatron-LM's dist_utils._ddp_wrap, whose use_layer_wise_distributed_optimizer is False), so
+    # megatron-core 0.18+'s get_megatron_optimizer builds dist_muon on its legacy path: Megatron-LM's
+    # --no-use-layer-wise-param-layout, an argument of 0.18+
+    from inspector.inputs.versions import megatron_core_version  # the checkout's (main's path)
+
+    if args.get("optimizer") == "dist_muon" and megatron_core_version() >= (0, 18):
+        args["no_use_layer_wise_param_layout"] = True
     if not args.get("optimizer_cpu_offload"):
         args.pop("optimizer_cpu_offload", None)
     if opt.fields.get("use_precision_aware_optimizer"):
@@ -317,6 +329,28 @@ def _comm_overlap(args: dict[str, Any], overlap: Any, gpus: int) -> None:
                  "overlap_param_gather"):  # fmt: skip
         if args.get(name) is False:
             args.pop(name)
+    if args.get("overlap_param_gather") and not args.get("overlap_grad_reduce"):
+        # DeepSeek-V3's H100 recipes overlap the param all-gather but not the grad reduce:
+        # megatron-core's DDP runs that (distributed_data_parallel.py registers the forward
+        # pre-hooks on overlap_param_gather alone; param_and_grad_buffer.py asserts nothing of
+        # overlap_grad_reduce for it) and Bridge checks nothing of it; only Megatron-LM's
+        # validate_args refuses it ("Must use --overlap-param-gather with --overlap-grad-reduce").
+        # The tool builds megatron's DDP without overlap_param_gather in every job (it models
+        # when the all-gather runs in neither), so the job without it is the one it models
+        args.pop("overlap_param_gather")
+
+
+def _checkpoint(args: dict[str, Any], checkpoint: Record) -> None:
+    """The checkpoint format, as the job reads it. Bridge asks Megatron-FSDP for fsdp_dtensor only
+    when it saves or loads (training/config.py _validate_and_apply_megatron_fsdp_v1_configs: "if
+    self.checkpoint.save is not None or self.checkpoint.load is not None: assert ckpt_format ==
+    'fsdp_dtensor'"); a perf recipe does neither (_benchmark_common: save and load None), so its
+    format is never read. Megatron-LM's validate_args asks for it always ("Megatron FSDP only
+    supports fsdp_dtensor checkpoint format"): the same job is --ckpt-format fsdp_dtensor."""
+    _put(args, "ckpt_format", checkpoint.fields.get("ckpt_format"))
+    saves = any(checkpoint.fields.get(name) is not None for name in ("save", "load"))
+    if args.get("use_megatron_fsdp") and not saves:
+        args["ckpt_format"] = "fsdp_dtensor"
 
 
 def _peft(args: dict[str, Any], cfg: Record) -> list[str]:

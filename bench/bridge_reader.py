@@ -45,6 +45,12 @@ class _Class:
 _PURE = {"len": len, "str": str, "int": int, "float": float, "bool": bool, "list": list,
          "dict": dict, "set": set, "tuple": tuple, "min": min, "max": max, "any": any, "all": all,
          "sorted": sorted, "range": range, "abs": abs}  # fmt: skip
+# torch.cuda.get_device_capability() of the GPU a recipe folder names (NVIDIA's CUDA GPU compute
+# capability table, developer.nvidia.com/cuda-gpus: H100 9.0, B200/GB200 10.0, B300/GB300 10.3);
+# Bridge's DeepSeek-V4 recipes turn fused kernels on from it (deepseek_v4_bridge.py
+# deepseek_v4_supports_blackwell_fused_kernels: `major >= 10`). A GPU not named here stays unread.
+CAPABILITY = {"h100": (9, 0), "b200": (10, 0), "gb200": (10, 0), "b300": (10, 3),
+              "gb300": (10, 3)}  # fmt: skip
 # calls that only log or warn: nothing a recipe holds
 _SILENT = ("print", "logger.", "logging.", "warnings.warn", "print_rank_0", "log.")
 
@@ -55,6 +61,7 @@ class Reader(Evaluator):
 
     def __init__(self, src: Path, core: Path | None = None) -> None:
         self.src = src
+        self.gpu = ""  # the recipe's GPU (its folder): what torch.cuda answers
         self.modules: dict[str, dict[str, Any]] = {}
         self.defaults = _core_defaults(core) if core is not None else {}
 
@@ -270,6 +277,9 @@ class Reader(Evaluator):
             raise Unreadable(f"call of {dotted}")
         if isinstance(owner, HFModel) and name in ("get_model_config", "to_megatron_provider"):
             return Record("HFModelProvider", (), {"hf_id": owner.hf_id})
+        if isinstance(owner, Opaque) and owner.name == "torch.cuda" and self.gpu in CAPABILITY:
+            if name in ("is_available", "get_device_capability"):
+                return True if name == "is_available" else CAPABILITY[self.gpu]
         if isinstance(owner, Opaque):
             if owner.name.endswith("AutoBridge") and name == "from_hf_pretrained":
                 return HFModel(str(args[0]))

@@ -15,7 +15,10 @@ those arguments, --dp N / (tp x pp x cp)). Each recipe is then
   recipe trains something no Megatron-LM argument says (a model without a preset; LoRA is
   the tool's --lora-rank);
   packed sequences are Megatron-LM's --sft, one document per sequence;
-- error: the tool stops with an `Error:` about the job (a layout Megatron-LM would refuse);
+- error: the tool stops with an `Error:` about the job (a layout megatron-core would refuse);
+  Bridge runs no Megatron-LM validate_args, so the job is read as Bridge and megatron-core run
+  it (bridge_job.py: the checkpoint format of a Megatron-FSDP recipe that never saves, the
+  overlaps CommOverlapConfig sets; bridge_reader.py: torch.cuda answers the recipe's GPU);
 - failed: the recipe could not be read, or the tool raised anything else (a traceback: a bug).
 
 Prints one table per model family and GPU, then the causes. Language models only (Bridge's
@@ -137,6 +140,7 @@ def _one(reader: Reader, family: str, gpu: str, module: str, function: str, run:
     def done(status: str, cause: str) -> Outcome:
         return Outcome(family, gpu, function, status, cause)
 
+    reader.gpu = gpu
     try:
         cfg = reader.apply(reader.lookup(module, function), [], {}, function)
     except Unreadable as error:
@@ -162,8 +166,9 @@ def show(checkout: Path, name: str) -> str:
     """Return one recipe's preset, GPUs and Megatron-LM arguments, as the bench gives them."""
     src = checkout / "src"
     reader = Reader(src, _megatron_core())
-    for _family, _gpu, module, function in recipes(src, None):
+    for _family, gpu, module, function in recipes(src, None):
         if function == name:
+            reader.gpu = gpu
             cfg = reader.apply(reader.lookup(module, function), [], {}, function)
             match = _NAME.search(function)
             gpus = int(match.group(1)) if match else 0

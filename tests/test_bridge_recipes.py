@@ -32,6 +32,12 @@ _FILES = {
             overlap_grad_reduce: bool = False
             overlap_param_gather: bool = False
             grad_reduce_in_fp32: bool = True
+            use_megatron_fsdp: bool = False
+        @dataclass
+        class CheckpointConfig:
+            ckpt_format: str = "torch_dist"
+            save: str = None
+            load: str = None
         @dataclass
         class TokenizerConfig:
             tokenizer_type: str = None
@@ -42,6 +48,7 @@ _FILES = {
             tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
             train: TrainingConfig = field(default_factory=TrainingConfig)
             ddp: DDPConfig = field(default_factory=DDPConfig)
+            checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
             mixed_precision: object = None
             comm_overlap: object = None
             peft: object = None
@@ -160,6 +167,33 @@ _FILES = {
             cfg.model.mtp_use_repeated_layer = True
             return cfg
     """,
+    "perf_recipes/deepseek/b200/deepseek.py": """
+        import torch
+        from megatron.bridge.recipes.llama import llama3_70b_pretrain_config
+        from megatron.bridge.training.comm_overlap import CommOverlapConfig
+        def _blackwell():
+            if not torch.cuda.is_available():
+                return False
+            major, _minor = torch.cuda.get_device_capability()
+            return major >= 10
+        def llama3_70b_pretrain_64gpu_b200_fsdp_config():
+            cfg = llama3_70b_pretrain_config()
+            cfg.ddp.use_megatron_fsdp = True
+            cfg.train.global_batch_size = 64
+            cfg.train.micro_batch_size = 1
+            return cfg
+        def llama3_70b_pretrain_64gpu_b200_saves_config():
+            cfg = llama3_70b_pretrain_64gpu_b200_fsdp_config()
+            cfg.checkpoint.save = "/checkpoints"
+            return cfg
+        def llama3_70b_pretrain_64gpu_b200_gather_config():
+            cfg = llama3_70b_pretrain_config()
+            cfg.model.tensor_model_parallel_size = 4
+            cfg.model.sequence_parallel = _blackwell()
+            cfg.train.micro_batch_size = 1
+            cfg.comm_overlap = CommOverlapConfig(overlap_grad_reduce=False)
+            return cfg
+    """,
     "perf_recipes/gpt_oss/h100/gpt_oss.py": """
         from megatron.bridge.models import AutoBridge
         from megatron.bridge.training.config import ConfigContainer
@@ -276,6 +310,45 @@ def test_the_new_models_outcomes(bridge: Path) -> None:
             ("modelled", "") if repeated else ("refused", "--mtp-use-repeated-layer")),
         "gpt_oss_20b_pretrain_8gpu_h100_bf16_config": ("modelled", ""),
     }
+
+
+def test_what_bridge_runs_and_megatron_lm_would_refuse(bridge: Path) -> None:
+    import bridge_recipes
+
+    # Megatron-FSDP: Bridge asks for fsdp_dtensor only when it saves or loads (training/config.py);
+    # a recipe that does neither never reads its format, so the job is --ckpt-format fsdp_dtensor
+    assert _show(bridge, "llama3_70b_pretrain_64gpu_b200_fsdp_config")["arguments"][
+        "ckpt_format"] == "fsdp_dtensor"  # fmt: skip
+    assert _show(bridge, "llama3_70b_pretrain_64gpu_b200_saves_config")["arguments"][
+        "ckpt_format"] == "torch_dist"  # fmt: skip
+    # the param all-gather overlapped without the grad reduce: megatron-core runs it, only
+    # Megatron-LM's validate_args refuses it, and the tool models neither overlap of the gather
+    got = _show(bridge, "llama3_70b_pretrain_64gpu_b200_gather_config")["arguments"]
+    assert "overlap_param_gather" not in got and "overlap_grad_reduce" not in got
+    # torch.cuda.get_device_capability() is the recipe's GPU's (a B200: 10.0)
+    assert got["sequence_parallel"] is True
+    outcomes = {o.name: (o.status, o.cause) for o in bridge_recipes.run_all(
+        bridge, run=False, families=("deepseek",))}  # fmt: skip
+    assert outcomes["llama3_70b_pretrain_64gpu_b200_fsdp_config"] == ("modelled", "")
+    assert outcomes["llama3_70b_pretrain_64gpu_b200_gather_config"] == ("modelled", "")
+    saves = outcomes["llama3_70b_pretrain_64gpu_b200_saves_config"]
+    assert saves[0] == "error" and "fsdp_dtensor" in saves[1]
+
+
+@pytest.mark.parametrize("optimizer", ["dist_muon", "adam"])
+def test_bridge_s_dist_muon_is_the_legacy_layer_wise_path(monkeypatch, optimizer) -> None:
+    # Bridge's DDP wrap (Megatron-LM's dist_utils._ddp_wrap) is never asked for the layer-wise
+    # parameter layout, so megatron-core 0.18+ builds its dist_muon on the legacy path
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bridge_job
+    from bridge_eval import Record
+
+    from inspector.inputs.versions import megatron_core_version
+
+    args: dict = {}
+    bridge_job._optimizer(args, Record("OptimizerConfig", fields={"optimizer": optimizer}))
+    legacy = optimizer == "dist_muon" and megatron_core_version() >= (0, 18)
+    assert args == {"optimizer": optimizer} | ({"no_use_layer_wise_param_layout": True} if legacy else {})
 
 
 def test_a_lora_recipe_is_the_tools_lora_flags(bridge: Path) -> None:

@@ -246,15 +246,14 @@ def test_before_megatron_core_0_16_the_graphs_are_refused(monkeypatch):
 
 
 @needs_graphs
-def test_the_moe_overlaps_capture_order_is_refused_by_name():
+def test_whole_layer_graphs_with_the_moe_overlap_are_megatrons_refusal():
     from inspector.errors import ConfigError
 
-    # transformer/cuda_graphs.py _get_cuda_graph_input_data: with the MoE all-to-all overlap the
-    # order is get_overlap_moe_expert_parallel_comm_order's, one layer a chunk
+    # transformer_layer.py _te_cuda_graph_replay: the overlap runs the MLP outside the graph
     moe = dict(num_experts=4, moe_router_topk=2, expert_model_parallel_size=2, data_parallel_size=2,
                moe_token_dispatcher_type="alltoall", moe_grouped_gemm=True,
                overlap_moe_expert_parallel_comm=True, cuda_graph_impl="transformer_engine")  # fmt: skip
-    with pytest.raises(ConfigError, match="with --overlap-moe-expert-parallel-comm is not modelled"):
+    with pytest.raises(ConfigError, match="'EP overlap must be disabled when CUDA graph captures"):
         _job(**moe)
 
 

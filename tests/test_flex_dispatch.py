@@ -8,6 +8,7 @@ import json
 from fractions import Fraction
 from itertools import combinations
 from math import comb
+from pathlib import Path
 
 import pytest
 
@@ -396,3 +397,15 @@ def test_the_all_to_all_overlap_replays_the_flex_exchange(monkeypatch) -> None:
     caches.clear()
     assert result.code == 0, result.err
     assert seen and all(s == pytest.approx(QWEN_EXCHANGE, rel=1e-12) for s in seen)
+
+
+def test_one_rank_is_refused_where_megatron_core_asserts_it() -> None:
+    # MoEFlexTokenDispatcher: 0.13-0.16 assert TPxEP > 1 for every backend; 0.19 in the DeepEP
+    # branch only (HybridEP is built over one rank)
+    import megatron.core
+
+    from inspector.job.flex import one_rank_refused
+
+    source = (Path(megatron.core.__file__).parent / "transformer/moe/token_dispatcher.py").read_text()
+    assert one_rank_refused("deepep")
+    assert one_rank_refused("hybridep") == ("Flex token dispatcher requires TPxEP > 1" in source)

@@ -109,9 +109,10 @@ def test_gated_norm_registers_like_mamba_ssm():
         # megatron's mamba_stack_spec is Transformer Engine's
         (("--hybrid-override-pattern", "M*M-", "--transformer-impl", "local"),
          "--transformer-impl local cannot build a hybrid model"),
-        # MambaStack asserts no virtual pipeline
+        # megatron refuses virtual stages without the pattern's '|' segments
         (("--hybrid-override-pattern", "M*M-", "--pp", "2",
-          "--num-layers-per-virtual-pipeline-stage", "1"), "a hybrid model cannot be interleaved"),
+          "--num-layers-per-virtual-pipeline-stage", "1"),
+         "a hybrid model without '|' in its --hybrid-layer-pattern cannot be interleaved"),
     ],
 )
 def test_bad_hybrid_arguments(cli, args, error):

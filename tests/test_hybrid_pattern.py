@@ -33,7 +33,6 @@ def separators(monkeypatch):
 
 @pytest.mark.parametrize(("pattern", "pp", "uneven", "error"), [
     ("M*|M-|", 2, False, "has 3 pipeline segments, not divisible by --pp 2 (3 % 2 = 1)"),
-    ("M|*|M|-", 2, False, "2 virtual stages per pipeline rank are not modelled yet"),
     ("M*|M-", 2, True, "--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers"),
 ])  # fmt: skip
 def test_separators_follow_megatron_lm_validate_args(separators, pattern, pp, uneven, error):
@@ -47,11 +46,54 @@ def test_one_segment_a_stage_is_accepted(separators):
     hybrid_model.validate_hybrid(ModelConfig(**HIDDEN, hybrid_override_pattern="M*M|-"), 1, 2)
 
 
+def test_more_segments_than_stages_are_virtual_stages(separators):
+    # Megatron-LM 0.17+ validate_args "Derive VPP from pipe segments in the pattern", and
+    # megatron-core's select_pipeline_segment builds segment vp_stage x pp + pp_rank per chunk
+    model = ModelConfig(**HIDDEN, hybrid_override_pattern="M|*|M|-")
+    hybrid_model.validate_hybrid(model, 1, 2, vpp=2)
+    with pytest.raises(ConfigError, match=r"4 pipeline segments, but --pp 2 x 4 virtual stages"):
+        hybrid_model.validate_hybrid(model, 1, 2, vpp=4)
+    no_pipes = ModelConfig(**HIDDEN, hybrid_override_pattern="M*M-")
+    with pytest.raises(ConfigError, match=r"without '\|' in its --hybrid-layer-pattern cannot be "):
+        hybrid_model.validate_hybrid(no_pipes, 1, 2, vpp=2)
+
+
+def test_the_pattern_sets_the_virtual_pipeline_size_as_megatron_lm_does(monkeypatch):
+    monkeypatch.setattr(hybrid_pattern, "megatron_core_version", lambda: (0, 19))
+    merged = {"hybrid_layer_pattern": "M-|M*|-M|*M", "pipeline_model_parallel_size": 2}
+    hybrid_pattern.layer_pattern(merged)
+    assert merged["num_virtual_stages_per_pipeline_rank"] == 2
+    merged = {"hybrid_layer_pattern": "M-|M*|-M|*M", "pipeline_model_parallel_size": 4}
+    hybrid_pattern.layer_pattern(merged)  # one segment a stage: none set
+    assert "num_virtual_stages_per_pipeline_rank" not in merged
+    with pytest.raises(ConfigError, match="4 pipeline segments for --pp 1: Megatron-LM makes them"):
+        hybrid_pattern.layer_pattern({"hybrid_layer_pattern": "M-|M*|-M|*M"})
+    merged = {"hybrid_layer_pattern": "M-|M*|-M|*M", "pipeline_model_parallel_size": 2,
+              "num_virtual_stages_per_pipeline_rank": 4}  # read after it, as Megatron-LM does
+    hybrid_pattern.layer_pattern(merged)
+    assert merged["num_virtual_stages_per_pipeline_rank"] == 4
+
+
+@pytest.mark.skipif(megatron_core_version() < (0, 17), reason="'|' stage boundaries: 0.17+")
+def test_each_chunk_builds_its_segment(cli):
+    # pp 2 with 4 segments: rank 0 holds segments 0 and 2, rank 1 segments 1 and 3
+    # (select_pipeline_segment: segment_index = vp_stage * pp_size + pp_rank)
+    result = cli("params", "--hybrid-layer-pattern", "M-|M*|-M|*M", "--pp", "2",
+                 "--hidden-size", "256", "--num-attention-heads", "8", "--vocab-size", "1000")
+    assert result.code == 0, result.err
+    heads = [line.split(":")[0] + ":" + line.split(":")[1].split(",")[0]
+             for line in result.out.splitlines() if line.startswith("# stage")]
+    assert heads == ["# stage 0 chunk 0: layers 0-1", "# stage 0 chunk 1: layers 4-5",
+                     "# stage 1 chunk 0: layers 2-3", "# stage 1 chunk 1: layers 6-7"], heads
+    assert "decoder.layers.4.mlp.linear_fc1.weight" in result.out  # segment 2 is "-M"
+
+
 def test_layer_pattern_replaces_num_layers_as_megatron_lm_does(monkeypatch):
     monkeypatch.setattr(hybrid_pattern, "megatron_core_version", lambda: (0, 19))
-    merged = {"hybrid_layer_pattern": "M*M|-", "num_layers": 8}
+    merged = {"hybrid_layer_pattern": "M*M|-", "num_layers": 8, "pipeline_model_parallel_size": 2}
     notes = hybrid_pattern.layer_pattern(merged)
-    assert merged == {"hybrid_override_pattern": "M*M|-", "num_layers": 4}
+    assert merged == {"hybrid_override_pattern": "M*M|-", "num_layers": 4,
+                      "pipeline_model_parallel_size": 2}
     assert notes == ["Note: --hybrid-layer-pattern has 4 layers; --num-layers 8 is ignored, as "
                      "Megatron-LM ignores it"]  # fmt: skip
     merged = {"hybrid_layer_pattern": "M*M-/M*/M*", "mtp_num_layers": 1}

@@ -18,9 +18,8 @@ import pytest
 VERSION = tuple(int(p) for p in megatron.core.__version__.split(".")[:2])
 MUON_KNOWN = VERSION >= (0, 16)  # Megatron-LM's --optimizer choices gained muon in core_v0.16.0
 # megatron-core 0.16-0.17's optimizer/muon.py and 0.18-0.19's emerging-optimizers registry build
-# --optimizer muon here; the layer-wise dist_muon only 0.16-0.17's (tests/test_muon.py)
+# --optimizer muon here, and the layer-wise dist_muon (tests/test_muon.py, test_muon_layout.py)
 MUON_MODELLED = (0, 16) <= VERSION < (0, 20)
-LAYER_WISE_MODELLED = (0, 16) <= VERSION < (0, 18)
 
 MODEL_ARGS = """\
 ENV_VARS:
@@ -61,9 +60,8 @@ def test_muon_is_refused_by_name_with_every_other_refusal(tmp_path, cli):
     version = f"{VERSION[0]}.{VERSION[1]}"
     fact = f"--optimizer muon is a choice of Megatron-LM 0.16+; this tool builds with megatron-core {version}"
     later = ("--optimizer muon is not modelled: this megatron-core's Muon is not run by this tool "
-             "(it runs megatron-core 0.16-0.19's --optimizer muon, and 0.16-0.17's layer-wise "
-             "dist_muon; 0.18 lays the layer-wise optimizer's matrices out in the DDP buffers beside "
-             f"a distributed Adam) ({fact}); ")  # fmt: skip
+             "(it runs megatron-core 0.16-0.19's --optimizer muon and layer-wise dist_muon) "
+             f"({fact}); ")  # fmt: skip
     muon = ("" if MUON_MODELLED else later if MUON_KNOWN else
             f"--optimizer muon is refused by Megatron-LM: {fact}, whose Megatron-LM stops with "
             "'invalid choice'; ")  # fmt: skip
@@ -98,7 +96,7 @@ def test_muon_in_a_plain_config_and_a_script(tmp_path, cli):
                    "train.sh")  # fmt: skip
     for argv, shown in ((("--config", plain), "--optimizer dist_muon"),
                         (("--from-script", script), "--optimizer lion")):  # fmt: skip
-        if LAYER_WISE_MODELLED and "dist_muon" in shown:
+        if MUON_MODELLED and "dist_muon" in shown:
             continue  # modelled (tests/test_muon.py)
         result = cli("memory", *argv)
         assert result.code == 2

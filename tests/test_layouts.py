@@ -242,7 +242,7 @@ def test_topology_expert_groups_golden(cli, golden):
          "--num-experts 3 is not divisible by --expert-model-parallel-size 2 (3 % 2 = 1)"),
         # expert groups are carved out of tp x cp x dp ranks
         ("--num-layers 2 --num-experts 4 --ep 4 --dp 2",
-         "--expert-model-parallel-size 4 x --expert-tensor-parallel-size 1 = 4 does not divide --tp 1 x --context-parallel-size 1 x --dp 2 = 2 (megatron carves expert groups out of those ranks)"),
+         "--expert-model-parallel-size 4 x --expert-tensor-parallel-size 1 = 4 does not divide --tp 1 x --context-parallel-size 1 x --dp 2 = 2 (megatron carves expert groups out of those ranks; megatron-core's initialize_model_parallel raises 'world_size (2) is not divisible by expert_tensor_model_pipeline_parallel size (4)')"),
         # megatron's local attention refuses context parallelism (TE's takes it)
         ("--context-parallel-size 2",
          "--context-parallel-size 2 needs --transformer-impl transformer_engine: megatron-core's local DotProductAttention refuses context parallelism"),

@@ -136,17 +136,6 @@ def test_what_megatron_lm_0_16_refuses_with_muon(cli, flags, said):
     assert result.err.strip() == f"Error: {said}", result.err
 
 
-@pytest.mark.skipif(not muon_registry(), reason="0.18+ only")
-def test_the_layer_wise_parameter_layout_is_refused_by_name(cli):
-    # core_v0.18.2 / core_v0.19.2 training.py wrap_model_chunks_with_ddp: by default
-    # (use_layer_wise_param_layout) the layer-wise optimizer's matrices are laid out in the DDP
-    # buffers and the other parameters go to a DistributedOptimizer: not run here
-    result = cli("memory", *MODEL, "--micro-batch-size", "1", "--optimizer", "dist_muon")
-    assert result.code == 2
-    assert result.err.startswith("Error: --optimizer dist_muon is not modelled on this megatron-core "
-                                 "without --no-use-layer-wise-param-layout"), result.err  # fmt: skip
-
-
 @pytest.mark.skipif(VERSION != (0, 17), reason="Megatron-LM 0.17's checks")
 @pytest.mark.parametrize(("optimizer", "flag", "said"), [
     ("muon", "--overlap-grad-reduce", "--optimizer muon with --overlap-grad-reduce is refused by "
@@ -165,18 +154,6 @@ def test_what_megatron_lm_0_17_refuses_with_muon(cli, optimizer, flag, said):
                  flag)  # fmt: skip
     assert result.code == 2
     assert result.err.strip() == f"Error: {said}", result.err
-
-
-@pytest.mark.skipif(not muon_registry(), reason="Megatron-LM 0.18+'s checks")
-def test_megatron_lm_0_18_makes_muon_with_the_distributed_optimizer_layer_wise(cli):
-    # core_v0.18.2 / core_v0.19.2 arguments.py validate_args, "emerging optimizer check":
-    # --use-distributed-optimizer sets use_layer_wise_distributed_optimizer (0.16 refused it)
-    result = cli("memory", *MODEL, "--micro-batch-size", "1", "--dp", "2", "--optimizer", "muon",
-                 "--use-distributed-optimizer")  # fmt: skip
-    assert result.code == 2
-    assert result.err.startswith("Error: --optimizer muon with --use-distributed-optimizer is not "
-                                 "modelled on this megatron-core: Megatron-LM 0.18+ turns it into "
-                                 "the layer-wise distributed optimizer"), result.err  # fmt: skip
 
 
 @needs_muon

@@ -19,6 +19,33 @@ def _training(name: str, type_: type, help_: str, **kw: object) -> ArgSpec:
     return ArgSpec(name, type_, help_, "training", **kw)  # type: ignore[arg-type]
 
 
+_KV = "the GRPO rollout engine's KV cache (train_rl.py --perform-rl-step)"
+# the rollout engine's context, as Megatron-LM sizes it (job/rollout.py): name -> (type, what)
+_CONTEXT_SIZES: dict[str, tuple[type, str]] = {
+    "inference_dynamic_batching_buffer_size_gb": (float, "GiB of blocks (default 40)"),
+    "inference_dynamic_batching_paused_buffer_size_gb": (
+        float, "more GiB of blocks with unified memory level 1 (default none)"),
+    "inference_dynamic_batching_block_size": (int, "tokens a block holds (default 256)"),
+    "inference_max_seq_length": (int, "longest rollout: the block table's width (default 2560)"),
+    "inference_dynamic_batching_max_requests": (int, "requests tracked (default: one a block)"),
+    "inference_dynamic_batching_max_tokens": (int, "tokens a step tracks (default 16384)"),
+    "inference_dynamic_batching_unified_memory_level": (
+        int, "1: in CUDA unified memory, counted all the same (default 0)"),
+    "inference_dynamic_batching_num_cuda_graphs": (
+        int, "its steps' CUDA graphs (--cuda-graph-impl local), deleted before the training step"),
+}
+RL_ARGUMENTS: tuple[ArgSpec, ...] = (
+    _training("perform_rl_step", bool, "train_rl.py's GRPO step: megatron-core's dynamic inference "
+              "engine generates the rollouts; `memory` counts the KV cache it keeps on the GPU "
+              "through the training step."),  # fmt: skip
+    *(_training(name, type_, f"{what[0].upper()}{what[1:]}: {_KV}.")
+      for name, (type_, what) in _CONTEXT_SIZES.items()),  # fmt: skip
+    _training("rl_kv_cache_management_mode", str,
+              f"Where {_KV} goes for the training step: persist (kept on the GPU, modelled).",
+              choices=("persist", "offload", "recompute")),  # fmt: skip
+)
+
+
 ARGUMENTS: tuple[ArgSpec, ...] = MODEL_ARGUMENTS + (
     # Parallel layout.
     _layout("tensor_model_parallel_size", int, "Tensor-parallel size.", aliases=("--tp",)),
@@ -158,6 +185,11 @@ ARGUMENTS: tuple[ArgSpec, ...] = MODEL_ARGUMENTS + (
         choices=("none", "local", "transformer_engine"),
     ),
     _training(
+        "external_cuda_graph",
+        bool,
+        "Megatron-LM's deprecated spelling of --cuda-graph-impl transformer_engine.",
+    ),
+    _training(
         "cuda_graph_warmup_steps",
         int,
         "Eager iterations before the graphs are captured (default 3); 0 captures them before the "
@@ -217,7 +249,8 @@ ARGUMENTS: tuple[ArgSpec, ...] = MODEL_ARGUMENTS + (
               choices=("fp32", "fp16", "bf16", "fp8")),
     _training("overlap_param_gather", bool, "Overlap the parameter all-gather (distributed optimizer)."),
     _layout("no_use_layer_wise_param_layout", bool, "megatron-core 0.18+: dist_muon's legacy "
-              "layer-wise optimizer (whole matrices dealt over the ranks; no DDP layout)."),
+              "layer-wise optimizer (whole matrices dealt over the ranks) instead of its layout "
+              "in DDP's buffers."),
     _training(
         "moe_token_dispatcher_type",
         str,
@@ -299,7 +332,7 @@ ARGUMENTS: tuple[ArgSpec, ...] = MODEL_ARGUMENTS + (
         bool,
         "Pad every expert's input to its capacity (needs --moe-expert-capacity-factor).",
     ),
-)
+) + RL_ARGUMENTS
 
 GROUPS = ("model", "layout", "training")
 

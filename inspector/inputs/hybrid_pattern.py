@@ -52,4 +52,27 @@ def layer_pattern(merged: dict[str, Any]) -> list[str]:
     if given is not None and int(given) != count:
         notes.append(f"Note: --hybrid-layer-pattern has {count} layers; --num-layers {given} is "
                      "ignored, as Megatron-LM ignores it")  # fmt: skip
+    _virtual_stages(pattern, merged)
     return notes
+
+
+_VIRTUAL_FLAGS = ("num_virtual_stages_per_pipeline_rank", "num_layers_per_virtual_pipeline_stage",
+                  "pipeline_model_parallel_layout")  # fmt: skip
+
+
+def _virtual_stages(pattern: str, merged: dict[str, Any]) -> None:
+    """Give the job the virtual pipeline size the pattern's `|` segments imply, as validate_args
+    does ("Derive VPP from pipe segments in the pattern": segments // --pp when there are more
+    segments than stages); a virtual-pipeline flag given too is read after it, as Megatron-LM
+    reads it (job/hybrid_model.py checks the two agree)."""
+    segments = pattern.split("/")[0].count("|") + 1
+    pp = int(merged.get("pipeline_model_parallel_size") or 1)
+    if segments <= pp or segments % pp or any(merged.get(f) is not None for f in _VIRTUAL_FLAGS):
+        return  # (segments that do not divide: job/hybrid_model.py says so)
+    if pp == 1:  # validate_args: "pipeline-model-parallel size should be greater than 1"
+        raise ConfigError(
+            f"--hybrid-layer-pattern has {segments} pipeline segments for --pp 1: Megatron-LM "
+            f"makes them {segments} virtual stages, and the interleaved schedule needs --pp larger "
+            "than 1 (give --pp, or drop the '|' boundaries)"
+        )
+    merged["num_virtual_stages_per_pipeline_rank"] = segments // pp

@@ -65,9 +65,11 @@ def merge_sources(sources: Sources, groups: tuple[str, ...], accepted: tuple[str
                 merged.pop(name, None)
         merged.update(layer)
     older = merged.get("hybrid_override_pattern")
-    if older is not None and "/" in str(older) and merged.get("hybrid_layer_pattern") is None:
+    separators = older is not None and ("/" in str(older) or "|" in str(older))
+    if separators and merged.get("hybrid_layer_pattern") is None:
         # Megatron-LM 0.17+ reads the deprecated spelling as --hybrid-layer-pattern (its MTP
-        # depths too); before 0.17, '/' is not a layer symbol (job/hybrid_model.py says so)
+        # depths and stage boundaries too); before 0.17, '/' and '|' are not layer symbols
+        # (job/hybrid_model.py says so)
         if megatron_core_version() >= FIRST:
             merged["hybrid_layer_pattern"] = older
     if merged.get("hybrid_layer_pattern") is not None:
@@ -95,8 +97,23 @@ def merge_sources(sources: Sources, groups: tuple[str, ...], accepted: tuple[str
             )
     if "training" in groups:
         notes.extend(local_spec_attention_note(merged))
+        _external_graphs(merged)
     args = {k: v for k, v in merged.items() if k not in BY_NAME or BY_NAME[k].group in groups}
     return Resolved(args, tuple(notes))
+
+
+def _external_graphs(merged: dict[str, Any]) -> None:
+    """Read --external-cuda-graph as Megatron-LM's validate_args does (arguments.py, 0.19.2;
+    megatron-core's TransformerConfig.__post_init__ alike since 0.16): --cuda-graph-impl
+    transformer_engine, Transformer Engine's per-layer graphs with --cuda-graph-scope's scope."""
+    if not merged.pop("external_cuda_graph", False):
+        return
+    impl = merged.get("cuda_graph_impl") or "none"
+    if impl != "none":
+        raise ConfigError(f"--external-cuda-graph with --cuda-graph-impl {impl}: Megatron-LM "
+                          "refuses it (validate_args: 'Do not use --enable-cuda-graph or "
+                          "--external-cuda-graph with --cuda-graph-impl.')")  # fmt: skip
+    merged["cuda_graph_impl"] = "transformer_engine"
 
 
 _PATTERNS = ("hybrid_override_pattern", "hybrid_layer_pattern")

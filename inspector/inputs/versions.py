@@ -314,12 +314,11 @@ CHOICE_VERSIONS: dict[tuple[str, str], tuple[int, int]] = {
 # the megatron-core releases whose Muon this tool runs, as [first, stop) ranges: 0.16-0.17's
 # optimizer/muon.py, and 0.18-0.19's optimizer/emerging_optimizers.py registry (muon.py a shim
 # there). The layer-wise optimizer (dist_muon; from 0.18 also muon with --use-distributed-optimizer)
-# as 0.16-0.17 build it, which 0.18+ keep behind --no-use-layer-wise-param-layout: by default 0.18
-# lays its matrices out in DDP's buffers (layer_wise_optimizer.py compute_full_param_layout) beside
-# a DistributedOptimizer for the other parameters, which this tool does not run yet
-# (job/optimizers.py refuses it by name).
+# as 0.16-0.17 build it, which 0.18+ keep behind --no-use-layer-wise-param-layout, and by default on
+# 0.18+ with its matrices laid out in DDP's buffers (layer_wise_optimizer.py
+# compute_full_param_layout) beside a DistributedOptimizer for the other parameters (world/ddp.py).
 MUON_RELEASES = (((0, 16), (0, 20)),)
-LAYER_WISE_RELEASES = (((0, 16), (0, 20)),)  # 0.18+: --no-use-layer-wise-param-layout only
+LAYER_WISE_RELEASES = (((0, 16), (0, 20)),)
 MUON_REGISTRY_SINCE = (0, 18)
 # the megatron-core releases whose --fp4-param-gather this tool runs (DistributedDataParallelConfig's
 # fp4_param_gather, the DistributedOptimizer's NVFP4 cast through Transformer Engine 2.14's

@@ -91,14 +91,18 @@ def check_cp_chunks(seq: int, cp: int) -> None:
         )
 
 
-def check_expert_groups(ep: int, etp: int, tp: int, cp: int, dp: int) -> None:
-    """Megatron carves expert groups (ep x etp ranks) out of the tp x cp x dp dense ranks."""
+def check_expert_groups(ep: int, etp: int, tp: int, cp: int, dp: int, pp: int = 1) -> None:
+    """Megatron carves expert groups (ep x etp ranks) out of the tp x cp x dp dense ranks of each
+    pipeline stage (parallel_state.initialize_model_parallel, 0.16-0.19: "world_size (W) is not
+    divisible by expert_tensor_model_pipeline_parallel size (etp x ep x pp)")."""
     dense = tp * cp * dp
     if dense % (ep * etp):
         raise ConfigError(
             f"--expert-model-parallel-size {ep} x --expert-tensor-parallel-size {etp} = {ep * etp} "
             f"does not divide --tp {tp} x --context-parallel-size {cp} x --dp "
-            f"{dp} = {dense} (megatron carves expert groups out of those ranks)"
+            f"{dp} = {dense} (megatron carves expert groups out of those ranks; megatron-core's "
+            f"initialize_model_parallel raises 'world_size ({dense * pp}) is not divisible by "
+            f"expert_tensor_model_pipeline_parallel size ({etp * ep * pp})')"
         )
 
 

@@ -4,7 +4,9 @@ megatron-core's TransformerConfig checks them (transformer/transformer_config.py
 
 Transformer Engine's per-layer graphs (`transformer_engine`) are modelled by `memory`
 (memory/engine/cuda_graphs.py): their static inputs and their memory pool, whole layers or the scopes
-attn, mlp, moe_router, moe_preprocess and mamba (a hybrid model's Mamba layers, whole).
+attn, mlp, moe_router, moe_preprocess and mamba (a hybrid model's Mamba layers, whole); with the
+MoE all-to-all overlap (`--overlap-moe-expert-parallel-comm`) the scopes megatron-core allows
+there (attn, moe_router, moe_preprocess), captured layer by layer in the overlap's order.
 megatron's own CudaGraphManager (`local`, refused in inputs/unmodelled.py) and full-iteration
 graphs are not.
 """
@@ -77,19 +79,36 @@ def check_cuda_graphs(impl: str, scope: tuple[str, ...], recompute: str, num_exp
         raise ConfigError("--cuda-graph-scope mlp needs dense layers (megatron-core: 'mlp cuda "
                           "graph is only supported for dense layers, but not found in the "
                           "model.')")  # fmt: skip
+    if ep_overlap:
+        _check_overlap(scope)
     if "moe" in scope:
         raise ConfigError("--cuda-graph-scope moe is not modelled: megatron-core graphs the MoE "
                           "layer only with drop-and-pad routing, whose padded buffers the graph "
                           "keeps")  # fmt: skip
-    if ep_overlap and impl == "transformer_engine":
-        raise ConfigError("--cuda-graph-impl with --overlap-moe-expert-parallel-comm is not "
-                          "modelled: megatron captures each layer's graphs in the overlap's order "
-                          "(transformer/cuda_graphs.py get_overlap_moe_expert_parallel_comm_order), "
-                          "with weight-gradient graphs under --delay-wgrad-compute")  # fmt: skip
     if recompute == "full" and scope != ("full_iteration",):
         raise ConfigError("--recompute-granularity full with --cuda-graph-impl: megatron-core "
                           "refuses it ('full recompute is only supported with full iteration "
                           "CUDA graph.')")  # fmt: skip
+
+
+def _check_overlap(scope: tuple[str, ...]) -> None:
+    """Refuse the graphs megatron-core refuses with the MoE all-to-all overlap, whose combined
+    1F1B step runs a layer's attention, dispatch, MLP and combine apart
+    (models/gpt/fine_grained_callables.py): the graph may end after the attention, router or
+    preprocessing, not after the MLP."""
+    both = [word for word in ("moe", "mlp") if word in scope]
+    if both:
+        raise ConfigError(f"--cuda-graph-scope {' '.join(both)} with "
+                          "--overlap-moe-expert-parallel-comm: megatron-core refuses it "
+                          "(TransformerConfig: 'CUDA graph scope on moe and mlp is not supported "
+                          "with overlap_moe_expert_parallel_comm')")  # fmt: skip
+    if not scope:
+        raise ConfigError("--cuda-graph-impl transformer_engine graphs whole layers without "
+                          "--cuda-graph-scope, which megatron-core refuses with "
+                          "--overlap-moe-expert-parallel-comm (TransformerLayer."
+                          "_te_cuda_graph_replay: 'EP overlap must be disabled when CUDA graph "
+                          "captures the whole MLP/MoE part.'); pass --cuda-graph-scope attn "
+                          "moe_router moe_preprocess")  # fmt: skip
 
 
 def preprocess_syncs(training: Any) -> bool:

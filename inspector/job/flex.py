@@ -24,7 +24,7 @@ from typing import Any
 from inspector.errors import ConfigError
 from inspector.job.hybrid_ep import check_hybridep, check_hybridep_group
 from inspector.job.versions import FLEX_BACKEND_SINCE as BACKEND_SINCE
-from inspector.job.versions import megatron_version
+from inspector.job.versions import HYBRIDEP_ONE_RANK_SINCE, megatron_version
 
 DEFAULT_BACKEND = "deepep"  # TransformerConfig.moe_flex_dispatcher_backend's default (0.16)
 # deep_ep/buffer.py `Buffer.get_dispatch_config` / `get_combine_config`: the group sizes they hold
@@ -79,12 +79,19 @@ def flex_backend(args: Mapping[str, Any], version: tuple[int, int] | None = None
     return chosen
 
 
+def one_rank_refused(backend: str) -> bool:
+    """Return whether MoEFlexTokenDispatcher refuses a group of one rank with this backend: every
+    backend before 0.19 ('Flex token dispatcher requires TPxEP > 1', 0.13-0.16), DeepEP only
+    from 0.19 ('DeepEP dispatcher requires TPxEP > 1'; HybridEP runs on one rank)."""
+    return backend != "hybridep" or megatron_version() < HYBRIDEP_ONE_RANK_SINCE
+
+
 def check_flex_group(ep: int, expert_tp: int, backend: str) -> None:
     """Raise ConfigError where the flex dispatcher cannot run over expert_tp x ep ranks: one rank
-    (MoEFlexTokenDispatcher asserts 'Flex token dispatcher requires TPxEP > 1', 0.13-0.16), a
-    group size DeepEP has no configuration for, or one HybridEP cannot lay over nodes."""
+    (`one_rank_refused`), a group size DeepEP has no configuration for, or one HybridEP cannot
+    lay over nodes."""
     size = expert_tp * ep
-    if size <= 1:
+    if size <= 1 and one_rank_refused(backend):
         raise ConfigError(
             "--moe-token-dispatcher-type flex needs expert parallelism: "
             f"--expert-tensor-parallel-size {expert_tp} x --ep {ep} = {size} "

@@ -78,13 +78,6 @@ def _check_mxfp8_params(recipe: str, param_gather: bool, reuse_grad_buf: bool) -
             "DistributedDataParallelConfig: 'Should be set to True only when fp8_recipe is mxfp8 "
             "and fp8_param_gather is True'; a Float8Tensor would then never be refreshed)"
         )
-    if param_gather and recipe == "mxfp8" and not reuse_grad_buf:
-        raise ConfigError(
-            f"--fp8-param-gather with --fp8-recipe mxfp8 needs {_REUSE}: without it megatron's "
-            "DDP points each MXFP8 weight into its param buffer, which Transformer Engine refuses "
-            "(tensor/utils.py replace_raw_data: 'replace_raw_data for MXFP8Tensor is not "
-            "supported yet')"
-        )
 
 
 def fp8_fields(
@@ -122,6 +115,15 @@ def check_param_gather(args: Mapping[str, Any]) -> None:
                 f"{flag} with {fsdp} is not modelled: FSDP keeps {low} weights in its "
                 "own sharded buffers (Megatron-LM turns it off under FSDP2 with Transformer Engine "
                 "2.0 or later); it is modelled with --use-distributed-optimizer"
+            )
+        if low == "fp8" and args.get("fp8_recipe") == "mxfp8" and not args.get(
+                "reuse_grad_buf_for_mxfp8_param_ag"):  # fmt: skip
+            # megatron's DDP only (Megatron-FSDP keeps its own buffers, refused above)
+            raise ConfigError(
+                f"--fp8-param-gather with --fp8-recipe mxfp8 needs {_REUSE}: without it megatron's "
+                "DDP points each MXFP8 weight into its param buffer, which Transformer Engine "
+                "refuses (tensor/utils.py replace_raw_data: 'replace_raw_data for MXFP8Tensor is "
+                "not supported yet')"
             )
         if not args.get("use_distributed_optimizer"):
             raise ConfigError(

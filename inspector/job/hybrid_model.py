@@ -92,12 +92,8 @@ def validate_hybrid(
 ) -> None:
     """Raise ConfigError for hybrid arguments megatron would refuse (tp, pp, vpp: the tensor-,
     pipeline- and virtual-pipeline sizes; uneven: --decoder-first/last-pipeline-num-layers given)."""
-    if vpp is not None:
-        raise ConfigError(
-            "a hybrid model cannot be interleaved: megatron-core's MambaStack refuses "
-            "virtual pipeline stages (mamba_block.py _select_layers_for_pipeline_parallel)"
-        )
     pattern = config.hybrid_override_pattern
+    _validate_virtual(pattern, pp, vpp)
     if pattern is not None:
         _validate_separators(pattern, pp, uneven)
         _validate_pattern(main_layers(pattern) if hybrid_pattern_separators() else pattern, config)
@@ -132,15 +128,33 @@ def _validate_separators(pattern: str, pp: int, uneven: bool) -> None:
             f"--hybrid-layer-pattern has {segments} pipeline segments, not divisible by --pp "
             f"{pp} ({segments} % {pp} = {segments % pp}); Megatron-LM needs them to divide"
         )
-    if segments > pp:
-        raise ConfigError(
-            f"--hybrid-layer-pattern has {segments} pipeline segments for --pp {pp}: "
-            f"{segments // pp} virtual stages per pipeline rank are not modelled yet"
-        )
     if uneven:
         raise ConfigError(
             "--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers with '|' in "
             "--hybrid-layer-pattern: the pattern's segments already place the layers; drop them"
+        )
+
+
+def _validate_virtual(pattern: str | None, pp: int, vpp: int | None) -> None:
+    """A hybrid model's virtual stages are its pattern's `|` segments (megatron-core 0.17+
+    `select_pipeline_segment`: chunk c of pipeline rank r builds segment c x pp + r); without
+    them megatron refuses virtual stages (0.17+: "Virtual pipeline parallelism (vp_stage != None)
+    is not supported when hybrid_layer_pattern has no pipe ('|') separators"; before 0.17
+    MambaStack's _select_layers_for_pipeline_parallel)."""
+    if vpp is None:
+        return
+    segments = pipe_segments(pattern) if hybrid_pattern_separators() else 1
+    if segments == 1:
+        raise ConfigError(
+            "a hybrid model without '|' in its --hybrid-layer-pattern cannot be interleaved: "
+            "megatron-core refuses virtual pipeline stages there (add '|' stage boundaries, "
+            "megatron-core 0.17+, or drop the virtual-pipeline flag)"
+        )
+    if segments != vpp * pp:
+        raise ConfigError(
+            f"--hybrid-layer-pattern has {segments} pipeline segments, but --pp {pp} x {vpp} "
+            f"virtual stages per pipeline rank = {vpp * pp} model chunks; megatron-core builds "
+            "one segment a chunk (drop the virtual-pipeline flag: the pattern sets it)"
         )
 
 

@@ -30,9 +30,10 @@ from inspector.job.model import ModelConfig
 from inspector.job.model_args import make_model_config, validate_model
 from inspector.job.offloading import Offloading, parse_offloading
 from inspector.job.optimizer_precision import OptimizerPrecision, make_precision
-from inspector.job.optimizers import FLAGS_READ, check_optimizer, layer_wise_spelled_muon
+from inspector.job.optimizers import FLAGS_READ, check_optimizer, layer_wise
 from inspector.job.packing import check_packing, packed_document_length
 from inspector.job.recompute_modules import DEFAULT_MODULES, check_modules, parse_modules
+from inspector.job.rollout import RolloutContext, local_graphs_are_the_engine_s, make_rollout
 from inspector.job.tp_overlap import check_tp_comm_overlap
 from inspector.job.versions import router_padding_field
 
@@ -54,6 +55,9 @@ class Training:
     fp32_grads: bool | None = None  # --accumulate-allreduce-grads-in-fp32 (None: the default)
     use_distributed_optimizer: bool = False
     optimizer: str = "adam"  # --optimizer: adam, or muon / dist_muon (job/optimizers.py)
+    # dist_muon on megatron-core 0.18+ without --no-use-layer-wise-param-layout: its matrices
+    # shard-aligned in DDP's buffers, the other parameters under a DistributedOptimizer
+    layer_wise_param_layout: bool = False
     # --use-megatron-fsdp with its --data-parallel-sharding-strategy, or --use-torch-fsdp2
     megatron_fsdp: bool = False
     sharding_strategy: str = "no_shard"  # Megatron-LM's default
@@ -95,6 +99,7 @@ class Training:
     packed_document_length: int | None = None  # --sft: packed sequences (job/packing.py)
     train_iters: int | None = None  # --train-iters (None: not given); 1 peaks at the first step
     offloading: Offloading | None = None  # --fine-grained-activation-offloading (job/offloading.py)
+    rollout: RolloutContext | None = None  # --perform-rl-step: the GRPO rollout engine (job/rollout.py)
 
     def __post_init__(self) -> None:
         """Reject counts below one and unknown recomputation modes."""
@@ -287,6 +292,9 @@ def make_training(args: Mapping[str, Any]) -> Training:
     values["cuda_graph_scope"] = parse_scope(args)
     values["packed_document_length"] = packed_document_length(args)
     values["offloading"] = parse_offloading(args)
+    values["rollout"] = make_rollout(args)
+    if local_graphs_are_the_engine_s(args):  # the policy trains without graphs (job/rollout.py)
+        values["cuda_graph_impl"] = "none"
     values["fp32_grads"] = values.get("fp32_grads") or None
     values["optimizer"] = values.get("optimizer") or "adam"
     values["unfused"] = tuple(name for name in FUSIONS if args.get("no_" + name))
@@ -384,6 +392,8 @@ def make_job(args: Mapping[str, Any]) -> Job:
     training = make_training(args)
     flags = {name: bool(args.get(name)) for name in FLAGS_READ}
     check_optimizer(training.optimizer, layout, flags)
-    if layer_wise_spelled_muon(training.optimizer, flags):  # 0.18+ validate_args: dist_muon
-        training = replace(training, optimizer="dist_muon", use_distributed_optimizer=False)
+    if layer_wise(training.optimizer, flags):  # 0.18+ validate_args: the layer-wise optimizer
+        layout_on = not flags["no_use_layer_wise_param_layout"]  # Megatron-LM's default: on
+        training = replace(training, optimizer="dist_muon", use_distributed_optimizer=False,
+                           layer_wise_param_layout=layout_on)  # fmt: skip
     return Job(model, layout, training)

@@ -164,7 +164,8 @@ def validate_rank_map(layout: Layout, num_experts: int | None) -> None:
         )
     if layout.ep > 1 and num_experts is None:
         raise ConfigError(f"--expert-model-parallel-size {layout.ep} needs --num-experts")
-    check_expert_groups(layout.ep, layout.expert_tp, layout.tp, layout.cp, layout.dp)
+    check_expert_groups(layout.ep, layout.expert_tp, layout.tp, layout.cp, layout.dp,
+                        layout.pp)
     if layout.use_tp_pp_dp_mapping and layout.pp > 1 and layout.expert_dp != layout.dp:
         # megatron-core parallel_state.initialize_model_parallel, for an order not ending in pp
         raise ConfigError(
@@ -419,5 +420,6 @@ def _check_experts(model: ModelConfig, layout: Layout) -> None:
             f"--expert-model-parallel-size {ep} with --tp {layout.tp} needs --sequence-parallel "
             "(Megatron-LM requires it when experts and tensor parallelism are combined)"
         )
-    check_expert_groups(layout.ep, layout.expert_tp, layout.tp, layout.cp, layout.dp)
+    check_expert_groups(layout.ep, layout.expert_tp, layout.tp, layout.cp, layout.dp,
+                        layout.pp)
 

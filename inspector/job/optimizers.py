@@ -5,7 +5,8 @@ dp / N ranks with --num-distributed-optimizer-instances N; Muon (megatron-core 0
 `optimizer/muon.py`: orthogonalised momentum on the 2-D weights, Adam on everything else) keeps
 whole matrices, each on one data-parallel rank with `dist_muon` (`LayerWiseDistributedOptimizer`).
 Megatron-LM 0.18+ checks Muon otherwise (`_check_emerging`): muon with --use-distributed-optimizer
-is the layer-wise optimizer there.
+is the layer-wise optimizer there (`layer_wise`), which lays its matrices out in DDP's buffers by
+default.
 """
 
 from __future__ import annotations
@@ -14,16 +15,26 @@ from inspector.errors import ConfigError
 from inspector.job.layout import Layout
 
 MUON = ("muon", "dist_muon")  # Megatron-LM's --optimizer choices built by get_megatron_muon_optimizer
+MOMENTUM_BYTES = 4  # TensorParallelMuon's state: one fp32 momentum per element (world/emerging.py)
 # the Megatron-LM arguments (switches) the optimizer's checks read
 FLAGS_READ = ("use_distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather", "fp16",
               "use_megatron_fsdp", "use_torch_fsdp2", "no_use_layer_wise_param_layout")  # fmt: skip
+
+
+def muon_bytes_per_element(param_bytes: int) -> int:
+    """Return Muon's optimizer bytes per element of a matrix it updates: its fp32 momentum and, for
+    a 16-bit weight, the fp32 master copy megatron's Float16OptimizerWithFloat16Params keeps."""
+    return MOMENTUM_BYTES + (4 if param_bytes < 4 else 0)
 
 
 def check_optimizer(optimizer: str, layout: Layout, flags: dict[str, bool]) -> None:
     """Raise ConfigError for what Megatron-LM refuses of the optimizer's flags (`flags`: the
     switches of FLAGS_READ, as the job sets them)."""
     if flags.get("overlap_param_gather"):
-        if not (flags.get("use_distributed_optimizer") or flags.get("use_megatron_fsdp")):
+        # Megatron-LM 0.17+ accepts dist_muon too (validate_args: "... distributed optimizer,
+        # megatron fsdp, or dist_muon"); modelled on 0.18+, whose layout all-gathers DDP's buffers
+        sharded = flags.get("use_distributed_optimizer") or flags.get("use_megatron_fsdp")
+        if not (sharded or layer_wise(optimizer, flags)):
             raise ConfigError(
                 "--overlap-param-gather needs --use-distributed-optimizer or --use-megatron-fsdp "
                 "(Megatron-LM: \"--overlap-param-gather only supported with distributed optimizer "
@@ -40,6 +51,14 @@ def check_optimizer(optimizer: str, layout: Layout, flags: dict[str, bool]) -> N
         )
     if optimizer in MUON:
         _check_muon(optimizer, flags)
+    instances = layout.num_distributed_optimizer_instances
+    if instances > 1 and layer_wise(optimizer, flags):
+        raise ConfigError(
+            f"--num-distributed-optimizer-instances {instances} with the layer-wise optimizer "
+            f"(--optimizer {optimizer}) is refused by megatron-core (layer_wise_optimizer.py: "
+            "\"LayerWiseDistributedOptimizer does not support num_distributed_optimizer_instances "
+            "> 1.\")"
+        )
     _check_instances(layout, flags)
 
 
@@ -96,8 +115,11 @@ def _check_muon_0_17(optimizer: str, flags: dict[str, bool]) -> None:
 def _check_emerging(optimizer: str, flags: dict[str, bool]) -> None:
     # Megatron-LM core_v0.18.2 / core_v0.19.2 arguments.py validate_args, "emerging optimizer
     # check": dist_muon becomes muon with the layer-wise optimizer, and so does muon with
-    # --use-distributed-optimizer (which it turns off); FSDP is refused; optimizer/__init__.py
-    # _get_megatron_emerging_optimizer: "emerging optimizer with fp16 is not supported."
+    # --use-distributed-optimizer (which it turns off; `layer_wise`); FSDP is refused;
+    # optimizer/__init__.py _get_megatron_emerging_optimizer: "emerging optimizer with fp16 is
+    # not supported." Both layouts of the layer-wise optimizer are modelled: by default its
+    # matrices shard-aligned in DDP's buffers beside a DistributedOptimizer for the rest
+    # (training.py wrap_model_chunks_with_ddp), with --no-use-layer-wise-param-layout 0.16's deal
     fsdp = (("use_torch_fsdp2", "--use-torch-fsdp2", "Torch-FSDP2"),
             ("use_megatron_fsdp", "--use-megatron-fsdp", "Megatron-FSDP"))  # fmt: skip
     for name, flag, kind in fsdp:
@@ -110,39 +132,16 @@ def _check_emerging(optimizer: str, flags: dict[str, bool]) -> None:
             f"--optimizer {optimizer} with --fp16 is refused by megatron-core (optimizer/__init__.py: "
             "\"emerging optimizer with fp16 is not supported.\"); use --bf16"
         )
-    if optimizer == "dist_muon" and not flags.get("no_use_layer_wise_param_layout"):
-        raise ConfigError(
-            "--optimizer dist_muon is not modelled on this megatron-core without "
-            "--no-use-layer-wise-param-layout: Megatron-LM 0.18+ lays the layer-wise optimizer's "
-            "matrices out in the DDP buffers beside a distributed Adam by default; its legacy path "
-            "(--no-use-layer-wise-param-layout: whole matrices dealt over the ranks) is modelled"
-        )
-    if optimizer == "dist_muon" and flags.get("use_distributed_optimizer"):
-        raise ConfigError(
-            "--optimizer dist_muon with --use-distributed-optimizer is not modelled on this "
-            "megatron-core (Megatron-LM 0.18+ turns --use-distributed-optimizer off for it; "
-            "--optimizer dist_muon alone is the same job)"
-        )
-    if layer_wise_spelled_muon(optimizer, flags):
-        return
-    if optimizer == "muon" and flags.get("use_distributed_optimizer"):
-        raise ConfigError(
-            "--optimizer muon with --use-distributed-optimizer is not modelled on this megatron-core: "
-            "Megatron-LM 0.18+ turns it into the layer-wise distributed optimizer (as dist_muon), "
-            "whose matrices 0.18+ lays out in the DDP buffers beside a distributed Adam; "
-            "--optimizer muon alone, and --optimizer dist_muon --no-use-layer-wise-param-layout "
-            "(its legacy path), are modelled"
-        )
 
 
-def layer_wise_spelled_muon(optimizer: str, flags: dict[str, bool]) -> bool:
-    """Return whether Megatron-LM 0.18+ makes this muon job dist_muon's legacy path (validate_args:
-    muon with --use-distributed-optimizer is the layer-wise optimizer, the distributed one off;
-    with --no-use-layer-wise-param-layout, training.py builds it as 0.16-0.17 do)."""
+def layer_wise(optimizer: str, flags: dict[str, bool]) -> bool:
+    """Return whether Megatron-LM 0.18+ trains this job with megatron's layer-wise distributed
+    optimizer (validate_args, "emerging optimizer check": dist_muon, or muon with
+    --use-distributed-optimizer, which it then turns off)."""
     from inspector.job.versions import muon_registry
 
-    return (optimizer == "muon" and muon_registry() and bool(flags.get("use_distributed_optimizer"))
-            and bool(flags.get("no_use_layer_wise_param_layout")))  # fmt: skip
+    return muon_registry() and (optimizer == "dist_muon" or (
+        optimizer == "muon" and bool(flags.get("use_distributed_optimizer"))))  # fmt: skip
 
 
 def _check_instances(layout: Layout, flags: dict[str, bool]) -> None:

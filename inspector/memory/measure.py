@@ -51,7 +51,7 @@ from inspector.job.job import Job, Schedule, Training
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
 from inspector.job.optimizer_precision import OptimizerBytes
-from inspector.job.optimizers import MUON
+from inspector.job.optimizers import MUON, muon_bytes_per_element
 from inspector.memory.closed.activations import StageActivations, stage_activations
 
 if TYPE_CHECKING:
@@ -122,6 +122,9 @@ class StageMemory(StageBytes):
     activations: StageActivations  # the closed forms (the answer only where run is None)
     flops: int  # one iteration, all of the stage's ranks together
     run: RunMemory | None = None  # megatron run on meta tensors (inspector/memory/engine)
+    # --perform-rl-step: the rollout engine's context (KV cache, tables) kept on the GPU through
+    # the training step (job/rollout.py, engine/inference_context.py)
+    rollout: int = 0
 
     @property
     def activation_bytes(self) -> int:
@@ -134,7 +137,7 @@ class StageMemory(StageBytes):
     def buffers(self) -> int:
         """Return the bytes the run keeps besides the state (persistent buffers, workspaces; FSDP's
         buffers in flight); the run's are 0 where the engine did not run (`buffers_counted`)."""
-        return (self.run.static if self.run is not None else 0) + self.fsdp_in_flight
+        return (self.run.static if self.run is not None else 0) + self.fsdp_in_flight + self.rollout
 
     @property
     def buffers_counted(self) -> bool:
@@ -240,7 +243,9 @@ def make_hardware(
 def optimizer_bytes_per_element(buffer: Any, optimizer: OptimizerBytes = DEFAULT_ADAM) -> int:
     """Return the optimizer bytes of one element a rank updates: Adam's moments, and the fp32
     master copy of a 16-bit parameter (or, with the precision-aware optimizer, the dtypes of
-    job/optimizer_precision.py)."""
+    job/optimizer_precision.py); Muon's for the layer-wise layout's matrices."""
+    if buffer.layer_wise:
+        return muon_bytes_per_element(buffer.param_dtype.itemsize)
     return optimizer.per_element(buffer.param_dtype.itemsize)
 
 
@@ -310,6 +315,9 @@ def measure(built: BuiltJob, hardware: Hardware) -> MemoryReport:
         )
     stages = tuple(_with_run(job, s, engine.runs.get(s.stage), b)
                    for s, b in zip(formulas, built.stages, strict=True))  # fmt: skip
+    if job.training.rollout is not None:
+        stages = tuple(replace(s, rollout=_rollout_bytes(job, b))
+                       for s, b in zip(stages, built.stages, strict=True))  # fmt: skip
     return MemoryReport(
         job=job,
         schedule=schedule,
@@ -319,6 +327,20 @@ def measure(built: BuiltJob, hardware: Hardware) -> MemoryReport:
         else iteration_flops(dims, schedule.global_batch_size),
         not_run=engine.not_run,
     )
+
+
+def _rollout_bytes(job: Job, built: BuiltStage) -> int:
+    """Return what megatron-core's dynamic inference context allocates on a rank of the stage
+    for the GRPO rollouts, with the stage's own TransformerConfig (job/rollout.py)."""
+    from inspector.memory.engine.inference_context import context_bytes
+
+    if job.model.is_hybrid_model:
+        raise ConfigError("--perform-rl-step with a hybrid model is not modelled: its rollout "
+                          "context holds Mamba states beside the KV cache")  # fmt: skip
+    assert job.training.rollout is not None
+    module = built.chunks[0].module
+    return context_bytes(module.config, job.training.rollout, job.layout, built.stage,
+                         module.vocab_size).total
 
 
 def _with_run(job: Job, memory: StageMemory, run: RunMemory | None,
@@ -352,12 +374,14 @@ def _stage_memory(
         in_flight = fsdp_in_flight(layouts)
     else:
         buffers = [buffer for chunk in chunks for buffer in chunk.buffers()]
-        distributed = training.use_distributed_optimizer
+        distributed = training.use_distributed_optimizer or training.layer_wise_param_layout
         each = job_optimizer_bytes(job)
         frozen = sum(chunk.frozen_bytes() for chunk in chunks)
         by_shard = {(d, e): state_bytes(buffers, distributed, d, e, each, frozen=frozen)
                     for _, d, e in ranks}  # fmt: skip
-        if training.optimizer in MUON:  # megatron's Muon: whole matrices per rank (engine/muon.py)
+        if training.layer_wise_param_layout:  # each rank's shards of the buffers (world/ddp.py)
+            muon = {"optimizer_by_rank": tuple((r, by_shard[(d, e)].optimizer) for r, d, e in ranks)}
+        elif training.optimizer in MUON:  # megatron's Muon: whole matrices per rank (engine/muon.py)
             from inspector.memory.engine.muon import LARGEST
             from inspector.memory.engine.muon_stage import stage_muon
 

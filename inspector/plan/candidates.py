@@ -15,6 +15,7 @@ from typing import Any
 
 import inspector.caches as caches
 from inspector.errors import ConfigError
+from inspector.job.flex import one_rank_refused
 from inspector.job.job import Job
 from inspector.job.layout import Layout, validate_layout
 from inspector.job.model import ModelConfig
@@ -184,7 +185,7 @@ def candidate_job(
     if _REFUSED[key]:  # Job would raise the same, whatever the training
         return None
     flex = req.training.moe_token_dispatcher_type == "flex" and req.model.num_experts is not None
-    if flex and lay.ep * lay.expert_tp <= 1:
+    if flex and lay.ep * lay.expert_tp <= 1 and one_rank_refused(req.training.moe_flex_backend):
         return None  # megatron's flex dispatcher asserts TPxEP > 1 (job/flex.py check_flex_group)
     asked = (*key, req.training, req.global_batch_size, mbs, recipe, distopt, flash)
     if asked not in _JOBS:  # capped_split and _first_fit ask for some of the same

@@ -355,6 +355,10 @@ def _check_counts(flags: PlanFlags, args: dict[str, Any]) -> None:
             raise ConfigError(f"{flag} must be at least 1, got {value}")
     if flags.efficiency is not None and not 0 < flags.efficiency <= 1:
         raise ConfigError(f"--efficiency must lie in (0, 1], got {flags.efficiency}")
+    if args.get("perform_rl_step"):  # job/rollout.py: `memory` runs megatron's context
+        raise ConfigError("--perform-rl-step is not modelled by plan: it prices no GRPO rollouts "
+                          "and its memory composition has no rollout KV cache; `memory` counts it "
+                          "for one layout")  # fmt: skip
     if args.get("cuda_graph_impl") not in (None, "none"):
         # the search prices each layout's memory without the graphs' pool (memory/engine/cuda_graphs.py)
         raise ConfigError(f"--cuda-graph-impl {args['cuda_graph_impl']} is not modelled by plan: "

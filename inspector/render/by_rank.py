@@ -1,5 +1,5 @@
-"""Muon's optimizer bytes by rank in the `memory` report: the imbalance of megatron's layer-wise
-deal of whole matrices (memory/engine/muon.py), as a line of text and as json."""
+"""Muon in the `memory` report: what the optimizer is, and its bytes by rank (the imbalance of
+megatron's layer-wise deal of whole matrices, memory/engine/muon.py), as text and as json."""
 
 from __future__ import annotations
 
@@ -7,6 +7,15 @@ from collections.abc import Callable
 from typing import Any
 
 from inspector.memory.measure import StageMemory
+
+# the optimizer line of --optimizer muon / dist_muon, by (optimizer, layer-wise param layout)
+MUON_SAID = {
+    ("muon", False): "Muon (Adam for embeddings, output layer, norms and biases)",
+    ("dist_muon", False): "Muon, layer-wise (whole matrices dealt over the data-parallel ranks; "
+                          "Adam for embeddings, output layer, norms and biases)",
+    ("dist_muon", True): "Muon, layer-wise (each matrix whole in one rank's shard of DDP's "
+                         "buffers; a distributed optimizer's Adam for the rest)",
+}  # fmt: skip
 
 
 def by_rank_line(s: StageMemory, size: Callable[[int], str]) -> str:

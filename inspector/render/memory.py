@@ -10,8 +10,9 @@ from tabulate import tabulate
 from inspector.job.flex import runs_hybridep
 from inspector.job.hardware import GIB
 from inspector.job.optimizer_precision import REMAINDER
+from inspector.job.rollout import HELD
 from inspector.memory.measure import MemoryReport, StageMemory
-from inspector.render.by_rank import by_rank_json, by_rank_line
+from inspector.render.by_rank import MUON_SAID, by_rank_json, by_rank_line
 from inspector.render.held_elsewhere import host_json, host_line, outside_line
 from inspector.render.job import counted
 from inspector.report.formats import MemoryFormat
@@ -158,6 +159,7 @@ def _context(report: MemoryReport) -> list[str]:
     """Return the lines that say what was assumed: precision, batch, schedule."""
     t, b, layout, model = report.training, report.schedule, report.layout, report.model
     optimizer = "distributed optimizer" if t.use_distributed_optimizer else "Adam"
+    optimizer = MUON_SAID.get((t.optimizer, t.layer_wise_param_layout), optimizer)
     if t.megatron_fsdp:
         optimizer = f"Megatron-FSDP {t.sharding_strategy}"
     elif t.torch_fsdp2:
@@ -184,6 +186,8 @@ def _context(report: MemoryReport) -> list[str]:
                  " and the unsharded gradient buckets megatron's reduce-scatter queue holds at once")
         lines.append(f"FSDP: buffers include {_size(report, gathered)} in flight: gathered "
                      f"parameters (two neighbouring layers){grads}.")  # fmt: skip
+    if t.rollout is not None:
+        lines.append(f"GRPO: buffers include {_size(report, max(s.rollout for s in report.stages))} {HELD}")
     lines.append(_source(report))
     if report.not_run is None and model.num_experts is not None:
         lines.append(_routing(report))
@@ -366,7 +370,7 @@ def _buffers_json(s: StageMemory) -> dict[str, Any] | None:
         "persistent": [[where, size] for where, size in s.run.persistent],
         "workspaces": s.run.workspaces,
         **outside,
-        **fsdp,
+        **fsdp, **({"rollout": s.rollout} if s.rollout else {}),
         "total": s.buffers,
     }
 

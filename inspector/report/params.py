@@ -124,8 +124,10 @@ def _distopt_owners(
     if training.megatron_fsdp and training.sharding_strategy == "no_shard":
         every = tuple(range(job.layout.dp * job.layout.cp))
         return [every for _ in records]  # no_shard: every rank updates every parameter
-    if training.optimizer in MUON:
+    if training.optimizer in MUON and not training.layer_wise_param_layout:
         return _muon_owners(built, stage, records)
+    # the layer-wise layout (0.18+ dist_muon): each matrix whole in one rank's shard of its
+    # buffer, the other parameters in the DistributedOptimizer's shards (world/ddp.py)
     settings = DistOptSettings.for_job(job)
     owners: dict[tuple[int, int, str], Owners] = {}
     for chunk in stage.chunks:

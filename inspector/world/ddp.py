@@ -130,7 +130,8 @@ def _params_left_untouched(model: torch.nn.Module) -> Iterator[None]:
     finally:
         for param, data in saved.items():
             param.data = data
-            for attr in ("main_grad", "grad_added_to_main_grad"):
+            # ... and what the layer-wise layout's tagging adds (`_layer_wise_layout`)
+            for attr in ("main_grad", "grad_added_to_main_grad", LAYER_WISE_TAG):
                 if hasattr(param, attr):
                     delattr(param, attr)
         for param, data in raw.items():
@@ -228,10 +229,42 @@ def wrap_in_megatron_ddp(
     with one_rank_world(), cuda_current_device_on_meta(), _no_buffer_logging(), cuda_streams_on_meta():
         kept = contextlib.nullcontext() if running else _params_left_untouched(model)
         with kept:
+            layout = {}
+            if settings.layer_wise:
+                first = chunk == 0 and pipeline_rank == 0
+                layout["full_param_layout"] = _layer_wise_layout(model, ddp_config, settings, first)
             # Megatron-LM (training.py get_model) disables bucketing for chunks after the first.
             return DistributedDataParallel(
-                config, ddp_config, model, disable_bucketing=chunk > 0, **groups
+                config, ddp_config, model, disable_bucketing=chunk > 0, **groups, **layout
             )
+
+
+LAYER_WISE_TAG = "is_managed_by_layer_wise_optimizer"  # layer_wise_optimizer.py's parameter tag
+
+
+def _layer_wise_layout(model: torch.nn.Module, ddp_config: Any, settings: DistOptSettings,
+                       first_bucketed: bool) -> Any:  # fmt: skip
+    """Return the layer-wise optimizer's layout of `model`, as Megatron-LM 0.18+ computes it
+    before DDP (training.py `wrap_model_chunks_with_ddp`): megatron's
+    `tag_params_for_buffer_routing` sends the 2-D weights that are not embeddings or the output
+    layer to buffers of their own, and `LayerWiseDistributedOptimizer.compute_full_param_layout`
+    packs each of those buckets into dp shards of whole matrices (the other buffers get the
+    DistributedOptimizer's layout), at the bucket size DDP takes: Megatron-LM's
+    `resolve_ddp_bucket_size`, None past the first chunk and stage (`per_chunk_bucket_sizes`)."""
+    from megatron.core.optimizer.layer_wise_optimizer import (
+        LayerWiseDistributedOptimizer,
+        tag_params_for_buffer_routing,
+    )
+
+    tag_params_for_buffer_routing([model])
+    bucketed = first_bucketed and ddp_config.overlap_grad_reduce
+    return LayerWiseDistributedOptimizer.compute_full_param_layout(
+        [p for p in model.parameters() if p.requires_grad],
+        ddp_config.bucket_size if bucketed else None,
+        settings.dp_cp_size,  # one optimizer instance (job/optimizers.py refuses more)
+        ddp_config,
+        expert_data_parallel_world_size=settings.expert_dp_size,
+    )
 
 
 def _ddp_config(config: Any, settings: DistOptSettings) -> Any:
@@ -242,7 +275,9 @@ def _ddp_config(config: Any, settings: DistOptSettings) -> Any:
     return DistributedDataParallelConfig(
         grad_reduce_in_fp32=config.bf16 if fp32_grads is None else fp32_grads,
         overlap_grad_reduce=settings.overlap_grad_reduce,
-        use_distributed_optimizer=settings.use_distributed_optimizer,
+        # the layer-wise layout turns it on (training.py wrap_model_chunks_with_ddp: "needed for
+        # reduce-scatter")
+        use_distributed_optimizer=settings.use_distributed_optimizer or settings.layer_wise,
         # Without overlap DDP replaces any bucket size by None itself; a concrete value keeps
         # megatron-core 0.13-0.15 from asking parallel_state for a default first.
         bucket_size=resolve_bucket_size(
@@ -263,7 +298,7 @@ def _ddp_config(config: Any, settings: DistOptSettings) -> Any:
 
 
 def _layout_buffer(
-    buffer: Any, index: int, expert: bool, names: dict[torch.nn.Parameter, str]
+    buffer: Any, index: int, expert: bool, names: dict[torch.nn.Parameter, str], layer_wise: bool
 ) -> tuple[BufferLayout, list[ParamShards]]:
     """Return one megatron buffer's layout and where each of its parameters sits.
 
@@ -296,6 +331,7 @@ def _layout_buffer(
         shared=hasattr(buffer, "shared_buffer"),  # set only for MXFP8 weights (779-793)
         # NVFP4 weights' packed param buffer (0.18+ `nvfp4_packed_numel`, set only with them)
         param_numel=getattr(buffer, "nvfp4_packed_numel", None),
+        layer_wise=layer_wise,
     )
     return layout, shards
 
@@ -307,8 +343,13 @@ def layout_from_ddp(ddp: Any, model: torch.nn.Module) -> DistOptLayout:
     buffers: list[BufferLayout] = []
     params: list[ParamShards] = []
     tagged = [(b, False) for b in ddp.buffers] + [(b, True) for b in ddp.expert_parallel_buffers]
+    # the layer-wise optimizer's parameters: those of the layout's buffers its key marks (0.18+)
+    layouts = getattr(getattr(ddp, "full_param_layout", None), "layouts", {})
+    layer_wise = {p for key, layout in layouts.items()
+                  if getattr(key, LAYER_WISE_TAG, False) for p in layout.param_index_map}  # fmt: skip
     for index, (buffer, expert) in enumerate(tagged):
-        layout, shards = _layout_buffer(buffer, index, expert, names)
+        first = next(iter(buffer.param_index_map))
+        layout, shards = _layout_buffer(buffer, index, expert, names, first in layer_wise)
         buffers.append(layout)
         params.extend(shards)
     params.sort(key=lambda p: order[p.name])

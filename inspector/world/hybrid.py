@@ -20,7 +20,8 @@ from inspector.world.ssm.triton_import import import_mamba_mixer
 
 
 def build_hybrid_model(
-    model: ModelConfig, config: Any, layout: Layout, pre: bool, post: bool
+    model: ModelConfig, config: Any, layout: Layout, pre: bool, post: bool,
+    vp_stage: int | None = None,
 ) -> Any:
     """Return megatron's hybrid model for one stage (inside the stage's simulated rank, on meta).
 
@@ -41,6 +42,8 @@ def build_hybrid_model(
         share_embeddings_and_output_weights=not model.untie_embeddings_and_output_weights,
         position_embedding_type=model.position_embedding_type,
     )
+    if vp_stage is not None:  # only a pattern's `|` segments make chunks (job/hybrid_model.py)
+        common["vp_stage"] = vp_stage
     with rng_forks_nothing():
         try:
             from megatron.core.models.hybrid.hybrid_model import HybridModel

@@ -117,6 +117,10 @@ class BufferLayout:
     # values a byte, laid out apart from the grad buffer's `numel` (param_and_grad_buffer.py
     # `_compute_nvfp4_packed_layout`): its elements; None where it has `numel` of them
     param_numel: int | None = None
+    # megatron-core 0.18+'s layer-wise parameter layout (dist_muon): the buffer of the matrices
+    # the layer-wise optimizer updates, each whole in one rank's shard (layer_wise_optimizer.py
+    # `_compute_per_buffer_param_layout`); the others' buffers are the DistributedOptimizer's
+    layer_wise: bool = False
 
     @property
     def param_buffer_bytes(self) -> int:
@@ -180,6 +184,8 @@ class DistOptSettings:
             that `inspect-model memory` sizes without --use-distributed-optimizer.
         reuse_grad_buf_for_mxfp8_param_ag: --reuse-grad-buf-for-mxfp8-param-ag (MXFP8 weights
             all-gathered through the grad buffer).
+        layer_wise: dist_muon's parameter layout on megatron-core 0.18+ (Training's
+            layer_wise_param_layout): the distributed optimizer's buffers, the matrices apart.
     """
 
     dp_size: int
@@ -192,6 +198,7 @@ class DistOptSettings:
     use_distributed_optimizer: bool = True
     instances: int = 1  # --num-distributed-optimizer-instances: shards over dp_cp / instances
     reuse_grad_buf_for_mxfp8_param_ag: bool = False
+    layer_wise: bool = False
 
     def __post_init__(self) -> None:
         sizes = (self.dp_size, self.expert_dp_size, self.context_parallel_size)
@@ -216,6 +223,7 @@ class DistOptSettings:
             context_parallel_size=layout.cp,
             instances=layout.num_distributed_optimizer_instances,
             reuse_grad_buf_for_mxfp8_param_ag=job.model.reuse_grad_buf_for_mxfp8_param_ag,
+            layer_wise=training.layer_wise_param_layout,
             **flags,
         )
 

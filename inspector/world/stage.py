@@ -59,7 +59,7 @@ class StageModel:
     mtp_symbols: tuple[str, ...] = ()
 
 
-def _stage_rank(layout: Layout, stage: int, expert_rank: int) -> int:
+def stage_rank(layout: Layout, stage: int, expert_rank: int) -> int:
     """Return the simulated global rank holding (stage, expert rank) at tp/cp/dp index 0."""
     per_stage = layout.tp * layout.cp * simulated_dp(layout)
     return stage * per_stage + expert_rank * layout.expert_tp
@@ -96,7 +96,7 @@ def stage_world(
     """
     m = megatron()
     vpp = layout.vpp
-    rank = _stage_rank(layout, stage, expert_rank)
+    rank = stage_rank(layout, stage, expert_rank)
     simulate_apex(model.use_apex)
     simulate_grouped_gemm(model.moe_grouped_gemm)
     simulate_grad_accum_fusion(bool(runtime and runtime.get("gradient_accumulation_fusion")))
@@ -164,8 +164,8 @@ def _build_chunk(
     with m.torch.device("meta"), _cuda_for(model, config), gdn_building(model):
         _fresh_attention_env()
         if model.hybrid:
-            return _finish_chunk(model, config, build_hybrid_model(model, config, layout, pre, post),
-                                 stage, chunk, expert_rank, checkpoint)  # fmt: skip
+            hybrid = build_hybrid_model(model, config, layout, pre, post, vp_stage)
+            return _finish_chunk(model, config, hybrid, stage, chunk, expert_rank, checkpoint)
         spec = _layer_spec(m, model, config, vp_stage)
         gpt = m.GPTModel(
             mtp_block_spec=_mtp_block_spec(m, model, config, vp_stage),

@@ -98,16 +98,36 @@ def static_inputs(job: Job, stage: int, scope: tuple[str, ...] = ()) -> StaticIn
         chunks = [chunk.module for chunk in built]
         microbatches = captured_microbatches(job)
         # megatron's default micro-batch group, the pipeline size (the tool refuses another)
-        order = capture_order(job.layout.pp, stage, len(chunks), microbatches)
+        order: list[Any] = capture_order(job.layout.pp, stage, len(chunks), microbatches)
         with _graphs_configured(chunks[0].config, scope):
             callables = _graphable(chunks)
-            args, kwargs = _sample_arguments(chunks, callables, job, microbatches, order)
-            output = _grad_output_bytes(job, callables, microbatches, args, kwargs)
+            layer_ids = None
+            if job.training.ep_overlap:
+                order, layer_ids = overlap_order(job, order, [len(c) for c in callables], scope)
+            args, kwargs = _sample_arguments(chunks, callables, job, microbatches, order, layer_ids)
+            # under the overlap each graphed layer is a chunk of its own (its samples together)
+            per_chunk = [[layer] for c in callables for layer in c] if layer_ids else callables
+            output = _grad_output_bytes(job, per_chunk, microbatches, args, kwargs)
         storages: dict[int, int] = {}
         for tensor in _tensors((args, kwargs)):
             storage = tensor.untyped_storage()
             storages[storage._cdata] = rounded(storage.nbytes())
         return StaticInputs(len(args), len(storages), sum(storages.values()), tuple(order), output)
+
+
+def overlap_order(job: Job, order: list[int], layers: list[int],
+                  scope: tuple[str, ...]) -> tuple[list[float], list[Any]]:  # fmt: skip
+    """Return the capture order under the MoE all-to-all overlap, one graphed layer a chunk, and
+    each forward's (chunk, layer) (`_get_cuda_graph_input_data`: megatron-core's
+    get_overlap_moe_expert_parallel_comm_order, layer by layer as the combined 1F1B step runs
+    them; with --delay-wgrad-compute and attention or the shared experts in the graphs, their
+    weight-gradient graphs at -(layer + 0.5))."""
+    from megatron.core.transformer.cuda_graphs import get_overlap_moe_expert_parallel_comm_order
+
+    shared = job.model.moe_shared_expert_intermediate_size is not None  # no shared-expert overlap
+    wgrad = job.training.delay_wgrad and ("attn" in scope or ("moe_router" in scope and shared))
+    new, layer_ids = get_overlap_moe_expert_parallel_comm_order(order, layers, wgrad)
+    return list(new), list(layer_ids)
 
 
 @contextlib.contextmanager
@@ -137,24 +157,32 @@ def _graphable(chunks: list[Any]) -> list[list[Any]]:
     for chunk in chunks:
         layers = list(chunk.decoder.layers)
         if getattr(chunk, "mtp", None) is not None:
-            layers += [m.transformer_layer for m in chunk.mtp.layers]
+            # megatron-core 0.19 names an MTP layer's transformer layer `mtp_model_layer`
+            layers += [getattr(m, "mtp_model_layer", None) or m.transformer_layer
+                       for m in chunk.mtp.layers]  # fmt: skip
         callables.append([layer for layer in layers if _layer_is_graphable(layer, chunk.config)])
     return callables
 
 
 def _sample_arguments(chunks: list[Any], callables: list[list[Any]], job: Job, microbatches: int,
-                      order: list[int]) -> tuple[list[Any], list[Any]]:  # fmt: skip
-    """Run megatron's TECudaGraphHelper._get_sample_arguments on the built chunks."""
+                      order: list[Any], layer_ids: list[Any] | None = None,
+                      ) -> tuple[list[Any], list[Any]]:  # fmt: skip
+    """Run megatron's TECudaGraphHelper._get_sample_arguments on the built chunks (under the
+    overlap, `layer_ids` from `overlap_order`: as many chunks as graphed layers, one layer each,
+    as `_get_cuda_graph_input_data` sets them)."""
     from megatron.core.transformer.cuda_graphs import TECudaGraphHelper
 
+    layers = [len(c) for c in callables]
+    if layer_ids is not None:
+        layers = [1] * sum(layers)
     helper = SimpleNamespace(
-        num_model_chunks=len(chunks), num_microbatches=microbatches, config=chunks[0].config,
+        num_model_chunks=len(layers), num_microbatches=microbatches, config=chunks[0].config,
         seq_length=job.model.seq_length, micro_batch_size=job.training.micro_batch_size,
-        callables_per_chunk=callables, num_layers_per_chunk=[len(c) for c in callables],
+        callables_per_chunk=callables, num_layers_per_chunk=layers,
         flattened_callables=[layer for chunk in callables for layer in chunk],
         chunks_with_decoder=chunks,
     )  # fmt: skip
-    return TECudaGraphHelper._get_sample_arguments(helper, order)
+    return TECudaGraphHelper._get_sample_arguments(helper, order, layer_ids)
 
 
 def _grad_output_bytes(job: Job, callables: list[list[Any]], microbatches: int, args: list[Any],

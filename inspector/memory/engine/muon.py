@@ -33,6 +33,7 @@ import torch
 
 from inspector.errors import ConfigError
 from inspector.job.job import Job
+from inspector.job.optimizers import muon_bytes_per_element
 from inspector.job.versions import megatron_version, muon_modelled, muon_registry
 
 # the parameters Megatron-LM #2163 asks about: the largest, dealt last (a chunk's local names)
@@ -60,13 +61,18 @@ class MuonParam:
     @property
     def optimizer_bytes(self) -> int:
         """Return the owner's optimizer bytes: fp32 master copy, momentum or Adam's moments."""
-        return self.numel * ((4 if self.sixteen_bit else 0) + (4 if self.muon else 8))
+        if self.muon:
+            return self.numel * muon_bytes_per_element(2 if self.sixteen_bit else 4)
+        return self.numel * ((4 if self.sixteen_bit else 0) + 8)
 
 
 def muon_config(job: Job, config: Any) -> Any:
     """Return the OptimizerConfig Megatron-LM makes for --optimizer muon / dist_muon: the Adam
-    config (core_v0.16 training.py `get_megatron_optimizer_config`) with Muon's defaults."""
+    config (core_v0.16 training.py `get_megatron_optimizer_config`) with Muon's defaults; 0.18+
+    spell dist_muon as muon with `use_layer_wise_distributed_optimizer` (validate_args)."""
     config.optimizer = job.training.optimizer
+    if muon_registry() and config.optimizer == "dist_muon":  # 0.18+ validate_args' spelling
+        config.optimizer, config.use_layer_wise_distributed_optimizer = "muon", True
     return config
 
 
@@ -140,20 +146,36 @@ def _registry_muon(config: Any, ddps: Sequence[Any], groups: Any) -> Any:
         package.HAVE_EMERGING_OPTIMIZERS = real
 
 
+def layer_wise_part(optimizer: Any) -> Any:
+    """Return megatron's LayerWiseDistributedOptimizer in the built optimizer, or None: the whole
+    of it, or (0.18+'s layer-wise layout) the first of a chain whose others are the
+    DistributedOptimizer of the other parameters (optimizer/__init__.py
+    `_get_megatron_emerging_optimizer`)."""
+    for part in [optimizer, *getattr(optimizer, "chained_optimizers", ())]:
+        if hasattr(part, "dp_cp_params_list"):
+            return part
+    return None
+
+
 def muon_params(job: Job, ddps: Sequence[Any], optimizer: Any, muon: set[int]) -> tuple[MuonParam, ...]:
     """Return every parameter of the chunks with its owner under the built optimizer (`muon`:
-    the ids of the parameters TensorParallelMuon took, `muon_taken`)."""
+    the ids of the parameters TensorParallelMuon took, `muon_taken`). Under 0.18+'s layer-wise
+    layout only Muon's matrices have one owner: the others' are the DistributedOptimizer's
+    shards (None here; world/ddp.py lays them out)."""
+    layer_wise = layer_wise_part(optimizer)
     owners: dict[int, int] = {}
-    for lists in (getattr(optimizer, "dp_cp_params_list", None),
-                  getattr(optimizer, "expt_dp_params_list", None)):  # fmt: skip
+    for lists in (getattr(layer_wise, "dp_cp_params_list", None),
+                  getattr(layer_wise, "expt_dp_params_list", None)):  # fmt: skip
         for rank, params in enumerate(lists or ()):
             owners.update({id(p): rank for p in params})
-    layer_wise = job.training.optimizer == "dist_muon" and job.layout.dp * job.layout.cp > 1
+    dealt = job.training.optimizer == "dist_muon" and job.layout.dp * job.layout.cp > 1
+    apart = job.training.layer_wise_param_layout
     found = []
     for chunk, ddp in enumerate(ddps):
         for name, p in ddp.module.named_parameters():
             expert = not getattr(p, "allreduce", True)
-            owner = owners.get(id(p), 0) if layer_wise else None  # 0: an expert group of one
+            owner = owners.get(id(p), 0) if dealt else None  # 0: an expert group of one
+            owner = None if apart and id(p) not in muon else owner
             found.append(MuonParam(chunk, name.removeprefix("module."), p.numel(), id(p) in muon,
                                    expert, owner, p.dtype in (torch.bfloat16, torch.float16)))  # fmt: skip
     return tuple(found)
@@ -162,7 +184,7 @@ def muon_params(job: Job, ddps: Sequence[Any], optimizer: Any, muon: set[int]) -
 def heaviest_index(optimizer: Any, taken: set[int]) -> int:
     """Return the data-parallel rank whose layer-wise share holds the most optimizer bytes (the
     first of equals; 0 where megatron does not deal: plain muon, one data-parallel rank)."""
-    lists = getattr(optimizer, "dp_cp_params_list", None)
+    lists = getattr(layer_wise_part(optimizer), "dp_cp_params_list", None)
     if not lists:
         return 0
     loads = [sum(MuonParam(0, "", p.numel(), id(p) in taken, False, None,

@@ -8,6 +8,7 @@ from inspector.memory.engine.muon import (
     MuonParam,
     build_muon,
     inner,
+    layer_wise_part,
     model_params,
     muon_params,
     muon_taken,
@@ -30,7 +31,7 @@ def stage_muon(job: Job, stage: int) -> tuple[MuonParam, ...]:
         try:
             with optimizer_world(job, job.dims().fused_kernels), muon_taken() as taken:
                 optimizer = build_muon(job, ddps, optimizer_config(job))
-            if not hasattr(optimizer, "dp_cp_params_list"):  # not layer-wise: every part whole
+            if layer_wise_part(optimizer) is None:  # not layer-wise: every part whole
                 taken = {id(p) for part in optimizer.chained_optimizers
                          if type(inner(part)).__name__ == "TensorParallelMuon"
                          for p in model_params(part)}  # fmt: skip

@@ -157,13 +157,26 @@ def _small_trace(
     # one micro-batch's run: the all-to-all overlap merges passes of the schedule (replayed
     # by schedule.py), so the small job, whose pipeline has no virtual stages, runs without it
     training = replace(
-        job.training, ep_overlap=False, delay_wgrad=False, recompute_num_layers=recompute_num_layers
+        job.training, ep_overlap=False, delay_wgrad=False, recompute_num_layers=recompute_num_layers,
+        cuda_graph_scope=_small_scope(job.training.cuda_graph_scope, kinds),
     )
     small = replace(job, model=model, layout=layout, training=training)
     world = stage_world(model, layout, stage, checkpoint=False, runtime=runtime_config(small))
     with moe_build(job), world as chunks:
         gpt = chunks[0].module
         return run_microbatch(job, _ddp(small, gpt, stage, 0), gpt, job.schedule().num_microbatches)
+
+
+def _small_scope(scope: tuple[str, ...], kinds: tuple[Kind, ...]) -> tuple[str, ...]:
+    """Return the graph scope for a small chunk: without `mlp` where it has no dense layer.
+
+    megatron-core checks the scope against the whole model (TransformerConfig: 'mlp cuda graph
+    is only supported for dense layers'), which the job passed; `mlp` graphs only dense MLPs
+    (transformer/cuda_graphs.py `_layer_is_graphable`), so a chunk of MoE layers runs the same.
+    """
+    if any(not moe for moe, _ in kinds):
+        return scope
+    return tuple(word for word in scope if word != "mlp")
 
 
 def trace_stage(job: Job, stage: int, chunks: Sequence[int] | None = None) -> tuple[Trace, ...]:
