@@ -349,3 +349,20 @@ def test_bridge_s_dist_muon_is_the_legacy_layer_wise_path(monkeypatch, optimizer
     bridge_job._optimizer(args, Record("OptimizerConfig", fields={"optimizer": optimizer}))
     legacy = optimizer == "dist_muon" and megatron_core_version() >= (0, 18)
     assert args == {"optimizer": optimizer} | ({"no_use_layer_wise_param_layout": True} if legacy else {})
+
+
+def test_a_lora_recipe_is_the_tools_lora_flags(bridge: Path) -> None:
+    # Bridge's LoRA (peft/lora.py 142-157) as the recipes set it: dim 16, linear_qkv only
+    from bridge_eval import Record
+    from bridge_job import _peft
+
+    args: dict[str, object] = {}
+    lora = Record("LoRA", fields={"dim": 16, "alpha": 32, "dropout": 0.0,
+                                  "target_modules": ["linear_qkv"]})  # fmt: skip
+    assert _peft(args, Record("ConfigContainer", fields={"peft": lora})) == []
+    assert args == {"lora_rank": 16, "lora_target_modules": "linear_qkv"}
+    dropout = Record("LoRA", fields={"dim": 16, "dropout": 0.1})
+    assert _peft({}, Record("ConfigContainer", fields={"peft": dropout})) == [
+        "PEFT: LoRA's dropout not modelled"]
+    assert _peft({}, Record("ConfigContainer", fields={"peft": Record("DoRA")})) == [
+        "PEFT: DoRA (Bridge's peft) is not modelled; LoRA is"]

@@ -209,6 +209,12 @@ ARGUMENTS: tuple[ArgSpec, ...] = MODEL_ARGUMENTS + (
               "document, in Transformer Engine's thd format (--micro-batch-size 1)."),
     _training("packed_document_length", int, "With --sft: the documents' length in tokens, the rest "
               "one shorter (the tool's flag; default --seq-length: one document per sequence)."),
+    # Megatron-Bridge's LoRA (its `peft` config; job/lora.py): the tool's flags, no Megatron-LM argument
+    ArgSpec("lora_rank", int, "Megatron-Bridge's LoRA: adapters of this rank (Bridge's dim) on a frozen "
+            "model (the tool's flag; default none).", "model"),
+    ArgSpec("lora_target_modules", str, "With --lora-rank: the linears that get adapters (Bridge's "
+            "target_modules; default linear_qkv linear_proj linear_fc1 linear_fc2).", "model",
+            many=True),
     _training("grad_reduce_in_bf16", bool, "bf16 models: gradients in bf16, not fp32."),
     # Megatron-LM's fusion switches (store_false flags): they change what the engine's run saves
     _training("no_bias_gelu_fusion", bool, "Bias and GeLU as separate kernels, not fused."),

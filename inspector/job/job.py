@@ -30,6 +30,7 @@ from inspector.job.fsdp import fsdp_rules
 from inspector.job.gdn import validate_gdn
 from inspector.job.hybrid_model import validate_hybrid
 from inspector.job.layout import Layout, make_layout, validate_layout
+from inspector.job.lora import check_lora
 from inspector.job.model import ModelConfig
 from inspector.job.model_args import make_model_config, validate_model
 from inspector.job.offloading import Offloading, parse_offloading
@@ -167,6 +168,7 @@ class Job:
         validate_model(self.model)
         validate_layout(self.model, self.layout)
         check_dsa_layout(self.model, self.layout.cp)
+        check_lora(self.model, self.layout.tp, self.training)
         if self.model.hybrid:
             uneven = (self.layout.decoder_first_pipeline_num_layers is not None
                       or self.layout.decoder_last_pipeline_num_layers is not None)  # fmt: skip

@@ -233,6 +233,11 @@ def _check_offloading(args: dict[str, Any]) -> None:
                 f"plan does not price --{offload.replace('_', '-')}: its memory and step time "
                 "know no copies to the host; `memory` measures the offloading on a layout you choose"
             )
+    if args.get("lora_rank") is not None:  # Bridge's LoRA (job/lora.py, world/lora.py)
+        raise ConfigError(
+            "plan does not price --lora-rank: its memory composes a stage from trained pieces; "
+            "`memory` and `params` measure LoRA's frozen model and adapters on a layout you choose"
+        )
 
 
 def pinned(args: dict[str, Any]) -> dict[str, Any]:

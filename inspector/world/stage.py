@@ -184,16 +184,13 @@ def _build_chunk(
     return _finish_chunk(model, config, gpt, stage, chunk, expert_rank, checkpoint)
 
 
-def _finish_chunk(
-    model: ModelConfig,
-    config: Any,
-    gpt: Any,
-    stage: int,
-    chunk: int,
-    expert_rank: int,
-    checkpoint: bool,
-) -> StageModel:
+def _finish_chunk(model: ModelConfig, config: Any, gpt: Any, stage: int, chunk: int,
+                  expert_rank: int, checkpoint: bool) -> StageModel:  # fmt: skip
     """Cast the built model as Megatron-LM does and record what the stage holds."""
+    if model.lora_rank is not None:  # Bridge's pre-wrap hook, before the cast (world/lora.py)
+        from inspector.world.lora import apply_lora
+
+        gpt = apply_lora(gpt, model.lora_rank, model.lora_target_modules)
     if model.bf16 or model.fp16:
         gpt = _cast_like_megatron_lm(config, gpt)
     layers = tuple(layer.layer_number for layer in gpt.decoder.layers)
