@@ -27,6 +27,7 @@ from typing import Any
 
 from inspector.errors import ConfigError
 from inspector.inputs.versions import megatron_core_version
+from inspector.job.checks import check_at_least_one, check_count
 
 # what `memory` says of the rollout engine's bytes (render/memory.py)
 HELD = ("the rollout engine keeps through the training step (megatron-core's dynamic inference "
@@ -79,8 +80,19 @@ ROLLOUT_ARGS = {
 assert set(ROLLOUT_ARGS.values()) == {f.name for f in fields(RolloutContext)} - {"cuda_graphs"}
 
 
+# the context's sizes and counts: at least 1, or (0 allowed) not negative; checked whether or not
+# the job runs rollouts, as every size a user types is
+_AT_LEAST_ONE = ("inference_dynamic_batching_block_size", "inference_max_seq_length",
+                 "inference_dynamic_batching_max_requests", "inference_dynamic_batching_max_tokens")
+_COUNTS = ("inference_dynamic_batching_unified_memory_level",
+           "inference_dynamic_batching_num_cuda_graphs")  # fmt: skip
+
+
 def make_rollout(args: Mapping[str, Any]) -> RolloutContext | None:
     """Return the rollout engine's context for --perform-rl-step, None without it."""
+    for names, check in ((_AT_LEAST_ONE, check_at_least_one), (_COUNTS, check_count)):
+        for name in names:
+            check("--" + name.replace("_", "-"), args.get(name))
     if not args.get("perform_rl_step"):
         return None
     installed = megatron_core_version()
