@@ -3,9 +3,9 @@
 Bridge's config fields carry megatron-core's names (TransformerConfig, DistributedDataParallelConfig,
 OptimizerConfig), which are Megatron-LM's argument names for the most part; where they differ the
 table below says how Megatron-LM spells it (megatron/training/arguments.py) and where Bridge
-applies it (src/megatron/bridge/training/...). What no Megatron-LM argument expresses (LoRA
-adapters, a model the tool has no preset for) is returned as a refusal of the
-bench's own, with its reason.
+applies it (src/megatron/bridge/training/...). LoRA adapters become the tool's own --lora-rank and
+--lora-target-modules; what nothing expresses (another PEFT, a model the tool has no preset for)
+is returned as a refusal of the bench's own, with its reason.
 """
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ def recipe_args(cfg: Record, gpus: int) -> tuple[str | None, dict[str, Any], lis
     _put(args, "global_batch_size", train.fields.get("global_batch_size"))
     if "seq_length" not in args:
         _put(args, "seq_length", _section(cfg, "dataset").fields.get("seq_length"))
-    refusals += _not_arguments(cfg)
+    refusals += _peft(args, cfg)
     if _packed(cfg):
         # Bridge's packed sequences: Megatron-LM's --sft (THD, attention per document); the
         # documents' length is the data's, so one document per sequence (the tool's default)
@@ -377,12 +377,25 @@ def _checkpoint(args: dict[str, Any], checkpoint: Record) -> None:
         args["ckpt_format"] = "fsdp_dtensor"
 
 
-def _not_arguments(cfg: Record) -> list[str]:
-    """What the recipe trains that no Megatron-LM argument says (the bench's own refusals)."""
-    found = []
-    if isinstance(cfg.fields.get("peft"), Record):
-        found.append("PEFT: LoRA adapters on a frozen base (Bridge's peft) are not a Megatron-LM job")
-    return found
+def _peft(args: dict[str, Any], cfg: Record) -> list[str]:
+    """Bridge's LoRA (peft/lora.py 142-157) as the tool's --lora-rank and --lora-target-modules
+    (inspector/job/lora.py); what it does not model (another PEFT, dropout's masks, a
+    sequence-parallel re-gather, MoE adapter options) stays the bench's refusal."""
+    peft = cfg.fields.get("peft")
+    if not isinstance(peft, Record):
+        return []
+    f = peft.fields
+    if peft.kind != "LoRA":
+        return [f"PEFT: {peft.kind} (Bridge's peft) is not modelled; LoRA is"]
+    unmodelled = {"dropout": 0.0, "sequence_parallel_input_regather": False,
+                  "a2a_experimental": False, "exclude_modules": [], "lora_dtype": None}  # fmt: skip
+    differ = [name for name, value in unmodelled.items() if f.get(name, value) != value]
+    if differ:
+        return [f"PEFT: LoRA's {', '.join(differ)} not modelled"]
+    args["lora_rank"] = f.get("dim", 32)
+    args["lora_target_modules"] = " ".join(f.get("target_modules") or
+                                           ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"])
+    return []
 
 
 def _packed(cfg: Record) -> bool:

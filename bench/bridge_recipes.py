@@ -12,7 +12,8 @@ those arguments, --dp N / (tp x pp x cp)). Each recipe is then
 - modelled: the tool takes the job (its arguments, refusals and Megatron-LM's own checks), and
   with --run, `memory` itself runs to the end;
 - refused: the tool names what it does not model (the cause is the refused argument), or the
-  recipe trains something no Megatron-LM argument says (LoRA, a model without a preset);
+  recipe trains something no Megatron-LM argument says (a model without a preset; LoRA is
+  the tool's --lora-rank);
   packed sequences are Megatron-LM's --sft, one document per sequence;
 - error: the tool stops with an `Error:` about the job (a layout megatron-core would refuse);
   Bridge runs no Megatron-LM validate_args, so the job is read as Bridge and megatron-core run

@@ -13,8 +13,9 @@ For every case with that file:
 - the job is read from `model_config.yaml` as written (inspector.inputs.megatron_config: MODEL_ARGS
   as Megatron-LM's runner passes them, ENV_VARS as the job's environment);
 - the world size from the H100 recipe that lists the case (`recipes/h100/*.yaml`: `spec.nodes` x
-  `spec.gpus`, launched as `torchrun --nnodes --nproc_per_node`); 1 x 8 where none lists it
-  (_run_training.sh's defaults);
+  `spec.gpus`, launched as `torchrun --nnodes --nproc_per_node`; the runner's 8 GPUs per node
+  where the recipe runs run_ci_test.sh without exporting GPUS_PER_NODE: `recipe_gpus`); 1 x 8
+  where none lists it (_run_training.sh's defaults);
 - the rank compared is the one that logs: Megatron-LM gives the tensorboard writer to the last
   global rank only (megatron/training/global_vars.py `_set_tensorboard_writer`: `args.rank ==
   (args.world_size - 1)`), and training.py's `training_log` writes `mem-allocated-bytes` and
@@ -75,6 +76,7 @@ GPT_FAMILY = ("gpt", "moe", "mixtral")
 # apart from the GPT family
 HYBRID_FAMILY = ("hybrid",)
 RUNNER_WORLD = (1, 8)  # _run_training.sh: NUM_NODES=${NUM_NODES:-1}, GPUS_PER_NODE=${GPUS_PER_NODE:-8}
+RUNNER_SCRIPT = "shell_test_utils/run_ci_test.sh"  # the functional tests' runner a recipe starts
 WARMUP = 3  # iterations whose time is dropped (cuDNN/cuBLAS autotuning, allocator growth)
 LAUNCH_BOUND = 5e-3  # seconds of GPU work per layer and micro-batch below which the host paces
 PEAK_BAND, STATIC_BAND, UNDER_LIMIT = 0.03, 0.01, -0.05  # the issue's bar
@@ -156,11 +158,24 @@ def recipe_worlds(root: Path) -> dict[tuple[str, str], tuple[int, int]]:
         spec = yaml.safe_load(path.read_text()) or {}
         head = spec.get("spec") or {}
         model = str(head.get("model", ""))
-        size = (int(head.get("nodes", RUNNER_WORLD[0])), int(head.get("gpus", RUNNER_WORLD[1])))
+        size = (int(head.get("nodes", RUNNER_WORLD[0])), recipe_gpus(head))
         for product in spec.get("products") or []:
             for name in product.get("test_case") or []:
                 worlds.setdefault((model, str(name)), size)
     return worlds
+
+
+def recipe_gpus(head: dict[str, Any]) -> int:
+    """Return the GPUs per node a recipe's job launches: `spec.gpus` books the node, but where the
+    recipe's script runs the functional-test runner (run_ci_test.sh) without exporting
+    GPUS_PER_NODE, _run_training.sh L202 starts `GPUS_PER_NODE=${GPUS_PER_NODE:-8}` processes
+    (`torchrun --nproc_per_node $GPUS_PER_NODE`, L212) whatever the booking says: the H100
+    `gpt-grpo.yaml` and `moe-grpo.yaml` book `gpus: 1` and run tp4 x dp2 and dp8 cases on 8."""
+    gpus = int(head.get("gpus", RUNNER_WORLD[1]))
+    script = str(head.get("script") or "")
+    if RUNNER_SCRIPT in script and "GPUS_PER_NODE" not in script:
+        return RUNNER_WORLD[1]
+    return gpus
 
 
 def discover(root: Path) -> list[Case]:
@@ -277,7 +292,7 @@ def _predict(case: Case) -> Predicted:
     # but not allocated: RunMemory.torch_reports)
     static, peak = stage.run.torch_reports(state.total + stage.buffers - stage.fsdp_in_flight)
     peak += stage.fsdp_in_flight
-    step, bound, note = plan_step(args, layout.world_size)
+    step, bound, note = plan_step(args, layout.world_size, nccl_algo(case.folder))
     return Predicted(label, static, peak, step, bound, step_note=note)
 
 
@@ -290,16 +305,23 @@ def layout_label(layout: Any, mbs: int) -> str:
     return " ".join([*parts, f"mbs{mbs}"])
 
 
-def plan_step(args: dict[str, Any], gpus: int) -> tuple[float | None, bool, str]:
+def nccl_algo(folder: Path) -> str | None:
+    """Return the NCCL_ALGO the case's ENV_VARS set (the job's environment), or None."""
+    data = yaml.safe_load((folder / "model_config.yaml").read_text()) or {}
+    value = (data.get("ENV_VARS") or {}).get("NCCL_ALGO")
+    return None if value is None else str(value)
+
+
+def plan_step(args: dict[str, Any], gpus: int, algo: str | None = None) -> tuple[float | None, bool, str]:
     """Return `plan --gpu h100`'s step time of this very layout, whether it is launch-bound, or
-    the plan's reason for none."""
+    the plan's reason for none; `algo`: the job's NCCL_ALGO (NVLink SHARP's all-reduces or not)."""
     from inspector.errors import InspectorError
     from inspector.plan.request import PlanFlags, make_request
     from inspector.plan.search import search
 
     pinned = {"context_parallel_size": 1, "expert_model_parallel_size": 1, **args}
     try:
-        result = search(make_request(pinned, PlanFlags(gpus, "h100", top=1000)))
+        result = search(make_request(pinned, PlanFlags(gpus, "h100", top=1000, nccl_algo=algo)))
     except InspectorError as error:
         return None, False, str(error).splitlines()[0]
     want = _sizes(args)

@@ -49,6 +49,11 @@ def model_flags(record: dict[str, Any]) -> dict[str, Any]:
     flags["max_position_embeddings"] = model["seq"] if "seq" in model else None
     flags[record["precision"] if record["precision"] in ("fp16", "bf16") else "bf16"] = True
     flags["global_batch_size"] = record["gbs"]
+    if not record.get("flash_attention"):
+        # the records without flash attention are Megatron-LM's 2021-2022 runs (Narayanan et al.
+        # 2021, Korthikanti et al. 2022), older than Transformer Engine (first release v0.1.0,
+        # 2022-09): megatron's own layers and FusedScaleMaskSoftmax, not TE's unfused attention
+        flags["transformer_impl"] = "local"
     return flags
 
 

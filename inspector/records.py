@@ -38,6 +38,9 @@ class ParamRecord:
     # a Transformer Engine quantized weight (fp8 / MXFP8 parameters): the bytes of the tensors it
     # stores (data, transposes, scales; world/te/float8_tensor.py `stored_bytes`), else None
     stored: int | None = None
+    # False for a parameter that needs no gradient (LoRA's frozen model, world/lora.py): no grad
+    # buffer, no optimizer work, so no owner and no preconditioner
+    trainable: bool = True
 
     @property
     def numel(self) -> int:

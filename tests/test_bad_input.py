@@ -354,7 +354,7 @@ def _json_case(id: str, edit: Any, message: str) -> Case:
 
 
 LIST = "must be a list of non-negative integers"
-RANKS = "must be a non-empty list of non-negative integers"
+RANKS = "must be a list of non-negative integers (empty for a frozen parameter)"
 JSON_CASES = [
     _json_case("shape-banana", param(1, "shape", "banana"),
                f': parameters[1].shape {LIST}, got "banana"'),
@@ -368,8 +368,6 @@ JSON_CASES = [
                f': parameters[0].shape {LIST}, got {{"a": 1}}'),
     _json_case("ranks-int", param(0, "partitioning_ranks", 3),
                f": parameters[0].partitioning_ranks {RANKS}, got 3"),
-    _json_case("ranks-empty", param(0, "partitioning_ranks", []),
-               f": parameters[0].partitioning_ranks {RANKS}, got []"),
     _json_case("ranks-strings", param(0, "partitioning_ranks", ["0"]),
                f': parameters[0].partitioning_ranks {RANKS}, got ["0"]'),
     _json_case("dtype-int8", param(0, "dtype", "int8"),

@@ -401,3 +401,20 @@ def test_glm_5_2_and_nemotron_3_ultra_are_their_presets(bridge: Path, recipe: st
     # Bridge loads their HF configs (AutoBridge.from_hf_pretrained): the presets written from them
     shown = _show(bridge, recipe)
     assert (shown["preset"], shown["refusals"]) == (preset, [])
+
+
+def test_a_lora_recipe_is_the_tools_lora_flags(bridge: Path) -> None:
+    # Bridge's LoRA (peft/lora.py 142-157) as the recipes set it: dim 16, linear_qkv only
+    from bridge_eval import Record
+    from bridge_job import _peft
+
+    args: dict[str, object] = {}
+    lora = Record("LoRA", fields={"dim": 16, "alpha": 32, "dropout": 0.0,
+                                  "target_modules": ["linear_qkv"]})  # fmt: skip
+    assert _peft(args, Record("ConfigContainer", fields={"peft": lora})) == []
+    assert args == {"lora_rank": 16, "lora_target_modules": "linear_qkv"}
+    dropout = Record("LoRA", fields={"dim": 16, "dropout": 0.1})
+    assert _peft({}, Record("ConfigContainer", fields={"peft": dropout})) == [
+        "PEFT: LoRA's dropout not modelled"]
+    assert _peft({}, Record("ConfigContainer", fields={"peft": Record("DoRA")})) == [
+        "PEFT: DoRA (Bridge's peft) is not modelled; LoRA is"]

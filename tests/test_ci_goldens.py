@@ -157,6 +157,18 @@ def test_a_config_s_own_gpus_per_node_wins_over_the_recipe() -> None:
     assert ci_goldens.runner_gpus({"ENV_VARS": {"NCCL_ALGO": "Ring"}}, 8) == 8
 
 
+def test_a_recipe_that_runs_the_runner_without_gpus_per_node_launches_eight(checkout: Path) -> None:
+    # gpt-grpo.yaml books `gpus: 1` and runs run_ci_test.sh, whose _run_training.sh L202 starts
+    # GPUS_PER_NODE=${GPUS_PER_NODE:-8} processes: its tp4 x dp2 case runs on 8 GPUs
+    script = "  script: |-\n    bash ./tests/functional_tests/shell_test_utils/run_ci_test.sh ARGS\n"
+    grpo = RECIPE.replace("gpus: 4\n", "gpus: 1\n" + script)
+    (checkout / ci_goldens.RECIPES / "gpt.yaml").write_text(grpo)
+    assert [c.world for c in ci_goldens.discover(checkout)] == [8, 8]
+    exported = grpo.replace("bash ./", "export GPUS_PER_NODE={gpus}\n    bash ./")  # GB200's
+    (checkout / ci_goldens.RECIPES / "gpt.yaml").write_text(exported)
+    assert [c.world for c in ci_goldens.discover(checkout)] == [8, 1]
+
+
 def test_a_release_test_no_recipe_lists_has_an_unknown_world(tmp_path: Path) -> None:
     release = ci_goldens.Case("gpt", "gpt3_15b_8t_release", tmp_path, 1, 8, listed=False)
     assert release.world_unknown
@@ -192,3 +204,12 @@ def test_launch_bound_step_times_are_summarised_apart(tmp_path: Path) -> None:
     assert found["launch_step"]["n"] == 2 and found["launch_mae"] == pytest.approx(0.7)
     assert "- step time of the launch-bound cases, apart: 2 cases, median -70.0%" in \
         ci_goldens.render_summary(found)
+
+
+def test_the_jobs_nccl_algo_is_read_from_its_env_vars(tmp_path):
+    # the 7B deterministic cases set NCCL_ALGO: Ring in ENV_VARS (Megatron-LM's runner exports
+    # them into the job's environment); the plan then prices no NVLink SHARP all-reduce
+    (tmp_path / "model_config.yaml").write_text("ENV_VARS:\n  NCCL_ALGO: Ring\nMODEL_ARGS: {}\n")
+    assert ci_goldens.nccl_algo(tmp_path) == "Ring"
+    (tmp_path / "model_config.yaml").write_text("ENV_VARS:\n  CUDA_DEVICE_MAX_CONNECTIONS: 1\n")
+    assert ci_goldens.nccl_algo(tmp_path) is None

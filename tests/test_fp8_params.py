@@ -158,7 +158,8 @@ def test_block_scaled_weights_live_in_the_uint8_buffer_with_their_scales_and_tra
     "flags, message",
     [
         (["--fp8-param-gather", "--use-megatron-fsdp"],
-         "--fp8-param-gather with --use-megatron-fsdp is not modelled"),
+         "--fp8-param-gather with --use-megatron-fsdp and --data-parallel-sharding-strategy "
+         "no_shard is not modelled"),
     ],
 )  # fmt: skip
 def test_fp8_parameters_not_modelled_are_refused_with_the_reason(cli, flags, message):

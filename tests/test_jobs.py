@@ -6,6 +6,8 @@ examples/rl, examples/post_training/modelopt), not copied from them.
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from inspector.errors import InputError
 from inspector.inputs.sources import parse_launch_script
 from inspector.inputs.unmodelled import refusal_message
 from inspector.inputs.versions import null_tokenizer_adds_eod
+from tests.test_versions import ROLLOUTS_MODELLED
 
 SMALL = ("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
          "--max-position-embeddings 32 --vocab-size 1000 --micro-batch-size 1")  # fmt: skip
@@ -115,17 +118,92 @@ def test_an_unknown_program_is_read_as_pretrain_gpt_with_a_note():
                             "arguments are read as pretrain_gpt.py reads them",)  # fmt: skip
 
 
-def test_rl_training_builds_but_memory_is_refused(cli, tmp_path):
-    # train_rl.py trains GPTModel, and also holds the inference engine's KV cache
-    path = write(tmp_path, f"python train_rl.py {SMALL} --transformer-impl local "
-                 "--inference-max-requests 32 --grpo-group-size 16\n")  # fmt: skip
-    assert cli("params", "--from-script", path).code == 0
+needs_rollouts = pytest.mark.skipif(not ROLLOUTS_MODELLED, reason="refused before 0.16")
+
+
+def test_before_megatron_core_0_16_the_grpo_step_is_refused(cli, tmp_path):
+    path = write(tmp_path, f"python train_rl.py {SMALL} --transformer-impl local --perform-rl-step "
+                 "--inference-dynamic-batching-max-requests 64\n")  # fmt: skip
+    result = cli("memory", "--from-script", path)
+    assert (result.code == 0) == ROLLOUTS_MODELLED
+    if not ROLLOUTS_MODELLED:
+        assert "--perform-rl-step is modelled with megatron-core 0.16 or later" in result.err
+
+
+def _static(cli, path: str) -> int:
+    result = cli("memory", "--from-script", path, "--format", "json")
+    assert result.code == 0, result.err
+    return json.loads(result.out)["stages"][0]["static"]
+
+
+@needs_rollouts
+def test_the_grpo_step_adds_the_rollout_engine_s_kv_cache(cli, tmp_path):
+    # train_rl.py trains GPTModel as pretrain_gpt.py; --perform-rl-step adds the KV cache its
+    # rollout engine keeps on the GPU through the training step (persist, the default)
+    rl = f"python train_rl.py {SMALL} --transformer-impl local --grpo-group-size 16"
+    plain = _static(cli, write(tmp_path, rl + "\n"))
+    path = write(tmp_path, rl + " --perform-rl-step --inference-dynamic-batching-buffer-size-gb "
+                 "0.01 --inference-max-seq-length 32\n")  # fmt: skip
+    grpo = _static(cli, path)
+    # dynamic_context.py: 2 (K, V) x 2 layers x 256 tokens x 4 heads x 16 x 4 bytes (fp32: no
+    # --bf16) a block, int(0.01 GiB) // that = 40 blocks; beside them the context's tables and
+    # the sampling's
+    block = 2 * 2 * 256 * 4 * 16 * 4
+    assert 40 * block < grpo - plain < 40 * block + 2 * 1024**2
+    result = cli("memory", "--from-script", path)
+    assert "with --perform-rl-step `memory` adds the KV cache" in result.err
+    # 10.00 MiB of blocks, and the rest (0.16: 0.76 MiB of tables on the GPU; 0.17+ keeps most on
+    # the host)
+    assert re.search(r"GRPO: buffers include 10\.\d\d MiB the rollout engine keeps", result.out)
+    held = json.loads(cli("memory", "--from-script", path, "--format", "json").out)
+    assert held["stages"][0]["buffers"]["rollout"] == grpo - plain
+
+
+@needs_rollouts
+def test_the_grpo_step_refuses_what_moves_or_copies_the_policy(cli, tmp_path):
+    rl = f"python train_rl.py {SMALL} --transformer-impl local --perform-rl-step"
+    path = write(tmp_path, rl + " --rl-inference-tensor-model-parallel-size 2\n")
     result = cli("memory", "--from-script", path)
     assert result.code == 2
-    assert result.err.startswith(
-        f"Error: {path} line 1: train_rl.py is not modelled: train_rl.py also runs megatron's "
-        "inference engine for its rollouts"
-    )
+    assert result.err.startswith(f"Error: {path} line 1: --rl-inference-tensor-model-parallel-size "
+                                 "2 is not modelled: a second copy of the model")  # fmt: skip
+    result = cli("plan", "--from-script", write(tmp_path, rl + "\n"), "--gpus", "8")
+    assert result.code == 2 and "--perform-rl-step is not modelled by plan" in result.err
+    path = write(tmp_path, rl + " --context-parallel-size 2\n")
+    result = cli("memory", "--from-script", path)  # training.py: a CP=1 copy for the rollouts
+    assert result.code == 2 and "--perform-rl-step with --context-parallel-size 2 is not" in result.err
+    path = write(tmp_path, rl + " --rl-kv-cache-management-mode offload\n")
+    result = cli("memory", "--from-script", path)
+    assert result.code == 2 and "--rl-kv-cache-management-mode offload is not modelled" in result.err
+
+
+@needs_rollouts
+def test_local_graphs_under_the_grpo_step_are_the_engine_s(cli, tmp_path):
+    # rl_utils.py toggles the policy's graphs off for the training step: its memory is eager
+    rl = f"python train_rl.py {SMALL} --transformer-impl local --cuda-graph-impl local"
+    assert cli("memory", "--from-script", write(tmp_path, rl + "\n")).code == 2
+    path = write(tmp_path, rl + " --perform-rl-step\n")
+    result = cli("memory", "--from-script", path)  # 40 GiB of blocks: 163,839 requests
+    assert result.code == 2 and result.out == ""
+    assert ("\nError: megatron-core's DynamicInferenceContext refuses the rollout engine's "
+            "arguments: 'max_tokens (16384) must be >= max_requests (163836)") in result.err
+    assert _static(cli, write(tmp_path, rl + " --perform-rl-step "
+                              "--inference-dynamic-batching-max-requests 64\n")) > 0
+
+
+def test_checkpoint_args_are_read_only_with_the_whole_architecture(cli, tmp_path):
+    # load_args_from_checkpoint takes the architecture from --load's checkpoint
+    given = (f"{SMALL} --ffn-hidden-size 256 --num-query-groups 2 --group-query-attention "
+             "--kv-channels 16 --normalization RMSNorm --position-embedding-type rope")  # fmt: skip
+    path = write(tmp_path, f"python pretrain_gpt.py {given} --use-checkpoint-args\n")
+    result = cli("params", "--from-script", path)
+    assert result.code == 0, result.err
+    assert "--use-checkpoint-args: Megatron-LM takes the architecture from the checkpoint" in result.err
+    path = write(tmp_path, f"python pretrain_gpt.py {SMALL} --use-checkpoint-args\n")
+    result = cli("params", "--from-script", path)
+    assert result.code == 2
+    assert ("the job does not give --ffn-hidden-size, --num-query-groups, --kv-channels, "
+            "--normalization, --position-embedding-type; give them, or drop it") in result.err
 
 
 def test_every_refused_flag_in_one_message(cli, tmp_path):
@@ -441,17 +519,15 @@ def test_functional_test_config_in_inference_mode_names_its_program(cli, tmp_pat
 
 
 def test_functional_test_config_in_rl_mode_is_train_rl(cli, tmp_path):
-    # MODE: rl runs train_rl.py: its model is read (params), its inference engine is not counted
+    # MODE: rl runs train_rl.py: its model is read, and its memory as pretrain_gpt.py's without
+    # --perform-rl-step (no rollout engine)
     path = tmp_path / "model_config.yaml"
     path.write_text("MODE: rl\n" + FUNCTIONAL_TEST)
     result = cli("params", "--config", str(path))
     assert result.code == 0, result.err
     assert (f"Note from {path}: train_rl.py trains GPTModel (gpt_builders.py) as pretrain_gpt.py "
             "does") in result.err  # fmt: skip
-    result = cli("memory", "--config", str(path))
-    assert result.code == 2
-    assert result.err.startswith(f"Error: {path}: MODE: rl (train_rl.py) is not modelled: "
-                                 "train_rl.py also runs megatron's inference engine")  # fmt: skip
+    assert cli("memory", "--config", str(path)).code == 0
 
 
 SINKHORN = """\

@@ -156,8 +156,10 @@ def test_use_checkpoint_args_is_refused(tmp_path, cli):
     assert result.code == 2
     assert result.err.endswith(
         f"Error: {path} line 2: --use-checkpoint-args is not modelled: Megatron-LM then takes "
-        "the model's architecture from the checkpoint it loads (over the script's own "
-        "arguments), which this tool cannot read; drop it and give the model's arguments\n"
+        "the model's architecture from the checkpoint it loads (checkpointing.py "
+        "load_args_from_checkpoint), which this tool cannot read, and the job does not give "
+        "--ffn-hidden-size, --num-query-groups, --kv-channels, --normalization, "
+        "--position-embedding-type; give them, or drop it\n"
     )
 
 

@@ -147,11 +147,12 @@ def test_megatrons_own_buffer_is_one_allocation():
          "weight into its param buffer, which Transformer Engine refuses"),
         (["--fp8-recipe", "mxfp8", "--reuse-grad-buf-for-mxfp8-param-ag"],
          "Error: --reuse-grad-buf-for-mxfp8-param-ag needs --fp8-param-gather"),
-        # Megatron-FSDP keeps its own buffers (no replace_raw_data): what stops it is that the
-        # tool does not model fp8 weights under it, not megatron's DDP
+        # Megatron-FSDP keeps its own buffers (no replace_raw_data): megatron's DDP does not
+        # stop it; its no_shard (the default strategy), which makes no weight buffer, is refused
         (["--fp8-recipe", "mxfp8", "--fp8-param-gather", "--use-megatron-fsdp",
           "--use-distributed-optimizer", "--ckpt-format", "fsdp_dtensor"],
-         "Error: --fp8-param-gather with --use-megatron-fsdp is not modelled"),
+         "Error: --fp8-param-gather with --use-megatron-fsdp and --data-parallel-sharding-strategy "
+         "no_shard is not modelled"),
         (["--fp8-recipe", "tensorwise", "--fp8-param-gather",
           "--reuse-grad-buf-for-mxfp8-param-ag"],
          "Error: --reuse-grad-buf-for-mxfp8-param-ag needs --fp8-recipe mxfp8, not tensorwise"),

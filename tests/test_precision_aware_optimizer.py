@@ -15,6 +15,7 @@ import json
 
 import pytest
 
+from inspector.inputs.versions import megatron_core_version
 from tests.test_versions import GRAD_NORM_MADE_FIRST
 
 SMALL = ("--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
@@ -199,15 +200,17 @@ ERRORS = {
     # validate_args: bf16 main grads contradict fp32 accumulation
     "--use-precision-aware-optimizer --main-grads-dtype bf16 --accumulate-allreduce-grads-in-fp32":
     "Error: --main-grads-dtype bf16 contradicts --accumulate-allreduce-grads-in-fp32",
-    # Megatron-FSDP's own sharded state is not modelled in reduced precision
-    "--use-precision-aware-optimizer --use-megatron-fsdp --ckpt-format fsdp_dtensor": "Error: "
-    "--use-precision-aware-optimizer with --use-megatron-fsdp is not modelled",
     # clip_grads.py asserts the decoupled gradients are fp32 or bf16: fp16's grad buffer is not
     "--use-precision-aware-optimizer --fp16": "Error: --use-precision-aware-optimizer with --fp16 "
     "needs --accumulate-allreduce-grads-in-fp32",
     # Megatron-LM's argparse choices
     "--use-precision-aware-optimizer --main-params-dtype bf16": "Error: --main-params-dtype",
 }
+
+if megatron_core_version() < (0, 19):  # FusedAdam's master copy beside Megatron-FSDP's: refused
+    ERRORS["--use-precision-aware-optimizer --use-megatron-fsdp --ckpt-format fsdp_dtensor"] = (
+        "Error: --use-precision-aware-optimizer with --use-megatron-fsdp is not modelled before "
+        "megatron-core 0.19")
 
 
 @pytest.mark.parametrize("flags", list(ERRORS))

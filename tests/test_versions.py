@@ -81,6 +81,9 @@ DEEPEP_KEEPS_DISPATCHED = VERSION < (0, 18)
 # cuda_graphs.py `convert_schedule_table_to_order`); before, inspect-model refuses it
 # (tests/test_cuda_graphs.py test_before_megatron_core_0_16_the_graphs_are_refused)
 CUDA_GRAPHS_MODELLED = VERSION >= (0, 16)
+# megatron-core 0.16's DynamicInferenceContext keywords (0.17+: InferenceConfig) run for
+# --perform-rl-step (memory/engine/inference_context.py); before, it is refused
+ROLLOUTS_MODELLED = VERSION >= (0, 16)
 
 
 def test_supported_version():

@@ -28,7 +28,10 @@ of the default. This price gives 0.65 at the same shape against the H100 table's
 
 from __future__ import annotations
 
-from inspector.formulas.kernels import Memory
+from collections.abc import Sequence
+
+from inspector.formulas.kernels import Gemm, Memory, Op
+from inspector.job.dims import ModelDims
 
 WORKSPACE_BYTES = 2 + 2  # a 16-bit score gradient written, then read by the dQ product
 
@@ -38,3 +41,55 @@ def workspace_pass(heads: int, rows: int, squares_per_row: int) -> Memory:
     `rows` query rows, each attending to `squares_per_row` keys before the causal half."""
     return Memory("deterministic attention dP workspace", "copy", heads * rows * squares_per_row // 2,
                   WORKSPACE_BYTES)
+
+
+# fill_uninitialized_memory (torch.utils.deterministic, True by default): under
+# torch.use_deterministic_algorithms(True) torch's CUDA `empty` fills each new tensor with NaN
+# (aten/src/ATen/native/cuda/TensorFactories.cu `empty_cuda`, `empty_strided_cuda`: `if
+# (deterministicAlgorithms() && deterministicFillUninitializedMemory())
+# fill_empty_deterministic_(result)`). Aten's own structured kernels make their outputs with
+# at::detail::empty_cuda, past that check (torchgen/dest/register_dispatch_key.py
+# `gen_create_out_helper`), and torch.compile's kernels with `empty_strided_cuda` the same way;
+# what goes through `at::empty` is filled: every output of Transformer Engine's C++ (its GEMMs,
+# norms, fused attention, fused RoPE, fp8 casts) and the buffers megatron and TE allocate with
+# torch.empty for the sequence-parallel gathers and reduce-scatters. Each is written once more.
+NAN_FILLED_NORMS = ("input norm", "pre-MLP norm", "q latent norm", "kv latent norm", "QK norm")
+
+
+def nan_fill(dims: ModelDims, forward: Sequence[Op], backward: Sequence[Op], tokens: int,
+             local: int, tp: int, moe: bool) -> tuple[Memory, Memory]:
+    """Return the NaN fill of a Transformer Engine layer's outputs, forward and backward, for a
+    rank's `tokens` rows (`local` of them with sequence parallelism; `tp` ranks share its heads;
+    `moe`: its MLP is an MoE block, whose exchanges are not counted here; a hybrid model's Mamba
+    and gated-delta-net layers are not priced with it). tests/test_nan_fill.py
+    checks it against the bytes of every `empty` the engine's run of megatron's layer allocates,
+    less the norms' and attention's statistics (1/hidden of their outputs).
+
+    Of formulas/ops.py's kernels: each GEMM's output (not the router's, a torch product; not
+    the weight gradient accumulated into main_grad; not unfused attention's batched products),
+    the norms' output and input gradient, the fused RoPE's output and gradient; beside them the
+    flash attention's output and its Q, K and V gradients, and with sequence parallelism each
+    linear's gathered input (its gradient's before a row-parallel data gradient and again its
+    input's for a column-parallel weight gradient) and reduce-scattered output.
+    """
+    d, h = dims.head_dim, dims.hidden_size
+    heads, groups = dims.num_attention_heads // tp, max(dims.query_groups // tp, 1)
+    fills = [0, 0]
+    for index, ops in enumerate((forward, backward)):
+        for op in ops:
+            if isinstance(op, Gemm) and op.batch == 1 and op.name != "router" and not (
+                    op.orient == "wgrad" and dims.wgrad_fused):
+                fills[index] += op.m * op.n
+            elif isinstance(op, Memory) and (op.name.removesuffix(" backward") in NAN_FILLED_NORMS
+                                             or op.name.startswith("rotary")):
+                fills[index] += op.elements
+    if dims.flash_attention:
+        fills[0] += tokens * heads * d
+        fills[1] += tokens * (heads + 2 * groups) * d
+    if local != tokens:  # attention's and a dense MLP's: a column- and a row-parallel linear each
+        pairs = 1 if moe else 2
+        fills[0] += pairs * (tokens + local) * h  # the column's gather, the row's reduce-scatter
+        fills[1] += pairs * (2 * tokens + local) * h  # + the weight gradient's gather again
+    act = dims.activation_bytes
+    return (Memory("NaN fill of new tensors", "copy", fills[0], act),
+            Memory("NaN fill of new tensors backward", "copy", fills[1], act))

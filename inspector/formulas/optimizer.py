@@ -15,7 +15,8 @@ parameters, or its shard of the grad buffers with the distributed optimizer):
      them when the norm exceeds the limit (counted here: it did on every iteration measured in
      shared/gpu/gpu-time-h200.json, norms 7-18): TE/apex `multi_tensor_scale` in place, or
      `local_multi_tensor_scale`, `dst.copy_(src * scale)`: a temporary written and copied back;
-     `count_zeros` only with --log-num-zeros-in-grad (off by default, not counted);
+     with --log-num-zeros-in-grad `count_zeros` (clip_grads.py `count_zeros_fp32`: `grad.numel() -
+     torch.count_nonzero(grad)` per main grad) reads every main grad once more (`logged_passes`);
   4. the inner optimizer's step (megatron/core/optimizer/__init__.py picks it): Transformer Engine's
      FusedAdam, else apex's (a cluster's set-up; one `multi_tensor_adam` kernel reading the param,
      grad and both moments and writing param and moments), else torch.optim.AdamW with torch's
@@ -29,6 +30,12 @@ parameters, or its shard of the grad buffers with the distributed optimizer):
   5. `_copy_main_params_to_model_params`: fp32 main parameter to the 16-bit weight (a `copy_` per
      tensor; bf16 passes no overflow buffer, so never the multi-tensor path).
 fp32 parameters (FP32Optimizer) have no master copy: steps 1 and 5 move nothing.
+With --log-params-norm, Megatron-LM's training loop (megatron/training/training.py `train`: `if
+args.log_params_norm: params_norm = calc_params_l2_norm(model)`, every iteration, inside the
+interval its iteration time measures) reads each parameter the rank does not share with another
+tensor-parallel rank once, in fp32 (training/utils.py `calc_params_l2_norm`: with bf16 the
+optimizer's `main_param`, the rank's shard of them under the distributed optimizer, through one
+`multi_tensor_l2norm`): one fp32 read over the elements the rank updates (`logged_passes`).
 
 Which set-up runs: `fused` (the job's fused kernels: Transformer Engine, or apex) means TE's or
 apex's FusedAdam and multi-tensor norm and scale; without them (the runs of shared/gpu/) torch's
@@ -76,11 +83,20 @@ class OptimizerStep:
     loss_scaling: bool = False  # fp16's dynamic grad scaler
     # the state's dtypes (--use-precision-aware-optimizer: job/optimizer_precision.py)
     optimizer: OptimizerBytes = OptimizerBytes()
+    params_norm: bool = False  # --log-params-norm
+    count_zeros: bool = False  # --log-num-zeros-in-grad
 
     @property
     def state_per_element(self) -> int:
         """Return the optimizer-state bytes of an updated element: moments and master weight."""
         return self.optimizer.per_element(self.param_bytes)
+
+
+def logged_passes(step: OptimizerStep, grad: int) -> list[tuple[str, int]]:
+    """Return the logging flags' reads per updated element (module docstring): the main grads'
+    zeros counted (`grad` bytes, what the grad norm reads) and the fp32 parameters' norm."""
+    out = [("count_zeros (--log-num-zeros-in-grad)", grad)] if step.count_zeros else []
+    return out + ([("params norm (--log-params-norm)", FP32)] if step.params_norm else [])
 
 
 def passes(step: OptimizerStep) -> tuple[tuple[str, int], ...]:
@@ -103,7 +119,7 @@ def passes(step: OptimizerStep) -> tuple[tuple[str, int], ...]:
         out.extend(FOREACH_ADAMW)
     if sixteen_bit:
         out.append(("main param to 16-bit weight copy_", FP32 + step.param_bytes))
-    return tuple(out)
+    return tuple(out + logged_passes(step, FP32))
 
 
 def optimizer_ops(updated: int, step: OptimizerStep) -> tuple[Memory, ...]:
@@ -147,4 +163,4 @@ def _precision_aware(step: OptimizerStep) -> tuple[tuple[str, int], ...]:
         out.append((f"FusedAdam rescale {name}", RESCALE[dtype]))
     if not te and step.param_bytes != FP32:
         out.append(("main param to 16-bit weight copy_", FP32 + step.param_bytes))
-    return tuple(out)
+    return tuple(out + logged_passes(step, grad))

@@ -19,6 +19,33 @@ def _training(name: str, type_: type, help_: str, **kw: object) -> ArgSpec:
     return ArgSpec(name, type_, help_, "training", **kw)  # type: ignore[arg-type]
 
 
+_KV = "the GRPO rollout engine's KV cache (train_rl.py --perform-rl-step)"
+# the rollout engine's context, as Megatron-LM sizes it (job/rollout.py): name -> (type, what)
+_CONTEXT_SIZES: dict[str, tuple[type, str]] = {
+    "inference_dynamic_batching_buffer_size_gb": (float, "GiB of blocks (default 40)"),
+    "inference_dynamic_batching_paused_buffer_size_gb": (
+        float, "more GiB of blocks with unified memory level 1 (default none)"),
+    "inference_dynamic_batching_block_size": (int, "tokens a block holds (default 256)"),
+    "inference_max_seq_length": (int, "longest rollout: the block table's width (default 2560)"),
+    "inference_dynamic_batching_max_requests": (int, "requests tracked (default: one a block)"),
+    "inference_dynamic_batching_max_tokens": (int, "tokens a step tracks (default 16384)"),
+    "inference_dynamic_batching_unified_memory_level": (
+        int, "1: in CUDA unified memory, counted all the same (default 0)"),
+    "inference_dynamic_batching_num_cuda_graphs": (
+        int, "its steps' CUDA graphs (--cuda-graph-impl local), deleted before the training step"),
+}
+RL_ARGUMENTS: tuple[ArgSpec, ...] = (
+    _training("perform_rl_step", bool, "train_rl.py's GRPO step: megatron-core's dynamic inference "
+              "engine generates the rollouts; `memory` counts the KV cache it keeps on the GPU "
+              "through the training step."),  # fmt: skip
+    *(_training(name, type_, f"{what[0].upper()}{what[1:]}: {_KV}.")
+      for name, (type_, what) in _CONTEXT_SIZES.items()),  # fmt: skip
+    _training("rl_kv_cache_management_mode", str,
+              f"Where {_KV} goes for the training step: persist (kept on the GPU, modelled).",
+              choices=("persist", "offload", "recompute")),  # fmt: skip
+)
+
+
 ARGUMENTS: tuple[ArgSpec, ...] = MODEL_ARGUMENTS + (
     # Parallel layout.
     _layout("tensor_model_parallel_size", int, "Tensor-parallel size.", aliases=("--tp",)),
@@ -182,6 +209,12 @@ ARGUMENTS: tuple[ArgSpec, ...] = MODEL_ARGUMENTS + (
               "document, in Transformer Engine's thd format (--micro-batch-size 1)."),
     _training("packed_document_length", int, "With --sft: the documents' length in tokens, the rest "
               "one shorter (the tool's flag; default --seq-length: one document per sequence)."),
+    # Megatron-Bridge's LoRA (its `peft` config; job/lora.py): the tool's flags, no Megatron-LM argument
+    ArgSpec("lora_rank", int, "Megatron-Bridge's LoRA: adapters of this rank (Bridge's dim) on a frozen "
+            "model (the tool's flag; default none).", "model"),
+    ArgSpec("lora_target_modules", str, "With --lora-rank: the linears that get adapters (Bridge's "
+            "target_modules; default linear_qkv linear_proj linear_fc1 linear_fc2).", "model",
+            many=True),
     _training("grad_reduce_in_bf16", bool, "bf16 models: gradients in bf16, not fp32."),
     # Megatron-LM's fusion switches (store_false flags): they change what the engine's run saves
     _training("no_bias_gelu_fusion", bool, "Bias and GeLU as separate kernels, not fused."),
@@ -262,6 +295,24 @@ ARGUMENTS: tuple[ArgSpec, ...] = MODEL_ARGUMENTS + (
         "deterministic attention backward).",
     ),
     _training(
+        "use_transformer_engine_op_fuser",
+        bool,
+        "megatron-core 0.18+: the MoE experts' grouped MLP as Transformer Engine's fused "
+        "operations (fc1, scaled SwiGLU, fc2 in one autograd function).",
+    ),
+    _training(
+        "log_params_norm",
+        bool,
+        "Megatron-LM's parameter norm, every iteration (plan: one read of the rank's fp32 "
+        "master weights).",
+    ),
+    _training(
+        "log_num_zeros_in_grad",
+        bool,
+        "The zeros of the gradients counted at every step (plan: one read of the rank's fp32 "
+        "main gradients).",
+    ),
+    _training(
         "defer_embedding_wgrad_compute",
         bool,
         "With --pp: the output layer's weight gradients wait for the pipeline's drain, keeping "
@@ -299,7 +350,7 @@ ARGUMENTS: tuple[ArgSpec, ...] = MODEL_ARGUMENTS + (
         bool,
         "Pad every expert's input to its capacity (needs --moe-expert-capacity-factor).",
     ),
-)
+) + RL_ARGUMENTS
 
 GROUPS = ("model", "layout", "training")
 

@@ -21,11 +21,10 @@ from inspector.inputs.refusals import Refused, validate_args_refusals
 
 @dataclass(frozen=True)
 class EntryPoint:
-    """What a recognised GPT training program means for the reading: a note, and a refusal for
-    the commands that read training memory (None when there is nothing to refuse)."""
+    """What a recognised GPT training program means for the reading: a note, and the arguments
+    it implies."""
 
     note: str = ""
-    training_refusal: str = ""
     # Megatron-LM arguments the program itself implies (pretrain_mamba.py: a hybrid model)
     implied: Mapping[str, Any] = field(default_factory=dict)
     # the flag with which the program builds a hybrid model instead (train_rl.py)
@@ -36,12 +35,10 @@ class EntryPoint:
 GPT_TRAINING: dict[str, EntryPoint] = {
     "pretrain_gpt.py": EntryPoint(),
     "train_rl.py": EntryPoint(
-        note="train_rl.py trains GPTModel (gpt_builders.py) as pretrain_gpt.py does",
-        training_refusal=(
-            "train_rl.py also runs megatron's inference engine for its rollouts, whose KV cache "
-            "and CUDA graphs (--inference-max-requests, --inference-max-seq-length, "
-            "--inference-dynamic-batching-buffer-size-gb) this tool does not count"
-        ),
+        note="train_rl.py trains GPTModel (gpt_builders.py) as pretrain_gpt.py does; with "
+        "--perform-rl-step `memory` adds the KV cache its rollout engine keeps on the GPU through "
+        "the training step (megatron-core's DynamicInferenceContext), not what the rollouts "
+        "hold while they run",
         # train_rl.py `_model_builder`: mamba_builder when args.is_hybrid_model
         hybrid_with="--is-hybrid-model",
     ),
@@ -203,8 +200,4 @@ def program_checks(argv: Sequence[str], show: Callable[[str], str], flags: Colle
                              "'You must provide a valid Mamba layer spec via --spec')")  # fmt: skip
         if isinstance(args, dict):
             args.update(entry.implied)  # (none for train_rl.py: its flag says it)
-    if entry.training_refusal:
-        name = posixpath.basename(program)
-        refused = (Refused("training", where, name, "not modelled", entry.training_refusal),
-                   *refused)  # fmt: skip
     return ((entry.note,) if entry.note else ()), refused

@@ -60,7 +60,7 @@ SWITCHES = frozenset((
     "--inprocess-empty-cuda-cache --inprocess-restart --keep-fp8-transpose-cache "
     "--keep-fp8-transpose-cache-when-using-custom-fsdp --langrl-external-server --legacy-tokenizer "
     "--load-main-params-from-ckpt --load-model-opt-format --log-device-memory-used --log-energy "
-    "--log-max-attention-logit --log-memory-to-tensorboard --log-num-zeros-in-grad --log-params-norm "
+    "--log-max-attention-logit --log-memory-to-tensorboard "
     "--log-progress --log-straggler --log-throughput --log-timers-to-tensorboard "
     "--log-validation-ppl-to-tensorboard --log-world-size-to-tensorboard --logits-load-ignore-errors "
     "--manual-gc --mock-data --moe-apply-probs-on-input --moe-enable-routing-replay "

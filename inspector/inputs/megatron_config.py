@@ -126,9 +126,6 @@ def _functional_test(data: dict[str, Any], path: str) -> ScriptArgs:
     notes += dropped
     if program.note:
         notes.append(program.note)
-    if program.training_refusal:  # train_rl.py: its inference engine's memory is not counted
-        refused = (Refused("training", path, "MODE: rl (train_rl.py)", "not modelled",
-                           program.training_refusal), *refused)  # fmt: skip
     args, ignored, tokenizer_notes, problem = apply_tokenizer(
         dict(parsed.args), parsed.ignored, raw, path)  # fmt: skip
     return ScriptArgs(args, ignored, notes=(*notes, *tokenizer_notes), vocab_problem=problem,

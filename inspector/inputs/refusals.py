@@ -105,12 +105,37 @@ def validate_args_refusals(flags: Iterable[str], where: str,
                              "checkpoint in --load)"))  # fmt: skip
     found += _fp8_param_gather_refusals(given, where, args or {})
     found += _local_graph_refusals(where, args or {})
+    found += _checkpoint_args_refusals(given, where)
     return tuple(found)
 
 
+# megatron/training/checkpointing.py `load_args_from_checkpoint` (d98e8a6 L2272-2296): the valued
+# architecture arguments --use-checkpoint-args takes from the checkpoint in --load (the switches
+# it sets, --swiglu and the like, are read as the job writes them: inputs/ignored.py's note)
+CHECKPOINT_ARCHITECTURE = ("--num-layers", "--hidden-size", "--ffn-hidden-size",
+                           "--num-attention-heads", "--num-query-groups", "--kv-channels",
+                           "--max-position-embeddings", "--seq-length", "--normalization")  # fmt: skip
+_POSITION = ("--position-embedding-type", "--use-rotary-position-embeddings")
+
+
+def _checkpoint_args_refusals(given: set[str], where: str) -> list[Refused]:
+    """`--use-checkpoint-args` is read where the job gives every valued architecture argument."""
+    if "--use-checkpoint-args" not in given:
+        return []
+    missing = [flag for flag in CHECKPOINT_ARCHITECTURE if flag not in given]
+    missing += [] if given & set(_POSITION) else ["--position-embedding-type"]
+    if not missing:
+        return []
+    return [Refused("model", where, "--use-checkpoint-args", "not modelled",
+                    "Megatron-LM then takes the model's architecture from the checkpoint it loads "
+                    "(checkpointing.py load_args_from_checkpoint), which this tool cannot read, and "
+                    f"the job does not give {', '.join(missing)}; give them, or drop it")]  # fmt: skip
+
+
 def _local_graph_refusals(where: str, args: Mapping[str, Any]) -> list[Refused]:
-    """`--cuda-graph-impl local` is modelled with `--cuda-graph-scope full_iteration` only."""
-    if args.get("cuda_graph_impl") != "local":
+    """`--cuda-graph-impl local` is modelled with `--cuda-graph-scope full_iteration` only, and
+    under --perform-rl-step, where only the rollout engine runs graphs (job/rollout.py)."""
+    if args.get("cuda_graph_impl") != "local" or args.get("perform_rl_step"):
         return []
     raw = args.get("cuda_graph_scope") or ()
     words = raw if isinstance(raw, (list, tuple)) else str(raw).replace(",", " ").split()

@@ -28,6 +28,44 @@ class Refusal:
     modelled: tuple[tuple[tuple[int, int], tuple[int, int]], ...] | None = None
 
 
+
+# train_rl.py --perform-rl-step (job/rollout.py, Megatron-LM d98e8a6): what would change the GPU's
+# memory at the training step beyond the rollout engine's KV cache in the policy's own layout
+_SECOND_COPY = (
+    "a second copy of the model in another parallel layout for the rollouts (training.py "
+    "L1838-1900) is not modelled; without it the rollouts run the policy itself")
+_KV_AWAY = ("the KV cache moved off the GPU for the training step is not modelled; "
+            "--rl-kv-cache-management-mode persist (the default) is")
+_KV_LAYOUT = "a rollout KV cache other than megatron-core's standard block pool is not modelled"
+RL_REFUSED: dict[str, Refusal] = {
+    **{flag: Refusal("training", _SECOND_COPY) for flag in (
+        "--rl-inference-tensor-model-parallel-size", "--rl-inference-pipeline-model-parallel-size",
+        "--rl-inference-expert-model-parallel-size",
+        "--rl-inference-expert-tensor-model-parallel-size",
+        "--rl-inference-model-unified-memory-level", "--rl-offload-inference-model-weights-when-idle")},
+    **{flag: Refusal("training", _KV_AWAY) for flag in (
+        "--rl-offload-kv-cache-during-training", "--rl-remove-kv-cache-during-training")},
+    **{flag: Refusal("training", _KV_LAYOUT) for flag in (
+        "--cache-mla-latents", "--num-speculative-tokens", "--inference-dynamic-batching-prefix-caching",
+        "--inference-dynamic-batching-mamba-memory-ratio",
+        "--inference-dynamic-batching-prefix-caching-mamba-gb", "--mamba-inference-conv-states-dtype",
+        "--mamba-inference-ssm-states-dtype", "--use-legacy-static-engine",
+        "--inference-dynamic-batching-buffer-guaranteed-fraction",
+        "--inference-dynamic-batching-buffer-overflow-factor",
+        "--inference-dynamic-batching-chunk-size",
+        "--inference-dynamic-batching-max-requests-override",
+        "--inference-dynamic-batching-max-tokens-override")},
+    "--rl-persist-cuda-graphs": Refusal(
+        "training", "the rollout engine's CUDA graphs kept through the training step are not "
+        "counted (without it they are deleted when the engine is suspended)"),
+    "--rl-training-cuda-graphs": Refusal(
+        "training", "the training step captured by megatron-core's CudaGraphManager is not "
+        "counted"),
+    "--rl-sequence-packing-bin-size": Refusal(
+        "training", "GRPO bins of another length than --seq-length are not modelled: the "
+        "training micro-batches are counted as --seq-length tokens"),
+}
+
 # megatron-core 0.16.1's DDP points each quantized weight at a one-byte-an-element uint8 view
 # through TE's replace_raw_data, which TE 2.11 refuses for an NVFP4Tensor (tensor/utils.py 50-51;
 # TE 2.14's NVFP4 branch copies packed [M, K/2] bytes, no fit for an [M, K] view either)
@@ -101,12 +139,7 @@ REFUSED: dict[str, Refusal] = {
     "--use-legacy-models": Refusal("model", "this tool builds megatron-core (mcore) models only"),
     "--spec": Refusal("model", "a custom layer spec module cannot be imported here",
                       (MAMBA_STACK_SPEC, HYBRID_STACK_SPEC)),  # fmt: skip
-    # megatron/training/checkpointing.py load_args_from_checkpoint: num_layers, hidden_size, ...
-    # from the checkpoint's args, most with force=True (over the script's own values)
-    "--use-checkpoint-args": Refusal(
-        "model", "Megatron-LM then takes the model's architecture from the checkpoint it loads "
-        "(over the script's own arguments), which this tool cannot read; drop it and give the "
-        "model's arguments"),  # fmt: skip
+    **RL_REFUSED,
     "--yaml-cfg": Refusal("model", "arguments in a Megatron-LM YAML config are not read; pass them"),
     "--heterogeneous-layers-config-path": Refusal("model", "heterogeneous layers are not modelled"),
     "--heterogeneous-layers-config-encoded-json": Refusal(
@@ -336,6 +369,8 @@ LOCAL_GRAPHS = Refusal(
     "full_iteration are")  # fmt: skip
 
 REFUSED_VALUES: dict[str, dict[str, Refusal]] = {
+    "--rl-kv-cache-management-mode": {mode: Refusal("training", _KV_AWAY)
+                                      for mode in ("offload", "recompute")},  # fmt: skip
     # megatron-core's optimizer/__init__.py: Muon (emerging_optimizers' orthogonalised momentum on
     # the linear weights, Adam on the rest), Lion, SOAP; versions.CHOICE_VERSIONS has when each came.
     # Muon is modelled as megatron-core 0.16-0.17 build it (optimizer/muon.py,

@@ -326,6 +326,10 @@ MUON_REGISTRY_SINCE = (0, 18)
 # own (`_compute_nvfp4_packed_layout`); 0.17 runs it with the param buffer's offsets packed and the
 # grad buffer's apart (`nvfp4_unpacked_param_index_map`), not modelled; 0.16 cannot (unmodelled.py)
 FP4_PARAM_RELEASES = (((0, 18), (0, 20)),)  # optimizer/emerging_optimizers.py builds Muon
+# the megatron-core releases whose --use-transformer-engine-op-fuser this tool runs: 0.18 on, whose
+# TransformerConfig has the field and whose TEGroupedMLP._fused_forward runs Transformer Engine
+# 2.14's fused operations (world/te/ops.py); 0.17 and before have no such argument
+OP_FUSER_RELEASES = (((0, 18), (0, 20)),)
 # the megatron-core releases whose TransformerConfig has `mtp_use_repeated_layer` (core_v0.17.0 on;
 # 0.16 has no such field): MultiTokenPredictionBlock builds one MTP layer and runs it
 # --mtp-num-layers times (multi_token_prediction.py), which this tool runs as megatron does

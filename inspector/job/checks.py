@@ -118,3 +118,32 @@ def check_deterministic(args: Mapping[str, Any]) -> None:
             flag = "--" + name.replace("_", "-")
             raise ConfigError(f"--deterministic-mode with {flag}: Megatron-LM's validate_args "
                               f"refuses it ('{why}')")  # fmt: skip
+
+
+def check_op_fuser(args: Mapping[str, Any]) -> None:
+    """Refuse what --use-transformer-engine-op-fuser would run that is not simulated: the MoE
+    experts' fused operations (world/te/ops.py) run in 16 bits, without delayed weight gradients."""
+    if not args.get("use_transformer_engine_op_fuser") or not args.get("num_experts"):
+        return  # megatron-core 0.18-0.19 read it in TEGroupedMLP only
+    quantized = [name for name in ("fp8_format", "fp4_format") if args.get(name)]
+    if quantized:
+        flag = "--" + quantized[0].replace("_", "-")
+        raise ConfigError(
+            f"--use-transformer-engine-op-fuser with {flag} {args[quantized[0]]} is not modelled: "
+            "Transformer Engine 2.14's fused operations quantize each expert GEMM's input "
+            "(ops/basic/grouped_linear.py split_quantize) and, in MXFP8 on Blackwell GPUs, run "
+            "its CuTe DSL fused grouped MLP (ops/fused/forward_grouped_mlp.py), whose saved "
+            "tensors are not simulated; the op fuser in 16 bits is modelled")  # fmt: skip
+    etp = args.get("expert_tensor_parallel_size") or args.get("tensor_model_parallel_size") or 1
+    if etp > 1:  # Megatron-LM's validate_args: the experts' tp defaults to --tp
+        raise ConfigError(
+            f"--use-transformer-engine-op-fuser with an expert tensor-parallel size of {etp} "
+            "(--expert-tensor-parallel-size, else --tp): megatron-core's TEGroupedMLP asserts "
+            "'Fused GroupedMLP is not supported for this configuration' (experts.py "
+            "_is_fused_impl_supported: tensor parallelism is not supported); pass "
+            "--expert-tensor-parallel-size 1")  # fmt: skip
+    if args.get("delay_wgrad_compute"):
+        raise ConfigError(
+            "--use-transformer-engine-op-fuser with --delay-wgrad-compute is not modelled: "
+            "Transformer Engine's ops.GroupedLinear keeps the expert weight gradients' inputs "
+            "for a later backward_dw (ops/basic/grouped_linear.py), which is not simulated")  # fmt: skip

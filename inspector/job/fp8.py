@@ -14,6 +14,7 @@ from typing import Any
 
 from inspector.errors import ConfigError
 from inspector.inputs.unmodelled import refusal_message
+from inspector.inputs.versions import megatron_core_version
 from inspector.job.checks import check_at_least_one, check_at_most
 
 FP8_FORMATS = ("e4m3", "hybrid")
@@ -97,8 +98,9 @@ def fp8_fields(
 
 def check_param_gather(args: Mapping[str, Any]) -> None:
     """Reject --fp8-param-gather (--fp4-param-gather) where Megatron-LM does (validate_args,
-    megatron-core's TransformerConfig), and under Megatron-FSDP and FSDP2, which this tool does not
-    model with it (a launch script's FSDP2 has it turned off already, as validate_args does)."""
+    megatron-core's TransformerConfig), and under FSDP2 and the parts of Megatron-FSDP this tool
+    does not model with it (a launch script's FSDP2 has it turned off already, as validate_args
+    does)."""
     for low in ("fp8", "fp4"):
         if not args.get(f"{low}_param_gather"):
             continue
@@ -109,16 +111,19 @@ def check_param_gather(args: Mapping[str, Any]) -> None:
         if not args.get(f"{low}_format"):
             raise ConfigError(f"{flag} needs --{low}-format (megatron-core's TransformerConfig: "
                               f"'{low}_param must be used together with {low} mode.')")  # fmt: skip
-        if args.get("use_megatron_fsdp") or args.get("use_torch_fsdp2"):
+        if args.get("use_torch_fsdp2") or (args.get("use_megatron_fsdp") and low == "fp4"):
             fsdp = "--use-megatron-fsdp" if args.get("use_megatron_fsdp") else "--use-torch-fsdp2"
             raise ConfigError(
                 f"{flag} with {fsdp} is not modelled: FSDP keeps {low} weights in its "
                 "own sharded buffers (Megatron-LM turns it off under FSDP2 with Transformer Engine "
                 "2.0 or later); it is modelled with --use-distributed-optimizer"
             )
+        if args.get("use_megatron_fsdp"):  # its own buffers, not DDP's (job/fsdp.py: distopt)
+            _megatron_fsdp_rules(args)
+            continue
         if low == "fp8" and args.get("fp8_recipe") == "mxfp8" and not args.get(
                 "reuse_grad_buf_for_mxfp8_param_ag"):  # fmt: skip
-            # megatron's DDP only (Megatron-FSDP keeps its own buffers, refused above)
+            # megatron's DDP only (Megatron-FSDP keeps its own buffers, above)
             raise ConfigError(
                 f"--fp8-param-gather with --fp8-recipe mxfp8 needs {_REUSE}: without it megatron's "
                 "DDP points each MXFP8 weight into its param buffer, which Transformer Engine "
@@ -134,3 +139,31 @@ def check_param_gather(args: Mapping[str, Any]) -> None:
                 "DDP points NVFP4 weights into its param buffer only under the distributed "
                 "optimizer)"
             )
+
+
+# --fp8-recipe values whose weights Megatron-FSDP keeps as modelled (world/fsdp.py `_fp8_bucket`):
+# TE's Float8Tensor (delayed, tensorwise) and MXFP8Tensor
+FSDP_FP8_RECIPES = ("delayed", "tensorwise", "mxfp8")
+
+
+def _megatron_fsdp_rules(args: Mapping[str, Any]) -> None:
+    """Refuse what this tool does not model of --fp8-param-gather under --use-megatron-fsdp."""
+    recipe = args.get("fp8_recipe") or "delayed"
+    strategy = args.get("data_parallel_sharding_strategy") or "no_shard"
+    if megatron_core_version() < (0, 16):
+        raise ConfigError(
+            "--fp8-param-gather with --use-megatron-fsdp is not modelled before megatron-core "
+            "0.16 (its custom_fsdp keeps fp8 weights otherwise)"
+        )
+    if recipe not in FSDP_FP8_RECIPES:
+        raise ConfigError(
+            f"--fp8-param-gather with --use-megatron-fsdp and --fp8-recipe {recipe} is not "
+            f"modelled: Megatron-FSDP is modelled with the {', '.join(FSDP_FP8_RECIPES)} "
+            "recipes' fp8 weights"
+        )
+    if strategy == "no_shard":
+        raise ConfigError(
+            "--fp8-param-gather with --use-megatron-fsdp and --data-parallel-sharding-strategy "
+            "no_shard is not modelled: Megatron-FSDP makes no weight buffer there and the fp8 "
+            "weights keep their own storage"
+        )

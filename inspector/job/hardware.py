@@ -48,11 +48,20 @@ class Gpu:
     # which end of a published kernel range prices a GPU without a measured table
     # (formulas/published_kernels.py): "slow" ranks the plans, "fast" is shown beside them
     published_end: str = "slow"
+    # the bus bandwidth NCCL reaches over NVLink (one direction; nccl-tests' busBw): for ring
+    # all-reduce and every other collective, point-to-point and all-to-all; None: the line rate
+    nccl_intra: float | None = None
+    # NVLink SHARP's (NCCL_ALGO NVLS, NCCL's default) all-reduce bus bandwidth by group size:
+    # ((ranks, bytes/s), ...); a size not listed gets nccl_intra
+    nvls_intra: tuple[tuple[int, float], ...] = ()
 
     def peak_tflops(self, dtype_name: str) -> float:
         """Return the dense peak TFLOP/s for a model of this dtype (bfloat16, float16, float32)."""
         return self.tflops_fp32 if dtype_name == "float32" else self.tflops_16bit
 
+
+NCCL_NVLINK4 = 370e9  # H100/H200 NVLink: NCCL's Ring and point-to-point busBw (GPUS, h100)
+NVLS_NVLINK4 = ((5, 420e9), (6, 440e9), (7, 460e9), (8, 480e9))  # NVLS all-reduce busBw by ranks
 
 GPUS = {
     # NVIDIA H100 Tensor Core GPU datasheet (SXM5): 989 TFLOP/s dense BF16 and FP16 (1,979 with
@@ -61,11 +70,22 @@ GPUS = {
     # per GPU (50 GB/s).
     # NVIDIA H100 Tensor Core GPU Architecture whitepaper: the SXM5 H100 has 132 SMs (as the
     # measured H100 of formulas/kernels-h100.json reported).
-    "h100": Gpu("h100", 989.0, 67.0, 1979.0, 80, 3.35e12, 450e9, 50e9, sms=132),
+    # What NCCL reaches over that NVLink, measured on 8 H100 SXM (NVIDIA/nccl#1455, all_reduce_perf
+    # at 2-4 GB): NCCL_ALGO=Ring busBw 365-370 GB/s for 2 to 8 GPUs, "about 80% of 450GBps"; NVLS
+    # the same for 2-4 GPUs, then 420, 440, 460 and 480 GB/s for 5, 6, 7 and 8. NCCL's maintainer
+    # (NVIDIA/nccl-tests#212): "450GB/s is the line rate. With the protocol overhead (~20%) NCCL
+    # can get an effective NVLink bandwidth of 370GB/s, which you can observe as "BusBw" when
+    # running non-allreduce operations, or when running with NCCL_ALGO=RING", and NVLink SHARP
+    # all-reduce "on 8 GPUs ... a peak busBw of ~480GB/s".
+    "h100": Gpu("h100", 989.0, 67.0, 1979.0, 80, 3.35e12, 450e9, 50e9, sms=132,
+                nccl_intra=NCCL_NVLINK4, nvls_intra=NVLS_NVLINK4),
     # NVIDIA H200 datasheet (SXM): 989 TFLOP/s dense BF16 and FP16, 1,979 dense FP8, 67 FP32;
     # 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s; DGX H200: 8 GPUs, 400 Gb/s InfiniBand per GPU.
     # 132 SMs: the measured H200 of formulas/kernels-h200.json (shared/gpu/) reported them.
-    "h200": Gpu("h200", 989.0, 67.0, 1979.0, 141, 4.8e12, 450e9, 50e9, sms=132),
+    # The same NVLink 4 and NVSwitch as H100, so H100's NCCL figures (8 H200: all_reduce_perf peak
+    # busBw 475 GB/s under NCCL's default algorithm, NVIDIA/nccl-tests#272).
+    "h200": Gpu("h200", 989.0, 67.0, 1979.0, 141, 4.8e12, 450e9, 50e9, sms=132,
+                nccl_intra=NCCL_NVLINK4, nvls_intra=NVLS_NVLINK4),
     # NVIDIA A100 datasheet (SXM 80GB): 312 TFLOP/s dense BF16 and FP16 (624 with sparsity), no
     # FP8, 19.5 FP32; HBM2e at 2,039 GB/s, NVLink 600 GB/s (300 each way); DGX A100 / Selene
     # (Narayanan et al. 2021): 8 GPUs, 8 x 200 Gb/s HDR InfiniBand per node, one per GPU (25 GB/s).
@@ -147,4 +167,6 @@ def with_overrides(
         if value is not None:
             check_positive(flag, value, unit)
             gpu = replace(gpu, **{field: value * scale})  # type: ignore[arg-type]
+    if intra_node_bandwidth is not None:  # the user's figure prices every NVLink collective
+        gpu = replace(gpu, nccl_intra=None, nvls_intra=())
     return gpu

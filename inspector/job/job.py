@@ -14,7 +14,12 @@ from typing import Any, Literal, cast, get_args
 
 from inspector.errors import ConfigError
 from inspector.job.attention_backend import flash_attention, scores_cause
-from inspector.job.checks import check_at_least_one, check_count, check_deterministic
+from inspector.job.checks import (
+    check_at_least_one,
+    check_count,
+    check_deterministic,
+    check_op_fuser,
+)
 from inspector.job.cuda_graphs import check_cuda_graphs, parse_scope, preprocess_syncs
 from inspector.job.dims import ModelDims, num_microbatches
 from inspector.job.dsa import check_dsa_layout
@@ -25,6 +30,7 @@ from inspector.job.fsdp import fsdp_rules
 from inspector.job.gdn import validate_gdn
 from inspector.job.hybrid_model import validate_hybrid
 from inspector.job.layout import Layout, make_layout, validate_layout
+from inspector.job.lora import check_lora
 from inspector.job.model import ModelConfig
 from inspector.job.model_args import make_model_config, validate_model
 from inspector.job.offloading import Offloading, parse_offloading
@@ -32,6 +38,7 @@ from inspector.job.optimizer_precision import OptimizerPrecision, make_precision
 from inspector.job.optimizers import FLAGS_READ, check_optimizer, layer_wise
 from inspector.job.packing import check_packing, packed_document_length
 from inspector.job.recompute_modules import DEFAULT_MODULES, check_modules, parse_modules
+from inspector.job.rollout import RolloutContext, local_graphs_are_the_engine_s, make_rollout
 from inspector.job.tp_overlap import check_tp_comm_overlap
 from inspector.job.versions import router_padding_field
 
@@ -81,12 +88,17 @@ class Training:
     # --overlap-moe-expert-parallel-comm, --delay-wgrad-compute (job/ep_overlap.py)
     ep_overlap: bool = False
     delay_wgrad: bool = False
+    op_fuser: bool = False  # --use-transformer-engine-op-fuser: the experts' TE fused ops (world/te/ops.py)
     cross_entropy_loss_fusion: bool = False  # megatron's torch.compile'd fused_cross_entropy.py
     # the output layer's weight gradients of the first --wgrad-deferral-limit (0: all) deferred
     defer_embedding_wgrad: bool = False
     wgrad_deferral_limit: int = 0
     tp_comm_overlap: bool = False  # --tp-comm-overlap: Transformer Engine's userbuffers
     deterministic_mode: bool = False  # --deterministic-mode (formulas/determinism.py)
+    # --log-params-norm, --log-num-zeros-in-grad: passes over the rank's state each iteration
+    # (formulas/optimizer.py `logged_passes`)
+    log_params_norm: bool = False
+    log_num_zeros_in_grad: bool = False
     unfused: tuple[str, ...] = ()  # fusions turned off (--no-bias-gelu-fusion: bias_gelu_fusion)
     # --use-precision-aware-optimizer and its dtypes (job/optimizer_precision.py)
     optimizer_precision: OptimizerPrecision = field(default_factory=OptimizerPrecision)
@@ -97,6 +109,7 @@ class Training:
     packed_document_length: int | None = None  # --sft: packed sequences (job/packing.py)
     train_iters: int | None = None  # --train-iters (None: not given); 1 peaks at the first step
     offloading: Offloading | None = None  # --fine-grained-activation-offloading (job/offloading.py)
+    rollout: RolloutContext | None = None  # --perform-rl-step: the GRPO rollout engine (job/rollout.py)
 
     def __post_init__(self) -> None:
         """Reject counts below one and unknown recomputation modes."""
@@ -155,6 +168,7 @@ class Job:
         validate_model(self.model)
         validate_layout(self.model, self.layout)
         check_dsa_layout(self.model, self.layout.cp)
+        check_lora(self.model, self.layout.tp, self.training)
         if self.model.hybrid:
             uneven = (self.layout.decoder_first_pipeline_num_layers is not None
                       or self.layout.decoder_last_pipeline_num_layers is not None)  # fmt: skip
@@ -253,11 +267,14 @@ TRAINING_ARGS = {
     "moe_deepep_num_sms": "moe_deepep_num_sms",
     "overlap_moe_expert_parallel_comm": "ep_overlap",
     "delay_wgrad_compute": "delay_wgrad",
+    "use_transformer_engine_op_fuser": "op_fuser",
     "cross_entropy_loss_fusion": "cross_entropy_loss_fusion",
     "defer_embedding_wgrad_compute": "defer_embedding_wgrad",
     "wgrad_deferral_limit": "wgrad_deferral_limit",
     "tp_comm_overlap": "tp_comm_overlap",
     "deterministic_mode": "deterministic_mode",
+    "log_params_norm": "log_params_norm",
+    "log_num_zeros_in_grad": "log_num_zeros_in_grad",
     "cuda_graph_impl": "cuda_graph_impl",
     "cuda_graph_warmup_steps": "cuda_graph_warmup_steps",
     "train_iters": "train_iters",
@@ -281,13 +298,17 @@ def make_training(args: Mapping[str, Any]) -> Training:
                  "moe_pad_expert_input_to_capacity", "megatron_fsdp", "fsdp_double_buffer",
                  "torch_fsdp2", "ep_overlap", "delay_wgrad", "moe_enable_deepep",
                  "cross_entropy_loss_fusion", "defer_embedding_wgrad", "tp_comm_overlap",
-                 "deterministic_mode"):  # fmt: skip
+                 "deterministic_mode", "op_fuser", "log_params_norm",
+                 "log_num_zeros_in_grad"):  # fmt: skip
         values[flag] = bool(values.get(flag))
     values["moe_router_padding"] = router_padding(args)
     values["cuda_graph_impl"] = values.get("cuda_graph_impl") or "none"
     values["cuda_graph_scope"] = parse_scope(args)
     values["packed_document_length"] = packed_document_length(args)
     values["offloading"] = parse_offloading(args)
+    values["rollout"] = make_rollout(args)
+    if local_graphs_are_the_engine_s(args):  # the policy trains without graphs (job/rollout.py)
+        values["cuda_graph_impl"] = "none"
     values["fp32_grads"] = values.get("fp32_grads") or None
     values["optimizer"] = values.get("optimizer") or "adam"
     values["unfused"] = tuple(name for name in FUSIONS if args.get("no_" + name))
@@ -299,6 +320,7 @@ def make_training(args: Mapping[str, Any]) -> Training:
 def _megatron_training_rules(args: Mapping[str, Any], values: dict[str, Any]) -> None:
     """Apply Megatron-LM's validate_args to the training arguments beyond the plain ones."""
     check_deterministic(args)
+    check_op_fuser(args)
     if args.get("recompute_activations"):
         # validate_args: "if args.recompute_activations: args.recompute_granularity = 'selective'"
         values["recompute"] = "selective"

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inspector.job import fp4, fp8
+from inspector.job.lora import LORA_TARGETS
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,10 @@ class ModelConfig:
     mscale_all_dim: float | None = None
     mtp_num_layers: int | None = None
     mtp_use_repeated_layer: bool = False  # one MTP layer run at each depth (TransformerConfig's)
+    # Megatron-Bridge's LoRA (job/lora.py): the adapters' rank (None: no adapters, nothing frozen)
+    # and the linears they wrap; in `to_args` only when set
+    lora_rank: int | None = None
+    lora_target_modules: tuple[str, ...] = LORA_TARGETS
     moe_layer_freq: int | tuple[int, ...] = 1
     moe_router_score_function: str = "softmax"
     moe_router_enable_expert_bias: bool = False
@@ -359,7 +364,8 @@ class ModelConfig:
         only away from their defaults (and the low-precision ones of job/fp4.py and
         job/fp8_attention.py), so a job without them reads as before."""
         optional = ("padded_vocab_size", "moe_latent_size", *HYBRID_FIELDS, *DSA_FIELDS, *GDN_FIELDS)
-        when_set = (*GPT_OSS_FIELDS, *LOW_PRECISION_FIELDS, "mtp_use_repeated_layer")
+        when_set = (*GPT_OSS_FIELDS, *LOW_PRECISION_FIELDS, "mtp_use_repeated_layer", "lora_rank",
+                    "lora_target_modules")
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                 if (f.name not in optional or getattr(self, f.name))
                 and (f.name not in when_set or getattr(self, f.name) != f.default)}  # fmt: skip

@@ -16,6 +16,7 @@ from inspector.job.checks import MAX_SIZE, check_at_least_one, check_heads, chec
 from inspector.job.dsa import infer_from_pattern, validate_dsa
 from inspector.job.fp8_attention import check_fp8_attention
 from inspector.job.hybrid_model import check_ratios
+from inspector.job.lora import lora_values
 from inspector.job.model import MODEL_FIELDS, ModelConfig
 from inspector.job.moe_pattern import parse_moe_layer_freq
 from inspector.job.versions import LATENT_MOE_SINCE, megatron_version
@@ -46,6 +47,8 @@ def make_model_config(args: Mapping[str, Any]) -> ModelConfig:
                  "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):  # fmt: skip
         if values.get(name) is None:
             values.pop(name, None)
+    values.pop("lora_target_modules", None)
+    values.update(lora_values(args))
     infer_from_pattern(values)
     config = ModelConfig(**values)
     validate_model(config)

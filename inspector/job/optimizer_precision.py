@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inspector.errors import ConfigError
+from inspector.inputs.versions import megatron_core_version
 
 # Megatron-LM core_v0.16.1 arguments.py: each flag's choices
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -43,6 +44,9 @@ FP32 = 4
 # Megatron-LM's default --optimizer adam: the optimizer's constants, defined here only
 ADAM_MOMENTS = 2 * FP32  # exp_avg and exp_avg_sq, fp32
 MASTER_COPY = FP32  # the fp32 master (main) weight of a 16-bit parameter
+# megatron-core 0.19.2 optimizer/__init__.py get_megatron_optimizer, Megatron-FSDP branch: FusedAdam's
+# `master_weights` set False (the fp32 main weights are Megatron-FSDP's buffer); 0.16.1 lacks it
+FSDP_MOMENTS_ONLY = (0, 19)
 REMAINDER = 2  # store_param_remainders: int16, the low 16 bits of the fp32 master of a bf16 param
 
 
@@ -149,13 +153,19 @@ def _check_aware(args: Mapping[str, Any], dtypes: Mapping[str, str]) -> None:
             "OptimizerConfig: \"--use-precision-aware-optimizer only supported with distributed "
             "optimizer\")"
         )
-    for flag in ("use_megatron_fsdp", "use_torch_fsdp2"):
-        if args.get(flag):
-            raise ConfigError(
-                f"--use-precision-aware-optimizer with --{flag.replace('_', '-')} is not modelled: "
-                "FSDP's sharded optimizer state is counted in fp32; it is modelled with "
-                "--use-distributed-optimizer"
-            )
+    if args.get("use_torch_fsdp2"):
+        raise ConfigError(
+            "--use-precision-aware-optimizer with --use-torch-fsdp2 is not modelled: FSDP2's "
+            "sharded optimizer state is counted in fp32; it is modelled with "
+            "--use-distributed-optimizer and --use-megatron-fsdp"
+        )
+    if args.get("use_megatron_fsdp") and megatron_core_version() < FSDP_MOMENTS_ONLY:
+        raise ConfigError(
+            "--use-precision-aware-optimizer with --use-megatron-fsdp is not modelled before "
+            "megatron-core 0.19: its get_megatron_optimizer leaves Transformer Engine's FusedAdam "
+            "a master copy of Megatron-FSDP's fp32 main weights (0.19 turns it off: "
+            "optimizer/__init__.py `master_weights` False)"
+        )
     te_master = dtypes["main_params_dtype"] != "fp32" or (args.get("fp8_recipe") or "delayed") == (
         "delayed"
     )

@@ -8,6 +8,9 @@ Megatron-FSDP (world/fsdp.py lays out the buckets with megatron's code): per buc
   - optimizer: the fp32 main-weight buffer (`preserve_fp32_weights`, megatron's default), its
     shard from optim on, and Adam's two fp32 moments of the parameter elements in that shard
     (the optimizer's parameters are the shard's pieces, `_init_distributed_params`).
+With --fp8-param-gather the TE weights' buckets are uint8 (one byte an element; an MXFP8 bucket a
+row-wise and a column-wise buffer, the forward gathering the first, the backward the second), and
+each rank keeps the weights' scales whole (world/fsdp.py `_fp8_bucket`).
 Buffers in flight (the peak, on top of the state): parameters sharded under optim_grads_params
 are all-gathered one bucket group (a TransformerLayer, or a bucket outside the layers) at a time,
 the next one prefetched (`AllGatherPipeline`, two slots with --fsdp-double-buffer:
@@ -33,9 +36,11 @@ from inspector.world.fsdp import SHARDED, buckets_each_backward
 
 
 def fsdp_state(
-    layouts: Sequence[Any], dense_index: int, expert_index: int
+    layouts: Sequence[Any], dense_index: int, expert_index: int, moments: int = ADAM_MOMENTS
 ) -> tuple[int, int, int]:
-    """Return one rank's (weights, gradients, optimizer) bytes from its chunks' FsdpLayouts."""
+    """Return one rank's (weights, gradients, optimizer) bytes from its chunks' FsdpLayouts;
+    `moments`: Adam's bytes per updated element (--exp-avg-dtype and --exp-avg-sq-dtype with the
+    precision-aware optimizer, whose FusedAdam keeps no master weights under Megatron-FSDP)."""
     weights = gradients = optimizer = 0
     for layout in layouts:
         if layout.strategy == "fsdp2":
@@ -50,12 +55,14 @@ def fsdp_state(
             whole, shard = bucket.numel, bucket.shard_numel
             if layout.strategy == "no_shard":
                 weights += bucket.parameters * bucket.param_itemsize
-            else:
-                weights += (shard if params else whole) * bucket.param_itemsize
+            else:  # an MXFP8 bucket's column-wise buffer is sharded as its row-wise one
+                copies = 2 if bucket.transpose else 1
+                weights += (shard if params else whole) * bucket.param_itemsize * copies
+            weights += bucket.kept
             gradients += (shard if grads else whole) * bucket.grad_itemsize
             index = expert_index if bucket.expert else dense_index
             updated = bucket.owned_numel[index] if main else bucket.parameters
-            optimizer += (shard if main else whole) * MASTER_COPY + updated * ADAM_MOMENTS
+            optimizer += (shard if main else whole) * MASTER_COPY + updated * moments
     return weights, gradients, optimizer
 
 
@@ -70,13 +77,16 @@ def fsdp_in_flight(layouts: Sequence[Any], gradients: bool = True) -> int:
         params, _, grads = SHARDED[layout.strategy]
         groups = _groups(layout.buckets)
         weights = [sum(b.numel * b.param_itemsize for b in g) for g in groups] if params else []
+        # a Float8Tensor bucket's backward transpose, of the group in use only
+        transposes = [sum(b.numel for b in g if getattr(b, "backward_transpose", False))
+                      for g in groups] if params else []  # fmt: skip
         if layout.strategy == "fsdp2":
             grad = _pair([sum(b.numel * b.grad_itemsize for b in g) for g in groups])
         elif not gradients and buckets_each_backward(layout.strategy):
             grad = 0
         else:
             grad = gradient_buckets_peak(layout, grads)
-        most = max(most, _pair(weights) + grad)
+        most = max(most, _pair(weights, transposes) + grad)
     return most
 
 
@@ -95,8 +105,10 @@ def _groups(buckets: Iterable[Any]) -> list[list[Any]]:
     return groups
 
 
-def _pair(sizes: Sequence[int]) -> int:
-    """Return the largest sum of two neighbours (the one in use and the one prefetched)."""
+def _pair(sizes: Sequence[int], extra: Sequence[int] = ()) -> int:
+    """Return the largest sum of two neighbours (the one in use and the one prefetched), each
+    pair with the larger of its two `extra` (what the group in use adds: a backward transpose)."""
+    more = list(extra) or [0] * len(sizes)
     if len(sizes) < 2:
-        return sum(sizes)
-    return max(a + b for a, b in zip(sizes, sizes[1:], strict=False))
+        return sum(sizes) + sum(more)
+    return max(a + b + max(x, y) for a, b, x, y in zip(sizes, sizes[1:], more, more[1:], strict=False))

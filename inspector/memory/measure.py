@@ -82,6 +82,7 @@ class StateBytes:
     elements: int = 0  # the buffers' elements (padding included); 0 where not counted
     # the bf16 param views inside grad buffers shared with MXFP8 weights (BufferLayout.shared)
     shared_view: int = 0
+    frozen: int = 0  # of the weights, parameters in no buffer (LoRA's frozen model): never gathered
 
     @property
     def total(self) -> int:
@@ -92,7 +93,7 @@ class StateBytes:
     def all_gather_bytes(self) -> int:
         """Return the bytes the parameter all-gather moves: the param buffers, not what TE
         keeps beside them; an MXFP8 buffer's bf16 view of its grad buffer instead."""
-        return self.weights - self.kept + self.shared_view
+        return self.weights - self.kept - self.frozen + self.shared_view
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,6 +122,9 @@ class StageMemory(StageBytes):
     activations: StageActivations  # the closed forms (the answer only where run is None)
     flops: int  # one iteration, all of the stage's ranks together
     run: RunMemory | None = None  # megatron run on meta tensors (inspector/memory/engine)
+    # --perform-rl-step: the rollout engine's context (KV cache, tables) kept on the GPU through
+    # the training step (job/rollout.py, engine/inference_context.py)
+    rollout: int = 0
 
     @property
     def activation_bytes(self) -> int:
@@ -133,7 +137,7 @@ class StageMemory(StageBytes):
     def buffers(self) -> int:
         """Return the bytes the run keeps besides the state (persistent buffers, workspaces; FSDP's
         buffers in flight); the run's are 0 where the engine did not run (`buffers_counted`)."""
-        return (self.run.static if self.run is not None else 0) + self.fsdp_in_flight
+        return (self.run.static if self.run is not None else 0) + self.fsdp_in_flight + self.rollout
 
     @property
     def buffers_counted(self) -> bool:
@@ -255,16 +259,17 @@ def job_optimizer_bytes(job: Job) -> OptimizerBytes:
 
 def state_bytes(
     buffers: Sequence[Any], distributed: bool, dense_index: int, expert_index: int,
-    optimizer: OptimizerBytes = DEFAULT_ADAM,
+    optimizer: OptimizerBytes = DEFAULT_ADAM, *, frozen: int = 0,
 ) -> StateBytes:
     """Return one rank's state bytes from its chunks' megatron grad buffers (distopt.BufferLayout).
 
     `distributed`: --use-distributed-optimizer. `dense_index` is the rank's position in the
     data-parallel group, `expert_index` in the expert data-parallel group: they pick its shard of
     the dense and expert buffers. Without the distributed optimizer megatron asserts that a buffer
-    has no padding, so `numel` counts the parameters themselves.
+    has no padding, so `numel` counts the parameters themselves. `frozen`: the bytes of the
+    parameters that need no gradient (LoRA's frozen model), which no buffer holds.
     """
-    weights = gradients = held = view = 0
+    weights, gradients, held, view = frozen, 0, 0, 0
     for buffer in buffers:
         # an MXFP8 buffer's param_data is a bf16 view of its grad buffer (`shared`): numel
         # bf16 elements (param_and_grad_buffer.py 786-792), no bytes of its own
@@ -276,7 +281,7 @@ def state_bytes(
         updated = buffer.owned_numel[index % len(buffer.owned_numel)] if distributed else buffer.numel
         held += updated * optimizer_bytes_per_element(buffer, optimizer)
     kept = sum(buffer.kept for buffer in buffers)
-    return StateBytes(weights, gradients, held, kept, sum(b.numel for b in buffers), view)
+    return StateBytes(weights, gradients, held, kept, sum(b.numel for b in buffers), view, frozen)
 
 
 def measure(built: BuiltJob, hardware: Hardware) -> MemoryReport:
@@ -310,6 +315,9 @@ def measure(built: BuiltJob, hardware: Hardware) -> MemoryReport:
         )
     stages = tuple(_with_run(job, s, engine.runs.get(s.stage), b)
                    for s, b in zip(formulas, built.stages, strict=True))  # fmt: skip
+    if job.training.rollout is not None:
+        stages = tuple(replace(s, rollout=_rollout_bytes(job, b))
+                       for s, b in zip(stages, built.stages, strict=True))  # fmt: skip
     return MemoryReport(
         job=job,
         schedule=schedule,
@@ -319,6 +327,20 @@ def measure(built: BuiltJob, hardware: Hardware) -> MemoryReport:
         else iteration_flops(dims, schedule.global_batch_size),
         not_run=engine.not_run,
     )
+
+
+def _rollout_bytes(job: Job, built: BuiltStage) -> int:
+    """Return what megatron-core's dynamic inference context allocates on a rank of the stage
+    for the GRPO rollouts, with the stage's own TransformerConfig (job/rollout.py)."""
+    from inspector.memory.engine.inference_context import context_bytes
+
+    if job.model.is_hybrid_model:
+        raise ConfigError("--perform-rl-step with a hybrid model is not modelled: its rollout "
+                          "context holds Mamba states beside the KV cache")  # fmt: skip
+    assert job.training.rollout is not None
+    module = built.chunks[0].module
+    return context_bytes(module.config, job.training.rollout, job.layout, built.stage,
+                         module.vocab_size).total
 
 
 def _with_run(job: Job, memory: StageMemory, run: RunMemory | None,
@@ -348,13 +370,16 @@ def _stage_memory(
         from inspector.memory.fsdp_buffers import fsdp_in_flight, fsdp_state
 
         layouts = [chunk.fsdp() for chunk in chunks]
-        by_shard = {(d, e): StateBytes(*fsdp_state(layouts, d, e)) for _, d, e in ranks}
+        moments = job_optimizer_bytes(job).precision.moments()
+        by_shard = {(d, e): StateBytes(*fsdp_state(layouts, d, e, moments)) for _, d, e in ranks}
         in_flight = fsdp_in_flight(layouts)
     else:
         buffers = [buffer for chunk in chunks for buffer in chunk.buffers()]
         distributed = training.use_distributed_optimizer or training.layer_wise_param_layout
         each = job_optimizer_bytes(job)
-        by_shard = {(d, e): state_bytes(buffers, distributed, d, e, each) for _, d, e in ranks}
+        frozen = sum(chunk.frozen_bytes() for chunk in chunks)
+        by_shard = {(d, e): state_bytes(buffers, distributed, d, e, each, frozen=frozen)
+                    for _, d, e in ranks}  # fmt: skip
         if training.layer_wise_param_layout:  # each rank's shards of the buffers (world/ddp.py)
             muon = {"optimizer_by_rank": tuple((r, by_shard[(d, e)].optimizer) for r, d, e in ranks)}
         elif training.optimizer in MUON:  # megatron's Muon: whole matrices per rank (engine/muon.py)

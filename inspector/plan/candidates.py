@@ -187,6 +187,8 @@ def candidate_job(
     flex = req.training.moe_token_dispatcher_type == "flex" and req.model.num_experts is not None
     if flex and lay.ep * lay.expert_tp <= 1 and one_rank_refused(req.training.moe_flex_backend):
         return None  # megatron's flex dispatcher asserts TPxEP > 1 (job/flex.py check_flex_group)
+    if req.training.op_fuser and req.model.num_experts is not None and lay.expert_tp > 1:
+        return None  # megatron's _is_fused_impl_supported: "Tensor parallelism is not supported"
     asked = (*key, req.training, req.global_batch_size, mbs, recipe, distopt, flash)
     if asked not in _JOBS:  # capped_split and _first_fit ask for some of the same
         _JOBS[asked] = _new_job(req, lay, mbs, recipe, distopt, flash)

@@ -13,7 +13,9 @@ Each term and its source (symbols of inspector/job/dims.py; m micro-batches, v v
     reduce-scatter with sequence parallelism, all-reduce pairs without; Korthikanti et al. 2022,
     Section 4.2.2, equal volumes; an MoE layer with expert TP 1 and no shared experts runs
     attention's 2 and 2 only: moe_layer.py) of s b h / c activation elements, each priced alpha +
-    bytes x (t - 1) / t / bandwidth (ring, Thakur et al. 2005); not overlapped (Megatron's default);
+    bytes x (t - 1) / t / bandwidth (ring, Thakur et al. 2005; over NVLink the bus bandwidth
+    NCCL measures, NVLink SHARP's for an all-reduce of 5-8 ranks: plan/network.py); not
+    overlapped (Megatron's default);
     full recomputation repeats the forward's 4, `--recompute-modules mlp` (shared_experts) the
     MLP's (shared expert's) 2, `mla_up_proj` with sequence parallelism one gather of the latents
     the up projections read (q_lora + kv_lora wide);
@@ -240,7 +242,7 @@ def with_state(
         ag = collective(1, params, 1, d, dp_link)
         data = max(0.0, rs - backward) + max(0.0, ag - compute / 3)
     else:
-        data = max(0.0, collective(2, grads, 1, d, dp_link) - backward)
+        data = max(0.0, collective(2, grads, 1, d, net.link(lay.tp * lay.cp * lay.dp, d)) - backward)
     optimizer = optimizer_seconds(net, dp_bytes, state_bytes, step, grad_bytes)
     return StageTime(
         work.compute, work.tensor, work.context, work.expert, work.p2p, data, optimizer, fsdp
@@ -312,10 +314,10 @@ def _layer_time(
     if recompute == "selective":  # a recomputed MLP re-runs fc1's gather and fc2's reduction
         mlps = ("mlp",) if not moe else ("shared_experts",) if dims.shared_expert_ffn else ()
         collectives += 2 * sum(m in modules for m in mlps)  # its 2 of the forward's 4
-    tensor = collective(collectives, tokens * dims.hidden_size, act, lay.tp, net.link(lay.tp))
+    tensor = collective(collectives, tokens * dims.hidden_size, act, lay.tp, net.tensor_link(lay))
     if recompute == "selective" and "mla_up_proj" in modules and lay.sequence_parallel:
         latents = (dims.q_lora_rank or dims.hidden_size) + dims.kv_lora_rank  # q's and kv's
-        tensor += collective(1, tokens * latents, act, lay.tp, net.link(lay.tp))
+        tensor += collective(1, tokens * latents, act, lay.tp, net.link(lay.tp))  # a gather
     context = 0.0
     if lay.cp > 1:
         forwards = 2 if recompute == "full" or (recompute == "selective" and "core_attn" in modules) else 1

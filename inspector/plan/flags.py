@@ -37,6 +37,8 @@ def megatron_flags(job: Job, split: Split) -> list[str]:
         out.append("--overlap-moe-expert-parallel-comm")
     if training.delay_wgrad:
         out.append("--delay-wgrad-compute")
+    if training.op_fuser:
+        out.append("--use-transformer-engine-op-fuser")
     if training.megatron_fsdp:
         out += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {training.sharding_strategy}",
                 "--use-distributed-optimizer", "--ckpt-format fsdp_dtensor"]  # fmt: skip

@@ -188,7 +188,7 @@ def symbol_time(dims: ModelDims, lay: Layout, net: Network, rate: float, mbs: in
     count = 0 if moe and not (dims.shared_expert_ffn or lay.expert_tp > 1) else 4
     tokens = dims.seq_length * mbs / lay.cp
     tensor = collective(count, tokens * dims.hidden_size, dims.activation_bytes, lay.tp,
-                        net.link(lay.tp))  # fmt: skip
+                        net.tensor_link(lay))  # fmt: skip
     return compute, tensor, 0.0, moe_exchange(dims, lay, net, tokens, False) if moe else 0.0
 
 

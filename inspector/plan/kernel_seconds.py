@@ -11,8 +11,10 @@ for every layout and layer. Same numbers, computed once.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import inspector.caches as caches
+from inspector.formulas.determinism import nan_fill
 from inspector.formulas.kernels import ops_seconds
 from inspector.formulas.ops import LayerOps, Shard, layer_ops, layer_seconds, output_ops
 from inspector.formulas.optimizer import OptimizerStep, optimizer_ops
@@ -38,8 +40,16 @@ def compute_seconds(flops: float, kernels: Callable[[Gpu], float], lay: Layout, 
 
 @caches.memo(maxsize=1024)
 def layer_kernels(dims: ModelDims, shard: Shard, moe: bool) -> LayerOps:
-    """Return formulas/ops.py's kernels of one layer on one rank (layers of a kind share them)."""
-    return layer_ops(dims, shard, moe)
+    """Return formulas/ops.py's kernels of one layer on one rank (layers of a kind share them);
+    a Transformer Engine layer under --deterministic-mode adds torch's NaN fill of the tensors
+    it allocates (formulas/determinism.py `nan_fill`), again wherever its forward runs again."""
+    ops = layer_ops(dims, shard, moe)
+    if not (dims.deterministic and dims.te_attention):
+        return ops
+    tokens = dims.seq_length * shard.micro_batch // shard.cp
+    local = tokens // shard.tp if shard.sequence_parallel else tokens
+    fill = nan_fill(dims, ops.forward, ops.backward, tokens, local, shard.tp, moe)
+    return replace(ops, forward=(*ops.forward, fill[0]), backward=(fill[1], *ops.backward))
 
 
 @caches.memo(maxsize=256)

@@ -1,10 +1,14 @@
 """Where a layout's groups run, and the expert-parallel all-to-all priced over the links it uses.
 
 A group whose ranks span at most one node (the GPU's NVLink domain, `--gpus-per-node`) talks over
-NVLink, otherwise over InfiniBand (`Network.link`). The MoE token exchange is priced per link class
-instead (`expert_alltoall`): megatron's all-to-all dispatcher calls `torch.distributed.
-all_to_all_single` with split sizes (tensor_parallel/mappings.py `_AllToAll`), which PyTorch runs as
-one NCCL group of a send and a receive per peer (torch/csrc/cuda/nccl.cpp
+NVLink, otherwise over InfiniBand (`Network.link`). Over NVLink a collective moves at the bus
+bandwidth NCCL measures there, not the line rate (job/hardware.py `nccl_intra`: 370 of 450 GB/s
+on H100), and an all-reduce of 5 to 8 ranks at NVLink SHARP's (`nvls_intra`, up to 480 GB/s)
+unless NCCL_ALGO leaves NVLS out (`nvls_allowed`; NCCL user guide, "Environment Variables":
+NCCL_ALGO lists the algorithms NCCL may use, a leading `^` the ones it may not). The MoE token
+exchange is priced per link class instead (`expert_alltoall`): megatron's all-to-all dispatcher
+calls `torch.distributed.all_to_all_single` with split sizes (tensor_parallel/mappings.py
+`_AllToAll`), which PyTorch runs as one NCCL group of a send and a receive per peer (torch/csrc/cuda/nccl.cpp
 `all2all_single_unequal_split`); NCCL lets the calls of a group progress independently (NCCL user
 guide, "Point-to-point communication": all-to-all as grouped ncclSend/ncclRecv) and schedules them
 as rounds over node and local-rank offsets (src/init.cc `p2pSchedule`), spread over its p2p
@@ -37,12 +41,43 @@ class Network:
 
     gpu: Gpu
     gpus_per_node: int
+    nvls: bool = True  # NCCL_ALGO allows NVLink SHARP (NCCL's default where the NVSwitch has it)
 
-    def link(self, span: int) -> tuple[float, float]:
-        """Return (alpha, bandwidth) for a group whose ranks span `span` consecutive ranks."""
-        if span <= self.gpus_per_node:
-            return self.gpu.alpha_intra, self.gpu.intra
-        return self.gpu.alpha_inter, self.gpu.inter
+    @property
+    def nvlink(self) -> float:
+        """Return the bus bandwidth NCCL's collectives reach over NVLink (bytes/s, one way)."""
+        return self.gpu.nccl_intra or self.gpu.intra
+
+    def link(self, span: int, all_reduce: int = 0) -> tuple[float, float]:
+        """Return (alpha, bandwidth) for a group whose ranks span `span` consecutive ranks;
+        `all_reduce`: the group's ranks when it all-reduces (NVLink SHARP's figures)."""
+        if span > self.gpus_per_node:
+            return self.gpu.alpha_inter, self.gpu.inter
+        bandwidth = self.nvlink
+        if all_reduce and self.nvls:
+            bandwidth = max(bandwidth, dict(self.gpu.nvls_intra).get(all_reduce, 0.0))
+        return self.gpu.alpha_intra, bandwidth
+
+    def tensor_link(self, lay: Layout) -> tuple[float, float]:
+        """Return the tensor-parallel group's link: all-reduces without sequence parallelism,
+        all-gathers and reduce-scatters with it (Korthikanti et al. 2022, Section 4.2.2)."""
+        return self.link(lay.tp, 0 if lay.sequence_parallel else lay.tp)
+
+
+def nvls_allowed(nccl_algo: str | None) -> bool:
+    """Return whether NCCL may run an all-reduce as NVLink SHARP under NCCL_ALGO: unset, its
+    default (NVLS where the NVSwitch has it); else the list for all-reduces (NCCL's
+    src/graph/tuning.cc `parseList`: `A,B` only those, `^A,B` all but those, `list;allreduce:list`
+    one list for every collective and one per collective)."""
+    chosen = None
+    for part in (nccl_algo or "").lower().split(";"):
+        prefix, _, items = part.rpartition(":")
+        if prefix in ("", "allreduce") and items.strip() and (chosen is None or prefix):
+            chosen = items.strip()
+    if chosen is None:
+        return True
+    names = {name.strip() for name in chosen.lstrip("^").split(",")}
+    return "nvls" not in names if chosen.startswith("^") else "nvls" in names
 
 
 @caches.memo(maxsize=1024)
@@ -71,7 +106,8 @@ def expert_alltoall(count: int, elements: float, nbytes: int, lay: Layout, net: 
 
     A rank whose group has g members on its node sends (g - 1) / ep of its elements over NVLink
     and (ep - g) / ep over InfiniBand at once (module docstring): it takes the longer of
-    alpha_intra + bytes (g - 1) / ep / intra and alpha_inter + bytes (ep - g) / ep / inter (a
+    alpha_intra + bytes (g - 1) / ep / nvlink (NCCL's bus bandwidth there) and
+    alpha_inter + bytes (ep - g) / ep / inter (a
     class it does not use costs nothing), and the all-to-all the longest of its ranks'. A group
     inside one node is then alpha + bytes (ep - 1) / ep over NVLink, the ring formula.
     """
@@ -81,7 +117,7 @@ def expert_alltoall(count: int, elements: float, nbytes: int, lay: Layout, net: 
     gpu, data = net.gpu, elements * nbytes
     slowest = 0.0
     for g in expert_peers_on_node(ep, lay.expert_tp, lay.world_size, net.gpus_per_node):
-        intra = gpu.alpha_intra + data * (g - 1) / ep / gpu.intra if g > 1 else 0.0
+        intra = gpu.alpha_intra + data * (g - 1) / ep / net.nvlink if g > 1 else 0.0
         inter = gpu.alpha_inter + data * (ep - g) / ep / gpu.inter if g < ep else 0.0
         slowest = max(slowest, intra, inter)
     return count * slowest

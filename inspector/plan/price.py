@@ -40,7 +40,7 @@ from inspector.memory.measure import StageBytes, job_optimizer_bytes
 from inspector.plan.cost import StageTime, StepTime, stage_work, step_time, with_state
 from inspector.plan.flags import megatron_flags
 from inspector.plan.flex import exchange_sm_share
-from inspector.plan.network import Network
+from inspector.plan.network import Network, nvls_allowed
 from inspector.plan.overlap import merged_share, stage_alone
 from inspector.plan.request import Request
 from inspector.plan.split import Split, chunk_layers
@@ -320,7 +320,9 @@ def _step_setup(job: Job, dims: ModelDims) -> OptimizerStep:
     Transformer Engine's FusedAdam, which megatron-core requires for it)."""
     each = job_optimizer_bytes(job)
     fused = dims.fused_kernels or each.precision.precision_aware
-    return OptimizerStep(dims.activation_bytes, 4, fused, job.model.fp16, each)
+    training = job.training
+    return OptimizerStep(dims.activation_bytes, 4, fused, job.model.fp16, each,
+                         training.log_params_norm, training.log_num_zeros_in_grad)
 
 
 def timed(
@@ -330,7 +332,7 @@ def timed(
     lay, training = job.layout, job.training
     schedule = job.schedule()
     dims = job_dims(job)
-    net = Network(req.gpu, req.gpus_per_node)
+    net = Network(req.gpu, req.gpus_per_node, nvls_allowed(req.nccl_algo))
     mbs, distributed = schedule.micro_batch_size, sharding_of(training)
     signatures = _stages_of(job.model, dims, split, lay.pp, lay.chunks).signature_keys
     # grad_bytes: read from each stage's buffers by cost.optimizer_seconds

@@ -42,6 +42,7 @@ class PlanFlags:
     efficiency: float | None = DEFAULT_EFFICIENCY  # None: the measured kernel tables
     top: int = 5
     kernels: KernelTable | None = None  # --kernels FILE: the user's measured kernel table
+    nccl_algo: str | None = None  # the job's NCCL_ALGO (plan/network.py `nvls_allowed`); None: unset
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ class Request:
     top: int = 5
     flash_attention: bool | None = None  # None: on in 16-bit (Transformer Engine's kernels)
     training: Training = field(default_factory=Training)  # the user's dropout and grad dtype
+    nccl_algo: str | None = None  # the job's NCCL_ALGO; None: NCCL's default
 
     @property
     def gpus_per_node(self) -> int:
@@ -154,7 +156,7 @@ def make_request(args: dict[str, Any], flags: PlanFlags) -> Request:
         model=model, gpus=flags.gpus, gpu=gpu,
         memory=round(gpu.memory_gib * (1 << 30)), global_batch_size=batch,
         efficiency=flags.efficiency, fixed=fixed,
-        top=flags.top, training=training, flash_attention=_flash(args),
+        top=flags.top, training=training, flash_attention=_flash(args), nccl_algo=flags.nccl_algo,
     )
 
 
@@ -185,7 +187,10 @@ def _kept_training(args: dict[str, Any], backend: str | None) -> Training:
         moe_router_padding=asked.moe_router_padding,
         ep_overlap=asked.ep_overlap,
         delay_wgrad=asked.delay_wgrad,
+        op_fuser=asked.op_fuser,  # the experts' Transformer Engine fused operations (world/te/ops.py)
         deterministic_mode=asked.deterministic_mode,
+        log_params_norm=asked.log_params_norm,
+        log_num_zeros_in_grad=asked.log_num_zeros_in_grad,
         packed_document_length=asked.packed_document_length,  # --sft: mbs 1, cp 1 (packing.py)
     )
 
@@ -228,6 +233,11 @@ def _check_offloading(args: dict[str, Any]) -> None:
                 f"plan does not price --{offload.replace('_', '-')}: its memory and step time "
                 "know no copies to the host; `memory` measures the offloading on a layout you choose"
             )
+    if args.get("lora_rank") is not None:  # Bridge's LoRA (job/lora.py, world/lora.py)
+        raise ConfigError(
+            "plan does not price --lora-rank: its memory composes a stage from trained pieces; "
+            "`memory` and `params` measure LoRA's frozen model and adapters on a layout you choose"
+        )
 
 
 def pinned(args: dict[str, Any]) -> dict[str, Any]:
@@ -350,6 +360,10 @@ def _check_counts(flags: PlanFlags, args: dict[str, Any]) -> None:
             raise ConfigError(f"{flag} must be at least 1, got {value}")
     if flags.efficiency is not None and not 0 < flags.efficiency <= 1:
         raise ConfigError(f"--efficiency must lie in (0, 1], got {flags.efficiency}")
+    if args.get("perform_rl_step"):  # job/rollout.py: `memory` runs megatron's context
+        raise ConfigError("--perform-rl-step is not modelled by plan: it prices no GRPO rollouts "
+                          "and its memory composition has no rollout KV cache; `memory` counts it "
+                          "for one layout")  # fmt: skip
     if args.get("cuda_graph_impl") not in (None, "none"):
         # the search prices each layout's memory without the graphs' pool (memory/engine/cuda_graphs.py)
         raise ConfigError(f"--cuda-graph-impl {args['cuda_graph_impl']} is not modelled by plan: "

@@ -10,6 +10,7 @@ from tabulate import tabulate
 from inspector.job.flex import runs_hybridep
 from inspector.job.hardware import GIB
 from inspector.job.optimizer_precision import REMAINDER
+from inspector.job.rollout import HELD
 from inspector.memory.measure import MemoryReport, StageMemory
 from inspector.render.by_rank import MUON_SAID, by_rank_json, by_rank_line
 from inspector.render.held_elsewhere import host_json, host_line, outside_line
@@ -185,6 +186,8 @@ def _context(report: MemoryReport) -> list[str]:
                  " and the unsharded gradient buckets megatron's reduce-scatter queue holds at once")
         lines.append(f"FSDP: buffers include {_size(report, gathered)} in flight: gathered "
                      f"parameters (two neighbouring layers){grads}.")  # fmt: skip
+    if t.rollout is not None:
+        lines.append(f"GRPO: buffers include {_size(report, max(s.rollout for s in report.stages))} {HELD}")
     lines.append(_source(report))
     if report.not_run is None and model.num_experts is not None:
         lines.append(_routing(report))
@@ -367,7 +370,7 @@ def _buffers_json(s: StageMemory) -> dict[str, Any] | None:
         "persistent": [[where, size] for where, size in s.run.persistent],
         "workspaces": s.run.workspaces,
         **outside,
-        **fsdp,
+        **fsdp, **({"rollout": s.rollout} if s.rollout else {}),
         "total": s.buffers,
     }
 

@@ -90,6 +90,8 @@ def _stage_blocks(
         owners = partition.owners_by_layers(records, dp)
     else:
         owners = _distopt_owners(built, stage, records)
+    # a frozen parameter (LoRA) has no optimizer work: no owner, as in megatron's buffers
+    owners = [o if r.trainable else () for r, o in zip(records, owners, strict=True)]
     rows = iter(Row(r, o, p) for r, o, p in zip(records, owners, precs))
     interleaved = len(stage.chunks) > 1
     blocks = [

@@ -28,11 +28,11 @@ def block_sizes(dim: int, block_size: int) -> list[int]:
 def precs_for(record: ParamRecord, block_size: int = 0) -> list[int]:
     """Return the preconditioner (Kronecker factor) sizes d, one [d, d] factor each.
 
-    None for 1-D parameters and embedding tables; otherwise one factor per dimension of the local
-    shape, and with blocking the factors of every block, block-major (BlockPartitioner's
-    `shapes_for_preconditioners`: itertools.product over each dimension's block sizes).
+    None for 1-D parameters, embedding tables and frozen parameters (LoRA); otherwise one factor
+    per dimension of the local shape, and with blocking the factors of every block, block-major
+    (BlockPartitioner's `shapes_for_preconditioners`: itertools.product over each dimension's block sizes).
     """
-    if len(record.shape) < 2 or record.embedding:
+    if len(record.shape) < 2 or record.embedding or not record.trainable:
         return []
     splits = [block_sizes(d, block_size) for d in record.shape]
     return [d for block in itertools.product(*splits) for d in block]

@@ -69,6 +69,8 @@ def _parse_shape(cell: str) -> tuple[int, ...]:
 
 
 def _parse_owners(cell: str) -> tuple[int, ...]:
+    if cell == "":  # a frozen parameter (LoRA): no optimizer work, no owner
+        return ()
     if not _OWNERS.match(cell):
         raise ValueError(f"ranks {cell!r}")
     return tuple(int(r) for r in cell.split(","))

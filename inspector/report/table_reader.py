@@ -178,8 +178,6 @@ def _json_row(item: Any, where: str, line: int, chunked: bool) -> TableRow:
             _wrong(where, column.name, item[column.name])
     if not values["name"]:
         _wrong(where, "name", item["name"])
-    if not values["owners"]:
-        _wrong(where, "partitioning_ranks", item["partitioning_ranks"])
     stage, chunk, dtype = item["stage"], item["chunk"], item["dtype"]
     if type(stage) is not int or stage < 0:
         _wrong(where, "stage", stage)
@@ -200,7 +198,7 @@ _WANTED = {
     "name": "a non-empty string",
     "module": "a string",
     "shape": "a list of non-negative integers",
-    "partitioning_ranks": "a non-empty list of non-negative integers",
+    "partitioning_ranks": "a list of non-negative integers (empty for a frozen parameter)",
     "precs": "a list of [d, d] pairs or null",
     "stage": "a non-negative integer",
     "chunk": "a non-negative integer or null",

@@ -138,6 +138,16 @@ class BuiltChunk:
             None if self.chunk > 0 else size, fp32,
         )  # fmt: skip
 
+    def frozen_bytes(self) -> int:
+        """Return the bytes of the chunk's parameters that need no gradient: megatron's DDP lays
+        out only those that do (distributed_data_parallel.py `if not param.requires_grad:
+        continue`); the others stay the tensors the model built (LoRA's frozen model,
+        world/lora.py), Transformer Engine's quantized weights the bytes they store."""
+        from inspector.world.te.float8_tensor import stored_bytes
+
+        frozen = [p for p in self.module.parameters() if not p.requires_grad]
+        return sum(stored_bytes(p) or p.numel() * p.element_size() for p in frozen)
+
     def buffers(self) -> tuple[BufferLayout, ...]:
         """Return the chunk's grad buffers as megatron's DDP lays them out for this job."""
         if self._buffers is None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -56,6 +57,12 @@ class FsdpBucket:
     param_itemsize: int
     grad_itemsize: int
     names: tuple[str, ...] = ()  # the parameters' names, as items
+    # fp8 weights (--fp8-param-gather): a column-wise buffer beside the row-wise one (MXFP8),
+    # the Float8Tensor transpose each backward makes of its gathered weights, and the bytes TE
+    # keeps on every rank outside megatron's buffers (the scales)
+    transpose: bool = False
+    backward_transpose: bool = False
+    kept: int = 0
     # megatron's (item_index_map, bucket_index, shard_bucket_index) of the bucket, for its rank 0
     index: Any = field(default=None, compare=False, repr=False)
 
@@ -167,7 +174,7 @@ def fsdp_layout(
         entries = index.values() if isinstance(index, dict) else index
         placed = sorted((i.global_data_index, i.size, names[group.params[i.item_id]]) for i in entries)
         items = tuple((start, size) for start, size, _ in placed)
-        itemsize = group.params[0].dtype.itemsize
+        itemsize = group.params[0].dtype.itemsize  # a quantized weight's: the model's 16 bits
         result.append(
             FsdpBucket(
                 unit=group.fsdp_unit_id,
@@ -175,10 +182,11 @@ def fsdp_layout(
                 numel=int(bucket.size),
                 dp=dp,
                 items=items,
-                param_itemsize=itemsize,
+                param_itemsize=1 if group.dtype == FLOAT8 else itemsize,
                 grad_itemsize=4 if grad_reduce_in_fp32 else itemsize,
                 names=tuple(name for _, _, name in placed),
                 index=(index, bucket, shard_index),
+                **(_fp8_bucket(buffers, group.params) if group.dtype == FLOAT8 else {}),
             )
         )
     # the backward makes gradients from the last parameter to the first (each parameter's
@@ -190,6 +198,36 @@ def fsdp_layout(
         backward, _queue_capacity(module, units, bucket_size),
         tuple(names[p] for p in reversed(list(module.parameters()))),
     )  # fmt: skip
+
+
+# _get_parameter_groups' dtype of a group of TE's quantized weights: megatron makes its model
+# weight buffer (and the MXFP8 column-wise one) torch.uint8, its main grads bf16
+FLOAT8 = "float8"
+
+
+def _fp8_bucket(buffers: Any, params: Sequence[Any]) -> dict[str, Any]:
+    """Return what a bucket of quantized weights holds besides its uint8 model weight buffer,
+    asked of megatron's own mixed_precision helpers on the TE stand-in's tensors.
+
+    `_init_each_parameter_group_buffers` adds a column-wise buffer where
+    `fp8_need_transpose_data` (an MXFP8Tensor); a Float8Tensor's transpose is dropped after the
+    reset (`fp8_discard_transpose_cache`, keep_fp8_transpose_cache False) and made again for the
+    backward of its gathered weights (megatron_fsdp.py `fp8_create_transpose_cache`: TE's
+    `post_all_gather_processing`, a transpose on Hopper), dropped at their release. What
+    `fp8_set_raw_data` does not point into megatron's buffers stays on every rank: the scales.
+    """
+    from inspector.world.te.float8_tensor import ALLOCATOR_BLOCK
+
+    transpose = bool(buffers.fp8_need_transpose_data(params[0]))
+    kept = 0
+    for param in params:
+        stored = {id(buffers.fp8_get_raw_data(param)), id(getattr(param, "_transpose", None))}
+        if transpose:
+            stored.add(id(buffers.fp8_get_raw_data(param, True)))
+        kept += sum(-(-t.numel() * t.element_size() // ALLOCATOR_BLOCK) * ALLOCATOR_BLOCK
+                    for t in param.kept_tensors() if id(t) not in stored)  # fmt: skip
+    backward = not transpose and hasattr(params[0], "_transpose")
+    return {"transpose": transpose, "backward_transpose": backward, "kept": kept}
 
 
 def _queue_capacity(module: Any, units: list[Any], bucket_size: int | None) -> int:

@@ -222,7 +222,7 @@ class DistOptSettings:
             overlap_grad_reduce=training.overlap_grad_reduce,
             context_parallel_size=layout.cp,
             instances=layout.num_distributed_optimizer_instances,
-            reuse_grad_buf_for_mxfp8_param_ag=job.model.reuse_grad_buf_for_mxfp8_param_ag,
+            reuse_grad_buf_for_mxfp8_param_ag=reuses_grad_buf(job),
             layer_wise=training.layer_wise_param_layout,
             **flags,
         )
@@ -231,6 +231,16 @@ class DistOptSettings:
     def dp_cp_size(self) -> int:
         """Return the size of the group that shards dense parameters."""
         return self.dp_size * self.context_parallel_size
+
+
+def reuses_grad_buf(job: Job) -> bool:
+    """Return megatron DDP's reuse_grad_buf_for_mxfp8_param_ag for the job: its flag, or on under
+    Megatron-FSDP, whose jobs run their passes and step in megatron's DDP (the memory engine;
+    FSDP's own buffers are counted from world/fsdp.py), where an MXFP8 weight takes the one place
+    TE lets DDP point it: the grad buffer's view."""
+    model = job.model
+    fsdp_mxfp8 = job.training.megatron_fsdp and model.fp8_param_gather and model.fp8_recipe == "mxfp8"
+    return model.reuse_grad_buf_for_mxfp8_param_ag or fsdp_mxfp8
 
 
 def owned_numel(shards: list[ParamShards], dp_size: int) -> tuple[int, ...]:

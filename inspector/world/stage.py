@@ -13,7 +13,6 @@ import contextlib
 import io
 import logging
 import math
-import os
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
 from inspector.world.config import flags_named, transformer_config
 from inspector.world.dsa import dsa_block_spec, dsa_mtp_layer_spec, fresh_dsa_state
+from inspector.world.environment import deterministic, fresh_attention_env, op_fuser_environment
 from inspector.world.gdn import gdn_block_spec, gdn_building, is_gdn_layer
 from inspector.world.hybrid import build_hybrid_model
 from inspector.world.setup import (
@@ -59,7 +59,7 @@ class StageModel:
     mtp_symbols: tuple[str, ...] = ()
 
 
-def _stage_rank(layout: Layout, stage: int, expert_rank: int) -> int:
+def stage_rank(layout: Layout, stage: int, expert_rank: int) -> int:
     """Return the simulated global rank holding (stage, expert rank) at tp/cp/dp index 0."""
     per_stage = layout.tp * layout.cp * simulated_dp(layout)
     return stage * per_stage + expert_rank * layout.expert_tp
@@ -96,7 +96,7 @@ def stage_world(
     """
     m = megatron()
     vpp = layout.vpp
-    rank = _stage_rank(layout, stage, expert_rank)
+    rank = stage_rank(layout, stage, expert_rank)
     simulate_apex(model.use_apex)
     simulate_grouped_gemm(model.moe_grouped_gemm)
     simulate_grad_accum_fusion(bool(runtime and runtime.get("gradient_accumulation_fusion")))
@@ -107,7 +107,8 @@ def stage_world(
         warnings.catch_warnings(),
         _quiet_megatron(),
         contextlib.redirect_stdout(chatter),
-        _deterministic(bool(runtime and runtime.get("deterministic_mode"))),
+        deterministic(bool(runtime and runtime.get("deterministic_mode"))),
+        op_fuser_environment(bool(runtime and runtime.get("use_transformer_engine_op_fuser"))),
     ):
         warnings.simplefilter("ignore")
         with _megatron_errors(stage) as net, simulated_rank(layout, rank, vpp) as ps:
@@ -162,7 +163,7 @@ def _build_chunk(
     pre = ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
     post = ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
     with m.torch.device("meta"), _cuda_for(model, config), gdn_building(model):
-        _fresh_attention_env()
+        fresh_attention_env()
         if model.hybrid:
             hybrid = build_hybrid_model(model, config, layout, pre, post, vp_stage)
             return _finish_chunk(model, config, hybrid, stage, chunk, expert_rank, checkpoint)
@@ -183,16 +184,13 @@ def _build_chunk(
     return _finish_chunk(model, config, gpt, stage, chunk, expert_rank, checkpoint)
 
 
-def _finish_chunk(
-    model: ModelConfig,
-    config: Any,
-    gpt: Any,
-    stage: int,
-    chunk: int,
-    expert_rank: int,
-    checkpoint: bool,
-) -> StageModel:
+def _finish_chunk(model: ModelConfig, config: Any, gpt: Any, stage: int, chunk: int,
+                  expert_rank: int, checkpoint: bool) -> StageModel:  # fmt: skip
     """Cast the built model as Megatron-LM does and record what the stage holds."""
+    if model.lora_rank is not None:  # Bridge's pre-wrap hook, before the cast (world/lora.py)
+        from inspector.world.lora import apply_lora
+
+        gpt = apply_lora(gpt, model.lora_rank, model.lora_target_modules)
     if model.bf16 or model.fp16:
         gpt = _cast_like_megatron_lm(config, gpt)
     layers = tuple(layer.layer_number for layer in gpt.decoder.layers)
@@ -218,50 +216,6 @@ def _symbol(layer: Any) -> str:
     mlp = type(getattr(layer, "mlp", None)).__name__
     core = type(getattr(getattr(layer, "self_attention", None), "core_attention", None)).__name__
     return "E" if mlp == "MoELayer" else "D" if core == "DSAttention" else "*"
-
-
-@contextlib.contextmanager
-def _deterministic(on: bool) -> Iterator[None]:
-    """Run the block as a Megatron-LM process with --deterministic-mode runs.
-
-    Megatron-LM's validate_args calls `torch.use_deterministic_algorithms(True)`, and megatron-core
-    branches on it: MoE routing builds its maps by `index_put_` and unpermutation adds tokens back
-    by `index_add_` (whose autograd keeps its source for the backward) where it would `scatter`
-    (transformer/moe/moe_utils.py `topk_routing_with_score_function`, `unpermute`). Its
-    TEDotProductAttention refuses to build unless NVTE_ALLOW_NONDETERMINISTIC_ALGO is 0, the
-    environment such a job runs in (extensions/transformer_engine.py). Both are restored after.
-    """
-    if not on:
-        yield
-        return
-    import torch
-
-    enabled, warn = (torch.are_deterministic_algorithms_enabled(),
-                     torch.is_deterministic_algorithms_warn_only_enabled())  # fmt: skip
-    saved = os.environ.get(_NONDETERMINISTIC)
-    torch.use_deterministic_algorithms(True)
-    os.environ[_NONDETERMINISTIC] = "0"
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(enabled, warn_only=warn)
-        if saved is None:
-            os.environ.pop(_NONDETERMINISTIC, None)
-        else:
-            os.environ[_NONDETERMINISTIC] = saved
-
-
-_NONDETERMINISTIC = "NVTE_ALLOW_NONDETERMINISTIC_ALGO"
-
-
-def _fresh_attention_env() -> None:
-    """Clear TE's attention opt-outs, as a fresh Megatron-LM process starts: megatron's
-    LanguageModule._set_attention_backend sets NVTE_FLASH_ATTN, NVTE_FUSED_ATTN and
-    NVTE_UNFUSED_ATTN from config.attention_backend and asserts any value already set agrees, so
-    one process building jobs of different backends (and a user's own NVTE_* settings) would
-    fail or leak into the next build; the TE stand-in reads them as TE does (world/te)."""
-    for name in ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN"):
-        os.environ.pop(name, None)
 
 
 def _check_mtp_placed(gpt: Any, layout: Layout, stage: int, chunk: int) -> None:

@@ -167,5 +167,6 @@ def walk_params(stage: StageModel, tp: int, etp: int) -> Iterator[ParamRecord]:
             expert=int(expert.group(1)) if expert else None,
             expert_rank=stage.expert_rank if is_expert else None,
             stored=stored_bytes(param),  # None but for TE's quantized weights
+            trainable=param.requires_grad,
         )
 

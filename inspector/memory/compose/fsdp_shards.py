@@ -47,7 +47,8 @@ def fsdp_stage_state(
                 psize = next(p.dtype for p, _ in chunk if p.expert == expert).itemsize
                 gsize = 4 if fp32 else psize
                 d = lay.expert_dp if expert else lay.dp * lay.cp
-                for i, part in enumerate(_bytes(strategy, numel, d, psize, gsize)):
+                moments = training.optimizer_precision.moments()
+                for i, part in enumerate(_bytes(strategy, numel, d, psize, gsize, moments)):
                     totals[i] += part
     groups = [_groups(pieces, shape) for shape in chunks]
     gathered = 0
@@ -61,14 +62,16 @@ def fsdp_stage_state(
     return FsdpState(totals[0], totals[1], totals[2], gathered=gathered)
 
 
-def _bytes(strategy: str, numel: int, d: int, psize: int, gsize: int) -> tuple[int, int, int]:
-    """Return (weights, gradients, optimizer) bytes of `numel` elements sharded over d ranks."""
+def _bytes(strategy: str, numel: int, d: int, psize: int, gsize: int,
+           moments: int = ADAM_MOMENTS) -> tuple[int, int, int]:  # fmt: skip
+    """Return (weights, gradients, optimizer) bytes of `numel` elements sharded over d ranks
+    (`moments`: Adam's bytes an element, in the precision-aware optimizer's dtypes)."""
     params, main, grads = SHARDED[strategy]
     shard = -(-numel // d)
     return (
         (shard if params else numel) * psize,
         (shard if grads else numel) * gsize,
-        (shard if main else numel) * (MASTER_COPY + ADAM_MOMENTS),
+        (shard if main else numel) * (MASTER_COPY + moments),
     )
 
 

@@ -28,6 +28,7 @@ ModelDims `fused_kernels` notion of formulas/optimizer.py), else torch.optim.Ada
 - with --use-precision-aware-optimizer, Transformer Engine's FusedAdam (world/te/optimizers.py,
   what megatron-core requires for the flag): its state in the flag's dtypes, made on the first
   step, and the fp32 temporaries its step makes for every state held in a reduced dtype.
+Megatron-FSDP's jobs step in DDP too (their state: FSDP's buffers, memory/fsdp_buffers.py).
 
 The first step makes Adam's moments (lazily: `exp_avg`, `exp_avg_sq`); they are state memory,
 counted by memory/measure.py, and returned here to be checked. The second step is the steady one;
@@ -53,6 +54,7 @@ from inspector.job.job import Job
 from inspector.job.optimizers import MUON
 from inspector.memory.engine.allocator import Event, Tracker
 from inspector.memory.engine.cuda import cuda_on_meta
+from inspector.world.shards import reuses_grad_buf
 
 GRAD_NORM = 2.0  # what a grad norm reads: above --clip-grad 1.0, so the clip runs
 # Megatron-LM arguments.py defaults: --weight-decay 0.01, --clip-grad 1.0, Adam's betas and eps
@@ -93,8 +95,7 @@ def optimizer_config(job: Job) -> Any:
         bf16=job.model.bf16,
         fp16=job.model.fp16,
         use_distributed_optimizer=job.training.use_distributed_optimizer,
-        # the step copies the main shards into the grad buffer's param view (optimizer.py 579)
-        reuse_grad_buf_for_mxfp8_param_ag=job.model.reuse_grad_buf_for_mxfp8_param_ag,
+        reuse_grad_buf_for_mxfp8_param_ag=reuses_grad_buf(job),  # main shards -> grad buf view
         **aware,
     )
 
@@ -103,10 +104,7 @@ PRECISION_FIELDS = ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "e
 
 
 def run_step(job: Job, ddps: Sequence[Any], fused: bool) -> StepRun:
-    """Build megatron's optimizer over `ddps` (the stage's chunks in DDP) and run two steps.
-
-    With --use-precision-aware-optimizer the inner optimizer is Transformer Engine's FusedAdam
-    (world/te/optimizers.py), which megatron-core requires for it, whatever `fused` says."""
+    """Build megatron's optimizer over `ddps` (the stage's chunks in DDP), run two steps."""
     with optimizer_world(job, fused) as (answers, clip):
         optimizer = build_optimizer(job, ddps)
         answers.zeros = {id(o.found_inf) for o in _parts(optimizer) if hasattr(o, "found_inf")}

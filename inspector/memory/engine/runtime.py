@@ -67,6 +67,8 @@ def runtime_config(job: Job) -> dict[str, Any]:
             fields.update(_flex_fields(training))
         if training.moe_router_padding:
             fields[router_padding_field()] = True  # the version's own spelling
+        if training.op_fuser:  # megatron-core 0.18+ (inputs/versions.OP_FUSER_RELEASES)
+            fields["use_transformer_engine_op_fuser"] = True
     if training.recompute != "none":
         fields["recompute_granularity"] = training.recompute
         fields["recompute_modules"] = list(training.recompute_modules)

@@ -8,7 +8,8 @@ exactly as with a TE lacking it: permutation and cross-entropy kernels, TE's
 optimizers, cpp_extensions but `general_gemm` (megatron's `te_general_gemm`, the MoE router's
 GEMM where megatron-core takes TE's own workspace: 0.19; 0.13-0.16 also import TE's older
 `module.base.get_workspace`, which TE 2.11 no longer has, and use torch's), the fused-op API
-(`pytorch.ops`, only with --use-te-op-fuser / TE activation ops).
+(`pytorch.ops`) but what megatron-core 0.18+'s `--use-transformer-engine-op-fuser` experts run
+under TE 2.14 (ops.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from inspector.world.te import (
     mxfp8_tensor,
     norm,
     nvfp4_tensor,
+    ops,
     state,
     tensor_utils,
 )
@@ -62,6 +64,10 @@ _MODULES = {
     "Fp8Padding": fp8_functions.Fp8Padding,
     "Fp8Unpadding": fp8_functions.Fp8Unpadding,
 }
+
+# TE 2.13 added ops.GroupedLinear and ops.ScaledSwiGLU (ops/basic/__init__.py): under 2.14 the
+# fuser megatron-core 0.18+'s op-fuser experts run (ops.py); under 2.11 they are absent
+_FUSER_OPS = ops.OPS if tuple(int(part) for part in VERSION.split(".")[:2]) >= (2, 13) else {}
 
 # name -> (is a package, attributes); submodules are attached to their parents afterwards.
 _LAYOUT: dict[str, tuple[bool, dict[str, Any]]] = {
@@ -108,7 +114,7 @@ _LAYOUT: dict[str, tuple[bool, dict[str, Any]]] = {
     ),
     ".pytorch.cpu_offload": (False, {name: getattr(cpu_offload, name) for name in (
         "get_cpu_offload_context", "is_cpu_offload_enabled", "mark_not_offload", "start_offload")}),
-    ".pytorch.ops": (True, {"FusibleOperation": state.FusibleOperation, **state.OPS}),
+    ".pytorch.ops": (True, {"FusibleOperation": state.FusibleOperation, **state.OPS, **_FUSER_OPS}),
     ".pytorch.router": (
         False,
         {

@@ -65,6 +65,8 @@ class GroupedLinear(TransformerEngineBaseModule):
             raise NotImplementedError("GroupedLinear's single grouped weight is not simulated")
         params_dtype = torch.get_default_dtype() if params_dtype is None else params_dtype
         self.num_gemms = num_gemms
+        # TE 2.14 grouped_linear.py 653-654 (False here); megatron-core 0.18+'s op fuser reads them
+        self.single_grouped_weight = self.single_grouped_bias = False
         self.in_features = in_features
         self.out_features = out_features
         self.fuse_wgrad_accumulation = fuse_wgrad_accumulation

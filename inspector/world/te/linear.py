@@ -348,6 +348,9 @@ class LayerNormLinear(_ParallelLinear):
         self._register_weight_and_bias(init_method, get_rng_state_tracker, params_dtype)
         self.reset_parameters(defer_init=device == "meta")
         self.gemm_bias_unfused_add = self.parallel_mode == "row" and self.apply_bias
+        # 1383-1388 of TE 2.20.2: the userbuffers all-gather of column-parallel sequence parallel
+        self.ub_overlap_ag_fprop = ub_overlap_ag and self.sequence_parallel and \
+            self.parallel_mode == "column"  # fmt: skip
 
     def forward(
         self,
@@ -357,16 +360,24 @@ class LayerNormLinear(_ParallelLinear):
         fp8_grad: bool = False,
     ) -> Any:
         """Run TE's `_LayerNormLinear` as memory sees it (layernorm_linear.py 1540-1620)."""
-        if self.return_layernorm_output or self.return_layernorm_output_gathered:
-            raise NotImplementedError("return_layernorm_output is not simulated")
         setup, inp = self._setup(self.normalization), contiguous_input(inp)
         args = (inp, self.layer_norm_weight, self.layer_norm_bias, self.weight, _gemm_bias(self))
+        ret_ln = 0  # what TE returns beside the output (1788-1789, 619-625 of TE 2.20.2)
+        if self.return_layernorm_output:
+            gathered = self.return_layernorm_output_gathered
+            ret_ln = functions.RETURN_GATHERED if gathered else functions.RETURN_LOCAL
         if setup.fp8 is not None:
             weight_q = self._fp8_weight(self.weight, setup, is_first_microbatch, inp)
-            out = fp8_functions.Fp8LayerNormLinearFunction.apply(*args, setup, weight_q)
+            out = fp8_functions.Fp8LayerNormLinearFunction.apply(*args, setup, weight_q, ret_ln)
         else:
-            out = functions.LayerNormLinearFunction.apply(*args, setup)
-        return self._finish_output(out)
+            out = functions.LayerNormLinearFunction.apply(*args, setup, ret_ln)
+        if not ret_ln:
+            return self._finish_output(out)
+        out, ln_out = out
+        finished = self._finish_output(out)  # 1832-1844: (out, bias, ln_out) or (out, ln_out)
+        if self.return_bias:
+            return (*finished, ln_out)
+        return finished, ln_out
 
     def reset_parameters(self, defer_init: bool | None = False) -> None:
         """Mark the norm for sequence parallelism and the linear for TP (1437-1461)."""

@@ -21,11 +21,14 @@ import torch
 from inspector.world.te import cpu_offload
 from inspector.world.te.kernels import quantize as q
 from inspector.world.te.kernels.functions import (
+    RETURN_GATHERED,
+    RETURN_LOCAL,
     GemmSetup,
     _dgrad,
     _gemm_out,
     _grad_output,
     _weight_grads,
+    gather_along_first_dim,
     reduce_scatter_along_first_dim,
 )
 
@@ -120,13 +123,22 @@ class Fp8LayerNormLinearFunction(torch.autograd.Function):
     def forward(
         ctx: Any, inp: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor | None,
         weight: torch.Tensor, bias: torch.Tensor, setup: GemmSetup, weight_q: q.Quantized,
-    ) -> torch.Tensor:  # fmt: skip
+        ret_ln: int = 0,
+    ) -> Any:  # fmt: skip
         inputmat = inp.view(-1, inp.shape[-1])
         rows, cols = inputmat.shape
         mu = None
         if setup.normalization == "LayerNorm":
             mu = torch.empty((rows,), dtype=torch.float32, device=inp.device)
         rsigma = torch.empty((rows,), dtype=torch.float32, device=inp.device)
+        ln_return = None
+        if ret_ln:
+            # layernorm_linear.py 244-292 (TE 2.20.2): a returned norm output is not quantized by
+            # the norm (`with_quantized_norm` off): written in high precision (gathered so, when
+            # returned gathered), then quantized as the GEMM's input
+            ln_return = torch.empty_like(inputmat)
+            if ret_ln == RETURN_GATHERED and setup.gathers_input:
+                ln_return = gather_along_first_dim(ln_return, setup.tp_size)
         _, total, saved = _quantize_input(rows, cols, setup, weight.requires_grad)
         out = _forward(total, weight, setup, inputmat)
         del total
@@ -141,12 +153,20 @@ class Fp8LayerNormLinearFunction(torch.autograd.Function):
         ctx.requires_dgrad, ctx.requires_wgrad = inp.requires_grad, weight.requires_grad
         ctx.has_ln_bias = ln_bias is not None
         ctx.n_weight_q = len(weight_q.tensors())
-        return out.view(-1, *inp.shape[1:-1], weight.shape[0])
+        ctx.ret_ln = ret_ln
+        out = out.view(-1, *inp.shape[1:-1], weight.shape[0])
+        if ln_return is None:
+            return out
+        return out, ln_return.view(-1, *inp.shape[1:])  # 619-625
 
     @staticmethod
-    def backward(ctx: Any, grad_output: torch.Tensor) -> Any:
+    def backward(ctx: Any, grad_output: torch.Tensor, *grad_ln: Any) -> Any:
         saved = ctx.saved_tensors
         inputmat = saved[0]
+        # 1134-1135: a returned local norm output's gradient added to dgrad (a new tensor)
+        residual = None
+        if ctx.ret_ln == RETURN_LOCAL and grad_ln and grad_ln[0] is not None:
+            residual = torch.empty_like(inputmat)
         at = 1 + ctx.n_weight_q
         bias, ln_weight = saved[at + 1], saved[at + 2]
         saved_ln = saved[at + 3 : at + 3 + ctx.n_saved_ln]
@@ -155,7 +175,8 @@ class Fp8LayerNormLinearFunction(torch.autograd.Function):
         dx = torch.empty_like(inputmat)
         dgamma = torch.empty_like(ln_weight)
         dbeta = torch.empty_like(ln_weight) if ctx.has_ln_bias else None
-        return dx.view(ctx.inp_shape), dgamma, dbeta, wgrad, grad_bias, None, None
+        del residual
+        return dx.view(ctx.inp_shape), dgamma, dbeta, wgrad, grad_bias, None, None, None
 
 
 class Fp8GroupedLinearFunction(torch.autograd.Function):
@@ -192,7 +213,7 @@ class Fp8GroupedLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> Any:
-        from inspector.world.te.kernels.functions import _grouped_wgrad
+        from inspector.world.te.kernels.functions import grouped_wgrad
 
         n = len(ctx.m_splits)
         rest = ctx.saved_tensors[ctx.n_saved :]
@@ -208,7 +229,7 @@ class Fp8GroupedLinearFunction(torch.autograd.Function):
             dgrad = torch.empty(shape, dtype=grad.dtype, device=grad.device).view(ctx.inp_shape)
         wgrads: list[Any] = [None] * n
         if ctx.requires_wgrad:
-            wgrads = [_grouped_wgrad(weight, ctx.fuse, grad) for weight in ctx.weight_objects]
+            wgrads = [grouped_wgrad(weight, ctx.fuse, grad) for weight in ctx.weight_objects]
         del grads_q
         return (dgrad, None, None, None, None, *wgrads,
                 *(grad_biases if ctx.use_bias else [None] * len(biases)))  # fmt: skip

@@ -48,6 +48,11 @@ class GemmSetup:
         return self.parallel_mode == "row" and self.sequence_parallel and self.tp_size > 1
 
 
+# what LayerNormLinear returns beside its output (TE's return_layernorm_output and
+# return_layernorm_output_gathered, layernorm_linear.py 1322-1351, 619-625 of TE 2.20.2)
+RETURN_LOCAL, RETURN_GATHERED = 1, 2
+
+
 def gather_along_first_dim(tensor: torch.Tensor, tp_size: int) -> torch.Tensor:
     """TE distributed.py `gather_along_first_dim`: a new tensor tp times as long (dim 0)."""
     shape = (tensor.shape[0] * tp_size, *tensor.shape[1:])
@@ -61,9 +66,10 @@ def reduce_scatter_along_first_dim(tensor: torch.Tensor, tp_size: int) -> torch.
 
 
 def clear_tensor_data(*tensors: torch.Tensor | None) -> None:
-    """TE utils.py `clear_tensor_data`: free a tensor's storage early (`tensor.data = empty`)."""
+    """TE utils.py `clear_tensor_data` (v2.11 37-58, v2.14 49-70): free a tensor's storage early
+    (`tensor.data = empty`), but never one marked `_do_not_clear` (TE's op fuser marks its inputs)."""
     for tensor in tensors:
-        if tensor is not None:
+        if tensor is not None and not hasattr(tensor, "_do_not_clear"):
             tensor.data = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
 
 
@@ -183,7 +189,8 @@ class LayerNormLinearFunction(torch.autograd.Function):
         weight: torch.Tensor,
         bias: torch.Tensor,
         setup: GemmSetup,
-    ) -> torch.Tensor:
+        ret_ln: int = 0,
+    ) -> Any:
         inputmat = inp.view(-1, inp.shape[-1])
         ln_out = torch.empty_like(inputmat)
         rows = (inputmat.shape[0],)
@@ -191,17 +198,27 @@ class LayerNormLinearFunction(torch.autograd.Function):
         if setup.normalization == "LayerNorm":
             mu = torch.empty(rows, dtype=torch.float32, device=inp.device)
         rsigma = torch.empty(rows, dtype=torch.float32, device=inp.device)
-        out = _forward_gemm(ln_out, weight, setup)
+        ln_return, out = ln_out, None
+        if ret_ln == RETURN_GATHERED and setup.gathers_input:
+            # layernorm_linear.py 283-288 (TE 2.20.2): gathered in high precision, returned, and
+            # the GEMM's input, so kept (427-435)
+            ln_return = gather_along_first_dim(ln_out, setup.tp_size)
+            out = _gemm_out(ln_return.shape[0], weight.shape[0], ln_out)
+        else:
+            out = _forward_gemm(ln_out, weight, setup)
         saved_ln_out = ln_out if weight.requires_grad else None
         ctx.save_for_backward(inputmat, weight, weight, bias, ln_weight, saved_ln_out, mu, rsigma)
         ctx.setup, ctx.inp_shape, ctx.use_bias = setup, inp.shape, bias.numel() > 0
         ctx.weight_object = weight  # layernorm_linear.py, as LinearFunction's
         ctx.requires_dgrad, ctx.requires_wgrad = inp.requires_grad, weight.requires_grad
-        ctx.has_ln_bias = ln_bias is not None
-        return out.view(-1, *inp.shape[1:-1], weight.shape[0])
+        ctx.has_ln_bias, ctx.ret_ln = ln_bias is not None, ret_ln
+        out = out.view(-1, *inp.shape[1:-1], weight.shape[0])
+        if not ret_ln:
+            return out
+        return out, ln_return.view(-1, *inp.shape[1:])  # 619-625
 
     @staticmethod
-    def backward(ctx: Any, grad_output: torch.Tensor) -> Any:
+    def backward(ctx: Any, grad_output: torch.Tensor, *grad_ln: Any) -> Any:
         inputmat, _, weight, bias, ln_weight, ln_out, mu, rsigma = ctx.saved_tensors
         setup: GemmSetup = ctx.setup
         grad = _grad_output(ctx, grad_output)
@@ -212,13 +229,18 @@ class LayerNormLinearFunction(torch.autograd.Function):
         clear_tensor_data(ln_out)
         if gathered:
             clear_tensor_data(total)
+        # 1134-1135: the returned (local) norm output's gradient added to dgrad, a new tensor;
+        # a gathered one's gradient is not read
+        residual = None
+        if ctx.ret_ln == RETURN_LOCAL and grad_ln and grad_ln[0] is not None:
+            residual = torch.empty_like(inputmat)
         # tex.layernorm_bwd / rmsnorm_bwd (layernorm_linear.py 968-992): dx, dgamma (, dbeta)
         dx = torch.empty_like(inputmat)
         dgamma = torch.empty_like(ln_weight)
         dbeta = torch.empty_like(ln_weight) if ctx.has_ln_bias else None
         clear_tensor_data(mu, rsigma)
-        del gemm_out, dgrad
-        return dx.view(ctx.inp_shape), dgamma, dbeta, wgrad, grad_bias, None
+        del gemm_out, dgrad, residual
+        return dx.view(ctx.inp_shape), dgamma, dbeta, wgrad, grad_bias, None, None
 
 
 class NormFunction(torch.autograd.Function):
@@ -292,12 +314,12 @@ class GroupedLinearFunction(torch.autograd.Function):
             dgrad = torch.empty((grad.shape[0], weights[0].shape[1]), dtype=grad.dtype, device=grad.device)
         wgrads: list[Any] = [None] * n
         if ctx.requires_wgrad:
-            wgrads = [_grouped_wgrad(weight, ctx.fuse, grad) for weight in ctx.weight_objects]
+            wgrads = [grouped_wgrad(weight, ctx.fuse, grad) for weight in ctx.weight_objects]
         dgrad = None if dgrad is None else dgrad.view(ctx.inp_shape)
         return (dgrad, None, None, *wgrads, *(grad_biases if ctx.use_bias else [None] * len(biases)))
 
 
-def _grouped_wgrad(weight: torch.Tensor, fuse: bool, like: torch.Tensor) -> Any:
+def grouped_wgrad(weight: torch.Tensor, fuse: bool, like: torch.Tensor) -> Any:
     """One GEMM's weight gradient (grouped_linear.py 418-426, 480-505 handle_custom_ddp_from_mcore)."""
     if not fuse:
         return torch.empty(weight.shape, dtype=like.dtype, device=like.device)

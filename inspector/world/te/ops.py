@@ -1,0 +1,242 @@
+"""TE 2.14's operation fuser (`pytorch/ops`) as megatron-core 0.18+'s op-fuser MoE experts build it.
+
+With `--use-transformer-engine-op-fuser`, megatron's TEGroupedMLP._make_fused_ops
+(transformer/moe/experts.py, 0.19.2 402-571) builds `ops.Sequential(GroupedLinear, ScaledSwiGLU,
+GroupedLinear)` on its first forward, re-registers its own linear_fc1/linear_fc2 parameters on the
+two GroupedLinear shells (made on device "meta": no memory of their own), and keeps the container
+in a tuple (not a submodule: `params` and megatron's DDP buffers do not change). TE runs the three
+as one autograd Function (ops/fuser.py 53-300, `_OperationFuserAutogradFunction`): each basic op's
+`fuser_forward` fills its context, one `save_for_backward` keeps them all, and the backward runs
+each op's `fuser_backward` in reverse. This mirrors TE 2.14's basic ops (the `v2.14` tag), what TE
+runs wherever its CuTe DSL fused grouped MLP is not taken (that kernel needs MXFP8 on sm100:
+ops/fused/forward_grouped_mlp.py 71-84), in 16-bit compute; quantized compute, a single grouped
+weight, delayed weight gradients and the clamped-GeGLU/SReLU activations (TE 2.15+) are not here.
+megatron checks NVTE_CUTEDSL_FUSED_GROUPED_MLP before it builds them (world/stage.py sets it).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from inspector.world.te.kernels.functions import clear_tensor_data, grouped_wgrad
+
+
+def _to(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """TE ops/_common.py 25-35 `maybe_dequantize` of a plain tensor: cast, then contiguous."""
+    if tensor.dtype != dtype:
+        tensor = tensor.to(dtype)
+    return tensor if tensor.is_contiguous() else tensor.contiguous()
+
+
+def _shell(*shape: int, dtype: torch.dtype) -> torch.nn.Parameter:
+    """A parameter of this shape that holds no memory: TE makes the shells on device "meta"."""
+    return torch.nn.Parameter(
+        torch.empty(0, dtype=dtype, device="meta").as_strided(shape, [0] * len(shape))
+    )
+
+
+class BasicOperation(torch.nn.Module):
+    """TE ops/op.py `BasicOperation`: extra tensor inputs and outputs it takes and gives."""
+
+    num_extra_inputs: int = 0
+    num_extra_outputs: int = 0
+
+    def fuser_forward(self, ctx: Any, x: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
+        """Fill `ctx` (`to_save`, flags) and return the output (op.py `fuser_forward`)."""
+        raise NotImplementedError(type(self).__name__)
+
+    def fuser_backward(self, ctx: Any, dy: torch.Tensor) -> tuple[Any, list[Any], list[Any]]:
+        """Return the input's, the parameters' and the extra inputs' gradients."""
+        raise NotImplementedError(type(self).__name__)
+
+
+class GroupedLinear(BasicOperation):
+    """TE 2.14 ops/basic/grouped_linear.py 40-173 (`__init__` 88-173): `weight{i}` of (out, in)
+    per group and `bias{i}` (None without bias), one extra input (the split sizes)."""
+
+    num_extra_inputs = 1
+
+    def __init__(
+        self, num_groups: int, in_features: int, out_features: int, *, bias: bool = True,
+        device: Any = None, dtype: torch.dtype | None = None, rng_state_tracker_function: Any = None,
+        accumulate_into_main_grad: bool = False, single_grouped_weight: bool = False,
+        single_grouped_bias: bool = False, delay_wgrad_compute: bool = False,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        if single_grouped_weight or single_grouped_bias or delay_wgrad_compute:
+            raise NotImplementedError("TE's ops.GroupedLinear with a single grouped weight or "
+                                      "delayed weight gradients is not simulated")  # fmt: skip
+        dtype = dtype or torch.get_default_dtype()
+        if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise ValueError(f"Supported dtypes are float32, float16, bfloat16 (got {dtype})")
+        self.num_groups, self.in_features, self.out_features = num_groups, in_features, out_features
+        self.use_bias = bias
+        for i in range(num_groups):
+            self.register_parameter(f"weight{i}", _shell(out_features, in_features, dtype=dtype))
+        for i in range(num_groups):
+            self.register_parameter(f"bias{i}", _shell(out_features, dtype=dtype) if bias else None)
+        self._accumulate_into_main_grad = accumulate_into_main_grad
+
+    def fuser_forward(self, ctx: Any, x: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
+        """grouped_linear.py 654-789 in 16 bits: the output, and the input split into views and
+        the weights saved (`save_for_backward(split_sizes, *xs, *ws)`, 779)."""
+        (split_sizes,) = extra
+        n = self.num_groups
+        weights = [getattr(self, f"weight{i}") for i in range(n)]
+        if self._accumulate_into_main_grad and getattr(weights[0], "main_grad", None) is None:
+            raise RuntimeError("MAIN GRAD NOT FOUND")
+        dtype = weights[0].dtype
+        sizes = [int(s) for s in split_sizes.tolist()]
+        if len(sizes) != n:
+            raise ValueError(f"Expected {n} splits, but got {len(sizes)}.")
+        ws: list[Any] = [_to(w, dtype) for w in weights]
+        xs: list[Any] = list(torch.split(_to(x, dtype), sizes))
+        out = torch.empty([*x.shape[:-1], self.out_features], dtype=dtype, device=x.device)
+        ctx.input_requires_grad = ctx.requires_grad
+        ctx.weight_requires_grad = ctx.requires_grad and weights[0].requires_grad
+        if not ctx.input_requires_grad:
+            ws = [None] * n
+        if not ctx.weight_requires_grad:
+            xs = [None] * n
+        ctx.to_save = [split_sizes, *xs, *ws]
+        ctx.dtype = dtype
+        return out
+
+    def fuser_backward(self, ctx: Any, dy: torch.Tensor) -> tuple[Any, list[Any], list[Any]]:
+        """grouped_linear.py 791-1004: dgrad (894), a wgrad per group into `main_grad` or a new
+        one (881), the saved input views cleared (943); grads in parameter order."""
+        n = self.num_groups
+        split_sizes, xs = ctx.saved_tensors[0], ctx.saved_tensors[1 : 1 + n]
+        sizes = [int(s) for s in split_sizes.tolist()]
+        dy = _to(dy, ctx.dtype)
+        grad_biases = []
+        if self.use_bias:
+            grad_biases = [d.reshape(-1, d.size(-1)).sum(dim=0) for d in torch.split(dy, sizes)]
+        grad_weights: list[Any] = [None] * n
+        if ctx.weight_requires_grad:
+            fuse = self._accumulate_into_main_grad
+            grad_weights = [grouped_wgrad(getattr(self, f"weight{i}"), fuse, dy) for i in range(n)]
+        grad_input = None
+        if ctx.input_requires_grad:
+            grad_input = torch.empty(
+                [*dy.shape[:-1], self.in_features], dtype=ctx.dtype, device=dy.device
+            )
+        clear_tensor_data(*xs)
+        return grad_input, [*grad_weights, *grad_biases], [None]
+
+
+class ScaledSwiGLU(BasicOperation):
+    """TE 2.14 ops/basic/swiglu.py 350-502: SwiGLU times a per-row scale (the router's probs)."""
+
+    num_extra_inputs = 1
+
+    def __init__(self, glu_interleave_size: int | None = None) -> None:
+        super().__init__()
+        self.glu_interleave_size = glu_interleave_size
+
+    def _deinterleave(self, x: torch.Tensor) -> torch.Tensor:
+        """swiglu.py 415-425: gate and linear blocks made contiguous (a copy)."""
+        if self.glu_interleave_size is None:
+            return x
+        size, shape = self.glu_interleave_size, x.size()
+        x = x.reshape(-1, shape[-1] // (2 * size), 2, size).transpose(1, 2).contiguous()
+        return x.view(shape)
+
+    def fuser_forward(self, ctx: Any, x: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
+        """swiglu.py 389-443: `tex.swiglu` (half the columns), times the scales; the input and
+        the scales in the compute dtype saved."""
+        dtype = x.dtype
+        x, scales = _to(x, dtype), _to(extra[0], dtype)
+        swiglu_in = self._deinterleave(x)
+        swiglu_out = torch.empty([*swiglu_in.shape[:-1], swiglu_in.shape[-1] // 2], dtype=dtype,
+                                 device=x.device)  # fmt: skip
+        out = swiglu_out * scales.unsqueeze(-1)
+        ctx.extra_input_requires_grad = extra[0].requires_grad
+        ctx.dtype = dtype
+        ctx.to_save = [x, scales]
+        return out
+
+    def fuser_backward(self, ctx: Any, dy: torch.Tensor) -> tuple[Any, list[Any], list[Any]]:
+        """swiglu.py 445-502: `tex.dswiglu` of the scaled gradient, the scales' gradient from a
+        recomputed SwiGLU, the saved input cleared (500)."""
+        x, scales = ctx.saved_tensors
+        swiglu_in = self._deinterleave(x)
+        dy = _to(dy, ctx.dtype)
+        grad_swiglu_out = dy * scales.unsqueeze(-1)  # noqa: F841 (alive until the return, as in TE)
+        grad_swiglu_in = torch.empty_like(swiglu_in)  # tex.dswiglu
+        grad_input = grad_swiglu_in
+        if self.glu_interleave_size is not None:
+            grad_input = torch.empty_like(grad_swiglu_in)  # re-interleaved (swiglu.py 482-491)
+        grad_extra = None
+        if ctx.extra_input_requires_grad:
+            swiglu_out = torch.empty([*swiglu_in.shape[:-1], swiglu_in.shape[-1] // 2],
+                                     dtype=swiglu_in.dtype, device=swiglu_in.device)  # fmt: skip
+            grad_extra = torch.linalg.vecdot(swiglu_out, dy)
+        clear_tensor_data(ctx.saved_tensors[0])
+        return grad_input, [], [grad_extra]
+
+
+class _OperationFuserFunction(torch.autograd.Function):
+    """TE 2.14 ops/fuser.py 53-300: the basic ops in one autograd Function, their saved tensors
+    in one `save_for_backward` (172), inputs and output marked `_do_not_clear` (100, 191)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, ops: list[BasicOperation], *tensors: torch.Tensor
+    ) -> torch.Tensor:
+        counts = [len(list(op.parameters())) for op in ops]
+        extras = list(tensors[sum(counts) :])
+        for tensor in (x, *tensors):
+            tensor._do_not_clear = True  # type: ignore[attr-defined]
+        contexts: list[tuple[Any, int, int]] = []
+        to_save: list[Any] = []
+        for op in ops:
+            op_ctx = SimpleNamespace(requires_grad=True)
+            x = op.fuser_forward(op_ctx, x, *[extras.pop(0) for _ in range(op.num_extra_inputs)])
+            contexts.append((op_ctx, len(to_save), len(to_save) + len(op_ctx.to_save)))
+            to_save.extend(op_ctx.to_save)
+            op_ctx.to_save = None  # fuser.py 165-167: only the Function keeps them
+        ctx.save_for_backward(*to_save)
+        ctx.ops, ctx.contexts, ctx.counts = ops, contexts, counts
+        x._do_not_clear = True  # type: ignore[attr-defined]
+        return x
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, dy: torch.Tensor) -> Any:
+        saved = ctx.saved_tensors
+        grads: list[Any] = [None] * len(ctx.ops)
+        extra_grads: list[Any] = [None] * len(ctx.ops)
+        for index in reversed(range(len(ctx.ops))):
+            op_ctx, start, stop = ctx.contexts[index]
+            op_ctx.saved_tensors = saved[start:stop]
+            dy, grads[index], extra_grads[index] = ctx.ops[index].fuser_backward(op_ctx, dy)
+            op_ctx.saved_tensors = None
+        flat = [g for group in grads for g in group] + [g for group in extra_grads for g in group]
+        return (dy, None, *flat)
+
+
+class Sequential(torch.nn.Module):
+    """TE 2.14 ops/sequential.py 17-190: a container of fusible operations, run as one fuser."""
+
+    def append(self, module: BasicOperation) -> Sequential:
+        """sequential.py 109-112: add an operation at the end."""
+        self.add_module(str(len(self._modules)), module)
+        return self
+
+    def forward(self, x: torch.Tensor, *extra_inputs: torch.Tensor) -> torch.Tensor:
+        """sequential.py 167-190 with fuser.py 462-510: params, then the extra inputs, to autograd."""
+        ops = [op for op in self._modules.values() if isinstance(op, BasicOperation)]
+        expected = sum(op.num_extra_inputs for op in ops)
+        if len(extra_inputs) != expected:
+            raise ValueError(f"Expected {expected} extra inputs but got {len(extra_inputs)}")
+        params = [p for op in ops for p in op.parameters()]
+        return _OperationFuserFunction.apply(x, ops, *params, *extra_inputs)
+
+
+# what TE 2.14's `transformer_engine.pytorch.ops` exports that megatron-core 0.18+ calls
+OPS = {"BasicOperation": BasicOperation, "GroupedLinear": GroupedLinear,
+       "ScaledSwiGLU": ScaledSwiGLU, "Sequential": Sequential}  # fmt: skip

@@ -1,0 +1,205 @@
+"""--use-transformer-engine-op-fuser: Transformer Engine 2.14's fused operations (world/te/ops.py)
+under megatron-core 0.18+'s TEGroupedMLP._fused_forward, and its refusals.
+
+The expectations are written by hand from TE's source at the `v2.14` tag (ops/basic/
+grouped_linear.py, ops/basic/swiglu.py, ops/fuser.py) and megatron-core 0.19.2's
+transformer/moe/experts.py, each with the lines it mirrors.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from inspector.inputs.versions import OP_FUSER_RELEASES, megatron_core_version, within
+
+HAS_OP_FUSER = within(OP_FUSER_RELEASES, megatron_core_version())
+needs_op_fuser = pytest.mark.skipif(not HAS_OP_FUSER, reason="megatron-core 0.18 added the op fuser")
+N, H, F = 24, 64, 96  # rows (tokens x topk), hidden, expert ffn
+SPLITS = [10, 14]  # tokens per local expert
+
+
+def _ops():
+    from inspector.world import te
+
+    te.install()
+    from inspector.world.te import ops
+
+    return ops
+
+
+def _meta(*shape, grad=True):
+    import torch
+
+    return torch.empty(shape, device="meta", dtype=torch.bfloat16, requires_grad=grad)
+
+
+def test_grouped_linear_registers_a_weight_per_group_holding_no_memory():
+    # grouped_linear.py 88-173: weight{i} (out, in) per group in `dtype`, then bias{i} (out) or
+    # None; megatron makes the shells with device="meta" and re-registers its own parameters
+    import torch
+
+    ops = _ops()
+    op = ops.GroupedLinear(3, H, 2 * F, bias=False, device="meta", dtype=torch.bfloat16)
+    params = dict(op.named_parameters())
+    assert list(params) == ["weight0", "weight1", "weight2"]
+    assert all(p.shape == (2 * F, H) and p.dtype == torch.bfloat16 for p in params.values())
+    assert all(p.untyped_storage().nbytes() == 0 for p in params.values())
+    assert op.bias0 is None and op.num_extra_inputs == 1
+    with_bias = ops.GroupedLinear(2, H, F, bias=True, device="meta", dtype=torch.bfloat16)
+    assert [n for n, _ in with_bias.named_parameters()] == ["weight0", "weight1", "bias0", "bias1"]
+    assert ops.ScaledSwiGLU().num_extra_inputs == 1 and not list(ops.ScaledSwiGLU().parameters())
+    with pytest.raises(ValueError, match="Supported dtypes"):  # grouped_linear.py 126-127
+        ops.GroupedLinear(2, H, F, dtype=torch.float64)
+
+
+def _fused_mlp():
+    """megatron's _make_fused_ops (experts.py 436-566): fc1, ScaledSwiGLU, fc2, params attached."""
+    ops = _ops()
+    fc1 = ops.GroupedLinear(len(SPLITS), H, 2 * F, bias=False, device="meta")
+    fc2 = ops.GroupedLinear(len(SPLITS), F, H, bias=False, device="meta")
+    weights = [_meta(2 * F, H) for _ in SPLITS] + [_meta(H, F) for _ in SPLITS]
+    for i in range(len(SPLITS)):
+        fc1.register_parameter(f"weight{i}", _as_param(weights[i]))
+        fc2.register_parameter(f"weight{i}", _as_param(weights[len(SPLITS) + i]))
+    return ops.Sequential().append(fc1).append(ops.ScaledSwiGLU()).append(fc2)
+
+
+def _as_param(tensor):
+    import torch
+
+    return torch.nn.Parameter(tensor.detach())
+
+
+def test_the_fuser_saves_what_tes_basic_ops_save():
+    # fuser.py 160-172: one save_for_backward of every op's to_save, in op order:
+    # fc1 (grouped_linear.py 779): split_sizes, the input's views per group, the weights;
+    # ScaledSwiGLU (swiglu.py 438-441): its input (fc1's [N, 2F] output) and the scales;
+    # fc2: split_sizes, views of the scaled SwiGLU output [N, F], the weights
+    import torch
+
+    fused = _fused_mlp()
+    x, probs = _meta(N, H), _meta(N)
+    splits = torch.tensor(SPLITS)
+    out = fused(x, splits, probs, splits)
+    bf16, i64 = torch.bfloat16, torch.int64
+    saved = [(tuple(t.shape), t.dtype) for t in out.grad_fn.saved_tensors]
+    assert saved == (
+        [((2,), i64), ((10, H), bf16), ((14, H), bf16), ((2 * F, H), bf16), ((2 * F, H), bf16)]
+        + [((N, 2 * F), bf16), ((N,), bf16)]
+        + [((2,), i64), ((10, F), bf16), ((14, F), bf16), ((H, F), bf16), ((H, F), bf16)]
+    )
+    views = out.grad_fn.saved_tensors[1:3]
+    assert all(v.untyped_storage()._cdata == x.untyped_storage()._cdata for v in views)
+    assert out.shape == (N, H) and x._do_not_clear and out._do_not_clear  # fuser.py 100, 191
+
+
+def test_the_fuser_allocates_and_frees_as_te_does():
+    # forward: fc1's output (grouped_linear.py 746), tex.swiglu's [N, F] then its product with the
+    # scales (swiglu.py 427-428; the first freed on return), fc2's output; backward frees
+    # ScaledSwiGLU's saved input (swiglu.py 500) and the GroupedLinears' saved views (943)
+    import torch
+
+    from inspector.memory.engine.allocator import Tracker
+
+    fused = _fused_mlp()
+    x, probs, splits = _meta(N, H), _meta(N), torch.tensor(SPLITS)
+    tracker = Tracker()
+    with tracker:
+        out = fused(x, splits, probs, splits)
+    assert [e.bytes for e in tracker.events] == [N * 2 * F * 2, N * F * 2, N * F * 2, -N * F * 2, N * H * 2]
+    grads = torch.autograd.grad(out, (x, probs, *fused.parameters()), torch.empty_like(out))
+    assert [tuple(g.shape) for g in grads[:2]] == [(N, H), (N,)]
+    assert [tuple(g.shape) for g in grads[2:]] == [(2 * F, H)] * 2 + [(H, F)] * 2
+
+
+@needs_op_fuser
+def test_megatron_builds_the_fused_mlp_from_these_ops():
+    # experts.py: the op fuser's parameters are the experts' own, the shells made on meta, and
+    # _is_fused_impl_supported asks TE 2.14 for exactly these ops
+    from megatron.core.transformer.moe.experts import TEGroupedMLP
+
+    source = inspect.getsource(TEGroupedMLP._make_fused_ops)
+    for call in ("te.pytorch.ops.Sequential()", "te.pytorch.ops.GroupedLinear(",
+                 "te.pytorch.ops.ScaledSwiGLU(", 'device="meta"',
+                 'op.register_parameter(f"weight{idx}", linear.get_parameter(f"weight{idx}"))'):  # fmt: skip
+        assert call in source
+    supported = inspect.getsource(TEGroupedMLP._is_fused_impl_supported)
+    assert "import GroupedLinear, ScaledSwiGLU" in supported and "NVTE_CUTEDSL_FUSED_GROUPED_MLP" in supported
+
+
+@needs_op_fuser
+def test_the_experts_hold_what_the_fused_ops_save():
+    # one MoE layer (test_te_engine's small job): fc1's [n, 2f] output kept by ScaledSwiGLU, the
+    # scaled [n, f] kept by fc2 (as views), fc2's [n, h] output until the combine; the unfused
+    # TEGroupedMLP holds the same three (test_te_engine.py)
+    from inspector.memory.engine.stage import trace_stage
+    from tests.test_engine import _MOE_TP1
+    from tests.test_te_engine import _job
+
+    job = _job(**_MOE_TP1, num_layers=1, pipeline_model_parallel_size=1, data_parallel_size=1,
+               global_batch_size=2, ffn_hidden_size=128, moe_grouped_gemm=True,
+               use_transformer_engine_op_fuser=True)  # fmt: skip
+    trace = trace_stage(job, 0)[0]
+    forward = [(e.where, e.bytes) for e in trace.forward if e.where.startswith("decoder.layers.0.mlp.experts")]
+    n, h, f, bf16 = 32 * 2 * 2, 64, 128, 2
+    assert sum(b for _, b in forward) == n * (2 * f + f + h) * bf16, forward
+    backward = [e.where for e in trace.backward if "mlp.experts" in e.where]
+    assert backward and all(where.endswith("_OperationFuserFunctionBackward") for where in backward)
+
+
+@needs_op_fuser
+def test_memory_runs_the_op_fuser_and_params_do_not_change(cli, tmp_path):
+    # the fused ops are kept in a tuple, not registered: the same parameters, the same DDP buffers
+    config = tmp_path / "fuser.yaml"
+    config.write_text("use_transformer_engine_op_fuser: true\n")
+    flags = ("--model", "qwen3-30b-a3b", "--num-layers", "2", "--bf16", "--ep", "8", "--dp", "8")
+    done = cli("memory", *flags, "--micro-batch-size", "1", "--use-transformer-engine-op-fuser")
+    assert done.code == 0, done.err
+    assert "run on meta tensors" in done.out
+    plain, fused = cli("params", *flags), cli("params", *flags, "--config", str(config))
+    assert fused.code == 0 and fused.out == plain.out and len(plain.out) > 1000
+
+
+@pytest.mark.skipif(HAS_OP_FUSER, reason="megatron-core 0.18+ model the op fuser")
+def test_memory_refuses_the_op_fuser_before_megatron_core_0_18(cli):
+    done = cli("memory", "--model", "qwen3-30b-a3b", "--num-layers", "2", "--bf16", "--ep", "8",
+               "--dp", "8", "--micro-batch-size", "1", "--use-transformer-engine-op-fuser")  # fmt: skip
+    assert done.code == 2 and done.out == ""
+    assert done.err.splitlines()[-1] == (
+        "Error: --use-transformer-engine-op-fuser is not modelled: megatron-core 0.13-0.17 have no "
+        "Transformer Engine op fuser for the MoE experts (TransformerConfig.use_transformer_engine_"
+        "op_fuser came in 0.18, where it is modelled)")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "extra, start",
+    [
+        # TE's quantized fused operations (and its MXFP8 CuTe DSL kernel) are not simulated
+        (("--fp8-format", "e4m3"), "--use-transformer-engine-op-fuser with --fp8-format e4m3 is not modelled"),
+        # megatron's _is_fused_impl_supported refuses tensor-parallel experts
+        (("--tp", "2", "--sequence-parallel"), "--use-transformer-engine-op-fuser with an expert tensor-parallel size of 2"),
+        # TE's delayed wgrad store in ops.GroupedLinear is not simulated
+        (("--delay-wgrad-compute", "--overlap-moe-expert-parallel-comm"), "--use-transformer-engine-op-fuser with --delay-wgrad-compute"),
+    ],  # fmt: skip
+    ids=["fp8", "expert-tp", "delay-wgrad"],
+)
+@needs_op_fuser
+def test_op_fuser_combinations_not_modelled_are_refused_by_name(cli, extra, start):
+    done = cli("memory", "--model", "qwen3-30b-a3b", "--num-layers", "2", "--bf16", "--ep", "4",
+               "--dp", "4", "--micro-batch-size", "1", "--use-transformer-engine-op-fuser", *extra)  # fmt: skip
+    assert done.code == 2 and done.out == ""
+    assert done.err.splitlines()[-1].startswith("Error: " + start), done.err
+
+
+@needs_op_fuser
+def test_a_dense_model_runs_the_same_job_with_the_op_fuser(cli):
+    # megatron-core 0.18-0.19 read use_transformer_engine_op_fuser in TEGroupedMLP (and the MoE
+    # padding) only; Megatron-LM's gpt_builders builds the dense TE spec without use_te_op_fuser
+    flags = ("memory", "--num-layers", "2", "--hidden-size", "256", "--num-attention-heads", "4",
+             "--seq-length", "512", "--micro-batch-size", "1", "--bf16", "--transformer-impl",
+             "transformer_engine")  # fmt: skip
+    plain, fused = cli(*flags), cli(*flags, "--use-transformer-engine-op-fuser")
+    assert plain.code == fused.code == 0, fused.err
+    assert fused.out == plain.out and "run on meta tensors" in plain.out
