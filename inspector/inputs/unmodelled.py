@@ -354,13 +354,13 @@ RENAMED: dict[str, tuple[str, object]] = {
 
 
 # Values of modelled arguments that this tool does not model (Megatron-LM accepts them).
-# megatron-core's CudaGraphManager (transformer/cuda_graphs.py): graphs recorded lazily in the
-# first iterations, a memory pool per micro-batch under a pipeline; `local` with the scope
-# full_iteration is megatron-core's FullCudaGraphWrapper instead, which is modelled
+# megatron-core's CudaGraphManager (transformer/cuda_graphs.py) with a partial scope (two managers
+# per MoE layer with moe_router, `_forward_mlp_router` / `_forward_mlp_postprocess`) or graphing a
+# MoE layer whole: not modelled; whole dense and Mamba layers are (memory/engine/local_graphs.py)
 LOCAL_GRAPHS = Refusal(
-    "training", "megatron-core's own per-layer CUDA graphs (CudaGraphManager) and their memory "
-    "pools are not counted; transformer_engine's per-layer graphs and --cuda-graph-scope "
-    "full_iteration are")  # fmt: skip
+    "training", "megatron-core's own per-layer CUDA graphs (CudaGraphManager) are counted for "
+    "whole dense and Mamba layers only (no --cuda-graph-scope); transformer_engine's per-layer "
+    "graphs and --cuda-graph-scope full_iteration are counted with these too")  # fmt: skip
 
 REFUSED_VALUES: dict[str, dict[str, Refusal]] = {
     "--rl-kv-cache-management-mode": {mode: Refusal("training", _KV_AWAY)

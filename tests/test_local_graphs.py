@@ -1,0 +1,70 @@
+"""memory/engine/local_graphs.py: megatron-core's own per-layer CUDA graphs (`--cuda-graph-impl
+local`, CudaGraphManager), against hand counts from transformer/cuda_graphs.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.test_cuda_graphs import HIDDEN_BYTES, MASK_BYTES, ROPE_BYTES, _job, needs_graphs
+
+
+def _kept(run, start):
+    return next(size for what, size in run.persistent if what.startswith(f"CUDA graphs' {start}"))
+
+
+@pytest.mark.parametrize(("pp", "graphs"), [(1, 4), (2, 2 * 8)])
+@needs_graphs
+def test_the_reuse_pool_holds_one_samples_buffers(pp, graphs):
+    from inspector.memory.engine.local_graphs import local_static_inputs
+
+    # a runner per layer without a pipeline (reuse_cudagraphs), per (layer, micro-batch) with
+    # one; the first layer's hidden states, the mask and the rope table from TensorReusePool,
+    # each later layer reading the previous graph's output in place
+    got = local_static_inputs(_job(pipeline_model_parallel_size=pp, cuda_graph_impl="local"), 0)
+    assert (got.graphs, got.buffers) == (graphs, 3)
+    assert got.bytes == HIDDEN_BYTES + MASK_BYTES + ROPE_BYTES
+
+
+@needs_graphs
+def test_memory_keeps_one_sample_and_transformer_engines_pool():
+    from inspector.memory.engine.run import run_memory
+
+    local = run_memory(_job(pipeline_model_parallel_size=2, cuda_graph_impl="local"), 0)
+    te = run_memory(_job(pipeline_model_parallel_size=2, cuda_graph_impl="transformer_engine"), 0)
+    assert _kept(local, "static inputs") == HIDDEN_BYTES + MASK_BYTES + ROPE_BYTES
+    # no static grad outputs of its own: the last layer's takes the returned input buffer
+    assert not [what for what, _ in local.persistent if "grad outputs" in what]
+    # captured in the schedule's order into one pool, as Transformer Engine's graphs
+    assert _kept(local, "memory pool") == _kept(te, "memory pool") > 0
+    assert "CUDA graphs' memory pool" in local.peak.moment
+
+
+@needs_graphs
+def test_the_first_iteration_runs_eagerly_whatever_the_warm_up_steps():
+    from inspector.memory.engine.run import run_memory
+
+    # record_graph_capture runs the first iteration eagerly; cuda_graph_warmup_steps is how
+    # often each runner reruns its layer before its capture (create_fwd_graph)
+    runs = [run_memory(_job(cuda_graph_impl="local", cuda_graph_warmup_steps=steps), 0)
+            for steps in (0, 3)]  # fmt: skip
+    assert runs[0].peak == runs[1].peak and runs[0].allocated_peak == runs[1].allocated_peak
+    # Transformer Engine's graphs without warm-up steps are captured before Adam's moments
+    te = run_memory(_job(cuda_graph_impl="transformer_engine", cuda_graph_warmup_steps=0), 0)
+    assert te.allocated_peak < runs[0].allocated_peak
+
+
+@pytest.mark.parametrize(
+    ("flags", "error"),
+    [
+        (["--num-experts", "8"], "Error: --cuda-graph-impl local with MoE layers is not modelled"),
+        (["--cuda-graph-scope", "mamba"],
+         "Error: --cuda-graph-impl local with --cuda-graph-scope mamba is not modelled"),
+    ],
+)  # fmt: skip
+@needs_graphs
+def test_partial_scopes_and_moe_layers_stay_refused(flags, error):
+    from tests.conftest import run_cli
+
+    result = run_cli("memory", "--model", "llama3-8b", "--micro-batch-size", "1", "--bf16",
+                     "--no-cache", "--cuda-graph-impl", "local", *flags)  # fmt: skip
+    assert result.code == 2 and result.err.startswith(error) and result.out == ""
