@@ -85,5 +85,5 @@ def test_a_scripts_local_graphs_are_refused_beside_its_other_refusals(scope, ref
     # (CudaGraphManager) are one of them, local's whole layers and full_iteration are not
     args = {"cuda_graph_impl": "local", "cuda_graph_scope": scope}
     found = validate_args_refusals(["--cuda-graph-impl"], "train.sh", args)
-    named = ["--cuda-graph-impl local --cuda-graph-scope attn"]
+    named = ["--cuda-graph-impl local with --cuda-graph-scope attn"]
     assert [r.argument for r in found] == (named if refused else [])

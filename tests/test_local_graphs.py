@@ -68,3 +68,11 @@ def test_partial_scopes_and_moe_layers_stay_refused(flags, error):
     result = run_cli("memory", "--model", "llama3-8b", "--micro-batch-size", "1", "--bf16",
                      "--no-cache", "--cuda-graph-impl", "local", *flags)  # fmt: skip
     assert result.code == 2 and result.err.startswith(error) and result.out == ""
+
+
+def test_a_scripts_local_graphs_of_moe_layers_are_refused_beside_its_other_refusals():
+    from inspector.inputs.refusals import validate_args_refusals
+
+    args = {"cuda_graph_impl": "local", "num_experts": 8}
+    found = validate_args_refusals(["--cuda-graph-impl"], "train.sh", args)
+    assert [r.argument for r in found] == ["--cuda-graph-impl local with MoE layers"]
