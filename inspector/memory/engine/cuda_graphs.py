@@ -55,6 +55,7 @@ class StaticInputs:
     bytes: int  # what those tensors take on the GPU (the caching allocator's blocks)
     order: tuple[int, ...]  # the capture order megatron gives TE (chunk+1 forward, -(chunk+1))
     grad_output_bytes: int = 0  # one hidden-state output's gradient in the model's dtype
+    in_pool: bool = False  # allocated in the graphs' pool (megatron-core 0.19's CudaGraphManager)
 
 
 def capture_order(pp: int, rank: int, chunks: int, num_microbatches: int,
@@ -377,6 +378,9 @@ def graphed_peak(job: Job, stage: int, traces: Sequence[Trace], step: Sequence[E
     # megatron-core's CudaGraphManager: its reuse pool's buffers given (local_graphs.py)
     local = job.training.cuda_graph_impl == "local"
     inputs = given or static_inputs(job, stage, scope)
+    if inputs.in_pool:  # held in the pool from each micro-batch's first graph to its backward
+        pool = Peak(pool.bytes + inputs.bytes * pool.micro_batches, pool.held, pool.micro_batches,
+                    pool.moment)  # fmt: skip
     kept: tuple[tuple[str, int], ...] = (
         (f"{GRAPHS}static inputs ({inputs.buffers} tensors for {inputs.graphs} graphs)",
          inputs.bytes),
@@ -385,8 +389,9 @@ def graphed_peak(job: Job, stage: int, traces: Sequence[Trace], step: Sequence[E
         (f"{GRAPHS}static grad outputs", inputs.grad_output_bytes),
         (f"{POOL} (high-water mark at the capture of the {pool.moment})", pool.bytes),
     )  # fmt: skip
-    if local:  # the last layer's grad output takes a returned input buffer (local_graphs.py)
-        kept = tuple(row for row in kept if row[0] != f"{GRAPHS}static grad outputs")
+    if local:  # megatron-core's: its grad outputs and its 0.19 inputs are pool blocks (local_graphs.py)
+        gone = ("static grad outputs", "static inputs") if inputs.in_pool else ("static grad",)
+        kept = tuple(row for row in kept if not row[0].startswith(tuple(GRAPHS + g for g in gone)))
     held = sum(size for _, size in kept)
     others = tuple(h[1] for h in halves)
     # local graphs are recorded in the first iteration, run eagerly (local_graphs.py)

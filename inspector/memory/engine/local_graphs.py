@@ -25,6 +25,11 @@ CudaGraphManager (transformer/cuda_graphs.py, 0.16.1; the same in 0.19.2).
   are one sample's tensors (`local_static_inputs`), not one per (layer, micro-batch) as
   Transformer Engine's; with Transformer Engine installed the rest are weak references into the
   pool (`make_weak_ref`), as in its own path.
+- megatron-core 0.19 (0.19.2 cuda_graphs.py `alloc_tensor_from_graph_mempool`, replacing
+  TensorReusePool) allocates those buffers and the last layer's static grad output in the
+  graphs' pool itself: nothing is held outside it, and each micro-batch's first-layer sample
+  stays in the pool until its backward is captured (a strong reference until `create_bwd_graph`
+  turns it weak), so the pool's high-water mark takes one sample per micro-batch then in flight.
 
 The pool is then Transformer Engine's model (cuda_graphs.py `graphed_peak`): the graphed layers'
 live blocks over the capture order, which is the schedule's.
@@ -47,6 +52,8 @@ def local_static_inputs(job: Job, stage: int) -> StaticInputs:
     """Return the reuse pool's buffers for `stage`'s graphs: the distinct tensors of the first
     graphed layer's sample (TransformerLayer.get_layer_static_inputs, the rope table: what a
     layer is called with, megatron's own `_get_sample_arguments` on the built stage)."""
+    from megatron.core.transformer import cuda_graphs
+
     from inspector.memory.engine.cuda import cuda_on_meta
     from inspector.memory.engine.cuda_graphs import captured_microbatches
     from inspector.memory.engine.runtime import runtime_config
@@ -64,4 +71,5 @@ def local_static_inputs(job: Job, stage: int) -> StaticInputs:
             storage = tensor.untyped_storage()
             storages[storage._cdata] = rounded(storage.nbytes())
         graphs = sum(len(c) for c in callables) * captured_microbatches(job)
-        return StaticInputs(graphs, len(storages), sum(storages.values()), ())
+        in_pool = hasattr(cuda_graphs, "alloc_tensor_from_graph_mempool")  # megatron-core 0.19+
+        return StaticInputs(graphs, len(storages), sum(storages.values()), (), in_pool=in_pool)
