@@ -58,9 +58,11 @@ RL_REFUSED: dict[str, Refusal] = {
     "--rl-persist-cuda-graphs": Refusal(
         "training", "the rollout engine's CUDA graphs kept through the training step are not "
         "counted (without it they are deleted when the engine is suspended)"),
+    # train_rl.py keeps the policy's CudaGraphManager on for training and the engine's graphs
+    # (dynamic context persist_cuda_graphs), both in CudaGraphManager.global_mempool
     "--rl-training-cuda-graphs": Refusal(
-        "training", "the training step captured by megatron-core's CudaGraphManager is not "
-        "counted"),
+        "training", "the rollout engine's CUDA graphs kept through the training step, in the "
+        "memory pool the training step's own per-layer graphs share, are not counted"),
     "--rl-sequence-packing-bin-size": Refusal(
         "training", "GRPO bins of another length than --seq-length are not modelled: the "
         "training micro-batches are counted as --seq-length tokens"),
