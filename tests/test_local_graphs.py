@@ -3,6 +3,8 @@ local`, CudaGraphManager), against hand counts from transformer/cuda_graphs.py."
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.test_cuda_graphs import HIDDEN_BYTES, MASK_BYTES, ROPE_BYTES, _job, needs_graphs
@@ -84,3 +86,21 @@ def test_a_scripts_local_graphs_of_moe_layers_are_refused_beside_its_other_refus
     args = {"cuda_graph_impl": "local", "num_experts": 8}
     found = validate_args_refusals(["--cuda-graph-impl"], "train.sh", args)
     assert [r.argument for r in found] == ["--cuda-graph-impl local with MoE layers"]
+
+
+@needs_graphs
+def test_memory_graphs_a_hybrid_s_layers_whole(cli):
+    # every TransformerLayer and MambaLayer gets a CudaGraphManager (GraphableMegatronModule);
+    # a Mamba layer's input is the hidden states, the attention layer's adds the mask
+    result = cli("memory", "--num-layers", "4", "--hidden-size", "128", "--num-attention-heads", "4",
+                 "--seq-length", "256", "--max-position-embeddings", "256", "--vocab-size", "1000",
+                 "--micro-batch-size", "1", "--global-batch-size", "8", "--bf16",
+                 "--hybrid-override-pattern", "M*M-", "--position-embedding-type", "none",
+                 "--mamba-num-groups", "2", "--normalization", "RMSNorm", "--disable-bias-linear",
+                 "--cuda-graph-impl", "local", "--no-cache", "--format", "json")  # fmt: skip
+    assert result.code == 0, result.err
+    kept = dict(json.loads(result.out)["stages"][0]["buffers"]["persistent"])
+    pool = next(size for what, size in kept.items() if what.startswith("CUDA graphs' memory pool"))
+    assert pool > 0
+    if not LOCAL_GRAPH_INPUTS_IN_POOL:
+        assert kept["CUDA graphs' static inputs (2 tensors for 4 graphs)"] == HIDDEN_BYTES + MASK_BYTES

@@ -22,9 +22,9 @@ CudaGraphManager (transformer/cuda_graphs.py, 0.16.1; the same in 0.19.2).
   the reuse pool, allocated outside the graphs' pool and held for good; a buffer nobody reads
   after a forward returns to the reuse pool, and the last layer's static grad output takes a
   returned one of its shape (`create_bwd_graph`: `tensor_reuse_pool.get`). So the buffers held
-  are one sample's tensors (`local_static_inputs`), not one per (layer, micro-batch) as
-  Transformer Engine's; with Transformer Engine installed the rest are weak references into the
-  pool (`make_weak_ref`), as in its own path.
+  are one sample's tensors, one per shape and dtype (`local_static_inputs`), not one per
+  (layer, micro-batch) as Transformer Engine's; with Transformer Engine installed the rest are
+  weak references into the pool (`make_weak_ref`), as in its own path.
 - megatron-core 0.19 (0.19.2 cuda_graphs.py `alloc_tensor_from_graph_mempool`, replacing
   TensorReusePool) allocates those buffers and the last layer's static grad output in the
   graphs' pool itself: nothing is held outside it, and each micro-batch's first-layer sample
@@ -49,9 +49,10 @@ from inspector.memory.engine.cuda_graphs import (
 
 
 def local_static_inputs(job: Job, stage: int) -> StaticInputs:
-    """Return the reuse pool's buffers for `stage`'s graphs: the distinct tensors of the first
-    graphed layer's sample (TransformerLayer.get_layer_static_inputs, the rope table: what a
-    layer is called with, megatron's own `_get_sample_arguments` on the built stage)."""
+    """Return the reuse pool's buffers for `stage`'s graphs: one per shape and dtype among the
+    samples of the first chunk's graphed layers (TransformerLayer.get_layer_static_inputs, the
+    rope table: what a layer is called with, megatron's own `_get_sample_arguments` on the
+    built stage)."""
     from megatron.core.transformer import cuda_graphs
 
     from inspector.memory.engine.cuda import cuda_on_meta
@@ -66,10 +67,13 @@ def local_static_inputs(job: Job, stage: int) -> StaticInputs:
             callables = _graphable(chunks)
             # one micro-batch of the first chunk: its forward then its backward
             args, kwargs = _sample_arguments(chunks, callables, job, 1, [1, -1])
-        storages: dict[int, int] = {}
-        for tensor in _tensors((args[0], kwargs[0])):
-            storage = tensor.untyped_storage()
-            storages[storage._cdata] = rounded(storage.nbytes())
+        # a buffer per shape and dtype the first chunk's layers are called with: each returns
+        # to the reuse pool for the next that asks for its shape (a hybrid's Mamba and
+        # attention layers ask for different ones)
+        sizes: dict[tuple[object, ...], int] = {}
+        for index in range(len(callables[0])):
+            for tensor in _tensors((args[index], kwargs[index])):
+                sizes[(tuple(tensor.shape), tensor.dtype)] = rounded(tensor.untyped_storage().nbytes())
         graphs = sum(len(c) for c in callables) * captured_microbatches(job)
         in_pool = hasattr(cuda_graphs, "alloc_tensor_from_graph_mempool")  # megatron-core 0.19+
-        return StaticInputs(graphs, len(storages), sum(storages.values()), (), in_pool=in_pool)
+        return StaticInputs(graphs, len(sizes), sum(sizes.values()), (), in_pool=in_pool)
