@@ -104,3 +104,22 @@ def test_memory_graphs_a_hybrid_s_layers_whole(cli):
     assert pool > 0
     if not LOCAL_GRAPH_INPUTS_IN_POOL:
         assert kept["CUDA graphs' static inputs (2 tensors for 4 graphs)"] == HIDDEN_BYTES + MASK_BYTES
+
+
+def test_enable_cuda_graph_is_read_as_megatron_cores_own_graphs(tmp_path):
+    from inspector.inputs.resolve import Sources, merge_sources
+    from tests.conftest import run_cli
+
+    # Megatron-LM's validate_args: '--enable-cuda-graph is deprecated, use
+    # --cuda-graph-impl=local instead.' (args.cuda_graph_impl = "local")
+    config = tmp_path / "model_config.yaml"
+    config.write_text("MODEL_ARGS:\n  --enable-cuda-graph: true\n")
+    args = merge_sources(Sources(config_file=str(config)), ("training",)).args
+    assert args["cuda_graph_impl"] == "local" and "enable_cuda_graph" not in args
+    result = run_cli("memory", "--model", "llama3-8b", "--micro-batch-size", "1", "--bf16",
+                     "--enable-cuda-graph", "--external-cuda-graph")  # fmt: skip
+    assert (result.code, result.out) == (2, "")
+    assert result.err.strip() == (
+        "Error: --enable-cuda-graph with --external-cuda-graph: Megatron-LM refuses it "
+        "(validate_args: '--enable-cuda-graph and --external-cuda-graph cannot be enabled at the "
+        "same time.')")  # fmt: skip

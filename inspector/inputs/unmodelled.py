@@ -192,11 +192,6 @@ REFUSED: dict[str, Refusal] = {
     "--ddp-num-buckets": Refusal("layout", "pass --ddp-bucket-size (buckets decide the padding)"),
     "--ddp-pad-buckets-for-high-nccl-busbw": Refusal(
         "layout", "bucket padding for NCCL bus bandwidth is not modelled"),
-    # megatron-core TransformerConfig.__post_init__ turns it into --cuda-graph-impl local
-    # (--external-cuda-graph, into transformer_engine, is read: inputs/resolve.py)
-    "--enable-cuda-graph": Refusal(
-        "training", "megatron-core runs it as --cuda-graph-impl local, whose graphs "
-        "(CudaGraphManager) are not counted"),  # fmt: skip
     # megatron-core 0.18+'s MoE paged stash and what it needs (inputs/paged_stash.py)
     **{flag: Refusal(*row) for flag, row in PAGED_STASH_REFUSED.items()},
     # Megatron-LM main (megatron/training/arguments.py, after core_v0.19.0): Megatron-FSDP's
