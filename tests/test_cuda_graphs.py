@@ -189,10 +189,11 @@ def test_an_eager_iteration_allocates_what_it_holds():
 @pytest.mark.parametrize(
     ("flags", "error"),
     [
-        (["--cuda-graph-impl", "local"], "Error: --cuda-graph-impl local is not modelled: "
-         "megatron-core's own per-layer CUDA graphs (CudaGraphManager) and their memory pools "
-         "are not counted; transformer_engine's per-layer graphs and --cuda-graph-scope "
-         "full_iteration are"),
+        (["--cuda-graph-impl", "local", "--cuda-graph-scope", "attn"],
+         "Error: --cuda-graph-impl local with --cuda-graph-scope attn is not modelled: "
+         "megatron-core's own per-layer CUDA graphs (CudaGraphManager) are counted for whole "
+         "dense and Mamba layers only (no --cuda-graph-scope); transformer_engine's per-layer "
+         "graphs and --cuda-graph-scope full_iteration are counted with these too"),
         (["--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope", "full_iteration"],
          "Error: --cuda-graph-scope full_iteration with --cuda-graph-impl transformer_engine: "
          "megatron-core refuses it ('To use full iteration cuda graph, please use "

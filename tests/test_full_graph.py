@@ -61,8 +61,8 @@ def test_memory_keeps_the_batches_and_the_pool_beside_the_optimizer_step():
 @pytest.mark.parametrize(
     ("flags", "error"),
     [
-        (dict(cuda_graph_impl="local"), "--cuda-graph-impl local is not modelled: megatron-core's "
-         "own per-layer CUDA graphs"),
+        (dict(cuda_graph_impl="local", cuda_graph_scope=["attn"]), "--cuda-graph-impl local with "
+         "--cuda-graph-scope attn is not modelled: megatron-core's own per-layer CUDA graphs"),
         (dict(cuda_graph_impl="local", cuda_graph_scope=["full_iteration", "attn"]),
          "pass full_iteration alone"),
         (dict(cuda_graph_impl="transformer_engine", cuda_graph_scope=["full_iteration"]),
@@ -76,13 +76,14 @@ def test_other_local_graphs_are_refused(flags, error):
         _job(**flags)
 
 
-@pytest.mark.parametrize(("scope", "refused"), [(None, True), (["attn"], True),
+@pytest.mark.parametrize(("scope", "refused"), [(None, False), (["attn"], True),
                                                 ("full_iteration", False)])  # fmt: skip
 def test_a_scripts_local_graphs_are_refused_beside_its_other_refusals(scope, refused):
     from inspector.inputs.refusals import validate_args_refusals
 
-    # a script's refusals are gathered so one error names them all: local's per-layer graphs
-    # (CudaGraphManager) are one of them, local with full_iteration is not
+    # a script's refusals are gathered so one error names them all: local's partial scopes
+    # (CudaGraphManager) are one of them, local's whole layers and full_iteration are not
     args = {"cuda_graph_impl": "local", "cuda_graph_scope": scope}
     found = validate_args_refusals(["--cuda-graph-impl"], "train.sh", args)
-    assert [r.argument for r in found] == (["--cuda-graph-impl local"] if refused else [])
+    named = ["--cuda-graph-impl local with --cuda-graph-scope attn"]
+    assert [r.argument for r in found] == (named if refused else [])

@@ -64,6 +64,9 @@ MTP_INNER = "mtp_model_layer" if VERSION >= (0, 17) else "transformer_layer"
 # CUDA graph: 0.19 adds the router's `probs` [tokens, experts] (kept for combine), an output that
 # needs a gradient. Checked on 0.16.1 (absent) and 0.19.2 (present) only.
 ALLTOALL_GRAPH_RETURNS_PROBS = VERSION >= (0, 19)
+# megatron-core 0.19 allocates CudaGraphManager's static buffers in the graphs' pool
+# (cuda_graphs.py alloc_tensor_from_graph_mempool) instead of TensorReusePool
+LOCAL_GRAPH_INPUTS_IN_POOL = VERSION >= (0, 19)
 # TEGroupedMLP calls TE's Fp8Padding even when the router already padded each expert's rows
 # (--moe-router-padding-for-fp8) up to 0.17; 0.18 skips it then (moe_utils.py
 # skip_routed_expert_padding). Checked on 0.16.1, 0.17.1, 0.18.2 and 0.19.2.

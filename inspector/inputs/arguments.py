@@ -181,13 +181,19 @@ ARGUMENTS: tuple[ArgSpec, ...] = MODEL_ARGUMENTS + (
         "cuda_graph_impl",
         str,
         "CUDA graphs: transformer_engine (per layer; `memory` counts their static inputs and "
-        "memory pool), local (with --cuda-graph-scope full_iteration only) or none.",
+        "memory pool), local (megatron-core's own: whole layers, or the scope full_iteration) "
+        "or none.",
         choices=("none", "local", "transformer_engine"),
     ),
     _training(
         "external_cuda_graph",
         bool,
         "Megatron-LM's deprecated spelling of --cuda-graph-impl transformer_engine.",
+    ),
+    _training(
+        "enable_cuda_graph",
+        bool,
+        "Megatron-LM's deprecated spelling of --cuda-graph-impl local.",
     ),
     _training(
         "cuda_graph_warmup_steps",

@@ -133,15 +133,18 @@ def _checkpoint_args_refusals(given: set[str], where: str) -> list[Refused]:
 
 
 def _local_graph_refusals(where: str, args: Mapping[str, Any]) -> list[Refused]:
-    """`--cuda-graph-impl local` is modelled with `--cuda-graph-scope full_iteration` only, and
-    under --perform-rl-step, where only the rollout engine runs graphs (job/rollout.py)."""
+    """`--cuda-graph-impl local` is modelled without a scope (whole layers) or with
+    `--cuda-graph-scope full_iteration`, and under --perform-rl-step, where only the rollout
+    engine runs graphs (job/rollout.py); a partial scope or MoE layers are refused."""
     if args.get("cuda_graph_impl") != "local" or args.get("perform_rl_step"):
         return []
     raw = args.get("cuda_graph_scope") or ()
     words = raw if isinstance(raw, (list, tuple)) else str(raw).replace(",", " ").split()
-    if "full_iteration" in words:
+    partial = [word for word in words if word not in ("full", "full_iteration")]
+    if "full_iteration" in words or not (partial or args.get("num_experts")):
         return []
-    return [Refused(LOCAL_GRAPHS.group, where, "--cuda-graph-impl local", "not modelled",
+    what = f"--cuda-graph-scope {' '.join(partial)}" if partial else "MoE layers"
+    return [Refused(LOCAL_GRAPHS.group, where, f"--cuda-graph-impl local with {what}", "not modelled",
                     LOCAL_GRAPHS.reason)]  # fmt: skip
 
 

@@ -103,17 +103,25 @@ def merge_sources(sources: Sources, groups: tuple[str, ...], accepted: tuple[str
 
 
 def _external_graphs(merged: dict[str, Any]) -> None:
-    """Read --external-cuda-graph as Megatron-LM's validate_args does (arguments.py, 0.19.2;
-    megatron-core's TransformerConfig.__post_init__ alike since 0.16): --cuda-graph-impl
-    transformer_engine, Transformer Engine's per-layer graphs with --cuda-graph-scope's scope."""
-    if not merged.pop("external_cuda_graph", False):
+    """Read --external-cuda-graph and --enable-cuda-graph as Megatron-LM's validate_args does
+    (arguments.py, 0.19.2; megatron-core's TransformerConfig.__post_init__ alike since 0.16):
+    --cuda-graph-impl transformer_engine and local, with --cuda-graph-scope's scope."""
+    given = [(flag, impl) for flag, impl in (("external_cuda_graph", "transformer_engine"),
+                                             ("enable_cuda_graph", "local"))
+             if merged.pop(flag, False)]  # fmt: skip
+    if not given:
         return
+    if len(given) > 1:
+        raise ConfigError("--enable-cuda-graph with --external-cuda-graph: Megatron-LM refuses it "
+                          "(validate_args: '--enable-cuda-graph and --external-cuda-graph cannot "
+                          "be enabled at the same time.')")  # fmt: skip
+    flag, wanted = given[0]
     impl = merged.get("cuda_graph_impl") or "none"
     if impl != "none":
-        raise ConfigError(f"--external-cuda-graph with --cuda-graph-impl {impl}: Megatron-LM "
+        raise ConfigError(f"--{flag.replace('_', '-')} with --cuda-graph-impl {impl}: Megatron-LM "
                           "refuses it (validate_args: 'Do not use --enable-cuda-graph or "
                           "--external-cuda-graph with --cuda-graph-impl.')")  # fmt: skip
-    merged["cuda_graph_impl"] = "transformer_engine"
+    merged["cuda_graph_impl"] = wanted
 
 
 _PATTERNS = ("hybrid_override_pattern", "hybrid_layer_pattern")

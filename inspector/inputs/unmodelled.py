@@ -58,9 +58,11 @@ RL_REFUSED: dict[str, Refusal] = {
     "--rl-persist-cuda-graphs": Refusal(
         "training", "the rollout engine's CUDA graphs kept through the training step are not "
         "counted (without it they are deleted when the engine is suspended)"),
+    # train_rl.py keeps the policy's CudaGraphManager on for training and the engine's graphs
+    # (dynamic context persist_cuda_graphs), both in CudaGraphManager.global_mempool
     "--rl-training-cuda-graphs": Refusal(
-        "training", "the training step captured by megatron-core's CudaGraphManager is not "
-        "counted"),
+        "training", "the rollout engine's CUDA graphs kept through the training step, in the "
+        "memory pool the training step's own per-layer graphs share, are not counted"),
     "--rl-sequence-packing-bin-size": Refusal(
         "training", "GRPO bins of another length than --seq-length are not modelled: the "
         "training micro-batches are counted as --seq-length tokens"),
@@ -196,11 +198,6 @@ REFUSED: dict[str, Refusal] = {
     "--ddp-num-buckets": Refusal("layout", "pass --ddp-bucket-size (buckets decide the padding)"),
     "--ddp-pad-buckets-for-high-nccl-busbw": Refusal(
         "layout", "bucket padding for NCCL bus bandwidth is not modelled"),
-    # megatron-core TransformerConfig.__post_init__ turns it into --cuda-graph-impl local
-    # (--external-cuda-graph, into transformer_engine, is read: inputs/resolve.py)
-    "--enable-cuda-graph": Refusal(
-        "training", "megatron-core runs it as --cuda-graph-impl local, whose graphs "
-        "(CudaGraphManager) are not counted"),  # fmt: skip
     # megatron-core 0.18+'s MoE paged stash and what it needs (inputs/paged_stash.py)
     **{flag: Refusal(*row) for flag, row in PAGED_STASH_REFUSED.items()},
     # Megatron-LM main (megatron/training/arguments.py, after core_v0.19.0): Megatron-FSDP's
@@ -360,13 +357,13 @@ RENAMED: dict[str, tuple[str, object]] = {
 
 
 # Values of modelled arguments that this tool does not model (Megatron-LM accepts them).
-# megatron-core's CudaGraphManager (transformer/cuda_graphs.py): graphs recorded lazily in the
-# first iterations, a memory pool per micro-batch under a pipeline; `local` with the scope
-# full_iteration is megatron-core's FullCudaGraphWrapper instead, which is modelled
+# megatron-core's CudaGraphManager (transformer/cuda_graphs.py) with a partial scope (two managers
+# per MoE layer with moe_router, `_forward_mlp_router` / `_forward_mlp_postprocess`) or graphing a
+# MoE layer whole: not modelled; whole dense and Mamba layers are (memory/engine/local_graphs.py)
 LOCAL_GRAPHS = Refusal(
-    "training", "megatron-core's own per-layer CUDA graphs (CudaGraphManager) and their memory "
-    "pools are not counted; transformer_engine's per-layer graphs and --cuda-graph-scope "
-    "full_iteration are")  # fmt: skip
+    "training", "megatron-core's own per-layer CUDA graphs (CudaGraphManager) are counted for "
+    "whole dense and Mamba layers only (no --cuda-graph-scope); transformer_engine's per-layer "
+    "graphs and --cuda-graph-scope full_iteration are counted with these too")  # fmt: skip
 
 REFUSED_VALUES: dict[str, dict[str, Refusal]] = {
     "--rl-kv-cache-management-mode": {mode: Refusal("training", _KV_AWAY)

@@ -49,9 +49,11 @@ def check_cuda_graphs(impl: str, scope: tuple[str, ...], recompute: str, num_exp
         raise ConfigError(f"--cuda-graph-impl {impl} is modelled with megatron-core 0.16 or later "
                           f"(the installed {installed[0]}.{installed[1]} has no TECudaGraphHelper "
                           "sample buffers to run)")  # fmt: skip
-    if impl == "local" and "full_iteration" not in scope:
-        raise ConfigError(f"--cuda-graph-impl local is not modelled: {LOCAL_GRAPHS.reason}")
-    if impl == "local" and scope != ("full_iteration",):
+    if impl == "local" and "full_iteration" not in scope and (scope or num_experts):
+        what = f"--cuda-graph-scope {' '.join(scope)}" if scope else "MoE layers"
+        raise ConfigError(f"--cuda-graph-impl local with {what} is not modelled: "
+                          f"{LOCAL_GRAPHS.reason}")  # fmt: skip
+    if impl == "local" and scope and scope != ("full_iteration",):
         raise ConfigError(f"--cuda-graph-scope {' '.join(scope)} is not modelled: with "
                           "full_iteration the whole forward and backward is one graph; pass "
                           "full_iteration alone")  # fmt: skip

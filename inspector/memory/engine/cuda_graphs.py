@@ -55,6 +55,7 @@ class StaticInputs:
     bytes: int  # what those tensors take on the GPU (the caching allocator's blocks)
     order: tuple[int, ...]  # the capture order megatron gives TE (chunk+1 forward, -(chunk+1))
     grad_output_bytes: int = 0  # one hidden-state output's gradient in the model's dtype
+    in_pool: bool = False  # allocated in the graphs' pool (megatron-core 0.19's CudaGraphManager)
 
 
 def capture_order(pp: int, rank: int, chunks: int, num_microbatches: int,
@@ -354,7 +355,7 @@ def allocated_peak(peak: Peak, pool: int, eager: bool) -> int:
 
 
 def graphed_peak(job: Job, stage: int, traces: Sequence[Trace], step: Sequence[Event], extra: int = 0,
-                 moments: int = 0,
+                 moments: int = 0, given: StaticInputs | None = None,
                  ) -> tuple[Peak, tuple[tuple[str, int], ...], tuple[Trace, ...], int]:  # fmt: skip
     """Return a stage's peak above static with Transformer Engine's per-layer graphs, what the
     graphs keep for good (static inputs, static grad outputs, their memory pool) and the traces
@@ -374,8 +375,13 @@ def graphed_peak(job: Job, stage: int, traces: Sequence[Trace], step: Sequence[E
     pool = iteration_peak(tuple(h[0] for h in halves), stage, pp, count, extra=extra)
     rest = iteration_peak(tuple(h[1] for h in halves), stage, pp, count, step=tuple(step),
                           extra=extra)  # fmt: skip
-    inputs = static_inputs(job, stage, scope)
-    kept = (
+    # megatron-core's CudaGraphManager: its reuse pool's buffers given (local_graphs.py)
+    local = job.training.cuda_graph_impl == "local"
+    inputs = given or static_inputs(job, stage, scope)
+    if inputs.in_pool:  # held in the pool from each micro-batch's first graph to its backward
+        pool = Peak(pool.bytes + inputs.bytes * pool.micro_batches, pool.held, pool.micro_batches,
+                    pool.moment)  # fmt: skip
+    kept: tuple[tuple[str, int], ...] = (
         (f"{GRAPHS}static inputs ({inputs.buffers} tensors for {inputs.graphs} graphs)",
          inputs.bytes),
         # TE graph.py: one `empty_like` per output signature (static_grad_outputs_dict): the
@@ -383,9 +389,13 @@ def graphed_peak(job: Job, stage: int, traces: Sequence[Trace], step: Sequence[E
         (f"{GRAPHS}static grad outputs", inputs.grad_output_bytes),
         (f"{POOL} (high-water mark at the capture of the {pool.moment})", pool.bytes),
     )  # fmt: skip
+    if local:  # megatron-core's: its grad outputs and its 0.19 inputs are pool blocks (local_graphs.py)
+        gone = ("static grad outputs", "static inputs") if inputs.in_pool else ("static grad",)
+        kept = tuple(row for row in kept if not row[0].startswith(tuple(GRAPHS + g for g in gone)))
     held = sum(size for _, size in kept)
     others = tuple(h[1] for h in halves)
-    warm = job.training.cuda_graph_warmup_steps > 0
+    # local graphs are recorded in the first iteration, run eagerly (local_graphs.py)
+    warm = local or job.training.cuda_graph_warmup_steps > 0
     if warm and eager.bytes > held + rest.bytes:
         moment = f"a warm-up iteration before the graphs are captured (eager): {eager.moment}"
         peak = Peak(eager.bytes - held, eager.held, eager.micro_batches, moment)

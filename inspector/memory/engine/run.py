@@ -143,12 +143,17 @@ def run_memory(
         raise ConfigError("--microbatch-group-size-per-virtual-pipeline-stage with "
                           f"--cuda-graph-impl {job.training.cuda_graph_impl}: the graphs' capture "
                           "order under micro-batch groups is not modelled")  # fmt: skip
-    if job.training.cuda_graph_impl == "transformer_engine":
+    full = "full_iteration" in job.training.cuda_graph_scope
+    if job.training.cuda_graph_impl == "transformer_engine" or (
+        job.training.cuda_graph_impl == "local" and not full
+    ):  # per-layer graphs, Transformer Engine's or megatron-core's (engine/local_graphs.py)
         from inspector.memory.engine.cuda_graphs import graphed_peak
+        from inspector.memory.engine.local_graphs import local_static_inputs
 
+        given = local_static_inputs(job, stage) if job.training.cuda_graph_impl == "local" else None
         peak, kept, traces, allocated = graphed_peak(job, stage, traces, step.events, extra,
-                                                     step.state)
-    elif job.training.cuda_graph_impl == "local":  # full_iteration (job/cuda_graphs.py)
+                                                     step.state, given)
+    elif job.training.cuda_graph_impl == "local":  # full_iteration
         from inspector.memory.engine.full_graph import full_iteration_peak
 
         peak, kept, traces, allocated = full_iteration_peak(job, stage, traces, step.events, extra)
