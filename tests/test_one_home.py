@@ -22,8 +22,11 @@ RECORDS = (
     "Gpu", "Hardware", "OptimizerBytes", "OptimizerPrecision", "OptimizerStep",
 )  # fmt: skip
 # Class names that two unrelated modules still share (each mirrors a different upstream name).
-# RMSNorm: the TE stand-in's and mamba_ssm's gated one, each named as upstream names it
-KNOWN_SHARED_CLASSES = {"Context", "Param", "FusedAdam", "RMSNorm"}
+# RMSNorm: the TE stand-in's and mamba_ssm's gated one, each named as upstream names it;
+# GroupedLinear: TE's module (transformer_engine.pytorch.GroupedLinear, world/te/grouped_linear.py)
+# and its fused operation (transformer_engine.pytorch.ops.GroupedLinear, world/te/ops.py), which
+# megatron-core reaches by those names
+KNOWN_SHARED_CLASSES = {"Context", "Param", "FusedAdam", "RMSNorm", "GroupedLinear"}
 CONSTANTS = ("ADAM_MOMENTS", "MASTER_COPY", "REMAINDER", "GIB", "DEFAULT_GPU", "GPUS", "DEFAULT_ADAM")
 # A GPU's figures: only the --gpu record (job/hardware.py Gpu) holds them.
 GPU_FIGURES = {"hbm", "tflops_16bit", "tflops_fp8", "memory_gib"}
