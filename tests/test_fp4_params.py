@@ -64,13 +64,15 @@ def _kept(rows: int, cols: int) -> int:
 
 def test_the_stand_in_follows_the_te_release_each_megatron_core_accepts():
     """0.16.1 pins transformer-engine <2.12 (its `dev` extra): 2.11; 0.17+ pin none and call
-    TE 2.14's quantize_master_weights: 2.14. The installed megatron-core's metadata agrees."""
+    TE 2.14's quantize_master_weights: 2.14; 0.18 and 0.19 the release their uv.lock installs
+    (2.16.0, 2.17.1). The installed megatron-core's metadata agrees."""
     from packaging.requirements import Requirement
 
     from inspector.world import te
 
     assert te.release_for((0, 13)) == te.release_for((0, 16)) == "2.11.0"
-    assert te.release_for((0, 17)) == te.release_for((0, 19)) == "2.14.0"
+    assert te.release_for((0, 17)) == "2.14.0"
+    assert (te.release_for((0, 18)), te.release_for((0, 19))) == ("2.16.0", "2.17.1")  # uv.lock
     assert te.VERSION == te.release_for(megatron_version())
     pins = [Requirement(r) for r in importlib.metadata.requires("megatron-core") or []]
     for pin in (p for p in pins if p.name == "transformer-engine"):

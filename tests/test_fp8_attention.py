@@ -1,4 +1,5 @@
-"""--fp8-dot-product-attention: what Transformer Engine 2.11's fused attention saves in fp8,
+"""--fp8-dot-product-attention: what Transformer Engine 2.11's (MXFP8: 2.17.1's) fused attention
+saves in fp8,
 written from the sources (pytorch/attention/dot_product_attention/backends.py FusedAttnFunc,
 utils.py combine_and_quantize, csrc/extensions/attention.cpp fused_attn_fwd/bwd) and which
 recipes megatron-core hands the flag to (fp8_utils.py get_fp8_recipe)."""
@@ -19,7 +20,7 @@ SMALL = ("--num-layers 2 --hidden-size 256 --num-attention-heads 8 --seq-length 
          "--use-distributed-optimizer --dp 2 --fp8-format hybrid").split()  # fmt: skip
 
 
-def _attention_saves(recipe_name: str):
+def _attention_saves(recipe_name: str, s: int = S, d: int = D):
     import torch
 
     from inspector.world import te
@@ -30,8 +31,8 @@ def _attention_saves(recipe_name: str):
 
     from inspector.world.te import attention
 
-    dpa = attention.DotProductAttention(HEADS, D)
-    q, k, v = (torch.empty((S, B, HEADS, D), dtype=torch.bfloat16, device="meta",
+    dpa = attention.DotProductAttention(HEADS, d)
+    q, k, v = (torch.empty((s, B, HEADS, d), dtype=torch.bfloat16, device="meta",
                            requires_grad=True) for _ in range(3))  # fmt: skip
     made = getattr(recipe, recipe_name)(fp8_dpa=True)
     with te_pytorch.fp8_autocast(enabled=True, fp8_recipe=made):
@@ -68,10 +69,42 @@ def test_current_scaling_keeps_the_output_in_16_bits():
                          ((S, B, HEADS, D), torch.bfloat16), ((1,), torch.float32)]  # fmt: skip
 
 
+def _te_runs_mxfp8_attention() -> bool:
+    from inspector.world import te
+    from inspector.world.te.attention import MXFP8_ATTENTION_SINCE
+
+    return tuple(int(p) for p in te.VERSION.split(".")[:2]) >= MXFP8_ATTENTION_SINCE
+
+
 def test_block_recipes_with_fp8_dpa_hit_tes_assertion():
-    """dot_product_attention.py 669-673: only per-tensor recipes may set fp8_dpa."""
-    with pytest.raises(AssertionError, match="does not support MXFP8BlockScaling recipe"):
-        _attention_saves("MXFP8BlockScaling")
+    """dot_product_attention.py 669-673 (v2.11), 676-680 (v2.14): only per-tensor recipes may set
+    fp8_dpa; from 2.15 MXFP8 too (the stand-in's 2.16.0 / 2.17.1 under megatron-core 0.18 / 0.19)."""
+    with pytest.raises(AssertionError, match="does not support Float8BlockScaling recipe"):
+        _attention_saves("Float8BlockScaling")
+    if not _te_runs_mxfp8_attention():
+        with pytest.raises(AssertionError, match="does not support MXFP8BlockScaling recipe"):
+            _attention_saves("MXFP8BlockScaling")
+
+
+@pytest.mark.skipif(not _te_runs_mxfp8_attention(), reason="TE before 2.15 asserts")
+def test_mxfp8_attention_saves_q_k_v_both_ways_with_bhsd_scales_and_a_16_bit_output():
+    """backends.py 1383-1496 (v2.17.1): q, k, v each quantized row- and column-wise (uint8 in
+    their own shape), their E8M0 scales in one row-wise buffer [b, h, s, round_up(d/32, 4)] and
+    one column-wise [b, h, s/32, round_up(d, 128)] (utils.py 2700-2745); O saved in bf16; Stats
+    fp32 [b, h, s, 1]; rng state. Gradients in bf16. s must be a multiple of 128, d of 32."""
+    import torch
+
+    s, d = 128, 32
+    out, saved, grads = _attention_saves("MXFP8BlockScaling", s, d)
+    u8, f32 = torch.uint8, torch.float32
+    data = [((s, B, HEADS, d), u8)] * 6
+    row, col = 3 * B * HEADS * s * 4, 3 * B * HEADS * (s // 32) * 128
+    assert saved == [*data, ((row,), u8), ((col,), u8), ((s, B, HEADS, d), torch.bfloat16),
+                     ((B, HEADS, s, 1), f32), ((2,), torch.int64)]  # fmt: skip
+    assert (out.shape, out.dtype) == ((s, B, HEADS * d), torch.bfloat16)
+    assert all((g.shape, g.dtype) == ((s, B, HEADS, d), torch.bfloat16) for g in grads)
+    with pytest.raises(AssertionError, match="MXFP8 quantization requires s_q % 128 == 0"):
+        _attention_saves("MXFP8BlockScaling", 64, d)
 
 
 def _run(cli, *flags):
@@ -104,9 +137,24 @@ def test_megatron_core_0_16_leaves_mxfp8_attention_in_bf16_and_says_so(cli):
 
 
 @pytest.mark.skipif(megatron_version() < MXFP8_DPA_SINCE, reason="before 0.18 the flag is unused")
-def test_megatron_core_0_18_hands_mxfp8_the_flag_and_te_2_11_refuses_it(cli):
-    result = cli("memory", *SMALL, "--fp8-recipe", "mxfp8", "--fp8-dot-product-attention")
-    assert result.code == 2 and "does not support MXFP8BlockScaling recipe" in result.err
+def test_megatron_core_0_18_runs_mxfp8_attention_in_fp8_as_its_te_does(cli):
+    """0.18+ hand MXFP8BlockScaling fp8_dpa, and the TE they install (2.16.0, 2.17.1) runs it:
+    less kept for backward, the same static memory, the job line and the note say so."""
+    static, peak = _run(cli, "--fp8-recipe", "mxfp8")
+    static_fp8, peak_fp8 = _run(cli, "--fp8-recipe", "mxfp8", "--fp8-dot-product-attention")
+    assert static_fp8 == static and peak_fp8 < peak
+    text = cli("memory", *SMALL, "--fp8-recipe", "mxfp8", "--fp8-dot-product-attention")
+    assert "attention in fp8" in text.out.splitlines()[0]
+    assert "Transformer Engine 2.15+" in text.out and "no attention backend on Hopper" in text.out
+
+
+@pytest.mark.skipif(megatron_version() < MXFP8_DPA_SINCE, reason="before 0.18 the flag is unused")
+def test_mxfp8_attention_refuses_a_sequence_te_cannot_quantize(cli):
+    at = SMALL.index("--seq-length") + 1
+    flags = [*SMALL[:at], "192", *SMALL[at + 1 :]]
+    result = cli("memory", *flags, "--fp8-recipe", "mxfp8", "--fp8-dot-product-attention")
+    assert result.code == 2 and "--seq-length a multiple of 128" in result.err
+    assert "got --seq-length 192 and head dimensions 32" in result.err
 
 
 def test_the_job_line_and_the_plan_name_fp8_attention(cli):

@@ -148,7 +148,11 @@ def validate_model(config: ModelConfig) -> None:
     )
     fp4.validate_fp4(config.fp4_format, config.fp4_recipe, config.fp8_format,
                      config.transformer_impl)
-    check_fp8_attention(config.fp8_format, config.fp8_recipe, config.fp8_dot_product_attention)
+    mla = config.mla_args() if config.multi_latent_attention else None
+    head_dims = ((mla["qk_head_dim"] + mla["qk_pos_emb_head_dim"], mla["v_head_dim"]) if mla
+                 else (config.head_dim,))  # fmt: skip
+    check_fp8_attention(config.fp8_format, config.fp8_recipe, config.fp8_dot_product_attention,
+                        config.seq_length, head_dims)  # fmt: skip
     fp4.check_bf16_layers(config.num_layers, config.num_layers_at_start_in_bf16,
                           config.num_layers_at_end_in_bf16)
 

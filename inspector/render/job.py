@@ -96,10 +96,13 @@ def _precision_note(model: ModelConfig, what: str) -> list[str]:
             "hold no NVFP4 GEMMs: plan prices Transformer Engine's GEMMs at bf16 speed."
         ]
     if model.fp8_format is not None and model.fp8_recipe == "mxfp8":
+        attention = fp8_attention(model.fp8_format, "mxfp8", model.fp8_dot_product_attention)
         return [
             "Note: --fp8-recipe mxfp8 runs on Blackwell GPUs only (Megatron-LM: 'mxfp8' for "
             "Blackwell architecture only); its buffers are counted as Transformer Engine "
-            "allocates them."
+            "allocates them"
+            + (", and its fp8 attention as Transformer Engine 2.15+ runs it (cuDNN 9.21+ "
+               "on sm100+; no attention backend on Hopper)." if attention else ".")
         ]
     if model.dtype_name != "float32":
         return []

@@ -6,7 +6,8 @@ MoE, MLA and context-parallel code are written against it. `install()` puts a sm
 megatron-core's own TE wrappers (`TELayerNormColumnParallelLinear`, `TEDotProductAttention`,
 `TENorm`, `TEGroupedMLP`, ...) run for real on top of it. The stand-in classes register their
 parameters exactly as TE 2.11.0 does (each cites the TE source it mirrors; under megatron-core
-0.17+ it reports 2.14.0 and adds what 2.14 added that megatron calls: `VERSION` below); their
+0.17+ it adds what 2.14 added that megatron calls, and reports 2.14.0, 2.16.0 under 0.18 and
+2.17.1 under 0.19: `VERSION` below); their
 forwards (on meta tensors, in the engine) allocate and save what TE's kernels do (`kernels/`).
 
 Nothing here is importable as `transformer_engine` until `install()` is called: the stand-in lives
@@ -25,7 +26,12 @@ import sys
 # release and call what TE 2.14 added: `quantize_master_weights` and `replace_raw_data` of an
 # NVFP4Tensor (tensor/utils.py; 2.12 and 2.13 have neither) for --fp4-param-gather, and 0.18+
 # gate features on 2.14 (GroupedLinear's single_grouped_weight, is_te_min_version("2.14.0")).
-TE_RELEASES = (((0, 0), "2.11.0"), ((0, 17), "2.14.0"))  # (first megatron-core, TE) ascending
+# 0.18 and 0.19 declare the release their own uv.lock installs (Megatron-LM core_v0.18.2:
+# transformer-engine 2.16.0+b9d690e0; core_r0.19.0: 2.17.1+4329ff84; Megatron-Bridge 0.7.0 locks
+# 2.18.0+e7c550c5): neither gates anything between 2.14 and 2.19 (is_te_min_version), so megatron
+# takes 2.14's paths and the modules mirror 2.14, but attention runs MXFP8 in fp8 from 2.15
+# (attention.py `fp8_attention_recipe`), which their MXFP8BlockScaling hands `fp8_dpa`.
+TE_RELEASES = (((0, 0), "2.11.0"), ((0, 17), "2.14.0"), ((0, 18), "2.16.0"), ((0, 19), "2.17.1"))
 
 
 def release_for(megatron: tuple[int, int]) -> str:

@@ -33,18 +33,34 @@ def _fused_backend(dtype: torch.dtype) -> bool:
     return allowed and dtype in (torch.float16, torch.bfloat16)
 
 
-def fp8_attention_recipe() -> bool | None:
-    """Return whether TE runs this attention in fp8 with delayed (True) or current (False)
-    scaling, None for 16 bits (dot_product_attention.py 575-680, 1010-1030: fp8 inside
-    fp8_autocast when the recipe's `fp8_dpa` is set; only per-tensor recipes may set it)."""
+# TE runs attention in MXFP8 from 2.15 (dot_product_attention.py `init_fp8_metadata`: 2.14
+# asserts, 676-680; 2.15+ keep the MXFP8 recipe, utils.py get_attention_backend 621-638 at
+# v2.17.1 picks FusedAttention on sm100+ with cuDNN 9.21+, sbhd or bshd).
+MXFP8_ATTENTION_SINCE = (2, 15)
+
+
+def fp8_attention_recipe() -> str | None:
+    """Return the scaling TE runs this attention in fp8 with, "delayed", "current" or "mxfp8";
+    None for 16 bits (dot_product_attention.py 575-680, 1010-1030 at v2.11: fp8 inside
+    fp8_autocast when the recipe's `fp8_dpa` is set; the per-tensor recipes, and MXFP8 from
+    TE 2.15, v2.17.1 `init_fp8_metadata` 629-768). Other recipes assert, as TE does (v2.14 676-680)."""
     if not FP8GlobalStateManager.is_fp8_enabled():
         return None
     recipe = FP8GlobalStateManager.get_fp8_recipe()
     if not (getattr(recipe, "fp8_dpa", False) or getattr(recipe, "fp8_mha", False)):
         return None
-    if not (recipe.delayed() or recipe.float8_current_scaling()):
-        raise AssertionError(f"DotProductAttention does not support {type(recipe).__name__} recipe")
-    return recipe.delayed()
+    if recipe.delayed() or recipe.float8_current_scaling():
+        return "delayed" if recipe.delayed() else "current"
+    if recipe.mxfp8() and _te_release() >= MXFP8_ATTENTION_SINCE:
+        return "mxfp8"
+    raise AssertionError(f"DotProductAttention does not support {type(recipe).__name__} recipe")
+
+
+def _te_release() -> tuple[int, ...]:
+    """The (major, minor) of the TE release mirrored (te/__init__.py VERSION)."""
+    from inspector.world.te import VERSION
+
+    return tuple(int(part) for part in VERSION.split(".")[:2])
 
 
 def _size(group: Any) -> int:
@@ -244,9 +260,9 @@ class DotProductAttention(TransformerEngineBaseModule):
         # the learned offset as TE passes it to the kernels (dot_product_attention.py 1404-1408)
         offset = self.softmax_offset
         offset = None if offset is None else offset.reshape(1, -1, 1, 1).to(torch.float32)
-        delayed = fp8_attention_recipe()
-        if delayed is not None:  # the FP8 backend (kernels/fp8_attention.py)
-            out: torch.Tensor = FP8FusedAttnFunction.apply(q, k, v, qkv_format, offset, delayed)
+        scaling = fp8_attention_recipe()
+        if scaling is not None:  # the FP8 backend (kernels/fp8_attention.py)
+            out: torch.Tensor = FP8FusedAttnFunction.apply(q, k, v, qkv_format, offset, scaling)
         else:
             out = FusedAttnFunction.apply(q, k, v, qkv_format, offset)
         return out.view(out.shape[0], out.shape[1], -1)

@@ -17,6 +17,17 @@ backends.py) where `fp8` is set, the FP8 cuDNN backend, for megatron's separate 
   separately (attention.cpp, NVTE_HD_HD_HD) in uint8 (delayed) or 16 bits (current scaling);
   fp8 ones go through `combine_and_dequantize` (utils.py 2205-2250): their data concatenated
   (uint8) and dequantized into one 16-bit buffer, of which dq, dk, dv are views.
+MXFP8 (TE 2.15+, followed at v2.17.1 4329ff84, what megatron-core 0.19 locks; sm100+ only):
+- forward (backends.py 1383-1496): `combine_and_quantize` (utils.py 2781-2842) takes the fast
+  path for sbhd/bshd: each of q, k, v quantized on its own, row- and column-wise (the QKV
+  quantizer asks both, utils.py 2515-2524), by `mxfp8_quantize_fast_path` (2626-2778): uint8 data
+  both ways in the tensor's shape, and its E8M0 scales re-laid as [b, h, s, round_up(d/32, 4)]
+  row-wise and [b, h, s/32, round_up(d, 128)] column-wise, each direction ONE uint8 buffer for
+  the three (`_build_outputs`); the quantizer's own scales are dropped. It asserts s % 128 == 0
+  and d % 32 == 0. O comes back in 16 bits and is saved so (bwd_requires_o_f16); aux_ctx_tensors
+  are the softmax Stats, fp32 [b, heads, s_q, 1], and the rng state (fused_attn_fp8.cu 1129-1145).
+- backward (1638-1830): d_out contiguous, quantized both ways by the same fast path; dQ, dK, dV
+  come back in 16 bits, each its own tensor.
 Not counted: the attention module's own scaling state (a few fp32 scalars per layer).
 """
 
@@ -27,6 +38,7 @@ from typing import Any
 import torch
 
 from inspector.world.te.kernels.attention_functions import begin_fused
+from inspector.world.te.kernels.quantize import MX_BLOCK, quantize
 
 
 def _quantized(shape: Any, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,20 +57,56 @@ def _combine_and_quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> 
     return data, scale_inv, views
 
 
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def _mxfp8_fast_path(tensors: tuple[torch.Tensor, ...], qkv_format: str) -> list[torch.Tensor]:
+    """utils.py mxfp8_quantize_fast_path, both directions: each tensor's uint8 data row- and
+    column-wise, then one row-wise and one column-wise scale buffer for all, in BHSD."""
+    kept: list[torch.Tensor] = []
+    dropped = []
+    for t in tensors:
+        s, b, heads, d = t.shape if qkv_format == "sbhd" else (t.shape[1], t.shape[0], *t.shape[2:])
+        assert s % 128 == 0 and d % 32 == 0, (
+            "MXFP8 quantization requires s_q % 128 == 0, s_kv % 128 == 0, d_qk % 32 == 0, d_v % 32"
+            f" == 0. Found s={s}, d={d}."
+        )
+        rows = s if qkv_format == "sbhd" else b * s  # the 2-D view quantized
+        made = quantize(rows, t.numel() // rows, "mxfp8", rowwise=True, columnwise=True)
+        kept += [made.rowwise[0].view(t.shape), made.columnwise[0].view(t.shape)]
+        dropped += [made.rowwise[1], made.columnwise[1]]
+    shapes = [(t.shape[1], t.shape[0]) if qkv_format == "sbhd" else t.shape[:2] for t in tensors]
+    heads_d = [(t.shape[2], t.shape[3]) for t in tensors]
+    row = sum(sb[0] * sb[1] * h * _round_up(d // MX_BLOCK, 4) for sb, (h, d) in zip(shapes, heads_d))
+    col = sum(sb[0] * sb[1] // MX_BLOCK * h * _round_up(d, 128) for sb, (h, d) in zip(shapes, heads_d))
+    scales = [torch.empty((n,), dtype=torch.uint8, device=tensors[0].device) for n in (row, col)]
+    del dropped
+    return kept + scales
+
+
 class FP8FusedAttnFunction(torch.autograd.Function):
-    """FusedAttnFunc with fp8 (see the module docstring); `delayed`: the recipe's scaling."""
+    """FusedAttnFunc with fp8 (see the module docstring); `scaling`: "delayed", "current" or
+    "mxfp8"."""
 
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qkv_format: str,
-                softmax_offset: torch.Tensor | None, delayed: bool) -> torch.Tensor:  # fmt: skip
+                softmax_offset: torch.Tensor | None, scaling: str) -> torch.Tensor:  # fmt: skip
         stats_shape = begin_fused(ctx, q, qkv_format, softmax_offset)
-        ctx.delayed, ctx.shapes, ctx.dtype = delayed, (q.shape, k.shape, v.shape), q.dtype
-        data, scale_inv, _ = _combine_and_quantize(q, k, v)
+        ctx.scaling, ctx.shapes, ctx.dtype = scaling, (q.shape, k.shape, v.shape), q.dtype
+        ctx.qkv_format = qkv_format
         o_shape = (*q.shape[:3], v.shape[3])
         rng_state = torch.empty((2,), dtype=torch.int64, device=q.device)
-        stats = [torch.empty(stats_shape, dtype=torch.float32, device=q.device)
-                 for _ in ("M", "ZInv")]  # fmt: skip
-        if delayed:
+        if scaling == "mxfp8":
+            qkv = _mxfp8_fast_path((q, k, v), qkv_format)
+            out = torch.empty(o_shape, dtype=q.dtype, device=q.device)
+            stats = torch.empty(stats_shape, dtype=torch.float32, device=q.device)
+            ctx.save_for_backward(*qkv, out, stats, rng_state)
+            return out
+        data, scale_inv, _ = _combine_and_quantize(q, k, v)
+        stats_pair = [torch.empty(stats_shape, dtype=torch.float32, device=q.device)
+                      for _ in ("M", "ZInv")]  # fmt: skip
+        if scaling == "delayed":
             out_fp8, out_scale = _quantized(o_shape, q.device)
             out = torch.empty(o_shape, dtype=q.dtype, device=q.device)  # out_.dequantize()
             saved = (data, scale_inv, out_fp8, out_scale)
@@ -66,15 +114,18 @@ class FP8FusedAttnFunction(torch.autograd.Function):
             out = torch.empty(o_shape, dtype=q.dtype, device=q.device)
             amax = torch.empty((1,), dtype=torch.float32, device=q.device)
             saved = (data, scale_inv, out, amax)
-        ctx.save_for_backward(*saved, *stats, rng_state)
+        ctx.save_for_backward(*saved, *stats_pair, rng_state)
         return out
 
     @staticmethod
     def backward(ctx: Any, d_out: torch.Tensor) -> Any:
         device = ctx.saved_tensors[0].device
         d_out = d_out.contiguous()
-        d_out_fp8 = _quantized(d_out.shape, d_out.device)
-        if ctx.delayed:
+        if ctx.scaling == "mxfp8":
+            d_out_fp8: Any = _mxfp8_fast_path((d_out,), ctx.qkv_format)
+        else:
+            d_out_fp8 = _quantized(d_out.shape, d_out.device)
+        if ctx.scaling == "delayed":
             parts = [torch.empty(shape, dtype=torch.uint8, device=device) for shape in ctx.shapes]
             flat = torch.cat([t.reshape(-1) for t in parts], dim=0)
             del parts
