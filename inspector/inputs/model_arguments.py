@@ -95,7 +95,7 @@ MODEL_ARGUMENTS: tuple[ArgSpec, ...] = (
         "--use-distributed-optimizer).",
     ),
     _model("fp8_dot_product_attention", bool, "Attention in fp8 (Transformer Engine's fused "
-           "attention, delayed or tensorwise recipes)."),  # fmt: skip
+           "attention, delayed or tensorwise recipes; mxfp8 from megatron-core 0.18)."),  # fmt: skip
     _model("fp4_format", str, "NVFP4 through Transformer Engine (Blackwell).", choices=("e2m1",)),
     _model("fp4_recipe", str, "FP4 recipe with --fp4-format (default nvfp4).",
            choices=("nvfp4", "custom")),  # fmt: skip
