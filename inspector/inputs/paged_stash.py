@@ -46,9 +46,10 @@ PAGED_STASH_REFUSED: dict[str, tuple[Any, ...]] = {
     "--moe-paged-stash-buffer-size-factor-cpu": ("training", _STASH_SIZE, ("0", "0.0")),
     "--use-transformer-engine-op-fuser": ("training", _OP_FUSER, (), OP_FUSER_RELEASES),
     # token_dispatcher.py _HybridEPManager.setup_metadata: a static budget of permuted tokens
-    # (`padded_num_tokens * topk * factor`, rounded up to the quantization alignment) and
-    # PagedStashRunner's rerun when a rank goes over it
+    # (`padded_num_tokens * topk * factor`, rounded up to the quantization alignment), run by
+    # megatron itself where the op fuser is (the budget needs it with hybridep)
     "--moe-expert-rank-capacity-factor": (
-        "training", "HybridEP's static per-rank budget of received tokens (and the rerun when a "
-        "rank goes over it) is not modelled", ()),  # fmt: skip
+        "training", "megatron-core 0.13-0.17 have no static per-rank budget for HybridEP "
+        "(TransformerConfig.moe_expert_rank_capacity_factor came in 0.18, where it is modelled)",
+        (), OP_FUSER_RELEASES),  # fmt: skip
 }

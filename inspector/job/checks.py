@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from inspector.errors import ConfigError
+from inspector.job.flex import DEFAULT_BACKEND
 
 # The largest size or count a flag may give: shapes beyond it overflow torch's index type (and no
 # GPU holds a dimension that long), so a larger value is an error naming the flag, not C++ frames.
@@ -147,3 +148,30 @@ def check_op_fuser(args: Mapping[str, Any]) -> None:
             "--use-transformer-engine-op-fuser with --delay-wgrad-compute is not modelled: "
             "Transformer Engine's ops.GroupedLinear keeps the expert weight gradients' inputs "
             "for a later backward_dw (ops/basic/grouped_linear.py), which is not simulated")  # fmt: skip
+
+
+def check_rank_capacity(args: Mapping[str, Any]) -> None:
+    """Refuse --moe-expert-rank-capacity-factor where megatron-core 0.18+'s TransformerConfig
+    refuses it (transformer_config.py __post_init__: the flex dispatcher's hybridep backend, the
+    only one this tool runs that takes it, and there with the op fuser), or a factor that gives
+    no budget (setup_metadata: int(tokens x topk x factor) permuted tokens a rank)."""
+    factor = args.get("moe_expert_rank_capacity_factor")
+    if factor is None or not args.get("num_experts"):
+        return
+    if not factor >= 1:  # balanced routing sends each rank tokens x topk rows
+        raise ConfigError(f"--moe-expert-rank-capacity-factor {factor} below 1 is not modelled: "
+                          "HybridEP's budget of int(tokens x topk x factor) permuted tokens a rank "
+                          "is under what balanced routing sends it, and which tokens HybridEP's "
+                          "kernel drops is not simulated")  # fmt: skip
+    backend = args.get("moe_flex_dispatcher_backend") or DEFAULT_BACKEND
+    if args.get("moe_token_dispatcher_type") != "flex" or backend != "hybridep":
+        raise ConfigError("--moe-expert-rank-capacity-factor needs --moe-token-dispatcher-type flex "
+                          "with --moe-flex-dispatcher-backend hybridep (megatron-core's "
+                          "TransformerConfig: 'moe_expert_rank_capacity_factor requires "
+                          "moe_flex_dispatcher_backend to be 'hybridep' or 'ncclep'.'; ncclep is "
+                          "not modelled)")  # fmt: skip
+    if not args.get("use_transformer_engine_op_fuser"):
+        raise ConfigError("--moe-expert-rank-capacity-factor with the hybridep backend needs "
+                          "--use-transformer-engine-op-fuser (megatron-core's TransformerConfig: "
+                          "'moe_expert_rank_capacity_factor with the 'hybridep' backend requires "
+                          "use_transformer_engine_op_fuser to be enabled.')")  # fmt: skip

@@ -69,6 +69,8 @@ def runtime_config(job: Job) -> dict[str, Any]:
             fields[router_padding_field()] = True  # the version's own spelling
         if training.op_fuser:  # megatron-core 0.18+ (inputs/versions.OP_FUSER_RELEASES)
             fields["use_transformer_engine_op_fuser"] = True
+        if training.moe_expert_rank_capacity_factor is not None:  # HybridEP's static budget
+            fields["moe_expert_rank_capacity_factor"] = training.moe_expert_rank_capacity_factor
     if training.recompute != "none":
         fields["recompute_granularity"] = training.recompute
         fields["recompute_modules"] = list(training.recompute_modules)
