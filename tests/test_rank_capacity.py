@@ -79,3 +79,12 @@ def test_memory_refuses_the_budget_before_megatron_core_0_18(cli):
     assert done.code == 2 and done.out == ""
     assert "--moe-expert-rank-capacity-factor is not modelled: megatron-core 0.13-0.17 have no " \
         "static per-rank budget" in done.err.splitlines()[-1], done.err
+
+
+@needs_budget
+def test_plan_keeps_the_budget_and_prints_its_flag(cli):
+    args = [a for a in JOB[1:] if a not in ("--ep", "8", "--dp", "--micro-batch-size", "1")]
+    done = cli("plan", *args, "--gpus", "8", "--global-batch-size", "64", "--gpu", "h100",
+               "--moe-expert-rank-capacity-factor", "1.0")  # fmt: skip
+    assert done.code == 0, done.err
+    assert "--moe-expert-rank-capacity-factor 1 \\" in done.out
