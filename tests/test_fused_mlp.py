@@ -106,3 +106,29 @@ def test_the_fused_mlp_allocates_frees_and_differentiates(fused_env):
         grads = torch.autograd.grad(out, (x, probs, *mlp.parameters()), torch.empty_like(out))
     assert [tuple(g.shape) for g in grads[:2]] == [(N, H), (N,)]
     assert [tuple(g.shape) for g in grads[2:]] == [(2 * F, H)] * G + [(H, F)] * G
+
+
+MXFP8_JOB = ("memory", "--model", "qwen3-30b-a3b", "--num-layers", "2", "--ep", "8", "--dp", "8",
+             "--micro-batch-size", "1", "--bf16", "--fp8-format", "e4m3", "--fp8-recipe", "mxfp8",
+             "--use-transformer-engine-op-fuser", "--moe-token-dispatcher-type", "flex",
+             "--moe-flex-dispatcher-backend", "hybridep")  # fmt: skip
+
+
+def _peak(out: str) -> float:
+    return float(out.split(", peak ")[1].split(" GiB")[0])
+
+
+@pytest.mark.skipif(not __import__("tests.test_op_fuser").test_op_fuser.HAS_OP_FUSER,
+                    reason="megatron-core 0.18 added the op fuser")  # fmt: skip
+def test_memory_runs_mxfp8_s_fused_mlp_and_a_budget_above_what_arrives(cli):
+    # the SwiGLU interleaved by 32 lets TE's fuser take the kernel; without it TE would run its
+    # basic operations quantized, which are not simulated
+    plain = cli(*MXFP8_JOB)
+    assert plain.code == 2 and "basic operations in mxfp8 (split_quantize) are not simulated" in plain.err
+    fused = cli(*MXFP8_JOB, "--moe-mlp-glu-interleave-size", "32")
+    assert fused.code == 0, fused.err
+    # the kernel takes HybridEP's whole budget (its split points end where the tokens do): 1.5
+    # makes every expert tensor 49,152 rows instead of 32,768, so the peak grows
+    budget = cli(*MXFP8_JOB, "--moe-mlp-glu-interleave-size", "32", "--moe-expert-rank-capacity-factor", "1.5")
+    assert budget.code == 0, budget.err
+    assert _peak(budget.out) > _peak(fused.out)

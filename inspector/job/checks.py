@@ -127,14 +127,16 @@ def check_op_fuser(args: Mapping[str, Any]) -> None:
     if not args.get("use_transformer_engine_op_fuser") or not args.get("num_experts"):
         return  # megatron-core 0.18-0.19 read it in TEGroupedMLP only
     quantized = [name for name in ("fp8_format", "fp4_format") if args.get(name)]
-    if quantized:
+    # MXFP8 runs TE's fused grouped MLP where TE's fuser takes it (world/te/fused_mlp.py `taken`;
+    # where it does not, the run stops naming TE's basic quantized operations)
+    if quantized and (quantized != ["fp8_format"] or args.get("fp8_recipe") != "mxfp8"):
         flag = "--" + quantized[0].replace("_", "-")
         raise ConfigError(
-            f"--use-transformer-engine-op-fuser with {flag} {args[quantized[0]]} is not modelled: "
-            "Transformer Engine 2.14's fused operations quantize each expert GEMM's input "
-            "(ops/basic/grouped_linear.py split_quantize) and, in MXFP8 on Blackwell GPUs, run "
-            "its CuTe DSL fused grouped MLP (ops/fused/forward_grouped_mlp.py), whose saved "
-            "tensors are not simulated; the op fuser in 16 bits is modelled")  # fmt: skip
+            f"--use-transformer-engine-op-fuser with {flag} {args[quantized[0]]} is not modelled "
+            "beyond Transformer Engine 2.14's CuTe DSL fused grouped MLP (--fp8-recipe mxfp8 with "
+            "--moe-mlp-glu-interleave-size 32, Blackwell GPUs: ops/fused/forward_grouped_mlp.py): "
+            "its basic operations quantizing each expert GEMM's input (ops/basic/grouped_linear.py "
+            "split_quantize) are not simulated; the op fuser in 16 bits is modelled")  # fmt: skip
     etp = args.get("expert_tensor_parallel_size") or args.get("tensor_model_parallel_size") or 1
     if etp > 1:  # Megatron-LM's validate_args: the experts' tp defaults to --tp
         raise ConfigError(

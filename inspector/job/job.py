@@ -93,6 +93,7 @@ class Training:
     # --moe-expert-rank-capacity-factor: HybridEP's static budget of permuted tokens a rank
     # (megatron-core 0.18+ token_dispatcher.py _HybridEPManager.setup_metadata; None: dynamic)
     moe_expert_rank_capacity_factor: float | None = None
+    moe_glu_interleave: int | None = None  # --moe-mlp-glu-interleave-size (0.18+)
     cross_entropy_loss_fusion: bool = False  # megatron's torch.compile'd fused_cross_entropy.py
     # the output layer's weight gradients of the first --wgrad-deferral-limit (0: all) deferred
     defer_embedding_wgrad: bool = False
@@ -273,6 +274,7 @@ TRAINING_ARGS = {
     "delay_wgrad_compute": "delay_wgrad",
     "use_transformer_engine_op_fuser": "op_fuser",
     "moe_expert_rank_capacity_factor": "moe_expert_rank_capacity_factor",
+    "moe_mlp_glu_interleave_size": "moe_glu_interleave",
     "cross_entropy_loss_fusion": "cross_entropy_loss_fusion",
     "defer_embedding_wgrad_compute": "defer_embedding_wgrad",
     "wgrad_deferral_limit": "wgrad_deferral_limit",

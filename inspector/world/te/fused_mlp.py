@@ -41,7 +41,7 @@ from inspector.world.te.kernels.functions import clear_tensor_data, grouped_wgra
 
 FUSED_ENV = "NVTE_CUTEDSL_FUSED_GROUPED_MLP"  # forward_grouped_mlp.py 74
 DIM_MULTIPLE = 256  # _common.py 156-160: every in/out feature count
-GLU_INTERLEAVE = 32  # _common.py 162: the SwiGLU's interleave
+GLU_INTERLEAVE = 32  # _common.py 162: the SwiGLU's interleave (--moe-mlp-glu-interleave-size)
 MXFP8 = "mxfp8"
 
 

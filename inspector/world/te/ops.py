@@ -194,7 +194,13 @@ class _OperationFuserFunction(torch.autograd.Function):
         for tensor in (x, *tensors):
             tensor._do_not_clear = True  # type: ignore[attr-defined]
         ctx.ops, ctx.counts, ctx.fused = ops, counts, None
-        if fused_mlp.taken(ops, fp8_recipe_name()):  # MXFP8's CuTe DSL kernels (fused_mlp.py)
+        recipe = fp8_recipe_name()
+        if recipe is not None and not fused_mlp.taken(ops, recipe):
+            raise NotImplementedError(
+                f"Transformer Engine 2.14's basic operations in {recipe} (split_quantize) are not "
+                "simulated; only its MXFP8 fused grouped MLP is (feature counts multiples of 256, "
+                "the SwiGLU interleaved by 32)")  # fmt: skip
+        if recipe is not None:  # MXFP8's CuTe DSL kernels (fused_mlp.py)
             x, fused_saved, ctx.fused = fused_mlp.forward(ops, x, extras)
             ctx.save_for_backward(*fused_saved)
             x._do_not_clear = True  # type: ignore[attr-defined]
