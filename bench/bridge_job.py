@@ -85,7 +85,8 @@ _RENAMED_MODEL = {
 # recipes set beside moe_paged_stash: the tool refuses each by name (inputs/paged_stash.py)
 _SAME_MODEL_018 = (
     "use_transformer_engine_op_fuser moe_expert_rank_capacity_factor moe_paged_stash_page_size "
-    "moe_paged_stash_buffer_size_factor_cuda moe_paged_stash_buffer_size_factor_cpu"
+    "moe_paged_stash_buffer_size_factor_cuda moe_paged_stash_buffer_size_factor_cpu "
+    "moe_mlp_glu_interleave_size"
 ).split()
 _SAME_DDP = ("use_distributed_optimizer overlap_grad_reduce overlap_param_gather use_megatron_fsdp "
              "fsdp_double_buffer num_distributed_optimizer_instances").split()  # fmt: skip

@@ -307,6 +307,18 @@ ARGUMENTS: tuple[ArgSpec, ...] = MODEL_ARGUMENTS + (
         "operations (fc1, scaled SwiGLU, fc2 in one autograd function).",
     ),
     _training(
+        "moe_mlp_glu_interleave_size",
+        int,
+        "megatron-core 0.18+: the routed experts' SwiGLU input as interleaved blocks of gates and "
+        "linear units; 32 lets Transformer Engine's MXFP8 fused grouped MLP run (op fuser).",
+    ),
+    _training(
+        "moe_expert_rank_capacity_factor",
+        float,
+        "megatron-core 0.18+, HybridEP with the op fuser: a static budget of tokens x topk x "
+        "factor permuted tokens a rank (fixed-size expert buffers; tokens over it are dropped).",
+    ),
+    _training(
         "log_params_norm",
         bool,
         "Megatron-LM's parameter norm, every iteration (plan: one read of the rank's fp32 "

@@ -30,7 +30,7 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--init-model-with-meta-device --no-clone-scatter-output-in-embedding "
         "--fp8-margin --fp8-interval --fp8-amax-compute-algo "
         "--batch-invariant-mode --mrope-section --mtp-loss-scaling-factor "
-        "--flash-attention-version --moe-mlp-glu-interleave-size "
+        "--flash-attention-version "
         "--moe-shared-expert-glu-interleave-size --mtp-detach-heads --mup-attn-scale-power "
         "--mup-base-head-dim --mup-base-hidden-size --mup-embedding-mult --mup-output-mult "
         "--mup-width-mult --use-mup --disable-clone-scatter-output-in-embedding "

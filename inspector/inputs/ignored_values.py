@@ -146,7 +146,7 @@ INTS = frozenset((
     "--lr-warmup-samples --lr-wsd-decay-iters --lr-wsd-decay-samples --manual-gc-interval "
     "--max-seqlen-per-dp-cp-rank --max-tokens-to-oom --mhc-num-residual-streams "
     "--mhc-recompute-layer-num --mhc-sinkhorn-iterations "
-    "--mlp-chunks-for-prefill --moe-mlp-glu-interleave-size --moe-routing-trace-max-training-iters "
+    "--mlp-chunks-for-prefill --moe-routing-trace-max-training-iters "
     "--moe-shared-expert-glu-interleave-size --moe-upcycling-granularity --muon-num-ns-steps "
     "--mup-base-hidden-size --non-persistent-save-interval --null-tokenizer-eod-id "
     "--null-tokenizer-pad-id --num-channels --num-classes --num-dataset-builder-threads "

@@ -8,13 +8,12 @@ saved-tensor hook pages only the tensors Transformer Engine's fused grouped MLP 
 requires the stash to come with `--moe-expert-rank-capacity-factor` (HybridEP's static receive
 budget, "there is no need to use paged stashing without it"), and that factor with the hybridep
 backend requires the op fuser (transformer_config.py __post_init__, core_v0.18.0 and 0.19.2).
-The op fuser itself is modelled from megatron-core 0.18 (versions.OP_FUSER_RELEASES): megatron's
-`_fused_forward` runs on Transformer Engine 2.14's fused operations as TE runs them in 16 bits,
-one basic operation after another (world/te/ops.py). TE marks tensors for the stash only in its
-CuTe DSL fused grouped MLP (TE 2.14 ops/fused/forward_grouped_mlp.py: MXFP8 on sm100), which is
-not simulated (job/op_fuser.py refuses the op fuser with fp8 or fp4), so the stash is refused by
-name with that reason. The sizes it would allocate for one recipe are in bench/RESULTS.md
-(section `stash`).
+The op fuser and the budget are modelled from megatron-core 0.18 (versions.OP_FUSER_RELEASES):
+megatron's `_fused_forward` runs on Transformer Engine 2.14's basic operations in 16 bits
+(world/te/ops.py) and on its CuTe DSL fused grouped MLP in MXFP8 (world/te/fused_mlp.py), which
+marks the tensors the stash pages; the stash itself (its buffers, page kernels and rerun) is not
+run, so it is refused by name. The sizes it would allocate for one recipe are in bench/RESULTS.md
+(sections `stash`, `stashfp8`).
 """
 
 from __future__ import annotations
@@ -28,11 +27,11 @@ _OP_FUSER = (
     "(TransformerConfig.use_transformer_engine_op_fuser came in 0.18, where it is modelled)"
 )
 _PAGED_STASH = (
-    "megatron-core 0.18+'s MoE paged stash (transformer/moe/paged_stash.py) pages only the expert "
+    "megatron-core 0.18+'s MoE paged stash (transformer/moe/paged_stash.py) pages the expert "
     "activations that Transformer Engine's CuTe DSL fused grouped MLP marks for it (MXFP8 on "
-    "Blackwell GPUs), which this tool does not simulate (it runs the op fuser as Transformer "
-    "Engine's basic operations in 16 bits, which mark nothing), nor the stash's page buffers and "
-    "its rerun when a rank's budget overflows; megatron-core 0.13-0.17 have no paged stash"
+    "Blackwell GPUs, which this tool runs with its marks), but its page buffers sized after a "
+    "profiling first iteration, its Triton page kernels, its pinned host buffers and its rerun "
+    "when a rank's budget overflows are not simulated; megatron-core 0.13-0.17 have no paged stash"
 )
 _STASH_SIZE = "sizes megatron-core's MoE paged stash (--moe-paged-stash), which is not modelled"
 
@@ -46,9 +45,10 @@ PAGED_STASH_REFUSED: dict[str, tuple[Any, ...]] = {
     "--moe-paged-stash-buffer-size-factor-cpu": ("training", _STASH_SIZE, ("0", "0.0")),
     "--use-transformer-engine-op-fuser": ("training", _OP_FUSER, (), OP_FUSER_RELEASES),
     # token_dispatcher.py _HybridEPManager.setup_metadata: a static budget of permuted tokens
-    # (`padded_num_tokens * topk * factor`, rounded up to the quantization alignment) and
-    # PagedStashRunner's rerun when a rank goes over it
+    # (`padded_num_tokens * topk * factor`, rounded up to the quantization alignment), run by
+    # megatron itself where the op fuser is (the budget needs it with hybridep)
     "--moe-expert-rank-capacity-factor": (
-        "training", "HybridEP's static per-rank budget of received tokens (and the rerun when a "
-        "rank goes over it) is not modelled", ()),  # fmt: skip
+        "training", "megatron-core 0.13-0.17 have no static per-rank budget for HybridEP "
+        "(TransformerConfig.moe_expert_rank_capacity_factor came in 0.18, where it is modelled)",
+        (), OP_FUSER_RELEASES),  # fmt: skip
 }

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from inspector.errors import ConfigError
+from inspector.job.flex import DEFAULT_BACKEND
 
 # The largest size or count a flag may give: shapes beyond it overflow torch's index type (and no
 # GPU holds a dimension that long), so a larger value is an error naming the flag, not C++ frames.
@@ -126,14 +127,16 @@ def check_op_fuser(args: Mapping[str, Any]) -> None:
     if not args.get("use_transformer_engine_op_fuser") or not args.get("num_experts"):
         return  # megatron-core 0.18-0.19 read it in TEGroupedMLP only
     quantized = [name for name in ("fp8_format", "fp4_format") if args.get(name)]
-    if quantized:
+    # MXFP8 runs TE's fused grouped MLP where TE's fuser takes it (world/te/fused_mlp.py `taken`;
+    # where it does not, the run stops naming TE's basic quantized operations)
+    if quantized and (quantized != ["fp8_format"] or args.get("fp8_recipe") != "mxfp8"):
         flag = "--" + quantized[0].replace("_", "-")
         raise ConfigError(
-            f"--use-transformer-engine-op-fuser with {flag} {args[quantized[0]]} is not modelled: "
-            "Transformer Engine 2.14's fused operations quantize each expert GEMM's input "
-            "(ops/basic/grouped_linear.py split_quantize) and, in MXFP8 on Blackwell GPUs, run "
-            "its CuTe DSL fused grouped MLP (ops/fused/forward_grouped_mlp.py), whose saved "
-            "tensors are not simulated; the op fuser in 16 bits is modelled")  # fmt: skip
+            f"--use-transformer-engine-op-fuser with {flag} {args[quantized[0]]} is not modelled "
+            "beyond Transformer Engine 2.14's CuTe DSL fused grouped MLP (--fp8-recipe mxfp8 with "
+            "--moe-mlp-glu-interleave-size 32, Blackwell GPUs: ops/fused/forward_grouped_mlp.py): "
+            "its basic operations quantizing each expert GEMM's input (ops/basic/grouped_linear.py "
+            "split_quantize) are not simulated; the op fuser in 16 bits is modelled")  # fmt: skip
     etp = args.get("expert_tensor_parallel_size") or args.get("tensor_model_parallel_size") or 1
     if etp > 1:  # Megatron-LM's validate_args: the experts' tp defaults to --tp
         raise ConfigError(
@@ -147,3 +150,30 @@ def check_op_fuser(args: Mapping[str, Any]) -> None:
             "--use-transformer-engine-op-fuser with --delay-wgrad-compute is not modelled: "
             "Transformer Engine's ops.GroupedLinear keeps the expert weight gradients' inputs "
             "for a later backward_dw (ops/basic/grouped_linear.py), which is not simulated")  # fmt: skip
+
+
+def check_rank_capacity(args: Mapping[str, Any]) -> None:
+    """Refuse --moe-expert-rank-capacity-factor where megatron-core 0.18+'s TransformerConfig
+    refuses it (transformer_config.py __post_init__: the flex dispatcher's hybridep backend, the
+    only one this tool runs that takes it, and there with the op fuser), or a factor that gives
+    no budget (setup_metadata: int(tokens x topk x factor) permuted tokens a rank)."""
+    factor = args.get("moe_expert_rank_capacity_factor")
+    if factor is None or not args.get("num_experts"):
+        return
+    if not factor >= 1:  # balanced routing sends each rank tokens x topk rows
+        raise ConfigError(f"--moe-expert-rank-capacity-factor {factor} below 1 is not modelled: "
+                          "HybridEP's budget of int(tokens x topk x factor) permuted tokens a rank "
+                          "is under what balanced routing sends it, and which tokens HybridEP's "
+                          "kernel drops is not simulated")  # fmt: skip
+    backend = args.get("moe_flex_dispatcher_backend") or DEFAULT_BACKEND
+    if args.get("moe_token_dispatcher_type") != "flex" or backend != "hybridep":
+        raise ConfigError("--moe-expert-rank-capacity-factor needs --moe-token-dispatcher-type flex "
+                          "with --moe-flex-dispatcher-backend hybridep (megatron-core's "
+                          "TransformerConfig: 'moe_expert_rank_capacity_factor requires "
+                          "moe_flex_dispatcher_backend to be 'hybridep' or 'ncclep'.'; ncclep is "
+                          "not modelled)")  # fmt: skip
+    if not args.get("use_transformer_engine_op_fuser"):
+        raise ConfigError("--moe-expert-rank-capacity-factor with the hybridep backend needs "
+                          "--use-transformer-engine-op-fuser (megatron-core's TransformerConfig: "
+                          "'moe_expert_rank_capacity_factor with the 'hybridep' backend requires "
+                          "use_transformer_engine_op_fuser to be enabled.')")  # fmt: skip

@@ -19,6 +19,7 @@ from inspector.job.checks import (
     check_count,
     check_deterministic,
     check_op_fuser,
+    check_rank_capacity,
 )
 from inspector.job.cuda_graphs import check_cuda_graphs, parse_scope, preprocess_syncs
 from inspector.job.dims import ModelDims, num_microbatches
@@ -89,6 +90,10 @@ class Training:
     ep_overlap: bool = False
     delay_wgrad: bool = False
     op_fuser: bool = False  # --use-transformer-engine-op-fuser: the experts' TE fused ops (world/te/ops.py)
+    # --moe-expert-rank-capacity-factor: HybridEP's static budget of permuted tokens a rank
+    # (megatron-core 0.18+ token_dispatcher.py _HybridEPManager.setup_metadata; None: dynamic)
+    moe_expert_rank_capacity_factor: float | None = None
+    moe_glu_interleave: int | None = None  # --moe-mlp-glu-interleave-size (0.18+)
     cross_entropy_loss_fusion: bool = False  # megatron's torch.compile'd fused_cross_entropy.py
     # the output layer's weight gradients of the first --wgrad-deferral-limit (0: all) deferred
     defer_embedding_wgrad: bool = False
@@ -268,6 +273,8 @@ TRAINING_ARGS = {
     "overlap_moe_expert_parallel_comm": "ep_overlap",
     "delay_wgrad_compute": "delay_wgrad",
     "use_transformer_engine_op_fuser": "op_fuser",
+    "moe_expert_rank_capacity_factor": "moe_expert_rank_capacity_factor",
+    "moe_mlp_glu_interleave_size": "moe_glu_interleave",
     "cross_entropy_loss_fusion": "cross_entropy_loss_fusion",
     "defer_embedding_wgrad_compute": "defer_embedding_wgrad",
     "wgrad_deferral_limit": "wgrad_deferral_limit",
@@ -321,6 +328,7 @@ def _megatron_training_rules(args: Mapping[str, Any], values: dict[str, Any]) ->
     """Apply Megatron-LM's validate_args to the training arguments beyond the plain ones."""
     check_deterministic(args)
     check_op_fuser(args)
+    check_rank_capacity(args)
     if args.get("recompute_activations"):
         # validate_args: "if args.recompute_activations: args.recompute_granularity = 'selective'"
         values["recompute"] = "selective"

@@ -39,6 +39,8 @@ def megatron_flags(job: Job, split: Split) -> list[str]:
         out.append("--delay-wgrad-compute")
     if training.op_fuser:
         out.append("--use-transformer-engine-op-fuser")
+    if training.moe_expert_rank_capacity_factor is not None:
+        out.append(f"--moe-expert-rank-capacity-factor {training.moe_expert_rank_capacity_factor:g}")
     if training.megatron_fsdp:
         out += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {training.sharding_strategy}",
                 "--use-distributed-optimizer", "--ckpt-format fsdp_dtensor"]  # fmt: skip

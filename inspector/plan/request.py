@@ -188,6 +188,7 @@ def _kept_training(args: dict[str, Any], backend: str | None) -> Training:
         ep_overlap=asked.ep_overlap,
         delay_wgrad=asked.delay_wgrad,
         op_fuser=asked.op_fuser,  # the experts' Transformer Engine fused operations (world/te/ops.py)
+        moe_expert_rank_capacity_factor=asked.moe_expert_rank_capacity_factor,  # HybridEP's budget
         deterministic_mode=asked.deterministic_mode,
         log_params_norm=asked.log_params_norm,
         log_num_zeros_in_grad=asked.log_num_zeros_in_grad,

@@ -69,6 +69,10 @@ def runtime_config(job: Job) -> dict[str, Any]:
             fields[router_padding_field()] = True  # the version's own spelling
         if training.op_fuser:  # megatron-core 0.18+ (inputs/versions.OP_FUSER_RELEASES)
             fields["use_transformer_engine_op_fuser"] = True
+        if training.moe_glu_interleave is not None and _has_field("moe_mlp_glu_interleave_size"):
+            fields["moe_mlp_glu_interleave_size"] = training.moe_glu_interleave  # 0.18+
+        if training.moe_expert_rank_capacity_factor is not None:  # HybridEP's static budget
+            fields["moe_expert_rank_capacity_factor"] = training.moe_expert_rank_capacity_factor
     if training.recompute != "none":
         fields["recompute_granularity"] = training.recompute
         fields["recompute_modules"] = list(training.recompute_modules)
@@ -89,3 +93,11 @@ def _flex_fields(training: Any) -> dict[str, Any]:
     else:
         fields["moe_enable_deepep"] = True
     return fields
+
+
+def _has_field(name: str) -> bool:
+    """Whether the installed TransformerConfig has the field (Megatron-LM before 0.18 has no such
+    argument: a note says so, and the job runs without it)."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    return name in TransformerConfig.__dataclass_fields__

@@ -21,7 +21,9 @@ from typing import Any
 
 import torch
 
+from inspector.world.te import fused_mlp
 from inspector.world.te.kernels.functions import clear_tensor_data, grouped_wgrad
+from inspector.world.te.linear import fp8_recipe_name
 
 
 def _to(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -191,6 +193,18 @@ class _OperationFuserFunction(torch.autograd.Function):
         extras = list(tensors[sum(counts) :])
         for tensor in (x, *tensors):
             tensor._do_not_clear = True  # type: ignore[attr-defined]
+        ctx.ops, ctx.counts, ctx.fused = ops, counts, None
+        recipe = fp8_recipe_name()
+        if recipe is not None and not fused_mlp.taken(ops, recipe):
+            raise NotImplementedError(
+                f"Transformer Engine 2.14's basic operations in {recipe} (split_quantize) are not "
+                "simulated; only its MXFP8 fused grouped MLP is (feature counts multiples of 256, "
+                "the SwiGLU interleaved by 32)")  # fmt: skip
+        if recipe is not None:  # MXFP8's CuTe DSL kernels (fused_mlp.py)
+            x, fused_saved, ctx.fused = fused_mlp.forward(ops, x, extras)
+            ctx.save_for_backward(*fused_saved)
+            x._do_not_clear = True  # type: ignore[attr-defined]
+            return x
         contexts: list[tuple[Any, int, int]] = []
         to_save: list[Any] = []
         for op in ops:
@@ -200,7 +214,7 @@ class _OperationFuserFunction(torch.autograd.Function):
             to_save.extend(op_ctx.to_save)
             op_ctx.to_save = None  # fuser.py 165-167: only the Function keeps them
         ctx.save_for_backward(*to_save)
-        ctx.ops, ctx.contexts, ctx.counts = ops, contexts, counts
+        ctx.contexts = contexts
         x._do_not_clear = True  # type: ignore[attr-defined]
         return x
 
@@ -208,6 +222,9 @@ class _OperationFuserFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, dy: torch.Tensor) -> Any:
         saved = ctx.saved_tensors
+        if ctx.fused is not None:
+            grad_input, weight_grads, fused_extra = fused_mlp.backward(ctx.ops, ctx.fused, saved, dy)
+            return (grad_input, None, *weight_grads, *fused_extra)
         grads: list[Any] = [None] * len(ctx.ops)
         extra_grads: list[Any] = [None] * len(ctx.ops)
         for index in reversed(range(len(ctx.ops))):
