@@ -171,10 +171,8 @@ def _context(report: MemoryReport) -> list[str]:
     params = f"{model.dtype_name} parameters"
     if model.fp8_param_gather:  # Transformer Engine's linear weights (report: fp8 parameters)
         params += " (Transformer Engine's linear weights in fp8)"
-    lines = [  # the batch and sequence are on the job line above (render/job.py)
-        f"Precision: {params}, {optimizer}; "
-        f"recompute {recompute}, flash attention {'on' if t.flash_attention else 'off'}.",
-    ]
+    lines = [f"Precision: {params}, {optimizer}; recompute {recompute}, flash attention "
+             f"{'on' if t.flash_attention else 'off'}."]  # the batch: the job line (render/job.py)
     gathered = max(s.fsdp_in_flight for s in report.stages)
     if t.megatron_fsdp or t.torch_fsdp2:
         from inspector.memory.fsdp_buffers import buckets_each_backward
