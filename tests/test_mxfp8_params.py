@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_fp8_params import SMALL, TE_WEIGHT_SHAPES  # noqa: E402
+from test_fp8_params import FSDP_NO_SHARD, SMALL, TE_WEIGHT_SHAPES  # noqa: E402
 
 MXFP8 = ["--fp8-recipe", "mxfp8", "--fp8-param-gather", "--reuse-grad-buf-for-mxfp8-param-ag"]
 BLOCK = 512  # the caching allocator's smallest block: each of TE's four tensors is rounded to it
@@ -151,8 +151,7 @@ def test_megatrons_own_buffer_is_one_allocation():
         # stop it; its no_shard (the default strategy), which makes no weight buffer, is refused
         (["--fp8-recipe", "mxfp8", "--fp8-param-gather", "--use-megatron-fsdp",
           "--use-distributed-optimizer", "--ckpt-format", "fsdp_dtensor"],
-         "Error: --fp8-param-gather with --use-megatron-fsdp and --data-parallel-sharding-strategy "
-         "no_shard is not modelled"),
+         "Error: " + FSDP_NO_SHARD),
         (["--fp8-recipe", "tensorwise", "--fp8-param-gather",
           "--reuse-grad-buf-for-mxfp8-param-ag"],
          "Error: --reuse-grad-buf-for-mxfp8-param-ag needs --fp8-recipe mxfp8, not tensorwise"),
