@@ -118,11 +118,19 @@ def run(example: Example, folder: Path, cli) -> tuple[int, str]:
     return code, err + text
 
 
+def _pattern(line: str) -> re.Pattern[str]:
+    """Return a shown line as a pattern: `...` stands for anything, and a table's padding (a run
+    of two or more spaces or dashes) for any such run, since a column is as wide as its widest
+    row, which the page may leave out (another megatron-core's plan 2 or 3, say)."""
+    def literal(part: str) -> str:
+        return "".join(r" {2,}" if run.startswith("  ") else r"-{2,}" if run.startswith("--")
+                       else re.escape(run) for run in re.split(r"( {2,}|-{2,})", part))  # fmt: skip
+
+    return re.compile(".*".join(literal(part) for part in line.split("...")))
+
+
 def _matches(shown: tuple[str, ...], actual: tuple[str, ...]) -> bool:
-    patterns = tuple(
-        None if line.strip() == "..." else re.compile(".*".join(map(re.escape, line.split("..."))))
-        for line in shown
-    )
+    patterns = tuple(None if line.strip() == "..." else _pattern(line) for line in shown)
 
     @functools.cache
     def match(i: int, j: int) -> bool:
