@@ -53,6 +53,8 @@ def test_more_segments_than_stages_are_virtual_stages(separators):
     hybrid_model.validate_hybrid(model, 1, 2, vpp=2)
     with pytest.raises(ConfigError, match=r"4 pipeline segments, but --pp 2 x 4 virtual stages"):
         hybrid_model.validate_hybrid(model, 1, 2, vpp=4)
+    with pytest.raises(ConfigError, match="4 pipeline segments for --pp 1: Megatron-LM makes them"):
+        hybrid_model.validate_hybrid(model, 1, 1)
     no_pipes = ModelConfig(**HIDDEN, hybrid_override_pattern="M*M-")
     with pytest.raises(ConfigError, match=r"without '\|' in its --hybrid-layer-pattern cannot be "):
         hybrid_model.validate_hybrid(no_pipes, 1, 2, vpp=2)
@@ -66,8 +68,9 @@ def test_the_pattern_sets_the_virtual_pipeline_size_as_megatron_lm_does(monkeypa
     merged = {"hybrid_layer_pattern": "M-|M*|-M|*M", "pipeline_model_parallel_size": 4}
     hybrid_pattern.layer_pattern(merged)  # one segment a stage: none set
     assert "num_virtual_stages_per_pipeline_rank" not in merged
-    with pytest.raises(ConfigError, match="4 pipeline segments for --pp 1: Megatron-LM makes them"):
-        hybrid_pattern.layer_pattern({"hybrid_layer_pattern": "M-|M*|-M|*M"})
+    merged = {"hybrid_layer_pattern": "M-|M*|-M|*M"}  # --pp 1: the job refuses it (below)
+    hybrid_pattern.layer_pattern(merged)
+    assert "num_virtual_stages_per_pipeline_rank" not in merged
     merged = {"hybrid_layer_pattern": "M-|M*|-M|*M", "pipeline_model_parallel_size": 2,
               "num_virtual_stages_per_pipeline_rank": 4}  # read after it, as Megatron-LM does
     hybrid_pattern.layer_pattern(merged)

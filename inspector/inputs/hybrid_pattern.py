@@ -67,12 +67,8 @@ def _virtual_stages(pattern: str, merged: dict[str, Any]) -> None:
     reads it (job/hybrid_model.py checks the two agree)."""
     segments = pattern.split("/")[0].count("|") + 1
     pp = int(merged.get("pipeline_model_parallel_size") or 1)
-    if segments <= pp or segments % pp or any(merged.get(f) is not None for f in _VIRTUAL_FLAGS):
-        return  # (segments that do not divide: job/hybrid_model.py says so)
-    if pp == 1:  # validate_args: "pipeline-model-parallel size should be greater than 1"
-        raise ConfigError(
-            f"--hybrid-layer-pattern has {segments} pipeline segments for --pp 1: Megatron-LM "
-            f"makes them {segments} virtual stages, and the interleaved schedule needs --pp larger "
-            "than 1 (give --pp, or drop the '|' boundaries)"
-        )
-    merged["num_virtual_stages_per_pipeline_rank"] = segments // pp
+    if pp == 1 or segments <= pp or segments % pp:
+        return  # --pp 1 and segments that do not divide: job/hybrid_model.py says so (plan
+        # takes --pp from the segments)
+    if all(merged.get(f) is None for f in _VIRTUAL_FLAGS):
+        merged["num_virtual_stages_per_pipeline_rank"] = segments // pp

@@ -141,9 +141,17 @@ def _validate_virtual(pattern: str | None, pp: int, vpp: int | None) -> None:
     them megatron refuses virtual stages (0.17+: "Virtual pipeline parallelism (vp_stage != None)
     is not supported when hybrid_layer_pattern has no pipe ('|') separators"; before 0.17
     MambaStack's _select_layers_for_pipeline_parallel)."""
+    segments = pipe_segments(pattern) if hybrid_pattern_separators() else 1
+    if vpp is None and segments > pp and pp == 1:
+        # validate_args: the segments are virtual stages, and "When interleaved schedule is used,
+        # pipeline-model-parallel size should be greater than 1"
+        raise ConfigError(
+            f"--hybrid-layer-pattern has {segments} pipeline segments for --pp 1: Megatron-LM "
+            f"makes them {segments} virtual stages, and the interleaved schedule needs --pp larger "
+            "than 1 (give --pp, or drop the '|' boundaries)"
+        )
     if vpp is None:
         return
-    segments = pipe_segments(pattern) if hybrid_pattern_separators() else 1
     if segments == 1:
         raise ConfigError(
             "a hybrid model without '|' in its --hybrid-layer-pattern cannot be interleaved: "
