@@ -125,6 +125,7 @@ class Training:
                            self.microbatch_group_size)  # fmt: skip
         check_at_least_one("--moe-deepep-num-sms", self.moe_deepep_num_sms)
         check_at_least_one("--train-iters", self.train_iters)
+        check_at_least_one("--moe-mlp-glu-interleave-size", self.moe_glu_interleave)
         for flag, p in (("--attention-dropout", self.attention_dropout),
                         ("--hidden-dropout", self.hidden_dropout)):  # fmt: skip
             if not 0 <= p < 1:
