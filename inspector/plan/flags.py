@@ -15,10 +15,8 @@ def megatron_flags(job: Job, split: Split) -> list[str]:
     and the model's own flags where Megatron-LM's default would build a different job."""
     training = job.training
     out = _parallel_flags(job) + _split_flags(job)
-    out += [
-        f"--micro-batch-size {training.micro_batch_size}",
-        f"--global-batch-size {training.global_batch_size}",
-    ]
+    out += [f"--micro-batch-size {training.micro_batch_size}",
+            f"--global-batch-size {training.global_batch_size}"]
     out += _recompute_flags(training) + _dtype_flags(job) + _model_flags(job) + _dropout_flags(training)
     out += [f"--no-{name.replace('_', '-')}" for name in training.unfused]
     if training.flash_attention:
