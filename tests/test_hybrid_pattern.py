@@ -55,6 +55,8 @@ def test_more_segments_than_stages_are_virtual_stages(separators):
         hybrid_model.validate_hybrid(model, 1, 2, vpp=4)
     with pytest.raises(ConfigError, match="4 pipeline segments for --pp 1: Megatron-LM makes them"):
         hybrid_model.validate_hybrid(model, 1, 1)
+    with pytest.raises(ConfigError, match="4 pipeline segments for --pp 2: Megatron-LM makes them 2"):
+        hybrid_model.validate_hybrid(model, 1, 2)  # a job without its virtual stages
     no_pipes = ModelConfig(**HIDDEN, hybrid_override_pattern="M*M-")
     with pytest.raises(ConfigError, match=r"without '\|' in its --hybrid-layer-pattern cannot be "):
         hybrid_model.validate_hybrid(no_pipes, 1, 2, vpp=2)

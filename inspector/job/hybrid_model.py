@@ -142,13 +142,16 @@ def _validate_virtual(pattern: str | None, pp: int, vpp: int | None) -> None:
     is not supported when hybrid_layer_pattern has no pipe ('|') separators"; before 0.17
     MambaStack's _select_layers_for_pipeline_parallel)."""
     segments = pipe_segments(pattern) if hybrid_pattern_separators() else 1
-    if vpp is None and segments > pp and pp == 1:
+    if vpp is None and segments > pp and segments % pp == 0:  # (not dividing: _validate_separators)
         # validate_args: the segments are virtual stages, and "When interleaved schedule is used,
-        # pipeline-model-parallel size should be greater than 1"
+        # pipeline-model-parallel size should be greater than 1"; with more than one stage, a job
+        # built without them would hold only each rank's first segment
+        need = ("the interleaved schedule needs --pp larger than 1 (give --pp, or drop the '|' "
+                "boundaries)" if pp == 1 else "the job must have them")
         raise ConfigError(
-            f"--hybrid-layer-pattern has {segments} pipeline segments for --pp 1: Megatron-LM "
-            f"makes them {segments} virtual stages, and the interleaved schedule needs --pp larger "
-            "than 1 (give --pp, or drop the '|' boundaries)"
+            f"--hybrid-layer-pattern has {segments} pipeline segments for --pp {pp}: Megatron-LM "
+            f"makes them {segments // pp} virtual stages a rank, and "
+            + need
         )
     if vpp is None:
         return
