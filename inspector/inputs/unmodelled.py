@@ -354,6 +354,9 @@ RENAMED: dict[str, tuple[str, object]] = {
     "--cuda-graph-modules": ("cuda_graph_scope", None),
     # validate_args: num_layers = encoder_num_layers when --num-layers is not given
     "--encoder-num-layers": ("num_layers", None),
+    # BooleanOptionalAction's `--no-` spellings of the switches read (job/rollout.py)
+    "--no-rl-training-cuda-graphs": ("rl_training_cuda_graphs", False),
+    "--no-rl-reset-cuda-graphs": ("rl_reset_cuda_graphs", False),
 }
 
 

@@ -20,10 +20,10 @@
   the reuse pool after each capture and taken again by the next). The first layer's other
   inputs (its rope table, KiBs) and the capture's temporaries (freed to the pool: reserved, not
   allocated) are not counted.
-- Whether they stay: the engine's own `suspend()` is run on a stand-in of the engine holding the
-  context built on meta, watching whether it calls `delete_cuda_graphs`: 0.17+ deletes them only
-  for a KV cache moved off the GPU without static pointers (never with persist, the one
-  modelled); 0.16 only with unified memory level 0 and without --rl-training-cuda-graphs (its
+- Whether they stay: the engine's `suspend()` deletes them (`delete_cuda_graphs`) by a test
+  of the context's attributes, read off the context built on meta: 0.17+ only for a KV cache
+  moved off the GPU without static pointers (never with persist, the one modelled); 0.16 only
+  with unified memory level 0 and without --rl-training-cuda-graphs (its
   `persist_cuda_graphs`). Megatron-LM 0.16's --rl-reset-cuda-graphs deletes them too when the
   policy's graphs are toggled off for training (core_v0.16.1 megatron/rl/rl_utils.py L1431,
   transformer/utils.py `toggle_cuda_graphs` L446-448), so not with --rl-training-cuda-graphs.
@@ -31,7 +31,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,32 +78,13 @@ def _kept(context: Any, rollout: RolloutContext) -> bool:
 
 
 def _suspend_deletes_graphs(context: Any) -> bool:
-    """Run the installed DynamicInferenceEngine.suspend on a stand-in holding `context` (what the
-    method reads: its state, the requests it re-adds on resume) and report whether it called
-    `delete_cuda_graphs`. The context's own deallocation runs on meta (a persisted or unified
-    KV cache returns early)."""
-    from megatron.core.inference.engines import dynamic_engine
-
-    class StandIn(dynamic_engine.DynamicInferenceEngine):
-        suspend_resume_ctx = staticmethod(lambda *a, **k: contextlib.nullcontext())
-
-    engine = object.__new__(StandIn)
-    engine.context = context
-    # dynamic_engine.py __init__ (0.16.1 L191-192): the context's level and persist flag
-    engine.unified_memory_level = context.unified_memory_level
-    engine.persist_cuda_graphs = getattr(context, "persist_cuda_graphs", False)
-    engine.is_suspended = False  # 0.16
-    if hasattr(dynamic_engine, "EngineState"):  # 0.17+
-        engine.state = dynamic_engine.EngineState.RUNNING
-    engine.use_coordinator = False
-    engine.waiting_request_ids = []
-    engine.requests = {}
-    engine.chunked_prefill_request_id = -1
-    called: list[bool] = []
-    saved = dynamic_engine.delete_cuda_graphs
-    dynamic_engine.delete_cuda_graphs = lambda: called.append(True)
-    try:
-        engine.suspend()
-    finally:
-        dynamic_engine.delete_cuda_graphs = saved
-    return bool(called)
+    """Return whether the installed engine's `suspend()` deletes the graphs, by its own test on
+    the context's attributes: 0.17+ `kv_cache_management_mode != PERSIST and not
+    static_kv_memory_pointers` (dynamic_engine.py, core_v0.17.1 L710-714, 0.19.2 L859-863);
+    0.16 `unified_memory_level == 0 and not persist_cuda_graphs` (0.16.1 L617, the engine
+    copying both from the context, L191-192). The engine itself is not imported: 0.16's package
+    registers a faulthandler on SIGTERM at import (data_parallel_inference_coordinator.py L32-33)."""
+    mode = getattr(context, "kv_cache_management_mode", None)
+    if mode is not None:
+        return mode.value != "persist" and not context.static_kv_memory_pointers
+    return context.unified_memory_level == 0 and not context.persist_cuda_graphs
