@@ -92,7 +92,7 @@ def test_the_engine_s_graphs_keep_each_layer_s_output_per_batch_size(config):
     assert graphs.layers == 4
     # cuda_graphs.py create_fwd_graph: an inference graph's output, [tokens, 1, hidden 512] bf16,
     # is not made a weak reference: 4 per graph; the first layer of each of the 2 chunks copies
-    # its input (0.17+: a copy per graph; 0.16's reuse pool: one for all graphs of one shape).
+    # its input (0.19+: a copy per graph; before, the reuse pool: one for all graphs of one shape).
     # The context's list (max_requests 36 here, dynamic_context.py):
     if megatron_core_version() >= (0, 19):
         # 0.19 bounds the prefill and mixed graphs at cuda_graph_max_tokens 512 (the decode

@@ -15,8 +15,8 @@
   training graph (`if self.training and torch.is_grad_enabled()`), so an inference graph's
   output stays allocated; the next layer reads it in place (`previous_runner`). The first layer
   of each chunk (`annotate_first_last_layer`) copies its hidden states into a buffer of its own
-  (`clone_inputs=runner.is_first_layer`): one per graph on 0.17+
-  (`alloc_tensor_from_graph_mempool`), one for all on 0.16 (`TensorReusePool.get`, returned to
+  (`clone_inputs=runner.is_first_layer`): one per graph on 0.19+
+  (`alloc_tensor_from_graph_mempool`), one for all before (`TensorReusePool.get`, returned to
   the reuse pool after each capture and taken again by the next). The first layer's other
   inputs (its rope table, KiBs) and the capture's temporaries (freed to the pool: reserved, not
   allocated) are not counted.
@@ -58,13 +58,13 @@ def engine_graphs(context: Any, config: Any, rollout: RolloutContext, layers: in
     tp = config.tensor_model_parallel_size if config.sequence_parallel else 1
     itemsize = config.params_dtype.itemsize
     hidden = [rounded(d.token_count // tp * config.hidden_size * itemsize) for d in dims]
-    # 0.16's reuse pool holds one first-layer copy per shape for all graphs
+    # before 0.19 the reuse pool holds one first-layer copy per shape for all graphs
     copies = hidden if _copies_per_graph() else sorted(set(hidden))
     return EngineGraphs(len(dims), layers, layers * sum(hidden) + chunks * sum(copies))
 
 
 def _copies_per_graph() -> bool:
-    """Whether each graph's first layer has its own input copy (0.17+'s graph-pool buffers)."""
+    """Whether each graph's first layer has its own input copy (0.19+'s graph-pool buffers)."""
     from megatron.core.transformer import cuda_graphs
 
     return hasattr(cuda_graphs, "alloc_tensor_from_graph_mempool")
