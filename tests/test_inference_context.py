@@ -77,3 +77,69 @@ def test_the_controller_s_sampling_buffers(config, graphs):
     # params' dtype (materialize_only_last_token_logits: RL skips the prompt's log-probs)
     logits = rounded(requests * 1024 * 2) if graphs and megatron_core_version() >= (0, 17) else 0
     assert found.sampling == tokens + logits
+
+
+def test_the_engine_s_graphs_keep_each_layer_s_output_per_batch_size(config):
+    from inspector.inputs.versions import megatron_core_version
+    from inspector.job.rollout import RolloutContext
+    from inspector.memory.engine.inference_context import context_bytes
+
+    # 2 of 4 layers on each of two chunks; the context's own list of graphed batch sizes
+    rollout = RolloutContext(buffer_size_gb=0.01, cuda_graphs=True, num_cuda_graphs=1,
+                             unified_memory_level=1)  # fmt: skip
+    found = context_bytes(config, rollout, Layout(tp=2), 0, 1024, (2, 2))
+    graphs = found.graphs
+    assert graphs.layers == 4
+    # cuda_graphs.py create_fwd_graph: an inference graph's output, [tokens, 1, hidden 512] bf16,
+    # is not made a weak reference: 4 per graph; the first layer of each of the 2 chunks copies
+    # its input (0.19+: a copy per graph; before, the reuse pool: one for all graphs of one shape).
+    # The context's list (max_requests 36 here, dynamic_context.py):
+    if megatron_core_version() >= (0, 19):
+        # 0.19 bounds the prefill and mixed graphs at cuda_graph_max_tokens 512 (the decode
+        # bound, 36 requests, is below it): 7 of 512 tokens, 1 decode-only of 36
+        assert graphs.graphs == 8
+        assert graphs.bytes == (4 + 2) * (7 * 512 + 36) * 512 * 2
+    elif megatron_core_version() < (0, 17):
+        # 0.16: 36 tokens each (prefill-only, mixed with 16 prefills, decode-only)
+        assert graphs.graphs == 3
+        assert graphs.bytes == 4 * 3 * 36 * 512 * 2 + 2 * 36 * 512 * 2
+    assert found.total == found.kv_cache + found.tables + found.sampling + graphs.bytes
+    # no graphs without --cuda-graph-impl local, nor after Megatron-LM 0.16's
+    # --rl-reset-cuda-graphs deleted them for the training step
+    for off in (RolloutContext(buffer_size_gb=0.01, num_cuda_graphs=1, unified_memory_level=1),
+                RolloutContext(buffer_size_gb=0.01, cuda_graphs=True, num_cuda_graphs=1,
+                               unified_memory_level=1, reset_graphs=True)):  # fmt: skip
+        assert context_bytes(config, off, Layout(tp=2), 0, 1024, (2, 2)).graphs.bytes == 0
+
+
+@pytest.mark.parametrize("level", [0, 1])
+def test_the_engine_s_suspend_keeps_the_graphs_with_the_kv_cache_persisted(config, level):
+    from inspector.inputs.versions import megatron_core_version
+    from inspector.job.rollout import RolloutContext
+    from inspector.memory.engine.inference_context import context_bytes
+
+    def kept(**flags):
+        rollout = RolloutContext(buffer_size_gb=0.01, cuda_graphs=True, num_cuda_graphs=1,
+                                 unified_memory_level=level, **flags)  # fmt: skip
+        return context_bytes(config, rollout, Layout(tp=2), 0, 1024, (4,)).graphs.bytes > 0
+
+    # dynamic_engine.py suspend: 0.17+ deletes them only for a KV cache moved off the GPU; 0.16
+    # with unified memory level 0 unless --rl-training-cuda-graphs (its persist_cuda_graphs)
+    assert kept(training_graphs=True)
+    assert kept() == (megatron_core_version() >= (0, 17) or level == 1)
+
+
+def test_the_spacing_and_the_mixed_steps_choose_the_graphs(config):
+    from inspector.inputs.versions import megatron_core_version
+    from inspector.job.rollout import RolloutContext
+    from inspector.memory.engine.inference_context import context_bytes
+
+    def graphs(**flags):
+        rollout = RolloutContext(buffer_size_gb=0.2, cuda_graphs=True, num_cuda_graphs=4,
+                                 unified_memory_level=1, **flags)  # fmt: skip
+        return context_bytes(config, rollout, Layout(tp=2), 0, 1024, (4,)).graphs.graphs
+
+    # --decode-only-cuda-graphs: decode steps only, fewer graphs than with the mixed ones
+    assert graphs(decode_only_graphs=True) < graphs()
+    if megatron_core_version() >= (0, 19):  # the sizing distribution's own list
+        assert graphs(graph_sizing="linear") != graphs(graph_sizing="exponential")

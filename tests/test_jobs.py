@@ -193,6 +193,26 @@ def test_local_graphs_under_the_grpo_step_are_the_engine_s(cli, tmp_path):
                               "--inference-dynamic-batching-max-requests 64\n")) > 0
 
 
+@needs_rollouts
+def test_the_grpo_step_trains_with_the_policy_s_graphs_with_rl_training_cuda_graphs(cli, tmp_path):
+    # rl_utils.py keeps the policy's CudaGraphManagers on for the training step: its per-layer
+    # graphs' pool (engine/local_graphs.py) beside the rollout engine's graphs, kept through it
+    rl = (f"python train_rl.py {SMALL} --transformer-impl local --cuda-graph-impl local "
+          "--perform-rl-step --inference-dynamic-batching-max-requests 64")  # fmt: skip
+
+    def pools(flags: str) -> list[str]:
+        result = cli("memory", "--from-script", write(tmp_path, f"{rl} {flags}\n"), "--format", "json")
+        assert result.code == 0, result.err
+        rows = json.loads(result.out)["stages"][0]["buffers"]["persistent"]
+        return [what for what, _ in rows if what.startswith("CUDA graphs' memory pool")]
+
+    assert pools("") == [] and pools("--rl-training-cuda-graphs --no-rl-training-cuda-graphs") == []
+    assert len(pools("--rl-training-cuda-graphs")) == 1
+    # the engine's graphs are counted with the rollout's buffers, with or without the flag
+    result = cli("memory", "--from-script", write(tmp_path, rl + " --rl-training-cuda-graphs\n"))
+    assert "its CUDA graphs' outputs" in result.out
+
+
 def test_checkpoint_args_are_read_only_with_the_whole_architecture(cli, tmp_path):
     # load_args_from_checkpoint takes the architecture from --load's checkpoint
     given = (f"{SMALL} --ffn-hidden-size 256 --num-query-groups 2 --group-query-attention "

@@ -32,14 +32,30 @@ _CONTEXT_SIZES: dict[str, tuple[type, str]] = {
     "inference_dynamic_batching_unified_memory_level": (
         int, "1: in CUDA unified memory, counted all the same (default 0)"),
     "inference_dynamic_batching_num_cuda_graphs": (
-        int, "its steps' CUDA graphs (--cuda-graph-impl local), deleted before the training step"),
+        int, "its steps' CUDA graphs (--cuda-graph-impl local), kept through the training step"),
+    "inference_dynamic_batching_cuda_graph_mixed_prefill_count": (
+        int, "prefill requests of its mixed steps' CUDA graphs (default 16)"),
 }
+_GRAPHS = "the GRPO rollout engine's CUDA graphs (train_rl.py --perform-rl-step, --cuda-graph-impl local)"
 RL_ARGUMENTS: tuple[ArgSpec, ...] = (
     _training("perform_rl_step", bool, "train_rl.py's GRPO step: megatron-core's dynamic inference "
               "engine generates the rollouts; `memory` counts the KV cache it keeps on the GPU "
               "through the training step."),  # fmt: skip
     *(_training(name, type_, f"{what[0].upper()}{what[1:]}: {_KV}.")
       for name, (type_, what) in _CONTEXT_SIZES.items()),  # fmt: skip
+    _training("inference_dynamic_batching_cuda_graph_sizing_distribution", str,
+              f"How the token counts of {_GRAPHS} are spaced (megatron-core 0.19+; default "
+              "exponential).", choices=("exponential", "linear")),  # fmt: skip
+    _training("decode_only_cuda_graphs", bool, f"Only decode steps in {_GRAPHS}."),
+    _training("inference_cuda_graph_scope", str,
+              f"What one of {_GRAPHS} holds: layer (each transformer layer, the default with local "
+              "graphs; modelled), block, none.", choices=("none", "layer", "block")),  # fmt: skip
+    _training("rl_training_cuda_graphs", bool,
+              "GRPO: train the policy with its per-layer CUDA graphs (--cuda-graph-impl local) "
+              f"instead of eagerly; {_GRAPHS} stay beside them.", negatable=True),  # fmt: skip
+    _training("rl_reset_cuda_graphs", bool,
+              f"GRPO (Megatron-LM 0.15-0.16): delete {_GRAPHS} before each training step.",
+              negatable=True),  # fmt: skip
     _training("rl_kv_cache_management_mode", str,
               f"Where {_KV} goes for the training step: persist (kept on the GPU, modelled).",
               choices=("persist", "offload", "recompute")),  # fmt: skip

@@ -403,8 +403,8 @@ def _refuse_abbreviation(flag: str, where: str) -> None:
 def _take_modelled(spec: ArgSpec, value: str | None, needs: Needs, args: dict[str, Any]) -> None:
     """Record a modelled flag: a switch is True; a value a flag needs but the script leaves unset
     is missing (`needs` records it)."""
-    if spec.type is bool:
-        args[spec.name] = True
+    if spec.type is bool:  # a BooleanOptionalAction's `--no-` spelling (RENAMED) reads "False"
+        args[spec.name] = value != str(False)
         return
     if value is None:
         raise ConfigError(f"{needs.where}: {spec.flag} has no value")

@@ -37,6 +37,9 @@ _SECOND_COPY = (
 _KV_AWAY = ("the KV cache moved off the GPU for the training step is not modelled; "
             "--rl-kv-cache-management-mode persist (the default) is")
 _KV_LAYOUT = "a rollout KV cache other than megatron-core's standard block pool is not modelled"
+_GRAPH_SIZES = ("the rollout engine's CUDA graphs with another token bound than megatron-core's "
+                "default are not modelled: the graphs it keeps through the training step are counted "
+                "from the default list")
 RL_REFUSED: dict[str, Refusal] = {
     **{flag: Refusal("training", _SECOND_COPY) for flag in (
         "--rl-inference-tensor-model-parallel-size", "--rl-inference-pipeline-model-parallel-size",
@@ -55,14 +58,12 @@ RL_REFUSED: dict[str, Refusal] = {
         "--inference-dynamic-batching-chunk-size",
         "--inference-dynamic-batching-max-requests-override",
         "--inference-dynamic-batching-max-tokens-override")},
-    "--rl-persist-cuda-graphs": Refusal(
-        "training", "the rollout engine's CUDA graphs kept through the training step are not "
-        "counted (without it they are deleted when the engine is suspended)"),
-    # train_rl.py keeps the policy's CudaGraphManager on for training and the engine's graphs
-    # (dynamic context persist_cuda_graphs), both in CudaGraphManager.global_mempool
-    "--rl-training-cuda-graphs": Refusal(
-        "training", "the rollout engine's CUDA graphs kept through the training step, in the "
-        "memory pool the training step's own per-layer graphs share, are not counted"),
+    # what sizes the rollout engine's CUDA graphs beyond the flags read (job/rollout.py): the
+    # token bound of its prefill and mixed graphs (megatron-core's dynamic_context.py
+    # `cuda_graph_max_tokens`, `cuda_graph_all_prefills`)
+    **{flag: Refusal("training", _GRAPH_SIZES) for flag in (
+        "--inference-cuda-graph-max-tokens", "--inference-dynamic-batching-cuda-graph-max-tokens",
+        "--inference-cuda-graph-all-prefills")},
     "--rl-sequence-packing-bin-size": Refusal(
         "training", "GRPO bins of another length than --seq-length are not modelled: the "
         "training micro-batches are counted as --seq-length tokens"),
@@ -353,6 +354,9 @@ RENAMED: dict[str, tuple[str, object]] = {
     "--cuda-graph-modules": ("cuda_graph_scope", None),
     # validate_args: num_layers = encoder_num_layers when --num-layers is not given
     "--encoder-num-layers": ("num_layers", None),
+    # BooleanOptionalAction's `--no-` spellings of the switches read (job/rollout.py)
+    "--no-rl-training-cuda-graphs": ("rl_training_cuda_graphs", False),
+    "--no-rl-reset-cuda-graphs": ("rl_reset_cuda_graphs", False),
 }
 
 

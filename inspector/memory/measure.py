@@ -339,8 +339,9 @@ def _rollout_bytes(job: Job, built: BuiltStage) -> int:
                           "context holds Mamba states beside the KV cache")  # fmt: skip
     assert job.training.rollout is not None
     module = built.chunks[0].module
+    layers = tuple(len(chunk.module.decoder.layers) for chunk in built.chunks)
     return context_bytes(module.config, job.training.rollout, job.layout, built.stage,
-                         module.vocab_size).total
+                         module.vocab_size, layers).total
 
 
 def _with_run(job: Job, memory: StageMemory, run: RunMemory | None,

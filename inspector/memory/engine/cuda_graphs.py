@@ -367,7 +367,9 @@ def graphed_peak(job: Job, stage: int, traces: Sequence[Trace], step: Sequence[E
     order, which is the schedule's) is held beside the rest of the step's own peak. Last, the
     peak as PyTorch counts allocations (`allocated_peak`). With `--cuda-graph-warmup-steps 0`
     no eager iteration runs (training.py captures at the first iteration) and the capture comes
-    before the first optimizer step, before its `moments` (the bytes it makes) exist."""
+    before the first optimizer step, before its `moments` (the bytes it makes) exist; megatron-
+    core's own graphs (local) record in the first iteration and capture at its end, so both that
+    eager iteration and the capture come before them."""
     schedule = job.schedule()
     scope, pp, count = job.training.cuda_graph_scope, job.layout.pp, schedule.num_microbatches
     eager = iteration_peak(tuple(traces), stage, pp, count, step=tuple(step), extra=extra)
@@ -394,13 +396,17 @@ def graphed_peak(job: Job, stage: int, traces: Sequence[Trace], step: Sequence[E
         kept = tuple(row for row in kept if not row[0].startswith(tuple(GRAPHS + g for g in gone)))
     held = sum(size for _, size in kept)
     others = tuple(h[1] for h in halves)
-    # local graphs are recorded in the first iteration, run eagerly (local_graphs.py)
+    # local graphs are recorded in the first iteration, run eagerly, and captured at its end
+    # (create_cudagraphs() closes the schedule's forward-backward), both before the first
+    # optimizer step makes Adam's moments (local_graphs.py)
     warm = local or job.training.cuda_graph_warmup_steps > 0
-    if warm and eager.bytes > held + rest.bytes:
+    early = moments if local else 0
+    if warm and eager.bytes - early > held + rest.bytes:
         moment = f"a warm-up iteration before the graphs are captured (eager): {eager.moment}"
-        peak = Peak(eager.bytes - held, eager.held, eager.micro_batches, moment)
+        peak = Peak(eager.bytes - early - held, eager.held, eager.micro_batches, moment)
         return peak, kept, others, allocated_peak(peak, pool.bytes, True)
     moment = (f"{rest.moment}, beside the CUDA graphs' memory pool, which reached its size at the "
               f"graph of the {pool.moment}")  # fmt: skip
     peak = Peak(rest.bytes, rest.held, rest.micro_batches, moment)
-    return peak, kept, others, allocated_peak(peak, pool.bytes - (0 if warm else moments), False)
+    before = early if local else (0 if warm else moments)  # the capture, before the moments
+    return peak, kept, others, allocated_peak(peak, pool.bytes - before, False)

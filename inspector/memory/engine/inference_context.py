@@ -41,6 +41,7 @@ from inspector.job.layout import Layout
 from inspector.job.rollout import RolloutContext
 from inspector.memory.engine.allocator import Tracker
 from inspector.memory.engine.cuda import cuda_on_meta
+from inspector.memory.engine.rollout_graphs import EngineGraphs, engine_graphs
 from inspector.world.setup import simulated_rank
 from inspector.world.stage import stage_rank
 
@@ -55,18 +56,21 @@ class ContextBytes:
     sampling: int  # the controller's (0.17+: the CUDA-graphed logits buffer, max_requests x vocab)
     blocks: int
     block_bytes: int
+    graphs: EngineGraphs  # its CUDA graphs' outputs, kept through the training step
 
     @property
     def total(self) -> int:
-        return self.kv_cache + self.tables + self.sampling
+        return self.kv_cache + self.tables + self.sampling + self.graphs.bytes
 
 
 def context_bytes(config: Any, rollout: RolloutContext, layout: Layout, stage: int,
-                  vocab_size: int) -> ContextBytes:  # fmt: skip
+                  vocab_size: int, layers: tuple[int, ...] = (1,)) -> ContextBytes:  # fmt: skip
     """Construct megatron-core's DynamicInferenceContext for `config` on meta, as a rank of
     pipeline stage `stage` of `layout` does (0.17+ reads its layers and groups from
     parallel_state), then the sampling buffers its text generation controller makes for it
-    (`vocab_size`: the model's padded vocabulary), and count what they allocate."""
+    (`vocab_size`: the model's padded vocabulary), and count what they allocate, and what the
+    engine's CUDA graphs keep (`layers`: the transformer layers of each of the rank's chunks,
+    rollout_graphs.py)."""
     rank = stage_rank(layout, stage, 0)
     with simulated_rank(layout, rank, None) as ps, cuda_on_meta(), _no_unified_pool():
         from megatron.core.inference.contexts.dynamic_context import DynamicInferenceContext
@@ -86,8 +90,9 @@ def context_bytes(config: Any, rollout: RolloutContext, layout: Layout, stage: i
         blocks, block_bytes = allocator.total_count, context.block_size_bytes
         with Tracker() as sampling:
             controller = _sampling_tensors(context, config, rollout, vocab_size, ps)
+        graphs = engine_graphs(context, config, rollout, sum(layers), len(layers))
         found = ContextBytes(kv_bytes, tracker.allocated - kv_bytes, sampling.allocated, blocks,
-                             block_bytes)  # fmt: skip
+                             block_bytes, graphs)  # fmt: skip
         del context, kv, controller
     return found
 
@@ -103,8 +108,7 @@ def _sampling_tensors(context: Any, config: Any, rollout: RolloutContext, vocab_
         TextGenerationController,
     )
 
-    model_config = copy.copy(config)
-    model_config.cuda_graph_impl = "local" if rollout.cuda_graphs else "none"
+    model_config = _engine_config(config, rollout)
     controller = TextGenerationController.__new__(TextGenerationController)
     controller.model_config = model_config
     controller.vocab_size = vocab_size
@@ -131,7 +135,10 @@ def _construct(cls: Any, config: Any, rollout: RolloutContext) -> Any:
             kv_channels=config.kv_channels,
             num_attention_heads=heads,
             max_sequence_length=rollout.max_sequence_length,
-            num_cuda_graphs=rollout.num_cuda_graphs,
+            num_cuda_graphs=rollout.num_cuda_graphs if rollout.cuda_graphs else None,
+            use_cuda_graphs_for_non_decode_steps=not rollout.decode_only_graphs,
+            cuda_graph_mixed_prefill_count=rollout.mixed_prefill_count,
+            persist_cuda_graphs=rollout.training_graphs,
             block_size_tokens=rollout.block_size_tokens,
             buffer_size_gb=rollout.buffer_size_gb,
             paused_buffer_size_gb=rollout.paused_buffer_size_gb,
@@ -143,17 +150,38 @@ def _construct(cls: Any, config: Any, rollout: RolloutContext) -> Any:
         )
     from megatron.core.inference.config import InferenceConfig
 
-    inference = InferenceConfig(
+    # the graphs' spacing (0.19+; Megatron-LM passes its choice, default exponential)
+    sizing = {} if rollout.graph_sizing is None else {
+        "cuda_graph_sizing_distribution": type(
+            InferenceConfig.__dataclass_fields__["cuda_graph_sizing_distribution"].default)(
+            rollout.graph_sizing)}
+    inference = InferenceConfig(**sizing,
         block_size_tokens=rollout.block_size_tokens,
         buffer_size_gb=rollout.buffer_size_gb,
         paused_buffer_size_gb=rollout.paused_buffer_size_gb,
         max_requests=rollout.max_requests,
         max_tokens=rollout.max_tokens,
         unified_memory_level=rollout.unified_memory_level,
-        num_cuda_graphs=rollout.num_cuda_graphs,
+        num_cuda_graphs=rollout.num_cuda_graphs if rollout.cuda_graphs else None,
+        use_cuda_graphs_for_non_decode_steps=not rollout.decode_only_graphs,
+        cuda_graph_mixed_prefill_count=rollout.mixed_prefill_count,
         max_sequence_length=rollout.max_sequence_length,
     )
-    return cls(config, inference)
+    return cls(_engine_config(config, rollout), inference)
+
+
+def _engine_config(config: Any, rollout: RolloutContext) -> Any:
+    """Return the model's config as the rollout engine sees it: `--cuda-graph-impl local` where
+    the engine graphs, its inference scope then `layer` (rl_utils.py `megatron_rl_inference_mode`
+    sets both; 0.18+ `normalize_inference_cuda_graph_scope` derives the scope from the impl)."""
+    model_config = copy.copy(config)
+    model_config.cuda_graph_impl = "local" if rollout.cuda_graphs else "none"
+    if hasattr(model_config, "inference_cuda_graph_scope"):
+        from megatron.core.transformer.cuda_graph_config import normalize_inference_cuda_graph_scope
+
+        model_config.inference_cuda_graph_scope = normalize_inference_cuda_graph_scope(
+            None, model_config.cuda_graph_impl)
+    return model_config
 
 
 @contextlib.contextmanager

@@ -11,7 +11,10 @@ CudaGraphManager (transformer/cuda_graphs.py, 0.16.1; the same in 0.19.2).
   forward-backward (pipeline_parallel/schedules.py) captures them in that order, the schedule's,
   into ONE memory pool (`CudaGraphManager.global_mempool`). So an eager iteration always runs
   before the capture, whatever `--cuda-graph-warmup-steps` (there the number of times each
-  runner runs its layer on zeros before capturing it, transient blocks not modelled).
+  runner runs its layer on zeros before capturing it, transient blocks not modelled). Both come
+  before the first optimizer step, so before Adam's moments exist (torch's and Transformer
+  Engine's Adam make them lazily in their first step): a job starting afresh, as the tool takes
+  every job (an optimizer state loaded from a checkpoint would hold them already).
 - How many: without a pipeline a layer's micro-batches run one at a time and share one runner
   (`reuse_cudagraphs`: one graph pair per layer); with one, a runner per (layer, micro-batch)
   (`get_cudagraph_runner`), as Transformer Engine's path captures (cuda_graphs.py
