@@ -84,9 +84,24 @@ def test_the_steady_pass_keeps_the_stashed_layer_in_pages(cli) -> None:
     assert before - after >= marked * 0.99
 
 
+def test_the_profiling_count_follows_megatrons_passes() -> None:
+    # megatron's capture adds a layer's tokens in its forward and takes them off in its backward;
+    # under the all-to-all overlap the older micro-batch's layer L-1-i gives its tokens back
+    # before the newer one's layer i saves (TransformerLayerSchedulePlan.run: b_layer.mlp.backward,
+    # then f_layer.mlp.forward), so 2 layers of 10 tokens peak at 20, not 30
+    from inspector.memory.engine.paged_stash import most_counted
+    from inspector.memory.engine.schedule import Pass
+
+    kind = ("bfloat16", 1536, "avg")
+    layers = [[{kind: 10}, {kind: 10}]]
+    plain = [Pass(True, 0, 0, 0, 1), Pass(True, 0, 1, 0, 2), Pass(False, 0, 0, 0, 2), Pass(False, 0, 1, 0, 1)]
+    assert most_counted(plain, layers) == {kind: 40}  # two micro-batches in flight
+    paired = [Pass(True, 0, 0, 0, 1), Pass(True, 0, 1, 0, 2, (0, 0)), Pass(False, 0, 1, 0, 1)]
+    assert most_counted(paired, layers) == {kind: 20}
+
+
 def test_most_in_flight_counts_the_micro_batches_megatron_keeps() -> None:
-    # megatron's capture adds a layer's tokens in forward and takes them off in backward, across
-    # micro-batches: stage 0 of pp 2 holds two micro-batches in flight, the last stage one
+    # offloading's host demand: stage 0 of pp 2 holds two micro-batches in flight, the last one
     from inspector.memory.engine.offload_steady import most_in_flight
 
     assert most_in_flight([[10, 3]], 0, 2, 4) == [20, 6]

@@ -41,7 +41,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -136,14 +136,52 @@ def stashed(config: Any, where: Callable[[], str]) -> Iterator[StashRun | None]:
             manager.STASH_MGR = None
 
 
-def chunk_counts(stash: Sequence[tuple[str, int]]) -> dict[tuple[str, int, str], int]:
-    """Return a chunk's micro-batch counts summed over its layers, by (dtype, columns, avg|max)."""
-    out: dict[tuple[str, int, str], int] = {}
+Kind = tuple[str, int, str]  # a stash buffer's dtype and columns, and avg (budget) or max (real)
+
+
+def layer_counts(stash: Sequence[tuple[str, int]]) -> list[dict[Kind, int]]:
+    """Return a chunk's micro-batch counts layer by layer in forward order, by kind (a layer: the
+    consecutive counts its experts' module made)."""
+    out: list[dict[Kind, int]] = []
+    last = None
     for label, tokens in stash:
-        dtype, cols, how = label.split(_COUNT, 1)[1].split()
+        where, rest = label.split(_COUNT, 1)
+        dtype, cols, how = rest.split()
+        if where != last:
+            out.append({})
+            last = where
         key = (dtype, int(cols), how)
-        out[key] = out.get(key, 0) + tokens
+        out[-1][key] = out[-1].get(key, 0) + tokens
     return out
+
+
+def most_counted(passes: Iterable[Any], layers: Sequence[list[dict[Kind, int]]]) -> dict[Kind, int]:
+    """Return the most tokens megatron's profiling iteration counts at once, by kind, over the
+    schedule's passes (memory/engine/schedule.py `replay_passes`): a forward adds each layer's
+    tokens (`on_save_for_backward`), a backward takes them off (`on_get_saved_tensor`); under the
+    MoE all-to-all overlap a forward runs with an older micro-batch's backward layer by layer,
+    forward layer i with backward layer L-1-i, whose experts' backward runs before the forward's
+    experts (models/common/model_chunk_schedule_plan.py `TransformerLayerSchedulePlan.run`:
+    `b_layer.mlp.backward` before `f_layer.mlp.forward`, core_v0.19.2)."""
+    live: dict[Kind, int] = {}
+    top: dict[Kind, int] = {}
+
+    def add(counts: dict[Kind, int], sign: int) -> None:
+        for kind, tokens in counts.items():
+            live[kind] = live.get(kind, 0) + sign * tokens
+            top[kind] = max(top.get(kind, 0), live[kind])
+
+    for ran in passes:
+        mine = layers[ran.chunk]
+        theirs = list(reversed(layers[ran.paired[0]])) if ran.paired is not None else []
+        if not ran.forward:
+            theirs = list(reversed(mine))
+        for k in range(max(len(mine) if ran.forward else 0, len(theirs))):
+            if k < len(theirs):
+                add(theirs[k], -1)
+            if ran.forward and k < len(mine):
+                add(mine[k], 1)
+    return top
 
 
 def stash_buffers(sizes: tuple[int, float, float], counts: dict[tuple[str, int, str], int]

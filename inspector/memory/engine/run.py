@@ -12,7 +12,7 @@ from inspector.job.job import Job
 from inspector.memory.engine.microbatch import GLOBAL_BUFFER, Trace
 from inspector.memory.engine.offload_steady import host_demand
 from inspector.memory.engine.optimizer import StepRun, stage_step
-from inspector.memory.engine.schedule import Peak, iteration_peak, top_event
+from inspector.memory.engine.schedule import Peak, iteration_peak, replay_passes, top_event
 from inspector.memory.engine.stage import Cache, ChunkShape, trace_chunks
 from inspector.memory.engine.timeline import Replay
 from inspector.world.te.state import DUMMY_WGRAD
@@ -182,17 +182,14 @@ def rank_stash(job: Job, stage: int, traces: Sequence[Trace]
     and chunks), by kind, given to megatron's `allocate_stash_buffers` (engine/paged_stash.py)."""
     if not any(trace.stash for trace in traces):
         return (), (0, 0)
-    from inspector.memory.engine.offload_steady import most_in_flight
-    from inspector.memory.engine.paged_stash import chunk_counts, stash_buffers
-    counts = [chunk_counts(trace.stash) for trace in traces]
-    kinds = sorted({kind for count in counts for kind in count})
-    schedule = job.schedule()
-    top = most_in_flight([[count.get(kind, 0) for kind in kinds] for count in counts], stage,
-                         job.layout.pp, schedule.num_microbatches,
-                         job.training.microbatch_group_size, extra_warmup(job.training))  # fmt: skip
+    from inspector.memory.engine.paged_stash import layer_counts, most_counted, stash_buffers
+
+    passes = replay_passes(traces, stage, job.layout.pp, job.schedule().num_microbatches,
+                           job.training.microbatch_group_size, extra_warmup(job.training))  # fmt: skip
+    top = most_counted(passes, [layer_counts(trace.stash) for trace in traces])
     t = job.training
     sizes = (t.moe_paged_stash_page_size, t.moe_paged_stash_factor_cuda, t.moe_paged_stash_factor_cpu)
-    return stash_buffers(sizes, dict(zip(kinds, top, strict=True)))
+    return stash_buffers(sizes, top)
 
 
 def first_iteration_peak(passes: Peak, step: StepRun) -> Peak:
