@@ -118,6 +118,8 @@ def test_most_in_flight_counts_the_micro_batches_megatron_keeps() -> None:
       "0.25"), "Error: --moe-paged-stash-buffer-size-factor-cuda 0.5 with "
      "--moe-paged-stash-buffer-size-factor-cpu 0.25 is not modelled: the stash's buffers hold "
      "|0.5| + |0.25| = 0.75 times"),
+    # one iteration is the profiling one alone: memory reports the steady state
+    (("--train-iters", "1"), "Error: --train-iters 1 with --moe-paged-stash is not modelled"),
 ])  # fmt: skip
 @needs_stash
 def test_bad_stash_sizes_are_refused(cli, extra: tuple[str, ...], message: str) -> None:

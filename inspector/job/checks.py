@@ -191,6 +191,10 @@ def check_paged_stash(args: Mapping[str, Any]) -> None:
         raise ConfigError("--moe-paged-stash needs --moe-expert-rank-capacity-factor (megatron-core's "
                           "TransformerConfig: 'moe_paged_stash requires moe_expert_rank_capacity_factor "
                           "to be set; there is no need to use paged stashing without it.')")  # fmt: skip
+    if args.get("train_iters") == 1:
+        raise ConfigError("--train-iters 1 with --moe-paged-stash is not modelled: megatron's only "
+                          "iteration is then the stash's profiling one (no page buffers, the rows "
+                          "received kept whole), and `memory` reports the iterations after it")  # fmt: skip
     cuda = args.get("moe_paged_stash_buffer_size_factor_cuda")
     cpu = args.get("moe_paged_stash_buffer_size_factor_cpu")
     cuda, cpu = 1.10 if cuda is None else cuda, 0.0 if cpu is None else cpu  # TransformerConfig's
