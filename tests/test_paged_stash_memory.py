@@ -164,3 +164,14 @@ def test_the_stand_ins_mirror_megatrons_stash() -> None:
     # megatron's schedules reset the stash each iteration: the second call allocates the buffers
     reset = inspect.getsource(paged_stash.paged_stash_reset)
     assert "stash_manager.status = 'capture'" in reset and "allocate_stash_buffers(" in reset
+
+
+@needs_stash
+def test_offloading_beside_the_stash_counts_one_iteration(cli) -> None:
+    # the profiling pass runs with its own offload manager: the host memory offloading takes is
+    # the steady pass's alone, the same with the stash as without (no host stash: CPU factor 0)
+    offload = ("--fine-grained-activation-offloading", "--offload-modules", "core_attn", "--format", "json")
+    plain, stash = cli(*JOB, *offload), cli(*JOB, *offload, "--moe-paged-stash")
+    assert plain.code == 0 and stash.code == 0, stash.err
+    host = [json.loads(done.out)["stages"][0]["host_offload"] for done in (plain, stash)]
+    assert host[0] == host[1] and host[0]["bytes"] > 0

@@ -71,18 +71,19 @@ def run_microbatch(job: Job, ddp: Any, gpt: Any, num_microbatches: int) -> Trace
     with cuda_on_meta(), _failures(tracker, where), where, _global_buffer_named(tracker), \
             placeholders_named(functools.partial(_named, tracker)):
         with tracker, _routing(job), _graphed_steps_named(job, tracker, where), \
-                offloaded(gpt.config, lambda: tracker.where) as host, \
                 stashed(gpt.config, lambda: tracker.where) as stash:
             if stash is not None:  # megatron's profiling first iteration, then its buffers
-                _backward(gpt, _forward(job, ddp, gpt, num_microbatches, tracker), tracker)
-                drain_deferred(gpt, tracker)
+                with offloaded(gpt.config, lambda: tracker.where):  # its own offload manager
+                    _backward(gpt, _forward(job, ddp, gpt, num_microbatches, tracker), tracker)
+                    drain_deferred(gpt, tracker)
                 stash.captured()
-            start = tracker.mark()
-            state = _forward(job, ddp, gpt, num_microbatches, tracker)
-            middle = tracker.mark()
-            _backward(gpt, state, tracker)
-            del state
-            deferred = drain_deferred(gpt, tracker)
+            with offloaded(gpt.config, lambda: tracker.where) as host:
+                start = tracker.mark()
+                state = _forward(job, ddp, gpt, num_microbatches, tracker)
+                middle = tracker.mark()
+                _backward(gpt, state, tracker)
+                del state
+                deferred = drain_deferred(gpt, tracker)
     persistent = _persistent(tracker)
     events = tracker.events
     steady = _steady(events, persistent)
