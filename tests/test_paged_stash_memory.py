@@ -175,3 +175,31 @@ def test_offloading_beside_the_stash_counts_one_iteration(cli) -> None:
     assert plain.code == 0 and stash.code == 0, stash.err
     host = [json.loads(done.out)["stages"][0]["host_offload"] for done in (plain, stash)]
     assert host[0] == host[1] and host[0]["bytes"] > 0
+
+
+def _qwen_job(**flags):  # type: ignore[no-untyped-def]
+    from inspector.inputs.resolve import Sources, merge_sources
+    from inspector.job.job import make_job
+
+    args = dict(num_layers=4, pipeline_model_parallel_size=2, expert_model_parallel_size=8,
+                data_parallel_size=8, micro_batch_size=1, bf16=True, fp8_format="e4m3",
+                fp8_recipe="mxfp8", use_transformer_engine_op_fuser=True,
+                moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend="hybridep",
+                moe_mlp_glu_interleave_size=32, moe_expert_rank_capacity_factor=1.5, **flags)  # fmt: skip
+    resolved = merge_sources(Sources(preset="qwen3-30b-a3b", flags=args), ("model", "layout", "training"))
+    return make_job(resolved.args)
+
+
+@needs_stash
+def test_a_stage_before_the_last_stashes_its_last_layer_too() -> None:
+    # 1F1B on stage 0 of pp 2 runs another micro-batch's pass between a chunk's forward and its
+    # backward, so megatron stashes the chunk's last layer as well (PipelinePostScheduleFunction:
+    # the next schedule entry is not the layer's own backward); the last stage keeps it
+    from inspector.memory.engine.run import run_memory
+
+    budget = ROWS * 3 // 2
+    marked = budget * (H + 2 * F * 2 + 4 + F) + budget // 32 * (H + F)
+    first = [run_memory(_qwen_job(**f), 0).replay.traces[0].held for f in ({}, {"moe_paged_stash": True})]
+    last = [run_memory(_qwen_job(**f), 1).replay.traces[0].held for f in ({}, {"moe_paged_stash": True})]
+    assert first[0] - first[1] >= 2 * marked * 0.99  # both of its layers in pages
+    assert marked * 0.99 <= last[0] - last[1] < 1.01 * marked  # one in pages, the last kept

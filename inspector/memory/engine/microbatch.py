@@ -71,7 +71,7 @@ def run_microbatch(job: Job, ddp: Any, gpt: Any, num_microbatches: int) -> Trace
     with cuda_on_meta(), _failures(tracker, where), where, _global_buffer_named(tracker), \
             placeholders_named(functools.partial(_named, tracker)):
         with tracker, _routing(job), _graphed_steps_named(job, tracker, where), \
-                stashed(gpt.config, lambda: tracker.where) as stash:
+                stashed(gpt, job.training.ep_overlap, lambda: tracker.where) as stash:
             if stash is not None:  # megatron's profiling first iteration, then its buffers
                 with offloaded(gpt.config, lambda: tracker.where):  # its own offload manager
                     _backward(gpt, _forward(job, ddp, gpt, num_microbatches, tracker), tracker)
@@ -80,16 +80,25 @@ def run_microbatch(job: Job, ddp: Any, gpt: Any, num_microbatches: int) -> Trace
             with offloaded(gpt.config, lambda: tracker.where) as host:
                 start = tracker.mark()
                 state = _forward(job, ddp, gpt, num_microbatches, tracker)
+                if stash is not None:
+                    stash.forward_done()
                 middle = tracker.mark()
+                if stash is not None:
+                    stash.backward_start()
                 _backward(gpt, state, tracker)
                 del state
                 deferred = drain_deferred(gpt, tracker)
     persistent = _persistent(tracker)
     events = tracker.events
-    steady = _steady(events, persistent)
-    before = start - sum(1 for index in persistent if index < start)  # the profiling pass's
-    split = middle - sum(1 for index in persistent if index < middle) - before
-    base = steady[before - 1].allocated if before else 0  # nothing but persistent buffers left
+    # with the stash's profiling pass first: what it made and the steady pass replaced (a
+    # dispatcher's last routing metadata) is freed by the steady pass, as on every micro-batch
+    # after the first: left out, as the persistent buffers are
+    stale = {i: 0 for i, made in tracker.made_by.items() if i >= start > made}
+    left_out = {**persistent, **stale}
+    steady = _steady(events, left_out)
+    before = start - sum(1 for index in left_out if index < start)  # the profiling pass's
+    split = middle - sum(1 for index in left_out if index < middle) - before
+    base = steady[before - 1].allocated if before else 0  # what the profiling pass left
     steady = [Event(e.bytes, e.allocated - base, e.where, e.origin) for e in steady[before:]]
     return Trace(
         forward=tuple(steady[:split]),

@@ -84,12 +84,27 @@ def _on_meta(host: HostBytes) -> Iterator[None]:
 
 
 class StashRun:
-    """One micro-batch's stash: megatron's profiling pass counted per layer, then its steady one."""
+    """One micro-batch's stash: megatron's profiling pass counted per layer, then its steady one.
 
-    def __init__(self, config: Any, where: Callable[[], str]) -> None:
+    A trace holds one micro-batch, so the schedule megatron's profiling pass records is that
+    micro-batch's: its last layer's forward, then that layer's backward, where megatron keeps the
+    layer's tensors (`PipelinePostScheduleFunction.forward`: the current layer is the negated
+    next one). That is the iteration's order only where a chunk's backward follows its own
+    forward: one pipeline stage's 1F1B, or the last stage's without virtual stages, and without
+    the all-to-all overlap (its step pairs a forward with an older micro-batch's backward). Where
+    another micro-batch's pass comes between (`keeps_last` False), the steady pass stashes the
+    last layer too, frees its tensors when that pass would start (`wait_for_stash_to_complete`)
+    and reloads them at its backward's start (`reload_paged_tensors`), as megatron does.
+    """
+
+    def __init__(self, config: Any, where: Callable[[], str], keeps_last: bool) -> None:
         self.config = config
         self.where = where
+        self.keeps_last = keeps_last
         self.counts: list[tuple[str, int]] = []  # (label, tokens) per layer and kind
+        self.steady = False
+        self.last: int | None = None  # the schedule key of a last layer stashed
+        self.manager: Any = None
 
     def hooked(self, manager: Any) -> None:
         """Count what megatron's capture hook adds, each addition named by the layer running."""
@@ -108,6 +123,28 @@ class StashRun:
             return out
 
         manager.on_save_for_backward = counted
+        self.manager = manager
+        keep = manager.remove_paged_tensor_from_stash
+
+        def stash_last() -> None:
+            """The last layer's commit: stash it where another pass comes next (class notes)."""
+            if not self.steady or self.keeps_last:
+                keep()
+                return
+            self.last = manager._pp_schedule[manager.current_schedule_index]
+            manager.stash_paged_tensors(self.last)
+
+        manager.remove_paged_tensor_from_stash = stash_last
+
+    def forward_done(self) -> None:
+        """Another micro-batch's pass starts: the last layer's stashed tensors are freed."""
+        if self.last is not None:
+            self.manager.wait_for_stash_to_complete()
+
+    def backward_start(self) -> None:
+        """The pass before this backward reloads its last layer's tensors (megatron's one ahead)."""
+        if self.last is not None:
+            self.manager.reload_paged_tensors(self.last)
 
     def captured(self) -> None:
         """Megatron's second `paged_stash_reset`: buffers for the trace's steady pass (sized by
@@ -115,19 +152,23 @@ class StashRun:
         reset = importlib.import_module(MODULE).paged_stash_reset
         with _disable_current_modes(), _on_meta(HostBytes()):
             reset(enabled=True, config=self.config)
+        self.steady = True
 
 
 @contextlib.contextmanager
-def stashed(config: Any, where: Callable[[], str]) -> Iterator[StashRun | None]:
-    """Run a micro-batch with megatron's paged stash when `config` says so (a fresh manager,
-    its first `paged_stash_reset`: the profiling status); None without the stash."""
+def stashed(gpt: Any, ep_overlap: bool, where: Callable[[], str]) -> Iterator[StashRun | None]:
+    """Run a micro-batch of chunk `gpt` with megatron's paged stash when its config says so (a
+    fresh manager, its first `paged_stash_reset`: the profiling status); None without it."""
+    config = gpt.config
     if not getattr(config, "moe_paged_stash", False):
         yield None
         return
     manager = _manager()
+    keeps_last = bool(gpt.post_process) and not ep_overlap and \
+        config.virtual_pipeline_model_parallel_size is None  # fmt: skip
     with _on_meta(HostBytes()):
         manager.STASH_MGR = None
-        run = StashRun(config, where)
+        run = StashRun(config, where, keeps_last)
         run.hooked(manager.get_instance())
         importlib.import_module(MODULE).paged_stash_reset(enabled=True, config=config)
         try:
