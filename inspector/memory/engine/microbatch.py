@@ -93,7 +93,7 @@ def run_microbatch(job: Job, ddp: Any, gpt: Any, num_microbatches: int) -> Trace
     # with the stash's profiling pass first: what it made and the steady pass replaced (a
     # dispatcher's last routing metadata) is freed by the steady pass, as on every micro-batch
     # after the first: left out, as the persistent buffers are
-    stale = {i: 0 for i, made in tracker.made_by.items() if i >= start > made}
+    stale = {i: 0 for i, made in tracker.made_by.items() if i >= start > made} if stash else {}
     left_out = {**persistent, **stale}
     steady = _steady(events, left_out)
     before = start - sum(1 for index in left_out if index < start)  # the profiling pass's
