@@ -32,6 +32,7 @@ def _pages(tokens: int, factor: float) -> int:
     return math.ceil(int(tokens * factor) / PAGE)
 
 
+@pytest.mark.slow
 @needs_stash
 def test_the_stash_buffers_are_megatrons_own(cli, monkeypatch: pytest.MonkeyPatch) -> None:
     from megatron.core.transformer.moe import paged_stash
@@ -70,6 +71,7 @@ def test_the_stash_buffers_are_megatrons_own(cli, monkeypatch: pytest.MonkeyPatc
     assert stage["host_offload"]["bytes"] == asked
 
 
+@pytest.mark.slow
 @needs_stash
 def test_the_steady_pass_keeps_the_stashed_layer_in_pages(cli) -> None:
     # without the stash both layers hold their marked tensors at the budget's 49,152 rows until
@@ -166,6 +168,7 @@ def test_the_stand_ins_mirror_megatrons_stash() -> None:
     assert "stash_manager.status = 'capture'" in reset and "allocate_stash_buffers(" in reset
 
 
+@pytest.mark.slow
 @needs_stash
 def test_offloading_beside_the_stash_counts_one_iteration(cli) -> None:
     # the profiling pass runs with its own offload manager: the host memory offloading takes is
@@ -190,6 +193,7 @@ def _qwen_job(**flags):  # type: ignore[no-untyped-def]
     return make_job(resolved.args)
 
 
+@pytest.mark.slow
 @needs_stash
 def test_a_stage_before_the_last_stashes_its_last_layer_too() -> None:
     # 1F1B on stage 0 of pp 2 runs another micro-batch's pass between a chunk's forward and its
