@@ -69,6 +69,9 @@ def test_the_stash_buffers_are_megatrons_own(cli, monkeypatch: pytest.MonkeyPatc
     host_rows = _pages(LAYERS * ROWS, 1.0) * PAGE, _pages(LAYERS * (ROWS + ROWS // 32), 1.0) * PAGE
     asked = host_rows[0] * (2 * F * 2 + 4) + host_rows[1] * (F + H)
     assert stage["host_offload"]["bytes"] == asked
+    # the text names them under the table
+    text = cli(*JOB, "--moe-paged-stash")
+    assert f"Stage 0: the MoE paged stash's buffers 0.40 GiB (bfloat16 pages ({bf16} pages of 64 x 1536" in text.out
 
 
 @pytest.mark.slow
