@@ -116,10 +116,12 @@ class StashRun:
             out = save(tensor)
             if manager.status == "capture":
                 for (dtype, cols), total in (manager.temp_avg_tokens_across_vp_stages or {}).items():
-                    name = f"{self.where()}{_COUNT}{str(dtype).removeprefix('torch.')} {cols}"
-                    self.counts.append((f"{name} avg", total - before.get((dtype, cols), 0)))
+                    avg = total - before.get((dtype, cols), 0)
                     real = manager.temp_tokens_across_vp_stages[dtype, cols]
-                    self.counts.append((f"{name} max", real - before_max.get((dtype, cols), 0)))
+                    real -= before_max.get((dtype, cols), 0)
+                    if avg or real:  # the kind this tensor added to
+                        name = f"{self.where()}{_COUNT}{str(dtype).removeprefix('torch.')} {cols}"
+                        self.counts += [(f"{name} avg", avg), (f"{name} max", real)]
             return out
 
         manager.on_save_for_backward = counted
