@@ -26,7 +26,8 @@ most) and runs megatron's `allocate_stash_buffers` with them for the rank.
 What only a GPU runs, each the smallest piece that lets megatron's code run:
 - the Triton page kernels `paged_stash_copy_kernel` / `paged_stash_pop_kernel`
   (transformer/moe/ops/paged_stash.py 13, 147) move values and the free lists' heads, which
-  meta tensors do not have: `_Kernel` launches nothing (`kernel[grid](...)`);
+  meta tensors do not have: they launch nothing (world/setup.py `KernelLaunchingNothing`, as
+  for megatron's MLA RoPE kernels);
 - streams, events and pinned host buffers are offload.py's (`offloading_on_meta`): a pinned
   buffer is counted in `HostBytes`.
 
@@ -49,21 +50,11 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from inspector.memory.engine.allocator import rounded
 from inspector.memory.engine.offload import HostBytes, offloading_on_meta, pinned
+from inspector.world.setup import KernelLaunchingNothing
 
 MODULE = "megatron.core.transformer.moe.paged_stash"
 STASH = "paged stash"  # the label of its buffers and counts
 _COUNT = ": paged stash count "  # a count's label: "<layer>: paged stash count <dtype> <cols> <avg|max>"
-
-
-class _Kernel:
-    """A `@triton.jit` page kernel launched as `kernel[grid](...)`: on meta, nothing to move."""
-
-    def __getitem__(self, grid: Any) -> Callable[..., None]:
-        return self._launch
-
-    @staticmethod
-    def _launch(*args: Any, **kwargs: Any) -> None:
-        """Move nothing: meta tensors have no values (ops/paged_stash.py)."""
 
 
 def _manager() -> Any:
@@ -75,7 +66,8 @@ def _on_meta(host: HostBytes) -> Iterator[None]:
     """Let megatron's stash run on meta: streams, pinned buffers (offload.py) and page kernels."""
     module: Any = importlib.import_module(MODULE)
     kernels = module.paged_stash_copy_kernel, module.paged_stash_pop_kernel
-    module.paged_stash_copy_kernel = module.paged_stash_pop_kernel = _Kernel()
+    module.paged_stash_copy_kernel = KernelLaunchingNothing("paged_stash_copy_kernel")
+    module.paged_stash_pop_kernel = KernelLaunchingNothing("paged_stash_pop_kernel")
     try:
         with offloading_on_meta(host):
             yield
