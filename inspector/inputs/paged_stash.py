@@ -11,8 +11,9 @@ backend requires the op fuser (transformer_config.py __post_init__, core_v0.18.0
 All of them are modelled from megatron-core 0.18 (versions.OP_FUSER_RELEASES): the stash itself
 runs as megatron wrote it (memory/engine/paged_stash.py: its profiling iteration, its buffers,
 its pages); megatron-core 0.13-0.17 have none of them, so they are refused there by version.
-`check_paged_stash` refuses what megatron's TransformerConfig refuses, and factors whose buffers
-would overflow under balanced routing (the rerun without the stash is not simulated).
+job/checks.py `check_paged_stash` refuses what megatron's TransformerConfig refuses, and factors
+whose buffers would overflow under balanced routing (the rerun without the stash is not
+simulated).
 """
 
 from __future__ import annotations

@@ -20,8 +20,9 @@ its saved-tensor hooks around Transformer Engine's fused grouped MLP (experts.py
 Each micro-batch trace runs both: the profiling pass (its counts, per layer, kept in
 `Trace.stash`) and then the captured pass, the trace the engine replays. A trace holds one
 micro-batch of one chunk, while megatron counts across every micro-batch in flight and every
-chunk: `stash_buffers` replays the schedule over the traces' counts (the profiling iteration's
-most) and runs megatron's `allocate_stash_buffers` with them for the rank.
+chunk: `most_counted` replays the schedule's passes over the traces' counts (the profiling
+iteration's most) and `stash_buffers` runs megatron's `allocate_stash_buffers` with them for the
+rank (engine/run.py `rank_stash`).
 
 What only a GPU runs, each the smallest piece that lets megatron's code run:
 - the Triton page kernels `paged_stash_copy_kernel` / `paged_stash_pop_kernel`
@@ -33,8 +34,8 @@ What only a GPU runs, each the smallest piece that lets megatron's code run:
 
 Not simulated (a static run has no overflow): `PagedStashRunner`'s rerun of a step without the
 stash when a rank's buffer overflows or HybridEP's budget drops tokens (paged_stash.py
-`PagedStashRunner.__call__`); inputs/paged_stash.py refuses factors that would overflow under
-balanced routing.
+`PagedStashRunner.__call__`); job/checks.py `check_paged_stash` refuses factors that would
+overflow under balanced routing.
 """
 
 from __future__ import annotations
