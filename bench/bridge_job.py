@@ -82,7 +82,8 @@ _RENAMED_MODEL = {
     "num_moe_experts": "num_experts",
 }
 # megatron-core 0.18+'s fields (Megatron-LM's arguments of the same name) that the paged-stash
-# recipes set beside moe_paged_stash: the tool refuses each by name (inputs/paged_stash.py)
+# recipes set beside moe_paged_stash: modelled from 0.18, refused by version before
+# (inputs/paged_stash.py)
 _SAME_MODEL_018 = (
     "use_transformer_engine_op_fuser moe_expert_rank_capacity_factor moe_paged_stash_page_size "
     "moe_paged_stash_buffer_size_factor_cuda moe_paged_stash_buffer_size_factor_cpu "

@@ -335,6 +335,29 @@ ARGUMENTS: tuple[ArgSpec, ...] = MODEL_ARGUMENTS + (
         "factor permuted tokens a rank (fixed-size expert buffers; tokens over it are dropped).",
     ),
     _training(
+        "moe_paged_stash",
+        bool,
+        "megatron-core 0.18+, with the op fuser and a rank budget: the experts' activations kept "
+        "for backward in pages of buffers sized after a first, profiling iteration.",
+    ),
+    _training(
+        "moe_paged_stash_page_size",
+        int,
+        "megatron-core 0.18+: tokens a page of the MoE paged stash holds (default 64).",
+    ),
+    _training(
+        "moe_paged_stash_buffer_size_factor_cuda",
+        float,
+        "megatron-core 0.18+: the GPU stash buffer as this times the profiled tokens (default "
+        "1.1; negative: sized by the real counts rather than budget / factor).",
+    ),
+    _training(
+        "moe_paged_stash_buffer_size_factor_cpu",
+        float,
+        "megatron-core 0.18+: a pinned host stash buffer as this times the profiled tokens "
+        "(default 0: none).",
+    ),
+    _training(
         "log_params_norm",
         bool,
         "Megatron-LM's parameter norm, every iteration (plan: one read of the rank's fp32 "

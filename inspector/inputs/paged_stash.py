@@ -1,4 +1,4 @@
-"""megatron-core's MoE paged stash and the arguments it needs: why each is refused.
+"""megatron-core's MoE paged stash and the arguments it needs: refused before 0.18, by version.
 
 megatron-core 0.18+ (transformer/moe/paged_stash.py, `--moe-paged-stash`) keeps the routed experts'
 activations for backward in pages of buffers it sizes after a first, profiling iteration. Its
@@ -8,12 +8,12 @@ saved-tensor hook pages only the tensors Transformer Engine's fused grouped MLP 
 requires the stash to come with `--moe-expert-rank-capacity-factor` (HybridEP's static receive
 budget, "there is no need to use paged stashing without it"), and that factor with the hybridep
 backend requires the op fuser (transformer_config.py __post_init__, core_v0.18.0 and 0.19.2).
-The op fuser and the budget are modelled from megatron-core 0.18 (versions.OP_FUSER_RELEASES):
-megatron's `_fused_forward` runs on Transformer Engine 2.14's basic operations in 16 bits
-(world/te/ops.py) and on its CuTe DSL fused grouped MLP in MXFP8 (world/te/fused_mlp.py), which
-marks the tensors the stash pages; the stash itself (its buffers, page kernels and rerun) is not
-run, so it is refused by name. The sizes it would allocate for one recipe are in bench/RESULTS.md
-(sections `stash`, `stashfp8`).
+All of them are modelled from megatron-core 0.18 (versions.OP_FUSER_RELEASES): the stash itself
+runs as megatron wrote it (memory/engine/paged_stash.py: its profiling iteration, its buffers,
+its pages); megatron-core 0.13-0.17 have none of them, so they are refused there by version.
+job/checks.py `check_paged_stash` refuses what megatron's TransformerConfig refuses, and factors
+whose buffers would overflow under balanced routing (the rerun without the stash is not
+simulated).
 """
 
 from __future__ import annotations
@@ -27,22 +27,21 @@ _OP_FUSER = (
     "(TransformerConfig.use_transformer_engine_op_fuser came in 0.18, where it is modelled)"
 )
 _PAGED_STASH = (
-    "megatron-core 0.18+'s MoE paged stash (transformer/moe/paged_stash.py) pages the expert "
-    "activations that Transformer Engine's CuTe DSL fused grouped MLP marks for it (MXFP8 on "
-    "Blackwell GPUs, which this tool runs with its marks), but its page buffers sized after a "
-    "profiling first iteration, its Triton page kernels, its pinned host buffers and its rerun "
-    "when a rank's budget overflows are not simulated; megatron-core 0.13-0.17 have no paged stash"
+    "megatron-core 0.13-0.17 have no MoE paged stash (transformer/moe/paged_stash.py came in "
+    "0.18, where it is modelled)"
 )
-_STASH_SIZE = "sizes megatron-core's MoE paged stash (--moe-paged-stash), which is not modelled"
+_STASH_SIZE = ("sizes megatron-core's MoE paged stash (--moe-paged-stash), which megatron-core "
+               "0.13-0.17 do not have (modelled from 0.18)")
 
 # TransformerConfig fields of core_v0.18.0 (Megatron-LM's arguments.py makes each an argument
 # through ArgumentGroupFactory(TransformerConfig)): flag -> (group, reason, harmless values: the
 # defaults[, the releases that model it]), rows of unmodelled.REFUSED
 PAGED_STASH_REFUSED: dict[str, tuple[Any, ...]] = {
-    "--moe-paged-stash": ("training", _PAGED_STASH, ()),
-    "--moe-paged-stash-page-size": ("training", _STASH_SIZE, ("64",)),
-    "--moe-paged-stash-buffer-size-factor-cuda": ("training", _STASH_SIZE, ("1.1", "1.10")),
-    "--moe-paged-stash-buffer-size-factor-cpu": ("training", _STASH_SIZE, ("0", "0.0")),
+    "--moe-paged-stash": ("training", _PAGED_STASH, (), OP_FUSER_RELEASES),
+    "--moe-paged-stash-page-size": ("training", _STASH_SIZE, ("64",), OP_FUSER_RELEASES),
+    "--moe-paged-stash-buffer-size-factor-cuda": (
+        "training", _STASH_SIZE, ("1.1", "1.10"), OP_FUSER_RELEASES),
+    "--moe-paged-stash-buffer-size-factor-cpu": ("training", _STASH_SIZE, ("0", "0.0"), OP_FUSER_RELEASES),
     "--use-transformer-engine-op-fuser": ("training", _OP_FUSER, (), OP_FUSER_RELEASES),
     # token_dispatcher.py _HybridEPManager.setup_metadata: a static budget of permuted tokens
     # (`padded_num_tokens * topk * factor`, rounded up to the quantization alignment), run by

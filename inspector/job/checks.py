@@ -177,3 +177,31 @@ def check_rank_capacity(args: Mapping[str, Any]) -> None:
                           "--use-transformer-engine-op-fuser (megatron-core's TransformerConfig: "
                           "'moe_expert_rank_capacity_factor with the 'hybridep' backend requires "
                           "use_transformer_engine_op_fuser to be enabled.')")  # fmt: skip
+
+
+def check_paged_stash(args: Mapping[str, Any]) -> None:
+    """Refuse --moe-paged-stash where megatron-core 0.18+'s TransformerConfig refuses it (no rank
+    budget: transformer_config.py __post_init__), and buffer factors that leave the stash short:
+    `allocate_stash_buffers` sizes the GPU buffer |cuda| and the host one |cpu| times the tokens
+    the profiling iteration counted, balanced routing sends that many again, and what overflows
+    sends megatron's PagedStashRunner to rerun the step without the stash (not simulated)."""
+    if not args.get("moe_paged_stash") or not args.get("num_experts"):
+        return
+    if args.get("moe_expert_rank_capacity_factor") is None:
+        raise ConfigError("--moe-paged-stash needs --moe-expert-rank-capacity-factor (megatron-core's "
+                          "TransformerConfig: 'moe_paged_stash requires moe_expert_rank_capacity_factor "
+                          "to be set; there is no need to use paged stashing without it.')")  # fmt: skip
+    if args.get("train_iters") == 1:
+        raise ConfigError("--train-iters 1 with --moe-paged-stash is not modelled: megatron's only "
+                          "iteration is then the stash's profiling one (no page buffers, the rows "
+                          "received kept whole), and `memory` reports the iterations after it")  # fmt: skip
+    cuda = args.get("moe_paged_stash_buffer_size_factor_cuda")
+    cpu = args.get("moe_paged_stash_buffer_size_factor_cpu")
+    cuda, cpu = 1.10 if cuda is None else cuda, 0.0 if cpu is None else cpu  # TransformerConfig's
+    if not abs(cuda) + abs(cpu) >= 1:
+        raise ConfigError(f"--moe-paged-stash-buffer-size-factor-cuda {cuda:g} with "
+                          f"--moe-paged-stash-buffer-size-factor-cpu {cpu:g} is not modelled: the "
+                          f"stash's buffers hold |{cuda:g}| + |{cpu:g}| = {abs(cuda) + abs(cpu):g} "
+                          "times the tokens its profiling iteration counted, under 1, so balanced "
+                          "routing overflows them and megatron reruns the step without the stash "
+                          "(PagedStashRunner), which is not simulated")  # fmt: skip

@@ -19,6 +19,7 @@ from inspector.job.checks import (
     check_count,
     check_deterministic,
     check_op_fuser,
+    check_paged_stash,
     check_rank_capacity,
 )
 from inspector.job.cuda_graphs import check_cuda_graphs, parse_scope, preprocess_syncs
@@ -94,6 +95,12 @@ class Training:
     # (megatron-core 0.18+ token_dispatcher.py _HybridEPManager.setup_metadata; None: dynamic)
     moe_expert_rank_capacity_factor: float | None = None
     moe_glu_interleave: int | None = None  # --moe-mlp-glu-interleave-size (0.18+)
+    # --moe-paged-stash and its sizes (0.18+, memory/engine/paged_stash.py): TransformerConfig's
+    # defaults (transformer_config.py, core_v0.19.2)
+    moe_paged_stash: bool = False
+    moe_paged_stash_page_size: int = 64
+    moe_paged_stash_factor_cuda: float = 1.10
+    moe_paged_stash_factor_cpu: float = 0.0
     cross_entropy_loss_fusion: bool = False  # megatron's torch.compile'd fused_cross_entropy.py
     # the output layer's weight gradients of the first --wgrad-deferral-limit (0: all) deferred
     defer_embedding_wgrad: bool = False
@@ -126,6 +133,7 @@ class Training:
         check_at_least_one("--moe-deepep-num-sms", self.moe_deepep_num_sms)
         check_at_least_one("--train-iters", self.train_iters)
         check_at_least_one("--moe-mlp-glu-interleave-size", self.moe_glu_interleave)
+        check_at_least_one("--moe-paged-stash-page-size", self.moe_paged_stash_page_size)
         for flag, p in (("--attention-dropout", self.attention_dropout),
                         ("--hidden-dropout", self.hidden_dropout)):  # fmt: skip
             if not 0 <= p < 1:
@@ -276,6 +284,10 @@ TRAINING_ARGS = {
     "use_transformer_engine_op_fuser": "op_fuser",
     "moe_expert_rank_capacity_factor": "moe_expert_rank_capacity_factor",
     "moe_mlp_glu_interleave_size": "moe_glu_interleave",
+    "moe_paged_stash": "moe_paged_stash",
+    "moe_paged_stash_page_size": "moe_paged_stash_page_size",
+    "moe_paged_stash_buffer_size_factor_cuda": "moe_paged_stash_factor_cuda",
+    "moe_paged_stash_buffer_size_factor_cpu": "moe_paged_stash_factor_cpu",
     "cross_entropy_loss_fusion": "cross_entropy_loss_fusion",
     "defer_embedding_wgrad_compute": "defer_embedding_wgrad",
     "wgrad_deferral_limit": "wgrad_deferral_limit",
@@ -330,6 +342,7 @@ def _megatron_training_rules(args: Mapping[str, Any], values: dict[str, Any]) ->
     check_deterministic(args)
     check_op_fuser(args)
     check_rank_capacity(args)
+    check_paged_stash(args)
     if args.get("recompute_activations"):
         # validate_args: "if args.recompute_activations: args.recompute_granularity = 'selective'"
         values["recompute"] = "selective"

@@ -234,6 +234,12 @@ def _check_offloading(args: dict[str, Any]) -> None:
                 f"plan does not price --{offload.replace('_', '-')}: its memory and step time "
                 "know no copies to the host; `memory` measures the offloading on a layout you choose"
             )
+    if args.get("moe_paged_stash"):  # megatron-core 0.18+ (memory/engine/paged_stash.py)
+        raise ConfigError(
+            "plan does not price --moe-paged-stash: its memory composes a stage's activations "
+            "from closed forms that know no stash pages; `memory` measures the stash (its "
+            "profiling iteration and buffers) on a layout you choose"
+        )
     if args.get("lora_rank") is not None:  # Bridge's LoRA (job/lora.py, world/lora.py)
         raise ConfigError(
             "plan does not price --lora-rank: its memory composes a stage from trained pieces; "

@@ -1,6 +1,7 @@
 """What a stage holds that torch.cuda.max_memory_allocated does not count: GPU memory outside
 PyTorch's allocator (DeepEP's and HybridEP's buffers), and activations offloaded to pinned host
-memory (--fine-grained-activation-offloading); `memory` and `plan` print them alike."""
+memory (--fine-grained-activation-offloading, the MoE paged stash's host buffers); `memory` and
+`plan` print them alike. And the MoE paged stash's GPU buffers, sized after the first iteration."""
 
 from __future__ import annotations
 
@@ -30,3 +31,18 @@ def host_line(label: str, host: tuple[int, int], size: Callable[[int], str]) -> 
 def host_json(host: tuple[int, int]) -> dict[str, Any]:
     """Return a stage's json key for offloaded activations (none without offloading)."""
     return {"host_offload": {"bytes": host[0], "pinned": host[1]}} if host[0] else {}
+
+
+def held_lines(label: str, run: Any, size: Callable[[int], str]) -> list[str]:
+    """Return the lines naming a stage's pinned host memory (offloaded activations, the paged
+    stash's host buffers) and the MoE paged stash's GPU buffers (engine/paged_stash.py), where
+    its run (engine/run.py RunMemory) holds any."""
+    from inspector.memory.engine.paged_stash import STASH
+
+    lines = [host_line(label, run.host, size)] if run.host[0] else []
+    stash = [(where.removeprefix(f"{STASH}: "), b) for where, b in run.persistent if where.startswith(STASH)]
+    if stash:
+        pages = ", ".join(f"{what} {size(b)}" for what, b in stash if " pages (" in what)
+        lines.append(f"{label}: the MoE paged stash's buffers {size(sum(b for _, b in stash))} "
+                     f"({pages}), sized after its profiling first iteration: in buffers and the total.")
+    return lines

@@ -13,7 +13,7 @@ from inspector.job.optimizer_precision import REMAINDER
 from inspector.job.rollout import HELD
 from inspector.memory.measure import MemoryReport, StageMemory
 from inspector.render.by_rank import MUON_SAID, by_rank_json, by_rank_line
-from inspector.render.held_elsewhere import host_json, host_line, outside_line
+from inspector.render.held_elsewhere import held_lines, host_json, outside_line
 from inspector.render.job import counted
 from inspector.report.formats import MemoryFormat
 
@@ -248,8 +248,7 @@ def _moments(report: MemoryReport) -> list[str]:
         if s.run.outside:
             lines.append(outside_line(f"Stage {s.stage}", s.run.outside, lambda v: _size(report, v),
                                       "buffers and the total", s.total))  # fmt: skip
-        if s.run.host[0]:  # --fine-grained-activation-offloading (engine/offload_steady.py)
-            lines.append(host_line(f"Stage {s.stage}", s.run.host, lambda v: _size(report, v)))
+        lines += held_lines(f"Stage {s.stage}", s.run, lambda v: _size(report, v))  # host, stash
         if s.run.graph_pool:  # engine/cuda_graphs.py allocated_peak
             now, top = (_size(report, v) for v in s.run.torch_reports(s.static))
             lines.append(f"Stage {s.stage}: the CUDA graphs' memory pool {_size(report, s.run.graph_pool)}"

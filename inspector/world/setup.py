@@ -138,8 +138,8 @@ def simulate_fused_mla_rope() -> None:
     except ImportError:  # no fused MLA RoPE in this megatron-core: nothing to simulate
         return
     for name in MLA_ROPE_KERNELS:
-        if not isinstance(getattr(fused, name), _KernelLaunchingNothing):
-            setattr(fused, name, _KernelLaunchingNothing(name))
+        if not isinstance(getattr(fused, name), KernelLaunchingNothing):
+            setattr(fused, name, KernelLaunchingNothing(name))
 
 
 # the Triton kernels ApplyMLARotaryEmbQ / ApplyMLARotaryEmbKV launch, forward and backward
@@ -147,7 +147,7 @@ MLA_ROPE_KERNELS = ("rotary_fwd_q_kernel", "rotary_bwd_q_kernel", "rotary_fwd_kv
                     "rotary_bwd_kv_kernel")  # fmt: skip
 
 
-class _KernelLaunchingNothing:
+class KernelLaunchingNothing:
     """A Triton kernel on meta tensors: `kernel[grid](*args)` returns, having written nothing."""
 
     def __init__(self, name: str) -> None:

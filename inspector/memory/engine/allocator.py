@@ -76,6 +76,7 @@ class Tracker(TorchDispatchMode):
     starts: list[int] = field(default_factory=list)  # autograd sequence number each label starts
     labels: list[str] = field(default_factory=list)
     watched: set[int] = field(default_factory=set)  # storages a finalizer will free
+    made_by: dict[int, int] = field(default_factory=dict)  # a free's event -> its allocation's
 
     def __post_init__(self) -> None:
         super().__init__()
@@ -136,12 +137,14 @@ class Tracker(TorchDispatchMode):
                 self.watched.add(key)
                 weakref.finalize(storage, self._free, key)
         if old:
+            self.made_by[len(self.events)] = made
             self._record(-old, self.events[made].where)
 
     def _free(self, key: int) -> None:
         self.watched.discard(key)
         size, made = self.live.pop(key, (0, 0))
         if size:
+            self.made_by[len(self.events)] = made
             self._record(-size, self.events[made].where)
 
     def _record(self, size: int, origin: str = "") -> None:

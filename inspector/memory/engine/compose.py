@@ -98,7 +98,8 @@ def compose(
     backward_b = _events(steps_b, events_f[-1].allocated if events_f else 0)
     persistent = _persistent(trace.persistent, layers, group, order)
     host = _persistent(trace.host, layers, group, order)  # each layer's host buffers, as its own
-    return Trace(events_f, backward_b, persistent, trace.deferred, host)
+    stash = _persistent(trace.stash, layers, group, order)  # each layer's stash counts, as its own
+    return Trace(events_f, backward_b, persistent, trace.deferred, host, stash)
 
 
 def _persistent(

@@ -37,6 +37,7 @@ from inspector.memory.engine.allocator import Event, Tracker
 from inspector.memory.engine.cuda import cuda_on_meta
 from inspector.memory.engine.deferral import drain_deferred
 from inspector.memory.engine.offload import offloaded
+from inspector.memory.engine.paged_stash import stashed
 from inspector.world.te.state import placeholders_named
 
 
@@ -53,6 +54,9 @@ class Trace:
     # --fine-grained-activation-offloading: the pinned host buffers its forward made (where,
     # bytes), held until its backward reloads them (offload.py)
     host: tuple[tuple[str, int], ...] = ()
+    # --moe-paged-stash: the tokens megatron's profiling pass counted, per layer and kind
+    # (paged_stash.py; the trace itself is the steady pass, the marked tensors in pages)
+    stash: tuple[tuple[str, int], ...] = ()
 
     @property
     def held(self) -> int:
@@ -67,23 +71,42 @@ def run_microbatch(job: Job, ddp: Any, gpt: Any, num_microbatches: int) -> Trace
     with cuda_on_meta(), _failures(tracker, where), where, _global_buffer_named(tracker), \
             placeholders_named(functools.partial(_named, tracker)):
         with tracker, _routing(job), _graphed_steps_named(job, tracker, where), \
-                offloaded(gpt.config, lambda: tracker.where) as host:
-            start = tracker.mark()
-            state = _forward(job, ddp, gpt, num_microbatches, tracker)
-            middle = tracker.mark()
-            _backward(gpt, state, tracker)
-            del state
-            deferred = drain_deferred(gpt, tracker)
+                stashed(gpt, job.training.ep_overlap, lambda: tracker.where) as stash:
+            if stash is not None:  # megatron's profiling first iteration, then its buffers
+                with offloaded(gpt.config, lambda: tracker.where):  # its own offload manager
+                    _backward(gpt, _forward(job, ddp, gpt, num_microbatches, tracker), tracker)
+                    drain_deferred(gpt, tracker)
+                stash.captured()
+            with offloaded(gpt.config, lambda: tracker.where) as host:
+                start = tracker.mark()
+                state = _forward(job, ddp, gpt, num_microbatches, tracker)
+                if stash is not None:
+                    stash.forward_done()
+                middle = tracker.mark()
+                if stash is not None:
+                    stash.backward_start()
+                _backward(gpt, state, tracker)
+                del state
+                deferred = drain_deferred(gpt, tracker)
     persistent = _persistent(tracker)
-    events = tracker.events[start:]
-    steady = _steady(events, persistent)
-    split = middle - start - sum(1 for index in persistent if index < middle - start)
+    events = tracker.events
+    # with the stash's profiling pass first: what it made and the steady pass replaced (a
+    # dispatcher's last routing metadata) is freed by the steady pass, as on every micro-batch
+    # after the first: left out, as the persistent buffers are
+    stale = {i: 0 for i, made in tracker.made_by.items() if i >= start > made} if stash else {}
+    left_out = {**persistent, **stale}
+    steady = _steady(events, left_out)
+    before = start - sum(1 for index in left_out if index < start)  # the profiling pass's
+    split = middle - sum(1 for index in left_out if index < middle) - before
+    base = steady[before - 1].allocated if before else 0  # what the profiling pass left
+    steady = [Event(e.bytes, e.allocated - base, e.where, e.origin) for e in steady[before:]]
     return Trace(
         forward=tuple(steady[:split]),
         backward=tuple(steady[split:]),
         persistent=tuple((events[i].where, size) for i, size in sorted(persistent.items())),
         deferred=(deferred, gpt.config.wgrad_deferral_limit),
         host=tuple(host.made),
+        stash=tuple(stash.counts) if stash is not None else (),
     )
 
 

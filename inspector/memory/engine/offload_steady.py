@@ -158,14 +158,24 @@ def host_demand(traces: Sequence[Trace], stage: int, pp: int, num_microbatches: 
     most its micro-batches in flight offload at once over the iteration. megatron's pool keeps
     its buffers for the iterations after (`GPUTensorPool.reset` marks them free), as torch's
     pinned allocator caches Transformer Engine's (`CachingHostAllocator`)."""
-    from inspector.job.dims import schedule_passes
-
     if not any(trace.host for trace in traces):
         return 0, 0
     sizes = [(sum(size for _, size in t.host), sum(pinned(size) for _, size in t.host)) for t in traces]
-    live, top = [0, 0], [0, 0]
-    for forward, chunk in schedule_passes(stage, pp, num_microbatches, len(traces), group_size, extra):
-        for k in (0, 1):  # made in its forward, given back (to the pool) after its backward
+    top = most_in_flight(sizes, stage, pp, num_microbatches, group_size, extra)
+    return top[0], top[1]
+
+
+def most_in_flight(sizes: Sequence[Sequence[int]], stage: int, pp: int, num_microbatches: int,
+                   group_size: int | None = None, extra: int = 0) -> list[int]:  # fmt: skip
+    """Return, for each of the numbers a chunk's micro-batch holds from its forward to the end
+    of its backward (`sizes[chunk]`), the most the rank's micro-batches in flight hold at once
+    over the iteration's passes (job/dims.py `schedule_passes`)."""
+    from inspector.job.dims import schedule_passes
+
+    width = len(sizes[0]) if sizes else 0
+    live, top = [0] * width, [0] * width
+    for forward, chunk in schedule_passes(stage, pp, num_microbatches, len(sizes), group_size, extra):
+        for k in range(width):  # made in its forward, given back after its backward
             live[k] += sizes[chunk][k] if forward else -sizes[chunk][k]
             top[k] = max(top[k], live[k])
-    return top[0], top[1]
+    return top

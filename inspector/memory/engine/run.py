@@ -12,7 +12,7 @@ from inspector.job.job import Job
 from inspector.memory.engine.microbatch import GLOBAL_BUFFER, Trace
 from inspector.memory.engine.offload_steady import host_demand
 from inspector.memory.engine.optimizer import StepRun, stage_step
-from inspector.memory.engine.schedule import Peak, iteration_peak, top_event
+from inspector.memory.engine.schedule import Peak, iteration_peak, replay_passes, top_event
 from inspector.memory.engine.stage import Cache, ChunkShape, trace_chunks
 from inspector.memory.engine.timeline import Replay
 from inspector.world.te.state import DUMMY_WGRAD
@@ -125,6 +125,7 @@ def run_memory(
 
         shapes = chunk_shapes(build(job, View((stage,)), expert_ranks=(0,)).stages[0])
     traces = trace_chunks(job, stage, shapes, cache, whole)
+    stash, stash_host = rank_stash(job, stage, traces)  # --moe-paged-stash: the rank's buffers
     if job.training.megatron_fsdp:  # its gradient buckets, allocated as the backward goes
         from inspector.memory.engine.fsdp_grads import fsdp_traces
 
@@ -169,8 +170,26 @@ def run_memory(
     replay = Replay(traces, stage, job.layout.pp, schedule.num_microbatches, phases, extra, group)
     outside = outside_allocator(job, shapes)
     host = host_demand(traces, stage, job.layout.pp, schedule.num_microbatches, group, extra)
-    return RunMemory(_persistent(traces) + kept, workspaces, peak, step.state, replay, outside,
-                     allocated, step.held, host)
+    host = (host[0] + stash_host[0], host[1] + stash_host[1])
+    return RunMemory(_persistent(traces) + kept + stash, workspaces, peak, step.state, replay,
+                     outside, allocated, step.held, host)
+
+
+def rank_stash(job: Job, stage: int, traces: Sequence[Trace]
+               ) -> tuple[tuple[tuple[str, int], ...], tuple[int, int]]:  # fmt: skip
+    """Return the MoE paged stash's buffers a rank allocates after its profiling iteration: the
+    most tokens its micro-batches in flight save at once (megatron counts across micro-batches
+    and chunks), by kind, given to megatron's `allocate_stash_buffers` (engine/paged_stash.py)."""
+    if not any(trace.stash for trace in traces):
+        return (), (0, 0)
+    from inspector.memory.engine.paged_stash import layer_counts, most_counted, stash_buffers
+
+    passes = replay_passes(traces, stage, job.layout.pp, job.schedule().num_microbatches,
+                           job.training.microbatch_group_size, extra_warmup(job.training))  # fmt: skip
+    top = most_counted(passes, [layer_counts(trace.stash) for trace in traces])
+    t = job.training
+    sizes = (t.moe_paged_stash_page_size, t.moe_paged_stash_factor_cuda, t.moe_paged_stash_factor_cpu)
+    return stash_buffers(sizes, top)
 
 
 def first_iteration_peak(passes: Peak, step: StepRun) -> Peak:

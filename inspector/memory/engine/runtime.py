@@ -73,6 +73,11 @@ def runtime_config(job: Job) -> dict[str, Any]:
             fields["moe_mlp_glu_interleave_size"] = training.moe_glu_interleave  # 0.18+
         if training.moe_expert_rank_capacity_factor is not None:  # HybridEP's static budget
             fields["moe_expert_rank_capacity_factor"] = training.moe_expert_rank_capacity_factor
+        if training.moe_paged_stash:  # megatron-core 0.18+ (engine/paged_stash.py)
+            fields.update(moe_paged_stash=True,
+                          moe_paged_stash_page_size=training.moe_paged_stash_page_size,
+                          moe_paged_stash_buffer_size_factor_cuda=training.moe_paged_stash_factor_cuda,
+                          moe_paged_stash_buffer_size_factor_cpu=training.moe_paged_stash_factor_cpu)
     if training.recompute != "none":
         fields["recompute_granularity"] = training.recompute
         fields["recompute_modules"] = list(training.recompute_modules)

@@ -75,10 +75,18 @@ def _weights(op: Any) -> list[quantize.Quantized | None]:
     return out
 
 
-def _mark(*tensors: torch.Tensor) -> None:
-    """TE utils.py `mark_grouped_tensor`: megatron's paged stash pages what carries the mark."""
+def _mark(*tensors: torch.Tensor | quantize.Quantized) -> None:
+    """TE utils.py `mark_grouped_tensor` (v2.14, 173-193): megatron's paged stash pages what
+    carries the mark; a grouped MXFP8 tensor's column-wise data is marked False and its
+    column-wise scales True (a 32nd of the rows: paged_stash.py `SCALE_INV_BLOCK_SIZE`), a plain
+    tensor False."""
     for tensor in tensors:
-        tensor.grouped_tensor_scale_inv = True  # type: ignore[attr-defined]
+        if isinstance(tensor, quantize.Quantized):
+            data, scales = tensor.columnwise
+            data.grouped_tensor_scale_inv = False  # type: ignore[attr-defined]
+            scales.grouped_tensor_scale_inv = True  # type: ignore[attr-defined]
+        else:
+            tensor.grouped_tensor_scale_inv = False  # type: ignore[attr-defined]
 
 
 def forward(ops: list[Any], x: torch.Tensor, extras: list[Any]) -> tuple[torch.Tensor, list[Any], Any]:
@@ -100,7 +108,7 @@ def forward(ops: list[Any], x: torch.Tensor, extras: list[Any]) -> tuple[torch.T
     ones = torch.empty(n, dtype=torch.float32, device=device)  # fwd 433
     out = torch.empty(n, fc2.out_features, dtype=dtype, device=device)
     del ones
-    _mark(*fc1_x.columnwise, swiglu_in, scales, *fc2_x.columnwise)
+    _mark(fc1_x, swiglu_in, scales, fc2_x)
     kept = [t for q in (*w1, *w2) if q is not None for t in q.tensors()]
     to_save = [sizes, points, *fc1_x.columnwise, fc1_offsets, swiglu_in, scales,
                *fc2_x.columnwise, fc2_offsets, *kept]  # fmt: skip
