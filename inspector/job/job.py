@@ -20,6 +20,7 @@ from inspector.job.checks import (
     check_deterministic,
     check_op_fuser,
     check_rank_capacity,
+    check_sequence_split,
 )
 from inspector.job.cuda_graphs import check_cuda_graphs, parse_scope, preprocess_syncs
 from inspector.job.dims import ModelDims, num_microbatches
@@ -216,6 +217,8 @@ class Job:
                 f"{training.scores_cause} turns off: megatron runs context parallelism only "
                 "through Transformer Engine's flash/fused attention"
             )
+        if self.layout.sequence_parallel:
+            check_sequence_split(model.seq_length, self.layout.tp, self.layout.cp)
         return ModelDims.from_fields(
             model.transformer_fields(),
             seq_length=model.seq_length,
