@@ -62,6 +62,10 @@ HF_CASES = {
     "missing-layers": ({"num_hidden_layers": ...}, '"num_hidden_layers" is missing'),
     "null-hidden": ({"hidden_size": None}, '"hidden_size" is missing'),
     "missing-ffn": ({"intermediate_size": ...}, "--ffn-hidden-size"),
+    # issue #46 sweep: the default model's sequence (1024) was taken, and the note said "(None)"
+    "missing-positions": ({"max_position_embeddings": ...}, '"max_position_embeddings" is missing '
+                          "(or null); every Llama config.json gives it (Megatron-LM's --seq-length)"),
+    "null-positions": ({"max_position_embeddings": None}, '"max_position_embeddings" is missing'),
     "dense-past-layers": ({"first_k_dense_replace": 40}, '"first_k_dense_replace" 40 is more than '
                           '"num_hidden_layers" 32'),
 }
