@@ -376,6 +376,12 @@ def test_global_batch_is_required() -> None:
     assert "--global-batch-size is required" in result.err
 
 
+def test_a_global_batch_of_zero_is_refused_as_a_size() -> None:
+    # issue #46 sweep: 0 was told it was missing ("--global-batch-size is required")
+    result = run_cli("plan", "--gpus", "2", "--global-batch-size", "0")
+    assert (result.code, result.err) == (2, "Error: --global-batch-size must be at least 1, got 0\n")
+
+
 @pytest.mark.slow
 def test_text_output_has_table_flags_and_timeline() -> None:
     result = run_cli("plan", "--gpus", "4", "--global-batch-size", "8", "--num-layers", "4",
