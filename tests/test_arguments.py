@@ -393,6 +393,10 @@ def test_their_default_values_change_nothing(cli, tmp_path):
                                 "the CPU is not modelled"),
     ("--batch-size", "Error: --batch-size is refused by Megatron-LM: validate_args: '--batch-size "
                      "argument is no longer valid, use --micro-batch-size instead'"),
+    # issue #46 sweep: an ignored one still said "no such option: --manual-gc"
+    ("--manual-gc", "Error: --manual-gc is a Megatron-LM argument that changes nothing this tool "
+                    "reports: communication scheduling (buffers not counted); drop it here (a "
+                    "launch script or config file may keep it)"),
 ])  # fmt: skip
 def test_a_refused_flag_typed_on_the_command_line_says_why(cli, flag, error):
     # it said "no such option", as for a flag Megatron-LM does not have

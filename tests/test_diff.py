@@ -92,6 +92,14 @@ def test_dp_change_moves_ownership_only(cli, tmp_path, monkeypatch):
     assert d["topology"] is not None and d["moves"] == []
 
 
+def test_one_rank_is_one_rank(cli, tmp_path):
+    # issue #46 sweep: "pipe 1 x data 1 x model 1 = 1 ranks"
+    for name, extra in (("one", ()), ("two", ("--tp", "2"))):
+        assert cli("params", "--num-layers", "2", *extra, "-o", str(tmp_path / f"{name}.csv")).code == 0
+    result = cli("diff", str(tmp_path / "one.csv"), str(tmp_path / "two.csv"))
+    assert "topology: pipe 1 x data 1 x model 1 = 1 rank -> pipe 1 x data 1 x model 2 = 2 ranks\n" in result.out
+
+
 def test_json_and_text_inputs_diff_the_same(cli, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for side, extra in zip(("old", "new"), PAIRS["pp2_to_pp4"]):

@@ -62,6 +62,10 @@ HF_CASES = {
     "missing-layers": ({"num_hidden_layers": ...}, '"num_hidden_layers" is missing'),
     "null-hidden": ({"hidden_size": None}, '"hidden_size" is missing'),
     "missing-ffn": ({"intermediate_size": ...}, "--ffn-hidden-size"),
+    # issue #46 sweep: the default model's sequence (1024) was taken, and the note said "(None)"
+    "missing-positions": ({"max_position_embeddings": ...}, '"max_position_embeddings" is missing '
+                          "(or null); every Llama config.json gives it (Megatron-LM's --seq-length)"),
+    "null-positions": ({"max_position_embeddings": None}, '"max_position_embeddings" is missing'),
     "dense-past-layers": ({"first_k_dense_replace": 40}, '"first_k_dense_replace" 40 is more than '
                           '"num_hidden_layers" 32'),
 }
@@ -379,6 +383,36 @@ def test_a_megatron_refusal_that_names_no_field_names_the_flags_behind_it(messag
     with pytest.raises(ConfigError) as caught, _megatron_errors(0):
         raise AssertionError(message)
     assert f"(the flags it names: {flags}; --debug shows its traceback)" in str(caught.value)
+
+
+def test_a_refusal_names_the_flags_as_megatron_lm_spells_them() -> None:
+    # gpt-oss's preset with Megatron-LM's default bias-dropout fusion: TEGroupedMLP refuses its
+    # biases; the refusal named --bias-dropout-fusion, which no parser takes (Megatron-LM's flag
+    # is --no-bias-dropout-fusion), and the fields no Megatron-LM argument sets named flags too
+    from inspector.world.config import flags_named
+
+    reason = "bias_dropout_fusion is not supported in TEGroupedMLP when add_bias_linear=True"
+    assert flags_named(reason) == ["--no-bias-dropout-fusion", "--disable-bias-linear"]
+    assert flags_named("apply_rope_fusion with init_method and layernorm_epsilon") == [
+        "--no-rope-fusion", "--norm-epsilon"]
+
+
+def test_every_flag_a_refusal_names_is_an_argument(tmp_path: Path) -> None:
+    import dataclasses
+
+    from megatron.core.transformer.transformer_config import MLATransformerConfig
+
+    from inspector.inputs.arguments import BY_NAME
+    from inspector.inputs.unmodelled import REFUSED
+    from inspector.world.config import flags_named
+
+    facts = (ROOT / "fixtures" / "megatron_lm_arguments.txt").read_text().split()
+    known = {word[1:] if word.startswith(("+--", "---")) else word  # a release's +NAME, -NAME
+             for word in facts if word.startswith(("--", "+--", "---"))}  # fmt: skip
+    known |= {spec.flag for spec in BY_NAME.values()} | set(REFUSED)  # the tool's own spellings
+    named = {flag for field in dataclasses.fields(MLATransformerConfig)
+             for flag in flags_named(field.name)}  # fmt: skip
+    assert named and sorted(named - known) == []
 
 
 def test_a_refusal_without_field_names_reaches_the_command_line_with_its_flags(tmp_path: Path) -> None:

@@ -376,6 +376,12 @@ def test_global_batch_is_required() -> None:
     assert "--global-batch-size is required" in result.err
 
 
+def test_a_global_batch_of_zero_is_refused_as_a_size() -> None:
+    # issue #46 sweep: 0 was told it was missing ("--global-batch-size is required")
+    result = run_cli("plan", "--gpus", "2", "--global-batch-size", "0")
+    assert (result.code, result.err) == (2, "Error: --global-batch-size must be at least 1, got 0\n")
+
+
 @pytest.mark.slow
 def test_text_output_has_table_flags_and_timeline() -> None:
     result = run_cli("plan", "--gpus", "4", "--global-batch-size", "8", "--num-layers", "4",
@@ -490,10 +496,38 @@ def _block_request(memory_gib: float | None = None, **flags):
     from inspector.inputs.resolve import Sources, merge_sources
     from inspector.plan.request import PlanFlags, make_request
 
-    flags = dict(num_layers=8, seq_length=4096, max_position_embeddings=4096, bf16=True,
-                 global_batch_size=8, transformer_impl="transformer_engine", **flags)
-    args = merge_sources(Sources(flags=flags), ("model", "layout", "training")).args
+    flags = {**dict(num_layers=8, seq_length=4096, max_position_embeddings=4096, bf16=True,
+                    global_batch_size=8, transformer_impl="transformer_engine"), **flags}
+    args = merge_sources(Sources(flags=flags, searched=True), ("model", "layout", "training")).args
     return make_request(args, PlanFlags(4, gpu_memory=memory_gib))
+
+
+@pytest.mark.parametrize("pinned", [False, True])
+def test_sequence_parallelism_only_where_tp_splits_the_tokens(pinned):
+    # issue #46 sweep: a sequence tp does not divide (1026 at tp 4) under --sequence-parallel is
+    # refused by the job (megatron's first forward asserts); the search stopped on it. Unpinned,
+    # such a layout runs without sequence parallelism; pinned on, it is not a candidate.
+    from inspector.plan.layouts import layouts
+
+    extra = dict(sequence_parallel=True) if pinned else {}
+    req = _block_request(seq_length=1026, max_position_embeddings=1026, **extra)
+    got = {(lay.tp, lay.sequence_parallel) for lay in layouts(req)}
+    assert (2, True) in got and (4, True) not in got
+    assert ((4, False) in got) is not pinned
+
+
+def test_sequence_parallel_without_tp_is_kept_on_for_the_searched_tp():
+    # issue #46 sweep: `plan --sequence-parallel` (tp searched) was read as tp 1, so Megatron-LM's
+    # "Disabling sequence parallelism" pinned it off in every layout (tp 2 priced without it)
+    from inspector.inputs.resolve import Sources, merge_sources
+
+    assert _block_request(sequence_parallel=True).fixed["sp"] is True
+    flags = dict(num_layers=8, sequence_parallel=True)
+    memory = merge_sources(Sources(flags=flags), ("model", "layout", "training"))
+    assert memory.args["sequence_parallel"] is False and "turned off because --tp is 1" in memory.notes[-1]
+    pinned = merge_sources(Sources(flags={**flags, "tensor_model_parallel_size": 1}, searched=True),
+                           ("model", "layout", "training"))  # fmt: skip
+    assert pinned.args["sequence_parallel"] is False
 
 
 def _priced(req, lay, split, recompute: str, method: str = "uniform", n: int = 1):

@@ -77,6 +77,23 @@ def test_seq_length_not_split_by_context_parallelism_is_refused(cli, command):
     )
 
 
+@pytest.mark.parametrize("cp, message", [
+    ("1", "--seq-length 1026 is not divisible by --tp 4 (1026 % 4 = 2)"),
+    ("3", "--seq-length 1026 / --context-parallel-size 3 = 342 is not divisible by --tp 4 "
+          "(342 % 4 = 2)"),
+])  # fmt: skip
+def test_seq_length_not_split_by_sequence_parallelism_is_refused_naming_the_flags(cli, cp, message):
+    # issue #46 sweep: megatron's first forward scatters each sequence's tokens over the tp ranks
+    # (mappings.py _split_along_first_dim asserts); it reached the user as megatron's assert,
+    # naming no flag, after the engine had run
+    result = cli("memory", *SMALL[:8], *CP, "--micro-batch-size", "1", "--num-attention-heads",
+                 "12", "--hidden-size", "96", "--tp", "4", "--sequence-parallel",
+                 "--context-parallel-size", cp, "--seq-length", "1026")  # fmt: skip
+    assert result.code == 2 and result.out == ""
+    assert result.err == (f"Error: {message}: --sequence-parallel splits each sequence's tokens "
+                          "over the tensor-parallel ranks\n")  # fmt: skip
+
+
 def test_simulated_cuda_moves_a_pinned_index_to_meta_and_restores_torch():
     import torch
 

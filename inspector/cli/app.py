@@ -167,10 +167,11 @@ def _source_options() -> list[inspect.Parameter]:
 
 
 def model_options(
-    *groups: str, accepted: tuple[str, ...] = ()
+    *groups: str, accepted: tuple[str, ...] = (), searched: bool = False
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Give a command the model-selection options and the argument `groups` it reads
-    (`accepted`: refused values it models itself, resolve.merge_sources).
+    (`accepted`: refused values it models itself, resolve.merge_sources; `searched`: it searches
+    the parallel sizes left unset, resolve.Sources).
 
     The command receives them merged (resolve.py) as `args`; what the user should know about
     the merge (e.g. what a launch script set that is not modelled) goes to stderr first. A
@@ -198,7 +199,8 @@ def model_options(
             named = {k: kwargs.pop(k) for k in sources}
             settings = tuple(kwargs.pop("settings") or ())
             use_cache = not kwargs.pop("no_cache")
-            resolved = merge_sources(Sources(flags=flags, settings=settings, **named), wanted, accepted)
+            resolved = merge_sources(Sources(flags=flags, settings=settings, searched=searched, **named),
+                                     wanted, accepted)  # fmt: skip
             for note in resolved.notes:
                 write_stderr(f"{note}\n")
             if "label" in inspect.signature(func).parameters:  # the model's name for the job line

@@ -57,10 +57,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _refused(flag: str) -> str | None:
-    """Return why a Megatron-LM flag this tool refuses in a launch script is refused here too
-    (inputs/unmodelled.py), or None for a flag it does not know."""
+    """Return why a Megatron-LM flag this tool refuses or ignores in a launch script is not taken
+    here (inputs/unmodelled.py, inputs/ignored.py), or None for a flag it does not know."""
+    from inspector.inputs.ignored import IGNORED
     from inspector.inputs.refusals import refused_argument
 
+    if flag in IGNORED:  # a script's "Ignored from" line; the command line takes modelled flags only
+        return (f"{flag} is a Megatron-LM argument that changes nothing this tool reports: "
+                f"{IGNORED[flag]}; drop it here (a launch script or config file may keep it)")
     refusal = refused_argument(flag, None, "")
     return None if refusal is None else f"{refusal.argument} is {refusal.verb}: {refusal.reason}"
 

@@ -59,7 +59,7 @@ def models() -> None:
 
 
 @app.command(cls=PanelCommand)
-@model_options("model", "layout", "training")
+@model_options("model", "layout", "training", searched=True)
 def plan(
     args: dict[str, Any],
     use_cache: bool,

@@ -118,8 +118,10 @@ MAPPED: dict[str, tuple[str, type]] = {
 # Keys every config.json of these families holds; one missing would leave the model to a default
 # of somebody else's, so it is an error naming the key (transformers' LlamaConfig would take its
 # own 7B's 32 layers silently).
+# max_position_embeddings is the sequence length, as Megatron-Bridge maps it (without it the
+# default model's 1024 was taken).
 REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size",
-            "intermediate_size")  # fmt: skip
+            "intermediate_size", "max_position_embeddings")  # fmt: skip
 # Keys read by a rule of their own (below), not by MAPPED.
 RULED = (
     "architectures model_type num_key_value_heads max_position_embeddings tie_word_embeddings "
@@ -159,7 +161,7 @@ def read_hf_mapping(data: dict[str, Any], path: str) -> ScriptArgs:
     family = _family(data, path)
     missing = [key for key in REQUIRED if data.get(key) is None]
     if missing:
-        flag = "--" + MAPPED[missing[0]][0].replace("_", "-")
+        flag = "--" + MAPPED.get(missing[0], ("seq_length",))[0].replace("_", "-")
         raise InputError(f'{path}: "{missing[0]}" is missing (or null); every {family.name} '
                          f"config.json gives it (Megatron-LM's {flag})")  # fmt: skip
     args: dict[str, Any] = dict(family.fixed)
@@ -212,8 +214,7 @@ def _attention(data: dict[str, Any], args: dict[str, Any], path: str) -> list[Re
     if groups is not None and groups != heads and not args.get("multi_latent_attention"):
         args.update(group_query_attention=True, num_query_groups=groups)
     positions = value_of(data, "max_position_embeddings", int, path)
-    if positions is not None:
-        args["seq_length"] = args["max_position_embeddings"] = positions
+    args["seq_length"] = args["max_position_embeddings"] = positions
     tied = value_of(data, "tie_word_embeddings", bool, path, True)
     if "untie_embeddings_and_output_weights" not in args:
         args["untie_embeddings_and_output_weights"] = not tied

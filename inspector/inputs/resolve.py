@@ -36,6 +36,7 @@ class Sources:
     apex: bool | None = None
     settings: tuple[str, ...] = ()  # --set NAME=VALUE: what the launch script's environment holds
     hf_config: str | None = None  # a Hugging Face config.json (after the preset, before --config)
+    searched: bool = False  # the command searches the parallel sizes left unset (`plan`)
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,8 @@ def merge_sources(sources: Sources, groups: tuple[str, ...], accepted: tuple[str
         notes.append(f"Note from {sources.script}: the world size is not known ({world[1]}); --dp says it")
     if pending:
         raise ConfigError(pending[0])
-    if merged.get("sequence_parallel") and int(merged.get("tensor_model_parallel_size") or 1) == 1:
+    tp = merged.get("tensor_model_parallel_size")
+    if merged.get("sequence_parallel") and int(tp or 1) == 1 and not (sources.searched and tp is None):
         # Megatron-LM validate_args: "Disabling sequence parallelism because tensor model
         # parallelism is disabled".
         merged["sequence_parallel"] = False

@@ -92,6 +92,20 @@ def check_cp_chunks(seq: int, cp: int) -> None:
         )
 
 
+def check_sequence_split(seq: int, tp: int, cp: int) -> None:
+    """Raise ConfigError unless each context-parallel rank's tokens split over the tensor-parallel
+    ranks, as sequence parallelism's first forward needs (megatron-core tensor_parallel/mappings.py
+    _split_along_first_dim: "First dimension of the tensor should be divisible by tensor parallel
+    size"; a build passes)."""
+    if (seq // cp) % tp:
+        local = f"--seq-length {seq} / --context-parallel-size {cp} = {seq // cp}" if cp > 1 else (
+            f"--seq-length {seq}")
+        raise ConfigError(
+            f"{local} is not divisible by --tp {tp} ({seq // cp} % {tp} = {(seq // cp) % tp}): "
+            "--sequence-parallel splits each sequence's tokens over the tensor-parallel ranks"
+        )
+
+
 def check_expert_groups(ep: int, etp: int, tp: int, cp: int, dp: int, pp: int = 1) -> None:
     """Megatron carves expert groups (ep x etp ranks) out of the tp x cp x dp dense ranks of each
     pipeline stage (parallel_state.initialize_model_parallel, 0.16-0.19: "world_size (W) is not

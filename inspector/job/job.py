@@ -21,6 +21,7 @@ from inspector.job.checks import (
     check_op_fuser,
     check_paged_stash,
     check_rank_capacity,
+    check_sequence_split,
 )
 from inspector.job.cuda_graphs import check_cuda_graphs, parse_scope, preprocess_syncs
 from inspector.job.dims import ModelDims, num_microbatches
@@ -224,6 +225,8 @@ class Job:
                 f"{training.scores_cause} turns off: megatron runs context parallelism only "
                 "through Transformer Engine's flash/fused attention"
             )
+        if self.layout.sequence_parallel:
+            check_sequence_split(model.seq_length, self.layout.tp, self.layout.cp)
         return ModelDims.from_fields(
             model.transformer_fields(),
             seq_length=model.seq_length,

@@ -11,6 +11,8 @@ from typing import Any
 
 from inspector.errors import ConfigError
 from inspector.inputs.arguments import BY_NAME
+from inspector.inputs.ignored import IGNORED
+from inspector.inputs.unmodelled import MEGATRON_LM_REFUSES, REFUSED, RENAMED
 from inspector.job import fp4, fp8
 from inspector.job.checks import MAX_SIZE, check_at_least_one, check_heads, check_query_groups
 from inspector.job.dsa import infer_from_pattern, validate_dsa
@@ -339,3 +341,13 @@ def refuse_latent_moe(config: ModelConfig, command: str) -> None:
             f"{command} does not price --moe-latent-size yet (its latent projections and the "
             "dispatcher's smaller volume); tree, params, diff and memory build and run it"
         )
+
+
+def megatron_lm_spelling(flag: str) -> str | None:
+    """Return FLAG as a Megatron-LM argument: itself, its `--no-` form (a TransformerConfig
+    switch on by default, `--bias-dropout-fusion` -> `--no-bias-dropout-fusion`), or None."""
+    tables = (IGNORED, REFUSED, RENAMED, MEGATRON_LM_REFUSES)
+    for spelling in (flag, "--no-" + flag.removeprefix("--")):
+        if BY_NAME.get(spelling[2:].replace("-", "_")) or any(spelling in t for t in tables):
+            return spelling
+    return None

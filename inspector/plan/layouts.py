@@ -93,6 +93,10 @@ def layouts(req: Request) -> Iterator[Layout]:
                 for ep, etp in _expert_choices(req, tp, cp, dp):
                     # --sequence-parallel as given (Megatron-LM turns it off at tp 1), else on
                     sp = tp > 1 and req.fixed.get("sp", sp_ok)
+                    if sp and (m.seq_length // cp) % tp:  # job.checks.check_sequence_split
+                        if "sp" in req.fixed:
+                            continue
+                        sp = False  # megatron's first forward cannot split these tokens over tp
                     if m.num_experts is not None and tp > 1 and not sp:
                         continue
                     yield Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, sequence_parallel=sp)

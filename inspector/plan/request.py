@@ -9,7 +9,7 @@ from typing import Any
 
 from inspector.errors import ConfigError
 from inspector.job.build_limits import expert_cap
-from inspector.job.checks import check_built_layers
+from inspector.job.checks import check_at_least_one, check_built_layers
 from inspector.job.flex import check_flex_group, flex_backend
 from inspector.job.hardware import (
     DEFAULT_EFFICIENCY,
@@ -128,7 +128,8 @@ def make_request(args: dict[str, Any], flags: PlanFlags) -> Request:
     """Check the plan flags and return the search request (`args`: Megatron-LM's arguments)."""
     _check_counts(flags, args)
     batch = args.get("global_batch_size")
-    if not batch:
+    check_at_least_one("--global-batch-size", batch)  # 0 is a size, not a missing one
+    if batch is None:
         raise ConfigError("--global-batch-size is required: the plan splits it over data parallel")
     gpu = _plan_gpu(flags)
     fixed = {short: args[name] for name, short in FIXED.items() if args.get(name) is not None}

@@ -240,7 +240,7 @@ def _describe_topology(line: str | None) -> str:
                 return "unreadable"
             axes[key] = max(axes.get(key, 0), int(value) + 1)
     sizes = " x ".join(f"{key} {size}" for key, size in axes.items())
-    return f"{sizes} = {len(entries)} ranks"
+    return f"{sizes} = {len(entries)} rank{'' if len(entries) == 1 else 's'}"
 
 
 def diff_files(old_path: str, new_path: str) -> TableDiff:

@@ -7,13 +7,19 @@ from typing import Any
 from inspector.errors import ConfigError
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
+from inspector.job.model_args import megatron_lm_spelling
 from inspector.world.setup import megatron, parallel_sizes
 
 # TransformerConfig fields set from a Megatron-LM flag of another name (Megatron-LM
 # core_transformer_config_from_args; ModelConfig.transformer_fields); the others share the name.
 _FIELD_FLAGS = {"num_moe_experts": "--num-experts", "gated_linear_unit": "--swiglu",
                 "add_bias_linear": "--disable-bias-linear", "fp8": "--fp8-format",
-                "layernorm_zero_centered_gamma": "--apply-layernorm-1p"}  # fmt: skip
+                "layernorm_zero_centered_gamma": "--apply-layernorm-1p",
+                "layernorm_epsilon": "--norm-epsilon", "apply_rope_fusion": "--no-rope-fusion",
+                "virtual_pipeline_model_parallel_size": "--num-virtual-stages-per-pipeline-rank",
+                "num_layers_in_first_pipeline_stage": "--decoder-first-pipeline-num-layers",
+                "num_layers_in_last_pipeline_stage": "--decoder-last-pipeline-num-layers",
+                "fp8_param": "--fp8-param-gather", "fp4_param": "--fp4-param-gather"}  # fmt: skip
 
 # megatron-core refusals that name no field (megatron-core 0.16.1: transformer_config.py
 # __post_init__, model_parallel_config.py, moe/experts.py, moe/router.py, moe/token_dispatcher.py,
@@ -75,7 +81,9 @@ def flags_named(reason: str) -> list[str]:
     fields = {field.name for field in dataclasses.fields(MLATransformerConfig)}
     words = re.findall(r"[A-Za-z_][A-Za-z0-9_]*", reason)
     named = [w for w in words if w in fields and ("_" in w or w in _FIELD_FLAGS)]
-    flags = [_FIELD_FLAGS.get(name, "--" + name.replace("_", "-")) for name in named]
+    spelt = [megatron_lm_spelling(_FIELD_FLAGS.get(name, "--" + name.replace("_", "-")))
+             for name in named]  # a field no Megatron-LM argument sets names no flag
+    flags = [flag for flag in spelt if flag is not None]
     flags += [flag for text, given in _MESSAGE_FLAGS if text in reason for flag in given.split()]
     return list(dict.fromkeys(flags))
 
