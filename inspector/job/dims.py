@@ -75,6 +75,7 @@ class ModelDims:
     grad_accumulation_fusion: bool = True  # off: --no-gradient-accumulation-fusion (wgrad_fused)
     deterministic: bool = False  # --deterministic-mode: its attention backward (determinism.py)
     te_attention: bool = False  # core attention is Transformer Engine's (the TE spec)
+    rope_fusion: bool = True  # RoPE in one fused kernel (TransformerConfig.apply_rope_fusion)
     fp8: str | None = None  # --fp8-format: Transformer Engine's linears multiply in fp8
     fp8_recipe: str = "delayed"  # --fp8-recipe (TransformerConfig's default): how TE scales
     moe_sorts_chunks: bool = False  # the all-to-all dispatcher sorts tokens by local expert
@@ -128,6 +129,7 @@ class ModelDims:
         grad_accumulation_fusion: bool = True,
         deterministic: bool = False,
         te_attention: bool = False,
+        rope_fusion: bool = True,
     ) -> ModelDims:
         """Return the dims of a model given as TransformerConfig fields (`transformer_fields`).
 
@@ -157,6 +159,7 @@ class ModelDims:
             grad_accumulation_fusion=grad_accumulation_fusion,
             deterministic=deterministic,
             te_attention=te_attention,
+            rope_fusion=rope_fusion,
         )
 
     @property
