@@ -54,7 +54,7 @@ def test_unfused_rope_bytes_match_megatrons_dispatch(mla: bool) -> None:
         freqs = torch.empty(s, 1, 1, r, dtype=torch.float32)
         forward, backward = _Kernels(elements // 2), _Kernels(elements // 2)
         with forward:
-            out = _apply_rotary_pos_emb_bshd(t, freqs, False, mla, 1.0)
+            out = _apply_rotary_pos_emb_bshd(t, freqs, False, mla, mscale=1.0)  # 0.19: mla_rotary_interleaved
         with backward:
             out.backward(torch.empty_like(out))
     priced = rotary(elements, 2, fused=False, mla=mla)
