@@ -95,3 +95,27 @@ def test_unfused_mla_prices_the_cats_and_recomputes_them() -> None:
     assert {"MLA query, key cat", "MLA value contiguous", "rotary Q, K (unfused)"} <= again
     assert "MLA query, key cat" not in {op.name for op in fused.forward + fused.backward}
     assert mla_rope(32, 2, (16, 8, 16), 2, True) == rotary(32 * 3 * 8, 2, True)
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_mla_sequence_parallel_gathers_its_latents(recompute: str) -> None:
+    """Attention's gather (and its backward reduce-scatter; under full recomputation the gather
+    again) moves q_lora + kv_lora + r wide rows in three collectives, not the layer input's h:
+    the MLP's gather and reduce-scatter and attention's output reduce-scatter stay h wide."""
+    import inspector.caches as caches
+    from inspector.job.hardware import GPUS
+    from inspector.job.layout import Layout
+    from inspector.plan.cost import _layer_time
+    from inspector.plan.network import Network
+
+    dims = ModelDims(2, 256, 8, 512, 1024, swiglu=True, flash_attention=True, rotary=True,
+                     multi_latent_attention=True, q_lora_rank=96, kv_lora_rank=32,
+                     qk_head_dim=32, qk_pos_emb_head_dim=16, v_head_dim=32)  # fmt: skip
+    lay, net = Layout(tp=2, dp=4, sequence_parallel=True), Network(GPUS["h100"], 8)
+    caches.clear()
+    _, tensor, _, _ = _layer_time(dims, lay, net, 0.0, 1, recompute, 0)
+    alpha, bandwidth = net.link(2)
+    one = lambda width: alpha + 512 * width * 2 * (2 - 1) / 2 / bandwidth  # noqa: E731  # ring of 2
+    passes = 3 if recompute == "full" else 2  # forward, backward (and the recomputed forward)
+    latents = one(96) + one(32) + one(16)
+    assert tensor == pytest.approx(passes * (3 * one(256) + latents))
