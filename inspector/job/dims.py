@@ -167,6 +167,15 @@ class ModelDims:
         """Return whether weight-gradient GEMMs accumulate into main_grad (no DDP hook add)."""
         return self.fused_kernels and self.grad_accumulation_fusion
 
+    def mla_gathered(self, sequence_parallel: bool) -> tuple[int, ...]:
+        """Return the widths multi-latent attention's tensor-parallel input collectives move in
+        place of h: its duplicated down projections run on the sequence-parallel input, and its
+        column-parallel up projections read q's latent (h without one) and kv's latent, with
+        sequence parallelism gathered, with RoPE's shared key part gathered alone
+        (multi_latent_attention.py `get_query_key_value_tensors`)."""
+        widths = (self.q_lora_rank or self.hidden_size, self.kv_lora_rank)
+        return (*widths, self.qk_pos_emb_head_dim) if sequence_parallel else widths
+
     def attention_squares(self) -> int:
         """Return what a sequence's causal attention costs in token pairs (times a half): s^2,
         or packed the sum of its documents' squares (job/packing.py)."""

@@ -13,8 +13,8 @@ Each term and its source (symbols of inspector/job/dims.py; m micro-batches, v v
     reduce-scatter with sequence parallelism, all-reduce pairs without; Korthikanti et al. 2022,
     Section 4.2.2, equal volumes; an MoE layer with expert TP 1 and no shared experts runs
     attention's 2 and 2 only: moe_layer.py) of s b h / c activation elements (multi-latent
-    attention's gather and its reduce-scatter: of its latents, `mla_gathers`), each priced alpha +
-    bytes x (t - 1) / t / bandwidth (ring, Thakur et al. 2005; over NVLink the bus bandwidth
+    attention's gather and reduce-scatter: of its latents, network.py `tensor_seconds`), each
+    priced alpha + bytes x (t - 1) / t / bandwidth (ring, Thakur et al. 2005; over NVLink the bus bandwidth
     NCCL measures, NVLink SHARP's for an all-reduce of 5-8 ranks: plan/network.py); not
     overlapped (Megatron's default);
     full recomputation repeats the forward's 4, `--recompute-modules mlp` (shared_experts) the
@@ -71,7 +71,7 @@ from inspector.plan.kernel_seconds import (
     optimizer_step_seconds,
     output_seconds,
 )
-from inspector.plan.network import Network, collective
+from inspector.plan.network import Network, collective, tensor_seconds
 from inspector.plan.overlap import merged_times
 
 # merged share, delayed weight grads, the SMs' share an exchange holds (overlap.py), passes alone
@@ -291,16 +291,6 @@ def optimizer_seconds(
     return optimizer_step_seconds(updated, replace(step, grad_bytes=grad_bytes), net.gpu)
 
 
-def mla_gathers(dims: ModelDims) -> tuple[int, ...]:
-    """Return the widths multi-latent attention all-gathers with sequence parallelism in place of
-    the layer input's: the down projections run on each rank's rows (TELinear `duplicated`), the
-    column-parallel up projections gather their inputs (q_lora, or h without a query latent, and
-    kv_lora) and RoPE's key part is gathered alone (multi_latent_attention.py
-    `get_query_key_value_tensors`: gather_from_sequence_parallel_region(k_pos_emb)); backward, a
-    reduce-scatter of each gradient."""
-    return (dims.q_lora_rank or dims.hidden_size, dims.kv_lora_rank, dims.qk_pos_emb_head_dim)
-
-
 @caches.memo(maxsize=4096)
 def _layer_time(
     dims: ModelDims, lay: Layout, net: Network, rate: float, mbs: int, recompute: str, i: int,
@@ -325,12 +315,9 @@ def _layer_time(
     if recompute == "selective":  # a recomputed MLP re-runs fc1's gather and fc2's reduction
         mlps = ("mlp",) if not moe else ("shared_experts",) if dims.shared_expert_ffn else ()
         collectives += 2 * sum(m in modules for m in mlps)  # its 2 of the forward's 4
-    mla = (3 if recompute == "full" else 2) if dims.multi_latent_attention and lay.sequence_parallel else 0
-    tensor = collective(collectives - mla, tokens * dims.hidden_size, act, lay.tp, net.tensor_link(lay))
-    for width in mla_gathers(dims) if mla else ():  # MLA's gathers are of its latents, not of h
-        tensor += collective(mla, tokens * width, act, lay.tp, net.tensor_link(lay))
+    tensor = tensor_seconds(dims, lay, net, tokens, collectives, recompute == "full")
     if recompute == "selective" and "mla_up_proj" in modules and lay.sequence_parallel:
-        latents = (dims.q_lora_rank or dims.hidden_size) + dims.kv_lora_rank  # q's and kv's
+        latents = sum(dims.mla_gathered(False))  # q's and kv's (the checkpoint's inputs)
         tensor += collective(1, tokens * latents, act, lay.tp, net.link(lay.tp))  # a gather
     context = 0.0
     if lay.cp > 1:
