@@ -51,6 +51,7 @@ from inspector.formulas.kernels import (
     Orient,
     ops_seconds,
 )
+from inspector.formulas.rope_ops import mla_rope, rotary
 from inspector.formulas.te_unfused import full_mask_pass
 from inspector.job.dims import ModelDims
 from inspector.job.hardware import Gpu
@@ -282,8 +283,8 @@ def _mla(p: _Pass, dims: ModelDims, z: Shard, tokens: int, local: int, core: _Pa
     start = len(p.forward)
     p.linear("q up projection", tokens, q if q is not None else h, n * (c + r))
     p.linear("kv up projection", tokens, k, n * (c + v))
-    if dims.rotary:
-        p.memory("rotary Q, K", "copy", tokens * (n + 1) * r, 2 * act, 2 * act)
+    if dims.rotary:  # RoPE; without its fusion the q/k/v cats too (rope_ops.py)
+        p.extend(mla_rope(tokens, n, (c, r, v), act, dims.rope_fusion))
     up = tuple(p.forward[start:])
     p.forward += core.forward
     p.backward += core.backward
@@ -310,8 +311,7 @@ def _attention(p: _Pass, dims: ModelDims, z: Shard, tokens: int, core: _Pass) ->
         p.backward.append(Memory("QKV split backward (cat)", "copy",
                                  tokens * (heads + 2 * groups) * d, 2 * dims.activation_bytes))
     if dims.rotary:
-        p.memory("rotary Q, K", "copy", tokens * (heads + groups) * d,
-                 2 * dims.activation_bytes, 2 * dims.activation_bytes)
+        p.extend(rotary(tokens * (heads + groups) * d, dims.activation_bytes, dims.rope_fusion))
     p.forward += core.forward
     p.backward += core.backward
     p.linear("attention output", tokens, heads * d, h)

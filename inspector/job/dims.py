@@ -75,6 +75,7 @@ class ModelDims:
     grad_accumulation_fusion: bool = True  # off: --no-gradient-accumulation-fusion (wgrad_fused)
     deterministic: bool = False  # --deterministic-mode: its attention backward (determinism.py)
     te_attention: bool = False  # core attention is Transformer Engine's (the TE spec)
+    rope_fusion: bool = True  # RoPE in one fused kernel (TransformerConfig.apply_rope_fusion)
     fp8: str | None = None  # --fp8-format: Transformer Engine's linears multiply in fp8
     fp8_recipe: str = "delayed"  # --fp8-recipe (TransformerConfig's default): how TE scales
     moe_sorts_chunks: bool = False  # the all-to-all dispatcher sorts tokens by local expert
@@ -128,6 +129,7 @@ class ModelDims:
         grad_accumulation_fusion: bool = True,
         deterministic: bool = False,
         te_attention: bool = False,
+        rope_fusion: bool = True,
     ) -> ModelDims:
         """Return the dims of a model given as TransformerConfig fields (`transformer_fields`).
 
@@ -157,12 +159,22 @@ class ModelDims:
             grad_accumulation_fusion=grad_accumulation_fusion,
             deterministic=deterministic,
             te_attention=te_attention,
+            rope_fusion=rope_fusion,
         )
 
     @property
     def wgrad_fused(self) -> bool:
         """Return whether weight-gradient GEMMs accumulate into main_grad (no DDP hook add)."""
         return self.fused_kernels and self.grad_accumulation_fusion
+
+    def mla_gathered(self, sequence_parallel: bool) -> tuple[int, ...]:
+        """Return the widths multi-latent attention's tensor-parallel input collectives move in
+        place of h: its duplicated down projections run on the sequence-parallel input, and its
+        column-parallel up projections read q's latent (h without one) and kv's latent, with
+        sequence parallelism gathered, with RoPE's shared key part gathered alone
+        (multi_latent_attention.py `get_query_key_value_tensors`)."""
+        widths = (self.q_lora_rank or self.hidden_size, self.kv_lora_rank)
+        return (*widths, self.qk_pos_emb_head_dim) if sequence_parallel else widths
 
     def attention_squares(self) -> int:
         """Return what a sequence's causal attention costs in token pairs (times a half): s^2,

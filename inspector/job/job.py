@@ -244,6 +244,9 @@ class Job:
             grad_accumulation_fusion="gradient_accumulation_fusion" not in training.unfused,
             deterministic=training.deterministic_mode,
             te_attention=model.transformer_impl == "transformer_engine",
+            # TransformerConfig.apply_rope_fusion as the engine sets it (memory/engine/runtime.py)
+            rope_fusion=model.transformer_impl == "transformer_engine"
+            and model.position_embedding_type in ("rope", "yarn") and "rope_fusion" not in training.unfused,
         )
 
 

@@ -12,8 +12,9 @@ Each term and its source (symbols of inspector/job/dims.py; m micro-batches, v v
   - tensor parallel: per layer and micro-batch 4 collectives forward and 4 backward (all-gather /
     reduce-scatter with sequence parallelism, all-reduce pairs without; Korthikanti et al. 2022,
     Section 4.2.2, equal volumes; an MoE layer with expert TP 1 and no shared experts runs
-    attention's 2 and 2 only: moe_layer.py) of s b h / c activation elements, each priced alpha +
-    bytes x (t - 1) / t / bandwidth (ring, Thakur et al. 2005; over NVLink the bus bandwidth
+    attention's 2 and 2 only: moe_layer.py) of s b h / c activation elements (multi-latent
+    attention's gather and reduce-scatter: of its latents, network.py `tensor_seconds`), each
+    priced alpha + bytes x (t - 1) / t / bandwidth (ring, Thakur et al. 2005; over NVLink the bus bandwidth
     NCCL measures, NVLink SHARP's for an all-reduce of 5-8 ranks: plan/network.py); not
     overlapped (Megatron's default);
     full recomputation repeats the forward's 4, `--recompute-modules mlp` (shared_experts) the
@@ -70,7 +71,7 @@ from inspector.plan.kernel_seconds import (
     optimizer_step_seconds,
     output_seconds,
 )
-from inspector.plan.network import Network, collective
+from inspector.plan.network import Network, collective, tensor_seconds
 from inspector.plan.overlap import merged_times
 
 # merged share, delayed weight grads, the SMs' share an exchange holds (overlap.py), passes alone
@@ -314,9 +315,9 @@ def _layer_time(
     if recompute == "selective":  # a recomputed MLP re-runs fc1's gather and fc2's reduction
         mlps = ("mlp",) if not moe else ("shared_experts",) if dims.shared_expert_ffn else ()
         collectives += 2 * sum(m in modules for m in mlps)  # its 2 of the forward's 4
-    tensor = collective(collectives, tokens * dims.hidden_size, act, lay.tp, net.tensor_link(lay))
+    tensor = tensor_seconds(dims, lay, net, tokens, collectives, recompute == "full")
     if recompute == "selective" and "mla_up_proj" in modules and lay.sequence_parallel:
-        latents = (dims.q_lora_rank or dims.hidden_size) + dims.kv_lora_rank  # q's and kv's
+        latents = sum(dims.mla_gathered(False))  # q's and kv's (the checkpoint's inputs)
         tensor += collective(1, tokens * latents, act, lay.tp, net.link(lay.tp))  # a gather
     context = 0.0
     if lay.cp > 1:

@@ -23,6 +23,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 import inspector.caches as caches
+from inspector.job.dims import ModelDims
 from inspector.job.hardware import Gpu
 from inspector.job.layout import Layout
 
@@ -99,6 +100,18 @@ def expert_peers_on_node(ep: int, expert_tp: int, world: int, gpus_per_node: int
             members = (start + offset + expert_tp * j for j in range(ep))
             counts.update(Counter(rank // gpus_per_node for rank in members).values())
     return tuple(sorted(counts))
+
+
+def tensor_seconds(dims: ModelDims, lay: Layout, net: Network, tokens: float, count: int,
+                   full: bool) -> float:  # fmt: skip
+    """Return `count` tensor-parallel collectives of a layer's rows (`tokens` x h elements). With
+    sequence parallelism multi-latent attention's gather and its backward reduce-scatter (and the
+    gather again under full recomputation) move its latents instead (ModelDims.mla_gathered: the
+    up projections' inputs and RoPE's key part), a collective each."""
+    act, link = dims.activation_bytes, net.tensor_link(lay)
+    mla = (3 if full else 2) if dims.multi_latent_attention and lay.sequence_parallel else 0
+    return collective(count - mla, tokens * dims.hidden_size, act, lay.tp, link) + sum(
+        collective(mla, tokens * width, act, lay.tp, link) for width in dims.mla_gathered(bool(mla)))
 
 
 def expert_alltoall(count: int, elements: float, nbytes: int, lay: Layout, net: Network) -> float:

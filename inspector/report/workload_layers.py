@@ -54,9 +54,7 @@ def _attention_column(job: Context) -> int:
     dims = job.dims
     if not dims.multi_latent_attention:
         return 0
-    width = (dims.q_lora_rank or dims.hidden_size) + dims.kv_lora_rank
-    width += dims.qk_pos_emb_head_dim if job.par.sequence_parallel else 0
-    return dims.activation_bytes * job.tokens * width
+    return dims.activation_bytes * job.tokens * sum(dims.mla_gathered(job.par.sequence_parallel))
 
 
 def _attention(job: Context, layer: int, prefix: str = "") -> list[Record]:
