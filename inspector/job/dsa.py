@@ -106,10 +106,11 @@ def check_dsa_layout(config: ModelConfig, cp: int) -> None:
                           "(TransformerConfig asserts context_parallel_size 1 for DSAttention); "
                           "megatron-core 0.19 takes --cp-comm-type allgather")  # fmt: skip
     raise ConfigError(
-        f"--context-parallel-size {cp} with DSA: megatron-core refuses it with --cp-comm-type p2p, "
-        "Megatron-LM's default, or unset, Megatron-Bridge's (TransformerConfig.__post_init__: "
-        "'DSAttention context parallelism currently supports cp_comm_type=allgather only.'); "
-        "this tool runs context parallelism as p2p, so --cp-comm-type allgather is not simulated"
+        f"--context-parallel-size {cp} with DSA and --cp-comm-type p2p (Megatron-LM's default; "
+        "Megatron-Bridge leaves it unset) is refused by megatron-core (TransformerConfig."
+        "__post_init__ asserts 'DSAttention context parallelism currently supports "
+        "cp_comm_type=allgather only.'); this tool runs context parallelism as p2p, so "
+        "--cp-comm-type allgather is not simulated"
     )
 
 
