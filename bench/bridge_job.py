@@ -184,12 +184,26 @@ def recipe_args(cfg: Record, gpus: int) -> tuple[str | None, dict[str, Any], lis
     _put(args, "global_batch_size", train.fields.get("global_batch_size"))
     if "seq_length" not in args:
         _put(args, "seq_length", _section(cfg, "dataset").fields.get("seq_length"))
-    refusals += _peft(args, cfg)
+    refusals += _peft(args, cfg) + _param_gather_refusals(args)
     if _packed(cfg):
         # Bridge's packed sequences: Megatron-LM's --sft (THD, attention per document); the
         # documents' length is the data's, so one document per sequence (the tool's default)
         args["sft"] = True
     return preset, args, refusals
+
+
+def _param_gather_refusals(args: dict[str, Any]) -> list[str]:
+    """Quantized weights without a sharding optimizer (Kimi-K2's fp8cs and nvfp4 recipes, with
+    dist_muon): Bridge runs no validate_args, which refuses it, and megatron-core runs it (no
+    param buffer, distributed_data_parallel.py; the bf16 Float16OptimizerWithFloat16Params copies
+    each main param into its quantized weight by `copy_`, optimizer.py
+    `_multi_tensor_copy_this_to_that`): a job no Megatron-LM arguments give, not modelled."""
+    if any(args.get(name) for name in ("use_distributed_optimizer", "use_megatron_fsdp",
+                                       "use_torch_fsdp2")):  # fmt: skip
+        return []
+    return [f"--{low}-param-gather without --use-distributed-optimizer: megatron-core keeps the "
+            f"{low} weights in their own storage, which Megatron-LM's validate_args refuses and "
+            "Bridge does not check" for low in ("fp8", "fp4") if args.get(f"{low}_param_gather")]
 
 
 def _section(cfg: Record, name: str) -> Record:

@@ -424,3 +424,22 @@ def test_a_lora_recipe_is_the_tools_lora_flags(bridge: Path) -> None:
         "PEFT: LoRA's dropout not modelled"]
     assert _peft({}, Record("ConfigContainer", fields={"peft": Record("DoRA")})) == [
         "PEFT: DoRA (Bridge's peft) is not modelled; LoRA is"]
+
+
+@pytest.mark.parametrize(("args", "causes"), [
+    ({"fp8_param_gather": True, "optimizer": "dist_muon"},
+     ["--fp8-param-gather without --use-distributed-optimizer"]),
+    ({"fp4_param_gather": True}, ["--fp4-param-gather without --use-distributed-optimizer"]),
+    ({"fp8_param_gather": True, "use_distributed_optimizer": True}, []),
+    ({"fp8_param_gather": True, "use_megatron_fsdp": True}, []),
+])  # fmt: skip
+def test_quantized_weights_without_a_sharding_optimizer_are_not_megatrons_error(
+        monkeypatch, args, causes) -> None:  # fmt: skip
+    # Kimi-K2's fp8cs recipes (dist_muon, no distributed optimizer): Bridge runs no validate_args
+    # and megatron-core runs them, so not the error validate_args would give: not modelled
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bridge_job
+
+    found = bridge_job._param_gather_refusals(args)
+    assert [item.split(":")[0] for item in found] == causes
+    assert all("Bridge does not check" in item for item in found)

@@ -192,8 +192,11 @@ def test_an_eager_iteration_allocates_what_it_holds():
         (["--cuda-graph-impl", "local", "--cuda-graph-scope", "attn"],
          "Error: --cuda-graph-impl local with --cuda-graph-scope attn is not modelled: "
          "megatron-core's own per-layer CUDA graphs (CudaGraphManager) are counted for whole "
-         "dense and Mamba layers only (no --cuda-graph-scope); transformer_engine's per-layer "
-         "graphs and --cuda-graph-scope full_iteration are counted with these too"),
+         "layers only (no --cuda-graph-scope): dense, Mamba, and MoE layers whose shapes stay on "
+         "the GPU (--moe-pad-expert-input-to-capacity, or HybridEP's "
+         "--moe-expert-rank-capacity-factor; otherwise the dispatcher copies token counts to the "
+         "host, which a graph's capture cannot hold); transformer_engine's per-layer graphs and "
+         "--cuda-graph-scope full_iteration are counted with these too"),
         (["--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope", "full_iteration"],
          "Error: --cuda-graph-scope full_iteration with --cuda-graph-impl transformer_engine: "
          "megatron-core refuses it ('To use full iteration cuda graph, please use "

@@ -145,6 +145,36 @@ def test_memory_refuses_what_megatrons_dsa_refuses(cli):
         "bf16 inputs only (dsa.py rotate_activation)\n")
 
 
+@builds
+def test_dsa_with_context_parallelism_is_megatrons_refusal(cli):
+    # megatron-core's TransformerConfig refuses DSA with context parallelism (0.18: any; 0.19: all
+    # but cp_comm_type allgather): an error, not a job the tool leaves unmodelled
+    result = cli("params", *DSA, "--context-parallel-size", "2", "--dp", "1")
+    assert result.code == 2 and "refuse" in result.err and "megatron-core" in result.err
+    assert "not modelled" not in result.err
+
+
+@pytest.mark.skipif(VERSION < (0, 19), reason="megatron-core 0.19 takes DSA with all-gather CP")
+@pytest.mark.parametrize("comm", [None, "p2p", "allgather"])
+def test_megatrons_dsa_config_takes_all_gather_context_parallelism_only(comm):
+    # the refusal above is megatron's own: Megatron-LM's default p2p and Bridge's None fail
+    _megatron()
+    from megatron.core.transformer.transformer_config import MLATransformerConfig
+
+    def config():
+        return MLATransformerConfig(
+            num_layers=2, hidden_size=512, num_attention_heads=8,
+            experimental_attention_variant="dsa", dsa_indexer_n_heads=8, dsa_indexer_head_dim=64,
+            dsa_indexer_topk=16, add_bias_linear=False, apply_rope_fusion=False,
+            context_parallel_size=2, cp_comm_type=comm)  # fmt: skip
+
+    if comm == "allgather":
+        assert config().context_parallel_size == 2
+    else:
+        with pytest.raises(AssertionError, match="cp_comm_type=allgather only"):
+            config()
+
+
 @pytest.mark.skipif(VERSION < (0, 19), reason="megatron-core 0.19 added DSA's fused kernels")
 def test_the_default_dsa_runs_megatrons_pytorch_path():
     # megatron-core 0.19's DSA tries TileLang or cuDNN kernels only with --dsa-kernel-backend

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from inspector.job.versions import megatron_version
 from tests.test_cuda_graphs import HIDDEN_BYTES, MASK_BYTES, ROPE_BYTES, _job, needs_graphs
 from tests.test_versions import LOCAL_GRAPH_INPUTS_IN_POOL
 
@@ -69,7 +70,10 @@ def test_the_first_iteration_runs_eagerly_whatever_the_warm_up_steps():
 @pytest.mark.parametrize(
     ("flags", "error"),
     [
-        (["--num-experts", "8"], "Error: --cuda-graph-impl local with MoE layers is not modelled"),
+        (["--num-experts", "8"],
+         "Error: --cuda-graph-impl local with MoE layers of dynamic shapes is not modelled"),
+        (["--num-experts", "8", "--moe-expert-capacity-factor", "1"],  # dropping, not padded
+         "Error: --cuda-graph-impl local with MoE layers of dynamic shapes is not modelled"),
         (["--cuda-graph-scope", "mamba"],
          "Error: --cuda-graph-impl local with --cuda-graph-scope mamba is not modelled"),
     ],
@@ -88,7 +92,41 @@ def test_a_scripts_local_graphs_of_moe_layers_are_refused_beside_its_other_refus
 
     args = {"cuda_graph_impl": "local", "num_experts": 8}
     found = validate_args_refusals(["--cuda-graph-impl"], "train.sh", args)
-    assert [r.argument for r in found] == ["--cuda-graph-impl local with MoE layers"]
+    assert [r.argument for r in found] == ["--cuda-graph-impl local with MoE layers of dynamic shapes"]
+    # padded to capacity, or HybridEP's budget a rank: the layer's shapes stay on the GPU
+    for static in ({"moe_expert_capacity_factor": 1.0, "moe_pad_expert_input_to_capacity": True},
+                   {"moe_expert_rank_capacity_factor": 1.5}):  # fmt: skip
+        assert validate_args_refusals(["--cuda-graph-impl"], "train.sh", {**args, **static}) == ()
+
+
+# drop-and-pad MoE layers (alltoall): megatron-core graphs them whole (TransformerConfig: "moe
+# cuda graph is only supported with drop-padding MoE"), their token counts made on the host
+PADDED_MOE = dict(num_experts=4, moe_router_topk=2, moe_expert_capacity_factor=1.0,
+                  moe_pad_expert_input_to_capacity=True, moe_token_dispatcher_type="alltoall",
+                  moe_grouped_gemm=True)  # fmt: skip
+
+
+@pytest.mark.parametrize(("pp", "graphs", "in_flight"), [(1, 4, 1), (2, 2 * 8, 2)])
+@needs_graphs
+def test_padded_moe_layers_are_graphed_whole_as_dense_ones(pp, graphs, in_flight):
+    from inspector.memory.engine.local_graphs import local_static_inputs
+    from inspector.memory.engine.run import run_memory
+
+    # every MoETransformerLayer gets the whole-layer CudaGraphManager (no scope): its sample is
+    # a dense layer's (hidden states, mask, rope), each later layer reading the previous output
+    job = _job(pipeline_model_parallel_size=pp, cuda_graph_impl="local", **PADDED_MOE)
+    got = local_static_inputs(job, 0)
+    assert (got.graphs, got.buffers, got.bytes) == (graphs, 3, SAMPLE)
+    local = run_memory(job, 0)
+    te = run_memory(_job(pipeline_model_parallel_size=pp, cuda_graph_impl="transformer_engine",
+                         **PADDED_MOE), 0)  # fmt: skip
+    # the experts' blocks are captured into the pool, as Transformer Engine's whole-layer graphs
+    assert "mlp.experts" in local.peak.moment
+    if LOCAL_GRAPH_INPUTS_IN_POOL:  # one sample per micro-batch in flight
+        assert _kept(local, "memory pool") == _kept(te, "memory pool") + in_flight * SAMPLE
+    else:
+        assert _kept(local, "static inputs") == SAMPLE
+        assert _kept(local, "memory pool") == _kept(te, "memory pool") > 0
 
 
 @needs_graphs
@@ -126,3 +164,25 @@ def test_enable_cuda_graph_is_read_as_megatron_cores_own_graphs(tmp_path):
         "Error: --enable-cuda-graph with --external-cuda-graph: Megatron-LM refuses it "
         "(validate_args: '--enable-cuda-graph and --external-cuda-graph cannot be enabled at the "
         "same time.')")  # fmt: skip
+
+
+@pytest.mark.skipif(megatron_version() < (0, 18), reason="--moe-expert-rank-capacity-factor: 0.18+")
+@needs_graphs
+def test_hybridep_rank_capacity_moe_layers_are_graphed_whole():
+    from inspector.memory.engine.run import run_memory
+
+    # HybridEP's fixed budget of permuted tokens a rank, run by the op fuser's MXFP8 grouped MLP
+    # (Megatron-Bridge's gpt-oss recipes): no token count reaches the host, the layer is graphed
+    moe = dict(num_experts=8, moe_router_topk=2, moe_token_dispatcher_type="flex",
+               moe_flex_dispatcher_backend="hybridep", moe_expert_rank_capacity_factor=1.5,
+               use_transformer_engine_op_fuser=True, fp8_format="e4m3", fp8_recipe="mxfp8",
+               moe_mlp_glu_interleave_size=32, hidden_size=256, moe_ffn_hidden_size=256,
+               moe_router_padding_for_quantization=True, moe_grouped_gemm=True,
+               expert_model_parallel_size=2, data_parallel_size=2,
+               moe_router_force_load_balancing=True)  # fmt: skip
+    run = run_memory(_job(cuda_graph_impl="local", **moe), 0)
+    assert "_OperationFuserFunctionBackward" in _pool_row(run) and _kept(run, "memory pool") > 0
+
+
+def _pool_row(run):
+    return next(what for what, _ in run.persistent if what.startswith("CUDA graphs' memory pool"))

@@ -189,13 +189,14 @@ MEMORY = ("memory", "--num-layers", "2", "--hidden-size", "64", "--num-attention
          "TransformerConfig asserts at least one module)"),
     # its allowed_modules
     (("--offload-modules", "mlp"), "Error: --offload-modules mlp is not one of: attn_norm, qkv_linear, "
-                                   "core_attn, attn_proj, mlp_norm, expert_fc1, moe_act"),
-    # megatron-core 0.19's module of the fused grouped MLP (Bridge's Nemotron 3 Ultra recipes),
-    # not among 0.16's allowed_modules
+                                   "core_attn, attn_proj, mlp_norm, expert_fc1, moe_act"
+                                   + (", fused_group_mlp" if megatron_core_version() >= (0, 19) else "")),
+    # megatron-core 0.19's module of the fused grouped MLP (Bridge's Nemotron 3 Ultra recipes):
+    # its TransformerConfig needs the op fuser; not among 0.16's allowed_modules
     (("--offload-modules", "fused_group_mlp"), (
-        "Error: --offload-modules fused_group_mlp is not modelled: megatron-core 0.19's offload of "
-        "the fused grouped MLP's input (fine_grained_activation_offload.py, under Transformer "
-        "Engine's op fuser) is not simulated; expert_fc1 and moe_act are")
+        "Error: --offload-modules fused_group_mlp needs --use-transformer-engine-op-fuser "
+        "(megatron-core's TransformerConfig: 'fused_group_mlp requires "
+        "use_transformer_engine_op_fuser.')")
      if megatron_core_version() >= (0, 19) else "Error: --offload-modules fused_group_mlp is not "
      "one of: attn_norm, qkv_linear, core_attn, attn_proj, mlp_norm, expert_fc1, moe_act"),
     # ValueError: attn_proj's input is core_attn's output, needed in core_attn.backward()
@@ -377,3 +378,38 @@ def test_te_layer_offload_moves_the_first_layers_saved_tensors_to_the_host(cli):
 ])  # fmt: skip
 def test_te_layer_offload_flags_megatron_refuses_are_refused(cli, flags, error):
     _refused(cli(*TE_LAYERS, "--cpu-offloading", *flags), error)
+
+
+# the op fuser's grouped MLP (SwiGLU, no biases) on 4 layers of 8 experts, ep 2: N = s x topk =
+# 2,048 rows a rank (balanced routing), hidden 256, expert ffn 256
+FUSED_MOE = dict(num_experts=8, moe_router_topk=2, moe_token_dispatcher_type="alltoall",
+                 use_transformer_engine_op_fuser=True, moe_grouped_gemm=True,
+                 expert_model_parallel_size=2, data_parallel_size=2, hidden_size=256,
+                 moe_ffn_hidden_size=256, seq_length=1024, max_position_embeddings=1024,
+                 moe_router_force_load_balancing=True)  # fmt: skip
+
+
+@pytest.mark.skipif(megatron_core_version() < (0, 19), reason="megatron-core 0.19's module")
+def test_fused_group_mlp_offloads_what_the_fused_mlp_saves():
+    from inspector.memory.engine.run import run_memory
+    from tests.test_cuda_graphs import _job
+
+    plain = run_memory(_job(**FUSED_MOE), 0)
+    off = run_memory(_job(**FUSED_MOE, fine_grained_activation_offloading=True,
+                          offload_modules=["fused_group_mlp"]), 0)  # fmt: skip
+    # experts.py `_fused_forward` runs ops(...) inside the fused_group_mlp offload group: of what
+    # TE's basic ops save, Megatron-LM's default 1M-element floor keeps ScaledSwiGLU's input
+    # alone (fc1's output [N, 2F] = 2,048 x 512 bf16); fc1's input views and fc2's input
+    # [2,048, 256] are below it, the weights are parameters: one micro-batch in flight, 4 layers
+    assert off.host == (4 * 2048 * 512 * 2, 4 * 2048 * 512 * 2)
+    assert plain.host == (0, 0) and off.peak.bytes < plain.peak.bytes
+
+
+@pytest.mark.skipif(megatron_core_version() < (0, 19), reason="megatron-core 0.19's module")
+def test_fused_group_mlp_with_the_partial_moe_modules_is_megatrons_refusal():
+    from inspector.errors import ConfigError
+    from tests.test_cuda_graphs import _job
+
+    with pytest.raises(ConfigError, match="cannot be combined with expert_fc1 or moe_act"):
+        _job(**FUSED_MOE, fine_grained_activation_offloading=True,
+             offload_modules=["fused_group_mlp", "moe_act"])  # fmt: skip

@@ -181,7 +181,8 @@ ARGUMENTS: tuple[ArgSpec, ...] = MODEL_ARGUMENTS + (
               "Copy the inputs of --offload-modules to pinned host memory after their forward and "
               "back before their backward (megatron-core 0.16+)."),
     _training("offload_modules", str, "The modules whose inputs are offloaded: any of attn_norm, "
-              "qkv_linear, core_attn, attn_proj, mlp_norm, expert_fc1, moe_act.", many=True),
+              "qkv_linear, core_attn, attn_proj, mlp_norm, expert_fc1, moe_act, and (megatron-core "
+              "0.19+, with --use-transformer-engine-op-fuser) fused_group_mlp.", many=True),
     _training("min_offloaded_tensor_size", int,
               "The smallest saved tensor offloaded, in elements (default 1048576)."),
     _training("cpu_offloading", bool, "Transformer Engine's layer offload: the saved activations of "

@@ -135,17 +135,42 @@ def _checkpoint_args_refusals(given: set[str], where: str) -> list[Refused]:
 def _local_graph_refusals(where: str, args: Mapping[str, Any]) -> list[Refused]:
     """`--cuda-graph-impl local` is modelled without a scope (whole layers) or with
     `--cuda-graph-scope full_iteration`, and under --perform-rl-step, where only the rollout
-    engine runs graphs (job/rollout.py); a partial scope or MoE layers are refused."""
+    engine runs graphs (job/rollout.py); a partial scope, or MoE layers whose dispatch reads
+    token counts on the host (`static_moe_layers`), are refused."""
     if args.get("cuda_graph_impl") != "local" or args.get("perform_rl_step"):
         return []
     raw = args.get("cuda_graph_scope") or ()
     words = raw if isinstance(raw, (list, tuple)) else str(raw).replace(",", " ").split()
     partial = [word for word in words if word not in ("full", "full_iteration")]
-    if "full_iteration" in words or not (partial or args.get("num_experts")):
+    moe = bool(args.get("num_experts")) and not static_moe_layers(args)
+    if "full_iteration" in words or not (partial or moe):
         return []
-    what = f"--cuda-graph-scope {' '.join(partial)}" if partial else "MoE layers"
+    what = f"--cuda-graph-scope {' '.join(partial)}" if partial else DYNAMIC_MOE
     return [Refused(LOCAL_GRAPHS.group, where, f"--cuda-graph-impl local with {what}", "not modelled",
                     LOCAL_GRAPHS.reason)]  # fmt: skip
+
+
+# the MoE layers megatron's whole-layer graphs cannot hold (`static_moe_layers`), as refused
+DYNAMIC_MOE = "MoE layers of dynamic shapes"
+
+
+def static_moe_layers(values: Mapping[str, Any]) -> bool:
+    """Return whether a MoE layer's forward keeps its shapes on the GPU, so that a whole-layer CUDA
+    graph can hold it (`values`: Megatron-LM's argument names, or Training's, which are the same).
+
+    megatron-core graphs the whole MoE layer only then (TransformerConfig.__post_init__, 0.16.1
+    and 0.19.2: "moe cuda graph is only supported with drop-padding MoE"): with
+    --moe-pad-expert-input-to-capacity the dispatcher's counts are the capacity, made on the host
+    (token_dispatcher.py `preprocess`, drop_and_pad: `torch.full`); from megatron-core 0.18,
+    HybridEP's --moe-expert-rank-capacity-factor gives a fixed budget of permuted tokens a rank
+    (token_dispatcher.py `_HybridEPManager.setup_metadata`: `num_permuted_tokens`, "None means no
+    up-bound, will cause a CPU sync"), run by the op fuser's grouped MLP (checks.py
+    `check_rank_capacity`). Otherwise the dispatcher or the experts copy the token counts to the
+    host (`_maybe_update_cuda_sync_point`, `tokens_per_expert.tolist()`), which a CUDA graph's
+    capture cannot do."""
+    padded = values.get("moe_expert_capacity_factor") is not None and bool(
+        values.get("moe_pad_expert_input_to_capacity"))  # fmt: skip
+    return padded or values.get("moe_expert_rank_capacity_factor") is not None
 
 
 def _fp8_param_gather_refusals(given: set[str], where: str,

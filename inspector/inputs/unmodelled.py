@@ -366,8 +366,11 @@ RENAMED: dict[str, tuple[str, object]] = {
 # MoE layer whole: not modelled; whole dense and Mamba layers are (memory/engine/local_graphs.py)
 LOCAL_GRAPHS = Refusal(
     "training", "megatron-core's own per-layer CUDA graphs (CudaGraphManager) are counted for "
-    "whole dense and Mamba layers only (no --cuda-graph-scope); transformer_engine's per-layer "
-    "graphs and --cuda-graph-scope full_iteration are counted with these too")  # fmt: skip
+    "whole layers only (no --cuda-graph-scope): dense, Mamba, and MoE layers whose shapes stay on "
+    "the GPU (--moe-pad-expert-input-to-capacity, or HybridEP's --moe-expert-rank-capacity-factor; "
+    "otherwise the dispatcher copies token counts to the host, which a graph's capture cannot "
+    "hold); transformer_engine's per-layer graphs and --cuda-graph-scope full_iteration are "
+    "counted with these too")  # fmt: skip
 
 REFUSED_VALUES: dict[str, dict[str, Refusal]] = {
     "--rl-kv-cache-management-mode": {mode: Refusal("training", _KV_AWAY)

@@ -140,6 +140,17 @@ def check_op_fuser(args: Mapping[str, Any]) -> None:
     experts' fused operations (world/te/ops.py) run in 16 bits, without delayed weight gradients."""
     if not args.get("use_transformer_engine_op_fuser") or not args.get("num_experts"):
         return  # megatron-core 0.18-0.19 read it in TEGroupedMLP only
+    if not args.get("swiglu") or not args.get("disable_bias_linear"):
+        # experts.py `_is_fused_impl_supported` (0.19.2): squared ReLU fuses through TE's
+        # ScaledSReLU, gpt-oss's clamped quick-GEGLU through ScaledClampedQGeGLU, biased experts
+        # through GroupedLinear's `scale_bias`; the stand-in has TE 2.14's ScaledSwiGLU only
+        what = ("biased experts (no --disable-bias-linear)" if args.get("swiglu") else
+                "experts other than SwiGLU (gpt-oss's --quick-geglu or squared ReLU)")  # fmt: skip
+        raise ConfigError(
+            f"--use-transformer-engine-op-fuser with {what} is not modelled: megatron-core fuses "
+            "them through Transformer Engine's ScaledSReLU, ScaledClampedQGeGLU and GroupedLinear's "
+            "scaled bias (experts.py _is_fused_impl_supported), which are not simulated; the op "
+            "fuser's SwiGLU without biases is")  # fmt: skip
     quantized = [name for name in ("fp8_format", "fp4_format") if args.get(name)]
     # MXFP8 runs TE's fused grouped MLP where TE's fuser takes it (world/te/fused_mlp.py `taken`;
     # where it does not, the run stops naming TE's basic quantized operations)

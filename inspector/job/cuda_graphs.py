@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from inspector.errors import ConfigError
+from inspector.inputs.refusals import DYNAMIC_MOE
 from inspector.inputs.unmodelled import LOCAL_GRAPHS
 from inspector.inputs.versions import megatron_core_version
 
@@ -39,9 +40,11 @@ def parse_scope(args: Mapping[str, Any]) -> tuple[str, ...]:
 
 
 def check_cuda_graphs(impl: str, scope: tuple[str, ...], recompute: str, num_experts: int | None,
-                      every_layer_moe: bool, ep_overlap: bool = False,
-                      syncs: bool = False) -> None:  # fmt: skip
-    """Refuse what megatron-core's TransformerConfig refuses, and the scopes not modelled."""
+                      every_layer_moe: bool, ep_overlap: bool = False, syncs: bool = False,
+                      static_moe: bool = False) -> None:  # fmt: skip
+    """Refuse what megatron-core's TransformerConfig refuses, and the scopes not modelled
+    (`static_moe`: the MoE layers keep their shapes on the GPU, inputs/refusals.py
+    `static_moe_layers`)."""
     if impl == "none":  # the scope acts only with an implementation
         return
     installed = megatron_core_version()
@@ -49,8 +52,8 @@ def check_cuda_graphs(impl: str, scope: tuple[str, ...], recompute: str, num_exp
         raise ConfigError(f"--cuda-graph-impl {impl} is modelled with megatron-core 0.16 or later "
                           f"(the installed {installed[0]}.{installed[1]} has no TECudaGraphHelper "
                           "sample buffers to run)")  # fmt: skip
-    if impl == "local" and "full_iteration" not in scope and (scope or num_experts):
-        what = f"--cuda-graph-scope {' '.join(scope)}" if scope else "MoE layers"
+    if impl == "local" and "full_iteration" not in scope and (scope or num_experts and not static_moe):
+        what = f"--cuda-graph-scope {' '.join(scope)}" if scope else DYNAMIC_MOE
         raise ConfigError(f"--cuda-graph-impl local with {what} is not modelled: "
                           f"{LOCAL_GRAPHS.reason}")  # fmt: skip
     if impl == "local" and scope and scope != ("full_iteration",):

@@ -94,12 +94,28 @@ def _validate_indexer_rope(config: ModelConfig) -> None:
 
 
 def check_dsa_layout(config: ModelConfig, cp: int) -> None:
-    """Raise ConfigError for DSA with context parallelism, which megatron refuses or this tool
-    does not model (TransformerConfig.__post_init__: 0.18 asserts context_parallel_size 1, 0.19
-    takes all-gather CP only)."""
-    if config.dsa and cp > 1:
-        raise ConfigError(f"--context-parallel-size {cp} with DSA is not modelled (megatron-core "
-                          "0.18 refuses it, 0.19 takes --cp-comm-type allgather only)")  # fmt: skip
+    """Raise ConfigError for DSA with context parallelism, which megatron-core refuses as the tool
+    runs context parallelism: 0.18's TransformerConfig asserts context_parallel_size 1, 0.19's
+    (transformer_config.py __post_init__, 0.19.2) takes all-gather CP only, and the tool runs
+    Megatron-LM's default --cp-comm-type p2p (Megatron-Bridge leaves cp_comm_type None, which
+    0.19 refuses as well)."""
+    if not config.dsa or cp == 1:
+        return
+    if megatron_version() < DSA_CP_SINCE:
+        raise ConfigError(f"--context-parallel-size {cp} with DSA: {_installed()} refuses it "
+                          "(TransformerConfig asserts context_parallel_size 1 for DSAttention); "
+                          "megatron-core 0.19 takes --cp-comm-type allgather")  # fmt: skip
+    raise ConfigError(
+        f"--context-parallel-size {cp} with DSA and --cp-comm-type p2p (Megatron-LM's default; "
+        "Megatron-Bridge leaves it unset) is refused by megatron-core (TransformerConfig."
+        "__post_init__ asserts 'DSAttention context parallelism currently supports "
+        "cp_comm_type=allgather only.'); this tool runs context parallelism as p2p, so "
+        "--cp-comm-type allgather is not simulated"
+    )
+
+
+# megatron-core 0.19: DSA with context parallelism, all-gather only
+DSA_CP_SINCE = (0, 19)
 
 
 def check_dsa_run(config: ModelConfig, rope_fusion: bool) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, cast, get_args
 
 from inspector.errors import ConfigError
+from inspector.inputs.refusals import static_moe_layers
 from inspector.job.attention_backend import flash_attention, scores_cause
 from inspector.job.checks import (
     check_at_least_one,
@@ -200,7 +201,8 @@ class Job:
         every_moe = all(model.is_moe_layer(i) for i in range(model.num_layers))
         check_cuda_graphs(training.cuda_graph_impl, training.cuda_graph_scope, training.recompute,
                           model.num_experts, bool(model.num_experts) and every_moe,
-                          training.ep_overlap, preprocess_syncs(training))  # fmt: skip
+                          training.ep_overlap, preprocess_syncs(training),
+                          static_moe_layers(vars(training)))  # fmt: skip
         if self.training.flash_attention and self.model.dtype_name == "float32":
             raise ConfigError("--use-flash-attn needs --bf16 or --fp16: flash attention kernels "
                               "have no fp32 path")  # fmt: skip

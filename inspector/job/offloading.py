@@ -24,7 +24,8 @@ OFFLOAD_MODULES: tuple[str, ...] = (
     "attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act",
 )  # fmt: skip
 # megatron-core 0.19.2 transformer_config.py 1237-1245: "offload the input of the whole fused
-# grouped MLP" (Megatron-Bridge's Nemotron 3 Ultra recipes ask for it), refused by name
+# grouped MLP" (Megatron-Bridge's Nemotron 3 Ultra recipes ask for it): megatron's own offload
+# (experts.py `_fused_forward` wraps the op fuser's grouped MLP in it) run as for the others
 FUSED_GROUP_MLP, FUSED_GROUP_MLP_SINCE = "fused_group_mlp", (0, 19)
 MIN_OFFLOADED_TENSOR_SIZE = 1024 * 1024  # Megatron-LM's default, in elements
 FIRST_VERSION = (0, 16)
@@ -69,23 +70,37 @@ def parse_offloading(args: Mapping[str, Any]) -> Offloading | None:
         # TransformerConfig: assert self.offload_modules is not None and len(...) > 0
         raise ConfigError("--fine-grained-activation-offloading needs --offload-modules (megatron-core's "
                           "TransformerConfig asserts at least one module)")  # fmt: skip
-    if FUSED_GROUP_MLP in modules and installed >= FUSED_GROUP_MLP_SINCE:
-        raise ConfigError(
-            f"--offload-modules {FUSED_GROUP_MLP} is not modelled: megatron-core 0.19's offload of "
-            "the fused grouped MLP's input (fine_grained_activation_offload.py, under Transformer "
-            "Engine's op fuser) is not simulated; expert_fc1 and moe_act are"
-        )
-    unknown = [m for m in modules if m not in OFFLOAD_MODULES]
+    allowed = OFFLOAD_MODULES + ((FUSED_GROUP_MLP,) if installed >= FUSED_GROUP_MLP_SINCE else ())
+    unknown = [m for m in modules if m not in allowed]
     if unknown:
         raise ConfigError(
-            f"--offload-modules {' '.join(unknown)} is not one of: {', '.join(OFFLOAD_MODULES)}"
+            f"--offload-modules {' '.join(unknown)} is not one of: {', '.join(allowed)}"
         )
+    if FUSED_GROUP_MLP in modules:
+        _check_fused_group_mlp(args, modules)
     if "attn_proj" in modules and "core_attn" not in modules:
         raise ConfigError(
             "--offload-modules attn_proj needs core_attn too (megatron-core: the input of attn_proj "
             "is the output of core_attn, which is needed in core_attn.backward())"
         )
     return Offloading(modules, MIN_OFFLOADED_TENSOR_SIZE if size is None else int(size))
+
+
+def _check_fused_group_mlp(args: Mapping[str, Any], modules: tuple[str, ...]) -> None:
+    """Refuse what megatron-core 0.19's TransformerConfig refuses of `fused_group_mlp`
+    (transformer_config.py __post_init__, 0.19.2 ~1895-1903): the op fuser's grouped MLP is
+    what it offloads (experts.py `_fused_forward`: the input of `ops(...)` and what its fused
+    operations save), and it holds what expert_fc1 and moe_act would."""
+    if not args.get("use_transformer_engine_op_fuser"):
+        raise ConfigError(f"--offload-modules {FUSED_GROUP_MLP} needs --use-transformer-engine-op-"
+                          "fuser (megatron-core's TransformerConfig: 'fused_group_mlp requires "
+                          "use_transformer_engine_op_fuser.')")  # fmt: skip
+    partial = [m for m in ("expert_fc1", "moe_act") if m in modules]
+    if partial:
+        raise ConfigError(f"--offload-modules {FUSED_GROUP_MLP} with {' '.join(partial)}: "
+                          "megatron-core refuses it (TransformerConfig: 'fused_group_mlp offloads "
+                          "the whole fused grouped MLP and cannot be combined with expert_fc1 or "
+                          "moe_act.')")  # fmt: skip
 
 
 def _layer_offload(args: Mapping[str, Any]) -> Offloading:
