@@ -33,15 +33,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-BLOCK = 512  # kMinBlockSize
+from inspector.memory.engine.allocator import BLOCK, rounded
+
 SMALL_SIZE = 1 << 20  # kSmallSize: at most this comes from the small pool
 LARGE_BUFFER = 20 << 20  # kLargeBuffer: the segment of a request under kMinLargeAlloc
 MIN_LARGE_ALLOC = 10 << 20  # kMinLargeAlloc
 ROUND_LARGE = 2 << 20  # kRoundLarge
-
-
-def _rounded(size: int) -> int:
-    return -(-size // BLOCK) * BLOCK
 
 
 @dataclass
@@ -62,7 +59,7 @@ class LargePool:
 
     def allocate(self, size: int) -> _Block | None:
         """Return the block serving a request of `size` bytes (None: the small pool's)."""
-        size = _rounded(size)
+        size = rounded(size)
         if size <= SMALL_SIZE:
             return None
         fits = [b for b in self.blocks if b.free and b.size >= size]
@@ -99,7 +96,7 @@ class LargePool:
 
 def tail_bytes(kept: Iterable[tuple[_Block | None, int]]) -> int:
     """Return what the kept blocks hold beyond their requests (each request rounded to 512)."""
-    return sum(block.size - _rounded(size) for block, size in kept if block is not None)
+    return sum(block.size - rounded(size) for block, size in kept if block is not None)
 
 
 def setup_tails(chunks: Sequence[Any], distributed: bool, expandable: bool = False) -> int:
