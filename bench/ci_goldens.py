@@ -258,6 +258,7 @@ def _predict(case: Case) -> Predicted:
     from inspector.inputs.resolve import Sources, merge_sources
     from inspector.job.job import make_job
     from inspector.memory.measure import job_optimizer_bytes, make_hardware, measure, state_bytes
+    from inspector.memory.segments import setup_tails
     from inspector.world.build import build, select_view
     from inspector.world.ranks import rank_shard_indices
 
@@ -292,6 +293,11 @@ def _predict(case: Case) -> Predicted:
     # but not allocated: RunMemory.torch_reports)
     static, peak = stage.run.torch_reports(state.total + stage.buffers - stage.fsdp_in_flight)
     peak += stage.fsdp_in_flight
+    if not (training.megatron_fsdp or training.torch_fsdp2):
+        # the caching allocator's blocks beyond megatron's set-up requests (memory/segments.py)
+        tails = setup_tails(built.stages[0].chunks, training.use_distributed_optimizer,
+                            expandable_segments(case.folder))  # fmt: skip
+        static, peak = static + tails, peak + tails
     step, bound, note = plan_step(args, layout.world_size, nccl_algo(case.folder))
     return Predicted(label, static, peak, step, bound, step_note=note)
 
@@ -307,8 +313,20 @@ def layout_label(layout: Any, mbs: int) -> str:
 
 def nccl_algo(folder: Path) -> str | None:
     """Return the NCCL_ALGO the case's ENV_VARS set (the job's environment), or None."""
+    return env_var(folder, "NCCL_ALGO")
+
+
+def expandable_segments(folder: Path) -> bool:
+    """Return whether the case's PYTORCH_CUDA_ALLOC_CONF turns on expandable segments (c10's
+    CUDAAllocatorConfig reads `expandable_segments:True` from the comma-separated options)."""
+    options = (env_var(folder, "PYTORCH_CUDA_ALLOC_CONF") or "").replace(" ", "").split(",")
+    return "expandable_segments:True" in options
+
+
+def env_var(folder: Path, name: str) -> str | None:
+    """Return the value the case's ENV_VARS give `name` (the job's environment), or None."""
     data = yaml.safe_load((folder / "model_config.yaml").read_text()) or {}
-    value = (data.get("ENV_VARS") or {}).get("NCCL_ALGO")
+    value = (data.get("ENV_VARS") or {}).get(name)
     return None if value is None else str(value)
 
 

@@ -213,3 +213,18 @@ def test_the_jobs_nccl_algo_is_read_from_its_env_vars(tmp_path):
     assert ci_goldens.nccl_algo(tmp_path) == "Ring"
     (tmp_path / "model_config.yaml").write_text("ENV_VARS:\n  CUDA_DEVICE_MAX_CONNECTIONS: 1\n")
     assert ci_goldens.nccl_algo(tmp_path) is None
+
+
+def test_expandable_segments_are_read_from_the_jobs_allocator_conf(tmp_path):
+    # PYTORCH_CUDA_ALLOC_CONF in ENV_VARS (quoted or not, with other options): with expandable
+    # segments every block splits down to 512 bytes, so the set-up keeps no segment tail
+    conf = tmp_path / "model_config.yaml"
+    conf.write_text('ENV_VARS:\n  PYTORCH_CUDA_ALLOC_CONF: "expandable_segments:True,'
+                    'garbage_collection_threshold:0.8"\n')  # fmt: skip
+    assert ci_goldens.expandable_segments(tmp_path)
+    conf.write_text("ENV_VARS:\n  PYTORCH_CUDA_ALLOC_CONF: expandable_segments:True\n")
+    assert ci_goldens.expandable_segments(tmp_path)
+    conf.write_text("ENV_VARS:\n  PYTORCH_CUDA_ALLOC_CONF: expandable_segments:False\n")
+    assert not ci_goldens.expandable_segments(tmp_path)
+    conf.write_text("ENV_VARS:\n  NCCL_ALGO: Ring\n")
+    assert not ci_goldens.expandable_segments(tmp_path)
