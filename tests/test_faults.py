@@ -87,30 +87,34 @@ def quick_idle(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(output, "IDLE_SECONDS", 0.3)
 
 
+def _refused_fifo(name: str, read: Any, message: str) -> None:
+    """Read a fifo nobody writes to, named from its folder (the cwd: a message shortens a path
+    over 80 characters, which the temporary folder's alone may be: a parallel run's worker
+    folder, a long user name), and expect it refused, not waited on."""
+    from inspector.errors import InputError
+
+    os.mkfifo(name)
+    with pytest.raises(InputError, match=message):
+        read(name)
+
+
 def test_a_fifo_nobody_writes_is_refused_not_waited_on(
     tmp_path: Path, quick_idle: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from inspector.errors import InputError
     from inspector.output import read_text
 
-    # named from its folder: a message shortens a path over 80 characters, which the temporary
-    # folder's alone may be (a parallel run's worker folder, a long user name)
     monkeypatch.chdir(tmp_path)
-    os.mkfifo("pipe.yaml")
-    with pytest.raises(InputError, match=r"^pipe.yaml sent nothing for 0.3 seconds"):
-        read_text("pipe.yaml")
+    _refused_fifo("pipe.yaml", read_text, r"^pipe.yaml sent nothing for 0.3 seconds")
 
 
 def test_a_fifo_as_tokenizer_model_is_refused_not_waited_on(
     tmp_path: Path, quick_idle: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from inspector.errors import InputError
     from inspector.inputs.tokenizers import vocabulary
 
-    monkeypatch.chdir(tmp_path)  # named from its folder, as above
-    os.mkfifo("tokenizer.json")
-    with pytest.raises(InputError, match=r"tokenizer.json sent nothing"):
-        vocabulary("HuggingFaceTokenizer", "tokenizer.json", None, None, "x")
+    monkeypatch.chdir(tmp_path)
+    _refused_fifo("tokenizer.json", lambda name: vocabulary("HuggingFaceTokenizer", name, None, None, "x"),
+                  r"tokenizer.json sent nothing")  # fmt: skip
 
 
 def test_a_fifo_that_is_written_is_read(tmp_path: Path) -> None:
@@ -456,13 +460,10 @@ def test_a_fifo_nobody_writes_as_a_log_is_refused_not_waited_on(
 ) -> None:
     # read_head (check's log, --kernels) opened a fifo with open(), which waits for a writer
     # forever; it is now read as read_bytes reads, and one that sends nothing is refused by name
-    from inspector.errors import InputError
     from inspector.output import read_head
 
-    monkeypatch.chdir(tmp_path)  # named from its folder, as above
-    os.mkfifo("train.log")
-    with pytest.raises(InputError, match=r"^train.log sent nothing for 0.3 seconds"):
-        read_head("train.log", 1000)
+    monkeypatch.chdir(tmp_path)
+    _refused_fifo("train.log", lambda name: read_head(name, 1000), r"^train.log sent nothing for 0.3 seconds")
 
 
 def test_check_on_a_fifo_nobody_writes_answers_in_bounded_time(tmp_path: Path) -> None:
