@@ -25,14 +25,21 @@ lint: setup
 	$(BIN)/ruff check inspector tests
 	$(BIN)/mypy inspector
 
+# The suite runs on every core (pytest-xdist, `-n auto`: two workers on CI's two cores), a test
+# file to a worker (`--dist loadfile`: a file's module fixtures and caches are built once, as in
+# one process). `make test JOBS=0` runs it in this process alone.
+JOBS ?= auto
+PARALLEL = -n $(JOBS) --dist loadfile
+
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(PARALLEL)
 
 # The tests marked slow left out (tests/README.md): under 2 minutes, for the loop while working.
 test-fast: setup
-	$(BIN)/python -m pytest -m "not slow" -q
+	$(BIN)/python -m pytest -m "not slow" -q $(PARALLEL)
 
 # Rewrite fixtures/golden/ from the current output; review `git diff fixtures/golden` like code.
+# In one process: every file it writes is written once, in the suite's order.
 golden: setup
 	$(BIN)/python -m pytest -q --update-golden
 
@@ -62,7 +69,7 @@ test-matrix-py312:
 	@for v in $(MATRIX312); do $(MAKE) --no-print-directory test-megatron V=$$v || exit 1; done
 
 test-megatron: .venv-megatron-$(V)/.installed
-	.venv-megatron-$(V)/bin/python -m pytest -q
+	.venv-megatron-$(V)/bin/python -m pytest -q $(PARALLEL)
 
 .venv-megatron-%/.installed: pyproject.toml
 	$(if $(call NEEDS312,$*),$(PYTHON312),$(PYTHON)) -m venv .venv-megatron-$*

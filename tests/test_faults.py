@@ -91,24 +91,34 @@ def quick_idle(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(output, "IDLE_SECONDS", 0.3)
 
 
-def test_a_fifo_nobody_writes_is_refused_not_waited_on(tmp_path: Path, quick_idle: None) -> None:
+def _refused_fifo(name: str, read: Any, message: str) -> None:
+    """Read a fifo nobody writes to, named from its folder (the cwd: a message shortens a path
+    over 80 characters, which the temporary folder's alone may be: a parallel run's worker
+    folder, a long user name), and expect it refused, not waited on."""
     from inspector.errors import InputError
+
+    os.mkfifo(name)
+    with pytest.raises(InputError, match=message):
+        read(name)
+
+
+def test_a_fifo_nobody_writes_is_refused_not_waited_on(
+    tmp_path: Path, quick_idle: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from inspector.output import read_text
 
-    os.mkfifo(tmp_path / "pipe.yaml")
-    with pytest.raises(InputError, match=r"pipe.yaml sent nothing for 0.3 seconds"):
-        read_text(str(tmp_path / "pipe.yaml"))
+    monkeypatch.chdir(tmp_path)
+    _refused_fifo("pipe.yaml", read_text, r"^pipe.yaml sent nothing for 0.3 seconds")
 
 
 def test_a_fifo_as_tokenizer_model_is_refused_not_waited_on(
-    tmp_path: Path, quick_idle: None
+    tmp_path: Path, quick_idle: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from inspector.errors import InputError
     from inspector.inputs.tokenizers import vocabulary
 
-    os.mkfifo(tmp_path / "tokenizer.json")
-    with pytest.raises(InputError, match=r"tokenizer.json sent nothing"):
-        vocabulary("HuggingFaceTokenizer", str(tmp_path / "tokenizer.json"), None, None, "x")
+    monkeypatch.chdir(tmp_path)
+    _refused_fifo("tokenizer.json", lambda name: vocabulary("HuggingFaceTokenizer", name, None, None, "x"),
+                  r"tokenizer.json sent nothing")  # fmt: skip
 
 
 def test_a_fifo_that_is_written_is_read(tmp_path: Path) -> None:
@@ -137,8 +147,9 @@ def test_a_huge_sparse_file_is_refused_by_its_size(tmp_path: Path) -> None:
     path = tmp_path / "config.json"
     with open(path, "wb") as stream:
         stream.truncate(1 << 40)  # a terabyte of holes: reading it would never end
-    line = error_line(run("params", "--hf-config", str(path), cwd=tmp_path, timeout=60))
-    assert line == (f"Error: {path} is 1,099,511,627,776 bytes; files read in are at most "
+    # named from its folder (the cwd): a message shortens a path over 80 characters
+    line = error_line(run("params", "--hf-config", path.name, cwd=tmp_path, timeout=60))
+    assert line == (f"Error: {path.name} is 1,099,511,627,776 bytes; files read in are at most "
                     "67,108,864 bytes (docs/limits.md)")  # fmt: skip
 
 
@@ -478,15 +489,15 @@ def test_an_infinite_count_in_a_config_is_an_error(value: str, tmp_path: Path) -
     assert line == f"Error: c.yaml: --num-layers needs int value, got {shown}"
 
 
-def test_a_fifo_nobody_writes_as_a_log_is_refused_not_waited_on(tmp_path: Path, quick_idle: None) -> None:
+def test_a_fifo_nobody_writes_as_a_log_is_refused_not_waited_on(
+    tmp_path: Path, quick_idle: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # read_head (check's log, --kernels) opened a fifo with open(), which waits for a writer
     # forever; it is now read as read_bytes reads, and one that sends nothing is refused by name
-    from inspector.errors import InputError
     from inspector.output import read_head
 
-    os.mkfifo(tmp_path / "train.log")
-    with pytest.raises(InputError, match=r"train.log sent nothing for 0.3 seconds"):
-        read_head(str(tmp_path / "train.log"), 1000)
+    monkeypatch.chdir(tmp_path)
+    _refused_fifo("train.log", lambda name: read_head(name, 1000), r"^train.log sent nothing for 0.3 seconds")
 
 
 def test_check_on_a_fifo_nobody_writes_answers_in_bounded_time(tmp_path: Path) -> None:
