@@ -131,7 +131,8 @@ class GroupedLinear(BasicOperation):
         split_sizes, xs = ctx.saved_tensors[0], ctx.saved_tensors[first : first + n]
         sizes = [int(s) for s in split_sizes.tolist()]
         dy = _to(dy, ctx.dtype)
-        grad_biases, grad_scales = [], None
+        grad_biases: list[Any] = []
+        grad_scales = None
         if self._scale_bias:
             grad_biases, grad_scales = self._scaled_bias_grads(ctx.saved_tensors[1], dy, ctx.dtype)
         elif self.use_bias:
