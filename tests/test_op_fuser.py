@@ -150,6 +150,29 @@ def test_the_experts_hold_what_the_fused_ops_save():
 
 
 @needs_op_fuser
+def test_gpt_oss_experts_hold_what_the_fused_ops_save():
+    # the same small job with gpt-oss's clamped quick-GEGLU and biases: ScaledClampedQGeGLU keeps
+    # fc1's [n, 2f] output, fc2 the scaled [n, f] (views), fc2's [n, h] output is held; each
+    # expert's bias x probs ([32, h] bf16 here, the probs being bf16) is made and freed
+    # (TE v2.17.1 grouped_linear.py 1168-1173). main refused the job
+    from inspector.memory.engine.stage import trace_stage
+    from tests.test_engine import _MOE_TP1
+    from tests.test_te_engine import _job
+
+    moe = {k: v for k, v in _MOE_TP1.items() if k not in ("swiglu", "disable_bias_linear")}
+    job = _job(**moe, num_layers=1, pipeline_model_parallel_size=1, data_parallel_size=1,
+               global_batch_size=2, ffn_hidden_size=128, moe_grouped_gemm=True, quick_geglu=True,
+               activation_func_clamp_value=7.0, no_bias_dropout_fusion=True,
+               use_transformer_engine_op_fuser=True)  # fmt: skip
+    trace = trace_stage(job, 0)[0]
+    forward = [e.bytes for e in trace.forward if e.where.startswith("decoder.layers.0.mlp.experts")]
+    n, h, f, bf16 = 32 * 2 * 2, 64, 128, 2
+    bias_x_probs = n // 4 * h * bf16  # 4 experts, balanced
+    assert forward == [n * 2 * f * bf16, n * f * bf16, n * f * bf16, -n * f * bf16, n * h * bf16,
+                       *[bias_x_probs, -bias_x_probs] * 4]  # fmt: skip
+
+
+@needs_op_fuser
 def test_memory_runs_the_op_fuser_and_params_do_not_change(cli, tmp_path):
     # the fused ops are kept in a tuple, not registered: the same parameters, the same DDP buffers
     config = tmp_path / "fuser.yaml"
