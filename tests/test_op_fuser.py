@@ -150,6 +150,29 @@ def test_the_experts_hold_what_the_fused_ops_save():
 
 
 @needs_op_fuser
+def test_gpt_oss_experts_hold_what_the_fused_ops_save():
+    # the same small job with gpt-oss's clamped quick-GEGLU and biases: ScaledClampedQGeGLU keeps
+    # fc1's [n, 2f] output, fc2 the scaled [n, f] (views), fc2's [n, h] output is held; each
+    # expert's bias x probs ([32, h] bf16 here, the probs being bf16) is made and freed
+    # (TE v2.17.1 grouped_linear.py 1168-1173). main refused the job
+    from inspector.memory.engine.stage import trace_stage
+    from tests.test_engine import _MOE_TP1
+    from tests.test_te_engine import _job
+
+    moe = {k: v for k, v in _MOE_TP1.items() if k not in ("swiglu", "disable_bias_linear")}
+    job = _job(**moe, num_layers=1, pipeline_model_parallel_size=1, data_parallel_size=1,
+               global_batch_size=2, ffn_hidden_size=128, moe_grouped_gemm=True, quick_geglu=True,
+               activation_func_clamp_value=7.0, no_bias_dropout_fusion=True,
+               use_transformer_engine_op_fuser=True)  # fmt: skip
+    trace = trace_stage(job, 0)[0]
+    forward = [e.bytes for e in trace.forward if e.where.startswith("decoder.layers.0.mlp.experts")]
+    n, h, f, bf16 = 32 * 2 * 2, 64, 128, 2
+    bias_x_probs = n // 4 * h * bf16  # 4 experts, balanced
+    assert forward == [n * 2 * f * bf16, n * f * bf16, n * f * bf16, -n * f * bf16, n * h * bf16,
+                       *[bias_x_probs, -bias_x_probs] * 4]  # fmt: skip
+
+
+@needs_op_fuser
 def test_memory_runs_the_op_fuser_and_params_do_not_change(cli, tmp_path):
     # the fused ops are kept in a tuple, not registered: the same parameters, the same DDP buffers
     config = tmp_path / "fuser.yaml"
@@ -213,23 +236,98 @@ SMALL_MOE = ("--num-layers", "2", "--hidden-size", "256", "--num-attention-heads
 @pytest.mark.parametrize(
     "flags, what",
     [
-        # gpt-oss: clamped quick-GEGLU with biases (megatron: ScaledClampedQGeGLU, scale_bias)
-        (("--model", "gpt-oss-20b", "--num-layers", "2", "--bf16", "--micro-batch-size", "1"),
-         "experts other than SwiGLU (gpt-oss's --quick-geglu or squared ReLU)"),
         # a plain MLP (the tool reads --squared-relu as numerics only): ScaledSReLU
         (SMALL_MOE + ("--disable-bias-linear",),
-         "experts other than SwiGLU (gpt-oss's --quick-geglu or squared ReLU)"),
-        # SwiGLU with biases: GroupedLinear's scale_bias
-        (SMALL_MOE + ("--swiglu",), "biased experts (no --disable-bias-linear)"),
+         "experts other than SwiGLU or --quick-geglu (squared ReLU)"),
+        # gpt-oss in MXFP8: TE 2.15+'s fused grouped MLP with GeGLU and biases
+        (("--model", "gpt-oss-20b", "--num-layers", "2", "--bf16", "--micro-batch-size", "1",
+          "--fp8-format", "e4m3", "--fp8-recipe", "mxfp8"), "--fp8-format and --quick-geglu"),
+        (SMALL_MOE + ("--swiglu", "--fp8-format", "e4m3", "--fp8-recipe", "mxfp8"),
+         "--fp8-format and biased experts (no --disable-bias-linear)"),
     ],  # fmt: skip
-    ids=["gpt-oss", "mlp", "biased-swiglu"],
+    ids=["mlp", "gpt-oss-mxfp8", "biased-swiglu-mxfp8"],
 )
 @needs_op_fuser
 def test_op_fuser_experts_the_stand_in_lacks_are_refused_by_name(cli, flags, what):
-    # on a GPU megatron fuses these through TE ops the stand-in does not have, so the build
-    # would stop in megatron's own assert ('Fused GroupedMLP is not supported ...'): refused
-    # by name instead, as not modelled
+    # on a GPU megatron fuses these through TE ops the stand-in does not have (ScaledSReLU,
+    # TE 2.15+'s quantized fused grouped MLP), so they are refused by name, as not modelled
     done = cli("memory", *flags, "--use-transformer-engine-op-fuser")
     assert done.code == 2 and done.out == ""
     assert done.err.splitlines()[-1].startswith(
         f"Error: --use-transformer-engine-op-fuser with {what} is not modelled"), done.err
+
+
+def _biased_mlp(activation):
+    """_make_fused_ops for gpt-oss (experts.py 0.19.2 436-566): fc1 with biases, the scaled
+    activation, fc2 with biases scaled by the probs (`scale_bias=True`), params attached."""
+    ops = _ops()
+    fc1 = ops.GroupedLinear(len(SPLITS), H, 2 * F, bias=True, device="meta")
+    fc2 = ops.GroupedLinear(len(SPLITS), F, H, bias=True, device="meta", scale_bias=True)
+    for op, out, inp in ((fc1, 2 * F, H), (fc2, H, F)):
+        for i in range(len(SPLITS)):
+            op.register_parameter(f"weight{i}", _as_param(_meta(out, inp)))
+            op.register_parameter(f"bias{i}", _as_param(_meta(out)))
+    return ops.Sequential().append(fc1).append(activation).append(fc2)
+
+
+def test_scaled_bias_takes_the_probs_and_saves_them():
+    # TE v2.17.1 grouped_linear.py 132-134: scale_bias makes the probs a second extra input;
+    # 1196-1201 saves them after the split sizes (the raw fp32 probs, no copy); 1168-1173 adds
+    # bias x prob a group, each product [rows, H] in fp32 (bf16 bias x fp32 probs) and freed;
+    # the backward (1398-1411, triton/grouped_dbias_dscales.py) gives fp32 prob gradients
+    import torch
+
+    from inspector.memory.engine.allocator import Tracker, rounded
+
+    ops = _ops()
+    assert "scale_bias" in inspect.signature(ops.GroupedLinear.__init__).parameters
+    fused = _biased_mlp(ops.ScaledClampedQGeGLU(limit=7.0))
+    assert [op.num_extra_inputs for op in fused.children()] == [1, 1, 2]
+    x, splits = _meta(N, H), torch.tensor(SPLITS)
+    probs = torch.empty(N, device="meta", dtype=torch.float32, requires_grad=True)
+    tracker = Tracker()
+    with tracker:
+        out = fused(x, splits, probs, splits, probs)
+    bf16, f32, i64 = torch.bfloat16, torch.float32, torch.int64
+    saved = [(tuple(t.shape), t.dtype) for t in out.grad_fn.saved_tensors]
+    assert saved[5:7] == [((N, 2 * F), bf16), ((N,), bf16)]  # the GeGLU's input, probs in bf16
+    assert saved[7:] == ([((2,), i64), ((N,), f32), ((10, F), bf16), ((14, F), bf16)]
+                         + [((H, F), bf16)] * 2)  # fmt: skip
+    assert out.grad_fn.saved_tensors[8] is probs or out.grad_fn.saved_tensors[8]._cdata == probs._cdata
+    # fc1's [N, 2F]; the probs in bf16 [N]; the GeGLU's [N, F], its scaled copy, the first freed;
+    # fc2's [N, H]; then bias x probs [10, H] and [14, H] in fp32, each freed (in 512-byte blocks)
+    assert [e.bytes for e in tracker.events] == [
+        N * 2 * F * 2, rounded(N * 2), N * F * 2, N * F * 2, -N * F * 2, N * H * 2,
+        10 * H * 4, -10 * H * 4, 14 * H * 4, -14 * H * 4]  # fmt: skip
+    grads = torch.autograd.grad(out, (x, probs, *fused.parameters()), torch.empty_like(out))
+    assert (tuple(grads[1].shape), grads[1].dtype) == ((N,), f32)
+    shapes = [tuple(g.shape) for g in grads[2:]]
+    assert shapes == [(2 * F, H)] * 2 + [(2 * F,)] * 2 + [(H, F)] * 2 + [(H,)] * 2
+
+
+@needs_op_fuser
+def test_megatron_builds_gpt_oss_fused_experts_from_these_ops():
+    # experts.py 0.19.2 498-525, 545-566: quick_gelu with a clamp builds ScaledClampedQGeGLU with
+    # the clamp as `limit`; biased fc2 gets scale_bias=True and the probs as its second input
+    from megatron.core.transformer.moe.experts import TEGroupedMLP
+
+    source = inspect.getsource(TEGroupedMLP._make_fused_ops)
+    assert "te.pytorch.ops.ScaledClampedQGeGLU(" in source and "limit=clamp" in source
+    assert '{"scale_bias": True} if self.linear_fc2.use_bias' in source
+    forward = inspect.getsource(TEGroupedMLP._fused_forward)
+    assert "(tokens_per_expert, permuted_probs)" in forward
+
+
+GPT_OSS = ("--model", "gpt-oss-20b", "--num-layers", "2", "--bf16", "--micro-batch-size", "1",
+           "--no-bias-dropout-fusion")  # fmt: skip
+
+
+@pytest.mark.parametrize("flags", [GPT_OSS, SMALL_MOE + ("--swiglu", "--no-bias-dropout-fusion")],
+                         ids=["gpt-oss", "biased-swiglu"])  # fmt: skip
+@needs_op_fuser
+def test_memory_runs_the_op_fuser_with_geglu_and_biases(cli, flags):
+    # main refused both ("experts other than SwiGLU", "biased experts"); in 16 bits megatron's
+    # _fused_forward now runs on ScaledClampedQGeGLU and GroupedLinear's scale_bias
+    done = cli("memory", *flags, "--use-transformer-engine-op-fuser")
+    assert done.code == 0, done.err
+    assert "run on meta tensors" in done.out

@@ -137,23 +137,30 @@ def check_deterministic(args: Mapping[str, Any]) -> None:
 
 def check_op_fuser(args: Mapping[str, Any]) -> None:
     """Refuse what --use-transformer-engine-op-fuser would run that is not simulated: the MoE
-    experts' fused operations (world/te/ops.py) run in 16 bits, without delayed weight gradients."""
+    experts' fused operations (world/te/ops.py: SwiGLU or clamped quick-GEGLU, with or without
+    biases) run in 16 bits, without delayed weight gradients."""
     if not args.get("use_transformer_engine_op_fuser") or not args.get("num_experts"):
         return  # megatron-core 0.18-0.19 read it in TEGroupedMLP only
-    if not args.get("swiglu") or not args.get("disable_bias_linear"):
-        # experts.py `_is_fused_impl_supported` (0.19.2): squared ReLU fuses through TE's
-        # ScaledSReLU, gpt-oss's clamped quick-GEGLU through ScaledClampedQGeGLU, biased experts
-        # through GroupedLinear's `scale_bias`; the stand-in has TE 2.14's ScaledSwiGLU only
-        what = ("biased experts (no --disable-bias-linear)" if args.get("swiglu") else
-                "experts other than SwiGLU (gpt-oss's --quick-geglu or squared ReLU)")  # fmt: skip
+    if not args.get("swiglu") and not args.get("quick_geglu"):
+        # experts.py `_is_fused_impl_supported` (0.19.2): squared ReLU fuses through TE 2.17's
+        # ScaledSReLU when --use-fused-weighted-squared-relu; the tool builds --squared-relu as
+        # its default activation (numerics only), so neither is simulated
         raise ConfigError(
-            f"--use-transformer-engine-op-fuser with {what} is not modelled: megatron-core fuses "
-            "them through Transformer Engine's ScaledSReLU, ScaledClampedQGeGLU and GroupedLinear's "
-            "scaled bias (experts.py _is_fused_impl_supported), which are not simulated; the op "
-            "fuser's SwiGLU without biases is")  # fmt: skip
+            "--use-transformer-engine-op-fuser with experts other than SwiGLU or --quick-geglu "
+            "(squared ReLU) is not modelled: megatron-core fuses them through Transformer "
+            "Engine's ScaledSReLU (experts.py _is_fused_impl_supported), which is not simulated; "
+            "the op fuser's SwiGLU and gpt-oss's clamped quick-GEGLU, with or without biases, "
+            "are")  # fmt: skip
     quantized = [name for name in ("fp8_format", "fp4_format") if args.get(name)]
     # MXFP8 runs TE's fused grouped MLP where TE's fuser takes it (world/te/fused_mlp.py `taken`;
     # where it does not, the run stops naming TE's basic quantized operations)
+    if quantized == ["fp8_format"] and (args.get("quick_geglu") or not args.get("disable_bias_linear")):
+        what = "--quick-geglu" if args.get("quick_geglu") else "biased experts (no --disable-bias-linear)"
+        raise ConfigError(
+            f"--use-transformer-engine-op-fuser with --fp8-format and {what} is not modelled: "
+            "Transformer Engine 2.15+ runs them through its fused grouped MLP or its quantized "
+            "basic operations (ops/fused/grouped_mlp.py, ops/basic/grouped_linear.py), which are "
+            "not simulated beyond MXFP8 SwiGLU without biases; in 16 bits they are modelled")  # fmt: skip
     if quantized and (quantized != ["fp8_format"] or args.get("fp8_recipe") != "mxfp8"):
         flag = "--" + quantized[0].replace("_", "-")
         raise ConfigError(

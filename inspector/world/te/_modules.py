@@ -66,8 +66,11 @@ _MODULES = {
 }
 
 # TE 2.13 added ops.GroupedLinear and ops.ScaledSwiGLU (ops/basic/__init__.py): under 2.14 the
-# fuser megatron-core 0.18+'s op-fuser experts run (ops.py); under 2.11 they are absent
-_FUSER_OPS = ops.OPS if tuple(int(part) for part in VERSION.split(".")[:2]) >= (2, 13) else {}
+# fuser megatron-core 0.18+'s op-fuser experts run (ops.py); under 2.11 they are absent; the ops
+# added later (ops.SINCE) only from their release on
+_RELEASE = tuple(int(part) for part in VERSION.split(".")[:2])
+_FUSER_OPS = {name: op for name, op in ops.OPS.items()
+              if _RELEASE >= (2, 13) and _RELEASE >= ops.SINCE.get(name, (2, 13))}  # fmt: skip
 
 # name -> (is a package, attributes); submodules are attached to their parents afterwards.
 _LAYOUT: dict[str, tuple[bool, dict[str, Any]]] = {

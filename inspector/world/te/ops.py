@@ -9,8 +9,10 @@ as one autograd Function (ops/fuser.py 53-300, `_OperationFuserAutogradFunction`
 `fuser_forward` fills its context, one `save_for_backward` keeps them all, and the backward runs
 each op's `fuser_backward` in reverse. This mirrors TE 2.14's basic ops (the `v2.14` tag), what TE
 runs wherever its CuTe DSL fused grouped MLP is not taken (that kernel needs MXFP8 on sm100:
-ops/fused/forward_grouped_mlp.py 71-84), in 16-bit compute; quantized compute, a single grouped
-weight, delayed weight gradients and the clamped-GeGLU/SReLU activations (TE 2.15+) are not here.
+ops/fused/forward_grouped_mlp.py 71-84), in 16-bit compute, with two TE 2.15+ additions that
+megatron-core 0.19.2 builds for gpt-oss (cited at the `v2.17.1` tag, the release 0.19 locks):
+ScaledClampedQGeGLU and GroupedLinear's `scale_bias`. Quantized compute, a single grouped
+weight, delayed weight gradients and ScaledSReLU (TE 2.17) are not here.
 megatron checks NVTE_CUTEDSL_FUSED_GROUPED_MLP before it builds them (world/stage.py sets it).
 """
 
@@ -66,8 +68,14 @@ class GroupedLinear(BasicOperation):
         device: Any = None, dtype: torch.dtype | None = None, rng_state_tracker_function: Any = None,
         accumulate_into_main_grad: bool = False, single_grouped_weight: bool = False,
         single_grouped_bias: bool = False, delay_wgrad_compute: bool = False,
+        scale_bias: bool = False,
     ) -> None:  # fmt: skip
         super().__init__()
+        # TE 2.15+ (v2.17.1 grouped_linear.py 132-134): the bias times a per-row scale, which
+        # comes as a second extra input
+        self._scale_bias = scale_bias and bias
+        if self._scale_bias:
+            self.num_extra_inputs = 2
         if single_grouped_weight or single_grouped_bias or delay_wgrad_compute:
             raise NotImplementedError("TE's ops.GroupedLinear with a single grouped weight or "
                                       "delayed weight gradients is not simulated")  # fmt: skip
@@ -85,7 +93,7 @@ class GroupedLinear(BasicOperation):
     def fuser_forward(self, ctx: Any, x: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
         """grouped_linear.py 654-789 in 16 bits: the output, and the input split into views and
         the weights saved (`save_for_backward(split_sizes, *xs, *ws)`, 779)."""
-        (split_sizes,) = extra
+        split_sizes, scales = extra[0], (extra[1] if self._scale_bias else None)
         n = self.num_groups
         weights = [getattr(self, f"weight{i}") for i in range(n)]
         if self._accumulate_into_main_grad and getattr(weights[0], "main_grad", None) is None:
@@ -97,25 +105,37 @@ class GroupedLinear(BasicOperation):
         ws: list[Any] = [_to(w, dtype) for w in weights]
         xs: list[Any] = list(torch.split(_to(x, dtype), sizes))
         out = torch.empty([*x.shape[:-1], self.out_features], dtype=dtype, device=x.device)
+        if scales is not None:  # v2.17.1 grouped_linear.py 1168-1173: out += bias x scale a group
+            for bias, rows, out_rows in zip(self._biases(dtype), torch.split(scales, sizes),
+                                            torch.split(out, sizes)):  # fmt: skip
+                out_rows.add_(bias.unsqueeze(0) * rows.unsqueeze(-1))
         ctx.input_requires_grad = ctx.requires_grad
         ctx.weight_requires_grad = ctx.requires_grad and weights[0].requires_grad
         if not ctx.input_requires_grad:
             ws = [None] * n
         if not ctx.weight_requires_grad:
             xs = [None] * n
-        ctx.to_save = [split_sizes, *xs, *ws]
+        # v2.17.1 1196-1201: the scales after the split sizes (its two Nones are not kept here)
+        ctx.to_save = [split_sizes, *([scales] if scales is not None else []), *xs, *ws]
         ctx.dtype = dtype
         return out
+
+    def _biases(self, dtype: torch.dtype) -> list[torch.Tensor]:
+        """v2.17.1 grouped_linear.py 278-287 `_get_bias_tensors`: each group's bias in `dtype`."""
+        return [_to(getattr(self, f"bias{i}"), dtype) for i in range(self.num_groups)]
 
     def fuser_backward(self, ctx: Any, dy: torch.Tensor) -> tuple[Any, list[Any], list[Any]]:
         """grouped_linear.py 791-1004: dgrad (894), a wgrad per group into `main_grad` or a new
         one (881), the saved input views cleared (943); grads in parameter order."""
-        n = self.num_groups
-        split_sizes, xs = ctx.saved_tensors[0], ctx.saved_tensors[1 : 1 + n]
+        n, first = self.num_groups, 2 if self._scale_bias else 1
+        split_sizes, xs = ctx.saved_tensors[0], ctx.saved_tensors[first : first + n]
         sizes = [int(s) for s in split_sizes.tolist()]
         dy = _to(dy, ctx.dtype)
-        grad_biases = []
-        if self.use_bias:
+        grad_biases: list[Any] = []
+        grad_scales = None
+        if self._scale_bias:
+            grad_biases, grad_scales = self._scaled_bias_grads(ctx.saved_tensors[1], dy, ctx.dtype)
+        elif self.use_bias:
             grad_biases = [d.reshape(-1, d.size(-1)).sum(dim=0) for d in torch.split(dy, sizes)]
         grad_weights: list[Any] = [None] * n
         if ctx.weight_requires_grad:
@@ -127,7 +147,22 @@ class GroupedLinear(BasicOperation):
                 [*dy.shape[:-1], self.in_features], dtype=ctx.dtype, device=dy.device
             )
         clear_tensor_data(*xs)
-        return grad_input, [*grad_weights, *grad_biases], [None]
+        extra = [None, grad_scales] if self._scale_bias else [None]
+        return grad_input, [*grad_weights, *grad_biases], extra
+
+    def _scaled_bias_grads(
+        self, scales: torch.Tensor, dy: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """v2.17.1 grouped_linear.py 1398-1411: the biases stacked, the scales in fp32, and
+        triton/grouped_dbias_dscales.py 77-128's fp32 bias [groups, out] and scale [rows]
+        gradients; each bias gradient cast back to `dtype`."""
+        g, device = self.num_groups, dy.device
+        offsets = torch.zeros(g + 1, dtype=torch.int64, device=device)  # noqa: F841 (as in TE)
+        packed = torch.stack(self._biases(dtype))  # noqa: F841
+        scales_f32 = scales.to(dtype=torch.float32)  # noqa: F841
+        dbias = torch.zeros(g, dy.size(-1), dtype=torch.float32, device=device)
+        dscales = torch.zeros(dy.numel() // dy.size(-1), dtype=torch.float32, device=device)
+        return [dbias[i].to(dtype=dtype) for i in range(g)], dscales
 
 
 class ScaledSwiGLU(BasicOperation):
@@ -179,6 +214,18 @@ class ScaledSwiGLU(BasicOperation):
             grad_extra = torch.linalg.vecdot(swiglu_out, dy)
         clear_tensor_data(ctx.saved_tensors[0])
         return grad_input, [], [grad_extra]
+
+
+class ScaledClampedQGeGLU(ScaledSwiGLU):
+    """TE 2.15+ ops/basic/swiglu.py (v2.17.1 572-625): gpt-oss's clamped quick-GEGLU times the
+    scales; `_ScaledGLU` (375-540) allocates, saves and frees as ScaledSwiGLU does."""
+
+    def __init__(
+        self, glu_interleave_size: int | None = None, *, limit: float = 7.0, alpha: float = 1.702,
+        glu_linear_offset: float = 1.0,
+    ) -> None:  # fmt: skip
+        super().__init__(glu_interleave_size)
+        self.limit, self.alpha, self.glu_linear_offset = limit, alpha, glu_linear_offset
 
 
 class _OperationFuserFunction(torch.autograd.Function):
@@ -254,6 +301,9 @@ class Sequential(torch.nn.Module):
         return _OperationFuserFunction.apply(x, ops, *params, *extra_inputs)
 
 
-# what TE 2.14's `transformer_engine.pytorch.ops` exports that megatron-core 0.18+ calls
+# what TE's `transformer_engine.pytorch.ops` exports that megatron-core 0.18+ calls, and the
+# release that added an op after 2.13 (ops/basic/__init__.py at the `v2.15` tag)
+SINCE = {"ScaledClampedQGeGLU": (2, 15)}
 OPS = {"BasicOperation": BasicOperation, "GroupedLinear": GroupedLinear,
-       "ScaledSwiGLU": ScaledSwiGLU, "Sequential": Sequential}  # fmt: skip
+       "ScaledSwiGLU": ScaledSwiGLU, "ScaledClampedQGeGLU": ScaledClampedQGeGLU,
+       "Sequential": Sequential}  # fmt: skip
