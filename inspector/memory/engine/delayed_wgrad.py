@@ -1,0 +1,49 @@
+"""The MoE experts' delayed weight gradients (--delay-wgrad-compute with the op fuser), run when
+megatron-core's combined 1F1B step runs them.
+
+With `--delay-wgrad-compute`, TE's op fuser GroupedLinears keep their weight-gradient GEMMs'
+operands from the experts' backward (world/te/ops.py `wgrad_store`) until megatron-core 0.19's
+TEGroupedMLP.backward_dw (transformer/moe/experts.py) runs and frees them. The combined step
+(models/common/model_chunk_schedule_plan.py `TransformerLayerSchedulePlan.run`) calls it through
+MoELayer.backward_dw(routed_experts=True) right after the layer's MLP backward and before its
+dispatch backward: here megatron's own TEGroupedMLP.backward_dw is called as soon as the experts'
+input gradient exists, the same point of the backward, on every layer whose experts take the
+fused path (the others' TE modules compute their weight gradients in the backward itself).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+
+def _delays(module: Any) -> bool:
+    """Whether `module` is megatron's TEGroupedMLP on the op fuser with delayed weight gradients
+    (experts.py backward_dw: `self._with_fused_impl and self.linear_fc1.delay_wgrad_compute`)."""
+    fc1 = getattr(module, "linear_fc1", None)
+    return bool(getattr(module, "_with_fused_impl", False)) and bool(
+        getattr(fc1, "delay_wgrad_compute", False)
+    )
+
+
+@contextlib.contextmanager
+def delayed_wgrad(gpt: Any) -> Iterator[None]:
+    """Call each fused-experts module's `backward_dw` once its input's gradient is computed."""
+    handles = []
+
+    def after_forward(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        x = args[0] if args else kwargs["permuted_local_hidden_states"]
+        if isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled():
+            x.register_hook(lambda grad: module.backward_dw())
+
+    for module in gpt.modules():
+        if _delays(module):
+            handles.append(module.register_forward_hook(after_forward, with_kwargs=True))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
