@@ -9,6 +9,12 @@ MoELayer.backward_dw(routed_experts=True) right after the layer's MLP backward a
 dispatch backward: here megatron's own TEGroupedMLP.backward_dw is called as soon as the experts'
 input gradient exists, the same point of the backward, on every layer whose experts take the
 fused path (the others' TE modules compute their weight gradients in the backward itself).
+
+The engine builds megatron's TransformerConfig without the all-to-all overlap (stage.py: its small
+chunks have no virtual pipeline, which megatron's config would then demand), so without
+`delay_wgrad_compute` either; the experts' `delay_wgrad_compute`, which megatron-core's
+TEGroupedLinear.__init__ takes from it (extensions/transformer_engine.py 2148-2151) and
+_make_fused_ops hands to TE's ops on the first forward (experts.py 457-472), is set here.
 """
 
 from __future__ import annotations
@@ -20,18 +26,16 @@ from typing import Any
 import torch
 
 
-def _delays(module: Any) -> bool:
-    """Whether `module` is megatron's TEGroupedMLP on the op fuser with delayed weight gradients
-    (experts.py backward_dw: `self._with_fused_impl and self.linear_fc1.delay_wgrad_compute`)."""
-    fc1 = getattr(module, "linear_fc1", None)
-    return bool(getattr(module, "_with_fused_impl", False)) and bool(
-        getattr(fc1, "delay_wgrad_compute", False)
-    )
+def _fused_experts(module: Any) -> bool:
+    """Whether `module` is megatron's TEGroupedMLP on the op fuser (experts.py `_with_fused_impl`),
+    its TE ops not built yet."""
+    return bool(getattr(module, "_with_fused_impl", False)) and module._fused_ops is None
 
 
 @contextlib.contextmanager
-def delayed_wgrad(gpt: Any) -> Iterator[None]:
-    """Call each fused-experts module's `backward_dw` once its input's gradient is computed."""
+def delayed_wgrad(gpt: Any, delay: bool) -> Iterator[None]:
+    """With `delay` (--delay-wgrad-compute), call each fused-experts module's `backward_dw` once
+    its input's gradient is computed."""
     handles = []
 
     def after_forward(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
@@ -39,8 +43,9 @@ def delayed_wgrad(gpt: Any) -> Iterator[None]:
         if isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled():
             x.register_hook(lambda grad: module.backward_dw())
 
-    for module in gpt.modules():
-        if _delays(module):
+    for module in gpt.modules() if delay else ():
+        if _fused_experts(module):
+            module.linear_fc1.delay_wgrad_compute = module.linear_fc2.delay_wgrad_compute = True
             handles.append(module.register_forward_hook(after_forward, with_kwargs=True))
     try:
         yield

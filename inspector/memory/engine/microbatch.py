@@ -73,7 +73,7 @@ def run_microbatch(job: Job, ddp: Any, gpt: Any, num_microbatches: int) -> Trace
             placeholders_named(functools.partial(_named, tracker)):
         with tracker, _routing(job), _graphed_steps_named(job, tracker, where), \
                 stashed(gpt, job.training.ep_overlap, lambda: tracker.where) as stash, \
-                delayed_wgrad(gpt):
+                delayed_wgrad(gpt, job.training.delay_wgrad):
             if stash is not None:  # megatron's profiling first iteration, then its buffers
                 with offloaded(gpt.config, lambda: tracker.where):  # its own offload manager
                     _backward(gpt, _forward(job, ddp, gpt, num_microbatches, tracker), tracker)
