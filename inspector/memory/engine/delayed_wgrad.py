@@ -26,10 +26,14 @@ from typing import Any
 import torch
 
 
-def _fused_experts(module: Any) -> bool:
+def _delays(module: Any) -> bool:
     """Whether `module` is megatron's TEGroupedMLP on the op fuser (experts.py `_with_fused_impl`),
-    its TE ops not built yet."""
-    return bool(getattr(module, "_with_fused_impl", False)) and module._fused_ops is None
+    given delayed weight gradients before its TE ops are built (on its first forward)."""
+    if not getattr(module, "_with_fused_impl", False):
+        return False
+    if module._fused_ops is None:
+        module.linear_fc1.delay_wgrad_compute = module.linear_fc2.delay_wgrad_compute = True
+    return bool(module.linear_fc1.delay_wgrad_compute)
 
 
 @contextlib.contextmanager
@@ -44,11 +48,22 @@ def delayed_wgrad(gpt: Any, delay: bool) -> Iterator[None]:
             x.register_hook(lambda grad: module.backward_dw())
 
     for module in gpt.modules() if delay else ():
-        if _fused_experts(module):
-            module.linear_fc1.delay_wgrad_compute = module.linear_fc2.delay_wgrad_compute = True
+        if _delays(module):
             handles.append(module.register_forward_hook(after_forward, with_kwargs=True))
     try:
         yield
+        _check_emptied(handles and gpt)
     finally:
         for handle in handles:
             handle.remove()
+
+
+def _check_emptied(gpt: Any) -> None:
+    """Stop where a micro-batch ends with weight-gradient operands still kept: megatron would run
+    them at its backward_dw, which then was never reached here."""
+    for name, module in gpt.named_modules() if gpt else ():
+        for op in (module._fused_ops[0].children() if getattr(module, "_fused_ops", None) else ()):
+            store = getattr(op, "wgrad_store", None)
+            if store is not None and store.context:
+                raise RuntimeError(f"{name}: the experts' delayed weight gradients were kept past "
+                                   "the micro-batch (TEGroupedMLP.backward_dw never ran)")  # fmt: skip
