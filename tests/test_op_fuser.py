@@ -203,10 +203,8 @@ def test_memory_refuses_the_op_fuser_before_megatron_core_0_18(cli):
         (("--fp8-format", "e4m3"), "--use-transformer-engine-op-fuser with --fp8-format e4m3 is not modelled"),
         # megatron's _is_fused_impl_supported refuses tensor-parallel experts
         (("--tp", "2", "--sequence-parallel"), "--use-transformer-engine-op-fuser with an expert tensor-parallel size of 2"),
-        # TE's delayed wgrad store in ops.GroupedLinear is not simulated
-        (("--delay-wgrad-compute", "--overlap-moe-expert-parallel-comm"), "--use-transformer-engine-op-fuser with --delay-wgrad-compute"),
     ],  # fmt: skip
-    ids=["fp8", "expert-tp", "delay-wgrad"],
+    ids=["fp8", "expert-tp"],
 )
 @needs_op_fuser
 def test_op_fuser_combinations_not_modelled_are_refused_by_name(cli, extra, start):

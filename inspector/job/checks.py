@@ -138,7 +138,8 @@ def check_deterministic(args: Mapping[str, Any]) -> None:
 def check_op_fuser(args: Mapping[str, Any]) -> None:
     """Refuse what --use-transformer-engine-op-fuser would run that is not simulated: the MoE
     experts' fused operations (world/te/ops.py: SwiGLU or clamped quick-GEGLU, with or without
-    biases) run in 16 bits, without delayed weight gradients."""
+    biases) run in 16 bits or as MXFP8's fused grouped MLP, with or without delayed weight
+    gradients."""
     if not args.get("use_transformer_engine_op_fuser") or not args.get("num_experts"):
         return  # megatron-core 0.18-0.19 read it in TEGroupedMLP only
     if not args.get("swiglu") and not args.get("quick_geglu"):
@@ -177,11 +178,6 @@ def check_op_fuser(args: Mapping[str, Any]) -> None:
             "'Fused GroupedMLP is not supported for this configuration' (experts.py "
             "_is_fused_impl_supported: tensor parallelism is not supported); pass "
             "--expert-tensor-parallel-size 1")  # fmt: skip
-    if args.get("delay_wgrad_compute"):
-        raise ConfigError(
-            "--use-transformer-engine-op-fuser with --delay-wgrad-compute is not modelled: "
-            "Transformer Engine's ops.GroupedLinear keeps the expert weight gradients' inputs "
-            "for a later backward_dw (ops/basic/grouped_linear.py), which is not simulated")  # fmt: skip
 
 
 def check_rank_capacity(args: Mapping[str, Any]) -> None:

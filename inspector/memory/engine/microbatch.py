@@ -36,6 +36,7 @@ from inspector.job.job import Job
 from inspector.memory.engine.allocator import Event, Tracker
 from inspector.memory.engine.cuda import cuda_on_meta
 from inspector.memory.engine.deferral import drain_deferred
+from inspector.memory.engine.delayed_wgrad import delayed_wgrad
 from inspector.memory.engine.offload import offloaded
 from inspector.memory.engine.paged_stash import stashed
 from inspector.world.te.state import placeholders_named
@@ -71,7 +72,8 @@ def run_microbatch(job: Job, ddp: Any, gpt: Any, num_microbatches: int) -> Trace
     with cuda_on_meta(), _failures(tracker, where), where, _global_buffer_named(tracker), \
             placeholders_named(functools.partial(_named, tracker)):
         with tracker, _routing(job), _graphed_steps_named(job, tracker, where), \
-                stashed(gpt, job.training.ep_overlap, lambda: tracker.where) as stash:
+                stashed(gpt, job.training.ep_overlap, lambda: tracker.where) as stash, \
+                delayed_wgrad(gpt, job.training.delay_wgrad):
             if stash is not None:  # megatron's profiling first iteration, then its buffers
                 with offloaded(gpt.config, lambda: tracker.where):  # its own offload manager
                     _backward(gpt, _forward(job, ddp, gpt, num_microbatches, tracker), tracker)

@@ -164,8 +164,18 @@ class TransformerEngineBaseModule(torch.nn.Module):
             "the simulated Transformer Engine builds modules, never runs them"
         )
 
+    def register_wgrad_accumulation_and_reduce_hooks(self, hook: Any) -> None:
+        """Keep a hook for `backward_dw` to call (base.py 1545-1553 of TE 2.14)."""
+        self.__dict__["wgrad_accumulation_and_reduce_hooks"].append(hook)
+
+    def _trigger_wgrad_accumulation_and_reduce_hooks(self) -> None:
+        """Call the kept hooks (base.py 1584-1588); megatron-core 0.19's TEGroupedMLP.backward_dw
+        calls it after the op fuser's delayed weight gradients (experts.py)."""
+        for hook in self.__dict__["wgrad_accumulation_and_reduce_hooks"]:
+            hook()
+
     def backward_dw(self) -> None:
-        """TE's delayed weight-gradient step; never runs here."""
+        """TE's delayed weight-gradient step of a module; never runs here."""
         raise NotImplementedError(
             "the simulated Transformer Engine builds modules, never runs them"
         )

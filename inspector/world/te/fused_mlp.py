@@ -25,7 +25,11 @@ from the `v2.14` tag of ops/fused/forward_grouped_mlp.py (fwd) and backward_grou
   in fp32 and their gradient's zeros [N]; 449-460 the dSwiGLU kernel: fc1's output gradient
   MXFP8 [N, 2F] row- and column-wise, the probs' gradient cast to the compute dtype; 485-510
   fc2's weight gradients (into main_grad, or new), fc2's saved input cleared; 512-575 fc1's
-  input gradient [N, H] in the compute dtype; fc1's weight gradients, fc1's saved input cleared.
+  input gradient [N, H] in the compute dtype; fc1's weight gradients, fc1's saved input cleared;
+- bwd 127-160 with delayed weight gradients each GEMM waits in its GroupedLinear's `wgrad_store`
+  (ops.py) with its operands: the saved column-wise input and the MXFP8 output gradient (fc2:
+  the quantized output gradient; fc1: the dSwiGLU kernel's), the inputs not cleared (536-539,
+  631-634); megatron's TEGroupedMLP.backward_dw runs and frees them.
 No TE code is copied here.
 """
 
@@ -37,7 +41,11 @@ from typing import Any
 import torch
 
 from inspector.world.te.kernels import quantize
-from inspector.world.te.kernels.functions import clear_tensor_data, grouped_wgrad
+from inspector.world.te.kernels.functions import (
+    clear_tensor_data,
+    delayed_wgrad_gemm,
+    grouped_wgrad,
+)
 
 FUSED_ENV = "NVTE_CUTEDSL_FUSED_GROUPED_MLP"  # forward_grouped_mlp.py 74
 DIM_MULTIPLE = 256  # _common.py 156-160: every in/out feature count
@@ -115,6 +123,19 @@ def forward(ops: list[Any], x: torch.Tensor, extras: list[Any]) -> tuple[torch.T
     return out, to_save, (n, h, f, dtype)
 
 
+def _wgrads(op: Any, x_col: list[Any], grad: quantize.Quantized, like: torch.Tensor) -> list[Any]:
+    """bwd 86-175 `_compute_grad_params`: one GroupedLinear's weight gradients (into main_grad,
+    or new), run now and its saved input cleared, or with delayed weight gradients kept with
+    their operands for `backward_dw` (the weights then get main_grad's placeholders, or none)."""
+    fuse = op._accumulate_into_main_grad
+    grads = [grouped_wgrad(getattr(op, f"weight{i}"), fuse, like) for i in range(op.num_groups)]
+    if not op.need_backward_dw():
+        clear_tensor_data(*x_col)
+        return grads
+    op.wgrad_store.put([x_col, list(grad.tensors()), grads], delayed_wgrad_gemm)
+    return grads if fuse else [None] * op.num_groups
+
+
 def backward(ops: list[Any], state: Any, saved: tuple[Any, ...], dy: torch.Tensor) -> tuple[Any, ...]:
     """Run the fused backward: return the input's gradient, the weights' (fc1's, then fc2's)
     and the extra inputs' (split sizes, probs, split sizes)."""
@@ -129,14 +150,10 @@ def backward(ops: list[Any], state: Any, saved: tuple[Any, ...], dy: torch.Tenso
     fc1_dy = _mxfp8(n, 2 * f)  # the dSwiGLU kernel's d_row/d_col tensors
     grad_scales = dprobs.view(-1).to(dtype=dtype)
     del probs
-    fuse = fc2._accumulate_into_main_grad
-    grads2 = [grouped_wgrad(getattr(fc2, f"weight{i}"), fuse, dy) for i in range(fc2.num_groups)]
-    clear_tensor_data(*fc2_x_col)
+    grads2 = _wgrads(fc2, list(fc2_x_col), dy_q, dy)
     ones = torch.empty(n, dtype=torch.float32, device=device)
     grad_input = torch.empty(n, h, dtype=dtype, device=device)
     del ones
-    fuse = fc1._accumulate_into_main_grad
-    grads1 = [grouped_wgrad(getattr(fc1, f"weight{i}"), fuse, dy) for i in range(fc1.num_groups)]
-    clear_tensor_data(*fc1_x_col)
+    grads1 = _wgrads(fc1, list(fc1_x_col), fc1_dy, dy)
     del fc1_dy, dprobs, dy_q  # the kernels' outputs, alive until TE's backward returns
     return grad_input, [*grads1, *grads2], [None, grad_scales, None]

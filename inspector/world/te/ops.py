@@ -11,20 +11,28 @@ each op's `fuser_backward` in reverse. This mirrors TE 2.14's basic ops (the `v2
 runs wherever its CuTe DSL fused grouped MLP is not taken (that kernel needs MXFP8 on sm100:
 ops/fused/forward_grouped_mlp.py 71-84), in 16-bit compute, with two TE 2.15+ additions that
 megatron-core 0.19.2 builds for gpt-oss (cited at the `v2.17.1` tag, the release 0.19 locks):
-ScaledClampedQGeGLU and GroupedLinear's `scale_bias`. Quantized compute, a single grouped
-weight, delayed weight gradients and ScaledSReLU (TE 2.17) are not here.
+ScaledClampedQGeGLU and GroupedLinear's `scale_bias`. Quantized compute, a single grouped weight
+and ScaledSReLU (TE 2.17) are not here. With delayed weight gradients (`delay_wgrad_compute`,
+megatron's --delay-wgrad-compute) each GroupedLinear's backward keeps its weight-gradient GEMM's
+operands in `wgrad_store` until megatron-core's TEGroupedMLP.backward_dw (experts.py) calls
+`backward_dw`, which runs the GEMMs and frees them.
 megatron checks NVTE_CUTEDSL_FUSED_GROUPED_MLP before it builds them (world/stage.py sets it).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 
 from inspector.world.te import fused_mlp
-from inspector.world.te.kernels.functions import clear_tensor_data, grouped_wgrad
+from inspector.world.te.kernels.functions import (
+    clear_tensor_data,
+    delayed_wgrad_gemm,
+    grouped_wgrad,
+)
 from inspector.world.te.linear import fp8_recipe_name
 
 
@@ -40,6 +48,32 @@ def _shell(*shape: int, dtype: torch.dtype) -> torch.nn.Parameter:
     return torch.nn.Parameter(
         torch.empty(0, dtype=dtype, device="meta").as_strided(shape, [0] * len(shape))
     )
+
+
+class WeightGradStore:
+    """TE 2.14 module/_common.py 198-270 `WeightGradStore`: with delayed weight gradients, a queue
+    of (operands, GEMM) the backward puts and `backward_dw` pops (running the GEMM)."""
+
+    def __init__(self, delay_wgrad_compute: bool = False) -> None:
+        self.enabled = delay_wgrad_compute
+        self.context: deque[tuple[list[Any], Any]] | None = deque() if delay_wgrad_compute else None
+
+    def delay_wgrad_compute(self) -> bool:
+        """_common.py 223-230: whether the weight gradients wait for `backward_dw`."""
+        return self.enabled
+
+    def put(self, tensor_list: list[Any], func: Any) -> None:
+        """_common.py 240-249: keep the GEMM's operands and the GEMM."""
+        assert self.enabled and self.context is not None, "delay_wgrad_compute is not enabled"
+        self.context.append((tensor_list, func))
+
+    def pop(self) -> tuple[Any, list[Any]]:
+        """_common.py 251-263: run the oldest kept GEMM; return its result and operands."""
+        assert self.enabled and self.context is not None, "delay_wgrad_compute is not enabled"
+        if not self.context:
+            raise RuntimeError("Pop empty queue. No distributed environment detected.")
+        tensor_list, func = self.context.popleft()
+        return func(*tensor_list), tensor_list
 
 
 class BasicOperation(torch.nn.Module):
@@ -76,9 +110,9 @@ class GroupedLinear(BasicOperation):
         self._scale_bias = scale_bias and bias
         if self._scale_bias:
             self.num_extra_inputs = 2
-        if single_grouped_weight or single_grouped_bias or delay_wgrad_compute:
-            raise NotImplementedError("TE's ops.GroupedLinear with a single grouped weight or "
-                                      "delayed weight gradients is not simulated")  # fmt: skip
+        if single_grouped_weight or single_grouped_bias:
+            raise NotImplementedError("TE's ops.GroupedLinear with a single grouped weight is "
+                                      "not simulated")  # fmt: skip
         dtype = dtype or torch.get_default_dtype()
         if dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise ValueError(f"Supported dtypes are float32, float16, bfloat16 (got {dtype})")
@@ -89,6 +123,30 @@ class GroupedLinear(BasicOperation):
         for i in range(num_groups):
             self.register_parameter(f"bias{i}", _shell(out_features, dtype=dtype) if bias else None)
         self._accumulate_into_main_grad = accumulate_into_main_grad
+        self.wgrad_store = WeightGradStore(delay_wgrad_compute)  # grouped_linear.py 105
+
+    def need_backward_dw(self) -> bool:
+        """grouped_linear.py 185-187: whether `backward_dw` must run to finish the gradients."""
+        return self.wgrad_store.delay_wgrad_compute()
+
+    def _wgrads(self, like: torch.Tensor) -> list[Any]:
+        """The weight gradients' buffers (grouped_linear.py 846-889): main_grad, or new ones."""
+        fuse = self._accumulate_into_main_grad
+        return [grouped_wgrad(getattr(self, f"weight{i}"), fuse, like) for i in range(self.num_groups)]
+
+    def backward_dw(self) -> None:
+        """grouped_linear.py 189-222: run the kept GEMMs, free the kept inputs (the gradients go
+        with the popped list), set `.grad` unless accumulating into main_grad."""
+        if not self.need_backward_dw() or not self.wgrad_store.context:
+            return
+        grad_weights, tensor_list = self.wgrad_store.pop()
+        clear_tensor_data(*tensor_list[0])  # the fused MLP's grouped input: its data and scales
+        del tensor_list
+        if self._accumulate_into_main_grad:
+            return
+        for i in range(self.num_groups):
+            w = getattr(self, f"weight{i}")
+            w.grad = grad_weights[i].to(w.dtype)
 
     def fuser_forward(self, ctx: Any, x: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
         """grouped_linear.py 654-789 in 16 bits: the output, and the input split into views and
@@ -126,7 +184,9 @@ class GroupedLinear(BasicOperation):
 
     def fuser_backward(self, ctx: Any, dy: torch.Tensor) -> tuple[Any, list[Any], list[Any]]:
         """grouped_linear.py 791-1004: dgrad (894), a wgrad per group into `main_grad` or a new
-        one (881), the saved input views cleared (943); grads in parameter order."""
+        one (881), the saved input views cleared (943); grads in parameter order. With delayed
+        weight gradients (912-928) the input views and the gradient's split views are kept in
+        `wgrad_store`, nothing is cleared, and the weights get no gradient (988-989)."""
         n, first = self.num_groups, 2 if self._scale_bias else 1
         split_sizes, xs = ctx.saved_tensors[0], ctx.saved_tensors[first : first + n]
         sizes = [int(s) for s in split_sizes.tolist()]
@@ -138,15 +198,19 @@ class GroupedLinear(BasicOperation):
         elif self.use_bias:
             grad_biases = [d.reshape(-1, d.size(-1)).sum(dim=0) for d in torch.split(dy, sizes)]
         grad_weights: list[Any] = [None] * n
-        if ctx.weight_requires_grad:
-            fuse = self._accumulate_into_main_grad
-            grad_weights = [grouped_wgrad(getattr(self, f"weight{i}"), fuse, dy) for i in range(n)]
         grad_input = None
         if ctx.input_requires_grad:
             grad_input = torch.empty(
                 [*dy.shape[:-1], self.in_features], dtype=ctx.dtype, device=dy.device
             )
-        clear_tensor_data(*xs)
+        if ctx.weight_requires_grad:
+            grad_weights = self._wgrads(dy)
+        delay = ctx.weight_requires_grad and self.need_backward_dw()
+        if delay:  # the GEMM (into the buffers) waits for backward_dw
+            self.wgrad_store.put([list(xs), list(torch.split(dy, sizes)), grad_weights], delayed_wgrad_gemm)
+            grad_weights = [None] * n
+        else:
+            clear_tensor_data(*xs)
         extra = [None, grad_scales] if self._scale_bias else [None]
         return grad_input, [*grad_weights, *grad_biases], extra
 

@@ -330,6 +330,13 @@ def grouped_wgrad(weight: torch.Tensor, fuse: bool, like: torch.Tensor) -> Any:
     return None
 
 
+def delayed_wgrad_gemm(xs: Any, dys: Any, grad_weights: list[Any]) -> list[Any]:
+    """The weight-gradient grouped GEMM a `WeightGradStore` keeps (TE 2.14 ops/basic/
+    grouped_linear.py 917-928, ops/fused/backward_grouped_mlp.py 131-139): it writes into the
+    buffers made in the backward (main_grad or new), so runs without allocating."""
+    return grad_weights
+
+
 def general_gemm(
     A: torch.Tensor, B: torch.Tensor, out_dtype: torch.dtype | None = None, *args: Any,
     layout: str = "TN", out: torch.Tensor | None = None, bias: torch.Tensor | None = None,
