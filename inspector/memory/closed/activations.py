@@ -180,10 +180,17 @@ def _mamba(dims: ModelDims, par: Layout, sb: float) -> float:
         mamba_split_conv1d_scan_combined (ssd_combined.py 888) with the scan's ungated output
         out_x; the gated norm's input and output (layernorm_gated.py 360: x saved, and the
         output out_proj keeps), 2sb d_inner each; the gated norm's fp32 rstd per group 4sbG.
-    Per-head fp32 vectors (A, D, dt_bias: a few hundred bytes) are left out."""
+      - with context parallelism zxbcdt is saved after MambaContextParallel's all-to-all, its B
+        and C repeated `group_repeat_count` times where a rank's groups are fewer than its tp x
+        cp share (ssm/mamba_context_parallel.py `pre_conv_ssm`): 2sb 2GN (repeat - 1) more.
+    Per-head fp32 vectors (A, D, dt_bias: a few hundred bytes) are left out, and with context
+    parallelism the copies of this rank's slice of them and of the convolution's weight (a few
+    KiB, `_slice_conv_param`)."""
     shape, b, h = dims.mamba, dims.activation_bytes, dims.hidden_size
+    repeat = max(1, par.cp * par.tp // shape.groups)
+    width = shape.in_width + 2 * shape.groups * shape.state * (repeat - 1)
     outside = b * sb * h + FP32 * sb + _hidden_mask(dims) * sb * h
-    inside = b * sb * shape.in_width + 3 * b * sb * shape.d_inner + FP32 * sb * shape.groups
+    inside = b * sb * width + 3 * b * sb * shape.d_inner + FP32 * sb * shape.groups
     return outside / par.sp_divisor + inside / par.tp
 
 
