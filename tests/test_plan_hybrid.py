@@ -143,6 +143,9 @@ def assert_memory_measures_the_plans(model: tuple[str, ...]) -> dict:
                      "--format", "json")  # fmt: skip
     assert result.code == 0, result.err
     found = json.loads(result.out)
+    rows = [json.dumps({k: p[k] for k in ("layout", "micro_batch_size", "recompute", "split",
+                                          "distributed_optimizer")}) for p in found["plans"]]  # fmt: skip
+    assert len(set(rows)) == len(rows)  # no layout printed twice
     hybrid = "--hybrid-override-pattern" in model
     assert found["plans"] and all(
         any("chunked scan of Mamba-2" in note for note in p.get("notes", ())) == hybrid

@@ -20,11 +20,11 @@ FLEX_BACKEND_SINCE = ARGUMENT_VERSIONS["--moe-flex-dispatcher-backend"][0]
 # core_v0.16.0 moe_layer.py fc1_latent_proj / fc2_latent_proj; none at core_v0.15.3)
 LATENT_MOE_SINCE = ARGUMENT_VERSIONS["--moe-latent-size"][0]
 
-# megatron-core's first version checked whose MoEFlexTokenDispatcher asserts TPxEP > 1 for DeepEP
-# only, not HybridEP (core_v0.19.2 token_dispatcher.py: "DeepEP dispatcher requires TPxEP > 1" in
-# the deepep branch; core_v0.16.1 asserts "Flex token dispatcher requires TPxEP > 1" for every
-# backend; 0.17-0.18 not checked)
-HYBRIDEP_ONE_RANK_SINCE = (0, 19)
+# megatron-core's first version whose MoEFlexTokenDispatcher asserts TPxEP > 1 for DeepEP only,
+# not HybridEP (core_v0.17.1, 0.18.2 and 0.19.2 token_dispatcher.py: "DeepEP dispatcher requires
+# TPxEP > 1" in the deepep branch; core_v0.16.1 asserts "Flex token dispatcher requires TPxEP > 1"
+# for every backend; tests/test_flex_dispatch.py reads the installed source)
+HYBRIDEP_ONE_RANK_SINCE = (0, 17)
 
 
 def megatron_version() -> tuple[int, int]:
