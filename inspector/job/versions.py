@@ -112,3 +112,11 @@ def packed_checked() -> bool:
     engine's THD counts were checked on core_v0.16.1 and 0.19.2; core_v0.13.1 holds a different
     rotary and attention split, 0.14-0.15 are not checked."""
     return megatron_version() >= (0, 16)
+
+
+def gdn_conv_keeps_projection() -> bool:
+    """Return whether megatron-core's GatedDeltaNet keeps in_proj's whole output for backward:
+    0.18 on pass fla's `causal_conv1d` a [b, s, d] view of it, which the kernel saves; 0.16-0.17
+    copy q, k and v to a contiguous [b, d, s] for causal-conv1d's `causal_conv1d_fn`, so in_proj's
+    output is freed (ssm/gated_delta_net.py `forward`; tests/test_plan_hybrid.py measures both)."""
+    return megatron_version() >= (0, 18)

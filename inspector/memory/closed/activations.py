@@ -51,6 +51,7 @@ from inspector.errors import ConfigError
 from inspector.job.dims import ModelDims, live_microbatches
 from inspector.job.job import RECOMPUTE_MODES, Recompute
 from inspector.job.layout import Layout
+from inspector.job.versions import gdn_conv_keeps_projection
 from inspector.memory.closed.activation_records import (
     EmbeddingActivations,
     LayerActivations,
@@ -198,7 +199,8 @@ def _gdn(dims: ModelDims, par: Layout, sb: float) -> float:
     """Return a gated delta net layer's bytes besides its norm's input, as megatron's
     GatedDeltaNet and fla's kernels keep them (our extension; world/ssm/fla_kernels.py):
       - in_proj's normed input 2sbh and fp32 rstd 4sb, the dropout mask after out_proj sbh;
-      - split by t: in_proj's output (q, k, v, z, beta, alpha) 2sb in_width; the causal
+      - split by t: in_proj's output (q, k, v, z, beta, alpha) 2sb in_width (megatron-core
+        0.18+; 0.16-0.17 copy q, k and v for the convolution and free it: 2sb conv_width); the causal
         convolution's input and output, 2sb conv_width each; the L2-normed q and k 2sb 2qk with
         their fp32 rstd per head; q and k made contiguous at the value heads 2sb 2 n_v d_k; v and
         the gate z 2sb v each; what chunk_gated_delta_rule saves besides them: the fp32 gate and
@@ -208,7 +210,9 @@ def _gdn(dims: ModelDims, par: Layout, sb: float) -> float:
     g, b, h = dims.gdn_shape(), dims.activation_bytes, dims.hidden_size
     qk, v, nv = g.key_heads * g.key_dim, g.value_heads * g.value_dim, g.value_heads
     outside = b * sb * h + FP32 * sb + _hidden_mask(dims) * sb * h
-    halves = b * (g.in_width + 2 * g.conv_width + 2 * qk + 2 * nv * g.key_dim + 4 * v + nv * GDN_CHUNK)
+    # megatron-core 0.16-0.17 copy q, k and v for the convolution and free in_proj's output
+    projected = g.in_width if gdn_conv_keeps_projection() else g.conv_width
+    halves = b * (projected + 2 * g.conv_width + 2 * qk + 2 * nv * g.key_dim + 4 * v + nv * GDN_CHUNK)
     stats = FP32 * 2 * g.key_heads + 2 * FP32 * nv + b * nv + FP32 * nv
     return outside / par.sp_divisor + sb * (halves + stats) / par.tp
 
