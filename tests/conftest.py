@@ -6,6 +6,7 @@ import contextlib
 import io
 import math
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -29,6 +30,14 @@ GOLDEN = Path(__file__).resolve().parent.parent / "fixtures" / "golden"
 # The result cache is off in tests (every test exercises the engine); tests/test_cache.py turns
 # it on against a temporary cache folder.
 os.environ["INSPECT_MODEL_NO_CACHE"] = "1"
+
+
+def default_signals() -> None:
+    """Give a child process the default action for the signals a test sends it (Popen's
+    preexec_fn): a child inherits what its parent ignores, and a shell's background job (`&`)
+    ignores SIGINT, nohup SIGHUP, so Python would neither raise KeyboardInterrupt nor die of them."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -8,11 +8,13 @@ import json
 
 import pytest
 
-from inspector.job.dsa import DSA_BUILT_SINCE, DSA_MODULES_SINCE
+from inspector.job.dsa import DSA_BUILT_SINCE, DSA_MODULES_SINCE, DSA_WORKLOAD_SINCE
 from inspector.job.versions import megatron_version
 
 VERSION = megatron_version()
 builds = pytest.mark.skipif(VERSION < DSA_BUILT_SINCE, reason="megatron-core 0.18+ builds DSA")
+# `workload` writes DSA as megatron-core 0.19 builds it (report/workload_dsa.py)
+writes = pytest.mark.skipif(VERSION < DSA_WORKLOAD_SINCE, reason="workload: megatron-core 0.19+'s DSA")
 
 # Megatron-LM's functional test gpt3_mcore_te_tp2_pp2_dsa (its model_config.yaml), 2 layers, tp 1
 DSA = ["--num-layers", "2", "--hidden-size", "512", "--num-attention-heads", "8",
@@ -202,7 +204,7 @@ def _collectives(row: list[str]) -> tuple[str, int, str, int]:
     return row[3], int(row[4]), row[6], int(row[7])
 
 
-@builds
+@writes
 def test_workload_writes_the_indexers_collectives(cli):
     rows = _workload_rows(cli)
     names = [row[0] for row in rows]
@@ -217,12 +219,22 @@ def test_workload_writes_the_indexers_collectives(cli):
     assert found["attention_column"][:2] == ("ALLGATHER", 2 * 256 * (192 + 64 + 8))
 
 
-@builds
+@writes
 def test_workload_without_the_indexer_loss_has_no_loss_all_reduce(cli):
     flags = [f for f in DSA if f not in ("--dsa-indexer-loss-coeff", "0.01")]
     result = cli("workload", *flags, *TP2, "--gpu", "h100", "--stage", "0")
     assert result.code == 0, result.err
     assert "dsa_indexer_gather" in result.out and "dsa_indexer_loss" not in result.out
+
+
+@builds
+@pytest.mark.skipif(VERSION >= DSA_WORKLOAD_SINCE, reason="megatron-core 0.19+: workload writes it")
+def test_workload_names_the_release_where_megatron_builds_dsa_otherwise(cli):
+    # version fact: megatron-core 0.18 builds DSA inside plain MLA, its MTP layers without the
+    # indexer; 0.19 inside AbsorbedMLASelfAttention, the indexer in the MTP layers too
+    result = cli("workload", *DSA, *TP2, "--gpu", "h100", "--stage", "0")
+    assert (result.code, result.out) == (2, "")
+    assert "megatron-core 0.18 builds it otherwise" in result.err, result.err
 
 
 def _megatrons_indexer_collectives(cli, monkeypatch) -> list[tuple[str, str, int]]:
@@ -349,7 +361,7 @@ def test_memory_is_the_same_run_after_run(cli):
     assert ["layer 0 self_attention.core_attention", 512] in persistent  # the scale, one scalar
 
 
-@builds
+@writes
 def test_workload_gives_hybrid_d_layers_and_mtp_layers_the_indexer(cli):
     # each D of a hybrid pattern is a DSA layer; megatron-core 0.19's MTP layers hold the indexer
     hybrid = cli("workload", *HYBRID, "--hybrid-override-pattern", "MD-D", *TP2, "--gpu", "h100",

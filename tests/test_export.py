@@ -22,6 +22,7 @@ import pytest
 
 from inspector import export
 from inspector.errors import OutputError
+from tests.conftest import default_signals
 
 JOB = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4"]
 JOB += ["--vocab-size", "1000", "--micro-batch-size", "1", "--gpu-tflops", "100"]
@@ -162,6 +163,7 @@ def _kill_at_random_moments(tmp_path: Path, signum: int, write: str, exports: st
         process = subprocess.Popen(
             [sys.executable, "-c", WRITER.format(exports=exports, write=write)],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=Path(__file__).parent.parent,
+            preexec_fn=default_signals,
         )  # fmt: skip
         try:
             assert process.stdout is not None and process.stdout.readline() == b"ready\n"

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import default_signals
 from tests.test_versions import MOE_BIASES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -231,7 +232,8 @@ print("after the block", flush=True)
 def test_a_signal_taken_by_another_thread_waits_for_the_write(name: str, code: int) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     result = subprocess.run([sys.executable, "-c", HELD_WITH_A_THREAD, name], env=env,
-                            capture_output=True, text=True, timeout=60)  # fmt: skip
+                            capture_output=True, text=True, timeout=60,
+                            preexec_fn=default_signals)  # fmt: skip
     assert result.stdout == "block finished\n"
     assert result.returncode == code
     assert (name != "SIGINT") == ("KeyboardInterrupt" not in result.stderr)

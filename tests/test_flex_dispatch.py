@@ -400,7 +400,7 @@ def test_the_all_to_all_overlap_replays_the_flex_exchange(monkeypatch) -> None:
 
 
 def test_one_rank_is_refused_where_megatron_core_asserts_it() -> None:
-    # MoEFlexTokenDispatcher: 0.13-0.16 assert TPxEP > 1 for every backend; 0.19 in the DeepEP
+    # MoEFlexTokenDispatcher: 0.13-0.16 assert TPxEP > 1 for every backend; 0.17+ in the DeepEP
     # branch only (HybridEP is built over one rank)
     import megatron.core
 

@@ -72,10 +72,14 @@ def test_the_controller_s_sampling_buffers(config, graphs):
     found = context_bytes(config, rollout, Layout(tp=2), 0, 1024)
     # dynamic_context.py: max_requests = (blocks - 1) // tp * tp // 4 * 4 = 39 -> 38 -> 36
     requests = (40 - 1) // 2 * 2 // 4 * 4
-    tokens = rounded(requests * 8)  # text_generation_controller.py `_sampled_tokens_cuda`, int64
-    # megatron-core 0.17+: with CUDA graphs, `_all_logits_cuda` (1, max_requests, vocab) in the
-    # params' dtype (materialize_only_last_token_logits: RL skips the prompt's log-probs)
-    logits = rounded(requests * 1024 * 2) if graphs and megatron_core_version() >= (0, 17) else 0
+    # text_generation_controller.py `_sampled_tokens_cuda`, int64; megatron-core 0.18 makes it only
+    # for speculative (MTP) decoding, otherwise rebinding it to the sampling kernel's output
+    # (version fact: 0.16.1, 0.17.1 and 0.19.2 allocate it in __init__)
+    tokens = rounded(requests * 8) if megatron_core_version()[:2] != (0, 18) else 0
+    # megatron-core 0.18+ (not 0.16.1 or 0.17.1): with CUDA graphs, `_all_logits_cuda` (1,
+    # max_requests, vocab) in the params' dtype (materialize_only_last_token_logits: RL skips the
+    # prompt's log-probs)
+    logits = rounded(requests * 1024 * 2) if graphs and megatron_core_version() >= (0, 18) else 0
     assert found.sampling == tokens + logits
 
 

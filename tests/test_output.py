@@ -14,6 +14,7 @@ from inspector import output
 from inspector.cli import streams
 from inspector.errors import OutputError
 from inspector.world import stage as world
+from tests.conftest import default_signals
 
 
 def test_failing_mid_build_leaves_old_file(cli, tmp_path, monkeypatch):
@@ -186,6 +187,7 @@ def test_signal_during_write_leaves_old_file_and_no_temporary(tmp_path, signum):
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
+        preexec_fn=default_signals,
     )
     assert process.stdout is not None and process.stdout.readline() == "writing\n"
     process.send_signal(signum)
@@ -209,6 +211,7 @@ def test_ctrl_c_in_the_cli_exits_130_quietly_without_a_temporary(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=default_signals,
     )
     assert process.stdout is not None and process.stdout.readline() == "writing\n"
     process.send_signal(signal.SIGINT)

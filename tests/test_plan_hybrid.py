@@ -37,9 +37,15 @@ def _job(pattern: str, **flags):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("flags", [{}, {"tensor_model_parallel_size": 2, "sequence_parallel": True},
-                                   {"tensor_model_parallel_size": 2}])  # fmt: skip
+                                   {"tensor_model_parallel_size": 2},
+                                   # 2 groups over tp x cp 4: B and C repeated twice after the
+                                   # all-to-all (MambaContextParallel's group_repeat_count)
+                                   {"tensor_model_parallel_size": 2, "sequence_parallel": True,
+                                    "context_parallel_size": 2, "mamba_num_groups": 2}])  # fmt: skip
 def test_each_kind_keeps_what_the_engine_measures(flags) -> None:
-    _check_kinds("M*-M*-M*-", flags, 5 * 1024)
+    # with cp, MambaContextParallel also keeps this rank's slices of the convolution's weight and
+    # bias and of the per-head vectors (`_slice_conv_param`, `_slice_vector_param`): 5 KiB here
+    _check_kinds("M*-M*-M*-", flags, (10 if "context_parallel_size" in flags else 5) * 1024)
 
 
 GDN_SIZES = dict(swiglu=True, linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=64,
@@ -101,8 +107,12 @@ if hybrid_moe_layers():  # E: megatron-core 0.16+
     CASES.append(("ME*-ME*-", ("--num-experts", "4", "--moe-router-topk", "2", "--pp", "2")))
 if hybrid_pattern_separators():  # '|': megatron-core 0.17+
     CASES.append(("M*M-M*|M-", ()))
+    # four segments: pp 2 with 2 virtual stages a rank, or pp 4 (Megatron-LM derives the vpp)
+    CASES.append(("M*|M-|M*|M-", ("--pp", "2")))
     # '/': an MTP depth of a Mamba and an attention layer on the last stage (megatron-core 0.17+)
     CASES.append(("M*M-M*|M-/M*", ("--position-embedding-type", "rope")))
+# context parallelism: ring attention for `*`, MambaContextParallel's all-to-alls for `M`
+CASES.append(("M*M-M*M-", ("--context-parallel-size", "2")))
 # G: gated delta net layers (megatron-core 0.17+), 4 key heads and 8 value heads of 64
 GDN = ("--swiglu", "--linear-num-key-heads", "4", "--linear-num-value-heads", "8",
        "--linear-key-head-dim", "64", "--linear-value-head-dim", "64")  # fmt: skip
@@ -116,8 +126,13 @@ def test_memory_measures_the_plans_plan_prints(pattern: str, extra: tuple[str, .
     layers = str(len(pattern.split("/")[0].replace("|", "")))
     model = (*MODEL, "--num-layers", layers, "--hybrid-override-pattern", pattern, *extra)
     found = assert_memory_measures_the_plans(model)
-    if "|" in pattern:  # the pattern's segments: 6 layers, then 2
+    if pattern == "M*M-M*|M-":  # the pattern's segments: 6 layers, then 2
         assert {tuple(p["split"]) for p in found["plans"]} == {(6, 2)}
+    if pattern == "M*|M-|M*|M-":  # chunk c of rank r: segment c x pp + r
+        assert {(p["layout"]["vpp"], tuple(p["split"])) for p in found["plans"]} == {(2, (2,) * 4)}
+    if "--context-parallel-size" in extra:
+        assert {p["layout"]["cp"] for p in found["plans"]} == {2}
+        assert all(p["time_shares"]["context"] > 0 for p in found["plans"])
     assert all(any("chunked delta rule" in note for note in p["notes"]) == ("G" in pattern)
                for p in found["plans"])  # fmt: skip
 
@@ -128,6 +143,9 @@ def assert_memory_measures_the_plans(model: tuple[str, ...]) -> dict:
                      "--format", "json")  # fmt: skip
     assert result.code == 0, result.err
     found = json.loads(result.out)
+    rows = [json.dumps({k: p[k] for k in ("layout", "micro_batch_size", "recompute", "split",
+                                          "distributed_optimizer")}) for p in found["plans"]]  # fmt: skip
+    assert len(set(rows)) == len(rows)  # no layout printed twice
     hybrid = "--hybrid-override-pattern" in model
     assert found["plans"] and all(
         any("chunked scan of Mamba-2" in note for note in p.get("notes", ())) == hybrid
@@ -151,10 +169,12 @@ def assert_memory_measures_the_plans(model: tuple[str, ...]) -> dict:
     "extra, words",
     [
         (("--recompute-granularity", "full"), "plan does not search --recompute-granularity full"),
-        (("--context-parallel-size", "2"), "plan does not search --context-parallel-size above 1"),
         (("--hybrid-override-pattern", "M+M-"), "+ (multi-latent attention"),
+        # megatron-core refuses virtual stages without '|' on every release, naming the installed
+        (("--pp", "2", "--num-virtual-stages-per-pipeline-rank", "2"),
+         "refuses virtual pipeline stages for a hybrid model without '|'"),
     ],
-    ids=["full recompute", "context parallel", "multi-latent attention"],
+    ids=["full recompute", "multi-latent attention", "virtual stages without |"],
 )
 def test_what_plan_does_not_search_for_a_hybrid_model_is_named(extra, words) -> None:
     args = ["--num-layers", "4", "--hybrid-override-pattern", "M*M-"]
@@ -185,3 +205,66 @@ def test_a_gdn_layer_is_priced_by_its_own_sizes() -> None:
     assert hybrid_layer_flops(dims, "G", 1) == 3 * forward
     names = [op.name for op in hybrid_kernels(dims, Shard(tp=2, micro_batch=1), "G").forward]
     assert names.index("in_proj") < names.index("delta rule beta K K^T") < names.index("out_proj")
+
+
+def _request(pattern: str, **flags):
+    from inspector.inputs.resolve import Sources, merge_sources
+    from inspector.plan.request import PlanFlags, make_request
+
+    args = {**SMALL, "num_layers": len(pattern.replace("|", "")), "hybrid_override_pattern": pattern,
+            **flags}  # fmt: skip
+    merged = merge_sources(Sources(flags=args), ("model", "layout", "training")).args
+    return make_request(merged, PlanFlags(gpus=8))
+
+
+def test_context_parallelism_is_searched_for_mamba_and_attention_layers() -> None:
+    from inspector.plan.layouts import layouts
+
+    found = {(lay.tp, lay.cp, lay.pp) for lay in layouts(_request("M*M-M*M-"))}
+    assert {(1, 2, 1), (1, 4, 1), (2, 2, 2)} <= found
+
+
+def test_a_mamba_layer_prices_its_context_parallel_all_to_alls() -> None:
+    from inspector.job.hardware import get_gpu
+    from inspector.job.layout import Layout
+    from inspector.plan.hybrid import context_time, symbol_time
+    from inspector.plan.network import Network
+    from inspector.plan.price import job_dims
+
+    dims, net = job_dims(_job("M*-")), Network(get_gpu("h100"), 8)
+    lay = Layout(tp=2, cp=2, dp=2, sequence_parallel=True)
+    # 6 all-to-alls forward, 6 backward: z, x, B, C, dt (in_width 2 x 1024 + 2 x 8 x 128 + 16 =
+    # 4112) to the head split, the scan's output (1024) back, each rank's 512 tokens over tp 2
+    alpha, bandwidth = net.link(4)
+    moved = 512 * (4112 + 1024) / 2 * 2 * (2 - 1) / 2
+    assert context_time(dims, lay, net, 0.0, 1, "none", "M", ("core_attn",)) == pytest.approx(
+        2 * (6 * alpha + moved / bandwidth))  # fmt: skip
+    assert context_time(dims, lay, net, 0.0, 1, "none", "-", ("core_attn",)) == 0.0
+    attention = symbol_time(dims, lay, net, 0.0, 1, "none", "*", ("core_attn",))
+    assert attention[2] == context_time(dims, lay, net, 0.0, 1, "none", "*", ("core_attn",)) >= 0
+
+
+@pytest.mark.skipif(not hybrid_pattern_separators(), reason="'|': megatron-core 0.17+")
+def test_a_patterns_segments_are_searched_as_virtual_stages() -> None:
+    from inspector.plan.search import settings
+
+    found = {(lay.pp, lay.vpp, split) for _, lay, split, _, _ in settings(_request("M*|M-|M*|M-"))}
+    # 4 segments: pp 4 one each, pp 2 two virtual stages a rank; pp 1 would need the interleaved
+    # schedule without pipelining (Megatron-LM refuses it)
+    assert {(pp, vpp) for pp, vpp, _ in found} == {(4, None), (2, 2)}
+    assert {split for _, _, split in found} == {(2, 2, 2, 2)}
+    given = _request("M*|M-|M*|M-", num_virtual_stages_per_pipeline_rank=2)
+    assert {lay.vpp for _, lay, _, _, _ in settings(given)} == {2}
+
+
+@pytest.mark.skipif(not hybrid_gdn_layers(), reason="G: megatron-core 0.17+")
+def test_context_parallelism_with_gdn_layers_is_refused_naming_the_release() -> None:
+    from inspector.plan.layouts import layouts
+
+    assert {lay.cp for lay in layouts(_request("MG*-", **GDN_SIZES))} == {1}
+    result = run_cli("plan", *MODEL, *GDN, "--hybrid-override-pattern", "MG*-", "--num-layers", "4",
+                     "--context-parallel-size", "2", "--gpus", "8", "--global-batch-size", "16")  # fmt: skip
+    assert result.code == 2 and result.out == ""
+    assert "--context-parallel-size 2 with gated delta net layers" in result.err, result.err
+    assert "megatron-core 0.16 and 0.17" in result.err
+

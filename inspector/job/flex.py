@@ -81,8 +81,8 @@ def flex_backend(args: Mapping[str, Any], version: tuple[int, int] | None = None
 
 def one_rank_refused(backend: str) -> bool:
     """Return whether MoEFlexTokenDispatcher refuses a group of one rank with this backend: every
-    backend before 0.19 ('Flex token dispatcher requires TPxEP > 1', 0.13-0.16), DeepEP only
-    from 0.19 ('DeepEP dispatcher requires TPxEP > 1'; HybridEP runs on one rank)."""
+    backend before 0.17 ('Flex token dispatcher requires TPxEP > 1', 0.13-0.16), DeepEP only
+    from 0.17 ('DeepEP dispatcher requires TPxEP > 1'; HybridEP runs on one rank)."""
     return backend != "hybridep" or megatron_version() < HYBRIDEP_ONE_RANK_SINCE
 
 

@@ -99,10 +99,10 @@ def validate_gdn(config: ModelConfig, tp: int, cp: int) -> None:
                               f"{heads % tp}); megatron-core's TransformerConfig asserts it")  # fmt: skip
     if cp > 1:
         raise ConfigError(
-            f"--context-parallel-size {cp} with gated delta net layers: megatron-core 0.16's "
-            "TransformerConfig refuses it ('Gated delta net does not support context parallel "
-            "for now'), and GDN's own context-parallel all-to-alls of later versions are not "
-            "modelled"
+            f"--context-parallel-size {cp} with gated delta net layers: megatron-core 0.16 and "
+            "0.17's TransformerConfig refuses it ('Gated delta net does not support context "
+            "parallel for now'), and GDN's own context-parallel all-to-alls of 0.18 and later "
+            "are not modelled"
         )
 
 

@@ -20,11 +20,11 @@ FLEX_BACKEND_SINCE = ARGUMENT_VERSIONS["--moe-flex-dispatcher-backend"][0]
 # core_v0.16.0 moe_layer.py fc1_latent_proj / fc2_latent_proj; none at core_v0.15.3)
 LATENT_MOE_SINCE = ARGUMENT_VERSIONS["--moe-latent-size"][0]
 
-# megatron-core's first version checked whose MoEFlexTokenDispatcher asserts TPxEP > 1 for DeepEP
-# only, not HybridEP (core_v0.19.2 token_dispatcher.py: "DeepEP dispatcher requires TPxEP > 1" in
-# the deepep branch; core_v0.16.1 asserts "Flex token dispatcher requires TPxEP > 1" for every
-# backend; 0.17-0.18 not checked)
-HYBRIDEP_ONE_RANK_SINCE = (0, 19)
+# megatron-core's first version whose MoEFlexTokenDispatcher asserts TPxEP > 1 for DeepEP only,
+# not HybridEP (core_v0.17.1, 0.18.2 and 0.19.2 token_dispatcher.py: "DeepEP dispatcher requires
+# TPxEP > 1" in the deepep branch; core_v0.16.1 asserts "Flex token dispatcher requires TPxEP > 1"
+# for every backend; tests/test_flex_dispatch.py reads the installed source)
+HYBRIDEP_ONE_RANK_SINCE = (0, 17)
 
 
 def megatron_version() -> tuple[int, int]:
@@ -112,3 +112,11 @@ def packed_checked() -> bool:
     engine's THD counts were checked on core_v0.16.1 and 0.19.2; core_v0.13.1 holds a different
     rotary and attention split, 0.14-0.15 are not checked."""
     return megatron_version() >= (0, 16)
+
+
+def gdn_conv_keeps_projection() -> bool:
+    """Return whether megatron-core's GatedDeltaNet keeps in_proj's whole output for backward:
+    0.18 on pass fla's `causal_conv1d` a [b, s, d] view of it, which the kernel saves; 0.16-0.17
+    copy q, k and v to a contiguous [b, d, s] for causal-conv1d's `causal_conv1d_fn`, so in_proj's
+    output is freed (ssm/gated_delta_net.py `forward`; tests/test_plan_hybrid.py measures both)."""
+    return megatron_version() >= (0, 18)

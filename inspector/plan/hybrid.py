@@ -17,12 +17,16 @@ every hybrid plan), not a measurement.
 
 Megatron-LM's FLOPs of a layer are `hybrid_flops`' terms (formulas/hybrid_flops.py) for every
 kind. What the search leaves out for hybrid jobs, each refused by name when asked for
-(`check_hybrid_plan`): virtual pipeline stages (megatron-core 0.16's MambaStack refuses them;
-0.17+ needs `|` segments, not modelled yet), full recomputation (megatron-core 0.16's MambaStack
-has no checkpointed forward: `--recompute-granularity full` recomputes nothing there),
-context parallelism (Mamba's all-to-alls between sequence and head splits,
-ssm/mamba_context_parallel.py, are not priced), the MoE all-to-all overlap and the flex
-dispatcher, and splits megatron's stack does not make (its own rules: `hybrid_splits`). MTP
+(`check_hybrid_plan`): full recomputation (megatron-core 0.16's MambaStack has no
+checkpointed forward: `--recompute-granularity full` recomputes nothing there), the MoE
+all-to-all overlap and the flex dispatcher, and splits megatron's stack does not make (its own
+rules: `hybrid_splits`). Virtual pipeline stages are the pattern's `|` segments (megatron-core
+0.17+: `hybrid_vpps`; megatron refuses them without `|`, every release). Context parallelism is
+searched as megatron runs it (`context_time`): ring attention for `*` layers as cost.py prices a
+GPT layer's, and for `M` layers MambaContextParallel's all-to-alls between the sequence split and
+the head split (ssm/mamba_context_parallel.py `pre_conv_ssm` / `post_conv_ssm`), the scan then
+running the whole sequence on heads / (tp x cp) (`_mamba_ops`); `G` and `D` layers with it are
+refused as `memory` refuses them (job/gdn.py, job/dsa.py: megatron-core's own refusals named). MTP
 depths (`/`) are priced on the last stage as cost.py prices a GPT model's MTP layer, with the
 MTP pattern's layers each by its kind (`mtp_depth_time`); `G` layers by plan/gdn_ops.py.
 """
@@ -39,7 +43,8 @@ from inspector.formulas.hybrid_flops import hybrid_layer_flops as layer_flops_of
 from inspector.formulas.kernels import Gemm, Memory, Op
 from inspector.formulas.ops import LayerOps, Shard, layer_ops, layer_seconds, linear
 from inspector.job.dims import ModelDims
-from inspector.job.gdn import GdnShape
+from inspector.job.dsa import check_dsa_layout
+from inspector.job.gdn import GdnShape, validate_gdn
 from inspector.job.hybrid_model import (
     LATER_SYMBOLS,
     LAYER_SYMBOLS,
@@ -47,13 +52,19 @@ from inspector.job.hybrid_model import (
     MambaShape,
     layer_symbols,
     main_layers,
+    pipe_segments,
 )
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
-from inspector.job.versions import hybrid_pattern_separators, hybrid_stage_sizes_read
+from inspector.job.versions import (
+    hybrid_pattern_separators,
+    hybrid_stage_sizes_read,
+    megatron_version,
+)
+from inspector.plan.context import ring_attention
 from inspector.plan.flex import moe_exchange
 from inspector.plan.gdn_ops import GDN_NOTE, gdn_ops
-from inspector.plan.kernel_seconds import compute_seconds
+from inspector.plan.kernel_seconds import compute_seconds, core_seconds
 from inspector.plan.network import Network, collective
 
 SCAN_NOTE = (
@@ -84,18 +95,18 @@ def check_hybrid_plan(model: ModelConfig, fixed: dict[str, Any], ep_overlap: boo
             f"plan does not price the {named} layers of --hybrid-override-pattern yet (it "
             f"prices {', '.join(PRICED)}); memory measures them where megatron-core builds them"
         )
-    virtual = (fixed.get("vpp") or 1) > 1 or "layers_per_chunk" in fixed
+    _check_built(model, fixed)
     pin = fixed.get("pin", {})
     # megatron's stack reads --decoder-first/last-pipeline-num-layers only, from 0.16
     reads_split = hybrid_stage_sizes_read()
     unread = sorted(name for name in pin if not (name.startswith("decoder_") and reads_split))
     reasons = {
         "--recompute-granularity full": fixed.get("recompute") == "full" or "recompute_method" in fixed,
-        "--context-parallel-size above 1": (fixed.get("cp") or 1) > 1,
         "--overlap-moe-expert-parallel-comm": ep_overlap,
         "--moe-token-dispatcher-type flex": flex,
         f"--recompute-modules {' '.join(recompute_modules)}": recompute_modules != ("core_attn",),
-        "virtual pipeline stages": virtual,
+        "--num-layers-per-virtual-pipeline-stage (the pattern's '|' set the virtual stages)":
+            "layers_per_chunk" in fixed,
         **{"--" + name.replace("_", "-"): True for name in unread},
     }
     refused = [name for name, on in reasons.items() if on]
@@ -106,17 +117,34 @@ def check_hybrid_plan(model: ModelConfig, fixed: dict[str, Any], ep_overlap: boo
         )
 
 
+def _check_built(model: ModelConfig, fixed: dict[str, Any]) -> None:
+    """Raise ConfigError, as `memory` does, for a fixed size megatron-core refuses for this
+    pattern: virtual stages without `|` (job/hybrid_model.py), context parallelism with `G` or
+    `D` layers (job/gdn.py, job/dsa.py name the releases)."""
+    cp = fixed.get("cp") or 1
+    validate_gdn(model, 1, cp)
+    check_dsa_layout(model, cp)
+    if (fixed.get("vpp") or 1) > 1 and not pinned_by_pattern(model):
+        installed = ".".join(map(str, megatron_version()))
+        raise ConfigError(
+            f"--num-virtual-stages-per-pipeline-rank {fixed['vpp']}: megatron-core {installed} "
+            "refuses virtual pipeline stages for a hybrid model without '|' in its "
+            "--hybrid-layer-pattern (add '|' stage boundaries, megatron-core 0.17+)"
+        )
+
+
 def hybrid_splits(model: ModelConfig, pp: int, v: int) -> list[tuple[int, ...]]:
-    """Return the splits megatron's stack makes of a hybrid model at pp: the pattern's `|`
-    segments (megatron-core 0.17+ `select_pipeline_segment`; as many as stages), else the even
-    split (MambaStack `_select_layers_for_pipeline_parallel`: num_layers // pp each)."""
+    """Return the splits megatron's stack makes of a hybrid model at pp x v virtual stages: the
+    pattern's `|` segments, in virtual-stage order (megatron-core 0.17+ `select_pipeline_segment`:
+    chunk c of pipeline rank r builds segment c x pp + r), else the even split (MambaStack
+    `_select_layers_for_pipeline_parallel`: num_layers // pp each, no virtual stages)."""
     pattern = model.hybrid_override_pattern or ""
     main = pattern.split("/")[0]
+    if pinned_by_pattern(model):
+        segments = tuple(len(part) for part in main.split(PIPE))
+        return [segments] if len(segments) == pp * v else []
     if v > 1:
         return []
-    if hybrid_pattern_separators() and PIPE in main:
-        segments = tuple(len(part) for part in main.split(PIPE))
-        return [segments] if len(segments) == pp else []
     layers = len(main_layers(pattern)) if pattern else model.num_layers
     return [(layers // pp,) * pp] if layers % pp == 0 else []
 
@@ -125,6 +153,34 @@ def pinned_by_pattern(model: ModelConfig) -> bool:
     """Return whether the pattern's `|` place the layers (megatron then takes no split flags)."""
     pattern = (model.hybrid_override_pattern or "").split("/")[0]
     return model.hybrid and hybrid_pattern_separators() and PIPE in pattern
+
+
+def pattern_stages(model: ModelConfig, pp: int) -> bool:
+    """Return whether megatron takes --pp `pp` for the pattern's `|` segments: they divide among
+    the stages, more segments than stages being virtual stages, which need pp > 1 (Megatron-LM's
+    validate_args; job/hybrid_model.py)."""
+    segments = pipe_segments(model.hybrid_override_pattern)
+    return segments % pp == 0 and (pp > 1 or segments == 1)
+
+
+def hybrid_vpp(model: ModelConfig, pp: int) -> int | None:
+    """Return the virtual stages a rank gets from the pattern at --pp `pp` (Megatron-LM's
+    validate_args: "Derive VPP from pipe segments in the pattern"), None for one."""
+    v = pipe_segments(model.hybrid_override_pattern) // pp if pinned_by_pattern(model) else 1
+    return v if v > 1 else None
+
+
+def hybrid_vpps(model: ModelConfig, pp: int, given: int | None) -> list[int]:
+    """Return the virtual pipeline sizes to search for a hybrid model at pp: the pattern's
+    (`hybrid_vpp`), none if a given --num-virtual-stages-per-pipeline-rank differs."""
+    v = hybrid_vpp(model, pp) or 1
+    return [v] if given in (None, v) else []
+
+
+def context_built(model: ModelConfig) -> bool:
+    """Return whether the search tries context parallelism for a hybrid model: not with `G` or
+    `D` layers (`_check_built`: megatron-core refuses them, or `memory` does not model them)."""
+    return not (model.gdn or model.dsa)
 
 
 @caches.memo(maxsize=1024)
@@ -158,7 +214,7 @@ def hybrid_layer_time(
     dims: ModelDims, lay: Layout, net: Network, rate: float, mbs: int, recompute: str, i: int,
     modules: tuple[str, ...], *overlap: Any,
 ) -> tuple[float, float, float, float]:
-    """Return hybrid layer i's compute, TP, CP (none: cp 1 here) and EP seconds for one
+    """Return hybrid layer i's compute, TP, CP (`context_time`) and EP seconds for one
     micro-batch, as cost.py's `_layer_time` returns a GPT layer's (`overlap`: its MoE overlap
     terms, never set for a hybrid model): its kind's kernels, its module's 2 tensor-parallel
     collectives forward and 2 backward (an MoE layer's none with expert TP 1 and no shared
@@ -189,7 +245,33 @@ def symbol_time(dims: ModelDims, lay: Layout, net: Network, rate: float, mbs: in
     tokens = dims.seq_length * mbs / lay.cp
     tensor = collective(count, tokens * dims.hidden_size, dims.activation_bytes, lay.tp,
                         net.tensor_link(lay))  # fmt: skip
-    return compute, tensor, 0.0, moe_exchange(dims, lay, net, tokens, False) if moe else 0.0
+    context = context_time(dims, lay, net, rate, mbs, recompute, symbol, modules)
+    return compute, tensor, context, moe_exchange(dims, lay, net, tokens, False) if moe else 0.0
+
+
+def context_time(dims: ModelDims, lay: Layout, net: Network, rate: float, mbs: int,
+                 recompute: str, symbol: str, modules: tuple[str, ...]) -> float:  # fmt: skip
+    """Return a layer's exposed context-parallel seconds for one micro-batch: ring attention's
+    for `*` (a GPT layer's, plan/context.py), MambaContextParallel's all-to-alls for `M`
+    (`pre_conv_ssm`: z, x, B, C and dt one each, B and C repeated `group_repeat_count` times
+    where a rank's groups are fewer than its cp ranks; `post_conv_ssm`: the scan's output;
+    backward the same six the other way), none for MLP and MoE layers."""
+    if lay.cp == 1 or symbol not in "*M":
+        return 0.0
+    tokens = dims.seq_length * mbs / lay.cp
+    if symbol == "*":
+        gpt = _gpt_dims(dims, symbol)
+        shard = Shard(lay.tp, lay.cp, lay.ep, lay.expert_tp, lay.sequence_parallel, mbs)
+        attention = compute_seconds(layer_flops(gpt, 0, mbs).core_attention,  # 3 forwards' worth
+                                    lambda d: 3 * core_seconds(gpt, shard, False, d), lay, net, rate)
+        forwards = 2 if recompute == "selective" and "core_attn" in modules else 1
+        return ring_attention(gpt, lay, net, tokens, attention, forwards)
+    shape = dims.mamba
+    repeat = max(1, lay.cp * lay.tp // shape.groups)  # mamba_context_parallel.py __init__
+    width = shape.in_width + 2 * shape.groups * shape.state * (repeat - 1) + shape.d_inner
+    alpha, bandwidth = net.link(lay.tp * lay.cp)  # the cp group strides over tp ranks
+    moved = tokens * width / lay.tp * dims.activation_bytes * (lay.cp - 1) / lay.cp
+    return 2 * (6 * alpha + moved / bandwidth)
 
 
 @caches.memo(maxsize=256)
@@ -233,13 +315,16 @@ def _mamba_ops(dims: ModelDims, z: Shard) -> LayerOps:
     """Return a Mamba layer's kernels (module docstring), on one rank for one micro-batch."""
     shape, act, h = dims.mamba, dims.activation_bytes, dims.hidden_size
     tokens = dims.seq_length * z.micro_batch // z.cp
-    heads, groups, d = shape.heads // z.tp, shape.groups // z.tp, shape.d_inner // z.tp
-    head_dim, n, chunks = shape.d_inner // shape.heads, shape.state, -(-tokens // CHUNK)
+    # with cp the convolution and scan run the whole sequence on heads / (tp x cp)
+    # (MambaContextParallel; groups repeated to one a rank where fewer: ngroups_local_tpcp)
+    whole, ranks, d = tokens * z.cp, z.tp * z.cp, shape.d_inner // z.tp
+    heads, groups = shape.heads // ranks, max(1, shape.groups // ranks)
+    head_dim, n, chunks = shape.d_inner // shape.heads, shape.state, -(-whole // CHUNK)
     fp8 = dims.fp8 is not None
     norm_f, add_f, norm_b, add_b = _residual(dims, z)
     in_proj = linear("in_proj", tokens, h, shape.in_width // z.tp, fp8=fp8)
     out_proj = linear("out_proj", tokens, d, h, fp8=fp8)
-    conv = tokens * (d + 2 * groups * n)  # x, B and C: the convolution's channels on this rank
+    conv = whole * (d // z.cp + 2 * groups * n)  # x, B and C: the convolution's channels here
     # the chunk products (ssd_bmm.py C B^T per group; ssd_chunk_state.py B^T X, ssd_chunk_scan.py
     # (C B^T o L) X and C states per head), as batched GEMMs
     products = [Gemm("ssd C B^T", CHUNK, CHUNK, n, "fwd", chunks * groups),

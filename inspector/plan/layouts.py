@@ -15,12 +15,17 @@ from typing import Any
 
 import inspector.caches as caches
 from inspector.job.gdn import gdn_shape
-from inspector.job.hybrid_model import pipe_segments
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
 from inspector.job.pipeline_layout import expand_layout
 from inspector.job.versions import mtp_in_layouts
-from inspector.plan.hybrid import hybrid_splits, pinned_by_pattern
+from inspector.plan.hybrid import (
+    context_built,
+    hybrid_splits,
+    hybrid_vpps,
+    pattern_stages,
+    pinned_by_pattern,
+)
 from inspector.plan.request import Request, divisors, expert_biases
 from inspector.plan.split import (
     Split,
@@ -52,8 +57,10 @@ def _cp_choices(req: Request, tp: int) -> list[int]:
     if "cp" in req.fixed:
         return [req.fixed["cp"]]
     m = req.model
-    if m.transformer_impl != "transformer_engine" or not req.flash or m.hybrid:
-        return [1]  # a hybrid model: Mamba's context-parallel exchanges are not priced
+    if m.transformer_impl != "transformer_engine" or not req.flash:
+        return [1]
+    if m.hybrid and not context_built(m):  # G or D layers (plan/hybrid.py)
+        return [1]
     return [c for c in _powers(req.gpus // tp) if c == 1 or m.seq_length % (2 * c) == 0][:4]
 
 
@@ -82,8 +89,8 @@ def layouts(req: Request) -> Iterator[Layout]:
             if req.gpus % (tp * cp):
                 continue
             pps = [req.fixed["pp"]] if "pp" in req.fixed else divisors(req.gpus // (tp * cp))
-            if pinned_by_pattern(m):  # one stage a `|` segment (plan/hybrid.py)
-                pps = [p for p in pps if p == pipe_segments(m.hybrid_override_pattern)]
+            if pinned_by_pattern(m):  # `|` segments: stages and virtual stages (plan/hybrid.py)
+                pps = [p for p in pps if pattern_stages(m, p)]
             for pp in pps:
                 if pp > m.num_layers or req.gpus % (tp * cp * pp):
                     continue
@@ -106,9 +113,11 @@ def vpp_choices(req: Request, pp: int, m: int) -> list[int]:
     pinned = _pinned_vpp(req, pp)
     if pinned is not None:
         return pinned
+    if req.model.hybrid:  # a hybrid stack: its pattern's virtual stages (plan/hybrid.py)
+        return hybrid_vpps(req.model, pp, req.fixed.get("vpp"))
     if "vpp" in req.fixed:
         return [req.fixed["vpp"]]
-    if pp == 1 or req.model.hybrid:  # a hybrid stack: no virtual stages (plan/hybrid.py)
+    if pp == 1:
         return [1]
     out = [1]
     for v in (2, 3, 4, 6, 8):
@@ -141,7 +150,7 @@ def layout_for(
     `pin`: the user's own split flags, (name, value) pairs, kept as given.
     """
     if pinned_by_pattern(model):  # the pattern's `|` place the layers, no flag does
-        return lay
+        return replace(lay, vpp=vpp if vpp > 1 else None)
     return _layout_for(lay, model.num_layers, model.mtp_num_layers or 0, split, vpp, pin)
 
 

@@ -26,7 +26,7 @@ from inspector.job.job import Job
 from inspector.job.layout import Layout
 from inspector.plan.candidates import Recipe, capped_split, first_fit, more_recompute, recipes
 from inspector.plan.confirm import confirmed, engine_runs, measured
-from inspector.plan.hybrid import pinned_by_pattern
+from inspector.plan.hybrid import hybrid_vpp, pinned_by_pattern
 from inspector.plan.layouts import distopts, layout_for, layouts, splits, vpp_choices
 from inspector.plan.price import Plan, price_memory, timed
 from inspector.plan.request import Request
@@ -71,9 +71,9 @@ def settings(req: Request) -> Iterator[Setting]:
     mbs_choices = [req.fixed["mbs"]] if "mbs" in req.fixed else [1, 2, 4, 8]
     pin = tuple(sorted(req.fixed.get("pin", {}).items()))
     for base in layouts(req):
-        # a pattern's `|` segments need their own pp (megatron-core 0.17+)
+        # a pattern's `|` segments need their own pp and virtual stages (megatron-core 0.17+)
         pp = base.pp if pinned_by_pattern(req.model) else 1
-        first, last = extras(Job(req.model, Layout(tp=base.tp, pp=pp)))
+        first, last = extras(Job(req.model, Layout(tp=base.tp, pp=pp, vpp=hybrid_vpp(req.model, pp))))
         for mbs in mbs_choices:  # ascending: what does not fit at b does not fit at 2b
             if req.global_batch_size % (mbs * base.dp):
                 continue

@@ -51,6 +51,7 @@ from inspector.errors import ConfigError
 from inspector.job.dims import ModelDims, live_microbatches
 from inspector.job.job import RECOMPUTE_MODES, Recompute
 from inspector.job.layout import Layout
+from inspector.job.versions import gdn_conv_keeps_projection
 from inspector.memory.closed.activation_records import (
     EmbeddingActivations,
     LayerActivations,
@@ -180,10 +181,17 @@ def _mamba(dims: ModelDims, par: Layout, sb: float) -> float:
         mamba_split_conv1d_scan_combined (ssd_combined.py 888) with the scan's ungated output
         out_x; the gated norm's input and output (layernorm_gated.py 360: x saved, and the
         output out_proj keeps), 2sb d_inner each; the gated norm's fp32 rstd per group 4sbG.
-    Per-head fp32 vectors (A, D, dt_bias: a few hundred bytes) are left out."""
+      - with context parallelism zxbcdt is saved after MambaContextParallel's all-to-all, its B
+        and C repeated `group_repeat_count` times where a rank's groups are fewer than its tp x
+        cp share (ssm/mamba_context_parallel.py `pre_conv_ssm`): 2sb 2GN (repeat - 1) more.
+    Per-head fp32 vectors (A, D, dt_bias: a few hundred bytes) are left out, and with context
+    parallelism the copies of this rank's slice of them and of the convolution's weight (a few
+    KiB, `_slice_conv_param`)."""
     shape, b, h = dims.mamba, dims.activation_bytes, dims.hidden_size
+    repeat = max(1, par.cp * par.tp // shape.groups)
+    width = shape.in_width + 2 * shape.groups * shape.state * (repeat - 1)
     outside = b * sb * h + FP32 * sb + _hidden_mask(dims) * sb * h
-    inside = b * sb * shape.in_width + 3 * b * sb * shape.d_inner + FP32 * sb * shape.groups
+    inside = b * sb * width + 3 * b * sb * shape.d_inner + FP32 * sb * shape.groups
     return outside / par.sp_divisor + inside / par.tp
 
 
@@ -191,7 +199,8 @@ def _gdn(dims: ModelDims, par: Layout, sb: float) -> float:
     """Return a gated delta net layer's bytes besides its norm's input, as megatron's
     GatedDeltaNet and fla's kernels keep them (our extension; world/ssm/fla_kernels.py):
       - in_proj's normed input 2sbh and fp32 rstd 4sb, the dropout mask after out_proj sbh;
-      - split by t: in_proj's output (q, k, v, z, beta, alpha) 2sb in_width; the causal
+      - split by t: in_proj's output (q, k, v, z, beta, alpha) 2sb in_width (megatron-core
+        0.18+; 0.16-0.17 copy q, k and v for the convolution and free it: 2sb conv_width); the causal
         convolution's input and output, 2sb conv_width each; the L2-normed q and k 2sb 2qk with
         their fp32 rstd per head; q and k made contiguous at the value heads 2sb 2 n_v d_k; v and
         the gate z 2sb v each; what chunk_gated_delta_rule saves besides them: the fp32 gate and
@@ -201,7 +210,9 @@ def _gdn(dims: ModelDims, par: Layout, sb: float) -> float:
     g, b, h = dims.gdn_shape(), dims.activation_bytes, dims.hidden_size
     qk, v, nv = g.key_heads * g.key_dim, g.value_heads * g.value_dim, g.value_heads
     outside = b * sb * h + FP32 * sb + _hidden_mask(dims) * sb * h
-    halves = b * (g.in_width + 2 * g.conv_width + 2 * qk + 2 * nv * g.key_dim + 4 * v + nv * GDN_CHUNK)
+    # megatron-core 0.16-0.17 copy q, k and v for the convolution and free in_proj's output
+    projected = g.in_width if gdn_conv_keeps_projection() else g.conv_width
+    halves = b * (projected + 2 * g.conv_width + 2 * qk + 2 * nv * g.key_dim + 4 * v + nv * GDN_CHUNK)
     stats = FP32 * 2 * g.key_heads + 2 * FP32 * nv + b * nv + FP32 * nv
     return outside / par.sp_divisor + sb * (halves + stats) / par.tp
 

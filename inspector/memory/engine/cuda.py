@@ -23,7 +23,8 @@ torch or megatron choose by device:
   takes no GPU memory either way, and this CPU build has no pinned allocator;
 - megatron's CUDA RNG tracker forks nothing and RNG states are host tensors, as on a GPU
   (CUDA generator states are kept by the host, not in GPU memory);
-- megatron-core 0.17's `process_mtp_loss` (transformer/multi_token_prediction.py) branches on
+- megatron-core 0.17's `process_mtp_loss` (transformer/multi_token_prediction.py; GPTModel and
+  MambaModel call it) branches on
   the rolled loss mask's token count, `num_tokens > 0`, a value a GPU reads back; a training
   micro-batch has tokens (pretrain_gpt's loss mask is 0 only at EOD tokens), so inside that
   function a meta scalar's truth answers True; 0.18 made the branch a multiplication;
@@ -194,17 +195,32 @@ class _TokensCounted(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def _mtp_loss_counted() -> list[tuple[Any, str, Any]]:
-    """Run gpt_model's `process_mtp_loss` (0.17+) with its token-count branch answered."""
-    from megatron.core.models.gpt import gpt_model
+# the model modules that call `process_mtp_loss` (0.17+): GPTModel's, and the hybrid model's,
+# MambaModel's on 0.17 (models/mamba/mamba_model.py), HybridModel's from 0.18
+_MTP_LOSS_CALLERS = ("megatron.core.models.gpt.gpt_model", "megatron.core.models.mamba.mamba_model",
+                     "megatron.core.models.hybrid.hybrid_model")  # fmt: skip
 
-    original = getattr(gpt_model, "process_mtp_loss", None)
-    if original is None:  # 0.13-0.16: the MTP loss is computed in GPTModel itself, no branch
-        return []
+
+def _mtp_loss_counted() -> list[tuple[Any, str, Any]]:
+    """Run each model's `process_mtp_loss` (0.17+) with its token-count branch answered."""
+    import sys
+
+    patches = []
+    for name in _MTP_LOSS_CALLERS:  # those imported: the model the run has built is among them
+        module = sys.modules.get(name)
+        original = getattr(module, "process_mtp_loss", None)
+        if original is None:  # 0.13-0.16: the MTP loss is computed in the model itself
+            continue
+        patches.append((module, "process_mtp_loss", _counted(original)))
+    return patches
+
+
+def _counted(original: Any) -> Any:
+    """Return `original` run with a meta scalar's truth answered (_TokensCounted)."""
 
     @functools.wraps(original)
     def counted(*args: Any, **kwargs: Any) -> Any:
         with _TokensCounted():
             return original(*args, **kwargs)
 
-    return [(gpt_model, "process_mtp_loss", counted)]
+    return counted
