@@ -212,8 +212,11 @@ def test_memory_refuses_the_op_fuser_before_megatron_core_0_18(cli):
         (("--fp8-format", "e4m3"), "--use-transformer-engine-op-fuser with --fp8-format e4m3 is not modelled"),
         # megatron's _is_fused_impl_supported refuses tensor-parallel experts
         (("--tp", "2", "--sequence-parallel"), "--use-transformer-engine-op-fuser with an expert tensor-parallel size of 2"),
+        # megatron asks TE's fused activation to recompute itself (experts.py _make_fused_ops)
+        (("--recompute-granularity", "selective", "--recompute-modules", "moe_act"),
+         "--use-transformer-engine-op-fuser with --recompute-modules moe_act is not modelled"),
     ],  # fmt: skip
-    ids=["fp8", "expert-tp"],
+    ids=["fp8", "expert-tp", "moe-act-recompute"],
 )
 @needs_op_fuser
 def test_op_fuser_combinations_not_modelled_are_refused_by_name(cli, extra, start):

@@ -142,6 +142,14 @@ def check_op_fuser(args: Mapping[str, Any]) -> None:
     gradients."""
     if not args.get("use_transformer_engine_op_fuser") or not args.get("num_experts"):
         return  # megatron-core 0.18-0.19 read it in TEGroupedMLP only
+    if args.get("recompute_granularity") == "selective" and "moe_act" in (
+        args.get("recompute_modules") or ()
+    ):  # experts.py `_make_fused_ops` (0.18.2 434, 0.19.2 484): TE's own activation recompute
+        raise ConfigError(
+            "--use-transformer-engine-op-fuser with --recompute-modules moe_act is not modelled: "
+            "megatron-core passes activation_recompute_in_mlp to Transformer Engine's fused "
+            "activation operation (experts.py _make_fused_ops), whose recompute is not "
+            "simulated")  # fmt: skip
     if not args.get("swiglu") and not args.get("quick_geglu"):
         # experts.py `_is_fused_impl_supported` (0.19.2): squared ReLU fuses through TE 2.17's
         # ScaledSReLU when --use-fused-weighted-squared-relu; the tool builds --squared-relu as
