@@ -7,17 +7,16 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from inspector.job.versions import megatron_version
 
-
-def parameter_count(a: Mapping[str, Any], tp: int = 1) -> int:
+def parameter_count(a: Mapping[str, Any], tp: int = 1, mtp_indexer: bool = True) -> int:
     """Return the total parameters of a GPT / Llama / MoE model given Megatron-LM arguments.
 
     Every layer: two norms, QKV (GQA-aware) and output projections (and a learned softmax
     offset per head with softmax_type learnable), and an MLP — dense, or a
     router (E x h, plus E biases when biases are on) and E expert MLPs plus an optional shared
     expert. Around them: the word embeddings padded to a multiple of 128 x tp, learned positions
-    unless RoPE, the final norm, and an output layer when untied.
+    unless RoPE, the final norm, and an output layer when untied. `mtp_indexer`: whether a DSA
+    model's MTP layer has its own indexer (the published counts', megatron-core 0.19's).
     """
     h, heads = a["hidden_size"], a["num_attention_heads"]
     groups = (a.get("num_query_groups") or heads) if a.get("group_query_attention") else heads
@@ -78,11 +77,11 @@ def parameter_count(a: Mapping[str, Any], tp: int = 1) -> int:
         mixers = [mixer - shared * _reuses_topk(a, i + 1) for i, mixer in enumerate(mixers)]
         per_layer = [2 * norm + mixer + (moe_layer if moe else dense_layer)
                      for mixer, moe in zip(mixers, pattern, strict=True)]  # fmt: skip
-        # an MTP layer is numbered from 1 again, so it computes its own top-k; Megatron-LM
-        # core_v0.18.2's gpt_builders gives it the last decoder spec's MLA without the indexer
-        # (0.19 the DSA layer: world/dsa.py dsa_mtp_layer_spec)
+        # an MTP layer is numbered from 1 again, so it computes its own top-k (`mtp_indexer`
+        # False: Megatron-LM core_v0.18.2's gpt_builders gives it the last decoder spec's MLA
+        # without the indexer; 0.19 the DSA layer: world/dsa.py dsa_mtp_layer_spec)
         mtp_layer = per_layer[-1] + shared * _reuses_topk(a, len(per_layer))
-        mtp_layer -= shared if megatron_version() < (0, 19) else 0
+        mtp_layer -= 0 if mtp_indexer else shared
     total = vocab * h + sum(per_layer) + norm
     # Multi-token prediction: per depth, enorm, hnorm, eh_proj (2h -> h), a transformer layer like
     # the decoder's last, and a final norm; the embedding and output layer are shared.

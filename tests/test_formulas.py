@@ -47,7 +47,8 @@ JOB_FIELDS = {"seq_length", "vocab_size", "activation_bytes", "attention_dropout
               "rotary", "flash_attention", "fused_kernels", "moe_sorts_chunks",
               "moe_row_padding", "bias_activation_fusion", "bias_dropout_fusion",
               "document_length", "layer_symbols", "mamba", "dsa_indexer_loss_coeff",
-              "grad_accumulation_fusion", "deterministic", "te_attention", "mtp_symbols"}  # fmt: skip
+              "grad_accumulation_fusion", "deterministic", "te_attention", "mtp_symbols",
+              "rope_fusion"}  # fmt: skip
 
 
 def test_model_dims_come_from_the_transformer_config_fields() -> None:

@@ -107,8 +107,9 @@ def test_tool_builds_the_counted_model(cli, name):
     result = cli("params", "--model", name, "--format", "json")
     assert result.code == 0, result.err
     rows = json.loads(result.out)["parameters"]
+    # megatron-core 0.18's DSA MTP layer has no indexer (Megatron-LM core_v0.18.2 gpt_builders)
     assert sum(math.prod(r["global_shape"]) for r in rows if not r["tied"]) == parameter_count(
-        dict(PRESETS[name].args)
+        dict(PRESETS[name].args), mtp_indexer=megatron_version() >= (0, 19)
     )
 
 
