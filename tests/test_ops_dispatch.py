@@ -136,7 +136,12 @@ def _local_layer(bias: bool) -> tuple[list[tuple[str, int]], list[tuple[str, int
 
     from inspector.job.layout import Layout
     from inspector.memory.engine.cuda import cuda_on_meta
+    from inspector.world.environment import fresh_attention_env
     from inspector.world.setup import simulated_rank
+
+    # as a fresh process starts, and as the tool's own builds clear them (world/stage.py): a job
+    # built earlier in this process set TE's attention opt-outs, which GPTModel asserts against
+    fresh_attention_env()
 
     with cuda_on_meta(), simulated_rank(Layout(), 0, None):
         config = TransformerConfig(
