@@ -52,7 +52,8 @@ def delayed_wgrad(gpt: Any, delay: bool) -> Iterator[None]:
             handles.append(module.register_forward_hook(after_forward, with_kwargs=True))
     try:
         yield
-        _check_emptied(handles and gpt)
+        if handles:
+            _check_emptied(gpt)
     finally:
         for handle in handles:
             handle.remove()
@@ -61,7 +62,7 @@ def delayed_wgrad(gpt: Any, delay: bool) -> Iterator[None]:
 def _check_emptied(gpt: Any) -> None:
     """Stop where a micro-batch ends with weight-gradient operands still kept: megatron would run
     them at its backward_dw, which then was never reached here."""
-    for name, module in gpt.named_modules() if gpt else ():
+    for name, module in gpt.named_modules():
         for op in (module._fused_ops[0].children() if getattr(module, "_fused_ops", None) else ()):
             store = getattr(op, "wgrad_store", None)
             if store is not None and store.context:
