@@ -109,6 +109,10 @@ class ModelDims:
     document_length: int | None = None  # --sft: packed documents' length (job/packing.py)
     # DSA's indexer loss weight (--dsa-indexer-loss-coeff): above 0 it adds the loss's all-reduce
     dsa_indexer_loss_coeff: float | None = None
+    # DSA's lightning indexer (--dsa-indexer-n-heads, -head-dim, -topk; None: no DSA layers)
+    dsa_indexer_n_heads: int | None = None
+    dsa_indexer_head_dim: int | None = None
+    dsa_indexer_topk: int | None = None
 
     @classmethod
     def from_fields(

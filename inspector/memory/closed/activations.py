@@ -58,6 +58,7 @@ from inspector.memory.closed.activation_records import (
     OutputActivations,
     StageActivations,
 )
+from inspector.memory.closed.dsa import dsa_core_bytes
 from inspector.memory.closed.recompute import mtp_recompute, recompute_buffer, recompute_plan
 
 MASK = 1  # bytes per dropout-mask element (torch stores a bool)
@@ -166,9 +167,7 @@ def _dense_mlp(dims: ModelDims, par: Layout, sb: float, ffn: int) -> float:
     """Return a dense MLP's bytes (paper Section 4.1: 19sbh when f = 4h)."""
     h = dims.hidden_size
     outside = dims.activation_bytes * sb * h + _hidden_mask(dims) * sb * h  # fc1 in 2sbh, mask sbh
-    inside = (
-        dims.activation_bytes * sb * ffn * dims.gated_multiplier + dims.activation_bytes * sb * ffn
-    )  # GeLU in/out 8sbh+8sbh
+    inside = dims.activation_bytes * sb * ffn * (dims.gated_multiplier + 1)  # GeLU in/out 8sbh+8sbh
     return outside / par.sp_divisor + inside / par.tp
 
 
@@ -220,9 +219,7 @@ def _gdn(dims: ModelDims, par: Layout, sb: float) -> float:
 def _moe_mlp(dims: ModelDims, par: Layout, sb: float) -> float:
     """Return an MoE MLP's bytes under balanced routing (our extension, see module docstring)."""
     h, e, k = dims.hidden_size, par.expert_tp, dims.moe_router_topk
-    outside = (
-        dims.activation_bytes * sb * h + _hidden_mask(dims) * sb * h
-    )  # router/shared-expert input, dropout mask
+    outside = (dims.activation_bytes + _hidden_mask(dims)) * sb * h  # router/shared input, mask
     copies = sb * k * e / par.tp  # token copies reaching one rank's experts
     routed = (
         dims.activation_bytes * copies * h
@@ -269,14 +266,15 @@ def layer_activations(
         return LayerActivations(
             0, 0, 0, 0, dims.activation_bytes * sb * dims.hidden_size / par.sp_divisor
         )
-    norms = (
-        2 * dims.activation_bytes * sb * dims.hidden_size / par.sp_divisor
-    )  # two norm inputs, 4sbh
+    norms = 2 * dims.activation_bytes * sb * dims.hidden_size / par.sp_divisor  # two norm inputs, 4sbh
     asked = modules if recompute == "selective" else ()
     core = 0.0 if "core_attn" in asked else _core_attention(dims, par, sb, flash_attention)
+    if dims.experimental_attention_variant == "dsa":  # DSA's sparse core attention (closed/dsa.py)
+        core = dsa_core_bytes(dims, par, sb)
     if dims.layer_symbols:  # a hybrid stack's layer: one module, one norm
         symbol = dims.layer_symbols[layer]
         parts = {"*": (_attention(dims, par, sb), core, 0.0), "M": (0.0, 0.0, _mamba(dims, par, sb)),
+                 "D": (_mla_attention(dims, par, sb, "mla_up_proj" in asked), core, 0.0),
                  "-": (0.0, 0.0, _dense_mlp(dims, par, sb, 0 if "mlp" in asked else dims.ffn)),
                  "E": (0.0, 0.0, _moe_mlp(dims, par, sb)),
                  "G": (0.0, 0.0, _gdn(dims, par, sb))}[symbol]  # fmt: skip

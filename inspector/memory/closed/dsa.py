@@ -1,0 +1,88 @@
+"""A DeepSeek sparse attention (DSA) layer's core attention bytes: what megatron's PyTorch path
+keeps for backward, and the most its backward holds at once (our extension, Korthikanti et al.'s
+method: every tensor autograd saves, counted once).
+
+megatron-core runs DSA's own PyTorch path (--dsa-kernel-backend none, its default; the fused
+TileLang and cuDNN kernels are refused by name): the "sparse" attention computes every score of
+the sequence in fp32 and masks all but the indexer's top-k keys, so its bytes grow with s^2 per
+head, like unfused attention's (transformer/experimental_attention_variant/dsa.py):
+
+- megatron-core 0.19 (AbsorbedMLASelfAttention, `_unfused_absorbed_dsa_fn`, dsa.py:59-112 at
+  0.19.2): the scores `matmul(q.float(), k.float())` keep the fp32 copy of the absorbed query
+  (kv_lora + r wide a head; the key is one latent head) ; `dsa_masking.masked_softmax`
+  (dsa_masking.py:356-373) keeps three bool masks (`~valid_mask`, one per `masked_fill`: 1 byte
+  each), the exp's output and the divide's numerator (fp32, 4 each), its max's int64 index and
+  the row sum (8 + 4 + 4 a row); the P V product keeps the bf16 probabilities (2): 13 bytes a
+  score. Its backward holds four fp32 scores at once in the divide's gradient (torch's
+  DivBackward0: grad / other and -grad * self / other^2, with their operands): 16 bytes a score.
+- megatron-core 0.18 (MLASelfAttention around DSAttention, `unfused_dsa_fn`, dsa.py:920-970 at
+  0.18.2): `bmm(query.float(), key.float())` keeps both fp32 copies (c + r wide a head each),
+  the fp32 softmax keeps its output (4) and the P V bmm the bf16 copy (2): 6 bytes a score;
+  its backward the fp32 gradient of the probabilities and the softmax's (8 bytes a score).
+- the indexer's loss (0.18: every training step, dsa.py:1066-1081 at 0.18.2; 0.19 with
+  --dsa-indexer-loss-coeff above 0, dsa.py:1888-1894 at 0.19.2): FusedDSAIndexerLoss saves the
+  indexer's q (bf16, heads x head dim), its weights (bf16, a head), its k (bf16, head dim) and
+  the top-k indices (int64, topk a row) (dsa.py:944 at 0.19.2), the query and key it reads
+  being detached views of tensors kept already; its backward recomputes the scores
+  (`bwd_fused_indexer_loss_naive`): 13 bytes a score per indexer head (tests/test_dsa.py
+  measures them), after the attention's own saved scores are freed (the loss's gradient runs
+  after the attention's backward).
+Without the loss (0.19) the top-k runs under no_grad and nothing of the indexer is kept.
+The indexer runs on the whole sequence on every tensor-parallel rank (its inputs all-gathered,
+dsa.py:1273-1275 at 0.19.2); the attention on the rank's heads. Context parallelism is refused
+for DSA (job/dsa.py), so s is the whole sequence here.
+"""
+
+from __future__ import annotations
+
+from inspector.job.dims import ModelDims
+from inspector.job.layout import Layout
+from inspector.job.versions import megatron_version
+
+ABSORBED_SINCE = (0, 19)  # AbsorbedMLASelfAttention around DSAttention
+FP32, BF16, INDEX = 4, 2, 8
+KEPT_SCORE = {True: 13, False: 6}  # bytes a score kept, absorbed (0.19) or not (0.18)
+BACKWARD_SCORE = {True: 16, False: 8}  # bytes a score the attention's backward holds at once
+INDEXER_BACKWARD_SCORE = 13  # bytes a score per indexer head, the loss's recomputing backward
+
+
+def absorbed() -> bool:
+    """Return whether the installed megatron-core runs DSA inside absorbed MLA (0.19+)."""
+    return megatron_version() >= ABSORBED_SINCE
+
+
+def indexer_loss(dims: ModelDims) -> bool:
+    """Return whether megatron trains the indexer's loss (module docstring)."""
+    return not absorbed() or bool(dims.dsa_indexer_loss_coeff)
+
+
+def _scores(dims: ModelDims, par: Layout, sb: float) -> float:
+    """Return the scores a rank computes: its heads x b x s^2 (sb = s b)."""
+    return dims.num_attention_heads // par.tp * sb * dims.seq_length
+
+
+def dsa_core_bytes(dims: ModelDims, par: Layout, sb: float) -> float:
+    """Return the bytes the DSA core attention and its indexer keep for backward."""
+    fused = absorbed()
+    heads = dims.num_attention_heads // par.tp
+    c, r = dims.qk_head_dim, dims.qk_pos_emb_head_dim
+    if fused:  # the fp32 absorbed query; the masked softmax's max index, row sum and its clamp
+        rows = sb * heads * (FP32 * (dims.kv_lora_rank + r) + INDEX + 2 * FP32)
+    else:  # the fp32 query and key
+        rows = sb * heads * 2 * FP32 * (c + r)
+    kept = KEPT_SCORE[fused] * _scores(dims, par, sb) + rows
+    if indexer_loss(dims):
+        n, d = dims.dsa_indexer_n_heads or 0, dims.dsa_indexer_head_dim or 0
+        kept += sb * (BF16 * (n * d + n + d) + INDEX * (dims.dsa_indexer_topk or 0))
+    return kept
+
+
+def dsa_backward_bytes(dims: ModelDims, par: Layout, sb: float) -> float:
+    """Return the most a DSA core attention's backward holds at once beyond what it kept."""
+    fused = absorbed()
+    scores = _scores(dims, par, sb)
+    attention = BACKWARD_SCORE[fused] * scores
+    if not indexer_loss(dims):
+        return attention
+    indexer = INDEXER_BACKWARD_SCORE * (dims.dsa_indexer_n_heads or 0) * sb * dims.seq_length
+    return max(attention, indexer - KEPT_SCORE[fused] * scores)
