@@ -22,6 +22,10 @@ reads the H200 table scaled (below). How each kind of op is priced from a table:
   - fp8 GEMMs (Transformer Engine's linears under --fp8-format): the fraction of the GPU's dense
     fp8 peak that the H100's fp8 rows reach, by the same curves (the H100 is the only fp8
     measurement; on another GPU the same fraction of its own fp8 peak is assumed).
+  - fp32 GEMMs (DeepSeek sparse attention's scores: torch matmuls of .float() tensors, which
+    PyTorch runs without TF32 by default): no table measures them; the 16-bit curve's fraction
+    of the GPU's fp32 CUDA-core peak (job/hardware.py `tflops_fp32`, NVIDIA's datasheets: 67
+    TFLOP/s on H100 SXM and H200), operands and result 4 bytes: an estimate.
   - Flash attention, forward and backward (causal, head dim 128): TFLOP/s bilinear in
     (log2 sequence, log2 heads x micro-batch) over the measured grid (2k-16k, 4-32 heads; the
     two grouped-query settings measured averaged), clamped to the grid. FLOPs as the table
@@ -110,6 +114,7 @@ class Gemm:
     orient: Orient
     batch: int = 1
     fp8: bool = False  # fp8 operands (Transformer Engine under --fp8-format)
+    fp32: bool = False  # fp32 operands on CUDA cores (torch's matmul of .float() tensors)
 
     @property
     def flops(self) -> int:
@@ -265,11 +270,14 @@ def op_seconds(op: Op, gpu: Gpu) -> float:
             compute = op.flops / (H100_FP8 * 1e12 * efficiency * _faster(gpu, "gemm_fp8"))
         else:
             compute = op.flops / (gpu.tflops_fp8 * 1e12 * efficiency)
+    elif op.fp32:  # no measured fp32 rows: the 16-bit curve's fraction of the fp32 peak
+        efficiency = _interpolate(gemm_curve(op.orient, table), log_volume)
+        compute = op.flops / (gpu.tflops_fp32 * 1e12 * efficiency)
     else:
         efficiency = _interpolate(gemm_curve(op.orient, table), log_volume)
         compute = op.flops / (reference_gpu(table).tflops_16bit * 1e12 * efficiency) * compute_scale(gpu)
-    operand = 1 if op.fp8 else ELEMENT  # fp8 operands, output in 16 bits
-    moved = op.batch * ((op.m * op.k + op.k * op.n) * operand + op.m * op.n * ELEMENT)
+    operand = 1 if op.fp8 else 2 * ELEMENT if op.fp32 else ELEMENT  # fp8 operands: 16-bit output
+    moved = op.batch * ((op.m * op.k + op.k * op.n) * operand + op.m * op.n * max(operand, ELEMENT))
     copy = _interpolate(memory_curve("copy", table), math.log2(moved))
     return max(compute, moved / copy * memory_scale(gpu))
 

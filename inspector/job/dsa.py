@@ -12,6 +12,8 @@ HybridModel's `D` layers (0.18+) are the same layer in a hybrid pattern (`infer_
 
 from __future__ import annotations
 
+from typing import Any
+
 from inspector.errors import ConfigError
 from inspector.job.checks import check_at_least_one
 from inspector.job.hybrid_model import DSA_SYMBOL
@@ -161,3 +163,22 @@ def refuse_dsa(config: ModelConfig, command: str) -> None:
             f"(AbsorbedMLASelfAttention, the indexer in the MTP layers too); {_installed()} "
             "builds it otherwise: tree, params, diff and memory run it"
         )
+
+
+# megatron-core 0.19: DSAttention inside AbsorbedMLASelfAttention (absorbed_mla.py)
+DSA_ABSORBED_SINCE = (0, 19)
+
+
+def absorbed() -> bool:
+    """Return whether the installed megatron-core runs DSA inside absorbed MLA (0.19+): its
+    sparse attention `_unfused_absorbed_dsa_fn` on one latent key head, else (0.18)
+    `unfused_dsa_fn` on MLA's per-head query, key and value."""
+    return megatron_version() >= DSA_ABSORBED_SINCE
+
+
+def indexer_loss(dims: Any) -> bool:
+    """Return whether megatron trains the indexer's KL loss (and so keeps the indexer's tensors
+    for backward): 0.18 in every training step (DSAttention.forward, dsa.py:1066-1081 at 0.18.2,
+    a coefficient of None failing in megatron's own `kl_div * loss_coeff`), 0.19 with
+    --dsa-indexer-loss-coeff above 0 (dsa.py:1888-1894 at 0.19.2)."""
+    return not absorbed() or bool(dims.dsa_indexer_loss_coeff)

@@ -269,7 +269,7 @@ def layer_activations(
     norms = 2 * dims.activation_bytes * sb * dims.hidden_size / par.sp_divisor  # two norm inputs, 4sbh
     asked = modules if recompute == "selective" else ()
     core = 0.0 if "core_attn" in asked else _core_attention(dims, par, sb, flash_attention)
-    if dims.experimental_attention_variant == "dsa":  # DSA's sparse core attention (closed/dsa.py)
+    if dims.experimental_attention_variant == "dsa" and core:  # DSA's (closed/dsa.py)
         core = dsa_core_bytes(dims, par, sb)
     if dims.layer_symbols:  # a hybrid stack's layer: one module, one norm
         symbol = dims.layer_symbols[layer]

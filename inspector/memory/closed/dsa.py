@@ -36,24 +36,13 @@ for DSA (job/dsa.py), so s is the whole sequence here.
 from __future__ import annotations
 
 from inspector.job.dims import ModelDims
+from inspector.job.dsa import absorbed, indexer_loss
 from inspector.job.layout import Layout
-from inspector.job.versions import megatron_version
 
-ABSORBED_SINCE = (0, 19)  # AbsorbedMLASelfAttention around DSAttention
 FP32, BF16, INDEX = 4, 2, 8
 KEPT_SCORE = {True: 13, False: 6}  # bytes a score kept, absorbed (0.19) or not (0.18)
 BACKWARD_SCORE = {True: 16, False: 8}  # bytes a score the attention's backward holds at once
 INDEXER_BACKWARD_SCORE = 13  # bytes a score per indexer head, the loss's recomputing backward
-
-
-def absorbed() -> bool:
-    """Return whether the installed megatron-core runs DSA inside absorbed MLA (0.19+)."""
-    return megatron_version() >= ABSORBED_SINCE
-
-
-def indexer_loss(dims: ModelDims) -> bool:
-    """Return whether megatron trains the indexer's loss (module docstring)."""
-    return not absorbed() or bool(dims.dsa_indexer_loss_coeff)
 
 
 def _scores(dims: ModelDims, par: Layout, sb: float) -> float:
@@ -86,3 +75,16 @@ def dsa_backward_bytes(dims: ModelDims, par: Layout, sb: float) -> float:
         return attention
     indexer = INDEXER_BACKWARD_SCORE * (dims.dsa_indexer_n_heads or 0) * sb * dims.seq_length
     return max(attention, indexer - KEPT_SCORE[fused] * scores)
+
+
+def dsa_rebuild_bytes(dims: ModelDims, par: Layout, mbs: int, recompute: str,
+                      modules: tuple[str, ...]) -> float:  # fmt: skip
+    """Return what a DSA layer's backward holds at once beyond the activations kept (none for a
+    model without DSA layers): `dsa_backward_bytes`, and with the core attention recomputed
+    (--recompute-modules core_attn; megatron's MLA checkpoints DSAttention whole,
+    `checkpoint_core_attention`) its kept bytes rebuilt first."""
+    if dims.experimental_attention_variant != "dsa":
+        return 0.0
+    sb = dims.seq_length / par.cp * mbs
+    rebuilt = dsa_core_bytes(dims, par, sb) if recompute == "selective" and "core_attn" in modules else 0.0
+    return rebuilt + dsa_backward_bytes(dims, par, sb)

@@ -15,6 +15,7 @@ from typing import Any, cast
 
 import inspector.caches as caches
 from inspector.job.dims import ModelDims, live_microbatches
+from inspector.job.hybrid_model import DSA_SYMBOL
 from inspector.job.job import Recompute, Training
 from inspector.job.layout import Layout
 from inspector.memory.closed.activations import (
@@ -26,6 +27,7 @@ from inspector.memory.closed.activations import (
     recompute_buffer,
     recompute_plan,
 )
+from inspector.memory.closed.dsa import dsa_rebuild_bytes
 
 
 @caches.memo(maxsize=65536)
@@ -145,7 +147,12 @@ def _own_bytes(
     def rebuilt(i: int) -> float:  # a layer's bytes without recomputation (one per kind)
         return layer_bytes(dims, par, first[dims.layer_kind(i)], mbs, "none", flash)
 
-    return _chunk_bytes(dims, par, groups, mbs, flash, modules), recompute_buffer([groups], rebuilt)
+    dsa = any(dims.layer_kind(i) == DSA_SYMBOL or dims.experimental_attention_variant == "dsa"
+              and not dims.layer_symbols for group, _ in groups for i in group)  # fmt: skip
+    rebuild = recompute_buffer([groups], rebuilt)
+    if dsa:  # the DSA layer's backward, after any rebuild (closed/dsa.py)
+        rebuild += dsa_rebuild_bytes(dims, par, mbs, groups[0][1], modules)
+    return _chunk_bytes(dims, par, groups, mbs, flash, modules), rebuild
 
 
 def stage_peak(
