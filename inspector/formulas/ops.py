@@ -13,16 +13,16 @@ parallel size t, context parallel c, expert parallel e (expert tensor parallel u
   - core attention: flash (one forward and one backward kernel; determinism.py's workspace under
     --deterministic-mode), or megatron's unfused DotProductAttention: baddbmm Q K^T into [b a/t,
     s/c, s], scale-mask-softmax (the fused kernel with apex or TE, else forward_torch_softmax),
-    attention dropout, bmm with V, the context's permute copy (tests/test_ops_dispatch.py);
+    attention dropout, bmm with V, the context's permute copy (tests/test_ops_dispatch.py), or
+    DeepSeek sparse attention's indexer and masked attention (dsa_ops.py);
   - memory-bound ops priced by the bytes each reads and writes (backward: the saved input and the
     output gradient read, the input gradient written); TE's unfused attention: te_unfused.py;
   - linear biases (bias_ops.py): without TE the QKV linear adds its bias after the GEMM; fc1's
     bias goes to the bias-GeLU, the output and fc2 biases to the bias-dropout-adds (one compiled
     kernel each, or eager ones with --no-bias-*-fusion); each bias gradient a sum over tokens
     (tests/test_ops_dispatch.py: a local-spec layer's bytes and GEMMs against megatron's);
-  - with --no-gradient-accumulation-fusion (needed without apex or Transformer Engine) each weight
-    gradient is a 16-bit tensor that DDP's hook adds into the fp32 main_grad (distributed_data_
-    parallel.py `main_grad.add_`); else the weight-gradient GEMM accumulates into main_grad.
+  - with --no-gradient-accumulation-fusion each weight gradient is a 16-bit tensor that DDP's
+    hook adds into the fp32 main_grad (distributed_data_parallel.py `main_grad.add_`).
 Multi-latent attention (megatron-core multi_latent_attention.py, MLASelfAttention, TE spec): the
 down projections h -> q_lora and h -> kv_lora + r are duplicated on every TP rank (TELinear
 `parallel_mode="duplicated"`) and run on the rank's local rows (T / t with sequence parallelism,
@@ -30,8 +30,7 @@ else all T); the latent norms (with --qk-layernorm) on the same rows; the column
 projections q_lora -> n (c + r) / t (or h -> n (c + r) / t without a query latent) and
 kv_lora -> n (c + v) / t on all T; RoPE on the rotary parts of Q and K; core attention; the
 row-parallel output n v / t -> h. Their GEMM FLOPs are Megatron-LM's (mla_attention_flops, less
-the latent norms' "+ 1" terms). The output layer and loss: `output_ops`.
-Not memoised here: the planner keeps them in caches inspector/caches.py owns (plan/cost.py).
+the latent norms' "+ 1" terms). The output layer and loss: `output_ops`. Not memoised here.
 """
 
 from __future__ import annotations
@@ -41,6 +40,7 @@ from dataclasses import dataclass
 
 from inspector.formulas.bias_ops import Kernels, bias_add, unfused_bias_dropout_add
 from inspector.formulas.determinism import workspace_pass
+from inspector.formulas.dsa_ops import dsa_core_ops
 from inspector.formulas.fp8_ops import amax_pass, expert_padding, norm_fused_linears
 from inspector.formulas.kernels import (
     ATTENTION_BACKWARD,
@@ -56,8 +56,7 @@ from inspector.formulas.te_unfused import full_mask_pass
 from inspector.job.dims import ModelDims
 from inspector.job.hardware import Gpu
 
-FP32 = 4
-MASK = 1  # bytes of a bool dropout mask element
+FP32, MASK = 4, 1  # bytes of an fp32 element, of a bool dropout mask element
 # torch's softmax over rows longer than this (fp32 rows above 4,096 bytes) runs one thread block
 # per row with block-wide reductions (aten/src/ATen/native/cuda/SoftMax.cu host_softmax and
 # host_softmax_backward: cunn_SoftMaxForward / cunn_SoftMaxBackward), as the norm kernels do;
@@ -117,12 +116,10 @@ RECOMPUTED: tuple[str, ...] = (
     "core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "moe_act", "shared_experts")
 
 
-def linear(
-    name: str, tokens: int, fan_in: int, fan_out: int, expert: bool = False, fp8: bool = False
-) -> list[Gemm]:
-    """Return a linear layer's forward, data-gradient and weight-gradient GEMMs."""
-    orients: tuple[Orient, Orient, Orient] = (
-        ("expert", "expert", "expert") if expert else ("fwd", "dgrad", "wgrad"))
+def linear(name: str, tokens: int, fan_in: int, fan_out: int, expert: bool = False,
+           fp8: bool = False) -> list[Gemm]:  # fmt: skip
+    """Return a linear's forward, data-gradient and weight-gradient GEMMs."""
+    orients: tuple[Orient, ...] = ("expert",) * 3 if expert else ("fwd", "dgrad", "wgrad")
     return [Gemm(name, tokens, fan_out, fan_in, orients[0], fp8=fp8),
             Gemm(name + " dgrad", tokens, fan_in, fan_out, orients[1], fp8=fp8),
             Gemm(name + " wgrad", fan_in, fan_out, tokens, orients[2], fp8=fp8)]
@@ -244,6 +241,9 @@ def _torch_softmax(p: _Pass, sq: int, s: int, elements: int, act: int) -> None:
 def _core_attention(dims: ModelDims, z: Shard, flash: bool, fused: bool) -> _Pass:
     """Return the core attention's forward and backward kernels on one rank."""
     p = _Pass()
+    if dims.experimental_attention_variant == "dsa":  # DeepSeek sparse attention (dsa_ops.py)
+        p.forward, p.backward = dsa_core_ops(dims, z.tp, z.micro_batch)
+        return p
     heads = dims.num_attention_heads // z.tp * z.micro_batch
     sq = dims.seq_length // z.cp
     if not flash:

@@ -142,15 +142,10 @@ DSA_WORKLOAD_SINCE = (0, 19)
 
 
 def refuse_dsa(config: ModelConfig, command: str) -> None:
-    """Refuse DSA in `plan` (its step-time model prices MLA without the indexer) and in
-    `workload` before megatron-core 0.19, whose DSA layer report/workload_dsa.py writes."""
+    """Refuse DSA in `workload` before megatron-core 0.19, whose DSA layer
+    report/workload_dsa.py writes, and with the top-k shared across layers."""
     if not config.dsa:
         return
-    if command == "plan":
-        raise ConfigError(
-            "plan does not model DeepSeek sparse attention's indexer yet (the step-time model "
-            "prices MLA without the indexer); tree, params, diff and memory run it"
-        )
     if (config.dsa_indexer_topk_freq or 1) > 1:
         raise ConfigError(
             f"workload does not write --dsa-indexer-topk-freq {config.dsa_indexer_topk_freq} yet "

@@ -72,7 +72,7 @@ SCAN_NOTE = (
     "products per chunk are priced as batched GEMMs from the measured GEMM table, an estimate "
     "(docs/hybrid-models.md)"
 )
-PRICED = ("M", "*", "-", "E", "G")  # the layer kinds plan prices (later kinds: D, +)
+PRICED = ("M", "*", "-", "E", "G", "D")  # the layer kinds plan prices (later kinds: +)
 CHUNK = 128  # MambaMixer's chunk_size (ssm/mamba_mixer.py, core_v0.16.1 and 0.19.2)
 CONV = 4  # MambaMixer's d_conv: the causal convolution's width
 
@@ -190,8 +190,8 @@ def hybrid_kernels(dims: ModelDims, shard: Shard, symbol: str) -> LayerOps:
         return _mamba_ops(dims, shard)
     if symbol == "G":
         return gdn_ops(dims, shard, _residual(dims, shard))
-    gpt = layer_ops(_gpt_dims(dims, symbol), shard, symbol == "E")
-    return _half(gpt, symbol == "*")
+    gpt = layer_ops(_gpt_dims(dims, symbol), shard, symbol == "E")  # D: MLA with DSA's core
+    return _half(gpt, symbol in "*D")
 
 
 def hybrid_layer_flops(dims: ModelDims, symbol: str, sequences: int) -> float:

@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 import inspector.caches as caches
+from inspector.job.dsa import absorbed
 from inspector.job.gdn import gdn_shape
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
@@ -59,7 +60,7 @@ def _cp_choices(req: Request, tp: int) -> list[int]:
     m = req.model
     if m.transformer_impl != "transformer_engine" or not req.flash:
         return [1]
-    if m.hybrid and not context_built(m):  # G or D layers (plan/hybrid.py)
+    if m.dsa or m.hybrid and not context_built(m):  # G or D layers (plan/hybrid.py)
         return [1]
     return [c for c in _powers(req.gpus // tp) if c == 1 or m.seq_length % (2 * c) == 0][:4]
 
@@ -104,7 +105,8 @@ def layouts(req: Request) -> Iterator[Layout]:
                         if "sp" in req.fixed:
                             continue
                         sp = False  # megatron's first forward cannot split these tokens over tp
-                    if m.num_experts is not None and tp > 1 and not sp:
+                    # MoE; megatron-core 0.19's AbsorbedMLA (DSA) asserts SP above tp 1
+                    if (m.num_experts is not None or m.dsa and absorbed()) and tp > 1 and not sp:
                         continue
                     yield Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, sequence_parallel=sp)
 
