@@ -285,13 +285,6 @@ def test_the_records_are_the_collectives_megatrons_dsa_runs(cli, monkeypatch):
 
 
 @builds
-def test_plan_refuses_dsa_by_name(cli):
-    result = cli("plan", *DSA, "--gpus", "8", "--gpu", "h100", "--micro-batch-size", "1",
-                 "--global-batch-size", "8")  # fmt: skip
-    assert result.code == 2 and "plan does not model DeepSeek sparse attention" in result.err
-
-
-@builds
 def test_mtp_layers_take_the_indexer_from_0_19(cli):
     # Megatron-LM's gpt_builders.py gives the MTP layers the last decoder layer's spec: core_v0.19.0
     # the experimental-attention one (with the indexer), core_v0.18.2 plain MLA's

@@ -18,12 +18,16 @@ head, like unfused attention's (transformer/experimental_attention_variant/dsa.p
 - megatron-core 0.18 (MLASelfAttention around DSAttention, `unfused_dsa_fn`, dsa.py:920-970 at
   0.18.2): `bmm(query.float(), key.float())` keeps both fp32 copies (c + r wide a head each),
   the fp32 softmax keeps its output (4) and the P V bmm the bf16 copy (2): 6 bytes a score;
-  its backward the fp32 gradient of the probabilities and the softmax's (8 bytes a score).
+  its backward the fp32 gradient of the probabilities and the softmax's, the bf16 copy freed
+  first (6 bytes a score more than kept).
 - the indexer's loss (0.18: every training step, dsa.py:1066-1081 at 0.18.2; 0.19 with
   --dsa-indexer-loss-coeff above 0, dsa.py:1888-1894 at 0.19.2): FusedDSAIndexerLoss saves the
   indexer's q (bf16, heads x head dim), its weights (bf16, a head), its k (bf16, head dim) and
-  the top-k indices (int64, topk a row) (dsa.py:944 at 0.19.2), the query and key it reads
-  being detached views of tensors kept already; its backward recomputes the scores
+  the top-k indices (int64, topk a row) (dsa.py:944 at 0.19.2) and the query and key it reads
+  (detached views: 0.19's absorbed query and latent key, which nothing else keeps, stay; 0.18's
+  are MLA's query and key, `_mla_attention` counts them), and the indexer's k_norm
+  its fp32 statistics, and under sequence parallelism linear_wk and linear_wq_b their
+  all-gathered inputs x and qr (h and q_lora wide); its backward recomputes the scores
   (`bwd_fused_indexer_loss_naive`): 13 bytes a score per indexer head (tests/test_dsa.py
   measures them), after the attention's own saved scores are freed (the loss's gradient runs
   after the attention's backward).
@@ -40,8 +44,9 @@ from inspector.job.dsa import absorbed, indexer_loss
 from inspector.job.layout import Layout
 
 FP32, BF16, INDEX = 4, 2, 8
+LN_STATS = 2 * FP32  # the indexer's k_norm (a LayerNorm) keeps its fp32 mean and rstd a row
 KEPT_SCORE = {True: 13, False: 6}  # bytes a score kept, absorbed (0.19) or not (0.18)
-BACKWARD_SCORE = {True: 16, False: 8}  # bytes a score the attention's backward holds at once
+BACKWARD_SCORE = {True: 16, False: 6}  # bytes a score the attention's backward holds at once
 INDEXER_BACKWARD_SCORE = 13  # bytes a score per indexer head, the loss's recomputing backward
 
 
@@ -62,7 +67,11 @@ def dsa_core_bytes(dims: ModelDims, par: Layout, sb: float) -> float:
     kept = KEPT_SCORE[fused] * _scores(dims, par, sb) + rows
     if indexer_loss(dims):
         n, d = dims.dsa_indexer_n_heads or 0, dims.dsa_indexer_head_dim or 0
-        kept += sb * (BF16 * (n * d + n + d) + INDEX * (dims.dsa_indexer_topk or 0))
+        kept += sb * (BF16 * (n * d + n + d) + INDEX * (dims.dsa_indexer_topk or 0) + LN_STATS)
+        if fused:  # 0.19's absorbed query and latent key (0.18's q and k: `_mla_attention`'s)
+            kept += sb * BF16 * (dims.kv_lora_rank + r) * (heads + 1)
+        if par.sequence_parallel and par.tp > 1:  # linear_wk and linear_wq_b keep the inputs
+            kept += sb * BF16 * (dims.hidden_size + (dims.q_lora_rank or dims.hidden_size))
     return kept
 
 
