@@ -284,6 +284,16 @@ def test_the_records_are_the_collectives_megatrons_dsa_runs(cli, monkeypatch):
     assert sum(b for where, op, b in set(calls) if op == "ALLGATHER") == gather
 
 
+@pytest.mark.skipif(not DSA_BUILT_SINCE <= VERSION < (0, 19), reason="megatron-core 0.18's DSA")
+def test_0_18_needs_the_indexer_loss_weight(cli):
+    # megatron-core 0.18's DSAttention runs the indexer loss in every training step and fails on
+    # `kl_div * None` (dsa.py compute_dsa_indexer_loss): named, not megatron's TypeError
+    args = [a for a in DSA if a not in ("--dsa-indexer-loss-coeff", "0.01")]
+    result = cli("memory", *args, "--micro-batch-size", "1")
+    assert result.code == 2 and "needs --dsa-indexer-loss-coeff" in result.err, result.err
+    assert "megatron-core 0.18" in result.err
+
+
 @builds
 def test_mtp_layers_take_the_indexer_from_0_19(cli):
     # Megatron-LM's gpt_builders.py gives the MTP layers the last decoder layer's spec: core_v0.19.0

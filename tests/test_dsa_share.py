@@ -68,3 +68,12 @@ def test_workload_refuses_the_shared_top_k_by_name(cli):
     result = cli("workload", *SHARED, "--gpu", "h100", "--stage", "0")
     assert result.code == 2
     assert result.err.startswith("Error: workload does not write --dsa-indexer-topk-freq 4 yet")
+
+
+@shares
+def test_plan_refuses_the_shared_top_k_by_name(cli):
+    # plan prices an indexer on every DSA layer (formulas/dsa_ops.py); megatron builds none on
+    # the layers that reuse the top-k, so plan stops rather than price them
+    result = cli("plan", *SHARED, "--gpus", "8", "--global-batch-size", "16")
+    assert result.code == 2 and result.out == ""
+    assert result.err.startswith("Error: plan does not price --dsa-indexer-topk-freq 4 yet")

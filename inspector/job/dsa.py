@@ -123,8 +123,8 @@ DSA_CP_SINCE = (0, 19)
 def check_dsa_run(config: ModelConfig, rope_fusion: bool) -> None:
     """Raise ConfigError for a DSA job megatron refuses to run: fused RoPE (TransformerConfig:
     "RoPE fusion is not supported for DSAttention"; Megatron-LM keeps --apply-rope-fusion on with
-    --position-embedding-type rope) or parameters other than bf16 (dsa.py `rotate_activation`:
-    "rotate_activation only support bf16 input")."""
+    --position-embedding-type rope), parameters other than bf16 (dsa.py `rotate_activation`:
+    "rotate_activation only support bf16 input"), or 0.18 without the indexer loss's weight."""
     if not config.dsa:
         return
     te_rope = config.transformer_impl == "transformer_engine" and rope_fusion
@@ -135,6 +135,13 @@ def check_dsa_run(config: ModelConfig, rope_fusion: bool) -> None:
     if not config.bf16:
         raise ConfigError("--experimental-attention-variant dsa needs --bf16: megatron's DSA "
                           "indexer rotates bf16 inputs only (dsa.py rotate_activation)")  # fmt: skip
+    if config.dsa_indexer_loss_coeff is None and megatron_version() < DSA_ABSORBED_SINCE:
+        raise ConfigError(
+            f"--experimental-attention-variant dsa on {_installed()} needs "
+            "--dsa-indexer-loss-coeff: its DSAttention computes the indexer's loss in every "
+            "training step and multiplies it by the coefficient (dsa.py compute_dsa_indexer_loss "
+            "`kl_div * loss_coeff`, which fails on None; 0.19 skips the loss without it)"
+        )
 
 
 # the megatron-core whose DSA layer `workload` writes (report/workload_dsa.py reads 0.19.2's)
@@ -142,16 +149,19 @@ DSA_WORKLOAD_SINCE = (0, 19)
 
 
 def refuse_dsa(config: ModelConfig, command: str) -> None:
-    """Refuse DSA in `workload` before megatron-core 0.19, whose DSA layer
-    report/workload_dsa.py writes, and with the top-k shared across layers."""
+    """Refuse the top-k shared across DSA layers in `plan` and `workload` (`command`), and DSA
+    in `workload` before megatron-core 0.19, whose DSA layer report/workload_dsa.py writes."""
     if not config.dsa:
         return
     if (config.dsa_indexer_topk_freq or 1) > 1:
+        done = "price" if command == "plan" else "write"
         raise ConfigError(
-            f"workload does not write --dsa-indexer-topk-freq {config.dsa_indexer_topk_freq} yet "
-            "(its records give every DSA layer an indexer; megatron builds none where the top-k "
+            f"{command} does not {done} --dsa-indexer-topk-freq {config.dsa_indexer_topk_freq} "
+            "yet (it gives every DSA layer an indexer; megatron builds none where the top-k "
             "is reused): tree, params, diff and memory run it"
         )
+    if command == "plan":
+        return
     if megatron_version() < DSA_WORKLOAD_SINCE:
         raise ConfigError(
             f"workload writes DeepSeek sparse attention as megatron-core 0.19 builds it "
