@@ -26,7 +26,9 @@ searched as megatron runs it (`context_time`): ring attention for `*` layers as 
 GPT layer's, and for `M` layers MambaContextParallel's all-to-alls between the sequence split and
 the head split (ssm/mamba_context_parallel.py `pre_conv_ssm` / `post_conv_ssm`), the scan then
 running the whole sequence on heads / (tp x cp) (`_mamba_ops`); `G` and `D` layers with it are
-refused as `memory` refuses them (job/gdn.py, job/dsa.py: megatron-core's own refusals named). MTP
+refused as `memory` refuses them (job/gdn.py, job/dsa.py: megatron-core's own refusals named).
+A `D` layer (DeepSeek sparse attention) is an MLA layer's attention half whose core attention is
+formulas/dsa_ops.py's (the indexer, top-k and masked fp32 attention megatron runs). MTP
 depths (`/`) are priced on the last stage as cost.py prices a GPT model's MTP layer, with the
 MTP pattern's layers each by its kind (`mtp_depth_time`); `G` layers by plan/gdn_ops.py.
 """
