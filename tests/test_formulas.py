@@ -49,13 +49,18 @@ JOB_FIELDS = {"seq_length", "vocab_size", "activation_bytes", "attention_dropout
               "document_length", "layer_symbols", "mamba", "dsa_indexer_loss_coeff",
               "grad_accumulation_fusion", "deterministic", "te_attention", "mtp_symbols",
               "rope_fusion"}  # fmt: skip
+# DSA's indexer sizes: exclusive with GDN (EVERYTHING's variant), read from a DSA model's fields
+DSA_DIMS = {"dsa_indexer_n_heads", "dsa_indexer_head_dim", "dsa_indexer_topk"}
 
 
 def test_model_dims_come_from_the_transformer_config_fields() -> None:
     """Job.dims() maps no field by hand: each comes from ModelConfig.transformer_fields by name."""
     names = {ARGUMENT_NAMES.get(name, name) for name in EVERYTHING.transformer_fields()}
     unset = {"moe_latent_size"} if LATENT is None else set()  # a field 0.13-0.15 lack
-    assert {f.name for f in dataclasses.fields(ModelDims)} - JOB_FIELDS - unset <= names
+    assert {f.name for f in dataclasses.fields(ModelDims)} - JOB_FIELDS - unset - DSA_DIMS <= names
+    dsa = dataclasses.replace(EVERYTHING, experimental_attention_variant="dsa", linear_attention_freq=None,
+                              dsa_indexer_n_heads=2, dsa_indexer_head_dim=8, dsa_indexer_topk=4)  # fmt: skip
+    assert DSA_DIMS <= set(dsa.transformer_fields())
     gdn = GDN if GDN_IN_GPT else {}  # the job refuses GDN before megatron-core 0.16
     model = dataclasses.replace(EVERYTHING, **{**{k: ModelConfig.__dataclass_fields__[k].default
                                                   for k in GDN}, **gdn})  # fmt: skip

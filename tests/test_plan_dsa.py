@@ -88,3 +88,14 @@ def test_plan_names_the_version_without_dsa(cli) -> None:
     result = cli("plan", *MODEL, *FLAGS, "--multi-latent-attention", "--experimental-attention-variant",
                  "dsa", "--num-layers", "4", "--gpus", "8", "--global-batch-size", "16")  # fmt: skip
     assert result.code == 2 and "--experimental-attention-variant dsa: megatron-core 0." in result.err
+
+
+@builds
+def test_efficiency_is_refused_for_dsa_by_name(cli) -> None:
+    # --efficiency prices Megatron-LM's FLOPs, which count no indexer (and no hybrid D layer):
+    # a D layer would take no time at all
+    result = cli("plan", *MODEL, *FLAGS, "--no-rope-fusion", "--hybrid-override-pattern", "D-D-",
+                 "--num-layers", "4", "--gpus", "8", "--global-batch-size", "16", "--efficiency",
+                 "0.5")  # fmt: skip
+    assert result.code == 2 and result.out == ""
+    assert result.err.startswith("Error: --efficiency 0.5 prices Megatron-LM's FLOPs"), result.err

@@ -87,7 +87,6 @@ def plan(
     output: str | None = output_option(),
 ) -> None:
     """Rank a model's parallel layouts on N GPUs by step time, with their flags."""
-    from inspector.job.dsa import refuse_dsa
     from inspector.plan import search as core
     from inspector.plan.request import PlanFlags, make_request
     from inspector.render import plan as render
@@ -96,7 +95,6 @@ def plan(
     flags = PlanFlags(gpus, kernels_gpu(gpu, table), gpu_memory, gpus_per_node, gpu_tflops,
                       intra_bandwidth, inter_bandwidth, efficiency, top, table)
     request = make_request(args, flags)
-    refuse_dsa(request.model, "plan")  # the top-k shared across layers
     from inspector.cli.app import check_outputs
 
     check_outputs(output, {"--svg": svg} if svg is not None else {})  # before the search
