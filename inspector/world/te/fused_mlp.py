@@ -9,39 +9,40 @@ ReLU's recompute.
 TE's fuser replaces `GroupedLinear, activation, GroupedLinear` with the fused operation
 (2.14: ops/_common.py `fuse_grouped_mlp_ops` 103-180; 2.17: gm 681-760 with
 `validate_grouped_mlp_dims` 648-678) when NVTE_CUTEDSL_FUSED_GROUPED_MLP > 0, the GPU's compute
-capability is 10.x and cuDNN front-end's sm100 kernels import (`is_supported`), and the recipe is
-MXFP8. TE 2.14 takes SwiGLU without biases, every feature count a multiple of 256; TE 2.17 takes
+capability is 10.x and cuDNN front-end's sm100 kernels import (`is_supported`, gm 802-819), and
+the recipe is MXFP8. TE 2.14 takes SwiGLU without biases, every feature count a multiple of 256; TE 2.17 takes
 ScaledSwiGLU, ScaledClampedQGeGLU or ScaledSReLU, with or without biases, every feature count a
 multiple of 64; a GLU interleaved by 32 in both. MXFP8 runs on Blackwell GPUs only; the tool
 takes a datacenter Blackwell (compute capability 10.x), where the kernel is taken.
 
 Sizes, with N permuted rows, H the hidden size, F the expert FFN size, A the activation's input
 width (2F for a GLU, F for squared ReLU) and G local experts (2.14 fwd/bwd lines, then gm's):
-- fwd 285-295 (gm 1018-1048) `group_quantize` of the input: MXFP8 row- and column-wise [N, H];
-- fwd 230-282 (gm 948-986) each expert's weight quantized (row- and column-wise) unless it is
+- fwd 285-295 (gm 1019-1069) `group_quantize` of the input: MXFP8 row- and column-wise [N, H];
+- fwd 230-282 (gm 963-1005) each expert's weight quantized (row- and column-wise) unless it is
   already an MXFP8 parameter;
-- gm 1106-1112, 293-305: each biased GroupedLinear's biases stacked [G, out] for the kernels;
-- fwd 373-386 (gm 1236-1242) the fc1 kernel: `c_tensor` (the activation's input) bf16 [N, A],
+- gm 1130-1131, 293-305: each biased GroupedLinear's biases stacked [G, out] for the kernels;
+- fwd 373-386 (gm 1134-1252) the fc1 kernel: `c_tensor` (the activation's input) bf16 [N, A],
   fc2's input MXFP8 [N, F] both ways; the probs in the compute dtype;
-- fwd 449-453 (gm 1332-1395) the fc2 kernel: its probs (fc2's bias scales, else ones) fp32 [N],
+- fwd 449-453 (gm 1366-1425) the fc2 kernel: its probs (fc2's bias scales, else ones) fp32 [N],
   the output [N, H] in the compute dtype;
-- fwd 455-510 (gm 1429-1475) saved: the split sizes and points, the quantized weights, the
+- fwd 455-510 (gm 1428-1493) saved: the split sizes and points, the quantized weights, the
   column-wise halves of fc1's and fc2's inputs, the activation's input and the probs; fc2's
-  input is not kept where the squared ReLU recomputes it (gm 1436-1443,
+  input is not kept where the squared ReLU recomputes it (gm 1432-1443,
   `activation_recompute_in_mlp`); `mark_grouped_tensor` marks them for megatron's paged stash;
-- bwd 335-360 (gm 1560-1593) the output gradient group-quantized (row- and column-wise [N, H]);
-  388-390 (gm 1659-1661) the probs in fp32 and their gradient's zeros [N]; 449-460 (gm
-  1742-1787) the dactivation kernel: fc1's output gradient MXFP8 [N, A] both ways (and, when it
-  recomputes fc2's input, that input column-wise, gm 1799-1843); fc1's bias gradient [G, A];
-- gm 1845-1869: fc2's biases scaled by the probs: the biases stacked [G, H], triton's fp32
-  [G, H] bias gradient (grouped_dbias_dscales.py), cast to the compute dtype;
-- bwd 485-510 (gm 1913-1943) fc2's weight gradients (into main_grad, or new), fc2's input
-  cleared; 512-575 (gm 1946-2063) fc1's input gradient [N, H]; fc1's weight gradients, fc1's
+- bwd 335-360 (gm 1566-1605) the output gradient group-quantized (row- and column-wise [N, H]);
+  388-390 (gm 1669-1671) the probs in fp32 and their gradient's zeros [N]; 449-460 (gm
+  1673-1797) the dactivation kernel: fc1's output gradient MXFP8 [N, A] both ways (and, when it
+  recomputes fc2's input, that input column-wise, gm 1799-1843); fc1's bias gradient [G, A],
+  taken to be fp32 as the kernel's accumulator (gm 1875-1882 casts it to the compute dtype);
+- gm 1848-1872: fc2's biases scaled by the probs: the biases stacked [G, H], triton's fp32
+  [G, H] bias gradient (triton/grouped_dbias_dscales.py 77-128), cast to the compute dtype;
+- bwd 485-510 (gm 1916-1944) fc2's weight gradients (into main_grad, or new), fc2's input
+  cleared; 512-575 (gm 1946-2055) fc1's input gradient [N, H]; fc1's weight gradients, fc1's
   input cleared;
-- bwd 127-160 (gm 590-603) with delayed weight gradients each GEMM waits in its
+- bwd 127-160 (gm 590-620) with delayed weight gradients each GEMM waits in its
   GroupedLinear's `wgrad_store` (ops.py) with its operands, the inputs not cleared; megatron's
   TEGroupedMLP.backward_dw runs and frees them.
-The small split tensors follow 2.14's layout (2.17 packs them in one allocation: gm 918-928).
+The small split tensors follow 2.14's layout (2.17 packs them in one allocation: gm 924-938).
 No TE code is copied here.
 """
 
@@ -59,9 +60,9 @@ from inspector.world.te.kernels.functions import (
     grouped_wgrad,
 )
 
-FUSED_ENV = "NVTE_CUTEDSL_FUSED_GROUPED_MLP"  # forward_grouped_mlp.py 74, gm 807
-DIM_MULTIPLE = {(2, 14): 256, (2, 17): 64}  # _common.py 156-160; gm 650-659: every feature count
-GLU_INTERLEAVE = 32  # _common.py 162, gm 673-677: the GLU's interleave (--moe-mlp-glu-interleave-size)
+FUSED_ENV = "NVTE_CUTEDSL_FUSED_GROUPED_MLP"  # forward_grouped_mlp.py 74, gm 806
+DIM_MULTIPLE = {(2, 14): 256, (2, 17): 64}  # _common.py 156-160; gm 650-658: every feature count
+GLU_INTERLEAVE = 32  # _common.py 162, gm 674-678: the GLU's interleave (--moe-mlp-glu-interleave-size)
 GLUS = ("ScaledSwiGLU", "ScaledClampedQGeGLU")  # gm 643-645 `is_glu_activation`
 MXFP8 = "mxfp8"
 
@@ -110,7 +111,7 @@ def _mxfp8(rows: int, cols: int, weight: bool = False) -> quantize.Quantized:
 
 
 def _biases(op: Any, dtype: torch.dtype) -> torch.Tensor | None:
-    """gm 293-305 `_pack_grouped_linear_bias_for_cudnn` (and 1847's `torch.stack`): a biased
+    """gm 293-305 `_pack_grouped_linear_bias_for_cudnn` (and 1851's `torch.stack`): a biased
     GroupedLinear's biases stacked [G, out]."""
     if not op.use_bias:
         return None
@@ -160,7 +161,7 @@ def forward(ops: list[Any], x: torch.Tensor, extras: list[Any]) -> tuple[torch.T
     act_in = torch.empty(n, a, dtype=torch.bfloat16, device=device)
     fc2_x = _mxfp8(n, f)
     del probs
-    if getattr(fc2, "_scale_bias", False):  # gm 1371-1375: the bias's scales in fp32
+    if getattr(fc2, "_scale_bias", False):  # gm 1366-1370: the bias's scales in fp32
         fc2_probs = extras[3].detach().to(dtype=torch.float32)
     else:
         fc2_probs = torch.empty(n, dtype=torch.float32, device=device)  # fwd 433: ones
@@ -195,7 +196,7 @@ def backward(ops: list[Any], state: Any, saved: tuple[Any, ...], dy: torch.Tenso
     device = dy.device
     fc1_x_col, scales, fc2_x_col = list(saved[2:4]), saved[6], list(saved[7:9])
     scale_bias = bool(getattr(fc2, "_scale_bias", False))
-    if fc2.use_bias and not scale_bias:  # gm 1584-1590: megatron-core scales fc2's biases
+    if fc2.use_bias and not scale_bias:  # gm 1588-1596: megatron-core scales fc2's biases
         raise NotImplementedError("TE's bgrad_group_quantize (fc2 biases not scaled) is not simulated")
     dy_q = _mxfp8(n, fc2.out_features)  # bwd 335-360
     probs = scales.detach().to(dtype=torch.float32)
@@ -205,14 +206,14 @@ def backward(ops: list[Any], state: Any, saved: tuple[Any, ...], dy: torch.Tenso
         fc2_x_col = list(quantize.quantize(n, f, MXFP8, False, True).columnwise)
     dbias1 = torch.empty(fc1.num_groups, a, dtype=torch.float32, device=device) if fc1.use_bias else None
     bias_grads2: list[Any] = []
-    if scale_bias:  # gm 1847-1858, triton/grouped_dbias_dscales.py 53-71: fp32, then cast
+    if scale_bias:  # gm 1848-1858, triton/grouped_dbias_dscales.py 77-128: fp32, then cast
         packed = _biases(fc2, dtype)  # noqa: F841 (alive until the return, as in TE)
         dbias2 = torch.zeros(fc2.num_groups, h, dtype=torch.float32, device=device).to(dtype=dtype)
         bias_grads2 = [dbias2[i] for i in range(fc2.num_groups)]
     grad_scales = dprobs.view(-1).to(dtype=dtype)
     del probs
     bias_grads1 = []
-    if dbias1 is not None:  # gm 1874-1882
+    if dbias1 is not None:  # gm 1875-1882
         cast = dbias1.to(dtype=dtype)
         bias_grads1 = [cast[i] for i in range(fc1.num_groups)]
     grads2 = _wgrads(fc2, fc2_x_col, dy_q, dy)
