@@ -16,6 +16,9 @@ from inspector.inputs.versions import OP_FUSER_RELEASES, megatron_core_version, 
 
 HAS_OP_FUSER = within(OP_FUSER_RELEASES, megatron_core_version())
 needs_op_fuser = pytest.mark.skipif(not HAS_OP_FUSER, reason="megatron-core 0.18 added the op fuser")
+# megatron-core 0.19 locks TE 2.17 (the stand-in declares it): ScaledSReLU, its fused grouped MLP
+HAS_TE_217 = megatron_core_version()[:2] >= (0, 19)
+needs_te_217 = pytest.mark.skipif(not HAS_TE_217, reason="megatron-core 0.19 locks TE 2.17")
 N, H, F = 24, 64, 96  # rows (tokens x topk), hidden, expert ffn
 SPLITS = [10, 14]  # tokens per local expert
 
@@ -213,8 +216,9 @@ def test_memory_refuses_the_op_fuser_before_megatron_core_0_18(cli):
         # megatron's _is_fused_impl_supported refuses tensor-parallel experts
         (("--tp", "2", "--sequence-parallel"), "--use-transformer-engine-op-fuser with an expert tensor-parallel size of 2"),
         # megatron asks TE's fused activation to recompute itself (experts.py _make_fused_ops)
+        # (0.19: TE 2.17's basic operations refuse it; only MXFP8's fused grouped MLP reads it)
         (("--recompute-granularity", "selective", "--recompute-modules", "moe_act"),
-         "--use-transformer-engine-op-fuser with --recompute-modules moe_act is not modelled"),
+         "--use-transformer-engine-op-fuser with --recompute-modules moe_act "),
     ],  # fmt: skip
     ids=["fp8", "expert-tp", "moe-act-recompute"],
 )
@@ -257,10 +261,10 @@ SMALL_MOE = ("--num-layers", "2", "--hidden-size", "256", "--num-attention-heads
     ],  # fmt: skip
     ids=["mlp", "gpt-oss-mxfp8", "biased-swiglu-mxfp8"],
 )
-@needs_op_fuser
+@pytest.mark.skipif(not HAS_OP_FUSER or HAS_TE_217, reason="megatron-core 0.18 (TE 2.16)")
 def test_op_fuser_experts_the_stand_in_lacks_are_refused_by_name(cli, flags, what):
-    # on a GPU megatron fuses these through TE ops the stand-in does not have (ScaledSReLU,
-    # TE 2.15+'s quantized fused grouped MLP), so they are refused by name, as not modelled
+    # on a GPU megatron-core 0.18 fuses these through TE 2.16 ops the stand-in does not have
+    # (TE 2.15+'s quantized fused grouped MLP), so they are refused by name, as not modelled
     done = cli("memory", *flags, "--use-transformer-engine-op-fuser")
     assert done.code == 2 and done.out == ""
     assert done.err.splitlines()[-1].startswith(
@@ -341,3 +345,93 @@ def test_memory_runs_the_op_fuser_with_geglu_and_biases(cli, flags):
     done = cli("memory", *flags, "--use-transformer-engine-op-fuser")
     assert done.code == 0, done.err
     assert "run on meta tensors" in done.out
+
+
+def _srelu_mlp(recompute=False):
+    """megatron-core 0.19.2 experts.py `_make_fused_ops` 524-536 for Nemotron 3: fc1 of F
+    columns (no gate), ScaledSReLU, fc2, the parameters attached."""
+    ops = _ops()
+    fc1 = ops.GroupedLinear(len(SPLITS), H, F, bias=False, device="meta")
+    fc2 = ops.GroupedLinear(len(SPLITS), F, H, bias=False, device="meta")
+    for i in range(len(SPLITS)):
+        fc1.register_parameter(f"weight{i}", _as_param(_meta(F, H)))
+        fc2.register_parameter(f"weight{i}", _as_param(_meta(H, F)))
+    act = ops.ScaledSReLU(activation_recompute_in_mlp=recompute)
+    return ops.Sequential().append(fc1).append(act).append(fc2)
+
+
+def test_scaled_srelu_saves_allocates_and_frees_as_te_2_17_does():
+    # TE v2.17.1 ops/basic/activation.py 386-424: `tex.srelu(x)` [N, F] times the scales (the
+    # first freed on return), x and the scales saved (422); 426-463: the scaled gradient and
+    # tex.dsrelu's [N, F], a recomputed srelu for the scales' gradient, x cleared (461)
+    import torch
+
+    from inspector.memory.engine.allocator import Tracker
+
+    fused, x, probs, splits = _srelu_mlp(), _meta(N, H), _meta(N), torch.tensor(SPLITS)
+    with Tracker() as tracker:
+        out = fused(x, splits, probs, splits)
+    bf16, i64 = torch.bfloat16, torch.int64
+    saved = [(tuple(t.shape), t.dtype) for t in out.grad_fn.saved_tensors]
+    assert saved[5:7] == [((N, F), bf16), ((N,), bf16)]  # the squared ReLU's input, the scales
+    assert saved[7:10] == [((2,), i64), ((10, F), bf16), ((14, F), bf16)]  # fc2's input views
+    assert [e.bytes for e in tracker.events] == [N * F * 2, N * F * 2, N * F * 2, -N * F * 2, N * H * 2]
+    kept = out.grad_fn.saved_tensors[5]
+    with Tracker() as tracker:
+        grads = torch.autograd.grad(out, (x, probs, *fused.parameters()), torch.empty_like(out))
+    assert [tuple(g.shape) for g in grads] == [(N, H), (N,)] + [(F, H)] * 2 + [(H, F)] * 2
+    assert not kept.untyped_storage().nbytes()  # cleared (461)
+    made = [e.bytes for e in tracker.events if e.bytes > 0]
+    assert made.count(N * F * 2) >= 3  # the scaled gradient, tex.dsrelu's, the recomputed srelu
+
+
+def test_the_basic_activations_refuse_te_s_recompute_as_te_2_17_does():
+    # v2.17.1 activation.py 396-400, swiglu.py 426-430: activation_recompute_in_mlp=True
+    # "requires the fused grouped MLP path." (megatron-core 0.19 passes it for moe_act)
+    import torch
+
+    with pytest.raises(RuntimeError, match=r"ScaledSReLU\(activation_recompute_in_mlp=True\) "
+                                           "requires the fused grouped MLP path."):  # fmt: skip
+        _srelu_mlp(recompute=True)(_meta(N, H), torch.tensor(SPLITS), _meta(N), torch.tensor(SPLITS))
+    assert "activation_recompute_in_mlp" in inspect.signature(_ops().ScaledSwiGLU).parameters
+
+
+@needs_te_217
+def test_megatron_builds_squared_relu_experts_on_scaled_srelu():
+    # experts.py 0.19.2 `_is_fused_impl_supported` 369-390, `_make_fused_ops` 523-536: the op
+    # fuser's experts without a gated unit are squared ReLU fused through ScaledSReLU
+    # (memory/engine/runtime.py sets --squared-relu --use-fused-weighted-squared-relu): fc1's
+    # [n, f] output, the srelu [n, f] made and freed, the scaled [n, f], fc2's [n, h]
+    from inspector.memory.engine.stage import trace_stage
+    from tests.test_engine import _MOE_TP1
+    from tests.test_te_engine import _job
+
+    moe = {k: v for k, v in _MOE_TP1.items() if k != "swiglu"}
+    job = _job(**moe, num_layers=1, pipeline_model_parallel_size=1, data_parallel_size=1,
+               global_batch_size=2, ffn_hidden_size=128, moe_grouped_gemm=True,
+               use_transformer_engine_op_fuser=True)  # fmt: skip
+    trace = trace_stage(job, 0)[0]
+    forward = [e.bytes for e in trace.forward if e.where.startswith("decoder.layers.0.mlp.experts")]
+    n, h, f, bf16 = 32 * 2 * 2, 64, 128, 2
+    assert forward == [n * f * bf16, n * f * bf16, n * f * bf16, -n * f * bf16, n * h * bf16]
+
+
+@needs_te_217
+@pytest.mark.parametrize(
+    "flags, outcome",
+    [
+        (SMALL_MOE + ("--disable-bias-linear",), None),  # squared ReLU in 16 bits
+        (SMALL_MOE + ("--swiglu", "--no-bias-dropout-fusion", "--fp8-format", "e4m3",
+                      "--fp8-recipe", "mxfp8", "--moe-mlp-glu-interleave-size", "32"), None),
+        # not interleaved by 32: TE runs its quantized basic operations (gm 673-677)
+        (SMALL_MOE + ("--swiglu", "--no-bias-dropout-fusion", "--fp8-format", "e4m3",
+                      "--fp8-recipe", "mxfp8"), "basic operations in mxfp8 (split_quantize)"),
+    ],  # fmt: skip
+    ids=["squared-relu", "biased-swiglu-mxfp8", "not-interleaved-mxfp8"],
+)
+def test_memory_runs_what_te_2_17_fuses(cli, flags, outcome):
+    done = cli("memory", *flags, "--use-transformer-engine-op-fuser")
+    if outcome is None:
+        assert done.code == 0, done.err
+    else:
+        assert done.code == 2 and outcome in done.err, done.err

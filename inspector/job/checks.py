@@ -8,6 +8,7 @@ from typing import Any
 
 from inspector.errors import ConfigError
 from inspector.job.flex import DEFAULT_BACKEND
+from inspector.job.versions import megatron_version
 
 # The largest size or count a flag may give: shapes beyond it overflow torch's index type (and no
 # GPU holds a dimension that long), so a larger value is an error naming the flag, not C++ frames.
@@ -135,48 +136,62 @@ def check_deterministic(args: Mapping[str, Any]) -> None:
                               f"refuses it ('{why}')")  # fmt: skip
 
 
+# megatron-core 0.19 locks Transformer Engine 2.17 (the stand-in declares it, world/te): its
+# ScaledSReLU, `activation_recompute_in_mlp` and fused grouped MLP with the clamped quick-GEGLU,
+# squared ReLU and biases (world/te/ops.py, fused_mlp.py); 0.18 locks 2.16, which has none
+TE_217_SINCE = (0, 19)
+
+
 def check_op_fuser(args: Mapping[str, Any]) -> None:
     """Refuse what --use-transformer-engine-op-fuser would run that is not simulated: the MoE
-    experts' fused operations (world/te/ops.py: SwiGLU or clamped quick-GEGLU, with or without
-    biases) run in 16 bits or as MXFP8's fused grouped MLP, with or without delayed weight
-    gradients."""
+    experts' fused operations (world/te/ops.py: SwiGLU, clamped quick-GEGLU or squared ReLU,
+    with or without biases) run in 16 bits or as MXFP8's fused grouped MLP (fused_mlp.py), with
+    or without delayed weight gradients."""
     if not args.get("use_transformer_engine_op_fuser") or not args.get("num_experts"):
         return  # megatron-core 0.18-0.19 read it in TEGroupedMLP only
+    te_217 = megatron_version() >= TE_217_SINCE
+    mxfp8 = args.get("fp8_format") and args.get("fp8_recipe") == "mxfp8" and not args.get("fp4_format")
     if args.get("recompute_granularity") == "selective" and "moe_act" in (
         args.get("recompute_modules") or ()
-    ):  # experts.py `_make_fused_ops` (0.18.2 434, 0.19.2 484): TE's own activation recompute
-        raise ConfigError(
-            "--use-transformer-engine-op-fuser with --recompute-modules moe_act is not modelled: "
-            "megatron-core passes activation_recompute_in_mlp to Transformer Engine's fused "
-            "activation operation (experts.py _make_fused_ops), whose recompute is not "
-            "simulated")  # fmt: skip
-    if not args.get("swiglu") and not args.get("quick_geglu"):
+    ):  # experts.py `_make_fused_ops` (0.19.2 484): TE's own activation recompute
+        if not te_217:
+            raise ConfigError(
+                "--use-transformer-engine-op-fuser with --recompute-modules moe_act is not "
+                "modelled before megatron-core 0.19 (Transformer Engine 2.17's "
+                "activation_recompute_in_mlp)")  # fmt: skip
+        if not mxfp8:  # v2.17.1 ops/basic/swiglu.py 426-430, activation.py 396-400
+            raise ConfigError(
+                "--use-transformer-engine-op-fuser with --recompute-modules moe_act needs "
+                "--fp8-recipe mxfp8: megatron-core passes activation_recompute_in_mlp to "
+                "Transformer Engine's fused activation (experts.py _make_fused_ops), and TE "
+                "2.17's basic operations refuse it ('activation_recompute_in_mlp=True requires "
+                "the fused grouped MLP path.'), which runs in MXFP8 only")  # fmt: skip
+    if not args.get("swiglu") and not args.get("quick_geglu") and not te_217:
         # experts.py `_is_fused_impl_supported` (0.19.2): squared ReLU fuses through TE 2.17's
-        # ScaledSReLU when --use-fused-weighted-squared-relu; the tool builds --squared-relu as
-        # its default activation (numerics only), so neither is simulated
+        # ScaledSReLU when --use-fused-weighted-squared-relu
         raise ConfigError(
             "--use-transformer-engine-op-fuser with experts other than SwiGLU or --quick-geglu "
-            "(squared ReLU) is not modelled: megatron-core fuses them through Transformer "
-            "Engine's ScaledSReLU (experts.py _is_fused_impl_supported), which is not simulated; "
-            "the op fuser's SwiGLU and gpt-oss's clamped quick-GEGLU, with or without biases, "
-            "are")  # fmt: skip
+            "(squared ReLU) is not modelled before megatron-core 0.19: megatron-core fuses them "
+            "through Transformer Engine 2.17's ScaledSReLU (experts.py "
+            "_is_fused_impl_supported)")  # fmt: skip
     quantized = [name for name in ("fp8_format", "fp4_format") if args.get(name)]
     # MXFP8 runs TE's fused grouped MLP where TE's fuser takes it (world/te/fused_mlp.py `taken`;
     # where it does not, the run stops naming TE's basic quantized operations)
-    if quantized == ["fp8_format"] and (args.get("quick_geglu") or not args.get("disable_bias_linear")):
+    gated_biased = args.get("quick_geglu") or not args.get("disable_bias_linear")
+    if quantized == ["fp8_format"] and gated_biased and not te_217:
         what = "--quick-geglu" if args.get("quick_geglu") else "biased experts (no --disable-bias-linear)"
         raise ConfigError(
-            f"--use-transformer-engine-op-fuser with --fp8-format and {what} is not modelled: "
-            "Transformer Engine 2.15+ runs them through its fused grouped MLP or its quantized "
-            "basic operations (ops/fused/grouped_mlp.py, ops/basic/grouped_linear.py), which are "
-            "not simulated beyond MXFP8 SwiGLU without biases; in 16 bits they are modelled")  # fmt: skip
-    if quantized and (quantized != ["fp8_format"] or args.get("fp8_recipe") != "mxfp8"):
+            f"--use-transformer-engine-op-fuser with --fp8-format and {what} is not modelled "
+            "before megatron-core 0.19: Transformer Engine 2.17 runs them through its fused "
+            "grouped MLP (ops/fused/grouped_mlp.py); 2.14's takes MXFP8 SwiGLU without biases "
+            "only; in 16 bits they are modelled")  # fmt: skip
+    if quantized and not mxfp8:
         flag = "--" + quantized[0].replace("_", "-")
         raise ConfigError(
             f"--use-transformer-engine-op-fuser with {flag} {args[quantized[0]]} is not modelled "
-            "beyond Transformer Engine 2.14's CuTe DSL fused grouped MLP (--fp8-recipe mxfp8 with "
-            "--moe-mlp-glu-interleave-size 32, Blackwell GPUs: ops/fused/forward_grouped_mlp.py): "
-            "its basic operations quantizing each expert GEMM's input (ops/basic/grouped_linear.py "
+            "beyond Transformer Engine's CuTe DSL fused grouped MLP (--fp8-recipe mxfp8, "
+            "Blackwell GPUs: ops/fused/forward_grouped_mlp.py, 2.17 grouped_mlp.py): its basic "
+            "operations quantizing each expert GEMM's input (ops/basic/grouped_linear.py "
             "split_quantize) are not simulated; the op fuser in 16 bits is modelled")  # fmt: skip
     etp = args.get("expert_tensor_parallel_size") or args.get("tensor_model_parallel_size") or 1
     if etp > 1:  # Megatron-LM's validate_args: the experts' tp defaults to --tp

@@ -69,6 +69,8 @@ def runtime_config(job: Job) -> dict[str, Any]:
             fields[router_padding_field()] = True  # the version's own spelling
         if training.op_fuser:  # megatron-core 0.18+ (inputs/versions.OP_FUSER_RELEASES)
             fields["use_transformer_engine_op_fuser"] = True
+            if not (model.swiglu or model.quick_geglu):
+                fields.update(_squared_relu())
         if training.moe_glu_interleave is not None and _has_field("moe_mlp_glu_interleave_size"):
             fields["moe_mlp_glu_interleave_size"] = training.moe_glu_interleave  # 0.18+
         if training.moe_expert_rank_capacity_factor is not None:  # HybridEP's static budget
@@ -87,6 +89,17 @@ def runtime_config(job: Job) -> dict[str, Any]:
     if training.offloading is not None:  # --fine-grained-activation-offloading (offload.py)
         fields.update(training.offloading.config_fields())
     return fields
+
+
+def _squared_relu() -> dict[str, Any]:
+    """The only experts without a gated unit megatron-core's op fuser builds (0.19.2 experts.py
+    `_is_fused_impl_supported`, `_make_fused_ops`: anything else asserts 'Fused GroupedMLP is not
+    supported'): Megatron-LM's --squared-relu with --use-fused-weighted-squared-relu, Nemotron
+    3's (Megatron-Bridge perf_recipes/nemotronh/common.py sets both), which the tool otherwise
+    reads as numerics only; job/checks.py `check_op_fuser` says so."""
+    from megatron.core.activations import squared_relu
+
+    return {"activation_func": squared_relu, "use_fused_weighted_squared_relu": True}
 
 
 def _flex_fields(training: Any) -> dict[str, Any]:

@@ -11,8 +11,9 @@ each op's `fuser_backward` in reverse. This mirrors TE 2.14's basic ops (the `v2
 runs wherever its CuTe DSL fused grouped MLP is not taken (that kernel needs MXFP8 on sm100:
 ops/fused/forward_grouped_mlp.py 71-84), in 16-bit compute, with two TE 2.15+ additions that
 megatron-core 0.19.2 builds for gpt-oss (cited at the `v2.17.1` tag, the release 0.19 locks):
-ScaledClampedQGeGLU and GroupedLinear's `scale_bias`. Quantized compute, a single grouped weight
-and ScaledSReLU (TE 2.17) are not here. With delayed weight gradients (`delay_wgrad_compute`,
+ScaledClampedQGeGLU and GroupedLinear's `scale_bias`, and TE 2.17's ScaledSReLU (Nemotron 3) and
+`activation_recompute_in_mlp`, which the basic operations refuse as TE's do. Quantized basic
+operations and a single grouped weight are not here. With delayed weight gradients (`delay_wgrad_compute`,
 megatron's --delay-wgrad-compute) each GroupedLinear's backward keeps its weight-gradient GEMM's
 operands in `wgrad_store` until megatron-core's TEGroupedMLP.backward_dw (experts.py) calls
 `backward_dw`, which runs the GEMMs and frees them.
@@ -229,14 +230,27 @@ class GroupedLinear(BasicOperation):
         return [dbias[i].to(dtype=dtype) for i in range(g)], dscales
 
 
+def _refuse_recompute(op: BasicOperation) -> None:
+    """TE 2.17 (v2.17.1 swiglu.py 426-430, 488-492; activation.py 396-400, 439-443): the basic
+    operation refuses `activation_recompute_in_mlp`, which only the fused grouped MLP reads."""
+    if getattr(op, "activation_recompute_in_mlp", False):
+        raise RuntimeError(f"{type(op).__name__}(activation_recompute_in_mlp=True) requires the "
+                           "fused grouped MLP path.")  # fmt: skip
+
+
 class ScaledSwiGLU(BasicOperation):
-    """TE 2.14 ops/basic/swiglu.py 350-502: SwiGLU times a per-row scale (the router's probs)."""
+    """TE 2.14 ops/basic/swiglu.py 350-502: SwiGLU times a per-row scale (the router's probs);
+    TE 2.17's `activation_recompute_in_mlp` (v2.17.1 375-388), which megatron-core 0.19 passes
+    for --recompute-modules moe_act."""
 
     num_extra_inputs = 1
 
-    def __init__(self, glu_interleave_size: int | None = None) -> None:
+    def __init__(
+        self, glu_interleave_size: int | None = None, *, activation_recompute_in_mlp: bool = False
+    ) -> None:
         super().__init__()
         self.glu_interleave_size = glu_interleave_size
+        self.activation_recompute_in_mlp = activation_recompute_in_mlp
 
     def _deinterleave(self, x: torch.Tensor) -> torch.Tensor:
         """swiglu.py 415-425: gate and linear blocks made contiguous (a copy)."""
@@ -249,6 +263,7 @@ class ScaledSwiGLU(BasicOperation):
     def fuser_forward(self, ctx: Any, x: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
         """swiglu.py 389-443: `tex.swiglu` (half the columns), times the scales; the input and
         the scales in the compute dtype saved."""
+        _refuse_recompute(self)
         dtype = x.dtype
         x, scales = _to(x, dtype), _to(extra[0], dtype)
         swiglu_in = self._deinterleave(x)
@@ -263,6 +278,7 @@ class ScaledSwiGLU(BasicOperation):
     def fuser_backward(self, ctx: Any, dy: torch.Tensor) -> tuple[Any, list[Any], list[Any]]:
         """swiglu.py 445-502: `tex.dswiglu` of the scaled gradient, the scales' gradient from a
         recomputed SwiGLU, the saved input cleared (500)."""
+        _refuse_recompute(self)
         x, scales = ctx.saved_tensors
         swiglu_in = self._deinterleave(x)
         dy = _to(dy, ctx.dtype)
@@ -286,10 +302,50 @@ class ScaledClampedQGeGLU(ScaledSwiGLU):
 
     def __init__(
         self, glu_interleave_size: int | None = None, *, limit: float = 7.0, alpha: float = 1.702,
-        glu_linear_offset: float = 1.0,
+        glu_linear_offset: float = 1.0, activation_recompute_in_mlp: bool = False,
     ) -> None:  # fmt: skip
-        super().__init__(glu_interleave_size)
+        super().__init__(glu_interleave_size, activation_recompute_in_mlp=activation_recompute_in_mlp)
         self.limit, self.alpha, self.glu_linear_offset = limit, alpha, glu_linear_offset
+
+
+class ScaledSReLU(BasicOperation):
+    """TE 2.17 ops/basic/activation.py (v2.17.1 351-463): squared ReLU times a per-row scale,
+    Nemotron 3's experts (megatron-core 0.19's --use-fused-weighted-squared-relu)."""
+
+    num_extra_inputs = 1
+
+    def __init__(self, *, activation_recompute_in_mlp: bool = False) -> None:
+        super().__init__()
+        self.activation_recompute_in_mlp = activation_recompute_in_mlp
+
+    def fuser_forward(self, ctx: Any, x: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
+        """activation.py 386-424: `tex.srelu` (the input's shape) times the scales; the input and
+        the scales in the compute dtype saved."""
+        _refuse_recompute(self)
+        dtype = x.dtype
+        x, scales = _to(x, dtype), _to(extra[0], dtype)
+        out = torch.empty_like(x) * scales.unsqueeze(-1)
+        ctx.extra_input_requires_grad = extra[0].requires_grad
+        ctx.dtype = dtype
+        ctx.to_save = [x, scales]
+        return out
+
+    def fuser_backward(self, ctx: Any, dy: torch.Tensor) -> tuple[Any, list[Any], list[Any]]:
+        """activation.py 426-463: `tex.dsrelu` of the scaled gradient, the scales' gradient from
+        a recomputed SReLU (both alive until the return, TE's locals), the saved input cleared
+        (461)."""
+        _refuse_recompute(self)
+        x, scales = ctx.saved_tensors
+        dy = _to(dy, ctx.dtype)
+        grad_srelu_out = dy * scales.unsqueeze(-1)  # noqa: F841 (alive until the return)
+        grad_input = torch.empty_like(x)  # tex.dsrelu(grad_srelu_out, x)
+        grad_extra: Any = None
+        srelu_out: Any = None
+        if ctx.extra_input_requires_grad:
+            srelu_out = torch.empty_like(x)  # tex.srelu(x)
+            grad_extra = torch.linalg.vecdot(srelu_out, dy)
+        clear_tensor_data(ctx.saved_tensors[0])
+        return grad_input, [], [grad_extra]
 
 
 class _OperationFuserFunction(torch.autograd.Function):
@@ -307,10 +363,11 @@ class _OperationFuserFunction(torch.autograd.Function):
         ctx.ops, ctx.counts, ctx.fused = ops, counts, None
         recipe = fp8_recipe_name()
         if recipe is not None and not fused_mlp.taken(ops, recipe):
+            multiple = fused_mlp.DIM_MULTIPLE[fused_mlp.fused_rules()]
             raise NotImplementedError(
-                f"Transformer Engine 2.14's basic operations in {recipe} (split_quantize) are not "
-                "simulated; only its MXFP8 fused grouped MLP is (feature counts multiples of 256, "
-                "the SwiGLU interleaved by 32)")  # fmt: skip
+                f"Transformer Engine's basic operations in {recipe} (split_quantize) are not "
+                f"simulated; only its MXFP8 fused grouped MLP is (feature counts multiples of "
+                f"{multiple}, a gated unit interleaved by 32)")  # fmt: skip
         if recipe is not None:  # MXFP8's CuTe DSL kernels (fused_mlp.py)
             x, fused_saved, ctx.fused = fused_mlp.forward(ops, x, extras)
             ctx.save_for_backward(*fused_saved)
@@ -367,7 +424,7 @@ class Sequential(torch.nn.Module):
 
 # what TE's `transformer_engine.pytorch.ops` exports that megatron-core 0.18+ calls, and the
 # release that added an op after 2.13 (ops/basic/__init__.py at the `v2.15` tag)
-SINCE = {"ScaledClampedQGeGLU": (2, 15)}
+SINCE = {"ScaledClampedQGeGLU": (2, 15), "ScaledSReLU": (2, 17)}  # v2.17 activation.py 351
 OPS = {"BasicOperation": BasicOperation, "GroupedLinear": GroupedLinear,
        "ScaledSwiGLU": ScaledSwiGLU, "ScaledClampedQGeGLU": ScaledClampedQGeGLU,
-       "Sequential": Sequential}  # fmt: skip
+       "ScaledSReLU": ScaledSReLU, "Sequential": Sequential}  # fmt: skip
