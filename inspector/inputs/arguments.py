@@ -321,7 +321,8 @@ ARGUMENTS: tuple[ArgSpec, ...] = MODEL_ARGUMENTS + (
         "use_transformer_engine_op_fuser",
         bool,
         "megatron-core 0.18+: the MoE experts' grouped MLP as Transformer Engine's fused "
-        "operations (fc1, scaled SwiGLU, fc2 in one autograd function).",
+        "operations (fc1, the scaled activation: SwiGLU, clamped quick-GEGLU or, from 0.19, "
+        "squared ReLU; fc2 in one autograd function).",
     ),
     _training(
         "moe_mlp_glu_interleave_size",
