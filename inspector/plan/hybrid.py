@@ -45,7 +45,7 @@ from inspector.formulas.hybrid_flops import hybrid_layer_flops as layer_flops_of
 from inspector.formulas.kernels import Gemm, Memory, Op
 from inspector.formulas.ops import LayerOps, Shard, layer_ops, layer_seconds, linear
 from inspector.job.dims import ModelDims
-from inspector.job.dsa import check_dsa_layout
+from inspector.job.dsa import check_dsa_layout, refuse_dsa
 from inspector.job.gdn import GdnShape, validate_gdn
 from inspector.job.hybrid_model import (
     LATER_SYMBOLS,
@@ -116,6 +116,20 @@ def check_hybrid_plan(model: ModelConfig, fixed: dict[str, Any], ep_overlap: boo
         raise ConfigError(
             f"plan does not search {refused[0]} for a hybrid (Mamba) model yet; memory "
             "measures such a layout"
+        )
+
+
+def check_dsa_plan(model: ModelConfig, efficiency: float | None) -> None:
+    """Raise ConfigError for what plan does not price of DeepSeek sparse attention: the top-k
+    shared across layers (job/dsa.py `refuse_dsa`), and --efficiency, which prices Megatron-LM's
+    FLOPs: its formulas leave the indexer and the masked fp32 attention out (a hybrid D layer
+    counts none, formulas/hybrid_flops.py)."""
+    refuse_dsa(model, "plan")
+    if model.dsa and efficiency is not None:
+        raise ConfigError(
+            f"--efficiency {efficiency} prices Megatron-LM's FLOPs, which leave DeepSeek sparse "
+            "attention's indexer and its masked fp32 attention out (a hybrid D layer counts "
+            "none): plan prices DSA from the kernel tables only"
         )
 
 

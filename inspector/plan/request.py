@@ -10,7 +10,6 @@ from typing import Any
 from inspector.errors import ConfigError
 from inspector.job.build_limits import expert_cap
 from inspector.job.checks import check_at_least_one, check_built_layers
-from inspector.job.dsa import refuse_dsa
 from inspector.job.flex import check_flex_group, flex_backend
 from inspector.job.hardware import (
     DEFAULT_EFFICIENCY,
@@ -25,7 +24,7 @@ from inspector.job.job import Training, make_training
 from inspector.job.model import ModelConfig
 from inspector.job.model_args import make_model_config, refuse_latent_moe
 from inspector.job.versions import etp_bias_refused
-from inspector.plan.hybrid import check_hybrid_plan
+from inspector.plan.hybrid import check_dsa_plan, check_hybrid_plan
 from inspector.plan.split import PIN_FLAGS
 
 
@@ -148,7 +147,7 @@ def make_request(args: dict[str, Any], flags: PlanFlags) -> Request:
     training = _kept_training(args, backend)
     model = make_model_config(args)
     refuse_latent_moe(model, "plan")
-    _check_dsa(model, flags.efficiency)
+    check_dsa_plan(model, flags.efficiency)
     check_hybrid_plan(model, fixed, training.ep_overlap, training.moe_token_dispatcher_type == "flex",
                       training.recompute_modules)  # fmt: skip
     _check_overlap(model, training)
@@ -161,20 +160,6 @@ def make_request(args: dict[str, Any], flags: PlanFlags) -> Request:
         efficiency=flags.efficiency, fixed=fixed,
         top=flags.top, training=training, flash_attention=_flash(args), nccl_algo=flags.nccl_algo,
     )
-
-
-def _check_dsa(model: ModelConfig, efficiency: float | None) -> None:
-    """Raise ConfigError for what plan does not price of DeepSeek sparse attention: the top-k
-    shared across layers (job/dsa.py `refuse_dsa`), and --efficiency, which prices Megatron-LM's
-    FLOPs: its formulas leave the indexer and the masked fp32 attention out (a hybrid D layer
-    counts none, formulas/hybrid_flops.py)."""
-    refuse_dsa(model, "plan")
-    if model.dsa and efficiency is not None:
-        raise ConfigError(
-            f"--efficiency {efficiency} prices Megatron-LM's FLOPs, which leave DeepSeek sparse "
-            "attention's indexer and its masked fp32 attention out (a hybrid D layer counts "
-            "none): plan prices DSA from the kernel tables only"
-        )
 
 
 def _check_flex(model: ModelConfig, backend: str | None, fixed: dict[str, Any]) -> None:
