@@ -130,14 +130,15 @@ def check_param_gather(args: Mapping[str, Any]) -> None:
                 "refuses (tensor/utils.py replace_raw_data: 'replace_raw_data for MXFP8Tensor is "
                 "not supported yet')"
             )
-        if not args.get("use_distributed_optimizer"):
+        if low == "fp8" and not args.get("use_distributed_optimizer"):
+            # --fp4-param-gather has no such check (core_v0.18.0-core_v0.19.0 arguments.py):
+            # without the distributed optimizer megatron's DDP makes no param buffer, each NVFP4
+            # weight keeps its own storage and Float16OptimizerWithFloat16Params its fp32 main
+            # copy, as for any 16-bit weight (world/te/nvfp4_tensor.py)
             raise ConfigError(
                 f"{flag} needs --use-distributed-optimizer (Megatron-LM's validate_args: "
                 f"'{flag} only supported with distributed optimizer, torch fsdp2, "
-                "megatron fsdp, or inference mode')" if low == "fp8" else
-                f"{flag} without --use-distributed-optimizer is not modelled (megatron-core's "
-                "DDP points NVFP4 weights into its param buffer only under the distributed "
-                "optimizer)"
+                "megatron fsdp, or inference mode')"
             )
 
 
