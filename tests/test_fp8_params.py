@@ -224,6 +224,25 @@ def test_under_the_layer_wise_optimizer_s_legacy_deal_fp8_weights_keep_their_own
     assert refused.code == 2 and "--fp8-param-gather needs --use-distributed-optimizer" in refused.err
 
 
+@pytest.mark.skipif(megatron_core_version() < (0, 18), reason="muon takes the distributed optimizer from 0.18")
+@pytest.mark.parametrize("extra, refused", [
+    (["--dp", "2"], True),  # allgather_params flattens the MXFP8 weights: TE refuses the view
+    (["--dp", "1"], False),  # one data-parallel rank: LayerWise deals and gathers nothing
+    (["--dp", "2", "--overlap-grad-reduce", "--overlap-param-gather"], False),  # DDP's buckets
+])  # fmt: skip
+def test_mxfp8_weights_under_the_legacy_deal_need_the_overlapped_gather(cli, extra, refused):
+    flags = SMALL[:-2]  # without its "--dp 2"
+    result = cli("memory", *flags, *extra, "--fp8-recipe", "mxfp8", "--fp8-param-gather",
+                 "--reuse-grad-buf-for-mxfp8-param-ag", "--optimizer", "muon",
+                 "--no-use-layer-wise-param-layout")  # fmt: skip
+    if refused:
+        assert result.code == 2 and result.err.startswith(
+            "Error: --fp8-param-gather with --fp8-recipe mxfp8 and --no-use-layer-wise-param-layout "
+            "needs --overlap-param-gather"), result.err  # fmt: skip
+    else:
+        assert result.code == 0, result.err
+
+
 def test_plan_keeps_the_distributed_optimizer_and_matches_memory(cli):
     """plan searches fp8 parameters with the distributed optimizer only (Megatron-LM gathers them
     through it), and its memory is what `memory` measures on the plan's flags."""
