@@ -193,17 +193,28 @@ def recipe_args(cfg: Record, gpus: int) -> tuple[str | None, dict[str, Any], lis
 
 
 def _param_gather_refusals(args: dict[str, Any]) -> list[str]:
-    """Quantized weights without a sharding optimizer (Kimi-K2's fp8cs and nvfp4 recipes, with
-    dist_muon): Bridge runs no validate_args, which refuses it, and megatron-core runs it (no
-    param buffer, distributed_data_parallel.py; the bf16 Float16OptimizerWithFloat16Params copies
-    each main param into its quantized weight by `copy_`, optimizer.py
-    `_multi_tensor_copy_this_to_that`): a job no Megatron-LM arguments give, not modelled."""
-    if any(args.get(name) for name in ("use_distributed_optimizer", "use_megatron_fsdp",
-                                       "use_torch_fsdp2")):  # fmt: skip
+    """fp8 weights without a sharding optimizer (Kimi-K2's fp8cs recipes, dist_muon): Bridge runs
+    no validate_args. megatron-core 0.18+ runs them on the layer-wise optimizer's legacy path (DDP
+    without a param buffer, each fp8 weight in its own storage; optimizer/layer_wise_optimizer.py
+    wraps each base optimizer in Float16OptimizerWithFloat16Params, whose fp32 main params are
+    the weights' dequantized copies, copied back by TE's `copy_`). That is Megatron-LM 0.18+'s
+    `--optimizer muon --use-distributed-optimizer` (validate_args turns it, like dist_muon, into
+    muon with the layer-wise optimizer and the distributed optimizer off), the one spelling whose
+    --fp8-param-gather check passes: it checks the flag before that turn. Before 0.18, and
+    without Muon, no Megatron-LM command line gives the job (NVFP4 weights need no such spelling:
+    validate_args does not check --fp4-param-gather)."""
+    if not args.get("fp8_param_gather") or any(
+            args.get(name) for name in ("use_distributed_optimizer", "use_megatron_fsdp",
+                                        "use_torch_fsdp2")):  # fmt: skip
         return []
-    return [f"--{low}-param-gather without --use-distributed-optimizer: megatron-core keeps the "
-            f"{low} weights in their own storage, which Megatron-LM's validate_args refuses and "
-            "Bridge does not check" for low in ("fp8", "fp4") if args.get(f"{low}_param_gather")]
+    from inspector.inputs.versions import megatron_core_version  # the checkout's (main's path)
+
+    if args.get("optimizer") == "dist_muon" and megatron_core_version() >= (0, 18):
+        args.update(optimizer="muon", use_distributed_optimizer=True)
+        return []
+    return ["--fp8-param-gather without --use-distributed-optimizer: megatron-core keeps the fp8 "
+            "weights in their own storage, which Megatron-LM's validate_args refuses (muon takes "
+            "--use-distributed-optimizer from megatron-core 0.18) and Bridge does not check"]
 
 
 def _section(cfg: Record, name: str) -> Record:

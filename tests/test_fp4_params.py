@@ -127,6 +127,29 @@ def test_nvfp4_weights_are_gathered_packed_and_the_optimizer_keeps_fp32_main_par
 
 
 @NEEDS_FP4_PARAMS
+def test_without_the_distributed_optimizer_each_nvfp4_weight_keeps_its_own_storage(cli):
+    """Megatron-LM 0.18-0.19 validate_args checks --fp4-param-gather only against --fp4-format.
+    Without the distributed optimizer megatron's DDP makes no param buffer
+    (param_and_grad_buffer.py allocates `param_data` only under it): all six of make_empty's
+    tensors stay the weight's own allocations, each rounded to 512 bytes. The grad buffer holds
+    every element in fp32, unpadded; Float16OptimizerWithFloat16Params takes an NVFP4 weight as a
+    16-bit one (TE's wrapper reports its nominal `torch.cuda.BFloat16Tensor`) and keeps its fp32
+    main copy (`param.detach().clone().float()`, TE dequantizes) with Adam's two moments: 12
+    bytes an element on every rank."""
+    args = [a for a in SMALL if a != "--use-distributed-optimizer"]
+    result = cli("memory", *args, "--fp4-param-gather", "--format", "json")
+    assert result.code == 0, result.err
+    fp4 = json.loads(result.out)["stages"][0]
+    weights = [w for _ in range(4) for w in LAYER_WEIGHTS]
+    sixteen_bit = 1024 * H + 9 * H
+    own = sum(_up(_bytes(t), BLOCK) for r, c in weights for t in _make_empty(r, c))
+    assert fp4["parameters"] == sixteen_bit + sum(r * c for r, c in weights) == 3_279_104
+    assert fp4["weights"] == 2 * sixteen_bit + own == 3_936_768
+    assert fp4["gradients"] == 4 * fp4["parameters"]
+    assert fp4["optimizer"] == 12 * fp4["parameters"]
+
+
+@NEEDS_FP4_PARAMS
 def test_params_counts_each_nvfp4_weight_as_te_stores_it(cli):
     """The table's bytes: all six of TE's tensors, unrounded (records.ParamRecord.stored)."""
     result = cli("params", *MODEL_ONLY, "--fp4-param-gather", "--format", "table")
@@ -159,7 +182,6 @@ def test_before_megatron_core_0_18_it_is_refused_with_the_version(cli):
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["--fp4-param-gather"], "Error: --fp4-param-gather without --use-distributed-optimizer is not modelled"),
         (["--fp4-param-gather", "--use-distributed-optimizer", "--use-torch-fsdp2"],
          "Error: --fp4-param-gather with --use-torch-fsdp2 is not modelled"),
     ],

@@ -195,6 +195,54 @@ def test_command_line_fp8_parameters_meet_megatron_lms_own_checks(cli, drop, mes
     assert result.code == 2 and result.err == f"Error: {message}\n"
 
 
+@pytest.mark.skipif(megatron_core_version() < (0, 18), reason="muon takes the distributed optimizer from 0.18")
+def test_under_the_layer_wise_optimizer_s_legacy_deal_fp8_weights_keep_their_own_storage(cli):
+    """Megatron-LM 0.18+ checks --fp8-param-gather against --use-distributed-optimizer, then turns
+    `--optimizer muon --use-distributed-optimizer` into the layer-wise optimizer with it off
+    (validate_args, "emerging optimizer check"): Megatron-Bridge's dist_muon. With
+    --no-use-layer-wise-param-layout DDP makes no param buffer (param_and_grad_buffer.py
+    allocates `param_data` only under the distributed optimizer), so each Float8Tensor keeps its
+    uint8 data, its uint8 transpose and its fp32 scale_inv, each its own allocation. The grad
+    buffer holds every element in fp32, unpadded. LayerWiseDistributedOptimizer wraps each base
+    optimizer in Float16OptimizerWithFloat16Params, which takes a Float8Tensor as a 16-bit
+    weight (TE's wrapper reports `torch.cuda.BFloat16Tensor`) and keeps the fp32 main copy of
+    each weight its rank owns (`param.detach().clone().float()`, dequantized by TE): Muon's
+    matrices 4 + 4 bytes an element (main copy, momentum), Adam's 4 + 8; every weight is owned
+    by one data-parallel rank."""
+    result = cli("memory", *SMALL, "--fp8-recipe", "tensorwise", "--fp8-param-gather", "--optimizer",
+                 "muon", "--no-use-layer-wise-param-layout", "--format", "json")  # fmt: skip
+    assert result.code == 0, result.err
+    stage = json.loads(result.out)["stages"][0]
+    n = sum(TE_WEIGHTS)
+    others = stage["parameters"] - n  # embedding 1024 x 256, five norms of 256
+    assert others == 1024 * H + 5 * H
+    assert stage["weights"] == 2 * others + sum(w + w + SCALE for w in TE_WEIGHTS)
+    assert stage["gradients"] == 4 * stage["parameters"]
+    assert sum(stage["optimizer_by_rank"].values()) == 8 * n + 12 * others
+    spelled = [a for a in SMALL if a != "--use-distributed-optimizer"]
+    refused = cli("memory", *spelled, "--fp8-param-gather", "--optimizer", "dist_muon")
+    assert refused.code == 2 and "--fp8-param-gather needs --use-distributed-optimizer" in refused.err
+
+
+@pytest.mark.skipif(megatron_core_version() < (0, 18), reason="muon takes the distributed optimizer from 0.18")
+@pytest.mark.parametrize("extra, refused", [
+    (["--dp", "2"], True),  # allgather_params flattens the MXFP8 weights: TE refuses the view
+    (["--dp", "1"], False),  # one data-parallel rank: LayerWise deals and gathers nothing
+    (["--dp", "2", "--overlap-grad-reduce", "--overlap-param-gather"], False),  # DDP's buckets
+])  # fmt: skip
+def test_mxfp8_weights_under_the_legacy_deal_need_the_overlapped_gather(cli, extra, refused):
+    flags = SMALL[:-2]  # without its "--dp 2"
+    result = cli("memory", *flags, *extra, "--fp8-recipe", "mxfp8", "--fp8-param-gather",
+                 "--reuse-grad-buf-for-mxfp8-param-ag", "--optimizer", "muon",
+                 "--no-use-layer-wise-param-layout")  # fmt: skip
+    if refused:
+        assert result.code == 2 and result.err.startswith(
+            "Error: --fp8-param-gather with --fp8-recipe mxfp8 and --no-use-layer-wise-param-layout "
+            "needs --overlap-param-gather"), result.err  # fmt: skip
+    else:
+        assert result.code == 0, result.err
+
+
 def test_plan_keeps_the_distributed_optimizer_and_matches_memory(cli):
     """plan searches fp8 parameters with the distributed optimizer only (Megatron-LM gathers them
     through it), and its memory is what `memory` measures on the plan's flags."""

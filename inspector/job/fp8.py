@@ -130,14 +130,15 @@ def check_param_gather(args: Mapping[str, Any]) -> None:
                 "refuses (tensor/utils.py replace_raw_data: 'replace_raw_data for MXFP8Tensor is "
                 "not supported yet')"
             )
-        if not args.get("use_distributed_optimizer"):
+        if low == "fp8" and not args.get("use_distributed_optimizer"):
+            # --fp4-param-gather has no such check (core_v0.18.0-core_v0.19.0 arguments.py):
+            # without the distributed optimizer megatron's DDP makes no param buffer, each NVFP4
+            # weight keeps its own storage and Float16OptimizerWithFloat16Params its fp32 main
+            # copy, as for any 16-bit weight (world/te/nvfp4_tensor.py)
             raise ConfigError(
                 f"{flag} needs --use-distributed-optimizer (Megatron-LM's validate_args: "
                 f"'{flag} only supported with distributed optimizer, torch fsdp2, "
-                "megatron fsdp, or inference mode')" if low == "fp8" else
-                f"{flag} without --use-distributed-optimizer is not modelled (megatron-core's "
-                "DDP points NVFP4 weights into its param buffer only under the distributed "
-                "optimizer)"
+                "megatron fsdp, or inference mode')"
             )
 
 
@@ -166,4 +167,24 @@ def _megatron_fsdp_rules(args: Mapping[str, Any]) -> None:
             "--fp8-param-gather with --use-megatron-fsdp and --data-parallel-sharding-strategy "
             "no_shard is not modelled: Megatron-FSDP makes no weight buffer there and the fp8 "
             "weights keep their own storage"
+        )
+
+
+def check_legacy_gather(model: Any, dp_cp: int, overlap_param_gather: bool) -> None:
+    """Refuse MXFP8 weights under the layer-wise optimizer without its param layout (0.18+'s
+    --no-use-layer-wise-param-layout: no DDP param buffer): after the step
+    layer_wise_optimizer.py `allgather_params` flattens each rank's weights
+    (`_flatten_dense_tensors`, a view(-1) of each), which Transformer Engine refuses for an
+    MXFP8Tensor (mxfp8_tensor.py `__torch_dispatch__`: "Attempted to make view with size=...";
+    megatron-core's param_and_grad_buffer.py: "MXFP8 params can't be flattened (view(-1)
+    unsupported)"). With --overlap-param-gather DDP's buckets gather the fp32 main copies
+    instead; with one data-parallel rank nothing is gathered."""
+    mxfp8 = model.fp8_param_gather and model.fp8_recipe == "mxfp8"
+    if mxfp8 and dp_cp > 1 and not overlap_param_gather:
+        raise ConfigError(
+            "--fp8-param-gather with --fp8-recipe mxfp8 and --no-use-layer-wise-param-layout "
+            "needs --overlap-param-gather: megatron-core's layer-wise optimizer otherwise "
+            "all-gathers the updated weights by flattening them (layer_wise_optimizer.py "
+            "allgather_params), which Transformer Engine refuses for MXFP8 weights "
+            "(mxfp8_tensor.py: 'Attempted to make view with size=...')"
         )

@@ -29,7 +29,7 @@ from inspector.job.dims import ModelDims, num_microbatches
 from inspector.job.dsa import check_dsa_layout
 from inspector.job.ep_overlap import check_ep_overlap
 from inspector.job.flex import check_flex, row_padding
-from inspector.job.fp8 import check_param_gather
+from inspector.job.fp8 import check_legacy_gather, check_param_gather
 from inspector.job.fsdp import fsdp_rules
 from inspector.job.gdn import validate_gdn
 from inspector.job.hybrid_model import validate_hybrid
@@ -439,6 +439,8 @@ def make_job(args: Mapping[str, Any]) -> Job:
     check_optimizer(training.optimizer, layout, flags)
     if layer_wise(training.optimizer, flags):  # 0.18+ validate_args: the layer-wise optimizer
         layout_on = not flags["no_use_layer_wise_param_layout"]  # Megatron-LM's default: on
+        if not layout_on:
+            check_legacy_gather(model, layout.dp * layout.cp, flags["overlap_param_gather"])
         training = replace(training, optimizer="dist_muon", use_distributed_optimizer=False,
                            layer_wise_param_layout=layout_on)  # fmt: skip
     return Job(model, layout, training)

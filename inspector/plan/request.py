@@ -139,8 +139,9 @@ def make_request(args: dict[str, Any], flags: PlanFlags) -> Request:
         "use_distributed_optimizer"
     ) is None:
         # Megatron-LM gathers fp8 parameters, and megatron-core keeps reduced-precision optimizer
-        # state, only through a sharding optimizer: the plan keeps the distributed optimizer on
-        # (with dp 1 too, where it shards nothing)
+        # state, only through a sharding optimizer (NVFP4 weights train without one, all-reduced
+        # and unsharded): the plan keeps the distributed optimizer on (with dp 1 too, where it
+        # shards nothing)
         fixed["distopt"] = True
         args = {**args, "use_distributed_optimizer": True}
     backend = flex_backend(args)  # megatron's rules for the flex dispatcher's flags
