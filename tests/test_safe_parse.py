@@ -65,6 +65,6 @@ def test_compute_profile_with_non_finite_times(tmp_path, value):
                   "--compute-profile", "p.txt")  # fmt: skip
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr == (
-        f"Error: compute profile line 2: time_gpu_avg must be a number of microseconds from 0 "
+        f"Error: --compute-profile line 2: time_gpu_avg must be a number of microseconds from 0 "
         f"to 1e+12, got {value}\n"
     )
