@@ -386,6 +386,11 @@ def test_a_megatron_refusal_names_the_flags_behind_the_fields_it_names() -> None
      "--moe-token-dispatcher-type, --tensor-model-parallel-size, --expert-model-parallel-size"),
     ("full recompute is only supported with full iteration CUDA graph.",
      "--recompute-granularity, --cuda-graph-scope"),
+    # issue #46 (sweep46b): raised by megatron's forward on the run, not its build
+    ("Only support fusion of swiglu and quick_gelu with per_token_scale in MLP.",
+     "--swiglu, --no-bias-gelu-fusion"),
+    ("Storage size calculation overflowed with sizes=[4, 1073741824, 1073741824]",
+     "--seq-length, --micro-batch-size"),
 ])  # fmt: skip
 def test_a_megatron_refusal_that_names_no_field_names_the_flags_behind_it(message: str, flags: str) -> None:
     # issue #46: megatron-core asserts that name no TransformerConfig field reached the user with
@@ -396,6 +401,18 @@ def test_a_megatron_refusal_that_names_no_field_names_the_flags_behind_it(messag
     with pytest.raises(ConfigError) as caught, _megatron_errors(0):
         raise AssertionError(message)
     assert f"(the flags it names: {flags}; --debug shows its traceback)" in str(caught.value)
+
+
+def test_a_refusal_on_the_run_names_the_flags_behind_it() -> None:
+    # a GELU MoE with Megatron-LM's default bias-GELU fusion: SequentialMLP hands its experts the
+    # routing probabilities, which megatron's fused bias activation takes for SwiGLU only; the
+    # run's error (memory/engine/microbatch.py) named no flag to change
+    from inspector.memory.engine.microbatch import megatron_failed
+
+    error = megatron_failed("the forward", ValueError(
+        "Only support fusion of swiglu and quick_gelu with per_token_scale in MLP."))
+    assert str(error).endswith("(the flags it names: --swiglu, --no-bias-gelu-fusion; --debug shows "
+                               "its traceback)")  # fmt: skip
 
 
 def test_a_refusal_names_the_flags_as_megatron_lm_spells_them() -> None:

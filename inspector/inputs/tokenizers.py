@@ -124,7 +124,7 @@ def vocabulary(tokenizer_type: str, model: str | None, vocab_size: int | None,
         return Vocabulary(vocab_size, f"{tokenizer_type} {name} cannot be read here; "
                                       f"--vocab-size {vocab_size} from the script is used")  # fmt: skip
     return Vocabulary(None, problem=(
-        f"{where}: the vocabulary of --tokenizer-type {tokenizer_type} --tokenizer-model {name} "
+        f"{where}: the vocabulary of --tokenizer-type {tokenizer_type} {flag} {name} "
         "is not known here (no such file on this machine, nor a tokenizer this tool knows); "
         "give --vocab-size"
     ))  # fmt: skip
