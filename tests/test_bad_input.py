@@ -746,7 +746,7 @@ TWO_NAMES_CASES = [
          files=write("c.yaml", "num-layers: 2\nhidden-size: 64\nnum-attention-heads: 4\nvocab-size: 1000\n"),
          message=f"Error: -o c.yaml would replace c.yaml, {READ}"),
     case("timeline-replaces-the-config", "memory", "--config", "c.yaml", "--micro-batch-size", "1",
-         "--timeline", "./c.yaml", files=write("c.yaml", "num-layers: 2\nhidden-size: 64\n"),
+         "--timeline", "./c.yaml", files=write("c.yaml", "num-layers: 2\nhidden-size: 64\nnum-attention-heads: 4\n"),
          message=f"Error: --timeline ./c.yaml would replace c.yaml, {READ}"),
     case("svg-replaces-the-script", "plan", "--from-script", "train.sh", "--gpus", "8",
          "--global-batch-size", "8", "--svg", "train.sh",

@@ -346,6 +346,11 @@ SCRIPT = ("#!/bin/bash\ntorchrun --nproc_per_node 8 pretrain_gpt.py --num-layers
     ("--seq-len 128", "--seq-len is not a Megatron-LM argument but the start of --seq-length; "
      "Megatron-LM's parser takes no abbreviations (allow_abbrev=False)"),
     ("--log-inter 10", "--log-inter is not a Megatron-LM argument but the start of --log-interval"),
+    # issue #46 (sweep46b): a single-dash word and argparse's '--' were skipped, the job read
+    # without them; Megatron-LM's parser has no single-dash options and no positional arguments
+    ("-num-layers 4", "'-num-layers' is not a Megatron-LM argument (they begin with '--'); "
+     "Megatron-LM's argparse refuses it as an unrecognised argument"),
+    ("-- --hidden-size 128", "'--' is not a Megatron-LM argument"),
 ])  # fmt: skip
 def test_a_word_argparse_refuses_is_an_error_not_dropped(
     words: str, message: str, tmp_path: Path

@@ -323,6 +323,9 @@ def split_arguments(words: list[str], needs: Needs, ctx: Context,
             raise ConfigError(f"{where}: {word!r} follows {after}, which takes no further value "
                               "(Megatron-LM's argparse refuses it as an unrecognised argument)")  # fmt: skip
         after = ""
+        if word == "--" or (word[:1] == "-" and word[1:2].isalpha()):  # never skipped: dropped
+            raise ConfigError(f"{where}: {word!r} is not a Megatron-LM argument (they begin with "
+                              "'--'); Megatron-LM's argparse refuses it as an unrecognised argument")
         if not word.startswith("--"):
             continue
         flag, equals, inline = word.partition("=")
