@@ -709,6 +709,14 @@ YAML_CASES = [
         ("multi-document", "num-layers: 2\n---\nnum-layers: 4\n", "but found another document"),
         ("tab-indent", "MODEL_ARGS:\n\t--num-layers: 2\n", "found character '\\t'"),
         ("bridge-target", "model:\n  _target_: os.system\n  num_layers: 2\n", "unknown argument 'model'"),
+        # YAML 1.1 (PyYAML) reads these otherwise than Megatron-LM's runner (yq, YAML 1.2; argparse)
+        ("octal", RUNNER.replace("2\n", "010\n", 1), "c.yaml line 2: 010 is 8 to YAML 1.1 (octal, "
+         "hexadecimal or base 60) but not to Megatron-LM (argparse's int(), yq's YAML 1.2); write it in decimal"),
+        ("hexadecimal", "num-layers: 0x10\n", "c.yaml line 1: 0x10 is 16 to YAML 1.1"),
+        ("base-60", "num-layers: 1:30\n", "c.yaml line 1: 1:30 is 90 to YAML 1.1"),
+        ("yes-switch", RUNNER + "  --bf16: yes\n", "c.yaml line 5: yes is true to YAML 1.1 but a word to "
+         "Megatron-LM's runner (yq's YAML 1.2); write true or false"),
+        ("off-switch", "num-layers: 2\nbf16: off\n", "c.yaml line 2: off is false to YAML 1.1"),
     )
 ] + [
     case("yaml-folder", "params", "--config", "c.yaml", files=folder_named("c.yaml"),
