@@ -774,7 +774,20 @@ SCALE_CASES = [
     for flag in ("--iters", "--warmup")
 ]  # fmt: skip
 
-CASES += HF_CASES + TOKENIZER_CASES + YAML_CASES + TWO_NAMES_CASES + SCALE_CASES
+NO_LOG_LINES = ("has no Megatron-LM memory report (`[Rank R] (after N iterations) memory (MB) | "
+                "allocated: ...`) and no `elapsed time per iteration (ms)` line")
+LOG_CASES = [  # a number Megatron-LM never prints: 1e400 was read as 1 ms, 1.2.3 a traceback
+    case(f"check-log-{id}", "check", "t.log", *SMALL, "--micro-batch-size", "1", "--gpu", "h100",
+         files=write("t.log", line + "\n"), message=f"Error: t.log {NO_LOG_LINES}")
+    for id, line in (
+        ("exponent", " iteration        1/      10 | elapsed time per iteration (ms): 1e400 |"),
+        ("two-dots", " iteration        1/      10 | elapsed time per iteration (ms): 1.2.3 |"),
+        ("memory-two-dots", " [Rank 0] (after 1 iterations) memory (MB) | allocated: 1.2.3 | max "
+         "allocated: 5 | reserved: 5 | max reserved: 5"),
+    )
+]  # fmt: skip
+
+CASES += HF_CASES + TOKENIZER_CASES + YAML_CASES + TWO_NAMES_CASES + SCALE_CASES + LOG_CASES
 
 
 def _marks(c: Case) -> list[Any]:
