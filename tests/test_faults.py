@@ -557,3 +557,14 @@ def test_an_empty_word_after_a_flag_with_a_value_is_its_value(tmp_path: Path) ->
     parsed = parse_launch_script('torchrun t.py --data-path "$UNSET" --num-layers 2\n', "s.sh")
     assert parsed.launch == ("torchrun", "t.py", "--data-path", "", "--num-layers", "2")
     assert parsed.args["num_layers"] == 2
+
+
+def test_plan_says_its_svg_is_not_written_when_no_layout_fits(tmp_path: Path) -> None:
+    # issue #46 (sweep46b): the --svg FILE of a plan that found no layout was silently not written,
+    # so an old file of that name passed for this plan's drawing
+    (tmp_path / "p.svg").write_text("old\n")
+    result = run("plan", *SMALL, "--gpus", "8", "--global-batch-size", "8", "--gpu-memory", "0.001",
+                 "--svg", "p.svg", cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "Note: --svg p.svg is not written: no layout fits" in result.stderr
+    assert (tmp_path / "p.svg").read_text() == "old\n"
