@@ -74,7 +74,7 @@ def convert(spec: ArgSpec, raw: Any, origin: str) -> Any:
         value = spec.type(raw) if not isinstance(raw, bool) else None
     except (TypeError, ValueError, OverflowError):  # OverflowError: int(.inf)
         value = None
-    fraction = spec.type is int and isinstance(raw, float) and raw != int(raw)
+    fraction = value is not None and spec.type is int and isinstance(raw, float) and raw != int(raw)
     if value is None or fraction or value != value:  # value != value: a NaN, no size or rate
         raise ConfigError(f"{origin}: {spec.flag} needs {spec.type.__name__} value, got {raw!r}")
     if spec.choices and value not in spec.choices:
