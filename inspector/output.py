@@ -27,6 +27,7 @@ import os
 import stat
 import sys
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from inspector.errors import InputError, OutputError
 from inspector.guard import (
@@ -111,16 +112,48 @@ def check_targets(outputs: Sequence[tuple[str, str]]) -> list[str]:
     """Return the real paths that the flags' files replace, or raise OutputError: each as
     check_target, and no two naming one file (the second would overwrite the first)."""
     targets: list[str] = []
-    seen: dict[str, tuple[str, str]] = {}
+    seen: dict[Any, tuple[str, str]] = {}
     for flag, path in outputs:
+        if path == STDIO and flag != "-o":  # it would be a file named '-' beside the report
+            raise OutputError(f"{flag} - would write a file named '-', not standard output (which "
+                              f"-o - gives the report); name a file (./- for that one)")  # fmt: skip
         target = check_target(path, flag)
-        if target in seen and target != os.devnull:
-            other, other_path = seen[target]
-            raise OutputError(f"{flag} {shown_path(path)} and {other} {shown_path(other_path)} "
-                              "name the same file; give each its own")  # fmt: skip
+        if target == os.devnull:
+            targets.append(target)
+            continue
+        identity = _identity(target)  # a hard link names an existing file twice
+        read = _READ.get(identity) if identity is not None else None
+        if read is not None:
+            raise OutputError(f"{flag} {shown_path(path)} would replace {shown_path(read)}, a file "
+                              "this command reads; give the output another name")  # fmt: skip
+        for name in (target, identity):
+            if name in seen:
+                other, other_path = seen[name]
+                raise OutputError(f"{flag} {shown_path(path)} and {other} {shown_path(other_path)} "
+                                  "name the same file; give each its own")  # fmt: skip
         seen[target] = (flag, path)
+        if identity is not None:
+            seen[identity] = (flag, path)
         targets.append(target)
     return targets
+
+
+# The files this command has read (configs, scripts, tokenizers, logs): (device, inode) -> the name
+# given. An output that would replace one is refused: the input is the user's, not a draft.
+_READ: dict[tuple[int, int], str] = {}
+
+
+def forget_reads() -> None:
+    """Start a command with no files read (the CLI's entry point; tests run several in one process)."""
+    _READ.clear()
+
+
+def _identity(target: str) -> tuple[int, int] | None:
+    try:
+        info = os.stat(target)
+    except OSError:
+        return None  # not there yet
+    return (info.st_dev, info.st_ino)
 
 
 def check_target(path: str, flag: str = "-o") -> str:
@@ -288,6 +321,8 @@ def _read_path(path: str, shown: str, limit: int, head: bool = False) -> bytes:
             raise InputError(f"{shown} is a folder, not a file")
         if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode):
             raise InputError(f"{shown} is a device, not a file")
+        if stat.S_ISREG(info.st_mode):
+            _READ[(info.st_dev, info.st_ino)] = path
         if not head and stat.S_ISREG(info.st_mode) and info.st_size > limit:
             raise InputError(f"{shown} is {info.st_size:,} bytes; files read in are at most "
                              f"{limit:,} bytes (docs/limits.md)")  # fmt: skip

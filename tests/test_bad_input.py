@@ -530,6 +530,266 @@ CASES = OUTPUT_CASES + STREAM_CASES + TABLE_CASES + JSON_CASES + ELSEWHERE_CASES
 CASES += MESSAGE_CASES + ERROR_PAGE_CASES + _size_cases()
 
 
+# --- issue #46, second set: readers of Hugging Face, YAML and tokenizer files, the outputs of one
+# command, megatron's refusals (each fixed case failed on main before the sweep46b branch) --------
+
+HF_FIXTURES = FIXTURES / "hf"
+
+
+def hf_file(name: str = "llama3.1-8b.json", **changes: Any) -> Callable[[Path, Warm], None]:
+    """config.json: a fixture's config with keys changed (... removes the key)."""
+
+    def make(folder: Path, warm: Warm) -> None:
+        data = json.loads((HF_FIXTURES / name).read_text())
+        for key, value in changes.items():
+            data.pop(key) if value is ... else data.__setitem__(key, value)
+        (folder / "config.json").write_text(json.dumps(data))
+
+    return make
+
+
+def hf_text(edit: Callable[[str], str]) -> Callable[[Path, Warm], None]:
+    return write("config.json", edit((HF_FIXTURES / "llama3.1-8b.json").read_text()))
+
+
+HF_ARGS = ("params", "--hf-config", "config.json")
+HF_BAD_VALUES = {
+    "hidden-string": ({"hidden_size": "4096"}, "hidden_size"),
+    "heads-zero": ({"num_attention_heads": 0}, '"num_attention_heads" must be a whole number of at least 1'),
+    "layers-zero": ({"num_hidden_layers": 0}, "num_hidden_layers"),
+    "hidden-zero": ({"hidden_size": 0}, "hidden_size"),
+    "vocab-zero": ({"vocab_size": 0}, "vocab_size"),
+    "ffn-zero": ({"intermediate_size": 0}, "intermediate_size"),
+    "kv-not-dividing": ({"num_key_value_heads": 3},
+                        '"num_key_value_heads" 3 does not divide "num_attention_heads" 32 (32 % 3 = 2)'),
+    "kv-zero": ({"num_key_value_heads": 0}, "num_key_value_heads"),
+    "kv-more-than-heads": ({"num_key_value_heads": 64}, '"num_key_value_heads" 64 does not divide'),
+    "hidden-1e308": ({"hidden_size": 1e308}, "hidden_size"),
+    "hidden-float-whole": ({"hidden_size": 4096.0}, "hidden_size"),
+    "head-dim-string": ({"head_dim": "128"}, "head_dim"),
+    "head-dim-zero": ({"head_dim": 0}, "head_dim"),
+    "rope-scaling-list": ({"rope_scaling": [1, 2]}, "rope_scaling"),
+    "rope-type-int": ({"rope_scaling": {"rope_type": 5}}, "rope_type"),
+    "model-type-int": ({"model_type": 5}, "model_type"),
+    "architectures-ints": ({"architectures": [5]}, '"architectures" must be a list of class names'),
+    "dtype-int": ({"torch_dtype": 5}, "torch_dtype"),
+    "dtype-fp8": ({"torch_dtype": "float8_e4m3fn"},
+                  "\"torch_dtype\" must be one of bfloat16, float16, float32, got 'float8_e4m3fn'"),
+    "hidden-act-list": ({"hidden_act": ["silu"]}, "hidden_act"),
+    "positions-zero": ({"max_position_embeddings": 0}, "max_position_embeddings"),
+    "positions-string": ({"max_position_embeddings": "131072"}, "max_position_embeddings"),
+    "tie-int": ({"tie_word_embeddings": 1}, "tie_word_embeddings"),
+    "mlp-bias-string": ({"mlp_bias": "true"}, "mlp_bias"),
+    "dropout-negative": ({"attention_dropout": -0.5}, '"attention_dropout" must be a finite number from 0 to 1'),
+    "dropout-two": ({"attention_dropout": 2.0}, "attention_dropout"),
+    "text-config": ({"text_config": {"hidden_size": "big"}}, '"text_config" holds a multimodal'),
+    "sliding-window-negative": ({"sliding_window": -1}, "sliding_window"),
+}
+HF_FAMILY_VALUES = {
+    "moe-topk-zero": ("mixtral-8x7b.json", {"num_experts_per_tok": 0}, "num_experts_per_tok"),
+    "moe-experts-zero": ("mixtral-8x7b.json", {"num_local_experts": 0}, "num_local_experts"),
+    "ds-shared-string": ("deepseek-v3.json", {"n_shared_experts": "1"}, "n_shared_experts"),
+    "ds-yarn-factor-string": ("deepseek-v3.json", {"rope_scaling": {"type": "yarn", "factor": "40"}},
+                              '"factor" must be a finite number'),
+    "ds-mtp-negative": ("deepseek-v3.json", {"num_nextn_predict_layers": -1}, "num_nextn_predict_layers"),
+    "gptoss-window-zero": ("gpt-oss-20b.json", {"sliding_window": 0},
+                           '"sliding_window" must be a whole number of at least 1'),
+    "gptoss-layer-types-string": ("gpt-oss-20b.json", {"layer_types": "sliding"}, "layer_types"),
+    "qwen-next-heads-string": ("qwen3-next-80b-a3b.json", {"linear_num_value_heads": "32"},
+                               "linear_num_value_heads"),
+    "qwen-next-interval-zero": ("qwen3-next-80b-a3b.json", {"full_attention_interval": 0},
+                                '"full_attention_interval" must be a whole number of at least 1'),
+    # keys transformers' config class would fill with its own default model's value
+    "mixtral-no-kv-heads": ("mixtral-8x7b.json", {"num_key_value_heads": ...},
+                            '"num_key_value_heads" is missing, and transformers would put its'),
+    "qwen3-no-head-dim": ("qwen3-8b.json", {"head_dim": ...}, '"head_dim" is missing'),
+    "qwen3-moe-no-experts": ("qwen3-30b-a3b.json", {"num_experts": ...}, '"num_experts" is missing'),
+    "gptoss-no-experts": ("gpt-oss-20b.json", {"num_local_experts": ...}, '"num_local_experts" is missing'),
+    "ds-no-experts": ("deepseek-v3.json", {"n_routed_experts": ...}, '"n_routed_experts" is missing'),
+    "ds-no-dense": ("deepseek-v3.json", {"first_k_dense_replace": ...},
+                    "\"first_k_dense_replace\" is missing, and transformers would put its default "
+                    "model's value there; every DeepSeek-V3 config.json gives it (Megatron-LM's "
+                    "--moe-layer-freq)"),
+    "ds-no-q-lora": ("deepseek-v3.json", {"q_lora_rank": ...}, '"q_lora_rank" is missing'),
+    "qwen-next-no-conv": ("qwen3-next-80b-a3b.json", {"linear_conv_kernel_dim": ...},
+                          "(Megatron-LM's --linear-conv-kernel-dim)"),
+}
+HF_FILES = {
+    "top-list": write("config.json", "[1, 2]"),
+    "top-string": write("config.json", '"x"'),
+    "nan-token": hf_text(lambda t: t.replace('"hidden_size": 4096', '"hidden_size": NaN')),
+    "infinity-token": hf_text(lambda t: t.replace('"attention_dropout": 0.0', '"attention_dropout": Infinity')),
+    "duplicate-key": hf_text(lambda t: t.replace("{", '{"hidden_size": 8,', 1)),
+    "folder": folder_named("config.json"),
+    "invalid-utf8": write("config.json", b'{"model_type": "llama\xff\xfe"}'),
+    "utf16": lambda folder, warm: (folder / "config.json").write_bytes(
+        (HF_FIXTURES / "llama3.1-8b.json").read_text().encode("utf-16")),
+    "5000-digits": hf_text(lambda t: t.replace('"hidden_size": 4096', '"hidden_size": ' + "9" * 5000)),
+}
+HF_CASES = [
+    *[case(f"hf-{id}", *HF_ARGS, files=hf_file(**changes), contains=("config.json: ", words))
+      for id, (changes, words) in HF_BAD_VALUES.items()],
+    *[case(f"hf-{id}", *HF_ARGS, files=hf_file(name, **changes), contains=("config.json: ", words))
+      for id, (name, changes, words) in HF_FAMILY_VALUES.items()],
+    *[case(f"hf-file-{id}", *HF_ARGS, files=maker, contains=("config.json",))
+      for id, maker in HF_FILES.items()],
+    case("hf-dev-zero", "params", "--hf-config", "/dev/zero", message="Error: /dev/zero is a device, not a file"),
+    case("hf-as-config", "params", "--config", "config.json", files=hf_file(hidden_size="4096"),
+         contains=('config.json: "hidden_size" must be a whole number',)),
+]  # fmt: skip
+
+TRAIN = ("#!/bin/bash\ntorchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 2 --hidden-size 64 "
+         "--num-attention-heads 4 --seq-length 128 --max-position-embeddings 128 --micro-batch-size 1 "
+         "--transformer-impl local {}\n")  # fmt: skip
+HF_TOKENIZER = "--tokenizer-type HuggingFaceTokenizer --tokenizer-model tok.json"
+NOT_TOKENIZER = 'tok.json: not a Hugging Face tokenizer.json ("model": {"vocab": ...} must map'
+TOKENIZER_CASES = [
+    case(f"tokenizer-{id}", "topology", "--from-script", "train.sh",
+         files=several(write("train.sh", TRAIN.format(words)), write(name, content)),
+         contains=(words_in,))
+    for id, words, name, content, words_in in (
+        ("vocab-string", HF_TOKENIZER, "tok.json", '{"model": {"vocab": "abcdef"}}', NOT_TOKENIZER),
+        ("vocab-int", HF_TOKENIZER, "tok.json", '{"model": {"vocab": 7}}', NOT_TOKENIZER),
+        ("vocab-list-of-ints", HF_TOKENIZER, "tok.json", '{"model": {"vocab": [1, 2]}}', NOT_TOKENIZER),
+        ("no-model", HF_TOKENIZER, "tok.json", '{"added_tokens": []}', NOT_TOKENIZER),
+        ("list", HF_TOKENIZER, "tok.json", "[1, 2, 3]", NOT_TOKENIZER),
+        ("added-content-list", HF_TOKENIZER, "tok.json",
+         '{"model": {"vocab": {"a": 0}}, "added_tokens": [{"content": ["x"]}]}',
+         'tok.json: "added_tokens" must be a list of {"content": TOKEN, ...} objects'),
+        ("added-string", HF_TOKENIZER, "tok.json", '{"model": {"vocab": {"a": 0}}, "added_tokens": "x"}',
+         '"added_tokens" must be a list'),
+        ("deep", HF_TOKENIZER, "tok.json", "[" * 100000, "tok.json: nested more than 64 levels deep"),
+        ("5000-digits", HF_TOKENIZER, "tok.json", '{"model": {"vocab": {"a": ' + "9" * 5000 + "}}}",
+         "a number has more than 4,300 digits"),
+        ("empty", HF_TOKENIZER, "tok.json", "", "tok.json line 1: not valid JSON"),
+        ("invalid-utf8", HF_TOKENIZER, "tok.json", b'{"model": {"vocab": {"\xff": 0}}}', "tok.json is not UTF-8"),
+        ("gpt2-vocab-list", "--tokenizer-type GPT2BPETokenizer --vocab-file v.json --merge-file m.txt "
+         "--vocab-size 1000", "v.json", "[1, 2]", "v.json: not a GPT-2 vocabulary"),
+        ("gpt2-vocab-device", "--tokenizer-type GPT2BPETokenizer --vocab-file /dev/zero --merge-file m",
+         "m", "", "--tokenizer-type GPT2BPETokenizer --vocab-file /dev/zero is not known here"),
+        ("nan-dropout-word", "--vocab-size 1000 --attention-dropout nan", "x", "",
+         "--attention-dropout needs float value, got 'nan'"),
+    )
+]  # fmt: skip
+
+RUNNER = "MODEL_ARGS:\n  --num-layers: 2\n  --hidden-size: 64\n  --num-attention-heads: 4\n"
+LAUGHS = "a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [" + ",".join([f"*{chr(97 + i)}"] * 9) + "]\n" for i in range(8))
+YAML_CASES = [
+    case(f"yaml-{id}", "params", "--config", "c.yaml", files=write("c.yaml", text), contains=(words,))
+    for id, text, words in (
+        ("billion-laughs", LAUGHS + "num-layers: 2\n", "c.yaml: more than 1,000,000 values once its aliases"),
+        ("recursive-list", "a: &a [*a]\nnum-layers: 2\n", "found unconstructable recursive node"),
+        ("recursive-map", "a: &a {b: *a}\nnum-layers: 2\n", "found unconstructable recursive node"),
+        ("recursive-model-args", "MODEL_ARGS: &a\n  --num-layers: *a\n", "recursive node"),
+        ("python-object", "num-layers: !!python/object/apply:os.system ['touch pwned']\n",
+         "could not determine a constructor for the tag"),
+        ("python-name", "num-layers: !!python/name:os.system\n", "could not determine a constructor"),
+        ("custom-tag", "num-layers: !foo 2\n", "could not determine a constructor for the tag '!foo'"),
+        ("binary", "num-layers: !!binary aGVsbG8=\n", "--num-layers needs int value"),
+        ("set", "num-layers: !!set {2, 3}\n", "--num-layers needs int value"),
+        ("timestamp", "num-layers: 2001-12-14\n", "--num-layers needs int value"),
+        ("env-vars-list", "ENV_VARS: [1, 2]\n" + RUNNER,
+         "c.yaml: ENV_VARS must map variable names to values (the runner exports each NAME=VALUE), not list"),
+        ("env-vars-int", "ENV_VARS: 5\n" + RUNNER, "ENV_VARS must map variable names to values"),
+        ("env-vars-string", "ENV_VARS: CUDA_DEVICE_MAX_CONNECTIONS=1\n" + RUNNER, "not str"),
+        ("env-vars-nested", "ENV_VARS:\n  NVTE_FLASH_ATTN: {a: 1}\n" + RUNNER, "not a nested value"),
+        ("mode-int", "MODE: 5\n" + RUNNER,
+         "c.yaml: MODE 5 is not one of: pretraining, rl, inference (Megatron-LM's test runner"),
+        ("mode-list", "MODE: [inference]\n" + RUNNER, "MODE ['inference'] is not one of"),
+        ("mode-typo", "MODE: pretrain\n" + RUNNER, "MODE 'pretrain' is not one of"),
+        ("model-args-nested", RUNNER.replace("2\n", "{a: 2}\n", 1), "--num-layers needs int value"),
+        ("model-args-list-nested", RUNNER.replace("2\n", "[[2]]\n", 1), "--num-layers needs int value"),
+        ("model-args-fraction", RUNNER.replace("2\n", "2.5\n", 1), "--num-layers needs int value, got '2.5'"),
+        ("plain-bool-count", "num-layers: true\n", "--num-layers needs int value, got True"),
+        ("plain-string-switch", "num-layers: 2\nbf16: 'false'\n", "--bf16 is a switch (true/false)"),
+        ("plain-nan-rate", "num-layers: 2\nhidden-size: 64\nnum-attention-heads: 4\nattention-dropout: .nan\n",
+         "c.yaml: --attention-dropout needs float value, got nan"),
+        ("plain-list-choice", "num-layers: 2\nnormalization: [RMSNorm]\n", "--normalization"),
+        ("multi-document", "num-layers: 2\n---\nnum-layers: 4\n", "but found another document"),
+        ("tab-indent", "MODEL_ARGS:\n\t--num-layers: 2\n", "found character '\\t'"),
+        ("bridge-target", "model:\n  _target_: os.system\n  num_layers: 2\n", "unknown argument 'model'"),
+        # YAML 1.1 (PyYAML) reads these otherwise than Megatron-LM's runner (yq, YAML 1.2; argparse)
+        ("octal", RUNNER.replace("2\n", "010\n", 1), "c.yaml line 2: 010 is 8 to YAML 1.1 (octal, "
+         "hexadecimal or base 60) but not to Megatron-LM (argparse's int(), yq's YAML 1.2); write it in decimal"),
+        ("hexadecimal", "num-layers: 0x10\n", "c.yaml line 1: 0x10 is 16 to YAML 1.1"),
+        ("base-60", "num-layers: 1:30\n", "c.yaml line 1: 1:30 is 90 to YAML 1.1"),
+        ("yes-switch", RUNNER + "  --bf16: yes\n", "c.yaml line 5: yes is true to YAML 1.1 but a word to "
+         "Megatron-LM's runner (yq's YAML 1.2); write true or false"),
+        ("off-switch", "num-layers: 2\nbf16: off\n", "c.yaml line 2: off is false to YAML 1.1"),
+    )
+] + [
+    case("yaml-folder", "params", "--config", "c.yaml", files=folder_named("c.yaml"),
+         message="Error: c.yaml is a folder, not a file"),
+    case("yaml-dev-zero", "params", "--config", "/dev/zero", message="Error: /dev/zero is a device, not a file"),
+]  # fmt: skip
+
+SAME = "name the same file; give each its own"
+READ = "a file this command reads; give the output another name"
+OLD_SVG = write("a.svg", "old\n")
+TWO_NAMES_CASES = [
+    case("two-outputs-hard-link", *MEMORY, "--timeline", "a.svg", "-o", "b.svg",
+         files=several(OLD_SVG, lambda folder, warm: os.link(folder / "a.svg", folder / "b.svg")),
+         message=f"Error: -o b.svg and --timeline a.svg {SAME}"),
+    case("two-outputs-through-a-folder-link", *MEMORY, "--timeline", "d/x", "--snapshot", "l/x",
+         files=several(folder_named("d"), link("l", "d")), message=f"Error: --snapshot l/x and --timeline d/x {SAME}"),
+    case("two-outputs-dotdot", "plan", *SMALL, "--gpus", "8", "--global-batch-size", "8", "--svg", "a/../p.svg",
+         "-o", "p.svg", files=folder_named("a"), message=f"Error: -o p.svg and --svg a/../p.svg {SAME}"),
+    case("timeline-empty", *MEMORY, "--timeline", "", message="Error: --timeline needs a file name, got an empty one"),
+    case("snapshot-empty", *MEMORY, "--snapshot", "", message="Error: --snapshot needs a file name, got an empty one"),
+    case("svg-empty", "plan", *SMALL, "--gpus", "8", "--global-batch-size", "8", "--svg", "",
+         message="Error: --svg needs a file name, got an empty one"),
+    case("timeline-dash", *MEMORY, "--timeline", "-", "-o", "-",
+         contains=("--timeline - would write a file named '-', not standard output",)),
+    case("snapshot-dash", *MEMORY, "--snapshot", "-", contains=("--snapshot - would write a file named '-'",)),
+    case("timeline-missing-folder", *MEMORY, "--timeline", "nodir/x.svg",
+         message="Error: --timeline nodir/x.svg: folder {folder}/nodir does not exist"),
+    case("timeline-link-to-dev-full", *MEMORY, "--timeline", "full.svg", files=link("full.svg", "/dev/full"),
+         contains=("--timeline full.svg is a character device",)),
+    case("timeline-folder", *MEMORY, "--timeline", "d", files=folder_named("d"),
+         message="Error: --timeline d is a folder, not a file"),
+    case("svg-missing-folder", "plan", *SMALL, "--gpus", "8", "--global-batch-size", "8", "--svg", "no/p.svg",
+         "-o", "p.txt", files=write("p.txt", "old\n"), message="Error: --svg no/p.svg: folder {folder}/no does not exist"),
+    case("o-replaces-the-config", "params", "--config", "c.yaml", "-o", "c.yaml",
+         files=write("c.yaml", "num-layers: 2\nhidden-size: 64\nnum-attention-heads: 4\nvocab-size: 1000\n"),
+         message=f"Error: -o c.yaml would replace c.yaml, {READ}"),
+    case("timeline-replaces-the-config", "memory", "--config", "c.yaml", "--micro-batch-size", "1",
+         "--timeline", "./c.yaml", files=write("c.yaml", "num-layers: 2\nhidden-size: 64\nnum-attention-heads: 4\n"),
+         message=f"Error: --timeline ./c.yaml would replace c.yaml, {READ}"),
+    case("svg-replaces-the-script", "plan", "--from-script", "train.sh", "--gpus", "8",
+         "--global-batch-size", "8", "--svg", "train.sh",
+         files=write("train.sh", TRAIN.format("--vocab-size 1000")),
+         message=f"Error: --svg train.sh would replace train.sh, {READ}"),
+    case("o-replaces-a-hard-link-of-the-config", "params", "--config", "c.yaml", "-o", "t.csv",
+         files=several(write("c.yaml", "num-layers: 2\nhidden-size: 64\nnum-attention-heads: 4\n"),
+                       lambda folder, warm: os.link(folder / "c.yaml", folder / "t.csv")),
+         message=f"Error: -o t.csv would replace c.yaml, {READ}"),
+]  # fmt: skip
+
+SCALE_CASES = [
+    case(f"calibrate-{flag[2:]}-billion", "calibrate", "--gpu", "h100", "--device", "cpu", flag,
+         str(10**9), "-o", "k.json",
+         message=f"Error: {flag} 1000000000 is more than the 1,000 calls per kernel calibrate makes "
+         "(docs/limits.md)")
+    for flag in ("--iters", "--warmup")
+]  # fmt: skip
+
+NO_LOG_LINES = ("has no Megatron-LM memory report (`[Rank R] (after N iterations) memory (MB) | "
+                "allocated: ...`) and no `elapsed time per iteration (ms)` line")
+LOG_CASES = [  # a number Megatron-LM never prints: 1e400 was read as 1 ms, 1.2.3 a traceback
+    case(f"check-log-{id}", "check", "t.log", *SMALL, "--micro-batch-size", "1", "--gpu", "h100",
+         files=write("t.log", line + "\n"), message=f"Error: t.log {NO_LOG_LINES}")
+    for id, line in (
+        ("exponent", " iteration        1/      10 | elapsed time per iteration (ms): 1e400 |"),
+        ("two-dots", " iteration        1/      10 | elapsed time per iteration (ms): 1.2.3 |"),
+        ("memory-two-dots", " [Rank 0] (after 1 iterations) memory (MB) | allocated: 1.2.3 | max "
+         "allocated: 5 | reserved: 5 | max reserved: 5"),
+    )
+]  # fmt: skip
+
+CASES += HF_CASES + TOKENIZER_CASES + YAML_CASES + TWO_NAMES_CASES + SCALE_CASES + LOG_CASES
+
+
 def _marks(c: Case) -> list[Any]:
     marks = []
     if c.xfail:

@@ -346,6 +346,11 @@ SCRIPT = ("#!/bin/bash\ntorchrun --nproc_per_node 8 pretrain_gpt.py --num-layers
     ("--seq-len 128", "--seq-len is not a Megatron-LM argument but the start of --seq-length; "
      "Megatron-LM's parser takes no abbreviations (allow_abbrev=False)"),
     ("--log-inter 10", "--log-inter is not a Megatron-LM argument but the start of --log-interval"),
+    # issue #46 (sweep46b): a single-dash word and argparse's '--' were skipped, the job read
+    # without them; Megatron-LM's parser has no single-dash options and no positional arguments
+    ("-num-layers 4", "'-num-layers' is not a Megatron-LM argument (they begin with '--'); "
+     "Megatron-LM's argparse refuses it as an unrecognised argument"),
+    ("-- --hidden-size 128", "'--' is not a Megatron-LM argument"),
 ])  # fmt: skip
 def test_a_word_argparse_refuses_is_an_error_not_dropped(
     words: str, message: str, tmp_path: Path
@@ -386,6 +391,11 @@ def test_a_megatron_refusal_names_the_flags_behind_the_fields_it_names() -> None
      "--moe-token-dispatcher-type, --tensor-model-parallel-size, --expert-model-parallel-size"),
     ("full recompute is only supported with full iteration CUDA graph.",
      "--recompute-granularity, --cuda-graph-scope"),
+    # issue #46 (sweep46b): raised by megatron's forward on the run, not its build
+    ("Only support fusion of swiglu and quick_gelu with per_token_scale in MLP.",
+     "--swiglu, --no-bias-gelu-fusion"),
+    ("Storage size calculation overflowed with sizes=[4, 1073741824, 1073741824]",
+     "--seq-length, --micro-batch-size"),
 ])  # fmt: skip
 def test_a_megatron_refusal_that_names_no_field_names_the_flags_behind_it(message: str, flags: str) -> None:
     # issue #46: megatron-core asserts that name no TransformerConfig field reached the user with
@@ -396,6 +406,18 @@ def test_a_megatron_refusal_that_names_no_field_names_the_flags_behind_it(messag
     with pytest.raises(ConfigError) as caught, _megatron_errors(0):
         raise AssertionError(message)
     assert f"(the flags it names: {flags}; --debug shows its traceback)" in str(caught.value)
+
+
+def test_a_refusal_on_the_run_names_the_flags_behind_it() -> None:
+    # a GELU MoE with Megatron-LM's default bias-GELU fusion: SequentialMLP hands its experts the
+    # routing probabilities, which megatron's fused bias activation takes for SwiGLU only; the
+    # run's error (memory/engine/microbatch.py) named no flag to change
+    from inspector.memory.engine.microbatch import megatron_failed
+
+    error = megatron_failed("the forward", ValueError(
+        "Only support fusion of swiglu and quick_gelu with per_token_scale in MLP."))
+    assert str(error).endswith("(the flags it names: --swiglu, --no-bias-gelu-fusion; --debug shows "
+                               "its traceback)")  # fmt: skip
 
 
 def test_a_refusal_names_the_flags_as_megatron_lm_spells_them() -> None:
@@ -535,3 +557,14 @@ def test_an_empty_word_after_a_flag_with_a_value_is_its_value(tmp_path: Path) ->
     parsed = parse_launch_script('torchrun t.py --data-path "$UNSET" --num-layers 2\n', "s.sh")
     assert parsed.launch == ("torchrun", "t.py", "--data-path", "", "--num-layers", "2")
     assert parsed.args["num_layers"] == 2
+
+
+def test_plan_says_its_svg_is_not_written_when_no_layout_fits(tmp_path: Path) -> None:
+    # issue #46 (sweep46b): the --svg FILE of a plan that found no layout was silently not written,
+    # so an old file of that name passed for this plan's drawing
+    (tmp_path / "p.svg").write_text("old\n")
+    result = run("plan", *SMALL, "--gpus", "8", "--global-batch-size", "8", "--gpu-memory", "0.001",
+                 "--svg", "p.svg", cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "Note: --svg p.svg is not written: no layout fits" in result.stderr
+    assert (tmp_path / "p.svg").read_text() == "old\n"

@@ -7,8 +7,10 @@ subprocess timeout that fails the test.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -34,9 +36,11 @@ FILES = {
 
 
 def _run(tmp_path, *argv: str) -> subprocess.CompletedProcess[str]:
+    root = str(Path(__file__).resolve().parent.parent)  # this checkout's inspector, not the installed one
     return subprocess.run(
         [sys.executable, "-m", "inspector", *argv],
         cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": root, "INSPECT_MODEL_NO_CACHE": "1"},
     )  # fmt: skip
 
 
@@ -65,6 +69,6 @@ def test_compute_profile_with_non_finite_times(tmp_path, value):
                   "--compute-profile", "p.txt")  # fmt: skip
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr == (
-        f"Error: compute profile line 2: time_gpu_avg must be a number of microseconds from 0 "
+        f"Error: --compute-profile line 2: time_gpu_avg must be a number of microseconds from 0 "
         f"to 1e+12, got {value}\n"
     )

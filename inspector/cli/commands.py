@@ -203,7 +203,8 @@ def memory(
 ) -> None:
     """Print each stage's weights, gradients, optimizer, activations and FLOPs."""
     table = read_kernels(kernels)
-    files = {flag: path for flag, path in (("--timeline", timeline), ("--snapshot", snapshot)) if path}
+    files = {flag: path for flag, path in (("--timeline", timeline), ("--snapshot", snapshot))
+             if path is not None}  # an empty name is refused (check_outputs), not dropped
     if walkthrough:
         from inspector.report.memory_outputs import check_walkthrough_flags
 

@@ -71,7 +71,9 @@ def _refused(flag: str) -> str | None:
 
 def _run(argv: list[str] | None) -> int:
     from inspector.cli.streams import guard_streams
+    from inspector.output import forget_reads
 
+    forget_reads()  # an output may not replace a file this command reads (output.check_targets)
     guard_streams()  # UTF-8 stdout; a failed write is an Error:, a closed pipe a quiet exit 141
     args, _STATE["debug"] = _take_debug(sys.argv[1:] if argv is None else argv)
     args = _join_many(args)

@@ -33,6 +33,8 @@ from inspector.report.formats import CheckFormat
 LOG_LIMIT = 256 * 2**20  # bytes of a training log read at most (a FIFO or growing file stops here)
 DEVICES = ("cuda", "cpu")
 
+MAX_CALLS = 1000  # --warmup and --iters: calls per kernel (docs/limits.md)
+
 
 @app.command(cls=PanelCommand)
 def calibrate(
@@ -58,6 +60,9 @@ def calibrate(
     for flag, value, least in (("--shrink", shrink, 1), ("--warmup", warmup, 0), ("--iters", iters, 1)):
         if value < least:
             raise ConfigError(f"{flag} must be at least {least}, got {value}")
+        if flag != "--shrink" and value > MAX_CALLS:  # a billion calls per kernel would never end
+            raise ConfigError(f"{flag} {value} is more than the {MAX_CALLS:,} calls per kernel "
+                              "calibrate makes (docs/limits.md)")  # fmt: skip
     template = table_rows(read_kernels(like) if like else "h200")
     if output is not None:
         from inspector.output import check_target

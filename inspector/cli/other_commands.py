@@ -110,4 +110,7 @@ def plan(
 
         text = with_job(plan_lines(request, label), text)
     files = [("--svg", svg, render.render_svg(result.plans[0]))] if svg and result.plans else []
+    if svg and not result.plans:  # said, so that an old file of that name is not taken for this plan
+        sys.stderr.write(f"Note: --svg {svg} is not written: no layout fits, so there is no plan 1 "
+                         "to draw\n")  # fmt: skip
     emit(text, output, files)

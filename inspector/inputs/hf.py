@@ -32,6 +32,20 @@ _DEEPSEEK_V3 = {**_LLAMA_LIKE, "qk_layernorm": True, "multi_latent_attention": T
                 "make_vocab_size_divisible_by": 1280}  # fmt: skip
 
 
+# transformers' LlamaConfig takes a missing num_key_value_heads as num_attention_heads and a missing
+# head_dim as hidden_size / num_attention_heads (what the tool does); the other families' classes
+# put a number of their own there (MistralConfig, MixtralConfig, Qwen3Config, GptOssConfig, ...).
+# The same for the experts and MLA's sizes (MixtralConfig num_local_experts=8, Qwen3MoeConfig
+# num_experts=128, DeepseekV3Config n_routed_experts=256, first_k_dense_replace=3, q_lora_rank=1536,
+# ...): where the key is absent. A null is the file's own word (q_lora_rank null: no query LoRA).
+_GROUPS = ("num_key_value_heads",)
+_GROUPS_HEAD = ("num_key_value_heads", "head_dim")
+_EXPERTS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size")
+_DEEPSEEK = ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts",
+             "first_k_dense_replace", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+             "qk_rope_head_dim", "v_head_dim", "n_group", "topk_group")  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Family:
     """One architecture Megatron-Bridge maps: its name and the arguments its bridge fixes."""
@@ -39,28 +53,36 @@ class Family:
     name: str
     bridge: str  # the bridge file under Megatron-Bridge's src/megatron/bridge/models/
     fixed: dict[str, Any] = field(default_factory=dict)
+    # keys whose absence transformers' config class fills with its own default model's value
+    # (MistralConfig num_key_value_heads=8, Qwen3Config head_dim=128, ...), which the Bridge then
+    # reads: an error naming the key, never another model's number
+    needs: tuple[str, ...] = ()
 
 
 FAMILIES: dict[str, Family] = {
     "llama": Family("Llama", "llama/llama_bridge.py", _LLAMA_LIKE),
-    "mistral": Family("Mistral", "mistral/mistral_bridge.py", _LLAMA_LIKE),
+    "mistral": Family("Mistral", "mistral/mistral_bridge.py", _LLAMA_LIKE, _GROUPS),
     "mixtral": Family("Mixtral", "mixtral/mixtral_bridge.py",
-                      {**_LLAMA_LIKE, "moe_grouped_gemm": True}),  # fmt: skip
-    "qwen2": Family("Qwen2", "qwen/qwen2_bridge.py", {**_LLAMA_LIKE, "add_qkv_bias": True}),
-    "qwen3": Family("Qwen3", "qwen/qwen3_bridge.py", {**_LLAMA_LIKE, "qk_layernorm": True}),
+                      {**_LLAMA_LIKE, "moe_grouped_gemm": True},
+                      (*_GROUPS, "num_local_experts", "num_experts_per_tok")),  # fmt: skip
+    "qwen2": Family("Qwen2", "qwen/qwen2_bridge.py", {**_LLAMA_LIKE, "add_qkv_bias": True}, _GROUPS),
+    "qwen3": Family("Qwen3", "qwen/qwen3_bridge.py", {**_LLAMA_LIKE, "qk_layernorm": True},
+                    _GROUPS_HEAD),  # fmt: skip
     "qwen3_moe": Family("Qwen3-MoE", "qwen/qwen3_moe_bridge.py",
-                        {**_LLAMA_LIKE, "qk_layernorm": True, "moe_grouped_gemm": True}),  # fmt: skip
-    "deepseek_v3": Family("DeepSeek-V3", "deepseek/deepseek_v3_bridge.py", _DEEPSEEK_V3),
+                        {**_LLAMA_LIKE, "qk_layernorm": True, "moe_grouped_gemm": True},
+                        (*_GROUPS_HEAD, *_EXPERTS)),  # fmt: skip
+    "deepseek_v3": Family("DeepSeek-V3", "deepseek/deepseek_v3_bridge.py", _DEEPSEEK_V3, _DEEPSEEK),
     # Kimi-K2's config.json says DeepseekV3ForCausalLM with model_type kimi_k2; its bridge sets
     # what DeepSeek-V3's does (scoring_func sigmoid comes from the file, through MAPPED)
-    "kimi_k2": Family("Kimi-K2", "kimi/kimi_bridge.py", _DEEPSEEK_V3),
+    "kimi_k2": Family("Kimi-K2", "kimi/kimi_bridge.py", _DEEPSEEK_V3, _DEEPSEEK),
     # DeepSeek-V3.2: DeepSeek-V3 with the lightning indexer on every MLA layer (config.json's
     # index_* keys, MAPPED); Megatron-Bridge has no bridge for it (as of 1ee926b34; its GLM-5
     # bridge, glm_moe_dsa/glm5_bridge.py, sets these three fields from the same keys; RoPE
     # unfused, as deepseek/deepseek_v3_bridge.py sets it and megatron's DSAttention needs)
     "deepseek_v32": Family("DeepSeek-V3.2", "glm_moe_dsa/glm5_bridge.py",
                            {**_DEEPSEEK_V3, "experimental_attention_variant": "dsa",
-                            "no_rope_fusion": True}),  # fmt: skip
+                            "no_rope_fusion": True},
+                           (*_DEEPSEEK, "index_n_heads", "index_head_dim", "index_topk")),  # fmt: skip
     # gpt_oss_bridge.py `provider_bridge` (as of 0e4d6ed60): biases everywhere, quick-GELU GLU
     # clamped at 7 with offset 1, attention sinks, every other layer a window, YaRN positions;
     # the sliding window, YaRN factor and experts' size from the file (_gpt_oss)
@@ -70,9 +92,11 @@ FAMILIES: dict[str, Family] = {
         "window_attn_skip_freq": 2, "position_embedding_type": "yarn",
         "untie_embeddings_and_output_weights": True, "moe_grouped_gemm": True,
         "moe_router_load_balancing_type": "none", "hidden_dropout": 0.0,
-        "transformer_impl": "transformer_engine"}),  # fmt: skip
-    "nemotron_h": Family("Nemotron-H", "nemotronh/nemotron_h_bridge.py", hf_hybrid.FIXED),
-    "qwen3_next": Family("Qwen3-Next", "qwen/qwen3_next_bridge.py", hf_gdn.FIXED),
+        "transformer_impl": "transformer_engine"},
+        (*_GROUPS_HEAD, "num_local_experts", "num_experts_per_tok")),  # fmt: skip
+    "nemotron_h": Family("Nemotron-H", "nemotronh/nemotron_h_bridge.py", hf_hybrid.FIXED, _GROUPS),
+    "qwen3_next": Family("Qwen3-Next", "qwen/qwen3_next_bridge.py", hf_gdn.FIXED,
+                         (*_GROUPS_HEAD, *_EXPERTS, *hf_gdn.MAPPED)),  # fmt: skip
 }
 
 # Architectures Megatron-Bridge maps that this tool's layer specs cannot build, and why.
@@ -122,6 +146,9 @@ MAPPED: dict[str, tuple[str, type]] = {
 # default model's 1024 was taken).
 REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size",
             "intermediate_size", "max_position_embeddings")  # fmt: skip
+_FLAG_OF = {"max_position_embeddings": "seq_length", "num_key_value_heads": "num_query_groups",
+            "first_k_dense_replace": "moe_layer_freq",
+            "n_shared_experts": "moe_shared_expert_intermediate_size"}  # fmt: skip
 # Keys read by a rule of their own (below), not by MAPPED.
 RULED = (
     "architectures model_type num_key_value_heads max_position_embeddings tie_word_embeddings "
@@ -160,13 +187,17 @@ def read_hf_mapping(data: dict[str, Any], path: str) -> ScriptArgs:
     """Map a Hugging Face config's keys to Megatron-LM arguments, as Megatron-Bridge does."""
     family = _family(data, path)
     missing = [key for key in REQUIRED if data.get(key) is None]
+    missing += [key for key in family.needs if key not in data]
     if missing:
-        flag = "--" + MAPPED.get(missing[0], ("seq_length",))[0].replace("_", "-")
-        raise InputError(f'{path}: "{missing[0]}" is missing (or null); every {family.name} '
-                         f"config.json gives it (Megatron-LM's {flag})")  # fmt: skip
+        key = missing[0]
+        flag = "--" + _FLAG_OF.get(key, MAPPED.get(key, hf_gdn.MAPPED.get(key, ("",)))[0])
+        shown = "missing (or null)" if key in REQUIRED else (
+            "missing, and transformers would put its default model's value there")
+        raise InputError(f'{path}: "{key}" is {shown}; every {family.name} config.json gives it '
+                         f"(Megatron-LM's {flag.replace('_', '-')})")  # fmt: skip
     args: dict[str, Any] = dict(family.fixed)
     for key, (name, kind) in MAPPED.items():
-        value = value_of(data, key, kind, path)
+        value = value_of(data, key, kind, path, least=1, most=1.0)  # a size of 0, a rate above 1
         if value is not None and not (name in args or name in _ruled_names(family)):
             args[name] = value
     refused: list[Refused] = []
@@ -187,7 +218,14 @@ def read_hf_mapping(data: dict[str, Any], path: str) -> ScriptArgs:
 
 def _family(data: dict[str, Any], path: str) -> Family:
     model_type = value_of(data, "model_type", str, path, "")
-    shown = ", ".join(map(str, value_of(data, "architectures", list, path, []))) or model_type
+    architectures = value_of(data, "architectures", list, path, [])
+    if not all(isinstance(name, str) for name in architectures):
+        raise InputError(f'{path}: "architectures" must be a list of class names, got '
+                         f"{architectures!r:.40}")  # fmt: skip
+    if isinstance(data.get("text_config"), dict):  # a multimodal model: its language model's keys
+        raise InputError(f'{path}: "text_config" holds a multimodal model\'s language model, which '
+                         "--hf-config does not read; give a text model's config.json")  # fmt: skip
+    shown = ", ".join(architectures) or model_type
     if model_type in FAMILIES:
         return FAMILIES[model_type]
     if model_type in NOT_MODELLED:
@@ -207,20 +245,33 @@ def _refuse(path: str, key: str, value: Any, reason: str) -> list[Refused]:
     return [Refused("model", path, f'"{key}": {value}', "not modelled", reason)]
 
 
+_DTYPES = ("bfloat16", "float16", "float32")
+
+
 def _attention(data: dict[str, Any], args: dict[str, Any], path: str) -> list[Refused]:
     """Key/value heads, positions, tied embeddings, biases, precision."""
     heads = data["num_attention_heads"]
-    groups = value_of(data, "num_key_value_heads", int, path)
+    groups = value_of(data, "num_key_value_heads", int, path, least=1)
+    if groups is not None and heads % groups and not args.get("multi_latent_attention"):
+        raise InputError(f'{path}: "num_key_value_heads" {groups} does not divide '
+                         f'"num_attention_heads" {heads} ({heads} % {groups} = {heads % groups})')
     if groups is not None and groups != heads and not args.get("multi_latent_attention"):
         args.update(group_query_attention=True, num_query_groups=groups)
-    positions = value_of(data, "max_position_embeddings", int, path)
+    positions = value_of(data, "max_position_embeddings", int, path, least=1)
     args["seq_length"] = args["max_position_embeddings"] = positions
-    tied = value_of(data, "tie_word_embeddings", bool, path, True)
+    # transformers' config classes of every family mapped here default tie_word_embeddings to
+    # False (LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config, DeepseekV3Config, ...; the
+    # Bridge reads the class's attribute), not PretrainedConfig's True
+    tied = value_of(data, "tie_word_embeddings", bool, path, False)
     if "untie_embeddings_and_output_weights" not in args:
         args["untie_embeddings_and_output_weights"] = not tied
     if value_of(data, "mlp_bias", bool, path, False):
         args["disable_bias_linear"] = False
-    dtype = value_of(data, "torch_dtype", str, path) or value_of(data, "dtype", str, path)
+    key = "torch_dtype" if data.get("torch_dtype") is not None else "dtype"
+    dtype = value_of(data, key, str, path)
+    if dtype not in (None, *_DTYPES):
+        raise InputError(f'{path}: "{key}" must be one of {", ".join(_DTYPES)}, got {dtype!r} '
+                         "(the precision the model trains in: --bf16, --fp16, or neither)")  # fmt: skip
     if dtype in ("bfloat16", "float16"):
         args["bf16" if dtype == "bfloat16" else "fp16"] = True
     return []
@@ -254,7 +305,7 @@ def _activation_and_window(data: dict[str, Any], args: dict[str, Any], path: str
 def _gpt_oss(data: dict[str, Any], args: dict[str, Any], path: str) -> list[Refused]:
     """gpt-oss's window, clamp, YaRN factor and expert size, as gpt_oss_bridge.py reads them."""
     refused: list[Refused] = []
-    window = value_of(data, "sliding_window", int, path, 128)
+    window = value_of(data, "sliding_window", int, path, 128, least=1)
     args["window_size"] = f"{window - 1},0"  # the bridge: (sliding_window - 1, 0)
     kinds = value_of(data, "layer_types", list, path)
     if kinds is not None and kinds != ["sliding_attention", "full_attention"] * (len(kinds) // 2):

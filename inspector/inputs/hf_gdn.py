@@ -40,7 +40,7 @@ def gdn_rule(data: dict[str, Any], args: dict[str, Any], path: str) -> list[Refu
         return []
     for key, (name, kind) in MAPPED.items():
         if data.get(key) is not None:
-            args[name] = value_of(data, key, kind, path)
+            args[name] = value_of(data, key, kind, path, least=1)
     kinds = value_of(data, "layer_types", list, path)
     if kinds:
         unknown = sorted({str(kind) for kind in kinds if kind not in _LAYER_TYPES})
@@ -49,5 +49,5 @@ def gdn_rule(data: dict[str, Any], args: dict[str, Any], path: str) -> list[Refu
             return [Refused("model", path, f'"layer_types": {unknown[0]}', "not modelled", reason)]
         args["linear_attention_freq"] = "[" + ",".join(str(_LAYER_TYPES[k]) for k in kinds) + "]"
     else:  # the bridge's default interval is 4
-        args["linear_attention_freq"] = value_of(data, "full_attention_interval", int, path, 4)
+        args["linear_attention_freq"] = value_of(data, "full_attention_interval", int, path, 4, least=1)
     return []

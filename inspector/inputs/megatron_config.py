@@ -42,6 +42,7 @@ from inspector.inputs.unmodelled import REFUSED, RENAMED
 from inspector.output import read_text
 
 _RUNNER_KEYS = ("ENV_VARS", "MODEL_ARGS")
+_MODES = ("pretraining", "rl", "inference")  # the MODE values of Megatron-LM's test cases
 # The runner strips the brackets of a value wrapped in [ ] ("[layernorm mlp]") and passes its
 # words unquoted, one argument each (_run_training.sh: `grep -Eq '^\[[^]]+\]$'`, then eval).
 _BRACKETED = re.compile(r"^\[[^]]+\]$")
@@ -112,6 +113,10 @@ def _functional_test(data: dict[str, Any], path: str) -> ScriptArgs:
             words += [flag, _first_run(str(value), notes)]
     others = [str(k) for k in data if k not in _RUNNER_KEYS]
     env = data.get("ENV_VARS") or {}
+    if not isinstance(env, dict) or any(isinstance(v, (dict, list)) for v in env.values()):
+        shown = type(env).__name__ if not isinstance(env, dict) else "a nested value"
+        raise InputError(f"{path}: ENV_VARS must map variable names to values (the runner "
+                         f"exports each NAME=VALUE), not {shown}")  # fmt: skip
     if env:
         notes.append(f"ENV_VARS set the job's environment, not its arguments: {' '.join(env)}")
     if others:
@@ -148,7 +153,10 @@ def _runner_program(data: dict[str, Any], path: str) -> EntryPoint:
     where it is not GPT training (run_ci_test.sh: MODE, default pretraining; the recipes'
     TRAINING_SCRIPT_PATH: pretrain_gpt.py, train_rl.py for MODE rl, an inference program under
     examples/inference/ for MODE inference)."""
-    mode = str(data.get("MODE", "pretraining"))
+    mode = data.get("MODE", "pretraining")
+    if mode not in _MODES:
+        raise InputError(f"{path}: MODE {mode!r} is not one of: {', '.join(_MODES)} (Megatron-LM's "
+                         "test runner, run_ci_test.sh)")  # fmt: skip
     if mode == "inference":
         raise InputError(
             f"{path}: MODE: inference: Megatron-LM's test runner runs it with an inference "

@@ -10,7 +10,9 @@ the caps documented in docs/limits.md:
 - MAX_DEPTH levels of nesting (lists and mappings inside each other);
 - MAX_NODES values in all, aliases counted as the values they repeat;
 - keys that are plain values (a string, a number), never a list or a mapping;
-- numbers Python reads (at most 4,300 digits).
+- numbers Python reads (at most 4,300 digits);
+- integers in decimal and switches as true/false: YAML 1.1's octal, hexadecimal and base-60
+  numbers and yes/no/on/off mean something else to Megatron-LM (yq's YAML 1.2, argparse).
 
 Repeated keys are refused too (both parsers would keep the last one silently), unless the caller
 asks for them (`repeated`): Megatron-LM's functional-test runner passes every entry of MODEL_ARGS to
@@ -21,6 +23,7 @@ type and yq's `explode` merge them: the mapping's own keys win over the merged o
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -188,4 +191,28 @@ def _loader(source: str, repeated: list[Repeated] | None = None) -> Any:
                     seen[key] = (before[0], value, False)
             return super().construct_mapping(node, deep=deep)
 
+        def yaml_1_1_int(self, node: Any) -> Any:
+            value = self.construct_yaml_int(node)
+            if not _DECIMAL.fullmatch(node.value.replace("_", "")):
+                raise InputError(f"{source} line {node.start_mark.line + 1}: {node.value} is {value} "
+                                 "to YAML 1.1 (octal, hexadecimal or base 60) but not to Megatron-LM "
+                                 "(argparse's int(), yq's YAML 1.2); write it in decimal")  # fmt: skip
+            return value
+
+        def yaml_1_1_bool(self, node: Any) -> Any:
+            value = self.construct_yaml_bool(node)
+            if node.value.lower() not in ("true", "false"):
+                raise InputError(f"{source} line {node.start_mark.line + 1}: {node.value} is "
+                                 f"{str(value).lower()} to YAML 1.1 but a word to Megatron-LM's "
+                                 "runner (yq's YAML 1.2); write true or false")  # fmt: skip
+            return value
+
+    CheckedLoader.add_constructor("tag:yaml.org,2002:int", CheckedLoader.yaml_1_1_int)
+    CheckedLoader.add_constructor("tag:yaml.org,2002:bool", CheckedLoader.yaml_1_1_bool)
     return CheckedLoader
+
+
+# PyYAML reads YAML 1.1: 010 is 8, 0x10 16, 1:30 90, yes/on true; Megatron-LM's test runner hands
+# MODEL_ARGS to argparse as yq (YAML 1.2) writes them (010 -> int('010') = 10, 0x10 refused), so a
+# number other than plain decimal, or a switch other than true/false, is refused, never misread
+_DECIMAL = re.compile(r"[-+]?(0|[1-9][0-9]*)")

@@ -74,7 +74,8 @@ def convert(spec: ArgSpec, raw: Any, origin: str) -> Any:
         value = spec.type(raw) if not isinstance(raw, bool) else None
     except (TypeError, ValueError, OverflowError):  # OverflowError: int(.inf)
         value = None
-    if value is None or (spec.type is int and isinstance(raw, float) and raw != int(raw)):
+    fraction = value is not None and spec.type is int and isinstance(raw, float) and raw != int(raw)
+    if value is None or fraction or value != value:  # value != value: a NaN, no size or rate
         raise ConfigError(f"{origin}: {spec.flag} needs {spec.type.__name__} value, got {raw!r}")
     if spec.choices and value not in spec.choices:
         raise ConfigError(
@@ -322,6 +323,9 @@ def split_arguments(words: list[str], needs: Needs, ctx: Context,
             raise ConfigError(f"{where}: {word!r} follows {after}, which takes no further value "
                               "(Megatron-LM's argparse refuses it as an unrecognised argument)")  # fmt: skip
         after = ""
+        if word == "--" or (word[:1] == "-" and word[1:2].isalpha()):  # never skipped: dropped
+            raise ConfigError(f"{where}: {word!r} is not a Megatron-LM argument (they begin with "
+                              "'--'); Megatron-LM's argparse refuses it as an unrecognised argument")
         if not word.startswith("--"):
             continue
         flag, equals, inline = word.partition("=")

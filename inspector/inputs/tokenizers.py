@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from inspector.errors import InputError
 from inspector.inputs.safe_parse import parse_json
 from inspector.inputs.versions import null_tokenizer_adds_eod
 from inspector.output import read_bytes, read_text
@@ -123,7 +124,7 @@ def vocabulary(tokenizer_type: str, model: str | None, vocab_size: int | None,
         return Vocabulary(vocab_size, f"{tokenizer_type} {name} cannot be read here; "
                                       f"--vocab-size {vocab_size} from the script is used")  # fmt: skip
     return Vocabulary(None, problem=(
-        f"{where}: the vocabulary of --tokenizer-type {tokenizer_type} --tokenizer-model {name} "
+        f"{where}: the vocabulary of --tokenizer-type {tokenizer_type} {flag} {name} "
         "is not known here (no such file on this machine, nor a tokenizer this tool knows); "
         "give --vocab-size"
     ))  # fmt: skip
@@ -175,21 +176,38 @@ def _read_local(path: str) -> tuple[int, str] | None:
     return None
 
 
-def _count_json(path: str) -> tuple[int, str] | None:
+def _count_json(path: str) -> tuple[int, str]:
     data = parse_json(read_text(path), path)  # bounded: a fifo, a device, a huge file refused
-    return (len(data), f"{len(data)} entries in {path}") if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: not a GPT-2 vocabulary (a JSON mapping of tokens to ids), which "
+                         "Megatron-LM's GPT2BPETokenizer loads from --vocab-file")  # fmt: skip
+    return len(data), f"{len(data)} entries in {path}"
 
 
-def _count_tokenizer_json(path: str) -> tuple[int, str] | None:
-    """len(tokenizer) of a Hugging Face fast tokenizer: model vocabulary + added tokens not in it."""
+def _count_tokenizer_json(path: str) -> tuple[int, str]:
+    """len(tokenizer) of a Hugging Face fast tokenizer: model vocabulary + added tokens not in it.
+
+    A file of another shape is an error naming it (transformers cannot load it either), never a
+    count of whatever it holds (a string's letters)."""
     data = parse_json(read_text(path), path)
-    try:
-        vocab = data["model"]["vocab"]
-        pieces = {p[0] if isinstance(p, list) else p for p in vocab}
-        added = [t["content"] for t in data.get("added_tokens", []) if t["content"] not in pieces]
-    except (KeyError, TypeError, IndexError, AttributeError):
-        return None
-    return len(pieces) + len(added), f"{len(pieces)} in the model + {len(added)} added, {path}"
+    model = data.get("model") if isinstance(data, dict) else None
+    vocab = model.get("vocab") if isinstance(model, dict) else None
+    added = data.get("added_tokens", []) if isinstance(data, dict) else None
+    if isinstance(vocab, dict):  # BPE, WordPiece, WordLevel: token -> id
+        pieces = set(vocab)
+    elif isinstance(vocab, list) and all(isinstance(p, list) and p and isinstance(p[0], str)
+                                         for p in vocab):  # fmt: skip
+        pieces = {p[0] for p in vocab}  # Unigram: [token, score] pairs
+    else:
+        raise InputError(f'{path}: not a Hugging Face tokenizer.json ("model": {{"vocab": ...}} '
+                         "must map tokens to ids or list [token, score] pairs)")  # fmt: skip
+    if not isinstance(added, list) or not all(
+        isinstance(t, dict) and isinstance(t.get("content"), str) for t in added
+    ):
+        raise InputError(f'{path}: "added_tokens" must be a list of {{"content": TOKEN, ...}} '
+                         "objects, as transformers writes them")  # fmt: skip
+    new = [t["content"] for t in added if t["content"] not in pieces]
+    return len(pieces) + len(new), f"{len(pieces)} in the model + {len(new)} added, {path}"
 
 
 def _count_sentencepiece(path: str) -> tuple[int, str] | None:

@@ -24,12 +24,15 @@ from dataclasses import dataclass
 
 from inspector.errors import InputError
 
+# a number as Megatron-LM prints it ({:.1f}): digits, one optional fraction, then no letter, digit
+# or dot (a '1e400' or '1.2.3' is not read as 1 or refused by float() with a traceback)
+_NUMBER = r"(\d+(?:\.\d+)?)(?![\w.])"
 MEMORY_LINE = re.compile(
-    r"\[Rank (\d+)\] \(after (\d+) iterations\) memory \(MB\) \| allocated: ([\d.]+) \| "
-    r"max allocated: ([\d.]+) \| reserved: ([\d.]+) \| max reserved: ([\d.]+)"
+    rf"\[Rank (\d+)\] \(after (\d+) iterations\) memory \(MB\) \| allocated: {_NUMBER} \| "
+    rf"max allocated: {_NUMBER} \| reserved: {_NUMBER} \| max reserved: {_NUMBER}"
 )
 ITERATION_LINE = re.compile(
-    r"iteration\s+(\d+)/\s*(?:\d+|infinity) \|.*?elapsed time per iteration \(ms\): ([\d.]+)"
+    rf"iteration\s+(\d+)/\s*(?:\d+|infinity) \|.*?elapsed time per iteration \(ms\): {_NUMBER}"
 )
 MIB = 1 << 20
 

@@ -271,10 +271,10 @@ def parse_compute_profile(text: str) -> dict[str, tuple[float, float]]:
     profile: dict[str, tuple[float, float]] = {}
     for name, values in sections.items():
         if "time_gpu_avg" not in values:
-            raise InputError(f"compute profile section {name!r} lacks time_gpu_avg")
+            raise InputError(f"--compute-profile section {name!r} lacks time_gpu_avg")
         profile[name] = (values["time_gpu_avg"], values.get("time_gpu_min", values["time_gpu_avg"]))
     if not profile:
-        raise InputError("the compute profile holds no section")
+        raise InputError("--compute-profile holds no section")
     return profile
 
 
@@ -288,26 +288,26 @@ def _profile_sections(text: str) -> dict[str, dict[str, float]]:
             continue
         key, sep, value = line.partition(":")
         if not sep or not key or any(c.isspace() for c in key):
-            raise InputError(f"compute profile line {number}: expected `NAME:` or `key: value`")
+            raise InputError(f"--compute-profile line {number}: expected `NAME:` or `key: value`")
         if not raw[:1].isspace():  # a section header, or train_iter:N
             if key == "train_iter":
                 continue
             if value.strip():
-                raise InputError(f"compute profile line {number}: `{key}:` takes no value")
+                raise InputError(f"--compute-profile line {number}: `{key}:` takes no value")
             current = key
             sections[current] = {}
             continue
         if current is None:
-            raise InputError(f"compute profile line {number}: a value before any section")
+            raise InputError(f"--compute-profile line {number}: a value before any section")
         try:
             sections[current][key] = float(value)
         except ValueError:
             raise InputError(
-                f"compute profile line {number}: {key} must be a number, got {value.strip()!r}"
+                f"--compute-profile line {number}: {key} must be a number, got {value.strip()!r}"
             ) from None
         if not 0 <= sections[current][key] <= MAX_PROFILE_US:  # also nan and inf
             raise InputError(
-                f"compute profile line {number}: {key} must be a number of microseconds from 0 "
+                f"--compute-profile line {number}: {key} must be a number of microseconds from 0 "
                 f"to {MAX_PROFILE_US:.0e}, got {value.strip()}"
             )
     return sections

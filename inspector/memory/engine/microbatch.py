@@ -306,8 +306,12 @@ def megatron_failed(what: str, exc: BaseException) -> ConfigError:
 
     if isinstance(exc, ExperimentalNotEnabledError):
         reason = f"{reason} ({EXPERIMENTAL})"
+    from inspector.world.config import flags_named
+
+    flags = flags_named(reason)  # a refusal names the flags to change, as a build's does
+    change = f"the flags it names: {', '.join(flags)}; " if flags else ""
     return ConfigError(
-        f"megatron-core failed running {what}: {reason} (--debug shows its traceback)"
+        f"megatron-core failed running {what}: {reason} ({change}--debug shows its traceback)"
     )
 
 
