@@ -11,6 +11,7 @@ with the default --outer-dp-sharding-strategy no_shard) are cut by dp x cp / N r
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -95,3 +96,16 @@ def test_what_megatron_refuses():
         "with context parallel (6 x 1 = 6; 6 % 4 = 2; parallel_state: \"Data parallel size "
         "should be divisible by partial DistOpt shard factor\")"
     ), result.err
+
+
+@pytest.mark.parametrize("name", ["no_shard", "optim_grads_params"])
+def test_owners_are_positions_in_one_instance(name):
+    from tests.conftest import run_cli
+    from tests.test_fsdp import MFSDP, TINY
+
+    flags = ("--dp", "8", "--num-distributed-optimizer-instances", "2")
+    result = run_cli("params", *TINY[:-3], "--bf16", *MFSDP, *flags, "--partitioning", "distopt",
+                     "--data-parallel-sharding-strategy", name, "--format", "json")  # fmt: skip
+    assert result.code == 0, result.err
+    owners = {o for p in json.loads(result.out)["parameters"] for o in p["partitioning_ranks"]}
+    assert owners == {0, 1, 2, 3}  # the intra partial group of dp / N = 4 ranks
