@@ -1,7 +1,8 @@
 """Which optimizer a job trains with, and what Megatron-LM and megatron-core refuse of it.
 
 Adam (the default) shards over the data-parallel group with --use-distributed-optimizer, or over
-dp / N ranks with --num-distributed-optimizer-instances N; Muon (megatron-core 0.16's
+dp / N ranks with --num-distributed-optimizer-instances N (with --use-megatron-fsdp: HSDP,
+Megatron-FSDP's buffers sharded over dp / N ranks); Muon (megatron-core 0.16's
 `optimizer/muon.py`: orthogonalised momentum on the 2-D weights, Adam on everything else) keeps
 whole matrices, each on one data-parallel rank with `dist_muon` (`LayerWiseDistributedOptimizer`).
 Megatron-LM 0.18+ checks Muon otherwise (`_check_emerging`): muon with --use-distributed-optimizer
@@ -18,7 +19,8 @@ MUON = ("muon", "dist_muon")  # Megatron-LM's --optimizer choices built by get_m
 MOMENTUM_BYTES = 4  # TensorParallelMuon's state: one fp32 momentum per element (world/emerging.py)
 # the Megatron-LM arguments (switches) the optimizer's checks read
 FLAGS_READ = ("use_distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather", "fp16",
-              "use_megatron_fsdp", "use_torch_fsdp2", "no_use_layer_wise_param_layout")  # fmt: skip
+              "use_megatron_fsdp", "use_torch_fsdp2", "no_use_layer_wise_param_layout",
+              "num_experts")  # fmt: skip
 
 
 def muon_bytes_per_element(param_bytes: int) -> int:
@@ -148,13 +150,15 @@ def _check_instances(layout: Layout, flags: dict[str, bool]) -> None:
     flag, instances = "--num-distributed-optimizer-instances", layout.num_distributed_optimizer_instances
     if instances == 1:
         return
-    if not flags.get("use_distributed_optimizer"):
+    # Megatron-LM's validate_args turns --use-distributed-optimizer on with --use-megatron-fsdp,
+    # which then shards within each instance and all-reduces across them (HSDP, _check_hsdp)
+    if flags.get("use_megatron_fsdp"):
+        _check_hsdp(flag, instances, flags)
+    elif not flags.get("use_distributed_optimizer"):
         raise ConfigError(
             f"{flag} {instances} needs --use-distributed-optimizer (megatron-core "
             "DistributedDataParallel: \"Partial DistOpt cannot be used without DistOpt\")"
         )
-    if flags.get("use_megatron_fsdp"):
-        raise ConfigError(f"{flag} {instances} with --use-megatron-fsdp (HSDP) is not modelled")
     dp_cp = layout.dp * layout.cp
     if dp_cp % instances:
         raise ConfigError(
@@ -168,4 +172,20 @@ def _check_instances(layout: Layout, flags: dict[str, bool]) -> None:
             f"{flag} {instances} does not divide the expert data-parallel size ({layout.expert_dp} "
             f"% {instances} = {layout.expert_dp % instances}; parallel_state: \"Expert data "
             "parallel size should be divisible by partial DistOpt shard factor\")"
+        )
+
+
+def _check_hsdp(flag: str, instances: int, flags: dict[str, bool]) -> None:
+    # megatron-core's Megatron-FSDP with N instances (mcore_fsdp_adapter.py `_init_dist_index`,
+    # `enable_hsdp`): its buffers shard over the intra partial data-parallel groups (dp x cp / N,
+    # expert dp / N), the gradients all-reduced over the inter-instance group (world/fsdp.py)
+    from inspector.job.versions import hsdp_expert_groups, megatron_version
+
+    if flags.get("num_experts") and not hsdp_expert_groups():
+        release = ".".join(map(str, megatron_version()))
+        raise ConfigError(
+            f"{flag} {instances} with --use-megatron-fsdp and --num-experts fails in megatron-core "
+            f"{release} (mcore_fsdp_adapter.py: the HSDP device mesh has no expert data-parallel "
+            "group, so Megatron-FSDP's expert buffers find none); megatron-core 0.17 on shards "
+            "them over the expert data-parallel group / N"
         )

@@ -32,6 +32,17 @@ def megatron_version() -> tuple[int, int]:
     return megatron_core_version()
 
 
+def hsdp_expert_groups() -> bool:
+    """Return whether megatron-core's Megatron-FSDP shards expert buckets under HSDP
+    (--num-distributed-optimizer-instances > 1): 0.13's custom_fsdp over the intra partial expert
+    group, 0.17 on over the same group (mcore_fsdp_adapter.py `_init_dist_index`: `expt_dp_group
+    = get_expert_data_parallel_group(partial_expert_data_parallel=True)`); core_v0.14.0-0.16.1's
+    HSDP branch gives FSDPDistributedIndex no expert mesh, so `get_fsdp_group(is_expert_parallel=
+    True)` is None and `_init_each_parameter_group_buffers` fails on its `.size()`."""
+    version = megatron_version()
+    return version < (0, 14) or version >= (0, 17)
+
+
 def router_padding_field() -> str:
     """Return the TransformerConfig field the router's fp8 padding sets: from 0.16
     `moe_router_padding_for_quantization` (--moe-router-padding-for-fp8 turns it on, with a

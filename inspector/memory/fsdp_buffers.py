@@ -60,7 +60,8 @@ def fsdp_state(
                 weights += (shard if params else whole) * bucket.param_itemsize * copies
             weights += bucket.kept
             gradients += (shard if grads else whole) * bucket.grad_itemsize
-            index = expert_index if bucket.expert else dense_index
+            # under HSDP a bucket shards over dp / N ranks: a rank's place there is index % (dp / N)
+            index = (expert_index if bucket.expert else dense_index) % bucket.dp
             updated = bucket.owned_numel[index] if main else bucket.parameters
             optimizer += (shard if main else whole) * MASTER_COPY + updated * moments
     return weights, gradients, optimizer

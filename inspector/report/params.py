@@ -122,7 +122,8 @@ def _distopt_owners(
     job = built.job
     training = job.training
     if training.megatron_fsdp and training.sharding_strategy == "no_shard":
-        every = tuple(range(job.layout.dp * job.layout.cp))
+        lay = job.layout  # positions in one instance's group under HSDP, as the other shards
+        every = tuple(range(lay.dp * lay.cp // lay.num_distributed_optimizer_instances))
         return [every for _ in records]  # no_shard: every rank updates every parameter
     if training.optimizer in MUON and not training.layer_wise_param_layout:
         return _muon_owners(built, stage, records)

@@ -133,8 +133,11 @@ class BuiltChunk:
             dp_cp_size=dp_cp,
         )  # fmt: skip
         fp32 = training.fp32_grads if training.fp32_grads is not None else job.model.bf16
+        # HSDP (N optimizer instances): mcore_fsdp_adapter.py `_init_dist_index` shards over the
+        # intra partial groups, parallel_state's dp x cp / N and expert dp / N
+        instances = layout.num_distributed_optimizer_instances
         return fsdp_layout(
-            module, training.sharding_strategy, dp_cp, layout.expert_dp,
+            module, training.sharding_strategy, dp_cp // instances, layout.expert_dp // instances,
             None if self.chunk > 0 else size, fp32,
         )  # fmt: skip
 

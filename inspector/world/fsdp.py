@@ -18,7 +18,9 @@ Simulated (the smallest piece): which of the three buffers each strategy shards,
 `ParamAndGradBuffer._init_each_parameter_group_buffers` sets `is_*_distributed`, and what the
 optimizer updates: the parameters' pieces inside the rank's shard of the fp32 main-weight buffer
 (`_init_distributed_params`). Dense buckets shard over dp x cp (`pg_collection.dp_cp`), expert
-buckets over the expert data-parallel group (`pg_collection.expt_dp`).
+buckets over the expert data-parallel group (`pg_collection.expt_dp`); with N optimizer instances
+(HSDP) over the intra partial groups, dp x cp / N and expert dp / N (`pg_collection.intra_dp_cp`,
+`intra_expt_dp`; world/build.py passes the sizes).
 """
 
 from __future__ import annotations
