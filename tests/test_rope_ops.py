@@ -144,8 +144,12 @@ def test_fused_mla_rope_prices_the_kv_kernel_megatron_launches(monkeypatch: pyte
 def test_mla_sequence_parallel_gathers_its_latents(recompute: str) -> None:
     """Attention's gather (and its backward reduce-scatter; under full recomputation the gather
     again) moves q_lora + kv_lora + r wide rows in three collectives, not the layer input's h:
-    the MLP's gather and reduce-scatter and attention's output reduce-scatter stay h wide."""
+    the MLP's gather and reduce-scatter and attention's output reduce-scatter stay h wide. The
+    up projections and fc1 gather their inputs again for their weight gradients: what each
+    gather takes beyond its data-gradient GEMM (tests/test_regather.py) is added."""
     import inspector.caches as caches
+    from inspector.formulas.kernels import ops_seconds
+    from inspector.formulas.ops import linear
     from inspector.job.hardware import GPUS
     from inspector.job.layout import Layout
     from inspector.plan.cost import _layer_time
@@ -161,4 +165,9 @@ def test_mla_sequence_parallel_gathers_its_latents(recompute: str) -> None:
     one = lambda width: alpha + 512 * width * 2 * (2 - 1) / 2 / bandwidth  # noqa: E731  # ring of 2
     passes = 3 if recompute == "full" else 2  # forward, backward (and the recomputed forward)
     latents = one(96) + one(32) + one(16)
-    assert tensor == pytest.approx(passes * (3 * one(256) + latents))
+    dgrad = lambda fan_in, fan_out: ops_seconds(  # noqa: E731
+        linear("", 512, fan_in, fan_out)[1:2], GPUS["h100"])
+    again = [(96, dgrad(96, 4 * (32 + 16))), (32, dgrad(32, 4 * (32 + 32))), (256, dgrad(256, 1024))]
+    exposed = sum(max(0.0, one(width) - seconds) for width, seconds in again)
+    assert exposed > 0
+    assert tensor == pytest.approx(passes * (3 * one(256) + latents) + exposed)

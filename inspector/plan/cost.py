@@ -52,7 +52,7 @@ from typing import cast
 
 import inspector.caches as caches
 from inspector.formulas.flops import LayerFlops, layer_flops, logit_flops, mla_up_flops, mtp_flops
-from inspector.formulas.kernels import ops_seconds
+from inspector.formulas.kernels import Gemm, ops_seconds
 from inspector.formulas.ops import Shard, layer_seconds, linear
 from inspector.formulas.optimizer import OptimizerStep
 from inspector.job.dims import ModelDims
@@ -71,7 +71,7 @@ from inspector.plan.kernel_seconds import (
     optimizer_step_seconds,
     output_seconds,
 )
-from inspector.plan.network import Network, collective, tensor_seconds
+from inspector.plan.network import Network, collective, regather_seconds, tensor_seconds
 from inspector.plan.overlap import merged_times
 
 # merged share, delayed weight grads, the SMs' share an exchange holds (overlap.py), passes alone
@@ -316,6 +316,8 @@ def _layer_time(
         mlps = ("mlp",) if not moe else ("shared_experts",) if dims.shared_expert_ffn else ()
         collectives += 2 * sum(m in modules for m in mlps)  # its 2 of the forward's 4
     tensor = tensor_seconds(dims, lay, net, tokens, collectives, recompute == "full")
+    if lay.sequence_parallel and not dims.is_gdn_layer(i):
+        tensor += regather_seconds(dims, lay, net, tokens, _column_dgrads(dims, shard, moe, net, rate))
     if recompute == "selective" and "mla_up_proj" in modules and lay.sequence_parallel:
         latents = sum(dims.mla_gathered(False))  # q's and kv's (the checkpoint's inputs)
         tensor += collective(1, tokens * latents, act, lay.tp, net.link(lay.tp))  # a gather
@@ -332,6 +334,23 @@ def _layer_time(
         pair = _pair_times(dims, lay, net, rate, mbs, recompute, i, modules, delay_wgrad, taken, flex)[0]
         expert = merged * max(0.0, pair - compute - tensor) + (1 - merged) * expert
     return compute, tensor, context, expert
+
+
+def _column_dgrads(dims: ModelDims, shard: Shard, moe: bool, net: Network,
+                   rate: float) -> tuple[tuple[int, float], ...]:  # fmt: skip
+    """Return each column-parallel linear's input width and data-gradient seconds (per kernel,
+    or its FLOPs at `rate`): QKV or multi-latent attention's up projections, fc1 of the MLP or
+    the shared experts (the routed experts run without tensor-parallel collectives)."""
+    h = dims.hidden_size
+    q_width, kv_width = dims.mla_gathered(False)
+    widths = {"QKV": h, "q up projection": q_width, "kv up projection": kv_width, "MLP fc1": h,
+              "shared expert fc1": h}
+    found = []
+    for op in layer_kernels(dims, shard, moe).backward:
+        name = op.name.removesuffix(" dgrad")
+        if isinstance(op, Gemm) and name in widths and name != op.name:
+            found.append((widths[name], op.flops / rate if rate else ops_seconds((op,), net.gpu)))
+    return tuple(found)
 
 
 def _kernels(dims: ModelDims, shard: Shard, moe: bool, gdn: bool, d: Gpu, recompute: str,

@@ -114,6 +114,26 @@ def tensor_seconds(dims: ModelDims, lay: Layout, net: Network, tokens: float, co
         collective(mla, tokens * width, act, lay.tp, link) for width in dims.mla_gathered(bool(mla)))
 
 
+def regather_seconds(dims: ModelDims, lay: Layout, net: Network, tokens: float,
+                     dgrads: tuple[tuple[int, float], ...]) -> float:  # fmt: skip
+    """Return what the weight gradients' all-gathers of sequence-parallel column-parallel linears
+    take beyond the data-gradient GEMMs they run beside: `dgrads`, each linear's input width and
+    data-gradient seconds.
+
+    The forward saves the rank's T / t rows, not the gathered input, so the backward gathers them
+    again for the weight-gradient GEMM, launched asynchronously before the data-gradient GEMM and
+    waited for after it (Transformer Engine 2.11 module/linear.py `_Linear.backward`:
+    `backward_input_needs_gather`, `gather_along_first_dim(..., async_op=True)` "overlapped with
+    dgrad GEMM"; layernorm_linear.py the same for `ln_out`; megatron-core's own
+    tensor_parallel/layers.py LinearWithGradAccumulationAndAsyncCommunication.backward too).
+    """
+    if not lay.sequence_parallel or lay.tp <= 1:
+        return 0.0
+    act, link = dims.activation_bytes, net.tensor_link(lay)
+    return sum(max(0.0, collective(1, tokens * width, act, lay.tp, link) - dgrad)
+               for width, dgrad in dgrads)
+
+
 def expert_alltoall(count: int, elements: float, nbytes: int, lay: Layout, net: Network) -> float:
     """Return `count` expert-parallel all-to-alls of `elements` per rank (bytes of `nbytes` each).
 
