@@ -66,6 +66,7 @@ from inspector.plan.hybrid import gdn_layer_ops, hybrid_layer_time, mtp_depth_ti
 from inspector.plan.kernel_seconds import (
     compute_seconds,
     core_seconds,
+    embedding_seconds,
     kernel_seconds,
     layer_kernels,
     optimizer_step_seconds,
@@ -146,11 +147,14 @@ def stage_work(
     recompute_modules: tuple[str, ...] = ("core_attn",),
     overlap: Overlap = (0.0, False, 0.0, ()),
     flex: bool = False,
+    has_embedding: bool = False,
 ) -> StageTime:
     """Return a rank's time per micro-batch (compute, TP, CP, EP, P2P), its state's left at 0.
     With full recomputation, `recompute_method` / `recompute_num_layers` say which layers repeat
     their forward (activations.recompute_plan: `block` N, the first N of each chunk); `overlap`
-    under --overlap-moe-expert-parallel-comm; `flex`: the flex dispatcher."""
+    under --overlap-moe-expert-parallel-comm; `flex`: the flex dispatcher; `has_embedding`: the
+    first stage's word embedding (formulas/embedding_ops.py) and its sum over tensor-parallel
+    ranks (VocabParallelEmbedding: an all-reduce, or a reduce-scatter and its backward gather)."""
     rate = compute_rate(net, efficiency)
     mode = cast(Recompute, recompute)
     plan = recompute_plan(0, chunk_layers, mode, recompute_method, recompute_num_layers)
@@ -167,6 +171,11 @@ def stage_work(
     if has_output:
         _add_output(total, dims, lay, net, rate, mbs, mtp_recompute(mode, recompute_method))
     tokens = dims.seq_length * mbs / lay.cp
+    if has_embedding:  # no FLOPs of Megatron-LM's count: nothing under --efficiency
+        shard = _shard(lay, mbs)
+        total[0] += compute_seconds(0, lambda d: embedding_seconds(dims, shard, d), lay, net, rate)
+        total[1] += collective(2, tokens * dims.hidden_size, dims.activation_bytes, lay.tp,
+                               net.tensor_link(lay))  # fmt: skip
     boundary = tokens * dims.hidden_size / lay.tp * dims.activation_bytes
     alpha, bw = net.link(lay.world_size)
     p2p = 2 * len(chunk_layers) * (alpha + boundary / bw) if lay.pp > 1 else 0.0

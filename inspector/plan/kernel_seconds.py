@@ -15,6 +15,7 @@ from dataclasses import replace
 
 import inspector.caches as caches
 from inspector.formulas.determinism import nan_fill
+from inspector.formulas.embedding_ops import embedding_kernels
 from inspector.formulas.kernels import ops_seconds
 from inspector.formulas.ops import LayerOps, Shard, layer_ops, layer_seconds, output_ops
 from inspector.formulas.optimizer import OptimizerStep, optimizer_ops
@@ -76,6 +77,18 @@ def core_seconds(dims: ModelDims, shard: Shard, moe: bool, device: Gpu) -> float
 def output_seconds(dims: ModelDims, shard: Shard, device: Gpu) -> float:
     """Return the final norm, output layer and loss seconds on one rank, never recomputed."""
     return layer_seconds(output_kernels(dims, shard), device, "none")
+
+
+@caches.memo(maxsize=256)
+def embedding_seconds(dims: ModelDims, shard: Shard, device: Gpu) -> float:
+    """Return the word embedding's forward and backward seconds on one rank
+    (formulas/embedding_ops.py), never recomputed."""
+    tokens = dims.seq_length * shard.micro_batch // shard.cp
+    local = tokens // shard.tp if shard.sequence_parallel else tokens
+    forward, backward = embedding_kernels(
+        tokens, local, dims.vocab_size // shard.tp, dims.hidden_size, shard.tp, shard.micro_batch,
+        dims.activation_bytes, dims.hidden_dropout)
+    return ops_seconds(forward, device) + ops_seconds(backward, device)
 
 
 @caches.memo(maxsize=65536)
