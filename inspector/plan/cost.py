@@ -52,7 +52,7 @@ from typing import cast
 
 import inspector.caches as caches
 from inspector.formulas.flops import LayerFlops, layer_flops, logit_flops, mla_up_flops, mtp_flops
-from inspector.formulas.kernels import Gemm, ops_seconds
+from inspector.formulas.kernels import ops_seconds
 from inspector.formulas.ops import Shard, layer_seconds, linear
 from inspector.formulas.optimizer import OptimizerStep
 from inspector.job.dims import ModelDims
@@ -64,15 +64,16 @@ from inspector.plan.context import ring_attention
 from inspector.plan.flex import moe_exchange
 from inspector.plan.hybrid import gdn_layer_ops, hybrid_layer_time, mtp_depth_time
 from inspector.plan.kernel_seconds import (
+    column_dgrads,
     compute_seconds,
     core_seconds,
-    embedding_seconds,
+    embedding_time,
     kernel_seconds,
     layer_kernels,
     optimizer_step_seconds,
     output_seconds,
 )
-from inspector.plan.network import Network, collective, regather_seconds, tensor_seconds
+from inspector.plan.network import Network, collective, tensor_seconds
 from inspector.plan.overlap import merged_times
 
 # merged share, delayed weight grads, the SMs' share an exchange holds (overlap.py), passes alone
@@ -152,11 +153,8 @@ def stage_work(
     """Return a rank's time per micro-batch (compute, TP, CP, EP, P2P), its state's left at 0.
     With full recomputation, `recompute_method` / `recompute_num_layers` say which layers repeat
     their forward (activations.recompute_plan: `block` N, the first N of each chunk); `overlap`
-    under --overlap-moe-expert-parallel-comm; `flex`: the flex dispatcher; `has_embedding`: the
-    first stage's word embedding (formulas/embedding_ops.py) and its sum over tensor-parallel
-    ranks (VocabParallelEmbedding: an all-reduce, or a reduce-scatter and its backward gather)."""
-    rate = compute_rate(net, efficiency)
-    mode = cast(Recompute, recompute)
+    under --overlap-moe-expert-parallel-comm; `flex`: flex dispatcher; `has_embedding`: stage 0."""
+    rate, mode = compute_rate(net, efficiency), cast(Recompute, recompute)
     plan = recompute_plan(0, chunk_layers, mode, recompute_method, recompute_num_layers)
     kinds: dict[tuple[Recompute, bool | str], list[int]] = {}  # (recomputed or not, kind) -> layers
     for group, how in (pair for groups in plan for pair in groups):
@@ -170,13 +168,8 @@ def stage_work(
     total[3] += _alone(dims, lay, net, rate, mbs, kinds, recompute_modules, overlap, flex)
     if has_output:
         _add_output(total, dims, lay, net, rate, mbs, mtp_recompute(mode, recompute_method))
-    tokens = dims.seq_length * mbs / lay.cp
-    if has_embedding:  # no FLOPs of Megatron-LM's count: nothing under --efficiency
-        shard = _shard(lay, mbs)
-        total[0] += compute_seconds(0, lambda d: embedding_seconds(dims, shard, d), lay, net, rate)
-        total[1] += collective(2, tokens * dims.hidden_size, dims.activation_bytes, lay.tp,
-                               net.tensor_link(lay))  # fmt: skip
-    boundary = tokens * dims.hidden_size / lay.tp * dims.activation_bytes
+    _add(total, embedding_time(dims, lay, net, rate, mbs) if has_embedding else (), 1)
+    boundary = dims.seq_length * mbs / lay.cp * dims.hidden_size / lay.tp * dims.activation_bytes
     alpha, bw = net.link(lay.world_size)
     p2p = 2 * len(chunk_layers) * (alpha + boundary / bw) if lay.pp > 1 else 0.0
     compute, tensor, context, expert = total
@@ -311,22 +304,20 @@ def _layer_time(
     share of passes run merged under the MoE all-to-all overlap (plan/overlap.py); `flex`: the
     exchange is the flex dispatcher's (plan/flex.py `flex_exchange`); `taken`: the share of the
     SMs its kernels hold beside a merged pair's compute (plan/flex.py `exchange_sm_share`)."""
-    act, tokens = dims.activation_bytes, dims.seq_length * mbs / lay.cp
-    f, moe = layer_flops(dims, i, mbs), dims.is_moe_layer(i)
+    act, tokens, shard = dims.activation_bytes, dims.seq_length * mbs / lay.cp, _shard(lay, mbs)
+    f, moe, gdn = layer_flops(dims, i, mbs), dims.is_moe_layer(i), dims.is_gdn_layer(i)
     extra = f.total / 3 if recompute == "full" else (
         _recomputed_flops(dims, f, moe, modules, mbs) if recompute == "selective" else 0)
-    shard = _shard(lay, mbs)
     compute = compute_seconds(f.total + extra, lambda d: _kernels(
-        dims, shard, moe, dims.is_gdn_layer(i), d, recompute, modules), lay, net, rate)  # fmt: skip
+        dims, shard, moe, gdn, d, recompute, modules), lay, net, rate)  # fmt: skip
     # attention's 2 forward, the MLP's unless an MoE layer has neither shared experts nor expert TP
     forward = 2 + (2 if not moe or dims.shared_expert_ffn or lay.expert_tp > 1 else 0)
     collectives = forward * (3 if recompute == "full" else 2)
     if recompute == "selective":  # a recomputed MLP re-runs fc1's gather and fc2's reduction
         mlps = ("mlp",) if not moe else ("shared_experts",) if dims.shared_expert_ffn else ()
         collectives += 2 * sum(m in modules for m in mlps)  # its 2 of the forward's 4
-    tensor = tensor_seconds(dims, lay, net, tokens, collectives, recompute == "full")
-    if lay.sequence_parallel and not dims.is_gdn_layer(i):
-        tensor += regather_seconds(dims, lay, net, tokens, _column_dgrads(dims, shard, moe, net, rate))
+    tensor = tensor_seconds(dims, lay, net, tokens, collectives, recompute == "full",
+                            () if gdn else column_dgrads(dims, shard, moe, net.gpu, rate))
     if recompute == "selective" and "mla_up_proj" in modules and lay.sequence_parallel:
         latents = sum(dims.mla_gathered(False))  # q's and kv's (the checkpoint's inputs)
         tensor += collective(1, tokens * latents, act, lay.tp, net.link(lay.tp))  # a gather
@@ -343,23 +334,6 @@ def _layer_time(
         pair = _pair_times(dims, lay, net, rate, mbs, recompute, i, modules, delay_wgrad, taken, flex)[0]
         expert = merged * max(0.0, pair - compute - tensor) + (1 - merged) * expert
     return compute, tensor, context, expert
-
-
-def _column_dgrads(dims: ModelDims, shard: Shard, moe: bool, net: Network,
-                   rate: float) -> tuple[tuple[int, float], ...]:  # fmt: skip
-    """Return each column-parallel linear's input width and data-gradient seconds (per kernel,
-    or its FLOPs at `rate`): QKV or multi-latent attention's up projections, fc1 of the MLP or
-    the shared experts (the routed experts run without tensor-parallel collectives)."""
-    h = dims.hidden_size
-    q_width, kv_width = dims.mla_gathered(False)
-    widths = {"QKV": h, "q up projection": q_width, "kv up projection": kv_width, "MLP fc1": h,
-              "shared expert fc1": h}
-    found = []
-    for op in layer_kernels(dims, shard, moe).backward:
-        name = op.name.removesuffix(" dgrad")
-        if isinstance(op, Gemm) and name in widths and name != op.name:
-            found.append((widths[name], op.flops / rate if rate else ops_seconds((op,), net.gpu)))
-    return tuple(found)
 
 
 def _kernels(dims: ModelDims, shard: Shard, moe: bool, gdn: bool, d: Gpu, recompute: str,

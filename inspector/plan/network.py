@@ -103,15 +103,17 @@ def expert_peers_on_node(ep: int, expert_tp: int, world: int, gpus_per_node: int
 
 
 def tensor_seconds(dims: ModelDims, lay: Layout, net: Network, tokens: float, count: int,
-                   full: bool) -> float:  # fmt: skip
+                   full: bool, dgrads: tuple[tuple[int, float], ...] = ()) -> float:  # fmt: skip
     """Return `count` tensor-parallel collectives of a layer's rows (`tokens` x h elements). With
     sequence parallelism multi-latent attention's gather and its backward reduce-scatter (and the
     gather again under full recomputation) move its latents instead (ModelDims.mla_gathered: the
-    up projections' inputs and RoPE's key part), a collective each."""
+    up projections' inputs and RoPE's key part), a collective each; and the column-parallel
+    linears of `dgrads` gather their input again in backward (`regather_seconds`)."""
     act, link = dims.activation_bytes, net.tensor_link(lay)
     mla = (3 if full else 2) if dims.multi_latent_attention and lay.sequence_parallel else 0
     return collective(count - mla, tokens * dims.hidden_size, act, lay.tp, link) + sum(
-        collective(mla, tokens * width, act, lay.tp, link) for width in dims.mla_gathered(bool(mla)))
+        collective(mla, tokens * width, act, lay.tp, link) for width in dims.mla_gathered(bool(mla))
+    ) + regather_seconds(dims, lay, net, tokens, dgrads)
 
 
 def regather_seconds(dims: ModelDims, lay: Layout, net: Network, tokens: float,
