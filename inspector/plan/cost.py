@@ -19,7 +19,9 @@ Each term and its source (symbols of inspector/job/dims.py; m micro-batches, v v
     overlapped (Megatron's default);
     full recomputation repeats the forward's 4, `--recompute-modules mlp` (shared_experts) the
     MLP's (shared expert's) 2, `mla_up_proj` with sequence parallelism one gather of the latents
-    the up projections read (q_lora + kv_lora wide);
+    the up projections read (q_lora + kv_lora wide); with sequence parallelism the column-parallel
+    linears' backward gathers of their input for the weight gradient, beyond the data-gradient
+    GEMM they overlap (network.py `regather_seconds`); the first stage's embedding sum;
   - context parallel: ring attention (Liu et al. 2023; TE's P2P implementation, `ring_attention`)
     passes K and V blocks c - 1 times forward and K, V and their gradients c - 1 times backward,
     each transfer overlapped with one step's attention kernel: only the excess is exposed;
