@@ -3,7 +3,7 @@
 Each term and its source (symbols of inspector/job/dims.py; m micro-batches, v virtual stages):
   - compute: each kernel a layer runs on the rank (formulas/ops.py: GEMMs by m, n, k, flash or
     unfused attention, norms, activations, dropout, residual adds, rotary, MoE routing and
-    permutation; the output layer and loss) priced from the measured kernel table
+    permutation; the output layer and loss; the word embedding) priced from the measured kernel table
     (formulas/kernels.py), plus the forward recomputation repeats (full: each checkpointed
     layer's, all of them or, with `--recompute-method block` N, the first N of each chunk;
     selective: core attention's). With `--efficiency` instead: Megatron-LM's FLOPs (flops.py)
