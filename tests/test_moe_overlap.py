@@ -233,8 +233,12 @@ def test_an_moe_layer_without_expert_tp_or_shared_experts_runs_attentions_collec
     # the MLP (Korthikanti et al. 2022, 4.2.2), forward and backward; an MoE layer with expert TP
     # 1 routes and dispatches the sequence-parallel shard as it is (moe_layer.py, the dispatcher's
     # expert-TP group of size 1), so only attention's remain, unless shared experts (an MLP
-    # sharded over TP: shared_experts.py's gather and reduction) or expert TP bring the others
+    # sharded over TP: shared_experts.py's gather and reduction) or expert TP bring the others;
+    # QKV's and a TP-sharded fc1's backward gather their input again for the weight gradient,
+    # exposed beyond the data-gradient GEMM (tests/test_regather.py)
     import inspector.caches as caches
+    from inspector.formulas.kernels import ops_seconds
+    from inspector.formulas.ops import linear
     from inspector.job.dims import ModelDims
     from inspector.job.hardware import GPUS
     from inspector.job.layout import Layout
@@ -250,7 +254,11 @@ def test_an_moe_layer_without_expert_tp_or_shared_experts_runs_attentions_collec
     _, tensor, _, _ = _layer_time(dims, lay, net, 0.0, 1, "none", 0)
     alpha, bandwidth = net.link(2)
     one = alpha + 512 * 256 * 2 * (2 - 1) / 2 / bandwidth  # s b h elements of 2 bytes, ring of 2
-    assert tensor == pytest.approx(2 * forward * one)  # the backward runs as many
+    # QKV: 4 heads and 4 groups of 32 a rank; fc1: 2 x 1024 / 2 (dense) or 2 x 128 / 2 (shared)
+    fc1 = {(False, 0): [1024], (True, 128): [128]}.get((moe, shared), [])
+    dgrads = [ops_seconds(linear("", 512, 256, out)[1:2], GPUS["h100"]) for out in [384, *fc1]]
+    again = sum(max(0.0, one - dgrad) for dgrad in dgrads)
+    assert tensor == pytest.approx(2 * forward * one + again)  # the backward runs as many
 
 
 def test_a_layer_run_alone_waits_for_each_node_before_it():

@@ -94,15 +94,62 @@ def test_unfused_mla_prices_the_cats_and_recomputes_them() -> None:
     again = {op.name for op in unfused.recomputed(("mla_up_proj",))}
     assert {"MLA query, key cat", "MLA value contiguous", "rotary Q, K (unfused)"} <= again
     assert "MLA query, key cat" not in {op.name for op in fused.forward + fused.backward}
-    assert mla_rope(32, 2, (16, 8, 16), 2, True) == rotary(32 * 3 * 8, 2, True)
+
+
+class _Launches:
+    """A Triton kernel that records the bytes of the tensors it is launched with (each read or
+    written whole by the kv kernels; cos and sin, [s, r] per position, left out by size)."""
+
+    def __init__(self, least: int) -> None:
+        self.least, self.bytes = least, 0
+
+    def __getitem__(self, grid: object) -> object:
+        return self._launch
+
+    def _launch(self, *args: object, **kwargs: object) -> None:
+        self.bytes += sum(t.numel() * t.element_size() for t in args
+                          if isinstance(t, torch.Tensor) and t.numel() >= self.least)
+
+
+def test_fused_mla_rope_prices_the_kv_kernel_megatron_launches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ApplyMLARotaryEmbKV (fusions/fused_mla_yarn_rope_apply.py) hands its kernels kv and
+    k_pos_emb, and the key and value it allocates (backward: dk, dv, d_kv, d_emb), each read or
+    written whole: the bytes priced as "MLA key, value (fused RoPE)"; q's kernel rotates its r
+    wide part in place (the rotary op over T n r only: no rotary op on K)."""
+    from inspector.world.setup import megatron, simulate_fused_mla_rope
+
+    megatron()
+    simulate_fused_mla_rope()
+    from megatron.core.fusions import fused_mla_yarn_rope_apply as fused
+
+    s, b, n, c, r, v = 16, 2, 4, 16, 8, 32
+    tokens = s * b
+    forward, backward = _Launches(tokens * r), _Launches(tokens * r)
+    monkeypatch.setattr(fused, "rotary_fwd_kv_kernel", forward)
+    monkeypatch.setattr(fused, "rotary_bwd_kv_kernel", backward)
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    cos, sin = torch.empty(s, 1, 1, r, **meta), torch.empty(s, 1, 1, r, **meta)
+    kv = torch.empty(s, b, n, c + v, **meta, requires_grad=True)
+    pos = torch.empty(s, b, 1, r, **meta, requires_grad=True)
+    key, value = fused.ApplyMLARotaryEmbKV.apply(kv, pos, cos, sin, r, c, v, None, 0, 1)
+    torch.autograd.grad((key, value), (kv, pos), [torch.empty_like(key), torch.empty_like(value)])
+    priced = mla_rope(tokens, n, (c, r, v), 2, True)
+    named = {op.name: op for op in priced[0] + priced[1]}
+    assert named["MLA key, value (fused RoPE)"].bytes == forward.bytes
+    assert named["MLA key, value (fused RoPE) backward"].bytes == backward.bytes
+    assert named["rotary Q, K"].bytes == tokens * n * r * 2 * 2  # read and write q's part
 
 
 @pytest.mark.parametrize("recompute", ["none", "full"])
 def test_mla_sequence_parallel_gathers_its_latents(recompute: str) -> None:
     """Attention's gather (and its backward reduce-scatter; under full recomputation the gather
     again) moves q_lora + kv_lora + r wide rows in three collectives, not the layer input's h:
-    the MLP's gather and reduce-scatter and attention's output reduce-scatter stay h wide."""
+    the MLP's gather and reduce-scatter and attention's output reduce-scatter stay h wide. The
+    up projections and fc1 gather their inputs again for their weight gradients: what each
+    gather takes beyond its data-gradient GEMM (tests/test_regather.py) is added."""
     import inspector.caches as caches
+    from inspector.formulas.kernels import ops_seconds
+    from inspector.formulas.ops import linear
     from inspector.job.hardware import GPUS
     from inspector.job.layout import Layout
     from inspector.plan.cost import _layer_time
@@ -118,4 +165,9 @@ def test_mla_sequence_parallel_gathers_its_latents(recompute: str) -> None:
     one = lambda width: alpha + 512 * width * 2 * (2 - 1) / 2 / bandwidth  # noqa: E731  # ring of 2
     passes = 3 if recompute == "full" else 2  # forward, backward (and the recomputed forward)
     latents = one(96) + one(32) + one(16)
-    assert tensor == pytest.approx(passes * (3 * one(256) + latents))
+    dgrad = lambda fan_in, fan_out: ops_seconds(  # noqa: E731
+        linear("", 512, fan_in, fan_out)[1:2], GPUS["h100"])
+    again = [(96, dgrad(96, 4 * (32 + 16))), (32, dgrad(32, 4 * (32 + 32))), (256, dgrad(256, 1024))]
+    exposed = sum(max(0.0, one(width) - seconds) for width, seconds in again)
+    assert exposed > 0
+    assert tensor == pytest.approx(passes * (3 * one(256) + latents) + exposed)

@@ -21,8 +21,13 @@ tokens and n heads of qk_head_dim c, qk_pos_emb_head_dim r, v_head_dim v:
   (each reads and writes T n (c + r)), `value.contiguous()` of the strided split (T n v);
   backward: the q and kv `torch.split` gradients, one cat each (T n (c + r) and T n (c + v)), and
   the expand's sum over heads (reads T n r); the cats' own gradients are views;
-  fused (fusions/fused_mla_yarn_rope_apply.py): ApplyMLARotaryEmbQ rotates q in place (the
-  rotary op), ApplyMLARotaryEmbKV writes key and value from kv: not priced here.
+  fused (fusions/fused_mla_yarn_rope_apply.py, triton): ApplyMLARotaryEmbQ rotates the rotary
+  part of q in place (`rotary_fwd_q_kernel`, `rotary_bwd_q_kernel`: read and write T n r, the
+  rotary op); ApplyMLARotaryEmbKV (`rotary_fwd_kv_kernel`) reads kv (T n (c + v)) and k_pos_emb
+  (T r) and writes the key (`o_key`, T n (c + r): kv's key part and the rotated k_pos_emb
+  broadcast to every head) and the value (`o_value`, T n v); its backward
+  (`rotary_bwd_kv_kernel`) reads dk (T n (c + r)) and dv (T n v) and writes d_kv (T n (c + v))
+  and d_emb (T r, dk's rotary part summed over heads): a T (n (2c + r + 2v) + r) bytes each way.
 """
 
 from __future__ import annotations
@@ -49,10 +54,13 @@ def mla_rope(tokens: int, heads: int, dims: tuple[int, int, int], act: int, fuse
     """Return multi-latent attention's RoPE on the rotary parts of Q (all heads) and K (one), and
     without RoPE fusion its query/key/value assembly (module docstring); dims: (c, r, v)."""
     c, r, v = dims
-    forward, backward = rotary(tokens * (heads + 1) * r, act, fused, mla=True)
-    if fused:
-        return forward, backward
     th = tokens * heads
+    if fused:  # q's rotary part in place, and the kv kernel (module docstring)
+        forward, backward = rotary(th * r, act, True)
+        moved = th * (2 * c + r + 2 * v) + tokens * r
+        return ([*forward, Memory("MLA key, value (fused RoPE)", "copy", moved, act)],
+                [*backward, Memory("MLA key, value (fused RoPE) backward", "copy", moved, act)])
+    forward, backward = rotary(tokens * (heads + 1) * r, act, False, mla=True)
     forward += [Memory("MLA query, key cat", "copy", 2 * th * (c + r), 2 * act),
                 Memory("MLA value contiguous", "copy", th * v, 2 * act)]
     backward += [Memory("MLA q, kv split backward (cat)", "copy", th * (2 * c + r + v), 2 * act),

@@ -3,7 +3,7 @@
 Each term and its source (symbols of inspector/job/dims.py; m micro-batches, v virtual stages):
   - compute: each kernel a layer runs on the rank (formulas/ops.py: GEMMs by m, n, k, flash or
     unfused attention, norms, activations, dropout, residual adds, rotary, MoE routing and
-    permutation; the output layer and loss) priced from the measured kernel table
+    permutation; the output layer and loss; the word embedding) priced from the measured kernel table
     (formulas/kernels.py), plus the forward recomputation repeats (full: each checkpointed
     layer's, all of them or, with `--recompute-method block` N, the first N of each chunk;
     selective: core attention's). With `--efficiency` instead: Megatron-LM's FLOPs (flops.py)
@@ -19,7 +19,9 @@ Each term and its source (symbols of inspector/job/dims.py; m micro-batches, v v
     overlapped (Megatron's default);
     full recomputation repeats the forward's 4, `--recompute-modules mlp` (shared_experts) the
     MLP's (shared expert's) 2, `mla_up_proj` with sequence parallelism one gather of the latents
-    the up projections read (q_lora + kv_lora wide);
+    the up projections read (q_lora + kv_lora wide); with sequence parallelism the column-parallel
+    linears' backward gathers of their input for the weight gradient, beyond the data-gradient
+    GEMM they overlap (network.py `regather_seconds`); the first stage's embedding sum;
   - context parallel: ring attention (Liu et al. 2023; TE's P2P implementation, `ring_attention`)
     passes K and V blocks c - 1 times forward and K, V and their gradients c - 1 times backward,
     each transfer overlapped with one step's attention kernel: only the excess is exposed;
@@ -64,8 +66,10 @@ from inspector.plan.context import ring_attention
 from inspector.plan.flex import moe_exchange
 from inspector.plan.hybrid import gdn_layer_ops, hybrid_layer_time, mtp_depth_time
 from inspector.plan.kernel_seconds import (
+    column_dgrads,
     compute_seconds,
     core_seconds,
+    embedding_time,
     kernel_seconds,
     layer_kernels,
     optimizer_step_seconds,
@@ -146,13 +150,13 @@ def stage_work(
     recompute_modules: tuple[str, ...] = ("core_attn",),
     overlap: Overlap = (0.0, False, 0.0, ()),
     flex: bool = False,
+    has_embedding: bool = False,
 ) -> StageTime:
     """Return a rank's time per micro-batch (compute, TP, CP, EP, P2P), its state's left at 0.
     With full recomputation, `recompute_method` / `recompute_num_layers` say which layers repeat
     their forward (activations.recompute_plan: `block` N, the first N of each chunk); `overlap`
-    under --overlap-moe-expert-parallel-comm; `flex`: the flex dispatcher."""
-    rate = compute_rate(net, efficiency)
-    mode = cast(Recompute, recompute)
+    under --overlap-moe-expert-parallel-comm; `flex`: flex dispatcher; `has_embedding`: stage 0."""
+    rate, mode = compute_rate(net, efficiency), cast(Recompute, recompute)
     plan = recompute_plan(0, chunk_layers, mode, recompute_method, recompute_num_layers)
     kinds: dict[tuple[Recompute, bool | str], list[int]] = {}  # (recomputed or not, kind) -> layers
     for group, how in (pair for groups in plan for pair in groups):
@@ -166,8 +170,8 @@ def stage_work(
     total[3] += _alone(dims, lay, net, rate, mbs, kinds, recompute_modules, overlap, flex)
     if has_output:
         _add_output(total, dims, lay, net, rate, mbs, mtp_recompute(mode, recompute_method))
-    tokens = dims.seq_length * mbs / lay.cp
-    boundary = tokens * dims.hidden_size / lay.tp * dims.activation_bytes
+    _add(total, embedding_time(dims, lay, net, rate, mbs) if has_embedding else (), 1)
+    boundary = dims.seq_length * mbs / lay.cp * dims.hidden_size / lay.tp * dims.activation_bytes
     alpha, bw = net.link(lay.world_size)
     p2p = 2 * len(chunk_layers) * (alpha + boundary / bw) if lay.pp > 1 else 0.0
     compute, tensor, context, expert = total
@@ -302,20 +306,20 @@ def _layer_time(
     share of passes run merged under the MoE all-to-all overlap (plan/overlap.py); `flex`: the
     exchange is the flex dispatcher's (plan/flex.py `flex_exchange`); `taken`: the share of the
     SMs its kernels hold beside a merged pair's compute (plan/flex.py `exchange_sm_share`)."""
-    act, tokens = dims.activation_bytes, dims.seq_length * mbs / lay.cp
-    f, moe = layer_flops(dims, i, mbs), dims.is_moe_layer(i)
+    act, tokens, shard = dims.activation_bytes, dims.seq_length * mbs / lay.cp, _shard(lay, mbs)
+    f, moe, gdn = layer_flops(dims, i, mbs), dims.is_moe_layer(i), dims.is_gdn_layer(i)
     extra = f.total / 3 if recompute == "full" else (
         _recomputed_flops(dims, f, moe, modules, mbs) if recompute == "selective" else 0)
-    shard = _shard(lay, mbs)
     compute = compute_seconds(f.total + extra, lambda d: _kernels(
-        dims, shard, moe, dims.is_gdn_layer(i), d, recompute, modules), lay, net, rate)  # fmt: skip
+        dims, shard, moe, gdn, d, recompute, modules), lay, net, rate)  # fmt: skip
     # attention's 2 forward, the MLP's unless an MoE layer has neither shared experts nor expert TP
     forward = 2 + (2 if not moe or dims.shared_expert_ffn or lay.expert_tp > 1 else 0)
     collectives = forward * (3 if recompute == "full" else 2)
     if recompute == "selective":  # a recomputed MLP re-runs fc1's gather and fc2's reduction
         mlps = ("mlp",) if not moe else ("shared_experts",) if dims.shared_expert_ffn else ()
         collectives += 2 * sum(m in modules for m in mlps)  # its 2 of the forward's 4
-    tensor = tensor_seconds(dims, lay, net, tokens, collectives, recompute == "full")
+    tensor = tensor_seconds(dims, lay, net, tokens, collectives, recompute == "full",
+                            () if gdn else column_dgrads(dims, shard, moe, net.gpu, rate))
     if recompute == "selective" and "mla_up_proj" in modules and lay.sequence_parallel:
         latents = sum(dims.mla_gathered(False))  # q's and kv's (the checkpoint's inputs)
         tensor += collective(1, tokens * latents, act, lay.tp, net.link(lay.tp))  # a gather

@@ -15,13 +15,14 @@ from dataclasses import replace
 
 import inspector.caches as caches
 from inspector.formulas.determinism import nan_fill
-from inspector.formulas.kernels import ops_seconds
+from inspector.formulas.embedding_ops import embedding_kernels
+from inspector.formulas.kernels import Gemm, ops_seconds
 from inspector.formulas.ops import LayerOps, Shard, layer_ops, layer_seconds, output_ops
 from inspector.formulas.optimizer import OptimizerStep, optimizer_ops
 from inspector.job.dims import ModelDims
 from inspector.job.hardware import Gpu
 from inspector.job.layout import Layout
-from inspector.plan.network import Network
+from inspector.plan.network import Network, collective
 
 
 def compute_seconds(flops: float, kernels: Callable[[Gpu], float], lay: Layout, net: Network,
@@ -67,6 +68,24 @@ def kernel_seconds(dims: ModelDims, shard: Shard, moe: bool, device: Gpu, recomp
 
 
 @caches.memo(maxsize=4096)
+def column_dgrads(dims: ModelDims, shard: Shard, moe: bool, device: Gpu,
+                  rate: float) -> tuple[tuple[int, float], ...]:  # fmt: skip
+    """Return each column-parallel linear's input width and data-gradient seconds (per kernel,
+    or its FLOPs at `rate`): QKV or multi-latent attention's up projections, fc1 of the MLP or
+    the shared experts (the routed experts run without tensor-parallel collectives)."""
+    h = dims.hidden_size
+    q_width, kv_width = dims.mla_gathered(False)
+    widths = {"QKV": h, "q up projection": q_width, "kv up projection": kv_width, "MLP fc1": h,
+              "shared expert fc1": h}
+    found = []
+    for op in layer_kernels(dims, shard, moe).backward:
+        name = op.name.removesuffix(" dgrad")
+        if isinstance(op, Gemm) and name in widths and name != op.name:
+            found.append((widths[name], op.flops / rate if rate else ops_seconds((op,), device)))
+    return tuple(found)
+
+
+@caches.memo(maxsize=4096)
 def core_seconds(dims: ModelDims, shard: Shard, moe: bool, device: Gpu) -> float:
     """Return core attention's forward seconds on one rank (formulas/ops.py LayerOps.core)."""
     return ops_seconds(layer_kernels(dims, shard, moe).core, device)
@@ -76,6 +95,32 @@ def core_seconds(dims: ModelDims, shard: Shard, moe: bool, device: Gpu) -> float
 def output_seconds(dims: ModelDims, shard: Shard, device: Gpu) -> float:
     """Return the final norm, output layer and loss seconds on one rank, never recomputed."""
     return layer_seconds(output_kernels(dims, shard), device, "none")
+
+
+def embedding_time(dims: ModelDims, lay: Layout, net: Network, rate: float,
+                   mbs: int) -> tuple[float, float]:  # fmt: skip
+    """Return the word embedding's compute and tensor-parallel seconds for one micro-batch: its
+    kernels (formulas/embedding_ops.py; no FLOPs of Megatron-LM's count: nothing under
+    --efficiency) and its sum over tensor-parallel ranks (VocabParallelEmbedding: an all-reduce,
+    or with sequence parallelism a reduce-scatter and its backward all-gather: two ring
+    collectives of the rank's s b / c tokens either way)."""
+    shard = Shard(lay.tp, lay.cp, lay.ep, lay.expert_tp, lay.sequence_parallel, mbs)
+    tokens = dims.seq_length * mbs / lay.cp
+    compute = compute_seconds(0, lambda d: embedding_seconds(dims, shard, d), lay, net, rate)
+    return compute, collective(2, tokens * dims.hidden_size, dims.activation_bytes, lay.tp,
+                               net.tensor_link(lay))  # fmt: skip
+
+
+@caches.memo(maxsize=256)
+def embedding_seconds(dims: ModelDims, shard: Shard, device: Gpu) -> float:
+    """Return the word embedding's forward and backward seconds on one rank
+    (formulas/embedding_ops.py), never recomputed."""
+    tokens = dims.seq_length * shard.micro_batch // shard.cp
+    local = tokens // shard.tp if shard.sequence_parallel else tokens
+    forward, backward = embedding_kernels(
+        tokens, local, dims.vocab_size // shard.tp, dims.hidden_size, shard.tp, shard.micro_batch,
+        dims.activation_bytes, dims.hidden_dropout)
+    return ops_seconds(forward, device) + ops_seconds(backward, device)
 
 
 @caches.memo(maxsize=65536)

@@ -103,15 +103,37 @@ def expert_peers_on_node(ep: int, expert_tp: int, world: int, gpus_per_node: int
 
 
 def tensor_seconds(dims: ModelDims, lay: Layout, net: Network, tokens: float, count: int,
-                   full: bool) -> float:  # fmt: skip
+                   full: bool, dgrads: tuple[tuple[int, float], ...] = ()) -> float:  # fmt: skip
     """Return `count` tensor-parallel collectives of a layer's rows (`tokens` x h elements). With
     sequence parallelism multi-latent attention's gather and its backward reduce-scatter (and the
     gather again under full recomputation) move its latents instead (ModelDims.mla_gathered: the
-    up projections' inputs and RoPE's key part), a collective each."""
+    up projections' inputs and RoPE's key part), a collective each; and the column-parallel
+    linears of `dgrads` gather their input again in backward (`regather_seconds`)."""
     act, link = dims.activation_bytes, net.tensor_link(lay)
     mla = (3 if full else 2) if dims.multi_latent_attention and lay.sequence_parallel else 0
     return collective(count - mla, tokens * dims.hidden_size, act, lay.tp, link) + sum(
-        collective(mla, tokens * width, act, lay.tp, link) for width in dims.mla_gathered(bool(mla)))
+        collective(mla, tokens * width, act, lay.tp, link) for width in dims.mla_gathered(bool(mla))
+    ) + regather_seconds(dims, lay, net, tokens, dgrads)
+
+
+def regather_seconds(dims: ModelDims, lay: Layout, net: Network, tokens: float,
+                     dgrads: tuple[tuple[int, float], ...]) -> float:  # fmt: skip
+    """Return what the weight gradients' all-gathers of sequence-parallel column-parallel linears
+    take beyond the data-gradient GEMMs they run beside: `dgrads`, each linear's input width and
+    data-gradient seconds.
+
+    The forward saves the rank's T / t rows, not the gathered input, so the backward gathers them
+    again for the weight-gradient GEMM, launched asynchronously before the data-gradient GEMM and
+    waited for after it (Transformer Engine 2.11 module/linear.py `_Linear.backward`:
+    `backward_input_needs_gather`, `gather_along_first_dim(..., async_op=True)` "overlapped with
+    dgrad GEMM"; layernorm_linear.py the same for `ln_out`; megatron-core's own
+    tensor_parallel/layers.py LinearWithGradAccumulationAndAsyncCommunication.backward too).
+    """
+    if not lay.sequence_parallel or lay.tp <= 1:
+        return 0.0
+    act, link = dims.activation_bytes, net.tensor_link(lay)
+    return sum(max(0.0, collective(1, tokens * width, act, lay.tp, link) - dgrad)
+               for width, dgrad in dgrads)
 
 
 def expert_alltoall(count: int, elements: float, nbytes: int, lay: Layout, net: Network) -> float:

@@ -347,12 +347,12 @@ def timed(
         has_output = st.stage == lay.pp - 1
         recipe = recompute_recipe(training, placed[st.stage])
         overlap = _overlap(job, dims, st.stage, placed[st.stage], req.gpu)
-        work = (signatures[st.stage], has_output, recipe, overlap)
+        work = (signatures[st.stage], has_output, recipe, overlap, st.stage == 0)
         if work not in scope:
             granularity, method, n = recipe
             scope[work] = stage_work(
                 dims, lay, net, req.efficiency, mbs, granularity, placed[st.stage], has_output,
-                method, n, training.recompute_modules, overlap, flex,
+                method, n, training.recompute_modules, overlap, flex, st.stage == 0,
             )
         times.append(_stage_time(scope, work, st, lay, net, distributed, step_setup))
     step = step_time(times, schedule.num_microbatches, lay.chunks)
