@@ -30,14 +30,14 @@ For every case with that file:
   warm-up (WARMUP iterations and the first logged one dropped).
 
 A case is launch-bound when the plan's busiest stage spends under LAUNCH_BOUND (5 ms) of GPU work
-per layer and micro-batch, forward and backward: there the host, not the GPU, sets the pace. A
-Transformer Engine layer's forward and backward issue some 200-300 operations (its linears, norms,
-attention, activations, dropouts, the autograd nodes of each), each 10-20 us of CPU time through
-PyTorch's eager dispatch and TE's Python (an estimate, not measured here), so 2-6 ms per layer and
-micro-batch; the GPU time model prices kernels, not the host. Step-time errors are summarised over
-the other cases, and over the launch-bound ones apart; the table marks the launch-bound ones. (A
-host model of kernels times a per-kernel cost does not explain them: the time missing is 78-345 us
-per priced kernel against PyTorch's published 5-25 us per operation; docs/how-time-is-computed.md.)
+per layer and micro-batch, forward and backward: there the host, not the GPU, sets the pace. Counted
+in megatron's own forward and backward (bench/host_ops.py), a dense Transformer Engine layer of
+these cases dispatches 76-297 aten operations per micro-batch (median 115) and 15-30 module calls,
+an MoE layer 191-359 (median 239), which at PyTorch's published 5-25 us per operation is 0.4-9 ms;
+the goldens take 2.4-9.6 ms (dense) and 6.6-30 ms (MoE) per layer and micro-batch; the GPU time
+model prices kernels, not the host. Step-time errors are summarised over the other cases, and over
+the launch-bound ones apart; the table marks the launch-bound ones. (Neither a per-kernel nor a
+per-operation host cost explains them: bench/RESULTS.md `hostop`, docs/how-time-is-computed.md.)
 
 Refusals (the tool's `Error:` line) are rows of their own, with the cause. `make bench` runs this
 when a checkout is at hand (BENCH_MEGATRON_LM, default /work/mlm) and appends its summary to

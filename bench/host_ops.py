@@ -20,7 +20,7 @@ module's aten count is what the stand-in dispatches; its Python (modules, Functi
 megatron's and TE's call structure.
 
 Then the relation to the golden `iteration-time`: per case the measured time per layer and
-micro-batch (the iteration over (m + (p - 1) / v) micro-batch slots of the busiest stage's
+micro-batch (the iteration over (m + (p - 1) / v) micro-batch slots of the last (logging) rank's
 layers, the 1F1B critical path plan/cost.py uses) against the counts, a least-squares fit of
 seconds per op through the origin, and its errors. Nothing here changes the tool.
 """
@@ -191,12 +191,23 @@ def count_case(case: Any, plan: bool = True) -> dict[str, Any]:
         return plan_step(args, gpus, algo)
 
     ci_goldens.plan_step = uncounted
+    from inspector.world import build as world_build
+
+    built_by = world_build.build
+
+    def counted_build(*args: Any, **kwargs: Any) -> Any:
+        built = built_by(*args, **kwargs)
+        found["rank_layers"] = rank_layers(built)
+        return built
+
+    world_build.build = counted_build
     try:
         predicted = ci_goldens._predict(case)
     except InspectorError as error:
         return {"case": f"{case.model}/{case.name}", "refusal": str(error).splitlines()[0]}
     finally:
         ci_goldens.plan_step = plan_step
+        world_build.build = built_by
     from inspector.inputs.resolve import Sources, merge_sources
     from inspector.job.job import make_job
 
@@ -224,11 +235,17 @@ def count_case(case: Any, plan: bool = True) -> dict[str, Any]:
         "layers": dict(sorted(layers.items())),
         "kinds": kinds,
         "moe": _is_moe(job),
+        "deterministic": job.training.deterministic_mode,
         "launch_bound": predicted.launch_bound,
         "plan_step": predicted.step,
         "measured": ci_goldens.read_golden(case.folder / ci_goldens.GOLDEN).step
         if (case.folder / ci_goldens.GOLDEN).exists() else None,
     }
+
+
+def rank_layers(built: Any) -> int:
+    """Return the transformer and MTP layers megatron built on the rank's stage (all its chunks)."""
+    return sum(len(chunk.layers) + chunk.mtp_layers for chunk in built.stages[0].chunks)
 
 
 def _is_moe(job: Any) -> bool:
@@ -288,20 +305,24 @@ FITS = {  # name: the features whose seconds are fitted (per op, per module, ...
     "aten + modules": ("aten", "modules"),
     "aten + per iteration": ("aten", "iteration"),
     "aten + per chunk pass": ("aten", "chunk"),
+    "aten, --deterministic-mode apart": ("aten_other", "aten_deterministic"),
     "aten + modules + per chunk pass + per iteration": ("aten", "modules", "chunk", "iteration"),
 }
 
 
 def features(row: dict[str, Any]) -> dict[str, float]:
     """Return the case's counts on its critical path: (m + (p - 1) / v) micro-batch slots of the
-    busiest stage's L layers (plan/cost.py's 1F1B path), each slot's chunk passes (v), one
-    iteration."""
+    last rank's L layers as megatron split them (plan/cost.py's 1F1B path), each slot's chunk
+    passes (v), one iteration."""
     counts = per_layer(row)
     slots = row["m"] + (row["pp"] - 1) / row["vpp"]
-    layers = slots * row["stage_layers"]
+    layers = slots * row["rank_layers"]
     both = lambda what: counts.get(f"forward_{what}", 0) + counts.get(f"backward_{what}", 0)  # noqa: E731
+    deterministic = bool(row.get("deterministic"))
     return {
         "aten": layers * both("aten"),
+        "aten_deterministic": layers * both("aten") * deterministic,
+        "aten_other": layers * both("aten") * (not deterministic),
         "modules": layers * both("modules"),
         "functions": layers * both("functions"),
         "nodes": layers * counts.get("backward_nodes", 0),
@@ -321,6 +342,14 @@ def fit(rows: list[dict[str, Any]], names: tuple[str, ...]) -> tuple[list[float]
     return [float(c) for c in coef], [float(e) for e in (a @ coef - y) / y]
 
 
+def _pearson(rows: list[dict[str, Any]], what: str) -> float:
+    import numpy as np
+
+    per = [r["measured"] / features(r)["layer_slots"] for r in rows]
+    counts = [features(r)[what] / features(r)["layer_slots"] for r in rows]
+    return float(np.corrcoef(per, counts)[0, 1])
+
+
 def render(rows: list[dict[str, Any]]) -> str:
     """Return the counts per layer and micro-batch of every case, then the fits over the
     launch-bound ones."""
@@ -328,14 +357,14 @@ def render(rows: list[dict[str, Any]]) -> str:
              "| measured s | ms per layer and micro-batch | launch-bound |", "|---|" * 1 + "---|" * 10]
     timed = []
     for row in rows:
-        if row.get("refusal") or not row.get("stage_layers"):
+        if row.get("refusal") or not row.get("rank_layers"):
             continue
         c = per_layer(row)
         f = features(row)
         g = lambda k, c=c: round(c.get(k, 0))  # noqa: E731
         per = row["measured"] / f["layer_slots"] * 1e3 if row["measured"] else float("nan")
         lines.append(
-            f"| {row['case']} | {row['layout']} | {row['m']} | {row['stage_layers']} "
+            f"| {row['case']} | {row['layout']} | {row['m']} | {row['rank_layers']} "
             f"| {g('forward_aten')}/{g('backward_aten')} | {g('forward_modules')}/{g('backward_modules')} "
             f"| {g('forward_functions') + g('backward_functions')} | {g('backward_nodes')} ({g('backward_py_nodes')}) "
             f"| {row['measured']} | {per:.1f} | {'yes' if row['launch_bound'] else ''} |")
@@ -346,6 +375,9 @@ def render(rows: list[dict[str, Any]]) -> str:
                           ("MoE", [r for r in timed if r["moe"]])):  # fmt: skip
         if len(subset) < 3:
             continue
+        lines.append(f"- {title} ({len(subset)}): Pearson r of the measured time per layer and micro-batch "
+                     f"with the aten ops per layer and micro-batch {_pearson(subset, 'aten'):.2f}, "
+                     f"with the module calls {_pearson(subset, 'modules'):.2f}")
         for name, feats in FITS.items():
             coef, errors = fit(subset, feats)
             within = sum(abs(e) <= 0.25 for e in errors) / len(errors)
