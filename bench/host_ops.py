@@ -12,8 +12,8 @@ script counts, per transformer layer and micro-batch, forward and backward apart
   reach the backend);
 - `modules`: nn.Module calls (forward; the calls a recomputation repeats in backward);
 - `functions`: torch.autograd.Function applies (megatron's and Transformer Engine's stand-ins);
-- `nodes`: autograd nodes the backward runs (walked from the loss before backward), of which
-  `py_nodes` are Python (custom Function) backwards.
+- `nodes`: autograd nodes the backward runs (walked from the loss before backward; the nodes a
+  recomputation makes inside the backward are not in that graph yet, so not counted).
 A layer is `decoder.layers.N` or `mtp.layers.N`; the rest of a micro-batch (embedding, output
 layer, loss) is `other`. Transformer Engine's C++ kernels are stand-ins here (world/te/), so a TE
 module's aten count is what the stand-in dispatches; its Python (modules, Function applies) is
@@ -168,8 +168,6 @@ def _walk(root: Any, tracker: Any) -> None:
         index = bisect.bisect_right(tracker.starts, seq) - 1
         where = tracker.labels[index] if index >= 0 else "other"
         COUNTS.add("backward", where, "nodes")
-        if type(node).__name__ == "BackwardCFunction":
-            COUNTS.add("backward", where, "py_nodes")
 
 
 def count_case(case: Any, plan: bool = True) -> dict[str, Any]:
@@ -353,7 +351,7 @@ def _pearson(rows: list[dict[str, Any]], what: str) -> float:
 def render(rows: list[dict[str, Any]]) -> str:
     """Return the counts per layer and micro-batch of every case, then the fits over the
     launch-bound ones."""
-    lines = ["| case | layout | m | L | aten f/b | modules f/b | Function applies | autograd nodes (Python) "
+    lines = ["| case | layout | m | L | aten f/b | modules f/b | Function applies | autograd nodes "
              "| measured s | ms per layer and micro-batch | launch-bound |", "|---|" * 1 + "---|" * 10]
     timed = []
     for row in rows:
@@ -366,7 +364,7 @@ def render(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {row['case']} | {row['layout']} | {row['m']} | {row['rank_layers']} "
             f"| {g('forward_aten')}/{g('backward_aten')} | {g('forward_modules')}/{g('backward_modules')} "
-            f"| {g('forward_functions') + g('backward_functions')} | {g('backward_nodes')} ({g('backward_py_nodes')}) "
+            f"| {g('forward_functions') + g('backward_functions')} | {g('backward_nodes')} "
             f"| {row['measured']} | {per:.1f} | {'yes' if row['launch_bound'] else ''} |")
         if row["launch_bound"] and row["measured"]:
             timed.append(row)
