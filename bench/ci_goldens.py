@@ -333,6 +333,16 @@ def env_var(folder: Path, name: str) -> str | None:
 def plan_step(args: dict[str, Any], gpus: int, algo: str | None = None) -> tuple[float | None, bool, str]:
     """Return `plan --gpu h100`'s step time of this very layout, whether it is launch-bound, or
     the plan's reason for none; `algo`: the job's NCCL_ALGO (NVLink SHARP's all-reduces or not)."""
+    plan, note = matching_plan(args, gpus, algo)
+    if plan is None:
+        return None, False, note
+    layers = max(sum(map(len, stage.layers)) for stage in plan.stages) or 1  # chunks' layers
+    busiest = max(s.compute for s in plan.time.stages)  # one micro-batch through every chunk
+    return plan.time.seconds, busiest / layers < LAUNCH_BOUND, ""
+
+
+def matching_plan(args: dict[str, Any], gpus: int, algo: str | None = None) -> tuple[Any, str]:
+    """Return the plan `plan --gpu h100` gives this layout's sizes, or None and the reason."""
     from inspector.errors import InspectorError
     from inspector.plan.request import PlanFlags, make_request
     from inspector.plan.search import search
@@ -341,15 +351,12 @@ def plan_step(args: dict[str, Any], gpus: int, algo: str | None = None) -> tuple
     try:
         result = search(make_request(pinned, PlanFlags(gpus, "h100", top=1000, nccl_algo=algo)))
     except InspectorError as error:
-        return None, False, str(error).splitlines()[0]
+        return None, str(error).splitlines()[0]
     want = _sizes(args)
     match = [p for p in result.plans if _sizes(_plan_args(p)) == want]
     if not match:
-        return None, False, "the plan finds no candidate of this layout that fits"
-    plan = match[0]
-    layers = max(sum(map(len, stage.layers)) for stage in plan.stages) or 1  # chunks' layers
-    busiest = max(s.compute for s in plan.time.stages)  # one micro-batch through every chunk
-    return plan.time.seconds, busiest / layers < LAUNCH_BOUND, ""
+        return None, "the plan finds no candidate of this layout that fits"
+    return match[0], ""
 
 
 _SIZE_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",

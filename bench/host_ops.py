@@ -252,20 +252,9 @@ def _is_moe(job: Any) -> bool:
 
 def _plan(args: dict[str, Any], gpus: int, algo: str | None) -> dict[str, Any]:
     """Return the plan's busiest stage: its layers, its GPU seconds per micro-batch, the stages'."""
-    from inspector.errors import InspectorError
-    from inspector.plan.request import PlanFlags, make_request
-    from inspector.plan.search import search
-
-    pinned = {"context_parallel_size": 1, "expert_model_parallel_size": 1, **args}
-    try:
-        result = search(make_request(pinned, PlanFlags(gpus, "h100", top=1000, nccl_algo=algo)))
-    except InspectorError:
+    plan, _ = ci_goldens.matching_plan(args, gpus, algo)
+    if plan is None:
         return {}
-    want = ci_goldens._sizes(args)
-    match = [p for p in result.plans if ci_goldens._sizes(ci_goldens._plan_args(p)) == want]
-    if not match:
-        return {}
-    plan = match[0]
     return {
         "stage_layers": max(sum(map(len, stage.layers)) for stage in plan.stages),
         "stage_compute": [s.compute for s in plan.time.stages],
