@@ -15,7 +15,8 @@ script counts, per transformer layer and micro-batch, forward and backward apart
 - `nodes`: autograd nodes the backward runs (walked from the loss before backward; the nodes a
   recomputation makes inside the backward are not in that graph yet, so not counted).
 A layer is `decoder.layers.N` or `mtp.layers.N`; the rest of a micro-batch (embedding, output
-layer, loss) is `other`. Transformer Engine's C++ kernels are stand-ins here (world/te/), so a TE
+layer, loss) is `other`, with the optimizer steps the engine runs (memory/engine/optimizer.py: the
+first, then the steady one) as `optimizer1` and `optimizer2`. Transformer Engine's C++ kernels are stand-ins here (world/te/), so a TE
 module's aten count is what the stand-in dispatches; its Python (modules, Function applies) is
 megatron's and TE's call structure.
 
@@ -108,7 +109,7 @@ def _install() -> None:
 
     def entered(self: Any) -> Any:
         active.append(self)
-        if type(self).__name__ == "_GpuTracker":
+        if type(self).__name__ == "_GpuTracker" and COUNTS.on:
             COUNTS.steps += 1
         return enter(self)
 
