@@ -33,8 +33,8 @@ A case is launch-bound when the plan's busiest stage spends under LAUNCH_BOUND (
 per layer and micro-batch, forward and backward: there the host, not the GPU, sets the pace. Counted
 in megatron's own forward and backward (bench/host_ops.py), a dense Transformer Engine layer of
 these cases dispatches 76-297 aten operations per micro-batch (median 115) and 15-30 module calls,
-an MoE layer 191-359 (median 239), which at PyTorch's published 5-25 us per operation is 0.4-9 ms;
-the goldens take 3.6-14.4 ms (dense) and 7.7-30 ms (MoE) per layer and micro-batch; the GPU time
+an MoE layer 159-359 (median 234), which at PyTorch's published 5-25 us per operation is 0.4-9 ms;
+the goldens take 3.6-14.4 ms (dense) and 7.3-30 ms (MoE) per layer and micro-batch; the GPU time
 model prices kernels, not the host. Step-time errors are summarised over the other cases, and over
 the launch-bound ones apart; the table marks the launch-bound ones. (Neither a per-kernel nor a
 per-operation host cost explains them: bench/RESULTS.md `hostop`, docs/how-time-is-computed.md.)
