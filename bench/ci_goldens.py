@@ -30,14 +30,14 @@ For every case with that file:
   warm-up (WARMUP iterations and the first logged one dropped).
 
 A case is launch-bound when the plan's busiest stage spends under LAUNCH_BOUND (5 ms) of GPU work
-per layer and micro-batch, forward and backward: there the host, not the GPU, sets the pace. A
-Transformer Engine layer's forward and backward issue some 200-300 operations (its linears, norms,
-attention, activations, dropouts, the autograd nodes of each), each 10-20 us of CPU time through
-PyTorch's eager dispatch and TE's Python (an estimate, not measured here), so 2-6 ms per layer and
-micro-batch; the GPU time model prices kernels, not the host. Step-time errors are summarised over
-the other cases, and over the launch-bound ones apart; the table marks the launch-bound ones. (A
-host model of kernels times a per-kernel cost does not explain them: the time missing is 78-345 us
-per priced kernel against PyTorch's published 5-25 us per operation; docs/how-time-is-computed.md.)
+per layer and micro-batch, forward and backward: there the host, not the GPU, sets the pace. Counted
+in megatron's own forward and backward (bench/host_ops.py), a dense Transformer Engine layer of
+these cases dispatches 76-297 aten operations per micro-batch (median 115) and 15-30 module calls,
+an MoE layer 159-359 (median 234), which at PyTorch's published 5-25 us per operation is 0.4-9 ms;
+the goldens take 3.6-14.4 ms (dense) and 7.3-30 ms (MoE) per layer and micro-batch; the GPU time
+model prices kernels, not the host. Step-time errors are summarised over the other cases, and over
+the launch-bound ones apart; the table marks the launch-bound ones. (Neither a per-kernel nor a
+per-operation host cost explains them: bench/RESULTS.md `hostop`, docs/how-time-is-computed.md.)
 
 Refusals (the tool's `Error:` line) are rows of their own, with the cause. `make bench` runs this
 when a checkout is at hand (BENCH_MEGATRON_LM, default /work/mlm) and appends its summary to
@@ -333,6 +333,16 @@ def env_var(folder: Path, name: str) -> str | None:
 def plan_step(args: dict[str, Any], gpus: int, algo: str | None = None) -> tuple[float | None, bool, str]:
     """Return `plan --gpu h100`'s step time of this very layout, whether it is launch-bound, or
     the plan's reason for none; `algo`: the job's NCCL_ALGO (NVLink SHARP's all-reduces or not)."""
+    plan, note = matching_plan(args, gpus, algo)
+    if plan is None:
+        return None, False, note
+    layers = max(sum(map(len, stage.layers)) for stage in plan.stages) or 1  # chunks' layers
+    busiest = max(s.compute for s in plan.time.stages)  # one micro-batch through every chunk
+    return plan.time.seconds, busiest / layers < LAUNCH_BOUND, ""
+
+
+def matching_plan(args: dict[str, Any], gpus: int, algo: str | None = None) -> tuple[Any, str]:
+    """Return the plan `plan --gpu h100` gives this layout's sizes, or None and the reason."""
     from inspector.errors import InspectorError
     from inspector.plan.request import PlanFlags, make_request
     from inspector.plan.search import search
@@ -341,15 +351,12 @@ def plan_step(args: dict[str, Any], gpus: int, algo: str | None = None) -> tuple
     try:
         result = search(make_request(pinned, PlanFlags(gpus, "h100", top=1000, nccl_algo=algo)))
     except InspectorError as error:
-        return None, False, str(error).splitlines()[0]
+        return None, str(error).splitlines()[0]
     want = _sizes(args)
     match = [p for p in result.plans if _sizes(_plan_args(p)) == want]
     if not match:
-        return None, False, "the plan finds no candidate of this layout that fits"
-    plan = match[0]
-    layers = max(sum(map(len, stage.layers)) for stage in plan.stages) or 1  # chunks' layers
-    busiest = max(s.compute for s in plan.time.stages)  # one micro-batch through every chunk
-    return plan.time.seconds, busiest / layers < LAUNCH_BOUND, ""
+        return None, "the plan finds no candidate of this layout that fits"
+    return match[0], ""
 
 
 _SIZE_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
