@@ -45,7 +45,6 @@ from inspector.memory.engine.allocator import BLOCK, rounded
 
 if TYPE_CHECKING:
     from inspector.job.job import Training
-    from inspector.memory.measure import StageMemory, StateBytes
 
 SMALL_SIZE = 1 << 20  # kSmallSize: at most this comes from the small pool
 LARGE_BUFFER = 20 << 20  # kLargeBuffer: the segment of a request under kMinLargeAlloc
@@ -156,12 +155,13 @@ def stage_tails(training: Training, chunks: Sequence[Any], expandable: bool) -> 
     return setup_tails(chunks, training.use_distributed_optimizer, expandable)
 
 
-def torch_counts(stage: StageMemory, state: StateBytes | None = None) -> tuple[int, int]:
+def torch_counts(stage: Any, state: Any = None) -> tuple[int, int]:
     """Return what torch.cuda.memory_allocated after the step and max_memory_allocated report on
-    the stage's rank (on one holding `state`, another rank of the stage): the requests as the
-    run counts them (RunMemory.torch_reports: not what is held outside PyTorch's allocator nor a
-    captured CUDA graphs' pool), FSDP's gathered buffers released by the end of the iteration
-    (in the peak only), plus the set-up's block tails. Without the run: static and total."""
+    the rank of a stage (measure.py StageMemory; on one holding `state`, a StateBytes of another
+    rank of the stage): the requests as the run counts them (RunMemory.torch_reports: not what
+    is held outside PyTorch's allocator nor a captured CUDA graphs' pool), FSDP's gathered
+    buffers released by the end of the iteration (in the peak only), plus the set-up's block
+    tails. Without the run: static (FSDP's buffers released) and total."""
     held = (stage.state if state is None else state).total + stage.buffers - stage.fsdp_in_flight
     after, peak = (held, held + stage.activation_bytes) if stage.run is None else (
         stage.run.torch_reports(held))  # fmt: skip
