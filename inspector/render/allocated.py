@@ -16,13 +16,14 @@ def allocated_line(report: MemoryReport, stage: StageMemory, size: Callable[[int
     max_memory_allocated report on the stage's rank (Megatron-LM's `mem-allocated-bytes` and
     `mem-max-allocated-bytes`), and what of it is the allocator's blocks beyond the requests."""
     from inspector.memory.segments import torch_counts
+    from inspector.render.check import MIB  # the tails in MiB whatever the report's unit
 
     after, peak = torch_counts(stage)
     if report.expandable_segments:
         tails = "PYTORCH_CUDA_ALLOC_CONF's expandable segments size every block to its request"
     else:
-        tails = (f"of each, {size(stage.block_tails)} is the caching allocator's blocks beyond "
-                 "megatron's set-up requests")  # fmt: skip
+        tails = (f"of each, {stage.block_tails / MIB:,.2f} MiB is the caching allocator's blocks "
+                 "beyond megatron's set-up requests")  # fmt: skip
     return (f"Stage {stage.stage}: torch.cuda.memory_allocated {size(after)} after the step, "
             f"max_memory_allocated {size(peak)} (Megatron-LM logs them as allocated and max "
             f"allocated); {tails}.")  # fmt: skip
