@@ -258,7 +258,7 @@ def _predict(case: Case) -> Predicted:
     from inspector.inputs.resolve import Sources, merge_sources
     from inspector.job.job import make_job
     from inspector.memory.measure import job_optimizer_bytes, make_hardware, measure, state_bytes
-    from inspector.memory.segments import setup_tails
+    from inspector.memory.segments import expandable_segments, torch_counts
     from inspector.world.build import build, select_view
     from inspector.world.ranks import rank_shard_indices
 
@@ -272,7 +272,9 @@ def _predict(case: Case) -> Predicted:
     rank = layout.world_size - 1
     view = select_view(job, rank=rank)
     built = build(job, view, expert_ranks=(view.expert_rank,))
-    report = measure(built, make_hardware(None, None, None, "h100", job.model.dtype_name))
+    conf = env_var(case.folder, "PYTORCH_CUDA_ALLOC_CONF")
+    report = measure(built, make_hardware(None, None, None, "h100", job.model.dtype_name),
+                     expandable_segments(conf))  # fmt: skip
     stage = report.stages[0]
     label = layout_label(layout, job.schedule().micro_batch_size)
     if stage.run is None:
@@ -286,18 +288,8 @@ def _predict(case: Case) -> Predicted:
                             job_optimizer_bytes(job))  # fmt: skip
         if stage.optimizer_by_rank:  # Muon: this rank's whole matrices (memory/engine/muon.py)
             state = replace(state, optimizer=dict(stage.optimizer_by_rank)[rank])
-    # Megatron-FSDP's gathered parameters and unsharded gradients are released by the end of the
-    # iteration (the buckets resharded after each unit's backward, its gradients reduce-scattered),
-    # when mem-allocated-bytes is logged: held in flight, not static
-    # (and neither what is outside PyTorch's allocator nor a captured CUDA graphs' pool, reserved
-    # but not allocated: RunMemory.torch_reports)
-    static, peak = stage.run.torch_reports(state.total + stage.buffers - stage.fsdp_in_flight)
-    peak += stage.fsdp_in_flight
-    if not (training.megatron_fsdp or training.torch_fsdp2):
-        # the caching allocator's blocks beyond megatron's set-up requests (memory/segments.py)
-        tails = setup_tails(built.stages[0].chunks, training.use_distributed_optimizer,
-                            expandable_segments(case.folder))  # fmt: skip
-        static, peak = static + tails, peak + tails
+    # what torch.cuda counts on this rank, as `memory` and `check LOG` report it (segments.py)
+    static, peak = torch_counts(stage, state)
     step, bound, note = plan_step(args, layout.world_size, nccl_algo(case.folder))
     return Predicted(label, static, peak, step, bound, step_note=note)
 
@@ -314,13 +306,6 @@ def layout_label(layout: Any, mbs: int) -> str:
 def nccl_algo(folder: Path) -> str | None:
     """Return the NCCL_ALGO the case's ENV_VARS set (the job's environment), or None."""
     return env_var(folder, "NCCL_ALGO")
-
-
-def expandable_segments(folder: Path) -> bool:
-    """Return whether the case's PYTORCH_CUDA_ALLOC_CONF turns on expandable segments (c10's
-    CUDAAllocatorConfig reads `expandable_segments:True` from the comma-separated options)."""
-    options = (env_var(folder, "PYTORCH_CUDA_ALLOC_CONF") or "").replace(" ", "").split(",")
-    return "expandable_segments:True" in options
 
 
 def env_var(folder: Path, name: str) -> str | None:

@@ -8,7 +8,9 @@ bench/gpu-h100/memory-h100.json (the launch scripts in bench/gpu_jobs, run by sh
 on an H100; bench/RESULTS.md says how). For each run that finished: the static memory after an iteration (weights, grads and optimizer state from megatron's
 DDP buffers for the rank's shard, plus what the engine finds persisting and the cuBLAS
 workspaces) against `memory_allocated` after step 3, and the peak (static plus the engine's
-schedule peak) against `max_memory_allocated`. `make bench` appends the table to RESULTS.md.
+schedule peak) against `max_memory_allocated`, both as `memory` reports what torch.cuda counts
+(memory/segments.py `torch_counts`: the caching allocator's set-up block tails included). Run it
+from the repository root with PYTHONPATH=. to measure this checkout. `make bench` appends the table to RESULTS.md.
 Nothing here is fitted to these numbers.
 """
 
@@ -44,20 +46,23 @@ def probed_ranks(records: Path, jobs: Path) -> Iterator[tuple[dict[str, Any], An
 
 def rows(records: Path, jobs: Path) -> list[str]:
     """Return one markdown row per probed rank."""
-    from inspector.memory.engine.run import run_memory
-    from inspector.memory.measure import state_bytes
+    from inspector.memory.measure import Hardware, job_optimizer_bytes, measure, state_bytes
+    from inspector.memory.segments import torch_counts
 
     out = []
     for run, job, stage, built in probed_ranks(records, jobs):
         buffers = [b for chunk in built.chunks for b in chunk.buffers()]
-        state = state_bytes(buffers, job.training.use_distributed_optimizer, 0, 0).total
-        engine = run_memory(job, stage)
-        static, peak = state + engine.static, state + engine.static + engine.peak.bytes
+        state = state_bytes(buffers, job.training.use_distributed_optimizer, 0, 0,
+                            job_optimizer_bytes(job))  # fmt: skip
+        memory = measure(built, Hardware()).stages[0]
+        assert memory.run is not None, f"{run['job']}: the engine did not run"
+        # what torch.cuda counts, as `memory` and `check LOG` report it (memory/segments.py)
+        static, peak = torch_counts(memory, state)
         last = run["probes"][-1]
         out.append(
             f"| {run['job']} | {run['rank']} | {stage} | {_gib(static)} | {_gib(last['allocated'])} "
             f"| {static / last['allocated']:.4f} | {_gib(peak)} | {_gib(last['max_allocated'])} "
-            f"| {peak / last['max_allocated']:.4f} | {engine.peak.moment} |"
+            f"| {peak / last['max_allocated']:.4f} | {memory.run.peak.moment} |"
         )
     return out
 

@@ -149,3 +149,27 @@ def test_memory_with_kernels_prints_the_step_check_predicts(cli) -> None:
     builtin = json.loads(cli("check", str(LOG), "--from-script", str(SCRIPT), "--gpu", "h200",
                              "--format", "json").out)["iteration_time"]["predicted"]  # fmt: skip
     assert builtin != predicted
+
+
+@pytest.mark.slow
+def test_check_compares_the_log_with_what_torch_cuda_counts(cli, tmp_path: Path, monkeypatch) -> None:
+    """check's predictions are `memory`'s torch.cuda figures: the bytes megatron asks for plus the
+    caching allocator's blocks beyond its set-up requests (tests/test_segments.py derives the
+    hand-made job's last-stage tails), what Megatron-LM's `allocated` lines count."""
+    import json
+
+    from tests.test_segments import LAST_STAGE_TAILS, hand_made_job
+
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    config = str(hand_made_job(tmp_path))
+    log = tmp_path / "job.log"  # rank 4: the first rank of the last stage (tp 2 x pp 2 x dp 2)
+    log.write_text("[Rank 4] (after 2 iterations) memory (MB) | allocated: 517.00 | max allocated: "
+                   "1381.00 | reserved: 1500.00 | max reserved: 1500.00\n")  # fmt: skip
+    checked = cli("check", str(log), "--config", config, "--dp", "2", "--format", "json")
+    assert checked.code == 0, checked.err
+    memory = cli("memory", "--config", config, "--dp", "2", "--format", "json")
+    assert memory.code == 0, memory.err
+    last = json.loads(memory.out)["stages"][1]
+    rows = {row["quantity"]: row["predicted"] for row in json.loads(checked.out)["memory"]}
+    assert rows == {"peak allocated": last["total"] + LAST_STAGE_TAILS,
+                    "allocated after the step": last["static"] + LAST_STAGE_TAILS}  # fmt: skip

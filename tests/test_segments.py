@@ -8,6 +8,9 @@ merged with free neighbours.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from inspector.memory.segments import LargePool, setup_tails, tail_bytes
@@ -62,6 +65,23 @@ def test_frees_merge_and_the_smallest_free_block_that_fits_serves() -> None:
     assert sorted(b.size for b in pool.blocks if b.free) == [12 * MiB, 40 * MiB]
 
 
+def hand_made_job(folder: Path) -> Path:
+    """Write the tp2 pp2 GPT job (12 layers, hidden 512, tied embeddings, bf16, no distributed
+    optimizer) whose last stage's tails are re-derived by hand below; run it with --dp 2."""
+    config = folder / "job.yaml"
+    config.write_text(
+        "MODEL_ARGS:\n  --num-layers: 12\n  --hidden-size: 512\n  --num-attention-heads: 8\n"
+        "  --seq-length: 1024\n  --max-position-embeddings: 1024\n  --micro-batch-size: 4\n"
+        "  --global-batch-size: 32\n  --tensor-model-parallel-size: 2\n"
+        "  --pipeline-model-parallel-size: 2\n  --bf16: true\n"
+        "  --transformer-impl: transformer_engine\n"
+    )
+    return config
+
+
+LAST_STAGE_TAILS = 665_600 + 786_432  # the fp32 grad buffer's and the output layer's main copy's
+
+
 @pytest.mark.slow
 def test_megatrons_setup_keeps_the_grad_buffer_and_main_copy_tails(tmp_path) -> None:
     """The last stage of a tp2 pp2 GPT (12 layers, hidden 512, tied embeddings) without the
@@ -72,19 +92,33 @@ def test_megatrons_setup_keeps_the_grad_buffer_and_main_copy_tails(tmp_path) -> 
     from inspector.job.job import make_job
     from inspector.world.build import View, build
 
-    config = tmp_path / "job.yaml"
-    config.write_text(
-        "MODEL_ARGS:\n  --num-layers: 12\n  --hidden-size: 512\n  --num-attention-heads: 8\n"
-        "  --seq-length: 1024\n  --max-position-embeddings: 1024\n  --micro-batch-size: 4\n"
-        "  --global-batch-size: 32\n  --tensor-model-parallel-size: 2\n"
-        "  --pipeline-model-parallel-size: 2\n  --bf16: true\n"
-        "  --transformer-impl: transformer_engine\n"
-    )
+    config = hand_made_job(tmp_path)
     args = merge_sources(Sources(config_file=str(config), flags={"data_parallel_size": 2}),
                          ("model", "layout", "training")).args  # fmt: skip
     job = make_job(args)
     chunks = build(job, View((1,))).stages[0].chunks
     grads = sum(b.numel * b.grad_dtype.itemsize for c in chunks for b in c.buffers())
     assert grads == 89_511_936
-    assert setup_tails(chunks, distributed=False) == 665_600 + 786_432
+    assert setup_tails(chunks, distributed=False) == LAST_STAGE_TAILS
     assert setup_tails(chunks, distributed=False, expandable=True) == 0
+
+
+@pytest.mark.slow
+def test_memory_reports_what_torch_cuda_counts_tails_included(cli, tmp_path, monkeypatch) -> None:
+    """`memory` gives torch.cuda's two figures beside the requested bytes: the last stage's
+    static and peak plus the tails derived by hand above (no bytes outside PyTorch's allocator,
+    no CUDA graphs, fp32 main grads: nothing else between them); with expandable segments none."""
+    config = str(hand_made_job(tmp_path))
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    result = cli("memory", "--config", config, "--dp", "2", "--format", "json")
+    assert result.code == 0, result.err
+    last = json.loads(result.out)["stages"][1]
+    assert last["torch_allocated"] == {
+        "after_step": last["static"] + LAST_STAGE_TAILS, "max": last["total"] + LAST_STAGE_TAILS,
+        "block_tails": LAST_STAGE_TAILS, "expandable_segments": False}  # fmt: skip
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "garbage_collection_threshold:0.8,expandable_segments:True")
+    result = cli("memory", "--config", config, "--dp", "2")
+    assert result.code == 0, result.err
+    line = next(x for x in result.out.splitlines() if x.startswith("Stage 1: torch.cuda"))
+    assert line.endswith("; PYTORCH_CUDA_ALLOC_CONF's expandable segments size every block to its "
+                         "request."), line  # fmt: skip

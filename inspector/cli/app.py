@@ -379,3 +379,12 @@ def resolve_job(args: dict[str, Any]) -> Any:
     from inspector.job.job import make_job
 
     return make_job(args)
+
+
+def expandable_segments() -> bool:
+    """Return whether PYTORCH_CUDA_ALLOC_CONF, as this process sees it, turns on the caching
+    allocator's expandable segments: torch reads the job's own environment, so `memory` and
+    `check` read it as the user sets it for the job (memory/segments.py)."""
+    from inspector.memory.segments import expandable_segments as parse
+
+    return parse(os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))

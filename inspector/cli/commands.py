@@ -21,6 +21,7 @@ from inspector.cli.app import (
     app,
     check_outputs,
     emit,
+    expandable_segments,
     format_option,
     gpu_memory_option,
     gpu_option,
@@ -212,6 +213,7 @@ def memory(
                                 **{flag.strip("-"): path for flag, path in files.items()})
     check_outputs(output, files)  # before the build: a bad path costs nothing
     written: list[tuple[str, str, str | bytes]] = []  # --timeline's and --snapshot's files
+    expandable = expandable_segments()  # PYTORCH_CUDA_ALLOC_CONF: in the cache key
 
     def produce() -> str:
         from inspector.memory import measure as core
@@ -232,7 +234,7 @@ def memory(
 
         with Progress() as progress:
             built = build(job, select_view(job), expert_ranks=(0,), progress=progress)
-        report = core.measure(built, hardware)
+        report = core.measure(built, hardware, expandable)
         if files:
             written.extend(_engine_files(report, timeline, snapshot))
         text = render.render_memory(report, fmt)
@@ -253,6 +255,7 @@ def memory(
         ulysses_degree=ulysses_degree,
         walkthrough=walkthrough,
         label=label,
+        expandable_segments=expandable,
     )
     if table is not None:
         options["kernels"] = table.digest

@@ -16,6 +16,7 @@ from inspector.cli.app import (
     Progress,
     app,
     emit,
+    expandable_segments,
     format_option,
     gpu_option,
     kernels_gpu,
@@ -125,7 +126,8 @@ def check(
 
         with Progress() as progress:
             built = build(job, select_view(job), expert_ranks=(0,), progress=progress)
-        memory = core.compare_memory(parsed, measure(built, make_hardware(None, None, None)))
+        report = measure(built, make_hardware(None, None, None), expandable_segments())
+        memory = core.compare_memory(parsed, report)
     predicted = None
     if parsed.times_after(warmup):
         batch = {"global_batch_size": args.get("global_batch_size") or schedule.global_batch_size}

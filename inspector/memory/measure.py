@@ -24,7 +24,8 @@ backward on meta tensors and replays the pipeline schedule into the rank's peak 
 Where the engine cannot run the job yet (`memory.engine.run.not_runnable`), the activations come from
 the closed forms in activations.py (Korthikanti et al. 2022) on the layers megatron placed on the
 stage, times the micro-batches in flight there. FLOPs from Megatron-LM's throughput formula
-(flops.py). Not counted: the CUDA context, NCCL buffers, fragmentation.
+(flops.py). The tails of the caching allocator's blocks beyond megatron's set-up requests come
+from segments.py. Not counted: the CUDA context, NCCL buffers, fragmentation between blocks.
 """
 
 from __future__ import annotations
@@ -125,6 +126,7 @@ class StageMemory(StageBytes):
     # --perform-rl-step: the rollout engine's context (KV cache, tables) kept on the GPU through
     # the training step (job/rollout.py, engine/inference_context.py)
     rollout: int = 0
+    block_tails: int = 0  # the set-up's blocks beyond their requests (segments.py `stage_tails`)
 
     @property
     def activation_bytes(self) -> int:
@@ -165,6 +167,7 @@ class MemoryReport:
     stages: tuple[StageMemory, ...]
     iteration_flops: int
     not_run: str | None = None  # why the engine did not run: activations from the formulas
+    expandable_segments: bool = False  # PYTORCH_CUDA_ALLOC_CONF's (segments.py)
 
     @property
     def model(self) -> ModelConfig:
@@ -284,14 +287,10 @@ def state_bytes(
     return StateBytes(weights, gradients, held, kept, sum(b.numel for b in buffers), view, frozen)
 
 
-def measure(built: BuiltJob, hardware: Hardware) -> MemoryReport:
-    """Size every built stage's buffers with megatron's DDP and return the report.
-
-    Args:
-        built: every stage of the job, built on expert-parallel rank 0 (build.build).
-        hardware: GPU memory, peak TFLOP/s and MFU, for the verdicts.
-    """
+def measure(built: BuiltJob, hardware: Hardware, expandable_segments: bool = False) -> MemoryReport:
+    """Size every stage (built on expert-parallel rank 0) with megatron's DDP and return the report."""
     from inspector.memory.engine.run import run_job
+    from inspector.memory.segments import stage_tails
     from inspector.world.ranks import rank_shard_indices
 
     job = built.job
@@ -313,7 +312,8 @@ def measure(built: BuiltJob, hardware: Hardware) -> MemoryReport:
             f"--recompute-modules {' '.join(extra)} is measured by the engine only, and it cannot "
             f"run this job yet ({engine.not_run}); the formulas count core_attn alone"
         )
-    stages = tuple(_with_run(job, s, engine.runs.get(s.stage), b)
+    stages = tuple(replace(_with_run(job, s, engine.runs.get(s.stage), b),
+                           block_tails=stage_tails(job.training, b.chunks, expandable_segments))
                    for s, b in zip(formulas, built.stages, strict=True))  # fmt: skip
     if job.training.rollout is not None:
         stages = tuple(replace(s, rollout=_rollout_bytes(job, b))
@@ -326,6 +326,7 @@ def measure(built: BuiltJob, hardware: Hardware) -> MemoryReport:
         iteration_flops=sum(s.flops for s in stages) if job.model.is_hybrid_model
         else iteration_flops(dims, schedule.global_batch_size),
         not_run=engine.not_run,
+        expandable_segments=expandable_segments,
     )
 
 

@@ -25,15 +25,26 @@ freed), dense parameter groups before expert ones, weight-decayed before the res
 when it is allocated, so what the set-up keeps stays true however the iteration reuses the
 cache; what the first iteration allocates for good (Adam's moments, the distributed
 optimizer's main shards) lands in blocks its activations left, not simulated here.
+
+`torch_counts` is the one place the `memory` command, `check LOG` and bench/ci_goldens.py take
+what torch.cuda.memory_allocated (Megatron-LM's `mem-allocated-bytes`, the log's `allocated`)
+and max_memory_allocated (`mem-max-allocated-bytes`, `max allocated`) report from. The set-up's
+tails are in both: its blocks live through the iteration. The blocks the iteration itself
+allocates keep tails too while they live, but which cached block serves each request depends on
+every earlier free, the schedule's interleaving included, which the engine does not replay
+through this pool: not counted.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inspector.memory.engine.allocator import BLOCK, rounded
+
+if TYPE_CHECKING:
+    from inspector.job.job import Training
 
 SMALL_SIZE = 1 << 20  # kSmallSize: at most this comes from the small pool
 LARGE_BUFFER = 20 << 20  # kLargeBuffer: the segment of a request under kMinLargeAlloc
@@ -127,6 +138,34 @@ def setup_tails(chunks: Sequence[Any], distributed: bool, expandable: bool = Fal
             kept.append((pool.allocate(p.numel() * 4), p.numel() * 4))
             pool.free(clone)
     return tail_bytes([*own.values(), *kept])
+
+
+def expandable_segments(conf: str | None) -> bool:
+    """Return whether a PYTORCH_CUDA_ALLOC_CONF value turns on expandable segments (c10's
+    CUDAAllocatorConfig reads `expandable_segments:True` from the comma-separated options)."""
+    return "expandable_segments:True" in (conf or "").replace(" ", "").split(",")
+
+
+def stage_tails(training: Training, chunks: Sequence[Any], expandable: bool) -> int:
+    """Return the set-up's tails on a rank of the stage whose built chunks are `chunks` (the same
+    on every rank of it: whole buffers, whole parameters); none under Megatron-FSDP or FSDP2,
+    whose sharded buffers this replay does not follow."""
+    if training.megatron_fsdp or training.torch_fsdp2:
+        return 0
+    return setup_tails(chunks, training.use_distributed_optimizer, expandable)
+
+
+def torch_counts(stage: Any, state: Any = None) -> tuple[int, int]:
+    """Return what torch.cuda.memory_allocated after the step and max_memory_allocated report on
+    the rank of a stage (measure.py StageMemory; on one holding `state`, a StateBytes of another
+    rank of the stage): the requests as the run counts them (RunMemory.torch_reports: not what
+    is held outside PyTorch's allocator nor a captured CUDA graphs' pool), FSDP's gathered
+    buffers released by the end of the iteration (in the peak only), plus the set-up's block
+    tails. Without the run: static (FSDP's buffers released) and total."""
+    held = (stage.state if state is None else state).total + stage.buffers - stage.fsdp_in_flight
+    after, peak = (held, held + stage.activation_bytes) if stage.run is None else (
+        stage.run.torch_reports(held))  # fmt: skip
+    return after + stage.block_tails, peak + stage.fsdp_in_flight + stage.block_tails
 
 
 def _nbytes(param: Any) -> int:

@@ -2,12 +2,12 @@
 
 Measured, from the log (inputs/training_log.py): each reporting rank's `max allocated` (the
 peak of PyTorch's caching allocator) and `allocated` after its last reported iteration, and the
-median of the logged seconds per iteration after the warm-up. Predicted: the rank's pipeline
-stage as `memory` measures it (megatron's own step on fake tensors: the peak is the stage's
-total, what stays allocated after the step its static bytes and what the step leaves until the
-next iteration's zero_grad (fp32 copies of 16-bit main grads), both less what the GPU holds
-outside PyTorch's allocator, which torch.cuda never counts, and a captured CUDA graphs' pool:
-RunMemory.torch_reports), and the step time of the job as
+median of the logged seconds per iteration after the warm-up. Predicted: what torch.cuda
+counts on the rank's pipeline stage as `memory` reports it (memory/segments.py `torch_counts`:
+megatron's own step on fake tensors, the peak the stage's total, what stays allocated after the
+step its static bytes and what the step leaves until the next iteration's zero_grad, both less
+what the GPU holds outside PyTorch's allocator and a captured CUDA graphs' pool, plus the
+caching allocator's blocks beyond megatron's set-up requests), and the step time of the job as
 `plan` prices it (price.evaluate, at the layer split megatron makes of the job's flags).
 Nothing here prints.
 """
@@ -66,6 +66,7 @@ def predicted_seconds(job: Job, args: dict[str, Any], flags: PlanFlags) -> float
 
 def compare_memory(log: TrainingLog, report: MemoryReport) -> tuple[Compared, ...]:
     """Return each reporting rank's peak and after-step bytes beside its stage's prediction."""
+    from inspector.memory.segments import torch_counts
     from inspector.world.ranks import rank_shard_indices
 
     job = report.job
@@ -79,8 +80,7 @@ def compare_memory(log: TrainingLog, report: MemoryReport) -> tuple[Compared, ..
                 f"({job.layout.world_size}: check the layout flags against the log's job)"
             )
         stage = stages[stage_of[line.rank]]
-        after, peak = (stage.static, stage.total) if stage.run is None else (
-            stage.run.torch_reports(stage.static))  # fmt: skip
+        after, peak = torch_counts(stage)
         rows.append(Compared("peak allocated", line.rank, stage.stage, line.max_allocated, peak))
         rows.append(Compared("allocated after the step", line.rank, stage.stage, line.allocated,
                              after))  # fmt: skip

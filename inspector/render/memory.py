@@ -12,6 +12,7 @@ from inspector.job.hardware import GIB
 from inspector.job.optimizer_precision import REMAINDER
 from inspector.job.rollout import HELD
 from inspector.memory.measure import MemoryReport, StageMemory
+from inspector.render.allocated import allocated_json, allocated_line, graph_pool_line
 from inspector.render.by_rank import MUON_SAID, by_rank_json, by_rank_line
 from inspector.render.held_elsewhere import held_lines, host_json, outside_line
 from inspector.render.job import counted
@@ -243,6 +244,7 @@ def _moments(report: MemoryReport) -> list[str]:
             f"Stage {s.stage}: static {_size(report, s.static)} (state and buffers), peak "
             f"{_size(report, s.total)} at the {s.run.peak.moment}."
         )
+        lines.append(allocated_line(report, s, lambda v: _size(report, v)))
         if s.optimizer_by_rank:
             lines.append(by_rank_line(s, lambda v: _size(report, v)))
         if s.run.outside:
@@ -250,10 +252,7 @@ def _moments(report: MemoryReport) -> list[str]:
                                       "buffers and the total", s.total))  # fmt: skip
         lines += held_lines(f"Stage {s.stage}", s.run, lambda v: _size(report, v))  # host, stash
         if s.run.graph_pool:  # engine/cuda_graphs.py allocated_peak
-            now, top = (_size(report, v) for v in s.run.torch_reports(s.static))
-            lines.append(f"Stage {s.stage}: the CUDA graphs' memory pool {_size(report, s.run.graph_pool)}"
-                         " is reserved, not allocated, once captured: torch.cuda.memory_allocated "
-                         f"reports {now} after the step, max_memory_allocated {top}.")  # fmt: skip
+            lines.append(graph_pool_line(s, lambda v: _size(report, v)))
     return lines
 
 
@@ -390,6 +389,7 @@ def _stage_json(report: MemoryReport, s: StageMemory) -> dict[str, Any]:
         "flops": s.flops,
         "flops_per_rank": report.flops_per_rank(s),
         **by_rank_json(s),
+        **allocated_json(report, s),
     }
 
 
