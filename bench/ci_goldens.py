@@ -341,7 +341,28 @@ def matching_plan(args: dict[str, Any], gpus: int, algo: str | None = None) -> t
     match = [p for p in result.plans if _sizes(_plan_args(p)) == want]
     if not match:
         return None, "the plan finds no candidate of this layout that fits"
-    return match[0], ""
+    split = [p for p in match if p.split == _megatron_split(args, p)]
+    if not split:  # the search's other splits price another job
+        return None, "the plan finds no candidate of this layout with megatron's layer split that fits"
+    return split[0], ""
+
+
+def _megatron_split(args: dict[str, Any], plan: Any) -> Any:
+    """Return the layer split megatron makes of this job (plan/split.py `pinned_split`: the job's
+    split flags, else even, at the job's own virtual stages), or the plan's own where the model's
+    pattern fixes it (hybrid models: plan/hybrid.py `pinned_by_pattern`)."""
+    from inspector.plan.hybrid import pinned_by_pattern
+    from inspector.plan.split import PIN_FLAGS, pinned_split
+
+    job = plan.job
+    if job.model.hybrid or pinned_by_pattern(job.model):
+        return plan.split
+    pin = {name: args[name] for name in PIN_FLAGS if args.get(name) not in (None, False)}
+    pp = job.layout.pp
+    vpp = args.get("num_virtual_stages_per_pipeline_rank") or 1  # Megatron-LM: none, no interleaving
+    if args.get("num_layers_per_virtual_pipeline_stage"):
+        vpp = job.model.num_layers // pp // int(args["num_layers_per_virtual_pipeline_stage"])
+    return pinned_split(pin, job.model.num_layers, pp, int(vpp))
 
 
 _SIZE_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",

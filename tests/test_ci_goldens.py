@@ -232,3 +232,14 @@ def test_expandable_segments_are_read_from_the_jobs_allocator_conf(tmp_path):
     assert read("  PYTORCH_CUDA_ALLOC_CONF: expandable_segments:True")
     assert not read("  PYTORCH_CUDA_ALLOC_CONF: expandable_segments:False")
     assert not read("  NCCL_ALGO: Ring")
+
+
+def test_the_step_time_is_priced_on_megatron_s_own_layer_split() -> None:
+    # a config with no split flags runs megatron's even split (6 + 6 layers at pp 2); the plan
+    # search also prices other splits of the same sizes, which are another job
+    args = {"num_layers": 12, "hidden_size": 256, "num_attention_heads": 4, "seq_length": 512,
+            "max_position_embeddings": 512, "micro_batch_size": 1, "global_batch_size": 8,
+            "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 2,
+            "vocab_size": 50304, "bf16": True, "transformer_impl": "transformer_engine"}  # fmt: skip
+    plan, note = ci_goldens.matching_plan(args, 2)
+    assert note == "" and plan.split == (6, 6)
