@@ -126,13 +126,14 @@ def numbers(command: str, text: str) -> dict[str, Any]:
     return found
 
 
-def run(only: str | None) -> dict[str, Any]:
+def run(only: str | None, output: Path) -> dict[str, Any]:
     from inspector.world.setup import megatron
 
     megatron()  # first, as the simulated world imports it (the stand-ins in; tests/conftest.py)
     import megatron.core
 
     os.environ["INSPECT_MODEL_NO_CACHE"] = "1"
+    output = output.resolve()
     os.chdir(ROOT)
     cases = {**doc_cases(), **preset_cases(), **job_cases()}
     results: dict[str, Any] = {"megatron-core": megatron.core.__version__}
@@ -143,6 +144,7 @@ def run(only: str | None) -> dict[str, Any]:
         line = next((ln for ln in err.splitlines() if ln.startswith("Error:")), err.strip()[-300:])
         results[label] = {"argv": argv, **(numbers(argv[0], out) if code == 0 else {"error": line})}
         print(f"{label}: {'ok' if code == 0 else line}", file=sys.stderr, flush=True)
+        output.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")  # case by case
     return results
 
 
@@ -202,7 +204,7 @@ def main() -> None:
     d.add_argument("--ci", action="store_true", help="compare two bench/ci_goldens.py tables")
     ns = parser.parse_args()
     if ns.verb == "run":
-        ns.output.write_text(json.dumps(run(ns.only), indent=1, sort_keys=True) + "\n")
+        run(ns.only, ns.output)
     elif ns.ci:
         print("\n".join(ci_diff(ns.old, ns.new)))
     else:
