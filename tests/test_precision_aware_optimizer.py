@@ -16,7 +16,7 @@ import json
 import pytest
 
 from inspector.inputs.versions import megatron_core_version
-from tests.test_versions import GRAD_NORM_MADE_FIRST
+from tests.test_versions import BF16_MOMENTS_UNSCALED, GRAD_NORM_MADE_FIRST
 
 SMALL = ("--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
          "--vocab-size 1000 --micro-batch-size 1 --bf16 --dp 2 "
@@ -158,23 +158,65 @@ def test_the_first_step_makes_fusedadams_state(flags, per_element, reduced):
     assert 0 <= state - per_element * updated <= (3 + 4 * reduced) * 512 * tensors
 
 
-def test_bf16_moments_are_unscaled_into_fp32_for_the_step():
-    """fused_adam.py `step`: each bf16 moment of the group is copied into an fp32 temporary
-    (`get_unscaled_state`), all alive until the group's kernel ran: the step's peak is 8 bytes
-    per updated element of the largest group, where without the flag nothing is allocated."""
+def _steady_peak(job) -> tuple[int, int, int, str]:
+    """Return the steady step's peak bytes and where, rank 0's updated elements and tensors."""
+    from inspector.memory.engine.optimizer import stage_step
+
+    updated, tensors = _shards(job)
+    run = stage_step(job, 0)
+    assert run.events[-1].allocated == 0
+    peak = max(run.events, key=lambda e: e.allocated)
+    return peak.allocated, updated, tensors, peak.where
+
+
+# fused_adam.py `step`'s fp32 temporaries per updated element, re-derived from each release's
+# source: (TE release, moments' and master's dtypes) -> bytes. 2.11: every state not in fp32
+# gets one (`get_unscaled_state`: `.float()`), kept in `unscaled_lists` until the group's
+# kernels ran. 2.14 (v2.14 219 `fuse_unscale`, 344-348, 650-653): bf16 moments, both of them,
+# go to the kernel as they are (adam.cu `MOMENT_T`); an fp16 master or fp16 moment still
+# gets its temporary, and one bf16 moment beside an fp16 one is not fused.
+TEMPORARIES = {
+    ("2.11.0", "bf16", "bf16", "fp32"): 4 + 4,
+    ("2.14.0", "bf16", "bf16", "fp32"): 0,
+    ("2.17.1", "bf16", "bf16", "fp32"): 0,
+    ("2.11.0", "bf16", "bf16", "fp16"): 4 + 4 + 4,
+    ("2.14.0", "bf16", "bf16", "fp16"): 4,  # the fp16 master's
+    ("2.14.0", "fp16", "bf16", "fp32"): 4 + 4,
+}
+
+
+@pytest.mark.parametrize(("release", "m", "v", "master"), list(TEMPORARIES))
+def test_the_steps_temporaries_follow_the_te_release(monkeypatch, release, m, v, master):
+    """The steady step's peak is the largest group's temporaries (the weight-decay group: at
+    least 90% of the elements), or, with none, the grad norm's small tensors."""
+    import inspector.world.te
+
+    monkeypatch.setattr(inspector.world.te, "VERSION", release)
+    job = _job(exp_avg_dtype=m, exp_avg_sq_dtype=v, main_params_dtype=master)
+    allocated, updated, tensors, where = _steady_peak(job)
+    each = TEMPORARIES[(release, m, v, master)]
+    if each:
+        assert where.startswith("optimizer step: FusedAdam")
+        assert 0.9 * each * updated <= allocated <= each * updated + 3 * 512 * tensors + 1024
+    else:  # the grad norm's small tensors; 0.19 makes its total first (GRAD_NORM_MADE_FIRST)
+        assert allocated <= (3 + GRAD_NORM_MADE_FIRST) * 512
+
+
+def test_bf16_moments_are_unscaled_into_fp32_before_te_2_14():
+    """With the TE release this megatron-core declares: each bf16 moment of the group is copied
+    into an fp32 temporary (8 bytes per updated element of the largest group) before TE 2.14,
+    none from 2.14 (BF16_MOMENTS_UNSCALED); without the flag nothing is allocated either way."""
     from inspector.memory.engine.optimizer import stage_step
 
     job = _job(exp_avg_dtype="bf16", exp_avg_sq_dtype="bf16")
-    updated, tensors = _shards(job)
-    run = stage_step(job, 0)
-    peak = max(run.events, key=lambda e: e.allocated)
-    assert peak.where.startswith("optimizer step: FusedAdam")
-    # the weight-decay group is all but the norms: at least the 2-d weights' share
-    assert 0.9 * 8 * updated <= peak.allocated <= 8 * updated + 2 * 512 * tensors + 1024
-    assert run.events[-1].allocated == 0
-    plain = stage_step(_job(), 0)
-    # the grad norm's small tensors only; 0.19 makes its total first (GRAD_NORM_MADE_FIRST)
-    assert max(e.allocated for e in plain.events) <= (3 + GRAD_NORM_MADE_FIRST) * 512
+    allocated, updated, tensors, where = _steady_peak(job)
+    small = (3 + GRAD_NORM_MADE_FIRST) * 512
+    if BF16_MOMENTS_UNSCALED:
+        assert where.startswith("optimizer step: FusedAdam")
+        assert 0.9 * 8 * updated <= allocated <= 8 * updated + 2 * 512 * tensors + 1024
+    else:
+        assert allocated <= small
+    assert max(e.allocated for e in stage_step(_job(), 0).events) <= small
 
 
 def test_no_main_grad_copy_when_fusedadam_keeps_the_master():
