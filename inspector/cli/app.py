@@ -39,7 +39,7 @@ app = typer.Typer(
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
-    help="See what every rank holds in megatron-core's GPTModel, without a GPU.",
+    help="See what every rank holds in megatron-core's GPT and hybrid models, without a GPU.",
 )
 
 class Choice(click.Choice):

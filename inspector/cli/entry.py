@@ -39,7 +39,7 @@ def _root(
     ),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks behind errors."),
 ) -> None:
-    """See what every rank holds in megatron-core's GPTModel, without a GPU."""
+    """See what every rank holds in megatron-core's GPT and hybrid models, without a GPU."""
     _STATE["debug"] = _STATE["debug"] or debug
 
 
