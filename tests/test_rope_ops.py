@@ -18,6 +18,7 @@ from inspector.formulas.rope_ops import mla_rope, rotary
 from inspector.job.dims import ModelDims
 from inspector.job.job import make_job
 from tests.test_mla import MLA, TINY
+from tests.test_versions import MLA_ROPE_KV_CP_ARGS
 
 VIEWS = ("aten.alias", "aten.slice.", "aten.split.", "aten.view", "aten.expand", "aten.empty_like",
          "aten.detach", "aten.t.", "aten.transpose")
@@ -131,7 +132,9 @@ def test_fused_mla_rope_prices_the_kv_kernel_megatron_launches(monkeypatch: pyte
     cos, sin = torch.empty(s, 1, 1, r, **meta), torch.empty(s, 1, 1, r, **meta)
     kv = torch.empty(s, b, n, c + v, **meta, requires_grad=True)
     pos = torch.empty(s, b, 1, r, **meta, requires_grad=True)
-    key, value = fused.ApplyMLARotaryEmbKV.apply(kv, pos, cos, sin, r, c, v, None, 0, 1)
+    # the context-parallel rank and size from megatron-core 0.14; the kernels it launches are the same
+    cp = (0, 1) if MLA_ROPE_KV_CP_ARGS else ()
+    key, value = fused.ApplyMLARotaryEmbKV.apply(kv, pos, cos, sin, r, c, v, None, *cp)
     torch.autograd.grad((key, value), (kv, pos), [torch.empty_like(key), torch.empty_like(value)])
     priced = mla_rope(tokens, n, (c, r, v), 2, True)
     named = {op.name: op for op in priced[0] + priced[1]}

@@ -17,6 +17,8 @@ VERSION = tuple(int(p) for p in megatron.core.__version__.split(".")[:2])
 SMALL = "--hidden-size 64 --num-attention-heads 4 --seq-length 32 --vocab-size 1000 --num-layers 2".split()
 MOE = SMALL + "--num-experts 4 --moe-ffn-hidden-size 32".split()
 SHARED_EXPERT_GATE = VERSION >= (0, 16)  # TransformerConfig.moe_shared_expert_gate
+# fusions/fused_mla_yarn_rope_apply.py: ApplyMLARotaryEmbKV takes cp_rank, cp_size from 0.14
+MLA_ROPE_KV_CP_ARGS = VERSION >= (0, 14)
 # MoE layers with biases: megatron-core 0.15 on (0.13-0.14 TransformerConfig: "Bias is not
 # supported for MoE")
 MOE_BIASES = VERSION >= (0, 15)
