@@ -50,7 +50,14 @@ def _installed_megatron() -> tuple[int, int]:
 VERSION = release_for(_installed_megatron())
 NAME = "transformer_engine"
 
-__all__ = ["NAME", "VERSION", "install", "installed", "release_for"]
+__all__ = ["NAME", "VERSION", "install", "installed", "release", "release_for"]
+
+
+def release() -> tuple[int, int]:
+    """Return the (major, minor) of the TE release the stand-in declares (`VERSION`, read at call
+    time: the one home every TE version gate of the stand-in asks)."""
+    major, minor = VERSION.split(".")[:2]
+    return int(major), int(minor)
 
 
 def installed() -> bool:

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from inspector.world.te import release
 from inspector.world.te._base import TransformerEngineBaseModule, empty, world_size
 from inspector.world.te.kernels.attention_functions import FusedAttnFunction, P2PAttnFunction
 from inspector.world.te.kernels.fp8_attention import FP8FusedAttnFunction
@@ -51,16 +52,9 @@ def fp8_attention_recipe() -> str | None:
         return None
     if recipe.delayed() or recipe.float8_current_scaling():
         return "delayed" if recipe.delayed() else "current"
-    if recipe.mxfp8() and _te_release() >= MXFP8_ATTENTION_SINCE:
+    if recipe.mxfp8() and release() >= MXFP8_ATTENTION_SINCE:
         return "mxfp8"
     raise AssertionError(f"DotProductAttention does not support {type(recipe).__name__} recipe")
-
-
-def _te_release() -> tuple[int, ...]:
-    """The (major, minor) of the TE release mirrored (te/__init__.py VERSION)."""
-    from inspector.world.te import VERSION
-
-    return tuple(int(part) for part in VERSION.split(".")[:2])
 
 
 def _size(group: Any) -> int:

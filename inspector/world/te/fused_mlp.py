@@ -53,6 +53,7 @@ from typing import Any
 
 import torch
 
+from inspector.world.te import release as te_release  # a name tests/test_fused_mlp.py replaces
 from inspector.world.te.kernels import quantize
 from inspector.world.te.kernels.functions import (
     clear_tensor_data,
@@ -65,14 +66,6 @@ DIM_MULTIPLE = {(2, 14): 256, (2, 17): 64}  # _common.py 156-160; gm 650-658: ev
 GLU_INTERLEAVE = 32  # _common.py 162, gm 674-678: the GLU's interleave (--moe-mlp-glu-interleave-size)
 GLUS = ("ScaledSwiGLU", "ScaledClampedQGeGLU")  # gm 643-645 `is_glu_activation`
 MXFP8 = "mxfp8"
-
-
-def te_release() -> tuple[int, int]:
-    """The TE release the stand-in declares (world/te VERSION)."""
-    from inspector.world.te import VERSION
-
-    major, minor = VERSION.split(".")[:2]
-    return int(major), int(minor)
 
 
 def fused_rules() -> tuple[int, int]:

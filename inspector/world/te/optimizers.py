@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from inspector.world.te.fused_mlp import te_release
+from inspector.world.te import release
 
 FP8 = torch.uint8  # Megatron-LM's and TE's spelling of an fp8 optimizer state
 _STATES = ("exp_avg", "exp_avg_sq", "master_param")
@@ -95,7 +95,7 @@ class FusedAdam(torch.optim.Optimizer):
         # fused_adam.py v2.14 219: both moments in bf16 are updated in the kernel as they are
         self.fuse_unscale = (
             exp_avg_dtype == exp_avg_sq_dtype == torch.bfloat16
-            and te_release() >= FUSE_UNSCALE_SINCE
+            and release() >= FUSE_UNSCALE_SINCE
         )
 
     def zero_grad(self, set_to_none: bool | None = None) -> None:
