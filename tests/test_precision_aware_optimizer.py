@@ -219,6 +219,58 @@ def test_bf16_moments_are_unscaled_into_fp32_before_te_2_14():
     assert max(e.allocated for e in stage_step(_job(), 0).events) <= small
 
 
+def _priced(job) -> dict[str, int]:
+    """Return the passes plan prices for the job's optimizer step (bytes per updated element)."""
+    from inspector.formulas.optimizer import passes
+    from inspector.plan.price import _step_setup, job_dims
+
+    return dict(passes(_step_setup(job, job_dims(job))))
+
+
+@pytest.mark.parametrize(("m", "v"), [("bf16", "bf16"), ("fp32", "fp32"), ("fp16", "bf16")])
+def test_the_priced_step_follows_the_te_release(monkeypatch, m, v):
+    """plan prices FusedAdam's step as the declared TE release runs it: from 2.13 (PR #2632, in
+    the v2.13 and v2.14 tags, not v2.12) both moments in bf16 are neither unscaled into fp32
+    (`.float()`: read 2, write 4) nor written back (`.bfloat16()` and `copy_`: 4 + 2 + 2 + 2),
+    and the kernel reads and writes them in bf16 (adam.cu `MOMENT_T`); other dtypes as 2.11."""
+    import inspector.world.te
+    from inspector.job.hardware import GPUS
+    from inspector.plan.kernel_seconds import optimizer_step_seconds
+    from inspector.plan.price import _step_setup, job_dims
+
+    def priced(release: str) -> dict[str, int]:
+        monkeypatch.setattr(inspector.world.te, "VERSION", release)
+        return _priced(_job(exp_avg_dtype=m, exp_avg_sq_dtype=v))
+
+    old, new = priced("2.11.0"), priced("2.14.0")
+    assert priced("2.12.0") == old and priced("2.13.0") == priced("2.17.1") == new
+    if (m, v) != ("bf16", "bf16"):
+        assert new == old
+        return
+    kernel = "FusedAdam multi_tensor_adam"
+    assert {name: size for name, size in old.items() if name not in new} == {
+        "FusedAdam unscale exp_avg": 2 + 4, "FusedAdam unscale exp_avg_sq": 2 + 4,
+        "FusedAdam rescale exp_avg": 4 + 2 + 2 + 2, "FusedAdam rescale exp_avg_sq": 4 + 2 + 2 + 2,
+    }  # fmt: skip
+    assert old[kernel] - new[kernel] == 2 * 2 * (4 - 2)  # m and v read and written in bf16
+    assert {name: size for name, size in new.items() if name != kernel} == {
+        name: size for name, size in old.items() if name in new and name != kernel}
+    job = _job(exp_avg_dtype=m, exp_avg_sq_dtype=v)
+    seconds = {}
+    for release in ("2.11.0", "2.14.0"):
+        monkeypatch.setattr(inspector.world.te, "VERSION", release)
+        seconds[release] = optimizer_step_seconds(10**9, _step_setup(job, job_dims(job)), GPUS["h100"])
+    assert seconds["2.14.0"] < 0.8 * seconds["2.11.0"]
+
+
+def test_the_priced_step_of_the_installed_megatron_core():
+    """With the TE release this megatron-core declares (BF16_MOMENTS_UNSCALED): the step plan
+    prices unscales bf16 moments before TE 2.13 (megatron-core 0.13-0.16), not from 0.17."""
+    got = _priced(_job(exp_avg_dtype="bf16", exp_avg_sq_dtype="bf16"))
+    assert ("FusedAdam unscale exp_avg" in got) == ("FusedAdam rescale exp_avg_sq" in got)
+    assert ("FusedAdam unscale exp_avg" in got) == BF16_MOMENTS_UNSCALED
+
+
 def test_no_main_grad_copy_when_fusedadam_keeps_the_master():
     """distrib_optimizer.py `_copy_model_grads_to_main_grads`: the grad buffer's shard becomes
     `decoupled_grad` (no `main_grad.float()`), even with bf16 main grads."""

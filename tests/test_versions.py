@@ -36,9 +36,10 @@ MTP_LOGITS_HELD = (0, 14) <= VERSION < (0, 17)
 # 0.19 (before: the kernel's result is the norm), and MixedPrecisionOptimizer.clip_grad_norm
 # asks for separate grad-norm groups (`_compute_grad_norms_by_group`)
 GRAD_NORM_MADE_FIRST = VERSION >= (0, 19)
-# TE's FusedAdam updates bf16 moments in place from TE 2.14 (fused_adam.py `fuse_unscale`), the
-# release the stand-in declares from megatron-core 0.17 (world/te TE_RELEASES); before, its step
-# makes an fp32 temporary of each (`get_unscaled_state`)
+# TE's FusedAdam updates bf16 moments in place from TE 2.13 (fused_adam.py `fuse_unscale`); the
+# stand-in declares 2.11 to megatron-core 0.16, 2.14 from 0.17 (world/te TE_RELEASES); before,
+# its step makes an fp32 temporary of each (`get_unscaled_state`) and writes it back
+# (`_apply_scale`): the engine's memory and plan's priced passes (formulas/optimizer.py) both
 BF16_MOMENTS_UNSCALED = VERSION < (0, 17)
 # megatron's ColumnParallelLinear / RowParallelLinear print `bias=False` always to 0.16 (they test
 # `self.bias is True`), and whether the layer has a bias from 0.17 (`self.bias is not None`);

@@ -85,6 +85,9 @@ class OptimizerStep:
     optimizer: OptimizerBytes = OptimizerBytes()
     params_norm: bool = False  # --log-params-norm
     count_zeros: bool = False  # --log-num-zeros-in-grad
+    # the job's Transformer Engine takes bf16 moments in FusedAdam's kernel (TE 2.13+: the
+    # declared release's, world/environment.py `te_fuses_bf16_moments`, which plan/ hands in)
+    te_fuses_bf16_moments: bool = False
 
     @property
     def state_per_element(self) -> int:
@@ -129,7 +132,7 @@ def optimizer_ops(updated: int, step: OptimizerStep) -> tuple[Memory, ...]:
 
 def _precision_aware(step: OptimizerStep) -> tuple[tuple[str, int], ...]:
     """Return the passes with --use-precision-aware-optimizer: Transformer Engine's FusedAdam
-    (fused_adam.py `step`, TE 2.11) over the state in its dtypes.
+    (fused_adam.py `step`, TE 2.11, and 2.13+'s bf16 moments) over the state in its dtypes.
 
     Where FusedAdam keeps the master weights, megatron hands it the grad buffer's shard as
     `decoupled_grad` (distrib_optimizer.py `_copy_model_grads_to_main_grads`: no copy) and copies
@@ -138,6 +141,9 @@ def _precision_aware(step: OptimizerStep) -> tuple[tuple[str, int], ...]:
     fp32 is unscaled into an fp32 temporary (`get_unscaled_state`: `.float()`, and `mul_` by its
     scale for fp16), the kernel runs on the temporaries, and `_apply_scale` writes them back
     (bf16: `.bfloat16()` then `copy_`; fp16: `aminmax`, `mul_`, `copy_`; fp8: `aminmax`, `copy_`).
+    From TE 2.13, with both moments bf16 (`fuse_unscale`, fused_adam.py v2.14 219): neither is
+    unscaled nor written back (v2.14 650-653, 344-348, 871-874); the kernel reads and writes them
+    in bf16 (common/multi_tensor/adam.cu `MOMENT_T`).
     """
     each, te = step.optimizer, step.optimizer.te_master
     precision = each.precision
@@ -148,17 +154,19 @@ def _precision_aware(step: OptimizerStep) -> tuple[tuple[str, int], ...]:
     if step.loss_scaling:
         out.append(("unscale and inf check", 2 * grad))
     out += [("grad norm", grad), ("clip multi_tensor_scale", 2 * grad)]
+    moments = (("exp_avg", precision.exp_avg_dtype), ("exp_avg_sq", precision.exp_avg_sq_dtype))
+    in_kernel = step.te_fuses_bf16_moments and precision.exp_avg_dtype == precision.exp_avg_sq_dtype == "bf16"
     reduced = [(name, dtype) for name, dtype in (
-        ("exp_avg", precision.exp_avg_dtype), ("exp_avg_sq", precision.exp_avg_sq_dtype),
-        ("master_param", precision.main_params_dtype if te else "fp32"),
+        *(() if in_kernel else moments), ("master_param", precision.main_params_dtype if te else "fp32"),
     ) if dtype != "fp32"]  # fmt: skip
     master = each.master(step.param_bytes) if te else 0
     for name, dtype in reduced:
         out.append((f"FusedAdam unscale {name}", UNSCALE[dtype]))
     weight = step.param_bytes if te else FP32  # the weight, or megatron's fp32 master
     held = (master if precision.main_params_dtype == "fp32" else FP32) if te else 0
+    moment = 2 if in_kernel else FP32  # bf16 moments as they are, else fp32 (or temporaries)
     # read g, p, m, v (and the master); write p, m, v (and the master)
-    out.append(("FusedAdam multi_tensor_adam", grad + 2 * weight + 4 * FP32 + 2 * held))
+    out.append(("FusedAdam multi_tensor_adam", grad + 2 * weight + 4 * moment + 2 * held))
     for name, dtype in reduced:
         out.append((f"FusedAdam rescale {name}", RESCALE[dtype]))
     if not te and step.param_bytes != FP32:

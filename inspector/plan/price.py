@@ -44,6 +44,7 @@ from inspector.plan.network import Network, nvls_allowed
 from inspector.plan.overlap import merged_share, stage_alone
 from inspector.plan.request import Request
 from inspector.plan.split import Split, chunk_layers
+from inspector.world.environment import te_fuses_bf16_moments
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -317,12 +318,12 @@ def _overlap(
 
 def _step_setup(job: Job, dims: ModelDims) -> OptimizerStep:
     """Return what the optimizer step runs on (--use-precision-aware-optimizer: always
-    Transformer Engine's FusedAdam, which megatron-core requires for it)."""
-    each = job_optimizer_bytes(job)
+    Transformer Engine's FusedAdam, which megatron-core requires for it, of the declared TE)."""
+    each, training = job_optimizer_bytes(job), job.training
     fused = dims.fused_kernels or each.precision.precision_aware
-    training = job.training
     return OptimizerStep(dims.activation_bytes, 4, fused, job.model.fp16, each,
-                         training.log_params_norm, training.log_num_zeros_in_grad)
+                         training.log_params_norm, training.log_num_zeros_in_grad,
+                         te_fuses_bf16_moments())
 
 
 def timed(

@@ -1,5 +1,6 @@
 """The process environment a Megatron-LM job builds and runs in: torch's deterministic algorithms
-and the NVTE_* variables megatron-core and Transformer Engine read (world/stage.py enters them)."""
+and the NVTE_* variables megatron-core and Transformer Engine read (world/stage.py enters them),
+and what the Transformer Engine release it runs with does (world/te declares it)."""
 
 from __future__ import annotations
 
@@ -70,3 +71,12 @@ def fresh_attention_env() -> None:
     fail or leak into the next build; the TE stand-in reads them as TE does (world/te)."""
     for name in ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN"):
         os.environ.pop(name, None)
+
+
+def te_fuses_bf16_moments() -> bool:
+    """Return whether the declared Transformer Engine release's FusedAdam updates bf16 moments in
+    its kernel (world/te `fuses_bf16_moments`), for the planner's time of the optimizer step:
+    plan/ hands it to formulas/optimizer.py, neither of which may import world/te."""
+    from inspector.world.te import fuses_bf16_moments
+
+    return fuses_bf16_moments()

@@ -50,7 +50,10 @@ def _installed_megatron() -> tuple[int, int]:
 VERSION = release_for(_installed_megatron())
 NAME = "transformer_engine"
 
-__all__ = ["NAME", "VERSION", "install", "installed", "release", "release_for"]
+__all__ = [
+    "FUSE_UNSCALE_SINCE", "NAME", "VERSION", "fuses_bf16_moments", "install", "installed", "release",
+    "release_for",
+]
 
 
 def release() -> tuple[int, int]:
@@ -58,6 +61,20 @@ def release() -> tuple[int, int]:
     time: the one home every TE version gate of the stand-in asks)."""
     major, minor = VERSION.split(".")[:2]
     return int(major), int(minor)
+
+
+# FusedAdam's kernel takes bf16 moments as they are (fused_adam.py `fuse_unscale`, when both
+# exp_avg and exp_avg_sq are bf16) from TE 2.13: PR #2632, "Fuse scaling and unscaling of bf16
+# momentums into kernels", is in the v2.13 tag (commit 7deecabee, fused_adam.py v2.13 219) and
+# v2.14 (459e7cf49, v2.14 219), not in v2.12
+FUSE_UNSCALE_SINCE = (2, 13)
+
+
+def fuses_bf16_moments() -> bool:
+    """Return whether the declared release's FusedAdam updates bf16 moments in its kernel, without
+    fp32 copies (with both moments bf16): the one test of the stand-in's FusedAdam
+    (optimizers.py) and of the step's time (world/environment.py, for plan/ and formulas/)."""
+    return release() >= FUSE_UNSCALE_SINCE
 
 
 def installed() -> bool:

@@ -3,13 +3,14 @@
 transformer_engine/pytorch/optimizers/fused_adam.py (TE 2.11): the state each parameter gets
 (`_initialize_state`, `initialize_state`), the fp32 temporaries its `step` makes for every state
 held in a reduced dtype (`get_unscaled_state`, kept in `unscaled_lists` until the group's
-kernels ran), and `_apply_scale`, which writes them back. From TE 2.14 (PR #2632, "Fuse scaling
-and unscaling of bf16 momentums into kernels"; fused_adam.py v2.14 219 `fuse_unscale`, 650-653
-`get_unscaled_state(..., skip_unscale=self.fuse_unscale)`, 344-348 the bf16 state returned as
-it is, 871-874 no `_apply_scale` of the moments) bf16 exp_avg and exp_avg_sq (both bf16) go to
-the kernel as they are (common/multi_tensor/adam.cu: `MOMENT_T` bf16, read and written in
-place): no temporary for them; an fp16 or fp8 state, and an fp16 master, still get theirs. The
-stand-in follows the TE release it declares (te/__init__.py VERSION). The CUDA kernels
+kernels ran), and `_apply_scale`, which writes them back. From TE 2.13 (PR #2632, "Fuse scaling
+and unscaling of bf16 momentums into kernels", in the v2.13 and v2.14 tags; fused_adam.py v2.14
+219 `fuse_unscale`, 650-653 `get_unscaled_state(..., skip_unscale=self.fuse_unscale)`, 344-348
+the bf16 state returned as it is, 871-874 no `_apply_scale` of the moments) bf16 exp_avg and
+exp_avg_sq (both bf16) go to the kernel as they are (common/multi_tensor/adam.cu: `MOMENT_T`
+bf16, read and written in place): no temporary for them; an fp16 or fp8 state, and an fp16
+master, still get theirs. The stand-in follows the TE release it declares (te/__init__.py
+`fuses_bf16_moments`, VERSION). The CUDA kernels
 (`multi_tensor_adam`, `multi_tensor_adam_param_remainder`: csrc/multi_tensor_adam.cu) update
 their tensors in place and allocate nothing: they are not called. An fp8 state (dtype
 `torch.uint8`) is a Float8Tensor from `Float8Quantizer.make_empty` (tensor/float8_tensor.py):
@@ -27,13 +28,12 @@ from typing import Any
 
 import torch
 
-from inspector.world.te import release
+from inspector.world.te import fuses_bf16_moments
 
 FP8 = torch.uint8  # Megatron-LM's and TE's spelling of an fp8 optimizer state
 _STATES = ("exp_avg", "exp_avg_sq", "master_param")
 # fused_adam.py `dtype_to_range_map`: the largest value a scaled state may take
 _RANGE = {torch.float16: torch.finfo(torch.float16).max / 2.0, FP8: 448.0}
-FUSE_UNSCALE_SINCE = (2, 14)  # the first TE release whose kernel takes bf16 moments (PR #2632)
 
 
 class Fp8State:
@@ -93,9 +93,8 @@ class FusedAdam(torch.optim.Optimizer):
             store_param_remainders and master_weights and master_weight_dtype == torch.float32
         )
         # fused_adam.py v2.14 219: both moments in bf16 are updated in the kernel as they are
-        self.fuse_unscale = (
-            exp_avg_dtype == exp_avg_sq_dtype == torch.bfloat16
-            and release() >= FUSE_UNSCALE_SINCE
+        self.fuse_unscale = exp_avg_dtype == exp_avg_sq_dtype == torch.bfloat16 and (
+            fuses_bf16_moments()
         )
 
     def zero_grad(self, set_to_none: bool | None = None) -> None:
@@ -148,7 +147,7 @@ class FusedAdam(torch.optim.Optimizer):
             self.state[param]["master_param"].copy_(unscaled)
 
     def get_unscaled_state(self, param: Any, name: str, skip_unscale: bool = False) -> Any:
-        """fused_adam.py `get_unscaled_state`: an fp32 temporary for a reduced state (2.14+:
+        """fused_adam.py `get_unscaled_state`: an fp32 temporary for a reduced state (2.13+:
         a bf16 state as it is with `skip_unscale`)."""
         state, dtype = self.state[param][name], self.name_to_dtype_map[name]
         if dtype == torch.float32 or (skip_unscale and dtype == torch.bfloat16):
@@ -178,7 +177,7 @@ class FusedAdam(torch.optim.Optimizer):
     def step(self, closure: Any = None, grad_scaler: Any = None) -> None:  # type: ignore[override]
         """fused_adam.py `step`, not capturable: per group, the reduced states unscaled into
         fp32 temporaries, the in-place kernel (not called), the temporaries written back; from
-        TE 2.14 bf16 moments (`fuse_unscale`) go to the kernel as they are, nothing written back."""
+        TE 2.13 bf16 moments (`fuse_unscale`) go to the kernel as they are, nothing written back."""
         for group in self.param_groups:
             if not group["params"]:
                 continue
