@@ -38,7 +38,8 @@ Figures (dense peaks from job/hardware.py's records; the H100 table's own best r
     them, so attention ranges from the B200's measured speed-up to the BF16 peak over the H100
     table's attention (2250 / 625 = 3.6x, every
     FLOP at the tensor-core peak).
-  - NVFP4 GEMMs (up to 2.3x the FP8 GEMMs, the blog above): for the record; no command prices FP4.
+  - NVFP4 GEMMs (up to 2.3x the FP8 GEMMs, the blog above): for the record; `--fp4-format` jobs
+    are priced at the BF16 rate (render/job.py's note says so).
   - Collectives: NVLink and InfiniBand at their datasheet bandwidths, as on every GPU type: no
     published bus-bandwidth measurement is used.
 """
