@@ -94,8 +94,9 @@ def check_precision(model: Any, device: Device) -> None:
         least = _FP8_LEAST.get(model.fp8_recipe, (8, 9))
         if cc < least:
             raise ConfigError(
-                f"--fp8-recipe {model.fp8_recipe} cannot run on {named}: Transformer Engine "
-                f"needs compute capability {least[0]}.{least[1]} or higher for it "
+                f"--fp8-format {model.fp8_format} --fp8-recipe {model.fp8_recipe} cannot run on "
+                f"{named}: Transformer Engine needs compute capability {least[0]}.{least[1]} or "
+                "higher for it "
                 "(transformer_engine/pytorch/quantization.py `check_recipe_support`)")  # fmt: skip
     if model.fp4_format is not None and cc < _NVFP4_LEAST:
         raise ConfigError(
