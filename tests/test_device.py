@@ -121,3 +121,24 @@ def test_mxfp8_runs_on_blackwell_and_without_a_named_gpu() -> None:
     model = ModelConfig(fp8_format="hybrid", fp8_recipe="mxfp8", transformer_impl="transformer_engine")
     for device in (Device("gb200"), Device("b300"), Device()):
         check_precision(model, device)
+
+
+def test_plan_confirms_memory_with_the_gpu_s_workspaces() -> None:
+    def totals(gpu: str) -> list[int]:
+        result = run_cli("plan", "--num-layers", "2", "--gpus", "8", "--global-batch-size", "8",
+                         "--bf16", "--tp", "1", "--pp", "1", "--top", "1", "--format", "json",
+                         "--gpu", gpu)  # fmt: skip
+        assert result.code == 0, result.err
+        return [s["total"] for s in json.loads(result.out)["plans"][0]["stages"]]
+
+    # the local spec: torch's two workspaces alone, 32 MiB on Hopper, 8 MiB + 128 KiB on A100
+    assert totals("h100")[0] - totals("a100-80gb")[0] == 2 * (32 * MIB - (8 * MIB + 128 * 1024))
+
+
+def test_plan_refuses_a_recipe_its_gpu_cannot_run() -> None:
+    result = run_cli("plan", "--num-layers", "2", "--gpus", "8", "--global-batch-size", "8",
+                     "--bf16", "--transformer-impl", "transformer_engine", "--fp8-format", "hybrid",
+                     "--fp8-recipe", "mxfp8")  # fmt: skip
+    assert result.code == 2
+    assert result.err.startswith("Error: --fp8-format hybrid --fp8-recipe mxfp8 cannot run on "
+                                 "--gpu h100 (compute capability 9.0)")  # fmt: skip
