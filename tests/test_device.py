@@ -142,3 +142,14 @@ def test_plan_refuses_a_recipe_its_gpu_cannot_run() -> None:
     assert result.code == 2
     assert result.err.startswith("Error: --fp8-format hybrid --fp8-recipe mxfp8 cannot run on "
                                  "--gpu h100 (compute capability 9.0)")  # fmt: skip
+
+
+def test_the_result_cache_keys_cublas_workspace_config(tmp_path, monkeypatch) -> None:
+    # a cached `memory` answer is not given for another CUBLAS_WORKSPACE_CONFIG (cli/cache.py)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("INSPECT_MODEL_NO_CACHE", "0")
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    default = _workspaces("--gpu", "a100-80gb")[0]
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    assert _workspaces("--gpu", "a100-80gb")[0] == default + 2 * (32 * MIB - (8 * MIB + 128 * 1024))
+    assert len(list((tmp_path / "inspect-model").glob("*.txt"))) == 2
