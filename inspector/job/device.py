@@ -20,9 +20,10 @@ from inspector.job.hardware import DEFAULT_GPU, get_gpu
 KIB = 1024
 MIB = 1024 * KIB
 # torch's cuBLAS workspace per (handle, stream), PyTorch aten/src/ATen/cuda/CublasHandlePool.cpp
-# `parseChosenWorkspaceSize` (the releases with Blackwell, torch 2.7 to 2.13): "/* :4096:2:16:8
-# default, 32MiB for Hopper and Blackwell */ ... use32mb = properties->major == 9 || major == 10
-# || major == 12; default_size = use32mb ? 4096 * 8 * 1024 : 4096 * 1024 * 2 + 16 * 1024 * 8".
+# `parseChosenWorkspaceSize`, as the versions that know Blackwell read: "/* :4096:2:16:8 default,
+# 32MiB for Hopper and Blackwell */ ... use32mb = properties->major == 9 || major == 10 || major
+# == 12; default_size = use32mb ? 4096 * 8 * 1024 : 4096 * 1024 * 2 + 16 * 1024 * 8" (a later
+# version adds major 11; versions before Blackwell took 32 MiB for sm90 alone).
 # cuBLASLt's workspace is that same one (`unified_cublas_and_lt_workspaces`, on unless
 # TORCH_CUBLASLT_UNIFIED_WORKSPACE=0: `getCUDABlasLtWorkspace` takes the cuBLAS map's entry).
 TORCH_WORKSPACE_32MB_MAJORS = (9, 10, 12)
