@@ -1,6 +1,7 @@
 """The GPU types the tool knows: one record per `--gpu` choice, each figure with its source.
 
-`memory` (which stages fit, the time per iteration), `workload` (compute times) and `plan` (the
+`memory` (which stages fit, the time per iteration, and by the compute capability the cuBLAS
+workspaces and the recipes refused: job/device.py), `workload` (compute times) and `plan` (the
 step-time model) all read a GPU from `GPUS`; `--gpu-memory`, `--gpu-tflops`,
 `--intra-node-bandwidth` and `--inter-node-bandwidth` override one figure (`with_overrides`).
 To add a GPU type: a row in `GPUS` with its datasheet in the comment, and a test in
