@@ -11,7 +11,8 @@ skipped by name, never read.
 
 For every case with that file:
 - the job is read from `model_config.yaml` as written (inspector.inputs.megatron_config: MODEL_ARGS
-  as Megatron-LM's runner passes them, ENV_VARS as the job's environment);
+  as Megatron-LM's runner passes them, ENV_VARS as the job's environment: PYTORCH_CUDA_ALLOC_CONF,
+  NCCL_ALGO and CUBLAS_WORKSPACE_CONFIG, which sizes torch's cuBLAS workspaces), on H100;
 - the world size from the H100 recipe that lists the case (`recipes/h100/*.yaml`: `spec.nodes` x
   `spec.gpus`, launched as `torchrun --nnodes --nproc_per_node`; the runner's 8 GPUs per node
   where the recipe runs run_ci_test.sh without exporting GPUS_PER_NODE: `recipe_gpus`); 1 x 8
@@ -256,6 +257,7 @@ def predict(case: Case) -> Predicted:
 
 def _predict(case: Case) -> Predicted:
     from inspector.inputs.resolve import Sources, merge_sources
+    from inspector.job.device import with_device
     from inspector.job.job import make_job
     from inspector.memory.measure import job_optimizer_bytes, make_hardware, measure, state_bytes
     from inspector.memory.segments import expandable_segments, torch_counts
@@ -266,7 +268,8 @@ def _predict(case: Case) -> Predicted:
     flags = {"data_parallel_size": dp} if dp is not None else {}
     sources = Sources(config_file=str(case.folder / "model_config.yaml"), flags=flags)
     args = merge_sources(sources, ("model", "layout", "training")).args
-    job = make_job(args)
+    # on H100, with the CUBLAS_WORKSPACE_CONFIG its ENV_VARS give torch (job/device.py)
+    job = with_device(make_job(args), "h100", env_var(case.folder, "CUBLAS_WORKSPACE_CONFIG"))
     job.schedule()
     layout = job.layout
     rank = layout.world_size - 1

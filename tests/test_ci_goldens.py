@@ -234,6 +234,23 @@ def test_expandable_segments_are_read_from_the_jobs_allocator_conf(tmp_path):
     assert not read("  NCCL_ALGO: Ring")
 
 
+def test_cublas_workspace_config_is_read_from_the_jobs_env_vars(tmp_path):
+    # Megatron-LM's functional tests set CUBLAS_WORKSPACE_CONFIG=:4096:8 in ENV_VARS (quoted or
+    # not): torch's cuBLAS workspace is then 4096 KiB x 8 on any GPU (job/device.py), H100's
+    # default; unset, the GPU's default
+    from inspector.job.device import Device, torch_cublas_workspace
+
+    conf = tmp_path / "model_config.yaml"
+
+    def read(env: str, gpu: str) -> int:
+        conf.write_text(f"ENV_VARS:\n{env}\n")
+        return torch_cublas_workspace(Device(gpu, ci_goldens.env_var(tmp_path, "CUBLAS_WORKSPACE_CONFIG")))
+
+    assert read('  CUBLAS_WORKSPACE_CONFIG: ":4096:8"', "a100-80gb") == 32 * 2**20
+    assert read("  CUBLAS_WORKSPACE_CONFIG: :4096:8", "h100") == 32 * 2**20
+    assert read("  NCCL_ALGO: Ring", "a100-80gb") == 8 * 2**20 + 128 * 1024
+
+
 def test_the_step_time_is_priced_on_megatron_s_own_layer_split() -> None:
     # a config with no split flags runs megatron's even split (6 + 6 layers at pp 2); the plan
     # search also prices other splits of the same sizes, which are another job

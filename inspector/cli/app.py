@@ -381,6 +381,14 @@ def resolve_job(args: dict[str, Any]) -> Any:
     return make_job(args)
 
 
+def job_on_gpu(job: Any, gpu: str | None) -> Any:
+    """Return `job` on the --gpu named, with the CUBLAS_WORKSPACE_CONFIG this process sees (torch
+    reads the job's own environment, as for PYTORCH_CUDA_ALLOC_CONF): job/device.py."""
+    from inspector.job.device import with_device
+
+    return with_device(job, gpu, os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+
+
 def expandable_segments() -> bool:
     """Return whether PYTORCH_CUDA_ALLOC_CONF, as this process sees it, turns on the caching
     allocator's expandable segments: torch reads the job's own environment, so `memory` and

@@ -7,6 +7,7 @@ their bodies stay a few calls (resolve the job, call the core, render).
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -26,6 +27,7 @@ from inspector.cli.app import (
     gpu_memory_option,
     gpu_option,
     gpu_tflops_option,
+    job_on_gpu,
     kernels_gpu,
     kernels_option,
     mfu_option,
@@ -220,7 +222,7 @@ def memory(
         from inspector.render import memory as render
         from inspector.report import memory_outputs as outputs
 
-        job = resolve_job(args)
+        job = job_on_gpu(resolve_job(args), gpu)  # its workspaces, its recipes (job/device.py)
         job.schedule()  # --micro-batch-size is required, and the batches must divide
         hardware = core.make_hardware(gpu_memory, gpu_tflops, mfu, gpu, job.model.dtype_name)
         if walkthrough:
@@ -256,6 +258,7 @@ def memory(
         walkthrough=walkthrough,
         label=label,
         expandable_segments=expandable,
+        cublas_workspace_config=os.environ.get("CUBLAS_WORKSPACE_CONFIG"),  # job/device.py
     )
     if table is not None:
         options["kernels"] = table.digest

@@ -19,6 +19,7 @@ from inspector.cli.app import (
     expandable_segments,
     format_option,
     gpu_option,
+    job_on_gpu,
     kernels_gpu,
     kernels_option,
     model_options,
@@ -114,10 +115,11 @@ def check(
     if warmup < 0:
         raise ConfigError(f"--skip-iterations must be at least 0, got {warmup}")
     table = read_kernels(kernels)
+    named = gpu is not None or table is not None  # the GPU the log ran on, where it is known
     gpu = kernels_gpu(gpu, table)
     text, cut = read_head(log, LOG_LIMIT)
     parsed = parse_training_log(text, log, cut)  # a log without either line costs nothing
-    job = resolve_job(args)
+    job = job_on_gpu(resolve_job(args), gpu if named else None)  # job/device.py
     schedule = job.schedule()  # --micro-batch-size is required, and the batches must divide
     memory: tuple[Any, ...] = ()
     if parsed.memory:

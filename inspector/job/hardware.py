@@ -1,6 +1,7 @@
 """The GPU types the tool knows: one record per `--gpu` choice, each figure with its source.
 
-`memory` (which stages fit, the time per iteration), `workload` (compute times) and `plan` (the
+`memory` (which stages fit, the time per iteration, and by the compute capability the cuBLAS
+workspaces and the recipes refused: job/device.py), `workload` (compute times) and `plan` (the
 step-time model) all read a GPU from `GPUS`; `--gpu-memory`, `--gpu-tflops`,
 `--intra-node-bandwidth` and `--inter-node-bandwidth` override one figure (`with_overrides`).
 To add a GPU type: a row in `GPUS` with its datasheet in the comment, and a test in
@@ -54,6 +55,11 @@ class Gpu:
     # NVLink SHARP's (NCCL_ALGO NVLS, NCCL's default) all-reduce bus bandwidth by group size:
     # ((ranks, bytes/s), ...); a size not listed gets nccl_intra
     nvls_intra: tuple[tuple[int, float], ...] = ()
+    # CUDA compute capability (major, minor): what torch and Transformer Engine size their cuBLAS
+    # workspaces by and check low-precision recipes against (job/device.py). NVIDIA, "CUDA GPU
+    # Compute Capability" (developer.nvidia.com/cuda-gpus): A100 8.0; H100, H200 9.0; B200,
+    # GB200 10.0; B300, GB300 10.3 (CUDA 12.9 release notes: sm_103, Blackwell Ultra).
+    compute_capability: tuple[int, int] = (9, 0)
 
     def peak_tflops(self, dtype_name: str) -> float:
         """Return the dense peak TFLOP/s for a model of this dtype (bfloat16, float16, float32)."""
@@ -78,26 +84,28 @@ GPUS = {
     # running non-allreduce operations, or when running with NCCL_ALGO=RING", and NVLink SHARP
     # all-reduce "on 8 GPUs ... a peak busBw of ~480GB/s".
     "h100": Gpu("h100", 989.0, 67.0, 1979.0, 80, 3.35e12, 450e9, 50e9, sms=132,
-                nccl_intra=NCCL_NVLINK4, nvls_intra=NVLS_NVLINK4),
+                nccl_intra=NCCL_NVLINK4, nvls_intra=NVLS_NVLINK4, compute_capability=(9, 0)),
     # NVIDIA H200 datasheet (SXM): 989 TFLOP/s dense BF16 and FP16, 1,979 dense FP8, 67 FP32;
     # 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s; DGX H200: 8 GPUs, 400 Gb/s InfiniBand per GPU.
     # 132 SMs: the measured H200 of formulas/kernels-h200.json (shared/gpu/) reported them.
     # The same NVLink 4 and NVSwitch as H100, so H100's NCCL figures (8 H200: all_reduce_perf peak
     # busBw 475 GB/s under NCCL's default algorithm, NVIDIA/nccl-tests#272).
     "h200": Gpu("h200", 989.0, 67.0, 1979.0, 141, 4.8e12, 450e9, 50e9, sms=132,
-                nccl_intra=NCCL_NVLINK4, nvls_intra=NVLS_NVLINK4),
+                nccl_intra=NCCL_NVLINK4, nvls_intra=NVLS_NVLINK4, compute_capability=(9, 0)),
     # NVIDIA A100 datasheet (SXM 80GB): 312 TFLOP/s dense BF16 and FP16 (624 with sparsity), no
     # FP8, 19.5 FP32; HBM2e at 2,039 GB/s, NVLink 600 GB/s (300 each way); DGX A100 / Selene
     # (Narayanan et al. 2021): 8 GPUs, 8 x 200 Gb/s HDR InfiniBand per node, one per GPU (25 GB/s).
     # NVIDIA A100 Tensor Core GPU Architecture whitepaper: the A100 has 108 SMs.
-    "a100-80gb": Gpu("a100-80gb", 312.0, 19.5, None, 80, 2.039e12, 300e9, 25e9, sms=108),
+    "a100-80gb": Gpu("a100-80gb", 312.0, 19.5, None, 80, 2.039e12, 300e9, 25e9, sms=108,
+                     compute_capability=(8, 0)),
     # NVIDIA HGX B200 (1,000 W) specifications, per 8 GPUs: 36 PFLOP/s FP16/BF16 and 72 FP8 with
     # sparsity (2,250 and 4,500 dense per GPU), 600 TFLOP/s FP32 (75 per GPU), NVLink 5 at
     # 1.8 TB/s per GPU (900 GB/s each way); DGX B200 datasheet: 1,440 GB HBM3e (180 per GPU) at
     # 64 TB/s (8 TB/s per GPU), 8 x 400 Gb/s ConnectX-7 InfiniBand, one per GPU (50 GB/s).
     # FP4: 144 PFLOP/s with sparsity per 8 GPUs (9,000 dense per GPU).
     # Chips and Cheese, "Nvidia's B200: Keeping the CUDA Juggernaut Rolling": 148 SMs enabled.
-    "b200": Gpu("b200", 2250.0, 75.0, 4500.0, 180, 8e12, 900e9, 50e9, tflops_fp4=9000.0, sms=148),
+    "b200": Gpu("b200", 2250.0, 75.0, 4500.0, 180, 8e12, 900e9, 50e9, tflops_fp4=9000.0, sms=148,
+                compute_capability=(10, 0)),
     # NVIDIA GB200 NVL72 specifications (https://www.nvidia.com/en-us/data-center/gb200-nvl72/),
     # rack of 72 GPUs and, in the second column, one GB200 superchip of 2 GPUs. NVFP4 "1,440 |
     # 720 PFLOPS" (footnote: sparse | dense), so 10,000 dense per GPU; FP8/FP6 720 PFLOPS and
@@ -108,7 +116,8 @@ GPUS = {
     # InfiniBand: one 400 Gb/s ConnectX-7 per GPU (50 GB/s), as in DGX GB200 (4 per compute tray
     # of 4 GPUs), the same figure as b200.
     "gb200": Gpu(
-        "gb200", 2500.0, 80.0, 5000.0, 186, 8e12, 900e9, 50e9, gpus_per_node=72, tflops_fp4=10000.0
+        "gb200", 2500.0, 80.0, 5000.0, 186, 8e12, 900e9, 50e9, gpus_per_node=72, tflops_fp4=10000.0,
+        compute_capability=(10, 0),
     ),
     # NVIDIA HGX B300 specifications, per 8 GPUs: FP16/BF16 36 PFLOP/s and FP8 72 with sparsity
     # (2,250 and 4,500 dense per GPU), FP4 144 | 108 PFLOP/s sparse | dense (13,500 dense per
@@ -117,7 +126,7 @@ GPUS = {
     # "NVIDIA GB300 NVL72: GPU Architecture & Performance", NVIDIA's per-GPU figures): 270 GB
     # HBM3e at 7.7 TB/s. NVIDIA, "Inside NVIDIA Blackwell Ultra" (technical blog): 160 SMs.
     "b300": Gpu("b300", 2250.0, 75.0, 4500.0, 270, 7.7e12, 900e9, 100e9, tflops_fp4=13500.0,
-                sms=160),
+                sms=160, compute_capability=(10, 3)),
     # NVIDIA GB300 NVL72 specifications, rack of 72 GPUs: FP4 1,440 | 1,080 PFLOP/s sparse | dense
     # (15,000 dense per GPU), FP8/FP6 720 and FP16/BF16 360 PFLOP/s sparse (5,000 and 2,500 dense
     # per GPU), FP32 6 PFLOP/s (Verda's per-GPU table: 80 TFLOP/s), 20 TB HBM3e at 576 TB/s (279
@@ -125,7 +134,7 @@ GPUS = {
     # of 72 GPUs, 72 ConnectX-8 SuperNICs at 800 Gb/s (100 GB/s each way per GPU); 160 SMs
     # (Blackwell Ultra, as b300).
     "gb300": Gpu("gb300", 2500.0, 80.0, 5000.0, 279, 8e12, 900e9, 100e9, gpus_per_node=72,
-                 tflops_fp4=15000.0, sms=160),
+                 tflops_fp4=15000.0, sms=160, compute_capability=(10, 3)),
 }
 DEFAULT_GPU = "h100"
 GIB = 1 << 30  # --gpu-memory is in GiB, as nvidia-smi and torch count

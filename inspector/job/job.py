@@ -25,6 +25,7 @@ from inspector.job.checks import (
     check_sequence_split,
 )
 from inspector.job.cuda_graphs import check_cuda_graphs, parse_scope, preprocess_syncs
+from inspector.job.device import Device, check_precision
 from inspector.job.dims import ModelDims, num_microbatches
 from inspector.job.dsa import check_dsa_layout
 from inspector.job.ep_overlap import check_ep_overlap
@@ -178,10 +179,12 @@ class Job:
     model: ModelConfig = field(default_factory=ModelConfig)
     layout: Layout = field(default_factory=Layout)
     training: Training = field(default_factory=Training)
+    device: Device = field(default_factory=Device)  # the GPU it runs on (job/device.py)
 
     def __post_init__(self) -> None:
         """Reject a job megatron would refuse or silently change."""
         validate_model(self.model)
+        check_precision(self.model, self.device)
         validate_layout(self.model, self.layout)
         check_dsa_layout(self.model, self.layout.cp)
         check_lora(self.model, self.layout.tp, self.training)

@@ -15,6 +15,7 @@ from typing import Any
 
 import inspector.caches as caches
 from inspector.errors import ConfigError
+from inspector.job.device import Device
 from inspector.job.flex import one_rank_refused
 from inspector.job.job import Job
 from inspector.job.layout import Layout, validate_layout
@@ -189,7 +190,7 @@ def candidate_job(
         return None  # megatron's flex dispatcher asserts TPxEP > 1 (job/flex.py check_flex_group)
     if req.training.op_fuser and req.model.num_experts is not None and lay.expert_tp > 1:
         return None  # megatron's _is_fused_impl_supported: "Tensor parallelism is not supported"
-    asked = (*key, req.training, req.global_batch_size, mbs, recipe, distopt, flash)
+    asked = (*key, req.training, req.global_batch_size, mbs, recipe, distopt, flash, req.gpu.name)
     if asked not in _JOBS:  # capped_split and _first_fit ask for some of the same
         _JOBS[asked] = _new_job(req, lay, mbs, recipe, distopt, flash)
     return _JOBS[asked]
@@ -216,7 +217,7 @@ def _new_job(
         overlap_grad_reduce=True,
     )
     try:
-        job = Job(req.model, lay, training)
+        job = Job(req.model, lay, training, Device(req.gpu.name))  # its workspaces (job/device.py)
         job.schedule()
     except ConfigError:
         return None

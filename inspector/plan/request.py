@@ -10,6 +10,7 @@ from typing import Any
 from inspector.errors import ConfigError
 from inspector.job.build_limits import expert_cap
 from inspector.job.checks import check_at_least_one, check_built_layers
+from inspector.job.device import Device, check_precision
 from inspector.job.flex import check_flex_group, flex_backend
 from inspector.job.hardware import (
     DEFAULT_EFFICIENCY,
@@ -147,6 +148,7 @@ def make_request(args: dict[str, Any], flags: PlanFlags) -> Request:
     backend = flex_backend(args)  # megatron's rules for the flex dispatcher's flags
     training = _kept_training(args, backend)
     model = make_model_config(args)
+    check_precision(model, Device(flags.gpu))  # a recipe TE refuses on --gpu (job/device.py)
     refuse_latent_moe(model, "plan")
     check_dsa_plan(model, flags.efficiency)
     check_hybrid_plan(model, fixed, training.ep_overlap, training.moe_token_dispatcher_type == "flex",

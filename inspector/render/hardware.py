@@ -7,7 +7,8 @@ from tabulate import tabulate
 from inspector.job.hardware import DEFAULT_GPU, GPUS
 
 HEADERS = ["`--gpu`", "dense 16-bit TFLOP/s", "dense FP8", "dense FP4", "FP32", "memory", "HBM",
-           "NVLink, each way", "InfiniBand per GPU", "GPUs per node", "SMs"]
+           "NVLink, each way", "InfiniBand per GPU", "GPUs per node", "SMs",
+           "compute capability"]
 
 
 def render_gpus() -> str:
@@ -25,6 +26,7 @@ def render_gpus() -> str:
             f"{gpu.inter / 1e9:g} GB/s",
             str(gpu.gpus_per_node),
             "-" if gpu.sms is None else str(gpu.sms),
+            ".".join(map(str, gpu.compute_capability)),
         ]
         for gpu in GPUS.values()
     ]

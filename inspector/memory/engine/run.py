@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inspector.errors import ConfigError
+from inspector.job.device import te_cublas_workspace, torch_cublas_workspace
 from inspector.job.ep_overlap import extra_warmup
 from inspector.job.job import Job
 from inspector.memory.engine.microbatch import GLOBAL_BUFFER, Trace
@@ -17,18 +18,18 @@ from inspector.memory.engine.stage import Cache, ChunkShape, trace_chunks
 from inspector.memory.engine.timeline import Replay
 from inspector.world.te.state import DUMMY_WGRAD
 
-# torch's cuBLAS workspace per (handle, stream): aten/src/ATen/cuda/CublasHandlePool.cpp
-# `parseChosenWorkspaceSize`, ":4096:2:16:8 default, 32MiB for Hopper" (sm90: 4096 * 8 * 1024).
-# Handles are per thread (`getCurrentCUDABlasHandle`'s thread-local pool window): the main
-# thread runs the forward's GEMMs and the autograd engine's device thread the backward's.
-CUBLAS_WORKSPACE_SM90 = 4096 * 8 * 1024
+# torch's cuBLAS workspace per (handle, stream), its size by the GPU's compute capability and
+# CUBLAS_WORKSPACE_CONFIG (job/device.py `torch_cublas_workspace`: PyTorch's
+# aten/src/ATen/cuda/CublasHandlePool.cpp). Handles are per thread (`getCurrentCUDABlasHandle`'s
+# thread-local pool window): the main thread runs the forward's GEMMs and the autograd engine's
+# device thread the backward's.
 GEMM_THREADS = 2
 # Transformer Engine's own cuBLAS workspaces, made by its first GEMMs and kept for the process
-# (transformer_engine/pytorch/cpp_extensions/gemm.py, TE 2.20: `get_cublas_workspace`, an
-# lru_cache): `get_cublas_workspace_size_bytes()` is 32 MiB + 1 KiB on Hopper (major >= 9);
-# grouped GEMMs (`general_grouped_gemm`) take one per compute stream, `get_num_cublas_streams()`
-# = 4 (common/util/multi_stream.cpp `num_compute_streams`).
-TE_WORKSPACE_SM90 = 32 * 1024 * 1024 + 1024
+# (transformer_engine/pytorch/cpp_extensions/gemm.py, TE 2.11-2.20: `get_cublas_workspace`, an
+# lru_cache), each `get_cublas_workspace_size_bytes()` (job/device.py `te_cublas_workspace`:
+# 32 MiB + 1 KiB from Hopper on, 4 MiB before); grouped GEMMs (`general_grouped_gemm`) take one
+# per compute stream, `get_num_cublas_streams()` = 4 on every GPU (common/util/multi_stream.cpp
+# `num_compute_streams`, a constexpr).
 TE_GROUPED_STREAMS = 4
 # With --tp-comm-overlap every GEMM given a userbuffers communicator takes `get_cublas_workspace(
 # device, ub=True, ...)`, another lru_cache entry: `_NUM_MAX_UB_STREAMS` (3) workspaces in one
@@ -165,7 +166,7 @@ def run_memory(
     else:
         peak = iteration_peak(traces, stage, job.layout.pp, schedule.num_microbatches, group,
                               step=step.events, extra=extra)  # fmt: skip
-    workspaces = CUBLAS_WORKSPACE_SM90 * GEMM_THREADS + te_workspaces(job)
+    workspaces = cublas_workspaces(job)
     phases = (("optimizer step", step.events),)  # its events' labels start "optimizer step: "
     replay = Replay(traces, stage, job.layout.pp, schedule.num_microbatches, phases, extra, group)
     outside = outside_allocator(job, shapes)
@@ -265,6 +266,12 @@ def outside_allocator(job: Job, shapes: Sequence[ChunkShape]) -> tuple[tuple[str
     return tuple((what, size) for what, size in held if size)
 
 
+def cublas_workspaces(job: Job) -> int:
+    """Return the bytes of the cuBLAS workspaces a rank of the job keeps: torch's, one per GEMM
+    thread, and Transformer Engine's (both sized by the job's GPU, job/device.py)."""
+    return torch_cublas_workspace(job.device) * GEMM_THREADS + te_workspaces(job)
+
+
 def te_workspaces(job: Job) -> int:
     """Return the bytes of Transformer Engine's cuBLAS workspaces the job's GEMMs make.
 
@@ -272,12 +279,12 @@ def te_workspaces(job: Job) -> int:
     has a `te_general_gemm` (moe/moe_utils.py `RouterGatingLinearFunction`, with any layer spec;
     TE's `general_gemm` takes the same workspace as TE's linears): a local-spec MoE job makes one.
     """
-    model = job.model
+    model, one = job.model, te_cublas_workspace(job.device)
     if model.transformer_impl != "transformer_engine":
-        return TE_WORKSPACE_SM90 if model.num_experts and _router_runs_te_gemm() else 0
+        return one if model.num_experts and _router_runs_te_gemm() else 0
     grouped = bool(model.num_experts) and model.moe_grouped_gemm  # TEGroupedMLP's GroupedLinear
     ub = TE_UB_STREAMS if job.training.tp_comm_overlap else 0
-    return TE_WORKSPACE_SM90 * (1 + (TE_GROUPED_STREAMS if grouped else 0) + ub)
+    return one * (1 + (TE_GROUPED_STREAMS if grouped else 0) + ub)
 
 
 def _router_runs_te_gemm() -> bool:

@@ -1,0 +1,155 @@
+"""What a rank allocates by the GPU it runs on (job/device.py): the cuBLAS workspaces torch and
+Transformer Engine keep, by compute capability and CUBLAS_WORKSPACE_CONFIG, and the low-precision
+recipes Transformer Engine refuses on a GPU without them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from inspector.errors import ConfigError
+from inspector.job.device import Device, te_cublas_workspace, torch_cublas_workspace
+from inspector.job.hardware import GPUS
+from tests.conftest import run_cli
+
+MIB = 1 << 20
+# a small Transformer Engine job: torch's two GEMM threads' workspaces and TE's one
+MEMORY = ("memory", "--num-layers", "2", "--micro-batch-size", "1", "--bf16",
+          "--transformer-impl", "transformer_engine", "--format", "json")  # fmt: skip
+
+
+def test_compute_capability_of_each_gpu() -> None:
+    # NVIDIA's CUDA GPU compute capability table (developer.nvidia.com/cuda-gpus)
+    assert {name: gpu.compute_capability for name, gpu in GPUS.items()} == {
+        "h100": (9, 0), "h200": (9, 0), "a100-80gb": (8, 0), "b200": (10, 0), "gb200": (10, 0),
+        "b300": (10, 3), "gb300": (10, 3)}  # fmt: skip
+
+
+@pytest.mark.parametrize(("gpu", "expected"), [
+    # CublasHandlePool.cpp parseChosenWorkspaceSize: `use32mb = major == 9 || major == 10 ||
+    # major == 12`, `4096 * 8 * 1024`, else `4096 * 1024 * 2 + 16 * 1024 * 8`
+    ("h100", 4096 * 8 * 1024), ("h200", 32 * MIB), ("gb200", 32 * MIB), ("b200", 32 * MIB),
+    ("b300", 32 * MIB), ("gb300", 32 * MIB), ("a100-80gb", 4096 * 1024 * 2 + 16 * 1024 * 8),
+])  # fmt: skip
+def test_torch_cublas_workspace_by_capability(gpu: str, expected: int) -> None:
+    assert torch_cublas_workspace(Device(gpu)) == expected
+
+
+@pytest.mark.parametrize(("gpu", "expected"), [
+    # TE cpp_extensions/gemm.py get_cublas_workspace_size_bytes: major >= 9: 32 MiB + 1024,
+    # else 4_194_304
+    ("h100", 32 * MIB + 1024), ("gb200", 32 * MIB + 1024), ("gb300", 32 * MIB + 1024),
+    ("a100-80gb", 4_194_304),
+])  # fmt: skip
+def test_te_cublas_workspace_by_capability(gpu: str, expected: int) -> None:
+    assert te_cublas_workspace(Device(gpu)) == expected
+
+
+def test_a_job_without_a_gpu_is_sized_as_on_h100() -> None:
+    assert torch_cublas_workspace(Device()) == torch_cublas_workspace(Device("h100"))
+    assert te_cublas_workspace(Device()) == te_cublas_workspace(Device("h100"))
+
+
+@pytest.mark.parametrize(("config", "expected"), [
+    (":4096:8", 4096 * 1024 * 8),  # Megatron-LM's functional tests' ENV_VARS
+    (":4096:2:16:8", 4096 * 1024 * 2 + 16 * 1024 * 8),  # every SIZE:COUNT pair, summed
+    (":16:8", 16 * 1024 * 8),
+    ("4096", 4096 * 1024 * 2 + 16 * 1024 * 8),  # unparsable: torch warns and keeps the default
+])  # fmt: skip
+def test_cublas_workspace_config_overrides_the_default(config: str, expected: int) -> None:
+    assert torch_cublas_workspace(Device("a100-80gb", config)) == expected
+
+
+def test_unknown_gpu_is_refused() -> None:
+    with pytest.raises(ConfigError, match="unknown --gpu 'v100'"):
+        Device("v100")
+
+
+def _workspaces(*flags: str) -> tuple[int, int]:
+    result = run_cli(*MEMORY, *flags)
+    assert result.code == 0, result.err
+    stage = json.loads(result.out)["stages"][0]
+    return stage["buffers"]["workspaces"], stage["buffers"]["total"]
+
+
+def test_memory_differs_by_gpu_by_the_workspaces_alone() -> None:
+    h100, h100_total = _workspaces("--gpu", "h100")
+    a100, a100_total = _workspaces("--gpu", "a100-80gb")
+    gb200, gb200_total = _workspaces("--gpu", "gb200")
+    assert h100 == 2 * 32 * MIB + (32 * MIB + 1024)  # torch's two threads, TE's one
+    assert a100 == 2 * (8 * MIB + 128 * 1024) + 4 * MIB
+    assert h100_total - a100_total == h100 - a100 == 79_430_656
+    assert (gb200, gb200_total) == (h100, h100_total)  # Blackwell's workspaces are Hopper's
+
+
+def test_cublas_workspace_config_reaches_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    assert _workspaces("--gpu", "a100-80gb")[0] == 2 * 32 * MIB + 4 * MIB
+
+
+@pytest.mark.parametrize(("flags", "gpu", "least"), [
+    (("--fp8-format", "hybrid"), "a100-80gb", "8.9"),  # check_fp8_support
+    (("--fp8-format", "e4m3", "--fp8-recipe", "blockwise"), "a100-80gb", "9.0"),
+    (("--fp8-format", "hybrid", "--fp8-recipe", "mxfp8"), "h100", "10.0"),  # check_mxfp8_support
+])  # fmt: skip
+def test_fp8_recipe_refused_on_a_gpu_without_it(flags: tuple[str, ...], gpu: str, least: str) -> None:
+    result = run_cli(*MEMORY, *flags, "--gpu", gpu)
+    assert result.code == 2 and result.out == ""
+    recipe = flags[3] if len(flags) > 2 else "delayed"
+    cc = ".".join(map(str, GPUS[gpu].compute_capability))
+    assert result.err.startswith(
+        f"Error: --fp8-format {flags[1]} --fp8-recipe {recipe} cannot run on --gpu {gpu} "
+        f"(compute capability {cc}): Transformer Engine needs compute capability {least} or higher")
+
+
+def test_nvfp4_refused_before_blackwell() -> None:
+    from inspector.job.device import check_precision
+    from inspector.job.model import ModelConfig
+
+    model = ModelConfig(fp4_format="e2m1", transformer_impl="transformer_engine")
+    with pytest.raises(ConfigError, match=r"--fp4-recipe nvfp4 cannot run on --gpu h100 .*10\.0"):
+        check_precision(model, Device("h100"))
+    check_precision(model, Device("gb200"))  # check_nvfp4_support: 10.0 and higher
+    check_precision(model, Device())  # no GPU named: nothing refused
+
+
+def test_mxfp8_runs_on_blackwell_and_without_a_named_gpu() -> None:
+    from inspector.job.device import check_precision
+    from inspector.job.model import ModelConfig
+
+    model = ModelConfig(fp8_format="hybrid", fp8_recipe="mxfp8", transformer_impl="transformer_engine")
+    for device in (Device("gb200"), Device("b300"), Device()):
+        check_precision(model, device)
+
+
+def test_plan_confirms_memory_with_the_gpu_s_workspaces() -> None:
+    def totals(gpu: str) -> list[int]:
+        result = run_cli("plan", "--num-layers", "2", "--gpus", "8", "--global-batch-size", "8",
+                         "--bf16", "--tp", "1", "--pp", "1", "--top", "1", "--format", "json",
+                         "--gpu", gpu)  # fmt: skip
+        assert result.code == 0, result.err
+        return [s["total"] for s in json.loads(result.out)["plans"][0]["stages"]]
+
+    # the local spec: torch's two workspaces alone, 32 MiB on Hopper, 8 MiB + 128 KiB on A100
+    assert totals("h100")[0] - totals("a100-80gb")[0] == 2 * (32 * MIB - (8 * MIB + 128 * 1024))
+
+
+def test_plan_refuses_a_recipe_its_gpu_cannot_run() -> None:
+    result = run_cli("plan", "--num-layers", "2", "--gpus", "8", "--global-batch-size", "8",
+                     "--bf16", "--transformer-impl", "transformer_engine", "--fp8-format", "hybrid",
+                     "--fp8-recipe", "mxfp8")  # fmt: skip
+    assert result.code == 2
+    assert result.err.startswith("Error: --fp8-format hybrid --fp8-recipe mxfp8 cannot run on "
+                                 "--gpu h100 (compute capability 9.0)")  # fmt: skip
+
+
+def test_the_result_cache_keys_cublas_workspace_config(tmp_path, monkeypatch) -> None:
+    # a cached `memory` answer is not given for another CUBLAS_WORKSPACE_CONFIG (cli/cache.py)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("INSPECT_MODEL_NO_CACHE", "0")
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    default = _workspaces("--gpu", "a100-80gb")[0]
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    assert _workspaces("--gpu", "a100-80gb")[0] == default + 2 * (32 * MIB - (8 * MIB + 128 * 1024))
+    assert len(list((tmp_path / "inspect-model").glob("*.txt"))) == 2
