@@ -16,7 +16,7 @@ from inspector.inputs.versions import megatron_core_version
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from same_numbers import numbers  # noqa: E402
 
-from tests.test_versions import MTP_LOGITS_HELD  # noqa: E402
+from tests.test_versions import MTP_LOGITS_HELD, PERMUTE_BY_ARGSORT  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -34,6 +34,8 @@ JOBS = {
     "dense": ("memory", f"{SMALL} {LLAMA} --num-layers 4 --tp 2 --dp 2 --sequence-parallel "
                         "--group-query-attention --num-query-groups 4 --use-distributed-optimizer"),
     "moe": ("memory", f"{SMALL} {LLAMA} {MOE} --num-layers 4 --dp 4 --ep 4 --use-distributed-optimizer"),
+    "moe alltoall": ("memory", f"{SMALL} {LLAMA} {MOE} --num-layers 4 --dp 4 --ep 4 --use-distributed-optimizer "
+                               "--moe-token-dispatcher-type alltoall"),
     "mla": ("memory", f"{SMALL} {LLAMA} {MLA} --num-layers 4 --dp 2 --use-distributed-optimizer"),
     "fsdp": ("memory", f"{SMALL} {LLAMA} {FSDP} --num-layers 4 --dp 4"),
     "vpp": ("memory", f"{SMALL} {LLAMA} --num-layers 8 --pp 2 --num-virtual-stages-per-pipeline-rank 2 "
@@ -52,6 +54,8 @@ SAME = {
                80530636800)],
     "moe": [(2107648, 4215296, 8430592, 13400832, 237139456, 20926976, 263186176, 284113152,
              57982058496)],
+    "moe alltoall": [(2107648, 4215296, 8430592, 13400832, 236115456, 21017088, 262162176, 283179264,
+                      57982058496)],
     "mla": [(2771200, 5542400, 11084800, 16627200, 102573056, 22794752, 135827456, 158622208,
              76110888960)],
     "fsdp": [(3279104, 1647104, 3294208, 9882624, 105760256, 26594816, 120584192, 147179008,
@@ -88,6 +92,11 @@ FRESH_SHARDS = 757760
 # 374-378; to 0.18 one `values`): two more 512-byte blocks, static
 MTP_LOGITS = 1054720
 MTP_TRACKER_ACCURACY = VERSION >= (0, 19)
+# The all-to-all dispatcher's permute (tests/test_versions.py PERMUTE_BY_ARGSORT): to 0.16 the
+# probs' masked_select keeps the bf16 probs and the bool routing map, from 0.17 the argsort's int64
+# indices, 5 bytes more per token and expert: 4 layers x 512 tokens x 8 experts x 5 = 81,920 B held
+# through the forward (the job's peak)
+PERMUTE_HELD = 4 * 512 * 8 * (8 - 2 - 1)
 MEASURED = {(0, 16), (0, 17), (0, 18), (0, 19)}
 
 
@@ -103,6 +112,9 @@ def expected(job: str) -> dict[str, object]:
     if job == "fsdp" and FSDP_FRESH_SHARD:
         for field in ("activations", "total"):
             found[f"stage 0 {field}"] += FRESH_SHARDS  # type: ignore[operator]
+    if job == "moe alltoall" and not PERMUTE_BY_ARGSORT:
+        for field in ("activations", "total"):
+            found[f"stage 0 {field}"] -= PERMUTE_HELD  # type: ignore[operator]
     if job == "mtp" and MTP_LOGITS_HELD:
         for field in ("activations", "total"):
             found[f"stage 1 {field}"] += MTP_LOGITS  # type: ignore[operator]

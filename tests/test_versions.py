@@ -32,6 +32,13 @@ NULL_TOKENIZER_EOD = VERSION < (0, 18)  # NullTokenizer's vocab_size counts an e
 # GPTModel._postprocess keeps the MTP head's logits alive while the main logits are made in
 # 0.14-0.16; 0.13 and 0.17+ (process_mtp_loss, multi_token_prediction.py) free them before
 MTP_LOGITS_HELD = (0, 14) <= VERSION < (0, 17)
+# moe_utils.py `permute` without a capacity (the all-to-all dispatcher's, alltoall dispatch_preprocess)
+# picks the tokens with `masked_select(routing_map)` to 0.16, whose backward keeps the transposed
+# probs (their dtype) and the bool routing map (0.16.1 moe_utils.py 363-372; 0.13.1 314-317);
+# from 0.17 (Megatron-LM #3373, for CUDA graphs) with one `argsort` of the flattened map, whose
+# int64 indices the probs' gather keeps to the backward (0.19.2 moe_utils.py 457-462): per token
+# and expert 8 bytes held instead of 2 + 1 with bf16 probs, 5 more (tests/test_same_numbers.py)
+PERMUTE_BY_ARGSORT = VERSION >= (0, 17)
 # clip_grads.py get_grad_norm_fp32 makes `total_norm = torch.zeros(1)` before the l2 norm from
 # 0.19 (before: the kernel's result is the norm), and MixedPrecisionOptimizer.clip_grad_norm
 # asks for separate grad-norm groups (`_compute_grad_norms_by_group`)
