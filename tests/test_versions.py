@@ -39,6 +39,14 @@ MTP_LOGITS_HELD = (0, 14) <= VERSION < (0, 17)
 # int64 indices the probs' gather keeps to the backward (0.19.2 moe_utils.py 457-462): per token
 # and expert 8 bytes held instead of 2 + 1 with bf16 probs, 5 more (tests/test_same_numbers.py)
 PERMUTE_BY_ARGSORT = VERSION >= (0, 17)
+# The sigmoid router (topk_routing_with_score_function): to 0.17 the sigmoid's fp32 scores are cast
+# to the logits' dtype at once (0.16.1 moe_utils.py 717 `torch.sigmoid(logits.float()).type_as(
+# logits)`; 0.13.1 595, 0.17.1 790), so with an expert bias the top-k `gather` keeps that bf16 copy
+# (tokens x experts) to the backward, beside the bf16 top-k scores and sum the normalisation keeps
+# (721, 724); from 0.18 (Megatron-LM #3673) the scores stay fp32 until `probs.type_as(logits)`
+# (0.19.2 856, 865, 868, 875): no bf16 copy, the top-k scores and sum in fp32. Per MoE layer
+# 2 x tokens x (experts - topk - 1) bytes fewer from 0.18 (bf16 logits; tests/test_same_numbers.py)
+SIGMOID_SCORES_STAY_FP32 = VERSION >= (0, 18)
 # clip_grads.py get_grad_norm_fp32 makes `total_norm = torch.zeros(1)` before the l2 norm from
 # 0.19 (before: the kernel's result is the norm), and MixedPrecisionOptimizer.clip_grad_norm
 # asks for separate grad-norm groups (`_compute_grad_norms_by_group`)
