@@ -47,6 +47,22 @@ PERMUTE_BY_ARGSORT = VERSION >= (0, 17)
 # (0.19.2 856, 865, 868, 875): no bf16 copy, the top-k scores and sum in fp32. Per MoE layer
 # 2 x tokens x (experts - topk - 1) bytes fewer from 0.18 (bf16 logits; tests/test_same_numbers.py)
 SIGMOID_SCORES_STAY_FP32 = VERSION >= (0, 18)
+# TEDotProductAttention under rope fusion (Megatron-LM's default) on 0.13: its "WAR for peak memory
+# usage" makes q, k, v bshd contiguous copies and hands linear_proj a transposed output, which it
+# copies (0.13.1 extensions/transformer_engine.py 894-902, 945-946); 0.14 removed it (sbhd kept:
+# attention saves the fused QKV output, v a view of it, and the rotated q and k). Held per
+# attention layer: 0.13 q, k, v and linear_proj's input copies, 0.14+ the QKV output and rotated
+# q, k: one k-sized tensor more (tokens x query groups x head dim x 2 / tp; tests/test_same_numbers.py)
+ATTENTION_BSHD_COPIES = VERSION < (0, 14)
+# The output layer's placeholder weight gradient under gradient-accumulation fusion: 0.13 makes a
+# fresh torch.empty each backward (0.13.1 tensor_parallel/layers.py 578-583), 0.14+ keep Transformer
+# Engine's get_dummy_wgrad, one per shape (0.16.1 layers.py 588-602): its bf16 weight shard static
+WGRAD_PLACEHOLDER_KEPT = VERSION >= (0, 14)
+# MultiTokenPredictionBlock on 0.13 runs the output layer on the MTP norm's output inside the block
+# (0.13.1 multi_token_prediction.py 484, 666-668); from 0.14 it returns torch.cat of the main and
+# MTP hidden states (0.16.1 1132, 0.19.2 1848) for GPTModel's output layer, which keeps that
+# concatenation: s x b x h x 2 bytes more held per MTP layer
+MTP_HIDDEN_CONCATENATED = VERSION >= (0, 14)
 # clip_grads.py get_grad_norm_fp32 makes `total_norm = torch.zeros(1)` before the l2 norm from
 # 0.19 (before: the kernel's result is the norm), and MixedPrecisionOptimizer.clip_grad_norm
 # asks for separate grad-norm groups (`_compute_grad_norms_by_group`)
