@@ -21,6 +21,7 @@ from tests.test_versions import (  # noqa: E402
     MTP_HIDDEN_CONCATENATED,
     MTP_LOGITS_HELD,
     PERMUTE_BY_ARGSORT,
+    RECOMPUTE_SHARES_STORAGE,
     SIGMOID_SCORES_STAY_FP32,
     WGRAD_PLACEHOLDER_KEPT,
 )
@@ -46,6 +47,13 @@ JOBS = {
     "moe sigmoid": ("memory", f"{SMALL} {LLAMA} {MOE} --num-layers 4 --dp 4 --ep 4 --use-distributed-optimizer "
                               "--moe-router-score-function sigmoid --moe-router-enable-expert-bias"),
     "mla": ("memory", f"{SMALL} {LLAMA} {MLA} --num-layers 4 --dp 2 --use-distributed-optimizer"),
+    "mla recompute": ("memory", "--hidden-size 256 --num-attention-heads 16 --seq-length 256 --max-position-embeddings "
+                                "256 --vocab-size 1000 --bf16 --micro-batch-size 2 --global-batch-size 16 "
+                                "--normalization RMSNorm --position-embedding-type rope --disable-bias-linear "
+                                "--ffn-hidden-size 64 --multi-latent-attention --q-lora-rank 64 --kv-lora-rank 32 "
+                                "--qk-head-dim 64 --qk-pos-emb-head-dim 16 --v-head-dim 64 --num-layers 8 --pp 2 "
+                                "--num-virtual-stages-per-pipeline-rank 2 --use-distributed-optimizer "
+                                "--recompute-granularity selective --recompute-modules mla_up_proj"),
     "fsdp": ("memory", f"{SMALL} {LLAMA} {FSDP} --num-layers 4 --dp 4"),
     "vpp": ("memory", f"{SMALL} {LLAMA} --num-layers 8 --pp 2 --num-virtual-stages-per-pipeline-rank 2 "
                       "--use-distributed-optimizer"),
@@ -69,6 +77,10 @@ SAME = {
                      57982058496)],
     "mla": [(2771200, 5542400, 11084800, 16627200, 102573056, 22794752, 135827456, 158622208,
              76110888960)],
+    "mla recompute": [(2148352, 4296704, 8593408, 25780224, 102228992, 35419136, 140899328, 176318464,
+                       75305582592),
+                      (2148608, 4297216, 8594432, 25783296, 103277568, 23504896, 141952512, 165457408,
+                       81748033536)],
     "fsdp": [(3279104, 1647104, 3294208, 9882624, 105760256, 26594816, 120584192, 147179008,
               86973087744)],
     "vpp": [(3278848, 6557696, 13115392, 39346176, 102762496, 52411904, 161781760, 214193664,
@@ -133,7 +145,13 @@ PLAN_LESS = {"plan dense": [10 * K_HELD, 10 * K_HELD, 8 * K_HELD], "plan moe": [
 # not compared on 0.13.1, named: MLA (0.13 runs its fused MLA RoPE only under Megatron-LM's
 # --enable-experimental: fusions/fused_mla_yarn_rope_apply.py 297, 683 `experimental_fn`); Megatron-
 # FSDP (0.13's custom_fsdp pads its buckets to other multiples: tests/test_fsdp.py)
-NOT_ON_0_13 = {"mla": "ENABLE_EXPERIMENTAL", "fsdp": None}
+NOT_ON_0_13 = {"mla": "ENABLE_EXPERIMENTAL", "mla recompute": "ENABLE_EXPERIMENTAL", "fsdp": None}
+# The MLA up-projection recomputed in the backward (tests/test_versions.py RECOMPUTE_SHARES_STORAGE):
+# to 0.16 the restored q, k (512 tokens x 16 heads x 80 x 2 = 1,310,720 B each) and v (x 64:
+# 1,048,576) sit beside the recomputation's own until the core attention's backward, each stage's
+# peak (0.16.1 at FusedAttnFunctionBackward, 3,670,016 B above; 0.19.2 after it, at kv_up_proj's
+# backward): 3,654,144 B higher on both stages to 0.16
+RECOMPUTED_TWICE = 3654144
 MEASURED = {(0, 13), (0, 16), (0, 17), (0, 18), (0, 19)}
 
 
@@ -158,6 +176,10 @@ def expected(job: str) -> dict[str, object]:
     if job == "moe sigmoid" and not SIGMOID_SCORES_STAY_FP32:
         for field in ("activations", "total"):
             found[f"stage 0 {field}"] += SIGMOID_BF16_HELD  # type: ignore[operator]
+    if job == "mla recompute" and not RECOMPUTE_SHARES_STORAGE:
+        for stage in (0, 1):
+            for field in ("activations", "total"):
+                found[f"stage {stage} {field}"] += RECOMPUTED_TWICE  # type: ignore[operator]
     if job == "mtp" and MTP_LOGITS_HELD:
         for field in ("activations", "total"):
             found[f"stage 1 {field}"] += MTP_LOGITS  # type: ignore[operator]

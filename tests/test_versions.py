@@ -63,6 +63,13 @@ WGRAD_PLACEHOLDER_KEPT = VERSION >= (0, 14)
 # MTP hidden states (0.16.1 1132, 0.19.2 1848) for GPTModel's output layer, which keeps that
 # concatenation: s x b x h x 2 bytes more held per MTP layer
 MTP_HIDDEN_CONCATENATED = VERSION >= (0, 14)
+# CheckpointWithoutOutput (selective recompute of mla_up_proj, moe_act, layernorm, ...): to 0.16 its
+# recompute restores each discarded output by `resize_` + `copy_` from the recomputation's output,
+# which ctx.outputs keeps too (0.16.1 tensor_parallel/random.py 714-719; 0.13.1 584): each output
+# held twice from the recompute to the checkpointed function's backward; from 0.17 (Megatron-LM
+# #3649) the output's storage is made to share the recomputation's (0.19.2 random.py 821-823
+# `share_storage`): once (tests/test_same_numbers.py "mla recompute")
+RECOMPUTE_SHARES_STORAGE = VERSION >= (0, 17)
 # clip_grads.py get_grad_norm_fp32 makes `total_norm = torch.zeros(1)` before the l2 norm from
 # 0.19 (before: the kernel's result is the norm), and MixedPrecisionOptimizer.clip_grad_norm
 # asks for separate grad-norm groups (`_compute_grad_norms_by_group`)
