@@ -347,7 +347,13 @@ def test_convolutions_save_their_input_as_given():
 # --linear-attention-freq 1), by megatron-core version, where measured: from 0.18 fla's
 # causal_conv1d saves its input as megatron gives it, a view of in_proj's output (b, s, 784),
 # which stays alive, where 0.16's causal_conv1d_fn saved a contiguous (b, 512, s) copy: (784 -
-# 512) x 128 tokens x 2 bytes more a layer
+# 512) x 128 tokens x 2 bytes more a layer. megatron-core 0.16.1 ssm/gated_delta_net.py 324
+# (`qkv.transpose(1, 2).contiguous()`, then gate, beta, alpha made contiguous at 359-361: in_proj's
+# output freed); 0.19.2 ssm/gated_delta_net/gdn.py 172 (the split) and 214-215 (`causal_conv1d(
+# x=qkv`); fla conv/triton/ops.py `CausalConv1dFunction.forward` (input_guard no_guard_contiguous
+# x, save_for_backward(x, ...)). The z, beta and alpha columns (v_dim + 2 x value heads) stay held:
+# Qwen3-Next on 8 GPUs (36 GDN layers, 4,096 tokens, 4,096 + 64 columns) 36 x 4096 x 4160 x 2 =
+# 1,226,833,920 bytes more on 0.19.2 (bench/RESULTS.md "trace42")
 GDN_EXTRA_ACTIVATIONS = {(0, 16): 2_219_520, (0, 19): 2_219_520 + 3 * (784 - 512) * 128 * 2}
 
 

@@ -32,6 +32,44 @@ NULL_TOKENIZER_EOD = VERSION < (0, 18)  # NullTokenizer's vocab_size counts an e
 # GPTModel._postprocess keeps the MTP head's logits alive while the main logits are made in
 # 0.14-0.16; 0.13 and 0.17+ (process_mtp_loss, multi_token_prediction.py) free them before
 MTP_LOGITS_HELD = (0, 14) <= VERSION < (0, 17)
+# moe_utils.py `permute` without a capacity (the all-to-all dispatcher's, alltoall dispatch_preprocess)
+# picks the tokens with `masked_select(routing_map)` to 0.16, whose backward keeps the transposed
+# probs (their dtype) and the bool routing map (0.16.1 moe_utils.py 363-372; 0.13.1 314-317);
+# from 0.17 (Megatron-LM #3373, for CUDA graphs) with one `argsort` of the flattened map, whose
+# int64 indices the probs' gather keeps to the backward (0.19.2 moe_utils.py 457-462): per token
+# and expert 8 bytes held instead of 2 + 1 with bf16 probs, 5 more (tests/test_same_numbers.py)
+PERMUTE_BY_ARGSORT = VERSION >= (0, 17)
+# The sigmoid router (topk_routing_with_score_function): to 0.17 the sigmoid's fp32 scores are cast
+# to the logits' dtype at once (0.16.1 moe_utils.py 717 `torch.sigmoid(logits.float()).type_as(
+# logits)`; 0.13.1 595, 0.17.1 790), so with an expert bias the top-k `gather` keeps that bf16 copy
+# (tokens x experts) to the backward, beside the bf16 top-k scores and sum the normalisation keeps
+# (721, 724); from 0.18 (Megatron-LM #3673) the scores stay fp32 until `probs.type_as(logits)`
+# (0.19.2 856, 865, 868, 875): no bf16 copy, the top-k scores and sum in fp32. Per MoE layer
+# 2 x tokens x (experts - topk - 1) bytes fewer from 0.18 (bf16 logits; tests/test_same_numbers.py)
+SIGMOID_SCORES_STAY_FP32 = VERSION >= (0, 18)
+# TEDotProductAttention under rope fusion (Megatron-LM's default) on 0.13: its "WAR for peak memory
+# usage" makes q, k, v bshd contiguous copies and hands linear_proj a transposed output, which it
+# copies (0.13.1 extensions/transformer_engine.py 894-902, 945-946); 0.14 removed it (sbhd kept:
+# attention saves the fused QKV output, v a view of it, and the rotated q and k). Held per
+# attention layer: 0.13 q, k, v and linear_proj's input copies, 0.14+ the QKV output and rotated
+# q, k: one k-sized tensor more (tokens x query groups x head dim x 2 / tp; tests/test_same_numbers.py)
+ATTENTION_BSHD_COPIES = VERSION < (0, 14)
+# The output layer's placeholder weight gradient under gradient-accumulation fusion: 0.13 makes a
+# fresh torch.empty each backward (0.13.1 tensor_parallel/layers.py 578-583), 0.14+ keep Transformer
+# Engine's get_dummy_wgrad, one per shape (0.16.1 layers.py 588-602): its bf16 weight shard static
+WGRAD_PLACEHOLDER_KEPT = VERSION >= (0, 14)
+# MultiTokenPredictionBlock on 0.13 runs the output layer on the MTP norm's output inside the block
+# (0.13.1 multi_token_prediction.py 484, 666-668); from 0.14 it returns torch.cat of the main and
+# MTP hidden states (0.16.1 1132, 0.19.2 1848) for GPTModel's output layer, which keeps that
+# concatenation: s x b x h x 2 bytes more held per MTP layer
+MTP_HIDDEN_CONCATENATED = VERSION >= (0, 14)
+# CheckpointWithoutOutput (selective recompute of mla_up_proj, moe_act, layernorm, ...): to 0.16 its
+# recompute restores each discarded output by `resize_` + `copy_` from the recomputation's output,
+# which ctx.outputs keeps too (0.16.1 tensor_parallel/random.py 714-719; 0.13.1 584): each output
+# held twice from the recompute to the checkpointed function's backward; from 0.17 (Megatron-LM
+# #3649) the output's storage is made to share the recomputation's (0.19.2 random.py 821-823
+# `share_storage`): once (tests/test_same_numbers.py "mla recompute")
+RECOMPUTE_SHARES_STORAGE = VERSION >= (0, 17)
 # clip_grads.py get_grad_norm_fp32 makes `total_norm = torch.zeros(1)` before the l2 norm from
 # 0.19 (before: the kernel's result is the norm), and MixedPrecisionOptimizer.clip_grad_norm
 # asks for separate grad-norm groups (`_compute_grad_norms_by_group`)

@@ -282,7 +282,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "--mask-type": ("random", "row"),
     "--moe-combine-bwd-dtype": ("bf16", "mxfp8"),
     "--moe-dispatch-fwd-dtype": ("bf16", "mxfp8"),
-    "--moe-router-dtype": ("fp32", "fp64"),
     "--moe-token-drop-policy": ("probs", "position"),
     "--muon-fp32-matmul-prec": ("low", "medium", "high"),
     "--muon-scalar-optimizer": ("adam", "lion"),

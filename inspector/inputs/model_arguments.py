@@ -154,6 +154,8 @@ MODEL_ARGUMENTS: tuple[ArgSpec, ...] = (
         "Router score function.",
         choices=("softmax", "sigmoid"),
     ),
+    _model("moe_router_dtype", str, "The router's logits and routing in fp32 or fp64 (default: the "
+           "model's dtype).", choices=("fp32", "fp64")),  # fmt: skip
     _model(
         "moe_router_enable_expert_bias",
         bool,

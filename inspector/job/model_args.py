@@ -45,7 +45,8 @@ def make_model_config(args: Mapping[str, Any]) -> ModelConfig:
         if values.get(name) is None:
             values.pop(name, None)
     for name in ("moe_router_score_function", "moe_router_load_balancing_type",
-                 "moe_router_pre_softmax", "fp8_recipe", "fp8_amax_history_len", "fp4_recipe",
+                 "moe_router_pre_softmax", "moe_router_dtype", "fp8_recipe", "fp8_amax_history_len",
+                 "fp4_recipe",
                  "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):  # fmt: skip
         if values.get(name) is None:
             values.pop(name, None)
