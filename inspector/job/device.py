@@ -59,6 +59,24 @@ class Device:
         """Return the compute capability (major, minor) the job's allocations follow."""
         return get_gpu(self.gpu or DEFAULT_GPU).compute_capability
 
+    @property
+    def world(self) -> WorldGpu:
+        """Return what the simulated world asks torch.cuda of this GPU (world/te/cuda.py `on_gpu`):
+        part of every cache key of a build or an engine run (world/build.py, compose/pieces.py)."""
+        gpu = get_gpu(self.gpu or DEFAULT_GPU)
+        sms = gpu.sms if gpu.sms is not None else get_gpu(DEFAULT_GPU).sms
+        return WorldGpu(gpu.compute_capability, int(sms or 0))
+
+
+@dataclass(frozen=True)
+class WorldGpu:
+    """What the traced world reads of its GPU: `torch.cuda.get_device_capability()` (Transformer
+    Engine's `is_non_tn_fp8_gemm_supported`: which fp8 copies it keeps) and
+    `get_device_properties().multi_processor_count` (the Mamba kernels' split sums)."""
+
+    capability: tuple[int, int]
+    sms: int
+
 
 def torch_cublas_workspace(device: Device) -> int:
     """Return the bytes of one torch cuBLAS workspace (per handle and stream) on `device`."""
