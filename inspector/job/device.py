@@ -5,7 +5,9 @@ What a rank allocates besides megatron's own tensors depends on the GPU's comput
 Engine make; and Transformer Engine refuses the low-precision recipes a GPU lacks. A job carries
 its `Device` (`Job.device`); `memory`, `check` and bench/ci_goldens.py set it from `--gpu` and
 the job's environment (`with_device`). A job whose GPU is not named (`gpu=None`) is sized as on
-the default GPU (H100) and nothing is refused for want of a GPU.
+the default GPU (H100) and nothing is refused for want of a GPU. What the simulated world reads
+of the GPU (`Device.world`: compute capability, SM count) is entered around every build and
+engine run (world/setup.py `on_job_gpu`) and keys their caches.
 """
 
 from __future__ import annotations

@@ -136,10 +136,13 @@ class BuiltChunk:
         # HSDP (N optimizer instances): mcore_fsdp_adapter.py `_init_dist_index` shards over the
         # intra partial groups, parallel_state's dp x cp / N and expert dp / N
         instances = layout.num_distributed_optimizer_instances
-        return fsdp_layout(
-            module, training.sharding_strategy, dp_cp // instances, layout.expert_dp // instances,
-            None if self.chunk > 0 else size, fp32,
-        )  # fmt: skip
+        from inspector.world.setup import on_job_gpu
+
+        with on_job_gpu(job.device):  # an fp8 bucket's backward transposes: Hopper's only
+            return fsdp_layout(
+                module, training.sharding_strategy, dp_cp // instances, layout.expert_dp // instances,
+                None if self.chunk > 0 else size, fp32,
+            )  # fmt: skip
 
     def frozen_bytes(self) -> int:
         """Return the bytes of the chunk's parameters that need no gradient: megatron's DDP lays
