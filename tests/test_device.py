@@ -246,3 +246,19 @@ def test_mamba_kernels_split_by_the_gpu_s_sms() -> None:
     with on_gpu((10, 0), 152):
         assert _splits(1, 3, 100, 1) == 50  # ceil(300 / 152) = 2
     assert _splits(1, 3, 100, 1) == 34  # outside a job: an H100's 132
+
+
+def test_the_planner_s_pieces_are_keyed_by_the_world_s_gpu() -> None:
+    # plan composes a stage's state from small builds cached by piece_key (memory/compose/
+    # pieces.py): an fp8 parameter keeps its transpose on Hopper only, so the key holds the GPU
+    # the world reads (the same for H100 and H200)
+    from dataclasses import replace
+
+    from inspector.job.job import Job
+    from inspector.job.layout import Layout
+    from inspector.job.model import ModelConfig
+    from inspector.memory.compose.pieces import piece_key
+
+    job = Job(ModelConfig(num_layers=2), Layout())
+    on = {gpu: piece_key(replace(job, device=Device(gpu))) for gpu in ("h100", "h200", "gb200")}
+    assert on["h100"] == on["h200"] == piece_key(job) != on["gb200"]
