@@ -153,3 +153,112 @@ def test_the_result_cache_keys_cublas_workspace_config(tmp_path, monkeypatch) ->
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     assert _workspaces("--gpu", "a100-80gb")[0] == default + 2 * (32 * MIB - (8 * MIB + 128 * 1024))
     assert len(list((tmp_path / "inspect-model").glob("*.txt"))) == 2
+
+
+# What the simulated world reads of its GPU (Device.world, world/te/cuda.py `on_gpu`).
+# A small fp8 job, the sizes of tests/test_fp8_params.py: TE's four GEMM weights per layer
+FP8 = ("memory", "--num-layers", "2", "--hidden-size", "256", "--num-attention-heads", "8",
+       "--seq-length", "256", "--vocab-size", "1000", "--micro-batch-size", "1", "--bf16",
+       "--swiglu", "--normalization", "RMSNorm", "--disable-bias-linear", "--position-embedding-type",
+       "rope", "--transformer-impl", "transformer_engine", "--fp8-format", "hybrid",
+       "--use-distributed-optimizer", "--dp", "2", "--format", "json")  # fmt: skip
+H, F = 256, 640  # hidden; SwiGLU ffn int(4 x 256 x 2/3 / 64) x 64
+# qkv, proj, fc1, fc2 of 2 layers, [out, in]: each a multiple of the allocator's 512 bytes
+TE_WEIGHTS = [rows * cols for rows, cols in [(3 * H, H), (H, H), (2 * F, H), (H, F)] * 2]
+
+
+def _stage(*flags: str) -> dict:
+    result = run_cli(*FP8, *flags)
+    assert result.code == 0, result.err
+    stage: dict = json.loads(result.out)["stages"][0]
+    return stage
+
+
+def _persistent(stage: dict) -> int:
+    return sum(size for _, size in stage["buffers"]["persistent"])
+
+
+def test_world_gpu_of_each_device() -> None:
+    from inspector.job.device import WorldGpu
+
+    assert Device().world == Device("h100").world == Device("h200").world == WorldGpu((9, 0), 132)
+    assert Device("gb200").world == WorldGpu((10, 0), 152)
+    assert Device("b200").world == WorldGpu((10, 0), 148)
+    assert Device("gb300").world == WorldGpu((10, 3), 160)
+
+
+def test_non_tn_fp8_gemms_by_capability() -> None:
+    # TE utils.py is_non_tn_fp8_gemm_supported: (10, 0) <= cc < (12, 0) or cc >= (13, 0)
+    from inspector.world.te.cuda import is_non_tn_fp8_gemm_supported, on_gpu
+
+    assert not is_non_tn_fp8_gemm_supported()  # outside a job: an H100
+    for capability, expected in (((8, 0), False), ((9, 0), False), ((10, 0), True),
+                                 ((10, 3), True), ((12, 0), False), ((13, 0), True)):  # fmt: skip
+        with on_gpu(capability, 132):
+            assert is_non_tn_fp8_gemm_supported() is expected
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "tensorwise"])
+def test_blackwell_fp8_weight_workspaces_keep_no_transpose(recipe: str) -> None:
+    """Each TE linear's cached fp8 weight workspace (module/base.py `get_weight_workspace`) is
+    data [N, K] + transpose [K, N] + scale_inv on Hopper; on compute capability 10.x the
+    quantizer makes no transpose (csrc/quantizer.cpp `with_transpose = columnwise_usage &&
+    !nvte_is_non_tn_fp8_gemm_supported()`): one byte less per TE weight element, kept all step."""
+    h100 = _stage("--fp8-recipe", recipe, "--gpu", "h100")
+    gb200 = _stage("--fp8-recipe", recipe, "--gpu", "gb200")
+    n = sum(TE_WEIGHTS)
+    assert _persistent(h100) - _persistent(gb200) == n
+    assert h100["static"] - gb200["static"] == n
+    assert h100["total"] - gb200["total"] >= n  # the activations' transient transposes too
+    assert (h100["weights"], h100["optimizer"]) == (gb200["weights"], gb200["optimizer"])
+    assert _stage("--fp8-recipe", recipe, "--gpu", "b300")["static"] == gb200["static"]  # 10.3
+
+
+def test_blackwell_fp8_parameters_keep_no_transpose() -> None:
+    """--fp8-param-gather: a Float8Tensor weight keeps data, transpose and scale_inv on Hopper;
+    on Blackwell no transpose (its quantizer makes none, `post_all_gather_processing` makes none:
+    tensor/utils.py "if not is_non_tn_fp8_gemm_supported(): model_weight._create_transpose()")."""
+    h100 = _stage("--fp8-param-gather", "--gpu", "h100")
+    gb200 = _stage("--fp8-param-gather", "--gpu", "gb200")
+    n = sum(TE_WEIGHTS)
+    assert h100["weights"] - gb200["weights"] == n  # what TE keeps beside the uint8 buffer
+    assert h100["static"] - gb200["static"] == n
+    assert _persistent(h100) == _persistent(gb200)  # no workspaces either way
+
+
+def test_mxfp8_is_the_same_on_blackwell() -> None:
+    # MXFP8 keeps its own column-wise data on every GPU (mxfp8_tensor.py): gb200 is sized as a
+    # job without --gpu (an H100's world, which refuses nothing)
+    flags = ("--fp8-recipe", "mxfp8")
+    gb200, unnamed = _stage(*flags, "--gpu", "gb200"), _stage(*flags)
+    assert gb200.pop("fits") is True and unnamed.pop("fits") is None  # no --gpu: no memory size
+    assert gb200 == unnamed
+
+
+def test_mamba_kernels_split_by_the_gpu_s_sms() -> None:
+    # ssd_chunk_state.py `_chunk_state_bwd_db`: per_program = min(ceil(b * chunks * heads / SMs),
+    # heads / groups); splits = ceil(heads / groups / per_program). b 1, 3 chunks, 100 heads, 1 group
+    from inspector.world.ssm.kernels import _splits
+    from inspector.world.te.cuda import on_gpu
+
+    with on_gpu((9, 0), 132):
+        assert _splits(1, 3, 100, 1) == 34  # ceil(300 / 132) = 3 heads a program
+    with on_gpu((10, 0), 152):
+        assert _splits(1, 3, 100, 1) == 50  # ceil(300 / 152) = 2
+    assert _splits(1, 3, 100, 1) == 34  # outside a job: an H100's 132
+
+
+def test_the_planner_s_pieces_are_keyed_by_the_world_s_gpu() -> None:
+    # plan composes a stage's state from small builds cached by piece_key (memory/compose/
+    # pieces.py): an fp8 parameter keeps its transpose on Hopper only, so the key holds the GPU
+    # the world reads (the same for H100 and H200)
+    from dataclasses import replace
+
+    from inspector.job.job import Job
+    from inspector.job.layout import Layout
+    from inspector.job.model import ModelConfig
+    from inspector.memory.compose.pieces import piece_key
+
+    job = Job(ModelConfig(num_layers=2), Layout())
+    on = {gpu: piece_key(replace(job, device=Device(gpu))) for gpu in ("h100", "h200", "gb200")}
+    assert on["h100"] == on["h200"] == piece_key(job) != on["gb200"]

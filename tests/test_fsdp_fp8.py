@@ -97,6 +97,9 @@ def test_gathered_float8_weights_are_one_byte_and_the_backward_adds_a_transpose(
     layer = _padded_fp8() // 2 + 2 * 512
     assert fp8 == 2 * layer + _padded_fp8() // 2
     assert mx == 2 * layer  # MXFP8: the backward gathers the column-wise buffer instead
+    # on Blackwell TE's post_all_gather_processing makes no transpose (tensor/utils.py: "if not
+    # is_non_tn_fp8_gemm_supported(): model_weight._create_transpose()"): the pair alone
+    assert _stage(cli, *TENSORWISE, "--gpu", "gb200")["buffers"]["fsdp_in_flight"] == 2 * layer
 
 
 @pytest.mark.skipif(megatron_core_version() < (0, 19),

@@ -95,7 +95,8 @@ def test_the_exchange_holds_the_dispatchers_sms_of_the_gpus():
     # on NVSwitch nodes, NCCL's init log); the allgather dispatcher never runs beside compute
     assert exchange_sm_share(replace(flex, moe_token_dispatcher_type="alltoall"), h100) == pytest.approx(32 / 132)
     assert exchange_sm_share(replace(flex, moe_token_dispatcher_type="allgather"), h100) == 0.0
-    assert exchange_sm_share(flex, GPUS["gb200"]) == 0.0  # no cited SM count
+    assert exchange_sm_share(flex, GPUS["gb200"]) == pytest.approx(20 / 152)  # GB200's 152 SMs
+    assert exchange_sm_share(flex, replace(h100, sms=None)) == 0.0  # no cited SM count
 
 
 def test_the_all_to_all_dispatcher_sorts_received_tokens_by_local_expert_and_back():

@@ -5,7 +5,9 @@ What a rank allocates besides megatron's own tensors depends on the GPU's comput
 Engine make; and Transformer Engine refuses the low-precision recipes a GPU lacks. A job carries
 its `Device` (`Job.device`); `memory`, `check` and bench/ci_goldens.py set it from `--gpu` and
 the job's environment (`with_device`). A job whose GPU is not named (`gpu=None`) is sized as on
-the default GPU (H100) and nothing is refused for want of a GPU.
+the default GPU (H100) and nothing is refused for want of a GPU. What the simulated world reads
+of the GPU (`Device.world`: compute capability, SM count) is entered around every build and
+engine run (world/setup.py `on_job_gpu`) and keys their caches.
 """
 
 from __future__ import annotations
@@ -58,6 +60,24 @@ class Device:
     def capability(self) -> tuple[int, int]:
         """Return the compute capability (major, minor) the job's allocations follow."""
         return get_gpu(self.gpu or DEFAULT_GPU).compute_capability
+
+    @property
+    def world(self) -> WorldGpu:
+        """Return what the simulated world asks torch.cuda of this GPU (world/te/cuda.py `on_gpu`):
+        part of every cache key of a build or an engine run (world/build.py, compose/pieces.py)."""
+        gpu = get_gpu(self.gpu or DEFAULT_GPU)
+        sms = gpu.sms if gpu.sms is not None else get_gpu(DEFAULT_GPU).sms
+        return WorldGpu(gpu.compute_capability, int(sms or 0))
+
+
+@dataclass(frozen=True)
+class WorldGpu:
+    """What the traced world reads of its GPU: `torch.cuda.get_device_capability()` (Transformer
+    Engine's `is_non_tn_fp8_gemm_supported`: which fp8 copies it keeps) and
+    `get_device_properties().multi_processor_count` (the Mamba kernels' split sums)."""
+
+    capability: tuple[int, int]
+    sms: int
 
 
 def torch_cublas_workspace(device: Device) -> int:

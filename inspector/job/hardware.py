@@ -115,9 +115,13 @@ GPUS = {
     # (1.8 TB/s per GPU, 900 GB/s each way), all 72 GPUs in one NVLink domain (gpus_per_node 72).
     # InfiniBand: one 400 Gb/s ConnectX-7 per GPU (50 GB/s), as in DGX GB200 (4 per compute tray
     # of 4 GPUs), the same figure as b200.
+    # SMs: NVIDIA's GB200 pages give none; 152 is what a GB200 GPU reports
+    # (`multi_processor_count`), as public kernel sources and traces taken on GB200 note ("GB200
+    # has 152" SMs, e.g. FlashInfer-based MXFP8 kernels' per-CTA stats, vLLM GB200 decode traces),
+    # four more than B200's 148.
     "gb200": Gpu(
         "gb200", 2500.0, 80.0, 5000.0, 186, 8e12, 900e9, 50e9, gpus_per_node=72, tflops_fp4=10000.0,
-        compute_capability=(10, 0),
+        sms=152, compute_capability=(10, 0),
     ),
     # NVIDIA HGX B300 specifications, per 8 GPUs: FP16/BF16 36 PFLOP/s and FP8 72 with sparsity
     # (2,250 and 4,500 dense per GPU), FP4 144 | 108 PFLOP/s sparse | dense (13,500 dense per

@@ -136,10 +136,13 @@ class BuiltChunk:
         # HSDP (N optimizer instances): mcore_fsdp_adapter.py `_init_dist_index` shards over the
         # intra partial groups, parallel_state's dp x cp / N and expert dp / N
         instances = layout.num_distributed_optimizer_instances
-        return fsdp_layout(
-            module, training.sharding_strategy, dp_cp // instances, layout.expert_dp // instances,
-            None if self.chunk > 0 else size, fp32,
-        )  # fmt: skip
+        from inspector.world.setup import on_job_gpu
+
+        with on_job_gpu(job.device):  # an fp8 bucket's backward transposes: Hopper's only
+            return fsdp_layout(
+                module, training.sharding_strategy, dp_cp // instances, layout.expert_dp // instances,
+                None if self.chunk > 0 else size, fp32,
+            )  # fmt: skip
 
     def frozen_bytes(self) -> int:
         """Return the bytes of the chunk's parameters that need no gradient: megatron's DDP lays
@@ -259,13 +262,18 @@ def _build_stage(builder: Any, job: Job, stage: int, expert_rank: int) -> list[S
     """Build one stage on one expert-parallel rank, or return the same stage built before.
 
     The data-parallel size changes nothing megatron builds (setup.simulated_dp), so it is not
-    part of the key; the builder is, so a replaced builder never sees another's results.
+    part of the key; the builder is, so a replaced builder never sees another's results; so is
+    what the world reads of the GPU (Transformer Engine keeps no fp8 parameter transposes on
+    Blackwell: te/float8_tensor.py), which the build runs on.
     """
-    key = (builder, job.model, replace(job.layout, dp=1), stage, expert_rank)
+    from inspector.world.setup import on_job_gpu
+
+    key = (builder, job.model, replace(job.layout, dp=1), stage, expert_rank, job.device.world)
     if key in _BUILT:
         _BUILT.move_to_end(key)
         return _BUILT[key]
-    built = _BUILT[key] = builder(job.model, job.layout, stage, expert_rank)
+    with on_job_gpu(job.device):
+        built = _BUILT[key] = builder(job.model, job.layout, stage, expert_rank)
     if len(_BUILT) > _KEPT:
         _BUILT.popitem(last=False)
     return built

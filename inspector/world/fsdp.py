@@ -215,9 +215,10 @@ def _fp8_bucket(buffers: Any, params: Sequence[Any]) -> dict[str, Any]:
     `fp8_need_transpose_data` (an MXFP8Tensor); a Float8Tensor's transpose is dropped after the
     reset (`fp8_discard_transpose_cache`, keep_fp8_transpose_cache False) and made again for the
     backward of its gathered weights (megatron_fsdp.py `fp8_create_transpose_cache`: TE's
-    `post_all_gather_processing`, a transpose on Hopper), dropped at their release. What
+    `post_all_gather_processing`, a transpose on Hopper, none on Blackwell), dropped at their release. What
     `fp8_set_raw_data` does not point into megatron's buffers stays on every rank: the scales.
     """
+    from inspector.world.te.cuda import is_non_tn_fp8_gemm_supported
     from inspector.world.te.float8_tensor import ALLOCATOR_BLOCK
 
     transpose = bool(buffers.fp8_need_transpose_data(params[0]))
@@ -228,7 +229,8 @@ def _fp8_bucket(buffers: Any, params: Sequence[Any]) -> dict[str, Any]:
             stored.add(id(buffers.fp8_get_raw_data(param, True)))
         kept += sum(-(-t.numel() * t.element_size() // ALLOCATOR_BLOCK) * ALLOCATOR_BLOCK
                     for t in param.kept_tensors() if id(t) not in stored)  # fmt: skip
-    backward = not transpose and hasattr(params[0], "_transpose")
+    # TE's post_all_gather_processing makes the transpose on Hopper only (te/float8_tensor.py)
+    backward = not transpose and hasattr(params[0], "_transpose") and not is_non_tn_fp8_gemm_supported()
     return {"transpose": transpose, "backward_transpose": backward, "kept": kept}
 
 

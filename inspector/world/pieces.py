@@ -73,7 +73,15 @@ class Built:
 
 
 def build_pieces(job: Job) -> Built:
-    """Build two small models (2 layers on 2 stages, 1 layer on 1 stage) and cut them in pieces."""
+    """Build two small models (2 layers on 2 stages, 1 layer on 1 stage) and cut them in pieces,
+    on the job's GPU (setup.py `on_job_gpu`)."""
+    from inspector.world.setup import on_job_gpu
+
+    with on_job_gpu(job.device):
+        return _build_pieces(job)
+
+
+def _build_pieces(job: Job) -> Built:
     model = job.model
     if model.hybrid:
         return _hybrid_pieces(job)

@@ -248,3 +248,12 @@ def fresh_te_process() -> None:
 
     reset_dummy_wgrads()
     multi_token_prediction.MTPLossLoggingHelper.tracker.clear()
+
+
+def on_job_gpu(device: Any) -> Any:
+    """Return a context running the block on the job's GPU (job/device.py `Device.world`) as the
+    TE stand-in and the Mamba kernels ask torch.cuda for it (te/cuda.py `on_gpu`)."""
+    from inspector.world.te.cuda import on_gpu
+
+    world = device.world
+    return on_gpu(world.capability, world.sms)

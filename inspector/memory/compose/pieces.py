@@ -47,9 +47,11 @@ class Pieces:
 
 
 def piece_key(job: Job) -> tuple[Any, ...]:
-    """Return what a stage's parameter shapes depend on: model, tp, ep, expert-tp, SP."""
+    """Return what a stage's parameter shapes depend on: model, tp, ep, expert-tp, SP, and what
+    the world reads of the GPU (fp8 parameters keep no transpose on Blackwell)."""
     lay = job.layout
-    return (job.model, lay.tp, lay.ep, lay.expert_tp, lay.sequence_parallel, job.training.fp32_grads)
+    return (job.model, lay.tp, lay.ep, lay.expert_tp, lay.sequence_parallel, job.training.fp32_grads,
+            job.device.world)  # fmt: skip
 
 
 _PIECES: dict[tuple[Any, ...], Pieces] = caches.table()

@@ -119,8 +119,17 @@ def run_memory(
     `shapes`: what megatron put on each chunk (`chunk_shapes`; built here when not given);
     `cache`: the small chunks traced for other stages of the same job (stage.py); `whole`:
     run every layer instead of composing the chunks from one layer of each kind; `steps`: the
-    optimizer steps run for other stages of the same job (`step_key`).
+    optimizer steps run for other stages of the same job (`step_key`). It all runs on the
+    job's GPU, as the world reads it (world/setup.py `on_job_gpu`).
     """
+    from inspector.world.setup import on_job_gpu
+
+    with on_job_gpu(job.device):
+        return _run_memory(job, stage, shapes, cache, whole, steps)
+
+
+def _run_memory(job: Job, stage: int, shapes: Sequence[ChunkShape] | None, cache: Cache | None,
+                whole: bool, steps: Steps | None) -> RunMemory:  # fmt: skip
     if shapes is None:
         from inspector.world.build import View, build
 

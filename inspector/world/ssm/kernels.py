@@ -13,7 +13,9 @@ ssd_bmm.py, ssd_chunk_scan.py, layernorm_gated.py (`LayerNormFn` 338-376, `_laye
 
 Left out, as too small to move a peak and sized by Triton's autotuned block sizes: the backward's
 per-tile workspaces for dD, ddt and ddA (b x heads x chunks x a few tiles, fp32). The split
-sums of dB, dC and dCB are sized by the GPU's SM count (`SM_COUNT`, an H100 SXM's 132).
+sums of dB, dC and dCB, and the gated RMSNorm's weight-gradient rows, are sized by the GPU's SM
+count (`torch.cuda.get_device_properties(...).multi_processor_count`: the job's GPU's, te/cuda.py
+`multi_processor_count`, job/hardware.py `Gpu.sms`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 
 import torch
 
-SM_COUNT = 132  # torch.cuda.get_device_properties(...).multi_processor_count on an H100 SXM
+from inspector.world.te.cuda import multi_processor_count
 
 
 def _empty(like: torch.Tensor, *shape: int, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -33,7 +35,8 @@ def _empty(like: torch.Tensor, *shape: int, dtype: torch.dtype | None = None) ->
 def _splits(batch: int, nchunks: int, nheads: int, ngroups: int) -> int:
     """ssd_chunk_state.py `_chunk_state_bwd_db` (and dC, dCB alike): heads split over programs."""
     ratio = nheads // ngroups
-    per_program = max(min(math.ceil(batch * nchunks * nheads / SM_COUNT), ratio), 1)
+    sms = multi_processor_count()
+    per_program = max(min(math.ceil(batch * nchunks * nheads / sms), ratio), 1)
     return -(-ratio // per_program)
 
 
@@ -164,6 +167,6 @@ class LayerNormFn(torch.autograd.Function):
         dx = torch.empty_like(x)  # _layer_norm_bwd 290
         block = 1 << (x.shape[-1] // ctx.groups - 1).bit_length()  # triton.next_power_of_2(N)
         warps = min(max(block // 256, 1), 8)  # _layer_norm_bwd's num_warps
-        rows = math.ceil(SM_COUNT * math.ceil(4 / warps) / ctx.groups)  # 312
+        rows = math.ceil(multi_processor_count() * math.ceil(4 / warps) / ctx.groups)  # 312
         dw = _empty(weight, rows, weight.shape[0], dtype=torch.float32).sum(0).to(weight.dtype)
         return dx.reshape(ctx.shape), dw, None

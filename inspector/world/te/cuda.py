@@ -91,3 +91,38 @@ def _cuda_factories_on_meta() -> Any:
 
     return Mode()
 
+
+
+# The GPU the simulated world runs on, as TE and the kernels ask torch.cuda about it:
+# (compute capability, multi_processor_count). An H100 SXM unless a job's GPU is entered
+# (`on_gpu`, around every build and engine run: world/build.py, memory/engine/run.py).
+_GPU: list[tuple[tuple[int, int], int]] = [((9, 0), 132)]
+
+
+@contextlib.contextmanager
+def on_gpu(capability: tuple[int, int], sms: int) -> Iterator[None]:
+    """Run the block on a GPU of this compute capability and SM count (restored after)."""
+    _GPU.append((tuple(capability), int(sms)))  # type: ignore[arg-type]
+    try:
+        yield
+    finally:
+        _GPU.pop()
+
+
+def device_capability() -> tuple[int, int]:
+    """Return `torch.cuda.get_device_capability()` of the simulated GPU."""
+    return _GPU[-1][0]
+
+
+def multi_processor_count() -> int:
+    """Return `torch.cuda.get_device_properties().multi_processor_count` of the simulated GPU."""
+    return _GPU[-1][1]
+
+
+def is_non_tn_fp8_gemm_supported() -> bool:
+    """TE pytorch/utils.py `is_non_tn_fp8_gemm_supported` (v2.11 491-496, v2.14 523, v2.17 657),
+    common/transformer_engine.cpp `nvte_is_non_tn_fp8_gemm_supported` (v2.11 947-960): fp8 GEMMs
+    of any layout on compute capability 10.x-11.x and 13.0+, so Float8 quantizers keep no
+    transpose there (`(10, 0) <= device_capability < (12, 0) or device_capability >= (13, 0)`)."""
+    capability = device_capability()
+    return (10, 0) <= capability < (12, 0) or capability >= (13, 0)

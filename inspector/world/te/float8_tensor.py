@@ -8,7 +8,12 @@ for delayed scaling, `Float8CurrentScalingQuantizer` for tensorwise), which hold
 - `_data`: uint8 [out, in], the row-wise fp8 values (megatron's DDP later points it into its
   uint8 param buffer, `replace_raw_data`);
 - `_transpose`: uint8 [in, out], the column-wise copy Hopper's TN-only fp8 GEMMs read
-  (`is_non_tn_fp8_gemm_supported()` is False before Blackwell), kept beside the parameter;
+  (`is_non_tn_fp8_gemm_supported()` is False before Blackwell), kept beside the parameter; none
+  on compute capability 10.x (te/cuda.py), where `_data` serves both GEMM layouts: the C++
+  quantizer makes none (csrc/quantizer.cpp v2.11 137, "with_transpose = columnwise_usage &&
+  !nvte_is_non_tn_fp8_gemm_supported()"), `update_usage` drops it (tensor/storage/
+  float8_tensor_storage.py v2.11 202-207) and `post_all_gather_processing` makes none (tensor/
+  utils.py v2.11 615, v2.14 1000, v2.17 955);
 - `_scale_inv`: fp32 [1].
 Its nominal dtype stays the 16-bit one (TE's "fake dtype"), so megatron's DistributedOptimizer
 sees a bf16 parameter whose fp32 main copy it makes. With `preserve_high_precision_init_val` the
@@ -29,6 +34,7 @@ from typing import Any
 
 import torch
 
+from inspector.world.te.cuda import is_non_tn_fp8_gemm_supported
 from inspector.world.te.state import QuantizedTensor
 
 PARAM_RECIPES = ("delayed", "tensorwise")  # the recipes whose weights are Float8Tensors
@@ -68,8 +74,11 @@ class Float8Tensor(QuantizedTensor):
 
     def update_usage(self, rowwise_usage: bool | None = None,
                      columnwise_usage: bool | None = None) -> None:  # fmt: skip
-        """float8_tensor.py `update_usage`: make the transpose where column-wise use needs it."""
-        if columnwise_usage:
+        """float8_tensor_storage.py `update_usage` (v2.11 189-225): make the transpose where
+        column-wise use needs it; on Blackwell keep the data alone (`needs_data_transpose = False`)."""
+        if is_non_tn_fp8_gemm_supported():
+            self._transpose = None
+        elif columnwise_usage:
             self._create_transpose()
 
     def kept_tensors(self) -> tuple[torch.Tensor, ...]:
@@ -108,8 +117,8 @@ def stored_bytes(param: object) -> int | None:
 
 def quantize_weight(param: torch.Tensor, recipe: str, preserve: bool) -> Float8Tensor:
     """Return `param` as TE's weight quantizer makes it under quantized_model_init (base.py
-    1250-1275): a Float8Tensor parameter with data, transpose (column-wise usage, Hopper) and
-    scale_inv. It is marked a parameter as torch marks a custom tensor (`_is_param`)."""
+    1250-1275): a Float8Tensor parameter with data, transpose (column-wise usage, Hopper only)
+    and scale_inv. It is marked a parameter as torch marks a custom tensor (`_is_param`)."""
     if recipe not in PARAM_RECIPES:
         raise NotImplementedError(f"fp8 parameters with the {recipe} recipe are not simulated")
     nominal = torch.empty(param.shape, dtype=param.dtype, device="meta")
@@ -120,7 +129,8 @@ def quantize_weight(param: torch.Tensor, recipe: str, preserve: bool) -> Float8T
     tensor._scale_inv = torch.empty((1,), dtype=torch.float32, device="meta")
     tensor._recipe = recipe
     keep_init_val(tensor, preserve)
-    if torch.is_grad_enabled():  # quantizer.set_usage(columnwise=torch.is_grad_enabled())
+    # quantizer.set_usage(columnwise=torch.is_grad_enabled()); no transpose on Blackwell
+    if torch.is_grad_enabled() and not is_non_tn_fp8_gemm_supported():
         tensor._create_transpose()
     tensor._is_param = True  # torch.nn.Parameter of a custom tensor: isinstance holds
     return tensor
@@ -212,11 +222,13 @@ def cast_master_weights_to_fp8(
 
 
 def post_all_gather_processing(model_weights: Any) -> None:
-    """utils.py 602-624: after the all-gather, remake each Float8Tensor's transpose (Hopper)."""
+    """utils.py 602-624: after the all-gather, remake each Float8Tensor's transpose (Hopper:
+    "if not is_non_tn_fp8_gemm_supported(): model_weight._create_transpose()", 615)."""
     weights = model_weights if isinstance(model_weights, list) else [model_weights]
     for weight in weights:
         if isinstance(weight, Float8Tensor):
-            weight._create_transpose()
+            if not is_non_tn_fp8_gemm_supported():
+                weight._create_transpose()
         elif getattr(weight, "_get_quantizer", lambda: None)() == "mxfp8":
             pass  # 627-629: "MXFP8 scaling: no need to do anything."
         elif isinstance(weight, QuantizedTensor):

@@ -132,7 +132,7 @@ class GroupedLinear(TransformerEngineBaseModule):
                 continue
             workspace = cache.get(f"weight{i}")
             if workspace is None or is_first_microbatch is None or (
-                inp.requires_grad and not workspace.columnwise
+                inp.requires_grad and not workspace.has_columnwise
             ):
                 rows, cols = weight.shape
                 workspace = quantize.quantize(rows, cols, recipe, True, inp.requires_grad, weight=True)

@@ -154,7 +154,7 @@ class _ParallelLinear(TransformerEngineBaseModule):
         # forward of an activation checkpoint (TE's fp8 activation recompute)
         columnwise = inp.requires_grad
         if workspace is None or is_first_microbatch is None or (
-            columnwise and not workspace.columnwise
+            columnwise and not workspace.has_columnwise
         ):  # base.py 1376-1395: a cached workspace missing a usage is made again
             out_features, in_features = weight.shape
             workspace = quantize.quantize(

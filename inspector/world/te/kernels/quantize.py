@@ -3,7 +3,12 @@
 A quantized tensor is a few plain tensors (TE's `prepare_for_saving` saves exactly these):
 - delayed / tensorwise (`Float8Tensor`, pytorch/tensor/float8_tensor.py `make_empty` 111-150):
   row-wise `_data` uint8 [M, K], column-wise `_transpose` uint8 [K, M] (the copy Hopper's TN-only
-  fp8 GEMMs read for dgrad and wgrad), one fp32 `_scale_inv` [1];
+  fp8 GEMMs read for dgrad and wgrad), one fp32 `_scale_inv` [1]. On a GPU whose fp8 GEMMs take
+  any layout (compute capability 10.x: te/cuda.py `is_non_tn_fp8_gemm_supported`) there is no
+  transpose: the row-wise data serves both usages (csrc/quantizer.cpp `Float8Quantizer::
+  create_tensor`, v2.11 126 and 137, v2.17 290 and 302: "with_data = rowwise_usage ||
+  nvte_is_non_tn_fp8_gemm_supported()", "with_transpose = columnwise_usage &&
+  !nvte_is_non_tn_fp8_gemm_supported()"; `Float8CurrentScalingQuantizer` alike, v2.11 331/340);
 - blockwise (`Float8BlockwiseQTensor`, float8_blockwise_tensor.py `get_scale_shape` 125-184):
   row-wise data [M, K] and column-wise data [K, M], each with fp32 scales per 1x128 block
   (activations, gradients) or 128x128 block (weights, `Float8BlockScaling.w_block_scaling_dim`);
@@ -31,6 +36,8 @@ from dataclasses import dataclass
 
 import torch
 
+from inspector.world.te.cuda import is_non_tn_fp8_gemm_supported
+
 BLOCK = 128  # Float8BlockScaling block_len
 MX_BLOCK = 32  # MXFP8_BLOCK_SCALING_SIZE
 NV_BLOCK = 16  # NVFP4_BLOCK_SCALING_SIZE
@@ -53,16 +60,27 @@ class Quantized:
     rowwise: tuple[torch.Tensor, ...]
     columnwise: tuple[torch.Tensor, ...]
     shared: tuple[torch.Tensor, ...] = ()  # Float8Tensor's one scale_inv serves both
+    # a Float8 tensor on a GPU with non-TN fp8 GEMMs: its row-wise data serves both usages
+    serves_both: bool = False
 
     def keep(self, rowwise: bool, columnwise: bool) -> Quantized:
-        """Drop the unused direction, as TE's `update_usage` frees it (quantized_tensor.py)."""
+        """Drop the unused direction, as TE's `update_usage` frees it (quantized_tensor.py); a
+        Float8 tensor on Blackwell keeps its data for either usage (float8_tensor_storage.py
+        `update_usage`, v2.11 202-207: "if columnwise_usage: needs_data = True")."""
+        keep_rows = rowwise or (columnwise and self.serves_both)
         return Quantized(
             self.rows,
             self.cols,
-            self.rowwise if rowwise else (),
+            self.rowwise if keep_rows else (),
             self.columnwise if columnwise else (),
             self.shared,
+            self.serves_both,
         )
+
+    @property
+    def has_columnwise(self) -> bool:
+        """Return whether a GEMM can read it column-wise (TE's `get_usages()["columnwise"]`)."""
+        return bool(self.columnwise) or (self.serves_both and bool(self.rowwise))
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         """Return the tensors TE's `prepare_for_saving` would save."""
@@ -84,6 +102,9 @@ def quantize(
     """Allocate what TE's quantizer for `recipe` makes of an [rows, cols] tensor."""
     u8, f32 = torch.uint8, torch.float32
     if recipe in ("delayed", "tensorwise"):
+        if is_non_tn_fp8_gemm_supported():  # no transpose: the data serves both (see above)
+            data = (_empty((rows, cols), u8),) if rowwise or columnwise else ()
+            return Quantized(rows, cols, data, (), (_empty((1,), f32),), serves_both=True)
         return Quantized(
             rows,
             cols,
