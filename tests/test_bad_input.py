@@ -24,7 +24,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -637,6 +637,29 @@ HF_CASES = [
     case("hf-as-config", "params", "--config", "config.json", files=hf_file(hidden_size="4096"),
          contains=('config.json: "hidden_size" must be a whole number',)),
 ]  # fmt: skip
+
+# values the Hugging Face reader takes that the job then refuses: the one `Error:` line alone, without the
+# mapping's "Ignored from"/"Note from" lines (printed before it on main)
+HF_JOB_REFUSALS = [
+    case(f"hf-job-{id}", *HF_ARGS, *flags, files=hf_file(name, **changes), message=f"Error: {message}")
+    for id, name, changes, flags, message in (
+        ("topk-above-experts", "mixtral-8x7b.json", {"num_experts_per_tok": 16}, (),
+         "--moe-router-topk 16 is larger than --num-experts 8"),
+        ("groups-not-dividing", "deepseek-v3.json", {"n_group": 7}, (),
+         "--num-experts 256 is not divisible by --moe-router-num-groups 7 (256 % 7 = 4; megatron-core's "
+         "TransformerConfig asserts it)"),
+        ("group-topk-above-groups", "deepseek-v3.json", {"topk_group": 9}, (),
+         "--moe-router-group-topk 9 is larger than --moe-router-num-groups 8 (megatron-core's "
+         "TransformerConfig asserts moe_router_group_topk <= moe_router_num_groups)"),
+        ("vocab-1e12", "llama3.1-8b.json", {"vocab_size": 10**12}, (),
+         "--vocab-size 1000000000000 is larger than this tool can simulate (at most 2147483647)"),
+        ("positions-2e40", "llama3.1-8b.json", {"max_position_embeddings": 2**40}, (),
+         "--seq-length 1099511627776 is larger than this tool can simulate (at most 2147483647)"),
+        ("tp-not-dividing-heads", "llama3.1-8b.json", {}, ("--tp", "3"), None),
+    )
+]  # fmt: skip
+HF_JOB_REFUSALS[-1] = replace(HF_JOB_REFUSALS[-1], message=None, contains=("--tp 3",))
+HF_CASES += HF_JOB_REFUSALS
 
 TRAIN = ("#!/bin/bash\ntorchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 2 --hidden-size 64 "
          "--num-attention-heads 4 --seq-length 128 --max-position-embeddings 128 --micro-batch-size 1 "
