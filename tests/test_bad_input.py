@@ -572,6 +572,10 @@ HF_BAD_VALUES = {
     "rope-type-int": ({"rope_scaling": {"rope_type": 5}}, "rope_type"),
     "model-type-int": ({"model_type": 5}, "model_type"),
     "architectures-ints": ({"architectures": [5]}, '"architectures" must be a list of class names'),
+    # sweep46c: Megatron-Bridge dispatches on the class, transformers on model_type: a Llama was built
+    "architectures-other-family": ({"architectures": ["MixtralForCausalLM"]},
+                                   "\"architectures\" names MixtralForCausalLM (Megatron-Bridge's Mixtral "
+                                   "bridge) but \"model_type\" is 'llama'"),
     "dtype-int": ({"torch_dtype": 5}, "torch_dtype"),
     "dtype-fp8": ({"torch_dtype": "float8_e4m3fn"},
                   "\"torch_dtype\" must be one of bfloat16, float16, float32, got 'float8_e4m3fn'"),
@@ -678,7 +682,14 @@ TOKENIZER_CASES = [
         ("list", HF_TOKENIZER, "tok.json", "[1, 2, 3]", NOT_TOKENIZER),
         ("added-content-list", HF_TOKENIZER, "tok.json",
          '{"model": {"vocab": {"a": 0}}, "added_tokens": [{"content": ["x"]}]}',
-         'tok.json: "added_tokens" must be a list of {"content": TOKEN, ...} objects'),
+         'tok.json: "added_tokens" must be a list of {"content": TOKEN, "id": ID, ...} objects'),
+        # sweep46c: ids the tokenizers library (u32) cannot load were counted as tokens
+        ("vocab-id-negative", HF_TOKENIZER, "tok.json", '{"model": {"vocab": {"a": -5}}}',
+         'tok.json: "model": {"vocab": ...} must map tokens to whole-number ids from 0 to 4294967295'),
+        ("vocab-id-fraction", HF_TOKENIZER, "tok.json", '{"model": {"vocab": {"a": 1.5}}}', "whole-number ids"),
+        ("added-id-2e40", HF_TOKENIZER, "tok.json",
+         '{"model": {"vocab": {"a": 0}}, "added_tokens": [{"id": 1099511627776, "content": "x"}]}',
+         "(ids from 0 to 4294967295)"),
         ("added-string", HF_TOKENIZER, "tok.json", '{"model": {"vocab": {"a": 0}}, "added_tokens": "x"}',
          '"added_tokens" must be a list'),
         ("deep", HF_TOKENIZER, "tok.json", "[" * 100000, "tok.json: nested more than 64 levels deep"),
@@ -717,6 +728,8 @@ YAML_CASES = [
         ("env-vars-int", "ENV_VARS: 5\n" + RUNNER, "ENV_VARS must map variable names to values"),
         ("env-vars-string", "ENV_VARS: CUDA_DEVICE_MAX_CONNECTIONS=1\n" + RUNNER, "not str"),
         ("env-vars-nested", "ENV_VARS:\n  NVTE_FLASH_ATTN: {a: 1}\n" + RUNNER, "not a nested value"),
+        ("env-vars-bad-name", "ENV_VARS:\n  'A B': 1\n" + RUNNER,  # sweep46c: the runner's export refuses it
+         "c.yaml: ENV_VARS name 'A B' is not a shell variable name"),
         ("mode-int", "MODE: 5\n" + RUNNER,
          "c.yaml: MODE 5 is not one of: pretraining, rl, inference (Megatron-LM's test runner"),
         ("mode-list", "MODE: [inference]\n" + RUNNER, "MODE ['inference'] is not one of"),

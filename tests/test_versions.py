@@ -534,3 +534,28 @@ def test_megatron_fsdp_with_pipeline_parallelism(cli):
         "--pipeline-model-parallel-size 1, or the distributed optimizer without --use-megatron-fsdp\n"))
     planned = cli("plan", *SMALL, *fsdp, "--gpus", "8", "--global-batch-size", "8", "--pp", "2")
     assert planned.code == 2 and "spans one pipeline stage's ranks" in planned.err, planned.err
+
+
+# Megatron-LM validate_args on Megatron-FSDP with arguments this tool otherwise ignores (sweep46c):
+# meta-device initialisation under no_shard refused from core_v0.18.0; --use-nccl-ub turns the
+# FSDP double buffer on from core_v0.19.0 (both were "Ignored" and the job went on)
+FSDP_META_NO_SHARD_REFUSED = VERSION >= (0, 18)
+FSDP_NCCL_UB_DOUBLE_BUFFER = VERSION >= (0, 19)
+
+
+@pytest.mark.parametrize(("extra", "refused", "words"), [
+    ("--init-model-with-meta-device", FSDP_META_NO_SHARD_REFUSED,
+     "--init-model-with-meta-device with --data-parallel-sharding-strategy no_shard is refused by "
+     "Megatron-LM: validate_args: 'Meta device initialization"),
+    ("--use-nccl-ub", FSDP_NCCL_UB_DOUBLE_BUFFER, "--use-nccl-ub with --use-megatron-fsdp is not modelled"),
+])  # fmt: skip
+def test_megatron_fsdp_with_arguments_otherwise_ignored(tmp_path, cli, extra, refused, words):
+    script = tmp_path / "s.sh"
+    script.write_text(f"python pretrain_gpt.py {' '.join(SMALL)} --micro-batch-size 1 --use-megatron-fsdp "
+                      f"--use-distributed-optimizer --ckpt-format fsdp_dtensor {extra}\n")  # fmt: skip
+    result = cli("memory", "--from-script", str(script), "--dp", "1")  # --use-nccl-ub: buffers
+    if not refused:
+        assert result.code == 0, result.err
+        return
+    assert result.code == 2 and result.err == f"Error: {script} line 1: {words}" + result.err.split(words)[1]
+    assert result.err.count("\n") == 1
