@@ -823,7 +823,17 @@ LOG_CASES = [  # a number Megatron-LM never prints: 1e400 was read as 1 ms, 1.2.
     )
 ]  # fmt: skip
 
+FSDP_WORDS = "--use-megatron-fsdp --use-distributed-optimizer --ckpt-format fsdp_dtensor --vocab-size 1000"
+LAUNCH_CASES = [  # sweep46c: Megatron-LM's validate_args asserts it; the job went on
+    case("fsdp-connections-one", "params", "--from-script", "train.sh",
+         files=write("train.sh", TRAIN.replace("torchrun", "export CUDA_DEVICE_MAX_CONNECTIONS=1\ntorchrun")
+                     .format(FSDP_WORDS)),
+         message="Error: train.sh line 3: --use-megatron-fsdp with CUDA_DEVICE_MAX_CONNECTIONS=1 is refused "
+         "by Megatron-LM: validate_args: 'FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset.'"),
+]  # fmt: skip
+
 CASES += HF_CASES + TOKENIZER_CASES + YAML_CASES + TWO_NAMES_CASES + SCALE_CASES + LOG_CASES
+CASES += LAUNCH_CASES
 
 
 def _marks(c: Case) -> list[Any]:

@@ -268,3 +268,15 @@ def refused_in(raw: Mapping[str, Any], where: str) -> list[Refused]:
     """Return the refusals of a mapping of flags (`--name` -> value, None for a switch)."""
     found = [refused_argument(flag, value, where) for flag, value in raw.items()]
     return [item for item in found if item is not None]
+
+
+def fsdp_connections_refusal(args: Mapping[str, Any], connections: str | None,
+                             where: str) -> tuple[Refused, ...]:  # fmt: skip
+    """Megatron-LM's validate_args (core_v0.13.1 to core_v0.19.0) asserts, with
+    --use-megatron-fsdp, `os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS') != "1"` ("FSDP requires
+    CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset."): a launch that exports 1 stops there."""
+    if not args.get("use_megatron_fsdp") or connections != "1":
+        return ()
+    return (Refused(ALL_GROUPS, where, "--use-megatron-fsdp with CUDA_DEVICE_MAX_CONNECTIONS=1",
+                    "refused by Megatron-LM", "validate_args: 'FSDP requires "
+                    "CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset.'"),)  # fmt: skip
