@@ -201,7 +201,9 @@ def model_options(
             use_cache = not kwargs.pop("no_cache")
             resolved = merge_sources(Sources(flags=flags, settings=settings, searched=searched, **named),
                                      wanted, accepted)  # fmt: skip
-            hold_notes(resolved.notes)  # printed once the job is accepted, never before an Error:
+            # the merge's notes are printed once the job is accepted (emit, or the command's
+            # end), never before the Error: of a job refused, by its checks or by megatron's build
+            hold_notes(resolved.notes)
             if "label" in inspect.signature(func).parameters:  # the model's name for the job line
                 kwargs["label"] = (
                     named["script"] or named["config_file"] or named["hf_config"] or named["preset"]
@@ -321,7 +323,7 @@ def emit(text: str, output: str | None = None, files: Sequence[tuple[str, str, s
     written = [*files, *([] if to_stdout else [("-o", str(output), text)])]
     if written:
         write_files(written)
-    release_notes()  # a cached result's job was accepted when it was made
+    release_notes()  # the job was accepted: built, measured, its files written (or cached)
     if to_stdout:
         write_output(None, text)
 
@@ -383,12 +385,9 @@ class Progress:
 
 
 def resolve_job(args: dict[str, Any]) -> Any:
-    from inspector.cli.streams import release_notes
     from inspector.job.job import make_job
 
-    job = make_job(args)
-    release_notes()  # the job is accepted: what the merge noted may be said now
-    return job
+    return make_job(args)
 
 
 def expandable_segments() -> bool:
