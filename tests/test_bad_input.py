@@ -659,6 +659,14 @@ HF_JOB_REFUSALS = [
          "--vocab-size 1000000000000 is larger than this tool can simulate (at most 2147483647)"),
         ("positions-2e40", "llama3.1-8b.json", {"max_position_embeddings": 2**40}, (),
          "--seq-length 1099511627776 is larger than this tool can simulate (at most 2147483647)"),
+        # refused by the build's limits and by megatron-core's own build, after the job's checks
+        ("layers-million", "llama3.1-8b.json", {"num_hidden_layers": 10**6}, (),
+         "--num-layers 1000000 is more than this tool builds (at most 1024: megatron-core takes about "
+         "15 ms to build each layer; docs/limits.md)"),
+        ("megatron-refuses-the-build", "llama3.1-8b.json", {},
+         ("--num-layers", "1", "--num-experts", "2", "--moe-router-topk", "1", "--disable-bias-linear"),
+         "megatron-core refused to build stage 0: Please use --moe-router-pre-softmax when topk is 1. "
+         "(--debug shows its traceback)"),
         ("tp-not-dividing-heads", "llama3.1-8b.json", {}, ("--tp", "3"), None),
     )
 ]  # fmt: skip
@@ -830,6 +838,11 @@ LAUNCH_CASES = [  # sweep46c: Megatron-LM's validate_args asserts it; the job we
                      .format(FSDP_WORDS)),
          message="Error: train.sh line 3: --use-megatron-fsdp with CUDA_DEVICE_MAX_CONNECTIONS=1 is refused "
          "by Megatron-LM: validate_args: 'FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset.'"),
+    # --set without a launch script was dropped (the job ran without it), its NAME=VALUE unchecked
+    case("set-without-a-script", *PARAMS, "--set", "L=4",
+         message="Error: --set L=4 gives a value the launch script reads, and there is none: pass "
+         "--from-script SCRIPT, or the argument's own flag"),
+    case("set-without-equals", *PARAMS, "--set", "FOO", message="Error: --set needs NAME=VALUE, got 'FOO'"),
 ]  # fmt: skip
 
 CASES += HF_CASES + TOKENIZER_CASES + YAML_CASES + TWO_NAMES_CASES + SCALE_CASES + LOG_CASES
