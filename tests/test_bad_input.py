@@ -721,6 +721,8 @@ YAML_CASES = [
     case(f"yaml-{id}", "params", "--config", "c.yaml", files=write("c.yaml", text), contains=(words,))
     for id, text, words in (
         ("billion-laughs", LAUGHS + "num-layers: 2\n", "c.yaml: more than 1,000,000 values once its aliases"),
+        # sweep46c: a 10 MB flow list took 50 s to reach the value count (120 s under load)
+        ("ten-megabytes", "a: [" + "1," * 5_000_000 + "1]\n", "c.yaml: 10,000,007 characters, more than the 1,048,576"),
         ("recursive-list", "a: &a [*a]\nnum-layers: 2\n", "found unconstructable recursive node"),
         ("recursive-map", "a: &a {b: *a}\nnum-layers: 2\n", "found unconstructable recursive node"),
         ("recursive-model-args", "MODEL_ARGS: &a\n  --num-layers: *a\n", "recursive node"),
