@@ -24,7 +24,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -572,6 +572,10 @@ HF_BAD_VALUES = {
     "rope-type-int": ({"rope_scaling": {"rope_type": 5}}, "rope_type"),
     "model-type-int": ({"model_type": 5}, "model_type"),
     "architectures-ints": ({"architectures": [5]}, '"architectures" must be a list of class names'),
+    # sweep46c: Megatron-Bridge dispatches on the class, transformers on model_type: a Llama was built
+    "architectures-other-family": ({"architectures": ["MixtralForCausalLM"]},
+                                   "\"architectures\" names MixtralForCausalLM (Megatron-Bridge's Mixtral "
+                                   "bridge) but \"model_type\" is 'llama'"),
     "dtype-int": ({"torch_dtype": 5}, "torch_dtype"),
     "dtype-fp8": ({"torch_dtype": "float8_e4m3fn"},
                   "\"torch_dtype\" must be one of bfloat16, float16, float32, got 'float8_e4m3fn'"),
@@ -638,6 +642,37 @@ HF_CASES = [
          contains=('config.json: "hidden_size" must be a whole number',)),
 ]  # fmt: skip
 
+# values the Hugging Face reader takes that the job then refuses: the one `Error:` line alone, without the
+# mapping's "Ignored from"/"Note from" lines (printed before it on main)
+HF_JOB_REFUSALS = [
+    case(f"hf-job-{id}", *HF_ARGS, *flags, files=hf_file(name, **changes), message=f"Error: {message}")
+    for id, name, changes, flags, message in (
+        ("topk-above-experts", "mixtral-8x7b.json", {"num_experts_per_tok": 16}, (),
+         "--moe-router-topk 16 is larger than --num-experts 8"),
+        ("groups-not-dividing", "deepseek-v3.json", {"n_group": 7}, (),
+         "--num-experts 256 is not divisible by --moe-router-num-groups 7 (256 % 7 = 4; megatron-core's "
+         "TransformerConfig asserts it)"),
+        ("group-topk-above-groups", "deepseek-v3.json", {"topk_group": 9}, (),
+         "--moe-router-group-topk 9 is larger than --moe-router-num-groups 8 (megatron-core's "
+         "TransformerConfig asserts moe_router_group_topk <= moe_router_num_groups)"),
+        ("vocab-1e12", "llama3.1-8b.json", {"vocab_size": 10**12}, (),
+         "--vocab-size 1000000000000 is larger than this tool can simulate (at most 2147483647)"),
+        ("positions-2e40", "llama3.1-8b.json", {"max_position_embeddings": 2**40}, (),
+         "--seq-length 1099511627776 is larger than this tool can simulate (at most 2147483647)"),
+        # refused by the build's limits and by megatron-core's own build, after the job's checks
+        ("layers-million", "llama3.1-8b.json", {"num_hidden_layers": 10**6}, (),
+         "--num-layers 1000000 is more than this tool builds (at most 1024: megatron-core takes about "
+         "15 ms to build each layer; docs/limits.md)"),
+        ("megatron-refuses-the-build", "llama3.1-8b.json", {},
+         ("--num-layers", "1", "--num-experts", "2", "--moe-router-topk", "1", "--disable-bias-linear"),
+         "megatron-core refused to build stage 0: Please use --moe-router-pre-softmax when topk is 1. "
+         "(--debug shows its traceback)"),
+        ("tp-not-dividing-heads", "llama3.1-8b.json", {}, ("--tp", "3"), None),
+    )
+]  # fmt: skip
+HF_JOB_REFUSALS[-1] = replace(HF_JOB_REFUSALS[-1], message=None, contains=("--tp 3",))
+HF_CASES += HF_JOB_REFUSALS
+
 TRAIN = ("#!/bin/bash\ntorchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 2 --hidden-size 64 "
          "--num-attention-heads 4 --seq-length 128 --max-position-embeddings 128 --micro-batch-size 1 "
          "--transformer-impl local {}\n")  # fmt: skip
@@ -655,7 +690,14 @@ TOKENIZER_CASES = [
         ("list", HF_TOKENIZER, "tok.json", "[1, 2, 3]", NOT_TOKENIZER),
         ("added-content-list", HF_TOKENIZER, "tok.json",
          '{"model": {"vocab": {"a": 0}}, "added_tokens": [{"content": ["x"]}]}',
-         'tok.json: "added_tokens" must be a list of {"content": TOKEN, ...} objects'),
+         'tok.json: "added_tokens" must be a list of {"content": TOKEN, "id": ID, ...} objects'),
+        # sweep46c: ids the tokenizers library (u32) cannot load were counted as tokens
+        ("vocab-id-negative", HF_TOKENIZER, "tok.json", '{"model": {"vocab": {"a": -5}}}',
+         'tok.json: "model": {"vocab": ...} must map tokens to whole-number ids from 0 to 4294967295'),
+        ("vocab-id-fraction", HF_TOKENIZER, "tok.json", '{"model": {"vocab": {"a": 1.5}}}', "whole-number ids"),
+        ("added-id-2e40", HF_TOKENIZER, "tok.json",
+         '{"model": {"vocab": {"a": 0}}, "added_tokens": [{"id": 1099511627776, "content": "x"}]}',
+         "(ids from 0 to 4294967295)"),
         ("added-string", HF_TOKENIZER, "tok.json", '{"model": {"vocab": {"a": 0}}, "added_tokens": "x"}',
          '"added_tokens" must be a list'),
         ("deep", HF_TOKENIZER, "tok.json", "[" * 100000, "tok.json: nested more than 64 levels deep"),
@@ -679,6 +721,8 @@ YAML_CASES = [
     case(f"yaml-{id}", "params", "--config", "c.yaml", files=write("c.yaml", text), contains=(words,))
     for id, text, words in (
         ("billion-laughs", LAUGHS + "num-layers: 2\n", "c.yaml: more than 1,000,000 values once its aliases"),
+        # sweep46c: a 10 MB flow list took 50 s to reach the value count (120 s under load)
+        ("ten-megabytes", "a: [" + "1," * 5_000_000 + "1]\n", "c.yaml: 10,000,007 characters, more than the 1,048,576"),
         ("recursive-list", "a: &a [*a]\nnum-layers: 2\n", "found unconstructable recursive node"),
         ("recursive-map", "a: &a {b: *a}\nnum-layers: 2\n", "found unconstructable recursive node"),
         ("recursive-model-args", "MODEL_ARGS: &a\n  --num-layers: *a\n", "recursive node"),
@@ -694,6 +738,8 @@ YAML_CASES = [
         ("env-vars-int", "ENV_VARS: 5\n" + RUNNER, "ENV_VARS must map variable names to values"),
         ("env-vars-string", "ENV_VARS: CUDA_DEVICE_MAX_CONNECTIONS=1\n" + RUNNER, "not str"),
         ("env-vars-nested", "ENV_VARS:\n  NVTE_FLASH_ATTN: {a: 1}\n" + RUNNER, "not a nested value"),
+        ("env-vars-bad-name", "ENV_VARS:\n  'A B': 1\n" + RUNNER,  # sweep46c: the runner's export refuses it
+         "c.yaml: ENV_VARS name 'A B' is not a shell variable name"),
         ("mode-int", "MODE: 5\n" + RUNNER,
          "c.yaml: MODE 5 is not one of: pretraining, rl, inference (Megatron-LM's test runner"),
         ("mode-list", "MODE: [inference]\n" + RUNNER, "MODE ['inference'] is not one of"),
@@ -787,7 +833,22 @@ LOG_CASES = [  # a number Megatron-LM never prints: 1e400 was read as 1 ms, 1.2.
     )
 ]  # fmt: skip
 
+FSDP_WORDS = "--use-megatron-fsdp --use-distributed-optimizer --ckpt-format fsdp_dtensor --vocab-size 1000"
+LAUNCH_CASES = [  # sweep46c: Megatron-LM's validate_args asserts it; the job went on
+    case("fsdp-connections-one", "params", "--from-script", "train.sh",
+         files=write("train.sh", TRAIN.replace("torchrun", "export CUDA_DEVICE_MAX_CONNECTIONS=1\ntorchrun")
+                     .format(FSDP_WORDS)),
+         message="Error: train.sh line 3: --use-megatron-fsdp with CUDA_DEVICE_MAX_CONNECTIONS=1 is refused "
+         "by Megatron-LM: validate_args: 'FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset.'"),
+    # --set without a launch script was dropped (the job ran without it), its NAME=VALUE unchecked
+    case("set-without-a-script", *PARAMS, "--set", "L=4",
+         message="Error: --set L=4 gives a value the launch script reads, and there is none: pass "
+         "--from-script SCRIPT, or the argument's own flag"),
+    case("set-without-equals", *PARAMS, "--set", "FOO", message="Error: --set needs NAME=VALUE, got 'FOO'"),
+]  # fmt: skip
+
 CASES += HF_CASES + TOKENIZER_CASES + YAML_CASES + TWO_NAMES_CASES + SCALE_CASES + LOG_CASES
+CASES += LAUNCH_CASES
 
 
 def _marks(c: Case) -> list[Any]:

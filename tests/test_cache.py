@@ -237,3 +237,16 @@ def test_the_docs_name_the_commands_that_are_cached():
     page = (root / "docs" / "inputs.md").read_text()
     sentence = page.split("**The result cache.**")[1].split(" keep their output")[0]
     assert sorted(re.findall(r"`(\w+)`", sentence)) == sorted(cached)
+
+
+def test_a_hit_still_says_the_inputs_notes(cli, cache_on):
+    # the merge's notes are held until the job is accepted (a refused job prints its Error: line
+    # alone); a hit was accepted when it was made, so it says them as the cold run did
+    hf = os.path.join(os.path.dirname(__file__), "..", "fixtures", "hf", "llama3.1-8b.json")
+    args = ("params", "--hf-config", hf, "--num-layers", "2", "--hidden-size", "64",
+            "--num-attention-heads", "4", "--num-query-groups", "4", "--ffn-hidden-size", "128",
+            "--vocab-size", "1000")  # fmt: skip
+    cold, hot = cli(*args), cli(*args)
+    assert cold.code == hot.code == 0, cold.err
+    assert "Ignored from" in cold.err and "Note from" in cold.err
+    assert hot.err == cold.err and hot.out == cold.out

@@ -16,6 +16,7 @@ TINY = ("--transformer-impl local --num-layers 2 --hidden-size 64 --num-attentio
         "--micro-batch-size 1 --bf16").split()  # fmt: skip
 MFSDP = "--use-megatron-fsdp --use-distributed-optimizer --ckpt-format fsdp_dtensor".split()
 FSDP2 = "--use-torch-fsdp2 --no-gradient-accumulation-fusion".split()
+FSDP_PP = 2 if megatron_core_version() < (0, 14) else 1  # job/versions.py fsdp_with_pipeline
 STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
 
 
@@ -256,7 +257,7 @@ def test_plan_state_is_memorys_within_padding(name):
 
     job = make_job(dict(
         num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=1000,
-        bf16=True, data_parallel_size=3, pipeline_model_parallel_size=2, use_megatron_fsdp=True,
+        bf16=True, data_parallel_size=3, pipeline_model_parallel_size=FSDP_PP, use_megatron_fsdp=True,
         use_distributed_optimizer=True, ckpt_format="fsdp_dtensor",
         data_parallel_sharding_strategy=name, micro_batch_size=1,
     ))  # fmt: skip

@@ -74,10 +74,16 @@ RECOMPUTE_SHARES_STORAGE = VERSION >= (0, 17)
 # 0.19 (before: the kernel's result is the norm), and MixedPrecisionOptimizer.clip_grad_norm
 # asks for separate grad-norm groups (`_compute_grad_norms_by_group`)
 GRAD_NORM_MADE_FIRST = VERSION >= (0, 19)
+# Megatron-FSDP with pipeline parallelism: 0.13's custom_fsdp builds no device mesh; 0.14-0.19's
+# FullyShardedDataParallel lays the whole world out as dp x cp x ep x tp (mcore_fsdp_adapter.py
+# `_get_dp_tp_mesh`), so pp > 1 stops on einops' "Shape mismatch" (Megatron-LM's validate_args,
+# core_v0.16.1 and core_v0.19.0, has no check of its own)
+FSDP_WITH_PIPELINE = VERSION < (0, 14)
 # TE's FusedAdam updates bf16 moments in place from TE 2.13 (fused_adam.py `fuse_unscale`); the
 # stand-in declares 2.11 to megatron-core 0.16, 2.14 from 0.17 (world/te TE_RELEASES); before,
 # its step makes an fp32 temporary of each (`get_unscaled_state`) and writes it back
 # (`_apply_scale`): the engine's memory and plan's priced passes (formulas/optimizer.py) both
+# follow it
 BF16_MOMENTS_UNSCALED = VERSION < (0, 17)
 # megatron's ColumnParallelLinear / RowParallelLinear print `bias=False` always to 0.16 (they test
 # `self.bias is True`), and whether the layer has a bias from 0.17 (`self.bias is not None`);
@@ -516,3 +522,80 @@ def test_packed_sequences_are_refused_by_name_before_0_16(cli):
         assert (result.code, result.err) == (2, "Error: --sft: packed sequences are modelled as "
                 f"megatron-core 0.16 and later run them; {VERSION[0]}.{VERSION[1]}'s THD path is "
                 "not checked\n")  # fmt: skip
+
+
+MESH = """
+import sys, torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from megatron.core import parallel_state as ps
+from megatron.core.distributed.fsdp.mcore_fsdp_adapter import _get_dp_tp_mesh
+pp = int(sys.argv[1])
+dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4 * pp)
+ps.initialize_model_parallel(tensor_model_parallel_size=2, pipeline_model_parallel_size=pp,
+                             create_gloo_process_groups=False)
+try:
+    _get_dp_tp_mesh(ps.get_data_parallel_group(with_context_parallel=True),
+                    ps.get_tensor_model_parallel_group())
+    print("mesh built")
+except Exception as exc:
+    print(type(exc).__name__, str(exc).splitlines()[-1])
+"""
+
+
+@pytest.mark.skipif(FSDP_WITH_PIPELINE, reason="0.13's custom_fsdp builds no device mesh")
+@pytest.mark.parametrize("pp", [1, 2])
+def test_megatron_fsdp_device_mesh_spans_one_pipeline_stage(pp):
+    # megatron's own mesh, in a fake world of dp 2 x tp 2 x pp ranks: at pp 2 the world's 8 ranks
+    # do not fit its (dp_cp ep tp) = 4, as in a real run
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", MESH, str(pp)], capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    said = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-500:]
+    assert said == "mesh built" if pp == 1 else said.startswith("EinopsError"), said
+
+
+def test_megatron_fsdp_with_pipeline_parallelism(cli):
+    from inspector.job.versions import fsdp_with_pipeline
+
+    assert fsdp_with_pipeline() == FSDP_WITH_PIPELINE
+    fsdp = "--use-megatron-fsdp --use-distributed-optimizer --ckpt-format fsdp_dtensor".split()
+    result = cli("params", *SMALL, *fsdp, "--pp", "2", "--dp", "2")
+    if FSDP_WITH_PIPELINE:
+        assert result.code == 0, result.err
+        return
+    release = f"{VERSION[0]}.{VERSION[1]}"
+    assert (result.code, result.err) == (2, (
+        "Error: --use-megatron-fsdp with --pipeline-model-parallel-size 2 fails in megatron-core "
+        f"0.14 to 0.19 (installed: {release}): FullyShardedDataParallel's device mesh "
+        "(mcore_fsdp_adapter.py `_get_dp_tp_mesh`) spans dp x cp x tp = 2 x 1 x 1 = 2 of the "
+        "world's 4 ranks, and einops stops on 'Shape mismatch' when pp > 1; pass "
+        "--pipeline-model-parallel-size 1, or the distributed optimizer without --use-megatron-fsdp\n"))
+    planned = cli("plan", *SMALL, *fsdp, "--gpus", "8", "--global-batch-size", "8", "--pp", "2")
+    assert planned.code == 2 and "spans one pipeline stage's ranks" in planned.err, planned.err
+
+
+# Megatron-LM validate_args on Megatron-FSDP with arguments this tool otherwise ignores (sweep46c):
+# meta-device initialisation under no_shard refused from core_v0.18.0; --use-nccl-ub turns the
+# FSDP double buffer on from core_v0.19.0 (both were "Ignored" and the job went on)
+FSDP_META_NO_SHARD_REFUSED = VERSION >= (0, 18)
+FSDP_NCCL_UB_DOUBLE_BUFFER = VERSION >= (0, 19)
+
+
+@pytest.mark.parametrize(("extra", "refused", "words"), [
+    ("--init-model-with-meta-device", FSDP_META_NO_SHARD_REFUSED,
+     "--init-model-with-meta-device with --data-parallel-sharding-strategy no_shard is refused by "
+     "Megatron-LM: validate_args: 'Meta device initialization"),
+    ("--use-nccl-ub", FSDP_NCCL_UB_DOUBLE_BUFFER, "--use-nccl-ub with --use-megatron-fsdp is not modelled"),
+])  # fmt: skip
+def test_megatron_fsdp_with_arguments_otherwise_ignored(tmp_path, cli, extra, refused, words):
+    script = tmp_path / "s.sh"
+    script.write_text(f"python pretrain_gpt.py {' '.join(SMALL)} --micro-batch-size 1 --use-megatron-fsdp "
+                      f"--use-distributed-optimizer --ckpt-format fsdp_dtensor {extra}\n")  # fmt: skip
+    result = cli("memory", "--from-script", str(script), "--dp", "1")  # --use-nccl-ub: buffers
+    if not refused:
+        assert result.code == 0, result.err
+        return
+    assert result.code == 2 and result.err == f"Error: {script} line 1: {words}" + result.err.split(words)[1]
+    assert result.err.count("\n") == 1

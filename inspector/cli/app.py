@@ -18,7 +18,7 @@ import click
 import typer
 
 from inspector.cli.help import OUTPUT_HELP, PANELS, SOURCE_HELP
-from inspector.errors import ConfigError
+from inspector.errors import ConfigError, InspectorError
 from inspector.inputs.arguments import ARGUMENTS
 from inspector.inputs.model_arguments import ArgSpec
 
@@ -191,7 +191,7 @@ def model_options(
 
         @functools.wraps(func)
         def wrapper(**kwargs: Any) -> Any:
-            from inspector.cli.streams import write_stderr
+            from inspector.cli.streams import drop_notes, hold_notes, release_notes
             from inspector.inputs.resolve import Sources, merge_sources
 
             flags = {spec.name: kwargs.pop(spec.name) for spec in specs}
@@ -201,13 +201,20 @@ def model_options(
             use_cache = not kwargs.pop("no_cache")
             resolved = merge_sources(Sources(flags=flags, settings=settings, searched=searched, **named),
                                      wanted, accepted)  # fmt: skip
-            for note in resolved.notes:
-                write_stderr(f"{note}\n")
+            # the merge's notes are printed once the job is accepted (emit, or the command's
+            # end), never before the Error: of a job refused, by its checks or by megatron's build
+            hold_notes(resolved.notes)
             if "label" in inspect.signature(func).parameters:  # the model's name for the job line
                 kwargs["label"] = (
                     named["script"] or named["config_file"] or named["hf_config"] or named["preset"]
                 )
-            return func(args=resolved.args, use_cache=use_cache, **kwargs)
+            try:
+                return func(args=resolved.args, use_cache=use_cache, **kwargs)
+            except InspectorError:
+                drop_notes()
+                raise
+            finally:
+                release_notes()
 
         wrapper.__signature__ = inspect.Signature(own + extra)  # type: ignore[attr-defined]
         return wrapper
@@ -309,12 +316,14 @@ def rank_option(help_text: str) -> Any:
 def emit(text: str, output: str | None = None, files: Sequence[tuple[str, str, str | bytes]] = ()) -> None:
     """Print text (or write it to -o FILE) with the command's other files (flag, path, data):
     every file written together, all or nothing (inspector.output.write_files), stdout last."""
+    from inspector.cli.streams import release_notes
     from inspector.output import STDIO, write_files, write_output
 
     to_stdout = output is None or output == STDIO
     written = [*files, *([] if to_stdout else [("-o", str(output), text)])]
     if written:
         write_files(written)
+    release_notes()  # the job was accepted: built, measured, its files written (or cached)
     if to_stdout:
         write_output(None, text)
 

@@ -96,8 +96,10 @@ def plan(
                       intra_bandwidth, inter_bandwidth, efficiency, top, table)
     request = make_request(args, flags)
     from inspector.cli.app import check_outputs
+    from inspector.cli.streams import release_notes
 
     check_outputs(output, {"--svg": svg} if svg is not None else {})  # before the search
+    release_notes()  # the job is accepted: the merge's notes, held until now, before the search
     progress = core.progress_line()
     result = core.search(request, progress)
     if progress is not None:  # the search's speed, on the terminal only (stdout stays identical)

@@ -110,6 +110,28 @@ def write_error(message: str) -> None:
     write_stderr(f"Error: {message}\n")
 
 
+_HELD: list[str] = []  # the merge's notes of the command now running, until its job is accepted
+
+
+def hold_notes(notes: tuple[str, ...] | list[str]) -> None:
+    """Keep the notes of a command's inputs (the merge's "Note from config.json: ..." lines)
+    until the job is accepted: a refused job prints its one `Error:` line and nothing else."""
+    _HELD[:] = notes
+
+
+def drop_notes() -> None:
+    """Forget the held notes: the job was refused."""
+    _HELD.clear()
+
+
+def release_notes() -> None:
+    """Print the held notes on stderr, once: the job was accepted."""
+    notes = list(_HELD)
+    _HELD.clear()
+    for note in notes:
+        write_stderr(f"{note}\n")
+
+
 def write_stderr(text: str) -> None:
     """Write a note or an error on stderr; where it cannot be written (`2>/dev/full`), drop it.
 

@@ -226,6 +226,7 @@ def _family(data: dict[str, Any], path: str) -> Family:
         raise InputError(f'{path}: "text_config" holds a multimodal model\'s language model, which '
                          "--hf-config does not read; give a text model's config.json")  # fmt: skip
     shown = ", ".join(architectures) or model_type
+    _check_class(architectures, model_type, path)
     if model_type in FAMILIES:
         return FAMILIES[model_type]
     if model_type in NOT_MODELLED:
@@ -234,6 +235,31 @@ def _family(data: dict[str, Any], path: str) -> Family:
     names = ", ".join(f"{f.name} ({t})" for t, f in FAMILIES.items())
     raise InputError(f"{path}: {shown} (model_type {model_type!r}) is not an architecture this "
                      f"tool maps; it maps {names}, as Megatron-Bridge does")  # fmt: skip
+
+
+# The model types each causal-LM class of a mapped family comes with (the fixtures' config.json;
+# Kimi-K2's says DeepseekV3ForCausalLM with model_type kimi_k2)
+_CLASSES: dict[str, tuple[str, ...]] = {
+    "LlamaForCausalLM": ("llama",), "MistralForCausalLM": ("mistral",),
+    "MixtralForCausalLM": ("mixtral",), "Qwen2ForCausalLM": ("qwen2",),
+    "Qwen3ForCausalLM": ("qwen3",), "Qwen3MoeForCausalLM": ("qwen3_moe",),
+    "DeepseekV3ForCausalLM": ("deepseek_v3", "kimi_k2"), "DeepseekV32ForCausalLM": ("deepseek_v32",),
+    "GptOssForCausalLM": ("gpt_oss",), "NemotronHForCausalLM": ("nemotron_h",),
+    "Qwen3NextForCausalLM": ("qwen3_next",),
+}  # fmt: skip
+
+
+def _check_class(architectures: list[str], model_type: str, path: str) -> None:
+    """Refuse a class of one family with another's model_type: Megatron-Bridge picks its bridge by
+    the first causal-LM class in "architectures" (auto_bridge.py `_causal_lm_architecture`), and
+    transformers builds the config by model_type, so the bridge would read the other's keys."""
+    arch = next((name for name in architectures if name.endswith("ForCausalLM")), None)
+    if arch not in _CLASSES or model_type not in FAMILIES or model_type in _CLASSES[arch]:
+        return
+    bridge = FAMILIES[_CLASSES[arch][0]].name
+    raise InputError(f'{path}: "architectures" names {arch} (Megatron-Bridge\'s {bridge} bridge) but '
+                     f'"model_type" is {model_type!r} ({FAMILIES[model_type].name}, the config '
+                     "transformers builds); give the class and model type of one model")  # fmt: skip
 
 
 def _ruled_names(family: Family) -> set[str]:

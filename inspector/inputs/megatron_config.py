@@ -117,6 +117,10 @@ def _functional_test(data: dict[str, Any], path: str) -> ScriptArgs:
         shown = type(env).__name__ if not isinstance(env, dict) else "a nested value"
         raise InputError(f"{path}: ENV_VARS must map variable names to values (the runner "
                          f"exports each NAME=VALUE), not {shown}")  # fmt: skip
+    bad = [str(name) for name in env if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(name))]
+    if bad:  # the runner's `export NAME=VALUE` stops on it ("not a valid identifier")
+        raise InputError(f"{path}: ENV_VARS name {bad[0]!r} is not a shell variable name (letters, "
+                         "digits and _, not first a digit): the runner's export would refuse it")  # fmt: skip
     if env:
         notes.append(f"ENV_VARS set the job's environment, not its arguments: {' '.join(env)}")
     if others:

@@ -106,7 +106,32 @@ def validate_args_refusals(flags: Iterable[str], where: str,
     found += _fp8_param_gather_refusals(given, where, args or {})
     found += _local_graph_refusals(where, args or {})
     found += _checkpoint_args_refusals(given, where)
+    found += _fsdp_refusals(given, where, args or {})
     return tuple(found)
+
+
+def _fsdp_refusals(given: set[str], where: str, args: Mapping[str, Any]) -> list[Refused]:
+    """Megatron-LM validate_args on --use-megatron-fsdp with arguments this tool otherwise
+    ignores: core_v0.18.0+ refuses meta-device initialisation under no_shard; core_v0.19.0
+    turns the FSDP double buffer on with --use-nccl-ub ("FSDP double buffer and manual
+    registration is enabled by default when --nccl-ub is enabled!")."""
+    if "--use-megatron-fsdp" not in given:
+        return []
+    found = []
+    version = megatron_core_version()
+    no_shard = (args.get("data_parallel_sharding_strategy") or "no_shard") == "no_shard"
+    if "--init-model-with-meta-device" in given and no_shard and version >= (0, 18):
+        found.append(Refused(ALL_GROUPS, where, "--init-model-with-meta-device with "
+                             "--data-parallel-sharding-strategy no_shard", "refused by Megatron-LM",
+                             "validate_args: 'Meta device initialization (init_model_with_meta_"
+                             "device=True) is not supported or necessary for the 'no_shard' / 0 "
+                             "sharding strategy.'"))  # fmt: skip
+    if "--use-nccl-ub" in given and version >= (0, 19):
+        found.append(Refused("training", where, "--use-nccl-ub with --use-megatron-fsdp",
+                             "not modelled", "Megatron-LM 0.19's validate_args turns on the FSDP "
+                             "double buffer and NCCL's manual buffer registration with it, which "
+                             "this tool does not model together"))  # fmt: skip
+    return found
 
 
 # megatron/training/checkpointing.py `load_args_from_checkpoint` (d98e8a6 L2272-2296): the valued
@@ -243,3 +268,15 @@ def refused_in(raw: Mapping[str, Any], where: str) -> list[Refused]:
     """Return the refusals of a mapping of flags (`--name` -> value, None for a switch)."""
     found = [refused_argument(flag, value, where) for flag, value in raw.items()]
     return [item for item in found if item is not None]
+
+
+def fsdp_connections_refusal(args: Mapping[str, Any], connections: str | None,
+                             where: str) -> tuple[Refused, ...]:  # fmt: skip
+    """Megatron-LM's validate_args (core_v0.13.1 to core_v0.19.0) asserts, with
+    --use-megatron-fsdp, `os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS') != "1"` ("FSDP requires
+    CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset."): a launch that exports 1 stops there."""
+    if not args.get("use_megatron_fsdp") or connections != "1":
+        return ()
+    return (Refused(ALL_GROUPS, where, "--use-megatron-fsdp with CUDA_DEVICE_MAX_CONNECTIONS=1",
+                    "refused by Megatron-LM", "validate_args: 'FSDP requires "
+                    "CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset.'"),)  # fmt: skip

@@ -53,6 +53,10 @@ def merge_sources(sources: Sources, groups: tuple[str, ...], accepted: tuple[str
     `accepted`: refused values (unmodelled.REFUSED_VALUES, as "--flag value") the command models
     itself when given as flags (plan prices the flex dispatcher)."""
     _check_flag_values(sources.flags, groups, accepted)
+    if sources.settings and sources.script is None:  # dropped, it read nothing (sweep46c)
+        parse_settings(sources.settings)
+        raise ConfigError(f"--set {sources.settings[0]} gives a value the launch script reads, and "
+                          "there is none: pass --from-script SCRIPT, or the argument's own flag")  # fmt: skip
     notes: list[str] = []
     pending: list[str] = []  # validate_args' refusals: Megatron-LM checks the world size first
     layers, world = _source_layers(sources, groups, notes, accepted, pending)

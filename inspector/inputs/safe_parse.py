@@ -31,6 +31,9 @@ from inspector.errors import InputError
 
 MAX_DEPTH = 64
 MAX_NODES = 1_000_000
+# PyYAML parses in Python (about 20,000 values a second on a busy core): a config of more
+# characters than this is refused before parsing (Megatron-LM's and Bridge's are kilobytes)
+MAX_YAML_CHARS = 1 << 20
 
 
 def parse_json(text: str, source: str) -> Any:
@@ -100,6 +103,10 @@ def _check_yaml_size(text: str, source: str) -> None:
     """
     import yaml
 
+    if len(text) > MAX_YAML_CHARS:
+        raise InputError(f"{source}: {len(text):,} characters, more than the {MAX_YAML_CHARS:,} a "
+                         "config file is read to (Megatron-LM's are a few kilobytes; "
+                         "docs/limits.md)")  # fmt: skip
     sizes: dict[str, tuple[int, int]] = {}  # anchor -> values, levels of nesting
     stack: list[list[Any]] = [[None, 0, 0]]  # anchor, values, deepest child's levels
     for event in yaml.parse(text, Loader=yaml.SafeLoader):

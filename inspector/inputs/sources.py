@@ -34,6 +34,7 @@ from inspector.inputs.model_arguments import ArgSpec
 from inspector.inputs.refusals import (
     Refused,
     fsdp2_drops_fp8_param_gather,
+    fsdp_connections_refusal,
     refusals_message,
     refused_argument,
     refused_flags,
@@ -123,6 +124,8 @@ def parse_launch_script(text: str, origin: str, settings: Mapping[str, str] | No
     flags = {BY_NAME[name].flag for name in args} | set(parsed.ignored) | refused_flags(parsed.refused)
     program, refused = program_checks(launch.argv, launch.ctx.show, flags, where, args)
     refused, dropped = fsdp2_drops_fp8_param_gather((*refused, *parsed.refused), args)
+    value = launch.env.get("CUDA_DEVICE_MAX_CONNECTIONS")
+    refused += fsdp_connections_refusal(args, value and launch.ctx.bash_value(value), where)
     own = f"{origin} line "  # the script's own lines: "line 12: ..." under "Note from SCRIPT"
     read = (note.replace(own, "line ", 1) if note.startswith(own) else note
             for note in launch.ctx.notes)  # fmt: skip

@@ -119,7 +119,8 @@ def vocabulary(tokenizer_type: str, model: str | None, vocab_size: int | None,
                 (v for k, v in KNOWN_TOKENIZERS.items() if model.startswith(k)), None)
     if found is not None:
         size, source = found
-        return Vocabulary(size, f"{tokenizer_type} {name}: {size} tokens ({source})")
+        tokens = "token" if size == 1 else "tokens"
+        return Vocabulary(size, f"{tokenizer_type} {name}: {size} {tokens} ({source})")
     if vocab_size is not None:
         return Vocabulary(vocab_size, f"{tokenizer_type} {name} cannot be read here; "
                                       f"--vocab-size {vocab_size} from the script is used")  # fmt: skip
@@ -184,6 +185,10 @@ def _count_json(path: str) -> tuple[int, str]:
     return len(data), f"{len(data)} entries in {path}"
 
 
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**32
+
+
 def _count_tokenizer_json(path: str) -> tuple[int, str]:
     """len(tokenizer) of a Hugging Face fast tokenizer: model vocabulary + added tokens not in it.
 
@@ -193,6 +198,10 @@ def _count_tokenizer_json(path: str) -> tuple[int, str]:
     model = data.get("model") if isinstance(data, dict) else None
     vocab = model.get("vocab") if isinstance(model, dict) else None
     added = data.get("added_tokens", []) if isinstance(data, dict) else None
+    if isinstance(vocab, dict) and not all(_is_id(i) for i in vocab.values()):
+        # the tokenizers library reads ids as u32: transformers cannot load a -5 or a 1.5
+        raise InputError(f'{path}: "model": {{"vocab": ...}} must map tokens to whole-number ids '
+                         "from 0 to 4294967295, as the tokenizers library reads them")  # fmt: skip
     if isinstance(vocab, dict):  # BPE, WordPiece, WordLevel: token -> id
         pieces = set(vocab)
     elif isinstance(vocab, list) and all(isinstance(p, list) and p and isinstance(p[0], str)
@@ -202,10 +211,11 @@ def _count_tokenizer_json(path: str) -> tuple[int, str]:
         raise InputError(f'{path}: not a Hugging Face tokenizer.json ("model": {{"vocab": ...}} '
                          "must map tokens to ids or list [token, score] pairs)")  # fmt: skip
     if not isinstance(added, list) or not all(
-        isinstance(t, dict) and isinstance(t.get("content"), str) for t in added
+        isinstance(t, dict) and isinstance(t.get("content"), str) and _is_id(t.get("id", 0))
+        for t in added
     ):
-        raise InputError(f'{path}: "added_tokens" must be a list of {{"content": TOKEN, ...}} '
-                         "objects, as transformers writes them")  # fmt: skip
+        raise InputError(f'{path}: "added_tokens" must be a list of {{"content": TOKEN, "id": ID, '
+                         "...} objects (ids from 0 to 4294967295), as transformers writes them")  # fmt: skip
     new = [t["content"] for t in added if t["content"] not in pieces]
     return len(pieces) + len(new), f"{len(pieces)} in the model + {len(new)} added, {path}"
 

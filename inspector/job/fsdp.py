@@ -56,6 +56,29 @@ def _megatron_rules(args: Mapping[str, Any], ckpt: str) -> None:
             f"--use-megatron-fsdp needs --ckpt-format fsdp_dtensor, not {ckpt} (Megatron-LM: "
             "\"Megatron FSDP only supports fsdp_dtensor checkpoint format\")"
         )
+    check_fsdp_pipeline(args)
+
+
+def check_fsdp_pipeline(args: Mapping[str, Any], searched: bool = False) -> None:
+    """Stop Megatron-FSDP with pp > 1 where megatron-core cannot run it (job/versions.py);
+    `searched`: `plan`, whose data-parallel size is not given, says no arithmetic of ranks."""
+    from inspector.job.versions import fsdp_with_pipeline, megatron_version
+
+    pp = args.get("pipeline_model_parallel_size") or 1
+    if pp == 1 or fsdp_with_pipeline():
+        return
+    dp, cp, tp = (args.get(name) or 1 for name in ("data_parallel_size", "context_parallel_size",
+                                                  "tensor_model_parallel_size"))  # fmt: skip
+    world = f"dp x cp x tp = {dp} x {cp} x {tp} = {dp * cp * tp} of the world's {dp * cp * tp * pp}"
+    ranks = "one pipeline stage's ranks, not the world's" if searched else f"{world} ranks"
+    release = ".".join(map(str, megatron_version()))
+    raise ConfigError(
+        f"--use-megatron-fsdp with --pipeline-model-parallel-size {pp} fails in megatron-core "
+        f"0.14 to 0.19 (installed: {release}): FullyShardedDataParallel's device mesh "
+        f"(mcore_fsdp_adapter.py `_get_dp_tp_mesh`) spans {ranks}, and einops stops on "
+        "'Shape mismatch' when pp > 1; pass --pipeline-model-parallel-size 1, or the distributed "
+        "optimizer without --use-megatron-fsdp"
+    )
 
 
 def _torch_rules(args: Mapping[str, Any], ckpt: str) -> None:

@@ -43,6 +43,16 @@ def hsdp_expert_groups() -> bool:
     return version < (0, 14) or version >= (0, 17)
 
 
+def fsdp_with_pipeline() -> bool:
+    """Return whether megatron-core's Megatron-FSDP runs with pipeline parallelism: 0.13's
+    custom_fsdp builds no device mesh; core_v0.14.0 to 0.19.2's FullyShardedDataParallel
+    (mcore_fsdp_adapter.py `_init_dist_index`) lays `torch.arange(dist.get_world_size())` out as
+    "(dp_cp ep tp)" in `_get_dp_tp_mesh` (and `_get_hsdp_tp_mesh`), so with pp > 1 the world
+    holds pp times more ranks than the mesh and einops stops ("Shape mismatch"). Megatron-LM's
+    validate_args (core_v0.16.1, core_v0.19.0) has no check of its own: the run stops there."""
+    return megatron_version() < (0, 14)
+
+
 def router_padding_field() -> str:
     """Return the TransformerConfig field the router's fp8 padding sets: from 0.16
     `moe_router_padding_for_quantization` (--moe-router-padding-for-fp8 turns it on, with a

@@ -19,7 +19,7 @@ from inspector.job.gdn import gdn_shape
 from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
 from inspector.job.pipeline_layout import expand_layout
-from inspector.job.versions import mtp_in_layouts
+from inspector.job.versions import fsdp_with_pipeline, mtp_in_layouts
 from inspector.plan.hybrid import (
     context_built,
     hybrid_splits,
@@ -205,6 +205,8 @@ SEARCH_FSDP = "fsdp"  # req.fixed["distopt"]: --use-megatron-fsdp, its strategy 
 def distopts(req: Request, base: Layout) -> list[bool | str]:
     """Return the optimizer choices to try: distributed optimizer on, off, or FSDP strategies."""
     fixed = req.fixed.get("distopt")
+    if isinstance(fixed, str) and base.pp > 1 and not fsdp_with_pipeline():
+        return []  # megatron-core 0.14-0.19's Megatron-FSDP cannot run pp > 1 (job/fsdp.py)
     if fixed == SEARCH_FSDP:
         return list(FSDP_STRATEGIES) if base.dp * base.cp > 1 else [FSDP_STRATEGIES[-1]]
     if fixed is not None:

@@ -12,6 +12,7 @@ from inspector.job.build_limits import expert_cap
 from inspector.job.checks import check_at_least_one, check_built_layers
 from inspector.job.device import Device, check_precision
 from inspector.job.flex import check_flex_group, flex_backend
+from inspector.job.fsdp import check_fsdp_pipeline
 from inspector.job.hardware import (
     DEFAULT_EFFICIENCY,
     DEFAULT_GPU,
@@ -229,6 +230,8 @@ def _check_optimizer(args: dict[str, Any]) -> None:
             "plan searches Adam with one distributed-optimizer instance; `memory` and `params` "
             "measure --optimizer muon / dist_muon and --num-distributed-optimizer-instances"
         )
+    if args.get("use_megatron_fsdp"):
+        check_fsdp_pipeline(args, searched=True)  # a pinned --pp that megatron-core cannot run
 
 
 def _check_offloading(args: dict[str, Any]) -> None:
