@@ -65,7 +65,7 @@ def check_fsdp_pipeline(args: Mapping[str, Any], searched: bool = False) -> None
     from inspector.job.versions import fsdp_with_pipeline, megatron_version
 
     pp = args.get("pipeline_model_parallel_size") or 1
-    if pp == 1 or fsdp_with_pipeline():
+    if not args.get("use_megatron_fsdp") or pp == 1 or fsdp_with_pipeline():
         return
     dp, cp, tp = (args.get(name) or 1 for name in ("data_parallel_size", "context_parallel_size",
                                                   "tensor_model_parallel_size"))  # fmt: skip

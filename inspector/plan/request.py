@@ -222,16 +222,14 @@ SWITCHES = {"use_distributed_optimizer": "distopt", "sequence_parallel": "sp"}
 
 
 def _check_optimizer(args: dict[str, Any]) -> None:
-    """Raise ConfigError for an optimizer the search does not price (it prices Adam, one
-    distributed-optimizer instance)."""
+    """Raise ConfigError for an optimizer the search does not price (Adam, one instance)."""
     instances = args.get("num_distributed_optimizer_instances") or 1
     if (args.get("optimizer") or "adam") != "adam" or instances > 1:
         raise ConfigError(
             "plan searches Adam with one distributed-optimizer instance; `memory` and `params` "
             "measure --optimizer muon / dist_muon and --num-distributed-optimizer-instances"
         )
-    if args.get("use_megatron_fsdp"):
-        check_fsdp_pipeline(args, searched=True)  # a pinned --pp that megatron-core cannot run
+    check_fsdp_pipeline(args, searched=True)  # a pinned --pp that megatron-core cannot run
 
 
 def _check_offloading(args: dict[str, Any]) -> None:
