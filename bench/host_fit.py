@@ -34,8 +34,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import ci_goldens  # noqa: E402
 
-LAUNCH_GRID = [i * 0.5e-6 for i in range(0, 161)]  # 0-80 us per kernel
-PASS_GRID = [i * 20e-6 for i in range(0, 151)]  # 0-3 ms per layer pass
+SPAN = 2e-3  # the first grid's upper bound of each constant (seconds per unit)
+MODELS = {  # name: the plan/host.py UNITS whose costs are fitted (the others held at 0)
+    "kernels": ("kernels",),
+    "kernels + passes": ("kernels", "passes"),
+    "kernels + GEMMs": ("kernels", "gemms"),
+    "kernels + MoE passes": ("kernels", "moe_passes"),
+    "kernels + GEMMs + MoE passes": ("kernels", "gemms", "moe_passes"),
+}
 
 
 def case_row(case: Any) -> dict[str, Any]:
@@ -56,7 +62,7 @@ def case_row(case: Any) -> dict[str, Any]:
     if plan is None:
         return {"case": name, "refusal": note}
     stages = [{"gpu": s.per_microbatch - s.wait, "tail": s.data + s.optimizer,
-               "segments": [[g.gpu, g.launches, g.passes] for g in s.host.segments],
+               "segments": [[g.gpu, *g.units] for g in s.host.segments],
                "layers": sum(map(len, st.layers))}
               for s, st in zip(plan.time.stages, plan.stages, strict=True)]  # fmt: skip
     return {"case": name, "measured": measured, "m": plan.job.schedule().num_microbatches,
@@ -64,39 +70,69 @@ def case_row(case: Any) -> dict[str, Any]:
             "plan_step": plan.time.seconds, "stages": stages}  # fmt: skip
 
 
-def step(row: dict[str, Any], launch: float, per_pass: float) -> float:
-    """Return the case's step at these constants (cost.step_time with plan/host.py's wait)."""
+def _per_stage(row: dict[str, Any], costs: Any) -> list[Any]:
+    """Return each stage's seconds per micro-batch at `costs` (floats or broadcast arrays)."""
     per = []
     for s in row["stages"]:
-        wait = sum(max(0.0, launch * n + per_pass * p - g) for g, n, p in s["segments"])
+        wait = 0.0
+        for g, *units in s["segments"]:
+            wait = wait + _max0(sum(c * n for c, n in zip(costs, units, strict=True)) - g)
         per.append(s["gpu"] + wait)
-    slowest = max(per)
+    return per
+
+
+def _max0(value: Any) -> Any:
+    import numpy as np
+
+    return np.maximum(0.0, value)
+
+
+def step(row: dict[str, Any], costs: Any) -> Any:
+    """Return the case's step at these costs (cost.step_time with plan/host.py's wait)."""
+    import numpy as np
+
+    per = _per_stage(row, costs)
+    slowest = np.maximum.reduce(per) if len(per) > 1 else per[0]
     pipeline = row["m"] * slowest + (sum(per) - slowest) / row["chunks"]
     return pipeline + max(s["tail"] for s in row["stages"])
 
 
-def host_bound(row: dict[str, Any], launch: float, per_pass: float) -> bool:
+def host_bound(row: dict[str, Any], costs: tuple[float, ...]) -> bool:
     """Return whether the plan's host time exceeds its GPU time on the busiest stage."""
-    def busy(s: dict[str, Any]) -> float:
-        return s["gpu"] + sum(max(0.0, launch * n + per_pass * p - g) for g, n, p in s["segments"])
-
-    s = max(row["stages"], key=busy)
-    return sum(launch * n + per_pass * p for _, n, p in s["segments"]) > s["gpu"]
+    per = _per_stage(row, costs)
+    s = row["stages"][per.index(max(per))]
+    return sum(sum(c * n for c, n in zip(costs, u, strict=True)) for _, *u in s["segments"]) > s["gpu"]
 
 
-def errors(rows: list[dict[str, Any]], launch: float, per_pass: float) -> list[float]:
-    return [step(r, launch, per_pass) / r["measured"] - 1 for r in rows]
+def errors(rows: list[dict[str, Any]], costs: tuple[float, ...]) -> list[float]:
+    return [float(step(r, costs)) / r["measured"] - 1 for r in rows]
 
 
-def fit(rows: list[dict[str, Any]]) -> tuple[float, float]:
-    """Return the (launch, pass) pair of the grid with the least sum of squared relative errors."""
-    best = (float("inf"), 0.0, 0.0)
-    for launch in LAUNCH_GRID:
-        for per_pass in PASS_GRID:
-            cost = sum(e * e for e in errors(rows, launch, per_pass))
-            if cost < best[0]:
-                best = (cost, launch, per_pass)
-    return best[1], best[2]
+def fit(rows: list[dict[str, Any]], names: tuple[str, ...]) -> tuple[float, ...]:
+    """Return the costs (plan/host.py UNITS order; those not in `names` 0) with the least sum of
+    squared relative errors: a grid over [0, SPAN] per fitted cost, refined 8 times around the best."""
+    import numpy as np
+
+    from inspector.plan.host import UNITS
+
+    which = [UNITS.index(n) for n in names]
+    low, high = np.zeros(len(which)), np.full(len(which), SPAN)
+    best = np.zeros(len(which))
+    for _ in range(8):
+        axes = [np.linspace(lo, hi, 21) for lo, hi in zip(low, high, strict=True)]
+        grid = np.meshgrid(*axes, indexing="ij")
+        costs: list[Any] = [0.0] * len(UNITS)
+        for k, index in enumerate(which):
+            costs[index] = grid[k]
+        total = sum((step(r, costs) / r["measured"] - 1) ** 2 for r in rows)
+        at = np.unravel_index(int(np.argmin(total)), total.shape)
+        best = np.array([axis[i] for axis, i in zip(axes, at, strict=True)])
+        width = (high - low) / 4
+        low, high = np.maximum(0.0, best - width), best + width
+    out = [0.0] * len(UNITS)
+    for k, index in enumerate(which):
+        out[index] = float(best[k])
+    return tuple(out)
 
 
 def _mae(values: list[float]) -> str:
@@ -105,33 +141,40 @@ def _mae(values: list[float]) -> str:
     return f"{statistics.mean(map(abs, values)) * 100:.1f}% (n {len(values)}, worst {max(values, key=abs) * 100:+.0f}%)"
 
 
-def render(rows: list[dict[str, Any]]) -> str:
-    """Return the fit, the errors before and after by kind, and the held-out errors."""
+def _costs(costs: tuple[float, ...]) -> str:
+    from inspector.plan.host import UNITS
+
+    return ", ".join(f"{n} {c * 1e6:.1f} us" for n, c in zip(UNITS, costs, strict=True) if c)
+
+
+def render(rows: list[dict[str, Any]], chosen: str = "kernels + passes") -> str:
+    """Return every model's fit and held-out errors, then the chosen one's errors by kind,
+    before and after, and per case."""
     timed = [r for r in rows if not r.get("refusal") and r.get("measured")]
-    launch, per_pass = fit(timed)
-    bound = [r for r in timed if host_bound(r, launch, per_pass)]
-    gpu = [r for r in timed if not host_bound(r, launch, per_pass)]
-    lines = [f"Fit over {len(timed)} timed cases: {launch * 1e6:.1f} us per kernel launched, "
-             f"{per_pass * 1e6:.0f} us per layer pass.", "",
-             "| cases | before (no host term) | after |", "|---|---|---|"]
+    zero = (0.0,) * len(timed[0]["stages"][0]["segments"][0][1:])
+    lines = [f"{len(timed)} timed cases. Fits (least squares of the relative step-time error), "
+             "held out: leave-one-out, and split-half (fit on the even cases, scored on the odd, and "
+             "the reverse):", ""]
+    for name, names in MODELS.items():
+        costs = fit(timed, names)
+        loo = [errors([r], fit(timed[:i] + timed[i + 1:], names))[0] for i, r in enumerate(timed)]
+        even, odd = timed[::2], timed[1::2]
+        half = errors(odd, fit(even, names)) + errors(even, fit(odd, names))
+        lines.append(f"- {name}: {_costs(costs)}; mean |error| {_mae(errors(timed, costs))}; "
+                     f"leave-one-out {_mae(loo)}; split-half {_mae(half)}")
+    costs = fit(timed, MODELS[chosen])
+    bound = [r for r in timed if host_bound(r, costs)]
+    gpu = [r for r in timed if not host_bound(r, costs)]
+    lines += ["", f"Chosen: {chosen} ({_costs(costs)}).", "",
+              "| cases | before (no host term) | after |", "|---|---|---|"]
     for title, subset in (("host-bound (after)", bound), ("GPU-bound (after)", gpu),
                           ("host-bound dense", [r for r in bound if not r["moe"]]),
                           ("host-bound MoE", [r for r in bound if r["moe"]]), ("all", timed)):  # fmt: skip
-        lines.append(f"| {title} | {_mae(errors(subset, 0.0, 0.0))} | {_mae(errors(subset, launch, per_pass))} |")
-    held = []
-    for i, r in enumerate(timed):
-        c = fit(timed[:i] + timed[i + 1:])
-        held.append((r, errors([r], *c)[0]))
-    lines.append(f"\nLeave-one-out: all {_mae([e for _, e in held])}; host-bound "
-                 f"{_mae([e for r, e in held if r in bound])}")
-    even, odd = timed[::2], timed[1::2]
-    half = errors(odd, *fit(even)) + errors(even, *fit(odd))
-    lines.append(f"Split-half (fit on even, score odd, and the reverse): all {_mae(half)}; constants "
-                 f"{[round(x * 1e6, 1) for x in fit(even)]} and {[round(x * 1e6, 1) for x in fit(odd)]} us")
+        lines.append(f"| {title} | {_mae(errors(subset, zero))} | {_mae(errors(subset, costs))} |")
     lines += ["", "| case | m | measured s | before | after | host-bound |", "|---|---|---|---|---|---|"]
     for r in timed:
-        lines.append(f"| {r['case']} | {r['m']} | {r['measured']:.3f} | {errors([r], 0, 0)[0] * 100:+.1f}% "
-                     f"| {errors([r], launch, per_pass)[0] * 100:+.1f}% | {'yes' if r in bound else ''} |")
+        lines.append(f"| {r['case']} | {r['m']} | {r['measured']:.3f} | {errors([r], zero)[0] * 100:+.1f}% "
+                     f"| {errors([r], costs)[0] * 100:+.1f}% | {'yes' if r in bound else ''} |")
     return "\n".join(lines) + "\n"
 
 
@@ -142,9 +185,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only")
     parser.add_argument("--json", type=Path, help="write the rows here as each case ends")
     parser.add_argument("--from-json", type=Path, help="render the rows a run wrote")
+    parser.add_argument("--model", default="kernels + passes", choices=list(MODELS))
     ns = parser.parse_args(argv)
     if ns.from_json:
-        sys.stdout.write(render(json.loads(ns.from_json.read_text())))
+        sys.stdout.write(render(json.loads(ns.from_json.read_text()), ns.model))
         return
     cases = [c for c in ci_goldens.discover(ns.megatron_lm) if c.gpt_family and not c.world_unknown]
     cases = [c for c in cases if not ns.only or re.search(ns.only, f"{c.model}/{c.name}")]
@@ -154,7 +198,7 @@ def main(argv: list[str] | None = None) -> None:
             rows.append(row)
             if ns.json:
                 ns.json.write_text(json.dumps(rows, indent=1))
-    sys.stdout.write(render(rows))
+    sys.stdout.write(render(rows, ns.model))
 
 
 if __name__ == "__main__":

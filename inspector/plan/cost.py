@@ -64,7 +64,7 @@ from inspector.job.layout import Layout
 from inspector.memory.closed.activations import mtp_recompute, recompute_plan
 from inspector.plan.context import ring_attention
 from inspector.plan.flex import moe_exchange
-from inspector.plan.host import HostWork, Segment, edge_launches, kind_segments, merge
+from inspector.plan.host import HostWork, Segment, edge_units, kind_segments, merge
 from inspector.plan.hybrid import gdn_layer_ops, hybrid_layer_time, mtp_depth_time
 from inspector.plan.kernel_seconds import (
     column_dgrads,
@@ -186,7 +186,7 @@ def stage_work(
     p2p = 2 * len(chunk_layers) * (alpha + boundary / bw) if lay.pp > 1 else 0.0
     compute, tensor, context, expert = total
     rest = compute + tensor + context + expert + p2p - sum(seg.gpu for seg in segments)
-    work = merge(segments, rest, edge_launches(dims, _shard(lay, mbs), has_output, has_embedding))
+    work = merge(segments, rest, edge_units(dims, _shard(lay, mbs), has_output, has_embedding))
     return StageTime(compute, tensor, context, expert, p2p, 0.0, 0.0, host=work, wait=work.wait())
 
 

@@ -7,16 +7,17 @@ kernels to the GPU. The GPU runs them no faster than the host launches them: whe
 kernels are small (the functional tests' 1,024-4,096 wide layers), the host, not the GPU, sets
 the pace. The model, per stage and micro-batch:
 
-  host seconds = LAUNCH x kernels + PASS x layer passes
+  host seconds = KERNEL x kernels + MOE_PASS x MoE layer passes
 
 - kernels: the kernels formulas/ops.py prices for the layer (forward, backward, and the forward
   kernels recomputation runs again), the output layer and loss, the embedding: what the host
-  launches, counted the same way the GPU time is priced;
-- layer passes: each time megatron's Python runs a layer (its forward; its backward; its forward
-  again under full recomputation, tensor_parallel/random.py CheckpointFunction): the module calls
-  and autograd bookkeeping around the kernels (bench/host_ops.py counts 15-30 module calls and
-  76-359 aten operations per dense or MoE layer and micro-batch in megatron's own forward and
-  backward).
+  launches, counted as the GPU time is priced. Megatron's code dispatches more operations than
+  that (views, copies, autograd's; bench/host_ops.py counts 76-297 aten operations per dense
+  layer and micro-batch), so KERNEL is the host's time per priced kernel with the operations
+  around it, not one launch;
+- MoE layer passes: each time megatron's Python runs an MoE layer (forward, backward, the forward
+  again under full recomputation, tensor_parallel/random.py CheckpointFunction): its router's,
+  token dispatcher's and permutation's Python beyond the kernels, the wait for the split sizes.
 
 The GPU waits for the host where the host is slower: per micro-batch slot the stage takes
 max(GPU, host). The host may run ahead of the GPU (kernels queue on the stream) except where
@@ -28,7 +29,7 @@ there: each such MoE layer is a segment of its own, max(GPU, host) within it, an
 the stage is one more segment. Under CUDA graphs (`--cuda-graph-impl`) a graphed layer's
 kernels are replayed by one launch: its host cost is left out (`graphed`).
 
-LAUNCH and PASS are the two fitted constants (their one home, below, with their provenance); what
+COSTS holds the two fitted constants (their one home, below, with their provenance); what
 the model does not see: the data loader, the optimizer's host loops, logging, Python's garbage
 collector, the CPU's clock (docs/how-time-is-computed.md, "The host's pace").
 """
@@ -38,31 +39,36 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from inspector.formulas.kernels import Gemm
 from inspector.formulas.ops import LayerOps, Shard
 from inspector.job.dims import ModelDims
 from inspector.job.job import Training
 from inspector.plan.hybrid import gdn_layer_ops
 from inspector.plan.kernel_seconds import embedding_ops, layer_kernels, output_kernels
 
-# Fitted (least squares of the relative step-time error) on the launch-bound H100 functional
-# tests of Megatron-LM (golden_values_dev_dgx_h100.json, `iteration-time` past the warm-up), 2026-12-07,
-# by bench/host_fit.py over the plan's own counts: bench/RESULTS.md `hostpace`.
-LAUNCH_SECONDS = 0.0  # host seconds per kernel launched (Python, dispatch, launch)
-PASS_SECONDS = 0.0  # host seconds per layer pass (megatron's module calls around the kernels)
+# The host's seconds per unit (UNITS), fitted by bench/host_fit.py (least squares of the relative
+# step-time error) on the 71 timed H100 functional tests of Megatron-LM (golden_values_dev_dgx_h100.json,
+# `iteration-time` past the warm-up; megatron-core 0.16.1, 2026-12-07): bench/RESULTS.md `hostpace`.
+# Two are priced: a kernel formulas/ops.py prices (with the Python, dispatch and launch around it:
+# megatron's code dispatches some 4 aten operations per priced kernel, bench/host_ops.py), and an
+# MoE layer's pass (its router's, token dispatcher's and permutation's Python, with the host's wait
+# for the split sizes); GEMMs and layer passes are counted too, not priced: their fitted costs did not
+# lower the held-out error. Leave-one-out mean |error| 21.2%, split-half 20.6%.
+UNITS = ("kernels", "gemms", "passes", "moe_passes")
+COSTS = (1.49e-4, 0.0, 0.0, 1.01e-3)
 
 
 @dataclass(frozen=True)
 class Segment:
-    """Work the host cannot run ahead across: the GPU's seconds, the host's launches and passes."""
+    """Work the host cannot run ahead across: the GPU's seconds, the host's counts (UNITS)."""
 
     gpu: float
-    launches: float
-    passes: float
+    units: tuple[float, ...]
     sync: bool = False  # it ends at a host synchronisation (the all-to-all dispatcher's)
 
-    def host(self, launch: float = LAUNCH_SECONDS, per_pass: float = PASS_SECONDS) -> float:
+    def host(self, costs: tuple[float, ...] = COSTS) -> float:
         """Return the host's seconds for the segment."""
-        return launch * self.launches + per_pass * self.passes
+        return sum(c * n for c, n in zip(costs, self.units, strict=True))
 
 
 @dataclass(frozen=True)
@@ -72,60 +78,53 @@ class HostWork:
 
     segments: tuple[Segment, ...] = ()
 
-    def host(self, launch: float = LAUNCH_SECONDS, per_pass: float = PASS_SECONDS) -> float:
+    def host(self, costs: tuple[float, ...] = COSTS) -> float:
         """Return the host's seconds per micro-batch."""
-        return sum(s.host(launch, per_pass) for s in self.segments)
+        return sum(s.host(costs) for s in self.segments)
 
-    def gpu(self) -> float:
-        """Return the GPU's seconds per micro-batch the segments hold."""
-        return sum(s.gpu for s in self.segments)
-
-    def wait(self, launch: float = LAUNCH_SECONDS, per_pass: float = PASS_SECONDS) -> float:
+    def wait(self, costs: tuple[float, ...] = COSTS) -> float:
         """Return the seconds the GPU waits for the host per micro-batch: each segment's
         max(GPU, host) less its GPU time."""
-        return sum(max(0.0, s.host(launch, per_pass) - s.gpu) for s in self.segments)
+        return sum(max(0.0, s.host(costs) - s.gpu) for s in self.segments)
 
 
-def launches(ops: LayerOps, recompute: str, modules: tuple[str, ...]) -> int:
-    """Return the kernels a layer launches per micro-batch under megatron's recomputation
-    (formulas/ops.py `layer_seconds`'s kernels, counted instead of priced)."""
-    count = len(ops.forward) + len(ops.backward)
+def layer_units(ops: LayerOps, recompute: str, modules: tuple[str, ...], moe: bool) -> tuple[float, ...]:
+    """Return a layer's host counts per micro-batch (UNITS) under megatron's recomputation: the
+    kernels formulas/ops.py prices (`layer_seconds`'s, counted instead of priced), the GEMMs among
+    them, the passes of megatron's Python over the layer (forward, backward, the forward again
+    under full recomputation), an MoE layer's passes apart."""
+    kernels = [*ops.forward, *ops.backward]
     if recompute == "full":
-        return count + len(ops.forward)
-    if recompute == "selective":
-        return count + len(ops.recomputed(modules))
-    return count
+        kernels += ops.forward
+    elif recompute == "selective":
+        kernels += ops.recomputed(modules)
+    runs = 3 if recompute == "full" else 2
+    gemms = sum(isinstance(op, Gemm) for op in kernels)
+    return (len(kernels), gemms, runs, runs if moe else 0)
 
 
-def passes(recompute: str) -> int:
-    """Return how many times megatron's Python runs a layer per micro-batch: forward, backward,
-    and the forward again under full recomputation."""
-    return 3 if recompute == "full" else 2
-
-
-def layer_segments(gpu: float, kernels: int, recompute: str, count: int, syncs: bool,
+def layer_segments(units: tuple[float, ...], gpu: float, count: int, syncs: bool,
                    graphed: bool = False) -> tuple[Segment, ...]:  # fmt: skip
     """Return `count` layers' segments: one per layer where it synchronises the host (`syncs`),
-    else one for all; a graphed layer launches nothing of its own (one graph replay)."""
+    else one for all; a graphed layer launches one graph replay per pass and runs no Python."""
     if graphed:
-        kernels, runs = 1, 0
-    else:
-        runs = passes(recompute)
+        units = (units[2], 0, 0, 0)
     if syncs:
-        return tuple(Segment(gpu, kernels, runs, True) for _ in range(count))
-    return (Segment(gpu * count, kernels * count, runs * count),)
+        return tuple(Segment(gpu, units, True) for _ in range(count))
+    return (Segment(gpu * count, tuple(n * count for n in units)),)
 
 
-def merge(segments: Iterable[Segment], rest_gpu: float, rest_launches: float) -> HostWork:
+def merge(segments: Iterable[Segment], rest_gpu: float, rest: tuple[float, ...]) -> HostWork:
     """Return the stage's host work: the synchronising segments apart, every other one merged
-    with the stage's other GPU seconds and launches (embedding, output layer, communication)."""
-    kept, gpu, count, runs = [], rest_gpu, rest_launches, 0.0
+    with the stage's other GPU seconds and counts (embedding, output layer, communication)."""
+    kept, gpu, units = [], rest_gpu, list(rest)
     for seg in segments:
         if seg.sync:
             kept.append(seg)
         else:
-            gpu, count, runs = gpu + seg.gpu, count + seg.launches, runs + seg.passes
-    return HostWork((*kept, Segment(gpu, count, runs)))
+            gpu += seg.gpu
+            units = [a + b for a, b in zip(units, seg.units, strict=True)]
+    return HostWork((*kept, Segment(gpu, tuple(units))))
 
 
 def kind_segments(dims: ModelDims, shard: Shard, recompute: str, i: int, gpu: float, count: int,
@@ -137,19 +136,19 @@ def kind_segments(dims: ModelDims, shard: Shard, recompute: str, i: int, gpu: fl
         return ()
     moe = dims.is_moe_layer(i)
     ops = gdn_layer_ops(dims, shard, moe) if dims.is_gdn_layer(i) else layer_kernels(dims, shard, moe)
-    return layer_segments(gpu, launches(ops, recompute, modules), recompute, count, syncs and moe, graphed)
+    return layer_segments(layer_units(ops, recompute, modules, moe), gpu, count, syncs and moe, graphed)
 
 
-def edge_launches(dims: ModelDims, shard: Shard, has_output: bool, has_embedding: bool) -> int:
-    """Return the kernels the stage launches outside its layers per micro-batch: the output layer
-    and loss on the last stage, the word embedding on the first."""
-    count = 0
+def edge_units(dims: ModelDims, shard: Shard, has_output: bool, has_embedding: bool) -> tuple[float, ...]:
+    """Return the host counts of the stage outside its layers per micro-batch (UNITS): the output
+    layer and loss on the last stage, the word embedding on the first."""
+    kernels = []
     if has_output:
         out = output_kernels(dims, shard)
-        count += len(out.forward) + len(out.backward)
+        kernels += [*out.forward, *out.backward]
     if has_embedding:
-        count += sum(map(len, embedding_ops(dims, shard)))
-    return count
+        kernels += [op for ops in embedding_ops(dims, shard) for op in ops]
+    return (len(kernels), sum(isinstance(op, Gemm) for op in kernels), 0, 0)
 
 
 def host_syncs(training: Training) -> bool:
