@@ -59,15 +59,15 @@ def test_a_tiny_layer_launches_the_kernels_counted_by_hand() -> None:
 def test_the_gpu_waits_for_a_slower_host() -> None:
     # max(GPU, host) per segment: a host at 2 ms over 1 ms of GPU work makes the GPU wait 1 ms
     costs = (1e-4, 0.0, 0.0, 0.0)
-    one = host.HostWork((host.Segment(1e-3, (20, 0, 0, 0)),))
+    one = host.HostWork((host.HostSegment(1e-3, (20, 0, 0, 0)),))
     assert one.wait(costs) == pytest.approx(1e-3) and one.wait((4e-5, 0, 0, 0)) == 0.0
     # a host sync (the MoE dispatcher's) ends a segment: the host's lead over the GPU in the
     # second cannot pay for the first's wait, as it would in one merged segment
-    synced = host.HostWork((host.Segment(1e-3, (20, 0, 0, 0), True), host.Segment(2e-3, (10, 0, 0, 0))))
+    synced = host.HostWork((host.HostSegment(1e-3, (20, 0, 0, 0), True), host.HostSegment(2e-3, (10, 0, 0, 0))))
     assert synced.wait(costs) == pytest.approx(1e-3)
     merged = host.merge(synced.segments, 0.0, (0, 0, 0, 0))
     assert merged == synced
-    assert host.HostWork((host.Segment(3e-3, (30, 0, 0, 0)),)).wait(costs) == 0.0
+    assert host.HostWork((host.HostSegment(3e-3, (30, 0, 0, 0)),)).wait(costs) == 0.0
     # the stage: its time per micro-batch is max(its GPU seconds, its host seconds)
     work = _work()
     gpu = work.compute + work.tensor + work.context + work.expert + work.p2p
@@ -127,7 +127,7 @@ def test_ci_goldens_calls_a_case_host_bound_where_its_busiest_stage_waits() -> N
 
     def stage(gpu: float, host_seconds: float) -> cost.StageTime:
         units = tuple(host_seconds / c if c and i == 0 else 0.0 for i, c in enumerate(host.COSTS))
-        work = host.HostWork((host.Segment(gpu, units),))
+        work = host.HostWork((host.HostSegment(gpu, units),))
         return cost.StageTime(gpu, 0, 0, 0, 0, 0, 0, host=work, wait=work.wait())
 
     plan = SimpleNamespace(time=SimpleNamespace(stages=(stage(5e-4, 2.5e-3), stage(2e-3, 0.0))))

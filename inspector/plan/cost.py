@@ -64,7 +64,7 @@ from inspector.job.layout import Layout
 from inspector.memory.closed.activations import mtp_recompute, recompute_plan
 from inspector.plan.context import ring_attention
 from inspector.plan.flex import moe_exchange
-from inspector.plan.host import HostWork, Segment, edge_units, kind_segments, merge
+from inspector.plan.host import HostWork, edge_units, kind_segments, merge
 from inspector.plan.hybrid import gdn_layer_ops, hybrid_layer_time, mtp_depth_time
 from inspector.plan.kernel_seconds import (
     column_dgrads,
@@ -151,43 +151,56 @@ def stage_work(
     has_output: bool,
     recompute_method: str = "uniform",
     recompute_num_layers: int = 1,
-    recompute_modules: tuple[str, ...] = ("core_attn",),
-    overlap: Overlap = (0.0, False, 0.0, ()),
-    flex: bool = False,
-    has_embedding: bool = False,
-    host: tuple[bool, bool] = (True, False),
-) -> StageTime:
+    recompute_modules: tuple[str, ...] = ("core_attn",), overlap: Overlap = (0.0, False, 0.0, ()),
+    flex: bool = False, has_embedding: bool = False, host: tuple[bool, bool] = (True, False),
+) -> StageTime:  # fmt: skip
     """Return a rank's time per micro-batch (compute, TP, CP, EP, P2P), its state's left at 0.
     With full recomputation, `recompute_method` / `recompute_num_layers` say which layers repeat
-    their forward (activations.recompute_plan: `block` N, the first N of each chunk); `overlap`
-    under --overlap-moe-expert-parallel-comm; `flex`: flex dispatcher; `has_embedding`: stage 0;
-    `host`: whether MoE layers synchronise the host, whether CUDA graphs capture the layers
-    (plan/host.py `host_syncs`, `graphed_layers`): the GPU waits for a slower host."""
+    their forward (activations.recompute_plan: `block` N, the first N of each chunk); `overlap` under
+    --overlap-moe-expert-parallel-comm; `flex`: flex dispatcher; `has_embedding`: stage 0; `host`: as
+    `_host_work` takes it."""
     rate, mode = compute_rate(net, efficiency), cast(Recompute, recompute)
     plan = recompute_plan(0, chunk_layers, mode, recompute_method, recompute_num_layers)
     kinds: dict[tuple[Recompute, bool | str], list[int]] = {}  # (recomputed or not, kind) -> layers
     for group, how in (pair for groups in plan for pair in groups):
         for i in group:
             kinds.setdefault((how, dims.layer_kind(i)), []).append(i)
-    total, segments = [0.0, 0.0, 0.0, 0.0], list[Segment]()  # compute, tensor, context, expert; host
+    total, layers = [0.0, 0.0, 0.0, 0.0], []  # compute, tensor, context, expert; each kind's
     for (how, moe), members in kinds.items():
         shares = overlap[:3] if moe is True else (0.0, False, 0.0)
         one = (hybrid_layer_time if dims.layer_symbols else _layer_time)(  # plan/hybrid.py
             dims, lay, net, rate, mbs, how, members[0], recompute_modules, *shares, flex)
         _add(total, one, len(members))
-        segments += kind_segments(dims, _shard(lay, mbs), how, members[0], sum(one), len(members),
-                                  recompute_modules, *host)  # fmt: skip
+        layers.append((how, members[0], sum(one), len(members)))
     total[3] += _alone(dims, lay, net, rate, mbs, kinds, recompute_modules, overlap, flex)
     if has_output:
         _add_output(total, dims, lay, net, rate, mbs, mtp_recompute(mode, recompute_method))
     _add(total, embedding_time(dims, lay, net, rate, mbs) if has_embedding else (), 1)
+    p2p = _p2p_seconds(dims, lay, net, mbs, len(chunk_layers))
+    work = _host_work(dims, _shard(lay, mbs), layers, sum(total) + p2p, (has_output, has_embedding),
+                      recompute_modules, host)  # fmt: skip
+    return StageTime(total[0], total[1], total[2], total[3], p2p, 0.0, 0.0, host=work, wait=work.wait())
+
+
+def _p2p_seconds(dims: ModelDims, lay: Layout, net: Network, mbs: int, chunks: int) -> float:
+    """Return a stage's pipeline sends per micro-batch: one per chunk boundary, forward and backward."""
     boundary = dims.seq_length * mbs / lay.cp * dims.hidden_size / lay.tp * dims.activation_bytes
     alpha, bw = net.link(lay.world_size)
-    p2p = 2 * len(chunk_layers) * (alpha + boundary / bw) if lay.pp > 1 else 0.0
-    compute, tensor, context, expert = total
-    rest = compute + tensor + context + expert + p2p - sum(seg.gpu for seg in segments)
-    work = merge(segments, rest, edge_units(dims, _shard(lay, mbs), has_output, has_embedding))
-    return StageTime(compute, tensor, context, expert, p2p, 0.0, 0.0, host=work, wait=work.wait())
+    return 2 * chunks * (alpha + boundary / bw) if lay.pp > 1 else 0.0
+
+
+def _host_work(dims: ModelDims, shard: Shard, layers: Sequence[tuple[str, int, float, int]],
+               gpu: float, edges: tuple[bool, bool], modules: tuple[str, ...],
+               host: tuple[bool, bool]) -> HostWork:  # fmt: skip
+    """Return the stage's host work per micro-batch (plan/host.py): each kind of layer's (how it is
+    recomputed, a layer of it, its GPU seconds, how many) segments, the rest of the stage's `gpu`
+    seconds and the output layer's and embedding's launches (`edges`: the stage has them) in one
+    more; `host`: whether MoE layers synchronise the host, whether CUDA graphs capture the layers
+    (`host_syncs`, `graphed_layers`)."""
+    segments = [seg for how, i, seconds, count in layers
+                for seg in kind_segments(dims, shard, how, i, seconds, count, modules, *host)]
+    rest = gpu - sum(seg.gpu for seg in segments)
+    return merge(segments, rest, edge_units(dims, shard, *edges))
 
 
 def _alone(dims: ModelDims, lay: Layout, net: Network, rate: float, mbs: int,

@@ -59,7 +59,7 @@ COSTS = (1.49e-4, 0.0, 0.0, 1.01e-3)
 
 
 @dataclass(frozen=True)
-class Segment:
+class HostSegment:
     """Work the host cannot run ahead across: the GPU's seconds, the host's counts (UNITS)."""
 
     gpu: float
@@ -76,7 +76,7 @@ class HostWork:
     """A stage's host work per micro-batch, in segments (one per synchronising MoE layer, then
     the rest)."""
 
-    segments: tuple[Segment, ...] = ()
+    segments: tuple[HostSegment, ...] = ()
 
     def host(self, costs: tuple[float, ...] = COSTS) -> float:
         """Return the host's seconds per micro-batch."""
@@ -104,17 +104,17 @@ def layer_units(ops: LayerOps, recompute: str, modules: tuple[str, ...], moe: bo
 
 
 def layer_segments(units: tuple[float, ...], gpu: float, count: int, syncs: bool,
-                   graphed: bool = False) -> tuple[Segment, ...]:  # fmt: skip
+                   graphed: bool = False) -> tuple[HostSegment, ...]:  # fmt: skip
     """Return `count` layers' segments: one per layer where it synchronises the host (`syncs`),
     else one for all; a graphed layer launches one graph replay per pass and runs no Python."""
     if graphed:
         units = (units[2], 0, 0, 0)
     if syncs:
-        return tuple(Segment(gpu, units, True) for _ in range(count))
-    return (Segment(gpu * count, tuple(n * count for n in units)),)
+        return tuple(HostSegment(gpu, units, True) for _ in range(count))
+    return (HostSegment(gpu * count, tuple(n * count for n in units)),)
 
 
-def merge(segments: Iterable[Segment], rest_gpu: float, rest: tuple[float, ...]) -> HostWork:
+def merge(segments: Iterable[HostSegment], rest_gpu: float, rest: tuple[float, ...]) -> HostWork:
     """Return the stage's host work: the synchronising segments apart, every other one merged
     with the stage's other GPU seconds and counts (embedding, output layer, communication)."""
     kept, gpu, units = [], rest_gpu, list(rest)
@@ -124,11 +124,12 @@ def merge(segments: Iterable[Segment], rest_gpu: float, rest: tuple[float, ...])
         else:
             gpu += seg.gpu
             units = [a + b for a, b in zip(units, seg.units, strict=True)]
-    return HostWork((*kept, Segment(gpu, tuple(units))))
+    return HostWork((*kept, HostSegment(gpu, tuple(units))))
 
 
 def kind_segments(dims: ModelDims, shard: Shard, recompute: str, i: int, gpu: float, count: int,
-                  modules: tuple[str, ...], syncs: bool, graphed: bool) -> tuple[Segment, ...]:  # fmt: skip
+                  modules: tuple[str, ...], syncs: bool,
+                  graphed: bool) -> tuple[HostSegment, ...]:  # fmt: skip
     """Return the segments of `count` layers of layer `i`'s kind, each taking `gpu` seconds per
     micro-batch; `syncs`: an MoE layer synchronises the host (`host_syncs`). A hybrid model's
     layers (Mamba) are not counted: their host work is not modelled."""
