@@ -1,21 +1,24 @@
-"""The host's two constants (inspector/plan/host.py LAUNCH_SECONDS, PASS_SECONDS), fitted on the H100
-functional tests of Megatron-LM, with their held-out errors (issue #45 item 2).
+"""The host's constants (inspector/plan/host.py COSTS), fitted on the H100 functional tests of
+Megatron-LM, with their held-out errors (issue #45 item 2).
 
     .venv/bin/python bench/host_fit.py --megatron-lm CHECKOUT [--jobs 2] [--only REGEX] [--json FILE]
-    .venv/bin/python bench/host_fit.py --from-json FILE
+    .venv/bin/python bench/host_fit.py --from-json FILE [--model NAME]
 
 For every GPT-family training case with an H100 `iteration-time` (bench/ci_goldens.py reads them),
-`plan --gpu h100`'s plan of the job's own layout (ci_goldens.matching_plan) gives, per stage and
-micro-batch, its GPU seconds and its host work: the kernels it launches and the layer passes
-megatron's Python runs, in segments the host cannot run ahead across (plan/host.py). The step is
-then priced again for any pair of constants exactly as cost.step_time does (each stage's GPU
-time plus the GPU's wait for a slower host, the 1F1B critical path, the data-parallel and
-optimizer tail), so the fit is of the model plan runs, max(GPU, host) included. The constants
-minimise the sum of squared relative step-time errors over every timed case (a GPU-bound case
-does not move them: its host is under its GPU time). Reported: the fit; its errors for the cases
-the fitted plan finds host-bound and GPU-bound apart, before (no host term) and after; and the
-held-out errors (each case predicted by the constants fitted without it, and split-half: fitted
-on the even cases, scored on the odd, and the reverse). Nothing here changes the tool.
+`plan --gpu h100`'s plan of the job's own layout and split (ci_goldens.matching_plan) gives, per
+stage and micro-batch, its GPU seconds and its host counts (plan/host.py UNITS: the kernels it
+prices, the GEMMs among them, the layer passes megatron's Python runs, the MoE layers' passes),
+in segments the host cannot run ahead across. The step is then priced again for any costs
+exactly as cost.step_time does (each stage's GPU time plus the GPU's wait for a slower host, per
+segment; the 1F1B critical path; the data-parallel and optimizer tail), so the fit is of the
+model plan runs, max(GPU, host) included. Each candidate model (MODELS: which units get a cost)
+is fitted by the least sum of squared relative step-time errors over every timed case (a
+GPU-bound case does not move the costs: its host is under its GPU time), on a grid refined
+around its best point. Reported: each model's fit, its leave-one-out error (each case predicted
+by the costs fitted without it) and split-half error (fitted on the even cases, scored on the
+odd, and the reverse); then the chosen model's errors for the cases it finds host-bound and
+GPU-bound apart, before (no host term) and after, and per case. Nothing here changes the tool:
+the chosen costs are copied into plan/host.py by hand, with this run's provenance.
 """
 
 from __future__ import annotations
@@ -147,7 +150,7 @@ def _costs(costs: tuple[float, ...]) -> str:
     return ", ".join(f"{n} {c * 1e6:.1f} us" for n, c in zip(UNITS, costs, strict=True) if c)
 
 
-def render(rows: list[dict[str, Any]], chosen: str = "kernels + passes") -> str:
+def render(rows: list[dict[str, Any]], chosen: str = "kernels + MoE passes") -> str:
     """Return every model's fit and held-out errors, then the chosen one's errors by kind,
     before and after, and per case."""
     timed = [r for r in rows if not r.get("refusal") and r.get("measured")]
@@ -185,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only")
     parser.add_argument("--json", type=Path, help="write the rows here as each case ends")
     parser.add_argument("--from-json", type=Path, help="render the rows a run wrote")
-    parser.add_argument("--model", default="kernels + passes", choices=list(MODELS))
+    parser.add_argument("--model", default="kernels + MoE passes", choices=list(MODELS))
     ns = parser.parse_args(argv)
     if ns.from_json:
         sys.stdout.write(render(json.loads(ns.from_json.read_text()), ns.model))
