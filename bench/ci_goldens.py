@@ -30,15 +30,15 @@ For every case with that file:
 - the step time `plan --gpu h100` gives the same layout against the median `iteration-time` past the
   warm-up (WARMUP iterations and the first logged one dropped).
 
-A case is launch-bound when the plan's busiest stage spends under LAUNCH_BOUND (5 ms) of GPU work
-per layer and micro-batch, forward and backward: there the host, not the GPU, sets the pace. Counted
-in megatron's own forward and backward (bench/host_ops.py), a dense Transformer Engine layer of
-these cases dispatches 76-297 aten operations per micro-batch (median 115) and 15-30 module calls,
-an MoE layer 159-359 (median 234), which at PyTorch's published 5-25 us per operation is 0.4-9 ms;
-the goldens take 3.6-14.4 ms (dense) and 7.3-30 ms (MoE) per layer and micro-batch; the GPU time
-model prices kernels, not the host. Step-time errors are summarised over the other cases, and over
-the launch-bound ones apart; the table marks the launch-bound ones. (Neither a per-kernel nor a
-per-operation host cost explains them: bench/RESULTS.md `hostop`, docs/how-time-is-computed.md.)
+A case is launch-bound (host-bound) when the plan's host time exceeds its GPU time on the busiest
+stage (the stage with the most time per micro-batch): there the host, not the GPU, sets the pace.
+`plan` prices the host since issue #45 item 2 (inspector/plan/host.py: kernels launched and layer
+passes per micro-batch at two constants fitted on these goldens by bench/host_fit.py; the GPU waits
+where the host is slower, per segment between the MoE dispatchers' host syncs), so the step time
+of a host-bound case is the host's. (Before, the rule was under 5 ms of priced GPU work per layer
+and micro-batch, and the host was not priced: bench/RESULTS.md `hostop`, `hostpace`.) Step-time
+errors are summarised over the GPU-bound cases, and over the host-bound ones apart; the table
+marks the host-bound ones.
 
 Refusals (the tool's `Error:` line) are rows of their own, with the cause. `make bench` runs this
 when a checkout is at hand (BENCH_MEGATRON_LM, default /work/mlm) and appends its summary to
@@ -79,7 +79,6 @@ HYBRID_FAMILY = ("hybrid",)
 RUNNER_WORLD = (1, 8)  # _run_training.sh: NUM_NODES=${NUM_NODES:-1}, GPUS_PER_NODE=${GPUS_PER_NODE:-8}
 RUNNER_SCRIPT = "shell_test_utils/run_ci_test.sh"  # the functional tests' runner a recipe starts
 WARMUP = 3  # iterations whose time is dropped (cuDNN/cuBLAS autotuning, allocator growth)
-LAUNCH_BOUND = 5e-3  # seconds of GPU work per layer and micro-batch below which the host paces
 PEAK_BAND, STATIC_BAND, UNDER_LIMIT = 0.03, 0.01, -0.05  # the issue's bar
 
 
@@ -319,14 +318,19 @@ def env_var(folder: Path, name: str) -> str | None:
 
 
 def plan_step(args: dict[str, Any], gpus: int, algo: str | None = None) -> tuple[float | None, bool, str]:
-    """Return `plan --gpu h100`'s step time of this very layout, whether it is launch-bound, or
+    """Return `plan --gpu h100`'s step time of this very layout, whether it is host-bound, or
     the plan's reason for none; `algo`: the job's NCCL_ALGO (NVLink SHARP's all-reduces or not)."""
     plan, note = matching_plan(args, gpus, algo)
     if plan is None:
         return None, False, note
-    layers = max(sum(map(len, stage.layers)) for stage in plan.stages) or 1  # chunks' layers
-    busiest = max(s.compute for s in plan.time.stages)  # one micro-batch through every chunk
-    return plan.time.seconds, busiest / layers < LAUNCH_BOUND, ""
+    return plan.time.seconds, host_bound(plan), ""
+
+
+def host_bound(plan: Any) -> bool:
+    """Return whether the plan's host time exceeds its GPU time on its busiest stage (the most
+    time per micro-batch through all its chunks; plan/host.py)."""
+    busiest = max(plan.time.stages, key=lambda s: s.per_microbatch)
+    return bool(busiest.host.host() > busiest.per_microbatch - busiest.wait)
 
 
 def matching_plan(args: dict[str, Any], gpus: int, algo: str | None = None) -> tuple[Any, str]:
@@ -425,7 +429,7 @@ def render_table(rows: Iterable[Row]) -> str:
     ]
     for row in rows:
         m, p = row.measured, row.predicted
-        note = p.refusal or p.step_note or ("launch-bound" if p.launch_bound else "")
+        note = p.refusal or p.step_note or ("host-bound" if p.launch_bound else "")
         step = "-" if p.step is None else f"{p.step:.3f}"
         lines.append(
             f"| {row.case.model}/{row.case.name} | {row.case.world} | {p.layout or '-'} "
@@ -507,13 +511,13 @@ def render_summary(found: dict[str, Any]) -> str:
         f"- peak: {spread('peak')}; within 3%: {share(found['peak_within'])}; more than 5% "
         f"under: {found['peak_under_5']}.",
         f"- static: {spread('static')}; within 1%: {share(found['static_within'])}.",
-        f"- step time (not launch-bound; {found['launch_bound']} launch-bound cases left out): "
+        f"- step time (GPU-bound; {found['launch_bound']} host-bound cases left out): "
         f"{spread('step')}; mean |error| {mae('step_mae')}.",
-        f"- step time of the launch-bound cases, apart: {spread('launch_step')}; mean |error| "
+        f"- step time of the host-bound cases, apart: {spread('launch_step')}; mean |error| "
         f"{mae('launch_mae')}.",
         f"Hybrid (Mamba) training cases (pretrain_hybrid.py): {hybrid['cases']}; modelled: "
         f"{hybrid['modelled']}; peak: {spread('peak', hybrid)}; static: {spread('static', hybrid)}; "
-        f"step time (not launch-bound): {spread('step', hybrid)}.",
+        f"step time (GPU-bound): {spread('step', hybrid)}.",
     ]) + "\n"  # fmt: skip
 
 

@@ -194,7 +194,7 @@ def test_hybrid_training_cases_are_predicted_and_summarised_apart(tmp_path: Path
         "median +1.0%" in ci_goldens.render_summary(found)
 
 
-def test_launch_bound_step_times_are_summarised_apart(tmp_path: Path) -> None:
+def test_host_bound_step_times_are_summarised_apart(tmp_path: Path) -> None:
     # the host paces the CI's tiny models: their step-time error is its own line, not the GPU's
     case = ci_goldens.Case("gpt", "tiny", tmp_path, 1, 8)
     measured = ci_goldens.Measured(allocated=2**30, peak=2**31, step=1.0)
@@ -204,7 +204,7 @@ def test_launch_bound_step_times_are_summarised_apart(tmp_path: Path) -> None:
     found = ci_goldens.summary(rows)
     assert found["step"]["n"] == 1 and found["step_mae"] == pytest.approx(0.1)
     assert found["launch_step"]["n"] == 2 and found["launch_mae"] == pytest.approx(0.7)
-    assert "- step time of the launch-bound cases, apart: 2 cases, median -70.0%" in \
+    assert "- step time of the host-bound cases, apart: 2 cases, median -70.0%" in \
         ci_goldens.render_summary(found)
 
 

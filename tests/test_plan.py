@@ -423,13 +423,16 @@ def test_timeline_replays_megatrons_schedule(vpp: int) -> None:
     ("layers", "extra", "flag"),
     [
         ("9", (), "--pipeline-model-parallel-layout"),
-        ("10", (), "--decoder-last-pipeline-num-layers"),
+        ("10", ("--decoder-last-pipeline-num-layers", "1"), "--decoder-last-pipeline-num-layers"),
         ("14", ("--vocab-size", "512"), "--account-for-loss-in-pipeline-split"),
     ],
 )
 def test_uneven_splits_are_emitted_as_megatron_flags(layers: str, extra: tuple, flag: str) -> None:
     # The cases above that `memory` confirms really are the uneven kinds (the output layer of
     # the default vocabulary weighs on the last stage; a small one lets the accounted split win).
+    # 10 layers: the split is pinned. With the host's launches priced (plan/host.py) this
+    # host-bound job's best split is 2/3/3/2 (the embedding's and the loss's launches on the end
+    # stages; the account flags), 10% faster than 3/3/3/1, which the search found before.
     plan = _plan("--num-layers", layers, *extra, "--gpus", "4", "--global-batch-size", "8",
                  "--gpu-memory", "2", "--pp", "4", "--top", "1")["plans"][0]
     assert any(f.split()[0] == flag for f in plan["flags"])
@@ -445,7 +448,11 @@ def test_a_layout_string_places_the_mtp_layers_with_the_loss() -> None:
                  "--num-experts", "8", "--moe-router-topk", "2", "--gpus", "8",
                  "--global-batch-size", "16", "--seq-length", "1024", "--bf16",
                  "--gpu-memory", "40", "--pp", "2", "--top", "1")["plans"][0]
-    assert "--pipeline-model-parallel-layout 'Etttt|tmL'" in plan["flags"]
+    # the MTP layer (m) in the last virtual stage, beside the loss (L), whatever split wins (the
+    # host's launches pace this small model: plan/host.py; its best plan may interleave)
+    [layout] = [f for f in plan["flags"] if f.startswith("--pipeline-model-parallel-layout ")]
+    pattern = layout.split(" ", 1)[1]
+    assert pattern.endswith("|tmL'") and pattern.count("m") == 1
 
 
 def test_the_embedding_and_the_loss_may_each_fill_a_virtual_stage() -> None:
@@ -545,8 +552,11 @@ def test_block_recompute_is_found_and_beats_full_recompute() -> None:
     # faster than checkpointing every layer; `memory` confirms its bytes (the pasted-flags test).
     # By the closed forms: megatron's engine, which `memory` runs for this model,
     # needs more than 2.1 GiB there (plan/confirm.py drops such plans).
+    # (tp 1 and 2 virtual stages pinned: with the host's launches priced, plan/host.py, this
+    # host-bound job's fastest plan is another layout, which fits without recomputation)
+    pinned = ("--tp", "1", "--num-virtual-stages-per-pipeline-rank", "2")
     with formulas_only():
-        plan = _plan(*BLOCK, "--top", "1")["plans"][0]
+        plan = _plan(*BLOCK, *pinned, "--top", "1")["plans"][0]
     assert (plan["recompute"], plan["recompute_method"], plan["recompute_num_layers"]) == (
         "full", "block", 1)
     assert {"--recompute-granularity full", "--recompute-method block",
@@ -564,8 +574,8 @@ def test_block_recompute_is_found_and_beats_full_recompute() -> None:
     assert block.peak == plan["peak_bytes"] <= req.memory
     assert block.time.seconds == plan["step_seconds"] < full.time.seconds
     # the same search with full recomputation of every layer (method fixed) is slower
-    uniform = _plan(*BLOCK, "--recompute-granularity", "full", "--recompute-method", "uniform",
-                    "--top", "1")
+    uniform = _plan(*BLOCK, *pinned, "--recompute-granularity", "full", "--recompute-method",
+                    "uniform", "--top", "1")
     assert uniform["plans"][0]["recompute_method"] == "uniform"
     assert uniform["plans"][0]["step_seconds"] > plan["step_seconds"]
 

@@ -64,6 +64,7 @@ from inspector.job.layout import Layout
 from inspector.memory.closed.activations import mtp_recompute, recompute_plan
 from inspector.plan.context import ring_attention
 from inspector.plan.flex import moe_exchange
+from inspector.plan.host import HostWork, edge_units, kind_segments, merge
 from inspector.plan.hybrid import gdn_layer_ops, hybrid_layer_time, mtp_depth_time
 from inspector.plan.kernel_seconds import (
     column_dgrads,
@@ -75,7 +76,7 @@ from inspector.plan.kernel_seconds import (
     optimizer_step_seconds,
     output_seconds,
 )
-from inspector.plan.network import Network, collective, tensor_seconds
+from inspector.plan.network import Network, collective, fsdp_seconds, tensor_seconds
 from inspector.plan.overlap import merged_times
 
 # merged share, delayed weight grads, the SMs' share an exchange holds (overlap.py), passes alone
@@ -94,11 +95,13 @@ class StageTime:
     data: float  # exposed data-parallel communication, once per iteration
     optimizer: float  # once per iteration
     fsdp: float = 0.0  # exposed FSDP gathers and reduce-scatters, per micro-batch
+    host: HostWork = HostWork()  # the host's launches per micro-batch (plan/host.py)
+    wait: float = 0.0  # the GPU's wait for a slower host per micro-batch (`host.wait()`)
 
     @property
     def per_microbatch(self) -> float:
         """Return the stage's time for one micro-batch through all of its chunks."""
-        return self.compute + self.tensor + self.context + self.expert + self.p2p + self.fsdp
+        return self.compute + self.tensor + self.context + self.expert + self.p2p + self.fsdp + self.wait
 
 
 @dataclass(frozen=True)
@@ -121,8 +124,9 @@ class StepTime:
         n = len(self.stages)
         out = {
             key: m * sum(getattr(s, key) for s in self.stages) / n
-            for key in ("compute", "tensor", "context", "expert", "p2p")
+            for key in ("compute", "tensor", "context", "expert", "p2p", "wait")
         }
+        out["host"] = out.pop("wait")  # the GPU waiting for the host's launches
         out["bubble"] = self.pipeline - self.busy
         out["data"] = max(s.data for s in self.stages)
         out["optimizer"] = max(s.optimizer for s in self.stages)
@@ -147,35 +151,56 @@ def stage_work(
     has_output: bool,
     recompute_method: str = "uniform",
     recompute_num_layers: int = 1,
-    recompute_modules: tuple[str, ...] = ("core_attn",),
-    overlap: Overlap = (0.0, False, 0.0, ()),
-    flex: bool = False,
-    has_embedding: bool = False,
-) -> StageTime:
+    recompute_modules: tuple[str, ...] = ("core_attn",), overlap: Overlap = (0.0, False, 0.0, ()),
+    flex: bool = False, has_embedding: bool = False, host: tuple[bool, bool] = (True, False),
+) -> StageTime:  # fmt: skip
     """Return a rank's time per micro-batch (compute, TP, CP, EP, P2P), its state's left at 0.
     With full recomputation, `recompute_method` / `recompute_num_layers` say which layers repeat
-    their forward (activations.recompute_plan: `block` N, the first N of each chunk); `overlap`
-    under --overlap-moe-expert-parallel-comm; `flex`: flex dispatcher; `has_embedding`: stage 0."""
+    their forward (activations.recompute_plan: `block` N, the first N of each chunk); `overlap` under
+    --overlap-moe-expert-parallel-comm; `flex`: flex dispatcher; `has_embedding`: stage 0; `host`: as
+    `_host_work` takes it."""
     rate, mode = compute_rate(net, efficiency), cast(Recompute, recompute)
     plan = recompute_plan(0, chunk_layers, mode, recompute_method, recompute_num_layers)
     kinds: dict[tuple[Recompute, bool | str], list[int]] = {}  # (recomputed or not, kind) -> layers
     for group, how in (pair for groups in plan for pair in groups):
         for i in group:
             kinds.setdefault((how, dims.layer_kind(i)), []).append(i)
-    total = [0.0, 0.0, 0.0, 0.0]  # compute, tensor, context, expert
+    total, layers = [0.0, 0.0, 0.0, 0.0], []  # compute, tensor, context, expert; each kind's
     for (how, moe), members in kinds.items():
         shares = overlap[:3] if moe is True else (0.0, False, 0.0)
-        _add(total, (hybrid_layer_time if dims.layer_symbols else _layer_time)(  # plan/hybrid.py
-            dims, lay, net, rate, mbs, how, members[0], recompute_modules, *shares, flex), len(members))
+        one = (hybrid_layer_time if dims.layer_symbols else _layer_time)(  # plan/hybrid.py
+            dims, lay, net, rate, mbs, how, members[0], recompute_modules, *shares, flex)
+        _add(total, one, len(members))
+        layers.append((how, members[0], sum(one), len(members)))
     total[3] += _alone(dims, lay, net, rate, mbs, kinds, recompute_modules, overlap, flex)
     if has_output:
         _add_output(total, dims, lay, net, rate, mbs, mtp_recompute(mode, recompute_method))
     _add(total, embedding_time(dims, lay, net, rate, mbs) if has_embedding else (), 1)
+    p2p = _p2p_seconds(dims, lay, net, mbs, len(chunk_layers))
+    work = _host_work(dims, _shard(lay, mbs), layers, sum(total) + p2p, (has_output, has_embedding),
+                      recompute_modules, host)  # fmt: skip
+    return StageTime(total[0], total[1], total[2], total[3], p2p, 0.0, 0.0, host=work, wait=work.wait())
+
+
+def _p2p_seconds(dims: ModelDims, lay: Layout, net: Network, mbs: int, chunks: int) -> float:
+    """Return a stage's pipeline sends per micro-batch: one per chunk boundary, forward and backward."""
     boundary = dims.seq_length * mbs / lay.cp * dims.hidden_size / lay.tp * dims.activation_bytes
     alpha, bw = net.link(lay.world_size)
-    p2p = 2 * len(chunk_layers) * (alpha + boundary / bw) if lay.pp > 1 else 0.0
-    compute, tensor, context, expert = total
-    return StageTime(compute, tensor, context, expert, p2p, 0.0, 0.0)
+    return 2 * chunks * (alpha + boundary / bw) if lay.pp > 1 else 0.0
+
+
+def _host_work(dims: ModelDims, shard: Shard, layers: Sequence[tuple[str, int, float, int]],
+               gpu: float, edges: tuple[bool, bool], modules: tuple[str, ...],
+               host: tuple[bool, bool]) -> HostWork:  # fmt: skip
+    """Return the stage's host work per micro-batch (plan/host.py): each kind of layer's (how it is
+    recomputed, a layer of it, its GPU seconds, how many) segments, the rest of the stage's `gpu`
+    seconds and the output layer's and embedding's launches (`edges`: the stage has them) in one
+    more; `host`: whether MoE layers synchronise the host, whether CUDA graphs capture the layers
+    (`host_syncs`, `graphed_layers`)."""
+    segments = [seg for how, i, seconds, count in layers
+                for seg in kind_segments(dims, shard, how, i, seconds, count, modules, *host)]
+    rest = gpu - sum(seg.gpu for seg in segments)
+    return merge(segments, rest, edge_units(dims, shard, *edges))
 
 
 def _alone(dims: ModelDims, lay: Layout, net: Network, rate: float, mbs: int,
@@ -249,37 +274,7 @@ def with_state(
     else:
         data = max(0.0, collective(2, grads, 1, d, net.link(lay.tp * lay.cp * lay.dp, d)) - backward)
     optimizer = optimizer_seconds(net, dp_bytes, state_bytes, step, grad_bytes)
-    return StageTime(
-        work.compute, work.tensor, work.context, work.expert, work.p2p, data, optimizer, fsdp
-    )
-
-
-def fsdp_seconds(
-    strategy: str, compute: float, grads: int, params: int, d: int, link: tuple[float, float]
-) -> tuple[float, float]:
-    """Return Megatron-FSDP's exposed (once per iteration, per micro-batch) seconds.
-
-    `grads`, `params`: the rank's bytes (a shard where the strategy shards them: the gathered
-    size is d times). megatron_fsdp.py: with optim_grads and optim_grads_params gradients are
-    reduce-scattered after every backward (`grad_reduce_every_bprop`), otherwise once, on the
-    last micro-batch; optim_grads_params gathers each layer's parameters before its forward and
-    again before its backward (resharded in between), prefetching the next layer, so only what
-    a micro-batch's gathers take beyond its forward (a third of its compute) and its gathers
-    and reduce-scatters beyond its backward (two thirds) are exposed; the other strategies
-    gather the updated parameters once after the step, as the distributed optimizer does.
-    """
-    backward = compute * 2 / 3
-    full_grads = grads * d if strategy in ("optim_grads", "optim_grads_params") else grads
-    full_params = params * d if strategy == "optim_grads_params" else params
-    rs = collective(1, full_grads, 1, d, link)
-    ag = collective(1, full_params, 1, d, link)
-    if strategy == "no_shard":
-        return max(0.0, 2 * rs - backward), 0.0
-    if strategy == "optim":
-        return max(0.0, rs - backward) + max(0.0, ag - compute / 3), 0.0
-    if strategy == "optim_grads":
-        return max(0.0, ag - compute / 3), max(0.0, rs - backward)
-    return 0.0, max(0.0, ag - compute / 3) + max(0.0, ag + rs - backward)
+    return replace(work, data=data, optimizer=optimizer, fsdp=fsdp)
 
 
 def optimizer_seconds(

@@ -16,7 +16,7 @@ from dataclasses import replace
 import inspector.caches as caches
 from inspector.formulas.determinism import nan_fill
 from inspector.formulas.embedding_ops import embedding_kernels
-from inspector.formulas.kernels import Gemm, ops_seconds
+from inspector.formulas.kernels import Gemm, Op, ops_seconds
 from inspector.formulas.ops import LayerOps, Shard, layer_ops, layer_seconds, output_ops
 from inspector.formulas.optimizer import OptimizerStep, optimizer_ops
 from inspector.job.dims import ModelDims
@@ -112,14 +112,21 @@ def embedding_time(dims: ModelDims, lay: Layout, net: Network, rate: float,
 
 
 @caches.memo(maxsize=256)
-def embedding_seconds(dims: ModelDims, shard: Shard, device: Gpu) -> float:
-    """Return the word embedding's forward and backward seconds on one rank
-    (formulas/embedding_ops.py), never recomputed."""
+def embedding_ops(dims: ModelDims, shard: Shard) -> tuple[tuple[Op, ...], tuple[Op, ...]]:
+    """Return the word embedding's forward and backward kernels on one rank
+    (formulas/embedding_ops.py)."""
     tokens = dims.seq_length * shard.micro_batch // shard.cp
     local = tokens // shard.tp if shard.sequence_parallel else tokens
     forward, backward = embedding_kernels(
         tokens, local, dims.vocab_size // shard.tp, dims.hidden_size, shard.tp, shard.micro_batch,
         dims.activation_bytes, dims.hidden_dropout)
+    return tuple(forward), tuple(backward)
+
+
+@caches.memo(maxsize=256)
+def embedding_seconds(dims: ModelDims, shard: Shard, device: Gpu) -> float:
+    """Return the word embedding's forward and backward seconds on one rank, never recomputed."""
+    forward, backward = embedding_ops(dims, shard)
     return ops_seconds(forward, device) + ops_seconds(backward, device)
 
 

@@ -156,3 +156,31 @@ def expert_alltoall(count: int, elements: float, nbytes: int, lay: Layout, net: 
         inter = gpu.alpha_inter + data * (ep - g) / ep / gpu.inter if g < ep else 0.0
         slowest = max(slowest, intra, inter)
     return count * slowest
+
+
+def fsdp_seconds(
+    strategy: str, compute: float, grads: int, params: int, d: int, link: tuple[float, float]
+) -> tuple[float, float]:
+    """Return Megatron-FSDP's exposed (once per iteration, per micro-batch) seconds.
+
+    `grads`, `params`: the rank's bytes (a shard where the strategy shards them: the gathered
+    size is d times). megatron_fsdp.py: with optim_grads and optim_grads_params gradients are
+    reduce-scattered after every backward (`grad_reduce_every_bprop`), otherwise once, on the
+    last micro-batch; optim_grads_params gathers each layer's parameters before its forward and
+    again before its backward (resharded in between), prefetching the next layer, so only what
+    a micro-batch's gathers take beyond its forward (a third of its compute) and its gathers
+    and reduce-scatters beyond its backward (two thirds) are exposed; the other strategies
+    gather the updated parameters once after the step, as the distributed optimizer does.
+    """
+    backward = compute * 2 / 3
+    full_grads = grads * d if strategy in ("optim_grads", "optim_grads_params") else grads
+    full_params = params * d if strategy == "optim_grads_params" else params
+    rs = collective(1, full_grads, 1, d, link)
+    ag = collective(1, full_params, 1, d, link)
+    if strategy == "no_shard":
+        return max(0.0, 2 * rs - backward), 0.0
+    if strategy == "optim":
+        return max(0.0, rs - backward) + max(0.0, ag - compute / 3), 0.0
+    if strategy == "optim_grads":
+        return max(0.0, ag - compute / 3), max(0.0, rs - backward)
+    return 0.0, max(0.0, ag - compute / 3) + max(0.0, ag + rs - backward)

@@ -40,6 +40,7 @@ from inspector.memory.measure import StageBytes, job_optimizer_bytes
 from inspector.plan.cost import StageTime, StepTime, stage_work, step_time, with_state
 from inspector.plan.flags import megatron_flags
 from inspector.plan.flex import exchange_sm_share
+from inspector.plan.host import graphed_layers, host_syncs
 from inspector.plan.network import Network, nvls_allowed
 from inspector.plan.overlap import merged_share, stage_alone
 from inspector.plan.request import Request
@@ -339,9 +340,10 @@ def timed(
     # grad_bytes: read from each stage's buffers by cost.optimizer_seconds
     step_setup = _step_setup(job, dims)
     flex = training.moe_token_dispatcher_type == "flex"
+    host = (host_syncs(training), graphed_layers(training))
     scope = _TIME.setdefault(
         (dims, pair_layout(lay), lay.pp, net, req.efficiency, mbs, training.recompute,
-         distributed, training.recompute_modules, flex), {},
+         distributed, training.recompute_modules, flex, host), {},
     )
     times = []
     for st in stages:
@@ -353,7 +355,7 @@ def timed(
             granularity, method, n = recipe
             scope[work] = stage_work(
                 dims, lay, net, req.efficiency, mbs, granularity, placed[st.stage], has_output,
-                method, n, training.recompute_modules, overlap, flex, st.stage == 0,
+                method, n, training.recompute_modules, overlap, flex, st.stage == 0, host,
             )
         times.append(_stage_time(scope, work, st, lay, net, distributed, step_setup))
     step = step_time(times, schedule.num_microbatches, lay.chunks)
@@ -389,9 +391,8 @@ _ACT: dict[tuple[Any, ...], dict[tuple[Any, ...], tuple[int, tuple[int, ...]]]] 
 # recipe) -> a micro-batch's bytes per chunk, and the rebuild (activations.stage_chunk_bytes);
 # (a chunk's signature, recipe) -> its own bytes and rebuild)
 _CHUNK_BYTES: dict[tuple[Any, ...], tuple[dict[Any, ChunkBytes], dict[Any, Any]]] = caches.table()
-# (dims, ranks, pp, network, efficiency, mbs, recompute, distopt, modules, flex dispatcher) ->
-# (signature, output?) -> the stage's work per micro-batch, and (..., gradients, weights, state) ->
-# its time
+# (dims, ranks, pp, network, efficiency, mbs, recompute, distopt, modules, flex, host) -> (signature,
+# output?) -> the stage's work per micro-batch, and (..., gradients, weights, state) -> its time
 _TIME: dict[tuple[Any, ...], dict[tuple[Any, ...], StageTime]] = caches.table()
 
 

@@ -80,6 +80,7 @@ def render_plan(result: SearchResult, memory: int, fmt: str, explain: bool = Fal
         tabulate(rows, headers=headers, disable_numparse=True),
         *_outside(best),
         *_range(result),
+        *_host_note(best),
         *(f"Note: {note}." for note in estimate_notes(best.job.model)),
         "",
         "Megatron-LM flags of plan 1:",
@@ -103,6 +104,19 @@ def _outside(plan: Plan) -> list[str]:
     label = f"Plan 1, stage {worst.stage} (its peak)"
     return [outside_line(label, worst.outside, lambda v: f"{v / GIB:,.2f} GiB",
                          "the activations and the peak", worst.total)]  # fmt: skip
+
+
+def _host_note(plan: Plan) -> list[str]:
+    """Return the note saying plan 1 is host-bound: on its busiest stage the host's launches take
+    longer than the GPU's work (plan/host.py), so the step is the host's pace; none otherwise."""
+    busiest = max(plan.time.stages, key=lambda s: s.per_microbatch)
+    host, gpu = busiest.host.host(), busiest.per_microbatch - busiest.wait
+    if host <= gpu:
+        return []
+    stage = plan.time.stages.index(busiest)
+    return [f"Note: plan 1 is host-bound: on stage {stage} the host takes {host * 1e3:.1f} ms per "
+            f"micro-batch to launch its kernels, the GPU {gpu * 1e3:.1f} ms; the GPU waits for it "
+            "(docs/how-time-is-computed.md, \"The host's pace\")."]
 
 
 def _range(result: SearchResult) -> list[str]:
