@@ -318,8 +318,7 @@ def _overlap(
 
 
 def _step_setup(job: Job, dims: ModelDims) -> OptimizerStep:
-    """Return what the optimizer step runs on (--use-precision-aware-optimizer: always
-    Transformer Engine's FusedAdam, which megatron-core requires for it, of the declared TE)."""
+    """Return what the optimizer step runs on (precision-aware: the declared TE's FusedAdam)."""
     each, training = job_optimizer_bytes(job), job.training
     fused = dims.fused_kernels or each.precision.precision_aware
     return OptimizerStep(dims.activation_bytes, 4, fused, job.model.fp16, each,
