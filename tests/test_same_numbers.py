@@ -44,6 +44,8 @@ JOBS = {
     "moe": ("memory", f"{SMALL} {LLAMA} {MOE} --num-layers 4 --dp 4 --ep 4 --use-distributed-optimizer"),
     "moe alltoall": ("memory", f"{SMALL} {LLAMA} {MOE} --num-layers 4 --dp 4 --ep 4 --use-distributed-optimizer "
                                "--moe-token-dispatcher-type alltoall"),
+    "moe alltoall fused": ("memory", f"{SMALL} {LLAMA} {MOE} --num-layers 4 --dp 4 --ep 4 --use-distributed-optimizer "
+                                     "--moe-token-dispatcher-type alltoall --moe-permute-fusion"),
     "moe sigmoid": ("memory", f"{SMALL} {LLAMA} {MOE} --num-layers 4 --dp 4 --ep 4 --use-distributed-optimizer "
                               "--moe-router-score-function sigmoid --moe-router-enable-expert-bias"),
     "moe router fp32": ("memory", f"{SMALL} {LLAMA} {MOE} --num-layers 4 --dp 4 --ep 4 --use-distributed-optimizer "
@@ -76,6 +78,10 @@ SAME = {
              57982058496)],
     "moe alltoall": [(2107648, 4215296, 8430592, 13400832, 236115456, 21017088, 262162176, 283179264,
                       57982058496)],
+    # TE's fused permutation (--moe-permute-fusion, world/te/kernels/permutation.py): every release
+    # calls the same TE functions, so the unfused permute's difference (PERMUTE_HELD) is gone
+    "moe alltoall fused": [(2107648, 4215296, 8430592, 13400832, 236224000, 20918784, 262270720, 283189504,
+                            57982058496)],
     "moe sigmoid": [(2107648, 4215296, 8430592, 13400832, 237141504, 21000704, 263188224, 284188928,
                      57982058496)],
     "moe router fp32": [(2107648, 4215296, 8430592, 13400832, 237149696, 21033472, 263196416, 284229888,
@@ -145,7 +151,7 @@ SIGMOID_BF16_HELD = 4 * 2 * 512 * (8 - 2 - 1)
 # layers; stage 1: 3, of which the MTP chunk's 2 layers and the MTP layer: 6 and 7)
 K_HELD = 512 * 256 * 2
 ATTENTION_HELD = {"dense": [4 * 512 * 4 * 32 * 2 // 2], "moe": [4 * K_HELD], "moe alltoall": [4 * K_HELD],
-                  "moe sigmoid": [4 * K_HELD], "vpp": [10 * K_HELD, 6 * K_HELD],
+                  "moe alltoall fused": [4 * K_HELD], "moe sigmoid": [4 * K_HELD], "vpp": [10 * K_HELD, 6 * K_HELD],
                   "mtp": [10 * K_HELD, 7 * K_HELD]}  # fmt: skip
 MTP_CONCAT = 512 * 256 * 2
 PLACEHOLDER = {"dense": 1024 * 256 * 2 // 2, "moe": 1024 * 256 * 2}

@@ -39,6 +39,10 @@ MTP_LOGITS_HELD = (0, 14) <= VERSION < (0, 17)
 # int64 indices the probs' gather keeps to the backward (0.19.2 moe_utils.py 457-462): per token
 # and expert 8 bytes held instead of 2 + 1 with bf16 probs, 5 more (tests/test_same_numbers.py)
 PERMUTE_BY_ARGSORT = VERSION >= (0, 17)
+# The fused unpermute (--moe-permute-fusion) hands TE 2.12+'s `pad_offsets` on from 0.17 (0.17.1
+# moe_utils.py 473-474 `if is_te_min_version("2.12.0")`; 0.16.1 414-418 without): None unless the
+# flex dispatcher padded, which the stand-in's moe_unpermute (kernels/permutation.py) takes as such
+UNPERMUTE_PASSES_PAD_OFFSETS = VERSION >= (0, 17)
 # The sigmoid router (topk_routing_with_score_function): to 0.17 the sigmoid's fp32 scores are cast
 # to the logits' dtype at once (0.16.1 moe_utils.py 717 `torch.sigmoid(logits.float()).type_as(
 # logits)`; 0.13.1 595, 0.17.1 790), so with an expert bias the top-k `gather` keeps that bf16 copy
@@ -476,6 +480,17 @@ def test_the_grad_norm_is_made_before_the_kernel_from_0_19():
     assert (first in source.split("l2_norm_impl")[0]) == GRAD_NORM_MADE_FIRST
     groups = hasattr(optimizer.MixedPrecisionOptimizer, "_compute_grad_norms_by_group")
     assert groups == GRAD_NORM_MADE_FIRST
+
+
+def test_the_fused_unpermute_passes_pad_offsets_from_0_17():
+    import inspect
+
+    from inspector.world import te
+
+    te.install()
+    from megatron.core.transformer.moe import moe_utils
+
+    assert ("pad_offsets" in inspect.getsource(moe_utils.unpermute)) == UNPERMUTE_PASSES_PAD_OFFSETS
 
 
 @pytest.mark.parametrize("impl", ["local", "transformer_engine"])

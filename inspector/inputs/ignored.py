@@ -41,7 +41,7 @@ IGNORED_BECAUSE: dict[str, str] = {
         "--moe-router-bias-update-rate "
         "--moe-router-force-load-balancing --moe-aux-loss-coeff --moe-z-loss-coeff "
         "--moe-input-jitter-eps "
-        "--moe-permute-fusion --moe-router-fusion "
+        "--moe-router-fusion "
         "--moe-token-drop-policy --moe-shared-expert-overlap --moe-per-layer-logging "
         "--moe-apply-probs-on-input "
         "--moe-enable-routing-replay --moe-router-force-biased --moe-router-quantile-balancing-ema"

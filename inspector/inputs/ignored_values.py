@@ -65,7 +65,7 @@ SWITCHES = frozenset((
     "--log-validation-ppl-to-tensorboard --log-world-size-to-tensorboard --logits-load-ignore-errors "
     "--manual-gc --mock-data --moe-apply-probs-on-input --moe-enable-routing-replay "
     "--moe-ncclep-static-shape --moe-ncclep-zero-copy --moe-pad-experts-for-cuda-graph-inference "
-    "--moe-per-layer-logging --moe-permute-fusion --moe-router-force-load-balancing "
+    "--moe-per-layer-logging --moe-router-force-load-balancing "
     "--moe-router-fusion --moe-routing-trace-capture-hidden-states --moe-routing-trace-capture-logits "
     "--moe-routing-trace-dump-weights --moe-shared-expert-overlap --moe-use-upcycling "
     "--mtp-detach-heads --mtp-standalone --multiple-validation-sets --muon-nesterov "

@@ -154,6 +154,8 @@ MODEL_ARGUMENTS: tuple[ArgSpec, ...] = (
         "Router score function.",
         choices=("softmax", "sigmoid"),
     ),
+    _model("moe_permute_fusion", bool, "TE's fused MoE permutation (megatron-core's `fused=True` "
+           "permute, unpermute and chunk sort)."),
     _model("moe_router_dtype", str, "The router's logits and routing in fp32 or fp64 (default: the "
            "model's dtype).", choices=("fp32", "fp64")),  # fmt: skip
     _model(

@@ -92,6 +92,9 @@ class ModelConfig:
     moe_router_pre_softmax: bool = False
     # the router's logits and routing dtype (router.py `gating`: fp32 or fp64; None: the input's)
     moe_router_dtype: str | None = None
+    # --moe-permute-fusion: TE's fused permutation (moe_utils.py permute/unpermute/sort_chunks_by_idxs
+    # `fused=True`: world/te/kernels/permutation.py) in place of megatron's torch ops
+    moe_permute_fusion: bool = False
     # node-limited routing (moe_utils.py group_limited_topk); None: every expert open to a token
     moe_router_num_groups: int | None = None
     moe_router_group_topk: int | None = None
@@ -334,6 +337,8 @@ class ModelConfig:
             fields["moe_latent_size"] = self.moe_latent_size
         if self.moe_router_dtype is not None:
             fields["moe_router_dtype"] = self.moe_router_dtype
+        if self.moe_permute_fusion:
+            fields["moe_permute_fusion"] = True
         for name in ("moe_router_num_groups", "moe_router_group_topk"):
             if getattr(self, name) is not None:
                 fields[name] = getattr(self, name)
@@ -367,7 +372,8 @@ class ModelConfig:
         --moe-latent-size and the hybrid fields only where they are given, gpt-oss's layer fields
         only away from their defaults (and the low-precision ones of job/fp4.py and
         job/fp8_attention.py), so a job without them reads as before."""
-        optional = ("padded_vocab_size", "moe_latent_size", "moe_router_dtype", *HYBRID_FIELDS,
+        optional = ("padded_vocab_size", "moe_latent_size", "moe_router_dtype", "moe_permute_fusion",
+                    *HYBRID_FIELDS,
                     *DSA_FIELDS, *GDN_FIELDS)  # fmt: skip
         when_set = (*GPT_OSS_FIELDS, *LOW_PRECISION_FIELDS, "mtp_use_repeated_layer", "lora_rank",
                     "lora_target_modules")

@@ -4,12 +4,14 @@ Only what megatron-core 0.13-0.16 imports unconditionally, or imports in a `try`
 would change what it builds or runs, including TE's fused RoPE (`pytorch.attention.rope`, which
 megatron calls with --apply-rope-fusion, Megatron-LM's default). What is left out raises
 ImportError (ModuleNotFoundError for a missing submodule), so megatron takes its own fallback
-exactly as with a TE lacking it: permutation and cross-entropy kernels, TE's
+exactly as with a TE lacking it: cross-entropy kernels, TE's
 optimizers, cpp_extensions but `general_gemm` (megatron's `te_general_gemm`, the MoE router's
 GEMM where megatron-core takes TE's own workspace: 0.19; 0.13-0.16 also import TE's older
 `module.base.get_workspace`, which TE 2.11 no longer has, and use torch's), the fused-op API
 (`pytorch.ops`) but what megatron-core 0.18+'s `--use-transformer-engine-op-fuser` experts run
-under TE 2.14 (ops.py).
+under TE 2.14 (ops.py). The fused MoE permutation (`pytorch.permutation`, megatron's
+`--moe-permute-fusion`) is kernels/permutation.py; 2.14's `moe_permute_and_pad_with_probs`
+(megatron-core 0.19's padded flex dispatch) is left out, so megatron permutes without padding.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from inspector.world.te import (
     state,
     tensor_utils,
 )
-from inspector.world.te.kernels import fp8_functions, functions, thd
+from inspector.world.te.kernels import fp8_functions, functions, permutation, thd
 
 _RECIPES = (
     "Format",
@@ -118,6 +120,7 @@ _LAYOUT: dict[str, tuple[bool, dict[str, Any]]] = {
     ".pytorch.cpu_offload": (False, {name: getattr(cpu_offload, name) for name in (
         "get_cpu_offload_context", "is_cpu_offload_enabled", "mark_not_offload", "start_offload")}),
     ".pytorch.ops": (True, {"FusibleOperation": state.FusibleOperation, **state.OPS, **_FUSER_OPS}),
+    ".pytorch.permutation": (False, dict(permutation.FUNCTIONS)),
     ".pytorch.router": (
         False,
         {
