@@ -134,10 +134,15 @@ def _deferred() -> Iterator[None]:
             _raise(signum)
         _state.pending.append(signum)
 
-    previous = {signum: signal.signal(signum, note) for signum in wanted}
-    _state.handling, _state.pending = True, []
+    # the list is fresh before the first handler is set: a signal noted while they are being set
+    # is kept (it was lost when the list was replaced after them, and the write went on)
+    _state.pending = []
+    previous: dict[int, Any] = {}
     interrupted: int | None = None
     try:
+        for signum in wanted:
+            previous[signum] = signal.signal(signum, note)
+        _state.handling = True
         yield
     except _Interrupted as exc:
         interrupted = exc.signum

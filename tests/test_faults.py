@@ -239,6 +239,32 @@ def test_a_signal_taken_by_another_thread_waits_for_the_write(name: str, code: i
     assert (name != "SIGINT") == ("KeyboardInterrupt" not in result.stderr)
 
 
+SIGNALLED_WHILE_HANDLERS_ARE_SET = """
+import os, signal
+from inspector import guard
+real = signal.signal
+def setting(signum, handler):
+    old = real(signum, handler)
+    if signum == signal.SIGINT and old is signal.default_int_handler:  # the first one, guard's own
+        signal.raise_signal(signal.SIGINT)  # noted by guard's handler before the others are set
+    return old
+signal.signal = setting
+with guard.write_guard():
+    print("block finished", flush=True)
+print("after the block", flush=True)
+"""
+
+
+def test_a_signal_while_the_handlers_are_set_is_not_lost() -> None:
+    # CI once hung on it: the signal was noted, then the list of noted signals was replaced
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-c", SIGNALLED_WHILE_HANDLERS_ARE_SET], env=env,
+                            capture_output=True, text=True, timeout=60,
+                            preexec_fn=default_signals)  # fmt: skip
+    assert result.stdout == "block finished\n"
+    assert "KeyboardInterrupt" in result.stderr
+
+
 def test_a_signal_during_the_staged_files_leaves_every_target_as_it_was(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
