@@ -130,9 +130,9 @@ def _deferred() -> Iterator[None]:
     wanted = sorted(_held())
 
     def note(signum: int, frame: Any) -> None:
+        _state.pending.append(signum)  # kept also when raised: a __del__ the handler ran in drops it
         if _state.released:
             _raise(signum)
-        _state.pending.append(signum)
 
     # the list is fresh before the first handler is set: a signal noted while they are being set
     # is kept (it was lost when the list was replaced after them, and the write went on)
