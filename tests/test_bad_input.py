@@ -465,6 +465,16 @@ ELSEWHERE_CASES = [
            contains=(f"{flag} 9223372036854775808 is larger than this tool can simulate",))
       for flag in ("--tp", "--pp", "--dp", "--vocab-size", "--seq-length", "--ffn-hidden-size",
                    "--kv-channels", "--num-experts")],
+    # each flag in range, their product not: a 2**30 head size made megatron's rotary embedding
+    # allocate 2 GiB on the host (a plan ran out of memory), its QKV a 25-billion-wide linear
+    case("wide-qkv", "params", "--num-layers", "1", "--hidden-size", "64", "--num-attention-heads",
+         "8", "--kv-channels", str(2**30),
+         message="Error: the QKV projection's width (--num-attention-heads 8 + 2 x "
+         "--num-query-groups 8) x --kv-channels 1073741824 = 25769803776 is larger than this tool "
+         "can simulate (at most 2147483647 a dimension)"),
+    case("wide-swiglu-fc1", "params", "--num-layers", "1", "--hidden-size", "64",
+         "--num-attention-heads", "8", "--swiglu", "--ffn-hidden-size", str(2**30 + 64),
+         contains=("fc1's width 2 x MLP size 1073741888 (--swiglu) = 2147483776 is larger",)),
     case("huge-micro-batch", "memory", *SMALL, "--micro-batch-size", str(2**63),
          contains=("--micro-batch-size", "larger than this tool can simulate")),
     case("huge-block-size", *PARAMS, "--block-size", str(2**64),

@@ -111,6 +111,21 @@ def _require_positive(config: ModelConfig) -> None:
             check_at_least_one(_flag(name), value)
 
 
+def _check_widths(config: ModelConfig) -> None:
+    """Raise ConfigError for a linear layer wider than one dimension may be (MAX_SIZE): each flag
+    is bounded alone, their products here (the QKV projection's, a gated MLP's fc1)."""
+    heads, groups, head = config.num_attention_heads, config.query_groups, config.head_dim
+    size = "--kv-channels" if config.kv_channels is not None else "head size (--hidden-size / heads)"
+    widths = [(f"the QKV projection's width (--num-attention-heads {heads} + 2 x "
+               f"--num-query-groups {groups}) x {size} {head}", (heads + 2 * groups) * head)]
+    if config.swiglu:
+        widths.append((f"fc1's width 2 x MLP size {config.ffn_size} (--swiglu)", 2 * config.ffn_size))
+    for words, width in widths:
+        if width > MAX_SIZE:
+            raise ConfigError(f"{words} = {width} is larger than this tool can simulate (at most "
+                              f"{MAX_SIZE} a dimension)")  # fmt: skip
+
+
 def validate_model(config: ModelConfig) -> None:
     """Raise ConfigError for an architecture megatron would reject or silently change."""
     _require_positive(config)
@@ -122,6 +137,7 @@ def validate_model(config: ModelConfig) -> None:
             "--group-query-attention (Megatron-LM ignores it); pass both or neither"
         )
     check_query_groups(heads, config.query_groups)
+    _check_widths(config)
     if config.ffn_size < 1:
         raise ConfigError(
             f"--swiglu with --hidden-size {hidden} gives an MLP size of int(4 * {hidden} * 2 / 3 / 64) "
