@@ -167,3 +167,12 @@ def test_workload_writes_each_stage_its_segment(cli):
     assert names == [["embedding_layer", "mamba_layer", "attention_layer", "mamba_layer"],
                      ["mlp_layer", "final_column", "cross_entropy1", "cross_entropy2",
                       "cross_entropy3"]]  # fmt: skip
+
+
+def test_mamba_sizes_are_checked_only_where_a_mamba_layer_is_built():
+    # MambaMixer's asserts (heads divisible by groups) run in its constructor: a pattern without
+    # `M` builds none, so hidden 64's 2 default Mamba heads against 8 groups stop nothing there
+    small = {**HIDDEN, "hidden_size": 64, "num_attention_heads": 4, "num_layers": 2}
+    hybrid_model.validate_hybrid(ModelConfig(**small, hybrid_override_pattern="*-"))
+    with pytest.raises(ConfigError, match=r"Mamba heads 2 are not divisible by --mamba-num-groups 8"):
+        hybrid_model.validate_hybrid(ModelConfig(**small, hybrid_override_pattern="M-"))
