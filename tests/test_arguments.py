@@ -11,6 +11,7 @@ import pytest
 from inspector.inputs.arguments import BY_NAME
 from inspector.inputs.ignored import IGNORED
 from inspector.inputs.unmodelled import REFUSED
+from inspector.inputs.versions import null_tokenizer_adds_eod
 from tests.conftest import formula_activations
 
 SMALL = ("--transformer-impl local --num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
@@ -402,6 +403,18 @@ def test_a_refused_flag_typed_on_the_command_line_says_why(cli, flag, error):
     # it said "no such option", as for a flag Megatron-LM does not have
     result = cli("memory", *SMALL, flag)
     assert (result.code, result.out, result.err) == (2, "", error + "\n")
+
+
+def test_a_tokenizer_flag_on_the_command_line_says_where_it_is_read(cli):
+    # it said the flag "changes nothing this tool reports", though a script's or config file's
+    # tokenizer sets the vocabulary (NullTokenizer's end-of-document token up to 0.17)
+    eod = " + 1" if null_tokenizer_adds_eod() else ""
+    result = cli("memory", *SMALL, "--tokenizer-type", "NullTokenizer")
+    assert (result.code, result.out) == (2, "")
+    assert result.err == ("Error: --tokenizer-type is read from a launch script or config file "
+                          "(--from-script, --config), where it sets the vocabulary; on the command "
+                          "line give --vocab-size as Megatron-LM's tokenizer reports it "
+                          f"(NullTokenizer: its --vocab-size{eod})\n")  # fmt: skip
 
 
 def test_deterministic_mode_is_read_not_ignored(cli, tmp_path):

@@ -61,7 +61,14 @@ def _refused(flag: str) -> str | None:
     here (inputs/unmodelled.py, inputs/ignored.py), or None for a flag it does not know."""
     from inspector.inputs.ignored import IGNORED
     from inspector.inputs.refusals import refused_argument
+    from inspector.inputs.tokenizers import TOKENIZER_FLAGS
+    from inspector.inputs.versions import null_tokenizer_adds_eod
 
+    if flag in TOKENIZER_FLAGS:  # they set the vocabulary where a script or config file gives them
+        eod = " + 1" if null_tokenizer_adds_eod() else ""
+        return (f"{flag} is read from a launch script or config file (--from-script, --config), "
+                "where it sets the vocabulary; on the command line give --vocab-size as Megatron-LM's "
+                f"tokenizer reports it (NullTokenizer: its --vocab-size{eod})")  # fmt: skip
     if flag in IGNORED:  # a script's "Ignored from" line; the command line takes modelled flags only
         return (f"{flag} is a Megatron-LM argument that changes nothing this tool reports: "
                 f"{IGNORED[flag]}; drop it here (a launch script or config file may keep it)")
