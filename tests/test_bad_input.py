@@ -85,6 +85,14 @@ def write(name: str, content: str | bytes) -> Callable[[Path, Warm], None]:
     return make
 
 
+def write_all(*files: tuple[str, str]) -> Callable[[Path, Warm], None]:
+    def make(folder: Path, warm: Warm) -> None:
+        for name, content in files:
+            write(name, content)(folder, warm)
+
+    return make
+
+
 def several(*makers: Callable[[Path, Warm], None]) -> Callable[[Path, Warm], None]:
     def make(folder: Path, warm: Warm) -> None:
         for maker in makers:
@@ -481,6 +489,18 @@ ELSEWHERE_CASES = [
          contains=("--block-size", "larger than this tool can simulate")),
     case("huge-ulysses-degree", *MEMORY, "--attention-walkthrough", "--ulysses-degree",
          str(2**64), contains=("--ulysses-degree", "larger than this tool can simulate")),
+    # the NullTokenizer's + 1 came first: "--vocab-size must be at least 1, got -4" for -5
+    case("null-tokenizer-negative-vocab", "params", "--config", "null.yaml",
+         files=write("null.yaml", "num-layers: 2\nhidden-size: 64\nnum-attention-heads: 4\n"
+                     "tokenizer-type: NullTokenizer\nvocab-size: -5\n"),
+         message="Error: null.yaml: --vocab-size must be at least 1, got -5"),
+    # it named --vocab-size, which nobody gave
+    case("empty-gpt2-vocab-file", "params", "--config", "gpt2.yaml",
+         files=write_all(("gpt2.yaml", "num-layers: 2\nhidden-size: 64\nnum-attention-heads: 4\n"
+                          "tokenizer-type: GPT2BPETokenizer\nvocab-file: v.json\nmerge-file: m.txt\n"),
+                         ("v.json", "{}"), ("m.txt", "#version: 0.2\n")),
+         message="Error: v.json: an empty GPT-2 vocabulary (no tokens), which Megatron-LM's "
+         "GPT2BPETokenizer loads from --vocab-file"),
     case("duplicate-config-key", "tree", "--config", "dup.yaml",
          files=write("dup.yaml", "num-layers: 2\nnum-layers: 4\n"), contains=("num-layers",)),
     # Conflicting flags (#16 category 9): refused, never silently ignored.

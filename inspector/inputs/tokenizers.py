@@ -90,6 +90,8 @@ def vocabulary(tokenizer_type: str, model: str | None, vocab_size: int | None,
     if tokenizer_type == "NullTokenizer":
         if vocab_size is None:
             return Vocabulary(None, problem=f"{where}: NullTokenizer needs --vocab-size")
+        if vocab_size < 1:  # before the + 1: the error names the value the user gave
+            raise InputError(f"{where}: --vocab-size must be at least 1, got {vocab_size}")
         if not null_tokenizer_adds_eod():
             return Vocabulary(vocab_size, f"NullTokenizer: --vocab-size {vocab_size}, its end-of-"
                                           "document token among them (megatron-core 0.18+)")  # fmt: skip
@@ -182,6 +184,9 @@ def _count_json(path: str) -> tuple[int, str]:
     if not isinstance(data, dict):
         raise InputError(f"{path}: not a GPT-2 vocabulary (a JSON mapping of tokens to ids), which "
                          "Megatron-LM's GPT2BPETokenizer loads from --vocab-file")  # fmt: skip
+    if not data:
+        raise InputError(f"{path}: an empty GPT-2 vocabulary (no tokens), which Megatron-LM's "
+                         "GPT2BPETokenizer loads from --vocab-file")  # fmt: skip
     return len(data), f"{len(data)} entries in {path}"
 
 
