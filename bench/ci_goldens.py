@@ -517,7 +517,8 @@ def render_summary(found: dict[str, Any]) -> str:
         f"{mae('launch_mae')}.",
         f"Hybrid (Mamba) training cases (pretrain_hybrid.py): {hybrid['cases']}; modelled: "
         f"{hybrid['modelled']}; peak: {spread('peak', hybrid)}; static: {spread('static', hybrid)}; "
-        f"step time (GPU-bound): {spread('step', hybrid)}.",
+        f"step time (GPU-bound): {spread('step', hybrid)}; host-bound: "
+        f"{spread('launch_step', hybrid)}.",
     ]) + "\n"  # fmt: skip
 
 

@@ -134,3 +134,25 @@ def test_ci_goldens_calls_a_case_host_bound_where_its_busiest_stage_waits() -> N
     assert ci_goldens.host_bound(plan)  # 2.5 ms of host against 0.5 ms of GPU: the busiest
     plan = SimpleNamespace(time=SimpleNamespace(stages=(stage(5e-4, 1e-3), stage(2e-3, 0.0))))
     assert not ci_goldens.host_bound(plan)  # the busiest stage is the GPU-bound one
+
+
+def test_a_hybrid_model_s_layers_launch_their_kernels_too() -> None:
+    """A hybrid layer is its pattern symbol's one module (megatron-core's HybridStack builds one
+    a layer): a Mamba mixer's kernels (plan/hybrid.py `_mamba_ops`: its residual, in_proj, the
+    convolution, the four chunk products, the state passing, the gated norm, out_proj; their
+    backward) and an attention layer's half of a GPT layer's are counted as a GPT layer's are;
+    they were not counted at all, and the hybrid functional tests came out 62-94% fast."""
+    from inspector.job.hybrid_model import MambaShape
+    from inspector.plan.hybrid import hybrid_kernels
+
+    dims = replace(TINY, layer_symbols="M*", mamba=MambaShape(512, 8, 1, 16))
+    shard = Shard(1, 1, 1, 1, False, 1)
+    for i, symbol in enumerate("M*"):
+        ops = hybrid_kernels(dims, shard, symbol)
+        (seg,) = host.kind_segments(dims, shard, "none", i, 1e-3, 1, (), True, False)
+        assert seg.units == (len(ops.forward) + len(ops.backward),
+                             sum(isinstance(op, Gemm) for op in (*ops.forward, *ops.backward)), 2, 0)
+    mamba = hybrid_kernels(dims, shard, "M")
+    assert [op.name for op in mamba.forward if isinstance(op, Gemm)] == [
+        "in_proj", "ssd C B^T", "ssd chunk states", "ssd diagonal blocks", "ssd off-diagonal blocks",
+        "out_proj"]

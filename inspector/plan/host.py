@@ -43,7 +43,7 @@ from inspector.formulas.kernels import Gemm
 from inspector.formulas.ops import LayerOps, Shard
 from inspector.job.dims import ModelDims
 from inspector.job.job import Training
-from inspector.plan.hybrid import gdn_layer_ops
+from inspector.plan.hybrid import gdn_layer_ops, hybrid_kernels
 from inspector.plan.kernel_seconds import embedding_ops, layer_kernels, output_kernels
 
 # The host's seconds per unit (UNITS), fitted by bench/host_fit.py (least squares of the relative
@@ -132,11 +132,14 @@ def kind_segments(dims: ModelDims, shard: Shard, recompute: str, i: int, gpu: fl
                   graphed: bool) -> tuple[HostSegment, ...]:  # fmt: skip
     """Return the segments of `count` layers of layer `i`'s kind, each taking `gpu` seconds per
     micro-batch; `syncs`: an MoE layer synchronises the host (`host_syncs`). A hybrid model's
-    layers (Mamba) are not counted: their host work is not modelled."""
+    layer is its pattern symbol's one module (Mamba mixer, attention, MLP, MoE, ...), counted by
+    the kernels plan/hybrid.py prices for it, at the same costs."""
     if dims.layer_symbols:
-        return ()
-    moe = dims.is_moe_layer(i)
-    ops = gdn_layer_ops(dims, shard, moe) if dims.is_gdn_layer(i) else layer_kernels(dims, shard, moe)
+        symbol = dims.layer_symbols[i]
+        moe, ops = symbol == "E", hybrid_kernels(dims, shard, symbol)
+    else:
+        moe = dims.is_moe_layer(i)
+        ops = gdn_layer_ops(dims, shard, moe) if dims.is_gdn_layer(i) else layer_kernels(dims, shard, moe)
     return layer_segments(layer_units(ops, recompute, modules, moe), gpu, count, syncs and moe, graphed)
 
 
