@@ -39,6 +39,10 @@ def test_measured_kinds_have_one_figure_the_rest_a_range() -> None:
     assert (b200["attention"].low, b200["attention"].high) == pytest.approx((1613 / 1.3 / 625, 1613 / 625))
     assert unmeasured("b200") == ("BF16 GEMMs", "attention", "memory-bound kernels")
     assert unmeasured("h100") == ()
+    # Blackwell Ultra: the B200's FP8 measurement stands in at equal FP8 peaks; it was reported
+    # as measured on B300 (a range of one value), so its "Not measured" line left FP8 GEMMs out
+    assert unmeasured("b300") == ("BF16 GEMMs", "FP8 GEMMs", "attention", "memory-bound kernels")
+    assert PUBLISHED["b300"]["gemm_fp8"].borrowed and not PUBLISHED["b300"]["gemm_fp8"].measured
     # GB200 and GB300: no kernel measured; their slow end is the B200's measured speed
     for name in ("gb200", "b300", "gb300"):
         for kind in ("gemm", "gemm_fp8", "attention", "memory"):

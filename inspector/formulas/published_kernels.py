@@ -31,7 +31,8 @@ Figures (dense peaks from job/hardware.py's records; the H100 table's own best r
     2,250): no kernel measured. Its kernels run at least at the B200's measured speed-up and at
     most that times 2500 / 2250 (compute) or the same HBM (memory).
   - B300 / GB300 (Blackwell Ultra): the same BF16 and FP8 peaks as B200 / GB200 (job/hardware.py),
-    so their GEMMs read the B200's / GB200's ranges, and memory-bound kernels the B200's measured
+    so their GEMMs read the B200's / GB200's ranges (B300's FP8 GEMMs the B200's measured 2.0x,
+    reported as not measured on B300), and memory-bound kernels the B200's measured
     copy up to their own HBM ratio (7.7 TB/s for B300). Their exponential units are doubled
     (10.7 against 5 tera-exponentials/s, Verda, "NVIDIA GB300 NVL72: GPU Architecture &
     Performance"), which lifts the attention forward's bound: no attention kernel is measured on
@@ -69,11 +70,12 @@ class Speedup:
 
     low: float
     high: float
+    borrowed: bool = False  # another GPU type's measurement, taken at equal peaks
 
     @property
     def measured(self) -> bool:
-        """Return whether a published measurement fixes the figure (no range)."""
-        return self.low == self.high
+        """Return whether a published measurement on this GPU type fixes the figure (no range)."""
+        return self.low == self.high and not self.borrowed
 
 
 def _b200(hbm: float = 8e12) -> dict[Kind, Speedup]:
@@ -93,8 +95,12 @@ def _faster(table: dict[Kind, Speedup], compute: float) -> dict[Kind, Speedup]:
 
 
 def _ultra(table: dict[Kind, Speedup], peak: float) -> dict[Kind, Speedup]:
-    """Return `table` with attention ranging up to every FLOP at the BF16 `peak`."""
-    return {**table, "attention": Speedup(table["attention"].low, peak / H100_ATTENTION)}
+    """Return `table` with attention ranging up to every FLOP at the BF16 `peak`, and the FP8
+    GEMMs' figure marked as the B200's (no FP8 GEMM is measured on Blackwell Ultra; its FP8 peak
+    is the B200's, so the B200's measured gain stands in, a range of one value)."""
+    fp8 = table["gemm_fp8"]
+    return {**table, "attention": Speedup(table["attention"].low, peak / H100_ATTENTION),
+            "gemm_fp8": Speedup(fp8.low, fp8.high, borrowed=True)}  # fmt: skip
 
 
 PUBLISHED: dict[str, dict[Kind, Speedup]] = {
