@@ -41,6 +41,9 @@ class Gpu:
     intra: float  # NVLink, one direction
     inter: float  # InfiniBand, one direction, per GPU
     gpus_per_node: int = 8  # the NVLink domain of the vendor's reference node (BOARD_GPUS)
+    # a collective's latency: round figures, not measured nor fitted; NCCL's own cost model
+    # (src/graph/tuning.cc ncclTopoTuneModel) gives a ring 6.6 us + 0.6 us a step over NVLink
+    # (LL), 7.2-15 us on 2-8 GPUs (docs/how-time-is-computed.md, "a collective's latency")
     alpha_intra: float = 5e-6
     alpha_inter: float = 10e-6
     tflops_fp4: float | None = None  # dense FP4 tensor-core peak, for the record: nothing prices it
