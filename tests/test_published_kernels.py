@@ -81,3 +81,17 @@ def test_plan_on_a_blackwell_gpu_shows_the_range_it_ranks_by_the_slow_end() -> N
 
 def test_device_names_of_blackwell_ultra() -> None:
     assert [gpu_type_of(f"NVIDIA {n}") for n in ("GB300", "B300 SXM6 AC", "B200")] == ["gb300", "b300", "b200"]
+
+
+@pytest.mark.slow
+def test_plan_on_an_a100_says_its_kernels_are_another_table_scaled() -> None:
+    # the A100 has no table and no published figures: the H200's table scaled by the peaks and
+    # HBM bandwidth; only the Blackwell types said what was not measured
+    text = run_cli(*PLAN, "--gpu", "a100-80gb")
+    assert text.code == 0, text.err
+    assert ("Not measured on a100-80gb (every kernel: the h200 table scaled by the dense peaks and "
+            "HBM bandwidth; how far that strays: docs/how-time-is-computed.md).") in text.out.splitlines()
+    data = json.loads(run_cli(*PLAN, "--gpu", "a100-80gb", "--format", "json").out)
+    assert data["kernels_scaled_from"] == "h200" and "unmeasured_kernels" not in data
+    assert "kernels_scaled_from" not in run_cli(*PLAN, "--gpu", "h100", "--format", "json").out
+    assert "Not measured" not in run_cli(*PLAN, "--gpu", "a100-80gb", "--efficiency", "0.5").out

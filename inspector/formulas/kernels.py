@@ -71,6 +71,14 @@ def published(gpu: Gpu) -> bool:
     return gpu.kernels is None and gpu.name in PUBLISHED
 
 
+def scaled_from(gpu: Gpu) -> str:
+    """Return the measured table a GPU's kernels are scaled from by its dense peaks and HBM
+    bandwidth alone (no table of its own, no published figures: the A100), "" otherwise."""
+    if gpu.kernels is not None or gpu.name in TABLES or published(gpu):
+        return ""
+    return str(table_of(gpu))
+
+
 def table_of(gpu: Gpu) -> str | KernelTable:
     """Return the measured table a GPU's kernels are read from: the user's --kernels table, else
     its own where there is one, the H100's for a Blackwell type, the H200's otherwise."""

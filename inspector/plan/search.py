@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from inspector.errors import ConfigError
-from inspector.formulas.kernels import published
+from inspector.formulas.kernels import published, scaled_from
 from inspector.formulas.published_kernels import unmeasured
 from inspector.job.job import Job
 from inspector.job.layout import Layout
@@ -46,6 +46,7 @@ class SearchResult:
     # the kinds of kernel not measured, and each plan's step seconds at the fast end
     unmeasured: tuple[str, ...] = ()
     fast_seconds: tuple[float, ...] = ()
+    scaled_from: str = ""  # every kernel read from this GPU type's table, scaled by the peaks
 
 
 def extras(job: Job) -> tuple[float, float]:
@@ -167,6 +168,7 @@ def search(req: Request, progress: Callable[[int, int], None] | None = None) -> 
         smallest,
         unknown,
         tuple(fast_end(plan, req) for plan in shown) if unknown else (),
+        scaled_from(req.gpu) if req.efficiency is None else "",
     )
 
 

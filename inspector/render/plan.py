@@ -121,7 +121,13 @@ def _host_note(plan: Plan) -> list[str]:
 
 def _range(result: SearchResult) -> list[str]:
     """Return the line saying which kernels no published measurement fixes on the GPU and the
-    step times at the fast end of the range they imply; none where every kind is measured."""
+    step times at the fast end of the range they imply, or that every kernel is another GPU's
+    measured table scaled by the peaks; none where every kind is measured."""
+    if result.scaled_from and result.plans:
+        gpu = result.plans[0].gpu.name
+        return [f"Not measured on {gpu} (every kernel: the {result.scaled_from} table scaled by "
+                "the dense peaks and HBM bandwidth; how far that strays: "
+                "docs/how-time-is-computed.md)."]  # fmt: skip
     if not result.unmeasured:
         return []
     gpu = result.plans[0].gpu.name
@@ -301,6 +307,7 @@ def _json(result: SearchResult, memory: int) -> dict[str, Any]:
         "plans": [_plan_json(p) for p in result.plans],
         **({"unmeasured_kernels": list(result.unmeasured),
             "step_seconds_fast_end": list(result.fast_seconds)} if result.unmeasured else {}),
+        **({"kernels_scaled_from": result.scaled_from} if result.scaled_from else {}),
     }
 
 
