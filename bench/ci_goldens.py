@@ -33,7 +33,7 @@ For every case with that file:
 A case is launch-bound (host-bound) when the plan's host time exceeds its GPU time on the busiest
 stage (the stage with the most time per micro-batch): there the host, not the GPU, sets the pace.
 `plan` prices the host since issue #45 item 2 (inspector/plan/host.py: kernels launched and layer
-passes per micro-batch at two constants fitted on these goldens by bench/host_fit.py; the GPU waits
+passes per micro-batch at three constants fitted on these goldens by bench/host_fit.py; the GPU waits
 where the host is slower, per segment between the MoE dispatchers' host syncs), so the step time
 of a host-bound case is the host's. (Before, the rule was under 5 ms of priced GPU work per layer
 and micro-batch, and the host was not priced: bench/RESULTS.md `hostop`, `hostpace`.) Step-time

@@ -104,12 +104,12 @@ SAME = {
              116788297728)],
     # the two plans' step times are the host's (plan/host.py): these tiny models are host-bound, so
     # the MoE job's best plans spread the experts widest (fewer expert GEMMs a rank to launch)
-    "plan dense": (74, [("tp1 pp1 dp8 cp1 ep1 vpp1 mbs2 none distopt=True", 192880512, 0.033094908),
-                        ("tp1 pp1 dp8 cp1 ep1 vpp1 mbs2 none distopt=False", 258986496, 0.033209753),
-                        ("tp1 pp2 dp4 cp1 ep1 vpp4 mbs2 none distopt=True", 174863360, 0.037230363)]),
-    "plan moe": (240, [("tp1 pp1 dp8 cp1 ep8 vpp1 mbs2 none distopt=True", 276085632, 0.031037996),
-                       ("tp1 pp1 dp8 cp1 ep8 vpp1 mbs2 none distopt=False", 289958400, 0.031062834),
-                       ("tp1 pp1 dp8 cp1 ep4 vpp1 mbs2 none distopt=True", 277412736, 0.034613996)]),
+    "plan dense": (74, [("tp1 pp1 dp8 cp1 ep1 vpp1 mbs2 none distopt=True", 192880512, 0.035536908),
+                        ("tp1 pp1 dp8 cp1 ep1 vpp1 mbs2 none distopt=False", 258986496, 0.035651753),
+                        ("tp1 pp2 dp4 cp1 ep1 vpp4 mbs2 none distopt=True", 174863360, 0.039977613)]),
+    "plan moe": (240, [("tp1 pp1 dp8 cp1 ep8 vpp1 mbs2 none distopt=True", 276085632, 0.031091996),
+                       ("tp1 pp1 dp8 cp1 ep8 vpp1 mbs2 none distopt=False", 289958400, 0.031116834),
+                       ("tp1 pp1 dp8 cp1 ep4 vpp1 mbs2 none distopt=True", 277412736, 0.034931996)]),
 }  # fmt: skip
 # Megatron-FSDP's GradReducePipeline.reduce_gradients reduce-scatters each unsharded gradient
 # bucket into a fresh `torch.empty_like(grad_shard)` up to megatron-core 0.16 (megatron_fsdp/

@@ -7,7 +7,8 @@ kernels to the GPU. The GPU runs them no faster than the host launches them: whe
 kernels are small (the functional tests' 1,024-4,096 wide layers), the host, not the GPU, sets
 the pace. The model, per stage and micro-batch:
 
-  host seconds = KERNEL x kernels + MOE_PASS x MoE layer passes
+  host seconds = KERNEL x kernels + MOE_PASS x MoE layer passes   (a local-spec layer's kernels
+                                                                    at their own cost)
 
 - kernels: the kernels formulas/ops.py prices for the layer (forward, backward, and the forward
   kernels recomputation runs again), the output layer and loss, the embedding: what the host
@@ -29,7 +30,7 @@ there: each such MoE layer is a segment of its own, max(GPU, host) within it, an
 the stage is one more segment. Under CUDA graphs (`--cuda-graph-impl`) a graphed layer's
 kernels are replayed by one launch: its host cost is left out (`graphed`).
 
-COSTS holds the two fitted constants (their one home, below, with their provenance); what
+COSTS holds the three fitted constants (their one home, below, with their provenance); what
 the model does not see: the data loader, the optimizer's host loops, logging, Python's garbage
 collector, the CPU's clock (docs/how-time-is-computed.md, "The host's pace").
 """
@@ -48,14 +49,16 @@ from inspector.plan.kernel_seconds import embedding_ops, layer_kernels, output_k
 
 # The host's seconds per unit (UNITS), fitted by bench/host_fit.py (least squares of the relative
 # step-time error) on the 71 timed H100 functional tests of Megatron-LM (golden_values_dev_dgx_h100.json,
-# `iteration-time` past the warm-up; megatron-core 0.16.1, 2026-12-07): bench/RESULTS.md `hostpace`.
-# Two are priced: a kernel formulas/ops.py prices (with the Python, dispatch and launch around it:
-# megatron's code dispatches some 4 aten operations per priced kernel, bench/host_ops.py), and an
-# MoE layer's pass (its router's, token dispatcher's and permutation's Python, with the host's wait
-# for the split sizes); GEMMs and layer passes are counted too, not priced: their fitted costs did not
-# lower the held-out error. Leave-one-out mean |error| 21.2%, split-half 20.6%.
-UNITS = ("kernels", "gemms", "passes", "moe_passes")
-COSTS = (1.49e-4, 0.0, 0.0, 1.01e-3)
+# `iteration-time` past the warm-up; megatron-core 0.16.1, 2026-12-07): bench/RESULTS.md `hostpace`
+# and session 21. Three are priced: a kernel formulas/ops.py prices in a Transformer Engine layer
+# and one in a local-spec layer (--transformer-impl local), each with the Python, dispatch and launch
+# around it (megatron's code dispatches some 4 aten operations per priced kernel, bench/host_ops.py;
+# a TE module's Python per kernel is the heavier), and an MoE layer's pass (its router's, token
+# dispatcher's and permutation's Python, with the host's wait for the split sizes); GEMMs and layer
+# passes are counted too, not priced: their fitted costs did not lower the held-out error.
+# Leave-one-out mean |error| 17.1%, split-half 16.6% (one kernel cost for both specs: 21.2%, 20.6%).
+UNITS = ("kernels", "gemms", "passes", "moe_passes", "local_kernels")
+COSTS = (1.60e-4, 0.0, 0.0, 8.05e-4, 1.09e-4)
 
 
 @dataclass(frozen=True)
@@ -88,19 +91,20 @@ class HostWork:
         return sum(max(0.0, s.host(costs) - s.gpu) for s in self.segments)
 
 
-def layer_units(ops: LayerOps, recompute: str, modules: tuple[str, ...], moe: bool) -> tuple[float, ...]:
+def layer_units(ops: LayerOps, recompute: str, modules: tuple[str, ...], moe: bool,
+                local: bool = False) -> tuple[float, ...]:  # fmt: skip
     """Return a layer's host counts per micro-batch (UNITS) under megatron's recomputation: the
-    kernels formulas/ops.py prices (`layer_seconds`'s, counted instead of priced), the GEMMs among
-    them, the passes of megatron's Python over the layer (forward, backward, the forward again
-    under full recomputation), an MoE layer's passes apart."""
+    kernels formulas/ops.py prices (`layer_seconds`'s, counted instead of priced; a local-spec
+    layer's, `local`, apart), the GEMMs among them, the passes of megatron's Python over the layer
+    (forward, backward, the forward again under full recomputation), an MoE layer's passes apart."""
     kernels = [*ops.forward, *ops.backward]
     if recompute == "full":
         kernels += ops.forward
     elif recompute == "selective":
         kernels += ops.recomputed(modules)
     runs = 3 if recompute == "full" else 2
-    gemms = sum(isinstance(op, Gemm) for op in kernels)
-    return (len(kernels), gemms, runs, runs if moe else 0)
+    n, gemms = len(kernels), sum(isinstance(op, Gemm) for op in kernels)
+    return (0 if local else n, gemms, runs, runs if moe else 0, n if local else 0)
 
 
 def layer_segments(units: tuple[float, ...], gpu: float, count: int, syncs: bool,
@@ -108,7 +112,7 @@ def layer_segments(units: tuple[float, ...], gpu: float, count: int, syncs: bool
     """Return `count` layers' segments: one per layer where it synchronises the host (`syncs`),
     else one for all; a graphed layer launches one graph replay per pass and runs no Python."""
     if graphed:
-        units = (units[2], 0, 0, 0)
+        units = (units[2], 0, 0, 0, 0)
     if syncs:
         return tuple(HostSegment(gpu, units, True) for _ in range(count))
     return (HostSegment(gpu * count, tuple(n * count for n in units)),)
@@ -140,7 +144,8 @@ def kind_segments(dims: ModelDims, shard: Shard, recompute: str, i: int, gpu: fl
     else:
         moe = dims.is_moe_layer(i)
         ops = gdn_layer_ops(dims, shard, moe) if dims.is_gdn_layer(i) else layer_kernels(dims, shard, moe)
-    return layer_segments(layer_units(ops, recompute, modules, moe), gpu, count, syncs and moe, graphed)
+    units = layer_units(ops, recompute, modules, moe, not dims.te_attention)
+    return layer_segments(units, gpu, count, syncs and moe, graphed)
 
 
 def edge_units(dims: ModelDims, shard: Shard, has_output: bool, has_embedding: bool) -> tuple[float, ...]:
@@ -152,7 +157,8 @@ def edge_units(dims: ModelDims, shard: Shard, has_output: bool, has_embedding: b
         kernels += [*out.forward, *out.backward]
     if has_embedding:
         kernels += [op for ops in embedding_ops(dims, shard) for op in ops]
-    return (len(kernels), sum(isinstance(op, Gemm) for op in kernels), 0, 0)
+    n, local = len(kernels), not dims.te_attention
+    return (0 if local else n, sum(isinstance(op, Gemm) for op in kernels), 0, 0, n if local else 0)
 
 
 def host_syncs(training: Training) -> bool:
