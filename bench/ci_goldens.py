@@ -329,8 +329,7 @@ def plan_step(args: dict[str, Any], gpus: int, algo: str | None = None) -> tuple
 def host_bound(plan: Any) -> bool:
     """Return whether the plan's host time exceeds its GPU time on its busiest stage (the most
     time per micro-batch through all its chunks; plan/host.py)."""
-    busiest = max(plan.time.stages, key=lambda s: s.per_microbatch)
-    return bool(busiest.host.host() > busiest.per_microbatch - busiest.wait)
+    return plan.time.host_bound() is not None
 
 
 def matching_plan(args: dict[str, Any], gpus: int, algo: str | None = None) -> tuple[Any, str]:

@@ -131,9 +131,9 @@ def test_ci_goldens_calls_a_case_host_bound_where_its_busiest_stage_waits() -> N
         work = host.HostWork((host.HostSegment(gpu, units),))
         return cost.StageTime(gpu, 0, 0, 0, 0, 0, 0, host=work, wait=work.wait())
 
-    plan = SimpleNamespace(time=SimpleNamespace(stages=(stage(5e-4, 2.5e-3), stage(2e-3, 0.0))))
+    plan = SimpleNamespace(time=cost.StepTime(1.0, 1.0, 1.0, (stage(5e-4, 2.5e-3), stage(2e-3, 0.0))))
     assert ci_goldens.host_bound(plan)  # 2.5 ms of host against 0.5 ms of GPU: the busiest
-    plan = SimpleNamespace(time=SimpleNamespace(stages=(stage(5e-4, 1e-3), stage(2e-3, 0.0))))
+    plan = SimpleNamespace(time=cost.StepTime(1.0, 1.0, 1.0, (stage(5e-4, 1e-3), stage(2e-3, 0.0))))
     assert not ci_goldens.host_bound(plan)  # the busiest stage is the GPU-bound one
 
 

@@ -132,6 +132,13 @@ class StepTime:
         out["optimizer"] = max(s.optimizer for s in self.stages)
         return out
 
+    def host_bound(self) -> tuple[int, float, float] | None:
+        """Return the busiest stage (the most time per micro-batch) with its host's and GPU's
+        seconds per micro-batch where the host's are the more (plan/host.py), else None."""
+        busiest = max(self.stages, key=lambda s: s.per_microbatch)
+        host, gpu = busiest.host.host(), busiest.per_microbatch - busiest.wait
+        return (self.stages.index(busiest), host, gpu) if host > gpu else None
+
 
 def compute_rate(net: Network, efficiency: float | None) -> float:
     """Return the FLOP/s --efficiency prices every FLOP at (the 16-bit peak x it), or 0.0 when

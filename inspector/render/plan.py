@@ -109,11 +109,10 @@ def _outside(plan: Plan) -> list[str]:
 def _host_note(plan: Plan) -> list[str]:
     """Return the note saying plan 1 is host-bound: on its busiest stage the host's launches take
     longer than the GPU's work (plan/host.py), so the step is the host's pace; none otherwise."""
-    busiest = max(plan.time.stages, key=lambda s: s.per_microbatch)
-    host, gpu = busiest.host.host(), busiest.per_microbatch - busiest.wait
-    if host <= gpu:
+    bound = plan.time.host_bound()
+    if bound is None:
         return []
-    stage = plan.time.stages.index(busiest)
+    stage, host, gpu = bound
     return [f"Note: plan 1 is host-bound: on stage {stage} the host takes {host * 1e3:.1f} ms per "
             f"micro-batch to launch its kernels, the GPU {gpu * 1e3:.1f} ms; the GPU waits for it "
             "(docs/how-time-is-computed.md, \"The host's pace\")."]
