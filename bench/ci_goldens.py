@@ -521,6 +521,22 @@ def render_summary(found: dict[str, Any]) -> str:
     ]) + "\n"  # fmt: skip
 
 
+def each_training_case(root: Path, only: str | None, function: Any, jobs: int,
+                       json_path: Path | None = None) -> list[Any]:  # fmt: skip
+    """Return `function`'s row for every GPT-family training case on a known world whose
+    model/name matches `only` (jobs processes), writing the rows to `json_path` as each case ends
+    (a long run keeps what it has): what bench/host_fit.py and bench/host_ops.py run over."""
+    cases = [c for c in discover(root) if c.gpt_family and not c.world_unknown]
+    cases = [c for c in cases if not only or re.search(only, f"{c.model}/{c.name}")]
+    rows: list[Any] = []
+    with ProcessPoolExecutor(jobs) as pool:
+        for row in pool.map(function, cases):
+            rows.append(row)
+            if json_path:
+                json_path.write_text(json.dumps(rows, indent=1, sort_keys=True))
+    return rows
+
+
 def report(root: Path, jobs: int = 2, only: str | None = None) -> str:
     """Return the table and its summary for a Megatron-LM checkout."""
     cases = discover(root)

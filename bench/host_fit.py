@@ -25,10 +25,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -206,14 +204,7 @@ def main(argv: list[str] | None = None) -> None:
     if ns.from_json:
         sys.stdout.write(render(json.loads(ns.from_json.read_text()), ns.model))
         return
-    cases = [c for c in ci_goldens.discover(ns.megatron_lm) if c.gpt_family and not c.world_unknown]
-    cases = [c for c in cases if not ns.only or re.search(ns.only, f"{c.model}/{c.name}")]
-    rows: list[dict[str, Any]] = []
-    with ProcessPoolExecutor(ns.jobs) as pool:
-        for row in pool.map(case_row, cases):
-            rows.append(row)
-            if ns.json:
-                ns.json.write_text(json.dumps(rows, indent=1))
+    rows = ci_goldens.each_training_case(ns.megatron_lm, ns.only, case_row, ns.jobs, ns.json)
     sys.stdout.write(render(rows, ns.model))
 
 

@@ -34,7 +34,6 @@ import json
 import re
 import statistics
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -387,16 +386,7 @@ def main(argv: list[str] | None = None) -> None:
     if ns.from_json:
         sys.stdout.write(render(json.loads(ns.from_json.read_text())))
         return
-    cases = [c for c in ci_goldens.discover(ns.megatron_lm) if c.gpt_family and not c.world_unknown]
-    if ns.only:
-        cases = [c for c in cases if re.search(ns.only, f"{c.model}/{c.name}")]
-    rows: list[dict[str, Any]] = []
-    with ProcessPoolExecutor(ns.jobs) as pool:
-        for row in pool.map(_counted, cases):
-            rows.append(row)
-            if ns.json:  # as each case ends: a long run keeps what it has
-                ns.json.write_text(json.dumps(rows, indent=1, sort_keys=True))
-    sys.stdout.write(render(rows))
+    sys.stdout.write(render(ci_goldens.each_training_case(ns.megatron_lm, ns.only, _counted, ns.jobs, ns.json)))
 
 
 if __name__ == "__main__":
