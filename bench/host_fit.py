@@ -65,7 +65,7 @@ def case_row(case: Any) -> dict[str, Any]:
     if plan is None:
         return {"case": name, "refusal": note}
     stages = [{"gpu": s.per_microbatch - s.wait, "tail": s.data + s.optimizer,
-               "segments": [[g.gpu, *g.units] for g in s.host.segments],
+               "segments": [[g.gpu, *g.units] for g in s.host.segments for _ in range(g.count)],
                "layers": sum(map(len, st.layers))}
               for s, st in zip(plan.time.stages, plan.stages, strict=True)]  # fmt: skip
     return {"case": name, "measured": measured, "m": plan.job.schedule().num_microbatches,

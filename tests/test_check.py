@@ -151,6 +151,33 @@ def test_memory_with_kernels_prints_the_step_check_predicts(cli) -> None:
     assert builtin != predicted
 
 
+def test_check_and_memory_say_what_no_measurement_fixes_on_the_gpu(cli) -> None:
+    """As `plan` does: the A100's kernels are the H200 table scaled, a B300's the published
+    ranges' slow end, a --kernels table priced for another GPU type scaled; h200 is measured."""
+    import json
+
+    def note(*flags: str) -> str:
+        result = cli("check", str(LOG), "--from-script", str(SCRIPT), *flags, "--format", "json")
+        assert result.code == 0, result.err
+        return json.loads(result.out)["not_measured"]
+
+    assert note("--gpu", "h200") is None
+    assert note("--gpu", "a100-80gb") == (
+        "Not measured on a100-80gb (every kernel: the h200 table scaled by the dense peaks and HBM "
+        "bandwidth; how far that strays: docs/how-time-is-computed.md).")  # fmt: skip
+    assert note("--gpu", "b300").startswith("Not measured on b300 (BF16 GEMMs, ")
+    text = cli("check", str(LOG), "--from-script", str(SCRIPT), "--gpu", "b300").out.splitlines()
+    assert text[-2].startswith("Iteration time: ") and text[-1].startswith("Not measured on b300 (")
+    table = str(LOGS.parent / "kernels" / "h200-sample.json")
+    memory = cli("memory", "--from-script", str(SCRIPT), "--kernels", table, "--gpu", "h100")
+    assert memory.code == 0, memory.err
+    assert memory.out.splitlines()[-1] == (
+        "Not measured on h100 (every kernel: the --kernels table (measured on h200) scaled by the "
+        "dense peaks and HBM bandwidth; how far that strays: docs/how-time-is-computed.md).")  # fmt: skip
+    assert cli("memory", "--from-script", str(SCRIPT), "--kernels", table).out.splitlines()[-1].startswith(
+        "Step time: ")  # fmt: skip
+
+
 @pytest.mark.slow
 def test_check_compares_the_log_with_what_torch_cuda_counts(cli, tmp_path: Path, monkeypatch) -> None:
     """check's predictions are `memory`'s torch.cuda figures: the bytes megatron asks for plus the

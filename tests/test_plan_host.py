@@ -82,7 +82,10 @@ def test_moe_layers_end_a_segment_where_their_dispatcher_syncs() -> None:
     moe = ModelDims(2, 256, 4, 128, 1024, flash_attention=True, te_attention=True, num_experts=4,
                     moe_ffn_hidden_size=128)  # type: ignore[arg-type]  # fmt: skip
     synced = _work(moe, host=(True, False)).host.segments
-    assert [s.sync for s in synced] == [True, True, False]  # each MoE layer, then the rest
+    # each MoE layer (the two of them one segment counted twice), then the rest
+    assert [(s.sync, s.count) for s in synced] == [(True, 2), (False, 1)]
+    each = host.HostWork((replace(synced[0], count=1),) * 2 + synced[1:])
+    assert _work(moe, host=(True, False)).host.wait() == pytest.approx(each.wait())
     assert synced[0].units[3] == 2  # an MoE layer's two passes
     assert len(_work(moe, host=(False, False)).host.segments) == 1
     training = Training()

@@ -273,8 +273,9 @@ def _with_step_time(text: str, fmt: Any, job: Any, args: dict[str, Any], gpu: st
     from inspector.render.check import with_step_time
 
     batch = {"global_batch_size": job.schedule().global_batch_size}
-    seconds = predicted_seconds(job, {**args, **batch}, PlanFlags(job.layout.world_size, gpu, kernels=table))
-    return with_step_time(text, fmt == MemoryFormat.json, seconds, gpu, table.source)
+    flags = PlanFlags(job.layout.world_size, gpu, kernels=table)
+    seconds, note = predicted_seconds(job, {**args, **batch}, flags)
+    return with_step_time(text, fmt == MemoryFormat.json, seconds, gpu, table.source, note)
 
 
 def _engine_files(

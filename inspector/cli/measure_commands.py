@@ -130,13 +130,13 @@ def check(
             built = build(job, select_view(job), expert_ranks=(0,), progress=progress)
         report = measure(built, make_hardware(None, None, None), expandable_segments())
         memory = core.compare_memory(parsed, report)
-    predicted = None
+    predicted, note = None, ""
     if parsed.times_after(warmup):
         batch = {"global_batch_size": args.get("global_batch_size") or schedule.global_batch_size}
         flags = PlanFlags(job.layout.world_size, gpu, kernels=table)
-        predicted = core.predicted_seconds(job, {**args, **batch}, flags)
+        predicted, note = core.predicted_seconds(job, {**args, **batch}, flags)
     timed, used = core.compare_time(parsed, predicted, warmup)
-    result = core.CheckResult(memory, timed, used, warmup, parsed)
+    result = core.CheckResult(memory, timed, used, warmup, parsed, note)
     where = gpu if table is None else f"{gpu} (--kernels {kernels})"
     if fmt == CheckFormat.json:
         emit(render.render_check_json(result, where), output)

@@ -49,9 +49,15 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Literal
 
-from inspector.formulas.published_kernels import PUBLISHED, Kind, speedup
+from inspector.formulas.published_kernels import PUBLISHED, Kind, speedup, unmeasured
 from inspector.job.hardware import GPUS, Gpu, KernelTable
-from inspector.job.kernel_table import BUILT_IN, fp8_rows_complete, reference_gpu, table_rows
+from inspector.job.kernel_table import (
+    BUILT_IN,
+    fp8_rows_complete,
+    reference_gpu,
+    table_gpu,
+    table_rows,
+)
 
 TABLES = BUILT_IN
 TABLE = TABLES["h200"]  # the table GPUs without their own are scaled from
@@ -77,6 +83,24 @@ def scaled_from(gpu: Gpu) -> str:
     if gpu.kernels is not None or gpu.name in TABLES or published(gpu):
         return ""
     return str(table_of(gpu))
+
+
+def not_measured(gpu: Gpu) -> str:
+    """Return the sentence naming what no measurement fixes of `gpu`'s kernels ("" where every
+    kind is measured): a --kernels table measured on another type, scaled to this one; no table
+    of its own (the A100: the H200's, scaled); a Blackwell type's kinds of kernel no published
+    figure fixes (priced at the slow end of the range they leave)."""
+    scaled = f"{scaled_from(gpu)} table" if scaled_from(gpu) else ""
+    if gpu.kernels is not None and table_gpu(gpu.kernels) != gpu.name:
+        scaled = f"--kernels table (measured on {table_gpu(gpu.kernels)})"
+    if scaled:
+        return (f"Not measured on {gpu.name} (every kernel: the {scaled} scaled by the dense peaks "
+                "and HBM bandwidth; how far that strays: docs/how-time-is-computed.md).")  # fmt: skip
+    kinds = unmeasured(gpu.name) if published(gpu) else ()
+    if not kinds:
+        return ""
+    return (f"Not measured on {gpu.name} ({', '.join(kinds)}; docs/how-time-is-computed.md): the "
+            "time is the slow end of the range the published figures imply.")  # fmt: skip
 
 
 def table_of(gpu: Gpu) -> str | KernelTable:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inspector.errors import InputError
+from inspector.formulas.kernels import not_measured
 from inspector.inputs.training_log import TrainingLog
 from inspector.job.job import Job
 from inspector.memory.measure import MemoryReport
@@ -52,16 +53,18 @@ class CheckResult:
     times_used: int  # logged iteration times the median is of
     warmup: int
     log: TrainingLog
+    not_measured: str = ""  # what no measurement fixes of the GPU's kernels (kernels.not_measured)
 
 
-def predicted_seconds(job: Job, args: dict[str, Any], flags: PlanFlags) -> float:
-    """Return the job's step seconds as `plan` prices it, on the GPU `flags` names."""
+def predicted_seconds(job: Job, args: dict[str, Any], flags: PlanFlags) -> tuple[float, str]:
+    """Return the job's step seconds as `plan` prices it, on the GPU `flags` names, and the
+    sentence naming what no measurement fixes of that GPU's kernels ("" where all are)."""
     req = make_request(args, flags)
     lay = job.layout
     split = pinned_split(req.fixed.get("pin", {}), job.model.num_layers, lay.pp, lay.chunks)
     if split is None:  # megatron-core refused this split already when the job was made
         raise InputError("the job's pipeline split cannot be priced")
-    return evaluate(job, split, req).time.seconds
+    return evaluate(job, split, req).time.seconds, not_measured(req.gpu)
 
 
 def compare_memory(log: TrainingLog, report: MemoryReport) -> tuple[Compared, ...]:

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import cast
+from typing import Any, cast
 
 import inspector.caches as caches
 from inspector.formulas.flops import LayerFlops, layer_flops, logit_flops, mla_up_flops, mtp_flops
@@ -71,6 +71,7 @@ from inspector.plan.kernel_seconds import (
     compute_seconds,
     core_seconds,
     embedding_time,
+    first_layers,
     kernel_seconds,
     layer_kernels,
     optimizer_step_seconds,
@@ -156,8 +157,7 @@ def stage_work(
     recompute: str,
     chunk_layers: Sequence[Sequence[int]],
     has_output: bool,
-    recompute_method: str = "uniform",
-    recompute_num_layers: int = 1,
+    recompute_method: str = "uniform", recompute_num_layers: int = 1,
     recompute_modules: tuple[str, ...] = ("core_attn",), overlap: Overlap = (0.0, False, 0.0, ()),
     flex: bool = False, has_embedding: bool = False, host: tuple[bool, bool] = (True, False),
 ) -> StageTime:  # fmt: skip
@@ -167,18 +167,14 @@ def stage_work(
     --overlap-moe-expert-parallel-comm; `flex`: flex dispatcher; `has_embedding`: stage 0; `host`: as
     `_host_work` takes it."""
     rate, mode = compute_rate(net, efficiency), cast(Recompute, recompute)
-    plan = recompute_plan(0, chunk_layers, mode, recompute_method, recompute_num_layers)
-    kinds: dict[tuple[Recompute, bool | str], list[int]] = {}  # (recomputed or not, kind) -> layers
-    for group, how in (pair for groups in plan for pair in groups):
-        for i in group:
-            kinds.setdefault((how, dims.layer_kind(i)), []).append(i)
+    kinds = _kinds(dims, recompute_plan(0, chunk_layers, mode, recompute_method, recompute_num_layers))
     total, layers = [0.0, 0.0, 0.0, 0.0], []  # compute, tensor, context, expert; each kind's
-    for (how, moe), members in kinds.items():
+    for (how, moe), (i, count) in kinds.items():
         shares = overlap[:3] if moe is True else (0.0, False, 0.0)
         one = (hybrid_layer_time if dims.layer_symbols else _layer_time)(  # plan/hybrid.py
-            dims, lay, net, rate, mbs, how, members[0], recompute_modules, *shares, flex)
-        _add(total, one, len(members))
-        layers.append((how, members[0], sum(one), len(members)))
+            dims, lay, net, rate, mbs, how, i, recompute_modules, *shares, flex)
+        _add(total, one, count)
+        layers.append((how, i, sum(one), count))
     total[3] += _alone(dims, lay, net, rate, mbs, kinds, recompute_modules, overlap, flex)
     if has_output:
         _add_output(total, dims, lay, net, rate, mbs, mtp_recompute(mode, recompute_method))
@@ -187,6 +183,17 @@ def stage_work(
     work = _host_work(dims, _shard(lay, mbs), layers, sum(total) + p2p, (has_output, has_embedding),
                       recompute_modules, host)  # fmt: skip
     return StageTime(total[0], total[1], total[2], total[3], p2p, 0.0, 0.0, host=work, wait=work.wait())
+
+
+def _kinds(dims: ModelDims, plan: Any) -> dict[tuple[Recompute, bool | str], list[int]]:
+    """Return the stage's (recomputed or not, kind) -> [its first layer in the model, the count]
+    under `plan` (activations.recompute_plan)."""
+    first, kinds = first_layers(dims), {}  # type: ignore[var-annotated]  # the return's
+    for group, how in (pair for groups in plan for pair in groups):
+        for i in group:
+            kind = dims.layer_kind(i)
+            kinds.setdefault((how, kind), [first[kind], 0])[1] += 1
+    return kinds
 
 
 def _p2p_seconds(dims: ModelDims, lay: Layout, net: Network, mbs: int, chunks: int) -> float:
@@ -206,7 +213,7 @@ def _host_work(dims: ModelDims, shard: Shard, layers: Sequence[tuple[str, int, f
     (`host_syncs`, `graphed_layers`)."""
     segments = [seg for how, i, seconds, count in layers
                 for seg in kind_segments(dims, shard, how, i, seconds, count, modules, *host)]
-    rest = gpu - sum(seg.gpu for seg in segments)
+    rest = gpu - sum(seg.gpu * seg.count for seg in segments)
     return merge(segments, rest, edge_units(dims, shard, *edges))
 
 
@@ -214,8 +221,8 @@ def _alone(dims: ModelDims, lay: Layout, net: Network, rate: float, mbs: int,
            kinds: dict[tuple[Recompute, bool | str], list[int]], modules: tuple[str, ...],
            overlap: Overlap, flex: bool) -> float:  # fmt: skip
     """Return what MoE passes alone inside merged steps (overlap.alone_passes) take beyond the
-    half pair each was priced at; `kinds`: the stage's layers by (recompute, MoE)."""
-    kind = next(((how, members[0]) for (how, moe), members in kinds.items() if moe is True), None)
+    half pair each was priced at; `kinds`: the stage's (recompute, MoE) -> [a layer, count]."""
+    kind = next(((how, layer) for (how, moe), (layer, _) in kinds.items() if moe is True), None)
     if kind is None or not overlap[3]:
         return 0.0
     args = (dims, lay, net, rate, mbs, *kind, modules)

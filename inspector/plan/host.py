@@ -40,6 +40,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import inspector.caches as caches
 from inspector.formulas.kernels import Gemm
 from inspector.formulas.ops import LayerOps, Shard
 from inspector.job.dims import ModelDims
@@ -68,9 +69,10 @@ class HostSegment:
     gpu: float
     units: tuple[float, ...]
     sync: bool = False  # it ends at a host synchronisation (the all-to-all dispatcher's)
+    count: int = 1  # this many such segments, one after the other (a stage's synchronising layers)
 
     def host(self, costs: tuple[float, ...] = COSTS) -> float:
-        """Return the host's seconds for the segment."""
+        """Return the host's seconds for one of the segments."""
         return sum(c * n for c, n in zip(costs, self.units, strict=True))
 
 
@@ -83,12 +85,12 @@ class HostWork:
 
     def host(self, costs: tuple[float, ...] = COSTS) -> float:
         """Return the host's seconds per micro-batch."""
-        return sum(s.host(costs) for s in self.segments)
+        return sum(s.count * s.host(costs) for s in self.segments)
 
     def wait(self, costs: tuple[float, ...] = COSTS) -> float:
         """Return the seconds the GPU waits for the host per micro-batch: each segment's
         max(GPU, host) less its GPU time."""
-        return sum(max(0.0, s.host(costs) - s.gpu) for s in self.segments)
+        return sum(s.count * max(0.0, s.host(costs) - s.gpu) for s in self.segments)
 
 
 def layer_units(ops: LayerOps, recompute: str, modules: tuple[str, ...], moe: bool,
@@ -109,12 +111,13 @@ def layer_units(ops: LayerOps, recompute: str, modules: tuple[str, ...], moe: bo
 
 def layer_segments(units: tuple[float, ...], gpu: float, count: int, syncs: bool,
                    graphed: bool = False) -> tuple[HostSegment, ...]:  # fmt: skip
-    """Return `count` layers' segments: one per layer where it synchronises the host (`syncs`),
-    else one for all; a graphed layer launches one graph replay per pass and runs no Python."""
+    """Return `count` layers' segments: one per layer where it synchronises the host (`syncs`,
+    `count` of them), else one for all; a graphed layer launches one graph replay per pass and
+    runs no Python."""
     if graphed:
         units = (units[2], 0, 0, 0, 0)
     if syncs:
-        return tuple(HostSegment(gpu, units, True) for _ in range(count))
+        return (HostSegment(gpu, units, True, count),)
     return (HostSegment(gpu * count, tuple(n * count for n in units)),)
 
 
@@ -126,8 +129,8 @@ def merge(segments: Iterable[HostSegment], rest_gpu: float, rest: tuple[float, .
         if seg.sync:
             kept.append(seg)
         else:
-            gpu += seg.gpu
-            units = [a + b for a, b in zip(units, seg.units, strict=True)]
+            gpu += seg.gpu * seg.count
+            units = [a + b * seg.count for a, b in zip(units, seg.units, strict=True)]
     return HostWork((*kept, HostSegment(gpu, tuple(units))))
 
 
@@ -138,16 +141,27 @@ def kind_segments(dims: ModelDims, shard: Shard, recompute: str, i: int, gpu: fl
     micro-batch; `syncs`: an MoE layer synchronises the host (`host_syncs`). A hybrid model's
     layer is its pattern symbol's one module (Mamba mixer, attention, MLP, MoE, ...), counted by
     the kernels plan/hybrid.py prices for it, at the same costs."""
-    if dims.layer_symbols:
-        symbol = dims.layer_symbols[i]
-        moe, ops = symbol == "E", hybrid_kernels(dims, shard, symbol)
-    else:
-        moe = dims.is_moe_layer(i)
-        ops = gdn_layer_ops(dims, shard, moe) if dims.is_gdn_layer(i) else layer_kernels(dims, shard, moe)
-    units = layer_units(ops, recompute, modules, moe, not dims.te_attention)
+    kind = dims.layer_symbols[i] if dims.layer_symbols else (dims.is_moe_layer(i), dims.is_gdn_layer(i))
+    moe = kind == "E" if isinstance(kind, str) else kind[0]
+    units = _kind_units(dims, shard, recompute, kind, modules)
     return layer_segments(units, gpu, count, syncs and moe, graphed)
 
 
+@caches.memo(maxsize=4096)
+def _kind_units(dims: ModelDims, shard: Shard, recompute: str, kind: str | tuple[bool, bool],
+                modules: tuple[str, ...]) -> tuple[float, ...]:  # fmt: skip
+    """Return `layer_units` of one layer of `kind` (a hybrid pattern's symbol, else whether the
+    layer is MoE and whether it is Gated DeltaNet), counted once per kind: the plan's search asks
+    for the same kinds tens of thousands of times."""
+    if isinstance(kind, str):
+        moe, ops = kind == "E", hybrid_kernels(dims, shard, kind)
+    else:
+        moe, gdn = kind
+        ops = gdn_layer_ops(dims, shard, moe) if gdn else layer_kernels(dims, shard, moe)
+    return layer_units(ops, recompute, modules, moe, not dims.te_attention)
+
+
+@caches.memo(maxsize=4096)
 def edge_units(dims: ModelDims, shard: Shard, has_output: bool, has_embedding: bool) -> tuple[float, ...]:
     """Return the host counts of the stage outside its layers per micro-batch (UNITS): the output
     layer and loss on the last stage, the word embedding on the first."""

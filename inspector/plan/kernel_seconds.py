@@ -22,6 +22,7 @@ from inspector.formulas.optimizer import OptimizerStep, optimizer_ops
 from inspector.job.dims import ModelDims
 from inspector.job.hardware import Gpu
 from inspector.job.layout import Layout
+from inspector.memory.compose.stage_activations import first_of_kind
 from inspector.plan.network import Network, collective
 
 
@@ -134,3 +135,10 @@ def embedding_seconds(dims: ModelDims, shard: Shard, device: Gpu) -> float:
 def optimizer_step_seconds(updated: int, step: OptimizerStep, device: Gpu) -> float:
     """Return formulas/optimizer.py's passes over `updated` elements on `device`."""
     return ops_seconds(optimizer_ops(updated, step), device)
+
+
+@caches.memo(maxsize=256)
+def first_layers(dims: ModelDims) -> dict[bool | str, int]:
+    """Return each kind's first layer (activations.first_of_kind), once per model: a layer is
+    priced by its kind alone (ModelDims.layer_kind), so every stage asks for the same one."""
+    return first_of_kind(dims)

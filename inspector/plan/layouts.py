@@ -212,3 +212,14 @@ def distopts(req: Request, base: Layout) -> list[bool | str]:
     if fixed is not None:
         return [fixed]
     return [True, False] if base.dp * base.cp > 1 else [False]
+
+
+@caches.memo(maxsize=4096)
+def unsplit_layout(lay: Layout) -> Layout:
+    """Return the layout less how its pipeline is split (virtual stages, first / last stage
+    layers, a layout string): a stage's time reads none of them, only its own layers."""
+    return replace(lay, vpp=None, decoder_first_pipeline_num_layers=None,
+                   decoder_last_pipeline_num_layers=None,
+                   account_for_embedding_in_pipeline_split=False,
+                   account_for_loss_in_pipeline_split=False,
+                   pipeline_model_parallel_layout=None)

@@ -41,6 +41,7 @@ from inspector.plan.cost import StageTime, StepTime, stage_work, step_time, with
 from inspector.plan.flags import megatron_flags
 from inspector.plan.flex import exchange_sm_share
 from inspector.plan.host import graphed_layers, host_syncs
+from inspector.plan.layouts import unsplit_layout
 from inspector.plan.network import Network, nvls_allowed
 from inspector.plan.overlap import merged_share, stage_alone
 from inspector.plan.request import Request
@@ -117,11 +118,9 @@ _STATE: dict[tuple[Any, ...], dict[int, Any]] = caches.table()
 @caches.memo(maxsize=4096)
 def pair_layout(lay: Layout) -> Layout:
     """Return the layout whose ranks' (data, expert data) indices every stage shares."""
-    return replace(lay, pp=1, vpp=None, decoder_first_pipeline_num_layers=None,
-                   decoder_last_pipeline_num_layers=None,
-                   account_for_embedding_in_pipeline_split=False,
-                   account_for_loss_in_pipeline_split=False,
-                   pipeline_model_parallel_layout=None)
+    return replace(unsplit_layout(lay), pp=1)
+
+
 
 
 def state_scope(job: Job, pairs_of: Layout) -> dict[int, Any]:
@@ -353,8 +352,8 @@ def timed(
         if work not in scope:
             granularity, method, n = recipe
             scope[work] = stage_work(
-                dims, lay, net, req.efficiency, mbs, granularity, placed[st.stage], has_output,
-                method, n, training.recompute_modules, overlap, flex, st.stage == 0, host,
+                dims, unsplit_layout(lay), net, req.efficiency, mbs, granularity, placed[st.stage],
+                has_output, method, n, training.recompute_modules, overlap, flex, st.stage == 0, host,
             )
         times.append(_stage_time(scope, work, st, lay, net, distributed, step_setup))
     step = step_time(times, schedule.num_microbatches, lay.chunks)

@@ -52,6 +52,8 @@ def render_check(result: CheckResult, gpu: str, log_name: str) -> str:
     else:
         lines += ["Memory: the log has no `[Rank R] (after N iterations) memory (MB)` line.", ""]
     lines.append(_time_line(result, gpu))
+    if result.time is not None and result.not_measured:
+        lines.append(result.not_measured)
     return "\n".join(lines) + "\n"
 
 
@@ -67,6 +69,7 @@ def render_check_json(result: CheckResult, gpu: str) -> str:
         "memory": [_row(r) for r in result.memory],
         "iteration_time": None if result.time is None else _row(result.time),
         "iteration_times_used": result.times_used,
+        "not_measured": result.not_measured or None,
         "warmup": result.warmup,
         "log_cut": result.log.cut,
     }
@@ -79,12 +82,16 @@ def render_table(rows: list[dict[str, Any]]) -> str:
     return json.dumps(rows, indent=0, allow_nan=False) + "\n"
 
 
-def with_step_time(text: str, as_json: bool, seconds: float, gpu: str, source: str) -> str:
+def with_step_time(text: str, as_json: bool, seconds: float, gpu: str, source: str,
+                   not_measured: str = "") -> str:  # fmt: skip
     """Return `memory`'s output with the job's step time from a measured kernel table: a line
-    at the end of the text, a `step_seconds_kernels` field in the JSON."""
+    at the end of the text (and the sentence naming what no measurement fixes on `gpu`, where
+    something is not), `step_seconds_kernels` (and `not_measured`) fields in the JSON."""
     if as_json:
         doc = json.loads(text)
         doc["step_seconds_kernels"] = seconds
+        if not_measured:
+            doc["not_measured"] = not_measured
         return json.dumps(doc, indent=1, allow_nan=False) + "\n"
     return text + (f"Step time: {seconds:,.3f} s per iteration on {gpu}, as plan prices the job "
-                   f"from {source}.\n")  # fmt: skip
+                   f"from {source}.\n") + (f"{not_measured}\n" if not_measured else "")  # fmt: skip

@@ -7,6 +7,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from inspector.formulas.kernels import not_measured
 from inspector.job.hardware import GIB
 from inspector.plan.hybrid import estimate_notes
 from inspector.plan.price import Plan
@@ -123,10 +124,7 @@ def _range(result: SearchResult) -> list[str]:
     step times at the fast end of the range they imply, or that every kernel is another GPU's
     measured table scaled by the peaks; none where every kind is measured."""
     if result.scaled_from and result.plans:
-        gpu = result.plans[0].gpu.name
-        return [f"Not measured on {gpu} (every kernel: the {result.scaled_from} table scaled by "
-                "the dense peaks and HBM bandwidth; how far that strays: "
-                "docs/how-time-is-computed.md)."]  # fmt: skip
+        return [not_measured(result.plans[0].gpu)]
     if not result.unmeasured:
         return []
     gpu = result.plans[0].gpu.name

@@ -99,7 +99,8 @@ def compose(
     persistent = _persistent(trace.persistent, layers, group, order)
     host = _persistent(trace.host, layers, group, order)  # each layer's host buffers, as its own
     stash = _persistent(trace.stash, layers, group, order)  # each layer's stash counts, as its own
-    return Trace(events_f, backward_b, persistent, trace.deferred, host, stash)
+    retained = _persistent(trace.retained, layers, group, order)  # each layer's, as its own
+    return Trace(events_f, backward_b, persistent, trace.deferred, host, stash, retained)
 
 
 def _persistent(

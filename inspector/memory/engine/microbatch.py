@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -58,6 +59,10 @@ class Trace:
     # --moe-paged-stash: the tokens megatron's profiling pass counted, per layer and kind
     # (paged_stash.py; the trace itself is the steady pass, the marked tensors in pages)
     stash: tuple[tuple[str, int], ...] = ()
+    # (a layer, bytes): of the persistent buffers, those a layer's module keeps alive through an
+    # attribute its forward set with the autograd graph behind it (`_retained`): held from the
+    # backward until that layer's next forward replaces the attribute (schedule.py frees them there)
+    retained: tuple[tuple[str, int], ...] = ()
 
     @property
     def held(self) -> int:
@@ -91,12 +96,13 @@ def run_microbatch(job: Job, ddp: Any, gpt: Any, num_microbatches: int) -> Trace
                 del state
                 deferred = drain_deferred(gpt, tracker)
     persistent = _persistent(tracker)
-    events = tracker.events
+    events = list(tracker.events)  # `_retained` frees what it finds: not part of the pass
+    retained, kept = _retained(gpt, tracker)  # in the pass's events, and persistent
     # with the stash's profiling pass first: what it made and the steady pass replaced (a
     # dispatcher's last routing metadata) is freed by the steady pass, as on every micro-batch
     # after the first: left out, as the persistent buffers are
     stale = {i: 0 for i, made in tracker.made_by.items() if i >= start > made} if stash else {}
-    left_out = {**persistent, **stale}
+    left_out = {**{i: size for i, size in persistent.items() if i not in kept}, **stale}
     steady = _steady(events, left_out)
     before = start - sum(1 for index in left_out if index < start)  # the profiling pass's
     split = middle - sum(1 for index in left_out if index < middle) - before
@@ -109,7 +115,52 @@ def run_microbatch(job: Job, ddp: Any, gpt: Any, num_microbatches: int) -> Trace
         deferred=(deferred, gpt.config.wgrad_deferral_limit),
         host=tuple(host.made),
         stash=tuple(stash.counts) if stash is not None else (),
+        retained=retained,
     )
+
+
+_LAYER_MODULE = re.compile(r"(?:^|\.)(decoder\.layers\.\d+)$")
+
+
+def _retained(gpt: Any, tracker: Tracker) -> tuple[tuple[tuple[str, int], ...], set[int]]:
+    """Return, per transformer layer, the bytes still allocated after the micro-batch only
+    because one of its modules keeps a tensor of its forward with that tensor's autograd graph,
+    and the events that allocated them; each such attribute is dropped here, as the layer's next
+    forward replaces it. They stay in the pass's events (a micro-batch in flight holds its
+    layers' inputs) and count among the persistent buffers (the last backward leaves them for
+    the optimizer step): schedule.py frees them where the layer's next pass replaces them.
+
+    megatron-core's token dispatchers keep the routing probabilities of the last forward
+    (MoEAllGatherTokenDispatcher `self.local_probs`, the all-to-all dispatcher's `self.probs`).
+    Under full recomputation the last forward is the one CheckpointFunction.backward reran
+    (tensor_parallel/random.py) on a detached copy of the layer's input: its graph holds that
+    input (AccumulateGrad keeps the leaf) and the gradient written into its `.grad`, two
+    [s, b, h] tensors per layer, until the layer's next forward (bench/RESULTS.md `retained`).
+    """
+    out: list[tuple[str, int]] = []
+    made: set[int] = set()
+    for name, layer in gpt.named_modules():
+        match = _LAYER_MODULE.search(name)
+        if match is None:
+            continue
+        before = dict(tracker.live)
+        owners = [m for module in layer.modules() for m in (module, *_plain_objects(module))]
+        for owner in owners:
+            for attr, value in list(vars(owner).items()):
+                if isinstance(value, torch.Tensor) and value.grad_fn is not None:
+                    setattr(owner, attr, None)
+        freed = {index: size for key, (size, index) in before.items() if key not in tracker.live}
+        if freed:
+            out.append((match.group(1), sum(freed.values())))
+            made.update(freed)
+    return tuple(out), made
+
+
+def _plain_objects(module: Any) -> list[Any]:
+    """Return the objects a module holds that are neither modules nor tensors (a dispatcher)."""
+    skip = torch.nn.Module | torch.Tensor
+    return [value for value in vars(module).values()
+            if hasattr(value, "__dict__") and not isinstance(value, skip)]  # fmt: skip
 
 
 def _graphed_steps_named(job: Job, tracker: Tracker, where: _where) -> Any:

@@ -58,11 +58,12 @@ def iteration_peak(
     if num_microbatches > max(REPLAYED, 4 * group):
         num_microbatches = 4 * group
     best = Peak(0, 0, 0, "")
-    tops = [(top_event(trace.backward), top_event(trace.forward)) for trace in traces]  # once per chunk
+    tops = [(top_event(trace.backward), top_event(trace.forward), top_event(freeing(trace, False)),
+             top_event(freeing(trace))) for trace in traces]  # once per chunk  # fmt: skip
     pairs: dict[tuple[int, int], Event] = {}
     for ran in replay_passes(traces, stage, pp, num_microbatches, group_size, extra):
         if ran.paired is None:
-            top = tops[ran.chunk][ran.forward]
+            top = tops[ran.chunk][ran.forward + 2 * bool(ran.frees)]
         else:
             key = (ran.chunk, ran.paired[0])
             if key not in pairs:
@@ -85,6 +86,7 @@ class Pass(NamedTuple):
     held: int  # activations the other micro-batches in flight hold beneath it
     in_flight: int  # micro-batches in flight while it runs, itself included
     paired: tuple[int, int] | None = None  # (chunk, micro-batch) of the backward run with it
+    frees: int = 0  # what the chunk's last backward left its layers, freed here (`Trace.retained`)
 
 
 def replay_passes(
@@ -97,11 +99,17 @@ def replay_passes(
 ) -> Iterator[Pass]:
     """Yield the passes of one iteration of `stage` in megatron's order (`schedule_passes`),
     each over what the micro-batches then in flight hold (their chunk's `Trace.held`) and what
-    the output layer keeps of finished ones for its deferred weight gradient (`Trace.deferred`)."""
+    the output layer keeps of finished ones for its deferred weight gradient (`Trace.deferred`).
+
+    What a chunk's backward leaves its layers (`Trace.retained`) is part of the static memory
+    (the iteration before left it, as the last backward leaves it for the optimizer step); the
+    chunk's next forward frees it (`freeing_forward`), its next backward makes it again."""
     chunks = len(traces)
     counts = [0] * chunks  # micro-batches started, per chunk
     flight: list[list[int]] = [[] for _ in range(chunks)]
     held = 0
+    retained = [sum(size for _, size in trace.retained) for trace in traces]
+    holding = [bool(size) for size in retained]  # left by the iteration before
     order = schedule_passes(stage, pp, num_microbatches, chunks, group_size, extra)
     steady = steady_offload(traces, order)
     index = 0
@@ -117,17 +125,49 @@ def replay_passes(
                 index += 1
                 paired = (back, flight[back].pop(0))
                 held -= traces[back].held + steady.backward(*paired)
+            frees = retained[chunk] if holding[chunk] else 0
+            holding[chunk] = False
             yield Pass(True, chunk, mb, held, _in_flight(flight) + 1 + (paired is not None),
-                       paired)  # fmt: skip
+                       paired, frees)  # fmt: skip
             flight[chunk].append(mb)
-            held += traces[chunk].held + steady.forward(chunk, mb)
-            if paired is not None:
+            held += traces[chunk].held + steady.forward(chunk, mb) - frees
+            if paired is not None:  # (its events are the plain passes': `combined`)
                 held += _deferred(traces[paired[0]], paired[1]) + steady.backward_done(*paired)
+                held += 0 if holding[paired[0]] else retained[paired[0]]
+                holding[paired[0]] = True
         else:
             mb = flight[chunk].pop(0)
             held -= traces[chunk].held + steady.backward(chunk, mb)
-            yield Pass(False, chunk, mb, held, _in_flight(flight) + 1)
-            held += _deferred(traces[chunk], mb) + steady.backward_done(chunk, mb)
+            frees = retained[chunk] if holding[chunk] else 0  # the recomputed forward replaces it
+            yield Pass(False, chunk, mb, held, _in_flight(flight) + 1, frees=frees)
+            held += _deferred(traces[chunk], mb) + steady.backward_done(chunk, mb) + retained[chunk] - frees
+            holding[chunk] = True
+
+
+def freeing(trace: Trace, forward: bool = True) -> tuple[Event, ...]:
+    """Return the chunk's forward (or backward) where its layers still hold what their last
+    backward left (`Trace.retained`): each layer's is freed as that layer's pass begins, where
+    megatron replaces the attribute that held it (an MoE layer's dispatcher sets its
+    probabilities after attention: freeing it at the layer's first event is at most that
+    attention early; a backward's recomputed forward sets it again)."""
+    events = trace.forward if forward else trace.backward
+    frees: dict[str, int] = {}
+    for where, size in trace.retained:
+        match = _LAYER.match(where)
+        key = match.group(1) if match else ""
+        frees[key] = frees.get(key, 0) + size
+    if not frees:
+        return events
+    out, freed = [], frees.pop("", 0)  # a layer the labels do not name: at the start
+    for event in events:
+        match = _LAYER.match(event.where)
+        if match and match.group(1) in frees:
+            size = frees.pop(match.group(1))
+            freed += size
+            out.append(Event(-size, event.allocated - event.bytes - freed, event.where,
+                             "what the layer's last backward left"))  # fmt: skip
+        out.append(Event(event.bytes, event.allocated - freed, event.where, event.origin))
+    return tuple(out)
 
 
 def _deferred(trace: Trace, mb: int) -> int:

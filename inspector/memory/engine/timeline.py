@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from inspector.job.dims import warmup_steps
 from inspector.memory.engine.allocator import Event
 from inspector.memory.engine.microbatch import Trace
-from inspector.memory.engine.schedule import combined, pass_label, replay_passes
+from inspector.memory.engine.schedule import combined, freeing, pass_label, replay_passes
 from inspector.records import MemoryPass
 
 Steps = tuple[tuple[int, int, str], ...]
@@ -76,11 +76,13 @@ def iteration_timeline(
     for ran in replay_passes(traces, stage, pp, num_microbatches, group_size, extra):
         label = pass_label(ran.forward, ran.mb, ran.chunk, chunks, ran.paired)
         if ran.paired is None:
-            own = steps[ran.chunk][0 if ran.forward else 1]
+            own = _steps(freeing(traces[ran.chunk], ran.forward)) if ran.frees else \
+                steps[ran.chunk][0 if ran.forward else 1]
         else:  # the MoE all-to-all overlap's forward and backward together
             own = _steps(combined(traces[ran.chunk], traces[ran.paired[0]]))
         passes.append(MemoryPass(label, (ran.chunk, ran.mb), ran.held, own))
-        held = ran.held + (traces[ran.chunk].held if ran.forward else 0)
+        left = sum(size for _, size in traces[ran.chunk].retained)  # a backward leaves
+        held = ran.held + (traces[ran.chunk].held if ran.forward else left) - ran.frees
     for index, (label, events) in enumerate(phases):
         passes.append(MemoryPass(label, (-1, index), held, _steps(events)))
     return tuple(passes)
