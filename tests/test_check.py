@@ -172,8 +172,12 @@ def test_check_and_memory_say_what_no_measurement_fixes_on_the_gpu(cli) -> None:
     memory = cli("memory", "--from-script", str(SCRIPT), "--kernels", table, "--gpu", "h100")
     assert memory.code == 0, memory.err
     assert memory.out.splitlines()[-1] == (
-        "Not measured on h100 (every kernel: the --kernels table (measured on h200) scaled by the "
-        "dense peaks and HBM bandwidth; how far that strays: docs/how-time-is-computed.md).")  # fmt: skip
+        f"Not measured on h100 (every kernel: the --kernels {table} (h200) table scaled by the dense "
+        "peaks and HBM bandwidth; how far that strays: docs/how-time-is-computed.md).")  # fmt: skip
+    planned = cli("plan", "--model", "llama3-8b", "--gpus", "8", "--global-batch-size", "64", "--bf16",
+                  "--kernels", table, "--gpu", "h100", "--format", "json")  # fmt: skip
+    assert planned.code == 0, planned.err
+    assert json.loads(planned.out)["kernels_scaled_from"] == f"--kernels {table} (h200)"
     assert cli("memory", "--from-script", str(SCRIPT), "--kernels", table).out.splitlines()[-1].startswith(
         "Step time: ")  # fmt: skip
 

@@ -79,8 +79,12 @@ def published(gpu: Gpu) -> bool:
 
 def scaled_from(gpu: Gpu) -> str:
     """Return the measured table a GPU's kernels are scaled from by its dense peaks and HBM
-    bandwidth alone (no table of its own, no published figures: the A100), "" otherwise."""
-    if gpu.kernels is not None or gpu.name in TABLES or published(gpu):
+    bandwidth alone (no table of its own, no published figures: the A100's the H200's; a
+    --kernels table measured on another type: `--kernels FILE (h200)`), "" otherwise."""
+    if gpu.kernels is not None:
+        measured = table_gpu(gpu.kernels)
+        return "" if measured == gpu.name else f"{gpu.kernels.source} ({measured})"
+    if gpu.name in TABLES or published(gpu):
         return ""
     return str(table_of(gpu))
 
@@ -90,12 +94,10 @@ def not_measured(gpu: Gpu) -> str:
     kind is measured): a --kernels table measured on another type, scaled to this one; no table
     of its own (the A100: the H200's, scaled); a Blackwell type's kinds of kernel no published
     figure fixes (priced at the slow end of the range they leave)."""
-    scaled = f"{scaled_from(gpu)} table" if scaled_from(gpu) else ""
-    if gpu.kernels is not None and table_gpu(gpu.kernels) != gpu.name:
-        scaled = f"--kernels table (measured on {table_gpu(gpu.kernels)})"
+    scaled = scaled_from(gpu)
     if scaled:
-        return (f"Not measured on {gpu.name} (every kernel: the {scaled} scaled by the dense peaks "
-                "and HBM bandwidth; how far that strays: docs/how-time-is-computed.md).")  # fmt: skip
+        return (f"Not measured on {gpu.name} (every kernel: the {scaled} table scaled by the dense "
+                "peaks and HBM bandwidth; how far that strays: docs/how-time-is-computed.md).")  # fmt: skip
     kinds = unmeasured(gpu.name) if published(gpu) else ()
     if not kinds:
         return ""
