@@ -336,7 +336,8 @@ def split_trace(trace: Trace, scope: tuple[str, ...]) -> tuple[Trace, Trace]:
                     total += event.bytes
                     out.append(Event(event.bytes, total, event.where, event.origin))
             phases.append(tuple(out))
-        halves.append(Trace(phases[0], phases[1], trace.persistent if not keep else ()))
+        halves.append(Trace(phases[0], phases[1], trace.persistent if not keep else (),
+                            retained=trace.retained if not keep else ()))
     return halves[0], halves[1]
 
 

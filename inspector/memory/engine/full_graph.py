@@ -70,7 +70,7 @@ def _without_inputs(trace: Trace) -> Trace:
                 total += event.bytes
                 kept.append(Event(event.bytes, total, event.where, event.origin))
         phases.append(tuple(kept))
-    return Trace(phases[0], phases[1], trace.persistent)
+    return Trace(phases[0], phases[1], trace.persistent, retained=trace.retained)
 
 
 def full_iteration_peak(

@@ -60,8 +60,8 @@ class Trace:
     # (paged_stash.py; the trace itself is the steady pass, the marked tensors in pages)
     stash: tuple[tuple[str, int], ...] = ()
     # (a layer, bytes): of the persistent buffers, those a layer's module keeps alive through an
-    # attribute its forward set with the autograd graph behind it (`_retained`): held from the
-    # backward until that layer's next forward replaces the attribute (schedule.py frees them there)
+    # attribute its forward set with the autograd graph behind it (`_retained`), in the events
+    # too: held from the backward until the layer's next pass replaces it (schedule.py `freeing`)
     retained: tuple[tuple[str, int], ...] = ()
 
     @property

@@ -103,7 +103,7 @@ def replay_passes(
 
     What a chunk's backward leaves its layers (`Trace.retained`) is part of the static memory
     (the iteration before left it, as the last backward leaves it for the optimizer step); the
-    chunk's next forward frees it (`freeing_forward`), its next backward makes it again."""
+    chunk's next pass frees it (`freeing`), its next backward makes it again."""
     chunks = len(traces)
     counts = [0] * chunks  # micro-batches started, per chunk
     flight: list[list[int]] = [[] for _ in range(chunks)]
