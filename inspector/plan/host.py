@@ -141,24 +141,22 @@ def kind_segments(dims: ModelDims, shard: Shard, recompute: str, i: int, gpu: fl
     micro-batch; `syncs`: an MoE layer synchronises the host (`host_syncs`). A hybrid model's
     layer is its pattern symbol's one module (Mamba mixer, attention, MLP, MoE, ...), counted by
     the kernels plan/hybrid.py prices for it, at the same costs."""
-    kind = dims.layer_symbols[i] if dims.layer_symbols else (dims.is_moe_layer(i), dims.is_gdn_layer(i))
-    moe = kind == "E" if isinstance(kind, str) else kind[0]
-    units = _kind_units(dims, shard, recompute, kind, modules)
+    moe, units = _layer_units_of(dims, shard, recompute, i, modules)
     return layer_segments(units, gpu, count, syncs and moe, graphed)
 
 
 @caches.memo(maxsize=4096)
-def _kind_units(dims: ModelDims, shard: Shard, recompute: str, kind: str | tuple[bool, bool],
-                modules: tuple[str, ...]) -> tuple[float, ...]:  # fmt: skip
-    """Return `layer_units` of one layer of `kind` (a hybrid pattern's symbol, else whether the
-    layer is MoE and whether it is Gated DeltaNet), counted once per kind: the plan's search asks
-    for the same kinds tens of thousands of times."""
-    if isinstance(kind, str):
-        moe, ops = kind == "E", hybrid_kernels(dims, shard, kind)
+def _layer_units_of(dims: ModelDims, shard: Shard, recompute: str, i: int,
+                    modules: tuple[str, ...]) -> tuple[bool, tuple[float, ...]]:  # fmt: skip
+    """Return whether layer `i` is MoE and its `layer_units`, once per layer asked: the plan's
+    search asks tens of thousands of times, always for a kind's first layer (cost.stage_work)."""
+    if dims.layer_symbols:
+        symbol = dims.layer_symbols[i]
+        moe, ops = symbol == "E", hybrid_kernels(dims, shard, symbol)
     else:
-        moe, gdn = kind
-        ops = gdn_layer_ops(dims, shard, moe) if gdn else layer_kernels(dims, shard, moe)
-    return layer_units(ops, recompute, modules, moe, not dims.te_attention)
+        moe = dims.is_moe_layer(i)
+        ops = gdn_layer_ops(dims, shard, moe) if dims.is_gdn_layer(i) else layer_kernels(dims, shard, moe)
+    return moe, layer_units(ops, recompute, modules, moe, not dims.te_attention)
 
 
 @caches.memo(maxsize=4096)

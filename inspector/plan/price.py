@@ -121,8 +121,6 @@ def pair_layout(lay: Layout) -> Layout:
     return replace(unsplit_layout(lay), pp=1)
 
 
-
-
 def state_scope(job: Job, pairs_of: Layout) -> dict[int, Any]:
     """Return the stage states of every job sharing this one's pieces, pp, optimizer and ranks."""
     return _STATE.setdefault(state_scope_key(job, pairs_of), {})

@@ -70,14 +70,15 @@ def iteration_timeline(
     ("optimizer step", its events) — the hook for the optimizer step's phase.
     """
     chunks = len(traces)
-    steps = [(_steps(t.forward), _steps(t.backward)) for t in traces]  # shared by all passes
+    # shared by all passes: each chunk's backward and forward, then both freeing what it retained
+    steps = [(_steps(t.backward), _steps(t.forward), *((_steps(freeing(t, False)), _steps(freeing(t)))
+                                                        if t.retained else ())) for t in traces]  # fmt: skip
     passes: list[MemoryPass] = []
     held = 0
     for ran in replay_passes(traces, stage, pp, num_microbatches, group_size, extra):
         label = pass_label(ran.forward, ran.mb, ran.chunk, chunks, ran.paired)
         if ran.paired is None:
-            own = _steps(freeing(traces[ran.chunk], ran.forward)) if ran.frees else \
-                steps[ran.chunk][0 if ran.forward else 1]
+            own = steps[ran.chunk][ran.forward + 2 * bool(ran.frees)]
         else:  # the MoE all-to-all overlap's forward and backward together
             own = _steps(combined(traces[ran.chunk], traces[ran.paired[0]]))
         passes.append(MemoryPass(label, (ran.chunk, ran.mb), ran.held, own))
