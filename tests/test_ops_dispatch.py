@@ -190,3 +190,37 @@ def test_local_layer_matches_megatrons_dispatch(bias: bool) -> None:
     ops = layer_ops(dims, Shard(micro_batch=B), moe=False)
     assert _priced(ops.forward) == _split(forward)
     assert _priced(ops.backward) == _split(backward)
+
+
+def test_multi_latent_attention_unfused_gemms_take_megatrons_head_widths(monkeypatch) -> None:
+    # megatron-core's MLA builds its core attention with k_channels = qk_head_dim +
+    # qk_pos_emb_head_dim and v_channels = v_head_dim (multi_latent_attention.py); Transformer
+    # Engine's unfused backend (--attention-backend unfused) multiplies Q K^T over the first and
+    # P V over the second: ops.py's batched GEMMs have those shapes, not kv_channels'
+    from inspector.world.te.attention import DotProductAttention
+
+    monkeypatch.setenv("NVTE_FUSED_ATTN", "0")
+    monkeypatch.setenv("NVTE_FLASH_ATTN", "0")
+    qk, rope, v, heads, s, b = 16, 8, 12, 2, 32, 2
+    attention = DotProductAttention(heads, (qk + rope, v))
+    q = torch.empty(s, b, heads, qk + rope, dtype=torch.bfloat16, device="meta", requires_grad=True)
+    k = torch.empty(s, b, heads, qk + rope, dtype=torch.bfloat16, device="meta", requires_grad=True)
+    value = torch.empty(s, b, heads, v, dtype=torch.bfloat16, device="meta", requires_grad=True)
+    shapes: list[tuple[int, ...]] = []
+
+    class _Shapes(_Recorder):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if str(func).startswith(("aten.bmm.", "aten.baddbmm.")):
+                a, w = args[-2], args[-1]
+                shapes.append((a.shape[0], a.shape[1], w.shape[2], a.shape[2]))  # batch, m, n, k
+            return func(*args, **(kwargs or {}))
+
+    with _Shapes():
+        attention(q, k, value)
+    dims = ModelDims(num_layers=1, hidden_size=64, num_attention_heads=heads, seq_length=s,
+                     vocab_size=128, flash_attention=False, te_attention=True,
+                     multi_latent_attention=True, qk_head_dim=qk, qk_pos_emb_head_dim=rope,
+                     v_head_dim=v, kv_channels=128)  # type: ignore[call-arg]  # fmt: skip
+    forward = [op for op in layer_ops(dims, Shard(micro_batch=b), moe=False).core if isinstance(op, Gemm)]
+    assert [(g.batch, g.m, g.n, g.k) for g in forward] == shapes == [
+        (b * heads, s, s, qk + rope), (b * heads, s, v, s)]

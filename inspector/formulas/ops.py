@@ -194,8 +194,15 @@ def _residual(p: _Pass, dims: ModelDims, name: str, elements: int, act: int, bia
 
 
 def _unfused_attention(p: _Pass, dims: ModelDims, heads: int, sq: int, fused: bool) -> None:
-    """Add megatron's DotProductAttention: two batched GEMMs around the softmax of the scores."""
-    s, d, act = dims.seq_length, dims.head_dim, dims.activation_bytes
+    """Add megatron's DotProductAttention: two batched GEMMs around the softmax of the scores.
+
+    Multi-latent attention's heads are wider for Q K^T than for P V: the attention is built with
+    k_channels = qk_head_dim + qk_pos_emb_head_dim and v_channels = v_head_dim
+    (multi_latent_attention.py `self.core_attention = build_module(...)`)."""
+    s, act = dims.seq_length, dims.activation_bytes
+    d, dv = dims.head_dim, dims.head_dim
+    if dims.multi_latent_attention:
+        d, dv = dims.qk_head_dim + dims.qk_pos_emb_head_dim, dims.v_head_dim
     scores = Gemm("Q K^T", sq, s, d, "fwd", heads)
     p.forward.append(scores)
     p.backward += [Gemm("dQ", sq, d, s, "dgrad", heads), Gemm("dK", s, d, sq, "wgrad", heads)]
@@ -211,11 +218,11 @@ def _unfused_attention(p: _Pass, dims: ModelDims, heads: int, sq: int, fused: bo
         _torch_softmax(p, sq, s, elements, act)
     if dims.attention_dropout:
         p.memory("attention dropout", "copy", elements, 2 * act + MASK, 2 * act + MASK)
-    p.forward.append(Gemm("P V", sq, d, s, "fwd", heads))
-    p.backward += [Gemm("dP", sq, s, d, "dgrad", heads), Gemm("dV", s, d, sq, "wgrad", heads)]
+    p.forward.append(Gemm("P V", sq, dv, s, "fwd", heads))
+    p.backward += [Gemm("dP", sq, s, dv, "dgrad", heads), Gemm("dV", s, dv, sq, "wgrad", heads)]
     # dot_product_attention.py: context.permute(2, 0, 1, 3).contiguous(), [b, np, sq, hn] to
     # [sq, b, np, hn]: one copy (its backward is a view: the bmm reads the strided gradient)
-    p.forward.append(Memory("context permute", "copy", heads * sq * d, 2 * act))
+    p.forward.append(Memory("context permute", "copy", heads * sq * dv, 2 * act))
 
 
 def _torch_softmax(p: _Pass, sq: int, s: int, elements: int, act: int) -> None:
