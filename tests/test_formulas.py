@@ -104,6 +104,18 @@ def test_moe_layer_frequency() -> None:
     assert [listed.is_moe_layer(i) for i in range(3)] == [False, True, True]
 
 
+@pytest.mark.parametrize(("layers", "experts", "freq"), [
+    (4, 8, 1), (4, 8, 2), (1, 8, 3), (3, 8, (1, 1, 1)), (3, 8, (1, 0, 1)), (4, None, 1)])
+def test_every_layer_moe_is_each_layer_asked(layers: int, experts: int | None, freq: Any) -> None:
+    # the job's CUDA-graph check asks whether every layer is MoE once per job (a plan search
+    # builds tens of thousands): the arithmetic answer is the per-layer loop's
+    from inspector.job.model import ModelConfig
+
+    model = ModelConfig(num_layers=layers, hidden_size=64, num_attention_heads=4, seq_length=16,
+                        num_experts=experts, moe_layer_freq=freq)  # type: ignore[call-arg]  # fmt: skip
+    assert model.every_layer_moe() == all(model.is_moe_layer(i) for i in range(layers))
+
+
 def test_heads_not_divisible_by_groups() -> None:
     # GQA needs whole groups of query heads.
     with pytest.raises(ConfigError, match=r"12 % 5 = 2"):

@@ -317,5 +317,7 @@ def op_seconds(op: Op, gpu: Gpu) -> float:
 
 
 def ops_seconds(ops: Iterable[Op], gpu: Gpu) -> float:
-    """Return the seconds of ops run one after another."""
-    return sum(op_seconds(op, gpu) for op in ops)
+    """Return the seconds of ops run one after another (an op met again, each local expert's
+    GEMM, is priced once)."""
+    seen: dict[Op, float] = {}
+    return sum(seen[op] if op in seen else seen.setdefault(op, op_seconds(op, gpu)) for op in ops)

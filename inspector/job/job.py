@@ -201,7 +201,7 @@ class Job:
         check_tp_comm_overlap(self.model, self.layout, self.training)
         model, training = self.model, self.training
         check_packing(self)
-        every_moe = all(model.is_moe_layer(i) for i in range(model.num_layers))
+        every_moe = model.every_layer_moe()
         check_cuda_graphs(training.cuda_graph_impl, training.cuda_graph_scope, training.recompute,
                           model.num_experts, bool(model.num_experts) and every_moe,
                           training.ep_overlap, preprocess_syncs(training),

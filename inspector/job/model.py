@@ -352,6 +352,15 @@ class ModelConfig:
             return bool(self.moe_layer_freq[layer])
         return layer % self.moe_layer_freq == 0
 
+    def every_layer_moe(self) -> bool:
+        """Return whether every layer has an MoE MLP (`is_moe_layer` of each, without the loop
+        where `moe_layer_freq` is a number: only 1 makes every layer MoE)."""
+        if self.num_experts is None:
+            return False
+        if isinstance(self.moe_layer_freq, tuple):
+            return all(self.moe_layer_freq[i] for i in range(self.num_layers))
+        return all(i % self.moe_layer_freq == 0 for i in range(min(self.num_layers, 2)))
+
     def embedding_rows(self, tensor_parallel_size: int) -> int:
         """Return the vocabulary padded as Megatron-LM does for this tensor-parallel size.
 

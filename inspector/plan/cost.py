@@ -50,7 +50,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, cast
+from typing import cast
 
 import inspector.caches as caches
 from inspector.formulas.flops import LayerFlops, layer_flops, logit_flops, mla_up_flops, mtp_flops
@@ -61,7 +61,7 @@ from inspector.job.dims import ModelDims
 from inspector.job.hardware import Gpu
 from inspector.job.job import Recompute
 from inspector.job.layout import Layout
-from inspector.memory.closed.activations import mtp_recompute, recompute_plan
+from inspector.memory.closed.activations import mtp_recompute
 from inspector.plan.context import ring_attention
 from inspector.plan.flex import moe_exchange
 from inspector.plan.host import HostWork, edge_units, kind_segments, merge
@@ -71,11 +71,11 @@ from inspector.plan.kernel_seconds import (
     compute_seconds,
     core_seconds,
     embedding_time,
-    first_layers,
     kernel_seconds,
     layer_kernels,
     optimizer_step_seconds,
     output_seconds,
+    stage_kinds,
 )
 from inspector.plan.network import Network, collective, fsdp_seconds, tensor_seconds
 from inspector.plan.overlap import merged_times
@@ -167,7 +167,8 @@ def stage_work(
     --overlap-moe-expert-parallel-comm; `flex`: flex dispatcher; `has_embedding`: stage 0; `host`: as
     `_host_work` takes it."""
     rate, mode = compute_rate(net, efficiency), cast(Recompute, recompute)
-    kinds = _kinds(dims, recompute_plan(0, chunk_layers, mode, recompute_method, recompute_num_layers))
+    kinds = dict(stage_kinds(dims, tuple(map(tuple, chunk_layers)), mode, recompute_method,
+                             recompute_num_layers))  # fmt: skip
     total, layers = [0.0, 0.0, 0.0, 0.0], []  # compute, tensor, context, expert; each kind's
     for (how, moe), (i, count) in kinds.items():
         shares = overlap[:3] if moe is True else (0.0, False, 0.0)
@@ -183,17 +184,6 @@ def stage_work(
     work = _host_work(dims, _shard(lay, mbs), layers, sum(total) + p2p, (has_output, has_embedding),
                       recompute_modules, host)  # fmt: skip
     return StageTime(total[0], total[1], total[2], total[3], p2p, 0.0, 0.0, host=work, wait=work.wait())
-
-
-def _kinds(dims: ModelDims, plan: Any) -> dict[tuple[Recompute, bool | str], list[int]]:
-    """Return the stage's (recomputed or not, kind) -> [its first layer in the model, the count]
-    under `plan` (activations.recompute_plan)."""
-    first, kinds = first_layers(dims), {}  # type: ignore[var-annotated]  # the return's
-    for group, how in (pair for groups in plan for pair in groups):
-        for i in group:
-            kind = dims.layer_kind(i)
-            kinds.setdefault((how, kind), [first[kind], 0])[1] += 1
-    return kinds
 
 
 def _p2p_seconds(dims: ModelDims, lay: Layout, net: Network, mbs: int, chunks: int) -> float:
@@ -218,7 +208,7 @@ def _host_work(dims: ModelDims, shard: Shard, layers: Sequence[tuple[str, int, f
 
 
 def _alone(dims: ModelDims, lay: Layout, net: Network, rate: float, mbs: int,
-           kinds: dict[tuple[Recompute, bool | str], list[int]], modules: tuple[str, ...],
+           kinds: dict[tuple[Recompute, bool | str], tuple[int, int]], modules: tuple[str, ...],
            overlap: Overlap, flex: bool) -> float:  # fmt: skip
     """Return what MoE passes alone inside merged steps (overlap.alone_passes) take beyond the
     half pair each was priced at; `kinds`: the stage's (recompute, MoE) -> [a layer, count]."""

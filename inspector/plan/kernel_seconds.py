@@ -21,7 +21,9 @@ from inspector.formulas.ops import LayerOps, Shard, layer_ops, layer_seconds, ou
 from inspector.formulas.optimizer import OptimizerStep, optimizer_ops
 from inspector.job.dims import ModelDims
 from inspector.job.hardware import Gpu
+from inspector.job.job import Recompute
 from inspector.job.layout import Layout
+from inspector.memory.closed.activations import recompute_plan
 from inspector.memory.compose.stage_activations import first_of_kind
 from inspector.plan.network import Network, collective
 
@@ -142,3 +144,17 @@ def first_layers(dims: ModelDims) -> dict[bool | str, int]:
     """Return each kind's first layer (activations.first_of_kind), once per model: a layer is
     priced by its kind alone (ModelDims.layer_kind), so every stage asks for the same one."""
     return first_of_kind(dims)
+
+
+@caches.memo(maxsize=4096)
+def stage_kinds(dims: ModelDims, chunks: tuple[tuple[int, ...], ...], recompute: Recompute, method: str,
+                num_layers: int) -> tuple[tuple[tuple[Recompute, bool | str], tuple[int, int]], ...]:
+    """Return the stage's (recomputed or not, kind) -> (its first layer in the model, the count)
+    pairs under megatron's recomputation (activations.recompute_plan), once per stage shape."""
+    first, kinds = first_layers(dims), {}  # type: ignore[var-annotated]  # the return's
+    for group, how in (pair for groups in recompute_plan(0, chunks, recompute, method, num_layers)
+                       for pair in groups):  # fmt: skip
+        for i in group:
+            kind = dims.layer_kind(i)
+            kinds.setdefault((how, kind), [first[kind], 0])[1] += 1
+    return tuple((key, (i, count)) for key, (i, count) in kinds.items())

@@ -337,9 +337,9 @@ def timed(
     step_setup = _step_setup(job, dims)
     flex = training.moe_token_dispatcher_type == "flex"
     host = (host_syncs(training), graphed_layers(training))
-    scope = _TIME.setdefault(
-        (dims, pair_layout(lay), lay.pp, net, req.efficiency, mbs, training.recompute,
-         distributed, training.recompute_modules, flex, host), {},
+    scope = _TIME.setdefault(  # a stage's passes read no optimizer: `distributed` is in
+        (dims, pair_layout(lay), lay.pp, net, req.efficiency, mbs, training.recompute,  # its time's key
+         training.recompute_modules, flex, host), {},
     )
     times = []
     for st in stages:
@@ -368,7 +368,7 @@ def _stage_time(scope: dict[Any, Any], work: tuple[Any, ...], st: StagePlan, lay
     """Return a stage's time: its passes (`scope[work]`) with its state's communication and step."""
     held = st.state
     key = (*work, held.gradients, held.all_gather_bytes, held.kept, held.elements, held.total,
-           step_setup)
+           step_setup, distributed)
     if key not in scope:
         # the all-gather moves the param buffers (fp8 ones 1 byte an element), not TE's
         # transposes; an element's gradient bytes from the buffers
@@ -387,8 +387,8 @@ _ACT: dict[tuple[Any, ...], dict[tuple[Any, ...], tuple[int, tuple[int, ...]]]] 
 # recipe) -> a micro-batch's bytes per chunk, and the rebuild (activations.stage_chunk_bytes);
 # (a chunk's signature, recipe) -> its own bytes and rebuild)
 _CHUNK_BYTES: dict[tuple[Any, ...], tuple[dict[Any, ChunkBytes], dict[Any, Any]]] = caches.table()
-# (dims, ranks, pp, network, efficiency, mbs, recompute, distopt, modules, flex, host) -> (signature,
-# output?) -> the stage's work per micro-batch, and (..., gradients, weights, state) -> its time
+# (dims, ranks, pp, network, efficiency, mbs, recompute, modules, flex, host) -> (signature,
+# output?) -> the stage's work per micro-batch, and (..., gradients, weights, state, distopt) -> its time
 _TIME: dict[tuple[Any, ...], dict[tuple[Any, ...], StageTime]] = caches.table()
 
 
