@@ -17,7 +17,7 @@ import inspector.caches as caches
 from inspector.errors import ConfigError
 from inspector.job.device import Device
 from inspector.job.flex import one_rank_refused
-from inspector.job.job import Job
+from inspector.job.job import Job, Training
 from inspector.job.layout import Layout, validate_layout
 from inspector.job.model import ModelConfig
 from inspector.memory.compose.stage_activations import (
@@ -202,11 +202,24 @@ _JOBS: dict[tuple[Any, ...], Job | None] = caches.table()
 def _new_job(
     req: Request, lay: Layout, mbs: int, recipe: Recipe, distopt: bool | str, flash: bool
 ) -> Job | None:
+    training = _training(req.training, req.global_batch_size, mbs, recipe, distopt, flash)
+    try:
+        job = Job(req.model, lay, training, Device(req.gpu.name))  # its workspaces (job/device.py)
+        job.schedule()
+    except ConfigError:
+        return None
+    return job
+
+
+@caches.memo(maxsize=4096)
+def _training(asked: Training, global_batch_size: int, mbs: int, recipe: Recipe, distopt: bool | str,
+              flash: bool) -> Training:  # fmt: skip
+    """Return the candidate's training settings, once for every layout that shares them."""
     recompute, method, num_layers = recipe
-    training = replace(
-        req.training,
+    return replace(
+        asked,
         micro_batch_size=mbs,
-        global_batch_size=req.global_batch_size,
+        global_batch_size=global_batch_size,
         recompute=recompute,  # type: ignore[arg-type]
         recompute_method=method,
         recompute_num_layers=num_layers,
@@ -216,12 +229,6 @@ def _new_job(
         sharding_strategy=distopt if isinstance(distopt, str) else "no_shard",
         overlap_grad_reduce=True,
     )
-    try:
-        job = Job(req.model, lay, training, Device(req.gpu.name))  # its workspaces (job/device.py)
-        job.schedule()
-    except ConfigError:
-        return None
-    return job
 
 
 _REFUSED: dict[tuple[int, Layout], bool] = caches.table()
