@@ -211,7 +211,7 @@ def _alone(dims: ModelDims, lay: Layout, net: Network, rate: float, mbs: int,
            kinds: dict[tuple[Recompute, bool | str], tuple[int, int]], modules: tuple[str, ...],
            overlap: Overlap, flex: bool) -> float:  # fmt: skip
     """Return what MoE passes alone inside merged steps (overlap.alone_passes) take beyond the
-    half pair each was priced at; `kinds`: the stage's (recompute, MoE) -> [a layer, count]."""
+    half pair each was priced at; `kinds`: the stage's (recompute, MoE) -> (a layer, count)."""
     kind = next(((how, layer) for (how, moe), (layer, _) in kinds.items() if moe is True), None)
     if kind is None or not overlap[3]:
         return 0.0

@@ -337,8 +337,9 @@ def timed(
     step_setup = _step_setup(job, dims)
     flex = training.moe_token_dispatcher_type == "flex"
     host = (host_syncs(training), graphed_layers(training))
-    scope = _TIME.setdefault(  # a stage's passes read no optimizer: `distributed` is in
-        (dims, pair_layout(lay), lay.pp, net, req.efficiency, mbs, training.recompute,  # its time's key
+    # a stage's passes read no optimizer setting: `distributed` is in its time's key (_stage_time)
+    scope = _TIME.setdefault(
+        (dims, pair_layout(lay), lay.pp, net, req.efficiency, mbs, training.recompute,
          training.recompute_modules, flex, host), {},
     )
     times = []
