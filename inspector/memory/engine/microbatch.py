@@ -69,6 +69,11 @@ class Trace:
         """Return the bytes the micro-batch holds between its forward and its backward."""
         return self.forward[-1].allocated if self.forward else 0
 
+    @property
+    def left(self) -> int:
+        """Return the bytes a backward leaves the chunk's layers (`retained`, all layers)."""
+        return sum(size for _, size in self.retained)
+
 
 def run_microbatch(job: Job, ddp: Any, gpt: Any, num_microbatches: int) -> Trace:
     """Run one micro-batch forward and backward through `ddp` (around `gpt`); return its trace."""

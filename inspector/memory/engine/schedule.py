@@ -108,7 +108,7 @@ def replay_passes(
     counts = [0] * chunks  # micro-batches started, per chunk
     flight: list[list[int]] = [[] for _ in range(chunks)]
     held = 0
-    retained = [sum(size for _, size in trace.retained) for trace in traces]
+    retained = [trace.left for trace in traces]
     holding = [bool(size) for size in retained]  # left by the iteration before
     order = schedule_passes(stage, pp, num_microbatches, chunks, group_size, extra)
     steady = steady_offload(traces, order)

@@ -82,8 +82,8 @@ def iteration_timeline(
         else:  # the MoE all-to-all overlap's forward and backward together
             own = _steps(combined(traces[ran.chunk], traces[ran.paired[0]]))
         passes.append(MemoryPass(label, (ran.chunk, ran.mb), ran.held, own))
-        left = sum(size for _, size in traces[ran.chunk].retained)  # a backward leaves
-        held = ran.held + (traces[ran.chunk].held if ran.forward else left) - ran.frees
+        trace = traces[ran.chunk]
+        held = ran.held + (trace.held if ran.forward else trace.left) - ran.frees
     for index, (label, events) in enumerate(phases):
         passes.append(MemoryPass(label, (-1, index), held, _steps(events)))
     return tuple(passes)
