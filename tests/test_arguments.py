@@ -152,6 +152,21 @@ def test_the_engine_runs_the_backend_asked_for(cli):
     assert engine() == engine(*no_dropout)  # fused attention's dropout keeps no mask
 
 
+def test_a_build_gives_back_the_attention_environment(cli, monkeypatch):
+    # megatron sets TE's NVTE_* opt-outs while it builds --attention-backend unfused; the process
+    # gets its own values back after (world/environment.py), or TE used later in it would run the
+    # unfused backend for a job that did not ask for it (CI ran test_te_engine after such a build)
+    import os
+
+    monkeypatch.setenv("NVTE_FLASH_ATTN", "1")
+    monkeypatch.delenv("NVTE_FUSED_ATTN", raising=False)
+    monkeypatch.delenv("NVTE_UNFUSED_ATTN", raising=False)
+    result = cli("memory", *SMALL, *TE, "--attention-backend", "unfused")
+    assert result.code == 0, result.err
+    names = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN")
+    assert [os.environ.get(name) for name in names] == ["1", None, None]
+
+
 def test_the_default_backend_allows_context_parallelism_under_te(cli):
     # context parallelism runs only through TE's flash/fused attention, which auto picks in bf16
     assert flash_attention(cli, *TE, "--cp", "2") is True

@@ -63,14 +63,34 @@ def _environment(name: str, value: str | None) -> Iterator[None]:
             os.environ[name] = saved
 
 
+_ATTENTION = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN")
+
+
 def fresh_attention_env() -> None:
     """Clear TE's attention opt-outs, as a fresh Megatron-LM process starts: megatron's
     LanguageModule._set_attention_backend sets NVTE_FLASH_ATTN, NVTE_FUSED_ATTN and
     NVTE_UNFUSED_ATTN from config.attention_backend and asserts any value already set agrees, so
     one process building jobs of different backends (and a user's own NVTE_* settings) would
     fail or leak into the next build; the TE stand-in reads them as TE does (world/te)."""
-    for name in ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN"):
+    for name in _ATTENTION:
         os.environ.pop(name, None)
+
+
+@contextlib.contextmanager
+def attention_environment() -> Iterator[None]:
+    """Run the block (a stage's build and the engine's run of it) with the opt-outs megatron sets
+    there, and give the process back the values it had before: a later build clears them again
+    (`fresh_attention_env`), but Transformer Engine used outside a build reads them too, and would
+    run --attention-backend unfused's backend for a job that did not ask for it."""
+    saved = {name: os.environ.get(name) for name in _ATTENTION}
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def te_fuses_bf16_moments() -> bool:

@@ -24,7 +24,12 @@ from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
 from inspector.world.config import flags_named, transformer_config
 from inspector.world.dsa import dsa_block_spec, dsa_mtp_layer_spec, fresh_dsa_state
-from inspector.world.environment import deterministic, fresh_attention_env, op_fuser_environment
+from inspector.world.environment import (
+    attention_environment,
+    deterministic,
+    fresh_attention_env,
+    op_fuser_environment,
+)
 from inspector.world.gdn import gdn_block_spec, gdn_building, is_gdn_layer
 from inspector.world.hybrid import build_hybrid_model
 from inspector.world.setup import (
@@ -109,6 +114,7 @@ def stage_world(
         contextlib.redirect_stdout(chatter),
         deterministic(bool(runtime and runtime.get("deterministic_mode"))),
         op_fuser_environment(bool(runtime and runtime.get("use_transformer_engine_op_fuser"))),
+        attention_environment(),
     ):
         warnings.simplefilter("ignore")
         with _megatron_errors(stage) as net, simulated_rank(layout, rank, vpp) as ps:
