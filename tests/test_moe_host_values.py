@@ -20,7 +20,7 @@ def _gathered(mode: _HostValues, copies: int) -> tuple[torch.Tensor, torch.Tenso
 def test_gathered_sum_comes_from_the_copies_and_equals_the_whole_sum() -> None:
     mode = _HostValues()
     routing, output = _gathered(mode, 4)
-    assert output in mode.stacked  # the shortcut is taken
+    assert output in mode.values.stacked  # the shortcut is taken
     with mode:
         counts = output.sum(dim=0)
         selected = torch.masked_select(torch.ones(48, 8, device="meta"), output)
@@ -30,6 +30,23 @@ def test_gathered_sum_comes_from_the_copies_and_equals_the_whole_sum() -> None:
     assert selected.shape == (96,)
 
 
+def test_local_experts_columns_come_from_one_copy_and_equal_the_whole_maps() -> None:
+    """The allgather dispatcher keeps its local experts' columns of the gathered map
+    (`routing_map[:, first:last + 1].contiguous()`), casts and sums them: each op acts on every
+    copy alike, so it runs on one, and the gathered map is never made whole (`_Values`)."""
+    mode = _HostValues()
+    routing, output = _gathered(mode, 4)
+    with mode:
+        local = output[:, 2:5].contiguous()
+        counts = local.sum(dim=0).long()
+        picked = torch.masked_select(torch.ones(48, 3, device="meta"), local)
+    assert output not in mode.values.full  # never made whole (masked_select made `local` so)
+    whole = mode.values[routing].repeat(4, 1)[:, 2:5]
+    assert torch.equal(mode.values[local], whole)
+    assert torch.equal(mode.values[counts], whole.sum(dim=0))
+    assert picked.shape == (int(whole.sum()),)
+
+
 def test_a_gathered_map_written_in_place_is_summed_afresh() -> None:
     """The copies record must go when an op writes the gathered map: its sum is then zero."""
     mode = _HostValues()
@@ -37,7 +54,7 @@ def test_a_gathered_map_written_in_place_is_summed_afresh() -> None:
     with mode:
         output.zero_()
         counts = output.sum(dim=0)
-    assert output not in mode.stacked
+    assert output not in mode.values.stacked
     assert torch.equal(mode.values[counts], torch.zeros(8, dtype=torch.long))
 
 
@@ -48,4 +65,4 @@ def test_a_float_gather_is_summed_whole() -> None:
     mode.set(probs, torch.rand(12, 8))
     output = torch.empty(48, 8, device="meta")
     mode._all_gather(lambda out, inp: None, (output, probs), {})
-    assert output not in mode.stacked
+    assert output not in mode.values.stacked

@@ -99,3 +99,30 @@ def test_planner_modules_and_functions_stay_small(path: Path) -> None:
     assert len(path.read_text().splitlines()) <= 400
     long = [(name, n) for name, n in _function_lengths(path) if n > 40]
     assert not long, long
+
+
+def test_a_search_checks_its_model_once_and_each_layout_once(monkeypatch) -> None:
+    # plan/search.py makes tens of thousands of Jobs of one model: job.py's `checks_once` checks
+    # the model on entry and each layout the first time it passes, and a refusal stays one
+    import inspector.job.job as job_module
+    from inspector.errors import ConfigError
+    from inspector.job.job import Job, checks_once
+    from inspector.job.layout import Layout
+    from inspector.job.model import ModelConfig
+
+    calls: list[object] = []
+    check_model, check_layout = job_module.validate_model, job_module.validate_layout
+    monkeypatch.setattr(job_module, "validate_model",
+                        lambda model: calls.append("model") or check_model(model))
+    monkeypatch.setattr(job_module, "validate_layout",
+                        lambda model, lay: calls.append(lay.tp) or check_layout(model, lay))
+    model = ModelConfig(num_layers=2)  # 12 heads
+    with checks_once(model):
+        Job(model, Layout(tp=2))
+        Job(model, Layout(tp=2))
+        Job(ModelConfig(num_layers=4), Layout(tp=2))  # another model: checked in full
+        for _ in range(2):
+            with pytest.raises(ConfigError):
+                Job(model, Layout(tp=5))  # 12 heads over 5: refused each time
+    Job(model, Layout(tp=2))  # after the block, checked in full again
+    assert calls == ["model", 2, "model", 2, 5, 5, "model", 2]

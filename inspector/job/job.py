@@ -8,7 +8,8 @@ turn those into records. Nothing downstream reads Megatron-LM arguments again.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, cast, get_args
 
@@ -172,6 +173,24 @@ class Schedule:
     num_microbatches: int  # per pipeline, per iteration
 
 
+_ONCE: dict[str, Any] = {}  # the model `checks_once` vouches for, and its layouts checked
+
+
+@contextlib.contextmanager
+def checks_once(model: ModelConfig) -> Iterator[None]:
+    """Within the block, Jobs of `model` (this very object) check it, and each layout with it,
+    once: a planner makes tens of thousands of jobs of one model over a few thousand layouts,
+    and neither check reads anything else (the frozen model, the layout, the installed releases)."""
+    saved = dict(_ONCE)
+    validate_model(model)
+    _ONCE.update(model=model, layouts=set())
+    try:
+        yield
+    finally:
+        _ONCE.clear()
+        _ONCE.update(saved)
+
+
 @dataclass(frozen=True)
 class Job:
     """A model, its parallel layout and its training settings, checked together."""
@@ -183,9 +202,14 @@ class Job:
 
     def __post_init__(self) -> None:
         """Reject a job megatron would refuse or silently change."""
-        validate_model(self.model)
+        once = _ONCE.get("model") is self.model  # `checks_once`
+        if not once:
+            validate_model(self.model)
         check_precision(self.model, self.device)
-        validate_layout(self.model, self.layout)
+        if not once or self.layout not in _ONCE["layouts"]:
+            validate_layout(self.model, self.layout)
+            if once:
+                _ONCE["layouts"].add(self.layout)
         check_dsa_layout(self.model, self.layout.cp)
         check_lora(self.model, self.layout.tp, self.training)
         if self.model.hybrid:

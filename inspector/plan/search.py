@@ -22,7 +22,7 @@ from typing import Any
 from inspector.errors import ConfigError
 from inspector.formulas.kernels import published, scaled_from
 from inspector.formulas.published_kernels import unmeasured
-from inspector.job.job import Job
+from inspector.job.job import Job, checks_once
 from inspector.job.layout import Layout
 from inspector.plan.candidates import Recipe, capped_split, first_fit, more_recompute, recipes
 from inspector.plan.confirm import confirmed, engine_runs, measured
@@ -142,6 +142,11 @@ def search(req: Request, progress: Callable[[int, int], None] | None = None) -> 
         req: the model, cluster and fixed dimensions.
         progress: called with (candidates evaluated, plans feasible) now and then.
     """
+    with checks_once(req.model):  # one model, tens of thousands of jobs
+        return _search(req, progress)
+
+
+def _search(req: Request, progress: Callable[[int, int], None] | None) -> SearchResult:
     start = time.perf_counter()
     tally = _Tally(req, progress)
     recomputes = recipes(req)

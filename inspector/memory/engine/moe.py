@@ -72,11 +72,8 @@ class _HostValues(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
-        self.values: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
+        self.values = _Values()
         self.scalars: WeakTensorKeyDictionary = WeakTensorKeyDictionary()  # see `_scalar`
-        # an all-gather's output as (the input's values, copies): its sums come from the input's
-        # (`_sum`); dropped when an op writes the output in place
-        self.stacked: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -97,31 +94,44 @@ class _HostValues(TorchDispatchMode):
             return self._repeat_interleave(args[0], kwargs.get("output_size"))
         if func is torch.ops.c10d._allgather_base_.default:
             return self._all_gather(func, args, kwargs)
-        if func is aten.sum.dim_IntList and args[0] in self.stacked and _dim0(args, kwargs):
-            return self._sum(func, args, kwargs)
+        stacked = self.values.copies_of(args[0]) if args else None
+        if stacked is not None and func is aten.sum.dim_IntList and _dim0(args, kwargs):
+            return self._sum(func, args, kwargs, stacked)
+        if stacked is not None and _per_copy(func, args, kwargs):
+            return self._each_copy(func, args, kwargs, stacked)
         out = func(*args, **kwargs)
         known = all(t in self.values or t in self.scalars or not t.is_meta for t in tensors)
         outputs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
         if not known:
             for tensor in outputs:  # an in-place op on a tensor whose values we no longer know
-                self.values.pop(tensor, None)
-                self.stacked.pop(tensor, None)
+                self.values.pop(tensor)
             return out
         with _disable_current_modes():
             host = func(*self._on_host(args), **self._on_host(kwargs))
         values = [t for t in pytree.tree_leaves(host) if isinstance(t, torch.Tensor)]
         for tensor, value in zip(outputs, values, strict=True):
-            self.values[tensor] = value
-            self.stacked.pop(tensor, None)  # written in place, perhaps: no longer copies
+            self.values[tensor] = value  # written in place, perhaps: no longer copies
         return out
 
-    def _sum(self, func: Any, args: Any, kwargs: dict[str, Any]) -> torch.Tensor:
+    def _sum(self, func: Any, args: Any, kwargs: dict[str, Any],
+             stacked: tuple[torch.Tensor, int]) -> torch.Tensor:  # fmt: skip
         """`gathered.sum(dim=0)` over an all-gather's copies: the input's sum times the copies
         (the [tokens, experts] maps' counts per expert, the same numbers without the big sum)."""
         out: torch.Tensor = func(*args, **kwargs)
-        value, copies = self.stacked[args[0]]
+        value, copies = stacked
         with _disable_current_modes():
             self.values[out] = value.sum(dim=0) * copies
+        return out
+
+    def _each_copy(self, func: Any, args: Any, kwargs: dict[str, Any],
+                   stacked: tuple[torch.Tensor, int]) -> torch.Tensor:  # fmt: skip
+        """An op that acts on each of an all-gather's copies alike (`_per_copy`): its output is
+        the op's result on one copy, stacked as many times (the allgather dispatcher's
+        `routing_map[:, local experts].contiguous()`: one rank's columns, not the gathered map's)."""
+        out: torch.Tensor = func(*args, **kwargs)
+        value, copies = stacked
+        with _disable_current_modes():
+            self.values.stack(out, func(value, *args[1:], **self._on_host(kwargs)), copies)
         return out
 
     def _scalar(self, func: Any, args: Any, kwargs: dict[str, Any]) -> torch.Tensor:
@@ -195,7 +205,6 @@ class _HostValues(TorchDispatchMode):
     def set(self, tensor: torch.Tensor, values: torch.Tensor) -> None:
         """Keep `values` on the host beside `tensor` (the DeepEP stand-in's outputs)."""
         self.values[tensor] = values
-        self.stacked.pop(tensor, None)
 
     def _all_gather(self, func: Any, args: Any, kwargs: Any) -> Any:
         """Every rank routes alike (balanced): the gather holds group-size copies of the input."""
@@ -204,13 +213,71 @@ class _HostValues(TorchDispatchMode):
         if input in self.values:
             with _disable_current_modes():
                 copies = output.numel() // max(input.numel(), 1)  # the group's size
-                # the copies stacked on dim 0, as torch.cat([value] * copies) (repeat copies a
-                # [tokens, experts] bool map 2.6x faster: the plan search gathers hundreds)
                 value = self.values[input]
-                self.values[output] = value.repeat(copies, *[1] * (value.dim() - 1))
-                if not (value.is_floating_point() or value.is_complex()):  # sums exact
-                    self.stacked[output] = (value.clone(), copies)
+                if value.is_floating_point() or value.is_complex():  # its sums are not exact
+                    self.values[output] = _stacked(value, copies)
+                else:  # the copies made only where an op reads them all (`_Values`)
+                    self.values.stack(output, value.clone(), copies)
         return out
+
+
+class _Values:
+    """The host values beside meta tensors, an all-gather's output kept as (the input's values,
+    copies) until an op reads all of it: the allgather dispatcher gathers a [tokens, experts]
+    routing map over TP x EP ranks, then keeps its local experts' columns and sums them
+    (token_dispatcher.py `dispatch_postprocess`), which `_sum` and `_each_copy` answer from one
+    copy. A write to a tensor replaces its copies with its values."""
+
+    def __init__(self) -> None:
+        self.full: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
+        self.stacked: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
+
+    def __contains__(self, tensor: torch.Tensor) -> bool:
+        return tensor in self.full or tensor in self.stacked
+
+    def __getitem__(self, tensor: torch.Tensor) -> torch.Tensor:
+        value = self.full.get(tensor)
+        if value is None:
+            value = self.full[tensor] = _stacked(*self.stacked[tensor])
+        return value
+
+    def get(self, tensor: torch.Tensor, default: Any = None) -> Any:
+        return self[tensor] if tensor in self else default
+
+    def __setitem__(self, tensor: torch.Tensor, value: torch.Tensor) -> None:
+        self.full[tensor] = value
+        self.stacked.pop(tensor, None)
+
+    def stack(self, tensor: torch.Tensor, value: torch.Tensor, copies: int) -> None:
+        """Keep `tensor`'s values as `copies` copies of `value` stacked on dim 0."""
+        self.full.pop(tensor, None)
+        self.stacked[tensor] = (value, copies)
+
+    def copies_of(self, tensor: Any) -> tuple[torch.Tensor, int] | None:
+        return self.stacked.get(tensor) if isinstance(tensor, torch.Tensor) else None
+
+    def pop(self, tensor: torch.Tensor) -> None:
+        self.full.pop(tensor, None)
+        self.stacked.pop(tensor, None)
+
+
+def _stacked(value: torch.Tensor, copies: int) -> torch.Tensor:
+    """`copies` copies of `value` stacked on dim 0, as torch.cat([value] * copies) (repeat copies
+    a [tokens, experts] bool map 2.6x faster)."""
+    return value.repeat(copies, *[1] * (value.dim() - 1))
+
+
+def _per_copy(func: Any, args: Any, kwargs: dict[str, Any]) -> bool:
+    """True for an op of one tensor that acts on each dim-0 copy alike: a slice across the other
+    dimensions, a clone (`.contiguous()`), a cast on the same device."""
+    if any(isinstance(a, torch.Tensor) for a in args[1:]):
+        return False
+    if func is aten.slice.Tensor:
+        dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+        return bool(dim % args[0].dim())
+    if func is aten._to_copy.default:
+        return kwargs.get("device") is None
+    return func is aten.clone.default
 
 
 def _bool_index(indices: Any) -> bool:
