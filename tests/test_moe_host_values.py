@@ -65,4 +65,11 @@ def test_a_float_gather_is_summed_whole() -> None:
     mode.set(probs, torch.rand(12, 8))
     output = torch.empty(48, 8, device="meta")
     mode._all_gather(lambda out, inp: None, (output, probs), {})
-    assert output not in mode.values.stacked
+    assert output not in mode.values.full  # kept as copies, as a map is
+    with mode:
+        local = output[:, 2:5].contiguous()  # the dispatcher's local experts' probs: one copy
+        assert output not in mode.values.full
+        total = output.sum(dim=0)
+    assert output in mode.values.full  # made whole for the sum
+    assert torch.equal(mode.values[total], mode.values[probs].repeat(4, 1).sum(dim=0))
+    assert torch.equal(mode.values[local], mode.values[probs].repeat(4, 1)[:, 2:5])

@@ -95,7 +95,7 @@ class _HostValues(TorchDispatchMode):
         if func is torch.ops.c10d._allgather_base_.default:
             return self._all_gather(func, args, kwargs)
         stacked = self.values.copies_of(args[0]) if args else None
-        if stacked is not None and func is aten.sum.dim_IntList and _dim0(args, kwargs):
+        if stacked is not None and func is aten.sum.dim_IntList and _exact_sum(stacked, args, kwargs):
             return self._sum(func, args, kwargs, stacked)
         if stacked is not None and _per_copy(func, args, kwargs):
             return self._each_copy(func, args, kwargs, stacked)
@@ -213,11 +213,8 @@ class _HostValues(TorchDispatchMode):
         if input in self.values:
             with _disable_current_modes():
                 copies = output.numel() // max(input.numel(), 1)  # the group's size
-                value = self.values[input]
-                if value.is_floating_point() or value.is_complex():  # its sums are not exact
-                    self.values[output] = _stacked(value, copies)
-                else:  # the copies made only where an op reads them all (`_Values`)
-                    self.values.stack(output, value.clone(), copies)
+                # the copies made only where an op reads them all (`_Values`)
+                self.values.stack(output, self.values[input].clone(), copies)
         return out
 
 
@@ -291,6 +288,12 @@ def _dim0(args: Any, kwargs: dict[str, Any]) -> bool:
     dims = args[1] if len(args) > 1 else kwargs.get("dim")
     keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
     return list(dims or ()) == [0] and not keepdim and kwargs.get("dtype") is None
+
+
+def _exact_sum(stacked: tuple[torch.Tensor, int], args: Any, kwargs: dict[str, Any]) -> bool:
+    """True for `x.sum(dim=0)` of copies whose sum is exact in any order (not floating point)."""
+    value = stacked[0]
+    return not (value.is_floating_point() or value.is_complex()) and _dim0(args, kwargs)
 
 
 def _to_host(kwargs: dict[str, Any]) -> bool:
