@@ -21,6 +21,7 @@ group, not the layer, is the piece: one segment per group of N consecutive layer
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,8 +43,10 @@ class PhaseCut:
     tail: tuple[Step, ...]
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def layer_of(where: str) -> int | None:
-    """Return the local index of the transformer layer an event's label names, else None."""
+    """Return the local index of the transformer layer an event's label names, else None
+    (once per label: a composition reads each of a chunk's labels once per layer it makes)."""
     match = _LAYER.match(where)
     return int(match.group(1)) if match else None
 
@@ -147,13 +150,22 @@ def _renamed(where: str, first: int, numbers: Sequence[int]) -> str:
     """Return `where` with its layer (`decoder.layers.{first + j}`) named by numbers[j]; a free's
     origin in another piece's layer (j out of range) by its distance from this piece, as a
     chunk's layers are consecutive."""
+    parts = _parts(where)
+    if parts is None:
+        return where
+    j = parts[0] - first
+    number = numbers[j] if 0 <= j < len(numbers) else numbers[0] + j
+    return f"layer {number}{parts[1]}"
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _parts(where: str) -> tuple[int, str] | None:
+    """Return a label's layer index and what `_renamed` writes after the layer's new name."""
     match = _LAYER.match(where)
     if not match:
-        return where
-    j = int(match.group(1)) - first
-    number = numbers[j] if 0 <= j < len(numbers) else numbers[0] + j
+        return None
     rest = where[match.end() :]
-    return f"layer {number}{rest if rest.startswith(':') else ' ' + rest[1:] if rest else ''}"
+    return int(match.group(1)), rest if rest.startswith(":") else " " + rest[1:] if rest else ""
 
 
 def _events(steps: Sequence[Step], total: int) -> tuple[Event, ...]:
