@@ -223,7 +223,9 @@ class _Values:
     copies) until an op reads all of it: the allgather dispatcher gathers a [tokens, experts]
     routing map over TP x EP ranks, then keeps its local experts' columns and sums them
     (token_dispatcher.py `dispatch_postprocess`), which `_sum` and `_each_copy` answer from one
-    copy. A write to a tensor replaces its copies with its values."""
+    copy. A write to a tensor replaces its copies with its values; a column slice kept as copies
+    does not see a later write to the map it was cut from (megatron's dispatchers cut the map and
+    copy it, and write to neither after)."""
 
     def __init__(self) -> None:
         self.full: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
