@@ -52,7 +52,7 @@ MIN_LARGE_ALLOC = 10 << 20  # kMinLargeAlloc
 ROUND_LARGE = 2 << 20  # kRoundLarge
 
 
-@dataclass
+@dataclass(eq=False)  # a block is itself: the pool finds it by identity (list.index, remove)
 class _Block:
     segment: int
     offset: int
