@@ -126,3 +126,26 @@ def test_a_search_checks_its_model_once_and_each_layout_once(monkeypatch) -> Non
                 Job(model, Layout(tp=5))  # 12 heads over 5: refused each time
     Job(model, Layout(tp=2))  # after the block, checked in full again
     assert calls == ["model", 2, "model", 2, 5, 5, "model", 2]
+
+
+def test_a_record_hashed_once_hashes_as_its_fields_and_is_forgotten_with_it() -> None:
+    # job/hash_once.py: ModelDims and Training keep their hash beside them while they live
+    import dataclasses
+    import gc
+
+    from inspector.job import hash_once
+    from inspector.job.job import Job
+    from inspector.job.model import ModelConfig
+
+    job = Job(ModelConfig(num_layers=2))
+    for record in (job.dims(), job.training):
+        fields = [f for f in dataclasses.fields(record) if f.compare and f.hash is not False]
+        assert hash(record) == hash(tuple(getattr(record, f.name) for f in fields))
+        assert id(record) in hash_once._HASHES
+    dims = job.dims()  # a new object, equal to the one above
+    assert {job.dims(): 1}[dims] == 1
+    key = id(dims)
+    hash(dims)
+    del dims, job
+    gc.collect()
+    assert key not in hash_once._HASHES

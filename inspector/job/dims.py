@@ -25,9 +25,11 @@ from typing import Any
 from inspector.errors import ConfigError
 from inspector.job.checks import check_at_least_one, check_heads, check_query_groups
 from inspector.job.gdn import GdnShape
+from inspector.job.hash_once import hash_once
 from inspector.job.packing import attention_squares
 
 
+@hash_once  # a planner's cache keys hold it: hashed once per object
 @dataclass(frozen=True)
 class ModelDims:
     """The shape of a GPT model as Megatron-LM's arguments describe it.

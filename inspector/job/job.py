@@ -34,6 +34,7 @@ from inspector.job.flex import check_flex, row_padding
 from inspector.job.fp8 import check_legacy_gather, check_param_gather
 from inspector.job.fsdp import fsdp_rules
 from inspector.job.gdn import validate_gdn
+from inspector.job.hash_once import hash_once
 from inspector.job.hybrid_model import validate_hybrid
 from inspector.job.layout import Layout, make_layout, validate_layout
 from inspector.job.lora import check_lora
@@ -54,6 +55,7 @@ MAX_CAPACITY_FACTOR = 1024.0  # beyond it no expert drops a token anyway
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_MODES: tuple[str, ...] = get_args(Recompute)
 
+@hash_once  # a planner's cache keys hold it: hashed once per object
 @dataclass(frozen=True)
 class Training:
     """Megatron-LM's training arguments (precision is the model's: it sets the params' dtype)."""
