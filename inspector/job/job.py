@@ -193,6 +193,17 @@ def checks_once(model: ModelConfig) -> Iterator[None]:
         _ONCE.update(saved)
 
 
+def check_layout(model: ModelConfig, layout: Layout) -> None:
+    """Run validate_layout, once per layout inside `checks_once` for its model (a refusal is
+    not remembered: it raises each time)."""
+    once = _ONCE.get("model") is model
+    if once and layout in _ONCE["layouts"]:
+        return
+    validate_layout(model, layout)
+    if once:
+        _ONCE["layouts"].add(layout)
+
+
 @dataclass(frozen=True)
 class Job:
     """A model, its parallel layout and its training settings, checked together."""
@@ -204,14 +215,10 @@ class Job:
 
     def __post_init__(self) -> None:
         """Reject a job megatron would refuse or silently change."""
-        once = _ONCE.get("model") is self.model  # `checks_once`
-        if not once:
+        if _ONCE.get("model") is not self.model:  # `checks_once`
             validate_model(self.model)
         check_precision(self.model, self.device)
-        if not once or self.layout not in _ONCE["layouts"]:
-            validate_layout(self.model, self.layout)
-            if once:
-                _ONCE["layouts"].add(self.layout)
+        check_layout(self.model, self.layout)
         check_dsa_layout(self.model, self.layout.cp)
         check_lora(self.model, self.layout.tp, self.training)
         if self.model.hybrid:

@@ -17,8 +17,8 @@ import inspector.caches as caches
 from inspector.errors import ConfigError
 from inspector.job.device import Device
 from inspector.job.flex import one_rank_refused
-from inspector.job.job import Job, Training
-from inspector.job.layout import Layout, validate_layout
+from inspector.job.job import Job, Training, check_layout
+from inspector.job.layout import Layout
 from inspector.job.model import ModelConfig
 from inspector.memory.compose.stage_activations import (
     activation_layout,
@@ -238,10 +238,11 @@ def _layout_refused(model: ModelConfig, lay: Layout) -> bool:
     """Return whether topology.validate_layout, which every Job runs, refuses this layout.
 
     A search asks for each layout once per micro-batch size, recomputation and optimizer; a
-    split megatron refuses (a layout string without the model's MTP) is refused once.
+    split megatron refuses (a layout string without the model's MTP) is refused once, one that
+    passes is not checked again by its Jobs (job.py `check_layout`).
     """
     try:
-        validate_layout(model, lay)
+        check_layout(model, lay)
     except ConfigError:
         return True
     return False

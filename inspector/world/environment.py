@@ -76,21 +76,15 @@ def fresh_attention_env() -> None:
         os.environ.pop(name, None)
 
 
-@contextlib.contextmanager
-def attention_environment() -> Iterator[None]:
+def attention_environment() -> contextlib.ExitStack[bool | None]:
     """Run the block (a stage's build and the engine's run of it) with the opt-outs megatron sets
     there, and give the process back the values it had before: a later build clears them again
     (`fresh_attention_env`), but Transformer Engine used outside a build reads them too, and would
     run --attention-backend unfused's backend for a job that did not ask for it."""
-    saved = {name: os.environ.get(name) for name in _ATTENTION}
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    stack = contextlib.ExitStack()
+    for name in _ATTENTION:
+        stack.enter_context(_environment(name, None))
+    return stack
 
 
 def te_fuses_bf16_moments() -> bool:
