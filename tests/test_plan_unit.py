@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import importlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -149,3 +150,28 @@ def test_a_record_hashed_once_hashes_as_its_fields_and_is_forgotten_with_it() ->
     del dims, job
     gc.collect()
     assert key not in hash_once._HASHES
+
+
+def test_a_stage_split_unevenly_over_its_chunks_prints_each_chunk() -> None:
+    """Two plans of one layout whose stages hold 8 layers each, one split evenly over its 4
+    virtual-pipeline chunks and one not (its flags carry a --pipeline-model-parallel-layout),
+    printed alike as "8/8" (three such rows for Megatron-LM's MoE memory_speed functional test):
+    the uneven one now names each chunk's layers."""
+    from types import SimpleNamespace
+
+    from inspector.render.plan import _stage_cell
+
+    def plan(*stages: tuple[int, ...]) -> Any:
+        layers = []
+        start = 0
+        for counts in stages:
+            chunks = []
+            for n in counts:
+                chunks.append(tuple(range(start, start + n)))
+                start += n
+            layers.append(SimpleNamespace(layers=tuple(chunks)))
+        return SimpleNamespace(stages=tuple(layers))
+
+    assert _stage_cell(plan((2, 2, 2, 2), (2, 2, 2, 2))) == "8/8"
+    assert _stage_cell(plan((1, 1, 3, 3), (1, 2, 3, 2))) == "1+1+3+3/1+2+3+2"
+    assert _stage_cell(plan((26,), (22,))) == "26/22"

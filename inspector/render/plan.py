@@ -45,7 +45,7 @@ def _row(rank: int, plan: Plan, memory: int) -> list[Any]:
     return [
         rank,
         _layout(plan),
-        "/".join(str(n) for n in _stage_counts(plan)),
+        _stage_cell(plan),
         recompute_label(plan),
         _optimizer(tr),
         f"{plan.peak / GIB:.1f} / {memory / GIB:.0f}",
@@ -65,6 +65,16 @@ def _optimizer(tr: Any) -> str:
 
 def _stage_counts(plan: Plan) -> list[int]:
     return [sum(len(c) for c in s.layers) for s in plan.stages]
+
+
+def _stage_cell(plan: Plan) -> str:
+    """Return the layers-per-stage column: each stage's layers ("8/8"), or where a stage's
+    virtual-pipeline chunks hold different numbers of layers (a --pipeline-model-parallel-layout),
+    each chunk's ("1+1+3+3/1+2+3+2"): plans that differ only there must not print alike."""
+    chunks = [[len(c) for c in s.layers] for s in plan.stages]
+    if all(len(set(counts)) <= 1 for counts in chunks):
+        return "/".join(str(n) for n in _stage_counts(plan))
+    return "/".join("+".join(map(str, counts)) for counts in chunks)
 
 
 def render_plan(result: SearchResult, memory: int, fmt: str, explain: bool = False) -> str:
