@@ -21,17 +21,22 @@ COMMON = (
     "--gpu h100 --bf16 --micro-batch-size 1 --use-distributed-optimizer --grad-reduce-in-bf16 "
     "--fp8-format hybrid --fp8-recipe tensorwise --fp8-param-gather --top 1 --format json --no-cache"
 )
-# name, published tokens/s/GPU, global batch, sequence, GPUs, the recipe's own flags
+# name, published tokens/s/GPU, global batch, sequence, GPUs, the recipe's own flags; the two
+# Llama recipes overlap tensor-parallel communication with TE's userbuffers (Megatron-Bridge
+# recipes/llama/h100/llama3.py: CommOverlapConfig(tp_comm_overlap=True, ...), which
+# perf_recipes/llama/h100/llama3.py and llama31.py keep, each with its own userbuffers
+# settings, which `plan` does not read: it prices TE's defaults), the Qwen3-235B recipe not
+# (perf_recipes/qwen/h100/qwen3_moe.py: tp_comm_overlap=False)
 ROWS = [
     ("Llama 3 70B", 1664, 256, 8192, 64,
      "--model llama3-70b --tp 4 --pp 8 --cp 1 --sequence-parallel "
      "--pipeline-model-parallel-layout Et*2|(t*2|)*34,t*3|(t*2|)*3,tL "
-     "--overlap-grad-reduce --overlap-param-gather"),
+     "--overlap-grad-reduce --overlap-param-gather --tp-comm-overlap"),
     ("Llama 3.1 405B", 328, 1536, 8192, 1024,
      "--model llama3.1-405b --tp 8 --pp 8 --cp 2 --sequence-parallel "
      "--num-virtual-stages-per-pipeline-rank 8 --account-for-embedding-in-pipeline-split "
      "--account-for-loss-in-pipeline-split --overlap-grad-reduce --overlap-param-gather "
-     "--recompute-granularity none"),
+     "--recompute-granularity none --tp-comm-overlap"),
     ("Qwen3-30B-A3B (HybridEP)", 8960, 1024, 4096, 16,
      "--model qwen3-30b-a3b --tp 1 --pp 1 --cp 1 --ep 16 --expert-tensor-parallel-size 1 "
      "--moe-grouped-gemm --moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep "

@@ -77,6 +77,7 @@ class ModelDims:
     grad_accumulation_fusion: bool = True  # off: --no-gradient-accumulation-fusion (wgrad_fused)
     deterministic: bool = False  # --deterministic-mode: its attention backward (determinism.py)
     te_attention: bool = False  # core attention is Transformer Engine's (the TE spec)
+    tp_comm_overlap: bool = False  # --tp-comm-overlap: TE's userbuffers (plan/userbuffers.py)
     rope_fusion: bool = True  # RoPE in one fused kernel (TransformerConfig.apply_rope_fusion)
     fp8: str | None = None  # --fp8-format: Transformer Engine's linears multiply in fp8
     fp8_recipe: str = "delayed"  # --fp8-recipe (TransformerConfig's default): how TE scales
@@ -136,6 +137,7 @@ class ModelDims:
         deterministic: bool = False,
         te_attention: bool = False,
         rope_fusion: bool = True,
+        tp_comm_overlap: bool = False,
     ) -> ModelDims:
         """Return the dims of a model given as TransformerConfig fields (`transformer_fields`).
 
@@ -166,6 +168,7 @@ class ModelDims:
             deterministic=deterministic,
             te_attention=te_attention,
             rope_fusion=rope_fusion,
+            tp_comm_overlap=tp_comm_overlap,
         )
 
     @property

@@ -285,6 +285,7 @@ class Job:
             # TransformerConfig.apply_rope_fusion as the engine sets it (memory/engine/runtime.py)
             rope_fusion=model.transformer_impl == "transformer_engine"
             and model.position_embedding_type in ("rope", "yarn") and "rope_fusion" not in training.unfused,
+            tp_comm_overlap=training.tp_comm_overlap,
         )
 
 

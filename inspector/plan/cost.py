@@ -16,7 +16,7 @@ Each term and its source (symbols of inspector/job/dims.py; m micro-batches, v v
     attention's gather and reduce-scatter: of its latents, network.py `tensor_seconds`), each
     priced alpha + bytes x (t - 1) / t / bandwidth (ring, Thakur et al. 2005; over NVLink the bus bandwidth
     NCCL measures, NVLink SHARP's for an all-reduce of 5-8 ranks: plan/network.py); not
-    overlapped (Megatron's default);
+    overlapped (Megatron's default; --tp-comm-overlap: beside their GEMMs, plan/userbuffers.py);
     full recomputation repeats the forward's 4, `--recompute-modules mlp` (shared_experts) the
     MLP's (shared expert's) 2, `mla_up_proj` with sequence parallelism one gather of the latents
     the up projections read (q_lora + kv_lora wide); with sequence parallelism the column-parallel
@@ -79,6 +79,7 @@ from inspector.plan.kernel_seconds import (
 )
 from inspector.plan.network import Network, collective, fsdp_seconds, tensor_seconds
 from inspector.plan.overlap import merged_times
+from inspector.plan.userbuffers import overlapped, overlapped_tensor_seconds
 
 # merged share, delayed weight grads, the SMs' share an exchange holds (overlap.py), passes alone
 Overlap = tuple[float, bool, float, tuple[tuple[bool, bool, float], ...]]
@@ -311,14 +312,7 @@ def _layer_time(
         _recomputed_flops(dims, f, moe, modules, mbs) if recompute == "selective" else 0)
     compute = compute_seconds(f.total + extra, lambda d: _kernels(
         dims, shard, moe, gdn, d, recompute, modules), lay, net, rate)  # fmt: skip
-    # attention's 2 forward, the MLP's unless an MoE layer has neither shared experts nor expert TP
-    forward = 2 + (2 if not moe or dims.shared_expert_ffn or lay.expert_tp > 1 else 0)
-    collectives = forward * (3 if recompute == "full" else 2)
-    if recompute == "selective":  # a recomputed MLP re-runs fc1's gather and fc2's reduction
-        mlps = ("mlp",) if not moe else ("shared_experts",) if dims.shared_expert_ffn else ()
-        collectives += 2 * sum(m in modules for m in mlps)  # its 2 of the forward's 4
-    tensor = tensor_seconds(dims, lay, net, tokens, collectives, recompute == "full",
-                            () if gdn else column_dgrads(dims, shard, moe, net.gpu, rate))
+    tensor = _tensor_time(dims, lay, net, rate, shard, moe, gdn, recompute, modules)
     if recompute == "selective" and "mla_up_proj" in modules and lay.sequence_parallel:
         latents = sum(dims.mla_gathered(False))  # q's and kv's (the checkpoint's inputs)
         tensor += collective(1, tokens * latents, act, lay.tp, net.link(lay.tp))  # a gather
@@ -335,6 +329,22 @@ def _layer_time(
         pair = _pair_times(dims, lay, net, rate, mbs, recompute, i, modules, delay_wgrad, taken, flex)[0]
         expert = merged * max(0.0, pair - compute - tensor) + (1 - merged) * expert
     return compute, tensor, context, expert
+
+
+def _tensor_time(dims: ModelDims, lay: Layout, net: Network, rate: float, shard: Shard, moe: bool,
+                 gdn: bool, recompute: str, modules: tuple[str, ...]) -> float:  # fmt: skip
+    """Return a layer's tensor-parallel seconds a micro-batch (--tp-comm-overlap: userbuffers.py)."""
+    if overlapped(dims, lay, gdn):
+        return overlapped_tensor_seconds(dims, lay, net, shard, moe, rate, recompute, modules)
+    # attention's 2 forward, the MLP's unless an MoE layer has neither shared experts nor expert TP
+    forward = 2 + (2 if not moe or dims.shared_expert_ffn or lay.expert_tp > 1 else 0)
+    collectives = forward * (3 if recompute == "full" else 2)
+    if recompute == "selective":  # a recomputed MLP re-runs fc1's gather and fc2's reduction
+        mlps = ("mlp",) if not moe else ("shared_experts",) if dims.shared_expert_ffn else ()
+        collectives += 2 * sum(m in modules for m in mlps)  # its 2 of the forward's 4
+    tokens = dims.seq_length * shard.micro_batch / lay.cp
+    return tensor_seconds(dims, lay, net, tokens, collectives, recompute == "full",
+                          () if gdn else column_dgrads(dims, shard, moe, net.gpu, rate))
 
 
 def _kernels(dims: ModelDims, shard: Shard, moe: bool, gdn: bool, d: Gpu, recompute: str,

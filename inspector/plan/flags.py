@@ -31,10 +31,9 @@ def megatron_flags(job: Job, split: Split) -> list[str]:
                        if megatron_version() >= FLEX_BACKEND_SINCE else "--moe-enable-deepep")
         if training.moe_router_padding:  # the version's own spelling (job/versions.py)
             out.append("--" + router_padding_field().replace("_", "-"))
-    if training.ep_overlap:
-        out.append("--overlap-moe-expert-parallel-comm")
-    if training.delay_wgrad:
-        out.append("--delay-wgrad-compute")
+    out += [flag for flag, on in (("--overlap-moe-expert-parallel-comm", training.ep_overlap),
+                                  ("--delay-wgrad-compute", training.delay_wgrad),
+                                  ("--tp-comm-overlap", training.tp_comm_overlap)) if on]  # fmt: skip
     if training.op_fuser:
         out.append("--use-transformer-engine-op-fuser")
     if training.moe_expert_rank_capacity_factor is not None:

@@ -143,7 +143,7 @@ def job_dims(job: Job) -> ModelDims:
     key = (model_token(job.model), job.layout.tp, training.attention_dropout > 0,
            training.hidden_dropout > 0, training.flash_attention, training.moe_token_dispatcher_type,
            training.moe_flex_backend, training.moe_router_padding, training.deterministic_mode,
-           training.unfused)
+           training.unfused, training.tp_comm_overlap)
     if key not in _DIMS:
         _DIMS[key] = job.dims()
         if job.model.hybrid:  # each layer priced by its kind (plan/hybrid.py)

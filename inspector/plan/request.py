@@ -192,7 +192,7 @@ def _kept_training(args: dict[str, Any], backend: str | None) -> Training:
         moe_enable_deepep=asked.moe_enable_deepep,
         moe_router_padding=asked.moe_router_padding,
         ep_overlap=asked.ep_overlap,
-        delay_wgrad=asked.delay_wgrad,
+        delay_wgrad=asked.delay_wgrad, tp_comm_overlap=asked.tp_comm_overlap,
         op_fuser=asked.op_fuser,  # the experts' Transformer Engine fused operations (world/te/ops.py)
         moe_expert_rank_capacity_factor=asked.moe_expert_rank_capacity_factor,  # HybridEP's budget
         deterministic_mode=asked.deterministic_mode,
