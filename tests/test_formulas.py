@@ -48,7 +48,7 @@ JOB_FIELDS = {"seq_length", "vocab_size", "activation_bytes", "attention_dropout
               "moe_row_padding", "bias_activation_fusion", "bias_dropout_fusion",
               "document_length", "layer_symbols", "mamba", "dsa_indexer_loss_coeff",
               "grad_accumulation_fusion", "deterministic", "te_attention", "mtp_symbols",
-              "rope_fusion"}  # fmt: skip
+              "rope_fusion", "tp_comm_overlap"}  # fmt: skip
 # DSA's indexer sizes: exclusive with GDN (EVERYTHING's variant), read from a DSA model's fields
 DSA_DIMS = {"dsa_indexer_n_heads", "dsa_indexer_head_dim", "dsa_indexer_topk"}
 
