@@ -35,9 +35,16 @@ def test_each_method_exposes_what_its_schedule_leaves() -> None:
 
 def test_every_collective_of_a_dense_layer_has_its_pair() -> None:
     # TE's default methods: 4 collectives forward, 4 backward and the 2 weight-gradient gathers
-    # (Korthikanti et al.'s 4 + 4 with sequence parallelism, network.regather_seconds' 2)
+    # (Korthikanti et al.'s 4 + 4 with sequence parallelism, network.regather_seconds' 2), each
+    # beside a GEMM the layer runs (formulas/ops.py's names)
+    from inspector.plan.kernel_seconds import layer_kernels
+
     assert [name for name, *_ in FORWARD] == ["qkv_fprop", "proj_fprop", "fc1_fprop", "fc2_fprop"]
     assert sorted(method for _, method, *_ in BACKWARD) == ["bulk"] * 4 + ["ring_exchange"] * 2
+    ops = layer_kernels(DENSE, Shard(4, 1, 1, 4, True, 1), False)
+    names = {op.name for op in (*ops.forward, *ops.backward)}
+    assert {gemm for _, _, gemm, _ in (*FORWARD, *BACKWARD)} <= names
+    assert len(FORWARD) + len(BACKWARD) == 4 + 4 + 2
 
 
 def _tensor(dims: ModelDims) -> float:
