@@ -79,7 +79,7 @@ from inspector.plan.kernel_seconds import (
 )
 from inspector.plan.network import Network, collective, fsdp_seconds, tensor_seconds
 from inspector.plan.overlap import merged_times
-from inspector.plan.userbuffers import overlapped, overlapped_tensor_seconds
+from inspector.plan.userbuffers import GATHERED, paired
 
 # merged share, delayed weight grads, the SMs' share an exchange holds (overlap.py), passes alone
 Overlap = tuple[float, bool, float, tuple[tuple[bool, bool, float], ...]]
@@ -334,17 +334,16 @@ def _layer_time(
 def _tensor_time(dims: ModelDims, lay: Layout, net: Network, rate: float, shard: Shard, moe: bool,
                  gdn: bool, recompute: str, modules: tuple[str, ...]) -> float:  # fmt: skip
     """Return a layer's tensor-parallel seconds a micro-batch (--tp-comm-overlap: userbuffers.py)."""
-    if overlapped(dims, lay, gdn):
-        return overlapped_tensor_seconds(dims, lay, net, shard, moe, rate, recompute, modules)
     # attention's 2 forward, the MLP's unless an MoE layer has neither shared experts nor expert TP
     forward = 2 + (2 if not moe or dims.shared_expert_ffn or lay.expert_tp > 1 else 0)
     collectives = forward * (3 if recompute == "full" else 2)
     if recompute == "selective":  # a recomputed MLP re-runs fc1's gather and fc2's reduction
         mlps = ("mlp",) if not moe else ("shared_experts",) if dims.shared_expert_ffn else ()
         collectives += 2 * sum(m in modules for m in mlps)  # its 2 of the forward's 4
-    tokens = dims.seq_length * shard.micro_batch / lay.cp
-    return tensor_seconds(dims, lay, net, tokens, collectives, recompute == "full",
-                          () if gdn else column_dgrads(dims, shard, moe, net.gpu, rate))
+    pairs, taken = paired(dims, lay, net, shard, moe, gdn, rate, recompute, modules)  # the rest here
+    dgrads = () if gdn else column_dgrads(dims, shard, moe, net.gpu, rate, GATHERED if taken else ())
+    return pairs + tensor_seconds(dims, lay, net, dims.seq_length * shard.micro_batch / lay.cp,
+                                  collectives - taken, recompute == "full", dgrads)
 
 
 def _kernels(dims: ModelDims, shard: Shard, moe: bool, gdn: bool, d: Gpu, recompute: str,

@@ -71,11 +71,12 @@ def kernel_seconds(dims: ModelDims, shard: Shard, moe: bool, device: Gpu, recomp
 
 
 @caches.memo(maxsize=4096)
-def column_dgrads(dims: ModelDims, shard: Shard, moe: bool, device: Gpu,
-                  rate: float) -> tuple[tuple[int, float], ...]:  # fmt: skip
+def column_dgrads(dims: ModelDims, shard: Shard, moe: bool, device: Gpu, rate: float,
+                  overlapped: tuple[str, ...] = ()) -> tuple[tuple[int, float], ...]:  # fmt: skip
     """Return each column-parallel linear's input width and data-gradient seconds (per kernel,
     or its FLOPs at `rate`): QKV or multi-latent attention's up projections, fc1 of the MLP or
-    the shared experts (the routed experts run without tensor-parallel collectives)."""
+    the shared experts (the routed experts run without tensor-parallel collectives); not the
+    linears named in `overlapped` (their gathers run in TE's userbuffers: plan/userbuffers.py)."""
     h = dims.hidden_size
     q_width, kv_width = dims.mla_gathered(False)
     widths = {"QKV": h, "q up projection": q_width, "kv up projection": kv_width, "MLP fc1": h,
@@ -83,9 +84,14 @@ def column_dgrads(dims: ModelDims, shard: Shard, moe: bool, device: Gpu,
     found = []
     for op in layer_kernels(dims, shard, moe).backward:
         name = op.name.removesuffix(" dgrad")
-        if isinstance(op, Gemm) and name in widths and name != op.name:
-            found.append((widths[name], op.flops / rate if rate else ops_seconds((op,), device)))
+        if isinstance(op, Gemm) and name in widths and name != op.name and name not in overlapped:
+            found.append((widths[name], gemm_seconds(op, device, rate)))
     return tuple(found)
+
+
+def gemm_seconds(op: Gemm, device: Gpu, rate: float) -> float:
+    """Return a GEMM's seconds: its FLOPs at --efficiency's `rate`, else the kernel tables'."""
+    return op.flops / rate if rate else ops_seconds((op,), device)
 
 
 @caches.memo(maxsize=4096)

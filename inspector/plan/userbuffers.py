@@ -25,20 +25,23 @@ g is the GEMM's seconds on the whole GPU (the compute term has it), c the collec
 under an fp8 recipe, `fp8_buf` for `layers_all_gather_overlap`), and what a pair takes beyond g
 is its exposed time. The layers TE registers buffers for are GPT attention's QKV and output
 projections and a dense MLP's fc1 and fc2; an MoE layer's MLP collectives (shared experts,
-expert tensor parallelism) are priced as without the overlap.
+expert tensor parallelism) are priced as without the overlap (cost.py `_tensor_time` prices
+the collectives the pairs leave, `covered` counts those they take).
 """
 
 from __future__ import annotations
 
-from inspector.formulas.kernels import Gemm, ops_seconds
+from inspector.formulas.kernels import Gemm
 from inspector.formulas.ops import Shard
 from inspector.job.dims import ModelDims
 from inspector.job.layout import Layout
-from inspector.plan.kernel_seconds import layer_kernels
-from inspector.plan.network import Network, collective, regather_seconds
+from inspector.plan.kernel_seconds import gemm_seconds, layer_kernels
+from inspector.plan.network import Network, collective
 
 COMM_SMS = 16  # get_default_config "num_sm" of the pipeline and bulk methods
 PIPELINE_SPLITS = 4  # get_default_config "num_splits" of the pipeline method
+# the column-parallel linears whose weight-gradient gathers are bulk pairs (BACKWARD)
+GATHERED = ("QKV", "MLP fc1")
 # (TE's name, its method, the layer's GEMM it runs beside, whether it gathers), per pass
 FORWARD = (("qkv_fprop", "ring_exchange", "QKV", True),
            ("proj_fprop", "pipeline", "attention output", False),
@@ -87,7 +90,7 @@ def userbuffers_seconds(dims: ModelDims, lay: Layout, net: Network, shard: Shard
             gemm = gemms.get(name)
             if gemm is None:  # an MoE layer's MLP
                 continue
-            seconds = _seconds(gemm, rate, net)
+            seconds = gemm_seconds(gemm, net.gpu, rate)
             comm = collective(1, tokens * dims.hidden_size,
                               gathered if gathers else dims.activation_bytes, lay.tp, link)
             total += pair_seconds(method, seconds, comm, lay.tp, sms)
@@ -100,27 +103,20 @@ def userbuffers_seconds(dims: ModelDims, lay: Layout, net: Network, shard: Shard
     return forward + again + exposed(BACKWARD)
 
 
-def overlapped_tensor_seconds(dims: ModelDims, lay: Layout, net: Network, shard: Shard, moe: bool,
-                              rate: float, recompute: str, modules: tuple[str, ...]) -> float:  # fmt: skip
-    """Return a layer's tensor-parallel seconds under the overlap (`overlapped`): its pairs'
-    exposed seconds, and an MoE layer's MLP collectives as cost.py prices them without it (2 a
-    pass where it has shared experts or expert tensor parallelism; the shared experts' fc1 gathers
-    its input again for the weight gradient beside its data gradient, network.regather_seconds)."""
-    tokens = dims.seq_length * shard.micro_batch // shard.cp
-    plain = 0
-    if moe and (dims.shared_expert_ffn or lay.expert_tp > 1):
-        plain = 2 * (3 if recompute == "full" else 2)
-        if recompute == "selective" and "shared_experts" in modules and dims.shared_expert_ffn:
-            plain += 2
-    link = net.tensor_link(lay)
-    seconds = collective(plain, tokens * dims.hidden_size, dims.activation_bytes, lay.tp, link)
-    shared = [op for op in layer_kernels(dims, shard, moe).backward
-              if isinstance(op, Gemm) and op.name == "shared expert fc1 dgrad"]
-    dgrads = tuple((dims.hidden_size, _seconds(op, rate, net)) for op in shared)
-    return seconds + regather_seconds(dims, lay, net, tokens, dgrads) + userbuffers_seconds(
-        dims, lay, net, shard, moe, rate, recompute, modules)
+def covered(moe: bool, recompute: str, modules: tuple[str, ...]) -> int:
+    """Return how many of a layer's tensor-parallel collectives (cost.py's count, the weight
+    gradients' gathers apart) run in pairs: attention's 2 a pass and a dense MLP's 2, the
+    forward's again under full recomputation, a dense MLP's under `--recompute-modules mlp`."""
+    each = 2 if moe else 4
+    runs = 3 if recompute == "full" else 2
+    return each * runs + (2 if recompute == "selective" and "mlp" in modules and not moe else 0)
 
 
-def _seconds(gemm: Gemm, rate: float, net: Network) -> float:
-    """Return a GEMM's seconds: its FLOPs at --efficiency's `rate`, else the kernel tables'."""
-    return gemm.flops / rate if rate else ops_seconds((gemm,), net.gpu)
+def paired(dims: ModelDims, lay: Layout, net: Network, shard: Shard, moe: bool, gdn: bool, rate: float,
+           recompute: str, modules: tuple[str, ...]) -> tuple[float, int]:  # fmt: skip
+    """Return what a layer's overlapped pairs take for one micro-batch (`userbuffers_seconds`)
+    and how many of its collectives they are (`covered`); nothing where it is not `overlapped`."""
+    if not overlapped(dims, lay, gdn):
+        return 0.0, 0
+    return (userbuffers_seconds(dims, lay, net, shard, moe, rate, recompute, modules),
+            covered(moe, recompute, modules))
