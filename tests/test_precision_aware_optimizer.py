@@ -222,7 +222,8 @@ def test_bf16_moments_are_unscaled_into_fp32_before_te_2_14():
 def _priced(job) -> dict[str, int]:
     """Return the passes plan prices for the job's optimizer step (bytes per updated element)."""
     from inspector.formulas.optimizer import passes
-    from inspector.plan.price import _step_setup, job_dims
+    from inspector.plan.price import job_dims
+    from inspector.plan.timing import _step_setup
 
     return dict(passes(_step_setup(job, job_dims(job))))
 
@@ -236,7 +237,8 @@ def test_the_priced_step_follows_the_te_release(monkeypatch, m, v):
     import inspector.world.te
     from inspector.job.hardware import GPUS
     from inspector.plan.kernel_seconds import optimizer_step_seconds
-    from inspector.plan.price import _step_setup, job_dims
+    from inspector.plan.price import job_dims
+    from inspector.plan.timing import _step_setup
 
     def priced(release: str) -> dict[str, int]:
         monkeypatch.setattr(inspector.world.te, "VERSION", release)

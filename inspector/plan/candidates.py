@@ -39,10 +39,10 @@ from inspector.plan.price import (
     price_memory,
     state_scope,
     state_scope_key,
-    timed,
 )
 from inspector.plan.request import Request
 from inspector.plan.split import Split, balance, chunk_layers
+from inspector.plan.timing import timed
 
 # (--recompute-granularity, --recompute-method, --recompute-num-layers), least recomputation
 # first; N 0: the fewest layers per chunk that fit (`_fewest_checkpointed`)

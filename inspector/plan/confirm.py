@@ -16,6 +16,7 @@ allocator among each stage's activations and kept by name (`StagePlan.outside`).
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -172,11 +173,13 @@ def _measured_as_memory(plan: Plan) -> Plan:
 
 def confirmed(
     ranked: Iterable[Plan], budget: int, top: int,
-    retry: Callable[[Plan], Plan | None] = lambda plan: None,
-) -> tuple[list[Plan], Plan | None]:
+    retry: Callable[[Plan], Plan | None] = lambda plan: None, limit: float = math.inf,
+) -> tuple[list[Plan], Plan | None] | None:
     """Return the first `top` ranked plans that fit `budget` bytes as `memory` measures them
     (every one when `top` is 0), fastest first; and of the plans measured over the budget, the
-    one `memory` finds the least memory for (None when none was).
+    one `memory` finds the least memory for (None when none was). None where that needs a plan
+    slower than `limit` seconds, or more plans than `ranked` holds while `limit` is set (the
+    search passed slower settings over unpriced).
 
     A plan measured over the budget gives way to `retry(plan)` (its layout with more
     recomputation, candidates.more_recompute), ranked by its own step time among the rest.
@@ -187,7 +190,9 @@ def confirmed(
     heapq.heapify(queue)
     count = len(queue)
     while queue and not (top and len(out) == top):
-        plan = heapq.heappop(queue)[3]
+        seconds, _, _, plan = heapq.heappop(queue)
+        if seconds > limit:
+            return None
         if engine_runs(plan):
             plan = measured(plan)
             if plan.peak > budget:
@@ -199,4 +204,6 @@ def confirmed(
                     count += 1
                 continue
         out.append(plan)
+    if limit < math.inf and (not top or len(out) < top):
+        return None
     return out, least

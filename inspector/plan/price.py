@@ -5,7 +5,7 @@ memory.stage_state (megatron's DDP buffers, composed from small builds), its act
 micro-batches megatron's schedule keeps in flight (activations.py), and its time (cost.stage_work,
 then with_state); the step from cost.step_time. A stage's numbers depend only on its own shape
 (layers per chunk, embedding / output, position in the schedule), never on the other stages, so
-each distinct stage is priced once per process (`_STATE`, `_ACT`, `_CHUNK_BYTES`, `_TIME`, in
+each distinct stage is priced once per process (`_STATE`, `_ACT`, `_CHUNK_BYTES`; timing.py `_TIME`; in
 caches.py's care): a search over thousands of candidates prices a few thousand stages. Nothing
 here prints.
 """
@@ -17,9 +17,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import inspector.caches as caches
-from inspector.formulas.flops import iteration_flops
-from inspector.formulas.hybrid_flops import hybrid_stage_flops
-from inspector.formulas.optimizer import OptimizerStep
 from inspector.job.dims import ModelDims
 from inspector.job.ep_overlap import extra_warmup
 from inspector.job.hardware import Gpu
@@ -36,17 +33,12 @@ from inspector.memory.compose.stage_activations import (
     stage_peak,
 )
 from inspector.memory.compose.stage_state import ChunkKinds, stage_state
-from inspector.memory.measure import StageBytes, job_optimizer_bytes
-from inspector.plan.cost import StageTime, StepTime, stage_work, step_time, with_state
+from inspector.memory.measure import StageBytes
+from inspector.plan.cost import StepTime
 from inspector.plan.flags import megatron_flags
-from inspector.plan.flex import exchange_sm_share
-from inspector.plan.host import graphed_layers, host_syncs
 from inspector.plan.layouts import unsplit_layout
-from inspector.plan.network import Network, nvls_allowed
-from inspector.plan.overlap import merged_share, stage_alone
 from inspector.plan.request import Request
 from inspector.plan.split import Split, chunk_layers
-from inspector.world.environment import te_fuses_bf16_moments
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -227,7 +219,7 @@ class _Stages:
 _STAGES: dict[tuple[Any, ...], _Stages] = caches.table()
 
 
-def _stages_of(model: ModelConfig, dims: ModelDims, split: Split, pp: int, v: int) -> _Stages:
+def split_stages(model: ModelConfig, dims: ModelDims, split: Split, pp: int, v: int) -> _Stages:
     """Return a split's stages, once per split (every layout with this pp and v shares them).
 
     `dims` is the model's: a layer's kind is the same in both.
@@ -259,6 +251,8 @@ def _split_stages(model: ModelConfig, dims: ModelDims, split: Split, pp: int, v:
 
 def evaluate(job: Job, split: Split, req: Request) -> Plan:
     """Price one candidate: exact state bytes per stage, activations, time."""
+    from inspector.plan.timing import timed
+
     return timed(job, split, req, *price_memory(job, split))
 
 
@@ -270,7 +264,7 @@ def price_memory(job: Job, split: Split) -> tuple[Placed, tuple[StagePlan, ...]]
     """
     lay, training, schedule, dims = job.layout, job.training, job.schedule(), job_dims(job)
     v, m = lay.chunks, schedule.num_microbatches
-    stages_of = _stages_of(job.model, dims, split, lay.pp, v)
+    stages_of = split_stages(job.model, dims, split, lay.pp, v)
     pairs_of = pair_layout(lay)
     states = state_scope(job, pairs_of)
     par = activation_layout(pairs_of, lay.pp)
@@ -300,87 +294,6 @@ def price_memory(job: Job, split: Split) -> tuple[Placed, tuple[StagePlan, ...]]
     return stages_of.placed, tuple(stages)
 
 
-def _overlap(
-    job: Job, dims: ModelDims, stage: int, chunk_layers: Sequence[Sequence[int]], gpu: Gpu
-) -> tuple[float, bool, float, tuple[tuple[bool, bool, float], ...]]:
-    """Return cost.stage_work's `overlap` for the stage: merged share, delayed weight grads,
-    the share of the GPU's SMs the exchange kernels hold (flex.exchange_sm_share), the layer
-    passes run alone inside merged steps (overlap.stage_alone)."""
-    training, lay, m = job.training, job.layout, job.schedule().num_microbatches
-    if not training.ep_overlap:
-        return 0.0, False, 0.0, ()
-    alone = stage_alone(dims, stage, lay.pp, m, chunk_layers)
-    share = merged_share(stage, lay.pp, m, lay.chunks)
-    return share, training.delay_wgrad, exchange_sm_share(training, gpu), alone
-
-
-def _step_setup(job: Job, dims: ModelDims) -> OptimizerStep:
-    """Return what the optimizer step runs on (precision-aware: the declared TE's FusedAdam)."""
-    each, training = job_optimizer_bytes(job), job.training
-    fused = dims.fused_kernels or each.precision.precision_aware
-    return OptimizerStep(dims.activation_bytes, 4, fused, job.model.fp16, each,
-                         training.log_params_norm, training.log_num_zeros_in_grad,
-                         te_fuses_bf16_moments())
-
-
-def timed(
-    job: Job, split: Split, req: Request, placed: Placed, stages: tuple[StagePlan, ...]
-) -> Plan:
-    """Return the plan with its step time (cost.py), given its memory."""
-    lay, training = job.layout, job.training
-    schedule = job.schedule()
-    dims = job_dims(job)
-    net = Network(req.gpu, req.gpus_per_node, nvls_allowed(req.nccl_algo))
-    mbs, distributed = schedule.micro_batch_size, sharding_of(training)
-    signatures = _stages_of(job.model, dims, split, lay.pp, lay.chunks).signature_keys
-    # grad_bytes: read from each stage's buffers by cost.optimizer_seconds
-    step_setup = _step_setup(job, dims)
-    flex = training.moe_token_dispatcher_type == "flex"
-    host = (host_syncs(training), graphed_layers(training))
-    # a stage's passes read no optimizer setting: `distributed` is in its time's key (_stage_time)
-    scope = _TIME.setdefault(
-        (dims, pair_layout(lay), lay.pp, net, req.efficiency, mbs, training.recompute,
-         training.recompute_modules, flex, host), {},
-    )
-    times = []
-    for st in stages:
-        has_output = st.stage == lay.pp - 1
-        recipe = recompute_recipe(training, placed[st.stage])
-        overlap = _overlap(job, dims, st.stage, placed[st.stage], req.gpu)
-        work = (signatures[st.stage], has_output, recipe, overlap, st.stage == 0)
-        if work not in scope:
-            granularity, method, n = recipe
-            scope[work] = stage_work(
-                dims, unsplit_layout(lay), net, req.efficiency, mbs, granularity, placed[st.stage],
-                has_output, method, n, training.recompute_modules, overlap, flex, st.stage == 0, host,
-            )
-        times.append(_stage_time(scope, work, st, lay, net, distributed, step_setup))
-    step = step_time(times, schedule.num_microbatches, lay.chunks)
-    flops = _iteration_flops(dims, schedule.global_batch_size)
-    if job.model.is_hybrid_model:  # Megatron-LM's hybrid branch, as `memory` counts it
-        depths = dims.mtp_num_layers if dims.mtp_symbols else 0
-        flops = round(hybrid_stage_flops(job.model, dims, dims.layer_symbols + dims.mtp_symbols * depths,
-                                         schedule.global_batch_size, 1 + depths))
-    return Plan(job, split, stages, step, flops, req.gpu)
-
-
-def _stage_time(scope: dict[Any, Any], work: tuple[Any, ...], st: StagePlan, lay: Layout,
-                net: Network, distributed: Any, step_setup: Any) -> Any:  # fmt: skip
-    """Return a stage's time: its passes (`scope[work]`) with its state's communication and step."""
-    held = st.state
-    key = (*work, held.gradients, held.all_gather_bytes, held.kept, held.elements, held.total,
-           step_setup, distributed)
-    if key not in scope:
-        # the all-gather moves the param buffers (fp8 ones 1 byte an element), not TE's
-        # transposes; an element's gradient bytes from the buffers
-        grad_bytes = held.gradients // held.elements if held.elements else None
-        scope[key] = with_state(
-            scope[work], lay, net, (held.gradients, held.all_gather_bytes), held.total - held.kept,
-            distributed, step_setup, grad_bytes,
-        )
-    return scope[key]
-
-
 # (dims, activation sizes, mbs, m where interleaved, recompute, flash, modules, overlap) ->
 # (first?, last?, signature, recipe, position) -> (bytes, flight)
 _ACT: dict[tuple[Any, ...], dict[tuple[Any, ...], tuple[int, tuple[int, ...]]]] = caches.table()
@@ -388,11 +301,3 @@ _ACT: dict[tuple[Any, ...], dict[tuple[Any, ...], tuple[int, tuple[int, ...]]]] 
 # recipe) -> a micro-batch's bytes per chunk, and the rebuild (activations.stage_chunk_bytes);
 # (a chunk's signature, recipe) -> its own bytes and rebuild)
 _CHUNK_BYTES: dict[tuple[Any, ...], tuple[dict[Any, ChunkBytes], dict[Any, Any]]] = caches.table()
-# (dims, ranks, pp, network, efficiency, mbs, recompute, modules, flex, host) -> (signature,
-# output?) -> the stage's work per micro-batch, and (..., gradients, weights, state, distopt) -> its time
-_TIME: dict[tuple[Any, ...], dict[tuple[Any, ...], StageTime]] = caches.table()
-
-
-@caches.memo(maxsize=256)
-def _iteration_flops(dims: ModelDims, global_batch_size: int) -> int:
-    return iteration_flops(dims, global_batch_size)

@@ -13,6 +13,8 @@ megatron's engine runs the job, its peak replaces the closed forms). Nothing her
 
 from __future__ import annotations
 
+import heapq
+import math
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -24,13 +26,21 @@ from inspector.formulas.kernels import published, scaled_from
 from inspector.formulas.published_kernels import unmeasured
 from inspector.job.job import Job, checks_once
 from inspector.job.layout import Layout
-from inspector.plan.candidates import Recipe, capped_split, first_fit, more_recompute, recipes
+from inspector.plan.candidates import (
+    Recipe,
+    candidate_job,
+    capped_split,
+    first_fit,
+    more_recompute,
+    recipes,
+)
 from inspector.plan.confirm import confirmed, engine_runs, measured
 from inspector.plan.hybrid import hybrid_vpp, pinned_by_pattern
 from inspector.plan.layouts import distopts, layout_for, layouts, splits, vpp_choices
-from inspector.plan.price import Plan, price_memory, timed
+from inspector.plan.price import Plan, price_memory
 from inspector.plan.request import Request
 from inspector.plan.split import Split
+from inspector.plan.timing import time_floors, timed
 
 
 @dataclass
@@ -47,6 +57,10 @@ class SearchResult:
     unmeasured: tuple[str, ...] = ()
     fast_seconds: tuple[float, ...] = ()
     scaled_from: str = ""  # every kernel read from this GPU type's table, scaled by the peaks
+    # settings not priced (capped splits not counted): the `kept` fastest plans all beat their
+    # floor (timing.time_floors)
+    passed_over: int = 0
+    kept: int = 0
 
 
 def extras(job: Job) -> tuple[float, float]:
@@ -62,10 +76,36 @@ def extras(job: Job) -> tuple[float, float]:
 
 
 Setting = tuple[tuple[Any, ...], Layout, Split, int, bool | str]  # key, layout, split, mbs, distopt or FSDP
+KEPT = 50  # the fastest plans found exactly before a setting is passed over by its floor
 
 
-def settings(req: Request) -> Iterator[Setting]:
-    """Yield every (layout, split, micro-batch size, distributed optimizer) to price, in order.
+@dataclass(frozen=True)
+class Capped:
+    """A group's memory-capped split (candidates.capped_split), found only when the search
+    reaches its floor: settings share everything with the group's other splits but the split."""
+
+    base: Layout
+    v: int
+    tried: tuple[Split, ...]
+    mbs: int
+    distopt: bool | str
+    ends: tuple[float, float]  # extras(): the first and last stages' costs in layers
+
+    def setting(self, req: Request) -> Setting | None:
+        """Return the capped split's setting, None where it is none or one of the group's."""
+        capped = capped_split(req, self.base, self.v, list(self.tried), self.mbs, self.distopt,
+                              req.flash, *self.ends)  # fmt: skip
+        if not capped or capped in self.tried:
+            return None
+        pin = tuple(sorted(req.fixed.get("pin", {}).items()))
+        lay = layout_for(self.base, req.model, capped, self.v, pin)
+        return None if lay is None else ((self.base, self.v, capped, self.distopt), lay, capped,
+                                         self.mbs, self.distopt)  # fmt: skip
+
+
+def settings(req: Request) -> Iterator[Setting | Capped]:
+    """Yield every (layout, split, micro-batch size, distributed optimizer) to price, in order,
+    each group's memory-capped split as a `Capped` after its other splits.
 
     The key (base layout, vpp, split, distopt) names what no recomputation may fit.
     """
@@ -74,55 +114,87 @@ def settings(req: Request) -> Iterator[Setting]:
     for base in layouts(req):
         # a pattern's `|` segments need their own pp and virtual stages (megatron-core 0.17+)
         pp = base.pp if pinned_by_pattern(req.model) else 1
-        first, last = extras(Job(req.model, Layout(tp=base.tp, pp=pp, vpp=hybrid_vpp(req.model, pp))))
+        ends = extras(Job(req.model, Layout(tp=base.tp, pp=pp, vpp=hybrid_vpp(req.model, pp))))
         for mbs in mbs_choices:  # ascending: what does not fit at b does not fit at 2b
             if req.global_batch_size % (mbs * base.dp):
                 continue
             m = req.global_batch_size // (mbs * base.dp)
             for v in vpp_choices(req, base.pp, m):
-                tried = splits(req, base, v, first, last)
+                tried = splits(req, base, v, *ends)
                 for distopt in distopts(req, base):
-                    capped = capped_split(req, base, v, tried, mbs, distopt, req.flash, first, last)
-                    for split in tried + ([capped] if capped and capped not in tried else []):
+                    for split in tried:
                         lay = layout_for(base, req.model, split, v, pin)
                         if lay is not None:
                             yield (base, v, split, distopt), lay, split, mbs, distopt
+                    if base.pp > 1 and tried:
+                        yield Capped(base, v, tuple(tried), mbs, distopt, ends)
+
+
+Queued = tuple[float, int, Setting | Capped]  # floor, place in `settings` order, setting
 
 
 @dataclass
 class _Tally:
-    """What a search has seen so far: candidates priced, the plans that fit, the least peak."""
+    """What a search has seen so far: candidates priced, the plans that fit (with their settings'
+    places in `settings` order), the least peak, the settings passed over unpriced."""
 
     req: Request
     progress: Callable[[int, int], None] | None
     evaluated: int = 0
-    feasible: list[Plan] = field(default_factory=list)
+    feasible: list[tuple[int, Plan]] = field(default_factory=list)
     smallest: Plan | None = None
     any_layout: bool = False
-    unfit: set[tuple[Any, ...]] = field(default_factory=set)  # keys no recompute fits
+    unfit: dict[tuple[Any, ...], int] = field(default_factory=dict)  # key -> least mbs none fits
+    kept: int = 0  # how many fastest plans to find before passing settings over (0: none passed)
+    fastest: list[float] = field(default_factory=list)  # the kept fastest steps, negated (a heap)
+    passed_over: list[Queued] = field(default_factory=list)
 
-    def add(self, key: tuple[Any, ...], split: Split, outcome: Any, last: Recipe) -> None:
+    def add(self, index: int, setting: Setting, outcome: Any, last: Recipe) -> None:
         """Count one setting's outcome (candidates.first_fit's)."""
+        key, _, split, mbs, _ = setting
         self.any_layout = True
         tried, plan, least = outcome
         self.evaluated += tried
         if plan is not None:
-            self.feasible.append(plan)
+            self.feasible.append((index, plan))
+            heapq.heappush(self.fastest, -plan.time.seconds)
+            if len(self.fastest) > self.kept:
+                heapq.heappop(self.fastest)
         elif self.smallest is None or least[1] < self.smallest.peak:
             self.smallest = timed(least[0], split, self.req, *price_memory(least[0], split))
         if plan is None and last[0] == "full":
-            self.unfit.add(key)
+            self.unfit[key] = min(mbs, self.unfit.get(key, mbs))
         if self.progress is not None and self.evaluated // 500 != (self.evaluated - tried) // 500:
             self.progress(self.evaluated, len(self.feasible))
 
+    def beaten(self, floor: float) -> bool:
+        """Return whether the kept fastest plans all take less than `floor` seconds."""
+        return bool(self.kept) and len(self.fastest) == self.kept and floor > -self.fastest[0]
 
-def _shown(feasible: list[Plan], smallest: Plan | None, req: Request) -> tuple[list[Plan], Plan | None]:
+    def ranked(self) -> list[Plan]:
+        """Return the plans that fit in `settings` order (the ranking's order among equals)."""
+        return [plan for _, plan in sorted(self.feasible, key=lambda each: each[0])]
+
+
+def _kept(req: Request) -> int:
+    """Return how many of the fastest plans are found exactly before settings are passed over by
+    their floor (`KEPT`, or 10 x --top); 0 (none passed over) when every plan is asked for."""
+    return max(KEPT, 10 * req.top) if req.top else 0
+
+
+def _shown(
+    feasible: list[Plan], smallest: Plan | None, req: Request, limit: float = math.inf
+) -> tuple[list[Plan], Plan | None] | None:
     """Return the plans to print, fastest first, and the least-memory candidate, each as `memory`
-    measures it where megatron's engine runs the job (confirm.py)."""
+    measures it where megatron's engine runs the job (confirm.py); None where that needs a plan
+    slower than `limit` seconds (the search passed such settings over)."""
     feasible.sort(key=lambda p: (p.time.seconds, p.peak))
     recomputes = recipes(req)
-    shown, least = confirmed(feasible, req.memory, req.top,
-                             lambda plan: more_recompute(req, plan, recomputes))
+    found = confirmed(feasible, req.memory, req.top,
+                      lambda plan: more_recompute(req, plan, recomputes), limit)
+    if found is None:
+        return None
+    shown, least = found
     if feasible and not shown:  # memory's own peaks: every plan the closed forms fit is over
         smallest = least
     elif not feasible and smallest is not None and engine_runs(smallest):
@@ -148,14 +220,9 @@ def search(req: Request, progress: Callable[[int, int], None] | None = None) -> 
 
 def _search(req: Request, progress: Callable[[int, int], None] | None) -> SearchResult:
     start = time.perf_counter()
-    tally = _Tally(req, progress)
+    tally = _Tally(req, progress, kept=_kept(req))
     recomputes = recipes(req)
-    for key, lay, split, mbs, distopt in settings(req):
-        if key in tally.unfit:
-            continue
-        outcome = first_fit(req, lay, split, mbs, distopt, req.flash, recomputes)
-        if outcome is not None:
-            tally.add(key, split, outcome, recomputes[-1])
+    _price(tally, _by_floor(req, recomputes), recomputes)
     if not tally.any_layout:
         raise ConfigError(
             f"--gpus {req.gpus} admits no layout Megatron-LM accepts for this model and "
@@ -163,7 +230,14 @@ def _search(req: Request, progress: Callable[[int, int], None] | None) -> Search
             "must equal the GPUs, dp must divide the global batch, tp must divide the heads and "
             "query groups)"
         )
-    shown, smallest = _shown(tally.feasible, tally.smallest, req)
+    limit = -tally.fastest[0] if tally.passed_over else math.inf
+    found = _shown(tally.ranked(), tally.smallest, req, limit)
+    if found is None:  # `memory` turned down plans down to the settings passed over: price them
+        rest, tally.passed_over, tally.kept = tally.passed_over, [], 0
+        _price(tally, rest, recomputes)
+        found = _shown(tally.ranked(), tally.smallest, req)
+    assert found is not None  # no limit: every plan is there
+    shown, smallest = found
     unknown = unmeasured(req.gpu.name) if published(req.gpu) and req.efficiency is None else ()
     return SearchResult(
         shown,
@@ -174,7 +248,65 @@ def _search(req: Request, progress: Callable[[int, int], None] | None) -> Search
         unknown,
         tuple(fast_end(plan, req) for plan in shown) if unknown else (),
         scaled_from(req.gpu) if req.efficiency is None else "",
+        sum(not isinstance(item, Capped) for _, _, item in tally.passed_over),
+        _kept(req),
     )
+
+
+def _by_floor(req: Request, recomputes: list[Recipe]) -> list[Queued]:
+    """Return every setting with its floor (timing.time_floors at the least recomputation asked;
+    0 where megatron refuses that job) and its place in `settings` order, least floor first; a
+    `Capped` split with the floor no split of its group's layout beats."""
+    out: list[Queued] = []
+    floors: dict[tuple[Any, ...], tuple[float, float]] = {}  # they read no optimizer setting
+    for index, item in enumerate(settings(req)):
+        if isinstance(item, Capped):  # its group's first split stands for every one
+            split, mbs, distopt = item.tried[0], item.mbs, item.distopt
+            lay = layout_for(item.base, req.model, split, item.v)
+        else:
+            _, lay, split, mbs, distopt = item
+        if (lay, split, mbs) not in floors:
+            floors[lay, split, mbs] = _floors(req, recomputes, lay, split, mbs, distopt)
+        out.append((floors[lay, split, mbs][isinstance(item, Capped)], index, item))
+    out.sort(key=lambda each: each[:2])
+    return out
+
+
+def _floors(req: Request, recomputes: list[Recipe], lay: Layout | None, split: Split, mbs: int,
+            distopt: bool | str) -> tuple[float, float]:  # fmt: skip
+    """Return timing.time_floors of the setting's job at the least recomputation asked (block
+    recomputation of the fewest layers that fit: of one), 0.0 where megatron refuses that job."""
+    least = recomputes[0] if recomputes[0][1:] != ("block", 0) else ("full", "block", 1)
+    try:
+        job = candidate_job(req, lay, mbs, least, distopt, req.flash) if lay else None
+        return time_floors(job, split, req) if job is not None else (0.0, 0.0)
+    except ConfigError:
+        return 0.0, 0.0
+
+
+def _price(tally: _Tally, queue: list[Queued], recomputes: list[Recipe]) -> None:
+    """Price the settings in `queue` (a heap, least floor first) until the kept fastest plans all
+    beat the next one's floor; those left are `tally.passed_over`. A `Capped` split is found
+    when reached, and queued again at its own floor (no less than its group's)."""
+    req = tally.req
+    while queue:
+        floor, index, item = heapq.heappop(queue)
+        if tally.beaten(floor):
+            heapq.heappush(queue, (floor, index, item))
+            tally.passed_over = queue
+            return
+        if isinstance(item, Capped):
+            found = item.setting(req)
+            if found is not None:
+                _, lay, split, mbs, distopt = found
+                heapq.heappush(queue, (_floors(req, recomputes, lay, split, mbs, distopt)[0], index, found))
+            continue
+        key, lay, split, mbs, distopt = item
+        if tally.unfit.get(key, mbs + 1) <= mbs:  # no recomputation fit a smaller micro-batch
+            continue
+        outcome = first_fit(req, lay, split, mbs, distopt, req.flash, recomputes)
+        if outcome is not None:
+            tally.add(index, item, outcome, recomputes[-1])
 
 
 def fast_end(plan: Plan, req: Request) -> float:

@@ -98,7 +98,7 @@ def render_plan(result: SearchResult, memory: int, fmt: str, explain: bool = Fal
         "  " + " \\\n  ".join(best.flags()),
         "",
         render_timeline(best),
-        f"Searched {result.evaluated} candidates.",
+        _searched(result),
     ]
     if explain:
         lines += ["", explain_plan(result, memory)]
@@ -306,10 +306,20 @@ def render_svg(plan: Plan) -> str:
     return "\n".join(out) + "\n"
 
 
+def _searched(result: SearchResult) -> str:
+    """Return the line saying how many candidates were priced, and how many settings were passed
+    over unpriced (search.py `_kept`: slower, without recomputation, than the kept fastest plans)."""
+    if not result.passed_over:
+        return f"Searched {result.evaluated} candidates."
+    return (f"Searched {result.evaluated} candidates; {result.passed_over} more layouts were passed "
+            f"over unpriced: without recomputation they take longer than the {result.kept} fastest plans.")
+
+
 def _json(result: SearchResult, memory: int) -> dict[str, Any]:
     return {
         "gpu_memory_bytes": memory,
         "evaluated": result.evaluated,
+        "passed_over": result.passed_over,
         "smallest_peak_bytes": result.smallest_peak,
         "plans": [_plan_json(p) for p in result.plans],
         **({"unmeasured_kernels": list(result.unmeasured),
