@@ -311,8 +311,9 @@ def _searched(result: SearchResult) -> str:
     over unpriced (search.py `_kept`: slower, without recomputation, than the kept fastest plans)."""
     if not result.passed_over:
         return f"Searched {result.evaluated} candidates."
-    return (f"Searched {result.evaluated} candidates; {result.passed_over} more layouts were passed "
-            f"over unpriced: without recomputation they take longer than the {result.kept} fastest plans.")
+    return (f"Searched {result.evaluated} candidates and passed over {result.passed_over} more: even "
+            f"without recomputation, their GPU work alone takes longer than each of the "
+            f"{result.kept} fastest plans.")
 
 
 def _json(result: SearchResult, memory: int) -> dict[str, Any]:
