@@ -539,7 +539,7 @@ def test_sequence_parallel_without_tp_is_kept_on_for_the_searched_tp():
 
 def _priced(req, lay, split, recompute: str, method: str = "uniform", n: int = 1):
     from inspector.plan.candidates import candidate_job
-    from inspector.plan.price import evaluate
+    from inspector.plan.timing import evaluate
 
     job = candidate_job(req, lay, 1, (recompute, method, n), True, req.flash)
     assert job is not None

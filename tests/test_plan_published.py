@@ -185,8 +185,8 @@ def meta_405b(vpp: int, recompute: str, grad_reduce_in_bf16: bool = True) -> obj
     from inspector.job.layout import Layout
     from inspector.plan.candidates import candidate_job
     from inspector.plan.layouts import layout_for
-    from inspector.plan.price import evaluate
     from inspector.plan.split import accounted_split
+    from inspector.plan.timing import evaluate
 
     req = meta_request(grad_reduce_in_bf16)
     split = accounted_split(126, 16 * vpp, True, True)

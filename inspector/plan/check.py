@@ -8,7 +8,7 @@ megatron's own step on fake tensors, the peak the stage's total, what stays allo
 step its static bytes and what the step leaves until the next iteration's zero_grad, both less
 what the GPU holds outside PyTorch's allocator and a captured CUDA graphs' pool, plus the
 caching allocator's blocks beyond megatron's set-up requests), and the step time of the job as
-`plan` prices it (price.evaluate, at the layer split megatron makes of the job's flags).
+`plan` prices it (timing.evaluate, at the layer split megatron makes of the job's flags).
 Nothing here prints.
 """
 
@@ -23,9 +23,9 @@ from inspector.formulas.kernels import not_measured
 from inspector.inputs.training_log import TrainingLog
 from inspector.job.job import Job
 from inspector.memory.measure import MemoryReport
-from inspector.plan.price import evaluate
 from inspector.plan.request import PlanFlags, make_request
 from inspector.plan.split import pinned_split
+from inspector.plan.timing import evaluate
 
 
 @dataclass(frozen=True)

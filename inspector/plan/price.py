@@ -1,13 +1,13 @@
 """One `plan` candidate priced: its records, exact state memory, activations, step time.
 
-`evaluate(job, split, req)` prices a candidate as search.py does: each stage's state from
+A candidate is priced as search.py prices it (timing.py `evaluate`): each stage's state from
 memory.stage_state (megatron's DDP buffers, composed from small builds), its activations at the
-micro-batches megatron's schedule keeps in flight (activations.py), and its time (cost.stage_work,
-then with_state); the step from cost.step_time. A stage's numbers depend only on its own shape
-(layers per chunk, embedding / output, position in the schedule), never on the other stages, so
-each distinct stage is priced once per process (`_STATE`, `_ACT`, `_CHUNK_BYTES`; timing.py `_TIME`; in
-caches.py's care): a search over thousands of candidates prices a few thousand stages. Nothing
-here prints.
+micro-batches megatron's schedule keeps in flight (activations.py), and its time (timing.py:
+cost.stage_work, then with_state; the step from cost.step_time). A stage's numbers depend only
+on its own shape (layers per chunk, embedding / output, position in the schedule), never on the
+other stages, so each distinct stage is priced once per process (`_STATE`, `_ACT`,
+`_CHUNK_BYTES`, timing.py's `_TIME`, in caches.py's care): a search over thousands of
+candidates prices a few thousand stages. Nothing here prints.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from inspector.memory.measure import StageBytes
 from inspector.plan.cost import StepTime
 from inspector.plan.flags import megatron_flags
 from inspector.plan.layouts import unsplit_layout
-from inspector.plan.request import Request
 from inspector.plan.split import Split, chunk_layers
 
 
@@ -247,13 +246,6 @@ def _split_stages(model: ModelConfig, dims: ModelDims, split: Split, pp: int, v:
         tuple(_number(_STAGE_NUMBERS, (each, s == 0)) for s, each in enumerate(shapes)),
         tuple(_number(_SIGNATURE_NUMBERS, each) for each in signatures),
     )
-
-
-def evaluate(job: Job, split: Split, req: Request) -> Plan:
-    """Price one candidate: exact state bytes per stage, activations, time."""
-    from inspector.plan.timing import timed
-
-    return timed(job, split, req, *price_memory(job, split))
 
 
 def price_memory(job: Job, split: Split) -> tuple[Placed, tuple[StagePlan, ...]]:

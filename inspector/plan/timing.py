@@ -33,6 +33,7 @@ from inspector.plan.price import (
     StagePlan,
     job_dims,
     pair_layout,
+    price_memory,
     sharding_of,
     split_stages,
 )
@@ -62,6 +63,11 @@ def _step_setup(job: Job, dims: ModelDims) -> OptimizerStep:
     return OptimizerStep(dims.activation_bytes, 4, fused, job.model.fp16, each,
                          training.log_params_norm, training.log_num_zeros_in_grad,
                          te_fuses_bf16_moments())
+
+
+def evaluate(job: Job, split: Split, req: Request) -> Plan:
+    """Price one candidate as the search does: exact state bytes per stage, activations, time."""
+    return timed(job, split, req, *price_memory(job, split))
 
 
 def timed(
