@@ -24,8 +24,8 @@ from inspector.plan.timing import time_floors
 
 JOBS = {
     "dense": ("llama2-7b", 32, dict(bf16=True, global_batch_size=64)),
-    "moe": ("qwen1.5-moe-a2.7b", 8, dict(bf16=True, global_batch_size=32)),
-    "moe overlap": ("qwen1.5-moe-a2.7b", 8, dict(
+    "moe": ("qwen3-30b-a3b", 8, dict(bf16=True, global_batch_size=32)),
+    "moe overlap": ("qwen3-30b-a3b", 8, dict(
         bf16=True, global_batch_size=32, moe_token_dispatcher_type="alltoall",
         overlap_moe_expert_parallel_comm=True)),
     "dense full": ("llama2-7b", 32, dict(bf16=True, global_batch_size=64, recompute_granularity="full")),
