@@ -106,9 +106,9 @@ class Tracker(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        inputs = {_storage_id(t) for t in pytree.tree_leaves((args, kwargs)) if _is_tensor(t)}
-        for tensor in pytree.tree_leaves(out):
-            if _is_tensor(tensor) and _storage_id(tensor) not in inputs:
+        inputs = {_storage_id(t) for t in tensors_in((args, kwargs))}
+        for tensor in tensors_in(out):
+            if _storage_id(tensor) not in inputs:
                 self._allocate(tensor.untyped_storage())
         return out
 
@@ -196,8 +196,24 @@ class Tracker(TorchDispatchMode):
         return len(self.events)
 
 
-def _is_tensor(value: Any) -> bool:
-    return isinstance(value, torch.Tensor)
+def tensors_in(tree: Any) -> list[torch.Tensor]:
+    """Return the tensors among an ATen call's arguments or results, as torch's
+    `pytree.tree_leaves` finds them: in tuples (named ones too), lists and dicts, nested; any
+    other container torch's pytree knows is handed to it (tests/test_allocator.py)."""
+    out: list[torch.Tensor] = []
+    todo = [tree]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, torch.Tensor):
+            out.append(item)
+        elif isinstance(item, (tuple, list)):
+            todo.extend(reversed(item))
+        elif isinstance(item, dict):
+            todo.extend(reversed(list(item.values())))
+        elif not isinstance(item, (int, float, bool, str, type(None), torch.dtype, torch.device,
+                                   torch.layout, torch.memory_format)):  # fmt: skip
+            out.extend(t for t in pytree.tree_leaves(item) if isinstance(t, torch.Tensor))
+    return out
 
 
 def _storage_id(tensor: torch.Tensor) -> int:

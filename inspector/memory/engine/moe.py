@@ -36,6 +36,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils.weak import WeakTensorKeyDictionary
 
+from inspector.memory.engine.allocator import tensors_in
 from inspector.world.ddp import META_STREAM
 
 aten = torch.ops.aten
@@ -79,7 +80,7 @@ class _HostValues(TorchDispatchMode):
         kwargs = kwargs or {}
         if func is aten.scalar_tensor.default:
             return self._scalar(func, args, kwargs)
-        tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        tensors = tensors_in((args, kwargs))
         if not any(t in self.values for t in tensors):
             return func(*args, **kwargs)
         if func is aten._to_copy.default and _to_host(kwargs):
@@ -101,14 +102,14 @@ class _HostValues(TorchDispatchMode):
             return self._each_copy(func, args, kwargs, stacked)
         out = func(*args, **kwargs)
         known = all(t in self.values or t in self.scalars or not t.is_meta for t in tensors)
-        outputs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        outputs = tensors_in(out)
         if not known:
             for tensor in outputs:  # an in-place op on a tensor whose values we no longer know
                 self.values.pop(tensor)
             return out
         with _disable_current_modes():
             host = func(*self._on_host(args), **self._on_host(kwargs))
-        values = [t for t in pytree.tree_leaves(host) if isinstance(t, torch.Tensor)]
+        values = tensors_in(host)
         for tensor, value in zip(outputs, values, strict=True):
             self.values[tensor] = value  # written in place, perhaps: no longer copies
         return out
