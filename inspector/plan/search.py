@@ -7,8 +7,10 @@ split comes from even / accounted splits and split.balance (layouts.py), once on
 once with memory caps (candidates.capped_split). Each distinct stage is priced once (its state,
 activations and time depend on its own shape only), memory before time, and micro-batch sizes
 stop growing once a smaller one fits nowhere. Each layout takes the least recomputation that
-fits (candidates.first_fit). The plans shown are those `memory` confirms (confirm.py: where
-megatron's engine runs the job, its peak replaces the closed forms). Nothing here prints.
+fits (candidates.first_fit). Settings are priced least floor first (timing.time_floors: what no
+recomputation of theirs beats), and once the `KEPT` fastest plans all beat the next floor the
+rest are passed over. The plans shown are those `memory` confirms (confirm.py: where megatron's
+engine runs the job, its peak replaces the closed forms). Nothing here prints.
 """
 
 from __future__ import annotations
@@ -259,10 +261,11 @@ def _by_floor(req: Request, recomputes: list[Recipe]) -> list[Queued]:
     `Capped` split with the floor no split of its group's layout beats."""
     out: list[Queued] = []
     floors: dict[tuple[Any, ...], tuple[float, float]] = {}  # they read no optimizer setting
+    pin = tuple(sorted(req.fixed.get("pin", {}).items()))
     for index, item in enumerate(settings(req)):
         if isinstance(item, Capped):  # its group's first split stands for every one
             split, mbs, distopt = item.tried[0], item.mbs, item.distopt
-            lay = layout_for(item.base, req.model, split, item.v)
+            lay = layout_for(item.base, req.model, split, item.v, pin)
         else:
             _, lay, split, mbs, distopt = item
         if (lay, split, mbs) not in floors:
