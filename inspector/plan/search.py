@@ -92,6 +92,7 @@ class Capped:
     mbs: int
     distopt: bool | str
     ends: tuple[float, float]  # extras(): the first and last stages' costs in layers
+    pin: tuple[tuple[str, Any], ...]  # the split flags the user pinned (layouts.layout_for)
 
     def setting(self, req: Request) -> Setting | None:
         """Return the capped split's setting, None where it is none or one of the group's."""
@@ -99,8 +100,7 @@ class Capped:
                               req.flash, *self.ends)  # fmt: skip
         if not capped or capped in self.tried:
             return None
-        pin = tuple(sorted(req.fixed.get("pin", {}).items()))
-        lay = layout_for(self.base, req.model, capped, self.v, pin)
+        lay = layout_for(self.base, req.model, capped, self.v, self.pin)
         return None if lay is None else ((self.base, self.v, capped, self.distopt), lay, capped,
                                          self.mbs, self.distopt)  # fmt: skip
 
@@ -129,7 +129,7 @@ def settings(req: Request) -> Iterator[Setting | Capped]:
                         if lay is not None:
                             yield (base, v, split, distopt), lay, split, mbs, distopt
                     if base.pp > 1 and tried:
-                        yield Capped(base, v, tuple(tried), mbs, distopt, ends)
+                        yield Capped(base, v, tuple(tried), mbs, distopt, ends, pin)
 
 
 Queued = tuple[float, int, Setting | Capped]  # floor, place in `settings` order, setting
@@ -251,7 +251,7 @@ def _search(req: Request, progress: Callable[[int, int], None] | None) -> Search
         tuple(fast_end(plan, req) for plan in shown) if unknown else (),
         scaled_from(req.gpu) if req.efficiency is None else "",
         sum(not isinstance(item, Capped) for _, _, item in tally.passed_over),
-        _kept(req),
+        tally.kept,
     )
 
 
@@ -261,11 +261,10 @@ def _by_floor(req: Request, recomputes: list[Recipe]) -> list[Queued]:
     `Capped` split with the floor no split of its group's layout beats."""
     out: list[Queued] = []
     floors: dict[tuple[Any, ...], tuple[float, float]] = {}  # they read no optimizer setting
-    pin = tuple(sorted(req.fixed.get("pin", {}).items()))
     for index, item in enumerate(settings(req)):
         if isinstance(item, Capped):  # its group's first split stands for every one
             split, mbs, distopt = item.tried[0], item.mbs, item.distopt
-            lay = layout_for(item.base, req.model, split, item.v, pin)
+            lay = layout_for(item.base, req.model, split, item.v, item.pin)
         else:
             _, lay, split, mbs, distopt = item
         if (lay, split, mbs) not in floors:

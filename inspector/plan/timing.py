@@ -1,6 +1,6 @@
 """A `plan` candidate's step time, given its memory (price.py): each distinct stage's passes
 per micro-batch priced once (cost.stage_work, in `_TIME`), then with its state's data-parallel
-and optimizer time (cost.with_state), the step from cost.step_time; and `time_floor`, the least
+and optimizer time (cost.with_state), the step from cost.step_time; and `time_floors`, the least
 step any recomputation of a setting can take, which search.py reads before pricing its memory.
 Nothing here prints.
 """
@@ -106,11 +106,11 @@ def time_floors(job: Job, split: Split, req: Request) -> tuple[float, float]:
     scope, works = _passes(job, split, req, job_dims(job), net)
     gpu = [replace(scope[work], wait=0.0) for work in works]
     m, chunks = job.schedule().num_microbatches, job.layout.chunks
+    floor = step_time(gpu, m, chunks).seconds
     if job.training.ep_overlap:
-        return step_time(gpu, m, chunks).seconds, 0.0
+        return floor, 0.0
     mean = sum(each.per_microbatch for each in gpu) / len(gpu)
-    even = [StageTime(mean, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)] * len(gpu)
-    return step_time(gpu, m, chunks).seconds, step_time(even, m, chunks).seconds
+    return floor, step_time([StageTime(mean, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)] * len(gpu), m, chunks).seconds
 
 
 def _passes(
