@@ -64,7 +64,10 @@ def recipes(req: Request) -> list[Recipe]:
     if "recompute" in fixed:
         granularity = fixed["recompute"]
         return [next(r for r in RECOMPUTES if r[0] == granularity)]
-    if req.model.hybrid:  # no full recomputation of a hybrid stack (plan/hybrid.py)
+    if req.model.hybrid or req.training.cuda_graph_impl != "none":
+        # no full recomputation of a hybrid stack (plan/hybrid.py), nor beside per-layer CUDA
+        # graphs (megatron-core's TransformerConfig: "full recompute is only supported with full
+        # iteration CUDA graph.")
         return [r for r in RECOMPUTES if r[0] != "full"]
     return list(RECOMPUTES)
 

@@ -36,6 +36,10 @@ def megatron_flags(job: Job, split: Split) -> list[str]:
                                   ("--tp-comm-overlap", training.tp_comm_overlap)) if on]  # fmt: skip
     if training.op_fuser:
         out.append("--use-transformer-engine-op-fuser")
+    if training.cuda_graph_impl != "none":  # job/cuda_graphs.py: () graphs whole layers
+        out.append(f"--cuda-graph-impl {training.cuda_graph_impl}")
+        if training.cuda_graph_scope:
+            out.append(f"--cuda-graph-scope {' '.join(training.cuda_graph_scope)}")
     if training.moe_expert_rank_capacity_factor is not None:
         out.append(f"--moe-expert-rank-capacity-factor {training.moe_expert_rank_capacity_factor:g}")
     if training.megatron_fsdp:

@@ -10,6 +10,7 @@ from typing import Any
 from inspector.errors import ConfigError
 from inspector.job.build_limits import expert_cap
 from inspector.job.checks import check_at_least_one, check_built_layers
+from inspector.job.cuda_graphs import check_cuda_graphs, preprocess_syncs
 from inspector.job.device import Device, check_precision
 from inspector.job.flex import check_flex_group, flex_backend
 from inspector.job.fsdp import check_fsdp_pipeline
@@ -149,6 +150,11 @@ def make_request(args: dict[str, Any], flags: PlanFlags) -> Request:
     backend = flex_backend(args)  # megatron's rules for the flex dispatcher's flags
     training = _kept_training(args, backend)
     model = make_model_config(args)
+    if training.cuda_graph_impl != "none":  # megatron-core's checks, at the recomputation asked
+        check_cuda_graphs(training.cuda_graph_impl, training.cuda_graph_scope,
+                          fixed.get("recompute", "none"), model.num_experts,
+                          bool(model.num_experts) and model.every_layer_moe(), training.ep_overlap,
+                          preprocess_syncs(training))  # fmt: skip
     check_precision(model, Device(flags.gpu))  # a recipe TE refuses on --gpu (job/device.py)
     refuse_latent_moe(model, "plan")
     check_dsa_plan(model, flags.efficiency)
@@ -199,6 +205,8 @@ def _kept_training(args: dict[str, Any], backend: str | None) -> Training:
         log_params_norm=asked.log_params_norm,
         log_num_zeros_in_grad=asked.log_num_zeros_in_grad,
         packed_document_length=asked.packed_document_length,  # --sft: mbs 1, cp 1 (packing.py)
+        cuda_graph_impl=asked.cuda_graph_impl, cuda_graph_scope=asked.cuda_graph_scope,
+        cuda_graph_warmup_steps=asked.cuda_graph_warmup_steps,  # job/cuda_graphs.py
     )
 
 
@@ -377,11 +385,12 @@ def _check_counts(flags: PlanFlags, args: dict[str, Any]) -> None:
         raise ConfigError("--perform-rl-step is not modelled by plan: it prices no GRPO rollouts "
                           "and its memory composition has no rollout KV cache; `memory` counts it "
                           "for one layout")  # fmt: skip
-    if args.get("cuda_graph_impl") not in (None, "none"):
-        # the search prices each layout's memory without the graphs' pool (memory/engine/cuda_graphs.py)
-        raise ConfigError(f"--cuda-graph-impl {args['cuda_graph_impl']} is not modelled by plan: "
-                          "its memory composition has no CUDA graphs' pool; `memory` counts "
-                          "them for one layout")  # fmt: skip
+    if args.get("cuda_graph_impl") == "local":
+        # the search prices per-layer graphs (Transformer Engine's); megatron-core's own graphs
+        # need the MoE capacity flags and full-iteration capture the plan does not search
+        raise ConfigError("--cuda-graph-impl local is not modelled by plan: it searches Transformer "
+                          "Engine's per-layer graphs (--cuda-graph-impl transformer_engine); "
+                          "`memory` counts megatron-core's own graphs for one layout")  # fmt: skip
 
 
 def _plan_gpu(flags: PlanFlags) -> Gpu:

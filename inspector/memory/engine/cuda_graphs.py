@@ -39,6 +39,8 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+import torch
+
 from inspector.job.job import Job
 from inspector.memory.engine.allocator import Event, rounded
 from inspector.memory.engine.graph_steps import PREPROCESS
@@ -183,7 +185,11 @@ def _sample_arguments(chunks: list[Any], callables: list[list[Any]], job: Job, m
         flattened_callables=[layer for chunk in callables for layer in chunk],
         chunks_with_decoder=chunks,
     )  # fmt: skip
-    return TECudaGraphHelper._get_sample_arguments(helper, order, layer_ids)
+    # megatron-core's TransformerLayer.get_layer_static_inputs builds the attention mask on the
+    # host (`torch.tril(torch.ones((s / cp, s)))`, then `.to(cuda)`): only its shape is kept here,
+    # so the host's factory calls make meta tensors too (a [8192, 8192] float each layer, else)
+    with torch.device("meta"):
+        return TECudaGraphHelper._get_sample_arguments(helper, order, layer_ids)
 
 
 def _grad_output_bytes(job: Job, callables: list[list[Any]], microbatches: int, args: list[Any],
