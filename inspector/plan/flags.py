@@ -31,17 +31,7 @@ def megatron_flags(job: Job, split: Split) -> list[str]:
                        if megatron_version() >= FLEX_BACKEND_SINCE else "--moe-enable-deepep")
         if training.moe_router_padding:  # the version's own spelling (job/versions.py)
             out.append("--" + router_padding_field().replace("_", "-"))
-    out += [flag for flag, on in (("--overlap-moe-expert-parallel-comm", training.ep_overlap),
-                                  ("--delay-wgrad-compute", training.delay_wgrad),
-                                  ("--tp-comm-overlap", training.tp_comm_overlap)) if on]  # fmt: skip
-    if training.op_fuser:
-        out.append("--use-transformer-engine-op-fuser")
-    if training.cuda_graph_impl != "none":  # job/cuda_graphs.py: () graphs whole layers
-        out.append(f"--cuda-graph-impl {training.cuda_graph_impl}")
-        if training.cuda_graph_scope:
-            out.append(f"--cuda-graph-scope {' '.join(training.cuda_graph_scope)}")
-    if training.moe_expert_rank_capacity_factor is not None:
-        out.append(f"--moe-expert-rank-capacity-factor {training.moe_expert_rank_capacity_factor:g}")
+    out += _feature_flags(training)
     if training.megatron_fsdp:
         out += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {training.sharding_strategy}",
                 "--use-distributed-optimizer", "--ckpt-format fsdp_dtensor"]  # fmt: skip
@@ -51,6 +41,21 @@ def megatron_flags(job: Job, split: Split) -> list[str]:
     out.append("--overlap-grad-reduce")
     if training.packed_document_length is not None:  # packed sequences (the documents' length
         out.append("--sft")  # is the data's: no Megatron-LM flag)
+    return out
+
+
+def _feature_flags(training: Training) -> list[str]:
+    """Return the overlaps, fusions, CUDA graphs and capacity the job was asked with."""
+    out = [flag for flag, on in (("--overlap-moe-expert-parallel-comm", training.ep_overlap),
+                                 ("--delay-wgrad-compute", training.delay_wgrad),
+                                 ("--tp-comm-overlap", training.tp_comm_overlap),
+                                 ("--use-transformer-engine-op-fuser", training.op_fuser)) if on]  # fmt: skip
+    if training.cuda_graph_impl != "none":  # job/cuda_graphs.py: () graphs whole layers
+        out.append(f"--cuda-graph-impl {training.cuda_graph_impl}")
+        if training.cuda_graph_scope:
+            out.append(f"--cuda-graph-scope {' '.join(training.cuda_graph_scope)}")
+    if training.moe_expert_rank_capacity_factor is not None:
+        out.append(f"--moe-expert-rank-capacity-factor {training.moe_expert_rank_capacity_factor:g}")
     return out
 
 
