@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from inspector.errors import ConfigError
-from inspector.inputs.refusals import DYNAMIC_MOE
+from inspector.inputs.refusals import DYNAMIC_MOE, static_moe_layers
 from inspector.inputs.unmodelled import LOCAL_GRAPHS
 from inspector.inputs.versions import megatron_core_version
 
@@ -94,6 +94,15 @@ def check_cuda_graphs(impl: str, scope: tuple[str, ...], recompute: str, num_exp
         raise ConfigError("--recompute-granularity full with --cuda-graph-impl: megatron-core "
                           "refuses it ('full recompute is only supported with full iteration "
                           "CUDA graph.')")  # fmt: skip
+
+
+def check_job_graphs(training: Any, model: Any, recompute: str | None = None) -> None:
+    """Run `check_cuda_graphs` on a job's training settings and model (`recompute`: the job's
+    own unless given, as a plan search asks before it picks one)."""
+    check_cuda_graphs(training.cuda_graph_impl, training.cuda_graph_scope,
+                      training.recompute if recompute is None else recompute, model.num_experts,
+                      bool(model.num_experts) and model.every_layer_moe(), training.ep_overlap,
+                      preprocess_syncs(training), static_moe_layers(vars(training)))  # fmt: skip
 
 
 def _check_overlap(scope: tuple[str, ...]) -> None:

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, cast, get_args
 
 from inspector.errors import ConfigError
-from inspector.inputs.refusals import static_moe_layers
 from inspector.job.attention_backend import flash_attention, scores_cause
 from inspector.job.checks import (
     check_at_least_one,
@@ -25,7 +24,7 @@ from inspector.job.checks import (
     check_rank_capacity,
     check_sequence_split,
 )
-from inspector.job.cuda_graphs import check_cuda_graphs, parse_scope, preprocess_syncs
+from inspector.job.cuda_graphs import check_job_graphs, parse_scope
 from inspector.job.device import Device, check_precision
 from inspector.job.dims import ModelDims, num_microbatches
 from inspector.job.dsa import check_dsa_layout
@@ -232,13 +231,8 @@ class Job:
         check_ep_overlap(self.model, self.layout, self.training)
         check_flex(self.model, self.layout, self.training)
         check_tp_comm_overlap(self.model, self.layout, self.training)
-        model, training = self.model, self.training
         check_packing(self)
-        every_moe = model.every_layer_moe()
-        check_cuda_graphs(training.cuda_graph_impl, training.cuda_graph_scope, training.recompute,
-                          model.num_experts, bool(model.num_experts) and every_moe,
-                          training.ep_overlap, preprocess_syncs(training),
-                          static_moe_layers(vars(training)))  # fmt: skip
+        check_job_graphs(self.training, self.model)
         if self.training.flash_attention and self.model.dtype_name == "float32":
             raise ConfigError("--use-flash-attn needs --bf16 or --fp16: flash attention kernels "
                               "have no fp32 path")  # fmt: skip

@@ -43,16 +43,18 @@ still picked with probability k/E, so its bytes per link class do not change (ne
 from __future__ import annotations
 
 from math import comb, prod
+from typing import Any
 
 import inspector.caches as caches
 from inspector.formulas import routing
 from inspector.formulas.fp8_ops import expert_padding
 from inspector.job.dims import ModelDims
-from inspector.job.flex import runs_deepep
+from inspector.job.flex import check_flex_group, runs_deepep
 from inspector.job.hardware import Gpu
-from inspector.job.hybrid_ep import HYBRIDEP_NUM_SMS
+from inspector.job.hybrid_ep import HYBRIDEP_NUM_SMS, check_hybridep_dtype
 from inspector.job.job import Training
 from inspector.job.layout import Layout
+from inspector.job.model import ModelConfig
 from inspector.plan.network import Network, expert_alltoall, expert_peers_on_node
 
 SOURCE_META_BYTES = 8  # internode.cu SourceMeta: src_rdma_rank, is_token_in_nvl_rank_bits
@@ -217,3 +219,13 @@ def exchange_sm_share(training: Training, gpu: Gpu) -> float:
         return 0.0
     sms = training.moe_deepep_num_sms if runs_deepep(training) else HYBRIDEP_NUM_SMS
     return sms / gpu.sms
+
+
+def check_flex_request(model: ModelConfig, backend: str | None, fixed: dict[str, Any]) -> None:
+    """Refuse what the flex dispatcher's backend refuses of every candidate (a fixed ep, dtype)."""
+    if backend == "hybridep" and model.num_experts is not None:
+        check_hybridep_dtype(model)  # every candidate's: the model's dtype is fixed
+    if backend is not None and model.num_experts is not None and "ep" in fixed:
+        etp = fixed.get("etp", fixed.get("tp"))  # megatron: expert tp defaults to tp
+        if etp is not None:
+            check_flex_group(fixed["ep"], etp, backend)

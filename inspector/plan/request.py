@@ -10,9 +10,9 @@ from typing import Any
 from inspector.errors import ConfigError
 from inspector.job.build_limits import expert_cap
 from inspector.job.checks import check_at_least_one, check_built_layers
-from inspector.job.cuda_graphs import check_cuda_graphs, preprocess_syncs
+from inspector.job.cuda_graphs import check_job_graphs
 from inspector.job.device import Device, check_precision
-from inspector.job.flex import check_flex_group, flex_backend
+from inspector.job.flex import flex_backend
 from inspector.job.fsdp import check_fsdp_pipeline
 from inspector.job.hardware import (
     DEFAULT_EFFICIENCY,
@@ -22,11 +22,11 @@ from inspector.job.hardware import (
     get_gpu,
     with_overrides,
 )
-from inspector.job.hybrid_ep import check_hybridep_dtype
 from inspector.job.job import Training, make_training
 from inspector.job.model import ModelConfig
 from inspector.job.model_args import make_model_config, refuse_latent_moe
 from inspector.job.versions import etp_bias_refused
+from inspector.plan.flex import check_flex_request
 from inspector.plan.hybrid import check_dsa_plan, check_hybrid_plan
 from inspector.plan.split import PIN_FLAGS
 
@@ -150,11 +150,7 @@ def make_request(args: dict[str, Any], flags: PlanFlags) -> Request:
     backend = flex_backend(args)  # megatron's rules for the flex dispatcher's flags
     training = _kept_training(args, backend)
     model = make_model_config(args)
-    if training.cuda_graph_impl != "none":  # megatron-core's checks, at the recomputation asked
-        check_cuda_graphs(training.cuda_graph_impl, training.cuda_graph_scope,
-                          fixed.get("recompute", "none"), model.num_experts,
-                          bool(model.num_experts) and model.every_layer_moe(), training.ep_overlap,
-                          preprocess_syncs(training))  # fmt: skip
+    check_job_graphs(training, model, fixed.get("recompute", "none"))  # megatron-core's checks
     check_precision(model, Device(flags.gpu))  # a recipe TE refuses on --gpu (job/device.py)
     refuse_latent_moe(model, "plan")
     check_dsa_plan(model, flags.efficiency)
@@ -163,23 +159,13 @@ def make_request(args: dict[str, Any], flags: PlanFlags) -> Request:
     _check_overlap(model, training)
     _check_sizes(model, flags.gpus)
     _check_expert_tp(model, fixed)
-    _check_flex(model, backend, fixed)
+    check_flex_request(model, backend, fixed)
     return Request(
         model=model, gpus=flags.gpus, gpu=gpu,
         memory=round(gpu.memory_gib * (1 << 30)), global_batch_size=batch,
         efficiency=flags.efficiency, fixed=fixed,
         top=flags.top, training=training, flash_attention=_flash(args), nccl_algo=flags.nccl_algo,
     )
-
-
-def _check_flex(model: ModelConfig, backend: str | None, fixed: dict[str, Any]) -> None:
-    """Refuse what the flex dispatcher's backend refuses of every candidate (a fixed ep, dtype)."""
-    if backend == "hybridep" and model.num_experts is not None:
-        check_hybridep_dtype(model)  # every candidate's: the model's dtype is fixed
-    if backend is not None and model.num_experts is not None and "ep" in fixed:
-        etp = fixed.get("etp", fixed.get("tp"))  # megatron: expert tp defaults to tp
-        if etp is not None:
-            check_flex_group(fixed["ep"], etp, backend)
 
 
 def _kept_training(args: dict[str, Any], backend: str | None) -> Training:
@@ -385,9 +371,7 @@ def _check_counts(flags: PlanFlags, args: dict[str, Any]) -> None:
         raise ConfigError("--perform-rl-step is not modelled by plan: it prices no GRPO rollouts "
                           "and its memory composition has no rollout KV cache; `memory` counts it "
                           "for one layout")  # fmt: skip
-    if args.get("cuda_graph_impl") == "local":
-        # the search prices per-layer graphs (Transformer Engine's); megatron-core's own graphs
-        # need the MoE capacity flags and full-iteration capture the plan does not search
+    if args.get("cuda_graph_impl") == "local":  # the search keeps no MoE capacity flags
         raise ConfigError("--cuda-graph-impl local is not modelled by plan: it searches Transformer "
                           "Engine's per-layer graphs (--cuda-graph-impl transformer_engine); "
                           "`memory` counts megatron-core's own graphs for one layout")  # fmt: skip
