@@ -57,9 +57,10 @@ def test_whole_layer_graphs_take_the_layers_launches_off_the_step(cli) -> None:
 
 @needs_graphs
 def test_megatron_core_s_refusals_of_graphs_are_the_plan_s(cli) -> None:
-    result = cli("plan", *TINY, *SEARCH, *GRAPHS, "--recompute-granularity", "full")
-    assert result.code == 2 and result.out == ""
-    assert "full recompute is only supported with full iteration CUDA graph." in result.err
+    for recompute in (("--recompute-granularity", "full"), ("--recompute-method", "block")):
+        result = cli("plan", *TINY, *SEARCH, *GRAPHS, *recompute)
+        assert result.code == 2 and result.out == ""
+        assert "full recompute is only supported with full iteration CUDA graph." in result.err
     result = cli("plan", *TINY, *SEARCH, "--cuda-graph-impl", "local")
     assert result.code == 2
     assert result.err.startswith("Error: --cuda-graph-impl local is not modelled by plan")

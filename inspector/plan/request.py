@@ -150,7 +150,8 @@ def make_request(args: dict[str, Any], flags: PlanFlags) -> Request:
     backend = flex_backend(args)  # megatron's rules for the flex dispatcher's flags
     training = _kept_training(args, backend)
     model = make_model_config(args)
-    check_job_graphs(training, model, fixed.get("recompute", "none"))  # megatron-core's checks
+    full = {"recompute_method", "recompute_num_layers"} & fixed.keys()  # candidates.recipes' least
+    check_job_graphs(training, model, "full" if full else fixed.get("recompute", "none"))
     check_precision(model, Device(flags.gpu))  # a recipe TE refuses on --gpu (job/device.py)
     refuse_latent_moe(model, "plan")
     check_dsa_plan(model, flags.efficiency)
