@@ -98,7 +98,10 @@ def check_cuda_graphs(impl: str, scope: tuple[str, ...], recompute: str, num_exp
 
 def check_job_graphs(training: Any, model: Any, recompute: str | None = None) -> None:
     """Run `check_cuda_graphs` on a job's training settings and model (`recompute`: the job's
-    own unless given, as a plan search asks before it picks one)."""
+    own unless given, as a plan search asks before it picks one). Without graphs nothing is
+    read: every Job a search builds passes here."""
+    if training.cuda_graph_impl == "none":
+        return
     check_cuda_graphs(training.cuda_graph_impl, training.cuda_graph_scope,
                       training.recompute if recompute is None else recompute, model.num_experts,
                       bool(model.num_experts) and model.every_layer_moe(), training.ep_overlap,
