@@ -258,3 +258,34 @@ def test_snapshot_pickles_equal_content_alike_however_its_names_were_made() -> N
     pickled = [pickle.dumps(_trace(passes(*names), 0), protocol=4)
                for names in ((shared, shared), tuple(made))]  # fmt: skip
     assert pickled[0] == pickled[1]
+
+
+def test_an_moe_jobs_snapshot_frees_what_the_iteration_before_left_its_layers(tmp_path: Path) -> None:
+    """An MoE layer's dispatcher keeps its last routing probabilities (with their graph) from its
+    backward to its next forward (memory/engine/schedule.py `freeing`): the iteration before left
+    them, so the trace allocates them first, the first forward frees them and the last backward
+    leaves them again; the replay still peaks at the report's peak and ends at its static bytes
+    (the snapshot raised "a free ... with no live block" before)."""
+    snap = tmp_path / "moe.pickle"
+    moe = [*JOB, "--num-experts", "4", "--moe-router-topk", "2", "--ep", "2", "--dp", "2", "--swiglu",
+           "--disable-bias-linear", "--moe-grouped-gemm"]
+    result = run_cli("memory", *moe, "--no-cache", "--format", "json", "--snapshot", str(snap))
+    assert result.code == 0, result.err
+    data, report = pickle.loads(snap.read_bytes()), json.loads(result.out)
+    for device, stage in enumerate(report["stages"]):
+        (segment,) = [s for s in data["segments"] if s["device"] == device]
+        trace = data["device_traces"][device]
+        first = [e for e in trace if e["frames"][-1]["name"] == "the iteration before"]
+        assert first and trace[:len(first)] == first and all(e["action"] == "alloc" for e in first)
+        now = sum(b["size"] for b in segment["blocks"] if b["state"] == "active_allocated")
+        high, live = now, {}
+        for entry in trace:
+            if entry["action"] == "alloc":
+                live[entry["addr"]] = entry["size"]
+                now += entry["size"]
+            elif entry["action"] == "free_completed":
+                assert live.pop(entry["addr"]) == entry["size"]
+                now -= entry["size"]
+            high = max(high, now)
+        assert (high, now) == (stage["total"], stage["static"])  # to the byte
+        assert sum(live.values()) == sum(e["size"] for e in first)  # left again for the next

@@ -11,7 +11,10 @@ memory viewer (pytorch.org/memory_viz, `_memory_viz.trace_plot`) opens it:
   from the start, then the free space the iteration's allocations used;
 - `device_traces`: every allocation (`alloc`) and free (`free_requested`, `free_completed`) of
   the iteration in the schedule's order (memory/engine/timeline.py), with two frames: where megatron
-  was (the module, or the autograd node and the module that made it) and the pass.
+  was (the module, or the autograd node and the module that made it) and the pass. What the
+  iteration before left an MoE layer (its dispatcher's last routing probabilities and the graph
+  behind them, freed by the layer's next pass) is allocated first, under "the iteration before",
+  and not among the static blocks; the last backward leaves it again.
 
 Addresses are synthetic and deterministic: a first-fit allocator over the segment. The engine
 records a free's size, not its storage, so a free releases the latest live block of its size
@@ -25,9 +28,11 @@ from __future__ import annotations
 import bisect
 import pickle
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from inspector.memory.engine.schedule import layer_key, retained_by_layer
 from inspector.memory.measure import MemoryReport, StageMemory
 from inspector.records import MemoryPass
 
@@ -48,9 +53,10 @@ def snapshot(report: MemoryReport, passes: dict[int, tuple[MemoryPass, ...]]) ->
     traces: list[list[dict[str, Any]]] = []
     for device, stage in enumerate(report.stages):
         base = BASE + device * DEVICE_STRIDE
-        blocks = _static_blocks(stage, base)
+        left = _left_before(stage)
+        blocks = _static_blocks(stage, base, [item for _, items in left for item in items])
         start = _aligned(blocks[-1]["address"] + blocks[-1]["size"] - base) if blocks else 0
-        trace, high = _trace(passes.get(stage.stage, ()), base + start)
+        trace, high = _trace(passes.get(stage.stage, ()), base + start, left)
         segments.append(_segment(device, base, blocks, start + high))
         traces.append(trace)
     return {"segments": segments, "device_traces": traces}
@@ -60,13 +66,31 @@ def _aligned(offset: int) -> int:
     return -(-offset // ALIGN) * ALIGN
 
 
-def _static_blocks(stage: StageMemory, base: int) -> list[dict[str, Any]]:
-    """Return the blocks alive all through the iteration, one after another from `base`."""
+def _left_before(stage: StageMemory) -> list[tuple[dict[str, int], tuple[tuple[str, int], ...]]]:
+    """Return, per chunk, what the iteration before left its layers (an MoE layer's dispatcher
+    keeps its last routing probabilities with the graph behind them: schedule.py `freeing`), by
+    layer as the passes free it, and as the persistent buffers list it."""
+    replay = stage.run.replay if stage.run is not None else None
+    if replay is None:
+        return []
+    return [(retained_by_layer(trace), trace.retained) for trace in replay.traces if trace.retained]
+
+
+def _static_blocks(stage: StageMemory, base: int, left: Sequence[tuple[str, int]] = ()
+                   ) -> list[dict[str, Any]]:  # fmt: skip
+    """Return the blocks alive all through the iteration, one after another from `base`: the
+    persistent buffers less what the iteration before `left` the layers, which the first passes
+    free (`_trace` allocates it first)."""
     state, run = stage.state, stage.run
     named = [("weights", state.weights), ("gradients", state.gradients)]
     named.append(("optimizer state", state.optimizer))
     if run is not None:
-        named.extend(run.persistent)
+        freed = Counter((layer_key(where), size) for where, size in left)  # by layer and size:
+        for where, size in run.persistent:  # the buffers name the module, `left` the layer
+            if freed[layer_key(where), size]:
+                freed[layer_key(where), size] -= 1
+            else:
+                named.append((where, size))
         named.append(("cuBLAS workspaces", run.workspaces))
     blocks, address = [], base
     for where, size in named:
@@ -105,12 +129,21 @@ def _segment(device: int, base: int, blocks: list[dict[str, Any]], total: int) -
     }
 
 
-def _trace(passes: Sequence[MemoryPass], start: int) -> tuple[list[dict[str, Any]], int]:
-    """Return the device trace of the passes from address `start`, and the bytes it spans."""
+def _trace(passes: Sequence[MemoryPass], start: int,
+           left: Sequence[tuple[dict[str, int], Any]] = ()) -> tuple[list[dict[str, Any]], int]:  # fmt: skip
+    """Return the device trace of the passes from address `start`, and the bytes it spans; what
+    the iteration before `left` each chunk's layers (`_left_before`) is allocated first."""
     heap = _FirstFit()
     live: dict[tuple[int, int], dict[int, list[int]]] = {}  # owner -> size -> addresses
     frames: dict[tuple[str, str], list[dict[str, Any]]] = {}  # shared: pickle stores each once
     out: list[dict[str, Any]] = []
+    for chunk, (by_layer, _) in enumerate(left):
+        blocks = live.setdefault((-2, chunk), {})
+        for layer, size in by_layer.items():
+            offset = heap.take(size)
+            blocks.setdefault(size, []).append(offset)
+            where = f"layer {layer}: what its last backward left" if layer else "what the last backward left"
+            out.append(_entry("alloc", start + offset, size, [_frame(where), _frame("the iteration before")]))
     for one in passes:
         blocks = live.setdefault(one.owner, {})
         for size, _, where in one.steps:

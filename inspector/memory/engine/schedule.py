@@ -151,11 +151,7 @@ def freeing(trace: Trace, forward: bool = True) -> tuple[Event, ...]:
     probabilities after attention: freeing it at the layer's first event is at most that
     attention early; a backward's recomputed forward sets it again)."""
     events = trace.forward if forward else trace.backward
-    frees: dict[str, int] = {}
-    for where, size in trace.retained:
-        match = _LAYER.match(where)
-        key = match.group(1) if match else ""
-        frees[key] = frees.get(key, 0) + size
+    frees = retained_by_layer(trace)
     if not frees:
         return events
     out, freed = [], frees.pop("", 0)  # a layer the labels do not name: at the start
@@ -168,6 +164,22 @@ def freeing(trace: Trace, forward: bool = True) -> tuple[Event, ...]:
                              "what the layer's last backward left"))  # fmt: skip
         out.append(Event(event.bytes, event.allocated - freed, event.where, event.origin))
     return tuple(out)
+
+
+def retained_by_layer(trace: Trace) -> dict[str, int]:
+    """Return what the chunk's last backward left (`Trace.retained`) by the layer that holds it
+    (its number; "" where the labels name none), as `freeing` frees it: one free a layer."""
+    held: dict[str, int] = {}
+    for where, size in trace.retained:
+        key = layer_key(where)
+        held[key] = held.get(key, 0) + size
+    return held
+
+
+def layer_key(where: str) -> str:
+    """Return the number of the layer an event's label names ("" where it names none)."""
+    match = _LAYER.match(where)
+    return match.group(1) if match else ""
 
 
 def _deferred(trace: Trace, mb: int) -> int:
