@@ -82,6 +82,49 @@ def _window_size(attn_mask_type: str, window_size: Any) -> Any:
     return (-1, 0) if "causal" in attn_mask_type else (-1, -1)
 
 
+def qkv_layout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Return q, k and v as Transformer Engine's attention takes them (v2.11 attention/
+    dot_product_attention/utils.py `get_qkv_layout`, called by DotProductAttention.forward for
+    every backend): as given where `run_iteratively` finds a layout it supports (one packed
+    buffer, q beside a packed kv, or three tensors whose k and v strides agree), else each copied
+    contiguous. Megatron's roped q and k are new tensors while v stays a view of the QKV linear's
+    output: not supported, so TE copies v and the linear's output is freed.
+    (TE asserts a contiguous last dimension; the copy stands in for its error.)"""
+    if all(t.stride(-1) == 1 for t in (q, k, v)) and _supported(q, k, v):
+        return q, k, v
+    return tuple(t.contiguous() for t in (q, k, v))
+
+
+def _supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Return whether `get_qkv_layout`'s `run_iteratively` names a layout (not "not_supported");
+    storages compared by identity, as data pointers (meta tensors have none)."""
+    def same(*ts: torch.Tensor) -> bool:
+        first = ts[0].untyped_storage()._cdata
+        return all(t.untyped_storage()._cdata == first for t in ts)
+
+    ptrs_qkv, ptrs_qk, ptrs_kv = same(q, k, v), same(q, k), same(k, v)
+    shapes_qkv = q.shape == k.shape == v.shape
+    shapes_kv = k.shape[:-1] == v.shape[:-1]
+    strides_qkv = q.stride() == k.stride() == v.stride()
+    strides_kv = (tuple(s / k.shape[-1] for s in k.stride()[:-1])
+                  == tuple(s / v.shape[-1] for s in v.stride()[:-1]))  # fmt: skip
+    hd = q.shape[-1] * q.shape[-2]
+    offsets = [t.storage_offset() for t in (q, k, v)]
+    if ptrs_qkv and strides_qkv and shapes_qkv and (offsets == [0, hd, 2 * hd]
+                                                    or offsets == [0, q.shape[-1], 2 * q.shape[-1]]):
+        return True  # sb3hd, sbh3d
+    sizes = [q.numel(), k.numel()]
+    start = sizes[0] if ptrs_qkv else 0
+    kv_hd = k.shape[-1] * k.shape[-2]
+    if ptrs_kv and strides_kv and shapes_kv and (offsets[1:] == [start, start + kv_hd]
+                                                 or offsets[1:] == [start, start + k.shape[-1]]):
+        return True  # sbhd_sb2hd, sbhd_sbh2d
+    hd_qkv = offsets == [0, sizes[0], sizes[0] + sizes[1]] if ptrs_qkv else offsets == [0, 0, 0]
+    hd_qk = offsets[:2] == [0, sizes[0]] if not ptrs_qkv and ptrs_qk else offsets[:2] == [0, 0]
+    hd_kv = offsets[1:] == [0, sizes[1]] if not ptrs_qkv and ptrs_kv else offsets[1:] == [0, 0]
+    return strides_kv and shapes_kv and (hd_qkv or hd_kv or hd_qk)  # sbhd_sbhd_sbhd
+
+
 class FusedScaleMaskSoftmax(torch.nn.Module):
     """TE's fused softmax module (softmax.py 144); no parameters."""
 
@@ -229,9 +272,8 @@ class DotProductAttention(TransformerEngineBaseModule):
     ) -> torch.Tensor:
         """Run the fused backend as memory sees it (dot_product_attention.py `forward`, v2.11).
 
-        sbhd in, [s, b, heads * head dim] out (FusedAttention.forward's final view); TE
-        accepts q, k, v of any strides whose last dimension is contiguous
-        (`get_qkv_layout`: sbhd_sbhd_sbhd), else it copies them contiguous.
+        sbhd in, [s, b, heads * head dim] out (FusedAttention.forward's final view); q, k
+        and v as TE's `get_qkv_layout` leaves them (`qkv_layout`).
         """
         qkv_format = qkv_format or self.qkv_format
         cp_size = _size(self.cp_group) if self.cp_group is not None else 1
@@ -247,10 +289,7 @@ class DotProductAttention(TransformerEngineBaseModule):
             return self._context_parallel(query_layer, key_layer, value_layer, qkv_format, mask)
         if not _fused_backend(query_layer.dtype):
             return self._unfused(query_layer, key_layer, value_layer, qkv_format)
-        q, k, v = (
-            t if t.stride(-1) == 1 else t.contiguous()
-            for t in (query_layer, key_layer, value_layer)
-        )
+        q, k, v = qkv_layout(query_layer, key_layer, value_layer)
         # the learned offset as TE passes it to the kernels (dot_product_attention.py 1404-1408)
         offset = self.softmax_offset
         offset = None if offset is None else offset.reshape(1, -1, 1, 1).to(torch.float32)
