@@ -164,11 +164,15 @@ def test_first_stage_equals_megatron_estimator(f: int, t: int, p: int, m: int) -
     per_stage = L // p
     ours = stage_activations(dims, par, 0, [range(per_stage)], b, m, "selective")
     theirs = megatron_activation_memory(S, b, H, f, V, L, t, p, m)
-    # The one deliberate difference: megatron divides the int64 token ids (8sb per micro-batch
-    # in flight) by t, although every tensor-parallel rank holds all of them.
+    # The deliberate differences: megatron divides the int64 token ids (8sb per micro-batch in
+    # flight) by t, although every tensor-parallel rank holds all of them; where the first stage
+    # is the last, megatron counts the loss's fp32 logits only, not the 16-bit ones beside them
+    # while the loss runs (2sbv/t, `loss_logits`).
     in_flight = min(p, m)
     assert ours.in_flight == (in_flight,)
-    assert ours.total == pytest.approx(theirs - 8 * S * b * in_flight / t + 8 * S * b * in_flight)
+    logits = 2 * S * b * V / t if p == 1 else 0
+    assert ours.loss_logits == logits
+    assert ours.total == pytest.approx(theirs - 8 * S * b * in_flight / t + 8 * S * b * in_flight + logits)
 
 
 def test_interleaved_first_stage_layers_match_megatron_penalty() -> None:
@@ -260,3 +264,29 @@ def test_block_recompute_leaves_the_mtp_layers_alone() -> None:
     kept = mtp_activations(dims, par, 1, "none") - mtp_activations(dims, par, 1, "full")
     assert kept > 0
     assert block.output - uniform.output == kept
+
+
+def test_qk_layernorm_keeps_the_q_and_k_norms_inputs() -> None:
+    # Qwen3: megatron-core attention.py runs q_layernorm(query) and k_layernorm(key) per head;
+    # Transformer Engine's RMSNorm saves its (contiguous) input: 2sb*a*d + 2sb*g*d more, over t.
+    s, h, a, g, d, t = 4096, 2048, 32, 4, 128, 2
+    plain = ModelDims(48, h, a, s, 151936, num_query_groups=g, kv_channels=d)
+    normed = ModelDims(48, h, a, s, 151936, num_query_groups=g, kv_channels=d, qk_layernorm=True)
+    par = Layout(tp=t, sequence_parallel=True)
+    before, after = (layer_activations(x, par, 0, 1, "none", flash_attention=True)
+                     for x in (plain, normed))
+    assert after.attention - before.attention == 2 * s * (a + g) * d / t
+
+
+def test_the_last_stage_adds_the_losss_16_bit_logits_or_a_rebuild_whichever_is_more() -> None:
+    # cross_entropy.py makes the loss's fp32 copy of the logits while the caller holds the 16-bit
+    # ones: 2sbv/t beside the 4sbv/t kept, during the forward; a rebuild only ever in backward.
+    par = Layout(tp=8, pp=4, sequence_parallel=True)
+    last = stage_activations(GPT3, par, 3, [range(72, 96)], 1, 16, "selective")
+    assert last.loss_logits == 2 * S * V / 8
+    assert last.total == last.layers + last.output + 2 * S * V / 8
+    full = stage_activations(GPT3, par, 3, [range(72, 96)], 1, 16, "full")
+    assert full.recompute_buffer > full.loss_logits  # one GPT-3 layer rebuilt: 34sbh + 5as^2b
+    assert full.total == full.layers + full.output + full.recompute_buffer
+    first = stage_activations(GPT3, par, 0, [range(0, 24)], 1, 16, "selective")
+    assert first.loss_logits == 0

@@ -577,12 +577,13 @@ def test_te_layer_holds_close_to_korthikantis_flash_attention_formula(flags, rop
     attention's fp32 statistics instead of the s x s scores), within 1%.
 
     The 1% covers what the formula leaves out: the fp32 norm statistics (8 bytes a row), the
-    rng state, 512-byte rounding. One known difference is added, not tolerated: with RoPE, TE
-    attention saves the rotated q and k (new tensors), while v stays a view of megatron's fused
-    QKV output, which therefore stays whole: 2sb(a+g)d more than the formula's Q, K, V. Older
-    megatron-core (0.13) instead copies q, k, v to bshd under rope fusion ("WAR for peak memory
-    usage" in TEDotProductAttention.forward): the QKV output is freed, but the attention output
-    reaches linear_proj transposed, and TE's `prepare_forward` saves a contiguous copy: 2sbad.
+    rng state, 512-byte rounding. With RoPE, megatron hands TE the rotated q and k (new tensors)
+    beside v, a view of its fused QKV output: TE's `get_qkv_layout` finds no layout it supports
+    and copies them contiguous (tests/test_te_qkv_layout.py), so the QKV output is freed and the
+    formula's Q, K, V is what stays. One known difference is added, not tolerated: older
+    megatron-core (0.13) copies q, k, v to bshd under rope fusion ("WAR for peak memory usage" in
+    TEDotProductAttention.forward), and the attention output reaches linear_proj transposed:
+    TE's `prepare_forward` saves a contiguous copy, 2sbad.
     """
     import inspect
 
@@ -599,9 +600,9 @@ def test_te_layer_holds_close_to_korthikantis_flash_attention_formula(flags, rop
     dims, b = job.dims(), 2
     formula = layer_activations(dims, job.layout, 1, b, "none", flash_attention=True).total
     bshd = "WAR for peak memory usage" in inspect.getsource(TEDotProductAttention.forward)
-    a, g = dims.num_attention_heads, dims.query_groups
-    if rope_copies:
-        formula += 2 * dims.seq_length * b * (a if bshd else a + g) * dims.head_dim
+    a = dims.num_attention_heads
+    if rope_copies and bshd:
+        formula += 2 * dims.seq_length * b * a * dims.head_dim
     assert formula <= measured <= formula * 1.01, (measured, formula)
 
 

@@ -64,19 +64,23 @@ def test_megatrons_roped_q_and_k_beside_a_view_of_the_qkv_output_are_copied() ->
 
 
 @pytest.mark.slow
-def test_a_rope_layers_engine_bytes_equal_the_closed_forms() -> None:
-    """Llama 3 8B's layer (GQA, RoPE fused, flash attention), one micro-batch: the engine's bytes
-    per layer (two layers against one) equal activations.py's to 1%. With the QKV output held,
-    the engine was 7% above (1.204 against 1.126 GiB at sequence 8192)."""
+@pytest.mark.parametrize("extra", [{}, {"qk_layernorm": True}], ids=["llama", "qk-norm"])
+def test_the_engines_bytes_equal_the_closed_forms(extra) -> None:
+    """Llama 3 8B's layer (GQA, RoPE fused, flash attention), one micro-batch, and the same with
+    Qwen3's per-head Q and K norms: the engine's bytes per layer (three layers against two) equal
+    activations.py's to 1%, and so does the stage's peak above its static memory (the loss's
+    16-bit logits beside its fp32 copy: `loss_logits`). Before: the engine held the QKV
+    output (1.204 against 1.126 GiB a layer at sequence 8192), the K norm kept it too, the closed
+    forms had no Q and K norm inputs and no 16-bit logits."""
     from inspector.inputs.resolve import Sources, merge_sources
     from inspector.job.job import make_job
-    from inspector.memory.closed.activations import layer_activations
+    from inspector.memory.closed.activations import layer_activations, stage_activations
     from inspector.memory.measure import make_hardware, measure
     from inspector.world.build import build, select_view
 
     def job(layers: int):
         flags = dict(num_layers=layers, micro_batch_size=1, global_batch_size=8, bf16=True,
-                     use_flash_attn=True, seq_length=2048, data_parallel_size=8)
+                     use_flash_attn=True, seq_length=2048, data_parallel_size=8, **extra)
         return make_job(merge_sources(Sources(preset="llama3-8b", flags=flags),
                                       ("model", "layout", "training")).args)
 
@@ -84,9 +88,12 @@ def test_a_rope_layers_engine_bytes_equal_the_closed_forms() -> None:
         one = job(layers)
         stage = measure(build(one, select_view(one, rank=0)),
                         make_hardware(None, None, None, "h100", "bf16")).stages[0]
-        return stage.total - stage.static  # above the state
+        return stage.total - stage.static  # above the state and the persistent buffers
 
     two = job(2)
     closed = layer_activations(two.dims(), two.layout, 0, 1, "none", True).total
     engine = peak(3) - peak(2)
     assert engine == pytest.approx(closed, rel=0.01)
+    whole = stage_activations(two.dims(), two.layout, 0, [[0, 1]], 1, 1, "none", True)
+    assert whole.loss_logits == 2 * 2048 * two.dims().vocab_size  # bf16 [s, b, v]
+    assert peak(2) == pytest.approx(whole.total, rel=0.01)

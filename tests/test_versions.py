@@ -54,9 +54,10 @@ SIGMOID_SCORES_STAY_FP32 = VERSION >= (0, 18)
 # TEDotProductAttention under rope fusion (Megatron-LM's default) on 0.13: its "WAR for peak memory
 # usage" makes q, k, v bshd contiguous copies and hands linear_proj a transposed output, which it
 # copies (0.13.1 extensions/transformer_engine.py 894-902, 945-946); 0.14 removed it (sbhd kept:
-# attention saves the fused QKV output, v a view of it, and the rotated q and k). Held per
-# attention layer: 0.13 q, k, v and linear_proj's input copies, 0.14+ the QKV output and rotated
-# q, k: one k-sized tensor more (tokens x query groups x head dim x 2 / tp; tests/test_same_numbers.py)
+# the rotated q and k beside v, a view of the fused QKV output, which TE's get_qkv_layout copies
+# contiguous: tests/test_te_qkv_layout.py). Held per attention layer: 0.13 q, k, v and
+# linear_proj's input copies, 0.14+ q, k and v: one q-sized tensor less (tokens x heads x head
+# dim x 2 / tp; tests/test_same_numbers.py)
 ATTENTION_BSHD_COPIES = VERSION < (0, 14)
 # The output layer's placeholder weight gradient under gradient-accumulation fusion: 0.13 makes a
 # fresh torch.empty each backward (0.13.1 tensor_parallel/layers.py 578-583), 0.14+ keep Transformer

@@ -351,6 +351,7 @@ def _activations_json(s: StageMemory) -> dict[str, Any]:
         "embedding": _number(a.embedding),
         "output": _number(a.output),
         "recompute_buffer": _number(a.recompute_buffer),
+        "loss_logits": _number(a.loss_logits),
         "total": s.activation_bytes,
         "in_flight": list(a.in_flight),
     }

@@ -62,8 +62,12 @@ class StageActivations:
     output: float  # last stage only
     recompute_buffer: float  # full recomputation: one layer rebuilt during backward
     in_flight: tuple[int, ...]  # micro-batches holding activations per chunk at the peak
+    # last stage: the output layer's 16-bit logits, alive beside the loss's fp32 copy while the
+    # loss runs (forward), never beside a rebuild (backward)
+    loss_logits: float = 0.0
 
     @property
     def total(self) -> float:
-        """Return the stage's peak bytes."""
-        return self.layers + self.embedding + self.output + self.recompute_buffer
+        """Return the stage's peak bytes: what is in flight, and the larger of what a backward
+        rebuilds and what the loss holds for a moment."""
+        return self.layers + self.embedding + self.output + max(self.recompute_buffer, self.loss_logits)

@@ -111,6 +111,8 @@ def _attention(dims: ModelDims, par: Layout, sb: float) -> float:
         + dims.activation_bytes * sb * d * g
         + dims.activation_bytes * sb * d * a
     )
+    if dims.qk_layernorm:  # attention.py: q_layernorm(query), k_layernorm(key); each norm keeps
+        inside += dims.activation_bytes * sb * d * (a + g)  # its input (TE rmsnorm.py 182, 202)
     return outside / par.sp_divisor + inside / par.tp
 
 
@@ -363,6 +365,13 @@ def output_activations(
     return OutputActivations(hidden, hidden, FP32 * sb * dims.vocab_size / par.tp)
 
 
+def loss_logits(dims: ModelDims, par: Layout, micro_batch_size: int) -> float:
+    """Return the last stage's 16-bit logits [s, b, v/t], alive beside the loss's fp32 copy
+    while the loss runs: megatron-core cross_entropy.py `calculate_logits_max` makes the copy
+    (`vocab_parallel_logits.float()`) while GPTModel still holds the output layer's output."""
+    return dims.activation_bytes * _tokens(dims, par, micro_batch_size) * dims.vocab_size / par.tp
+
+
 def stage_activations(
     dims: ModelDims,
     par: Layout,
@@ -400,7 +409,9 @@ def stage_activations(
     peak = max(points, key=lambda pt: sum(_weigh(pt, x) for x in (layers, embedding, output)))
     rebuilt = recompute_buffer(plan, lambda i: layer_activations(dims, par, i, b, "none", flash).total)
     layer_bytes, embedding_bytes, output_bytes = (_weigh(peak, x) for x in (layers, embedding, output))
-    return StageActivations(layer_bytes, embedding_bytes, output_bytes, rebuilt, in_flight=peak)
+    logits = loss_logits(dims, par, b) if stage == par.pp - 1 else 0.0
+    return StageActivations(layer_bytes, embedding_bytes, output_bytes, rebuilt, in_flight=peak,
+                            loss_logits=logits)
 
 
 def _check_chunks(par: Layout, stage: int, chunk_layers: Sequence[Sequence[int]]) -> None:

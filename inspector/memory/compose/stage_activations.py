@@ -21,6 +21,7 @@ from inspector.job.layout import Layout
 from inspector.memory.closed.activations import (
     embedding_activations,
     layer_activations,
+    loss_logits,
     mtp_activations,
     mtp_recompute,
     output_activations,
@@ -101,7 +102,8 @@ def stage_activation_bytes(
     return stage_peak(bytes_of, stage, par.pp, m, extra)
 
 
-ChunkBytes = tuple[tuple[float, ...], float]  # one micro-batch's bytes per chunk; the rebuild
+# one micro-batch's bytes per chunk; the most a pass adds for a moment (a rebuild, the loss's logits)
+ChunkBytes = tuple[tuple[float, ...], float]
 
 
 def stage_chunk_bytes(
@@ -128,13 +130,16 @@ def stage_chunk_bytes(
         if memo is not None and keys:
             memo.update(zip(keys, known, strict=True))
     per = [own for own, _ in known]
+    logits = 0.0
     if stage == 0:
         per[0] += embedding_activations(dims, par, mbs).total
     if stage == par.pp - 1:  # the output layer and loss, and the MTP block beside them
         per[-1] += output_activations(dims, par, mbs).total
         per[-1] += mtp_activations(dims, par, mbs, mtp_recompute(mode, method), flash)
-    # the most any chunk rebuilds is the most any group does (recompute.recompute_buffer)
-    return tuple(per), max(rebuild for _, rebuild in known)
+        logits = loss_logits(dims, par, mbs)
+    # the most any chunk rebuilds is the most any group does (recompute.recompute_buffer); the
+    # loss's 16-bit logits are never beside a rebuild (activation_records.StageActivations.total)
+    return tuple(per), max(logits, max(rebuild for _, rebuild in known))
 
 
 def _own_bytes(

@@ -82,7 +82,8 @@ def _window_size(attn_mask_type: str, window_size: Any) -> Any:
     return (-1, 0) if "causal" in attn_mask_type else (-1, -1)
 
 
-def qkv_layout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def qkv_layout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """Return q, k and v as Transformer Engine's attention takes them (v2.11 attention/
     dot_product_attention/utils.py `get_qkv_layout`, called by DotProductAttention.forward for
     every backend): as given where `run_iteratively` finds a layout it supports (one packed
@@ -92,7 +93,7 @@ def qkv_layout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch
     (TE asserts a contiguous last dimension; the copy stands in for its error.)"""
     if all(t.stride(-1) == 1 for t in (q, k, v)) and _supported(q, k, v):
         return q, k, v
-    return tuple(t.contiguous() for t in (q, k, v))
+    return q.contiguous(), k.contiguous(), v.contiguous()
 
 
 def _supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -278,7 +279,8 @@ class DotProductAttention(TransformerEngineBaseModule):
         qkv_format = qkv_format or self.qkv_format
         cp_size = _size(self.cp_group) if self.cp_group is not None else 1
         if qkv_format == "thd" and cp_size == 1 and _fused_backend(query_layer.dtype):
-            return thd_attention(query_layer, key_layer, value_layer, kwargs)  # kernels/thd.py
+            q, k, v = qkv_layout(query_layer, key_layer, value_layer)
+            return thd_attention(q, k, v, kwargs)  # kernels/thd.py
         if qkv_format not in ("sbhd", "bshd"):
             raise NotImplementedError(
                 "the simulated Transformer Engine runs attention in the sbhd and bshd formats, "

@@ -255,7 +255,7 @@ class NormFunction(torch.autograd.Function):
     def forward(
         ctx: Any, inp: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
-        x = inp.reshape(-1, weight.numel())
+        x = inp.contiguous().view(-1, weight.numel())  # rmsnorm.py 182: a view is copied
         rows = (x.shape[0],)
         rstdevs = torch.empty(rows, dtype=torch.float32, device=inp.device)
         if bias is None:
