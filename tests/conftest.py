@@ -141,7 +141,8 @@ def formula_activations(*args: str) -> list[dict[str, Any]]:
         a = formulas(job, stage)
         out.append({
             "layers": a.layers, "embedding": a.embedding, "output": a.output,
-            "recompute_buffer": a.recompute_buffer, "total": math.ceil(a.total),
+            "recompute_buffer": a.recompute_buffer, "loss_logits": a.loss_logits,
+            "total": math.ceil(a.total),
             "in_flight": list(a.in_flight),
         })  # fmt: skip
     return out
