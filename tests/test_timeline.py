@@ -90,8 +90,9 @@ def test_outputs_are_byte_identical_run_to_run(outputs, tmp_path: Path) -> None:
     assert svg.read_bytes() == svg1 and snap.read_bytes() == snap1
 
 
-def _replay(segment: dict[str, Any], trace: list[dict[str, Any]]) -> tuple[int, int]:
-    """Return the highest and the final allocated bytes: the static blocks, then the trace."""
+def _replay(segment: dict[str, Any], trace: list[dict[str, Any]]) -> tuple[int, int, dict[int, int]]:
+    """Return the highest and the final allocated bytes (the static blocks, then the trace) and
+    the blocks the trace leaves live (address -> size)."""
     now = sum(b["size"] for b in segment["blocks"] if b["state"] == "active_allocated")
     high = now
     live: dict[int, int] = {}
@@ -106,8 +107,7 @@ def _replay(segment: dict[str, Any], trace: list[dict[str, Any]]) -> tuple[int, 
             assert live.pop(entry["addr"]) == entry["size"]
             now -= entry["size"]
         high = max(high, now)
-    assert not live
-    return high, now
+    return high, now, live
 
 
 def test_snapshot_round_trips_and_its_max_allocated_is_the_reported_peak(outputs) -> None:
@@ -119,7 +119,8 @@ def test_snapshot_round_trips_and_its_max_allocated_is_the_reported_peak(outputs
         (segment,) = [s for s in data["segments"] if s["device"] == device]
         trace = data["device_traces"][device]
         assert {e["action"] for e in trace} == {"alloc", "free_requested", "free_completed"}
-        high, end = _replay(segment, trace)
+        high, end, live = _replay(segment, trace)
+        assert not live
         assert high == stage["total"]  # to the byte
         assert end == stage["static"]  # every activation freed by the iteration's end
         assert max(e["addr"] + e["size"] for e in trace) <= segment["address"] + segment["total_size"]
@@ -277,15 +278,6 @@ def test_an_moe_jobs_snapshot_frees_what_the_iteration_before_left_its_layers(tm
         trace = data["device_traces"][device]
         first = [e for e in trace if e["frames"][-1]["name"] == "the iteration before"]
         assert first and trace[:len(first)] == first and all(e["action"] == "alloc" for e in first)
-        now = sum(b["size"] for b in segment["blocks"] if b["state"] == "active_allocated")
-        high, live = now, {}
-        for entry in trace:
-            if entry["action"] == "alloc":
-                live[entry["addr"]] = entry["size"]
-                now += entry["size"]
-            elif entry["action"] == "free_completed":
-                assert live.pop(entry["addr"]) == entry["size"]
-                now -= entry["size"]
-            high = max(high, now)
-        assert (high, now) == (stage["total"], stage["static"])  # to the byte
+        high, end, live = _replay(segment, trace)
+        assert (high, end) == (stage["total"], stage["static"])  # to the byte
         assert sum(live.values()) == sum(e["size"] for e in first)  # left again for the next
